@@ -1,0 +1,127 @@
+"""Assemble what a run can use: a fresh pluggy manager and the registries it fills.
+
+Plugins come from three places, all loaded the same way and registering through the same
+hooks: the built-in modules of ``schedlab_plugins``, the ``schedlab`` entry-point group
+(third-party packages), and modules an experiment lists in ``plugins = [...]``.
+There is no module-level plugin manager: every :func:`load_catalog` call makes its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Iterable
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import ConfigError
+from .registry import Registry
+
+BUILTIN_PLUGINS = (
+    "schedlab_plugins.schedulers",
+    "schedlab_plugins.cost_models",
+    "schedlab_plugins.kv_caches",
+    "schedlab_plugins.workloads",
+    "schedlab_plugins.routers",
+    "schedlab_plugins.reports",
+    "schedlab_plugins.presets",
+)
+
+# kind name -> registration hook name
+KINDS = {
+    "scheduler": "schedlab_register_schedulers",
+    "cost_model": "schedlab_register_cost_models",
+    "kv_cache": "schedlab_register_kv_caches",
+    "workload": "schedlab_register_workloads",
+    "router": "schedlab_register_routers",
+    "report": "schedlab_register_reports",
+    "model": "schedlab_register_models",
+    "gpu": "schedlab_register_gpus",
+}
+
+
+def _import_plugin(pm: pluggy.PluginManager, module_name: str, *, provider: str) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import plugin module {module_name!r}: {exc}") from None
+    if pm.is_registered(module):
+        return
+    pm.register(module, name=provider)
+
+
+def make_plugin_manager(extra_modules: Iterable[str] = (), *, entry_points: bool = True,
+                        builtins: bool = True) -> pluggy.PluginManager:
+    """A new plugin manager with the built-ins, installed plugins and ``extra_modules``.
+
+    :raises ConfigError: an extra module cannot be imported, or a plugin implements a hook
+        that does not exist (a misspelt hook name fails here, not silently).
+    """
+    pm = pluggy.PluginManager(hookspecs.NAME)
+    pm.add_hookspecs(hookspecs)
+    if builtins:
+        for name in BUILTIN_PLUGINS:
+            _import_plugin(pm, name, provider=f"{name} (built-in)")
+    if entry_points:
+        pm.load_setuptools_entrypoints(hookspecs.NAME)
+    for name in extra_modules:
+        _import_plugin(pm, name, provider=name)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError(f"plugin error: {exc}") from None
+    return pm
+
+
+def _provider_names(pm: pluggy.PluginManager) -> dict[int, str]:
+    names = {id(plugin): pm.get_name(plugin) or repr(plugin) for plugin in pm.get_plugins()}
+    for plugin, dist in pm.list_plugin_distinfo():
+        names[id(plugin)] = f"{dist.project_name} {dist.version}"
+    return names
+
+
+@attrs.define
+class Catalog:
+    """Every registered name, by kind, for one run (or one experiment)."""
+
+    registries: dict[str, Registry]
+    plugin_manager: pluggy.PluginManager
+
+    def __getitem__(self, kind: str) -> Registry:
+        return self.registries[kind]
+
+    @property
+    def hook(self):
+        return self.plugin_manager.hook
+
+    def observes_iterations(self) -> bool:
+        """True when some plugin implements the (slow, opt-in) per-iteration hook."""
+        return bool(self.plugin_manager.hook.schedlab_iteration.get_hookimpls())
+
+
+def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True,
+                 plugin_objects: Iterable[object] = ()) -> Catalog:
+    """Build a plugin manager, then call every registration hook once per plugin.
+
+    Each plugin's registrations are attributed to it, so a duplicate name error says which
+    two plugins collide. ``plugin_objects`` are registered in-process (tests, notebooks).
+    """
+    pm = make_plugin_manager(extra_modules, entry_points=entry_points)
+    for obj in plugin_objects:
+        pm.register(obj)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError(f"plugin error: {exc}") from None
+    providers = _provider_names(pm)
+    registries = {kind: Registry(kind) for kind in KINDS}
+    for kind, hook_name in KINDS.items():
+        registry = registries[kind]
+        caller = getattr(pm.hook, hook_name)
+        # Call implementations one by one (assembly time only) so each registration is
+        # attributed to the plugin that made it.
+        for impl in reversed(caller.get_hookimpls()):
+            registry.providing(providers.get(id(impl.plugin), impl.plugin_name))
+            impl.function(**{name: registry for name in impl.argnames})
+    return Catalog(registries, pm)

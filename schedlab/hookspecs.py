@@ -1,0 +1,135 @@
+"""The hooks a schedlab plugin can implement.
+
+One name, ``schedlab``, is the pluggy project name, the entry-point group and the hook prefix.
+A plugin is a module (or object) with functions marked ``@schedlab.hookimpl``; it is loaded
+from the ``schedlab`` entry-point group, from an experiment's ``plugins = [...]`` list, or is
+one of the built-ins in ``schedlab_plugins`` (which register through these same hooks).
+
+Hooks are called with keyword arguments, so an implementation may accept fewer arguments
+than the spec. Registration hooks run once per plugin manager, while a run is assembled;
+only the opt-in observer hook ``schedlab_iteration`` is ever called from the engine's loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .registry import Registry
+
+NAME = "schedlab"
+hookspec = pluggy.HookspecMarker(NAME)
+hookimpl = pluggy.HookimplMarker(NAME)
+
+
+# --- registration: called once while the plugin manager assembles a catalog -------------
+
+
+@hookspec
+def schedlab_register_schedulers(register: "Registry") -> None:
+    """Register scheduler factories (objects following :class:`schedlab.protocols.Scheduler`).
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return a new scheduler. A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_cost_models(register: "Registry") -> None:
+    """Register cost models (objects following :class:`schedlab.protocols.CostModel`).
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return a new cost model. A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_kv_caches(register: "Registry") -> None:
+    """Register KV caches (objects following :class:`schedlab.protocols.KVCache`).
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config, presets)`` must return a new cache; ``presets`` holds the model and
+        GPU presets so a cache can size itself from them. A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_workloads(register: "Registry") -> None:
+    """Register workload sources (objects following :class:`schedlab.protocols.Workload`).
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return a new workload. A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_routers(register: "Registry") -> None:
+    """Register routers that spread requests over several instances
+    (objects following :class:`schedlab.protocols.Router`).
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return a new router. A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_reports(register: "Registry") -> None:
+    """Register report writers (objects following :class:`schedlab.protocols.Report`).
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return an object whose ``write(results, out_dir)`` writes
+        files for a finished experiment. A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_models(register: "Registry") -> None:
+    """Register model presets used to size KV caches and cost models.
+
+    :param register: call ``register(name, spec)`` with a :class:`schedlab.capacity.ModelSpec`.
+        A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_gpus(register: "Registry") -> None:
+    """Register accelerator presets (memory, bandwidths, compute).
+
+    :param register: call ``register(name, spec)`` with a :class:`schedlab.capacity.GpuSpec`.
+        A duplicate name raises.
+    """
+
+
+# --- observation: coarse points of a run ---------------------------------------------------
+
+
+@hookspec
+def schedlab_run_started(run_name: str, settings: dict[str, Any]) -> None:
+    """Called before a run is simulated.
+
+    :param run_name: the run's name in the experiment (sweep points carry their values).
+    :param settings: the run's resolved tables (``workload``, ``scheduler``, ...).
+    """
+
+
+@hookspec
+def schedlab_run_finished(run_name: str, result: Any) -> None:
+    """Called after a run finished, with its :class:`schedlab.results.RunResult`.
+
+    :param run_name: the run's name.
+    :param result: per-request arrays and run metrics.
+    """
+
+
+@hookspec
+def schedlab_iteration(instance: int, record: Any) -> None:
+    """Called after every engine iteration -- opt-in and slow.
+
+    Implementing this hook makes the engine run one iteration at a time (no bulk decode
+    runs) so that every iteration can be observed. Leave it unimplemented for speed.
+
+    :param instance: index of the instance that ran the iteration.
+    :param record: a :class:`schedlab.engine.IterationRecord` (start, duration, batch shape).
+    """
