@@ -1,0 +1,83 @@
+"""The request record every workload produces and every engine consumes.
+
+A :class:`Request` is what a client sends: when, how long its prompt is, and how many tokens
+it will generate. It never changes during a run; all progress lives in the engine's sequence
+state (see :mod:`schedlab.engine.sequence`). Token-level state stays implicit: a sequence's
+progress is a pair of counters, never one object per token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .errors import WorkloadError
+
+
+def _check_request(req: "Request") -> None:
+    if req.prompt_tokens < 1:
+        raise WorkloadError(f"request {req.id}: prompt_tokens must be >= 1, got {req.prompt_tokens}")
+    if req.output_tokens < 1:
+        raise WorkloadError(f"request {req.id}: output_tokens must be >= 1, got {req.output_tokens}")
+    if req.max_tokens is not None and req.max_tokens < 1:
+        raise WorkloadError(f"request {req.id}: max_tokens must be >= 1, got {req.max_tokens}")
+    if not req.arrival_ms >= 0.0:  # also rejects NaN
+        raise WorkloadError(f"request {req.id}: arrival_ms must be >= 0, got {req.arrival_ms}")
+    if req.prefix_tokens < 0 or req.prefix_tokens > req.prompt_tokens:
+        raise WorkloadError(
+            f"request {req.id}: prefix_tokens must be between 0 and prompt_tokens "
+            f"({req.prompt_tokens}), got {req.prefix_tokens}"
+        )
+    if req.block_hashes is not None and req.hash_block_tokens < 1:
+        raise WorkloadError(f"request {req.id}: hash_block_tokens must be >= 1")
+
+
+@attrs.frozen(slots=True)
+class Request:
+    """One inference request.
+
+    :ivar id: index of the request in its workload, unique within a run (0, 1, 2, ...).
+    :ivar arrival_ms: when the request reaches the server, in ms from the start of the run.
+    :ivar prompt_tokens: prompt length in tokens (>= 1).
+    :ivar output_tokens: how many tokens the model would generate if not cut off.
+    :ivar max_tokens: the client's length limit (``max_tokens`` in the OpenAI API); the request
+        finishes at ``min(output_tokens, max_tokens)`` tokens. It is the only length a server
+        knows in advance, so reservation policies reserve ``prompt + max_tokens``.
+        ``None`` means "the same as output_tokens".
+    :ivar priority: lower value = more important (vLLM's convention).
+    :ivar client: who sent it (token-fair scheduling, per-client metrics).
+    :ivar request_class: a service class such as ``interactive`` or ``batch`` (per-class metrics).
+    :ivar prefix_group: requests in the same group share their first ``prefix_tokens`` tokens
+        (a system prompt); ``None`` for no declared sharing.
+    :ivar block_hashes: prefix hash ids, one per ``hash_block_tokens`` tokens of the prompt,
+        each naming the whole prefix up to the end of its block (the Mooncake trace format).
+    """
+
+    id: int
+    arrival_ms: float
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int | None = None
+    priority: int = 0
+    client: str = "default"
+    request_class: str = "default"
+    prefix_group: Any = None
+    prefix_tokens: int = 0
+    block_hashes: tuple | None = None
+    hash_block_tokens: int = 512
+
+    def __attrs_post_init__(self) -> None:
+        _check_request(self)
+
+    @property
+    def target_tokens(self) -> int:
+        """Tokens the request will actually generate: its output, cut at ``max_tokens``."""
+        if self.max_tokens is None:
+            return self.output_tokens
+        return min(self.output_tokens, self.max_tokens)
+
+    @property
+    def max_output_tokens(self) -> int:
+        """The output length a server may assume in advance (``max_tokens`` or, if unset, the output)."""
+        return self.output_tokens if self.max_tokens is None else self.max_tokens

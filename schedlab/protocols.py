@@ -1,0 +1,282 @@
+"""The contracts between the engine and its plugins.
+
+The engine owns time, sequences and the order of events; plugins decide:
+
+* a :class:`Scheduler` fills in each iteration through a :class:`Plan` (which sequences run
+  and how many tokens each, whom to admit, whom to preempt);
+* a :class:`CostModel` says how long an iteration of a given :class:`Batch` shape takes;
+* a :class:`KVCache` owns the block pool: allocation, release, prefix reuse, swap space;
+* a :class:`Workload` produces requests; a :class:`Router` spreads them over instances;
+* a :class:`Report` writes results.
+
+Speed contract. The fast engine advances runs of identical decode-only iterations in one
+step. It does so only when the plugins say it may:
+
+* ``Scheduler.stable_between_events = True``: once the scheduler returns a decode-only plan
+  (every decoding sequence decodes, nothing admitted, prefilled, swapped or preempted), it
+  would return the same plan on every later iteration until something *changes*: an arrival,
+  a sequence finishing, the time given to :meth:`Plan.wake_at`, or the KV cache running short
+  of blocks for the next decode step;
+* ``CostModel.decode_step_increment(batch)`` returns how much longer each further identical
+  decode-only iteration takes (``0.0`` for a constant cost, a positive number when the cost
+  grows with context) instead of ``None``;
+* ``KVCache.grow(n)`` exists, taking ``n`` decode blocks at once.
+
+A plugin that declares nothing still works: the engine then asks it about every iteration.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:
+    from .model import Request
+
+
+class SequenceState(Protocol):
+    """What plugins may read about a request inside an engine (both engines provide it).
+
+    Counters follow vLLM V1: ``num_tokens`` = prompt + generated tokens; the scheduler helps
+    ``num_computed_tokens`` (tokens whose KV is in the cache) catch up with ``num_tokens``.
+    After a recompute preemption ``num_computed_tokens`` drops to 0.
+    """
+
+    request: "Request"
+    seq_no: int  # arrival order within the run, unique
+    kv_state: Any  # free for the KV cache's own per-sequence data
+    reserved_tokens: int  # tokens of KV reserved at admission (0 = grow as you go)
+    num_preemptions: int
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def num_generated(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def status(self) -> str: ...  # "waiting" | "prefilling" | "decoding" | "swapped" | "finished" | "rejected"
+
+
+class WaitingQueue(Protocol):
+    """The waiting requests, in the order the scheduler wants to serve them.
+
+    The engine pushes arrivals (``push``) and recompute-preempted sequences (``push_front``:
+    vLLM puts them back at the front); the scheduler reads ``peek``/iterates and admits via
+    :meth:`Plan.admit`, which calls ``remove``.
+    """
+
+    def push(self, seq: SequenceState) -> None: ...
+    def push_front(self, seq: SequenceState) -> None: ...
+    def peek(self) -> SequenceState | None: ...
+    def remove(self, seq: SequenceState) -> None: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[SequenceState]: ...
+
+
+@attrs.define(slots=True)
+class Batch:
+    """The shape of one iteration, which is all a cost model sees.
+
+    :ivar num_decode: sequences producing a token by a decode step.
+    :ivar decode_context_tokens: KV tokens the decodes attend to, summed (each decode attends
+        to its ``num_tokens``: the cached context plus the token being computed).
+    :ivar num_prefill: sequences computing prompt (or recompute) tokens.
+    :ivar prefill_tokens: prompt/recompute tokens computed this iteration, summed.
+    :ivar prefill_context_tokens: tokens already cached before each prefill chunk, summed
+        (attention of a chunk reaches back over them).
+    """
+
+    num_decode: int = 0
+    decode_context_tokens: int = 0
+    num_prefill: int = 0
+    prefill_tokens: int = 0
+    prefill_context_tokens: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return self.num_decode + self.num_prefill
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.num_decode + self.prefill_tokens
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """How long one iteration takes on the accelerator, in milliseconds."""
+
+    def iteration_ms(self, batch: Batch) -> float:
+        """Duration of an iteration with this shape (> 0 whenever it computes anything)."""
+        ...
+
+    def decode_step_increment(self, batch: Batch) -> float | None:
+        """Optional speed declaration: for a decode-only ``batch``, how much longer each next
+        identical iteration takes (the context grows by ``num_decode`` tokens per step).
+        Return ``None`` when the cost is not linear in the step; the engine then asks
+        :meth:`iteration_ms` for every iteration."""
+        ...
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """The paged KV block pool of one instance.
+
+    A sequence holds ``max(ceil(reserved_tokens / block_size), ceil(num_computed_tokens /
+    block_size))`` blocks between iterations; some of them may be shared prefix blocks.
+    ``free`` blocks include cached blocks that nobody references (they are evictable).
+    """
+
+    block_size: int
+    num_blocks: int
+
+    def num_free_blocks(self) -> int: ...
+    def num_used_blocks(self) -> int: ...
+
+    def cached_tokens(self, seq: SequenceState) -> int:
+        """Tokens at the start of ``seq`` whose KV is already cached (full blocks only, at most
+        ``num_tokens - 1``). 0 for caches without prefix caching."""
+        ...
+
+    def blocks_needed(self, seq: SequenceState, num_new_tokens: int, *, cached_tokens: int = 0,
+                      reserve_tokens: int = 0) -> int:
+        """Blocks :meth:`allocate` would take out of the free pool for the same arguments."""
+        ...
+
+    def allocate(self, seq: SequenceState, num_new_tokens: int, *, cached_tokens: int = 0,
+                 reserve_tokens: int = 0) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``seq`` (after its computed tokens
+        and, on admission, after ``cached_tokens`` reused from the prefix cache); with
+        ``reserve_tokens``, hold blocks for that many tokens in total. Returns False and
+        changes nothing when there are not enough free blocks."""
+        ...
+
+    def free(self, seq: SequenceState, *, preempted: bool = False) -> None:
+        """Release every block ``seq`` holds (it still shows the counters it had).
+        ``preempted``: the sequence will come back, so a prefix cache keeps its blocks
+        findable."""
+        ...
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the internal accounting is inconsistent (used by tests)."""
+        ...
+
+
+class Plan(Protocol):
+    """The iteration being built; a scheduler reads the state and fills it in.
+
+    Every action takes effect at once (blocks are allocated or freed when called), as in
+    vLLM's scheduler, so later decisions in the same call see the result.
+    """
+
+    now: float
+    kv: KVCache
+    waiting: WaitingQueue
+
+    @property
+    def running(self) -> "RunningView": ...
+    @property
+    def prefilling(self) -> list[SequenceState]: ...
+    @property
+    def swapped(self) -> list[SequenceState]: ...
+    @property
+    def num_decoding(self) -> int: ...
+    @property
+    def num_scheduled_tokens(self) -> int: ...
+    @property
+    def preempted(self) -> list[SequenceState]: ...
+
+    def is_scheduled(self, seq: SequenceState) -> bool:
+        """True if ``seq`` already has work in this iteration (it cannot be preempted now)."""
+        ...
+
+    def decode_all(self) -> bool:
+        """Give every decoding sequence its next token this iteration (allocating any new
+        blocks). False, with nothing changed, if the cache lacks the blocks."""
+        ...
+
+    def admit(self, seq: SequenceState, num_tokens: int, *, reserve: bool = False) -> bool:
+        """Move a waiting ``seq`` to running and compute ``num_tokens`` of it this iteration
+        (after any cached prefix, see :meth:`cached_tokens`). ``reserve``: hold KV for
+        ``prompt + max_tokens`` now so the sequence never needs more. False if it does not fit."""
+        ...
+
+    def prefill(self, seq: SequenceState, num_tokens: int) -> bool:
+        """Compute the next ``num_tokens`` of a running sequence's unfinished prefill."""
+        ...
+
+    def preempt(self, seq: SequenceState) -> None:
+        """Recompute preemption: free a running sequence's blocks and put it at the front of
+        the waiting queue; it will prefill ``num_tokens`` again (minus cached blocks)."""
+        ...
+
+    def swap_out(self, seq: SequenceState) -> bool:
+        """Swap preemption: copy a running decoding sequence's blocks to CPU swap space (the
+        copy lengthens this iteration). False, with nothing changed, if swap space is full."""
+        ...
+
+    def swap_in(self, seq: SequenceState) -> bool:
+        """Bring a swapped sequence back (it decodes in this iteration). False if it does not fit."""
+        ...
+
+    def skip_decode(self) -> None:
+        """Decodes do not run this iteration (prefill-first engines: vLLM V0, SGLang)."""
+        ...
+
+    def wake_at(self, time_ms: float) -> None:
+        """Ask to be called again at the first iteration boundary at or after ``time_ms``
+        even if nothing else happens (batching windows)."""
+        ...
+
+    def cached_tokens(self, seq: SequenceState) -> int:
+        """Prefix-cache hit for a waiting ``seq``, in tokens (what :meth:`admit` will reuse)."""
+        ...
+
+
+class RunningView(Protocol):
+    """Running sequences in admission order (read only)."""
+
+    def __iter__(self) -> Iterator[SequenceState]: ...
+    def __reversed__(self) -> Iterator[SequenceState]: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, seq: object) -> bool: ...
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """Decides each iteration. See :class:`Plan` for what it can do.
+
+    Optional members: ``stable_between_events`` (see the module docstring),
+    ``new_waiting_queue()`` (the order of waiting requests; FCFS when absent),
+    ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None) and
+    ``on_finish(seq, plan_now)`` (called when a sequence finishes).
+    """
+
+    def schedule(self, plan: Plan) -> None: ...
+
+
+@runtime_checkable
+class Workload(Protocol):
+    """Produces the requests of a run.
+
+    ``requests(seed)`` yields requests in arrival order (ids 0, 1, 2, ...). A closed-loop
+    workload also has ``closed_loop = True`` and ``on_finish(request, now_ms)``, which returns
+    the requests that this completion releases (a client's next request).
+    """
+
+    def requests(self, seed: int) -> Iterable["Request"]: ...
+
+
+@runtime_checkable
+class Router(Protocol):
+    """Chooses the instance for each arriving request (several-instance runs)."""
+
+    def route(self, request: "Request", instances: list[Any]) -> int: ...
+
+
+@runtime_checkable
+class Report(Protocol):
+    """Writes files from an experiment's results (``results`` is a :class:`schedlab.results.ExperimentResults`)."""
+
+    def write(self, results: Any, out_dir: Any) -> list[Any]: ...
