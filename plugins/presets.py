@@ -1,0 +1,73 @@
+"""Built-in model and GPU presets, registered through the same hooks a third-party plugin uses.
+
+Model numbers are the Hugging Face ``config.json`` values (``num_hidden_layers``,
+``num_key_value_heads``, ``num_attention_heads``, ``hidden_size / num_attention_heads``) and
+the checkpoint's parameter count. GPU numbers are from NVIDIA datasheets: memory is the
+nominal capacity (taken as GiB), bandwidth is peak HBM/GDDR bandwidth in GB/s, compute is
+dense bf16 tensor TFLOPS (half the "with sparsity" figure), and the host link is one
+direction of the GPU's PCIe or NVLink-C2C connection to the CPU.
+Each preset's note is its help text in ``schedlab plugins``.
+"""
+
+from __future__ import annotations
+
+import schedlab
+from schedlab.capacity import GpuSpec, ModelSpec
+
+#: (spec, source note) for every built-in model.
+MODELS: tuple[tuple[ModelSpec, str], ...] = (
+    (ModelSpec("llama-2-7b", num_layers=32, num_kv_heads=32, head_dim=128, num_params=6_738_415_616,
+               num_attention_heads=32),
+     "meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads (MHA), hidden 4096; 6.74B params"),
+    (ModelSpec("llama-2-13b", num_layers=40, num_kv_heads=40, head_dim=128, num_params=13_015_864_320,
+               num_attention_heads=40),
+     "meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads (MHA), hidden 5120; 13.0B params"),
+    (ModelSpec("llama-2-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=68_976_648_192,
+               num_attention_heads=64),
+     "meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 69.0B params"),
+    (ModelSpec("llama-3-8b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=8_030_261_248,
+               num_attention_heads=32),
+     "meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 8.03B params"),
+    (ModelSpec("llama-3-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=70_553_706_496,
+               num_attention_heads=64),
+     "meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 70.6B params"),
+    (ModelSpec("mistral-7b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=7_241_732_096,
+               num_attention_heads=32),
+     "mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 7.24B params"),
+    (ModelSpec("qwen2.5-7b", num_layers=28, num_kv_heads=4, head_dim=128, num_params=7_615_616_512,
+               num_attention_heads=28),
+     "Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads / 4 KV heads, hidden 3584; 7.62B params"),
+    (ModelSpec("qwen2.5-72b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=72_706_203_648,
+               num_attention_heads=64),
+     "Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 72.7B params"),
+)
+
+#: (spec, source note) for every built-in GPU.
+GPUS: tuple[tuple[GpuSpec, str], ...] = (
+    (GpuSpec("a100-40gb", memory_gib=40, hbm_bandwidth_gbps=1555, bf16_tflops=312, host_link_gbps=32),
+     "A100 40GB SXM datasheet: 40 GB HBM2, 1,555 GB/s, 312 TFLOPS bf16 dense; PCIe Gen4 x16 (32 GB/s each way)"),
+    (GpuSpec("a100-80gb", memory_gib=80, hbm_bandwidth_gbps=2039, bf16_tflops=312, host_link_gbps=32),
+     "A100 80GB SXM datasheet: 80 GB HBM2e, 2,039 GB/s, 312 TFLOPS bf16 dense; PCIe Gen4 x16 (32 GB/s each way)"),
+    (GpuSpec("h100-80gb", memory_gib=80, hbm_bandwidth_gbps=3350, bf16_tflops=989, host_link_gbps=64),
+     "H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way)"),
+    (GpuSpec("h100-pcie-80gb", memory_gib=80, hbm_bandwidth_gbps=2000, bf16_tflops=756, host_link_gbps=64),
+     "H100 PCIe datasheet: 80 GB HBM2e, 2 TB/s, 756 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way)"),
+    (GpuSpec("h200-141gb", memory_gib=141, hbm_bandwidth_gbps=4800, bf16_tflops=989, host_link_gbps=64),
+     "H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way)"),
+    (GpuSpec("gh200-96gb", memory_gib=96, hbm_bandwidth_gbps=4000, bf16_tflops=989, host_link_gbps=450),
+     "GH200 Grace Hopper datasheet: 96 GB HBM3, 4 TB/s, 989 TFLOPS bf16 dense; NVLink-C2C 900 GB/s (450 each way)"),
+    (GpuSpec("l4", memory_gib=24, hbm_bandwidth_gbps=300, bf16_tflops=121, host_link_gbps=32),
+     "L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS bf16 dense (242 sparse); PCIe Gen4 x16 (32 GB/s each way)"),
+)
+
+
+@schedlab.hookimpl
+def schedlab_register_models(register):
+    for spec, note in MODELS:
+        register(spec.name, spec, help=note)
+
+
+@schedlab.hookimpl
+def schedlab_register_gpus(register):
+    for spec, note in GPUS:
+        register(spec.name, spec, help=note)

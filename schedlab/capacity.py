@@ -1,0 +1,400 @@
+"""How many KV blocks fit on a GPU, worked out from the model's shape and the GPU's memory.
+
+A :class:`ModelSpec` (layers, KV heads, head size, parameters) and a :class:`GpuSpec`
+(memory, bandwidths, compute) are plain frozen records; the built-in presets are registered
+by :mod:`schedlab_plugins.presets` and looked up through :class:`Presets`.
+:func:`size_kv_cache` sizes the block pool the way vLLM does::
+
+    num_blocks = (memory * gpu_memory_utilization - weights - activation reserve) // block bytes
+
+and :func:`format_capacity` prints that derivation, including how many sequences fit at the
+average and at the long-tail (p99) length -- the number to plan for.
+
+Units: memory sizes are binary (GiB = 2**30 bytes, as ``torch.cuda.mem_get_info`` reports
+them); bandwidths are decimal GB/s (10**9 bytes per second) and compute is dense TFLOPS
+(10**12), as GPU datasheets quote them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import TYPE_CHECKING, Any, Mapping
+
+import attrs
+
+from .configs import float_field, int_field, str_field
+from .errors import ConfigError, UnknownPluginError
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
+    from .registry import Registry
+
+KIB = 2**10
+MIB = 2**20
+GIB = 2**30
+
+#: Memory kept back for activations and non-torch allocations when sizing the KV pool.
+#: vLLM measures it by profiling a forward pass at ``max_num_batched_tokens``; for 7-8B
+#: models at 2048-8192 batched tokens its logs show roughly 1.2 GiB of activation peak plus
+#: 0.2-0.5 GiB of non-torch memory (NCCL, cuBLAS workspaces, CUDA graphs). Raise it for
+#: large token budgets or wide models.
+DEFAULT_ACTIVATION_RESERVE_GIB = 1.5
+
+#: Tensor-parallel sizes tried when suggesting a fix for a model that does not fit.
+_SUGGESTED_TP = (2, 4, 8)
+
+
+# --- specs ------------------------------------------------------------------------------------
+
+
+def _check_tensor_parallel(tensor_parallel: Any) -> int:
+    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        raise ConfigError(f"tensor_parallel must be a whole number >= 1, got {tensor_parallel!r}")
+    return tensor_parallel
+
+
+@attrs.frozen
+class ModelSpec:
+    """The shape of a decoder-only transformer, as far as KV memory and a roofline need it.
+
+    Values come from the model's Hugging Face ``config.json`` (``num_hidden_layers``,
+    ``num_key_value_heads``, ``head_dim`` or ``hidden_size / num_attention_heads``) and its
+    parameter count.
+    """
+
+    name: str = str_field(help="model name, e.g. 'llama-3-8b'")
+    num_layers: int = int_field(min=1, help="transformer layers (config.json num_hidden_layers)")
+    num_kv_heads: int = int_field(
+        min=1, help="key/value heads per layer (num_key_value_heads; equals the attention heads without GQA)")
+    head_dim: int = int_field(min=1, help="size of one attention head (hidden_size / num_attention_heads)")
+    num_params: float = float_field(min=0.0, min_exclusive=True, help="total parameters, e.g. 8.03e9")
+    dtype_bytes: int = int_field(2, min=1, help="bytes per weight and per KV element (2 = bf16/fp16, 1 = fp8)")
+    num_attention_heads: int | None = int_field(
+        None, min=1, optional=True,
+        help="query heads; only used for prefill attention FLOPs in the roofline cost model "
+             "(leave unset to ignore attention FLOPs)")
+
+    def kv_heads_per_rank(self, tensor_parallel: int = 1) -> int:
+        """KV heads each tensor-parallel rank stores.
+
+        Heads are split evenly across ranks. With fewer KV heads than ranks, each rank keeps
+        one (replicated) head, as vLLM does -- a rank cannot hold a fraction of a head, so
+        beyond ``tensor_parallel == num_kv_heads`` the per-rank KV size stops shrinking.
+
+        :raises ConfigError: the heads cannot be spread evenly (vLLM rejects this too).
+        """
+        tp = _check_tensor_parallel(tensor_parallel)
+        heads = self.num_kv_heads
+        if heads >= tp:
+            if heads % tp:
+                raise ConfigError(
+                    f"{self.name}: {heads} KV heads cannot be split evenly over tensor_parallel={tp}; "
+                    f"use a tensor_parallel that divides {heads}")
+            return heads // tp
+        if tp % heads:
+            raise ConfigError(
+                f"{self.name}: tensor_parallel={tp} is not a multiple of its {heads} KV heads, so they "
+                f"cannot be replicated evenly; use a multiple of {heads}")
+        return 1
+
+    def kv_bytes_per_token(self, tensor_parallel: int = 1) -> int:
+        """KV bytes one token takes on each rank: ``2 (K and V) * layers * heads/tp * head_dim * dtype``."""
+        heads = self.kv_heads_per_rank(tensor_parallel)
+        return 2 * self.num_layers * heads * self.head_dim * self.dtype_bytes
+
+    def weight_bytes(self, tensor_parallel: int = 1) -> float:
+        """Weight bytes on each rank (weights are sharded evenly; replicated norms are ignored)."""
+        tp = _check_tensor_parallel(tensor_parallel)
+        return self.num_params * self.dtype_bytes / tp
+
+
+@attrs.frozen
+class GpuSpec:
+    """One accelerator: how much memory it has and how fast it moves and multiplies numbers."""
+
+    name: str = str_field(help="GPU name, e.g. 'a100-80gb'")
+    memory_gib: float = float_field(min=0.0, min_exclusive=True, help="device memory in GiB")
+    hbm_bandwidth_gbps: float = float_field(min=0.0, min_exclusive=True, help="memory bandwidth in GB/s (datasheet)")
+    bf16_tflops: float = float_field(min=0.0, min_exclusive=True, help="dense bf16 tensor throughput in TFLOPS")
+    host_link_gbps: float = float_field(
+        min=0.0, min_exclusive=True,
+        help="one-direction GPU<->CPU bandwidth in GB/s (PCIe or NVLink-C2C); used for swap transfers")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+
+# --- presets lookup -----------------------------------------------------------------------------
+
+
+class Presets:
+    """Model and GPU specs by name: the registered presets plus specs an experiment declares.
+
+    Names are matched exactly, then in lower case (``"Llama-3-8B"`` finds ``"llama-3-8b"``).
+    A custom spec may not reuse a preset's name (pick a new one, so results say which is meant).
+    """
+
+    def __init__(self, models: "Registry", gpus: "Registry",
+                 custom: Mapping[str, ModelSpec | GpuSpec] | None = None):
+        self._models = models
+        self._gpus = gpus
+        self._custom_models: dict[str, ModelSpec] = {}
+        self._custom_gpus: dict[str, GpuSpec] = {}
+        for name, spec in (custom or {}).items():
+            if isinstance(spec, ModelSpec):
+                target, registry, kind = self._custom_models, models, "model"
+            elif isinstance(spec, GpuSpec):
+                target, registry, kind = self._custom_gpus, gpus, "gpu"
+            else:
+                raise ConfigError(f"custom preset {name!r} must be a ModelSpec or a GpuSpec, got {type(spec).__name__}")
+            if name in registry:
+                raise ConfigError(f"custom {kind} {name!r} has the name of a built-in {kind} preset; choose another name")
+            target[name] = spec
+
+    @classmethod
+    def from_catalog(cls, catalog: "Catalog", custom: Mapping[str, ModelSpec | GpuSpec] | None = None) -> "Presets":
+        return cls(catalog["model"], catalog["gpu"], custom)
+
+    def model(self, name: str) -> ModelSpec:
+        """The model spec called ``name``; an unknown name lists the known ones."""
+        return self._lookup("model", name, self._custom_models, self._models, ModelSpec)
+
+    def gpu(self, name: str) -> GpuSpec:
+        """The GPU spec called ``name``; an unknown name lists the known ones."""
+        return self._lookup("gpu", name, self._custom_gpus, self._gpus, GpuSpec)
+
+    def model_names(self) -> list[str]:
+        return sorted(set(self._models.names()) | set(self._custom_models))
+
+    def gpu_names(self) -> list[str]:
+        return sorted(set(self._gpus.names()) | set(self._custom_gpus))
+
+    @staticmethod
+    def _lookup(kind: str, name: str, custom: dict, registry: "Registry", spec_type: type):
+        for candidate in (name, name.lower() if isinstance(name, str) else name):
+            if candidate in custom:
+                return custom[candidate]
+            if candidate in registry:
+                entry = registry.get(candidate)
+                if not isinstance(entry.factory, spec_type):
+                    raise ConfigError(
+                        f"{kind} preset {candidate!r} from {entry.provider} is not a {spec_type.__name__} "
+                        f"(got {type(entry.factory).__name__})")
+                return entry.factory
+        known = sorted(set(registry.names()) | set(custom))
+        hint = difflib.get_close_matches(str(name).lower(), known, n=1)
+        also = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise UnknownPluginError(f"unknown {kind} {name!r}{also}; known: {', '.join(known) or '(none)'}")
+
+
+# --- sizing -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class KVSizing:
+    """The KV block pool of one tensor-parallel rank, and the numbers it was derived from.
+
+    With tensor parallelism each rank holds 1/tp of the weights and of the KV heads; every
+    rank holds the same block ids, so ``num_blocks`` is also the instance's block count.
+    All byte counts are per rank.
+    """
+
+    model: ModelSpec
+    gpu: GpuSpec
+    tensor_parallel: int
+    gpu_memory_utilization: float
+    block_size: int
+    bytes_per_token: int
+    bytes_per_block: int
+    memory_bytes: int  # the GPU's memory
+    usable_bytes: int  # memory * gpu_memory_utilization, rounded down
+    weight_bytes: int
+    reserve_bytes: int  # activations and non-torch memory
+    kv_pool_bytes: int  # usable - weights - reserve
+    num_blocks: int
+
+    @property
+    def tokens(self) -> int:
+        """KV tokens the pool holds (``num_blocks * block_size``)."""
+        return self.num_blocks * self.block_size
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
+                  reserve_bytes: int, block_size: int) -> tuple[int, int, int, int]:
+    """``(usable, weights, bytes_per_block, pool)`` for one rank, without any checks."""
+    usable = math.floor(gpu.memory_bytes * utilization)
+    weights = math.ceil(model.weight_bytes(tp))
+    bytes_per_block = model.kv_bytes_per_token(tp) * block_size
+    return usable, weights, bytes_per_block, usable - weights - reserve_bytes
+
+
+def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, current_tp: int,
+                         reserve_bytes: int, block_size: int) -> int | None:
+    for tp in _SUGGESTED_TP:
+        if tp <= current_tp:
+            continue
+        try:
+            _, _, per_block, pool = _pool_numbers(model, gpu, utilization, tp, reserve_bytes, block_size)
+        except ConfigError:  # heads cannot be split this way
+            continue
+        if pool // per_block > 0:
+            return tp
+    return None
+
+
+def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: float = 0.9,
+                  tensor_parallel: int = 1,
+                  activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB,
+                  block_size: int = 16) -> KVSizing:
+    """Size the KV block pool of ``model`` on ``gpu`` the way vLLM does.
+
+    ``num_blocks = (memory * gpu_memory_utilization - weights/tp - activation reserve) //
+    bytes_per_block``, per rank (see :class:`KVSizing`).
+
+    :param activation_reserve_gib: memory kept for activations and non-torch allocations,
+        see :data:`DEFAULT_ACTIVATION_RESERVE_GIB`.
+    :raises ConfigError: a bad argument, or the model does not fit (the message says by how
+        much memory it falls short and suggests tensor parallelism or a bigger GPU).
+    """
+    tp = _check_tensor_parallel(tensor_parallel)
+    util = gpu_memory_utilization
+    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"block_size must be a whole number >= 1, got {block_size!r}")
+    reserve = activation_reserve_gib
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not reserve >= 0.0:
+        raise ConfigError(f"activation_reserve_gib must be >= 0, got {reserve!r}")
+    reserve_bytes = math.ceil(reserve * GIB)
+
+    usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size)
+    num_blocks = pool // per_block
+    if num_blocks <= 0:
+        short = weights + reserve_bytes + per_block - usable
+        better_tp = _smallest_fitting_tp(model, gpu, util, tp, reserve_bytes, block_size)
+        fix = (f"use tensor_parallel = {better_tp} or a GPU with more memory" if better_tp
+               else "use a GPU with more memory (tensor parallelism up to 8 is not enough)")
+        raise ConfigError(
+            f"{model.name} does not fit on {gpu.name} with tensor_parallel={tp}: "
+            f"{_gib(usable)} usable ({gpu.memory_gib:g} GiB x {util:g}) minus {_gib(weights)} of weights "
+            f"minus {_gib(reserve_bytes)} of activation reserve leaves {_gib(pool)} for the KV cache; "
+            f"it falls short by {_gib(short)} of holding even one {block_size}-token block; {fix}")
+    return KVSizing(
+        model=model, gpu=gpu, tensor_parallel=tp, gpu_memory_utilization=float(util),
+        block_size=block_size, bytes_per_token=model.kv_bytes_per_token(tp), bytes_per_block=per_block,
+        memory_bytes=gpu.memory_bytes, usable_bytes=usable, weight_bytes=weights,
+        reserve_bytes=reserve_bytes, kv_pool_bytes=pool, num_blocks=num_blocks,
+    )
+
+
+def concurrency(sizing: KVSizing, seq_tokens: int) -> int:
+    """How many sequences of ``seq_tokens`` total tokens (prompt + output) fit in the pool at
+    once; each needs ``ceil(seq_tokens / block_size)`` blocks of its own."""
+    if isinstance(seq_tokens, bool) or not isinstance(seq_tokens, int) or seq_tokens < 1:
+        raise ConfigError(f"sequence length must be a whole number of tokens >= 1, got {seq_tokens!r}")
+    return sizing.num_blocks // _ceil_div(seq_tokens, sizing.block_size)
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    """A number without a pointless ``.0``: 128 -> '128', 0.875 -> '0.875'."""
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_tokens: int | None = None) -> str:
+    """The derivation of ``sizing``, one quantity per line with units.
+
+    With ``avg_tokens`` and/or ``p99_tokens`` (total sequence lengths) it adds how many
+    sequences fit at each; the pool must be planned for the long tail, not the average.
+    """
+    s, m = sizing, sizing.model
+    tp = s.tensor_parallel
+    heads = m.kv_heads_per_rank(tp)
+    heads_text = f"{m.num_kv_heads} KV heads" if tp == 1 else f"{heads} KV heads per rank ({m.num_kv_heads} over tp={tp})"
+    per_rank = "" if tp == 1 else f" / {tp} ranks"
+    lines = [
+        f"KV capacity of {m.name} on {s.gpu.name} "
+        f"(tensor_parallel={tp}, block_size={s.block_size}, {m.dtype_bytes}-byte weights and KV"
+        + (", every number per rank)" if tp > 1 else ")"),
+        f"  KV per token        2 x {m.num_layers} layers x {heads_text} x {m.head_dim} head_dim "
+        f"x {m.dtype_bytes} B = {_num(s.bytes_per_token / KIB)} KiB",
+        f"  KV per block        {s.block_size} tokens x {_num(s.bytes_per_token / KIB)} KiB "
+        f"= {_num(s.bytes_per_block / MIB)} MiB",
+        f"  GPU memory          {_gib(s.memory_bytes)}",
+        f"  usable              {_gib(s.memory_bytes)} x {s.gpu_memory_utilization:g} = {_gib(s.usable_bytes)}",
+        f"  weights             {m.num_params / 1e9:.2f}B params x {m.dtype_bytes} B{per_rank} = {_gib(s.weight_bytes)}",
+        f"  activation reserve  {_gib(s.reserve_bytes)}",
+        f"  KV pool             {s.usable_bytes / GIB:.2f} - {s.weight_bytes / GIB:.2f} - "
+        f"{s.reserve_bytes / GIB:.2f} = {_gib(s.kv_pool_bytes)}",
+        f"  blocks              {_gib(s.kv_pool_bytes)} // {_num(s.bytes_per_block / MIB)} MiB = {s.num_blocks}",
+        f"  tokens              {s.num_blocks} blocks x {s.block_size} = {s.tokens} tokens",
+    ]
+    fits: dict[str, tuple[int, int]] = {}
+    for label, length in (("average", avg_tokens), ("p99", p99_tokens)):
+        if length is None:
+            continue
+        n = concurrency(s, length)
+        fits[label] = (length, n)
+        lines.append(f"  fit at {label:<7}      {length} tokens = {_ceil_div(length, s.block_size)} blocks each "
+                     f"-> {n} sequences")
+    if "average" in fits and "p99" in fits:
+        (_, n_avg), (p99_len, n_p99) = fits["average"], fits["p99"]
+        if n_p99 == 0:
+            lines.append(f"  plan for the tail: not even one {p99_len}-token sequence fits; "
+                         f"p99 requests will be rejected or cut off")
+        elif n_p99 < n_avg:
+            lines.append(f"  plan for the tail: only {n_p99} p99-length sequences fit, "
+                         f"{n_avg / n_p99:.1f}x fewer than the {n_avg} the average suggests")
+        else:
+            lines.append(f"  plan for the tail: p99-length sequences fit as many as average ones ({n_p99})")
+    return "\n".join(lines)
+
+
+# --- CLI glue ---------------------------------------------------------------------------------
+
+
+def add_capacity_arguments(parser) -> None:
+    """Add the ``schedlab capacity`` options to an argparse parser."""
+    parser.add_argument("--model", required=True, help="model preset, e.g. llama-3-8b")
+    parser.add_argument("--gpu", required=True, help="GPU preset, e.g. a100-80gb")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory the engine may use (default 0.9, as vLLM)")
+    parser.add_argument("--activation-reserve-gib", type=float, default=DEFAULT_ACTIVATION_RESERVE_GIB,
+                        help=f"memory kept for activations (default {DEFAULT_ACTIVATION_RESERVE_GIB} GiB)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    parser.add_argument("--avg-tokens", type=int, default=None, help="average sequence length (prompt + output)")
+    parser.add_argument("--p99-tokens", type=int, default=None, help="p99 sequence length (prompt + output)")
+
+
+def capacity_command(options: Any, catalog: "Catalog") -> str:
+    """The text ``schedlab capacity`` prints.
+
+    :param options: an argparse namespace from :func:`add_capacity_arguments`, or a mapping
+        with the same keys (``model``, ``gpu``, ``tensor_parallel``, ...).
+    :raises ConfigError: unknown preset names, bad values, or a model that does not fit.
+    """
+    get = options.get if isinstance(options, Mapping) else (lambda key, default=None: getattr(options, key, default))
+    presets = Presets.from_catalog(catalog)
+    sizing = size_kv_cache(
+        presets.model(get("model")), presets.gpu(get("gpu")),
+        gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
+        tensor_parallel=get("tensor_parallel", 1),
+        activation_reserve_gib=get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB),
+        block_size=get("block_size", 16),
+    )
+    return format_capacity(sizing, avg_tokens=get("avg_tokens"), p99_tokens=get("p99_tokens"))

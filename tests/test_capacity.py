@@ -1,0 +1,400 @@
+"""KV-capacity arithmetic, the model/GPU presets and the roofline cost model.
+
+Expected values are written out from the preset constants (config.json values, datasheet
+numbers), never computed with the code under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedlab.capacity import (
+    GIB,
+    KIB,
+    MIB,
+    GpuSpec,
+    ModelSpec,
+    Presets,
+    add_capacity_arguments,
+    capacity_command,
+    concurrency,
+    format_capacity,
+    size_kv_cache,
+)
+from schedlab.catalog import load_catalog
+from schedlab.configs import from_table
+from schedlab.errors import ConfigError, UnknownPluginError
+from schedlab.model import Request
+from schedlab.protocols import Batch, CostModel
+from schedlab_plugins.cost_models.roofline import RooflineConfig, RooflineCostModel, build_roofline
+from schedlab_plugins.presets import GPUS, MODELS
+
+MODEL = {spec.name: spec for spec, _ in MODELS}
+GPU = {spec.name: spec for spec, _ in GPUS}
+
+# Public constants the expectations below are written from.
+LLAMA3_8B_PARAMS = 8_030_261_248
+LLAMA3_70B_PARAMS = 70_553_706_496
+A100_80_BW_GBPS = 2039
+A100_80_TFLOPS = 312
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(entry_points=False)
+
+
+@pytest.fixture(scope="module")
+def presets(catalog):
+    return Presets.from_catalog(catalog)
+
+
+# --- engines.md §7 ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, per_token, per_block",
+    [
+        ("llama-2-7b", 512 * KIB, 8 * MIB),
+        ("llama-3-8b", 128 * KIB, 2 * MIB),
+        ("llama-3-70b", 320 * KIB, 5 * MIB),
+    ],
+)
+def test_kv_bytes_match_engines_doc(presets, name, per_token, per_block):
+    model = presets.model(name)
+    assert model.kv_bytes_per_token() == per_token
+    roomy = GpuSpec("roomy", memory_gib=1024, hbm_bandwidth_gbps=1000, bf16_tflops=100, host_link_gbps=32)
+    sizing = size_kv_cache(model, roomy, block_size=16)
+    assert sizing.bytes_per_token == per_token
+    assert sizing.bytes_per_block == per_block
+
+
+def test_other_model_kv_bytes():
+    # 2 * layers * kv_heads * head_dim * 2 bytes
+    assert MODEL["llama-2-13b"].kv_bytes_per_token() == 2 * 40 * 40 * 128 * 2  # 800 KiB
+    assert MODEL["mistral-7b"].kv_bytes_per_token() == 128 * KIB
+    assert MODEL["qwen2.5-7b"].kv_bytes_per_token() == 2 * 28 * 4 * 128 * 2  # 56 KiB
+
+
+def test_presets_are_registered_with_notes(catalog):
+    assert {"llama-2-7b", "llama-2-13b", "llama-3-8b", "llama-3-70b", "mistral-7b", "qwen2.5-7b"} <= set(
+        catalog["model"].names())
+    assert {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "l4"} <= set(catalog["gpu"].names())
+    for entry in list(catalog["model"]) + list(catalog["gpu"]):
+        assert isinstance(entry.factory, (ModelSpec, GpuSpec))
+        assert entry.factory.name == entry.name == entry.name.lower()
+        assert "datasheet" in entry.help or "config.json" in entry.help
+
+
+# --- sizing ----------------------------------------------------------------------------------
+
+
+def test_num_blocks_llama3_8b_on_a100_80gb():
+    sizing = size_kv_cache(MODEL["llama-3-8b"], GPU["a100-80gb"], gpu_memory_utilization=0.9,
+                           activation_reserve_gib=1.5, block_size=16)
+    usable = 72 * GIB  # 80 GiB * 0.9
+    weights = LLAMA3_8B_PARAMS * 2
+    reserve = 3 * GIB // 2
+    per_block = 16 * 128 * KIB
+    assert sizing.usable_bytes == usable
+    assert sizing.weight_bytes == weights
+    assert sizing.reserve_bytes == reserve
+    assert sizing.kv_pool_bytes == usable - weights - reserve == 59_638_276_096
+    assert sizing.num_blocks == (usable - weights - reserve) // per_block == 28437
+    assert sizing.tokens == 28437 * 16
+
+
+def test_tensor_parallel_halves_kv_and_weights_per_rank():
+    model = MODEL["llama-3-70b"]
+    assert model.kv_bytes_per_token(2) == 160 * KIB
+    assert model.weight_bytes(2) == LLAMA3_70B_PARAMS * 2 / 2
+    assert model.kv_bytes_per_token(8) == 40 * KIB  # one KV head per rank
+    # More ranks than KV heads: each rank keeps one (replicated) head, as vLLM does.
+    assert model.kv_bytes_per_token(16) == 40 * KIB
+    assert MODEL["llama-2-7b"].kv_bytes_per_token(2) == 256 * KIB
+
+
+def test_num_blocks_with_tensor_parallel():
+    sizing = size_kv_cache(MODEL["llama-3-70b"], GPU["h100-80gb"], tensor_parallel=4,
+                           activation_reserve_gib=1.5)
+    per_block = 16 * (2 * 80 * 2 * 128 * 2)  # 2 of 8 KV heads per rank
+    expected = (72 * GIB - LLAMA3_70B_PARAMS * 2 // 4 - 3 * GIB // 2) // per_block
+    assert per_block == 1280 * KIB
+    assert sizing.num_blocks == expected == 30839
+
+
+def test_uneven_head_split_is_rejected():
+    with pytest.raises(ConfigError, match="cannot be split evenly"):
+        MODEL["llama-3-8b"].kv_bytes_per_token(3)
+    with pytest.raises(ConfigError, match="not a multiple"):
+        MODEL["qwen2.5-7b"].kv_bytes_per_token(6)  # 4 KV heads
+
+
+def test_model_that_does_not_fit_says_by_how_much():
+    with pytest.raises(ConfigError) as info:
+        size_kv_cache(MODEL["llama-3-70b"], GPU["a100-40gb"], activation_reserve_gib=1.5)
+    message = str(info.value)
+    short = LLAMA3_70B_PARAMS * 2 + 3 * GIB // 2 + 5 * MIB - 36 * GIB
+    assert f"falls short by {short / GIB:.2f} GiB" in message  # 96.92 GiB
+    assert "tensor_parallel = 4" in message  # 2 ranks still need 65.7 GiB each
+    assert "llama-3-70b" in message and "a100-40gb" in message
+
+
+def test_model_that_fits_nowhere_suggests_a_bigger_gpu():
+    huge = ModelSpec("huge", num_layers=8, num_kv_heads=8, head_dim=128, num_params=500e9)
+    with pytest.raises(ConfigError, match="GPU with more memory"):
+        size_kv_cache(huge, GPU["l4"])
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"gpu_memory_utilization": 0.0}, {"gpu_memory_utilization": 1.5}, {"block_size": 0},
+    {"tensor_parallel": 0}, {"activation_reserve_gib": -1.0},
+])
+def test_bad_sizing_arguments(kwargs):
+    with pytest.raises(ConfigError):
+        size_kv_cache(MODEL["llama-3-8b"], GPU["a100-80gb"], **kwargs)
+
+
+def test_concurrency_average_vs_p99():
+    sizing = size_kv_cache(MODEL["llama-3-8b"], GPU["a100-80gb"], activation_reserve_gib=1.5)
+    assert sizing.num_blocks == 28437
+    assert concurrency(sizing, 1000) == 28437 // 63  # ceil(1000 / 16) = 63 blocks -> 451
+    assert concurrency(sizing, 8000) == 28437 // 500 == 56
+    assert concurrency(sizing, 16) == 28437
+    assert concurrency(sizing, 17) == 28437 // 2
+    with pytest.raises(ConfigError):
+        concurrency(sizing, 0)
+
+
+def test_format_capacity_shows_the_derivation():
+    sizing = size_kv_cache(MODEL["llama-3-8b"], GPU["a100-80gb"], activation_reserve_gib=1.5)
+    text = format_capacity(sizing, avg_tokens=1000, p99_tokens=8000)
+    assert "= 128 KiB" in text
+    assert "= 2 MiB" in text
+    assert "72.00 GiB" in text
+    assert "= 28437" in text
+    assert f"= {28437 * 16} tokens" in text
+    assert "-> 451 sequences" in text
+    assert "-> 56 sequences" in text
+    assert "8.1x fewer" in text  # 451 / 56
+
+
+def test_format_capacity_when_a_p99_sequence_does_not_fit():
+    sizing = size_kv_cache(MODEL["qwen2.5-7b"], GPU["l4"], activation_reserve_gib=1.5)
+    text = format_capacity(sizing, avg_tokens=100, p99_tokens=sizing.tokens + 1)
+    assert "not even one" in text
+
+
+def test_capacity_command_with_argparse(catalog):
+    parser = argparse.ArgumentParser()
+    add_capacity_arguments(parser)
+    args = parser.parse_args(["--model", "Llama-3-8B", "--gpu", "a100-80gb", "--activation-reserve-gib", "1.5",
+                              "--avg-tokens", "1000", "--p99-tokens", "8000"])
+    text = capacity_command(args, catalog)
+    assert "= 28437" in text and "-> 56 sequences" in text
+    assert capacity_command({"model": "llama-3-8b", "gpu": "a100-80gb", "activation_reserve_gib": 1.5},
+                            catalog).count("\n") == 9
+    with pytest.raises(UnknownPluginError, match="did you mean 'a100-80gb'"):
+        capacity_command({"model": "llama-3-8b", "gpu": "a100-80g"}, catalog)
+
+
+# --- presets lookup and TOML declarations -------------------------------------------------------
+
+
+def test_custom_specs_from_toml_tables(catalog):
+    table = {"name": "tiny", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "num_params": 1e8}
+    tiny = from_table(ModelSpec, table, where="lab.toml: [models.tiny]")
+    assert tiny.kv_bytes_per_token() == 2 * 2 * 2 * 64 * 2
+    card = from_table(GpuSpec, {"name": "card", "memory_gib": 16, "hbm_bandwidth_gbps": 500,
+                                "bf16_tflops": 100, "host_link_gbps": 16}, where="lab.toml: [gpus.card]")
+    presets = Presets.from_catalog(catalog, {"tiny": tiny, "card": card})
+    assert presets.model("tiny") is tiny and presets.gpu("card") is card
+    assert presets.model("llama-3-8b") == MODEL["llama-3-8b"]
+    assert "tiny" in presets.model_names() and "card" in presets.gpu_names()
+    with pytest.raises(UnknownPluginError, match="known: .*tiny"):
+        presets.model("small")
+
+
+def test_bad_custom_specs(catalog):
+    with pytest.raises(ConfigError, match=r"lab.toml: \[models.x\]: num_layers"):
+        from_table(ModelSpec, {"name": "x", "num_layers": 0, "num_kv_heads": 1, "head_dim": 8, "num_params": 1e6},
+                   where="lab.toml: [models.x]")
+    with pytest.raises(ConfigError, match="built-in model preset"):
+        Presets.from_catalog(catalog, {"llama-3-8b": attrs.evolve(MODEL["llama-3-8b"], num_layers=1)})
+    with pytest.raises(ConfigError, match="ModelSpec or a GpuSpec"):
+        Presets.from_catalog(catalog, {"x": {"num_layers": 1}})
+
+
+# --- hypothesis: sizing invariants ----------------------------------------------------------------
+
+
+def _blocks(model, memory_gib, utilization, reserve_gib, tp):
+    gpu = GpuSpec("g", memory_gib=memory_gib, hbm_bandwidth_gbps=1000, bf16_tflops=100, host_link_gbps=32)
+    try:
+        return size_kv_cache(model, gpu, gpu_memory_utilization=utilization,
+                             activation_reserve_gib=reserve_gib, tensor_parallel=tp).num_blocks
+    except ConfigError as exc:
+        assert "does not fit" in str(exc)
+        return 0
+
+
+models = st.sampled_from(sorted(MODEL.values(), key=lambda m: m.name))
+tps = st.sampled_from([1, 2, 4, 8])
+memories = st.floats(1.0, 300.0)
+utilizations = st.floats(0.01, 1.0)
+reserves = st.floats(0.0, 20.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(models, tps, memories, memories, utilizations, utilizations, reserves, reserves)
+def test_num_blocks_is_monotone(model, tp, mem_a, mem_b, util_a, util_b, res_a, res_b):
+    mem_lo, mem_hi = sorted((mem_a, mem_b))
+    util_lo, util_hi = sorted((util_a, util_b))
+    res_lo, res_hi = sorted((res_a, res_b))
+    assert _blocks(model, mem_lo, util_a, res_a, tp) <= _blocks(model, mem_hi, util_a, res_a, tp)
+    assert _blocks(model, mem_a, util_lo, res_a, tp) <= _blocks(model, mem_a, util_hi, res_a, tp)
+    assert _blocks(model, mem_a, util_a, res_lo, tp) >= _blocks(model, mem_a, util_a, res_hi, tp)
+
+
+@settings(max_examples=100, deadline=None)
+@given(models, tps, st.floats(200.0, 1000.0), st.integers(1, 64), st.integers(1, 100_000))
+def test_sizing_accounting(model, tp, memory_gib, block_size, seq_tokens):
+    gpu = GpuSpec("g", memory_gib=memory_gib, hbm_bandwidth_gbps=1000, bf16_tflops=100, host_link_gbps=32)
+    s = size_kv_cache(model, gpu, tensor_parallel=tp, block_size=block_size)
+    assert s.kv_pool_bytes == s.usable_bytes - s.weight_bytes - s.reserve_bytes
+    assert s.num_blocks * s.bytes_per_block <= s.kv_pool_bytes < (s.num_blocks + 1) * s.bytes_per_block
+    assert s.bytes_per_block == s.bytes_per_token * block_size
+    n = concurrency(s, seq_tokens)
+    blocks_each = -(-seq_tokens // block_size)
+    assert n * blocks_each <= s.num_blocks < (n + 1) * blocks_each
+
+
+# --- roofline -------------------------------------------------------------------------------
+
+
+def _roofline(model="llama-3-8b", gpu="a100-80gb", **overrides):
+    return RooflineCostModel(MODEL[model], GPU[gpu], RooflineConfig(model=model, gpu=gpu, **overrides))
+
+
+BW_BYTES_PER_MS = A100_80_BW_GBPS * 1e9 * 0.8 / 1e3  # default bandwidth_efficiency 0.8
+FLOPS_PER_MS = A100_80_TFLOPS * 1e12 * 0.5 / 1e3  # default mfu 0.5
+WEIGHTS_MS = LLAMA3_8B_PARAMS * 2 / BW_BYTES_PER_MS  # 9.846 ms
+KV_MS_PER_TOKEN = 128 * KIB / BW_BYTES_PER_MS
+
+
+def test_roofline_is_a_cost_model():
+    assert isinstance(_roofline(), CostModel)
+
+
+def test_roofline_decode_iteration_by_hand():
+    cost = _roofline(overhead_ms=1.0)
+    expected = 1.0 + LLAMA3_8B_PARAMS * 2 / BW_BYTES_PER_MS + 4096 * 128 * KIB / BW_BYTES_PER_MS
+    got = cost.iteration_ms(Batch(num_decode=4, decode_context_tokens=4096))
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert got == pytest.approx(11.17496, abs=1e-5)
+    assert cost.iteration_ms(Batch()) == 0.0
+
+
+def test_roofline_tensor_parallel_splits_weights_and_kv():
+    cost = RooflineCostModel(MODEL["llama-3-70b"], GPU["h100-80gb"],
+                             RooflineConfig(model="llama-3-70b", gpu="h100-80gb", tensor_parallel=4,
+                                            overhead_ms=0.0))
+    bw = 3350 * 1e9 * 0.8 / 1e3
+    expected = LLAMA3_70B_PARAMS * 2 / 4 / bw + 1000 * (80 * KIB) / bw
+    assert cost.iteration_ms(Batch(num_decode=1, decode_context_tokens=1000)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_roofline_prefill_by_hand():
+    cost = _roofline(overhead_ms=0.5)
+    linear = 2 * LLAMA3_8B_PARAMS * 1000
+    attention = 4 * 32 * 32 * 128 * (1000 * 1001 / 2)  # layers * heads * head_dim * causal pairs
+    expected = 0.5 + WEIGHTS_MS + (linear + attention) / FLOPS_PER_MS
+    got = cost.iteration_ms(Batch(num_prefill=1, prefill_tokens=1000))
+    assert got == pytest.approx(expected, rel=1e-12)
+    # A chunk of 500 after 1500 cached tokens attends to them too.
+    chunk = cost.iteration_ms(Batch(num_prefill=1, prefill_tokens=500, prefill_context_tokens=1500))
+    pairs = 500 * 1500 + 500 * 501 / 2
+    assert chunk == pytest.approx(
+        0.5 + WEIGHTS_MS + (2 * LLAMA3_8B_PARAMS * 500 + 4 * 32 * 32 * 128 * pairs) / FLOPS_PER_MS, rel=1e-12)
+
+
+def test_roofline_prefill_only_scales_with_tokens():
+    no_attention = attrs.evolve(MODEL["llama-3-8b"], num_attention_heads=None)
+    cost = RooflineCostModel(no_attention, GPU["a100-80gb"])
+    t = [cost.iteration_ms(Batch(num_prefill=1, prefill_tokens=n)) for n in (1000, 2000, 3000)]
+    per_1000 = 2 * LLAMA3_8B_PARAMS * 1000 / FLOPS_PER_MS  # 102.9 ms
+    assert t[1] - t[0] == pytest.approx(per_1000, rel=1e-9)
+    assert t[2] - t[1] == pytest.approx(per_1000, rel=1e-9)
+    with_attention = _roofline()
+    a = [with_attention.iteration_ms(Batch(num_prefill=1, prefill_tokens=n)) for n in (1000, 2000, 3000)]
+    assert a[0] < a[1] < a[2] and a[2] - a[1] > a[1] - a[0]  # attention makes it superlinear
+
+
+def test_decode_step_increment_only_for_decode_only_batches():
+    cost = _roofline()
+    assert cost.decode_step_increment(Batch(num_decode=8, decode_context_tokens=8000)) == pytest.approx(
+        8 * KV_MS_PER_TOKEN, rel=1e-12)
+    assert cost.decode_step_increment(Batch(num_decode=8, decode_context_tokens=8000, num_prefill=1,
+                                            prefill_tokens=10)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(MODEL)), st.integers(1, 1024), st.integers(0, 2_000_000), st.integers(1, 2000),
+       st.sampled_from([1, 2, 4, 8]))
+def test_decode_step_increment_is_exact(model, num_decode, context, steps, tp):
+    gpu = "h200-141gb"
+    cost = RooflineCostModel(MODEL[model], GPU[gpu], RooflineConfig(model=model, gpu=gpu, tensor_parallel=tp))
+    batch = Batch(num_decode=num_decode, decode_context_tokens=context)
+    nxt = Batch(num_decode=num_decode, decode_context_tokens=context + num_decode)
+    inc = cost.decode_step_increment(batch)
+    big = cost.iteration_ms(nxt)
+    assert abs((big - cost.iteration_ms(batch)) - inc) <= 1e-12 * big
+    later = Batch(num_decode=num_decode, decode_context_tokens=context + steps * num_decode)
+    assert abs(cost.iteration_ms(later) - (cost.iteration_ms(batch) + steps * inc)) <= 1e-12 * cost.iteration_ms(later)
+
+
+def test_request_cost_by_hand():
+    cost = _roofline(overhead_ms=1.0)
+    prefill, decode = cost.request_cost(10, 3)
+    assert prefill == pytest.approx(
+        1.0 + WEIGHTS_MS + (2 * LLAMA3_8B_PARAMS * 10 + 4 * 32 * 32 * 128 * 55) / FLOPS_PER_MS, rel=1e-12)
+    # The prefill yields token 1; tokens 2 and 3 are decode steps attending to 11 and 12 tokens.
+    assert decode == pytest.approx(2 * (1.0 + WEIGHTS_MS) + (11 + 12) * KV_MS_PER_TOKEN, rel=1e-12)
+    _, none = cost.request_cost(10, 1)
+    assert none == 0.0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 4000), st.integers(1, 300), st.integers(1, 300) | st.none())
+def test_request_cost_matches_step_by_step_sum(prompt, output, max_tokens):
+    cost = _roofline()
+    request = Request(id=0, arrival_ms=0.0, prompt_tokens=prompt, output_tokens=output, max_tokens=max_tokens)
+    _, decode = cost.request_cost(request.prompt_tokens, request.target_tokens)
+    steps = request.target_tokens - 1
+    total = sum(cost.iteration_ms(Batch(num_decode=1, decode_context_tokens=prompt + j)) for j in range(1, steps + 1))
+    assert decode == pytest.approx(total, rel=1e-9, abs=1e-12)
+
+
+def test_swap_ms_uses_host_link():
+    cost = _roofline()
+    assert cost.swap_ms(1000) == pytest.approx(1000 * 128 * KIB / (32e9 / 1e3), rel=1e-12)
+
+
+def test_roofline_registered_and_built_from_presets(catalog, presets):
+    entry = catalog["cost_model"].get("roofline")
+    assert entry.config is RooflineConfig
+    config = from_table(RooflineConfig, {"model": "llama-3-8b", "gpu": "a100-80gb", "tensor_parallel": 1},
+                        where="lab.toml: [cost_model]")
+    cost = entry.factory(config, presets)
+    assert isinstance(cost, RooflineCostModel) and cost.model == MODEL["llama-3-8b"]
+    with pytest.raises(UnknownPluginError, match="unknown gpu 'a100'"):
+        build_roofline(RooflineConfig(model="llama-3-8b", gpu="a100"), presets)
+    with pytest.raises(ConfigError, match="mfu"):
+        from_table(RooflineConfig, {"model": "llama-3-8b", "gpu": "l4", "mfu": 1.5}, where="lab.toml: [cost_model]")
+    with pytest.raises(ConfigError, match="split evenly"):
+        build_roofline(RooflineConfig(model="llama-3-8b", gpu="l4", tensor_parallel=3), presets)
