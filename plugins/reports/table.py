@@ -1,0 +1,81 @@
+"""The summary table: one row per run, printed and saved as ``summary.txt``."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import attrs
+
+from schedlab.configs import list_field
+from schedlab.results_io import atomic_write
+
+DEFAULT_COLUMNS = (
+    "finished", "ttft_ms.p50", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p99", "e2e_ms.p99",
+    "throughput_tps", "slot_utilisation", "iterations", "num_preemptions",
+)
+
+
+@attrs.frozen
+class TableConfig:
+    columns: tuple = list_field(DEFAULT_COLUMNS, item=str, help="metrics to show, as dotted names")
+
+
+def _metric(metrics: dict, name: str):
+    value = metrics
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if value == 0 or 0.01 <= abs(value) < 1e6:
+            return f"{value:.4g}" if abs(value) < 1 else f"{value:,.1f}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def render(results, columns=DEFAULT_COLUMNS) -> str:
+    """The table and, for searches, what they found."""
+    header = ["run"] + list(columns)
+    rows = [[run.name] + [_fmt(_metric(run.metrics, c)) for c in columns] for run in results.all_runs()]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = [f"{results.name}"]
+    lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    for study in results.studies:
+        if study.search is not None:
+            lines.append(f"search {study.name}: {study.search.message}")
+        rejected = sum(r.metrics.get("rejected", 0) for r in study.runs)
+        if rejected:
+            lines.append(f"{study.name}: {rejected} requests rejected (reasons in requests.csv)")
+    return "\n".join(lines) + "\n"
+
+
+class TableReport:
+    """Prints the summary table and writes it to summary.txt."""
+
+    def __init__(self, config: TableConfig | None = None, stream=None):
+        self.config = config or TableConfig()
+        self.stream = stream
+
+    def write(self, results, out_dir) -> list[Path]:
+        text = render(results, self.config.columns)
+        (self.stream or sys.stdout).write(text)
+        path = Path(out_dir) / "summary.txt"
+        atomic_write(path, text)
+        return [path]

@@ -1,0 +1,14 @@
+"""Built-in schedulers: ``static``, ``continuous`` and engine presets of it."""
+
+import schedlab
+
+from .continuous import ContinuousConfig, ContinuousScheduler
+from .static import StaticConfig, StaticScheduler
+
+
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("static", StaticScheduler, config=StaticConfig,
+             help="static batching: run a batch to completion before the next (FasterTransformer)")
+    register("continuous", ContinuousScheduler, config=ContinuousConfig,
+             help="iteration-level batching with vLLM's admission, budget and preemption rules")

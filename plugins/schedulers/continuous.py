@@ -1,0 +1,215 @@
+"""Continuous (iteration-level) batching, as Orca introduced it and vLLM runs it.
+
+Every iteration (engines.md §1, vLLM V1 ``Scheduler.schedule``):
+
+1. running decodes first: every decoding sequence gets one token; when the KV cache cannot
+   hold the next tokens, the victim (the most recently admitted running sequence, or with
+   ``policy = "priority"`` the lowest priority, latest arrival) is preempted -- by recompute,
+   or with ``preemption = "swap"`` copied to CPU swap space (vLLM V0, §2);
+2. unfinished (chunked) prefills continue within the token budget (Sarathi-Serve order);
+3. swapped sequences come back before anything new is admitted (vLLM V0);
+4. waiting requests are admitted in queue order while ``max_num_seqs``, the per-iteration
+   token budget ``max_num_batched_tokens`` and the KV cache allow -- but not in an iteration
+   that preempted (vLLM). ``allocation = "reserve"`` holds KV for ``prompt + max_tokens`` at
+   admission (Orca, TensorRT-LLM ``GUARANTEED_NO_EVICT``): never preempts, wastes memory;
+   ``"grow"`` allocates blocks as tokens are computed (vLLM, TRT-LLM ``MAX_UTILIZATION``).
+
+``chunked_prefill`` splits a prompt that does not fit the remaining budget (Sarathi-Serve,
+vLLM V1); ``long_prefill_token_threshold`` caps one request's chunk. ``prefill_first``
+makes an iteration that admits new prompts skip the decodes (vLLM V0 without chunking,
+SGLang's default), which stalls running streams behind long prompts.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.errors import ConfigError
+from schedlab.queues import FcfsQueue, KeyedQueue
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+@attrs.frozen
+class ContinuousConfig:
+    max_num_seqs: int = int_field(256, min=1, help="most sequences running at once (vLLM max_num_seqs)")
+    max_num_batched_tokens: int = int_field(8192, min=1, help="token budget of one iteration, decodes included")
+    chunked_prefill: bool = bool_field(False, help="split prompts that do not fit the remaining budget")
+    long_prefill_token_threshold: int = int_field(0, min=0, help="cap on one request's prefill chunk (0 = none)")
+    allocation: str = str_field("reserve", choices=("reserve", "grow"),
+                                help="'reserve' prompt+max_tokens at admission (Orca), or 'grow' as tokens are computed (vLLM)")
+    preemption: str = str_field("recompute", choices=("recompute", "swap"), help="what a preemption does with the victim's KV")
+    swap_full: str = str_field("recompute", choices=("recompute", "fail"),
+                               help="when swap space is full: recompute instead (counted), or fail the run")
+    watermark: float = float_field(0.0, min=0.0, max=1.0,
+                                   help="share of KV blocks kept free at admission (vLLM V0 uses 0.01)")
+    prefill_first: bool = bool_field(False, help="an iteration that admits prompts skips decodes (vLLM V0, SGLang)")
+    policy: str = str_field("fcfs", choices=("fcfs", "priority"),
+                            help="waiting order and victim choice: arrival, or (priority, arrival) as vLLM's priority policy")
+    priority_preemption: bool = bool_field(False,
+                                           help="a waiting request may preempt lower-priority running ones (off in vLLM)")
+
+    def __attrs_post_init__(self):
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}), or some running sequences could not decode (vLLM checks the same)")
+        if self.preemption == "swap" and self.allocation == "reserve":
+            raise ConfigError("preemption = 'swap' needs allocation = 'grow' (reserving sequences are never preempted)")
+
+
+class ContinuousScheduler:
+    """Iteration-level batching with vLLM's admission, budget and preemption rules."""
+
+    stable_between_events = True
+
+    def __init__(self, config: ContinuousConfig | None = None):
+        self.config = config or ContinuousConfig()
+        self.slots = self.config.max_num_seqs
+        self._reserve = self.config.allocation == "reserve"
+        self._priority = self.config.policy == "priority"
+
+    # -- optional protocol members --------------------------------------------------------
+    def new_waiting_queue(self):
+        if self._priority:
+            return KeyedQueue(lambda seq: (seq.request.priority, seq.request.arrival_ms))
+        return FcfsQueue()
+
+    def rejection_reason(self, request, kv) -> str | None:
+        c = self.config
+        if not c.chunked_prefill and request.prompt_tokens > c.max_num_batched_tokens:
+            return (f"prompt of {request.prompt_tokens} tokens exceeds max_num_batched_tokens "
+                    f"({c.max_num_batched_tokens}) and chunked prefill is off")
+        tokens = request.prompt_tokens + request.max_output_tokens - (0 if self._reserve else 1)
+        need = _blocks(tokens, kv.block_size)
+        usable = kv.num_blocks - self._watermark_blocks(kv)
+        if need > usable:
+            return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
+                    f"{request.max_output_tokens}) but the cache has {usable}")
+        return None
+
+    def _watermark_blocks(self, kv) -> int:
+        return int(self.config.watermark * kv.num_blocks)
+
+    # -- one iteration -----------------------------------------------------------------------
+    def schedule(self, plan) -> None:
+        c = self.config
+        budget = c.max_num_batched_tokens
+        if c.prefill_first and not plan.swapped and plan.waiting:
+            self._admit(plan, budget)
+            if plan.admitted:
+                plan.skip_decode()
+                return
+        if plan.num_decoding:
+            while not plan.decode_all():
+                if not self._preempt_one(plan):
+                    return
+            budget -= plan.num_decoding
+        budget = self._continue_prefills(plan, budget)
+        if plan.preempted:
+            return
+        if plan.swapped:
+            budget = self._swap_in(plan, budget)
+            if plan.swapped:
+                return
+        self._admit(plan, budget)
+
+    def _victim(self, plan):
+        if self._priority:
+            candidates = [s for s in plan.running if not plan.is_scheduled(s)]
+            if not candidates:
+                return None
+            return max(candidates, key=lambda s: (s.request.priority, s.request.arrival_ms, s.seq_no))
+        for seq in reversed(plan.running):
+            if not plan.is_scheduled(seq):
+                return seq
+        return None
+
+    def _preempt_one(self, plan) -> bool:
+        """Preempt one victim; False if none is left."""
+        victim = self._victim(plan)
+        if victim is None:
+            return False
+        if self.config.preemption == "swap" and victim.status == "decoding":
+            if plan.swap_out(victim):
+                return True
+            if self.config.swap_full == "fail":
+                from schedlab.errors import SimulationError
+                raise SimulationError(
+                    f"swap space is full (request {victim.request.id} could not be swapped out) and swap_full = 'fail'; "
+                    "vLLM V0 aborts here ('lack of CPU swap space')")
+        plan.preempt(victim)
+        return True
+
+    def _continue_prefills(self, plan, budget: int) -> int:
+        threshold = self.config.long_prefill_token_threshold
+        for seq in plan.prefilling:
+            if budget <= 0:
+                break
+            if seq.status != "prefilling" or plan.is_scheduled(seq):
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if threshold and n > threshold:
+                n = threshold
+            while not plan.prefill(seq, n):
+                if not self._preempt_one(plan) or seq.status != "prefilling":
+                    return budget
+            budget -= n
+        return budget
+
+    def _swap_in(self, plan, budget: int) -> int:
+        for seq in plan.swapped:
+            if budget < 1 or len(plan.running) >= self.config.max_num_seqs:
+                break
+            if not plan.swap_in(seq):
+                break
+            budget -= 1
+        return budget
+
+    def _admit(self, plan, budget: int) -> None:
+        c = self.config
+        kv = plan.kv
+        watermark = self._watermark_blocks(kv)
+        threshold = c.long_prefill_token_threshold
+        while budget > 0:
+            seq = plan.waiting.peek()
+            if seq is None:
+                return
+            if len(plan.running) >= c.max_num_seqs and not self._make_room(plan, seq):
+                return
+            hit = plan.cached_tokens(seq)
+            n = seq.num_tokens - hit
+            if n > budget:
+                # A fresh prompt waits for a budget it fits in; a preempted request's recompute
+                # (prompt + generated) may exceed any budget, so it is always chunked.
+                if not c.chunked_prefill and seq.num_preemptions == 0:
+                    return
+                n = budget
+            if c.chunked_prefill and threshold and n > threshold:
+                n = threshold
+            reserve = self._reserve
+            if watermark:
+                reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens if reserve else 0
+                need = kv.blocks_needed(seq, n, cached_tokens=hit, reserve_tokens=reserve_tokens)
+                if kv.num_free_blocks() - need < watermark:
+                    return
+            while not plan.admit(seq, n, reserve=reserve):
+                if not self._make_room(plan, seq):
+                    return
+            budget -= n
+
+    def _make_room(self, plan, seq) -> bool:
+        """With ``priority_preemption``, preempt a lower-priority running sequence for ``seq``."""
+        if not (self.config.priority_preemption and self._priority):
+            return False
+        victim = self._victim(plan)
+        if victim is None or (victim.request.priority, victim.request.arrival_ms) <= (
+                seq.request.priority, seq.request.arrival_ms):
+            return False
+        if victim.status == "decoding" and plan.decode:
+            return False  # it already has its slot in this iteration
+        self._preempt_one(plan)
+        return True

@@ -1,0 +1,48 @@
+"""Static batching (FasterTransformer style, engines.md §6).
+
+When nothing is running, admit up to ``batch_size`` waiting requests in arrival order and
+prefill them together; then decode until every one of them has finished. A finished
+request's slot stays empty until the whole batch is done -- the waste continuous batching
+removes. KV for ``prompt + max_tokens`` is reserved at admission, as a static engine sizes
+its buffers for the longest possible request, so there is never a preemption.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from schedlab.configs import int_field
+
+
+@attrs.frozen
+class StaticConfig:
+    batch_size: int = int_field(16, min=1, help="requests per batch")
+
+
+class StaticScheduler:
+    """Run a batch to completion before starting the next."""
+
+    stable_between_events = True
+
+    def __init__(self, config: StaticConfig | None = None):
+        self.config = config or StaticConfig()
+        self.slots = self.config.batch_size
+
+    def rejection_reason(self, request, kv) -> str | None:
+        need = -(-(request.prompt_tokens + request.max_output_tokens) // kv.block_size)
+        if need > kv.num_blocks:
+            return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
+                    f"{request.max_output_tokens}) but the cache has {kv.num_blocks}")
+        return None
+
+    def schedule(self, plan) -> None:
+        if plan.running:
+            plan.decode_all()  # reserved blocks: decodes always fit
+            return
+        while len(plan.running) < self.config.batch_size:
+            seq = plan.waiting.peek()
+            if seq is None:
+                return
+            n = seq.num_tokens - plan.cached_tokens(seq)
+            if not plan.admit(seq, n, reserve=True):
+                return

@@ -1,0 +1,1 @@
+"""schedlab engine."""

@@ -1,0 +1,420 @@
+"""One serving instance in the fast engine: a scheduler, a KV cache and a cost model on a clock.
+
+The loop asks the scheduler for a plan at every *event* and executes it. When the plan only
+decodes and the plugins allow it (see :mod:`schedlab.protocols`), the iterations that would
+follow it unchanged -- until the next arrival, finish, wake-up time or KV shortage -- are
+executed as one run, in closed form (:mod:`schedlab.engine.bulk`). Per-sequence Python work
+happens only at events: admission, prefill chunks, preemption, swaps and finishing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from typing import Callable
+
+import attrs
+
+from ..errors import SimulationError, StallError
+from ..protocols import Batch
+from ..queues import FcfsQueue, RunningView
+from . import bulk
+from .plan import FastPlan
+from .recorder import Recorder
+from .sequence import DECODING, FINISHED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence
+
+INF = math.inf
+
+
+@attrs.frozen
+class IterationRecord:
+    """What an observer sees after each iteration (opt-in, see ``schedlab_iteration``)."""
+
+    start_ms: float
+    duration_ms: float
+    batch: Batch
+    running: int
+    waiting: int
+    kv_used_blocks: int
+
+
+def default_rejection_reason(request, kv) -> str | None:
+    """A request that cannot fit in the whole cache even alone can never finish."""
+    tokens = request.prompt_tokens + request.max_output_tokens - 1
+    need = -(-tokens // kv.block_size)
+    if need > kv.num_blocks:
+        return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
+                f"{request.max_output_tokens}) but the cache has {kv.num_blocks}")
+    return None
+
+
+class Instance:
+    """A simulated server. ``advance(until)`` runs it; ``arrive(request)`` hands it a request."""
+
+    def __init__(self, index: int, scheduler, cost_model, kv, recorder: Recorder, *,
+                 observer: Callable | None = None, stall_limit: int = 100_000,
+                 track_finished: bool = False):
+        self.index = index
+        self.scheduler = scheduler
+        self.cost = cost_model
+        self.kv = kv
+        self.rec = recorder
+        self.counters = recorder.counters
+        self.observer = observer
+        self.stall_limit = stall_limit
+        self.track_finished = track_finished
+        self.now = 0.0
+        self.clock = DecodeClock()
+        make_queue = getattr(scheduler, "new_waiting_queue", None)
+        self.waiting = make_queue() if make_queue is not None else FcfsQueue()
+        self.running: dict = {}
+        self.running_view = RunningView(self.running)
+        self.prefilling: dict = {}
+        self.swapped: deque = deque()
+        self.n_decoding = 0
+        self.phase_counts = [0] * kv.block_size
+        self.n_growing = 0
+        self.ctx_offset = 0          # decode context tokens = ctx_offset + n_decoding * clock.steps
+        self.finish_heap: list = []
+        self.itl_groups: dict[float, int] = {}  # last-token time -> decoding sequences
+        self.itl_merge = -INF        # end of the last decode iteration
+        self.kv_grows = callable(getattr(kv, "grow", None))
+        self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
+                        and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None)
+        self.count_prefix = bool(getattr(kv, "prefix_caching", False))
+        reason = getattr(scheduler, "rejection_reason", None)
+        self._rejection_reason = reason if reason is not None else (lambda req, kv: default_rejection_reason(req, kv))
+        self._on_finish = getattr(scheduler, "on_finish", None)
+        self.finished: list = []     # (request, time) since the driver last collected
+        self.serial = 0
+        self.since_progress = 0
+        self.kv_need_high = math.floor(recorder.kv_high_water * kv.num_blocks) + 1
+
+    # -- arrivals ---------------------------------------------------------------------------
+    def arrive(self, request, seq_no: int) -> Sequence | None:
+        """Queue ``request`` (which has arrived by now), or reject it if it can never be served."""
+        seq = Sequence(request, seq_no, self.clock, request.arrival_ms)
+        reason = self._rejection_reason(request, self.kv)
+        if reason:
+            seq.status = REJECTED
+            self.rec.reject(seq, self.index, reason)
+            if self.track_finished:
+                self.finished.append((request, request.arrival_ms))
+            return None
+        self.waiting.push(seq)
+        if len(self.waiting) > self.counters["peak_waiting"]:
+            self.counters["peak_waiting"] = len(self.waiting)
+        return seq
+
+    @property
+    def outstanding(self) -> int:
+        """Requests queued or in service (routers read this)."""
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped)
+
+    # -- decode-set bookkeeping ---------------------------------------------------------------
+    def _add_decoder(self, seq: Sequence) -> None:
+        seq.start_decoding()
+        self.n_decoding += 1
+        self.ctx_offset += seq.anchor + 1
+        if not seq.reserved_tokens:
+            self.phase_counts[seq.anchor % len(self.phase_counts)] += 1
+            self.n_growing += 1
+        heapq.heappush(self.finish_heap, (seq.finish_step, seq.seq_no, seq))
+        key = seq.last_token_ms
+        self.itl_groups[key] = self.itl_groups.get(key, 0) + 1
+
+    def _remove_decoder(self, seq: Sequence, status: str) -> None:
+        anchor = seq.anchor
+        seq.stop_decoding(status)
+        self.n_decoding -= 1
+        self.ctx_offset -= anchor + 1
+        if not seq.reserved_tokens:
+            self.phase_counts[anchor % len(self.phase_counts)] -= 1
+            self.n_growing -= 1
+        key = seq.last_token_ms if seq.last_token_ms > self.itl_merge else self.itl_merge
+        left = self.itl_groups[key] - 1
+        if left:
+            self.itl_groups[key] = left
+        else:
+            del self.itl_groups[key]
+        seq.last_token_ms = key
+
+    def allocate_each_decode(self) -> bool:
+        """Decode slots one sequence at a time, for KV caches without bulk ``grow``."""
+        kv = self.kv
+        decoding = [s for s in self.running if s.status == DECODING]
+        if sum(kv.blocks_needed(s, 1) for s in decoding) > kv.num_free_blocks():
+            return False
+        for s in decoding:
+            if not kv.allocate(s, 1):
+                raise SimulationError("KV cache refused a decode slot it had reported free")
+        return True
+
+    # -- plan callbacks -------------------------------------------------------------------------
+    def on_admit(self, seq: Sequence, hit: int, reserve_tokens: int) -> None:
+        now = self.now
+        if seq.first_scheduled_ms < 0:
+            seq.first_scheduled_ms = now
+        seq.waiting_ms += now - seq.waiting_since
+        self.waiting.remove(seq)
+        seq.status = PREFILLING
+        seq._computed = hit
+        seq.reserved_tokens = reserve_tokens
+        seq.cached_tokens_total += hit
+        self.running[seq] = None
+        self.prefilling[seq] = None
+        if self.count_prefix:
+            self.counters["prefix_queries"] += seq.num_tokens
+            self.counters["prefix_hits"] += hit
+
+    def preempt_recompute(self, seq: Sequence) -> None:
+        if seq.status == DECODING:
+            self._remove_decoder(seq, WAITING)
+        else:
+            del self.prefilling[seq]
+            seq.status = WAITING
+        del self.running[seq]
+        self.kv.free(seq, preempted=True)
+        seq._computed = 0
+        seq.reserved_tokens = 0
+        seq.num_preemptions += 1
+        seq.waiting_since = self.now
+        c = self.counters
+        c["num_preemptions"] += 1
+        c["recompute_preemptions"] += 1
+        self.waiting.push_front(seq)
+
+    def swap_out(self, seq: Sequence) -> float | None:
+        swap_out = getattr(self.kv, "swap_out", None)
+        ms = swap_out(seq) if swap_out is not None else None
+        c = self.counters
+        if ms is None:
+            c["swap_failures"] += 1
+            return None
+        blocks = -(-seq.num_computed_tokens // self.kv.block_size)
+        self._remove_decoder(seq, SWAPPED)
+        del self.running[seq]
+        self.swapped.append(seq)
+        seq.num_preemptions += 1
+        seq.num_swaps += 1
+        c["num_preemptions"] += 1
+        c["swap_preemptions"] += 1
+        c["swap_out_blocks"] += blocks
+        c["swap_transfer_ms"] += ms
+        return ms
+
+    def swap_in(self, seq: Sequence) -> float | None:
+        ms = self.kv.swap_in(seq)
+        if ms is None:
+            return None
+        self.swapped.remove(seq)
+        self.running[seq] = None
+        self._add_decoder(seq)
+        c = self.counters
+        c["swap_in_blocks"] += -(-seq.num_computed_tokens // self.kv.block_size)
+        c["swap_transfer_ms"] += ms
+        return ms
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def advance(self, until: float, stop_on_finish: bool = False) -> str:
+        """Run every iteration that starts before ``until``.
+
+        Returns ``"until"`` (reached ``until``), ``"finished"`` (stopped after an iteration in
+        which requests finished, when ``stop_on_finish``), ``"idle"`` (no work at all) or
+        ``"blocked"`` (work is left, but the scheduler plans nothing and has no wake-up time).
+        """
+        empty_plans = 0
+        while self.now < until:
+            self.serial += 1
+            plan = FastPlan(self, self.serial)
+            self.scheduler.schedule(plan)
+            if plan.is_empty():
+                if not self.has_work():
+                    if until < INF:
+                        self.now = until
+                    return "idle"
+                wake = plan.wake if plan.wake is not None else INF
+                target = until if until < wake else wake
+                empty_plans += 1
+                if empty_plans > 1000:
+                    raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
+                if plan.preempted or target <= self.now:
+                    continue
+                if target == INF:
+                    return "blocked"
+                self.now = target
+                continue
+            empty_plans = 0
+            self._execute(plan, until)
+            if stop_on_finish and self.finished:
+                return "finished"
+        return "until"
+
+    def _execute(self, plan: FastPlan, until: float) -> None:
+        kv = self.kv
+        counters = self.counters
+        steps = self.clock.steps
+        n_dec = self.n_decoding if plan.decode else 0
+        prefills = plan.prefills
+        prefill_tokens = 0
+        prefill_context = 0
+        for seq, n in prefills:
+            prefill_tokens += n
+            prefill_context += seq._computed
+        batch = Batch(n_dec, self.ctx_offset + n_dec * steps if n_dec else 0,
+                      len(prefills), prefill_tokens, prefill_context)
+        if n_dec or prefills:
+            d0 = self.cost.iteration_ms(batch)
+            if not d0 > 0.0 or d0 == INF:
+                raise SimulationError(
+                    f"cost model returned {d0!r} ms for {batch}; iterations must take a positive, finite time")
+        else:  # only swap transfers this iteration
+            d0 = 0.0
+        k = 1
+        inc = 0.0
+        if self.bulk_ok and n_dec and plan.is_decode_only():
+            inc = self.cost.decode_step_increment(batch)
+            if inc is None or not inc >= 0.0:
+                inc = 0.0
+            else:
+                k = self._run_length(plan, d0, inc, until)
+        start = self.now
+        total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
+        end = start + total
+        used0 = kv.num_used_blocks()
+        n_running = len(self.running)
+
+        # time integrals of the iteration(s)
+        counters["iterations"] += k
+        counters["busy_ms"] += total
+        counters["running_seq_ms"] += n_running * total
+        if n_running > counters["peak_running"]:
+            counters["peak_running"] = n_running
+        if prefills:
+            counters["prefill_iteration_ms"] += total
+        else:
+            counters["decode_only_ms"] += total
+        self.rec.sample(start, self.index, n_running, len(self.waiting), used0)
+        if k == 1:
+            counters["kv_block_ms"] += used0 * total
+            if used0 >= self.kv_need_high:
+                counters["kv_above_ms"] += total
+            peak = used0
+        else:
+            pc = self.phase_counts
+            counters["kv_block_ms"] += bulk.block_time(pc, steps, k, d0, inc, used0)
+            counters["kv_above_ms"] += bulk.time_above(pc, self.n_growing, steps, k, d0, inc, used0, self.kv_need_high)
+            grown = bulk.crossings(pc, self.n_growing, steps + 1, k - 1)
+            if grown:
+                kv.grow(grown)
+            peak = used0 + grown
+            self.rec.sample(start + bulk.run_ms(k - 1, d0, inc), self.index, n_running, len(self.waiting), peak)
+        if peak > counters["kv_peak_blocks"]:
+            counters["kv_peak_blocks"] = peak
+
+        progress = False
+        # decodes: one token each per iteration
+        if n_dec:
+            first_end = start + (d0 + plan.transfer_ms if k == 1 else d0)
+            rec_itl = self.rec.itl
+            for t, count in self.itl_groups.items():
+                rec_itl(first_end - t, count)
+            if k > 1:
+                self.rec.itl_run(d0 + inc, inc, k - 1, n_dec)
+            self.itl_groups = {end: n_dec}
+            self.itl_merge = end
+            self.clock.steps = steps + k
+            counters["decode_tokens"] += k * n_dec
+            counters["generated_tokens"] += k * n_dec
+            progress = True
+
+        # prefill work; a completed prefill yields a token
+        for seq, n in prefills:
+            c = seq._computed
+            if c < seq.max_computed:
+                redo = min(c + n, seq.max_computed) - c
+                seq.recomputed_tokens += redo
+                counters["recomputed_tokens"] += redo
+            c += n
+            seq._computed = c
+            if c > seq.max_computed:
+                seq.max_computed = c
+                progress = True
+            seq.prefill_chunks += 1
+            counters["prefill_tokens"] += n
+            if c == seq.prompt + seq._generated:
+                del self.prefilling[seq]
+                seq._generated += 1
+                counters["generated_tokens"] += 1
+                progress = True
+                if seq.first_token_ms < 0:
+                    seq.first_token_ms = end
+                else:
+                    self.rec.itl(end - seq.last_token_ms)
+                seq.last_token_ms = end
+                if seq._generated >= seq.target:
+                    self._finish(seq, end)
+                else:
+                    self._add_decoder(seq)
+
+        # decoders that produced their last token
+        heap = self.finish_heap
+        now_steps = self.clock.steps
+        while heap and heap[0][0] <= now_steps:
+            step, _, seq = heapq.heappop(heap)
+            if seq.status == DECODING and seq.finish_step == step:
+                self._finish(seq, end)
+
+        self.now = end
+        if progress:
+            self.since_progress = 0
+        else:
+            self.since_progress += k
+            if self.since_progress > self.stall_limit:
+                raise StallError(self._stall_message(f"{self.since_progress} iterations without a new token"))
+        if self.observer is not None:
+            self.observer(self.index, IterationRecord(start, total, batch, n_running, len(self.waiting), used0))
+
+    def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float) -> int:
+        """How many identical decode iterations to run from here (at least 1)."""
+        steps = self.clock.steps
+        heap = self.finish_heap
+        while heap and not (heap[0][2].status == DECODING and heap[0][2].finish_step == heap[0][0]):
+            heapq.heappop(heap)
+        k = heap[0][0] - steps  # through the iteration that yields the first last-token
+        limit = until if plan.wake is None or until < plan.wake else plan.wake
+        if limit <= self.now:
+            return 1
+        if limit < INF:
+            k = min(k, bulk.steps_before(self.now, limit, d0, inc))
+        room = bulk.steps_within(self.phase_counts, self.n_growing, steps + 1, self.kv.num_free_blocks())
+        if room is not None:
+            k = min(k, room + 1)
+        return max(k, 1)
+
+    def _finish(self, seq: Sequence, t: float) -> None:
+        if seq.status == DECODING:
+            self._remove_decoder(seq, FINISHED)
+        else:
+            seq.status = FINISHED
+        del self.running[seq]
+        self.kv.free(seq)
+        self.rec.request_done(seq, self.index, t)
+        if self._on_finish is not None:
+            self._on_finish(seq, t)
+        if self.track_finished:
+            self.finished.append((seq.request, t))
+
+    def take_finished(self) -> list:
+        done, self.finished = self.finished, []
+        return done
+
+    def _stall_message(self, why: str) -> str:
+        name = type(self.scheduler).__name__
+        return (f"instance {self.index} stalled at t={self.now:.3f} ms ({why}): scheduler {name}, "
+                f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped, "
+                f"{self.kv.num_free_blocks()}/{self.kv.num_blocks} KV blocks free")

@@ -1,0 +1,195 @@
+"""The fast engine's :class:`~schedlab.protocols.Plan`: a scheduler fills in one iteration.
+
+Actions take effect immediately (blocks are taken or freed when called), as in vLLM, so the
+scheduler's later decisions in the same call see them. The instance then executes the plan.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import SimulationError
+from ..queues import RunningView
+from . import bulk
+from .sequence import DECODING, PREFILLING, SWAPPED, WAITING
+
+if TYPE_CHECKING:
+    from .instance import Instance
+
+
+class FastPlan:
+    """One iteration under construction (see the Plan protocol for each method's contract)."""
+
+    __slots__ = (
+        "_inst", "serial", "now", "kv", "waiting", "decode", "prefills", "admitted",
+        "_preempted", "swapped_in", "transfer_ms", "wake", "_tokens", "skipped_decode",
+    )
+
+    def __init__(self, inst: "Instance", serial: int):
+        self._inst = inst
+        self.serial = serial
+        self.now = inst.now
+        self.kv = inst.kv
+        self.waiting = inst.waiting
+        self.decode = False
+        self.prefills: list = []        # (seq, tokens) in scheduling order
+        self.admitted: list = []
+        self._preempted: list = []
+        self.swapped_in: list = []
+        self.transfer_ms = 0.0
+        self.wake = None
+        self._tokens = 0
+        self.skipped_decode = False
+
+    # -- reading the state -----------------------------------------------------------------
+    @property
+    def running(self) -> RunningView:
+        return self._inst.running_view
+
+    @property
+    def prefilling(self) -> list:
+        return list(self._inst.prefilling)
+
+    @property
+    def swapped(self) -> list:
+        return list(self._inst.swapped)
+
+    @property
+    def num_decoding(self) -> int:
+        return self._inst.n_decoding
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def preempted(self) -> list:
+        return self._preempted
+
+    @property
+    def decode_steps(self) -> int:
+        """Decode iterations this instance has run (a clock for lazy per-sequence accounting)."""
+        return self._inst.clock.steps
+
+    def is_scheduled(self, seq) -> bool:
+        return seq.plan_mark == self.serial or (self.decode and seq.status == DECODING)
+
+    def is_empty(self) -> bool:
+        return not self._tokens and not self.swapped_in and self.transfer_ms == 0.0
+
+    def is_decode_only(self) -> bool:
+        return (self.decode and not self.prefills and not self.swapped_in and not self._preempted
+                and self.transfer_ms == 0.0)
+
+    # -- actions ------------------------------------------------------------------------------
+    def _claim(self, seq, what: str) -> None:
+        if seq.plan_mark == self.serial:
+            raise SimulationError(f"scheduler {what} request {seq.request.id} twice in one iteration")
+        seq.plan_mark = self.serial
+
+    def decode_all(self) -> bool:
+        if self.decode:
+            return True
+        if self.skipped_decode:
+            raise SimulationError("scheduler called decode_all() after skip_decode() in the same iteration")
+        inst = self._inst
+        if inst.n_decoding:
+            if inst.kv_grows:
+                need = bulk.blocks_at(inst.phase_counts, inst.clock.steps)
+                if need:
+                    if need > self.kv.num_free_blocks():
+                        return False
+                    self.kv.grow(need)
+            elif not inst.allocate_each_decode():
+                return False
+        self.decode = True
+        self._tokens += inst.n_decoding
+        return True
+
+    def skip_decode(self) -> None:
+        if self.decode:
+            raise SimulationError("scheduler called skip_decode() after decode_all() in the same iteration")
+        self.skipped_decode = True
+
+    def cached_tokens(self, seq) -> int:
+        serial, hit = seq.hit_memo
+        if serial != self.serial:
+            hit = self.kv.cached_tokens(seq)
+            seq.hit_memo = (self.serial, hit)
+        return hit
+
+    def admit(self, seq, num_tokens: int, *, reserve: bool = False) -> bool:
+        if seq.status != WAITING:
+            raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}, not waiting")
+        hit = self.cached_tokens(seq)
+        left = seq.num_tokens - hit
+        if not 1 <= num_tokens <= left:
+            raise SimulationError(
+                f"admit(): request {seq.request.id} has {left} tokens to compute, scheduler asked for {num_tokens}")
+        reserve_tokens = seq.prompt + seq.request.max_output_tokens if reserve else 0
+        if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
+            return False
+        self._claim(seq, "admitted")
+        self._inst.on_admit(seq, hit, reserve_tokens)
+        self.admitted.append(seq)
+        self.prefills.append((seq, num_tokens))
+        self._tokens += num_tokens
+        return True
+
+    def prefill(self, seq, num_tokens: int) -> bool:
+        if seq.status != PREFILLING:
+            raise SimulationError(f"prefill(): request {seq.request.id} is {seq.status}, not prefilling")
+        left = seq.num_tokens - seq.num_computed_tokens
+        if not 1 <= num_tokens <= left:
+            raise SimulationError(
+                f"prefill(): request {seq.request.id} has {left} tokens left, scheduler asked for {num_tokens}")
+        if seq.plan_mark == self.serial:
+            raise SimulationError(f"prefill(): request {seq.request.id} is already in this iteration")
+        if not self.kv.allocate(seq, num_tokens):
+            return False
+        seq.plan_mark = self.serial
+        self.prefills.append((seq, num_tokens))
+        self._tokens += num_tokens
+        return True
+
+    def _check_preemptable(self, seq, what: str) -> None:
+        if seq.plan_mark == self.serial:
+            raise SimulationError(f"{what}(): request {seq.request.id} is already scheduled in this iteration")
+        if seq.status == DECODING and self.decode:
+            raise SimulationError(f"{what}(): preempt before decode_all(); request {seq.request.id} already decodes")
+
+    def preempt(self, seq) -> None:
+        if seq.status not in (PREFILLING, DECODING):
+            raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}, not running")
+        self._check_preemptable(seq, "preempt")
+        self._inst.preempt_recompute(seq)
+        self._preempted.append(seq)
+
+    def swap_out(self, seq) -> bool:
+        if seq.status != DECODING:
+            raise SimulationError(f"swap_out(): request {seq.request.id} is {seq.status}; only decoding requests swap")
+        self._check_preemptable(seq, "swap_out")
+        ms = self._inst.swap_out(seq)
+        if ms is None:
+            return False
+        self.transfer_ms += ms
+        self._preempted.append(seq)
+        return True
+
+    def swap_in(self, seq) -> bool:
+        if seq.status != SWAPPED:
+            raise SimulationError(f"swap_in(): request {seq.request.id} is {seq.status}, not swapped")
+        if not self.decode and not self.decode_all():
+            return False
+        ms = self._inst.swap_in(seq)
+        if ms is None:
+            return False
+        seq.plan_mark = self.serial
+        self.transfer_ms += ms
+        self.swapped_in.append(seq)
+        self._tokens += 1
+        return True
+
+    def wake_at(self, time_ms: float) -> None:
+        if self.wake is None or time_ms < self.wake:
+            self.wake = time_ms

@@ -1,0 +1,126 @@
+"""What a run leaves behind: per-request columns, counters, ITL runs and a timeline.
+
+Both engines write here. Columns are appended once per request (when it finishes or is
+rejected), counters once per event or bulk run; nothing is stored per token. Inter-token
+latencies are kept as *runs* ``(first value, increment, count, weight)``: ``count`` values
+``first, first + inc, ...``, each seen ``weight`` times. A bulk run of k decode iterations
+over n sequences is one such record.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+REQUEST_FLOAT_COLUMNS = (
+    "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
+)
+REQUEST_INT_COLUMNS = (
+    "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
+    "priority", "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens",
+    "swaps", "rejected",
+)
+REQUEST_TEXT_COLUMNS = ("request_class", "client")
+
+TIMELINE = ("time_ms", "instance", "running", "waiting", "kv_used", "preemptions")
+
+COUNTERS = (
+    "iterations",            # iterations run
+    "busy_ms",               # time spent in iterations
+    "prefill_iteration_ms",  # time in iterations that computed any prefill tokens
+    "decode_only_ms",        # time in iterations that only decoded
+    "prefill_tokens",        # prompt/recompute tokens computed
+    "decode_tokens",         # tokens produced by decode steps
+    "generated_tokens",      # all output tokens (decode steps + prefill completions)
+    "num_preemptions",       # recompute and swap preemptions
+    "recompute_preemptions",
+    "swap_preemptions",
+    "recomputed_tokens",     # KV tokens computed a second time after a recompute preemption
+    "swap_failures",         # swap-outs refused because swap space was full
+    "swap_out_blocks",
+    "swap_in_blocks",
+    "swap_transfer_ms",      # time the swaps added to iterations
+    "prefix_queries",        # tokens looked up in the prefix cache at admission (vLLM counter)
+    "prefix_hits",           # of those, tokens found cached
+    "kv_block_ms",           # integral of blocks in use over time
+    "kv_above_ms",           # time with KV usage above the high-water threshold
+    "kv_peak_blocks",
+    "running_seq_ms",        # integral of the running count over time
+    "peak_running",
+    "peak_waiting",
+)
+
+
+class Recorder:
+    """Accumulates one run's raw results (shared by every instance of the run)."""
+
+    def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9):
+        self.floats = {name: array("d") for name in REQUEST_FLOAT_COLUMNS}
+        self.ints = {name: array("q") for name in REQUEST_INT_COLUMNS}
+        self.texts: dict[str, list[str]] = {name: [] for name in REQUEST_TEXT_COLUMNS}
+        self.rejections: dict[int, str] = {}
+        self.counters: dict[str, float] = {name: 0 for name in COUNTERS}
+        self.itl_first = array("d")
+        self.itl_inc = array("d")
+        self.itl_count = array("q")
+        self.itl_weight = array("q")
+        self.keep_timeline = timeline
+        self.timeline = {name: array("d") for name in TIMELINE}
+        self.kv_high_water = kv_high_water
+
+    # -- per request -------------------------------------------------------------------------
+    def request_done(self, seq, instance: int, finish_ms: float, *, rejected: bool = False) -> None:
+        """Append a finished (or rejected) sequence's row."""
+        r = seq.request
+        f, i = self.floats, self.ints
+        f["arrival_ms"].append(r.arrival_ms)
+        f["first_scheduled_ms"].append(seq.first_scheduled_ms)
+        f["first_token_ms"].append(seq.first_token_ms)
+        f["finish_ms"].append(finish_ms)
+        f["waiting_ms"].append(seq.waiting_ms)
+        i["id"].append(r.id)
+        i["instance"].append(instance)
+        i["prompt_tokens"].append(r.prompt_tokens)
+        i["output_tokens"].append(r.output_tokens)
+        i["max_tokens"].append(r.max_output_tokens)
+        i["generated_tokens"].append(seq.num_generated)
+        i["priority"].append(r.priority)
+        i["preemptions"].append(seq.num_preemptions)
+        i["recomputed_tokens"].append(seq.recomputed_tokens)
+        i["prefill_chunks"].append(seq.prefill_chunks)
+        i["cached_tokens"].append(seq.cached_tokens_total)
+        i["swaps"].append(seq.num_swaps)
+        i["rejected"].append(1 if rejected else 0)
+        self.texts["request_class"].append(r.request_class)
+        self.texts["client"].append(r.client)
+
+    def reject(self, seq, instance: int, reason: str) -> None:
+        self.rejections[seq.request.id] = reason
+        self.request_done(seq, instance, -1.0, rejected=True)
+
+    # -- inter-token latency -----------------------------------------------------------------
+    def itl(self, value: float, weight: int = 1) -> None:
+        if weight > 0:
+            self.itl_first.append(value)
+            self.itl_inc.append(0.0)
+            self.itl_count.append(1)
+            self.itl_weight.append(weight)
+
+    def itl_run(self, first: float, inc: float, count: int, weight: int) -> None:
+        if weight > 0 and count > 0:
+            self.itl_first.append(first)
+            self.itl_inc.append(inc)
+            self.itl_count.append(count)
+            self.itl_weight.append(weight)
+
+    # -- timeline ----------------------------------------------------------------------------
+    def sample(self, time_ms: float, instance: int, running: int, waiting: int, kv_used: int) -> None:
+        """One timeline point: state during the iteration starting at ``time_ms``
+        (``preemptions`` is the run's cumulative count)."""
+        if self.keep_timeline:
+            t = self.timeline
+            t["time_ms"].append(time_ms)
+            t["instance"].append(instance)
+            t["running"].append(running)
+            t["waiting"].append(waiting)
+            t["kv_used"].append(kv_used)
+            t["preemptions"].append(self.counters["num_preemptions"])

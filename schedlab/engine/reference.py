@@ -1,0 +1,374 @@
+"""The reference engine: one iteration at a time, every counter explicit, every token stamped.
+
+It exists to be trusted by reading. It shares nothing with the fast engine but the plugins
+(schedulers, cost models, KV caches) and the :class:`Recorder`; the differential tests run
+both on the same inputs and require the same per-request timestamps and run metrics.
+It serves a single instance.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from ..errors import SimulationError, StallError
+from ..protocols import Batch
+from ..queues import FcfsQueue, RunningView
+from .recorder import Recorder
+
+
+class RefSequence:
+    """A request in the reference engine: plain counters and a list of token times."""
+
+    def __init__(self, request, seq_no: int):
+        self.request = request
+        self.seq_no = seq_no
+        self.status = "waiting"
+        self.kv_state = None
+        self.reserved_tokens = 0
+        self.num_preemptions = 0
+        self.num_swaps = 0
+        self.num_computed_tokens = 0
+        self.num_generated = 0
+        self.max_computed = 0
+        self.token_times: list[float] = []
+        self.first_scheduled_ms = -1.0
+        self.waiting_since = request.arrival_ms
+        self.waiting_ms = 0.0
+        self.recomputed_tokens = 0
+        self.prefill_chunks = 0
+        self.cached_tokens_total = 0
+        self.mark = -1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.request.prompt_tokens + self.num_generated
+
+    @property
+    def first_token_ms(self) -> float:
+        return self.token_times[0] if self.token_times else -1.0
+
+    @property
+    def arrival_ms(self) -> float:
+        return self.request.arrival_ms
+
+
+class RefPlan:
+    """The Plan protocol, implemented the obvious way."""
+
+    def __init__(self, engine: "ReferenceEngine", serial: int):
+        self._e = engine
+        self.serial = serial
+        self.now = engine.now
+        self.kv = engine.kv
+        self.waiting = engine.waiting
+        self.decode = False
+        self.skipped_decode = False
+        self.prefills: list = []
+        self.admitted: list = []
+        self.preempted: list = []
+        self.swapped_in: list = []
+        self.transfer_ms = 0.0
+        self.wake = None
+        self.num_scheduled_tokens = 0
+
+    @property
+    def running(self):
+        return RunningView(self._e.running)
+
+    @property
+    def prefilling(self):
+        return [s for s in self._e.running if s.status == "prefilling"]
+
+    @property
+    def swapped(self):
+        return list(self._e.swapped)
+
+    @property
+    def num_decoding(self):
+        return sum(1 for s in self._e.running if s.status == "decoding")
+
+    @property
+    def decode_steps(self):
+        return self._e.decode_steps
+
+    def is_scheduled(self, seq) -> bool:
+        return seq.mark == self.serial or (self.decode and seq.status == "decoding")
+
+    def decode_all(self) -> bool:
+        if self.decode:
+            return True
+        if self.skipped_decode:
+            raise SimulationError("decode_all() after skip_decode()")
+        decoding = [s for s in self._e.running if s.status == "decoding"]
+        if sum(self.kv.blocks_needed(s, 1) for s in decoding) > self.kv.num_free_blocks():
+            return False
+        for s in decoding:
+            assert self.kv.allocate(s, 1)
+        self.decode = True
+        self.num_scheduled_tokens += len(decoding)
+        return True
+
+    def skip_decode(self) -> None:
+        if self.decode:
+            raise SimulationError("skip_decode() after decode_all()")
+        self.skipped_decode = True
+
+    def cached_tokens(self, seq) -> int:
+        return self.kv.cached_tokens(seq)
+
+    def admit(self, seq, num_tokens: int, *, reserve: bool = False) -> bool:
+        if seq.status != "waiting":
+            raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}")
+        hit = self.kv.cached_tokens(seq)
+        if not 1 <= num_tokens <= seq.num_tokens - hit:
+            raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
+        reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens if reserve else 0
+        if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
+            return False
+        if seq.mark == self.serial:
+            raise SimulationError(f"request {seq.request.id} admitted twice in one iteration")
+        seq.mark = self.serial
+        e = self._e
+        self.waiting.remove(seq)
+        if seq.first_scheduled_ms < 0:
+            seq.first_scheduled_ms = e.now
+        seq.waiting_ms += e.now - seq.waiting_since
+        seq.status = "prefilling"
+        seq.num_computed_tokens = hit
+        seq.reserved_tokens = reserve_tokens
+        seq.cached_tokens_total += hit
+        e.running[seq] = None
+        if getattr(self.kv, "prefix_caching", False):
+            e.counters["prefix_queries"] += seq.num_tokens
+            e.counters["prefix_hits"] += hit
+        self.admitted.append(seq)
+        self.prefills.append((seq, num_tokens))
+        self.num_scheduled_tokens += num_tokens
+        return True
+
+    def prefill(self, seq, num_tokens: int) -> bool:
+        if seq.status != "prefilling" or seq.mark == self.serial:
+            raise SimulationError(f"prefill(): request {seq.request.id} cannot prefill now")
+        if not 1 <= num_tokens <= seq.num_tokens - seq.num_computed_tokens:
+            raise SimulationError(f"prefill(): bad token count {num_tokens} for request {seq.request.id}")
+        if not self.kv.allocate(seq, num_tokens):
+            return False
+        seq.mark = self.serial
+        self.prefills.append((seq, num_tokens))
+        self.num_scheduled_tokens += num_tokens
+        return True
+
+    def _check(self, seq, what):
+        if self.is_scheduled(seq):
+            raise SimulationError(f"{what}(): request {seq.request.id} is already scheduled in this iteration")
+
+    def preempt(self, seq) -> None:
+        if seq.status not in ("prefilling", "decoding"):
+            raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}")
+        self._check(seq, "preempt")
+        e = self._e
+        del e.running[seq]
+        self.kv.free(seq, preempted=True)
+        seq.status = "waiting"
+        seq.num_computed_tokens = 0
+        seq.reserved_tokens = 0
+        seq.num_preemptions += 1
+        seq.waiting_since = e.now
+        e.counters["num_preemptions"] += 1
+        e.counters["recompute_preemptions"] += 1
+        self.waiting.push_front(seq)
+        self.preempted.append(seq)
+
+    def swap_out(self, seq) -> bool:
+        if seq.status != "decoding":
+            raise SimulationError(f"swap_out(): request {seq.request.id} is {seq.status}")
+        self._check(seq, "swap_out")
+        e = self._e
+        swap_out = getattr(self.kv, "swap_out", None)
+        ms = swap_out(seq) if swap_out is not None else None
+        if ms is None:
+            e.counters["swap_failures"] += 1
+            return False
+        del e.running[seq]
+        e.swapped.append(seq)
+        seq.status = "swapped"
+        seq.num_preemptions += 1
+        seq.num_swaps += 1
+        e.counters["num_preemptions"] += 1
+        e.counters["swap_preemptions"] += 1
+        e.counters["swap_out_blocks"] += math.ceil(seq.num_computed_tokens / self.kv.block_size)
+        e.counters["swap_transfer_ms"] += ms
+        self.transfer_ms += ms
+        self.preempted.append(seq)
+        return True
+
+    def swap_in(self, seq) -> bool:
+        if seq.status != "swapped":
+            raise SimulationError(f"swap_in(): request {seq.request.id} is {seq.status}")
+        if not self.decode and not self.decode_all():
+            return False
+        ms = self.kv.swap_in(seq)
+        if ms is None:
+            return False
+        e = self._e
+        e.swapped.remove(seq)
+        e.running[seq] = None
+        seq.status = "decoding"
+        seq.mark = self.serial
+        e.counters["swap_in_blocks"] += math.ceil(seq.num_computed_tokens / self.kv.block_size)
+        e.counters["swap_transfer_ms"] += ms
+        self.transfer_ms += ms
+        self.swapped_in.append(seq)
+        self.num_scheduled_tokens += 1
+        return True
+
+    def wake_at(self, time_ms: float) -> None:
+        if self.wake is None or time_ms < self.wake:
+            self.wake = time_ms
+
+
+class ReferenceEngine:
+    """A single instance, simulated iteration by iteration."""
+
+    def __init__(self, scheduler, cost_model, kv, recorder: Recorder, *, stall_limit: int = 100_000):
+        self.scheduler = scheduler
+        self.cost = cost_model
+        self.kv = kv
+        self.rec = recorder
+        self.counters = recorder.counters
+        self.stall_limit = stall_limit
+        self.now = 0.0
+        self.decode_steps = 0
+        make_queue = getattr(scheduler, "new_waiting_queue", None)
+        self.waiting = make_queue() if make_queue is not None else FcfsQueue()
+        self.running: dict = {}
+        self.swapped: list = []
+
+    def run(self, requests, workload=None) -> None:
+        from .instance import default_rejection_reason
+
+        pending = [(r.arrival_ms, r.id, r) for r in requests]
+        heapq.heapify(pending)
+        closed = workload is not None and getattr(workload, "closed_loop", False)
+        reason_of = getattr(self.scheduler, "rejection_reason", None) or default_rejection_reason
+        seq_no = 0
+        serial = 0
+        empty_plans = 0
+        no_progress = 0
+        counters = self.counters
+        high_water = self.rec.kv_high_water * self.kv.num_blocks
+
+        def finished(request, t):
+            if closed:
+                for follow_up in workload.on_finish(request, t):
+                    heapq.heappush(pending, (follow_up.arrival_ms, follow_up.id, follow_up))
+
+        while True:
+            while pending and pending[0][0] <= self.now:
+                request = heapq.heappop(pending)[2]
+                seq = RefSequence(request, seq_no)
+                seq_no += 1
+                reason = reason_of(request, self.kv)
+                if reason:
+                    seq.status = "rejected"
+                    self.rec.reject(seq, 0, reason)
+                    finished(request, request.arrival_ms)
+                else:
+                    self.waiting.push(seq)
+                    counters["peak_waiting"] = max(counters["peak_waiting"], len(self.waiting))
+            next_arrival = pending[0][0] if pending else math.inf
+            if not (self.waiting or self.running or self.swapped):
+                if next_arrival == math.inf:
+                    return
+                self.now = next_arrival
+                continue
+
+            serial += 1
+            plan = RefPlan(self, serial)
+            self.scheduler.schedule(plan)
+            if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
+                empty_plans += 1
+                if empty_plans > 1000:
+                    raise StallError("reference engine: the scheduler keeps planning empty iterations")
+                target = min(next_arrival, plan.wake if plan.wake is not None else math.inf)
+                if plan.preempted or target <= self.now:
+                    continue
+                if target == math.inf:
+                    raise StallError("reference engine: no arrivals are left and the scheduler plans nothing")
+                self.now = target
+                continue
+            empty_plans = 0
+
+            decoders = [s for s in self.running if s.status == "decoding"] if plan.decode else []
+            batch = Batch(
+                num_decode=len(decoders),
+                decode_context_tokens=sum(s.num_computed_tokens + 1 for s in decoders),
+                num_prefill=len(plan.prefills),
+                prefill_tokens=sum(n for _, n in plan.prefills),
+                prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
+            )
+            duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
+            duration += plan.transfer_ms
+            end = self.now + duration
+            used = self.kv.num_used_blocks()
+            counters["iterations"] += 1
+            counters["busy_ms"] += duration
+            counters["running_seq_ms"] += len(self.running) * duration
+            counters["peak_running"] = max(counters["peak_running"], len(self.running))
+            counters["prefill_iteration_ms" if plan.prefills else "decode_only_ms"] += duration
+            counters["kv_block_ms"] += used * duration
+            if used > high_water:
+                counters["kv_above_ms"] += duration
+            counters["kv_peak_blocks"] = max(counters["kv_peak_blocks"], used)
+            self.rec.sample(self.now, 0, len(self.running), len(self.waiting), used)
+
+            progress = False
+            done = []
+            for s in decoders:
+                s.num_computed_tokens += 1
+                s.max_computed = max(s.max_computed, s.num_computed_tokens)
+                s.num_generated += 1
+                s.token_times.append(end)
+                counters["decode_tokens"] += 1
+                counters["generated_tokens"] += 1
+                progress = True
+                if s.num_generated >= s.request.target_tokens:
+                    done.append(s)
+            if decoders:
+                self.decode_steps += 1
+            for s, n in plan.prefills:
+                before = s.num_computed_tokens
+                redo = max(0, min(before + n, s.max_computed) - before)
+                s.recomputed_tokens += redo
+                counters["recomputed_tokens"] += redo
+                s.num_computed_tokens += n
+                if s.num_computed_tokens > s.max_computed:
+                    s.max_computed = s.num_computed_tokens
+                    progress = True
+                s.prefill_chunks += 1
+                counters["prefill_tokens"] += n
+                if s.num_computed_tokens == s.num_tokens:
+                    s.num_generated += 1
+                    s.token_times.append(end)
+                    counters["generated_tokens"] += 1
+                    progress = True
+                    if s.num_generated >= s.request.target_tokens:
+                        done.append(s)
+                    else:
+                        s.status = "decoding"
+            for s in done:
+                del self.running[s]
+                s.status = "finished"
+                self.kv.free(s)
+                for a, b in zip(s.token_times, s.token_times[1:]):
+                    self.rec.itl(b - a)
+                self.rec.request_done(s, 0, end)
+                on_finish = getattr(self.scheduler, "on_finish", None)
+                if on_finish is not None:
+                    on_finish(s, end)
+                finished(s.request, end)
+            self.now = end
+            no_progress = 0 if progress else no_progress + 1
+            if no_progress > self.stall_limit:
+                raise StallError(f"reference engine: {no_progress} iterations without a new token")

@@ -1,0 +1,286 @@
+"""TOML experiments: defaults, runs, sweeps and SLO-first searches.
+
+File layout::
+
+    [experiment]            # name, seed, plugins = [...], reports = [...], engine
+    [workload]              # defaults for every run: kind = "..." plus the plugin's keys
+    [scheduler] [cost_model] [kv_cache] [cluster] [slo]
+    [models.<name>] [gpus.<name>]   # your own presets
+    [sweep]                 # "dotted.key" = [values]  -- a grid, applied to every run
+    [search]                # key, low, high, constraint, maximize -- applied to every run
+    [[runs]]                # name = "...", then tables that override the defaults,
+                            # and optionally its own sweep = {...} or search = {...}
+    [reports.<name>]        # settings of a report plugin
+
+A run's table replaces the default table when it names another ``kind``, and merges key by
+key otherwise. ``--set dotted.key=value`` then applies to every run. Relative paths resolve
+against the experiment file's folder. Every error names the file, the table and the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+import tomli
+
+from .capacity import GpuSpec, ModelSpec, Presets
+from .catalog import Catalog, load_catalog
+from .configs import bool_field, from_table, int_field, list_field, str_field
+from .errors import ConfigError
+from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
+from .progress import progress
+from .results import ExperimentResults, RunResult, Study
+from .search import parse_constraint, search
+from .simulation import ENGINES, Context, RunSpec, assemble, run
+from .sweep import expand_grid, point_label
+
+TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo",
+             "models", "gpus", "sweep", "search", "runs", "reports")
+RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo")
+RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "seed", "engine")
+DEFAULT_REPORTS = ("table", "json", "plots")
+
+
+@attrs.frozen
+class ExperimentConfig:
+    name: str = str_field("", help="experiment name (default: the file name)")
+    description: str = str_field("", help="one line shown in reports")
+    seed: int = int_field(0, help="seed for every random draw; same seed, same results")
+    plugins: tuple = list_field((), item=str, help="importable modules with extra plugins")
+    reports: tuple = list_field(DEFAULT_REPORTS, item=str, help="report plugins to run, in order")
+    engine: str = str_field("fast", choices=ENGINES, help="'fast' (bulk decode runs) or 'reference' (step by step)")
+    timeline: bool = bool_field(True, help="record running/waiting/KV over time for timeline plots")
+
+
+@attrs.frozen
+class SearchConfig:
+    key: str = str_field(help="dotted key to search over, e.g. workload.clients")
+    low: Any = attrs.field(metadata={"help": "lowest value of the range"})
+    high: Any = attrs.field(metadata={"help": "highest value of the range"})
+    constraint: str = str_field(help="metric condition, e.g. 'ttft_ms.p99 <= 200'")
+    maximize: bool = bool_field(True, help="find the largest value that meets the constraint (else the smallest)")
+    tolerance: Any = attrs.field(default=None, metadata={"help": "stop width for real-valued keys"})
+
+    def __attrs_post_init__(self):
+        for name in ("low", "high"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{name}: must be a number, got {value!r}")
+        if self.low > self.high:
+            raise ConfigError(f"low ({self.low}) must be <= high ({self.high})")
+        parse_constraint(self.constraint)
+
+    @property
+    def integer(self) -> bool:
+        return isinstance(self.low, int) and isinstance(self.high, int) and self.tolerance is None
+
+
+@attrs.frozen
+class StudySpec:
+    """One ``[[runs]]`` entry resolved: its tables and what to do with them."""
+
+    name: str
+    base: RunSpec
+    sweep: list[dict[str, Any]] | None = None
+    search: SearchConfig | None = None
+
+
+@attrs.define
+class Experiment:
+    """A loaded, validated experiment file."""
+
+    path: Path
+    config: ExperimentConfig
+    studies: list[StudySpec]
+    report_tables: dict[str, dict]
+    context: Context
+    raw: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.config.name or self.path.stem
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomli.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such experiment file") from None
+    except tomli.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _check_keys(table: dict, allowed: tuple, where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(allowed)}")
+
+
+def _custom_presets(raw: dict, source: str) -> dict:
+    custom: dict[str, Any] = {}
+    for table_name, cls in (("models", ModelSpec), ("gpus", GpuSpec)):
+        tables = raw.get(table_name, {})
+        if not isinstance(tables, dict):
+            raise ConfigError(f"{source}: [{table_name}] must be a table of tables")
+        for name, table in tables.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{source}: [{table_name}.{name}] must be a table")
+            custom[name] = from_table(cls, {"name": name, **table}, where=f"{source}: [{table_name}.{name}]")
+    return custom
+
+
+def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog | None = None,
+         plugin_objects: tuple = ()) -> Experiment:
+    """Read, override and validate an experiment; build every run's plugins once to check them.
+
+    :param overrides: ``dotted.key=value`` strings (the CLI's ``--set``).
+    :param catalog: use this catalog instead of loading one (tests).
+    """
+    path = Path(path)
+    source = str(path)
+    raw = _read_toml(path)
+    _check_keys(raw, TOP_LEVEL, source)
+    assignments = [parse_assignment(text) for text in overrides]
+    exp_table = dict(raw.get("experiment", {}))
+    for key, value in assignments:
+        if key.startswith("experiment."):
+            exp_table = set_dotted({"experiment": exp_table}, key, value)["experiment"]
+    config = from_table(ExperimentConfig, exp_table, where=f"{source}: [experiment]")
+    if catalog is None:
+        catalog = load_catalog(config.plugins, plugin_objects=plugin_objects)
+    presets = Presets.from_catalog(catalog, _custom_presets(raw, source))
+    ctx = Context(catalog, presets, str(path.parent.resolve()), source)
+
+    defaults = {k: raw[k] for k in RUN_TABLES if k in raw}
+    entries = raw.get("runs", [{}])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError(f"{source}: runs must be an array of tables ([[runs]])")
+    if not entries:
+        entries = [{}]
+    studies = []
+    names: set[str] = set()
+    for i, entry in enumerate(entries):
+        if entry.get("name"):
+            name = entry["name"]
+        elif len(entries) == 1:
+            name = config.name or path.stem
+        else:
+            name = f"run{i + 1}"
+        where = f"{source}: [[runs]] {name!r}" if raw.get("runs") else f"{source}"
+        _check_keys(entry, RUN_KEYS, where)
+        if name in names:
+            raise ConfigError(f"{where}: two runs are named {name!r}")
+        names.add(name)
+        tables = dict(defaults)
+        for key in RUN_TABLES:
+            if key in entry:
+                tables[key] = merge_tables({key: tables.get(key, {})}, {key: entry[key]}, where=where)[key]
+        for key, value in assignments:
+            if not key.startswith("experiment."):
+                if key.split(".")[0] not in RUN_TABLES:
+                    raise ConfigError(f"--set {key}: the first part must be one of {', '.join(RUN_TABLES)} "
+                                      "or experiment")
+                tables = set_dotted(tables, key, value)
+        seed = entry.get("seed", config.seed)
+        engine = entry.get("engine", config.engine)
+        base = RunSpec(name, tables, seed=seed, engine=engine)
+        sweep_table = entry.get("sweep", raw.get("sweep"))
+        search_table = entry.get("search", raw.get("search"))
+        if sweep_table is not None and search_table is not None:
+            raise ConfigError(f"{where}: a run can have a sweep or a search, not both")
+        sweep = expand_grid(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
+        search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
+                      if search_table is not None else None)
+        study = StudySpec(name, base, sweep, search_cfg)
+        _validate(study, ctx, where)
+        studies.append(study)
+
+    report_tables = raw.get("reports", {})
+    if not isinstance(report_tables, dict):
+        raise ConfigError(f"{source}: [reports] must be a table of report settings")
+    for name in list(config.reports) + list(report_tables):
+        catalog["report"].get(name)  # unknown report names fail now, not after the runs
+    return Experiment(path, config, studies, report_tables, ctx, raw)
+
+
+def _point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
+    tables = study.base.tables
+    for key, value in point.items():
+        if key.split(".")[0] not in RUN_TABLES:
+            raise ConfigError(f"{study.name}: cannot vary {key!r}; keys start with one of {', '.join(RUN_TABLES)}")
+        tables = set_dotted(tables, key, value)
+    label = point_label(point)
+    return RunSpec(f"{study.name}[{label}]" if label else study.name, tables, study.base.seed,
+                   study.base.engine, point)
+
+
+def _validate(study: StudySpec, ctx: Context, where: str) -> None:
+    """Build the plugins of the base run and of every sweep point (search: both range ends)."""
+    if study.sweep is not None:
+        points = study.sweep
+    elif study.search is not None:
+        points = [{study.search.key: study.search.low}, {study.search.key: study.search.high}]
+    else:
+        points = [{}]
+    for point in points:
+        assemble(_point_spec(study, point), ctx, where)
+
+
+def run_experiment(exp: Experiment, *, observer: Callable | None = None,
+                   on_run: Callable[[RunResult], None] | None = None) -> ExperimentResults:
+    """Simulate every study in file order."""
+    hook = exp.context.catalog.hook
+    studies = []
+    for spec in exp.studies:
+        if spec.sweep is not None:
+            studies.append(_run_sweep(exp, spec, hook, observer, on_run))
+        elif spec.search is not None:
+            studies.append(_run_search(exp, spec, hook, observer, on_run))
+        else:
+            result = _run_one(exp, spec.base, hook, observer, on_run)
+            studies.append(Study(spec.name, "run", [result]))
+    return ExperimentResults(exp.name, str(exp.path), studies, exp.raw)
+
+
+def _run_one(exp, spec: RunSpec, hook, observer, on_run) -> RunResult:
+    hook.schedlab_run_started(run_name=spec.name, settings=spec.tables)
+    result = run(spec, exp.context, observer=observer, timeline=exp.config.timeline)
+    hook.schedlab_run_finished(run_name=spec.name, result=result)
+    if on_run is not None:
+        on_run(result)
+    return result
+
+
+def _run_sweep(exp, spec: StudySpec, hook, observer, on_run) -> Study:
+    results = []
+    with progress(len(spec.sweep), f"sweep {spec.name}") as bar:
+        for point in spec.sweep:
+            results.append(_run_one(exp, _point_spec(spec, point), hook, observer, on_run))
+            bar.update(1)
+    return Study(spec.name, "sweep", results, keys=tuple(spec.sweep[0]) if spec.sweep else ())
+
+
+def _run_search(exp, spec: StudySpec, hook, observer, on_run) -> Study:
+    cfg = spec.search
+    constraint = parse_constraint(cfg.constraint)
+    results: list[RunResult] = []
+
+    def evaluate(value):
+        result = _run_one(exp, _point_spec(spec, {cfg.key: value}), hook, observer, on_run)
+        results.append(result)
+        return constraint.holds(result.metrics), result
+
+    with progress(None, f"search {spec.name}") as bar:
+        outcome = search(evaluate, low=cfg.low, high=cfg.high, maximize=cfg.maximize, integer=cfg.integer,
+                         tolerance=cfg.tolerance, key=cfg.key, constraint_text=cfg.constraint,
+                         progress=lambda probe: bar.update(1))
+    return Study(spec.name, "search", results, keys=(cfg.key,), search=outcome, constraint=cfg.constraint)
+
+
+def dotted_value(tables: dict, key: str):
+    """A value of a run's resolved tables by dotted key (for reports)."""
+    return get_dotted(tables, key)

@@ -1,0 +1,268 @@
+"""Run metrics from per-request arrays and counters, computed once with numpy.
+
+Names and meanings follow vLLM (engines.md §3): TTFT from arrival to first token; TPOT per
+request = (finish - first token) / (tokens - 1); ITL one sample per token after the first;
+queue time from arrival to first scheduling. Percentiles use numpy's default (linear)
+interpolation; ITL percentiles come from run-length-encoded samples with the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def summarize(values: np.ndarray) -> dict[str, float]:
+    """mean, p50, p90, p95, p99 and max of a sample (NaNs for an empty one)."""
+    values = np.asarray(values, dtype=float)
+    if values.size == 0:
+        nan = float("nan")
+        return {"mean": nan, **{f"p{p}": nan for p in PERCENTILES}, "max": nan}
+    out = {"mean": float(values.mean())}
+    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES)):
+        out[f"p{p}"] = float(v)
+    out["max"] = float(values.max())
+    return out
+
+
+# -- inter-token latency from runs ---------------------------------------------------------------
+
+
+def _count_at_most(first, inc, count, weight, value: float) -> int:
+    """How many samples are <= value (each run: first + j*inc for j < count, weight each)."""
+    n = np.zeros_like(count)
+    flat = inc == 0.0
+    n[flat] = np.where(first[flat] <= value, count[flat], 0)
+    grow = ~flat
+    if grow.any():
+        f, d, c = first[grow], inc[grow], count[grow]
+        j = np.floor((value - f) / d).astype(np.int64) + 1
+        j = np.clip(j, 0, c)
+        # settle rounding at the edges on the exact values first + j*inc
+        j = np.where((j > 0) & (f + (j - 1) * d > value), j - 1, j)
+        j = np.where((j < c) & (f + j * d <= value), j + 1, j)
+        n[grow] = j
+    return int((n * weight).sum())
+
+
+def _order_statistic(first, inc, count, weight, k: int) -> float:
+    """The k-th smallest sample (0-based)."""
+    lo = float(first.min())
+    last = first + (count - 1) * inc
+    hi = float(last.max())
+    if _count_at_most(first, inc, count, weight, lo) > k:
+        return lo
+    for _ in range(200):  # bisection on the value; then snap to an actual sample
+        mid = lo + (hi - lo) / 2
+        if mid <= lo or mid >= hi:
+            break
+        if _count_at_most(first, inc, count, weight, mid) > k:
+            hi = mid
+        else:
+            lo = mid
+    # the largest sample <= hi is the answer
+    flat = inc == 0.0
+    j = np.where(flat, 0, np.floor((hi - first) / np.where(flat, 1.0, inc))).astype(np.int64)
+    j = np.clip(j, 0, count - 1)
+    values = first + j * inc
+    values = np.where(values <= hi, values, -np.inf)
+    return float(values.max())
+
+
+def run_quantiles(first, inc, count, weight) -> dict[str, float]:
+    """Summary of samples given as runs; equals :func:`summarize` of the expanded samples."""
+    first = np.asarray(first, dtype=float)
+    inc = np.asarray(inc, dtype=float)
+    count = np.asarray(count, dtype=np.int64)
+    weight = np.asarray(weight, dtype=np.int64)
+    total = int((count * weight).sum())
+    if total == 0:
+        return summarize(np.empty(0))
+    out = {"mean": float((weight * (count * first + inc * (count * (count - 1) / 2))).sum() / total)}
+    if not inc.any():
+        order = np.argsort(first, kind="stable")
+        values = first[order]
+        cum = np.cumsum((count * weight)[order])
+
+        def stat(k: int) -> float:
+            return float(values[np.searchsorted(cum, k + 1)])
+    else:
+        def stat(k: int) -> float:
+            return _order_statistic(first, inc, count, weight, k)
+    for p in PERCENTILES:
+        h = (total - 1) * p / 100.0
+        lo_k = int(math.floor(h))
+        lo_v = stat(lo_k)
+        hi_v = stat(min(lo_k + 1, total - 1)) if h > lo_k else lo_v
+        out[f"p{p}"] = lo_v + (h - lo_k) * (hi_v - lo_v)
+    out["max"] = float((first + (count - 1) * inc).max())
+    return out
+
+
+# -- the run ------------------------------------------------------------------------------------------
+
+
+def _reason_kind(reason: str) -> str:
+    return re.sub(r"\d+", "#", reason)
+
+
+def request_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per finished request: ttft, tpot, e2e, queue, prefill and decode time (ms)."""
+    ok = req["rejected"] == 0
+    arrival = req["arrival_ms"][ok]
+    first = req["first_token_ms"][ok]
+    finish = req["finish_ms"][ok]
+    generated = req["generated_tokens"][ok]
+    many = generated > 1
+    tpot = (finish[many] - first[many]) / (generated[many] - 1)
+    return {
+        "ttft_ms": first - arrival,
+        "tpot_ms": tpot,
+        "e2e_ms": finish - arrival,
+        "queue_ms": req["first_scheduled_ms"][ok] - arrival,
+        "prefill_ms": first - req["first_scheduled_ms"][ok],
+        "decode_ms": finish - first,
+    }
+
+
+def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl: dict[str, np.ndarray],
+                    meta: dict[str, Any], request_cost=None) -> dict[str, Any]:
+    """Every run metric, as a JSON-ready nested dict.
+
+    :param req: per-request columns (see :mod:`schedlab.engine.recorder`).
+    :param counters: the run's counters.
+    :param itl: ITL runs: arrays ``first``, ``inc``, ``count``, ``weight``.
+    :param meta: ``slots`` (fixed batch slots or None), ``num_blocks``, ``slo`` (optional
+        ``{"ttft_ms": x, "tpot_ms": y}`` and per-class tables).
+    :param request_cost: the cost model's ``request_cost(prompt, output)``, for seed 001's
+        per-request cost decomposition (optional).
+    """
+    ok = req["rejected"] == 0
+    n_all = int(req["id"].size)
+    n_ok = int(ok.sum())
+    lat = request_latencies(req)
+    generated = int(req["generated_tokens"][ok].sum())
+    if n_ok:
+        start = float(req["arrival_ms"].min())
+        makespan = float(req["finish_ms"][ok].max()) - start
+    else:
+        makespan = 0.0
+    seconds = makespan / 1e3
+    c = counters
+    slots = meta.get("slots")
+    blocks = meta.get("num_blocks") or 0
+    iterations = int(c["iterations"])
+    m: dict[str, Any] = {
+        "requests": n_all,
+        "finished": n_ok,
+        "rejected": n_all - n_ok,
+        "makespan_ms": makespan,
+        "throughput_tps": generated / seconds if seconds > 0 else float("nan"),
+        "request_throughput_rps": n_ok / seconds if seconds > 0 else float("nan"),
+        "generated_tokens": generated,
+        "iterations": iterations,
+        "slot_utilisation": (generated / (iterations * slots)) if slots and iterations else float("nan"),
+        "peak_running": int(c["peak_running"]),
+        "avg_running": c["running_seq_ms"] / makespan if makespan > 0 else float("nan"),
+        "avg_queue": float(req["waiting_ms"].sum()) / makespan if makespan > 0 else float("nan"),
+        "peak_waiting": int(c["peak_waiting"]),
+    }
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
+        m[name] = summarize(lat[name])
+    m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
+    m["kv_usage"] = {
+        "mean": c["kv_block_ms"] / (blocks * makespan) if blocks and makespan > 0 else float("nan"),
+        "peak": c["kv_peak_blocks"] / blocks if blocks else float("nan"),
+        "time_above_90": c["kv_above_ms"] / makespan if makespan > 0 else float("nan"),
+    }
+    m["num_preemptions"] = int(c["num_preemptions"])
+    m["preemptions"] = {
+        "recompute": int(c["recompute_preemptions"]),
+        "swap": int(c["swap_preemptions"]),
+        "recomputed_tokens": int(c["recomputed_tokens"]),
+        "swap_failures": int(c["swap_failures"]),
+        "swapped_out_blocks": int(c["swap_out_blocks"]),
+        "swapped_in_blocks": int(c["swap_in_blocks"]),
+        "swapped_out_bytes": int(c["swap_out_blocks"]) * int(meta.get("bytes_per_block") or 0),
+        "swapped_in_bytes": int(c["swap_in_blocks"]) * int(meta.get("bytes_per_block") or 0),
+        "swap_transfer_ms": float(c["swap_transfer_ms"]),
+    }
+    queries, hits = int(c["prefix_queries"]), int(c["prefix_hits"])
+    m["prefix_cache"] = {"queries": queries, "hits": hits,
+                         "hit_rate": hits / queries if queries else float("nan")}
+    chunks = req["prefill_chunks"][ok]
+    m["prefill_chunks"] = {"mean": float(chunks.mean()) if n_ok else float("nan"),
+                           "max": int(chunks.max()) if n_ok else 0}
+    busy = c["busy_ms"]
+    cost = {"prefill_time_share": c["prefill_iteration_ms"] / busy if busy else float("nan"),
+            "decode_time_share": c["decode_only_ms"] / busy if busy else float("nan")}
+    if request_cost is not None and n_ok:
+        pre, dec = request_cost(req["prompt_tokens"][ok].astype(float), req["output_tokens"][ok].astype(float))
+        total_pre, total_dec = float(np.sum(pre)), float(np.sum(dec))
+        cost.update(total_prefill_ms=total_pre, total_decode_ms=total_dec,
+                    decode_share=total_dec / (total_pre + total_dec) if total_pre + total_dec else float("nan"))
+    m["cost"] = cost
+    reasons: dict[str, int] = {}
+    for reason in meta.get("rejections", {}).values():
+        kind = _reason_kind(reason)
+        reasons[kind] = reasons.get(kind, 0) + 1
+    m["rejection_reasons"] = reasons
+    slo = meta.get("slo") or {}
+    if slo:
+        m["slo"] = _slo_metrics(req, lat, ok, slo, seconds)
+    classes = np.unique(req["request_class"]) if n_all else []
+    if len(classes) > 1:
+        m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
+                          for k in classes}
+    instances = np.unique(req["instance"]) if n_all else []
+    if len(instances) > 1:
+        m["per_instance"] = {str(int(k)): _subset_metrics(req, req["instance"] == k, slo, seconds)
+                             for k in instances}
+    return m
+
+
+def _targets(slo: dict, klass: str | None) -> tuple[float, float]:
+    table = slo.get("classes", {}).get(klass, {}) if klass is not None else {}
+    return (float(table.get("ttft_ms", slo.get("ttft_ms", math.inf))),
+            float(table.get("tpot_ms", slo.get("tpot_ms", math.inf))))
+
+
+def _slo_metrics(req, lat, ok, slo: dict, seconds: float) -> dict[str, float]:
+    """DistServe goodput: requests per second meeting both their TTFT and TPOT targets."""
+    classes = req["request_class"][ok]
+    first, finish = req["first_token_ms"][ok], req["finish_ms"][ok]
+    generated = req["generated_tokens"][ok]
+    ttft = lat["ttft_ms"]
+    tpot = np.where(generated > 1, (finish - first) / np.maximum(generated - 1, 1), 0.0)
+    met = np.zeros(ttft.size, dtype=bool)
+    for k in np.unique(classes):
+        t_ttft, t_tpot = _targets(slo, str(k))
+        sel = classes == k
+        met[sel] = (ttft[sel] <= t_ttft) & (tpot[sel] <= t_tpot)
+    n = int(req["id"].size)
+    return {"attainment": float(met.sum() / n) if n else float("nan"),
+            "goodput_rps": float(met.sum() / seconds) if seconds > 0 else float("nan"),
+            "met": int(met.sum())}
+
+
+def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False) -> dict[str, Any]:
+    sub = {k: v[sel] for k, v in req.items()}
+    ok = sub["rejected"] == 0
+    lat = request_latencies(sub)
+    generated = int(sub["generated_tokens"][ok].sum())
+    out: dict[str, Any] = {
+        "requests": int(sel.sum()),
+        "finished": int(ok.sum()),
+        "generated_tokens": generated,
+        "throughput_tps": generated / run_seconds if run_seconds > 0 else float("nan"),
+    }
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
+        out[name] = summarize(lat[name])
+    if slo:
+        out["slo"] = _slo_metrics(sub, lat, ok, slo, run_seconds)
+    return out

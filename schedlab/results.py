@@ -1,0 +1,89 @@
+"""Results of runs and experiments: arrays for analysis, metrics for reports, files for later.
+
+A :class:`RunResult` holds one run's per-request columns (numpy arrays, ordered by request
+id), counters, inter-token-latency runs, timeline and computed metrics. An
+:class:`ExperimentResults` groups runs into *studies*: a single run, the points of a sweep,
+or the probes of an SLO search.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .engine.recorder import REQUEST_FLOAT_COLUMNS, REQUEST_INT_COLUMNS, REQUEST_TEXT_COLUMNS, Recorder
+from .metrics import compute_metrics
+
+
+@attrs.define(eq=False)
+class RunResult:
+    """One simulated run."""
+
+    name: str
+    settings: dict[str, Any]
+    requests: dict[str, np.ndarray]
+    counters: dict[str, float]
+    itl: dict[str, np.ndarray]
+    timeline: dict[str, np.ndarray]
+    rejections: dict[int, str]
+    meta: dict[str, Any]
+    metrics: dict[str, Any]
+    point: dict[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_recorder(cls, name: str, rec: Recorder, *, settings: dict, meta: dict, request_cost=None,
+                      point: dict | None = None) -> "RunResult":
+        order = np.argsort(np.frombuffer(rec.ints["id"], dtype=np.int64), kind="stable")
+        requests: dict[str, np.ndarray] = {}
+        for col in REQUEST_FLOAT_COLUMNS:
+            requests[col] = np.frombuffer(rec.floats[col], dtype=np.float64)[order].copy()
+        for col in REQUEST_INT_COLUMNS:
+            requests[col] = np.frombuffer(rec.ints[col], dtype=np.int64)[order].copy()
+        for col in REQUEST_TEXT_COLUMNS:
+            requests[col] = np.asarray(rec.texts[col], dtype=object)[order] if rec.texts[col] else np.empty(0, dtype=object)
+        itl = {
+            "first": np.frombuffer(rec.itl_first, dtype=np.float64).copy(),
+            "inc": np.frombuffer(rec.itl_inc, dtype=np.float64).copy(),
+            "count": np.frombuffer(rec.itl_count, dtype=np.int64).copy(),
+            "weight": np.frombuffer(rec.itl_weight, dtype=np.int64).copy(),
+        }
+        timeline = {k: np.frombuffer(v, dtype=np.float64).copy() for k, v in rec.timeline.items()}
+        meta = dict(meta, rejections=dict(rec.rejections))
+        counters = dict(rec.counters)
+        metrics = compute_metrics(requests, counters, itl, meta, request_cost)
+        return cls(name, settings, requests, counters, itl, timeline, dict(rec.rejections), meta, metrics,
+                   dict(point or {}))
+
+
+@attrs.define(eq=False)
+class Study:
+    """What one ``[[runs]]`` entry produced: a run, a sweep's points, or a search's probes."""
+
+    name: str
+    kind: str  # "run" | "sweep" | "search"
+    runs: list[RunResult]
+    keys: tuple[str, ...] = ()          # swept or searched keys
+    search: Any = None                  # schedlab.search.SearchOutcome for searches
+    constraint: str = ""
+
+
+@attrs.define(eq=False)
+class ExperimentResults:
+    """Everything an experiment produced, in file order."""
+
+    name: str
+    source: str
+    studies: list[Study]
+    settings: dict[str, Any]
+
+    def study(self, name: str) -> Study:
+        for s in self.studies:
+            if s.name == name:
+                return s
+        known = ", ".join(s.name for s in self.studies)
+        raise KeyError(f"no study named {name!r}; the experiment has: {known}")
+
+    def all_runs(self) -> list[RunResult]:
+        return [r for s in self.studies for r in s.runs]

@@ -1,0 +1,277 @@
+"""Saving results to a folder and reading them back (``schedlab plot DIR`` redraws from these).
+
+Files (each written to a temporary name and renamed, so an interrupted write never leaves a
+half file behind and an earlier complete file is only replaced by a complete one):
+
+* ``summary.json`` -- experiment, studies, per-run metrics, meta and search outcomes;
+* ``summary.csv`` -- one row per run, metrics flattened (``ttft_ms.p99``) plus swept keys;
+* ``requests.csv`` -- one row per request per run with its timestamps and latencies;
+* ``timeline.csv`` -- running, waiting and KV blocks over time, per run and instance;
+* ``config.json`` -- the resolved tables of every run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import attrs
+import numpy as np
+
+from .engine.recorder import TIMELINE
+from .metrics import request_latencies
+from .results import ExperimentResults, RunResult, Study
+
+REQUEST_COLUMNS = (
+    "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
+    "first_token_ms", "finish_ms", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "waiting_ms", "prompt_tokens",
+    "output_tokens", "max_tokens", "generated_tokens", "preemptions", "recomputed_tokens", "prefill_chunks",
+    "cached_tokens", "swaps", "rejected", "reason",
+)
+TIMELINE_COLUMNS = ("run",) + TIMELINE
+
+
+def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
+    """Write ``path`` completely or not at all (temporary file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def jsonable(value: Any) -> Any:
+    """Numbers, NaN/inf (as null), numpy scalars and attrs objects made JSON-safe."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if attrs.has(type(value)):
+        return jsonable(attrs.asdict(value, recurse=False))
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, RunResult):
+        return value.name
+    return str(value)
+
+
+def flatten(metrics: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"ttft_ms": {"p99": 1}}`` -> ``{"ttft_ms.p99": 1}`` (per-class/instance tables left out)."""
+    out = {}
+    for key, value in metrics.items():
+        if key in ("per_class", "per_instance", "rejection_reasons"):
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _search_json(outcome) -> dict | None:
+    if outcome is None:
+        return None
+    return {
+        "status": outcome.status,
+        "value": jsonable(outcome.value),
+        "failing": jsonable(outcome.failing),
+        "message": outcome.message,
+        "probes": [{"value": jsonable(p.value), "holds": bool(p.holds), "run": p.payload.name} for p in outcome.probes],
+    }
+
+
+def summary_dict(results: ExperimentResults) -> dict:
+    return {
+        "experiment": results.name,
+        "source": results.source,
+        "studies": [
+            {
+                "name": s.name, "kind": s.kind, "keys": list(s.keys), "constraint": s.constraint,
+                "search": _search_json(s.search),
+                "runs": [{"name": r.name, "point": jsonable(r.point), "metrics": jsonable(r.metrics),
+                          "meta": jsonable({k: v for k, v in r.meta.items() if k != "rejections"}),
+                          "counters": jsonable(r.counters)} for r in s.runs],
+            }
+            for s in results.studies
+        ],
+    }
+
+
+def _csv_text(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _fmt(x) -> Any:
+    if isinstance(x, float):
+        return "" if math.isnan(x) else repr(x)
+    return x
+
+
+def request_rows(run: RunResult):
+    r = run.requests
+    n = r["id"].size
+    ttft = np.where(r["rejected"] == 0, r["first_token_ms"] - r["arrival_ms"], np.nan)
+    e2e = np.where(r["rejected"] == 0, r["finish_ms"] - r["arrival_ms"], np.nan)
+    queue = np.where(r["rejected"] == 0, r["first_scheduled_ms"] - r["arrival_ms"], np.nan)
+    many = (r["rejected"] == 0) & (r["generated_tokens"] > 1)
+    tpot = np.where(many, (r["finish_ms"] - r["first_token_ms"]) / np.maximum(r["generated_tokens"] - 1, 1), np.nan)
+    cols = [r["id"], r["instance"], r["request_class"], r["client"], r["priority"], r["arrival_ms"],
+            r["first_scheduled_ms"], r["first_token_ms"], r["finish_ms"], ttft, tpot, e2e, queue, r["waiting_ms"],
+            r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["generated_tokens"], r["preemptions"],
+            r["recomputed_tokens"], r["prefill_chunks"], r["cached_tokens"], r["swaps"], r["rejected"]]
+    lists = [c.tolist() for c in cols]
+    for i in range(n):
+        row = [run.name] + [_fmt(c[i]) for c in lists]
+        row.append(run.rejections.get(lists[0][i], ""))
+        yield row
+
+
+def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
+    """Write the result files; returns their paths."""
+    out = Path(out_dir)
+    runs = results.all_runs()
+    written = []
+    path = out / "summary.json"
+    atomic_write(path, json.dumps(summary_dict(results), indent=1))
+    written.append(path)
+    flat = [(s, r, flatten(r.metrics)) for s in results.studies for r in s.runs]
+    keys: list[str] = []
+    point_keys: list[str] = []
+    for _, r, f in flat:
+        keys += [k for k in f if k not in keys]
+        point_keys += [k for k in r.point if k not in point_keys]
+    rows = [[s.name, r.name] + [_fmt(r.point.get(k, "")) for k in point_keys] + [_fmt(f.get(k, "")) for k in keys]
+            for s, r, f in flat]
+    path = out / "summary.csv"
+    atomic_write(path, _csv_text(["study", "run"] + point_keys + keys, rows))
+    written.append(path)
+    path = out / "requests.csv"
+    atomic_write(path, _csv_text(REQUEST_COLUMNS, (row for r in runs for row in request_rows(r))))
+    written.append(path)
+    path = out / "timeline.csv"
+    atomic_write(path, _csv_text(TIMELINE_COLUMNS, (
+        [r.name] + [_fmt(float(r.timeline[c][i])) for c in TIMELINE_COLUMNS[1:]]
+        for r in runs for i in range(r.timeline.get("time_ms", np.empty(0)).size))))
+    written.append(path)
+    path = out / "config.json"
+    atomic_write(path, json.dumps(jsonable({r.name: r.settings for r in runs}), indent=1))
+    written.append(path)
+    return written
+
+
+# -- reading back -------------------------------------------------------------------------------------
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        return header, list(reader)
+
+
+def _num(text: str, kind) -> Any:
+    if text == "":
+        return float("nan") if kind is float else 0
+    return kind(text)
+
+
+def load(out_dir: str | os.PathLike) -> ExperimentResults:
+    """Read saved results back (metrics, per-request rows and timelines; not ITL runs)."""
+    out = Path(out_dir)
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except FileNotFoundError:
+        from .errors import SchedlabError
+        raise SchedlabError(f"{out}: no summary.json here; run an experiment with --out {out} first") from None
+    header, rows = _read_csv(out / "requests.csv")
+    index = {name: i for i, name in enumerate(header)}
+    by_run: dict[str, list[list[str]]] = {}
+    for row in rows:
+        by_run.setdefault(row[0], []).append(row)
+    t_header, t_rows = _read_csv(out / "timeline.csv") if (out / "timeline.csv").exists() else ([], [])
+    t_by_run: dict[str, list[list[str]]] = {}
+    for row in t_rows:
+        t_by_run.setdefault(row[0], []).append(row)
+    floats = ("arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms")
+    ints = ("id", "instance", "priority", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
+            "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected")
+    studies = []
+    for s in summary["studies"]:
+        runs = []
+        for rj in s["runs"]:
+            rrows = by_run.get(rj["name"], [])
+            req = {c: np.array([_num(r[index[c]], float) for r in rrows], dtype=float) for c in floats}
+            req.update({c: np.array([_num(r[index[c]], int) for r in rrows], dtype=np.int64) for c in ints})
+            for c in ("request_class", "client"):
+                req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
+            rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}
+            trows = t_by_run.get(rj["name"], [])
+            timeline = {c: np.array([float(r[i]) for r in trows], dtype=float)
+                        for i, c in enumerate(TIMELINE_COLUMNS) if i > 0}
+            metrics = _restore_nan(rj["metrics"])
+            runs.append(RunResult(rj["name"], {}, req, rj.get("counters", {}), {}, timeline, rejections,
+                                  _restore_nan(rj.get("meta", {})), metrics, rj.get("point", {})))
+        outcome = None
+        if s.get("search"):
+            outcome = _SavedSearch.from_json(s["search"], {r.name: r for r in runs})
+        studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", "")))
+    return ExperimentResults(summary["experiment"], summary.get("source", ""), studies, {})
+
+
+def _restore_nan(value):
+    if isinstance(value, dict):
+        return {k: _restore_nan(v) for k, v in value.items()}
+    if value is None:
+        return float("nan")
+    return value
+
+
+@attrs.frozen
+class _SavedProbe:
+    value: Any
+    holds: bool
+    payload: Any
+
+
+@attrs.frozen
+class _SavedSearch:
+    """A search outcome read back from summary.json (same fields the reports use)."""
+
+    status: str
+    value: Any
+    failing: Any
+    message: str
+    probes: tuple
+
+    @classmethod
+    def from_json(cls, data: dict, runs: dict[str, RunResult]) -> "_SavedSearch":
+        probes = tuple(_SavedProbe(p["value"], p["holds"], runs.get(p["run"])) for p in data["probes"])
+        return cls(data["status"], data["value"], data["failing"], data["message"], probes)
+
+
+def latencies(run: RunResult) -> dict[str, np.ndarray]:
+    """Per finished request latencies of a run (saved or fresh)."""
+    return request_latencies(run.requests)

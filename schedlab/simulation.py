@@ -1,0 +1,172 @@
+"""Assemble one run from resolved TOML tables and simulate it.
+
+pluggy's part ends here: the catalog turns each table's ``kind`` into a plugin object, and
+the engine then calls those objects directly in its loop.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Callable
+
+import attrs
+
+from .capacity import Presets
+from .catalog import Catalog
+from .configs import from_table, int_field, table_field
+from .engine.driver import simulate
+from .engine.instance import Instance
+from .engine.recorder import Recorder
+from .engine.reference import ReferenceEngine
+from .errors import ConfigError, UnknownPluginError
+from .results import RunResult
+
+COMPONENTS = ("workload", "scheduler", "cost_model", "kv_cache")
+DEFAULT_TABLES: dict[str, dict] = {
+    "scheduler": {"kind": "continuous"},
+    "cost_model": {"kind": "linear"},
+    "kv_cache": {"kind": "paged"},
+}
+ENGINES = ("fast", "reference")
+
+
+@attrs.frozen
+class ClusterConfig:
+    instances: int = int_field(1, min=1, help="identical instances behind the router")
+    router: dict = table_field(attrs.Factory(lambda: {"kind": "round_robin"}),
+                               help="the router table (kind = ...), used when instances > 1")
+
+
+@attrs.frozen
+class SloConfig:
+    ttft_ms: float = attrs.field(default=float("inf"), converter=float, metadata={"help": "p-anything TTFT target, ms"})
+    tpot_ms: float = attrs.field(default=float("inf"), converter=float, metadata={"help": "TPOT target, ms"})
+    classes: dict = table_field(attrs.Factory(dict), help="per request class targets: {interactive = {ttft_ms = ...}}")
+
+
+@attrs.frozen
+class RunSpec:
+    """A fully resolved run: its name, tables, seed and engine."""
+
+    name: str
+    tables: dict[str, Any]
+    seed: int = 0
+    engine: str = "fast"
+    point: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define
+class Context:
+    """What building a run needs besides its tables: plugins, presets, where the file is."""
+
+    catalog: Catalog
+    presets: Presets
+    base_dir: str
+    source: str  # file name, for messages
+
+
+def _call_factory(factory: Callable, config, presets: Presets):
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    args = [] if config is None else [config]
+    if "presets" in params:
+        return factory(*args, presets=presets)
+    return factory(*args)
+
+
+def build_component(ctx: Context, kind: str, table: dict, where: str):
+    """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table, got {table!r}")
+    table = dict(table)
+    name = table.pop("kind", None)
+    registry = ctx.catalog[kind]
+    if name is None:
+        raise ConfigError(f"{where}: missing 'kind'; registered {kind}s: {', '.join(registry.names())}")
+    try:
+        entry = registry.get(name)
+    except UnknownPluginError as exc:
+        raise UnknownPluginError(f"{where}: {exc}") from None
+    if entry.config is not None:
+        config = from_table(entry.config, table, where=where, base_dir=ctx.base_dir)
+    elif table:
+        raise ConfigError(f"{where}: {kind} {name!r} takes no settings, got {', '.join(table)}")
+    else:
+        config = None
+    try:
+        return _call_factory(entry.factory, config, ctx.presets)
+    except (ConfigError, UnknownPluginError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def _tables_with_defaults(tables: dict) -> dict:
+    out = {k: dict(v) for k, v in DEFAULT_TABLES.items()}
+    out.update(tables)
+    return out
+
+
+@attrs.define
+class Assembled:
+    workload: Any
+    instances: list[tuple[Any, Any, Any]]  # (scheduler, cost model, kv cache) per instance
+    router: Any
+    cluster: ClusterConfig
+    slo: SloConfig | None
+
+
+def assemble(spec: RunSpec, ctx: Context, where: str) -> Assembled:
+    """Build every plugin object of a run (also how ``schedlab validate`` checks a file)."""
+    tables = _tables_with_defaults(spec.tables)
+    if "workload" not in tables:
+        raise ConfigError(f"{where}: no [workload] table; registered workloads: "
+                          f"{', '.join(ctx.catalog['workload'].names())}")
+    if spec.engine not in ENGINES:
+        raise ConfigError(f"{where}: engine must be one of {', '.join(ENGINES)}, got {spec.engine!r}")
+    cluster = from_table(ClusterConfig, tables.get("cluster", {}), where=f"{where} [cluster]")
+    slo = from_table(SloConfig, tables["slo"], where=f"{where} [slo]") if "slo" in tables else None
+    workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
+    parts = []
+    for _ in range(cluster.instances):
+        parts.append(tuple(build_component(ctx, kind, tables[kind], f"{where} [{kind}]")
+                           for kind in ("scheduler", "cost_model", "kv_cache")))
+    router = None
+    if cluster.instances > 1:
+        router = build_component(ctx, "router", cluster.router, f"{where} [cluster.router]")
+    elif spec.engine == "reference" and cluster.instances != 1:
+        raise ConfigError(f"{where}: the reference engine runs a single instance")
+    return Assembled(workload, parts, router, cluster, slo)
+
+
+def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Callable | None = None,
+        timeline: bool = True) -> RunResult:
+    """Simulate one run and compute its metrics."""
+    where = where or f"{ctx.source}: run {spec.name!r}"
+    a = assemble(spec, ctx, where)
+    recorder = Recorder(timeline=timeline)
+    requests = a.workload.requests(spec.seed)
+    started = time.perf_counter()
+    if spec.engine == "reference":
+        scheduler, cost, kv = a.instances[0]
+        ReferenceEngine(scheduler, cost, kv, recorder).run(requests, workload=a.workload)
+    else:
+        instances = [Instance(i, s, c, k, recorder, observer=observer) for i, (s, c, k) in enumerate(a.instances)]
+        simulate(requests, instances, router=a.router, workload=a.workload)
+    wall_ms = (time.perf_counter() - started) * 1e3
+    scheduler, cost, kv = a.instances[0]
+    slots = getattr(scheduler, "slots", None)
+    meta = {
+        "engine": spec.engine,
+        "instances": a.cluster.instances,
+        "slots": slots * a.cluster.instances if slots else None,
+        "num_blocks": kv.num_blocks * a.cluster.instances,
+        "block_size": kv.block_size,
+        "bytes_per_block": getattr(kv, "bytes_per_block", 0),
+        "wall_ms": wall_ms,
+        "seed": spec.seed,
+        "slo": attrs.asdict(a.slo) if a.slo is not None else {},
+    }
+    return RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
+                                   request_cost=getattr(cost, "request_cost", None), point=spec.point)
