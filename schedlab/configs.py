@@ -149,7 +149,15 @@ def table_field(default=attrs.NOTHING, *, help: str = ""):
         if value is not None and not isinstance(value, dict):
             raise FieldError(attribute.name, f"must be a table, got {_describe(value)}")
 
-    return attrs.field(default=default, validator=check, metadata={"help": help})
+    return attrs.field(default=default, validator=check, metadata={"help": help, "table": True})
+
+
+def _resolve_nested_paths(value, base_dir):
+    """In nested tables, ``path`` keys hold file paths: resolve them like top-level path fields."""
+    if isinstance(value, dict):
+        return {k: (str(Path(base_dir, os.path.expanduser(v))) if k == "path" and isinstance(v, str)
+                    else _resolve_nested_paths(v, base_dir)) for k, v in value.items()}
+    return value
 
 
 def field_help(cls) -> list[tuple[str, Any, str]]:
@@ -186,6 +194,8 @@ def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | No
             value = values.get(name)
             if a.metadata.get("path") and isinstance(value, str):
                 values[name] = str(Path(base_dir, os.path.expanduser(value)))
+            elif a.metadata.get("table") and isinstance(value, dict):
+                values[name] = _resolve_nested_paths(value, base_dir)
     try:
         return cls(**values)
     except FieldError as exc:

@@ -1,0 +1,49 @@
+"""Built-in workloads: request files, published traces, generated load, mixes, closed loops.
+
+Registered names (``[workload] kind = ...``):
+
+* ``file`` -- requests from a JSON, JSONL or CSV file (:mod:`.request_file`);
+* ``synthetic`` -- lengths from distributions, Poisson/gamma/all-at-once arrivals (:mod:`.synthetic`);
+* ``shared_prefix`` -- requests sharing system prompts (:mod:`.synthetic`);
+* ``azure``, ``vidur``, ``mooncake`` -- published traces (:mod:`.traces`);
+* ``mix`` -- several classes merged by arrival time (:mod:`.mix`);
+* ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`).
+
+Shared pieces: :mod:`.records` reads request files, :mod:`.distributions` holds the length
+distributions, :mod:`.arrivals` the arrival processes and seeded streams, :mod:`.columns` turns
+numpy columns into Request objects lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import schedlab
+
+from .closed_loop import ClosedLoopConfig, make_closed_loop_workload
+from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
+from .request_file import FileConfig, make_file_workload
+from .synthetic import SharedPrefixConfig, SyntheticConfig, make_shared_prefix_workload, make_synthetic_workload
+from .traces import AzureConfig, MooncakeConfig, VidurConfig, make_azure_workload, make_mooncake_workload, make_vidur_workload
+
+
+@schedlab.hookimpl
+def schedlab_register_workloads(register) -> None:
+    register("file", make_file_workload, config=FileConfig,
+             help="requests from a JSON, JSONL or CSV file; file, Poisson or all-at-once arrivals")
+    register("synthetic", make_synthetic_workload, config=SyntheticConfig,
+             help="N requests with lengths from distributions and Poisson/gamma/all-at-once arrivals")
+    register("shared_prefix", make_shared_prefix_workload, config=SharedPrefixConfig,
+             help="requests sharing system prompts: groups, shared fraction, uniform or Zipf popularity")
+    register("azure", make_azure_workload, config=AzureConfig,
+             help="Azure LLM inference trace 2023 (TIMESTAMP,ContextTokens,GeneratedTokens)")
+    register("vidur", make_vidur_workload, config=VidurConfig,
+             help="Vidur splitwise trace (arrived_at,num_prefill_tokens,num_decode_tokens)")
+    register("mooncake", make_mooncake_workload, config=MooncakeConfig,
+             help="Mooncake FAST'25 JSONL trace with prefix hash ids; optional arrival jitter")
+    # A registry can look up any workload, including plugins'; a bare callable cannot.
+    lookup = registry_lookup(register) if hasattr(register, "get") else builtin_lookup
+    register("mix", functools.partial(make_mix_workload, lookup=lookup), config=MixConfig,
+             help="several request classes, each its own open-loop workload, merged by arrival time")
+    register("closed_loop", make_closed_loop_workload, config=ClosedLoopConfig,
+             help="N concurrent clients, each sending its next request when the previous one finishes")

@@ -1,0 +1,95 @@
+"""Arrival processes for generated workloads, and the seeded random streams they use.
+
+Common random numbers: arrival times are drawn for a rate of 1 request/s and then divided by
+the rate, so one seed gives the same draws at every rate (``times(rate=r) == times(rate=1) / r``
+exactly). Comparing rates 5, 10, 20, 40 then compares load, not luck. The draws come from
+``numpy.random.default_rng(seed)`` itself; lengths and other choices use separate streams
+(:func:`stream_rng`), so changing the arrival process never changes the lengths, and the other
+way round.
+
+As in ``vllm bench serve``, the first request arrives at t = 0 and each later one one gap
+after the previous one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from schedlab.configs import FieldError, float_field, str_field
+
+ARRIVAL_KINDS = ("poisson", "all-at-once", "gamma")
+
+# Stream numbers for stream_rng (fixed forever: changing one changes every seeded result).
+PROMPT_STREAM = 1
+OUTPUT_STREAM = 2
+SHARING_STREAM = 3
+GROUP_STREAM = 4
+JITTER_STREAM = 5
+
+
+def stream_rng(seed: int, stream: int) -> np.random.Generator:
+    """An independent generator for one purpose (``stream``) of a seeded run."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+
+
+def unit_rate_arrivals_ms(kind: str, n: int, seed: int, *, cv: float = 1.0) -> np.ndarray:
+    """Arrival times in ms for a rate of 1 request/s (``all-at-once``: all zeros).
+
+    ``poisson``: exponential gaps; ``gamma``: gamma gaps with mean 1 s and coefficient of
+    variation ``cv`` (cv > 1 is burstier than Poisson, cv = 1 is Poisson-like, cv = 0 is a
+    constant gap).
+    """
+    if n <= 0:
+        return np.zeros(0)
+    if kind == "all-at-once":
+        return np.zeros(n)
+    rng = np.random.default_rng(seed)
+    if kind == "poisson":
+        gaps = rng.standard_exponential(n - 1)
+    elif kind == "gamma":
+        if cv == 0:
+            gaps = np.ones(n - 1)
+        else:
+            shape = 1.0 / (cv * cv)
+            gaps = rng.gamma(shape, 1.0 / shape, n - 1)
+    else:
+        raise ValueError(f"unknown arrival process {kind!r}")
+    times = np.empty(n)
+    times[0] = 0.0
+    np.cumsum(gaps, out=times[1:])
+    return times * 1000.0
+
+
+def arrivals_ms(kind: str, n: int, seed: int, *, rate: float | None = None, cv: float = 1.0) -> np.ndarray:
+    """``n`` arrival times in ms, non-decreasing, the first at 0 (see the module docstring)."""
+    unit = unit_rate_arrivals_ms(kind, n, seed, cv=cv)
+    if kind == "all-at-once":
+        return unit
+    if rate is None or not rate > 0:
+        raise ValueError(f"arrival {kind!r} needs a rate > 0, got {rate!r}")
+    return unit / rate
+
+
+# --- config fields shared by the generated workloads --------------------------------------
+
+
+def arrival_field(default: str = "poisson"):
+    return str_field(default, choices=ARRIVAL_KINDS,
+                     help="arrival process: 'poisson' (needs rate), 'gamma' (bursty; needs rate and cv) "
+                          "or 'all-at-once' (every request at t=0)")
+
+
+def rate_field():
+    return float_field(None, min=0, min_exclusive=True, optional=True,
+                       help="mean arrival rate in requests per second (for poisson and gamma)")
+
+
+def cv_field():
+    return float_field(1.0, min=0, help="coefficient of variation of the gaps for arrival = 'gamma' "
+                                        "(1 = as variable as Poisson, > 1 bursty, 0 = evenly spaced)")
+
+
+def check_arrival_settings(arrival: str, rate: float | None) -> None:
+    """Raise FieldError when the arrival process needs a rate and none is set."""
+    if arrival in ("poisson", "gamma") and rate is None:
+        raise FieldError("rate", f"required when arrival = {arrival!r}")

@@ -1,0 +1,151 @@
+"""Requests kept as columns, and the lazy generator that turns them into Request objects.
+
+Open-loop workloads compute everything with numpy first (lengths, arrival times) and create
+:class:`~schedlab.model.Request` objects only as the engine pulls them, so a million-request
+workload never holds a million Request objects at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import attrs
+import numpy as np
+
+from schedlab.errors import WorkloadError
+from schedlab.model import Request
+
+#: Request fields other than id/arrival/lengths, with their defaults (filled in for missing values).
+REQUEST_DEFAULTS: dict[str, Any] = {
+    a.name: a.default
+    for a in attrs.fields(Request)
+    if a.default is not attrs.NOTHING and a.name not in ("id", "arrival_ms", "prompt_tokens", "output_tokens")
+}
+
+
+@attrs.frozen(eq=False)
+class RequestColumns:
+    """Everything about a set of requests except their arrival times.
+
+    :ivar prompt_tokens: int array, one per request.
+    :ivar output_tokens: int array, one per request.
+    :ivar per_row: Request field -> list with one value per request (fields that vary).
+    :ivar constant: Request field -> the value every request has.
+    """
+
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    per_row: dict[str, list] = attrs.field(factory=dict)
+    constant: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        n = len(self.prompt_tokens)
+        if len(self.output_tokens) != n or any(len(v) != n for v in self.per_row.values()):
+            raise ValueError("RequestColumns: every column must have one value per request")
+        unknown = (set(self.per_row) | set(self.constant)) - set(REQUEST_DEFAULTS)
+        if unknown:
+            raise ValueError(f"RequestColumns: not Request fields: {sorted(unknown)}")
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    def with_constant(self, **fields: Any) -> "RequestColumns":
+        """The same requests with ``fields`` set on all of them (replacing per-row values)."""
+        per_row = {k: v for k, v in self.per_row.items() if k not in fields}
+        return RequestColumns(self.prompt_tokens, self.output_tokens, per_row, {**self.constant, **fields})
+
+    def with_max_tokens_cap(self, cap: int | None) -> "RequestColumns":
+        """Every request's ``max_tokens`` becomes ``min(its own, cap)`` (just ``cap`` if it had none)."""
+        if cap is None:
+            return self
+        own = self.per_row.get("max_tokens")
+        if own is None:
+            own_cap = self.constant.get("max_tokens")
+            return self.with_constant(max_tokens=cap if own_cap is None else min(own_cap, cap))
+        capped = [cap if v is None else min(v, cap) for v in own]
+        return RequestColumns(self.prompt_tokens, self.output_tokens, {**self.per_row, "max_tokens": capped},
+                              self.constant)
+
+    def select(self, index: np.ndarray) -> "RequestColumns":
+        """The requests at positions ``index`` (an int array), in that order."""
+        positions = index.tolist()
+        return RequestColumns(
+            self.prompt_tokens[index],
+            self.output_tokens[index],
+            {k: [v[i] for i in positions] for k, v in self.per_row.items()},
+            dict(self.constant),
+        )
+
+
+def per_row_or_none(values: list | None, field: str) -> list | None:
+    """``values`` with missing entries (None) replaced by the Request default of ``field``."""
+    if values is None:
+        return None
+    default = REQUEST_DEFAULTS[field]
+    return [default if v is None else v for v in values]
+
+
+def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns) -> Iterator[Request]:
+    """Requests in arrival order with ids 0, 1, 2, ...; created one at a time.
+
+    Arrivals that are not sorted are sorted stably (equal times keep their row order), and ids
+    follow the sorted order.
+    """
+    arrival = np.asarray(arrival_ms, dtype=np.float64)
+    if arrival.shape != (len(columns),):
+        raise ValueError(f"iter_requests: {arrival.shape[0]} arrival times for {len(columns)} requests")
+    if not np.all(np.isfinite(arrival)) or (arrival.size and arrival.min() < 0):
+        raise WorkloadError("arrival times must be finite and >= 0")
+    if arrival.size > 1 and np.any(arrival[1:] < arrival[:-1]):
+        order = np.argsort(arrival, kind="stable")
+        arrival = arrival[order]
+        columns = columns.select(order)
+    return _generate(arrival, columns)
+
+
+def _generate(arrival: np.ndarray, columns: RequestColumns) -> Iterator[Request]:
+    times = arrival.tolist()
+    prompts = columns.prompt_tokens.tolist()
+    outputs = columns.output_tokens.tolist()
+    constant = columns.constant
+    names = tuple(columns.per_row)
+    if not names:
+        for i, (t, p, o) in enumerate(zip(times, prompts, outputs)):
+            yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant)
+        return
+    varying = [columns.per_row[name] for name in names]
+    for i, (t, p, o, *rest) in enumerate(zip(times, prompts, outputs, *varying)):
+        yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant, **dict(zip(names, rest)))
+
+
+class OpenLoopWorkload:
+    """An open-loop workload: a function ``seed -> (arrival_ms, RequestColumns)`` made lazy.
+
+    ``requests(seed)`` draws the arrays at once (so bad settings fail at the call) and returns
+    a generator that creates the Request objects as they are pulled.
+    """
+
+    closed_loop = False
+
+    def __init__(self, build: Callable[[int], tuple[np.ndarray, RequestColumns]], *, name: str,
+                 num_requests: int | None = None):
+        self._build = build
+        self.name = name
+        #: how many requests ``requests(seed)`` yields (for progress bars); None if unknown.
+        self.num_requests = num_requests
+        #: facts about the loaded data worth reporting (e.g. ``zero_token_rows`` of a trace).
+        self.info: dict[str, Any] = {}
+
+    def requests(self, seed: int) -> Iterator[Request]:
+        arrival_ms, columns = self._build(check_seed(seed))
+        return iter_requests(arrival_ms, columns)
+
+    def __repr__(self) -> str:
+        return f"<{self.name} workload: {self.num_requests} requests>"
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` if it is a whole number >= 0 (what numpy's generators accept), else WorkloadError."""
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
+        return int(seed)
+    raise WorkloadError(f"the seed must be a whole number >= 0, got {seed!r}")

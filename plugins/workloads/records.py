@@ -1,0 +1,395 @@
+"""Read rows of a request file (JSON, JSONL or CSV) and turn their columns into checked arrays.
+
+Every file-based workload (``file``, ``azure``, ``vidur``, ``mooncake``, ``closed_loop`` and the
+``empirical`` length distribution) reads through :func:`read_records`, so they all accept the
+same formats and report bad input the same way: a :class:`~schedlab.errors.WorkloadError`
+naming the file, the line (CSV, JSONL) or record (JSON), and the field.
+
+Fields are named by *our* names (``prompt_tokens``, ...); ``wanted`` maps each to the names it
+may have in the file (the first one present is used), which is how a ``columns`` table such
+as ``{prompt_tokens = "ContextTokens"}`` takes effect.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from schedlab.errors import WorkloadError
+
+FORMATS = ("json", "jsonl", "csv")
+_EXTENSIONS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+
+
+def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
+    """The file format: ``format`` if given, else from the extension (.json, .jsonl/.ndjson, .csv)."""
+    if format is not None:
+        if format not in FORMATS:
+            raise WorkloadError(f"{path}: unknown format {format!r}; use one of {', '.join(FORMATS)}")
+        return format
+    suffix = Path(path).suffix.lower()
+    try:
+        return _EXTENSIONS[suffix]
+    except KeyError:
+        raise WorkloadError(
+            f"{path}: cannot tell the format from the extension {suffix or '(none)'!r}; "
+            f"set format = one of {', '.join(map(repr, FORMATS))}"
+        ) from None
+
+
+@attrs.frozen(eq=False)
+class Records:
+    """The rows of one file, column by column, with where each row came from.
+
+    :ivar path: the file, as named in error messages.
+    :ivar unit: ``"line"`` (CSV, JSONL: physical line numbers) or ``"record"`` (JSON: 1-based
+        position in the list of requests).
+    :ivar positions: the line or record number of each row.
+    :ivar values: our field name -> one raw value per row (``None`` where the row lacks it).
+        Only fields found in the file are present.
+    :ivar sources: our field name -> the name it has in the file.
+    """
+
+    path: str
+    unit: str
+    positions: list[int]
+    values: dict[str, list]
+    sources: dict[str, str]
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def where(self, row: int) -> str:
+        """``"<file>: line 7"`` for messages about row ``row`` (0-based)."""
+        return f"{self.path}: {self.unit} {self.positions[row]}"
+
+    def has(self, field: str) -> bool:
+        """True when the file has ``field`` in at least one row."""
+        return field in self.values and any(v is not None for v in self.values[field])
+
+    def label(self, field: str) -> str:
+        """How to name ``field`` in a message: ``prompt_tokens (column 'ContextTokens')``."""
+        source = self.sources.get(field, field)
+        return field if source == field else f"{field} (column {source!r})"
+
+    def select(self, keep: np.ndarray) -> "Records":
+        """Only the rows where the boolean mask ``keep`` is true."""
+        index = np.flatnonzero(keep).tolist()
+        return Records(
+            self.path,
+            self.unit,
+            [self.positions[i] for i in index],
+            {name: [col[i] for i in index] for name, col in self.values.items()},
+            dict(self.sources),
+        )
+
+    def _column(self, field: str, required: bool) -> list | None:
+        column = self.values.get(field)
+        if column is None:
+            if required:
+                raise WorkloadError(f"{self.path}: no {self.label(field)} in the file")
+            return None
+        return column
+
+    def ints(self, field: str, *, min: int = 1, required: bool = True) -> np.ndarray | None:
+        """``field`` as int64; every row must hold a whole number >= ``min``.
+
+        Integral floats (``12.0``, as pandas writes them) are accepted; ``1.5``, ``true``,
+        text and missing values are not. Returns None for an absent optional field.
+        """
+        column = self._column(field, required)
+        if column is None:
+            return None
+        out = np.empty(len(column), dtype=np.int64)
+        for row, value in enumerate(column):
+            if value is None:
+                raise WorkloadError(f"{self.where(row)}: missing {self.label(field)}")
+            number = _as_int(value)
+            if number is None or number < min:
+                raise WorkloadError(
+                    f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, "
+                    f"got {_show(value)}"
+                )
+            out[row] = number
+        return out
+
+    def optional_ints(self, field: str, *, min: int = 1) -> list | None:
+        """``field`` as a list of ints with ``None`` where a row lacks it; None if no row has it."""
+        if not self.has(field):
+            return None
+        out: list = []
+        for row, value in enumerate(self.values[field]):
+            if value is None:
+                out.append(None)
+                continue
+            number = _as_int(value)
+            if number is None or number < min:
+                raise WorkloadError(
+                    f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, "
+                    f"got {_show(value)}"
+                )
+            out.append(number)
+        return out
+
+    def floats(self, field: str, *, min: float = 0.0, required: bool = True) -> np.ndarray | None:
+        """``field`` as float64; every row must hold a finite number >= ``min``."""
+        column = self._column(field, required)
+        if column is None:
+            return None
+        out = np.empty(len(column), dtype=np.float64)
+        for row, value in enumerate(column):
+            if value is None:
+                raise WorkloadError(f"{self.where(row)}: missing {self.label(field)}")
+            number = _as_float(value)
+            if number is None or not number >= min:
+                raise WorkloadError(
+                    f"{self.where(row)}: {self.label(field)}: must be a number >= {min:g}, got {_show(value)}"
+                )
+            out[row] = number
+        return out
+
+    def texts(self, field: str) -> list | None:
+        """``field`` as text (numbers are written out), ``None`` where a row lacks it."""
+        if not self.has(field):
+            return None
+        out: list = []
+        for row, value in enumerate(self.values[field]):
+            if value is None or isinstance(value, str):
+                out.append(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append(str(value))
+            else:
+                raise WorkloadError(f"{self.where(row)}: {self.label(field)}: must be text, got {_show(value)}")
+        return out
+
+    def keys(self, field: str) -> list | None:
+        """``field`` as a group key (text or whole number), ``None`` where a row lacks it."""
+        if not self.has(field):
+            return None
+        out: list = []
+        for row, value in enumerate(self.values[field]):
+            if value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+                out.append(value)
+            else:
+                raise WorkloadError(
+                    f"{self.where(row)}: {self.label(field)}: must be text or a whole number, got {_show(value)}"
+                )
+        return out
+
+    def int_lists(self, field: str, *, required: bool = True) -> list[tuple] | None:
+        """``field`` as tuples of whole numbers (JSON lists such as Mooncake's ``hash_ids``)."""
+        column = self._column(field, required)
+        if column is None:
+            return None
+        out: list[tuple] = []
+        for row, value in enumerate(column):
+            if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+                raise WorkloadError(
+                    f"{self.where(row)}: {self.label(field)}: must be a list of whole numbers, got {_show(value)}"
+                )
+            out.append(tuple(value))
+        return out
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _as_int(value: Any) -> int | None:
+    """The whole number ``value`` stands for, or None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    """The finite number ``value`` stands for, or None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def read_records(
+    path: str | os.PathLike,
+    wanted: Mapping[str, Sequence[str]],
+    *,
+    format: str | None = None,
+    required: Sequence[str] = (),
+    limit: int | None = None,
+) -> Records:
+    """Read a request file.
+
+    :param path: a JSON file (a list of objects, or ``{"requests": [...]}``), a JSONL file (one
+        object per line; blank lines are skipped) or a CSV file with a header line.
+    :param wanted: our field name -> the names it may have in the file, first match wins.
+    :param format: ``"json"``, ``"jsonl"`` or ``"csv"``; None to go by the extension.
+    :param required: fields every row must have (in a CSV: the column must exist).
+    :param limit: read only the first ``limit`` rows.
+    :raises WorkloadError: missing or unreadable file, bad JSON (with its line), a missing
+        column or key (with the row), a CSV row with the wrong number of cells.
+    """
+    kind = detect_format(path, format)
+    name = str(path)
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            if kind == "csv":
+                return _read_csv(handle, name, wanted, required, limit)
+            if kind == "jsonl":
+                return _read_jsonl(handle, name, wanted, required, limit)
+            return _read_json(handle, name, wanted, required, limit)
+    except FileNotFoundError:
+        raise WorkloadError(f"{name}: file not found") from None
+    except IsADirectoryError:
+        raise WorkloadError(f"{name}: is a folder, not a file") from None
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise WorkloadError(f"{name}: cannot read: {exc.strerror or exc}") from None
+
+
+def _read_csv(handle, name, wanted, required, limit) -> Records:
+    reader = csv.reader(handle)
+    header = next(reader, None)
+    while header is not None and not header:
+        header = next(reader, None)
+    if header is None:
+        raise WorkloadError(f"{name}: empty CSV file (no header line)")
+    header = [cell.strip() for cell in header]
+    index: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    for field, names in wanted.items():
+        for candidate in names:
+            if candidate in header:
+                index[field] = header.index(candidate)
+                sources[field] = candidate
+                break
+        else:
+            if field in required:
+                raise WorkloadError(
+                    f"{name}: no column {' or '.join(map(repr, names))} (for {field}); "
+                    f"the header has {', '.join(map(repr, header))}"
+                )
+    values: dict[str, list] = {field: [] for field in index}
+    positions: list[int] = []
+    try:
+        for cells in reader:
+            if limit is not None and len(positions) >= limit:
+                break
+            if not cells or (len(cells) == 1 and not cells[0].strip()):
+                continue
+            if len(cells) != len(header):
+                raise WorkloadError(
+                    f"{name}: line {reader.line_num}: expected {len(header)} cells (as in the header), got {len(cells)}"
+                )
+            positions.append(reader.line_num)
+            for field, col in index.items():
+                cell = cells[col].strip()
+                values[field].append(cell if cell != "" else None)
+    except csv.Error as exc:
+        raise WorkloadError(f"{name}: line {reader.line_num}: bad CSV: {exc}") from None
+    records = Records(name, "line", positions, values, sources)
+    _check_required(records, required)
+    return records
+
+
+def _read_jsonl(handle, name, wanted, required, limit) -> Records:
+    rows: list[dict] = []
+    positions: list[int] = []
+    for number, line in enumerate(handle, start=1):
+        if limit is not None and len(rows) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{name}: line {number}: bad JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise WorkloadError(f"{name}: line {number}: expected a JSON object, got {type(obj).__name__}")
+        rows.append(obj)
+        positions.append(number)
+    return _from_objects(name, "line", rows, positions, wanted, required)
+
+
+def _read_json(handle, name, wanted, required, limit) -> Records:
+    try:
+        data = json.load(handle)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{name}: line {exc.lineno}: bad JSON: {exc.msg} (column {exc.colno})") from None
+    if isinstance(data, dict):
+        if "requests" not in data:
+            raise WorkloadError(f"{name}: expected a list of requests or an object with a \"requests\" list")
+        data = data["requests"]
+    if not isinstance(data, list):
+        raise WorkloadError(f"{name}: the requests must be a JSON list, got {type(data).__name__}")
+    if limit is not None:
+        data = data[:limit]
+    for number, obj in enumerate(data, start=1):
+        if not isinstance(obj, dict):
+            raise WorkloadError(f"{name}: record {number}: expected a JSON object, got {type(obj).__name__}")
+    return _from_objects(name, "record", data, list(range(1, len(data) + 1)), wanted, required)
+
+
+def _from_objects(name, unit, rows, positions, wanted, required) -> Records:
+    values: dict[str, list] = {}
+    sources: dict[str, str] = {}
+    for field, names in wanted.items():
+        column: list = []
+        found = None
+        for obj in rows:
+            value = None
+            for candidate in names:
+                if candidate in obj:
+                    value = obj[candidate]
+                    found = found or candidate
+                    break
+            column.append(value)
+        if found is not None:
+            values[field] = column
+            sources[field] = found
+        else:
+            sources[field] = names[0]
+            if field in required and rows:
+                values[field] = column  # all None: _check_required names the first row
+    records = Records(name, unit, positions, values, sources)
+    _check_required(records, required)
+    return records
+
+
+def _check_required(records: Records, required: Sequence[str]) -> None:
+    for field in required:
+        column = records.values.get(field)
+        if column is None:
+            continue  # an empty file
+        for row, value in enumerate(column):
+            if value is None:
+                raise WorkloadError(f"{records.where(row)}: missing {records.label(field)}")

@@ -1,0 +1,148 @@
+"""The ``file`` workload: requests listed in a JSON, JSONL or CSV file.
+
+Each row is one request with ``prompt_tokens`` and ``output_tokens`` and optionally
+``arrival_ms``, ``max_tokens``, ``priority``, ``client``, ``request_class`` (or ``class``),
+``prefix_group`` and ``prefix_tokens``. A ``columns`` table renames them for files that use
+other names::
+
+    [workload]
+    kind = "file"
+    path = "requests.json"              # or .jsonl / .csv; `format` overrides the extension
+    columns = {prompt_tokens = "ContextTokens", output_tokens = "GeneratedTokens"}
+    arrival = "poisson"                 # "file" (default) | "all-at-once" | "poisson" | "gamma"
+    rate = 10
+
+With ``arrival = "file"`` the file's ``arrival_ms`` are used as they are (times ``time_scale``);
+a file without ``arrival_ms`` sends everything at t = 0. Rows whose arrivals are out of order
+are sorted (stably) and numbered in arrival order.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import numpy as np
+
+from schedlab.configs import FieldError, float_field, int_field, path_field, str_field, table_field
+from schedlab.errors import WorkloadError
+
+from .arrivals import arrivals_ms, cv_field, rate_field
+from .columns import OpenLoopWorkload, RequestColumns, per_row_or_none
+from .records import FORMATS, Records, read_records
+
+#: Fields a request file may have, with the names looked up when ``columns`` does not say.
+FILE_FIELDS: dict[str, tuple[str, ...]] = {
+    "prompt_tokens": ("prompt_tokens",),
+    "output_tokens": ("output_tokens",),
+    "arrival_ms": ("arrival_ms",),
+    "max_tokens": ("max_tokens",),
+    "priority": ("priority",),
+    "client": ("client",),
+    "request_class": ("request_class", "class"),
+    "prefix_group": ("prefix_group",),
+    "prefix_tokens": ("prefix_tokens",),
+}
+REQUIRED_FIELDS = ("prompt_tokens", "output_tokens")
+FILE_ARRIVALS = ("file", "all-at-once", "poisson", "gamma")
+
+
+def check_columns(columns: Mapping | None) -> None:
+    """Raise FieldError unless ``columns`` maps known field names to file column names."""
+    if columns is None:
+        return
+    for ours, theirs in columns.items():
+        if ours not in FILE_FIELDS:
+            raise FieldError("columns", f"unknown field {ours!r}; valid fields: {', '.join(FILE_FIELDS)}")
+        if not isinstance(theirs, str) or not theirs:
+            raise FieldError("columns", f"{ours}: the file's column name must be non-empty text, got {theirs!r}")
+
+
+def read_request_file(path, *, format: str | None = None, columns: Mapping[str, str] | None = None,
+                      limit: int | None = None) -> Records:
+    """The rows of a request file, with ``columns`` renaming our fields to the file's."""
+    wanted = {field: ((columns[field],) if columns and field in columns else names)
+              for field, names in FILE_FIELDS.items()}
+    records = read_records(path, wanted, format=format, required=REQUIRED_FIELDS, limit=limit)
+    if len(records) == 0:
+        raise WorkloadError(f"{path}: no requests in the file")
+    return records
+
+
+def request_columns(records: Records) -> RequestColumns:
+    """Checked columns of every Request field the file has (arrival times excluded)."""
+    prompt = records.ints("prompt_tokens", min=1)
+    output = records.ints("output_tokens", min=1)
+    per_row: dict[str, list] = {}
+    optional = {
+        "max_tokens": records.optional_ints("max_tokens", min=1),
+        "priority": records.optional_ints("priority", min=-(2**62)),
+        "client": records.texts("client"),
+        "request_class": records.texts("request_class"),
+        "prefix_group": records.keys("prefix_group"),
+        "prefix_tokens": records.optional_ints("prefix_tokens", min=0),
+    }
+    for field, values in optional.items():
+        values = per_row_or_none(values, field)
+        if values is not None:
+            per_row[field] = values
+    if "prefix_tokens" in per_row:
+        too_long = np.flatnonzero(np.asarray(per_row["prefix_tokens"]) > prompt)
+        if too_long.size:
+            row = int(too_long[0])
+            raise WorkloadError(
+                f"{records.where(row)}: {records.label('prefix_tokens')}: must be <= prompt_tokens "
+                f"({prompt[row]}), got {per_row['prefix_tokens'][row]}"
+            )
+    return RequestColumns(prompt, output, per_row)
+
+
+def file_arrivals_ms(records: Records) -> np.ndarray | None:
+    """The file's ``arrival_ms`` column, or None when no row has one (a row lacking it when
+    others have it is an error)."""
+    if not records.has("arrival_ms"):
+        return None
+    return records.floats("arrival_ms", min=0.0)
+
+
+@attrs.frozen
+class FileConfig:
+    path: str = path_field(help="request file: .json (a list, or {\"requests\": [...]}), .jsonl or .csv")
+    format: str | None = str_field(None, choices=FORMATS, optional=True,
+                                   help="file format when the extension does not tell: json, jsonl or csv")
+    columns: dict | None = table_field(None, help="our field name -> the file's column name, e.g. "
+                                                  "{prompt_tokens = \"ContextTokens\"}")
+    arrival: str = str_field("file", choices=FILE_ARRIVALS,
+                             help="'file' (the file's arrival_ms, or all at t=0 without them), "
+                                  "'all-at-once', 'poisson' or 'gamma' (both need rate)")
+    rate: float | None = rate_field()
+    cv: float = cv_field()
+    max_tokens: int | None = int_field(None, min=1, optional=True,
+                                       help="cap on every request's max_tokens (the client's length limit)")
+    limit: int | None = int_field(None, min=1, optional=True, help="use only the first N requests of the file")
+    time_scale: float = float_field(1.0, min=0, min_exclusive=True,
+                                    help="multiply every arrival time (and so every gap) by this")
+
+    def __attrs_post_init__(self) -> None:
+        check_columns(self.columns)
+        if self.arrival in ("poisson", "gamma") and self.rate is None:
+            raise FieldError("rate", f"required when arrival = {self.arrival!r}")
+
+
+def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
+    """Read the file now (so errors show before the run) and serve its requests."""
+    records = read_request_file(config.path, format=config.format, columns=config.columns, limit=config.limit)
+    columns = request_columns(records).with_max_tokens_cap(config.max_tokens)
+    from_file = file_arrivals_ms(records)
+    n = len(columns)
+
+    def build(seed: int):
+        if config.arrival == "file":
+            arrival = from_file if from_file is not None else np.zeros(n)
+        else:
+            arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
+        if config.time_scale != 1.0:
+            arrival = arrival * config.time_scale
+        return arrival, columns
+
+    return OpenLoopWorkload(build, name="file", num_requests=n)

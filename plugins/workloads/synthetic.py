@@ -1,0 +1,200 @@
+"""Generated workloads: ``synthetic`` (lengths from distributions) and ``shared_prefix``
+(requests that share system prompts).
+
+::
+
+    [workload]
+    kind = "synthetic"
+    num_requests = 1000
+    prompt = {dist = "lognormal", median = 600, sigma = 0.8, high = 4096}
+    output = {dist = "uniform", low = 50, high = 400}
+    arrival = "poisson"
+    rate = 10
+
+Everything is drawn with numpy from the run's seed, on separate streams for arrivals, prompt
+and output lengths (see :mod:`.arrivals`): the same seed at a different rate gives the same
+lengths and the same arrival pattern, scaled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from schedlab.configs import FieldError, float_field, int_field, str_field, table_field
+
+from .arrivals import (
+    GROUP_STREAM,
+    OUTPUT_STREAM,
+    PROMPT_STREAM,
+    SHARING_STREAM,
+    arrival_field,
+    arrivals_ms,
+    check_arrival_settings,
+    cv_field,
+    rate_field,
+    stream_rng,
+)
+from .columns import OpenLoopWorkload, RequestColumns
+from .distributions import parse_distribution, scale_lengths
+
+
+def num_requests_field():
+    return int_field(min=1, help="how many requests to generate")
+
+
+def distribution_field(what: str):
+    return table_field(help=f"{what} length distribution: {{dist = \"fixed\", value = N}}, "
+                            "{dist = \"uniform\", low = , high = }, "
+                            "{dist = \"lognormal\", median = , sigma = , low = , high = } or "
+                            "{dist = \"empirical\", path = , column = }")
+
+
+def output_scale_field():
+    return float_field(1.0, min=0, min_exclusive=True,
+                       help="multiply every output length by this (rounded, at least 1); max_tokens is not scaled")
+
+
+def max_tokens_field():
+    return int_field(None, min=1, optional=True, help="max_tokens (the client's length limit) for every request")
+
+
+def request_class_field():
+    return str_field("default", help="request_class of every request (per-class metrics)")
+
+
+def client_field():
+    return str_field("default", help="client of every request")
+
+
+def priority_field():
+    return int_field(0, help="priority of every request (lower = more important)")
+
+
+def _shared_fields(config) -> dict:
+    fields = {"priority": config.priority, "client": config.client, "request_class": config.request_class}
+    if config.max_tokens is not None:
+        fields["max_tokens"] = config.max_tokens
+    return fields
+
+
+# --- synthetic -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SyntheticConfig:
+    num_requests: int = num_requests_field()
+    prompt: dict = distribution_field("prompt")
+    output: dict = distribution_field("output")
+    output_scale: float = output_scale_field()
+    arrival: str = arrival_field()
+    rate: float | None = rate_field()
+    cv: float = cv_field()
+    max_tokens: int | None = max_tokens_field()
+    request_class: str = request_class_field()
+    client: str = client_field()
+    priority: int = priority_field()
+
+    def __attrs_post_init__(self) -> None:
+        parse_distribution(self.prompt, field="prompt")
+        parse_distribution(self.output, field="output")
+        check_arrival_settings(self.arrival, self.rate)
+
+
+def make_synthetic_workload(config: SyntheticConfig) -> OpenLoopWorkload:
+    prompt = parse_distribution(config.prompt, field="prompt").sampler()
+    output = parse_distribution(config.output, field="output").sampler()
+    n = config.num_requests
+    constant = _shared_fields(config)
+
+    def build(seed: int):
+        arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
+        prompts = prompt.sample(stream_rng(seed, PROMPT_STREAM), n)
+        outputs = scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), config.output_scale)
+        return arrival, RequestColumns(prompts, outputs, {}, constant)
+
+    return OpenLoopWorkload(build, name="synthetic", num_requests=n)
+
+
+# --- shared_prefix -------------------------------------------------------------------------
+
+POPULARITY = ("uniform", "zipf")
+
+
+@attrs.frozen
+class SharedPrefixConfig:
+    """Requests with system prompts: ``round(shared_fraction * num_requests)`` of them (chosen
+    at random) use the prefix of one of ``num_groups`` groups; the rest declare no sharing.
+    Every request's prompt is ``prefix_tokens + suffix``, so the sharing is the only difference
+    between a shared and an unshared request."""
+
+    num_requests: int = num_requests_field()
+    num_groups: int = int_field(min=1, help="how many different shared prefixes (system prompts) there are")
+    prefix_tokens: int = int_field(min=1, help="length of each shared prefix in tokens")
+    suffix: dict = distribution_field("unique suffix (the prompt after the prefix)")
+    output: dict = distribution_field("output")
+    shared_fraction: float = float_field(1.0, min=0, max=1,
+                                         help="share of requests that use a group's prefix; the rest share nothing")
+    popularity: str = str_field("uniform", choices=POPULARITY,
+                                help="how shared requests pick their group: 'uniform' or 'zipf' (group g has "
+                                     "weight 1 / (g + 1) ** zipf_s)")
+    zipf_s: float = float_field(1.0, min=0, help="Zipf exponent for popularity = 'zipf' (0 = uniform)")
+    output_scale: float = output_scale_field()
+    arrival: str = arrival_field()
+    rate: float | None = rate_field()
+    cv: float = cv_field()
+    max_tokens: int | None = max_tokens_field()
+    request_class: str = request_class_field()
+    client: str = client_field()
+    priority: int = priority_field()
+
+    def __attrs_post_init__(self) -> None:
+        parse_distribution(self.suffix, field="suffix")
+        parse_distribution(self.output, field="output")
+        check_arrival_settings(self.arrival, self.rate)
+
+
+def num_shared(num_requests: int, shared_fraction: float) -> int:
+    """How many requests share a prefix: ``shared_fraction * num_requests`` rounded half up."""
+    return min(num_requests, int(math.floor(shared_fraction * num_requests + 0.5)))
+
+
+def group_weights(num_groups: int, popularity: str, zipf_s: float) -> np.ndarray:
+    """Probability of each group (sums to 1)."""
+    if popularity == "uniform":
+        weights = np.ones(num_groups)
+    elif popularity == "zipf":
+        weights = 1.0 / np.arange(1, num_groups + 1, dtype=np.float64) ** zipf_s
+    else:
+        raise FieldError("popularity", f"unknown popularity {popularity!r}")
+    return weights / weights.sum()
+
+
+def make_shared_prefix_workload(config: SharedPrefixConfig) -> OpenLoopWorkload:
+    suffix = parse_distribution(config.suffix, field="suffix").sampler()
+    output = parse_distribution(config.output, field="output").sampler()
+    n = config.num_requests
+    k = num_shared(n, config.shared_fraction)
+    cdf = np.cumsum(group_weights(config.num_groups, config.popularity, config.zipf_s))
+    constant = _shared_fields(config)
+
+    def build(seed: int):
+        arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
+        suffixes = suffix.sample(stream_rng(seed, PROMPT_STREAM), n)
+        outputs = scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), config.output_scale)
+        # A prefix of one permutation: raising shared_fraction only adds shared requests.
+        shared = np.zeros(n, dtype=bool)
+        shared[stream_rng(seed, SHARING_STREAM).permutation(n)[:k]] = True
+        # One uniform draw per request, mapped through the popularity CDF (same draws for any s).
+        groups = np.searchsorted(cdf, stream_rng(seed, GROUP_STREAM).random(n), side="right")
+        groups = np.minimum(groups, config.num_groups - 1).tolist()
+        flags = shared.tolist()
+        per_row = {
+            "prefix_group": [g if s else None for g, s in zip(groups, flags)],
+            "prefix_tokens": [config.prefix_tokens if s else 0 for s in flags],
+        }
+        return arrival, RequestColumns(suffixes + config.prefix_tokens, outputs, per_row, constant)
+
+    return OpenLoopWorkload(build, name="shared_prefix", num_requests=n)

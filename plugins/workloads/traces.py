@@ -1,0 +1,233 @@
+"""Published LLM-serving traces: Azure LLM inference 2023, Vidur's splitwise files, Mooncake.
+
+* ``azure`` -- ``TIMESTAMP,ContextTokens,GeneratedTokens`` with absolute timestamps such as
+  ``2023-11-16 18:17:03.9799600``; arrivals become ms after the earliest request
+  (Patel et al., "Splitwise", ISCA 2024; github.com/Azure/AzurePublicDataset).
+* ``vidur`` -- Vidur's ``splitwise_*.csv``: ``arrived_at`` (seconds), ``num_prefill_tokens``,
+  ``num_decode_tokens`` (the same Azure data re-based; github.com/microsoft/vidur).
+* ``mooncake`` -- Mooncake FAST'25 JSONL: ``timestamp`` (ms), ``input_length``,
+  ``output_length``, ``hash_ids`` (one id per 512-token prefix block, each naming the whole
+  prefix up to the end of its block; Qin et al., FAST 2025).
+
+Zero token counts. A request cannot have 0 prompt or 0 output tokens. The Azure 2023 traces
+and Vidur's copies have none (smallest counts: 2 context / 7 generated tokens in conv, 3 / 6
+in code), but other releases of such traces may. ``zero_tokens`` says what to do with a row
+holding a 0: ``"clamp"`` (default) raises it to 1 -- a request that generated nothing still
+cost a prefill, and 1 output token is the nearest request the simulator can serve;
+``"drop"`` leaves the row out; ``"error"`` stops with the row's line. The workload's
+``info["zero_token_rows"]`` tells how many rows were clamped or dropped.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from schedlab.configs import float_field, int_field, path_field, str_field
+from schedlab.errors import WorkloadError
+
+from .arrivals import JITTER_STREAM, stream_rng
+from .columns import OpenLoopWorkload, RequestColumns
+from .records import Records, read_records
+
+ZERO_TOKEN_POLICIES = ("clamp", "drop", "error")
+
+
+def _path(help: str):
+    return path_field(help=help)
+
+
+def _limit():
+    return int_field(None, min=1, optional=True, help="use only the first N rows of the trace")
+
+
+def _time_scale():
+    return float_field(1.0, min=0, min_exclusive=True,
+                       help="multiply every arrival time by this (2 = half the load, 0.5 = twice the load)")
+
+
+def _max_tokens():
+    return int_field(None, min=1, optional=True, help="max_tokens (the client's length limit) for every request")
+
+
+def _zero_tokens():
+    return str_field("clamp", choices=ZERO_TOKEN_POLICIES,
+                     help="rows with 0 prompt or output tokens: 'clamp' to 1, 'drop' them, or 'error'")
+
+
+def token_counts(records: Records, policy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """``(prompt, output, keep, n_zero)`` from a trace's token columns under a zero-token policy.
+
+    ``keep`` is the mask of rows to keep (None: all); ``n_zero`` counts rows with a zero.
+    """
+    prompt = records.ints("prompt_tokens", min=0)
+    output = records.ints("output_tokens", min=0)
+    zero = (prompt == 0) | (output == 0)
+    n_zero = int(zero.sum())
+    if n_zero == 0:
+        return prompt, output, None, 0
+    if policy == "error":
+        row = int(np.flatnonzero(zero)[0])
+        field = "prompt_tokens" if prompt[row] == 0 else "output_tokens"
+        raise WorkloadError(f"{records.where(row)}: {records.label(field)}: is 0 "
+                            f"(set zero_tokens = \"clamp\" or \"drop\" to accept such rows)")
+    if policy == "clamp":
+        return np.maximum(prompt, 1), np.maximum(output, 1), None, n_zero
+    keep = ~zero
+    if not keep.any():
+        raise WorkloadError(f"{records.path}: every row has 0 tokens; nothing left after zero_tokens = \"drop\"")
+    return prompt[keep], output[keep], keep, n_zero
+
+
+def parse_timestamps_ns(records: Records, field: str) -> np.ndarray:
+    """A column of ``YYYY-MM-DD hh:mm:ss[.fffffff]`` timestamps as int64 nanoseconds."""
+    texts = records.values[field]
+    try:
+        stamps = np.array(texts, dtype="datetime64[ns]")
+    except (ValueError, TypeError):
+        stamps = None
+    if stamps is None or np.isnat(stamps).any():
+        for row, text in enumerate(texts):
+            try:
+                ok = not np.isnat(np.datetime64(text, "ns"))
+            except (ValueError, TypeError):
+                ok = False
+            if not ok:
+                raise WorkloadError(f"{records.where(row)}: {records.label(field)}: not a timestamp "
+                                    f"like '2023-11-16 18:17:03.9799600', got {text!r}")
+    return stamps.astype(np.int64)
+
+
+def _trace_workload(name: str, arrival_ms: np.ndarray, columns: RequestColumns, *, n_zero: int,
+                    jitter_ms: float = 0.0) -> OpenLoopWorkload:
+    def build(seed: int):
+        if jitter_ms <= 0:
+            return arrival_ms, columns
+        offsets = stream_rng(seed, JITTER_STREAM).uniform(0.0, jitter_ms, len(arrival_ms))
+        # t + u can round up to t + jitter for large t; keep every arrival below it.
+        ceiling = np.nextafter(arrival_ms + jitter_ms, -np.inf)
+        return np.minimum(arrival_ms + offsets, np.maximum(ceiling, arrival_ms)), columns
+
+    workload = OpenLoopWorkload(build, name=name, num_requests=len(columns))
+    workload.info["zero_token_rows"] = n_zero
+    return workload
+
+
+# --- azure ---------------------------------------------------------------------------------
+
+AZURE_COLUMNS = {"timestamp": ("TIMESTAMP",), "prompt_tokens": ("ContextTokens",),
+                 "output_tokens": ("GeneratedTokens",)}
+
+
+@attrs.frozen
+class AzureConfig:
+    path: str = _path("Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
+    limit: int | None = _limit()
+    time_scale: float = _time_scale()
+    max_tokens: int | None = _max_tokens()
+    zero_tokens: str = _zero_tokens()
+
+
+def load_azure(path, *, limit: int | None = None, zero_tokens: str = "clamp"):
+    """``(arrival_ms, columns, n_zero)`` of an Azure 2023 trace; arrivals in ms after the earliest."""
+    records = read_records(path, AZURE_COLUMNS, format="csv", required=tuple(AZURE_COLUMNS), limit=limit)
+    if len(records) == 0:
+        raise WorkloadError(f"{path}: no requests in the trace")
+    stamps = parse_timestamps_ns(records, "timestamp")
+    prompt, output, keep, n_zero = token_counts(records, zero_tokens)
+    if keep is not None:
+        stamps = stamps[keep]
+    arrival_ms = (stamps - stamps.min()).astype(np.float64) / 1e6
+    return arrival_ms, RequestColumns(prompt, output), n_zero
+
+
+def make_azure_workload(config: AzureConfig) -> OpenLoopWorkload:
+    arrival, columns, n_zero = load_azure(config.path, limit=config.limit, zero_tokens=config.zero_tokens)
+    return _trace_workload("azure", arrival * config.time_scale, columns.with_max_tokens_cap(config.max_tokens),
+                           n_zero=n_zero)
+
+
+# --- vidur ---------------------------------------------------------------------------------
+
+VIDUR_COLUMNS = {"arrived_at": ("arrived_at",), "prompt_tokens": ("num_prefill_tokens",),
+                 "output_tokens": ("num_decode_tokens",)}
+
+
+@attrs.frozen
+class VidurConfig:
+    path: str = _path("Vidur trace CSV (arrived_at in seconds, num_prefill_tokens, num_decode_tokens)")
+    limit: int | None = _limit()
+    time_scale: float = _time_scale()
+    max_tokens: int | None = _max_tokens()
+    zero_tokens: str = _zero_tokens()
+
+
+def load_vidur(path, *, limit: int | None = None, zero_tokens: str = "clamp"):
+    """``(arrival_ms, columns, n_zero)`` of a Vidur ``splitwise_*.csv`` trace (times as in the file)."""
+    records = read_records(path, VIDUR_COLUMNS, format="csv", required=tuple(VIDUR_COLUMNS), limit=limit)
+    if len(records) == 0:
+        raise WorkloadError(f"{path}: no requests in the trace")
+    seconds = records.floats("arrived_at", min=0.0)
+    prompt, output, keep, n_zero = token_counts(records, zero_tokens)
+    if keep is not None:
+        seconds = seconds[keep]
+    return seconds * 1000.0, RequestColumns(prompt, output), n_zero
+
+
+def make_vidur_workload(config: VidurConfig) -> OpenLoopWorkload:
+    arrival, columns, n_zero = load_vidur(config.path, limit=config.limit, zero_tokens=config.zero_tokens)
+    return _trace_workload("vidur", arrival * config.time_scale, columns.with_max_tokens_cap(config.max_tokens),
+                           n_zero=n_zero)
+
+
+# --- mooncake ------------------------------------------------------------------------------
+
+MOONCAKE_FIELDS = {"timestamp": ("timestamp",), "prompt_tokens": ("input_length",),
+                   "output_tokens": ("output_length",), "hash_ids": ("hash_ids",)}
+
+
+@attrs.frozen
+class MooncakeConfig:
+    path: str = _path("Mooncake FAST'25 trace, JSONL: timestamp (ms), input_length, output_length, hash_ids")
+    hash_block_tokens: int = int_field(512, min=1, help="tokens per prefix block named by one hash id")
+    jitter_ms: float = float_field(0.0, min=0,
+                                   help="spread each request uniformly over [t, t + jitter_ms) with the seed "
+                                        "(the conversation trace's timestamps are quantised to about 3 s)")
+    limit: int | None = _limit()
+    time_scale: float = _time_scale()
+    max_tokens: int | None = _max_tokens()
+    zero_tokens: str = _zero_tokens()
+
+
+def load_mooncake(path, *, hash_block_tokens: int = 512, limit: int | None = None, zero_tokens: str = "clamp"):
+    """``(arrival_ms, columns, n_zero)`` of a Mooncake trace; hash ids go to ``block_hashes``."""
+    fmt = "json" if str(path).lower().endswith(".json") else "jsonl"
+    records = read_records(path, MOONCAKE_FIELDS, format=fmt, required=tuple(MOONCAKE_FIELDS), limit=limit)
+    if len(records) == 0:
+        raise WorkloadError(f"{path}: no requests in the trace")
+    arrival = records.floats("timestamp", min=0.0)
+    hashes = records.int_lists("hash_ids")
+    raw_prompt = records.ints("prompt_tokens", min=0)
+    blocks = np.fromiter((len(h) for h in hashes), dtype=np.int64, count=len(hashes))
+    too_many = np.flatnonzero(blocks > -(-raw_prompt // hash_block_tokens))
+    if too_many.size:
+        row = int(too_many[0])
+        raise WorkloadError(
+            f"{records.where(row)}: {records.label('hash_ids')}: {blocks[row]} hash ids for "
+            f"{raw_prompt[row]} prompt tokens, more than ceil({raw_prompt[row]} / hash_block_tokens = "
+            f"{hash_block_tokens}) blocks (is hash_block_tokens right?)"
+        )
+    prompt, output, keep, n_zero = token_counts(records, zero_tokens)
+    if keep is not None:
+        arrival = arrival[keep]
+        hashes = [h for h, k in zip(hashes, keep.tolist()) if k]
+    columns = RequestColumns(prompt, output, {"block_hashes": hashes}, {"hash_block_tokens": hash_block_tokens})
+    return arrival, columns, n_zero
+
+
+def make_mooncake_workload(config: MooncakeConfig) -> OpenLoopWorkload:
+    arrival, columns, n_zero = load_mooncake(config.path, hash_block_tokens=config.hash_block_tokens,
+                                             limit=config.limit, zero_tokens=config.zero_tokens)
+    return _trace_workload("mooncake", arrival * config.time_scale, columns.with_max_tokens_cap(config.max_tokens),
+                           n_zero=n_zero, jitter_ms=config.jitter_ms)
+
