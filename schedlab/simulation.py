@@ -150,10 +150,11 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     started = time.perf_counter()
     if spec.engine == "reference":
         scheduler, cost, kv = a.instances[0]
-        ReferenceEngine(scheduler, cost, kv, recorder).run(requests, workload=a.workload)
+        engines = [ReferenceEngine(scheduler, cost, kv, recorder)]
+        engines[0].run(requests, workload=a.workload)
     else:
-        instances = [Instance(i, s, c, k, recorder, observer=observer) for i, (s, c, k) in enumerate(a.instances)]
-        simulate(requests, instances, router=a.router, workload=a.workload)
+        engines = [Instance(i, s, c, k, recorder, observer=observer) for i, (s, c, k) in enumerate(a.instances)]
+        simulate(requests, engines, router=a.router, workload=a.workload)
     wall_ms = (time.perf_counter() - started) * 1e3
     scheduler, cost, kv = a.instances[0]
     slots = getattr(scheduler, "slots", None)
@@ -165,6 +166,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "block_size": kv.block_size,
         "bytes_per_block": getattr(kv, "bytes_per_block", 0),
         "wall_ms": wall_ms,
+        "events": sum(e.events for e in engines),
         "seed": spec.seed,
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
     }

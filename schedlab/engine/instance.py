@@ -88,6 +88,7 @@ class Instance:
         self._on_finish = getattr(scheduler, "on_finish", None)
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
+        self.events = 0              # executed plans: iterations that needed the scheduler
         self.since_progress = 0
         self.kv_need_high = math.floor(recorder.kv_high_water * kv.num_blocks) + 1
 
@@ -130,6 +131,8 @@ class Instance:
     def _remove_decoder(self, seq: Sequence, status: str) -> None:
         anchor = seq.anchor
         seq.stop_decoding(status)
+        if seq._computed > seq.max_computed:
+            seq.max_computed = seq._computed
         self.n_decoding -= 1
         self.ctx_offset -= anchor + 1
         if not seq.reserved_tokens:
@@ -249,6 +252,7 @@ class Instance:
                 self.now = target
                 continue
             empty_plans = 0
+            self.events += 1
             self._execute(plan, until)
             if stop_on_finish and self.finished:
                 return "finished"

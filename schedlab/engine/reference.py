@@ -244,6 +244,7 @@ class ReferenceEngine:
         self.waiting = make_queue() if make_queue is not None else FcfsQueue()
         self.running: dict = {}
         self.swapped: list = []
+        self.events = 0  # every iteration is an event here
 
     def run(self, requests, workload=None) -> None:
         from .instance import default_rejection_reason
@@ -299,6 +300,7 @@ class ReferenceEngine:
                 self.now = target
                 continue
             empty_plans = 0
+            self.events += 1
 
             decoders = [s for s in self.running if s.status == "decoding"] if plan.decode else []
             batch = Batch(

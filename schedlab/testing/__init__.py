@@ -1,0 +1,21 @@
+"""A conformance kit: run a scheduler, cost model or KV cache and check the engine's rules.
+
+For plugin authors as much as for schedlab's own tests::
+
+    from hypothesis import given
+    from schedlab.testing import requests_lists, run_engine, check_run
+
+    @given(requests_lists())
+    def test_my_scheduler_conserves_requests(requests):
+        result = run_engine(requests, MyScheduler(), kv_blocks=64)
+        check_run(result, requests, max_running=8)
+
+:func:`check_run` asserts what every correct run satisfies (conservation of requests and
+tokens, capacity limits, causality); :class:`IterationChecker` asserts per-iteration limits
+(token budget, running count, KV capacity) and is attached with ``run_engine(..., check=...)``.
+"""
+
+from .kit import IterationChecker, check_run, compare_runs, run_engine
+from .strategies import requests_lists
+
+__all__ = ["IterationChecker", "check_run", "compare_runs", "requests_lists", "run_engine"]

@@ -1,0 +1,137 @@
+"""Running plugins directly (without TOML) and checking what every correct run satisfies."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..engine.driver import simulate
+from ..engine.instance import Instance
+from ..engine.recorder import Recorder
+from ..engine.reference import ReferenceEngine
+from ..results import RunResult
+
+
+class IterationChecker:
+    """An observer asserting per-iteration limits (attach with ``run_engine(check=...)``).
+
+    It sees every iteration, so the fast engine runs step by step while it is attached.
+    """
+
+    def __init__(self, *, max_running: int | None = None, token_budget: int | None = None,
+                 kv_blocks: int | None = None):
+        self.max_running = max_running
+        self.token_budget = token_budget
+        self.kv_blocks = kv_blocks
+        self.iterations = 0
+
+    def __call__(self, instance: int, record) -> None:
+        self.iterations += 1
+        b = record.batch
+        if self.max_running is not None:
+            assert record.running <= self.max_running, f"{record.running} running > {self.max_running}"
+        if self.token_budget is not None:
+            assert b.num_batched_tokens <= self.token_budget, f"{b.num_batched_tokens} tokens > budget {self.token_budget}"
+        if self.kv_blocks is not None:
+            assert 0 <= record.kv_used_blocks <= self.kv_blocks, f"{record.kv_used_blocks} KV blocks > {self.kv_blocks}"
+        assert record.duration_ms > 0
+
+
+def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_blocks: int = 4096,
+               block_size: int = 16, engine: str = "fast", check: IterationChecker | None = None,
+               workload=None, name: str = "test") -> RunResult:
+    """Simulate ``requests`` on one instance built from plugin objects; return the RunResult.
+
+    Defaults: the linear cost model (seed 001's costs) and a paged KV cache of ``kv_blocks``.
+    """
+    from schedlab_plugins.cost_models import LinearCostModel
+    from schedlab_plugins.kv_caches import PagedKVCache
+
+    cost_model = cost_model if cost_model is not None else LinearCostModel()
+    kv = kv if kv is not None else PagedKVCache(kv_blocks, block_size)
+    rec = Recorder()
+    if engine == "reference":
+        if check is not None:
+            raise ValueError("the reference engine takes no observer")
+        sim = ReferenceEngine(scheduler, cost_model, kv, rec)
+        sim.run(list(requests), workload=workload)
+    else:
+        sim = Instance(0, scheduler, cost_model, kv, rec, observer=check)
+        simulate(list(requests), [sim], workload=workload)
+    meta = {"slots": getattr(scheduler, "slots", None), "num_blocks": kv.num_blocks, "instances": 1,
+            "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
+                                     request_cost=getattr(cost_model, "request_cost", None))
+    result.meta["kv"] = kv
+    return result
+
+
+def check_run(result: RunResult, requests: Sequence, *, max_running: int | None = None,
+              kv_blocks: int | None = None) -> None:
+    """Assert conservation, capacity and causality for a finished run.
+
+    * every request appears exactly once: finished with exactly ``target_tokens`` tokens, or
+      rejected with a reason;
+    * the running count and KV blocks never exceeded their limits (peaks);
+    * arrival <= first scheduled <= first token <= finish, and the first token comes no
+      earlier than the end of an iteration that started after arrival;
+    * the KV cache is empty at the end and its own invariants hold.
+    """
+    req = result.requests
+    ids = req["id"]
+    assert sorted(ids.tolist()) == sorted(r.id for r in requests), "requests lost or duplicated"
+    by_id = {r.id: r for r in requests}
+    for i, rid in enumerate(ids.tolist()):
+        r = by_id[rid]
+        if req["rejected"][i]:
+            assert result.rejections.get(rid), f"request {rid} rejected without a reason"
+            continue
+        assert req["generated_tokens"][i] == r.target_tokens, (
+            f"request {rid} generated {req['generated_tokens'][i]} tokens, expected {r.target_tokens}")
+        a, s, f, e = (req["arrival_ms"][i], req["first_scheduled_ms"][i], req["first_token_ms"][i],
+                      req["finish_ms"][i])
+        assert a == r.arrival_ms
+        assert a <= s < f <= e, f"request {rid}: causality broken (arrival {a}, scheduled {s}, first {f}, finish {e})"
+    c = result.counters
+    if max_running is not None:
+        assert c["peak_running"] <= max_running, f"peak running {c['peak_running']} > {max_running}"
+    if kv_blocks is not None:
+        assert c["kv_peak_blocks"] <= kv_blocks, f"peak KV blocks {c['kv_peak_blocks']} > {kv_blocks}"
+    finished = req["rejected"] == 0
+    assert c["generated_tokens"] == int(req["generated_tokens"][finished].sum())
+    kv = result.meta.get("kv")
+    if kv is not None:
+        assert kv.num_used_blocks() == 0, f"{kv.num_used_blocks()} KV blocks still held after the run"
+        kv.check_invariants()
+
+
+def compare_runs(a: RunResult, b: RunResult, *, rel: float = 1e-9) -> None:
+    """Assert two runs agree: per-request timestamps and counts, counters and metrics."""
+    for col, x in a.requests.items():
+        y = b.requests[col]
+        if x.dtype == object:
+            assert x.tolist() == y.tolist(), col
+        elif x.dtype.kind == "f":
+            assert np.allclose(x, y, rtol=rel, atol=1e-9, equal_nan=True), (
+                f"{col} differs: {x.tolist()} vs {y.tolist()}")
+        else:
+            assert np.array_equal(x, y), f"{col} differs: {x.tolist()} vs {y.tolist()}"
+    assert a.rejections == b.rejections
+    _close(a.counters, b.counters, rel, "counters")
+    _close(a.metrics, b.metrics, rel, "metrics")
+
+
+def _close(x: Any, y: Any, rel: float, path: str) -> None:
+    if isinstance(x, dict):
+        assert set(x) == set(y), f"{path}: keys differ"
+        for k in x:
+            _close(x[k], y[k], rel, f"{path}.{k}")
+    elif isinstance(x, float) or isinstance(y, float):
+        if math.isnan(x) or math.isnan(y):
+            assert math.isnan(x) and math.isnan(y), f"{path}: {x} vs {y}"
+        else:
+            assert math.isclose(x, y, rel_tol=rel, abs_tol=1e-9), f"{path}: {x} vs {y}"
+    else:
+        assert x == y, f"{path}: {x} vs {y}"

@@ -1,0 +1,106 @@
+"""The fast engine against the step-by-step reference engine.
+
+Both run the same plugins on the same requests; per-request timestamps, counters and run
+metrics must agree. Costs and arrival times are dyadic (multiples of 1/64 ms), so both
+engines' clocks are exact and even ties between arrivals and iteration boundaries resolve
+the same way -- the comparison is strict.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.testing import check_run, compare_runs, requests_lists, run_engine
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def linear_costs(draw):
+    return LinearConfig(
+        prefill_ms_per_token=draw(st.sampled_from([0.0625, 0.125, 0.5])),
+        decode_ms_per_step=draw(st.sampled_from([4.0, 8.0])),
+        per_seq_ms=draw(st.sampled_from([0.0, 0.25])),
+        per_context_token_ms=draw(st.sampled_from([0.0, 2.0 ** -6])),
+    )
+
+
+@st.composite
+def continuous_configs(draw):
+    max_seqs = draw(st.integers(1, 6))
+    allocation = draw(st.sampled_from(["reserve", "grow"]))
+    preemption = draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute"
+    return ContinuousConfig(
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 160)),
+        chunked_prefill=draw(st.booleans()),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5, 17])),
+        allocation=allocation,
+        preemption=preemption,
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
+        prefill_first=draw(st.booleans()),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        priority_preemption=draw(st.booleans()),
+    )
+
+
+@st.composite
+def setups(draw):
+    requests = draw(requests_lists(max_size=10, priorities=True))
+    if draw(st.booleans()):
+        make = lambda: StaticScheduler(StaticConfig(batch_size=draw_batch))  # noqa: E731
+        draw_batch = draw(st.integers(1, 5))
+    else:
+        cfg = draw(continuous_configs())
+        make = lambda: ContinuousScheduler(cfg)  # noqa: E731
+    cost = draw(linear_costs())
+    block_size = draw(st.integers(1, 8))
+    num_blocks = draw(st.integers(4, 60))
+    swap = draw(st.sampled_from([0, 8, 64]))
+    return requests, make, cost, block_size, num_blocks, swap
+
+
+def _run(requests, make, cost, block_size, num_blocks, swap, engine):
+    kv = PagedKVCache(num_blocks, block_size, swap_blocks=swap, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3)
+    return run_engine(requests, make(), LinearCostModel(cost), kv, engine=engine)
+
+
+@SETTINGS
+@given(setups())
+def test_fast_engine_matches_reference(setup):
+    fast = _run(*setup, engine="fast")
+    ref = _run(*setup, engine="reference")
+    compare_runs(fast, ref, rel=1e-12)
+    check_run(fast, setup[0], kv_blocks=setup[4])
+
+
+@SETTINGS
+@given(requests_lists(max_size=8, max_output=300, all_at_zero=False), st.integers(1, 8), linear_costs())
+def test_long_decode_runs_match_reference(requests, max_seqs, cost):
+    """Long outputs make long bulk runs, with KV growth inside them."""
+    make = lambda: ContinuousScheduler(ContinuousConfig(max_num_seqs=max_seqs, allocation="grow"))  # noqa: E731
+    fast = _run(requests, make, cost, 4, 200, 0, "fast")
+    ref = _run(requests, make, cost, 4, 200, 0, "reference")
+    compare_runs(fast, ref, rel=1e-12)
+
+
+@SETTINGS
+@given(requests_lists(min_size=2, max_size=10, max_prompt=24, max_output=60, priorities=True),
+       st.integers(2, 6), st.sampled_from(["recompute", "swap"]), st.integers(1, 4), st.integers(0, 12),
+       st.sampled_from([0, 6, 40]), st.booleans(), st.sampled_from(["fcfs", "priority"]), linear_costs())
+def test_memory_pressure_runs_match_reference(requests, max_seqs, preemption, block_size, spare, swap,
+                                              chunked, policy, cost):
+    """A cache just big enough for the largest request: preemptions and swaps are common."""
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens - 1) // block_size) for r in requests)
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=64, allocation="grow",
+                           preemption=preemption, chunked_prefill=chunked, policy=policy)
+    make = lambda: ContinuousScheduler(cfg)  # noqa: E731
+    fast = _run(requests, make, cost, block_size, need + spare, swap, "fast")
+    ref = _run(requests, make, cost, block_size, need + spare, swap, "reference")
+    compare_runs(fast, ref, rel=1e-12)
+    check_run(fast, requests, max_running=max_seqs, kv_blocks=need + spare)
+    assert fast.metrics["rejected"] == 0
