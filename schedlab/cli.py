@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, load_catalog
-from .configs import field_help
+from .configs import field_help, from_table
 from .errors import SchedlabError
 from .simulation import build_component
 
@@ -65,7 +65,8 @@ def cmd_plot(args) -> int:
     results = load_results(args.dir)
     catalog = load_catalog()
     entry = catalog["report"].get("plots")
-    report = entry.factory(entry.config()) if entry.config else entry.factory()
+    table = results.settings.get("reports", {}).get("plots", {})
+    report = entry.factory(from_table(entry.config, table, where=f"{args.dir}/summary.json: [reports.plots]"))
     written = report.write(results, Path(args.dir))
     print(f"schedlab: {len(written)} plots written to {args.dir}", file=sys.stderr)
     return 0

@@ -95,6 +95,7 @@ def _search_json(outcome) -> dict | None:
         "value": jsonable(outcome.value),
         "failing": jsonable(outcome.failing),
         "message": outcome.message,
+        "run": outcome.payload.name if outcome.payload is not None else None,
         "probes": [{"value": jsonable(p.value), "holds": bool(p.holds), "run": p.payload.name} for p in outcome.probes],
     }
 
@@ -103,6 +104,7 @@ def summary_dict(results: ExperimentResults) -> dict:
     return {
         "experiment": results.name,
         "source": results.source,
+        "reports": jsonable(results.settings.get("reports", {})),
         "studies": [
             {
                 "name": s.name, "kind": s.kind, "keys": list(s.keys), "constraint": s.constraint,
@@ -238,7 +240,8 @@ def load(out_dir: str | os.PathLike) -> ExperimentResults:
         if s.get("search"):
             outcome = _SavedSearch.from_json(s["search"], {r.name: r for r in runs})
         studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", "")))
-    return ExperimentResults(summary["experiment"], summary.get("source", ""), studies, {})
+    return ExperimentResults(summary["experiment"], summary.get("source", ""), studies,
+                             {"reports": summary.get("reports", {})})
 
 
 def _restore_nan(value):
@@ -265,11 +268,13 @@ class _SavedSearch:
     failing: Any
     message: str
     probes: tuple
+    payload: Any = None
 
     @classmethod
     def from_json(cls, data: dict, runs: dict[str, RunResult]) -> "_SavedSearch":
         probes = tuple(_SavedProbe(p["value"], p["holds"], runs.get(p["run"])) for p in data["probes"])
-        return cls(data["status"], data["value"], data["failing"], data["message"], probes)
+        return cls(data["status"], data["value"], data["failing"], data["message"], probes,
+                   runs.get(data.get("run")))
 
 
 def latencies(run: RunResult) -> dict[str, np.ndarray]:

@@ -1,0 +1,153 @@
+"""Shared pieces of the plots: headless figures, metric lookup, units, axis scales, number text.
+
+Figures are plain :class:`matplotlib.figure.Figure` objects drawn on an Agg canvas: no pyplot,
+so no global figure state and no display is ever needed. Style is set per artist, never
+through ``rcParams``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+LINESTYLES = ("-", "--", ":", "-.")
+TITLE_SIZE = 12
+
+
+def new_figure(width: float, height: float, dpi: int) -> Figure:
+    """A figure with constrained layout on its own Agg canvas."""
+    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def line_style(i: int) -> dict[str, Any]:
+    """Colour and dash for the i-th line: ten colours, then the colours again dashed, and so on."""
+    return {"color": COLORS[i % len(COLORS)], "linestyle": LINESTYLES[(i // len(COLORS)) % len(LINESTYLES)]}
+
+
+def metric_value(metrics: dict, name: str) -> float | None:
+    """A dotted metric (``ttft_ms.p99``) as a float; None when absent, NaN when not a number."""
+    node: Any = metrics
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if node is None or isinstance(node, bool) or not isinstance(node, (int, float, np.integer, np.floating)):
+        return math.nan
+    return float(node)
+
+
+_FRACTIONS = ("utilisation", "utilization", "usage", "hit_rate", "attainment", "share", "time_above")
+_COUNTS = {"avg_queue": "requests waiting", "avg_running": "sequences running", "peak_running": "sequences",
+           "peak_waiting": "requests", "requests": "requests", "finished": "requests", "rejected": "requests",
+           "met": "requests", "num_preemptions": "count", "iterations": "count", "generated_tokens": "tokens",
+           "recomputed_tokens": "tokens", "queries": "tokens", "hits": "tokens"}
+
+
+def metric_unit(name: str) -> str:
+    """The unit of a dotted metric name, from the naming conventions of schedlab.metrics ('' if unknown)."""
+    parts = name.split(".")
+    for part in reversed(parts):
+        if part.endswith("_ms"):
+            return "ms"
+        if part.endswith("_tps"):
+            return "tokens/s"
+        if part.endswith("_rps"):
+            return "requests/s"
+        if part.endswith("_bytes"):
+            return "bytes"
+        if any(word in part for word in _FRACTIONS):
+            return "fraction"
+    if parts[0] == "kv_usage":
+        return "fraction"
+    return _COUNTS.get(parts[-1], _COUNTS.get(parts[0], ""))
+
+
+def metric_label(name: str) -> str:
+    """``ttft_ms.p99 (ms)``: an axis label with the unit."""
+    unit = metric_unit(name)
+    return f"{name} ({unit})" if unit else name
+
+
+def fmt_number(value: float | None) -> str:
+    """Short text for a number in titles ('-' for missing or NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if float(value).is_integer() and abs(value) < 1e9:
+        return f"{int(value):,}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def fmt_percent(value: float | None) -> str:
+    """A fraction as a percentage ('-' for missing or NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * value:.0f}%"
+
+
+def wide_positive_range(values, ratio: float = 10.0) -> bool:
+    """True when every value is finite and > 0 and max/min >= ratio: a log axis reads better."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    arr = arr[np.isfinite(arr)]
+    if arr.size < 2 or (arr <= 0).any():
+        return False
+    return float(arr.max()) / float(arr.min()) >= ratio
+
+
+def use_log_scale(ax, which: str, values) -> None:
+    """Put the ``which`` ("x" or "y") axis of ``ax`` on a log scale with plain-number ticks.
+
+    Ticks at 1, 2, 5 x 10^k for up to three decades of ``values``, at powers of ten beyond.
+    """
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr) & (arr > 0)]
+    decades = math.log10(arr.max() / arr.min()) if arr.size else 0.0
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(tick_text))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def tick_text(value: float, _pos=None) -> str:
+    """Compact tick labels: 5, 0.2, 2000, 10k, 1.5M."""
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:g}M"
+    if abs(value) >= 1e4:
+        return f"{value / 1e3:g}k"
+    return f"{value:g}"
+
+
+def prefers_log_axis(values) -> bool:
+    """Positive values that span a factor of 10, or that are spaced evenly by ratio rather
+    than by difference (5, 10, 20, 40): a log axis reads better."""
+    arr = np.unique(np.asarray([v for v in values if v is not None], dtype=float))
+    arr = arr[np.isfinite(arr)]
+    if arr.size < 2 or (arr <= 0).any():
+        return False
+    if arr.max() / arr.min() >= 10:
+        return True
+    if arr.size < 3 or arr.max() / arr.min() < 3:
+        return False
+    steps, ratios = np.diff(arr), np.diff(np.log(arr))
+    return float(ratios.std() / ratios.mean()) < float(steps.std() / steps.mean())
+
+
+def note(ax, text: str) -> None:
+    """Grey centred text in an empty panel (e.g. 'no finished requests')."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.45", fontsize=10)
+
+
+def titles(fig: Figure, title: str, subtitle: str = "") -> None:
+    """Figure title, with an optional second line (headline numbers, a search's outcome)."""
+    fig.suptitle(title + (f"\n{subtitle}" if subtitle else ""), fontsize=TITLE_SIZE)

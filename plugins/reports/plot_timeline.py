@@ -1,0 +1,124 @@
+"""A run's timeline: running sequences, waiting requests and KV usage over time.
+
+Three stacked panels share the time axis (seconds). Lines are steps: each timeline sample is
+the state during the iteration starting at its time, so it holds until the next sample. The
+last sample of an instance is held until that instance's last request finished, so the final
+iteration (or bulk decode run) keeps its width. KV usage is the fraction of an instance's
+blocks in use; the run's cumulative preemptions are a second (red) axis on the KV panel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from .plot_common import fmt_number, fmt_percent, line_style, metric_value, new_figure, titles
+
+PREEMPTION_COLOR = "#d62728"
+HIGH_WATER = 0.9
+
+
+def has_timeline(run) -> bool:
+    """True when the run recorded timeline samples (``[experiment] timeline = true``)."""
+    return run.timeline.get("time_ms", np.empty(0)).size > 0
+
+
+def _blocks_per_instance(run) -> float | None:
+    blocks = run.meta.get("num_blocks")
+    instances = run.meta.get("instances") or 1
+    if not isinstance(blocks, (int, float)) or not blocks or blocks != blocks:
+        return None
+    return float(blocks) / float(instances)
+
+
+def instance_series(run) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """Per instance (in instance order): time (s), running, waiting and KV (fraction, or blocks
+    when the run's block count is unknown), with the closing point described in the module doc."""
+    t = run.timeline
+    per_instance = _blocks_per_instance(run)
+    finished = run.requests["rejected"] == 0
+    out = []
+    for inst in np.unique(t["instance"]):
+        sel = t["instance"] == inst
+        order = np.argsort(t["time_ms"][sel], kind="stable")
+        time_ms = t["time_ms"][sel][order]
+        cols = {name: t[name][sel][order] for name in ("running", "waiting", "kv_used")}
+        mine = finished & (run.requests["instance"] == int(inst))
+        end = float(run.requests["finish_ms"][mine].max()) if mine.any() else float(time_ms[-1])
+        if end > time_ms[-1]:
+            time_ms = np.append(time_ms, end)
+            cols = {name: np.append(v, v[-1]) for name, v in cols.items()}
+        if per_instance:
+            cols["kv_used"] = cols["kv_used"] / per_instance
+        out.append((int(inst), {"time_s": time_ms / 1e3, **cols}))
+    return out
+
+
+def preemption_steps(run) -> tuple[np.ndarray, np.ndarray]:
+    """Times (s) and the cumulative preemption count, at the samples where the count rose
+    (plus the first sample), in time order."""
+    t = run.timeline
+    order = np.argsort(t["time_ms"], kind="stable")
+    time_s = t["time_ms"][order] / 1e3
+    count = np.maximum.accumulate(t["preemptions"][order])
+    rose = np.concatenate(([True], np.diff(count) > 0))
+    return time_s[rose], count[rose]
+
+
+def headline(run) -> str:
+    """The run's preemption and KV numbers as one line of text."""
+    m = run.metrics
+    return (f"preemptions {fmt_number(metric_value(m, 'num_preemptions'))}  ·  "
+            f"peak KV {fmt_percent(metric_value(m, 'kv_usage.peak'))}  ·  "
+            f"KV > 90% for {fmt_percent(metric_value(m, 'kv_usage.time_above_90'))} of the run  ·  "
+            f"finished {fmt_number(metric_value(m, 'finished'))}/{fmt_number(metric_value(m, 'requests'))}")
+
+
+def timeline_figure(run, dpi: int) -> Figure:
+    """Running / waiting / KV usage panels for one run (which must have a timeline)."""
+    series = instance_series(run)
+    several = len(series) > 1
+    fig = new_figure(10.0, 7.6, dpi)
+    ax_run, ax_wait, ax_kv = fig.subplots(3, 1, sharex=True)
+    fractions = _blocks_per_instance(run) is not None
+    for k, (inst, s) in enumerate(series):
+        style = line_style(k)
+        label = f"instance {inst}" if several else run.name
+        for ax, column in ((ax_run, "running"), (ax_wait, "waiting"), (ax_kv, "kv_used")):
+            (line,) = ax.plot(s["time_s"], s[column], drawstyle="steps-post", linewidth=1.2, label=label, **style)
+            line.set_gid(f"timeline:{column}:{inst}")
+    ax_run.set_ylabel("running\n(sequences)")
+    ax_wait.set_ylabel("waiting\n(requests)")
+    for ax, column in ((ax_run, "running"), (ax_wait, "waiting")):
+        top = max(float(s[column].max()) for _, s in series)
+        ax.set_ylim(0, max(1.0, top * 1.06))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if fractions:
+        ax_kv.set_ylabel("KV usage\n(fraction of blocks)")
+        ax_kv.set_ylim(0, 1.05)
+        ax_kv.axhline(HIGH_WATER, color="0.5", linewidth=0.8, linestyle="--", zorder=0)
+    else:
+        ax_kv.set_ylabel("KV in use\n(blocks)")
+        ax_kv.set_ylim(bottom=0)
+    ax_kv.set_xlabel("time (s)")
+    for ax in (ax_run, ax_wait, ax_kv):
+        ax.grid(True, alpha=0.3)
+        ax.margins(x=0.01)
+    times, counts = preemption_steps(run)
+    if counts.size and counts[-1] > 0:
+        ax_pre = ax_kv.twinx()
+        end = max(float(s["time_s"][-1]) for _, s in series)
+        x, y = np.append(times, max(end, float(times[-1]))), np.append(counts, counts[-1])
+        (line,) = ax_pre.plot(x, y, drawstyle="steps-post", color=PREEMPTION_COLOR, linewidth=1.0,
+                              alpha=0.8, label="preemptions (cumulative)")
+        line.set_gid("timeline:preemptions")
+        ax_pre.set_ylabel("preemptions\n(cumulative)", color=PREEMPTION_COLOR)
+        ax_pre.tick_params(axis="y", colors=PREEMPTION_COLOR)
+        ax_pre.set_ylim(0, float(counts[-1]) * 1.06)
+        ax_pre.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if several:
+        handles, labels = ax_run.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8), frameon=False)
+    titles(fig, f"timeline: {run.name}", headline(run))
+    return fig

@@ -1,0 +1,166 @@
+"""The ``plots`` report: PNG figures in ``<out>/plots/``, from fresh or saved results.
+
+``schedlab run`` writes them after the runs; ``schedlab plot DIR`` redraws them from the files
+of the ``json`` report (:func:`schedlab.results_io.load`). Both go through :func:`plan`, so
+they write the same files with the same data. Figures, in this order:
+
+* ``latency_cdf.png`` -- TTFT/TPOT/e2e CDFs of every single run (study kind "run") together;
+* ``latency_cdf_<sweep>.png`` -- the same for each sweep of at most ``cdf_max_lines`` points;
+* ``sweep_<sweep>.png`` -- ``sweep_metrics`` against the swept key, for each sweep;
+* ``search_<search>.png`` -- each search's probes, threshold and chosen value;
+* ``timeline_<run>.png`` -- running/waiting/KV over time, for at most ``max_timelines`` runs
+  with a timeline, chosen in this order: every single run (file order); then each search's
+  chosen run and its closest failing run; then sweep points in sweep and point order.
+
+File names keep letters, digits, ``.``, ``_`` and ``-``: every other run of characters
+becomes ``_``, together with any dots or dashes next to it, and none is left at either end
+(``queue[rate=5]`` -> ``queue_rate_5``, ``path=../a/b.json`` -> ``path_a_b.json``); long names
+are cut and given a short hash; a name already used (ignoring case) gets ``-2``, ``-3``, ...
+Each PNG is rendered in memory and written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from pathlib import Path
+from typing import Callable
+
+import attrs
+from matplotlib.figure import Figure
+
+from schedlab.configs import int_field, list_field
+from schedlab.results_io import atomic_write
+
+from .plot_config import PlotsConfig
+from .plot_cdf import latency_cdf_figure
+from .plot_search import search_figure
+from .plot_sweep import sweep_figure
+from .plot_timeline import has_timeline, timeline_figure
+
+FOLDER = "plots"
+MAX_STEM = 80
+@attrs.frozen
+class PlannedFigure:
+    """One PNG to write: its file name (inside plots/) and how to draw it (None: nothing to draw)."""
+
+    filename: str
+    draw: Callable[[], Figure | None]
+
+
+def safe_stem(name: str) -> str:
+    """A file-name-safe form of a study or run name (see the module doc)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    stem = re.sub(r"[._-]*_[._-]*", "_", stem).strip("._-") or "run"
+    if len(stem) > MAX_STEM:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        stem = f"{stem[:MAX_STEM - 9].rstrip('._-')}-{digest}"
+    return stem
+
+
+def timeline_runs(results, limit: int) -> list:
+    """The runs that get a timeline figure, in drawing order (see the module doc)."""
+    chosen: list = []
+    seen: set[int] = set()
+
+    def add(run) -> None:
+        if run is not None and id(run) not in seen and has_timeline(run):
+            seen.add(id(run))
+            chosen.append(run)
+
+    for study in results.studies:
+        if study.kind == "run":
+            for run in study.runs:
+                add(run)
+    for study in results.studies:
+        if study.kind == "search" and study.search is not None:
+            for value in (study.search.value, study.search.failing):
+                add(_probe_run(study.search, value))
+    for study in results.studies:
+        if study.kind == "sweep":
+            for run in study.runs:
+                add(run)
+    return chosen[:limit]
+
+
+def _probe_run(outcome, value):
+    if value is None:
+        return None
+    for probe in outcome.probes:
+        if probe.value == value and probe.payload is not None:
+            return probe.payload
+    return None
+
+
+def plan(results, config: PlotsConfig | None = None) -> list[PlannedFigure]:
+    """Every figure the report writes for ``results``, in order, with unique safe file names."""
+    config = config or PlotsConfig()
+    dpi = config.dpi
+    items: list[tuple[str, Callable[[], Figure | None]]] = []
+    singles = [run for study in results.studies if study.kind == "run" for run in study.runs]
+    if singles:
+        items.append(("latency_cdf", lambda: latency_cdf_figure(singles, f"latency CDFs: {results.name}", dpi)))
+    for study in results.studies:
+        if study.kind != "sweep" or not study.runs:
+            continue
+        if len(study.runs) <= config.cdf_max_lines:
+            items.append((f"latency_cdf_{safe_stem(study.name)}", _bind(_sweep_cdf, study, dpi)))
+        items.append((f"sweep_{safe_stem(study.name)}", _bind(sweep_figure, study, config.sweep_metrics, dpi)))
+    for study in results.studies:
+        if study.kind == "search" and study.search is not None:
+            items.append((f"search_{safe_stem(study.name)}", _bind(search_figure, study, dpi)))
+    for run in timeline_runs(results, config.max_timelines):
+        items.append((f"timeline_{safe_stem(run.name)}", _bind(timeline_figure, run, dpi)))
+    used: set[str] = set()
+    planned = []
+    for stem, draw in items:
+        unique, n = stem, 1
+        while unique.lower() in used:  # case-insensitive file systems too
+            n += 1
+            unique = f"{stem}-{n}"
+        used.add(unique.lower())
+        planned.append(PlannedFigure(f"{unique}.png", draw))
+    return planned
+
+
+def _bind(fn, *args):
+    return lambda: fn(*args)
+
+
+def _sweep_cdf(study, dpi: int) -> Figure:
+    labels = [_point_part(run.name, study.name) for run in study.runs]
+    return latency_cdf_figure(study.runs, f"latency CDFs: sweep {study.name}", dpi, labels=labels)
+
+
+def _point_part(run_name: str, study_name: str) -> str:
+    """``queue[rate=5]`` in study ``queue`` -> ``rate=5`` (legend text)."""
+    if run_name.startswith(study_name + "[") and run_name.endswith("]"):
+        return run_name[len(study_name) + 1:-1]
+    return run_name
+
+
+def png_bytes(fig: Figure, dpi: int) -> bytes:
+    """The figure as PNG bytes."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    return buf.getvalue()
+
+
+class PlotsReport:
+    """Writes the PNG figures listed in the module doc into ``<out_dir>/plots/``."""
+
+    def __init__(self, config: PlotsConfig | None = None):
+        self.config = config or PlotsConfig()
+
+    def write(self, results, out_dir) -> list[Path]:
+        folder = Path(out_dir) / FOLDER
+        written = []
+        for item in plan(results, self.config):
+            fig = item.draw()
+            if fig is None:
+                continue
+            path = folder / item.filename
+            atomic_write(path, png_bytes(fig, self.config.dpi))
+            written.append(path)
+        return written
