@@ -117,7 +117,7 @@ def _read_toml(path: Path) -> dict:
 def _check_keys(table: dict, allowed: tuple, where: str) -> None:
     for key in table:
         if key not in allowed:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(allowed)}")
+            raise ConfigError(f"{where.rstrip(':')}: unknown key {key!r}; valid keys: {', '.join(allowed)}")
 
 
 def _custom_presets(raw: dict, source: str) -> dict:
@@ -170,10 +170,10 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             name = config.name or path.stem
         else:
             name = f"run{i + 1}"
-        where = f"{source}: [[runs]] {name!r}" if raw.get("runs") else f"{source}"
+        where = f"{source}: [[runs]] {name!r}" if raw.get("runs") else f"{source}:"
         _check_keys(entry, RUN_KEYS, where)
         if name in names:
-            raise ConfigError(f"{where}: two runs are named {name!r}")
+            raise ConfigError(f"{where.rstrip(':')}: two runs are named {name!r}")
         names.add(name)
         tables = dict(defaults)
         for key in RUN_TABLES:
@@ -191,7 +191,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         sweep_table = entry.get("sweep", raw.get("sweep"))
         search_table = entry.get("search", raw.get("search"))
         if sweep_table is not None and search_table is not None:
-            raise ConfigError(f"{where}: a run can have a sweep or a search, not both")
+            raise ConfigError(f"{where.rstrip(':')}: a run can have a sweep or a search, not both")
         sweep = expand_grid(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
         search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
                       if search_table is not None else None)

@@ -121,10 +121,10 @@ def assemble(spec: RunSpec, ctx: Context, where: str) -> Assembled:
     """Build every plugin object of a run (also how ``schedlab validate`` checks a file)."""
     tables = _tables_with_defaults(spec.tables)
     if "workload" not in tables:
-        raise ConfigError(f"{where}: no [workload] table; registered workloads: "
+        raise ConfigError(f"{where.rstrip(':')}: no [workload] table; registered workloads: "
                           f"{', '.join(ctx.catalog['workload'].names())}")
     if spec.engine not in ENGINES:
-        raise ConfigError(f"{where}: engine must be one of {', '.join(ENGINES)}, got {spec.engine!r}")
+        raise ConfigError(f"{where.rstrip(':')}: engine must be one of {', '.join(ENGINES)}, got {spec.engine!r}")
     cluster = from_table(ClusterConfig, tables.get("cluster", {}), where=f"{where} [cluster]")
     slo = from_table(SloConfig, tables["slo"], where=f"{where} [slo]") if "slo" in tables else None
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")

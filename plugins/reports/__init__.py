@@ -2,11 +2,24 @@
 
 import schedlab
 
+from .lab import LabConfig, LabReport
+from .plot_config import PlotsConfig
 from .store import JsonReport
 from .table import TableConfig, TableReport
+
+
+def _plots_report(config=None):
+    """The plots report; matplotlib is imported only when plots are drawn."""
+    from .plots import PlotsReport
+
+    return PlotsReport(config)
 
 
 @schedlab.hookimpl
 def schedlab_register_reports(register):
     register("table", TableReport, config=TableConfig, help="summary table on stdout and in summary.txt")
     register("json", JsonReport, help="summary.json/.csv, requests.csv, timeline.csv and the resolved config")
+    register("plots", _plots_report, config=PlotsConfig,
+             help="PNG figures in plots/: latency CDFs, timelines, sweep metrics, search probes")
+    register("lab", LabReport, config=LabConfig,
+             help="seed 001's artifacts: static.txt, compare.txt, maxseqs.txt, queue.csv, cost.txt, tune.txt")

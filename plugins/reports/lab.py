@@ -1,0 +1,110 @@
+"""The ``lab`` report: seed 001's six artifacts, in exactly the seed's formats.
+
+* ``static.txt``  -- ``total_steps=<n> throughput_tps=<x> slot_util=<0..1>``
+* ``compare.txt`` -- ``static_tps=<x> continuous_tps=<x> speedup=<x>``
+* ``maxseqs.txt`` -- ``max_num_seqs=<n> peak_running=<n>``
+* ``queue.csv``   -- ``rps,avg_queue,p99_wait_ms``, one row per swept arrival rate
+* ``cost.txt``    -- ``total_prefill_ms=<x> total_decode_ms=<x> decode_share=<0..1>``
+* ``tune.txt``    -- ``target_ttft_ms=<x> max_concurrency=<n> throughput_at_target=<x>``
+
+Each artifact names the study it is read from (settings below); an artifact whose study is
+missing is skipped with a note, so the report also serves partial labs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import attrs
+
+from schedlab.configs import str_field
+from schedlab.errors import ConfigError
+from schedlab.results_io import atomic_write
+from schedlab.search import parse_constraint
+
+
+@attrs.frozen
+class LabConfig:
+    static: str = str_field("static", help="study with the static-batching run (steps 1-2)")
+    continuous: str = str_field("continuous", help="study with the continuous-batching run (steps 3-5)")
+    queue: str = str_field("queue", help="sweep over workload.rate (step 6)")
+    cost: str = str_field("continuous", help="run whose requests the cost split uses (step 7)")
+    tune: str = str_field("tune", help="search for the largest concurrency meeting the TTFT target (step 8)")
+    rate_key: str = str_field("workload.rate", help="the swept key that holds requests per second")
+
+
+def _num(x: float) -> str:
+    """Numbers as the seed writes them: integers bare, others with up to 4 decimals."""
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:.4f}".rstrip("0").rstrip(".")
+
+
+def _run(results, name: str):
+    study = results.study(name)
+    if len(study.runs) != 1:
+        raise ConfigError(f"lab report: study {name!r} must be a single run, it has {len(study.runs)}")
+    return study.runs[0]
+
+
+class LabReport:
+    """Writes the seed lab's artifacts from the studies named in its settings."""
+
+    def __init__(self, config: LabConfig | None = None):
+        self.config = config or LabConfig()
+
+    def artifacts(self, results) -> dict[str, str]:
+        """File name -> contents, for every artifact whose studies exist."""
+        c = self.config
+        names = {s.name for s in results.studies}
+        out: dict[str, str] = {}
+        if c.static in names:
+            m = _run(results, c.static).metrics
+            out["static.txt"] = (f"total_steps={m['iterations']} throughput_tps={_num(m['throughput_tps'])} "
+                                 f"slot_util={_num(m['slot_utilisation'])}\n")
+        if c.static in names and c.continuous in names:
+            s_tps = _run(results, c.static).metrics["throughput_tps"]
+            c_tps = _run(results, c.continuous).metrics["throughput_tps"]
+            out["compare.txt"] = (f"static_tps={_num(s_tps)} continuous_tps={_num(c_tps)} "
+                                  f"speedup={_num(c_tps / s_tps)}\n")
+        if c.continuous in names:
+            run = _run(results, c.continuous)
+            seqs = run.settings.get("scheduler", {}).get("max_num_seqs", run.meta.get("slots"))
+            out["maxseqs.txt"] = f"max_num_seqs={seqs} peak_running={run.metrics['peak_running']}\n"
+        if c.queue in names:
+            rows = ["rps,avg_queue,p99_wait_ms"]
+            for run in results.study(c.queue).runs:
+                m = run.metrics
+                rows.append(f"{_num(run.point[c.rate_key])},{_num(m['avg_queue'])},{_num(m['queue_ms']['p99'])}")
+            out["queue.csv"] = "\n".join(rows) + "\n"
+        if c.cost in names:
+            cost = _run(results, c.cost).metrics["cost"]
+            if "total_prefill_ms" in cost:
+                out["cost.txt"] = (f"total_prefill_ms={_num(cost['total_prefill_ms'])} "
+                                   f"total_decode_ms={_num(cost['total_decode_ms'])} "
+                                   f"decode_share={_num(cost['decode_share'])}\n")
+        if c.tune in names:
+            study = results.study(c.tune)
+            if study.search is not None:
+                target = parse_constraint(study.constraint).threshold
+                found = study.search.value
+                if found is None:
+                    out["tune.txt"] = f"target_ttft_ms={_num(target)} max_concurrency=0 throughput_at_target=0\n"
+                else:
+                    tps = study.search.payload.metrics["throughput_tps"]
+                    out["tune.txt"] = (f"target_ttft_ms={_num(target)} max_concurrency={_num(found)} "
+                                       f"throughput_at_target={_num(tps)}\n")
+        return out
+
+    def write(self, results, out_dir) -> list[Path]:
+        written = []
+        artifacts = self.artifacts(results)
+        for name, text in artifacts.items():
+            path = Path(out_dir) / name
+            atomic_write(path, text)
+            written.append(path)
+        missing = {"static.txt", "compare.txt", "maxseqs.txt", "queue.csv", "cost.txt", "tune.txt"} - set(artifacts)
+        if missing:
+            print(f"schedlab: lab report: no study for {', '.join(sorted(missing))}", file=sys.stderr)
+        return written
