@@ -104,3 +104,26 @@ def test_memory_pressure_runs_match_reference(requests, max_seqs, preemption, bl
     compare_runs(fast, ref, rel=1e-12)
     check_run(fast, requests, max_running=max_seqs, kv_blocks=need + spare)
     assert fast.metrics["rejected"] == 0
+
+
+@SETTINGS
+@given(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=30, prefix_groups=3),
+       continuous_configs(), st.integers(1, 6), st.integers(0, 30), linear_costs())
+def test_prefix_caching_runs_match_reference(requests, cfg, block_size, spare, cost):
+    """Shared system prompts, a cache small enough to evict: both engines must free and reuse
+    blocks in the same order, so they hit the same prefixes."""
+    from schedlab_plugins.kv_caches import PrefixKVCache
+
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    kvs = {}
+
+    def run(engine):
+        kvs[engine] = PrefixKVCache(need + spare, block_size, swap_blocks=16, bytes_per_block=2 ** 20,
+                                    host_link_gbps=2 ** 10 / 1e3)
+        return run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(cost), kvs[engine], engine=engine)
+
+    fast, ref = run("fast"), run("reference")
+    compare_runs(fast, ref, rel=1e-12)
+    assert kvs["fast"].lru_keys() == kvs["reference"].lru_keys()
+    assert kvs["fast"].evictions == kvs["reference"].evictions
+    check_run(fast, requests, kv_blocks=need + spare)

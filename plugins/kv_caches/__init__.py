@@ -3,6 +3,7 @@
 import schedlab
 
 from .paged import PagedKVCache
+from .prefix import PrefixKVCache
 from .settings import PagedConfig, build_paged
 
 

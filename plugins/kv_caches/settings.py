@@ -1,10 +1,18 @@
-"""Settings of the ``paged`` KV cache and the factory that sizes it."""
+"""Settings of the ``paged`` KV cache and the factory that sizes it.
+
+Size the pool either directly (``num_blocks``) or as vLLM does from a model and a GPU
+(``model``, ``gpu``, ``gpu_memory_utilization``, ``tensor_parallel``,
+``activation_reserve_gib``; see :func:`schedlab.capacity.size_kv_cache`). Swap space is
+``swap_space_gib`` of host memory (vLLM's ``swap_space``, default 0 here) or ``swap_blocks``;
+its transfers run at the GPU preset's host-link bandwidth unless ``host_link_gbps`` is set.
+"""
 
 from __future__ import annotations
 
 import attrs
 
-from schedlab.configs import float_field, int_field
+from schedlab.capacity import DEFAULT_ACTIVATION_RESERVE_GIB, GIB, size_kv_cache
+from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 
 from .paged import PagedKVCache
 
@@ -12,12 +20,58 @@ from .paged import PagedKVCache
 @attrs.frozen
 class PagedConfig:
     block_size: int = int_field(16, min=1, help="tokens per KV block (vLLM 16, TensorRT-LLM 32)")
-    num_blocks: int = int_field(16384, min=1, help="KV blocks on the accelerator")
-    swap_blocks: int = int_field(0, min=0, help="blocks of CPU swap space (0 = no swap)")
-    bytes_per_block: int = int_field(0, min=0, help="bytes of one block (for swap transfer times)")
-    host_link_gbps: float = float_field(25.0, min=0.0, min_exclusive=True, help="host link bandwidth for swaps, GB/s")
+    num_blocks: int | None = int_field(None, min=1, optional=True,
+                                       help="KV blocks on the accelerator (default: from model and gpu, else 16384)")
+    model: str | None = str_field(None, optional=True, help="model preset to size the pool from, e.g. llama-3-8b")
+    gpu: str | None = str_field(None, optional=True, help="GPU preset to size the pool from, e.g. a100-80gb")
+    gpu_memory_utilization: float = float_field(0.9, min=0.0, max=1.0, min_exclusive=True,
+                                                help="share of GPU memory the engine may use (vLLM default 0.9)")
+    tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks (divide weights and KV heads)")
+    activation_reserve_gib: float = float_field(DEFAULT_ACTIVATION_RESERVE_GIB, min=0.0,
+                                                help="memory kept back for activations, GiB")
+    swap_space_gib: float = float_field(0.0, min=0.0, help="CPU swap space per GPU, GiB (vLLM V0 used 4)")
+    swap_blocks: int | None = int_field(None, min=0, optional=True, help="swap space in blocks (instead of GiB)")
+    bytes_per_block: int | None = int_field(None, min=0, optional=True,
+                                            help="bytes of one block (default: from the model)")
+    host_link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                               help="host link bandwidth for swaps, GB/s (default: from the GPU, else 25)")
+    prefix_caching: bool = bool_field(False, help="reuse cached full prompt blocks (vLLM enable_prefix_caching)")
+
+    def __attrs_post_init__(self):
+        if (self.model is None) != (self.gpu is None):
+            raise FieldError("model" if self.model is None else "gpu", "set both model and gpu to size the cache from them")
+        if self.model is not None and self.num_blocks is not None:
+            raise FieldError("num_blocks", "give num_blocks or model + gpu, not both")
+        if self.swap_space_gib and self.swap_blocks is not None:
+            raise FieldError("swap_blocks", "give swap_space_gib or swap_blocks, not both")
 
 
 def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
-    return PagedKVCache(config.num_blocks, config.block_size, swap_blocks=config.swap_blocks,
-                        bytes_per_block=config.bytes_per_block, host_link_gbps=config.host_link_gbps)
+    """A paged (optionally prefix-caching) KV cache sized from ``config``."""
+    num_blocks = config.num_blocks
+    bytes_per_block = config.bytes_per_block
+    link = config.host_link_gbps
+    model = gpu = None
+    if config.model is not None:
+        model, gpu = presets.model(config.model), presets.gpu(config.gpu)
+        sizing = size_kv_cache(model, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
+                               tensor_parallel=config.tensor_parallel,
+                               activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size)
+        num_blocks = sizing.num_blocks
+        if bytes_per_block is None:
+            bytes_per_block = sizing.bytes_per_block
+        if link is None:
+            link = gpu.host_link_gbps
+    if num_blocks is None:
+        num_blocks = 16384
+    bytes_per_block = bytes_per_block or 0
+    swap_blocks = config.swap_blocks or 0
+    if config.swap_space_gib:
+        if not bytes_per_block:
+            raise FieldError("swap_space_gib", "needs bytes_per_block, or model and gpu to derive it")
+        swap_blocks = int(config.swap_space_gib * GIB // bytes_per_block)
+    cls = PagedKVCache
+    if config.prefix_caching:
+        from .prefix import PrefixKVCache as cls
+    return cls(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
+               host_link_gbps=link or 25.0)

@@ -85,6 +85,14 @@ class RefPlan:
         return list(self._e.swapped)
 
     @property
+    def has_prefilling(self):
+        return bool(self.prefilling)
+
+    @property
+    def has_swapped(self):
+        return bool(self._e.swapped)
+
+    @property
     def num_decoding(self):
         return sum(1 for s in self._e.running if s.status == "decoding")
 
@@ -326,7 +334,8 @@ class ReferenceEngine:
             self.rec.sample(self.now, 0, len(self.running), len(self.waiting), used)
 
             progress = False
-            done = []
+            decoded_out = []  # finishing order, shared with the fast engine: prefill completions
+            done = []         # first (in plan order), then decoders by arrival order
             for s in decoders:
                 s.num_computed_tokens += 1
                 s.max_computed = max(s.max_computed, s.num_computed_tokens)
@@ -336,7 +345,7 @@ class ReferenceEngine:
                 counters["generated_tokens"] += 1
                 progress = True
                 if s.num_generated >= s.request.target_tokens:
-                    done.append(s)
+                    decoded_out.append(s)
             if decoders:
                 self.decode_steps += 1
             for s, n in plan.prefills:
@@ -359,7 +368,7 @@ class ReferenceEngine:
                         done.append(s)
                     else:
                         s.status = "decoding"
-            for s in done:
+            for s in done + sorted(decoded_out, key=lambda s: s.seq_no):
                 del self.running[s]
                 s.status = "finished"
                 self.kv.free(s)

@@ -1,0 +1,387 @@
+"""Paged KV cache with prefix caching, following vLLM V1's block pool; plus CPU swap space.
+
+The pool keeps vLLM V1's rules (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``):
+
+* Only *full* blocks have an identity. Blocks are reference-counted; a prefix hit raises the
+  counts of the blocks it reuses and takes them out of the free queue. A cached block nobody
+  references stays in the free queue, still findable, until it is evicted; the free count
+  includes it.
+* The free queue is an LRU: allocation takes blocks from its head (evicting the identity of an
+  identified block it takes); release appends a request's blocks to its tail in *reverse*
+  order, so a request's last blocks are evicted before its first ones.
+* A hit is capped at ``num_tokens - 1`` tokens, in whole blocks, so at least one token is
+  always computed.
+* Blocks are identified when an allocation makes them full (counting the tokens of the step
+  being scheduled), so requests admitted later in the same scheduling pass can hit them.
+
+Block identity. vLLM hashes a block's tokens chained with its parent's hash; schedlab has no
+tokens, so workload metadata stands in for them. Cache block ``j`` of a request covers tokens
+``[j*B, (j+1)*B)``; let ``e = (j+1)*B - 1`` be its last token. Its key (:func:`block_key`) is
+
+* ``("h", block_hashes[e // H], e % H)`` when the request has ``block_hashes`` (Mooncake
+  format: one id per ``H = hash_block_tokens`` tokens, each naming the whole prefix up to the
+  end of its id block), ``e < prompt_tokens`` and ``e < len(block_hashes) * H``. Equal ids
+  mean equal tokens up to the end of that id block, so equal keys mean an equal prefix up to
+  ``e`` -- whatever ``B`` is relative to ``H`` (smaller, larger, or not a divisor);
+* else ``("g", prefix_group, e)`` when the request has a ``prefix_group`` and
+  ``e < prefix_tokens``;
+* else ``("r", request.id, j)``: the block is the request's own. Such keys are registered only
+  when a request is preempted (so that it finds its blocks again when it resumes), never at
+  allocation and never for finished requests.
+
+Keys are never chained: each one already names its whole prefix. The keys of a request are
+monotone in ``j`` (``h`` blocks, then ``g`` blocks, then ``r`` blocks).
+
+Simplifications (documented, deliberate):
+
+* Duplicates. If a block's key is already cached when the block becomes full (two requests
+  computed the same prefix at the same time without hitting each other, or the ``num_tokens
+  - 1`` cap made a request recompute a cached block), the block is not registered: it and all
+  later blocks of that sequence stay private (vLLM keeps such duplicates as separate cached
+  blocks under one hash).
+* Preemption. A recompute-preempted sequence's full blocks that have no identity yet get the
+  keys ``("r", id, j)`` (unless that key is cached already) and go to the free queue as
+  identified blocks; its partial last block and reserved blocks are anonymous. A lookup for
+  block ``j`` tries the natural key first, then ``("r", id, j)``, so the resumed request --
+  whose ``num_tokens`` now includes its generated tokens -- hits its surviving blocks and
+  recomputes only what was evicted meanwhile.
+* Swap (vLLM V0 did not combine swap with prefix caching this way): ``swap_out`` releases the
+  sequence's blocks as a finish would (identified blocks stay cached while unreferenced) and
+  puts ``held`` blocks in swap space; ``swap_in`` takes fresh anonymous blocks. A swapped-in
+  sequence identifies no blocks until it is preempted.
+* Stale hits. If a hit passed to :meth:`PrefixKVCache.allocate` no longer matches the table
+  (blocks evicted since :meth:`~PrefixKVCache.cached_tokens` was asked), the missing blocks
+  are allocated fresh and registered as computed; the pool stays consistent. ``epoch``
+  changes whenever the set of cached keys changes, for callers that memoize hits.
+
+Cost. Blocks without identity (decode blocks, unique prompt blocks, duplicates) are never
+objects: a sequence keeps only the identified blocks it references (a prefix of its block
+indices, ``kv_state``) and its anonymous blocks are ``held - len(identified)``, so ``grow``
+needs no per-sequence work. The free queue is an ``OrderedDict`` whose entries are either an
+identified block or a run of anonymous blocks with a count. Each call costs O(identified
+blocks it touches) plus O(1) per anonymous run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from .paged import PagedKVCache, blocks_for
+
+
+def block_key(request, j: int, block_size: int) -> tuple:
+    """Identity of cache block ``j`` (tokens ``[j*B, (j+1)*B)``) of ``request`` (see the module doc)."""
+    e = (j + 1) * block_size - 1
+    hashes = request.block_hashes
+    if hashes is not None and e < request.prompt_tokens:
+        h = request.hash_block_tokens
+        i = e // h
+        if i < len(hashes):
+            return ("h", hashes[i], e - i * h)
+    if request.prefix_group is not None and e < request.prefix_tokens:
+        return ("g", request.prefix_group, e)
+    return ("r", request.id, j)
+
+
+class _Block:
+    """An identified block: its key, its index in the sequences using it, its reference count."""
+
+    __slots__ = ("key", "index", "ref")
+
+    def __init__(self, key: tuple, index: int, ref: int):
+        self.key = key
+        self.index = index
+        self.ref = ref
+
+    def __repr__(self) -> str:
+        return f"_Block({self.key!r}, ref={self.ref})"
+
+
+class _Chain:
+    """A sequence's ``kv_state``: the identified blocks it references (its block indices
+    ``0 .. len(blocks) - 1``) and whether further full blocks may still be registered."""
+
+    __slots__ = ("blocks", "sealed")
+
+    def __init__(self, sealed: bool = False):
+        self.blocks: list[_Block] = []
+        self.sealed = sealed
+
+
+class PrefixKVCache(PagedKVCache):
+    """Paged block pool with vLLM V1 prefix caching (hash-identified full blocks, LRU free queue).
+
+    Same interface and accounting as :class:`PagedKVCache`: a sequence holds
+    ``max(ceil(reserved / B), ceil(computed / B))`` blocks; ``used`` counts blocks referenced
+    by at least one sequence, so a shared block counts once.
+
+    :ivar evictions: identified blocks whose identity was evicted to make room.
+    :ivar epoch: changes whenever the set of cached keys changes (a block registered or evicted).
+    """
+
+    prefix_caching = True
+
+    def __init__(self, num_blocks: int, block_size: int = 16, *, swap_blocks: int = 0,
+                 bytes_per_block: int = 0, host_link_gbps: float = 25.0):
+        super().__init__(num_blocks, block_size, swap_blocks=swap_blocks,
+                         bytes_per_block=bytes_per_block, host_link_gbps=host_link_gbps)
+        self._table: dict[tuple, _Block] = {}
+        # head = next to be allocated; values: None for an identified block (the key is the
+        # block), an int count for a run of anonymous blocks (the key is a run number)
+        self._queue: OrderedDict[Any, int | None] = OrderedDict()
+        self._next_run = 0
+        self.evictions = 0
+        self.epoch = 0
+        self._push_run(num_blocks)
+
+    # -- lookups ---------------------------------------------------------------------------
+    def _find(self, request, j: int) -> _Block | None:
+        key = block_key(request, j, self.block_size)
+        block = self._table.get(key)
+        if block is None and key[0] != "r":
+            block = self._table.get(("r", request.id, j))
+        if block is not None and block.index != j:  # an id reused at another position: bad trace
+            return None
+        return block
+
+    def _hits(self, request, limit: int) -> list[_Block]:
+        """The cached blocks ``0, 1, ...`` of ``request``, stopping at the first miss or at ``limit``."""
+        found = []
+        for j in range(limit):
+            block = self._find(request, j)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def cached_tokens(self, seq) -> int:
+        limit = (seq.num_tokens - 1) // self.block_size
+        n = 0
+        request = seq.request
+        while n < limit and self._find(request, n) is not None:
+            n += 1
+        return n * self.block_size
+
+    def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int):
+        """(hit blocks to reference, fresh blocks to take, blocks leaving the free pool)."""
+        held = self.held(seq)
+        hits = self._hits(seq.request, cached_tokens // self.block_size) if cached_tokens and not held else []
+        tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
+        if reserve_tokens > tokens:
+            tokens = reserve_tokens
+        if seq.reserved_tokens > tokens:
+            tokens = seq.reserved_tokens
+        fresh = blocks_for(tokens, self.block_size) - held - len(hits)
+        revived = 0
+        for block in hits:
+            if not block.ref:
+                revived += 1
+        return hits, fresh, fresh + revived
+
+    def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
+        return self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)[2]
+
+    # -- changes ---------------------------------------------------------------------------
+    def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
+        hits, fresh, need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        if need > self.num_blocks - self.used:
+            return False
+        chain = seq.kv_state
+        if chain is None:
+            chain = seq.kv_state = _Chain()
+        if hits:
+            queue = self._queue
+            for block in hits:
+                if not block.ref:
+                    del queue[block]
+                block.ref += 1
+            chain.blocks.extend(hits)
+        if fresh:
+            self._take(fresh)
+        self.used += need
+        if not chain.sealed:
+            full = (seq.num_computed_tokens + cached_tokens + num_new_tokens) // self.block_size
+            if full > len(chain.blocks):
+                self._register(seq.request, chain, full)
+        return True
+
+    def _register(self, request, chain: _Chain, full: int) -> None:
+        """Identify the sequence's newly full blocks up to index ``full`` (exclusive)."""
+        blocks = chain.blocks
+        table = self._table
+        j = len(blocks)
+        added = False
+        while j < full:
+            key = block_key(request, j, self.block_size)
+            if key[0] == "r" or key in table:
+                chain.sealed = True
+                break
+            block = _Block(key, j, 1)
+            table[key] = block
+            blocks.append(block)
+            added = True
+            j += 1
+        if added:
+            self.epoch += 1
+
+    def grow(self, num_blocks: int) -> None:
+        """Take ``num_blocks`` anonymous decode blocks at once (the engine attributes them)."""
+        if num_blocks > self.num_blocks - self.used:
+            raise AssertionError(f"grow({num_blocks}) with only {self.num_blocks - self.used} free blocks")
+        if num_blocks:
+            self._take(num_blocks)
+            self.used += num_blocks
+
+    def free(self, seq, *, preempted: bool = False) -> None:
+        self._release(seq, preempted)
+        seq.kv_state = None
+
+    def _release(self, seq, preempted: bool) -> None:
+        held = self.held(seq)
+        chain = seq.kv_state
+        blocks = chain.blocks if chain is not None else ()
+        known = len(blocks)
+        queue = self._queue
+        if preempted:
+            full = seq.num_computed_tokens // self.block_size
+            self._push_run(held - full)
+            table = self._table
+            rid = seq.request.id
+            added = False
+            for j in range(full - 1, known - 1, -1):
+                key = ("r", rid, j)
+                if key in table:
+                    self._push_run(1)
+                else:
+                    block = _Block(key, j, 0)
+                    table[key] = block
+                    queue[block] = None
+                    added = True
+            if added:
+                self.epoch += 1
+        else:
+            self._push_run(held - known)
+        released = held - known
+        for block in reversed(blocks):
+            block.ref -= 1
+            if not block.ref:
+                queue[block] = None
+                released += 1
+        self.used -= released
+
+    # -- the free queue ----------------------------------------------------------------------
+    def _push_run(self, count: int) -> None:
+        """Append ``count`` anonymous blocks to the tail (merged with an anonymous tail run)."""
+        if count <= 0:
+            return
+        queue = self._queue
+        if queue:
+            tail = next(reversed(queue))
+            run = queue[tail]
+            if run is not None:
+                queue[tail] = run + count
+                return
+        self._next_run += 1
+        queue[self._next_run] = count
+
+    def _take(self, count: int) -> None:
+        """Remove ``count`` blocks from the head, evicting the identities of identified ones."""
+        queue = self._queue
+        table = self._table
+        evicted = 0
+        while count:
+            head = next(iter(queue))
+            run = queue[head]
+            if run is None:
+                del queue[head]
+                del table[head.key]
+                evicted += 1
+                count -= 1
+            elif run > count:
+                queue[head] = run - count
+                count = 0
+            else:
+                del queue[head]
+                count -= run
+        if evicted:
+            self.evictions += evicted
+            self.epoch += 1
+
+    # -- swap space ------------------------------------------------------------------------
+    def swap_out(self, seq) -> float | None:
+        """Copy ``seq``'s blocks to swap space and release them as a finish would; None if
+        swap space lacks room."""
+        blocks = self.held(seq)
+        if self.swap_used + blocks > self.swap_blocks:
+            return None
+        self._release(seq, False)
+        self.swap_used += blocks
+        seq.kv_state = blocks
+        return self.transfer_ms(blocks)
+
+    def swap_in(self, seq) -> float | None:
+        """Bring ``seq`` back into fresh anonymous blocks with room for its next token; None
+        if the GPU lacks the blocks."""
+        blocks = seq.kv_state
+        tokens = seq.num_computed_tokens + 1
+        if seq.reserved_tokens > tokens:
+            tokens = seq.reserved_tokens
+        need = blocks_for(tokens, self.block_size)
+        if need > self.num_blocks - self.used:
+            return None
+        self._take(need)
+        self.used += need
+        self.swap_used -= blocks
+        seq.kv_state = _Chain(sealed=True)
+        return self.transfer_ms(blocks)
+
+    # -- inspection (tests, metrics) ------------------------------------------------------------
+    def cached_keys(self) -> set:
+        """Keys of every identified block, referenced or not."""
+        return set(self._table)
+
+    def ref_count(self, key: tuple) -> int | None:
+        """References to the block with ``key`` (0: cached but free), or None if not cached."""
+        block = self._table.get(key)
+        return None if block is None else block.ref
+
+    def lru_keys(self) -> list:
+        """Keys of the free identified blocks, next to be evicted first."""
+        return [entry.key for entry, run in self._queue.items() if run is None]
+
+    def free_queue_layout(self) -> list:
+        """The free queue from the head: a key per identified block, a count per run of
+        anonymous blocks (adjacent runs merged), for comparing pool states."""
+        layout: list = []
+        for entry, run in self._queue.items():
+            if run is None:
+                layout.append(entry.key)
+            elif layout and isinstance(layout[-1], int):
+                layout[-1] += run
+            else:
+                layout.append(run)
+        return layout
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        queued = 0
+        free_identified = 0
+        for entry, run in self._queue.items():
+            if run is None:
+                assert self._table.get(entry.key) is entry, f"queued block {entry!r} is not in the table"
+                assert entry.ref == 0, f"referenced block {entry!r} is in the free queue"
+                queued += 1
+                free_identified += 1
+            else:
+                assert isinstance(run, int) and run > 0, f"bad anonymous run {run!r}"
+                queued += run
+        assert queued == self.num_blocks - self.used, (queued, self.num_blocks, self.used)
+        referenced = 0
+        for key, block in self._table.items():
+            assert block.key == key, (key, block)
+            assert block.ref >= 0, block
+            if block.ref:
+                referenced += 1
+        assert free_identified == len(self._table) - referenced, "an unreferenced block is missing from the free queue"
+        assert referenced <= self.used, (referenced, self.used)
