@@ -33,45 +33,42 @@ def summarize(values: np.ndarray) -> dict[str, float]:
 # -- inter-token latency from runs ---------------------------------------------------------------
 
 
-def _count_at_most(first, inc, count, weight, value: float) -> int:
-    """How many samples are <= value (each run: first + j*inc for j < count, weight each)."""
-    n = np.zeros_like(count)
-    flat = inc == 0.0
-    n[flat] = np.where(first[flat] <= value, count[flat], 0)
-    grow = ~flat
-    if grow.any():
-        f, d, c = first[grow], inc[grow], count[grow]
-        j = np.floor((value - f) / d).astype(np.int64) + 1
-        j = np.clip(j, 0, c)
-        # settle rounding at the edges on the exact values first + j*inc
-        j = np.where((j > 0) & (f + (j - 1) * d > value), j - 1, j)
-        j = np.where((j < c) & (f + j * d <= value), j + 1, j)
-        n[grow] = j
-    return int((n * weight).sum())
+def _counts_at_most(first, inc, count, weight, values: np.ndarray) -> np.ndarray:
+    """For each of ``values``, how many samples are <= it (runs: first + j*inc, j < count)."""
+    v = values[None, :]
+    f, d, c = first[:, None], inc[:, None], count[:, None]
+    safe = np.where(d > 0, d, 1.0)
+    j = np.where(d > 0, np.floor((v - f) / safe) + 1, np.where(f <= v, c, 0)).astype(np.int64)
+    j = np.clip(j, 0, c)
+    # settle rounding at the edges on the exact values first + j*inc
+    j = np.where((j > 0) & (f + (j - 1) * d > v), j - 1, j)
+    j = np.where((j < c) & (f + j * d <= v) & (d > 0), j + 1, j)
+    return (j * weight[:, None]).sum(axis=0)
 
 
-def _order_statistic(first, inc, count, weight, k: int) -> float:
-    """The k-th smallest sample (0-based)."""
-    lo = float(first.min())
-    last = first + (count - 1) * inc
-    hi = float(last.max())
-    if _count_at_most(first, inc, count, weight, lo) > k:
-        return lo
-    for _ in range(200):  # bisection on the value; then snap to an actual sample
+def _order_statistics(first, inc, count, weight, ks: np.ndarray) -> np.ndarray:
+    """The k-th smallest samples (0-based), for every k in ``ks`` at once, by bisection on the
+    value followed by a snap to the largest actual sample at or below the bracket's top."""
+    lo = np.full(ks.shape, float(first.min()))
+    hi = np.full(ks.shape, float((first + (count - 1) * inc).max()))
+    done = _counts_at_most(first, inc, count, weight, lo) > ks
+    hi = np.where(done, lo, hi)
+    for _ in range(80):
         mid = lo + (hi - lo) / 2
-        if mid <= lo or mid >= hi:
+        active = (mid > lo) & (mid < hi)
+        if not active.any():
             break
-        if _count_at_most(first, inc, count, weight, mid) > k:
-            hi = mid
-        else:
-            lo = mid
-    # the largest sample <= hi is the answer
-    flat = inc == 0.0
-    j = np.where(flat, 0, np.floor((hi - first) / np.where(flat, 1.0, inc))).astype(np.int64)
-    j = np.clip(j, 0, count - 1)
-    values = first + j * inc
-    values = np.where(values <= hi, values, -np.inf)
-    return float(values.max())
+        above = _counts_at_most(first, inc, count, weight, mid) > ks
+        hi = np.where(active & above, mid, hi)
+        lo = np.where(active & ~above, mid, lo)
+    f, d, c = first[:, None], inc[:, None], count[:, None]
+    safe = np.where(d > 0, d, 1.0)
+    j = np.where(d > 0, np.floor((hi[None, :] - f) / safe), 0).astype(np.int64)
+    j = np.clip(j, 0, c - 1)
+    j = np.where((f + j * d > hi[None, :]) & (j > 0), j - 1, j)
+    j = np.where((j + 1 < c) & (f + (j + 1) * d <= hi[None, :]) & (d > 0), j + 1, j)
+    vals = f + j * d
+    return np.where(vals <= hi[None, :], vals, -np.inf).max(axis=0)
 
 
 def run_quantiles(first, inc, count, weight) -> dict[str, float]:
@@ -84,21 +81,19 @@ def run_quantiles(first, inc, count, weight) -> dict[str, float]:
     if total == 0:
         return summarize(np.empty(0))
     out = {"mean": float((weight * (count * first + inc * (count * (count - 1) / 2))).sum() / total)}
+    hs = [(total - 1) * p / 100.0 for p in PERCENTILES]
+    ks = sorted({k for h in hs for k in (math.floor(h), min(math.floor(h) + 1, total - 1))})
     if not inc.any():
         order = np.argsort(first, kind="stable")
-        values = first[order]
         cum = np.cumsum((count * weight)[order])
-
-        def stat(k: int) -> float:
-            return float(values[np.searchsorted(cum, k + 1)])
+        stats = first[order][np.searchsorted(cum, np.asarray(ks) + 1)]
     else:
-        def stat(k: int) -> float:
-            return _order_statistic(first, inc, count, weight, k)
-    for p in PERCENTILES:
-        h = (total - 1) * p / 100.0
-        lo_k = int(math.floor(h))
-        lo_v = stat(lo_k)
-        hi_v = stat(min(lo_k + 1, total - 1)) if h > lo_k else lo_v
+        stats = _order_statistics(first, inc, count, weight, np.asarray(ks, dtype=np.int64))
+    stat = dict(zip(ks, stats.tolist()))
+    for p, h in zip(PERCENTILES, hs):
+        lo_k = math.floor(h)
+        lo_v = stat[lo_k]
+        hi_v = stat[min(lo_k + 1, total - 1)] if h > lo_k else lo_v
         out[f"p{p}"] = lo_v + (h - lo_k) * (hi_v - lo_v)
     out["max"] = float((first + (count - 1) * inc).max())
     return out

@@ -16,7 +16,9 @@ step. It does so only when the plugins say it may:
   (every decoding sequence decodes, nothing admitted, prefilled, swapped or preempted), it
   would return the same plan on every later iteration until something *changes*: an arrival,
   a sequence finishing, the time given to :meth:`Plan.wake_at`, or the KV cache running short
-  of blocks for the next decode step;
+  of blocks for the next decode step; and when nothing is waiting, prefilling or swapped
+  and the next decode step fits in the cache, its plan is exactly ``decode_all()`` (so the
+  engine need not ask);
 * ``CostModel.decode_step_increment(batch)`` returns how much longer each further identical
   decode-only iteration takes (``0.0`` for a constant cost, a positive number when the cost
   grows with context) instead of ``None``;
@@ -180,6 +182,10 @@ class Plan(Protocol):
     def prefilling(self) -> list[SequenceState]: ...
     @property
     def swapped(self) -> list[SequenceState]: ...
+    @property
+    def has_prefilling(self) -> bool: ...
+    @property
+    def has_swapped(self) -> bool: ...
     @property
     def num_decoding(self) -> int: ...
     @property

@@ -35,14 +35,9 @@ class RunResult:
     @classmethod
     def from_recorder(cls, name: str, rec: Recorder, *, settings: dict, meta: dict, request_cost=None,
                       point: dict | None = None) -> "RunResult":
-        order = np.argsort(np.frombuffer(rec.ints["id"], dtype=np.int64), kind="stable")
-        requests: dict[str, np.ndarray] = {}
-        for col in REQUEST_FLOAT_COLUMNS:
-            requests[col] = np.frombuffer(rec.floats[col], dtype=np.float64)[order].copy()
-        for col in REQUEST_INT_COLUMNS:
-            requests[col] = np.frombuffer(rec.ints[col], dtype=np.int64)[order].copy()
-        for col in REQUEST_TEXT_COLUMNS:
-            requests[col] = np.asarray(rec.texts[col], dtype=object)[order] if rec.texts[col] else np.empty(0, dtype=object)
+        cols = rec.columns()
+        order = np.argsort(cols["id"], kind="stable")
+        requests = {name: cols[name][order] for name in REQUEST_FLOAT_COLUMNS + REQUEST_INT_COLUMNS + REQUEST_TEXT_COLUMNS}
         itl = {
             "first": np.frombuffer(rec.itl_first, dtype=np.float64).copy(),
             "inc": np.frombuffer(rec.itl_inc, dtype=np.float64).copy(),

@@ -98,7 +98,7 @@ class ContinuousScheduler:
     def schedule(self, plan) -> None:
         c = self.config
         budget = c.max_num_batched_tokens
-        if c.prefill_first and not plan.swapped and plan.waiting:
+        if c.prefill_first and not plan.has_swapped and plan.waiting:
             self._admit(plan, budget)
             if plan.admitted:
                 plan.skip_decode()
@@ -108,14 +108,16 @@ class ContinuousScheduler:
                 if not self._preempt_one(plan):
                     return
             budget -= plan.num_decoding
-        budget = self._continue_prefills(plan, budget)
+        if plan.has_prefilling:
+            budget = self._continue_prefills(plan, budget)
         if plan.preempted:
             return
-        if plan.swapped:
+        if plan.has_swapped:
             budget = self._swap_in(plan, budget)
-            if plan.swapped:
+            if plan.has_swapped:
                 return
-        self._admit(plan, budget)
+        if plan.waiting:
+            self._admit(plan, budget)
 
     def _victim(self, plan):
         if self._priority:
@@ -172,13 +174,15 @@ class ContinuousScheduler:
     def _admit(self, plan, budget: int) -> None:
         c = self.config
         kv = plan.kv
-        watermark = self._watermark_blocks(kv)
+        watermark = self._watermark_blocks(kv) if c.watermark else 0
         threshold = c.long_prefill_token_threshold
+        waiting = plan.waiting
+        running = plan.running
         while budget > 0:
-            seq = plan.waiting.peek()
+            seq = waiting.peek()
             if seq is None:
                 return
-            if len(plan.running) >= c.max_num_seqs and not self._make_room(plan, seq):
+            if len(running) >= c.max_num_seqs and not self._make_room(plan, seq):
                 return
             hit = plan.cached_tokens(seq)
             n = seq.num_tokens - hit

@@ -1,11 +1,13 @@
 """Closed forms for a run of identical decode iterations.
 
 During a run every decoding sequence gains one token per iteration. A growing sequence
-(no reservation) needs a new KV block at decode counter ``D`` exactly when
-``(anchor + D) % block_size == 0``, so sequences can be counted by ``anchor % block_size``
-("phase"): ``phase_counts[p]`` sequences need a block at every ``D`` with
-``(D + p) % block_size == 0``. From that, blocks needed, the block-time integral and the
-first step above a usage threshold follow without visiting sequences or iterations.
+(no reservation) with ``computed = anchor + D`` at decode counter ``D`` needs a new KV block
+in the iteration at counter ``D`` exactly when ``(anchor + D) % block_size == 0``. So the
+instance counts growing sequences by the residue of the counters at which they need blocks
+(``cross_at[D % block_size]``), and the blocks a run needs follow a pattern that repeats
+every ``block_size`` iterations. :class:`Growth` turns that pattern into prefix sums once per
+run; blocks needed, how far free blocks last, the block-time integral and the first
+iteration above a usage threshold are then O(1) or a bisection over ``block_size`` numbers.
 
 Iteration ``j`` of a run (``j = 0, 1, ...``) lasts ``d0 + j * inc`` milliseconds.
 """
@@ -13,43 +15,9 @@ Iteration ``j`` of a run (``j = 0, 1, ...``) lasts ``d0 + j * inc`` milliseconds
 from __future__ import annotations
 
 import math
-
-
-def blocks_at(phase_counts: list[int], step: int) -> int:
-    """Blocks the growing sequences need for the decode iteration at counter ``step``."""
-    return phase_counts[-step % len(phase_counts)]
-
-
-def crossings(phase_counts: list[int], n_growing: int, start: int, steps: int) -> int:
-    """Blocks needed by the decode iterations at counters ``start .. start + steps - 1``."""
-    if steps <= 0 or n_growing == 0:
-        return 0
-    bs = len(phase_counts)
-    full, rest = divmod(steps, bs)
-    total = full * n_growing
-    for j in range(rest):
-        total += phase_counts[-(start + full * bs + j) % bs]
-    return total
-
-
-def steps_within(phase_counts: list[int], n_growing: int, start: int, budget: int) -> int | None:
-    """The most iterations from counter ``start`` whose new blocks fit in ``budget``.
-
-    None means "any number" (nothing grows).
-    """
-    if n_growing == 0:
-        return None
-    bs = len(phase_counts)
-    cycles, left = divmod(budget, n_growing)
-    steps = cycles * bs
-    step = start + steps
-    while True:  # fewer than n_growing blocks left: stops within one cycle
-        need = phase_counts[-step % bs]
-        if need > left:
-            return steps
-        left -= need
-        steps += 1
-        step += 1
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
+from operator import mul
 
 
 def run_ms(k: int, d0: float, inc: float) -> float:
@@ -74,42 +42,51 @@ def steps_before(now: float, until: float, d0: float, inc: float) -> int:
     return k
 
 
-def block_time(phase_counts: list[int], start: int, k: int, d0: float, inc: float, used0: int) -> float:
-    """Integral of blocks in use over a run of ``k`` iterations (block x ms).
+class Growth:
+    """New blocks needed by iterations ``1, 2, ...`` of a run that starts at decode counter ``start``.
 
-    Iteration 0 runs at counter ``start`` with ``used0`` blocks (its own new blocks already
-    counted); iteration ``j >= 1`` adds the blocks needed at counter ``start + j``.
+    ``C(j)``, the blocks needed by iterations ``1..j``, is ``(j // B) * n + P[j % B]`` with
+    ``P`` the prefix sums of one period of the pattern (``B`` = block size, ``n`` = growing
+    sequences, ``P[B] = n``).
     """
-    total = used0 * run_ms(k, d0, inc)
-    if k <= 1:
-        return total
-    bs = len(phase_counts)
-    half_kk = k * (k - 1) // 2
-    for p, count in enumerate(phase_counts):
-        if not count:
-            continue
-        r = (-start - p) % bs or bs          # first j >= 1 with (start + j + p) % bs == 0
-        if r > k - 1:
-            continue
-        m = (k - 1 - r) // bs + 1            # how many such j below k
-        s1 = m * r + bs * (m * (m - 1) // 2)
-        # sum over j of (remaining duration from iteration j to the end of the run)
-        acc = d0 * (k * m - s1)
+
+    __slots__ = ("n", "bs", "P", "S", "T")
+
+    def __init__(self, cross_at: list[int], n_growing: int, start: int):
+        bs = len(cross_at)
+        self.n = n_growing
+        self.bs = bs
+        b = (start + 1) % bs
+        P = list(accumulate(cross_at[b:] + cross_at[:b], initial=0))   # P[r] = C(r), r <= bs
+        self.P = P
+        self.S = list(accumulate(P, initial=0))                        # S[r] = sum of P[:r]
+        self.T = list(accumulate(map(mul, range(bs), P), initial=0))   # T[r] = sum of r' * P[r'], r' < r
+
+    def blocks(self, j: int) -> int:
+        """C(j): blocks needed by iterations 1..j."""
+        q, r = divmod(j, self.bs)
+        return q * self.n + self.P[r]
+
+    def iterations_within(self, budget: int) -> int:
+        """The largest j with C(j) <= budget (how many iterations the free blocks last)."""
+        q, left = divmod(budget, self.n)
+        return q * self.bs + bisect_right(self.P, left) - 1
+
+    def first_reaching(self, blocks: int) -> int:
+        """The smallest j with C(j) >= blocks (> 0)."""
+        q = (blocks - 1) // self.n
+        return q * self.bs + bisect_left(self.P, blocks - q * self.n)
+
+    def block_time(self, k: int, d0: float, inc: float, used0: int) -> float:
+        """Integral of blocks in use over iterations 0..k-1 (block x ms); iteration 0 has
+        ``used0`` blocks, iteration j adds C(j)."""
+        bs, n, S, T = self.bs, self.n, self.S, self.T
+        Q, R = divmod(k, bs)
+        sum_c = n * (bs * (Q * (Q - 1) // 2) + Q * R) + Q * S[bs] + S[R]          # sum of C(j), j < k
+        total = used0 * run_ms(k, d0, inc) + d0 * sum_c
         if inc:
-            s2 = m * r * r + r * bs * m * (m - 1) + bs * bs * ((m - 1) * m * (2 * m - 1) // 6)
-            acc += inc * (m * half_kk - (s2 - s1) // 2)
-        total += count * acc
-    return total
-
-
-def time_above(phase_counts: list[int], n_growing: int, start: int, k: int, d0: float, inc: float,
-               used0: int, need: int) -> float:
-    """Time, within the run, during which at least ``need`` blocks are in use."""
-    if used0 >= need:
-        first = 0
-    else:
-        before = steps_within(phase_counts, n_growing, start + 1, need - used0 - 1)
-        if before is None or before + 1 > k - 1:
-            return 0.0
-        first = before + 1
-    return run_ms(k, d0, inc) - run_ms(first, d0, inc)
+            sum_jq = (bs * bs * ((Q - 1) * Q * (2 * Q - 1) // 6) + bs * (bs - 1) // 2 * (Q * (Q - 1) // 2)
+                      + Q * (Q * bs * R + R * (R - 1) // 2))                          # sum of j * (j // bs)
+            sum_jp = bs * S[bs] * (Q * (Q - 1) // 2) + Q * T[bs] + Q * bs * S[R] + T[R]  # sum of j * P[j % bs]
+            total += inc * (n * sum_jq + sum_jp)
+        return total

@@ -73,7 +73,7 @@ class Instance:
         self.prefilling: dict = {}
         self.swapped: deque = deque()
         self.n_decoding = 0
-        self.phase_counts = [0] * kv.block_size
+        self.cross_at = [0] * kv.block_size  # growing decoders needing a block at counters = index mod B
         self.n_growing = 0
         self.ctx_offset = 0          # decode context tokens = ctx_offset + n_decoding * clock.steps
         self.finish_heap: list = []
@@ -122,7 +122,7 @@ class Instance:
         self.n_decoding += 1
         self.ctx_offset += seq.anchor + 1
         if not seq.reserved_tokens:
-            self.phase_counts[seq.anchor % len(self.phase_counts)] += 1
+            self.cross_at[-seq.anchor % len(self.cross_at)] += 1
             self.n_growing += 1
         heapq.heappush(self.finish_heap, (seq.finish_step, seq.seq_no, seq))
         key = seq.last_token_ms
@@ -136,7 +136,7 @@ class Instance:
         self.n_decoding -= 1
         self.ctx_offset -= anchor + 1
         if not seq.reserved_tokens:
-            self.phase_counts[anchor % len(self.phase_counts)] -= 1
+            self.cross_at[-anchor % len(self.cross_at)] -= 1
             self.n_growing -= 1
         key = seq.last_token_ms if seq.last_token_ms > self.itl_merge else self.itl_merge
         left = self.itl_groups[key] - 1
@@ -234,7 +234,9 @@ class Instance:
         while self.now < until:
             self.serial += 1
             plan = FastPlan(self, self.serial)
-            self.scheduler.schedule(plan)
+            if not (self.bulk_ok and self.n_decoding and not (self.waiting or self.prefilling or self.swapped)
+                    and plan.decode_all()):
+                self.scheduler.schedule(plan)  # else: nothing to decide but decoding (see stable_between_events)
             if plan.is_empty():
                 if not self.has_work():
                     if until < INF:
@@ -280,12 +282,15 @@ class Instance:
             d0 = 0.0
         k = 1
         inc = 0.0
+        growth = None
         if self.bulk_ok and n_dec and plan.is_decode_only():
             inc = self.cost.decode_step_increment(batch)
             if inc is None or not inc >= 0.0:
                 inc = 0.0
             else:
-                k = self._run_length(plan, d0, inc, until)
+                if self.n_growing:
+                    growth = bulk.Growth(self.cross_at, self.n_growing, steps)
+                k = self._run_length(plan, d0, inc, until, growth)
         start = self.now
         total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
         end = start + total
@@ -302,21 +307,25 @@ class Instance:
             counters["prefill_iteration_ms"] += total
         else:
             counters["decode_only_ms"] += total
-        self.rec.sample(start, self.index, n_running, len(self.waiting), used0)
-        if k == 1:
+        timeline = self.rec.keep_timeline
+        if timeline:
+            self.rec.sample(start, self.index, n_running, len(self.waiting), used0)
+        if k == 1 or growth is None:
             counters["kv_block_ms"] += used0 * total
             if used0 >= self.kv_need_high:
                 counters["kv_above_ms"] += total
             peak = used0
         else:
-            pc = self.phase_counts
-            counters["kv_block_ms"] += bulk.block_time(pc, steps, k, d0, inc, used0)
-            counters["kv_above_ms"] += bulk.time_above(pc, self.n_growing, steps, k, d0, inc, used0, self.kv_need_high)
-            grown = bulk.crossings(pc, self.n_growing, steps + 1, k - 1)
+            grown = growth.blocks(k - 1)
             if grown:
                 kv.grow(grown)
             peak = used0 + grown
-            self.rec.sample(start + bulk.run_ms(k - 1, d0, inc), self.index, n_running, len(self.waiting), peak)
+            counters["kv_block_ms"] += growth.block_time(k, d0, inc, used0)
+            if peak >= self.kv_need_high:
+                first = 0 if used0 >= self.kv_need_high else growth.first_reaching(self.kv_need_high - used0)
+                counters["kv_above_ms"] += total - bulk.run_ms(first, d0, inc)
+            if timeline:
+                self.rec.sample(start + bulk.run_ms(k - 1, d0, inc), self.index, n_running, len(self.waiting), peak)
         if peak > counters["kv_peak_blocks"]:
             counters["kv_peak_blocks"] = peak
 
@@ -383,21 +392,19 @@ class Instance:
         if self.observer is not None:
             self.observer(self.index, IterationRecord(start, total, batch, n_running, len(self.waiting), used0))
 
-    def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float) -> int:
+    def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float, growth) -> int:
         """How many identical decode iterations to run from here (at least 1)."""
-        steps = self.clock.steps
         heap = self.finish_heap
-        while heap and not (heap[0][2].status == DECODING and heap[0][2].finish_step == heap[0][0]):
+        while not (heap[0][2].status == DECODING and heap[0][2].finish_step == heap[0][0]):
             heapq.heappop(heap)
-        k = heap[0][0] - steps  # through the iteration that yields the first last-token
+        k = heap[0][0] - self.clock.steps  # through the iteration that yields the first last-token
         limit = until if plan.wake is None or until < plan.wake else plan.wake
         if limit <= self.now:
             return 1
         if limit < INF:
             k = min(k, bulk.steps_before(self.now, limit, d0, inc))
-        room = bulk.steps_within(self.phase_counts, self.n_growing, steps + 1, self.kv.num_free_blocks())
-        if room is not None:
-            k = min(k, room + 1)
+        if growth is not None:
+            k = min(k, growth.iterations_within(self.kv.num_free_blocks()) + 1)
         return max(k, 1)
 
     def _finish(self, seq: Sequence, t: float) -> None:

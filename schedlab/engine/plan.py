@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import SimulationError
 from ..queues import RunningView
-from . import bulk
 from .sequence import DECODING, PREFILLING, SWAPPED, WAITING
 
 if TYPE_CHECKING:
@@ -55,6 +54,14 @@ class FastPlan:
         return list(self._inst.swapped)
 
     @property
+    def has_prefilling(self) -> bool:
+        return bool(self._inst.prefilling)
+
+    @property
+    def has_swapped(self) -> bool:
+        return bool(self._inst.swapped)
+
+    @property
     def num_decoding(self) -> int:
         return self._inst.n_decoding
 
@@ -95,7 +102,7 @@ class FastPlan:
         inst = self._inst
         if inst.n_decoding:
             if inst.kv_grows:
-                need = bulk.blocks_at(inst.phase_counts, inst.clock.steps)
+                need = inst.cross_at[inst.clock.steps % len(inst.cross_at)]
                 if need:
                     if need > self.kv.num_free_blocks():
                         return False
@@ -112,10 +119,13 @@ class FastPlan:
         self.skipped_decode = True
 
     def cached_tokens(self, seq) -> int:
-        serial, hit = seq.hit_memo
-        if serial != self.serial:
+        if not self._inst.count_prefix:
+            return 0
+        key = (self.serial, getattr(self.kv, "epoch", 0))  # the cache's contents may change within a plan
+        memo_key, hit = seq.hit_memo
+        if memo_key != key:
             hit = self.kv.cached_tokens(seq)
-            seq.hit_memo = (self.serial, hit)
+            seq.hit_memo = (key, hit)
         return hit
 
     def admit(self, seq, num_tokens: int, *, reserve: bool = False) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 REQUEST_FLOAT_COLUMNS = (
     "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
 )
@@ -50,13 +52,21 @@ COUNTERS = (
 )
 
 
+ROW_COLUMNS = (
+    "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
+    "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens", "priority",
+    "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected",
+    "request_class", "client",
+)
+_FLUSH_ROWS = 1 << 15
+
+
 class Recorder:
     """Accumulates one run's raw results (shared by every instance of the run)."""
 
     def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9):
-        self.floats = {name: array("d") for name in REQUEST_FLOAT_COLUMNS}
-        self.ints = {name: array("q") for name in REQUEST_INT_COLUMNS}
-        self.texts: dict[str, list[str]] = {name: [] for name in REQUEST_TEXT_COLUMNS}
+        self._rows: list[tuple] = []
+        self._chunks: list[dict[str, np.ndarray]] = []
         self.rejections: dict[int, str] = {}
         self.counters: dict[str, float] = {name: 0 for name in COUNTERS}
         self.itl_first = array("d")
@@ -69,29 +79,40 @@ class Recorder:
 
     # -- per request -------------------------------------------------------------------------
     def request_done(self, seq, instance: int, finish_ms: float, *, rejected: bool = False) -> None:
-        """Append a finished (or rejected) sequence's row."""
+        """Record a finished (or rejected) sequence's row."""
         r = seq.request
-        f, i = self.floats, self.ints
-        f["arrival_ms"].append(r.arrival_ms)
-        f["first_scheduled_ms"].append(seq.first_scheduled_ms)
-        f["first_token_ms"].append(seq.first_token_ms)
-        f["finish_ms"].append(finish_ms)
-        f["waiting_ms"].append(seq.waiting_ms)
-        i["id"].append(r.id)
-        i["instance"].append(instance)
-        i["prompt_tokens"].append(r.prompt_tokens)
-        i["output_tokens"].append(r.output_tokens)
-        i["max_tokens"].append(r.max_output_tokens)
-        i["generated_tokens"].append(seq.num_generated)
-        i["priority"].append(r.priority)
-        i["preemptions"].append(seq.num_preemptions)
-        i["recomputed_tokens"].append(seq.recomputed_tokens)
-        i["prefill_chunks"].append(seq.prefill_chunks)
-        i["cached_tokens"].append(seq.cached_tokens_total)
-        i["swaps"].append(seq.num_swaps)
-        i["rejected"].append(1 if rejected else 0)
-        self.texts["request_class"].append(r.request_class)
-        self.texts["client"].append(r.client)
+        self._rows.append((
+            r.arrival_ms, seq.first_scheduled_ms, seq.first_token_ms, finish_ms, seq.waiting_ms,
+            r.id, instance, r.prompt_tokens, r.output_tokens, r.max_output_tokens, seq.num_generated, r.priority,
+            seq.num_preemptions, seq.recomputed_tokens, seq.prefill_chunks, seq.cached_tokens_total, seq.num_swaps,
+            1 if rejected else 0, r.request_class, r.client,
+        ))
+        if len(self._rows) >= _FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Turn the buffered rows into column arrays (keeps memory per request small)."""
+        if not self._rows:
+            return
+        cols = list(zip(*self._rows))
+        self._rows = []
+        chunk = {}
+        for name, values in zip(ROW_COLUMNS, cols):
+            if name in REQUEST_FLOAT_COLUMNS:
+                chunk[name] = np.array(values, dtype=np.float64)
+            elif name in REQUEST_INT_COLUMNS:
+                chunk[name] = np.array(values, dtype=np.int64)
+            else:
+                chunk[name] = np.array(values, dtype=object)
+        self._chunks.append(chunk)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every recorded request as column arrays, in recording order."""
+        self._flush()
+        if not self._chunks:
+            return {name: np.empty(0, dtype=np.float64 if name in REQUEST_FLOAT_COLUMNS else
+                                   np.int64 if name in REQUEST_INT_COLUMNS else object) for name in ROW_COLUMNS}
+        return {name: np.concatenate([c[name] for c in self._chunks]) for name in ROW_COLUMNS}
 
     def reject(self, seq, instance: int, reason: str) -> None:
         self.rejections[seq.request.id] = reason

@@ -1,0 +1,158 @@
+"""schedlab's speed benchmarks (issue: cost proportional to events, not tokens).
+
+    python benchmarks/run.py            # all four, prints a Markdown table
+    python benchmarks/run.py azure scaling tokens reference
+    python benchmarks/run.py --quick    # 10k/100k instead of up to 1M requests
+
+1. azure      -- the Azure 2023 conversation trace through vLLM-style batching (azure.toml):
+                 simulation wall time (best of 3) and the whole `schedlab run` command.
+2. scaling    -- 10k, 100k, 1M synthetic requests near saturation (scaling.toml): wall time,
+                 peak memory (max RSS of a fresh process), microseconds per request.
+3. tokens     -- the same 100k requests with outputs x1 and x10: wall-time ratio.
+4. reference  -- fast vs step-by-step reference engine on benchmark 1: speed ratio.
+
+Each measurement runs in a fresh Python process. Timings are wall clock on whatever machine
+runs this; they are reported, never asserted (tests assert event counts instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TRACE = HERE.parent.parent / "shared" / "traces" / "azure2023_AzureLLMInferenceTrace_conv.csv"
+
+
+def synthetic_azure_trace(path: Path, n: int = 19366, seed: int = 0) -> None:
+    """A stand-in with the conversation trace's size and shape (used when it is absent):
+    ~1 hour, bursty arrivals, lognormal prompt and output lengths near the trace's."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(0.5, 2 * 3600.0 / n, n - 1)  # cv ~1.4, one hour on average
+    t = np.concatenate([[0.0], np.cumsum(gaps)])
+    prompts = np.clip(rng.lognormal(np.log(1020), 1.0, n), 2, 16000).astype(int)
+    outputs = np.clip(rng.lognormal(np.log(130), 1.1, n), 7, 2000).astype(int)
+    base = np.datetime64("2023-11-16T18:15:46")
+    with open(path, "w") as fh:
+        fh.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        for ts, p, o in zip(t, prompts, outputs):
+            stamp = str(base + np.timedelta64(int(ts * 1e7), "100ns")).replace("T", " ")
+            fh.write(f"{stamp},{p},{o}\n")
+
+
+def azure_overrides() -> tuple[list[str], str]:
+    if TRACE.exists():
+        return [], "Azure 2023 conv trace (../shared/traces)"
+    path = Path(tempfile.gettempdir()) / "schedlab_synthetic_azure_conv.csv"
+    if not path.exists():
+        synthetic_azure_trace(path)
+    return [f"workload.path={path}"], "synthetic stand-in for the Azure conv trace (trace not found)"
+
+
+# -- child process: one measurement ------------------------------------------------------------
+
+
+def child(toml: str, overrides: list[str]) -> dict:
+    from schedlab.experiment import load, run_experiment
+
+    exp = load(HERE / toml, overrides)
+    run = run_experiment(exp).all_runs()[0]
+    return {
+        "wall_ms": run.meta["wall_ms"],
+        "events": run.meta["events"],
+        "iterations": run.metrics["iterations"],
+        "requests": run.metrics["requests"],
+        "generated_tokens": run.metrics["generated_tokens"],
+        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def measure(toml: str, overrides: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--child", toml, *overrides]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SCHEDLAB_NO_PROGRESS": "1"})
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark child failed: {' '.join(cmd)}\n{out.stderr}")
+    return json.loads(out.stdout.strip().split("\n")[-1])
+
+
+# -- the benchmarks --------------------------------------------------------------------------------
+
+
+def bench_azure(rows: list) -> dict:
+    overrides, source = azure_overrides()
+    best = min((measure("azure.toml", overrides) for _ in range(3)), key=lambda r: r["wall_ms"])
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        sets = [a for o in overrides for a in ("--set", o)]
+        subprocess.run([sys.executable, "-m", "schedlab.cli", "run", str(HERE / "azure.toml"), "--out", out,
+                        "--no-plots", *sets], check=True, capture_output=True)
+    command_s = time.perf_counter() - started
+    rows.append(("1. Azure conv trace, simulation", f"{best['wall_ms'] / 1e3:.2f} s",
+                 f"{best['requests']:,} requests, {best['iterations']:,} iterations in {best['events']:,} events; "
+                 f"{source}"))
+    rows.append(("1. Azure conv trace, whole command", f"{command_s:.2f} s",
+                 "`schedlab run benchmarks/azure.toml --no-plots`: start-up, trace loading, metrics, table"))
+    return best
+
+
+def bench_scaling(rows: list, sizes) -> None:
+    for n in sizes:
+        r = measure("scaling.toml", [f"workload.num_requests={n}"])
+        rows.append((f"2. {n:,} requests", f"{r['wall_ms'] / 1e3:.2f} s",
+                     f"{r['wall_ms'] * 1e3 / n:.1f} us/request, peak RSS {r['maxrss_mb']:.0f} MB, "
+                     f"{r['events'] / n:.2f} events/request, {r['iterations']:,} iterations"))
+
+
+def bench_tokens(rows: list, n: int) -> None:
+    one = measure("scaling.toml", [f"workload.num_requests={n}"])
+    ten = measure("scaling.toml", [f"workload.num_requests={n}", "workload.output_scale=10"])
+    rows.append((f"3. outputs x10 vs x1 ({n:,} requests)", f"{ten['wall_ms'] / one['wall_ms']:.2f}x",
+                 f"{one['wall_ms'] / 1e3:.2f} s -> {ten['wall_ms'] / 1e3:.2f} s; tokens "
+                 f"{one['generated_tokens']:,} -> {ten['generated_tokens']:,}; events {one['events']:,} -> {ten['events']:,}"))
+
+
+def bench_reference(rows: list, fast: dict | None) -> None:
+    overrides, _ = azure_overrides()
+    if fast is None:
+        fast = measure("azure.toml", overrides)
+    ref = measure("azure.toml", overrides + ["experiment.engine=reference"])
+    rows.append(("4. fast vs reference engine (benchmark 1)", f"{ref['wall_ms'] / fast['wall_ms']:.0f}x",
+                 f"reference {ref['wall_ms'] / 1e3:.1f} s, fast {fast['wall_ms'] / 1e3:.2f} s"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("which", nargs="*", default=["azure", "scaling", "tokens", "reference"])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], args.child[1:])))
+        return 0
+    rows: list = []
+    fast = None
+    if "azure" in args.which:
+        fast = bench_azure(rows)
+    if "scaling" in args.which:
+        bench_scaling(rows, (10_000, 100_000) if args.quick else (10_000, 100_000, 1_000_000))
+    if "tokens" in args.which:
+        bench_tokens(rows, 10_000 if args.quick else 100_000)
+    if "reference" in args.which:
+        bench_reference(rows, fast)
+    print("| benchmark | result | details |\n|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

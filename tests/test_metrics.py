@@ -1,0 +1,73 @@
+"""Metrics: run-length ITL percentiles equal numpy's on the expanded samples; SLO and goodput."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedlab.metrics import PERCENTILES, compute_metrics, run_quantiles, summarize
+
+runs = st.lists(
+    st.tuples(st.floats(0.5, 100.0, allow_nan=False), st.sampled_from([0.0, 0.0, 0.25, 0.013, 1.7]),
+              st.integers(1, 40), st.integers(1, 5)),
+    min_size=1, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs)
+def test_run_quantiles_equal_numpy_on_the_expanded_samples(data):
+    first, inc, count, weight = (np.array(x) for x in zip(*data))
+    samples = np.concatenate([np.repeat(f + d * np.arange(c), w) for f, d, c, w in data])
+    got = run_quantiles(first, inc, count, weight)
+    want = summarize(samples)
+    for key in ["mean", "max"] + [f"p{p}" for p in PERCENTILES]:
+        assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-9), key
+
+
+def test_run_quantiles_by_hand():
+    # samples: 8 x 2 (one run of weight 2), then 10, 11, 12 (a run with increment 1)
+    got = run_quantiles([8.0, 10.0], [0.0, 1.0], [1, 3], [2, 1])
+    assert got["p50"] == 10.0          # sorted 8, 8, 10, 11, 12: the middle one
+    assert got["max"] == 12.0
+    assert got["mean"] == pytest.approx(49 / 5)
+    assert got["p90"] == pytest.approx(11.6)   # numpy linear: 11 + 0.6 * (12 - 11)
+
+
+def _requests(arrival, first, finish, generated, klass, rejected=None):
+    n = len(arrival)
+    z = np.zeros(n, dtype=np.int64)
+    return {
+        "id": np.arange(n), "arrival_ms": np.array(arrival, float), "first_scheduled_ms": np.array(arrival, float),
+        "first_token_ms": np.array(first, float), "finish_ms": np.array(finish, float), "waiting_ms": np.zeros(n),
+        "instance": z, "prompt_tokens": z + 10, "output_tokens": np.array(generated), "max_tokens": np.array(generated),
+        "generated_tokens": np.array(generated), "priority": z, "preemptions": z, "recomputed_tokens": z,
+        "prefill_chunks": z + 1, "cached_tokens": z, "swaps": z,
+        "rejected": np.array(rejected if rejected is not None else [0] * n),
+        "request_class": np.array(klass, dtype=object), "client": np.array(["c"] * n, dtype=object),
+    }
+
+
+def test_slo_attainment_goodput_and_per_class_sums():
+    # Four requests over 1 s. TTFT targets: interactive 100 ms, batch 1000 ms; TPOT 50 ms for all.
+    # r0 interactive: ttft 50, tpot (450-50)/8 = 50      -> meets both
+    # r1 interactive: ttft 150                             -> misses TTFT
+    # r2 batch: ttft 500, tpot (1000-500)/5 = 100          -> misses TPOT
+    # r3 batch: ttft 600, tpot (900-600)/10 = 30           -> meets both
+    req = _requests([0, 0, 0, 0], [50, 150, 500, 600], [450, 400, 1000, 900], [9, 6, 6, 11],
+                    ["interactive", "interactive", "batch", "batch"])
+    counters = {k: 0 for k in ("iterations", "running_seq_ms", "peak_running", "peak_waiting", "kv_block_ms",
+                               "kv_peak_blocks", "kv_above_ms", "num_preemptions", "recompute_preemptions",
+                               "swap_preemptions", "recomputed_tokens", "swap_failures", "swap_out_blocks",
+                               "swap_in_blocks", "swap_transfer_ms", "prefix_queries", "prefix_hits", "busy_ms",
+                               "prefill_iteration_ms", "decode_only_ms")}
+    itl = {"first": np.zeros(0), "inc": np.zeros(0), "count": np.zeros(0, np.int64), "weight": np.zeros(0, np.int64)}
+    slo = {"ttft_ms": 1000.0, "tpot_ms": 50.0, "classes": {"interactive": {"ttft_ms": 100.0}}}
+    m = compute_metrics(req, counters, itl, {"slo": slo, "num_blocks": 10})
+    assert m["slo"] == {"attainment": 0.5, "goodput_rps": 2.0, "met": 2}
+    per = m["per_class"]
+    assert per["interactive"]["slo"]["met"] == 1 and per["batch"]["slo"]["met"] == 1
+    assert per["interactive"]["requests"] + per["batch"]["requests"] == m["requests"]
+    assert per["interactive"]["generated_tokens"] + per["batch"]["generated_tokens"] == m["generated_tokens"]
+    assert per["interactive"]["throughput_tps"] + per["batch"]["throughput_tps"] == pytest.approx(m["throughput_tps"])
