@@ -170,10 +170,12 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         m[name] = summarize(lat[name])
     m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
-    m["kv_usage"] = {
+    instances = meta.get("instances") or 1
+    per_instance_blocks = blocks / instances
+    m["kv_usage"] = {  # mean over all blocks; peak of the fullest instance; time share averaged over instances
         "mean": c["kv_block_ms"] / (blocks * makespan) if blocks and makespan > 0 else float("nan"),
-        "peak": c["kv_peak_blocks"] / blocks if blocks else float("nan"),
-        "time_above_90": c["kv_above_ms"] / makespan if makespan > 0 else float("nan"),
+        "peak": c["kv_peak_blocks"] / per_instance_blocks if blocks else float("nan"),
+        "time_above_90": c["kv_above_ms"] / (makespan * instances) if makespan > 0 else float("nan"),
     }
     m["num_preemptions"] = int(c["num_preemptions"])
     m["preemptions"] = {
@@ -214,10 +216,10 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     if len(classes) > 1:
         m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
                           for k in classes}
-    instances = np.unique(req["instance"]) if n_all else []
-    if len(instances) > 1:
+    used_instances = np.unique(req["instance"]) if n_all else []
+    if len(used_instances) > 1:
         m["per_instance"] = {str(int(k)): _subset_metrics(req, req["instance"] == k, slo, seconds)
-                             for k in instances}
+                             for k in used_instances}
     return m
 
 

@@ -6,12 +6,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.model import Request
-from schedlab.testing import IterationChecker, check_run, compare_runs, requests_lists, run_engine
+from schedlab.testing import examples, IterationChecker, check_run, compare_runs, requests_lists, run_engine
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -108,7 +108,7 @@ def test_compressing_arrivals_never_shortens_a_wait_by_more_than_one_iteration(r
     assert (wait_squeezed >= wait - T - 1e-9).all(), (wait.tolist(), wait_squeezed.tolist())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(requests_lists(max_size=10, all_at_zero=True, max_tokens=False, min_output=2, max_output=50))
 def test_ten_times_longer_outputs_take_the_same_number_of_events(requests):
     """A decode-only workload (everything admitted at t=0, outputs of at least 2 tokens so

@@ -15,7 +15,15 @@ tokens, capacity limits, causality); :class:`IterationChecker` asserts per-itera
 (token budget, running count, KV capacity) and is attached with ``run_engine(..., check=...)``.
 """
 
+import os
+
 from .kit import IterationChecker, check_run, compare_runs, run_engine
 from .strategies import requests_lists
 
-__all__ = ["IterationChecker", "check_run", "compare_runs", "requests_lists", "run_engine"]
+
+def examples(n: int) -> int:
+    """``n`` hypothesis examples, times ``$SCHEDLAB_EXAMPLES_SCALE`` (default 1) for long campaigns."""
+    return max(1, int(n * float(os.environ.get("SCHEDLAB_EXAMPLES_SCALE", "1"))))
+
+
+__all__ = ["IterationChecker", "check_run", "compare_runs", "examples", "requests_lists", "run_engine"]

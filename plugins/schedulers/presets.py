@@ -1,0 +1,70 @@
+"""Engine presets: the ``continuous`` scheduler with each engine's defaults (engines.md §1, §2, §5, §6).
+
+* ``vllm``    -- vLLM V1: blocks allocated as tokens are computed, recompute preemption of the
+  newest request, chunked prefill on, budget 2048 tokens / 256 sequences (GPUs under 70 GiB).
+* ``vllm-v0`` -- vLLM V0: prefill-first iterations (a step with prompts skips decodes), whole
+  prompts, watermark 0.01, recompute or swap preemption (swap needs swap space on the cache).
+* ``orca``    -- Orca (OSDI'22): iteration-level FCFS admission with KV reserved for each
+  request's maximum length, so never a preemption.
+* ``trtllm``  -- TensorRT-LLM: ``capacity_policy = "GUARANTEED_NO_EVICT"`` reserves prompt +
+  max output (default); ``"MAX_UTILIZATION"`` packs and pauses started requests when full.
+  Chunked prefill off by default. (TensorRT-LLM uses 32 tokens per block: set
+  ``[kv_cache] block_size = 32``.)
+
+Every key of ``continuous`` stays settable; only the defaults differ.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from schedlab.configs import bool_field, float_field, int_field, str_field
+
+from .continuous import ContinuousConfig, ContinuousScheduler
+
+
+@attrs.frozen
+class VllmConfig(ContinuousConfig):
+    max_num_batched_tokens: int = int_field(2048, min=1, help="token budget of one iteration (vLLM: 2048 under 70 GiB)")
+    chunked_prefill: bool = bool_field(True, help="split prompts that do not fit the remaining budget (on in V1)")
+    allocation: str = str_field("grow", choices=("reserve", "grow"), help="V1 allocates as tokens are computed")
+
+
+@attrs.frozen
+class VllmV0Config(ContinuousConfig):
+    allocation: str = str_field("grow", choices=("reserve", "grow"), help="V0 allocates as tokens are computed")
+    watermark: float = float_field(0.01, min=0.0, max=1.0, help="share of blocks kept free at admission (V0: 0.01)")
+    prefill_first: bool = bool_field(True, help="an iteration that admits prompts skips decodes")
+
+
+@attrs.frozen
+class OrcaConfig(ContinuousConfig):
+    allocation: str = str_field("reserve", choices=("reserve",), help="Orca reserves KV for the maximum length")
+    max_num_batched_tokens: int = int_field(65536, min=1, help="Orca has no token budget; a large one")
+
+
+@attrs.frozen
+class TrtllmConfig:
+    capacity_policy: str = str_field("GUARANTEED_NO_EVICT", choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"),
+                                     help="reserve prompt + max output, or pack and pause started requests")
+    max_num_seqs: int = int_field(256, min=1, help="max_batch_size")
+    max_num_batched_tokens: int = int_field(8192, min=1, help="max_num_tokens per iteration")
+    chunked_prefill: bool = bool_field(False, help="enable_chunked_context (off by default)")
+
+
+def trtllm(config: TrtllmConfig) -> ContinuousScheduler:
+    grow = config.capacity_policy == "MAX_UTILIZATION"
+    return ContinuousScheduler(ContinuousConfig(
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        chunked_prefill=config.chunked_prefill, allocation="grow" if grow else "reserve"))
+
+
+def register_presets(register) -> None:
+    register("vllm", ContinuousScheduler, config=VllmConfig,
+             help="vLLM V1: grow-as-you-go KV, recompute preemption, chunked prefill, 2048-token budget")
+    register("vllm-v0", ContinuousScheduler, config=VllmV0Config,
+             help="vLLM V0: prefill-first, whole prompts, watermark 0.01, recompute or swap preemption")
+    register("orca", ContinuousScheduler, config=OrcaConfig,
+             help="Orca: iteration-level FCFS with KV reserved for the maximum length, no preemption")
+    register("trtllm", trtllm, config=TrtllmConfig,
+             help="TensorRT-LLM: GUARANTEED_NO_EVICT (reserve) or MAX_UTILIZATION (pack and pause)")
