@@ -247,6 +247,9 @@ def run_experiment(exp: Experiment, *, observer: Callable | None = None,
 
 
 def _run_one(exp, spec: RunSpec, hook, observer, on_run) -> RunResult:
+    if observer is None and exp.context.catalog.observes_iterations():
+        def observer(instance, record):  # opt-in and slow: the engine then runs step by step
+            hook.schedlab_iteration(instance=instance, record=record)
     hook.schedlab_run_started(run_name=spec.name, settings=spec.tables)
     result = run(spec, exp.context, observer=observer, timeline=exp.config.timeline)
     hook.schedlab_run_finished(run_name=spec.name, result=result)

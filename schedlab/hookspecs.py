@@ -41,7 +41,8 @@ def schedlab_register_cost_models(register: "Registry") -> None:
     """Register cost models (objects following :class:`schedlab.protocols.CostModel`).
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
-        ``factory(config)`` must return a new cost model. A duplicate name raises.
+        ``factory(config)`` must return a new cost model; a factory with a ``presets``
+        parameter also receives the model and GPU presets. A duplicate name raises.
     """
 
 
@@ -50,8 +51,9 @@ def schedlab_register_kv_caches(register: "Registry") -> None:
     """Register KV caches (objects following :class:`schedlab.protocols.KVCache`).
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
-        ``factory(config, presets)`` must return a new cache; ``presets`` holds the model and
-        GPU presets so a cache can size itself from them. A duplicate name raises.
+        ``factory(config)`` must return a new cache; a factory with a ``presets`` parameter
+        also receives the model and GPU presets, so a cache can size itself from them.
+        A duplicate name raises.
     """
 
 

@@ -169,3 +169,26 @@ def test_pluggy_is_not_on_the_engine_path():
     for module in (driver, instance, plan):
         assert "pluggy" not in inspect.getsource(module)
     assert isinstance(make_plugin_manager(entry_points=False), pluggy.PluginManager)
+
+
+def test_iteration_observer_is_opt_in_and_sees_every_iteration(tmp_path):
+    seen = []
+
+    class Observer:
+        @schedlab.hookimpl
+        def schedlab_iteration(self, instance, record):
+            seen.append((instance, record.duration_ms))
+
+        @schedlab.hookimpl
+        def schedlab_run_finished(self, run_name, result):
+            seen.append(("finished", run_name))
+
+    (tmp_path / "reqs.json").write_text('[{"prompt_tokens": 4, "output_tokens": 30}, {"prompt_tokens": 4, "output_tokens": 9}]')
+    (tmp_path / "exp.toml").write_text('[workload]\nkind = "file"\npath = "reqs.json"\n')
+    run = run_experiment(load(tmp_path / "exp.toml", plugin_objects=(Observer(),))).all_runs()[0]
+    iterations = [s for s in seen if s[0] == 0]
+    assert len(iterations) == run.metrics["iterations"] == 30
+    assert sum(d for _, d in iterations) == pytest.approx(run.counters["busy_ms"])
+    assert seen[-1] == ("finished", "exp")
+    plain = run_experiment(load(tmp_path / "exp.toml")).all_runs()[0]
+    assert plain.meta["events"] < run.meta["events"] == 30   # without an observer, decode runs are bulk
