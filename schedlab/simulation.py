@@ -169,6 +169,21 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "events": sum(e.events for e in engines),
         "seed": spec.seed,
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
+        "kv_cache": _kv_summary(kv),
     }
     return RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                    request_cost=getattr(cost, "request_cost", None), point=spec.point)
+
+
+def _kv_summary(kv) -> dict:
+    """The KV pool's size and, when it was sized from presets, the derivation."""
+    out = {"num_blocks": kv.num_blocks, "block_size": kv.block_size, "tokens": kv.num_blocks * kv.block_size,
+           "bytes_per_block": getattr(kv, "bytes_per_block", 0), "swap_blocks": getattr(kv, "swap_blocks", 0),
+           "prefix_caching": bool(getattr(kv, "prefix_caching", False))}
+    sizing = getattr(kv, "sizing", None)
+    if sizing is not None:
+        out.update(model=sizing.model.name, gpu=sizing.gpu.name, tensor_parallel=sizing.tensor_parallel,
+                   gpu_memory_utilization=sizing.gpu_memory_utilization, bytes_per_token=sizing.bytes_per_token,
+                   weight_bytes=sizing.weight_bytes, reserve_bytes=sizing.reserve_bytes,
+                   kv_pool_bytes=sizing.kv_pool_bytes)
+    return out

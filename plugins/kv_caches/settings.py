@@ -73,5 +73,7 @@ def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
     cls = PagedKVCache
     if config.prefix_caching:
         from .prefix import PrefixKVCache as cls
-    return cls(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
-               host_link_gbps=link or 25.0)
+    kv = cls(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
+             host_link_gbps=link or 25.0)
+    kv.sizing = sizing if config.model is not None else None  # shown in the run summary
+    return kv

@@ -57,6 +57,14 @@ def render(results, columns=DEFAULT_COLUMNS) -> str:
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
         lines.append("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    seen = set()
+    for run in results.all_runs():
+        kv = run.meta.get("kv_cache") or {}
+        if "model" in kv and (kv["model"], kv["gpu"], kv["num_blocks"]) not in seen:
+            seen.add((kv["model"], kv["gpu"], kv["num_blocks"]))
+            lines.append(f"KV cache: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
+                         f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
+                         f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens")
     for study in results.studies:
         if study.search is not None:
             lines.append(f"search {study.name}: {study.search.message}")
