@@ -132,7 +132,8 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     :param req: per-request columns (see :mod:`schedlab.engine.recorder`).
     :param counters: the run's counters.
     :param itl: ITL runs: arrays ``first``, ``inc``, ``count``, ``weight``.
-    :param meta: ``slots`` (fixed batch slots or None), ``num_blocks``, ``slo`` (optional
+    :param meta: ``slots`` (fixed batch slots or None) and ``num_blocks``, both summed over the
+        ``instances`` (default 1), ``slo`` (optional
         ``{"ttft_ms": x, "tpot_ms": y}`` and per-class tables).
     :param request_cost: the cost model's ``request_cost(prompt, output)``, for seed 001's
         per-request cost decomposition (optional).
@@ -149,8 +150,9 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         makespan = 0.0
     seconds = makespan / 1e3
     c = counters
-    slots = meta.get("slots")
+    slots = meta.get("slots")  # of the whole cluster, like num_blocks
     blocks = meta.get("num_blocks") or 0
+    instances = meta.get("instances") or 1
     iterations = int(c["iterations"])
     m: dict[str, Any] = {
         "requests": n_all,
@@ -161,7 +163,8 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         "request_throughput_rps": n_ok / seconds if seconds > 0 else float("nan"),
         "generated_tokens": generated,
         "iterations": iterations,
-        "slot_utilisation": (generated / (iterations * slots)) if slots and iterations else float("nan"),
+        # iterations are summed over instances, and each instance's iteration offers its own slots
+        "slot_utilisation": (generated / (iterations * slots / instances)) if slots and iterations else float("nan"),
         "peak_running": int(c["peak_running"]),
         "avg_running": c["running_seq_ms"] / makespan if makespan > 0 else float("nan"),
         "avg_queue": float(req["waiting_ms"].sum()) / makespan if makespan > 0 else float("nan"),
@@ -170,7 +173,6 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         m[name] = summarize(lat[name])
     m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
-    instances = meta.get("instances") or 1
     per_instance_blocks = blocks / instances
     m["kv_usage"] = {  # mean over all blocks; peak of the fullest instance; time share averaged over instances
         "mean": c["kv_block_ms"] / (blocks * makespan) if blocks and makespan > 0 else float("nan"),
@@ -216,11 +218,51 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     if len(classes) > 1:
         m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
                           for k in classes}
-    used_instances = np.unique(req["instance"]) if n_all else []
-    if len(used_instances) > 1:
-        m["per_instance"] = {str(int(k)): _subset_metrics(req, req["instance"] == k, slo, seconds)
-                             for k in used_instances}
+    if instances > 1:  # every instance, also one that served nothing
+        m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds)
+                             for k in range(instances)}
+    if n_all and len(np.unique(req["client"])) > 1:
+        m["per_client"] = client_service(req)
+        m["fairness"] = {"clients": len(m["per_client"]),
+                         "jain_service": jain_index([v["service"] for v in m["per_client"].values()]),
+                         "jain_service_rate": jain_index([v["service_rate"] for v in m["per_client"].values()])}
     return m
+
+
+# -- token-fair service (VTC's cost: Sheng et al., "Fairness in Serving LLMs", OSDI'24) ------------
+
+SERVICE_INPUT_PRICE = 1.0   # per prompt token
+SERVICE_OUTPUT_PRICE = 2.0  # per generated token
+
+
+def jain_index(values) -> float:
+    """Jain's fairness index ``(sum x)^2 / (n * sum x^2)``: 1 when every x is equal, 1/n when
+    one has everything (NaN for no values or all zero)."""
+    x = np.asarray(values, dtype=float)
+    squares = float((x * x).sum())
+    return float(x.sum()) ** 2 / (x.size * squares) if x.size and squares > 0 else float("nan")
+
+
+def client_service(req: dict[str, np.ndarray], input_price: float = SERVICE_INPUT_PRICE,
+                   output_price: float = SERVICE_OUTPUT_PRICE) -> dict[str, dict[str, Any]]:
+    """Per client, the service its finished requests received, ``input_price * prompt +
+    output_price * generated`` tokens, and its rate: service per second from the client's
+    first arrival to its last finish (0 if none finished). When every request finishes the
+    totals do not depend on the scheduler; the rate shows who was served sooner (compare
+    clients that stay backlogged)."""
+    out: dict[str, dict[str, Any]] = {}
+    ok = req["rejected"] == 0
+    for client in np.unique(req["client"]):
+        mine = req["client"] == client
+        done = mine & ok
+        prompt = int(req["prompt_tokens"][done].sum())
+        generated = int(req["generated_tokens"][done].sum())
+        service = input_price * prompt + output_price * generated
+        span_ms = float(req["finish_ms"][done].max() - req["arrival_ms"][mine].min()) if done.any() else 0.0
+        out[str(client)] = {"requests": int(mine.sum()), "finished": int(done.sum()), "prompt_tokens": prompt,
+                            "generated_tokens": generated, "service": service,
+                            "service_rate": service / (span_ms / 1e3) if span_ms > 0 else 0.0}
+    return out
 
 
 def _targets(slo: dict, klass: str | None) -> tuple[float, float]:

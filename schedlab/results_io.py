@@ -77,7 +77,7 @@ def flatten(metrics: dict, prefix: str = "") -> dict[str, Any]:
     """``{"ttft_ms": {"p99": 1}}`` -> ``{"ttft_ms.p99": 1}`` (per-class/instance tables left out)."""
     out = {}
     for key, value in metrics.items():
-        if key in ("per_class", "per_instance", "rejection_reasons"):
+        if key in ("per_class", "per_instance", "per_client", "rejection_reasons"):
             continue
         name = f"{prefix}{key}"
         if isinstance(value, dict):

@@ -1,10 +1,15 @@
-"""Built-in schedulers: ``static``, ``continuous`` and its engine presets (``vllm``, ``vllm-v0``, ``orca``, ``trtllm``)."""
+"""Built-in schedulers: ``static``, ``continuous`` and its engine presets (``vllm``, ``vllm-v0``, ``orca``, ``trtllm``),
+and ``vtc`` (token-fair continuous batching). ``continuous`` also orders by priority, predicted length (``sjf``) or
+SGLang's ``lof``, and both ``static`` and ``continuous`` take a batching window (``max_wait_ms``)."""
 
 import schedlab
 
 from .continuous import ContinuousConfig, ContinuousScheduler
+from .orders import LengthPredictor
 from .presets import register_presets
 from .static import StaticConfig, StaticScheduler
+from .vtc import VtcConfig, VtcScheduler
+from .window import BatchingWindow
 
 
 @schedlab.hookimpl
@@ -14,3 +19,5 @@ def schedlab_register_schedulers(register):
     register("continuous", ContinuousScheduler, config=ContinuousConfig,
              help="iteration-level batching with vLLM's admission, budget and preemption rules")
     register_presets(register)
+    register("vtc", VtcScheduler, config=VtcConfig,
+             help="token-fair continuous batching: admit from the least-served client (VTC, OSDI'24)")

@@ -14,6 +14,10 @@ Every iteration (engines.md §1, vLLM V1 ``Scheduler.schedule``):
    admission (Orca, TensorRT-LLM ``GUARANTEED_NO_EVICT``): never preempts, wastes memory;
    ``"grow"`` allocates blocks as tokens are computed (vLLM, TRT-LLM ``MAX_UTILIZATION``).
 
+``policy`` orders the waiting queue: ``fcfs``, ``priority``, ``sjf`` (shortest predicted
+output first) or ``lof`` (SGLang's longest output first), see :mod:`.orders`; a batching
+window (``max_wait_ms``, see :mod:`.window`) may hold new requests back so a batch forms.
+
 ``chunked_prefill`` splits a prompt that does not fit the remaining budget (Sarathi-Serve,
 vLLM V1); ``long_prefill_token_threshold`` caps one request's chunk. ``prefill_first``
 makes an iteration that admits new prompts skip the decodes (vLLM V0 without chunking,
@@ -27,6 +31,10 @@ import attrs
 from schedlab.configs import bool_field, float_field, int_field, str_field
 from schedlab.errors import ConfigError
 from schedlab.queues import FcfsQueue, KeyedQueue
+
+from .orders import waiting_key
+from .window import (BatchingWindow, check_window_settings, interactive_class_field, interactive_wait_ms_field,
+                     max_wait_ms_field, min_batch_field)
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -47,10 +55,18 @@ class ContinuousConfig:
     watermark: float = float_field(0.0, min=0.0, max=1.0,
                                    help="share of KV blocks kept free at admission (vLLM V0 uses 0.01)")
     prefill_first: bool = bool_field(False, help="an iteration that admits prompts skips decodes (vLLM V0, SGLang)")
-    policy: str = str_field("fcfs", choices=("fcfs", "priority"),
-                            help="waiting order and victim choice: arrival, or (priority, arrival) as vLLM's priority policy")
+    policy: str = str_field("fcfs", choices=("fcfs", "priority", "sjf", "lof"),
+                            help="waiting order and victim choice: arrival, (priority, arrival) as vLLM's priority "
+                                 "policy, shortest predicted output first, or SGLang's longest max_tokens first")
     priority_preemption: bool = bool_field(False,
                                            help="a waiting request may preempt lower-priority running ones (off in vLLM)")
+    prediction_sigma: float = float_field(
+        0.0, min=0.0, help="policy 'sjf': lognormal sigma of the output-length prediction error (0 = exact)")
+    prediction_seed: int = int_field(0, min=0, help="policy 'sjf': seed of the prediction errors, drawn per request id")
+    max_wait_ms: float = max_wait_ms_field()
+    min_batch: int = min_batch_field()
+    interactive_class: str = interactive_class_field()
+    interactive_wait_ms: float = interactive_wait_ms_field()
 
     def __attrs_post_init__(self):
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -59,6 +75,9 @@ class ContinuousConfig:
                 f"({self.max_num_seqs}), or some running sequences could not decode (vLLM checks the same)")
         if self.preemption == "swap" and self.allocation == "reserve":
             raise ConfigError("preemption = 'swap' needs allocation = 'grow' (reserving sequences are never preempted)")
+        if self.prediction_sigma and self.policy != "sjf":
+            raise ConfigError(f"prediction_sigma only affects policy = 'sjf' (policy is {self.policy!r})")
+        check_window_settings(self)
 
 
 class ContinuousScheduler:
@@ -71,11 +90,13 @@ class ContinuousScheduler:
         self.slots = self.config.max_num_seqs
         self._reserve = self.config.allocation == "reserve"
         self._priority = self.config.policy == "priority"
+        self._key = waiting_key(self.config.policy, self.config.prediction_sigma, self.config.prediction_seed)
+        self._window = BatchingWindow.from_config(self.config)
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
-        if self._priority:
-            return KeyedQueue(lambda seq: (seq.request.priority, seq.request.arrival_ms))
+        if self._key is not None:
+            return KeyedQueue(self._key)
         return FcfsQueue()
 
     def rejection_reason(self, request, kv) -> str | None:
@@ -98,7 +119,7 @@ class ContinuousScheduler:
     def schedule(self, plan) -> None:
         c = self.config
         budget = c.max_num_batched_tokens
-        if c.prefill_first and not plan.has_swapped and plan.waiting:
+        if c.prefill_first and not plan.has_swapped and plan.waiting and self._window_open(plan):
             self._admit(plan, budget)
             if plan.admitted:
                 plan.skip_decode()
@@ -116,15 +137,20 @@ class ContinuousScheduler:
             budget = self._swap_in(plan, budget)
             if plan.has_swapped:
                 return
-        if plan.waiting:
+        if plan.waiting and self._window_open(plan):
             self._admit(plan, budget)
 
+    def _window_open(self, plan) -> bool:
+        """False while the batching window holds new requests back (it then sets a wake-up)."""
+        return self._window is None or not self._window.hold(plan, self.config.max_num_seqs - len(plan.running))
+
     def _victim(self, plan):
-        if self._priority:
+        key = self._key
+        if key is not None:  # the running sequence this order would serve last
             candidates = [s for s in plan.running if not plan.is_scheduled(s)]
             if not candidates:
                 return None
-            return max(candidates, key=lambda s: (s.request.priority, s.request.arrival_ms, s.seq_no))
+            return max(candidates, key=lambda s: (key(s), s.seq_no))
         for seq in reversed(plan.running):
             if not plan.is_scheduled(seq):
                 return seq
@@ -175,7 +201,6 @@ class ContinuousScheduler:
         c = self.config
         kv = plan.kv
         watermark = self._watermark_blocks(kv) if c.watermark else 0
-        threshold = c.long_prefill_token_threshold
         waiting = plan.waiting
         running = plan.running
         while budget > 0:
@@ -185,25 +210,45 @@ class ContinuousScheduler:
             if len(running) >= c.max_num_seqs and not self._make_room(plan, seq):
                 return
             hit = plan.cached_tokens(seq)
-            n = seq.num_tokens - hit
-            if n > budget:
-                # A fresh prompt waits for a budget it fits in; a preempted request's recompute
-                # (prompt + generated) may exceed any budget, so it is always chunked.
-                if not c.chunked_prefill and seq.num_preemptions == 0:
-                    return
-                n = budget
-            if c.chunked_prefill and threshold and n > threshold:
-                n = threshold
-            reserve = self._reserve
-            if watermark:
-                reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens if reserve else 0
-                need = kv.blocks_needed(seq, n, cached_tokens=hit, reserve_tokens=reserve_tokens)
-                if kv.num_free_blocks() - need < watermark:
-                    return
-            while not plan.admit(seq, n, reserve=reserve):
+            n = self._admission_tokens(seq, hit, budget)
+            if not n:
+                return
+            if watermark and not self._kv_allows(kv, seq, n, hit, watermark):
+                return
+            while not plan.admit(seq, n, reserve=self._reserve):
                 if not self._make_room(plan, seq):
                     return
             budget -= n
+
+    def _admission_tokens(self, seq, hit: int, budget: int) -> int:
+        """Tokens of waiting ``seq`` to compute if admitted within ``budget`` (0: it must wait)."""
+        c = self.config
+        n = seq.num_tokens - hit
+        if n > budget:
+            # A fresh prompt waits for a budget it fits in; a preempted request's recompute
+            # (prompt + generated) may exceed any budget, so it is always chunked.
+            if not c.chunked_prefill and seq.num_preemptions == 0:
+                return 0
+            n = budget
+        threshold = c.long_prefill_token_threshold
+        if c.chunked_prefill and threshold and n > threshold:
+            n = threshold
+        return n
+
+    def _kv_allows(self, kv, seq, n: int, hit: int, watermark: int) -> bool:
+        """Admitting ``seq`` with ``n`` tokens would leave at least ``watermark`` blocks free."""
+        reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens if self._reserve else 0
+        need = kv.blocks_needed(seq, n, cached_tokens=hit, reserve_tokens=reserve_tokens)
+        return kv.num_free_blocks() - need >= watermark
+
+    def could_admit(self, plan, seq, budget: int) -> bool:
+        """Whether waiting ``seq`` would pass the slot, budget and KV checks of :meth:`_admit`
+        now (without admitting it; priority preemption aside)."""
+        if len(plan.running) >= self.config.max_num_seqs:
+            return False
+        hit = plan.cached_tokens(seq)
+        n = self._admission_tokens(seq, hit, budget)
+        return bool(n) and self._kv_allows(plan.kv, seq, n, hit, self._watermark_blocks(plan.kv))
 
     def _make_room(self, plan, seq) -> bool:
         """With ``priority_preemption``, preempt a lower-priority running sequence for ``seq``."""
