@@ -276,7 +276,11 @@ class Workload(Protocol):
 
 @runtime_checkable
 class Router(Protocol):
-    """Chooses the instance for each arriving request (several-instance runs)."""
+    """Chooses the instance for each arriving request (several-instance runs).
+
+    ``route`` returns an index into ``instances``; each instance exposes ``index``,
+    ``outstanding``, ``waiting``, ``running`` and ``kv``. Optional: ``check_cluster(n)``, called
+    when the run is assembled, to reject settings that do not fit a cluster of ``n``."""
 
     def route(self, request: "Request", instances: list[Any]) -> int: ...
 

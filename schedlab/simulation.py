@@ -135,6 +135,12 @@ def assemble(spec: RunSpec, ctx: Context, where: str) -> Assembled:
     router = None
     if cluster.instances > 1:
         router = build_component(ctx, "router", cluster.router, f"{where} [cluster.router]")
+        check = getattr(router, "check_cluster", None)  # optional: routers that name instances
+        if check is not None:
+            try:
+                check(cluster.instances)
+            except ConfigError as exc:
+                raise ConfigError(f"{where} [cluster.router]: {exc}") from None
     elif spec.engine == "reference" and cluster.instances != 1:
         raise ConfigError(f"{where}: the reference engine runs a single instance")
     return Assembled(workload, parts, router, cluster, slo)

@@ -1,22 +1,25 @@
 """The run loop: hands arrivals to instances in time order and lets them advance in between.
 
-Open-loop workloads give every request up front (lazily, in arrival order). Closed-loop
-workloads release a client's next request when its previous one finishes, so instances stop
-after iterations in which requests finished and the driver asks the workload what follows.
-With several instances a router picks one per arrival, seeing each instance as it is at the
-arrival time (every iteration that started before it has been scheduled). In closed-loop
-runs with several instances an instance may already have run a bulk decode run past the
-time a new request is released; the router then sees that instance's state up to one
-decode run early -- a documented approximation that keeps runs deterministic.
+Open-loop workloads give every request up front (lazily, in arrival order); each instance
+runs every iteration that starts before the next arrival, then the router places it, seeing
+each instance as it is at that time.
+
+Closed-loop workloads release a client's next request when its previous one finishes, on any
+instance. So instances advance in lockstep: the instance that is furthest behind runs, and
+only the iterations that start no later than every other busy instance's clock -- a request
+another instance releases can only arrive after that clock, so nothing is ever run past a
+request that could have joined it. One instance runs at full speed; several interleave their
+decode runs at each other's event boundaries, which costs speed, not exactness.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import operator
 from typing import Iterable, Sequence
 
-from ..errors import StallError
+from ..errors import SimulationError, StallError
 from .instance import Instance
 
 INF = math.inf
@@ -61,34 +64,69 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
     for inst in instances:
         inst.track_finished = closed
     arrivals = ArrivalQueue(requests)
-    seq_no = 0
+    delivered = 0
     while True:
         t = arrivals.next_time()
-        released = False
-        blocked = None
-        for inst in sorted(instances, key=lambda i: i.now) if len(instances) > 1 else instances:
-            status = inst.advance(t, stop_on_finish=closed)
-            if closed:
-                for request, finished_at in inst.take_finished():
-                    for follow_up in workload.on_finish(request, finished_at):
-                        arrivals.release(follow_up)
-                        released = True
-            if status == "finished":
-                released = True
-            elif status == "blocked":
-                blocked = inst
-        if released:
-            continue  # a finish may have released an earlier arrival; look again
+        if closed:
+            if _advance_lockstep(instances, t, arrivals, workload):
+                continue  # something ran or finished; the next arrival may have moved earlier
+        else:
+            for inst in instances:
+                status = inst.advance(t)
+                if status == "blocked" and t == INF:
+                    raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
         if t == INF:
-            if blocked is not None:
-                raise StallError(blocked._stall_message("no arrivals are left and the scheduler plans nothing"))
             return
         while arrivals.next_time() <= t:
             request = arrivals.pop()
-            target = instances[router.route(request, instances)] if router is not None else instances[0]
-            target.arrive(request, seq_no)
-            seq_no += 1
+            target = instances[_route(router, request, instances)] if router is not None else instances[0]
+            target.arrive(request, delivered)
+            delivered += 1
             if closed:
-                for done, finished_at in target.take_finished():  # rejected at once
-                    for follow_up in workload.on_finish(done, finished_at):
-                        arrivals.release(follow_up)
+                _release(target, arrivals, workload)  # a request rejected at once releases its successor
+
+
+def _release(inst: Instance, arrivals: ArrivalQueue, workload) -> bool:
+    """Ask the workload what the instance's finished requests release."""
+    released = False
+    for request, finished_at in inst.take_finished():
+        for follow_up in workload.on_finish(request, finished_at):
+            arrivals.release(follow_up)
+            released = True
+    return released
+
+
+def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: ArrivalQueue, workload) -> bool:
+    """Advance the busy instance furthest behind (closed loop). False when every instance has
+    caught up with the next arrival ``t``, which can then be delivered."""
+    behind = [i for i in instances if i.now < t and i.has_work()]
+    if not behind:
+        for inst in instances:  # idle ones jump to the arrival
+            if inst.now < t:
+                inst.advance(t)
+        if t == INF:
+            for inst in instances:
+                if inst.has_work():
+                    raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
+        return False
+    inst = min(behind, key=lambda i: (i.now, i.index))
+    bound = min([t] + [o.now for o in instances if o is not inst and o.has_work()])
+    if bound <= inst.now:  # its next iteration starts no later than anyone's: always safe to run
+        bound = math.nextafter(inst.now, INF)
+    if inst.advance(bound, stop_on_finish=True) == "blocked":  # only with nothing else left to happen
+        raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
+    _release(inst, arrivals, workload)
+    return True
+
+
+def _route(router, request, instances: Sequence[Instance]) -> int:
+    """The router's choice, checked: a bad index is the router's bug, not a silent wrap-around."""
+    answer = router.route(request, instances)
+    try:
+        index = operator.index(answer)
+    except TypeError:
+        index = -1
+    if not 0 <= index < len(instances):
+        raise SimulationError(f"router {type(router).__name__} returned {answer!r} for request {request.id}; "
+                              f"expected an instance index from 0 to {len(instances) - 1}")
+    return index

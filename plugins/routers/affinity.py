@@ -1,0 +1,70 @@
+"""The ``prefix_affinity`` router: requests sharing a prefix go to the instance that has it cached.
+
+A request's prefix key is its ``prefix_group`` or, for traces without groups (Mooncake), the
+first of its ``block_hashes`` -- the hash naming its first prompt block. The first request of
+a key goes to the least outstanding instance, and the key stays there ("sticky map").
+
+Why a sticky map rather than consistent hashing: it models cache-aware routers (SGLang's
+router sends a prompt to the worker whose radix tree holds its prefix, and a prefix nobody
+holds to the least loaded worker; the vLLM production-stack ``prefixaware`` router does the
+same), it places each new group by the load at that moment instead of by hash luck (with a
+handful of groups, hashing can easily put two hot groups on one instance), and it is
+deterministic without a stable hash function. Its cost is one map entry per distinct key,
+and it does not model instances joining or leaving -- the cluster here is fixed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+
+from schedlab.configs import int_field
+
+from .balancing import least_outstanding
+
+
+@attrs.frozen
+class PrefixAffinityConfig:
+    max_imbalance: int | None = int_field(
+        None, min=0, optional=True,
+        help="spill a request to the least loaded instance when its group's instance has more than this "
+             "many outstanding requests above it (default: never spill)")
+
+
+def prefix_key(request) -> Any:
+    """The request's prefix identity: ``("group", prefix_group)``, ``("hash", first block hash)``
+    or None when it declares no shared prefix. (Tagged, so group 7 and hash 7 differ.)"""
+    if request.prefix_group is not None:
+        return ("group", request.prefix_group)
+    if request.block_hashes:
+        return ("hash", request.block_hashes[0])
+    return None
+
+
+class PrefixAffinityRouter:
+    """Same prefix, same instance; requests without a prefix go to the least outstanding one.
+
+    With ``max_imbalance`` set, a request whose group's instance is more than that many
+    outstanding requests busier than the least loaded instance spills there instead (SGLang's
+    router switches from cache affinity to shortest queue when load is imbalanced the same
+    way). A spill sends that one request elsewhere; the group keeps its instance.
+    """
+
+    def __init__(self, config: PrefixAffinityConfig | None = None):
+        self.config = config or PrefixAffinityConfig()
+        self._home: dict[Any, int] = {}  # prefix key -> its instance
+
+    def route(self, request, instances: Sequence) -> int:
+        key = prefix_key(request)
+        least = least_outstanding(instances)
+        if key is None:
+            return least
+        home = self._home.get(key)
+        if home is None:
+            self._home[key] = least
+            return least
+        cap = self.config.max_imbalance
+        if cap is not None and instances[home].outstanding - instances[least].outstanding > cap:
+            return least
+        return home

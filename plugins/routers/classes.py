@@ -1,0 +1,85 @@
+"""The ``class`` router: each request class served by its own instances.
+
+Separating interactive requests from long batch-like generation is the surest way to
+protect interactive tail latency (seed 000): a long generation holding KV and batch slots
+slows every short request sharing its instance. Production stacks do this with per-class
+pools behind one gateway (e.g. routing on a header or model name to separate deployments).
+
+::
+
+    [cluster]
+    instances = 3
+    router = {kind = "class", classes = {interactive = [0], batch = [1, 2]}}
+
+Within its list a request goes to the least outstanding instance (ties: lowest index);
+classes not listed go to ``default`` (all instances when empty). Indices are checked
+against the cluster size when the router is first used, since only then is the size known.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+from schedlab.configs import FieldError, list_field, table_field
+from schedlab.errors import ConfigError
+
+from .balancing import least_outstanding
+
+WHERE = "[cluster.router] kind = 'class'"
+
+
+def _check_indices(name: str, label: str, indices) -> None:
+    if not isinstance(indices, (list, tuple)) or not indices:
+        raise FieldError(name, f"{label} must be a non-empty list of instance indices, got {indices!r}")
+    seen = set()
+    for i in indices:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise FieldError(name, f"{label}: instance indices are whole numbers >= 0, got {i!r}")
+        if i in seen:
+            raise FieldError(name, f"{label} lists instance {i} twice")
+        seen.add(i)
+
+
+@attrs.frozen
+class ClassRoutingConfig:
+    classes: dict = table_field(attrs.Factory(dict),
+                                help="request_class -> instance indices, e.g. {interactive = [0], batch = [1, 2]}")
+    default: tuple = list_field((), item=int,
+                                help="instances for classes not in `classes` (empty: all instances)")
+
+    def __attrs_post_init__(self) -> None:
+        for klass, indices in self.classes.items():
+            _check_indices("classes", f"classes.{klass}", indices)
+        if self.default:
+            _check_indices("default", "default", self.default)
+
+
+class ClassRouter:
+    """Route by ``request.request_class`` to that class's instances, least outstanding first."""
+
+    def __init__(self, config: ClassRoutingConfig | None = None):
+        self.config = config or ClassRoutingConfig()
+        self._targets = {k: tuple(sorted(v)) for k, v in self.config.classes.items()}
+        self._default = tuple(sorted(self.config.default)) or None
+        self._checked_size: int | None = None
+
+    def check_cluster(self, size: int) -> None:
+        """Fail early when a listed instance index is not in a cluster of ``size``."""
+        lists = [(f"classes.{k}", v) for k, v in self._targets.items()]
+        if self._default is not None:
+            lists.append(("default", self._default))
+        for label, indices in lists:
+            bad = [i for i in indices if i >= size]
+            if bad:
+                raise ConfigError(
+                    f"{WHERE}: {label} lists instance {bad[0]}, but the cluster has {size} instances "
+                    f"(indices 0 to {size - 1})")
+        self._checked_size = size
+
+    def route(self, request, instances: Sequence) -> int:
+        if self._checked_size != len(instances):
+            self.check_cluster(len(instances))
+        candidates = self._targets.get(request.request_class, self._default)
+        return least_outstanding(instances, candidates)
