@@ -547,3 +547,129 @@ def test_sweep_values_with_slashes_make_safe_file_names(tmp_path):
     assert [p.name for p in written] == ["latency_cdf_files.png", "sweep_files.png",
                                          "timeline_files_path_data_small.json.png", "timeline_files_path_up.json.png"]
     assert _png_names(tmp_path / "plots") == {p.name for p in written}
+
+
+# -- mark_last_zero and overlays (sweep figures) --------------------------------------------------------
+
+
+def _sweep_run(study, point, **metrics):
+    label = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items())
+    return make_run(f"{study}[{label}]", arrival=[0], first=[1], finish=[2], generated=[1], point=point,
+                    metrics=metrics)
+
+
+def _grid(name="cliff", preemptions=None, throughput=None):
+    """max_num_seqs 8..64 x kind a/b/c: a stops being 0 after 16, b never does, c is not 0 at 8."""
+    preemptions = preemptions or {"a": [0, 0, 5, 9], "b": [0, 0, 0, 0], "c": [3, 0, 0, 0]}
+    throughput = throughput or {"a": [10.0, 20.0, 15.0, 12.0], "b": [10.0, 20.0, 30.0, 40.0],
+                                "c": [1.0, 2.0, 3.0, 4.0]}
+    runs = []
+    for i, seqs in enumerate((8, 16, 32, 64)):
+        for kind in preemptions:
+            runs.append(_sweep_run(name, {"scheduler.max_num_seqs": seqs, "scheduler.kind": kind},
+                                   num_preemptions=preemptions[kind][i], throughput_tps=throughput[kind][i]))
+    return Study(name, "sweep", runs, keys=("scheduler.max_num_seqs", "scheduler.kind"))
+
+
+def _gids(fig, prefix):
+    return {line.get_gid(): line for ax in fig.axes for line in ax.get_lines()
+            if (line.get_gid() or "").startswith(prefix)}
+
+
+def test_last_zero_by_hand():
+    from schedlab_plugins.reports.plot_sweep import last_zero
+    x = np.array([8.0, 16.0, 32.0, 64.0])
+    assert last_zero(x, np.array([0, 0, 5, 0])) == 16.0   # the leading run of zeros, not the last zero
+    assert last_zero(x, np.array([0, 0, 0, 0])) == 64.0
+    assert last_zero(x, np.array([1, 0, 0, 0])) is None
+    assert last_zero(x, np.array([0, math.nan, 0, 0])) == 8.0
+
+
+def test_mark_last_zero_draws_a_vertical_line_per_line_on_every_panel():
+    study = _grid()
+    fig = sweep_figure(study, ("throughput_tps", "num_preemptions"), DPI, mark_last_zero="num_preemptions")
+    marks = _gids(fig, "mark:")
+    # lines in first-seen order of the other key: a (0), b (1), c (2); c starts above 0: no mark
+    assert set(marks) == {f"mark:{m}:{i}" for m in ("throughput_tps", "num_preemptions") for i in (0, 1)}
+    for metric in ("throughput_tps", "num_preemptions"):
+        assert list(marks[f"mark:{metric}:0"].get_xdata()) == [16.0, 16.0]
+        assert list(marks[f"mark:{metric}:1"].get_xdata()) == [64.0, 64.0]
+        colours = {line.get_gid(): line.get_color() for line in _gids(fig, f"sweep:{metric}:").values()}
+        assert marks[f"mark:{metric}:0"].get_color() == colours[f"sweep:{metric}:0"]
+    title = fig._suptitle.get_text()
+    assert "num_preemptions = 0 up to max_num_seqs = 16 (kind=a), 64 (kind=b)" in title
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts[-1] == "last max_num_seqs with num_preemptions = 0"
+    # without the option: no marks, no line in the title
+    plain = sweep_figure(study, ("throughput_tps", "num_preemptions"), DPI)
+    assert not _gids(plain, "mark:") and "up to" not in plain._suptitle.get_text()
+
+
+def test_mark_last_zero_from_the_report_settings(tmp_path):
+    results = ExperimentResults("x", "", [_grid()], {})
+    config = from_table(PlotsConfig, {"mark_last_zero": "num_preemptions", "sweep_metrics": ["num_preemptions"]},
+                        where="x: [reports.plots]")
+    figures = {p.filename: p for p in plan(results, config)}
+    fig = figures["sweep_cliff.png"].draw()
+    assert list(_gids(fig, "mark:")["mark:num_preemptions:0"].get_xdata()) == [16.0, 16.0]
+    # a metric no run has: nothing to mark, the figure is still drawn
+    config = PlotsConfig(mark_last_zero="no_such.metric", sweep_metrics=("num_preemptions",))
+    fig = plan(results, config)[-1].draw()
+    assert not _gids(fig, "mark:")
+
+
+def test_overlay_draws_sweeps_as_lines_and_single_runs_as_references():
+    a = Study("vllm", "sweep", [_sweep_run("vllm", {"scheduler.max_num_seqs": s}, num_preemptions=p,
+                                           throughput_tps=t) for s, p, t in ((8, 0, 10.0), (16, 0, 20.0),
+                                                                              (32, 4, 12.0))],
+              keys=("scheduler.max_num_seqs",))
+    b = Study("orca", "sweep", [_sweep_run("orca", {"scheduler.max_num_seqs": s}, num_preemptions=0,
+                                           throughput_tps=t) for s, t in ((8, 9.0), (32, 18.0), (64, 18.0))],
+              keys=("scheduler.max_num_seqs",))
+    off = Study("off", "run", [make_run("off", arrival=[0], first=[1], finish=[2], generated=[1],
+                                        metrics={"throughput_tps": 14.0, "num_preemptions": 0})])
+    results = ExperimentResults("x", "", [a, off, b], {})
+    config = PlotsConfig(overlays={"policies": ["vllm", "orca", "off"]}, mark_last_zero="num_preemptions",
+                         sweep_metrics=("throughput_tps", "num_preemptions"))
+    planned = {p.filename: p for p in plan(results, config)}
+    assert {"sweep_vllm.png", "sweep_orca.png", "sweep_policies.png"} <= set(planned)
+    fig = planned["sweep_policies.png"].draw()
+    lines = _gids(fig, "sweep:throughput_tps:")
+    assert [lines[f"sweep:throughput_tps:{i}"].get_label() for i in (0, 1)] == ["vllm", "orca"]
+    assert lines["sweep:throughput_tps:0"].get_xdata().tolist() == [8.0, 16.0, 32.0]
+    assert lines["sweep:throughput_tps:1"].get_ydata().tolist() == [9.0, 18.0, 18.0]
+    ref = _gids(fig, "ref:throughput_tps:")["ref:throughput_tps:off"]
+    assert list(ref.get_ydata()) == [14.0, 14.0] and ref.get_linestyle() == "--" and ref.get_label() == "off"
+    marks = _gids(fig, "mark:num_preemptions:")
+    assert list(marks["mark:num_preemptions:0"].get_xdata()) == [16.0, 16.0]
+    assert list(marks["mark:num_preemptions:1"].get_xdata()) == [64.0, 64.0]
+    assert "16 (vllm), 64 (orca)" in fig._suptitle.get_text()
+
+
+def test_overlay_errors_name_the_overlay():
+    sweep = Study("s", "sweep", [_sweep_run("s", {"workload.rate": 1}, num_preemptions=0)], keys=("workload.rate",))
+    other = Study("t", "sweep", [_sweep_run("t", {"scheduler.max_num_seqs": 1}, num_preemptions=0)],
+                  keys=("scheduler.max_num_seqs",))
+    probe = _tiny("p[c=1]")
+    search = Study("p", "search", [probe], keys=("c",), search=_search([Probe(1, True, probe)], value=1),
+                   constraint="ttft_ms.p99 <= 1")
+    results = ExperimentResults("x", "", [sweep, other, search], {})
+    with pytest.raises(ConfigError, match=r"overlays.both: no study named 'nope'"):
+        plan(results, PlotsConfig(overlays={"both": ["s", "nope"]}))
+    with pytest.raises(ConfigError, match=r"overlays.both: 'p' is a search"):
+        plan(results, PlotsConfig(overlays={"both": ["s", "p"]}))
+    figure = {p.filename: p for p in plan(results, PlotsConfig(overlays={"both": ["s", "t"]}))}["sweep_both.png"]
+    with pytest.raises(ConfigError, match=r"overlays.both: sweep 't' varies 'scheduler.max_num_seqs', not "
+                                          r"'workload.rate'"):
+        figure.draw()
+    with pytest.raises(ConfigError, match="overlays"):
+        from_table(PlotsConfig, {"overlays": {"both": "s"}}, where="x: [reports.plots]")
+    with pytest.raises(ConfigError, match="names a run twice"):
+        from_table(PlotsConfig, {"overlays": {"both": ["s", "s"]}}, where="x: [reports.plots]")
+
+
+@pytest.mark.parametrize("value, text", [(5, "5"), (0.2, "0.2"), (2000, "2000"), (10000, "10k"), (12500, "12.5k"),
+                                         (16384, "16384"), (64000, "64k"), (1.5e6, "1.5M")])
+def test_tick_text_by_hand(value, text):
+    from schedlab_plugins.reports.plot_common import tick_text
+    assert tick_text(value) == text

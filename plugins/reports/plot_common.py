@@ -120,11 +120,12 @@ def use_log_scale(ax, which: str, values) -> None:
 
 
 def tick_text(value: float, _pos=None) -> str:
-    """Compact tick labels: 5, 0.2, 2000, 10k, 1.5M."""
+    """Compact tick labels: 5, 0.2, 2000, 10k, 1.5M; 16384 stays 16384 (not 16.384k)."""
     if abs(value) >= 1e6:
         return f"{value / 1e6:g}M"
     if abs(value) >= 1e4:
-        return f"{value / 1e3:g}k"
+        short = f"{value / 1e3:g}k"
+        return short if len(short) <= 5 or not float(value).is_integer() else f"{value:.0f}"
     return f"{value:g}"
 
 

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import attrs
 
-from schedlab.configs import int_field, list_field
+from schedlab.configs import FieldError, int_field, list_field, str_field, table_field
 
 DEFAULT_SWEEP_METRICS = ("queue_ms.p99", "ttft_ms.p99", "tpot_ms.p99", "throughput_tps", "avg_queue",
                          "num_preemptions")
+
+
+def _check_overlays(overlays: dict) -> None:
+    for name, studies in overlays.items():
+        names_ok = isinstance(studies, (list, tuple)) and all(isinstance(n, str) for n in studies)
+        if not names_ok or not studies:
+            raise FieldError("overlays", f"{name}: must be a non-empty list of run names, got {studies!r}")
+        if len(set(studies)) != len(studies):
+            raise FieldError("overlays", f"{name}: names a run twice: {list(studies)!r}")
 
 
 @attrs.frozen
@@ -16,5 +25,16 @@ class PlotsConfig:
                                                    "search boundaries, then sweep points)")
     sweep_metrics: tuple = list_field(DEFAULT_SWEEP_METRICS, item=str,
                                       help="metrics plotted against a sweep's key, as dotted names; absent ones skipped")
+    mark_last_zero: str | None = str_field(
+        None, optional=True,
+        help="a metric such as 'num_preemptions': sweep figures get a dotted vertical line per line at the "
+             "largest swept value up to which that metric is still 0 (where the trouble starts)")
+    overlays: dict = table_field(
+        attrs.Factory(dict),
+        help="figure name -> run names drawn together in sweep_<name>.png: sweeps sharing their first key "
+             "as lines, single runs as dashed horizontal reference lines")
     cdf_max_lines: int = int_field(8, min=1, help="sweeps with at most this many points also get a latency CDF figure")
     dpi: int = int_field(110, min=50, max=400, help="resolution of the PNGs (dots per inch)")
+
+    def __attrs_post_init__(self):
+        _check_overlays(self.overlays)

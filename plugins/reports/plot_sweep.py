@@ -7,6 +7,17 @@ with a tick at each value when there are at most 12); other values (text, lists)
 in order as categories. Metrics that no
 run of the sweep has are left out; a metric's y axis is logarithmic when its positive values
 span a factor of 30 or more.
+
+Two options of the ``plots`` report add to these figures:
+
+* ``mark_last_zero = "num_preemptions"`` draws, for every line, a dotted vertical line (in the
+  line's colour, on every panel) at the last value of the leading run of swept values where
+  that metric is 0 -- the largest value up to which it is still 0 (nothing is drawn when it is
+  not 0 at the first value). With ``num_preemptions`` this is the largest ``max_num_seqs``
+  (or load) that runs without preemption. The subtitle lists the marked values.
+* ``overlays = {name = ["a", "b", "c"]}`` draws several runs in one figure
+  (:func:`overlay_figure`): each sweep's lines, labelled with the run name, against their
+  common first key, and each single run as a dashed horizontal reference line.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import numbers
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
 from schedlab.sweep import point_label
@@ -36,16 +48,15 @@ def present_metrics(runs, names) -> list[str]:
     return [name for name in names if any(metric_value(run.metrics, name) is not None for run in runs)]
 
 
-def sweep_series(study, metric: str) -> tuple[list, list[tuple[str, np.ndarray, np.ndarray]]]:
+def sweep_series(study, metric: str,
+                 order: list | None = None) -> tuple[list, list[tuple[str, np.ndarray, np.ndarray]]]:
     """The x values in first-seen order and, per line, its label, x positions and metric values.
 
-    x positions are the values themselves for a numeric key, else their index in the order.
+    x positions are the values themselves for a numeric key, else their index in the order
+    (``order``, when given, fixes that order: several sweeps drawn in one figure share it).
     """
     key, others = study.keys[0], study.keys[1:]
-    xs = []
-    for run in study.runs:
-        if not any(_same(run.point.get(key), seen) for seen in xs):
-            xs.append(run.point.get(key))
+    xs = list(order) if order is not None else _first_seen(study.runs, key)
     numeric = all(_is_number(v) for v in xs)
     groups: dict[str, list] = {}
     for run in study.runs:
@@ -58,9 +69,17 @@ def sweep_series(study, metric: str) -> tuple[list, list[tuple[str, np.ndarray, 
         else:
             x = np.array([float(next(i for i, v in enumerate(xs) if _same(v, run.point.get(key)))) for run in runs])
         y = np.array([_nan_if_none(metric_value(run.metrics, metric)) for run in runs])
-        order = np.argsort(x, kind="stable")
-        lines.append((label, x[order], y[order]))
+        by_x = np.argsort(x, kind="stable")
+        lines.append((label, x[by_x], y[by_x]))
     return xs, lines
+
+
+def _first_seen(runs, key) -> list:
+    xs: list = []
+    for run in runs:
+        if not any(_same(run.point.get(key), seen) for seen in xs):
+            xs.append(run.point.get(key))
+    return xs
 
 
 def _same(a, b) -> bool:
@@ -71,28 +90,92 @@ def _nan_if_none(value):
     return math.nan if value is None else value
 
 
-def sweep_figure(study, metrics, dpi: int) -> Figure | None:
+def last_zero(x: np.ndarray, y: np.ndarray) -> float | None:
+    """The last x of the leading run of zeros in ``y`` (x ascending); None if ``y[0]`` is not 0."""
+    last = None
+    for xv, yv in zip(x, y):
+        if yv != 0:  # NaN too
+            break
+        last = float(xv)
+    return last
+
+
+def sweep_figure(study, metrics, dpi: int, mark_last_zero: str | None = None) -> Figure | None:
     """One panel per metric of ``metrics`` present in the study; None if none is (or no key)."""
     if not study.keys or not study.runs:
         return None
-    names = present_metrics(study.runs, metrics)
+    shape = " x ".join(f"{k} ({n})" for k, n in zip(study.keys, _value_counts(study)))
+    return _figure(f"sweep: {study.name}", f"{len(study.runs)} runs over {shape}", study.keys[0],
+                   [(None, study)], [], metrics, dpi, mark_last_zero)
+
+
+def overlay_figure(name: str, studies, metrics, dpi: int, mark_last_zero: str | None = None) -> Figure | None:
+    """Several runs in one figure: sweeps (sharing their first key) as lines, single runs as
+    horizontal reference lines. None if there is no sweep with runs, or no metric to draw.
+
+    :raises ValueError: the sweeps have different first keys.
+    """
+    sweeps = [s for s in studies if s.kind == "sweep" and s.keys and s.runs]
+    refs = [s for s in studies if s.kind == "run" and s.runs]
+    if not sweeps:
+        return None
+    key = sweeps[0].keys[0]
+    for s in sweeps[1:]:
+        if s.keys[0] != key:
+            raise ValueError(f"overlays.{name}: sweep {s.name!r} varies {s.keys[0]!r}, "
+                             f"not {key!r} like {sweeps[0].name!r}")
+    parts = [f"{s.name} ({len(s.runs)} runs)" for s in sweeps] + [f"{s.name} (reference)" for s in refs]
+    return _figure(f"sweeps: {name}", ", ".join(parts), key, [(s.name, s) for s in sweeps], refs,
+                   metrics, dpi, mark_last_zero)
+
+
+def _line_label(prefix: str | None, label: str, key: str) -> str:
+    if prefix is None:
+        return label or key
+    return f"{prefix}: {label}" if label else prefix
+
+
+def _figure(title: str, subtitle: str, key: str, sweeps, refs, metrics, dpi: int,
+            mark_last_zero: str | None) -> Figure | None:
+    every_run = [run for _, s in sweeps for run in s.runs] + [run for s in refs for run in s.runs]
+    names = present_metrics(every_run, metrics)
     if not names:
         return None
-    key = study.keys[0]
+    xs: list = []
+    for _, s in sweeps:
+        for v in _first_seen(s.runs, key):
+            if not any(_same(v, seen) for seen in xs):
+                xs.append(v)
+    marks = _marks(sweeps, key, xs, mark_last_zero)
     ncols = min(3, len(names))
     nrows = math.ceil(len(names) / ncols)
     fig = new_figure(4.4 * ncols, 3.3 * nrows + 0.9, dpi)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     handles = {}
-    xs: list = []
     for ax, metric in zip(axes, names):
-        xs, lines = sweep_series(study, metric)
         values = []
-        for i, (label, x, y) in enumerate(lines):
-            (line,) = ax.plot(x, y, marker="o", markersize=4.5, linewidth=1.5, label=label or key, **line_style(i))
-            line.set_gid(f"sweep:{metric}:{i}")
-            handles.setdefault(label, line)
-            values.append(y)
+        i = 0
+        for prefix, study in sweeps:
+            _, lines = sweep_series(study, metric, xs)
+            for label, x, y in lines:
+                text = _line_label(prefix, label, key)
+                (line,) = ax.plot(x, y, marker="o", markersize=4.5, linewidth=1.5, label=text, **line_style(i))
+                line.set_gid(f"sweep:{metric}:{i}")
+                handles.setdefault(text, line)
+                values.append(y)
+                if i in marks:
+                    mark = ax.axvline(marks[i][1], linestyle=":", linewidth=1.6, color=line_style(i)["color"])
+                    mark.set_gid(f"mark:{metric}:{i}")
+                i += 1
+        for study in refs:
+            value = _nan_if_none(metric_value(study.runs[0].metrics, metric))
+            if math.isfinite(value):
+                ref = ax.axhline(value, linestyle="--", linewidth=1.3, label=study.name,
+                                 color=line_style(i)["color"])
+                ref.set_gid(f"ref:{metric}:{study.name}")
+                handles.setdefault(study.name, ref)
+                values.append(np.array([value]))
+            i += 1
         _x_axis(ax, key, xs)
         ax.set_ylabel(metric_label(metric))
         ax.set_title(metric, fontsize=11)
@@ -106,12 +189,42 @@ def sweep_figure(study, metrics, dpi: int) -> Figure | None:
             _linear_y(ax, pooled[np.isfinite(pooled)], metric_unit(metric) in INTEGER_UNITS)
     for ax in axes[len(names):]:
         ax.set_visible(False)
-    if len(handles) > 1:
+    short = key.rsplit(".", 1)[-1]
+    if marks:
+        proxy = Line2D([], [], linestyle=":", linewidth=1.6, color="0.3",
+                       label=f"last {short} with {mark_last_zero} = 0")
+        handles[proxy.get_label()] = proxy
+        listed = ", ".join(_position_text(x, xs) + (f" ({label})" if label != key else "")
+                           for label, x in marks.values())
+        subtitle += f"\n{mark_last_zero} = 0 up to {short} = {listed}"
+    if len(handles) > 1 or marks:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
                    ncol=min(len(handles), 6), frameon=False)
-    shape = " x ".join(f"{k} ({n})" for k, n in zip(study.keys, _value_counts(study)))
-    titles(fig, f"sweep: {study.name}", f"{len(study.runs)} runs over {shape}")
+    titles(fig, title, subtitle)
     return fig
+
+
+def _marks(sweeps, key: str, xs: list, metric: str | None) -> dict[int, tuple[str, float]]:
+    """Line index -> (its label, the x position to mark) for ``mark_last_zero``."""
+    if metric is None:
+        return {}
+    marks = {}
+    i = 0
+    for prefix, study in sweeps:
+        _, lines = sweep_series(study, metric, xs)
+        for label, x, y in lines:
+            at = last_zero(x, y)
+            if at is not None:
+                marks[i] = (_line_label(prefix, label, key), at)
+            i += 1
+    return marks
+
+
+def _position_text(position: float, xs: list) -> str:
+    """A marked x position as text: the value itself, or for text values the one at that index."""
+    if all(_is_number(v) for v in xs):
+        return tick_text(position)
+    return _value_text(xs[int(position)])
 
 
 def _linear_y(ax, values: np.ndarray, integer: bool) -> None:

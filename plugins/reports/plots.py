@@ -6,7 +6,11 @@ they write the same files with the same data. Figures, in this order:
 
 * ``latency_cdf.png`` -- TTFT/TPOT/e2e CDFs of every single run (study kind "run") together;
 * ``latency_cdf_<sweep>.png`` -- the same for each sweep of at most ``cdf_max_lines`` points;
-* ``sweep_<sweep>.png`` -- ``sweep_metrics`` against the swept key, for each sweep;
+* ``sweep_<sweep>.png`` -- ``sweep_metrics`` against the swept key, for each sweep (with
+  ``mark_last_zero``, a marker where that metric stops being 0);
+* ``sweep_<name>.png`` -- for each entry of ``overlays``, the sweeps and single runs it names
+  drawn together (see :func:`~.plot_sweep.overlay_figure`); a name that is not a run of the
+  experiment, or a run that is a search, is an error;
 * ``search_<search>.png`` -- each search's probes, threshold and chosen value;
 * ``timeline_<run>.png`` -- running/waiting/KV over time, for at most ``max_timelines`` runs
   with a timeline, chosen in this order: every single run (file order); then each search's
@@ -30,13 +34,13 @@ from typing import Callable
 import attrs
 from matplotlib.figure import Figure
 
-from schedlab.configs import int_field, list_field
+from schedlab.errors import ConfigError
 from schedlab.results_io import atomic_write
 
 from .plot_config import PlotsConfig
 from .plot_cdf import latency_cdf_figure
 from .plot_search import search_figure
-from .plot_sweep import sweep_figure
+from .plot_sweep import overlay_figure, sweep_figure
 from .plot_timeline import has_timeline, timeline_figure
 
 FOLDER = "plots"
@@ -106,7 +110,12 @@ def plan(results, config: PlotsConfig | None = None) -> list[PlannedFigure]:
             continue
         if len(study.runs) <= config.cdf_max_lines:
             items.append((f"latency_cdf_{safe_stem(study.name)}", _bind(_sweep_cdf, study, dpi)))
-        items.append((f"sweep_{safe_stem(study.name)}", _bind(sweep_figure, study, config.sweep_metrics, dpi)))
+        items.append((f"sweep_{safe_stem(study.name)}",
+                      _bind(sweep_figure, study, config.sweep_metrics, dpi, config.mark_last_zero)))
+    for name, names in config.overlays.items():
+        studies = [_overlay_study(results, name, study_name) for study_name in names]
+        items.append((f"sweep_{safe_stem(name)}",
+                      _bind(_overlay, name, studies, config.sweep_metrics, dpi, config.mark_last_zero)))
     for study in results.studies:
         if study.kind == "search" and study.search is not None:
             items.append((f"search_{safe_stem(study.name)}", _bind(search_figure, study, dpi)))
@@ -122,6 +131,24 @@ def plan(results, config: PlotsConfig | None = None) -> list[PlannedFigure]:
         used.add(unique.lower())
         planned.append(PlannedFigure(f"{unique}.png", draw))
     return planned
+
+
+def _overlay_study(results, overlay: str, name: str):
+    where = f"[reports.plots] overlays.{overlay}"
+    try:
+        study = results.study(name)
+    except KeyError as exc:
+        raise ConfigError(f"{where}: {exc.args[0]}") from None
+    if study.kind == "search":
+        raise ConfigError(f"{where}: {name!r} is a search; overlays draw sweeps and single runs")
+    return study
+
+
+def _overlay(name, studies, metrics, dpi, mark):
+    try:
+        return overlay_figure(name, studies, metrics, dpi, mark)
+    except ValueError as exc:
+        raise ConfigError(f"[reports.plots] {exc}") from None
 
 
 def _bind(fn, *args):
