@@ -264,6 +264,8 @@ def search(
             f"max_probes = {max_probes}; narrow the range, raise the tolerance or raise max_probes"
         )
     start, end = (low, high) if maximize else (high, low)
+    # Float keys: probe round numbers (0.95, not 0.9500000000000001), finer than the tolerance.
+    digits = None if integer else max(0, 2 - math.floor(math.log10(unit)))
     probes: list[Probe] = []
     seen: dict[Any, Probe] = {}
 
@@ -291,6 +293,8 @@ def search(
             value = end
         else:  # clipped: float rounding must not step past the end
             value = min(start + offset, end) if maximize else max(start - offset, end)
+        if digits is not None and value != end:
+            value = round(value, digits)
         if probe(value):
             passing = value
         else:
@@ -306,7 +310,7 @@ def search(
         return outcome("holds-everywhere", end, None, message)
 
     while abs(failing - passing) > unit and len(probes) < max_probes:
-        middle = (passing + failing) // 2 if integer else (passing + failing) / 2
+        middle = (passing + failing) // 2 if integer else round((passing + failing) / 2, digits)
         if middle == passing or middle == failing:  # float resolution reached
             break
         if probe(middle):
