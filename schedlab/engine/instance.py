@@ -83,19 +83,18 @@ class Instance:
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
-        reason = getattr(scheduler, "rejection_reason", None)
-        self._rejection_reason = reason if reason is not None else (lambda req, kv: default_rejection_reason(req, kv))
+        self._rejection_reason = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
         self._on_finish = getattr(scheduler, "on_finish", None)
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
-        self.events = 0              # executed plans: iterations that needed the scheduler
+        self.events = 0              # executed plans: one iteration, or one bulk run of them
         self.since_progress = 0
         self.kv_need_high = math.floor(recorder.kv_high_water * kv.num_blocks) + 1
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
         """Queue ``request`` (which has arrived by now), or reject it if it can never be served."""
-        seq = Sequence(request, seq_no, self.clock, request.arrival_ms)
+        seq = Sequence(request, seq_no, self.clock)
         reason = self._rejection_reason(request, self.kv)
         if reason:
             seq.status = REJECTED

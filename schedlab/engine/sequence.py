@@ -41,7 +41,7 @@ class Sequence:
         "cached_tokens_total", "plan_mark", "hit_memo", "num_swaps",
     )
 
-    def __init__(self, request: "Request", seq_no: int, clock: DecodeClock, now: float):
+    def __init__(self, request: "Request", seq_no: int, clock: DecodeClock):
         self.request = request
         self.seq_no = seq_no
         self.status = WAITING
