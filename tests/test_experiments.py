@@ -8,6 +8,7 @@ with a margin.
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -17,10 +18,14 @@ import pytest
 from schedlab.configs import from_table
 from schedlab.experiment import load, run_experiment
 from schedlab_plugins.reports.plots import PlotsConfig, plan
+from schedlab_plugins.reports.table import TableConfig, render
+from schedlab_plugins.workloads.traces import load_azure
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
-# Files whose default data lives outside the project: the key to point at a generated file.
-OUTSIDE_DATA = {"mooncake_prefix.toml": "workload.path"}
+# Files whose default data lives outside the project: the key to point at a generated file, and
+# which generated file (a fixture below).
+OUTSIDE_DATA = {"mooncake_prefix.toml": ("workload.path", "mooncake_trace"),
+                "router_comparison.toml": ("workload.classes.code.path", "azure_code_trace")}
 
 
 def run(name: str, overrides: list[str]):
@@ -88,8 +93,11 @@ def mooncake_trace(tmp_path_factory):
 
 
 @pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.toml")), ids=lambda p: p.name)
-def test_every_experiment_file_validates(path, mooncake_trace):
-    overrides = [f"{OUTSIDE_DATA[path.name]}={mooncake_trace[0]}"] if path.name in OUTSIDE_DATA else []
+def test_every_experiment_file_validates(path, request):
+    overrides = []
+    if path.name in OUTSIDE_DATA:
+        key, fixture = OUTSIDE_DATA[path.name]
+        overrides = [f"{key}={request.getfixturevalue(fixture)[0]}"]
     exp = load(path, overrides)
     assert exp.studies and exp.config.description
 
@@ -234,3 +242,138 @@ def test_chunked_prefill_trades_ttft_for_itl():
     capped = by_point(results.study("threshold"), "scheduler.long_prefill_token_threshold")
     assert metric(capped[min(capped)], "per_class.chat.ttft_ms.p99") < metric(off, "per_class.chat.ttft_ms.p99")
     assert metric(capped[min(capped)], "itl_ms.p99") < metric(off, "itl_ms.p99")
+
+
+# -- interactive and background work ---------------------------------------------------------------------
+
+
+def test_interactive_background_one_gpu_misses_the_chat_slo_separation_meets_it():
+    path = EXPERIMENTS / "interactive_background.toml"
+    results = run("interactive_background.toml", ["workload.classes.interactive.num_requests=600",
+                                                  "workload.classes.batch.num_requests=70"])
+    runs = {r.name: r for r in results.all_runs()}
+    attainment = {name: metric(r, "per_class.interactive.slo.attainment") for name, r in runs.items()}
+    one_gpu = ("fcfs", "priority", "priority_budget512", "vtc")
+    assert all(attainment[name] < 0.9 for name in one_gpu), attainment
+    assert attainment["2gpu_separated"] >= 0.99
+    # every run serves every request and keeps up with the documents: the same background throughput
+    assert all(r.metrics["finished"] == 670 for r in runs.values())
+    tps = [metric(r, "per_class.batch.throughput_tps") for r in runs.values()]
+    assert max(tps) < 1.02 * min(tps)
+    # FCFS queues chats behind document bursts; the priority policy lets them pass ...
+    ttft = "per_class.interactive.ttft_ms.p99"
+    assert metric(runs["fcfs"], ttft) > 4 * metric(runs["priority"], ttft)
+    # ... but the document chunks still share every iteration: a smaller budget protects TPOT
+    tpot = "per_class.interactive.tpot_ms.p99"
+    assert metric(runs["priority"], tpot) > 100 > metric(runs["priority_budget512"], tpot)
+    # separated: each GPU serves one class; pooled as one TP-2 instance the documents finish soonest
+    separated = runs["2gpu_separated"].requests
+    assert set(separated["instance"][separated["request_class"] == "interactive"]) == {0}
+    assert set(separated["instance"][separated["request_class"] == "batch"]) == {1}
+    e2e = {name: metric(r, "per_class.batch.e2e_ms.p50") for name, r in runs.items()}
+    assert min(e2e, key=e2e.get) == "2gpu_tp2_priority"
+    # the table marks the run with the best interactive goodput: separation
+    goodput = {name: metric(r, "per_class.interactive.slo.goodput_rps") for name, r in runs.items()}
+    assert max(goodput, key=goodput.get) == "2gpu_separated"
+    config = from_table(TableConfig, load(path).report_tables["table"], where="[reports.table]")
+    text = render(results, config.columns, config.best, config.best_is)
+    marked = [line.split()[0] for line in text.splitlines() if len(line.split()) > 1 and line.split()[1] == "*"]
+    assert marked == ["2gpu_separated"]
+    assert "* best per_class.interactive.slo.goodput_rps (highest): 2gpu_separated = " in text
+
+
+def test_batching_window_first_request_pays_the_wait_adaptive_spares_chats():
+    results = run("batching_window.toml", ["workload.classes.background.num_requests=1200"])
+    window = results.study("window")
+    rates = sorted({r.point["workload.classes.background.rate"] for r in window.runs})
+    for rate in rates:
+        points = {r.point["scheduler.max_wait_ms"]: r for r in window.runs
+                  if r.point["workload.classes.background.rate"] == rate}
+        waits = sorted(points)
+        # fuller batches: fewer iterations for the same jobs, at the same delivered throughput
+        iterations = [points[w].metrics["iterations"] for w in waits]
+        assert iterations == sorted(iterations, reverse=True) and iterations[-1] < 0.7 * iterations[0], rate
+        fill = [points[w].metrics["slot_utilisation"] for w in waits]
+        assert fill == sorted(fill), rate
+        served = [points[w].metrics["request_throughput_rps"] for w in waits]
+        assert max(served) < 1.01 * min(served)
+        if rate == min(rates):
+            # a job arriving at an idle server waits the whole window: at 1 job/s 8 never wait together
+            assert [metric(points[w], "queue_ms.p50") for w in waits] == pytest.approx(waits, abs=1e-6)
+            ttft = [metric(points[w], "ttft_ms.p50") for w in waits]
+            assert ttft[-1] - ttft[0] == pytest.approx(waits[-1], rel=0.05)
+    uniform = by_point(results.study("uniform"), "scheduler.max_wait_ms")
+    adaptive = by_point(results.study("adaptive"), "scheduler.max_wait_ms")
+    for column in ("first_token_ms", "finish_ms"):  # no window: nothing to adapt
+        assert np.array_equal(uniform[0].requests[column], adaptive[0].requests[column])
+    widest = max(uniform)
+    chat = "per_class.interactive.ttft_ms.p50"
+    assert metric(uniform[widest], chat) > metric(uniform[0], chat) + 0.8 * widest
+    assert metric(adaptive[widest], chat) < metric(adaptive[0], chat) + 0.1 * widest
+    assert metric(adaptive[widest], "per_class.interactive.slo.attainment") >= 0.99
+    assert metric(uniform[widest], "per_class.interactive.slo.attainment") < 0.5
+    # the background jobs still wait and batch under the adaptive window
+    background = "per_class.background.ttft_ms.p50"
+    assert metric(adaptive[widest], background) > metric(adaptive[0], background) + 0.5 * widest
+    assert metric(adaptive[widest], background) == pytest.approx(metric(uniform[widest], background), rel=0.1)
+    assert adaptive[widest].metrics["iterations"] < adaptive[0].metrics["iterations"]
+
+
+# -- routers on a bursty trace ---------------------------------------------------------------------------
+
+
+def azure_code_rows() -> list[tuple[str, int, int]]:
+    """An Azure-2023-format trace with the code trace's shape: a request every 3 s for 6.7 minutes,
+    and a burst of 750 requests in 25 s at t = 100 s (more prompt tokens than four A100s can
+    prefill in that time); prompts 200-4,199 tokens, answers 5-44 tokens."""
+    base = datetime.datetime(2023, 11, 16, 18, 0, 0)
+    times = sorted([100.0 + k / 30 for k in range(750)] + [3.0 * k for k in range(134)])
+    rows = []
+    for i, t in enumerate(times):
+        stamp = (base + datetime.timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
+        rows.append((stamp, 200 + (i * 397) % 4000, 5 + (i * 13) % 40))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def azure_code_trace(tmp_path_factory):
+    rows = azure_code_rows()
+    path = tmp_path_factory.mktemp("azure") / "code.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"{s},{p},{o}\n" for s, p, o in rows))
+    return path, rows
+
+
+def test_router_comparison_on_a_generated_bursty_trace(azure_code_trace):
+    path, rows = azure_code_trace
+    results = run("router_comparison.toml", [f"workload.classes.code.path={path}",
+                                             "workload.classes.chat.num_requests=300", "experiment.timeline=false"])
+    runs = {r.name: r for r in results.all_runs()}
+    for r in runs.values():
+        assert r.metrics["finished"] == len(rows) + 300 and set(r.metrics["per_class"]) == {"chat", "code"}
+    # round robin: the same count everywhere
+    counts = [runs["round_robin"].metrics["per_instance"][str(i)]["requests"] for i in range(4)]
+    assert max(counts) - min(counts) <= 1
+    # KV usage ignores the waiting queue: a burst piles up behind instances whose running set looks small
+    p99 = {name: metric(r, "ttft_ms.p99") for name, r in runs.items()}
+    assert max(p99, key=p99.get) == "least_kv" and p99["least_kv"] > 2 * p99["least_outstanding"]
+    # affinity keeps a repository's context on one instance: more hits, faster chat answers
+    for name in ("prefix_affinity", "prefix_affinity_spill"):
+        assert metric(runs[name], "prefix_cache.hit_rate") > metric(runs["round_robin"], "prefix_cache.hit_rate")
+        chat50 = "per_class.chat.ttft_ms.p50"
+        assert metric(runs[name], chat50) < metric(runs["round_robin"], chat50) / 2
+    # class routing: chat alone on instance 3 keeps its tail through the burst; code pays with 3 instances
+    req = runs["class"].requests
+    assert set(req["instance"][req["request_class"] == "chat"]) == {3}
+    assert set(req["instance"][req["request_class"] == "code"]) == {0, 1, 2}
+    chat99, code99 = "per_class.chat.ttft_ms.p99", "per_class.code.ttft_ms.p99"
+    assert metric(runs["class"], chat99) < metric(runs["least_outstanding"], chat99) / 5
+    assert metric(runs["class"], code99) > metric(runs["least_outstanding"], code99)
+
+
+def test_generated_azure_trace_reads_back_exactly(azure_code_trace):
+    path, rows = azure_code_trace
+    arrival, columns, n_zero = load_azure(path)
+    assert n_zero == 0 and len(arrival) == len(rows) == 884
+    assert arrival[0] == 0.0 and arrival[-1] == pytest.approx(399_000.0)
+    burst = arrival[(arrival >= 100_000) & (arrival < 125_000)]
+    assert len(burst) == 750 + 8  # the burst and the every-3-s requests at 102, 105, ..., 123 s

@@ -20,6 +20,6 @@ def schedlab_register_reports(register):
     register("table", TableReport, config=TableConfig, help="summary table on stdout and in summary.txt")
     register("json", JsonReport, help="summary.json/.csv, requests.csv, timeline.csv and the resolved config")
     register("plots", _plots_report, config=PlotsConfig,
-             help="PNG figures in plots/: latency CDFs, timelines, sweep metrics, search probes")
+             help="PNG figures in plots/: latency CDFs, timelines, sweep metrics, search probes, run comparisons")
     register("lab", LabReport, config=LabConfig,
              help="seed 001's artifacts: static.txt, compare.txt, maxseqs.txt, queue.csv, cost.txt, tune.txt")

@@ -6,6 +6,8 @@ import attrs
 
 from schedlab.configs import FieldError, int_field, list_field, str_field, table_field
 
+from .best import best_field, best_is_field
+
 DEFAULT_SWEEP_METRICS = ("queue_ms.p99", "ttft_ms.p99", "tpot_ms.p99", "throughput_tps", "avg_queue",
                          "num_preemptions")
 
@@ -33,6 +35,12 @@ class PlotsConfig:
         attrs.Factory(dict),
         help="figure name -> run names drawn together in sweep_<name>.png: sweeps sharing their first key "
              "as lines, single runs as dashed horizontal reference lines")
+    compare_metrics: tuple = list_field(
+        (), item=str,
+        help="metrics drawn in compare.png as bars, one bar per single run (not sweep or search points); "
+             "empty: no such figure")
+    best: str | None = best_field()
+    best_is: str = best_is_field()
     cdf_max_lines: int = int_field(8, min=1, help="sweeps with at most this many points also get a latency CDF figure")
     dpi: int = int_field(110, min=50, max=400, help="resolution of the PNGs (dots per inch)")
 

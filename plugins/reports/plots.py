@@ -5,6 +5,8 @@ of the ``json`` report (:func:`schedlab.results_io.load`). Both go through :func
 they write the same files with the same data. Figures, in this order:
 
 * ``latency_cdf.png`` -- TTFT/TPOT/e2e CDFs of every single run (study kind "run") together;
+* ``compare.png`` -- with ``compare_metrics``, those metrics as bars, one per single run, the
+  best run by ``best`` highlighted (see :mod:`.plot_compare`);
 * ``latency_cdf_<sweep>.png`` -- the same for each sweep of at most ``cdf_max_lines`` points;
 * ``sweep_<sweep>.png`` -- ``sweep_metrics`` against the swept key, for each sweep (with
   ``mark_last_zero``, a marker where that metric stops being 0);
@@ -39,6 +41,7 @@ from schedlab.results_io import atomic_write
 
 from .plot_config import PlotsConfig
 from .plot_cdf import latency_cdf_figure
+from .plot_compare import compare_figure
 from .plot_search import search_figure
 from .plot_sweep import overlay_figure, sweep_figure
 from .plot_timeline import has_timeline, timeline_figure
@@ -105,6 +108,9 @@ def plan(results, config: PlotsConfig | None = None) -> list[PlannedFigure]:
     singles = [run for study in results.studies if study.kind == "run" for run in study.runs]
     if singles:
         items.append(("latency_cdf", lambda: latency_cdf_figure(singles, f"latency CDFs: {results.name}", dpi)))
+    if singles and config.compare_metrics:
+        items.append(("compare", _bind(compare_figure, singles, config.compare_metrics, dpi, config.best,
+                                       config.best_is, f"runs compared: {results.name}")))
     for study in results.studies:
         if study.kind != "sweep" or not study.runs:
             continue

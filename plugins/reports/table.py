@@ -1,4 +1,10 @@
-"""The summary table: one row per run, printed and saved as ``summary.txt``."""
+"""The summary table: one row per run, printed and saved as ``summary.txt``.
+
+``columns`` are dotted metric names (``per_class.interactive.ttft_ms.p99`` reaches into the
+nested metrics). With ``best = "<metric>"`` the run(s) with the best value of that metric
+(``best_is = "highest"`` or ``"lowest"``) get a ``*`` after their name, and a line under the
+table names them (see :mod:`.best`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ import attrs
 from schedlab.configs import list_field
 from schedlab.results_io import atomic_write
 
+from .best import best_field, best_is_field, best_runs, best_text
+
 DEFAULT_COLUMNS = (
     "finished", "ttft_ms.p50", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p99", "e2e_ms.p99",
     "throughput_tps", "slot_utilisation", "iterations", "num_preemptions",
@@ -20,6 +28,8 @@ DEFAULT_COLUMNS = (
 @attrs.frozen
 class TableConfig:
     columns: tuple = list_field(DEFAULT_COLUMNS, item=str, help="metrics to show, as dotted names")
+    best: str | None = best_field()
+    best_is: str = best_is_field()
 
 
 def _metric(metrics: dict, name: str):
@@ -47,16 +57,25 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def render(results, columns=DEFAULT_COLUMNS) -> str:
-    """The table and, for searches, what they found."""
+BEST_MARK = " *"
+
+
+def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: str = "highest") -> str:
+    """The table, the best run by ``best`` if asked, and, for searches, what they found."""
     header = ["run"] + list(columns)
-    rows = [[run.name] + [_fmt(_metric(run.metrics, c)) for c in columns] for run in results.all_runs()]
+    runs = results.all_runs()
+    winners, top = best_runs(runs, best, best_is) if best else ([], None)
+    marked = {id(run) for run in winners}
+    rows = [[run.name + (BEST_MARK if id(run) in marked else "")] + [_fmt(_metric(run.metrics, c)) for c in columns]
+            for run in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = [f"{results.name}"]
     lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
         lines.append("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    if best:
+        lines.append(("* " if winners else "") + best_text(best, best_is, winners, top))
     seen = set()
     for run in results.all_runs():
         kv = run.meta.get("kv_cache") or {}
@@ -82,7 +101,7 @@ class TableReport:
         self.stream = stream
 
     def write(self, results, out_dir) -> list[Path]:
-        text = render(results, self.config.columns)
+        text = render(results, self.config.columns, self.config.best, self.config.best_is)
         (self.stream or sys.stdout).write(text)
         path = Path(out_dir) / "summary.txt"
         atomic_write(path, text)

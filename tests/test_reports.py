@@ -1,0 +1,244 @@
+"""The ``best`` setting of the table and plots reports, and the ``compare.png`` bar chart."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.colors
+import numpy as np
+import pytest
+
+from schedlab.cli import main
+from schedlab.configs import from_table
+from schedlab.errors import ConfigError
+from schedlab.results import ExperimentResults, RunResult, Study
+from schedlab_plugins.reports.best import best_runs, best_text, metric_number
+from schedlab_plugins.reports.plot_compare import BEST_COLOR, PLAIN_COLOR, compare_figure
+from schedlab_plugins.reports.plots import PlotsConfig, plan
+from schedlab_plugins.reports.table import TableConfig, render
+
+DPI = 60
+GOODPUT = "per_class.interactive.slo.goodput_rps"
+
+
+def fake_run(name: str, metrics: dict, point: dict | None = None) -> RunResult:
+    """A run that carries only metrics (what the table, best and compare read)."""
+    return RunResult(name, {}, {}, {}, {}, {}, {}, {}, metrics, dict(point or {}))
+
+
+def goodput_run(name: str, goodput, ttft_p99=None) -> RunResult:
+    interactive = {"slo": {"goodput_rps": goodput}}
+    if ttft_p99 is not None:
+        interactive["ttft_ms"] = {"p99": ttft_p99}
+    return fake_run(name, {"finished": 10, "per_class": {"interactive": interactive, "batch": {"slo": {}}}})
+
+
+def single_runs(*runs) -> ExperimentResults:
+    return ExperimentResults("exp", "", [Study(r.name, "run", [r]) for r in runs], {})
+
+
+# -- picking the best ---------------------------------------------------------------------------------
+
+
+def test_metric_number_reads_nested_names_and_only_finite_numbers():
+    metrics = {"a": {"b": {"c": 2}}, "nan": math.nan, "inf": math.inf, "flag": True, "text": "x",
+               "np": np.float64(1.5), "npi": np.int64(3)}
+    assert metric_number(metrics, "a.b.c") == 2.0
+    assert metric_number(metrics, "np") == 1.5 and metric_number(metrics, "npi") == 3.0
+    for name in ("a.b", "a.b.c.d", "a.x.c", "nan", "inf", "flag", "text", "missing"):
+        assert metric_number(metrics, name) is None, name
+
+
+def test_best_runs_by_hand():
+    a, b, c = goodput_run("a", 1.0), goodput_run("b", 3.25), goodput_run("c", math.nan)
+    d, e = fake_run("d", {"finished": 1}), goodput_run("e", 3.25)
+    runs = [a, b, c, d, e]
+    assert best_runs(runs, GOODPUT) == ([b, e], 3.25)            # ties: every run at the best value
+    assert best_runs(runs, GOODPUT, "lowest") == ([a], 1.0)      # NaN and absent take no part
+    assert best_runs([c, d], GOODPUT) == ([], None)
+    assert best_runs([], GOODPUT) == ([], None)
+    with pytest.raises(ValueError, match="best_is"):
+        best_runs(runs, GOODPUT, "largest")
+
+
+def test_best_text_by_hand():
+    b, e = goodput_run("b", 3.25), goodput_run("e", 3.25)
+    assert best_text(GOODPUT, "highest", [b, e], 3.25) == f"best {GOODPUT} (highest): b, e = 3.25"
+    assert best_text("ttft_ms.p99", "lowest", [b], 16950.4) == "best ttft_ms.p99 (lowest): b = 16,950"
+    assert best_text("x", "lowest", [b], 12.0) == "best x (lowest): b = 12"
+    assert best_text("x", "highest", [], None) == "best x (highest): no run has a value"
+
+
+# -- the table ----------------------------------------------------------------------------------------
+
+
+def _rows(text: str) -> dict[str, str]:
+    """Run name (without the mark) -> its table line."""
+    lines = text.splitlines()[3:]
+    return {line.split()[0]: line for line in lines if line and not line.startswith(("*", "best", "KV"))}
+
+
+def test_table_marks_the_best_run_and_names_it_under_the_table():
+    results = single_runs(goodput_run("fcfs", 2.5), goodput_run("separated", 3.1), goodput_run("pooled", 2.9))
+    columns = ("finished", GOODPUT)
+    text = render(results, columns, best=GOODPUT)
+    rows = _rows(text)
+    assert rows["separated"].split()[:2] == ["separated", "*"]
+    assert "*" not in rows["fcfs"] and "*" not in rows["pooled"]
+    assert text.splitlines()[-1] == f"* best {GOODPUT} (highest): separated = 3.1"
+    low = render(results, columns, best=GOODPUT, best_is="lowest")
+    assert _rows(low)["fcfs"].split()[:2] == ["fcfs", "*"]
+    assert low.splitlines()[-1] == f"* best {GOODPUT} (lowest): fcfs = 2.5"
+    # the metric need not be a column; runs without it are skipped; none has it: said so, no mark
+    assert render(results, ("finished",), best=GOODPUT).splitlines()[-1].endswith("separated = 3.1")
+    none = render(results, columns, best="per_class.batch.slo.goodput_rps")
+    assert none.splitlines()[-1] == "best per_class.batch.slo.goodput_rps (highest): no run has a value"
+    assert "*" not in none
+    # without the setting the table is what it always was
+    plain = render(results, columns)
+    assert "*" not in plain and "best" not in plain
+    assert plain == render(results, columns, best=None)
+
+
+def test_table_marks_every_tied_run_and_sweep_points_too():
+    sweep = Study("s", "sweep", [goodput_run("s[x=1]", 3.0), goodput_run("s[x=2]", 1.0)], keys=("x",))
+    results = ExperimentResults("exp", "", [Study("one", "run", [goodput_run("one", 3.0)]), sweep], {})
+    text = render(results, (GOODPUT,), best=GOODPUT)
+    rows = _rows(text)
+    assert rows["one"].split()[1] == "*" and rows["s[x=1]"].split()[1] == "*"
+    assert rows["s[x=2]"].split()[1] != "*"
+    assert text.splitlines()[-1] == f"* best {GOODPUT} (highest): one, s[x=1] = 3"
+
+
+def test_best_settings_are_checked():
+    cfg = from_table(TableConfig, {"best": GOODPUT, "best_is": "lowest"}, where="x: [reports.table]")
+    assert (cfg.best, cfg.best_is) == (GOODPUT, "lowest")
+    assert TableConfig().best is None and TableConfig().best_is == "highest"
+    for cls, table in ((TableConfig, "table"), (PlotsConfig, "plots")):
+        with pytest.raises(ConfigError, match=r"\[reports\.%s\]: best_is: must be one of 'highest', 'lowest'" % table):
+            from_table(cls, {"best": "x", "best_is": "max"}, where=f"x: [reports.{table}]")
+    with pytest.raises(ConfigError, match="compare_metrics"):
+        from_table(PlotsConfig, {"compare_metrics": "ttft_ms.p99"}, where="x: [reports.plots]")
+
+
+EXPERIMENT = '''
+[experiment]
+name = "best-test"
+reports = ["table", "plots"]
+
+[workload]
+kind = "synthetic"
+num_requests = 40
+prompt = {dist = "fixed", value = 64}
+output = {dist = "fixed", value = 16}
+arrival = "all-at-once"
+
+[cost_model]
+kind = "linear"
+
+[scheduler]
+kind = "continuous"
+
+[kv_cache]
+kind = "paged"
+num_blocks = 400
+
+[[runs]]
+name = "two_slots"
+scheduler = { max_num_seqs = 2 }
+
+[[runs]]
+name = "eight_slots"
+scheduler = { max_num_seqs = 8 }
+
+[[runs]]
+name = "four_slots"
+scheduler = { max_num_seqs = 4 }
+
+[reports.table]
+columns = ["throughput_tps"]
+best = "throughput_tps"
+
+[reports.plots]
+compare_metrics = ["throughput_tps", "ttft_ms.p99"]
+best = "ttft_ms.p99"
+best_is = "lowest"
+max_timelines = 0
+'''
+
+
+def test_best_from_an_experiment_file(tmp_path, capsys):
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert summary in capsys.readouterr().out
+    # 40 requests of 16 tokens, all at t = 0, linear costs: more slots, more tokens per 8 ms step
+    rows = _rows(summary)
+    assert rows["eight_slots"].split()[:2] == ["eight_slots", "*"]
+    assert "*" not in rows["two_slots"] and "*" not in rows["four_slots"]
+    assert "* best throughput_tps (highest): eight_slots = " in summary
+    assert (tmp_path / "out" / "plots" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- compare.png ----------------------------------------------------------------------------------------
+
+
+def _bars(fig) -> dict[str, object]:
+    return {patch.get_gid(): patch for ax in fig.axes for patch in ax.patches if patch.get_gid()}
+
+
+def test_compare_figure_draws_a_bar_per_run_and_highlights_the_best():
+    runs = [goodput_run("fcfs", 2.5, ttft_p99=5000.0), goodput_run("separated", 3.1, ttft_p99=250.0),
+            goodput_run("pooled", math.nan, ttft_p99=1600.0)]
+    ttft = "per_class.interactive.ttft_ms.p99"
+    fig = compare_figure(runs, [ttft, GOODPUT, "no.such.metric"], DPI, best=GOODPUT)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == [ttft, GOODPUT]          # absent metrics left out
+    bars = _bars(fig)
+    assert set(bars) == {f"bar:{ttft}:fcfs", f"best:{ttft}:separated", f"bar:{ttft}:pooled",
+                         f"bar:{GOODPUT}:fcfs", f"best:{GOODPUT}:separated"}  # NaN: no bar
+    assert bars[f"bar:{ttft}:fcfs"].get_width() == 5000.0
+    assert bars[f"best:{GOODPUT}:separated"].get_width() == 3.1
+    # bars in file order, top to bottom
+    top_to_bottom = [bars[f"bar:{ttft}:fcfs"], bars[f"best:{ttft}:separated"], bars[f"bar:{ttft}:pooled"]]
+    assert [bar.get_y() for bar in top_to_bottom] == sorted(bar.get_y() for bar in top_to_bottom)
+    assert panels[0].yaxis_inverted()
+    for gid, bar in bars.items():
+        want = BEST_COLOR if gid.startswith("best:") else PLAIN_COLOR
+        assert matplotlib.colors.to_hex(bar.get_facecolor()) == matplotlib.colors.to_hex(want), gid
+    assert [t.get_text() for t in panels[0].texts] == ["5,000", "250", "1,600"]   # each bar's value
+    assert [t.get_text() for t in panels[1].texts] == ["2.5", "3.1", "-"]          # NaN: a dash
+    labels = [t.get_text() for t in panels[0].get_yticklabels()]
+    assert labels == ["fcfs", "separated (best)", "pooled"]
+    assert f"best {GOODPUT} (highest): separated = 3.1" in fig._suptitle.get_text()
+    # TTFT spans 20x: linear; a 30x range gets a log axis
+    assert panels[0].get_xscale() == "linear"
+    wide = compare_figure([goodput_run("a", 1.0, ttft_p99=100.0), goodput_run("b", 1.0, ttft_p99=5000.0)],
+                          [ttft], DPI)
+    assert wide.axes[0].get_xscale() == "log"
+
+
+def test_compare_figure_without_best_and_without_anything_to_draw():
+    runs = [goodput_run("a", 1.0), goodput_run("b", 2.0)]
+    fig = compare_figure(runs, [GOODPUT], DPI)
+    assert all(gid.startswith("bar:") for gid in _bars(fig))
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a", "b"]
+    assert "best" not in fig._suptitle.get_text()
+    assert compare_figure(runs, ["no.such.metric"], DPI) is None
+    assert compare_figure([], [GOODPUT], DPI) is None
+
+
+def test_compare_png_is_planned_only_when_asked_and_for_single_runs_only():
+    a, b = goodput_run("a", 1.0), goodput_run("b", 2.0)
+    sweep = Study("s", "sweep", [goodput_run("s[x=1]", 9.0, ttft_p99=1.0)], keys=("x",))
+    results = ExperimentResults("exp", "", [Study("a", "run", [a]), sweep, Study("b", "run", [b])], {})
+    names = [p.filename for p in plan(results, PlotsConfig(max_timelines=0))]
+    assert "compare.png" not in names
+    config = PlotsConfig(max_timelines=0, compare_metrics=(GOODPUT,), best=GOODPUT)
+    planned = {p.filename: p for p in plan(results, config)}
+    assert "compare.png" in planned
+    fig = planned["compare.png"].draw()
+    assert set(_bars(fig)) == {f"bar:{GOODPUT}:a", f"best:{GOODPUT}:b"}  # the sweep point (9.0) is not a bar
+    only_sweep = ExperimentResults("exp", "", [sweep], {})
+    assert "compare.png" not in [p.filename for p in plan(only_sweep, config)]
