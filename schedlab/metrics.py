@@ -169,6 +169,8 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         "avg_running": c["running_seq_ms"] / makespan if makespan > 0 else float("nan"),
         "avg_queue": float(req["waiting_ms"].sum()) / makespan if makespan > 0 else float("nan"),
         "peak_waiting": int(c["peak_waiting"]),
+        # share of the makespan the accelerator(s) spent in iterations
+        "busy_share": c["busy_ms"] / (makespan * (meta.get("instances") or 1)) if makespan > 0 else float("nan"),
     }
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         m[name] = summarize(lat[name])

@@ -110,10 +110,13 @@ def test_an_interactive_request_shortens_the_window(engine, interactive_wait, ar
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_lone_interactive_request_does_not_wait(engine):
+def test_a_lone_interactive_request_does_not_wait_in_an_adaptive_window(engine):
     reqs = [Request(0, 0.0, 10, 3, request_class="interactive")]
-    r = run_engine(reqs, StaticScheduler(StaticConfig(max_wait_ms=20.0)), engine=engine)
+    r = run_engine(reqs, StaticScheduler(StaticConfig(max_wait_ms=20.0, interactive_wait_ms=0.0)), engine=engine)
     assert by_id(r, "first_scheduled_ms") == {0: 0.0}
+    # without interactive_wait_ms the window is the same for every class
+    r = run_engine(reqs, StaticScheduler(StaticConfig(max_wait_ms=20.0)), engine=engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 20.0}
 
 
 def test_window_settings_are_checked():

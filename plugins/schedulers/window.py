@@ -6,9 +6,9 @@ window opens -- waiting requests may be admitted -- as soon as any of these hold
 
 * enough requests wait: ``min_batch`` (0 = as many as there are free slots);
 * the oldest waiting request has waited ``max_wait_ms``;
-* it is adaptive: while a request of class ``interactive_class`` waits, the window is
-  ``interactive_wait_ms`` long instead (0 = interactive requests go at once, taking the
-  background requests waiting with them);
+* adaptive, when ``interactive_wait_ms`` is set: while a request of class
+  ``interactive_class`` waits, the window is ``interactive_wait_ms`` long instead (0 =
+  interactive requests go at once, taking the background requests waiting with them);
 * a preempted request is waiting (it resumes without delay).
 
 While the window is closed the scheduler admits nothing and calls ``plan.wake_at`` with the
@@ -43,12 +43,14 @@ def interactive_class_field():
 
 
 def interactive_wait_ms_field():
-    return float_field(0.0, min=0.0, help="batching window: its length while a request of interactive_class waits")
+    return float_field(None, min=0.0, optional=True,
+                       help="adaptive batching window: its length while a request of interactive_class waits "
+                            "(unset = the same window for every class)")
 
 
 def check_window_settings(config) -> None:
     """The interactive window is a shorter one; a longer one is a mistake worth reporting."""
-    if config.interactive_wait_ms > config.max_wait_ms:
+    if config.interactive_wait_ms is not None and config.interactive_wait_ms > config.max_wait_ms:
         raise ConfigError(f"interactive_wait_ms ({config.interactive_wait_ms}) must not exceed max_wait_ms "
                           f"({config.max_wait_ms}): the interactive window shortens the batching window")
 
@@ -57,7 +59,7 @@ class BatchingWindow:
     """Decides, at each scheduling step, whether new requests are still held back."""
 
     def __init__(self, max_wait_ms: float, min_batch: int = 0, interactive_class: str = "interactive",
-                 interactive_wait_ms: float = 0.0):
+                 interactive_wait_ms: float | None = None):
         self.max_wait_ms = max_wait_ms
         self.min_batch = min_batch
         self.interactive_class = interactive_class
@@ -88,7 +90,7 @@ class BatchingWindow:
             request = seq.request
             if request.arrival_ms < oldest:
                 oldest = request.arrival_ms
-            if request.request_class == self.interactive_class:
+            if self.interactive_wait_ms is not None and request.request_class == self.interactive_class:
                 interactive = True
         opens = oldest + (self.interactive_wait_ms if interactive else self.max_wait_ms)
         if plan.now >= opens:
