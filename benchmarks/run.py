@@ -107,7 +107,9 @@ def bench_azure(rows: list) -> dict:
 
 def bench_scaling(rows: list, sizes) -> None:
     for n in sizes:
-        r = measure("scaling.toml", [f"workload.num_requests={n}"])
+        repeats = 3 if n <= 100_000 else 1  # best of 3 where it is cheap: this VM's timings vary ~20%
+        r = min((measure("scaling.toml", [f"workload.num_requests={n}"]) for _ in range(repeats)),
+                key=lambda m: m["wall_ms"])
         rows.append((f"2. {n:,} requests", f"{r['wall_ms'] / 1e3:.2f} s",
                      f"{r['wall_ms'] * 1e3 / n:.1f} us/request, peak RSS {r['maxrss_mb']:.0f} MB, "
                      f"{r['events'] / n:.2f} events/request, {r['iterations']:,} iterations"))
