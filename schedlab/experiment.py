@@ -186,6 +186,8 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
                                       "or experiment")
                 tables = set_dotted(tables, key, value)
         seed = entry.get("seed", config.seed)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"{where.rstrip(':')}: seed must be a whole number, got {seed!r}")
         engine = entry.get("engine", config.engine)
         base = RunSpec(name, tables, seed=seed, engine=engine)
         sweep_table = entry.get("sweep", raw.get("sweep"))

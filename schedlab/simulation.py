@@ -7,6 +7,7 @@ the engine then calls those objects directly in its loop.
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from typing import Any, Callable
 
@@ -14,7 +15,7 @@ import attrs
 
 from .capacity import Presets
 from .catalog import Catalog
-from .configs import from_table, int_field, table_field
+from .configs import FieldError, float_field, from_table, int_field, table_field
 from .engine.driver import simulate
 from .engine.instance import Instance
 from .engine.recorder import Recorder
@@ -40,9 +41,23 @@ class ClusterConfig:
 
 @attrs.frozen
 class SloConfig:
-    ttft_ms: float = attrs.field(default=float("inf"), converter=float, metadata={"help": "p-anything TTFT target, ms"})
-    tpot_ms: float = attrs.field(default=float("inf"), converter=float, metadata={"help": "TPOT target, ms"})
-    classes: dict = table_field(attrs.Factory(dict), help="per request class targets: {interactive = {ttft_ms = ...}}")
+    """Per-request targets: a request meets the SLO when its TTFT and its TPOT are both within
+    them (DistServe's goodput counts such requests per second)."""
+
+    ttft_ms: float = float_field(math.inf, min=0.0, help="TTFT target of every request, ms")
+    tpot_ms: float = float_field(math.inf, min=0.0, help="TPOT target of every request, ms")
+    classes: dict = table_field(attrs.Factory(dict),
+                                help="targets per request class: {interactive = {ttft_ms = 300, tpot_ms = 100}}")
+
+    def __attrs_post_init__(self):
+        for name, table in self.classes.items():
+            if not isinstance(table, dict):
+                raise FieldError("classes", f"{name} must be a table like {{ttft_ms = 300}}, got {table!r}")
+            for key, value in table.items():
+                if key not in ("ttft_ms", "tpot_ms"):
+                    raise FieldError("classes", f"{name}: unknown key {key!r}; valid keys: ttft_ms, tpot_ms")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise FieldError("classes", f"{name}.{key} must be a number >= 0, got {value!r}")
 
 
 @attrs.frozen

@@ -151,3 +151,14 @@ def test_same_seed_same_results_different_seed_differs(folder):
     assert a.requests["finish_ms"].tolist() == b.requests["finish_ms"].tolist()
     assert a.metrics == b.metrics or str(a.metrics) == str(b.metrics)
     assert a.requests["arrival_ms"].tolist() != c.requests["arrival_ms"].tolist()
+
+
+@pytest.mark.parametrize("slo,message", [
+    ("[slo]\nttft_ms = -1\n", r"\[slo\]: ttft_ms: must be >= 0.0, got -1"),
+    ("[slo]\nclasses = { chat = { ttft = 3 } }\n", r"\[slo\]: classes: chat: unknown key 'ttft'"),
+    ("[slo]\nclasses = { chat = { ttft_ms = 'fast' } }\n", r"chat.ttft_ms must be a number"),
+    ("[[runs]]\nname = 'a'\nseed = 'x'\n", r"seed must be a whole number"),
+])
+def test_slo_tables_and_seeds_are_checked_at_load(folder, slo, message):
+    with pytest.raises(ConfigError, match=message):
+        load(write(folder, BASE + slo))
