@@ -192,6 +192,13 @@ class Plan(Protocol):
     def num_scheduled_tokens(self) -> int: ...
     @property
     def preempted(self) -> list[SequenceState]: ...
+    @property
+    def admitted(self) -> list[SequenceState]: ...
+    @property
+    def decode_steps(self) -> int:
+        """Decode iterations the instance has run (a clock for lazy per-sequence accounting,
+        e.g. service counters that grow with every token)."""
+        ...
 
     def is_scheduled(self, seq: SequenceState) -> bool:
         """True if ``seq`` already has work in this iteration (it cannot be preempted now)."""

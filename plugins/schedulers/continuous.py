@@ -258,7 +258,5 @@ class ContinuousScheduler:
         if victim is None or (victim.request.priority, victim.request.arrival_ms) <= (
                 seq.request.priority, seq.request.arrival_ms):
             return False
-        if victim.status == "decoding" and plan.decode:
-            return False  # it already has its slot in this iteration
         self._preempt_one(plan)
         return True
