@@ -17,6 +17,17 @@ import numpy as np
 PERCENTILES = (50, 90, 95, 99)
 
 
+def metric_at(metrics: dict, name: str, missing: Any = None) -> Any:
+    """The value at a dotted metric name (``ttft_ms.p99``, ``per_class.chat.slo.goodput_rps``),
+    or ``missing`` when the path does not exist. Reports use it to address nested metrics."""
+    node: Any = metrics
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return missing
+        node = node[part]
+    return node
+
+
 def summarize(values: np.ndarray) -> dict[str, float]:
     """mean, p50, p90, p95, p99 and max of a sample (NaNs for an empty one)."""
     values = np.asarray(values, dtype=float)

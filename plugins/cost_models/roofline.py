@@ -26,7 +26,6 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-import schedlab
 from schedlab.capacity import GpuSpec, ModelSpec, Presets
 from schedlab.configs import float_field, int_field, str_field
 from schedlab.protocols import Batch

@@ -14,11 +14,12 @@ This module does not import matplotlib: the table report uses it too.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from schedlab.configs import str_field
+from schedlab.metrics import metric_at
 
 BEST_IS = ("highest", "lowest")
 
@@ -35,11 +36,7 @@ def best_is_field():
 
 def metric_number(metrics: dict, name: str) -> float | None:
     """The dotted metric ``name`` as a finite float, or None (absent, NaN, infinite, not a number)."""
-    node: Any = metrics
-    for part in name.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
+    node = metric_at(metrics, name)
     if isinstance(node, bool) or not isinstance(node, (int, float, np.integer, np.floating)):
         return None
     value = float(node)

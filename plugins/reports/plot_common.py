@@ -15,6 +15,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from schedlab.metrics import metric_at
+
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -33,13 +35,14 @@ def line_style(i: int) -> dict[str, Any]:
     return {"color": COLORS[i % len(COLORS)], "linestyle": LINESTYLES[(i // len(COLORS)) % len(LINESTYLES)]}
 
 
+_ABSENT = object()
+
+
 def metric_value(metrics: dict, name: str) -> float | None:
     """A dotted metric (``ttft_ms.p99``) as a float; None when absent, NaN when not a number."""
-    node: Any = metrics
-    for part in name.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
+    node = metric_at(metrics, name, _ABSENT)
+    if node is _ABSENT:
+        return None
     if node is None or isinstance(node, bool) or not isinstance(node, (int, float, np.integer, np.floating)):
         return math.nan
     return float(node)

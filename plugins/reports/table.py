@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from schedlab.configs import list_field
+from schedlab.metrics import metric_at
 from schedlab.results_io import atomic_write
 
 from .best import best_field, best_is_field, best_runs, best_text
@@ -30,15 +31,6 @@ class TableConfig:
     columns: tuple = list_field(DEFAULT_COLUMNS, item=str, help="metrics to show, as dotted names")
     best: str | None = best_field()
     best_is: str = best_is_field()
-
-
-def _metric(metrics: dict, name: str):
-    value = metrics
-    for part in name.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
 
 
 def _fmt(value) -> str:
@@ -66,7 +58,7 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     runs = results.all_runs()
     winners, top = best_runs(runs, best, best_is) if best else ([], None)
     marked = {id(run) for run in winners}
-    rows = [[run.name + (BEST_MARK if id(run) in marked else "")] + [_fmt(_metric(run.metrics, c)) for c in columns]
+    rows = [[run.name + (BEST_MARK if id(run) in marked else "")] + [_fmt(metric_at(run.metrics, c)) for c in columns]
             for run in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = [f"{results.name}"]
