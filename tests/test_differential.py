@@ -127,3 +127,21 @@ def test_prefix_caching_runs_match_reference(requests, cfg, block_size, spare, c
     assert kvs["fast"].lru_keys() == kvs["reference"].lru_keys()
     assert kvs["fast"].evictions == kvs["reference"].evictions
     check_run(fast, requests, kv_blocks=need + spare)
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), continuous_configs(),
+       st.integers(20, 400), st.sampled_from(["l4", "a100-80gb"]))
+def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu):
+    """The roofline model's decode steps grow with context (memory-bound KV reads): bulk runs
+    sum that growth in closed form. Its costs are not dyadic, so the engines agree to rounding."""
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    cost = RooflineCostModel(presets.model("llama-3-8b"), presets.gpu(gpu),
+                             RooflineConfig(model="llama-3-8b", gpu=gpu))
+    runs = [run_engine(requests, ContinuousScheduler(cfg), cost, PagedKVCache(num_blocks, 16, swap_blocks=32),
+                       engine=engine) for engine in ("fast", "reference")]
+    compare_runs(*runs, rel=1e-9)

@@ -162,3 +162,35 @@ def test_same_seed_same_results_different_seed_differs(folder):
 def test_slo_tables_and_seeds_are_checked_at_load(folder, slo, message):
     with pytest.raises(ConfigError, match=message):
         load(write(folder, BASE + slo))
+
+
+def test_custom_model_and_gpu_declared_in_the_experiment_size_the_cache(folder):
+    # 2 layers x 2 KV heads x 64 head_dim x 2 bytes x 2 (K and V) = 1 KiB per token, 16 KiB per block.
+    # 1 GiB GPU at utilisation 0.5 = 512 MiB; weights 100M params x 2 B = 200,000,000 B; no reserve.
+    path = write(folder, BASE + """
+        [models.tiny]
+        num_layers = 2
+        num_kv_heads = 2
+        head_dim = 64
+        num_params = 1e8
+        [gpus.card]
+        memory_gib = 1
+        hbm_bandwidth_gbps = 100
+        bf16_tflops = 10
+        host_link_gbps = 8
+        [kv_cache]
+        kind = "paged"
+        model = "tiny"
+        gpu = "card"
+        gpu_memory_utilization = 0.5
+        activation_reserve_gib = 0
+        [cost_model]
+        kind = "roofline"
+        model = "tiny"
+        gpu = "card"
+        """)
+    run = run_experiment(load(path)).all_runs()[0]
+    kv = run.meta["kv_cache"]
+    assert kv["bytes_per_token"] == 1024 and kv["bytes_per_block"] == 16 * 1024
+    assert kv["num_blocks"] == (512 * 2**20 - 200_000_000) // (16 * 1024)
+    assert run.metrics["finished"] == 12

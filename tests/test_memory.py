@@ -101,3 +101,23 @@ def test_preemption_storm_is_counted_not_hung():
     check_run(result, requests, kv_blocks=14)
     assert result.metrics["num_preemptions"] > 16
     assert result.metrics["preemptions"]["recomputed_tokens"] > 0
+
+
+def test_a_scheduler_that_makes_no_progress_is_stopped_with_a_clear_error():
+    """A third-party scheduler that admits a request and preempts it again every iteration
+    never produces a token: the engine reports a stall instead of spinning forever."""
+    import pytest
+
+    from schedlab.errors import StallError
+    from schedlab.model import Request
+
+    class Flapper:
+        def schedule(self, plan):
+            for seq in list(plan.running):
+                plan.preempt(seq)
+            seq = plan.waiting.peek()
+            if seq is not None:
+                plan.admit(seq, 1)   # one prompt token at a time, thrown away next iteration
+
+    with pytest.raises(StallError, match="without a new token|empty iterations"):
+        run_engine([Request(0, 0.0, 64, 4)], Flapper(), kv=PagedKVCache(64, 16))

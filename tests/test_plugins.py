@@ -192,3 +192,27 @@ def test_iteration_observer_is_opt_in_and_sees_every_iteration(tmp_path):
     assert seen[-1] == ("finished", "exp")
     plain = run_experiment(load(tmp_path / "exp.toml")).all_runs()[0]
     assert plain.meta["events"] < run.meta["events"] == 30   # without an observer, decode runs are bulk
+
+
+def test_third_party_plugin_is_discovered_from_the_entry_point_group(tmp_path, monkeypatch):
+    """A package publishing `[project.entry-points.schedlab]` is found without being named."""
+    (tmp_path / "fancy_sched.py").write_text(textwrap.dedent("""
+        import schedlab
+        from schedlab_plugins.schedulers import StaticScheduler, StaticConfig
+
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("fancy", StaticScheduler, config=StaticConfig, help="a third-party scheduler")
+        """))
+    dist = tmp_path / "fancy_sched-1.2.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fancy-sched\nVersion: 1.2\n")
+    (dist / "entry_points.txt").write_text("[schedlab]\nfancy = fancy_sched\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        catalog = load_catalog()
+        entry = catalog["scheduler"].get("fancy")
+        assert entry.provider == "fancy-sched 1.2"
+        assert load_catalog(entry_points=False)["scheduler"].names().count("fancy") == 0
+    finally:
+        sys.modules.pop("fancy_sched", None)
