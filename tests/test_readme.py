@@ -44,3 +44,19 @@ def test_plugin_example_runs_from_toml(tmp_path, monkeypatch):
     # one slot: requests are served strictly in order of prompt length
     order = np.argsort(run.requests["first_scheduled_ms"], kind="stable")
     assert [lengths[i][0] for i in order] == [10, 20, 50, 100, 300]
+
+
+def test_conformance_kit_example_runs_against_the_plugin_example(tmp_path, monkeypatch):
+    plugin = next(b for b in blocks("python") if "shortest_prompt.py" in b)
+    kit = next(b for b in blocks("python") if "test_shortest_prompt_keeps_the_rules" in b)
+    (tmp_path / "shortest_prompt.py").write_text(plugin)
+    (tmp_path / "kit_example.py").write_text(
+        "from shortest_prompt import ShortestPromptConfig, ShortestPromptFirst\n" + kit)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import kit_example
+
+        kit_example.test_shortest_prompt_keeps_the_rules()   # hypothesis runs its examples
+    finally:
+        sys.modules.pop("shortest_prompt", None)
+        sys.modules.pop("kit_example", None)
