@@ -11,22 +11,15 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedlab.testing import examples, check_run, compare_runs, requests_lists, run_engine
-from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine
+from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
 
 SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@st.composite
-def linear_costs(draw):
-    return LinearConfig(
-        prefill_ms_per_token=draw(st.sampled_from([0.0625, 0.125, 0.5])),
-        decode_ms_per_step=draw(st.sampled_from([4.0, 8.0])),
-        per_seq_ms=draw(st.sampled_from([0.0, 0.25])),
-        per_context_token_ms=draw(st.sampled_from([0.0, 2.0 ** -6])),
-    )
+linear_costs = dyadic_linear_costs
 
 
 @st.composite

@@ -21,7 +21,7 @@ from schedlab.configs import from_table
 from schedlab.errors import ConfigError
 from schedlab.metrics import client_service, jain_index
 from schedlab.model import Request
-from schedlab.testing import check_run, compare_runs, examples, requests_lists, run_engine
+from schedlab.testing import dyadic_linear_costs, check_run, compare_runs, examples, requests_lists, run_engine
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import (ContinuousConfig, ContinuousScheduler, LengthPredictor, StaticConfig,
@@ -515,14 +515,7 @@ def test_vtc_with_one_client_is_fcfs(requests, seqs, allocation, blocks):
 # -- fast engine against the reference engine ------------------------------------------------------------------
 
 
-@st.composite
-def linear_costs(draw):
-    return LinearConfig(
-        prefill_ms_per_token=draw(st.sampled_from([0.0625, 0.125, 0.5])),
-        decode_ms_per_step=draw(st.sampled_from([4.0, 8.0])),
-        per_seq_ms=draw(st.sampled_from([0.0, 0.25])),
-        per_context_token_ms=draw(st.sampled_from([0.0, 2.0 ** -6])),
-    )
+linear_costs = dyadic_linear_costs
 
 
 @st.composite

@@ -18,7 +18,7 @@ tokens, capacity limits, causality); :class:`IterationChecker` asserts per-itera
 import os
 
 from .kit import IterationChecker, check_run, compare_runs, run_engine
-from .strategies import requests_lists
+from .strategies import dyadic_linear_costs, requests_lists
 
 
 def examples(n: int) -> int:
@@ -26,4 +26,5 @@ def examples(n: int) -> int:
     return max(1, int(n * float(os.environ.get("SCHEDLAB_EXAMPLES_SCALE", "1"))))
 
 
-__all__ = ["IterationChecker", "check_run", "compare_runs", "examples", "requests_lists", "run_engine"]
+__all__ = ["IterationChecker", "check_run", "compare_runs", "dyadic_linear_costs", "examples", "requests_lists",
+           "run_engine"]

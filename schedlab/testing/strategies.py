@@ -44,3 +44,17 @@ def requests_lists(draw, *, min_size: int = 1, max_size: int = 12, max_prompt: i
         out.append(Request(i, arrival, prompt, output, max_tokens=cap, priority=priority,
                            prefix_group=group, prefix_tokens=prefix))
     return out
+
+
+@st.composite
+def dyadic_linear_costs(draw):
+    """Settings of the ``linear`` cost model whose iteration times are exact binary fractions,
+    so that the fast and reference engines' clocks agree to the bit."""
+    from schedlab_plugins.cost_models import LinearConfig
+
+    return LinearConfig(
+        prefill_ms_per_token=draw(st.sampled_from([0.0625, 0.125, 0.5])),
+        decode_ms_per_step=draw(st.sampled_from([4.0, 8.0])),
+        per_seq_ms=draw(st.sampled_from([0.0, 0.25])),
+        per_context_token_ms=draw(st.sampled_from([0.0, 2.0 ** -6])),
+    )
