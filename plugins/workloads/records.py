@@ -111,14 +111,16 @@ class Records:
         for row, value in enumerate(column):
             if value is None:
                 raise WorkloadError(f"{self.where(row)}: missing {self.label(field)}")
-            number = _as_int(value)
-            if number is None or number < min:
-                raise WorkloadError(
-                    f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, "
-                    f"got {_show(value)}"
-                )
-            out[row] = number
+            out[row] = self._whole(row, field, value, min)
         return out
+
+    def _whole(self, row: int, field: str, value, min: int) -> int:
+        """``value`` as a whole number >= ``min``, or an error naming the row and field."""
+        number = _as_int(value)
+        if number is None or number < min:
+            raise WorkloadError(
+                f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, got {_show(value)}")
+        return number
 
     def optional_ints(self, field: str, *, min: int = 1) -> list | None:
         """``field`` as a list of ints with ``None`` where a row lacks it; None if no row has it."""
@@ -126,16 +128,7 @@ class Records:
             return None
         out: list = []
         for row, value in enumerate(self.values[field]):
-            if value is None:
-                out.append(None)
-                continue
-            number = _as_int(value)
-            if number is None or number < min:
-                raise WorkloadError(
-                    f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, "
-                    f"got {_show(value)}"
-                )
-            out.append(number)
+            out.append(None if value is None else self._whole(row, field, value, min))
         return out
 
     def floats(self, field: str, *, min: float = 0.0, required: bool = True) -> np.ndarray | None:
