@@ -36,6 +36,8 @@ def continuous_configs(draw):
         preemption=preemption,
         watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
         prefill_first=draw(st.booleans()),
+        running_order=draw(st.sampled_from(["admission", "decodes_first"])),
+        reserve_full_prompt=draw(st.booleans()),
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         priority_preemption=draw(st.booleans()),
     )

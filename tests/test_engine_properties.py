@@ -21,6 +21,7 @@ def continuous(draw):
     return ContinuousConfig(
         max_num_seqs=seqs, max_num_batched_tokens=draw(st.integers(max(seqs, 16), 200)),
         chunked_prefill=draw(st.booleans()), allocation=allocation,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5, 17])),
         preemption=draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute",
         prefill_first=draw(st.booleans()), policy=draw(st.sampled_from(["fcfs", "priority"])),
     )
@@ -31,7 +32,8 @@ def continuous(draw):
 def test_continuous_runs_keep_every_limit(requests, cfg, block_size, num_blocks):
     """Every request finishes exactly once with exactly its tokens (or is rejected with a
     reason); running <= max_num_seqs and tokens <= budget in every iteration; KV blocks in use
-    never exceed the cache; causality holds."""
+    never exceed the cache; causality holds; no request is preempted twice with the cache
+    unchanged."""
     check = IterationChecker(max_running=cfg.max_num_seqs, token_budget=cfg.max_num_batched_tokens,
                              kv_blocks=num_blocks)
     kv = PagedKVCache(num_blocks, block_size, swap_blocks=16, bytes_per_block=1000, host_link_gbps=1.0)

@@ -35,15 +35,13 @@ def test_recompute_redoes_exactly_the_tokens_it_lost(requests, block_size, spare
     kv = tight_cache(requests, block_size, spare)
     lost = []
     sched = ContinuousScheduler(cfg)
-    original = sched._preempt_one
+    original = sched._preempt
 
-    def spy(plan):
-        victim = sched._victim(plan)
-        if victim is not None:
-            lost.append(victim.num_computed_tokens)
-        return original(plan)
+    def spy(plan, victim):
+        lost.append(victim.num_computed_tokens)
+        return original(plan, victim)
 
-    sched._preempt_one = spy
+    sched._preempt = spy
     result = run_engine(requests, sched, kv=kv, engine=engine)
     check_run(result, requests, max_running=seqs, kv_blocks=kv.num_blocks)
     c = result.counters

@@ -249,11 +249,11 @@ def test_preempted_duplicate_is_found_under_its_own_key():
     cache.free(a)
     assert cache.free_queue_layout() == [6, g3]
     cache.free(c, preempted=True)                      # block 1 full, unidentified -> ("r", 1, 1)
-    c.num_computed_tokens = 0
-    assert cache.free_queue_layout() == [6, g3, 1, ("r", 1, 1), g1]
-    x = Seq(req(2, 14))                                # 7 blocks: 6 anonymous + evicts g3
+    c.num_computed_tokens = 0                          # its partial block 2 goes to the head
+    assert cache.free_queue_layout() == [7, g3, ("r", 1, 1), g1]
+    x = Seq(req(2, 16))                                # 8 blocks: 7 anonymous + evicts g3
     admit(cache, x)
-    assert cache.free_queue_layout() == [1, ("r", 1, 1), g1]
+    assert cache.free_queue_layout() == [("r", 1, 1), g1]
     # block 1's natural key g3 is gone; c still finds its own copy: 2 blocks of 6 tokens
     assert cache.cached_tokens(c) == 4
     other = Seq(req(3, 6, prefix_group="s", prefix_tokens=4))
@@ -316,8 +316,8 @@ def test_stale_hit_keeps_the_pool_consistent():
     assert hit == 4
     c = Seq(req(2, 9))                                 # 5 blocks: 4 anonymous + evicts g3
     admit(cache, c)
-    cache.free(c)
-    assert cache.free_queue_layout() == [("g", "s", 1), 5]
+    cache.free(c)                                      # partial block 4 to the head, 4 full ones to the tail
+    assert cache.free_queue_layout() == [1, ("g", "s", 1), 4]
     # 3 blocks for 5 tokens: g1 revived, 2 fresh (one of them standing in for g3)
     assert cache.blocks_needed(b, 1, cached_tokens=hit) == 3
     assert cache.allocate(b, 1, cached_tokens=hit)
@@ -349,8 +349,8 @@ def test_swap_releases_like_a_finish_and_returns_fresh_blocks():
     assert cache.free_queue_layout() == [("g", "s", 3)]
     assert cache.swap_used == 0
     cache.check_invariants()
-    cache.free(a)                                      # no identified blocks: 3 anonymous
-    assert cache.free_queue_layout() == [("g", "s", 3), 3]
+    cache.free(a)                                      # no identified blocks: 3 anonymous, the partial
+    assert cache.free_queue_layout() == [1, ("g", "s", 3), 2]  # one at the head, 2 full ones at the tail
 
 
 def test_grow_takes_from_the_head_and_refuses_too_many():
@@ -515,10 +515,19 @@ class Shadow:
                 if k not in self.table:
                     self.key[owned[j]] = k
                     self.table[k] = owned[j]
-        for b in reversed(owned):
+        # vLLM 0.33 BlockPool.free_blocks: blocks that are not full have no hash and go to the
+        # head of the free queue; full ones to the tail, the request's last block first
+        full = seq.num_computed_tokens // self.bs
+        head = []
+        for j in reversed(range(len(owned))):
+            b = owned[j]
             self.ref[b] -= 1
             if self.ref[b] == 0:
-                self.free.append(b)
+                if j < full:
+                    self.free.append(b)
+                else:
+                    head.append(b)
+        self.free[:0] = head
 
     def swap_out(self, name, seq):
         held = len(self.owned.get(name, []))

@@ -243,9 +243,12 @@ class PrefixKVCache(PagedKVCache):
         blocks = chain.blocks if chain is not None else ()
         known = len(blocks)
         queue = self._queue
+        full = seq.num_computed_tokens // self.block_size
+        # Blocks that are not full (the partial last block, reserved room) have no hash:
+        # they go to the head of the free queue and are reused first, so cached blocks live
+        # longer (vLLM 0.33 BlockPool.free_blocks). Full blocks go to the tail, last block first.
+        self._push_run(held - max(full, known), front=True)
         if preempted:
-            full = seq.num_computed_tokens // self.block_size
-            self._push_run(held - full)
             table = self._table
             rid = seq.request.id
             added = False
@@ -261,7 +264,7 @@ class PrefixKVCache(PagedKVCache):
             if added:
                 self.epoch += 1
         else:
-            self._push_run(held - known)
+            self._push_run(full - known)  # full private blocks: hashed in vLLM, never hit again
         released = held - known
         for block in reversed(blocks):
             block.ref -= 1
@@ -271,19 +274,22 @@ class PrefixKVCache(PagedKVCache):
         self.used -= released
 
     # -- the free queue ----------------------------------------------------------------------
-    def _push_run(self, count: int) -> None:
-        """Append ``count`` anonymous blocks to the tail (merged with an anonymous tail run)."""
+    def _push_run(self, count: int, *, front: bool = False) -> None:
+        """Add ``count`` anonymous blocks at the tail, or at the head with ``front`` (merged
+        with an anonymous run already there)."""
         if count <= 0:
             return
         queue = self._queue
         if queue:
-            tail = next(reversed(queue))
-            run = queue[tail]
+            end = next(iter(queue)) if front else next(reversed(queue))
+            run = queue[end]
             if run is not None:
-                queue[tail] = run + count
+                queue[end] = run + count
                 return
         self._next_run += 1
         queue[self._next_run] = count
+        if front:
+            queue.move_to_end(self._next_run, last=False)
 
     def _take(self, count: int) -> None:
         """Remove ``count`` blocks from the head, evicting the identities of identified ones."""

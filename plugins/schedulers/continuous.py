@@ -1,18 +1,26 @@
 """Continuous (iteration-level) batching, as Orca introduced it and vLLM runs it.
 
-Every iteration (engines.md §1, vLLM V1 ``Scheduler.schedule``):
+Every iteration follows vLLM V1's ``Scheduler.schedule`` (engines.md §1; the rules below are
+checked step by step against vLLM 0.33's own scheduler, see ``tools/vllm_diff.py``):
 
-1. running decodes first: every decoding sequence gets one token; when the KV cache cannot
-   hold the next tokens, the victim (the most recently admitted running sequence, or with
-   ``policy = "priority"`` the lowest priority, latest arrival) is preempted -- by recompute,
-   or with ``preemption = "swap"`` copied to CPU swap space (vLLM V0, §2);
-2. unfinished (chunked) prefills continue within the token budget (Sarathi-Serve order);
-3. swapped sequences come back before anything new is admitted (vLLM V0);
-4. waiting requests are admitted in queue order while ``max_num_seqs``, the per-iteration
+1. running requests, in admission order (``running_order = "admission"``): each gets its
+   decode token or its next prefill chunk (capped by ``long_prefill_token_threshold``, which
+   is ignored while at most one request is running or waiting) while the token budget
+   lasts. When a request's KV blocks do not fit, the victim -- the most recently admitted
+   running request, or under a waiting order the one it would serve last (vLLM's priority
+   policy: lowest priority, latest arrival) -- is preempted, even if it was already
+   scheduled in this iteration (its work is withdrawn), until the blocks fit or the request
+   itself is the victim. Preemption is by recompute, or with ``preemption = "swap"`` a copy
+   to CPU swap space (vLLM V0, §2). ``running_order = "decodes_first"`` gives every decode
+   its token before any prefill chunk (Sarathi-Serve);
+2. swapped sequences come back before anything new is admitted (vLLM V0);
+3. waiting requests are admitted in queue order while ``max_num_seqs``, the per-iteration
    token budget ``max_num_batched_tokens`` and the KV cache allow -- but not in an iteration
    that preempted (vLLM). ``allocation = "reserve"`` holds KV for ``prompt + max_tokens`` at
    admission (Orca, TensorRT-LLM ``GUARANTEED_NO_EVICT``): never preempts, wastes memory;
-   ``"grow"`` allocates blocks as tokens are computed (vLLM, TRT-LLM ``MAX_UTILIZATION``).
+   ``"grow"`` allocates blocks as tokens are computed (vLLM, TRT-LLM ``MAX_UTILIZATION``),
+   and with ``reserve_full_prompt`` admits a request only when its whole prompt's blocks
+   fit, not only its first chunk's (vLLM ``scheduler_reserve_full_isl``).
 
 ``policy`` orders the waiting queue: ``fcfs``, ``priority``, ``sjf`` (shortest predicted
 output first) or ``lof`` (SGLang's longest output first), see :mod:`.orders`; a batching
@@ -29,7 +37,7 @@ from __future__ import annotations
 import attrs
 
 from schedlab.configs import bool_field, float_field, int_field, str_field
-from schedlab.errors import ConfigError
+from schedlab.errors import ConfigError, SimulationError
 from schedlab.queues import FcfsQueue, KeyedQueue
 
 from .orders import waiting_key
@@ -55,6 +63,13 @@ class ContinuousConfig:
     watermark: float = float_field(0.0, min=0.0, max=1.0,
                                    help="share of KV blocks kept free at admission (vLLM V0 uses 0.01)")
     prefill_first: bool = bool_field(False, help="an iteration that admits prompts skips decodes (vLLM V0, SGLang)")
+    running_order: str = str_field(
+        "admission", choices=("admission", "decodes_first"),
+        help="order running sequences get budget and blocks: 'admission' (vLLM V1: an older request's prefill chunk "
+             "before a newer one's decode) or 'decodes_first' (Sarathi-Serve: all decodes, then prefill chunks)")
+    reserve_full_prompt: bool = bool_field(
+        True, help="with allocation = 'grow', admit a request only if KV for its whole prompt fits, not just the "
+                   "first chunk (vLLM scheduler_reserve_full_isl, on by default since 0.2x)")
     policy: str = str_field("fcfs", choices=("fcfs", "priority", "sjf", "lof"),
                             help="waiting order and victim choice: arrival, (priority, arrival) as vLLM's priority "
                                  "policy, shortest predicted output first, or SGLang's longest max_tokens first")
@@ -118,75 +133,128 @@ class ContinuousScheduler:
     # -- one iteration -----------------------------------------------------------------------
     def schedule(self, plan) -> None:
         c = self.config
-        budget = c.max_num_batched_tokens
+        # vLLM 0.33: the threshold exists so one long prompt cannot starve the others; with
+        # at most one request running or waiting there is nobody to starve.
+        self._threshold = c.long_prefill_token_threshold if len(plan.running) + len(plan.waiting) > 1 else 0
         if c.prefill_first and not plan.has_swapped and plan.waiting and self._window_open(plan):
-            self._admit(plan, budget)
+            self._admit(plan)
             if plan.admitted:
                 plan.skip_decode()
                 return
-        if plan.num_decoding:
-            while not plan.decode_all():
-                if not self._preempt_one(plan):
-                    return
-            budget -= plan.num_decoding
-        if plan.has_prefilling:
-            budget = self._continue_prefills(plan, budget)
+        if not self._schedule_running(plan):
+            return
         if plan.preempted:
             return
         if plan.has_swapped:
-            budget = self._swap_in(plan, budget)
+            self._swap_in(plan, self._budget(plan))
             if plan.has_swapped:
                 return
         if plan.waiting and self._window_open(plan):
-            self._admit(plan, budget)
+            self._admit(plan)
+
+    def _budget(self, plan) -> int:
+        return self.config.max_num_batched_tokens - plan.num_scheduled_tokens
+
+    def _schedule_running(self, plan) -> bool:
+        """Give running sequences their tokens. False if the running phase had to stop early
+        (a sequence preempted itself), in which case nothing else is scheduled.
+
+        ``running_order = "admission"`` is vLLM V1's loop (``Scheduler.schedule``, 0.33): the
+        running list in admission order, each request's decode token or prefill chunk in
+        turn, so an older request's chunk takes budget and blocks before a newer request's
+        decode. When the unfinished prefills are all newer than every decode (always the
+        case without ``long_prefill_token_threshold``), that order is "decodes, then
+        prefills", and the engine's one-call ``decode_all`` gives the same result; the
+        sequence-by-sequence walk runs only when an older prefill precedes a decode.
+        ``"decodes_first"`` always decodes first (Sarathi-Serve).
+        """
+        if (self.config.running_order == "admission" and plan.has_prefilling
+                and not self._prefills_trail(plan)):
+            return self._walk(plan, list(plan.running))
+        if plan.num_decoding:
+            while not plan.decode_all():
+                if not self._preempt_one(plan):
+                    return False
+        if plan.has_prefilling:
+            return self._walk(plan, plan.prefilling)
+        return True
+
+    @staticmethod
+    def _prefills_trail(plan) -> bool:
+        """Every prefilling sequence was admitted after every decoding one."""
+        left = len(plan.prefilling)
+        for seq in reversed(plan.running):
+            if seq.status != "prefilling":
+                return False
+            left -= 1
+            if not left:
+                return True
+        return True
+
+    def _walk(self, plan, seqs) -> bool:
+        """Schedule ``seqs`` in order (vLLM V1's running loop): a decode token or the next
+        prefill chunk each, while the budget lasts. When a sequence's blocks do not fit, the
+        victim rule picks whom to preempt -- possibly a sequence already scheduled in this
+        iteration, whose work is withdrawn -- until they fit or the sequence itself is the
+        victim. Then FCFS stops the running phase; the priority policy goes on with the
+        next sequence (vLLM 0.33)."""
+        threshold = self._threshold
+        for seq in seqs:
+            status = seq.status
+            if status not in ("decoding", "prefilling") or plan.is_scheduled(seq):
+                continue  # preempted earlier in this walk, or decoding already
+            budget = self._budget(plan)
+            if budget <= 0:
+                break
+            decoding = status == "decoding"
+            if not decoding:
+                n = seq.num_tokens - seq.num_computed_tokens
+                if threshold and n > threshold:
+                    n = threshold
+                if n > budget:
+                    n = budget
+            while not (plan.decode(seq) if decoding else plan.prefill(seq, n)):
+                victim = self._victim(plan)
+                self._preempt(plan, victim)
+                if victim is seq:
+                    if self._key is None:
+                        return False
+                    break
+        return True
 
     def _window_open(self, plan) -> bool:
         """False while the batching window holds new requests back (it then sets a wake-up)."""
         return self._window is None or not self._window.hold(plan, self.config.max_num_seqs - len(plan.running))
 
     def _victim(self, plan):
+        """Whom to preempt: the most recently admitted running sequence (vLLM FCFS,
+        ``self.running[-1]``), or under a waiting order the one it would serve last (vLLM's
+        priority policy: ``max(running, key=(priority, arrival_time))``) -- even one already
+        scheduled in this iteration. vLLM's arrival times are clock stamps, distinct and in
+        arrival order; schedlab's may tie, so ties go to the later arrival."""
         key = self._key
-        if key is not None:  # the running sequence this order would serve last
-            candidates = [s for s in plan.running if not plan.is_scheduled(s)]
-            if not candidates:
-                return None
-            return max(candidates, key=lambda s: (key(s), s.seq_no))
-        for seq in reversed(plan.running):
-            if not plan.is_scheduled(seq):
-                return seq
-        return None
+        if key is not None:
+            return max(plan.running, key=lambda s: (key(s), s.seq_no), default=None)
+        return next(reversed(plan.running), None)
 
     def _preempt_one(self, plan) -> bool:
         """Preempt one victim; False if none is left."""
         victim = self._victim(plan)
         if victim is None:
             return False
+        self._preempt(plan, victim)
+        return True
+
+    def _preempt(self, plan, victim) -> None:
+        """Swap ``victim`` out (``preemption = "swap"``, decoding victims) or recompute it."""
         if self.config.preemption == "swap" and victim.status == "decoding":
             if plan.swap_out(victim):
-                return True
+                return
             if self.config.swap_full == "fail":
-                from schedlab.errors import SimulationError
                 raise SimulationError(
                     f"swap space is full (request {victim.request.id} could not be swapped out) and swap_full = 'fail'; "
                     "vLLM V0 aborts here ('lack of CPU swap space')")
         plan.preempt(victim)
-        return True
-
-    def _continue_prefills(self, plan, budget: int) -> int:
-        threshold = self.config.long_prefill_token_threshold
-        for seq in plan.prefilling:
-            if budget <= 0:
-                break
-            if seq.status != "prefilling" or plan.is_scheduled(seq):
-                continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if threshold and n > threshold:
-                n = threshold
-            while not plan.prefill(seq, n):
-                if not self._preempt_one(plan) or seq.status != "prefilling":
-                    return budget
-            budget -= n
-        return budget
 
     def _swap_in(self, plan, budget: int) -> int:
         for seq in plan.swapped:
@@ -197,13 +265,14 @@ class ContinuousScheduler:
             budget -= 1
         return budget
 
-    def _admit(self, plan, budget: int) -> None:
+    def _admit(self, plan) -> None:
         c = self.config
-        kv = plan.kv
-        watermark = self._watermark_blocks(kv) if c.watermark else 0
         waiting = plan.waiting
         running = plan.running
-        while budget > 0:
+        while True:
+            budget = self._budget(plan)
+            if budget <= 0:
+                return
             seq = waiting.peek()
             if seq is None:
                 return
@@ -213,12 +282,9 @@ class ContinuousScheduler:
             n = self._admission_tokens(seq, hit, budget)
             if not n:
                 return
-            if watermark and not self._kv_allows(kv, seq, n, hit, watermark):
-                return
-            while not plan.admit(seq, n, reserve=self._reserve):
+            while not (self._kv_allows(plan.kv, seq, n, hit) and plan.admit(seq, n, reserve=self._reserve)):
                 if not self._make_room(plan, seq):
                     return
-            budget -= n
 
     def _admission_tokens(self, seq, hit: int, budget: int) -> int:
         """Tokens of waiting ``seq`` to compute if admitted within ``budget`` (0: it must wait)."""
@@ -230,15 +296,27 @@ class ContinuousScheduler:
             if not c.chunked_prefill and seq.num_preemptions == 0:
                 return 0
             n = budget
-        threshold = c.long_prefill_token_threshold
+        threshold = self._threshold
         if c.chunked_prefill and threshold and n > threshold:
             n = threshold
         return n
 
-    def _kv_allows(self, kv, seq, n: int, hit: int, watermark: int) -> bool:
-        """Admitting ``seq`` with ``n`` tokens would leave at least ``watermark`` blocks free."""
-        reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens if self._reserve else 0
-        need = kv.blocks_needed(seq, n, cached_tokens=hit, reserve_tokens=reserve_tokens)
+    def _kv_allows(self, kv, seq, n: int, hit: int) -> bool:
+        """Admitting ``seq`` with ``n`` tokens would leave at least the watermark free, and
+        with ``reserve_full_prompt`` its whole sequence would fit (vLLM 0.33
+        ``scheduler_reserve_full_isl``: ``allocate_slots(full_sequence_must_fit=True)``)."""
+        watermark = self._watermark_blocks(kv)
+        if self._reserve:
+            if not watermark:
+                return True
+            reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens
+            need = kv.blocks_needed(seq, n, cached_tokens=hit, reserve_tokens=reserve_tokens)
+        elif self.config.reserve_full_prompt:
+            need = kv.blocks_needed(seq, seq.num_tokens - hit, cached_tokens=hit)
+        elif not watermark:
+            return True
+        else:
+            need = kv.blocks_needed(seq, n, cached_tokens=hit)
         return kv.num_free_blocks() - need >= watermark
 
     def could_admit(self, plan, seq, budget: int) -> bool:
@@ -248,7 +326,7 @@ class ContinuousScheduler:
             return False
         hit = plan.cached_tokens(seq)
         n = self._admission_tokens(seq, hit, budget)
-        return bool(n) and self._kv_allows(plan.kv, seq, n, hit, self._watermark_blocks(plan.kv))
+        return bool(n) and self._kv_allows(plan.kv, seq, n, hit)
 
     def _make_room(self, plan, seq) -> bool:
         """With ``priority_preemption``, preempt a lower-priority running sequence for ``seq``."""
@@ -258,5 +336,5 @@ class ContinuousScheduler:
         if victim is None or (victim.request.priority, victim.request.arrival_ms) <= (
                 seq.request.priority, seq.request.arrival_ms):
             return False
-        self._preempt_one(plan)
+        self._preempt(plan, victim)
         return True

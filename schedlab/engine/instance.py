@@ -22,7 +22,7 @@ from ..queues import FcfsQueue, RunningView
 from . import bulk
 from .plan import FastPlan
 from .recorder import Recorder
-from .sequence import DECODING, FINISHED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence
+from .sequence import DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence
 
 INF = math.inf
 
@@ -37,6 +37,8 @@ class IterationRecord:
     running: int
     waiting: int
     kv_used_blocks: int
+    preempted: tuple = ()     # ids of the requests preempted while planning this iteration
+    running_ids: tuple = ()   # ids of the running requests, in admission order
 
 
 def default_rejection_reason(request, kv) -> str | None:
@@ -79,6 +81,7 @@ class Instance:
         self.finish_heap: list = []
         self.itl_groups: dict[float, int] = {}  # last-token time -> decoding sequences
         self.itl_merge = -INF        # end of the last decode iteration
+        self.off_cycle: dict = {}    # decoders left out of the last decode iteration -> their ITL group
         self.kv_grows = callable(getattr(kv, "grow", None))
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None)
@@ -137,7 +140,9 @@ class Instance:
         if not seq.reserved_tokens:
             self.cross_at[-anchor % len(self.cross_at)] -= 1
             self.n_growing -= 1
-        key = seq.last_token_ms if seq.last_token_ms > self.itl_merge else self.itl_merge
+        key = self.off_cycle.pop(seq, None) if self.off_cycle else None
+        if key is None:  # every decoder in the last decode iteration is in its group
+            key = seq.last_token_ms if seq.last_token_ms > self.itl_merge else self.itl_merge
         left = self.itl_groups[key] - 1
         if left:
             self.itl_groups[key] = left
@@ -173,13 +178,16 @@ class Instance:
             self.counters["prefix_queries"] += seq.num_tokens
             self.counters["prefix_hits"] += hit
 
-    def preempt_recompute(self, seq: Sequence) -> None:
+    def preempt_recompute(self, seq: Sequence, pending: int = 0) -> None:
+        """Free ``seq``'s blocks and queue it again. ``pending``: tokens this iteration had
+        allocated KV for (its work is withdrawn), released with the rest."""
         if seq.status == DECODING:
             self._remove_decoder(seq, WAITING)
         else:
             del self.prefilling[seq]
             seq.status = WAITING
         del self.running[seq]
+        seq._computed += pending  # the cache releases what it holds, slots allocated this iteration too
         self.kv.free(seq, preempted=True)
         seq._computed = 0
         seq.reserved_tokens = 0
@@ -190,9 +198,13 @@ class Instance:
         c["recompute_preemptions"] += 1
         self.waiting.push_front(seq)
 
-    def swap_out(self, seq: Sequence) -> float | None:
+    def swap_out(self, seq: Sequence, pending: int = 0) -> float | None:
+        """Copy a decoding ``seq`` to swap space (with the ``pending`` slot this iteration
+        allocated for it, which swap-in needs again anyway); None if it does not fit."""
         swap_out = getattr(self.kv, "swap_out", None)
+        seq.anchor += pending
         ms = swap_out(seq) if swap_out is not None else None
+        seq.anchor -= pending
         c = self.counters
         if ms is None:
             c["swap_failures"] += 1
@@ -259,11 +271,21 @@ class Instance:
                 return "finished"
         return "until"
 
+    def _park_idle_decoders(self, plan: FastPlan) -> list:
+        """Take the decoding sequences the plan leaves out of the decode set for one iteration
+        (vLLM: the budget ran out before their turn); :meth:`_execute` puts them back."""
+        serial = plan.serial
+        parked = [s for s in self.running if s.status == DECODING and s.plan_mark != serial]
+        for seq in parked:
+            self._remove_decoder(seq, PARKED)
+        return parked
+
     def _execute(self, plan: FastPlan, until: float) -> None:
         kv = self.kv
         counters = self.counters
         steps = self.clock.steps
-        n_dec = self.n_decoding if plan.decode else 0
+        parked = self._park_idle_decoders(plan) if plan.partial_decode else ()
+        n_dec = self.n_decoding if plan.decodes_all or plan.decoded else 0
         prefills = plan.prefills
         prefill_tokens = 0
         prefill_context = 0
@@ -295,6 +317,7 @@ class Instance:
         end = start + total
         used0 = kv.num_used_blocks()
         n_running = len(self.running)
+        running_ids = tuple(s.request.id for s in self.running) if self.observer is not None else ()
 
         # time integrals of the iteration(s)
         counters["iterations"] += k
@@ -339,6 +362,8 @@ class Instance:
                 self.rec.itl_run(d0 + inc, inc, k - 1, n_dec)
             self.itl_groups = {end: n_dec}
             self.itl_merge = end
+            if self.off_cycle:
+                self.off_cycle = {}  # they decoded: back in step
             self.clock.steps = steps + k
             counters["decode_tokens"] += k * n_dec
             counters["generated_tokens"] += k * n_dec
@@ -380,6 +405,9 @@ class Instance:
             step, _, seq = heapq.heappop(heap)
             if seq.status == DECODING and seq.finish_step == step:
                 self._finish(seq, end)
+        for seq in parked:
+            self._add_decoder(seq)
+            self.off_cycle[seq] = seq.last_token_ms
 
         self.now = end
         if progress:
@@ -389,7 +417,9 @@ class Instance:
             if self.since_progress > self.stall_limit:
                 raise StallError(self._stall_message(f"{self.since_progress} iterations without a new token"))
         if self.observer is not None:
-            self.observer(self.index, IterationRecord(start, total, batch, n_running, len(self.waiting), used0))
+            self.observer(self.index, IterationRecord(
+                start, total, batch, n_running, len(self.waiting), used0,
+                tuple(s.request.id for s in plan.preempted), running_ids))
 
     def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float, growth) -> int:
         """How many identical decode iterations to run from here (at least 1)."""

@@ -20,7 +20,7 @@ class FastPlan:
     """One iteration under construction (see the Plan protocol for each method's contract)."""
 
     __slots__ = (
-        "_inst", "serial", "now", "kv", "waiting", "decode", "prefills", "admitted",
+        "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "_tokens", "skipped_decode",
     )
 
@@ -30,7 +30,8 @@ class FastPlan:
         self.now = inst.now
         self.kv = inst.kv
         self.waiting = inst.waiting
-        self.decode = False
+        self.decodes_all = False        # every decoding sequence decodes (decode_all)
+        self.decoded: list = []         # or only these (decode(seq)); the others are parked
         self.prefills: list = []        # (seq, tokens) in scheduling order
         self.admitted: list = []
         self._preempted: list = []
@@ -79,14 +80,19 @@ class FastPlan:
         return self._inst.clock.steps
 
     def is_scheduled(self, seq) -> bool:
-        return seq.plan_mark == self.serial or (self.decode and seq.status == DECODING)
+        return seq.plan_mark == self.serial or (self.decodes_all and seq.status == DECODING)
 
     def is_empty(self) -> bool:
         return not self._tokens and not self.swapped_in and self.transfer_ms == 0.0
 
     def is_decode_only(self) -> bool:
-        return (self.decode and not self.prefills and not self.swapped_in and not self._preempted
+        return (self.decodes_all and not self.prefills and not self.swapped_in and not self._preempted
                 and self.transfer_ms == 0.0)
+
+    @property
+    def partial_decode(self) -> bool:
+        """Some decoding sequences decode this iteration and others do not."""
+        return bool(self.decoded) and not self.decodes_all
 
     # -- actions ------------------------------------------------------------------------------
     def _claim(self, seq, what: str) -> None:
@@ -95,11 +101,22 @@ class FastPlan:
         seq.plan_mark = self.serial
 
     def decode_all(self) -> bool:
-        if self.decode:
+        if self.decodes_all:
             return True
         if self.skipped_decode:
             raise SimulationError("scheduler called decode_all() after skip_decode() in the same iteration")
         inst = self._inst
+        if self.decoded:  # some already decode one by one: allocate for the rest, all or nothing
+            rest = [s for s in inst.running if s.status == DECODING and s.plan_mark != self.serial]
+            if sum(self.kv.blocks_needed(s, 1) for s in rest) > self.kv.num_free_blocks():
+                return False
+            for s in rest:
+                if not self.kv.allocate(s, 1):
+                    raise SimulationError("KV cache refused a decode slot it had reported free")
+            self.decoded = []
+            self.decodes_all = True
+            self._tokens += len(rest)
+            return True
         if inst.n_decoding:
             if inst.kv_grows:
                 need = inst.cross_at[inst.clock.steps % len(inst.cross_at)]
@@ -109,12 +126,26 @@ class FastPlan:
                     self.kv.grow(need)
             elif not inst.allocate_each_decode():
                 return False
-        self.decode = True
+        self.decodes_all = True
         self._tokens += inst.n_decoding
         return True
 
+    def decode(self, seq) -> bool:
+        if seq.status != DECODING:
+            raise SimulationError(f"decode(): request {seq.request.id} is {seq.status}, not decoding")
+        if self.skipped_decode:
+            raise SimulationError("scheduler called decode() after skip_decode() in the same iteration")
+        if self.is_scheduled(seq):
+            raise SimulationError(f"decode(): request {seq.request.id} is already in this iteration")
+        if not self.kv.allocate(seq, 1):
+            return False
+        seq.plan_mark = self.serial
+        self.decoded.append(seq)
+        self._tokens += 1
+        return True
+
     def skip_decode(self) -> None:
-        if self.decode:
+        if self.decodes_all or self.decoded:
             raise SimulationError("scheduler called skip_decode() after decode_all() in the same iteration")
         self.skipped_decode = True
 
@@ -162,26 +193,44 @@ class FastPlan:
         self._tokens += num_tokens
         return True
 
-    def _check_preemptable(self, seq, what: str) -> None:
+    def _pending(self, seq, what: str) -> int:
+        """Tokens of ``seq`` whose KV this iteration has allocated but not computed yet."""
+        if seq.plan_mark != self.serial:
+            return 1 if self.decodes_all and seq.status == DECODING else 0
+        if seq in self.admitted or seq in self.swapped_in:
+            raise SimulationError(f"{what}(): request {seq.request.id} joined this iteration")
+        if seq.status == DECODING:
+            return 1
+        return next(n for s, n in self.prefills if s is seq)
+
+    def _unschedule(self, seq, pending: int) -> None:
+        """Take ``seq``'s work out of this iteration (it is being preempted)."""
+        if not pending:
+            return
+        self._tokens -= pending
         if seq.plan_mark == self.serial:
-            raise SimulationError(f"{what}(): request {seq.request.id} is already scheduled in this iteration")
-        if seq.status == DECODING and self.decode:
-            raise SimulationError(f"{what}(): preempt before decode_all(); request {seq.request.id} already decodes")
+            seq.plan_mark = -1
+            if seq.status == DECODING:
+                self.decoded.remove(seq)
+            else:
+                self.prefills = [(s, n) for s, n in self.prefills if s is not seq]
 
     def preempt(self, seq) -> None:
         if seq.status not in (PREFILLING, DECODING):
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}, not running")
-        self._check_preemptable(seq, "preempt")
-        self._inst.preempt_recompute(seq)
+        pending = self._pending(seq, "preempt")
+        self._unschedule(seq, pending)
+        self._inst.preempt_recompute(seq, pending)
         self._preempted.append(seq)
 
     def swap_out(self, seq) -> bool:
         if seq.status != DECODING:
             raise SimulationError(f"swap_out(): request {seq.request.id} is {seq.status}; only decoding requests swap")
-        self._check_preemptable(seq, "swap_out")
-        ms = self._inst.swap_out(seq)
+        pending = self._pending(seq, "swap_out")
+        ms = self._inst.swap_out(seq, pending)
         if ms is None:
             return False
+        self._unschedule(seq, pending)
         self.transfer_ms += ms
         self._preempted.append(seq)
         return True
@@ -189,7 +238,7 @@ class FastPlan:
     def swap_in(self, seq) -> bool:
         if seq.status != SWAPPED:
             raise SimulationError(f"swap_in(): request {seq.request.id} is {seq.status}, not swapped")
-        if not self.decode and not self.decode_all():
+        if not self.decodes_all and not self.decode_all():
             return False
         ms = self._inst.swap_in(seq)
         if ms is None:

@@ -62,7 +62,8 @@ class RefPlan:
         self.now = engine.now
         self.kv = engine.kv
         self.waiting = engine.waiting
-        self.decode = False
+        self.decodes_all = False
+        self.decoded: list = []
         self.skipped_decode = False
         self.prefills: list = []
         self.admitted: list = []
@@ -101,24 +102,41 @@ class RefPlan:
         return self._e.decode_steps
 
     def is_scheduled(self, seq) -> bool:
-        return seq.mark == self.serial or (self.decode and seq.status == "decoding")
+        return seq.mark == self.serial or (self.decodes_all and seq.status == "decoding")
 
     def decode_all(self) -> bool:
-        if self.decode:
+        if self.decodes_all:
             return True
         if self.skipped_decode:
             raise SimulationError("decode_all() after skip_decode()")
-        decoding = [s for s in self._e.running if s.status == "decoding"]
+        decoding = [s for s in self._e.running if s.status == "decoding" and s not in self.decoded]
         if sum(self.kv.blocks_needed(s, 1) for s in decoding) > self.kv.num_free_blocks():
             return False
         for s in decoding:
             assert self.kv.allocate(s, 1)
-        self.decode = True
+        self.decodes_all = True
+        self.decoded = []
         self.num_scheduled_tokens += len(decoding)
         return True
 
+    def decode(self, seq) -> bool:
+        if seq.status != "decoding" or self.skipped_decode or self.is_scheduled(seq):
+            raise SimulationError(f"decode(): request {seq.request.id} cannot decode now")
+        if not self.kv.allocate(seq, 1):
+            return False
+        seq.mark = self.serial
+        self.decoded.append(seq)
+        self.num_scheduled_tokens += 1
+        return True
+
+    def decoders(self) -> list:
+        """The sequences that decode in this iteration."""
+        if self.decodes_all:
+            return [s for s in self._e.running if s.status == "decoding"]
+        return [s for s in self._e.running if s in self.decoded]
+
     def skip_decode(self) -> None:
-        if self.decode:
+        if self.decodes_all or self.decoded:
             raise SimulationError("skip_decode() after decode_all()")
         self.skipped_decode = True
 
@@ -167,16 +185,32 @@ class RefPlan:
         self.num_scheduled_tokens += num_tokens
         return True
 
-    def _check(self, seq, what):
-        if self.is_scheduled(seq):
-            raise SimulationError(f"{what}(): request {seq.request.id} is already scheduled in this iteration")
+    def _withdraw(self, seq, what) -> int:
+        """Take ``seq``'s work out of this iteration; the tokens it had KV allocated for."""
+        if seq.mark != self.serial:
+            if self.decodes_all and seq.status == "decoding":
+                self.num_scheduled_tokens -= 1
+                return 1
+            return 0
+        if seq in self.admitted or seq in self.swapped_in:
+            raise SimulationError(f"{what}(): request {seq.request.id} joined this iteration")
+        seq.mark = -1
+        if seq in self.decoded:
+            self.decoded.remove(seq)
+            self.num_scheduled_tokens -= 1
+            return 1
+        n = next(n for s, n in self.prefills if s is seq)
+        self.prefills = [(s, m) for s, m in self.prefills if s is not seq]
+        self.num_scheduled_tokens -= n
+        return n
 
     def preempt(self, seq) -> None:
         if seq.status not in ("prefilling", "decoding"):
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}")
-        self._check(seq, "preempt")
+        pending = self._withdraw(seq, "preempt")
         e = self._e
         del e.running[seq]
+        seq.num_computed_tokens += pending  # release the slots allocated this iteration too
         self.kv.free(seq, preempted=True)
         seq.status = "waiting"
         seq.num_computed_tokens = 0
@@ -191,13 +225,18 @@ class RefPlan:
     def swap_out(self, seq) -> bool:
         if seq.status != "decoding":
             raise SimulationError(f"swap_out(): request {seq.request.id} is {seq.status}")
-        self._check(seq, "swap_out")
+        if seq in self.swapped_in:
+            raise SimulationError(f"swap_out(): request {seq.request.id} joined this iteration")
         e = self._e
         swap_out = getattr(self.kv, "swap_out", None)
+        pending = 1 if self.decodes_all or seq in self.decoded else 0
+        seq.num_computed_tokens += pending  # its slot of this iteration goes along (swap-in needs it again)
         ms = swap_out(seq) if swap_out is not None else None
+        seq.num_computed_tokens -= pending
         if ms is None:
             e.counters["swap_failures"] += 1
             return False
+        self._withdraw(seq, "swap_out")
         del e.running[seq]
         e.swapped.append(seq)
         seq.status = "swapped"
@@ -214,7 +253,7 @@ class RefPlan:
     def swap_in(self, seq) -> bool:
         if seq.status != "swapped":
             raise SimulationError(f"swap_in(): request {seq.request.id} is {seq.status}")
-        if not self.decode and not self.decode_all():
+        if not self.decodes_all and not self.decode_all():
             return False
         ms = self.kv.swap_in(seq)
         if ms is None:
@@ -310,7 +349,7 @@ class ReferenceEngine:
             empty_plans = 0
             self.events += 1
 
-            decoders = [s for s in self.running if s.status == "decoding"] if plan.decode else []
+            decoders = plan.decoders()
             batch = Batch(
                 num_decode=len(decoders),
                 decode_context_tokens=sum(s.num_computed_tokens + 1 for s in decoders),

@@ -19,6 +19,7 @@ DECODING = "decoding"
 SWAPPED = "swapped"
 FINISHED = "finished"
 REJECTED = "rejected"
+PARKED = "parked"  # engine-internal: a decoding sequence left out of one iteration's decode set
 
 
 class DecodeClock:

@@ -18,6 +18,12 @@ class IterationChecker:
     """An observer asserting per-iteration limits (attach with ``run_engine(check=...)``).
 
     It sees every iteration, so the fast engine runs step by step while it is attached.
+
+    Besides the limits it always checks for preemption loops: a request must not be preempted
+    twice while the KV cache is unchanged -- the same blocks in use and the same requests
+    running when it was last preempted. Preempting it again then cannot free anything new;
+    it only burns the accelerator (a scheduler whose prefilling request can only ever preempt
+    itself readmits and preempts it until something else finishes).
     """
 
     def __init__(self, *, max_running: int | None = None, token_budget: int | None = None,
@@ -26,9 +32,18 @@ class IterationChecker:
         self.token_budget = token_budget
         self.kv_blocks = kv_blocks
         self.iterations = 0
+        self._preempted_at: dict = {}  # (instance, request id) -> cache state at its last preemption
 
     def __call__(self, instance: int, record) -> None:
         self.iterations += 1
+        if record.preempted:
+            state = (record.kv_used_blocks, record.running_ids)
+            for rid in record.preempted:
+                if self._preempted_at.get((instance, rid)) == state:
+                    raise AssertionError(
+                        f"request {rid} preempted twice with the KV cache unchanged ({record.kv_used_blocks} blocks "
+                        f"in use, running {list(record.running_ids)}): a preemption loop at t={record.start_ms} ms")
+                self._preempted_at[(instance, rid)] = state
         b = record.batch
         if self.max_running is not None:
             assert record.running <= self.max_running, f"{record.running} running > {self.max_running}"
