@@ -201,12 +201,21 @@ class Plan(Protocol):
         ...
 
     def is_scheduled(self, seq: SequenceState) -> bool:
-        """True if ``seq`` already has work in this iteration (it cannot be preempted now)."""
+        """True if ``seq`` already has work in this iteration."""
         ...
 
     def decode_all(self) -> bool:
         """Give every decoding sequence its next token this iteration (allocating any new
-        blocks). False, with nothing changed, if the cache lacks the blocks."""
+        blocks). False, with nothing changed, if the cache lacks the blocks. This is the
+        fast path: the engine does it for all sequences at once."""
+        ...
+
+    def decode(self, seq: SequenceState) -> bool:
+        """Give one decoding ``seq`` its next token (allocating its block if it needs one);
+        False, with nothing changed, if the cache lacks it. Decoding sequences that get no
+        token this iteration simply wait (vLLM: the budget ran out before their turn).
+        Costs a pass over the running sequences at execution; prefer :meth:`decode_all`
+        when everyone decodes."""
         ...
 
     def admit(self, seq: SequenceState, num_tokens: int, *, reserve: bool = False) -> bool:
@@ -221,12 +230,16 @@ class Plan(Protocol):
 
     def preempt(self, seq: SequenceState) -> None:
         """Recompute preemption: free a running sequence's blocks and put it at the front of
-        the waiting queue; it will prefill ``num_tokens`` again (minus cached blocks)."""
+        the waiting queue; it will prefill ``num_tokens`` again (minus cached blocks). If
+        ``seq`` was already scheduled in this iteration (a decode or a prefill chunk, not an
+        admission or a swap-in), that work is withdrawn and its new blocks freed too, as
+        vLLM does when its victim was scheduled earlier in the step."""
         ...
 
     def swap_out(self, seq: SequenceState) -> bool:
         """Swap preemption: copy a running decoding sequence's blocks to CPU swap space (the
-        copy lengthens this iteration). False, with nothing changed, if swap space is full."""
+        copy lengthens this iteration); a decode already scheduled for it is withdrawn.
+        False, with nothing changed, if swap space is full."""
         ...
 
     def swap_in(self, seq: SequenceState) -> bool:
