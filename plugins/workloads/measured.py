@@ -49,6 +49,7 @@ class MeasuredRequests:
     tpot_ms: np.ndarray
     e2e_ms: np.ndarray
     output_tokens: np.ndarray
+    scheduled_ms: np.ndarray | None = None  # first scheduled (vLLM's scheduled_ts), if logged
 
     @property
     def first_token_ms(self) -> np.ndarray:
@@ -145,6 +146,7 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, limit: int
     prompt = np.empty(n, dtype=np.int64)
     output = np.empty(n, dtype=np.int64)
     stamps = {key: np.empty(n) for key in TIMESTAMPS}
+    scheduled = np.empty(n)
     token_lists: list = []
     given_ids: list = []
     for i, (line, row) in enumerate(rows):
@@ -152,6 +154,7 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, limit: int
         output[i] = _number(path, line, row, "output_toks", whole=True, minimum=1)
         for key in TIMESTAMPS:
             stamps[key][i] = _number(path, line, row, key)
+        scheduled[i] = _number(path, line, row, "scheduled_ts") if "scheduled_ts" in row else np.nan
         if not stamps["queued_ts"][i] <= stamps["first_token_ts"][i] <= stamps["last_token_ts"][i]:
             raise WorkloadError(f"{path}: line {line}: timestamps out of order "
                                 f"(need queued_ts <= first_token_ts <= last_token_ts)")
@@ -186,7 +189,8 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, limit: int
     first, last = stamps["first_token_ts"], stamps["last_token_ts"]
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (last - first) * 1e3 / (output - 1), np.nan)
-    measured = MeasuredRequests(str(path), arrival, (first - queued) * 1e3, tpot, (last - queued) * 1e3, output)
+    measured = MeasuredRequests(str(path), arrival, (first - queued) * 1e3, tpot, (last - queued) * 1e3, output,
+                                (scheduled - queued.min()) * 1e3 if np.isfinite(scheduled).all() else None)
     return arrival, RequestColumns(prompt, output, per_row, constant), measured
 
 
