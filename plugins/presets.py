@@ -43,15 +43,15 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
     # The three models of the shared calibration profiles; parameter counts computed from the
     # config.json shapes by tools/derive_roofline.py (untied embeddings, norms included).
     (ModelSpec("llama-3.1-8b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=8_030_261_248,
-               num_attention_heads=32, hidden_size=4096),
+               num_attention_heads=32, hidden_size=4096, vocab_size=128256),
      "meta-llama/Llama-3.1-8B config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096, FFN 14336; 8.03B params"),
     (ModelSpec("qwen3-32b", num_layers=64, num_kv_heads=8, head_dim=128, num_params=32_762_123_264,
-               num_attention_heads=64, hidden_size=5120),
+               num_attention_heads=64, hidden_size=5120, vocab_size=151936),
      "Qwen/Qwen3-32B config.json: 64 layers, 64 heads / 8 KV heads, head_dim 128, hidden 5120, FFN 25600; "
      "32.8B params"),
     (ModelSpec("qwen3-30b-a3b", num_layers=48, num_kv_heads=4, head_dim=128, num_params=30_532_122_624,
-               num_attention_heads=32, hidden_size=2048, num_experts=128, experts_per_token=8,
-               active_params=3_345_293_312),
+               num_attention_heads=32, hidden_size=2048, vocab_size=151936, num_experts=128,
+               experts_per_token=8, active_params=3_353_032_704),
      "Qwen/Qwen3-30B-A3B-Instruct-2507 config.json: 48 layers, 32 heads / 4 KV heads, hidden 2048, "
      "128 experts of FFN 768, 8 per token; 30.5B params resident, 3.3B active"),
 )

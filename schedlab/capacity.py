@@ -77,6 +77,10 @@ class ModelSpec:
     hidden_size: int | None = int_field(
         None, min=1, optional=True,
         help="model width (config.json hidden_size): the bytes of each tensor-parallel all-reduce")
+    vocab_size: int | None = int_field(
+        None, min=1, optional=True,
+        help="vocabulary (config.json vocab_size): with hidden_size, the input embedding table is not "
+             "read in full each iteration (only looked up), so the roofline leaves it out of weight reads")
     num_experts: int = int_field(0, min=0, help="MoE: routed experts per layer (0 = a dense model)")
     experts_per_token: int = int_field(0, min=0, help="MoE: experts each token is routed to (top-k)")
     active_params: float | None = float_field(
@@ -100,6 +104,13 @@ class ModelSpec:
     def params_per_token(self) -> float:
         """Parameters each token multiplies (all of them for a dense model)."""
         return self.active_params if self.active_params is not None else self.num_params
+
+    @property
+    def embedding_params(self) -> float:
+        """Parameters of the input embedding table (0 when vocab or width is not declared)."""
+        if self.vocab_size is None or self.hidden_size is None:
+            return 0.0
+        return float(self.vocab_size * self.hidden_size)
 
     @property
     def expert_params(self) -> float:
