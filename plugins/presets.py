@@ -17,28 +17,28 @@ from schedlab.capacity import GpuSpec, ModelSpec
 #: (spec, source note) for every built-in model.
 MODELS: tuple[tuple[ModelSpec, str], ...] = (
     (ModelSpec("llama-2-7b", num_layers=32, num_kv_heads=32, head_dim=128, num_params=6_738_415_616,
-               num_attention_heads=32),
+               num_attention_heads=32, hidden_size=4096),
      "meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads (MHA), hidden 4096; 6.74B params"),
     (ModelSpec("llama-2-13b", num_layers=40, num_kv_heads=40, head_dim=128, num_params=13_015_864_320,
-               num_attention_heads=40),
+               num_attention_heads=40, hidden_size=5120),
      "meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads (MHA), hidden 5120; 13.0B params"),
     (ModelSpec("llama-2-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=68_976_648_192,
-               num_attention_heads=64),
+               num_attention_heads=64, hidden_size=8192),
      "meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 69.0B params"),
     (ModelSpec("llama-3-8b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=8_030_261_248,
-               num_attention_heads=32),
+               num_attention_heads=32, hidden_size=4096),
      "meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 8.03B params"),
     (ModelSpec("llama-3-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=70_553_706_496,
-               num_attention_heads=64),
+               num_attention_heads=64, hidden_size=8192),
      "meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 70.6B params"),
     (ModelSpec("mistral-7b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=7_241_732_096,
-               num_attention_heads=32),
+               num_attention_heads=32, hidden_size=4096),
      "mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 7.24B params"),
     (ModelSpec("qwen2.5-7b", num_layers=28, num_kv_heads=4, head_dim=128, num_params=7_615_616_512,
-               num_attention_heads=28),
+               num_attention_heads=28, hidden_size=3584),
      "Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads / 4 KV heads, hidden 3584; 7.62B params"),
     (ModelSpec("qwen2.5-72b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=72_706_203_648,
-               num_attention_heads=64),
+               num_attention_heads=64, hidden_size=8192),
      "Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 72.7B params"),
     # The three models of the shared calibration profiles; parameter counts computed from the
     # config.json shapes by tools/derive_roofline.py (untied embeddings, norms included).
@@ -104,7 +104,7 @@ GPUS: tuple[tuple[GpuSpec, str], ...] = (
      "503.8 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way), no NVLink"),
     (GpuSpec("rtx-4090", memory_gib=24, hbm_bandwidth_gbps=1008, bf16_tflops=165.2, host_link_gbps=32,
              interconnect_latency_us=PCIE_LATENCY_US),
-     "GeForce RTX 4090 (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165.2 TFLOPS bf16 dense with FP32 accumulate; "
+     "GeForce RTX 4090 datasheet (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165.2 TFLOPS bf16 dense with FP32 accumulate; "
      "PCIe Gen4 x16 (32 GB/s each way), no NVLink or P2P"),
 )
 

@@ -135,13 +135,19 @@ class VllmLogConfig:
                                      help="JSONL with each request's input_tok_ids, line by line in the log's "
                                           "order (e.g. the workload file the run replayed)")
     hash_block_tokens: int = int_field(16, min=1, help="tokens per prefix block id (vLLM's block size)")
-    limit: int | None = int_field(None, min=1, optional=True, help="use only the first N requests of the log")
+    start: int = int_field(0, min=0, help="skip the first N requests of the log (arrivals then count from "
+                                          "the first one kept): fit on one part, predict another")
+    limit: int | None = int_field(None, min=1, optional=True, help="use only N requests (after start)")
 
 
-def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, limit: int | None = None):
-    """``(arrival_ms, columns, measured)`` of a vLLM per-request log (see the module docstring)."""
+def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int = 0, limit: int | None = None):
+    """``(arrival_ms, columns, measured)`` of a vLLM per-request log (see the module docstring).
+    Prefix block ids are computed over the whole log, so a part shares ids with the rest."""
     path = Path(path)
-    rows = _read_jsonl(path)[:limit]
+    rows = _read_jsonl(path)
+    if start >= len(rows):
+        raise WorkloadError(f"{path}: start = {start} skips all {len(rows)} requests")
+    keep = slice(start, None if limit is None else start + limit)
     n = len(rows)
     prompt = np.empty(n, dtype=np.int64)
     output = np.empty(n, dtype=np.int64)
@@ -165,7 +171,7 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, limit: int
             raise WorkloadError(f"{path}: line {line}: block_hashes: must be a list of whole numbers")
         given_ids.append(tuple(hashes) if hashes is not None else None)
     if prompts is not None:
-        prompt_rows = _read_jsonl(Path(prompts))
+        prompt_rows = _read_jsonl(Path(prompts))[:n]
         if len(prompt_rows) < n:
             raise WorkloadError(f"{prompts}: {len(prompt_rows)} prompts for the {n} requests of {path}")
         token_lists = []
@@ -178,9 +184,12 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, limit: int
                                     f"of {path} has input_toks = {prompt[i]} (is it the same run, in order?)")
             token_lists.append(ids)
     per_row: dict = {}
+    prompt, output, token_lists, given_ids = prompt[keep], output[keep], token_lists, given_ids[keep]
+    scheduled = scheduled[keep]
+    stamps = {key: value[keep] for key, value in stamps.items()}
     if any(t is not None for t in token_lists):
         ids = prefix_block_ids([t or [] for t in token_lists], hash_block_tokens)
-        per_row["block_hashes"] = [h if t is not None else None for h, t in zip(ids, token_lists)]
+        per_row["block_hashes"] = [h if t is not None else None for h, t in zip(ids, token_lists)][keep]
     elif any(h is not None for h in given_ids):
         per_row["block_hashes"] = given_ids
     constant = {"hash_block_tokens": hash_block_tokens} if per_row else {}
@@ -196,7 +205,8 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, limit: int
 
 def make_vllm_log_workload(config: VllmLogConfig) -> OpenLoopWorkload:
     arrival, columns, measured = load_vllm_log(config.path, prompts=config.prompts,
-                                               hash_block_tokens=config.hash_block_tokens, limit=config.limit)
+                                               hash_block_tokens=config.hash_block_tokens, start=config.start,
+                                               limit=config.limit)
     workload = OpenLoopWorkload(lambda seed: (arrival, columns), name="vllm_log", num_requests=len(columns))
     workload.measured = measured
     return workload
