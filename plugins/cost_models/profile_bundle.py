@@ -185,6 +185,7 @@ class AttentionTable:
         self.pairs = sorted(self.slices)
         self.path = path
         self._nearest: dict[tuple, tuple] = {}
+        self._corners: dict[tuple, list] = {}
 
     def _slice(self, pc: float, nd: float):
         s = self.slices.get((pc, nd))
@@ -206,7 +207,17 @@ class AttentionTable:
         return v + t * (rows[hi](kd) - v)
 
     def corners(self, pc: float, nd: float):
-        """The (weight, slice) pairs whose blend gives the time at (pc, nd)."""
+        """The (weight, slice) pairs whose blend gives the time at (pc, nd) (memoised: an
+        iteration's chunk and decode counts repeat)."""
+        key = (pc, nd)
+        found = self._corners.get(key)
+        if found is None:
+            found = self._corners_of(pc, nd)
+            if len(self._corners) < 1 << 18:
+                self._corners[key] = found
+        return found
+
+    def _corners_of(self, pc: float, nd: float):
         lo_pc, hi_pc, t_pc = _bracket(self.pcs, pc)
         lo_nd, hi_nd, t_nd = _bracket(self.nds, nd)
         p0, p1, n0, n1 = self.pcs[lo_pc], self.pcs[hi_pc], self.nds[lo_nd], self.nds[hi_nd]

@@ -99,6 +99,7 @@ class ProfiledCostModel:
         self._skew = bundle.skew if config.skew else None
         self._tokens_memo: dict[int, float] = {}
         self._seq_memo: dict[int, float] = {}
+        self._last: tuple | None = None
 
     # --- parts ----------------------------------------------------------------------------------
 
@@ -147,8 +148,10 @@ class ProfiledCostModel:
         attn = self._attention
         t = attn(pc, kp, n, mean)
         alpha = self._skew_alpha(batch, mean)
+        t_max = None
         if alpha:
             t_max = attn(pc, kp, n, batch.decode_context_max)
+            self._last = (batch, alpha, t, t_max)  # decode_step_increment asks about the same batch next
             if t_max > t:
                 t += alpha * (t_max - t)
         return t
@@ -174,12 +177,16 @@ class ProfiledCostModel:
         hi = batch.decode_context_max
         slope_mean = attn.kd_slope(0, 0, n, mean)
         end = attn.kd_breaks(0, 0, n, mean) - mean
-        alpha = self._skew_alpha(batch, mean)
+        last = self._last
+        if last is not None and last[0] is batch:
+            alpha, gap = last[1], last[3] - last[2]
+        else:
+            alpha = self._skew_alpha(batch, mean)
+            gap = attn(0, 0, n, hi) - attn(0, 0, n, mean) if alpha else 0.0
         inc = slope_mean
         if alpha:
             slope_hi = attn.kd_slope(0, 0, n, hi)
             end = min(end, attn.kd_breaks(0, 0, n, hi) - hi, self._skew.kv_big_edge(hi) - hi)
-            gap = attn(0, 0, n, hi) - attn(0, 0, n, mean)
             gap_slope = slope_hi - slope_mean
             if gap > 0.0:
                 inc += alpha * gap_slope
