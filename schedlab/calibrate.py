@@ -8,7 +8,9 @@ error over the 15 statistics of :mod:`schedlab.compare` with scipy's bounded Nel
 starting from the values in the file (or the middle of the bounds); it is deterministic.
 
 It prints the fitted values, the error per statistic at the fit, and a TOML snippet to paste
-into the ``[cost_model]`` table. ``--predict KEY=VALUE`` (repeatable) then runs the fitted
+into the ``[cost_model]`` table. ``--part FIRST:END`` fits on the statistics of those requests
+of the log only -- the whole run is still simulated, so they queue behind and share the GPU
+with the rest, as they did -- and prints the other requests' table as the prediction. ``--predict KEY=VALUE`` (repeatable) then runs the fitted
 model on another workload (e.g. ``workload.start=150``: the other half of the log) and prints
 that table too: fitting on one part and checking on another is how to tell a fit from an
 overfit.
@@ -57,17 +59,40 @@ def parse_parameter(text: str) -> Parameter:
     return Parameter(key.strip(), lo, hi)
 
 
-def _mean_abs_error(result) -> float:
+def _mean_abs_error(result, rows=None) -> float:
     summary = result.metrics.get("vs_measured")
     if summary is None:
         raise ConfigError("the run's workload keeps no measured run (use a vllm_log or vllm_bench workload)")
+    if rows is not None:
+        from .compare import vs_measured
+
+        summary = vs_measured(result.requests, result.measured, rows)
     value = summary["mean_abs_error_pct"]
     return value if math.isfinite(value) else 1e9
 
 
+def parse_part(text: str | None, n: int):
+    """``"0:150"`` -> the rows 0..149 of the measured run (and the others), or (None, None)."""
+    import numpy as np
+
+    if text is None:
+        return None, None
+    a, colon, b = text.partition(":")
+    try:
+        lo, hi = int(a or 0), int(b or n)
+    except ValueError:
+        lo = hi = -1
+    if not colon or not 0 <= lo < hi <= n:
+        raise ConfigError(f"--part {text!r}: expected FIRST:END with 0 <= FIRST < END <= {n} (requests of the log)")
+    rows = np.arange(lo, hi)
+    return rows, np.setdiff1d(np.arange(n), rows)
+
+
 def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, max_evaluations: int = 60,
-              tolerance: float = 1e-3) -> tuple[Fit, Any, Any]:
-    """Fit ``parameters`` on one run of a loaded experiment.
+              tolerance: float = 1e-3, rows=None) -> tuple[Fit, Any, Any]:
+    """Fit ``parameters`` on one run of a loaded experiment (on the statistics of the measured
+    run's ``rows`` only, when given: the whole run is simulated, so they still wait behind
+    and share the GPU with the others).
 
     :returns: ``(fit, spec at the fit, result at the fit)``.
     :raises ConfigError: no such run, a key that is not a number, or no measured run.
@@ -82,7 +107,10 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
     if len(studies) > 1:
         raise ConfigError(f"the experiment has several runs; choose one with --run "
                           f"({', '.join(s.name for s in studies)})")
-    base: RunSpec = studies[0].base
+    from .simulation import _tables_with_defaults
+
+    base = studies[0].base
+    base = RunSpec(base.name, _tables_with_defaults(base.tables), base.seed, base.engine)
     start = []
     for p in parameters:
         value = get_dotted(base.tables, p.key, None)
@@ -103,7 +131,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
         key = tuple(round(float(v), 12) for v in x)
         if key not in cache:
             result = run(spec_at(x), exp.context, timeline=False)
-            cache[key] = (_mean_abs_error(result), result)
+            cache[key] = (_mean_abs_error(result, rows), result)
         return cache[key][0]
 
     objective(start)  # fail fast (bad key, no measured run) before scipy starts
@@ -150,18 +178,32 @@ def _toml(value) -> str:
     return repr(value)
 
 
-def report(fit: Fit, spec, result, parameters: list[Parameter]) -> str:
+def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, others=None) -> str:
     """What ``schedlab calibrate`` prints."""
     lines = ["fit (start -> fitted, bounds):"]
     for p in parameters:
         lines.append(f"  {p.key:<32} {fit.start[p.key]:>10.4g} -> {fit.values[p.key]:<10.4g} [{p.low:g}, {p.high:g}]")
     lines.append(f"  {fit.evaluations} simulations; mean |error| {fit.mean_abs_error_pct:.2f}%")
     lines.append("")
-    rows = comparison_rows(statistics(request_latencies(result.requests)), measured_statistics(result.measured))
-    lines.append(format_comparison(f"{spec.name} at the fit: simulated vs measured", rows))
+    lines.append(_table(f"{spec.name} at the fit: simulated vs measured", result, rows))
+    if others is not None and len(others):
+        lines.append(_table(f"the other {len(others)} requests (not fitted on): simulated vs measured", result, others))
     lines.append("# paste into the experiment:")
     lines.append(snippet(spec, parameters))
     return "\n".join(lines)
+
+
+def _table(title: str, result, rows=None) -> str:
+    from .compare import select_requests
+
+    if rows is None:
+        sim, truth = request_latencies(result.requests), measured_statistics(result.measured)
+    else:
+        chosen, lat = select_requests(result.requests, result.measured, rows)
+        sim, truth = request_latencies(chosen), statistics(lat)
+        title += f" (requests {rows[0]}..{rows[-1]} of the log)" if len(rows) and rows[-1] - rows[0] + 1 == len(rows) \
+            else f" ({len(rows)} requests)"
+    return format_comparison(title, comparison_rows(statistics(sim), truth))
 
 
 def predict(exp, spec, overrides: list[str]):
@@ -173,6 +215,18 @@ def predict(exp, spec, overrides: list[str]):
         key, value = parse_assignment(text, where="--predict")
         tables = set_dotted(tables, key, value)
     return run(RunSpec(spec.name + " (predict)", tables, spec.seed, spec.engine), exp.context, timeline=False)
+
+
+def _measured_count(exp, study) -> int:
+    """How many requests the study's measured run has (its workload is built to count them)."""
+    from .simulation import _tables_with_defaults, build_component
+
+    table = _tables_with_defaults(study.base.tables)["workload"]
+    workload = build_component(exp.context, "workload", table, f"{exp.context.source}: [workload]")
+    measured = getattr(workload, "measured", None)
+    if measured is None:
+        raise ConfigError("the run's workload keeps no measured run (use a vllm_log or vllm_bench workload)")
+    return len(measured.ttft_ms)
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -187,6 +241,9 @@ def add_arguments(parser) -> None:
                         help="override a key before fitting (TOML value syntax)")
     parser.add_argument("--predict", action="append", default=[], metavar="KEY=VALUE",
                         help="after the fit, run it with these overrides (e.g. workload.start=150) and compare")
+    parser.add_argument("--part", metavar="FIRST:END",
+                        help="fit on the statistics of these requests of the log only (the whole run is simulated); "
+                             "the table of the other requests then shows the prediction")
     parser.add_argument("--max-evaluations", type=int, default=60, help="simulations at most (default 60)")
 
 
@@ -195,8 +252,13 @@ def command(args) -> int:
 
     exp = load(args.file, args.set)
     parameters = [parse_parameter(text) for text in args.fit]
-    fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations)
-    print(report(fit, spec, result, parameters))
+    rows = others = None
+    if args.part is not None:
+        studies = [s for s in exp.studies if args.run is None or s.name == args.run]
+        workload = exp.context and studies and _measured_count(exp, studies[0])
+        rows, others = parse_part(args.part, workload)
+    fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations, rows=rows)
+    print(report(fit, spec, result, parameters, rows, others))
     if args.predict:
         other = predict(exp, spec, args.predict)
         rows = comparison_rows(statistics(request_latencies(other.requests)), measured_statistics(other.measured))

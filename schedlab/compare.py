@@ -57,9 +57,27 @@ def mean_abs_error(errors: dict[str, float]) -> float:
     return float(np.mean([abs(e) for e in errors.values()]))
 
 
-def vs_measured(requests: dict[str, np.ndarray], measured) -> dict[str, Any]:
-    """The ``vs_measured`` metrics of a run's per-request columns against a measured run."""
-    truth = measured_statistics(measured)
+def select_requests(requests: dict[str, np.ndarray], measured, rows: np.ndarray):
+    """The simulated requests and the measured run restricted to the measured run's ``rows``
+    (positions in its file). Simulated ids follow arrival order (stable), the file may not."""
+    order = np.argsort(measured.arrival_ms, kind="stable") if np.isfinite(measured.arrival_ms).all() \
+        else np.arange(len(measured.arrival_ms))
+    ids = np.flatnonzero(np.isin(order, rows))          # simulated id i is file row order[i]
+    keep = np.isin(requests["id"], ids)
+    sim = {k: v[keep] for k, v in requests.items()}
+    picked = np.sort(rows)
+    truth = {"ttft_ms": measured.ttft_ms[picked], "tpot_ms": measured.tpot_ms[picked], "e2e_ms": measured.e2e_ms[picked]}
+    return sim, truth
+
+
+def vs_measured(requests: dict[str, np.ndarray], measured, rows: np.ndarray | None = None) -> dict[str, Any]:
+    """The ``vs_measured`` metrics of a run's per-request columns against a measured run
+    (only the measured run's ``rows`` when given)."""
+    if rows is not None:
+        requests, lat = select_requests(requests, measured, rows)
+        truth = statistics(lat)
+    else:
+        truth = measured_statistics(measured)
     sim = statistics(request_latencies(requests))
     errors = errors_pct(sim, truth)
     return {"mean_abs_error_pct": mean_abs_error(errors), "errors_pct": errors, "measured": truth}
