@@ -11,6 +11,8 @@
 3. tokens     -- the same 100k requests with outputs x1 and x10, at a load both sustain
                  (0.9 requests/s): wall-time ratio.
 4. reference  -- fast vs step-by-step reference engine on benchmark 1: speed ratio.
+5. profiled   -- benchmark 1 with the profiled cost model (the shipped RTX PRO 6000 /
+                 Llama-3.1-8B bundle) instead of the roofline: simulation time ratio (target <= 2x).
 
 Each measurement runs in a fresh Python process. Timings are wall clock on whatever machine
 runs this; they are reported, never asserted (tests assert event counts instead).
@@ -136,9 +138,23 @@ def bench_reference(rows: list, fast: dict | None) -> None:
                  f"reference {ref['wall_ms'] / 1e3:.1f} s, fast {fast['wall_ms'] / 1e3:.2f} s"))
 
 
+PROFILED = ["cost_model.kind=profiled", "cost_model.model=llama-3.1-8b",
+            "cost_model.profile=../experiments/data/llmservingsim/profiles/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16"]
+
+
+def bench_profiled(rows: list, fast: dict | None) -> None:
+    overrides, _ = azure_overrides()
+    if fast is None:
+        fast = min((measure("azure.toml", overrides) for _ in range(3)), key=lambda r: r["wall_ms"])
+    prof = min((measure("azure.toml", overrides + PROFILED) for _ in range(3)), key=lambda r: r["wall_ms"])
+    rows.append(("5. profiled vs roofline cost model (benchmark 1)", f"{prof['wall_ms'] / fast['wall_ms']:.2f}x",
+                 f"profiled {prof['wall_ms'] / 1e3:.2f} s ({prof['events']:,} events), roofline "
+                 f"{fast['wall_ms'] / 1e3:.2f} s ({fast['events']:,} events)"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("which", nargs="*", default=["azure", "scaling", "tokens", "reference"])
+    parser.add_argument("which", nargs="*", default=["azure", "scaling", "tokens", "reference", "profiled"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -155,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_tokens(rows, 10_000 if args.quick else 100_000)
     if "reference" in args.which:
         bench_reference(rows, fast)
+    if "profiled" in args.which:
+        bench_profiled(rows, fast)
     print("| benchmark | result | details |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

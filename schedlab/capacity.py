@@ -74,6 +74,51 @@ class ModelSpec:
         None, min=1, optional=True,
         help="query heads; only used for prefill attention FLOPs in the roofline cost model "
              "(leave unset to ignore attention FLOPs)")
+    hidden_size: int | None = int_field(
+        None, min=1, optional=True,
+        help="model width (config.json hidden_size): the bytes of each tensor-parallel all-reduce")
+    vocab_size: int | None = int_field(
+        None, min=1, optional=True,
+        help="vocabulary (config.json vocab_size): with hidden_size, the input embedding table is not "
+             "read in full each iteration (only looked up), so the roofline leaves it out of weight reads")
+    num_experts: int = int_field(0, min=0, help="MoE: routed experts per layer (0 = a dense model)")
+    experts_per_token: int = int_field(0, min=0, help="MoE: experts each token is routed to (top-k)")
+    active_params: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="MoE: parameters one token passes through (attention, router, top-k experts, embeddings); "
+             "unset = num_params")
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ConfigError(f"{self.name}: experts_per_token must be between 1 and num_experts "
+                              f"({self.num_experts}), got {self.experts_per_token}")
+        if self.active_params is not None and self.active_params > self.num_params:
+            raise ConfigError(f"{self.name}: active_params ({self.active_params:g}) exceeds num_params "
+                              f"({self.num_params:g})")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def params_per_token(self) -> float:
+        """Parameters each token multiplies (all of them for a dense model)."""
+        return self.active_params if self.active_params is not None else self.num_params
+
+    @property
+    def embedding_params(self) -> float:
+        """Parameters of the input embedding table (0 when vocab or width is not declared)."""
+        if self.vocab_size is None or self.hidden_size is None:
+            return 0.0
+        return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one routed expert (all layers): resident and active counts differ by
+        ``(num_experts - experts_per_token)`` experts."""
+        if not self.is_moe or self.experts_per_token >= self.num_experts:
+            return 0.0
+        return (self.num_params - self.params_per_token) / (self.num_experts - self.experts_per_token)
 
     def kv_heads_per_rank(self, tensor_parallel: int = 1) -> int:
         """KV heads each tensor-parallel rank stores.
@@ -120,6 +165,17 @@ class GpuSpec:
     host_link_gbps: float = float_field(
         min=0.0, min_exclusive=True,
         help="one-direction GPU<->CPU bandwidth in GB/s (PCIe or NVLink-C2C); used for swap transfers")
+    interconnect_gbps: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="one-direction GPU<->GPU bandwidth in GB/s (NVLink, or PCIe peer to peer) for "
+             "tensor-parallel all-reduce; unset = host_link_gbps")
+    interconnect_latency_us: float = float_field(
+        10.0, min=0.0, help="fixed time of one all-reduce between GPUs, in us (launch and synchronisation)")
+
+    @property
+    def link_gbps(self) -> float:
+        """GPU<->GPU bandwidth for collectives (one direction, GB/s)."""
+        return self.interconnect_gbps if self.interconnect_gbps is not None else self.host_link_gbps
 
     @property
     def memory_bytes(self) -> int:

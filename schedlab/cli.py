@@ -1,4 +1,4 @@
-"""The ``schedlab`` command: run, validate, plot, plugins, capacity.
+"""The ``schedlab`` command: run, validate, plot, plugins, capacity, calibrate.
 
 Every user error (bad TOML, unknown plugin, impossible config, stalled run) ends as one
 message on stderr and exit status 2 -- never a traceback.
@@ -90,6 +90,12 @@ def cmd_capacity(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from .calibrate import command
+
+    return command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="schedlab", description="Simulate LLM serving schedulers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("capacity", help="how many sequences fit: KV cache sizing from model and GPU")
     add_capacity_arguments(p)
     p.set_defaults(func=cmd_capacity)
+    from .calibrate import add_arguments as add_calibrate_arguments
+
+    p = sub.add_parser("calibrate", help="fit a cost model's settings to a measured run (vllm_log / vllm_bench)")
+    add_calibrate_arguments(p)
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

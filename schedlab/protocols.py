@@ -21,7 +21,10 @@ step. It does so only when the plugins say it may:
   engine need not ask);
 * ``CostModel.decode_step_increment(batch)`` returns how much longer each further identical
   decode-only iteration takes (``0.0`` for a constant cost, a positive number when the cost
-  grows with context) instead of ``None``;
+  grows with context) instead of ``None``. A cost that is only *piecewise* linear in the
+  step (interpolated profiles: the slope changes where a context crosses a grid point)
+  returns ``(increment, steps)``: the increment holds for the iterations ``0 .. steps - 1``
+  of the run (``steps >= 1``), and the engine ends the run there and asks again;
 * ``KVCache.grow(n)`` exists, taking ``n`` decode blocks at once.
 
 A plugin that declares nothing still works: the engine then asks it about every iteration.
@@ -88,6 +91,10 @@ class Batch:
     :ivar prefill_tokens: prompt/recompute tokens computed this iteration, summed.
     :ivar prefill_context_tokens: tokens already cached before each prefill chunk, summed
         (attention of a chunk reaches back over them).
+    :ivar decode_context_max: the longest decode context (0 without decodes);
+    :ivar decode_context_min: the shortest. Both are filled only for cost models that set
+        ``needs_context_range = True`` (uneven contexts slow attention kernels down); they
+        stay 0 otherwise, so engines spend nothing on them.
     """
 
     num_decode: int = 0
@@ -95,6 +102,8 @@ class Batch:
     num_prefill: int = 0
     prefill_tokens: int = 0
     prefill_context_tokens: int = 0
+    decode_context_max: int = 0
+    decode_context_min: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -107,17 +116,23 @@ class Batch:
 
 @runtime_checkable
 class CostModel(Protocol):
-    """How long one iteration takes on the accelerator, in milliseconds."""
+    """How long one iteration takes on the accelerator, in milliseconds.
+
+    Optional member: ``needs_context_range = True`` asks the engines to fill
+    :attr:`Batch.decode_context_max` and :attr:`Batch.decode_context_min`.
+    """
 
     def iteration_ms(self, batch: Batch) -> float:
         """Duration of an iteration with this shape (> 0 whenever it computes anything)."""
         ...
 
-    def decode_step_increment(self, batch: Batch) -> float | None:
+    def decode_step_increment(self, batch: Batch) -> float | tuple[float, int] | None:
         """Optional speed declaration: for a decode-only ``batch``, how much longer each next
-        identical iteration takes (the context grows by ``num_decode`` tokens per step).
-        Return ``None`` when the cost is not linear in the step; the engine then asks
-        :meth:`iteration_ms` for every iteration."""
+        identical iteration takes (the context grows by ``num_decode`` tokens per step, and
+        the longest and shortest context by one). Return ``(increment, steps)`` when that
+        increment holds only for the first ``steps`` iterations of the run, and ``None``
+        when the cost is not linear in the step; the engine then asks :meth:`iteration_ms`
+        for every iteration."""
         ...
 
 

@@ -31,6 +31,8 @@ class RunResult:
     meta: dict[str, Any]
     metrics: dict[str, Any]
     point: dict[str, Any] = attrs.field(factory=dict)
+    #: what the replayed real run measured (a workload's ``measured``), or None
+    measured: Any = None
 
     @classmethod
     def from_recorder(cls, name: str, rec: Recorder, *, settings: dict, meta: dict, request_cost=None,

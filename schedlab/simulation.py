@@ -192,8 +192,15 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
         "kv_cache": _kv_summary(kv),
     }
-    return RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
-                                   request_cost=getattr(cost, "request_cost", None), point=spec.point)
+    result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
+                                     request_cost=getattr(cost, "request_cost", None), point=spec.point)
+    measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
+    if measured is not None:
+        from .compare import vs_measured
+
+        result.measured = measured
+        result.metrics["vs_measured"] = vs_measured(result.requests, measured)
+    return result
 
 
 def _kv_summary(kv) -> dict:

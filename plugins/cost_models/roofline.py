@@ -1,51 +1,116 @@
 """A roofline cost model derived from a model preset and a GPU preset.
 
-Decode is memory-bound: each iteration reads the weights once and the KV of every decoding
-sequence. Prefill is compute-bound: ``2 * num_params`` FLOPs per prompt token plus the
-attention FLOPs of each chunk over its cached context and itself. The parts are *added*::
+Each part of an iteration with ``T`` tokens (decodes + prefill chunk tokens) is timed from the
+bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
 
-    iteration_ms = overhead + weights / BW + decode_context_tokens * kv_bytes_per_token / BW
-                   + prefill FLOPs / (bf16_tflops * mfu)
+    iteration_ms = overhead_ms + layers * layer_overhead_us / 1000
+                 + linear(T)            hypot(weight bytes / (BW * bandwidth_efficiency),
+                                              2 * params per token * T / (TFLOPS * eta(T)))
+                 + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
+                   (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
+                    FLOPs per decode context token -- the varlen kernel pads a decode to a tile)
+                 + prefill attention FLOPs / (TFLOPS * attention_efficiency)
+                 + layers * 2 all-reduces of T x hidden bytes      (tensor parallel, :mod:`.comm`)
 
-where ``BW = hbm_bandwidth * bandwidth_efficiency``. Adding instead of taking the maximum
-is a conservative roofline (no overlap of memory traffic and compute); it keeps the cost
-exactly linear in ``decode_context_tokens`` for a fixed batch composition, which is what
-lets :meth:`RooflineCostModel.decode_step_increment` tell the engine the exact per-step
-growth. With tensor parallelism every rank reads 1/tp of the weights and of the KV and does
-1/tp of the FLOPs at its own GPU's rates; all-reduce time is not modelled (fold it into
-``overhead_ms``). Not modelled either: the FLOPs of decode tokens (decode is taken to be
-bound by memory traffic at any batch size) and the KV read of prefill attention.
+    eta(T) = mfu * T / (T + gemm_half_tokens)     (GEMMs of few tokens cannot fill the GPU)
 
-The roofline itself is Williams, Waterman and Patterson (CACM 2009); its use for LLM
-inference (weights and KV bytes for decode, FLOPs for prefill) follows "LLM Inference
-Unveiled: Survey and Roofline Model Insights" (Yuan et al., 2024).
+``hypot`` (the 2-norm of the memory and compute times) is a smooth roofline: a pure weight
+read at one token, compute-bound at thousands, and the 14-29% rise between them that the
+profiles show for decode batches of 128 (a ``max`` stays flat there). The memory parts and
+the compute of attention are *added*, so the cost stays exactly linear in
+``decode_context_tokens`` for a fixed batch, which :meth:`RooflineCostModel.decode_step_increment`
+tells the engine.
+
+Weights: every rank reads ``1/tp`` of them each iteration, except the input embedding table
+(looked up, not read, when the preset declares ``vocab_size``). MoE models
+(``num_experts``): attention and other dense weights as above; of the routed experts only
+those some token picked are read -- ``E (1 - (1 - k/E)^T)`` of ``E`` under uniform routing --
+and the FLOPs are those of the ``params per token`` (active parameters); the expert GEMMs
+run at ``eta`` of the tokens each expert gets. With ``expert_parallel`` the experts are
+spread over the ranks instead of split (the same bytes and FLOPs per rank in this model).
+
+Not modelled: decode-token FLOPs beyond the linear layers, the KV read of prefill attention.
+
+The default efficiencies are derived from the per-operator profiles of four GPU/model pairs
+measured inside vLLM 0.19 (``tools/derive_roofline.py``; see :data:`DERIVATION`). The roofline
+itself is Williams, Waterman and Patterson (CACM 2009); its use for LLM inference follows
+"LLM Inference Unveiled: Survey and Roofline Model Insights" (Yuan et al., 2024).
 """
 
 from __future__ import annotations
+
+import math
 
 import attrs
 import numpy as np
 
 from schedlab.capacity import GpuSpec, ModelSpec, Presets
-from schedlab.configs import float_field, int_field, str_field
+from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
+
+from .comm import layer_comm
+
+
+#: What ``tools/derive_roofline.py`` printed on the shared profiles (vLLM 0.19 kernels; RTX PRO
+#: 6000 Blackwell Server Edition: Llama-3.1-8B, Qwen3-32B, Qwen3-30B-A3B at TP 1 and 2; RTX 4090:
+#: Llama-3.1-8B at TP 1). Per bundle, then pooled (medians; the GEMM curve fitted over all):
+#:
+#:   bundle                      weight read  KV read  prefill attn  mixed rows  small ops/layer  GEMM @2048
+#:   PRO 6000 Llama-3.1-8B tp1      0.908      0.906      0.482         72.6       10.1 us        0.785
+#:   PRO 6000 Llama-3.1-8B tp2      0.863      0.863      0.434         69.7        8.6 us        0.754
+#:   PRO 6000 Qwen3-32B tp1         0.960      0.915      0.535         76.8       14.5 us        0.767
+#:   PRO 6000 Qwen3-32B tp2         0.885      0.859      0.480         70.2       11.9 us        0.786
+#:   PRO 6000 Qwen3-30B-A3B tp1     1.404*     0.857      0.481         70.0        8.5 us        0.618
+#:   PRO 6000 Qwen3-30B-A3B tp2     0.872      0.798      0.440         67.2        8.0 us        0.610
+#:   RTX 4090 Llama-3.1-8B tp1      0.926      0.916      0.741         76.6        8.5 us        1.000
+#:   pooled                         0.91       0.86       0.48          70          8.6 us        eta(T) = 0.77 T / (T + 56)
+#:
+#: "mixed rows": in an iteration with a prefill chunk, each decode adds the attention time of
+#: this many query rows over its context (median over chunks 256-2048, 16-128 decodes, contexts
+#: 1k-4k): the varlen kernel pads a decode's one query to a tile, so it is 2-4x dearer than
+#: reading its KV.
+#:
+#: (* the MoE model's attention projections at TP 1, 38 MB, fit in the 128 MB L2 cache of the
+#: one-layer profile: the median leaves that out.) The GEMM curve's RMS error in log time over
+#: T = 1..2048 on all bundles is 0.18: the RTX 4090 reaches its datasheet rate, the RTX PRO
+#: 6000 three quarters of it. MoE experts at TP 1: weights read at 0.94 of bandwidth at one
+#: token; 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
+DERIVATION = {"bandwidth_efficiency": 0.91, "kv_read_efficiency": 0.86, "attention_efficiency": 0.48,
+              "mixed_decode_query_rows": 70.0, "layer_overhead_us": 8.6, "mfu": 0.77, "gemm_half_tokens": 56.0}
+
+
+def _efficiency(name: str, help: str):
+    return float_field(DERIVATION[name], min=0.0, min_exclusive=True, max=1.0, help=help)
 
 
 @attrs.frozen
 class RooflineConfig:
-    """Settings of the ``roofline`` cost model."""
+    """Settings of the ``roofline`` cost model (efficiency defaults: :data:`DERIVATION`)."""
 
     model: str = str_field(help="model preset (e.g. 'llama-3-8b') or a model declared in the experiment")
     gpu: str = str_field(help="GPU preset (e.g. 'a100-80gb') or a GPU declared in the experiment")
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks the model is split over")
-    bandwidth_efficiency: float = float_field(
-        0.8, min=0.0, min_exclusive=True, max=1.0,
-        help="share of peak memory bandwidth reached when reading weights and KV")
-    mfu: float = float_field(
-        0.5, min=0.0, min_exclusive=True, max=1.0,
-        help="model FLOPs utilisation: share of peak bf16 TFLOPS reached in prefill")
+    expert_parallel: bool = bool_field(False, help="MoE: experts spread over the ranks (vLLM --enable-expert-parallel)")
+    bandwidth_efficiency: float = _efficiency(
+        "bandwidth_efficiency", "share of peak memory bandwidth reached when reading weights")
+    kv_read_efficiency: float = _efficiency(
+        "kv_read_efficiency", "share of peak memory bandwidth reached when decode attention reads the KV cache")
+    mfu: float = _efficiency(
+        "mfu", "share of peak bf16 TFLOPS the linear layers reach with many tokens (GEMM efficiency)")
+    gemm_half_tokens: float = float_field(
+        DERIVATION["gemm_half_tokens"], min=0.0,
+        help="tokens at which GEMMs reach half of mfu: efficiency = mfu * T / (T + gemm_half_tokens)")
+    attention_efficiency: float = _efficiency(
+        "attention_efficiency", "share of peak bf16 TFLOPS prefill attention reaches")
+    mixed_decode_query_rows: float = float_field(
+        DERIVATION["mixed_decode_query_rows"], min=0.0,
+        help="a decode in an iteration with prefill costs the attention FLOPs of this many query rows over its context")
+    layer_overhead_us: float = float_field(
+        DERIVATION["layer_overhead_us"], min=0.0,
+        help="per decoder layer: small kernels not counted as bytes or FLOPs (norms, rotary, activation), us")
     overhead_ms: float = float_field(
-        1.0, min=0.0, help="fixed time per iteration (scheduling, kernel launches, sampling) in ms")
+        0.0, min=0.0, help="fixed time per iteration not on the GPU's critical path (CPU scheduling), ms")
 
 
 class RooflineCostModel:
@@ -57,54 +122,102 @@ class RooflineCostModel:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, config: RooflineConfig | None = None):
         self.model = model
         self.gpu = gpu
-        self.config = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
-        tp = self.config.tensor_parallel
+        self.config = c = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
+        tp = c.tensor_parallel
         # Rates per millisecond: GB/s * 1e9 / 1e3 and TFLOPS * 1e12 / 1e3.
-        self._bytes_per_ms = gpu.hbm_bandwidth_gbps * 1e6 * self.config.bandwidth_efficiency
-        self._flops_per_ms = gpu.bf16_tflops * 1e9 * self.config.mfu
+        bw = gpu.hbm_bandwidth_gbps * 1e6
+        self._weight_bytes_per_ms = bw * c.bandwidth_efficiency
+        self._peak_flops_per_ms = gpu.bf16_tflops * 1e9
         self._host_bytes_per_ms = gpu.host_link_gbps * 1e6
         self._kv_bytes_per_token = model.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
-        self._fixed_ms = self.config.overhead_ms + model.weight_bytes(tp) / self._bytes_per_ms
-        self._kv_ms_per_token = self._kv_bytes_per_token / self._bytes_per_ms
-        self._linear_flops_per_token = 2.0 * model.num_params / tp
+        self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
+        b = model.dtype_bytes
+        expert_total = model.expert_params * model.num_experts
+        # Dense weights: everything but the routed experts and the looked-up embedding table.
+        self._dense_read_ms = (model.num_params - expert_total - model.embedding_params) * b / tp \
+            / self._weight_bytes_per_ms
+        self._expert_read_ms = model.expert_params * b / tp / self._weight_bytes_per_ms  # one expert
+        self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params) / tp
+        self._expert_flops_per_token = 2.0 * model.experts_per_token * model.expert_params / tp
+        self._fixed_ms = c.overhead_ms + model.num_layers * c.layer_overhead_us * 1e-3
         heads = model.num_attention_heads or 0
         # QK^T and attention-times-V: 2 * head_dim FLOPs each per (query, key) pair and head.
         self._attention_flops_per_pair = 4.0 * model.num_layers * heads * model.head_dim / tp
+        self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
+        self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
+            / self._attention_flops_per_ms
+        if tp > 1:
+            if model.hidden_size is None:
+                raise ConfigError(f"model {model.name!r}: hidden_size is needed for the tensor-parallel all-reduce")
+            fixed, per_token = layer_comm(tp, model.hidden_size, b, gpu.link_gbps, gpu.interconnect_latency_us)
+            self._comm_fixed, self._comm_per_token = model.num_layers * fixed, model.num_layers * per_token
+        else:
+            self._comm_fixed = self._comm_per_token = 0.0
+        self._tokens_memo: dict[int, float] = {}
 
     # --- CostModel protocol -------------------------------------------------------------------
 
     def iteration_ms(self, batch: Batch) -> float:
         """Duration of one iteration of shape ``batch`` in ms (0.0 for an empty batch)."""
-        if batch.num_decode == 0 and batch.prefill_tokens == 0:
+        tokens = batch.num_decode + batch.prefill_tokens
+        if tokens == 0:
             return 0.0
-        ms = self._fixed_ms + batch.decode_context_tokens * self._kv_ms_per_token
-        if batch.prefill_tokens:
-            ms += self.prefill_compute_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
-        return ms
+        kv_read = batch.decode_context_tokens * self._kv_ms_per_token
+        if not batch.prefill_tokens:
+            return self.tokens_ms(tokens) + kv_read
+        # Decodes riding with a prefill chunk go through the prefill attention kernel, which
+        # pads each one's single query to a tile: they cost query rows of compute, not a read.
+        padded = self._mixed_rows_ms_per_token * batch.decode_context_tokens
+        return (self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read)
+                + self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill))
 
     def decode_step_increment(self, batch: Batch) -> float | None:
         """For a decode-only batch: each next step reads ``num_decode`` more KV tokens, so it
-        takes ``num_decode * kv_bytes_per_token / BW`` longer. ``None`` when prefill runs."""
+        takes ``num_decode * kv_bytes_per_token / (BW * kv_read_efficiency)`` longer. ``None``
+        when prefill runs."""
         if batch.prefill_tokens:
             return None
         return batch.num_decode * self._kv_ms_per_token
 
     # --- parts ----------------------------------------------------------------------------------
 
-    def prefill_compute_ms(self, prefill_tokens: int, prefill_context_tokens: int = 0, num_prefill: int = 1) -> float:
-        """Compute time of the prefill part of an iteration.
+    def gemm_efficiency(self, tokens: float) -> float:
+        """Share of peak bf16 FLOPS a GEMM over ``tokens`` rows reaches."""
+        c = self.config
+        return c.mfu * tokens / (tokens + c.gemm_half_tokens)
 
-        Linear layers: ``2 * num_params`` FLOPs per token. Attention (only when the model
-        declares ``num_attention_heads``): ``4 * layers * heads * head_dim`` FLOPs per
-        (query, key) pair; a chunk of ``c`` tokens after ``p`` cached ones has
-        ``c * p + c * (c + 1) / 2`` causal pairs. A :class:`Batch` only carries sums, so the
-        chunks are taken to be of equal length (exact for one prefill; for several it
-        undercounts the ``c**2`` part, by Cauchy-Schwarz).
+    def tokens_ms(self, tokens: int) -> float:
+        """Everything that depends only on the iteration's token count: linear layers (weights
+        and GEMMs), MoE experts, all-reduce and the fixed overheads."""
+        ms = self._tokens_memo.get(tokens)
+        if ms is not None:
+            return ms
+        peak = self._peak_flops_per_ms
+        compute = self._dense_flops_per_token * tokens / (peak * self.gemm_efficiency(tokens))
+        ms = self._fixed_ms + math.hypot(self._dense_read_ms, compute)
+        m = self.model
+        if m.is_moe:
+            e, k = m.num_experts, m.experts_per_token
+            touched = e * (1.0 - (1.0 - k / e) ** tokens)  # distinct experts under uniform routing
+            per_expert = tokens * k / touched
+            compute = self._expert_flops_per_token * tokens / (peak * self.gemm_efficiency(per_expert))
+            ms += math.hypot(touched * self._expert_read_ms, compute)
+        ms += self._comm_fixed + self._comm_per_token * tokens
+        if len(self._tokens_memo) < 1 << 16:
+            self._tokens_memo[tokens] = ms
+        return ms
+
+    def prefill_attention_ms(self, prefill_tokens: int, prefill_context_tokens: int = 0, num_prefill: int = 1) -> float:
+        """Attention compute of the prefill part of an iteration (only when the model declares
+        ``num_attention_heads``): ``4 * layers * heads * head_dim`` FLOPs per (query, key)
+        pair; a chunk of ``c`` tokens after ``p`` cached ones has ``c * p + c * (c + 1) / 2``
+        causal pairs. A :class:`Batch` only carries sums, so the chunks are taken to be of
+        equal length (exact for one prefill; for several it undercounts the ``c**2`` part,
+        by Cauchy-Schwarz).
         """
         n = max(1, num_prefill)
         pairs = prefill_tokens * prefill_context_tokens / n + prefill_tokens * (prefill_tokens / n + 1) / 2
-        flops = self._linear_flops_per_token * prefill_tokens + self._attention_flops_per_pair * pairs
-        return flops / self._flops_per_ms
+        return self._attention_flops_per_pair * pairs / self._attention_flops_per_ms
 
     def swap_ms(self, num_tokens: int) -> float:
         """Time to copy ``num_tokens`` tokens of KV between GPU and CPU over the host link
@@ -120,8 +233,9 @@ class RooflineCostModel:
         """
         prompt = np.asarray(prompt_tokens, dtype=float)
         steps = np.maximum(np.asarray(output_tokens, dtype=float) - 1.0, 0.0)
-        prefill = self._fixed_ms + self.prefill_compute_ms(prompt)
-        first = self._fixed_ms + self._kv_ms_per_token * (prompt + 1.0)
+        linear = np.vectorize(self.tokens_ms, otypes=[float])(np.maximum(prompt, 1).astype(np.int64))
+        prefill = linear + self.prefill_attention_ms(prompt)
+        first = self.tokens_ms(1) + self._kv_ms_per_token * (prompt + 1.0)
         # Arithmetic series: steps * first + increment * (0 + 1 + ... + steps - 1).
         decode = steps * first + self._kv_ms_per_token * (steps * (steps - 1.0) / 2.0)
         if np.ndim(prefill) == 0:

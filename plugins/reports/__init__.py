@@ -3,6 +3,7 @@
 import schedlab
 
 from .lab import LabConfig, LabReport
+from .measured import CompareConfig, CompareReport
 from .plot_config import PlotsConfig
 from .store import JsonReport
 from .table import TableConfig, TableReport
@@ -21,5 +22,7 @@ def schedlab_register_reports(register):
     register("json", JsonReport, help="summary.json/.csv, requests.csv, timeline.csv and the resolved config")
     register("plots", _plots_report, config=PlotsConfig,
              help="PNG figures in plots/: latency CDFs, timelines, sweep metrics, search probes, run comparisons")
+    register("compare", CompareReport, config=CompareConfig,
+             help="runs replaying a measured run: simulated vs measured table (compare.txt), CDF and timeline plots")
     register("lab", LabReport, config=LabConfig,
              help="seed 001's artifacts: static.txt, compare.txt, maxseqs.txt, queue.csv, cost.txt, tune.txt")

@@ -7,7 +7,8 @@ Registered names (``[workload] kind = ...``):
 * ``shared_prefix`` -- requests sharing system prompts (:mod:`.synthetic`);
 * ``azure``, ``vidur``, ``mooncake`` -- published traces (:mod:`.traces`);
 * ``mix`` -- several classes merged by arrival time (:mod:`.mix`);
-* ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`).
+* ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`);
+* ``vllm_log``, ``vllm_bench`` -- measured vLLM runs, kept for comparison (:mod:`.measured`).
 
 Shared pieces: :mod:`.records` reads request files, :mod:`.distributions` holds the length
 distributions, :mod:`.arrivals` the arrival processes and seeded streams, :mod:`.columns` turns
@@ -21,6 +22,7 @@ import functools
 import schedlab
 
 from .closed_loop import ClosedLoopConfig, make_closed_loop_workload
+from .measured import VllmBenchConfig, VllmLogConfig, make_vllm_bench_workload, make_vllm_log_workload
 from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
 from .request_file import FileConfig, make_file_workload
 from .synthetic import SharedPrefixConfig, SyntheticConfig, make_shared_prefix_workload, make_synthetic_workload
@@ -41,6 +43,12 @@ def schedlab_register_workloads(register) -> None:
              help="Vidur splitwise trace (arrived_at,num_prefill_tokens,num_decode_tokens)")
     register("mooncake", make_mooncake_workload, config=MooncakeConfig,
              help="Mooncake FAST'25 JSONL trace with prefix hash ids; optional arrival jitter")
+    register("vllm_log", make_vllm_log_workload, config=VllmLogConfig,
+             help="a measured vLLM run's per-request log: arrivals from queued_ts, prompt token ids as "
+                  "prefix block ids; measured latencies kept for comparison")
+    register("vllm_bench", make_vllm_bench_workload, config=VllmBenchConfig,
+             help="a `vllm bench serve --save-result` file: its lengths, arrivals redrawn from its rate and "
+                  "burstiness with the run's seed; measured latencies kept for comparison")
     # A registry can look up any workload, including plugins'; a bare callable cannot.
     lookup = registry_lookup(register) if hasattr(register, "get") else builtin_lookup
     register("mix", functools.partial(make_mix_workload, lookup=lookup), config=MixConfig,

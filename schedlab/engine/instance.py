@@ -86,6 +86,11 @@ class Instance:
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
+        # Longest and shortest decode context, for cost models that ask (lazy-deletion heaps
+        # of anchors: a sequence's context is anchor + 1 + clock.steps while it decodes).
+        self.track_range = bool(getattr(cost_model, "needs_context_range", False))
+        self.anchor_high: list = []
+        self.anchor_low: list = []
         self._rejection_reason = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
         self._on_finish = getattr(scheduler, "on_finish", None)
         self.finished: list = []     # (request, time) since the driver last collected
@@ -127,6 +132,9 @@ class Instance:
             self.cross_at[-seq.anchor % len(self.cross_at)] += 1
             self.n_growing += 1
         heapq.heappush(self.finish_heap, (seq.finish_step, seq.seq_no, seq))
+        if self.track_range:
+            heapq.heappush(self.anchor_high, (-seq.anchor, seq.seq_no, seq))
+            heapq.heappush(self.anchor_low, (seq.anchor, seq.seq_no, seq))
         key = seq.last_token_ms
         self.itl_groups[key] = self.itl_groups.get(key, 0) + 1
 
@@ -149,6 +157,15 @@ class Instance:
         else:
             del self.itl_groups[key]
         seq.last_token_ms = key
+
+    def _context_range(self, steps: int) -> tuple[int, int]:
+        """(longest, shortest) decode context at decode counter ``steps``."""
+        high, low = self.anchor_high, self.anchor_low
+        while not (high[0][2].status == DECODING and high[0][2].anchor == -high[0][0]):
+            heapq.heappop(high)
+        while not (low[0][2].status == DECODING and low[0][2].anchor == low[0][0]):
+            heapq.heappop(low)
+        return 1 + steps - high[0][0], 1 + steps + low[0][0]
 
     def allocate_each_decode(self) -> bool:
         """Decode slots one sequence at a time, for KV caches without bulk ``grow``."""
@@ -294,6 +311,8 @@ class Instance:
             prefill_context += seq._computed
         batch = Batch(n_dec, self.ctx_offset + n_dec * steps if n_dec else 0,
                       len(prefills), prefill_tokens, prefill_context)
+        if n_dec and self.track_range:
+            batch.decode_context_max, batch.decode_context_min = self._context_range(steps)
         if n_dec or prefills:
             d0 = self.cost.iteration_ms(batch)
             if not d0 > 0.0 or d0 == INF:
@@ -306,12 +325,17 @@ class Instance:
         growth = None
         if self.bulk_ok and n_dec and plan.is_decode_only():
             inc = self.cost.decode_step_increment(batch)
+            valid = None
+            if type(inc) is tuple:  # piecewise linear: the increment holds for `valid` steps
+                inc, valid = inc
             if inc is None or not inc >= 0.0:
                 inc = 0.0
             else:
                 if self.n_growing:
                     growth = bulk.Growth(self.cross_at, self.n_growing, steps)
                 k = self._run_length(plan, d0, inc, until, growth)
+                if valid is not None and valid < k:
+                    k = max(valid, 1)
         start = self.now
         total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
         end = start + total

@@ -357,6 +357,9 @@ class ReferenceEngine:
                 prefill_tokens=sum(n for _, n in plan.prefills),
                 prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
             )
+            if decoders and getattr(self.cost, "needs_context_range", False):
+                contexts = [s.num_computed_tokens + 1 for s in decoders]
+                batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
             duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
             duration += plan.transfer_ms
             end = self.now + duration

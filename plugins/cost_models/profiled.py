@@ -1,0 +1,214 @@
+"""The ``profiled`` cost model: iteration times composed from measured per-operator profiles.
+
+It reads a profile bundle (:mod:`.profile_bundle`; LLMServingSim's layout, measured inside
+vLLM) and composes an iteration from the :class:`~schedlab.protocols.Batch` as LLMServingSim's
+trace generator does (``serving/core/trace_generator.py``)::
+
+    iteration_ms = layers x ( dense ops at T tokens              (qkv, o, gate_up, down, norms, ...)
+                            + attention(prefill chunk, its KV, decodes, their mean KV)
+                              [+ alpha x (attention at the longest decode KV - at the mean)]
+                            + MoE experts at T tokens            (MoE models)
+                            + 2 all-reduces of T x hidden        (tensor parallel > 1) )
+                 + once-per-iteration dense ops at T             (embedding, final norm)
+                 + lm_head + sampler at S sequences
+                 + overhead_ms
+
+with ``T`` = tokens computed this iteration (decodes + prefill chunk tokens) and ``S`` = the
+sequences in it. Several prefill chunks are looked up as one chunk of their summed tokens
+over their summed cached context, as LLMServingSim does. The skew term (FlashAttention's
+varlen kernel is slower on uneven contexts than on even ones of the same mean) uses the
+bundle's fitted alphas when it has them.
+
+All-reduce is not in the profiles: it is modelled from the GPU preset's interconnect
+(:mod:`.comm`). MoE experts are read from the TP-1 table (as LLMServingSim does) with
+LLMServingSim's balanced routing: ``min(T x top_k, experts)`` experts on ``T`` tokens; with
+``expert_parallel`` each of the ``tp`` ranks holds ``experts / tp`` of them and sees the
+tokens routed to at least one of its experts; without it the experts are split by
+tensor parallelism and each rank does ``1 / tp`` of the expert work.
+
+``overhead_ms`` is what the profiles do not hold: the engine's CPU work per step
+(scheduling, input preparation, output processing) not hidden behind the GPU.
+
+Speed: every table is built once at load; token-count results are memoised. Decode-only
+iterations are piecewise linear in the step (the contexts grow by one token a step and the
+tables are linear between grid points), so :meth:`ProfiledCostModel.decode_step_increment`
+gives the engine the slope and how many steps it holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from schedlab.capacity import ModelSpec, Presets
+from schedlab.configs import bool_field, float_field, int_field, path_field, str_field
+from schedlab.errors import ConfigError
+from schedlab.protocols import Batch
+
+from .comm import layer_comm
+from .profile_bundle import ProfileBundle
+
+
+@attrs.frozen
+class ProfiledConfig:
+    """Settings of the ``profiled`` cost model."""
+
+    profile: str = path_field(help="profile bundle folder <hardware>/<model>/<variant> (meta.yaml, tp<N>/*.csv)")
+    model: str = str_field(help="model preset: layers, hidden size and experts (the bundle profiles one layer)")
+    gpu: str | None = str_field(None, optional=True,
+                                help="GPU preset: its interconnect times the tensor-parallel all-reduce")
+    tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
+    expert_parallel: bool = bool_field(False, help="MoE: experts spread over the tensor-parallel ranks (vLLM "
+                                                   "--enable-expert-parallel) instead of split by tensor parallelism")
+    overhead_ms: float = float_field(0.0, min=0.0, help="time per iteration the profiles do not hold (CPU-side "
+                                                          "scheduling and output processing), in ms")
+    skew: bool = bool_field(True, help="apply the bundle's uneven-context correction to decode attention")
+    link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                          help="GPU<->GPU bandwidth in GB/s (overrides the GPU preset)")
+    link_latency_us: float | None = float_field(None, min=0.0, optional=True,
+                                                help="fixed time per all-reduce in us (overrides the GPU preset)")
+
+
+class ProfiledCostModel:
+    """Iteration time from a profile bundle (see the module docstring)."""
+
+    needs_context_range = True  # the skew correction needs the longest and shortest decode context
+
+    def __init__(self, bundle: ProfileBundle, model: ModelSpec, config: ProfiledConfig, *,
+                 link_gbps: float = 0.0, link_latency_us: float = 0.0):
+        self.bundle = bundle
+        self.model = model
+        self.config = config
+        self.layers = model.num_layers
+        tp = config.tensor_parallel
+        if bundle.is_moe and not model.is_moe:
+            raise ConfigError(f"{bundle.root}: the bundle has moe.csv but model {model.name!r} declares no experts")
+        if model.is_moe and not bundle.is_moe:
+            raise ConfigError(f"{bundle.root / 'tp1' / 'moe.csv'}: missing file (model {model.name!r} is MoE)")
+        if tp > 1:
+            if model.hidden_size is None:
+                raise ConfigError(f"model {model.name!r}: hidden_size is needed for the tensor-parallel all-reduce")
+            self._comm_fixed, self._comm_per_token = layer_comm(tp, model.hidden_size, model.dtype_bytes,
+                                                                link_gbps, link_latency_us)
+        else:
+            self._comm_fixed = self._comm_per_token = 0.0
+        self._overhead = config.overhead_ms
+        self._attention = bundle.attention
+        self._per_sequence = bundle.per_sequence
+        self._skew = bundle.skew if config.skew else None
+        self._tokens_memo: dict[int, float] = {}
+        self._seq_memo: dict[int, float] = {}
+        self._last: tuple | None = None
+
+    # --- parts ----------------------------------------------------------------------------------
+
+    def moe_ms(self, tokens: float) -> float:
+        """One MoE layer's expert time at ``tokens`` tokens (balanced routing)."""
+        m = self.model
+        tp = self.config.tensor_parallel
+        experts, k = m.num_experts, m.experts_per_token
+        if self.config.expert_parallel and tp > 1:
+            local_experts = max(1, experts // tp)
+            active = min(round(tokens * k / tp), local_experts)
+            local_tokens = round(tokens * (1.0 - ((tp - 1) / tp) ** k))
+            return self.bundle.moe(local_tokens, active)
+        return self.bundle.moe(tokens, min(round(tokens * k), experts)) / tp
+
+    def tokens_ms(self, tokens: int) -> float:
+        """Everything that depends only on the tokens in the iteration."""
+        ms = self._tokens_memo.get(tokens)
+        if ms is None:
+            b = self.bundle
+            per_layer = b.dense_layer(tokens) + self._comm_fixed + self._comm_per_token * tokens
+            if b.is_moe:
+                per_layer += self.moe_ms(tokens)
+            ms = self.layers * per_layer + b.dense_once(tokens)
+            self._tokens_memo[tokens] = ms
+        return ms
+
+    def sequences_ms(self, sequences: int) -> float:
+        ms = self._seq_memo.get(sequences)
+        if ms is None:
+            ms = self._seq_memo[sequences] = self._per_sequence(sequences)
+        return ms
+
+    def _skew_alpha(self, batch: Batch, mean: float) -> float:
+        """The alpha for this batch's uneven decode contexts (0: no correction applies)."""
+        n, hi, lo = batch.num_decode, batch.decode_context_max, batch.decode_context_min
+        if self._skew is None or n <= 1 or hi <= mean:
+            return 0.0
+        rate = (mean - lo) / (hi - lo) if hi > lo else 0.5
+        return self._skew(batch.prefill_tokens, n, rate, hi, batch.prefill_context_tokens)
+
+    def attention_ms(self, batch: Batch) -> float:
+        """One layer's attention, with the uneven-context correction."""
+        pc, kp, n = batch.prefill_tokens, batch.prefill_context_tokens, batch.num_decode
+        mean = batch.decode_context_tokens / n if n else 0.0
+        attn = self._attention
+        t = attn(pc, kp, n, mean)
+        alpha = self._skew_alpha(batch, mean)
+        t_max = None
+        if alpha:
+            t_max = attn(pc, kp, n, batch.decode_context_max)
+            self._last = (batch, alpha, t, t_max)  # decode_step_increment asks about the same batch next
+            if t_max > t:
+                t += alpha * (t_max - t)
+        return t
+
+    # --- CostModel protocol -------------------------------------------------------------------
+
+    def iteration_ms(self, batch: Batch) -> float:
+        tokens = batch.num_decode + batch.prefill_tokens
+        if tokens == 0:
+            return 0.0
+        return (self.tokens_ms(tokens) + self.sequences_ms(batch.num_decode + batch.num_prefill)
+                + self.layers * self.attention_ms(batch) + self._overhead)
+
+    def decode_step_increment(self, batch: Batch) -> tuple[float, int] | None:
+        """For a decode-only batch: the per-step growth of attention time and how many steps
+        it holds (until the mean or longest context crosses a grid point, the longest crosses
+        a skew bucket, or the skew term changes sign)."""
+        if batch.prefill_tokens or not batch.num_decode:
+            return None
+        attn = self._attention
+        n = batch.num_decode
+        mean = batch.decode_context_tokens / n
+        hi = batch.decode_context_max
+        slope_mean = attn.kd_slope(0, 0, n, mean)
+        end = attn.kd_breaks(0, 0, n, mean) - mean
+        last = self._last
+        if last is not None and last[0] is batch:
+            alpha, gap = last[1], last[3] - last[2]
+        else:
+            alpha = self._skew_alpha(batch, mean)
+            gap = attn(0, 0, n, hi) - attn(0, 0, n, mean) if alpha else 0.0
+        inc = slope_mean
+        if alpha:
+            slope_hi = attn.kd_slope(0, 0, n, hi)
+            end = min(end, attn.kd_breaks(0, 0, n, hi) - hi, self._skew.kv_big_edge(hi) - hi)
+            gap_slope = slope_hi - slope_mean
+            if gap > 0.0:
+                inc += alpha * gap_slope
+                if gap_slope < 0.0:  # the correction reaches 0 within this piece
+                    end = min(end, math.ceil(gap / -gap_slope) - 1)
+            elif gap_slope > 0.0:  # no correction yet; it starts when the gap turns positive
+                end = min(end, math.floor(-gap / gap_slope))
+        steps = math.floor(end) + 1 if end < math.inf else 1 << 62
+        return self.layers * inc, max(1, steps)
+
+
+def build_profiled(config: ProfiledConfig, presets: Presets) -> ProfiledCostModel:
+    """Factory: load the bundle at the configured tensor-parallel degree, resolve the presets."""
+    model = presets.model(config.model)
+    link_gbps = config.link_gbps
+    latency = config.link_latency_us
+    if config.tensor_parallel > 1 and (link_gbps is None or latency is None):
+        if config.gpu is None:
+            raise ConfigError("tensor_parallel > 1 needs the interconnect: set gpu = <preset> "
+                              "(or link_gbps and link_latency_us)")
+        gpu = presets.gpu(config.gpu)
+        link_gbps = gpu.link_gbps if link_gbps is None else link_gbps
+        latency = gpu.interconnect_latency_us if latency is None else latency
+    bundle = ProfileBundle(config.profile, config.tensor_parallel)
+    return ProfiledCostModel(bundle, model, config, link_gbps=link_gbps or 0.0, link_latency_us=latency or 0.0)

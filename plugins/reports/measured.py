@@ -1,0 +1,122 @@
+"""The ``compare`` report: simulated runs side by side with the real run they replay.
+
+For every run whose workload replays a measured run (``vllm_log``, ``vllm_bench``) it prints
+and writes to ``compare.txt`` the 15-statistic table (measured, simulated, error; see
+:mod:`schedlab.compare`), and draws into ``plots/``:
+
+* ``measured_cdf.png`` -- CDFs of TTFT, TPOT and latency: the measured run and every
+  simulated run over it;
+* ``measured_timeline.png`` -- running and waiting requests over time, measured (from the
+  log's queued / scheduled / last-token times) and simulated (the runs' timelines).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from schedlab.compare import comparison_rows, format_comparison, measured_statistics, statistics
+from schedlab.configs import int_field
+from schedlab.metrics import request_latencies
+from schedlab.results_io import atomic_write
+
+
+@attrs.frozen
+class CompareConfig:
+    dpi: int = int_field(110, min=30, help="resolution of the figures")
+
+
+def measured_occupancy(measured, times: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(running, waiting) requests of a measured run at ``times`` (ms), or None without
+    scheduled times: waiting from arrival to first scheduled, running from then to the last token."""
+    if measured.scheduled_ms is None:
+        return None
+    arrival, scheduled, finish = measured.arrival_ms, measured.scheduled_ms, measured.finish_ms
+    t = times[:, None]
+    waiting = ((arrival <= t) & (t < scheduled)).sum(axis=1)
+    running = ((scheduled <= t) & (t < finish)).sum(axis=1)
+    return running, waiting
+
+
+class CompareReport:
+    """Tables and figures of simulated against measured (see the module docstring)."""
+
+    def __init__(self, config: CompareConfig | None = None, stream=None):
+        self.config = config or CompareConfig()
+        self.stream = stream
+
+    def write(self, results, out_dir) -> list[Path]:
+        runs = [r for r in results.all_runs() if getattr(r, "measured", None) is not None]
+        if not runs:
+            return []
+        out = Path(out_dir)
+        texts = []
+        for run in runs:
+            rows = comparison_rows(statistics(request_latencies(run.requests)), measured_statistics(run.measured))
+            texts.append(format_comparison(f"{run.name}: simulated vs measured ({Path(run.measured.source).name})",
+                                           rows))
+        text = "\n".join(texts)
+        (self.stream or sys.stdout).write(text)
+        path = out / "compare.txt"
+        atomic_write(path, text)
+        written = [path]
+        (out / "plots").mkdir(parents=True, exist_ok=True)
+        for figure, name in ((self._cdfs(runs), "measured_cdf.png"), (self._timeline(runs), "measured_timeline.png")):
+            if figure is not None:
+                target = out / "plots" / name
+                figure.savefig(target)
+                written.append(target)
+        return written
+
+    def _cdfs(self, runs):
+        from .plot_cdf import PANELS, cdf_points
+        from .plot_common import line_style, new_figure, use_log_scale
+
+        fig = new_figure(13.0, 4.4, self.config.dpi)
+        axes = fig.subplots(1, len(PANELS), sharey=True)
+        measured = runs[0].measured
+        truth = {"ttft_ms": measured.ttft_ms, "tpot_ms": measured.tpot_ms, "e2e_ms": measured.e2e_ms}
+        for ax, (metric, description) in zip(axes, PANELS):
+            x, y = cdf_points(truth[metric])
+            ax.step(x, y, where="post", color="black", linewidth=2.2, label="measured")
+            for i, run in enumerate(runs):
+                x, y = cdf_points(request_latencies(run.requests)[metric])
+                ax.step(x, y, where="post", label=run.name, **line_style(i))
+            ax.set_title(description)
+            ax.set_xlabel("ms")
+            ax.grid(alpha=0.3)
+            use_log_scale(ax, "x", truth[metric])
+        axes[0].set_ylabel("fraction of requests")
+        axes[0].legend(loc="lower right", fontsize=8)
+        fig.suptitle("simulated vs measured latency CDFs")
+        return fig
+
+    def _timeline(self, runs):
+        from .plot_common import line_style, new_figure
+
+        measured = runs[0].measured
+        end = float(np.nanmax(measured.finish_ms))
+        times = np.linspace(0.0, end, 600)
+        occupancy = measured_occupancy(measured, times)
+        if occupancy is None and not any(r.timeline.get("time_ms", np.empty(0)).size for r in runs):
+            return None
+        fig = new_figure(12.0, 4.4, self.config.dpi)
+        axes = fig.subplots(1, 2, sharex=True)
+        for ax, (column, title) in zip(axes, (("running", "running requests"), ("waiting", "waiting requests"))):
+            if occupancy is not None:
+                ax.plot(times / 1e3, occupancy[0 if column == "running" else 1], color="black", linewidth=2.0,
+                        label="measured")
+            for i, run in enumerate(runs):
+                t = run.timeline.get("time_ms")
+                if t is None or t.size == 0:
+                    continue
+                ax.step(t / 1e3, run.timeline[column], where="post", label=run.name, **line_style(i))
+            ax.set_title(title)
+            ax.set_xlabel("time (s)")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle("simulated vs measured: running and waiting over time")
+        return fig

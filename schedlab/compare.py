@@ -1,0 +1,108 @@
+"""Simulated against measured: the statistics a real run is judged by, and their errors.
+
+A workload that replays a measured run (``vllm_log``, ``vllm_bench``) keeps what the run
+measured (``workload.measured``: per-request TTFT, TPOT, latency). Each simulated run of such
+a workload is compared on 15 statistics -- TTFT, TPOT and latency x mean, median, p90, p95,
+p99 (numpy's linear percentiles, as ``vllm bench serve`` and LLMServingSim's validation
+report them) -- and gets ``metrics["vs_measured"]``::
+
+    {"mean_abs_error_pct": 2.1, "errors_pct": {"ttft_ms.mean": -4.0, ...},
+     "measured": {"ttft_ms.mean": 7097.2, ...}}
+
+Errors are ``(simulated - measured) / measured`` in percent; the mean absolute error is the
+mean of their absolute values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .metrics import request_latencies
+
+LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "Latency"))
+STATISTICS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p95", "p95"), ("p99", "p99"))
+#: The 15 compared statistics as dotted metric names: ``ttft_ms.mean``, ..., ``e2e_ms.p99``.
+STATISTIC_NAMES = tuple(f"{m}.{s}" for m, _ in LATENCIES for s, _ in STATISTICS)
+
+
+def statistics(latencies: dict[str, np.ndarray]) -> dict[str, float]:
+    """The 15 statistics of per-request latency arrays (``ttft_ms``, ``tpot_ms``, ``e2e_ms``)."""
+    out = {}
+    for metric, _ in LATENCIES:
+        values = np.asarray(latencies[metric], dtype=float)
+        values = values[np.isfinite(values)]
+        for stat, _ in STATISTICS:
+            if values.size == 0:
+                out[f"{metric}.{stat}"] = float("nan")
+            elif stat == "mean":
+                out[f"{metric}.{stat}"] = float(values.mean())
+            else:
+                out[f"{metric}.{stat}"] = float(np.percentile(values, float(stat[1:])))
+    return out
+
+
+def measured_statistics(measured) -> dict[str, float]:
+    """The 15 statistics of a :class:`~schedlab_plugins.workloads.measured.MeasuredRequests`."""
+    return statistics({"ttft_ms": measured.ttft_ms, "tpot_ms": measured.tpot_ms, "e2e_ms": measured.e2e_ms})
+
+
+def errors_pct(simulated: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
+    """``(simulated - measured) / measured`` in percent, per statistic."""
+    return {name: 100.0 * (simulated[name] - measured[name]) / measured[name] for name in STATISTIC_NAMES}
+
+
+def mean_abs_error(errors: dict[str, float]) -> float:
+    return float(np.mean([abs(e) for e in errors.values()]))
+
+
+def select_requests(requests: dict[str, np.ndarray], measured, rows: np.ndarray):
+    """The simulated requests and the measured run restricted to the measured run's ``rows``
+    (positions in its file). Simulated ids follow arrival order (stable), the file may not."""
+    order = np.argsort(measured.arrival_ms, kind="stable") if np.isfinite(measured.arrival_ms).all() \
+        else np.arange(len(measured.arrival_ms))
+    ids = np.flatnonzero(np.isin(order, rows))          # simulated id i is file row order[i]
+    keep = np.isin(requests["id"], ids)
+    sim = {k: v[keep] for k, v in requests.items()}
+    picked = np.sort(rows)
+    truth = {"ttft_ms": measured.ttft_ms[picked], "tpot_ms": measured.tpot_ms[picked], "e2e_ms": measured.e2e_ms[picked]}
+    return sim, truth
+
+
+def vs_measured(requests: dict[str, np.ndarray], measured, rows: np.ndarray | None = None) -> dict[str, Any]:
+    """The ``vs_measured`` metrics of a run's per-request columns against a measured run
+    (only the measured run's ``rows`` when given)."""
+    if rows is not None:
+        requests, lat = select_requests(requests, measured, rows)
+        truth = statistics(lat)
+    else:
+        truth = measured_statistics(measured)
+    sim = statistics(request_latencies(requests))
+    errors = errors_pct(sim, truth)
+    return {"mean_abs_error_pct": mean_abs_error(errors), "errors_pct": errors, "measured": truth}
+
+
+def comparison_rows(simulated: dict[str, float], measured: dict[str, float]) -> list[tuple[str, float, float, float]]:
+    """``(label, measured, simulated, error %)`` per statistic, in the usual order."""
+    rows = []
+    for metric, mlabel in LATENCIES:
+        for stat, slabel in STATISTICS:
+            name = f"{metric}.{stat}"
+            m, s = measured[name], simulated[name]
+            rows.append((f"{mlabel} {slabel}", m, s, 100.0 * (s - m) / m))
+    return rows
+
+
+def format_comparison(title: str, rows, *, mean_abs: float | None = None) -> str:
+    """A fixed-width table: statistic, measured, simulated, error (ms; error in %)."""
+    lines = [title, f"{'statistic':<16}{'measured':>12}{'simulated':>12}{'error':>9}", "-" * 49]
+    for i, (label, m, s, err) in enumerate(rows):
+        if i and i % len(STATISTICS) == 0:
+            lines.append("")
+        lines.append(f"{label:<16}{m:>12.1f}{s:>12.1f}{err:>+8.1f}%")
+    if mean_abs is None:
+        mean_abs = float(np.mean([abs(r[3]) for r in rows]))
+    lines.append("-" * 49)
+    lines.append(f"{'mean |error|':<40}{mean_abs:>8.2f}%")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,199 @@
+"""Replaying measured runs: the log loaders, prefix block ids, the comparison and calibrate.
+
+Every file is written by the test."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from schedlab.calibrate import Parameter, calibrate, parse_parameter, parse_part
+from schedlab.compare import STATISTIC_NAMES, errors_pct, mean_abs_error, statistics
+from schedlab.errors import ConfigError, WorkloadError
+from schedlab.experiment import load, run_experiment
+from schedlab_plugins.workloads.measured import load_vllm_bench, load_vllm_log, prefix_block_ids
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def log_row(i, prompt, output, queued, first, last, **extra):
+    return {"request_id": f"bench-{i}", "input_toks": prompt, "output_toks": output, "queued_ts": queued,
+            "scheduled_ts": queued + 0.001, "first_token_ts": first, "last_token_ts": last, **extra}
+
+
+def test_prefix_block_ids_name_shared_prefixes():
+    a = list(range(40))              # 2 full 16-token blocks + 8 tokens
+    b = list(range(32)) + [99] * 20  # shares the first 32 tokens, then differs
+    c = [7] + list(range(1, 40))     # differs in the first block
+    ids = prefix_block_ids([a, b, c], 16)
+    assert len(ids[0]) == 2 and len(ids[1]) == 3 and len(ids[2]) == 2
+    assert ids[0] == ids[1][:2]
+    assert ids[2][0] != ids[0][0] and ids[2][1] != ids[0][1]  # chained: a different first block changes all
+    assert ids == prefix_block_ids([a, b, c], 16)              # deterministic
+
+
+def test_vllm_log_by_hand(tmp_path):
+    path = write_jsonl(tmp_path / "requests.jsonl", [
+        log_row(0, 20, 3, 100.0, 100.5, 100.7, input_tok_ids=list(range(20))),
+        log_row(1, 40, 1, 100.25, 101.0, 101.0, input_tok_ids=list(range(16)) + [5] * 24),
+    ])
+    arrival, columns, measured = load_vllm_log(path, hash_block_tokens=16)
+    assert arrival.tolist() == [0.0, 250.0]
+    assert columns.prompt_tokens.tolist() == [20, 40] and columns.output_tokens.tolist() == [3, 1]
+    assert measured.ttft_ms == pytest.approx([500.0, 750.0])
+    assert measured.tpot_ms[0] == pytest.approx(100.0) and np.isnan(measured.tpot_ms[1])
+    assert measured.e2e_ms == pytest.approx([700.0, 750.0])
+    hashes = columns.per_row["block_hashes"]
+    assert len(hashes[0]) == 1 and len(hashes[1]) == 2 and hashes[0][0] == hashes[1][0]
+    assert columns.constant["hash_block_tokens"] == 16
+    # start/limit select a part; arrivals count from its first request
+    arrival, columns, measured = load_vllm_log(path, start=1)
+    assert arrival.tolist() == [0.0] and columns.prompt_tokens.tolist() == [40]
+
+
+def test_vllm_log_token_ids_from_a_prompts_file(tmp_path):
+    log = write_jsonl(tmp_path / "log.jsonl", [log_row(0, 32, 2, 1.0, 1.1, 1.2), log_row(1, 32, 2, 1.5, 1.6, 1.7)])
+    prompts = write_jsonl(tmp_path / "w.jsonl", [{"input_tok_ids": list(range(32))}, {"input_tok_ids": list(range(32))}])
+    _, columns, _ = load_vllm_log(log, prompts=prompts)
+    assert columns.per_row["block_hashes"][0] == columns.per_row["block_hashes"][1]
+    short = write_jsonl(tmp_path / "short.jsonl", [{"input_tok_ids": list(range(31))}, {"input_tok_ids": [1]}])
+    with pytest.raises(WorkloadError, match=r"short.jsonl: line 1: 31 input_tok_ids but line 1 .* input_toks = 32"):
+        load_vllm_log(log, prompts=short)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"input_toks": 5, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.2}, "line 1: missing field 'last_token_ts'"),
+    ({"input_toks": 0, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.2, "last_token_ts": 1.3},
+     "line 1: input_toks: must be >= 1"),
+    ({"input_toks": 5, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 0.5, "last_token_ts": 1.3},
+     "line 1: timestamps out of order"),
+])
+def test_vllm_log_errors_name_the_line(tmp_path, row, message):
+    with pytest.raises(WorkloadError, match=message):
+        load_vllm_log(write_jsonl(tmp_path / "bad.jsonl", [row]))
+
+
+def test_vllm_bench_by_hand(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"request_rate": 4.0, "burstiness": 1.0, "input_lens": [10, 20, 30],
+                                "output_lens": [3, 1, 2], "ttfts": [0.1, 0.2, 0.3],
+                                "itls": [[0.01, 0.03], [], [0.05]], "errors": ["", "", ""]}))
+    rate, burstiness, columns, measured = load_vllm_bench(path)
+    assert (rate, burstiness) == (4.0, 1.0)
+    assert columns.prompt_tokens.tolist() == [10, 20, 30]
+    assert measured.ttft_ms == pytest.approx([100.0, 200.0, 300.0])
+    assert measured.tpot_ms[0] == pytest.approx(20.0) and np.isnan(measured.tpot_ms[1])
+    assert measured.e2e_ms == pytest.approx([140.0, 200.0, 350.0])
+    from schedlab_plugins.workloads.measured import VllmBenchConfig, make_vllm_bench_workload
+
+    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    first = [r.arrival_ms for r in workload.requests(7)]
+    assert first == [r.arrival_ms for r in workload.requests(7)] and first[0] == 0.0 and first[2] > first[1]
+    assert first != [r.arrival_ms for r in workload.requests(8)]
+    path.write_text(json.dumps({"input_lens": [1], "output_lens": [1], "ttfts": [0.1]}))
+    with pytest.raises(WorkloadError, match=r"missing list 'itls' \(save the result with --save-detailed\)"):
+        load_vllm_bench(path)
+
+
+def test_statistics_and_errors_by_hand():
+    lat = {"ttft_ms": np.array([1.0, 2.0, 3.0, 4.0]), "tpot_ms": np.array([10.0, 10.0, np.nan, 10.0]),
+           "e2e_ms": np.array([5.0, 5.0, 5.0, 5.0])}
+    stats = statistics(lat)
+    assert stats["ttft_ms.mean"] == 2.5 and stats["ttft_ms.p50"] == 2.5 and stats["ttft_ms.p90"] == pytest.approx(3.7)
+    assert stats["tpot_ms.mean"] == 10.0 and len(stats) == 15 == len(STATISTIC_NAMES)
+    doubled = {k: 2 * v for k, v in stats.items()}
+    errors = errors_pct(doubled, stats)
+    assert all(e == pytest.approx(100.0) for e in errors.values()) and mean_abs_error(errors) == pytest.approx(100.0)
+
+
+def test_parse_parameter_and_part():
+    assert parse_parameter("cost_model.overhead_ms=0:5") == Parameter("cost_model.overhead_ms", 0.0, 5.0)
+    for bad in ("cost_model.x", "x=5:1", "x=a:b"):
+        with pytest.raises(ConfigError, match="KEY=LOW:HIGH"):
+            parse_parameter(bad)
+    rows, others = parse_part("0:3", 5)
+    assert rows.tolist() == [0, 1, 2] and others.tolist() == [3, 4]
+    with pytest.raises(ConfigError, match="FIRST:END"):
+        parse_part("4:9", 5)
+
+
+# --- calibrate recovers known parameters ------------------------------------------------------
+
+
+def _measured_log_from_a_run(tmp_path, decode_ms, prefill_ms):
+    """Simulate a run with known linear costs and write it as a vLLM request log."""
+    exp_path = tmp_path / "truth.toml"
+    exp_path.write_text(f"""
+[experiment]
+reports = []
+[workload]
+kind = "synthetic"
+num_requests = 60
+rate = 3.0
+prompt = {{ dist = "uniform", low = 50, high = 400 }}
+output = {{ dist = "uniform", low = 20, high = 200 }}
+[scheduler]
+kind = "vllm"
+max_num_seqs = 8
+[cost_model]
+kind = "linear"
+decode_ms_per_step = {decode_ms}
+prefill_ms_per_token = {prefill_ms}
+""")
+    run = run_experiment(load(exp_path)).all_runs()[0]
+    r = run.requests
+    rows = [log_row(i, int(r["prompt_tokens"][i]), int(r["generated_tokens"][i]), r["arrival_ms"][i] / 1e3,
+                    r["first_token_ms"][i] / 1e3, r["finish_ms"][i] / 1e3) for i in range(len(r["id"]))]
+    return write_jsonl(tmp_path / "measured.jsonl", rows)
+
+
+def test_calibrate_recovers_known_parameters(tmp_path):
+    log = _measured_log_from_a_run(tmp_path, decode_ms=12.0, prefill_ms=0.08)
+    exp_path = tmp_path / "fit.toml"
+    exp_path.write_text(f"""
+[experiment]
+reports = []
+[workload]
+kind = "vllm_log"
+path = "{log}"
+[scheduler]
+kind = "vllm"
+max_num_seqs = 8
+[cost_model]
+kind = "linear"
+decode_ms_per_step = 8.0
+prefill_ms_per_token = 0.05
+""")
+    exp = load(exp_path)
+    params = [Parameter("cost_model.decode_ms_per_step", 2.0, 30.0),
+              Parameter("cost_model.prefill_ms_per_token", 0.01, 0.3)]
+    fit, spec, result = calibrate(exp, params, max_evaluations=120)
+    assert fit.values["cost_model.decode_ms_per_step"] == pytest.approx(12.0, rel=0.03)
+    assert fit.values["cost_model.prefill_ms_per_token"] == pytest.approx(0.08, rel=0.15)
+    assert fit.mean_abs_error_pct < 1.0
+    assert result.metrics["vs_measured"]["mean_abs_error_pct"] == pytest.approx(fit.mean_abs_error_pct)
+    from schedlab.calibrate import snippet
+
+    text = snippet(spec, params)
+    assert text.startswith("[cost_model]\nkind = \"linear\"\n") and "decode_ms_per_step = " in text
+
+
+def test_calibrate_needs_a_measured_run(tmp_path):
+    exp_path = tmp_path / "x.toml"
+    exp_path.write_text("""
+[experiment]
+reports = []
+[workload]
+kind = "synthetic"
+num_requests = 3
+arrival = "all-at-once"
+prompt = { dist = "fixed", value = 10 }
+output = { dist = "fixed", value = 5 }
+""")
+    with pytest.raises(ConfigError, match="keeps no measured run"):
+        calibrate(load(exp_path), [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)])

@@ -1,0 +1,372 @@
+"""The profiled cost model: bundle loading and its errors, exact values, monotonicity, the
+piecewise-linear decode declaration, and fast vs reference engines with it.
+
+Every bundle here is written by the test (CI has no shared data). The attention table of
+:func:`write_bundle` samples a function that is linear in each axis separately, so bilinear
+interpolation reproduces it exactly between grid points too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.capacity import ModelSpec
+from schedlab.errors import ConfigError
+from schedlab.protocols import Batch, CostModel
+from schedlab.testing import compare_runs, examples, requests_lists, run_engine
+from schedlab_plugins.cost_models.profile_bundle import BundleError, ProfileBundle, non_decreasing
+from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
+from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+TINY = ModelSpec("tiny", num_layers=3, num_kv_heads=1, head_dim=16, num_params=1e6, hidden_size=64)
+
+DENSE = {  # layer -> {tokens: us}
+    "qkv_proj": {1: 10.0, 2: 10.0, 4: 12.0, 8: 16.0, 64: 100.0},
+    "layernorm": {1: 1.0, 64: 2.0},           # twice per layer
+    "embedding": {1: 0.5, 64: 0.5},           # once per iteration
+    "final_layernorm": {1: 1.0, 64: 1.5},     # once per iteration
+}
+PER_SEQUENCE = {"lm_head": {1: 100.0, 8: 120.0}, "sampler": {1: 10.0, 8: 24.0}}
+PCS, NDS, KPS, KDS = (0, 4, 32), (0, 1, 2, 8), (0, 16, 256), (16, 64, 1024)
+
+
+def attention_us(pc, kp, nd, kd):
+    """Linear in each axis: 2 + 0.5 pc + 0.001 pc kp + nd (0.1 + 0.02 kd)."""
+    return 2.0 + 0.5 * pc + 0.001 * pc * kp + nd * (0.1 + 0.02 * kd)
+
+
+def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, moe=False, dense=None, drop=()) -> Path:
+    bundle = root / "HW" / "org" / "Tiny" / "bf16"
+    folder = bundle / f"tp{tp}"
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = ["model: org/Tiny", f"tp_degrees: [{tp}]"]
+    if skew_alpha is not None:
+        meta += ["skew_fit:", "  enabled: true", "  bucket_axes:",
+                 "    n_bins: [0, 2, 4, 8, 1000000]", "    n_labels: [n<=2, n<=4, n<=8, n>8]",
+                 "    skew_rate_bins: [-0.01, 0.5, 1.01]", "    skew_rate_labels: [sr<=50%, sr>50%]",
+                 "    kv_big_bins: [0, 512, 1000000000]", "    kv_big_labels: [kvB<=512, kvB>512]",
+                 "    kp_bins: [-1, 0, 1000000000]", "    kp_labels: [kp=0, kp>0]",
+                 "  per_tp:", f"    {tp}:", "      alpha_default: 0.0"]
+        (folder / "skew_fit.csv").write_text(
+            "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples\n"
+            f"0,n<=8,sr<=50%,kvB<=512,kp=0,{skew_alpha},4\n0,n<=4,sr<=50%,kvB<=512,kp=0,{skew_alpha},4\n")
+    (bundle / "meta.yaml").write_text("\n".join(meta) + "\n")
+    lines = ["layer,tokens,time_us"] + [f"{layer},{t},{us}" for layer, pts in (dense or DENSE).items()
+                                        for t, us in pts.items()]
+    (folder / "dense.csv").write_text("\n".join(lines) + "\n")
+    lines = ["layer,sequences,time_us"] + [f"{layer},{s},{us}" for layer, pts in PER_SEQUENCE.items()
+                                           for s, us in pts.items()]
+    (folder / "per_sequence.csv").write_text("\n".join(lines) + "\n")
+    lines = ["prefill_chunk,kv_prefill,n_decode,kv_decode,time_us"]
+    for pc in PCS:
+        for nd in NDS:
+            if pc == 0 and nd == 0:
+                continue
+            for kp in (KPS if pc else (0,)):
+                for kd in (KDS if nd else (0,)):
+                    lines.append(f"{pc},{kp},{nd},{kd},{attention_us(pc, kp, nd, kd)}")
+    (folder / "attention.csv").write_text("\n".join(lines) + "\n")
+    if moe:
+        (bundle / "tp1").mkdir(exist_ok=True)
+        rows = ["tokens,activated_experts,time_us"] + [f"{t},{e},{5 + 0.5 * t + 2 * e}"
+                                                       for t in (1, 8, 64) for e in (2, 4, 8)]
+        (bundle / "tp1" / "moe.csv").write_text("\n".join(rows) + "\n")
+    for name in drop:
+        (folder / name).unlink()
+    return bundle
+
+
+def model(bundle_dir, spec=TINY, **config) -> ProfiledCostModel:
+    cfg = ProfiledConfig(profile=str(bundle_dir), model=spec.name, **config)
+    return ProfiledCostModel(ProfileBundle(bundle_dir, cfg.tensor_parallel), spec, cfg,
+                             link_gbps=config.get("link_gbps") or 0.0, link_latency_us=config.get("link_latency_us") or 0.0)
+
+
+# --- loading and its errors ------------------------------------------------------------------
+
+
+def test_bundle_loads_and_is_a_cost_model(tmp_path):
+    cost = model(write_bundle(tmp_path))
+    assert isinstance(cost, CostModel)
+    assert cost.bundle.dense_layers == ["embedding", "final_layernorm", "layernorm", "qkv_proj"]
+    assert cost.bundle.skew is None and not cost.bundle.is_moe
+
+
+@pytest.mark.parametrize("name", ["dense.csv", "per_sequence.csv", "attention.csv"])
+def test_missing_file_is_named(tmp_path, name):
+    bundle = write_bundle(tmp_path, drop=(name,))
+    with pytest.raises(BundleError, match=rf"tp1/{name}: missing file"):
+        ProfileBundle(bundle, 1)
+
+
+def test_missing_column_is_named(tmp_path):
+    bundle = write_bundle(tmp_path)
+    path = bundle / "tp1" / "attention.csv"
+    path.write_text(path.read_text().replace("kv_decode", "kv_dec", 1))
+    with pytest.raises(BundleError, match=r"attention.csv: missing column 'kv_decode'"):
+        ProfileBundle(bundle, 1)
+
+
+@pytest.mark.parametrize("value, what", [("-3", "out of range"), ("abc", "not a number"), ("nan", "out of range")])
+def test_bad_value_names_file_line_and_column(tmp_path, value, what):
+    bundle = write_bundle(tmp_path)
+    path = bundle / "tp1" / "dense.csv"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].rsplit(",", 1)[0] + f",{value}"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BundleError, match=rf"dense.csv: line 3: column 'time_us': {what}"):
+        ProfileBundle(bundle, 1)
+
+
+def test_grid_point_out_of_range_is_named(tmp_path):
+    bundle = write_bundle(tmp_path)
+    path = bundle / "tp1" / "attention.csv"
+    path.write_text(path.read_text() + "-16,0,1,16,3.0\n")
+    with pytest.raises(BundleError, match=r"attention.csv: line \d+: column 'prefill_chunk': out of range"):
+        ProfileBundle(bundle, 1)
+
+
+def test_unprofiled_tensor_parallel_lists_the_profiled_ones(tmp_path):
+    bundle = write_bundle(tmp_path)
+    with pytest.raises(BundleError, match=r"tp2: missing folder: tensor_parallel = 2 was not profiled \(profiled: tp1\)"):
+        ProfileBundle(bundle, 2)
+    with pytest.raises(BundleError, match="profile folder not found"):
+        ProfileBundle(tmp_path / "nowhere", 1)
+
+
+def test_skew_labels_must_match_the_meta_axes(tmp_path):
+    bundle = write_bundle(tmp_path, skew_alpha=0.5)
+    path = bundle / "tp1" / "skew_fit.csv"
+    path.write_text(path.read_text().replace("n<=8", "n<=9"))
+    with pytest.raises(BundleError, match=r"skew_fit.csv: line 2: label 'n<=9' is not in meta.yaml"):
+        ProfileBundle(bundle, 1)
+
+
+def test_moe_model_needs_moe_table(tmp_path):
+    moe_spec = ModelSpec("tiny-moe", num_layers=3, num_kv_heads=1, head_dim=16, num_params=2e6, hidden_size=64,
+                         num_experts=8, experts_per_token=2, active_params=1e6)
+    with pytest.raises(ConfigError, match=r"moe.csv: missing file"):
+        model(write_bundle(tmp_path / "a"), moe_spec)
+    with pytest.raises(ConfigError, match="declares no experts"):
+        model(write_bundle(tmp_path / "b", moe=True))
+
+
+def test_cli_names_a_bad_bundle(tmp_path, capsys):
+    from schedlab.cli import main
+
+    bundle = write_bundle(tmp_path, drop=("per_sequence.csv",))
+    exp = tmp_path / "x.toml"
+    exp.write_text(f"""
+[workload]
+kind = "synthetic"
+num_requests = 3
+arrival = "all-at-once"
+prompt = {{ dist = "fixed", value = 10 }}
+output = {{ dist = "fixed", value = 5 }}
+[cost_model]
+kind = "profiled"
+profile = "{bundle}"
+model = "llama-3.1-8b"
+""")
+    assert main(["run", str(exp), "--out", str(tmp_path / "out"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "per_sequence.csv: missing file" in err and "Traceback" not in err
+
+
+# --- exact values ------------------------------------------------------------------------------
+
+
+def test_exact_values_at_grid_points(tmp_path):
+    b = ProfileBundle(write_bundle(tmp_path), 1)
+    for tokens in (1, 2, 4, 8, 64):
+        layer = DENSE["qkv_proj"][tokens] + 2 * (1.0 + (tokens - 1) / 63)
+        assert b.dense_layer(tokens) == pytest.approx(layer * 1e-3, rel=1e-12)
+        assert b.dense_once(tokens) == pytest.approx((0.5 + 1.0 + 0.5 * (tokens - 1) / 63) * 1e-3, rel=1e-12)
+    assert b.per_sequence(1) == pytest.approx(0.110, rel=1e-12)
+    assert b.per_sequence(8) == pytest.approx(0.144, rel=1e-12)
+    for pc in PCS:
+        for nd in NDS:
+            for kp in (KPS if pc else (0,)):
+                for kd in (KDS if nd else (0,)):
+                    if pc or nd:
+                        assert b.attention(pc, kp, nd, kd) == pytest.approx(attention_us(pc, kp, nd, kd) * 1e-3,
+                                                                            rel=1e-12)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.just(0.0) | st.floats(4, 32), st.floats(0, 256), st.integers(0, 8), st.floats(16, 1024))
+def test_attention_interpolates_a_multilinear_grid_exactly(tmp_path_factory, pc, kp, nd, kd):
+    """Within the profiled slices (a decode-only batch, or a chunk of at least the smallest
+    profiled chunk), interpolation is exact on a function linear in each axis."""
+    nd = nd if pc else max(nd, 1)
+    b = _shared_bundle(tmp_path_factory)
+    assert b.attention(pc, kp if pc else 0.0, nd, kd) == pytest.approx(
+        attention_us(pc, kp if pc else 0.0, nd, kd) * 1e-3, rel=1e-9)
+
+
+_BUNDLES: dict = {}
+
+
+def _shared_bundle(factory, **kw):
+    key = repr(sorted(kw.items()))
+    if key not in _BUNDLES:
+        _BUNDLES[key] = ProfileBundle(write_bundle(factory.mktemp("bundle"), **kw), 1)
+    return _BUNDLES[key]
+
+
+def test_iteration_composed_by_hand(tmp_path):
+    """3 layers x (dense + attention) + once-per-iteration ops + lm_head/sampler + overhead."""
+    cost = model(write_bundle(tmp_path), overhead_ms=0.25)
+    batch = Batch(num_decode=2, decode_context_tokens=2 * 64, num_prefill=1, prefill_tokens=4,
+                  prefill_context_tokens=16, decode_context_max=64, decode_context_min=64)
+    tokens = 6
+    layer_us = 12.0 + (16.0 - 12.0) * (6 - 4) / 4 + 2 * (1.0 + 5 / 63)
+    once_us = 0.5 + 1.0 + 0.5 * 5 / 63
+    seq_us = 100 + 20 * 2 / 7 + 10 + 14 * 2 / 7
+    attn_us = attention_us(4, 16, 2, 64)
+    expected = (3 * (layer_us + attn_us) + once_us + seq_us) * 1e-3 + 0.25
+    assert cost.iteration_ms(batch) == pytest.approx(expected, rel=1e-12)
+    assert tokens == batch.num_batched_tokens
+
+
+def test_tensor_parallel_all_reduce_is_added(tmp_path):
+    bundle = write_bundle(tmp_path, tp=2)
+    cost = model(bundle, tensor_parallel=2, link_gbps=10.0, link_latency_us=20.0)
+    one = model(bundle, tensor_parallel=2, link_gbps=10.0, link_latency_us=0.0)
+    batch = Batch(num_decode=8, decode_context_tokens=8 * 16)
+    # 3 layers x 2 all-reduces x (20 us + 2 (2-1)/2 x 8 tokens x 64 x 2 bytes / 10 GB/s)
+    comm = 3 * 2 * (20e-3 + 1.0 * 8 * 64 * 2 / 10e6)
+    no_latency = 3 * 2 * (8 * 64 * 2 / 10e6)
+    assert cost.iteration_ms(batch) - one.iteration_ms(batch) == pytest.approx(comm - no_latency, rel=1e-9)
+
+
+def test_moe_layer_uses_balanced_routing(tmp_path):
+    spec = ModelSpec("tiny-moe", num_layers=3, num_kv_heads=1, head_dim=16, num_params=2e6, hidden_size=64,
+                     num_experts=8, experts_per_token=2, active_params=1e6)
+    cost = model(write_bundle(tmp_path, moe=True), spec)
+    # 1 token -> 2 experts; 8 tokens -> min(16, 8) = 8 experts
+    assert cost.moe_ms(1) == pytest.approx((5 + 0.5 + 4) * 1e-3, rel=1e-12)
+    assert cost.moe_ms(8) == pytest.approx((5 + 4 + 16) * 1e-3, rel=1e-12)
+    dense = model(write_bundle(tmp_path / "dense"))
+    b = Batch(num_decode=1, decode_context_tokens=16)
+    assert cost.iteration_ms(b) - dense.iteration_ms(b) == pytest.approx(3 * cost.moe_ms(1), rel=1e-9)
+
+
+def test_skew_correction_blends_towards_the_longest_context(tmp_path):
+    cost = model(write_bundle(tmp_path, skew_alpha=0.5))
+    plain = model(write_bundle(tmp_path / "plain"))
+    # 4 decodes: three at 64, one at 256 -> mean 112, rate (112 - 64) / 192 = 0.25 (sr<=50%), kvB<=512
+    batch = Batch(num_decode=4, decode_context_tokens=3 * 64 + 256, decode_context_max=256, decode_context_min=64)
+    t_mean, t_max = attention_us(0, 0, 4, 112), attention_us(0, 0, 4, 256)
+    assert cost.iteration_ms(batch) - plain.iteration_ms(batch) == pytest.approx(
+        3 * 0.5 * (t_max - t_mean) * 1e-3, rel=1e-9)
+    assert model(write_bundle(tmp_path / "off", skew_alpha=0.5), skew=False).iteration_ms(batch) == pytest.approx(
+        plain.iteration_ms(batch), rel=1e-12)
+
+
+# --- monotonicity --------------------------------------------------------------------------
+
+
+def test_noisy_profiles_are_made_non_decreasing():
+    assert non_decreasing([714.0, 687.0, 688.0, 700.0]) == [pytest.approx(696.3333333), pytest.approx(696.3333333),
+                                                           pytest.approx(696.3333333), 700.0]
+    assert non_decreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+
+
+NOISY_DENSE = {**DENSE, "qkv_proj": {1: 14.0, 2: 10.0, 4: 13.0, 8: 12.0, 64: 100.0}}
+
+
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 6), st.integers(0, 40_000), st.integers(0, 1), st.integers(0, 40), st.integers(0, 300),
+       st.sampled_from(["decodes", "context", "prefill", "prefill_context"]), st.integers(1, 50))
+def test_more_tokens_never_cost_less(tmp_path_factory, n_dec, ctx, n_pre, pre, kp, grow, more):
+    """Adding decodes, decode context, prefill tokens or prefill context never makes an
+    iteration cheaper -- even when a profile is noisy (qkv_proj above is not monotone)."""
+    b = _shared_bundle(tmp_path_factory, dense=NOISY_DENSE, skew_alpha=0.5)
+    cost = ProfiledCostModel(b, TINY, ProfiledConfig(profile="x", model="tiny"))
+    n_pre = n_pre if pre else 0
+    pre = pre if n_pre else 0
+    ctx = min(ctx, n_dec * 1024)
+
+    def shape(n_dec, ctx, pre, kp):
+        if n_dec == 0:
+            ctx = 0
+        mean = ctx // n_dec if n_dec else 0
+        return Batch(n_dec, ctx if n_dec else 0, 1 if pre else 0, pre, kp if pre else 0, mean, mean)
+
+    base = shape(n_dec, ctx, pre, kp)
+    if grow == "decodes":
+        bigger = shape(n_dec + more, ctx + more * (ctx // n_dec if n_dec else 16), pre, kp)
+    elif grow == "context":
+        bigger = shape(n_dec, ctx + more * n_dec, pre, kp)
+    elif grow == "prefill":
+        bigger = shape(n_dec, ctx, pre + more, kp)
+    else:
+        bigger = shape(n_dec, ctx, pre, kp + more if pre else 0)
+    assert cost.iteration_ms(bigger) >= cost.iteration_ms(base) - 1e-12
+
+
+# --- the piecewise-linear decode declaration ------------------------------------------------------
+
+
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(1, 8), st.integers(1, 400), st.integers(0, 300), st.integers(0, 200), st.booleans())
+def test_decode_increment_holds_for_the_declared_steps(tmp_path_factory, n, low, spread, j, skew):
+    """iteration_ms of step j equals d0 + j * increment for every j the declaration covers."""
+    b = _shared_bundle(tmp_path_factory, skew_alpha=0.5) if skew else _shared_bundle(tmp_path_factory)
+    cost = ProfiledCostModel(b, TINY, ProfiledConfig(profile="x", model="tiny"))
+    high = low + spread
+    ctx = low * (n - 1) + high if n > 1 else low
+    if n == 1:
+        high = low
+
+    def batch(step):
+        return Batch(n, ctx + n * step, 0, 0, 0, high + step, low + step)
+
+    inc, steps = cost.decode_step_increment(batch(0))
+    assert steps >= 1
+    j = min(j, steps - 1)
+    assert cost.iteration_ms(batch(j)) == pytest.approx(cost.iteration_ms(batch(0)) + j * inc, rel=1e-9, abs=1e-12)
+    assert cost.decode_step_increment(Batch(2, 40, 1, 5, 0, 20, 20)) is None
+
+
+# --- fast vs reference engine ----------------------------------------------------------------------
+
+
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                          HealthCheck.function_scoped_fixture])
+@given(requests_lists(max_size=10, max_prompt=120, max_output=300, all_at_zero=False),
+       st.integers(1, 8), st.integers(16, 64), st.booleans(), st.sampled_from([None, 0.3]), st.integers(30, 400))
+def test_profiled_runs_match_reference(tmp_path_factory, requests, max_seqs, budget, chunked, skew, blocks):
+    """Long decode runs cross grid points and skew buckets: the fast engine cuts its bulk runs
+    where the declaration says and must agree with the step-by-step engine."""
+    b = _shared_bundle(tmp_path_factory, skew_alpha=skew) if skew else _shared_bundle(tmp_path_factory)
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max(budget, max_seqs), allocation="grow",
+                           chunked_prefill=chunked)
+    runs = [run_engine(requests, ContinuousScheduler(cfg),
+                       ProfiledCostModel(b, TINY, ProfiledConfig(profile="x", model="tiny", overhead_ms=0.1)),
+                       PagedKVCache(blocks, 4), engine=engine) for engine in ("fast", "reference")]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["events"] <= runs[1].meta["events"]
+
+
+def test_bulk_runs_are_cut_at_grid_points(tmp_path):
+    """One long decode: the fast engine needs a few events (one per grid cell crossed), not one
+    per token, and still matches the reference engine."""
+    from schedlab.model import Request
+
+    b = ProfileBundle(write_bundle(tmp_path), 1)
+    requests = [Request(id=0, arrival_ms=0.0, prompt_tokens=10, output_tokens=2000)]
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=4)),
+                       ProfiledCostModel(b, TINY, ProfiledConfig(profile="x", model="tiny")), PagedKVCache(600, 4),
+                       engine=engine) for engine in ("fast", "reference")]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[1].metrics["iterations"] == 2000
+    assert runs[0].meta["events"] < 10
+    assert math.isfinite(runs[0].metrics["tpot_ms"]["mean"])
