@@ -35,14 +35,19 @@ prefilling gets its next chunk, newest first, from ``max_batch_prefill_tokens - 
 (at least one token), as TGI's server picks it.
 
 Simplifications: one instance, no sharding; no speculation; the KV cache plugin decides prefix
-hits (TGI's radix allocator shares a prompt's blocks once it is allocated, schedlab's prefix cache
-once they are computed); TGI's request validation is reduced to rejecting what could never be
+hits (TGI's radix allocator makes a request's blocks findable when it finishes, schedlab's prefix
+caches as soon as they are computed); TGI's request validation is reduced to rejecting what could never be
 scheduled (a prompt over ``max_batch_prefill_tokens`` without chunking, a request over the
 allocator's blocks); whether a new batch is large enough for ``waiting_served_ratio`` is decided
 before any block is taken, counting each request's prefix hit in the cache as it stands (TGI
 allocates one by one and gives the blocks back: the same count unless admitting one request would
 evict cached blocks a later one reuses); the padded-model path (no block allocator) is not
-modelled.
+modelled. Above the router, since v3.1.1 TGI schedules at most 1,024 new tokens of a request at a
+time (``DEFAULT_GENERATION_LENGTH`` in ``router/src/validation.rs``) and sends a request that
+reaches them back to the end of the queue to be prefilled again with its output
+(``router/src/infer/mod.rs``); not modelled: a request here holds prompt + max_tokens - 1 from
+admission to finish, as in v3.0. A request without ``max_tokens`` reserves its own output length
+(schedlab's convention), where TGI would default ``max_new_tokens`` to ``max_total_tokens - input``.
 """
 
 from __future__ import annotations
