@@ -15,8 +15,8 @@ step. It does so only when the plugins say it may:
 * ``Scheduler.stable_between_events = True``: once the scheduler returns a decode-only plan
   (every decoding sequence decodes, nothing admitted, prefilled, swapped or preempted), it
   would return the same plan on every later iteration until something *changes*: an arrival,
-  a sequence finishing, the time given to :meth:`Plan.wake_at`, or the KV cache running short
-  of blocks for the next decode step; and when nothing is waiting, prefilling or swapped
+  a sequence finishing, the time given to :meth:`Plan.wake_at`, the decode iterations given
+  to :meth:`Plan.wake_after`, or the KV cache running short of blocks for the next decode step; and when nothing is waiting, prefilling or swapped
   and the next decode step fits in the cache, its plan is exactly ``decode_all()`` (so the
   engine need not ask);
 * ``CostModel.decode_step_increment(batch)`` returns how much longer each further identical
@@ -233,10 +233,13 @@ class Plan(Protocol):
         when everyone decodes."""
         ...
 
-    def admit(self, seq: SequenceState, num_tokens: int, *, reserve: bool = False) -> bool:
+    def admit(self, seq: SequenceState, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0) -> bool:
         """Move a waiting ``seq`` to running and compute ``num_tokens`` of it this iteration
         (after any cached prefix, see :meth:`cached_tokens`). ``reserve``: hold KV for
-        ``prompt + max_tokens`` now so the sequence never needs more. False if it does not fit."""
+        ``prompt + max_tokens`` now so the sequence never needs more. ``reserve_tokens``: hold
+        exactly that many tokens instead, at least ``prompt + max_tokens - 1`` (the most a request
+        ever computes: its last token's KV is never written; TGI's block allocator reserves that).
+        False if it does not fit."""
         ...
 
     def prefill(self, seq: SequenceState, num_tokens: int) -> bool:
@@ -268,6 +271,12 @@ class Plan(Protocol):
     def wake_at(self, time_ms: float) -> None:
         """Ask to be called again at the first iteration boundary at or after ``time_ms``
         even if nothing else happens (batching windows)."""
+        ...
+
+    def wake_after(self, decode_steps: int) -> None:
+        """Ask to be called again after at most ``decode_steps`` (>= 1) decode iterations, this
+        one included, even if nothing else happens (decisions that count decode steps, such as
+        TGI's ``max_waiting_tokens``)."""
         ...
 
     def cached_tokens(self, seq: SequenceState) -> int:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from schedlab.errors import SimulationError
 from schedlab.model import Request
-from schedlab.testing import run_engine
+from schedlab.testing import compare_runs, run_engine
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
@@ -209,3 +210,64 @@ def test_decode_runs_are_events_not_iterations():
     assert r.metrics["iterations"] == 3000
     assert r.meta["events"] == 4
     assert np.array_equal(r.requests["finish_ms"], [1.2 + 999 * 8, 1.2 + 1999 * 8, 1.2 + 2999 * 8])
+
+
+class _ShortReservation:
+    """Reserves one token less than its request may compute: the engines must refuse."""
+
+    def schedule(self, plan):
+        seq = plan.waiting.peek()
+        if seq is not None:
+            plan.admit(seq, seq.num_tokens, reserve_tokens=seq.request.prompt_tokens + seq.request.max_output_tokens - 2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_reservation_below_what_a_request_computes_is_refused(engine):
+    # Prompt 8 + 5 tokens: the last token's KV is never written, so 12 tokens are the least.
+    with pytest.raises(SimulationError, match="may compute 12 tokens, scheduler reserved 11"):
+        run_engine([Request(0, 0.0, 8, 5)], _ShortReservation(), engine=engine)
+
+
+class _AskEveryThirdDecode:
+    """One request at a time; while one decodes, asks to be woken after 3 decode steps."""
+
+    stable_between_events = True
+
+    def __init__(self):
+        self.asked_at: list[int] = []
+
+    def schedule(self, plan):
+        if not plan.running:
+            seq = plan.waiting.peek()
+            if seq is not None:
+                plan.admit(seq, seq.num_tokens, reserve=True)
+            return
+        self.asked_at.append(plan.decode_steps)
+        plan.decode_all()
+        plan.wake_after(3)
+
+
+def test_wake_after_ends_a_decode_run_after_that_many_steps():
+    # Request 0 (10 tokens) decodes 9 steps while request 1 waits, so the engine must ask the
+    # scheduler (nothing else happens until step 9): at steps 0, 3 and 6 on the fast engine, at
+    # every step on the reference engine -- with the same results. Events on the fast engine:
+    # the two prefills and three runs of 3 decodes.
+    reqs = [Request(0, 0.0, 8, 10), Request(1, 0.0, 8, 1)]
+    fast_scheduler, ref_scheduler = _AskEveryThirdDecode(), _AskEveryThirdDecode()
+    fast = run_engine(reqs, fast_scheduler)
+    ref = run_engine(reqs, ref_scheduler, engine="reference")
+    assert fast_scheduler.asked_at == [0, 3, 6]
+    assert ref_scheduler.asked_at == list(range(9))
+    assert fast.meta["events"] == 5
+    compare_runs(fast, ref, rel=1e-12)
+    assert by_id(fast, "finish_ms") == {0: 0.4 + 9 * 8, 1: 0.4 + 9 * 8 + 0.4}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wake_after_needs_a_step(engine):
+    class NoSteps(_AskEveryThirdDecode):
+        def schedule(self, plan):
+            plan.wake_after(0)
+
+    with pytest.raises(SimulationError, match=r"wake_after\(0\)"):
+        run_engine([Request(0, 0.0, 8, 2)], NoSteps(), engine=engine)

@@ -244,6 +244,14 @@ def test_chunked_prefill_trades_ttft_for_itl():
     capped = by_point(results.study("threshold"), "scheduler.long_prefill_token_threshold")
     assert metric(capped[min(capped)], "per_class.chat.ttft_ms.p99") < metric(off, "per_class.chat.ttft_ms.p99")
     assert metric(capped[min(capped)], "itl_ms.p99") < metric(off, "itl_ms.p99")
+    # TGI without chunking: a lone chat waits for floor(0.3 x running) others or 20 tokens
+    tgi, tgi_ratio0, tgi_chunked = (results.study(n).runs[0] for n in ("tgi", "tgi_ratio0", "tgi_chunked"))
+    assert metric(tgi, "per_class.chat.ttft_ms.p50") > 3 * metric(tgi_ratio0, "per_class.chat.ttft_ms.p50")
+    assert metric(tgi_ratio0, "per_class.chat.ttft_ms.p50") < 1.2 * metric(off, "per_class.chat.ttft_ms.p50")
+    # its documents' prefill passes stall the streams as whole prompts do; v3's chunks do not
+    assert metric(tgi, "itl_ms.max") > 0.9 * metric(off, "itl_ms.max")
+    assert metric(tgi_chunked, "itl_ms.max") == pytest.approx(metric(budget[4096], "itl_ms.max"), rel=0.05)
+    assert metric(tgi_chunked, "itl_ms.max") < metric(off, "itl_ms.max") / 2
 
 
 # -- interactive and background work ---------------------------------------------------------------------

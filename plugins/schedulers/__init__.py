@@ -1,6 +1,7 @@
 """Built-in schedulers: ``static``, ``continuous`` and its engine presets (``vllm``, ``vllm-v0``, ``orca``, ``trtllm``),
-and ``vtc`` (token-fair continuous batching). ``continuous`` also orders by priority, predicted length (``sjf``) or
-SGLang's ``lof``, and both ``static`` and ``continuous`` take a batching window (``max_wait_ms``)."""
+``tgi`` (text-generation-inference's router) and ``vtc`` (token-fair continuous batching). ``continuous`` also
+orders by priority, predicted length (``sjf``) or SGLang's ``lof``, and both ``static`` and ``continuous`` take a
+batching window (``max_wait_ms``)."""
 
 import schedlab
 
@@ -8,6 +9,7 @@ from .continuous import ContinuousConfig, ContinuousScheduler
 from .orders import LengthPredictor
 from .presets import register_presets
 from .static import StaticConfig, StaticScheduler
+from .tgi import TgiConfig, TgiScheduler
 from .vtc import VtcConfig, VtcScheduler
 from .window import BatchingWindow
 
@@ -19,5 +21,8 @@ def schedlab_register_schedulers(register):
     register("continuous", ContinuousScheduler, config=ContinuousConfig,
              help="iteration-level batching with vLLM's admission, budget and preemption rules")
     register_presets(register)
+    register("tgi", TgiScheduler, config=TgiConfig,
+             help="text-generation-inference: KV reserved at admission, prefill passes gated by waiting_served_ratio "
+                  "and max_waiting_tokens, or v3's chunked prefill")
     register("vtc", VtcScheduler, config=VtcConfig,
              help="token-fair continuous batching: admit from the least-served client (VTC, OSDI'24)")

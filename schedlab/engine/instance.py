@@ -451,6 +451,8 @@ class Instance:
         while not (heap[0][2].status == DECODING and heap[0][2].finish_step == heap[0][0]):
             heapq.heappop(heap)
         k = heap[0][0] - self.clock.steps  # through the iteration that yields the first last-token
+        if plan.wake_steps is not None and plan.wake_steps < k:
+            k = plan.wake_steps
         limit = until if plan.wake is None or until < plan.wake else plan.wake
         if limit <= self.now:
             return 1

@@ -21,7 +21,7 @@ class FastPlan:
 
     __slots__ = (
         "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
-        "_preempted", "swapped_in", "transfer_ms", "wake", "_tokens", "skipped_decode",
+        "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -38,6 +38,7 @@ class FastPlan:
         self.swapped_in: list = []
         self.transfer_ms = 0.0
         self.wake = None
+        self.wake_steps = None
         self._tokens = 0
         self.skipped_decode = False
 
@@ -159,7 +160,7 @@ class FastPlan:
             seq.hit_memo = (key, hit)
         return hit
 
-    def admit(self, seq, num_tokens: int, *, reserve: bool = False) -> bool:
+    def admit(self, seq, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0) -> bool:
         if seq.status != WAITING:
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}, not waiting")
         hit = self.cached_tokens(seq)
@@ -167,7 +168,13 @@ class FastPlan:
         if not 1 <= num_tokens <= left:
             raise SimulationError(
                 f"admit(): request {seq.request.id} has {left} tokens to compute, scheduler asked for {num_tokens}")
-        reserve_tokens = seq.prompt + seq.request.max_output_tokens if reserve else 0
+        most = seq.prompt + seq.request.max_output_tokens
+        if reserve_tokens:
+            if reserve_tokens < most - 1:
+                raise SimulationError(f"admit(): request {seq.request.id} may compute {most - 1} tokens, "
+                                      f"scheduler reserved {reserve_tokens}")
+        elif reserve:
+            reserve_tokens = most
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
             return False
         self._claim(seq, "admitted")
@@ -252,3 +259,9 @@ class FastPlan:
     def wake_at(self, time_ms: float) -> None:
         if self.wake is None or time_ms < self.wake:
             self.wake = time_ms
+
+    def wake_after(self, decode_steps: int) -> None:
+        if decode_steps < 1:
+            raise SimulationError(f"wake_after({decode_steps}): give at least one decode step")
+        if self.wake_steps is None or decode_steps < self.wake_steps:
+            self.wake_steps = decode_steps

@@ -143,13 +143,19 @@ class RefPlan:
     def cached_tokens(self, seq) -> int:
         return self.kv.cached_tokens(seq)
 
-    def admit(self, seq, num_tokens: int, *, reserve: bool = False) -> bool:
+    def admit(self, seq, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0) -> bool:
         if seq.status != "waiting":
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}")
         hit = self.kv.cached_tokens(seq)
         if not 1 <= num_tokens <= seq.num_tokens - hit:
             raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
-        reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens if reserve else 0
+        most = seq.request.prompt_tokens + seq.request.max_output_tokens
+        if reserve_tokens:
+            if reserve_tokens < most - 1:
+                raise SimulationError(f"admit(): request {seq.request.id} may compute {most - 1} tokens, "
+                                      f"scheduler reserved {reserve_tokens}")
+        elif reserve:
+            reserve_tokens = most
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
             return False
         if seq.mark == self.serial:
@@ -273,6 +279,11 @@ class RefPlan:
     def wake_at(self, time_ms: float) -> None:
         if self.wake is None or time_ms < self.wake:
             self.wake = time_ms
+
+    def wake_after(self, decode_steps: int) -> None:
+        """Nothing to do: this engine asks the scheduler at every iteration."""
+        if decode_steps < 1:
+            raise SimulationError(f"wake_after({decode_steps}): give at least one decode step")
 
 
 class ReferenceEngine:

@@ -1,0 +1,229 @@
+"""Hugging Face text-generation-inference's router (engines.md §5).
+
+Follows TGI v3.3.7 (commit dfb3fbe78e0d1d69251bd33065591c61bafdfaa8): ``backends/v3/src/backend.rs``
+(``batching_task``), ``backends/v3/src/queue.rs`` (``State::next_batch``),
+``backends/v3/src/block_allocator.rs`` and, for chunk sizes, ``server/.../flash_causal_lm.py``
+(``generate_token``). One call of :meth:`TgiScheduler.schedule` is one forward pass.
+
+Admission (``next_batch``): waiting requests in arrival order, each given KV blocks for
+``prompt + max_tokens - 1`` tokens at once (the block allocator; its pool is the KV cache,
+``max_batch_total_tokens = num_blocks x block_size`` as TGI infers it for flash-attention models,
+minus block 0, which TGI keeps for health checks), while the prompt tokens not found in the
+prefix cache fit ``max_batch_prefill_tokens`` (rounded up to a whole number of blocks) and the
+batch is under ``max_batch_size``. The first request that does not fit ends the batch. Nothing
+is ever preempted: every request holds its maximum from admission to finish.
+
+``prefill_chunking = false`` (TGI's path for models or attention backends without chunked
+prefill -- ``ATTENTION=paged``, ``PREFILL_CHUNKING=0``, speculation; the default before v3.0):
+
+* with nothing running, the first batch is admitted and prefilled;
+* while a batch runs, each loop first tries a new batch, which must hold at least
+  ``floor(running x waiting_served_ratio)`` requests (computed in f32, as in Rust) -- unless
+  ``waiting_tokens >= max_waiting_tokens``, where ``waiting_tokens`` is 1 after a prefill plus
+  one per decode pass since, and then any new batch will do -- and at most
+  ``max_batch_size - running``;
+* a new batch is prefilled in a forward pass of its own (the running requests produce nothing),
+  then the next pass decodes everyone, old and new, before the next try.
+
+``prefill_chunking = true`` (TGI's default since v3.0 on flashinfer / flashdecoding attention):
+``waiting_served_ratio``, ``max_waiting_tokens`` and, after the first batch, ``max_batch_size``
+are ignored; the new batch's prompts fill ``max_batch_prefill_tokens`` minus the tokens the
+running batch computes next (one per decode plus its pending chunks), the last request cut to fill
+it exactly; they are prefilled in the same pass as the running batch's decodes and chunks, then
+the next pass decodes (and continues chunks) before the next try. After each pass a request still
+prefilling gets its next chunk, newest first, from ``max_batch_prefill_tokens - (batch size - 1)``
+(at least one token), as TGI's server picks it.
+
+Simplifications: one instance, no sharding; no speculation; the KV cache plugin decides prefix
+hits (TGI's radix allocator makes a request's blocks findable when it finishes, schedlab's prefix
+caches as soon as they are computed); TGI's request validation is reduced to rejecting what could never be
+scheduled (a prompt over ``max_batch_prefill_tokens`` without chunking, a request over the
+allocator's blocks); whether a new batch is large enough for ``waiting_served_ratio`` is decided
+before any block is taken, counting each request's prefix hit in the cache as it stands (TGI
+allocates one by one and gives the blocks back: the same count unless admitting one request would
+evict cached blocks a later one reuses); the padded-model path (no block allocator) is not
+modelled. Above the router, since v3.1.1 TGI schedules at most 1,024 new tokens of a request at a
+time (``DEFAULT_GENERATION_LENGTH`` in ``router/src/validation.rs``) and sends a request that
+reaches them back to the end of the queue to be prefilled again with its output
+(``router/src/infer/mod.rs``); not modelled: a request here holds prompt + max_tokens - 1 from
+admission to finish, as in v3.0. A request without ``max_tokens`` reserves its own output length
+(schedlab's convention), where TGI would default ``max_new_tokens`` to ``max_total_tokens - input``.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from schedlab.configs import bool_field, float_field, int_field
+
+HEALTH_CHECK_BLOCKS = 1  # block 0 of TGI's allocator is never handed out
+
+
+@attrs.frozen
+class TgiConfig:
+    max_batch_prefill_tokens: int = int_field(4096, min=1, help="prompt tokens one prefill may compute (TGI v3 default 4096)")
+    waiting_served_ratio: float = float_field(0.3, min=0.0,
+                                              help="without chunking: a new batch joining a running one must hold "
+                                                   "at least this share of the running requests")
+    max_waiting_tokens: int = int_field(20, min=0, help="without chunking: after this many tokens (the prefill's and "
+                                                        "one per decode pass) any new batch may join")
+    max_batch_size: int = int_field(None, min=1, optional=True,
+                                    help="most requests in a batch (unset = no limit, TGI's default; with chunking "
+                                         "only the first batch is capped)")
+    prefill_chunking: bool = bool_field(False, help="TGI v3's chunked prefill (flashinfer / flashdecoding attention)")
+
+
+class TgiScheduler:
+    """TGI's router: reserve at admission, FIFO batches, ratio-gated prefill passes."""
+
+    stable_between_events = True
+
+    def __init__(self, config: TgiConfig | None = None):
+        self.config = config or TgiConfig()
+        self.slots = self.config.max_batch_size
+        self._ratio = np.float32(self.config.waiting_served_ratio)
+        self._prefill_step = 0          # decode clock at the last prefill: waiting_tokens = 1 + steps since
+        self._decode_next = None        # decode clock after a pass that joined a new batch: the next pass decodes
+        self._left: dict = {}           # chunking: sequence still prefilling -> tokens left after the planned pass
+        self._next_chunk: dict = {}     # chunking: sequence still prefilling -> its chunk in the next pass
+
+    # -- optional protocol members --------------------------------------------------------
+    def rejection_reason(self, request, kv) -> str | None:
+        c = self.config
+        if not c.prefill_chunking and request.prompt_tokens > c.max_batch_prefill_tokens:
+            return (f"prompt of {request.prompt_tokens} tokens exceeds max_batch_prefill_tokens "
+                    f"({c.max_batch_prefill_tokens}); TGI without prefill chunking requires max_input_tokens <= "
+                    f"max_batch_prefill_tokens")
+        need = -(-self._reserve_tokens(request) // kv.block_size)
+        usable = kv.num_blocks - HEALTH_CHECK_BLOCKS
+        if need > usable:
+            return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
+                    f"{request.max_output_tokens} - 1) but TGI's block allocator has {usable} (block 0 is kept "
+                    f"for health checks)")
+        return None
+
+    @staticmethod
+    def _reserve_tokens(request) -> int:
+        """What TGI's queue asks the block allocator for: ``input + max_new_tokens - 1``."""
+        return request.prompt_tokens + request.max_output_tokens - 1
+
+    # -- one forward pass ------------------------------------------------------------------
+    def schedule(self, plan) -> None:
+        c = self.config
+        running = len(plan.running)
+        decode_next, self._decode_next = self._decode_next, None
+        if not running:  # the outer loop of batching_task: a first batch, no size floor
+            self._next_batch(plan, None, c.max_batch_size, c.max_batch_prefill_tokens, joining=False)
+            return
+        if decode_next is not None and plan.decode_steps == decode_next:
+            # A new batch was just prefilled: batching_task decodes before it tries again.
+            self._continue(plan)
+            plan.wake_after(1)  # the next pass tries again, whatever happens meanwhile
+            return
+        if c.prefill_chunking:
+            self._continue(plan)
+            budget = c.max_batch_prefill_tokens - plan.num_scheduled_tokens  # TGI's current_tokens
+            if budget > 0:
+                self._next_batch(plan, None, None, budget, joining=True)
+            return
+        max_size = None if c.max_batch_size is None else c.max_batch_size - running
+        waiting_tokens = 1 + plan.decode_steps - self._prefill_step
+        if waiting_tokens >= c.max_waiting_tokens:
+            admitted = self._next_batch(plan, None, max_size, c.max_batch_prefill_tokens, joining=True)
+        else:
+            min_size = int(np.floor(np.float32(running) * self._ratio))  # f32, as TGI computes it
+            admitted = self._next_batch(plan, min_size, max_size, c.max_batch_prefill_tokens, joining=True)
+            if not admitted and min_size and plan.waiting and max_size != 0:
+                # Too few for the ratio: any batch may join once waiting_tokens reaches
+                # max_waiting_tokens, one token per decode pass from here.
+                plan.wake_after(c.max_waiting_tokens - waiting_tokens)
+        if not admitted:
+            plan.decode_all()  # blocks are reserved: decodes always fit
+
+    def _continue(self, plan) -> None:
+        """The running batch's part of a pass: every decode, and each pending chunk."""
+        if plan.num_decoding:
+            plan.decode_all()
+        if self._next_chunk:
+            for seq, n in self._next_chunk.items():
+                plan.prefill(seq, n)
+                self._left[seq] -= n
+            self._plan_chunks(len(plan.running))
+
+    def _next_batch(self, plan, min_size, max_size, budget: int, *, joining: bool) -> bool:
+        """TGI's ``State::next_batch``; admits the batch into this pass. True if it admitted any."""
+        waiting = plan.waiting
+        if not waiting or max_size == 0 or (min_size is not None and len(waiting) < min_size):
+            return False
+        block_size = plan.kv.block_size
+        budget = -(-budget // block_size) * block_size  # padded to a multiple of the block size
+        if min_size is not None and min_size > 1 and self._fill(plan, budget, max_size, admit=False) < min_size:
+            return False  # TGI builds the batch, finds it too small and gives its blocks back
+        steps = plan.decode_steps
+        if not self._fill(plan, budget, max_size, admit=True):
+            return False
+        if not self.config.prefill_chunking:
+            plan.skip_decode()
+        self._prefill_step = steps
+        if joining:  # the decode clock after this pass, which decodes too when chunking
+            self._decode_next = steps + (1 if self.config.prefill_chunking and plan.num_decoding else 0)
+        if self._left:
+            self._plan_chunks(len(plan.running))
+        return True
+
+    def _fill(self, plan, budget: int, max_size, *, admit: bool) -> int:
+        """TGI's loop over the queue: the head's blocks (input + max_new_tokens - 1) must be free and
+        its uncached prompt must fit ``budget`` (with chunking the last one is cut to fit); the first
+        that does not ends the batch. Returns the batch size; ``admit=False`` only counts it,
+        against the cache as it stands."""
+        kv = plan.kv
+        waiting = plan.waiting
+        chunking = self.config.prefill_chunking
+        queue = None if admit else iter(waiting)
+        free = kv.num_free_blocks() - HEALTH_CHECK_BLOCKS
+        count = 0
+        prefill_tokens = 0
+        while True:
+            seq = waiting.peek() if admit else next(queue, None)  # admitting removes the head
+            if seq is None:
+                break
+            hit = plan.cached_tokens(seq)
+            postfix = seq.num_tokens - hit
+            reserve = self._reserve_tokens(seq.request)
+            need = kv.blocks_needed(seq, postfix, cached_tokens=hit, reserve_tokens=reserve)
+            if need > free:
+                break
+            n = postfix
+            if prefill_tokens + postfix > budget:
+                if not chunking or budget <= prefill_tokens:
+                    break
+                n = budget - prefill_tokens
+            if admit:
+                if not plan.admit(seq, n, reserve_tokens=reserve):
+                    break
+                if n < postfix:
+                    self._left[seq] = postfix - n
+                free = kv.num_free_blocks() - HEALTH_CHECK_BLOCKS
+            else:
+                free -= need
+            count += 1
+            prefill_tokens += n
+            if n < postfix or count == max_size:
+                break
+        return count
+
+    def _plan_chunks(self, batch_size: int) -> None:
+        """After a pass, the server gives each request still prefilling its next chunk, newest first,
+        from ``max_batch_prefill_tokens - (batch_size - 1)`` (a token kept for every other request)."""
+        budget = self.config.max_batch_prefill_tokens - (batch_size - 1)
+        chunks = {}
+        for seq in reversed(list(self._left)):
+            left = self._left[seq]
+            if not left:
+                del self._left[seq]
+                continue
+            n = max(min(left, budget), 1)
+            budget -= n
+            chunks[seq] = n
+        self._next_chunk = dict(reversed(list(chunks.items())))  # admission order, like the running batch
