@@ -272,6 +272,18 @@ def test_lpm_defers_a_request_sharing_an_uncached_prefix_with_one_before_it(engi
     assert by_id(r, "cached_tokens")[2] == 40
 
 
+def test_lpm_does_not_sort_more_than_128_waiting_requests():
+    # R0 caches group a's 16 tokens. At t=10, 129 unique 8-token prompts (ids 1-129) arrive, then id 130
+    # sharing those 16 tokens; one runs at a time, 1 ms each. 130 waiting > 128: arrival order, id 1 at
+    # 10; 129 waiting: id 2 at 11; 128 waiting: sorted, id 130 (16 cached) goes next, at 12.
+    reqs = [Request(0, 0.0, 17, 1, prefix_group="a", prefix_tokens=16)]
+    reqs += [Request(i, 10.0, 8, 1) for i in range(1, 130)]
+    reqs.append(Request(130, 10.0, 20, 1, prefix_group="a", prefix_tokens=16))
+    sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy="lpm", chunked_prefill_size=0))
+    first = by_id(run(reqs, sched, RadixKVCache(1000, 4), "fast"), "first_scheduled_ms")
+    assert (first[1], first[2], first[130], first[3]) == (10.0, 11.0, 12.0, 12.5)
+
+
 def test_lpm_without_a_prefix_cache_is_fcfs():
     reqs = _lpm_requests()
     orders = {}
