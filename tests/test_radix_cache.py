@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from schedlab.testing import examples
-from schedlab_plugins.kv_caches.prefix import PrefixKVCache
+from schedlab_plugins.kv_caches.prefix import PrefixKVCache, block_key, first_own_block
 from schedlab_plugins.kv_caches.radix import RadixKVCache
 from test_prefix_cache import OPS, Driver, Seq, admit, make_request, req, requests_specs, spec_key
 
@@ -34,6 +34,16 @@ def finish(cache, seq, generated, computed=None):
         seq.num_computed_tokens += 1
     seq.num_generated = generated
     cache.free(seq)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(kw=requests_specs(), bs=st.integers(1, 9))
+def test_own_keys_start_where_first_own_block_says(kw, bs):
+    """The radix cache writes ``("r", id, j)`` keys directly from ``first_own_block`` on."""
+    request = make_request(7, kw)
+    own = first_own_block(request, bs)
+    kinds = [block_key(request, j, bs)[0] for j in range(-(-request.prompt_tokens // bs) + 3)]
+    assert all(k != "r" for k in kinds[:own]) and all(k == "r" for k in kinds[own:])
 
 
 # --- hand-computed cases ----------------------------------------------------------------------

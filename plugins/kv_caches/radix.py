@@ -67,7 +67,7 @@ from __future__ import annotations
 import heapq
 
 from .paged import blocks_for
-from .prefix import block_key
+from .prefix import block_key, first_own_block
 
 
 class _Node:
@@ -99,12 +99,13 @@ class _Hold:
     """A sequence's ``kv_state``: the end of its locked path (``node``, ``length`` blocks from
     the root) and its block keys, computed once."""
 
-    __slots__ = ("node", "length", "keys")
+    __slots__ = ("node", "length", "keys", "own")
 
-    def __init__(self, root: _Node):
+    def __init__(self, root: _Node, own: int):
         self.node = root
         self.length = 0
         self.keys: list = []
+        self.own = own  # from this block index on, keys are ("r", id, j)
 
 
 class _Step:
@@ -165,15 +166,21 @@ class RadixKVCache:
     def _hold(self, seq) -> _Hold:
         hold = seq.kv_state
         if hold is None:
-            hold = seq.kv_state = _Hold(self.root)
+            hold = seq.kv_state = _Hold(self.root, first_own_block(seq.request, self.block_size))
         return hold
 
     def _keys(self, seq, hold: _Hold, upto: int) -> list:
         """The request's block keys ``0 .. upto - 1`` (memoized on the hold)."""
         keys = hold.keys
-        if len(keys) < upto:
-            request, bs = seq.request, self.block_size
-            keys.extend(block_key(request, j, bs) for j in range(len(keys), upto))
+        have = len(keys)
+        if have < upto:
+            request, bs, own = seq.request, self.block_size, hold.own
+            if have < own:
+                keys.extend(block_key(request, j, bs) for j in range(have, min(own, upto)))
+                have = len(keys)
+            if have < upto:
+                rid = request.id
+                keys.extend([("r", rid, j) for j in range(have, upto)])
         return keys
 
     def _match(self, node: _Node, depth: int, keys: list, limit: int, pieces: list | None = None):

@@ -48,8 +48,9 @@ Simplifications (each deliberate):
   with page size 1. A request's blocks are taken when it is admitted rather than after the
   pass, so later checks in the same pass see them (SGLang adds them to an offset instead).
 * A retracted request's remaining ``max_new_tokens - generated`` is what admission reserves for
-  it (as later SGLang versions do); 0.4.6.post5 reserves its whole ``max_new_tokens``, which can
-  keep a long retracted request out forever.
+  it, as later SGLang versions do (``PrefillAdder.add_one_req`` on the main branch, e.g. commit
+  00550cd, subtracts ``len(req.output_ids)``); 0.4.6.post5 reserves its whole ``max_new_tokens``,
+  which can keep a long retracted request out forever.
 * Finished requests leave the running batch at once; SGLang filters decode-finished requests
   out at the next decode step, so its next prefill attempt comes one iteration later (two with
   the overlap scheduler, which is not modelled).
@@ -103,10 +104,10 @@ class _Adder:
 
     __slots__ = ("rem_input", "rem_chunk", "offset", "count")
 
-    def __init__(self, rem_input: int, rem_chunk: int | None, offset: float):
+    def __init__(self, rem_input: int, rem_chunk: int | None):
         self.rem_input = rem_input
         self.rem_chunk = rem_chunk
-        self.offset = offset   # future tokens promised to running and admitted requests
+        self.offset = 0.0      # future tokens promised to running and admitted requests
         self.count = 0         # requests in this prefill batch (``can_run_list``)
 
     def charge(self, tokens: int, max_new: int) -> None:
@@ -200,18 +201,13 @@ class SglangScheduler:
             self._batch_full = True
             return False
         rem_chunk = c.chunked_prefill_size - mixed_bs if c.chunked_prefill_size else None
-        ratio = self.new_token_ratio(plan)
-        clip = c.clip_max_new_tokens
-        offset = 0.0
-        for seq in plan.running:
-            if seq.status == "decoding":
-                offset += min(seq.request.max_output_tokens - seq.num_generated, clip) * ratio
-        adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk, offset)
+        adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk)
         if chunked is not None and not self._add_chunked(plan, chunked, adder):
             return False  # its chunk does not fit: the decodes run and free memory first
         if rem_chunk is not None and rem_chunk <= 0 and chunked is None:
             return False  # mixed decodes fill the whole chunk
         if plan.waiting:
+            adder.offset += self._running_offset(plan)
             calc_priority(c.schedule_policy, plan)
             limit = c.max_running_requests - running_bs
             for seq in list(plan.waiting):
@@ -224,6 +220,16 @@ class SglangScheduler:
                         self._batch_full = True
                     break
         return adder.count > 0
+
+    def _running_offset(self, plan) -> float:
+        """The running requests' future tokens: ``sum(min(max_new - generated, 4096)) x ratio``."""
+        clip = self.config.clip_max_new_tokens
+        left = 0
+        for seq in plan.running:
+            if seq.status == "decoding":
+                n = seq.request.max_output_tokens - seq.num_generated
+                left += n if n < clip else clip
+        return left * self.new_token_ratio(plan)
 
     def _add_chunked(self, plan, seq, adder: _Adder) -> bool:
         """The chunked request's next chunk (``add_chunked_req``)."""
