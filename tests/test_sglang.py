@@ -206,7 +206,7 @@ def test_chunked_prefill_stalls_decodes_unless_mixed(engine, mixed, r1_first_tok
 
 
 def test_mixed_chunks_need_chunked_prefill():
-    with pytest.raises(ConfigError, match="enable_mixed_chunk needs chunked_prefill_size"):
+    with pytest.raises(ConfigError, match=r"x.toml: \[scheduler\]: enable_mixed_chunk: needs chunked_prefill_size > 0"):
         from_table(SglangConfig, {"enable_mixed_chunk": True, "chunked_prefill_size": 0}, where="x.toml: [scheduler]")
 
 

@@ -67,8 +67,8 @@ from __future__ import annotations
 
 import attrs
 
-from schedlab.configs import bool_field, float_field, int_field, str_field
-from schedlab.errors import ConfigError, SimulationError
+from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
+from schedlab.errors import SimulationError
 
 from .sglang_policy import SglangQueue, calc_priority
 
@@ -96,7 +96,7 @@ class SglangConfig:
 
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
-            raise ConfigError("enable_mixed_chunk needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
+            raise FieldError("enable_mixed_chunk", "needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
 
 
 class _Adder:
