@@ -207,22 +207,31 @@ def test_whole_node_eviction_versus_vllms_block_lru():
     assert hits == {"RadixKVCache": (0, 2), "PrefixKVCache": (4, 1)}
 
 
-def test_free_blocks_before_eviction_versus_vllms_lru_head():
-    # B=4, 4 blocks. A caches g3 g7 and finishes; G (5 unique tokens) runs and finishes; H needs 1 block.
-    # SGLang has G's partial block free and uses it; vLLM's free queue has A's cached blocks at its head
-    # (released before G's), so H evicts g7 there.
+def test_a_retracted_requests_decode_blocks_are_reused_first_unlike_vllm():
+    # B=4, 6 blocks. A (9 tokens, 8 shared) caches p3 p7 and finishes; its partial block is free.
+    # R (4 unique tokens) decodes to 12 computed tokens (3 blocks) and is preempted. SGLang frees
+    # R's two decode blocks (only its prompt block stays in the tree), so C (12 tokens) finds 3 free
+    # blocks and A's prefix survives. vLLM 0.33 caches R's full blocks under R's own keys at the tail
+    # of its free queue; C takes the head: A's partial block, then p7 and p3 -- the prefix is gone,
+    # while R would find all 12 of its tokens again (SGLang: 4).
     hits = {}
-    for cache in (RadixKVCache(4, 4), PrefixKVCache(4, 4)):
+    for cache in (RadixKVCache(6, 4), PrefixKVCache(6, 4)):
         a = Seq(req(0, 9, prefix_group="p", prefix_tokens=8))
         admit(cache, a)
         finish(cache, a, generated=1)
-        g = Seq(req(1, 5))
-        admit(cache, g)
-        finish(cache, g, generated=1)
-        admit(cache, Seq(req(2, 4)))
+        r = Seq(req(1, 4, output=20))
+        admit(cache, r)
+        r.status = "decoding"
+        while r.num_computed_tokens < 12:
+            cache.grow(cache.blocks_needed(r, 1))
+            r.num_computed_tokens += 1
+        r.num_generated = 9
+        cache.free(r, preempted=True)
+        r.num_computed_tokens, r.status = 0, "waiting"
+        admit(cache, Seq(req(2, 12)))
         hits[type(cache).__name__] = (cache.cached_tokens(Seq(req(3, 9, prefix_group="p", prefix_tokens=8))),
-                                      cache.evictions)
-    assert hits == {"RadixKVCache": (8, 0), "PrefixKVCache": (4, 1)}
+                                      cache.cached_tokens(r), cache.evictions)
+    assert hits == {"RadixKVCache": (8, 4, 0), "PrefixKVCache": (0, 12, 2)}
 
 
 # --- a shadow model -------------------------------------------------------------------------------
