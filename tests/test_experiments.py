@@ -133,12 +133,13 @@ def test_preemption_cliff():
     assert swap["preemptions"]["swap"] > 0 and swap["preemptions"]["recomputed_tokens"] == 0
     assert all(r.metrics["num_preemptions"] == 0 for r in results.study("trtllm").runs)
     # SGLang's admission estimate keeps the running set below the cliff whatever the cap: at the
-    # largest cap it preempts (retracts) a tiny fraction of what vLLM V1 does and keeps its throughput
+    # largest cap it preempts (retracts) a tiny fraction of what vLLM V1 does, keeps its own best
+    # throughput and stays above vLLM V1's there
     sglang = by_point(results.study("sglang"), "scheduler.max_running_requests")
     top = sglang[max(sglang)].metrics
     assert top["num_preemptions"] * 20 < vllm[largest].metrics["num_preemptions"]
     assert top["throughput_tps"] > 0.95 * max(r.metrics["throughput_tps"] for r in sglang.values())
-    assert top["throughput_tps"] > 1.2 * vllm[largest].metrics["throughput_tps"]
+    assert top["throughput_tps"] > vllm[largest].metrics["throughput_tps"]
     # the figure marks, per policy, the largest max_num_seqs whose whole prefix ran without preemption
     config = from_table(PlotsConfig, load(EXPERIMENTS / "preemption_cliff.toml").report_tables["plots"],
                         where="[reports.plots]")

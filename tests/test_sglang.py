@@ -401,9 +401,9 @@ def test_radix_hits_equal_the_paged_prefix_caches_where_both_apply(requests, blo
     """With room for everything (no eviction, no preemption) and whole prompts admitted at once,
     both caches reuse exactly the same prefixes: same hits per request, same timings.
 
-    Where they do not coincide: under memory pressure (whole-node LRU and free blocks first vs
-    vLLM's block LRU, see test_radix_cache), after a preemption (SGLang recomputes the generated
-    tokens), when two chunked prefills of one prefix overlap (SGLang switches to the tree's copy
+    Where they do not coincide: under memory pressure (whole-node LRU vs vLLM's block LRU, a
+    retracted request's decode blocks freed vs cached, see test_radix_cache), after a preemption
+    (SGLang recomputes the generated tokens), when two chunked prefills of one prefix overlap (SGLang switches to the tree's copy
     and keeps sharing; the paged cache keeps a private duplicate and stops sharing), and for a
     request mixing group and hash metadata (the tree matches paths, the paged cache single keys)."""
     blocks = 4 * sum(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
