@@ -53,6 +53,9 @@ Simplifications (deliberate, documented):
   for a swap falls back to recompute.
 * Reservation (``reserve_tokens``), which SGLang does not have, is supported as private blocks
   beyond the computed tokens.
+* A victim preempted after a prefill chunk was scheduled for it (vLLM's rule in the
+  ``continuous`` scheduler; SGLang retracts only before scheduling) keeps the chunk's pages in
+  the tree, unlocked, as the ``paged`` prefix cache keeps them hashed.
 
 Accounting. Blocks are in one of four states: *free* (in no node and held by no sequence),
 *evictable* (in an unlocked node), *protected* (in a locked node), or *private* (held by a
