@@ -1,13 +1,18 @@
-"""Built-in KV caches: ``paged`` (vLLM's block pool, optional prefix caching and swap space)."""
+"""Built-in KV caches: ``paged`` (vLLM's block pool, optional prefix caching and swap space) and
+``radix`` (SGLang's radix-tree prefix cache)."""
 
 import schedlab
 
 from .paged import PagedKVCache
 from .prefix import PrefixKVCache
-from .settings import PagedConfig, build_paged
+from .radix import RadixKVCache
+from .settings import PagedConfig, RadixConfig, build_paged, build_radix
 
 
 @schedlab.hookimpl
 def schedlab_register_kv_caches(register):
     register("paged", build_paged, config=PagedConfig,
              help="paged KV blocks (vLLM); sized directly or from a model and GPU; swap space; prefix caching")
+    register("radix", build_radix, config=RadixConfig,
+             help="SGLang's radix-tree prefix cache: every computed block cached, running requests lock their "
+                  "paths, LRU eviction of unlocked leaves")

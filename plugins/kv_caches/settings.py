@@ -1,10 +1,11 @@
-"""Settings of the ``paged`` KV cache and the factory that sizes it.
+"""Settings of the ``paged`` and ``radix`` KV caches and the factories that size them.
 
 Size the pool either directly (``num_blocks``) or as vLLM does from a model and a GPU
 (``model``, ``gpu``, ``gpu_memory_utilization``, ``tensor_parallel``,
-``activation_reserve_gib``; see :func:`schedlab.capacity.size_kv_cache`). Swap space is
-``swap_space_gib`` of host memory (vLLM's ``swap_space``, default 0 here) or ``swap_blocks``;
-its transfers run at the GPU preset's host-link bandwidth unless ``host_link_gbps`` is set.
+``activation_reserve_gib``; see :func:`schedlab.capacity.size_kv_cache`); both caches share
+these settings (:class:`PoolConfig`). For ``paged``, swap space is ``swap_space_gib`` of host
+memory (vLLM's ``swap_space``, default 0 here) or ``swap_blocks``; its transfers run at the GPU
+preset's host-link bandwidth unless ``host_link_gbps`` is set.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from .paged import PagedKVCache
 
 
 @attrs.frozen
-class PagedConfig:
+class PoolConfig:
+    """How many blocks of how many tokens: given, or derived from a model and a GPU."""
+
     block_size: int = int_field(16, min=1, help="tokens per KV block (vLLM 16, TensorRT-LLM 32)")
     num_blocks: int | None = int_field(None, min=1, optional=True,
                                        help="KV blocks on the accelerator (default: from model and gpu, else 16384)")
@@ -29,6 +32,28 @@ class PagedConfig:
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks (divide weights and KV heads)")
     activation_reserve_gib: float = float_field(DEFAULT_ACTIVATION_RESERVE_GIB, min=0.0,
                                                 help="memory kept back for activations, GiB")
+
+    def __attrs_post_init__(self):
+        if (self.model is None) != (self.gpu is None):
+            raise FieldError("model" if self.model is None else "gpu", "set both model and gpu to size the cache from them")
+        if self.model is not None and self.num_blocks is not None:
+            raise FieldError("num_blocks", "give num_blocks or model + gpu, not both")
+
+
+def pool_size(config: PoolConfig, presets=None):
+    """``(num_blocks, sizing)``: the pool's blocks and, when sized from presets, the
+    :class:`~schedlab.capacity.KVSizing` derivation (else None)."""
+    if config.model is None:
+        return (config.num_blocks if config.num_blocks is not None else 16384), None
+    model, gpu = presets.model(config.model), presets.gpu(config.gpu)
+    sizing = size_kv_cache(model, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
+                           tensor_parallel=config.tensor_parallel,
+                           activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size)
+    return sizing.num_blocks, sizing
+
+
+@attrs.frozen
+class PagedConfig(PoolConfig):
     swap_space_gib: float = float_field(0.0, min=0.0, help="CPU swap space per GPU, GiB (vLLM V0 used 4)")
     swap_blocks: int | None = int_field(None, min=0, optional=True, help="swap space in blocks (instead of GiB)")
     bytes_per_block: int | None = int_field(None, min=0, optional=True,
@@ -38,32 +63,21 @@ class PagedConfig:
     prefix_caching: bool = bool_field(False, help="reuse cached full prompt blocks (vLLM enable_prefix_caching)")
 
     def __attrs_post_init__(self):
-        if (self.model is None) != (self.gpu is None):
-            raise FieldError("model" if self.model is None else "gpu", "set both model and gpu to size the cache from them")
-        if self.model is not None and self.num_blocks is not None:
-            raise FieldError("num_blocks", "give num_blocks or model + gpu, not both")
+        super().__attrs_post_init__()
         if self.swap_space_gib and self.swap_blocks is not None:
             raise FieldError("swap_blocks", "give swap_space_gib or swap_blocks, not both")
 
 
 def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
     """A paged (optionally prefix-caching) KV cache sized from ``config``."""
-    num_blocks = config.num_blocks
+    num_blocks, sizing = pool_size(config, presets)
     bytes_per_block = config.bytes_per_block
     link = config.host_link_gbps
-    model = gpu = None
-    if config.model is not None:
-        model, gpu = presets.model(config.model), presets.gpu(config.gpu)
-        sizing = size_kv_cache(model, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
-                               tensor_parallel=config.tensor_parallel,
-                               activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size)
-        num_blocks = sizing.num_blocks
+    if sizing is not None:
         if bytes_per_block is None:
             bytes_per_block = sizing.bytes_per_block
         if link is None:
-            link = gpu.host_link_gbps
-    if num_blocks is None:
-        num_blocks = 16384
+            link = sizing.gpu.host_link_gbps
     bytes_per_block = bytes_per_block or 0
     swap_blocks = config.swap_blocks or 0
     if config.swap_space_gib:
@@ -75,5 +89,23 @@ def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
         from .prefix import PrefixKVCache as cls
     kv = cls(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
              host_link_gbps=link or 25.0)
-    kv.sizing = sizing if config.model is not None else None  # shown in the run summary
+    kv.sizing = sizing  # shown in the run summary
+    return kv
+
+
+@attrs.frozen
+class RadixConfig(PoolConfig):
+    """Settings of the ``radix`` cache: only the pool's size (SGLang has no swap space)."""
+
+    block_size: int = int_field(16, min=1, help="tokens per KV page (SGLang page_size; its default 1 matches "
+                                                "single tokens, exact but slow for long prompts)")
+
+
+def build_radix(config: RadixConfig, presets=None):
+    """SGLang's radix-tree prefix cache sized from ``config``."""
+    from .radix import RadixKVCache
+
+    num_blocks, sizing = pool_size(config, presets)
+    kv = RadixKVCache(num_blocks, config.block_size)
+    kv.sizing = sizing
     return kv

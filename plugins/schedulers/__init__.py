@@ -1,13 +1,14 @@
 """Built-in schedulers: ``static``, ``continuous`` and its engine presets (``vllm``, ``vllm-v0``, ``orca``, ``trtllm``),
-``tgi`` (text-generation-inference's router) and ``vtc`` (token-fair continuous batching). ``continuous`` also
-orders by priority, predicted length (``sjf``) or SGLang's ``lof``, and both ``static`` and ``continuous`` take a
-batching window (``max_wait_ms``)."""
+``tgi`` (text-generation-inference's router), ``vtc`` (token-fair continuous batching) and ``sglang`` (SGLang's
+prefill-first scheduler with retraction). ``continuous`` also orders by priority, predicted length (``sjf``) or
+SGLang's ``lof``, and both ``static`` and ``continuous`` take a batching window (``max_wait_ms``)."""
 
 import schedlab
 
 from .continuous import ContinuousConfig, ContinuousScheduler
 from .orders import LengthPredictor
 from .presets import register_presets
+from .sglang import SglangConfig, SglangScheduler
 from .static import StaticConfig, StaticScheduler
 from .tgi import TgiConfig, TgiScheduler
 from .vtc import VtcConfig, VtcScheduler
@@ -26,3 +27,6 @@ def schedlab_register_schedulers(register):
                   "and max_waiting_tokens, or v3's chunked prefill")
     register("vtc", VtcScheduler, config=VtcConfig,
              help="token-fair continuous batching: admit from the least-served client (VTC, OSDI'24)")
+    register("sglang", SglangScheduler, config=SglangConfig,
+             help="SGLang: prefill-first, new_token_ratio admission, retraction of the least-advanced request, "
+                  "chunked prefill, fcfs / lpm / lof")

@@ -1,0 +1,476 @@
+"""SGLang's radix-tree prefix cache (RadixAttention), on schedlab's block keys.
+
+Follows SGLang v0.4.6.post5 (PyPI release; ``python/sglang/srt/mem_cache/radix_cache.py``,
+``managers/schedule_batch.py``, ``managers/scheduler_output_processor_mixin.py``):
+
+* The cache is a radix tree whose edges are runs of KV pages. A node holds a *segment* of
+  consecutive pages; matching a request walks down from the root as long as its keys match,
+  and a node is split where a match or an insertion stops inside it (``_split_node``).
+* Every computed page goes into the tree: a prompt's pages once they are computed
+  (``cache_unfinished_req`` after each prefill chunk), the whole sequence -- prompt and
+  generated tokens -- when the request finishes (``cache_finished_req``). Decode pages stay
+  private to the running request until then.
+* A running request *locks* its path (``inc_lock_ref`` on every node from its last node to
+  the root); a locked node is never evicted. When the request finishes or is retracted, the
+  path is unlocked (``dec_lock_ref``) and stays cached.
+* Memory: the pool's free pages are used first; only when they run out are unlocked *leaves*
+  evicted, least recently used first, a whole node at a time; a parent whose last child goes
+  becomes a leaf and a candidate in turn (``evict``). Free and evictable pages both count as
+  available (``available_size() + evictable_size()`` in the scheduler's checks).
+* Duplicates: when an insertion finds pages already in the tree (two requests computed the
+  same prefix, or a request recomputed its last cached page because at least one token must
+  be computed), the request switches to the tree's copy and its own is freed.
+
+Block keys and granularity. schedlab has no tokens; a cache page is a block of ``block_size``
+tokens and its key comes from the workload's prefix metadata exactly as in the ``paged``
+prefix cache (:func:`~.prefix.block_key`: Mooncake hash ids, shared-prefix groups, else the
+request's own ``("r", id, j)``). So the tree matches whole blocks: SGLang's default
+``page_size`` is 1 and matches single tokens, which here would mean ``block_size = 1`` (exact,
+but one key per token -- slow for long prompts). With larger blocks a shared prefix that ends
+inside a block loses that block's tokens, and the hit is capped at ``floor((num_tokens - 1)
+/ B)`` blocks where SGLang at page size 1 recomputes only the last token. Generated tokens get
+``("r", id, j)`` keys, so nothing but the same request (after a retraction) can match them:
+schedlab cannot know that a follow-up prompt repeats an earlier answer.
+
+Simplifications (deliberate, documented):
+
+* Pages enter the tree when the scheduler allocates them for a prefill step, not after the
+  forward pass, so a request admitted later in the same scheduling pass matches them (as in
+  the ``paged`` prefix cache and vLLM); SGLang would compute such a shared prefix twice in one
+  batch and keep one copy.
+* Lookups (:meth:`RadixKVCache.cached_tokens`, :meth:`RadixKVCache.blocks_needed`) change
+  nothing. SGLang's ``match_prefix`` refreshes access times and splits a node on every call,
+  also for waiting requests that are only looked at; here a path is touched and split when a
+  request is admitted or a prefill step or a finish inserts pages, and a split node's tail keeps
+  its access time. Access times are a counter, so ties cannot happen.
+* Eviction frees only the shortfall: when ``n`` pages are needed and ``f < n`` are free,
+  leaves are evicted until ``n`` are free (whole nodes, so possibly more). SGLang's
+  ``alloc_token_slots`` calls ``evict(n)``, evicting ``n`` pages' worth even if only a few were
+  missing; evicting the shortfall makes the outcome independent of how an engine batches its
+  allocations (one bulk ``grow`` or one allocation per sequence), which the fast and reference
+  engines rely on.
+* No swap space (SGLang retracts instead): ``swap_out`` is absent, so a scheduler that asks
+  for a swap falls back to recompute.
+* Reservation (``reserve_tokens``), which SGLang does not have, is supported as private blocks
+  beyond the computed tokens.
+* A victim preempted after a prefill chunk was scheduled for it (vLLM's rule in the
+  ``continuous`` scheduler; SGLang retracts only before scheduling) keeps the chunk's pages in
+  the tree, unlocked, as the ``paged`` prefix cache keeps them hashed.
+
+Accounting. Blocks are in one of four states: *free* (in no node and held by no sequence),
+*evictable* (in an unlocked node), *protected* (in a locked node), or *private* (held by a
+running sequence outside the tree: its partial last block, its decode blocks, reserved
+blocks). A sequence holds ``max(ceil(reserved / B), ceil(computed / B))`` blocks, the first
+``length`` of which are its locked path; the rest are private. ``num_free_blocks`` = free +
+evictable; ``num_used_blocks`` = protected + private.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .paged import blocks_for
+from .prefix import block_key, first_own_block
+
+
+class _Node:
+    """A tree node: a segment of consecutive blocks (keys ``keys``, block indices from ``start``).
+
+    ``lock`` is SGLang's ``lock_ref``: running sequences whose path passes through or ends at
+    the node; ``ends`` counts those whose path ends here (``lock = ends + sum(child locks)``).
+    ``tick`` is the last access (a counter), ``uid`` the creation number (a heap tie-break).
+    """
+
+    __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive")
+
+    def __init__(self, keys: list, start: int, parent, tick: int, uid: int):
+        self.keys = keys
+        self.start = start
+        self.parent = parent
+        self.children: dict = {}
+        self.lock = 0
+        self.ends = 0
+        self.tick = tick
+        self.uid = uid
+        self.alive = True
+
+    def __repr__(self) -> str:
+        return f"_Node({self.keys!r}, start={self.start}, lock={self.lock}, tick={self.tick})"
+
+
+class _Hold:
+    """A sequence's ``kv_state``: the end of its locked path (``node``, ``length`` blocks from
+    the root) and its block keys, computed once."""
+
+    __slots__ = ("node", "length", "keys", "own")
+
+    def __init__(self, root: _Node, own: int):
+        self.node = root
+        self.length = 0
+        self.keys: list = []
+        self.own = own  # from this block index on, keys are ("r", id, j)
+
+
+class _Step:
+    """What an allocation does, worked out before anything changes (see ``_plan``)."""
+
+    __slots__ = ("fresh", "revived", "shared_dups", "free_dups", "full")
+
+    def __init__(self, fresh: int, revived: int, shared_dups: int, free_dups: int, full: int):
+        self.fresh = fresh              # blocks beyond those held, matched hits aside
+        self.revived = revived          # matched hit blocks in unlocked nodes
+        self.shared_dups = shared_dups  # newly full blocks found in the tree, in locked nodes
+        self.free_dups = free_dups      # ... in unlocked nodes
+        self.full = full                # the path length after the step (0: the step inserts nothing)
+
+    @property
+    def need(self) -> int:
+        """Blocks leaving the free pool (free + evictable)."""
+        return self.fresh + self.revived - self.shared_dups
+
+
+class RadixKVCache:
+    """SGLang's radix-tree KV cache over ``num_blocks`` blocks of ``block_size`` tokens.
+
+    :ivar evictions: blocks evicted from the tree to make room.
+    :ivar epoch: changes whenever the set of cached blocks changes (an insertion or eviction).
+    """
+
+    prefix_caching = True
+
+    def __init__(self, num_blocks: int, block_size: int = 16):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.unused = num_blocks        # blocks in no node and held by no sequence
+        self.evictable = 0              # blocks in unlocked nodes
+        self.evictions = 0
+        self.epoch = 0
+        self._tick = 0
+        self._uid = 0
+        self.root = _Node([], 0, None, 0, 0)
+        self.root.lock = 1              # never evicted (SGLang gives the root lock_ref 1)
+        self._heap: list = []           # (tick, uid, push, node): unlocked leaves, validated when popped
+        self._pushes = 0
+        self._count = 0                 # nodes in the tree (bounds the heap's stale entries)
+
+    # -- queries -------------------------------------------------------------------------
+    def num_free_blocks(self) -> int:
+        return self.unused + self.evictable
+
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.unused - self.evictable
+
+    def held(self, seq) -> int:
+        """Blocks ``seq`` holds between iterations (its locked path included)."""
+        c = seq.num_computed_tokens
+        r = seq.reserved_tokens
+        return -(-(c if c > r else r) // self.block_size)
+
+    def _hold(self, seq) -> _Hold:
+        hold = seq.kv_state
+        if hold is None:
+            hold = seq.kv_state = _Hold(self.root, first_own_block(seq.request, self.block_size))
+        return hold
+
+    def _keys(self, seq, hold: _Hold, upto: int) -> list:
+        """The request's block keys ``0 .. upto - 1`` (memoized on the hold)."""
+        keys = hold.keys
+        have = len(keys)
+        if have < upto:
+            request, bs, own = seq.request, self.block_size, hold.own
+            if have < own:
+                keys.extend(block_key(request, j, bs) for j in range(have, min(own, upto)))
+                have = len(keys)
+            if have < upto:
+                rid = request.id
+                keys.extend([("r", rid, j) for j in range(have, upto)])
+        return keys
+
+    def _match(self, node: _Node, depth: int, keys: list, limit: int, pieces: list | None = None):
+        """Follow the tree from ``node`` (whose path ends at block ``depth``) along
+        ``keys[depth:limit]``.
+
+        Returns ``(end, reached, inside)``: the last node matched whole, the block index the
+        match reached, and the node it stopped inside (None if it stopped at a node's end).
+        ``pieces`` collects ``(locked, first, stop)`` for every node (part) matched.
+        """
+        j = depth
+        while j < limit:
+            child = node.children.get(keys[j])
+            if child is None:
+                return node, j, None
+            seg = child.keys
+            n = len(seg)
+            m = 1
+            while m < n and j + m < limit and seg[m] == keys[j + m]:
+                m += 1
+            if pieces is not None:
+                pieces.append((child.lock > 0, j, j + m))
+            if m < n:
+                return node, j + m, child
+            node = child
+            j += m
+        return node, j, None
+
+    def cached_tokens(self, seq) -> int:
+        limit = (seq.num_tokens - 1) // self.block_size
+        if limit <= 0 or not self.root.children:
+            return 0
+        keys = self._keys(seq, self._hold(seq), limit)
+        return self._match(self.root, 0, keys, limit)[1] * self.block_size
+
+    def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> _Step:
+        """Work out an allocation. An admission (nothing held yet) matches its hit from the
+        root; a prefill step (not a decode step) then extends the path over its newly full
+        blocks, finding any that are already in the tree."""
+        bs = self.block_size
+        held = self.held(seq)
+        hold = self._hold(seq)
+        tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
+        want = cached_tokens // bs if not held else 0
+        full = tokens // bs if seq.status != "decoding" else 0
+        hits = revived = shared_dups = free_dups = 0
+        limit = max(want, full)
+        if limit > hold.length:
+            pieces: list = []
+            keys = self._keys(seq, hold, limit)
+            reached = self._match(hold.node, hold.length, keys, limit, pieces)[1]
+            hits = min(reached, want)
+            for locked, first, stop in pieces:
+                in_hits = max(0, min(stop, want) - first)
+                if not locked:
+                    revived += in_hits
+                if locked:
+                    shared_dups += stop - first - in_hits
+                else:
+                    free_dups += stop - first - in_hits
+        tokens = max(tokens, reserve_tokens, seq.reserved_tokens)
+        fresh = blocks_for(tokens, bs) - held - hits
+        return _Step(fresh, revived, shared_dups, free_dups, full if full > hold.length else 0)
+
+    def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
+        return self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens).need
+
+    # -- changes ---------------------------------------------------------------------------
+    def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
+        step = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        if step.need > self.unused + self.evictable:
+            return False
+        hold = seq.kv_state
+        want = cached_tokens // self.block_size if not self.held(seq) else 0
+        limit = max(step.full, want)
+        if limit > hold.length:
+            # lock the matched path (hits, then blocks already in the tree) before taking
+            # blocks, so that eviction cannot touch it
+            keys = self._keys(seq, hold, limit)
+            end, reached = self._descend(hold.node, hold.length, keys, limit)
+            self._lock_to(hold, end, reached)
+            self._take(step.fresh - step.shared_dups - step.free_dups)
+            if reached < step.full:  # the rest is new: one node, locked by this sequence
+                node = self._new_node(end, keys[reached:step.full], reached)
+                self._lock_to(hold, node, step.full)
+            self._touch_path(hold.node)
+        else:
+            self._take(step.fresh)
+        return True
+
+    def grow(self, num_blocks: int) -> None:
+        """Take ``num_blocks`` private decode blocks at once (the engine attributes them)."""
+        if num_blocks > self.unused + self.evictable:
+            raise AssertionError(f"grow({num_blocks}) with only {self.unused + self.evictable} free blocks")
+        if num_blocks:
+            self._take(num_blocks)
+
+    def free(self, seq, *, preempted: bool = False) -> None:
+        """Release ``seq``. A finished sequence's full blocks go into the tree first (SGLang
+        ``cache_finished_req``), unlocked; a retracted one keeps only what the tree already has
+        (its prompt), its decode blocks are freed (``retract_decode``)."""
+        held = self.held(seq)
+        hold = seq.kv_state
+        if hold is None:
+            self.unused += held
+            return
+        private = held - hold.length
+        if not preempted:
+            full = seq.num_computed_tokens // self.block_size
+            end, reached = hold.node, hold.length
+            if full > hold.length:
+                keys = self._keys(seq, hold, full)
+                end, reached = self._descend(hold.node, hold.length, keys, full)
+                if reached < full:
+                    end = self._new_node(end, keys[reached:full], reached)
+                    private -= full - reached
+            self._touch_path(end)
+        self.unused += private
+        self._unlock(hold)
+        if not preempted:
+            seq.kv_state = None
+
+    # -- tree edits ----------------------------------------------------------------------------
+    def _descend(self, node: _Node, depth: int, keys: list, limit: int) -> tuple[_Node, int]:
+        """Follow existing nodes along ``keys`` up to ``limit``, splitting the node the match
+        stops inside, so that the returned node ends exactly where the match does."""
+        end, reached, inside = self._match(node, depth, keys, limit)
+        if inside is not None:
+            end = self._split(inside, reached - inside.start)
+        return end, reached
+
+    def _split(self, node: _Node, m: int) -> _Node:
+        """Split ``node`` after its first ``m`` blocks and return the new head (SGLang
+        ``_split_node``: the head takes the node's place and lock count, the node keeps the
+        tail, its children and its access time)."""
+        self._uid += 1
+        head = _Node(node.keys[:m], node.start, node.parent, node.tick, self._uid)
+        head.lock = node.lock
+        self._count += 1
+        node.parent.children[head.keys[0]] = head
+        node.keys = node.keys[m:]
+        node.start += m
+        node.parent = head
+        head.children[node.keys[0]] = node
+        return head
+
+    def _new_node(self, parent: _Node, keys: list, start: int) -> _Node:
+        """A new unlocked node (its blocks count as evictable until a sequence locks it)."""
+        self._uid += 1
+        node = _Node(list(keys), start, parent, self._tick, self._uid)
+        parent.children[keys[0]] = node
+        self._count += 1
+        self.evictable += len(keys)
+        self.epoch += 1
+        return node
+
+    def _lock_to(self, hold: _Hold, end: _Node, depth: int) -> None:
+        """Move the sequence's lock from its path end down to ``end`` (a descendant)."""
+        old = hold.node
+        if end is old:
+            return
+        if old is not self.root:
+            old.ends -= 1
+        node = end
+        while node is not old:
+            if not node.lock:
+                self.evictable -= len(node.keys)
+            node.lock += 1
+            node = node.parent
+        end.ends += 1
+        hold.node = end
+        hold.length = depth
+
+    def _unlock(self, hold: _Hold) -> None:
+        node = hold.node
+        if node is self.root:
+            return
+        node.ends -= 1
+        while node is not self.root:
+            node.lock -= 1
+            if not node.lock:
+                self.evictable += len(node.keys)
+                if not node.children:
+                    self._push(node)
+            node = node.parent
+        hold.node = self.root
+        hold.length = 0
+
+    def _touch_path(self, end: _Node) -> None:
+        """Refresh access times from the root down to ``end`` (deeper nodes more recent)."""
+        path = []
+        node = end
+        while node is not self.root:
+            path.append(node)
+            node = node.parent
+        for node in reversed(path):
+            self._tick += 1
+            node.tick = self._tick
+            if not node.lock and not node.children:
+                self._push(node)
+
+    def _push(self, node: _Node) -> None:
+        heap = self._heap
+        if len(heap) > 4 * self._count + 1024:  # drop stale entries now and then
+            heap[:] = [e for e in heap if self._candidate(e)]
+            heapq.heapify(heap)
+        self._pushes += 1  # a node may be pushed twice with one tick (unlocked, locked, unlocked)
+        heapq.heappush(heap, (node.tick, node.uid, self._pushes, node))
+
+    @staticmethod
+    def _candidate(entry) -> bool:
+        """Whether a heap entry still names an unlocked leaf with that access time."""
+        tick, _, _, node = entry
+        return node.alive and not node.lock and not node.children and node.tick == tick
+
+    def _take(self, count: int) -> None:
+        """Take ``count`` blocks out of the unused ones (a negative count returns blocks),
+        evicting least recently used unlocked leaves while unused blocks are short."""
+        if count > self.unused:
+            self._evict(count - self.unused)
+        self.unused -= count
+
+    def _evict(self, blocks: int) -> None:
+        """Evict unlocked leaves, least recently used first, until ``blocks`` blocks are freed
+        (SGLang ``RadixCache.evict``: whole nodes; a parent left childless becomes a leaf)."""
+        heap = self._heap
+        freed = 0
+        while freed < blocks:
+            entry = heapq.heappop(heap)
+            if not self._candidate(entry):
+                continue  # stale: evicted, locked, grown or touched since it was pushed
+            node = entry[3]
+            parent = node.parent
+            del parent.children[node.keys[0]]
+            node.alive = False
+            self._count -= 1
+            n = len(node.keys)
+            self.evictable -= n
+            self.unused += n
+            freed += n
+            if parent is not self.root and not parent.lock and not parent.children:
+                self._push(parent)
+        self.evictions += freed
+        self.epoch += 1
+
+    # -- inspection (tests, metrics) ------------------------------------------------------------
+    def nodes(self) -> list[_Node]:
+        """Every node but the root, parents before children."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def cached_keys(self) -> set:
+        """Keys of every block in the tree."""
+        return {key for node in self.nodes() for key in node.keys}
+
+    def layout(self) -> dict:
+        """The tree as ``{(key, ...) path of a node: (segment keys, lock, tick)}``, for comparing states."""
+        out = {}
+        for node in self.nodes():
+            path = []
+            n = node
+            while n is not self.root:
+                path[:0] = n.keys
+                n = n.parent
+            out[tuple(path)] = (tuple(node.keys), node.lock, node.tick)
+        return out
+
+    def check_invariants(self) -> None:
+        assert 0 <= self.unused <= self.num_blocks, (self.unused, self.num_blocks)
+        evictable = protected = 0
+        for node in self.nodes():
+            parent = node.parent
+            assert node.alive and node.keys, node
+            assert parent.children.get(node.keys[0]) is node, f"{node!r} is not its parent's child"
+            assert node.start == parent.start + len(parent.keys), node
+            assert node.lock == node.ends + sum(c.lock for c in node.children.values()), node
+            assert node.ends >= 0 and node.tick <= self._tick, node
+            if node.lock:
+                protected += len(node.keys)
+            else:
+                evictable += len(node.keys)
+                if not node.children:
+                    assert any(e[3] is node and self._candidate(e) for e in self._heap), (
+                        f"unlocked leaf {node!r} is not an eviction candidate")
+        assert evictable == self.evictable, (evictable, self.evictable)
+        assert self.unused + evictable + protected <= self.num_blocks, (self.unused, evictable, protected)

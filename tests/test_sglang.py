@@ -1,0 +1,425 @@
+"""The ``sglang`` scheduler (SGLang v0.4.6.post5's rules) and the ``radix`` cache in the engines.
+
+Hand-computed scenarios run on both engines; every time in them is worked out in the comments
+from the linear cost model (``P`` ms per prompt token, ``D`` ms per decode iteration) and 1-token
+blocks, so that tokens and blocks coincide. The property tests check the conformance kit's
+rules, fast-against-reference agreement, and that the radix cache hits exactly what the paged
+prefix cache hits wherever their rules coincide.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.configs import from_table
+from schedlab.errors import ConfigError
+from schedlab.model import Request
+from schedlab.testing import (IterationChecker, check_run, compare_runs, dyadic_linear_costs, examples,
+                              requests_lists, run_engine)
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
+from test_differential import continuous_configs
+
+ENGINES = ("fast", "reference")
+COST = LinearConfig(prefill_ms_per_token=0.125, decode_ms_per_step=4.0)   # P = 0.125, D = 4
+SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def by_id(result, column):
+    return dict(zip(result.requests["id"].tolist(), result.requests[column].tolist()))
+
+
+def run(requests, scheduler, kv, engine):
+    return run_engine(requests, scheduler, LinearCostModel(COST), kv, engine=engine)
+
+
+# --- retraction ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_retraction_takes_the_fewest_generated_then_longest_prompt_and_reestimates_the_ratio(engine):
+    # 60 one-token blocks; new_token_ratio 0 (init 0), so running requests reserve nothing.
+    # t=0      R0 (prompt 10, max 30): 10 + 30 < 60 free -> admitted; prefill 10 x P -> 1.25
+    # t=1.25   R1 (15) and R2 (4) wait. R1: 15 + 30 < 50 - 0 -> admitted (offset now 30);
+    #          R2: 4 + 30 >= 35 free - 30 -> no room: the batch is full. Prefill 15 x P -> 3.125
+    # t=3.125  R0, R1 decode, 2 blocks a step: 35 free -> 17 steps fit (1 block left) -> 71.125
+    # t=71.125 decode does not fit. Both have 18 tokens; the tie goes to the longer prompt: R1 is
+    #          retracted (frees 15 + 17 = 32 -> 33 free >= 20 x 1 running: stop). The ratio becomes
+    #          (18 generated + 20 x 1) / 30 max -> capped at 1.0. R0 decodes -> 75.125, 19 tokens
+    # t=75.125 R2 (then R1, re-queued at the back) wait: R2 needs 4 + 30 < 32 free - 11 x 1.0 -> no.
+    #          R0 decodes its last 11 tokens -> 119.125
+    # t=119.125 R2 admitted (34 < 60); R1 (33 tokens to recompute + min(30 - 18, 4096)) >= 56 - 30 ->
+    #          full. Prefill 4 x P -> 119.625; 29 decodes -> 235.625
+    # t=235.625 R1 recomputes its 33 tokens -> 239.75 (19th token); 11 decodes -> 283.75
+    reqs = [Request(0, 0.0, 10, 30), Request(1, 0.5, 15, 30), Request(2, 1.0, 4, 30)]
+    sched = SglangScheduler(SglangConfig(init_new_token_ratio=0.0, chunked_prefill_size=0))
+    r = run(reqs, sched, PagedKVCache(60, 1), engine)
+    assert sched.retraction_log == [(71.125, (1,), 1.0)]
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 1.25, 2: 119.125}
+    assert by_id(r, "first_token_ms") == {0: 1.25, 1: 3.125, 2: 119.625}
+    assert by_id(r, "finish_ms") == {0: 119.125, 1: 283.75, 2: 235.625}
+    assert by_id(r, "preemptions") == {0: 0, 1: 1, 2: 0}
+    assert by_id(r, "recomputed_tokens") == {0: 0, 1: 32, 2: 0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("steps, retracted, ratio", [
+    (20, (0, 1), (11 + 20) / 40),         # 20 free < 20 x 2 running: R1 goes too; 36 free >= 20 x 1
+    (1, (0,), (11 + 11 + 1 * 2) / 80),    # 20 free >= 1 x 2: one victim is enough
+    (0, (0,), (11 + 11) / 80),            # at least one victim, always
+])
+def test_retraction_frees_retract_decode_steps_tokens_per_remaining_request(engine, steps, retracted, ratio):
+    # 50 one-token blocks, ratio 0 and max_new_tokens estimates clipped to 1 token, so all three start at
+    # once: R0 (prompt 8): 9 < 50; R1 (6): 7 < 42 - 1; R2 (4): 5 < 36 - 2. Prefill 18 x P -> 2.25.
+    # 32 free, 3 blocks a step: 10 steps fit (2 left) -> t = 42.25, 11 tokens each. The victims come in
+    # order: equal tokens, longest prompt first: R0 (frees 8 + 10 = 18 -> 20 free), then R1 (16 -> 36).
+    reqs = [Request(0, 0.0, 8, 40), Request(1, 0.0, 6, 40), Request(2, 0.0, 4, 40)]
+    sched = SglangScheduler(SglangConfig(init_new_token_ratio=0.0, clip_max_new_tokens=1, chunked_prefill_size=0,
+                                         retract_decode_steps=steps))
+    r = run(reqs, sched, PagedKVCache(50, 1), engine)
+    assert sched.retraction_log[0] == (42.25, retracted, ratio)
+    check_run(r, reqs, kv_blocks=50)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_ratio_after_a_retraction_decays_only_from_the_next_decode_step(engine):
+    # 80 one-token blocks; the ratio decays in one step from 0.7 to its floor 0.098 (decay 0.602).
+    # R0 (prompt 8, max 60) prefills 0 -> 1.0 and decodes. R1 (prompt 15, max 30) arrives at 2: at 5.0
+    # (1 decode, ratio 0.098) 45 < 71 - 58 x 0.098 -> admitted, prefill -> 6.875. 56 blocks free, 2 a step:
+    # 28 steps fit; the 29th does not, at 6.875 + 112 = 118.875.
+    # R2 (prompt 4, max 20) arrives at 100: at 102.875, 8 free - (34 + 5) x 0.098 = 4.2 <= 24: full.
+    # At 118.875 R0 has 30 tokens, R1 29: R1 is retracted; ratio (30 + 20) / 60. R0 decodes -> 122.875.
+    # At 122.875 (no decay yet) R2 is tried first: 42 free - 29 x 0.833 = 17.8 <= 24: refused (decayed once
+    # it would have been 0.231 and let R2 in). R0's 60th token comes at 122.875 + 29 x 4 = 238.875.
+    reqs = [Request(0, 0.0, 8, 60), Request(1, 2.0, 15, 30), Request(2, 100.0, 4, 20)]
+    sched = SglangScheduler(SglangConfig(new_token_ratio_decay_steps=1, chunked_prefill_size=0))
+    r = run(reqs, sched, PagedKVCache(80, 1), engine)
+    assert sched.retraction_log == [(118.875, (1,), 50 / 60)]
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 5.0, 2: 238.875}
+
+
+# --- new_token_ratio admission ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("decay_steps, r1_arrival, admitted_at", [
+    # 120 one-token blocks. R0 (prompt 10, max 100) runs alone: its token g comes at 1.25 + 4 (g - 1),
+    # with 10 + g - 1 blocks held. R1 (prompt 20, max 40) needs 60 tokens below
+    # free - (100 - g) x ratio, the ratio decayed once per decode step since R0's prefill.
+    # Decay over 10 steps (0.0602 per step): at g = 5 (t = 17.25, 4 steps) the ratio is 0.4592 and
+    # 106 - 95 x 0.4592 = 62.4 > 60: admitted.
+    (10, 14.0, 17.25),
+    # arriving earlier, at g = 4 (t = 13.25): 0.5194 -> 107 - 96 x 0.5194 = 57.1 <= 60: refused, and the
+    # batch stays full -- no new attempt -- until R0 finishes (t = 1.25 + 99 x 4 = 397.25)
+    (10, 10.0, 397.25),
+    # SGLang's default decay (600 steps): at g = 5 the ratio is still 0.696 -> 39.9: refused
+    (600, 14.0, 397.25),
+])
+def test_admission_reserves_the_running_requests_decayed_ratio(engine, decay_steps, r1_arrival, admitted_at):
+    reqs = [Request(0, 0.0, 10, 100), Request(1, r1_arrival, 20, 40)]
+    sched = SglangScheduler(SglangConfig(new_token_ratio_decay_steps=decay_steps, chunked_prefill_size=0))
+    r = run(reqs, sched, PagedKVCache(120, 1), engine)
+    assert by_id(r, "first_scheduled_ms")[1] == admitted_at
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_ratio_is_reset_when_the_server_goes_idle(engine):
+    # R0 as above runs alone and finishes at 397.25, having decayed the ratio to its floor (0.098).
+    # R2 (prompt 10, max 100) arrives at 500 on an idle server: the ratio is back at 0.7. R3 (prompt
+    # 20, max 40) arrives at 510; at t = 513.25 R2 has 4 tokens and 3 decays: 0.5194 -> refused (as
+    # above), admitted when R2 finishes at 500 + 1.25 + 99 x 4 = 897.25. Without the reset the floor
+    # ratio would have let it in at 513.25 (107 - 96 x 0.098 = 97.6 > 60).
+    reqs = [Request(0, 0.0, 10, 100), Request(1, 500.0, 10, 100), Request(2, 510.0, 20, 40)]
+    sched = SglangScheduler(SglangConfig(new_token_ratio_decay_steps=10, chunked_prefill_size=0))
+    r = run(reqs, sched, PagedKVCache(120, 1), engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 500.0, 2: 897.25}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("prompt, admitted_at", [
+    # R0 (prompt 10, max 31) prefills 0 -> 1.25. R1 (max 30) arrives at 1; at 1.25 the ratio is 0.5 (no decode
+    # yet): 50 free - 30 x 0.5 = 35 tokens remain. A request needing 35 is refused -- SGLang's first check is
+    # total >= remaining -- and waits for R0 to finish (1.25 + 30 x 4); one needing 34 goes in.
+    (5, 121.25),
+    (4, 1.25),
+])
+def test_admission_needs_fewer_tokens_than_remain(engine, prompt, admitted_at):
+    reqs = [Request(0, 0.0, 10, 31), Request(1, 1.0, prompt, 30)]
+    sched = SglangScheduler(SglangConfig(init_new_token_ratio=0.5, chunked_prefill_size=0))
+    r = run(reqs, sched, PagedKVCache(60, 1), engine)
+    assert by_id(r, "first_scheduled_ms")[1] == admitted_at
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_mixed_iterations_do_not_decay_the_ratio(engine):
+    # Mixed chunks of 8; the ratio would fall to its floor in one decode-only step (decay over 1 step).
+    # R0 (prompt 4, max 100) prefills 0 -> 0.5. R1 (prompt 20, 1 token) arrives at 0.25 and is prefilled in
+    # three mixed iterations with R0's decodes (7 + 7 + 6 tokens: 0.5 -> 5.375 -> 10.25 -> 15.0). R2
+    # (prompt 100, max 50) arrives at 12. At 15.0 the ratio is still 0.7 (only mixed iterations so far):
+    # 193 free - 96 x 0.7 = 125.8 <= 150: refused; it goes in when R0 finishes, 15.0 + 96 x 4 = 399.
+    # (Had the mixed iterations decayed it, 193 - 96 x 0.098 = 183.6 would have let R2 in at 15.0.)
+    reqs = [Request(0, 0.0, 4, 100), Request(1, 0.25, 20, 1), Request(2, 12.0, 100, 50)]
+    sched = SglangScheduler(SglangConfig(chunked_prefill_size=8, enable_mixed_chunk=True,
+                                         new_token_ratio_decay_steps=1))
+    r = run(reqs, sched, PagedKVCache(200, 1), engine)
+    assert by_id(r, "finish_ms")[1] == 15.0
+    assert by_id(r, "prefill_chunks")[1] == 3
+    assert by_id(r, "first_scheduled_ms")[2] == 399.0
+
+
+def test_constants_follow_sglang():
+    s = SglangScheduler()
+    assert (s.init_ratio, s.min_ratio) == (0.7, 0.7 * 0.14)
+    assert s.ratio_decay == pytest.approx((0.7 - 0.098) / 600)
+    c = SglangConfig()
+    assert (c.chunked_prefill_size, c.max_prefill_tokens, c.clip_max_new_tokens, c.retract_decode_steps) == (
+        8192, 16384, 4096, 20)
+    half = SglangScheduler(SglangConfig(schedule_conservativeness=0.5))
+    assert half.init_ratio == 0.35 and half.min_ratio == pytest.approx(0.049)
+
+
+# --- prefill first, chunks, mixed chunks ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("mixed, r1_first_token, longest_gap", [
+    # R0 (prompt 4, 10 tokens) prefills 0 -> 0.5 and decodes 0.5 -> 4.5. R1 (prompt 20) arrives at 1;
+    # chunks of 8. Prefill first: 8 tokens 4.5 -> 5.5, 8 more -> 6.5, the last 4 -> 7.0 (R1's first
+    # token); R0 waits through all three: its tokens at 4.5 and 11.0, a 6.5 ms gap.
+    (False, 7.0, 6.5),
+    # Mixed: R0's decode rides along and uses one token of each chunk: 7 tokens + a decode,
+    # 4.5 -> 9.375, 7 more -> 14.25, the last 6 -> 19.0; R0 never waits more than 4.875 ms.
+    (True, 19.0, 4.875),
+])
+def test_chunked_prefill_stalls_decodes_unless_mixed(engine, mixed, r1_first_token, longest_gap):
+    reqs = [Request(0, 0.0, 4, 10), Request(1, 1.0, 20, 2)]
+    sched = SglangScheduler(SglangConfig(chunked_prefill_size=8, enable_mixed_chunk=mixed))
+    r = run(reqs, sched, PagedKVCache(100, 1), engine)
+    assert by_id(r, "first_token_ms") == {0: 0.5, 1: r1_first_token}
+    assert by_id(r, "prefill_chunks") == {0: 1, 1: 3}
+    assert r.metrics["itl_ms"]["max"] == longest_gap
+    # either way R0's 10th token comes at 39.0: 11.0 + 7 x 4, or 19.0 + 5 x 4
+    assert by_id(r, "finish_ms")[0] == 39.0
+
+
+def test_mixed_chunks_need_chunked_prefill():
+    with pytest.raises(ConfigError, match=r"x.toml: \[scheduler\]: enable_mixed_chunk: needs chunked_prefill_size > 0"):
+        from_table(SglangConfig, {"enable_mixed_chunk": True, "chunked_prefill_size": 0}, where="x.toml: [scheduler]")
+
+
+def test_a_request_sglang_could_never_admit_is_rejected_with_the_reason():
+    # 40 tokens of KV: prompt 10 + max 30 is not below it
+    r = run_engine([Request(0, 0.0, 10, 30), Request(1, 0.0, 10, 29)], SglangScheduler(), kv=PagedKVCache(40, 1))
+    assert "does not fit below the KV pool's 40 tokens" in r.rejections[0]
+    assert by_id(r, "rejected") == {0: 1, 1: 0}
+
+
+# --- waiting orders ---------------------------------------------------------------------------
+
+
+def _lpm_requests():
+    # B = 4. R0 caches a 16-token system prompt of group a, then at t = 10 five requests arrive:
+    # ids 1, 2: group c, 40 shared tokens of 44; 3: 20 unique tokens; 4: group a, 8 of 20 shared;
+    # 5: group a, 16 of 20 shared. Every answer is one token, one request runs at a time.
+    return [Request(0, 0.0, 17, 1, prefix_group="a", prefix_tokens=16),
+            Request(1, 10.0, 44, 1, prefix_group="c", prefix_tokens=40),
+            Request(2, 10.0, 44, 1, prefix_group="c", prefix_tokens=40),
+            Request(3, 10.0, 20, 1),
+            Request(4, 10.0, 20, 1, prefix_group="a", prefix_tokens=8),
+            Request(5, 10.0, 20, 1, prefix_group="a", prefix_tokens=16)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("make_kv", [lambda: RadixKVCache(1000, 4), lambda: PrefixKVCache(1000, 4)],
+                         ids=["radix", "paged-prefix"])
+@pytest.mark.parametrize("policy, first_scheduled", [
+    # lpm at t=10: hits 5: 16, 4: 8, the rest 0; request 2 matches 40 >= 32 tokens of request 1's
+    # prompt in the queue and is deprioritized: 5, 4, 1, 3, 2. After 5 (4 tokens, 0.5 ms) and 4
+    # (12 tokens) comes 1 (44 tokens, 10.5 + 1.5 -> 12 -> 17.5); then request 2 hits the 40 tokens
+    # request 1 cached and goes before 3: 2 at 17.5 (4 tokens), 3 at 18.0.
+    ("lpm", {0: 0.0, 1: 12.0, 2: 17.5, 3: 18.0, 4: 10.5, 5: 10.0}),
+    # fcfs: 1 (44 tokens -> 15.5), 2 (hits 40: 4 tokens -> 16.0), 3 (20 -> 18.5), 4 (12 -> 20.0), 5
+    ("fcfs", {0: 0.0, 1: 10.0, 2: 15.5, 3: 16.0, 4: 18.5, 5: 20.0}),
+])
+def test_longest_prefix_match_order(engine, make_kv, policy, first_scheduled):
+    sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy=policy, chunked_prefill_size=0))
+    r = run(_lpm_requests(), sched, make_kv(), engine)
+    assert by_id(r, "first_scheduled_ms") == first_scheduled
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 0, 2: 40, 3: 0, 4: 8, 5: 16}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("policy, first_scheduled", [
+    # two at a time; at t=10 requests 1 and 2 share 40 uncached tokens, 3 is unique (hits all 0).
+    # lpm: 2 matches 40 >= 32 tokens of 1's prompt in the queue and goes last, so 1 and 3 run together
+    # (64 tokens -> 18.0) and 2 then hits the 40 tokens 1 cached.
+    ("lpm", {1: 10.0, 2: 18.0, 3: 10.0}),
+    # fcfs: 1 and 2 together (2 hits the blocks 1 has just been given: 48 tokens -> 16.0), then 3.
+    # (SGLang would compute the shared prefix twice in that batch: pages enter its tree after the pass.)
+    ("fcfs", {1: 10.0, 2: 10.0, 3: 16.0}),
+])
+def test_lpm_defers_a_request_sharing_an_uncached_prefix_with_one_before_it(engine, policy, first_scheduled):
+    reqs = [Request(0, 0.0, 4, 1),
+            Request(1, 10.0, 44, 1, prefix_group="c", prefix_tokens=40),
+            Request(2, 10.0, 44, 1, prefix_group="c", prefix_tokens=40),
+            Request(3, 10.0, 20, 1)]
+    sched = SglangScheduler(SglangConfig(max_running_requests=2, schedule_policy=policy, chunked_prefill_size=0))
+    r = run(reqs, sched, RadixKVCache(1000, 4), engine)
+    assert {i: t for i, t in by_id(r, "first_scheduled_ms").items() if i} == first_scheduled
+    assert by_id(r, "cached_tokens")[2] == 40
+
+
+def test_lpm_does_not_sort_more_than_128_waiting_requests():
+    # R0 caches group a's 16 tokens. At t=10, 129 unique 8-token prompts (ids 1-129) arrive, then id 130
+    # sharing those 16 tokens; one runs at a time, 1 ms each. 130 waiting > 128: arrival order, id 1 at
+    # 10; 129 waiting: id 2 at 11; 128 waiting: sorted, id 130 (16 cached) goes next, at 12.
+    reqs = [Request(0, 0.0, 17, 1, prefix_group="a", prefix_tokens=16)]
+    reqs += [Request(i, 10.0, 8, 1) for i in range(1, 130)]
+    reqs.append(Request(130, 10.0, 20, 1, prefix_group="a", prefix_tokens=16))
+    sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy="lpm", chunked_prefill_size=0))
+    first = by_id(run(reqs, sched, RadixKVCache(1000, 4), "fast"), "first_scheduled_ms")
+    assert (first[1], first[2], first[130], first[3]) == (10.0, 11.0, 12.0, 12.5)
+
+
+def test_lpm_without_a_prefix_cache_is_fcfs():
+    reqs = _lpm_requests()
+    orders = {}
+    for policy in ("lpm", "fcfs"):
+        sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy=policy, chunked_prefill_size=0))
+        orders[policy] = by_id(run(reqs, sched, PagedKVCache(1000, 4), "fast"), "first_scheduled_ms")
+    assert orders["lpm"] == orders["fcfs"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_longest_output_first(engine):
+    # one at a time; at t=0 requests 0..2 wait with max_tokens 5, 30, 10: 1, 2, 0
+    reqs = [Request(0, 0.0, 8, 5), Request(1, 0.0, 8, 30), Request(2, 0.0, 8, 10)]
+    sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy="lof"))
+    r = run(reqs, sched, PagedKVCache(200, 1), engine)
+    first = by_id(r, "first_scheduled_ms")
+    assert sorted(first, key=first.get) == [1, 2, 0]
+
+
+# --- property tests ------------------------------------------------------------------------------
+
+
+@st.composite
+def sglang_configs(draw):
+    chunk = draw(st.sampled_from([0, 8, 16, 40]))
+    return SglangConfig(
+        max_running_requests=draw(st.integers(1, 6)),
+        max_prefill_tokens=draw(st.sampled_from([16, 64, 1000])),
+        chunked_prefill_size=chunk,
+        enable_mixed_chunk=bool(chunk) and draw(st.booleans()),
+        schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof"])),
+        init_new_token_ratio=draw(st.sampled_from([0.0, 0.05, 0.7])),          # low: retractions are common
+        min_new_token_ratio_factor=draw(st.sampled_from([0.14, 1.0])),
+        new_token_ratio_decay_steps=draw(st.sampled_from([1, 5, 600])),
+        clip_max_new_tokens=draw(st.sampled_from([8, 4096])),
+        retract_decode_steps=draw(st.sampled_from([0, 1, 20])),
+    )
+
+
+KVS = {"radix": RadixKVCache, "paged-prefix": PrefixKVCache, "paged": PagedKVCache}
+
+
+@SETTINGS
+@given(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), sglang_configs(),
+       st.integers(1, 6), st.integers(0, 6), dyadic_linear_costs(), st.sampled_from(sorted(KVS)))
+def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, cost, kind):
+    """Tight caches (retraction, eviction), chunks, mixed chunks, every order, every cache."""
+    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) for r in requests) + spare
+    runs = {}
+    for engine in ENGINES:
+        kv = KVS[kind](blocks, block_size)
+        runs[engine] = run_engine(requests, SglangScheduler(cfg), LinearCostModel(cost), kv, engine=engine)
+    compare_runs(runs["fast"], runs["reference"], rel=1e-12)
+    if kind == "radix":
+        assert runs["fast"].meta["kv"].layout() == runs["reference"].meta["kv"].layout()
+
+
+@SETTINGS
+@given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), sglang_configs(),
+       st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
+def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
+    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) for r in requests) + spare
+    budget = max(cfg.chunked_prefill_size, cfg.max_running_requests) if cfg.chunked_prefill_size else None
+    check = IterationChecker(max_running=cfg.max_running_requests, token_budget=budget, kv_blocks=blocks)
+    result = run_engine(requests, SglangScheduler(cfg), kv=KVS[kind](blocks, block_size), check=check)
+    check_run(result, requests, max_running=cfg.max_running_requests, kv_blocks=blocks)
+    assert result.metrics["rejected"] == 0
+    assert check.iterations == result.counters["iterations"]
+
+
+@SETTINGS
+@given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), continuous_configs(),
+       st.integers(1, 6), st.integers(0, 30), dyadic_linear_costs())
+def test_radix_cache_under_vllm_rules_matches_reference_and_keeps_the_rules(requests, cfg, block_size, spare, cost):
+    """The radix cache with the ``continuous`` scheduler: reservation, chunking, preemption (swap
+    requests fall back to recompute: the radix cache has no swap space)."""
+    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests) + spare
+    runs = {engine: run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(cost),
+                               RadixKVCache(blocks, block_size), engine=engine) for engine in ENGINES}
+    compare_runs(runs["fast"], runs["reference"], rel=1e-12)
+    assert runs["fast"].meta["kv"].layout() == runs["reference"].meta["kv"].layout()
+    check_run(runs["fast"], requests, kv_blocks=blocks, max_running=cfg.max_num_seqs)
+    assert runs["fast"].counters["swap_preemptions"] == 0
+
+
+# --- the radix cache hits what the paged prefix cache hits, where their rules coincide -----------
+
+
+@st.composite
+def shared_workloads(draw):
+    """Requests whose keys name whole prefixes consistently: either shared-prefix groups or
+    Mooncake-style hash ids (conversations: each id names its conversation's prefix up to there)."""
+    n = draw(st.integers(1, 12))
+    ticks = sorted(draw(st.lists(st.integers(0, 800), min_size=n, max_size=n)))
+    hashes = draw(st.booleans())
+    per = draw(st.integers(1, 8))
+    out = []
+    for i, t in enumerate(ticks):
+        prompt = draw(st.integers(1, 48))
+        kw = {}
+        if hashes:
+            conv, shared = draw(st.integers(0, 2)), draw(st.integers(0, 6))
+            ids = -(-prompt // per)
+            kw = {"block_hashes": tuple(("c", conv, j) if j < shared else ("u", i, j) for j in range(ids)),
+                  "hash_block_tokens": per}
+        elif draw(st.booleans()):
+            kw = {"prefix_group": draw(st.integers(0, 2)), "prefix_tokens": draw(st.integers(0, prompt))}
+        out.append(Request(i, t / 8, prompt, draw(st.integers(1, 20)), **kw))
+    return out
+
+
+@SETTINGS
+@given(shared_workloads(), st.integers(1, 6), st.booleans(), st.integers(1, 8))
+def test_radix_hits_equal_the_paged_prefix_caches_where_both_apply(requests, block_size, sglang, seqs):
+    """With room for everything (no eviction, no preemption) and whole prompts admitted at once,
+    both caches reuse exactly the same prefixes: same hits per request, same timings.
+
+    Where they do not coincide: under memory pressure (whole-node LRU vs vLLM's block LRU, a
+    retracted request's decode blocks freed vs cached, see test_radix_cache), after a preemption
+    (SGLang recomputes the generated tokens), when two chunked prefills of one prefix overlap (SGLang switches to the tree's copy
+    and keeps sharing; the paged cache keeps a private duplicate and stops sharing), and for a
+    request mixing group and hash metadata (the tree matches paths, the paged cache single keys)."""
+    blocks = 4 * sum(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    if sglang:
+        make = lambda: SglangScheduler(SglangConfig(max_running_requests=seqs, chunked_prefill_size=0))  # noqa: E731
+    else:
+        make = lambda: ContinuousScheduler(ContinuousConfig(max_num_seqs=seqs, allocation="grow",  # noqa: E731
+                                                            max_num_batched_tokens=4096))
+    runs = {}
+    for name, kv in (("radix", RadixKVCache(blocks, block_size)), ("paged", PrefixKVCache(blocks, block_size))):
+        runs[name] = run_engine(requests, make(), LinearCostModel(COST), kv)
+    radix, paged = runs["radix"], runs["paged"]
+    assert paged.meta["kv"].evictions == 0 and radix.meta["kv"].evictions == 0
+    assert radix.counters["num_preemptions"] == paged.counters["num_preemptions"] == 0
+    assert by_id(radix, "cached_tokens") == by_id(paged, "cached_tokens")
+    assert radix.counters["prefix_hits"] == paged.counters["prefix_hits"]
+    assert radix.counters["prefix_queries"] == paged.counters["prefix_queries"]
+    for column in ("first_scheduled_ms", "first_token_ms", "finish_ms"):
+        assert by_id(radix, column) == by_id(paged, column)
