@@ -201,7 +201,8 @@ def describe(case: Case, vllm: Mapping[int, Outcome], schedlab: Mapping[int, Out
         rows.append([str(r.id), str(r.arrival), str(r.prompt_tokens), str(r.output_tokens), str(r.priority), prefix])
     lines += _table(rows)
     diff = differing_fields(vllm, schedlab)
-    rows = [["id"] + [SHORT[f] + " (vllm/schedlab)" for f in FIELDS]]
+    lines.append("  outcomes as vllm/schedlab, * where they differ (ms; preemptions; cached tokens):")
+    rows = [["id"] + [SHORT[f] for f in FIELDS]]
     for r in case.in_arrival_order():
         cells = [str(r.id)]
         for f in FIELDS:

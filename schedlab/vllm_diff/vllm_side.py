@@ -162,7 +162,7 @@ class VllmRunner:
                 live[req.request_id] = req
                 sched.add_request(req)
                 nxt += 1
-            if not sched.has_unfinished_requests():
+            if all(req.is_finished() for req in live.values()):
                 if nxt == len(pending):
                     break
                 now = pending[nxt].arrival
