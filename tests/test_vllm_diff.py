@@ -321,6 +321,80 @@ def test_vllm_side_has_exactly_num_blocks_usable(differ):
     assert outcomes[1] == Outcome(4, 5, 5, 0, 0)
 
 
+def _case(settings: dict, *requests: tuple) -> Case:
+    """requests as (id, arrival, prompt, output, priority, group, prefix_len)."""
+    return Case(DiffSettings(**settings), [DiffRequest(id=i, arrival=a, prompt_tokens=p, output_tokens=o, priority=pr,
+                                                       group=g, prefix_len=pl) for i, a, p, o, pr, g, pl in requests])
+
+
+# The minimal reproducer of each difference VLLM_DIFF found, with vLLM 0.33.0's outcomes
+# computed by hand from its source (request id -> scheduled, first token, finish, preemptions,
+# cached). Each schedlab side is expected to fail until its issue 10 item lands.
+REPRODUCERS = {
+    # 1. Run order and victim (FCFS). Block 4, 6 blocks, budget 8, threshold 4. A (20 tokens) is
+    # still prefilling in chunks of 4 when B (4 tokens) decodes. At step 4 A's last chunk needs a
+    # 6th block: vLLM walks running = [A, B], A comes first and its victim is running[-1] = B
+    # (B recomputes 8 tokens at step 5: its 5th token at 6, its 10th at 11); A's first token at 5.
+    "1-order-and-victim": (
+        _case(dict(block_size=4, num_blocks=6, max_num_seqs=2, max_num_batched_tokens=8,
+                   long_prefill_token_threshold=4),
+              (0, 0, 20, 1, 0, None, 0), (1, 0, 4, 10, 0, None, 0)),
+        {0: Outcome(0, 5, 5, 0, 0), 1: Outcome(0, 1, 11, 1, 0)}),
+    # 1. Priority: X (priority 1) decodes, Y (priority 0, admitted after X) prefills. At step 5 Y's
+    # chunk lacks a block; the victim max(running, key=(priority, arrival)) is X although X was
+    # already scheduled in this step: X is un-scheduled and preempted, Y's first token at 6.
+    "1-priority-victim-already-scheduled": (
+        _case(dict(block_size=4, num_blocks=6, max_num_seqs=2, max_num_batched_tokens=8,
+                   long_prefill_token_threshold=4, policy="priority"),
+              (0, 0, 3, 12, 1, None, 0), (1, 1, 20, 1, 0, None, 0)),
+        {0: Outcome(0, 1, 13, 1, 0), 1: Outcome(1, 6, 6, 0, 0)}),
+    # 2. Whole-prompt admission: B's 12-token prompt needs 3 of the 4 blocks; A holds 2 from
+    # step 1, so vLLM admits B only when A finishes (5), chunks of 4 -> first token at 8.
+    "2-whole-prompt-admission": (
+        _case(dict(block_size=4, num_blocks=4, max_num_seqs=2, max_num_batched_tokens=4),
+              (0, 0, 4, 5, 0, None, 0), (1, 0, 12, 1, 0, None, 0)),
+        {0: Outcome(0, 1, 5, 0, 0), 1: Outcome(5, 8, 8, 0, 0)}),
+    # 3. A lone request ignores the threshold: 498 tokens in chunks of 128 -> first token at 4.
+    "3-lone-request-threshold": (
+        _case(dict(block_size=16, num_blocks=40, max_num_seqs=4, max_num_batched_tokens=128,
+                   long_prefill_token_threshold=100),
+              (0, 0, 498, 1, 0, None, 0)),
+        {0: Outcome(0, 4, 4, 0, 0)}),
+    # 4. Free-queue order: A (a shared 4-token block) and B (6 own tokens) finish at 1. vLLM frees
+    # B's partial block to the head of the free queue, so C takes it and A's cached block
+    # survives for D (4 cached tokens); appended to the tail, C would evict A's block instead.
+    "4-free-queue-order": (
+        _case(dict(block_size=4, num_blocks=3, max_num_seqs=2, max_num_batched_tokens=16, prefix_caching=True),
+              (0, 0, 4, 1, 0, 0, 4), (1, 0, 6, 1, 0, None, 0), (2, 1, 2, 1, 0, None, 0), (3, 2, 5, 1, 0, 0, 4)),
+        {0: Outcome(0, 1, 1, 0, 0), 1: Outcome(0, 1, 1, 0, 0), 2: Outcome(1, 2, 2, 0, 0), 3: Outcome(2, 3, 3, 0, 4)}),
+    # 5. Duplicate blocks: B computes the shared block 1 before A does (A is chunked by the
+    # threshold); vLLM caches A's copy too and all of A's later blocks, so request 3 finds all 24
+    # shared tokens (4 left to compute, first token at 21). Request 2 keeps two requests eligible.
+    "5-duplicate-prefix-blocks": (
+        _case(dict(block_size=4, num_blocks=40, max_num_seqs=4, max_num_batched_tokens=8,
+                   long_prefill_token_threshold=4, prefix_caching=True),
+              (0, 0, 24, 1, 0, 0, 24), (1, 0, 8, 1, 0, 0, 8), (2, 0, 1, 30, 0, None, 0), (3, 20, 28, 1, 0, 0, 24)),
+        {0: Outcome(0, 6, 6, 0, 0), 1: Outcome(0, 1, 1, 0, 4), 2: Outcome(1, 2, 31, 0, 0),
+         3: Outcome(20, 21, 21, 0, 24)}),
+}
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", sorted(REPRODUCERS))
+def test_vllm_runs_each_reproducer_as_computed_by_hand(differ, name):
+    case, expected = REPRODUCERS[name]
+    assert case.problems() == []
+    assert differ.vllm.run(case) == (expected, None)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"issue 10: {n}"))
+                                  for n in sorted(REPRODUCERS)])
+def test_schedlab_matches_vllm_on_each_reproducer(differ, name):
+    case, expected = REPRODUCERS[name]
+    assert differ.schedlab.run(case) == (expected, None)
+
+
 # Seeds every group must agree on. Groups whose rules schedlab does not follow yet (issue 10
 # items 1-4) are expected to fail until those land: strict, so a fix turns them red and the
 # marker must go.

@@ -112,11 +112,12 @@ def _shrunk(differ: Differ, comparison: Comparison, max_evaluations: int) -> Com
 def _check_sides(differ: Differ, case: Case) -> None:
     """Fail early (exit 2) on a one-sided setting either engine refuses."""
     differ.schedlab.build(case, differ.sides)
-    kwargs = differ.vllm.scheduler_config_kwargs(case, differ.sides)
     try:
         differ.vllm.scheduler(case, differ.sides)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"--vllm-set: vLLM SchedulerConfig refuses {sorted(kwargs)}: {exc}".splitlines()[0]) from None
+        given = " ".join(f"{k}={v}" for k, v in differ.sides.vllm_scheduler) or "(nothing)"
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"--vllm-set {given}: vLLM's SchedulerConfig refuses it: {detail[:300]}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
