@@ -329,7 +329,7 @@ def _case(settings: dict, *requests: tuple) -> Case:
 
 # The minimal reproducer of each difference VLLM_DIFF found, with vLLM 0.33.0's outcomes
 # computed by hand from its source (request id -> scheduled, first token, finish, preemptions,
-# cached). Each schedlab side is expected to fail until its issue 10 item lands.
+# cached). Items 1-4 were fixed on main (88b2779); 5 is still open (FIXED_LATER).
 REPRODUCERS = {
     # 1. Run order and victim (FCFS). Block 4, 6 blocks, budget 8, threshold 4. A (20 tokens) is
     # still prefilling in chunks of 4 when B (4 tokens) decodes. At step 4 A's last chunk needs a
@@ -379,6 +379,9 @@ REPRODUCERS = {
 }
 
 
+FIXED_LATER = {"5-duplicate-prefix-blocks": "schedlab stops registering a request's blocks at its first duplicate"}
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", sorted(REPRODUCERS))
 def test_vllm_runs_each_reproducer_as_computed_by_hand(differ, name):
@@ -388,22 +391,18 @@ def test_vllm_runs_each_reproducer_as_computed_by_hand(differ, name):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"issue 10: {n}"))
-                                  for n in sorted(REPRODUCERS)])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FIXED_LATER[n]))
+                                  if n in FIXED_LATER else n for n in sorted(REPRODUCERS)])
 def test_schedlab_matches_vllm_on_each_reproducer(differ, name):
     case, expected = REPRODUCERS[name]
     assert differ.schedlab.run(case) == (expected, None)
 
 
-# Seeds every group must agree on. Groups whose rules schedlab does not follow yet (issue 10
-# items 1-4) are expected to fail until those land: strict, so a fix turns them red and the
-# marker must go.
+# Seeds every group must agree on. A group whose rules schedlab does not follow yet is expected
+# to fail: strict, so a fix turns it red and the marker must go.
 SEEDS = range(20)
-NOT_YET = {  # what VLLM_DIFF analysis found behind each group's differences (vLLM 0.33.0)
-    "threshold": "issue 10 item 3: vLLM ignores the threshold while at most one request is running or waiting",
-    "tight_kv": "issue 10 item 2: vLLM admits a request only if KV for its whole prompt fits",
-    "priority": "issue 10 items 1 and 2: the victim may be a request already scheduled; whole-prompt admission",
-    "all": "issue 10 items 1-4, and duplicate prefix blocks (schedlab stops registering a request's blocks)",
+NOT_YET = {  # what the VLLM_DIFF analysis found behind a group's remaining differences (vLLM 0.33.0)
+    "all": "prefix caching with preemption: vLLM keeps duplicate prefix blocks cached (REPRODUCERS 5)",
 }
 
 
@@ -416,7 +415,6 @@ def test_schedlab_agrees_with_vllm(differ, group):
 
 
 @pytest.mark.vllm
-@pytest.mark.xfail(strict=True, reason="issue 10 item 2: schedlab has no reserve_full_prompt setting yet")
 def test_schedlab_agrees_with_vllm_without_whole_prompt_admission():
     pytest.importorskip("vllm")
     from schedlab.vllm_diff.compare import Differ
