@@ -1,0 +1,165 @@
+"""Shrink a differing case to a minimal reproducer (greedy delta debugging).
+
+Given a case and a predicate (``interesting(case)``: the engines still differ in the same
+way), repeat until nothing changes or the evaluation budget is spent:
+
+1. drop requests -- halves, then quarters, ... then single requests (ddmin's complements);
+2. simplify the settings -- no threshold, no prefix caching, FCFS, then fewer sequences,
+   a smaller budget and fewer blocks;
+3. shrink each request's numbers towards their minimum -- prompt, output, shared prefix,
+   arrival, priority -- trying the minimum, then halfway, then one less;
+4. renumber the requests 0, 1, ... in arrival order and start the first arrival at 0.
+
+Only valid candidates (:meth:`Case.problems` empty) are tried, so a reproducer never
+depends on a request that cannot fit the cache alone. The result is 1-minimal with respect
+to these steps: removing any request or lowering any number by one no longer reproduces.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import attrs
+
+from .case import Case, DiffRequest
+
+NUMBERS = (("prompt_tokens", 1), ("output_tokens", 1), ("prefix_len", 0), ("arrival", 0), ("priority", 0))
+
+
+class Budget:
+    """Counts predicate evaluations; :meth:`left` is False once ``limit`` is spent."""
+
+    def __init__(self, interesting: Callable[[Case], bool], limit: int):
+        self._interesting = interesting
+        self.limit = limit
+        self.used = 0
+
+    def left(self) -> bool:
+        return self.used < self.limit
+
+    def __call__(self, case: Case) -> bool:
+        self.used += 1
+        return self._interesting(case)
+
+
+def _valid(make: Callable[[], Case]) -> Case | None:
+    try:
+        case = make()
+    except ValueError:
+        return None
+    return None if case.problems() else case
+
+
+def _with_requests(case: Case, requests) -> Case:
+    return attrs.evolve(case, requests=tuple(requests))
+
+
+def _removals(case: Case) -> Iterator[Case]:
+    reqs = list(case.requests)
+    n = len(reqs)
+    size = n // 2
+    while size >= 1:
+        for start in range(0, n, size):
+            rest = reqs[:start] + reqs[start + size:]
+            if rest:
+                yield _with_requests(case, rest)
+        size //= 2
+
+
+def _setting_candidates(case: Case) -> Iterator[Case]:
+    s = case.settings
+    simpler = []
+    if s.long_prefill_token_threshold:
+        simpler.append({"long_prefill_token_threshold": 0})
+    if s.prefix_caching:
+        simpler.append({"prefix_caching": False})
+    if s.policy != "fcfs":
+        simpler.append({"policy": "fcfs"})
+    for name, low in (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("num_blocks", 1),
+                      ("long_prefill_token_threshold", 1)):
+        value = getattr(s, name)
+        if name == "long_prefill_token_threshold" and not value:
+            continue
+        for target in _lower(value, low):
+            simpler.append({name: target})
+    for change in simpler:
+        yield attrs.evolve(case, settings=attrs.evolve(s, **change))
+
+
+def _lower(value: int, low: int) -> list[int]:
+    """Smaller values to try, most aggressive first: the minimum, halfway, one less."""
+    out = []
+    for target in (low, low + (value - low) // 2, value - 1):
+        if low <= target < value and target not in out:
+            out.append(target)
+    return out
+
+
+def _request_changes(r: DiffRequest) -> Iterator[dict]:
+    for name, low in NUMBERS:
+        for target in _lower(getattr(r, name), low):
+            change = {name: target}
+            if name == "prompt_tokens" and r.prefix_len > target:
+                change["prefix_len"] = target
+            if change.get("prefix_len", r.prefix_len) == 0:
+                change["group"] = None
+            yield change
+    if r.group:  # group 0 reads simplest
+        yield {"group": 0}
+
+
+def _number_candidates(case: Case) -> Iterator[tuple[int, dict]]:
+    """(index of a request, the change of its fields to try)."""
+    for i, r in enumerate(case.requests):
+        for change in _request_changes(r):
+            yield i, change
+
+
+def _renumbered(case: Case) -> Case:
+    ordered = case.in_arrival_order()
+    start = ordered[0].arrival
+    return _with_requests(case, [attrs.evolve(r, id=i, arrival=r.arrival - start) for i, r in enumerate(ordered)])
+
+
+def shrink(case: Case, interesting: Callable[[Case], bool], *, max_evaluations: int = 400) -> Case:
+    """The smallest case found that is still ``interesting`` (``case`` itself must be)."""
+    check = Budget(interesting, max_evaluations)
+    current = case
+    changed = True
+    while changed and check.left():
+        changed = False
+        for candidate in _removals(current):
+            if not check.left():
+                break
+            if not candidate.problems() and check(candidate):
+                current, changed = candidate, True
+                break
+        if changed:
+            continue
+        for candidate in _setting_candidates(current):
+            if not check.left():
+                break
+            valid = _valid(lambda: candidate)
+            if valid is not None and check(valid):
+                current, changed = valid, True
+                break
+        if changed:
+            continue
+        for i, change in _number_candidates(current):
+            if not check.left():
+                break
+
+            def make(i=i, change=change):
+                reqs = list(current.requests)
+                reqs[i] = attrs.evolve(reqs[i], **change)
+                return _with_requests(current, reqs)
+
+            valid = _valid(make)
+            if valid is not None and check(valid):
+                current, changed = valid, True
+                break
+    if check.left():
+        renumbered = _valid(lambda: _renumbered(current))
+        if renumbered is not None and renumbered != current and check(renumbered):
+            current = renumbered
+    return current

@@ -1,0 +1,78 @@
+"""Random differential cases, one generator per feature group.
+
+Each group turns on one feature of vLLM's scheduler (0.33) against small, fast cases:
+
+* ``budget``    -- a small ``max_num_batched_tokens`` (chunked prefill), ample KV, no threshold;
+* ``threshold`` -- the same with ``long_prefill_token_threshold`` set;
+* ``tight_kv``  -- a cache of 1x to 2x the largest request, so requests preempt each other;
+* ``prefix``    -- prefix caching with shared prompt prefixes (1 to 3 groups), ample KV;
+* ``priority``  -- vLLM's ``priority`` policy with priorities 0-3, ample or tight KV;
+* ``all``       -- tight KV, a threshold and prefix caching at once, FCFS or priority.
+
+Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
+is ``random.Random(f"{group}:{seed}")``.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .case import Case, DiffRequest, DiffSettings, blocks_for
+
+GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all")
+
+
+def _requests(rng: random.Random, *, priorities: bool, prefixes: bool, block_size: int) -> list[DiffRequest]:
+    n = rng.randint(1, 8)
+    horizon = rng.choice([0, 5, 20, 40])
+    groups = rng.randint(1, 3)
+    drafts = []
+    for _ in range(n):
+        prompt = rng.randint(1, 120)
+        output = rng.randint(1, 30)
+        group, prefix_len = None, 0
+        if prefixes and rng.random() < 0.8:
+            group = rng.randrange(groups)
+            if rng.random() < 0.5:  # the whole shared prompt, maybe plus its own question
+                prefix_len = prompt
+                prompt += rng.choice([0, 0, rng.randint(1, 40)])
+            else:  # a shared prefix of some whole blocks, or anywhere
+                prefix_len = min(prompt, block_size * rng.randint(0, 6)) if rng.random() < 0.5 else rng.randint(0, prompt)
+            if not prefix_len:
+                group = None
+        drafts.append((rng.randint(0, horizon), prompt, output, rng.randint(0, 3) if priorities else 0,
+                       group, prefix_len))
+    drafts.sort(key=lambda d: d[0])  # ids in arrival order
+    return [DiffRequest(id=i, arrival=a, prompt_tokens=p, output_tokens=o, priority=pr, group=g, prefix_len=pl)
+            for i, (a, p, o, pr, g, pl) in enumerate(drafts)]
+
+
+def _ample(requests, block_size: int) -> int:
+    return sum(blocks_for(r.prompt_tokens + r.output_tokens, block_size) for r in requests) + 4
+
+
+def _tight(rng: random.Random, requests, block_size: int) -> int:
+    largest = max(blocks_for(r.prompt_tokens + r.output_tokens - 1, block_size) for r in requests)
+    return largest + rng.randint(0, largest)
+
+
+def generate(group: str, seed: int) -> Case:
+    """The case ``seed`` of feature ``group`` (one of :data:`GROUPS`)."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
+    rng = random.Random(f"{group}:{seed}")
+    block_size = rng.choice([2, 4, 8, 16])
+    max_num_seqs = rng.randint(1, 6)
+    budget = rng.randint(max(max_num_seqs, 4), 64)
+    policy = "fcfs"
+    if group == "priority" or (group == "all" and rng.random() < 0.5):
+        policy = "priority"
+    prefixes = group in ("prefix", "all")
+    requests = _requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size)
+    tight = group in ("tight_kv", "all") or (group == "priority" and rng.random() < 0.5)
+    num_blocks = _tight(rng, requests, block_size) if tight else _ample(requests, block_size)
+    threshold = rng.randint(1, budget) if group in ("threshold", "all") else 0
+    settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
+                            prefix_caching=prefixes, policy=policy)
+    return Case(settings, requests, group=group, seed=seed)
