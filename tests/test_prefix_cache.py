@@ -117,12 +117,13 @@ def test_hit_is_capped_below_num_tokens():
     b = Seq(req(1, 12, prefix_group="p", prefix_tokens=12))
     assert cache.cached_tokens(b) == 8               # floor((12 - 1) / 4) * 4
     admit(cache, b)
-    # b recomputed block 2, whose key was cached: a private duplicate, not a second reference
+    # b recomputed block 2, whose key was cached: a duplicate cached under the same key (vLLM
+    # keeps duplicates), not a second reference; a lookup still finds a's block first
     assert cache.ref_count(("g", "p", 11)) == 1
     assert cache.ref_count(("g", "p", 3)) == 2
     assert cache.num_used_blocks() == 3 + 1
     cache.free(b)
-    assert cache.free_queue_layout() == [16 - 4 + 1]
+    assert cache.free_queue_layout() == [16 - 4, ("g", "p", 11)]
     # a prompt of exactly one block can never hit: floor(3 / 4) = 0
     c = Seq(req(2, 4, prefix_group="p", prefix_tokens=4))
     assert cache.cached_tokens(c) == 0
@@ -235,32 +236,33 @@ def test_preempt_keeps_shared_blocks_and_skips_duplicates():
     assert cache.cached_tokens(a) == 6
 
 
-def test_preempted_duplicate_is_found_under_its_own_key():
+def test_a_duplicate_answers_for_its_key_once_the_first_copy_is_evicted():
     cache = PrefixKVCache(10, 2)
     g1, g3 = ("g", "s", 1), ("g", "s", 3)
     a = Seq(req(0, 4, prefix_group="s", prefix_tokens=4))
     admit(cache, a)                                    # g1, g3
     c = Seq(req(1, 4, prefix_group="s", prefix_tokens=4, output=8))
     assert admit(cache, c) == 2                        # capped at floor(3/2) = 1 block
-    assert cache.ref_count(g3) == 1                    # c's block 1 is a private duplicate
+    assert cache.ref_count(g3) == 1                    # c's block 1 is a second g3; lookups find a's first
     c.num_generated = 1
     assert cache.allocate(c, 1)                        # decode: 5 tokens -> 3 blocks
     c.num_computed_tokens, c.num_generated = 5, 2
     cache.free(a)
     assert cache.free_queue_layout() == [6, g3]
-    cache.free(c, preempted=True)                      # block 1 full, unidentified -> ("r", 1, 1)
-    c.num_computed_tokens = 0                          # its partial block 2 goes to the head
-    assert cache.free_queue_layout() == [7, g3, ("r", 1, 1), g1]
-    x = Seq(req(2, 16))                                # 8 blocks: 7 anonymous + evicts g3
+    cache.free(c, preempted=True)                      # partial block 2 to the head; c's g3, then g1, to the tail
+    c.num_computed_tokens = 0
+    assert cache.free_queue_layout() == [7, g3, g3, g1]
+    x = Seq(req(2, 16))                                # 8 blocks: 7 anonymous + evicts a's g3
     admit(cache, x)
-    assert cache.free_queue_layout() == [("r", 1, 1), g1]
-    # block 1's natural key g3 is gone; c still finds its own copy: 2 blocks of 6 tokens
-    assert cache.cached_tokens(c) == 4
+    assert cache.free_queue_layout() == [g3, g1]
+    assert cache.ref_count(g3) == 0                    # c's copy answers for g3 now
+    assert cache.cached_tokens(c) == 4                 # 2 blocks of its 6 tokens
     other = Seq(req(3, 6, prefix_group="s", prefix_tokens=4))
-    assert cache.cached_tokens(other) == 2
+    assert cache.cached_tokens(other) == 4
+    cache.check_invariants()
 
 
-def test_a_duplicate_keeps_the_rest_of_the_sequence_private():
+def test_blocks_after_a_duplicate_are_still_identified():
     cache = PrefixKVCache(12, 2)
     g1, g3, g5, g7 = (("g", "s", e) for e in (1, 3, 5, 7))
     a = Seq(req(0, 8, prefix_group="s", prefix_tokens=8))
@@ -269,18 +271,19 @@ def test_a_duplicate_keeps_the_rest_of_the_sequence_private():
     b = Seq(req(1, 10, prefix_group="s", prefix_tokens=8))
     assert admit(cache, b) == 2                        # hits g1, then registers g3 g5 g7
     assert cache.cached_keys() == {g1, g3, g5, g7}
-    assert cache.allocate(a, 4)                        # a's blocks 1, 2 are duplicates of b's
+    assert cache.allocate(a, 4)                        # a's blocks 1, 2: second copies of g3 g5
     a.num_computed_tokens = 6
     assert cache.num_free_blocks() == 12 - 1 - 4 - 2
     cache.free(b)
     assert cache.free_queue_layout() == [6, g7, g5, g3]
-    x = Seq(req(2, 18))                                # 9 blocks: evicts g7 g5 g3
+    x = Seq(req(2, 18))                                # 9 blocks: evicts b's g7 g5 g3
     admit(cache, x)
     cache.free(x)
-    assert cache.cached_keys() == {g1}
-    assert cache.allocate(a, 2)                        # block 3 full now: still private
-    assert cache.cached_keys() == {g1}
+    assert cache.cached_keys() == {g1, g3, g5}         # a's copies of g3 and g5 remain
+    assert cache.allocate(a, 2)                        # block 3 full now: g7 again, a's
+    assert cache.cached_keys() == {g1, g3, g5, g7}
     assert cache.num_free_blocks() == 8
+    cache.check_invariants()
 
 
 def test_swapped_in_sequence_identifies_nothing_until_preempted():
@@ -418,7 +421,7 @@ class Shadow:
         self.key = [None] * num_blocks
         self.ref = [0] * num_blocks
         self.free = list(range(num_blocks))
-        self.table = {}
+        self.table = {}          # key -> physical blocks cached under it, oldest first (vLLM keeps duplicates)
         self.owned = {}          # sequence name -> [physical blocks in index order]
         self.ident = {}          # sequence name -> number of leading identified blocks
         self.sealed = {}
@@ -428,10 +431,14 @@ class Shadow:
 
     def _find(self, request, j):
         k = spec_key(request, j, self.bs)
-        b = self.table.get(k)
-        if b is None and k[0] != "r":
-            b = self.table.get(("r", request.id, j))
-        return b
+        blocks = self.table.get(k)
+        if not blocks and k[0] != "r":
+            blocks = self.table.get(("r", request.id, j))
+        return blocks[0] if blocks else None
+
+    def _cache(self, b, k):
+        self.key[b] = k
+        self.table.setdefault(k, []).append(b)
 
     def hit_blocks(self, request, limit):
         found = []
@@ -448,8 +455,11 @@ class Shadow:
     def _pop(self):
         b = self.free.pop(0)
         assert self.ref[b] == 0, "a referenced block was evicted"
-        if self.key[b] is not None:
-            del self.table[self.key[b]]
+        k = self.key[b]
+        if k is not None:
+            self.table[k].remove(b)
+            if not self.table[k]:
+                del self.table[k]
             self.key[b] = None
         return b
 
@@ -485,11 +495,10 @@ class Shadow:
             j = self.ident[name]
             while j < full:
                 k = spec_key(seq.request, j, self.bs)
-                if k[0] == "r" or k in self.table:
+                if k[0] == "r":
                     self.sealed[name] = True
                     break
-                self.key[owned[j]] = k
-                self.table[k] = owned[j]
+                self._cache(owned[j], k)
                 j += 1
             self.ident[name] = j
         return True
@@ -511,10 +520,7 @@ class Shadow:
         self.sealed.pop(name, None)
         if preempted:
             for j in range(ident, seq.num_computed_tokens // self.bs):
-                k = ("r", seq.request.id, j)
-                if k not in self.table:
-                    self.key[owned[j]] = k
-                    self.table[k] = owned[j]
+                self._cache(owned[j], ("r", seq.request.id, j))
         # vLLM 0.33 BlockPool.free_blocks: blocks that are not full have no hash and go to the
         # head of the free queue; full ones to the tail, the request's last block first
         full = seq.num_computed_tokens // self.bs
@@ -565,7 +571,7 @@ class Shadow:
         return out
 
     def refs(self):
-        return {k: self.ref[b] for k, b in self.table.items()}
+        return {k: self.ref[blocks[0]] for k, blocks in self.table.items()}
 
 
 class Driver:

@@ -36,12 +36,12 @@ Simplifications (documented, deliberate):
 
 * Duplicates. If a block's key is already cached when the block becomes full (two requests
   computed the same prefix at the same time without hitting each other, or the ``num_tokens
-  - 1`` cap made a request recompute a cached block), the block is not registered: it and all
-  later blocks of that sequence stay private (vLLM keeps such duplicates as separate cached
-  blocks under one hash).
+  - 1`` cap made a request recompute a cached block), the block is cached too, as a second
+  block under the same key, and the sequence's later blocks go on being identified. A lookup
+  returns the oldest such block still cached. This is vLLM's ``BlockHashToBlockMap`` ("we
+  don't de-duplicate the blocks in the cache", 0.33: ``insert`` / ``get_one_block``).
 * Preemption. A recompute-preempted sequence's full blocks that have no identity yet get the
-  keys ``("r", id, j)`` (unless that key is cached already) and go to the free queue as
-  identified blocks; its partial last block and reserved blocks are anonymous. A lookup for
+  keys ``("r", id, j)`` and go to the free queue as identified blocks; its partial last block and reserved blocks are anonymous. A lookup for
   block ``j`` tries the natural key first, then ``("r", id, j)``, so the resumed request --
   whose ``num_tokens`` now includes its generated tokens -- hits its surviving blocks and
   recomputes only what was evicted meanwhile.
@@ -98,14 +98,16 @@ def first_own_block(request, block_size: int) -> int:
 
 
 class _Block:
-    """An identified block: its key, its index in the sequences using it, its reference count."""
+    """An identified block: its key, its index in the sequences using it, its reference count,
+    and the next block cached under the same key (duplicates, in insertion order)."""
 
-    __slots__ = ("key", "index", "ref")
+    __slots__ = ("key", "index", "ref", "dup")
 
     def __init__(self, key: tuple, index: int, ref: int):
         self.key = key
         self.index = index
         self.ref = ref
+        self.dup: _Block | None = None
 
     def __repr__(self) -> str:
         return f"_Block({self.key!r}, ref={self.ref})"
@@ -222,16 +224,15 @@ class PrefixKVCache(PagedKVCache):
     def _register(self, request, chain: _Chain, full: int) -> None:
         """Identify the sequence's newly full blocks up to index ``full`` (exclusive)."""
         blocks = chain.blocks
-        table = self._table
         j = len(blocks)
         added = False
         while j < full:
             key = block_key(request, j, self.block_size)
-            if key[0] == "r" or key in table:
+            if key[0] == "r":
                 chain.sealed = True
                 break
             block = _Block(key, j, 1)
-            table[key] = block
+            self._insert(block)
             blocks.append(block)
             added = True
             j += 1
@@ -262,18 +263,13 @@ class PrefixKVCache(PagedKVCache):
         # longer (vLLM 0.33 BlockPool.free_blocks). Full blocks go to the tail, last block first.
         self._push_run(held - max(full, known), front=True)
         if preempted:
-            table = self._table
             rid = seq.request.id
             added = False
             for j in range(full - 1, known - 1, -1):
-                key = ("r", rid, j)
-                if key in table:
-                    self._push_run(1)
-                else:
-                    block = _Block(key, j, 0)
-                    table[key] = block
-                    queue[block] = None
-                    added = True
+                block = _Block(("r", rid, j), j, 0)
+                self._insert(block)
+                queue[block] = None
+                added = True
             if added:
                 self.epoch += 1
         else:
@@ -285,6 +281,39 @@ class PrefixKVCache(PagedKVCache):
                 queue[block] = None
                 released += 1
         self.used -= released
+
+    # -- the table of cached blocks -------------------------------------------------------
+    def _insert(self, block: _Block) -> None:
+        """Cache ``block`` under its key, after any block already cached under it."""
+        first = self._table.get(block.key)
+        if first is None:
+            self._table[block.key] = block
+            return
+        while first.dup is not None:
+            first = first.dup
+        first.dup = block
+
+    def _unlink(self, block: _Block) -> None:
+        """Forget ``block`` (evicted); the next duplicate, if any, answers for its key."""
+        table = self._table
+        first = table[block.key]
+        if first is block:
+            if block.dup is None:
+                del table[block.key]
+            else:
+                table[block.key] = block.dup
+        else:
+            while first.dup is not block:
+                first = first.dup
+            first.dup = block.dup
+        block.dup = None
+
+    def _cached_blocks(self):
+        """Every cached block, duplicates included."""
+        for block in self._table.values():
+            while block is not None:
+                yield block
+                block = block.dup
 
     # -- the free queue ----------------------------------------------------------------------
     def _push_run(self, count: int, *, front: bool = False) -> None:
@@ -307,14 +336,13 @@ class PrefixKVCache(PagedKVCache):
     def _take(self, count: int) -> None:
         """Remove ``count`` blocks from the head, evicting the identities of identified ones."""
         queue = self._queue
-        table = self._table
         evicted = 0
         while count:
             head = next(iter(queue))
             run = queue[head]
             if run is None:
                 del queue[head]
-                del table[head.key]
+                self._unlink(head)
                 evicted += 1
                 count -= 1
             elif run > count:
@@ -361,7 +389,8 @@ class PrefixKVCache(PagedKVCache):
         return set(self._table)
 
     def ref_count(self, key: tuple) -> int | None:
-        """References to the block with ``key`` (0: cached but free), or None if not cached."""
+        """References to the block a lookup of ``key`` finds (0: cached but free), or None if
+        not cached."""
         block = self._table.get(key)
         return None if block is None else block.ref
 
@@ -386,9 +415,10 @@ class PrefixKVCache(PagedKVCache):
         super().check_invariants()
         queued = 0
         free_identified = 0
+        cached_ids = {id(b) for b in self._cached_blocks()}
         for entry, run in self._queue.items():
             if run is None:
-                assert self._table.get(entry.key) is entry, f"queued block {entry!r} is not in the table"
+                assert id(entry) in cached_ids, f"queued block {entry!r} is not in the table"
                 assert entry.ref == 0, f"referenced block {entry!r} is in the free queue"
                 queued += 1
                 free_identified += 1
@@ -397,10 +427,15 @@ class PrefixKVCache(PagedKVCache):
                 queued += run
         assert queued == self.num_blocks - self.used, (queued, self.num_blocks, self.used)
         referenced = 0
-        for key, block in self._table.items():
-            assert block.key == key, (key, block)
-            assert block.ref >= 0, block
-            if block.ref:
-                referenced += 1
-        assert free_identified == len(self._table) - referenced, "an unreferenced block is missing from the free queue"
+        cached = 0
+        for key, first in self._table.items():
+            block = first
+            while block is not None:
+                assert block.key == key, (key, block)
+                assert block.ref >= 0, block
+                cached += 1
+                if block.ref:
+                    referenced += 1
+                block = block.dup
+        assert free_identified == cached - referenced, "an unreferenced block is missing from the free queue"
         assert referenced <= self.used, (referenced, self.used)
