@@ -379,9 +379,6 @@ REPRODUCERS = {
 }
 
 
-FIXED_LATER = {"5-duplicate-prefix-blocks": "schedlab stops registering a request's blocks at its first duplicate"}
-
-
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", sorted(REPRODUCERS))
 def test_vllm_runs_each_reproducer_as_computed_by_hand(differ, name):
@@ -391,24 +388,17 @@ def test_vllm_runs_each_reproducer_as_computed_by_hand(differ, name):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FIXED_LATER[n]))
-                                  if n in FIXED_LATER else n for n in sorted(REPRODUCERS)])
+@pytest.mark.parametrize("name", sorted(REPRODUCERS))
 def test_schedlab_matches_vllm_on_each_reproducer(differ, name):
     case, expected = REPRODUCERS[name]
     assert differ.schedlab.run(case) == (expected, None)
 
 
-# Seeds every group must agree on. A group whose rules schedlab does not follow yet is expected
-# to fail: strict, so a fix turns it red and the marker must go.
-SEEDS = range(20)
-NOT_YET = {  # what the VLLM_DIFF analysis found behind a group's remaining differences (vLLM 0.33.0)
-    "all": "prefix caching with preemption: vLLM keeps duplicate prefix blocks cached (REPRODUCERS 5)",
-}
+SEEDS = range(20)  # seeds every group must agree on
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[g]))
-                                   if g in NOT_YET else g for g in GROUPS])
+@pytest.mark.parametrize("group", GROUPS)
 def test_schedlab_agrees_with_vllm(differ, group):
     differing = [c for c in (differ.compare(generate(group, seed)) for seed in SEEDS) if not c.agrees]
     assert not differing, "\n\n".join(c.describe() for c in differing[:3])
