@@ -25,8 +25,9 @@ means ``ceil(32 / block_size)`` blocks.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterator
+from typing import Callable
 
+from schedlab.queues import FcfsQueue
 from schedlab_plugins.kv_caches.prefix import block_key
 
 #: ``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD`` and ``..._DEPRIORITIZE_THRESHOLD`` (tokens).
@@ -36,43 +37,18 @@ IN_BATCH_DEPRIORITIZE_TOKENS = 32
 LPM_MAX_QUEUE = 128
 
 
-class SglangQueue:
+class SglangQueue(FcfsQueue):
     """SGLang's waiting list: append at the back, re-sorted stably by :meth:`reorder`."""
 
-    __slots__ = ("_items",)
-
-    def __init__(self) -> None:
-        self._items: deque = deque()
-
-    def push(self, seq) -> None:
-        self._items.append(seq)
+    __slots__ = ()
 
     def push_front(self, seq) -> None:
         """A retracted request: SGLang re-queues it at the back (``_extend_requests_to_queue``)."""
         self._items.append(seq)
 
-    def peek(self):
-        return self._items[0] if self._items else None
-
-    def remove(self, seq) -> None:
-        items = self._items
-        if items and items[0] is seq:
-            items.popleft()
-        else:
-            items.remove(seq)
-
     def reorder(self, key: Callable) -> None:
         """Sort by ``key``, ties in the current order (Python's ``list.sort`` is stable)."""
         self._items = deque(sorted(self._items, key=key))
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
-    def __iter__(self) -> Iterator:
-        return iter(self._items)
 
 
 def _longest_output(seq) -> int:
