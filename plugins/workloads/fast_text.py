@@ -10,12 +10,12 @@ They read a conservative grammar and leave everything else to the Python readers
 and error messages stay exactly theirs:
 
 * JSONL: a line is read here when it is a flat object ``{"key": value, ...}`` whose values are
-  numbers, ``true``/``false``/``null`` or strings without escapes or control characters,
-  with no key we look for given twice. Any other line (nested values such as Mooncake's
+  numbers without an exponent, ``true``/``false``/``null`` or strings without escapes or
+  control characters, with no key we look for given twice. Any other line (nested values such as Mooncake's
   ``hash_ids`` lists, escapes, bad JSON) goes through ``json.loads`` on its own, in file
   order, so the first bad line still raises the same error.
 * CSV: the file is read here when it has no quote character after its header line, no NUL, no
-  carriage return outside a CRLF line end and no cell longer than ``csv.field_size_limit()``;
+  carriage return outside a CRLF line end and no line longer than ``csv.field_size_limit()``;
   otherwise ``csv.reader`` reads all of it.
 
 Both give way to the Python readers for a file that is not valid UTF-8 (their message names
@@ -79,16 +79,13 @@ class RawColumn(Sequence):
             return True
         if kind == FALSE:
             return False
-        return self.objs[int(row) if not isinstance(row, int) else row]
+        return self.objs[int(row)]
 
     def __iter__(self) -> Iterator:
         return (self[i] for i in range(len(self)))
 
     def none_mask(self) -> np.ndarray:
         return self.kind == NONE
-
-    def spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.start[rows], self.end[rows]
 
 
 # -- numbers from byte spans ------------------------------------------------------------------------
@@ -194,24 +191,6 @@ def decode_texts(column: RawColumn, rows: np.ndarray, max_width: int = 64) -> li
 # -- JSONL --------------------------------------------------------------------------------------------
 
 
-def _transition_table() -> np.ndarray:
-    """JSON number grammar: state x byte -> state (9 = fail); accepting: 2, 3 (int), 5, 8 (float)."""
-    t = np.full((10, 256), 9, dtype=np.uint8)
-    digits, nonzero = np.arange(48, 58), np.arange(49, 58)
-    t[0, 45] = 1
-    t[0, 48] = t[1, 48] = 2
-    t[0, nonzero] = t[1, nonzero] = 3
-    t[3, digits] = 3
-    t[2, 46] = t[3, 46] = 4
-    t[4, digits] = t[5, digits] = 5
-    for s in (2, 3, 5):
-        t[s, 101] = t[s, 69] = 6
-    t[6, 43] = t[6, 45] = 7
-    t[6, digits] = t[7, digits] = t[8, digits] = 8
-    return t
-
-
-_NUMBER = _transition_table()
 # byte classes for JSONL lines
 _VALUE, _WS, _STRUCT, _QUOTE, _BACKSLASH, _CONTROL_WS, _CONTROL_OTHER = range(7)
 _CLASS = np.full(256, _VALUE, dtype=np.uint8)
@@ -222,11 +201,6 @@ _CLASS[[123, 125, 91, 93, 44, 58]] = _STRUCT
 _CLASS[34] = _QUOTE
 _CLASS[92] = _BACKSLASH
 _LITERALS = {TRUE: b"true", FALSE: b"false", NONE: b"null"}
-
-
-def _count_in(positions: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """How many of the sorted ``positions`` lie in ``(lo, hi)`` (both open)."""
-    return np.searchsorted(positions, hi, "left") - np.searchsorted(positions, lo, "right")
 
 
 class _Field:
