@@ -396,8 +396,12 @@ def test_router_comparison_on_a_generated_bursty_trace(azure_code_trace):
     chat99, code99 = "per_class.chat.ttft_ms.p99", "per_class.code.ttft_ms.p99"
     assert metric(runs["class"], chat99) < metric(runs["least_outstanding"], chat99) / 5
     assert metric(runs["class"], code99) > metric(runs["least_outstanding"], code99)
-    # the bursts drain: no run's waiting queue grows over the trace
-    assert {r.metrics["stability"]["verdict"] for r in runs.values()} == {"stable"}
+    # the bursts drain wherever the whole cluster takes them; squeezed onto three instances, the
+    # completions' queue grows on one of them, which the saturation check flags
+    verdict = {name: r.metrics["stability"]["verdict"] for name, r in runs.items()}
+    assert {v for name, v in verdict.items() if name != "class"} == {"stable"}
+    assert verdict["class"] == "unstable"
+    assert set(runs["class"].metrics["stability"]["unstable_instances"]) <= {0, 1, 2}
 
 
 def test_generated_azure_trace_reads_back_exactly(azure_code_trace):
