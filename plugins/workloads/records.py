@@ -9,7 +9,7 @@ Fields are named by *our* names (``prompt_tokens``, ...); ``wanted`` maps each t
 may have in the file (the first one present is used), which is how a ``columns`` table such
 as ``{prompt_tokens = "ContextTokens"}`` takes effect.
 
-JSONL and CSV files are read by the vectorised readers of :mod:`.fast_text` (in a third of
+JSONL and CSV files are read by the vectorised readers of :mod:`.fast_text` (in less than half
 the memory, and faster); they hand anything unusual to the row-by-row Python readers below, which also read
 JSON files, so every file gives the same values and the same errors either way
 (``read_records(..., vectorised=False)`` uses the Python readers only; the tests compare).
