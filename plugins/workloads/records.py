@@ -9,10 +9,11 @@ Fields are named by *our* names (``prompt_tokens``, ...); ``wanted`` maps each t
 may have in the file (the first one present is used), which is how a ``columns`` table such
 as ``{prompt_tokens = "ContextTokens"}`` takes effect.
 
-JSONL and CSV files are read by the vectorised readers of :mod:`.fast_text` (in less than half
-the memory, and faster); they hand anything unusual to the row-by-row Python readers below, which also read
-JSON files, so every file gives the same values and the same errors either way
-(``read_records(..., vectorised=False)`` uses the Python readers only; the tests compare).
+JSONL and CSV files are read by the vectorised readers of :mod:`.fast_text` (in less than
+half the memory, and faster); they hand anything unusual to the row-by-row Python readers
+below, which also read JSON files, so every file gives the same values and the same errors
+either way (``read_records(..., vectorised=False)`` uses the Python readers only; the tests
+compare).
 A column read by them is a :class:`~.fast_text.RawColumn`, which the conversions below turn
 into arrays with numpy, converting in Python only the values numpy cannot read exactly.
 """
