@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .stability import run_stability
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -231,9 +233,12 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     if len(classes) > 1:
         m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
                           for k in classes}
+    m["stability"], per_instance_stability = run_stability(req, instances)
     if instances > 1:  # every instance, also one that served nothing
         m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds)
                              for k in range(instances)}
+        for k, part in enumerate(per_instance_stability):
+            m["per_instance"][str(k)]["stability"] = part
     if n_all and len(np.unique(req["client"])) > 1:
         m["per_client"] = client_service(req)
         m["fairness"] = {"clients": len(m["per_client"]),

@@ -39,14 +39,17 @@ class RunResult:
                       point: dict | None = None) -> "RunResult":
         cols = rec.columns()
         order = np.argsort(cols["id"], kind="stable")
-        requests = {name: cols[name][order] for name in REQUEST_FLOAT_COLUMNS + REQUEST_INT_COLUMNS + REQUEST_TEXT_COLUMNS}
+        requests = {}
+        for column in REQUEST_FLOAT_COLUMNS + REQUEST_INT_COLUMNS + REQUEST_TEXT_COLUMNS:
+            cols[column] = requests[column] = cols[column][order]  # the unsorted column is freed at once
+        # the recorder's buffers are read in place (a finished run never appends to them)
         itl = {
-            "first": np.frombuffer(rec.itl_first, dtype=np.float64).copy(),
-            "inc": np.frombuffer(rec.itl_inc, dtype=np.float64).copy(),
-            "count": np.frombuffer(rec.itl_count, dtype=np.int64).copy(),
-            "weight": np.frombuffer(rec.itl_weight, dtype=np.int64).copy(),
+            "first": np.frombuffer(rec.itl_first, dtype=np.float64),
+            "inc": np.frombuffer(rec.itl_inc, dtype=np.float64),
+            "count": np.frombuffer(rec.itl_count, dtype=np.int64),
+            "weight": np.frombuffer(rec.itl_weight, dtype=np.int64),
         }
-        timeline = {k: np.frombuffer(v, dtype=np.float64).copy() for k, v in rec.timeline.items()}
+        timeline = {k: np.frombuffer(v, dtype=np.float64) for k, v in rec.timeline.items()}
         meta = dict(meta, rejections=dict(rec.rejections))
         counters = dict(rec.counters)
         metrics = compute_metrics(requests, counters, itl, meta, request_cost)

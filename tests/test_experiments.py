@@ -220,6 +220,10 @@ def test_shared_prefix_caching_gain_follows_sharing():
     load_runs = {(r.point["workload.rate"], r.point["kv_cache.prefix_caching"]): r for r in results.study("load").runs}
     top = max(rate for rate, _ in load_runs)
     assert metric(load_runs[(top, True)], "throughput_tps") > 1.8 * metric(load_runs[(top, False)], "throughput_tps")
+    # and the saturation check marks the uncached top load, never a cached one
+    verdict = {key: r.metrics["stability"]["verdict"] for key, r in load_runs.items()}
+    assert verdict[(top, False)] == "unstable"
+    assert all(verdict[(rate, True)] != "unstable" for rate, _ in load_runs)
 
 
 def test_mooncake_hit_rate_grows_with_cache_size(mooncake_trace):
@@ -392,6 +396,12 @@ def test_router_comparison_on_a_generated_bursty_trace(azure_code_trace):
     chat99, code99 = "per_class.chat.ttft_ms.p99", "per_class.code.ttft_ms.p99"
     assert metric(runs["class"], chat99) < metric(runs["least_outstanding"], chat99) / 5
     assert metric(runs["class"], code99) > metric(runs["least_outstanding"], code99)
+    # the bursts drain wherever the whole cluster takes them; squeezed onto three instances, the
+    # completions' queue grows on one of them, which the saturation check flags
+    verdict = {name: r.metrics["stability"]["verdict"] for name, r in runs.items()}
+    assert {v for name, v in verdict.items() if name != "class"} == {"stable"}
+    assert verdict["class"] == "unstable"
+    assert set(runs["class"].metrics["stability"]["unstable_instances"]) <= {0, 1, 2}
 
 
 def test_generated_azure_trace_reads_back_exactly(azure_code_trace):

@@ -71,6 +71,13 @@ def test_lab_on_the_shipped_requests():
     cost = parse_fields(artifacts["cost.txt"])
     assert cost["total_prefill_ms"] == pytest.approx(sum(r["prompt_tokens"] for r in data) * 0.05, abs=1e-4)
     assert cost["total_decode_ms"] == pytest.approx(sum(r["output_tokens"] for r in data) * 8.0, abs=1e-4)
+    # step 6's queue: stable below the service rate, growing above it (40/s clearly; 20/s grows
+    # too, but 100 requests are too few to be sure); steps 1-5 have no arrival rate; the closed
+    # loop never lets its queue grow
+    verdict = {r.point["workload.rate"]: r.metrics["stability"]["verdict"] for r in results.study("queue").runs}
+    assert verdict == {5: "stable", 10: "stable", 20: "inconclusive", 40: "unstable"}
+    assert {results.study(s).runs[0].metrics["stability"]["verdict"] for s in ("static", "continuous")} == {"n/a"}
+    assert {r.metrics["stability"]["verdict"] for r in results.study("tune").runs} == {"stable"}
 
 
 @pytest.mark.parametrize("seed,shape", [(7, "uniform"), (11, "lognormal")])

@@ -217,7 +217,11 @@ def test_cdf_lines_are_the_finished_requests_latencies(lab):
         line = lines[f"cdf:ttft_ms:{i}"]
         np.testing.assert_array_equal(line.get_xdata(), np.concatenate(([ttft[0]], ttft)))
         np.testing.assert_allclose(line.get_ydata(), np.arange(n + 1) / n)
-        assert line.get_label() == run.name and line.get_drawstyle() == "steps-post"
+        # an overloaded run says so in the legend (40 requests at 40/s overload static batches of 4)
+        verdict = run.metrics["stability"]["verdict"]
+        suffix = {"unstable": " (unstable)", "inconclusive": " (inconclusive)"}.get(verdict, "")
+        assert line.get_label() == run.name + suffix and line.get_drawstyle() == "steps-post"
+    assert lines["cdf:ttft_ms:0"].get_label() == "static (unstable)"
 
 
 def test_timeline_has_a_line_per_instance_and_kv_as_a_fraction(lab):
@@ -249,7 +253,7 @@ def test_sweep_figure_has_a_line_per_second_key_value(lab):
     ax = titled[0]
     assert ax.get_xlabel() == "workload.rate" and ax.get_ylabel() == "ttft_ms.p99 (ms)"
     assert titled[1].get_ylabel() == "throughput_tps (tokens/s)"
-    by_label = {line.get_label(): line for line in ax.get_lines()}
+    by_label = {line.get_label(): line for line in ax.get_lines() if line.get_gid().startswith("sweep:")}
     assert set(by_label) == {"max_num_seqs=4", "max_num_seqs=8"}
     for seqs in (4, 8):
         runs = [study.runs[0 if seqs == 4 else 1], study.runs[2 if seqs == 4 else 3]]  # grid order: rate, then seqs
@@ -258,6 +262,29 @@ def test_sweep_figure_has_a_line_per_second_key_value(lab):
         line = by_label[f"max_num_seqs={seqs}"]
         np.testing.assert_array_equal(line.get_xdata(), [20.0, 80.0])
         np.testing.assert_array_equal(line.get_ydata(), [r.metrics["ttft_ms"]["p99"] for r in runs])
+
+
+def test_sweep_figure_rings_the_overloaded_points_and_names_them(lab):
+    study = lab["fresh"].study("rates")
+    verdicts = {(r.point["workload.rate"], r.point["scheduler.max_num_seqs"]): r.metrics["stability"]["verdict"]
+                for r in study.runs}
+    # 40 blocks of KV cache cannot keep up with 80 requests/s
+    assert verdicts[(80, 4)] == verdicts[(80, 8)] == "unstable"
+    fig = sweep_figure(study, ("ttft_ms.p99",), DPI)
+    ax = fig.axes[0]
+    rings = {line.get_gid(): line for line in ax.get_lines() if line.get_gid().split(":")[0] in
+             ("unstable", "inconclusive")}
+    drawn = set()
+    for gid, ring in rings.items():
+        verdict, _, i = gid.split(":")
+        seqs = (4, 8)[int(i)]
+        for x, y in zip(ring.get_xdata(), ring.get_ydata()):
+            run = next(r for r in study.runs if r.point == {"workload.rate": int(x), "scheduler.max_num_seqs": seqs})
+            assert run.metrics["stability"]["verdict"] == verdict and y == run.metrics["ttft_ms"]["p99"]
+            drawn.add((int(x), seqs))
+    assert drawn == {k for k, v in verdicts.items() if v in ("unstable", "inconclusive")}
+    assert "unstable (waiting grows): " in fig._suptitle.get_text()
+    assert "rate=80,max_num_seqs=4" in fig._suptitle.get_text().split("unstable (waiting grows): ")[1]
 
 
 def test_search_figure_marks_the_chosen_value_and_the_threshold(lab):

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from schedlab.results_io import latencies
 
-from .plot_common import line_style, new_figure, note, titles, use_log_scale, wide_positive_range
+from .plot_common import line_style, new_figure, note, stability_suffix, titles, use_log_scale, wide_positive_range
 
 PANELS = (("ttft_ms", "time to first token"), ("tpot_ms", "time per output token"), ("e2e_ms", "end-to-end latency"))
 MAX_CDF_POINTS = 4000  # more requests than this: the CDF is drawn through this many evenly spaced ranks
@@ -77,8 +77,10 @@ def latency_cdf_figure(runs, title: str, dpi: int, labels: list[str] | None = No
 
 
 def _with_counts(label: str, run) -> str:
-    """``name (4/100 finished)`` when some requests were rejected, else the name."""
+    """``name (4/100 finished)`` when some requests were rejected, else the name; `` (unstable)``
+    after an overloaded run's name."""
     finished, total = run.metrics.get("finished"), run.metrics.get("requests")
+    label += stability_suffix(run)
     if isinstance(finished, int) and isinstance(total, int) and finished < total:
         return f"{label} ({finished}/{total} finished)"
     return label

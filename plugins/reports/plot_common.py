@@ -147,6 +147,24 @@ def prefers_log_axis(values) -> bool:
     return float(ratios.std() / ratios.mean()) < float(steps.std() / steps.mean())
 
 
+#: How the plots mark runs by stability verdict (schedlab.stability): colour and legend text.
+STABILITY_STYLES = {"unstable": ("#d62728", "unstable (waiting grows)"),
+                    "inconclusive": ("#ff7f0e", "waiting grows, run too short to tell")}
+
+
+def stability_verdict(run) -> str | None:
+    """``"unstable"`` or ``"inconclusive"`` when the plots should mark the run, else None."""
+    stability = run.metrics.get("stability") if isinstance(run.metrics, dict) else None
+    verdict = stability.get("verdict") if isinstance(stability, dict) else None
+    return verdict if verdict in STABILITY_STYLES else None
+
+
+def stability_suffix(run) -> str:
+    """`` (unstable)`` / `` (inconclusive)`` for labels of marked runs, else ''."""
+    verdict = stability_verdict(run)
+    return f" ({verdict})" if verdict else ""
+
+
 def note(ax, text: str) -> None:
     """Grey centred text in an empty panel (e.g. 'no finished requests')."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.45", fontsize=10)

@@ -6,7 +6,9 @@ single run (study kind "run", in file order, top to bottom), the value written a
 each bar. With ``best = "<metric>"`` (and ``best_is``) the best run(s) by that metric -- which
 need not be one of the panels -- get a highlighted bar in every panel, "(best)" after their
 name, and a line in the subtitle. A run without a value for a metric gets no bar and a "-".
-A panel whose positive values span a factor of 30 or more gets a log axis.
+A panel whose positive values span a factor of 30 or more gets a log axis. An overloaded run
+(see :mod:`schedlab.stability`) gets "(unstable)" or "(inconclusive)" after its name and a
+hatched bar outlined in red or orange: its latencies depend on how long it ran.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .best import best_runs, best_text
-from .plot_common import COLORS, fmt_number, metric_unit, metric_value, new_figure, note, titles, use_log_scale, \
-    wide_positive_range
+from .plot_common import COLORS, STABILITY_STYLES, fmt_number, metric_unit, metric_value, new_figure, note, \
+    stability_suffix, stability_verdict, titles, use_log_scale, wide_positive_range
 
 PLAIN_COLOR = "#8fa9c4"
 BEST_COLOR = COLORS[1]
@@ -36,7 +38,7 @@ def compare_figure(runs, metrics, dpi: int, best: str | None = None, best_is: st
         return None
     winners, top = best_runs(runs, best, best_is) if best else ([], None)
     marked = {id(run) for run in winners}
-    labels = [run.name + (BEST_LABEL if id(run) in marked else "") for run in runs]
+    labels = [run.name + (BEST_LABEL if id(run) in marked else "") + stability_suffix(run) for run in runs]
     ncols = min(3, len(names))
     nrows = math.ceil(len(names) / ncols)
     height = max(2.6, 0.32 * len(runs) + 1.3)
@@ -50,8 +52,10 @@ def compare_figure(runs, metrics, dpi: int, best: str | None = None, best_is: st
         for i, (run, value) in enumerate(zip(runs, values)):
             is_best = id(run) in marked
             if math.isfinite(value):
+                verdict = stability_verdict(run)
+                edge = STABILITY_STYLES[verdict][0] if verdict else "0.2" if is_best else "none"
                 (bar,) = ax.barh(y[i], value, height=0.7, color=BEST_COLOR if is_best else PLAIN_COLOR,
-                                 edgecolor="0.2" if is_best else "none", linewidth=1.2)
+                                 edgecolor=edge, linewidth=1.2, hatch="//" if verdict else None)
                 bar.set_gid(f"{'best' if is_best else 'bar'}:{metric}:{run.name}")
                 ax.annotate(fmt_number(value), (value, y[i]), xytext=(3, 0), textcoords="offset points",
                             va="center", fontsize=8, fontweight="bold" if is_best else "normal")

@@ -18,6 +18,10 @@ Two options of the ``plots`` report add to these figures:
 * ``overlays = {name = ["a", "b", "c"]}`` draws several runs in one figure
   (:func:`overlay_figure`): each sweep's lines, labelled with the run name, against their
   common first key, and each single run as a dashed horizontal reference line.
+
+Points whose run is overloaded (``stability.verdict``, see :mod:`schedlab.stability`) get a
+ring on every panel: red where the waiting queue grows, orange where it grew but the run was
+too short to tell. The subtitle names them: their percentiles depend on how long they ran.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
 from schedlab.sweep import point_label
 
-from .plot_common import line_style, metric_label, metric_unit, metric_value, new_figure, note, prefers_log_axis, \
-    tick_text, titles, use_log_scale, wide_positive_range
+from .plot_common import STABILITY_STYLES, line_style, metric_label, metric_unit, metric_value, new_figure, note, \
+    prefers_log_axis, stability_verdict, tick_text, titles, use_log_scale, wide_positive_range
 
 MAX_VALUE_TICKS = 12
 INTEGER_UNITS = ("count", "requests", "sequences", "tokens")
@@ -72,6 +76,24 @@ def sweep_series(study, metric: str,
         by_x = np.argsort(x, kind="stable")
         lines.append((label, x[by_x], y[by_x]))
     return xs, lines
+
+
+def sweep_verdicts(study, metric: str, order: list | None = None) -> list[list]:
+    """Per line of :func:`sweep_series`, the stability verdict to mark at each point (None: none)."""
+    key, others = study.keys[0], study.keys[1:]
+    xs = list(order) if order is not None else _first_seen(study.runs, key)
+    numeric = all(_is_number(v) for v in xs)
+    groups: dict[str, list] = {}
+    for run in study.runs:
+        groups.setdefault(point_label({k: run.point.get(k) for k in others}), []).append(run)
+    out = []
+    for runs in groups.values():
+        if numeric:
+            x = np.array([float(run.point.get(key)) for run in runs])
+        else:
+            x = np.array([float(next(i for i, v in enumerate(xs) if _same(v, run.point.get(key)))) for run in runs])
+        out.append([stability_verdict(runs[i]) for i in np.argsort(x, kind="stable")])
+    return out
 
 
 def _first_seen(runs, key) -> list:
@@ -157,12 +179,20 @@ def _figure(title: str, subtitle: str, key: str, sweeps, refs, metrics, dpi: int
         i = 0
         for prefix, study in sweeps:
             _, lines = sweep_series(study, metric, xs)
-            for label, x, y in lines:
+            for (label, x, y), verdicts in zip(lines, sweep_verdicts(study, metric, xs)):
                 text = _line_label(prefix, label, key)
                 (line,) = ax.plot(x, y, marker="o", markersize=4.5, linewidth=1.5, label=text, **line_style(i))
                 line.set_gid(f"sweep:{metric}:{i}")
                 handles.setdefault(text, line)
                 values.append(y)
+                for verdict, (color, legend) in STABILITY_STYLES.items():
+                    at = np.array([v == verdict for v in verdicts], dtype=bool)
+                    if at.any():
+                        (ring,) = ax.plot(x[at], y[at], linestyle="none", marker="o", markersize=11,
+                                          markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.8,
+                                          label=legend, zorder=4)
+                        ring.set_gid(f"{verdict}:{metric}:{i}")
+                        handles.setdefault(legend, ring)
                 if i in marks:
                     mark = ax.axvline(marks[i][1], linestyle=":", linewidth=1.6, color=line_style(i)["color"])
                     mark.set_gid(f"mark:{metric}:{i}")
@@ -197,11 +227,35 @@ def _figure(title: str, subtitle: str, key: str, sweeps, refs, metrics, dpi: int
         listed = ", ".join(_position_text(x, xs) + (f" ({label})" if label != key else "")
                            for label, x in marks.values())
         subtitle += f"\n{mark_last_zero} = 0 up to {short} = {listed}"
+    flagged = _flagged_text(sweeps)
+    if flagged:
+        subtitle += "\n" + flagged
     if len(handles) > 1 or marks:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
                    ncol=min(len(handles), 6), frameon=False)
     titles(fig, title, subtitle)
     return fig
+
+
+MAX_FLAGGED_NAMES = 6
+
+
+def _flagged_text(sweeps) -> str:
+    """``unstable (waiting grows): rate=20, rate=40; too short to tell: rate=10`` for the subtitle."""
+    parts = []
+    for verdict, (_, legend) in STABILITY_STYLES.items():
+        names = [_point_text(prefix, study, run) for prefix, study in sweeps for run in study.runs
+                 if stability_verdict(run) == verdict]
+        if names:
+            shown = ", ".join(names[:MAX_FLAGGED_NAMES])
+            more = len(names) - MAX_FLAGGED_NAMES
+            parts.append(f"{legend}: {shown}" + (f" and {more} more" if more > 0 else ""))
+    return "; ".join(parts)
+
+
+def _point_text(prefix: str | None, study, run) -> str:
+    label = point_label(run.point)
+    return f"{prefix}: {label}" if prefix else label
 
 
 def _marks(sweeps, key: str, xs: list, metric: str | None) -> dict[int, tuple[str, float]]:

@@ -5,6 +5,10 @@ the state during the iteration starting at its time, so it holds until the next 
 last sample of an instance is held until that instance's last request finished, so the final
 iteration (or bulk decode run) keeps its width. KV usage is the fraction of an instance's
 blocks in use; the run's cumulative preemptions are a second (red) axis on the KV panel.
+
+An overloaded run (see :mod:`schedlab.stability`) says so in the subtitle, and the waiting
+panel shows the fitted trend of its waiting queue over the arrival window as a dashed line
+(per instance when the run has several): the growth the verdict is about.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .plot_common import fmt_number, fmt_percent, line_style, metric_value, new_figure, titles
+from schedlab.stability import stability_text
+
+from .plot_common import STABILITY_STYLES, fmt_number, fmt_percent, line_style, metric_value, new_figure, \
+    stability_verdict, titles
 
 PREEMPTION_COLOR = "#d62728"
 HIGH_WATER = 0.9
@@ -67,12 +74,44 @@ def preemption_steps(run) -> tuple[np.ndarray, np.ndarray]:
 
 
 def headline(run) -> str:
-    """The run's preemption and KV numbers as one line of text."""
+    """The run's preemption and KV numbers as one line of text (and a second line with the
+    stability verdict when the run is overloaded)."""
     m = run.metrics
-    return (f"preemptions {fmt_number(metric_value(m, 'num_preemptions'))}  ·  "
+    text = (f"preemptions {fmt_number(metric_value(m, 'num_preemptions'))}  ·  "
             f"peak KV {fmt_percent(metric_value(m, 'kv_usage.peak'))}  ·  "
             f"KV > 90% for {fmt_percent(metric_value(m, 'kv_usage.time_above_90'))} of the run  ·  "
             f"finished {fmt_number(metric_value(m, 'finished'))}/{fmt_number(metric_value(m, 'requests'))}")
+    if stability_verdict(run):
+        text += "\n" + stability_text(m["stability"])
+    return text
+
+
+def trend_lines(run) -> list[tuple[int | None, dict]]:
+    """``(instance or None for the whole run, fit)`` for each waiting-queue trend to draw: the
+    flagged instances' fits with several instances, else the run's."""
+    per_instance = run.metrics.get("per_instance")
+    if isinstance(per_instance, dict) and per_instance:
+        out = []
+        for key, sub in per_instance.items():
+            stability = sub.get("stability") if isinstance(sub, dict) else None
+            if isinstance(stability, dict) and stability.get("verdict") in STABILITY_STYLES:
+                if isinstance(stability.get("fit"), dict):
+                    out.append((int(key), stability))
+        return out
+    stability = run.metrics.get("stability")
+    if stability_verdict(run) and isinstance(stability.get("fit"), dict):
+        return [(None, stability)]
+    return []
+
+
+def _trend_segment(fit: dict) -> tuple[list[float], list[float]]:
+    """The fitted line from the start to the end of the arrival window (s, requests), starting
+    where it crosses 0 when it starts below (a queue cannot be negative)."""
+    t0, t1 = fit["start_ms"] / 1e3, fit["end_ms"] / 1e3
+    w0, w1 = fit["waiting_at_start"], fit["waiting_at_end"]
+    if w0 < 0 < w1:
+        t0, w0 = t0 + (t1 - t0) * (-w0) / (w1 - w0), 0.0
+    return [t0, t1], [w0, w1]
 
 
 def timeline_figure(run, dpi: int) -> Figure:
@@ -88,6 +127,11 @@ def timeline_figure(run, dpi: int) -> Figure:
         for ax, column in ((ax_run, "running"), (ax_wait, "waiting"), (ax_kv, "kv_used")):
             (line,) = ax.plot(s["time_s"], s[column], drawstyle="steps-post", linewidth=1.2, label=label, **style)
             line.set_gid(f"timeline:{column}:{inst}")
+    for k, (inst, stability) in enumerate(trend_lines(run)):
+        (trend,) = ax_wait.plot(*_trend_segment(stability["fit"]), linestyle="--", linewidth=1.6,
+                                color=STABILITY_STYLES[stability["verdict"]][0], zorder=3,
+                                label="trend" + ("" if inst is None else f" (instance {inst})"))
+        trend.set_gid(f"trend:{'run' if inst is None else inst}")
     ax_run.set_ylabel("running\n(sequences)")
     ax_wait.set_ylabel("waiting\n(requests)")
     for ax, column in ((ax_run, "running"), (ax_wait, "waiting")):

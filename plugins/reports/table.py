@@ -4,6 +4,10 @@
 nested metrics). With ``best = "<metric>"`` the run(s) with the best value of that metric
 (``best_is = "highest"`` or ``"lowest"``) get a ``*`` after their name, and a line under the
 table names them (see :mod:`.best`).
+
+Overloaded runs are marked too (see :mod:`schedlab.stability`): ``!`` after the name of a run
+whose waiting queue grows (its percentiles depend on how long it ran), ``?`` where it grew but
+the run was too short to be sure; a line under the table gives each one's numbers.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import attrs
 from schedlab.configs import list_field
 from schedlab.metrics import metric_at
 from schedlab.results_io import atomic_write
+from schedlab.stability import stability_text
 
 from .best import best_field, best_is_field, best_runs, best_text
 
@@ -50,6 +55,19 @@ def _fmt(value) -> str:
 
 
 BEST_MARK = " *"
+STABILITY_MARKS = {"unstable": " !", "inconclusive": " ?"}
+
+
+def stability_mark(run) -> str:
+    """`` !`` for an unstable run, `` ?`` for an inconclusive one, else nothing."""
+    stability = run.metrics.get("stability")
+    return STABILITY_MARKS.get(stability.get("verdict"), "") if isinstance(stability, dict) else ""
+
+
+def stability_lines(runs) -> list[str]:
+    """One line per unstable or inconclusive run, with its mark, under the table."""
+    return [f"{mark.strip()} {run.name}: {stability_text(run.metrics['stability'])}"
+            for run in runs if (mark := stability_mark(run))]
 
 
 def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: str = "highest") -> str:
@@ -58,8 +76,8 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     runs = results.all_runs()
     winners, top = best_runs(runs, best, best_is) if best else ([], None)
     marked = {id(run) for run in winners}
-    rows = [[run.name + (BEST_MARK if id(run) in marked else "")] + [_fmt(metric_at(run.metrics, c)) for c in columns]
-            for run in runs]
+    rows = [[run.name + (BEST_MARK if id(run) in marked else "") + stability_mark(run)]
+            + [_fmt(metric_at(run.metrics, c)) for c in columns] for run in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = [f"{results.name}"]
     lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
@@ -68,6 +86,7 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
         lines.append("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
     if best:
         lines.append(("* " if winners else "") + best_text(best, best_is, winners, top))
+    lines += stability_lines(runs)
     seen = set()
     for run in results.all_runs():
         kv = run.meta.get("kv_cache") or {}

@@ -107,12 +107,21 @@ class Recorder:
         self._chunks.append(chunk)
 
     def columns(self) -> dict[str, np.ndarray]:
-        """Every recorded request as column arrays, in recording order."""
+        """Every recorded request as column arrays, in recording order.
+
+        The chunks are joined one column at a time, each chunk's column released as soon as
+        it is copied, and the joined columns kept as the only chunk: a 2-million-request run
+        never holds its rows twice."""
         self._flush()
         if not self._chunks:
             return {name: np.empty(0, dtype=np.float64 if name in REQUEST_FLOAT_COLUMNS else
                                    np.int64 if name in REQUEST_INT_COLUMNS else object) for name in ROW_COLUMNS}
-        return {name: np.concatenate([c[name] for c in self._chunks]) for name in ROW_COLUMNS}
+        if len(self._chunks) > 1:
+            joined = {}
+            for name in ROW_COLUMNS:
+                joined[name] = np.concatenate([chunk.pop(name) for chunk in self._chunks])
+            self._chunks = [joined]
+        return self._chunks[0]
 
     def reject(self, seq, instance: int, reason: str) -> None:
         self.rejections[seq.request.id] = reason
