@@ -475,7 +475,7 @@ def test_sweep_with_nan_metrics_and_text_values_still_draws(tmp_path):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["static", "continuous"]
     assert sweep_figure(study, ("absent.metric",), DPI) is None
     results = ExperimentResults("x", "", [study], {})
-    written = PlotsReport(PlotsConfig(sweep_metrics=("absent.metric",))).write(results, tmp_path)
+    written = PlotsReport(PlotsConfig(sweep_metrics=("slo.attainment",))).write(results, tmp_path)  # no [slo]
     assert sorted(p.name for p in written) == ["latency_cdf_w.png"]  # no timeline, no sweep panel to draw
     assert (tmp_path / "plots" / "latency_cdf_w.png").read_bytes()[:8] == PNG_SIGNATURE
 
@@ -640,7 +640,7 @@ def test_mark_last_zero_from_the_report_settings(tmp_path):
     fig = figures["sweep_cliff.png"].draw()
     assert list(_gids(fig, "mark:")["mark:num_preemptions:0"].get_xdata()) == [16.0, 16.0]
     # a metric no run has: nothing to mark, the figure is still drawn
-    config = PlotsConfig(mark_last_zero="no_such.metric", sweep_metrics=("num_preemptions",))
+    config = PlotsConfig(mark_last_zero="slo.met", sweep_metrics=("num_preemptions",))
     fig = plan(results, config)[-1].draw()
     assert not _gids(fig, "mark:")
 
