@@ -174,11 +174,26 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_signal(signum, _frame) -> None:
-    # The first signal ends the command; ignore further ones so that the clean-up (deleting an
-    # unfinished results folder) and the interpreter's exit run to the end without a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The first signal ends the command; later ones must not interrupt the clean-up (deleting
+    # an unfinished results folder) or the interpreter's exit (a second Ctrl-C there printed a
+    # threading traceback). Until main() returns they meet a no-op handler, then SIG_IGN.
+    signal.signal(signal.SIGINT, _ignore)
+    signal.signal(signal.SIGTERM, _ignore)
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _ignore(_signum, _frame) -> None:
+    pass
+
+
+def _ignore_from_now_on() -> None:
+    """SIG_IGN for SIGINT and SIGTERM: unlike a Python handler it survives the interpreter's
+    finalization (which resets those to the default, killing the process on a late signal)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except OSError:  # "ignored due to race condition": one was pending; dropping it is the point
+            pass
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -216,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
               if args.func is cmd_run else f"schedlab: {what}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     finally:
-        if not interrupted:
+        if interrupted and previous:
+            _ignore_from_now_on()
+        else:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

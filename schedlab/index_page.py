@@ -19,6 +19,8 @@ from .results_folder import GENERATOR_TAG, INDEX
 from .results_io import atomic_write, jsonable
 
 PLOTS = "plots"
+#: Plots are shown in the plots report's order of kinds (then by name): overviews first.
+PLOT_ORDER = ("latency_cdf", "compare", "sweep_", "search_", "timeline_")
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; padding: 0 1em; color: #222; }
@@ -79,10 +81,10 @@ def render(results, *, table_text: str, plots: list[tuple[str, bytes]], files: l
 
 def write(out_dir: str | os.PathLike, results, *, table_text: str, experiment_settings: dict | None,
           run_settings: dict[str, Any]) -> Path:
-    """Write ``index.html`` into ``out_dir`` from the files there now (plots in file-name order)."""
+    """Write ``index.html`` into ``out_dir`` from the files there now (see :data:`PLOT_ORDER`)."""
     out = Path(out_dir)
     folder = out / PLOTS
-    pngs = sorted(folder.glob("*.png")) if folder.is_dir() else []
+    pngs = sorted(folder.glob("*.png"), key=_plot_rank) if folder.is_dir() else []
     plots = [(p.name, p.read_bytes()) for p in pngs]
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                    if p.is_file() and p.name != INDEX and not p.name.startswith(".") and p.parent != folder)
@@ -92,6 +94,11 @@ def write(out_dir: str | os.PathLike, results, *, table_text: str, experiment_se
     path = out / INDEX
     atomic_write(path, text)
     return path
+
+
+def _plot_rank(path: Path) -> tuple[int, str]:
+    rank = next((i for i, prefix in enumerate(PLOT_ORDER) if path.name.startswith(prefix)), len(PLOT_ORDER))
+    return rank, path.name
 
 
 def _json(value) -> str:
