@@ -365,3 +365,24 @@ def test_what_used_to_hang_ends_with_an_error(tmp_path, case, text, fragment):
     (tmp_path / "exp.toml").write_text(text)
     done = _cli("run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out"), timeout=300)
     one_error(done.returncode, done.stderr, fragment)
+
+
+def test_loading_builds_one_instance_of_plugins_running_builds_each(tmp_path):
+    """100,000 instances once built every plugin twice over before the run started."""
+    import schedlab
+    from schedlab.experiment import load, run_experiment
+    from schedlab_plugins.schedulers import StaticConfig, StaticScheduler
+
+    built = []
+
+    class Counting:
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(self, register):
+            register("counted", lambda config: built.append(1) or StaticScheduler(config), config=StaticConfig)
+
+    path = tmp_path / "exp.toml"
+    path.write_text(BASE + '[scheduler]\nkind = "counted"\n[cluster]\ninstances = 8\n')
+    exp = load(path, plugin_objects=[Counting()])
+    assert len(built) == 1
+    run_experiment(exp)
+    assert len(built) == 1 + 8
