@@ -4,15 +4,14 @@ calibrate.
 Every user error (bad TOML, unknown plugin, impossible config, stalled run, unusable
 ``--out``) ends as one message on stderr and exit status 2 -- never a traceback. Ctrl-C and
 SIGTERM end a run the same way, with one message (exit 130 and 143); further signals while it
-cleans up are ignored. ``run`` writes its results folder whole (:mod:`schedlab.results_folder`).
+cleans up are ignored (:mod:`schedlab.interrupts`). ``run`` writes its results folder whole
+(:mod:`schedlab.results_folder`).
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import warnings
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
 from .errors import SchedlabError
+from .interrupts import SignalGuard, Terminated, acknowledge
 from .results_folder import StagedFolder
 from .simulation import build_component
 
@@ -169,33 +169,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C would be so that it ends a run the same way."""
-
-
-def _on_signal(signum, _frame) -> None:
-    # The first signal ends the command; later ones must not interrupt the clean-up (deleting
-    # an unfinished results folder) or the interpreter's exit (a second Ctrl-C there printed a
-    # threading traceback). Until main() returns they meet a no-op handler, then SIG_IGN.
-    signal.signal(signal.SIGINT, _ignore)
-    signal.signal(signal.SIGTERM, _ignore)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-def _ignore(_signum, _frame) -> None:
-    pass
-
-
-def _ignore_from_now_on() -> None:
-    """SIG_IGN for SIGINT and SIGTERM: unlike a Python handler it survives the interpreter's
-    finalization (which resets those to the default, killing the process on a late signal)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            signal.signal(sig, signal.SIG_IGN)
-        except OSError:  # "ignored due to race condition": one was pending; dropping it is the point
-            pass
-
-
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     text = " ".join(str(message).split())
     print(f"schedlab: warning: {text}" if issubclass(category, BrokenPluginWarning) else
@@ -205,37 +178,28 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (0, 2 for a user error, 130/143 when interrupted).
 
-    In the main thread it handles SIGINT and SIGTERM itself; after an interrupt it leaves both
-    ignored (the process is ending), otherwise it restores the previous handlers.
+    In the main thread SIGINT and SIGTERM end the command cleanly (see
+    :mod:`schedlab.interrupts`); after an interrupt both stay ignored, as the process is ending.
     """
     args = build_parser().parse_args(argv)
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)
-                if in_main and signal.getsignal(s) is not signal.SIG_IGN}  # e.g. a background job's SIGINT
-    interrupted = False
-    try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _one_line_warning
-            return args.func(args)
-    except SchedlabError as exc:
-        print(f"schedlab: error: {exc}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        print("schedlab: error: out of memory; make the experiment smaller (fewer requests, points or instances)",
-              file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        interrupted = True
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        print(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
-              if args.func is cmd_run else f"schedlab: {what}", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
-    finally:
-        if interrupted and previous:
-            _ignore_from_now_on()
-        else:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    with SignalGuard():
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = _one_line_warning
+                return args.func(args)
+        except SchedlabError as exc:
+            print(f"schedlab: error: {exc}", file=sys.stderr)
+            return 2
+        except MemoryError:
+            print("schedlab: error: out of memory; make the experiment smaller (fewer requests, points or "
+                  "instances)", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:
+            acknowledge()
+            what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            print(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
+                  if args.func is cmd_run else f"schedlab: {what}", file=sys.stderr)
+            return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import interrupts
 from .errors import ConfigError
 
 #: What marks a folder as one schedlab may replace (besides being empty).
@@ -138,7 +139,9 @@ class StagedFolder:
             self.committed = True
         return out
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            interrupts.acknowledge()  # seen: do not raise it again while cleaning up
         if not self.committed and self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
 
