@@ -94,7 +94,22 @@ def test_every_declared_name_occurs_in_a_run_with_every_optional_group(everythin
     assert run.metrics["rejected"] == 3 and set(run.metrics["per_client"]) == {"alice", "bob"}
     pattern = {re.sub(r"(per_class|per_instance|per_client|rejection_reasons)\.[^.]+", r"\1.*", name)
                for name in leaves(run.metrics)}
-    assert set(schema_leaves(METRICS)) == pattern
+    declared = {name for name in schema_leaves(METRICS) if not name.startswith("vs_measured.")}
+    assert declared == pattern
+
+
+def test_vs_measured_is_declared_as_compare_makes_it(everything):
+    """Only a replayed measured run has it; its keys are those schedlab.compare makes."""
+    from types import SimpleNamespace
+
+    from schedlab.compare import vs_measured
+
+    run = everything.all_runs()[0]
+    measured = SimpleNamespace(ttft_ms=[10.0, 20.0], tpot_ms=[1.0, 2.0], e2e_ms=[50.0, 60.0])
+    made = vs_measured(run.requests, measured)
+    assert set(made) == set(METRICS["vs_measured"])
+    assert check_metric_name("vs_measured.mean_abs_error_pct") == "vs_measured.mean_abs_error_pct"
+    assert all(isinstance(made[group], dict) for group in ("errors_pct", "measured"))
 
 
 @pytest.mark.parametrize("name, message", [
