@@ -21,6 +21,10 @@ _LATENCIES = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue
 _SLO = dict.fromkeys(("attainment", "goodput_rps", "met"))
 _SUBSET = {**dict.fromkeys(("requests", "finished", "generated_tokens", "throughput_tps")), **_LATENCIES,
            "slo": _SLO}
+_STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "capacity_rps", "load",
+                               "saturated_share", "waiting_slope_per_min", "growth_share", "growth", "noise",
+                               "in_system_slope_per_min", "window_ms")),
+              "fit": dict.fromkeys(("start_ms", "end_ms", "waiting_at_start", "waiting_at_end"))}  # or null
 
 METRICS: dict = {
     **dict.fromkeys(("requests", "finished", "rejected", "makespan_ms", "throughput_tps", "request_throughput_rps",
@@ -38,7 +42,8 @@ METRICS: dict = {
     "rejection_reasons": {"*": None},
     "slo": _SLO,                                   # optional: with an [slo] table
     "per_class": {"*": _SUBSET},                   # optional: with several request classes
-    "per_instance": {"*": _SUBSET},                # optional: with several instances
+    "stability": {**_STABILITY, "unstable_instances": None},   # schedlab.stability; the list with instances
+    "per_instance": {"*": {**_SUBSET, "stability": _STABILITY}},  # optional: with several instances
     "per_client": {"*": dict.fromkeys(("requests", "finished", "prompt_tokens", "generated_tokens", "service",
                                        "service_rate"))},   # optional: with several clients
     "fairness": dict.fromkeys(("clients", "jain_service", "jain_service_rate")),  # optional: several clients

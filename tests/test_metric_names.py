@@ -28,7 +28,7 @@ kind = "mix"
 
 [workload.classes.chat]
 kind = "synthetic"
-num_requests = 30
+num_requests = 100
 prompt = {dist = "uniform", low = 10, high = 200}
 output = {dist = "uniform", low = 2, high = 60}
 rate = 20
