@@ -325,8 +325,8 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"block_size must be a whole number >= 1, got {block_size!r}")
     reserve = activation_reserve_gib
-    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not reserve >= 0.0:
-        raise ConfigError(f"activation_reserve_gib must be >= 0, got {reserve!r}")
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0.0 <= reserve < math.inf:
+        raise ConfigError(f"activation_reserve_gib must be a finite number >= 0, got {reserve!r}")
     reserve_bytes = math.ceil(reserve * GIB)
 
     usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size)

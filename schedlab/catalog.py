@@ -4,18 +4,24 @@ Plugins come from three places, all loaded the same way and registering through 
 hooks: the built-in modules of ``schedlab_plugins``, the ``schedlab`` entry-point group
 (third-party packages), and modules an experiment lists in ``plugins = [...]``.
 There is no module-level plugin manager: every :func:`load_catalog` call makes its own.
+
+A third-party package whose entry point cannot be loaded (it raises on import, or implements
+a hook that does not exist) is left out with a :class:`BrokenPluginWarning` naming the plugin
+and its package, so that one broken install does not stop every command.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import warnings
 from typing import Iterable
 
 import attrs
 import pluggy
 
 from . import hookspecs
-from .errors import ConfigError
+from .errors import ConfigError, SchedlabError
 from .registry import Registry
 
 BUILTIN_PLUGINS = (
@@ -41,11 +47,18 @@ KINDS = {
 }
 
 
+class BrokenPluginWarning(UserWarning):
+    """An installed plugin (entry point) failed to load and was left out."""
+
+
 def _import_plugin(pm: pluggy.PluginManager, module_name: str, *, provider: str) -> None:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import plugin module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module itself raised while being imported
+        raise ConfigError(f"plugin module {module_name!r} failed while importing: "
+                          f"{type(exc).__name__}: {exc}") from None
     if pm.is_registered(module):
         return
     pm.register(module, name=provider)
@@ -63,15 +76,50 @@ def make_plugin_manager(extra_modules: Iterable[str] = (), *, entry_points: bool
     if builtins:
         for name in BUILTIN_PLUGINS:
             _import_plugin(pm, name, provider=f"{name} (built-in)")
-    if entry_points:
-        pm.load_setuptools_entrypoints(hookspecs.NAME)
+    installed = _load_entry_points(pm) if entry_points else {}
     for name in extra_modules:
         _import_plugin(pm, name, provider=name)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise ConfigError(f"plugin error: {exc}") from None
+    _check_pending(pm, installed)
     return pm
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, str]:
+    """Register every plugin of the ``schedlab`` entry-point group that loads; warn about the
+    others. Returns entry-point name -> "package version" for the ones registered."""
+    installed = {}
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != hookspecs.NAME or pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+                continue
+            package = f"{dist.metadata['Name']} {dist.version}"
+            try:
+                pm.load_setuptools_entrypoints(hookspecs.NAME, name=ep.name)
+            except Exception as exc:
+                _warn_broken(ep.name, package, ep.value, exc)
+                continue
+            installed[ep.name] = package
+    return installed
+
+
+def _warn_broken(name: str, package: str, value: str, exc: BaseException) -> None:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    warnings.warn(f"plugin {name!r} of package {package} ({name} = {value}) failed to load and is left out: "
+                  f"{text}", BrokenPluginWarning, stacklevel=2)
+
+
+def _check_pending(pm: pluggy.PluginManager, installed: dict[str, str]) -> None:
+    """Fail on a hook implementation that matches no hookspec (a misspelt hook name); an
+    installed plugin with one is left out with a warning instead."""
+    while True:
+        try:
+            pm.check_pending()
+            return
+        except pluggy.PluginValidationError as exc:
+            name = pm.get_name(exc.plugin)
+            if name not in installed:
+                raise ConfigError(f"plugin error: {exc}") from None
+            pm.unregister(exc.plugin)
+            _warn_broken(name, installed.pop(name), getattr(exc.plugin, "__name__", repr(exc.plugin)), exc)
 
 
 def _provider_names(pm: pluggy.PluginManager) -> dict[int, str]:
@@ -110,10 +158,7 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
     pm = make_plugin_manager(extra_modules, entry_points=entry_points)
     for obj in plugin_objects:
         pm.register(obj)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise ConfigError(f"plugin error: {exc}") from None
+    _check_pending(pm, {})
     providers = _provider_names(pm)
     registries = {kind: Registry(kind) for kind in KINDS}
     for kind, hook_name in KINDS.items():
@@ -122,6 +167,12 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
         # Call implementations one by one (assembly time only) so each registration is
         # attributed to the plugin that made it.
         for impl in reversed(caller.get_hookimpls()):
-            registry.providing(providers.get(id(impl.plugin), impl.plugin_name))
-            impl.function(**{name: registry for name in impl.argnames})
+            provider = providers.get(id(impl.plugin), impl.plugin_name)
+            registry.providing(provider)
+            try:
+                impl.function(**{name: registry for name in impl.argnames})
+            except SchedlabError:
+                raise
+            except Exception as exc:  # the plugin's own bug: name it rather than show its traceback
+                raise ConfigError(f"plugin {provider} failed in {hook_name}: {type(exc).__name__}: {exc}") from None
     return Catalog(registries, pm)

@@ -1,19 +1,27 @@
-"""The ``schedlab`` command: run, validate, plot, plugins, capacity, calibrate.
+"""The ``schedlab`` command (also ``python -m schedlab``): run, validate, plot, plugins, capacity,
+calibrate.
 
-Every user error (bad TOML, unknown plugin, impossible config, stalled run) ends as one
-message on stderr and exit status 2 -- never a traceback.
+Every user error (bad TOML, unknown plugin, impossible config, stalled run, unusable
+``--out``) ends as one message on stderr and exit status 2 -- never a traceback. Ctrl-C and
+SIGTERM end a run the same way, with one message (exit 130 and 143); further signals while it
+cleans up are ignored (:mod:`schedlab.interrupts`). ``run`` writes its results folder whole
+(:mod:`schedlab.results_folder`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
+from . import index_page
 from .capacity import add_capacity_arguments, capacity_command
-from .catalog import KINDS, load_catalog
-from .configs import field_help, from_table
+from .catalog import KINDS, BrokenPluginWarning, load_catalog
+from .configs import field_help, from_table, toml_text
 from .errors import SchedlabError
+from .interrupts import SignalGuard, Terminated, acknowledge
+from .results_folder import StagedFolder
 from .simulation import build_component
 
 
@@ -40,14 +48,26 @@ def cmd_run(args) -> int:
     runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies)
     searches = sum(1 for s in exp.studies if s.search is not None)
     what = f"{runs} run(s)" + (f" and {searches} search(es)" if searches else "")
-    print(f"schedlab: {exp.name}: {what}", file=sys.stderr)
-    results = run_experiment(exp)
     out = Path(args.out) if args.out else Path("results") / exp.name
-    written = []
-    for _name, report in reports:
-        written += report.write(results, out)
+    with StagedFolder(out) as stage:  # checks --out before anything runs
+        print(f"schedlab: {exp.name}: {what}", file=sys.stderr)
+        results = run_experiment(exp)
+        written = []
+        for _name, report in reports:
+            written += report.write(results, stage.path)
+        table = _table_text(exp.context.catalog, results, exp.report_tables.get("table", {}), f"{exp.path}")
+        written.append(index_page.write(stage.path, results, table_text=table, experiment_settings=exp.raw,
+                                        run_settings={r.name: r.settings for r in results.all_runs()}))
+        stage.commit()
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
+
+
+def _table_text(catalog, results, table: dict, source: str) -> str:
+    """The summary table as the ``table`` report draws it (for index.html)."""
+    entry = catalog["report"].get("table")
+    report = entry.factory(from_table(entry.config, table, where=f"{source}: [reports.table]"))
+    return report.text(results)
 
 
 def cmd_validate(args) -> int:
@@ -65,11 +85,30 @@ def cmd_plot(args) -> int:
     results = load_results(args.dir)
     catalog = load_catalog()
     entry = catalog["report"].get("plots")
-    table = results.settings.get("reports", {}).get("plots", {})
-    report = entry.factory(from_table(entry.config, table, where=f"{args.dir}/summary.json: [reports.plots]"))
+    reports = results.settings.get("reports")
+    reports = reports if isinstance(reports, dict) else {}
+    where = f"{args.dir}/summary.json"
+    table = reports.get("plots", {})
+    report = entry.factory(from_table(entry.config, table if isinstance(table, dict) else {},
+                                      where=f"{where}: [reports.plots]"))
     written = report.write(results, Path(args.dir))
-    print(f"schedlab: {len(written)} plots written to {args.dir}", file=sys.stderr)
+    table = reports.get("table", {})
+    text = _table_text(catalog, results, table if isinstance(table, dict) else {}, where)
+    index_page.write(args.dir, results, table_text=text, experiment_settings=None,
+                     run_settings=_saved_run_settings(Path(args.dir)))
+    print(f"schedlab: {len(written)} plots and index.html written to {args.dir}", file=sys.stderr)
     return 0
+
+
+def _saved_run_settings(out: Path) -> dict:
+    """config.json of a results folder (each run's resolved tables), or {} when absent or unreadable."""
+    import json
+
+    try:
+        data = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def cmd_plugins(args) -> int:
@@ -81,7 +120,8 @@ def cmd_plugins(args) -> int:
             print(f"  {entry.name:<22} {entry.help}  [{entry.provider}]")
             if args.verbose and entry.config is not None:
                 for name, default, text in field_help(entry.config):
-                    print(f"      {name} = {default!r}  {text}")
+                    shown = default if isinstance(default, str) and default.startswith("(") else toml_text(default)
+                    print(f"      {name} = {shown}  {text}")
     return 0
 
 
@@ -103,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--out", help="results folder (default: results/<experiment name>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key in every run, e.g. workload.path=other.json (TOML value syntax)")
+                   help="override a key in every run, e.g. workload.path=other.json (TOML value syntax); "
+                        "runs.NAME.table.key=value overrides it in run NAME only")
     p.add_argument("--no-plots", action="store_true", help="skip the plots report")
     p.add_argument("--report", action="append", metavar="NAME", help="add a report plugin (e.g. lab)")
     p.set_defaults(func=cmd_run)
@@ -128,16 +169,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = " ".join(str(message).split())
+    print(f"schedlab: warning: {text}" if issubclass(category, BrokenPluginWarning) else
+          warnings.formatwarning(message, category, filename, lineno, line).rstrip(), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (0, 2 for a user error, 130/143 when interrupted).
+
+    In the main thread SIGINT and SIGTERM end the command cleanly (see
+    :mod:`schedlab.interrupts`); after an interrupt both stay ignored, as the process is ending.
+    """
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except SchedlabError as exc:
-        print(f"schedlab: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("schedlab: interrupted", file=sys.stderr)
-        return 130
+    with SignalGuard():
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = _one_line_warning
+                return args.func(args)
+        except SchedlabError as exc:
+            print(f"schedlab: error: {exc}", file=sys.stderr)
+            return 2
+        except MemoryError:
+            print("schedlab: error: out of memory; make the experiment smaller (fewer requests, points or "
+                  "instances)", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:
+            acknowledge()
+            what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            print(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
+                  if args.func is cmd_run else f"schedlab: {what}", file=sys.stderr)
+            return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

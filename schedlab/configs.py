@@ -25,7 +25,33 @@ import attrs
 
 from .errors import ConfigError
 
-_NO_LIMIT = None
+# -- sane bounds ------------------------------------------------------------------------------
+# Sizes far beyond anything real, so that a typo such as 10**30 is refused where it is read,
+# with the key named, instead of overflowing an int64 array, allocating terabytes or spinning
+# in a loop that cannot finish. Fields and the Request model take their bounds from here.
+
+#: Every whole-number setting lies within +-2**53 unless its field says otherwise: the largest
+#: range in which every integer is also an exact float (times and metrics are floats) and
+#: which fits numpy's int64 columns.
+MAX_INT = 2**53
+#: Tokens in one request (prompt, output, max_tokens, a shared prefix) or one iteration's
+#: budget: 100 million, ten times the longest context windows of 2025 (10M tokens).
+MAX_TOKENS = 10**8
+#: Tokens per KV block. Engines use 16-256 (hybrid attention/Mamba models up to ~1k); the
+#: fast engine keeps per-block-phase counters and sums them once per decode run, so its
+#: cost grows with the block size.
+MAX_BLOCK_SIZE = 4096
+#: Requests (and clients, prefix groups) one workload may generate: 10 million, ten times the
+#: largest benchmark (1M requests take ~46 s and ~0.8 GB; 10M take ~8 GB).
+MAX_REQUESTS = 10**7
+#: Instances behind one router: the driver advances every instance at every arrival, so a
+#: run costs about requests x instances steps, and each instance builds its own plugins.
+#: 1,024 instances (thousands of GPUs with tensor parallelism) is a large cluster already.
+MAX_INSTANCES = 1024
+#: The simulated clock stops at 10**12 ms (about 31.7 years): arrivals must come before it
+#: and iterations must end before it. Times are float64 ms; at 10**12 ms their resolution is
+#: still 0.1 microseconds, while near 10**16 ms a whole millisecond is lost in rounding.
+MAX_TIME_MS = 1e12
 
 
 class FieldError(ValueError):
@@ -41,7 +67,7 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def _number_validator(kind: type, lo, hi, lo_exclusive: bool, optional: bool):
+def _number_validator(kind: type, lo, hi, lo_exclusive: bool, optional: bool, allow_inf: bool = False):
     def check(_inst, attribute, value):
         if value is None and optional:
             return
@@ -53,15 +79,28 @@ def _number_validator(kind: type, lo, hi, lo_exclusive: bool, optional: bool):
                 raise FieldError(attribute.name, f"must be a number, got {_describe(value)}")
             if math.isnan(value):
                 raise FieldError(attribute.name, "must be a number, got NaN")
+            if math.isinf(value) and not allow_inf:
+                raise FieldError(attribute.name, f"must be a finite number, got {value}")
         if lo is not None:
             if lo_exclusive and not value > lo:
-                raise FieldError(attribute.name, f"must be > {lo}, got {value}")
+                raise FieldError(attribute.name, f"must be > {bound_text(lo)}, got {bound_text(value)}")
             if not lo_exclusive and value < lo:
-                raise FieldError(attribute.name, f"must be >= {lo}, got {value}")
+                raise FieldError(attribute.name, f"must be >= {bound_text(lo)}, got {bound_text(value)}")
         if hi is not None and value > hi:
-            raise FieldError(attribute.name, f"must be <= {hi}, got {value}")
+            raise FieldError(attribute.name, f"must be <= {bound_text(hi)}, got {bound_text(value)}")
 
     return check
+
+
+def bound_text(value) -> str:
+    """Large whole numbers as powers of ten or two where exact (10**8, 2**53), others as written."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**6:
+        for base in (10, 2):
+            power = round(math.log(abs(value), base))
+            if base**power == abs(value):
+                return f"{'-' if value < 0 else ''}{base}**{power}"
+        return f"{value:.3g}" if abs(value) > 10**15 else str(value)
+    return str(value)
 
 
 def _to_float(value):
@@ -71,20 +110,25 @@ def _to_float(value):
 
 
 def int_field(default=attrs.NOTHING, *, min=None, max=None, optional=False, help: str = ""):
-    """A whole-number setting, optionally bounded (``min``/``max`` inclusive)."""
+    """A whole-number setting, bounded by ``min``/``max`` (inclusive; +-:data:`MAX_INT` when not given)."""
     return attrs.field(
         default=default,
-        validator=_number_validator(int, min, max, False, optional),
+        validator=_number_validator(int, -MAX_INT if min is None else min, MAX_INT if max is None else max,
+                                    False, optional),
         metadata={"help": help},
     )
 
 
-def float_field(default=attrs.NOTHING, *, min=None, max=None, min_exclusive=False, optional=False, help: str = ""):
-    """A real-number setting; TOML integers are accepted and turned into floats."""
+def float_field(default=attrs.NOTHING, *, min=None, max=None, min_exclusive=False, optional=False,
+                allow_inf: bool = False, help: str = ""):
+    """A real-number setting; TOML integers are accepted and turned into floats.
+
+    Infinity (TOML ``inf``) is refused unless ``allow_inf`` (e.g. an SLO target meaning "none").
+    """
     return attrs.field(
         default=default,
         converter=_to_float,
-        validator=_number_validator(float, min, max, min_exclusive, optional),
+        validator=_number_validator(float, min, max, min_exclusive, optional, allow_inf),
         metadata={"help": help},
     )
 
@@ -112,6 +156,40 @@ def str_field(default=attrs.NOTHING, *, choices: Iterable[str] | None = None, op
             raise FieldError(attribute.name, f"must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
     return attrs.field(default=default, validator=check, metadata={"help": help})
+
+
+def _check_metric(attribute, value) -> None:
+    from .metric_names import check_metric_name  # not at import: metric_names imports metrics (numpy)
+
+    try:
+        check_metric_name(value)
+    except ConfigError as exc:
+        raise FieldError(attribute.name, str(exc)) from None
+
+
+def metric_field(default=attrs.NOTHING, *, optional=False, help: str = ""):
+    """A dotted metric name such as ``ttft_ms.p99``, checked against the metrics a run has
+    (:data:`schedlab.metric_names.METRICS`), so a misspelt one fails when the file is loaded."""
+
+    def check(_inst, attribute, value):
+        if value is None and optional:
+            return
+        _check_metric(attribute, value)
+
+    return attrs.field(default=default, validator=check, metadata={"help": help})
+
+
+def metric_list_field(default=attrs.NOTHING, *, help: str = ""):
+    """A list of dotted metric names (see :func:`metric_field`), stored as a tuple."""
+
+    def check(_inst, attribute, value):
+        if not isinstance(value, tuple):
+            raise FieldError(attribute.name, f"must be a list of metric names, got {_describe(value)}")
+        for name in value:
+            _check_metric(attribute, name)
+
+    return attrs.field(default=default, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+                       validator=check, metadata={"help": help})
 
 
 def path_field(default=attrs.NOTHING, *, optional=False, help: str = ""):
@@ -161,12 +239,36 @@ def _resolve_nested_paths(value, base_dir):
 
 
 def field_help(cls) -> list[tuple[str, Any, str]]:
-    """``(name, default, help)`` for every field of a config class, for ``schedlab plugins``."""
+    """``(name, default, help)`` for every field of a config class, for ``schedlab plugins``.
+
+    A default made by a factory (``attrs.Factory(dict)``) is shown as the value it makes."""
     rows = []
     for a in attrs.fields(cls):
-        default = "(required)" if a.default is attrs.NOTHING else a.default
+        default = a.default
+        if default is attrs.NOTHING:
+            default = "(required)"
+        elif isinstance(default, attrs.Factory) and not default.takes_self:
+            default = default.factory()
         rows.append((a.name, default, a.metadata.get("help", "")))
     return rows
+
+
+def toml_text(value: Any) -> str:
+    """A value as it would be written in a TOML file (``"fcfs"``, ``true``, ``[1, 2]``,
+    ``{kind = "round_robin"}``, ``inf``); ``None`` (not set) as ``(unset)``."""
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_text(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | None = None):

@@ -28,13 +28,14 @@ import tomli
 
 from .capacity import GpuSpec, ModelSpec, Presets
 from .catalog import Catalog, load_catalog
-from .configs import bool_field, from_table, int_field, list_field, str_field
+from .configs import MAX_INT, FieldError, bool_field, from_table, int_field, list_field, str_field
 from .errors import ConfigError
+from .metric_names import check_metric_name
 from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
 from .progress import progress
 from .results import ExperimentResults, RunResult, Study
 from .search import parse_constraint, search
-from .simulation import ENGINES, Context, RunSpec, assemble, run
+from .simulation import ENGINES, Context, RunSpec, assemble, component_config, run
 from .sweep import expand_grid, point_label
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo",
@@ -42,13 +43,14 @@ TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "c
 RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo")
 RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "seed", "engine")
 DEFAULT_REPORTS = ("table", "json", "plots")
+MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix
 
 
 @attrs.frozen
 class ExperimentConfig:
     name: str = str_field("", help="experiment name (default: the file name)")
     description: str = str_field("", help="one line shown in reports")
-    seed: int = int_field(0, help="seed for every random draw; same seed, same results")
+    seed: int = int_field(0, min=0, help="seed for every random draw; same seed, same results")
     plugins: tuple = list_field((), item=str, help="importable modules with extra plugins")
     reports: tuple = list_field(DEFAULT_REPORTS, item=str, help="report plugins to run, in order")
     engine: str = str_field("fast", choices=ENGINES, help="'fast' (bulk decode runs) or 'reference' (step by step)")
@@ -71,7 +73,10 @@ class SearchConfig:
                 raise ConfigError(f"{name}: must be a number, got {value!r}")
         if self.low > self.high:
             raise ConfigError(f"low ({self.low}) must be <= high ({self.high})")
-        parse_constraint(self.constraint)
+        try:
+            check_metric_name(parse_constraint(self.constraint).metric)
+        except ConfigError as exc:
+            raise FieldError("constraint", str(exc)) from None
 
     @property
     def integer(self) -> bool:
@@ -110,8 +115,24 @@ def _read_toml(path: Path) -> dict:
             return tomli.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such experiment file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; give the experiment's .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (TOML must be UTF-8; byte {exc.start} is not)") from None
     except tomli.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+
+
+def check_experiment_name(name: str, where: str) -> str:
+    """``name`` if it can name a results folder: one path component (``results/<name>``)."""
+    bad = (not name or name in (".", "..") or any(c in name for c in "/\\\0")
+           or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES)
+    if bad:
+        raise ConfigError(f"{where}: name {name!r} must be one folder name (results go to results/<name>): "
+                          f"no '/' or '\\', not '.' or '..', at most {MAX_NAME_BYTES} bytes")
+    return name
 
 
 def _check_keys(table: dict, allowed: tuple, where: str) -> None:
@@ -145,11 +166,14 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     raw = _read_toml(path)
     _check_keys(raw, TOP_LEVEL, source)
     assignments = [parse_assignment(text) for text in overrides]
-    exp_table = dict(raw.get("experiment", {}))
+    exp_table = raw.get("experiment", {})
+    if not isinstance(exp_table, dict):
+        raise ConfigError(f"{source}: experiment must be one table ([experiment]), got {_shape(exp_table)}")
     for key, value in assignments:
         if key.startswith("experiment."):
             exp_table = set_dotted({"experiment": exp_table}, key, value)["experiment"]
     config = from_table(ExperimentConfig, exp_table, where=f"{source}: [experiment]")
+    check_experiment_name(config.name or path.stem, f"{source}: [experiment]")
     if catalog is None:
         catalog = load_catalog(config.plugins, plugin_objects=plugin_objects)
     presets = Presets.from_catalog(catalog, _custom_presets(raw, source))
@@ -163,7 +187,11 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         entries = [{}]
     studies = []
     names: set[str] = set()
+    targeted = _run_assignments(assignments, entries, source)
     for i, entry in enumerate(entries):
+        if "name" in entry and not (isinstance(entry["name"], str) and entry["name"]):
+            raise ConfigError(f"{source}: [[runs]] number {i + 1}: name must be non-empty text, "
+                              f"got {entry['name']!r}")
         if entry.get("name"):
             name = entry["name"]
         elif len(entries) == 1:
@@ -180,14 +208,16 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             if key in entry:
                 tables[key] = merge_tables({key: tables.get(key, {})}, {key: entry[key]}, where=where)[key]
         for key, value in assignments:
-            if not key.startswith("experiment."):
+            if not key.startswith(("experiment.", "runs.")):
                 if key.split(".")[0] not in RUN_TABLES:
-                    raise ConfigError(f"--set {key}: the first part must be one of {', '.join(RUN_TABLES)} "
-                                      "or experiment")
+                    raise ConfigError(f"--set {key}: the first part must be one of {', '.join(RUN_TABLES)}, "
+                                      "experiment or runs.<run name>")
                 tables = set_dotted(tables, key, value)
+        for key, value in targeted.get(name, ()):  # --set runs.<name>.key=value: this run only
+            tables = set_dotted(tables, key, value)
         seed = entry.get("seed", config.seed)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"{where.rstrip(':')}: seed must be a whole number, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_INT:
+            raise ConfigError(f"{where.rstrip(':')}: seed must be a whole number from 0 to 2**53, got {seed!r}")
         engine = entry.get("engine", config.engine)
         base = RunSpec(name, tables, seed=seed, engine=engine)
         sweep_table = entry.get("sweep", raw.get("sweep"))
@@ -204,9 +234,37 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     report_tables = raw.get("reports", {})
     if not isinstance(report_tables, dict):
         raise ConfigError(f"{source}: [reports] must be a table of report settings")
-    for name in list(config.reports) + list(report_tables):
-        catalog["report"].get(name)  # unknown report names fail now, not after the runs
+    for name in dict.fromkeys(list(config.reports) + list(report_tables)):
+        # unknown report names and bad settings (a misspelt metric) fail now, not after the runs
+        table = report_tables.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [reports.{name}] must be a table of settings, got {_shape(table)}")
+        component_config(ctx, "report", {**table, "kind": name}, f"{source}: [reports.{name}]")
     return Experiment(path, config, studies, report_tables, ctx, raw)
+
+
+def _shape(value) -> str:
+    if isinstance(value, list):
+        return "an array ([[...]] or [...])"
+    return f"{value!r}"
+
+
+def _run_assignments(assignments, entries: list, source: str) -> dict[str, list]:
+    """``--set runs.<name>.<table>.key=value``: run name -> [(key inside the run, value)]."""
+    names = [e.get("name") for e in entries if isinstance(e.get("name"), str)]
+    targeted: dict[str, list] = {}
+    for key, value in assignments:
+        if not key.startswith("runs."):
+            continue
+        parts = key.split(".")
+        if len(parts) < 4 or parts[2] not in RUN_TABLES:
+            raise ConfigError(f"--set {key}: write runs.<run name>.<table>.<key>, with the table one of "
+                              f"{', '.join(RUN_TABLES)} (e.g. runs.tune.scheduler.max_num_seqs=8)")
+        if parts[1] not in names:
+            known = ", ".join(names) or "(no [[runs]] has a name)"
+            raise ConfigError(f"--set {key}: no run named {parts[1]!r} in {source}; runs: {known}")
+        targeted.setdefault(parts[1], []).append((".".join(parts[2:]), value))
+    return targeted
 
 
 def _point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
@@ -229,7 +287,7 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
     else:
         points = [{}]
     for point in points:
-        assemble(_point_spec(study, point), ctx, where)
+        assemble(_point_spec(study, point), ctx, where, check_only=True)
 
 
 def run_experiment(exp: Experiment, *, observer: Callable | None = None,

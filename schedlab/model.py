@@ -12,18 +12,18 @@ from typing import Any
 
 import attrs
 
+from .configs import MAX_TIME_MS, MAX_TOKENS, bound_text
 from .errors import WorkloadError
 
 
 def _check_request(req: "Request") -> None:
-    if req.prompt_tokens < 1:
-        raise WorkloadError(f"request {req.id}: prompt_tokens must be >= 1, got {req.prompt_tokens}")
-    if req.output_tokens < 1:
-        raise WorkloadError(f"request {req.id}: output_tokens must be >= 1, got {req.output_tokens}")
-    if req.max_tokens is not None and req.max_tokens < 1:
-        raise WorkloadError(f"request {req.id}: max_tokens must be >= 1, got {req.max_tokens}")
-    if not req.arrival_ms >= 0.0:  # also rejects NaN
-        raise WorkloadError(f"request {req.id}: arrival_ms must be >= 0, got {req.arrival_ms}")
+    for name in ("prompt_tokens", "output_tokens", "max_tokens"):
+        value = getattr(req, name)
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            raise WorkloadError(f"request {req.id}: {name} must be from 1 to {bound_text(MAX_TOKENS)}, got {value}")
+    if not 0.0 <= req.arrival_ms <= MAX_TIME_MS:  # also rejects NaN
+        raise WorkloadError(f"request {req.id}: arrival_ms must be from 0 to {MAX_TIME_MS:g} (about 31.7 years), "
+                            f"got {req.arrival_ms:g}")
     if req.prefix_tokens < 0 or req.prefix_tokens > req.prompt_tokens:
         raise WorkloadError(
             f"request {req.id}: prefix_tokens must be between 0 and prompt_tokens "
@@ -36,6 +36,9 @@ def _check_request(req: "Request") -> None:
 @attrs.frozen(slots=True)
 class Request:
     """One inference request.
+
+    Sizes are bounded (:mod:`schedlab.configs`): token counts from 1 to ``MAX_TOKENS``
+    (10**8), arrival times from 0 to ``MAX_TIME_MS`` (10**12 ms, about 31.7 years).
 
     :ivar id: index of the request in its workload, unique within a run (0, 1, 2, ...).
     :ivar arrival_ms: when the request reaches the server, in ms from the start of the run.

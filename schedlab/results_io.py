@@ -1,7 +1,9 @@
 """Saving results to a folder and reading them back (``schedlab plot DIR`` redraws from these).
 
 Files (each written to a temporary name and renamed, so an interrupted write never leaves a
-half file behind and an earlier complete file is only replaced by a complete one):
+half file behind and an earlier complete file is only replaced by a complete one; ``schedlab
+run`` moreover writes the whole folder aside and swaps it in, see
+:mod:`schedlab.results_folder`):
 
 * ``summary.json`` -- experiment, studies, per-run metrics, meta and search outcomes;
 * ``summary.csv`` -- one row per run, metrics flattened (``ttft_ms.p99``) plus swept keys;
@@ -25,8 +27,10 @@ import attrs
 import numpy as np
 
 from .engine.recorder import TIMELINE
+from .errors import SchedlabError
 from .metrics import request_latencies
 from .results import ExperimentResults, RunResult, Study
+from .results_folder import usual_mode
 
 REQUEST_COLUMNS = (
     "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
@@ -38,12 +42,14 @@ TIMELINE_COLUMNS = ("run",) + TIMELINE
 
 
 def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
-    """Write ``path`` completely or not at all (temporary file + rename)."""
+    """Write ``path`` completely or not at all (temporary file + rename), with the permissions
+    ``open`` would give a new file (``0o666`` less the umask; ``mkstemp`` alone gives ``0o600``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode() if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, usual_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
@@ -200,14 +206,76 @@ def _num(text: str, kind) -> Any:
     return kind(text)
 
 
-def load(out_dir: str | os.PathLike) -> ExperimentResults:
-    """Read saved results back (metrics, per-request rows and timelines; not ITL runs)."""
-    out = Path(out_dir)
+#: The layout of summary.json that :func:`load` relies on: required key -> type, per level.
+SUMMARY_LAYOUT = {
+    "summary": {"experiment": str, "studies": list},
+    "study": {"name": str, "kind": str, "runs": list},
+    "run": {"name": str, "metrics": dict},
+    "search": {"status": str, "message": str, "probes": list},
+    "probe": {"holds": bool},
+}
+
+
+def summary_problem(data: Any) -> str | None:
+    """What keeps ``data`` from being a summary.json :func:`load` can read, or None."""
+    def problem(node, level: str, where: str) -> str | None:
+        if not isinstance(node, dict):
+            return f"{where} is {type(node).__name__}, not an object"
+        for key, kind in SUMMARY_LAYOUT[level].items():
+            if not isinstance(node.get(key), kind):
+                return f"{where} has no {key!r} ({kind.__name__})"
+        return None
+
+    found = problem(data, "summary", "the file")
+    for i, study in enumerate(data["studies"] if found is None else ()):
+        found = found or problem(study, "study", f"studies[{i}]")
+        if found:
+            break
+        for j, run in enumerate(study["runs"]):
+            found = found or problem(run, "run", f"studies[{i}].runs[{j}]")
+        if study.get("search") is not None and not found:
+            found = problem(study["search"], "search", f"studies[{i}].search")
+            for k, probe in enumerate(study["search"]["probes"] if not found else ()):
+                found = found or problem(probe, "probe", f"studies[{i}].search.probes[{k}]")
+        if found:
+            break
+    return found
+
+
+def _read_summary(out: Path) -> dict:
+    path = out / "summary.json"
     try:
-        summary = json.loads((out / "summary.json").read_text())
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        from .errors import SchedlabError
         raise SchedlabError(f"{out}: no summary.json here; run an experiment with --out {out} first") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchedlabError(f"{path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        summary = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchedlabError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno}); is it cut short or "
+                            "from another program?") from None
+    found = summary_problem(summary)
+    if found:
+        raise SchedlabError(f"{path}: not a schedlab summary.json: {found}")
+    return summary
+
+
+def load(out_dir: str | os.PathLike) -> ExperimentResults:
+    """Read saved results back (metrics, per-request rows and timelines; not ITL runs).
+
+    :raises SchedlabError: a file is missing, cut short or not one schedlab wrote.
+    """
+    out = Path(out_dir)
+    summary = _read_summary(out)
+    try:
+        return _load(out, summary)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError, StopIteration) as exc:
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        raise SchedlabError(f"{out}: cannot read the saved results ({what}); is the folder complete?") from None
+
+
+def _load(out: Path, summary: dict) -> ExperimentResults:
     header, rows = _read_csv(out / "requests.csv")
     index = {name: i for i, name in enumerate(header)}
     by_run: dict[str, list[list[str]]] = {}

@@ -15,12 +15,12 @@ import attrs
 
 from .capacity import Presets
 from .catalog import Catalog
-from .configs import FieldError, float_field, from_table, int_field, table_field
+from .configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, table_field
 from .engine.driver import simulate
 from .engine.instance import Instance
 from .engine.recorder import Recorder
 from .engine.reference import ReferenceEngine
-from .errors import ConfigError, UnknownPluginError
+from .errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from .results import RunResult
 
 COMPONENTS = ("workload", "scheduler", "cost_model", "kv_cache")
@@ -34,7 +34,7 @@ ENGINES = ("fast", "reference")
 
 @attrs.frozen
 class ClusterConfig:
-    instances: int = int_field(1, min=1, help="identical instances behind the router")
+    instances: int = int_field(1, min=1, max=MAX_INSTANCES, help="identical instances behind the router")
     router: dict = table_field(attrs.Factory(lambda: {"kind": "round_robin"}),
                                help="the router table (kind = ...), used when instances > 1")
 
@@ -44,8 +44,8 @@ class SloConfig:
     """Per-request targets: a request meets the SLO when its TTFT and its TPOT are both within
     them (DistServe's goodput counts such requests per second)."""
 
-    ttft_ms: float = float_field(math.inf, min=0.0, help="TTFT target of every request, ms")
-    tpot_ms: float = float_field(math.inf, min=0.0, help="TPOT target of every request, ms")
+    ttft_ms: float = float_field(math.inf, min=0.0, allow_inf=True, help="TTFT target of every request, ms")
+    tpot_ms: float = float_field(math.inf, min=0.0, allow_inf=True, help="TPOT target of every request, ms")
     classes: dict = table_field(attrs.Factory(dict),
                                 help="targets per request class: {interactive = {ttft_ms = 300, tpot_ms = 100}}")
 
@@ -92,8 +92,9 @@ def _call_factory(factory: Callable, config, presets: Presets):
     return factory(*args)
 
 
-def build_component(ctx: Context, kind: str, table: dict, where: str):
-    """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``."""
+def component_config(ctx: Context, kind: str, table: dict, where: str):
+    """The registry entry a ``{kind = "...", ...}`` table names and its checked config (None for a
+    plugin without settings), with errors naming ``where``; builds no plugin object."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table, got {table!r}")
     table = dict(table)
@@ -111,10 +112,18 @@ def build_component(ctx: Context, kind: str, table: dict, where: str):
         raise ConfigError(f"{where}: {kind} {name!r} takes no settings, got {', '.join(table)}")
     else:
         config = None
+    return entry, config
+
+
+def build_component(ctx: Context, kind: str, table: dict, where: str):
+    """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``."""
+    entry, config = component_config(ctx, kind, table, where)
     try:
         return _call_factory(entry.factory, config, ctx.presets)
     except (ConfigError, UnknownPluginError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
+    except FieldError as exc:  # a factory's check across settings (e.g. swap space needs a block size)
+        raise ConfigError(f"{where}: {exc.name}: {exc.message}") from None
 
 
 def _tables_with_defaults(tables: dict) -> dict:
@@ -132,8 +141,13 @@ class Assembled:
     slo: SloConfig | None
 
 
-def assemble(spec: RunSpec, ctx: Context, where: str) -> Assembled:
-    """Build every plugin object of a run (also how ``schedlab validate`` checks a file)."""
+def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = False) -> Assembled:
+    """Build every plugin object of a run (also how ``schedlab validate`` checks a file).
+
+    :param check_only: build one instance's plugins, not one set per instance: every instance
+        has the same tables, so one set shows whether they are valid (loading a file then costs
+        the same for 1 or 1,024 instances).
+    """
     tables = _tables_with_defaults(spec.tables)
     if "workload" not in tables:
         raise ConfigError(f"{where.rstrip(':')}: no [workload] table; registered workloads: "
@@ -141,10 +155,13 @@ def assemble(spec: RunSpec, ctx: Context, where: str) -> Assembled:
     if spec.engine not in ENGINES:
         raise ConfigError(f"{where.rstrip(':')}: engine must be one of {', '.join(ENGINES)}, got {spec.engine!r}")
     cluster = from_table(ClusterConfig, tables.get("cluster", {}), where=f"{where} [cluster]")
+    if spec.engine == "reference" and cluster.instances != 1:
+        raise ConfigError(f"{where} [cluster]: the reference engine simulates one instance, not "
+                          f"{cluster.instances}; use engine = \"fast\" for several")
     slo = from_table(SloConfig, tables["slo"], where=f"{where} [slo]") if "slo" in tables else None
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
     parts = []
-    for _ in range(cluster.instances):
+    for _ in range(1 if check_only else cluster.instances):
         parts.append(tuple(build_component(ctx, kind, tables[kind], f"{where} [{kind}]")
                            for kind in ("scheduler", "cost_model", "kv_cache")))
     router = None
@@ -156,8 +173,6 @@ def assemble(spec: RunSpec, ctx: Context, where: str) -> Assembled:
                 check(cluster.instances)
             except ConfigError as exc:
                 raise ConfigError(f"{where} [cluster.router]: {exc}") from None
-    elif spec.engine == "reference" and cluster.instances != 1:
-        raise ConfigError(f"{where}: the reference engine runs a single instance")
     return Assembled(workload, parts, router, cluster, slo)
 
 
@@ -167,15 +182,18 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     where = where or f"{ctx.source}: run {spec.name!r}"
     a = assemble(spec, ctx, where)
     recorder = Recorder(timeline=timeline)
-    requests = a.workload.requests(spec.seed)
     started = time.perf_counter()
-    if spec.engine == "reference":
-        scheduler, cost, kv = a.instances[0]
-        engines = [ReferenceEngine(scheduler, cost, kv, recorder)]
-        engines[0].run(requests, workload=a.workload)
-    else:
-        engines = [Instance(i, s, c, k, recorder, observer=observer) for i, (s, c, k) in enumerate(a.instances)]
-        simulate(requests, engines, router=a.router, workload=a.workload)
+    try:
+        requests = a.workload.requests(spec.seed)
+        if spec.engine == "reference":
+            scheduler, cost, kv = a.instances[0]
+            engines = [ReferenceEngine(scheduler, cost, kv, recorder)]
+            engines[0].run(requests, workload=a.workload)
+        else:
+            engines = [Instance(i, s, c, k, recorder, observer=observer) for i, (s, c, k) in enumerate(a.instances)]
+            simulate(requests, engines, router=a.router, workload=a.workload)
+    except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
+        raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
     scheduler, cost, kv = a.instances[0]
     slots = getattr(scheduler, "slots", None)
@@ -201,6 +219,14 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         result.measured = measured
         result.metrics["vs_measured"] = vs_measured(result.requests, measured)
     return result
+
+
+def _with_where(exc: SchedlabError, where: str) -> SchedlabError:
+    """The same kind of error with ``where`` in front of its message."""
+    try:
+        return type(exc)(f"{where}: {exc}")
+    except TypeError:  # a plugin's error class with another constructor
+        return SimulationError(f"{where}: {exc}")
 
 
 def _kv_summary(kv) -> dict:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from schedlab.cli import main
 
@@ -63,3 +64,51 @@ def test_installed_console_script_runs():
     done = subprocess.run([sys.executable, "-m", "schedlab.cli", "validate", str(QUICKSTART)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_python_dash_m_schedlab_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "schedlab", "validate", str(QUICKSTART)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{QUICKSTART}: OK (2 run entries")
+    done = subprocess.run([sys.executable, "-m", "schedlab", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "usage: schedlab" in done.stdout
+
+
+def test_plugins_verbose_prints_defaults_as_toml(capsys):
+    """Factory defaults printed as ``Factory(factory=<class 'dict'>, ...)`` before."""
+    assert main(["plugins", "-v"]) == 0
+    listing = capsys.readouterr().out
+    assert "Factory(" not in listing and "<class" not in listing and "<function" not in listing
+    assert "      overlays = {}  " in listing             # attrs.Factory(dict)
+    assert '      policy = "fcfs"  ' in listing            # text quoted as in TOML
+    assert "      prefix_caching = false  " in listing     # TOML booleans
+    assert '      columns = ["finished", "ttft_ms.p50"' in listing
+    assert "      num_blocks = (unset)  " in listing and "      path = (required)  " in listing
+
+
+def test_set_can_target_one_run(tmp_path, capsys):
+    from schedlab.experiment import load
+
+    exp = load(QUICKSTART, ["runs.static.scheduler.batch_size=4", "workload.limit=50"])
+    tables = {s.name: s.base.tables for s in exp.studies}
+    assert tables["static"]["scheduler"] == {"kind": "static", "batch_size": 4}
+    assert tables["continuous"]["scheduler"] == {"kind": "continuous", "max_num_seqs": 16}
+    assert tables["static"]["workload"]["limit"] == tables["continuous"]["workload"]["limit"] == 50
+    out = tmp_path / "o"
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out),
+                 "--set", "runs.continuous.scheduler.max_num_seqs=2"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["continuous"]["scheduler"]["max_num_seqs"] == 2 and config["static"]["scheduler"]["batch_size"] == 16
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("runs.nope.scheduler.batch_size=4", "no run named 'nope' in"),
+    ("runs.static.batch_size=4", "write runs.<run name>.<table>.<key>"),
+    ("runs.static.seed=4", "write runs.<run name>.<table>.<key>"),
+    ("runs.static.scheduler.batch_sise=4", "[[runs]] 'static' [scheduler]: unknown key 'batch_sise'"),
+])
+def test_set_for_one_run_explains_mistakes(capsys, assignment, message):
+    assert main(["validate", str(QUICKSTART), "--set", assignment]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -22,7 +22,7 @@ from schedlab.results import ExperimentResults, RunResult, Study
 from schedlab.results_io import load as load_results
 from schedlab.search import Probe, SearchOutcome
 from schedlab_plugins.reports.plot_cdf import MAX_CDF_POINTS, cdf_points, latency_cdf_figure
-from schedlab_plugins.reports.plot_common import metric_label, metric_unit
+from schedlab_plugins.reports.plot_common import metric_label, metric_unit, setting_label
 from schedlab_plugins.reports.plot_search import search_figure
 from schedlab_plugins.reports.plot_sweep import sweep_figure
 from schedlab_plugins.reports.plot_timeline import timeline_figure
@@ -251,8 +251,8 @@ def test_sweep_figure_has_a_line_per_second_key_value(lab):
     titled = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in titled] == ["ttft_ms.p99", "throughput_tps"]
     ax = titled[0]
-    assert ax.get_xlabel() == "workload.rate" and ax.get_ylabel() == "ttft_ms.p99 (ms)"
-    assert titled[1].get_ylabel() == "throughput_tps (tokens/s)"
+    assert ax.get_xlabel() == "workload.rate (requests/s)" and ax.get_ylabel() == "TTFT p99 (ms)"
+    assert titled[1].get_ylabel() == "throughput (tokens/s)"
     by_label = {line.get_label(): line for line in ax.get_lines() if line.get_gid().startswith("sweep:")}
     assert set(by_label) == {"max_num_seqs=4", "max_num_seqs=8"}
     for seqs in (4, 8):
@@ -309,7 +309,7 @@ def test_search_figure_marks_the_chosen_value_and_the_threshold(lab):
         assert all(p.payload.metrics["ttft_ms"]["p99"] <= 60 for p in passing)
         assert study.search.message in fig._suptitle.get_text()
         assert fig.axes[0].get_xlabel() == "workload.clients"
-        assert fig.axes[0].get_ylabel() == "ttft_ms.p99 (ms)"
+        assert fig.axes[0].get_ylabel() == "TTFT p99 (ms)"
 
 
 # -- edge cases: rejections, nothing finished, no timeline ---------------------------------------------
@@ -475,7 +475,7 @@ def test_sweep_with_nan_metrics_and_text_values_still_draws(tmp_path):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["static", "continuous"]
     assert sweep_figure(study, ("absent.metric",), DPI) is None
     results = ExperimentResults("x", "", [study], {})
-    written = PlotsReport(PlotsConfig(sweep_metrics=("absent.metric",))).write(results, tmp_path)
+    written = PlotsReport(PlotsConfig(sweep_metrics=("slo.attainment",))).write(results, tmp_path)  # no [slo]
     assert sorted(p.name for p in written) == ["latency_cdf_w.png"]  # no timeline, no sweep panel to draw
     assert (tmp_path / "plots" / "latency_cdf_w.png").read_bytes()[:8] == PNG_SIGNATURE
 
@@ -539,15 +539,38 @@ def test_timelines_single_runs_then_search_boundaries_then_sweep_points():
     assert timeline_runs(results, 0) == []
 
 
-@pytest.mark.parametrize("name, unit", [
-    ("ttft_ms.p99", "ms"), ("queue_ms.p50", "ms"), ("throughput_tps", "tokens/s"),
-    ("request_throughput_rps", "requests/s"), ("slo.goodput_rps", "requests/s"), ("slot_utilisation", "fraction"),
-    ("kv_usage.peak", "fraction"), ("kv_usage.time_above_90", "fraction"), ("prefix_cache.hit_rate", "fraction"),
-    ("avg_queue", "requests waiting"), ("num_preemptions", "count"), ("preemptions.swap_transfer_ms", "ms"),
+@pytest.mark.parametrize("name, unit, label", [
+    ("ttft_ms.p99", "ms", "TTFT p99 (ms)"), ("queue_ms.p50", "ms", "queue time p50 (ms)"),
+    ("ttft_ms", "ms", "TTFT (ms)"), ("e2e_ms", "ms", "e2e latency (ms)"),
+    ("throughput_tps", "tokens/s", "throughput (tokens/s)"),
+    ("request_throughput_rps", "requests/s", "request_throughput (requests/s)"),
+    ("slo.goodput_rps", "requests/s", "SLO goodput (requests/s)"),
+    ("slot_utilisation", "fraction", "slot_utilisation (fraction)"),
+    ("kv_usage.peak", "fraction", "KV usage peak (fraction)"),
+    ("kv_usage.time_above_90", "fraction", "KV usage time_above_90 (fraction)"),
+    ("prefix_cache.hit_rate", "fraction", "prefix_cache hit_rate (fraction)"),
+    ("avg_queue", "requests waiting", "avg_queue (requests waiting)"), ("num_preemptions", "count", "num_preemptions (count)"),
+    ("preemptions.swap_transfer_ms", "ms", "preemptions swap_transfer (ms)"),
 ])
-def test_metric_units(name, unit):
+def test_metric_units_are_said_once_in_axis_labels(name, unit, label):
+    """``ttft_ms.p99 (ms)`` said the unit twice; the label is the metric in words, its unit once."""
     assert metric_unit(name) == unit
-    assert metric_label(name) == f"{name} ({unit})"
+    assert metric_label(name) == label
+
+
+@pytest.mark.parametrize("key, label", [
+    ("workload.rate", "workload.rate (requests/s)"), ("scheduler.max_num_seqs", "scheduler.max_num_seqs (sequences)"),
+    ("scheduler.max_wait_ms", "scheduler.max_wait_ms (ms)"), ("kv_cache.swap_space_gib", "kv_cache.swap_space_gib (GiB)"),
+    ("scheduler.max_num_batched_tokens", "scheduler.max_num_batched_tokens (tokens)"),
+    ("workload.clients", "workload.clients"), ("scheduler.kind", "scheduler.kind"),
+])
+def test_swept_settings_get_their_unit(key, label):
+    assert setting_label(key) == label
+
+
+def test_latency_cdf_axes_say_the_unit_once(lab):
+    fig = latency_cdf_figure(lab["fresh"].study("static").runs, "t", DPI)
+    assert [ax.get_xlabel() for ax in fig.axes[:3]] == ["TTFT (ms)", "TPOT (ms)", "e2e latency (ms)"]
 
 
 def test_config_from_toml_table_and_bad_values():
@@ -640,7 +663,7 @@ def test_mark_last_zero_from_the_report_settings(tmp_path):
     fig = figures["sweep_cliff.png"].draw()
     assert list(_gids(fig, "mark:")["mark:num_preemptions:0"].get_xdata()) == [16.0, 16.0]
     # a metric no run has: nothing to mark, the figure is still drawn
-    config = PlotsConfig(mark_last_zero="no_such.metric", sweep_metrics=("num_preemptions",))
+    config = PlotsConfig(mark_last_zero="slo.met", sweep_metrics=("num_preemptions",))
     fig = plan(results, config)[-1].draw()
     assert not _gids(fig, "mark:")
 

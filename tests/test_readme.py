@@ -60,3 +60,85 @@ def test_conformance_kit_example_runs_against_the_plugin_example(tmp_path, monke
     finally:
         sys.modules.pop("shortest_prompt", None)
         sys.modules.pop("kit_example", None)
+
+
+def test_plugin_example_admits_after_the_cached_prefix(tmp_path, monkeypatch):
+    """The example once admitted ``seq.num_tokens``: with prefix caching the engine stopped the
+    run, since only the tokens after the cached prefix are computed."""
+    import pytest
+
+    from schedlab.errors import SimulationError
+    from schedlab.model import Request
+    from schedlab.testing import check_run, run_engine
+    from schedlab_plugins.kv_caches import PrefixKVCache
+
+    code = next(b for b in blocks("python") if "shortest_prompt.py" in b)
+    (tmp_path / "shortest_prompt.py").write_text(code)
+    (tmp_path / "old_shortest_prompt.py").write_text(
+        code.replace("seq.num_tokens - plan.cached_tokens(seq)", "seq.num_tokens"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import old_shortest_prompt
+        import shortest_prompt
+    finally:
+        sys.modules.pop("shortest_prompt", None)
+        sys.modules.pop("old_shortest_prompt", None)
+    # a shared 64-token system prompt: later requests find its 4 blocks cached
+    requests = [Request(id=i, arrival_ms=100.0 * i, prompt_tokens=80 + i, output_tokens=5, prefix_group=0,
+                        prefix_tokens=64) for i in range(6)]
+    scheduler = shortest_prompt.ShortestPromptFirst(shortest_prompt.ShortestPromptConfig(max_num_seqs=4))
+    result = run_engine(requests, scheduler, kv=PrefixKVCache(64, 16))
+    check_run(result, requests, max_running=4, kv_blocks=64)
+    assert result.metrics["prefix_cache"]["hits"] == 5 * 64
+    old = old_shortest_prompt.ShortestPromptFirst(old_shortest_prompt.ShortestPromptConfig(max_num_seqs=4))
+    with pytest.raises(SimulationError, match="admit"):
+        run_engine(requests, old, kv=PrefixKVCache(64, 16))
+
+
+def test_a_reserving_plugin_without_rejection_reason_stalls_on_a_request_one_token_too_long(tmp_path, monkeypatch):
+    """What the README says about rejection_reason: the engine's default check counts
+    prompt + max_tokens - 1 tokens; the example reserves prompt + max_tokens."""
+    import pytest
+
+    from schedlab.errors import StallError
+    from schedlab.model import Request
+    from schedlab.testing import run_engine
+
+    (tmp_path / "shortest_prompt.py").write_text(next(b for b in blocks("python") if "shortest_prompt.py" in b))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import shortest_prompt
+    finally:
+        sys.modules.pop("shortest_prompt", None)
+    too_long = [Request(id=0, arrival_ms=0.0, prompt_tokens=60, output_tokens=5)]  # 65 tokens; the cache holds 64
+    config = shortest_prompt.ShortestPromptConfig(max_num_seqs=4)
+    with pytest.raises(StallError, match="stalled"):
+        run_engine(too_long, shortest_prompt.ShortestPromptFirst(config), kv_blocks=4, block_size=16)
+
+    class Rejecting(shortest_prompt.ShortestPromptFirst):
+        def rejection_reason(self, request, kv):
+            need = -(-(request.prompt_tokens + request.max_output_tokens) // kv.block_size)
+            return f"needs {need} blocks" if need > kv.num_blocks else None
+
+    result = run_engine(too_long, Rejecting(config), kv_blocks=4, block_size=16)
+    assert result.metrics["rejected"] == 1 and result.rejections == {0: "needs 5 blocks"}
+
+
+def test_slot_utilisation_needs_the_schedulers_slots(tmp_path, monkeypatch):
+    from schedlab.model import Request
+    from schedlab.testing import run_engine
+    from schedlab_plugins.reports.table import _fmt
+
+    (tmp_path / "shortest_prompt.py").write_text(next(b for b in blocks("python") if "shortest_prompt.py" in b))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import shortest_prompt
+    finally:
+        sys.modules.pop("shortest_prompt", None)
+    requests = [Request(id=i, arrival_ms=0.0, prompt_tokens=10, output_tokens=4) for i in range(2)]
+    with_slots = shortest_prompt.ShortestPromptFirst(shortest_prompt.ShortestPromptConfig(max_num_seqs=4))
+    # 8 tokens in 4 iterations (the first carries both prefills) of 4 slots
+    assert run_engine(requests, with_slots).metrics["slot_utilisation"] == 8 / (4 * 4)
+    without = shortest_prompt.ShortestPromptFirst(shortest_prompt.ShortestPromptConfig(max_num_seqs=4))
+    del without.slots
+    assert _fmt(run_engine(requests, without).metrics["slot_utilisation"]) == "-"

@@ -350,11 +350,12 @@ def test_mooncake_jitter_keeps_order_and_stays_in_window(registry, tmp_path):
 
 
 def test_mooncake_jitter_stays_below_t_plus_jitter_despite_rounding(registry, tmp_path):
-    t = 2.0**52  # float spacing is 1 here, so t + u with u >= 0.5 would round up to t + jitter
+    t = 2.0**39  # < the clock's end (1e12 ms); float spacing is 2**-13 here, so with a jitter of one
+    jitter = 2.0**-13  # spacing t + u with u >= half of it would round up to t + jitter
     write(tmp_path / "m.jsonl", "".join(json.dumps({"timestamp": int(t), "input_length": 5, "output_length": 1,
                                                     "hash_ids": [i]}) + "\n" for i in range(20)))
-    w = make(registry, {"kind": "mooncake", "path": "m.jsonl", "jitter_ms": 1.0}, base_dir=tmp_path)
-    assert all(t <= r.arrival_ms < t + 1.0 for r in w.requests(0))
+    w = make(registry, {"kind": "mooncake", "path": "m.jsonl", "jitter_ms": jitter}, base_dir=tmp_path)
+    assert all(t <= r.arrival_ms < t + jitter for r in w.requests(0))
 
 
 # --- arrivals: common random numbers -------------------------------------------------------

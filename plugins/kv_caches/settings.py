@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 
 from schedlab.capacity import DEFAULT_ACTIVATION_RESERVE_GIB, GIB, size_kv_cache
-from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
+from schedlab.configs import MAX_BLOCK_SIZE, FieldError, bool_field, float_field, int_field, str_field
 
 from .paged import PagedKVCache
 
@@ -22,7 +22,7 @@ from .paged import PagedKVCache
 class PoolConfig:
     """How many blocks of how many tokens: given, or derived from a model and a GPU."""
 
-    block_size: int = int_field(16, min=1, help="tokens per KV block (vLLM 16, TensorRT-LLM 32)")
+    block_size: int = int_field(16, min=1, max=MAX_BLOCK_SIZE, help="tokens per KV block (vLLM 16, TensorRT-LLM 32)")
     num_blocks: int | None = int_field(None, min=1, optional=True,
                                        help="KV blocks on the accelerator (default: from model and gpu, else 16384)")
     model: str | None = str_field(None, optional=True, help="model preset to size the pool from, e.g. llama-3-8b")
@@ -97,8 +97,9 @@ def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
 class RadixConfig(PoolConfig):
     """Settings of the ``radix`` cache: only the pool's size (SGLang has no swap space)."""
 
-    block_size: int = int_field(16, min=1, help="tokens per KV page (SGLang page_size; its default 1 matches "
-                                                "single tokens, exact but slow for long prompts)")
+    block_size: int = int_field(16, min=1, max=MAX_BLOCK_SIZE,
+                                help="tokens per KV page (SGLang page_size; its default 1 matches "
+                                     "single tokens, exact but slow for long prompts)")
 
 
 def build_radix(config: RadixConfig, presets=None):

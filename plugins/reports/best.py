@@ -18,16 +18,16 @@ from typing import Sequence
 
 import numpy as np
 
-from schedlab.configs import str_field
+from schedlab.configs import metric_field, str_field
 from schedlab.metrics import metric_at
 
 BEST_IS = ("highest", "lowest")
 
 
 def best_field():
-    return str_field(None, optional=True,
-                     help="a dotted metric such as 'per_class.interactive.slo.goodput_rps': the run with the best "
-                          "value is marked (see best_is)")
+    return metric_field(None, optional=True,
+                        help="a dotted metric such as 'per_class.interactive.slo.goodput_rps': the run with the best "
+                             "value is marked (see best_is)")
 
 
 def best_is_field():

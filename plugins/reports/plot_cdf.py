@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 
 from schedlab.results_io import latencies
 
-from .plot_common import line_style, new_figure, note, stability_suffix, titles, use_log_scale, wide_positive_range
+from .plot_common import line_style, metric_label, new_figure, note, stability_suffix, titles, use_log_scale, \
+    wide_positive_range
 
 PANELS = (("ttft_ms", "time to first token"), ("tpot_ms", "time per output token"), ("e2e_ms", "end-to-end latency"))
 MAX_CDF_POINTS = 4000  # more requests than this: the CDF is drawn through this many evenly spaced ranks
@@ -55,7 +56,7 @@ def latency_cdf_figure(runs, title: str, dpi: int, labels: list[str] | None = No
             handles.setdefault(label, line)
             drawn.append(x)
         ax.set_title(description, fontsize=11)
-        ax.set_xlabel(f"{metric} (ms)")
+        ax.set_xlabel(metric_label(metric))
         ax.grid(True, which="major", alpha=0.3)
         if not drawn:
             note(ax, "no finished requests" if metric != "tpot_ms" else "no request with 2+ tokens")

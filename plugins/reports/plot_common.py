@@ -74,10 +74,49 @@ def metric_unit(name: str) -> str:
     return _COUNTS.get(parts[-1], _COUNTS.get(parts[0], ""))
 
 
+_UNIT_SUFFIXES = ("_ms", "_tps", "_rps", "_bytes")
+_READABLE = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "e2e latency", "queue": "queue time",
+             "kv_usage": "KV usage", "slo": "SLO"}
+
+
 def metric_label(name: str) -> str:
-    """``ttft_ms.p99 (ms)``: an axis label with the unit."""
+    """An axis label: the metric in words with its unit said once (``ttft_ms.p99`` ->
+    ``TTFT p99 (ms)``, ``throughput_tps`` -> ``throughput (tokens/s)``); panel titles keep the
+    dotted name, which is what settings use."""
+    words = []
+    for part in name.split("."):
+        for suffix in _UNIT_SUFFIXES:
+            if part.endswith(suffix) and len(part) > len(suffix):
+                part = part[: -len(suffix)]
+                break
+        words.append(_READABLE.get(part, part))
     unit = metric_unit(name)
-    return f"{name} ({unit})" if unit else name
+    text = " ".join(words)
+    return f"{text} ({unit})" if unit else text
+
+
+#: Units of settings that sweeps and searches vary, by the key's last part.
+_SETTING_UNITS = {"rate": "requests/s", "max_num_seqs": "sequences",
+                  "batch_size": "sequences", "num_blocks": "blocks", "block_size": "tokens per block",
+                  "num_requests": "requests", "swap_blocks": "blocks", "min_batch": "requests"}
+
+
+def setting_unit(key: str) -> str:
+    """The unit of a dotted setting (``workload.rate`` -> requests/s), or '' when it has none."""
+    last = key.rsplit(".", 1)[-1]
+    if last in _SETTING_UNITS:
+        return _SETTING_UNITS[last]
+    for suffix, unit in (("_ms", "ms"), ("_gib", "GiB"), ("_gbps", "GB/s"), ("tokens", "tokens"),
+                         ("_token_threshold", "tokens")):
+        if last.endswith(suffix):
+            return unit
+    return ""
+
+
+def setting_label(key: str) -> str:
+    """``workload.rate (requests/s)``: an axis label for a swept or searched setting."""
+    unit = setting_unit(key)
+    return f"{key} ({unit})" if unit else key
 
 
 def fmt_number(value: float | None) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from schedlab.configs import FieldError, int_field, list_field, str_field, table_field
+from schedlab.configs import FieldError, int_field, metric_field, metric_list_field, table_field
 
 from .best import best_field, best_is_field
 
@@ -25,9 +25,11 @@ def _check_overlays(overlays: dict) -> None:
 class PlotsConfig:
     max_timelines: int = int_field(12, min=0, help="most timeline figures (single runs first, then "
                                                    "search boundaries, then sweep points)")
-    sweep_metrics: tuple = list_field(DEFAULT_SWEEP_METRICS, item=str,
-                                      help="metrics plotted against a sweep's key, as dotted names; absent ones skipped")
-    mark_last_zero: str | None = str_field(
+    sweep_metrics: tuple = metric_list_field(
+        DEFAULT_SWEEP_METRICS,
+        help="metrics plotted against a sweep's key, as dotted names; ones absent from every run (e.g. slo.* "
+             "without [slo]) are skipped")
+    mark_last_zero: str | None = metric_field(
         None, optional=True,
         help="a metric such as 'num_preemptions': sweep figures get a dotted vertical line per line at the "
              "largest swept value up to which that metric is still 0 (where the trouble starts)")
@@ -35,8 +37,8 @@ class PlotsConfig:
         attrs.Factory(dict),
         help="figure name -> run names drawn together in sweep_<name>.png: sweeps sharing their first key "
              "as lines, single runs as dashed horizontal reference lines")
-    compare_metrics: tuple = list_field(
-        (), item=str,
+    compare_metrics: tuple = metric_list_field(
+        (),
         help="metrics drawn in compare.png as bars, one bar per single run (not sweep or search points); "
              "empty: no such figure")
     best: str | None = best_field()

@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from schedlab.errors import ConfigError
 from schedlab.search import parse_constraint
 
-from .plot_common import metric_label, new_figure, titles, use_log_scale, wide_positive_range
+from .plot_common import metric_label, new_figure, setting_label, titles, use_log_scale, wide_positive_range
 
 PASS_COLOR = "#2ca02c"
 FAIL_COLOR = "#d62728"
@@ -91,7 +91,7 @@ def search_figure(study, dpi: int) -> Figure | None:
     ys = np.append(y[finite], constraint.threshold)
     if wide_positive_range(ys, ratio=30.0):
         use_log_scale(ax, "y", ys)
-    ax.set_xlabel(key)
+    ax.set_xlabel(setting_label(key))
     ax.set_ylabel(metric_label(constraint.metric))
     ax.grid(True, alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()

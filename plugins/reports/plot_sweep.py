@@ -37,7 +37,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 from schedlab.sweep import point_label
 
 from .plot_common import STABILITY_STYLES, line_style, metric_label, metric_unit, metric_value, new_figure, note, \
-    prefers_log_axis, stability_verdict, tick_text, titles, use_log_scale, wide_positive_range
+    prefers_log_axis, setting_label, stability_verdict, tick_text, titles, use_log_scale, wide_positive_range
 
 MAX_VALUE_TICKS = 12
 INTEGER_UNITS = ("count", "requests", "sequences", "tokens")
@@ -309,7 +309,7 @@ def _value_counts(study) -> list[int]:
 
 
 def _x_axis(ax, key: str, xs: list) -> None:
-    ax.set_xlabel(key)
+    ax.set_xlabel(setting_label(key))
     if all(_is_number(v) for v in xs):
         values = [float(v) for v in xs]
         if prefers_log_axis(values):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import list_field
+from schedlab.configs import metric_list_field
 from schedlab.metrics import metric_at
 from schedlab.results_io import atomic_write
 from schedlab.stability import stability_text
@@ -33,7 +33,7 @@ DEFAULT_COLUMNS = (
 
 @attrs.frozen
 class TableConfig:
-    columns: tuple = list_field(DEFAULT_COLUMNS, item=str, help="metrics to show, as dotted names")
+    columns: tuple = metric_list_field(DEFAULT_COLUMNS, help="metrics to show, as dotted names")
     best: str | None = best_field()
     best_is: str = best_is_field()
 
@@ -111,8 +111,12 @@ class TableReport:
         self.config = config or TableConfig()
         self.stream = stream
 
+    def text(self, results) -> str:
+        """The table as printed (index.html shows it too)."""
+        return render(results, self.config.columns, self.config.best, self.config.best_is)
+
     def write(self, results, out_dir) -> list[Path]:
-        text = render(results, self.config.columns, self.config.best, self.config.best_is)
+        text = self.text(results)
         (self.stream or sys.stdout).write(text)
         path = Path(out_dir) / "summary.txt"
         atomic_write(path, text)

@@ -32,7 +32,7 @@ from typing import Iterator
 
 import attrs
 
-from schedlab.configs import FieldError, float_field, int_field, path_field, str_field, table_field
+from schedlab.configs import MAX_REQUESTS, MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field
 from schedlab.errors import WorkloadError
 from schedlab.model import Request
 
@@ -48,8 +48,8 @@ _DRAW_BLOCK = 1024  # lengths drawn per block; fixed, as results depend on it
 
 @attrs.frozen
 class ClosedLoopConfig:
-    clients: int = int_field(min=1, help="how many clients send requests concurrently")
-    num_requests: int | None = int_field(None, min=1, optional=True,
+    clients: int = int_field(min=1, max=MAX_REQUESTS, help="how many clients send requests concurrently")
+    num_requests: int | None = int_field(None, min=1, max=MAX_REQUESTS, optional=True,
                                          help="total number of requests, counting each client's first one")
     duration_ms: float | None = float_field(None, min=0, optional=True,
                                             help="no request arrives after this time (ms)")
@@ -64,7 +64,7 @@ class ClosedLoopConfig:
     prompt: dict | None = table_field(None, help="prompt length distribution (as in synthetic), without path")
     output: dict | None = table_field(None, help="output length distribution (as in synthetic), without path")
     output_scale: float = output_scale_field()
-    max_tokens: int | None = int_field(None, min=1, optional=True,
+    max_tokens: int | None = int_field(None, min=1, max=MAX_TOKENS, optional=True,
                                        help="cap on every request's max_tokens (the client's length limit)")
     request_class: str | None = str_field(None, optional=True,
                                           help="request_class of every request (default: the file's, or 'default')")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import attrs
 import numpy as np
 
+from schedlab.configs import MAX_TIME_MS
 from schedlab.errors import WorkloadError
 from schedlab.model import Request
 
@@ -96,6 +97,9 @@ def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns) -> Iterator[R
         raise ValueError(f"iter_requests: {arrival.shape[0]} arrival times for {len(columns)} requests")
     if not np.all(np.isfinite(arrival)) or (arrival.size and arrival.min() < 0):
         raise WorkloadError("arrival times must be finite and >= 0")
+    if arrival.size and arrival.max() > MAX_TIME_MS:
+        raise WorkloadError(f"arrival times must be at most {MAX_TIME_MS:g} ms (about 31.7 years), the end of the "
+                            f"simulated clock; the last is {arrival.max():.3g} ms (check rate and time_scale)")
     if arrival.size > 1 and np.any(arrival[1:] < arrival[:-1]):
         order = np.argsort(arrival, kind="stable")
         arrival = arrival[order]

@@ -23,12 +23,14 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
-from schedlab.configs import FieldError
+from schedlab.configs import MAX_TOKENS, FieldError, bound_text
 from schedlab.errors import WorkloadError
 
 from .records import read_records
 
 DIST_KINDS = ("fixed", "uniform", "lognormal", "empirical")
+#: Largest lognormal ``sigma``: at 10 the p99 is 10**10 times the median already.
+MAX_SIGMA = 10.0
 
 
 class Sampler(Protocol):
@@ -66,7 +68,8 @@ class Uniform:
 
 @attrs.frozen
 class LogNormal:
-    """``median * exp(sigma * N(0, 1))``, rounded to whole numbers and clipped to [low, high]."""
+    """``median * exp(sigma * N(0, 1))``, rounded to whole numbers and clipped to [low, high]
+    (``high`` defaults to :data:`~schedlab.configs.MAX_TOKENS`)."""
 
     median: float
     sigma: float
@@ -77,8 +80,9 @@ class LogNormal:
         return self
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        values = np.rint(self.median * np.exp(self.sigma * rng.standard_normal(n)))
-        high = np.inf if self.high is None else self.high
+        with np.errstate(over="ignore"):  # a far tail overflows to inf, then is clipped
+            values = np.rint(self.median * np.exp(self.sigma * rng.standard_normal(n)))
+        high = MAX_TOKENS if self.high is None else self.high
         return np.clip(values, self.low, high).astype(np.int64)
 
 
@@ -139,15 +143,17 @@ def parse_distribution(table: Any, *, field: str) -> Distribution:
 
     def whole(key: str, minimum: int = 1) -> int:
         value = table[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise FieldError(field, f"{key} must be a whole number >= {minimum}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_TOKENS:
+            raise FieldError(field, f"{key} must be a whole number >= {minimum} and <= {bound_text(MAX_TOKENS)}, got {value!r}")
         return value
 
-    def real(key: str, minimum: float, exclusive: bool) -> float:
+    def real(key: str, minimum: float, exclusive: bool, maximum: float = math.inf) -> float:
         value = table[key]
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or (value <= minimum if exclusive else value < minimum):
+        if not ok or (value <= minimum if exclusive else value < minimum) or value > maximum:
             bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
+            if maximum < math.inf:
+                bound += f" and <= {maximum:g}"
             raise FieldError(field, f"{key} must be a number {bound}, got {value!r}")
         return float(value)
 
@@ -169,7 +175,7 @@ def parse_distribution(table: Any, *, field: str) -> Distribution:
         high = whole("high") if "high" in table else None
         if high is not None and low > high:
             raise FieldError(field, f"low ({low}) must be <= high ({high})")
-        return LogNormal(real("median", 0.0, True), real("sigma", 0.0, False), low, high)
+        return LogNormal(real("median", 0.0, True, MAX_TOKENS), real("sigma", 0.0, False, MAX_SIGMA), low, high)
     return Empirical(text("path"), text("column"))
 
 

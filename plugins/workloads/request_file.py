@@ -24,7 +24,7 @@ from typing import Mapping
 import attrs
 import numpy as np
 
-from schedlab.configs import FieldError, float_field, int_field, path_field, str_field, table_field
+from schedlab.configs import MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field
 from schedlab.errors import WorkloadError
 
 from .arrivals import arrivals_ms, cv_field, rate_field
@@ -117,7 +117,7 @@ class FileConfig:
                                   "'all-at-once', 'poisson' or 'gamma' (both need rate)")
     rate: float | None = rate_field()
     cv: float = cv_field()
-    max_tokens: int | None = int_field(None, min=1, optional=True,
+    max_tokens: int | None = int_field(None, min=1, max=MAX_TOKENS, optional=True,
                                        help="cap on every request's max_tokens (the client's length limit)")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N requests of the file")
     time_scale: float = float_field(1.0, min=0, min_exclusive=True,

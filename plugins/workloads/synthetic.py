@@ -23,7 +23,7 @@ import math
 import attrs
 import numpy as np
 
-from schedlab.configs import FieldError, float_field, int_field, str_field, table_field
+from schedlab.configs import MAX_REQUESTS, MAX_TOKENS, FieldError, float_field, int_field, str_field, table_field
 
 from .arrivals import (
     GROUP_STREAM,
@@ -42,7 +42,7 @@ from .distributions import parse_distribution, scale_lengths
 
 
 def num_requests_field():
-    return int_field(min=1, help="how many requests to generate")
+    return int_field(min=1, max=MAX_REQUESTS, help="how many requests to generate")
 
 
 def distribution_field(what: str):
@@ -58,7 +58,7 @@ def output_scale_field():
 
 
 def max_tokens_field():
-    return int_field(None, min=1, optional=True, help="max_tokens (the client's length limit) for every request")
+    return int_field(None, min=1, max=MAX_TOKENS, optional=True, help="max_tokens (the client's length limit) for every request")
 
 
 def request_class_field():
@@ -131,8 +131,8 @@ class SharedPrefixConfig:
     between a shared and an unshared request."""
 
     num_requests: int = num_requests_field()
-    num_groups: int = int_field(min=1, help="how many different shared prefixes (system prompts) there are")
-    prefix_tokens: int = int_field(min=1, help="length of each shared prefix in tokens")
+    num_groups: int = int_field(min=1, max=MAX_REQUESTS, help="how many different shared prefixes (system prompts) there are")
+    prefix_tokens: int = int_field(min=1, max=MAX_TOKENS, help="length of each shared prefix in tokens")
     suffix: dict = distribution_field("unique suffix (the prompt after the prefix)")
     output: dict = distribution_field("output")
     shared_fraction: float = float_field(1.0, min=0, max=1,

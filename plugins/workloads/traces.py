@@ -23,7 +23,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from schedlab.configs import float_field, int_field, path_field, str_field
+from schedlab.configs import MAX_TOKENS, float_field, int_field, path_field, str_field
 from schedlab.errors import WorkloadError
 
 from .arrivals import JITTER_STREAM, stream_rng
@@ -47,7 +47,7 @@ def _time_scale():
 
 
 def _max_tokens():
-    return int_field(None, min=1, optional=True, help="max_tokens (the client's length limit) for every request")
+    return int_field(None, min=1, max=MAX_TOKENS, optional=True, help="max_tokens (the client's length limit) for every request")
 
 
 def _zero_tokens():
@@ -189,7 +189,7 @@ MOONCAKE_FIELDS = {"timestamp": ("timestamp",), "prompt_tokens": ("input_length"
 @attrs.frozen
 class MooncakeConfig:
     path: str = _path("Mooncake FAST'25 trace, JSONL: timestamp (ms), input_length, output_length, hash_ids")
-    hash_block_tokens: int = int_field(512, min=1, help="tokens per prefix block named by one hash id")
+    hash_block_tokens: int = int_field(512, min=1, max=MAX_TOKENS, help="tokens per prefix block named by one hash id")
     jitter_ms: float = float_field(0.0, min=0,
                                    help="spread each request uniformly over [t, t + jitter_ms) with the seed "
                                         "(the conversation trace's timestamps are quantised to about 3 s)")

@@ -25,21 +25,53 @@ def run_ms(k: int, d0: float, inc: float) -> float:
     return k * d0 + inc * (k * (k - 1) // 2)
 
 
+#: Most iterations one run may count: more than any run can have (each yields a token and a
+#: request has at most 10**8), and small enough that ``run_ms`` stays exact in its integer part.
+MAX_STEPS = 2**53
+
+
 def steps_before(now: float, until: float, d0: float, inc: float) -> int:
-    """How many iterations start before ``until`` when the first starts at ``now < until``."""
+    """How many iterations start before ``until`` when the first starts at ``now < until``
+    (at most :data:`MAX_STEPS`): the smallest ``k >= 1`` with ``now + run_ms(k) >= until``."""
     gap = until - now
-    if inc == 0.0:
-        k = math.ceil(gap / d0)
-    else:  # inc/2 k^2 + (d0 - inc/2) k >= gap
-        b = d0 - inc / 2.0
-        k = math.ceil((-b + math.sqrt(b * b + 2.0 * inc * gap)) / inc)
-    k = max(k, 1)
-    # The closed form is an estimate under rounding; settle it on the exact start times.
-    while now + run_ms(k, d0, inc) < until:
-        k += 1
-    while k > 1 and now + run_ms(k - 1, d0, inc) >= until:
-        k -= 1
-    return k
+    try:
+        if inc == 0.0:
+            k = math.ceil(gap / d0)
+        else:  # inc/2 k^2 + (d0 - inc/2) k >= gap
+            b = d0 - inc / 2.0
+            k = math.ceil((-b + math.sqrt(b * b + 2.0 * inc * gap)) / inc)
+    except OverflowError:  # tiny iterations over a long gap: more than MAX_STEPS
+        k = MAX_STEPS
+    k = min(max(k, 1), MAX_STEPS)
+
+    def reaches(j: int) -> bool:
+        return now + run_ms(j, d0, inc) >= until
+
+    # The closed form is an estimate under rounding; settle it on the exact start times. It is
+    # off by one at most near t = 0, but far out (t ~ 1e12 ms, microsecond iterations) rounding
+    # moves it by many steps, so widen a bracket by doubling and bisect rather than step by one.
+    if reaches(k):
+        hi, step = k, 1
+        lo = hi - step
+        while lo >= 1 and reaches(lo):
+            hi, step = lo, step * 2
+            lo = hi - step
+        lo = max(lo, 0)  # reaches(lo) is False, or lo == 0
+    else:
+        lo, step = k, 1
+        hi = min(lo + step, MAX_STEPS)
+        while not reaches(hi):
+            if hi == MAX_STEPS:
+                return MAX_STEPS
+            lo, step = hi, step * 2
+            hi = min(lo + step, MAX_STEPS)
+    while hi - lo > 1:  # invariant: reaches(hi), and lo == 0 or not reaches(lo)
+        mid = (lo + hi) // 2
+        if reaches(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 class Growth:

@@ -20,6 +20,7 @@ from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk
+from .clock import check_iteration_end
 from .plan import FastPlan
 from .recorder import Recorder
 from .sequence import DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence
@@ -338,6 +339,7 @@ class Instance:
                     k = max(valid, 1)
         start = self.now
         total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
+        check_iteration_end(start, total, batch)
         end = start + total
         used0 = kv.num_used_blocks()
         n_running = len(self.running)

@@ -14,6 +14,7 @@ import math
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
+from .clock import check_iteration_end
 from .recorder import Recorder
 
 
@@ -373,6 +374,7 @@ class ReferenceEngine:
                 batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
             duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
             duration += plan.transfer_ms
+            check_iteration_end(self.now, duration, batch)
             end = self.now + duration
             used = self.kv.num_used_blocks()
             counters["iterations"] += 1

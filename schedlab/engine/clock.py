@@ -1,0 +1,21 @@
+"""The end of the simulated clock, shared by both engines.
+
+Times are float64 milliseconds. An iteration that would end after
+:data:`~schedlab.configs.MAX_TIME_MS` (10**12 ms, about 31.7 years) is refused: past it the
+clock loses sub-microsecond resolution, and at absurd costs (``decode_ms_per_step = 1e306``)
+sums overflow to infinity and finished requests could no longer be told apart from lost ones.
+"""
+
+from __future__ import annotations
+
+from ..configs import MAX_TIME_MS
+from ..errors import SimulationError
+
+
+def check_iteration_end(start: float, duration: float, what) -> None:
+    """Raise :class:`SimulationError` when an iteration (or run of them) of ``duration`` ms
+    starting at ``start`` would end past the clock; ``what`` (the batch) is named in the message."""
+    if not start + duration <= MAX_TIME_MS:
+        raise SimulationError(
+            f"the simulated clock would pass {MAX_TIME_MS:g} ms (about 31.7 years): an iteration of {what} "
+            f"starting at t={start:.6g} ms takes {duration:.3g} ms; check the cost model's settings")

@@ -1,0 +1,83 @@
+"""The names of a run's metrics, so that a misspelt one is refused when a file is loaded.
+
+:func:`schedlab.metrics.compute_metrics` returns a nested dict; reports and searches name its
+values by dotted paths (``ttft_ms.p99``, ``per_class.interactive.slo.goodput_rps``).
+:data:`METRICS` is the shape of that dict: a leaf is ``None``, a group a dict, and ``"*"``
+stands for keys that depend on the run (request classes, instance numbers, clients, rejection
+reasons). Groups marked "optional" below exist only in some runs (``slo`` with an ``[slo]``
+table, ``per_class`` with several classes, ``per_instance`` with several instances,
+``per_client`` and ``fairness`` with several clients, ``vs_measured`` when a measured run is
+replayed); a name that fits the shape but is
+absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`` in step.
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+from .metrics import PERCENTILES
+
+_SUMMARY = dict.fromkeys(("mean", *(f"p{p}" for p in PERCENTILES), "max"))
+_LATENCIES = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")}
+_SLO = dict.fromkeys(("attainment", "goodput_rps", "met"))
+_SUBSET = {**dict.fromkeys(("requests", "finished", "generated_tokens", "throughput_tps")), **_LATENCIES,
+           "slo": _SLO}
+_STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "capacity_rps", "load",
+                               "saturated_share", "waiting_slope_per_min", "growth_share", "growth", "noise",
+                               "in_system_slope_per_min", "window_ms")),
+              "fit": dict.fromkeys(("start_ms", "end_ms", "waiting_at_start", "waiting_at_end"))}  # or null
+
+METRICS: dict = {
+    **dict.fromkeys(("requests", "finished", "rejected", "makespan_ms", "throughput_tps", "request_throughput_rps",
+                     "generated_tokens", "iterations", "slot_utilisation", "peak_running", "avg_running",
+                     "avg_queue", "peak_waiting", "busy_share", "num_preemptions")),
+    **_LATENCIES,
+    "itl_ms": _SUMMARY,
+    "kv_usage": dict.fromkeys(("mean", "peak", "time_above_90")),
+    "preemptions": dict.fromkeys(("recompute", "swap", "recomputed_tokens", "swap_failures", "swapped_out_blocks",
+                                  "swapped_in_blocks", "swapped_out_bytes", "swapped_in_bytes", "swap_transfer_ms")),
+    "prefix_cache": dict.fromkeys(("queries", "hits", "hit_rate")),
+    "prefill_chunks": dict.fromkeys(("mean", "max")),
+    "cost": dict.fromkeys(("prefill_time_share", "decode_time_share", "total_prefill_ms", "total_decode_ms",
+                           "decode_share")),
+    "rejection_reasons": {"*": None},
+    "slo": _SLO,                                   # optional: with an [slo] table
+    "per_class": {"*": _SUBSET},                   # optional: with several request classes
+    "stability": {**_STABILITY, "unstable_instances": None},   # schedlab.stability; the list with instances
+    "per_instance": {"*": {**_SUBSET, "stability": _STABILITY}},  # optional: with several instances
+    "per_client": {"*": dict.fromkeys(("requests", "finished", "prompt_tokens", "generated_tokens", "service",
+                                       "service_rate"))},   # optional: with several clients
+    "fairness": dict.fromkeys(("clients", "jain_service", "jain_service_rate")),  # optional: several clients
+    # optional: a workload replaying a measured run (schedlab.compare); the keys of errors_pct
+    # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
+    "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},
+}
+
+
+def check_metric_name(name: object) -> str:
+    """Return ``name`` if it names a number among a run's metrics; else raise.
+
+    :raises ConfigError: the name is not text, does not fit :data:`METRICS` (the message lists
+        the names possible where it went wrong) or names a group rather than a number.
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a metric name must be dotted text such as 'ttft_ms.p99', got {name!r}")
+    node = METRICS
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict):
+            raise ConfigError(f"unknown metric {name!r}: {'.'.join(parts[:i])!r} is a number, it has no {part!r}")
+        if part in node:
+            node = node[part]
+        elif "*" in node and part:
+            node = node["*"]
+        else:
+            where = f"{'.'.join(parts[:i])!r} has" if i else "metrics are"
+            raise ConfigError(f"unknown metric {name!r}: {where} {', '.join(_names(node))}")
+    if isinstance(node, dict):
+        raise ConfigError(f"{name!r} is a group of metrics, not a number; name one of "
+                          f"{', '.join(f'{name}.{key}' for key in _names(node))}")
+    return name
+
+
+def _names(node: dict) -> list[str]:
+    return [("<name>" if key == "*" else key) for key in node]

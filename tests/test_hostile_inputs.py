@@ -1,0 +1,388 @@
+"""Hostile and absurd input: every case ends as one error line and exit status 2, or as a
+correct run -- never a traceback, a hang or a wrong result with exit status 0.
+
+Each case here once printed a traceback, hung or silently lost requests (issue 11). The CLI
+is called in-process (``schedlab.cli.main``) where that suffices, and in a subprocess where a
+hang or the process's own output (warnings, exit) is what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from schedlab.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "experiments" / "quickstart.toml"
+
+BASE = """
+[experiment]
+name = "hostile"
+reports = ["table", "json"]
+
+[workload]
+kind = "synthetic"
+num_requests = 20
+prompt = {dist = "fixed", value = 100}
+output = {dist = "fixed", value = 20}
+arrival = "poisson"
+rate = 10
+"""
+
+
+def one_error(code: int, err: str, *fragments: str) -> str:
+    """Exit 2, no traceback, and one ``schedlab: error:`` line (the last) naming each fragment.
+    Besides it stderr may only hold the run's opening line (``schedlab: <name>: N run(s)``)."""
+    assert code == 2, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    lines = err.strip().split("\n")
+    assert lines[-1].startswith("schedlab: error: "), err
+    assert all(line.startswith("schedlab: ") and "run(s)" in line for line in lines[:-1]), err
+    for fragment in fragments:
+        assert fragment in lines[-1], (fragment, lines[-1])
+    return lines[-1]
+
+
+def run_file(tmp_path, capsys, text: str, *extra: str, command: str = "run"):
+    path = tmp_path / "exp.toml"
+    path.write_text(text)
+    args = [command, str(path)] + (["--out", str(tmp_path / "out")] if command == "run" else []) + list(extra)
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+# -- the experiment file -------------------------------------------------------------------------
+
+FILE_CASES = {
+    "experiment is a number": ("experiment = 5\n" + BASE.replace('[experiment]\nname = "hostile"\n'
+                                                                 'reports = ["table", "json"]\n', ""),
+                               ["experiment must be one table"]),
+    "experiment is an array of tables": (BASE.replace("[experiment]", "[[experiment]]"),
+                                         ["experiment must be one table", "array"]),
+    "a run named by a number": (BASE + "[[runs]]\nname = 5\n", ["[[runs]] number 1: name must be non-empty text"]),
+    "swap space without model and gpu": (BASE + '[kv_cache]\nkind = "paged"\nswap_space_gib = 4\n',
+                                         ["[kv_cache]: swap_space_gib: needs bytes_per_block"]),
+    "block size 10**9": (BASE + '[kv_cache]\nkind = "paged"\nblock_size = 1000000000\n',
+                         ["[kv_cache]: block_size: must be <= 4096"]),
+    "block size 10**30": (BASE + '[kv_cache]\nkind = "paged"\nblock_size = 1000000000000000000000000000000\n',
+                          ["[kv_cache]: block_size: must be <= 4096"]),
+    "num_blocks 10**30": (BASE + '[kv_cache]\nkind = "paged"\nnum_blocks = 1000000000000000000000000000000\n',
+                          ["[kv_cache]: num_blocks: must be <= 2**53"]),
+    "prompt of 10**9 tokens": (BASE.replace("value = 100", "value = 1000000000"),
+                               ["[workload]: prompt: value must be a whole number >= 1 and <= 10**8"]),
+    "prompt of 10**30 tokens": (BASE.replace("value = 100", "value = " + "1" + "0" * 30),
+                                ["[workload]: prompt: value must be a whole number >= 1 and <= 10**8"]),
+    "output of 10**30 tokens": (BASE.replace("value = 20", "value = " + "1" + "0" * 30),
+                                ["[workload]: output: value must be a whole number"]),
+    "uniform up to 10**30": (BASE.replace('{dist = "fixed", value = 20}',
+                                          '{dist = "uniform", low = 1, high = 1' + "0" * 30 + "}"),
+                             ["[workload]: output: high must be a whole number >= 1 and <= 10**8"]),
+    "lognormal median 1e300": (BASE.replace('{dist = "fixed", value = 20}',
+                                            '{dist = "lognormal", median = 1e300, sigma = 1}'),
+                               ["[workload]: output: median must be a number > 0 and <= 1e+08"]),
+    "max_tokens 10**30": (BASE.replace("rate = 10", "rate = 10\nmax_tokens = 1" + "0" * 30),
+                          ["[workload]: max_tokens: must be <= 10**8"]),
+    "num_requests 10**30": (BASE.replace("num_requests = 20", "num_requests = 1" + "0" * 30),
+                            ["[workload]: num_requests: must be <= 10**7"]),
+    "gamma cv inf": (BASE.replace('arrival = "poisson"', 'arrival = "gamma"\ncv = inf'),
+                     ["[workload]: cv: must be a finite number"]),
+    "gamma cv 1e10": (BASE.replace('arrival = "poisson"', 'arrival = "gamma"\ncv = 1e10'),
+                      ["[workload]: cv: must be <= 100"]),
+    "instances 10**30": (BASE + "[cluster]\ninstances = 1" + "0" * 30 + "\n", ["[cluster]: instances: must be <= 1024"]),
+    "instances 100000": (BASE + "[cluster]\ninstances = 100000\n", ["[cluster]: instances: must be <= 1024"]),
+    "negative seed": (BASE.replace('name = "hostile"', 'name = "hostile"\nseed = -1'), ["seed: must be >= 0"]),
+    "reference engine with two instances": (BASE.replace('name = "hostile"', 'name = "hostile"\nengine = "reference"')
+                                            + "[cluster]\ninstances = 2\n",
+                                            ["[cluster]: the reference engine simulates one instance, not 2"]),
+    "unknown table column": (BASE + '[reports.table]\ncolumns = ["finished", "bogus.p99"]\n',
+                             ["[reports.table]: columns: unknown metric 'bogus.p99'", "ttft_ms", "throughput_tps"]),
+    "unknown percentile": (BASE + '[reports.table]\ncolumns = ["ttft_ms.p999"]\n',
+                           ["unknown metric 'ttft_ms.p999': 'ttft_ms' has mean, p50, p90, p95, p99, max"]),
+    "a metric group as a column": (BASE + '[reports.table]\ncolumns = ["ttft_ms"]\n',
+                                   ["'ttft_ms' is a group of metrics", "ttft_ms.p99"]),
+    "unknown best metric": (BASE + '[reports.plots]\nbest = "goodput"\n', ["[reports.plots]: best: unknown metric"]),
+    "unknown search constraint metric": (
+        BASE + '[search]\nkey = "workload.rate"\nlow = 1\nhigh = 8\nconstraint = "ttft_ms.p999 <= 200"\n',
+        ["[search]: constraint: unknown metric 'ttft_ms.p999'"]),
+    "a results folder outside results/": (BASE.replace('name = "hostile"', 'name = "../../escape"'),
+                                          ["name '../../escape' must be one folder name"]),
+    "a name with a slash": (BASE.replace('name = "hostile"', 'name = "a/b"'), ["name 'a/b' must be one folder name"]),
+    "a name that is ..": (BASE.replace('name = "hostile"', 'name = ".."'), ["name '..' must be one folder name"]),
+}
+
+
+@pytest.mark.parametrize("case", list(FILE_CASES))
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_bad_experiment_files_fail_in_one_line_before_running(tmp_path, capsys, case, command):
+    text, fragments = FILE_CASES[case]
+    code, err = run_file(tmp_path, capsys, text, command=command)
+    one_error(code, err, *fragments)
+    assert "run(s)" not in err  # refused while loading: nothing ran
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+RUN_CASES = {
+    # sizes that only the run reveals (arrival times scaled by the rate, iteration costs)
+    "Poisson rate 1e-300": (BASE.replace("rate = 10", "rate = 1e-300"),
+                            ["run 'hostile'", "arrival times must be at most 1e+12 ms", "rate and time_scale"]),
+    "decode step of 1e306 ms": (BASE + '[cost_model]\nkind = "linear"\ndecode_ms_per_step = 1e306\n',
+                                ["run 'hostile'", "the simulated clock would pass 1e+12 ms", "1e+306 ms"]),
+    "decode step of 1e308 ms": (BASE + '[cost_model]\nkind = "linear"\ndecode_ms_per_step = 1e308\n',
+                                ["the simulated clock would pass 1e+12 ms"]),
+    "prefill of 1e300 ms per token": (BASE + '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 1e300\n',
+                                      ["the simulated clock would pass 1e+12 ms"]),
+    "decode step of 1e306 ms, reference engine": (
+        BASE.replace('name = "hostile"', 'name = "hostile"\nengine = "reference"')
+        + '[cost_model]\nkind = "linear"\ndecode_ms_per_step = 1e306\n', ["the simulated clock would pass"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_CASES))
+def test_absurd_sizes_found_while_running_end_in_one_line(tmp_path, capsys, case):
+    text, fragments = RUN_CASES[case]
+    code, err = run_file(tmp_path, capsys, text)
+    one_error(code, err, *fragments)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_arrival_times_past_the_clock_in_a_request_file(tmp_path, capsys):
+    (tmp_path / "far.json").write_text(json.dumps([{"prompt_tokens": 10, "output_tokens": 5, "arrival_ms": 0},
+                                                   {"prompt_tokens": 10, "output_tokens": 5, "arrival_ms": 1e300}]))
+    text = '[experiment]\nname = "far"\n[workload]\nkind = "file"\npath = "far.json"\n'
+    one_error(*run_file(tmp_path, capsys, text), "arrival times must be at most 1e+12 ms", "the last is 1e+300 ms")
+
+
+def test_tiny_iteration_costs_still_run_to_the_end(tmp_path, capsys):
+    """1e-300 ms iterations once overflowed the decode-run arithmetic (a traceback)."""
+    text = BASE + '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 1e-300\ndecode_ms_per_step = 1e-300\n'
+    code, err = run_file(tmp_path, capsys, text)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    metrics = summary["studies"][0]["runs"][0]["metrics"]
+    assert metrics["finished"] == 20 and metrics["generated_tokens"] == 20 * 20
+
+
+@pytest.mark.parametrize("content, fragments", [
+    (bytes(range(256)), ["not a text file", "UTF-8"]),
+    ("[experiment]\nname = 'caf\xe9'\n".encode("latin-1"), ["not a text file", "UTF-8"]),
+])
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_binary_and_non_utf8_files(tmp_path, capsys, content, fragments, command):
+    path = tmp_path / "exp.toml"
+    path.write_bytes(content)
+    one_error(main([command, str(path)]), capsys.readouterr().err, str(path), *fragments)
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_folder_given_as_the_experiment_file(tmp_path, capsys, command):
+    one_error(main([command, str(tmp_path)]), capsys.readouterr().err, "is a folder; give the experiment's .toml file")
+
+
+# -- --out -----------------------------------------------------------------------------------------------
+
+
+def _out_cases(tmp_path: Path) -> dict:
+    (tmp_path / "a_file").write_text("x")
+    other = tmp_path / "someone_elses"
+    other.mkdir()
+    (other / "thesis.tex").write_text("do not delete")
+    return {
+        "an existing file": (tmp_path / "a_file", ["exists and is not a folder"]),
+        "under a file": (tmp_path / "a_file" / "sub", ["a_file is a file, not a folder"]),
+        "deep under a file": (tmp_path / "a_file" / "sub" / "deeper", ["a_file is a file, not a folder"]),
+        "under /proc": (Path("/proc/schedlab-results"), ["cannot create the results folder there"]),
+        "under /sys": (Path("/sys/schedlab-results"), ["cannot create the results folder there"]),
+        "a 300-character name": (tmp_path / ("a" * 300), ["is too long for the file system"]),
+        "/dev/null": (Path("/dev/null"), ["exists and is not a folder"]),
+        "a folder with other files": (other, ["is a folder with other files in it"]),
+    }
+
+
+OUT_CASES = ["an existing file", "under a file", "deep under a file", "under /proc", "under /sys",
+             "a 300-character name", "/dev/null", "a folder with other files"]
+
+
+@pytest.mark.parametrize("case", OUT_CASES)
+def test_unusable_out_fails_before_running(tmp_path, capsys, case):
+    out, fragments = _out_cases(tmp_path)[case]
+    if str(out).startswith(("/proc", "/sys")) and not Path(str(out)[:5]).is_dir():
+        pytest.skip("no /proc or /sys here")
+    code = main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)])
+    err = capsys.readouterr().err
+    one_error(code, err, f"--out {out}", *fragments)
+    assert "run(s)" not in err  # refused before simulating anything
+    assert (tmp_path / "someone_elses" / "thesis.tex").read_text() == "do not delete"
+    assert not [p for p in tmp_path.rglob(".*") if p.name.endswith((".tmp", ".old"))]
+
+
+# -- schedlab plot on files it did not write ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    out = tmp_path_factory.mktemp("saved") / "qs"
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("damage, fragments", [
+    (lambda text: text[: len(text) // 2], ["summary.json: not valid JSON", "cut short"]),
+    (lambda text: "", ["summary.json: not valid JSON"]),
+    (lambda text: '{"name": "not ours", "rows": [1, 2, 3]}', ["not a schedlab summary.json", "'experiment'"]),
+    (lambda text: "[1, 2, 3]", ["not a schedlab summary.json", "list, not an object"]),
+    (lambda text: '{"experiment": "x", "studies": [{"name": "s", "kind": "run", "runs": [{"name": 3}]}]}',
+     ["not a schedlab summary.json", "studies[0].runs[0] has no 'name'"]),
+    (lambda text: text.replace('"metrics"', '"metricz"'), ["studies[0].runs[0] has no 'metrics'"]),
+])
+def test_plot_refuses_a_truncated_or_foreign_summary(saved, tmp_path, capsys, damage, fragments):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for name in ("summary.json", "requests.csv", "timeline.csv"):
+        (folder / name).write_bytes((saved / name).read_bytes())
+    (folder / "summary.json").write_text(damage((saved / "summary.json").read_text()))
+    one_error(main(["plot", str(folder)]), capsys.readouterr().err, *fragments)
+
+
+def test_plot_refuses_a_folder_without_its_request_rows(saved, tmp_path, capsys):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    (folder / "summary.json").write_bytes((saved / "summary.json").read_bytes())
+    (folder / "requests.csv").write_text("run,id\nstatic,not-a-number\n")
+    one_error(main(["plot", str(folder)]), capsys.readouterr().err, "cannot read the saved results")
+
+
+# -- capacity ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--activation-reserve-gib", "inf", "activation_reserve_gib must be a finite number >= 0"),
+    ("--activation-reserve-gib", "nan", "activation_reserve_gib must be a finite number >= 0"),
+    ("--gpu-memory-utilization", "inf", "gpu_memory_utilization must be in (0, 1]"),
+])
+def test_capacity_refuses_non_finite_numbers(capsys, option, value, fragment):
+    code = main(["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", option, value])
+    one_error(code, capsys.readouterr().err, fragment)
+
+
+# -- plugins that break ----------------------------------------------------------------------------------------
+
+
+def _cli(*args, env_path: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = None
+    if env_path is not None:
+        import os
+
+        env = dict(os.environ, PYTHONPATH=str(env_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "schedlab", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_a_plugin_module_that_raises_at_import_is_named(tmp_path, capsys, monkeypatch):
+    (tmp_path / "exploding_plugin.py").write_text("raise RuntimeError('boom while importing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = BASE.replace('name = "hostile"', 'name = "hostile"\nplugins = ["exploding_plugin"]')
+    try:
+        code, err = run_file(tmp_path, capsys, text, command="validate")
+    finally:
+        sys.modules.pop("exploding_plugin", None)
+    one_error(code, err, "plugin module 'exploding_plugin' failed while importing: RuntimeError: boom while importing")
+
+
+def test_a_registration_hook_that_raises_is_named(tmp_path, capsys, monkeypatch):
+    (tmp_path / "buggy_plugin.py").write_text(textwrap.dedent("""
+        import schedlab
+
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("buggy", None, config=dict)   # a dict is not an attrs class
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = BASE.replace('name = "hostile"', 'name = "hostile"\nplugins = ["buggy_plugin"]')
+    try:
+        code, err = run_file(tmp_path, capsys, text, command="validate")
+    finally:
+        sys.modules.pop("buggy_plugin", None)
+    one_error(code, err, "plugin buggy_plugin failed in schedlab_register_schedulers: TypeError")
+
+
+@pytest.fixture
+def broken_install(tmp_path):
+    """A folder on PYTHONPATH holding two installed packages with ``schedlab`` entry points:
+    one raises when imported, one implements a hook that does not exist."""
+    (tmp_path / "broken_sched.py").write_text("raise ImportError('needs torch, which is not installed')\n")
+    (tmp_path / "misspelt_hooks.py").write_text(textwrap.dedent("""
+        import schedlab
+
+        @schedlab.hookimpl
+        def schedlab_register_schedulerz(register):
+            pass
+        """))
+    for package, module in (("broken-sched", "broken_sched"), ("misspelt-hooks", "misspelt_hooks")):
+        dist = tmp_path / f"{module}-0.3.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.3\n")
+        (dist / "entry_points.txt").write_text(f"[schedlab]\n{module} = {module}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("args", [["plugins"], ["validate", str(QUICKSTART)],
+                                  ["capacity", "--model", "llama-3-8b", "--gpu", "l4"]])
+def test_a_broken_installed_plugin_is_named_and_left_out(broken_install, args):
+    done = _cli(*args, env_path=broken_install)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("schedlab: warning: ")]
+    assert len(warnings) == 2, done.stderr
+    assert any("plugin 'broken_sched' of package broken-sched 0.3" in w and "left out" in w
+               and "ImportError: needs torch" in w for w in warnings), warnings
+    assert any("plugin 'misspelt_hooks' of package misspelt-hooks 0.3" in w and "schedlab_register_schedulerz" in w
+               for w in warnings), warnings
+    if args == ["plugins"]:
+        assert "  continuous " in done.stdout
+
+
+# -- hangs -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case, text, fragment", [
+    ("time_scale 1e30", None, "arrival times must be at most 1e+12 ms"),
+    ("instances 10**30", BASE + "[cluster]\ninstances = 1" + "0" * 30 + "\n", "instances: must be <= 1024"),
+    ("instances 100,000", BASE + "[cluster]\ninstances = 100000\n", "instances: must be <= 1024"),
+])
+def test_what_used_to_hang_ends_with_an_error(tmp_path, case, text, fragment):
+    """Once: spinning in the decode-run arithmetic, or building 10**30 instances. The timeout is
+    a guard that turns a hang into a failure, not a speed requirement."""
+    if text is None:
+        (tmp_path / "r.json").write_text(json.dumps([{"prompt_tokens": 10, "output_tokens": 500, "arrival_ms": i * 10}
+                                                     for i in range(5)]))
+        text = '[experiment]\nname = "slow"\n[workload]\nkind = "file"\npath = "r.json"\ntime_scale = 1e30\n'
+    (tmp_path / "exp.toml").write_text(text)
+    done = _cli("run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out"), timeout=300)
+    one_error(done.returncode, done.stderr, fragment)
+
+
+def test_loading_builds_one_instance_of_plugins_running_builds_each(tmp_path):
+    """100,000 instances once built every plugin twice over before the run started."""
+    import schedlab
+    from schedlab.experiment import load, run_experiment
+    from schedlab_plugins.schedulers import StaticConfig, StaticScheduler
+
+    built = []
+
+    class Counting:
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(self, register):
+            register("counted", lambda config: built.append(1) or StaticScheduler(config), config=StaticConfig)
+
+    path = tmp_path / "exp.toml"
+    path.write_text(BASE + '[scheduler]\nkind = "counted"\n[cluster]\ninstances = 8\n')
+    exp = load(path, plugin_objects=[Counting()])
+    assert len(built) == 1
+    run_experiment(exp)
+    assert len(built) == 1 + 8

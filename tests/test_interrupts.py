@@ -1,0 +1,65 @@
+"""schedlab.interrupts: a stop raised where Ctrl-C would be, again if something swallows it,
+and ignored once seen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from schedlab.interrupts import SignalGuard, Terminated, acknowledge
+
+
+@pytest.fixture
+def restore_signals():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def wait_for_signals(seconds: float = 30.0) -> None:
+    """Give pending signals (and the retry alarm) the chance to run; a guard, not a timing test."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_swallowed_stop_is_raised_again(restore_signals):
+    """numpy's lazily imported Cython modules discard an exception raised during their import:
+    a SIGTERM arriving then was lost and the run went on to the end."""
+    with pytest.raises(Terminated):
+        with SignalGuard():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                wait_for_signals(5.0)
+            except KeyboardInterrupt:
+                pass  # swallowed, as that import does
+            wait_for_signals()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # the process is ending
+
+
+def test_once_seen_further_signals_are_ignored(restore_signals):
+    guard = SignalGuard()
+    with pytest.raises(KeyboardInterrupt):
+        with guard:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                wait_for_signals(5.0)
+            except KeyboardInterrupt:
+                acknowledge()  # as the CLI does when it catches it
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)
+                wait_for_signals(1.5)  # neither the signals nor the retry alarm raise now
+                raise
+    assert guard.first == signal.SIGINT and guard.seen
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_without_a_signal_the_previous_handlers_come_back(restore_signals):
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
+    with SignalGuard() as guard:
+        assert signal.getsignal(signal.SIGTERM) == guard._on_signal
+    assert {sig: signal.getsignal(sig) for sig in before} == before

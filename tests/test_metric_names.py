@@ -1,0 +1,171 @@
+"""The metric names files may use (schedlab.metric_names) against the metrics runs really have,
+and summary.json's layout against what the README documents."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from schedlab.cli import main
+from schedlab.errors import ConfigError
+from schedlab.experiment import load, run_experiment
+from schedlab.metric_names import METRICS, check_metric_name
+from schedlab.results_io import SUMMARY_LAYOUT, summary_dict, summary_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every optional group at once: two classes from two clients, two instances, an [slo] table,
+# and requests too long for the cache (rejections with a reason).
+EVERYTHING = """
+[experiment]
+name = "everything"
+
+[workload]
+kind = "mix"
+
+[workload.classes.chat]
+kind = "synthetic"
+num_requests = 100
+prompt = {dist = "uniform", low = 10, high = 200}
+output = {dist = "uniform", low = 2, high = 60}
+rate = 20
+client = "alice"
+
+[workload.classes.huge]
+kind = "synthetic"
+num_requests = 3
+prompt = {dist = "fixed", value = 5000}
+output = {dist = "fixed", value = 10}
+rate = 1
+client = "bob"
+
+[kv_cache]
+kind = "paged"
+num_blocks = 64
+
+[cluster]
+instances = 2
+
+[slo]
+ttft_ms = 200
+classes.chat = {tpot_ms = 50}
+"""
+
+
+def leaves(node, prefix=""):
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from leaves(value, name + ".")
+        else:
+            yield name
+
+
+def schema_leaves(node, prefix=""):
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from schema_leaves(value, name + ".")
+        else:
+            yield name
+
+
+@pytest.fixture(scope="module")
+def everything(tmp_path_factory):
+    path = tmp_path_factory.mktemp("everything") / "everything.toml"
+    path.write_text(EVERYTHING)
+    return run_experiment(load(path))
+
+
+def test_every_metric_of_a_run_fits_the_declared_names(everything):
+    run = everything.all_runs()[0]
+    names = list(leaves(run.metrics))
+    assert len(names) > 150
+    for name in names:
+        assert check_metric_name(name) == name
+
+
+def test_every_declared_name_occurs_in_a_run_with_every_optional_group(everything):
+    """The shape declares nothing that compute_metrics does not make ("*" matches any key)."""
+    run = everything.all_runs()[0]
+    assert run.metrics["rejected"] == 3 and set(run.metrics["per_client"]) == {"alice", "bob"}
+    pattern = {re.sub(r"(per_class|per_instance|per_client|rejection_reasons)\.[^.]+", r"\1.*", name)
+               for name in leaves(run.metrics)}
+    declared = {name for name in schema_leaves(METRICS) if not name.startswith("vs_measured.")}
+    assert declared == pattern
+
+
+def test_vs_measured_is_declared_as_compare_makes_it(everything):
+    """Only a replayed measured run has it; its keys are those schedlab.compare makes."""
+    from types import SimpleNamespace
+
+    from schedlab.compare import vs_measured
+
+    run = everything.all_runs()[0]
+    measured = SimpleNamespace(ttft_ms=[10.0, 20.0], tpot_ms=[1.0, 2.0], e2e_ms=[50.0, 60.0])
+    made = vs_measured(run.requests, measured)
+    assert set(made) == set(METRICS["vs_measured"])
+    assert check_metric_name("vs_measured.mean_abs_error_pct") == "vs_measured.mean_abs_error_pct"
+    assert all(isinstance(made[group], dict) for group in ("errors_pct", "measured"))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("bogus", "unknown metric 'bogus': metrics are requests, finished"),
+    ("ttft_ms.p999", "'ttft_ms' has mean, p50, p90, p95, p99, max"),
+    ("ttft_ms", "'ttft_ms' is a group of metrics, not a number; name one of ttft_ms.mean"),
+    ("throughput_tps.p99", "'throughput_tps' is a number, it has no 'p99'"),
+    ("per_class.chat.goodput_rps", "'per_class.chat' has requests, finished"),
+    ("per_class..ttft_ms.p99", "'per_class' has <name>"),
+    ("", "a metric name must be dotted text"),
+    (5, "a metric name must be dotted text"),
+])
+def test_names_that_do_not_fit_are_explained(name, message):
+    with pytest.raises(ConfigError) as info:
+        check_metric_name(name)
+    assert message in str(info.value)
+
+
+def test_names_of_optional_groups_fit_even_when_a_run_lacks_them():
+    for name in ("slo.goodput_rps", "per_class.interactive.slo.attainment", "per_instance.3.ttft_ms.p99",
+                 "per_client.tenant-7.service_rate", "rejection_reasons.needs # KV blocks", "fairness.jain_service"):
+        assert check_metric_name(name) == name
+
+
+# -- summary.json -------------------------------------------------------------------------------------
+
+
+def readme_schema() -> str:
+    text = (ROOT / "README.md").read_text()
+    return re.search(r"```\n(summary\.json\n.*?)```", text, re.S).group(1)
+
+
+def test_summary_json_has_the_layout_the_readme_documents(everything, tmp_path):
+    summary = json.loads(json.dumps(summary_dict(everything)))
+    assert summary_problem(summary) is None
+    schema = readme_schema()
+    documented = set(re.findall(r'"(\w+)":', schema))
+    study = summary["studies"][0]
+    run = study["runs"][0]
+    assert set(summary) | set(study) | set(run) <= documented
+    assert {"experiment", "source", "reports", "studies", "name", "kind", "keys", "constraint", "search", "runs",
+            "point", "metrics", "meta", "counters"} <= documented
+    for level in SUMMARY_LAYOUT.values():  # what `schedlab plot` requires is documented too
+        assert set(level) <= documented | {"holds", "status", "message", "probes"}
+    for key in ("engine", "instances", "slots", "num_blocks", "seed", "kv_cache"):
+        assert key in run["meta"] and key in schema
+
+
+def test_a_search_in_summary_json_has_the_documented_fields(tmp_path):
+    out = tmp_path / "lab"
+    assert main(["run", str(ROOT / "experiments" / "lab.toml"), "--out", str(out), "--no-plots"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary_problem(summary) is None
+    search = next(s["search"] for s in summary["studies"] if s["kind"] == "search")
+    schema = readme_schema()
+    for key in search:
+        assert f'"{key}"' in schema, key
+    for key in search["probes"][0]:
+        assert f'"{key}"' in schema, key
