@@ -95,7 +95,8 @@ def host_tier(config: PoolConfig, sizing) -> HostTier | None:
     if config.host_memory_gib:
         blocks = int(config.host_memory_gib * GIB // bytes_per_block)
         if not blocks:
-            raise FieldError("host_memory_gib", f"{config.host_memory_gib} GiB holds no block of {bytes_per_block} bytes")
+            raise FieldError("host_memory_gib",
+                             f"{config.host_memory_gib} GiB holds no block of {bytes_per_block} bytes")
     return HostTier(blocks, bytes_per_block=bytes_per_block, link_gbps=link, latency_us=config.host_link_latency_us)
 
 
