@@ -222,7 +222,7 @@ class HostShadow(Shadow):
         self.host_blocks = host_blocks
         self.host = []            # keys, least recently used first
         self.host_index = {}      # key -> block index it was stored at
-        self.index_of_key = {}    # GPU key -> block index (own keys carry theirs)
+        self.index_of_key = {}    # key -> block index (own keys carry theirs; a key names one position)
         self.stores = self.drops = self.loads = 0
         self.gpu_evicted = []     # every identified key the GPU evicted, in order
 
@@ -256,7 +256,7 @@ class HostShadow(Shadow):
         b = super()._pop()
         if k is not None:
             self.gpu_evicted.append(k)
-            j = k[2] if k[0] == "r" else self.index_of_key.pop(k)
+            j = k[2] if k[0] == "r" else self.index_of_key[k]
             if k not in self.host_index and self.host_blocks:
                 if len(self.host) == self.host_blocks:
                     del self.host_index[self.host.pop(0)]
@@ -295,8 +295,7 @@ class HostShadow(Shadow):
         for j, (kind, x) in enumerate(hits):      # hits come only when nothing is owned yet
             if kind == "host":                    # loaded into a fresh block, which takes its key
                 b = taken.pop(0)
-                self.key[b] = x
-                self.table[x] = b
+                self._cache(b, x)
                 self.index_of_key[x] = j
                 self.ref[b] = 1
                 x = b
@@ -310,11 +309,10 @@ class HostShadow(Shadow):
             j = self.ident[name]
             while j < full:
                 k = spec_key(seq.request, j, self.bs)
-                if k[0] == "r" or k in self.table:
+                if k[0] == "r":
                     self.sealed[name] = True
                     break
-                self.key[owned[j]] = k
-                self.table[k] = owned[j]
+                self._cache(owned[j], k)           # duplicates too (vLLM keeps them)
                 self.index_of_key[k] = j
                 j += 1
             self.ident[name] = j
