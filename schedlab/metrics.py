@@ -206,9 +206,25 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         "swapped_in_bytes": int(c["swap_in_blocks"]) * int(meta.get("bytes_per_block") or 0),
         "swap_transfer_ms": float(c["swap_transfer_ms"]),
     }
-    queries, hits = int(c["prefix_queries"]), int(c["prefix_hits"])
-    m["prefix_cache"] = {"queries": queries, "hits": hits,
-                         "hit_rate": hits / queries if queries else float("nan")}
+    host = {name: c.get(name, 0) for name in ("host_hits", "host_load_blocks", "host_load_ms", "host_store_blocks",
+                                               "host_evictions")}  # zero without a host tier
+    queries, hits, host_hits = int(c["prefix_queries"]), int(c["prefix_hits"]), int(host["host_hits"])
+    bytes_per_block = int(meta.get("bytes_per_block") or 0)
+
+    def rate(n):
+        return n / queries if queries else float("nan")
+
+    m["prefix_cache"] = {  # hits per tier: the GPU's, and the host-memory tier's (reloaded)
+        "queries": queries, "hits": hits, "hit_rate": rate(hits),
+        "gpu_hits": hits - host_hits, "gpu_hit_rate": rate(hits - host_hits),
+        "host_hits": host_hits, "host_hit_rate": rate(host_hits),
+        "host_loaded_blocks": int(host["host_load_blocks"]),
+        "host_loaded_bytes": int(host["host_load_blocks"]) * bytes_per_block,
+        "host_load_ms": float(host["host_load_ms"]),
+        "host_stored_blocks": int(host["host_store_blocks"]),
+        "host_stored_bytes": int(host["host_store_blocks"]) * bytes_per_block,
+        "host_evicted_blocks": int(host["host_evictions"]),
+    }
     chunks = req["prefill_chunks"][ok]
     m["prefill_chunks"] = {"mean": float(chunks.mean()) if n_ok else float("nan"),
                            "max": int(chunks.max()) if n_ok else 0}

@@ -143,6 +143,12 @@ class KVCache(Protocol):
     A sequence holds ``max(ceil(reserved_tokens / block_size), ceil(num_computed_tokens /
     block_size))`` blocks between iterations; some of them may be shared prefix blocks.
     ``free`` blocks include cached blocks that nobody references (they are evictable).
+
+    Optional member: ``host``, a host-memory tier under a prefix cache
+    (:class:`schedlab_plugins.kv_caches.host_tier.HostTier` or an object with its ``loaded``
+    counter, ``bytes_per_block``, ``link_gbps``, ``latency_us``, ``load_ms`` and ``attach``):
+    ``cached_tokens`` then counts hits in either tier, and the engines charge the blocks an
+    admission's ``allocate`` loaded (the rise of ``host.loaded``) to that iteration.
     """
 
     block_size: int

@@ -234,6 +234,10 @@ def _kv_summary(kv) -> dict:
     out = {"num_blocks": kv.num_blocks, "block_size": kv.block_size, "tokens": kv.num_blocks * kv.block_size,
            "bytes_per_block": getattr(kv, "bytes_per_block", 0), "swap_blocks": getattr(kv, "swap_blocks", 0),
            "prefix_caching": bool(getattr(kv, "prefix_caching", False))}
+    host = getattr(kv, "host", None)
+    if host is not None:
+        out.update(host_blocks=host.capacity, host_bytes=host.capacity * host.bytes_per_block,
+                   host_link_gbps=host.link_gbps, host_link_latency_us=host.latency_us)
     sizing = getattr(kv, "sizing", None)
     if sizing is not None:
         out.update(model=sizing.model.name, gpu=sizing.gpu.name, tensor_parallel=sizing.tensor_parallel,

@@ -25,6 +25,7 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 # Files whose default data lives outside the project: the key to point at a generated file, and
 # which generated file (a fixture below).
 OUTSIDE_DATA = {"mooncake_prefix.toml": ("workload.path", "mooncake_trace"),
+                "mooncake_host_tier.toml": ("workload.path", "mooncake_trace"),
                 "router_comparison.toml": ("workload.classes.code.path", "azure_code_trace")}
 
 
@@ -242,6 +243,38 @@ def test_mooncake_hit_rate_grows_with_cache_size(mooncake_trace):
     assert radix_rates == sorted(radix_rates)
     assert radix_rates[-1] == pytest.approx(ideal_hit_rate(rows), abs=1e-12)
     assert all(r.metrics["finished"] == len(rows) and r.metrics["num_preemptions"] == 0 for r in radix.values())
+
+
+def test_mooncake_host_tier_reaches_the_unbounded_hit_rate_and_its_ttft_depends_on_the_link(mooncake_trace):
+    path, rows = mooncake_trace
+    # the generated trace is small: a GPU cache of 31 blocks (gpu_memory_utilization 0.23) and
+    # 1 GiB blocks, so that 64 GiB to 4 TiB of host memory hold 64 to 4,096 blocks around its
+    # 651 distinct ones
+    results = run("mooncake_host_tier.toml", [f"workload.path={path}", "kv_cache.gpu_memory_utilization=0.23",
+                                              "kv_cache.bytes_per_block=1073741824"])
+    for r in results.all_runs():
+        assert r.metrics["finished"] == len(rows) and r.metrics["num_preemptions"] == 0
+        p = r.metrics["prefix_cache"]
+        assert p["hits"] == p["gpu_hits"] + p["host_hits"]
+        assert p["host_loaded_bytes"] == p["host_loaded_blocks"] * 2 ** 30
+    gpu_only = results.study("gpu_only").runs[0].metrics
+    assert gpu_only["prefix_cache"]["host_hits"] == 0 and gpu_only["prefix_cache"]["hit_rate"] < 0.2
+    host = by_point(results.study("host"), "kv_cache.host_memory_gib")
+    rates = [host[n].metrics["prefix_cache"]["hit_rate"] for n in sorted(host)]
+    assert rates == sorted(rates) and rates[0] >= gpu_only["prefix_cache"]["hit_rate"]
+    # a tier that holds every block evicted: the hit rate of an infinite cache, mostly from the host
+    assert rates[-1] == pytest.approx(ideal_hit_rate(rows), abs=1e-12)
+    assert host[max(host)].metrics["prefix_cache"]["host_hit_rate"] > 0.4
+    radix = by_point(results.study("radix_host"), "kv_cache.host_memory_gib")
+    assert radix[max(radix)].metrics["prefix_cache"]["hit_rate"] == pytest.approx(ideal_hit_rate(rows), abs=1e-12)
+    # the same hits behind slower links: every reload stalls its iteration, so TTFT falls with the
+    # bandwidth, from worse than no tier at all (2 GB/s) to better than it (256 GB/s)
+    link = by_point(results.study("link"), "kv_cache.host_link_gbps")
+    ttft = [link[g].metrics["ttft_ms"]["p50"] for g in sorted(link)]
+    assert ttft == sorted(ttft, reverse=True) and len(set(ttft)) == len(ttft)
+    assert ttft[0] > 2 * gpu_only["ttft_ms"]["p50"] > 2 * ttft[-1]
+    loads = [link[g].metrics["prefix_cache"]["host_load_ms"] for g in sorted(link)]
+    assert loads == sorted(loads, reverse=True)
 
 
 def test_chunked_prefill_trades_ttft_for_itl():

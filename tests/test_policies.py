@@ -246,6 +246,27 @@ def priority_inversions(result) -> list[tuple[int, int]]:
             if prio[hi] < prio[lo] and arrival[hi] <= start[lo] < start[hi]]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_priority_preemption_never_picks_a_sequence_swapped_in_by_the_same_plan(engine):
+    # One slot, swap preemption, B = 4, 2 MiB blocks over 1.024 GB/s: 2.048 ms per 2 blocks; the
+    # default costs (0.05 ms per prompt token, 8 ms per decode step). L (priority 2) runs from 0
+    # (first token 0.2, a decode step to 8.2). At 8.2, H1 (priority 0, arrived at 1) swaps L out
+    # (5 tokens + the withdrawn decode slot: 2 blocks) and is prefilled: 0.2 + 2.048, first token
+    # 10.448, one decode step: done 18.448. The next plan swaps L back in (2.048 + a decode step:
+    # to 28.496); H2 (priority 0, arrived at 2) waits, since L joined that plan -- it cannot be
+    # withdrawn from it. At 28.496 L, running since the plan before, is swapped out for H2.
+    requests = [Request(0, 0.0, 4, 20, priority=2), Request(1, 1.0, 4, 2, priority=0),
+                Request(2, 2.0, 4, 2, priority=0)]
+    cfg = ContinuousConfig(max_num_seqs=1, policy="priority", priority_preemption=True, allocation="grow",
+                           preemption="swap")
+    kv = PagedKVCache(64, 4, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=1.024)
+    r = run_engine(requests, ContinuousScheduler(cfg), kv=kv, engine=engine)
+    assert by_id(r, "first_scheduled_ms") == pytest.approx({0: 0.0, 1: 8.2, 2: 28.496})
+    assert by_id(r, "first_token_ms") == pytest.approx({0: 0.2, 1: 10.448, 2: 30.744})
+    assert by_id(r, "swaps") == {0: 2, 1: 0, 2: 0}
+    assert r.counters["swap_transfer_ms"] == pytest.approx(4 * 2.048)
+
+
 @st.composite
 def reserving_priority_configs(draw):
     seqs = draw(st.integers(1, 5))

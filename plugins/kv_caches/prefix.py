@@ -54,6 +54,11 @@ Simplifications (documented, deliberate):
   are allocated fresh and registered as computed; the pool stays consistent. ``epoch``
   changes whenever the set of cached keys changes, for callers that memoize hits.
 
+Host tier. With a :class:`~.host_tier.HostTier` (``host``), an identified block the free queue
+evicts is copied to host memory, and a lookup that misses on the GPU continues there block by
+block: :meth:`PrefixKVCache.cached_tokens` counts both tiers, and an admission loads the host
+blocks into fresh GPU blocks that take their keys (the engine charges the reload time).
+
 Cost. Blocks without identity (decode blocks, unique prompt blocks, duplicates) are never
 objects: a sequence keeps only the identified blocks it references (a prefix of its block
 indices, ``kv_state``) and its anonymous blocks are ``held - len(identified)``, so ``grow``
@@ -138,9 +143,10 @@ class PrefixKVCache(PagedKVCache):
     prefix_caching = True
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, swap_blocks: int = 0,
-                 bytes_per_block: int = 0, host_link_gbps: float = 25.0):
+                 bytes_per_block: int = 0, host_link_gbps: float = 25.0, host=None):
         super().__init__(num_blocks, block_size, swap_blocks=swap_blocks,
                          bytes_per_block=bytes_per_block, host_link_gbps=host_link_gbps)
+        self.host = host  # a HostTier, or None
         self._table: dict[tuple, _Block] = {}
         # head = next to be allocated; values: None for an identified block (the key is the
         # block), an int count for a run of anonymous blocks (the key is a run number)
@@ -160,11 +166,25 @@ class PrefixKVCache(PagedKVCache):
             return None
         return block
 
-    def _hits(self, request, limit: int) -> list[_Block]:
-        """The cached blocks ``0, 1, ...`` of ``request``, stopping at the first miss or at ``limit``."""
+    def _find_host(self, request, j: int) -> tuple | None:
+        """The key under which the host tier holds block ``j`` of ``request`` (as :meth:`_find`)."""
+        host = self.host
+        key = block_key(request, j, self.block_size)
+        index = host.index_of(key)
+        if index is None and key[0] != "r":
+            key = ("r", request.id, j)
+            index = host.index_of(key)
+        return key if index == j else None
+
+    def _hits(self, request, limit: int) -> list:
+        """The cached blocks ``0, 1, ...`` of ``request``, stopping at the first miss or at
+        ``limit``: a :class:`_Block` on the GPU, else the key of a host-tier block."""
         found = []
+        host = self.host
         for j in range(limit):
             block = self._find(request, j)
+            if block is None and host is not None:
+                block = self._find_host(request, j)
             if block is None:
                 break
             found.append(block)
@@ -174,12 +194,15 @@ class PrefixKVCache(PagedKVCache):
         limit = (seq.num_tokens - 1) // self.block_size
         n = 0
         request = seq.request
-        while n < limit and self._find(request, n) is not None:
+        host = self.host
+        while n < limit and (self._find(request, n) is not None
+                             or (host is not None and self._find_host(request, n) is not None)):
             n += 1
         return n * self.block_size
 
     def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int):
-        """(hit blocks to reference, fresh blocks to take, blocks leaving the free pool)."""
+        """(hits: GPU blocks to reference and host keys to load, fresh blocks to take -- the
+        loads' included --, blocks leaving the free pool)."""
         held = self.held(seq)
         hits = self._hits(seq.request, cached_tokens // self.block_size) if cached_tokens and not held else []
         tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
@@ -187,11 +210,13 @@ class PrefixKVCache(PagedKVCache):
             tokens = reserve_tokens
         if seq.reserved_tokens > tokens:
             tokens = seq.reserved_tokens
-        fresh = blocks_for(tokens, self.block_size) - held - len(hits)
+        fresh = blocks_for(tokens, self.block_size) - held
         revived = 0
         for block in hits:
-            if not block.ref:
-                revived += 1
+            if type(block) is _Block:
+                fresh -= 1
+                if not block.ref:
+                    revived += 1
         return hits, fresh, fresh + revived
 
     def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
@@ -205,15 +230,31 @@ class PrefixKVCache(PagedKVCache):
         chain = seq.kv_state
         if chain is None:
             chain = seq.kv_state = _Chain()
+        loads = None
         if hits:
             queue = self._queue
             for block in hits:
-                if not block.ref:
-                    del queue[block]
-                block.ref += 1
-            chain.blocks.extend(hits)
+                if type(block) is _Block:
+                    if not block.ref:
+                        del queue[block]
+                    block.ref += 1
+                elif loads is None:
+                    loads = [block]
+                else:
+                    loads.append(block)
+            if loads is not None:
+                self.host.load(loads)
         if fresh:
             self._take(fresh)
+        if loads is not None:  # loaded into fresh blocks, which take the host blocks' keys
+            j = len(chain.blocks)
+            for i, key in enumerate(hits):
+                if type(key) is not _Block:
+                    hits[i] = block = _Block(key, j + i, 1)
+                    self._insert(block)
+            self.epoch += 1
+        if hits:
+            chain.blocks.extend(hits)
         self.used += need
         if not chain.sealed:
             full = (seq.num_computed_tokens + cached_tokens + num_new_tokens) // self.block_size
@@ -343,6 +384,8 @@ class PrefixKVCache(PagedKVCache):
             if run is None:
                 del queue[head]
                 self._unlink(head)
+                if self.host is not None:
+                    self.host.store(head.key, head.index)
                 evicted += 1
                 count -= 1
             elif run > count:
@@ -439,3 +482,5 @@ class PrefixKVCache(PagedKVCache):
                 block = block.dup
         assert free_identified == cached - referenced, "an unreferenced block is missing from the free queue"
         assert referenced <= self.used, (referenced, self.used)
+        if self.host is not None:
+            self.host.check_invariants()

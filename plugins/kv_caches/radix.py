@@ -57,6 +57,14 @@ Simplifications (deliberate, documented):
   ``continuous`` scheduler; SGLang retracts only before scheduling) keeps the chunk's pages in
   the tree, unlocked, as the ``paged`` prefix cache keeps them hashed.
 
+Host tier (SGLang HiCache with ``--hicache-write-policy write_back``, ``hiradix_cache.py``).
+With a :class:`~.host_tier.HostTier` (``host``), the blocks of every evicted node are copied to
+host memory (the node's last block first, so that a prefix's head outlives its tail there too),
+and a match that ends in the tree continues in the host tier: :meth:`RadixKVCache.cached_tokens`
+counts both, and an admission loads the host blocks into fresh blocks that join the new node it
+inserts (``init_load_back``), the engine charging the reload time. Unlike HiCache, the host tier
+is a flat LRU of blocks, not host-only nodes of the same tree (see :mod:`.host_tier`).
+
 Accounting. Blocks are in one of four states: *free* (in no node and held by no sequence),
 *evictable* (in an unlocked node), *protected* (in a locked node), or *private* (held by a
 running sequence outside the tree: its partial last block, its decode blocks, reserved
@@ -114,14 +122,15 @@ class _Hold:
 class _Step:
     """What an allocation does, worked out before anything changes (see ``_plan``)."""
 
-    __slots__ = ("fresh", "revived", "shared_dups", "free_dups", "full")
+    __slots__ = ("fresh", "revived", "shared_dups", "free_dups", "full", "loads")
 
-    def __init__(self, fresh: int, revived: int, shared_dups: int, free_dups: int, full: int):
+    def __init__(self, fresh: int, revived: int, shared_dups: int, free_dups: int, full: int, loads=()):
         self.fresh = fresh              # blocks beyond those held, matched hits aside
         self.revived = revived          # matched hit blocks in unlocked nodes
         self.shared_dups = shared_dups  # newly full blocks found in the tree, in locked nodes
         self.free_dups = free_dups      # ... in unlocked nodes
         self.full = full                # the path length after the step (0: the step inserts nothing)
+        self.loads = loads              # keys of the hit blocks loaded from the host tier (among ``fresh``)
 
     @property
     def need(self) -> int:
@@ -138,9 +147,11 @@ class RadixKVCache:
 
     prefix_caching = True
 
-    def __init__(self, num_blocks: int, block_size: int = 16):
+    def __init__(self, num_blocks: int, block_size: int = 16, *, host=None, bytes_per_block: int = 0):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.host = host                # a HostTier, or None
+        self.bytes_per_block = bytes_per_block
         self.unused = num_blocks        # blocks in no node and held by no sequence
         self.evictable = 0              # blocks in unlocked nodes
         self.evictions = 0
@@ -212,12 +223,23 @@ class RadixKVCache:
             j += m
         return node, j, None
 
+    def _host_run(self, keys: list, start: int, limit: int) -> int:
+        """Where the run of blocks the host tier holds from ``start`` ends (at most ``limit``)."""
+        host = self.host
+        j = start
+        while j < limit and host.index_of(keys[j]) == j:
+            j += 1
+        return j
+
     def cached_tokens(self, seq) -> int:
         limit = (seq.num_tokens - 1) // self.block_size
-        if limit <= 0 or not self.root.children:
+        if limit <= 0 or not (self.root.children or self.host):
             return 0
         keys = self._keys(seq, self._hold(seq), limit)
-        return self._match(self.root, 0, keys, limit)[1] * self.block_size
+        reached = self._match(self.root, 0, keys, limit)[1]
+        if self.host is not None and reached < limit:
+            reached = self._host_run(keys, reached, limit)
+        return reached * self.block_size
 
     def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> _Step:
         """Work out an allocation. An admission (nothing held yet) matches its hit from the
@@ -230,12 +252,15 @@ class RadixKVCache:
         want = cached_tokens // bs if not held else 0
         full = tokens // bs if seq.status != "decoding" else 0
         hits = revived = shared_dups = free_dups = 0
+        loads = ()
         limit = max(want, full)
         if limit > hold.length:
             pieces: list = []
             keys = self._keys(seq, hold, limit)
             reached = self._match(hold.node, hold.length, keys, limit, pieces)[1]
             hits = min(reached, want)
+            if hits < want and self.host is not None:
+                loads = keys[hits:self._host_run(keys, hits, want)]
             for locked, first, stop in pieces:
                 in_hits = max(0, min(stop, want) - first)
                 if not locked:
@@ -246,7 +271,7 @@ class RadixKVCache:
                     free_dups += stop - first - in_hits
         tokens = max(tokens, reserve_tokens, seq.reserved_tokens)
         fresh = blocks_for(tokens, bs) - held - hits
-        return _Step(fresh, revived, shared_dups, free_dups, full if full > hold.length else 0)
+        return _Step(fresh, revived, shared_dups, free_dups, full if full > hold.length else 0, loads)
 
     def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
         return self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens).need
@@ -265,6 +290,8 @@ class RadixKVCache:
             keys = self._keys(seq, hold, limit)
             end, reached = self._descend(hold.node, hold.length, keys, limit)
             self._lock_to(hold, end, reached)
+            if step.loads:  # loaded into fresh blocks, which join the node inserted below
+                self.host.load(step.loads)
             self._take(step.fresh - step.shared_dups - step.free_dups)
             if reached < step.full:  # the rest is new: one node, locked by this sequence
                 node = self._new_node(end, keys[reached:step.full], reached)
@@ -421,6 +448,10 @@ class RadixKVCache:
             node.alive = False
             self._count -= 1
             n = len(node.keys)
+            if self.host is not None:  # HiCache write_back: the node goes to host memory, tail first
+                keys, start = node.keys, node.start
+                for i in range(n - 1, -1, -1):
+                    self.host.store(keys[i], start + i)
             self.evictable -= n
             self.unused += n
             freed += n
@@ -473,4 +504,6 @@ class RadixKVCache:
                     assert any(e[3] is node and self._candidate(e) for e in self._heap), (
                         f"unlocked leaf {node!r} is not an eviction candidate")
         assert evictable == self.evictable, (evictable, self.evictable)
+        if self.host is not None:
+            self.host.check_invariants()
         assert self.unused + evictable + protected <= self.num_blocks, (self.unused, evictable, protected)

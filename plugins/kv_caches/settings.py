@@ -5,7 +5,9 @@ Size the pool either directly (``num_blocks``) or as vLLM does from a model and 
 ``activation_reserve_gib``; see :func:`schedlab.capacity.size_kv_cache`); both caches share
 these settings (:class:`PoolConfig`). For ``paged``, swap space is ``swap_space_gib`` of host
 memory (vLLM's ``swap_space``, default 0 here) or ``swap_blocks``; its transfers run at the GPU
-preset's host-link bandwidth unless ``host_link_gbps`` is set.
+preset's host-link bandwidth unless ``host_link_gbps`` is set. Both prefix caches can have a
+host-memory tier (:mod:`.host_tier`) of ``host_memory_gib`` or ``host_blocks``; its reloads run
+over the same link.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import attrs
 from schedlab.capacity import DEFAULT_ACTIVATION_RESERVE_GIB, GIB, size_kv_cache
 from schedlab.configs import MAX_BLOCK_SIZE, FieldError, bool_field, float_field, int_field, str_field
 
+from .host_tier import HostTier
 from .paged import PagedKVCache
 
 
@@ -32,12 +35,31 @@ class PoolConfig:
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks (divide weights and KV heads)")
     activation_reserve_gib: float = float_field(DEFAULT_ACTIVATION_RESERVE_GIB, min=0.0,
                                                 help="memory kept back for activations, GiB")
+    bytes_per_block: int | None = int_field(None, min=0, optional=True,
+                                            help="bytes of one block (default: from the model)")
+    host_link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                               help="host link bandwidth for swaps and host-tier reloads, GB/s "
+                                                    "(default: from the GPU, else 25)")
+    host_memory_gib: float = float_field(0.0, min=0.0, help="host-memory KV tier under the prefix cache, GiB "
+                                                            "(vLLM CPU offloading, SGLang HiCache); 0 = none")
+    host_blocks: int | None = int_field(None, min=0, optional=True, help="host-memory KV tier in blocks "
+                                                                         "(instead of GiB)")
+    host_link_latency_us: float = float_field(10.0, min=0.0, help="fixed time of one host-tier reload, us "
+                                                                  "(copy launch and synchronisation)")
 
     def __attrs_post_init__(self):
         if (self.model is None) != (self.gpu is None):
             raise FieldError("model" if self.model is None else "gpu", "set both model and gpu to size the cache from them")
         if self.model is not None and self.num_blocks is not None:
             raise FieldError("num_blocks", "give num_blocks or model + gpu, not both")
+        if self.host_memory_gib and self.host_blocks is not None:
+            raise FieldError("host_blocks", "give host_memory_gib or host_blocks, not both")
+        if self.host_memory_gib and not self.bytes_per_block and self.model is None:
+            raise FieldError("host_memory_gib", "needs bytes_per_block, or model and gpu to derive it")
+
+    @property
+    def has_host_tier(self) -> bool:
+        return bool(self.host_memory_gib or self.host_blocks)
 
 
 def pool_size(config: PoolConfig, presets=None):
@@ -52,25 +74,8 @@ def pool_size(config: PoolConfig, presets=None):
     return sizing.num_blocks, sizing
 
 
-@attrs.frozen
-class PagedConfig(PoolConfig):
-    swap_space_gib: float = float_field(0.0, min=0.0, help="CPU swap space per GPU, GiB (vLLM V0 used 4)")
-    swap_blocks: int | None = int_field(None, min=0, optional=True, help="swap space in blocks (instead of GiB)")
-    bytes_per_block: int | None = int_field(None, min=0, optional=True,
-                                            help="bytes of one block (default: from the model)")
-    host_link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
-                                               help="host link bandwidth for swaps, GB/s (default: from the GPU, else 25)")
-    prefix_caching: bool = bool_field(False, help="reuse cached full prompt blocks (vLLM enable_prefix_caching)")
-
-    def __attrs_post_init__(self):
-        super().__attrs_post_init__()
-        if self.swap_space_gib and self.swap_blocks is not None:
-            raise FieldError("swap_blocks", "give swap_space_gib or swap_blocks, not both")
-
-
-def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
-    """A paged (optionally prefix-caching) KV cache sized from ``config``."""
-    num_blocks, sizing = pool_size(config, presets)
+def link_of(config: PoolConfig, sizing) -> tuple[int, float]:
+    """``(bytes_per_block, host_link_gbps)``: given, else from the presets, else 0 and 25 GB/s."""
     bytes_per_block = config.bytes_per_block
     link = config.host_link_gbps
     if sizing is not None:
@@ -78,24 +83,62 @@ def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
             bytes_per_block = sizing.bytes_per_block
         if link is None:
             link = sizing.gpu.host_link_gbps
-    bytes_per_block = bytes_per_block or 0
+    return bytes_per_block or 0, link or 25.0
+
+
+def host_tier(config: PoolConfig, sizing) -> HostTier | None:
+    """The host-memory tier ``config`` asks for, or None."""
+    if not config.has_host_tier:
+        return None
+    bytes_per_block, link = link_of(config, sizing)
+    blocks = config.host_blocks
+    if config.host_memory_gib:
+        blocks = int(config.host_memory_gib * GIB // bytes_per_block)
+        if not blocks:
+            raise FieldError("host_memory_gib",
+                             f"{config.host_memory_gib} GiB holds no block of {bytes_per_block} bytes")
+    return HostTier(blocks, bytes_per_block=bytes_per_block, link_gbps=link, latency_us=config.host_link_latency_us)
+
+
+@attrs.frozen
+class PagedConfig(PoolConfig):
+    swap_space_gib: float = float_field(0.0, min=0.0, help="CPU swap space per GPU, GiB (vLLM V0 used 4)")
+    swap_blocks: int | None = int_field(None, min=0, optional=True, help="swap space in blocks (instead of GiB)")
+    prefix_caching: bool = bool_field(False, help="reuse cached full prompt blocks (vLLM enable_prefix_caching)")
+
+    def __attrs_post_init__(self):
+        super().__attrs_post_init__()
+        if self.swap_space_gib and self.swap_blocks is not None:
+            raise FieldError("swap_blocks", "give swap_space_gib or swap_blocks, not both")
+        if self.has_host_tier and not self.prefix_caching:
+            raise FieldError("host_memory_gib" if self.host_memory_gib else "host_blocks",
+                             "a host-memory tier keeps prefix-cache blocks: needs prefix_caching = true")
+
+
+def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
+    """A paged (optionally prefix-caching) KV cache sized from ``config``."""
+    num_blocks, sizing = pool_size(config, presets)
+    bytes_per_block, link = link_of(config, sizing)
     swap_blocks = config.swap_blocks or 0
     if config.swap_space_gib:
         if not bytes_per_block:
             raise FieldError("swap_space_gib", "needs bytes_per_block, or model and gpu to derive it")
         swap_blocks = int(config.swap_space_gib * GIB // bytes_per_block)
-    cls = PagedKVCache
     if config.prefix_caching:
-        from .prefix import PrefixKVCache as cls
-    kv = cls(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
-             host_link_gbps=link or 25.0)
+        from .prefix import PrefixKVCache
+
+        kv = PrefixKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
+                           host_link_gbps=link, host=host_tier(config, sizing))
+    else:
+        kv = PagedKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
+                          host_link_gbps=link)
     kv.sizing = sizing  # shown in the run summary
     return kv
 
 
 @attrs.frozen
 class RadixConfig(PoolConfig):
-    """Settings of the ``radix`` cache: only the pool's size (SGLang has no swap space)."""
+    """Settings of the ``radix`` cache: the pool's size and its host tier (SGLang has no swap space)."""
 
     block_size: int = int_field(16, min=1, max=MAX_BLOCK_SIZE,
                                 help="tokens per KV page (SGLang page_size; its default 1 matches "
@@ -107,6 +150,7 @@ def build_radix(config: RadixConfig, presets=None):
     from .radix import RadixKVCache
 
     num_blocks, sizing = pool_size(config, presets)
-    kv = RadixKVCache(num_blocks, config.block_size)
+    bytes_per_block, _ = link_of(config, sizing)
+    kv = RadixKVCache(num_blocks, config.block_size, host=host_tier(config, sizing), bytes_per_block=bytes_per_block)
     kv.sizing = sizing
     return kv

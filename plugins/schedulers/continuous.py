@@ -107,6 +107,7 @@ class ContinuousScheduler:
         self._priority = self.config.policy == "priority"
         self._key = waiting_key(self.config.policy, self.config.prediction_sigma, self.config.prediction_seed)
         self._window = BatchingWindow.from_config(self.config)
+        self._swapped_in: list = []
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
@@ -136,6 +137,7 @@ class ContinuousScheduler:
         # vLLM 0.33: the threshold exists so one long prompt cannot starve the others; with
         # at most one request running or waiting there is nobody to starve.
         self._threshold = c.long_prefill_token_threshold if len(plan.running) + len(plan.waiting) > 1 else 0
+        self._swapped_in = []  # swapped in by this plan: no victims for priority preemption
         if c.prefill_first and not plan.has_swapped and plan.waiting and self._window_open(plan):
             self._admit(plan)
             if plan.admitted:
@@ -226,16 +228,18 @@ class ContinuousScheduler:
         """False while the batching window holds new requests back (it then sets a wake-up)."""
         return self._window is None or not self._window.hold(plan, self.config.max_num_seqs - len(plan.running))
 
-    def _victim(self, plan):
+    def _victim(self, plan, candidates=None):
         """Whom to preempt: the most recently admitted running sequence (vLLM FCFS,
         ``self.running[-1]``), or under a waiting order the one it would serve last (vLLM's
         priority policy: ``max(running, key=(priority, arrival_time))``) -- even one already
         scheduled in this iteration. vLLM's arrival times are clock stamps, distinct and in
-        arrival order; schedlab's may tie, so ties go to the later arrival."""
+        arrival order; schedlab's may tie, so ties go to the later arrival. ``candidates``:
+        choose among these running sequences only."""
+        running = plan.running if candidates is None else candidates
         key = self._key
         if key is not None:
-            return max(plan.running, key=lambda s: (key(s), s.seq_no), default=None)
-        return next(reversed(plan.running), None)
+            return max(running, key=lambda s: (key(s), s.seq_no), default=None)
+        return next(reversed(running), None)
 
     def _preempt_one(self, plan) -> bool:
         """Preempt one victim; False if none is left."""
@@ -262,6 +266,7 @@ class ContinuousScheduler:
                 break
             if not plan.swap_in(seq):
                 break
+            self._swapped_in.append(seq)
             budget -= 1
         return budget
 
@@ -329,10 +334,14 @@ class ContinuousScheduler:
         return bool(n) and self._kv_allows(plan.kv, seq, n, hit)
 
     def _make_room(self, plan, seq) -> bool:
-        """With ``priority_preemption``, preempt a lower-priority running sequence for ``seq``."""
+        """With ``priority_preemption``, preempt a lower-priority running sequence for ``seq``:
+        one that was running when the iteration began (vLLM V0 preempts for priority before it
+        swaps in or admits; the plan cannot withdraw a sequence that joined it)."""
         if not (self.config.priority_preemption and self._priority):
             return False
-        victim = self._victim(plan)
+        joined = set(plan.admitted)
+        joined.update(self._swapped_in)
+        victim = self._victim(plan, [s for s in plan.running if s not in joined] if joined else None)
         if victim is None or (victim.request.priority, victim.request.arrival_ms) <= (
                 seq.request.priority, seq.request.arrival_ms):
             return False

@@ -87,6 +87,9 @@ class Instance:
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
+        self.host_tier = getattr(kv, "host", None)  # a host-memory tier under the prefix cache
+        if self.host_tier is not None:
+            self.host_tier.attach(self.counters)
         # Longest and shortest decode context, for cost models that ask (lazy-deletion heaps
         # of anchors: a sequence's context is anchor + 1 + clock.steps while it decodes).
         self.track_range = bool(getattr(cost_model, "needs_context_range", False))
@@ -195,6 +198,16 @@ class Instance:
         if self.count_prefix:
             self.counters["prefix_queries"] += seq.num_tokens
             self.counters["prefix_hits"] += hit
+
+    def host_load(self, blocks: int) -> float:
+        """Account for an admission that loads ``blocks`` from the host tier; the reload time
+        (ms), which lengthens the iteration (LMCache's synchronous retrieval)."""
+        ms = self.host_tier.load_ms(blocks)
+        c = self.counters
+        c["host_hits"] += blocks * self.kv.block_size
+        c["host_load_blocks"] += blocks
+        c["host_load_ms"] += ms
+        return ms
 
     def preempt_recompute(self, seq: Sequence, pending: int = 0) -> None:
         """Free ``seq``'s blocks and queue it again. ``pending``: tokens this iteration had

@@ -175,10 +175,14 @@ class FastPlan:
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
+        host = self._inst.host_tier
+        loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
             return False
         self._claim(seq, "admitted")
         self._inst.on_admit(seq, hit, reserve_tokens)
+        if host is not None and host.loaded != loaded:  # part of the hit comes back from host memory
+            self.transfer_ms += self._inst.host_load(host.loaded - loaded)
         self.admitted.append(seq)
         self.prefills.append((seq, num_tokens))
         self._tokens += num_tokens

@@ -42,7 +42,12 @@ COUNTERS = (
     "swap_in_blocks",
     "swap_transfer_ms",      # time the swaps added to iterations
     "prefix_queries",        # tokens looked up in the prefix cache at admission (vLLM counter)
-    "prefix_hits",           # of those, tokens found cached
+    "prefix_hits",           # of those, tokens found cached (in either tier)
+    "host_hits",             # of those, tokens loaded back from the host-memory tier
+    "host_load_blocks",      # blocks loaded from the host tier
+    "host_load_ms",          # time the reloads added to iterations
+    "host_store_blocks",     # blocks the GPU cache evicted into the host tier
+    "host_evictions",        # blocks the host tier dropped to make room
     "kv_block_ms",           # integral of blocks in use over time
     "kv_above_ms",           # time with KV usage above the high-water threshold
     "kv_peak_blocks",

@@ -157,10 +157,19 @@ class RefPlan:
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
+        host = getattr(self.kv, "host", None)
+        loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
             return False
         if seq.mark == self.serial:
             raise SimulationError(f"request {seq.request.id} admitted twice in one iteration")
+        if host is not None and host.loaded > loaded:  # blocks reloaded from host memory
+            blocks = host.loaded - loaded
+            ms = blocks * host.bytes_per_block / (host.link_gbps * 1e9) * 1e3 + host.latency_us / 1e3
+            self._e.counters["host_hits"] += blocks * self.kv.block_size
+            self._e.counters["host_load_blocks"] += blocks
+            self._e.counters["host_load_ms"] += ms
+            self.transfer_ms += ms
         seq.mark = self.serial
         e = self._e
         self.waiting.remove(seq)
@@ -304,6 +313,9 @@ class ReferenceEngine:
         self.running: dict = {}
         self.swapped: list = []
         self.events = 0  # every iteration is an event here
+        host = getattr(kv, "host", None)
+        if host is not None:
+            host.attach(self.counters)
 
     def run(self, requests, workload=None) -> None:
         from .instance import default_rejection_reason
