@@ -38,6 +38,7 @@ gives the engine the slope and how many steps it holds.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 import attrs
 
@@ -98,6 +99,8 @@ class ProfiledCostModel:
         self._per_sequence = bundle.per_sequence
         self._skew = bundle.skew if config.skew else None
         self._tokens_memo: dict[int, float] = {}
+        self._decode_rows: dict = {}
+        self._decode_fixed: dict[int, float] = {}  # decode-only batch of n: all but attention
         self._seq_memo: dict[int, float] = {}
         self._last: tuple | None = None
 
@@ -143,51 +146,94 @@ class ProfiledCostModel:
 
     def attention_ms(self, batch: Batch) -> float:
         """One layer's attention, with the uneven-context correction."""
-        pc, kp, n = batch.prefill_tokens, batch.prefill_context_tokens, batch.num_decode
+        n = batch.num_decode
+        if not batch.prefill_tokens:
+            return self._decode_attention(batch, n, batch.decode_context_tokens / n)
         mean = batch.decode_context_tokens / n if n else 0.0
-        attn = self._attention
-        t = attn(pc, kp, n, mean)
         alpha = self._skew_alpha(batch, mean)
-        t_max = None
-        if alpha:
-            t_max = attn(pc, kp, n, batch.decode_context_max)
-            self._last = (batch, alpha, t, t_max)  # decode_step_increment asks about the same batch next
-            if t_max > t:
-                t += alpha * (t_max - t)
+        t, t_max = self._attention.at_contexts(batch.prefill_tokens, batch.prefill_context_tokens, n, mean,
+                                               batch.decode_context_max if alpha else mean)
+        if t_max > t:
+            t += alpha * (t_max - t)
+        return t
+
+    def _decode_attention(self, batch: Batch, n: int, mean: float) -> float:
+        """Attention of a decode-only batch, from the memoised row of its decode count. What it
+        looked up is kept for :meth:`decode_step_increment`, which asks about the same batch.
+        (Hot path: the row's ``piece`` / ``at`` and the skew lookup are inlined.)"""
+        row = self._decode_rows.get(n)
+        if row is None:
+            row = self._decode_rows[n] = self._attention.decode_row(n)
+        xs, ys, slopes, last_piece = row.xs, row.ys, row.slopes, row.n - 2
+        piece = bisect_right(xs, mean) - 1
+        if piece > last_piece:
+            piece = last_piece
+        t = ys[0] if piece < 0 else ys[piece] + (mean - xs[piece]) * slopes[piece]
+        hi = batch.decode_context_max
+        skew = self._skew
+        if skew is not None and n > 1 and hi > mean:
+            lo = batch.decode_context_min
+            alpha = skew.decode(n, (mean - lo) / (hi - lo), hi)
+            hi_piece = bisect_right(xs, hi) - 1
+            if hi_piece > last_piece:
+                hi_piece = last_piece
+            gap = (ys[0] if hi_piece < 0 else ys[hi_piece] + (hi - xs[hi_piece]) * slopes[hi_piece]) - t
+            if alpha and gap > 0.0:
+                t += alpha * gap
+        else:
+            alpha, hi_piece, gap = 0.0, piece, 0.0
+        self._last = (batch, row, piece, hi_piece, alpha, gap)
         return t
 
     # --- CostModel protocol -------------------------------------------------------------------
 
     def iteration_ms(self, batch: Batch) -> float:
-        tokens = batch.num_decode + batch.prefill_tokens
-        if tokens == 0:
-            return 0.0
-        return (self.tokens_ms(tokens) + self.sequences_ms(batch.num_decode + batch.num_prefill)
-                + self.layers * self.attention_ms(batch) + self._overhead)
+        n = batch.num_decode
+        if not batch.prefill_tokens:  # decode only: n tokens, n sequences
+            if not n:
+                return 0.0
+            fixed = self._decode_fixed.get(n)
+            if fixed is None:
+                fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n) + self._overhead
+            return fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
+        tokens = n + batch.prefill_tokens
+        ms = self._tokens_memo.get(tokens)
+        if ms is None:
+            ms = self.tokens_ms(tokens)
+        sequences = n + batch.num_prefill
+        seq_ms = self._seq_memo.get(sequences)
+        if seq_ms is None:
+            seq_ms = self.sequences_ms(sequences)
+        return ms + seq_ms + self.layers * self.attention_ms(batch) + self._overhead
 
     def decode_step_increment(self, batch: Batch) -> tuple[float, int] | None:
         """For a decode-only batch: the per-step growth of attention time and how many steps
         it holds (until the mean or longest context crosses a grid point, the longest crosses
         a skew bucket, or the skew term changes sign)."""
-        if batch.prefill_tokens or not batch.num_decode:
-            return None
-        attn = self._attention
         n = batch.num_decode
+        if batch.prefill_tokens or not n:
+            return None
         mean = batch.decode_context_tokens / n
-        hi = batch.decode_context_max
-        slope_mean = attn.kd_slope(0, 0, n, mean)
-        end = attn.kd_breaks(0, 0, n, mean) - mean
         last = self._last
-        if last is not None and last[0] is batch:
-            alpha, gap = last[1], last[3] - last[2]
+        if last is None or last[0] is not batch:
+            self._decode_attention(batch, n, mean)
+            last = self._last
+        _, row, piece, hi_piece, alpha, gap = last
+        xs, slopes, last_piece = row.xs, row.slopes, row.n - 2
+        if piece < 0:  # below the grid: constant up to its first point
+            inc, end = 0.0, xs[0] - mean
         else:
-            alpha = self._skew_alpha(batch, mean)
-            gap = attn(0, 0, n, hi) - attn(0, 0, n, mean) if alpha else 0.0
-        inc = slope_mean
+            inc = slopes[piece]
+            end = xs[piece + 1] - mean if piece < last_piece else math.inf
         if alpha:
-            slope_hi = attn.kd_slope(0, 0, n, hi)
-            end = min(end, attn.kd_breaks(0, 0, n, hi) - hi, self._skew.kv_big_edge(hi) - hi)
-            gap_slope = slope_hi - slope_mean
+            hi = batch.decode_context_max
+            if hi_piece < 0:
+                slope_hi, end_hi = 0.0, xs[0] - hi
+            else:
+                slope_hi = slopes[hi_piece]
+                end_hi = xs[hi_piece + 1] - hi if hi_piece < last_piece else math.inf
+            gap_slope = slope_hi - inc
+            end = min(end, end_hi, self._skew.kv_big_edge(hi) - hi)
             if gap > 0.0:
                 inc += alpha * gap_slope
                 if gap_slope < 0.0:  # the correction reaches 0 within this piece
@@ -195,7 +241,7 @@ class ProfiledCostModel:
             elif gap_slope > 0.0:  # no correction yet; it starts when the gap turns positive
                 end = min(end, math.floor(-gap / gap_slope))
         steps = math.floor(end) + 1 if end < math.inf else 1 << 62
-        return self.layers * inc, max(1, steps)
+        return self.layers * inc, (steps if steps > 1 else 1)
 
 
 def build_profiled(config: ProfiledConfig, presets: Presets) -> ProfiledCostModel:
