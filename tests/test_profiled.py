@@ -257,6 +257,47 @@ def test_moe_layer_uses_balanced_routing(tmp_path):
     assert cost.iteration_ms(b) - dense.iteration_ms(b) == pytest.approx(3 * cost.moe_ms(1), rel=1e-9)
 
 
+TINY_MOE = ModelSpec("tiny-moe", num_layers=3, num_kv_heads=1, head_dim=16, num_params=2e6, hidden_size=64,
+                     num_experts=8, experts_per_token=2, active_params=1e6)
+
+
+def test_moe_at_tensor_parallel_is_the_table_at_a_share_of_the_work(tmp_path):
+    """Without expert parallelism TP splits every expert over the ranks: a rank does the work
+    of the TP-1 kernel on T/tp tokens routed to E/tp experts. Table: 5 + 0.5 tokens + 2 experts
+    (us), rows of 2, 4, 8 experts from 1 token; 2 of 8 experts per token."""
+    cost = model(write_bundle(tmp_path, tp=2, moe=True), TINY_MOE, tensor_parallel=2, link_gbps=10.0,
+                 link_latency_us=0.0)
+    # 8 tokens -> 8 experts -> the table at 4 tokens, 4 experts: 5 + 2 + 8
+    assert cost.moe_ms(8) == pytest.approx(15.0e-3, rel=1e-12)
+    assert cost.moe_ms(16) == pytest.approx((5 + 4 + 8) * 1e-3, rel=1e-12)
+    assert cost.moe_ms(2) == pytest.approx((5 + 0.5 + 4) * 1e-3, rel=1e-12)   # 2 tokens, 4 experts -> (1, 2)
+    # 1 token: (0.5, 1) is below the table; a weight read of 2 experts, half the 4 at 2 tokens
+    assert cost.moe_ms(1) == pytest.approx((5 + 0.5 + 4) / 2 * 1e-3, rel=1e-12)
+    # between LLMServingSim's unchanged TP-1 time and a perfect split
+    full = cost.bundle.moe(8, 8)
+    assert full / 2 < cost.moe_ms(8) < full
+    dense = model(write_bundle(tmp_path / "dense", tp=2), tensor_parallel=2, link_gbps=10.0, link_latency_us=0.0)
+    b = Batch(num_decode=8, decode_context_tokens=8 * 64)
+    assert cost.iteration_ms(b) - dense.iteration_ms(b) == pytest.approx(3 * cost.moe_ms(8), rel=1e-9)
+
+
+def test_moe_with_expert_parallelism_reads_whole_local_experts(tmp_path):
+    """TP 2 with expert parallelism: 4 experts a rank; 8 tokens route 6 tokens to a rank
+    (1 - (1/2)^2 of them) onto all 4 of its experts: the table at (6, 4)."""
+    cost = model(write_bundle(tmp_path, tp=2, moe=True), TINY_MOE, tensor_parallel=2, expert_parallel=True,
+                 link_gbps=10.0, link_latency_us=0.0)
+    assert cost.moe_ms(8) == pytest.approx((5 + 3 + 8) * 1e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_moe_time_never_falls_with_more_tokens(tmp_path, tp):
+    cost = model(write_bundle(tmp_path, tp=tp, moe=True), TINY_MOE, tensor_parallel=tp, link_gbps=10.0,
+                 link_latency_us=0.0)
+    times = [cost.moe_ms(t) for t in range(1, 200)]
+    assert all(b >= a for a, b in zip(times, times[1:]))
+    assert times[0] > 0.0
+
+
 def test_skew_correction_blends_towards_the_longest_context(tmp_path):
     cost = model(write_bundle(tmp_path, skew_alpha=0.5))
     plain = model(write_bundle(tmp_path / "plain"))

@@ -428,6 +428,8 @@ class MoeTable:
             rows.setdefault(experts, {})[tokens] = t
         self.experts = sorted(rows)
         self.rows = [Table1D(sorted(r), [r[k] for k in sorted(r)], monotone=True) for _, r in sorted(rows.items())]
+        self.min_experts = self.experts[0]                    # below these the table is clamped
+        self.min_tokens = min(row.xs[0] for row in self.rows)
 
     def __call__(self, tokens: float, experts: float) -> float:
         tokens, experts = max(tokens, 1.0), max(experts, 1.0)

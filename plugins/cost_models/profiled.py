@@ -20,11 +20,23 @@ varlen kernel is slower on uneven contexts than on even ones of the same mean) u
 bundle's fitted alphas when it has them.
 
 All-reduce is not in the profiles: it is modelled from the GPU preset's interconnect
-(:mod:`.comm`). MoE experts are read from the TP-1 table (as LLMServingSim does) with
-LLMServingSim's balanced routing: ``min(T x top_k, experts)`` experts on ``T`` tokens; with
-``expert_parallel`` each of the ``tp`` ranks holds ``experts / tp`` of them and sees the
-tokens routed to at least one of its experts; without it the experts are split by
-tensor parallelism and each rank does ``1 / tp`` of the expert work.
+(:mod:`.comm`). MoE experts are read from the TP-1 table ``moe.csv``, the only one the
+profiler writes, with LLMServingSim's balanced routing: ``E = min(T x top_k, experts)``
+experts on ``T`` tokens. With ``expert_parallel`` each of the ``tp`` ranks holds ``experts /
+tp`` whole experts and sees the tokens routed to at least one of them (LLMServingSim's
+expert-parallel view). Without it, LLMServingSim reads the TP-1 time unchanged ("increasing
+TP doesn't change the per-rank expert kernel", its bundle docs), but vLLM's fused-MoE layer
+then splits every expert's intermediate dimension over the ranks, so a rank reads ``1 / tp``
+of each activated expert's weights and does ``1 / tp`` of each token's expert FLOPs, with the
+same tokens per expert and thread blocks: the work of a TP-1 kernel on ``T / tp`` tokens
+routed to ``E / tp`` experts. So the time is read from the table there -- the measured cost of
+half the work, which on the RTX PRO 6000 Qwen3-30B-A3B profile is 51-52% of the full work's
+at 16-2048 tokens, not 50%: launches, routing and the top-k sum do not shrink with the shard
+(as they do not for the large sharded dense GEMMs of these bundles, gate_up and down, which
+take 48-58% of their TP-1 time at TP 2). Where ``T /
+tp`` or ``E / tp`` falls below the table (a single token at TP 2), the expert block is a
+weight read and its time is that of the first shape the table covers, scaled by the experts
+read. The rule is not fitted to any measurement of MoE at TP 2 (the shared data has none).
 
 ``overhead_ms`` is what the profiles do not hold: the engine's CPU work per step
 (scheduling, input preparation, output processing) not hidden behind the GPU.
@@ -103,20 +115,40 @@ class ProfiledCostModel:
         self._decode_fixed: dict[int, float] = {}  # decode-only batch of n: all but attention
         self._seq_memo: dict[int, float] = {}
         self._last: tuple | None = None
+        self._moe_anchor = self._first_tp_moe_shape() if model.is_moe else None
 
     # --- parts ----------------------------------------------------------------------------------
 
     def moe_ms(self, tokens: float) -> float:
-        """One MoE layer's expert time at ``tokens`` tokens (balanced routing)."""
+        """One MoE layer's expert time on one rank at ``tokens`` tokens (balanced routing; see
+        the module docstring for tensor parallelism)."""
         m = self.model
         tp = self.config.tensor_parallel
         experts, k = m.num_experts, m.experts_per_token
+        table = self.bundle.moe
         if self.config.expert_parallel and tp > 1:
             local_experts = max(1, experts // tp)
             active = min(round(tokens * k / tp), local_experts)
             local_tokens = round(tokens * (1.0 - ((tp - 1) / tp) ** k))
-            return self.bundle.moe(local_tokens, active)
-        return self.bundle.moe(tokens, min(round(tokens * k), experts)) / tp
+            return table(local_tokens, active)
+        active = min(round(tokens * k), experts)
+        if tp == 1:
+            return table(tokens, active)
+        anchor = self._moe_anchor
+        if anchor is None or (tokens / tp >= table.min_tokens and active / tp >= table.min_experts):
+            return table(tokens / tp, active / tp)  # the same work as 1/tp of the tokens on 1/tp of the experts
+        # Below the table (a few decode tokens): a weight read, in proportion to the experts read.
+        anchor_tokens, anchor_experts = anchor
+        return table(anchor_tokens / tp, anchor_experts / tp) * active / anchor_experts
+
+    def _first_tp_moe_shape(self) -> tuple[int, int] | None:
+        """The fewest tokens (and their experts) whose 1/tp share the TP-1 MoE table covers
+        (None at TP 1, with expert parallelism, or when a rank's experts are fewer than its rows)."""
+        m, tp, table = self.model, self.config.tensor_parallel, self.bundle.moe
+        if table is None or tp == 1 or self.config.expert_parallel or m.num_experts / tp < table.min_experts:
+            return None
+        tokens = max(math.ceil(tp * table.min_tokens), math.ceil(tp * table.min_experts / m.experts_per_token))
+        return tokens, min(tokens * m.experts_per_token, m.num_experts)
 
     def tokens_ms(self, tokens: int) -> float:
         """Everything that depends only on the tokens in the iteration."""
