@@ -339,7 +339,8 @@ class AttentionTable:
         self.grid = isotonic(grid)
         self.pcs, self.nds, self.kps, self.kds = (a.tolist() for a in axes)
         self._cells = self.grid.tolist()
-        self._corners: dict[tuple, list] = {}
+        self._pc_positions: dict = {}
+        self._nd_positions: dict = {}
         self._decode_rows: dict[int, Table1D] = {}
 
     @staticmethod
@@ -367,20 +368,14 @@ class AttentionTable:
             raise BundleError(f"{path}: the shot prefill_chunk {dup[0]:g}, kv_prefill {dup[1]:g}, "
                               f"n_decode {dup[2]:g}, kv_decode {dup[3]:g} appears twice")
 
-    def corners(self, pc: float, nd: float) -> list:
-        """The (weight, kv_prefill x kv_decode table) pairs whose blend is the slice at
-        (pc, nd) (memoised: an iteration's chunk and decode counts repeat)."""
-        key = (pc, nd)
-        found = self._corners.get(key)
+    @staticmethod
+    def _position(memo: dict, xs: list, x: float) -> tuple[int, float]:
+        """:func:`_axis_position`, memoised (chunk sizes and decode counts repeat)."""
+        found = memo.get(x)
         if found is None:
-            i, ti = _axis_position(self.pcs, pc)
-            j, tj = _axis_position(self.nds, nd)
-            cells = self._cells
-            found = [(w, cells[a][b]) for w, a, b in (((1 - ti) * (1 - tj), i, j), ((1 - ti) * tj, i, j + 1),
-                                                     (ti * (1 - tj), i + 1, j), (ti * tj, i + 1, j + 1))
-                     if w != 0.0]
-            if len(self._corners) < 1 << 16:
-                self._corners[key] = found
+            found = _axis_position(xs, x)
+            if len(memo) < 1 << 16:
+                memo[x] = found
         return found
 
     def __call__(self, pc: float, kp: float, nd: float, kd: float) -> float:
@@ -390,20 +385,26 @@ class AttentionTable:
     def at_contexts(self, pc: float, kp: float, nd: float, kd: float, kd_other: float) -> tuple[float, float]:
         """The time at two decode contexts of the same (chunk, prefill context, decodes) --
         the mean and the longest, for the skew correction -- sharing the lookups."""
-        i, ti = _axis_position(self.kps, kp)
-        j, tj = _axis_position(self.kds, kd)
-        k, tk = (j, tj) if kd_other == kd else _axis_position(self.kds, kd_other)
+        i, ti = self._position(self._pc_positions, self.pcs, pc)
+        j, tj = self._position(self._nd_positions, self.nds, nd)
+        p, tp = _axis_position(self.kps, kp)
+        k, tk = _axis_position(self.kds, kd)
+        o, to = (k, tk) if kd_other == kd else _axis_position(self.kds, kd_other)
+        cells = self._cells
         first = other = 0.0
-        for w, table in self.corners(pc, nd):
-            row = table[i]
-            if ti:  # blend the two kv_prefill rows
-                up = table[i + 1]
-                a0, a1 = row[j] + ti * (up[j] - row[j]), row[j + 1] + ti * (up[j + 1] - row[j + 1])
-                b0, b1 = row[k] + ti * (up[k] - row[k]), row[k + 1] + ti * (up[k + 1] - row[k + 1])
-            else:
-                a0, a1, b0, b1 = row[j], row[j + 1], row[k], row[k + 1]
-            first += w * (a0 + tj * (a1 - a0))
-            other += w * (b0 + tk * (b1 - b0))
+        for w, table in (((1 - ti) * (1 - tj), cells[i][j]), ((1 - ti) * tj, cells[i][j + 1]),
+                         (ti * (1 - tj), cells[i + 1][j]), (ti * tj, cells[i + 1][j + 1])):
+            if w == 0.0:
+                continue
+            row, up = table[p], table[p + 1]
+            a0, a1, b0, b1 = row[k], row[k + 1], row[o], row[o + 1]
+            if tp:  # blend the two kv_prefill rows
+                a0 += tp * (up[k] - a0)
+                a1 += tp * (up[k + 1] - a1)
+                b0 += tp * (up[o] - b0)
+                b1 += tp * (up[o + 1] - b1)
+            first += w * (a0 + tk * (a1 - a0))
+            other += w * (b0 + to * (b1 - b0))
         return first, other
 
     def decode_row(self, nd: int) -> Table1D:
