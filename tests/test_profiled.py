@@ -41,7 +41,7 @@ def attention_us(pc, kp, nd, kd):
     return 2.0 + 0.5 * pc + 0.001 * pc * kp + nd * (0.1 + 0.02 * kd)
 
 
-def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, moe=False, dense=None, drop=(),
+def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, skew_default=0.0, moe=False, dense=None, drop=(),
                  keep_shot=lambda pc, kp, nd, kd: True, extra_shots=(), attention=None) -> Path:
     bundle = root / "HW" / "org" / "Tiny" / "bf16"
     folder = bundle / f"tp{tp}"
@@ -53,7 +53,7 @@ def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, moe=False
                  "    skew_rate_bins: [-0.01, 0.5, 1.01]", "    skew_rate_labels: [sr<=50%, sr>50%]",
                  "    kv_big_bins: [0, 512, 1000000000]", "    kv_big_labels: [kvB<=512, kvB>512]",
                  "    kp_bins: [-1, 0, 1000000000]", "    kp_labels: [kp=0, kp>0]",
-                 "  per_tp:", f"    {tp}:", "      alpha_default: 0.0"]
+                 "  per_tp:", f"    {tp}:", f"      alpha_default: {skew_default}"]
         (folder / "skew_fit.csv").write_text(
             "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples\n"
             f"0,n<=8,sr<=50%,kvB<=512,kp=0,{skew_alpha},4\n0,n<=4,sr<=50%,kvB<=512,kp=0,{skew_alpha},4\n")
@@ -545,6 +545,22 @@ def test_decode_increment_holds_for_the_declared_steps(tmp_path_factory, n, low,
     j = min(j, steps - 1)
     assert cost.iteration_ms(batch(j)) == pytest.approx(cost.iteration_ms(batch(0)) + j * inc, rel=1e-9, abs=1e-12)
     assert cost.decode_step_increment(Batch(2, 40, 1, 5, 0, 20, 20)) is None
+
+
+def test_a_decode_run_ends_where_a_zero_alpha_bucket_does(tmp_path):
+    """The fitted alpha of the longest context's bucket is 0 (the shipped bundle has such
+    buckets) and the next bucket's is not: the run must still end at the bucket edge (512)."""
+    cost = model(write_bundle(tmp_path, skew_alpha=0.0, skew_default=0.3))
+    low, high = 100, 500  # 4 decodes, one long: skew rate 0.25, longest context 13 steps below 512
+
+    def batch(step):
+        return Batch(4, 3 * low + high + 4 * step, 0, 0, 0, high + step, low + step)
+
+    inc, steps = cost.decode_step_increment(batch(0))
+    assert steps == 13
+    d0 = cost.iteration_ms(batch(0))
+    assert cost.iteration_ms(batch(12)) == pytest.approx(d0 + 12 * inc, rel=1e-12)
+    assert cost.iteration_ms(batch(13)) > d0 + 13 * inc * (1 + 1e-9)  # alpha 0.3 from here
 
 
 # --- fast vs reference engine ----------------------------------------------------------------------

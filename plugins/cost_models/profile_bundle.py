@@ -115,8 +115,10 @@ class Table1D:
     """Piecewise-linear ``y(x)`` through sorted grid points: clamped below the first point,
     extrapolated from the last two above the last.
 
-    Piece ``i`` (``0 <= i <= n - 2``) runs from ``xs[i]`` with slope ``slopes[i]``; the last
-    one goes on past the last point, and piece ``-1`` is the constant below the first."""
+    ``slopes[i]`` is the slope of the piece from ``xs[i]`` (``0 <= i <= n - 2``; the last one
+    goes on past the last point): with ``i = bisect_right(xs, x) - 1`` capped at ``n - 2``, the
+    value at ``x >= xs[0]`` is ``ys[i] + (x - xs[i]) * slopes[i]`` and that piece ends at
+    ``xs[i + 1]`` (never, for the last). The profiled cost model reads them inline."""
 
     __slots__ = ("xs", "ys", "n", "slopes")
 
@@ -127,24 +129,6 @@ class Table1D:
         xs, ys = self.xs, self.ys
         self.slopes = [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(self.n - 1)] or [0.0]
 
-    def piece(self, x: float) -> int:
-        """The piece holding ``x`` (at a grid point: the one starting there)."""
-        if x < self.xs[0] or self.n == 1:
-            return -1
-        i = bisect_right(self.xs, x) - 1
-        return i if i < self.n - 1 else self.n - 2
-
-    def at(self, i: int, x: float) -> float:
-        """``y(x)`` for ``x`` on piece ``i``."""
-        return self.ys[0] if i < 0 else self.ys[i] + (x - self.xs[i]) * self.slopes[i]
-
-    def slope_of(self, i: int) -> float:
-        return 0.0 if i < 0 else self.slopes[i]
-
-    def end_of(self, i: int) -> float:
-        """Where piece ``i`` ends (``inf`` for the last)."""
-        return self.xs[i + 1] if i + 1 < self.n - 1 else math.inf
-
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
         if x <= xs[0] or self.n == 1:
@@ -153,15 +137,6 @@ class Table1D:
         if i >= self.n:
             i = self.n - 1
         return ys[i - 1] + (x - xs[i - 1]) * self.slopes[i - 1]
-
-    def slope(self, x: float) -> float:
-        """The slope just above ``x``."""
-        return self.slope_of(self.piece(x))
-
-    def next_break(self, x: float) -> float:
-        """The next grid point strictly above ``x`` (``inf`` past the last: linear from there)."""
-        i = bisect_right(self.xs, x)
-        return self.xs[i] if i < self.n - 1 else math.inf
 
 
 def sum_tables(parts: list[tuple[float, Table1D]]) -> Table1D:

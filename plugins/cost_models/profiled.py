@@ -192,7 +192,7 @@ class ProfiledCostModel:
     def _decode_attention(self, batch: Batch, n: int, mean: float) -> float:
         """Attention of a decode-only batch, from the memoised row of its decode count. What it
         looked up is kept for :meth:`decode_step_increment`, which asks about the same batch.
-        (Hot path: the row's ``piece`` / ``at`` and the skew lookup are inlined.)"""
+        (Hot path: the row's pieces and the skew lookup are read inline, see ``Table1D``.)"""
         row = self._decode_rows.get(n)
         if row is None:
             row = self._decode_rows[n] = self._attention.decode_row(n)
@@ -212,9 +212,10 @@ class ProfiledCostModel:
             gap = (ys[0] if hi_piece < 0 else ys[hi_piece] + (hi - xs[hi_piece]) * slopes[hi_piece]) - t
             if alpha and gap > 0.0:
                 t += alpha * gap
+            skewed = True
         else:
-            alpha, hi_piece, gap = 0.0, piece, 0.0
-        self._last = (batch, row, piece, hi_piece, alpha, gap)
+            alpha, hi_piece, gap, skewed = 0.0, piece, 0.0, False
+        self._last = (batch, row, piece, hi_piece, alpha, gap, skewed)
         return t
 
     # --- CostModel protocol -------------------------------------------------------------------
@@ -250,22 +251,24 @@ class ProfiledCostModel:
         if last is None or last[0] is not batch:
             self._decode_attention(batch, n, mean)
             last = self._last
-        _, row, piece, hi_piece, alpha, gap = last
+        _, row, piece, hi_piece, alpha, gap, skewed = last
         xs, slopes, last_piece = row.xs, row.slopes, row.n - 2
         if piece < 0:  # below the grid: constant up to its first point
             inc, end = 0.0, xs[0] - mean
         else:
             inc = slopes[piece]
             end = xs[piece + 1] - mean if piece < last_piece else math.inf
-        if alpha:
+        if skewed:  # the alpha may change where the longest context enters the next bucket
             hi = batch.decode_context_max
+            end = min(end, self._skew.kv_big_edge(hi) - hi)
+        if alpha:
             if hi_piece < 0:
                 slope_hi, end_hi = 0.0, xs[0] - hi
             else:
                 slope_hi = slopes[hi_piece]
                 end_hi = xs[hi_piece + 1] - hi if hi_piece < last_piece else math.inf
             gap_slope = slope_hi - inc
-            end = min(end, end_hi, self._skew.kv_big_edge(hi) - hi)
+            end = min(end, end_hi)
             if gap > 0.0:
                 inc += alpha * gap_slope
                 if gap_slope < 0.0:  # the correction reaches 0 within this piece
