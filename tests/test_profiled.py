@@ -399,7 +399,7 @@ def test_isotonic_is_the_midpoint_of_the_monotone_envelopes():
 
 def test_a_batch_with_a_chunk_costs_at_least_its_decodes_alone(tmp_path):
     """Decode-only shots 5 us slower than the varlen kernel with a chunk (as the RTX PRO 6000
-    profiles measure at 2-16 decodes): they are kept as measured, and the cheaper chunk shots
+    profiles measure at 2-8 decodes): they are kept as measured, and the cheaper chunk shots
     are raised to them -- averaging would move every decode-only iteration instead."""
     def split_kv(pc, kp, nd, kd):
         return attention_us(pc, kp, nd, kd) + (5.0 if pc == 0 else 0.0)

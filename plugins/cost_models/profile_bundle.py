@@ -250,7 +250,13 @@ class AttentionTable:
        what a tiny kernel costs;
     3. the grid is made non-decreasing along every axis (:func:`isotonic`: timing noise --
        e.g. a 128-decode shot 11% slower with no prefill context than with 512 tokens of it
-       -- is averaged out; ordered cells do not move);
+       -- is averaged out; ordered cells do not move). Decode-only shots are not averaged with
+       the shots that carry a chunk: at 2-8 decodes they are measured slower than the same
+       decodes riding with a small chunk (12.6 vs 7.7 us at 2 decodes -- another kernel path,
+       not noise), and pooling would pull every decode-only iteration, the most common kind,
+       below its measurement. They are made monotone among themselves, the chunk shots among
+       themselves, and a chunk shot is then raised to at least its decodes' decode-only time
+       (a batch costs at least its decodes alone);
     4. each axis gets one more point at ``FAR_FACTOR`` times its largest, on the line through
        its two largest points, and the grid is made non-decreasing again, so extrapolating
        past the profiled range (chunks above the profiled budget, longer contexts, more
