@@ -1,9 +1,10 @@
 """The profiled cost model: bundle loading and its errors, exact values, monotonicity, the
 piecewise-linear decode declaration, and fast vs reference engines with it.
 
-Every bundle here is written by the test (CI has no shared data). The attention table of
-:func:`write_bundle` samples a function that is linear in each axis separately, so bilinear
-interpolation reproduces it exactly between grid points too.
+Bundles are written by the tests (CI has no shared data), except the shipped one in
+``experiments/data/llmservingsim/`` that the properties also run on. The attention table of
+:func:`write_bundle` samples a function that is linear in each axis separately, so
+multilinear interpolation reproduces it exactly between grid points too.
 """
 
 from __future__ import annotations
