@@ -140,3 +140,33 @@ def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu):
     runs = [run_engine(requests, ContinuousScheduler(cfg), cost, PagedKVCache(num_blocks, 16, swap_blocks=32),
                        engine=engine) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(max_size=8, max_prompt=6_000, max_output=400, all_at_zero=False), st.integers(1, 8),
+       st.sampled_from([512, 2048]), st.booleans(), st.integers(40, 3_000))
+def test_profiled_cost_runs_match_reference(requests, max_seqs, budget, chunked, num_blocks):
+    """The shipped RTX PRO 6000 profile: decode runs cross its kv_decode grid points and skew
+    buckets (contexts to ~6k), chunks land between its profiled chunk sizes; the fast engine's
+    piecewise-linear runs must agree with the step-by-step engine."""
+    from pathlib import Path
+
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab_plugins.cost_models.profile_bundle import ProfileBundle
+    from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
+
+    root = (Path(__file__).resolve().parents[1] / "experiments" / "data" / "llmservingsim" / "profiles"
+            / "RTXPRO6000" / "meta-llama" / "Llama-3.1-8B" / "bf16")
+    bundle = _BUNDLE.get(root) or _BUNDLE.setdefault(root, ProfileBundle(root, 1))
+    model = Presets.from_catalog(load_catalog(entry_points=False)).model("llama-3.1-8b")
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
+                           allocation="grow")
+    runs = [run_engine(requests, ContinuousScheduler(cfg),
+                       ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model="llama-3.1-8b")),
+                       PagedKVCache(num_blocks, 16, swap_blocks=32), engine=engine) for engine in ("fast", "reference")]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["events"] <= runs[1].meta["events"]
+
+
+_BUNDLE: dict = {}

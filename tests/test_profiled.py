@@ -1,9 +1,10 @@
 """The profiled cost model: bundle loading and its errors, exact values, monotonicity, the
 piecewise-linear decode declaration, and fast vs reference engines with it.
 
-Every bundle here is written by the test (CI has no shared data). The attention table of
-:func:`write_bundle` samples a function that is linear in each axis separately, so bilinear
-interpolation reproduces it exactly between grid points too.
+Bundles are written by the tests (CI has no shared data), except the shipped one in
+``experiments/data/llmservingsim/`` that the properties also run on. The attention table of
+:func:`write_bundle` samples a function that is linear in each axis separately, so
+multilinear interpolation reproduces it exactly between grid points too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from schedlab.capacity import ModelSpec
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch, CostModel
 from schedlab.testing import compare_runs, examples, requests_lists, run_engine
-from schedlab_plugins.cost_models.profile_bundle import BundleError, ProfileBundle, non_decreasing
+from schedlab_plugins.cost_models.profile_bundle import BundleError, ProfileBundle, isotonic, non_decreasing
 from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
@@ -41,7 +42,8 @@ def attention_us(pc, kp, nd, kd):
     return 2.0 + 0.5 * pc + 0.001 * pc * kp + nd * (0.1 + 0.02 * kd)
 
 
-def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, moe=False, dense=None, drop=()) -> Path:
+def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, skew_default=0.0, moe=False, dense=None, drop=(),
+                 keep_shot=lambda pc, kp, nd, kd: True, extra_shots=(), attention=None) -> Path:
     bundle = root / "HW" / "org" / "Tiny" / "bf16"
     folder = bundle / f"tp{tp}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,7 +54,7 @@ def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, moe=False
                  "    skew_rate_bins: [-0.01, 0.5, 1.01]", "    skew_rate_labels: [sr<=50%, sr>50%]",
                  "    kv_big_bins: [0, 512, 1000000000]", "    kv_big_labels: [kvB<=512, kvB>512]",
                  "    kp_bins: [-1, 0, 1000000000]", "    kp_labels: [kp=0, kp>0]",
-                 "  per_tp:", f"    {tp}:", "      alpha_default: 0.0"]
+                 "  per_tp:", f"    {tp}:", f"      alpha_default: {skew_default}"]
         (folder / "skew_fit.csv").write_text(
             "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples\n"
             f"0,n<=8,sr<=50%,kvB<=512,kp=0,{skew_alpha},4\n0,n<=4,sr<=50%,kvB<=512,kp=0,{skew_alpha},4\n")
@@ -64,13 +66,11 @@ def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, moe=False
                                            for s, us in pts.items()]
     (folder / "per_sequence.csv").write_text("\n".join(lines) + "\n")
     lines = ["prefill_chunk,kv_prefill,n_decode,kv_decode,time_us"]
-    for pc in PCS:
-        for nd in NDS:
-            if pc == 0 and nd == 0:
-                continue
-            for kp in (KPS if pc else (0,)):
-                for kd in (KDS if nd else (0,)):
-                    lines.append(f"{pc},{kp},{nd},{kd},{attention_us(pc, kp, nd, kd)}")
+    time_us = attention or attention_us
+    shots = [(pc, kp, nd, kd) for pc in PCS for nd in NDS if pc or nd
+             for kp in (KPS if pc else (0,)) for kd in (KDS if nd else (0,))]
+    for pc, kp, nd, kd in [s for s in shots if keep_shot(*s)] + list(extra_shots):
+        lines.append(f"{pc},{kp},{nd},{kd},{time_us(pc, kp, nd, kd)}")
     (folder / "attention.csv").write_text("\n".join(lines) + "\n")
     if moe:
         (bundle / "tp1").mkdir(exist_ok=True)
@@ -258,6 +258,47 @@ def test_moe_layer_uses_balanced_routing(tmp_path):
     assert cost.iteration_ms(b) - dense.iteration_ms(b) == pytest.approx(3 * cost.moe_ms(1), rel=1e-9)
 
 
+TINY_MOE = ModelSpec("tiny-moe", num_layers=3, num_kv_heads=1, head_dim=16, num_params=2e6, hidden_size=64,
+                     num_experts=8, experts_per_token=2, active_params=1e6)
+
+
+def test_moe_at_tensor_parallel_is_the_table_at_a_share_of_the_work(tmp_path):
+    """Without expert parallelism TP splits every expert over the ranks: a rank does the work
+    of the TP-1 kernel on T/tp tokens routed to E/tp experts. Table: 5 + 0.5 tokens + 2 experts
+    (us), rows of 2, 4, 8 experts from 1 token; 2 of 8 experts per token."""
+    cost = model(write_bundle(tmp_path, tp=2, moe=True), TINY_MOE, tensor_parallel=2, link_gbps=10.0,
+                 link_latency_us=0.0)
+    # 8 tokens -> 8 experts -> the table at 4 tokens, 4 experts: 5 + 2 + 8
+    assert cost.moe_ms(8) == pytest.approx(15.0e-3, rel=1e-12)
+    assert cost.moe_ms(16) == pytest.approx((5 + 4 + 8) * 1e-3, rel=1e-12)
+    assert cost.moe_ms(2) == pytest.approx((5 + 0.5 + 4) * 1e-3, rel=1e-12)   # 2 tokens, 4 experts -> (1, 2)
+    # 1 token: (0.5, 1) is below the table; a weight read of 2 experts, half the 4 at 2 tokens
+    assert cost.moe_ms(1) == pytest.approx((5 + 0.5 + 4) / 2 * 1e-3, rel=1e-12)
+    # between LLMServingSim's unchanged TP-1 time and a perfect split
+    full = cost.bundle.moe(8, 8)
+    assert full / 2 < cost.moe_ms(8) < full
+    dense = model(write_bundle(tmp_path / "dense", tp=2), tensor_parallel=2, link_gbps=10.0, link_latency_us=0.0)
+    b = Batch(num_decode=8, decode_context_tokens=8 * 64)
+    assert cost.iteration_ms(b) - dense.iteration_ms(b) == pytest.approx(3 * cost.moe_ms(8), rel=1e-9)
+
+
+def test_moe_with_expert_parallelism_reads_whole_local_experts(tmp_path):
+    """TP 2 with expert parallelism: 4 experts a rank; 8 tokens route 6 tokens to a rank
+    (1 - (1/2)^2 of them) onto all 4 of its experts: the table at (6, 4)."""
+    cost = model(write_bundle(tmp_path, tp=2, moe=True), TINY_MOE, tensor_parallel=2, expert_parallel=True,
+                 link_gbps=10.0, link_latency_us=0.0)
+    assert cost.moe_ms(8) == pytest.approx((5 + 3 + 8) * 1e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_moe_time_never_falls_with_more_tokens(tmp_path, tp):
+    cost = model(write_bundle(tmp_path, tp=tp, moe=True), TINY_MOE, tensor_parallel=tp, link_gbps=10.0,
+                 link_latency_us=0.0)
+    times = [cost.moe_ms(t) for t in range(1, 200)]
+    assert all(b >= a for a, b in zip(times, times[1:]))
+    assert times[0] > 0.0
+
+
 def test_skew_correction_blends_towards_the_longest_context(tmp_path):
     cost = model(write_bundle(tmp_path, skew_alpha=0.5))
     plain = model(write_bundle(tmp_path / "plain"))
@@ -312,6 +353,177 @@ def test_more_tokens_never_cost_less(tmp_path_factory, n_dec, ctx, n_pre, pre, k
     assert cost.iteration_ms(bigger) >= cost.iteration_ms(base) - 1e-12
 
 
+# --- the attention table: one monotone grid from interleaved, partial, noisy shots -----------------
+
+
+def test_a_slice_on_a_coarser_grid_is_filled_from_its_neighbours_not_clamped(tmp_path):
+    """A chunk profiled only from kv_decode 64 up (the RTX PRO 6000 bundles interleave such a
+    sweep) takes its value below 64 from the chunks on either side; clamping it at its own
+    first point (LLMServingSim) would charge kv_decode 64 for 16."""
+    extra = [(16, kp, nd, kd) for nd in (0, 1, 2, 8) for kp in KPS for kd in ((64, 1024) if nd else (0,))]
+    b = ProfileBundle(write_bundle(tmp_path, extra_shots=extra), 1)
+    assert b.attention(16, 16, 2, 16) == pytest.approx(attention_us(16, 16, 2, 16) * 1e-3, rel=1e-12)
+    assert b.attention(16, 16, 2, 64) == pytest.approx(attention_us(16, 16, 2, 64) * 1e-3, rel=1e-12)
+    assert b.attention(16, 16, 2, 16) < attention_us(16, 16, 2, 64) * 1e-3
+
+
+def test_missing_mixed_slices_extrapolate_along_the_decodes(tmp_path):
+    """Mixed shots stop below the decode-only ones (128 vs 256 decodes in the shared bundles):
+    the missing slice is the chunk's own line through its two largest decode counts, not the
+    nearest slice -- a decode-only one, which dropped the chunk's cost (LLMServingSim)."""
+    b = ProfileBundle(write_bundle(tmp_path, keep_shot=lambda pc, kp, nd, kd: not (pc and nd == 8)), 1)
+    for pc, kp, nd, kd in ((4, 16, 8, 64), (32, 256, 8, 1024), (4, 0, 5, 16), (18, 100, 6, 500)):
+        assert b.attention(pc, kp, nd, kd) == pytest.approx(attention_us(pc, kp, nd, kd) * 1e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize("pc, kp, nd, kd", [(64, 16, 2, 64), (32, 512, 2, 64), (4, 16, 20, 64), (4, 16, 2, 4000),
+                                            (100, 1000, 30, 5000)])
+def test_beyond_the_grid_every_axis_goes_on_along_its_last_piece(tmp_path_factory, pc, kp, nd, kd):
+    """Above the profiled range (chunk, prefill context, decodes, decode context -- alone or
+    together) the table continues on the line through each axis's two largest points: exact
+    for the multilinear test function."""
+    b = _shared_bundle(tmp_path_factory)
+    assert b.attention(pc, kp, nd, kd) == pytest.approx(attention_us(pc, kp, nd, kd) * 1e-3, rel=1e-9)
+
+
+def test_isotonic_is_the_midpoint_of_the_monotone_envelopes():
+    """[[1, 5], [3, 4]]: 5 above 4 breaks the order down the second column; the smallest
+    non-decreasing majorant has 5 there, the largest minorant 4: both become 4.5, and the
+    ordered cells stay."""
+    import numpy as np
+
+    out = isotonic(np.array([[1.0, 5.0], [3.0, 4.0]]))
+    assert out.tolist() == [[1.0, 4.5], [3.0, 4.5]]
+    ordered = np.arange(24.0).reshape(2, 3, 4)
+    assert (isotonic(ordered) == ordered).all()
+
+
+def test_a_batch_with_a_chunk_costs_at_least_its_decodes_alone(tmp_path):
+    """Decode-only shots 5 us slower than the varlen kernel with a chunk (as the RTX PRO 6000
+    profiles measure at 2-8 decodes): they are kept as measured, and the cheaper chunk shots
+    are raised to them -- averaging would move every decode-only iteration instead."""
+    def split_kv(pc, kp, nd, kd):
+        return attention_us(pc, kp, nd, kd) + (5.0 if pc == 0 else 0.0)
+
+    b = ProfileBundle(write_bundle(tmp_path, attention=split_kv), 1)
+    assert b.attention(0, 0, 2, 64) == pytest.approx(split_kv(0, 0, 2, 64) * 1e-3, rel=1e-12)
+    assert b.attention(4, 0, 2, 64) == pytest.approx(split_kv(0, 0, 2, 64) * 1e-3, rel=1e-12)  # raised
+    assert b.attention(32, 256, 2, 64) == pytest.approx(attention_us(32, 256, 2, 64) * 1e-3, rel=1e-12)  # above it
+
+
+def test_a_noisy_shot_leaves_a_monotone_table(tmp_path):
+    """One mixed shot 15 us too fast -- below the smaller chunk, and below the same chunk with
+    no decodes: the table is non-decreasing along every axis again, the noisy cell is lifted,
+    and shots whose order it did not break keep their measured time."""
+    import numpy as np
+
+    low = attention_us(32, 0, 1, 16) - 15.0
+
+    def noisy(pc, kp, nd, kd):
+        return low if (pc, kp, nd, kd) == (32, 0, 1, 16) else attention_us(pc, kp, nd, kd)
+
+    b = ProfileBundle(write_bundle(tmp_path, attention=noisy), 1)
+    assert low < attention_us(4, 0, 1, 16)
+    grid = b.attention.grid
+    assert all((np.diff(grid, axis=axis) >= 0).all() for axis in range(4))
+    assert b.attention(32, 0, 1, 16) > low * 1e-3
+    for shot in ((0, 0, 1, 16), (32, 256, 8, 1024), (4, 16, 2, 64)):
+        assert b.attention(*shot) == pytest.approx(attention_us(*shot) * 1e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("shot, message", [
+    ((4, 16, 1, 64), r"the shot prefill_chunk 4, kv_prefill 16, n_decode 1, kv_decode 64 appears twice"),
+    ((0, 16, 1, 64), r"kv_prefill without a prefill chunk"),
+    ((4, 16, 0, 64), r"kv_decode without decodes"),
+])
+def test_bad_shots_are_named(tmp_path, shot, message):
+    bundle = write_bundle(tmp_path, extra_shots=[shot])
+    with pytest.raises(BundleError, match=r"attention.csv: .*" + message):
+        ProfileBundle(bundle, 1)
+
+
+# --- the shipped bundles ---------------------------------------------------------------------------------
+
+SHIPPED = Path(__file__).resolve().parents[1] / "experiments" / "data" / "llmservingsim" / "profiles"
+#: meta.yaml's model -> the preset with its layers and shapes
+PRESET_OF = {"meta-llama/Llama-3.1-8B": "llama-3.1-8b", "Qwen/Qwen3-32B": "qwen3-32b",
+             "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b"}
+
+
+def shipped_bundles() -> list[tuple[Path, int]]:
+    found = []
+    for meta in sorted(SHIPPED.glob("*/*/*/*/meta.yaml")):
+        found += [(meta.parent, int(tp.name[2:])) for tp in sorted(meta.parent.glob("tp*")) if tp.is_dir()]
+    return found
+
+
+_SHIPPED_MODELS: dict = {}
+
+
+def shipped_model(root: Path, tp: int) -> ProfiledCostModel:
+    key = (root, tp)
+    if key not in _SHIPPED_MODELS:
+        from schedlab.capacity import Presets
+        from schedlab.catalog import load_catalog
+
+        bundle = ProfileBundle(root, tp)
+        preset = Presets.from_catalog(load_catalog(entry_points=False)).model(PRESET_OF[bundle.meta["model"]])
+        _SHIPPED_MODELS[key] = ProfiledCostModel(bundle, preset, ProfiledConfig(
+            profile=str(root), model=preset.name, tensor_parallel=tp), link_gbps=64.0, link_latency_us=10.0)
+    return _SHIPPED_MODELS[key]
+
+
+def test_the_shipped_bundles_are_found():
+    assert shipped_bundles(), f"no bundle under {SHIPPED}"
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(st.sampled_from(shipped_bundles()), st.integers(0, 400), st.integers(1, 40_000), st.integers(0, 10_000),
+       st.integers(0, 40_000), st.sampled_from(["prefill", "decodes", "context", "prefill_context"]),
+       st.integers(1, 3_000))
+def test_more_tokens_never_cost_less_on_the_shipped_bundles(bundle, n_dec, context, chunk, kp, grow, more):
+    """On the measured profiles themselves (interleaved sweeps, missing mixed slices, noise),
+    from tiny batches to far past the profiled range (2,048-token chunks, 16k contexts, 256
+    decodes): a longer chunk, longer decode contexts, more decodes or a longer prefill context
+    never make an iteration cheaper. Decode contexts are even (the skew correction is off)."""
+    cost = shipped_model(*bundle)
+    if n_dec + chunk == 0:
+        chunk = 1
+
+    def shape(n_dec, context, chunk, kp):
+        return Batch(n_dec, n_dec * context, 1 if chunk else 0, chunk, kp if chunk else 0,
+                     context if n_dec else 0, context if n_dec else 0)
+
+    base = shape(n_dec, context, chunk, kp)
+    bigger = {"prefill": lambda: shape(n_dec, context, chunk + more, kp),
+              "decodes": lambda: shape(n_dec + min(more, 300), context, chunk, kp),
+              "context": lambda: shape(n_dec, context + more, chunk, kp),
+              "prefill_context": lambda: shape(n_dec, context, chunk, kp + more)}[grow]()
+    small, large = cost.iteration_ms(base), cost.iteration_ms(bigger)
+    assert small > 0.0
+    assert large >= small * (1 - 1e-12), (base, bigger, small, large)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.sampled_from(shipped_bundles()), st.integers(1, 256), st.integers(1, 20_000), st.integers(0, 20_000),
+       st.integers(0, 3), st.integers(0, 5_000))
+def test_decode_increment_holds_on_the_shipped_bundles(bundle, n, low, spread, bigs, j):
+    """With the real grids and the fitted skew buckets: iteration_ms at step j equals
+    d0 + j * increment for every step the declaration covers."""
+    cost = shipped_model(*bundle)
+    bigs = min(bigs, n - 1)
+    high = low + (spread if bigs else 0)
+    ctx = low * (n - bigs) + high * bigs
+
+    def batch(step):
+        return Batch(n, ctx + n * step, 0, 0, 0, high + step, low + step)
+
+    inc, steps = cost.decode_step_increment(batch(0))
+    j = min(j, steps - 1)
+    d0 = cost.iteration_ms(batch(0))
+    assert cost.iteration_ms(batch(j)) == pytest.approx(d0 + j * inc, rel=1e-9)
+
+
 # --- the piecewise-linear decode declaration ------------------------------------------------------
 
 
@@ -334,6 +546,22 @@ def test_decode_increment_holds_for_the_declared_steps(tmp_path_factory, n, low,
     j = min(j, steps - 1)
     assert cost.iteration_ms(batch(j)) == pytest.approx(cost.iteration_ms(batch(0)) + j * inc, rel=1e-9, abs=1e-12)
     assert cost.decode_step_increment(Batch(2, 40, 1, 5, 0, 20, 20)) is None
+
+
+def test_a_decode_run_ends_where_a_zero_alpha_bucket_does(tmp_path):
+    """The fitted alpha of the longest context's bucket is 0 (the shipped bundle has such
+    buckets) and the next bucket's is not: the run must still end at the bucket edge (512)."""
+    cost = model(write_bundle(tmp_path, skew_alpha=0.0, skew_default=0.3))
+    low, high = 100, 500  # 4 decodes, one long: skew rate 0.25, longest context 13 steps below 512
+
+    def batch(step):
+        return Batch(4, 3 * low + high + 4 * step, 0, 0, 0, high + step, low + step)
+
+    inc, steps = cost.decode_step_increment(batch(0))
+    assert steps == 13
+    d0 = cost.iteration_ms(batch(0))
+    assert cost.iteration_ms(batch(12)) == pytest.approx(d0 + 12 * inc, rel=1e-12)
+    assert cost.iteration_ms(batch(13)) > d0 + 13 * inc * (1 + 1e-9)  # alpha 0.3 from here
 
 
 # --- fast vs reference engine ----------------------------------------------------------------------

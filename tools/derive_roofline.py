@@ -73,6 +73,20 @@ def shapes(config: dict) -> dict:
             "heads": heads, "kv_heads": kv, "head_dim": hd, "experts": experts, "k": k}
 
 
+def moe_per_rank(bundle, s: dict, tp: int):
+    """One MoE layer's time on one rank at T tokens (ms): the profiled cost model's rule
+    (experts split over the TP ranks, no expert parallelism)."""
+    from plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
+    from schedlab.capacity import ModelSpec
+
+    spec = ModelSpec("derive", num_layers=s["layers"], num_kv_heads=s["kv_heads"], head_dim=s["head_dim"],
+                     num_params=s["num_params"], hidden_size=s["hidden"], num_experts=s["experts"],
+                     experts_per_token=s["k"], active_params=s["active_params"])
+    cost = ProfiledCostModel(bundle, spec, ProfiledConfig(profile=str(bundle.root), model="derive", tensor_parallel=tp),
+                             link_gbps=1.0)  # the link does not enter moe_ms
+    return cost.moe_ms
+
+
 def derive(profiles: Path, configs: Path) -> dict:
     rows = {}
     pooled = {"w": [], "kv": [], "attn": [], "ovh": [], "fit": [], "rows": []}
@@ -88,8 +102,8 @@ def derive(profiles: Path, configs: Path) -> dict:
             layers = _tables_by_layer(read_csv(path, ("layer", "tokens", "time_us"), text=("layer",)), "tokens", path)
             linear = lambda T: sum(layers[n](T) for n in LINEAR if n in layers) * 1e-3  # noqa: E731  ms, one layer
             small = lambda T: (b.dense_layer(T) - linear(T))  # noqa: E731
-            if s["experts"]:  # one MoE layer at T tokens (balanced routing, experts split over tp)
-                moe = lambda T: b.moe(T, min(T * s["k"], s["experts"])) / tp  # noqa: E731
+            if s["experts"]:  # one MoE layer on one rank at T tokens, as the profiled cost model reads it
+                moe = moe_per_rank(b, s, tp)
                 moe_w = s["k"] * s["expert"] * 2 / tp / (moe(1) * gbps * 1e6)
                 moe_gemm = 2 * 2048 * s["k"] * s["expert"] / tp / (moe(2048) * tflops * 1e9)
             weight_bytes = 2 * s["layer_linear"] / tp  # active per token, one layer

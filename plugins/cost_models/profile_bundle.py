@@ -13,10 +13,13 @@ folder per profiled tensor-parallel degree holding (times in microseconds):
   bucket axes in ``meta.yaml``.
 
 Interpolation follows the bundle's consumer (LLMServingSim ``serving/core/trace_generator.py``
-at the commit in ``experiments/data/llmservingsim/COMMIT``): linear on every axis, clamped
-below the smallest grid point, extrapolated from the two largest above the grid; attention
-is bracketed on the prefill-chunk and decode-count axes, and a missing (chunk, decodes) slice
-falls back to the nearest profiled one. Every error names the file, and the column or row.
+at the commit in ``experiments/data/llmservingsim/COMMIT``) where that keeps more work from
+costing less: linear on every axis, clamped below the smallest grid point, extrapolated from
+the two largest above the grid; noisy 1-D profiles are made non-decreasing. Attention is the
+exception: LLMServingSim interpolates it slice by slice, clamping a slice below its own axis
+and taking the nearest slice for a missing corner, which lets a longer chunk cost less on
+the shipped bundle; :class:`AttentionTable` says what is done instead. Every error names the
+file, and the column or row.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import csv
 import math
 from bisect import bisect_left, bisect_right
 from pathlib import Path
+
+import numpy as np
 
 from schedlab.errors import ConfigError
 
@@ -108,14 +113,21 @@ def non_decreasing(ys: list) -> list:
 
 class Table1D:
     """Piecewise-linear ``y(x)`` through sorted grid points: clamped below the first point,
-    extrapolated from the last two above the last."""
+    extrapolated from the last two above the last.
 
-    __slots__ = ("xs", "ys", "n")
+    ``slopes[i]`` is the slope of the piece from ``xs[i]`` (``0 <= i <= n - 2``; the last one
+    goes on past the last point): with ``i = bisect_right(xs, x) - 1`` capped at ``n - 2``, the
+    value at ``x >= xs[0]`` is ``ys[i] + (x - xs[i]) * slopes[i]`` and that piece ends at
+    ``xs[i + 1]`` (never, for the last). The profiled cost model reads them inline."""
+
+    __slots__ = ("xs", "ys", "n", "slopes")
 
     def __init__(self, xs, ys, *, monotone: bool = False):
         self.xs = list(xs)
         self.ys = non_decreasing(list(ys)) if monotone else list(ys)
         self.n = len(self.xs)
+        xs, ys = self.xs, self.ys
+        self.slopes = [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(self.n - 1)] or [0.0]
 
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
@@ -124,31 +136,7 @@ class Table1D:
         i = bisect_right(xs, x)
         if i >= self.n:
             i = self.n - 1
-        x0, x1 = xs[i - 1], xs[i]
-        return ys[i - 1] + (x - x0) * (ys[i] - ys[i - 1]) / (x1 - x0)
-
-    def slope(self, x: float) -> float:
-        """The slope just above ``x``."""
-        xs, ys, n = self.xs, self.ys, self.n
-        if n == 1 or x < xs[0]:
-            return 0.0
-        i = min(bisect_right(xs, x), n - 1)
-        return (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
-
-    def next_break(self, x: float) -> float:
-        """The next grid point strictly above ``x`` (``inf`` past the last: linear from there)."""
-        i = bisect_right(self.xs, x)
-        return self.xs[i] if i < self.n - 1 else math.inf
-
-
-def _bracket(values: list, query: float) -> tuple[int, int, float]:
-    """``(lo, hi, t)`` on a sorted axis: clamped below, extrapolated above (as LLMServingSim)."""
-    n = len(values)
-    if n == 1 or query <= values[0]:
-        return 0, 0, 0.0
-    i = bisect_right(values, query)
-    lo, hi = (n - 2, n - 1) if i >= n else (i - 1, i)
-    return lo, hi, (query - values[lo]) / (values[hi] - values[lo])
+        return ys[i - 1] + (x - xs[i - 1]) * self.slopes[i - 1]
 
 
 def sum_tables(parts: list[tuple[float, Table1D]]) -> Table1D:
@@ -168,91 +156,249 @@ def _tables_by_layer(data: dict, key: str, path: Path) -> dict[str, Table1D]:
     return {layer: Table1D(sorted(p), [p[x] for x in sorted(p)], monotone=True) for layer, p in rows.items()}
 
 
+#: Each attention axis is extended to this multiple of its largest profiled value, on the line
+#: through its two largest (see :class:`AttentionTable`): far enough for any real batch.
+FAR_FACTOR = 1024.0
+
+
+def _fill_along(grid: np.ndarray, xs: np.ndarray, axis: int, *, below: str = "nan", above: str = "nan") -> None:
+    """Fill NaN cells of ``grid`` along ``axis`` (in place) from the defined cells of the same line.
+
+    Gaps between two defined cells are interpolated linearly in ``xs``; cells beyond the
+    defined ones stay NaN unless ``below`` / ``above`` is ``"clamp"`` (copy the nearest) or
+    ``above`` is ``"extrapolate"`` (the line through the two largest defined cells). Lines
+    with the same gaps are filled together.
+    """
+    moved = np.moveaxis(grid, axis, -1)
+    lines = moved.reshape(-1, moved.shape[-1])
+    missing = np.isnan(lines)
+    todo = missing.any(axis=1) & ~missing.all(axis=1)
+    if not todo.any():
+        return
+    patterns, group = np.unique(missing[todo], axis=0, return_inverse=True)
+    rows = np.flatnonzero(todo)
+    for pattern, members in zip(patterns, (rows[group.ravel() == g] for g in range(len(patterns)))):
+        block = lines[members]
+        known = np.flatnonzero(~pattern)
+        lo, hi = known[0], known[-1]
+        gap = np.flatnonzero(pattern)
+        inner = gap[(gap > lo) & (gap < hi)]
+        if len(inner):  # between the defined cells on either side
+            right = known[np.searchsorted(known, inner)]
+            left = known[np.searchsorted(known, inner) - 1]
+            w = (xs[inner] - xs[left]) / (xs[right] - xs[left])
+            block[:, inner] = block[:, left] * (1.0 - w) + block[:, right] * w
+        under, over = gap[gap < lo], gap[gap > hi]
+        if below == "clamp" and len(under):
+            block[:, under] = block[:, [lo]]
+        if above == "clamp" or (above == "extrapolate" and len(known) < 2):
+            block[:, over] = block[:, [hi]]
+        elif above == "extrapolate" and len(over):
+            prev = known[-2]
+            slope = (block[:, [hi]] - block[:, [prev]]) / (xs[hi] - xs[prev])
+            block[:, over] = block[:, [hi]] + (xs[over] - xs[hi]) * slope
+        lines[members] = block
+    moved[...] = lines.reshape(moved.shape)
+
+
+def isotonic(grid: np.ndarray) -> np.ndarray:
+    """The grid made non-decreasing along every axis: the midpoint of its smallest
+    non-decreasing majorant and largest non-decreasing minorant (the L-infinity isotonic
+    regression, closed form in any dimension). Cells already in order are unchanged."""
+    upper = grid
+    lower = grid[(slice(None, None, -1),) * grid.ndim]
+    for axis in range(grid.ndim):
+        upper = np.maximum.accumulate(upper, axis=axis)
+        lower = np.minimum.accumulate(lower, axis=axis)
+    lower = lower[(slice(None, None, -1),) * grid.ndim]
+    return (upper + lower) / 2.0
+
+
+def _axis_position(xs: list, x: float) -> tuple[int, float]:
+    """``(i, t)``: ``x`` lies ``t`` of the way from ``xs[i]`` to ``xs[i + 1]`` (clamped below the
+    first point, extrapolated past the last; ``i = 0, t = 0`` on a one-point axis)."""
+    n = len(xs)
+    if n == 1 or x <= xs[0]:
+        return 0, 0.0
+    i = bisect_right(xs, x) - 1
+    if i >= n - 1:
+        i = n - 2
+    x0 = xs[i]
+    return i, (x - x0) / (xs[i + 1] - x0)
+
+
 class AttentionTable:
-    """One layer's attention time (us) over (prefill_chunk, kv_prefill, n_decode, kv_decode)."""
+    """One layer's attention time over (prefill_chunk, kv_prefill, n_decode, kv_decode), as a
+    non-decreasing table on one rectilinear grid, interpolated multilinearly.
+
+    A bundle's shots are not one grid: each (chunk, decodes) slice has its own context axes
+    (the RTX PRO 6000 bundles interleave a doubling sweep from 16 tokens with a x1.5 sweep from
+    512), mixed shots stop at 128 decodes while decode-only ones reach 256, and the timings
+    are noisy. Interpolating slice by slice as LLMServingSim does (clamping a slice below its
+    own axis, falling back to the nearest slice for a missing corner) lets more tokens cost
+    less -- up to 10% on the shipped bundle, and a negative time for a chunk with 500
+    decodes. So, once at load:
+
+    1. every shot row is placed on the union of the profiled values of each axis, linear in
+       kv_decode between its own points (kv_prefill is not an axis of a decode-only slice,
+       nor kv_decode of a prefill-only one);
+    2. cells a slice did not measure are filled from its neighbours, linearly: along
+       kv_prefill within the slice, then along the chunk axis between slices that measured
+       them, then along the decode axis (a missing top, e.g. 256 decodes with a chunk, on the
+       line through the two largest, as every axis is extrapolated); the no-work corner
+       (no chunk, no decodes) holds the cheapest measured call, so a 1-token chunk costs about
+       what a tiny kernel costs;
+    3. the grid is made non-decreasing along every axis (:func:`isotonic`: timing noise --
+       e.g. a 128-decode shot 11% slower with no prefill context than with 512 tokens of it
+       -- is averaged out; ordered cells do not move). Decode-only shots are not averaged with
+       the shots that carry a chunk: at 2-8 decodes they are measured slower than the same
+       decodes riding with a small chunk (12.6 vs 7.7 us at 2 decodes -- another kernel path,
+       not noise), and pooling would pull every decode-only iteration, the most common kind,
+       below its measurement. They are made monotone among themselves, the chunk shots among
+       themselves, and a chunk shot is then raised to at least its decodes' decode-only time
+       (a batch costs at least its decodes alone);
+    4. each axis gets one more point at ``FAR_FACTOR`` times its largest, on the line through
+       its two largest points, and the grid is made non-decreasing again, so extrapolating
+       past the profiled range (chunks above the profiled budget, longer contexts, more
+       decodes) cannot make more tokens cost less either.
+
+    Within the grid, multilinear interpolation of a table that is non-decreasing along every
+    axis is non-decreasing in every argument; below the grid it is clamped.
+    """
+
+    COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
 
     def __init__(self, data: dict, path: Path):
-        slices: dict[tuple, dict[float, dict[float, float]]] = {}
-        for pc, kp, nd, kd, t in zip(data["prefill_chunk"], data["kv_prefill"], data["n_decode"],
-                                     data["kv_decode"], data["time_us"]):
-            slices.setdefault((pc, nd), {}).setdefault(kp, {})[kd] = t
-        self.pcs = sorted({pc for pc, _ in slices})
-        self.nds = sorted({nd for _, nd in slices})
-        # (pc, nd) -> (kp grid, [kd Table1D per kp])
-        self.slices = {pair: (sorted(rows), [Table1D(sorted(r), [r[k] for k in sorted(r)], monotone=True)
-                                             for _, r in sorted(rows.items())])
-                       for pair, rows in slices.items()}
-        self.pairs = sorted(self.slices)
         self.path = path
-        self._nearest: dict[tuple, tuple] = {}
-        self._corners: dict[tuple, list] = {}
-
-    def _slice(self, pc: float, nd: float):
-        s = self.slices.get((pc, nd))
-        if s is None:
-            pair = self._nearest.get((pc, nd))
-            if pair is None:
-                pair = min(self.pairs, key=lambda p: ((p[0] - pc) ** 2 + (p[1] - nd) ** 2, p))
-                self._nearest[(pc, nd)] = pair
-            s = self.slices[pair]
-        return s
+        pc, kp, nd, kd = (np.asarray(data[c], dtype=float) for c in self.COLUMNS)
+        t = np.asarray(data["time_us"], dtype=float)
+        self._check_shots(pc, kp, nd, kd)
+        pcs, nds = np.unique(pc), np.unique(nd)
+        kps = np.unique(kp[pc > 0]) if (pc > 0).any() else np.zeros(1)
+        kds = np.unique(kd[nd > 0]) if (nd > 0).any() else np.zeros(1)
+        grid = np.full((len(pcs), len(nds), len(kps), len(kds)), np.nan)
+        rows: dict[tuple, list] = {}
+        for key in zip(pc.tolist(), nd.tolist(), kp.tolist(), kd.tolist(), t.tolist()):
+            rows.setdefault(key[:3], []).append(key[3:])
+        for (p, n, k), points in rows.items():
+            points.sort()
+            xs = np.array([x for x, _ in points])
+            ys = np.array([y for _, y in points])
+            if n == 0:  # no decodes: kv_decode is not an axis
+                curve = np.full(len(kds), ys[0])
+            else:
+                curve = np.interp(kds, xs, ys)
+                curve[(kds < xs[0]) | (kds > xs[-1])] = np.nan
+            i, j = np.searchsorted(pcs, p), np.searchsorted(nds, n)
+            if p == 0:  # no chunk: kv_prefill is not an axis
+                grid[i, j, :, :] = curve
+            else:
+                grid[i, j, np.searchsorted(kps, k), :] = curve
+        if pcs[0] == 0 and nds[0] == 0:
+            grid[0, 0] = t.min()
+        _fill_along(grid, kds, 3, above="extrapolate")   # a row that stops short: its own line
+        _fill_along(grid, kps, 2)                         # within a slice
+        _fill_along(grid, pcs, 0)                         # between measured chunks
+        _fill_along(grid, nds, 1, below="clamp", above="extrapolate")
+        for axis, xs in enumerate((pcs, nds, kps, kds)):  # whatever is left: nearest / extrapolate
+            _fill_along(grid, xs, axis, below="clamp", above="extrapolate")
+        if np.isnan(grid).any():
+            raise BundleError(f"{path}: the shots do not cover a grid (a whole prefill_chunk or "
+                              f"n_decode value without any shot)")
+        grid = self._monotone(grid, pcs)
+        axes = [pcs, nds, kps, kds]
+        for axis in range(4):
+            xs = axes[axis]
+            if len(xs) < 2:  # e.g. no shot with a chunk: kv_prefill is not an axis at all
+                grid = np.concatenate([grid, grid], axis=axis)
+                xs = axes[axis] = np.append(xs, xs[0] + 1.0)
+            top = np.take(grid, [-1], axis=axis)
+            slope = np.maximum((top - np.take(grid, [-2], axis=axis)) / (xs[-1] - xs[-2]), 0.0)
+            far = xs[-1] * FAR_FACTOR
+            grid = np.concatenate([grid, top + (far - xs[-1]) * slope], axis=axis)
+            axes[axis] = np.append(xs, far)
+        self.grid = isotonic(grid)
+        self.pcs, self.nds, self.kps, self.kds = (a.tolist() for a in axes)
+        self._cells = self.grid.tolist()
+        self._pc_positions: dict = {}
+        self._nd_positions: dict = {}
+        self._decode_rows: dict[int, Table1D] = {}
 
     @staticmethod
-    def _in_slice(s, kp: float, kd: float) -> float:
-        kps, rows = s
-        lo, hi, t = _bracket(kps, kp)
-        v = rows[lo](kd)
-        if lo == hi:
-            return v
-        return v + t * (rows[hi](kd) - v)
+    def _monotone(grid: np.ndarray, pcs: np.ndarray) -> np.ndarray:
+        """Step 3: decode-only shots and shots with a chunk made non-decreasing separately, then
+        every chunk's cell raised to at least its decodes' decode-only time."""
+        if pcs[0] != 0 or len(pcs) == 1:
+            return isotonic(grid)
+        decode = isotonic(grid[0])
+        return np.concatenate([decode[None], np.maximum(isotonic(grid[1:]), decode[None])])
 
-    def corners(self, pc: float, nd: float):
-        """The (weight, slice) pairs whose blend gives the time at (pc, nd) (memoised: an
-        iteration's chunk and decode counts repeat)."""
-        key = (pc, nd)
-        found = self._corners.get(key)
+    def _check_shots(self, pc, kp, nd, kd) -> None:
+        path = self.path
+        for bad, what in (((pc == 0) & (nd == 0), "a shot with neither a prefill chunk nor decodes"),
+                          ((pc == 0) & (kp != 0), "kv_prefill without a prefill chunk"),
+                          ((nd == 0) & (kd != 0), "kv_decode without decodes")):
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise BundleError(f"{path}: row {i + 1} of the data: {what} (prefill_chunk {pc[i]:g}, "
+                                  f"kv_prefill {kp[i]:g}, n_decode {nd[i]:g}, kv_decode {kd[i]:g})")
+        keys = np.stack([pc, kp, nd, kd], axis=1)
+        unique, counts = np.unique(keys, axis=0, return_counts=True)
+        if (counts > 1).any():
+            dup = unique[np.flatnonzero(counts > 1)[0]]
+            raise BundleError(f"{path}: the shot prefill_chunk {dup[0]:g}, kv_prefill {dup[1]:g}, "
+                              f"n_decode {dup[2]:g}, kv_decode {dup[3]:g} appears twice")
+
+    @staticmethod
+    def _position(memo: dict, xs: list, x: float) -> tuple[int, float]:
+        """:func:`_axis_position`, memoised (chunk sizes and decode counts repeat)."""
+        found = memo.get(x)
         if found is None:
-            found = self._corners_of(pc, nd)
-            if len(self._corners) < 1 << 18:
-                self._corners[key] = found
+            found = _axis_position(xs, x)
+            if len(memo) < 1 << 16:
+                memo[x] = found
         return found
 
-    def _corners_of(self, pc: float, nd: float):
-        lo_pc, hi_pc, t_pc = _bracket(self.pcs, pc)
-        lo_nd, hi_nd, t_nd = _bracket(self.nds, nd)
-        p0, p1, n0, n1 = self.pcs[lo_pc], self.pcs[hi_pc], self.nds[lo_nd], self.nds[hi_nd]
-        out = []
-        for wp, p in ((1.0 - t_pc, p0), (t_pc, p1)):
-            for wn, n in ((1.0 - t_nd, n0), (t_nd, n1)):
-                w = wp * wn
-                if w != 0.0:
-                    out.append((w, self._slice(p, n)))
-        return out
-
     def __call__(self, pc: float, kp: float, nd: float, kd: float) -> float:
-        return sum(w * self._in_slice(s, kp, kd) for w, s in self.corners(pc, nd))
+        """One layer's attention time at this batch shape."""
+        return self.at_contexts(pc, kp, nd, kd, kd)[0]
 
-    def kd_slope(self, pc: float, kp: float, nd: float, kd: float) -> float:
-        """d time / d kv_decode just above ``kd``."""
-        total = 0.0
-        for w, (kps, rows) in self.corners(pc, nd):
-            lo, hi, t = _bracket(kps, kp)
-            s = rows[lo].slope(kd)
-            if lo != hi:
-                s += t * (rows[hi].slope(kd) - s)
-            total += w * s
-        return total
+    def at_contexts(self, pc: float, kp: float, nd: float, kd: float, kd_other: float) -> tuple[float, float]:
+        """The time at two decode contexts of the same (chunk, prefill context, decodes) --
+        the mean and the longest, for the skew correction -- sharing the lookups."""
+        i, ti = self._position(self._pc_positions, self.pcs, pc)
+        j, tj = self._position(self._nd_positions, self.nds, nd)
+        p, tp = _axis_position(self.kps, kp)
+        k, tk = _axis_position(self.kds, kd)
+        o, to = (k, tk) if kd_other == kd else _axis_position(self.kds, kd_other)
+        cells = self._cells
+        first = other = 0.0
+        for w, table in (((1 - ti) * (1 - tj), cells[i][j]), ((1 - ti) * tj, cells[i][j + 1]),
+                         (ti * (1 - tj), cells[i + 1][j]), (ti * tj, cells[i + 1][j + 1])):
+            if w == 0.0:
+                continue
+            row, up = table[p], table[p + 1]
+            a0, a1, b0, b1 = row[k], row[k + 1], row[o], row[o + 1]
+            if tp:  # blend the two kv_prefill rows
+                a0 += tp * (up[k] - a0)
+                a1 += tp * (up[k + 1] - a1)
+                b0 += tp * (up[o] - b0)
+                b1 += tp * (up[o + 1] - b1)
+            first += w * (a0 + tk * (a1 - a0))
+            other += w * (b0 + to * (b1 - b0))
+        return first, other
 
-    def kd_breaks(self, pc: float, kp: float, nd: float, kd: float) -> float:
-        """The next kv_decode above ``kd`` where the time's slope in ``kd`` may change."""
-        nxt = math.inf
-        for _, (kps, rows) in self.corners(pc, nd):
-            lo, hi, _ = _bracket(kps, kp)
-            for row in (rows[lo], rows[hi]):
-                b = row.next_break(kd)
-                if b < nxt:
-                    nxt = b
-        return nxt
+    def decode_row(self, nd: int) -> Table1D:
+        """Decode-only attention time against kv_decode at ``nd`` decodes, as a piecewise-linear
+        table on the grid's kv_decode points (memoised per decode count)."""
+        row = self._decode_rows.get(nd)
+        if row is None:
+            j, tj = _axis_position(self.nds, nd)
+            at0 = self._cells[0]
+            lo = at0[j][0]
+            ys = lo if not tj else [a + tj * (b - a) for a, b in zip(lo, at0[j + 1][0])]
+            row = self._decode_rows[nd] = Table1D(self.kds, ys)
+        return row
 
 
 class MoeTable:
@@ -264,6 +410,8 @@ class MoeTable:
             rows.setdefault(experts, {})[tokens] = t
         self.experts = sorted(rows)
         self.rows = [Table1D(sorted(r), [r[k] for k in sorted(r)], monotone=True) for _, r in sorted(rows.items())]
+        self.min_experts = self.experts[0]                    # below these the table is clamped
+        self.min_tokens = min(row.xs[0] for row in self.rows)
 
     def __call__(self, tokens: float, experts: float) -> float:
         tokens, experts = max(tokens, 1.0), max(experts, 1.0)
@@ -312,6 +460,14 @@ class SkewAlpha:
                 raise BundleError(f"{fit_path}: line {row}: label {exc.args[0]!r} is not in "
                                   f"meta.yaml's skew_fit.bucket_axes") from None
             self.table[key] = alpha
+        self._axes = tuple((self.bins[axis][0], len(self.bins[axis][1]) - 1) for axis in self.AXES)
+        # Decode-only batches (no chunk, no prefill context) look alpha up by decode count,
+        # skew-rate and longest-context buckets in this nested list (the same values).
+        kp0 = self.bucket("kp", 0)
+        self._decode = [[[self.table.get((0.0, nb, sb, kb, kp0), self.default) for kb in range(len(self.bins["kv_big"][1]))]
+                         for sb in range(len(self.bins["skew_rate"][1]))] for nb in range(len(self.bins["n"][1]))]
+        self._n_bucket: dict[int, int] = {}
+        self._chunks = {key[0] for key in self.table}  # a chunk size without any fit: the default
 
     def bucket(self, axis: str, value: float) -> int:
         """LLMServingSim's ``_bucket_label``: the first bin whose upper edge is >= value."""
@@ -324,9 +480,21 @@ class SkewAlpha:
         i = bisect_left(uppers, kv_big)
         return uppers[i] if i < len(labels) - 1 else math.inf
 
+    def decode(self, n: int, skew_rate: float, kv_big: float) -> float:
+        """``self(0, n, skew_rate, kv_big, 0)``, faster (``0 <= skew_rate <= 1``)."""
+        nb = self._n_bucket.get(n)
+        if nb is None:
+            nb = self._n_bucket[n] = self.bucket("n", n)
+        (_, _), (sr_up, sr_last), (kv_up, kv_last), _ = self._axes
+        return self._decode[nb][min(bisect_left(sr_up, skew_rate), sr_last)][min(bisect_left(kv_up, kv_big), kv_last)]
+
     def __call__(self, pc: float, n: int, skew_rate: float, kv_big: float, kp: float) -> float:
-        key = (pc, self.bucket("n", n), self.bucket("skew_rate", min(1.0, max(0.0, skew_rate))),
-               self.bucket("kv_big", kv_big), self.bucket("kp", kp))
+        if pc not in self._chunks:
+            return self.default
+        (n_up, n_last), (sr_up, sr_last), (kv_up, kv_last), (kp_up, kp_last) = self._axes  # = bucket(), inlined
+        rate = 0.0 if skew_rate < 0.0 else 1.0 if skew_rate > 1.0 else skew_rate
+        key = (pc, min(bisect_left(n_up, n), n_last), min(bisect_left(sr_up, rate), sr_last),
+               min(bisect_left(kv_up, kv_big), kv_last), min(bisect_left(kp_up, kp), kp_last))
         return self.table.get(key, self.default)
 
 

@@ -20,11 +20,23 @@ varlen kernel is slower on uneven contexts than on even ones of the same mean) u
 bundle's fitted alphas when it has them.
 
 All-reduce is not in the profiles: it is modelled from the GPU preset's interconnect
-(:mod:`.comm`). MoE experts are read from the TP-1 table (as LLMServingSim does) with
-LLMServingSim's balanced routing: ``min(T x top_k, experts)`` experts on ``T`` tokens; with
-``expert_parallel`` each of the ``tp`` ranks holds ``experts / tp`` of them and sees the
-tokens routed to at least one of its experts; without it the experts are split by
-tensor parallelism and each rank does ``1 / tp`` of the expert work.
+(:mod:`.comm`). MoE experts are read from the TP-1 table ``moe.csv``, the only one the
+profiler writes, with LLMServingSim's balanced routing: ``E = min(T x top_k, experts)``
+experts on ``T`` tokens. With ``expert_parallel`` each of the ``tp`` ranks holds ``experts /
+tp`` whole experts and sees the tokens routed to at least one of them (LLMServingSim's
+expert-parallel view). Without it, LLMServingSim reads the TP-1 time unchanged ("increasing
+TP doesn't change the per-rank expert kernel", its bundle docs), but vLLM's fused-MoE layer
+then splits every expert's intermediate dimension over the ranks, so a rank reads ``1 / tp``
+of each activated expert's weights and does ``1 / tp`` of each token's expert FLOPs, with the
+same tokens per expert and thread blocks: the work of a TP-1 kernel on ``T / tp`` tokens
+routed to ``E / tp`` experts. So the time is read from the table there -- the measured cost of
+half the work, which on the RTX PRO 6000 Qwen3-30B-A3B profile is 51-52% of the full work's
+at 16-2048 tokens, not 50%: launches, routing and the top-k sum do not shrink with the shard
+(as they do not for the large sharded dense GEMMs of these bundles, gate_up and down, which
+take 48-58% of their TP-1 time at TP 2). Where ``T /
+tp`` or ``E / tp`` falls below the table (a single token at TP 2), the expert block is a
+weight read and its time is that of the first shape the table covers, scaled by the experts
+read. The rule is not fitted to any measurement of MoE at TP 2 (the shared data has none).
 
 ``overhead_ms`` is what the profiles do not hold: the engine's CPU work per step
 (scheduling, input preparation, output processing) not hidden behind the GPU.
@@ -38,6 +50,7 @@ gives the engine the slope and how many steps it holds.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 import attrs
 
@@ -98,22 +111,44 @@ class ProfiledCostModel:
         self._per_sequence = bundle.per_sequence
         self._skew = bundle.skew if config.skew else None
         self._tokens_memo: dict[int, float] = {}
+        self._decode_rows: dict = {}
+        self._decode_fixed: dict[int, float] = {}  # decode-only batch of n: all but attention
         self._seq_memo: dict[int, float] = {}
         self._last: tuple | None = None
+        self._moe_anchor = self._first_tp_moe_shape() if model.is_moe else None
 
     # --- parts ----------------------------------------------------------------------------------
 
     def moe_ms(self, tokens: float) -> float:
-        """One MoE layer's expert time at ``tokens`` tokens (balanced routing)."""
+        """One MoE layer's expert time on one rank at ``tokens`` tokens (balanced routing; see
+        the module docstring for tensor parallelism)."""
         m = self.model
         tp = self.config.tensor_parallel
         experts, k = m.num_experts, m.experts_per_token
+        table = self.bundle.moe
         if self.config.expert_parallel and tp > 1:
             local_experts = max(1, experts // tp)
             active = min(round(tokens * k / tp), local_experts)
             local_tokens = round(tokens * (1.0 - ((tp - 1) / tp) ** k))
-            return self.bundle.moe(local_tokens, active)
-        return self.bundle.moe(tokens, min(round(tokens * k), experts)) / tp
+            return table(local_tokens, active)
+        active = min(round(tokens * k), experts)
+        if tp == 1:
+            return table(tokens, active)
+        anchor = self._moe_anchor
+        if anchor is None or (tokens / tp >= table.min_tokens and active / tp >= table.min_experts):
+            return table(tokens / tp, active / tp)  # the same work as 1/tp of the tokens on 1/tp of the experts
+        # Below the table (a few decode tokens): a weight read, in proportion to the experts read.
+        anchor_tokens, anchor_experts = anchor
+        return table(anchor_tokens / tp, anchor_experts / tp) * active / anchor_experts
+
+    def _first_tp_moe_shape(self) -> tuple[int, int] | None:
+        """The fewest tokens (and their experts) whose 1/tp share the TP-1 MoE table covers
+        (None at TP 1, with expert parallelism, or when a rank's experts are fewer than its rows)."""
+        m, tp, table = self.model, self.config.tensor_parallel, self.bundle.moe
+        if table is None or tp == 1 or self.config.expert_parallel or m.num_experts / tp < table.min_experts:
+            return None
+        tokens = max(math.ceil(tp * table.min_tokens), math.ceil(tp * table.min_experts / m.experts_per_token))
+        return tokens, min(tokens * m.experts_per_token, m.num_experts)
 
     def tokens_ms(self, tokens: int) -> float:
         """Everything that depends only on the tokens in the iteration."""
@@ -143,51 +178,97 @@ class ProfiledCostModel:
 
     def attention_ms(self, batch: Batch) -> float:
         """One layer's attention, with the uneven-context correction."""
-        pc, kp, n = batch.prefill_tokens, batch.prefill_context_tokens, batch.num_decode
+        n = batch.num_decode
+        if not batch.prefill_tokens:
+            return self._decode_attention(batch, n, batch.decode_context_tokens / n)
         mean = batch.decode_context_tokens / n if n else 0.0
-        attn = self._attention
-        t = attn(pc, kp, n, mean)
         alpha = self._skew_alpha(batch, mean)
-        t_max = None
-        if alpha:
-            t_max = attn(pc, kp, n, batch.decode_context_max)
-            self._last = (batch, alpha, t, t_max)  # decode_step_increment asks about the same batch next
-            if t_max > t:
-                t += alpha * (t_max - t)
+        t, t_max = self._attention.at_contexts(batch.prefill_tokens, batch.prefill_context_tokens, n, mean,
+                                               batch.decode_context_max if alpha else mean)
+        if t_max > t:
+            t += alpha * (t_max - t)
+        return t
+
+    def _decode_attention(self, batch: Batch, n: int, mean: float) -> float:
+        """Attention of a decode-only batch, from the memoised row of its decode count. What it
+        looked up is kept for :meth:`decode_step_increment`, which asks about the same batch.
+        (Hot path: the row's pieces and the skew lookup are read inline, see ``Table1D``.)"""
+        row = self._decode_rows.get(n)
+        if row is None:
+            row = self._decode_rows[n] = self._attention.decode_row(n)
+        xs, ys, slopes, last_piece = row.xs, row.ys, row.slopes, row.n - 2
+        piece = bisect_right(xs, mean) - 1
+        if piece > last_piece:
+            piece = last_piece
+        t = ys[0] if piece < 0 else ys[piece] + (mean - xs[piece]) * slopes[piece]
+        hi = batch.decode_context_max
+        skew = self._skew
+        if skew is not None and n > 1 and hi > mean:
+            lo = batch.decode_context_min
+            alpha = skew.decode(n, (mean - lo) / (hi - lo), hi)
+            hi_piece = bisect_right(xs, hi) - 1
+            if hi_piece > last_piece:
+                hi_piece = last_piece
+            gap = (ys[0] if hi_piece < 0 else ys[hi_piece] + (hi - xs[hi_piece]) * slopes[hi_piece]) - t
+            if alpha and gap > 0.0:
+                t += alpha * gap
+            skewed = True
+        else:
+            alpha, hi_piece, gap, skewed = 0.0, piece, 0.0, False
+        self._last = (batch, row, piece, hi_piece, alpha, gap, skewed)
         return t
 
     # --- CostModel protocol -------------------------------------------------------------------
 
     def iteration_ms(self, batch: Batch) -> float:
-        tokens = batch.num_decode + batch.prefill_tokens
-        if tokens == 0:
-            return 0.0
-        return (self.tokens_ms(tokens) + self.sequences_ms(batch.num_decode + batch.num_prefill)
-                + self.layers * self.attention_ms(batch) + self._overhead)
+        n = batch.num_decode
+        if not batch.prefill_tokens:  # decode only: n tokens, n sequences
+            if not n:
+                return 0.0
+            fixed = self._decode_fixed.get(n)
+            if fixed is None:
+                fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n) + self._overhead
+            return fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
+        tokens = n + batch.prefill_tokens
+        ms = self._tokens_memo.get(tokens)
+        if ms is None:
+            ms = self.tokens_ms(tokens)
+        sequences = n + batch.num_prefill
+        seq_ms = self._seq_memo.get(sequences)
+        if seq_ms is None:
+            seq_ms = self.sequences_ms(sequences)
+        return ms + seq_ms + self.layers * self.attention_ms(batch) + self._overhead
 
     def decode_step_increment(self, batch: Batch) -> tuple[float, int] | None:
         """For a decode-only batch: the per-step growth of attention time and how many steps
         it holds (until the mean or longest context crosses a grid point, the longest crosses
         a skew bucket, or the skew term changes sign)."""
-        if batch.prefill_tokens or not batch.num_decode:
-            return None
-        attn = self._attention
         n = batch.num_decode
+        if batch.prefill_tokens or not n:
+            return None
         mean = batch.decode_context_tokens / n
-        hi = batch.decode_context_max
-        slope_mean = attn.kd_slope(0, 0, n, mean)
-        end = attn.kd_breaks(0, 0, n, mean) - mean
         last = self._last
-        if last is not None and last[0] is batch:
-            alpha, gap = last[1], last[3] - last[2]
+        if last is None or last[0] is not batch:
+            self._decode_attention(batch, n, mean)
+            last = self._last
+        _, row, piece, hi_piece, alpha, gap, skewed = last
+        xs, slopes, last_piece = row.xs, row.slopes, row.n - 2
+        if piece < 0:  # below the grid: constant up to its first point
+            inc, end = 0.0, xs[0] - mean
         else:
-            alpha = self._skew_alpha(batch, mean)
-            gap = attn(0, 0, n, hi) - attn(0, 0, n, mean) if alpha else 0.0
-        inc = slope_mean
+            inc = slopes[piece]
+            end = xs[piece + 1] - mean if piece < last_piece else math.inf
+        if skewed:  # the alpha may change where the longest context enters the next bucket
+            hi = batch.decode_context_max
+            end = min(end, self._skew.kv_big_edge(hi) - hi)
         if alpha:
-            slope_hi = attn.kd_slope(0, 0, n, hi)
-            end = min(end, attn.kd_breaks(0, 0, n, hi) - hi, self._skew.kv_big_edge(hi) - hi)
-            gap_slope = slope_hi - slope_mean
+            if hi_piece < 0:
+                slope_hi, end_hi = 0.0, xs[0] - hi
+            else:
+                slope_hi = slopes[hi_piece]
+                end_hi = xs[hi_piece + 1] - hi if hi_piece < last_piece else math.inf
+            gap_slope = slope_hi - inc
+            end = min(end, end_hi)
             if gap > 0.0:
                 inc += alpha * gap_slope
                 if gap_slope < 0.0:  # the correction reaches 0 within this piece
@@ -195,7 +276,7 @@ class ProfiledCostModel:
             elif gap_slope > 0.0:  # no correction yet; it starts when the gap turns positive
                 end = min(end, math.floor(-gap / gap_slope))
         steps = math.floor(end) + 1 if end < math.inf else 1 << 62
-        return self.layers * inc, max(1, steps)
+        return self.layers * inc, (steps if steps > 1 else 1)
 
 
 def build_profiled(config: ProfiledConfig, presets: Presets) -> ProfiledCostModel:

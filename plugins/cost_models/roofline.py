@@ -58,11 +58,11 @@ from .comm import layer_comm
 #:
 #:   bundle                      weight read  KV read  prefill attn  mixed rows  small ops/layer  GEMM @2048
 #:   PRO 6000 Llama-3.1-8B tp1      0.908      0.906      0.482         72.6       10.1 us        0.785
-#:   PRO 6000 Llama-3.1-8B tp2      0.863      0.863      0.434         69.7        8.6 us        0.754
-#:   PRO 6000 Qwen3-32B tp1         0.960      0.915      0.535         76.8       14.5 us        0.767
-#:   PRO 6000 Qwen3-32B tp2         0.885      0.859      0.480         70.2       11.9 us        0.786
+#:   PRO 6000 Llama-3.1-8B tp2      0.863      0.863      0.434         70.0        8.6 us        0.754
+#:   PRO 6000 Qwen3-32B tp1         0.960      0.915      0.535         76.9       14.5 us        0.767
+#:   PRO 6000 Qwen3-32B tp2         0.885      0.859      0.481         70.2       11.9 us        0.786
 #:   PRO 6000 Qwen3-30B-A3B tp1     1.404*     0.857      0.481         70.0        8.5 us        0.618
-#:   PRO 6000 Qwen3-30B-A3B tp2     0.872      0.798      0.440         67.2        8.0 us        0.610
+#:   PRO 6000 Qwen3-30B-A3B tp2     0.872      0.798      0.441         67.3        8.0 us        0.610
 #:   RTX 4090 Llama-3.1-8B tp1      0.926      0.916      0.741         76.6        8.5 us        1.000
 #:   pooled                         0.91       0.86       0.48          70          8.6 us        eta(T) = 0.77 T / (T + 56)
 #:
