@@ -8,11 +8,13 @@ the same way -- the comparison is strict.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine
-from schedlab_plugins.cost_models import LinearCostModel
+from schedlab.model import Request
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
 
@@ -170,3 +172,21 @@ def test_profiled_cost_runs_match_reference(requests, max_seqs, budget, chunked,
 
 
 _BUNDLE: dict = {}
+
+
+def test_a_decode_run_ends_before_it_evicts_a_waiting_requests_hit():
+    """Found by hypothesis: request 4 waits at t=10.375 because its chunk would also revive the
+    3 cached blocks of its prefix; decode growth then evicts them, and from t=14.375 it fits.
+    A bulk decode run must end where growth starts evicting while requests wait, or the fast
+    engine admits it late (18.375)."""
+    from schedlab_plugins.kv_caches.radix import RadixKVCache
+
+    specs = [(13, 3, 1, 3), (1, 1, None, 0), (18, 13, 0, 1), (7, 3, 0, 1), (9, 1, 1, 3), (1, 1, None, 0),
+             (1, 1, None, 0)]
+    requests = [Request(i, 0.0, p, o, prefix_group=g, prefix_tokens=n) for i, (p, o, g, n) in enumerate(specs)]
+    cfg = ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=8, chunked_prefill=True, allocation="grow",
+                           reserve_full_prompt=False)
+    runs = [run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(LinearConfig(0.0625, 4.0)), RadixKVCache(34, 1),
+                       engine=engine) for engine in ("fast", "reference")]
+    compare_runs(*runs, rel=1e-12)
+    assert runs[0].requests["first_scheduled_ms"][4] == 14.375

@@ -356,6 +356,18 @@ def test_swap_releases_like_a_finish_and_returns_fresh_blocks():
     assert cache.free_queue_layout() == [1, ("g", "s", 3), 2]  # one at the head, 2 full ones at the tail
 
 
+def test_blocks_before_eviction_counts_the_anonymous_head():
+    cache = PrefixKVCache(6, 2)
+    assert cache.blocks_before_eviction() == 6
+    a = Seq(req(0, 5, prefix_group="s", prefix_tokens=4))
+    admit(cache, a)                                    # g1, g3 and a partial block
+    cache.free(a)                                      # the partial block joins the 3 unused at the head
+    assert cache.free_queue_layout() == [4, ("g", "s", 3), ("g", "s", 1)]
+    assert cache.blocks_before_eviction() == 4
+    cache.grow(4)
+    assert cache.blocks_before_eviction() == 0         # the next block grow takes is cached
+
+
 def test_grow_takes_from_the_head_and_refuses_too_many():
     cache = PrefixKVCache(5, 2)
     a = Seq(req(0, 2, prefix_group="s", prefix_tokens=2))

@@ -374,6 +374,16 @@ class PrefixKVCache(PagedKVCache):
         if front:
             queue.move_to_end(self._next_run, last=False)
 
+    def blocks_before_eviction(self) -> int:
+        """Free blocks :meth:`grow` can take before it evicts a cached one (the anonymous
+        blocks at the head of the free queue)."""
+        room = 0
+        for run in self._queue.values():
+            if run is None:
+                break
+            room += run
+        return room
+
     def _take(self, count: int) -> None:
         """Remove ``count`` blocks from the head, evicting the identities of identified ones."""
         queue = self._queue

@@ -301,6 +301,10 @@ class RadixKVCache:
             self._take(step.fresh)
         return True
 
+    def blocks_before_eviction(self) -> int:
+        """Free blocks :meth:`grow` can take before it evicts a cached (tree) block."""
+        return self.unused
+
     def grow(self, num_blocks: int) -> None:
         """Take ``num_blocks`` private decode blocks at once (the engine attributes them)."""
         if num_blocks > self.unused + self.evictable:

@@ -87,6 +87,7 @@ class Instance:
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
+        self._room_before_eviction = getattr(kv, "blocks_before_eviction", None)
         self.host_tier = getattr(kv, "host", None)  # a host-memory tier under the prefix cache
         if self.host_tier is not None:
             self.host_tier.attach(self.counters)
@@ -474,7 +475,12 @@ class Instance:
         if limit < INF:
             k = min(k, bulk.steps_before(self.now, limit, d0, inc))
         if growth is not None:
-            k = min(k, growth.iterations_within(self.kv.num_free_blocks()) + 1)
+            room = self.kv.num_free_blocks()
+            if self.waiting and self._room_before_eviction is not None:
+                # evicting a cached block may let a waiting request in (its hit no longer
+                # needs reviving): the scheduler must see the cache from there on
+                room = min(room, self._room_before_eviction())
+            k = min(k, growth.iterations_within(room) + 1)
         return max(k, 1)
 
     def _finish(self, seq: Sequence, t: float) -> None:
