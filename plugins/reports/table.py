@@ -73,7 +73,7 @@ def stability_lines(runs) -> list[str]:
 def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: str = "highest") -> str:
     """The table, the best run by ``best`` if asked, and, for searches, what they found."""
     header = ["run"] + list(columns)
-    runs = results.all_runs()
+    runs = _listed_runs(results)
     winners, top = best_runs(runs, best, best_is) if best else ([], None)
     marked = {id(run) for run in winners}
     rows = [[run.name + (BEST_MARK if id(run) in marked else "") + stability_mark(run)]
@@ -98,10 +98,28 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     for study in results.studies:
         if study.search is not None:
             lines.append(f"search {study.name}: {study.search.message}")
+        if study.plan is not None:
+            plan = study.plan
+            lines.append(f"plan {study.name}: {plan.message}")
+            lines.append(f"plan {study.name}: {plan.counts_text()}; cost vs {plan.attainment} frontier: "
+                         f"{', '.join(plan.frontier) or '-'}")
         rejected = sum(r.metrics.get("rejected", 0) for r in study.runs)
         if rejected:
             lines.append(f"{study.name}: {rejected} requests rejected (reasons in requests.csv)")
     return "\n".join(lines) + "\n"
+
+
+def _listed_runs(results) -> list:
+    """Every run, except that a plan lists only each candidate's answer and its frontier
+    (all its deployments are in summary.csv)."""
+    runs = []
+    for study in results.studies:
+        if study.plan is not None:
+            shown = study.plan.shown_runs()
+            runs += [run for run in study.runs if run.name in shown]
+        else:
+            runs += study.runs
+    return runs
 
 
 class TableReport:
