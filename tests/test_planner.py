@@ -198,3 +198,18 @@ def test_a_run_has_one_of_sweep_search_plan(tmp_path):
     (tmp_path / "p.toml").write_text(PLAN + '\n[sweep]\n"workload.rate" = [1, 2]\n')
     with pytest.raises(ConfigError, match="one of sweep, search or plan"):
         load(tmp_path / "p.toml")
+
+
+def test_plan_is_the_same_in_two_worker_processes(tmp_path, planned):
+    from schedlab.study.executor import ProcessExecutor
+    from study_case import saved_bytes
+
+    (tmp_path / "plan.toml").write_text(PLAN)
+    executor = ProcessExecutor(2)
+    try:
+        parallel = run_experiment(load(tmp_path / "plan.toml"), executor=executor)
+    finally:
+        executor.close()
+    serial = run_experiment(load(tmp_path / "plan.toml"))
+    assert parallel.studies[0].plan == serial.studies[0].plan == planned.plan
+    assert saved_bytes(parallel, tmp_path / "two") == saved_bytes(serial, tmp_path / "one")

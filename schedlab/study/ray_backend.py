@@ -36,7 +36,7 @@ class RayExecutor:
         cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
         self.workers = min(jobs, cpus) if jobs else cpus
         where = address or "a local Ray instance"
-        self.description = f"Ray ({where}, {self.workers} tasks at once)"
+        self.description = f"Ray ({where}, {self.workers} workers)"
         self._remote = ray.remote(num_cpus=1, max_retries=0)(execute)
 
     def submit(self, task: RunTask) -> Future:
