@@ -349,7 +349,7 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
         if s.get("plan"):
             from .study.planner import SavedPlan
 
-            plan = SavedPlan.from_json(s["plan"], {r.name: r for r in runs})
+            plan = SavedPlan.from_json(s["plan"])
         studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", ""),
                              plan))
     return ExperimentResults(summary["experiment"], summary.get("source", ""), studies,

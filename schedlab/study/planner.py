@@ -81,8 +81,15 @@ class PlanConfig:
     def __attrs_post_init__(self):
         if not self.constraints:
             raise FieldError("constraints", "name at least one, e.g. ['slo.attainment >= 0.99']")
-        for text in self.constraints:
-            parse_constraint(text)
+        from ..metric_names import check_metric_name
+
+        for name, metrics in (("constraints", [parse_constraint(t).metric for t in self.constraints]),
+                              ("attainment", [self.attainment])):
+            for metric in metrics:
+                try:
+                    check_metric_name(metric)
+                except ConfigError as exc:
+                    raise FieldError(name, str(exc)) from None
         if any(tp < 1 for tp in self.tensor_parallel) or not self.tensor_parallel:
             raise FieldError("tensor_parallel", f"must be whole numbers >= 1, got {list(self.tensor_parallel)}")
         if self.min_instances > self.max_instances:
