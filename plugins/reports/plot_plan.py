@@ -15,6 +15,8 @@ import math
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from schedlab.study.planner import deployment_text
+
 from .plot_common import COLORS, metric_label, new_figure, note, titles
 
 
@@ -42,7 +44,7 @@ def plan_figure(study, dpi: int) -> Figure | None:
         (star,) = ax.plot([best["cost"]], [best["attainment"]], marker="*", markersize=16, linestyle="none",
                           color=COLORS[3], markeredgecolor="0.1")
         star.set_gid("cheapest")
-        ax.annotate(f"{best['instances']} x {best['gpu']}: ${best['cost']:,.2f}/h", (best["cost"], best["attainment"]),
+        ax.annotate(f"{deployment_text(plan.cheapest)}: ${best['cost']:,.2f}/h", (best["cost"], best["attainment"]),
                     xytext=(8, -14), textcoords="offset points", fontsize=9)
     if plan.target is not None:
         target = ax.axhline(plan.target, linestyle="--", linewidth=1.2, color=COLORS[3])
@@ -60,8 +62,7 @@ def plan_figure(study, dpi: int) -> Figure | None:
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), frameon=False)
     if plan.cheapest is not None:
         c = plan.cheapest
-        subtitle = (f"cheapest with {plan.constraint}: {c['instances']} x {c['point']['gpu']} "
-                    f"(tensor parallel {c['point']['tensor_parallel']}) at ${c['cost']:,.2f}/h")
+        subtitle = f"cheapest with {plan.constraint}: {deployment_text(c)} at ${c['cost']:,.2f}/h"
     else:
         subtitle = f"nothing meets {plan.constraint}"
     subtitle += f"; {len(plan.deployments)} of {plan.grid_size} deployments simulated"

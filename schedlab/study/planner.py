@@ -227,6 +227,14 @@ def pareto(points: list[tuple[float, float, str]]) -> list[str]:
     return frontier
 
 
+def deployment_text(entry: dict) -> str:
+    """``2 instances x 1 a100-40gb`` or ``1 instance x 2 a100-40gb (tensor parallel)``."""
+    n, p = entry["instances"], entry["point"]
+    plural = "instance" if n == 1 else "instances"
+    tp = p["tensor_parallel"]
+    return f"{n} {plural} x {tp} {p['gpu']}" + (" (tensor parallel)" if tp > 1 else "")
+
+
 def _money(value: float) -> str:
     return f"${value:,.2f}/h"
 
@@ -364,9 +372,9 @@ class PlanDriver:
         else:
             p = cheapest["point"]
             rest = point_label({k: v for k, v in p.items() if k not in ("gpu", "tensor_parallel")})
-            message = (f"cheapest deployment with {self.cfg.constraint_text}: {cheapest['instances']} x {p['gpu']} "
-                       f"(tensor parallel {p['tensor_parallel']}{', ' + rest if rest else ''}) at "
-                       f"{_money(cheapest['cost'])}, {self.cfg.attainment} {attainment[cheapest['run']]:.4g}; "
+            message = (f"cheapest deployment with {self.cfg.constraint_text}: {deployment_text(cheapest)}"
+                       f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}, "
+                       f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}; "
                        f"{len(deployments)} of {grid} deployments simulated")
         targets = [c.threshold for c in self.constraints if c.metric == self.cfg.attainment and c.op in (">=", ">")]
         outcome = PlanOutcome(self.cfg.constraint_text, self.cfg.attainment, max(targets, default=None),
