@@ -1,4 +1,4 @@
-"""A small experiment with every kind of study, shared by the executor tests (local and Ray)."""
+"""Small experiments shared by the executor tests (local and Ray): every kind of study, and a plan."""
 
 from __future__ import annotations
 
@@ -40,6 +40,53 @@ search = {{key = "scheduler.max_num_seqs", low = 1, high = 40, constraint = "ttf
 name = "rep"
 replicas = 3
 """
+
+# A small capacity plan (tests/test_planner.py checks it against the exhaustive grid).
+BASE = """
+[experiment]
+name = "tiny_plan"
+timeline = false
+
+[workload]
+kind = "synthetic"
+num_requests = 300
+rate = 11.0
+prompt = {dist = "lognormal", median = 500, sigma = 0.6, high = 4000}
+output = {dist = "lognormal", median = 150, sigma = 0.6, high = 800}
+
+[cost_model]
+kind = "roofline"
+model = "llama-3-8b"
+
+[kv_cache]
+kind = "paged"
+model = "llama-3-8b"
+
+[scheduler]
+kind = "continuous"
+
+[cluster]
+router = {kind = "least_outstanding"}
+
+[slo]
+ttft_ms = 1500
+tpot_ms = 90
+"""
+PRICES = {"l4": 0.8, "a100-40gb": 1.3}
+MAX_INSTANCES = 4
+TARGET = 0.95
+
+PLAN = BASE + f"""
+[plan]
+constraints = ["slo.attainment >= {TARGET}"]
+gpus = {{l4 = 0.8, a100-40gb = 1.3}}
+tensor_parallel = [1, 2]
+max_instances = {MAX_INSTANCES}
+
+[plan.space]
+"scheduler.max_num_seqs" = [8, 64]
+"""
+
 FILES = ("summary.json", "summary.csv", "requests.csv", "timeline.csv", "config.json")
 
 

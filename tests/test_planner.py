@@ -10,53 +10,10 @@ import pytest
 from schedlab.errors import ConfigError
 from schedlab.experiment import load, run_experiment
 from schedlab.study.planner import pareto
+from study_case import BASE, MAX_INSTANCES, PLAN, PRICES, TARGET
 
-BASE = """
-[experiment]
-name = "tiny_plan"
-timeline = false
-
-[workload]
-kind = "synthetic"
-num_requests = 300
-rate = 11.0
-prompt = {dist = "lognormal", median = 500, sigma = 0.6, high = 4000}
-output = {dist = "lognormal", median = 150, sigma = 0.6, high = 800}
-
-[cost_model]
-kind = "roofline"
-model = "llama-3-8b"
-
-[kv_cache]
-kind = "paged"
-model = "llama-3-8b"
-
-[scheduler]
-kind = "continuous"
-
-[cluster]
-router = {kind = "least_outstanding"}
-
-[slo]
-ttft_ms = 1500
-tpot_ms = 90
-"""
-PRICES = {"l4": 0.8, "a100-40gb": 1.3}
 DEGREES = (1, 2)
-MAX_NUM_SEQS = (8, 64)
-MAX_INSTANCES = 4
-TARGET = 0.95
-
-PLAN = BASE + f"""
-[plan]
-constraints = ["slo.attainment >= {TARGET}"]
-gpus = {{l4 = 0.8, a100-40gb = 1.3}}
-tensor_parallel = [1, 2]
-max_instances = {MAX_INSTANCES}
-
-[plan.space]
-"scheduler.max_num_seqs" = [8, 64]
-"""
+MAX_NUM_SEQS = (8, 64)  # as PLAN's [plan] table says
 
 
 def exhaustive_toml() -> str:

@@ -13,7 +13,7 @@ import pytest
 from schedlab.cli import main
 from schedlab.experiment import load, run_experiment
 from schedlab.study.executor import InProcessExecutor, make_executor
-from study_case import saved_bytes, write_experiment
+from study_case import PLAN, saved_bytes, write_experiment
 
 ray = pytest.importorskip("ray")
 
@@ -52,3 +52,11 @@ def test_ray_from_the_command_line(local_ray, tmp_path, capsys):
     assert main(["run", str(path), "--jobs", "1", "--out", str(tmp_path / "one"), "--no-plots"]) == 0
     for name in ("summary.json", "requests.csv", "timeline.csv"):
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+
+
+def test_a_capacity_plan_on_ray_is_the_plan_of_one_process(local_ray, tmp_path):
+    (tmp_path / "plan.toml").write_text(PLAN)
+    on_ray = run_with(tmp_path / "plan.toml", make_executor("ray"))
+    here = run_with(tmp_path / "plan.toml", InProcessExecutor())
+    assert on_ray.studies[0].plan == here.studies[0].plan and on_ray.studies[0].plan.cheapest is not None
+    assert saved_bytes(on_ray, tmp_path / "ray") == saved_bytes(here, tmp_path / "one")
