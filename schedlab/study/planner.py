@@ -35,7 +35,6 @@ Every deployment simulated is a point of the cost vs. attainment plot; the Paret
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import attrs
 
