@@ -122,7 +122,8 @@ def combine(name: str, replicas: list[RunResult], seed: int) -> RunResult:
     meta = dict(first.meta, seed=seed, replicas=len(replicas), replica_seeds=[r.meta.get("seed") for r in replicas],
                 wall_ms=sum(r.meta.get("wall_ms", 0.0) for r in replicas))
     return RunResult(name, first.settings, first.requests, first.counters, first.itl, first.timeline,
-                     first.rejections, meta, metrics, dict(first.point), intervals=intervals, replicas=list(replicas))
+                     first.rejections, meta, metrics, dict(first.point), measured=first.measured, intervals=intervals,
+                     replicas=list(replicas))
 
 
 def metric_number(metrics: dict, name: str) -> float:
