@@ -50,7 +50,7 @@ timeline = false
 [workload]
 kind = "synthetic"
 num_requests = 300
-rate = 11.0
+rate = 16.0
 prompt = {dist = "lognormal", median = 500, sigma = 0.6, high = 4000}
 output = {dist = "lognormal", median = 150, sigma = 0.6, high = 800}
 
