@@ -65,7 +65,7 @@ def plan_figure(study, dpi: int) -> Figure | None:
         subtitle = f"cheapest with {plan.constraint}: {deployment_text(c)} at ${c['cost']:,.2f}/h"
     else:
         subtitle = f"nothing meets {plan.constraint}"
-    subtitle += f"; {len(plan.deployments)} of {plan.grid_size} deployments simulated"
+    subtitle += f"\n{len(plan.deployments)} of {plan.grid_size} deployments simulated"
     titles(fig, f"capacity plan {study.name}: cost vs {plan.attainment}", subtitle)
     return fig
 
