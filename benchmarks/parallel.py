@@ -1,6 +1,6 @@
 """Parallel studies: a 32-point sweep with --jobs 1, --jobs 2 and on a local Ray instance.
 
-    python benchmarks/parallel.py            # best of 3 each; prints a Markdown table
+    python benchmarks/parallel.py            # best of 3 each, taking turns; prints a Markdown table
     python benchmarks/parallel.py --repeat 1 --no-ray
 
 Each measurement is a fresh ``schedlab run benchmarks/sweep32.toml`` process writing its
@@ -39,10 +39,16 @@ def schedlab_run(args: list[str], out: Path) -> dict:
             "summary": (out / "summary.json").read_bytes()}
 
 
-def best_of(args: list[str], repeat: int, folder: Path, name: str) -> dict:
-    runs = [schedlab_run(args, folder / f"{name}-{i}") for i in range(repeat)]
-    assert len({r["summary"] for r in runs}) == 1, f"{name}: summary.json differs between repeats"
-    return min(runs, key=lambda r: r["command_s"])
+def interleaved(settings: list[tuple[str, list[str]]], repeat: int, folder: Path) -> dict[str, dict]:
+    """Each setting ``repeat`` times, taking turns (so a busy spell on a shared machine hits
+    every setting alike); the fastest command of each counts."""
+    runs: dict[str, list] = {name: [] for name, _ in settings}
+    for i in range(repeat):
+        for name, args in settings:
+            runs[name].append(schedlab_run(args, folder / f"{name}-{i}".replace(" ", "")))
+    for name, rs in runs.items():
+        assert len({r["summary"] for r in rs}) == 1, f"{name}: summary.json differs between repeats"
+    return {name: min(rs, key=lambda r: r["command_s"]) for name, rs in runs.items()}
 
 
 def main() -> None:
@@ -52,13 +58,13 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     rows = []
+    settings = [("--jobs 1", ["--jobs", "1"]), ("--jobs 2", ["--jobs", "2"])]
+    if not args.no_ray:
+        settings.append(("--backend ray", ["--backend", "ray"]))
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        one = best_of(["--jobs", "1"], args.repeat, folder, "jobs1")
-        settings = [("--jobs 1", one), ("--jobs 2", best_of(["--jobs", "2"], args.repeat, folder, "jobs2"))]
-        if not args.no_ray:
-            settings.append(("--backend ray", best_of(["--backend", "ray"], args.repeat, folder, "ray")))
-        for name, r in settings:
+        best = interleaved(settings, args.repeat, Path(tmp))
+        one = best["--jobs 1"]
+        for name, r in best.items():
             rows.append((name, r["executor"], f"{r['command_s']:.1f} s", f"{r['study_s']:.1f} s",
                          f"{one['command_s'] / r['command_s']:.2f}x", f"{one['study_s'] / r['study_s']:.2f}x",
                          "yes" if r["summary"] == one["summary"] else "NO"))
