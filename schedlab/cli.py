@@ -38,6 +38,7 @@ def _reports(exp, names, skip=()):
 
 def cmd_run(args) -> int:
     from .experiment import load, run_experiment
+    from .study.executor import make_executor
 
     exp = load(args.file, args.set)
     names = list(exp.config.reports)
@@ -45,13 +46,24 @@ def cmd_run(args) -> int:
         if extra not in names:
             names.append(extra)
     reports = _reports(exp, names, skip=("plots",) if args.no_plots else ())
-    runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies)
+    runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies if s.search is None and s.plan is None)
     searches = sum(1 for s in exp.studies if s.search is not None)
-    what = f"{runs} run(s)" + (f" and {searches} search(es)" if searches else "")
+    plans = sum(1 for s in exp.studies if s.plan is not None)
+    what = f"{runs} run(s)" + (f" and {searches} search(es)" if searches else "") + (f" and {plans} plan(s)" if plans else "")
+    replicated = max(s.replicas for s in exp.studies)
+    if replicated > 1:
+        what += f", up to {replicated} replicas each"
     out = Path(args.out) if args.out else Path("results") / exp.name
     with StagedFolder(out) as stage:  # checks --out before anything runs
         print(f"schedlab: {exp.name}: {what}", file=sys.stderr)
-        results = run_experiment(exp)
+        executor = make_executor(args.backend, args.jobs, args.address)
+        try:
+            results = run_experiment(exp, executor=executor)
+        finally:
+            executor.close()
+        done = results.execution
+        print(f"schedlab: {done['simulations']} simulations in {done['wall_s']:.1f} s, {done['executor']}",
+              file=sys.stderr)
         written = []
         for _name, report in reports:
             written += report.write(results, stage.path)
@@ -147,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs.NAME.table.key=value overrides it in run NAME only")
     p.add_argument("--no-plots", action="store_true", help="skip the plots report")
     p.add_argument("--report", action="append", metavar="NAME", help="add a report plugin (e.g. lab)")
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="simulations at once (default: the machine's cores; with Ray, the cluster's CPUs)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="where simulations run: local processes, or a Ray cluster (pip install 'schedlab[ray]')")
+    p.add_argument("--address", help="with --backend ray: the cluster to join (e.g. auto); default: start a local one")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="check an experiment file without running it")
     p.add_argument("file")

@@ -8,8 +8,9 @@ File layout::
     [models.<name>] [gpus.<name>]   # your own presets
     [sweep]                 # "dotted.key" = [values]  -- a grid, applied to every run
     [search]                # key, low, high, constraint, maximize -- applied to every run
+    [plan]                  # capacity planning: GPUs with prices, a space, constraints
     [[runs]]                # name = "...", then tables that override the defaults,
-                            # and optionally its own sweep = {...} or search = {...}
+                            # and optionally its own sweep, search or plan, and replicas
     [reports.<name>]        # settings of a report plugin
 
 A run's table replaces the default table when it names another ``kind``, and merges key by
@@ -32,16 +33,15 @@ from .configs import MAX_INT, FieldError, bool_field, from_table, int_field, lis
 from .errors import ConfigError
 from .metric_names import check_metric_name
 from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
-from .progress import progress
-from .results import ExperimentResults, RunResult, Study
-from .search import parse_constraint, search
-from .simulation import ENGINES, Context, RunSpec, assemble, component_config, run
+from .results import ExperimentResults, RunResult
+from .search import parse_constraint
+from .simulation import ENGINES, Context, RunSpec, assemble, component_config
 from .sweep import expand_grid, point_label
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo",
-             "models", "gpus", "sweep", "search", "runs", "reports")
+             "models", "gpus", "sweep", "search", "plan", "runs", "reports")
 RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo")
-RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "seed", "engine")
+RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "replicas")
 DEFAULT_REPORTS = ("table", "json", "plots")
 MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix
 
@@ -55,6 +55,7 @@ class ExperimentConfig:
     reports: tuple = list_field(DEFAULT_REPORTS, item=str, help="report plugins to run, in order")
     engine: str = str_field("fast", choices=ENGINES, help="'fast' (bulk decode runs) or 'reference' (step by step)")
     timeline: bool = bool_field(True, help="record running/waiting/KV over time for timeline plots")
+    replicas: int = int_field(1, min=1, help="repeat every run with this many derived seeds: means and 95% intervals")
 
 
 @attrs.frozen
@@ -91,6 +92,8 @@ class StudySpec:
     base: RunSpec
     sweep: list[dict[str, Any]] | None = None
     search: SearchConfig | None = None
+    replicas: int = 1
+    plan: Any = None  # schedlab.study.planner.PlanConfig
 
 
 @attrs.define
@@ -103,6 +106,9 @@ class Experiment:
     report_tables: dict[str, dict]
     context: Context
     raw: dict[str, Any]
+    plugin_objects: tuple = ()                         # registered in-process (tests)
+    custom_presets: dict[str, Any] = attrs.Factory(dict)  # [models.*] / [gpus.*]
+    portable: bool = True                              # tasks can rebuild the catalog elsewhere
 
     @property
     def name(self) -> str:
@@ -174,9 +180,11 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             exp_table = set_dotted({"experiment": exp_table}, key, value)["experiment"]
     config = from_table(ExperimentConfig, exp_table, where=f"{source}: [experiment]")
     check_experiment_name(config.name or path.stem, f"{source}: [experiment]")
+    portable = catalog is None
     if catalog is None:
         catalog = load_catalog(config.plugins, plugin_objects=plugin_objects)
-    presets = Presets.from_catalog(catalog, _custom_presets(raw, source))
+    custom = _custom_presets(raw, source)
+    presets = Presets.from_catalog(catalog, custom)
     ctx = Context(catalog, presets, str(path.parent.resolve()), source)
 
     defaults = {k: raw[k] for k in RUN_TABLES if k in raw}
@@ -220,14 +228,23 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             raise ConfigError(f"{where.rstrip(':')}: seed must be a whole number from 0 to 2**53, got {seed!r}")
         engine = entry.get("engine", config.engine)
         base = RunSpec(name, tables, seed=seed, engine=engine)
+        replicas = entry.get("replicas", config.replicas)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise ConfigError(f"{where.rstrip(':')}: replicas must be a whole number >= 1, got {replicas!r}")
         sweep_table = entry.get("sweep", raw.get("sweep"))
         search_table = entry.get("search", raw.get("search"))
-        if sweep_table is not None and search_table is not None:
-            raise ConfigError(f"{where.rstrip(':')}: a run can have a sweep or a search, not both")
+        plan_table = entry.get("plan", raw.get("plan"))
+        if sum(t is not None for t in (sweep_table, search_table, plan_table)) > 1:
+            raise ConfigError(f"{where.rstrip(':')}: a run can have one of sweep, search or plan, not several")
         sweep = expand_grid(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
         search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
                       if search_table is not None else None)
-        study = StudySpec(name, base, sweep, search_cfg)
+        plan_cfg = None
+        if plan_table is not None:
+            from .study.planner import PlanConfig
+
+            plan_cfg = from_table(PlanConfig, plan_table, where=f"{where} [plan]")
+        study = StudySpec(name, base, sweep, search_cfg, replicas, plan_cfg)
         _validate(study, ctx, where)
         studies.append(study)
 
@@ -240,7 +257,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: [reports.{name}] must be a table of settings, got {_shape(table)}")
         component_config(ctx, "report", {**table, "kind": name}, f"{source}: [reports.{name}]")
-    return Experiment(path, config, studies, report_tables, ctx, raw)
+    return Experiment(path, config, studies, report_tables, ctx, raw, tuple(plugin_objects), custom, portable)
 
 
 def _shape(value) -> str:
@@ -267,7 +284,8 @@ def _run_assignments(assignments, entries: list, source: str) -> dict[str, list]
     return targeted
 
 
-def _point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
+def point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
+    """The run of one point of a study: the base tables with the point's dotted keys set."""
     tables = study.base.tables
     for key, value in point.items():
         if key.split(".")[0] not in RUN_TABLES:
@@ -279,7 +297,13 @@ def _point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
 
 
 def _validate(study: StudySpec, ctx: Context, where: str) -> None:
-    """Build the plugins of the base run and of every sweep point (search: both range ends)."""
+    """Build the plugins of the base run and of every sweep point (search: both range ends;
+    plan: see :func:`schedlab.study.planner.validate`)."""
+    if study.plan is not None:
+        from .study.planner import validate
+
+        validate(study, ctx, where)
+        return
     if study.sweep is not None:
         points = study.sweep
     elif study.search is not None:
@@ -287,61 +311,27 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
     else:
         points = [{}]
     for point in points:
-        assemble(_point_spec(study, point), ctx, where, check_only=True)
+        assemble(point_spec(study, point), ctx, where, check_only=True)
 
 
 def run_experiment(exp: Experiment, *, observer: Callable | None = None,
-                   on_run: Callable[[RunResult], None] | None = None) -> ExperimentResults:
-    """Simulate every study in file order."""
+                   on_run: Callable[[RunResult], None] | None = None, executor=None) -> ExperimentResults:
+    """Simulate every study; results in file order, identical whatever ``executor`` runs them.
+
+    :param executor: where tasks run (:mod:`schedlab.study.executor`); default: this process.
+        Runs that need this process -- an ``observer``, a plugin implementing the per-iteration
+        hook, or a catalog passed to :func:`load` -- run here whatever it is.
+    """
+    from .study.executor import InProcessExecutor
+    from .study.runner import run_studies
+
     hook = exp.context.catalog.hook
-    studies = []
-    for spec in exp.studies:
-        if spec.sweep is not None:
-            studies.append(_run_sweep(exp, spec, hook, observer, on_run))
-        elif spec.search is not None:
-            studies.append(_run_search(exp, spec, hook, observer, on_run))
-        else:
-            result = _run_one(exp, spec.base, hook, observer, on_run)
-            studies.append(Study(spec.name, "run", [result]))
-    return ExperimentResults(exp.name, str(exp.path), studies, exp.raw)
-
-
-def _run_one(exp, spec: RunSpec, hook, observer, on_run) -> RunResult:
     if observer is None and exp.context.catalog.observes_iterations():
         def observer(instance, record):  # opt-in and slow: the engine then runs step by step
             hook.schedlab_iteration(instance=instance, record=record)
-    hook.schedlab_run_started(run_name=spec.name, settings=spec.tables)
-    result = run(spec, exp.context, observer=observer, timeline=exp.config.timeline)
-    hook.schedlab_run_finished(run_name=spec.name, result=result)
-    if on_run is not None:
-        on_run(result)
-    return result
-
-
-def _run_sweep(exp, spec: StudySpec, hook, observer, on_run) -> Study:
-    results = []
-    with progress(len(spec.sweep), f"sweep {spec.name}") as bar:
-        for point in spec.sweep:
-            results.append(_run_one(exp, _point_spec(spec, point), hook, observer, on_run))
-            bar.update(1)
-    return Study(spec.name, "sweep", results, keys=tuple(spec.sweep[0]) if spec.sweep else ())
-
-
-def _run_search(exp, spec: StudySpec, hook, observer, on_run) -> Study:
-    cfg = spec.search
-    constraint = parse_constraint(cfg.constraint)
-    results: list[RunResult] = []
-
-    def evaluate(value):
-        result = _run_one(exp, _point_spec(spec, {cfg.key: value}), hook, observer, on_run)
-        results.append(result)
-        return constraint.holds(result.metrics), result
-
-    with progress(None, f"search {spec.name}") as bar:
-        outcome = search(evaluate, low=cfg.low, high=cfg.high, maximize=cfg.maximize, integer=cfg.integer,
-                         tolerance=cfg.tolerance, key=cfg.key, constraint_text=cfg.constraint,
-                         progress=lambda probe: bar.update(1))
-    return Study(spec.name, "search", results, keys=(cfg.key,), search=outcome, constraint=cfg.constraint)
+    if executor is None or observer is not None or not exp.portable:
+        executor = InProcessExecutor(exp.context, observer)
+    return run_studies(exp, executor, on_run=on_run)
 
 
 def dotted_value(tables: dict, key: str):

@@ -111,6 +111,11 @@ def schedlab_register_gpus(register: "Registry") -> None:
 def schedlab_run_started(run_name: str, settings: dict[str, Any]) -> None:
     """Called before a run is simulated.
 
+    Always in the process that runs ``schedlab``, also when simulations run in worker
+    processes or on Ray (``--jobs``, ``--backend``): then when the simulation is handed out,
+    and ``schedlab_run_finished`` when its result comes back. Every simulation is announced:
+    each replica (``name#2``) and a parallel search's speculative probes too.
+
     :param run_name: the run's name in the experiment (sweep points carry their values).
     :param settings: the run's resolved tables (``workload``, ``scheduler``, ...).
     """

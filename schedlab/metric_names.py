@@ -52,6 +52,8 @@ METRICS: dict = {
     # optional: a workload replaying a measured run (schedlab.compare); the keys of errors_pct
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
     "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},
+    # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour
+    "cost_per_hour": None,
 }
 
 

@@ -33,6 +33,10 @@ class RunResult:
     point: dict[str, Any] = attrs.field(factory=dict)
     #: what the replayed real run measured (a workload's ``measured``), or None
     measured: Any = None
+    # With replicas (schedlab.study.replicas): metrics are means over ``replicas``, and
+    # ``intervals`` maps dotted metric names to their 95% confidence interval [low, high].
+    intervals: dict[str, list[float]] = attrs.field(factory=dict)
+    replicas: list["RunResult"] = attrs.field(factory=list)
 
     @classmethod
     def from_recorder(cls, name: str, rec: Recorder, *, settings: dict, meta: dict, request_cost=None,
@@ -67,6 +71,7 @@ class Study:
     keys: tuple[str, ...] = ()          # swept or searched keys
     search: Any = None                  # schedlab.search.SearchOutcome for searches
     constraint: str = ""
+    plan: Any = None                    # schedlab.study.planner.PlanOutcome for capacity plans
 
 
 @attrs.define(eq=False)
@@ -77,6 +82,7 @@ class ExperimentResults:
     source: str
     studies: list[Study]
     settings: dict[str, Any]
+    execution: dict[str, Any] = attrs.field(factory=dict)  # where it ran and how long it took
 
     def study(self, name: str) -> Study:
         for s in self.studies:
@@ -87,3 +93,7 @@ class ExperimentResults:
 
     def all_runs(self) -> list[RunResult]:
         return [r for s in self.studies for r in s.runs]
+
+    def simulated_runs(self) -> list[RunResult]:
+        """Every simulation: each replica of a replicated run, else the run itself."""
+        return [leaf for r in self.all_runs() for leaf in (r.replicas or [r])]

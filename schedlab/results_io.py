@@ -5,11 +5,17 @@ half file behind and an earlier complete file is only replaced by a complete one
 run`` moreover writes the whole folder aside and swaps it in, see
 :mod:`schedlab.results_folder`):
 
-* ``summary.json`` -- experiment, studies, per-run metrics, meta and search outcomes;
+* ``summary.json`` -- experiment, studies, per-run metrics, meta, search and plan outcomes,
+  and for replicated runs each metric's 95% interval and every replica's metrics; it holds no
+  wall-clock time, so the same experiment gives the same bytes on any executor;
 * ``summary.csv`` -- one row per run, metrics flattened (``ttft_ms.p99``) plus swept keys;
 * ``requests.csv`` -- one row per request per run with its timestamps and latencies;
 * ``timeline.csv`` -- running, waiting and KV blocks over time, per run and instance;
-* ``config.json`` -- the resolved tables of every run.
+* ``config.json`` -- the resolved tables of every run;
+* ``timings.json`` -- how long each simulation took and where the experiment ran.
+
+Replicated runs write one row per replica (``name#1``, ``name#2``, ...) in ``requests.csv``
+and ``timeline.csv``.
 """
 
 from __future__ import annotations
@@ -106,6 +112,24 @@ def _search_json(outcome) -> dict | None:
     }
 
 
+NOT_IN_SUMMARY = ("rejections", "wall_ms")
+
+
+def _run_json(r: RunResult) -> dict:
+    out = {"name": r.name, "point": jsonable(r.point), "metrics": jsonable(r.metrics),
+           "meta": jsonable({k: v for k, v in r.meta.items() if k not in NOT_IN_SUMMARY}),
+           "counters": jsonable(r.counters)}
+    if r.replicas:
+        out["intervals"] = jsonable(r.intervals)
+        out["replicas"] = [{"name": x.name, "seed": x.meta.get("seed"), "metrics": jsonable(x.metrics),
+                            "counters": jsonable(x.counters)} for x in r.replicas]
+    return out
+
+
+def _plan_json(plan) -> dict | None:
+    return None if plan is None else jsonable(plan.to_json())
+
+
 def summary_dict(results: ExperimentResults) -> dict:
     return {
         "experiment": results.name,
@@ -115,9 +139,8 @@ def summary_dict(results: ExperimentResults) -> dict:
             {
                 "name": s.name, "kind": s.kind, "keys": list(s.keys), "constraint": s.constraint,
                 "search": _search_json(s.search),
-                "runs": [{"name": r.name, "point": jsonable(r.point), "metrics": jsonable(r.metrics),
-                          "meta": jsonable({k: v for k, v in r.meta.items() if k != "rejections"}),
-                          "counters": jsonable(r.counters)} for r in s.runs],
+                **({"plan": _plan_json(s.plan)} if s.plan is not None else {}),
+                "runs": [_run_json(r) for r in s.runs],
             }
             for s in results.studies
         ],
@@ -160,7 +183,7 @@ def request_rows(run: RunResult):
 def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
     """Write the result files; returns their paths."""
     out = Path(out_dir)
-    runs = results.all_runs()
+    runs = results.simulated_runs()
     written = []
     path = out / "summary.json"
     atomic_write(path, json.dumps(summary_dict(results), indent=1))
@@ -185,7 +208,11 @@ def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
         for r in runs for i in range(r.timeline.get("time_ms", np.empty(0)).size))))
     written.append(path)
     path = out / "config.json"
-    atomic_write(path, json.dumps(jsonable({r.name: r.settings for r in runs}), indent=1))
+    atomic_write(path, json.dumps(jsonable({r.name: r.settings for r in results.all_runs()}), indent=1))
+    written.append(path)
+    path = out / "timings.json"
+    atomic_write(path, json.dumps(jsonable({"execution": results.execution,
+                                            "wall_ms": {r.name: r.meta.get("wall_ms") for r in runs}}), indent=1))
     written.append(path)
     return written
 
@@ -288,26 +315,43 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
     floats = ("arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms")
     ints = ("id", "instance", "priority", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
             "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected")
+    def saved_run(name: str, metrics: dict, counters: dict, meta: dict, point: dict) -> RunResult:
+        rrows = by_run.get(name, [])
+        req = {c: np.array([_num(r[index[c]], float) for r in rrows], dtype=float) for c in floats}
+        req.update({c: np.array([_num(r[index[c]], int) for r in rrows], dtype=np.int64) for c in ints})
+        for c in ("request_class", "client"):
+            req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
+        rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}
+        trows = t_by_run.get(name, [])
+        timeline = {c: np.array([float(r[i]) for r in trows], dtype=float)
+                    for i, c in enumerate(TIMELINE_COLUMNS) if i > 0}
+        return RunResult(name, {}, req, counters, {}, timeline, rejections, meta, _restore_nan(metrics), point)
+
     studies = []
     for s in summary["studies"]:
         runs = []
         for rj in s["runs"]:
-            rrows = by_run.get(rj["name"], [])
-            req = {c: np.array([_num(r[index[c]], float) for r in rrows], dtype=float) for c in floats}
-            req.update({c: np.array([_num(r[index[c]], int) for r in rrows], dtype=np.int64) for c in ints})
-            for c in ("request_class", "client"):
-                req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
-            rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}
-            trows = t_by_run.get(rj["name"], [])
-            timeline = {c: np.array([float(r[i]) for r in trows], dtype=float)
-                        for i, c in enumerate(TIMELINE_COLUMNS) if i > 0}
-            metrics = _restore_nan(rj["metrics"])
-            runs.append(RunResult(rj["name"], {}, req, rj.get("counters", {}), {}, timeline, rejections,
-                                  _restore_nan(rj.get("meta", {})), metrics, rj.get("point", {})))
+            meta, point = _restore_nan(rj.get("meta", {})), rj.get("point", {})
+            replicas = [saved_run(x["name"], x["metrics"], x.get("counters", {}), dict(meta, seed=x.get("seed")), point)
+                        for x in rj.get("replicas", ())]
+            run = saved_run(rj["name"], rj["metrics"], rj.get("counters", {}), meta, point)
+            if replicas:  # per-request rows and timeline of the first replica, as in a fresh run
+                first = replicas[0]
+                run = attrs.evolve(run, requests=first.requests, timeline=first.timeline, rejections=first.rejections,
+                                   intervals={k: [math.nan if v is None else v for v in pair]
+                                              for k, pair in rj.get("intervals", {}).items()},
+                                   replicas=replicas)
+            runs.append(run)
         outcome = None
         if s.get("search"):
             outcome = _SavedSearch.from_json(s["search"], {r.name: r for r in runs})
-        studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", "")))
+        plan = None
+        if s.get("plan"):
+            from .study.planner import SavedPlan
+
+            plan = SavedPlan.from_json(s["plan"])
+        studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", ""),
+                             plan))
     return ExperimentResults(summary["experiment"], summary.get("source", ""), studies,
                              {"reports": summary.get("reports", {})})
 

@@ -444,3 +444,32 @@ def test_generated_azure_trace_reads_back_exactly(azure_code_trace):
     assert arrival[0] == 0.0 and arrival[-1] == pytest.approx(399_000.0)
     burst = arrival[(arrival >= 100_000) & (arrival < 125_000)]
     assert len(burst) == 750 + 8  # the burst and the every-3-s requests at 102, 105, ..., 123 s
+
+
+def test_replicas_paired_differences_see_what_overlapping_intervals_hide():
+    results = run("replicas.toml", [])
+    fcfs, more, sjf = (results.study(name).runs[0] for name in ("fcfs", "fcfs_17", "sjf"))
+    assert len(fcfs.replicas) == len(more.replicas) == 10
+    # on their own, the two p99 TTFT intervals overlap ...
+    assert more.intervals["ttft_ms.p99"][1] > fcfs.intervals["ttft_ms.p99"][0]
+    # ... but replica by replica, 17 slots shorten the tail every time the draws are the same
+    from schedlab.study.replicas import paired_difference
+
+    d = paired_difference(fcfs, more, "ttft_ms.p99")
+    assert d.high < 0 and not d.within_noise
+    assert paired_difference(fcfs, more, "throughput_tps").within_noise
+    assert paired_difference(fcfs, sjf, "ttft_ms.p99").low > 0  # SJF's tail is worse
+
+
+def test_capacity_plan_prunes_and_finds_two_a100s():
+    study = run("capacity_plan.toml", ["workload.num_requests=300"]).studies[0]
+    plan = study.plan
+    status = {(c["point"]["gpu"], c["point"]["tensor_parallel"]): c["status"] for c in plan.candidates}
+    # one L4 decode step reads 16 GB of weights at 300 GB/s: over the 80 ms TPOT target with any batch
+    assert status[("l4", 1)] == "fails"
+    assert plan.cheapest["point"]["gpu"] == "a100-40gb" and plan.cheapest["cost"] == pytest.approx(2.58)
+    assert plan.cheapest["instances"] * plan.cheapest["point"]["tensor_parallel"] == 2
+    # every H100 candidate costs more than the answer at one instance: pruned without a run
+    assert status[("h100-80gb", 1)] == status[("h100-80gb", 2)] == "too-expensive"
+    assert not any(d["gpu"] == "h100-80gb" for d in plan.deployments)
+    assert len(plan.deployments) < plan.grid_size / 5

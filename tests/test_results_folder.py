@@ -90,7 +90,7 @@ def test_a_new_run_replaces_the_whole_folder(previous, tmp_path):
     assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 0
     assert not (out / "plots").exists() and not (out / "notes-from-last-time.txt").exists()
     assert {p.name for p in out.iterdir()} == {"summary.txt", "summary.json", "summary.csv", "requests.csv",
-                                               "timeline.csv", "config.json", "index.html"}
+                                               "timeline.csv", "config.json", "timings.json", "index.html"}
     assert leftovers(tmp_path) == []
 
 

@@ -9,6 +9,8 @@ name, and a line in the subtitle. A run without a value for a metric gets no bar
 A panel whose positive values span a factor of 30 or more gets a log axis. An overloaded run
 (see :mod:`schedlab.stability`) gets "(unstable)" or "(inconclusive)" after its name and a
 hatched bar outlined in red or orange: its latencies depend on how long it ran.
+Runs with replicas draw their mean, with an error bar for the 95% confidence interval (gid
+``interval:<metric>:<run name>``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def compare_figure(runs, metrics, dpi: int, best: str | None = None, best_is: st
     y = np.arange(len(runs))
     for ax, metric in zip(axes, names):
         values = np.array([_nan_if_none(metric_value(run.metrics, metric)) for run in runs])
+        tops = np.array([max(value, _interval(run, metric)[1]) if _interval(run, metric) else value
+                         for run, value in zip(runs, values)])  # where each bar's text goes
         finite = values[np.isfinite(values)]
         log = wide_positive_range(finite, ratio=30.0)
         for i, (run, value) in enumerate(zip(runs, values)):
@@ -57,7 +61,12 @@ def compare_figure(runs, metrics, dpi: int, best: str | None = None, best_is: st
                 (bar,) = ax.barh(y[i], value, height=0.7, color=BEST_COLOR if is_best else PLAIN_COLOR,
                                  edgecolor=edge, linewidth=1.2, hatch="//" if verdict else None)
                 bar.set_gid(f"{'best' if is_best else 'bar'}:{metric}:{run.name}")
-                ax.annotate(fmt_number(value), (value, y[i]), xytext=(3, 0), textcoords="offset points",
+                pair = _interval(run, metric)
+                if pair:
+                    bars = ax.errorbar(value, y[i], xerr=[[value - pair[0]], [pair[1] - value]], fmt="none",
+                                       ecolor="0.15", elinewidth=1.1, capsize=3)
+                    bars.lines[2][0].set_gid(f"interval:{metric}:{run.name}")
+                ax.annotate(fmt_number(value), (tops[i], y[i]), xytext=(3, 0), textcoords="offset points",
                             va="center", fontsize=8, fontweight="bold" if is_best else "normal")
             else:  # no bar: a dash at the axis' left edge (x in axes fractions, y in data)
                 ax.annotate("-", (0.0, y[i]), xycoords=ax.get_yaxis_transform(), xytext=(3, 0),
@@ -77,7 +86,7 @@ def compare_figure(runs, metrics, dpi: int, best: str | None = None, best_is: st
             use_log_scale(ax, "x", finite)
             ax.set_xlim(float(finite.min()) / 2, float(finite.max()) * 4)
         else:
-            lo, hi = float(min(finite.min(), 0.0)), float(max(finite.max(), 0.0))
+            lo, hi = float(min(finite.min(), 0.0)), float(max(np.nanmax(tops), 0.0))
             ax.set_xlim(lo * 1.25, hi * 1.25 if hi > 0 else 1.0)
     for ax in axes[len(names):]:
         ax.set_visible(False)
@@ -86,6 +95,14 @@ def compare_figure(runs, metrics, dpi: int, best: str | None = None, best_is: st
         subtitle += "; " + best_text(best, best_is, winners, top)
     titles(fig, title, subtitle)
     return fig
+
+
+def _interval(run, metric: str) -> tuple[float, float] | None:
+    """The run's 95% interval of ``metric`` (replicated runs), or None."""
+    pair = (getattr(run, "intervals", None) or {}).get(metric)
+    if pair and all(v is not None and math.isfinite(v) for v in pair):
+        return float(pair[0]), float(pair[1])
+    return None
 
 
 def _nan_if_none(value):

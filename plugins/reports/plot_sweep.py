@@ -22,6 +22,9 @@ Two options of the ``plots`` report add to these figures:
 Points whose run is overloaded (``stability.verdict``, see :mod:`schedlab.stability`) get a
 ring on every panel: red where the waiting queue grows, orange where it grew but the run was
 too short to tell. The subtitle names them: their percentiles depend on how long they ran.
+
+Runs with replicas (``replicas = K``) draw their means, each line with a shaded band for its
+95% confidence intervals (gid ``interval:<metric>:<line>``; a reference line gets a band too).
 """
 
 from __future__ import annotations
@@ -59,6 +62,24 @@ def sweep_series(study, metric: str,
     x positions are the values themselves for a numeric key, else their index in the order
     (``order``, when given, fixes that order: several sweeps drawn in one figure share it).
     """
+    xs, lines = _series(study, order, lambda run: _nan_if_none(metric_value(run.metrics, metric)))
+    return xs, lines
+
+
+def interval_series(study, metric: str, order: list | None = None) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per line of :func:`sweep_series`: its label, x positions and the 95% interval's low and
+    high ends (NaN where a run has no interval, i.e. no replicas)."""
+    _, lows = _series(study, order, lambda run: _interval_end(run, metric, 0))
+    _, highs = _series(study, order, lambda run: _interval_end(run, metric, 1))
+    return [(label, x, lo, hi) for (label, x, lo), (_, _, hi) in zip(lows, highs)]
+
+
+def _interval_end(run, metric: str, end: int) -> float:
+    pair = (getattr(run, "intervals", None) or {}).get(metric)
+    return _nan_if_none(pair[end]) if pair else math.nan
+
+
+def _series(study, order, value):
     key, others = study.keys[0], study.keys[1:]
     xs = list(order) if order is not None else _first_seen(study.runs, key)
     numeric = all(_is_number(v) for v in xs)
@@ -72,7 +93,7 @@ def sweep_series(study, metric: str,
             x = np.array([float(run.point.get(key)) for run in runs])
         else:
             x = np.array([float(next(i for i, v in enumerate(xs) if _same(v, run.point.get(key)))) for run in runs])
-        y = np.array([_nan_if_none(metric_value(run.metrics, metric)) for run in runs])
+        y = np.array([value(run) for run in runs], dtype=float)
         by_x = np.argsort(x, kind="stable")
         lines.append((label, x[by_x], y[by_x]))
     return xs, lines
@@ -179,12 +200,17 @@ def _figure(title: str, subtitle: str, key: str, sweeps, refs, metrics, dpi: int
         i = 0
         for prefix, study in sweeps:
             _, lines = sweep_series(study, metric, xs)
-            for (label, x, y), verdicts in zip(lines, sweep_verdicts(study, metric, xs)):
+            bands = interval_series(study, metric, xs)
+            for (label, x, y), verdicts, (_, _, lo, hi) in zip(lines, sweep_verdicts(study, metric, xs), bands):
                 text = _line_label(prefix, label, key)
                 (line,) = ax.plot(x, y, marker="o", markersize=4.5, linewidth=1.5, label=text, **line_style(i))
                 line.set_gid(f"sweep:{metric}:{i}")
                 handles.setdefault(text, line)
                 values.append(y)
+                if np.isfinite(lo).any():
+                    band = ax.fill_between(x, lo, hi, color=line_style(i)["color"], alpha=0.2, linewidth=0)
+                    band.set_gid(f"interval:{metric}:{i}")
+                    values += [lo, hi]
                 for verdict, (color, legend) in STABILITY_STYLES.items():
                     at = np.array([v == verdict for v in verdicts], dtype=bool)
                     if at.any():
@@ -203,6 +229,11 @@ def _figure(title: str, subtitle: str, key: str, sweeps, refs, metrics, dpi: int
                 ref = ax.axhline(value, linestyle="--", linewidth=1.3, label=study.name,
                                  color=line_style(i)["color"])
                 ref.set_gid(f"ref:{metric}:{study.name}")
+                lo, hi = _interval_end(study.runs[0], metric, 0), _interval_end(study.runs[0], metric, 1)
+                if math.isfinite(lo) and math.isfinite(hi):
+                    band = ax.axhspan(lo, hi, color=line_style(i)["color"], alpha=0.15, linewidth=0)
+                    band.set_gid(f"interval:{metric}:{study.name}")
+                    values.append(np.array([lo, hi]))
                 handles.setdefault(study.name, ref)
                 values.append(np.array([value]))
             i += 1

@@ -14,6 +14,8 @@ they write the same files with the same data. Figures, in this order:
   drawn together (see :func:`~.plot_sweep.overlay_figure`); a name that is not a run of the
   experiment, or a run that is a search, is an error;
 * ``search_<search>.png`` -- each search's probes, threshold and chosen value;
+* ``plan_<plan>.png`` -- each capacity plan's deployments, cost against attainment, with the
+  Pareto frontier (see :mod:`.plot_plan`);
 * ``timeline_<run>.png`` -- running/waiting/KV over time, for at most ``max_timelines`` runs
   with a timeline, chosen in this order: every single run (file order); then each search's
   chosen run and its closest failing run; then sweep points in sweep and point order.
@@ -42,6 +44,7 @@ from schedlab.results_io import atomic_write
 from .plot_config import PlotsConfig
 from .plot_cdf import latency_cdf_figure
 from .plot_compare import compare_figure
+from .plot_plan import plan_figure
 from .plot_search import search_figure
 from .plot_sweep import overlay_figure, sweep_figure
 from .plot_timeline import has_timeline, timeline_figure
@@ -125,6 +128,9 @@ def plan(results, config: PlotsConfig | None = None) -> list[PlannedFigure]:
     for study in results.studies:
         if study.kind == "search" and study.search is not None:
             items.append((f"search_{safe_stem(study.name)}", _bind(search_figure, study, dpi)))
+    for study in results.studies:
+        if study.plan is not None:
+            items.append((f"plan_{safe_stem(study.name)}", _bind(plan_figure, study, dpi)))
     for run in timeline_runs(results, config.max_timelines):
         items.append((f"timeline_{safe_stem(run.name)}", _bind(timeline_figure, run, dpi)))
     used: set[str] = set()

@@ -8,6 +8,13 @@ table names them (see :mod:`.best`).
 Overloaded runs are marked too (see :mod:`schedlab.stability`): ``!`` after the name of a run
 whose waiting queue grows (its percentiles depend on how long it ran), ``?`` where it grew but
 the run was too short to be sure; a line under the table gives each one's numbers.
+
+Runs with replicas show each metric as ``mean ±h``, h the half-width of its 95% confidence
+interval. Single runs with replicas are then compared with a ``baseline`` run (default: the
+first of them) by paired differences over their common-random-number replicas, for the
+metrics in ``differences`` (default: ``best`` if set, else p99 TTFT and throughput); a
+difference whose interval contains 0 is marked *within noise*, and so is a best run whose
+lead over the runner-up is.
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import metric_list_field
+from schedlab.configs import metric_list_field, str_field
 from schedlab.metrics import metric_at
 from schedlab.results_io import atomic_write
 from schedlab.stability import stability_text
+from schedlab.study.replicas import paired, paired_difference
 
 from .best import best_field, best_is_field, best_runs, best_text
 
@@ -36,6 +44,10 @@ class TableConfig:
     columns: tuple = metric_list_field(DEFAULT_COLUMNS, help="metrics to show, as dotted names")
     best: str | None = best_field()
     best_is: str = best_is_field()
+    baseline: str | None = str_field(None, optional=True,
+                                     help="run that replicated single runs are compared with (default: the first)")
+    differences: tuple = metric_list_field((), help="metrics of the paired differences (default: best, "
+                                                    "else ttft_ms.p99 and throughput_tps)")
 
 
 def _fmt(value) -> str:
@@ -70,14 +82,72 @@ def stability_lines(runs) -> list[str]:
             for run in runs if (mark := stability_mark(run))]
 
 
-def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: str = "highest") -> str:
+def _cell(run, column: str) -> str:
+    text = _fmt(metric_at(run.metrics, column))
+    pair = run.intervals.get(column) if run.intervals else None
+    if pair and all(isinstance(v, float) and math.isfinite(v) for v in pair) and pair[1] > pair[0]:
+        text += f" ±{_fmt((pair[1] - pair[0]) / 2)}"
+    return text
+
+
+def _signed(value: float) -> str:
+    return ("+" if value > 0 else "") + _fmt(value)
+
+
+def difference_lines(results, best: str | None, best_is: str, baseline: str | None, metrics) -> list[str]:
+    """Paired differences of replicated single runs against the baseline (see the module doc)."""
+    singles = [run for study in results.studies if study.kind == "run" for run in study.runs if run.replicas]
+    if len(singles) < 2:
+        return []
+    base = next((run for run in singles if run.name == baseline), None) if baseline else singles[0]
+    if base is None:
+        return [f"paired differences: no replicated single run named {baseline!r}"]
+    metrics = list(metrics) or ([best] if best else ["ttft_ms.p99", "throughput_tps"])
+    lines = [f"paired differences vs {base.name} ({len(base.replicas)} replicas each, common random numbers, "
+             f"mean [95% CI]):"]
+    width = max(len(run.name) for run in singles)
+    for run in singles:
+        if run is base:
+            continue
+        if not paired(base, run):
+            lines.append(f"  {run.name.ljust(width)}  not paired (other seeds or replica count)")
+            continue
+        parts = []
+        for metric in metrics:
+            d = paired_difference(base, run, metric)
+            if d is None or not math.isfinite(d.mean):
+                parts.append(f"{metric} -")
+                continue
+            text = f"{metric} {_signed(d.mean)} [{_signed(d.low)}, {_signed(d.high)}]"
+            parts.append(text + (" within noise" if d.within_noise else ""))
+        lines.append(f"  {run.name.ljust(width)}  " + "   ".join(parts))
+    return lines
+
+
+def _best_noise(runs, winners, best: str, best_is: str) -> str:
+    """'; within noise of X (...)' when the best run's lead over the runner-up is within noise."""
+    if len(winners) != 1 or not winners[0].replicas:
+        return ""
+    rest = [run for run in runs if run is not winners[0] and paired(winners[0], run)]
+    runner_up, _ = best_runs(rest, best, best_is) if rest else ([], None)
+    if not runner_up:
+        return ""
+    d = paired_difference(runner_up[0], winners[0], best)
+    if d is None or not d.within_noise:
+        return ""
+    return (f"; within noise of {runner_up[0].name} (paired difference {_signed(d.mean)} "
+            f"[{_signed(d.low)}, {_signed(d.high)}])")
+
+
+def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: str = "highest",
+           baseline: str | None = None, differences=()) -> str:
     """The table, the best run by ``best`` if asked, and, for searches, what they found."""
     header = ["run"] + list(columns)
-    runs = results.all_runs()
+    runs = _listed_runs(results)
     winners, top = best_runs(runs, best, best_is) if best else ([], None)
     marked = {id(run) for run in winners}
     rows = [[run.name + (BEST_MARK if id(run) in marked else "") + stability_mark(run)]
-            + [_fmt(metric_at(run.metrics, c)) for c in columns] for run in runs]
+            + [_cell(run, c) for c in columns] for run in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = [f"{results.name}"]
     lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
@@ -85,8 +155,15 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     for row in rows:
         lines.append("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
     if best:
-        lines.append(("* " if winners else "") + best_text(best, best_is, winners, top))
+        lines.append(("* " if winners else "") + best_text(best, best_is, winners, top)
+                     + (_best_noise(runs, winners, best, best_is) if winners else ""))
+    replicated = [run for run in runs if run.replicas]
+    if replicated:
+        counts = sorted({len(run.replicas) for run in replicated})
+        lines.append(f"±: half-width of the 95% confidence interval over {'/'.join(map(str, counts))} replicas "
+                     f"(seeds derived from each run's seed)")
     lines += stability_lines(runs)
+    lines += difference_lines(results, best, best_is, baseline, differences)
     seen = set()
     for run in results.all_runs():
         kv = run.meta.get("kv_cache") or {}
@@ -98,10 +175,28 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     for study in results.studies:
         if study.search is not None:
             lines.append(f"search {study.name}: {study.search.message}")
+        if study.plan is not None:
+            plan = study.plan
+            lines.append(f"plan {study.name}: {plan.message}")
+            lines.append(f"plan {study.name}: {plan.counts_text()}; cost vs {plan.attainment} frontier: "
+                         f"{', '.join(plan.frontier) or '-'}")
         rejected = sum(r.metrics.get("rejected", 0) for r in study.runs)
         if rejected:
             lines.append(f"{study.name}: {rejected} requests rejected (reasons in requests.csv)")
     return "\n".join(lines) + "\n"
+
+
+def _listed_runs(results) -> list:
+    """Every run, except that a plan lists only each candidate's answer and its frontier
+    (all its deployments are in summary.csv)."""
+    runs = []
+    for study in results.studies:
+        if study.plan is not None:
+            shown = study.plan.shown_runs()
+            runs += [run for run in study.runs if run.name in shown]
+        else:
+            runs += study.runs
+    return runs
 
 
 class TableReport:
@@ -113,7 +208,8 @@ class TableReport:
 
     def text(self, results) -> str:
         """The table as printed (index.html shows it too)."""
-        return render(results, self.config.columns, self.config.best, self.config.best_is)
+        return render(results, self.config.columns, self.config.best, self.config.best_is, self.config.baseline,
+                      self.config.differences)
 
     def write(self, results, out_dir) -> list[Path]:
         text = self.text(results)

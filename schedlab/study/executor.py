@@ -1,0 +1,110 @@
+"""Where tasks run: this process, local worker processes, or (``ray_backend``) a Ray cluster.
+
+Every executor has the same two methods and one number, so the study runner never knows
+which one it drives::
+
+    executor.workers          # how many tasks run at once (sets the search's probe width)
+    executor.submit(task)     # -> concurrent.futures.Future of RunResult | TaskFailure
+    executor.close()          # stop workers it started; pending tasks are cancelled
+
+Results never depend on the executor: a task carries its seed and tables, and the runner
+assembles results in file order, not in completion order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Callable, Protocol
+
+from ..errors import ConfigError
+from ..simulation import Context
+from .tasks import RunTask, execute
+
+BACKENDS = ("local", "ray")
+
+
+class Executor(Protocol):
+    workers: int
+    description: str
+
+    def submit(self, task: RunTask) -> Future: ...
+
+    def close(self) -> None: ...
+
+
+def default_jobs() -> int:
+    """The machine's cores (as many as this process may use)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class InProcessExecutor:
+    """Runs each task when submitted, in this process, with the experiment's own catalog
+    (so plugins registered in-process and the per-iteration observer hook work)."""
+
+    workers = 1
+    description = "in this process"
+
+    def __init__(self, context: Context | None = None, observer: Callable | None = None):
+        self.context = context
+        self.observer = observer
+
+    def submit(self, task: RunTask) -> Future:
+        future: Future = Future()
+        future.set_result(execute(task, self.context, self.observer))
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+def _process_context():
+    """Fresh processes forked from a server that has imported schedlab (fast to start, and
+    inheriting nothing of this process but ``sys.path``); plain spawn where there is no fork."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["schedlab.study.tasks"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+class ProcessExecutor:
+    """``jobs`` worker processes on this machine; a task behaves in them exactly as it would
+    anywhere else (it rebuilds its catalog, its seed is its own)."""
+
+    def __init__(self, jobs: int):
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ConfigError(f"--jobs must be a whole number >= 1, got {jobs!r}")
+        self.workers = jobs
+        self.description = f"{jobs} local processes"
+        self._pool = ProcessPoolExecutor(jobs, mp_context=_process_context())
+
+    def submit(self, task: RunTask) -> Future:
+        return self._pool.submit(execute, task)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_executor(backend: str = "local", jobs: int | None = None, address: str | None = None) -> Executor:
+    """The executor for the CLI's ``--backend``, ``--jobs`` and ``--address``.
+
+    ``local`` with one job runs in this process; ``ray`` connects to ``address`` (or starts a
+    local Ray instance) and runs ``jobs`` tasks at once (default: the cluster's CPUs).
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"--jobs must be a whole number >= 1, got {jobs!r}")
+    if backend == "ray":
+        from .ray_backend import RayExecutor
+
+        return RayExecutor(address=address, jobs=jobs)
+    if address is not None:
+        raise ConfigError("--address is for --backend ray")
+    jobs = default_jobs() if jobs is None else jobs
+    return InProcessExecutor() if jobs == 1 else ProcessExecutor(jobs)

@@ -1,0 +1,388 @@
+"""Capacity planning: the cheapest deployment that meets the SLO, over many dimensions.
+
+Vidur-Search's question -- which GPU, how many, with which engine settings, for this workload
+at this load -- answered by searching instead of enumerating::
+
+    [plan]
+    constraints = ["slo.attainment >= 0.99"]     # what every deployment must meet (all of them)
+    gpus = {a100-40gb = 1.29, h100-sxm = 2.99}   # GPU preset -> price per GPU-hour
+    tensor_parallel = [1, 2]                     # GPUs per instance
+    max_instances = 16                           # instances (replicas of the engine) to consider
+    [plan.space]                                 # any other dimension, as a grid
+    "scheduler.max_num_seqs" = [64, 256]
+    "scheduler.max_num_batched_tokens" = [2048, 8192]
+
+Each *candidate* (a GPU, a tensor-parallel degree and a point of the space) sets the GPU and
+the degree in the run's cost model and KV cache (``gpu_keys``, ``tensor_parallel_keys``). A
+deployment is a candidate with a number of instances; it costs instances x tensor parallel x
+the GPU's price per hour. Adding instances never hurts an SLO, so for each candidate a 1-D
+search (:mod:`schedlab.search`) finds the fewest instances that meet the constraints, in
+log(max_instances) runs instead of max_instances. Candidates that cannot hold the model
+(``ConfigError`` when assembling) are skipped with the reason.
+
+Pruning by cost, in waves so that the runs made never depend on timing: candidates are
+searched in groups of equal price per instance, cheapest group first, all members of a group
+at once. The cheapest answer C found so far caps the next groups -- a candidate costing u per
+instance is searched only up to C / u instances, and not at all when even ``min_instances``
+costs more than C. The cheapest deployment found is therefore the cheapest of the whole grid
+(when the constraints are monotone in instances), ties going to the higher attainment, then
+to the earlier candidate.
+
+Every deployment simulated is a point of the cost vs. attainment plot; the Pareto frontier
+(no other point is both cheaper and better) is drawn and listed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..configs import FieldError, int_field, list_field, str_field, table_field
+from ..errors import ConfigError
+from ..metrics import metric_at
+from ..overrides import set_dotted, split_key
+from ..results import RunResult, Study
+from ..search import parse_constraint
+from ..simulation import RunSpec, assemble
+from ..sweep import expand_grid, point_label
+from .runner import SearchDriver
+
+INSTANCES_KEY = "cluster.instances"
+COST_METRIC = "cost_per_hour"  # added to the metrics of every deployment a plan simulates
+
+
+def _check_prices(_inst, attribute, value):
+    if not isinstance(value, dict) or not value:
+        raise FieldError(attribute.name, "must be a table of GPU presets and prices per GPU-hour, "
+                                         "e.g. {a100-40gb = 1.29}")
+    for name, price in value.items():
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price > 0:
+            raise FieldError(attribute.name, f"{name}: the price per GPU-hour must be a number > 0, got {price!r}")
+
+
+@attrs.frozen
+class PlanConfig:
+    constraints: tuple = list_field(item=str, help="metric conditions every deployment must meet, "
+                                                   "e.g. ['slo.attainment >= 0.99', 'ttft_ms.p99 <= 2000']")
+    gpus: dict = attrs.field(validator=_check_prices, metadata={"help": "GPU preset -> price per GPU-hour",
+                                                                 "table": True})
+    tensor_parallel: tuple = list_field((1,), item=int, help="tensor-parallel degrees (GPUs per instance) to try")
+    min_instances: int = int_field(1, min=1, help="fewest instances to consider")
+    max_instances: int = int_field(8, min=1, help="most instances to consider")
+    space: dict = table_field(attrs.Factory(dict), help="other dimensions: dotted key -> list of values (a grid)")
+    gpu_keys: tuple = list_field(("cost_model.gpu", "kv_cache.gpu"), item=str,
+                                 help="where the GPU preset name goes in each run's tables")
+    tensor_parallel_keys: tuple = list_field(("cost_model.tensor_parallel", "kv_cache.tensor_parallel"), item=str,
+                                             help="where the tensor-parallel degree goes")
+    attainment: str = str_field("slo.attainment", help="the frontier's quality metric (higher is better)")
+
+    def __attrs_post_init__(self):
+        if not self.constraints:
+            raise FieldError("constraints", "name at least one, e.g. ['slo.attainment >= 0.99']")
+        from ..metric_names import check_metric_name
+
+        for name, metrics in (("constraints", [parse_constraint(t).metric for t in self.constraints]),
+                              ("attainment", [self.attainment])):
+            for metric in metrics:
+                try:
+                    check_metric_name(metric)
+                except ConfigError as exc:
+                    raise FieldError(name, str(exc)) from None
+        if any(tp < 1 for tp in self.tensor_parallel) or not self.tensor_parallel:
+            raise FieldError("tensor_parallel", f"must be whole numbers >= 1, got {list(self.tensor_parallel)}")
+        if self.min_instances > self.max_instances:
+            raise FieldError("min_instances", f"{self.min_instances} is above max_instances = {self.max_instances}")
+        for key in self.gpu_keys + self.tensor_parallel_keys:
+            split_key(key, where="plan")
+
+    @property
+    def constraint_text(self) -> str:
+        return " and ".join(self.constraints)
+
+
+@attrs.frozen
+class Candidate:
+    """A GPU, a tensor-parallel degree and a point of the space; instances are searched."""
+
+    index: int
+    point: dict
+    gpu: str
+    tensor_parallel: int
+    unit_cost: float       # price per hour of one instance
+    tables: dict
+
+
+def candidates(study, where: str) -> list[Candidate]:
+    """Every candidate of a plan study, in order: GPUs as written, then degrees, then space points."""
+    cfg = study.plan
+    space = expand_grid(cfg.space, f"{where} [plan.space]") if cfg.space else [{}]
+    out = []
+    for gpu, price in cfg.gpus.items():
+        for tp in cfg.tensor_parallel:
+            for point in space:
+                tables = study.base.tables
+                for key in cfg.gpu_keys:
+                    tables = set_dotted(tables, key, gpu)
+                for key in cfg.tensor_parallel_keys:
+                    tables = set_dotted(tables, key, tp)
+                for key, value in point.items():
+                    tables = set_dotted(tables, key, value)
+                out.append(Candidate(len(out), {"gpu": gpu, "tensor_parallel": tp, **point}, gpu, tp,
+                                     float(price) * tp, tables))
+    return out
+
+
+def deployment_spec(study, candidate: Candidate, instances: int) -> RunSpec:
+    tables = set_dotted(candidate.tables, INSTANCES_KEY, instances)
+    point = {**candidate.point, INSTANCES_KEY: instances}
+    return RunSpec(f"{study.name}[{point_label(point)}]", tables, study.base.seed, study.base.engine, point)
+
+
+def feasibility(study, ctx, where: str) -> list[tuple[Candidate, str]]:
+    """Each candidate and why it cannot run ("" when it can): the plugins are built once."""
+    out = []
+    for candidate in candidates(study, where):
+        try:
+            assemble(deployment_spec(study, candidate, study.plan.min_instances), ctx, where)
+            out.append((candidate, ""))
+        except ConfigError as exc:
+            out.append((candidate, str(exc)))
+    return out
+
+
+def validate(study, ctx, where: str) -> None:
+    """At load time: at least one candidate must assemble (else its error is the file's error)."""
+    checked = feasibility(study, ctx, where)
+    if all(reason for _, reason in checked):
+        raise ConfigError(checked[0][1])
+
+
+@attrs.frozen
+class PlanOutcome:
+    """What a plan found; plain data (run names, not runs), as saved in summary.json.
+
+    :ivar candidates: per candidate: point, unit_cost, status (``found``, ``too-expensive``
+        -- no instance count within the cost cap meets the constraints --, ``fails`` -- not
+        even max_instances do --, or ``infeasible``), instances, cost, reason, run.
+    :ivar cheapest: the cheapest candidate's entry (None when nothing meets the constraints).
+    :ivar deployments: every simulated deployment: run, gpu, instances, cost, attainment, meets.
+    :ivar frontier: run names of the Pareto frontier, by cost.
+    :ivar target: the attainment a constraint asks for (None when none is on that metric).
+    """
+
+    constraint: str
+    attainment: str
+    target: float | None
+    candidates: tuple
+    cheapest: dict | None
+    deployments: tuple
+    frontier: tuple
+    grid_size: int
+    message: str
+
+    def shown_runs(self) -> set[str]:
+        """The runs a summary table lists: each candidate's answer and the frontier."""
+        return {c["run"] for c in self.candidates if c.get("run")} | set(self.frontier)
+
+    def counts_text(self) -> str:
+        """``24 candidates: 6 found, 14 too expensive, 4 fail``."""
+        counts: dict[str, int] = {}
+        for c in self.candidates:
+            counts[c["status"]] = counts.get(c["status"], 0) + 1
+        parts = [f"{counts[s]} {s.replace('-', ' ')}" for s in ("found", "too-expensive", "fails", "infeasible")
+                 if counts.get(s)]
+        return f"{len(self.candidates)} candidates: " + ", ".join(parts)
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self, recurse=False)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PlanOutcome":
+        fields = {f.name for f in attrs.fields(cls)}
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in fields})
+
+
+SavedPlan = PlanOutcome  # read back by schedlab.results_io.load
+
+
+def _finite(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return value
+
+
+def pareto(points: list[tuple[float, float, str]]) -> list[str]:
+    """Names of the points no other point beats on both cost (lower) and quality (higher),
+    by increasing cost; points without a finite quality take no part."""
+    ranked = sorted((p for p in points if math.isfinite(p[1])), key=lambda p: (p[0], -p[1]))
+    frontier, best = [], -math.inf
+    for cost, quality, name in ranked:
+        if quality > best:
+            frontier.append(name)
+            best = quality
+    return frontier
+
+
+def deployment_text(entry: dict) -> str:
+    """``2 instances x 1 a100-40gb`` or ``1 instance x 2 a100-40gb (tensor parallel)``."""
+    n, p = entry["instances"], entry["point"]
+    plural = "instance" if n == 1 else "instances"
+    tp = p["tensor_parallel"]
+    return f"{n} {plural} x {tp} {p['gpu']}" + (" (tensor parallel)" if tp > 1 else "")
+
+
+def _money(value: float) -> str:
+    return f"${value:,.2f}/h"
+
+
+class PlanDriver:
+    """Drives a plan study for the runner: waves of per-candidate instance searches."""
+
+    def __init__(self, exp, spec, width: int):
+        where = f"{exp.context.source}: [[runs]] {spec.name!r}"
+        self.exp, self.spec, self.width = exp, spec, width
+        self.cfg = spec.plan
+        self.constraints = [parse_constraint(text) for text in self.cfg.constraints]
+        checked = feasibility(spec, exp.context, where)
+        self.feasible = [c for c, reason in checked if not reason]
+        self.infeasible = {c.index: reason for c, reason in checked if reason}
+        self.all = [c for c, _ in checked]
+        self.waves = [[c for c in self.feasible if c.unit_cost == unit]
+                      for unit in sorted({c.unit_cost for c in self.feasible})]
+        self.searches: dict[int, SearchDriver] = {}
+        self.cap: dict[int, int] = {}
+        self.wave = -1
+        self.name = spec.name
+
+    def _holds(self, metrics: dict) -> bool:
+        return all(c.holds(metrics) for c in self.constraints)
+
+    def _search(self, candidate: Candidate, high: int, width: int) -> SearchDriver:
+        return SearchDriver(f"{self.name}/{candidate.index}", lambda n: deployment_spec(self.spec, candidate, n),
+                            self._holds, self.spec.replicas, width, low=self.cfg.min_instances, high=high,
+                            maximize=False, integer=True, key="instances", constraint_text=self.cfg.constraint_text)
+
+    def _start_wave(self, wave: int) -> list:
+        self.wave = wave
+        members = self.waves[wave]
+        budget = self._best_cost()
+        width = max(1, self.width // max(1, len(members) * self.spec.replicas)) * self.spec.replicas
+        jobs = []
+        for candidate in members:
+            high = self.cfg.max_instances
+            if math.isfinite(budget):
+                high = min(high, int(math.floor(budget / candidate.unit_cost + 1e-9)))
+            self.cap[candidate.index] = high
+            if high < self.cfg.min_instances:
+                continue  # even the fewest instances cost more than the cheapest answer so far
+            search = self._search(candidate, high, width)
+            self.searches[candidate.index] = search
+            jobs += search.start()
+        return jobs
+
+    def _best_cost(self) -> float:
+        costs = [self._found(index)[1] for index in self.searches if self._found(index) is not None]
+        return min(costs, default=math.inf)
+
+    def _found(self, index: int):
+        outcome = self.searches[index].search.outcome
+        if outcome is None or outcome.value is None:
+            return None
+        candidate = self.all[index]
+        return outcome.value, outcome.value * candidate.unit_cost
+
+    @property
+    def done(self) -> bool:
+        return self.wave == len(self.waves) - 1 and all(s.done for s in self.searches.values())
+
+    def start(self) -> list:
+        return self.refresh()
+
+    def refresh(self) -> list:
+        jobs = []
+        while not self.done and all(s.done for s in self.searches.values()):
+            jobs += self._start_wave(self.wave + 1)
+        for search in self.searches.values():
+            jobs += search.refresh()
+        return jobs
+
+    def job_done(self, job) -> list:  # jobs are owned by the searches
+        raise AssertionError("plan jobs belong to their searches")
+
+    @property
+    def total(self) -> int:
+        started = sum(s.total for s in self.searches.values())
+        later = [c for wave in self.waves[self.wave + 1:] for c in wave]
+        from ..search import max_search_probes
+
+        estimate = max_search_probes(low=self.cfg.min_instances, high=self.cfg.max_instances) if later else 0
+        return started + len(later) * estimate * self.spec.replicas
+
+    @property
+    def completed(self) -> int:
+        return sum(s.completed for s in self.searches.values())
+
+    def study(self) -> Study:
+        runs: list[RunResult] = []
+        deployments, entries = [], []
+        for candidate in self.all:
+            entry = {"point": candidate.point, "unit_cost": candidate.unit_cost, "instances": None, "cost": None,
+                     "run": None, "reason": self.infeasible.get(candidate.index, "")}
+            search = self.searches.get(candidate.index)
+            if candidate.index in self.infeasible:
+                entry["status"] = "infeasible"
+            elif search is None:
+                entry["status"] = "too-expensive"
+                entry["reason"] = (f"{self.cfg.min_instances} instance(s) cost "
+                                   f"{_money(self.cfg.min_instances * candidate.unit_cost)}, more than the cheapest found")
+            else:
+                outcome = search.search.outcome
+                for probe in outcome.probes:
+                    run = probe.payload
+                    runs.append(run)
+                    cost = probe.value * candidate.unit_cost
+                    run.metrics[COST_METRIC] = cost
+                    deployments.append({"run": run.name, "gpu": candidate.gpu, "instances": probe.value, "cost": cost,
+                                        "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)),
+                                        "meets": probe.holds})
+                if outcome.value is not None:
+                    entry.update(status="found", instances=outcome.value, cost=outcome.value * candidate.unit_cost,
+                                 run=outcome.payload.name)
+                elif self.cap[candidate.index] < self.cfg.max_instances:
+                    entry.update(status="too-expensive",
+                                 reason=f"fails up to {self.cap[candidate.index]} instances, the most that cost "
+                                        f"no more than the cheapest found")
+                else:
+                    entry.update(status="fails", reason=f"fails even at {self.cfg.max_instances} instances")
+            entries.append(entry)
+        attainment = {d["run"]: d["attainment"] for d in deployments}
+        found = [e for e in entries if e["status"] == "found"]
+        order = {e["run"]: i for i, e in enumerate(entries)}
+        cheapest = min(found, key=lambda e: (e["cost"], -_nan_low(attainment[e["run"]]), order[e["run"]]),
+                       default=None)
+        frontier = tuple(pareto([(d["cost"], d["attainment"], d["run"]) for d in deployments]))
+        grid = len(self.all) * (self.cfg.max_instances - self.cfg.min_instances + 1)
+        if cheapest is None:
+            message = (f"no deployment meets {self.cfg.constraint_text} within {self.cfg.max_instances} instances "
+                       f"of any candidate; raise max_instances or widen the space")
+        else:
+            p = cheapest["point"]
+            rest = point_label({k: v for k, v in p.items() if k not in ("gpu", "tensor_parallel")})
+            message = (f"cheapest deployment with {self.cfg.constraint_text}: {deployment_text(cheapest)}"
+                       f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}, "
+                       f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}; "
+                       f"{len(deployments)} of {grid} deployments simulated")
+        targets = [c.threshold for c in self.constraints if c.metric == self.cfg.attainment and c.op in (">=", ">")]
+        outcome = PlanOutcome(self.cfg.constraint_text, self.cfg.attainment, max(targets, default=None),
+                              tuple(entries), cheapest,
+                              tuple(deployments), frontier, grid, message)
+        space_keys = [k for k in self.all[0].point if k not in ("gpu", "tensor_parallel")]
+        keys = ("gpu", "tensor_parallel", *space_keys, INSTANCES_KEY)
+        return Study(self.name, "plan", runs, keys=keys, constraint=self.cfg.constraint_text, plan=outcome)
+
+
+def _nan_low(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf

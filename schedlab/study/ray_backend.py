@@ -1,0 +1,48 @@
+"""Run tasks on a Ray cluster (``schedlab run --backend ray [--address ADDR]``).
+
+Ray is optional (``pip install 'schedlab[ray]'``). Each task is one Ray task taking one CPU;
+its result comes back through Ray's object store. Without ``--address`` a local Ray instance
+is started with this machine's CPUs and stopped afterwards; with one (``auto``, or
+``ray://head:10001``) the existing cluster is used and left running. Every node needs
+schedlab (and the experiment's plugin modules) installed, and the experiment's data files at
+the same path.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from ..errors import ConfigError
+from .tasks import RunTask, execute
+
+
+class RayExecutor:
+    """Submits tasks as Ray tasks; ``workers`` is the cluster's CPUs (or ``jobs``, if fewer)."""
+
+    def __init__(self, address: str | None = None, jobs: int | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--backend ray needs Ray: pip install 'schedlab[ray]'") from None
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+            except ConnectionError as exc:
+                raise ConfigError(f"--address {address}: cannot connect to a Ray cluster: {exc}") from None
+            self._started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
+        self.workers = min(jobs, cpus) if jobs else cpus
+        where = address or "a local Ray instance"
+        self.description = f"Ray ({where}, {self.workers} workers)"
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(execute)
+
+    def submit(self, task: RunTask) -> Future:
+        return self._remote.remote(task).future()
+
+    def close(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+            self._started = False

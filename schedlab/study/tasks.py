@@ -1,0 +1,70 @@
+"""One simulation as plain data: built in the parent, executed in any process or on any node.
+
+A :class:`RunTask` carries the resolved run (:class:`~schedlab.simulation.RunSpec`: tables,
+seed, engine) and a :class:`ContextSpec` -- how to rebuild the plugin catalog and presets
+where the task runs (the catalog holds a pluggy manager and cannot travel). Rebuilding costs
+a few milliseconds and keeps workers free of state carried from one run to the next.
+
+A worker returns the run's :class:`~schedlab.results.RunResult` (per-request arrays and
+metrics, never an engine), or a :class:`TaskFailure` holding a user error (bad table, stalled
+run), which the parent raises again as itself: one message, no traceback from the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from ..capacity import Presets
+from ..catalog import load_catalog
+from ..errors import SchedlabError
+from ..results import RunResult
+from ..simulation import Context, RunSpec, run
+
+
+@attrs.frozen
+class ContextSpec:
+    """What rebuilding a :class:`~schedlab.simulation.Context` in a worker needs.
+
+    :ivar plugins: modules named in ``[experiment] plugins`` (importable where tasks run).
+    :ivar plugin_objects: plugin objects registered in-process (tests); must pickle.
+    :ivar custom_presets: ``[models.*]`` / ``[gpus.*]`` of the experiment, by name.
+    """
+
+    plugins: tuple[str, ...]
+    plugin_objects: tuple[Any, ...]
+    custom_presets: dict[str, Any]
+    base_dir: str
+    source: str
+
+    def build(self) -> Context:
+        catalog = load_catalog(self.plugins, plugin_objects=self.plugin_objects)
+        presets = Presets.from_catalog(catalog, self.custom_presets)
+        return Context(catalog, presets, self.base_dir, self.source)
+
+
+@attrs.frozen
+class RunTask:
+    """One simulation: the run, where its plugins come from, and whether to keep a timeline."""
+
+    spec: RunSpec
+    context: ContextSpec
+    timeline: bool = True
+
+
+@attrs.frozen
+class TaskFailure:
+    """A user error raised while running a task, sent back to be raised in the parent."""
+
+    error: SchedlabError
+
+
+def execute(task: RunTask, context: Context | None = None, observer: Callable | None = None) -> RunResult | TaskFailure:
+    """Simulate ``task``; ``context`` skips the rebuild (in-process runs, which may observe
+    iterations through ``observer``)."""
+    try:
+        ctx = context if context is not None else task.context.build()
+        return run(task.spec, ctx, observer=observer, timeline=task.timeline)
+    except SchedlabError as exc:
+        return TaskFailure(exc)

@@ -1,0 +1,148 @@
+"""--jobs N: worker processes give byte-identical results, one progress bar, user errors intact."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import schedlab
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from schedlab.cli import main
+from schedlab.errors import WorkloadError
+from schedlab.experiment import load, run_experiment
+from schedlab.study import runner
+from schedlab.study.executor import InProcessExecutor, ProcessExecutor, make_executor
+from study_case import saved_bytes, write_experiment
+
+
+def run_with(path, executor):
+    try:
+        return run_experiment(load(path), executor=executor)
+    finally:
+        executor.close()
+
+
+@settings(max_examples=5, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), jobs=st.integers(2, 3))
+def test_worker_processes_write_the_same_bytes_as_one_process(tmp_path_factory, seed, jobs):
+    folder = tmp_path_factory.mktemp("seed")
+    path = write_experiment(folder, seed)
+    serial = run_with(path, InProcessExecutor())
+    parallel = run_with(path, ProcessExecutor(jobs))
+    assert parallel.execution["workers"] == jobs
+    assert saved_bytes(parallel, folder / "parallel") == saved_bytes(serial, folder / "serial")
+    # and the seed matters (the comparison is not vacuous)
+    summary = json.loads((folder / "serial" / "summary.json").read_text())
+    assert summary["studies"][0]["runs"][0]["meta"]["seed"] == seed
+
+
+def test_one_progress_bar_counts_every_simulation_on_the_path(tmp_path, monkeypatch):
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc):
+            self.total, self.desc, self.n = total, desc, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(runner, "progress", Bar)
+    results = run_with(write_experiment(tmp_path, 7), ProcessExecutor(2))
+    (bar,) = bars
+    studies = {s.name: s for s in results.studies}
+    on_path = 1 + 3 + len(studies["tune"].search.probes) + 3  # one, grid, tune's probes, rep's replicas
+    assert bar.n == bar.total == on_path
+    assert results.execution["simulations"] >= on_path  # plus the search's speculative probes
+
+
+def test_a_user_error_in_a_worker_arrives_as_itself(tmp_path, monkeypatch):
+    (tmp_path / "broken_workload_mod.py").write_text(textwrap.dedent("""
+        import schedlab
+
+        class Broken:
+            def requests(self, seed):
+                raise schedlab.WorkloadError(f"row 3 of the trace is bad (seed {seed})")
+
+        @schedlab.hookimpl
+        def schedlab_register_workloads(register):
+            register("broken", Broken)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))  # the workers import the module too
+    (tmp_path / "exp.toml").write_text(textwrap.dedent("""
+        [experiment]
+        plugins = ["broken_workload_mod"]
+        seed = 5
+        [workload]
+        kind = "broken"
+        [scheduler]
+        kind = "continuous"
+        [sweep]
+        "scheduler.max_num_seqs" = [1, 2, 3]
+    """))
+    # which point's error comes first depends on timing; each names its run
+    with pytest.raises(WorkloadError, match=r"exp\.toml: run 'exp\[max_num_seqs=\d\]': row 3 of the trace is bad "
+                                            r"\(seed 5\)$"):
+        run_with(tmp_path / "exp.toml", ProcessExecutor(2))
+
+
+def test_plugins_observing_iterations_run_in_this_process(tmp_path):
+    seen = []
+
+    class Observer:
+        @schedlab.hookimpl
+        def schedlab_iteration(self, instance, record):
+            seen.append(instance)
+
+    (tmp_path / "exp.toml").write_text('[workload]\nkind = "synthetic"\nnum_requests = 5\nrate = 2.0\n'
+                                       'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 4}\n')
+    exp = load(tmp_path / "exp.toml", plugin_objects=(Observer(),))
+    executor = ProcessExecutor(2)
+    try:
+        results = run_experiment(exp, executor=executor)
+    finally:
+        executor.close()
+    assert results.execution["executor"] == "in this process"
+    assert len(seen) == results.all_runs()[0].metrics["iterations"] > 0
+
+
+def test_the_command_line_runs_with_jobs_and_says_where(tmp_path, capsys):
+    path = write_experiment(tmp_path, 3)
+    assert main(["run", str(path), "--out", str(tmp_path / "j2"), "--jobs", "2", "--no-plots"]) == 0
+    assert "2 local processes" in capsys.readouterr().err
+    assert main(["run", str(path), "--out", str(tmp_path / "j1"), "--jobs", "1", "--no-plots"]) == 0
+    assert "in this process" in capsys.readouterr().err
+    for name in ("summary.json", "requests.csv"):
+        assert (tmp_path / "j1" / name).read_bytes() == (tmp_path / "j2" / name).read_bytes()
+    timings = json.loads((tmp_path / "j2" / "timings.json").read_text())
+    assert timings["execution"]["workers"] == 2 and {"one", "rep#1", "rep#3"} <= set(timings["wall_ms"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "0"], "--jobs must be a whole number >= 1, got 0"),
+    (["--address", "auto"], "--address is for --backend ray"),
+])
+def test_bad_execution_options_are_one_line_errors(tmp_path, capsys, argv, message):
+    path = write_experiment(tmp_path, 1)
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"schedlab: error: {message}"
+
+
+def test_default_jobs_are_the_machine_cores(monkeypatch):
+    monkeypatch.setattr("schedlab.study.executor.default_jobs", lambda: 1)
+    assert isinstance(make_executor(), InProcessExecutor)
+    monkeypatch.setattr("schedlab.study.executor.default_jobs", lambda: 3)
+    executor = make_executor()
+    try:
+        assert isinstance(executor, ProcessExecutor) and executor.workers == 3
+    finally:
+        executor.close()

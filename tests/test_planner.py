@@ -1,0 +1,173 @@
+"""Capacity planning: the planner's answer is the cheapest deployment of the exhaustive grid."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from schedlab.errors import ConfigError
+from schedlab.experiment import load, run_experiment
+from schedlab.study.planner import pareto
+from study_case import BASE, MAX_INSTANCES, PLAN, PRICES, TARGET
+
+DEGREES = (1, 2)
+MAX_NUM_SEQS = (8, 64)  # as PLAN's [plan] table says
+
+
+def exhaustive_toml() -> str:
+    """Every deployment of the grid as its own run, written out by hand."""
+    runs = []
+    for gpu in PRICES:
+        for tp in DEGREES:
+            for seqs in MAX_NUM_SEQS:
+                for n in range(1, MAX_INSTANCES + 1):
+                    runs.append(f"""
+[[runs]]
+name = "{gpu}/{tp}/{seqs}/{n}"
+cost_model = {{gpu = "{gpu}", tensor_parallel = {tp}}}
+kv_cache = {{gpu = "{gpu}", tensor_parallel = {tp}}}
+scheduler = {{max_num_seqs = {seqs}}}
+cluster = {{instances = {n}}}
+""")
+    return BASE.replace('[cost_model]\nkind = "roofline"', '[cost_model]\nkind = "roofline"\ngpu = "l4"') \
+               .replace('[kv_cache]\nkind = "paged"', '[kv_cache]\nkind = "paged"\ngpu = "l4"') + "".join(runs)
+
+
+@pytest.fixture(scope="module")
+def exhaustive(tmp_path_factory):
+    path = tmp_path_factory.mktemp("grid") / "grid.toml"
+    path.write_text(exhaustive_toml())
+    return {run.name: run for run in run_experiment(load(path)).all_runs()}
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "plan.toml"
+    path.write_text(PLAN)
+    return run_experiment(load(path)).studies[0]
+
+
+def test_planner_finds_the_cheapest_deployment_of_the_exhaustive_grid(exhaustive, planned):
+    # by hand from the exhaustive runs: deployments meeting the target, cheapest first, ties to
+    # the higher attainment, then to the earlier candidate (GPU, degree, max_num_seqs as written)
+    meeting = []
+    for order, (name, run) in enumerate(exhaustive.items()):
+        gpu, tp, seqs, n = name.split("/")
+        attainment = run.metrics["slo"]["attainment"]
+        if attainment >= TARGET:
+            meeting.append((int(n) * int(tp) * PRICES[gpu], -attainment, order, (gpu, int(tp), int(seqs), int(n))))
+    assert meeting, "the grid must hold an answer for this test to mean anything"
+    cost, _, _, (gpu, tp, seqs, n) = min(meeting)
+    plan = planned.plan
+    assert plan.cheapest["point"] == {"gpu": gpu, "tensor_parallel": tp, "scheduler.max_num_seqs": seqs}
+    assert plan.cheapest["instances"] == n
+    assert plan.cheapest["cost"] == pytest.approx(cost)
+    # the answer is not the first candidate nor a single instance of the cheapest GPU
+    assert (gpu, n) != ("l4", 1)
+    # pruned: fewer deployments simulated than the grid holds
+    assert len(plan.deployments) < len(exhaustive) == plan.grid_size
+    assert len(plan.deployments) == 11  # as the README says
+
+
+def test_every_planned_deployment_matches_the_same_run_of_the_grid(exhaustive, planned):
+    for run in planned.runs:
+        p = run.point
+        twin = exhaustive[f"{p['gpu']}/{p['tensor_parallel']}/{p['scheduler.max_num_seqs']}/{p['cluster.instances']}"]
+        assert run.metrics["slo"] == twin.metrics["slo"]
+        assert run.metrics["ttft_ms"] == twin.metrics["ttft_ms"]
+        tp, price = p["tensor_parallel"], PRICES[p["gpu"]]
+        assert run.metrics["cost_per_hour"] == pytest.approx(p["cluster.instances"] * tp * price)
+
+
+def test_each_candidate_answer_is_its_fewest_instances_meeting_the_target(exhaustive, planned):
+    for entry in planned.plan.candidates:
+        p = entry["point"]
+        passing = [n for n in range(1, MAX_INSTANCES + 1)
+                   if exhaustive[f"{p['gpu']}/{p['tensor_parallel']}/{p['scheduler.max_num_seqs']}/{n}"]
+                   .metrics["slo"]["attainment"] >= TARGET]
+        if entry["status"] == "found":
+            assert entry["instances"] == min(passing)
+        elif entry["status"] == "fails":
+            assert passing == []
+        else:  # too expensive: nothing it could meet the target with is cheaper than the answer
+            assert entry["status"] == "too-expensive"
+            unit = p["tensor_parallel"] * PRICES[p["gpu"]]
+            assert all(n * unit > planned.plan.cheapest["cost"] - 1e-9 for n in passing)
+
+
+def test_frontier_is_pareto_optimal_over_the_simulated_deployments(planned):
+    deployments = {d["run"]: d for d in planned.plan.deployments}
+    frontier = [deployments[name] for name in planned.plan.frontier]
+    assert frontier and [d["cost"] for d in frontier] == sorted(d["cost"] for d in frontier)
+    for d in deployments.values():
+        beaten = any(f["cost"] <= d["cost"] and f["attainment"] >= d["attainment"] for f in frontier)
+        assert beaten  # every deployment is on or behind the frontier
+    for f in frontier:
+        assert not any(d["cost"] <= f["cost"] and d["attainment"] > f["attainment"] for d in deployments.values())
+
+
+def test_pareto_by_hand():
+    points = [(1.0, 0.2, "a"), (2.0, 0.9, "b"), (2.0, 0.5, "c"), (3.0, 0.8, "d"), (4.0, 1.0, "e"),
+              (0.5, math.nan, "f")]
+    assert pareto(points) == ["a", "b", "e"]
+
+
+def test_candidates_that_cannot_hold_the_model_are_skipped_with_the_reason(tmp_path):
+    text = PLAN.replace('model = "llama-3-8b"', 'model = "llama-3-70b"') \
+               .replace("gpus = {l4 = 0.8, a100-40gb = 1.3}", "gpus = {l4 = 0.8, h100-80gb = 3.0}") \
+               .replace("tensor_parallel = [1, 2]", "tensor_parallel = [2, 4]") \
+               .replace('"scheduler.max_num_seqs" = [8, 64]', '"scheduler.max_num_seqs" = [64]') \
+               .replace("max_instances = 4", "max_instances = 2")
+    (tmp_path / "p.toml").write_text(text)
+    plan = run_experiment(load(tmp_path / "p.toml")).studies[0].plan
+    status = {(c["point"]["gpu"], c["point"]["tensor_parallel"]): c for c in plan.candidates}
+    for tp in (2, 4):
+        assert status[("l4", tp)]["status"] == "infeasible"
+        assert "does not fit on l4" in status[("l4", tp)]["reason"]
+    assert status[("h100-80gb", 4)]["status"] in ("found", "too-expensive", "fails")
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("gpus = {l4 = 0.8, a100-40gb = 1.3}\n", "", "[plan]: missing required key 'gpus'"),
+    ("gpus = {l4 = 0.8, a100-40gb = 1.3}", "gpus = {l4 = -1}", "l4: the price per GPU-hour must be a number > 0"),
+    (f'constraints = ["slo.attainment >= {TARGET}"]', "constraints = []", "constraints: name at least one"),
+    (f'constraints = ["slo.attainment >= {TARGET}"]', 'constraints = ["slo.attainment >>= 1"]', "bad constraint"),
+    ("tensor_parallel = [1, 2]", "tensor_parallel = [0]", "tensor_parallel: must be whole numbers >= 1"),
+    (f"max_instances = {MAX_INSTANCES}", "max_instances = 0", "max_instances"),
+    (f"max_instances = {MAX_INSTANCES}", "max_instanses = 3", "unknown key 'max_instanses'"),
+])
+def test_plan_table_errors_name_the_key(tmp_path, old, new, message):
+    assert old in PLAN
+    (tmp_path / "p.toml").write_text(PLAN.replace(old, new))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load(tmp_path / "p.toml")
+
+
+def test_all_candidates_infeasible_is_an_error_at_load(tmp_path):
+    text = PLAN.replace('model = "llama-3-8b"', 'model = "llama-3-70b"')
+    (tmp_path / "p.toml").write_text(text)
+    with pytest.raises(ConfigError, match="does not fit on l4"):
+        load(tmp_path / "p.toml")
+
+
+def test_a_run_has_one_of_sweep_search_plan(tmp_path):
+    (tmp_path / "p.toml").write_text(PLAN + '\n[sweep]\n"workload.rate" = [1, 2]\n')
+    with pytest.raises(ConfigError, match="one of sweep, search or plan"):
+        load(tmp_path / "p.toml")
+
+
+def test_plan_is_the_same_in_two_worker_processes(tmp_path, planned):
+    from schedlab.study.executor import ProcessExecutor
+    from study_case import saved_bytes
+
+    (tmp_path / "plan.toml").write_text(PLAN)
+    executor = ProcessExecutor(2)
+    try:
+        parallel = run_experiment(load(tmp_path / "plan.toml"), executor=executor)
+    finally:
+        executor.close()
+    serial = run_experiment(load(tmp_path / "plan.toml"))
+    assert parallel.studies[0].plan == serial.studies[0].plan == planned.plan
+    assert saved_bytes(parallel, tmp_path / "two") == saved_bytes(serial, tmp_path / "one")
