@@ -70,6 +70,21 @@ class PagedKVCache:
     def free(self, seq, *, preempted: bool = False) -> None:
         self.used -= self.held(seq)
 
+    def _trimmed(self, seq, num_tokens: int) -> int:
+        """Blocks that slots for ``num_tokens`` tokens past ``seq``'s computed ones took beyond what it holds."""
+        c = seq.num_computed_tokens + num_tokens
+        r = seq.reserved_tokens
+        return -(-(c if c > r else r) // self.block_size) - self.held(seq)
+
+    def trim(self, seq, num_tokens: int) -> None:
+        """Release the blocks of ``num_tokens`` slots past ``seq``'s computed tokens that it no
+        longer needs (speculative decoding: rejected drafts and lookahead slots, taken by the
+        step's ``allocate``). vLLM 0.33 keeps such blocks with the request, which reuses them in
+        its next step; here they go back to the pool and the next step takes them again, so a
+        sequence holds ``max(ceil(reserved / B), ceil(computed / B))`` between iterations as
+        every cache plugin assumes."""
+        self.used -= self._trimmed(seq, num_tokens)
+
     # -- swap space ------------------------------------------------------------------------
     def transfer_ms(self, blocks: int) -> float:
         """Time to move ``blocks`` over the host link, in ms."""
