@@ -1,0 +1,105 @@
+"""Speculative decoding: the fast engine against the reference engine, and the conformance kit.
+
+Every decode step draws how many drafts each sequence keeps, so these runs exercise the fast
+engine's re-anchoring of sequences that run ahead of its decode clock, the release of
+rejected drafts' KV slots, drafts cut short by the token budget, reservations that include
+the drafts' slots, preemption and swap of sequences holding speculative slots, and prefix
+caches. Costs are dyadic (see ``test_differential``), so the comparison is exact.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.speculative import SpeculativeConfig
+from schedlab.testing import (IterationChecker, check_run, compare_runs, dyadic_linear_costs, examples,
+                              requests_lists, run_engine)
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
+
+SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def speculative_configs(draw):
+    method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
+    k = draw(st.integers(1, 5))
+    rate = draw(st.sampled_from([0.0, 0.5, 0.8, 1.0]))
+    return SpeculativeConfig(
+        method=method,
+        num_speculative_tokens=k,
+        acceptance_rate=rate,
+        # per-request rates from a Beta distribution (defined strictly inside (0, 1) only)
+        acceptance_sd=draw(st.sampled_from([0.0, 0.2])) if 0.0 < rate < 1.0 else 0.0,
+        k_by_batch_size=draw(st.sampled_from([(), ((1, 2, k), (3, 4, 1), (6, 9, 0))])),
+        draft=None if method == "ngram" else {"kind": "linear"},
+        proposer_ms=draw(st.sampled_from([0.0, 0.25])),
+    )
+
+
+@st.composite
+def spec_setups(draw):
+    requests = draw(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=60, priorities=True,
+                                   prefix_groups=2))
+    spec = draw(speculative_configs())
+    k = spec.num_speculative_tokens
+    if draw(st.booleans()):
+        batch = draw(st.integers(1, 4))
+        make = lambda: StaticScheduler(StaticConfig(batch_size=batch))  # noqa: E731
+    else:
+        max_seqs = draw(st.integers(2, 6))
+        allocation = draw(st.sampled_from(["reserve", "grow", "grow"]))
+        cfg = ContinuousConfig(
+            max_num_seqs=max_seqs,
+            # budgets below max_num_seqs x (1 + k) cut some decodes' drafts short
+            max_num_batched_tokens=draw(st.integers(max_seqs, max_seqs * (1 + k) + 8)),
+            chunked_prefill=True if allocation == "grow" else draw(st.booleans()),
+            long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5])),
+            allocation=allocation,
+            preemption=draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute",
+            prefill_first=draw(st.booleans()),
+            running_order=draw(st.sampled_from(["admission", "admission", "decodes_first"])),
+            policy=draw(st.sampled_from(["fcfs", "priority"])),
+        )
+        make = lambda: ContinuousScheduler(cfg)  # noqa: E731
+    cost = draw(dyadic_linear_costs())
+    draft = LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=draw(st.sampled_from([0.5, 1.0])))
+    block_size = draw(st.integers(1, 6))
+    # A cache just big enough for the largest request with its speculative slots, or a bit
+    # more: preemptions and swaps are common, rejections rare.
+    slack = k + spec.lookahead
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens + slack) // block_size) for r in requests)
+    num_blocks = need + draw(st.sampled_from([0, 2, 8, 40]))
+    prefix = draw(st.booleans())
+    seed = draw(st.integers(0, 3))
+    return requests, make, cost, draft, spec, block_size, num_blocks, prefix, seed
+
+
+def _run(setup, engine, check=None):
+    requests, make, cost, draft, spec, block_size, num_blocks, prefix, seed = setup
+    kind = PrefixKVCache if prefix else PagedKVCache
+    kv = kind(num_blocks, block_size, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3)
+    return run_engine(requests, make(), LinearCostModel(cost), kv, engine=engine, check=check, speculative=spec,
+                      draft_cost=LinearCostModel(draft) if spec.draft is not None else None, seed=seed)
+
+
+@SETTINGS
+@given(spec_setups())
+def test_speculative_fast_engine_matches_reference(setup):
+    fast = _run(setup, "fast")
+    ref = _run(setup, "reference")
+    compare_runs(fast, ref, rel=1e-12)
+    check_run(fast, setup[0], kv_blocks=setup[6])
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec_setups())
+def test_speculative_steps_keep_the_kit_rules(setup):
+    """Every step: drafts within k per decode and within the budget, tokens within 1 + accepted,
+    rejected slots released; the observed run equals the reference run."""
+    check = IterationChecker(kv_blocks=setup[6])
+    observed = _run(setup, "fast", check)
+    compare_runs(observed, _run(setup, "reference"), rel=1e-12)
+    assert check.iterations == observed.metrics["iterations"]
