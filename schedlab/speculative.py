@@ -49,6 +49,25 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _mix_array(z: np.ndarray) -> np.ndarray:
+    """:func:`_mix` on uint64 arrays (numpy's uint64 arithmetic wraps as the mask does)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def predictable_positions(key: int, threshold: int, count: int) -> int:
+    """Bit ``p`` set when output position ``p`` (< ``count``) is predictable: ``_mix(key + p *
+    golden) < threshold``. One integer per request, so a step's accepted drafts are the run
+    of set bits from its position (a shift and a bit trick, whatever the draws)."""
+    if threshold >= 1 << 64:
+        return (1 << count) - 1
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + np.arange(count, dtype=np.uint64) * np.uint64(_GOLDEN)
+        hits = _mix_array(z) < np.uint64(threshold)
+    return int.from_bytes(np.packbits(hits, bitorder="little").tobytes(), "little")
+
+
 def _schedule_field():
     def convert(value):
         if isinstance(value, list):
@@ -141,8 +160,8 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 class Speculation:
     """The engines' side of speculative decoding in one run: ``k`` per step and acceptance draws.
 
-    Per-request state (the hash key and the threshold of the request's rate) is kept on the
-    engine's sequence object (``spec_state``), so nothing here grows with the run.
+    Per-request state (which output positions are predictable, as the bits of one integer)
+    is kept on the engine's sequence object (``spec_state``), so nothing here grows with the run.
     """
 
     def __init__(self, config: SpeculativeConfig, seed: int):
@@ -170,21 +189,22 @@ class Speculation:
         rng = np.random.default_rng([self._seed, _SALT, request.id])
         return float(rng.beta(mean * nu, (1.0 - mean) * nu))
 
-    def _state(self, request) -> tuple[int, int]:
+    def predictable(self, request) -> int:
+        """The request's predictable output positions as bits (see :func:`predictable_positions`),
+        for every position a step may look at: up to its output plus ``k`` drafts."""
         key = _mix((self._seed_key + request.id * _GOLDEN) & _MASK)
-        return key, int(self.rate(request) * 2.0 ** 64)  # a draw is accepted when its hash is below
+        threshold = int(self.rate(request) * 2.0 ** 64)  # a position is predictable when its hash is below
+        return predictable_positions(key, threshold, request.target_tokens + self.k_max)
 
     def accepted(self, seq, position: int, drafts: int) -> int:
         """How many of ``drafts`` draft tokens, for output positions ``position, position + 1,
         ...`` of ``seq``, the target accepts: the leading predictable ones."""
-        state = seq.spec_state
-        if state is None:
-            state = seq.spec_state = self._state(seq.request)
-        key, threshold = state
-        m = 0
-        while m < drafts and _mix((key + (position + m) * _GOLDEN) & _MASK) < threshold:
-            m += 1
-        return m
+        bits = seq.spec_state
+        if bits is None:
+            bits = seq.spec_state = self.predictable(seq.request)
+        x = bits >> position
+        m = (~x & (x + 1)).bit_length() - 1  # trailing ones
+        return m if m < drafts else drafts
 
     def rejection_reason(self, reason_of, request, kv) -> str | None:
         """Why ``request`` can never run with speculation, by the scheduler's own rule

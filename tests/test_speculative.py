@@ -24,7 +24,7 @@ ENGINES = ("fast", "reference")
 
 class _Seq:
     def __init__(self, rid: int):
-        self.request = Request(rid, 0.0, 1, 1)
+        self.request = Request(rid, 0.0, 1, 10_000)  # draws exist for the output's positions
         self.spec_state = None
 
 

@@ -67,6 +67,13 @@ class PagedKVCache:
             raise AssertionError(f"grow({num_blocks}) with only {self.num_blocks - self.used} free blocks")
         self.used += num_blocks
 
+    def shrink(self, num_blocks: int) -> None:
+        """Give back ``num_blocks`` decode blocks of many sequences at once (speculative slots
+        no longer needed, see :meth:`trim`; the engine attributes them)."""
+        if not 0 <= num_blocks <= self.used:
+            raise AssertionError(f"shrink({num_blocks}) with {self.used} blocks in use")
+        self.used -= num_blocks
+
     def free(self, seq, *, preempted: bool = False) -> None:
         self.used -= self.held(seq)
 

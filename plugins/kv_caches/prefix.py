@@ -334,6 +334,15 @@ class PrefixKVCache(PagedKVCache):
             self._push_run(released, front=True)
             self.used -= released
 
+    def shrink(self, num_blocks: int) -> None:
+        """Give back ``num_blocks`` anonymous decode blocks at once (see :meth:`trim`): to the head
+        of the free queue, as one run -- what trimming the sequences one by one leaves there."""
+        if not 0 <= num_blocks <= self.used:
+            raise AssertionError(f"shrink({num_blocks}) with {self.used} blocks in use")
+        if num_blocks:
+            self._push_run(num_blocks, front=True)
+            self.used -= num_blocks
+
     # -- the table of cached blocks -------------------------------------------------------
     def _insert(self, block: _Block) -> None:
         """Cache ``block`` under its key, after any block already cached under it."""

@@ -28,6 +28,10 @@ from .sequence import DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED,
 INF = math.inf
 
 
+def _seq_no(seq) -> int:
+    return seq.seq_no
+
+
 @attrs.frozen
 class IterationRecord:
     """What an observer sees after each iteration (opt-in, see ``schedlab_iteration``)."""
@@ -106,6 +110,8 @@ class Instance:
         self.kv_grows = callable(getattr(kv, "grow", None))
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0  # drafts per decode in the next step
+        self.kv_shrinks = callable(getattr(kv, "shrink", None))
+        self._spec_need: dict = {}
         if speculation is not None and not callable(getattr(kv, "trim", None)):
             raise SimulationError(f"KV cache {type(kv).__name__} has no trim(seq, num_tokens): it cannot release "
                                   "rejected drafts' slots, so it cannot run speculative decoding")
@@ -191,6 +197,22 @@ class Instance:
         else:
             del self.itl_groups[key]
         seq.last_token_ms = key
+
+    def spec_blocks_needed(self, slots: int) -> int:
+        """New blocks for every growing decoder to take ``slots`` more slots (speculation): a
+        decoder whose computed tokens end at ``r`` within a block needs
+        ``ceil((r + slots) / B) - ceil(r / B)``, and ``cross_at`` counts decoders by ``r``."""
+        cross = self.cross_at
+        bs = len(cross)
+        need_at = self._spec_need.get(slots)
+        if need_at is None:
+            need_at = self._spec_need[slots] = [-(-(r + slots) // bs) - (-(-r // bs)) for r in range(bs)]
+        steps = self.clock.steps
+        total = 0
+        for i, n in enumerate(cross):
+            if n:
+                total += n * need_at[(steps - i) % bs]
+        return total
 
     def _context_range(self, steps: int) -> tuple[int, int]:
         """(longest, shortest) decode context at decode counter ``steps``."""
@@ -434,6 +456,7 @@ class Instance:
         progress = False
         decoded_before = counters["decode_tokens"]
         accepted = 0
+        spec_done = ()
         # decodes: one token each per iteration (and accepted drafts, see _verify)
         if n_dec:
             first_end = start + (d0 + plan.transfer_ms if k == 1 else d0)
@@ -452,7 +475,7 @@ class Instance:
             counters["decode_seq_steps"] += k * n_dec
             progress = True
             if self.spec is not None:
-                accepted = self._verify(plan)
+                accepted, spec_done = self._verify(plan)
 
         # prefill work; a completed prefill yields a token
         for seq, n in prefills:
@@ -484,6 +507,8 @@ class Instance:
                     self._add_decoder(seq)
 
         # decoders that produced their last token
+        for seq in sorted(spec_done, key=_seq_no) if len(spec_done) > 1 else spec_done:
+            self._finish(seq, end)
         heap = self.finish_heap
         now_steps = self.clock.steps
         while heap and heap[0][0] <= now_steps:
@@ -512,54 +537,79 @@ class Instance:
                 kv_held_after=held_blocks(self.running, kv.block_size), kv_shares_blocks=self.count_prefix,
                 preempted_generated=tuple(s.num_generated for s in plan.preempted)))
 
-    def _verify(self, plan: FastPlan) -> int:
+    def _verify(self, plan: FastPlan) -> tuple[int, list]:
         """Speculative decoding, after a decode step gave every decoder its one token: each
         decoder also keeps its accepted drafts (at most what it still has to generate) and
-        releases the KV slots of the rest and of the lookahead. Returns the drafts accepted."""
+        releases the KV slots of the rest and of the lookahead. Returns the drafts accepted
+        and the decoders that are done (their finish steps moved, so the finish heap, which
+        only bulk runs need, is not asked)."""
         spec = self.spec
         kv = self.kv
+        bs = kv.block_size
         steps = self.clock.steps
         counters = self.counters
-        drafted = drafts_total = accepted_total = extra_total = 0
+        k, default_slots, override = plan.spec_k, plan.spec_slots, plan.spec_override
+        shrink = self.kv_shrinks
+        cross = self.cross_at
+        track_range = self.track_range
+        drafted = drafts_total = accepted_total = extra_total = released = 0
+        done = []
         for seq in self.running:
             if seq.status != DECODING:
                 continue
-            drafts, slots = plan.drafts_of(seq)
+            drafts, slots = k, default_slots
+            if override is not None:
+                got = override.get(seq)
+                if got is not None:
+                    drafts, slots = got
+            anchor = seq.anchor
+            generated = seq.gen_anchor + steps  # this step's first token included
             extra = 0
             if drafts:
-                generated = seq.gen_anchor + steps  # this step's first token included
-                m = spec.accepted(seq, generated - 1, drafts)
+                bits = seq.spec_state
+                if bits is None:
+                    bits = seq.spec_state = spec.predictable(seq.request)
+                x = bits >> (generated - 1)
+                m = (~x & (x + 1)).bit_length() - 1  # the accepted drafts: predictable positions in a row
+                if m > drafts:
+                    m = drafts
                 drafted += 1
                 drafts_total += drafts
                 accepted_total += m
-                extra = min(m, seq.target - generated)
-                if extra:
-                    self._advance_decoder(seq, extra)
+                extra = seq.target - generated
+                if m < extra:
+                    extra = m
+                if extra:  # run ahead of the decode clock: re-anchor (the finish heap is not asked)
+                    seq.anchor = anchor + extra
+                    seq.gen_anchor += extra
+                    seq.finish_step -= extra
+                    if not seq.reserved_tokens:
+                        cross[-anchor % bs] -= 1
+                        cross[-(anchor + extra) % bs] += 1
+                    if track_range:
+                        heapq.heappush(self.anchor_high, (-anchor - extra, seq.seq_no, seq))
+                        heapq.heappush(self.anchor_low, (anchor + extra, seq.seq_no, seq))
                     extra_total += extra
+                    generated += extra
+            if generated >= seq.target:
+                done.append(seq)
             if slots > 1 + extra:
-                kv.trim(seq, slots - 1 - extra)
+                if shrink:
+                    r = seq.reserved_tokens
+                    before = anchor + steps - 1 + slots  # slots taken after the computed tokens
+                    after = anchor + steps + extra       # computed now
+                    released += -(-(before if before > r else r) // bs) + ((after if after > r else r) // -bs)
+                else:
+                    kv.trim(seq, slots - 1 - extra)
+        if released:
+            kv.shrink(released)
+        self.ctx_offset += extra_total
         counters["spec_drafts"] += drafted
         counters["spec_draft_tokens"] += drafts_total
         counters["spec_accepted_tokens"] += accepted_total
         counters["decode_tokens"] += extra_total
         counters["generated_tokens"] += extra_total
-        return accepted_total
-
-    def _advance_decoder(self, seq: Sequence, extra: int) -> None:
-        """Move a decoding sequence ``extra`` tokens ahead of the decode clock (re-anchor it)."""
-        old = seq.anchor
-        seq.anchor = old + extra
-        seq.gen_anchor += extra
-        seq.finish_step -= extra
-        heapq.heappush(self.finish_heap, (seq.finish_step, seq.seq_no, seq))
-        self.ctx_offset += extra
-        if not seq.reserved_tokens:
-            bs = len(self.cross_at)
-            self.cross_at[-old % bs] -= 1
-            self.cross_at[-seq.anchor % bs] += 1
-        if self.track_range:
-            heapq.heappush(self.anchor_high, (-seq.anchor, seq.seq_no, seq))
-            heapq.heappush(self.anchor_low, (seq.anchor, seq.seq_no, seq))
+        return accepted_total, done
 
     def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float, growth) -> int:
         """How many identical decode iterations to run from here (at least 1)."""

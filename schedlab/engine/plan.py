@@ -125,9 +125,20 @@ class FastPlan:
         if self.skipped_decode:
             raise SimulationError("scheduler called decode_all() after skip_decode() in the same iteration")
         inst = self._inst
+        if inst.spec is not None and not self.decoded and inst.kv_grows:
+            # Speculation: every decoder takes the same slots, so its new blocks depend only on
+            # where its computed tokens end within a block, which the engine counts.
+            need = inst.spec_blocks_needed(self.spec_slots) if inst.n_decoding else 0
+            if need:
+                if need > self.kv.num_free_blocks():
+                    return False
+                self.kv.grow(need)
+            self.decodes_all = True
+            self._tokens += inst.n_decoding * (1 + self.spec_k)
+            return True
         if self.decoded or inst.spec is not None:
-            # Some already decode one by one, or speculation takes slots per sequence:
-            # allocate for the rest, all or nothing.
+            # Some already decode one by one (or a cache without grow): allocate for the rest,
+            # all or nothing.
             rest = [s for s in inst.running if s.status == DECODING and s.plan_mark != self.serial]
             slots = self.spec_slots
             if sum(self.kv.blocks_needed(s, slots) for s in rest) > self.kv.num_free_blocks():
