@@ -103,3 +103,28 @@ def test_speculative_steps_keep_the_kit_rules(setup):
     observed = _run(setup, "fast", check)
     compare_runs(observed, _run(setup, "reference"), rel=1e-12)
     assert check.iterations == observed.metrics["iterations"]
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(max_size=8, max_prompt=300, max_output=200, all_at_zero=False), st.integers(1, 6),
+       st.integers(1, 5), st.sampled_from([0.5, 0.9]), st.integers(6, 48), st.integers(40, 400))
+def test_speculative_roofline_runs_match_reference(requests, max_seqs, k, alpha, budget, blocks):
+    """A roofline target and a roofline draft model: costs are not dyadic, so the engines agree
+    to rounding; budgets down to one decode cut drafts short."""
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+
+    def roofline(model):
+        return RooflineCostModel(presets.model(model), presets.gpu("a100-80gb"), RooflineConfig(model=model, gpu="a100-80gb"))
+
+    spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=k, acceptance_rate=alpha,
+                             draft={"kind": "roofline"})
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max(budget, max_seqs), allocation="grow",
+                           chunked_prefill=True)
+    runs = [run_engine(requests, ContinuousScheduler(cfg), roofline("llama-3-8b"), PagedKVCache(blocks, 16),
+                       engine=engine, speculative=spec, draft_cost=roofline("llama-3.2-1b"), seed=1)
+            for engine in ("fast", "reference")]
+    compare_runs(*runs, rel=1e-9)
