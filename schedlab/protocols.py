@@ -56,7 +56,8 @@ class SequenceState(Protocol):
     request: "Request"
     seq_no: int  # arrival order within the run, unique
     kv_state: Any  # free for the KV cache's own per-sequence data
-    reserved_tokens: int  # tokens of KV reserved at admission (0 = grow as you go)
+    reserved_tokens: int  # tokens of KV held beyond the computed ones: reserved at admission (0 = grow as
+    # you go), or with speculative decoding the slots its last step took (vLLM keeps them for its next step)
     num_preemptions: int
 
     @property
@@ -194,12 +195,6 @@ class KVCache(Protocol):
         """Raise AssertionError if the internal accounting is inconsistent (used by tests)."""
         ...
 
-    # Optional, needed for speculative decoding:
-    # def trim(self, seq, num_tokens: int) -> None:
-    #     """``seq`` had slots for ``num_tokens`` tokens past its computed tokens (rejected
-    #     drafts, lookahead slots) that it no longer needs: release the blocks that now hold
-    #     none of its tokens, so it holds ``max(ceil(reserved / B), ceil(computed / B))`` again."""
-
 
 class Plan(Protocol):
     """The iteration being built; a scheduler reads the state and fills it in.
@@ -251,7 +246,8 @@ class Plan(Protocol):
         fast path: the engine does it for all sequences at once. With speculation each
         decode verifies ``spec_tokens`` drafts: ``1 + spec_tokens`` tokens of the budget, and
         KV slots for them plus the drafter's lookahead (vLLM ``allocate_slots``); after the
-        pass the slots of rejected drafts are released."""
+        pass the sequence keeps those slots (its ``reserved_tokens``), as vLLM keeps a
+        request's blocks, and its next step reuses them."""
         ...
 
     def decode(self, seq: SequenceState, num_tokens: int | None = None) -> bool:

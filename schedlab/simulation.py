@@ -170,7 +170,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{kind}]")
                                for kind in ("scheduler", "cost_model", "kv_cache"))
         if speculative is not None:
-            cost = _drafting(ctx, speculative, cost, kv, where)
+            cost = _drafting(ctx, speculative, cost, where)
         parts.append((scheduler, cost, kv))
     router = None
     if cluster.instances > 1:
@@ -184,11 +184,8 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     return Assembled(workload, parts, router, cluster, slo, speculative)
 
 
-def _drafting(ctx: Context, config: SpeculativeConfig, cost, kv, where: str) -> DraftingCostModel:
+def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
     """The instance's cost model with the drafter's passes added (speculative decoding)."""
-    if not callable(getattr(kv, "trim", None)):
-        raise ConfigError(f"{where} [speculative]: KV cache {type(kv).__name__} has no trim(seq, num_tokens), "
-                          "so it cannot release rejected drafts' slots; speculation needs it")
     drafter = (build_component(ctx, "cost_model", config.draft, f"{where} [speculative.draft]")
                if config.draft is not None else None)
     return DraftingCostModel(cost, drafter, config)

@@ -16,8 +16,9 @@ from schedlab.speculative import SpeculativeConfig
 from schedlab.testing import (IterationChecker, check_run, compare_runs, dyadic_linear_costs, examples,
                               requests_lists, run_engine)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
-from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
-from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
+from schedlab_plugins.schedulers import (ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler,
+                                         StaticConfig, StaticScheduler)
 
 SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -40,21 +41,31 @@ def speculative_configs(draw):
 
 
 @st.composite
-def spec_setups(draw):
+def spec_setups(draw, starve: bool = True):
+    """``starve``: budgets may leave a decode without any token (below (max_num_seqs - 1) x
+    (1 + k) + 1), as vLLM allows; a request admitted then may be preempted again before it
+    ever decodes, which the kit's loop check would flag."""
     requests = draw(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=60, priorities=True,
                                    prefix_groups=2))
     spec = draw(speculative_configs())
     k = spec.num_speculative_tokens
-    if draw(st.booleans()):
+    kind = draw(st.sampled_from(["static", "sglang", "continuous", "continuous", "continuous"]))
+    if kind == "static":
         batch = draw(st.integers(1, 4))
         make = lambda: StaticScheduler(StaticConfig(batch_size=batch))  # noqa: E731
+    elif kind == "sglang":
+        chunk = draw(st.sampled_from([0, 16]))
+        sg = SglangConfig(max_running_requests=draw(st.integers(1, 6)), chunked_prefill_size=chunk,
+                          enable_mixed_chunk=bool(chunk) and draw(st.booleans()))
+        make = lambda: SglangScheduler(sg)  # noqa: E731
     else:
         max_seqs = draw(st.integers(2, 6))
         allocation = draw(st.sampled_from(["reserve", "grow", "grow"]))
         cfg = ContinuousConfig(
             max_num_seqs=max_seqs,
             # budgets below max_num_seqs x (1 + k) cut some decodes' drafts short
-            max_num_batched_tokens=draw(st.integers(max_seqs, max_seqs * (1 + k) + 8)),
+            max_num_batched_tokens=draw(st.integers(max_seqs if starve else (max_seqs - 1) * (1 + k) + 1,
+                                                    max_seqs * (1 + k) + 8)),
             chunked_prefill=True if allocation == "grow" else draw(st.booleans()),
             long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5])),
             allocation=allocation,
@@ -72,15 +83,18 @@ def spec_setups(draw):
     slack = k + spec.lookahead
     need = max(-(-(r.prompt_tokens + r.max_output_tokens + slack) // block_size) for r in requests)
     num_blocks = need + draw(st.sampled_from([0, 2, 8, 40]))
-    prefix = draw(st.booleans())
+    prefix = draw(st.sampled_from(["none", "paged", "radix"]))
     seed = draw(st.integers(0, 3))
     return requests, make, cost, draft, spec, block_size, num_blocks, prefix, seed
 
 
 def _run(setup, engine, check=None):
     requests, make, cost, draft, spec, block_size, num_blocks, prefix, seed = setup
-    kind = PrefixKVCache if prefix else PagedKVCache
-    kv = kind(num_blocks, block_size, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3)
+    if prefix == "radix":  # SGLang's radix tree (no swap space)
+        kv = RadixKVCache(num_blocks, block_size)
+    else:
+        kind = PrefixKVCache if prefix == "paged" else PagedKVCache
+        kv = kind(num_blocks, block_size, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3)
     return run_engine(requests, make(), LinearCostModel(cost), kv, engine=engine, check=check, speculative=spec,
                       draft_cost=LinearCostModel(draft) if spec.draft is not None else None, seed=seed)
 
@@ -98,7 +112,7 @@ def test_speculative_fast_engine_matches_reference(setup):
 @given(spec_setups())
 def test_speculative_steps_keep_the_kit_rules(setup):
     """Every step: drafts within k per decode and within the budget, tokens within 1 + accepted,
-    rejected slots released; the observed run equals the reference run."""
+    the KV cache holding what the sequences hold; the observed run equals the reference run."""
     check = IterationChecker(kv_blocks=setup[6])
     observed = _run(setup, "fast", check)
     compare_runs(observed, _run(setup, "reference"), rel=1e-12)

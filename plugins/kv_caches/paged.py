@@ -67,30 +67,8 @@ class PagedKVCache:
             raise AssertionError(f"grow({num_blocks}) with only {self.num_blocks - self.used} free blocks")
         self.used += num_blocks
 
-    def shrink(self, num_blocks: int) -> None:
-        """Give back ``num_blocks`` decode blocks of many sequences at once (speculative slots
-        no longer needed, see :meth:`trim`; the engine attributes them)."""
-        if not 0 <= num_blocks <= self.used:
-            raise AssertionError(f"shrink({num_blocks}) with {self.used} blocks in use")
-        self.used -= num_blocks
-
     def free(self, seq, *, preempted: bool = False) -> None:
         self.used -= self.held(seq)
-
-    def _trimmed(self, seq, num_tokens: int) -> int:
-        """Blocks that slots for ``num_tokens`` tokens past ``seq``'s computed ones took beyond what it holds."""
-        c = seq.num_computed_tokens + num_tokens
-        r = seq.reserved_tokens
-        return -(-(c if c > r else r) // self.block_size) - self.held(seq)
-
-    def trim(self, seq, num_tokens: int) -> None:
-        """Release the blocks of ``num_tokens`` slots past ``seq``'s computed tokens that it no
-        longer needs (speculative decoding: rejected drafts and lookahead slots, taken by the
-        step's ``allocate``). vLLM 0.33 keeps such blocks with the request, which reuses them in
-        its next step; here they go back to the pool and the next step takes them again, so a
-        sequence holds ``max(ceil(reserved / B), ceil(computed / B))`` between iterations as
-        every cache plugin assumes."""
-        self.used -= self._trimmed(seq, num_tokens)
 
     # -- swap space ------------------------------------------------------------------------
     def transfer_ms(self, blocks: int) -> float:

@@ -323,26 +323,6 @@ class PrefixKVCache(PagedKVCache):
                 released += 1
         self.used -= released
 
-    def trim(self, seq, num_tokens: int) -> None:
-        """Release the blocks of slots past ``seq``'s computed tokens (see
-        :meth:`PagedKVCache.trim`). They hold no full block of computed tokens, so they have no
-        identity: like the partial blocks :meth:`free` releases, they go to the head of the free queue."""
-        released = self._trimmed(seq, num_tokens)
-        if released:
-            chain = seq.kv_state
-            assert chain is None or len(chain.blocks) <= self.held(seq), "trim() would release an identified block"
-            self._push_run(released, front=True)
-            self.used -= released
-
-    def shrink(self, num_blocks: int) -> None:
-        """Give back ``num_blocks`` anonymous decode blocks at once (see :meth:`trim`): to the head
-        of the free queue, as one run -- what trimming the sequences one by one leaves there."""
-        if not 0 <= num_blocks <= self.used:
-            raise AssertionError(f"shrink({num_blocks}) with {self.used} blocks in use")
-        if num_blocks:
-            self._push_run(num_blocks, front=True)
-            self.used -= num_blocks
-
     # -- the table of cached blocks -------------------------------------------------------
     def _insert(self, block: _Block) -> None:
         """Cache ``block`` under its key, after any block already cached under it."""

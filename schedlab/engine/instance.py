@@ -110,11 +110,9 @@ class Instance:
         self.kv_grows = callable(getattr(kv, "grow", None))
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0  # drafts per decode in the next step
-        self.kv_shrinks = callable(getattr(kv, "shrink", None))
-        self._spec_need: dict = {}
-        if speculation is not None and not callable(getattr(kv, "trim", None)):
-            raise SimulationError(f"KV cache {type(kv).__name__} has no trim(seq, num_tokens): it cannot release "
-                                  "rejected drafts' slots, so it cannot run speculative decoding")
+        # Speculation: decoders keep the slots of their last step (see _verify), so block
+        # growth is not periodic and cross_at is not kept.
+        self.track_growth = speculation is None
         # Speculative steps draw each sequence's tokens: no two are alike, so no bulk runs.
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None
@@ -168,7 +166,7 @@ class Instance:
         seq.start_decoding()
         self.n_decoding += 1
         self.ctx_offset += seq.anchor + 1
-        if not seq.reserved_tokens:
+        if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-seq.anchor % len(self.cross_at)] += 1
             self.n_growing += 1
         heapq.heappush(self.finish_heap, (seq.finish_step, seq.seq_no, seq))
@@ -185,7 +183,7 @@ class Instance:
             seq.max_computed = seq._computed
         self.n_decoding -= 1
         self.ctx_offset -= anchor + 1
-        if not seq.reserved_tokens:
+        if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-anchor % len(self.cross_at)] -= 1
             self.n_growing -= 1
         key = self.off_cycle.pop(seq, None) if self.off_cycle else None
@@ -199,19 +197,16 @@ class Instance:
         seq.last_token_ms = key
 
     def spec_blocks_needed(self, slots: int) -> int:
-        """New blocks for every growing decoder to take ``slots`` more slots (speculation): a
-        decoder whose computed tokens end at ``r`` within a block needs
-        ``ceil((r + slots) / B) - ceil(r / B)``, and ``cross_at`` counts decoders by ``r``."""
-        cross = self.cross_at
-        bs = len(cross)
-        need_at = self._spec_need.get(slots)
-        if need_at is None:
-            need_at = self._spec_need[slots] = [-(-(r + slots) // bs) - (-(-r // bs)) for r in range(bs)]
-        steps = self.clock.steps
+        """New blocks for every decoder to take ``slots`` slots past its computed tokens
+        (speculation), by the block-pool contract: a sequence holds ``max(ceil(reserved / B),
+        ceil(computed / B))`` blocks, its reservation covering the slots its last step took."""
+        bs = self.kv.block_size
         total = 0
-        for i, n in enumerate(cross):
-            if n:
-                total += n * need_at[(steps - i) % bs]
+        for seq in self.running:
+            if seq.status == DECODING:
+                c, r = seq.num_computed_tokens, seq.reserved_tokens
+                if c + slots > r:
+                    total += -(-(c + slots) // bs) + ((c if c > r else r) // -bs)
         return total
 
     def _context_range(self, steps: int) -> tuple[int, int]:
@@ -539,20 +534,17 @@ class Instance:
 
     def _verify(self, plan: FastPlan) -> tuple[int, list]:
         """Speculative decoding, after a decode step gave every decoder its one token: each
-        decoder also keeps its accepted drafts (at most what it still has to generate) and
-        releases the KV slots of the rest and of the lookahead. Returns the drafts accepted
-        and the decoders that are done (their finish steps moved, so the finish heap, which
-        only bulk runs need, is not asked)."""
+        decoder also keeps its accepted drafts (at most what it still has to generate). The
+        slots the step took for the rest and for the lookahead stay with it, as vLLM keeps a
+        request's blocks (its next step reuses them): its reservation grows to cover them.
+        Returns the drafts accepted and the decoders that are done (their finish steps moved,
+        so the finish heap, which only bulk runs need, is not asked)."""
         spec = self.spec
-        kv = self.kv
-        bs = kv.block_size
         steps = self.clock.steps
         counters = self.counters
         k, default_slots, override = plan.spec_k, plan.spec_slots, plan.spec_override
-        shrink = self.kv_shrinks
-        cross = self.cross_at
         track_range = self.track_range
-        drafted = drafts_total = accepted_total = extra_total = released = 0
+        drafted = drafts_total = accepted_total = extra_total = 0
         done = []
         for seq in self.running:
             if seq.status != DECODING:
@@ -563,8 +555,10 @@ class Instance:
                 if got is not None:
                     drafts, slots = got
             anchor = seq.anchor
+            taken = anchor + steps - 1 + slots  # computed before the step + its slots
+            if taken > seq.reserved_tokens:
+                seq.reserved_tokens = taken
             generated = seq.gen_anchor + steps  # this step's first token included
-            extra = 0
             if drafts:
                 bits = seq.spec_state
                 if bits is None:
@@ -583,9 +577,6 @@ class Instance:
                     seq.anchor = anchor + extra
                     seq.gen_anchor += extra
                     seq.finish_step -= extra
-                    if not seq.reserved_tokens:
-                        cross[-anchor % bs] -= 1
-                        cross[-(anchor + extra) % bs] += 1
                     if track_range:
                         heapq.heappush(self.anchor_high, (-anchor - extra, seq.seq_no, seq))
                         heapq.heappush(self.anchor_low, (anchor + extra, seq.seq_no, seq))
@@ -593,16 +584,6 @@ class Instance:
                     generated += extra
             if generated >= seq.target:
                 done.append(seq)
-            if slots > 1 + extra:
-                if shrink:
-                    r = seq.reserved_tokens
-                    before = anchor + steps - 1 + slots  # slots taken after the computed tokens
-                    after = anchor + steps + extra       # computed now
-                    released += -(-(before if before > r else r) // bs) + ((after if after > r else r) // -bs)
-                else:
-                    kv.trim(seq, slots - 1 - extra)
-        if released:
-            kv.shrink(released)
         self.ctx_offset += extra_total
         counters["spec_drafts"] += drafted
         counters["spec_draft_tokens"] += drafts_total

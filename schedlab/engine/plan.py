@@ -126,8 +126,7 @@ class FastPlan:
             raise SimulationError("scheduler called decode_all() after skip_decode() in the same iteration")
         inst = self._inst
         if inst.spec is not None and not self.decoded and inst.kv_grows:
-            # Speculation: every decoder takes the same slots, so its new blocks depend only on
-            # where its computed tokens end within a block, which the engine counts.
+            # Speculation: the engine works out every decoder's new blocks and takes them at once.
             need = inst.spec_blocks_needed(self.spec_slots) if inst.n_decoding else 0
             if need:
                 if need > self.kv.num_free_blocks():

@@ -446,10 +446,8 @@ class ReferenceEngine:
                 counters["generated_tokens"] += tokens
                 counters["decode_seq_steps"] += 1
                 progress = True
-                if self.spec is not None:
-                    slots = plan.drafts[s][1]
-                    if slots > tokens:  # rejected drafts' and lookahead slots go back
-                        self.kv.trim(s, slots - tokens)
+                if self.spec is not None:  # the step's slots stay with the request (vLLM keeps its blocks)
+                    s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens - tokens + plan.drafts[s][1])
                 if s.num_generated >= s.request.target_tokens:
                     decoded_out.append(s)
             if decoders:

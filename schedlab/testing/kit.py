@@ -26,16 +26,17 @@ class IterationChecker:
     most ``k`` drafts (the batch's ``spec_tokens`` <= ``k x num_decode``), yields at least one
     token and at most ``1 +`` its accepted drafts (accepted <= verified), drafts count against
     the token budget, and after the step the KV cache holds exactly the blocks the running
-    sequences' counters call for (rejected drafts' and lookahead slots released; caches that
-    share prefix blocks hold at most that).
+    sequences' counters and reservations call for (a decode keeps the slots its step took, as
+    vLLM keeps a request's blocks; caches that share prefix blocks hold at most that).
 
     Besides the limits it always checks for preemption loops: a request must not be preempted
     twice while the KV cache is unchanged -- the same blocks in use and the same requests
-    running when it was last preempted -- and it has generated nothing since. Preempting it
-    again then cannot free anything new; it only burns the accelerator (a scheduler whose
-    prefilling request can only ever preempt itself readmits and preempts it until something
-    else finishes). A request that produced a token between its preemptions (recomputed and
-    decoded, as under vLLM's rules when blocks are this scarce) made progress.
+    running when it was last preempted, no other request preempted since -- and it has
+    generated nothing since. Preempting it again then cannot free anything new; it only burns
+    the accelerator (a scheduler whose prefilling request can only ever preempt itself
+    readmits and preempts it until something else finishes). A request that produced a token
+    between its preemptions made progress; one preempted again after others were (the cache
+    full both times, as under vLLM's rules when blocks are this scarce) saw a changed cache.
     """
 
     def __init__(self, *, max_running: int | None = None, token_budget: int | None = None,
@@ -45,13 +46,19 @@ class IterationChecker:
         self.kv_blocks = kv_blocks
         self.iterations = 0
         self._preempted_at: dict = {}  # (instance, request id) -> cache state at its last preemption
+        self._preemptions: dict = {}   # instance -> preemptions so far; (instance, request id) -> its own
 
     def __call__(self, instance: int, record) -> None:
         self.iterations += 1
         if record.preempted:
             generated = record.preempted_generated or (None,) * len(record.preempted)
+            count = self._preemptions
+            count[instance] = count.get(instance, 0) + len(record.preempted)
+            for rid in record.preempted:
+                count[(instance, rid)] = count.get((instance, rid), 0) + 1
             for rid, tokens in zip(record.preempted, generated):
-                state = (record.kv_used_blocks, record.running_ids, tokens)
+                others = count[instance] - count[(instance, rid)]
+                state = (record.kv_used_blocks, record.running_ids, tokens, others)
                 if self._preempted_at.get((instance, rid)) == state:
                     raise AssertionError(
                         f"request {rid} preempted twice with the KV cache unchanged ({record.kv_used_blocks} blocks "
