@@ -47,7 +47,7 @@ class IterationRecord:
     decode_tokens: int = 0    # tokens the decodes produced (with speculation: 1 + accepted drafts each)
     spec_k: int = 0           # speculation: drafts each decode could verify in this iteration
     accepted_tokens: int = 0  # speculation: drafts accepted (of batch.spec_tokens verified)
-    kv_used_after: int = -1   # KV blocks in use after the iteration (rejected drafts' slots released)
+    kv_used_after: int = -1   # KV blocks in use after the iteration (finished requests' freed)
     kv_held_after: int = -1   # what the running sequences' counters say they hold, summed
     kv_shares_blocks: bool = False  # a prefix cache: sequences may share blocks, so used <= held
     preempted_generated: tuple = ()  # tokens each preempted request had generated (same order as preempted)
