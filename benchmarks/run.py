@@ -1,6 +1,6 @@
 """schedlab's speed benchmarks (issue: cost proportional to events, not tokens).
 
-    python benchmarks/run.py            # all four, prints a Markdown table
+    python benchmarks/run.py            # all six, prints a Markdown table
     python benchmarks/run.py azure scaling tokens reference
     python benchmarks/run.py --quick    # 10k/100k instead of up to 1M requests
 
@@ -14,6 +14,10 @@
 5. profiled   -- benchmark 1 with the profiled cost model (the shipped RTX PRO 6000 /
                  Llama-3.1-8B bundle) instead of the roofline: simulation time ratio (target <= 2x),
                  and against the roofline of that GPU and model (same simulated load).
+6. speculative -- the first 3,000 requests of benchmark 1 with speculative decoding (k = 3
+                 drafts from a 1B draft model, acceptance 0.7): fast engine with and without
+                 speculation, and the reference engine with it. Speculative steps draw each
+                 sequence's tokens, so the fast engine runs them one at a time: this is the price.
 
 The Azure trace is looked for in ``--traces DIR``, else ``$SCHEDLAB_TRACES``, else
 ``../shared/traces`` next to the repository (a git worktree elsewhere needs one of the first
@@ -210,9 +214,29 @@ def bench_profiled(rows: list, azure: tuple[list[str], str]) -> None:
                  f"roofline for rtx-pro-6000-server / llama-3.1-8b {secs(same)}"))
 
 
+SPECULATIVE = ['speculative={method = "draft_model", num_speculative_tokens = 3, acceptance_rate = 0.7, '
+               'draft = {kind = "roofline", model = "llama-3.2-1b", gpu = "a100-80gb"}}']
+
+
+def bench_speculative(rows: list, azure: tuple[list[str], str]) -> None:
+    overrides, source = azure
+    part = overrides + ["workload.limit=3000"]
+    plain = min((measure("azure.toml", part) for _ in range(3)), key=lambda r: r["wall_ms"])
+    spec = min((measure("azure.toml", part + SPECULATIVE) for _ in range(3)), key=lambda r: r["wall_ms"])
+    ref = measure("azure.toml", part + SPECULATIVE + ["experiment.engine=reference"])
+    rows.append(("6. speculative decoding (3,000 requests of benchmark 1)",
+                 f"{spec['wall_ms'] / plain['wall_ms']:.1f}x plain, {ref['wall_ms'] / spec['wall_ms']:.1f}x faster "
+                 "than reference",
+                 f"fast {spec['wall_ms'] / 1e3:.2f} s wall / {spec['cpu_ms'] / 1e3:.2f} s CPU ({spec['events']:,} "
+                 f"events = iterations), plain {plain['wall_ms'] / 1e3:.2f} s ({plain['iterations']:,} iterations in "
+                 f"{plain['events']:,} events), reference {ref['wall_ms'] / 1e3:.2f} s; "
+                 f"{spec['wall_ms'] * 1e3 / max(spec['generated_tokens'], 1):.1f} us per generated token; {source}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("which", nargs="*", default=["azure", "scaling", "tokens", "reference", "profiled"])
+    parser.add_argument("which", nargs="*",
+                        default=["azure", "scaling", "tokens", "reference", "profiled", "speculative"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
     parser.add_argument("--traces", metavar="DIR", help="folder holding the Azure trace (default: "
                         "$SCHEDLAB_TRACES, else ../shared/traces next to the repository)")
@@ -234,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_reference(rows, azure, fast)
     if "profiled" in args.which:
         bench_profiled(rows, azure)
+    if "speculative" in args.which:
+        bench_speculative(rows, azure)
     print("| benchmark | result | details |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

@@ -40,6 +40,13 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
     (ModelSpec("qwen2.5-72b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=72_706_203_648,
                num_attention_heads=64, hidden_size=8192),
      "Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 72.7B params"),
+    # A draft model for speculative decoding beside the Llama-3 8B models (same tokenizer). Its
+    # embeddings are tied: the table is read every iteration as the lm_head, so vocab_size is
+    # left unset and the roofline counts every parameter as read.
+    (ModelSpec("llama-3.2-1b", num_layers=16, num_kv_heads=8, head_dim=64, num_params=1_235_814_400,
+               num_attention_heads=32, hidden_size=2048),
+     "meta-llama/Llama-3.2-1B config.json: 16 layers, 32 heads / 8 KV heads, head_dim 64, hidden 2048, FFN 8192, "
+     "tied embeddings; 1.24B params (a draft model for Llama-3/3.1 8B)"),
     # The three models of the shared calibration profiles; parameter counts computed from the
     # config.json shapes by tools/derive_roofline.py (untied embeddings, norms included).
     (ModelSpec("llama-3.1-8b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=8_030_261_248,

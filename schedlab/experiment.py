@@ -4,7 +4,7 @@ File layout::
 
     [experiment]            # name, seed, plugins = [...], reports = [...], engine
     [workload]              # defaults for every run: kind = "..." plus the plugin's keys
-    [scheduler] [cost_model] [kv_cache] [cluster] [slo]
+    [scheduler] [cost_model] [kv_cache] [cluster] [slo] [speculative]
     [models.<name>] [gpus.<name>]   # your own presets
     [sweep]                 # "dotted.key" = [values]  -- a grid, applied to every run
     [search]                # key, low, high, constraint, maximize -- applied to every run
@@ -38,9 +38,9 @@ from .search import parse_constraint
 from .simulation import ENGINES, Context, RunSpec, assemble, component_config
 from .sweep import expand_grid, point_label
 
-TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo",
+TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative",
              "models", "gpus", "sweep", "search", "plan", "runs", "reports")
-RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo")
+RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative")
 RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "replicas")
 DEFAULT_REPORTS = ("table", "json", "plots")
 MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix

@@ -6,8 +6,8 @@ values by dotted paths (``ttft_ms.p99``, ``per_class.interactive.slo.goodput_rps
 stands for keys that depend on the run (request classes, instance numbers, clients, rejection
 reasons). Groups marked "optional" below exist only in some runs (``slo`` with an ``[slo]``
 table, ``per_class`` with several classes, ``per_instance`` with several instances,
-``per_client`` and ``fairness`` with several clients, ``vs_measured`` when a measured run is
-replayed); a name that fits the shape but is
+``per_client`` and ``fairness`` with several clients, ``speculative`` with a ``[speculative]``
+table, ``vs_measured`` when a measured run is replayed); a name that fits the shape but is
 absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`` in step.
 """
 
@@ -49,6 +49,8 @@ METRICS: dict = {
     "per_client": {"*": dict.fromkeys(("requests", "finished", "prompt_tokens", "generated_tokens", "service",
                                        "service_rate"))},   # optional: with several clients
     "fairness": dict.fromkeys(("clients", "jain_service", "jain_service_rate")),  # optional: several clients
+    "speculative": dict.fromkeys(("draft_tokens", "accepted_tokens", "drafts", "acceptance_rate",
+                                  "mean_acceptance_length", "tokens_per_step", "decode_steps")),  # optional
     # optional: a workload replaying a measured run (schedlab.compare); the keys of errors_pct
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
     "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},

@@ -1,8 +1,10 @@
 """Run metrics from per-request arrays and counters, computed once with numpy.
 
 Names and meanings follow vLLM (engines.md §3): TTFT from arrival to first token; TPOT per
-request = (finish - first token) / (tokens - 1); ITL one sample per token after the first;
-queue time from arrival to first scheduling. Percentiles use numpy's default (linear)
+request = (finish - first token) / (tokens - 1); ITL one sample per token after the first --
+with speculative decoding one per step that gives a request tokens, however many (vLLM's
+``inter_token_latency`` and ``vllm bench serve`` see one arrival per step); queue time from
+arrival to first scheduling. Percentiles use numpy's default (linear)
 interpolation; ITL percentiles come from run-length-encoded samples with the same rule.
 """
 
@@ -237,6 +239,8 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         cost.update(total_prefill_ms=total_pre, total_decode_ms=total_dec,
                     decode_share=total_dec / (total_pre + total_dec) if total_pre + total_dec else float("nan"))
     m["cost"] = cost
+    if meta.get("speculative"):
+        m["speculative"] = speculative_metrics(c)
     reasons: dict[str, int] = {}
     for reason in meta.get("rejections", {}).values():
         kind = _reason_kind(reason)
@@ -261,6 +265,25 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
                          "jain_service": jain_index([v["service"] for v in m["per_client"].values()]),
                          "jain_service_rate": jain_index([v["service_rate"] for v in m["per_client"].values()])}
     return m
+
+
+def speculative_metrics(c: dict[str, float]) -> dict[str, float]:
+    """Speculative decoding, named as vLLM reports it (``spec_decode/metrics.py``):
+    ``acceptance_rate`` = accepted / verified draft tokens; ``mean_acceptance_length`` = 1 +
+    accepted drafts per sequence step that verified drafts (the target's own token included);
+    ``tokens_per_step`` = decode tokens per sequence decode step, steps without drafts too."""
+    drafts, draft_tokens, accepted = int(c["spec_drafts"]), int(c["spec_draft_tokens"]), int(c["spec_accepted_tokens"])
+    steps = int(c["decode_seq_steps"])
+    nan = float("nan")
+    return {
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "drafts": drafts,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else nan,
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else nan,
+        "tokens_per_step": c["decode_tokens"] / steps if steps else nan,
+        "decode_steps": steps,
+    }
 
 
 # -- token-fair service (VTC's cost: Sheng et al., "Fairness in Serving LLMs", OSDI'24) ------------

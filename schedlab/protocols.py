@@ -30,6 +30,9 @@ step. It does so only when the plugins say it may:
   before growth evicts, because a smaller cached hit can change whom the scheduler admits.
 
 A plugin that declares nothing still works: the engine then asks it about every iteration.
+With speculative decoding on (``[speculative]``, :mod:`schedlab.speculative`) every decode
+step draws how many tokens each sequence gets, so the engine runs those steps one at a time
+whatever the plugins declare.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class SequenceState(Protocol):
     request: "Request"
     seq_no: int  # arrival order within the run, unique
     kv_state: Any  # free for the KV cache's own per-sequence data
-    reserved_tokens: int  # tokens of KV reserved at admission (0 = grow as you go)
+    reserved_tokens: int  # tokens of KV held beyond the computed ones: reserved at admission (0 = grow as
+    # you go), or with speculative decoding the slots its last step took (vLLM keeps them for its next step)
     num_preemptions: int
 
     @property
@@ -97,6 +101,9 @@ class Batch:
     :ivar decode_context_min: the shortest. Both are filled only for cost models that set
         ``needs_context_range = True`` (uneven contexts slow attention kernels down); they
         stay 0 otherwise, so engines spend nothing on them.
+    :ivar spec_tokens: speculative decoding's draft tokens verified by the decodes, summed: a
+        decode with ``d`` drafts computes ``1 + d`` query tokens in the same pass (the verify
+        pass), and its context above counts them too. 0 without speculation.
     """
 
     num_decode: int = 0
@@ -106,6 +113,7 @@ class Batch:
     prefill_context_tokens: int = 0
     decode_context_max: int = 0
     decode_context_min: int = 0
+    spec_tokens: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -113,7 +121,7 @@ class Batch:
 
     @property
     def num_batched_tokens(self) -> int:
-        return self.num_decode + self.prefill_tokens
+        return self.num_decode + self.spec_tokens + self.prefill_tokens
 
 
 @runtime_checkable
@@ -222,6 +230,11 @@ class Plan(Protocol):
         """Decode iterations the instance has run (a clock for lazy per-sequence accounting,
         e.g. service counters that grow with every token)."""
         ...
+    @property
+    def spec_tokens(self) -> int:
+        """Draft tokens each decode verifies in this iteration (speculative decoding), so a
+        decode takes ``1 + spec_tokens`` tokens of the budget; 0 without speculation."""
+        ...
 
     def is_scheduled(self, seq: SequenceState) -> bool:
         """True if ``seq`` already has work in this iteration."""
@@ -230,15 +243,21 @@ class Plan(Protocol):
     def decode_all(self) -> bool:
         """Give every decoding sequence its next token this iteration (allocating any new
         blocks). False, with nothing changed, if the cache lacks the blocks. This is the
-        fast path: the engine does it for all sequences at once."""
+        fast path: the engine does it for all sequences at once. With speculation each
+        decode verifies ``spec_tokens`` drafts: ``1 + spec_tokens`` tokens of the budget, and
+        KV slots for them plus the drafter's lookahead (vLLM ``allocate_slots``); after the
+        pass the sequence keeps those slots (its ``reserved_tokens``), as vLLM keeps a
+        request's blocks, and its next step reuses them."""
         ...
 
-    def decode(self, seq: SequenceState) -> bool:
+    def decode(self, seq: SequenceState, num_tokens: int | None = None) -> bool:
         """Give one decoding ``seq`` its next token (allocating its block if it needs one);
         False, with nothing changed, if the cache lacks it. Decoding sequences that get no
         token this iteration simply wait (vLLM: the budget ran out before their turn).
         Costs a pass over the running sequences at execution; prefer :meth:`decode_all`
-        when everyone decodes."""
+        when everyone decodes. With speculation, ``num_tokens`` (1 to ``1 + spec_tokens``,
+        the default) is the verify pass's tokens: fewer cut the drafts short, as vLLM does
+        when the token budget runs out."""
         ...
 
     def admit(self, seq: SequenceState, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0) -> bool:
@@ -247,7 +266,8 @@ class Plan(Protocol):
         ``prompt + max_tokens`` now so the sequence never needs more. ``reserve_tokens``: hold
         exactly that many tokens instead, at least ``prompt + max_tokens - 1`` (the most a request
         ever computes: its last token's KV is never written; TGI's block allocator reserves that).
-        False if it does not fit."""
+        With speculation a reservation also covers the slots a last step's drafts and lookahead
+        take (TGI reserves ``speculate`` more). False if it does not fit."""
         ...
 
     def prefill(self, seq: SequenceState, num_tokens: int) -> bool:

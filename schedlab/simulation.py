@@ -16,12 +16,14 @@ import attrs
 from .capacity import Presets
 from .catalog import Catalog
 from .configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, table_field
+from .drafting import DraftingCostModel
 from .engine.driver import simulate
 from .engine.instance import Instance
 from .engine.recorder import Recorder
 from .engine.reference import ReferenceEngine
 from .errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from .results import RunResult
+from .speculative import Speculation, SpeculativeConfig
 
 COMPONENTS = ("workload", "scheduler", "cost_model", "kv_cache")
 DEFAULT_TABLES: dict[str, dict] = {
@@ -139,6 +141,7 @@ class Assembled:
     router: Any
     cluster: ClusterConfig
     slo: SloConfig | None
+    speculative: SpeculativeConfig | None = None
 
 
 def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = False) -> Assembled:
@@ -159,11 +162,16 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         raise ConfigError(f"{where} [cluster]: the reference engine simulates one instance, not "
                           f"{cluster.instances}; use engine = \"fast\" for several")
     slo = from_table(SloConfig, tables["slo"], where=f"{where} [slo]") if "slo" in tables else None
+    speculative = (from_table(SpeculativeConfig, tables["speculative"], where=f"{where} [speculative]",
+                              base_dir=ctx.base_dir) if "speculative" in tables else None)
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
     parts = []
     for _ in range(1 if check_only else cluster.instances):
-        parts.append(tuple(build_component(ctx, kind, tables[kind], f"{where} [{kind}]")
-                           for kind in ("scheduler", "cost_model", "kv_cache")))
+        scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{kind}]")
+                               for kind in ("scheduler", "cost_model", "kv_cache"))
+        if speculative is not None:
+            cost = _drafting(ctx, speculative, cost, where)
+        parts.append((scheduler, cost, kv))
     router = None
     if cluster.instances > 1:
         router = build_component(ctx, "router", cluster.router, f"{where} [cluster.router]")
@@ -173,7 +181,14 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
                 check(cluster.instances)
             except ConfigError as exc:
                 raise ConfigError(f"{where} [cluster.router]: {exc}") from None
-    return Assembled(workload, parts, router, cluster, slo)
+    return Assembled(workload, parts, router, cluster, slo, speculative)
+
+
+def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
+    """The instance's cost model with the drafter's passes added (speculative decoding)."""
+    drafter = (build_component(ctx, "cost_model", config.draft, f"{where} [speculative.draft]")
+               if config.draft is not None else None)
+    return DraftingCostModel(cost, drafter, config)
 
 
 def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Callable | None = None,
@@ -182,15 +197,17 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     where = where or f"{ctx.source}: run {spec.name!r}"
     a = assemble(spec, ctx, where)
     recorder = Recorder(timeline=timeline)
+    speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
     started = time.perf_counter()
     try:
         requests = a.workload.requests(spec.seed)
         if spec.engine == "reference":
             scheduler, cost, kv = a.instances[0]
-            engines = [ReferenceEngine(scheduler, cost, kv, recorder)]
+            engines = [ReferenceEngine(scheduler, cost, kv, recorder, speculation=speculation)]
             engines[0].run(requests, workload=a.workload)
         else:
-            engines = [Instance(i, s, c, k, recorder, observer=observer) for i, (s, c, k) in enumerate(a.instances)]
+            engines = [Instance(i, s, c, k, recorder, observer=observer, speculation=speculation)
+                       for i, (s, c, k) in enumerate(a.instances)]
             simulate(requests, engines, router=a.router, workload=a.workload)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
@@ -209,6 +226,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "seed": spec.seed,
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
         "kv_cache": _kv_summary(kv),
+        "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
     }
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)

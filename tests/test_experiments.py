@@ -473,3 +473,33 @@ def test_capacity_plan_prunes_and_finds_two_a100s():
     assert status[("h100-80gb", 1)] == status[("h100-80gb", 2)] == "too-expensive"
     assert not any(d["gpu"] == "h100-80gb" for d in plan.deployments)
     assert len(plan.deployments) < plan.grid_size / 5
+
+
+# -- speculative decoding ----------------------------------------------------------------------------------
+
+
+def test_speculative_decoding_pays_at_low_load_and_costs_at_high_load():
+    from schedlab_plugins.reports.crossover import CrossoverConfig, compare
+
+    path = EXPERIMENTS / "speculative_decoding.toml"
+    results = run("speculative_decoding.toml", ["workload.duration_ms=12000"])
+    config = from_table(CrossoverConfig, load(path).report_tables["crossover"], where="crossover")
+    lines = {(line.study, line.label): line for line in compare(results, config)}
+    plain = by_point(results.study("plain"), "workload.clients")
+    for (study, label), line in lines.items():
+        one = by_point(results.study(study), "workload.clients")[1] if study == "ngram" else next(
+            r for r in results.study(study).runs if r.point["workload.clients"] == 1 and label in r.name)
+        # at one client every drafter cuts TPOT: several tokens a step for about the price of one
+        assert metric(one, "tpot_ms.mean") < 0.9 * metric(plain[1], "tpot_ms.mean"), label
+    # ... and the cheap, accurate ones stay ahead at 256 clients while the others lose throughput
+    assert lines[("alpha", "acceptance_rate=0.9")].side == "above"
+    assert lines[("ngram", "ngram")].side == "above"
+    for key in [("alpha", "acceptance_rate=0.5"), ("k", "num_speculative_tokens=7"), ("drafter", "model=llama-3.2-1b"),
+                ("drafter", "model=llama-3.2-3b")]:
+        assert lines[key].side == "inside" and lines[key].ratios[-1] < 0.95, key
+    # the crossover moves up with the acceptance rate and down with the drafter's cost
+    assert lines[("alpha", "acceptance_rate=0.5")].crossover < lines[("alpha", "acceptance_rate=0.7")].crossover
+    drafters = [lines[("drafter", f"model={m}")].crossover for m in ("eagle-llama-3-8b", "llama-3.2-1b", "llama-3.2-3b")]
+    assert drafters == sorted(drafters, reverse=True)
+    # drafts past k = 3 gain little at low load and cost more at high load
+    assert lines[("k", "num_speculative_tokens=7")].crossover < lines[("k", "num_speculative_tokens=3")].crossover

@@ -18,7 +18,7 @@ from schedlab.results_io import SUMMARY_LAYOUT, summary_dict, summary_problem
 ROOT = Path(__file__).resolve().parent.parent
 
 # Every optional group at once: two classes from two clients, two instances, an [slo] table,
-# and requests too long for the cache (rejections with a reason).
+# speculative decoding, and requests too long for the cache (rejections with a reason).
 EVERYTHING = """
 [experiment]
 name = "everything"
@@ -52,6 +52,9 @@ instances = 2
 [slo]
 ttft_ms = 200
 classes.chat = {tpot_ms = 50}
+
+[speculative]
+method = "ngram"
 """
 
 

@@ -598,3 +598,23 @@ def test_bulk_runs_are_cut_at_grid_points(tmp_path):
     assert runs[1].metrics["iterations"] == 2000
     assert runs[0].meta["events"] < 10
     assert math.isfinite(runs[0].metrics["tpot_ms"]["mean"])
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                          HealthCheck.function_scoped_fixture])
+@given(requests_lists(max_size=8, max_prompt=120, max_output=120, all_at_zero=False),
+       st.integers(1, 6), st.integers(6, 40), st.integers(1, 4))
+def test_profiled_speculative_runs_match_reference(tmp_path_factory, requests, max_seqs, budget, k):
+    """Speculative steps with the skew correction: the engines must give the model the same
+    longest and shortest contexts, drafts included, also when the budget cuts some drafts."""
+    from schedlab.speculative import SpeculativeConfig
+
+    b = _shared_bundle(tmp_path_factory, skew_alpha=0.3)
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max(budget, max_seqs), allocation="grow",
+                           chunked_prefill=True)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, acceptance_rate=0.6, proposer_ms=0.05)
+    runs = [run_engine(requests, ContinuousScheduler(cfg),
+                       ProfiledCostModel(b, TINY, ProfiledConfig(profile="x", model="tiny", overhead_ms=0.1)),
+                       PagedKVCache(200, 4), engine=engine, speculative=spec) for engine in ("fast", "reference")]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].metrics["speculative"]["draft_tokens"] > 0 or not any(r.target_tokens > 1 for r in requests)

@@ -1,6 +1,6 @@
 """The linear cost model: the seed lab's per-token prefill cost and per-step decode cost.
 
-``iteration_ms = prefill_ms_per_token * prefill_tokens
+``iteration_ms = prefill_ms_per_token * (prefill_tokens + spec_tokens)
                + decode_ms_per_step  (if the iteration decodes anything)
                + per_seq_ms * sequences in the batch
                + per_context_token_ms * KV tokens the decodes attend to
@@ -11,6 +11,11 @@ seed 001 charges: prefill proportional to prompt length, decode a fixed step tim
 many sequences share it -- the reason batching pays. ``per_context_token_ms`` makes decode
 steps slow down as contexts grow (memory-bound attention); the increase per step is exact,
 so the fast engine still advances decode runs in closed form.
+
+Speculative decoding: the draft tokens a decode verifies (``spec_tokens``) are computed in
+the same pass as its own token, in parallel like a prompt chunk, so each costs what a prompt
+token does; they also count as context (``per_context_token_ms``). A decode that verifies
+``k`` drafts therefore costs ``k * prefill_ms_per_token`` more than a plain one.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class LinearCostModel:
         self._base = c.base_ms
 
     def iteration_ms(self, batch: Batch) -> float:
-        ms = self._base + self._prefill * batch.prefill_tokens
+        ms = self._base + self._prefill * (batch.prefill_tokens + batch.spec_tokens)
         if batch.num_decode:
             ms += self._decode + self._ctx * batch.decode_context_tokens
         if self._seq:
@@ -52,7 +57,7 @@ class LinearCostModel:
 
     def decode_step_increment(self, batch: Batch) -> float | None:
         """Each next decode-only step attends ``num_decode`` more tokens."""
-        if batch.prefill_tokens:
+        if batch.prefill_tokens or batch.spec_tokens:
             return None
         return self._ctx * batch.num_decode
 

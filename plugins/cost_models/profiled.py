@@ -38,6 +38,13 @@ tp`` or ``E / tp`` falls below the table (a single token at TP 2), the expert bl
 weight read and its time is that of the first shape the table covers, scaled by the experts
 read. The rule is not fitted to any measurement of MoE at TP 2 (the shared data has none).
 
+Speculative decoding's verify pass (``spec_tokens`` draft tokens beside the decodes' own):
+the drafts are more tokens for the dense ops and more rows for ``lm_head`` and the sampler
+(logits at every draft position), and they enter the attention lookup as a prefill chunk of
+that many tokens, so the decodes are timed as the profiles measured decodes riding in the
+varlen kernel with a chunk (padded query tiles). The profiles hold no verify passes; this is
+the nearest measured shape.
+
 ``overhead_ms`` is what the profiles do not hold: the engine's CPU work per step
 (scheduling, input preparation, output processing) not hidden behind the GPU.
 
@@ -174,16 +181,17 @@ class ProfiledCostModel:
         if self._skew is None or n <= 1 or hi <= mean:
             return 0.0
         rate = (mean - lo) / (hi - lo) if hi > lo else 0.5
-        return self._skew(batch.prefill_tokens, n, rate, hi, batch.prefill_context_tokens)
+        return self._skew(batch.prefill_tokens + batch.spec_tokens, n, rate, hi, batch.prefill_context_tokens)
 
     def attention_ms(self, batch: Batch) -> float:
-        """One layer's attention, with the uneven-context correction."""
+        """One layer's attention, with the uneven-context correction (draft tokens as a chunk)."""
         n = batch.num_decode
-        if not batch.prefill_tokens:
+        chunk = batch.prefill_tokens + batch.spec_tokens
+        if not chunk:
             return self._decode_attention(batch, n, batch.decode_context_tokens / n)
         mean = batch.decode_context_tokens / n if n else 0.0
         alpha = self._skew_alpha(batch, mean)
-        t, t_max = self._attention.at_contexts(batch.prefill_tokens, batch.prefill_context_tokens, n, mean,
+        t, t_max = self._attention.at_contexts(chunk, batch.prefill_context_tokens, n, mean,
                                                batch.decode_context_max if alpha else mean)
         if t_max > t:
             t += alpha * (t_max - t)
@@ -222,18 +230,18 @@ class ProfiledCostModel:
 
     def iteration_ms(self, batch: Batch) -> float:
         n = batch.num_decode
-        if not batch.prefill_tokens:  # decode only: n tokens, n sequences
+        if not batch.prefill_tokens and not batch.spec_tokens:  # decode only: n tokens, n sequences
             if not n:
                 return 0.0
             fixed = self._decode_fixed.get(n)
             if fixed is None:
                 fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n) + self._overhead
             return fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
-        tokens = n + batch.prefill_tokens
+        tokens = n + batch.spec_tokens + batch.prefill_tokens
         ms = self._tokens_memo.get(tokens)
         if ms is None:
             ms = self.tokens_ms(tokens)
-        sequences = n + batch.num_prefill
+        sequences = n + batch.spec_tokens + batch.num_prefill  # lm_head and sampler rows
         seq_ms = self._seq_memo.get(sequences)
         if seq_ms is None:
             seq_ms = self.sequences_ms(sequences)
@@ -244,7 +252,7 @@ class ProfiledCostModel:
         it holds (until the mean or longest context crosses a grid point, the longest crosses
         a skew bucket, or the skew term changes sign)."""
         n = batch.num_decode
-        if batch.prefill_tokens or not n:
+        if batch.prefill_tokens or batch.spec_tokens or not n:
             return None
         mean = batch.decode_context_tokens / n
         last = self._last

@@ -29,6 +29,14 @@ and the FLOPs are those of the ``params per token`` (active parameters); the exp
 run at ``eta`` of the tokens each expert gets. With ``expert_parallel`` the experts are
 spread over the ranks instead of split (the same bytes and FLOPs per rank in this model).
 
+Speculative decoding's verify pass (``spec_tokens`` draft tokens beside the decodes' own):
+the drafts are more tokens through the linear layers (nearly free while weight reads
+dominate: why speculation pays at small batches), their KV is read with the context, and the
+decodes' attention runs in the varlen kernel with several query rows each, which pads them to
+a tile as it does decodes riding with a prefill chunk: ``mixed_decode_query_rows`` of FLOPs per
+context token when that exceeds the KV read (an inference from the mixed-batch profiles; the
+profiles hold no verify passes).
+
 Not modelled: decode-token FLOPs beyond the linear layers, the KV read of prefill attention.
 
 The default efficiencies are derived from the per-operator profiles of four GPU/model pairs
@@ -159,23 +167,26 @@ class RooflineCostModel:
 
     def iteration_ms(self, batch: Batch) -> float:
         """Duration of one iteration of shape ``batch`` in ms (0.0 for an empty batch)."""
-        tokens = batch.num_decode + batch.prefill_tokens
+        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         if tokens == 0:
             return 0.0
         kv_read = batch.decode_context_tokens * self._kv_ms_per_token
-        if not batch.prefill_tokens:
+        if not batch.prefill_tokens and not batch.spec_tokens:
             return self.tokens_ms(tokens) + kv_read
-        # Decodes riding with a prefill chunk go through the prefill attention kernel, which
-        # pads each one's single query to a tile: they cost query rows of compute, not a read.
+        # Decodes riding with a prefill chunk (or verifying drafts) go through the varlen
+        # attention kernel, which pads their few queries to a tile: they cost query rows of
+        # compute, not a read.
         padded = self._mixed_rows_ms_per_token * batch.decode_context_tokens
-        return (self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read)
-                + self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill))
+        ms = self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read)
+        if batch.prefill_tokens:
+            ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
+        return ms
 
     def decode_step_increment(self, batch: Batch) -> float | None:
         """For a decode-only batch: each next step reads ``num_decode`` more KV tokens, so it
         takes ``num_decode * kv_bytes_per_token / (BW * kv_read_efficiency)`` longer. ``None``
-        when prefill runs."""
-        if batch.prefill_tokens:
+        when prefill runs or drafts are verified."""
+        if batch.prefill_tokens or batch.spec_tokens:
             return None
         return batch.num_decode * self._kv_ms_per_token
 

@@ -1,7 +1,9 @@
-"""Built-in reports: the summary ``table``, ``json`` results (with CSVs), ``plots`` and the seed ``lab`` artifacts."""
+"""Built-in reports: the summary ``table``, ``json`` results (with CSVs), ``plots``, ``crossover`` and the seed
+``lab`` artifacts."""
 
 import schedlab
 
+from .crossover import CrossoverConfig
 from .lab import LabConfig, LabReport
 from .measured import CompareConfig, CompareReport
 from .plot_config import PlotsConfig
@@ -16,6 +18,13 @@ def _plots_report(config=None):
     return PlotsReport(config)
 
 
+def _crossover_report(config):
+    """The crossover report; matplotlib is imported only when its figure is drawn."""
+    from .crossover import CrossoverReport
+
+    return CrossoverReport(config)
+
+
 @schedlab.hookimpl
 def schedlab_register_reports(register):
     register("table", TableReport, config=TableConfig, help="summary table on stdout and in summary.txt")
@@ -24,5 +33,8 @@ def schedlab_register_reports(register):
              help="PNG figures in plots/: latency CDFs, timelines, sweep metrics, search probes, run comparisons")
     register("compare", CompareReport, config=CompareConfig,
              help="runs replaying a measured run: simulated vs measured table (compare.txt), CDF and timeline plots")
+    register("crossover", _crossover_report, config=CrossoverConfig,
+             help="where each sweep stops beating a baseline sweep as load grows: crossover.txt/.csv, "
+                  "plots/crossover.png")
     register("lab", LabReport, config=LabConfig,
              help="seed 001's artifacts: static.txt, compare.txt, maxseqs.txt, queue.csv, cost.txt, tune.txt")

@@ -167,16 +167,25 @@ class ContinuousScheduler:
         decode. When the unfinished prefills are all newer than every decode (always the
         case without ``long_prefill_token_threshold``), that order is "decodes, then
         prefills", and the engine's one-call ``decode_all`` gives the same result; the
-        sequence-by-sequence walk runs only when an older prefill precedes a decode.
-        ``"decodes_first"`` always decodes first (Sarathi-Serve).
+        sequence-by-sequence walk runs only when an older prefill precedes a decode, or when
+        speculative decoding's drafts (``1 + plan.spec_tokens`` tokens a decode) do not all
+        fit the budget: then, as in vLLM, the decodes take their tokens in order, the one the
+        budget runs out in gets fewer drafts and the rest wait. ``"decodes_first"`` always
+        decodes first (Sarathi-Serve).
         """
-        if (self.config.running_order == "admission" and plan.has_prefilling
-                and not self._prefills_trail(plan)):
+        k = plan.spec_tokens
+        fits = not k or plan.num_decoding * (1 + k) <= self._budget(plan)
+        if self.config.running_order == "admission" and (
+                not fits or plan.has_prefilling and not self._prefills_trail(plan)):
             return self._walk(plan, list(plan.running))
         if plan.num_decoding:
-            while not plan.decode_all():
-                if not self._preempt_one(plan):
+            if not fits:
+                if not self._walk(plan, [s for s in plan.running if s.status == "decoding"]):
                     return False
+            else:
+                while not plan.decode_all():
+                    if not self._preempt_one(plan):
+                        return False
         if plan.has_prefilling:
             return self._walk(plan, plan.prefilling)
         return True
@@ -201,6 +210,7 @@ class ContinuousScheduler:
         victim. Then FCFS stops the running phase; the priority policy goes on with the
         next sequence (vLLM 0.33)."""
         threshold = self._threshold
+        verify = 1 + plan.spec_tokens  # a decode's tokens: its own and the drafts it verifies
         for seq in seqs:
             status = seq.status
             if status not in ("decoding", "prefilling") or plan.is_scheduled(seq):
@@ -209,13 +219,16 @@ class ContinuousScheduler:
             if budget <= 0:
                 break
             decoding = status == "decoding"
-            if not decoding:
+            if decoding:
+                n = verify if verify <= budget else budget  # vLLM: min(num_new_tokens, token_budget)
+            else:
                 n = seq.num_tokens - seq.num_computed_tokens
                 if threshold and n > threshold:
                     n = threshold
                 if n > budget:
                     n = budget
-            while not (plan.decode(seq) if decoding else plan.prefill(seq, n)):
+            while not ((plan.decode(seq, n) if verify > 1 else plan.decode(seq)) if decoding
+                       else plan.prefill(seq, n)):
                 victim = self._victim(plan)
                 self._preempt(plan, victim)
                 if victim is seq:

@@ -28,6 +28,10 @@ from .sequence import DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED,
 INF = math.inf
 
 
+def _seq_no(seq) -> int:
+    return seq.seq_no
+
+
 @attrs.frozen
 class IterationRecord:
     """What an observer sees after each iteration (opt-in, see ``schedlab_iteration``)."""
@@ -40,6 +44,13 @@ class IterationRecord:
     kv_used_blocks: int
     preempted: tuple = ()     # ids of the requests preempted while planning this iteration
     running_ids: tuple = ()   # ids of the running requests, in admission order
+    decode_tokens: int = 0    # tokens the decodes produced (with speculation: 1 + accepted drafts each)
+    spec_k: int = 0           # speculation: drafts each decode could verify in this iteration
+    accepted_tokens: int = 0  # speculation: drafts accepted (of batch.spec_tokens verified)
+    kv_used_after: int = -1   # KV blocks in use after the iteration (finished requests' freed)
+    kv_held_after: int = -1   # what the running sequences' counters say they hold, summed
+    kv_shares_blocks: bool = False  # a prefix cache: sequences may share blocks, so used <= held
+    preempted_generated: tuple = ()  # tokens each preempted request had generated (same order as preempted)
 
 
 def default_rejection_reason(request, kv) -> str | None:
@@ -52,12 +63,25 @@ def default_rejection_reason(request, kv) -> str | None:
     return None
 
 
+def held_blocks(seqs, block_size: int) -> int:
+    """Blocks the sequences hold by their counters: ``max(ceil(reserved / B), ceil(computed / B))`` each."""
+    total = 0
+    for s in seqs:
+        c, r = s.num_computed_tokens, s.reserved_tokens
+        total += -(-(c if c > r else r) // block_size)
+    return total
+
+
 class Instance:
-    """A simulated server. ``advance(until)`` runs it; ``arrive(request)`` hands it a request."""
+    """A simulated server. ``advance(until)`` runs it; ``arrive(request)`` hands it a request.
+
+    ``speculation`` (a :class:`~schedlab.speculative.Speculation`) turns on speculative
+    decoding: every decode step then verifies drafts, and runs one iteration at a time.
+    """
 
     def __init__(self, index: int, scheduler, cost_model, kv, recorder: Recorder, *,
                  observer: Callable | None = None, stall_limit: int = 100_000,
-                 track_finished: bool = False):
+                 track_finished: bool = False, speculation=None):
         self.index = index
         self.scheduler = scheduler
         self.cost = cost_model
@@ -84,8 +108,15 @@ class Instance:
         self.itl_merge = -INF        # end of the last decode iteration
         self.off_cycle: dict = {}    # decoders left out of the last decode iteration -> their ITL group
         self.kv_grows = callable(getattr(kv, "grow", None))
+        self.spec = speculation
+        self.spec_k = speculation.k_max if speculation is not None else 0  # drafts per decode in the next step
+        # Speculation: decoders keep the slots of their last step (see _verify), so block
+        # growth is not periodic and cross_at is not kept.
+        self.track_growth = speculation is None
+        # Speculative steps draw each sequence's tokens: no two are alike, so no bulk runs.
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
-                        and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None)
+                        and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None
+                        and speculation is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
         self._room_before_eviction = getattr(kv, "blocks_before_eviction", None)
         self.host_tier = getattr(kv, "host", None)  # a host-memory tier under the prefix cache
@@ -109,6 +140,8 @@ class Instance:
         """Queue ``request`` (which has arrived by now), or reject it if it can never be served."""
         seq = Sequence(request, seq_no, self.clock)
         reason = self._rejection_reason(request, self.kv)
+        if not reason and self.spec is not None:
+            reason = self.spec.rejection_reason(self._rejection_reason, request, self.kv)
         if reason:
             seq.status = REJECTED
             self.rec.reject(seq, self.index, reason)
@@ -133,7 +166,7 @@ class Instance:
         seq.start_decoding()
         self.n_decoding += 1
         self.ctx_offset += seq.anchor + 1
-        if not seq.reserved_tokens:
+        if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-seq.anchor % len(self.cross_at)] += 1
             self.n_growing += 1
         heapq.heappush(self.finish_heap, (seq.finish_step, seq.seq_no, seq))
@@ -150,7 +183,7 @@ class Instance:
             seq.max_computed = seq._computed
         self.n_decoding -= 1
         self.ctx_offset -= anchor + 1
-        if not seq.reserved_tokens:
+        if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-anchor % len(self.cross_at)] -= 1
             self.n_growing -= 1
         key = self.off_cycle.pop(seq, None) if self.off_cycle else None
@@ -162,6 +195,19 @@ class Instance:
         else:
             del self.itl_groups[key]
         seq.last_token_ms = key
+
+    def spec_blocks_needed(self, slots: int) -> int:
+        """New blocks for every decoder to take ``slots`` slots past its computed tokens
+        (speculation), by the block-pool contract: a sequence holds ``max(ceil(reserved / B),
+        ceil(computed / B))`` blocks, its reservation covering the slots its last step took."""
+        bs = self.kv.block_size
+        total = 0
+        for seq in self.running:
+            if seq.status == DECODING:
+                c, r = seq.num_computed_tokens, seq.reserved_tokens
+                if c + slots > r:
+                    total += -(-(c + slots) // bs) + ((c if c > r else r) // -bs)
+        return total
 
     def _context_range(self, steps: int) -> tuple[int, int]:
         """(longest, shortest) decode context at decode counter ``steps``."""
@@ -324,10 +370,21 @@ class Instance:
         for seq, n in prefills:
             prefill_tokens += n
             prefill_context += seq._computed
-        batch = Batch(n_dec, self.ctx_offset + n_dec * steps if n_dec else 0,
-                      len(prefills), prefill_tokens, prefill_context)
+        drafts = 0
+        if n_dec and self.spec is not None:
+            drafts = n_dec * plan.spec_k
+            if plan.spec_override:
+                for d, _slots in plan.spec_override.values():
+                    drafts += d - plan.spec_k
+        batch = Batch(n_dec, self.ctx_offset + n_dec * steps + drafts if n_dec else 0,
+                      len(prefills), prefill_tokens, prefill_context, spec_tokens=drafts)
         if n_dec and self.track_range:
-            batch.decode_context_max, batch.decode_context_min = self._context_range(steps)
+            if drafts:  # drafts differ between sequences (cut by the budget, swap-ins): look at each
+                contexts = [s.num_computed_tokens + 1 + plan.drafts_of(s)[0]
+                            for s in self.running if s.status == DECODING]
+                batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
+            else:
+                batch.decode_context_max, batch.decode_context_min = self._context_range(steps)
         if n_dec or prefills:
             d0 = self.cost.iteration_ms(batch)
             if not d0 > 0.0 or d0 == INF:
@@ -392,7 +449,10 @@ class Instance:
             counters["kv_peak_blocks"] = peak
 
         progress = False
-        # decodes: one token each per iteration
+        decoded_before = counters["decode_tokens"]
+        accepted = 0
+        spec_done = ()
+        # decodes: one token each per iteration (and accepted drafts, see _verify)
         if n_dec:
             first_end = start + (d0 + plan.transfer_ms if k == 1 else d0)
             rec_itl = self.rec.itl
@@ -407,7 +467,10 @@ class Instance:
             self.clock.steps = steps + k
             counters["decode_tokens"] += k * n_dec
             counters["generated_tokens"] += k * n_dec
+            counters["decode_seq_steps"] += k * n_dec
             progress = True
+            if self.spec is not None:
+                accepted, spec_done = self._verify(plan)
 
         # prefill work; a completed prefill yields a token
         for seq, n in prefills:
@@ -439,6 +502,8 @@ class Instance:
                     self._add_decoder(seq)
 
         # decoders that produced their last token
+        for seq in sorted(spec_done, key=_seq_no) if len(spec_done) > 1 else spec_done:
+            self._finish(seq, end)
         heap = self.finish_heap
         now_steps = self.clock.steps
         while heap and heap[0][0] <= now_steps:
@@ -456,10 +521,76 @@ class Instance:
             self.since_progress += k
             if self.since_progress > self.stall_limit:
                 raise StallError(self._stall_message(f"{self.since_progress} iterations without a new token"))
+        if self.spec is not None and batch.num_seqs:
+            self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
         if self.observer is not None:
             self.observer(self.index, IterationRecord(
                 start, total, batch, n_running, len(self.waiting), used0,
-                tuple(s.request.id for s in plan.preempted), running_ids))
+                tuple(s.request.id for s in plan.preempted), running_ids,
+                decode_tokens=counters["decode_tokens"] - decoded_before, spec_k=plan.spec_k,
+                accepted_tokens=accepted, kv_used_after=kv.num_used_blocks(),
+                kv_held_after=held_blocks(self.running, kv.block_size), kv_shares_blocks=self.count_prefix,
+                preempted_generated=tuple(s.num_generated for s in plan.preempted)))
+
+    def _verify(self, plan: FastPlan) -> tuple[int, list]:
+        """Speculative decoding, after a decode step gave every decoder its one token: each
+        decoder also keeps its accepted drafts (at most what it still has to generate). The
+        slots the step took for the rest and for the lookahead stay with it, as vLLM keeps a
+        request's blocks (its next step reuses them): its reservation grows to cover them.
+        Returns the drafts accepted and the decoders that are done (their finish steps moved,
+        so the finish heap, which only bulk runs need, is not asked)."""
+        spec = self.spec
+        steps = self.clock.steps
+        counters = self.counters
+        k, default_slots, override = plan.spec_k, plan.spec_slots, plan.spec_override
+        track_range = self.track_range
+        drafted = drafts_total = accepted_total = extra_total = 0
+        done = []
+        for seq in self.running:
+            if seq.status != DECODING:
+                continue
+            drafts, slots = k, default_slots
+            if override is not None:
+                got = override.get(seq)
+                if got is not None:
+                    drafts, slots = got
+            anchor = seq.anchor
+            taken = anchor + steps - 1 + slots  # computed before the step + its slots
+            if taken > seq.reserved_tokens:
+                seq.reserved_tokens = taken
+            generated = seq.gen_anchor + steps  # this step's first token included
+            if drafts:
+                bits = seq.spec_state
+                if bits is None:
+                    bits = seq.spec_state = spec.predictable(seq.request)
+                x = bits >> (generated - 1)
+                m = (~x & (x + 1)).bit_length() - 1  # the accepted drafts: predictable positions in a row
+                if m > drafts:
+                    m = drafts
+                drafted += 1
+                drafts_total += drafts
+                accepted_total += m
+                extra = seq.target - generated
+                if m < extra:
+                    extra = m
+                if extra:  # run ahead of the decode clock: re-anchor (the finish heap is not asked)
+                    seq.anchor = anchor + extra
+                    seq.gen_anchor += extra
+                    seq.finish_step -= extra
+                    if track_range:
+                        heapq.heappush(self.anchor_high, (-anchor - extra, seq.seq_no, seq))
+                        heapq.heappush(self.anchor_low, (anchor + extra, seq.seq_no, seq))
+                    extra_total += extra
+                    generated += extra
+            if generated >= seq.target:
+                done.append(seq)
+        self.ctx_offset += extra_total
+        counters["spec_drafts"] += drafted
+        counters["spec_draft_tokens"] += drafts_total
+        counters["spec_accepted_tokens"] += accepted_total
+        counters["decode_tokens"] += extra_total
+        counters["generated_tokens"] += extra_total
+        return accepted_total, done
 
     def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float, growth) -> int:
         """How many identical decode iterations to run from here (at least 1)."""

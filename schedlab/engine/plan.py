@@ -22,6 +22,7 @@ class FastPlan:
     __slots__ = (
         "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
+        "spec_k", "spec_slots", "spec_override",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -41,6 +42,10 @@ class FastPlan:
         self.wake_steps = None
         self._tokens = 0
         self.skipped_decode = False
+        spec = inst.spec
+        self.spec_k = inst.spec_k if spec is not None else 0          # drafts each decode verifies
+        self.spec_slots = 1 + self.spec_k + spec.lookahead if spec is not None else 1  # KV slots a decode takes
+        self.spec_override = None  # {seq: (drafts, slots)} for decodes that differ from that
 
     # -- reading the state -----------------------------------------------------------------
     @property
@@ -80,6 +85,19 @@ class FastPlan:
         """Decode iterations this instance has run (a clock for lazy per-sequence accounting)."""
         return self._inst.clock.steps
 
+    @property
+    def spec_tokens(self) -> int:
+        return self.spec_k
+
+    def drafts_of(self, seq) -> tuple[int, int]:
+        """(draft tokens, KV slots) of a decode in this iteration."""
+        override = self.spec_override
+        if override is not None:
+            got = override.get(seq)
+            if got is not None:
+                return got
+        return self.spec_k, self.spec_slots
+
     def is_scheduled(self, seq) -> bool:
         return seq.plan_mark == self.serial or (self.decodes_all and seq.status == DECODING)
 
@@ -107,16 +125,29 @@ class FastPlan:
         if self.skipped_decode:
             raise SimulationError("scheduler called decode_all() after skip_decode() in the same iteration")
         inst = self._inst
-        if self.decoded:  # some already decode one by one: allocate for the rest, all or nothing
+        if inst.spec is not None and not self.decoded and inst.kv_grows:
+            # Speculation: the engine works out every decoder's new blocks and takes them at once.
+            need = inst.spec_blocks_needed(self.spec_slots) if inst.n_decoding else 0
+            if need:
+                if need > self.kv.num_free_blocks():
+                    return False
+                self.kv.grow(need)
+            self.decodes_all = True
+            self._tokens += inst.n_decoding * (1 + self.spec_k)
+            return True
+        if self.decoded or inst.spec is not None:
+            # Some already decode one by one (or a cache without grow): allocate for the rest,
+            # all or nothing.
             rest = [s for s in inst.running if s.status == DECODING and s.plan_mark != self.serial]
-            if sum(self.kv.blocks_needed(s, 1) for s in rest) > self.kv.num_free_blocks():
+            slots = self.spec_slots
+            if sum(self.kv.blocks_needed(s, slots) for s in rest) > self.kv.num_free_blocks():
                 return False
             for s in rest:
-                if not self.kv.allocate(s, 1):
+                if not self.kv.allocate(s, slots):
                     raise SimulationError("KV cache refused a decode slot it had reported free")
             self.decoded = []
             self.decodes_all = True
-            self._tokens += len(rest)
+            self._tokens += len(rest) * (1 + self.spec_k)
             return True
         if inst.n_decoding:
             if inst.kv_grows:
@@ -131,19 +162,33 @@ class FastPlan:
         self._tokens += inst.n_decoding
         return True
 
-    def decode(self, seq) -> bool:
+    def decode(self, seq, num_tokens: int | None = None) -> bool:
         if seq.status != DECODING:
             raise SimulationError(f"decode(): request {seq.request.id} is {seq.status}, not decoding")
         if self.skipped_decode:
             raise SimulationError("scheduler called decode() after skip_decode() in the same iteration")
         if self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} is already in this iteration")
-        if not self.kv.allocate(seq, 1):
+        k = self.spec_k
+        if num_tokens is None:
+            num_tokens = 1 + k
+        elif not 1 <= num_tokens <= 1 + k:
+            raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens in this "
+                                  f"iteration, scheduler asked for {num_tokens}")
+        slots = self.spec_slots - k - 1 + num_tokens
+        if not self.kv.allocate(seq, slots):
             return False
         seq.plan_mark = self.serial
         self.decoded.append(seq)
-        self._tokens += 1
+        self._tokens += num_tokens
+        if num_tokens != 1 + k:
+            self._override(seq, num_tokens - 1, slots)
         return True
+
+    def _override(self, seq, drafts: int, slots: int) -> None:
+        if self.spec_override is None:
+            self.spec_override = {}
+        self.spec_override[seq] = (drafts, slots)
 
     def skip_decode(self) -> None:
         if self.decodes_all or self.decoded:
@@ -175,6 +220,8 @@ class FastPlan:
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
+        if reserve_tokens and self._inst.spec is not None:
+            reserve_tokens += self._inst.spec.slack  # the last step's drafts and lookahead slots
         host = self._inst.host_tier
         loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
@@ -205,24 +252,31 @@ class FastPlan:
         return True
 
     def _pending(self, seq, what: str) -> int:
-        """Tokens of ``seq`` whose KV this iteration has allocated but not computed yet."""
+        """Token slots of ``seq`` whose KV this iteration has allocated but not computed yet."""
         if seq.plan_mark != self.serial:
-            return 1 if self.decodes_all and seq.status == DECODING else 0
+            return self.spec_slots if self.decodes_all and seq.status == DECODING else 0
         if seq in self.admitted or seq in self.swapped_in:
             raise SimulationError(f"{what}(): request {seq.request.id} joined this iteration")
         if seq.status == DECODING:
-            return 1
+            return self.drafts_of(seq)[1]
         return next(n for s, n in self.prefills if s is seq)
 
-    def _unschedule(self, seq, pending: int) -> None:
-        """Take ``seq``'s work out of this iteration (it is being preempted)."""
+    def _unschedule(self, seq, pending: int, decoding: bool) -> None:
+        """Take ``seq``'s work out of this iteration (it is being preempted; ``decoding``: it
+        was a decode, whatever its status is now)."""
         if not pending:
             return
-        self._tokens -= pending
+        if decoding:
+            self._tokens -= 1 + self.drafts_of(seq)[0]
+            if self.spec_override is not None:
+                self.spec_override.pop(seq, None)
+        else:
+            self._tokens -= pending
         if seq.plan_mark == self.serial:
             seq.plan_mark = -1
-            if seq.status == DECODING:
-                self.decoded.remove(seq)
+            if decoding:
+                if seq in self.decoded:  # (decode_all() after decode() empties the list)
+                    self.decoded.remove(seq)
             else:
                 self.prefills = [(s, n) for s, n in self.prefills if s is not seq]
 
@@ -230,7 +284,7 @@ class FastPlan:
         if seq.status not in (PREFILLING, DECODING):
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}, not running")
         pending = self._pending(seq, "preempt")
-        self._unschedule(seq, pending)
+        self._unschedule(seq, pending, seq.status == DECODING)
         self._inst.preempt_recompute(seq, pending)
         self._preempted.append(seq)
 
@@ -241,7 +295,7 @@ class FastPlan:
         ms = self._inst.swap_out(seq, pending)
         if ms is None:
             return False
-        self._unschedule(seq, pending)
+        self._unschedule(seq, pending, True)
         self.transfer_ms += ms
         self._preempted.append(seq)
         return True
@@ -258,6 +312,8 @@ class FastPlan:
         self.transfer_ms += ms
         self.swapped_in.append(seq)
         self._tokens += 1
+        if self._inst.spec is not None:  # swap-in gave it one slot: it verifies no drafts this time
+            self._override(seq, 0, 1)
         return True
 
     def wake_at(self, time_ms: float) -> None:

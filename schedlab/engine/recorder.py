@@ -32,6 +32,10 @@ COUNTERS = (
     "decode_only_ms",        # time in iterations that only decoded
     "prefill_tokens",        # prompt/recompute tokens computed
     "decode_tokens",         # tokens produced by decode steps
+    "decode_seq_steps",      # (sequence, decode step) pairs: decode_tokens / this = tokens per step
+    "spec_drafts",           # speculative decoding: sequence steps that verified drafts (vLLM num_drafts)
+    "spec_draft_tokens",     # draft tokens verified
+    "spec_accepted_tokens",  # of those, accepted
     "generated_tokens",      # all output tokens (decode steps + prefill completions)
     "num_preemptions",       # recompute and swap preemptions
     "recompute_preemptions",

@@ -32,7 +32,8 @@ class RefSequence:
         self.num_computed_tokens = 0
         self.num_generated = 0
         self.max_computed = 0
-        self.token_times: list[float] = []
+        self.token_times: list[float] = []  # end of every iteration that gave it tokens (one or more)
+        self.spec_state = None  # speculative decoding's per-request draw state
         self.first_scheduled_ms = -1.0
         self.waiting_since = request.arrival_ms
         self.waiting_ms = 0.0
@@ -73,6 +74,10 @@ class RefPlan:
         self.transfer_ms = 0.0
         self.wake = None
         self.num_scheduled_tokens = 0
+        spec = engine.spec
+        self.spec_tokens = engine.spec_k if spec is not None else 0
+        self.lookahead = spec.lookahead if spec is not None else 0
+        self.drafts: dict = {}  # decode -> (drafts it verifies, KV slots it took)
 
     @property
     def running(self):
@@ -111,23 +116,32 @@ class RefPlan:
         if self.skipped_decode:
             raise SimulationError("decode_all() after skip_decode()")
         decoding = [s for s in self._e.running if s.status == "decoding" and s not in self.decoded]
-        if sum(self.kv.blocks_needed(s, 1) for s in decoding) > self.kv.num_free_blocks():
+        k = self.spec_tokens
+        slots = 1 + k + self.lookahead if self._e.spec is not None else 1
+        if sum(self.kv.blocks_needed(s, slots) for s in decoding) > self.kv.num_free_blocks():
             return False
         for s in decoding:
-            assert self.kv.allocate(s, 1)
+            assert self.kv.allocate(s, slots)
+            self.drafts[s] = (k, slots)
         self.decodes_all = True
         self.decoded = []
-        self.num_scheduled_tokens += len(decoding)
+        self.num_scheduled_tokens += len(decoding) * (1 + k)
         return True
 
-    def decode(self, seq) -> bool:
+    def decode(self, seq, num_tokens: int | None = None) -> bool:
         if seq.status != "decoding" or self.skipped_decode or self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} cannot decode now")
-        if not self.kv.allocate(seq, 1):
+        k = self.spec_tokens
+        n = 1 + k if num_tokens is None else num_tokens
+        if not 1 <= n <= 1 + k:
+            raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
+        slots = n + self.lookahead if self._e.spec is not None else 1
+        if not self.kv.allocate(seq, slots):
             return False
         seq.mark = self.serial
         self.decoded.append(seq)
-        self.num_scheduled_tokens += 1
+        self.drafts[seq] = (n - 1, slots)
+        self.num_scheduled_tokens += n
         return True
 
     def decoders(self) -> list:
@@ -157,6 +171,8 @@ class RefPlan:
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
+        if reserve_tokens and self._e.spec is not None:
+            reserve_tokens += self._e.spec.slack
         host = getattr(self.kv, "host", None)
         loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
@@ -203,18 +219,20 @@ class RefPlan:
 
     def _withdraw(self, seq, what) -> int:
         """Take ``seq``'s work out of this iteration; the tokens it had KV allocated for."""
+        if seq in self.drafts:  # a decode
+            if seq in self.swapped_in:
+                raise SimulationError(f"{what}(): request {seq.request.id} joined this iteration")
+            drafts, slots = self.drafts.pop(seq)
+            self.num_scheduled_tokens -= 1 + drafts
+            if seq in self.decoded:
+                self.decoded.remove(seq)
+            seq.mark = -1
+            return slots
         if seq.mark != self.serial:
-            if self.decodes_all and seq.status == "decoding":
-                self.num_scheduled_tokens -= 1
-                return 1
             return 0
         if seq in self.admitted or seq in self.swapped_in:
             raise SimulationError(f"{what}(): request {seq.request.id} joined this iteration")
         seq.mark = -1
-        if seq in self.decoded:
-            self.decoded.remove(seq)
-            self.num_scheduled_tokens -= 1
-            return 1
         n = next(n for s, n in self.prefills if s is seq)
         self.prefills = [(s, m) for s, m in self.prefills if s is not seq]
         self.num_scheduled_tokens -= n
@@ -245,8 +263,8 @@ class RefPlan:
             raise SimulationError(f"swap_out(): request {seq.request.id} joined this iteration")
         e = self._e
         swap_out = getattr(self.kv, "swap_out", None)
-        pending = 1 if self.decodes_all or seq in self.decoded else 0
-        seq.num_computed_tokens += pending  # its slot of this iteration goes along (swap-in needs it again)
+        pending = self.drafts[seq][1] if seq in self.drafts else 0
+        seq.num_computed_tokens += pending  # its slots of this iteration go along (swap-in needs them again)
         ms = swap_out(seq) if swap_out is not None else None
         seq.num_computed_tokens -= pending
         if ms is None:
@@ -283,6 +301,7 @@ class RefPlan:
         e.counters["swap_transfer_ms"] += ms
         self.transfer_ms += ms
         self.swapped_in.append(seq)
+        self.drafts[seq] = (0, 1)  # swap-in gave it one slot: no drafts this time
         self.num_scheduled_tokens += 1
         return True
 
@@ -299,7 +318,10 @@ class RefPlan:
 class ReferenceEngine:
     """A single instance, simulated iteration by iteration."""
 
-    def __init__(self, scheduler, cost_model, kv, recorder: Recorder, *, stall_limit: int = 100_000):
+    def __init__(self, scheduler, cost_model, kv, recorder: Recorder, *, stall_limit: int = 100_000,
+                 speculation=None):
+        self.spec = speculation
+        self.spec_k = speculation.k_max if speculation is not None else 0
         self.scheduler = scheduler
         self.cost = cost_model
         self.kv = kv
@@ -342,6 +364,8 @@ class ReferenceEngine:
                 seq = RefSequence(request, seq_no)
                 seq_no += 1
                 reason = reason_of(request, self.kv)
+                if not reason and self.spec is not None:
+                    reason = self.spec.rejection_reason(reason_of, request, self.kv)
                 if reason:
                     seq.status = "rejected"
                     self.rec.reject(seq, 0, reason)
@@ -374,15 +398,17 @@ class ReferenceEngine:
             self.events += 1
 
             decoders = plan.decoders()
+            drafts = [plan.drafts[s][0] if self.spec is not None else 0 for s in decoders]
+            contexts = [s.num_computed_tokens + 1 + d for s, d in zip(decoders, drafts)]
             batch = Batch(
                 num_decode=len(decoders),
-                decode_context_tokens=sum(s.num_computed_tokens + 1 for s in decoders),
+                decode_context_tokens=sum(contexts),
                 num_prefill=len(plan.prefills),
                 prefill_tokens=sum(n for _, n in plan.prefills),
                 prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
+                spec_tokens=sum(drafts),
             )
             if decoders and getattr(self.cost, "needs_context_range", False):
-                contexts = [s.num_computed_tokens + 1 for s in decoders]
                 batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
             duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
             duration += plan.transfer_ms
@@ -403,14 +429,25 @@ class ReferenceEngine:
             progress = False
             decoded_out = []  # finishing order, shared with the fast engine: prefill completions
             done = []         # first (in plan order), then decoders by arrival order
-            for s in decoders:
-                s.num_computed_tokens += 1
+            for s, d in zip(decoders, drafts):
+                # Speculation: the drafts accepted up to the first rejected one, plus the target's
+                # own token, but no more than the request still has to generate.
+                accepted = self.spec.accepted(s, s.num_generated, d) if d else 0
+                tokens = min(1 + accepted, s.request.target_tokens - s.num_generated)
+                if d:
+                    counters["spec_drafts"] += 1
+                    counters["spec_draft_tokens"] += d
+                    counters["spec_accepted_tokens"] += accepted
+                s.num_computed_tokens += tokens
                 s.max_computed = max(s.max_computed, s.num_computed_tokens)
-                s.num_generated += 1
-                s.token_times.append(end)
-                counters["decode_tokens"] += 1
-                counters["generated_tokens"] += 1
+                s.num_generated += tokens
+                s.token_times.append(end)  # one ITL sample per step, however many tokens it gave
+                counters["decode_tokens"] += tokens
+                counters["generated_tokens"] += tokens
+                counters["decode_seq_steps"] += 1
                 progress = True
+                if self.spec is not None:  # the step's slots stay with the request (vLLM keeps its blocks)
+                    s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens - tokens + plan.drafts[s][1])
                 if s.num_generated >= s.request.target_tokens:
                     decoded_out.append(s)
             if decoders:
@@ -446,6 +483,8 @@ class ReferenceEngine:
                 if on_finish is not None:
                     on_finish(s, end)
                 finished(s.request, end)
+            if self.spec is not None and batch.num_seqs:
+                self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
             self.now = end
             no_progress = 0 if progress else no_progress + 1
             if no_progress > self.stall_limit:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import attrs
 import numpy as np
 
+from ..drafting import DraftingCostModel
 from ..engine.driver import simulate
 from ..engine.instance import Instance
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..results import RunResult
+from ..speculative import Speculation, SpeculativeConfig
 
 
 class IterationChecker:
@@ -19,11 +22,21 @@ class IterationChecker:
 
     It sees every iteration, so the fast engine runs step by step while it is attached.
 
+    With speculative decoding it also checks every step's verify pass: a decode verifies at
+    most ``k`` drafts (the batch's ``spec_tokens`` <= ``k x num_decode``), yields at least one
+    token and at most ``1 +`` its accepted drafts (accepted <= verified), drafts count against
+    the token budget, and after the step the KV cache holds exactly the blocks the running
+    sequences' counters and reservations call for (a decode keeps the slots its step took, as
+    vLLM keeps a request's blocks; caches that share prefix blocks hold at most that).
+
     Besides the limits it always checks for preemption loops: a request must not be preempted
     twice while the KV cache is unchanged -- the same blocks in use and the same requests
-    running when it was last preempted. Preempting it again then cannot free anything new;
-    it only burns the accelerator (a scheduler whose prefilling request can only ever preempt
-    itself readmits and preempts it until something else finishes).
+    running when it was last preempted, no other request preempted since -- and it has
+    generated nothing since. Preempting it again then cannot free anything new; it only burns
+    the accelerator (a scheduler whose prefilling request can only ever preempt itself
+    readmits and preempts it until something else finishes). A request that produced a token
+    between its preemptions made progress; one preempted again after others were (the cache
+    full both times, as under vLLM's rules when blocks are this scarce) saw a changed cache.
     """
 
     def __init__(self, *, max_running: int | None = None, token_budget: int | None = None,
@@ -33,12 +46,19 @@ class IterationChecker:
         self.kv_blocks = kv_blocks
         self.iterations = 0
         self._preempted_at: dict = {}  # (instance, request id) -> cache state at its last preemption
+        self._preemptions: dict = {}   # instance -> preemptions so far; (instance, request id) -> its own
 
     def __call__(self, instance: int, record) -> None:
         self.iterations += 1
         if record.preempted:
-            state = (record.kv_used_blocks, record.running_ids)
+            generated = record.preempted_generated or (None,) * len(record.preempted)
+            count = self._preemptions
+            count[instance] = count.get(instance, 0) + len(record.preempted)
             for rid in record.preempted:
+                count[(instance, rid)] = count.get((instance, rid), 0) + 1
+            for rid, tokens in zip(record.preempted, generated):
+                others = count[instance] - count[(instance, rid)]
+                state = (record.kv_used_blocks, record.running_ids, tokens, others)
                 if self._preempted_at.get((instance, rid)) == state:
                     raise AssertionError(
                         f"request {rid} preempted twice with the KV cache unchanged ({record.kv_used_blocks} blocks "
@@ -52,31 +72,51 @@ class IterationChecker:
         if self.kv_blocks is not None:
             assert 0 <= record.kv_used_blocks <= self.kv_blocks, f"{record.kv_used_blocks} KV blocks > {self.kv_blocks}"
         assert record.duration_ms > 0
+        if record.kv_used_after >= 0:
+            if record.kv_shares_blocks:
+                assert record.kv_used_after <= record.kv_held_after, (
+                    f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold {record.kv_held_after}")
+            else:
+                assert record.kv_used_after == record.kv_held_after, (
+                    f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold {record.kv_held_after}")
+        assert b.spec_tokens <= record.spec_k * b.num_decode, (
+            f"{b.spec_tokens} draft tokens verified by {b.num_decode} decodes, at most {record.spec_k} each")
+        assert 0 <= record.accepted_tokens <= b.spec_tokens, f"{record.accepted_tokens} of {b.spec_tokens} drafts accepted"
+        assert b.num_decode <= record.decode_tokens <= b.num_decode + record.accepted_tokens, (
+            f"{b.num_decode} decodes produced {record.decode_tokens} tokens with {record.accepted_tokens} drafts accepted")
 
 
 def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_blocks: int = 4096,
                block_size: int = 16, engine: str = "fast", check: IterationChecker | None = None,
-               workload=None, name: str = "test") -> RunResult:
+               workload=None, name: str = "test", speculative: SpeculativeConfig | None = None,
+               draft_cost=None, seed: int = 0) -> RunResult:
     """Simulate ``requests`` on one instance built from plugin objects; return the RunResult.
 
     Defaults: the linear cost model (seed 001's costs) and a paged KV cache of ``kv_blocks``.
+    ``speculative`` turns on speculative decoding (``draft_cost``: the drafter's cost model,
+    for methods that have one; ``seed`` keys the acceptance draws).
     """
     from schedlab_plugins.cost_models import LinearCostModel
     from schedlab_plugins.kv_caches import PagedKVCache
 
     cost_model = cost_model if cost_model is not None else LinearCostModel()
     kv = kv if kv is not None else PagedKVCache(kv_blocks, block_size)
+    speculation = None
+    if speculative is not None:
+        cost_model = DraftingCostModel(cost_model, draft_cost, speculative)
+        speculation = Speculation(speculative, seed)
     rec = Recorder()
     if engine == "reference":
         if check is not None:
             raise ValueError("the reference engine takes no observer")
-        sim = ReferenceEngine(scheduler, cost_model, kv, rec)
+        sim = ReferenceEngine(scheduler, cost_model, kv, rec, speculation=speculation)
         sim.run(list(requests), workload=workload)
     else:
-        sim = Instance(0, scheduler, cost_model, kv, rec, observer=check)
+        sim = Instance(0, scheduler, cost_model, kv, rec, observer=check, speculation=speculation)
         simulate(list(requests), [sim], workload=workload)
     meta = {"slots": getattr(scheduler, "slots", None), "num_blocks": kv.num_blocks, "instances": 1,
-            "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events}
+            "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events,
+            "speculative": attrs.asdict(speculative) if speculative is not None else {}}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(cost_model, "request_cost", None))
     result.meta["kv"] = kv
@@ -92,7 +132,9 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     * the running count and KV blocks never exceeded their limits (peaks);
     * arrival <= first scheduled <= first token <= finish, and the first token comes no
       earlier than the end of an iteration that started after arrival;
-    * the KV cache is empty at the end and its own invariants hold.
+    * the KV cache is empty at the end and its own invariants hold;
+    * tokens add up: decode steps yield at least one token each and, with speculative
+      decoding, at most one more per accepted draft (accepted <= verified drafts).
     """
     req = result.requests
     ids = req["id"]
@@ -116,6 +158,10 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
         assert c["kv_peak_blocks"] <= kv_blocks, f"peak KV blocks {c['kv_peak_blocks']} > {kv_blocks}"
     finished = req["rejected"] == 0
     assert c["generated_tokens"] == int(req["generated_tokens"][finished].sum())
+    assert c["spec_accepted_tokens"] <= c["spec_draft_tokens"], "more drafts accepted than verified"
+    assert c["decode_seq_steps"] <= c["decode_tokens"] <= c["decode_seq_steps"] + c["spec_accepted_tokens"], (
+        f"{c['decode_tokens']} decode tokens from {c['decode_seq_steps']} sequence steps and "
+        f"{c['spec_accepted_tokens']} accepted drafts")
     kv = result.meta.get("kv")
     if kv is not None:
         assert kv.num_used_blocks() == 0, f"{kv.num_used_blocks()} KV blocks still held after the run"

@@ -1,0 +1,217 @@
+"""Speculative decoding: its settings, how many drafts a step verifies, and which are accepted.
+
+A drafter proposes ``k`` tokens for every decoding sequence; one target pass verifies them
+with the sequence's last token (``1 + k`` query tokens) and keeps the drafts up to the first
+one the target disagrees with, plus one token of its own. This follows vLLM 0.33
+(``vllm/v1/core/sched/scheduler.py``, ``kv_cache_manager.allocate_slots``,
+``config/speculative.py``, ``spec_decode/metrics.py``):
+
+* a decoding request is scheduled for ``1 + k`` tokens (``num_tokens_with_spec -
+  num_computed_tokens``) out of the same token budget as prefill chunks; when the budget runs
+  short its drafts are cut (``min(num_new_tokens, token_budget)``);
+* ``allocate_slots`` takes KV slots for those tokens plus ``num_lookahead_tokens`` -- ``k``
+  for drafters that write KV past the verified tokens (EAGLE, a draft model), 0 for n-gram;
+* after the pass ``num_computed_tokens`` drops by the rejected drafts;
+* ``num_speculative_tokens_per_batch_size`` picks ``k`` by batch size: the drafts proposed
+  after a step (and verified in the next) number ``k`` for that step's scheduled requests.
+
+Acceptance. Draft token ``i`` of a step is accepted with probability ``alpha``,
+independently (the i.i.d. model of Leviathan et al., ICML 2023), so a step with ``k`` drafts
+yields ``(1 - alpha^(k+1)) / (1 - alpha)`` tokens on average. The draws are a function of
+the run's seed, the request id and the output position, nothing else: output token ``p`` of a
+request is "predictable" when ``hash(seed, id, p) < alpha``. A step at output position ``g``
+with ``d`` drafts accepts the predictable run starting at ``g``, at most ``d``; the token
+after it is the target's own. Every position is looked at once at most, so the draws are
+i.i.d., and the same in both engines whatever the order of events (and after a preemption,
+which resumes at the same position). With ``acceptance_sd > 0`` each request first draws its
+own rate from a Beta distribution with mean ``acceptance_rate`` (easy and hard prompts).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from .configs import FieldError, float_field, int_field, str_field, table_field
+
+METHODS = ("draft_model", "eagle", "ngram")
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_SALT = 0x5DEECE66D  # keeps these draws apart from the workload's, which use the same seed
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finaliser: a 64-bit integer hash with every output bit depending on every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _mix_array(z: np.ndarray) -> np.ndarray:
+    """:func:`_mix` on uint64 arrays (numpy's uint64 arithmetic wraps as the mask does)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def predictable_positions(key: int, threshold: int, count: int) -> int:
+    """Bit ``p`` set when output position ``p`` (< ``count``) is predictable: ``_mix(key + p *
+    golden) < threshold``. One integer per request, so a step's accepted drafts are the run
+    of set bits from its position (a shift and a bit trick, whatever the draws)."""
+    if threshold >= 1 << 64:
+        return (1 << count) - 1
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + np.arange(count, dtype=np.uint64) * np.uint64(_GOLDEN)
+        hits = _mix_array(z) < np.uint64(threshold)
+    return int.from_bytes(np.packbits(hits, bitorder="little").tobytes(), "little")
+
+
+def _schedule_field():
+    def convert(value):
+        if isinstance(value, list):
+            return tuple(tuple(e) if isinstance(e, list) else e for e in value)
+        return value
+
+    def check(_inst, attribute, value):
+        if not isinstance(value, tuple):
+            raise FieldError(attribute.name, f"must be a list of [first, last, k] entries, got {value!r}")
+        previous_end = 0
+        for entry in value:
+            if (not isinstance(entry, tuple) or len(entry) != 3
+                    or any(isinstance(x, bool) or not isinstance(x, int) for x in entry)):
+                raise FieldError(attribute.name, f"every entry must be [first, last, k] (whole numbers), got {entry!r}")
+            first, last, k = entry
+            if first < 1 or last < first or k < 0:
+                raise FieldError(attribute.name, f"entry {list(entry)}: need 1 <= first <= last and k >= 0")
+            if first <= previous_end:
+                raise FieldError(attribute.name, f"entry {list(entry)}: ranges must be sorted and must not overlap")
+            previous_end = last
+        if value and value[0][0] != 1:
+            raise FieldError(attribute.name, "the first range must start at batch size 1 (as vLLM requires)")
+
+    return attrs.field(default=(), converter=convert, validator=check, metadata={
+        "help": "[[first, last, k], ...]: drafts per sequence by batch size, ranges inclusive; gaps and sizes "
+                "past the last range keep the previous k (vLLM num_speculative_tokens_per_batch_size)"})
+
+
+@attrs.frozen
+class SpeculativeConfig:
+    """The ``[speculative]`` table: speculation is an engine setting, as in vLLM
+    (``--speculative-config``), so it works with every scheduler, cost model and KV cache."""
+
+    method: str = str_field(
+        "draft_model", choices=METHODS,
+        help="who drafts: 'draft_model' (a small model, its own cost model in [speculative.draft]), 'eagle' (a "
+             "draft head on the target's hidden states, also [speculative.draft]) or 'ngram' (prompt lookup on "
+             "the CPU: proposer_ms only); draft_model and eagle take k lookahead KV slots per step")
+    num_speculative_tokens: int = int_field(3, min=1, max=64, help="k: draft tokens per decoding sequence per step")
+    acceptance_rate: float = float_field(
+        0.7, min=0.0, max=1.0, help="alpha: probability that each draft token is accepted (independently)")
+    acceptance_sd: float = float_field(
+        0.0, min=0.0, help="spread of the rate over requests: each request draws its own from a Beta distribution "
+                           "with mean acceptance_rate and this standard deviation (0 = the same for all)")
+    k_by_batch_size: tuple = _schedule_field()
+    draft: dict | None = table_field(
+        None, help="the drafter's cost model table (kind = ..., e.g. a roofline of a small model); each step it "
+                   "runs one pass over the step's tokens, then k - 1 single-token passes")
+    proposer_ms: float = float_field(
+        0.0, min=0.0, help="time per step spent proposing drafts outside the drafter's passes (n-gram matching "
+                           "on the CPU, draft sampling), ms")
+
+    def __attrs_post_init__(self):
+        if self.method == "ngram" and self.draft is not None:
+            raise FieldError("draft", "method 'ngram' proposes on the CPU and has no drafter cost model "
+                                      "(set proposer_ms instead)")
+        if self.method != "ngram" and self.draft is None:
+            raise FieldError("draft", f"method {self.method!r} needs the drafter's cost model: "
+                                      "draft = {kind = \"roofline\", model = ..., gpu = ...}")
+        sd, mean = self.acceptance_sd, self.acceptance_rate
+        if sd and not (0.0 < mean < 1.0 and sd * sd < mean * (1.0 - mean)):
+            raise FieldError("acceptance_sd", f"must be below sqrt(rate x (1 - rate)) = "
+                                              f"{math.sqrt(mean * (1.0 - mean)):.4g} for a Beta distribution "
+                                              f"with mean {mean}, got {sd}")
+
+    @property
+    def lookahead(self) -> int:
+        """KV slots taken past the verified tokens each step (vLLM ``num_lookahead_tokens``:
+        ``num_speculative_tokens`` for EAGLE and draft models, which write KV for the next drafts)."""
+        return 0 if self.method == "ngram" else self.num_speculative_tokens
+
+    def k_for(self, batch_size: int) -> int:
+        """Drafts per sequence proposed after a step that scheduled ``batch_size`` requests."""
+        k = self.num_speculative_tokens
+        chosen = None
+        for first, _last, ranged in self.k_by_batch_size:
+            if first > batch_size:
+                break
+            chosen = ranged
+        return k if chosen is None else min(k, chosen)
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Mean tokens a step with ``k`` drafts yields under i.i.d. acceptance: ``sum alpha^j, j = 0..k``."""
+    if alpha == 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class Speculation:
+    """The engines' side of speculative decoding in one run: ``k`` per step and acceptance draws.
+
+    Per-request state (which output positions are predictable, as the bits of one integer)
+    is kept on the engine's sequence object (``spec_state``), so nothing here grows with the run.
+    """
+
+    def __init__(self, config: SpeculativeConfig, seed: int):
+        self.config = config
+        self.k_max = config.num_speculative_tokens
+        self.lookahead = config.lookahead
+        self.slack = self.k_max + self.lookahead  # KV slots a step may hold past the last token
+        self._seed_key = _mix((seed * _GOLDEN + _SALT) & _MASK)
+        self._seed = seed
+        self._k_memo: dict[int, int] = {}
+
+    def k_for(self, batch_size: int) -> int:
+        k = self._k_memo.get(batch_size)
+        if k is None:
+            k = self._k_memo[batch_size] = self.config.k_for(batch_size)
+        return k
+
+    def rate(self, request) -> float:
+        """The request's acceptance rate."""
+        c = self.config
+        if not c.acceptance_sd:
+            return c.acceptance_rate
+        mean, sd = c.acceptance_rate, c.acceptance_sd
+        nu = mean * (1.0 - mean) / (sd * sd) - 1.0
+        rng = np.random.default_rng([self._seed, _SALT, request.id])
+        return float(rng.beta(mean * nu, (1.0 - mean) * nu))
+
+    def predictable(self, request) -> int:
+        """The request's predictable output positions as bits (see :func:`predictable_positions`),
+        for every position a step may look at: up to its output plus ``k`` drafts."""
+        key = _mix((self._seed_key + request.id * _GOLDEN) & _MASK)
+        threshold = int(self.rate(request) * 2.0 ** 64)  # a position is predictable when its hash is below
+        return predictable_positions(key, threshold, request.target_tokens + self.k_max)
+
+    def accepted(self, seq, position: int, drafts: int) -> int:
+        """How many of ``drafts`` draft tokens, for output positions ``position, position + 1,
+        ...`` of ``seq``, the target accepts: the leading predictable ones."""
+        bits = seq.spec_state
+        if bits is None:
+            bits = seq.spec_state = self.predictable(seq.request)
+        x = bits >> position
+        m = (~x & (x + 1)).bit_length() - 1  # trailing ones
+        return m if m < drafts else drafts
+
+    def rejection_reason(self, reason_of, request, kv) -> str | None:
+        """Why ``request`` can never run with speculation, by the scheduler's own rule
+        ``reason_of(request, kv)`` applied to it with ``max_tokens`` raised by the slots a last
+        step's drafts and lookahead take; None when it fits."""
+        padded = attrs.evolve(request, max_tokens=request.max_output_tokens + self.slack)
+        reason = reason_of(padded, kv)
+        if reason:
+            return f"{reason} (max_tokens {request.max_output_tokens} + {self.slack} speculative slots)"
+        return None

@@ -1,0 +1,330 @@
+"""Speculative decoding: acceptance against its closed form, hand-computed steps, the budget,
+the batch-size schedule, cost models, configuration errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schedlab.errors import ConfigError
+from schedlab.experiment import load, run_experiment
+from schedlab.model import Request
+from schedlab.protocols import Batch
+from schedlab.speculative import Speculation, SpeculativeConfig, expected_tokens_per_step
+from schedlab.testing import IterationChecker, check_run, compare_runs, run_engine
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+ENGINES = ("fast", "reference")
+
+
+class _Seq:
+    def __init__(self, rid: int):
+        self.request = Request(rid, 0.0, 1, 10_000)  # draws exist for the output's positions
+        self.spec_state = None
+
+
+def _step_moments(alpha: float, k: int) -> tuple[float, float]:
+    """Mean and variance of the tokens of one step with k drafts (1 + the accepted leading run)."""
+    p = [alpha ** j * (1 - alpha) for j in range(k)] + [alpha ** k]  # P(m = j), j = 0..k
+    mean = sum((1 + j) * q for j, q in enumerate(p))
+    second = sum((1 + j) ** 2 * q for j, q in enumerate(p))
+    return mean, second - mean * mean
+
+
+@pytest.mark.parametrize("alpha,k", [(0.5, 2), (0.7, 4), (0.9, 7)])
+def test_acceptance_draws_follow_the_closed_form(alpha, k):
+    """Walking requests step by step as the engines do (a step at position g yields 1 + m
+    tokens and the next starts there), the mean tokens per step is (1 - a^(k+1)) / (1 - a)
+    and each draft position j is reached with probability a^j."""
+    spec = Speculation(SpeculativeConfig(method="ngram", num_speculative_tokens=k, acceptance_rate=alpha), seed=11)
+    tokens = []
+    reached = np.zeros(k + 1)
+    for rid in range(200):
+        seq, position = _Seq(rid), 0
+        for _ in range(200):
+            m = spec.accepted(seq, position, k)
+            reached[: m + 1] += 1
+            tokens.append(1 + m)
+            position += 1 + m
+    n = len(tokens)
+    mean, var = _step_moments(alpha, k)
+    assert mean == pytest.approx(expected_tokens_per_step(alpha, k), rel=1e-12)
+    assert abs(np.mean(tokens) - mean) < 5 * math.sqrt(var / n)
+    for j in range(k + 1):  # P(m >= j) = a^j
+        p = alpha ** j
+        assert abs(reached[j] / n - p) < 5 * math.sqrt(p * (1 - p) / n) + 1e-12
+
+
+def test_draws_depend_on_seed_request_and_position_only():
+    spec = Speculation(SpeculativeConfig(method="ngram", acceptance_rate=0.6, num_speculative_tokens=5), seed=3)
+    a = [spec.accepted(_Seq(7), p, 5) for p in range(300)]
+    b = [spec.accepted(_Seq(7), p, 5) for p in reversed(range(300))][::-1]
+    assert a == b  # any order of asking
+    assert [spec.accepted(_Seq(7), p, 2) for p in range(300)] == [min(m, 2) for m in a]  # fewer drafts: a prefix
+    other = Speculation(SpeculativeConfig(method="ngram", acceptance_rate=0.6, num_speculative_tokens=5), seed=4)
+    assert a != [other.accepted(_Seq(7), p, 5) for p in range(300)]
+    assert a != [spec.accepted(_Seq(8), p, 5) for p in range(300)]
+
+
+def test_per_request_rates_have_the_configured_mean_and_spread():
+    spec = Speculation(SpeculativeConfig(method="ngram", acceptance_rate=0.7, acceptance_sd=0.15), seed=0)
+    rates = np.array([spec.rate(Request(i, 0.0, 1, 1)) for i in range(4000)])
+    assert abs(rates.mean() - 0.7) < 5 * 0.15 / math.sqrt(4000)
+    assert rates.std() == pytest.approx(0.15, rel=0.06)
+    assert ((rates > 0) & (rates < 1)).all()
+    assert spec.rate(Request(5, 0.0, 1, 1)) == rates[5]  # a function of the request
+
+
+@pytest.mark.parametrize("alpha,k", [(0.6, 4), (0.8, 2)])
+def test_engines_mean_tokens_per_step_match_the_closed_form(alpha, k):
+    """Over thousands of steps the run's mean acceptance length (vLLM's: 1 + accepted drafts
+    per step) is the closed form, and the acceptance rate is its share of the k drafts."""
+    requests = [Request(i, 0.0, 16, 300) for i in range(24)]
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, acceptance_rate=alpha)
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=8, allocation="grow")),
+                       kv_blocks=2048, speculative=spec, seed=5, engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    s = runs[0].metrics["speculative"]
+    mean, var = _step_moments(alpha, k)
+    assert s["drafts"] > 2000
+    assert abs(s["mean_acceptance_length"] - mean) < 5 * math.sqrt(var / s["drafts"])
+    assert s["acceptance_rate"] == pytest.approx((s["mean_acceptance_length"] - 1) / k, rel=1e-12)
+    # the last step of a request keeps at most what it still needs: fewer tokens than drafts accepted
+    assert s["tokens_per_step"] < s["mean_acceptance_length"]
+    check_run(runs[0], requests)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_all_accepted_by_hand(engine):
+    # One request, prompt 4, output 10; linear costs 0.5 ms per prompt (and draft) token, 8 ms a
+    # decode step; n-gram drafts k = 3, proposing costs 1 ms a step; every draft accepted.
+    # Prefill: 4 x 0.5 + 1 = 3 ms -> first token at 3.
+    # Each decode step: 8 + 3 x 0.5 + 1 = 10.5 ms. Steps yield 4, 4, then 1 (only one left):
+    # tokens 5, 9, 10 at 13.5, 24, 34.5. TPOT (34.5 - 3) / 9 = 3.5 ms; three ITL samples of 10.5.
+    # KV (blocks of 4): each step takes slots for computed + 1 + 3 tokens: 8, 12, 16 -> 2, 3, 4
+    # blocks, nothing to release as every draft is kept (the last step keeps 13 tokens: still 4 blocks).
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_rate=1.0, proposer_ms=1.0)
+    check = IterationChecker(kv_blocks=16) if engine == "fast" else None
+    r = run_engine([Request(0, 0.0, 4, 10)], ContinuousScheduler(ContinuousConfig(allocation="grow")),
+                   LinearCostModel(LinearConfig(prefill_ms_per_token=0.5)), PagedKVCache(16, 4),
+                   engine=engine, speculative=spec, check=check)
+    assert r.requests["first_token_ms"].tolist() == [3.0]
+    assert r.requests["finish_ms"].tolist() == [34.5]
+    assert r.metrics["tpot_ms"]["mean"] == 3.5
+    assert r.metrics["itl_ms"]["mean"] == 10.5 and r.metrics["itl_ms"]["max"] == 10.5
+    assert r.metrics["iterations"] == 4
+    assert r.counters["kv_peak_blocks"] == 4
+    c = r.counters
+    assert (c["spec_drafts"], c["spec_draft_tokens"], c["spec_accepted_tokens"], c["decode_tokens"]) == (3, 9, 9, 9)
+    s = r.metrics["speculative"]
+    assert (s["acceptance_rate"], s["mean_acceptance_length"], s["tokens_per_step"]) == (1.0, 4.0, 3.0)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_all_rejected_with_a_drafter_by_hand(engine):
+    # Prompt 4, output 3; target: 0.5 ms per prompt/draft token, 8 ms a decode step. EAGLE-style
+    # drafter k = 2 (so 2 lookahead KV slots), its own linear cost: 0.25 ms a token, 1 ms a step.
+    # Every draft rejected.
+    # Prefill: target 2; drafter: one pass over the 4 prompt tokens (1) + one one-token pass (1)
+    #   -> 4 ms, first token at 4.
+    # Each decode step: target 8 + 2 x 0.5 = 9; drafter's pass over 1 + 2 tokens (2 drafts x 0.25
+    #   + 1) = 1.5, then one one-token pass 1 -> 11.5 ms; one token a step: 15.5, 27.
+    # KV (blocks of 4): step 1 takes slots for 4 + 1 + 2 + 2 = 9 tokens (3 blocks) and keeps 5
+    # tokens, but the request keeps the blocks, as in vLLM (its next step reuses them); step 2
+    # needs 10 slots: still 3 blocks.
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=2, acceptance_rate=0.0, draft={"kind": "linear"})
+    draft = LinearCostModel(LinearConfig(prefill_ms_per_token=0.25, decode_ms_per_step=1.0))
+    used_after = []
+
+    class Spy(IterationChecker):
+        def __call__(self, instance, record):
+            super().__call__(instance, record)
+            used_after.append(record.kv_used_after)
+
+    check = Spy(kv_blocks=16) if engine == "fast" else None
+    r = run_engine([Request(0, 0.0, 4, 3)], ContinuousScheduler(ContinuousConfig(allocation="grow")),
+                   LinearCostModel(LinearConfig(prefill_ms_per_token=0.5)), PagedKVCache(16, 4),
+                   engine=engine, speculative=spec, draft_cost=draft, check=check)
+    assert r.requests["first_token_ms"].tolist() == [4.0]
+    assert r.requests["finish_ms"].tolist() == [27.0]
+    assert r.metrics["tpot_ms"]["mean"] == 11.5
+    assert r.counters["kv_peak_blocks"] == 3
+    assert r.counters["kv_block_ms"] == 1 * 4.0 + 3 * 11.5 + 3 * 11.5  # blocks in use x iteration time
+    if engine == "fast":
+        assert used_after == [1, 3, 0]  # the rejected drafts' and lookahead slots stay until the finish
+    s = r.metrics["speculative"]
+    assert (s["draft_tokens"], s["accepted_tokens"], s["acceptance_rate"], s["tokens_per_step"]) == (4, 0, 0.0, 1.0)
+
+
+def test_budget_cuts_drafts_in_running_order():
+    # Four requests with 2-token prompts, k = 3, a budget of 9 tokens. Iteration 1 prefills all
+    # four (8 tokens). Iteration 2: 4 x (1 + 3) = 16 > 9, so as in vLLM the running requests
+    # take their tokens in order: 4, 4, then 1 (no drafts) and the fourth waits.
+    batches = []
+
+    class Spy(IterationChecker):
+        def __call__(self, instance, record):
+            super().__call__(instance, record)
+            batches.append(record.batch)
+
+    requests = [Request(i, 0.0, 2, 30) for i in range(4)]
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_rate=0.5)
+    cfg = ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=9, allocation="grow")
+    r = run_engine(requests, ContinuousScheduler(cfg), speculative=spec, check=Spy(token_budget=9))
+    assert (batches[1].num_decode, batches[1].spec_tokens, batches[1].num_batched_tokens) == (3, 6, 9)
+    assert all(b.num_batched_tokens <= 9 for b in batches)
+    compare_runs(r, run_engine(requests, ContinuousScheduler(cfg), speculative=spec, engine="reference"), rel=1e-12)
+
+
+def test_k_by_batch_size_follows_vllm_ranges():
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=3, k_by_batch_size=[[1, 2, 4], [5, 8, 1], [10, 12, 0]])
+    # sizes 1-2: 4 capped at num_speculative_tokens; 3-4: the gap keeps the previous k;
+    # 9: the gap after 5-8 keeps 1; past the last range: 0.
+    assert [cfg.k_for(b) for b in range(1, 15)] == [3, 3, 3, 3, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_engines_verify_the_drafts_proposed_for_the_previous_batch():
+    """The drafts a step verifies were proposed after the previous step, for its batch size."""
+    records = []
+
+    class Spy(IterationChecker):
+        def __call__(self, instance, record):
+            super().__call__(instance, record)
+            records.append(record)
+
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, k_by_batch_size=[[1, 1, 4], [2, 3, 2], [4, 64, 0]])
+    requests = [Request(i, 40.0 * i, 8, 12) for i in range(6)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")), speculative=spec,
+                   check=Spy())
+    compare_runs(r, run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")),
+                               speculative=spec, engine="reference"), rel=1e-12)
+    ks = {r.spec_k for r in records}
+    assert ks >= {4, 2}
+    for before, now in zip(records, records[1:]):
+        assert now.spec_k == spec.k_for(before.batch.num_seqs)
+        assert now.batch.spec_tokens == now.spec_k * now.batch.num_decode
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_requests_that_cannot_hold_their_drafts_are_rejected(engine):
+    # 16 blocks of 4 = 64 tokens. Prompt 30 + max_tokens 30 fits without speculation (59 slots),
+    # not with k = 3 n-gram drafts (62 + ... : 59 + 3 = 62 fits) -- so use an EAGLE drafter, whose
+    # 3 lookahead slots make 65.
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, draft={"kind": "linear"})
+    requests = [Request(0, 0.0, 30, 30), Request(1, 0.0, 30, 26)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")), kv=PagedKVCache(16, 4),
+                   engine=engine, speculative=spec, draft_cost=LinearCostModel())
+    assert r.requests["rejected"].tolist() == [1, 0]
+    assert "speculative slots" in r.rejections[0]
+    check_run(r, requests, kv_blocks=16)
+
+
+def test_reservations_hold_the_drafts_slots():
+    """allocation = "reserve" reserves prompt + max_tokens plus the drafts and lookahead of a
+    last step, so reserving sequences never need a block and are never preempted."""
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=2, acceptance_rate=0.5, draft={"kind": "linear"})
+    requests = [Request(i, 0.0, 10, 22) for i in range(5)]
+    for engine in ENGINES:
+        r = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="reserve")), kv=PagedKVCache(30, 4),
+                       engine=engine, speculative=spec, draft_cost=LinearCostModel())
+        # 10 + 22 + 2 + 2 = 36 tokens = 9 blocks each: three fit 30 blocks at once
+        assert r.counters["kv_peak_blocks"] == 27
+        assert r.metrics["num_preemptions"] == 0
+        check_run(r, requests, kv_blocks=30)
+
+
+def test_cost_models_see_the_verify_pass():
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+
+    linear = LinearCostModel(LinearConfig(prefill_ms_per_token=0.05, decode_ms_per_step=8.0))
+    assert linear.iteration_ms(Batch(4, 4000, spec_tokens=12)) == 8.0 + 12 * 0.05
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    roof = RooflineCostModel(presets.model("llama-3-8b"), presets.gpu("a100-80gb"),
+                             RooflineConfig(model="llama-3-8b", gpu="a100-80gb"))
+    plain = roof.iteration_ms(Batch(4, 4 * 1000))
+    verify = roof.iteration_ms(Batch(4, 4 * 1003, spec_tokens=12))
+    # more expensive than a plain decode, far cheaper than the 4 steps it may replace
+    assert plain < verify < 1.5 * plain
+    # a big batch's verify pass costs much more than its plain decode (compute and padded attention)
+    big_plain = roof.iteration_ms(Batch(256, 256 * 2000))
+    assert roof.iteration_ms(Batch(256, 256 * 2003, spec_tokens=768)) > 1.5 * big_plain
+    assert roof.decode_step_increment(Batch(4, 4 * 1003, spec_tokens=12)) is None
+
+
+EXPERIMENT = """
+[experiment]
+name = "spec"
+seed = 3
+[workload]
+kind = "synthetic"
+num_requests = 30
+rate = 5.0
+prompt = {dist = "uniform", low = 20, high = 200}
+output = {dist = "uniform", low = 20, high = 200}
+[scheduler]
+kind = "vllm"
+[cost_model]
+kind = "roofline"
+model = "llama-3-8b"
+gpu = "a100-80gb"
+[kv_cache]
+kind = "paged"
+num_blocks = 2000
+[speculative]
+method = "draft_model"
+num_speculative_tokens = 3
+acceptance_rate = 0.8
+draft = {kind = "roofline", model = "llama-3.2-1b", gpu = "a100-80gb"}
+[[runs]]
+name = "fast"
+[[runs]]
+name = "reference"
+engine = "reference"
+"""
+
+
+def test_experiment_with_a_speculative_table(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text(EXPERIMENT)
+    results = run_experiment(load(path))
+    fast, ref = (s.runs[0] for s in results.studies)
+    compare_runs(fast, ref, rel=1e-9)
+    assert fast.metrics["speculative"]["acceptance_rate"] > 0.4
+    assert fast.meta["speculative"]["num_speculative_tokens"] == 3
+    plain = run_experiment(load(path, ["speculative.num_speculative_tokens=1"])).studies[0].runs[0]
+    assert plain.metrics["speculative"]["draft_tokens"] < fast.metrics["speculative"]["draft_tokens"]
+
+
+@pytest.mark.parametrize("table,message", [
+    ('method = "eagle"', "[speculative]: draft: method 'eagle' needs the drafter's cost model"),
+    ('method = "ngram"\ndraft = {kind = "linear"}', "[speculative]: draft: method 'ngram' proposes on the CPU"),
+    ('method = "ngram"\nnum_specualtive_tokens = 2', "[speculative]: unknown key 'num_specualtive_tokens' "
+                                                     "(did you mean 'num_speculative_tokens'?)"),
+    ('method = "ngram"\nacceptance_rate = 0.9\nacceptance_sd = 0.4', "[speculative]: acceptance_sd: must be below"),
+    ('method = "ngram"\nk_by_batch_size = [[2, 4, 1]]', "k_by_batch_size: the first range must start at batch size 1"),
+    ('method = "ngram"\nk_by_batch_size = [[1, 4, 1], [3, 5, 2]]', "ranges must be sorted and must not overlap"),
+    ('method = "ngram"\nk_by_batch_size = [[1, 4]]', "every entry must be [first, last, k]"),
+    ('method = "ngram"\nacceptance_rate = 1.5', "acceptance_rate: must be <= 1.0"),
+    ('method = "draft_model"\ndraft = {kind = "rooflin"}', "[speculative.draft]: unknown cost_model 'rooflin'"),
+    ('method = "draft_model"\ndraft = {kind = "linear", decode_ms = 1}', "[speculative.draft]: unknown key 'decode_ms'"),
+])
+def test_bad_speculative_tables_name_table_and_key(tmp_path, table, message):
+    text = EXPERIMENT.split("[speculative]")[0] + "[speculative]\n" + table + "\n"
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_readme_quotes_the_speculation_experiment():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "experiments/speculative_decoding.toml" in readme
