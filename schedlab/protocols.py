@@ -327,8 +327,13 @@ class Scheduler(Protocol):
 
     Optional members: ``stable_between_events`` (see the module docstring),
     ``new_waiting_queue()`` (the order of waiting requests; FCFS when absent),
-    ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None) and
-    ``on_finish(seq, plan_now)`` (called when a sequence finishes).
+    ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None),
+    ``on_finish(seq, plan_now)`` (called when a sequence finishes; on a disaggregated prefill
+    instance, also when it leaves for the decode pool), ``slots`` (most running sequences;
+    a disaggregated decode instance lets no more join) and ``kv_reservation(request)`` (KV
+    tokens held from admission, 0 when grown as computed; a disaggregated decode instance
+    reserves as much when it pulls a request's KV). A request that joins a disaggregated
+    decode instance enters its running set decoding, without ``Plan.admit``.
     """
 
     def schedule(self, plan: Plan) -> None: ...
