@@ -24,10 +24,11 @@ from schedlab.model import Request
 from schedlab.testing import (check_run, compare_runs, dyadic_linear_costs, examples, requests_lists,
                               run_disaggregated)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
-from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter
-from schedlab_plugins.schedulers import (ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler,
-                                         TgiConfig, TgiScheduler, VtcConfig, VtcScheduler)
+from schedlab_plugins.schedulers import (ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler,
+                                         StaticConfig, StaticScheduler, TgiConfig, TgiScheduler, VtcConfig,
+                                         VtcScheduler)
 
 ENGINES = ("fast", "reference")
 MIB = 2**20
@@ -79,10 +80,14 @@ def test_bytes_per_token_come_from_the_model_per_tensor_parallel_rank():
     from schedlab.catalog import load_catalog
     from schedlab_plugins.kv_caches import PagedConfig, build_paged
 
+    from schedlab_plugins.kv_caches.settings import RadixConfig, build_radix
+
     presets = Presets.from_catalog(load_catalog(entry_points=False))
     for tp, per_rank in ((1, 128 * 1024), (2, 64 * 1024)):  # Llama-3-8B: 2 x 32 layers x 8 heads x 128 x 2 B
         kv = build_paged(PagedConfig(model="llama-3-8b", gpu="a100-80gb", tensor_parallel=tp), presets)
         assert kv_bytes_per_token(kv) == (per_rank, tp)
+        radix = build_radix(RadixConfig(model="llama-3-8b", gpu="a100-80gb", tensor_parallel=tp), presets)
+        assert kv_bytes_per_token(radix) == (per_rank, tp)  # no bytes_per_block: the model's bytes per token
 
 
 # -- hand-computed runs -----------------------------------------------------------------------------------
@@ -225,16 +230,17 @@ def configs():
 @st.composite
 def clusters(draw):
     """A random cluster: pools of 1-2 instances, small caches (the decode pool often full), any
-    of the built-in scheduler kinds per pool, prefix caching on either side, a dyadic link."""
+    of the built-in scheduler kinds per pool, prefix caching (vLLM's or SGLang's radix tree) on
+    either side, a dyadic link."""
     requests = draw(requests_lists(max_size=12, max_prompt=48, max_output=30, prefix_groups=2))
     block_size = draw(st.sampled_from([1, 4, 16]))
     need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
 
     def side():
-        kind = draw(st.sampled_from(["continuous", "continuous", "swap", "static", "tgi", "vtc"]))
+        kind = draw(st.sampled_from(["continuous", "continuous", "swap", "static", "tgi", "vtc", "sglang"]))
         cost = draw(dyadic_linear_costs())
         blocks = need + 1 + draw(st.integers(0, 24))
-        prefix = draw(st.booleans())
+        cache = draw(st.sampled_from(["paged", "prefix", "radix"]))
         if kind == "continuous":
             cfg = draw(configs())
             make_scheduler = lambda: ContinuousScheduler(cfg)  # noqa: E731
@@ -248,14 +254,24 @@ def clusters(draw):
         elif kind == "tgi":
             tgi = TgiConfig(max_batch_prefill_tokens=64, prefill_chunking=draw(st.booleans()))
             make_scheduler = lambda: TgiScheduler(tgi)  # noqa: E731
-        else:
+        elif kind == "vtc":
             vtc = VtcConfig(max_num_seqs=draw(st.integers(1, 5)), max_num_batched_tokens=64, allocation="grow",
                             chunked_prefill=True)
             make_scheduler = lambda: VtcScheduler(vtc)  # noqa: E731
+        else:
+            sglang = SglangConfig(max_running_requests=draw(st.integers(1, 5)), chunked_prefill_size=64,
+                                  enable_mixed_chunk=draw(st.booleans()),
+                                  schedule_policy=draw(st.sampled_from(["fcfs", "lpm"])))
+            make_scheduler = lambda: SglangScheduler(sglang)  # noqa: E731
 
         def make():
-            cls = PrefixKVCache if prefix else PagedKVCache
-            kv = cls(blocks, block_size, swap_blocks=16, bytes_per_block=block_size * MIB, host_link_gbps=2 ** 10 / 1e3)
+            if cache == "radix":
+                kv = RadixKVCache(blocks, block_size)
+                kv.bytes_per_block = block_size * MIB
+            else:
+                cls = PrefixKVCache if cache == "prefix" else PagedKVCache
+                kv = cls(blocks, block_size, swap_blocks=16, bytes_per_block=block_size * MIB,
+                         host_link_gbps=2 ** 10 / 1e3)
             return make_scheduler(), LinearCostModel(cost), kv
         return make
 
@@ -495,3 +511,19 @@ def test_a_pool_table_of_another_kind_replaces_the_runs_table(tmp_path):
     (r,) = run_experiment(load(path)).all_runs()
     assert r.metrics["finished"] == 40
     json.dumps(r.metrics)  # every metric is JSON-ready
+
+
+def test_sglangs_decode_side_keeps_room_for_reserved_decode_tokens_and_the_longest_request():
+    """SGLang's pre-allocation rule: 512 tokens per running or incoming request, and at least what
+    the longest running request needs to finish once the others are retracted."""
+    from types import SimpleNamespace
+
+    scheduler = SglangScheduler(SglangConfig())
+    assert scheduler.pull_headroom([], 0, 16) == 0
+    assert scheduler.pull_headroom([], 3, 16) == 3 * 512 // 16
+    running = [SimpleNamespace(request=Request(0, 0.0, 100, 50), num_computed_tokens=110, reserved_tokens=0),
+               SimpleNamespace(request=Request(1, 0.0, 3000, 6000), num_computed_tokens=3000, reserved_tokens=0)]
+    # reserved: 512 x (2 + 1) = 1536 tokens = 96 blocks; the longest: 3000 + min(6000, 4096) = 7096
+    # tokens = 444 blocks, less the 7 + 188 blocks the two hold = 249 blocks
+    assert scheduler.pull_headroom(running, 1, 16) == 249
+    assert scheduler.pull_headroom(running, 20, 16) == 512 * 22 // 16

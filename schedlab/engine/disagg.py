@@ -45,8 +45,12 @@ class PrefillStage:
     def before_plan(self, inst: Instance) -> None:
         releases = self.releases
         now = inst.now
+        on_finish = inst._on_finish
         while releases and releases[0][0] <= now:
-            inst.kv.free(heapq.heappop(releases)[2].prefill_seq)
+            t, _, tr = heapq.heappop(releases)
+            inst.kv.free(tr.prefill_seq)
+            if on_finish is not None:  # done here: the scheduler may admit into the freed blocks
+                on_finish(tr.prefill_seq, t)
 
     def after_plan(self, inst: Instance, plan) -> None:
         pass
@@ -132,12 +136,18 @@ class DecodeStage:
         kv = inst.kv
         slots = self.slots
         now = inst.now
+        headroom = getattr(inst.scheduler, "pull_headroom", None)
         while queue and (slots is None or len(inst.running) < slots):
             tr = queue[0]
             seq = tr.decode_seq
             prompt = seq.prompt
             hit = kv.cached_tokens(seq) if inst.count_prefix else 0
             reserve = kv_reservation(inst.scheduler, seq.request)
+            if headroom is not None:
+                keep = headroom(inst.running_view, len(self.in_flight) + len(self.landed), kv.block_size)
+                if kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve) + keep \
+                        > kv.num_free_blocks():
+                    break
             if not kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
                 break
             queue.popleft()

@@ -689,9 +689,8 @@ class Instance:
             seq.status = FINISHED
         del self.running[seq]
         if self.stage is not None and self.stage.hand_off(self, seq, t):
-            # on to a decode instance; its KV stays here until that instance has pulled it
-            if self._on_finish is not None:
-                self._on_finish(seq, t)
+            # on to a decode instance; its KV stays here until that instance has pulled it (the
+            # scheduler hears of the finish then, when the blocks come back)
             self.emitted = True
             return
         self.kv.free(seq)

@@ -526,9 +526,7 @@ class ReferenceEngine:
             del self.running[s]
             s.status = "finished"
             if self.role is not None and self.role.hand_off(self, s, end):
-                if on_finish is not None:  # it finished here; its KV stays until pulled
-                    on_finish(s, end)
-                continue
+                continue  # on to the decode pool; its KV (and its finish) stays until pulled
             self.kv.free(s)
             for a, b in zip(s.token_times, s.token_times[1:]):
                 self.rec.itl(b - a)

@@ -110,10 +110,13 @@ class PrefillRole:
         return min((t for t, _, _ in self.releases), default=INF)
 
     def before_plan(self, inst: ReferenceEngine) -> None:
+        on_finish = getattr(inst.scheduler, "on_finish", None)
         for item in sorted(self.releases, key=lambda x: (x[0], x[1])):
             if item[0] <= inst.now:
                 self.releases.remove(item)
                 inst.kv.free(item[2].prefill_seq)
+                if on_finish is not None:
+                    on_finish(item[2].prefill_seq, item[0])
 
     def after_plan(self, inst: ReferenceEngine, plan) -> None:
         pass
@@ -183,12 +186,18 @@ class DecodeRole:
     def after_plan(self, inst: ReferenceEngine, plan) -> None:
         if plan.preempted or inst.waiting or inst.swapped:
             return
+        headroom = getattr(inst.scheduler, "pull_headroom", None)
         while self.waiting_for_kv and (self.slots is None or len(inst.running) < self.slots):
             tr = self.waiting_for_kv[0]
             seq = tr.decode_seq
             prompt = seq.request.prompt_tokens
             hit = inst.kv.cached_tokens(seq) if getattr(inst.kv, "prefix_caching", False) else 0
             reserve = kv_reservation(inst.scheduler, seq.request)
+            if headroom is not None:
+                need = inst.kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve)
+                if need + headroom(list(inst.running), len(self.in_flight) + len(self.landed),
+                                   inst.kv.block_size) > inst.kv.num_free_blocks():
+                    return
             if not inst.kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
                 return
             self.waiting_for_kv.pop(0)

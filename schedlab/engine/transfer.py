@@ -18,10 +18,13 @@ The flow follows vLLM 0.33's P/D serving with the NIXL connector (pull mode:
    admitted: ``scheduler.py``, ``load_kv_async``), the decode instance allocates the blocks for
    the prompt -- less what its own prefix cache already holds (vLLM asks the connector with
    the local hit) -- plus the reservation its scheduler makes for every request
-   (``kv_reservation``). A full decode pool therefore pushes back: prefill instances keep
-   finished prompts' blocks and, when those fill their caches, admit fewer new prompts.
+   (``kv_reservation``), keeping free what its scheduler asks (``pull_headroom``: SGLang's
+   decode server pre-allocates only beyond reserved decode tokens). A full decode pool
+   therefore pushes back: prefill instances keep finished prompts' blocks and, when those fill
+   their caches, admit fewer new prompts.
 3. The transfer then runs over the link between the two instances (:class:`KVLink`); when it
-   has landed, the prefill instance frees its blocks (vLLM: the NIXL notification), and the
+   has landed, the prefill instance frees its blocks (vLLM: the NIXL notification) and tells
+   its scheduler the request has finished (``on_finish``), and the
    request joins the decode instance's running set at its next iteration boundary, as soon
    as fewer than ``slots`` requests run (vLLM: ``WAITING_FOR_REMOTE_KVS`` -> ``WAITING`` ->
    admitted), with the prompt's KV computed and its first token generated. It never decodes
@@ -43,11 +46,14 @@ def kv_bytes_per_token(kv) -> tuple[float, int]:
     """``(bytes one token's KV takes on each rank, ranks)`` of a KV cache plugin.
 
     ``bytes_per_block`` is per tensor-parallel rank (vLLM sizes every rank's pool alike); a
+    cache without it but sized from presets (``sizing``) takes the model's bytes per token. A
     cache sized from presets knows its ``tensor_parallel``, otherwise one rank is assumed.
     """
     per_block = getattr(kv, "bytes_per_block", 0) or 0
     sizing = getattr(kv, "sizing", None)
     ranks = sizing.tensor_parallel if sizing is not None else 1
+    if not per_block and sizing is not None:
+        return float(sizing.bytes_per_token), ranks
     return per_block / kv.block_size, ranks
 
 
