@@ -230,8 +230,8 @@ def configs():
 @st.composite
 def clusters(draw):
     """A random cluster: pools of 1-2 instances, small caches (the decode pool often full), any
-    of the built-in scheduler kinds per pool, prefix caching (vLLM's or SGLang's radix tree) on
-    either side, a dyadic link."""
+    of the built-in scheduler kinds per pool, prefix caching (vLLM's, with or without a host
+    tier, or SGLang's radix tree) on either side, a dyadic link."""
     requests = draw(requests_lists(max_size=12, max_prompt=48, max_output=30, prefix_groups=2))
     block_size = draw(st.sampled_from([1, 4, 16]))
     need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
@@ -240,7 +240,7 @@ def clusters(draw):
         kind = draw(st.sampled_from(["continuous", "continuous", "swap", "static", "tgi", "vtc", "sglang"]))
         cost = draw(dyadic_linear_costs())
         blocks = need + 1 + draw(st.integers(0, 24))
-        cache = draw(st.sampled_from(["paged", "prefix", "radix"]))
+        cache = draw(st.sampled_from(["paged", "prefix", "prefix+host", "radix"]))
         if kind == "continuous":
             cfg = draw(configs())
             make_scheduler = lambda: ContinuousScheduler(cfg)  # noqa: E731
@@ -268,6 +268,11 @@ def clusters(draw):
             if cache == "radix":
                 kv = RadixKVCache(blocks, block_size)
                 kv.bytes_per_block = block_size * MIB
+            elif cache == "prefix+host":  # a host-memory tier of 12 blocks under vLLM's prefix cache
+                from schedlab_plugins.kv_caches.host_tier import HostTier
+
+                host = HostTier(12, bytes_per_block=block_size * MIB, link_gbps=LINK_GBPS, latency_us=125.0)
+                kv = PrefixKVCache(blocks, block_size, bytes_per_block=block_size * MIB, host=host)
             else:
                 cls = PrefixKVCache if cache == "prefix" else PagedKVCache
                 kv = cls(blocks, block_size, swap_blocks=16, bytes_per_block=block_size * MIB,
@@ -527,3 +532,78 @@ def test_sglangs_decode_side_keeps_room_for_reserved_decode_tokens_and_the_longe
     # tokens = 444 blocks, less the 7 + 188 blocks the two hold = 249 blocks
     assert scheduler.pull_headroom(running, 1, 16) == 249
     assert scheduler.pull_headroom(running, 20, 16) == 512 * 22 // 16
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_side_hit_in_host_memory_is_reloaded_beside_the_pull(engine):
+    # The decode instance's host tier holds the first 3 blocks (48 tokens) of the prompt: the pull
+    # moves only the last 16 tokens (1 ms on the link + 0.5 ms), while the 3 blocks come back over
+    # the host link, 16 MiB per ms, in 3 ms + 0.125 ms. The later of the two lands the KV: at 32 +
+    # 3.125; the last two tokens follow at 43.125 and 51.125.
+    from schedlab_plugins.kv_caches.host_tier import HostTier
+    from schedlab_plugins.kv_caches.prefix import block_key
+
+    request = Request(0, 0.0, 64, 3, prefix_group=0, prefix_tokens=64)
+    tiers = []
+
+    def decode():
+        host = HostTier(8, bytes_per_block=16 * MIB, link_gbps=LINK_GBPS, latency_us=125.0)
+        for j in range(3):
+            host.store(block_key(request, j, 16), j)
+        tiers.append(host)
+        scheduler, cost, _ = pool(16)()
+        return scheduler, cost, PrefixKVCache(16, 16, bytes_per_block=16 * MIB, host=host)
+
+    r = run([request], pool(16), decode, engine)
+    assert by_id(r, "kv_bytes") == {0: 16 * MIB}
+    assert by_id(r, "kv_pulled_ms") == {0: 32.0}
+    assert by_id(r, "kv_landed_ms") == pytest.approx({0: 35.125})
+    assert by_id(r, "finish_ms") == pytest.approx({0: 51.125})
+    assert tiers[0].loaded == 3
+    assert r.counters["host_load_blocks"] == 3 and r.counters["host_load_ms"] == pytest.approx(3.125)
+    check_run(r, [request])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, seed):
+    """Requests that join a decode instance verify drafts like any decoding request."""
+    path = tmp_path / "spec.toml"
+    path.write_text(textwrap.dedent(f"""
+        [experiment]
+        seed = {seed}
+        [workload]
+        kind = "synthetic"
+        num_requests = 50
+        prompt = {{dist = "uniform", low = 50, high = 400}}
+        output = {{dist = "uniform", low = 2, high = 80}}
+        arrival = "poisson"
+        rate = 20
+        [scheduler]
+        kind = "vllm"
+        max_num_seqs = 8
+        [cost_model]
+        kind = "roofline"
+        model = "llama-3-8b"
+        gpu = "a100-80gb"
+        [kv_cache]
+        kind = "paged"
+        model = "llama-3-8b"
+        gpu = "a100-80gb"
+        [speculative]
+        method = "ngram"
+        num_speculative_tokens = 3
+        acceptance_rate = 0.6
+        [cluster]
+        mode = "disaggregated"
+        decode = {{instances = 2, router = {{kind = "least_outstanding"}}}}
+        [[runs]]
+        name = "fast"
+        [[runs]]
+        name = "reference"
+        engine = "reference"
+        """))
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
+    spec = runs["fast"].metrics["speculative"]
+    assert spec["accepted_tokens"] > 0 and runs["fast"].metrics["transfer"]["transfers"] == 50 - (
+        runs["fast"].requests["generated_tokens"] == 1).sum()

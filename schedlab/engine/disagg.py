@@ -148,6 +148,8 @@ class DecodeStage:
                 if kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve) + keep \
                         > kv.num_free_blocks():
                     break
+            host = inst.host_tier
+            loaded = host.loaded if host is not None else 0
             if not kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
                 break
             queue.popleft()
@@ -158,6 +160,12 @@ class DecodeStage:
             tr.bytes = link.bytes_moved(tr.tokens)
             tr.pulled_ms = now
             tr.landed_ms = link.start(now, tr.tokens)
+            if host is not None and host.loaded != loaded:  # part of the local hit comes from host memory
+                ms = host.load_ms(host.loaded - loaded)
+                inst.counters["host_load_blocks"] += host.loaded - loaded
+                inst.counters["host_load_ms"] += ms
+                if now + ms > tr.landed_ms:  # the reload runs beside the pull; the later one lands it
+                    tr.landed_ms = now + ms
             heapq.heappush(self.in_flight, (tr.landed_ms, tr.seq_no, tr))
             self.cluster.stage_of(tr.prefill_index).release_at(tr.landed_ms, tr)
             inst.emitted = True  # the prefill instance now plans again at the landing

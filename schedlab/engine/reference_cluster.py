@@ -198,6 +198,8 @@ class DecodeRole:
                 if need + headroom(list(inst.running), len(self.in_flight) + len(self.landed),
                                    inst.kv.block_size) > inst.kv.num_free_blocks():
                     return
+            host = getattr(inst.kv, "host", None)
+            loaded = host.loaded if host is not None else 0
             if not inst.kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
                 return
             self.waiting_for_kv.pop(0)
@@ -209,6 +211,12 @@ class DecodeRole:
             tr.bytes = link.bytes_moved(tr.tokens)
             tr.pulled_ms = inst.now
             tr.landed_ms = link.start(inst.now, tr.tokens)
+            if host is not None and host.loaded > loaded:  # blocks of the local hit reloaded from host memory
+                blocks = host.loaded - loaded
+                ms = blocks * host.bytes_per_block / (host.link_gbps * 1e9) * 1e3 + host.latency_us / 1e3
+                inst.counters["host_load_blocks"] += blocks
+                inst.counters["host_load_ms"] += ms
+                tr.landed_ms = max(tr.landed_ms, inst.now + ms)
             self.in_flight.append(tr)
             self.cluster.by_index[tr.prefill_index].role.releases.append((tr.landed_ms, tr.seq_no, tr))
 

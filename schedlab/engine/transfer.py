@@ -17,7 +17,8 @@ The flow follows vLLM 0.33's P/D serving with the NIXL connector (pull mode:
    than its scheduler's ``slots`` (vLLM's waiting loop, where a remote-prefill request is
    admitted: ``scheduler.py``, ``load_kv_async``), the decode instance allocates the blocks for
    the prompt -- less what its own prefix cache already holds (vLLM asks the connector with
-   the local hit) -- plus the reservation its scheduler makes for every request
+   the local hit; a hit found in a host-memory tier is reloaded beside the pull, and the later
+   of the two lands the KV) -- plus the reservation its scheduler makes for every request
    (``kv_reservation``), keeping free what its scheduler asks (``pull_headroom``: SGLang's
    decode server pre-allocates only beyond reserved decode tokens). A full decode pool
    therefore pushes back: prefill instances keep finished prompts' blocks and, when those fill
