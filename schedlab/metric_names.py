@@ -7,7 +7,8 @@ stands for keys that depend on the run (request classes, instance numbers, clien
 reasons). Groups marked "optional" below exist only in some runs (``slo`` with an ``[slo]``
 table, ``per_class`` with several classes, ``per_instance`` with several instances,
 ``per_client`` and ``fairness`` with several clients, ``speculative`` with a ``[speculative]``
-table, ``vs_measured`` when a measured run is replayed); a name that fits the shape but is
+table, ``vs_measured`` when a measured run is replayed, ``pools`` and ``transfer`` in a
+disaggregated cluster); a name that fits the shape but is
 absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`` in step.
 """
 
@@ -51,6 +52,12 @@ METRICS: dict = {
     "fairness": dict.fromkeys(("clients", "jain_service", "jain_service_rate")),  # optional: several clients
     "speculative": dict.fromkeys(("draft_tokens", "accepted_tokens", "drafts", "acceptance_rate",
                                   "mean_acceptance_length", "tokens_per_step", "decode_steps")),  # optional
+    "gpus": None,
+    # optional: a disaggregated cluster (schedlab.engine.transfer): each pool's load, the KV transfers
+    "pools": {pool: {**dict.fromkeys(("instances", "gpus", "iterations", "busy_share", "kv_usage_mean",
+                                      "kv_usage_peak")), "queue_ms": _SUMMARY} for pool in ("prefill", "decode")},
+    "transfer": {**dict.fromkeys(("transfers", "bytes")),
+                 **{name: _SUMMARY for name in ("kv_wait_ms", "transfer_ms", "join_wait_ms")}},
     # optional: a workload replaying a measured run (schedlab.compare); the keys of errors_pct
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
     "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},

@@ -246,6 +246,12 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         kind = _reason_kind(reason)
         reasons[kind] = reasons.get(kind, 0) + 1
     m["rejection_reasons"] = reasons
+    m["gpus"] = int(meta.get("gpus") or instances)
+    if meta.get("pools"):
+        m["pools"] = {name: _pool_metrics(pool, makespan) for name, pool in meta["pools"].items()}
+        m["pools"]["prefill"]["queue_ms"] = m["queue_ms"]
+        m["transfer"] = _transfer_metrics(req, ok)
+        m["pools"]["decode"]["queue_ms"] = m["transfer"].pop("decode_queue_ms")
     slo = meta.get("slo") or {}
     if slo:
         m["slo"] = _slo_metrics(req, lat, ok, slo, seconds)
@@ -283,6 +289,40 @@ def speculative_metrics(c: dict[str, float]) -> dict[str, float]:
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else nan,
         "tokens_per_step": c["decode_tokens"] / steps if steps else nan,
         "decode_steps": steps,
+    }
+
+
+# -- disaggregated prefill and decode (DistServe, vLLM P/D) ---------------------------------------------
+
+
+def _pool_metrics(pool: dict, makespan: float) -> dict[str, Any]:
+    """One pool's size and load: the share of the makespan its instances were busy, and its KV usage."""
+    n = pool["instances"]
+    return {
+        "instances": n,
+        "gpus": pool["gpus"],
+        "iterations": int(pool["iterations"]),
+        "busy_share": pool["busy_ms"] / (makespan * n) if makespan > 0 else float("nan"),
+        "kv_usage_mean": pool["kv_block_ms"] / (pool["num_blocks"] * makespan) if makespan > 0 else float("nan"),
+        "kv_usage_peak": float(pool["kv_peak_share"]),
+    }
+
+
+def _transfer_metrics(req: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, Any]:
+    """KV transfers of the finished requests that moved to a decode instance: how many, bytes,
+    the wait for decode capacity (first token to blocks allocated), the transfer itself (blocks
+    allocated to KV landed, link queueing included), the wait for a running slot (landed to
+    joined), and the decode stage's whole queueing (first token to joined)."""
+    moved = ok & (req["kv_pulled_ms"] >= 0)
+    first, pulled = req["first_token_ms"][moved], req["kv_pulled_ms"][moved]
+    landed, joined = req["kv_landed_ms"][moved], req["decode_joined_ms"][moved]
+    return {
+        "transfers": int(moved.sum()),
+        "bytes": int(req["kv_bytes"][moved].sum()),
+        "kv_wait_ms": summarize(pulled - first),
+        "transfer_ms": summarize(landed - pulled),
+        "join_wait_ms": summarize(joined - landed),
+        "decode_queue_ms": summarize(joined - first),
     }
 
 

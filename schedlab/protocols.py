@@ -327,8 +327,16 @@ class Scheduler(Protocol):
 
     Optional members: ``stable_between_events`` (see the module docstring),
     ``new_waiting_queue()`` (the order of waiting requests; FCFS when absent),
-    ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None) and
-    ``on_finish(seq, plan_now)`` (called when a sequence finishes).
+    ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None),
+    ``on_finish(seq, plan_now)`` (called when a sequence finishes; on a disaggregated prefill
+    instance, when the decode side has pulled its KV and its blocks are free), ``slots`` (most
+    running sequences; a disaggregated decode instance lets no more join),
+    ``kv_reservation(request)`` (KV tokens held from admission, 0 when grown as computed; a
+    disaggregated decode instance reserves as much when it pulls a request's KV) and
+    ``pull_headroom(running, pending, block_size)`` (blocks a disaggregated decode instance
+    keeps free when it pulls, given its running sequences and the requests already being
+    received). A request that joins a disaggregated decode instance enters its running set
+    decoding, without ``Plan.admit``.
     """
 
     def schedule(self, plan: Plan) -> None: ...

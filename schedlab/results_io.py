@@ -42,7 +42,8 @@ REQUEST_COLUMNS = (
     "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
     "first_token_ms", "finish_ms", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "waiting_ms", "prompt_tokens",
     "output_tokens", "max_tokens", "generated_tokens", "preemptions", "recomputed_tokens", "prefill_chunks",
-    "cached_tokens", "swaps", "rejected", "reason",
+    "cached_tokens", "swaps", "rejected", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms",
+    "decode_joined_ms", "reason",
 )
 TIMELINE_COLUMNS = ("run",) + TIMELINE
 
@@ -172,7 +173,8 @@ def request_rows(run: RunResult):
     cols = [r["id"], r["instance"], r["request_class"], r["client"], r["priority"], r["arrival_ms"],
             r["first_scheduled_ms"], r["first_token_ms"], r["finish_ms"], ttft, tpot, e2e, queue, r["waiting_ms"],
             r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["generated_tokens"], r["preemptions"],
-            r["recomputed_tokens"], r["prefill_chunks"], r["cached_tokens"], r["swaps"], r["rejected"]]
+            r["recomputed_tokens"], r["prefill_chunks"], r["cached_tokens"], r["swaps"], r["rejected"],
+            r["prefill_instance"], r["kv_bytes"], r["kv_pulled_ms"], r["kv_landed_ms"], r["decode_joined_ms"]]
     lists = [c.tolist() for c in cols]
     for i in range(n):
         row = [run.name] + [_fmt(c[i]) for c in lists]
@@ -315,10 +317,16 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
     floats = ("arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms")
     ints = ("id", "instance", "priority", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
             "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected")
+    transfer = {"prefill_instance": (int, -1), "kv_bytes": (int, 0), "kv_pulled_ms": (float, -1.0),
+                "kv_landed_ms": (float, -1.0), "decode_joined_ms": (float, -1.0)}  # absent in older results
+
     def saved_run(name: str, metrics: dict, counters: dict, meta: dict, point: dict) -> RunResult:
         rrows = by_run.get(name, [])
         req = {c: np.array([_num(r[index[c]], float) for r in rrows], dtype=float) for c in floats}
         req.update({c: np.array([_num(r[index[c]], int) for r in rrows], dtype=np.int64) for c in ints})
+        for c, (kind, missing) in transfer.items():
+            values = [_num(r[index[c]], kind) if c in index else missing for r in rrows]
+            req[c] = np.array(values, dtype=float if kind is float else np.int64)
         for c in ("request_class", "client"):
             req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
         rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}

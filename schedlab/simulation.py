@@ -15,13 +15,17 @@ import attrs
 
 from .capacity import Presets
 from .catalog import Catalog
-from .configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, table_field
+from .configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, str_field, table_field
 from .drafting import DraftingCostModel
-from .engine.driver import simulate
+from .engine.disagg import DisaggregatedCluster
+from .engine.driver import simulate, simulate_disaggregated
 from .engine.instance import Instance
 from .engine.recorder import Recorder
 from .engine.reference import ReferenceEngine
+from .engine.reference_cluster import DisaggregatedReference, ReferenceCluster
+from .engine.transfer import kv_bytes_per_token
 from .errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
+from .overrides import merge_tables
 from .results import RunResult
 from .speculative import Speculation, SpeculativeConfig
 
@@ -34,11 +38,52 @@ DEFAULT_TABLES: dict[str, dict] = {
 ENGINES = ("fast", "reference")
 
 
+CLUSTER_MODES = ("colocated", "disaggregated")
+POOLS = ("prefill", "decode")
+
+
 @attrs.frozen
 class ClusterConfig:
-    instances: int = int_field(1, min=1, max=MAX_INSTANCES, help="identical instances behind the router")
+    mode: str = str_field("colocated", choices=CLUSTER_MODES,
+                          help="'colocated': every instance prefills and decodes; 'disaggregated': a prefill pool "
+                               "hands prompts' KV to a decode pool ([cluster.prefill], [cluster.decode], [cluster.link])")
+    instances: int = int_field(1, min=1, max=MAX_INSTANCES, help="identical instances behind the router (colocated)")
     router: dict = table_field(attrs.Factory(lambda: {"kind": "round_robin"}),
-                               help="the router table (kind = ...), used when instances > 1")
+                               help="the router table (kind = ...), used when instances > 1; disaggregated: the "
+                                    "default router of both pools")
+    prefill: dict | None = table_field(None, help="disaggregated: the prefill pool (instances, router, and scheduler, "
+                                                  "cost_model, kv_cache tables overriding the run's)")
+    decode: dict | None = table_field(None, help="disaggregated: the decode pool (same keys as prefill)")
+    link: dict | None = table_field(None, help="disaggregated: the KV link from a prefill to a decode instance "
+                                               "(bandwidth_gbps, latency_us)")
+
+    def __attrs_post_init__(self):
+        if self.mode == "colocated":
+            for name in ("prefill", "decode", "link"):
+                if getattr(self, name) is not None:
+                    raise FieldError(name, "only a cluster with mode = 'disaggregated' has pools and links")
+
+
+@attrs.frozen
+class PoolConfig:
+    """One pool of a disaggregated cluster: its size, router and plugin tables."""
+
+    instances: int = int_field(1, min=1, max=MAX_INSTANCES, help="instances in the pool")
+    router: dict | None = table_field(None, help="router within the pool (default: [cluster] router)")
+    scheduler: dict = table_field(attrs.Factory(dict),
+                                  help="overrides the run's [scheduler] key by key (another kind replaces it)")
+    cost_model: dict = table_field(attrs.Factory(dict), help="overrides the run's [cost_model] likewise")
+    kv_cache: dict = table_field(attrs.Factory(dict), help="overrides the run's [kv_cache] likewise")
+
+
+@attrs.frozen
+class LinkConfig:
+    """The link a prompt's KV crosses from a prefill instance to a decode instance."""
+
+    bandwidth_gbps: float = float_field(25.0, min=0.0, min_exclusive=True,
+                                        help="GB/s per GPU, one direction (25: a 200 Gb/s RDMA NIC per GPU; "
+                                             "inf: instant)")
+    latency_us: float = float_field(10.0, min=0.0, help="fixed time of one transfer, us")
 
 
 @attrs.frozen
@@ -135,13 +180,47 @@ def _tables_with_defaults(tables: dict) -> dict:
 
 
 @attrs.define
+class Pool:
+    """The instances of one pool of a disaggregated cluster."""
+
+    name: str
+    instances: list[tuple[Any, Any, Any]]  # (scheduler, cost model, kv cache) per instance
+    router: Any
+
+
+@attrs.define
 class Assembled:
     workload: Any
-    instances: list[tuple[Any, Any, Any]]  # (scheduler, cost model, kv cache) per instance
+    instances: list[tuple[Any, Any, Any]]  # (scheduler, cost model, kv cache) per instance (all pools')
     router: Any
     cluster: ClusterConfig
     slo: SloConfig | None
     speculative: SpeculativeConfig | None = None
+    pools: list[Pool] | None = None  # disaggregated: prefill, decode
+    link: LinkConfig | None = None
+
+
+def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
+                     speculative: SpeculativeConfig | None) -> list[tuple]:
+    parts = []
+    for _ in range(count):
+        scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]")
+                               for kind in ("scheduler", "cost_model", "kv_cache"))
+        if speculative is not None:
+            cost = _drafting(ctx, speculative, cost, where)
+        parts.append((scheduler, cost, kv))
+    return parts
+
+
+def _build_router(ctx: Context, table: dict, count: int, where: str):
+    router = build_component(ctx, "router", table, where)
+    check = getattr(router, "check_cluster", None)  # optional: routers that name instances
+    if check is not None:
+        try:
+            check(count)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return router
 
 
 def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = False) -> Assembled:
@@ -157,30 +236,21 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
                           f"{', '.join(ctx.catalog['workload'].names())}")
     if spec.engine not in ENGINES:
         raise ConfigError(f"{where.rstrip(':')}: engine must be one of {', '.join(ENGINES)}, got {spec.engine!r}")
-    cluster = from_table(ClusterConfig, tables.get("cluster", {}), where=f"{where} [cluster]")
-    if spec.engine == "reference" and cluster.instances != 1:
-        raise ConfigError(f"{where} [cluster]: the reference engine simulates one instance, not "
-                          f"{cluster.instances}; use engine = \"fast\" for several")
+    cluster_table = tables.get("cluster", {})
+    cluster = from_table(ClusterConfig, cluster_table, where=f"{where} [cluster]")
     slo = from_table(SloConfig, tables["slo"], where=f"{where} [slo]") if "slo" in tables else None
     speculative = (from_table(SpeculativeConfig, tables["speculative"], where=f"{where} [speculative]",
                               base_dir=ctx.base_dir) if "speculative" in tables else None)
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
-    parts = []
-    for _ in range(1 if check_only else cluster.instances):
-        scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{kind}]")
-                               for kind in ("scheduler", "cost_model", "kv_cache"))
-        if speculative is not None:
-            cost = _drafting(ctx, speculative, cost, where)
-        parts.append((scheduler, cost, kv))
+    if cluster.mode == "disaggregated":
+        if "instances" in cluster_table:
+            raise ConfigError(f"{where} [cluster]: instances: a disaggregated cluster sizes its pools in "
+                              "[cluster.prefill] and [cluster.decode]")
+        return _assemble_disaggregated(ctx, tables, cluster, workload, slo, speculative, where, check_only)
+    parts = _build_instances(ctx, tables, 1 if check_only else cluster.instances, where, "", speculative)
     router = None
     if cluster.instances > 1:
-        router = build_component(ctx, "router", cluster.router, f"{where} [cluster.router]")
-        check = getattr(router, "check_cluster", None)  # optional: routers that name instances
-        if check is not None:
-            try:
-                check(cluster.instances)
-            except ConfigError as exc:
-                raise ConfigError(f"{where} [cluster.router]: {exc}") from None
+        router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative)
 
 
@@ -189,6 +259,39 @@ def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> Draf
     drafter = (build_component(ctx, "cost_model", config.draft, f"{where} [speculative.draft]")
                if config.draft is not None else None)
     return DraftingCostModel(cost, drafter, config)
+
+
+def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, workload, slo, speculative,
+                            where: str, check_only: bool = False) -> Assembled:
+    """A prefill pool and a decode pool, each with the run's plugin tables overridden by its own
+    (with ``check_only``, one instance of each)."""
+    pools = []
+    for name in POOLS:
+        pool_where = f"{where} [cluster.{name}]"
+        pool = from_table(PoolConfig, getattr(cluster, name) or {}, where=pool_where)
+        pool_tables = dict(tables)
+        for kind in ("scheduler", "cost_model", "kv_cache"):
+            own = getattr(pool, kind)
+            if own:
+                pool_tables[kind] = merge_tables({kind: tables[kind]}, {kind: own}, where=pool_where)[kind]
+        parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, f"cluster.{name}.",
+                                 speculative)
+        router = None
+        if pool.instances > 1:
+            router = _build_router(ctx, pool.router if pool.router is not None else cluster.router,
+                                   pool.instances, f"{where} [cluster.{name}.router]")
+        pools.append(Pool(name, parts, router))
+    link = from_table(LinkConfig, cluster.link or {}, where=f"{where} [cluster.link]")
+    if link.bandwidth_gbps != math.inf:
+        for pool in pools:
+            kv = pool.instances[0][2]
+            if not kv_bytes_per_token(kv)[0]:
+                raise ConfigError(
+                    f"{where} [cluster.{pool.name}.kv_cache]: the KV link needs the bytes of a block to time "
+                    "transfers: size the cache from model and gpu, or set bytes_per_block "
+                    "(or give [cluster.link] bandwidth_gbps = inf)")
+    return Assembled(workload, [p for pool in pools for p in pool.instances], None, cluster, slo, speculative,
+                     pools, link)
 
 
 def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Callable | None = None,
@@ -202,23 +305,37 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     try:
         requests = a.workload.requests(spec.seed)
         if spec.engine == "reference":
-            scheduler, cost, kv = a.instances[0]
-            engines = [ReferenceEngine(scheduler, cost, kv, recorder, speculation=speculation)]
-            engines[0].run(requests, workload=a.workload)
+            engines = [ReferenceEngine(s, c, k, recorder, index=i, speculation=speculation)
+                       for i, (s, c, k) in enumerate(a.instances)]
         else:
             engines = [Instance(i, s, c, k, recorder, observer=observer, speculation=speculation)
                        for i, (s, c, k) in enumerate(a.instances)]
+        if a.pools is not None:
+            split = len(a.pools[0].instances)
+            link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3)
+            if spec.engine == "reference":
+                DisaggregatedReference(engines[:split], engines[split:], prefill_router=a.pools[0].router,
+                                       decode_router=a.pools[1].router, **link).run(requests, workload=a.workload)
+            else:
+                cluster = DisaggregatedCluster(engines[:split], engines[split:], prefill_router=a.pools[0].router,
+                                               decode_router=a.pools[1].router, **link)
+                simulate_disaggregated(requests, cluster, workload=a.workload)
+        elif spec.engine == "reference":
+            ReferenceCluster(engines, a.router).run(requests, workload=a.workload)
+        else:
             simulate(requests, engines, router=a.router, workload=a.workload)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
     scheduler, cost, kv = a.instances[0]
     slots = getattr(scheduler, "slots", None)
+    count = len(a.instances)
     meta = {
         "engine": spec.engine,
-        "instances": a.cluster.instances,
-        "slots": slots * a.cluster.instances if slots else None,
-        "num_blocks": kv.num_blocks * a.cluster.instances,
+        "instances": count,
+        "gpus": sum(tensor_parallel(c, k) for _, c, k in a.instances),
+        "slots": slots * count if slots and a.pools is None else None,
+        "num_blocks": sum(k.num_blocks for _, _, k in a.instances),
         "block_size": kv.block_size,
         "bytes_per_block": getattr(kv, "bytes_per_block", 0),
         "wall_ms": wall_ms,
@@ -228,6 +345,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "kv_cache": _kv_summary(kv),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
     }
+    if a.pools is not None:
+        split = len(a.pools[0].instances)
+        meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
@@ -245,6 +365,29 @@ def _with_where(exc: SchedlabError, where: str) -> SchedlabError:
         return type(exc)(f"{where}: {exc}")
     except TypeError:  # a plugin's error class with another constructor
         return SimulationError(f"{where}: {exc}")
+
+
+def tensor_parallel(cost, kv) -> int:
+    """GPUs one instance runs on: its KV cache's or cost model's ``tensor_parallel`` (1 if neither says)."""
+    sizing = getattr(kv, "sizing", None)
+    if sizing is not None:
+        return sizing.tensor_parallel
+    return getattr(getattr(cost, "config", None), "tensor_parallel", 1) or 1
+
+
+def pool_summary(pools: dict[str, list]) -> dict:
+    """Per pool (name -> its engine instances, fast or reference): its size and what its
+    instances did, for the per-pool metrics."""
+    return {name: {
+        "instances": len(mine),
+        "gpus": sum(tensor_parallel(e.cost, e.kv) for e in mine),
+        "num_blocks": sum(e.kv.num_blocks for e in mine),
+        "busy_ms": sum(e.busy_ms for e in mine),
+        "kv_block_ms": sum(e.kv_block_ms for e in mine),
+        "iterations": sum(e.iterations for e in mine),
+        "kv_peak_share": max(e.kv_peak / e.kv.num_blocks for e in mine),
+        "kv_cache": _kv_summary(mine[0].kv),
+    } for name, mine in pools.items()}
 
 
 def _kv_summary(kv) -> dict:

@@ -190,3 +190,40 @@ def test_a_decode_run_ends_before_it_evicts_a_waiting_requests_hit():
                        engine=engine) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-12)
     assert runs[0].requests["first_scheduled_ms"][4] == 14.375
+
+
+@SETTINGS
+@given(requests_lists(max_size=14, priorities=True, prefix_groups=2), continuous_configs(), st.integers(2, 3),
+       st.sampled_from(["round_robin", "least_outstanding", "least_kv", "prefix_affinity"]), st.integers(6, 60),
+       linear_costs())
+def test_several_instances_behind_a_router_match_reference(requests, cfg, instances, router, num_blocks, cost):
+    """The reference engine runs several instances too, in plain time order, routing each
+    arrival when it comes: the fast engine's per-arrival advance agrees."""
+    from schedlab.engine.driver import simulate
+    from schedlab.engine.instance import Instance
+    from schedlab.engine.recorder import Recorder
+    from schedlab.engine.reference import ReferenceEngine
+    from schedlab.engine.reference_cluster import ReferenceCluster
+    from schedlab.results import RunResult
+    from schedlab_plugins.kv_caches import PrefixKVCache
+    from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, PrefixAffinityRouter, RoundRobinRouter
+
+    routers = {"round_robin": RoundRobinRouter, "least_outstanding": LeastOutstandingRouter,
+               "least_kv": LeastKVRouter, "prefix_affinity": PrefixAffinityRouter}
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // 4) for r in requests)
+    results = []
+    for engine in ("fast", "reference"):
+        rec = Recorder()
+        parts = [(ContinuousScheduler(cfg), LinearCostModel(cost), PrefixKVCache(need + num_blocks, 4))
+                 for _ in range(instances)]
+        if engine == "fast":
+            engines = [Instance(i, *p, rec) for i, p in enumerate(parts)]
+            simulate(list(requests), engines, router=routers[router]())
+        else:
+            engines = [ReferenceEngine(*p, rec, index=i) for i, p in enumerate(parts)]
+            ReferenceCluster(engines, routers[router]()).run(list(requests))
+        meta = {"slots": cfg.max_num_seqs * instances, "num_blocks": (need + num_blocks) * instances,
+                "instances": instances}
+        results.append(RunResult.from_recorder(engine, rec, settings={}, meta=meta))
+    compare_runs(*results, rel=1e-12)
+    check_run(results[0], requests)

@@ -503,3 +503,34 @@ def test_speculative_decoding_pays_at_low_load_and_costs_at_high_load():
     assert drafters == sorted(drafters, reverse=True)
     # drafts past k = 3 gain little at low load and cost more at high load
     assert lines[("k", "num_speculative_tokens=7")].crossover < lines[("k", "num_speculative_tokens=3")].crossover
+
+
+# -- disaggregated prefill and decode (DistServe's question) ---------------------------------------------
+
+
+def test_disaggregation_wins_where_prefill_interference_breaks_tpot_and_the_ratio_fits():
+    from schedlab_plugins.reports.goodput import GoodputConfig, systems
+
+    exp = load(EXPERIMENTS / "disaggregation.toml", ["workload.num_requests=150"])
+    keep = ("chat 2 colocated", "chat 1P1D", "summarize 4 colocated", "summarize 1P3D", "summarize 3P1D")
+    exp.studies = [s for s in exp.studies if s.name in keep]
+    results = run_experiment(exp)
+    config = from_table(GoodputConfig, exp.report_tables["goodput"], where="[reports.goodput]")
+    per_gpu = {s.label: s.per_gpu for s in systems(results, config)}
+    top = {name: max(results.study(name).runs, key=lambda r: r.point["workload.rate"]) for name in keep}
+    # disaggregated decode never waits behind a prompt: TPOT stays low at any load ...
+    for name in ("chat 1P1D", "summarize 1P3D", "summarize 3P1D"):
+        assert all(metric(r, "tpot_ms.p90") < 20 for r in results.study(name).runs), name
+    # ... while colocated instances mix prefill chunks into the decodes' iterations
+    assert metric(top["chat 2 colocated"], "tpot_ms.p90") > 1.5 * metric(top["chat 1P1D"], "tpot_ms.p90")
+    assert metric(top["summarize 4 colocated"], "tpot_ms.p90") > 4 * metric(top["summarize 3P1D"], "tpot_ms.p90")
+    # long prompts, short answers: three prefill GPUs per decode GPU serve the most per GPU; one is the worst
+    assert per_gpu["summarize 3P1D"] > 1.3 * per_gpu["summarize 4 colocated"] > 1.3 * per_gpu["summarize 1P3D"]
+    assert metric(top["summarize 1P3D"], "pools.prefill.busy_share") > 0.95  # the lone prefill GPU saturates
+    # chat on two GPUs: colocation wins -- one prefill GPU caps 1P1D first (TTFT), not the decodes
+    assert per_gpu["chat 2 colocated"] > 1.2 * per_gpu["chat 1P1D"]
+    assert metric(top["chat 1P1D"], "ttft_ms.p90") > 2 * metric(top["chat 2 colocated"], "ttft_ms.p90")
+    # every transferred prompt moved 128 KiB per token (Llama-3-8B, bf16) over the link
+    req = top["summarize 3P1D"].requests
+    moved = req["kv_pulled_ms"] >= 0
+    assert moved.all() and (req["kv_bytes"] == req["prompt_tokens"] * 128 * 1024).all()

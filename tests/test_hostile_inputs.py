@@ -97,9 +97,8 @@ FILE_CASES = {
     "instances 10**30": (BASE + "[cluster]\ninstances = 1" + "0" * 30 + "\n", ["[cluster]: instances: must be <= 1024"]),
     "instances 100000": (BASE + "[cluster]\ninstances = 100000\n", ["[cluster]: instances: must be <= 1024"]),
     "negative seed": (BASE.replace('name = "hostile"', 'name = "hostile"\nseed = -1'), ["seed: must be >= 0"]),
-    "reference engine with two instances": (BASE.replace('name = "hostile"', 'name = "hostile"\nengine = "reference"')
-                                            + "[cluster]\ninstances = 2\n",
-                                            ["[cluster]: the reference engine simulates one instance, not 2"]),
+    "a prefill pool of 100000": (BASE + '[cluster]\nmode = "disaggregated"\nprefill = {instances = 100000}\n',
+                                 ["[cluster.prefill]: instances: must be <= 1024"]),
     "unknown table column": (BASE + '[reports.table]\ncolumns = ["finished", "bogus.p99"]\n',
                              ["[reports.table]: columns: unknown metric 'bogus.p99'", "ttft_ms", "throughput_tps"]),
     "unknown percentile": (BASE + '[reports.table]\ncolumns = ["ttft_ms.p999"]\n',

@@ -98,8 +98,23 @@ def test_every_declared_name_occurs_in_a_run_with_every_optional_group(everythin
     pattern = {re.sub(r"(per_class|per_instance|per_client|rejection_reasons)\.[^.]+", r"\1.*", name)
                for name in leaves(run.metrics)}
     declared = {name for name in schema_leaves(METRICS)
-                if not name.startswith("vs_measured.") and name != "cost_per_hour"}  # plans add cost_per_hour
+                if not name.startswith(("vs_measured.", "pools.", "transfer."))
+                and name != "cost_per_hour"}  # plans add cost_per_hour
     assert declared == pattern
+
+
+def test_a_disaggregated_runs_pool_and_transfer_metrics_are_declared(tmp_path):
+    path = tmp_path / "pd.toml"
+    path.write_text(EVERYTHING.replace("[cluster]\ninstances = 2\n", "[cluster]\nmode = \"disaggregated\"\n")
+                    .replace("num_blocks = 64", "num_blocks = 64\nbytes_per_block = 1048576"))
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.metrics["transfer"]["transfers"] > 0
+    names = set(leaves(run.metrics))
+    for name in names:
+        if not name.endswith("stability.fit"):  # null when there is nothing to fit
+            assert check_metric_name(name) == name
+    declared = {name for name in schema_leaves(METRICS) if name.startswith(("pools.", "transfer."))}
+    assert declared <= names
 
 
 def test_vs_measured_is_declared_as_compare_makes_it(everything):

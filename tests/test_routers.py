@@ -643,3 +643,34 @@ def test_closed_loop_over_two_instances_is_exact(tmp_path, router, clients):
         order = np.argsort(req["id"][rows])
         for col in ("first_scheduled_ms", "first_token_ms", "finish_ms", "preemptions"):
             assert alone.requests[col].tolist() == req[col][rows][order].tolist(), (i, col)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv"])
+def test_the_reference_engine_serves_several_instances_like_the_fast_one(tmp_path, router):
+    """``engine = "reference"`` with ``instances = 2`` runs both instances (plain time order,
+    closed loop included) and agrees with the fast engine's lockstep."""
+    toml = f"""
+        [workload]
+        kind = "closed_loop"
+        clients = 5
+        num_requests = 40
+        path = "reqs.json"
+        [scheduler]
+        kind = "continuous"
+        max_num_seqs = 3
+        allocation = "grow"
+        [kv_cache]
+        kind = "paged"
+        num_blocks = 24
+        [cluster]
+        instances = 2
+        router = {{kind = "{router}"}}
+        [[runs]]
+        name = "fast"
+        [[runs]]
+        name = "reference"
+        engine = "reference"
+        """
+    runs = run_toml(tmp_path, CLOSED_ROWS, toml)
+    compare_runs(runs["fast"], runs["reference"], rel=1e-12)
+    assert set(runs["reference"].requests["instance"].tolist()) == {0, 1}

@@ -1,9 +1,10 @@
-"""Built-in reports: the summary ``table``, ``json`` results (with CSVs), ``plots``, ``crossover`` and the seed
-``lab`` artifacts."""
+"""Built-in reports: the summary ``table``, ``json`` results (with CSVs), ``plots``, ``crossover``, ``goodput``
+per GPU and the seed ``lab`` artifacts."""
 
 import schedlab
 
 from .crossover import CrossoverConfig
+from .goodput import GoodputConfig, GoodputReport
 from .lab import LabConfig, LabReport
 from .measured import CompareConfig, CompareReport
 from .plot_config import PlotsConfig
@@ -36,5 +37,7 @@ def schedlab_register_reports(register):
     register("crossover", _crossover_report, config=CrossoverConfig,
              help="where each sweep stops beating a baseline sweep as load grows: crossover.txt/.csv, "
                   "plots/crossover.png")
+    register("goodput", GoodputReport, config=GoodputConfig,
+             help="DistServe's goodput per GPU from sweeps over the request rate: goodput.txt, plots/goodput.png")
     register("lab", LabReport, config=LabConfig,
              help="seed 001's artifacts: static.txt, compare.txt, maxseqs.txt, queue.csv, cost.txt, tune.txt")

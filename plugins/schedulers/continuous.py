@@ -128,6 +128,12 @@ class ContinuousScheduler:
                     f"{request.max_output_tokens}) but the cache has {usable}")
         return None
 
+    def kv_reservation(self, request) -> int:
+        """KV tokens held from admission: ``prompt + max_tokens`` with ``allocation = "reserve"``
+        (what :meth:`Plan.admit` reserves), else none (a disaggregated decode pool reserves as much
+        when it pulls a request's KV)."""
+        return request.prompt_tokens + request.max_output_tokens if self._reserve else 0
+
     def _watermark_blocks(self, kv) -> int:
         return int(self.config.watermark * kv.num_blocks)
 

@@ -93,6 +93,9 @@ class SglangConfig:
     clip_max_new_tokens: int = int_field(4096, min=1, help="SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: cap on a request's "
                                                            "max_new_tokens in admission estimates")
     retract_decode_steps: int = int_field(20, min=0, help="decode tokens per running request to free by retraction")
+    num_reserved_decode_tokens: int = int_field(
+        512, min=0, help="disaggregated decode: tokens kept free per running or incoming request when pulling a "
+                         "request's KV (SGLANG_NUM_RESERVED_DECODE_TOKENS)")
 
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
@@ -155,6 +158,22 @@ class SglangScheduler:
     def on_finish(self, seq, now_ms: float) -> None:
         self._batch_full = False
         self._last_finish_ms = now_ms
+
+    def pull_headroom(self, running, pending: int, block_size: int) -> int:
+        """Blocks a disaggregated decode instance keeps free when it pulls a request's KV, as
+        SGLang's decode server pre-allocates (``disaggregation/decode.py``,
+        ``DecodePreallocQueue._allocatable_tokens``): ``num_reserved_decode_tokens`` for every
+        running request and every one already being received, and at least what the longest
+        running request still needs to finish were all the others retracted -- so that
+        retraction, which keeps one request, can always make room."""
+        reserved = -(-self.config.num_reserved_decode_tokens * (len(running) + pending) // block_size)
+        if not running:
+            return reserved
+        clip = self.config.clip_max_new_tokens
+        longest = max(-(-(s.request.prompt_tokens + min(s.request.max_output_tokens, clip)) // block_size)
+                      for s in running)
+        held = sum(-(-max(s.num_computed_tokens, s.reserved_tokens) // block_size) for s in running)
+        return max(reserved, longest - held)
 
     # -- new_token_ratio ----------------------------------------------------------------------
     def new_token_ratio(self, plan) -> float:

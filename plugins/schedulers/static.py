@@ -49,6 +49,10 @@ class StaticScheduler:
                     f"{request.max_output_tokens}) but the cache has {kv.num_blocks}")
         return None
 
+    def kv_reservation(self, request) -> int:
+        """KV tokens held from admission: ``prompt + max_tokens``, as ``admit(reserve=True)`` takes."""
+        return request.prompt_tokens + request.max_output_tokens
+
     def schedule(self, plan) -> None:
         if plan.running:
             plan.decode_all()  # reserved blocks: decodes always fit

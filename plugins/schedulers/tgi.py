@@ -103,6 +103,10 @@ class TgiScheduler:
                     f"for health checks)")
         return None
 
+    def kv_reservation(self, request) -> int:
+        """KV tokens held from admission (the block allocator's ``input + max_new_tokens - 1``)."""
+        return self._reserve_tokens(request)
+
     @staticmethod
     def _reserve_tokens(request) -> int:
         """What TGI's queue asks the block allocator for: ``input + max_new_tokens - 1``."""

@@ -73,8 +73,10 @@ class ServiceLedger:
             self._settled[client] = self._settled.get(client, 0.0) + self.input_price * seq.request.prompt_tokens
 
     def finished(self, seq) -> None:
+        """Settle a finished sequence's output. A sequence that joined from a disaggregated
+        prefill pool was never admitted here; its output is charged all the same."""
         client = seq.request.client
-        del self._serving[client][seq]
+        self._serving.get(client, {}).pop(seq, None)
         self._settled[client] = self._settled.get(client, 0.0) + self.output_price * seq.num_generated
 
     def clients(self) -> list[str]:

@@ -79,7 +79,7 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
             return
         while arrivals.next_time() <= t:
             request = arrivals.pop()
-            target = instances[_route(router, request, instances)] if router is not None else instances[0]
+            target = instances[route(router, request, instances)] if router is not None else instances[0]
             target.arrive(request, delivered)
             delivered += 1
             if closed:
@@ -96,9 +96,59 @@ def _release(inst: Instance, arrivals: ArrivalQueue, workload) -> bool:
     return released
 
 
+def simulate_disaggregated(requests: Iterable, cluster, *, workload=None) -> None:
+    """Run a :class:`~schedlab.engine.disagg.DisaggregatedCluster` until every request has
+    finished or been rejected.
+
+    The pools wait on each other -- a finished prompt is routed to a decode instance when it
+    is handed over, and a decode instance's pull frees blocks on a prefill instance when the
+    transfer lands -- so the instances always advance in lockstep: the one that plans first
+    runs (ties: lowest index), and only iterations that start no later than any other's next
+    plan and the next arrival or hand-over. Nothing another instance does can reach it
+    earlier: events happen at the end of iterations or, for released blocks, when a transfer
+    lands, after the pull that starts it. An instance stops after an iteration that handed a
+    request over or pulled one (which gives its prefill instance a new time to plan at), so
+    the hand-over is routed, with every instance seen as it is at that time, before anyone
+    runs past it. An instance that plans nothing sleeps (see ``Instance.next_plan_time``)
+    instead of creeping forward with the others; an arrival or hand-over for it wakes it.
+    """
+    instances = cluster.instances
+    closed = workload is not None and getattr(workload, "closed_loop", False)
+    for inst in instances:
+        inst.track_finished = closed
+    arrivals = ArrivalQueue(requests)
+    delivered = 0
+    while True:
+        t = min(arrivals.next_time(), cluster.next_handoff())
+        busy = [(inst.next_plan_time(), inst.index, inst) for inst in instances if inst.has_work()]
+        first = min(busy) if busy else None
+        if first is not None and first[0] < t:
+            plan_at, _, inst = first
+            bound = min([t] + [when for when, _, other in busy if other is not inst])
+            inst.wake(plan_at)
+            if bound <= plan_at:  # its next iteration starts no later than anyone's: always safe to run
+                bound = math.nextafter(plan_at, INF)
+            if inst.advance(bound, stop_on_finish=True) == "blocked":
+                raise StallError(inst._stall_message("the scheduler plans nothing"))
+            if closed:
+                _release(inst, arrivals, workload)
+            continue
+        if t == INF:
+            if busy:
+                raise StallError(busy[0][2]._stall_message("no arrivals are left and the scheduler plans nothing"))
+            return
+        cluster.deliver_handoffs(t)
+        while arrivals.next_time() <= t:
+            target = cluster.arrive(arrivals.pop(), delivered)
+            delivered += 1
+            if closed:
+                _release(target, arrivals, workload)
+
+
 def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: ArrivalQueue, workload) -> bool:
-    """Advance the busy instance furthest behind (closed loop). False when every instance has
-    caught up with the next arrival ``t``, which can then be delivered."""
+    """Advance the busy instance furthest behind (closed loop; ``workload`` None: nothing to
+    release). False when every instance has caught up with the next arrival ``t``, which can
+    then be delivered."""
     behind = [i for i in instances if i.now < t and i.has_work()]
     if not behind:
         for inst in instances:  # idle ones jump to the arrival
@@ -115,11 +165,12 @@ def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: Arrival
         bound = math.nextafter(inst.now, INF)
     if inst.advance(bound, stop_on_finish=True) == "blocked":  # only with nothing else left to happen
         raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
-    _release(inst, arrivals, workload)
+    if workload is not None:
+        _release(inst, arrivals, workload)
     return True
 
 
-def _route(router, request, instances: Sequence[Instance]) -> int:
+def route(router, request, instances: Sequence[Instance]) -> int:
     """The router's choice, checked: a bad index is the router's bug, not a silent wrap-around."""
     answer = router.route(request, instances)
     try:

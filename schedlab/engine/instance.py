@@ -134,6 +134,17 @@ class Instance:
         self.events = 0              # executed plans: one iteration, or one bulk run of them
         self.since_progress = 0
         self.kv_need_high = math.floor(recorder.kv_high_water * kv.num_blocks) + 1
+        self.busy_ms = 0.0           # this instance's share of the counters (per-pool metrics)
+        self.kv_block_ms = 0.0
+        self.iterations = 0
+        self.kv_peak = 0
+        # Disaggregated serving (schedlab.engine.disagg): the prefill or decode part of the
+        # flow, with timed events of its own (transfers landing, blocks released); None
+        # for a colocated instance.
+        self.stage = None
+        self.emitted = False         # changed another instance in the last advance (hand-over, pull)
+        self.asleep = False          # planned nothing; plans again at next_plan_time() or when woken
+        self.sleep_wake = INF
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
@@ -155,11 +166,13 @@ class Instance:
 
     @property
     def outstanding(self) -> int:
-        """Requests queued or in service (routers read this)."""
-        return len(self.waiting) + len(self.running) + len(self.swapped)
+        """Requests queued or in service (routers read this); on a decode instance also those
+        whose KV it is waiting for, pulling or has received."""
+        n = len(self.waiting) + len(self.running) + len(self.swapped)
+        return n if self.stage is None else n + self.stage.outstanding
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.swapped)
+        return bool(self.running or self.waiting or self.swapped) or (self.stage is not None and self.stage.has_work())
 
     # -- decode-set bookkeeping ---------------------------------------------------------------
     def _add_decoder(self, seq: Sequence) -> None:
@@ -316,38 +329,87 @@ class Instance:
         """Run every iteration that starts before ``until``.
 
         Returns ``"until"`` (reached ``until``), ``"finished"`` (stopped after an iteration in
-        which requests finished, when ``stop_on_finish``), ``"idle"`` (no work at all) or
+        which requests finished or were handed to a decode instance, when ``stop_on_finish``),
+        ``"idle"`` (no work at all) or
         ``"blocked"`` (work is left, but the scheduler plans nothing and has no wake-up time).
+        An instance of a disaggregated cluster (with a ``stage``) does not wait for ``until``
+        after an empty plan: it returns ``"asleep"`` at once (see :meth:`next_plan_time`).
         """
         empty_plans = 0
+        stage = self.stage
+        self.emitted = False
         while self.now < until:
+            if stage is not None:
+                stage.before_plan(self)
             self.serial += 1
             plan = FastPlan(self, self.serial)
             if not (self.bulk_ok and self.n_decoding and not (self.waiting or self.prefilling or self.swapped)
                     and plan.decode_all()):
                 self.scheduler.schedule(plan)  # else: nothing to decide but decoding (see stable_between_events)
+            limit = until
+            if stage is not None:
+                stage.after_plan(self, plan)
+                next_event = stage.next_time()  # runs stop where a transfer lands or blocks are released
+                if next_event < limit:
+                    limit = next_event
             if plan.is_empty():
                 if not self.has_work():
-                    if until < INF:
+                    if until < INF and stage is None:
                         self.now = until
                     return "idle"
                 wake = plan.wake if plan.wake is not None else INF
-                target = until if until < wake else wake
+                target = limit if limit < wake else wake
                 empty_plans += 1
                 if empty_plans > 1000:
                     raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
                 if plan.preempted or target <= self.now:
                     continue
+                if stage is not None:  # disaggregated: sleep until woken (see simulate_disaggregated)
+                    self.sleep_wake = wake
+                    self.asleep = True
+                    return "asleep"
                 if target == INF:
                     return "blocked"
+                self._hold_blocks(target)
                 self.now = target
                 continue
             empty_plans = 0
             self.events += 1
-            self._execute(plan, until)
-            if stop_on_finish and self.finished:
+            self._execute(plan, limit)
+            if stop_on_finish and (self.finished or self.emitted):
                 return "finished"
         return "until"
+
+    # -- sleeping (disaggregated clusters) ------------------------------------------------------------
+    def next_plan_time(self) -> float:
+        """When this instance plans next: now, or, asleep after an empty plan, at its wake-up
+        time or its stage's next timed event, whichever is first (inf: only when woken)."""
+        if not self.asleep:
+            return self.now
+        t = self.sleep_wake
+        if self.stage is not None:
+            nxt = self.stage.next_time()
+            if nxt < t:
+                t = nxt
+        return t if t > self.now else self.now
+
+    def wake(self, t: float) -> None:
+        """Plan again at ``t`` (>= the last plan): an event for this instance, or its sleep ended."""
+        if t > self.now:
+            self._hold_blocks(t)
+            self.now = t
+        self.asleep = False
+
+    def _hold_blocks(self, until: float) -> None:
+        """Count blocks held while no iteration runs (a prefill instance keeping finished
+        prompts' KV for the decode pool) in the KV-usage integrals."""
+        used = self.kv.num_used_blocks()
+        if used:
+            ms = until - self.now
+            self.counters["kv_block_ms"] += used * ms
+            self.kv_block_ms += used * ms
+            if used >= self.kv_need_high:
+                self.counters["kv_above_ms"] += ms
 
     def _park_idle_decoders(self, plan: FastPlan) -> list:
         """Take the decoding sequences the plan leaves out of the decode set for one iteration
@@ -419,6 +481,8 @@ class Instance:
         # time integrals of the iteration(s)
         counters["iterations"] += k
         counters["busy_ms"] += total
+        self.busy_ms += total
+        self.iterations += k
         counters["running_seq_ms"] += n_running * total
         if n_running > counters["peak_running"]:
             counters["peak_running"] = n_running
@@ -430,7 +494,7 @@ class Instance:
         if timeline:
             self.rec.sample(start, self.index, n_running, len(self.waiting), used0)
         if k == 1 or growth is None:
-            counters["kv_block_ms"] += used0 * total
+            block_ms = used0 * total
             if used0 >= self.kv_need_high:
                 counters["kv_above_ms"] += total
             peak = used0
@@ -439,12 +503,16 @@ class Instance:
             if grown:
                 kv.grow(grown)
             peak = used0 + grown
-            counters["kv_block_ms"] += growth.block_time(k, d0, inc, used0)
+            block_ms = growth.block_time(k, d0, inc, used0)
             if peak >= self.kv_need_high:
                 first = 0 if used0 >= self.kv_need_high else growth.first_reaching(self.kv_need_high - used0)
                 counters["kv_above_ms"] += total - bulk.run_ms(first, d0, inc)
             if timeline:
                 self.rec.sample(start + bulk.run_ms(k - 1, d0, inc), self.index, n_running, len(self.waiting), peak)
+        counters["kv_block_ms"] += block_ms
+        self.kv_block_ms += block_ms
+        if peak > self.kv_peak:
+            self.kv_peak = peak
         if peak > counters["kv_peak_blocks"]:
             counters["kv_peak_blocks"] = peak
 
@@ -620,6 +688,11 @@ class Instance:
         else:
             seq.status = FINISHED
         del self.running[seq]
+        if self.stage is not None and self.stage.hand_off(self, seq, t):
+            # on to a decode instance; its KV stays here until that instance has pulled it (the
+            # scheduler hears of the finish then, when the blocks come back)
+            self.emitted = True
+            return
         self.kv.free(seq)
         self.rec.request_done(seq, self.index, t)
         if self._on_finish is not None:

@@ -15,12 +15,17 @@ import numpy as np
 
 REQUEST_FLOAT_COLUMNS = (
     "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
+    "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms",
 )
 REQUEST_INT_COLUMNS = (
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
     "priority", "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens",
-    "swaps", "rejected",
+    "swaps", "rejected", "prefill_instance", "kv_bytes",
 )
+# Disaggregated serving (see schedlab.engine.transfer): the prefill instance, the KV bytes moved,
+# when the decode side allocated the blocks and started pulling, when they arrived, and when the
+# request joined the decode instance's running set. -1 (0 bytes) for requests served colocated.
+NO_TRANSFER = (-1, 0, -1.0, -1.0, -1.0)
 REQUEST_TEXT_COLUMNS = ("request_class", "client")
 
 TIMELINE = ("time_ms", "instance", "running", "waiting", "kv_used", "preemptions")
@@ -65,7 +70,7 @@ ROW_COLUMNS = (
     "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens", "priority",
     "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected",
-    "request_class", "client",
+    "request_class", "client", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms",
 )
 _FLUSH_ROWS = 1 << 15
 
@@ -90,11 +95,13 @@ class Recorder:
     def request_done(self, seq, instance: int, finish_ms: float, *, rejected: bool = False) -> None:
         """Record a finished (or rejected) sequence's row."""
         r = seq.request
+        tr = seq.transfer
         self._rows.append((
             r.arrival_ms, seq.first_scheduled_ms, seq.first_token_ms, finish_ms, seq.waiting_ms,
             r.id, instance, r.prompt_tokens, r.output_tokens, r.max_output_tokens, seq.num_generated, r.priority,
             seq.num_preemptions, seq.recomputed_tokens, seq.prefill_chunks, seq.cached_tokens_total, seq.num_swaps,
             1 if rejected else 0, r.request_class, r.client,
+            *(NO_TRANSFER if tr is None else tr.row()),
         ))
         if len(self._rows) >= _FLUSH_ROWS:
             self._flush()

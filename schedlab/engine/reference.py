@@ -1,14 +1,16 @@
 """The reference engine: one iteration at a time, every counter explicit, every token stamped.
 
 It exists to be trusted by reading. It shares nothing with the fast engine but the plugins
-(schedulers, cost models, KV caches) and the :class:`Recorder`; the differential tests run
-both on the same inputs and require the same per-request timestamps and run metrics.
-It serves a single instance.
+(schedulers, cost models, KV caches), the :class:`Recorder` and the KV-transfer records of
+:mod:`schedlab.engine.transfer`; the differential tests run both on the same inputs and
+require the same per-request timestamps and run metrics.
+
+A :class:`ReferenceEngine` is one instance; :mod:`schedlab.engine.reference_cluster` runs
+several of them (behind a router, or as prefill and decode pools) in plain time order.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 
 from ..errors import SimulationError, StallError
@@ -41,6 +43,7 @@ class RefSequence:
         self.prefill_chunks = 0
         self.cached_tokens_total = 0
         self.mark = -1
+        self.transfer = None  # disaggregated serving: its Transfer
 
     @property
     def num_tokens(self) -> int:
@@ -316,16 +319,25 @@ class RefPlan:
 
 
 class ReferenceEngine:
-    """A single instance, simulated iteration by iteration."""
+    """One instance, simulated iteration by iteration.
 
-    def __init__(self, scheduler, cost_model, kv, recorder: Recorder, *, stall_limit: int = 100_000,
-                 speculation=None):
+    :meth:`step` plans at ``now`` and runs that iteration, or -- when the scheduler plans
+    nothing -- goes to sleep until its wake-up time (``sleep_until``); a driver wakes it
+    earlier when something happens to it (an arrival). ``role`` is the instance's part in a
+    disaggregated cluster (see :mod:`schedlab.engine.reference_cluster`), None otherwise.
+    """
+
+    def __init__(self, scheduler, cost_model, kv, recorder: Recorder, *, index: int = 0,
+                 stall_limit: int = 100_000, speculation=None):
+        from .instance import default_rejection_reason
+
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0
         self.scheduler = scheduler
         self.cost = cost_model
         self.kv = kv
         self.rec = recorder
+        self.index = index
         self.counters = recorder.counters
         self.stall_limit = stall_limit
         self.now = 0.0
@@ -335,157 +347,197 @@ class ReferenceEngine:
         self.running: dict = {}
         self.swapped: list = []
         self.events = 0  # every iteration is an event here
+        self.role = None
+        self.on_request_done = None  # called with (request, time) when a request leaves the run
+        self.sleep_until: float | None = None  # asleep (empty plan): its wake-up time (inf: none)
+        self.reason_of = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
+        self.serial = 0
+        self.empty_plans = 0
+        self.no_progress = 0
+        self.busy_ms = 0.0
+        self.kv_block_ms = 0.0
+        self.iterations = 0
+        self.kv_peak = 0
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)
 
     def run(self, requests, workload=None) -> None:
-        from .instance import default_rejection_reason
+        """Serve ``requests`` on this instance alone."""
+        from .reference_cluster import ReferenceCluster
 
-        pending = [(r.arrival_ms, r.id, r) for r in requests]
-        heapq.heapify(pending)
-        closed = workload is not None and getattr(workload, "closed_loop", False)
-        reason_of = getattr(self.scheduler, "rejection_reason", None) or default_rejection_reason
-        seq_no = 0
-        serial = 0
-        empty_plans = 0
-        no_progress = 0
+        ReferenceCluster([self]).run(requests, workload=workload)
+
+    # -- state ------------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped) or (self.role is not None and self.role.has_work())
+
+    @property
+    def outstanding(self) -> int:
+        """Requests queued or in service (routers read this)."""
+        n = len(self.waiting) + len(self.running) + len(self.swapped)
+        return n + (self.role.outstanding if self.role is not None else 0)
+
+    def next_plan_time(self) -> float:
+        """When this instance plans next: now, or when its sleep ends -- its wake-up time or
+        its role's next timed event, whichever is first (inf: only when woken)."""
+        if self.sleep_until is None:
+            return self.now
+        t = self.sleep_until
+        if self.role is not None:
+            t = min(t, self.role.next_time())
+        return max(t, self.now)
+
+    def wake(self, t: float) -> None:
+        """Something happened to this instance at ``t`` (>= the time of its last plan)."""
+        if t > self.now:
+            used = self.kv.num_used_blocks()  # blocks held meanwhile count in KV usage
+            self.counters["kv_block_ms"] += used * (t - self.now)
+            self.kv_block_ms += used * (t - self.now)
+            if used > self.rec.kv_high_water * self.kv.num_blocks:
+                self.counters["kv_above_ms"] += t - self.now
+            self.now = t
+        self.sleep_until = None
+
+    def arrive(self, request, seq_no: int, reason: str | None = None) -> RefSequence | None:
+        """Queue an arrived ``request``, or reject it (with ``reason``, or when it can never fit)."""
+        seq = RefSequence(request, seq_no)
+        reason = reason or self.reason_of(request, self.kv)
+        if not reason and self.spec is not None:
+            reason = self.spec.rejection_reason(self.reason_of, request, self.kv)
+        if reason:
+            seq.status = "rejected"
+            self.rec.reject(seq, self.index, reason)
+            if self.on_request_done is not None:
+                self.on_request_done(request, request.arrival_ms)
+            return None
+        self.waiting.push(seq)
+        self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
+        return seq
+
+    # -- one iteration ----------------------------------------------------------------------------
+    def step(self) -> None:
+        """Plan at ``now``; run the iteration, or sleep if the plan is empty."""
+        if self.role is not None:
+            self.role.before_plan(self)
+        self.serial += 1
+        plan = RefPlan(self, self.serial)
+        self.scheduler.schedule(plan)
+        if self.role is not None:
+            self.role.after_plan(self, plan)
+        if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
+            self.empty_plans += 1
+            if self.empty_plans > 1000:
+                raise StallError(f"reference engine: instance {self.index}: the scheduler keeps planning empty "
+                                 "iterations")
+            wake = plan.wake if plan.wake is not None else math.inf
+            target = min(wake, self.role.next_time()) if self.role is not None else wake
+            if not plan.preempted and target > self.now:
+                self.sleep_until = wake  # the driver wakes it then, or at an event of its own
+            return
+        self.empty_plans = 0
+        self.events += 1
+        self._execute(plan)
+
+    def _execute(self, plan: RefPlan) -> None:
         counters = self.counters
         high_water = self.rec.kv_high_water * self.kv.num_blocks
+        decoders = plan.decoders()
+        drafts = [plan.drafts[s][0] if self.spec is not None else 0 for s in decoders]
+        contexts = [s.num_computed_tokens + 1 + d for s, d in zip(decoders, drafts)]
+        batch = Batch(
+            num_decode=len(decoders),
+            decode_context_tokens=sum(contexts),
+            num_prefill=len(plan.prefills),
+            prefill_tokens=sum(n for _, n in plan.prefills),
+            prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
+            spec_tokens=sum(drafts),
+        )
+        if decoders and getattr(self.cost, "needs_context_range", False):
+            batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
+        duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
+        duration += plan.transfer_ms
+        check_iteration_end(self.now, duration, batch)
+        end = self.now + duration
+        used = self.kv.num_used_blocks()
+        counters["iterations"] += 1
+        counters["busy_ms"] += duration
+        self.busy_ms += duration
+        self.iterations += 1
+        counters["running_seq_ms"] += len(self.running) * duration
+        counters["peak_running"] = max(counters["peak_running"], len(self.running))
+        counters["prefill_iteration_ms" if plan.prefills else "decode_only_ms"] += duration
+        counters["kv_block_ms"] += used * duration
+        self.kv_block_ms += used * duration
+        if used > high_water:
+            counters["kv_above_ms"] += duration
+        counters["kv_peak_blocks"] = max(counters["kv_peak_blocks"], used)
+        self.kv_peak = max(self.kv_peak, used)
+        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used)
 
-        def finished(request, t):
-            if closed:
-                for follow_up in workload.on_finish(request, t):
-                    heapq.heappush(pending, (follow_up.arrival_ms, follow_up.id, follow_up))
-
-        while True:
-            while pending and pending[0][0] <= self.now:
-                request = heapq.heappop(pending)[2]
-                seq = RefSequence(request, seq_no)
-                seq_no += 1
-                reason = reason_of(request, self.kv)
-                if not reason and self.spec is not None:
-                    reason = self.spec.rejection_reason(reason_of, request, self.kv)
-                if reason:
-                    seq.status = "rejected"
-                    self.rec.reject(seq, 0, reason)
-                    finished(request, request.arrival_ms)
-                else:
-                    self.waiting.push(seq)
-                    counters["peak_waiting"] = max(counters["peak_waiting"], len(self.waiting))
-            next_arrival = pending[0][0] if pending else math.inf
-            if not (self.waiting or self.running or self.swapped):
-                if next_arrival == math.inf:
-                    return
-                self.now = next_arrival
-                continue
-
-            serial += 1
-            plan = RefPlan(self, serial)
-            self.scheduler.schedule(plan)
-            if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
-                empty_plans += 1
-                if empty_plans > 1000:
-                    raise StallError("reference engine: the scheduler keeps planning empty iterations")
-                target = min(next_arrival, plan.wake if plan.wake is not None else math.inf)
-                if plan.preempted or target <= self.now:
-                    continue
-                if target == math.inf:
-                    raise StallError("reference engine: no arrivals are left and the scheduler plans nothing")
-                self.now = target
-                continue
-            empty_plans = 0
-            self.events += 1
-
-            decoders = plan.decoders()
-            drafts = [plan.drafts[s][0] if self.spec is not None else 0 for s in decoders]
-            contexts = [s.num_computed_tokens + 1 + d for s, d in zip(decoders, drafts)]
-            batch = Batch(
-                num_decode=len(decoders),
-                decode_context_tokens=sum(contexts),
-                num_prefill=len(plan.prefills),
-                prefill_tokens=sum(n for _, n in plan.prefills),
-                prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
-                spec_tokens=sum(drafts),
-            )
-            if decoders and getattr(self.cost, "needs_context_range", False):
-                batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
-            duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
-            duration += plan.transfer_ms
-            check_iteration_end(self.now, duration, batch)
-            end = self.now + duration
-            used = self.kv.num_used_blocks()
-            counters["iterations"] += 1
-            counters["busy_ms"] += duration
-            counters["running_seq_ms"] += len(self.running) * duration
-            counters["peak_running"] = max(counters["peak_running"], len(self.running))
-            counters["prefill_iteration_ms" if plan.prefills else "decode_only_ms"] += duration
-            counters["kv_block_ms"] += used * duration
-            if used > high_water:
-                counters["kv_above_ms"] += duration
-            counters["kv_peak_blocks"] = max(counters["kv_peak_blocks"], used)
-            self.rec.sample(self.now, 0, len(self.running), len(self.waiting), used)
-
-            progress = False
-            decoded_out = []  # finishing order, shared with the fast engine: prefill completions
-            done = []         # first (in plan order), then decoders by arrival order
-            for s, d in zip(decoders, drafts):
-                # Speculation: the drafts accepted up to the first rejected one, plus the target's
-                # own token, but no more than the request still has to generate.
-                accepted = self.spec.accepted(s, s.num_generated, d) if d else 0
-                tokens = min(1 + accepted, s.request.target_tokens - s.num_generated)
-                if d:
-                    counters["spec_drafts"] += 1
-                    counters["spec_draft_tokens"] += d
-                    counters["spec_accepted_tokens"] += accepted
-                s.num_computed_tokens += tokens
-                s.max_computed = max(s.max_computed, s.num_computed_tokens)
-                s.num_generated += tokens
-                s.token_times.append(end)  # one ITL sample per step, however many tokens it gave
-                counters["decode_tokens"] += tokens
-                counters["generated_tokens"] += tokens
-                counters["decode_seq_steps"] += 1
+        progress = False
+        decoded_out = []  # finishing order, shared with the fast engine: prefill completions
+        done = []         # first (in plan order), then decoders by arrival order
+        for s, d in zip(decoders, drafts):
+            # Speculation: the drafts accepted up to the first rejected one, plus the target's
+            # own token, but no more than the request still has to generate.
+            accepted = self.spec.accepted(s, s.num_generated, d) if d else 0
+            tokens = min(1 + accepted, s.request.target_tokens - s.num_generated)
+            if d:
+                counters["spec_drafts"] += 1
+                counters["spec_draft_tokens"] += d
+                counters["spec_accepted_tokens"] += accepted
+            s.num_computed_tokens += tokens
+            s.max_computed = max(s.max_computed, s.num_computed_tokens)
+            s.num_generated += tokens
+            s.token_times.append(end)  # one ITL sample per step, however many tokens it gave
+            counters["decode_tokens"] += tokens
+            counters["generated_tokens"] += tokens
+            counters["decode_seq_steps"] += 1
+            progress = True
+            if self.spec is not None:  # the step's slots stay with the request (vLLM keeps its blocks)
+                s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens - tokens + plan.drafts[s][1])
+            if s.num_generated >= s.request.target_tokens:
+                decoded_out.append(s)
+        if decoders:
+            self.decode_steps += 1
+        for s, n in plan.prefills:
+            before = s.num_computed_tokens
+            redo = max(0, min(before + n, s.max_computed) - before)
+            s.recomputed_tokens += redo
+            counters["recomputed_tokens"] += redo
+            s.num_computed_tokens += n
+            if s.num_computed_tokens > s.max_computed:
+                s.max_computed = s.num_computed_tokens
                 progress = True
-                if self.spec is not None:  # the step's slots stay with the request (vLLM keeps its blocks)
-                    s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens - tokens + plan.drafts[s][1])
+            s.prefill_chunks += 1
+            counters["prefill_tokens"] += n
+            if s.num_computed_tokens == s.num_tokens:
+                s.num_generated += 1
+                s.token_times.append(end)
+                counters["generated_tokens"] += 1
+                progress = True
                 if s.num_generated >= s.request.target_tokens:
-                    decoded_out.append(s)
-            if decoders:
-                self.decode_steps += 1
-            for s, n in plan.prefills:
-                before = s.num_computed_tokens
-                redo = max(0, min(before + n, s.max_computed) - before)
-                s.recomputed_tokens += redo
-                counters["recomputed_tokens"] += redo
-                s.num_computed_tokens += n
-                if s.num_computed_tokens > s.max_computed:
-                    s.max_computed = s.num_computed_tokens
-                    progress = True
-                s.prefill_chunks += 1
-                counters["prefill_tokens"] += n
-                if s.num_computed_tokens == s.num_tokens:
-                    s.num_generated += 1
-                    s.token_times.append(end)
-                    counters["generated_tokens"] += 1
-                    progress = True
-                    if s.num_generated >= s.request.target_tokens:
-                        done.append(s)
-                    else:
-                        s.status = "decoding"
-            for s in done + sorted(decoded_out, key=lambda s: s.seq_no):
-                del self.running[s]
-                s.status = "finished"
-                self.kv.free(s)
-                for a, b in zip(s.token_times, s.token_times[1:]):
-                    self.rec.itl(b - a)
-                self.rec.request_done(s, 0, end)
-                on_finish = getattr(self.scheduler, "on_finish", None)
-                if on_finish is not None:
-                    on_finish(s, end)
-                finished(s.request, end)
-            if self.spec is not None and batch.num_seqs:
-                self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
-            self.now = end
-            no_progress = 0 if progress else no_progress + 1
-            if no_progress > self.stall_limit:
-                raise StallError(f"reference engine: {no_progress} iterations without a new token")
+                    done.append(s)
+                else:
+                    s.status = "decoding"
+        on_finish = getattr(self.scheduler, "on_finish", None)
+        for s in done + sorted(decoded_out, key=lambda s: s.seq_no):
+            del self.running[s]
+            s.status = "finished"
+            if self.role is not None and self.role.hand_off(self, s, end):
+                continue  # on to the decode pool; its KV (and its finish) stays until pulled
+            self.kv.free(s)
+            for a, b in zip(s.token_times, s.token_times[1:]):
+                self.rec.itl(b - a)
+            self.rec.request_done(s, self.index, end)
+            if on_finish is not None:
+                on_finish(s, end)
+            if self.on_request_done is not None:
+                self.on_request_done(s.request, end)
+        if self.spec is not None and batch.num_seqs:
+            self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
+        self.now = end
+        self.no_progress = 0 if progress else self.no_progress + 1
+        if self.no_progress > self.stall_limit:
+            raise StallError(f"reference engine: {self.no_progress} iterations without a new token")

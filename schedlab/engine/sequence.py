@@ -39,7 +39,7 @@ class Sequence:
         "_computed", "_generated", "_clock", "anchor", "gen_anchor", "finish_step",
         "target", "prompt", "max_computed", "first_scheduled_ms", "first_token_ms",
         "last_token_ms", "waiting_since", "waiting_ms", "recomputed_tokens", "prefill_chunks",
-        "cached_tokens_total", "plan_mark", "hit_memo", "num_swaps", "spec_state",
+        "cached_tokens_total", "plan_mark", "hit_memo", "num_swaps", "spec_state", "transfer",
     )
 
     def __init__(self, request: "Request", seq_no: int, clock: DecodeClock):
@@ -70,6 +70,7 @@ class Sequence:
         self.hit_memo = (-1, 0)  # (plan serial, cached tokens) for Plan.cached_tokens
         self.num_swaps = 0
         self.spec_state = None   # speculative decoding's per-request draw state (see Speculation)
+        self.transfer = None     # disaggregated serving: its :class:`~schedlab.engine.transfer.Transfer`
 
     # -- the SequenceState protocol ------------------------------------------------------
     @property

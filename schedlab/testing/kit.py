@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import numpy as np
@@ -123,6 +123,43 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     return result
 
 
+def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: Callable[[], tuple], *,
+                      prefill_instances: int = 1, decode_instances: int = 1, prefill_router=None,
+                      decode_router=None, bandwidth_gbps: float = 25.0, latency_ms: float = 0.01,
+                      engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+    """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
+
+    ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
+    time they are called. The result's ``meta["kvs"]`` holds every instance's KV cache
+    (prefill pool first), for checks of the blocks left at the end.
+    """
+    from ..engine.disagg import DisaggregatedCluster
+    from ..engine.driver import simulate_disaggregated
+    from ..engine.reference_cluster import DisaggregatedReference
+    from ..simulation import pool_summary
+
+    rec = Recorder()
+    parts = [prefill() for _ in range(prefill_instances)] + [decode() for _ in range(decode_instances)]
+    if engine == "reference":
+        engines = [ReferenceEngine(s, c, k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
+    else:
+        engines = [Instance(i, s, c, k, rec) for i, (s, c, k) in enumerate(parts)]
+    p, d = engines[:prefill_instances], engines[prefill_instances:]
+    link = dict(prefill_router=prefill_router, decode_router=decode_router, bandwidth_gbps=bandwidth_gbps,
+                latency_ms=latency_ms)
+    if engine == "reference":
+        DisaggregatedReference(p, d, **link).run(list(requests), workload=workload)
+    else:
+        simulate_disaggregated(list(requests), DisaggregatedCluster(p, d, **link), workload=workload)
+    meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": len(engines),
+            "bytes_per_block": getattr(engines[0].kv, "bytes_per_block", 0), "events": sum(e.events for e in engines),
+            "pools": pool_summary({"prefill": p, "decode": d})}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
+                                     request_cost=getattr(parts[0][1], "request_cost", None))
+    result.meta["kvs"] = [e.kv for e in engines]
+    return result
+
+
 def check_run(result: RunResult, requests: Sequence, *, max_running: int | None = None,
               kv_blocks: int | None = None) -> None:
     """Assert conservation, capacity and causality for a finished run.
@@ -162,10 +199,10 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     assert c["decode_seq_steps"] <= c["decode_tokens"] <= c["decode_seq_steps"] + c["spec_accepted_tokens"], (
         f"{c['decode_tokens']} decode tokens from {c['decode_seq_steps']} sequence steps and "
         f"{c['spec_accepted_tokens']} accepted drafts")
-    kv = result.meta.get("kv")
-    if kv is not None:
-        assert kv.num_used_blocks() == 0, f"{kv.num_used_blocks()} KV blocks still held after the run"
-        kv.check_invariants()
+    for kv in result.meta.get("kvs") or [result.meta.get("kv")]:
+        if kv is not None:
+            assert kv.num_used_blocks() == 0, f"{kv.num_used_blocks()} KV blocks still held after the run"
+            kv.check_invariants()
 
 
 def compare_runs(a: RunResult, b: RunResult, *, rel: float = 1e-9) -> None:

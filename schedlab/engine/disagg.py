@@ -1,0 +1,250 @@
+"""Disaggregated prefill and decode in the fast engine: a prefill pool, a decode pool, KV links.
+
+The flow and its sources are in :mod:`schedlab.engine.transfer`. Here each fast
+:class:`~schedlab.engine.instance.Instance` gets a *stage*: the part of the flow it runs at its
+own iteration boundaries, and the times it must stop at (a transfer landing, blocks being
+released), so its bulk decode runs never step over them. :class:`DisaggregatedCluster` holds
+the pools, routes arrivals to the prefill pool and finished prompts to the decode pool; the
+driver (:func:`schedlab.engine.driver.simulate_disaggregated`) advances the instances in
+lockstep, since each pool now waits on the other.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from typing import Sequence as Seq
+
+from .driver import route
+from .instance import Instance, default_rejection_reason
+from .sequence import Sequence
+from .transfer import KVLink, Transfer, kv_bytes_per_token, kv_reservation, prefill_request
+
+INF = math.inf
+TRANSFERRING = "transferring"  # a decode-side sequence before it joins the running set
+
+
+class PrefillStage:
+    """A prefill instance's part: hand finished prompts on, free their blocks once pulled."""
+
+    __slots__ = ("cluster", "releases")
+
+    def __init__(self, cluster: "DisaggregatedCluster"):
+        self.cluster = cluster
+        self.releases: list = []  # (time, seq_no, transfer): blocks to free when their transfer lands
+
+    outstanding = 0
+
+    def has_work(self) -> bool:
+        return bool(self.releases)
+
+    def next_time(self) -> float:
+        return self.releases[0][0] if self.releases else INF
+
+    def before_plan(self, inst: Instance) -> None:
+        releases = self.releases
+        now = inst.now
+        on_finish = inst._on_finish
+        while releases and releases[0][0] <= now:
+            t, _, tr = heapq.heappop(releases)
+            inst.kv.free(tr.prefill_seq)
+            if on_finish is not None:  # done here: the scheduler may admit into the freed blocks
+                on_finish(tr.prefill_seq, t)
+
+    def after_plan(self, inst: Instance, plan) -> None:
+        pass
+
+    def hand_off(self, inst: Instance, seq: Sequence, t: float) -> bool:
+        """The prompt is done and its first token out: pass the request to the decode pool
+        (True), or let it finish here when that token was all it asked for (False)."""
+        tr = seq.transfer
+        if tr.request.target_tokens <= 1:
+            seq.request = tr.request  # its row shows the client's request, not max_tokens = 1
+            return False
+        tr.ready_ms = t
+        self.cluster.handed_off(tr)
+        return True
+
+    def release_at(self, t: float, tr: Transfer) -> None:
+        heapq.heappush(self.releases, (t, tr.seq_no, tr))
+
+
+class DecodeStage:
+    """A decode instance's part: pull waiting requests' KV when there is room, let them join
+    the running set once it has landed (see :mod:`schedlab.engine.transfer` for the rules)."""
+
+    __slots__ = ("cluster", "slots", "pull_queue", "in_flight", "landed")
+
+    def __init__(self, cluster: "DisaggregatedCluster", slots: int | None):
+        self.cluster = cluster
+        self.slots = slots
+        self.pull_queue: deque = deque()   # handed over, waiting for blocks here
+        self.in_flight: list = []          # (landing time, seq_no, transfer)
+        self.landed: deque = deque()       # KV here, waiting for a running slot
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.pull_queue) + len(self.in_flight) + len(self.landed)
+
+    def has_work(self) -> bool:
+        return bool(self.pull_queue or self.in_flight or self.landed)
+
+    def next_time(self) -> float:
+        return self.in_flight[0][0] if self.in_flight else INF
+
+    def receive(self, inst: Instance, tr: Transfer) -> None:
+        """A finished prompt routed here: a sequence of this instance, waiting for its KV."""
+        p = tr.prefill_seq
+        seq = Sequence(tr.request, tr.seq_no, inst.clock)
+        seq.status = TRANSFERRING
+        seq._generated = 1
+        seq.first_scheduled_ms = p.first_scheduled_ms
+        seq.first_token_ms = seq.last_token_ms = p.first_token_ms
+        seq.waiting_ms = p.waiting_ms
+        seq.num_preemptions = p.num_preemptions
+        seq.recomputed_tokens = p.recomputed_tokens
+        seq.prefill_chunks = p.prefill_chunks
+        seq.cached_tokens_total = p.cached_tokens_total
+        seq.num_swaps = p.num_swaps
+        seq.transfer = tr
+        tr.decode_index = inst.index
+        tr.decode_seq = seq
+        self.pull_queue.append(tr)
+
+    def hand_off(self, inst: Instance, seq: Sequence, t: float) -> bool:
+        return False  # a request finishes where it decodes
+
+    def before_plan(self, inst: Instance) -> None:
+        in_flight, landed = self.in_flight, self.landed
+        now = inst.now
+        while in_flight and in_flight[0][0] <= now:
+            landed.append(heapq.heappop(in_flight)[2])
+        slots = self.slots
+        while landed and (slots is None or len(inst.running) < slots):
+            tr = landed.popleft()
+            seq = tr.decode_seq
+            inst.running[seq] = None
+            inst._add_decoder(seq)
+            inst.off_cycle[seq] = seq.last_token_ms  # its ITL group: its first token, on the prefill side
+            tr.joined_ms = now
+
+    def after_plan(self, inst: Instance, plan) -> None:
+        queue = self.pull_queue
+        if not queue or plan.preempted or inst.waiting or inst.swapped:
+            return
+        kv = inst.kv
+        slots = self.slots
+        now = inst.now
+        headroom = getattr(inst.scheduler, "pull_headroom", None)
+        while queue and (slots is None or len(inst.running) < slots):
+            tr = queue[0]
+            seq = tr.decode_seq
+            prompt = seq.prompt
+            hit = kv.cached_tokens(seq) if inst.count_prefix else 0
+            reserve = kv_reservation(inst.scheduler, seq.request)
+            if headroom is not None:
+                keep = headroom(inst.running_view, len(self.in_flight) + len(self.landed), kv.block_size)
+                if kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve) + keep \
+                        > kv.num_free_blocks():
+                    break
+            host = inst.host_tier
+            loaded = host.loaded if host is not None else 0
+            if not kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
+                break
+            queue.popleft()
+            seq._computed = seq.max_computed = prompt
+            seq.reserved_tokens = reserve
+            link = self.cluster.link(tr.prefill_index, inst.index)
+            tr.tokens = prompt - hit
+            tr.bytes = link.bytes_moved(tr.tokens)
+            tr.pulled_ms = now
+            tr.landed_ms = link.start(now, tr.tokens)
+            if host is not None and host.loaded != loaded:  # part of the local hit comes from host memory
+                ms = host.load_ms(host.loaded - loaded)
+                inst.counters["host_load_blocks"] += host.loaded - loaded
+                inst.counters["host_load_ms"] += ms
+                if now + ms > tr.landed_ms:  # the reload runs beside the pull; the later one lands it
+                    tr.landed_ms = now + ms
+            heapq.heappush(self.in_flight, (tr.landed_ms, tr.seq_no, tr))
+            self.cluster.stage_of(tr.prefill_index).release_at(tr.landed_ms, tr)
+            inst.emitted = True  # the prefill instance now plans again at the landing
+
+
+class DisaggregatedCluster:
+    """Prefill and decode pools of fast instances, their routers and the links between them.
+
+    Instance indices are global: the prefill pool's first, then the decode pool's.
+    """
+
+    def __init__(self, prefill: Seq[Instance], decode: Seq[Instance], *, prefill_router=None, decode_router=None,
+                 bandwidth_gbps: float, latency_ms: float):
+        if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
+            raise ValueError("a pool of several instances needs a router")
+        self.prefill = list(prefill)
+        self.decode = list(decode)
+        self.prefill_router = prefill_router
+        self.decode_router = decode_router
+        self._handoffs: list = []  # (ready time, seq_no, transfer), not yet routed
+        self._stages = {}
+        for inst in self.prefill:
+            inst.stage = self._stages[inst.index] = PrefillStage(self)
+        for inst in self.decode:
+            inst.stage = DecodeStage(self, getattr(inst.scheduler, "slots", None))
+        self._links: dict[tuple[int, int], KVLink] = {}
+        for p in self.prefill:
+            sender, _ = kv_bytes_per_token(p.kv)
+            for d in self.decode:
+                receiver, ranks = kv_bytes_per_token(d.kv)
+                self._links[(p.index, d.index)] = KVLink(bandwidth_gbps, latency_ms, sender_bytes_per_token=sender,
+                                                         receiver_bytes_per_token=receiver, receiver_ranks=ranks)
+        decode0 = self.decode[0]
+        self._decode_reason = getattr(decode0.scheduler, "rejection_reason", None) or default_rejection_reason
+
+    @property
+    def instances(self) -> list[Instance]:
+        return self.prefill + self.decode
+
+    def link(self, prefill_index: int, decode_index: int) -> KVLink:
+        return self._links[(prefill_index, decode_index)]
+
+    def stage_of(self, prefill_index: int) -> PrefillStage:
+        return self._stages[prefill_index]
+
+    # -- arrivals ----------------------------------------------------------------------------
+    def arrive(self, request, seq_no: int) -> Instance:
+        """Route ``request`` to the prefill pool (or reject it); returns the prefill instance."""
+        pool = self.prefill
+        target = pool[route(self.prefill_router, request, pool)] if self.prefill_router is not None else pool[0]
+        first = prefill_request(request)
+        reason = (target._rejection_reason(first, target.kv)
+                  or self._decode_reason(request, self.decode[0].kv))  # the decode pool is uniform
+        if reason:
+            seq = Sequence(request, seq_no, target.clock)
+            seq.status = "rejected"
+            seq.transfer = Transfer(request, seq_no, target.index, None)
+            target.rec.reject(seq, target.index, reason)
+            if target.track_finished:
+                target.finished.append((request, request.arrival_ms))
+            return target
+        target.wake(request.arrival_ms)
+        seq = target.arrive(first, seq_no)
+        seq.transfer = Transfer(request, seq_no, target.index, seq)
+        return target
+
+    # -- handoffs ------------------------------------------------------------------------------
+    def handed_off(self, tr: Transfer) -> None:
+        heapq.heappush(self._handoffs, (tr.ready_ms, tr.seq_no, tr))
+
+    def next_handoff(self) -> float:
+        return self._handoffs[0][0] if self._handoffs else INF
+
+    def deliver_handoffs(self, t: float) -> None:
+        """Route every finished prompt ready by ``t`` to a decode instance (in (time, arrival) order)."""
+        pool = self.decode
+        router = self.decode_router
+        while self._handoffs and self._handoffs[0][0] <= t:
+            tr = heapq.heappop(self._handoffs)[2]
+            target = pool[route(router, tr.request, pool)] if router is not None else pool[0]
+            target.wake(tr.ready_ms)
+            target.stage.receive(target, tr)

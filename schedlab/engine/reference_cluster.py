@@ -1,0 +1,277 @@
+"""The reference engine for several instances: every instance step by step, in plain time order.
+
+One loop over time. The next thing to happen is either an *event* -- a request arriving (or
+released by a closed loop), or, in a disaggregated cluster, a finished prompt handed to the
+decode pool -- or an instance's next plan (at its clock, or when its sleep ends). Events
+come first on a tie, and are routed seeing every instance as it is then; plans go in time
+order, ties to the lowest instance index. An instance that planned nothing sleeps until its
+wake-up time or until an event of its own wakes it.
+
+Disaggregation (rules and sources in :mod:`schedlab.engine.transfer`) is written out here
+again, plainly, for the differential tests against the fast engine's
+:mod:`schedlab.engine.disagg`: :class:`PrefillRole` and :class:`DecodeRole` are an
+instance's part of the flow, run at its own plans.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Sequence
+
+from ..errors import SimulationError, StallError
+from .instance import default_rejection_reason
+from .reference import RefSequence, ReferenceEngine
+from .transfer import KVLink, Transfer, kv_bytes_per_token, kv_reservation, prefill_request
+
+INF = math.inf
+
+
+def _routed(router, request, pool: Sequence) -> ReferenceEngine:
+    if router is None:
+        return pool[0]
+    index = router.route(request, pool)
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(pool):
+        raise SimulationError(f"router {type(router).__name__} returned {index!r} for request {request.id}; "
+                              f"expected an instance index from 0 to {len(pool) - 1}")
+    return pool[index]
+
+
+class ReferenceCluster:
+    """Instances behind a router (one instance: no router needed)."""
+
+    def __init__(self, instances: Sequence[ReferenceEngine], router=None):
+        if len(instances) > 1 and router is None:
+            raise ValueError("several instances need a router")
+        self.instances = list(instances)
+        self.router = router
+
+    # -- what a cluster kind decides -----------------------------------------------------------
+    def deliver(self, request, seq_no: int, t: float) -> None:
+        inst = _routed(self.router, request, self.instances)
+        inst.wake(t)
+        inst.arrive(request, seq_no)
+
+    def deliver_other(self, t: float) -> None:
+        """Events other than arrivals at time ``t`` (none here)."""
+
+    def next_other(self) -> float:
+        return INF
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, requests, workload=None) -> None:
+        pending = [(r.arrival_ms, r.id, r) for r in requests]
+        heapq.heapify(pending)
+        closed = workload is not None and getattr(workload, "closed_loop", False)
+
+        def done(request, t):
+            if closed:
+                for follow_up in workload.on_finish(request, t):
+                    heapq.heappush(pending, (follow_up.arrival_ms, follow_up.id, follow_up))
+
+        for inst in self.instances:
+            inst.on_request_done = done
+        seq_no = 0
+        while True:
+            t_event = min(pending[0][0] if pending else INF, self.next_other())
+            busy = [inst for inst in self.instances if inst.has_work()]
+            t_plan = min((inst.next_plan_time() for inst in busy), default=INF)
+            if t_event <= t_plan and t_event < INF:
+                self.deliver_other(t_event)
+                while pending and pending[0][0] <= t_event:
+                    self.deliver(heapq.heappop(pending)[2], seq_no, t_event)
+                    seq_no += 1
+                continue
+            if t_plan == INF:
+                if busy:
+                    raise StallError("reference engine: no arrivals are left and the scheduler plans nothing")
+                return
+            inst = min(busy, key=lambda i: (i.next_plan_time(), i.index))
+            inst.wake(inst.next_plan_time())
+            inst.step()
+
+
+# -- disaggregated prefill and decode -------------------------------------------------------------
+
+
+class PrefillRole:
+    """Hands finished prompts to the decode pool; frees their blocks once they have landed."""
+
+    outstanding = 0
+
+    def __init__(self, cluster: "DisaggregatedReference"):
+        self.cluster = cluster
+        self.releases: list = []  # (time, seq_no, transfer)
+
+    def has_work(self) -> bool:
+        return bool(self.releases)
+
+    def next_time(self) -> float:
+        return min((t for t, _, _ in self.releases), default=INF)
+
+    def before_plan(self, inst: ReferenceEngine) -> None:
+        on_finish = getattr(inst.scheduler, "on_finish", None)
+        for item in sorted(self.releases, key=lambda x: (x[0], x[1])):
+            if item[0] <= inst.now:
+                self.releases.remove(item)
+                inst.kv.free(item[2].prefill_seq)
+                if on_finish is not None:
+                    on_finish(item[2].prefill_seq, item[0])
+
+    def after_plan(self, inst: ReferenceEngine, plan) -> None:
+        pass
+
+    def hand_off(self, inst: ReferenceEngine, seq: RefSequence, t: float) -> bool:
+        tr = seq.transfer
+        if tr.request.target_tokens <= 1:
+            seq.request = tr.request  # finishes here, with the client's request in its row
+            return False
+        tr.ready_ms = t
+        self.cluster.handoffs.append(tr)
+        return True
+
+
+class DecodeRole:
+    """Pulls handed-over requests' KV when there is room; they join the running set once landed."""
+
+    def __init__(self, cluster: "DisaggregatedReference", slots: int | None):
+        self.cluster = cluster
+        self.slots = slots
+        self.waiting_for_kv: list = []   # transfers in the order they were handed over
+        self.in_flight: list = []
+        self.landed: list = []
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting_for_kv) + len(self.in_flight) + len(self.landed)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting_for_kv or self.in_flight or self.landed)
+
+    def next_time(self) -> float:
+        return min((tr.landed_ms for tr in self.in_flight), default=INF)
+
+    def receive(self, inst: ReferenceEngine, tr: Transfer) -> None:
+        p = tr.prefill_seq
+        seq = RefSequence(tr.request, tr.seq_no)
+        seq.status = "transferring"
+        seq.num_generated = 1
+        seq.token_times = list(p.token_times)
+        seq.first_scheduled_ms = p.first_scheduled_ms
+        seq.waiting_ms = p.waiting_ms
+        seq.num_preemptions = p.num_preemptions
+        seq.recomputed_tokens = p.recomputed_tokens
+        seq.prefill_chunks = p.prefill_chunks
+        seq.cached_tokens_total = p.cached_tokens_total
+        seq.num_swaps = p.num_swaps
+        seq.transfer = tr
+        tr.decode_index = inst.index
+        tr.decode_seq = seq
+        self.waiting_for_kv.append(tr)
+
+    def hand_off(self, inst: ReferenceEngine, seq: RefSequence, t: float) -> bool:
+        return False
+
+    def before_plan(self, inst: ReferenceEngine) -> None:
+        for tr in sorted(self.in_flight, key=lambda tr: (tr.landed_ms, tr.seq_no)):
+            if tr.landed_ms <= inst.now:
+                self.in_flight.remove(tr)
+                self.landed.append(tr)
+        while self.landed and (self.slots is None or len(inst.running) < self.slots):
+            tr = self.landed.pop(0)
+            tr.decode_seq.status = "decoding"
+            inst.running[tr.decode_seq] = None
+            tr.joined_ms = inst.now
+
+    def after_plan(self, inst: ReferenceEngine, plan) -> None:
+        if plan.preempted or inst.waiting or inst.swapped:
+            return
+        headroom = getattr(inst.scheduler, "pull_headroom", None)
+        while self.waiting_for_kv and (self.slots is None or len(inst.running) < self.slots):
+            tr = self.waiting_for_kv[0]
+            seq = tr.decode_seq
+            prompt = seq.request.prompt_tokens
+            hit = inst.kv.cached_tokens(seq) if getattr(inst.kv, "prefix_caching", False) else 0
+            reserve = kv_reservation(inst.scheduler, seq.request)
+            if headroom is not None:
+                need = inst.kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve)
+                if need + headroom(list(inst.running), len(self.in_flight) + len(self.landed),
+                                   inst.kv.block_size) > inst.kv.num_free_blocks():
+                    return
+            host = getattr(inst.kv, "host", None)
+            loaded = host.loaded if host is not None else 0
+            if not inst.kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
+                return
+            self.waiting_for_kv.pop(0)
+            seq.num_computed_tokens = prompt
+            seq.max_computed = prompt
+            seq.reserved_tokens = reserve
+            link = self.cluster.links[(tr.prefill_index, inst.index)]
+            tr.tokens = prompt - hit
+            tr.bytes = link.bytes_moved(tr.tokens)
+            tr.pulled_ms = inst.now
+            tr.landed_ms = link.start(inst.now, tr.tokens)
+            if host is not None and host.loaded > loaded:  # blocks of the local hit reloaded from host memory
+                blocks = host.loaded - loaded
+                ms = blocks * host.bytes_per_block / (host.link_gbps * 1e9) * 1e3 + host.latency_us / 1e3
+                inst.counters["host_load_blocks"] += blocks
+                inst.counters["host_load_ms"] += ms
+                tr.landed_ms = max(tr.landed_ms, inst.now + ms)
+            self.in_flight.append(tr)
+            self.cluster.by_index[tr.prefill_index].role.releases.append((tr.landed_ms, tr.seq_no, tr))
+
+
+class DisaggregatedReference(ReferenceCluster):
+    """A prefill pool and a decode pool of reference instances, with a router each."""
+
+    def __init__(self, prefill: Sequence[ReferenceEngine], decode: Sequence[ReferenceEngine], *,
+                 prefill_router=None, decode_router=None, bandwidth_gbps: float, latency_ms: float):
+        if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
+            raise ValueError("a pool of several instances needs a router")
+        self.instances = list(prefill) + list(decode)
+        self.router = prefill_router
+        self.prefill = list(prefill)
+        self.decode = list(decode)
+        self.decode_router = decode_router
+        self.by_index = {inst.index: inst for inst in self.instances}
+        self.handoffs: list = []
+        for inst in self.prefill:
+            inst.role = PrefillRole(self)
+        for inst in self.decode:
+            inst.role = DecodeRole(self, getattr(inst.scheduler, "slots", None))
+        self.links = {}
+        for p in self.prefill:
+            sender, _ = kv_bytes_per_token(p.kv)
+            for d in self.decode:
+                receiver, ranks = kv_bytes_per_token(d.kv)
+                self.links[(p.index, d.index)] = KVLink(bandwidth_gbps, latency_ms, sender_bytes_per_token=sender,
+                                                        receiver_bytes_per_token=receiver, receiver_ranks=ranks)
+
+    def deliver(self, request, seq_no: int, t: float) -> None:
+        inst = _routed(self.router, request, self.prefill)
+        inst.wake(t)
+        first = prefill_request(request)
+        decode0 = self.decode[0]
+        reason = (inst.reason_of(first, inst.kv)
+                  or (getattr(decode0.scheduler, "rejection_reason", None) or default_rejection_reason)(
+                      request, decode0.kv))
+        if reason:
+            seq = RefSequence(request, seq_no)
+            seq.status = "rejected"
+            seq.transfer = Transfer(request, seq_no, inst.index, None)
+            inst.rec.reject(seq, inst.index, reason)
+            inst.on_request_done(request, request.arrival_ms)
+            return
+        seq = inst.arrive(first, seq_no)
+        seq.transfer = Transfer(request, seq_no, inst.index, seq)
+
+    def next_other(self) -> float:
+        return min((tr.ready_ms for tr in self.handoffs), default=INF)
+
+    def deliver_other(self, t: float) -> None:
+        for tr in sorted(self.handoffs, key=lambda tr: (tr.ready_ms, tr.seq_no)):
+            if tr.ready_ms <= t:
+                self.handoffs.remove(tr)
+                inst = _routed(self.decode_router, tr.request, self.decode)
+                inst.wake(t)
+                inst.role.receive(inst, tr)

@@ -1,0 +1,141 @@
+"""Disaggregated serving: what moves a prompt's KV cache from a prefill instance to a decode instance.
+
+Both engines use these records; each runs the flow itself (the fast engine in
+:mod:`schedlab.engine.disagg`, the reference engine in :mod:`schedlab.engine.reference_cluster`).
+
+The flow follows vLLM 0.33's P/D serving with the NIXL connector (pull mode:
+``vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py``) and DistServe (OSDI'24):
+
+1. A prefill instance serves the request as vLLM's P/D proxy sends it there: ``max_tokens = 1``.
+   Its iteration that completes the prompt yields the first token (TTFT is measured there, as
+   in DistServe). The request then leaves the prefill instance's running set, but its KV blocks
+   stay allocated until the decode side has read them (vLLM: ``request_finished`` returns
+   ``delay_free_blocks = True`` for a request with ``do_remote_decode``).
+2. The decode router picks a decode instance at that moment. The request waits there until
+   the decode side has room: at an iteration boundary, after its scheduler has planned, with
+   nothing preempted and nothing of its own waiting or swapped, and fewer running requests
+   than its scheduler's ``slots`` (vLLM's waiting loop, where a remote-prefill request is
+   admitted: ``scheduler.py``, ``load_kv_async``), the decode instance allocates the blocks for
+   the prompt -- less what its own prefix cache already holds (vLLM asks the connector with
+   the local hit; a hit found in a host-memory tier is reloaded beside the pull, and the later
+   of the two lands the KV) -- plus the reservation its scheduler makes for every request
+   (``kv_reservation``), keeping free what its scheduler asks (``pull_headroom``: SGLang's
+   decode server pre-allocates only beyond reserved decode tokens). A full decode pool
+   therefore pushes back: prefill instances keep finished prompts' blocks and, when those fill
+   their caches, admit fewer new prompts.
+3. The transfer then runs over the link between the two instances (:class:`KVLink`); when it
+   has landed, the prefill instance frees its blocks (vLLM: the NIXL notification) and tells
+   its scheduler the request has finished (``on_finish``), and the
+   request joins the decode instance's running set at its next iteration boundary, as soon
+   as fewer than ``slots`` requests run (vLLM: ``WAITING_FOR_REMOTE_KVS`` -> ``WAITING`` ->
+   admitted), with the prompt's KV computed and its first token generated. It never decodes
+   before its KV has landed.
+
+A request whose answer is one token finishes on the prefill instance and moves nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+INF = math.inf
+
+
+def kv_bytes_per_token(kv) -> tuple[float, int]:
+    """``(bytes one token's KV takes on each rank, ranks)`` of a KV cache plugin.
+
+    ``bytes_per_block`` is per tensor-parallel rank (vLLM sizes every rank's pool alike); a
+    cache without it but sized from presets (``sizing``) takes the model's bytes per token. A
+    cache sized from presets knows its ``tensor_parallel``, otherwise one rank is assumed.
+    """
+    per_block = getattr(kv, "bytes_per_block", 0) or 0
+    sizing = getattr(kv, "sizing", None)
+    ranks = sizing.tensor_parallel if sizing is not None else 1
+    if not per_block and sizing is not None:
+        return float(sizing.bytes_per_token), ranks
+    return per_block / kv.block_size, ranks
+
+
+class KVLink:
+    """The link from one prefill instance to one decode instance.
+
+    Each rank of the decode instance reads its KV heads from the prefill instance's ranks in
+    parallel (NIXL: one transfer per rank pair), each GPU over its own ``bandwidth_gbps``
+    (GB/s, one direction), so a transfer of ``n`` tokens takes
+    ``n x max(sender bytes per token per rank, receiver bytes per token per rank) / bandwidth``
+    -- the more heavily loaded side of a tensor-parallel mismatch sets the pace -- and arrives
+    ``latency_ms`` after its last byte left. Transfers over one link go one at a time, in the
+    order the decode side starts them; different links do not share bandwidth.
+    """
+
+    __slots__ = ("bandwidth_gbps", "latency_ms", "per_rank_bytes", "receiver_bytes", "receiver_ranks", "free_at")
+
+    def __init__(self, bandwidth_gbps: float, latency_ms: float, *, sender_bytes_per_token: float,
+                 receiver_bytes_per_token: float, receiver_ranks: int = 1):
+        self.bandwidth_gbps = bandwidth_gbps
+        self.latency_ms = latency_ms
+        self.per_rank_bytes = max(sender_bytes_per_token, receiver_bytes_per_token)
+        self.receiver_bytes = receiver_bytes_per_token
+        self.receiver_ranks = receiver_ranks
+        self.free_at = 0.0
+
+    def busy_ms(self, tokens: int) -> float:
+        """How long ``tokens`` tokens' KV occupy the link."""
+        if self.bandwidth_gbps == INF:
+            return 0.0
+        return tokens * self.per_rank_bytes / (self.bandwidth_gbps * 1e9) * 1e3
+
+    def bytes_moved(self, tokens: int) -> int:
+        """Bytes the decode instance receives, summed over its ranks."""
+        return int(round(tokens * self.receiver_bytes * self.receiver_ranks))
+
+    def start(self, now: float, tokens: int) -> float:
+        """Queue a transfer of ``tokens`` tokens at ``now``; returns when it lands."""
+        begin = now if now > self.free_at else self.free_at
+        self.free_at = begin + self.busy_ms(tokens)
+        return self.free_at + self.latency_ms
+
+
+class Transfer:
+    """One request's passage from a prefill instance to a decode instance.
+
+    Times are -1 until they happen. ``seq_no`` (the request's arrival order) orders handoffs,
+    pulls and landings that fall on the same instant, identically in both engines.
+    """
+
+    __slots__ = ("request", "seq_no", "prefill_index", "prefill_seq", "decode_index", "decode_seq", "ready_ms",
+                 "tokens", "bytes", "pulled_ms", "landed_ms", "joined_ms")
+
+    def __init__(self, request, seq_no: int, prefill_index: int, prefill_seq):
+        self.request = request          # the client's request (the prefill instance sees max_tokens = 1)
+        self.seq_no = seq_no
+        self.prefill_index = prefill_index
+        self.prefill_seq = prefill_seq
+        self.decode_index = -1
+        self.decode_seq = None
+        self.ready_ms = -1.0            # first token: the prompt's KV is complete on the prefill side
+        self.tokens = 0                 # tokens whose KV moves (the prompt less the decode side's prefix hit)
+        self.bytes = 0
+        self.pulled_ms = -1.0           # decode side allocated the blocks and started the transfer
+        self.landed_ms = -1.0
+        self.joined_ms = -1.0           # joined the decode instance's running set
+
+    def row(self) -> tuple:
+        """The recorder's per-request columns (see ``NO_TRANSFER``)."""
+        return (self.prefill_index, self.bytes, self.pulled_ms, self.landed_ms, self.joined_ms)
+
+
+def prefill_request(request):
+    """The request as the prefill pool sees it: the same prompt, one token to generate
+    (vLLM's P/D proxy sends the prefill instance ``max_tokens = 1``)."""
+    if request.target_tokens == 1 and request.max_output_tokens == 1:
+        return request
+    return attrs.evolve(request, output_tokens=1, max_tokens=1)
+
+
+def kv_reservation(scheduler, request) -> int:
+    """Tokens of KV ``scheduler`` holds for ``request`` from admission (0: grown as computed)."""
+    reserve = getattr(scheduler, "kv_reservation", None)
+    return reserve(request) if reserve is not None else 0

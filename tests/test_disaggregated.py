@@ -1,0 +1,609 @@
+"""Disaggregated prefill and decode: hand-computed transfers, the rules that hold in every run,
+the fast engine against the reference engine, and the TOML that declares the pools.
+
+Hand-computed scenarios use 0.5 ms per prompt token on the prefill side, a fixed decode step on
+the decode side, 16-token blocks of 16 MiB (1 MiB of KV per token) and a link that moves 16
+tokens per ms (16 MiB/ms, ``LINK_GBPS``) and adds 0.5 ms of latency.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.engine.transfer import KVLink, kv_bytes_per_token
+from schedlab.errors import ConfigError
+from schedlab.experiment import load, run_experiment
+from schedlab.model import Request
+from schedlab.testing import (check_run, compare_runs, dyadic_linear_costs, examples, requests_lists,
+                              run_disaggregated)
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
+from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter
+from schedlab_plugins.schedulers import (ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler,
+                                         StaticConfig, StaticScheduler, TgiConfig, TgiScheduler, VtcConfig,
+                                         VtcScheduler)
+
+ENGINES = ("fast", "reference")
+MIB = 2**20
+LINK_GBPS = 16 * MIB / 1e6        # 16 MiB per ms
+LATENCY_MS = 0.5
+SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def pool(num_blocks: int, *, prefill_ms: float = 0.5, decode_ms: float = 8.0, max_num_seqs: int = 4,
+         block_size: int = 16, kv=PagedKVCache):
+    """A factory of one instance: vLLM-style grow-as-you-go batching on a small cache."""
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
+                                                         allocation="grow"))
+        cost = LinearCostModel(LinearConfig(prefill_ms_per_token=prefill_ms, decode_ms_per_step=decode_ms))
+        return scheduler, cost, kv(num_blocks, block_size, bytes_per_block=block_size * MIB)
+    return make
+
+
+def run(requests, prefill, decode, engine, **kw):
+    kw.setdefault("bandwidth_gbps", LINK_GBPS)
+    kw.setdefault("latency_ms", LATENCY_MS)
+    return run_disaggregated(requests, prefill, decode, engine=engine, **kw)
+
+
+def by_id(result, column):
+    return dict(zip(result.requests["id"].tolist(), result.requests[column].tolist()))
+
+
+# -- the link ----------------------------------------------------------------------------------------------
+
+
+def test_a_link_moves_the_slower_sides_bytes_per_rank_and_queues_transfers():
+    # Prefill on one GPU (1 MiB per token), decode over two ranks (0.5 MiB per token each): the
+    # single sender sets the pace, 16 MiB per ms -> 32 tokens take 2 ms, and the decode side
+    # receives 32 MiB in all. A second transfer started while the first is on the link waits
+    # for it: it starts at 3.0 and lands at 3.0 + 2.0 + 0.5.
+    link = KVLink(LINK_GBPS, 0.5, sender_bytes_per_token=MIB, receiver_bytes_per_token=MIB / 2, receiver_ranks=2)
+    assert link.busy_ms(32) == pytest.approx(2.0)
+    assert link.bytes_moved(32) == 32 * MIB
+    assert link.start(1.0, 32) == pytest.approx(3.5)
+    assert link.start(2.0, 32) == pytest.approx(5.5)
+    assert link.start(9.0, 16) == pytest.approx(10.5)   # the link was free again at 5.0
+    assert KVLink(float("inf"), 0.25, sender_bytes_per_token=MIB, receiver_bytes_per_token=MIB).start(4.0, 1000) == 4.25
+
+
+def test_bytes_per_token_come_from_the_model_per_tensor_parallel_rank():
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab_plugins.kv_caches import PagedConfig, build_paged
+
+    from schedlab_plugins.kv_caches.settings import RadixConfig, build_radix
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    for tp, per_rank in ((1, 128 * 1024), (2, 64 * 1024)):  # Llama-3-8B: 2 x 32 layers x 8 heads x 128 x 2 B
+        kv = build_paged(PagedConfig(model="llama-3-8b", gpu="a100-80gb", tensor_parallel=tp), presets)
+        assert kv_bytes_per_token(kv) == (per_rank, tp)
+        radix = build_radix(RadixConfig(model="llama-3-8b", gpu="a100-80gb", tensor_parallel=tp), presets)
+        assert kv_bytes_per_token(radix) == (per_rank, tp)  # no bytes_per_block: the model's bytes per token
+
+
+# -- hand-computed runs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_request_prefills_transfers_and_decodes_at_hand_computed_times(engine):
+    # Prompt 64, answer 3 tokens. Prefill instance: 64 x 0.5 = 32 ms -> first token at 32 (TTFT).
+    # The decode instance (idle) allocates 4 blocks at 32 and pulls 64 MiB: 4 ms on the link +
+    # 0.5 ms latency -> landed at 36.5; it joins the running set then and decodes (8 ms per
+    # step): tokens 2 and 3 at 44.5 and 52.5. The prefill instance holds its 4 blocks until 36.5.
+    r = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    assert row["first_token_ms"] == 32.0
+    assert row["kv_pulled_ms"] == 32.0
+    assert row["kv_landed_ms"] == pytest.approx(36.5)
+    assert row["decode_joined_ms"] == pytest.approx(36.5)
+    assert row["finish_ms"] == pytest.approx(52.5)
+    assert (row["prefill_instance"], row["instance"], row["kv_bytes"]) == (0, 1, 64 * MIB)
+    m = r.metrics
+    assert m["tpot_ms"]["mean"] == pytest.approx((52.5 - 32.0) / 2)
+    assert m["transfer"]["transfers"] == 1 and m["transfer"]["bytes"] == 64 * MIB
+    assert m["transfer"]["kv_wait_ms"]["max"] == 0.0
+    assert m["transfer"]["transfer_ms"]["max"] == pytest.approx(4.5)
+    assert m["pools"]["prefill"]["busy_share"] == pytest.approx(32.0 / 52.5)
+    assert m["pools"]["decode"]["busy_share"] == pytest.approx(16.0 / 52.5)
+    # KV held over time: prefill 4 blocks x 36.5 ms; decode 4 blocks while the KV lands (4.5 ms),
+    # then 5 (token 65 opens a block) for 16 ms
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 36.5)
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 4.5 + 5 * 16)
+    check_run(r, [Request(0, 0.0, 64, 3)])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_transfers_over_one_link_queue_and_requests_join_at_iteration_boundaries(engine):
+    # Two prompts of 64 prefill together (128 x 0.5 = 64 ms): both first tokens at 64; the decode
+    # instance pulls both at 64 over the same link. Request 0 is on it 64-68 (lands 68.5), request 1
+    # waits for it: 68-72, lands 72.5. Request 0 joins at 68.5 and decodes its last token 68.5-76.5;
+    # request 1 landed while that step ran, so it joins at 76.5 and finishes at 84.5.
+    reqs = [Request(0, 0.0, 64, 2), Request(1, 0.0, 64, 2)]
+    r = run(reqs, pool(16), pool(16), engine)
+    assert by_id(r, "kv_pulled_ms") == {0: 64.0, 1: 64.0}
+    assert by_id(r, "kv_landed_ms") == pytest.approx({0: 68.5, 1: 72.5})
+    assert by_id(r, "decode_joined_ms") == pytest.approx({0: 68.5, 1: 76.5})
+    assert by_id(r, "finish_ms") == pytest.approx({0: 76.5, 1: 84.5})
+    assert r.metrics["transfer"]["join_wait_ms"]["max"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_full_decode_pool_pushes_back_on_the_prefill_pool(engine):
+    # Prefill: 4 blocks (one prompt of 64 at a time). Decode: 7 blocks, 4 ms per step. Three
+    # requests at 0, prompts of 64; request 0 answers 30 tokens, requests 1 and 2 answer 3.
+    # Request 0: prefill 0-32, pulled at 32, landed 36.5 (the prefill side frees its blocks then),
+    #   joins at 36.5 and decodes 29 steps, to 152.5, holding 5 blocks, later 6.
+    # Request 1: admitted at 36.5 when the blocks come back, prefilled 36.5-68.5. The decode side
+    #   has 2 free blocks, not the 4 its prompt needs: request 1 waits there with its KV held on the
+    #   prefill side, so request 2 cannot even start. Request 1 is pulled when request 0 finishes
+    #   (152.5) and lands at 157, when the prefill side admits request 2: first token at 189.
+    # With room on the decode side request 1 is pulled at 68.5, lands at 73, and request 2's first
+    # token comes at 105.
+    reqs = [Request(0, 0.0, 64, 30), Request(1, 0.0, 64, 3), Request(2, 0.0, 64, 3)]
+    r = run(reqs, pool(4), pool(7, decode_ms=4.0), engine)
+    assert by_id(r, "first_token_ms") == pytest.approx({0: 32.0, 1: 68.5, 2: 189.0})
+    assert by_id(r, "kv_pulled_ms") == pytest.approx({0: 32.0, 1: 152.5, 2: 189.0})
+    assert by_id(r, "first_scheduled_ms")[2] == pytest.approx(157.0)
+    assert by_id(r, "finish_ms")[0] == pytest.approx(152.5)
+    assert r.metrics["transfer"]["kv_wait_ms"]["max"] == pytest.approx(152.5 - 68.5)
+    roomy = run(reqs, pool(4), pool(50, decode_ms=4.0), engine)
+    assert by_id(roomy, "kv_pulled_ms")[1] == pytest.approx(68.5)
+    assert by_id(roomy, "first_token_ms")[2] == pytest.approx(105.0)
+    check_run(r, reqs, kv_blocks=7)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_one_token_answer_finishes_on_the_prefill_instance_and_moves_nothing(engine):
+    reqs = [Request(0, 0.0, 40, 1), Request(1, 0.0, 20, 5, max_tokens=1)]
+    r = run(reqs, pool(16), pool(16), engine)
+    assert by_id(r, "instance") == {0: 0, 1: 0}
+    assert by_id(r, "prefill_instance") == {0: 0, 1: 0}
+    assert by_id(r, "kv_bytes") == {0: 0, 1: 0}
+    assert by_id(r, "kv_pulled_ms") == {0: -1.0, 1: -1.0}
+    assert by_id(r, "finish_ms") == {0: 30.0, 1: 30.0}       # one prefill of 60 tokens
+    assert by_id(r, "max_tokens") == {0: 1, 1: 1} and by_id(r, "output_tokens") == {0: 1, 1: 5}
+    assert r.metrics["transfer"]["transfers"] == 0
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_decode_side_pulls_only_what_its_prefix_cache_lacks(engine):
+    # Both prompts start with the same 32-token system prompt. Request 1 reaches the decode
+    # instance while request 0 still runs there: 2 of its 4 prompt blocks are cached, so only 32
+    # tokens move (2 ms on the link).
+    reqs = [Request(0, 0.0, 64, 20, prefix_group=0, prefix_tokens=32),
+            Request(1, 40.0, 64, 2, prefix_group=0, prefix_tokens=32)]
+    r = run(reqs, pool(16), pool(16, kv=PrefixKVCache), engine)
+    assert by_id(r, "kv_bytes") == {0: 64 * MIB, 1: 32 * MIB}
+    landed, pulled = by_id(r, "kv_landed_ms"), by_id(r, "kv_pulled_ms")
+    assert landed[1] - pulled[1] == pytest.approx(2.0 + LATENCY_MS)
+    check_run(r, reqs)
+
+
+# -- rules that hold in every run ----------------------------------------------------------------------
+
+
+class LandedOnly:
+    """Wraps a decode instance's scheduler and asserts, at every iteration, that no request
+    runs there before its KV has landed. It declares no ``stable_between_events``, so the fast
+    engine asks it about every iteration."""
+
+    stable_between_events = False
+
+    def __init__(self, inner, index_of_pool):
+        self.inner = inner
+        self.pool = index_of_pool
+        self.checked = 0
+
+    def __getattr__(self, name):  # every other optional member is the wrapped scheduler's
+        return getattr(self.inner, name)
+
+    def schedule(self, plan):
+        self.inner.schedule(plan)
+        for seq in plan.running:
+            tr = seq.transfer
+            if tr is not None and tr.decode_index in self.pool:
+                assert tr.landed_ms <= plan.now, f"request {seq.request.id} runs at {plan.now}, KV lands at {tr.landed_ms}"
+                assert tr.joined_ms <= plan.now
+                self.checked += 1
+
+
+def configs():
+    return st.builds(
+        ContinuousConfig,
+        max_num_seqs=st.integers(1, 5),
+        max_num_batched_tokens=st.sampled_from([64, 160]),
+        chunked_prefill=st.booleans(),
+        allocation=st.sampled_from(["grow", "reserve"]),
+    )
+
+
+@st.composite
+def clusters(draw):
+    """A random cluster: pools of 1-2 instances, small caches (the decode pool often full), any
+    of the built-in scheduler kinds per pool, prefix caching (vLLM's, with or without a host
+    tier, or SGLang's radix tree) on either side, a dyadic link."""
+    requests = draw(requests_lists(max_size=12, max_prompt=48, max_output=30, prefix_groups=2))
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+
+    def side():
+        kind = draw(st.sampled_from(["continuous", "continuous", "swap", "static", "tgi", "vtc", "sglang"]))
+        cost = draw(dyadic_linear_costs())
+        blocks = need + 1 + draw(st.integers(0, 24))
+        cache = draw(st.sampled_from(["paged", "prefix", "prefix+host", "radix"]))
+        if kind == "continuous":
+            cfg = draw(configs())
+            make_scheduler = lambda: ContinuousScheduler(cfg)  # noqa: E731
+        elif kind == "swap":
+            cfg = ContinuousConfig(max_num_seqs=draw(st.integers(1, 5)), max_num_batched_tokens=64, allocation="grow",
+                                   preemption="swap", chunked_prefill=True, prefill_first=draw(st.booleans()))
+            make_scheduler = lambda: ContinuousScheduler(cfg)  # noqa: E731
+        elif kind == "static":
+            size = draw(st.integers(1, 4))
+            make_scheduler = lambda: StaticScheduler(StaticConfig(batch_size=size))  # noqa: E731
+        elif kind == "tgi":
+            tgi = TgiConfig(max_batch_prefill_tokens=64, prefill_chunking=draw(st.booleans()))
+            make_scheduler = lambda: TgiScheduler(tgi)  # noqa: E731
+        elif kind == "vtc":
+            vtc = VtcConfig(max_num_seqs=draw(st.integers(1, 5)), max_num_batched_tokens=64, allocation="grow",
+                            chunked_prefill=True)
+            make_scheduler = lambda: VtcScheduler(vtc)  # noqa: E731
+        else:
+            sglang = SglangConfig(max_running_requests=draw(st.integers(1, 5)), chunked_prefill_size=64,
+                                  enable_mixed_chunk=draw(st.booleans()),
+                                  schedule_policy=draw(st.sampled_from(["fcfs", "lpm"])))
+            make_scheduler = lambda: SglangScheduler(sglang)  # noqa: E731
+
+        def make():
+            if cache == "radix":
+                kv = RadixKVCache(blocks, block_size)
+                kv.bytes_per_block = block_size * MIB
+            elif cache == "prefix+host":  # a host-memory tier of 12 blocks under vLLM's prefix cache
+                from schedlab_plugins.kv_caches.host_tier import HostTier
+
+                host = HostTier(12, bytes_per_block=block_size * MIB, link_gbps=LINK_GBPS, latency_us=125.0)
+                kv = PrefixKVCache(blocks, block_size, bytes_per_block=block_size * MIB, host=host)
+            else:
+                cls = PrefixKVCache if cache == "prefix" else PagedKVCache
+                kv = cls(blocks, block_size, swap_blocks=16, bytes_per_block=block_size * MIB,
+                         host_link_gbps=2 ** 10 / 1e3)
+            return make_scheduler(), LinearCostModel(cost), kv
+        return make
+
+    prefill, decode = side(), side()
+    n_prefill, n_decode = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    routers = [None, RoundRobinRouter, LeastOutstandingRouter, LeastKVRouter]
+    prefill_router = draw(st.sampled_from(routers[1:])) if n_prefill > 1 else None
+    decode_router = draw(st.sampled_from(routers[1:])) if n_decode > 1 else None
+    link = dict(bandwidth_gbps=draw(st.sampled_from([LINK_GBPS, 4 * MIB / 1e6, float("inf")])),
+                latency_ms=draw(st.sampled_from([0.0, 0.125, 4.0])))
+    return requests, prefill, decode, n_prefill, n_decode, prefill_router, decode_router, link
+
+
+def run_cluster(case, engine, *, wrap_decode=False):
+    requests, prefill, decode, n_prefill, n_decode, prefill_router, decode_router, link = case
+    checkers = []
+    if wrap_decode:
+        pool_indices = set(range(n_prefill, n_prefill + n_decode))
+
+        def wrapped():
+            scheduler, cost, kv = decode()
+            checker = LandedOnly(scheduler, pool_indices)
+            checkers.append(checker)
+            return checker, cost, kv
+        make_decode = wrapped
+    else:
+        make_decode = decode
+    result = run_disaggregated(requests, prefill, make_decode, prefill_instances=n_prefill, decode_instances=n_decode,
+                               prefill_router=prefill_router() if prefill_router else None,
+                               decode_router=decode_router() if decode_router else None, engine=engine, **link)
+    return result, checkers
+
+
+@SETTINGS
+@given(clusters())
+def test_fast_and_reference_engines_agree_on_disaggregated_clusters(case):
+    fast, _ = run_cluster(case, "fast")
+    ref, _ = run_cluster(case, "reference")
+    compare_runs(fast, ref, rel=1e-12)
+
+
+@SETTINGS
+@given(clusters(), st.sampled_from(ENGINES))
+def test_requests_and_blocks_are_conserved_across_pools(case, engine):
+    """Every request finishes exactly once with all its tokens, or is rejected; each transferred
+    request went from a prefill instance to a decode instance, moving its prompt less what the
+    decode side had cached, in causal order; every cache of both pools is empty at the end."""
+    requests, _, _, n_prefill, n_decode = case[:5]
+    result, _ = run_cluster(case, engine)
+    check_run(result, requests)
+    req = result.requests
+    by_request = {r.id: r for r in requests}
+    moved = (req["rejected"] == 0) & (req["kv_pulled_ms"] >= 0)
+    for i in moved.nonzero()[0]:
+        r = by_request[int(req["id"][i])]
+        assert 0 <= req["prefill_instance"][i] < n_prefill <= req["instance"][i] < n_prefill + n_decode
+        assert r.target_tokens > 1
+        assert req["first_token_ms"][i] <= req["kv_pulled_ms"][i] <= req["kv_landed_ms"][i] <= req["decode_joined_ms"][i]
+        assert req["decode_joined_ms"][i] < req["finish_ms"][i]
+        assert 0 <= req["kv_bytes"][i] <= r.prompt_tokens * MIB and req["kv_bytes"][i] % MIB == 0
+    stayed = (req["rejected"] == 0) & ~moved
+    for i in stayed.nonzero()[0]:  # answered by the first token alone
+        assert by_request[int(req["id"][i])].target_tokens == 1
+        assert req["instance"][i] == req["prefill_instance"][i] < n_prefill
+    pools = result.meta["pools"]
+    assert pools["prefill"]["iterations"] + pools["decode"]["iterations"] == result.counters["iterations"]
+    assert result.metrics["transfer"]["transfers"] == int(moved.sum())
+
+
+@SETTINGS
+@given(clusters(), st.sampled_from(ENGINES))
+def test_a_request_never_runs_on_a_decode_instance_before_its_kv_has_landed(case, engine):
+    result, checkers = run_cluster(case, engine, wrap_decode=True)
+    moved = (result.requests["kv_pulled_ms"] >= 0).sum()
+    assert not moved or sum(c.checked for c in checkers) > 0
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(5, 24), st.integers(1, 2), st.integers(1, 2), st.integers(0, 5))
+def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_requests, n_prefill, n_decode, seed):
+    """Clients send their next request when the decode side answers the last one."""
+    from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
+
+    config = ClosedLoopConfig(clients=clients, num_requests=num_requests, prompt={"dist": "uniform", "low": 1, "high": 60},
+                              output={"dist": "uniform", "low": 1, "high": 25}, think_ms=2.0)
+    runs = []
+    for engine in ENGINES:
+        workload = make_closed_loop_workload(config)
+        requests = workload.requests(seed)
+        runs.append(run_disaggregated(requests, pool(12, prefill_ms=0.125), pool(8, decode_ms=4.0),
+                                      prefill_instances=n_prefill, decode_instances=n_decode,
+                                      prefill_router=RoundRobinRouter() if n_prefill > 1 else None,
+                                      decode_router=LeastOutstandingRouter() if n_decode > 1 else None,
+                                      bandwidth_gbps=LINK_GBPS, latency_ms=0.25, engine=engine, workload=workload))
+    compare_runs(*runs, rel=1e-12)
+    req = runs[0].requests
+    assert req["id"].size == num_requests and req["rejected"].sum() == 0
+
+
+# -- TOML ----------------------------------------------------------------------------------------------------
+
+BASE = """
+    [workload]
+    kind = "synthetic"
+    num_requests = 40
+    prompt = {dist = "uniform", low = 50, high = 400}
+    output = {dist = "uniform", low = 2, high = 60}
+    arrival = "poisson"
+    rate = 20
+    [scheduler]
+    kind = "vllm"
+    max_num_seqs = 8
+    [cost_model]
+    kind = "linear"
+    [kv_cache]
+    kind = "paged"
+    num_blocks = 200
+    bytes_per_block = 2097152
+    """
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(BASE) + textwrap.dedent(text))
+    return path
+
+
+DISAGG = """
+    [cluster]
+    mode = "disaggregated"
+    [cluster.prefill]
+    instances = 1
+    [cluster.decode]
+    instances = 2
+    router = {kind = "least_outstanding"}
+    kv_cache = {num_blocks = 120}
+    [cluster.link]
+    bandwidth_gbps = 12.5
+    latency_us = 20
+    """
+
+
+def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
+    path = write(tmp_path, DISAGG + """
+    [[runs]]
+    name = "fast"
+    [[runs]]
+    name = "reference"
+    engine = "reference"
+    """)
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
+    r = runs["fast"]
+    pools = r.meta["pools"]
+    assert (pools["prefill"]["instances"], pools["decode"]["instances"]) == (1, 2)
+    assert (pools["prefill"]["num_blocks"], pools["decode"]["num_blocks"]) == (200, 240)  # the decode override
+    assert r.metrics["gpus"] == 3
+    assert set(r.requests["instance"][r.requests["kv_pulled_ms"] >= 0].tolist()) == {1, 2}
+    # 2 MiB blocks of 16 tokens: 128 KiB per token moved; 12.5 GB/s and 20 us per transfer
+    req = r.requests
+    moved = req["kv_pulled_ms"] >= 0
+    tokens = req["kv_bytes"][moved] / (128 * 1024)
+    assert (tokens == req["prompt_tokens"][moved]).all()
+    on_link = req["kv_landed_ms"][moved] - req["kv_pulled_ms"][moved]
+    assert (on_link >= tokens * 128 * 1024 / 12.5e9 * 1e3 + 0.02 - 1e-9).all()
+
+
+def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
+    path = tmp_path / "tp.toml"
+    path.write_text(textwrap.dedent("""
+        [workload]
+        kind = "synthetic"
+        num_requests = 20
+        prompt = {dist = "uniform", low = 50, high = 400}
+        output = {dist = "uniform", low = 2, high = 30}
+        arrival = "poisson"
+        rate = 20
+        [scheduler]
+        kind = "vllm"
+        [cost_model]
+        kind = "roofline"
+        model = "llama-3-8b"
+        gpu = "a100-80gb"
+        [kv_cache]
+        kind = "paged"
+        model = "llama-3-8b"
+        gpu = "a100-80gb"
+        [cluster]
+        mode = "disaggregated"
+        prefill = {instances = 2}
+        decode = {cost_model = {tensor_parallel = 2}, kv_cache = {tensor_parallel = 2}}
+        """))
+    (r,) = run_experiment(load(path)).all_runs()
+    assert r.metrics["gpus"] == 4
+    assert r.metrics["pools"]["decode"]["gpus"] == 2 and r.metrics["pools"]["prefill"]["gpus"] == 2
+    moved = r.requests["kv_pulled_ms"] >= 0
+    assert moved.sum() == 20
+    # two decode ranks receive 64 KiB per token each: the whole 128 KiB per token of Llama-3-8B
+    assert (r.requests["kv_bytes"][moved] == r.requests["prompt_tokens"][moved] * 128 * 1024).all()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[cluster]\nmode = \"disaggregated\"\ninstances = 2\n",
+     r"\[cluster\]: instances: a disaggregated cluster sizes its pools in \[cluster.prefill\] and \[cluster.decode\]"),
+    ("[cluster]\nmode = \"disaggregated\"\n[cluster.prefill]\ninstnaces = 2\n",
+     r"\[cluster.prefill\]: unknown key 'instnaces' \(did you mean 'instances'\?\)"),
+    ("[cluster]\nmode = \"disaggregated\"\n[cluster.decode.scheduler]\nmax_num_seq = 2\n",
+     r"\[cluster.decode.scheduler\]: unknown key 'max_num_seq' \(did you mean 'max_num_seqs'\?\)"),
+    ("[cluster]\nmode = \"disaggregated\"\n[cluster.link]\nbandwidth_gbps = 0\n",
+     r"\[cluster.link\]: bandwidth_gbps: must be > 0.0"),
+    ("[cluster]\nmode = \"disaggregated\"\n[cluster.link]\nbandwith_gbps = 5\n",
+     r"\[cluster.link\]: unknown key 'bandwith_gbps' \(did you mean 'bandwidth_gbps'\?\)"),
+    ("[cluster]\nmode = \"disaggregated\"\n[cluster.decode]\ninstances = 2\nrouter = {kind = \"nearest\"}\n",
+     r"\[cluster.decode.router\]: unknown router 'nearest'"),
+    ("[cluster]\nmode = \"disagregated\"\n", r"\[cluster\]: mode: must be one of 'colocated', 'disaggregated'"),
+    ("[cluster]\ninstances = 2\n[cluster.link]\nlatency_us = 3\n",
+     r"\[cluster\]: link: only a cluster with mode = 'disaggregated' has pools and links"),
+    ("[cluster]\nmode = \"disaggregated\"\n[cluster.decode]\nkv_cache = {bytes_per_block = 0}\n",
+     r"\[cluster.decode.kv_cache\]: the KV link needs the bytes of a block"),
+])
+def test_bad_cluster_tables_name_the_file_table_and_key(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load(path)
+    assert str(path) in str(info.value)
+    cli = subprocess.run([sys.executable, "-m", "schedlab.cli", "validate", str(path)], capture_output=True, text=True)
+    assert cli.returncode == 2
+    assert "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_a_pool_table_of_another_kind_replaces_the_runs_table(tmp_path):
+    path = write(tmp_path, """
+    [cluster]
+    mode = "disaggregated"
+    decode = {scheduler = {kind = "orca", max_num_seqs = 3}}
+    """)
+    (r,) = run_experiment(load(path)).all_runs()
+    assert r.metrics["finished"] == 40
+    json.dumps(r.metrics)  # every metric is JSON-ready
+
+
+def test_sglangs_decode_side_keeps_room_for_reserved_decode_tokens_and_the_longest_request():
+    """SGLang's pre-allocation rule: 512 tokens per running or incoming request, and at least what
+    the longest running request needs to finish once the others are retracted."""
+    from types import SimpleNamespace
+
+    scheduler = SglangScheduler(SglangConfig())
+    assert scheduler.pull_headroom([], 0, 16) == 0
+    assert scheduler.pull_headroom([], 3, 16) == 3 * 512 // 16
+    running = [SimpleNamespace(request=Request(0, 0.0, 100, 50), num_computed_tokens=110, reserved_tokens=0),
+               SimpleNamespace(request=Request(1, 0.0, 3000, 6000), num_computed_tokens=3000, reserved_tokens=0)]
+    # reserved: 512 x (2 + 1) = 1536 tokens = 96 blocks; the longest: 3000 + min(6000, 4096) = 7096
+    # tokens = 444 blocks, less the 7 + 188 blocks the two hold = 249 blocks
+    assert scheduler.pull_headroom(running, 1, 16) == 249
+    assert scheduler.pull_headroom(running, 20, 16) == 512 * 22 // 16
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_side_hit_in_host_memory_is_reloaded_beside_the_pull(engine):
+    # The decode instance's host tier holds the first 3 blocks (48 tokens) of the prompt: the pull
+    # moves only the last 16 tokens (1 ms on the link + 0.5 ms), while the 3 blocks come back over
+    # the host link, 16 MiB per ms, in 3 ms + 0.125 ms. The later of the two lands the KV: at 32 +
+    # 3.125; the last two tokens follow at 43.125 and 51.125.
+    from schedlab_plugins.kv_caches.host_tier import HostTier
+    from schedlab_plugins.kv_caches.prefix import block_key
+
+    request = Request(0, 0.0, 64, 3, prefix_group=0, prefix_tokens=64)
+    tiers = []
+
+    def decode():
+        host = HostTier(8, bytes_per_block=16 * MIB, link_gbps=LINK_GBPS, latency_us=125.0)
+        for j in range(3):
+            host.store(block_key(request, j, 16), j)
+        tiers.append(host)
+        scheduler, cost, _ = pool(16)()
+        return scheduler, cost, PrefixKVCache(16, 16, bytes_per_block=16 * MIB, host=host)
+
+    r = run([request], pool(16), decode, engine)
+    assert by_id(r, "kv_bytes") == {0: 16 * MIB}
+    assert by_id(r, "kv_pulled_ms") == {0: 32.0}
+    assert by_id(r, "kv_landed_ms") == pytest.approx({0: 35.125})
+    assert by_id(r, "finish_ms") == pytest.approx({0: 51.125})
+    assert tiers[0].loaded == 3
+    assert r.counters["host_load_blocks"] == 3 and r.counters["host_load_ms"] == pytest.approx(3.125)
+    check_run(r, [request])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, seed):
+    """Requests that join a decode instance verify drafts like any decoding request."""
+    path = tmp_path / "spec.toml"
+    path.write_text(textwrap.dedent(f"""
+        [experiment]
+        seed = {seed}
+        [workload]
+        kind = "synthetic"
+        num_requests = 50
+        prompt = {{dist = "uniform", low = 50, high = 400}}
+        output = {{dist = "uniform", low = 2, high = 80}}
+        arrival = "poisson"
+        rate = 20
+        [scheduler]
+        kind = "vllm"
+        max_num_seqs = 8
+        [cost_model]
+        kind = "roofline"
+        model = "llama-3-8b"
+        gpu = "a100-80gb"
+        [kv_cache]
+        kind = "paged"
+        model = "llama-3-8b"
+        gpu = "a100-80gb"
+        [speculative]
+        method = "ngram"
+        num_speculative_tokens = 3
+        acceptance_rate = 0.6
+        [cluster]
+        mode = "disaggregated"
+        decode = {{instances = 2, router = {{kind = "least_outstanding"}}}}
+        [[runs]]
+        name = "fast"
+        [[runs]]
+        name = "reference"
+        engine = "reference"
+        """))
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
+    spec = runs["fast"].metrics["speculative"]
+    assert spec["accepted_tokens"] > 0 and runs["fast"].metrics["transfer"]["transfers"] == 50 - (
+        runs["fast"].requests["generated_tokens"] == 1).sum()
