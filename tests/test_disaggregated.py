@@ -162,6 +162,24 @@ def test_a_full_decode_pool_pushes_back_on_the_prefill_pool(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_hand_over_during_a_decode_run_is_pulled_at_the_next_iteration_boundary(engine):
+    # A prefill instance of 4 one-token blocks: B (prompt 2) waits there for A's 3 blocks to
+    # come back. A: prefilled 0-1.5, pulled and landed at 1.5 (an instant link), decodes 1.5-9.5
+    # and 9.5-17.5. Its pull frees the prefill instance at 1.5: B is prefilled 1.5-2.5 and
+    # handed over at 2.5, in the middle of A's first decode step. The decode instance pulls B
+    # at the end of that step (9.5), not after A's whole decode run (17.5); B joins at the next
+    # boundary (17.5) and decodes its second token by 25.5.
+    reqs = [Request(0, 0.0, 3, 3), Request(1, 0.0, 2, 2)]
+    r = run(reqs, pool(4, block_size=1), pool(8, block_size=1), engine,
+            bandwidth_gbps=float("inf"), latency_ms=0.0)
+    assert by_id(r, "first_token_ms") == {0: 1.5, 1: 2.5}
+    assert by_id(r, "kv_pulled_ms") == {0: 1.5, 1: 9.5}
+    assert by_id(r, "decode_joined_ms") == {0: 1.5, 1: 17.5}
+    assert by_id(r, "finish_ms") == {0: 17.5, 1: 25.5}
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_one_token_answer_finishes_on_the_prefill_instance_and_moves_nothing(engine):
     reqs = [Request(0, 0.0, 40, 1), Request(1, 0.0, 20, 5, max_tokens=1)]
     r = run(reqs, pool(16), pool(16), engine)

@@ -363,6 +363,11 @@ class Instance:
                 if empty_plans > 1000:
                     raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
                 if plan.preempted or target <= self.now:
+                    if stop_on_finish and self.emitted:
+                        # A pull just gave a prefill instance a time to plan at (its blocks come
+                        # back when the KV lands): let the driver run it before this instance
+                        # starts iterations that could step past its next hand-over.
+                        return "finished"
                     continue
                 if stage is not None:  # disaggregated: sleep until woken (see simulate_disaggregated)
                     self.sleep_wake = wake
