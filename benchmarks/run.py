@@ -110,6 +110,16 @@ def child(toml: str, overrides: list[str]) -> dict:
             cpu.append(time.process_time() - started)
 
     schedlab.simulation.simulate = timed
+
+    class TimedReference(schedlab.simulation.ReferenceEngine):  # benchmark 4's engine: timed alike
+        def run(self, *args, **kwargs):
+            started = time.process_time()
+            try:
+                return super().run(*args, **kwargs)
+            finally:
+                cpu.append(time.process_time() - started)
+
+    schedlab.simulation.ReferenceEngine = TimedReference
     exp = load(HERE / toml, overrides)
     run = run_experiment(exp).all_runs()[0]
     return {
