@@ -125,7 +125,7 @@ def test_preemption_cliff():
     assert vllm[largest].metrics["num_preemptions"] > 0
     assert vllm[largest].metrics["preemptions"]["recomputed_tokens"] > 0
     # once preemption starts, recomputation eats the gain of more sequences: the largest setting
-    # ends below the best run without a preemption (by 5% at 120 requests)
+    # ends below the best run without a preemption (by 4% at 120 requests, 2% at the experiment's 500)
     calm = [r.metrics["throughput_tps"] for r in vllm.values() if r.metrics["num_preemptions"] == 0]
     assert vllm[largest].metrics["throughput_tps"] < 0.97 * max(calm)
     assert vllm[largest].metrics["tpot_ms"]["p99"] > vllm[smallest].metrics["tpot_ms"]["p99"]
