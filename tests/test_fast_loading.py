@@ -149,7 +149,7 @@ def test_jsonl_errors_are_the_python_readers(tmp_path):
 
 cells = st.one_of(st.integers(-5, 10**6).map(str), st.floats(0, 1e5, allow_nan=False).map(repr),
                   st.sampled_from(["", " ", " 12 ", "1_000", "+5", "1e3", "12.0", "nan", "inf", "chat", "\u00a0 7",
-                                   "7\u00a0", "\u3000", "x y", "é", "0x10", "-0", ".5", "5."]))
+                                   "7\u00a0", "\u3000", "x y", "é", "0x10", "-0", ".5", "5.", "1e400"]))
 
 
 @st.composite
@@ -182,6 +182,16 @@ def test_csv_fast_reader_equals_the_python_reader(tmp_path, csv_file, newline, b
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + newline.join([head] + rows).encode("utf-8") + newline.encode())
     assert_same(path, limit=limit)
     assert_same(path, required=(), limit=limit)
+
+
+def test_csv_number_too_big_for_a_float_is_refused_by_every_reader(tmp_path):
+    """``1e400`` reads as inf: not a finite number, as the Python reader says (the numpy reader
+    once returned inf)."""
+    path = tmp_path / "r.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_ms\n1,2,5\n1,2,1e400\n")
+    fast = assert_same(path)
+    assert outcome(lambda: fast.floats("arrival_ms")) == (
+        "error", "WorkloadError", f"{path}: line 3: arrival_ms: must be a number >= 0, got '1e400'")
 
 
 def test_csv_typical_file_is_read_by_numpy(tmp_path):

@@ -274,6 +274,7 @@ class Records:
         done[ints[small]] = True
         rest = np.flatnonzero((kind == FLOAT) | (kind == STR))
         fvalues, fok = parse_floats(buf, column.start[rest], column.end[rest])
+        fok &= np.isfinite(fvalues)   # "1e400" reads as inf: Python says it is not a finite number
         out[rest[fok]] = fvalues[fok]
         done[rest[fok]] = True
         none = column.none_mask()
