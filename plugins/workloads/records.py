@@ -32,8 +32,7 @@ import numpy as np
 
 from schedlab.errors import WorkloadError
 
-from .fast_text import FLOAT, INT, NONE, STR, RawColumn, decode_texts, parse_floats, parse_ints, \
-    read_csv_fast, read_jsonl_fast
+from .fast_text import FLOAT, INT, NONE, STR, RawColumn, read_csv_fast, read_jsonl_fast
 
 FORMATS = ("json", "jsonl", "csv")
 _EXTENSIONS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -185,9 +184,9 @@ class Records:
         if isinstance(column, RawColumn):  # strings at once; the other rows as below
             strings = np.flatnonzero(column.kind == STR)
             if strings.size == len(column):
-                return decode_texts(column, strings)
+                return column.str_values(strings)
             texts = np.full(len(column), None, dtype=object)
-            texts[strings] = decode_texts(column, strings)
+            texts[strings] = column.str_values(strings)
             out = texts.tolist()
             rows = np.flatnonzero((column.kind != STR) & (column.kind != NONE)).tolist()
         else:
@@ -223,16 +222,15 @@ class Records:
         """:meth:`ints` of a RawColumn: ``(array, {row: int})`` -- numbers numpy reads exactly at
         once, the rest (as Python ints, which may not fit the array) and the first bad row's
         message as in the loop above. ``None`` rows read as 0 with allow_none."""
-        buf = np.frombuffer(column.data, dtype=np.uint8)
         kind = column.kind
         out = np.zeros(len(column), dtype=np.int64)
         fast = np.flatnonzero((kind == INT) | (kind == STR))
-        values, ok = parse_ints(buf, column.start[fast], column.end[fast])
+        values, ok = column.int_values(fast)
         out[fast[ok]] = values[ok]
         done = np.zeros(len(column), dtype=bool)
         done[fast[ok]] = True
         floats = np.flatnonzero(kind == FLOAT)
-        fvalues, fok = parse_floats(buf, column.start[floats], column.end[floats])
+        fvalues, fok = column.float_values(floats)
         whole = fok & (fvalues == np.round(fvalues)) & (np.abs(fvalues) < 2.0**53)
         out[floats[whole]] = fvalues[whole].astype(np.int64)
         done[floats[whole]] = True
@@ -263,17 +261,16 @@ class Records:
 
     def _raw_floats(self, field: str, column: RawColumn, min: float) -> np.ndarray:
         """:meth:`floats` of a RawColumn, as :meth:`_raw_ints`."""
-        buf = np.frombuffer(column.data, dtype=np.uint8)
         kind = column.kind
         out = np.zeros(len(column), dtype=np.float64)
         done = np.zeros(len(column), dtype=bool)
         ints = np.flatnonzero(kind == INT)
-        ivalues, iok = parse_ints(buf, column.start[ints], column.end[ints])
+        ivalues, iok = column.int_values(ints)
         small = iok & (np.abs(ivalues) <= 2**53)
         out[ints[small]] = ivalues[small].astype(np.float64)
         done[ints[small]] = True
         rest = np.flatnonzero((kind == FLOAT) | (kind == STR))
-        fvalues, fok = parse_floats(buf, column.start[rest], column.end[rest])
+        fvalues, fok = column.float_values(rest)
         fok &= np.isfinite(fvalues)   # "1e400" reads as inf: Python says it is not a finite number
         out[rest[fok]] = fvalues[fok]
         done[rest[fok]] = True
@@ -303,6 +300,10 @@ class Records:
         column = self._column(field, required)
         if column is None:
             return None
+        if isinstance(column, RawColumn):
+            tuples = column.int_tuples()
+            if tuples is not None:
+                return tuples
         out: list[tuple] = []
         for row, value in enumerate(column):
             if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
