@@ -159,6 +159,7 @@ COLUMN_TYPES = {
     "int or float": st.one_of(st.integers(-100, 100), st.floats(-1e3, 1e3).map(lambda x: round(x, 1))),
     "big int": st.integers(2**63, 10**30),
     "text": texts,
+    "date text": st.one_of(st.dates().map(str), st.datetimes().map(str), st.datetimes().map(lambda d: d.isoformat())),
     "bool": st.booleans(),
     "none": st.none(),
     "int list": st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
@@ -227,7 +228,8 @@ def test_jsonl_arrow_reader_equals_the_python_reader(tmp_path, file, newline, bo
 def test_jsonl_typical_file_is_read_by_arrow(tmp_path):
     path = tmp_path / "r.jsonl"
     rows = [{"arrival_ms": 12.5 * i, "prompt_tokens": 10 + i, "output_tokens": 5, "client": f"u{i % 3}",
-             "class": "chat", "priority": -1, "max_tokens": None, "hash_ids": list(range(i % 4))} for i in range(50)]
+             "class": "chat", "priority": -1, "max_tokens": None, "hash_ids": list(range(i % 4)),
+             "prefix_group": f"2023-11-{i % 28 + 1:02d}"} for i in range(50)]   # pyarrow takes those for dates
     rows[3]["arrival_ms"] = 40          # an int in a float column: json.loads says int
     rows[5]["arrival_ms"] = 60.0        # a whole float: json.loads says float
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
@@ -242,6 +244,7 @@ def test_jsonl_typical_file_is_read_by_arrow(tmp_path):
     assert records.int_lists("hash_ids")[:5] == [(), (0,), (0, 1), (0, 1, 2), ()]
     assert records.sources["request_class"] == "class"
     assert records.texts("client")[:4] == ["u0", "u1", "u2", "u0"]
+    assert records.keys("prefix_group")[:2] == ["2023-11-01", "2023-11-02"]
     assert list(records.positions[:3]) == [1, 2, 3]
 
 

@@ -15,7 +15,8 @@ Python readers, read the file and decide what is an error and what it says. It i
   followed by ``,`` ``}`` or ``]``); no object has a key twice (pyarrow refuses those; Python
   keeps the last); no value anywhere is ``NaN`` or infinite (pyarrow also takes ``Inf``, which
   Python refuses); every field we read is an int64, double, bool, string or null column, or
-  lists of int64, bool, string or null; a field we look up under several names (``request_class``
+  lists of int64, bool, string or null (text that pyarrow takes for a time, such as
+  ``"2023-11-16"``, is read again as text); a field we look up under several names (``request_class``
   or ``class``) appears under only one (else a row's ``null`` under the first name would hide
   the second, which pyarrow cannot tell from an absent key);
 * CSV: at least two columns, no NUL, no quote character after the header line, no line longer
@@ -106,9 +107,10 @@ def scan_lines(path, fmt: str, limit: int | None) -> _Lines | None:
                 carry = b""
             if not chunk:
                 break
-            if not _scan_chunk(found, chunk, base, line_base, fmt, limit, field_limit):
+            lines = _scan_chunk(found, chunk, base, line_base, fmt, limit, field_limit)
+            if lines is None:
                 return None
-            line_base += chunk.count(b"\n")
+            line_base += lines
             base += len(chunk)
             if not block:
                 break
@@ -120,7 +122,9 @@ def scan_lines(path, fmt: str, limit: int | None) -> _Lines | None:
 
 
 def _scan_chunk(found: _Lines, chunk: bytes, base: int, line_base: int, fmt: str, limit: int | None,
-                field_limit: int) -> bool:
+                field_limit: int) -> int | None:
+    """Check one piece of whole lines and note its rows in ``found``; the number of line ends in
+    it, or None when the file is for the other readers."""
     buf = np.frombuffer(chunk, dtype=np.uint8)
     skip = 3 if base == 0 and chunk.startswith(BOM) else 0
     if found.begin is None and fmt == "jsonl":
@@ -128,14 +132,14 @@ def _scan_chunk(found: _Lines, chunk: bytes, base: int, line_base: int, fmt: str
     if b"\r" in chunk:
         cr = np.flatnonzero(buf == 13)
         if cr[-1] + 1 >= buf.size or not bool(np.all(buf[cr + 1] == 10)):
-            return False                   # a bare carriage return: a line break to Python
+            return None                    # a bare carriage return: a line break to Python
     if fmt == "csv" and b"\0" in chunk:
-        return False
+        return None
     if not chunk.isascii():
         try:
             chunk.decode("utf-8")         # chunks end at a line end, never inside a character
         except UnicodeDecodeError:
-            return False
+            return None
     nl = np.flatnonzero(buf == 10)
     starts = np.concatenate(([skip], nl + 1))
     line_end = np.append(nl, buf.size)
@@ -146,31 +150,31 @@ def _scan_chunk(found: _Lines, chunk: bytes, base: int, line_base: int, fmt: str
     if fmt == "csv":
         if found.header is None:
             if not rows.size:
-                return True
+                return nl.size
             h = int(rows[0])
             found.header = chunk[int(starts[h]):int(line_end[h]) + 1].decode("utf-8")
             found.begin = base + int(line_end[h]) + 1
             if found.header.count('"') % 2 or len(found.header) > field_limit:
-                return False
+                return None
             after = int(line_end[h]) + 1
             rows = rows[1:]
         else:
             after = 0
         if chunk.find(b'"', after) >= 0:
-            return False                   # quoted cells: csv.reader reads them
+            return None                    # quoted cells: csv.reader reads them
         if rows.size and int((ends[rows] - starts[rows]).max()) > field_limit:
-            return False
+            return None
     if limit is not None:
         rows = rows[:max(limit - found.rows, 0)]
     if not rows.size:
-        return True
+        return nl.size
     if fmt == "jsonl" and not (bool(np.all(buf[starts[rows]] == 123)) and bool(np.all(buf[ends[rows] - 1] == 125))):
-        return False
+        return None
     found.numbers.append(rows + line_base + 1)
     found.starts.append(starts[rows] + base)
     found.rows += rows.size
     found.end = base + int(line_end[rows[-1]]) + 1
-    return True
+    return nl.size
 
 
 def _source(pa, path, lines: _Lines):
@@ -365,8 +369,12 @@ def read_jsonl_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], requi
     if lines is None:
         return None
     try:
-        table = pa.json.read_json(_source(pa, path, lines),
-                                  read_options=pa.json.ReadOptions(block_size=ARROW_BLOCK_BYTES))
+        table = _read_json(pa, path, lines)
+        candidates = {candidate for names in wanted.values() for candidate in names}
+        dates = [f.name for f in table.schema if f.name in candidates
+                 and (pa.types.is_timestamp(f.type) or pa.types.is_date(f.type))]
+        if dates:   # pyarrow took text such as "2023-11-16" for a time: read it again as text
+            table = _read_json(pa, path, lines, texts=dates)
     except Exception:  # anything pyarrow refuses, the other readers judge
         return None
     n = lines.rows
@@ -395,6 +403,15 @@ def read_jsonl_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], requi
     if not _read_again(path, lines, values, sources, reread):
         return None
     return lines.numbers, values, sources
+
+
+def _read_json(pa, path, lines: _Lines, texts: Sequence[str] = ()):
+    """The rows as a pyarrow table, with the keys ``texts`` read as strings (and the others'
+    types inferred)."""
+    parse = pa.json.ParseOptions(explicit_schema=pa.schema([(key, pa.string()) for key in texts]),
+                                 unexpected_field_behavior="infer") if texts else None
+    return pa.json.read_json(_source(pa, path, lines), read_options=pa.json.ReadOptions(block_size=ARROW_BLOCK_BYTES),
+                             parse_options=parse)
 
 
 def _read_again(path, lines: _Lines, values, sources, reread) -> bool:
