@@ -1,13 +1,16 @@
-"""Loading request files: the vectorised readers against the row-by-row Python readers.
+"""Loading request files: the pyarrow, numpy and row-by-row Python readers.
 
     python benchmarks/loading.py                 # 200k and 2M rows, JSONL and CSV (a few minutes)
     python benchmarks/loading.py --rows 200000   # one size
+    python benchmarks/loading.py --readers arrow --repeat 3   # one reader, best of 3
     python benchmarks/loading.py --run 200000    # also a whole `schedlab run` of that many rows
 
 Writes request files like a user's (arrival_ms, prompt_tokens, output_tokens, request_class,
 client; 120 bytes a row as JSONL) to a temporary folder, then loads each in a fresh process
-through the ``file`` workload (read, check, convert: what happens before a run starts) and
-reports wall time, CPU time and peak memory (max RSS). ``--run N`` also simulates the N-row
+through the ``file`` workload (read, check, convert: what happens before a run starts) with
+each reader (``read_records(reader=...)``: each gives way to the next on what it does not read
+exactly; the table says which one read the file) and reports wall time, CPU time (pyarrow's
+threads included) and peak memory (max RSS). ``--run N`` also simulates the N-row
 JSONL file (Poisson arrivals the server sustains) and reports the whole command's time and
 peak memory. Timings are wall clock on whatever machine runs this, never asserted.
 """
@@ -51,27 +54,34 @@ def write_requests(path: Path, n: int, seed: int = 0) -> None:
                                  f'"request_class": "{k}", "client": "user-{c}"}}\n' for a, p, o, k, c in rows))
 
 
-def child_load(path: str, vectorised: bool) -> dict:
+def child_load(path: str, reader: str) -> dict:
+    import schedlab_plugins.workloads.request_file as request_file
     from schedlab_plugins.workloads import records
 
-    if not vectorised:  # the Python readers only
-        original = records.read_records
-        records.read_records = lambda *a, **k: original(*a, **{**k, "vectorised": False})
-        import schedlab_plugins.workloads.request_file as request_file
-        request_file.read_records = records.read_records
-    from schedlab_plugins.workloads.request_file import FileConfig, make_file_workload
+    used = []
+    original = records.read_records
 
+    def read_records(*args, **kwargs):
+        read = original(*args, **{**kwargs, "reader": reader})
+        used.append(read.reader)
+        return read
+
+    request_file.read_records = read_records
     started, cpu = time.perf_counter(), time.process_time()
-    workload = make_file_workload(FileConfig(path=path))
+    workload = request_file.make_file_workload(request_file.FileConfig(path=path))
     return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
-            "requests": workload.num_requests,
+            "requests": workload.num_requests, "read_by": used[0],
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def measure(path: Path, vectorised: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(path), "1" if vectorised else "0"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().split("\n")[-1])
+def measure(path: Path, reader: str, repeat: int = 1) -> dict:
+    """The best of ``repeat`` loads (least wall time), each in a fresh process."""
+    runs = []
+    for _ in range(repeat):
+        cmd = [sys.executable, __file__, "--child", str(path), reader]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().split("\n")[-1]))
+    return min(runs, key=lambda r: r["wall_s"])
 
 
 RUN_TOML = """
@@ -114,13 +124,17 @@ def run_command(path: Path, folder: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="*", default=[200_000, 2_000_000])
+    parser.add_argument("--readers", nargs="*", default=["arrow", "numpy", "python"],
+                        choices=["arrow", "numpy", "python"], help="readers to measure (default: all three)")
+    parser.add_argument("--repeat", type=int, default=1, help="loads per file and reader; the best is shown")
     parser.add_argument("--run", type=int, default=None, help="also simulate a JSONL file of this many rows")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child_load(args.child[0], args.child[1] == "1")))
+        print(json.dumps(child_load(args.child[0], args.child[1])))
         return 0
-    print("| file | reader | load wall | load CPU | peak RSS |\n|---|---|---|---|---|")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("| file | reader | read by | load wall | load CPU | peak RSS |\n|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for n in args.rows:
@@ -128,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                 path = folder / f"requests_{n}.{ext}"
                 write_requests(path, n)
                 size = path.stat().st_size / 2**20
-                for vectorised in (True, False):
-                    r = measure(path, vectorised)
-                    print(f"| {n:,} rows {ext.upper()} ({size:.0f} MB) | {'vectorised' if vectorised else 'Python'} "
+                for reader in args.readers:
+                    r = measure(path, reader, args.repeat)
+                    print(f"| {n:,} rows {ext.upper()} ({size:.0f} MB) | {reader} | {r['read_by']} "
                           f"| {r['wall_s']:.1f} s | {r['cpu_s']:.1f} s | {r['maxrss_mb']:.0f} MB |", flush=True)
                 path.unlink()
         if args.run:
