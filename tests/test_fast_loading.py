@@ -356,6 +356,9 @@ def test_csv_typical_file_is_read_by_the_fast_readers(tmp_path, reader):
     fast = read_records(path, wanted, required=("prompt_tokens", "output_tokens"), reader=reader)
     assert fast.reader == reader
     assert isinstance(fast.values["prompt_tokens"], ArrowColumn if reader == "arrow" else RawColumn)
+    rows = np.arange(30)
+    assert fast.values["prompt_tokens"].int_values(rows)[1].all()   # converted in bulk, none left to Python
+    assert fast.values["arrival_ms"].float_values(rows)[1].all()
     assert fast.ints("prompt_tokens").tolist() == list(range(100, 130))
     assert fast.floats("arrival_ms").tolist() == [i * 0.5 for i in range(30)]
     assert list(fast.positions) == list(range(2, 32))

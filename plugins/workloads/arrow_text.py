@@ -44,7 +44,7 @@ import numpy as np
 
 from .fast_text import BOM, FALSE, FLOAT, INT, NONE, OBJ, STR, TRUE, RawColumn
 
-SCAN_BYTES = 16 << 20          # the file is checked this many bytes at a time
+SCAN_BYTES = 4 << 20           # the file is checked this many bytes at a time (bounds temporaries)
 ARROW_BLOCK_BYTES = 4 << 20    # pyarrow parses blocks of this size (a line must fit in one)
 INT_TEXT = r"^-?[0-9]{1,18}$"                                           # exact in int64, as int()
 FLOAT_TEXT = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"     # as float(), no nan/inf/_
@@ -298,14 +298,15 @@ class ArrowColumn(RawColumn):
 
 def _cast_texts(strings, pattern: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """``(values, ok)``: the texts that match ``pattern`` converted by pyarrow, the others not."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     ok = pc.match_substring_regex(strings, pattern).to_numpy(zero_copy_only=False).astype(bool)
     values = np.zeros(len(strings), dtype=dtype)
     if ok.any():
         try:
-            values[ok] = pc.cast(strings.filter(ok), dtype).to_numpy(zero_copy_only=False)
-        except Exception:  # pyarrow refuses one after all: numpy and Python read them
+            values[ok] = pc.cast(strings.filter(pa.array(ok)), dtype).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:  # pyarrow refuses one after all (never seen): Python reads them
             ok[:] = False
     return values, ok
 
@@ -324,7 +325,7 @@ def _json_column(pa, chunked) -> tuple[ArrowColumn, np.ndarray] | None:
     valid = chunked.is_valid().to_numpy(zero_copy_only=False).astype(bool)
     no_rows = np.zeros(0, dtype=np.int64)
     if pa.types.is_int64(t) or pa.types.is_float64(t):
-        numbers = chunked.fill_null(0).to_numpy()
+        numbers = chunked.fill_null(0).to_numpy().copy()   # ours, not a view of pyarrow's memory
         kind = np.where(valid, INT if pa.types.is_int64(t) else FLOAT, NONE).astype(np.uint8)
         reread = no_rows if pa.types.is_int64(t) else np.flatnonzero(valid & (numbers == np.floor(numbers)))
         return ArrowColumn(kind, numbers=numbers), reread
@@ -332,14 +333,28 @@ def _json_column(pa, chunked) -> tuple[ArrowColumn, np.ndarray] | None:
         truth = chunked.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
         return ArrowColumn(np.where(valid, np.where(truth, TRUE, FALSE), NONE).astype(np.uint8)), no_rows
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        array = chunked.combine_chunks()
+        array = _own(pa, chunked.combine_chunks())
         return ArrowColumn(np.where(valid, STR, NONE).astype(np.uint8), array=array), no_rows
     if pa.types.is_null(t):
         return _no_value_column(len(chunked)), no_rows
     if pa.types.is_list(t) and str(t.value_type) in _LIST_ITEMS:
-        array = chunked.combine_chunks()
+        array = _own(pa, chunked.combine_chunks())
         return ArrowColumn(np.where(valid, OBJ, NONE).astype(np.uint8), array=array), no_rows
     return None
+
+
+def _own(pa, array):
+    """A copy of ``array`` (strings, or lists of plain values) in memory numpy allocates, so
+    that pyarrow's pool holds nothing once the table is dropped and can give it all back."""
+    def copy(buffer):
+        return None if buffer is None else pa.py_buffer(np.frombuffer(buffer, dtype=np.uint8).copy())
+
+    buffers = [copy(b) for b in array.buffers()]
+    if pa.types.is_list(array.type):
+        values = array.values
+        child = pa.Array.from_buffers(values.type, len(values), buffers[2:], offset=values.offset)
+        return pa.Array.from_buffers(array.type, len(array), buffers[:2], offset=array.offset, children=[child])
+    return pa.Array.from_buffers(array.type, len(array), buffers, offset=array.offset)
 
 
 def _all_finite(pa, values, t) -> bool:
@@ -375,7 +390,7 @@ def read_jsonl_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], requi
                  and (pa.types.is_timestamp(f.type) or pa.types.is_date(f.type))]
         if dates:   # pyarrow took text such as "2023-11-16" for a time: read it again as text
             table = _read_json(pa, path, lines, texts=dates)
-    except Exception:  # anything pyarrow refuses, the other readers judge
+    except (pa.ArrowException, OSError):  # anything pyarrow refuses, the other readers judge
         return None
     n = lines.rows
     if table.num_rows != n or not all(_all_finite(pa, table.column(i), f.type) for i, f in enumerate(table.schema)):
@@ -400,9 +415,16 @@ def read_jsonl_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], requi
     del table
     if sum(rows.size for rows in reread.values()) > max_reread(n):
         return None
+    _release(pa)
     if not _read_again(path, lines, values, sources, reread):
         return None
     return lines.numbers, values, sources
+
+
+def _release(pa) -> None:
+    """Hand the memory pyarrow used for parsing back to the system, so the run that follows
+    can have it."""
+    pa.default_memory_pool().release_unused()
 
 
 def _read_json(pa, path, lines: _Lines, texts: Sequence[str] = ()):
@@ -485,11 +507,13 @@ def read_csv_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], require
             convert_options=pa.csv.ConvertOptions(include_columns=used, column_types={c: pa.string() for c in used},
                                                   null_values=[], strings_can_be_null=False,
                                                   quoted_strings_can_be_null=False))
-    except Exception:  # anything pyarrow refuses, the other readers judge
+    except (pa.ArrowException, OSError):  # anything pyarrow refuses, the other readers judge
         return None
     if table.num_rows != lines.rows:
         return None
     values = {field: _csv_column(pa, table.column(names[col])) for field, col in index.items()}
+    del table
+    _release(pa)
     return lines.numbers, values, sources
 
 
@@ -497,7 +521,7 @@ def _csv_column(pa, chunked) -> ArrowColumn:
     """CSV cells as the Python reader keeps them: stripped, None where empty. A cell whose first
     and last bytes are printable ASCII other than space is already stripped; the others are
     stripped in Python (``str.strip()`` also removes Unicode spaces and \\x1c-\\x1f)."""
-    array = chunked.combine_chunks()
+    array = _own(pa, chunked.combine_chunks())
     if pa.types.is_large_string(array.type):
         offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)
     else:
