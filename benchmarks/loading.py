@@ -4,6 +4,7 @@
     python benchmarks/loading.py --rows 200000   # one size
     python benchmarks/loading.py --readers arrow --repeat 3   # one reader, best of 3
     python benchmarks/loading.py --run 200000    # also a whole `schedlab run` of that many rows
+    python benchmarks/loading.py --rows --run 500000 --run-reader numpy   # only a run, numpy reader
 
 Writes request files like a user's (arrival_ms, prompt_tokens, output_tokens, request_class,
 client; 120 bytes a row as JSONL) to a temporary folder, then loads each in a fresh process
@@ -109,11 +110,12 @@ num_blocks = 200000
 """
 
 
-def run_command(path: Path, folder: Path) -> dict:
+def run_command(path: Path, folder: Path, reader: str = "arrow") -> dict:
+    """``schedlab run`` of the file, its request file read by ``reader`` (as the first to try)."""
     toml = folder / "run.toml"
     toml.write_text(RUN_TOML.format(path=path))
     started = time.perf_counter()
-    out = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "schedlab.cli", "run", str(toml),
+    out = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--cli", reader, "run", str(toml),
                           "--no-plots", "--out", str(folder / "out")], capture_output=True, text=True,
                          env={**os.environ, "SCHEDLAB_NO_PROGRESS": "1"})
     if out.returncode != 0:
@@ -128,7 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["arrow", "numpy", "python"], help="readers to measure (default: all three)")
     parser.add_argument("--repeat", type=int, default=1, help="loads per file and reader; the best is shown")
     parser.add_argument("--run", type=int, default=None, help="also simulate a JSONL file of this many rows")
+    parser.add_argument("--run-reader", default="arrow", choices=["arrow", "numpy", "python"],
+                        help="the reader the --run command starts with (default arrow, as schedlab does)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    if argv is None and sys.argv[1:2] == ["--cli"]:   # schedlab's CLI with another default reader
+        from schedlab.cli import main as cli_main
+        from schedlab_plugins.workloads import records
+
+        records.read_records.__kwdefaults__["reader"] = sys.argv[2]
+        return cli_main(sys.argv[3:])
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child_load(args.child[0], args.child[1])))
@@ -150,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.run:
             path = folder / f"run_{args.run}.jsonl"
             write_requests(path, args.run)
-            r = run_command(path, folder)
-            print(f"\n`schedlab run` of {args.run:,} JSONL rows: {r['wall_s']:.1f} s, peak RSS {r['maxrss_mb']:.0f} MB")
+            r = run_command(path, folder, args.run_reader)
+            print(f"\n`schedlab run` of {args.run:,} JSONL rows ({args.run_reader} reader): {r['wall_s']:.1f} s, "
+                  f"peak RSS {r['maxrss_mb']:.0f} MB")
     return 0
 
 
