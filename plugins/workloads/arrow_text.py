@@ -390,9 +390,24 @@ def read_jsonl_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], requi
                  and (pa.types.is_timestamp(f.type) or pa.types.is_date(f.type))]
         if dates:   # pyarrow took text such as "2023-11-16" for a time: read it again as text
             table = _read_json(pa, path, lines, texts=dates)
+        columns = _json_columns(pa, table, lines.rows, wanted, required)
     except (pa.ArrowException, OSError):  # anything pyarrow refuses, the other readers judge
         return None
-    n = lines.rows
+    del table
+    _release(pa)
+    if columns is None:
+        return None
+    values, sources, reread = columns
+    if sum(rows.size for rows in reread.values()) > max_reread(lines.rows):
+        return None
+    if not _read_again(path, lines, values, sources, reread):
+        return None
+    return lines.numbers, values, sources
+
+
+def _json_columns(pa, table, n: int, wanted, required):
+    """``(values, sources, rows to read again)`` from pyarrow's table, or None when it does not
+    give the Python readers' values."""
     if table.num_rows != n or not all(_all_finite(pa, table.column(i), f.type) for i, f in enumerate(table.schema)):
         return None
     values: dict[str, ArrowColumn] = {}
@@ -412,13 +427,7 @@ def read_jsonl_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], requi
             return None
         values[field], reread[field] = converted
         sources[field] = present[0]
-    del table
-    if sum(rows.size for rows in reread.values()) > max_reread(n):
-        return None
-    _release(pa)
-    if not _read_again(path, lines, values, sources, reread):
-        return None
-    return lines.numbers, values, sources
+    return values, sources, reread
 
 
 def _release(pa) -> None:
@@ -507,13 +516,15 @@ def read_csv_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], require
             convert_options=pa.csv.ConvertOptions(include_columns=used, column_types={c: pa.string() for c in used},
                                                   null_values=[], strings_can_be_null=False,
                                                   quoted_strings_can_be_null=False))
+        rows = table.num_rows
+        values = {field: _csv_column(pa, table.column(names[col])) for field, col in index.items()} \
+            if rows == lines.rows else None
     except (pa.ArrowException, OSError):  # anything pyarrow refuses, the other readers judge
         return None
-    if table.num_rows != lines.rows:
-        return None
-    values = {field: _csv_column(pa, table.column(names[col])) for field, col in index.items()}
     del table
     _release(pa)
+    if values is None:
+        return None
     return lines.numbers, values, sources
 
 

@@ -6,8 +6,9 @@ These readers find the structure of every line at once with numpy array operatio
 each field as a :class:`RawColumn` -- a kind code and a byte span into the file per row --
 which :class:`~.records.Records` converts to numbers with numpy.
 
-They read a conservative grammar and leave everything else to the Python readers, so results
-and error messages stay exactly theirs:
+The pyarrow readers of :mod:`.arrow_text` read well-formed files before these (faster), and
+give way to them on anything else. These read a conservative grammar and leave everything else
+to the Python readers, so results and error messages stay exactly theirs:
 
 * JSONL: a line is read here when it is a flat object ``{"key": value, ...}`` whose values are
   numbers without an exponent, ``true``/``false``/``null`` or strings without escapes or
