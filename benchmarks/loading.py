@@ -75,6 +75,21 @@ def child_load(path: str, reader: str) -> dict:
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def child_import() -> dict:
+    """What importing pyarrow's modules costs a process that has schedlab's workloads loaded."""
+    import schedlab_plugins.workloads.records  # noqa: F401
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    before, started = rss_mb(), time.perf_counter()
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.csv  # noqa: F401
+    import pyarrow.json  # noqa: F401
+    return {"wall_s": time.perf_counter() - started, "rss_mb": rss_mb() - before}
+
+
 def measure(path: Path, reader: str, repeat: int = 1) -> dict:
     """The best of ``repeat`` loads (least wall time), each in a fresh process."""
     runs = []
@@ -141,9 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         return cli_main(sys.argv[3:])
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child_load(args.child[0], args.child[1])))
+        print(json.dumps(child_import() if args.child[0] == "import" else child_load(args.child[0], args.child[1])))
         return 0
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    out = subprocess.run([sys.executable, __file__, "--child", "import", "-"], capture_output=True, text=True, check=True)
+    cost = json.loads(out.stdout)
+    print(f"importing pyarrow: {cost['wall_s']:.2f} s, {cost['rss_mb']:.0f} MB")
     print("| file | reader | read by | load wall | load CPU | peak RSS |\n|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
