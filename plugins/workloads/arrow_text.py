@@ -441,8 +441,9 @@ def _read_json(pa, path, lines: _Lines, texts: Sequence[str] = ()):
     types inferred)."""
     parse = pa.json.ParseOptions(explicit_schema=pa.schema([(key, pa.string()) for key in texts]),
                                  unexpected_field_behavior="infer") if texts else None
-    return pa.json.read_json(_source(pa, path, lines), read_options=pa.json.ReadOptions(block_size=ARROW_BLOCK_BYTES),
-                             parse_options=parse)
+    with _source(pa, path, lines) as source:
+        return pa.json.read_json(source, read_options=pa.json.ReadOptions(block_size=ARROW_BLOCK_BYTES),
+                                 parse_options=parse)
 
 
 def _read_again(path, lines: _Lines, values, sources, reread) -> bool:
@@ -508,14 +509,16 @@ def read_csv_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], require
     names = [f"c{i}" for i in range(len(header))]
     used = sorted({names[i] for i in index.values()}) or names[:1]   # one column at least: the rows
     try:
-        table = pa.csv.read_csv(
-            _source(pa, path, lines),
-            read_options=pa.csv.ReadOptions(column_names=names, block_size=ARROW_BLOCK_BYTES),
-            parse_options=pa.csv.ParseOptions(quote_char=False, escape_char=False, newlines_in_values=False,
-                                              ignore_empty_lines=True),
-            convert_options=pa.csv.ConvertOptions(include_columns=used, column_types={c: pa.string() for c in used},
-                                                  null_values=[], strings_can_be_null=False,
-                                                  quoted_strings_can_be_null=False))
+        with _source(pa, path, lines) as source:
+            table = pa.csv.read_csv(
+                source,
+                read_options=pa.csv.ReadOptions(column_names=names, block_size=ARROW_BLOCK_BYTES),
+                parse_options=pa.csv.ParseOptions(quote_char=False, escape_char=False, newlines_in_values=False,
+                                                  ignore_empty_lines=True),
+                convert_options=pa.csv.ConvertOptions(include_columns=used,
+                                                      column_types={c: pa.string() for c in used},
+                                                      null_values=[], strings_can_be_null=False,
+                                                      quoted_strings_can_be_null=False))
         rows = table.num_rows
         values = {field: _csv_column(pa, table.column(names[col])) for field, col in index.items()} \
             if rows == lines.rows else None
