@@ -6,8 +6,9 @@ These readers find the structure of every line at once with numpy array operatio
 each field as a :class:`RawColumn` -- a kind code and a byte span into the file per row --
 which :class:`~.records.Records` converts to numbers with numpy.
 
-They read a conservative grammar and leave everything else to the Python readers, so results
-and error messages stay exactly theirs:
+The pyarrow readers of :mod:`.arrow_text` read well-formed files before these (faster), and
+give way to them on anything else. These read a conservative grammar and leave everything else
+to the Python readers, so results and error messages stay exactly theirs:
 
 * JSONL: a line is read here when it is a flat object ``{"key": value, ...}`` whose values are
   numbers without an exponent, ``true``/``false``/``null`` or strings without escapes or
@@ -86,6 +87,27 @@ class RawColumn(Sequence):
 
     def none_mask(self) -> np.ndarray:
         return self.kind == NONE
+
+    # conversions in bulk, which :class:`~.records.Records` checks (a subclass may read its
+    # values another way: :class:`~.arrow_text.ArrowColumn`)
+
+    def int_values(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, ok)`` for INT and STR ``rows``: the ints read exactly at once (ok), the others
+        left to Python."""
+        return parse_ints(np.frombuffer(self.data, dtype=np.uint8), self.start[rows], self.end[rows])
+
+    def float_values(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, ok)`` for FLOAT and STR ``rows``, as :meth:`int_values`."""
+        return parse_floats(np.frombuffer(self.data, dtype=np.uint8), self.start[rows], self.end[rows])
+
+    def str_values(self, rows: np.ndarray) -> list:
+        """The STR values at ``rows`` as str objects."""
+        return decode_texts(self, rows)
+
+    def int_tuples(self) -> list[tuple] | None:
+        """Every row's list of ints as a tuple when all rows are known to hold one; None to have
+        the rows checked one by one."""
+        return None
 
 
 # -- numbers from byte spans ------------------------------------------------------------------------

@@ -9,13 +9,16 @@ Fields are named by *our* names (``prompt_tokens``, ...); ``wanted`` maps each t
 may have in the file (the first one present is used), which is how a ``columns`` table such
 as ``{prompt_tokens = "ContextTokens"}`` takes effect.
 
-JSONL and CSV files are read by the vectorised readers of :mod:`.fast_text` (in less than
-half the memory, and faster); they hand anything unusual to the row-by-row Python readers
-below, which also read JSON files, so every file gives the same values and the same errors
-either way (``read_records(..., vectorised=False)`` uses the Python readers only; the tests
-compare).
-A column read by them is a :class:`~.fast_text.RawColumn`, which the conversions below turn
-into arrays with numpy, converting in Python only the values numpy cannot read exactly.
+JSONL and CSV files are read by pyarrow (:mod:`.arrow_text`) when they are well-formed, else by
+the vectorised numpy readers of :mod:`.fast_text`, which hand anything unusual to the row-by-row
+Python readers below (these also read JSON files). The fast readers only read files whose
+values they get exactly as the Python readers would and give way otherwise, so every file gives
+the same rows, values and errors whichever reads it (``read_records(..., reader="numpy")`` or
+``reader="python"`` skip the faster ones; the tests compare all three).
+A column read by them is a :class:`~.fast_text.RawColumn` (or its subclass
+:class:`~.arrow_text.ArrowColumn`), which the conversions below turn into arrays in bulk,
+converting in Python only the values that cannot be read exactly at once; the checks (and their
+messages) are the same for every reader.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ import numpy as np
 
 from schedlab.errors import WorkloadError
 
-from .fast_text import FLOAT, INT, NONE, STR, RawColumn, decode_texts, parse_floats, parse_ints, \
-    read_csv_fast, read_jsonl_fast
+from .arrow_text import read_csv_arrow, read_jsonl_arrow
+from .fast_text import FLOAT, INT, NONE, STR, RawColumn, read_csv_fast, read_jsonl_fast
 
 FORMATS = ("json", "jsonl", "csv")
+READERS = ("arrow", "numpy", "python")
 _EXTENSIONS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 
@@ -67,6 +71,7 @@ class Records:
         list, or a :class:`~.fast_text.RawColumn` that indexes like one. Only fields found in
         the file are present.
     :ivar sources: our field name -> the name it has in the file.
+    :ivar reader: which reader read the file: ``"arrow"``, ``"numpy"`` or ``"python"``.
     """
 
     path: str
@@ -74,6 +79,7 @@ class Records:
     positions: Sequence[int]
     values: dict[str, Sequence]
     sources: dict[str, str]
+    reader: str = "python"
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -103,6 +109,7 @@ class Records:
             [self.positions[i] for i in index],
             {name: [col[i] for i in index] for name, col in self.values.items()},
             dict(self.sources),
+            self.reader,
         )
 
     def _column(self, field: str, required: bool) -> Sequence | None:
@@ -185,9 +192,9 @@ class Records:
         if isinstance(column, RawColumn):  # strings at once; the other rows as below
             strings = np.flatnonzero(column.kind == STR)
             if strings.size == len(column):
-                return decode_texts(column, strings)
+                return column.str_values(strings)
             texts = np.full(len(column), None, dtype=object)
-            texts[strings] = decode_texts(column, strings)
+            texts[strings] = column.str_values(strings)
             out = texts.tolist()
             rows = np.flatnonzero((column.kind != STR) & (column.kind != NONE)).tolist()
         else:
@@ -223,16 +230,15 @@ class Records:
         """:meth:`ints` of a RawColumn: ``(array, {row: int})`` -- numbers numpy reads exactly at
         once, the rest (as Python ints, which may not fit the array) and the first bad row's
         message as in the loop above. ``None`` rows read as 0 with allow_none."""
-        buf = np.frombuffer(column.data, dtype=np.uint8)
         kind = column.kind
         out = np.zeros(len(column), dtype=np.int64)
         fast = np.flatnonzero((kind == INT) | (kind == STR))
-        values, ok = parse_ints(buf, column.start[fast], column.end[fast])
+        values, ok = column.int_values(fast)
         out[fast[ok]] = values[ok]
         done = np.zeros(len(column), dtype=bool)
         done[fast[ok]] = True
         floats = np.flatnonzero(kind == FLOAT)
-        fvalues, fok = parse_floats(buf, column.start[floats], column.end[floats])
+        fvalues, fok = column.float_values(floats)
         whole = fok & (fvalues == np.round(fvalues)) & (np.abs(fvalues) < 2.0**53)
         out[floats[whole]] = fvalues[whole].astype(np.int64)
         done[floats[whole]] = True
@@ -263,17 +269,17 @@ class Records:
 
     def _raw_floats(self, field: str, column: RawColumn, min: float) -> np.ndarray:
         """:meth:`floats` of a RawColumn, as :meth:`_raw_ints`."""
-        buf = np.frombuffer(column.data, dtype=np.uint8)
         kind = column.kind
         out = np.zeros(len(column), dtype=np.float64)
         done = np.zeros(len(column), dtype=bool)
         ints = np.flatnonzero(kind == INT)
-        ivalues, iok = parse_ints(buf, column.start[ints], column.end[ints])
+        ivalues, iok = column.int_values(ints)
         small = iok & (np.abs(ivalues) <= 2**53)
         out[ints[small]] = ivalues[small].astype(np.float64)
         done[ints[small]] = True
         rest = np.flatnonzero((kind == FLOAT) | (kind == STR))
-        fvalues, fok = parse_floats(buf, column.start[rest], column.end[rest])
+        fvalues, fok = column.float_values(rest)
+        fok &= np.isfinite(fvalues)   # "1e400" reads as inf: Python says it is not a finite number
         out[rest[fok]] = fvalues[fok]
         done[rest[fok]] = True
         none = column.none_mask()
@@ -302,6 +308,10 @@ class Records:
         column = self._column(field, required)
         if column is None:
             return None
+        if isinstance(column, RawColumn):
+            tuples = column.int_tuples()
+            if tuples is not None:
+                return tuples
         out: list[tuple] = []
         for row, value in enumerate(column):
             if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
@@ -359,7 +369,7 @@ def read_records(
     format: str | None = None,
     required: Sequence[str] = (),
     limit: int | None = None,
-    vectorised: bool = True,
+    reader: str = "arrow",
 ) -> Records:
     """Read a request file.
 
@@ -369,21 +379,30 @@ def read_records(
     :param format: ``"json"``, ``"jsonl"`` or ``"csv"``; None to go by the extension.
     :param required: fields every row must have (in a CSV: the column must exist).
     :param limit: read only the first ``limit`` rows.
-    :param vectorised: read JSONL and CSV with the numpy readers of :mod:`.fast_text` (False:
-        with the Python readers only; both give the same rows, values and errors).
+    :param reader: the fastest reader to try for JSONL and CSV: ``"arrow"`` (pyarrow, for
+        well-formed files), then ``"numpy"`` (:mod:`.fast_text`), then ``"python"`` (row by row);
+        each gives way to the next on what it does not read exactly, and all give the same rows,
+        values and errors.
     :raises WorkloadError: missing or unreadable file, bad JSON (with its line), a missing
         column or key (with the row), a CSV row with the wrong number of cells.
     """
     kind = detect_format(path, format)
     name = str(path)
+    if reader not in READERS:
+        raise ValueError(f"read_records: reader must be one of {READERS}, got {reader!r}")
     try:
-        if vectorised and kind in ("jsonl", "csv"):
+        if reader == "arrow" and kind in ("jsonl", "csv"):
+            read = (read_jsonl_arrow if kind == "jsonl" else read_csv_arrow)(path, name, wanted, required, limit)
+            if read is not None:
+                records = Records(name, "line", *read, reader="arrow")
+                _check_required(records, required)
+                return records
+        if reader in ("arrow", "numpy") and kind in ("jsonl", "csv"):
             with open(path, "rb") as raw:
                 data = raw.read()
-            reader = read_jsonl_fast if kind == "jsonl" else read_csv_fast
-            read = reader(data, name, wanted, required, limit)
+            read = (read_jsonl_fast if kind == "jsonl" else read_csv_fast)(data, name, wanted, required, limit)
             if read is not None:
-                records = Records(name, "line", *read)
+                records = Records(name, "line", *read, reader="numpy")
                 _check_required(records, required)
                 return records
             del data

@@ -81,7 +81,7 @@ def token_counts(records: Records, policy: str) -> tuple[np.ndarray, np.ndarray,
 
 def parse_timestamps_ns(records: Records, field: str) -> np.ndarray:
     """A column of ``YYYY-MM-DD hh:mm:ss[.fffffff]`` timestamps as int64 nanoseconds."""
-    texts = records.values[field]
+    texts = records.texts(field)   # all rows' text at once (a CSV's cells are text)
     try:
         stamps = np.array(texts, dtype="datetime64[ns]")
     except (ValueError, TypeError):
