@@ -42,7 +42,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .fast_text import BOM, FALSE, FLOAT, INT, NONE, OBJ, STR, TRUE, RawColumn
+from schedlab.errors import WorkloadError
+
+from .fast_text import BOM, FALSE, FLOAT, INT, NONE, OBJ, STR, TRUE, RawColumn, csv_columns
 
 SCAN_BYTES = 4 << 20           # the file is checked this many bytes at a time (bounds temporaries)
 ARROW_BLOCK_BYTES = 4 << 20    # pyarrow parses blocks of this size (a line must fit in one)
@@ -495,17 +497,10 @@ def read_csv_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], require
     header = [cell.strip() for cell in next(csv.reader([lines.header]))]
     if len(header) < 2:
         return None   # a blank-looking line would be a row to pyarrow; the numpy reader skips it
-    index: dict[str, int] = {}
-    sources: dict[str, str] = {}
-    for field, names in wanted.items():
-        for candidate in names:
-            if candidate in header:
-                index[field] = header.index(candidate)
-                sources[field] = candidate
-                break
-        else:
-            if field in required:
-                return None   # the other readers say which column is missing
+    try:
+        index, sources = csv_columns(name, header, wanted, required)
+    except WorkloadError:
+        return None   # the other readers say which column is missing
     names = [f"c{i}" for i in range(len(header))]
     used = sorted({names[i] for i in index.values()}) or names[:1]   # one column at least: the rows
     try:

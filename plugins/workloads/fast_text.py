@@ -553,7 +553,11 @@ def read_csv_fast(data: bytes, name: str, wanted: Mapping[str, Sequence[str]], r
                      np.arange(h + 1, starts.size) + 1)
 
 
-def _csv_rows(data, buf, name, wanted, required, limit, header, starts, ends, numbers):
+def csv_columns(name: str, header: list[str], wanted: Mapping[str, Sequence[str]],
+                required) -> tuple[dict[str, int], dict[str, str]]:
+    """Where each wanted field is in a CSV ``header``: the first of its accepted names found
+    (column index and name by field). A required field with none of its names is an error
+    naming the file, the names looked for and the header; every reader says it alike."""
     index: dict[str, int] = {}
     sources: dict[str, str] = {}
     for field, names in wanted.items():
@@ -568,6 +572,11 @@ def _csv_rows(data, buf, name, wanted, required, limit, header, starts, ends, nu
                     f"{name}: no column {' or '.join(map(repr, names))} (for {field}); "
                     f"the header has {', '.join(map(repr, header))}"
                 )
+    return index, sources
+
+
+def _csv_rows(data, buf, name, wanted, required, limit, header, starts, ends, numbers):
+    index, sources = csv_columns(name, header, wanted, required)
     if starts.size and int((ends - starts).max()) > csv.field_size_limit():
         return None   # a cell may be over csv's field size limit: csv.reader says where
     commas = np.flatnonzero(buf == 44)

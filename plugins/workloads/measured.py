@@ -33,6 +33,7 @@ from schedlab.errors import WorkloadError
 
 from .arrivals import arrivals_ms
 from .columns import OpenLoopWorkload, RequestColumns
+from .records import jsonl_objects
 
 
 @attrs.frozen(eq=False)
@@ -85,18 +86,8 @@ def prefix_block_ids(token_lists, block_tokens: int = 16) -> list[tuple[int, ...
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
-    rows = []
     with open(path) as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{path}: line {line_no}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise WorkloadError(f"{path}: line {line_no}: expected a JSON object")
-            rows.append((line_no, row))
+        rows = list(jsonl_objects(fh, str(path)))
     if not rows:
         raise WorkloadError(f"{path}: no requests in the file")
     return rows

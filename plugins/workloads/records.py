@@ -36,7 +36,7 @@ import numpy as np
 from schedlab.errors import WorkloadError
 
 from .arrow_text import read_csv_arrow, read_jsonl_arrow
-from .fast_text import FLOAT, INT, NONE, STR, RawColumn, read_csv_fast, read_jsonl_fast
+from .fast_text import FLOAT, INT, NONE, STR, RawColumn, csv_columns, read_csv_fast, read_jsonl_fast
 
 FORMATS = ("json", "jsonl", "csv")
 READERS = ("arrow", "numpy", "python")
@@ -430,20 +430,7 @@ def _read_csv(handle, name, wanted, required, limit) -> Records:
     if header is None:
         raise WorkloadError(f"{name}: empty CSV file (no header line)")
     header = [cell.strip() for cell in header]
-    index: dict[str, int] = {}
-    sources: dict[str, str] = {}
-    for field, names in wanted.items():
-        for candidate in names:
-            if candidate in header:
-                index[field] = header.index(candidate)
-                sources[field] = candidate
-                break
-        else:
-            if field in required:
-                raise WorkloadError(
-                    f"{name}: no column {' or '.join(map(repr, names))} (for {field}); "
-                    f"the header has {', '.join(map(repr, header))}"
-                )
+    index, sources = csv_columns(name, header, wanted, required)
     values: dict[str, list] = {field: [] for field in index}
     positions: list[int] = []
     try:
@@ -467,12 +454,13 @@ def _read_csv(handle, name, wanted, required, limit) -> Records:
     return records
 
 
-def _read_jsonl(handle, name, wanted, required, limit) -> Records:
-    rows: list[dict] = []
-    positions: list[int] = []
+def jsonl_objects(handle, name: str, limit: int | None = None):
+    """``(line number, object)`` for each non-empty line of a JSONL file (at most ``limit``);
+    a line that is not a JSON object is an error naming the file and the line."""
+    count = 0
     for number, line in enumerate(handle, start=1):
-        if limit is not None and len(rows) >= limit:
-            break
+        if limit is not None and count >= limit:
+            return
         if not line.strip():
             continue
         try:
@@ -481,6 +469,14 @@ def _read_jsonl(handle, name, wanted, required, limit) -> Records:
             raise WorkloadError(f"{name}: line {number}: bad JSON: {exc.msg} (column {exc.colno})") from None
         if not isinstance(obj, dict):
             raise WorkloadError(f"{name}: line {number}: expected a JSON object, got {type(obj).__name__}")
+        count += 1
+        yield number, obj
+
+
+def _read_jsonl(handle, name, wanted, required, limit) -> Records:
+    rows: list[dict] = []
+    positions: list[int] = []
+    for number, obj in jsonl_objects(handle, name, limit):
         rows.append(obj)
         positions.append(number)
     return _from_objects(name, "line", rows, positions, wanted, required)
