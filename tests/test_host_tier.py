@@ -14,7 +14,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, invariant, rule
 
 from schedlab.errors import ConfigError
 from schedlab.model import Request
@@ -27,7 +27,7 @@ from schedlab_plugins.kv_caches.settings import PagedConfig, RadixConfig, build_
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.sglang import SglangScheduler
 from test_differential import continuous_configs
-from test_prefix_cache import OPS, Driver, Seq, Shadow, admit, make_request, req, requests_specs, spec_key
+from test_prefix_cache import OPS, Driver, Seq, Shadow, SwappingMachine, admit, make_request, req, requests_specs, spec_key
 from test_sglang import sglang_configs
 
 G = lambda e: ("g", "s", e)  # noqa: E731
@@ -319,7 +319,7 @@ class HostShadow(Shadow):
         return True
 
 
-class HostTierMachine(RuleBasedStateMachine):
+class HostTierMachine(SwappingMachine):
     """vLLM's block pool with a host tier against the shadow, under engine-like admissions,
     chunks, decodes, finishes, recompute preemptions and swaps."""
 
@@ -331,11 +331,6 @@ class HostTierMachine(RuleBasedStateMachine):
         self.shadow = HostShadow(num_blocks, bs, swap, host_blocks)
         self.driver = Driver(self.cache, bulk=bulk, shadow=self.shadow)
         self.next_id = 0
-
-    @rule(kw=requests_specs())
-    def arrive(self, kw):
-        self.driver.add(make_request(self.next_id, kw))
-        self.next_id += 1
 
     @rule(prompt=st.integers(1, 14), family=st.integers(0, 2))
     def serve(self, prompt, family):
@@ -351,34 +346,6 @@ class HostTierMachine(RuleBasedStateMachine):
         d.admit(d._named("waiting").index(name), seq.num_tokens - hit - 1, False)
         if name in d.seqs and seq.status != "waiting":
             d.finish(sorted(d._named("prefilling") + d._named("decoding")).index(name))
-
-    @rule(pick=st.integers(0, 50), n_pick=st.integers(0, 50), reserve=st.booleans())
-    def admit(self, pick, n_pick, reserve):
-        self.driver.admit(pick, n_pick, reserve)
-
-    @rule(pick=st.integers(0, 50), n_pick=st.integers(0, 50))
-    def extend(self, pick, n_pick):
-        self.driver.extend(pick, n_pick)
-
-    @rule()
-    def decode(self):
-        self.driver.decode()
-
-    @rule(pick=st.integers(0, 50))
-    def finish(self, pick):
-        self.driver.finish(pick)
-
-    @rule(pick=st.integers(0, 50))
-    def preempt(self, pick):
-        self.driver.preempt(pick)
-
-    @rule(pick=st.integers(0, 50))
-    def swap_out(self, pick):
-        self.driver.swap_out(pick)
-
-    @rule(pick=st.integers(0, 50))
-    def swap_in(self, pick):
-        self.driver.swap_in(pick)
 
     @invariant()
     def gpu_agrees_with_shadow(self):

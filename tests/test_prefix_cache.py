@@ -834,18 +834,10 @@ def test_without_shared_prefixes_it_counts_like_the_plain_pool(num_blocks, bs, s
         prefix.cache.check_invariants()
 
 
-class PrefixCacheMachine(RuleBasedStateMachine):
-    """The cache against the shadow model, under engine-like admissions, chunks, decodes,
-    finishes, recompute preemptions and swaps."""
-
-    @initialize(num_blocks=st.integers(2, 12), bs=st.integers(1, 4), swap=st.integers(0, 6),
-                bulk=st.booleans())
-    def setup(self, num_blocks, bs, swap, bulk):
-        self.cache = PrefixKVCache(num_blocks, bs, swap_blocks=swap)
-        self.shadow = Shadow(num_blocks, bs, swap)
-        self.driver = Driver(self.cache, bulk=bulk, shadow=self.shadow)
-        self.next_id = 0
-        self.last_refs = {}
+class DriverMachine(RuleBasedStateMachine):
+    """The engine-like steps every cache machine takes through its ``self.driver``: arrivals,
+    admissions (whole or a chunk, reserving or not), chunks, decodes, finishes and recompute
+    preemptions. Subclasses set up the cache, the shadow and the driver."""
 
     @rule(kw=requests_specs())
     def arrive(self, kw):
@@ -872,6 +864,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def preempt(self, pick):
         self.driver.preempt(pick)
 
+
+class SwappingMachine(DriverMachine):
+    """A :class:`DriverMachine` that also swaps sequences out to host memory and back in."""
+
     @rule(pick=st.integers(0, 50))
     def swap_out(self, pick):
         self.driver.swap_out(pick)
@@ -879,6 +875,20 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 50))
     def swap_in(self, pick):
         self.driver.swap_in(pick)
+
+
+class PrefixCacheMachine(SwappingMachine):
+    """The cache against the shadow model, under engine-like admissions, chunks, decodes,
+    finishes, recompute preemptions and swaps."""
+
+    @initialize(num_blocks=st.integers(2, 12), bs=st.integers(1, 4), swap=st.integers(0, 6),
+                bulk=st.booleans())
+    def setup(self, num_blocks, bs, swap, bulk):
+        self.cache = PrefixKVCache(num_blocks, bs, swap_blocks=swap)
+        self.shadow = Shadow(num_blocks, bs, swap)
+        self.driver = Driver(self.cache, bulk=bulk, shadow=self.shadow)
+        self.next_id = 0
+        self.last_refs = {}
 
     @invariant()
     def pool_accounting(self):

@@ -14,12 +14,12 @@ import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, invariant, rule
 
 from schedlab.testing import examples
 from schedlab_plugins.kv_caches.prefix import PrefixKVCache, block_key, first_own_block
 from schedlab_plugins.kv_caches.radix import RadixKVCache
-from test_prefix_cache import OPS, Driver, Seq, admit, make_request, req, requests_specs, spec_key
+from test_prefix_cache import OPS, Driver, DriverMachine, Seq, admit, make_request, req, requests_specs, spec_key
 
 G = lambda e: ("g", "sys", e)  # noqa: E731
 P = lambda e: ("g", "p", e)    # noqa: E731
@@ -448,7 +448,7 @@ def test_decode_one_by_one_equals_bulk_grow(num_blocks, bs, ops):
         each.cache.check_invariants()
 
 
-class RadixCacheMachine(RuleBasedStateMachine):
+class RadixCacheMachine(DriverMachine):
     """The cache against the shadow model, under engine-like admissions, chunks, decodes, finishes
     and retractions."""
 
@@ -464,26 +464,6 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def arrive(self, kw):
         self.driver.add(make_request(self.next_id, kw))
         self.next_id += 1
-
-    @rule(pick=st.integers(0, 50), n_pick=st.integers(0, 50), reserve=st.booleans())
-    def admit(self, pick, n_pick, reserve):
-        self.driver.admit(pick, n_pick, reserve)
-
-    @rule(pick=st.integers(0, 50), n_pick=st.integers(0, 50))
-    def extend(self, pick, n_pick):
-        self.driver.extend(pick, n_pick)
-
-    @rule()
-    def decode(self):
-        self.driver.decode()
-
-    @rule(pick=st.integers(0, 50))
-    def finish(self, pick):
-        self.driver.finish(pick)
-
-    @rule(pick=st.integers(0, 50))
-    def retract(self, pick):
-        self.driver.preempt(pick)
 
     @invariant()
     def agrees_with_shadow(self):
