@@ -795,8 +795,14 @@ def observable(cache):
 @given(num_blocks=st.integers(2, 12), bs=st.integers(1, 4), swap=st.integers(0, 6),
        ops=st.lists(OPS, max_size=60))
 def test_decode_one_by_one_equals_bulk_grow(num_blocks, bs, swap, ops):
-    each = Driver(PrefixKVCache(num_blocks, bs, swap_blocks=swap), bulk=False)
-    bulk = Driver(PrefixKVCache(num_blocks, bs, swap_blocks=swap), bulk=True)
+    assert_bulk_equals_each(lambda: PrefixKVCache(num_blocks, bs, swap_blocks=swap), ops, observable)
+
+
+def assert_bulk_equals_each(make_cache, ops, observe) -> None:
+    """Replay ``ops`` on two caches, decoding one step at a time and in bulk runs: after every
+    op the two look the same through ``observe`` and keep their invariants."""
+    each = Driver(make_cache(), bulk=False)
+    bulk = Driver(make_cache(), bulk=True)
     rid = 0
     for op in ops:
         for d in (each, bulk):
@@ -805,7 +811,7 @@ def test_decode_one_by_one_equals_bulk_grow(num_blocks, bs, swap, ops):
             else:
                 d.apply(op)
         rid += op[0] == "new"
-        assert observable(each.cache) == observable(bulk.cache)
+        assert observe(each.cache) == observe(bulk.cache)
         each.cache.check_invariants()
         bulk.cache.check_invariants()
 

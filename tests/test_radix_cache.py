@@ -19,7 +19,8 @@ from hypothesis.stateful import initialize, invariant, rule
 from schedlab.testing import examples
 from schedlab_plugins.kv_caches.prefix import PrefixKVCache, block_key, first_own_block
 from schedlab_plugins.kv_caches.radix import RadixKVCache
-from test_prefix_cache import OPS, Driver, DriverMachine, Seq, admit, make_request, req, requests_specs, spec_key
+from test_prefix_cache import (OPS, Driver, DriverMachine, Seq, admit, assert_bulk_equals_each, make_request, req,
+                               requests_specs, spec_key)
 
 G = lambda e: ("g", "sys", e)  # noqa: E731
 P = lambda e: ("g", "p", e)    # noqa: E731
@@ -434,18 +435,7 @@ def observable(cache):
 def test_decode_one_by_one_equals_bulk_grow(num_blocks, bs, ops):
     """The reference engine allocates decode blocks one sequence at a time, the fast engine in one
     ``grow``: evicting only the shortfall makes the two end in the same state."""
-    each = Driver(RadixKVCache(num_blocks, bs), bulk=False)
-    bulk = Driver(RadixKVCache(num_blocks, bs), bulk=True)
-    rid = 0
-    for op in ops:
-        for d in (each, bulk):
-            if op[0] == "new":
-                d.add(make_request(rid, op[1]))
-            else:
-                d.apply(op)
-        rid += op[0] == "new"
-        assert observable(each.cache) == observable(bulk.cache)
-        each.cache.check_invariants()
+    assert_bulk_equals_each(lambda: RadixKVCache(num_blocks, bs), ops, observable)
 
 
 class RadixCacheMachine(DriverMachine):
