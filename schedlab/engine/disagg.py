@@ -19,7 +19,7 @@ from typing import Sequence as Seq
 from .driver import route
 from .instance import Instance, default_rejection_reason
 from .sequence import Sequence
-from .transfer import KVLink, Transfer, kv_bytes_per_token, kv_reservation, prefill_request
+from .transfer import KVLink, Transfer, carry_over, kv_bytes_per_token, kv_reservation, prefill_request
 
 INF = math.inf
 TRANSFERRING = "transferring"  # a decode-side sequence before it joins the running set
@@ -99,14 +99,8 @@ class DecodeStage:
         seq = Sequence(tr.request, tr.seq_no, inst.clock)
         seq.status = TRANSFERRING
         seq._generated = 1
-        seq.first_scheduled_ms = p.first_scheduled_ms
+        carry_over(p, seq)
         seq.first_token_ms = seq.last_token_ms = p.first_token_ms
-        seq.waiting_ms = p.waiting_ms
-        seq.num_preemptions = p.num_preemptions
-        seq.recomputed_tokens = p.recomputed_tokens
-        seq.prefill_chunks = p.prefill_chunks
-        seq.cached_tokens_total = p.cached_tokens_total
-        seq.num_swaps = p.num_swaps
         seq.transfer = tr
         tr.decode_index = inst.index
         tr.decode_seq = seq

@@ -22,7 +22,7 @@ from typing import Sequence
 from ..errors import SimulationError, StallError
 from .instance import default_rejection_reason
 from .reference import RefSequence, ReferenceEngine
-from .transfer import KVLink, Transfer, kv_bytes_per_token, kv_reservation, prefill_request
+from .transfer import KVLink, Transfer, carry_over, kv_bytes_per_token, kv_reservation, prefill_request
 
 INF = math.inf
 
@@ -157,13 +157,7 @@ class DecodeRole:
         seq.status = "transferring"
         seq.num_generated = 1
         seq.token_times = list(p.token_times)
-        seq.first_scheduled_ms = p.first_scheduled_ms
-        seq.waiting_ms = p.waiting_ms
-        seq.num_preemptions = p.num_preemptions
-        seq.recomputed_tokens = p.recomputed_tokens
-        seq.prefill_chunks = p.prefill_chunks
-        seq.cached_tokens_total = p.cached_tokens_total
-        seq.num_swaps = p.num_swaps
+        carry_over(p, seq)
         seq.transfer = tr
         tr.decode_index = inst.index
         tr.decode_seq = seq

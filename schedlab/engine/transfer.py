@@ -127,6 +127,18 @@ class Transfer:
         return (self.prefill_index, self.bytes, self.pulled_ms, self.landed_ms, self.joined_ms)
 
 
+# What a request's decode-side sequence takes over from its prefill-side one (both engines'
+# sequences name these alike): its history so far, for the per-request columns.
+CARRIED_OVER = ("first_scheduled_ms", "waiting_ms", "num_preemptions", "recomputed_tokens", "prefill_chunks",
+                "cached_tokens_total", "num_swaps")
+
+
+def carry_over(prefill_seq, decode_seq) -> None:
+    """Copy the prefill side's per-request history (``CARRIED_OVER``) onto the decode side."""
+    for name in CARRIED_OVER:
+        setattr(decode_seq, name, getattr(prefill_seq, name))
+
+
 def prefill_request(request):
     """The request as the prefill pool sees it: the same prompt, one token to generate
     (vLLM's P/D proxy sends the prefill instance ``max_tokens = 1``)."""
