@@ -17,12 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedlab.errors import ConfigError
-from schedlab.vllm_diff.case import Case, DiffRequest, DiffSettings, Outcome, Sides, blocks_for, differing_fields
+from schedlab.diffcheck.case import Case, DiffRequest, Sides, blocks_for, differing_fields
+from schedlab.diffcheck.compare import Comparison, Differ, agreement_table
+from schedlab.diffcheck.shrink import shrink
+from schedlab.diffcheck.tokens import block_hashes, output_token_id, prompt_token_ids
+from schedlab.vllm_diff.case import ENGINE, DiffSettings, Outcome, case_from_json
 from schedlab.vllm_diff.cli import main
-from schedlab.vllm_diff.compare import Comparison, agreement_table
 from schedlab.vllm_diff.schedlab_side import SchedlabRunner, requests as schedlab_requests
-from schedlab.vllm_diff.shrink import shrink
-from schedlab.vllm_diff.tokens import block_hashes, output_token_id, prompt_token_ids
 from schedlab.vllm_diff.workloads import GROUPS, generate
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -80,7 +81,7 @@ def test_each_group_turns_on_its_feature_only():
 
 def test_case_round_trips_through_json():
     case = generate("all", 3)
-    assert Case.from_json(case.to_json()) == case
+    assert case_from_json(case.to_json()) == case
 
 
 def test_case_problems_name_what_cannot_be_compared():
@@ -88,8 +89,8 @@ def test_case_problems_name_what_cannot_be_compared():
     case = Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=10, output_tokens=4),
                     DiffRequest(id=0, arrival=1, prompt_tokens=9, output_tokens=4)])
     # 10 + 4 - 1 = 13 tokens need 4 blocks, 9 + 4 - 1 = 12 need 3
-    assert case.problems() == ["max_num_batched_tokens < max_num_seqs", "duplicate request ids",
-                               "request 0 needs 4 blocks alone, the cache has 3"]
+    assert case.problems() == ["max_num_batched_tokens < max_num_seqs",
+                               "request 0 needs 4 blocks alone, the cache has 3", "duplicate request ids"]
     with pytest.raises(ValueError, match="prefix_len 5 > prompt_tokens 4"):
         DiffRequest(id=1, arrival=0, prompt_tokens=4, output_tokens=1, group=0, prefix_len=5)
     with pytest.raises(ValueError, match="needs a group"):
@@ -205,16 +206,16 @@ def _o(scheduled, first, finish, preemptions=0, cached=0):
 def test_differing_fields_and_the_agreement_table():
     case = Case(DiffSettings(), [DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=2),
                                  DiffRequest(id=1, arrival=0, prompt_tokens=5, output_tokens=2)])
-    same = Comparison(case, {0: _o(0, 1, 2), 1: _o(0, 1, 2)}, {0: _o(0, 1, 2), 1: _o(0, 1, 2)})
-    late = Comparison(case, {0: _o(0, 1, 2), 1: _o(0, 1, 2)}, {0: _o(0, 1, 2), 1: _o(0, 3, 4, preemptions=1)})
-    stalled = Comparison(case, {0: _o(0, 1, 2), 1: _o(None, None, None)}, {0: _o(0, 1, 2), 1: _o(0, 1, 2)},
-                         vllm_error="vLLM stalled")
+    same = Comparison(ENGINE, case, {0: _o(0, 1, 2), 1: _o(0, 1, 2)}, {0: _o(0, 1, 2), 1: _o(0, 1, 2)})
+    late = Comparison(ENGINE, case, {0: _o(0, 1, 2), 1: _o(0, 1, 2)}, {0: _o(0, 1, 2), 1: _o(0, 3, 4, preemptions=1)})
+    stalled = Comparison(ENGINE, case, {0: _o(0, 1, 2), 1: _o(None, None, None)}, {0: _o(0, 1, 2), 1: _o(0, 1, 2)},
+                         their_error="vLLM stalled")
     assert same.agrees and same.diff == {}
     assert late.diff == {1: ("first_token_ms", "finish_ms", "preemptions")}
     assert stalled.fields == {"first_scheduled_ms", "first_token_ms", "finish_ms", "error"}
-    assert differing_fields({0: _o(0, 1, 2)}, {}) == {0: ("first_scheduled_ms", "first_token_ms", "finish_ms",
+    assert differing_fields({0: _o(0, 1, 2)}, {}, Outcome.FIELDS) == {0: ("first_scheduled_ms", "first_token_ms", "finish_ms",
                                                           "preemptions", "cached_tokens")}
-    table = agreement_table({"budget": [same, same], "tight_kv": [same, late, stalled, late]}).splitlines()
+    table = agreement_table(ENGINE, {"budget": [same, same], "tight_kv": [same, late, stalled, late]}).splitlines()
     assert table[0].split() == ["group", "cases", "identical", "share", "scheduled", "first_token", "finish",
                                 "preemptions", "cached", "error"]
     assert table[2].split() == ["budget", "2", "2", "100%", "0", "0", "0", "0", "0", "0"]
@@ -224,7 +225,7 @@ def test_differing_fields_and_the_agreement_table():
 def test_reproducer_text_marks_differences_and_replays():
     case = Case(DiffSettings(block_size=4, num_blocks=9), [DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=2)],
                 group="tight_kv", seed=4)
-    text = Comparison(case, {0: _o(0, 2, 3)}, {0: _o(0, 2, 4)}).describe(
+    text = Comparison(ENGINE, case, {0: _o(0, 2, 3)}, {0: _o(0, 2, 4)}).describe(
         Sides({"reserve_full_prompt": False}, {"scheduler_reserve_full_isl": False}))
     assert "tight_kv seed 4: 1 request(s)" in text
     lines = text.splitlines()
@@ -232,7 +233,7 @@ def test_reproducer_text_marks_differences_and_replays():
     assert lines[header + 1].split() == ["0", "0/0", "2/2", "3/4*", "0/0", "0/0"]
     assert "only one side: schedlab scheduler.reserve_full_prompt=false; vLLM scheduler_reserve_full_isl=false" in text
     replay = text.split("--replay '")[1].split("'")[0]
-    assert Case.from_json(replay) == case
+    assert case_from_json(replay) == case
     assert text.endswith("--set scheduler.reserve_full_prompt=false --vllm-set scheduler_reserve_full_isl=false")
 
 
@@ -291,9 +292,8 @@ def test_cli_without_vllm_says_how_to_install(capsys):
 @pytest.fixture(scope="module")
 def differ():
     pytest.importorskip("vllm")
-    from schedlab.vllm_diff.compare import Differ
     from schedlab.vllm_diff.vllm_side import VllmRunner
-    return Differ(VllmRunner(), SchedlabRunner())
+    return Differ(ENGINE, VllmRunner(), SchedlabRunner())
 
 
 @pytest.mark.vllm
@@ -304,7 +304,7 @@ def test_vllm_side_steps_a_lone_chunked_prompt(differ):
     case = Case(DiffSettings(block_size=16, num_blocks=40, max_num_seqs=4, max_num_batched_tokens=128,
                              long_prefill_token_threshold=100),
                 [DiffRequest(id=0, arrival=3, prompt_tokens=498, output_tokens=3)])
-    outcomes, error = differ.vllm.run(case)
+    outcomes, error = differ.theirs.run(case)
     assert error is None and outcomes == {0: Outcome(3, 7, 9, 0, 0)}
 
 
@@ -315,7 +315,7 @@ def test_vllm_side_has_exactly_num_blocks_usable(differ):
     case = Case(DiffSettings(block_size=4, num_blocks=4, max_num_seqs=4, max_num_batched_tokens=32),
                 [DiffRequest(id=0, arrival=0, prompt_tokens=13, output_tokens=4),
                  DiffRequest(id=1, arrival=1, prompt_tokens=4, output_tokens=1)])
-    outcomes, error = differ.vllm.run(case)
+    outcomes, error = differ.theirs.run(case)
     assert error is None
     assert outcomes[0] == Outcome(0, 1, 4, 0, 0)
     assert outcomes[1] == Outcome(4, 5, 5, 0, 0)
@@ -384,14 +384,14 @@ REPRODUCERS = {
 def test_vllm_runs_each_reproducer_as_computed_by_hand(differ, name):
     case, expected = REPRODUCERS[name]
     assert case.problems() == []
-    assert differ.vllm.run(case) == (expected, None)
+    assert differ.theirs.run(case) == (expected, None)
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", sorted(REPRODUCERS))
 def test_schedlab_matches_vllm_on_each_reproducer(differ, name):
     case, expected = REPRODUCERS[name]
-    assert differ.schedlab.run(case) == (expected, None)
+    assert differ.ours.run(case) == (expected, None)
 
 
 SEEDS = range(20)  # seeds every group must agree on
@@ -407,9 +407,8 @@ def test_schedlab_agrees_with_vllm(differ, group):
 @pytest.mark.vllm
 def test_schedlab_agrees_with_vllm_without_whole_prompt_admission():
     pytest.importorskip("vllm")
-    from schedlab.vllm_diff.compare import Differ
     from schedlab.vllm_diff.vllm_side import VllmRunner
-    differ = Differ(VllmRunner(), SchedlabRunner(),
+    differ = Differ(ENGINE, VllmRunner(), SchedlabRunner(),
                     Sides({"reserve_full_prompt": False}, {"scheduler_reserve_full_isl": False}))
     differing = [c for c in (differ.compare(generate("tight_kv", seed)) for seed in SEEDS) if not c.agrees]
     assert not differing, "\n\n".join(c.describe(differ.sides) for c in differing[:3])
@@ -417,12 +416,12 @@ def test_schedlab_agrees_with_vllm_without_whole_prompt_admission():
 
 def test_json_output_shape_is_plain(tmp_path):
     # the --json file is plain JSON a notebook can read: group -> list of comparisons
-    from schedlab.vllm_diff.cli import _write_json
+    from schedlab.diffcheck.cli import write_json
     case = generate("budget", 0)
-    c = Comparison(case, {r.id: _o(0, 1, 2) for r in case.requests}, {r.id: _o(0, 1, 2) for r in case.requests})
-    _write_json(tmp_path / "out.json", {"budget": [c]})
+    c = Comparison(ENGINE, case, {r.id: _o(0, 1, 2) for r in case.requests}, {r.id: _o(0, 1, 2) for r in case.requests})
+    write_json(ENGINE, tmp_path / "out.json", {"budget": [c]})
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["budget"][0]["agrees"] is True
-    assert Case.from_dict(data["budget"][0]["case"]) == case
+    assert Case.from_dict(data["budget"][0]["case"], DiffSettings) == case
     assert data["budget"][0]["vllm"]["0"] == {"first_scheduled_ms": 0, "first_token_ms": 1, "finish_ms": 2,
                                              "preemptions": 0, "cached_tokens": 0}

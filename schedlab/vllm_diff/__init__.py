@@ -4,14 +4,13 @@ Every module here follows vLLM 0.33.0 (``pip install 'schedlab[vllm]'``): the sc
 of ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, ``update_from_output``), the
 block pool of ``vllm/v1/core/block_pool.py`` and the KV cache manager of
 ``vllm/v1/core/kv_cache_manager.py``. Nothing but :mod:`.vllm_side` imports vLLM, so the
-workloads, the token hashing, the comparison and the shrinker run (and are tested) without it.
+workloads, the comparison and the shrinker run (and are tested) without it. What does not
+depend on vLLM -- cases, token ids, comparison, shrinking, the command line -- is shared with
+the SGLang harness in :mod:`schedlab.diffcheck`.
 
-* :mod:`.case` -- a case: settings plus requests, the per-request outcome, the reproducer text;
-* :mod:`.tokens` -- token ids of a request and the block hashes schedlab gets for them;
+* :mod:`.case` -- the settings both engines get and the per-request outcome compared;
 * :mod:`.workloads` -- random cases per feature group (budget, threshold, tight_kv, prefix,
   priority, all);
 * :mod:`.schedlab_side` / :mod:`.vllm_side` -- run one case on each engine;
-* :mod:`.compare` -- per-request differences and the agreement table;
-* :mod:`.shrink` -- delta debugging of a differing case down to a minimal reproducer;
 * :mod:`.cli` -- ``python tools/vllm_diff.py``.
 """

@@ -26,8 +26,10 @@ import logging
 import os
 import tempfile
 
-from .case import MAX_MODEL_LEN, Case, Outcome, Sides
-from .tokens import output_token_id, prompt_token_ids
+from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
+from schedlab.diffcheck.tokens import output_token_id, prompt_token_ids
+
+from .case import Outcome
 
 VLLM_VERSION = "0.33.0"
 
@@ -103,7 +105,7 @@ class VllmRunner:
                       enable_chunked_prefill=True, is_encoder_decoder=False, policy=s.policy, watermark=0.0,
                       async_scheduling=False)
         if sides is not None:
-            kwargs.update(sides.vllm_scheduler)
+            kwargs.update(sides.engine)
         return kwargs
 
     def scheduler(self, case: Case, sides: Sides | None = None):

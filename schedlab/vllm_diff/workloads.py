@@ -17,34 +17,12 @@ from __future__ import annotations
 
 import random
 
-from .case import Case, DiffRequest, DiffSettings, blocks_for
+from schedlab.diffcheck.case import Case, blocks_for
+from schedlab.diffcheck.workloads import random_requests
+
+from .case import DiffSettings
 
 GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all")
-
-
-def _requests(rng: random.Random, *, priorities: bool, prefixes: bool, block_size: int) -> list[DiffRequest]:
-    n = rng.randint(1, 8)
-    horizon = rng.choice([0, 5, 20, 40])
-    groups = rng.randint(1, 3)
-    drafts = []
-    for _ in range(n):
-        prompt = rng.randint(1, 120)
-        output = rng.randint(1, 30)
-        group, prefix_len = None, 0
-        if prefixes and rng.random() < 0.8:
-            group = rng.randrange(groups)
-            if rng.random() < 0.5:  # the whole shared prompt, maybe plus its own question
-                prefix_len = prompt
-                prompt += rng.choice([0, 0, rng.randint(1, 40)])
-            else:  # a shared prefix of some whole blocks, or anywhere
-                prefix_len = min(prompt, block_size * rng.randint(0, 6)) if rng.random() < 0.5 else rng.randint(0, prompt)
-            if not prefix_len:
-                group = None
-        drafts.append((rng.randint(0, horizon), prompt, output, rng.randint(0, 3) if priorities else 0,
-                       group, prefix_len))
-    drafts.sort(key=lambda d: d[0])  # ids in arrival order
-    return [DiffRequest(id=i, arrival=a, prompt_tokens=p, output_tokens=o, priority=pr, group=g, prefix_len=pl)
-            for i, (a, p, o, pr, g, pl) in enumerate(drafts)]
 
 
 def _ample(requests, block_size: int) -> int:
@@ -68,7 +46,7 @@ def generate(group: str, seed: int) -> Case:
     if group == "priority" or (group == "all" and rng.random() < 0.5):
         policy = "priority"
     prefixes = group in ("prefix", "all")
-    requests = _requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size)
+    requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size)
     tight = group in ("tight_kv", "all") or (group == "priority" and rng.random() < 0.5)
     num_blocks = _tight(rng, requests, block_size) if tight else _ample(requests, block_size)
     threshold = rng.randint(1, budget) if group in ("threshold", "all") else 0

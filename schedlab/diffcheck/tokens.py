@@ -1,4 +1,4 @@
-"""Token ids for vLLM and the matching block hashes for schedlab.
+"""Token ids for the real engines (vLLM, SGLang) and the matching block hashes for schedlab.
 
 vLLM identifies a full KV block by a hash chained over its tokens and its parent block's hash
 (``hash_block_tokens`` / ``get_request_block_hasher`` in vLLM 0.33's

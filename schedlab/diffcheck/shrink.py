@@ -4,10 +4,11 @@ Given a case and a predicate (``interesting(case)``: the engines still differ in
 way), repeat until nothing changes or the evaluation budget is spent:
 
 1. drop requests -- halves, then quarters, ... then single requests (ddmin's complements);
-2. simplify the settings -- no threshold, no prefix caching, FCFS, then fewer sequences,
-   a smaller budget and fewer blocks;
+2. simplify the settings -- what ``settings.simpler()`` offers, most aggressive first (vLLM's:
+   no threshold, no prefix caching, FCFS, then fewer sequences, a smaller budget, fewer blocks);
 3. shrink each request's numbers towards their minimum -- prompt, output, shared prefix,
-   arrival, priority -- trying the minimum, then halfway, then one less;
+   arrival, priority, then ``max_tokens`` (none: EOS ignored, then down to the output) --
+   trying the minimum, then halfway, then one less;
 4. renumber the requests 0, 1, ... in arrival order and start the first arrival at 0.
 
 Only valid candidates (:meth:`Case.problems` empty) are tried, so a reproducer never
@@ -24,6 +25,15 @@ import attrs
 from .case import Case, DiffRequest
 
 NUMBERS = (("prompt_tokens", 1), ("output_tokens", 1), ("prefix_len", 0), ("arrival", 0), ("priority", 0))
+
+
+def lower(value: int, low: int) -> list[int]:
+    """Smaller values to try, most aggressive first: the minimum, halfway, one less."""
+    out = []
+    for target in (low, low + (value - low) // 2, value - 1):
+        if low <= target < value and target not in out:
+            out.append(target)
+    return out
 
 
 class Budget:
@@ -68,42 +78,23 @@ def _removals(case: Case) -> Iterator[Case]:
 
 def _setting_candidates(case: Case) -> Iterator[Case]:
     s = case.settings
-    simpler = []
-    if s.long_prefill_token_threshold:
-        simpler.append({"long_prefill_token_threshold": 0})
-    if s.prefix_caching:
-        simpler.append({"prefix_caching": False})
-    if s.policy != "fcfs":
-        simpler.append({"policy": "fcfs"})
-    for name, low in (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("num_blocks", 1),
-                      ("long_prefill_token_threshold", 1)):
-        value = getattr(s, name)
-        if name == "long_prefill_token_threshold" and not value:
-            continue
-        for target in _lower(value, low):
-            simpler.append({name: target})
-    for change in simpler:
+    for change in s.simpler():
         yield attrs.evolve(case, settings=attrs.evolve(s, **change))
-
-
-def _lower(value: int, low: int) -> list[int]:
-    """Smaller values to try, most aggressive first: the minimum, halfway, one less."""
-    out = []
-    for target in (low, low + (value - low) // 2, value - 1):
-        if low <= target < value and target not in out:
-            out.append(target)
-    return out
 
 
 def _request_changes(r: DiffRequest) -> Iterator[dict]:
     for name, low in NUMBERS:
-        for target in _lower(getattr(r, name), low):
+        for target in lower(getattr(r, name), low):
             change = {name: target}
             if name == "prompt_tokens" and r.prefix_len > target:
                 change["prefix_len"] = target
             if change.get("prefix_len", r.prefix_len) == 0:
                 change["group"] = None
             yield change
+    if r.max_tokens is not None:  # EOS ignored, then a tighter limit
+        yield {"max_tokens": None}
+        for target in lower(r.max_tokens, r.output_tokens):
+            yield {"max_tokens": target}
     if r.group:  # group 0 reads simplest
         yield {"group": 0}
 
