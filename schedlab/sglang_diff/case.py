@@ -1,0 +1,91 @@
+"""SGLang's side of a differential case: the settings both engines get and what is compared."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from schedlab.configs import int_field, str_field
+from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine
+from schedlab.diffcheck.shrink import lower
+
+POLICIES = ("fcfs", "lpm", "dfs-weight", "lof")
+#: tokens SGLang keeps back when it bounds a request by the pool (``init_req_max_new_tokens``:
+#: ``max_new_tokens <= capacity - prompt - page_size - 1``) -- page size 1 here.
+POOL_MARGIN = 2
+
+
+@attrs.frozen
+class SglangSettings:
+    """The settings both engines get: SGLang ``ServerArgs`` (``--max-total-tokens``,
+    ``--max-running-requests``, ``--chunked-prefill-size``, ``--max-prefill-tokens``,
+    ``--schedule-policy``; ``--page-size 1``, the radix cache on, overlap scheduling off) and
+    schedlab's ``sglang`` scheduler over a ``radix`` cache of ``max_total_tokens`` blocks of one
+    token.
+
+    ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``).
+    """
+
+    max_total_tokens: int = int_field(4096, min=16, max=10**6)
+    max_running_requests: int = int_field(8, min=1, max=256)
+    chunked_prefill_size: int = int_field(0, min=0, max=MAX_MODEL_LEN)
+    max_prefill_tokens: int = int_field(16384, min=1, max=10**6)
+    schedule_policy: str = str_field("fcfs", choices=POLICIES)
+
+    def problems(self, requests) -> list[str]:
+        """SGLang must serve each request as asked: it cuts ``max_new_tokens`` to
+        ``max_total_tokens - prompt - 2`` (``init_req_max_new_tokens``) and refuses a prompt of
+        ``max_total_tokens - 6`` tokens or more (``validate_input_length``), where schedlab
+        rejects the request; and it must fit alone below admission's bound."""
+        out = []
+        cap = self.max_total_tokens
+        for r in requests:
+            if r.prompt_tokens + r.limit + POOL_MARGIN > cap:
+                out.append(f"request {r.id}: prompt + max_tokens + {POOL_MARGIN} exceeds max_total_tokens {cap}")
+            elif r.prompt_tokens >= cap - 6:
+                out.append(f"request {r.id}: prompt of {r.prompt_tokens} reaches max_total_tokens - 6")
+        return out
+
+    def simpler(self):
+        """Simpler settings for the shrinker: FCFS, no chunking, then fewer requests running, a
+        smaller prefill budget, a smaller pool and smaller chunks."""
+        if self.schedule_policy != "fcfs":
+            yield {"schedule_policy": "fcfs"}
+        if self.chunked_prefill_size:
+            yield {"chunked_prefill_size": 0}
+        for name, low in (("max_running_requests", 1), ("max_prefill_tokens", 1), ("max_total_tokens", 16),
+                          ("chunked_prefill_size", 1)):
+            value = getattr(self, name)
+            if name == "chunked_prefill_size" and not value:
+                continue
+            for target in lower(value, low):
+                yield {name: target}
+
+
+@attrs.frozen
+class Outcome:
+    """What one engine did with one request (``None``: it never got there). ``chunks`` are the
+    prompt tokens of every prefill step it was in, in order (first chunks, later chunks and the
+    recomputation after each retraction)."""
+
+    FIELDS: ClassVar[tuple] = ("first_scheduled_ms", "first_token_ms", "finish_ms", "retractions",
+                               "cached_tokens", "chunks")
+    SHORT: ClassVar[dict] = {"first_scheduled_ms": "scheduled", "first_token_ms": "first_token",
+                             "finish_ms": "finish", "retractions": "retractions", "cached_tokens": "cached",
+                             "chunks": "chunks"}
+
+    first_scheduled_ms: int | None
+    first_token_ms: int | None
+    finish_ms: int | None
+    retractions: int
+    cached_tokens: int
+    chunks: tuple = attrs.field(converter=tuple)
+
+
+ENGINE = Engine(key="sglang", label="SGLang", tool="tools/sglang_diff.py", flag="--sglang-set", outcome=Outcome,
+                settings=SglangSettings)
+
+
+def case_from_json(text: str) -> Case:
+    return Case.from_json(text, SglangSettings)

@@ -1,0 +1,35 @@
+"""schedlab's ``sglang`` preset on an SGLang differential case: the ``sglang`` scheduler over a
+``radix`` cache of one-token blocks (SGLang's default page size)."""
+
+from __future__ import annotations
+
+from schedlab.diffcheck import schedlab_side
+from schedlab.diffcheck.case import Case, Sides
+
+from .case import Outcome
+
+
+def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
+    """The scheduler, cost model and KV cache tables of ``case`` (``sides`` adds schedlab-only
+    scheduler keys, which win over the shared settings)."""
+    s = case.settings
+    scheduler = {"kind": "sglang", "max_running_requests": s.max_running_requests,
+                 "max_prefill_tokens": s.max_prefill_tokens, "chunked_prefill_size": s.chunked_prefill_size,
+                 "schedule_policy": s.schedule_policy}
+    if sides is not None:
+        scheduler.update(sides.schedlab_scheduler)
+    kv = {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
+    return {"scheduler": scheduler, "cost_model": dict(schedlab_side.ONE_MS_PER_ITERATION), "kv_cache": kv}
+
+
+class SchedlabRunner(schedlab_side.SchedlabRunner):
+    def tables(self, case, sides=None):
+        return tables(case, sides)
+
+    def hash_block_tokens(self, case):
+        return 1
+
+    def outcome(self, row, chunks):
+        w = schedlab_side.whole_ms
+        return Outcome(w(row["first_scheduled_ms"]), w(row["first_token_ms"]), w(row["finish_ms"]),
+                       int(row["preemptions"]), int(row["cached_tokens"]), chunks)

@@ -1,0 +1,401 @@
+"""Step SGLang 0.5.23's own ``Scheduler`` through a case, on the CPU, with no model.
+
+The way SGLang's own CPU unit tests drive its scheduling code
+(``test/registered/unit/managers/test_prefill_adder.py``, ``test_schedule_policy.py``, the
+``sglang.test.kits.unified_radix_cache`` fixtures): a ``ServerArgs`` published for the
+scheduler role; a ``ModelConfig`` read from a weights-free Llama-shaped ``config.json``; the
+memory pools SGLang builds for a plain full-attention model -- ``ReqToTokenPool`` with
+``max_running_requests`` rows, ``MHATokenToKVPool`` and ``TokenToKVPoolAllocator`` of
+``max_total_tokens`` one-token pages (tiny tensors: one layer, one head of size 1) -- and the
+tree cache its registry builds by default (``create_unified_radix_cache``: a
+``UnifiedRadixCache`` with one FULL component, LRU eviction).
+
+The ``Scheduler`` is made with ``Scheduler.__new__`` and completed with its own ``init_*``
+methods wherever they run on a CPU (``init_model_config``, ``init_running_status``,
+``init_chunked_prefill``, ``init_schedule_policy``, ``init_pool_stats_observer``,
+``init_load_publisher``, ``init_beam_coordinator``, ``init_batch_result_processor``,
+``init_disaggregation``, ...); the parts that only talk to other processes or the GPU
+(metrics, IPC sockets, the grammar backend, DP attention, the profiler) are stand-ins that do
+nothing. The model worker is a stand-in whose ``forward_batch_generation`` returns one token
+per request in the batch, the same tokens as the vLLM harness's
+(:func:`~schedlab.diffcheck.tokens.output_token_id`), and an EOS token where a request with a
+``max_tokens`` stops early.
+
+One step is what ``Scheduler.event_loop_normal`` does once (overlap scheduling off):
+``get_next_batch_to_run``, then ``run_batch`` and ``process_batch_result`` -- SGLang's real
+``PrefillAdder``, ``SchedulePolicy``, ``update_running_batch`` / ``retract_decode``, the
+new-token-ratio tracker, the allocator and the radix cache all run. A step that runs a batch
+lasts 1 ms; a step with no batch takes no time: with nothing running SGLang is idle and resets
+its new-token ratio (``on_idle``), and the clock jumps to the next arrival.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from array import array
+
+from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
+from schedlab.diffcheck.tokens import output_token_id, prompt_token_ids
+
+from . import stubs
+from .case import Outcome
+
+SGLANG_VERSION = "0.5.23"
+
+# Token ids go up to 2**31 (schedlab.diffcheck.tokens); SGLang ends a request whose sampled
+# token is not below vocab_size ("NaN happened"), so the vocabulary covers them all.
+VOCAB_SIZE = 2**31 - 1
+EOS_TOKEN = 2
+TINY_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1, "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": MAX_MODEL_LEN, "torch_dtype": "float16", "bos_token_id": 1,
+    "eos_token_id": EOS_TOKEN, "rms_norm_eps": 1e-6,
+}
+ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "SGLANG_LOGGING_LEVEL": "ERROR"}
+MAX_STEPS = 100_000
+
+
+class SglangVersionError(RuntimeError):
+    pass
+
+
+class _Nothing:
+    """A stand-in for a part that does not schedule (metrics, IPC, profiler): every method
+    accepts anything and does nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+class _Metrics(_Nothing):
+    enable_metrics = False
+    forward_ct_decode = 0
+    num_generated_tokens = 0
+    num_retracted_reqs = 0
+    recent_cache_hit_rate = 0.0
+
+
+class _NoGrammar(_Nothing):
+    grammar_queue = ()
+
+    def has_waiting_grammars(self):
+        return False
+
+
+class _NoDpAttention(_Nothing):
+    def maybe_prepare_mlp_sync_batch(self, batch, need_sync=None):
+        return batch
+
+    def maybe_convert_decode_to_extend(self, batch):
+        return batch
+
+
+class _NoNgram:
+    def prepare_for_forward(self, batch, chunked_req=None):
+        return batch
+
+
+class _NoLoadInquirer(_Nothing):
+    def _get_num_pending_tokens(self, chunk_deduct=0):
+        return 0
+
+
+class _TokenModel:
+    """The forward pass: one sampled token per request in the batch (a middle prefill chunk's
+    token is discarded by SGLang itself), EOS at a request's ``stop``-th token."""
+
+    def __init__(self, torch, stops: dict):
+        self.torch = torch
+        self.stops = stops  # rid -> the output length at which it emits EOS (None: never)
+
+    def forward_batch_generation(self, batch, **kwargs):
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        tokens = []
+        for req in batch.reqs:
+            k = len(req.output_ids)
+            rid = int(req.rid)
+            tokens.append(EOS_TOKEN if self.stops.get(rid) == k + 1 else output_token_id(rid, k))
+        return GenerationBatchResult(next_token_ids=self.torch.tensor(tokens, dtype=self.torch.int64))
+
+
+class SglangRunner:
+    """Holds the imported SGLang pieces and the tiny model config; :meth:`run` steps one case.
+
+    :param allow_other_version: run an SGLang other than 0.5.23 (the rules this harness and its
+        notes cite may have moved).
+    """
+
+    def __init__(self, *, allow_other_version: bool = False):
+        for key, value in ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
+        stubs.install()
+        import sglang
+
+        self.version = sglang.__version__
+        if self.version != SGLANG_VERSION and not allow_other_version:
+            raise SglangVersionError(f"SGLang {self.version} is installed; this harness follows SGLang "
+                                     f"{SGLANG_VERSION} (pip install 'schedlab[sglang]'), or pass --allow-other-sglang")
+        logging.getLogger("sglang").setLevel(logging.ERROR)
+        self._model_dir = tempfile.TemporaryDirectory(prefix="sglang_diff_model_")
+        with open(os.path.join(self._model_dir.name, "config.json"), "w") as f:
+            json.dump(TINY_MODEL_CONFIG, f)
+        self._model_config = None
+
+    # -- building a scheduler --------------------------------------------------------------
+    def server_args(self, case: Case, sides: Sides | None = None):
+        from sglang.srt.server_args import ServerArgs
+
+        s = case.settings
+        kwargs = dict(model_path=self._model_dir.name, device="cpu", page_size=1, disable_overlap_schedule=True,
+                      skip_tokenizer_init=True, max_total_tokens=s.max_total_tokens,
+                      max_running_requests=s.max_running_requests,
+                      chunked_prefill_size=s.chunked_prefill_size or -1, max_prefill_tokens=s.max_prefill_tokens,
+                      schedule_policy=s.schedule_policy, context_length=MAX_MODEL_LEN)
+        if sides is not None:
+            kwargs.update(sides.engine)
+        return ServerArgs(**kwargs)
+
+    def scheduler(self, case: Case, sides: Sides | None = None):
+        """A fresh SGLang ``Scheduler`` for ``case`` (raises if SGLang's argument processing
+        changed a setting the comparison relies on)."""
+        import torch
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        from sglang.srt.mem_cache.registry import create_unified_radix_cache
+        from sglang.srt.runtime_context import get_context, get_memory, get_parallel, get_schedule, reset_context
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        s = case.settings
+        server_args = self.server_args(case, sides)
+        reset_context()
+        set_global_server_args_for_scheduler(server_args)
+        sched = get_schedule()
+        published = {"chunked_prefill_size": sched.chunked_prefill_size, "page_size": sched.page_size,
+                     "max_prefill_tokens": sched.max_prefill_tokens, "schedule_policy": sched.schedule_policy,
+                     "disable_overlap_schedule": sched.disable_overlap_schedule}
+        wanted = {"chunked_prefill_size": s.chunked_prefill_size or None, "page_size": 1,
+                  "max_prefill_tokens": s.max_prefill_tokens, "schedule_policy": s.schedule_policy,
+                  "disable_overlap_schedule": True}
+        if sides is None or not sides.engine:
+            if published["chunked_prefill_size"] == -1:
+                published["chunked_prefill_size"] = None
+            if published != wanted:
+                raise AssertionError(f"SGLang changed the settings: {wanted} -> {published}")
+
+        size = s.max_total_tokens
+        slots = s.max_running_requests
+        x = Scheduler.__new__(Scheduler)
+        x.server_args = server_args
+        # the fields __init__ copies from the published configuration
+        x.forward_ct = 0
+        x.processed_tokens_counter = 0
+        x.cur_batch_for_debug = None
+        x.schedule_policy = sched.schedule_policy
+        x.enable_priority_scheduling = sched.enable_priority_scheduling
+        x.abort_on_priority_when_disabled = sched.abort_on_priority_when_disabled
+        x.schedule_low_priority_values_first = sched.schedule_low_priority_values_first
+        x.priority_scheduling_preemption_threshold = sched.priority_scheduling_preemption_threshold
+        x.enable_lora = x.enable_lora_overlap_loading = False
+        x.max_loras_per_batch = 0
+        x.enable_overlap = x.enable_overlap_mlx = x.enable_pdmux = False
+        x.skip_tokenizer_init = True
+        x.stream_interval = 1
+        x.spec_algorithm = SpeculativeAlgorithm.from_string(None)
+        x.page_size = 1
+        x.enable_hierarchical_cache = x.enable_lmcache = x.enable_session_radix_cache = False
+        x.enable_hicache_storage = x.enable_unified_cache_external_linker = x.enable_decode_hicache = False
+        x.max_recv_per_poll = 1
+        x.max_new_tokens_limit = None
+        x.enable_hisparse = x.attn_dp_enabled = x.enable_unified_memory = False
+        x.dllm_config = None
+        if self._model_config is None:
+            x.init_model_config()
+            self._model_config = x.model_config
+        x.model_config = self._model_config
+        # memory pools and tree cache (kv_cache_builder.build_kv_cache for a plain model)
+        req_pool = ReqToTokenPool(size=slots, max_context_len=MAX_MODEL_LEN + 4, device="cpu",
+                                  enable_memory_saver=False)
+        kv_pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float16, head_num=1, head_dim=1, layer_num=1,
+                                   device="cpu", enable_memory_saver=False)
+        allocator = TokenToKVPoolAllocator(size=size, dtype=torch.float16, device="cpu", kvcache=kv_pool,
+                                           need_sort=False)
+        params = CacheInitParams(req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=1,
+                                 disable=False, eviction_policy=get_memory().radix_eviction_policy,
+                                 eviction_policy_config=get_memory().radix_eviction_policy_config,
+                                 chunked_prefill_size=sched.chunked_prefill_size)
+        x.tree_cache = create_unified_radix_cache(_TreeContext(server_args, params))
+        x.req_to_token_pool, x.token_to_kv_pool_allocator = req_pool, allocator
+        x.kv_shard_widening = 1
+        x.disable_radix_cache = False
+        x.is_hybrid_swa = x.is_hybrid_ssm = False
+        x.sliding_window_size = x.full_tokens_per_layer = x.swa_tokens_per_layer = None
+        # what tp_worker.get_worker_info reports
+        x.max_total_num_tokens = size
+        x.max_prefill_tokens = sched.max_prefill_tokens
+        x.max_running_requests = slots
+        x.max_queued_requests = None
+        x.max_req_len = min(x.model_config.context_len - 1, size - 1)
+        x.max_req_input_len = x.max_req_len - 5
+        x.device = "cpu"
+        x.random_seed = 0
+        x.min_free_slots_delayer = None
+        if not get_parallel().pp_max_micro_batch_size:
+            get_context().override("scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=slots)
+        x.draft_worker = x.decode_offload_manager = x.hisparse_coordinator = None
+        x.tp_worker = _Worker(kv_pool)
+        x.model_worker = x.tp_worker
+        x.init_running_status()
+        x.init_chunked_prefill()
+        x.maybe_init_dynamic_chunk_sizer()
+        x.is_generation = True
+        x.disaggregation_mode = DisaggregationMode.NULL
+        x.metrics_collector = None
+        x.metrics_reporter = _Metrics()
+        x.scheduler_stage_metrics = None
+        x.kv_events_publisher = _Nothing()
+        x.init_schedule_policy()
+        x.forward_stream = None
+        x.future_map = x.spec_algorithm.create_future_map("cpu", req_pool, needs_cpu_seq_lens=True,
+                                                          needs_confidence_relay=False)
+        x.ngram_embedding_manager = _NoNgram()
+        x.grammar_manager = _NoGrammar()
+        x.require_mlp_sync = False
+        x.dp_attn_adapter = _NoDpAttention()
+        x.init_pool_stats_observer()
+        x.init_load_publisher()
+        x.load_inquirer = _NoLoadInquirer()
+        x.output_streamer = _Nothing()
+        x.init_beam_coordinator()
+        x.init_batch_result_processor()
+        x.init_lora_drainer()
+        x.init_disaggregation()
+        x.init_diffusion_llm()
+        x.truncation_align_size = None
+        x.rust_server = None
+        x.enable_fpm = False
+        x.profiler_manager = _Nothing()
+        x._record_step_counters = lambda *args, **kwargs: None
+        x.maybe_send_health_check_signal = lambda *args, **kwargs: None
+        x.load_snapshot_writer = None
+        x._sched_idled = False
+        x.scripted_scheduler_hook = None
+        x.forward_sleep_time = None
+        x._confidence_budget_prepare = None
+        return x
+
+    def _request(self, x, r):
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(max_new_tokens=r.limit, ignore_eos=r.ignore_eos)
+        params.normalize(None)
+        params.verify(VOCAB_SIZE)
+        req = Req(str(r.id), "", array("q", prompt_token_ids(r)), params,
+                  eos_token_ids=x.model_config.hf_eos_token_id, vocab_size=VOCAB_SIZE)
+        x.init_req_max_new_tokens(req)
+        if req.sampling_params.max_new_tokens != r.limit or req.finished():
+            raise AssertionError(f"SGLang cut request {r.id}'s max_new_tokens to {req.sampling_params.max_new_tokens}")
+        req.logprob_start_len = -1
+        return req
+
+    # -- stepping ------------------------------------------------------------------------------
+    def run(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
+        """Per-request outcomes and, if the run stalled, why."""
+        import torch
+
+        x = self.scheduler(case, sides)
+        pending = case.in_arrival_order()
+        stops = {r.id: (None if r.ignore_eos or r.output_tokens == r.limit else r.output_tokens) for r in pending}
+        model = _TokenModel(torch, stops)
+        x.model_worker = model
+        x.tp_worker.forward_batch_generation = model.forward_batch_generation
+        live = {}
+        first_scheduled, first_token, finish = {}, {}, {}
+        cached = {r.id: 0 for r in pending}
+        chunks = {r.id: [] for r in pending}
+        now = nxt = 0
+        error = None
+        for _ in range(MAX_STEPS):
+            while nxt < len(pending) and pending[nxt].arrival <= now:
+                req = self._request(x, pending[nxt])
+                live[pending[nxt].id] = req
+                x._add_request_to_queue(req)
+                nxt += 1
+            waiting = {id(req) for req in x.waiting_queue}
+            plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
+            x.running_batch = plan.running_batch
+            batch = plan.batch_to_run
+            if not batch:
+                x.last_batch = None
+                if x.is_fully_idle():
+                    x.new_token_ratio_tracker.reset()  # on_idle
+                if nxt < len(pending):
+                    now = pending[nxt].arrival
+                    continue
+                if all(req.finished() for req in live.values()):
+                    break
+                error = f"SGLang stalled at {now} ms: it runs nothing and nothing is left to arrive"
+                break
+            if batch.forward_mode.is_extend():
+                for req in batch.reqs:
+                    rid = int(req.rid)
+                    chunks[rid].append(req.extend_len)
+                    if id(req) in waiting:  # admitted (or readmitted) now: its prefix hit
+                        cached[rid] += req.prefix_len
+                        first_scheduled.setdefault(rid, now)
+            result = x.run_batch(batch)
+            x.process_batch_result(batch, result)
+            x.last_batch = batch
+            now += 1
+            for rid, req in live.items():
+                if len(req.output_ids) and rid not in first_token:
+                    first_token[rid] = now
+                if req.finished() and rid not in finish:
+                    finish[rid] = now
+        else:
+            error = f"SGLang ran {MAX_STEPS} steps without finishing"
+        outcomes = {}
+        for r in pending:
+            req = live.get(r.id)
+            outcomes[r.id] = Outcome(first_scheduled.get(r.id), first_token.get(r.id), finish.get(r.id),
+                                     req.retraction_count if req is not None else 0, cached[r.id], chunks[r.id])
+        return outcomes, error
+
+
+class _Worker:
+    """What the scheduler reads of its tensor-parallel worker's model runner."""
+
+    def __init__(self, kv_pool):
+        self.model_runner = _ModelRunner(kv_pool)
+
+    def forward_batch_generation(self, batch, **kwargs):  # replaced per run
+        raise NotImplementedError
+
+
+class _ModelRunner:
+    def __init__(self, kv_pool):
+        self.token_to_kv_pool = kv_pool
+        self.attn_backend = object()
+        self.prefill_aware_swa = False
+        self.canary_manager = None
+
+
+class _TreeContext:
+    """The fields of ``TreeCacheBuildContext`` that ``create_unified_radix_cache`` reads."""
+
+    def __init__(self, server_args, params):
+        self.server_args = server_args
+        self.params = params
+        self.is_hybrid_swa = False
+        self.is_hybrid_ssm = False
+        self.enable_hierarchical_cache = False

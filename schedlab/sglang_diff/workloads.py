@@ -1,0 +1,61 @@
+"""Random differential cases, one generator per feature group.
+
+Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast cases
+(1-8 requests, prompts up to 120 tokens, outputs up to 30; page size 1):
+
+* ``lpm``        -- ``--schedule-policy lpm`` over shared prompt prefixes, ample memory;
+* ``dfs_weight`` -- ``dfs-weight`` over shared prefixes, ample memory;
+* ``fcfs``       -- ``fcfs`` or ``lof`` over shared prefixes, ample memory;
+* ``eviction``   -- shared prefixes in a pool of 1x to 2x the largest request: the radix tree
+  evicts, and admission counts evictable tokens;
+* ``chunked``    -- a small ``--chunked-prefill-size`` and ``--max-prefill-tokens`` (or chunking
+  off), ample memory;
+* ``retract``    -- a pool of 1x to 2x the largest request and no shared prefixes: decode runs
+  out of memory and retracts;
+* ``reserve``    -- half the requests stop at an EOS before their ``max_tokens`` (their
+  reservations are estimates, the others' exact), a pool of 1x to 3x the largest request;
+* ``all``        -- every policy, shared prefixes, chunking, tight memory and EOS at once.
+
+"Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
+``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
+"""
+
+from __future__ import annotations
+
+import random
+
+from schedlab.diffcheck.case import Case
+from schedlab.diffcheck.workloads import random_requests
+
+from .case import POLICIES, POOL_MARGIN, SglangSettings
+
+GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "all")
+
+
+def _need(r) -> int:
+    return r.prompt_tokens + r.limit + POOL_MARGIN
+
+
+def generate(group: str, seed: int) -> Case:
+    """The case ``seed`` of feature ``group`` (one of :data:`GROUPS`)."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
+    rng = random.Random(f"sglang:{group}:{seed}")
+    policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
+        ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve") else POLICIES)
+    prefixes = group in ("lpm", "dfs_weight", "fcfs", "eviction", "all")
+    requests = random_requests(rng, prefixes=prefixes, eos=group in ("reserve", "all"))
+    largest = max(max(_need(r) for r in requests), 16)
+    if group in ("eviction", "retract", "all"):
+        size = largest + rng.randint(0, largest)
+    elif group == "reserve":
+        size = largest + rng.randint(0, 2 * largest)
+    else:
+        size = sum(_need(r) for r in requests) + rng.randint(0, 20)
+    chunk, prefill = 0, 16384
+    if group in ("chunked", "all"):
+        chunk = rng.choice([0, rng.randint(1, 64), rng.randint(1, 64)])
+        prefill = rng.randint(1, 200)
+    settings = SglangSettings(max_total_tokens=size, max_running_requests=rng.randint(1, 6),
+                              chunked_prefill_size=chunk, max_prefill_tokens=prefill, schedule_policy=policy)
+    return Case(settings, requests, group=group, seed=seed)
