@@ -86,12 +86,13 @@ class _Node:
 
     ``lock`` is SGLang's ``lock_ref``: running sequences whose path passes through or ends at
     the node; ``ends`` counts those whose path ends here (``lock = ends + sum(child locks)``).
-    ``tick`` is the last access (a counter), ``uid`` the creation number (a heap tie-break).
+    ``tick`` is the last access (a counter), ``uid`` the creation number (a heap tie-break),
+    ``born`` the scheduling pass whose prefill step inserted it (see :meth:`RadixKVCache.begin_pass`).
     """
 
-    __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive")
+    __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive", "born")
 
-    def __init__(self, keys: list, start: int, parent, tick: int, uid: int):
+    def __init__(self, keys: list, start: int, parent, tick: int, uid: int, born: int = 0):
         self.keys = keys
         self.start = start
         self.parent = parent
@@ -101,6 +102,7 @@ class _Node:
         self.tick = tick
         self.uid = uid
         self.alive = True
+        self.born = born  # the pass whose prefill inserted it (0: visible to every lookup)
 
     def __repr__(self) -> str:
         return f"_Node({self.keys!r}, start={self.start}, lock={self.lock}, tick={self.tick})"
@@ -122,20 +124,31 @@ class _Hold:
 class _Step:
     """What an allocation does, worked out before anything changes (see ``_plan``)."""
 
-    __slots__ = ("fresh", "revived", "shared_dups", "free_dups", "full", "loads")
+    __slots__ = ("fresh", "revived", "shared_dups", "free_dups", "full", "loads", "after_pass")
 
-    def __init__(self, fresh: int, revived: int, shared_dups: int, free_dups: int, full: int, loads=()):
+    def __init__(self, fresh: int, revived: int, shared_dups: int, free_dups: int, full: int, loads=(),
+                 after_pass: bool = False):
         self.fresh = fresh              # blocks beyond those held, matched hits aside
         self.revived = revived          # matched hit blocks in unlocked nodes
         self.shared_dups = shared_dups  # newly full blocks found in the tree, in locked nodes
         self.free_dups = free_dups      # ... in unlocked nodes
         self.full = full                # the path length after the step (0: the step inserts nothing)
         self.loads = loads              # keys of the hit blocks loaded from the host tier (among ``fresh``)
+        self.after_pass = after_pass    # duplicates are computed, then freed when the pass ends
 
     @property
     def need(self) -> int:
         """Blocks leaving the free pool (free + evictable)."""
+        if self.after_pass:  # every block computed; the tree's copies of duplicates locked at once
+            return self.fresh + self.revived + self.free_dups
         return self.fresh + self.revived - self.shared_dups
+
+    @property
+    def taken(self) -> int:
+        """Blocks taken out of the unused ones (beyond evictable blocks locked)."""
+        if self.after_pass:
+            return self.fresh
+        return self.fresh - self.shared_dups - self.free_dups
 
 
 class RadixKVCache:
@@ -163,6 +176,8 @@ class RadixKVCache:
         self._heap: list = []           # (tick, uid, push, node): unlocked leaves, validated when popped
         self._pushes = 0
         self._count = 0                 # nodes in the tree (bounds the heap's stale entries)
+        self._pass = 0                  # the scheduling pass, once a scheduler opens passes
+        self._pending = 0               # duplicate blocks computed this pass, freed when it ends
 
     # -- queries -------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -197,18 +212,21 @@ class RadixKVCache:
                 keys.extend([("r", rid, j) for j in range(have, upto)])
         return keys
 
-    def _match(self, node: _Node, depth: int, keys: list, limit: int, pieces: list | None = None):
+    def _match(self, node: _Node, depth: int, keys: list, limit: int, pieces: list | None = None,
+               visible: bool = False):
         """Follow the tree from ``node`` (whose path ends at block ``depth``) along
         ``keys[depth:limit]``.
 
         Returns ``(end, reached, inside)``: the last node matched whole, the block index the
         match reached, and the node it stopped inside (None if it stopped at a node's end).
-        ``pieces`` collects ``(locked, first, stop)`` for every node (part) matched.
+        ``pieces`` collects ``(locked, first, stop)`` for every node (part) matched. With
+        ``visible``, nodes that this pass's prefill steps inserted end the match.
         """
         j = depth
+        current = self._pass if visible and self._pass else -1
         while j < limit:
             child = node.children.get(keys[j])
-            if child is None:
+            if child is None or child.born == current:
                 return node, j, None
             seg = child.keys
             n = len(seg)
@@ -236,7 +254,7 @@ class RadixKVCache:
         if limit <= 0 or not (self.root.children or self.host):
             return 0
         keys = self._keys(seq, self._hold(seq), limit)
-        reached = self._match(self.root, 0, keys, limit)[1]
+        reached = self._match(self.root, 0, keys, limit, visible=True)[1]
         if self.host is not None and reached < limit:
             reached = self._host_run(keys, reached, limit)
         return reached * self.block_size
@@ -271,7 +289,8 @@ class RadixKVCache:
                     free_dups += stop - first - in_hits
         tokens = max(tokens, reserve_tokens, seq.reserved_tokens)
         fresh = blocks_for(tokens, bs) - held - hits
-        return _Step(fresh, revived, shared_dups, free_dups, full if full > hold.length else 0, loads)
+        return _Step(fresh, revived, shared_dups, free_dups, full if full > hold.length else 0, loads,
+                     after_pass=self._pass > 0)
 
     def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
         return self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens).need
@@ -292,14 +311,104 @@ class RadixKVCache:
             self._lock_to(hold, end, reached)
             if step.loads:  # loaded into fresh blocks, which join the node inserted below
                 self.host.load(step.loads)
-            self._take(step.fresh - step.shared_dups - step.free_dups)
+            self._take(step.taken)
+            if step.after_pass:
+                self._pending += step.shared_dups + step.free_dups
             if reached < step.full:  # the rest is new: one node, locked by this sequence
-                node = self._new_node(end, keys[reached:step.full], reached)
+                node = self._new_node(end, keys[reached:step.full], reached, born=self._pass)
                 self._lock_to(hold, node, step.full)
             self._touch_path(hold.node)
         else:
             self._take(step.fresh)
         return True
+
+    def begin_pass(self) -> None:
+        """A scheduler that opens its passes (SGLang's) declares that a new one starts: the blocks
+        the last pass's prefill steps inserted become visible to lookups, and the duplicates
+        they computed are freed.
+
+        SGLang inserts a prefill step's KV into the tree after the forward pass
+        (``cache_unfinished_req`` in ``process_batch_result_prefill``): a request admitted in
+        the same pass as another that computes a shared prefix does not find it and computes it
+        too, and when its KV is inserted the tree's copy wins and its own is freed. Until a
+        scheduler calls this, blocks are visible as soon as they are allocated and duplicates
+        are never computed (vLLM's rule)."""
+        self._pass += 1
+        self.unused += self._pending
+        self._pending = 0
+        self.epoch += 1
+
+    def make_room(self, blocks: int) -> None:
+        """Evict unlocked leaves, least recently used first, until ``blocks`` blocks are unused
+        or nothing evictable is left (SGLang ``evict_from_tree_cache`` after each retraction)."""
+        short = min(blocks - self.unused, self.evictable)
+        if short > 0:
+            self._evict(short)
+
+    def touch(self, seq) -> None:
+        """Look ``seq``'s prompt up as SGLang's ``match_prefix`` does: split the node the match
+        ends inside and refresh the access times of the matched path (lookups of waiting
+        requests by SGLang's scheduler; :meth:`cached_tokens` changes nothing)."""
+        limit = (seq.num_tokens - 1) // self.block_size
+        if limit <= 0 or not self.root.children:
+            return
+        keys = self._keys(seq, self._hold(seq), limit)
+        end, reached, inside = self._match(self.root, 0, keys, limit, visible=True)
+        if inside is not None:
+            end = self._split(inside, reached - inside.start)
+        if end is not self.root:
+            self._touch_path(end)
+
+    def dfs_weight_order(self, seqs) -> list[int]:
+        """Indices of ``seqs`` in SGLang's ``dfs-weight`` order (``_dfs_weight_order``): each
+        request weighs on the node its prefix match ends at (the tree split there, as SGLang's
+        lookups split it), a node weighs its requests and its subtree's; walk the tree depth
+        first, heavier children first (ties in insertion order), and list a node's requests
+        after its subtree's, the unmatched ones (at the root) last."""
+        ends: dict = {}   # (node, depth) -> indices, depth inside node or at its end
+        for i, seq in enumerate(seqs):
+            limit = (seq.num_tokens - 1) // self.block_size
+            if limit <= 0:
+                ends.setdefault((self.root, 0), []).append(i)
+                continue
+            keys = self._keys(seq, self._hold(seq), limit)
+            end, reached, inside = self._match(self.root, 0, keys, limit, visible=True)
+            node = inside if inside is not None else end
+            ends.setdefault((node, reached), []).append(i)
+        cuts: dict = {}   # node -> depths inside it where a match ends (SGLang's splits)
+        for node, depth in ends:
+            if node is not self.root:
+                cuts.setdefault(node, set()).add(depth)
+
+        def chain(node) -> list:
+            """The virtual nodes ``node`` splits into, top to bottom, as (node, end depth)."""
+            bottom = node.start + len(node.keys)
+            return [(node, d) for d in sorted(cuts.get(node, set()) - {bottom})] + [(node, bottom)]
+
+        weight: dict = {}
+
+        def weigh(node) -> int:
+            below = sum(weigh(child) for child in node.children.values())
+            for v in reversed(chain(node)):
+                below += len(ends.get(v, ()))
+                weight[v] = below
+            return below
+
+        order: list[int] = []
+
+        def visit_children(node) -> None:
+            kids = sorted(node.children.values(), key=lambda c: -weight[chain(c)[0]])  # stable
+            for child in kids:
+                links = chain(child)
+                visit_children(child)   # the chain's bottom holds the real node's children
+                for v in reversed(links):
+                    order.extend(ends.get(v, ()))
+
+        for child in self.root.children.values():
+            weigh(child)
+        visit_children(self.root)
+        order.extend(ends.get((self.root, 0), ()))
+        return order
 
     def blocks_before_eviction(self) -> int:
         """Free blocks :meth:`grow` can take before it evicts a cached (tree) block."""
@@ -351,7 +460,7 @@ class RadixKVCache:
         ``_split_node``: the head takes the node's place and lock count, the node keeps the
         tail, its children and its access time)."""
         self._uid += 1
-        head = _Node(node.keys[:m], node.start, node.parent, node.tick, self._uid)
+        head = _Node(node.keys[:m], node.start, node.parent, node.tick, self._uid, node.born)
         head.lock = node.lock
         self._count += 1
         node.parent.children[head.keys[0]] = head
@@ -361,10 +470,10 @@ class RadixKVCache:
         head.children[node.keys[0]] = node
         return head
 
-    def _new_node(self, parent: _Node, keys: list, start: int) -> _Node:
+    def _new_node(self, parent: _Node, keys: list, start: int, born: int = 0) -> _Node:
         """A new unlocked node (its blocks count as evictable until a sequence locks it)."""
         self._uid += 1
-        node = _Node(list(keys), start, parent, self._tick, self._uid)
+        node = _Node(list(keys), start, parent, self._tick, self._uid, born)
         parent.children[keys[0]] = node
         self._count += 1
         self.evictable += len(keys)
@@ -510,4 +619,6 @@ class RadixKVCache:
         assert evictable == self.evictable, (evictable, self.evictable)
         if self.host is not None:
             self.host.check_invariants()
-        assert self.unused + evictable + protected <= self.num_blocks, (self.unused, evictable, protected)
+        assert self._pending >= 0 and (self._pass or not self._pending), self._pending
+        assert self.unused + evictable + protected + self._pending <= self.num_blocks, (
+            self.unused, evictable, protected, self._pending)

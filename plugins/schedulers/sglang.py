@@ -1,8 +1,10 @@
-"""SGLang's scheduler (engines.md §4), following SGLang v0.4.6.post5 (PyPI release):
-``python/sglang/srt/managers/scheduler.py`` (``get_next_batch_to_run``,
-``get_new_batch_prefill``, ``update_running_batch``), ``schedule_policy.py`` (``PrefillAdder``)
-and ``schedule_batch.py`` (``check_decode_mem``, ``retract_decode``); constants from
-``global_config.py`` and ``server_args.py``.
+"""SGLang's scheduler (engines.md §4), following SGLang 0.5.23 (PyPI release, overlap
+scheduling off): ``python/sglang/srt/managers/scheduler.py`` (``get_next_batch_to_run``,
+``_get_new_batch_prefill_raw``, ``update_running_batch``), ``schedule_policy.py``
+(``PrefillAdder``), ``mem_cache/prefill_budget.py`` (``PrefillBudget``), ``schedule_batch.py``
+(``check_decode_mem``, ``retract_decode``, ``release_req``) and
+``scheduler_components/new_token_ratio_tracker.py``. ``tools/sglang_diff.py`` steps SGLang's own
+code beside it (README "Checked against SGLang").
 
 Each iteration:
 
@@ -10,30 +12,42 @@ Each iteration:
    is under way, a prefill batch is formed; if it is not empty it runs and the decodes wait --
    unless ``enable_mixed_chunk``, where the decodes ride along in the same iteration.
 2. **Admission** (``PrefillAdder``) in waiting-queue order (``schedule_policy``, see
-   :mod:`.sglang_policy`), stopping at the first request that does not fit:
+   :mod:`.sglang_policy`). Memory is a token budget: free + evictable KV minus an offset that
+   starts at every running request's ``min(max_new_tokens - generated, 4096)``, times
+   ``new_token_ratio`` -- or times 1.0 for a request that ignores EOS, whose length is known --
+   and grows by each admitted request's prompt tokens + one page + ``min(max_new_tokens,
+   4096)`` (its whole ``max_new_tokens``, also for a retracted request; none for a chunk that
+   does not end the prompt):
 
-   * the chunked request's next chunk goes first (``add_chunked_req``);
-   * a request needs ``extend + min(max_new_tokens, 4096)`` tokens below the *remaining*
-     tokens: free + evictable KV, minus ``min(max_new_tokens - generated, 4096) x
-     new_token_ratio`` for every running request, minus what this pass admitted (its prompt
-     tokens and ``min(max_new_tokens, 4096)``); checked again with the request's own cached
-     prefix locked (so it no longer counts as evictable). Failing either stops admission and
-     marks the batch *full*: no more attempts until a request finishes or is retracted;
-   * ``max_prefill_tokens`` caps a batch's prompt tokens (the first request may exceed it);
-     ``chunked_prefill_size`` caps them too, and the request that crosses it is cut there and
-     continued next iteration (one chunked request at a time);
+   * the chunked request's next chunk goes first (``add_chunked_req``): at most
+     ``chunked_prefill_size`` tokens, and at most the budget left if that is positive;
+   * then, while the pass's prompt budget (``max_prefill_tokens``) and chunk budget
+     (``chunked_prefill_size``) are not spent: a request needs ``extend + min(max_new_tokens -
+     generated, 4096) + page`` tokens *below* the budget, counted with its own cached prefix
+     locked (no longer evictable); if not, admission stops and the batch is marked *full* (no
+     more attempts until a request leaves, is retracted, or a chunk ends a pass). With chunking
+     off, a request whose prompt reaches the prompt budget left stops admission (the first of a
+     batch may exceed it); with chunking on, a prompt longer than the chunk budget left is cut
+     there and continued next iteration (one chunked request at a time);
+   * after each admission the pass stops if the budget is spent (``budget_state``);
    * at most ``max_running_requests`` run.
 3. **Decode**, when no prefill batch formed. If the KV cache cannot take the next decode step
-   (``check_decode_mem``), requests are **retracted**: the one with the fewest generated
-   tokens (ties: the longest prompt) first, at least one, until the free + evictable KV covers
-   ``retract_decode_steps`` (20) tokens per remaining request, keeping at least one. A
-   retracted request's KV is freed (its cached prompt stays in the tree), it goes to the back
-   of the waiting queue and is prefilled again later (prompt and generated tokens).
+   (``check_decode_mem``), requests are **retracted** (``retract_decode``): the one with the
+   fewest generated tokens (ties: the longest prompt) first, at least one, until the next decode
+   step fits, keeping at least one; after each retraction the radix cache evicts until
+   ``retract_decode_steps`` (20) tokens per remaining request are free (``release_req``). A
+   retracted request's KV is freed (its cached prompt stays in the tree), it goes to the back of
+   the waiting queue and is prefilled again later (prompt and generated tokens).
 4. **new_token_ratio**: starts at ``init_new_token_ratio x schedule_conservativeness`` (0.7),
    falls by ``(init - min) / 600`` at every decode-only iteration down to ``min = init x 0.14``;
-   after a retraction it becomes ``(generated + 20 x running) / sum(max_new_tokens)`` of the
-   requests still running (capped at 1), and it is reset to the initial value when the server
-   goes idle.
+   after a retraction it becomes ``(generated + 20 x running) / (sum(max_new_tokens) + 1)`` of
+   the requests still running (capped at 1), and it is reset to the initial value when the
+   server goes idle.
+
+Which requests ignore EOS (``ignore_eos``): schedlab requests carry no sampling parameters, so
+a setting names them -- by default those without ``max_tokens``, which generate exactly their
+output length as a benchmark client asking for it would (``"no_max_tokens"``); ``"all"``; or
+``"none"``, every request at the ratio as SGLang did before 0.5.
 
 The ratio changes at every decode iteration, but it is only read when a prefill batch is
 formed, and that happens only at events (an arrival, a finish, a retraction, a chunk): while
@@ -43,24 +57,23 @@ events and the ratio is computed when needed from the engine's decode-step clock
 
 Simplifications (each deliberate):
 
-* Memory is counted in KV blocks: available tokens are ``num_free_blocks() x block_size``
-  (SGLang's default page size is 1 token), and the token arithmetic of admission is SGLang's
-  with page size 1. A request's blocks are taken when it is admitted rather than after the
-  pass, so later checks in the same pass see them (SGLang adds them to an offset instead).
-* A retracted request's remaining ``max_new_tokens - generated`` is what admission reserves for
-  it, as later SGLang versions do (``PrefillAdder.add_one_req`` on the main branch, e.g. commit
-  00550cd, subtracts ``len(req.output_ids)``); 0.4.6.post5 reserves its whole ``max_new_tokens``,
-  which can keep a long retracted request out forever.
+* Memory is counted in KV blocks and a page is a block: SGLang's default page size is 1 token,
+  where the token arithmetic here is SGLang's exactly (the differential harness runs at page
+  size 1). A request's blocks are taken when it is admitted rather than after the pass, so the
+  budget's offset counts what SGLang adds to it less the prompt tokens already taken.
+* With the ``radix`` cache, each pass is opened on the cache (``begin_pass``): prefix hits see
+  only blocks inserted by earlier passes, as SGLang inserts a prefill's KV after the forward.
 * Finished requests leave the running batch at once; SGLang filters decode-finished requests
-  out at the next decode step, so its next prefill attempt comes one iteration later (two with
-  the overlap scheduler, which is not modelled).
+  out at the next step, before it schedules, which is the same.
 * With ``enable_mixed_chunk`` the decodes' blocks are taken before admission and a failed
-  decode allocation retracts as in step 3 (SGLang admits first and would run out of memory).
+  decode allocation retracts as in step 3 (SGLang skips the decodes for that iteration).
 * If a chunk of the chunked request does not fit, it waits and the decodes run (SGLang would
   fail with "Prefill out of memory"); if the last running request cannot decode because the
-  chunked request holds the memory, the chunked request is retracted too.
-* Policies ``dfs-weight`` and ``random``, LoRA batching, grammar queues, the overlap
-  scheduler, speculative decoding and data parallelism are not modelled.
+  chunked request holds the memory, the chunked request is retracted too (SGLang aborts the
+  last request).
+* A request SGLang would cut (``max_new_tokens`` above the pool less the prompt) is rejected.
+* Policies ``random``, ``hrrn``, ``routing-key`` and priorities, LoRA batching, grammar
+  queues, the overlap scheduler, speculative decoding and data parallelism are not modelled.
 """
 
 from __future__ import annotations
@@ -70,7 +83,9 @@ import attrs
 from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import SimulationError
 
-from .sglang_policy import SglangQueue, calc_priority
+from .sglang_policy import POLICIES, Policy, SglangQueue
+
+IGNORE_EOS = ("no_max_tokens", "all", "none")
 
 
 @attrs.frozen
@@ -82,9 +97,12 @@ class SglangConfig:
         8192, min=0, help="prompt tokens per prefill iteration; longer prompts are chunked (0 = off; SGLang: 2048 "
                           "on GPUs under 25 GB, else 8192)")
     enable_mixed_chunk: bool = bool_field(False, help="decodes run in the same iteration as a prefill batch")
-    schedule_policy: str = str_field("fcfs", choices=("fcfs", "lpm", "lof"),
-                                     help="waiting order: arrival, longest prefix match (needs a prefix cache), "
-                                          "longest max_tokens")
+    schedule_policy: str = str_field("fcfs", choices=POLICIES,
+                                     help="waiting order: arrival, longest prefix match, depth-first by shared "
+                                          "prefix (both need a prefix cache), longest max_tokens")
+    ignore_eos: str = str_field("no_max_tokens", choices=IGNORE_EOS,
+                                help="which requests ignore EOS, so that admission counts their remaining tokens at "
+                                     "ratio 1.0: those without max_tokens, all, or none (SGLang before 0.5)")
     schedule_conservativeness: float = float_field(1.0, min=0.0, help="scales the initial new_token_ratio")
     init_new_token_ratio: float = float_field(0.7, min=0.0, help="SGLANG_INIT_NEW_TOKEN_RATIO")
     min_new_token_ratio_factor: float = float_field(0.14, min=0.0, help="the ratio's floor as a share of the initial ratio")
@@ -92,7 +110,8 @@ class SglangConfig:
                                                                   "to the floor")
     clip_max_new_tokens: int = int_field(4096, min=1, help="SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: cap on a request's "
                                                            "max_new_tokens in admission estimates")
-    retract_decode_steps: int = int_field(20, min=0, help="decode tokens per running request to free by retraction")
+    retract_decode_steps: int = int_field(20, min=0, help="SGLANG_RETRACT_DECODE_STEPS: tokens per remaining request "
+                                                          "the cache frees after a retraction; the ratio's estimate")
     num_reserved_decode_tokens: int = int_field(
         512, min=0, help="disaggregated decode: tokens kept free per running or incoming request when pulling a "
                          "request's KV (SGLANG_NUM_RESERVED_DECODE_TOKENS)")
@@ -103,22 +122,49 @@ class SglangConfig:
 
 
 class _Adder:
-    """One prefill pass's budgets (SGLang ``PrefillAdder``); token counts."""
+    """One prefill pass's budgets (SGLang ``PrefillAdder`` with its ``PrefillBudget``), in tokens.
 
-    __slots__ = ("rem_input", "rem_chunk", "offset", "count")
+    SGLang's budget is ``available + evictable - total_offset`` with the pass's prompt tokens in
+    ``total_offset``; here they are taken from the cache as they are admitted, so ``taken``
+    adds them back: ``remaining = free + taken - total`` (with the same float arithmetic).
+    """
 
-    def __init__(self, rem_input: int, rem_chunk: int | None):
+    __slots__ = ("rem_input", "rem_chunk", "total", "current", "taken", "count")
+
+    def __init__(self, rem_input: int, rem_chunk: int | None, running_offset: float):
         self.rem_input = rem_input
         self.rem_chunk = rem_chunk
-        self.offset = 0.0      # future tokens promised to running and admitted requests
-        self.count = 0         # requests in this prefill batch (``can_run_list``)
+        self.total = 0
+        self.total += running_offset   # SGLang: total_offset += sum([... running requests])
+        self.current = 0               # prompt tokens and pages of this pass (no decode estimate)
+        self.taken = 0                 # prompt tokens already taken from the cache
+        self.count = 0                 # requests in this prefill batch (``can_run_list``)
 
-    def charge(self, tokens: int, max_new: int) -> None:
-        self.offset += max_new
+    def base(self, kv, locked: int = 0) -> int:
+        """SGLang's ``available + evictable`` (less a prefix being looked at, ``locked`` blocks)."""
+        return (kv.num_free_blocks() - locked) * kv.block_size + self.taken
+
+    def remaining(self, kv, locked: int = 0) -> float:
+        return self.base(kv, locked) - self.total
+
+    def charge(self, tokens: int, max_new: int, page: int) -> None:
+        """``_update_prefill_budget``: ``tokens`` were just taken from the cache."""
+        self.total += tokens + page + max_new
+        self.current += tokens + page
+        self.taken += tokens
         self.rem_input -= tokens
         if self.rem_chunk is not None:
             self.rem_chunk -= tokens
         self.count += 1
+
+    def state(self, kv) -> str:
+        """``budget_state``: out of memory, out of prompt budget, or room for more."""
+        base = self.base(kv)
+        if not (base - self.total > 0 and base - self.current > 0):
+            return NO_TOKEN
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return OTHER
+        return CONTINUE
 
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
@@ -141,6 +187,8 @@ class SglangScheduler:
         self._chunked = None            # the request whose prefill continues in chunks
         self._batch_full = False
         self._last_finish_ms = 0.0
+        self.policy = Policy(c.schedule_policy)
+        self._fresh_batch = False       # the last pass's batch becomes the running batch
         #: one entry per retraction: (time, ids of the retracted requests in order, new ratio)
         self.retraction_log: list[tuple[float, tuple, float]] = []
 
@@ -181,15 +229,27 @@ class SglangScheduler:
         steps = plan.decode_steps - self._anchor - self._mixed
         if steps <= 0:
             return self._ratio0
-        return max(self._ratio0 - self.ratio_decay * steps, self.min_ratio)
+        ratio = self._ratio0
+        if steps * self.ratio_decay < ratio - self.min_ratio:  # SGLang subtracts once per step
+            for _ in range(steps):
+                ratio -= self.ratio_decay
+            return ratio
+        return self.min_ratio
 
     def _set_ratio(self, ratio: float, anchor: int) -> None:
         self._ratio0 = ratio
         self._anchor = anchor
         self._mixed = 0
 
+    def ignores_eos(self, request) -> bool:
+        mode = self.config.ignore_eos
+        return mode == "all" or (mode == "no_max_tokens" and request.max_tokens is None)
+
     # -- one iteration ------------------------------------------------------------------------
     def schedule(self, plan) -> None:
+        begin_pass = getattr(plan.kv, "begin_pass", None)
+        if begin_pass is not None:  # the last pass's prefills are in the tree now
+            begin_pass()
         if not plan.running and plan.now > self._last_finish_ms:
             self._set_ratio(self.init_ratio, plan.decode_steps)  # the server was idle
         mixed_bs = 0
@@ -208,121 +268,139 @@ class SglangScheduler:
             self._retract(plan)
 
     def _prefill(self, plan, mixed_bs: int) -> bool:
-        """Form a prefill batch (``get_new_batch_prefill``); True if it is not empty."""
+        """Form a prefill batch (``_get_new_batch_prefill_raw``); True if it is not empty."""
         c = self.config
         chunked = self._chunked
         if chunked is not None and chunked.status != "prefilling":
             chunked = self._chunked = None
+        running_bs = plan.num_decoding  # SGLang's running batch: the chunked request is not in it
+        if chunked is not None or not running_bs or self._fresh_batch:
+            # the last pass's batch held the chunked request, which leaves it (``filter_batch``);
+            # or nothing runs that could ever leave; or the last pass's batch, formed while
+            # nothing ran, replaced the running batch and with it the flag
+            self._batch_full = False
+        self._fresh_batch = False
         if (self._batch_full or not plan.waiting) and chunked is None:
             return False
-        running_bs = plan.num_decoding  # SGLang's running batch: the chunked request is not in it
         if c.max_running_requests - running_bs <= 0 and chunked is None:
             self._batch_full = True
             return False
+        self.policy.calc_priority(plan)
         rem_chunk = c.chunked_prefill_size - mixed_bs if c.chunked_prefill_size else None
-        adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk)
+        adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk, self._running_offset(plan))
         if chunked is not None and not self._add_chunked(plan, chunked, adder):
             return False  # its chunk does not fit: the decodes run and free memory first
-        if rem_chunk is not None and rem_chunk <= 0 and chunked is None:
-            return False  # mixed decodes fill the whole chunk
-        if plan.waiting:
-            adder.offset += self._running_offset(plan)
-            calc_priority(c.schedule_policy, plan)
-            limit = c.max_running_requests - running_bs
-            for seq in list(plan.waiting):
-                if adder.count >= limit:
-                    self._batch_full = True
-                    break
-                result = self._add_one(plan, seq, adder)
-                if result != CONTINUE:
-                    if result == NO_TOKEN:
-                        self._batch_full = True
-                    break
+        kv = plan.kv
+        touch = getattr(kv, "touch", None)
+        limit = c.max_running_requests - running_bs
+        for seq in list(plan.waiting):
+            if adder.state(kv) == OTHER:
+                break
+            if adder.count >= limit:
+                self._batch_full = True
+            if self._batch_full:
+                break
+            if touch is not None:  # ``init_next_round_input`` looks its prefix up
+                touch(seq)
+            result = self._add_one(plan, seq, adder)
+            if result != CONTINUE:
+                if result == NO_TOKEN:
+                    self._batch_full = adder.count > 0 or running_bs > 0
+                break
+        self._fresh_batch = adder.count > 0 and not running_bs and not mixed_bs
         return adder.count > 0
 
     def _running_offset(self, plan) -> float:
-        """The running requests' future tokens: ``sum(min(max_new - generated, 4096)) x ratio``."""
+        """The running requests' future tokens: ``min(max_new - generated, 4096)`` each, times
+        the ratio (1.0 for a request that ignores EOS), added up in running order."""
         clip = self.config.clip_max_new_tokens
-        left = 0
+        ratio = None
+        parts = []
         for seq in plan.running:
             if seq.status == "decoding":
                 n = seq.request.max_output_tokens - seq.num_generated
-                left += n if n < clip else clip
-        return left * self.new_token_ratio(plan)
+                n = n if n < clip else clip
+                if self.ignores_eos(seq.request):
+                    parts.append(n * 1.0)
+                else:
+                    if ratio is None:
+                        ratio = self.new_token_ratio(plan)
+                    parts.append(n * ratio)
+        return sum(parts)
+
+    def _reserve(self, seq) -> int:
+        """``min(max_new_tokens, 4096)``: what an admitted request adds to the budget's offset
+        (its whole ``max_new_tokens``, also after a retraction)."""
+        return min(seq.request.max_output_tokens, self.config.clip_max_new_tokens)
 
     def _add_chunked(self, plan, seq, adder: _Adder) -> bool:
         """The chunked request's next chunk (``add_chunked_req``)."""
+        kv = plan.kv
         left = seq.num_tokens - seq.num_computed_tokens
-        n = min(left, adder.rem_chunk)
+        rem = min(adder.rem_chunk, int(adder.remaining(kv)))
+        if rem <= 0:
+            rem = adder.rem_chunk  # it must make progress to release its KV
+        n = min(left, rem)
         if n <= 0 or not plan.prefill(seq, n):
             return False
         last = n == left
-        adder.charge(n, self._max_new(seq) if last else 0)
+        adder.charge(n, self._reserve(seq) if last else 0, kv.block_size)
         if last:
             self._chunked = None
         return True
 
-    def _max_new(self, seq) -> int:
-        """``min(max_new_tokens - generated, 4096)``: the decode tokens admission reserves."""
-        return min(max(seq.request.max_output_tokens - seq.num_generated, 0), self.config.clip_max_new_tokens)
-
     def _add_one(self, plan, seq, adder: _Adder) -> str:
         """Try to add a waiting request to the batch (``add_one_req``)."""
         kv = plan.kv
-        bs = kv.block_size
+        page = kv.block_size
         hit = plan.cached_tokens(seq)
         extend = seq.num_tokens - hit
-        max_new = self._max_new(seq)
-        total = extend + max_new
-        if total >= kv.num_free_blocks() * bs - adder.offset:
-            return NO_TOKEN
-        if extend > adder.rem_input and adder.count:
-            return OTHER
+        left = seq.request.max_output_tokens - seq.num_generated
+        max_new = min(left if left > 0 else 0, self.config.clip_max_new_tokens)
+        total = extend + max_new + page
         # with its cached prefix locked, that prefix is no longer evictable (``_lock_node``)
         locked = kv.blocks_needed(seq, 0, cached_tokens=hit) if hit else 0
-        if total > (kv.num_free_blocks() - locked) * bs - adder.offset:
+        if not total < adder.remaining(kv, locked):
             return NO_TOKEN
-        if adder.rem_chunk is None or extend <= adder.rem_chunk:
-            if not plan.admit(seq, extend):
-                return NO_TOKEN
-            adder.charge(extend, max_new)
-        else:
-            n = adder.rem_chunk
+        paged = -(-extend // page) * page
+        if adder.rem_chunk is None and adder.count and paged >= adder.rem_input:
+            return OTHER
+        if adder.rem_chunk is not None and paged > adder.rem_chunk:
+            n = adder.rem_chunk // page * page
+            n = (hit + n) // page * page - hit
             if n <= 0:
                 return OTHER
             if not plan.admit(seq, n):
                 return NO_TOKEN
-            adder.charge(n, 0)
+            adder.charge(n, 0, page)
             self._chunked = seq
-        return self._budget_state(kv, adder)
-
-    @staticmethod
-    def _budget_state(kv, adder: _Adder) -> str:
-        free = kv.num_free_blocks() * kv.block_size
-        if free - adder.offset <= 0 or free <= 0:
-            return NO_TOKEN
-        if adder.rem_input <= 0 or (adder.rem_chunk is not None and adder.rem_chunk <= 0):
-            return OTHER
-        return CONTINUE
+        else:
+            if not plan.admit(seq, extend):
+                return NO_TOKEN
+            adder.charge(extend, self._reserve(seq), page)
+        return adder.state(kv)
 
     def _retract(self, plan) -> None:
-        """Decode is out of memory (``retract_decode``): retract until it fits, then decode."""
+        """Decode is out of memory (``retract_decode``): retract until the step fits, then decode."""
         c = self.config
         kv = plan.kv
+        make_room = getattr(kv, "make_room", None)
         running = [s for s in plan.running if s.status == "decoding"]
         # fewest generated tokens last, ties: longest prompt last (a stable sort, reversed)
         order = sorted(running, key=lambda s: (s.num_generated, -s.request.prompt_tokens), reverse=True)
         retracted = []
-        while not retracted or kv.num_free_blocks() * kv.block_size < c.retract_decode_steps * len(order):
+        while not retracted or kv.num_free_blocks() * kv.block_size < len(order):
             if len(order) <= 1:
                 break
             victim = order.pop()
             plan.preempt(victim)
             retracted.append(victim.request.id)
+            if make_room is not None:  # the freed prefix is evictable now: SGLang evicts at once
+                make_room(-(-c.retract_decode_steps * len(order) // kv.block_size))
         self._batch_full = False
         generated = sum(s.num_generated for s in order)
         max_new = sum(s.request.max_output_tokens for s in order)
-        ratio = min(1.0, (generated + c.retract_decode_steps * len(order)) / max_new)
+        ratio = min(1.0, (generated + c.retract_decode_steps * len(order)) / (max_new + 1))
         self._set_ratio(ratio, plan.decode_steps + 1)  # this iteration's decode does not decay it
         self.retraction_log.append((plan.now, tuple(retracted), ratio))
         if plan.decode_all():

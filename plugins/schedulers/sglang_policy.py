@@ -1,10 +1,11 @@
-"""SGLang's waiting queue and its orders (``--schedule-policy``): ``fcfs``, ``lpm``, ``lof``.
+"""SGLang's waiting queue and its orders (``--schedule-policy``): ``fcfs``, ``lpm``,
+``dfs-weight``, ``lof``.
 
-Follows SGLang v0.4.6.post5, ``python/sglang/srt/managers/schedule_policy.py``
+Follows SGLang 0.5.23, ``python/sglang/srt/managers/schedule_policy.py``
 (``SchedulePolicy.calc_priority``). The waiting queue is a plain list that each prefill pass
 re-sorts in place, with Python's stable sort, so ties keep the order of the previous pass;
-arrivals and retracted requests are appended at the back (``waiting_queue.append`` /
-``extend``, unlike vLLM, which puts preempted requests in front).
+arrivals and retracted requests are appended at the back (``waiting_queue.append``, unlike
+vLLM, which puts preempted requests in front).
 
 * ``fcfs`` -- no sorting: arrival order, retracted requests at the back.
 * ``lof`` -- longest output first: sorted by ``-max_new_tokens`` (here ``max_tokens``).
@@ -12,9 +13,15 @@ arrivals and retracted requests are appended at the back (``waiting_queue.append
   *in-batch prefix caching*: a request whose cache hit is at most 32 tokens is matched against
   the prompts of the waiting requests before it (a temporary radix tree of them); if at least
   32 of its tokens match one of those, it is *deprioritized* (sorted last), so that one request
-  computes the shared prefix and the others can hit it later. With more than 128 waiting
-  requests the sort is skipped (SGLang turns ``lpm`` into ``fcfs`` to save the matching),
-  and without a prefix cache ``lpm`` is ``fcfs``.
+  computes the shared prefix and the others can hit it later.
+* ``dfs-weight`` -- depth first through the radix tree, the subtree with the most waiting
+  requests first (:meth:`~schedlab_plugins.kv_caches.radix.RadixKVCache.dfs_weight_order`).
+
+``lpm`` and ``dfs-weight`` need a prefix cache (without one they are ``fcfs``); above 128
+waiting requests ``lpm`` does not sort (``_determine_active_policy``). They look every waiting
+request up in the cache, and the other orders look the waiting requests up every 32nd pass
+(``_touch_waiting_prefixes``, at most 128, the head last): with the ``radix`` cache a lookup
+splits nodes and refreshes access times (``touch``), which decides what LRU eviction takes.
 
 The hit comes from the KV cache (``plan.cached_tokens``: the ``radix`` cache or the ``paged``
 cache with prefix caching), so it is counted in whole blocks; the in-queue match uses the
@@ -30,11 +37,15 @@ from typing import Callable
 from schedlab.queues import FcfsQueue
 from schedlab_plugins.kv_caches.prefix import block_key
 
+POLICIES = ("fcfs", "lpm", "dfs-weight", "lof")
+CACHE_AWARE = ("lpm", "dfs-weight")
 #: ``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD`` and ``..._DEPRIORITIZE_THRESHOLD`` (tokens).
 IN_BATCH_CHECK_TOKENS = 32
 IN_BATCH_DEPRIORITIZE_TOKENS = 32
-#: above this many waiting requests ``lpm`` does not sort (``_determine_active_policy``).
+#: above this many waiting requests ``lpm`` does not sort (``WAITING_QUEUE_PREFIX_MATCH_MAX``).
 LPM_MAX_QUEUE = 128
+#: passes between two refreshes of the waiting requests' prefixes (``WAITING_PREFIX_REFRESH_INTERVAL``).
+REFRESH_INTERVAL = 32
 
 
 class SglangQueue(FcfsQueue):
@@ -43,28 +54,62 @@ class SglangQueue(FcfsQueue):
     __slots__ = ()
 
     def push_front(self, seq) -> None:
-        """A retracted request: SGLang re-queues it at the back (``_extend_requests_to_queue``)."""
+        """A retracted request: SGLang re-queues it at the back (``_add_request_to_queue``)."""
         self._items.append(seq)
 
     def reorder(self, key: Callable) -> None:
         """Sort by ``key``, ties in the current order (Python's ``list.sort`` is stable)."""
         self._items = deque(sorted(self._items, key=key))
 
+    def arrange(self, order: list[int]) -> None:
+        """Put the items in ``order`` (indices into the current order)."""
+        items = list(self._items)
+        self._items = deque(items[i] for i in order)
+
 
 def _longest_output(seq) -> int:
     return -seq.request.max_output_tokens
 
 
-def calc_priority(policy: str, plan) -> None:
-    """Re-sort ``plan.waiting`` for one prefill pass (``SchedulePolicy.calc_priority``)."""
-    waiting = plan.waiting
-    if policy == "lof":
-        waiting.reorder(_longest_output)
-    elif policy == "lpm":
-        if not getattr(plan.kv, "prefix_caching", False) or len(waiting) > LPM_MAX_QUEUE:
-            return
-        keys = _longest_prefix_keys(plan)
-        waiting.reorder(lambda seq: keys[seq.seq_no])
+class Policy:
+    """One scheduler's ``SchedulePolicy``: the order plus its pass counter."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.refreshes = 0
+
+    def calc_priority(self, plan) -> None:
+        """Re-sort ``plan.waiting`` for one prefill pass (``SchedulePolicy.calc_priority``)."""
+        waiting = plan.waiting
+        kv = plan.kv
+        caching = getattr(kv, "prefix_caching", False)
+        active = self.name
+        if active in CACHE_AWARE and not caching:
+            active = "fcfs"
+        if active == "lpm" and len(waiting) > LPM_MAX_QUEUE:
+            active = "fcfs"
+        if active == "lof":
+            waiting.reorder(_longest_output)
+        elif active == "lpm":
+            keys = _longest_prefix_keys(plan)
+            waiting.reorder(lambda seq: keys[seq.seq_no])
+        elif active == "dfs-weight":
+            _touch_all(plan)
+            waiting.arrange(kv.dfs_weight_order(list(waiting)))
+        if active not in CACHE_AWARE and caching and waiting:
+            refresh = self.refreshes % REFRESH_INTERVAL == 0
+            self.refreshes += 1
+            touch = getattr(kv, "touch", None)
+            if refresh and touch is not None:
+                for seq in reversed(list(waiting)[:LPM_MAX_QUEUE]):
+                    touch(seq)
+
+
+def _touch_all(plan) -> None:
+    touch = getattr(plan.kv, "touch", None)
+    if touch is not None:
+        for seq in plan.waiting:
+            touch(seq)
 
 
 def _longest_prefix_keys(plan) -> dict:
@@ -72,15 +117,18 @@ def _longest_prefix_keys(plan) -> dict:
     (``_compute_prefix_matches`` and ``_sort_by_longest_prefix``)."""
     bs = plan.kv.block_size
     depth = -(-IN_BATCH_DEPRIORITIZE_TOKENS // bs)  # blocks a match must reach to count
+    touch = getattr(plan.kv, "touch", None)
     seen: set = set()                               # the first ``depth`` keys of waiting prompts
     keys = {}
     for seq in plan.waiting:
         hit = plan.cached_tokens(seq)
+        if touch is not None:
+            touch(seq)
         keys[seq.seq_no] = -hit
         if hit > IN_BATCH_CHECK_TOKENS:
             continue
-        # SGLang matches ``fill_ids[:-1]``; only its full blocks have keys here
-        if (seq.num_tokens - 1) // bs < depth:
+        # SGLang matches the whole prompt (and generated tokens); only full blocks have keys here
+        if seq.num_tokens // bs < depth:
             continue  # too short to match ``depth`` blocks of anything
         head = tuple(block_key(seq.request, j, bs) for j in range(depth))
         if head in seen:

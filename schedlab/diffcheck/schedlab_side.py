@@ -34,7 +34,7 @@ def requests(case: Case, hash_block_tokens: int) -> list[Request]:
     per ``hash_block_tokens`` tokens."""
     b = hash_block_tokens
     return [Request(id=r.id, arrival_ms=float(r.arrival), prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
-                    max_tokens=r.limit, priority=r.priority,
+                    max_tokens=r.max_tokens, priority=r.priority,
                     block_hashes=block_hashes(prompt_token_ids(r), b), hash_block_tokens=b)
             for r in case.in_arrival_order()]
 
