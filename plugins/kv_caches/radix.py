@@ -178,10 +178,12 @@ class RadixKVCache:
         self._count = 0                 # nodes in the tree (bounds the heap's stale entries)
         self._pass = 0                  # the scheduling pass, once a scheduler opens passes
         self._pending = 0               # duplicate blocks computed this pass, freed when it ends
+        self._deferring = False         # between begin_pass and end_pass: evictions wait ...
+        self._owed = 0                  # ... for this many blocks
 
     # -- queries -------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
-        return self.unused + self.evictable
+        return self.unused + self.evictable - self._owed
 
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.unused - self.evictable
@@ -298,7 +300,7 @@ class RadixKVCache:
     # -- changes ---------------------------------------------------------------------------
     def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
         step = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        if step.need > self.unused + self.evictable:
+        if step.need > self.unused + self.evictable - self._owed:
             return False
         hold = seq.kv_state
         want = cached_tokens // self.block_size if not self.held(seq) else 0
@@ -333,14 +335,30 @@ class RadixKVCache:
         too, and when its KV is inserted the tree's copy wins and its own is freed. Until a
         scheduler calls this, blocks are visible as soon as they are allocated and duplicates
         are never computed (vLLM's rule)."""
+        self.end_pass()
         self._pass += 1
         self.unused += self._pending
         self._pending = 0
         self.epoch += 1
+        self._deferring = True
+
+    def end_pass(self) -> None:
+        """The pass's admissions are decided: evict what they took beyond the unused blocks.
+
+        SGLang allocates a prefill batch's KV (``prepare_for_extend``) after the whole admission
+        loop, whose lookups have split nodes and refreshed access times by then; blocks taken
+        between :meth:`begin_pass` and this call come out of the unused ones, and the shortfall
+        is evicted here, least recently used first, in one go."""
+        self._deferring = False
+        if self._owed:
+            owed, self._owed = self._owed, 0
+            self._evict(owed)
+            self.unused -= owed
 
     def make_room(self, blocks: int) -> None:
         """Evict unlocked leaves, least recently used first, until ``blocks`` blocks are unused
         or nothing evictable is left (SGLang ``evict_from_tree_cache`` after each retraction)."""
+        self.end_pass()
         short = min(blocks - self.unused, self.evictable)
         if short > 0:
             self._evict(short)
@@ -416,6 +434,7 @@ class RadixKVCache:
 
     def grow(self, num_blocks: int) -> None:
         """Take ``num_blocks`` private decode blocks at once (the engine attributes them)."""
+        self.end_pass()
         if num_blocks > self.unused + self.evictable:
             raise AssertionError(f"grow({num_blocks}) with only {self.unused + self.evictable} free blocks")
         if num_blocks:
@@ -425,6 +444,7 @@ class RadixKVCache:
         """Release ``seq``. A finished sequence's full blocks go into the tree first (SGLang
         ``cache_finished_req``), unlocked; a retracted one keeps only what the tree already has
         (its prompt), its decode blocks are freed (``retract_decode``)."""
+        self.end_pass()
         held = self.held(seq)
         hold = seq.kv_state
         if hold is None:
@@ -541,8 +561,13 @@ class RadixKVCache:
 
     def _take(self, count: int) -> None:
         """Take ``count`` blocks out of the unused ones (a negative count returns blocks),
-        evicting least recently used unlocked leaves while unused blocks are short."""
+        evicting least recently used unlocked leaves while unused blocks are short (within a
+        pass: later, see :meth:`end_pass`)."""
         if count > self.unused:
+            if self._deferring:
+                self._owed += count - self.unused
+                self.unused = 0
+                return
             self._evict(count - self.unused)
         self.unused -= count
 
@@ -620,5 +645,6 @@ class RadixKVCache:
         if self.host is not None:
             self.host.check_invariants()
         assert self._pending >= 0 and (self._pass or not self._pending), self._pending
+        assert self._owed == 0 or self._deferring, self._owed
         assert self.unused + evictable + protected + self._pending <= self.num_blocks, (
             self.unused, evictable, protected, self._pending)

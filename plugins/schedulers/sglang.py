@@ -247,7 +247,8 @@ class SglangScheduler:
 
     # -- one iteration ------------------------------------------------------------------------
     def schedule(self, plan) -> None:
-        begin_pass = getattr(plan.kv, "begin_pass", None)
+        kv = plan.kv
+        begin_pass = getattr(kv, "begin_pass", None)
         if begin_pass is not None:  # the last pass's prefills are in the tree now
             begin_pass()
         if not plan.running and plan.now > self._last_finish_ms:
@@ -255,10 +256,15 @@ class SglangScheduler:
         mixed_bs = 0
         if self.config.enable_mixed_chunk and plan.num_decoding:
             if not plan.decode_all():
+                if begin_pass is not None:
+                    kv.end_pass()
                 self._retract(plan)
                 return
             mixed_bs = plan.num_decoding
-        if self._prefill(plan, mixed_bs):
+        formed = self._prefill(plan, mixed_bs)
+        if begin_pass is not None:  # the batch's KV is allocated now (``prepare_for_extend``)
+            kv.end_pass()
+        if formed:
             if mixed_bs:
                 self._mixed += 1
             else:
