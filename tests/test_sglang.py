@@ -331,7 +331,7 @@ KVS = {"radix": RadixKVCache, "paged-prefix": PrefixKVCache, "paged": PagedKVCac
        st.integers(1, 6), st.integers(0, 6), dyadic_linear_costs(), st.sampled_from(sorted(KVS)))
 def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, cost, kind):
     """Tight caches (retraction, eviction), chunks, mixed chunks, every order, every cache."""
-    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) for r in requests) + spare
+    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1 for r in requests) + spare
     runs = {}
     for engine in ENGINES:
         kv = KVS[kind](blocks, block_size)
@@ -345,7 +345,7 @@ def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, 
 @given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), sglang_configs(),
        st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
 def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
-    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) for r in requests) + spare
+    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1 for r in requests) + spare
     budget = max(cfg.chunked_prefill_size, cfg.max_running_requests) if cfg.chunked_prefill_size else None
     check = IterationChecker(max_running=cfg.max_running_requests, token_budget=budget, kv_blocks=blocks)
     result = run_engine(requests, SglangScheduler(cfg), kv=KVS[kind](blocks, block_size), check=check)

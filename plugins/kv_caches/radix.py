@@ -326,8 +326,7 @@ class RadixKVCache:
 
     def begin_pass(self) -> None:
         """A scheduler that opens its passes (SGLang's) declares that a new one starts: the blocks
-        the last pass's prefill steps inserted become visible to lookups, and the duplicates
-        they computed are freed.
+        the last pass's prefill steps inserted become visible to lookups.
 
         SGLang inserts a prefill step's KV into the tree after the forward pass
         (``cache_unfinished_req`` in ``process_batch_result_prefill``): a request admitted in
@@ -337,8 +336,6 @@ class RadixKVCache:
         are never computed (vLLM's rule)."""
         self.end_pass()
         self._pass += 1
-        self.unused += self._pending
-        self._pending = 0
         self.epoch += 1
         self._deferring = True
 
@@ -348,12 +345,16 @@ class RadixKVCache:
         SGLang allocates a prefill batch's KV (``prepare_for_extend``) after the whole admission
         loop, whose lookups have split nodes and refreshed access times by then; blocks taken
         between :meth:`begin_pass` and this call come out of the unused ones, and the shortfall
-        is evicted here, least recently used first, in one go."""
+        is evicted here, least recently used first, in one go. Then the duplicates the pass
+        computed are freed (SGLang frees them when it inserts the batch's KV after the forward;
+        here a little earlier, as nothing is allocated in between)."""
         self._deferring = False
         if self._owed:
             owed, self._owed = self._owed, 0
             self._evict(owed)
             self.unused -= owed
+        self.unused += self._pending  # the duplicates, once their KV is in the tree
+        self._pending = 0
 
     def make_room(self, blocks: int) -> None:
         """Evict unlocked leaves, least recently used first, until ``blocks`` blocks are unused
@@ -644,7 +645,7 @@ class RadixKVCache:
         assert evictable == self.evictable, (evictable, self.evictable)
         if self.host is not None:
             self.host.check_invariants()
-        assert self._pending >= 0 and (self._pass or not self._pending), self._pending
+        assert self._pending >= 0 and (self._deferring or not self._pending), self._pending
         assert self._owed == 0 or self._deferring, self._owed
         assert self.unused + evictable + protected + self._pending <= self.num_blocks, (
             self.unused, evictable, protected, self._pending)

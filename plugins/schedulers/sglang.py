@@ -198,9 +198,12 @@ class SglangScheduler:
 
     def rejection_reason(self, request, kv) -> str | None:
         pool = kv.num_blocks * kv.block_size
-        if request.prompt_tokens + request.max_output_tokens >= pool:
-            return (f"prompt {request.prompt_tokens} + max_tokens {request.max_output_tokens} does not fit below the "
-                    f"KV pool's {pool} tokens (SGLang's admission check; SGLang truncates max_new_tokens instead)")
+        most = request.max_output_tokens
+        need = request.prompt_tokens + min(most, self.config.clip_max_new_tokens) + kv.block_size
+        if request.prompt_tokens + most >= pool or need >= pool:
+            return (f"prompt {request.prompt_tokens} + max_tokens {most} + a page of {kv.block_size} does not fit "
+                    f"below the KV pool's {pool} tokens (SGLang's admission check; SGLang cuts max_new_tokens to "
+                    "fit instead)")
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:
