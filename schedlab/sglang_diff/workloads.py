@@ -52,6 +52,7 @@ def generate(group: str, seed: int) -> Case:
         size = largest + rng.randint(0, 2 * largest)
     else:
         size = sum(_need(r) for r in requests) + rng.randint(0, 20)
+    size = max(size, 16)  # SGLang needs room for its own bookkeeping (max_req_input_len = size - 6)
     chunk, prefill = 0, 16384
     if group in ("chunked", "all"):
         chunk = rng.choice([0, rng.randint(1, 64), rng.randint(1, 64)])
