@@ -1,0 +1,247 @@
+"""The SGLang differential harness (schedlab.sglang_diff, tools/sglang_diff.py).
+
+Most tests run everywhere: the workload generator, the cases' fairness checks, the schedlab side
+on the minimal reproducers of every difference the harness found, each with SGLang 0.5.23's
+outcome worked out by hand, and the command line's errors. The tests marked ``sglang`` step
+SGLang's own scheduler and are skipped when it is not installed (README "Checked against
+SGLang"). The parts shared with the vLLM harness (comparison, shrinking, tokens) are tested in
+tests/test_vllm_diff.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from schedlab.diffcheck.case import Case, DiffRequest, Sides
+from schedlab.diffcheck.compare import Comparison, Differ
+from schedlab.errors import ConfigError
+from schedlab.sglang_diff.case import ENGINE, Outcome, SglangSettings, case_from_json
+from schedlab.sglang_diff.cli import main
+from schedlab.sglang_diff.schedlab_side import SchedlabRunner
+from schedlab.sglang_diff.workloads import GROUPS, generate
+
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+
+
+# -- workloads ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("group", GROUPS)
+def test_cases_are_deterministic_fair_and_in_arrival_order(group):
+    for seed in range(40):
+        case = generate(group, seed)
+        assert case == generate(group, seed)
+        assert case.problems() == []
+        assert [r.id for r in case.in_arrival_order()] == list(range(len(case.requests)))
+
+
+def test_each_group_turns_on_its_feature():
+    def cases(group):
+        return [generate(group, seed) for seed in range(60)]
+
+    def need(r):
+        return r.prompt_tokens + r.limit + 2
+
+    def ample(case):
+        return case.settings.max_total_tokens >= sum(need(r) for r in case.requests)
+
+    def shares(case):
+        return any(r.prefix_len for r in case.requests)
+
+    for group, policies in (("lpm", {"lpm"}), ("dfs_weight", {"dfs-weight"}), ("fcfs", {"fcfs", "lof"})):
+        got = cases(group)
+        assert {c.settings.schedule_policy for c in got} == policies
+        assert all(ample(c) and not c.settings.chunked_prefill_size for c in got)
+        assert sum(shares(c) for c in got) >= 40
+    for group in ("eviction", "retract"):
+        got = cases(group)
+        largest = [max(need(r) for r in c.requests) for c in got]
+        assert all(max(l, 16) <= c.settings.max_total_tokens <= 2 * max(l, 16) for c, l in zip(got, largest))
+        assert any(not ample(c) for c in got)
+    assert sum(shares(c) for c in cases("eviction")) >= 40
+    assert not any(shares(c) for c in cases("retract"))
+    chunked = cases("chunked")
+    assert any(c.settings.chunked_prefill_size for c in chunked) and any(not c.settings.chunked_prefill_size
+                                                                         for c in chunked)
+    assert all(c.settings.max_prefill_tokens <= 200 for c in chunked)
+    reserve = cases("reserve")
+    assert all(c.settings.schedule_policy == "fcfs" for c in reserve)
+    limits = [r for c in reserve for r in c.requests]
+    assert any(r.max_tokens is None for r in limits) and any(r.max_tokens and r.max_tokens > r.output_tokens
+                                                             for r in limits)
+    every = cases("all")
+    assert {c.settings.schedule_policy for c in every} == {"fcfs", "lpm", "dfs-weight", "lof"}
+    with pytest.raises(ValueError, match="unknown feature group 'nope'"):
+        generate("nope", 0)
+
+
+def test_case_round_trips_through_json_and_names_unfair_requests():
+    case = generate("all", 3)
+    assert case_from_json(case.to_json()) == case
+    s = SglangSettings(max_total_tokens=40)
+    unfair = Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=30, output_tokens=9),
+                      DiffRequest(id=1, arrival=0, prompt_tokens=30, output_tokens=8),
+                      DiffRequest(id=2, arrival=0, prompt_tokens=10, output_tokens=1, max_tokens=29)])
+    # 30 + 9 + 2 > 40: SGLang would cut max_new_tokens; 30 + 8 + 2 fits; 10 + 29 + 2 > 40 too
+    assert unfair.problems() == ["request 0: prompt + max_tokens + 2 exceeds max_total_tokens 40",
+                                 "request 2: prompt + max_tokens + 2 exceeds max_total_tokens 40"]
+    with pytest.raises(ValueError, match="max_tokens 3 < output_tokens 4"):
+        DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=4, max_tokens=3)
+
+
+def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
+    from schedlab.sglang_diff.schedlab_side import tables
+    case = generate("chunked", 2)
+    t = tables(case, Sides({"ignore_eos": "none"}))
+    s = case.settings
+    assert t["scheduler"] == {"kind": "sglang", "max_running_requests": s.max_running_requests,
+                              "max_prefill_tokens": s.max_prefill_tokens,
+                              "chunked_prefill_size": s.chunked_prefill_size,
+                              "schedule_policy": s.schedule_policy, "ignore_eos": "none"}
+    assert t["kv_cache"] == {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
+
+
+# -- the differences found, as minimal reproducers with SGLang's outcome worked out by hand ------
+def _case(settings: dict, *requests: tuple) -> Case:
+    """requests as (id, arrival, prompt, output, group, prefix_len, max_tokens)."""
+    return Case(SglangSettings(**settings),
+                [DiffRequest(id=i, arrival=a, prompt_tokens=p, output_tokens=o, group=g, prefix_len=pl, max_tokens=m)
+                 for i, a, p, o, g, pl, m in requests])
+
+
+def _o(scheduled, first, finish, retractions, cached, *chunks):
+    return Outcome(scheduled, first, finish, retractions, cached, chunks)
+
+
+# Outcomes per request: admission step, first token, finish (ms, 1 ms per step), retractions,
+# cached tokens, prompt tokens of each prefill step. Pages are one token.
+REPRODUCERS = {
+    # 1. A pass's prefills join the tree after the forward. Both arrive at 0 and share 9 tokens: 6 needs
+    # 13 + 4 + 1 page = 18 < 54; 7 needs 33 + 1 + 1 = 35 < 54 - (13 + 1 + 4) = 36, and 33 < 47 - 13 prompt
+    # budget: both run at step 0, and 7 finds none of 6's tokens (computes all 33). 7's one token at 1; 6
+    # decodes steps 1-3 and finishes at 4. (schedlab admitted 7 against 6's blocks: 9 cached, 24 computed.)
+    "1-prefills-visible-after-the-pass": (
+        _case(dict(max_total_tokens=54, max_running_requests=2, max_prefill_tokens=47),
+              (6, 0, 13, 4, 0, 9, None), (7, 0, 33, 1, 0, 22, None)),
+        {6: _o(0, 1, 4, 0, 0, 13), 7: _o(0, 1, 1, 0, 0, 33)}),
+    # 2. With chunking on, max_prefill_tokens only ends a pass once spent. Chunks of 8, prompt budget 3:
+    # 0 (42 tokens) runs 8-token chunks at 2-6, each spends the budget, so 1 (arrived at 3) waits. At 7
+    # the last 2 tokens leave 1 of the budget and 6 of the chunk: 1 needs 10 + 8 + 1 < 87 - 40 - (2 + 1
+    # + 3) and is cut at 6 tokens, its last 4 at 8 (prefill first: 0 waits). Both decode from 9: 0's 3
+    # tokens at 8, 10, 11; 1's 8 tokens at 9 .. 16. (schedlab stopped at 10 > 1 prompt tokens left.)
+    "2-prompt-budget-with-chunks": (
+        _case(dict(max_total_tokens=87, max_running_requests=2, chunked_prefill_size=8, max_prefill_tokens=3),
+              (0, 2, 42, 3, None, 0, None), (1, 3, 10, 8, None, 0, None)),
+        {0: _o(2, 8, 11, 0, 0, 8, 8, 8, 8, 8, 2), 1: _o(7, 9, 16, 0, 0, 6, 4)}),
+    # 3. Requests that ignore EOS count at ratio 1.0, and admission needs a page more. At 5, 0 holds 18 + 1
+    # tokens of 141 and has 13 tokens to go: 122 - 13 x 1.0 = 109 <= 109 + 3 + 1 for request 1: refused,
+    # the batch full until 0 finishes at 18. (At ratio 0.7 and without the page, 112 < 112.9: admitted.)
+    "3-ignore-eos-at-ratio-one": (
+        _case(dict(max_total_tokens=141, max_running_requests=2, max_prefill_tokens=1),
+              (0, 3, 18, 15, None, 0, None), (1, 5, 109, 3, None, 0, None)),
+        {0: _o(3, 4, 18, 0, 0, 18), 1: _o(18, 19, 21, 0, 0, 109)}),
+    # 4. An admission reserves its whole max_new_tokens, and a batch formed while nothing ran becomes the
+    # running batch, clearing its "full" mark. At 0, 0 (110 + 98 + 1 page) goes in and 1 needs 69 + 19 + 1
+    # = 89 >= 267 - 209: full. At 1 the mark is gone: 0 stops at an EOS SGLang cannot foresee, so its 97
+    # tokens to go count at 0.7: 157 - 67.9 = 89.1 > 89: 1 is admitted. 0 waits through that prefill:
+    # its 24 tokens at 1, 3 .. 25; 1's 19 at 2 .. 20. (schedlab kept the mark and admitted 1 at 24.)
+    "4-whole-reservation-and-fresh-running-batch": (
+        _case(dict(max_total_tokens=267, max_running_requests=2, max_prefill_tokens=111),
+              (0, 0, 110, 24, None, 0, 98), (1, 0, 69, 19, None, 0, None)),
+        {0: _o(0, 1, 25, 0, 0, 110), 1: _o(1, 2, 20, 0, 0, 69)}),
+    # 5. A pass's lookups split and touch the tree before its batch evicts. 1 (60 tokens, 58 of group 1)
+    # runs alone: 2 (59 + 6 + 1 = 66) finds 102 - 77 = 25 left. At 16, 1 has put 60 + 15 tokens into the
+    # tree (one node, then its answer). 2 is admitted (66 < 102), then 6 is looked at -- its 5 tokens
+    # of group 1 split the node at 5 and become its most recent part -- and refused (76 + 19 + 1 > 102 -
+    # 66). Only then does the batch evict 59 - 27 = 32 tokens: the answer (15), then the prompt's tail
+    # (55): the 5 tokens survive, and at 22 (2 done) 6 finds them. (Evicting at admission, schedlab
+    # took the whole 60-token node before the split.)
+    "5-eviction-after-the-lookups": (
+        _case(dict(max_total_tokens=102, max_running_requests=2, max_prefill_tokens=60),
+              (1, 0, 60, 16, 1, 58, None), (2, 0, 59, 6, 0, 59, None), (6, 0, 81, 19, 1, 5, None)),
+        {1: _o(0, 1, 16, 0, 0, 60), 2: _o(16, 17, 22, 0, 0, 59), 6: _o(22, 23, 41, 0, 5, 76)}),
+}
+
+
+@pytest.mark.parametrize("engine", ("fast", "reference"))
+@pytest.mark.parametrize("name", sorted(REPRODUCERS))
+def test_schedlab_matches_sglang_on_each_reproducer(engine, name):
+    case, expected = REPRODUCERS[name]
+    assert case.problems() == []
+    assert SchedlabRunner(engine).run(case) == (expected, None)
+
+
+def test_schedlab_side_counts_whole_steps_of_one_ms():
+    # 40 tokens: 0 (prompt 10, 20 tokens) needs 10 + 20 + 1 page = 31 < 40; 1 (prompt 12, 5 tokens) then
+    # needs 18 >= 40 - 31: it waits until 0's 20th token at 20 ms, and finishes 5 steps later
+    case = _case(dict(max_total_tokens=40, max_running_requests=2),
+                 (0, 0, 10, 20, None, 0, None), (1, 0, 12, 5, None, 0, None))
+    outcomes, error = SchedlabRunner().run(case)
+    assert error is None
+    assert outcomes[0] == _o(0, 1, 20, 0, 0, 10)
+    assert outcomes[1] == _o(20, 21, 25, 0, 0, 12)
+
+
+def test_schedlab_side_rejects_unknown_one_sided_settings():
+    with pytest.raises(ConfigError, match="unknown key 'no_such_setting'"):
+        SchedlabRunner().build(generate("lpm", 0), Sides({"no_such_setting": 1}))
+
+
+def test_reproducer_text_has_chunks_and_the_replay_line():
+    case, expected = REPRODUCERS["2-prompt-budget-with-chunks"]
+    theirs = dict(expected)
+    ours = dict(expected)
+    ours[1] = _o(8, 10, 17, 0, 0, 8, 2)
+    text = Comparison(ENGINE, case, theirs, ours).describe()
+    lines = text.splitlines()
+    header = lines.index("  id  scheduled  first_token  finish  retractions  cached  chunks")
+    assert lines[header + 2].split() == ["1", "7/8*", "9/10*", "16/17*", "0/0", "0/0", "6+4/8+2*"]
+    replay = text.split("--replay '")[1].split("'")[0]
+    assert case_from_json(replay) == case
+    assert "python tools/sglang_diff.py" in text
+
+
+# -- command line -------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--groups", "lpm,nope"], "--groups: unknown group nope"),
+    (["--seeds", "x"], "--seeds: expected N or A:B, got 'x'"),
+    (["--set", "kv_cache.num_blocks=3"], "only scheduler.KEY is passed to schedlab"),
+    (["--replay", "{\"settings\": {}}"], "--replay: not a case"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(HAVE_SGLANG, reason="SGLang is installed")
+def test_cli_without_sglang_says_how_to_install(capsys):
+    assert main(["--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import SGLang" in err and "Checked against SGLang" in err
+
+
+# -- against SGLang itself ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def differ():
+    if not HAVE_SGLANG:
+        pytest.skip("SGLang is not installed")
+    from schedlab.sglang_diff.sglang_side import SglangRunner
+    return Differ(ENGINE, SglangRunner(), SchedlabRunner())  # SglangRunner stubs the GPU-only imports first
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("name", sorted(REPRODUCERS))
+def test_sglang_runs_each_reproducer_as_computed_by_hand(differ, name):
+    case, expected = REPRODUCERS[name]
+    assert differ.theirs.run(case) == (expected, None)
+
+
+SEEDS = range(20)  # seeds every group must agree on
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("group", GROUPS)
+def test_schedlab_agrees_with_sglang(differ, group):
+    differing = [c for c in (differ.compare(generate(group, seed)) for seed in SEEDS) if not c.agrees]
+    assert not differing, "\n\n".join(c.describe() for c in differing[:3])
