@@ -137,7 +137,9 @@ def test_schedlab_requests_carry_hashes_per_block():
                  DiffRequest(id=0, arrival=2, prompt_tokens=8, output_tokens=1, group=0, prefix_len=8)])
     r0, r1 = schedlab_requests(case)
     assert (r0.id, r1.id) == (0, 1), "arrival order, ties by id"
-    assert (r1.arrival_ms, r1.prompt_tokens, r1.output_tokens, r1.max_tokens, r1.priority) == (2.0, 9, 2, 2, 3)
+    # no max_tokens: the request generates exactly its output (EOS ignored), which is all a server knows
+    assert (r1.arrival_ms, r1.prompt_tokens, r1.output_tokens, r1.max_tokens, r1.priority) == (2.0, 9, 2, None, 3)
+    assert r1.max_output_tokens == 2
     assert r1.hash_block_tokens == 4 and len(r1.block_hashes) == 2
     assert r0.block_hashes == r1.block_hashes, "the same 8 shared tokens"
 

@@ -23,14 +23,20 @@ from .compare import Comparison, Differ, agreement_table
 from .shrink import shrink
 
 
+class VersionError(RuntimeError):
+    """The engine installed is not the version a harness follows."""
+
+
 @attrs.frozen
 class Harness:
     """What :func:`main` needs to know about one engine.
 
-    :param runners: ``runners(args) -> (engine runner, schedlab runner)``; raises ConfigError
-        (with the install command) when the engine cannot be imported.
-    :param check_sides: ``check_sides(differ, case)`` raises ConfigError on a one-sided
-        setting either engine refuses.
+    :param theirs: ``theirs(args)`` imports the engine and returns its runner, which has a
+        ``version`` and ``validate(case, sides)`` (raises TypeError or ValueError on a setting
+        the engine refuses); raises ImportError or :class:`VersionError`.
+    :param ours: ``ours(engine)``: the schedlab runner on the ``fast`` or ``reference`` engine.
+    :param install: how to install the engine (said when it cannot be imported).
+    :param refuser: what refuses a bad one-sided setting (``vLLM's SchedulerConfig``).
     :param add_arguments: adds the harness's own options to the parser.
     :param sides: ``sides(args, schedlab, engine)`` completes the one-sided settings from them.
     """
@@ -40,11 +46,34 @@ class Harness:
     description: str
     groups: tuple
     generate: Callable
-    runners: Callable
-    check_sides: Callable
+    theirs: Callable
+    ours: Callable
+    install: str
+    refuser: str
     add_arguments: Callable = lambda parser: None
     sides: Callable = lambda args, schedlab, engine: None
     default_seeds: str = "50"
+
+
+def _runners(h: Harness, args):
+    try:
+        theirs = h.theirs(args)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {h.engine.label} ({exc}); {h.install}") from None
+    except VersionError as exc:
+        raise ConfigError(str(exc)) from None
+    return theirs, h.ours(args.engine)
+
+
+def _check_sides(h: Harness, differ: Differ, case: Case) -> None:
+    """Fail early (exit 2) on a one-sided setting either engine refuses."""
+    differ.ours.build(case, differ.sides)
+    try:
+        differ.theirs.validate(case, differ.sides)
+    except (TypeError, ValueError) as exc:
+        given = " ".join(f"{k}={v}" for k, v in differ.sides.engine) or "(nothing)"
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"{h.engine.flag} {given}: {h.refuser} refuses it: {detail[:300]}") from None
 
 
 def build_parser(h: Harness) -> argparse.ArgumentParser:
@@ -135,19 +164,19 @@ def _main(h: Harness, args) -> int:
             replay = Case.from_json(args.replay, h.engine.settings)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--replay: not a case ({exc})") from None
-    theirs, ours = h.runners(args)
+    theirs, ours = _runners(h, args)
     differ = Differ(h.engine, theirs, ours, sides)
     print(f"{h.engine.label} {theirs.version} vs schedlab ({args.engine} engine), 1 ms per iteration"
           + (f"; {sides.describe(h.engine.label)}" if sides.schedlab_scheduler or sides.engine else ""))
     if replay is not None:
-        h.check_sides(differ, replay)
+        _check_sides(h, differ, replay)
         comparison = differ.compare(replay)
         print(comparison.describe(sides))
         if not comparison.agrees and args.shrink:
             print("shrunk:")
             print(_shrunk(differ, comparison, args.max_evaluations).describe(sides))
         return 0 if comparison.agrees else 1
-    h.check_sides(differ, h.generate(groups[0], seeds.start))
+    _check_sides(h, differ, h.generate(groups[0], seeds.start))
     by_group: dict[str, list[Comparison]] = {}
     with progress(len(groups) * len(seeds), "cases") as bar:
         for group in groups:

@@ -38,6 +38,7 @@ import tempfile
 from array import array
 
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
+from schedlab.diffcheck.cli import VersionError
 from schedlab.diffcheck.tokens import output_token_id, prompt_token_ids
 
 from . import stubs
@@ -60,7 +61,7 @@ ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 MAX_STEPS = 100_000
 
 
-class SglangVersionError(RuntimeError):
+class SglangVersionError(VersionError):
     pass
 
 
@@ -160,6 +161,10 @@ class SglangRunner:
         if sides is not None:
             kwargs.update(sides.engine)
         return ServerArgs(**kwargs)
+
+    def validate(self, case: Case, sides: Sides | None = None) -> None:
+        """Raise TypeError or ValueError if SGLang refuses ``sides``."""
+        self.server_args(case, sides)
 
     def scheduler(self, case: Case, sides: Sides | None = None):
         """A fresh SGLang ``Scheduler`` for ``case`` (raises if SGLang's argument processing

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from schedlab.diffcheck import cli
-from schedlab.errors import ConfigError
 
 from .case import ENGINE
 from .workloads import GROUPS, generate
@@ -15,9 +14,6 @@ lasting 1 ms on both. Per request, compare the first scheduled iteration, the fi
 the finish, the preemptions and the prefix-cache hits; print the share of identical cases
 per group and a shrunk reproducer of each differing case shown. Needs vLLM:
 pip install -e '.[vllm]' (see the README section "Checked against vLLM")."""
-
-INSTALL = "install it with pip install -e '.[vllm]'"
-
 
 def _add_arguments(p) -> None:
     p.add_argument("--reserve-full-prompt", choices=("on", "off"),
@@ -32,34 +28,19 @@ def _sides(args, schedlab: dict, vllm: dict) -> None:
         vllm.setdefault("scheduler_reserve_full_isl", on)
 
 
-def _runners(args):
+def _vllm(args):
+    from .vllm_side import VllmRunner
+    return VllmRunner(allow_other_version=args.allow_other_vllm)
+
+
+def _schedlab(engine: str):
     from .schedlab_side import SchedlabRunner
-    try:
-        from .vllm_side import VllmRunner, VllmVersionError
-    except ImportError as exc:  # pragma: no cover - only without vLLM
-        raise ConfigError(f"cannot import vLLM ({exc}); {INSTALL}") from None
-    try:
-        vllm = VllmRunner(allow_other_version=args.allow_other_vllm)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import vLLM ({exc}); {INSTALL}") from None
-    except VllmVersionError as exc:
-        raise ConfigError(str(exc)) from None
-    return vllm, SchedlabRunner(args.engine)
-
-
-def _check_sides(differ, case) -> None:
-    """Fail early (exit 2) on a one-sided setting either engine refuses."""
-    differ.ours.build(case, differ.sides)
-    try:
-        differ.theirs.scheduler(case, differ.sides)
-    except (TypeError, ValueError) as exc:
-        given = " ".join(f"{k}={v}" for k, v in differ.sides.engine) or "(nothing)"
-        detail = " ".join(str(exc).split())
-        raise ConfigError(f"--vllm-set {given}: vLLM's SchedulerConfig refuses it: {detail[:300]}") from None
+    return SchedlabRunner(engine)
 
 
 HARNESS = cli.Harness(engine=ENGINE, prog="vllm_diff", description=DESCRIPTION, groups=GROUPS, generate=generate,
-                      runners=_runners, check_sides=_check_sides, add_arguments=_add_arguments, sides=_sides)
+                      theirs=_vllm, ours=_schedlab, install="install it with pip install -e '.[vllm]'",
+                      refuser="vLLM's SchedulerConfig", add_arguments=_add_arguments, sides=_sides)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ import os
 import tempfile
 
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
+from schedlab.diffcheck.cli import VersionError
 from schedlab.diffcheck.tokens import output_token_id, prompt_token_ids
 
 from .case import Outcome
@@ -46,7 +47,7 @@ ARRIVAL_TIE_BREAK = 1e-6
 MAX_EMPTY_STEPS = 1000
 
 
-class VllmVersionError(RuntimeError):
+class VllmVersionError(VersionError):
     pass
 
 
@@ -107,6 +108,10 @@ class VllmRunner:
         if sides is not None:
             kwargs.update(sides.engine)
         return kwargs
+
+    def validate(self, case: Case, sides: Sides | None = None) -> None:
+        """Raise TypeError or ValueError if vLLM refuses ``sides``."""
+        self.scheduler(case, sides)
 
     def scheduler(self, case: Case, sides: Sides | None = None):
         """A fresh vLLM ``Scheduler`` for ``case`` (raises if vLLM's config post-processing
