@@ -364,29 +364,36 @@ class RadixKVCache:
         if short > 0:
             self._evict(short)
 
-    def touch(self, seq) -> None:
+    def touch(self, seq, *, whole: bool = False) -> int:
         """Look ``seq``'s prompt up as SGLang's ``match_prefix`` does: split the node the match
         ends inside and refresh the access times of the matched path (lookups of waiting
-        requests by SGLang's scheduler; :meth:`cached_tokens` changes nothing)."""
-        limit = (seq.num_tokens - 1) // self.block_size
+        requests by SGLang's scheduler; :meth:`cached_tokens` changes nothing). The match stops a
+        token short of the whole sequence, as an admission's (``init_next_round_input``), unless
+        ``whole`` (the scheduling policy's lookups match every token). Returns the tokens matched."""
+        limit = self._limit(seq, whole)
         if limit <= 0 or not self.root.children:
-            return
+            return 0
         keys = self._keys(seq, self._hold(seq), limit)
         end, reached, inside = self._match(self.root, 0, keys, limit, visible=True)
         if inside is not None:
             end = self._split(inside, reached - inside.start)
         if end is not self.root:
             self._touch_path(end)
+        return reached * self.block_size
+
+    def _limit(self, seq, whole: bool) -> int:
+        """Blocks a lookup may match: the full blocks of the sequence, or of all but its last token."""
+        return (seq.num_tokens if whole else seq.num_tokens - 1) // self.block_size
 
     def dfs_weight_order(self, seqs) -> list[int]:
         """Indices of ``seqs`` in SGLang's ``dfs-weight`` order (``_dfs_weight_order``): each
-        request weighs on the node its prefix match ends at (the tree split there, as SGLang's
-        lookups split it), a node weighs its requests and its subtree's; walk the tree depth
+        request weighs on the node its whole-prompt match ends at (the tree split there, as
+        SGLang's lookups split it), a node weighs its requests and its subtree's; walk the tree depth
         first, heavier children first (ties in insertion order), and list a node's requests
         after its subtree's, the unmatched ones (at the root) last."""
         ends: dict = {}   # (node, depth) -> indices, depth inside node or at its end
         for i, seq in enumerate(seqs):
-            limit = (seq.num_tokens - 1) // self.block_size
+            limit = self._limit(seq, whole=True)
             if limit <= 0:
                 ends.setdefault((self.root, 0), []).append(i)
                 continue

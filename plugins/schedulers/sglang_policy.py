@@ -22,6 +22,7 @@ waiting requests ``lpm`` does not sort (``_determine_active_policy``). They look
 request up in the cache, and the other orders look the waiting requests up every 32nd pass
 (``_touch_waiting_prefixes``, at most 128, the head last): with the ``radix`` cache a lookup
 splits nodes and refreshes access times (``touch``), which decides what LRU eviction takes.
+These lookups match the whole prompt, where an admission's stops a token short.
 
 The hit comes from the KV cache (``plan.cached_tokens``: the ``radix`` cache or the ``paged``
 cache with prefix caching), so it is counted in whole blocks; the in-queue match uses the
@@ -102,14 +103,14 @@ class Policy:
             touch = getattr(kv, "touch", None)
             if refresh and touch is not None:
                 for seq in reversed(list(waiting)[:LPM_MAX_QUEUE]):
-                    touch(seq)
+                    touch(seq, whole=True)
 
 
 def _touch_all(plan) -> None:
     touch = getattr(plan.kv, "touch", None)
     if touch is not None:
         for seq in plan.waiting:
-            touch(seq)
+            touch(seq, whole=True)
 
 
 def _longest_prefix_keys(plan) -> dict:
@@ -121,11 +122,11 @@ def _longest_prefix_keys(plan) -> dict:
     seen: set = set()                               # the first ``depth`` keys of waiting prompts
     keys = {}
     for seq in plan.waiting:
-        hit = plan.cached_tokens(seq)
-        if touch is not None:
-            touch(seq)
+        hit = plan.cached_tokens(seq)  # at most all tokens but the last (``num_matched_prefix_tokens``)
+        # the check reads the whole prompt's match (``prefix_len`` of ``match_kv_cache``)
+        matched = touch(seq, whole=True) if touch is not None else hit
         keys[seq.seq_no] = -hit
-        if hit > IN_BATCH_CHECK_TOKENS:
+        if matched > IN_BATCH_CHECK_TOKENS:
             continue
         # SGLang matches the whole prompt (and generated tokens); only full blocks have keys here
         if seq.num_tokens // bs < depth:
