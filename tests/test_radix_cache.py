@@ -292,14 +292,18 @@ class RadixShadow:
 
     # edits
     def split_at(self, path):
-        """Make a node end at ``path`` (its head gets a new label, the tail keeps the old one)."""
+        """Make a node end at ``path`` (its head gets a new label, the tail keeps the old one);
+        both are accessed now, the head first (SGLang's ``_split_node``)."""
         if not path:
             return
         label = self.node[path]
         if self.end(label) == path:
             return
         self.uid += 1
-        self.info[self.uid] = [self.info[label][0], self.uid]
+        self.tick += 1
+        self.info[self.uid] = [self.tick, self.uid]
+        self.tick += 1
+        self.info[label][0] = self.tick
         for p in self.blocks(label):
             if len(p) <= len(path):
                 self.node[p] = self.uid

@@ -486,9 +486,11 @@ class RadixKVCache:
     def _split(self, node: _Node, m: int) -> _Node:
         """Split ``node`` after its first ``m`` blocks and return the new head (SGLang
         ``_split_node``: the head takes the node's place and lock count, the node keeps the
-        tail, its children and its access time)."""
+        tail and its children; both count as accessed now, the head first -- SGLang stamps a new
+        node at creation and the tail after the split)."""
         self._uid += 1
-        head = _Node(node.keys[:m], node.start, node.parent, node.tick, self._uid, node.born)
+        self._tick += 1
+        head = _Node(node.keys[:m], node.start, node.parent, self._tick, self._uid, node.born)
         head.lock = node.lock
         self._count += 1
         node.parent.children[head.keys[0]] = head
@@ -496,6 +498,10 @@ class RadixKVCache:
         node.start += m
         node.parent = head
         head.children[node.keys[0]] = node
+        self._tick += 1
+        node.tick = self._tick
+        if not node.lock and not node.children:
+            self._push(node)
         return head
 
     def _new_node(self, parent: _Node, keys: list, start: int, born: int = 0) -> _Node:
