@@ -12,7 +12,7 @@ from .case import DiffRequest
 
 
 def random_requests(rng: random.Random, *, priorities: bool = False, prefixes: bool = False, block_size: int = 1,
-                    eos: bool = False, most: int = 8, longest_prompt: int = 120,
+                    eos: bool = False, limited: bool = False, most: int = 8, longest_prompt: int = 120,
                     longest_output: int = 30) -> list[DiffRequest]:
     """1 to ``most`` requests arriving over 0, 5, 20 or 40 iterations, ids in arrival order.
 
@@ -22,6 +22,8 @@ def random_requests(rng: random.Random, *, priorities: bool = False, prefixes: b
         any number of its tokens.
     :param eos: about half the requests have a ``max_tokens`` above their output (they stop at
         an EOS the engine cannot foresee); the others ignore EOS.
+    :param limited: every request has a ``max_tokens`` and reaches it (an engine that estimates
+        early EOS underestimates them all).
     """
     n = rng.randint(1, most)
     horizon = rng.choice([0, 5, 20, 40])
@@ -40,7 +42,7 @@ def random_requests(rng: random.Random, *, priorities: bool = False, prefixes: b
                 prefix_len = min(prompt, block_size * rng.randint(0, 6)) if rng.random() < 0.5 else rng.randint(0, prompt)
             if not prefix_len:
                 group = None
-        limit = None
+        limit = output if limited else None
         if eos and rng.random() < 0.5:
             limit = output + rng.choice([0, rng.randint(1, 10), rng.randint(1, 4 * longest_output)])
         drafts.append((rng.randint(0, horizon), prompt, output, rng.randint(0, 3) if priorities else 0,

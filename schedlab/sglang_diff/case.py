@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from schedlab.configs import int_field, str_field
+from schedlab.configs import float_field, int_field, str_field
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine
 from schedlab.diffcheck.shrink import lower
 
@@ -20,7 +20,7 @@ POOL_MARGIN = 2
 class SglangSettings:
     """The settings both engines get: SGLang ``ServerArgs`` (``--max-total-tokens``,
     ``--max-running-requests``, ``--chunked-prefill-size``, ``--max-prefill-tokens``,
-    ``--schedule-policy``; ``--page-size 1``, the radix cache on, overlap scheduling off) and
+    ``--schedule-policy``, ``--schedule-conservativeness``; ``--page-size 1``, the radix cache on, overlap scheduling off) and
     schedlab's ``sglang`` scheduler over a ``radix`` cache of ``max_total_tokens`` blocks of one
     token.
 
@@ -32,6 +32,7 @@ class SglangSettings:
     chunked_prefill_size: int = int_field(0, min=0, max=MAX_MODEL_LEN)
     max_prefill_tokens: int = int_field(16384, min=1, max=10**6)
     schedule_policy: str = str_field("fcfs", choices=POLICIES)
+    schedule_conservativeness: float = float_field(1.0, min=0.0, max=10.0)
 
     def problems(self, requests) -> list[str]:
         """SGLang must serve each request as asked: it cuts ``max_new_tokens`` to
@@ -52,6 +53,8 @@ class SglangSettings:
         smaller prefill budget, a smaller pool and smaller chunks."""
         if self.schedule_policy != "fcfs":
             yield {"schedule_policy": "fcfs"}
+        if self.schedule_conservativeness != 1.0:
+            yield {"schedule_conservativeness": 1.0}
         if self.chunked_prefill_size:
             yield {"chunked_prefill_size": 0}
         for name, low in (("max_running_requests", 1), ("max_prefill_tokens", 1), ("max_total_tokens", 16),

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from array import array
 
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
@@ -136,6 +137,8 @@ class SglangRunner:
         for key, value in ENVIRONMENT.items():
             os.environ.setdefault(key, value)
         stubs.install()
+        # SGLang warns at import that CUDA-only kernels (AWQ, GGUF, Triton) are not available here
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
         import sglang
 
         self.version = sglang.__version__
@@ -157,7 +160,8 @@ class SglangRunner:
                       skip_tokenizer_init=True, max_total_tokens=s.max_total_tokens,
                       max_running_requests=s.max_running_requests,
                       chunked_prefill_size=s.chunked_prefill_size or -1, max_prefill_tokens=s.max_prefill_tokens,
-                      schedule_policy=s.schedule_policy, context_length=MAX_MODEL_LEN)
+                      schedule_policy=s.schedule_policy, schedule_conservativeness=s.schedule_conservativeness,
+                      context_length=MAX_MODEL_LEN)
         if sides is not None:
             kwargs.update(sides.engine)
         return ServerArgs(**kwargs)
@@ -187,10 +191,11 @@ class SglangRunner:
         sched = get_schedule()
         published = {"chunked_prefill_size": sched.chunked_prefill_size, "page_size": sched.page_size,
                      "max_prefill_tokens": sched.max_prefill_tokens, "schedule_policy": sched.schedule_policy,
-                     "disable_overlap_schedule": sched.disable_overlap_schedule}
+                     "disable_overlap_schedule": sched.disable_overlap_schedule,
+                     "schedule_conservativeness": sched.schedule_conservativeness}
         wanted = {"chunked_prefill_size": s.chunked_prefill_size or None, "page_size": 1,
                   "max_prefill_tokens": s.max_prefill_tokens, "schedule_policy": s.schedule_policy,
-                  "disable_overlap_schedule": True}
+                  "disable_overlap_schedule": True, "schedule_conservativeness": s.schedule_conservativeness}
         if sides is None or not sides.engine:
             if published["chunked_prefill_size"] == -1:
                 published["chunked_prefill_size"] = None

@@ -10,11 +10,14 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   evicts, and admission counts evictable tokens;
 * ``chunked``    -- a small ``--chunked-prefill-size`` and ``--max-prefill-tokens`` (or chunking
   off), ample memory;
-* ``retract``    -- a pool of 1x to 2x the largest request and no shared prefixes: decode runs
-  out of memory and retracts;
+* ``retract``    -- a pool of 1x to 2x the largest request, no shared prefixes, prompts up to 40
+  tokens, answers up to 60 that all reach their ``max_tokens``, ``--schedule-conservativeness`` 0-0.3:
+  admission estimates the answers at a low new-token ratio, decode runs out of memory and
+  retracts;
 * ``reserve``    -- half the requests stop at an EOS before their ``max_tokens`` (their
   reservations are estimates, the others' exact), a pool of 1x to 3x the largest request;
-* ``all``        -- every policy, shared prefixes, chunking, tight memory and EOS at once.
+* ``all``        -- every policy, shared prefixes, chunking, tight memory, EOS and a lower
+  conservativeness at once.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -44,7 +47,9 @@ def generate(group: str, seed: int) -> Case:
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve") else POLICIES)
     prefixes = group in ("lpm", "dfs_weight", "fcfs", "eviction", "all")
-    requests = random_requests(rng, prefixes=prefixes, eos=group in ("reserve", "all"))
+    retract = group == "retract"
+    requests = random_requests(rng, prefixes=prefixes, eos=group in ("reserve", "all"), limited=retract,
+                               longest_prompt=40 if retract else 120, longest_output=60 if retract else 30)
     largest = max(max(_need(r) for r in requests), 16)
     if group in ("eviction", "retract", "all"):
         size = largest + rng.randint(0, largest)
@@ -57,6 +62,12 @@ def generate(group: str, seed: int) -> Case:
     if group in ("chunked", "all"):
         chunk = rng.choice([0, rng.randint(1, 64), rng.randint(1, 64)])
         prefill = rng.randint(1, 200)
+    conservativeness = 1.0
+    if retract:
+        conservativeness = rng.choice([0.0, 0.05, 0.1, 0.3])
+    elif group == "all":
+        conservativeness = rng.choice([0.1, 0.3, 1.0, 1.0])
     settings = SglangSettings(max_total_tokens=size, max_running_requests=rng.randint(1, 6),
-                              chunked_prefill_size=chunk, max_prefill_tokens=prefill, schedule_policy=policy)
+                              chunked_prefill_size=chunk, max_prefill_tokens=prefill, schedule_policy=policy,
+                              schedule_conservativeness=conservativeness)
     return Case(settings, requests, group=group, seed=seed)
