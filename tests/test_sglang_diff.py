@@ -160,6 +160,17 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=102, max_running_requests=2, max_prefill_tokens=60),
               (1, 0, 60, 16, 1, 58, None), (2, 0, 59, 6, 0, 59, None), (6, 0, 81, 19, 1, 5, None)),
         {1: _o(0, 1, 16, 0, 0, 60), 2: _o(16, 17, 22, 0, 0, 59), 6: _o(22, 23, 41, 0, 5, 76)}),
+    # 6. A cached block that a prefill computes again stays evictable through its pass (dfs-weight).
+    # 0 (102 + 20 + 1 = 123 < 160) runs 1-21; 1 (57 + 24 + 1 >= 37 left) waits, the batch full. At 21
+    # the tree holds 0's 121 tokens (39 free). The deepest match goes first: 2's 65 shared tokens (1's 43
+    # end higher up). 2 hits 64 (the last token is always computed: a duplicate of the tree's), needs
+    # 1 + 54 + 1 = 56 < 39 + 121 - 64 locked; then 1 hits 43 and needs 14 + 24 + 1 = 39 < 39 + 57 - 56 =
+    # 40, its 14 tokens within the 15 of prompt budget left: both run at 21. (Locking the duplicated
+    # block at once, schedlab had one token less and admitted 1 a step later.)
+    "6-duplicate-evictable-in-its-pass": (
+        _case(dict(max_total_tokens=160, max_running_requests=2, max_prefill_tokens=16, schedule_policy="dfs-weight"),
+              (0, 1, 102, 20, 2, 96, None), (1, 1, 57, 11, 2, 43, 24), (2, 5, 65, 27, 2, 65, 54)),
+        {0: _o(1, 2, 21, 0, 0, 102), 1: _o(21, 22, 32, 0, 43, 14), 2: _o(21, 22, 48, 0, 64, 1)}),
 }
 
 

@@ -180,10 +180,11 @@ class RadixKVCache:
         self._pending = 0               # duplicate blocks computed this pass, freed when it ends
         self._deferring = False         # between begin_pass and end_pass: evictions wait ...
         self._owed = 0                  # ... for this many blocks
+        self._lent = 0                  # cached blocks a prefill duplicates, locked early, counted free
 
     # -- queries -------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
-        return self.unused + self.evictable - self._owed
+        return self.unused + self.evictable - self._owed + self._lent
 
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.unused - self.evictable
@@ -302,6 +303,8 @@ class RadixKVCache:
         step = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
         if step.need > self.unused + self.evictable - self._owed:
             return False
+        if step.after_pass:  # SGLang locks those only when it inserts the batch's KV
+            self._lent += step.free_dups
         hold = seq.kv_state
         want = cached_tokens // self.block_size if not self.held(seq) else 0
         limit = max(step.full, want)
@@ -345,8 +348,9 @@ class RadixKVCache:
         SGLang allocates a prefill batch's KV (``prepare_for_extend``) after the whole admission
         loop, whose lookups have split nodes and refreshed access times by then; blocks taken
         between :meth:`begin_pass` and this call come out of the unused ones, and the shortfall
-        is evicted here, least recently used first, in one go. Then the duplicates the pass
-        computed are freed (SGLang frees them when it inserts the batch's KV after the forward;
+        is evicted here, least recently used first, in one go. Cached blocks that a prefill
+        computes again were locked at once but counted free meanwhile (SGLang locks them when
+        it inserts the batch's KV). Then the duplicates the pass computed are freed (SGLang frees them when it inserts the batch's KV after the forward;
         here a little earlier, as nothing is allocated in between)."""
         self._deferring = False
         if self._owed:
@@ -355,6 +359,7 @@ class RadixKVCache:
             self.unused -= owed
         self.unused += self._pending  # the duplicates, once their KV is in the tree
         self._pending = 0
+        self._lent = 0
 
     def make_room(self, blocks: int) -> None:
         """Evict unlocked leaves, least recently used first, until ``blocks`` blocks are unused
@@ -659,6 +664,6 @@ class RadixKVCache:
         if self.host is not None:
             self.host.check_invariants()
         assert self._pending >= 0 and (self._deferring or not self._pending), self._pending
-        assert self._owed == 0 or self._deferring, self._owed
+        assert (self._owed == 0 and self._lent == 0) or self._deferring, (self._owed, self._lent)
         assert self.unused + evictable + protected + self._pending <= self.num_blocks, (
             self.unused, evictable, protected, self._pending)
