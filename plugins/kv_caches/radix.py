@@ -1,11 +1,15 @@
 """SGLang's radix-tree prefix cache (RadixAttention), on schedlab's block keys.
 
-Follows SGLang v0.4.6.post5 (PyPI release; ``python/sglang/srt/mem_cache/radix_cache.py``,
-``managers/schedule_batch.py``, ``managers/scheduler_output_processor_mixin.py``):
+Follows SGLang 0.5.23 (PyPI release; ``python/sglang/srt/mem_cache/unified_radix_cache.py`` and
+``unified_cache/unified_tree_core.py`` -- the default tree, ``UnifiedRadixCache`` with one FULL
+component and LRU eviction -- ``mem_cache/common.py``, ``managers/schedule_batch.py``,
+``managers/scheduler_components/batch_result_processor.py``); ``tools/sglang_diff.py`` steps
+SGLang's own tree under its own scheduler beside this one (README "Checked against SGLang"):
 
 * The cache is a radix tree whose edges are runs of KV pages. A node holds a *segment* of
   consecutive pages; matching a request walks down from the root as long as its keys match,
-  and a node is split where a match or an insertion stops inside it (``_split_node``).
+  and a node is split where a match or an insertion stops inside it (``_split_node``, which
+  stamps both halves as just used).
 * Every computed page goes into the tree: a prompt's pages once they are computed
   (``cache_unfinished_req`` after each prefill chunk), the whole sequence -- prompt and
   generated tokens -- when the request finishes (``cache_finished_req``). Decode pages stay
@@ -14,9 +18,18 @@ Follows SGLang v0.4.6.post5 (PyPI release; ``python/sglang/srt/mem_cache/radix_c
   the root); a locked node is never evicted. When the request finishes or is retracted, the
   path is unlocked (``dec_lock_ref``) and stays cached.
 * Memory: the pool's free pages are used first; only when they run out are unlocked *leaves*
-  evicted, least recently used first, a whole node at a time; a parent whose last child goes
-  becomes a leaf and a candidate in turn (``evict``). Free and evictable pages both count as
-  available (``available_size() + evictable_size()`` in the scheduler's checks).
+  evicted, least recently used first, a whole node at a time, until the shortfall is freed
+  (``evict_to_free_tokens``); a parent whose last child goes becomes a leaf and a candidate in
+  turn. Free and evictable pages both count as available (``available_size() +
+  evictable_size()`` in the scheduler's checks).
+* Passes (with a scheduler that opens them, SGLang's: :meth:`RadixKVCache.begin_pass`,
+  :meth:`RadixKVCache.end_pass`). A prefill's pages join the tree after the forward pass, so a
+  request admitted in the same pass does not find them and computes them too; the pass's
+  evictions wait until its admissions are decided (SGLang allocates the batch after the loop
+  whose lookups split and touch the tree); pages a prefill computes again are freed when the pass
+  ends. Lookups of waiting requests split and touch like SGLang's ``match_prefix``
+  (:meth:`RadixKVCache.touch`). Without passes (other schedulers) pages are matched as soon as
+  they are allocated, as in vLLM.
 * Duplicates: when an insertion finds pages already in the tree (two requests computed the
   same prefix, or a request recomputed its last cached page because at least one token must
   be computed), the request switches to the tree's copy and its own is freed.
@@ -34,21 +47,12 @@ schedlab cannot know that a follow-up prompt repeats an earlier answer.
 
 Simplifications (deliberate, documented):
 
-* Pages enter the tree when the scheduler allocates them for a prefill step, not after the
-  forward pass, so a request admitted later in the same scheduling pass matches them (as in
-  the ``paged`` prefix cache and vLLM); SGLang would compute such a shared prefix twice in one
-  batch and keep one copy.
-* Lookups (:meth:`RadixKVCache.cached_tokens`, :meth:`RadixKVCache.blocks_needed`) change
-  nothing. SGLang's ``match_prefix`` refreshes access times and splits a node on every call,
-  also for waiting requests that are only looked at; here a path is touched and split when a
-  request is admitted or a prefill step or a finish inserts pages, and a split node's tail keeps
-  its access time. Access times are a counter, so ties cannot happen.
-* Eviction frees only the shortfall: when ``n`` pages are needed and ``f < n`` are free,
-  leaves are evicted until ``n`` are free (whole nodes, so possibly more). SGLang's
-  ``alloc_token_slots`` calls ``evict(n)``, evicting ``n`` pages' worth even if only a few were
-  missing; evicting the shortfall makes the outcome independent of how an engine batches its
-  allocations (one bulk ``grow`` or one allocation per sequence), which the fast and reference
-  engines rely on.
+* :meth:`RadixKVCache.cached_tokens` and :meth:`RadixKVCache.blocks_needed` change nothing;
+  only :meth:`RadixKVCache.touch` (called where SGLang's scheduler matches) splits and touches.
+  Access times are a counter, so ties cannot happen.
+* Within a pass, cached pages a prefill computes again are locked at once (and counted free
+  until the pass ends); SGLang locks them when it inserts the batch's KV, so its eviction at the
+  end of the pass could still take them.
 * No swap space (SGLang retracts instead): ``swap_out`` is absent, so a scheduler that asks
   for a swap falls back to recompute.
 * Reservation (``reserve_tokens``), which SGLang does not have, is supported as private blocks
