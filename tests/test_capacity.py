@@ -329,8 +329,10 @@ def test_roofline_tensor_parallel_adds_the_all_reduce():
                                             layer_overhead_us=0.0))
     weights = LLAMA3_70B_PARAMS * 2 / 4 / (3350e6 * 0.91)
     compute = 2 * LLAMA3_70B_PARAMS / 4 * 1 / (989e9 * 0.77 * 1 / 57)
-    # 80 layers x 2 all-reduces of 1 token x 8192 x 2 bytes: 5 us + 2 (tp-1)/tp x bytes / 450 GB/s
-    comm = 80 * 2 * (5e-3 + 1.5 * 8192 * 2 / 450e6)
+    # (80 layers x 2 + the embedding's 1) all-reduces of 1 token x 8192 x 2 bytes over a DGX H100's
+    # NVSwitch (4 ranks: 361 GB/s bus): NCCL's LL protocol, 6.6 + 6 hops x 0.6 us + 2 (tp-1)/tp x
+    # bytes at half the bus bandwidth
+    comm = (80 * 2 + 1) * (6.6 + 6 * 0.6 + 1.5 * 8192 * 2 / (0.5 * 361e3)) * 1e-3
     kv = 1000 * (80 * KIB) / (3350e6 * 0.86)
     got = cost.iteration_ms(Batch(num_decode=1, decode_context_tokens=1000))
     assert got == pytest.approx(math.hypot(weights, compute) + comm + kv, rel=1e-12)
