@@ -26,9 +26,14 @@ sender's SMs write into pinned host memory and the receiver's SMs read it back o
 Between nodes a ``network`` (InfiniBand / RoCE), one NIC per GPU as in a DGX.
 
 **Topology presets** (:data:`TOPOLOGIES`) are real machines with the bus bandwidths NCCL
-reaches there, measured (Vidur's NCCL timings on DGX H100/A100 and NVLink-pair boxes, derived
-by ``tools/derive_collectives.py``, quoted in :data:`DERIVATION`) or, for links without
-measurements, from the nearest measured link (see each preset's ``source``).
+reaches there, measured: Vidur's NCCL timings on DGX H100/A100 and NVLink-pair boxes (fitted
+by ``tools/derive_collectives.py``, quoted in :data:`DERIVATION`; the pairs' rings across PCIe
+give the PCIe peer-to-peer rates) and, for PCIe through host memory, a named measurement on
+RTX PRO 6000 servers (:data:`PCIE_HOST_GBPS`). Each preset's ``source`` says which.
+
+Not modelled: vLLM's own all-reduce kernels, which replace NCCL for small messages where GPUs
+reach each other directly (custom all-reduce over NVLink or PCIe peer-to-peer, symmetric
+memory on Hopper): without peer-to-peer, as on the shipped TP 2 run, vLLM uses NCCL.
 """
 
 from __future__ import annotations
@@ -174,7 +179,7 @@ class Collectives:
         self.ranks = ranks
         per_node = min(ranks, t.gpus_per_node if ranks_per_node is None else ranks_per_node)
         if not 1 <= per_node <= t.gpus_per_node or ranks % per_node:
-            raise ConfigError(f"topology {t.name!r}: {ranks} ranks cannot be placed {ranks_per_node} per node "
+            raise ConfigError(f"topology {t.name!r}: {ranks} ranks do not fill nodes {per_node} at a time "
                               f"(nodes of {t.gpus_per_node} GPUs)")
         self.nodes = ranks // per_node
         island = t.island_size
@@ -299,6 +304,34 @@ PCIE_P2P_GBPS = {"gen5": _d("h100_pairwise_nvlink", "all_reduce", 4, 4),
 #: scales by the measured Gen4 / Gen5 peer-to-peer rings.
 PCIE_HOST_GBPS = {"gen5": 22.2, "gen4": 22.2 * PCIE_P2P_GBPS["gen4"] / PCIE_P2P_GBPS["gen5"]}
 
+def _nvlink_pairs(gpu: str, gen: str) -> Topology:
+    """Vidur's 4-GPU boxes: NVLink bridges in pairs, PCIe between the pairs."""
+    folder = f"{gpu}_pairwise_nvlink"
+    return Topology(f"nvlink-pairs-{gpu}", link="nvlink", gpus_per_node=4, island=2,
+                    bus_gbps=_d(folder, "all_reduce", 2, 2), p2p_gbps=_d(folder, "send_recv", 2, 2),
+                    network_gbps=_d(folder, "send_recv", 2, 1),
+                    cross_island_link="pcie", cross_island_gbps=PCIE_P2P_GBPS[gen],
+                    source=f"4 {gpu.upper()} with NVLink bridges in pairs, PCIe {gen.capitalize()} between pairs "
+                           f"(Vidur's {folder}); bus bandwidths fitted to its NCCL timings "
+                           f"(tools/derive_collectives.py)")
+
+
+#: Cards found in PCIe-only servers, by generation and by whether they reach each other directly.
+PCIE_CARDS = {("gen5", True): "H100 PCIe, L40S/RTX PRO servers with P2P on", ("gen4", True): "A100 PCIe, L40S, A6000",
+              ("gen5", False): "RTX PRO 6000 / RTX 5090 servers, P2P off",
+              ("gen4", False): "RTX 4090, L4 and cloud VMs without P2P"}
+
+
+def _pcie(gen: str, p2p: bool) -> Topology:
+    """PCIe x16 servers, with peer-to-peer (:data:`PCIE_P2P_GBPS`) or through host memory
+    (:data:`PCIE_HOST_GBPS`)."""
+    how = ("with peer-to-peer", "the NCCL ring across PCIe in Vidur's NVLink-pair boxes (PCIE_P2P_GBPS)") if p2p \
+        else ("without peer-to-peer", "NCCL's SHM transport through host memory (PCIE_HOST_GBPS)")
+    return Topology(f"pcie-{gen}-{'p2p' if p2p else 'host'}", link="pcie" if p2p else "host", gpus_per_node=8,
+                    bus_gbps=(PCIE_P2P_GBPS if p2p else PCIE_HOST_GBPS)[gen],
+                    source=f"PCIe {gen.capitalize()} x16 {how[0]} ({PCIE_CARDS[gen, p2p]}): {how[1]}")
+
+
 TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
     Topology("dgx-h100", link="nvlink", gpus_per_node=8, bus_gbps=_d("h100_dgx", "all_reduce", 8, 8),
              bus_gbps_by_ranks={r: _d("h100_dgx", "all_reduce", r, r) for r in (2, 4, 8)},
@@ -311,32 +344,8 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
              source="DGX A100: NVSwitch, NVLink 3 (300 GB/s each way per GPU); bus bandwidths and the network "
                     "of Vidur's A100 cluster (8 GB/s per GPU pair, below the datasheet's 8x 200 Gb/s HDR) fitted "
                     "to Vidur's NCCL timings (tools/derive_collectives.py)"),
-    Topology("nvlink-pairs-h100", link="nvlink", gpus_per_node=4, island=2,
-             bus_gbps=_d("h100_pairwise_nvlink", "all_reduce", 2, 2),
-             p2p_gbps=_d("h100_pairwise_nvlink", "send_recv", 2, 2),
-             network_gbps=_d("h100_pairwise_nvlink", "send_recv", 2, 1),
-             cross_island_link="pcie", cross_island_gbps=PCIE_P2P_GBPS["gen5"],
-             source="4 H100 with NVLink bridges in pairs, PCIe Gen5 between pairs (Vidur's h100_pairwise_nvlink); "
-                    "bus bandwidths fitted to its NCCL timings (tools/derive_collectives.py)"),
-    Topology("nvlink-pairs-a100", link="nvlink", gpus_per_node=4, island=2,
-             bus_gbps=_d("a100_pairwise_nvlink", "all_reduce", 2, 2),
-             p2p_gbps=_d("a100_pairwise_nvlink", "send_recv", 2, 2),
-             network_gbps=_d("a100_pairwise_nvlink", "send_recv", 2, 1),
-             cross_island_link="pcie", cross_island_gbps=PCIE_P2P_GBPS["gen4"],
-             source="4 A100 with NVLink bridges in pairs, PCIe Gen4 between pairs (Vidur's a100_pairwise_nvlink); "
-                    "bus bandwidths fitted to its NCCL timings (tools/derive_collectives.py)"),
-    Topology("pcie-gen5-p2p", link="pcie", gpus_per_node=8, bus_gbps=PCIE_P2P_GBPS["gen5"],
-             source="PCIe Gen5 x16 with peer-to-peer (H100 PCIe, L40S/RTX PRO servers with P2P on): the NCCL "
-                    "ring bus bandwidth measured across PCIe Gen5 in Vidur's h100_pairwise_nvlink"),
-    Topology("pcie-gen4-p2p", link="pcie", gpus_per_node=8, bus_gbps=PCIE_P2P_GBPS["gen4"],
-             source="PCIe Gen4 x16 with peer-to-peer (A100 PCIe, L40S, A6000): the NCCL ring bus bandwidth "
-                    "measured across PCIe Gen4 in Vidur's a100_pairwise_nvlink"),
-    Topology("pcie-gen5-host", link="host", gpus_per_node=8, bus_gbps=PCIE_HOST_GBPS["gen5"],
-             source="PCIe Gen5 x16 without peer-to-peer (RTX PRO 6000 / RTX 5090 servers, P2P off): NCCL's SHM "
-                    "transport through host memory, measured on RTX PRO 6000 Server (PCIE_HOST_GBPS)"),
-    Topology("pcie-gen4-host", link="host", gpus_per_node=8, bus_gbps=PCIE_HOST_GBPS["gen4"],
-             source="PCIe Gen4 x16 without peer-to-peer (RTX 4090, L4 and cloud VMs without P2P): NCCL's SHM "
-                    "transport through host memory, the Gen5 figure scaled by the Gen4 / Gen5 peer-to-peer rings"),
+    *(_nvlink_pairs(gpu, gen) for gpu, gen in (("h100", "gen5"), ("a100", "gen4"))),
+    *(_pcie(gen, p2p) for p2p in (True, False) for gen in ("gen5", "gen4")),
 )}
 
 #: The machine a GPU preset is usually found in, when a cost model names no ``interconnect``.
