@@ -21,6 +21,7 @@ from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk
 from .clock import check_iteration_end
+from .load import Release, load
 from .plan import FastPlan
 from .recorder import Recorder
 from .sequence import DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence
@@ -145,6 +146,7 @@ class Instance:
         self.emitted = False         # changed another instance in the last advance (hand-over, pull)
         self.asleep = False          # planned nothing; plans again at next_plan_time() or when woken
         self.sleep_wake = INF
+        self.release = Release()     # what the last iteration gives back at its end (routers' view)
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
@@ -521,6 +523,7 @@ class Instance:
         if peak > counters["kv_peak_blocks"]:
             counters["kv_peak_blocks"] = peak
 
+        before = load(self)  # as routers see the instance until ``end``
         progress = False
         decoded_before = counters["decode_tokens"]
         accepted = 0
@@ -586,6 +589,7 @@ class Instance:
         for seq in parked:
             self._add_decoder(seq)
             self.off_cycle[seq] = seq.last_token_ms
+        self.release.record(end, before, load(self))
 
         self.now = end
         if progress:

@@ -17,7 +17,7 @@ tokens, capacity limits, causality); :class:`IterationChecker` asserts per-itera
 
 import os
 
-from .kit import IterationChecker, check_run, compare_runs, run_disaggregated, run_engine
+from .kit import IterationChecker, check_run, compare_runs, run_cluster, run_disaggregated, run_engine
 from .strategies import dyadic_linear_costs, requests_lists
 
 
@@ -27,4 +27,4 @@ def examples(n: int) -> int:
 
 
 __all__ = ["IterationChecker", "check_run", "compare_runs", "dyadic_linear_costs", "examples", "requests_lists",
-           "run_disaggregated", "run_engine"]
+           "run_cluster", "run_disaggregated", "run_engine"]

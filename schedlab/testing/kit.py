@@ -123,6 +123,33 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     return result
 
 
+def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,
+                engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+    """Simulate ``requests`` on ``instances`` colocated instances behind ``router``.
+
+    ``make`` makes one instance's ``(scheduler, cost model, KV cache)`` each time it is called;
+    ``router`` is a router object (required for more than one instance). The result's
+    ``meta["kvs"]`` holds every instance's KV cache, for checks of the blocks left at the end.
+    """
+    from ..engine.reference_cluster import ReferenceCluster
+
+    rec = Recorder()
+    parts = [make() for _ in range(instances)]
+    if engine == "reference":
+        engines = [ReferenceEngine(s, c, k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
+        ReferenceCluster(engines, router).run(list(requests), workload=workload)
+    else:
+        engines = [Instance(i, s, c, k, rec) for i, (s, c, k) in enumerate(parts)]
+        simulate(list(requests), engines, router=router, workload=workload)
+    slots = [getattr(s, "slots", None) for s, _, _ in parts]
+    meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
+            "instances": instances, "events": sum(e.events for e in engines)}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
+                                     request_cost=getattr(parts[0][1], "request_cost", None))
+    result.meta["kvs"] = [e.kv for e in engines]
+    return result
+
+
 def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: Callable[[], tuple], *,
                       prefill_instances: int = 1, decode_instances: int = 1, prefill_router=None,
                       decode_router=None, bandwidth_gbps: float = 25.0, latency_ms: float = 0.01,
