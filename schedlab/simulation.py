@@ -404,5 +404,5 @@ def _kv_summary(kv) -> dict:
         out.update(model=sizing.model.name, gpu=sizing.gpu.name, tensor_parallel=sizing.tensor_parallel,
                    gpu_memory_utilization=sizing.gpu_memory_utilization, bytes_per_token=sizing.bytes_per_token,
                    weight_bytes=sizing.weight_bytes, reserve_bytes=sizing.reserve_bytes,
-                   kv_pool_bytes=sizing.kv_pool_bytes)
+                   kv_pool_bytes=sizing.kv_pool_bytes, derived_blocks=sizing.num_blocks)
     return out

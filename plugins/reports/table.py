@@ -171,7 +171,9 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
             seen.add((kv["model"], kv["gpu"], kv["num_blocks"]))
             lines.append(f"KV cache: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
                          f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
-                         f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens")
+                         f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
+                         + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
+                            if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else ""))
     for study in results.studies:
         if study.search is not None:
             lines.append(f"search {study.name}: {study.search.message}")
