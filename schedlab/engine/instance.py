@@ -498,9 +498,11 @@ class Instance:
         else:
             counters["decode_only_ms"] += total
         timeline = self.rec.keep_timeline
+        split = k > 1 and growth is not None  # the last iteration, at the run's KV peak, gets a row of its own
         if timeline:
-            self.rec.sample(start, self.index, n_running, len(self.waiting), used0)
-        if k == 1 or growth is None:
+            head = bulk.run_ms(k - 1, d0, inc) if split else total
+            self.rec.sample(start, self.index, n_running, len(self.waiting), used0, head, k - 1 if split else k, batch)
+        if not split:
             block_ms = used0 * total
             if used0 >= self.kv_need_high:
                 counters["kv_above_ms"] += total
@@ -515,7 +517,7 @@ class Instance:
                 first = 0 if used0 >= self.kv_need_high else growth.first_reaching(self.kv_need_high - used0)
                 counters["kv_above_ms"] += total - bulk.run_ms(first, d0, inc)
             if timeline:
-                self.rec.sample(start + bulk.run_ms(k - 1, d0, inc), self.index, n_running, len(self.waiting), peak)
+                self.rec.sample(start + head, self.index, n_running, len(self.waiting), peak, total - head, 1, batch)
         counters["kv_block_ms"] += block_ms
         self.kv_block_ms += block_ms
         if peak > self.kv_peak:

@@ -475,7 +475,7 @@ class ReferenceEngine:
             counters["kv_above_ms"] += duration
         counters["kv_peak_blocks"] = max(counters["kv_peak_blocks"], used)
         self.kv_peak = max(self.kv_peak, used)
-        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used)
+        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch)
 
         progress = False
         decoded_out = []  # finishing order, shared with the fast engine: prefill completions
