@@ -4,7 +4,7 @@ The experiment's run must replay a measured run (a ``vllm_log`` or ``vllm_bench`
 which keeps what the real run measured). Each ``--fit KEY=LOW:HIGH`` names a setting of the
 run's tables (``cost_model.overhead_ms``, ``cost_model.mfu``, ``cost_model.decode_ms_per_step``)
 and its bounds. The fit simulates the run at candidate values and minimises the mean absolute
-error over the 15 statistics of :mod:`schedlab.compare` with scipy's bounded Nelder-Mead,
+error over the 15 statistics of :mod:`schedlab.results.compare` with scipy's bounded Nelder-Mead,
 starting from the values in the file (or the middle of the bounds); it is deterministic.
 
 It prints the fitted values, the error per statistic at the fit, and a TOML snippet to paste
@@ -23,9 +23,9 @@ from typing import Any
 
 import attrs
 
-from .compare import comparison_rows, format_comparison, measured_statistics, statistics
+from .results.compare import comparison_rows, format_comparison, measured_statistics, statistics
 from .errors import ConfigError
-from .metrics import request_latencies
+from .results.metrics import request_latencies
 from .overrides import get_dotted, parse_assignment, set_dotted
 
 
@@ -64,7 +64,7 @@ def _mean_abs_error(result, rows=None) -> float:
     if summary is None:
         raise ConfigError("the run's workload keeps no measured run (use a vllm_log or vllm_bench workload)")
     if rows is not None:
-        from .compare import vs_measured
+        from .results.compare import vs_measured
 
         summary = vs_measured(result.requests, result.measured, rows)
     value = summary["mean_abs_error_pct"]
@@ -194,7 +194,7 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
 
 
 def _table(title: str, result, rows=None) -> str:
-    from .compare import select_requests
+    from .results.compare import select_requests
 
     if rows is None:
         sim, truth = request_latencies(result.requests), measured_statistics(result.measured)

@@ -31,9 +31,9 @@ from .capacity import GpuSpec, ModelSpec, Presets
 from .catalog import Catalog, load_catalog
 from .configs import MAX_INT, FieldError, bool_field, from_table, int_field, list_field, str_field
 from .errors import ConfigError
-from .metric_names import check_metric_name
+from .results.metric_names import check_metric_name
 from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
-from .results import ExperimentResults, RunResult
+from .results.records import ExperimentResults, RunResult
 from .search import parse_constraint
 from .simulation import ENGINES, Context, RunSpec, assemble, component_config
 from .sweep import expand_grid, point_label

@@ -26,7 +26,7 @@ from .engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from .engine.transfer import kv_bytes_per_token
 from .errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from .overrides import merge_tables
-from .results import RunResult
+from .results.records import RunResult
 from .speculative import Speculation, SpeculativeConfig
 
 COMPONENTS = ("workload", "scheduler", "cost_model", "kv_cache")
@@ -352,7 +352,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
     if measured is not None:
-        from .compare import vs_measured
+        from .results.compare import vs_measured
 
         result.measured = measured
         result.metrics["vs_measured"] = vs_measured(result.requests, measured)

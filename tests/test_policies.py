@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from schedlab.configs import from_table
 from schedlab.errors import ConfigError
-from schedlab.metrics import client_service, jain_index
+from schedlab.results.metrics import client_service, jain_index
 from schedlab.model import Request
 from schedlab.testing import dyadic_linear_costs, check_run, compare_runs, examples, requests_lists, run_engine
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel

@@ -20,7 +20,7 @@ import attrs
 
 from schedlab.configs import str_field
 from schedlab.errors import ConfigError
-from schedlab.results_io import atomic_write
+from schedlab.results.storage import atomic_write
 from schedlab.search import parse_constraint
 
 

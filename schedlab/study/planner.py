@@ -40,9 +40,9 @@ import attrs
 
 from ..configs import FieldError, int_field, list_field, str_field, table_field
 from ..errors import ConfigError
-from ..metrics import metric_at
+from ..results.metrics import metric_at
 from ..overrides import set_dotted, split_key
-from ..results import RunResult, Study
+from ..results.records import RunResult, Study
 from ..search import parse_constraint
 from ..simulation import RunSpec, assemble
 from ..sweep import expand_grid, point_label
@@ -80,7 +80,7 @@ class PlanConfig:
     def __attrs_post_init__(self):
         if not self.constraints:
             raise FieldError("constraints", "name at least one, e.g. ['slo.attainment >= 0.99']")
-        from ..metric_names import check_metric_name
+        from ..results.metric_names import check_metric_name
 
         for name, metrics in (("constraints", [parse_constraint(t).metric for t in self.constraints]),
                               ("attainment", [self.attainment])):
@@ -203,7 +203,7 @@ class PlanOutcome:
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in fields})
 
 
-SavedPlan = PlanOutcome  # read back by schedlab.results_io.load
+SavedPlan = PlanOutcome  # read back by schedlab.results.storage.load
 
 
 def _finite(value) -> float:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import attrs
 
 from ..progress import progress
-from ..results import ExperimentResults, RunResult, Study
+from ..results.records import ExperimentResults, RunResult, Study
 from ..search import parse_constraint
 from ..simulation import RunSpec
 from .executor import Executor

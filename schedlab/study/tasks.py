@@ -19,7 +19,7 @@ import attrs
 from ..capacity import Presets
 from ..catalog import load_catalog
 from ..errors import SchedlabError
-from ..results import RunResult
+from ..results.records import RunResult
 from ..simulation import Context, RunSpec, run
 
 

@@ -13,7 +13,7 @@ from ..engine.driver import simulate
 from ..engine.instance import Instance
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
-from ..results import RunResult
+from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .engine.recorder import REQUEST_FLOAT_COLUMNS, REQUEST_INT_COLUMNS, REQUEST_TEXT_COLUMNS, Recorder
+from ..engine.recorder import REQUEST_FLOAT_COLUMNS, REQUEST_INT_COLUMNS, REQUEST_TEXT_COLUMNS, Recorder
 from .metrics import compute_metrics
 
 
