@@ -11,9 +11,9 @@ import pytest
 
 from schedlab.cli import main
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
 from schedlab.results.metric_names import METRICS, check_metric_name
 from schedlab.results.storage import SUMMARY_LAYOUT, summary_dict, summary_problem
+from schedlab.study.experiment import load, run_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 

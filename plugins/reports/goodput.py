@@ -30,7 +30,7 @@ from schedlab.configs import FieldError, float_field, list_field, str_field, tab
 from schedlab.errors import ConfigError
 from schedlab.results.metrics import metric_at
 from schedlab.results.storage import atomic_write
-from schedlab.sweep import point_label
+from schedlab.study.sweep import point_label
 
 
 @attrs.frozen

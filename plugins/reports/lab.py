@@ -21,7 +21,7 @@ import attrs
 from schedlab.configs import str_field
 from schedlab.errors import ConfigError
 from schedlab.results.storage import atomic_write
-from schedlab.search import parse_constraint
+from schedlab.study.search import parse_constraint
 
 
 @attrs.frozen

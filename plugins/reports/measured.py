@@ -18,8 +18,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from schedlab.results.compare import comparison_rows, format_comparison, measured_statistics, statistics
 from schedlab.configs import int_field
+from schedlab.results.compare import comparison_rows, format_comparison, measured_statistics, statistics
 from schedlab.results.metrics import request_latencies
 from schedlab.results.storage import atomic_write
 

@@ -37,7 +37,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
-from schedlab.sweep import point_label
+from schedlab.study.sweep import point_label
 
 from .plot_common import STABILITY_STYLES, line_style, metric_label, metric_unit, metric_value, new_figure, note, \
     prefers_log_axis, setting_label, stability_verdict, tick_text, titles, use_log_scale, wide_positive_range

@@ -27,8 +27,8 @@ import attrs
 
 from schedlab.configs import metric_list_field, str_field
 from schedlab.results.metrics import metric_at
-from schedlab.results.storage import atomic_write
 from schedlab.results.stability import stability_text
+from schedlab.results.storage import atomic_write
 from schedlab.study.replicas import paired, paired_difference
 
 from .best import best_field, best_is_field, best_runs, best_text

@@ -69,7 +69,7 @@ class Study:
     kind: str  # "run" | "sweep" | "search"
     runs: list[RunResult]
     keys: tuple[str, ...] = ()          # swept or searched keys
-    search: Any = None                  # schedlab.search.SearchOutcome for searches
+    search: Any = None                  # schedlab.study.search.SearchOutcome for searches
     constraint: str = ""
     plan: Any = None                    # schedlab.study.planner.PlanOutcome for capacity plans
 

@@ -34,9 +34,9 @@ import numpy as np
 
 from ..engine.recorder import TIMELINE
 from ..errors import SchedlabError
+from .folder import usual_mode
 from .metrics import request_latencies
 from .records import ExperimentResults, RunResult, Study
-from .folder import usual_mode
 
 REQUEST_COLUMNS = (
     "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",

@@ -136,7 +136,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
     from ..engine.reference_cluster import DisaggregatedReference
-    from ..simulation import pool_summary
+    from ..study.simulation import pool_summary
 
     rec = Recorder()
     parts = [prefill() for _ in range(prefill_instances)] + [decode() for _ in range(decode_instances)]

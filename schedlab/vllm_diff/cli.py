@@ -7,7 +7,7 @@ import json
 import sys
 
 from schedlab.errors import ConfigError, SchedlabError
-from schedlab.overrides import parse_assignment
+from schedlab.study.overrides import parse_assignment
 from schedlab.progress import progress
 
 from .case import Case, Sides
