@@ -2,8 +2,9 @@
 
 Each study of an experiment gets a *driver* (:mod:`.drivers`): single runs and sweeps know all
 their points at once; a search asks for a few values at a time (:mod:`.speculative`); a
-capacity plan drives one search per candidate (:mod:`.planner`). A point with ``replicas = K`` becomes K tasks
-with derived seeds, combined when the last returns (:mod:`.replicas`).
+capacity plan drives one search per candidate (:mod:`.planner`). A point with
+``replicas = K`` becomes K tasks with derived seeds, combined when the last returns
+(:mod:`.replicas`).
 
 The runner keeps at most ``executor.workers`` tasks in flight, searches' probes first (they
 are on the critical path), and hands every result to its driver. Drivers store results by
