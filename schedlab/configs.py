@@ -159,7 +159,7 @@ def str_field(default=attrs.NOTHING, *, choices: Iterable[str] | None = None, op
 
 
 def _check_metric(attribute, value) -> None:
-    from .metric_names import check_metric_name  # not at import: metric_names imports metrics (numpy)
+    from .results.metric_names import check_metric_name  # not at import: metric_names imports metrics (numpy)
 
     try:
         check_metric_name(value)
@@ -169,7 +169,7 @@ def _check_metric(attribute, value) -> None:
 
 def metric_field(default=attrs.NOTHING, *, optional=False, help: str = ""):
     """A dotted metric name such as ``ttft_ms.p99``, checked against the metrics a run has
-    (:data:`schedlab.metric_names.METRICS`), so a misspelt one fails when the file is loaded."""
+    (:data:`schedlab.results.metric_names.METRICS`), so a misspelt one fails when the file is loaded."""
 
     def check(_inst, attribute, value):
         if value is None and optional:

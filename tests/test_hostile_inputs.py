@@ -369,7 +369,7 @@ def test_what_used_to_hang_ends_with_an_error(tmp_path, case, text, fragment):
 def test_loading_builds_one_instance_of_plugins_running_builds_each(tmp_path):
     """100,000 instances once built every plugin twice over before the run started."""
     import schedlab
-    from schedlab.experiment import load, run_experiment
+    from schedlab.study.experiment import load, run_experiment
     from schedlab_plugins.schedulers import StaticConfig, StaticScheduler
 
     built = []

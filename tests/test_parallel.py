@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from schedlab.cli import main
 from schedlab.errors import WorkloadError
-from schedlab.experiment import load, run_experiment
 from schedlab.study import runner
 from schedlab.study.executor import InProcessExecutor, ProcessExecutor, make_executor
+from schedlab.study.experiment import load, run_experiment
 from study_case import saved_bytes, write_experiment
 
 

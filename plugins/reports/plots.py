@@ -1,7 +1,7 @@
 """The ``plots`` report: PNG figures in ``<out>/plots/``, from fresh or saved results.
 
 ``schedlab run`` writes them after the runs; ``schedlab plot DIR`` redraws them from the files
-of the ``json`` report (:func:`schedlab.results_io.load`). Both go through :func:`plan`, so
+of the ``json`` report (:func:`schedlab.results.storage.load`). Both go through :func:`plan`, so
 they write the same files with the same data. Figures, in this order:
 
 * ``latency_cdf.png`` -- TTFT/TPOT/e2e CDFs of every single run (study kind "run") together;
@@ -39,7 +39,7 @@ import attrs
 from matplotlib.figure import Figure
 
 from schedlab.errors import ConfigError
-from schedlab.results_io import atomic_write
+from schedlab.results.storage import atomic_write
 
 from .plot_config import PlotsConfig
 from .plot_cdf import latency_cdf_figure

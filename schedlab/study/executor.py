@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Protocol
 
 from ..errors import ConfigError
-from ..simulation import Context
+from .simulation import Context
 from .tasks import RunTask, execute
 
 BACKENDS = ("local", "ray")

@@ -13,7 +13,7 @@ from ..engine.driver import simulate
 from ..engine.instance import Instance
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
-from ..results import RunResult
+from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
 
 
@@ -163,7 +163,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
     from ..engine.reference_cluster import DisaggregatedReference
-    from ..simulation import pool_summary
+    from ..study.simulation import pool_summary
 
     rec = Recorder()
     parts = [prefill() for _ in range(prefill_instances)] + [decode() for _ in range(decode_instances)]

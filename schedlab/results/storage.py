@@ -3,7 +3,7 @@
 Files (each written to a temporary name and renamed, so an interrupted write never leaves a
 half file behind and an earlier complete file is only replaced by a complete one; ``schedlab
 run`` moreover writes the whole folder aside and swaps it in, see
-:mod:`schedlab.results_folder`):
+:mod:`schedlab.results.folder`):
 
 * ``summary.json`` -- experiment, studies, per-run metrics, meta, search and plan outcomes,
   and for replicated runs each metric's 95% interval and every replica's metrics; it holds no
@@ -32,11 +32,11 @@ from typing import Any, Iterable
 import attrs
 import numpy as np
 
-from .engine.recorder import TIMELINE
-from .errors import SchedlabError
+from ..engine.recorder import TIMELINE
+from ..errors import SchedlabError
+from .folder import usual_mode
 from .metrics import request_latencies
-from .results import ExperimentResults, RunResult, Study
-from .results_folder import usual_mode
+from .records import ExperimentResults, RunResult, Study
 
 REQUEST_COLUMNS = (
     "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
@@ -355,7 +355,7 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             outcome = _SavedSearch.from_json(s["search"], {r.name: r for r in runs})
         plan = None
         if s.get("plan"):
-            from .study.planner import SavedPlan
+            from ..study.planner import SavedPlan
 
             plan = SavedPlan.from_json(s["plan"])
         studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", ""),
