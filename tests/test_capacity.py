@@ -455,7 +455,7 @@ def test_a_run_sets_a_measured_block_count_over_an_inherited_model_and_gpu(tmp_p
     """The most common per-run setting: a block count measured on the real server. A run may set
     it under a default [kv_cache] that names model and gpu (vLLM --num-gpu-blocks-override): the
     model and GPU still give the bytes of a block (Llama-3-8B: 128 KiB/token x 16 = 2 MiB)."""
-    from schedlab.experiment import load, run_experiment
+    from schedlab.study.experiment import load, run_experiment
     from schedlab_plugins.reports.table import render
 
     (tmp_path / "exp.toml").write_text(textwrap.dedent('''

@@ -311,6 +311,7 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
     for row in rows:
         by_run.setdefault(row[0], []).append(row)
     t_header, t_rows = _read_csv(out / "timeline.csv") if (out / "timeline.csv").exists() else ([], [])
+    t_index = {c: i for i, c in enumerate(t_header)}
     t_by_run: dict[str, list[list[str]]] = {}
     for row in t_rows:
         t_by_run.setdefault(row[0], []).append(row)
@@ -331,8 +332,8 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
         rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}
         trows = t_by_run.get(name, [])
-        timeline = {c: np.array([float(r[i]) for r in trows], dtype=float)
-                    for i, c in enumerate(TIMELINE_COLUMNS) if i > 0}
+        timeline = {c: np.array([float(r[t_index[c]]) for r in trows], dtype=float)
+                    for c in TIMELINE_COLUMNS[1:] if c in t_index}  # older folders lack the slice columns
         return RunResult(name, {}, req, counters, {}, timeline, rejections, meta, _restore_nan(metrics), point)
 
     studies = []
