@@ -29,9 +29,7 @@ Each PNG is rendered in memory and written atomically.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -48,25 +46,15 @@ from .plot_plan import plan_figure
 from .plot_search import search_figure
 from .plot_sweep import overlay_figure, sweep_figure
 from .plot_timeline import has_timeline, timeline_figure
+from .names import safe_stem
 
 FOLDER = "plots"
-MAX_STEM = 80
 @attrs.frozen
 class PlannedFigure:
     """One PNG to write: its file name (inside plots/) and how to draw it (None: nothing to draw)."""
 
     filename: str
     draw: Callable[[], Figure | None]
-
-
-def safe_stem(name: str) -> str:
-    """A file-name-safe form of a study or run name (see the module doc)."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-    stem = re.sub(r"[._-]*_[._-]*", "_", stem).strip("._-") or "run"
-    if len(stem) > MAX_STEM:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-        stem = f"{stem[:MAX_STEM - 9].rstrip('._-')}-{digest}"
-    return stem
 
 
 def timeline_runs(results, limit: int) -> list:
