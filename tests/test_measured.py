@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from schedlab.calibrate import Parameter, calibrate, parse_parameter, parse_part
-from schedlab.compare import STATISTIC_NAMES, errors_pct, mean_abs_error, statistics
 from schedlab.errors import ConfigError, WorkloadError
-from schedlab.experiment import load, run_experiment
+from schedlab.results.compare import STATISTIC_NAMES, errors_pct, mean_abs_error, statistics
+from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.workloads.measured import load_vllm_bench, load_vllm_log, prefix_block_ids
 
 

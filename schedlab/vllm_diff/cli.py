@@ -7,8 +7,8 @@ import json
 import sys
 
 from schedlab.errors import ConfigError, SchedlabError
-from schedlab.overrides import parse_assignment
 from schedlab.progress import progress
+from schedlab.study.overrides import parse_assignment
 
 from .case import Case, Sides
 from .compare import Comparison, Differ, agreement_table
