@@ -232,7 +232,8 @@ def test_presets_within_15_percent_above_the_latency_floor(key):
     error = model / rows[:, 2] - 1.0
     at_floor = (model <= floor) & (rows[:, 2] <= 1.15 * floor)
     bad = ~((np.abs(error) <= 0.15) | at_floor)
-    assert not bad.any(), [(int(s), round(m, 1), round(e, 3)) for s, m, e in zip(rows[bad, 0], rows[bad, 2], error[bad])]
+    misses = zip(rows[bad, 0], rows[bad, 2], error[bad])
+    assert not bad.any(), [(int(size), round(measured, 1), round(e, 3)) for size, measured, e in misses]
     small = rows[:, 0] <= 65536
     assert (model[small] <= floor).all()  # below 64 KB within the measured latency floor
 

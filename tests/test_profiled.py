@@ -136,7 +136,8 @@ def test_grid_point_out_of_range_is_named(tmp_path):
 
 def test_unprofiled_tensor_parallel_lists_the_profiled_ones(tmp_path):
     bundle = write_bundle(tmp_path)
-    with pytest.raises(BundleError, match=r"tp2: missing folder: tensor_parallel = 2 was not profiled \(expected tp2/; profiled: tp1/\)"):
+    with pytest.raises(BundleError, match=r"tp2: missing folder: tensor_parallel = 2 was not profiled "
+                                          r"\(expected tp2/; profiled: tp1/\)"):
         ProfileBundle(bundle, 2)
     with pytest.raises(BundleError, match="profile folder not found"):
         ProfileBundle(tmp_path / "nowhere", 1)
@@ -302,7 +303,8 @@ def test_tensor_parallel_all_reduce_is_added(tmp_path):
     batch = Batch(num_decode=8, decode_context_tokens=8 * 16)
     # (3 layers x 2 + 1) all-reduces x (20 us + 2 (2-1)/2 x 8 tokens x 64 x 2 bytes / 10 GB/s)
     comm = (3 * 2 + 1) * (20e-3 + 1.0 * 8 * 64 * 2 / 10e6)
-    tp2_bundle_alone = ProfiledCostModel(ProfileBundle(bundle, 2), TINY, ProfiledConfig(profile=str(bundle), model="tiny"))
+    tp2_bundle_alone = ProfiledCostModel(ProfileBundle(bundle, 2), TINY,
+                                         ProfiledConfig(profile=str(bundle), model="tiny"))
     assert cost.iteration_ms(batch) - tp2_bundle_alone.iteration_ms(batch) == pytest.approx(comm, rel=1e-9)
 
 

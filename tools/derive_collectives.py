@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from plugins.cost_models.collectives import TOPOLOGIES, Collectives, Topology  # noqa: E402
 
-SHARED = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()), REPO.parent / "shared")
+SHARED = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
+              REPO.parent / "shared")
 NETWORK = SHARED / "calibration" / "vidur" / "profiling" / "network"
 SUBSET = REPO / "tests" / "data" / "nccl"
 SMALL_BYTES = 64 * 1024
@@ -103,7 +104,8 @@ def fit_bus_gbps(key: tuple, rows: np.ndarray) -> float:
         return float("nan")
     best = None
     for gbps in np.exp(np.linspace(math.log(1.0), math.log(1000.0), 700)):
-        err = float(np.sum(np.log(model_us(series_topology(key, gbps), key[1], key[2], key[3], fit[:, 0]) / fit[:, 2]) ** 2))
+        model = model_us(series_topology(key, gbps), key[1], key[2], key[3], fit[:, 0])
+        err = float(np.sum(np.log(model / fit[:, 2]) ** 2))
         if best is None or err < best[0]:
             best = (err, gbps)
     return round(best[1])
@@ -154,8 +156,8 @@ def main(argv: list[str]) -> int:
         if key[0] in PRESET_OF:
             print(f"  {key}: {fit_bus_gbps(key, rows)}")
     if args.table:
-        print("\n| machine (Vidur folder) | collective | GPUs per node x nodes | points | explained | floor | model <= 64 KB "
-              "| median / worst error above the floor |")
+        print("\n| machine (Vidur folder) | collective | GPUs per node x nodes | points | explained | floor "
+              "| model <= 64 KB | median / worst error above the floor |")
         print("|---|---|---|---|---|---|---|---|")
         for key, rows in sorted(series.items()):
             if key[0] not in PRESET_OF:

@@ -83,8 +83,8 @@ def moe_per_rank(bundle, s: dict, tp: int):
     from plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
     from schedlab.capacity import ModelSpec
 
-    spec = ModelSpec("derive", hf_id=bundle.meta["model"], num_layers=s["layers"], num_kv_heads=s["kv_heads"], head_dim=s["head_dim"],
-                     num_params=s["num_params"], hidden_size=s["hidden"], num_experts=s["experts"],
+    spec = ModelSpec("derive", hf_id=bundle.meta["model"], num_layers=s["layers"], num_kv_heads=s["kv_heads"],
+                     head_dim=s["head_dim"], num_params=s["num_params"], hidden_size=s["hidden"], num_experts=s["experts"],
                      experts_per_token=s["k"], active_params=s["active_params"])
     cost = ProfiledCostModel(bundle, spec, ProfiledConfig(profile=str(bundle.root), model="derive", tensor_parallel=tp),
                              topology=TOPOLOGIES["pcie-gen5-host"])  # the link does not enter moe_ms

@@ -23,8 +23,8 @@ bundle's fitted alphas when it has them.
 Communication is not in the profiles: each ``tp<N>/`` folder times one rank's share of
 the work on one GPU. The all-reduces and the all-gather are NCCL's collectives over the
 machine's links (:mod:`.tensor_parallel`, :mod:`.collectives`; ``interconnect`` names the
-machine, by default the GPU preset's usual one). MoE experts are read from the TP-1 table ``moe.csv``, the only one the
-profiler writes, with LLMServingSim's balanced routing: ``E = min(T x top_k, experts)``
+machine, by default the GPU preset's usual one). MoE experts are read from the TP-1 table
+``moe.csv``, the only one the profiler writes, with LLMServingSim's balanced routing: ``E = min(T x top_k, experts)``
 experts on ``T`` tokens. With ``expert_parallel`` each of the ``tp`` ranks holds ``experts /
 tp`` whole experts and sees the tokens routed to at least one of them (LLMServingSim's
 expert-parallel view). Without it, LLMServingSim reads the TP-1 time unchanged ("increasing
