@@ -94,13 +94,13 @@ def azure_overrides(traces: str | None) -> tuple[list[str], str]:
 
 
 def child(toml: str, overrides: list[str]) -> dict:
-    import schedlab.simulation
-    from schedlab.experiment import load, run_experiment
+    import schedlab.study.simulation
+    from schedlab.study.experiment import load, run_experiment
 
     # The CPU time of the simulation alone (what wall_ms times): on a machine shared with other
     # jobs it is what the wall time would be on an idle one.
     cpu = []
-    simulate = schedlab.simulation.simulate
+    simulate = schedlab.study.simulation.simulate
 
     def timed(*args, **kwargs):
         started = time.process_time()
@@ -109,11 +109,11 @@ def child(toml: str, overrides: list[str]) -> dict:
         finally:
             cpu.append(time.process_time() - started)
 
-    schedlab.simulation.simulate = timed
+    schedlab.study.simulation.simulate = timed
 
     # Benchmark 4's engine, timed alike: the reference engine runs its instances through
     # ReferenceCluster.run (patched on the class, so disaggregated clusters are timed too).
-    cluster_run = schedlab.simulation.ReferenceCluster.run
+    cluster_run = schedlab.study.simulation.ReferenceCluster.run
 
     def timed_reference(self, *args, **kwargs):
         started = time.process_time()
@@ -122,7 +122,7 @@ def child(toml: str, overrides: list[str]) -> dict:
         finally:
             cpu.append(time.process_time() - started)
 
-    schedlab.simulation.ReferenceCluster.run = timed_reference
+    schedlab.study.simulation.ReferenceCluster.run = timed_reference
     exp = load(HERE / toml, overrides)
     run = run_experiment(exp).all_runs()[0]
     return {

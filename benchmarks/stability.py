@@ -6,7 +6,7 @@
 Each cell simulates FCFS single-server queues with Poisson arrivals (rate 1) and exponential
 service times (mean = load), or gamma gaps with cv 3 for bursty arrivals, through the
 Lindley recursion, and reports the share of seeds whose verdict is ``unstable`` (and, in
-brackets, ``inconclusive``). The figures in :mod:`schedlab.stability` and the README come from
+brackets, ``inconclusive``). The figures in :mod:`schedlab.results.stability` and the README come from
 this script.
 """
 
@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from schedlab.stability import queue_stability
+from schedlab.results.stability import queue_stability
 
 LOADS = (0.8, 0.9, 0.95, 1.05, 1.2, 1.5)
 SIZES = (100, 300, 1000, 3000)

@@ -23,9 +23,12 @@ Writing a plugin takes one module::
 Make it known through the ``schedlab`` entry-point group in your package metadata, or list the
 module in an experiment's ``[experiment] plugins = ["my_module"]``; then use
 ``[scheduler] kind = "mine"``. The contracts are in :mod:`schedlab.protocols`, the hooks in
-:mod:`schedlab.hookspecs`.
+:mod:`schedlab.hookspecs`; :mod:`schedlab.study` runs experiments and :mod:`schedlab.results`
+turns runs into metrics and files. The module names of the earlier flat layout
+(``schedlab.metrics``, ``schedlab.experiment``, ...) still import (:mod:`schedlab.aliases`).
 """
 
+from . import aliases
 from .errors import ConfigError, SchedlabError, SimulationError, StallError, UnknownPluginError, WorkloadError
 from .hookspecs import NAME, hookimpl, hookspec
 from .model import Request
@@ -45,3 +48,5 @@ __all__ = [
     "hookspec",
 ]
 __version__ = "0.1.0"
+
+aliases.install()  # the old flat module names (schedlab.metrics, ...) keep importing

@@ -4,7 +4,7 @@ The experiment's run must replay a measured run (a ``vllm_log`` or ``vllm_bench`
 which keeps what the real run measured). Each ``--fit KEY=LOW:HIGH`` names a setting of the
 run's tables (``cost_model.overhead_ms``, ``cost_model.mfu``, ``cost_model.decode_ms_per_step``)
 and its bounds. The fit simulates the run at candidate values and minimises the mean absolute
-error over the 15 statistics of :mod:`schedlab.compare` with scipy's bounded Nelder-Mead,
+error over the 15 statistics of :mod:`schedlab.results.compare` with scipy's bounded Nelder-Mead,
 starting from the values in the file (or the middle of the bounds); it is deterministic.
 
 It prints the fitted values, the error per statistic at the fit, and a TOML snippet to paste
@@ -23,10 +23,10 @@ from typing import Any
 
 import attrs
 
-from .compare import comparison_rows, format_comparison, measured_statistics, statistics
 from .errors import ConfigError
-from .metrics import request_latencies
-from .overrides import get_dotted, parse_assignment, set_dotted
+from .results.compare import comparison_rows, format_comparison, measured_statistics, statistics
+from .results.metrics import request_latencies
+from .study.overrides import get_dotted, parse_assignment, set_dotted
 
 
 @attrs.frozen
@@ -64,7 +64,7 @@ def _mean_abs_error(result, rows=None) -> float:
     if summary is None:
         raise ConfigError("the run's workload keeps no measured run (use a vllm_log or vllm_bench workload)")
     if rows is not None:
-        from .compare import vs_measured
+        from .results.compare import vs_measured
 
         summary = vs_measured(result.requests, result.measured, rows)
     value = summary["mean_abs_error_pct"]
@@ -99,7 +99,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
     """
     from scipy.optimize import minimize  # fitting only; scipy is a dependency for this
 
-    from .simulation import RunSpec, run
+    from .study.simulation import RunSpec, run
 
     studies = [s for s in exp.studies if run_name is None or s.name == run_name]
     if not studies:
@@ -107,7 +107,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
     if len(studies) > 1:
         raise ConfigError(f"the experiment has several runs; choose one with --run "
                           f"({', '.join(s.name for s in studies)})")
-    from .simulation import _tables_with_defaults
+    from .study.simulation import _tables_with_defaults
 
     base = studies[0].base
     base = RunSpec(base.name, _tables_with_defaults(base.tables), base.seed, base.engine)
@@ -155,7 +155,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
 
 def snippet(spec, parameters: list[Parameter]) -> str:
     """The fitted tables as TOML to paste (each table the fit touched, in full)."""
-    from .overrides import split_key
+    from .study.overrides import split_key
 
     lines = []
     for table in dict.fromkeys(split_key(p.key)[0] for p in parameters):
@@ -194,7 +194,7 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
 
 
 def _table(title: str, result, rows=None) -> str:
-    from .compare import select_requests
+    from .results.compare import select_requests
 
     if rows is None:
         sim, truth = request_latencies(result.requests), measured_statistics(result.measured)
@@ -208,7 +208,7 @@ def _table(title: str, result, rows=None) -> str:
 
 def predict(exp, spec, overrides: list[str]):
     """Run the fitted ``spec`` with ``overrides`` (``workload.start=150``) and return its result."""
-    from .simulation import RunSpec, run
+    from .study.simulation import RunSpec, run
 
     tables = spec.tables
     for text in overrides:
@@ -219,7 +219,7 @@ def predict(exp, spec, overrides: list[str]):
 
 def _measured_count(exp, study) -> int:
     """How many requests the study's measured run has (its workload is built to count them)."""
-    from .simulation import _tables_with_defaults, build_component
+    from .study.simulation import _tables_with_defaults, build_component
 
     table = _tables_with_defaults(study.base.tables)["workload"]
     workload = build_component(exp.context, "workload", table, f"{exp.context.source}: [workload]")
@@ -248,7 +248,7 @@ def add_arguments(parser) -> None:
 
 
 def command(args) -> int:
-    from .experiment import load
+    from .study.experiment import load
 
     exp = load(args.file, args.set)
     parameters = [parse_parameter(text) for text in args.fit]

@@ -87,6 +87,9 @@ class ModelSpec:
         None, min=0.0, min_exclusive=True, optional=True,
         help="MoE: parameters one token passes through (attention, router, top-k experts, embeddings); "
              "unset = num_params")
+    hf_id: str | None = str_field(
+        None, optional=True,
+        help="the Hugging Face model id (e.g. 'Qwen/Qwen3-32B'): a measured profile bundle must name it")
 
     def __attrs_post_init__(self) -> None:
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:

@@ -5,7 +5,7 @@ Every user error (bad TOML, unknown plugin, impossible config, stalled run, unus
 ``--out``) ends as one message on stderr and exit status 2 -- never a traceback. Ctrl-C and
 SIGTERM end a run the same way, with one message (exit 130 and 143); further signals while it
 cleans up are ignored (:mod:`schedlab.interrupts`). ``run`` writes its results folder whole
-(:mod:`schedlab.results_folder`).
+(:mod:`schedlab.results.folder`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import index_page
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
 from .errors import SchedlabError
 from .interrupts import SignalGuard, Terminated, acknowledge
-from .results_folder import StagedFolder
-from .simulation import build_component
+from .results import index_page
+from .results.folder import StagedFolder
+from .study.simulation import build_component
 
 
 def _reports(exp, names, skip=()):
@@ -37,7 +37,7 @@ def _reports(exp, names, skip=()):
 
 
 def cmd_run(args) -> int:
-    from .experiment import load, run_experiment
+    from .study.experiment import load, run_experiment
     from .study.executor import make_executor
 
     exp = load(args.file, args.set)
@@ -83,7 +83,7 @@ def _table_text(catalog, results, table: dict, source: str) -> str:
 
 
 def cmd_validate(args) -> int:
-    from .experiment import load
+    from .study.experiment import load
 
     exp = load(args.file, args.set)
     runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies)
@@ -92,7 +92,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .results_io import load as load_results
+    from .results.storage import load as load_results
 
     results = load_results(args.dir)
     catalog = load_catalog()

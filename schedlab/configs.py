@@ -159,7 +159,7 @@ def str_field(default=attrs.NOTHING, *, choices: Iterable[str] | None = None, op
 
 
 def _check_metric(attribute, value) -> None:
-    from .metric_names import check_metric_name  # not at import: metric_names imports metrics (numpy)
+    from .results.metric_names import check_metric_name  # not at import: metric_names imports metrics (numpy)
 
     try:
         check_metric_name(value)
@@ -169,7 +169,7 @@ def _check_metric(attribute, value) -> None:
 
 def metric_field(default=attrs.NOTHING, *, optional=False, help: str = ""):
     """A dotted metric name such as ``ttft_ms.p99``, checked against the metrics a run has
-    (:data:`schedlab.metric_names.METRICS`), so a misspelt one fails when the file is loaded."""
+    (:data:`schedlab.results.metric_names.METRICS`), so a misspelt one fails when the file is loaded."""
 
     def check(_inst, attribute, value):
         if value is None and optional:
@@ -200,6 +200,9 @@ def path_field(default=attrs.NOTHING, *, optional=False, help: str = ""):
             return
         if not isinstance(value, (str, os.PathLike)):
             raise FieldError(attribute.name, f"must be a path, got {_describe(value)}")
+        if not str(value).strip():
+            raise FieldError(attribute.name, "must be a path, got an empty string"
+                                             + ("; leave the key out for none" if optional else ""))
 
     return attrs.field(default=default, validator=check, metadata={"help": help, "path": True})
 
@@ -233,7 +236,7 @@ def table_field(default=attrs.NOTHING, *, help: str = ""):
 def _resolve_nested_paths(value, base_dir):
     """In nested tables, ``path`` keys hold file paths: resolve them like top-level path fields."""
     if isinstance(value, dict):
-        return {k: (str(Path(base_dir, os.path.expanduser(v))) if k == "path" and isinstance(v, str)
+        return {k: (str(Path(base_dir, os.path.expanduser(v))) if k == "path" and isinstance(v, str) and v.strip()
                     else _resolve_nested_paths(v, base_dir)) for k, v in value.items()}
     return value
 
@@ -294,7 +297,7 @@ def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | No
     if base_dir is not None:
         for name, a in fields.items():
             value = values.get(name)
-            if a.metadata.get("path") and isinstance(value, str):
+            if a.metadata.get("path") and isinstance(value, str) and value.strip():
                 values[name] = str(Path(base_dir, os.path.expanduser(value)))
             elif a.metadata.get("table") and isinstance(value, dict):
                 values[name] = _resolve_nested_paths(value, base_dir)

@@ -71,6 +71,11 @@ def schedlab_register_routers(register: "Registry") -> None:
     """Register routers that spread requests over several instances
     (objects following :class:`schedlab.protocols.Router`).
 
+    A router sees each instance only through a view (:class:`schedlab.engine.load.InstanceView`)
+    as it is at the arrival's time -- ``outstanding``, ``waiting``, ``running``, ``in_iteration``
+    and the KV gauge ``kv`` (``num_used_blocks()``, ``num_free_blocks()``, ``num_blocks``,
+    ``usage``) -- each read O(1); it never sees what an iteration in progress will finish.
+
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
         ``factory(config)`` must return a new router. A duplicate name raises.
     """

@@ -358,9 +358,14 @@ class Workload(Protocol):
 class Router(Protocol):
     """Chooses the instance for each arriving request (several-instance runs).
 
-    ``route`` returns an index into ``instances``; each instance exposes ``index``,
-    ``outstanding``, ``waiting``, ``running`` and ``kv``. Optional: ``check_cluster(n)``, called
-    when the run is assembled, to reject settings that do not fit a cluster of ``n``."""
+    ``route`` returns an index into ``instances``: views of the instances
+    (:class:`schedlab.engine.load.InstanceView`) as they are at the request's arrival -- an
+    iteration in progress still holds its requests and their KV blocks. Each exposes ``index``,
+    ``outstanding`` (queued, swapped out or in service), ``waiting`` and ``running`` (counts),
+    ``in_iteration`` and ``kv``, a gauge with ``num_used_blocks()``, ``num_free_blocks()``,
+    ``num_blocks``, ``block_size`` and ``usage`` (other attributes are the cache's own, e.g. a
+    prefix lookup); every read is O(1). Optional: ``check_cluster(n)``, called when the run is
+    assembled, to reject settings that do not fit a cluster of ``n``."""
 
     def route(self, request: "Request", instances: list[Any]) -> int: ...
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schedlab.results_io import save
+from schedlab.results.storage import save
 
 EXPERIMENT = """
 [experiment]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 
 import attrs
 import pytest
@@ -329,8 +330,10 @@ def test_roofline_tensor_parallel_adds_the_all_reduce():
                                             layer_overhead_us=0.0))
     weights = LLAMA3_70B_PARAMS * 2 / 4 / (3350e6 * 0.91)
     compute = 2 * LLAMA3_70B_PARAMS / 4 * 1 / (989e9 * 0.77 * 1 / 57)
-    # 80 layers x 2 all-reduces of 1 token x 8192 x 2 bytes: 5 us + 2 (tp-1)/tp x bytes / 450 GB/s
-    comm = 80 * 2 * (5e-3 + 1.5 * 8192 * 2 / 450e6)
+    # (80 layers x 2 + the embedding's 1) all-reduces of 1 token x 8192 x 2 bytes over a DGX H100's
+    # NVSwitch (4 ranks: 361 GB/s bus): NCCL's LL protocol, 6.6 + 6 hops x 0.6 us + 2 (tp-1)/tp x
+    # bytes at half the bus bandwidth
+    comm = (80 * 2 + 1) * (6.6 + 6 * 0.6 + 1.5 * 8192 * 2 / (0.5 * 361e3)) * 1e-3
     kv = 1000 * (80 * KIB) / (3350e6 * 0.86)
     got = cost.iteration_ms(Batch(num_decode=1, decode_context_tokens=1000))
     assert got == pytest.approx(math.hypot(weights, compute) + comm + kv, rel=1e-12)
@@ -448,3 +451,37 @@ def test_roofline_registered_and_built_from_presets(catalog, presets):
         from_table(RooflineConfig, {"model": "llama-3-8b", "gpu": "l4", "mfu": 1.5}, where="lab.toml: [cost_model]")
     with pytest.raises(ConfigError, match="split evenly"):
         build_roofline(RooflineConfig(model="llama-3-8b", gpu="l4", tensor_parallel=3), presets)
+
+
+def test_a_run_sets_a_measured_block_count_over_an_inherited_model_and_gpu(tmp_path):
+    """The most common per-run setting: a block count measured on the real server. A run may set
+    it under a default [kv_cache] that names model and gpu (vLLM --num-gpu-blocks-override): the
+    model and GPU still give the bytes of a block (Llama-3-8B: 128 KiB/token x 16 = 2 MiB)."""
+    from schedlab.study.experiment import load, run_experiment
+    from schedlab_plugins.reports.table import render
+
+    (tmp_path / "exp.toml").write_text(textwrap.dedent('''
+        [experiment]
+        name = "override"
+        [workload]
+        kind = "synthetic"
+        num_requests = 4
+        prompt = {dist = "fixed", value = 100}
+        output = {dist = "fixed", value = 10}
+        rate = 10
+        [kv_cache]
+        kind = "paged"
+        model = "llama-3-8b"
+        gpu = "a100-40gb"
+        [[runs]]
+        name = "derived"
+        [[runs]]
+        name = "measured"
+        kv_cache = {kind = "paged", num_blocks = 2588}
+    '''))
+    results = run_experiment(load(tmp_path / "exp.toml"))
+    runs = {r.name: r.meta["kv_cache"] for r in results.all_runs()}
+    assert runs["derived"]["num_blocks"] == runs["derived"]["derived_blocks"] == 10005
+    assert runs["measured"]["num_blocks"] == 2588
+    assert runs["measured"]["bytes_per_block"] == 2 * 2**20
+    assert "2,588 blocks = 41,408 tokens (num_blocks set; model and gpu give 10,005)" in render(results)

@@ -87,7 +87,7 @@ def test_plugins_verbose_prints_defaults_as_toml(capsys):
 
 
 def test_set_can_target_one_run(tmp_path, capsys):
-    from schedlab.experiment import load
+    from schedlab.study.experiment import load
 
     exp = load(QUICKSTART, ["runs.static.scheduler.batch_size=4", "workload.limit=50"])
     tables = {s.name: s.base.tables for s in exp.studies}

@@ -8,6 +8,8 @@ the same way -- the comparison is strict.
 
 from __future__ import annotations
 
+import attrs
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -128,44 +130,56 @@ def test_prefix_caching_runs_match_reference(requests, cfg, block_size, spare, c
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), continuous_configs(),
-       st.integers(20, 400), st.sampled_from(["l4", "a100-80gb"]))
-def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu):
+       st.integers(20, 400), st.sampled_from(["l4", "a100-80gb"]), st.sampled_from([1, 2, 4]))
+def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp):
     """The roofline model's decode steps grow with context (memory-bound KV reads): bulk runs
-    sum that growth in closed form. Its costs are not dyadic, so the engines agree to rounding."""
+    sum that growth in closed form. Its costs are not dyadic, so the engines agree to rounding.
+    At TP > 1 the collectives (the GPU's usual machine) add the all-reduces, nonlinear in the
+    tokens, and the logits' all-gather per sequence."""
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
 
     presets = Presets.from_catalog(load_catalog(entry_points=False))
-    cost = RooflineCostModel(presets.model("llama-3-8b"), presets.gpu(gpu),
-                             RooflineConfig(model="llama-3-8b", gpu=gpu))
+    model = attrs.evolve(presets.model("llama-3-8b"), vocab_size=128256)  # so the logits are gathered at TP > 1
+    cost = RooflineCostModel(model, presets.gpu(gpu), RooflineConfig(model="llama-3-8b", gpu=gpu, tensor_parallel=tp))
     runs = [run_engine(requests, ContinuousScheduler(cfg), cost, PagedKVCache(num_blocks, 16, swap_blocks=32),
                        engine=engine) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)
 
 
+#: The shipped bundles: Llama-3.1-8B at TP 1, and Qwen3-32B at TP 2 with its all-reduces
+#: and logits all-gather timed by the collectives over PCIe without peer-to-peer.
+SHIPPED_PROFILES = [("meta-llama/Llama-3.1-8B", "llama-3.1-8b", 1), ("Qwen/Qwen3-32B", "qwen3-32b", 2)]
+
+
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=8, max_prompt=6_000, max_output=400, all_at_zero=False), st.integers(1, 8),
-       st.sampled_from([512, 2048]), st.booleans(), st.integers(40, 3_000))
-def test_profiled_cost_runs_match_reference(requests, max_seqs, budget, chunked, num_blocks):
-    """The shipped RTX PRO 6000 profile: decode runs cross its kv_decode grid points and skew
-    buckets (contexts to ~6k), chunks land between its profiled chunk sizes; the fast engine's
-    piecewise-linear runs must agree with the step-by-step engine."""
+       st.sampled_from([512, 2048]), st.booleans(), st.integers(40, 3_000), st.sampled_from(SHIPPED_PROFILES))
+def test_profiled_cost_runs_match_reference(requests, max_seqs, budget, chunked, num_blocks, shipped):
+    """The shipped RTX PRO 6000 profiles: decode runs cross their kv_decode grid points and skew
+    buckets (contexts to ~6k), chunks land between their profiled chunk sizes, and at TP 2 the
+    communication depends on the tokens (latency-bound, then bandwidth-bound); the fast
+    engine's piecewise-linear runs must agree with the step-by-step engine."""
     from pathlib import Path
 
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
+    from schedlab_plugins.cost_models.collectives import TOPOLOGIES
     from schedlab_plugins.cost_models.profile_bundle import ProfileBundle
     from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
 
+    hf_id, preset, tp = shipped
     root = (Path(__file__).resolve().parents[1] / "experiments" / "data" / "llmservingsim" / "profiles"
-            / "RTXPRO6000" / "meta-llama" / "Llama-3.1-8B" / "bf16")
-    bundle = _BUNDLE.get(root) or _BUNDLE.setdefault(root, ProfileBundle(root, 1))
-    model = Presets.from_catalog(load_catalog(entry_points=False)).model("llama-3.1-8b")
+            / "RTXPRO6000" / hf_id / "bf16")
+    bundle = _BUNDLE.get(root) or _BUNDLE.setdefault(root, ProfileBundle(root, tp))
+    model = Presets.from_catalog(load_catalog(entry_points=False)).model(preset)
     cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
                            allocation="grow")
+    topology = TOPOLOGIES["pcie-gen5-host"] if tp > 1 else None
     runs = [run_engine(requests, ContinuousScheduler(cfg),
-                       ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model="llama-3.1-8b")),
+                       ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model=preset,
+                                                                       tensor_parallel=tp), topology=topology),
                        PagedKVCache(num_blocks, 16, swap_blocks=32), engine=engine) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)
     assert runs[0].meta["events"] <= runs[1].meta["events"]

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from schedlab.engine.transfer import KVLink, kv_bytes_per_token
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
 from schedlab.model import Request
+from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (check_run, compare_runs, dyadic_linear_costs, examples, requests_lists,
                               run_disaggregated)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from schedlab.errors import ConfigError, UnknownPluginError
-from schedlab.experiment import load, run_experiment
+from schedlab.study.experiment import load, run_experiment
 
 REQUESTS = '{"requests": [' + ", ".join(
     f'{{"prompt_tokens": {10 + i}, "output_tokens": {3 + i % 4}}}' for i in range(12)) + "]}"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from schedlab.configs import from_table
-from schedlab.experiment import load, run_experiment
+from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.reports.plots import PlotsConfig, plan
 from schedlab_plugins.reports.table import TableConfig, render
 from schedlab_plugins.workloads.traces import load_azure

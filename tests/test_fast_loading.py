@@ -520,3 +520,24 @@ def test_traces_read_the_same_through_every_reader(tmp_path, monkeypatch, trace,
         assert len(results["arrow"][0][0]) == kept
     if trace == "mooncake" and zero_tokens == "clamp":
         assert results["arrow"][0][3]["block_hashes"][:3] == [(), (1, 2), (2, 3, 4)]
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 30, "1e30", '"1e30"', str(2**63)])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_whole_number_beyond_int64_is_refused_alike_by_every_reader(tmp_path, value, fmt):
+    """It ended in an OverflowError traceback (int64 columns) instead of naming its line."""
+    path = tmp_path / f"r.{fmt}"
+    if fmt == "jsonl":
+        path.write_text('{"prompt_tokens": 10, "output_tokens": 5}\n'
+                        f'{{"prompt_tokens": {value}, "output_tokens": 5}}\n')
+    else:
+        path.write_text(f"prompt_tokens,output_tokens\n10,5\n{value.strip(chr(34))},5\n")
+    messages = set()
+    for reader, records in read_all(path).items():
+        assert not isinstance(records, str), (reader, records)
+        with pytest.raises(WorkloadError) as error:
+            records.ints("prompt_tokens")
+        messages.add(str(error.value))
+    line = 2 if fmt == "jsonl" else 3
+    assert len(messages) == 1
+    assert f"line {line}: prompt_tokens: must be a whole number from 1 to 9,223,372,036,854,775,807" in messages.pop()

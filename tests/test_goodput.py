@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
+from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.reports.goodput import GoodputConfig, GoodputReport, crossing, systems
 
 

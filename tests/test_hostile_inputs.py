@@ -369,7 +369,7 @@ def test_what_used_to_hang_ends_with_an_error(tmp_path, case, text, fragment):
 def test_loading_builds_one_instance_of_plugins_running_builds_each(tmp_path):
     """100,000 instances once built every plugin twice over before the run started."""
     import schedlab
-    from schedlab.experiment import load, run_experiment
+    from schedlab.study.experiment import load, run_experiment
     from schedlab_plugins.schedulers import StaticConfig, StaticScheduler
 
     built = []
@@ -385,3 +385,37 @@ def test_loading_builds_one_instance_of_plugins_running_builds_each(tmp_path):
     assert len(built) == 1
     run_experiment(exp)
     assert len(built) == 1 + 8
+
+
+# -- request files with numbers beyond any column -----------------------------------------------------
+
+HUGE = {"10**30": "1" + "0" * 30, "1e30": "1e30", "'1e30'": '"1e30"', "2**63": str(2**63)}
+
+
+def request_file(fmt: str, value: str) -> str:
+    if fmt == "json":
+        return json.dumps({"requests": [{"prompt_tokens": 10, "output_tokens": 5, "arrival_ms": 0}]})[:-2] + (
+            f', {{"prompt_tokens": {value}, "output_tokens": 5, "arrival_ms": 1}}]}}')
+    if fmt == "jsonl":
+        return ('{"prompt_tokens": 10, "output_tokens": 5, "arrival_ms": 0}\n'
+                f'{{"prompt_tokens": {value}, "output_tokens": 5, "arrival_ms": 1}}\n')
+    return f"prompt_tokens,output_tokens,arrival_ms\n10,5,0\n{value.strip(chr(34))},5,1\n"
+
+
+@pytest.mark.parametrize("value", list(HUGE), ids=list(HUGE))
+@pytest.mark.parametrize("fmt, where", [("json", "record 2"), ("jsonl", "line 2"), ("csv", "line 3")])
+def test_a_token_count_beyond_int64_names_its_record(tmp_path, capsys, value, fmt, where):
+    """10**30, 1e30 or "1e30" as a prompt length ended in an OverflowError traceback."""
+    (tmp_path / f"r.{fmt}").write_text(request_file(fmt, HUGE[value]))
+    text = f'[experiment]\nname = "h"\n[workload]\nkind = "file"\npath = "r.{fmt}"\n'
+    code, err = run_file(tmp_path, capsys, text)
+    one_error(code, err, f"r.{fmt}: {where}: prompt_tokens: must be a whole number from 1 to")
+
+
+@pytest.mark.parametrize("key", ["path", "prompts"])
+def test_an_empty_path_is_refused_by_name(tmp_path, capsys, key):
+    """--set 'workload.prompts=""' answered '<folder>: file not found'."""
+    path = tmp_path / "exp.toml"
+    path.write_text(f'[experiment]\nname = "h"\n[workload]\nkind = "vllm_log"\npath = "log.jsonl"\n')
+    code = main(["run", str(path), "--set", f'workload.{key}=""'])
+    one_error(code, capsys.readouterr().err, f"[workload]: {key}: must be a path, got an empty string")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from schedlab.cli import main
-from schedlab.experiment import load, run_experiment
+from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.reports.lab import LabReport
 
 LAB = Path(__file__).resolve().parent.parent / "experiments" / "lab.toml"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from schedlab.calibrate import Parameter, calibrate, parse_parameter, parse_part
-from schedlab.compare import STATISTIC_NAMES, errors_pct, mean_abs_error, statistics
 from schedlab.errors import ConfigError, WorkloadError
-from schedlab.experiment import load, run_experiment
+from schedlab.results.compare import STATISTIC_NAMES, errors_pct, mean_abs_error, statistics
+from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.workloads.measured import load_vllm_bench, load_vllm_log, prefix_block_ids
 
 
@@ -197,3 +197,17 @@ output = { dist = "fixed", value = 5 }
 """)
     with pytest.raises(ConfigError, match="keeps no measured run"):
         calibrate(load(exp_path), [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)])
+
+
+def test_the_shipped_real_runs_stay_within_the_readme_errors():
+    """experiments/vllm_validation.toml replays both shipped real runs (TP 1 on one RTX PRO
+    6000, TP 2 over PCIe without peer-to-peer); the mean |error| over the 15 TTFT / TPOT /
+    latency statistics must stay within what README "Fidelity" reports (rounded up)."""
+    from pathlib import Path
+
+    experiment = Path(__file__).resolve().parents[1] / "experiments" / "vllm_validation.toml"
+    results = run_experiment(load(experiment))
+    errors = {r.name: r.metrics["vs_measured"]["mean_abs_error_pct"] for r in results.all_runs()}
+    bounds = {"profiled": 2.5, "roofline": 7.0, "profiled-tp2": 9.0, "roofline-tp2": 16.0}
+    assert set(errors) == set(bounds)
+    assert all(errors[name] <= bound for name, bound in bounds.items()), errors

@@ -1,4 +1,4 @@
-"""The metric names files may use (schedlab.metric_names) against the metrics runs really have,
+"""The metric names files may use (schedlab.results.metric_names) against the metrics runs really have,
 and summary.json's layout against what the README documents."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from schedlab.cli import main
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
-from schedlab.metric_names import METRICS, check_metric_name
-from schedlab.results_io import SUMMARY_LAYOUT, summary_dict, summary_problem
+from schedlab.results.metric_names import METRICS, check_metric_name
+from schedlab.results.storage import SUMMARY_LAYOUT, summary_dict, summary_problem
+from schedlab.study.experiment import load, run_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,10 +118,10 @@ def test_a_disaggregated_runs_pool_and_transfer_metrics_are_declared(tmp_path):
 
 
 def test_vs_measured_is_declared_as_compare_makes_it(everything):
-    """Only a replayed measured run has it; its keys are those schedlab.compare makes."""
+    """Only a replayed measured run has it; its keys are those schedlab.results.compare makes."""
     from types import SimpleNamespace
 
-    from schedlab.compare import vs_measured
+    from schedlab.results.compare import vs_measured
 
     run = everything.all_runs()[0]
     measured = SimpleNamespace(ttft_ms=[10.0, 20.0], tpot_ms=[1.0, 2.0], e2e_ms=[50.0, 60.0])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedlab.metrics import PERCENTILES, compute_metrics, run_quantiles, summarize
+from schedlab.results.metrics import PERCENTILES, compute_metrics, run_quantiles, summarize
 
 runs = st.lists(
     st.tuples(st.floats(0.5, 100.0, allow_nan=False), st.sampled_from([0.0, 0.0, 0.25, 0.013, 1.7]),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from schedlab.errors import ConfigError
-from schedlab.overrides import get_dotted, merge_tables, parse_assignment, set_dotted, split_key
+from schedlab.study.overrides import get_dotted, merge_tables, parse_assignment, set_dotted, split_key
 
 # --- parse_assignment ------------------------------------------------------------------------
 

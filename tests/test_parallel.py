@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from schedlab.cli import main
 from schedlab.errors import WorkloadError
-from schedlab.experiment import load, run_experiment
 from schedlab.study import runner
 from schedlab.study.executor import InProcessExecutor, ProcessExecutor, make_executor
+from schedlab.study.experiment import load, run_experiment
 from study_case import saved_bytes, write_experiment
 
 
@@ -146,3 +146,25 @@ def test_default_jobs_are_the_machine_cores(monkeypatch):
         assert isinstance(executor, ProcessExecutor) and executor.workers == 3
     finally:
         executor.close()
+
+
+@pytest.mark.parametrize("shadow", ["empty", "partial"])
+def test_workers_ignore_a_folder_named_schedlab_in_the_working_directory(tmp_path, shadow):
+    """Run from a clone's parent directory, the workers imported ./schedlab instead of schedlab
+    (Python 3.11 starts the fork server with ``python -c``, the working directory first on its path)."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "schedlab"
+    fake.mkdir()
+    if shadow == "partial":
+        (fake / "__init__.py").write_text("")
+        (fake / "results.py").write_text("x = 1\n")
+    experiment = write_experiment(tmp_path, 7)
+    # as the console script runs: the script's folder, not the working directory, first on the path
+    launcher = "import sys; sys.path.pop(0); from schedlab.cli import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", launcher, "run", str(experiment), "--jobs", "2",
+                           "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["studies"]

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
+from schedlab.study.experiment import load, run_experiment
 from schedlab.study.planner import pareto
 from study_case import BASE, MAX_INSTANCES, PLAN, PRICES, TARGET
 

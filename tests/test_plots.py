@@ -17,10 +17,10 @@ from hypothesis import given, settings, strategies as st
 from schedlab.cli import main
 from schedlab.configs import from_table
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
 from schedlab.results import ExperimentResults, RunResult, Study
-from schedlab.results_io import load as load_results
-from schedlab.search import Probe, SearchOutcome
+from schedlab.results.storage import load as load_results
+from schedlab.study.experiment import load, run_experiment
+from schedlab.study.search import Probe, SearchOutcome
 from schedlab_plugins.reports.plot_cdf import MAX_CDF_POINTS, cdf_points, latency_cdf_figure
 from schedlab_plugins.reports.plot_common import metric_label, metric_unit, setting_label
 from schedlab_plugins.reports.plot_search import search_figure

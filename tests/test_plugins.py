@@ -15,8 +15,8 @@ from schedlab import hookspecs
 from schedlab.catalog import BUILTIN_PLUGINS, KINDS, load_catalog, make_plugin_manager
 from schedlab.configs import int_field
 from schedlab.errors import ConfigError, DuplicateNameError, UnknownPluginError
-from schedlab.experiment import load, run_experiment
 from schedlab.registry import Registry
+from schedlab.study.experiment import load, run_experiment
 
 
 def test_every_hook_is_documented():

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from schedlab.configs import from_table
 from schedlab.errors import ConfigError
-from schedlab.metrics import client_service, jain_index
 from schedlab.model import Request
+from schedlab.results.metrics import client_service, jain_index
 from schedlab.testing import dyadic_linear_costs, check_run, compare_runs, examples, requests_lists, run_engine
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache

@@ -21,6 +21,7 @@ from schedlab.errors import ConfigError
 from schedlab.protocols import Batch, CostModel
 from schedlab.testing import compare_runs, examples, requests_lists, run_engine
 from schedlab_plugins.cost_models.profile_bundle import BundleError, ProfileBundle, isotonic, non_decreasing
+from schedlab_plugins.cost_models.collectives import TOPOLOGIES, machine
 from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
@@ -84,8 +85,9 @@ def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, skew_defa
 
 def model(bundle_dir, spec=TINY, **config) -> ProfiledCostModel:
     cfg = ProfiledConfig(profile=str(bundle_dir), model=spec.name, **config)
-    return ProfiledCostModel(ProfileBundle(bundle_dir, cfg.tensor_parallel), spec, cfg,
-                             link_gbps=config.get("link_gbps") or 0.0, link_latency_us=config.get("link_latency_us") or 0.0)
+    topology = machine(cfg.interconnect, None, link_gbps=cfg.link_gbps, link_latency_us=cfg.link_latency_us) \
+        if cfg.tensor_parallel > 1 else None
+    return ProfiledCostModel(ProfileBundle(bundle_dir, cfg.tensor_parallel), spec, cfg, topology=topology)
 
 
 # --- loading and its errors ------------------------------------------------------------------
@@ -134,10 +136,67 @@ def test_grid_point_out_of_range_is_named(tmp_path):
 
 def test_unprofiled_tensor_parallel_lists_the_profiled_ones(tmp_path):
     bundle = write_bundle(tmp_path)
-    with pytest.raises(BundleError, match=r"tp2: missing folder: tensor_parallel = 2 was not profiled \(profiled: tp1\)"):
+    with pytest.raises(BundleError, match=r"tp2: missing folder: tensor_parallel = 2 was not profiled "
+                                          r"\(expected tp2/; profiled: tp1/\)"):
         ProfileBundle(bundle, 2)
     with pytest.raises(BundleError, match="profile folder not found"):
         ProfileBundle(tmp_path / "nowhere", 1)
+
+
+def test_a_path_one_folder_short_names_the_bundle_inside(tmp_path):
+    """<hardware>/<model>/ instead of <hardware>/<model>/<variant>/: say which bundles are in
+    it, which tp folders they hold and which one is expected."""
+    bundle = write_bundle(tmp_path, tp=2)
+    with pytest.raises(BundleError) as info:
+        ProfileBundle(bundle.parent, 2)
+    message = str(info.value)
+    assert "stops a folder short" in message and "bf16/ (tp2)" in message
+    assert f'profile = "{bundle}"' in message and "must hold tp2/" in message
+    assert "was not profiled (profiled: none)" not in message
+
+
+def test_a_path_one_folder_too_deep_names_the_bundle(tmp_path):
+    bundle = write_bundle(tmp_path)
+    with pytest.raises(BundleError, match=r"one tensor-parallel folder of a bundle; the profile is its parent"):
+        ProfileBundle(bundle / "tp1", 1)
+
+
+def test_a_folder_that_is_no_bundle_says_what_it_holds(tmp_path):
+    (tmp_path / "somewhere" / "else").mkdir(parents=True)
+    with pytest.raises(BundleError, match=r"not a profile bundle: expected .* meta.yaml and tp1/ .* holds else/"):
+        ProfileBundle(tmp_path / "somewhere", 1)
+
+
+def test_a_bundle_of_another_model_is_refused(tmp_path):
+    """meta.yaml names org/Tiny; a model whose hf_id is another one must not be timed with it
+    (it would run, with the wrong layers and widths)."""
+    other = ModelSpec("big", hf_id="org/Big-70B", num_layers=3, num_kv_heads=1, head_dim=16, num_params=1e6,
+                      hidden_size=64)
+    with pytest.raises(BundleError, match=r"meta.yaml: the bundle profiles 'org/Tiny', but the cost model's model "
+                                          r"is 'big' \(org/Big-70B\)"):
+        model(write_bundle(tmp_path), other)
+    unnamed = ModelSpec("mine", num_layers=3, num_kv_heads=1, head_dim=16, num_params=1e6, hidden_size=64)
+    with pytest.raises(BundleError, match=r"declare hf_id = 'org/Tiny' in its \[models.mine\] table"):
+        model(write_bundle(tmp_path), unnamed)
+
+
+@pytest.mark.parametrize("declared", ["org/Tiny", "ORG/tiny", "org/Tiny-Instruct", "tiny", "tiny-chat"])
+def test_the_profiled_model_and_its_variants_are_accepted(tmp_path, declared):
+    spec = ModelSpec("m", hf_id=declared, num_layers=3, num_kv_heads=1, head_dim=16, num_params=1e6, hidden_size=64)
+    assert model(write_bundle(tmp_path), spec).iteration_ms(Batch(num_decode=1, decode_context_tokens=16)) > 0
+
+
+def test_the_shipped_bundles_refuse_the_other_shipped_models():
+    """The mistake users made: Qwen3-32B's bundle with the Llama preset runs 110% off."""
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    for root, tp in shipped_bundles():
+        bundle = ProfileBundle(root, tp)
+        for name in set(PRESET_OF.values()) - {PRESET_OF[bundle.meta["model"]]}:
+            with pytest.raises(BundleError, match="the bundle profiles"):
+                ProfiledCostModel(bundle, presets.model(name), ProfiledConfig(profile=str(root), model=name))
 
 
 def test_skew_labels_must_match_the_meta_axes(tmp_path):
@@ -236,14 +295,44 @@ def test_iteration_composed_by_hand(tmp_path):
 
 
 def test_tensor_parallel_all_reduce_is_added(tmp_path):
+    """A bare link (link_gbps, link_latency_us): each all-reduce costs the fixed latency plus
+    2 (n-1)/n of the buffer over the link; 2 per layer and 1 for the embedding; the vocab is
+    not declared, so no logits are gathered."""
     bundle = write_bundle(tmp_path, tp=2)
     cost = model(bundle, tensor_parallel=2, link_gbps=10.0, link_latency_us=20.0)
-    one = model(bundle, tensor_parallel=2, link_gbps=10.0, link_latency_us=0.0)
     batch = Batch(num_decode=8, decode_context_tokens=8 * 16)
-    # 3 layers x 2 all-reduces x (20 us + 2 (2-1)/2 x 8 tokens x 64 x 2 bytes / 10 GB/s)
-    comm = 3 * 2 * (20e-3 + 1.0 * 8 * 64 * 2 / 10e6)
-    no_latency = 3 * 2 * (8 * 64 * 2 / 10e6)
-    assert cost.iteration_ms(batch) - one.iteration_ms(batch) == pytest.approx(comm - no_latency, rel=1e-9)
+    # (3 layers x 2 + 1) all-reduces x (20 us + 2 (2-1)/2 x 8 tokens x 64 x 2 bytes / 10 GB/s)
+    comm = (3 * 2 + 1) * (20e-3 + 1.0 * 8 * 64 * 2 / 10e6)
+    tp2_bundle_alone = ProfiledCostModel(ProfileBundle(bundle, 2), TINY,
+                                         ProfiledConfig(profile=str(bundle), model="tiny"))
+    assert cost.iteration_ms(batch) - tp2_bundle_alone.iteration_ms(batch) == pytest.approx(comm, rel=1e-9)
+
+
+def test_logits_are_gathered_from_the_vocabulary_shards(tmp_path):
+    """With vocab_size declared, the sampled rows' logits (sequences x vocab x 2 bytes) are
+    all-gathered: (n-1)/n of them over the link, once per iteration."""
+    spec = ModelSpec("tiny", num_layers=3, num_kv_heads=1, head_dim=16, num_params=1e6, hidden_size=64,
+                     vocab_size=1000)
+    bundle = write_bundle(tmp_path, tp=2)
+    with_vocab = model(bundle, spec, tensor_parallel=2, link_gbps=10.0, link_latency_us=20.0)
+    without = model(bundle, tensor_parallel=2, link_gbps=10.0, link_latency_us=20.0)
+    batch = Batch(num_decode=8, decode_context_tokens=8 * 16)
+    gather = 20e-3 + 0.5 * 8 * 1000 * 2 / 10e6
+    assert with_vocab.iteration_ms(batch) - without.iteration_ms(batch) == pytest.approx(gather, rel=1e-9)
+
+
+def test_tensor_parallel_needs_the_machine(tmp_path):
+    with pytest.raises(ConfigError, match=r"interconnect = <dgx-a100 \| dgx-h100"):
+        model(write_bundle(tmp_path, tp=2), tensor_parallel=2)
+
+
+def test_tensor_parallel_over_a_preset_machine(tmp_path):
+    """The pcie-gen5-host preset: 1 MB all-reduced at 22.2 GB/s bus, Simple protocol:
+    8.4 + 2 x 5.7 us + 1 MB / 22.2 GB/s."""
+    bundle = write_bundle(tmp_path, tp=2)
+    cost = model(bundle, tensor_parallel=2, interconnect="pcie-gen5-host")
+    expected_us = 8.4 + 2 * 5.7 + 2 ** 20 / 22.2e3
+    assert cost.comm.collectives.all_reduce_ms(2 ** 20) == pytest.approx(expected_us * 1e-3, rel=1e-12)
 
 
 def test_moe_layer_uses_balanced_routing(tmp_path):
@@ -469,7 +558,7 @@ def shipped_model(root: Path, tp: int) -> ProfiledCostModel:
         bundle = ProfileBundle(root, tp)
         preset = Presets.from_catalog(load_catalog(entry_points=False)).model(PRESET_OF[bundle.meta["model"]])
         _SHIPPED_MODELS[key] = ProfiledCostModel(bundle, preset, ProfiledConfig(
-            profile=str(root), model=preset.name, tensor_parallel=tp), link_gbps=64.0, link_latency_us=10.0)
+            profile=str(root), model=preset.name, tensor_parallel=tp), topology=TOPOLOGIES["pcie-gen5-host"])
     return _SHIPPED_MODELS[key]
 
 

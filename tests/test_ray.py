@@ -11,8 +11,8 @@ import os
 import pytest
 
 from schedlab.cli import main
-from schedlab.experiment import load, run_experiment
 from schedlab.study.executor import InProcessExecutor, make_executor
+from schedlab.study.experiment import load, run_experiment
 from study_case import PLAN, saved_bytes, write_experiment
 
 ray = pytest.importorskip("ray")

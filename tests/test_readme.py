@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from schedlab.experiment import load, run_experiment
+from schedlab.study.experiment import load, run_experiment
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

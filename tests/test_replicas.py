@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
-from schedlab.results_io import jsonable, load as load_results, save
+from schedlab.results.storage import jsonable, load as load_results, save
+from schedlab.study.experiment import load, run_experiment
 from schedlab.study.replicas import mean_interval, paired_difference, replica_seed, t_quantile_975
 from schedlab_plugins.reports.plot_compare import compare_figure
 from schedlab_plugins.reports.plot_sweep import sweep_figure

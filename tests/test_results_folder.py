@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from schedlab.cli import main
-from schedlab.results_folder import GENERATOR_TAG
+from schedlab.results.folder import GENERATOR_TAG
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "experiments" / "quickstart.toml"

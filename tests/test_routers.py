@@ -17,9 +17,9 @@ from schedlab.engine.driver import simulate
 from schedlab.engine.instance import Instance
 from schedlab.engine.recorder import Recorder
 from schedlab.errors import ConfigError, SimulationError
-from schedlab.experiment import load, run_experiment
 from schedlab.model import Request
 from schedlab.results import RunResult
+from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import check_run, compare_runs, examples, requests_lists
 from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from schedlab.errors import ConfigError
-from schedlab.search import Constraint, Probe, max_search_probes, parse_constraint, search
+from schedlab.study.search import Constraint, Probe, max_search_probes, parse_constraint, search
 
 METRICS = {"ttft_ms": {"p50": 80.0, "p99": 200.0}, "throughput_tps": 950.0, "finished": 12}
 

@@ -97,7 +97,8 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
     assert t["scheduler"] == {"kind": "sglang", "max_running_requests": s.max_running_requests,
                               "max_prefill_tokens": s.max_prefill_tokens,
                               "chunked_prefill_size": s.chunked_prefill_size,
-                              "schedule_policy": s.schedule_policy, "ignore_eos": "none"}
+                              "schedule_policy": s.schedule_policy,
+                              "schedule_conservativeness": s.schedule_conservativeness, "ignore_eos": "none"}
     assert t["kv_cache"] == {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from schedlab.errors import ConfigError
-from schedlab.experiment import load, run_experiment
 from schedlab.model import Request
 from schedlab.protocols import Batch
 from schedlab.speculative import Speculation, SpeculativeConfig, expected_tokens_per_step
+from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import IterationChecker, check_run, compare_runs, run_engine
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from schedlab.errors import ConfigError
-from schedlab.search import search
+from schedlab.study.search import search
 from schedlab.study.speculative import SpeculativeSearch
 
 

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedlab.cli import main
-from schedlab.experiment import load, run_experiment
 from schedlab.results import ExperimentResults, RunResult, Study
-from schedlab.results_io import load as load_results
-from schedlab.stability import queue_stability, run_stability, stability_text
+from schedlab.results.stability import queue_stability, run_stability, stability_text
+from schedlab.results.storage import load as load_results
+from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.reports.plot_cdf import latency_cdf_figure
 from schedlab_plugins.reports.plot_compare import compare_figure
 from schedlab_plugins.reports.plot_timeline import timeline_figure

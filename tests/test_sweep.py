@@ -7,7 +7,7 @@ import tomli
 from hypothesis import given, strategies as st
 
 from schedlab.errors import ConfigError
-from schedlab.sweep import expand_grid, point_label
+from schedlab.study.sweep import expand_grid, point_label
 
 WHERE = "lab.toml: [sweep]"
 

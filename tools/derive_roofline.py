@@ -23,7 +23,9 @@ and, per bundle and pooled over all of them:
 * layer_overhead_us -- the small per-layer kernels the roofline does not count (norms,
   rotary embedding, activation) at one token.
 
-Its output is quoted in plugins/cost_models/roofline.py (DERIVATION).
+Its output is quoted in plugins/cost_models/roofline.py (DERIVATION). It then runs
+tools/derive_collectives.py (the collectives' bus bandwidths from Vidur's NCCL timings, quoted
+in plugins/cost_models/collectives.py); further arguments go to it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from plugins.cost_models.profile_bundle import ProfileBundle  # noqa: E402
 
-SHARED = REPO.parent.parent / "shared" / "calibration" / "llmservingsim"
+SHARED = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
+              REPO.parent / "shared") / "calibration" / "llmservingsim"
 #: (bundle, preset model name, HF config, GPU: datasheet GB/s, bf16 TFLOPS)
 BUNDLES = (
     ("RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", "meta-llama/Llama-3.1-8B.json", 1597, 503.8),
@@ -76,14 +79,15 @@ def shapes(config: dict) -> dict:
 def moe_per_rank(bundle, s: dict, tp: int):
     """One MoE layer's time on one rank at T tokens (ms): the profiled cost model's rule
     (experts split over the TP ranks, no expert parallelism)."""
+    from plugins.cost_models.collectives import TOPOLOGIES
     from plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
     from schedlab.capacity import ModelSpec
 
-    spec = ModelSpec("derive", num_layers=s["layers"], num_kv_heads=s["kv_heads"], head_dim=s["head_dim"],
-                     num_params=s["num_params"], hidden_size=s["hidden"], num_experts=s["experts"],
+    spec = ModelSpec("derive", hf_id=bundle.meta["model"], num_layers=s["layers"], num_kv_heads=s["kv_heads"],
+                     head_dim=s["head_dim"], num_params=s["num_params"], hidden_size=s["hidden"], num_experts=s["experts"],
                      experts_per_token=s["k"], active_params=s["active_params"])
     cost = ProfiledCostModel(bundle, spec, ProfiledConfig(profile=str(bundle.root), model="derive", tensor_parallel=tp),
-                             link_gbps=1.0)  # the link does not enter moe_ms
+                             topology=TOPOLOGIES["pcie-gen5-host"])  # the link does not enter moe_ms
     return cost.moe_ms
 
 
@@ -174,7 +178,11 @@ def main(argv: list[str]) -> int:
     for name, row in result["bundles"].items():
         print(f"{name}: {row}")
     print("pooled:", result["pooled"])
-    return 0
+    # The collectives' bus bandwidths come from a sibling derivation over Vidur's NCCL timings.
+    import derive_collectives
+
+    print("\n--- collectives (tools/derive_collectives.py) ---")
+    return derive_collectives.main(argv[2:])
 
 
 if __name__ == "__main__":

@@ -515,6 +515,32 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def _tp_folders(folder: Path) -> list[str]:
+    return sorted((p.name for p in folder.glob("tp*") if p.is_dir() and p.name[2:].isdigit()),
+                  key=lambda name: int(name[2:]))
+
+
+def _missing_tp_folder(root: Path, tp: int) -> str:
+    """What is wrong with a bundle path without ``tp<tp>/``: which folders are there, which
+    one is expected, and the path meant when it stops a folder short or goes one too far."""
+    expected = f"tp{tp}/"
+    have = _tp_folders(root)
+    if have:
+        return (f"{root / f'tp{tp}'}: missing folder: tensor_parallel = {tp} was not profiled "
+                f"(expected {expected}; profiled: {', '.join(f + '/' for f in have)})")
+    if root.name.startswith("tp") and root.name[2:].isdigit() and (root.parent / "meta.yaml").is_file():
+        return (f"{root}: this is one tensor-parallel folder of a bundle; the profile is its parent "
+                f"(profile = \"{root.parent}\"), which holds {', '.join(f + '/' for f in _tp_folders(root.parent))}")
+    bundles = sorted(p for p in root.iterdir() if p.is_dir() and (p / "meta.yaml").is_file())
+    if bundles:
+        listing = ", ".join(f"{p.name}/ ({', '.join(_tp_folders(p)) or 'no tp<N>/'})" for p in bundles)
+        return (f"{root}: not a profile bundle (no meta.yaml, no tp<N>/ folders); the path stops a folder "
+                f"short: it holds {listing} -- e.g. profile = \"{bundles[0]}\" (which must hold {expected})")
+    inside = sorted(p.name + "/" for p in root.iterdir() if p.is_dir())
+    return (f"{root}: not a profile bundle: expected <hardware>/<model>/<variant>/ with meta.yaml and "
+            f"{expected} (tensor_parallel = {tp}); it holds {', '.join(inside) or 'no folders'}")
+
+
 class ProfileBundle:
     """The tables of one bundle at one tensor-parallel degree, times in **milliseconds**.
 
@@ -534,9 +560,7 @@ class ProfileBundle:
         self.tp = tensor_parallel
         folder = self.root / f"tp{tensor_parallel}"
         if not folder.is_dir():
-            have = sorted(p.name for p in self.root.glob("tp*") if p.is_dir())
-            raise BundleError(f"{folder}: missing folder: tensor_parallel = {tensor_parallel} was not profiled "
-                              f"(profiled: {', '.join(have) or 'none'})")
+            raise BundleError(_missing_tp_folder(self.root, tensor_parallel))
         self.meta = read_meta(self.root / "meta.yaml")
 
         path = folder / "dense.csv"

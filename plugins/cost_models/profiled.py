@@ -11,6 +11,7 @@ trace generator does (``serving/core/trace_generator.py``)::
                             + 2 all-reduces of T x hidden        (tensor parallel > 1) )
                  + once-per-iteration dense ops at T             (embedding, final norm)
                  + lm_head + sampler at S sequences
+                 [+ the embedding's all-reduce at T and the logits' all-gather at S   (TP > 1)]
                  + overhead_ms
 
 with ``T`` = tokens computed this iteration (decodes + prefill chunk tokens) and ``S`` = the
@@ -19,9 +20,11 @@ over their summed cached context, as LLMServingSim does. The skew term (FlashAtt
 varlen kernel is slower on uneven contexts than on even ones of the same mean) uses the
 bundle's fitted alphas when it has them.
 
-All-reduce is not in the profiles: it is modelled from the GPU preset's interconnect
-(:mod:`.comm`). MoE experts are read from the TP-1 table ``moe.csv``, the only one the
-profiler writes, with LLMServingSim's balanced routing: ``E = min(T x top_k, experts)``
+Communication is not in the profiles: each ``tp<N>/`` folder times one rank's share of
+the work on one GPU. The all-reduces and the all-gather are NCCL's collectives over the
+machine's links (:mod:`.tensor_parallel`, :mod:`.collectives`; ``interconnect`` names the
+machine, by default the GPU preset's usual one). MoE experts are read from the TP-1 table
+``moe.csv``, the only one the profiler writes, with LLMServingSim's balanced routing: ``E = min(T x top_k, experts)``
 experts on ``T`` tokens. With ``expert_parallel`` each of the ``tp`` ranks holds ``experts /
 tp`` whole experts and sees the tokens routed to at least one of them (LLMServingSim's
 expert-parallel view). Without it, LLMServingSim reads the TP-1 time unchanged ("increasing
@@ -66,8 +69,9 @@ from schedlab.configs import bool_field, float_field, int_field, path_field, str
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
-from .comm import layer_comm
-from .profile_bundle import ProfileBundle
+from .collectives import Collectives, Topology, interconnect_field, machine
+from .profile_bundle import BundleError, ProfileBundle
+from .tensor_parallel import TensorParallelComm
 
 
 @attrs.frozen
@@ -77,7 +81,9 @@ class ProfiledConfig:
     profile: str = path_field(help="profile bundle folder <hardware>/<model>/<variant> (meta.yaml, tp<N>/*.csv)")
     model: str = str_field(help="model preset: layers, hidden size and experts (the bundle profiles one layer)")
     gpu: str | None = str_field(None, optional=True,
-                                help="GPU preset: its interconnect times the tensor-parallel all-reduce")
+                                help="GPU preset: its usual machine's links time the tensor-parallel collectives "
+                                     "(unless interconnect is set)")
+    interconnect: str | dict | None = interconnect_field()
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the tensor-parallel ranks (vLLM "
                                                    "--enable-expert-parallel) instead of split by tensor parallelism")
@@ -85,9 +91,9 @@ class ProfiledConfig:
                                                           "scheduling and output processing), in ms")
     skew: bool = bool_field(True, help="apply the bundle's uneven-context correction to decode attention")
     link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
-                                          help="GPU<->GPU bandwidth in GB/s (overrides the GPU preset)")
+                                          help="bus bandwidth between the GPUs in GB/s (overrides the interconnect's)")
     link_latency_us: float | None = float_field(None, min=0.0, optional=True,
-                                                help="fixed time per all-reduce in us (overrides the GPU preset)")
+                                                help="fixed time of one collective in us (overrides NCCL's)")
 
 
 class ProfiledCostModel:
@@ -96,23 +102,20 @@ class ProfiledCostModel:
     needs_context_range = True  # the skew correction needs the longest and shortest decode context
 
     def __init__(self, bundle: ProfileBundle, model: ModelSpec, config: ProfiledConfig, *,
-                 link_gbps: float = 0.0, link_latency_us: float = 0.0):
+                 topology: Topology | None = None):
         self.bundle = bundle
         self.model = model
         self.config = config
         self.layers = model.num_layers
         tp = config.tensor_parallel
+        check_bundle_model(bundle, model)
         if bundle.is_moe and not model.is_moe:
             raise ConfigError(f"{bundle.root}: the bundle has moe.csv but model {model.name!r} declares no experts")
         if model.is_moe and not bundle.is_moe:
             raise ConfigError(f"{bundle.root / 'tp1' / 'moe.csv'}: missing file (model {model.name!r} is MoE)")
-        if tp > 1:
-            if model.hidden_size is None:
-                raise ConfigError(f"model {model.name!r}: hidden_size is needed for the tensor-parallel all-reduce")
-            self._comm_fixed, self._comm_per_token = layer_comm(tp, model.hidden_size, model.dtype_bytes,
-                                                                link_gbps, link_latency_us)
-        else:
-            self._comm_fixed = self._comm_per_token = 0.0
+        if tp > 1 and topology is None:
+            raise ConfigError(f"{bundle.root}: tensor_parallel = {tp} needs the machine's links (a topology)")
+        self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
         self._overhead = config.overhead_ms
         self._attention = bundle.attention
         self._per_sequence = bundle.per_sequence
@@ -162,17 +165,23 @@ class ProfiledCostModel:
         ms = self._tokens_memo.get(tokens)
         if ms is None:
             b = self.bundle
-            per_layer = b.dense_layer(tokens) + self._comm_fixed + self._comm_per_token * tokens
+            per_layer = b.dense_layer(tokens)
             if b.is_moe:
                 per_layer += self.moe_ms(tokens)
             ms = self.layers * per_layer + b.dense_once(tokens)
+            if self.comm is not None:
+                ms += self.comm.tokens_ms(tokens)
             self._tokens_memo[tokens] = ms
         return ms
 
     def sequences_ms(self, sequences: int) -> float:
+        """lm_head and sampler at ``sequences`` rows (and, at TP > 1, the logits' all-gather)."""
         ms = self._seq_memo.get(sequences)
         if ms is None:
-            ms = self._seq_memo[sequences] = self._per_sequence(sequences)
+            ms = self._per_sequence(sequences)
+            if self.comm is not None:
+                ms += self.comm.logits_ms(sequences)
+            self._seq_memo[sequences] = ms
         return ms
 
     def _skew_alpha(self, batch: Batch, mean: float) -> float:
@@ -290,14 +299,40 @@ class ProfiledCostModel:
 def build_profiled(config: ProfiledConfig, presets: Presets) -> ProfiledCostModel:
     """Factory: load the bundle at the configured tensor-parallel degree, resolve the presets."""
     model = presets.model(config.model)
-    link_gbps = config.link_gbps
-    latency = config.link_latency_us
-    if config.tensor_parallel > 1 and (link_gbps is None or latency is None):
-        if config.gpu is None:
-            raise ConfigError("tensor_parallel > 1 needs the interconnect: set gpu = <preset> "
-                              "(or link_gbps and link_latency_us)")
-        gpu = presets.gpu(config.gpu)
-        link_gbps = gpu.link_gbps if link_gbps is None else link_gbps
-        latency = gpu.interconnect_latency_us if latency is None else latency
+    topology = None
+    if config.tensor_parallel > 1:
+        gpu = presets.gpu(config.gpu) if config.gpu is not None else None
+        topology = machine(config.interconnect, gpu, link_gbps=config.link_gbps,
+                           link_latency_us=config.link_latency_us, where="profiled cost model")
     bundle = ProfileBundle(config.profile, config.tensor_parallel)
-    return ProfiledCostModel(bundle, model, config, link_gbps=link_gbps or 0.0, link_latency_us=latency or 0.0)
+    return ProfiledCostModel(bundle, model, config, topology=topology)
+
+
+def _same_model(profiled: str, declared: str) -> bool:
+    """Whether a profiled model id and a declared one name the same weights' shapes: equal
+    ignoring case, or one a variant of the other (``Qwen/Qwen3-30B-A3B`` and
+    ``Qwen/Qwen3-30B-A3B-Instruct-2507``: fine-tunes keep the shapes)."""
+    a, b = profiled.strip().lower(), declared.strip().lower()
+    if "/" not in b:  # a preset-style name: compare with the repository part
+        a = a.rsplit("/", 1)[-1]
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith(short + "-")
+
+
+def check_bundle_model(bundle: ProfileBundle, model: ModelSpec) -> None:
+    """A bundle profiles one model: refuse to time another with it (its layers, widths and
+    experts would be wrong while the run still looks plausible).
+
+    :raises BundleError: ``meta.yaml``'s ``model`` is not ``model``'s ``hf_id`` (or, when the
+        model declares none, its name).
+    """
+    profiled = bundle.meta.get("model")
+    if not isinstance(profiled, str) or not profiled.strip():
+        return  # a bundle that does not say what it profiled cannot be checked
+    declared = model.hf_id or model.name
+    if _same_model(profiled, declared):
+        return
+    hint = (f"use the model this bundle profiles, or a bundle of {model.hf_id!r}" if model.hf_id else
+            f"if {model.name!r} is that model, declare hf_id = {profiled!r} in its [models.{model.name}] table")
+    raise BundleError(f"{bundle.root / 'meta.yaml'}: the bundle profiles {profiled!r}, but the cost model's "
+                      f"model is {model.name!r} ({model.hf_id or 'no hf_id'}); {hint}")

@@ -10,7 +10,9 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
                    (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
                     FLOPs per decode context token -- the varlen kernel pads a decode to a tile)
                  + prefill attention FLOPs / (TFLOPS * attention_efficiency)
-                 + layers * 2 all-reduces of T x hidden bytes      (tensor parallel, :mod:`.comm`)
+                 + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
+                   2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
+                   all-gather; NCCL's algorithms over the machine's links, :mod:`.collectives`)
 
     eta(T) = mfu * T / (T + gemm_half_tokens)     (GEMMs of few tokens cannot fill the GPU)
 
@@ -54,10 +56,10 @@ import numpy as np
 
 from schedlab.capacity import GpuSpec, ModelSpec, Presets
 from schedlab.configs import bool_field, float_field, int_field, str_field
-from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
-from .comm import layer_comm
+from .collectives import Collectives, interconnect_field, machine
+from .tensor_parallel import TensorParallelComm
 
 
 #: What ``tools/derive_roofline.py`` printed on the shared profiles (vLLM 0.19 kernels; RTX PRO
@@ -119,6 +121,11 @@ class RooflineConfig:
         help="per decoder layer: small kernels not counted as bytes or FLOPs (norms, rotary, activation), us")
     overhead_ms: float = float_field(
         0.0, min=0.0, help="fixed time per iteration not on the GPU's critical path (CPU scheduling), ms")
+    interconnect: str | dict | None = interconnect_field()
+    link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                          help="bus bandwidth between the GPUs in GB/s (overrides the interconnect's)")
+    link_latency_us: float | None = float_field(None, min=0.0, optional=True,
+                                                help="fixed time of one collective in us (overrides NCCL's)")
 
 
 class RooflineCostModel:
@@ -154,14 +161,11 @@ class RooflineCostModel:
         self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
             / self._attention_flops_per_ms
-        if tp > 1:
-            if model.hidden_size is None:
-                raise ConfigError(f"model {model.name!r}: hidden_size is needed for the tensor-parallel all-reduce")
-            fixed, per_token = layer_comm(tp, model.hidden_size, b, gpu.link_gbps, gpu.interconnect_latency_us)
-            self._comm_fixed, self._comm_per_token = model.num_layers * fixed, model.num_layers * per_token
-        else:
-            self._comm_fixed = self._comm_per_token = 0.0
+        topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
+            if tp > 1 else None
+        self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
         self._tokens_memo: dict[int, float] = {}
+        self._seq_memo: dict[int, float] = {}
 
     # --- CostModel protocol -------------------------------------------------------------------
 
@@ -171,13 +175,15 @@ class RooflineCostModel:
         if tokens == 0:
             return 0.0
         kv_read = batch.decode_context_tokens * self._kv_ms_per_token
+        # The sampled rows' logits are gathered from the vocabulary shards (tensor parallel).
+        logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill) if self.comm else 0.0
         if not batch.prefill_tokens and not batch.spec_tokens:
-            return self.tokens_ms(tokens) + kv_read
+            return self.tokens_ms(tokens) + kv_read + logits
         # Decodes riding with a prefill chunk (or verifying drafts) go through the varlen
         # attention kernel, which pads their few queries to a tile: they cost query rows of
         # compute, not a read.
         padded = self._mixed_rows_ms_per_token * batch.decode_context_tokens
-        ms = self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read)
+        ms = self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read) + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
         return ms
@@ -213,9 +219,17 @@ class RooflineCostModel:
             per_expert = tokens * k / touched
             compute = self._expert_flops_per_token * tokens / (peak * self.gemm_efficiency(per_expert))
             ms += math.hypot(touched * self._expert_read_ms, compute)
-        ms += self._comm_fixed + self._comm_per_token * tokens
+        if self.comm is not None:
+            ms += self.comm.tokens_ms(tokens)
         if len(self._tokens_memo) < 1 << 16:
             self._tokens_memo[tokens] = ms
+        return ms
+
+    def logits_ms(self, sequences: int) -> float:
+        """The tensor-parallel all-gather of ``sequences`` rows of logits (0 at TP 1)."""
+        ms = self._seq_memo.get(sequences)
+        if ms is None:
+            ms = self._seq_memo[sequences] = self.comm.logits_ms(sequences) if self.comm is not None else 0.0
         return ms
 
     def prefill_attention_ms(self, prefill_tokens: int, prefill_context_tokens: int = 0, num_prefill: int = 1) -> float:
@@ -245,8 +259,8 @@ class RooflineCostModel:
         prompt = np.asarray(prompt_tokens, dtype=float)
         steps = np.maximum(np.asarray(output_tokens, dtype=float) - 1.0, 0.0)
         linear = np.vectorize(self.tokens_ms, otypes=[float])(np.maximum(prompt, 1).astype(np.int64))
-        prefill = linear + self.prefill_attention_ms(prompt)
-        first = self.tokens_ms(1) + self._kv_ms_per_token * (prompt + 1.0)
+        prefill = linear + self.prefill_attention_ms(prompt) + self.logits_ms(1)
+        first = self.tokens_ms(1) + self.logits_ms(1) + self._kv_ms_per_token * (prompt + 1.0)
         # Arithmetic series: steps * first + increment * (0 + 1 + ... + steps - 1).
         decode = steps * first + self._kv_ms_per_token * (steps * (steps - 1.0) / 2.0)
         if np.ndim(prefill) == 0:

@@ -2,7 +2,9 @@
 
 Size the pool either directly (``num_blocks``) or as vLLM does from a model and a GPU
 (``model``, ``gpu``, ``gpu_memory_utilization``, ``tensor_parallel``,
-``activation_reserve_gib``; see :func:`schedlab.capacity.size_kv_cache`); both caches share
+``activation_reserve_gib``; see :func:`schedlab.capacity.size_kv_cache`), or both: a given
+``num_blocks`` overrides the derived count, as vLLM's ``--num-gpu-blocks-override`` does, and
+the model and GPU still give the bytes of a block and the host link; both caches share
 these settings (:class:`PoolConfig`). For ``paged``, swap space is ``swap_space_gib`` of host
 memory (vLLM's ``swap_space``, default 0 here) or ``swap_blocks``; its transfers run at the GPU
 preset's host-link bandwidth unless ``host_link_gbps`` is set. Both prefix caches can have a
@@ -27,7 +29,9 @@ class PoolConfig:
 
     block_size: int = int_field(16, min=1, max=MAX_BLOCK_SIZE, help="tokens per KV block (vLLM 16, TensorRT-LLM 32)")
     num_blocks: int | None = int_field(None, min=1, optional=True,
-                                       help="KV blocks on the accelerator (default: from model and gpu, else 16384)")
+                                       help="KV blocks on the accelerator (default: from model and gpu, else 16384); "
+                                            "with model and gpu it overrides their count (vLLM "
+                                            "--num-gpu-blocks-override), which still give the block's bytes")
     model: str | None = str_field(None, optional=True, help="model preset to size the pool from, e.g. llama-3-8b")
     gpu: str | None = str_field(None, optional=True, help="GPU preset to size the pool from, e.g. a100-80gb")
     gpu_memory_utilization: float = float_field(0.9, min=0.0, max=1.0, min_exclusive=True,
@@ -50,8 +54,6 @@ class PoolConfig:
     def __attrs_post_init__(self):
         if (self.model is None) != (self.gpu is None):
             raise FieldError("model" if self.model is None else "gpu", "set both model and gpu to size the cache from them")
-        if self.model is not None and self.num_blocks is not None:
-            raise FieldError("num_blocks", "give num_blocks or model + gpu, not both")
         if self.host_memory_gib and self.host_blocks is not None:
             raise FieldError("host_blocks", "give host_memory_gib or host_blocks, not both")
         if self.host_memory_gib and not self.bytes_per_block and self.model is None:
@@ -64,14 +66,15 @@ class PoolConfig:
 
 def pool_size(config: PoolConfig, presets=None):
     """``(num_blocks, sizing)``: the pool's blocks and, when sized from presets, the
-    :class:`~schedlab.capacity.KVSizing` derivation (else None)."""
+    :class:`~schedlab.capacity.KVSizing` derivation (else None). A given ``num_blocks`` wins over
+    the derived count (a block count measured on the real server is the most common setting)."""
     if config.model is None:
         return (config.num_blocks if config.num_blocks is not None else 16384), None
     model, gpu = presets.model(config.model), presets.gpu(config.gpu)
     sizing = size_kv_cache(model, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
                            tensor_parallel=config.tensor_parallel,
                            activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size)
-    return sizing.num_blocks, sizing
+    return (sizing.num_blocks if config.num_blocks is None else config.num_blocks), sizing
 
 
 def link_of(config: PoolConfig, sizing) -> tuple[int, float]:

@@ -1,5 +1,5 @@
 """Built-in reports: the summary ``table``, ``json`` results (with CSVs), ``plots``, ``crossover``, ``goodput``
-per GPU and the seed ``lab`` artifacts."""
+per GPU, Perfetto ``trace`` files and the seed ``lab`` artifacts."""
 
 import schedlab
 
@@ -10,6 +10,7 @@ from .measured import CompareConfig, CompareReport
 from .plot_config import PlotsConfig
 from .store import JsonReport
 from .table import TableConfig, TableReport
+from .trace import TraceConfig, TraceReport
 
 
 def _plots_report(config=None):
@@ -39,5 +40,8 @@ def schedlab_register_reports(register):
                   "plots/crossover.png")
     register("goodput", GoodputReport, config=GoodputConfig,
              help="DistServe's goodput per GPU from sweeps over the request rate: goodput.txt, plots/goodput.png")
+    register("trace", TraceReport, config=TraceConfig,
+             help="traces/<run>.json: Chrome / Perfetto trace events -- iterations as slices, request spans, "
+                  "KV and queue counters")
     register("lab", LabReport, config=LabConfig,
              help="seed 001's artifacts: static.txt, compare.txt, maxseqs.txt, queue.csv, cost.txt, tune.txt")

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from schedlab.configs import metric_field, str_field
-from schedlab.metrics import metric_at
+from schedlab.results.metrics import metric_at
 
 BEST_IS = ("highest", "lowest")
 

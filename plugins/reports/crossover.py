@@ -34,8 +34,8 @@ import attrs
 
 from schedlab.configs import int_field, list_field, str_field
 from schedlab.errors import ConfigError
-from schedlab.results_io import atomic_write
-from schedlab.sweep import point_label
+from schedlab.results.storage import atomic_write
+from schedlab.study.sweep import point_label
 
 from .best import metric_number
 

@@ -28,9 +28,9 @@ import attrs
 
 from schedlab.configs import FieldError, float_field, list_field, str_field, table_field
 from schedlab.errors import ConfigError
-from schedlab.metrics import metric_at
-from schedlab.results_io import atomic_write
-from schedlab.sweep import point_label
+from schedlab.results.metrics import metric_at
+from schedlab.results.storage import atomic_write
+from schedlab.study.sweep import point_label
 
 
 @attrs.frozen

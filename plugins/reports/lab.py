@@ -20,8 +20,8 @@ import attrs
 
 from schedlab.configs import str_field
 from schedlab.errors import ConfigError
-from schedlab.results_io import atomic_write
-from schedlab.search import parse_constraint
+from schedlab.results.storage import atomic_write
+from schedlab.study.search import parse_constraint
 
 
 @attrs.frozen

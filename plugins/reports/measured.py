@@ -2,7 +2,7 @@
 
 For every run whose workload replays a measured run (``vllm_log``, ``vllm_bench``) it prints
 and writes to ``compare.txt`` the 15-statistic table (measured, simulated, error; see
-:mod:`schedlab.compare`), and draws into ``plots/``:
+:mod:`schedlab.results.compare`), and draws into ``plots/``:
 
 * ``measured_cdf.png`` -- CDFs of TTFT, TPOT and latency: the measured run and every
   simulated run over it;
@@ -18,10 +18,10 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from schedlab.compare import comparison_rows, format_comparison, measured_statistics, statistics
 from schedlab.configs import int_field
-from schedlab.metrics import request_latencies
-from schedlab.results_io import atomic_write
+from schedlab.results.compare import comparison_rows, format_comparison, measured_statistics, statistics
+from schedlab.results.metrics import request_latencies
+from schedlab.results.storage import atomic_write
 
 
 @attrs.frozen

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from schedlab.results_io import latencies
+from schedlab.results.storage import latencies
 
 from .plot_common import line_style, metric_label, new_figure, note, stability_suffix, titles, use_log_scale, \
     wide_positive_range

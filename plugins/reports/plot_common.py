@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from schedlab.metrics import metric_at
+from schedlab.results.metrics import metric_at
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -56,7 +56,7 @@ _COUNTS = {"avg_queue": "requests waiting", "avg_running": "sequences running", 
 
 
 def metric_unit(name: str) -> str:
-    """The unit of a dotted metric name, from the naming conventions of schedlab.metrics ('' if unknown)."""
+    """The unit of a dotted metric name, from the naming conventions of schedlab.results.metrics ('' if unknown)."""
     parts = name.split(".")
     for part in reversed(parts):
         if part.endswith("_ms"):
@@ -186,7 +186,7 @@ def prefers_log_axis(values) -> bool:
     return float(ratios.std() / ratios.mean()) < float(steps.std() / steps.mean())
 
 
-#: How the plots mark runs by stability verdict (schedlab.stability): colour and legend text.
+#: How the plots mark runs by stability verdict (schedlab.results.stability): colour and legend text.
 STABILITY_STYLES = {"unstable": ("#d62728", "unstable (waiting grows)"),
                     "inconclusive": ("#ff7f0e", "waiting grows, run too short to tell")}
 

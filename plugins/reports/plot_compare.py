@@ -7,7 +7,7 @@ each bar. With ``best = "<metric>"`` (and ``best_is``) the best run(s) by that m
 need not be one of the panels -- get a highlighted bar in every panel, "(best)" after their
 name, and a line in the subtitle. A run without a value for a metric gets no bar and a "-".
 A panel whose positive values span a factor of 30 or more gets a log axis. An overloaded run
-(see :mod:`schedlab.stability`) gets "(unstable)" or "(inconclusive)" after its name and a
+(see :mod:`schedlab.results.stability`) gets "(unstable)" or "(inconclusive)" after its name and a
 hatched bar outlined in red or orange: its latencies depend on how long it ran.
 Runs with replicas draw their mean, with an error bar for the 95% confidence interval (gid
 ``interval:<metric>:<run name>``).

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from schedlab.errors import ConfigError
-from schedlab.search import parse_constraint
+from schedlab.study.search import parse_constraint
 
 from .plot_common import metric_label, new_figure, setting_label, titles, use_log_scale, wide_positive_range
 

@@ -19,7 +19,7 @@ Two options of the ``plots`` report add to these figures:
   (:func:`overlay_figure`): each sweep's lines, labelled with the run name, against their
   common first key, and each single run as a dashed horizontal reference line.
 
-Points whose run is overloaded (``stability.verdict``, see :mod:`schedlab.stability`) get a
+Points whose run is overloaded (``stability.verdict``, see :mod:`schedlab.results.stability`) get a
 ring on every panel: red where the waiting queue grows, orange where it grew but the run was
 too short to tell. The subtitle names them: their percentiles depend on how long they ran.
 
@@ -37,7 +37,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
-from schedlab.sweep import point_label
+from schedlab.study.sweep import point_label
 
 from .plot_common import STABILITY_STYLES, line_style, metric_label, metric_unit, metric_value, new_figure, note, \
     prefers_log_axis, setting_label, stability_verdict, tick_text, titles, use_log_scale, wide_positive_range

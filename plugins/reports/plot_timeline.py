@@ -6,7 +6,7 @@ last sample of an instance is held until that instance's last request finished, 
 iteration (or bulk decode run) keeps its width. KV usage is the fraction of an instance's
 blocks in use; the run's cumulative preemptions are a second (red) axis on the KV panel.
 
-An overloaded run (see :mod:`schedlab.stability`) says so in the subtitle, and the waiting
+An overloaded run (see :mod:`schedlab.results.stability`) says so in the subtitle, and the waiting
 panel shows the fitted trend of its waiting queue over the arrival window as a dashed line
 (per instance when the run has several): the growth the verdict is about.
 """
@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from schedlab.stability import stability_text
+from schedlab.results.stability import stability_text
 
 from .plot_common import STABILITY_STYLES, fmt_number, fmt_percent, line_style, metric_value, new_figure, \
     stability_verdict, titles

@@ -1,7 +1,7 @@
 """The ``plots`` report: PNG figures in ``<out>/plots/``, from fresh or saved results.
 
 ``schedlab run`` writes them after the runs; ``schedlab plot DIR`` redraws them from the files
-of the ``json`` report (:func:`schedlab.results_io.load`). Both go through :func:`plan`, so
+of the ``json`` report (:func:`schedlab.results.storage.load`). Both go through :func:`plan`, so
 they write the same files with the same data. Figures, in this order:
 
 * ``latency_cdf.png`` -- TTFT/TPOT/e2e CDFs of every single run (study kind "run") together;
@@ -29,9 +29,7 @@ Each PNG is rendered in memory and written atomically.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -39,7 +37,7 @@ import attrs
 from matplotlib.figure import Figure
 
 from schedlab.errors import ConfigError
-from schedlab.results_io import atomic_write
+from schedlab.results.storage import atomic_write
 
 from .plot_config import PlotsConfig
 from .plot_cdf import latency_cdf_figure
@@ -48,25 +46,15 @@ from .plot_plan import plan_figure
 from .plot_search import search_figure
 from .plot_sweep import overlay_figure, sweep_figure
 from .plot_timeline import has_timeline, timeline_figure
+from .names import safe_stem
 
 FOLDER = "plots"
-MAX_STEM = 80
 @attrs.frozen
 class PlannedFigure:
     """One PNG to write: its file name (inside plots/) and how to draw it (None: nothing to draw)."""
 
     filename: str
     draw: Callable[[], Figure | None]
-
-
-def safe_stem(name: str) -> str:
-    """A file-name-safe form of a study or run name (see the module doc)."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-    stem = re.sub(r"[._-]*_[._-]*", "_", stem).strip("._-") or "run"
-    if len(stem) > MAX_STEM:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-        stem = f"{stem[:MAX_STEM - 9].rstrip('._-')}-{digest}"
-    return stem
 
 
 def timeline_runs(results, limit: int) -> list:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from schedlab.results_io import save
+from schedlab.results.storage import save
 
 
 class JsonReport:
-    """Saves everything ``schedlab plot`` and later analysis need (see schedlab.results_io)."""
+    """Saves everything ``schedlab plot`` and later analysis need (see schedlab.results.storage)."""
 
     def __init__(self, config=None):
         self.config = config

@@ -5,7 +5,7 @@ nested metrics). With ``best = "<metric>"`` the run(s) with the best value of th
 (``best_is = "highest"`` or ``"lowest"``) get a ``*`` after their name, and a line under the
 table names them (see :mod:`.best`).
 
-Overloaded runs are marked too (see :mod:`schedlab.stability`): ``!`` after the name of a run
+Overloaded runs are marked too (see :mod:`schedlab.results.stability`): ``!`` after the name of a run
 whose waiting queue grows (its percentiles depend on how long it ran), ``?`` where it grew but
 the run was too short to be sure; a line under the table gives each one's numbers.
 
@@ -26,9 +26,9 @@ from pathlib import Path
 import attrs
 
 from schedlab.configs import metric_list_field, str_field
-from schedlab.metrics import metric_at
-from schedlab.results_io import atomic_write
-from schedlab.stability import stability_text
+from schedlab.results.metrics import metric_at
+from schedlab.results.stability import stability_text
+from schedlab.results.storage import atomic_write
 from schedlab.study.replicas import paired, paired_difference
 
 from .best import best_field, best_is_field, best_runs, best_text
@@ -171,7 +171,9 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
             seen.add((kv["model"], kv["gpu"], kv["num_blocks"]))
             lines.append(f"KV cache: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
                          f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
-                         f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens")
+                         f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
+                         + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
+                            if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else ""))
     for study in results.studies:
         if study.search is not None:
             lines.append(f"search {study.name}: {study.search.message}")

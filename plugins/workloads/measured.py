@@ -15,7 +15,7 @@
   infinite rate) from the run's seed.
 
 Both keep the measured latencies (:class:`MeasuredRequests`, ``workload.measured``) so a run
-can be compared with the real one (:mod:`schedlab.compare`).
+can be compared with the real one (:mod:`schedlab.results.compare`).
 """
 
 from __future__ import annotations

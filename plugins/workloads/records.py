@@ -41,6 +41,7 @@ from .fast_text import FLOAT, INT, NONE, STR, RawColumn, csv_columns, read_csv_f
 FORMATS = ("json", "jsonl", "csv")
 READERS = ("arrow", "numpy", "python")
 _EXTENSIONS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
@@ -144,6 +145,10 @@ class Records:
         if number is None or number < min:
             raise WorkloadError(
                 f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, got {_show(value)}")
+        if number > INT64_MAX:  # 10**30, 1e30 or "1e30": beyond the int64 columns every reader keeps
+            raise WorkloadError(
+                f"{self.where(row)}: {self.label(field)}: must be a whole number from {min} to {INT64_MAX:,}, "
+                f"got {_show(value)}")
         return number
 
     def optional_ints(self, field: str, *, min: int = 1) -> list | None:
@@ -252,13 +257,13 @@ class Records:
             if row > stop:
                 break
             number = _as_int(column[row])
-            if number is None or number < min:
+            if number is None or number < min or number > INT64_MAX:
                 bad[row] = True
                 break
             if allow_none:
                 others[row] = number
             else:
-                out[row] = number   # as the loop above: a number too big for int64 fails here
+                out[row] = number
         rows = np.flatnonzero(bad)
         if rows.size:
             row = int(rows[0])

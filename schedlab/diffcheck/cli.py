@@ -15,8 +15,8 @@ from typing import Callable
 import attrs
 
 from schedlab.errors import ConfigError, SchedlabError
-from schedlab.overrides import parse_assignment
 from schedlab.progress import progress
+from schedlab.study.overrides import parse_assignment
 
 from .case import Case, Engine, Sides
 from .compare import Comparison, Differ, agreement_table

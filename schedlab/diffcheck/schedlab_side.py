@@ -18,7 +18,7 @@ from schedlab.engine.reference import ReferenceEngine
 from schedlab.errors import SchedlabError
 from schedlab.model import Request
 from schedlab.results import RunResult
-from schedlab.simulation import Context, build_component
+from schedlab.study.simulation import Context, build_component
 
 from .case import Case, Sides
 from .tokens import block_hashes, prompt_token_ids

@@ -18,6 +18,7 @@ from typing import Sequence as Seq
 
 from .driver import route
 from .instance import Instance, default_rejection_reason
+from .load import RoutingClock, views_of
 from .sequence import Sequence
 from .transfer import KVLink, Transfer, carry_over, kv_bytes_per_token, kv_reservation, prefill_request
 
@@ -180,6 +181,9 @@ class DisaggregatedCluster:
         self.prefill_router = prefill_router
         self.decode_router = decode_router
         self._handoffs: list = []  # (ready time, seq_no, transfer), not yet routed
+        self._clock = RoutingClock()  # routers see both pools as they are at this time
+        self._prefill_views = views_of(self.prefill, self._clock)
+        self._decode_views = views_of(self.decode, self._clock)
         self._stages = {}
         for inst in self.prefill:
             inst.stage = self._stages[inst.index] = PrefillStage(self)
@@ -209,7 +213,11 @@ class DisaggregatedCluster:
     def arrive(self, request, seq_no: int) -> Instance:
         """Route ``request`` to the prefill pool (or reject it); returns the prefill instance."""
         pool = self.prefill
-        target = pool[route(self.prefill_router, request, pool)] if self.prefill_router is not None else pool[0]
+        if self.prefill_router is not None:
+            self._clock.now = request.arrival_ms
+            target = pool[route(self.prefill_router, request, self._prefill_views)]
+        else:
+            target = pool[0]
         first = prefill_request(request)
         reason = (target._rejection_reason(first, target.kv)
                   or self._decode_reason(request, self.decode[0].kv))  # the decode pool is uniform
@@ -239,6 +247,10 @@ class DisaggregatedCluster:
         router = self.decode_router
         while self._handoffs and self._handoffs[0][0] <= t:
             tr = heapq.heappop(self._handoffs)[2]
-            target = pool[route(router, tr.request, pool)] if router is not None else pool[0]
+            if router is not None:
+                self._clock.now = tr.ready_ms
+                target = pool[route(router, tr.request, self._decode_views)]
+            else:
+                target = pool[0]
             target.wake(tr.ready_ms)
             target.stage.receive(target, tr)

@@ -2,7 +2,8 @@
 
 Open-loop workloads give every request up front (lazily, in arrival order); each instance
 runs every iteration that starts before the next arrival, then the router places it, seeing
-each instance as it is at that time.
+each instance as it is at that time -- an iteration still in progress holds its requests and
+their KV (:mod:`schedlab.engine.load`).
 
 Closed-loop workloads release a client's next request when its previous one finishes, on any
 instance. So instances advance in lockstep: the instance that is furthest behind runs, and
@@ -21,6 +22,7 @@ from typing import Iterable, Sequence
 
 from ..errors import SimulationError, StallError
 from .instance import Instance
+from .load import RoutingClock, views_of
 
 INF = math.inf
 
@@ -64,6 +66,8 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
     for inst in instances:
         inst.track_finished = closed
     arrivals = ArrivalQueue(requests)
+    clock = RoutingClock()
+    views = views_of(instances, clock)
     delivered = 0
     while True:
         t = arrivals.next_time()
@@ -77,9 +81,10 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
                     raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
         if t == INF:
             return
+        clock.now = t
         while arrivals.next_time() <= t:
             request = arrivals.pop()
-            target = instances[route(router, request, instances)] if router is not None else instances[0]
+            target = instances[route(router, request, views)] if router is not None else instances[0]
             target.arrive(request, delivered)
             delivered += 1
             if closed:
@@ -170,8 +175,9 @@ def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: Arrival
     return True
 
 
-def route(router, request, instances: Sequence[Instance]) -> int:
-    """The router's choice, checked: a bad index is the router's bug, not a silent wrap-around."""
+def route(router, request, instances: Sequence) -> int:
+    """The router's choice among ``instances`` (:class:`~schedlab.engine.load.InstanceView` objects),
+    checked: a bad index is the router's bug, not a silent wrap-around."""
     answer = router.route(request, instances)
     try:
         index = operator.index(answer)

@@ -21,6 +21,7 @@ from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk
 from .clock import check_iteration_end
+from .load import Release, load
 from .plan import FastPlan
 from .recorder import Recorder
 from .sequence import DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence
@@ -145,6 +146,7 @@ class Instance:
         self.emitted = False         # changed another instance in the last advance (hand-over, pull)
         self.asleep = False          # planned nothing; plans again at next_plan_time() or when woken
         self.sleep_wake = INF
+        self.release = Release()     # what the last iteration gives back at its end (routers' view)
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
@@ -496,9 +498,11 @@ class Instance:
         else:
             counters["decode_only_ms"] += total
         timeline = self.rec.keep_timeline
+        split = k > 1 and growth is not None  # the last iteration, at the run's KV peak, gets a row of its own
         if timeline:
-            self.rec.sample(start, self.index, n_running, len(self.waiting), used0)
-        if k == 1 or growth is None:
+            head = bulk.run_ms(k - 1, d0, inc) if split else total
+            self.rec.sample(start, self.index, n_running, len(self.waiting), used0, head, k - 1 if split else k, batch)
+        if not split:
             block_ms = used0 * total
             if used0 >= self.kv_need_high:
                 counters["kv_above_ms"] += total
@@ -513,7 +517,7 @@ class Instance:
                 first = 0 if used0 >= self.kv_need_high else growth.first_reaching(self.kv_need_high - used0)
                 counters["kv_above_ms"] += total - bulk.run_ms(first, d0, inc)
             if timeline:
-                self.rec.sample(start + bulk.run_ms(k - 1, d0, inc), self.index, n_running, len(self.waiting), peak)
+                self.rec.sample(start + head, self.index, n_running, len(self.waiting), peak, total - head, 1, batch)
         counters["kv_block_ms"] += block_ms
         self.kv_block_ms += block_ms
         if peak > self.kv_peak:
@@ -521,6 +525,7 @@ class Instance:
         if peak > counters["kv_peak_blocks"]:
             counters["kv_peak_blocks"] = peak
 
+        before = load(self)  # as routers see the instance until ``end``
         progress = False
         decoded_before = counters["decode_tokens"]
         accepted = 0
@@ -586,6 +591,7 @@ class Instance:
         for seq in parked:
             self._add_decoder(seq)
             self.off_cycle[seq] = seq.last_token_ms
+        self.release.record(end, before, load(self))
 
         self.now = end
         if progress:

@@ -28,7 +28,12 @@ REQUEST_INT_COLUMNS = (
 NO_TRANSFER = (-1, 0, -1.0, -1.0, -1.0)
 REQUEST_TEXT_COLUMNS = ("request_class", "client")
 
-TIMELINE = ("time_ms", "instance", "running", "waiting", "kv_used", "preemptions")
+# One row per engine event: an iteration, or (fast engine) a run of identical decode iterations
+# -- the run's last iteration in a row of its own when its KV use grew. duration_ms and
+# iterations make the rows slices of the busy time (Perfetto traces); the batch columns are the
+# row's iterations' (decodes, prefills and prefill tokens of each).
+TIMELINE = ("time_ms", "instance", "running", "waiting", "kv_used", "preemptions",
+            "duration_ms", "iterations", "decodes", "prefills", "prefill_tokens")
 
 COUNTERS = (
     "iterations",            # iterations run
@@ -159,9 +164,11 @@ class Recorder:
             self.itl_weight.append(weight)
 
     # -- timeline ----------------------------------------------------------------------------
-    def sample(self, time_ms: float, instance: int, running: int, waiting: int, kv_used: int) -> None:
-        """One timeline point: state during the iteration starting at ``time_ms``
-        (``preemptions`` is the run's cumulative count)."""
+    def sample(self, time_ms: float, instance: int, running: int, waiting: int, kv_used: int,
+               duration_ms: float, iterations: int, batch) -> None:
+        """One timeline row: state during the ``iterations`` iterations of ``batch``'s shape that
+        start at ``time_ms`` and last ``duration_ms`` in all (``preemptions`` is the run's
+        cumulative count)."""
         if self.keep_timeline:
             t = self.timeline
             t["time_ms"].append(time_ms)
@@ -170,3 +177,8 @@ class Recorder:
             t["waiting"].append(waiting)
             t["kv_used"].append(kv_used)
             t["preemptions"].append(self.counters["num_preemptions"])
+            t["duration_ms"].append(duration_ms)
+            t["iterations"].append(iterations)
+            t["decodes"].append(batch.num_decode)
+            t["prefills"].append(batch.num_prefill)
+            t["prefill_tokens"].append(batch.prefill_tokens)

@@ -17,6 +17,7 @@ from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from .clock import check_iteration_end
+from .load import Release, load
 from .recorder import Recorder
 
 
@@ -358,6 +359,7 @@ class ReferenceEngine:
         self.kv_block_ms = 0.0
         self.iterations = 0
         self.kv_peak = 0
+        self.release = Release()  # what the last iteration gives back at its end (routers' view)
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)
@@ -473,7 +475,7 @@ class ReferenceEngine:
             counters["kv_above_ms"] += duration
         counters["kv_peak_blocks"] = max(counters["kv_peak_blocks"], used)
         self.kv_peak = max(self.kv_peak, used)
-        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used)
+        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch)
 
         progress = False
         decoded_out = []  # finishing order, shared with the fast engine: prefill completions
@@ -522,6 +524,7 @@ class ReferenceEngine:
                 else:
                     s.status = "decoding"
         on_finish = getattr(self.scheduler, "on_finish", None)
+        before = load(self)  # as routers see the instance until ``end``
         for s in done + sorted(decoded_out, key=lambda s: s.seq_no):
             del self.running[s]
             s.status = "finished"
@@ -535,6 +538,7 @@ class ReferenceEngine:
                 on_finish(s, end)
             if self.on_request_done is not None:
                 self.on_request_done(s.request, end)
+        self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
         self.now = end

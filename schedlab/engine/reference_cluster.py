@@ -21,16 +21,19 @@ from typing import Sequence
 
 from ..errors import SimulationError, StallError
 from .instance import default_rejection_reason
+from .load import RoutingClock, views_of
 from .reference import RefSequence, ReferenceEngine
 from .transfer import KVLink, Transfer, carry_over, kv_bytes_per_token, kv_reservation, prefill_request
 
 INF = math.inf
 
 
-def _routed(router, request, pool: Sequence) -> ReferenceEngine:
+def _routed(router, request, pool: Sequence, views: Sequence, clock: RoutingClock, t: float) -> ReferenceEngine:
+    """The instance of ``pool`` the router picks, seeing every instance as it is at ``t``."""
     if router is None:
         return pool[0]
-    index = router.route(request, pool)
+    clock.now = t
+    index = router.route(request, views)
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(pool):
         raise SimulationError(f"router {type(router).__name__} returned {index!r} for request {request.id}; "
                               f"expected an instance index from 0 to {len(pool) - 1}")
@@ -45,10 +48,12 @@ class ReferenceCluster:
             raise ValueError("several instances need a router")
         self.instances = list(instances)
         self.router = router
+        self.clock = RoutingClock()
+        self.views = views_of(self.instances, self.clock)
 
     # -- what a cluster kind decides -----------------------------------------------------------
     def deliver(self, request, seq_no: int, t: float) -> None:
-        inst = _routed(self.router, request, self.instances)
+        inst = _routed(self.router, request, self.instances, self.views, self.clock, t)
         inst.wake(t)
         inst.arrive(request, seq_no)
 
@@ -228,6 +233,9 @@ class DisaggregatedReference(ReferenceCluster):
         self.decode = list(decode)
         self.decode_router = decode_router
         self.by_index = {inst.index: inst for inst in self.instances}
+        self.clock = RoutingClock()
+        self.prefill_views = views_of(self.prefill, self.clock)
+        self.decode_views = views_of(self.decode, self.clock)
         self.handoffs: list = []
         for inst in self.prefill:
             inst.role = PrefillRole(self)
@@ -242,7 +250,7 @@ class DisaggregatedReference(ReferenceCluster):
                                                         receiver_bytes_per_token=receiver, receiver_ranks=ranks)
 
     def deliver(self, request, seq_no: int, t: float) -> None:
-        inst = _routed(self.router, request, self.prefill)
+        inst = _routed(self.router, request, self.prefill, self.prefill_views, self.clock, t)
         inst.wake(t)
         first = prefill_request(request)
         decode0 = self.decode[0]
@@ -266,6 +274,6 @@ class DisaggregatedReference(ReferenceCluster):
         for tr in sorted(self.handoffs, key=lambda tr: (tr.ready_ms, tr.seq_no)):
             if tr.ready_ms <= t:
                 self.handoffs.remove(tr)
-                inst = _routed(self.decode_router, tr.request, self.decode)
+                inst = _routed(self.decode_router, tr.request, self.decode, self.decode_views, self.clock, t)
                 inst.wake(t)
                 inst.role.receive(inst, tr)

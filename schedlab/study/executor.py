@@ -14,12 +14,13 @@ assembles results in file order, not in completion order.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Protocol
 
 from ..errors import ConfigError
-from ..simulation import Context
+from .simulation import Context
 from .tasks import RunTask, execute
 
 BACKENDS = ("local", "ray")
@@ -68,8 +69,24 @@ def _process_context():
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["schedlab.study.tasks"])
+        _start_forkserver()
         return context
     return multiprocessing.get_context("spawn")
+
+
+def _start_forkserver() -> None:
+    """Start the fork server in Python's safe-path mode (``PYTHONSAFEPATH``). Python 3.11 starts it
+    with ``python -c``, which puts the working directory first on its import path: a folder named
+    ``schedlab`` there (a clone's parent directory, say) was imported instead of schedlab."""
+    saved = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = saved
 
 
 class ProcessExecutor:

@@ -16,7 +16,7 @@ Each *candidate* (a GPU, a tensor-parallel degree and a point of the space) sets
 the degree in the run's cost model and KV cache (``gpu_keys``, ``tensor_parallel_keys``). A
 deployment is a candidate with a number of instances; it costs instances x tensor parallel x
 the GPU's price per hour. Adding instances never hurts an SLO, so for each candidate a 1-D
-search (:mod:`schedlab.search`) finds the fewest instances that meet the constraints, in
+search (:mod:`schedlab.study.search`) finds the fewest instances that meet the constraints, in
 log(max_instances) runs instead of max_instances. Candidates that cannot hold the model
 (``ConfigError`` when assembling) are skipped with the reason.
 
@@ -40,13 +40,14 @@ import attrs
 
 from ..configs import FieldError, int_field, list_field, str_field, table_field
 from ..errors import ConfigError
-from ..metrics import metric_at
-from ..overrides import set_dotted, split_key
-from ..results import RunResult, Study
-from ..search import parse_constraint
-from ..simulation import RunSpec, assemble
-from ..sweep import expand_grid, point_label
-from .runner import SearchDriver
+from ..results.metric_names import check_metric_name
+from ..results.metrics import metric_at
+from ..results.records import RunResult, Study
+from .drivers import SearchDriver
+from .overrides import set_dotted, split_key
+from .search import max_search_probes, parse_constraint
+from .simulation import RunSpec, assemble
+from .sweep import expand_grid, point_label
 
 INSTANCES_KEY = "cluster.instances"
 COST_METRIC = "cost_per_hour"  # added to the metrics of every deployment a plan simulates
@@ -80,8 +81,6 @@ class PlanConfig:
     def __attrs_post_init__(self):
         if not self.constraints:
             raise FieldError("constraints", "name at least one, e.g. ['slo.attainment >= 0.99']")
-        from ..metric_names import check_metric_name
-
         for name, metrics in (("constraints", [parse_constraint(t).metric for t in self.constraints]),
                               ("attainment", [self.attainment])):
             for metric in metrics:
@@ -203,7 +202,7 @@ class PlanOutcome:
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in fields})
 
 
-SavedPlan = PlanOutcome  # read back by schedlab.results_io.load
+SavedPlan = PlanOutcome  # read back by schedlab.results.storage.load
 
 
 def _finite(value) -> float:
@@ -316,8 +315,6 @@ class PlanDriver:
     def total(self) -> int:
         started = sum(s.total for s in self.searches.values())
         later = [c for wave in self.waves[self.wave + 1:] for c in wave]
-        from ..search import max_search_probes
-
         estimate = max_search_probes(low=self.cfg.min_instances, high=self.cfg.max_instances) if later else 0
         return started + len(later) * estimate * self.spec.replicas
 

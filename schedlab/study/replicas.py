@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
-from ..results import RunResult
+from ..results.records import RunResult
 
 REPLICA_MARK = "#"
 # Student's t quantile t(0.975, df) for df = 1..30 (two-sided 95%).

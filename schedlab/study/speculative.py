@@ -1,6 +1,6 @@
 """Searches that probe several values at once and stop with the sequential search's answer.
 
-:func:`schedlab.search.search` is a decision tree: each probe's outcome (holds or fails)
+:func:`schedlab.study.search.search` is a decision tree: each probe's outcome (holds or fails)
 decides the next value. With ``width`` workers, :class:`SpeculativeSearch` evaluates the
 next ``width`` nodes of that tree breadth first -- the value the sequential search needs
 now, then the two values it would need after either outcome, and so on. In the bisection
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..search import SearchOutcome, max_search_probes, search
+from .search import SearchOutcome, max_search_probes, search
 
 
 class _Unknown(Exception):
@@ -30,13 +30,13 @@ class SpeculativeSearch:
     """The sequential search, evaluated ``width`` values at a time.
 
     Call :meth:`wanted` for the values to evaluate next, :meth:`record` each outcome as it
-    arrives; :attr:`outcome` is set (a :class:`~schedlab.search.SearchOutcome` identical to
+    arrives; :attr:`outcome` is set (a :class:`~schedlab.study.search.SearchOutcome` identical to
     the sequential one) once the path is complete.
 
     :param width: how many unknown values may be asked for at once (>= 1; 1 is sequential).
-    :param search_args: the keyword arguments of :func:`schedlab.search.search`, except
+    :param search_args: the keyword arguments of :func:`schedlab.study.search.search`, except
         ``evaluate`` and ``progress``.
-    :raises ConfigError: bad range (as :func:`~schedlab.search.search` would, before probing).
+    :raises ConfigError: bad range (as :func:`~schedlab.study.search.search` would, before probing).
     """
 
     def __init__(self, width: int = 1, **search_args: Any):

@@ -1,6 +1,6 @@
 """One simulation as plain data: built in the parent, executed in any process or on any node.
 
-A :class:`RunTask` carries the resolved run (:class:`~schedlab.simulation.RunSpec`: tables,
+A :class:`RunTask` carries the resolved run (:class:`~schedlab.study.simulation.RunSpec`: tables,
 seed, engine) and a :class:`ContextSpec` -- how to rebuild the plugin catalog and presets
 where the task runs (the catalog holds a pluggy manager and cannot travel). Rebuilding costs
 a few milliseconds and keeps workers free of state carried from one run to the next.
@@ -19,13 +19,13 @@ import attrs
 from ..capacity import Presets
 from ..catalog import load_catalog
 from ..errors import SchedlabError
-from ..results import RunResult
-from ..simulation import Context, RunSpec, run
+from ..results.records import RunResult
+from .simulation import Context, RunSpec, run
 
 
 @attrs.frozen
 class ContextSpec:
-    """What rebuilding a :class:`~schedlab.simulation.Context` in a worker needs.
+    """What rebuilding a :class:`~schedlab.study.simulation.Context` in a worker needs.
 
     :ivar plugins: modules named in ``[experiment] plugins`` (importable where tasks run).
     :ivar plugin_objects: plugin objects registered in-process (tests); must pickle.

@@ -13,7 +13,7 @@ from ..engine.driver import simulate
 from ..engine.instance import Instance
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
-from ..results import RunResult
+from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
 
 
@@ -123,6 +123,33 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     return result
 
 
+def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,
+                engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+    """Simulate ``requests`` on ``instances`` colocated instances behind ``router``.
+
+    ``make`` makes one instance's ``(scheduler, cost model, KV cache)`` each time it is called;
+    ``router`` is a router object (required for more than one instance). The result's
+    ``meta["kvs"]`` holds every instance's KV cache, for checks of the blocks left at the end.
+    """
+    from ..engine.reference_cluster import ReferenceCluster
+
+    rec = Recorder()
+    parts = [make() for _ in range(instances)]
+    if engine == "reference":
+        engines = [ReferenceEngine(s, c, k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
+        ReferenceCluster(engines, router).run(list(requests), workload=workload)
+    else:
+        engines = [Instance(i, s, c, k, rec) for i, (s, c, k) in enumerate(parts)]
+        simulate(list(requests), engines, router=router, workload=workload)
+    slots = [getattr(s, "slots", None) for s, _, _ in parts]
+    meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
+            "instances": instances, "events": sum(e.events for e in engines)}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
+                                     request_cost=getattr(parts[0][1], "request_cost", None))
+    result.meta["kvs"] = [e.kv for e in engines]
+    return result
+
+
 def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: Callable[[], tuple], *,
                       prefill_instances: int = 1, decode_instances: int = 1, prefill_router=None,
                       decode_router=None, bandwidth_gbps: float = 25.0, latency_ms: float = 0.01,
@@ -136,7 +163,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
     from ..engine.reference_cluster import DisaggregatedReference
-    from ..simulation import pool_summary
+    from ..study.simulation import pool_summary
 
     rec = Recorder()
     parts = [prefill() for _ in range(prefill_instances)] + [decode() for _ in range(decode_instances)]
@@ -219,6 +246,34 @@ def compare_runs(a: RunResult, b: RunResult, *, rel: float = 1e-9) -> None:
     assert a.rejections == b.rejections
     _close(a.counters, b.counters, rel, "counters")
     _close(a.metrics, b.metrics, rel, "metrics")
+    if a.timeline.get("time_ms", np.empty(0)).size and b.timeline.get("time_ms", np.empty(0)).size:
+        _close(_timeline_totals(a), _timeline_totals(b), rel, "timeline")
+        _check_row_starts(a, b, rel)
+
+
+def _timeline_totals(run: RunResult) -> dict:
+    """Per instance: iterations, busy time and the work of the timeline's rows, summed (the fast
+    engine keeps a run of decode iterations in one or two rows, the reference engine one each)."""
+    t = run.timeline
+    k = t["iterations"]
+    out = {}
+    for inst in np.unique(t["instance"]).tolist():
+        mine = t["instance"] == inst
+        out[int(inst)] = {"iterations": float(k[mine].sum()), "busy_ms": float(t["duration_ms"][mine].sum()),
+                          **{c: float((k * t[c])[mine].sum()) for c in ("decodes", "prefills", "prefill_tokens")}}
+    return out
+
+
+def _check_row_starts(a: RunResult, b: RunResult, rel: float) -> None:
+    """The coarser timeline's rows start where the finer one's do (a row starts an iteration)."""
+    coarse, fine = sorted((a, b), key=lambda r: r.timeline["time_ms"].size)
+    for inst in np.unique(fine.timeline["instance"]).tolist():
+        starts = fine.timeline["time_ms"][fine.timeline["instance"] == inst]
+        mine = coarse.timeline["time_ms"][coarse.timeline["instance"] == inst]
+        right = np.clip(np.searchsorted(starts, mine), 0, starts.size - 1)
+        left = np.clip(right - 1, 0, starts.size - 1)
+        nearest = np.where(np.abs(starts[left] - mine) < np.abs(starts[right] - mine), starts[left], starts[right])
+        assert np.allclose(mine, nearest, rtol=rel, atol=1e-9), f"timeline rows of instance {inst} start apart: {mine.tolist()} vs {starts.tolist()}"
 
 
 def _close(x: Any, y: Any, rel: float, path: str) -> None:

@@ -3,16 +3,17 @@
     python experiments/data/llmservingsim/make_data.py [/path/to/shared/calibration/llmservingsim]
 
 Source: LLMServingSim (github.com/casys-kaist/LLMServingSim, MIT licence, see LICENSE and
-COMMIT here), as laid out in ../shared/calibration/llmservingsim:
+COMMIT here), as laid out in ../shared/calibration/llmservingsim. For each real run in
+:data:`RUNS` (Llama-3.1-8B on one RTX PRO 6000 Server; Qwen3-32B at tensor parallel 2 on two):
 
-* ``profiles/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/`` -- the per-operator profile bundle of
-  the run's GPU and model at TP 1 (meta.yaml, dense, per_sequence, attention, skew_fit; the raw
-  skew shots are left out: the fit is what a simulator reads);
-* ``vllm-rtxpro6000-llama-3.1-8b.jsonl`` -- the real vLLM 0.19 run's per-request log
-  (bench/examples/RTXPRO6000/Llama-3.1-8B/vllm/requests.jsonl) with one field added,
+* ``profiles/RTXPRO6000/<org>/<model>/bf16/`` -- the per-operator profile bundle of the run's
+  GPU and model at the run's TP degree (meta.yaml, dense, per_sequence, attention, skew_fit;
+  the raw skew shots are left out: the fit is what a simulator reads);
+* ``vllm-rtxpro6000-<model>.jsonl`` -- the real vLLM 0.19 run's per-request log
+  (bench/examples/RTXPRO6000/<model>/vllm/requests.jsonl) with one field added,
   ``block_hashes``: the prefix block ids of each prompt's token ids, hashed in 16-token blocks
-  from workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl (line i of the workload is request
-  bench-i), so the 2.5 MB of token ids need not be copied;
+  from workloads/sharegpt-<model>-300-sps10.jsonl (line i of the workload is request bench-i),
+  so the 2.5 MB of token ids need not be copied;
 * ``meta.json`` and ``summary.txt`` of that run (engine settings; LLMServingSim's own
   validation).
 """
@@ -27,27 +28,37 @@ from schedlab_plugins.workloads.measured import prefix_block_ids
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 
+#: (run folder under bench/examples/RTXPRO6000, bundle under profiler/perf, TP degree, file stem)
+RUNS = (
+    ("Llama-3.1-8B", "RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", 1, "llama-3.1-8b"),
+    ("Qwen3-32B", "RTXPRO6000/Qwen/Qwen3-32B/bf16", 2, "qwen3-32b"),
+)
+
+
+def copy_run(source: Path, run_name: str, bundle: str, tp: int, stem: str) -> None:
+    out = HERE / "profiles" / bundle
+    (out / f"tp{tp}").mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "profiler/perf" / bundle / "meta.yaml", out / "meta.yaml")
+    for name in ("dense.csv", "per_sequence.csv", "attention.csv", "skew_fit.csv"):
+        shutil.copy(source / "profiler/perf" / bundle / f"tp{tp}" / name, out / f"tp{tp}" / name)
+    run = source / "bench/examples/RTXPRO6000" / run_name
+    shutil.copy(run / "vllm/meta.json", HERE / f"vllm-rtxpro6000-{stem}.meta.json")
+    shutil.copy(run / "validation/summary.txt", HERE / f"vllm-rtxpro6000-{stem}.llmservingsim-summary.txt")
+    log = [json.loads(line) for line in open(run / "vllm/requests.jsonl")]
+    prompts = [json.loads(line) for line in open(source / f"workloads/sharegpt-{stem}-300-sps10.jsonl")]
+    for i, row in enumerate(log):
+        assert row["request_id"] == f"bench-{i}" and prompts[i]["input_toks"] == row["input_toks"]
+    ids = prefix_block_ids([p["input_tok_ids"] for p in prompts[:len(log)]], 16)
+    with open(HERE / f"vllm-rtxpro6000-{stem}.jsonl", "w") as fh:
+        for row, hashes in zip(log, ids):
+            fh.write(json.dumps({**row, "block_hashes": list(hashes)}, separators=(",", ":")) + "\n")
+
 
 def main(source: Path) -> None:
     shutil.copy(source / "LICENSE", HERE / "LICENSE")
     shutil.copy(source / "COMMIT", HERE / "COMMIT")
-    bundle = Path("profiler/perf/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16")
-    out = HERE / "profiles" / "RTXPRO6000" / "meta-llama" / "Llama-3.1-8B" / "bf16"
-    (out / "tp1").mkdir(parents=True, exist_ok=True)
-    shutil.copy(source / bundle / "meta.yaml", out / "meta.yaml")
-    for name in ("dense.csv", "per_sequence.csv", "attention.csv", "skew_fit.csv"):
-        shutil.copy(source / bundle / "tp1" / name, out / "tp1" / name)
-    run = source / "bench/examples/RTXPRO6000/Llama-3.1-8B"
-    shutil.copy(run / "vllm/meta.json", HERE / "vllm-rtxpro6000-llama-3.1-8b.meta.json")
-    shutil.copy(run / "validation/summary.txt", HERE / "vllm-rtxpro6000-llama-3.1-8b.llmservingsim-summary.txt")
-    log = [json.loads(line) for line in open(run / "vllm/requests.jsonl")]
-    prompts = [json.loads(line) for line in open(source / "workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl")]
-    for i, row in enumerate(log):
-        assert row["request_id"] == f"bench-{i}" and prompts[i]["input_toks"] == row["input_toks"]
-    ids = prefix_block_ids([p["input_tok_ids"] for p in prompts[:len(log)]], 16)
-    with open(HERE / "vllm-rtxpro6000-llama-3.1-8b.jsonl", "w") as fh:
-        for row, hashes in zip(log, ids):
-            fh.write(json.dumps({**row, "block_hashes": list(hashes)}, separators=(",", ":")) + "\n")
+    for run in RUNS:
+        copy_run(source, *run)
 
 
 if __name__ == "__main__":

@@ -27,20 +27,21 @@ from typing import Any, Callable
 import attrs
 import tomli
 
-from .capacity import GpuSpec, ModelSpec, Presets
-from .catalog import Catalog, load_catalog
-from .configs import MAX_INT, FieldError, bool_field, from_table, int_field, list_field, str_field
-from .errors import ConfigError
-from .metric_names import check_metric_name
+from ..capacity import GpuSpec, ModelSpec, Presets
+from ..catalog import Catalog, load_catalog
+from ..configs import MAX_INT, bool_field, from_table, int_field, list_field, str_field
+from ..errors import ConfigError
+from ..results.records import ExperimentResults, RunResult
+from .executor import InProcessExecutor
 from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
-from .results import ExperimentResults, RunResult
-from .search import parse_constraint
+from .planner import PlanConfig, validate as validate_plan
+from .runner import run_studies
 from .simulation import ENGINES, Context, RunSpec, assemble, component_config
-from .sweep import expand_grid, point_label
+from .spec import RUN_TABLES, SearchConfig, StudySpec, point_spec
+from .sweep import expand_grid
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative",
              "models", "gpus", "sweep", "search", "plan", "runs", "reports")
-RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative")
 RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "replicas")
 DEFAULT_REPORTS = ("table", "json", "plots")
 MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix
@@ -56,44 +57,6 @@ class ExperimentConfig:
     engine: str = str_field("fast", choices=ENGINES, help="'fast' (bulk decode runs) or 'reference' (step by step)")
     timeline: bool = bool_field(True, help="record running/waiting/KV over time for timeline plots")
     replicas: int = int_field(1, min=1, help="repeat every run with this many derived seeds: means and 95% intervals")
-
-
-@attrs.frozen
-class SearchConfig:
-    key: str = str_field(help="dotted key to search over, e.g. workload.clients")
-    low: Any = attrs.field(metadata={"help": "lowest value of the range"})
-    high: Any = attrs.field(metadata={"help": "highest value of the range"})
-    constraint: str = str_field(help="metric condition, e.g. 'ttft_ms.p99 <= 200'")
-    maximize: bool = bool_field(True, help="find the largest value that meets the constraint (else the smallest)")
-    tolerance: Any = attrs.field(default=None, metadata={"help": "stop width for real-valued keys"})
-
-    def __attrs_post_init__(self):
-        for name in ("low", "high"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{name}: must be a number, got {value!r}")
-        if self.low > self.high:
-            raise ConfigError(f"low ({self.low}) must be <= high ({self.high})")
-        try:
-            check_metric_name(parse_constraint(self.constraint).metric)
-        except ConfigError as exc:
-            raise FieldError("constraint", str(exc)) from None
-
-    @property
-    def integer(self) -> bool:
-        return isinstance(self.low, int) and isinstance(self.high, int) and self.tolerance is None
-
-
-@attrs.frozen
-class StudySpec:
-    """One ``[[runs]]`` entry resolved: its tables and what to do with them."""
-
-    name: str
-    base: RunSpec
-    sweep: list[dict[str, Any]] | None = None
-    search: SearchConfig | None = None
-    replicas: int = 1
-    plan: Any = None  # schedlab.study.planner.PlanConfig
 
 
 @attrs.define
@@ -241,8 +204,6 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
                       if search_table is not None else None)
         plan_cfg = None
         if plan_table is not None:
-            from .study.planner import PlanConfig
-
             plan_cfg = from_table(PlanConfig, plan_table, where=f"{where} [plan]")
         study = StudySpec(name, base, sweep, search_cfg, replicas, plan_cfg)
         _validate(study, ctx, where)
@@ -284,25 +245,11 @@ def _run_assignments(assignments, entries: list, source: str) -> dict[str, list]
     return targeted
 
 
-def point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
-    """The run of one point of a study: the base tables with the point's dotted keys set."""
-    tables = study.base.tables
-    for key, value in point.items():
-        if key.split(".")[0] not in RUN_TABLES:
-            raise ConfigError(f"{study.name}: cannot vary {key!r}; keys start with one of {', '.join(RUN_TABLES)}")
-        tables = set_dotted(tables, key, value)
-    label = point_label(point)
-    return RunSpec(f"{study.name}[{label}]" if label else study.name, tables, study.base.seed,
-                   study.base.engine, point)
-
-
 def _validate(study: StudySpec, ctx: Context, where: str) -> None:
     """Build the plugins of the base run and of every sweep point (search: both range ends;
     plan: see :func:`schedlab.study.planner.validate`)."""
     if study.plan is not None:
-        from .study.planner import validate
-
-        validate(study, ctx, where)
+        validate_plan(study, ctx, where)
         return
     if study.sweep is not None:
         points = study.sweep
@@ -322,9 +269,6 @@ def run_experiment(exp: Experiment, *, observer: Callable | None = None,
         Runs that need this process -- an ``observer``, a plugin implementing the per-iteration
         hook, or a catalog passed to :func:`load` -- run here whatever it is.
     """
-    from .study.executor import InProcessExecutor
-    from .study.runner import run_studies
-
     hook = exp.context.catalog.hook
     if observer is None and exp.context.catalog.observes_iterations():
         def observer(instance, record):  # opt-in and slow: the engine then runs step by step

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import attrs
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 OPERATORS = ("<=", "<", ">=", ">")
 _COMPARE = {

@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .overrides import split_key
 
 DEFAULT_MAX_POINTS = 100_000

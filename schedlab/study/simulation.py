@@ -13,21 +13,21 @@ from typing import Any, Callable
 
 import attrs
 
-from .capacity import Presets
-from .catalog import Catalog
-from .configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, str_field, table_field
-from .drafting import DraftingCostModel
-from .engine.disagg import DisaggregatedCluster
-from .engine.driver import simulate, simulate_disaggregated
-from .engine.instance import Instance
-from .engine.recorder import Recorder
-from .engine.reference import ReferenceEngine
-from .engine.reference_cluster import DisaggregatedReference, ReferenceCluster
-from .engine.transfer import kv_bytes_per_token
-from .errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
+from ..capacity import Presets
+from ..catalog import Catalog
+from ..configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, str_field, table_field
+from ..drafting import DraftingCostModel
+from ..engine.disagg import DisaggregatedCluster
+from ..engine.driver import simulate, simulate_disaggregated
+from ..engine.instance import Instance
+from ..engine.recorder import Recorder
+from ..engine.reference import ReferenceEngine
+from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
+from ..engine.transfer import kv_bytes_per_token
+from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
+from ..results.records import RunResult
+from ..speculative import Speculation, SpeculativeConfig
 from .overrides import merge_tables
-from .results import RunResult
-from .speculative import Speculation, SpeculativeConfig
 
 COMPONENTS = ("workload", "scheduler", "cost_model", "kv_cache")
 DEFAULT_TABLES: dict[str, dict] = {
@@ -352,7 +352,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
     if measured is not None:
-        from .compare import vs_measured
+        from ..results.compare import vs_measured
 
         result.measured = measured
         result.metrics["vs_measured"] = vs_measured(result.requests, measured)
@@ -404,5 +404,5 @@ def _kv_summary(kv) -> dict:
         out.update(model=sizing.model.name, gpu=sizing.gpu.name, tensor_parallel=sizing.tensor_parallel,
                    gpu_memory_utilization=sizing.gpu_memory_utilization, bytes_per_token=sizing.bytes_per_token,
                    weight_bytes=sizing.weight_bytes, reserve_bytes=sizing.reserve_bytes,
-                   kv_pool_bytes=sizing.kv_pool_bytes)
+                   kv_pool_bytes=sizing.kv_pool_bytes, derived_blocks=sizing.num_blocks)
     return out

@@ -23,8 +23,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import interrupts
-from .errors import ConfigError
+from .. import interrupts
+from ..errors import ConfigError
 
 #: What marks a folder as one schedlab may replace (besides being empty).
 RESULT_MARKERS = ("summary.json", "summary.txt")

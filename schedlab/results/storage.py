@@ -3,7 +3,7 @@
 Files (each written to a temporary name and renamed, so an interrupted write never leaves a
 half file behind and an earlier complete file is only replaced by a complete one; ``schedlab
 run`` moreover writes the whole folder aside and swaps it in, see
-:mod:`schedlab.results_folder`):
+:mod:`schedlab.results.folder`):
 
 * ``summary.json`` -- experiment, studies, per-run metrics, meta, search and plan outcomes,
   and for replicated runs each metric's 95% interval and every replica's metrics; it holds no
@@ -32,11 +32,11 @@ from typing import Any, Iterable
 import attrs
 import numpy as np
 
-from .engine.recorder import TIMELINE
-from .errors import SchedlabError
+from ..engine.recorder import TIMELINE
+from ..errors import SchedlabError
+from .folder import usual_mode
 from .metrics import request_latencies
-from .results import ExperimentResults, RunResult, Study
-from .results_folder import usual_mode
+from .records import ExperimentResults, RunResult, Study
 
 REQUEST_COLUMNS = (
     "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
@@ -311,6 +311,7 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
     for row in rows:
         by_run.setdefault(row[0], []).append(row)
     t_header, t_rows = _read_csv(out / "timeline.csv") if (out / "timeline.csv").exists() else ([], [])
+    t_index = {c: i for i, c in enumerate(t_header)}
     t_by_run: dict[str, list[list[str]]] = {}
     for row in t_rows:
         t_by_run.setdefault(row[0], []).append(row)
@@ -331,8 +332,8 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
         rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}
         trows = t_by_run.get(name, [])
-        timeline = {c: np.array([float(r[i]) for r in trows], dtype=float)
-                    for i, c in enumerate(TIMELINE_COLUMNS) if i > 0}
+        timeline = {c: np.array([float(r[t_index[c]]) for r in trows], dtype=float)
+                    for c in TIMELINE_COLUMNS[1:] if c in t_index}  # older folders lack the slice columns
         return RunResult(name, {}, req, counters, {}, timeline, rejections, meta, _restore_nan(metrics), point)
 
     studies = []
@@ -355,7 +356,7 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             outcome = _SavedSearch.from_json(s["search"], {r.name: r for r in runs})
         plan = None
         if s.get("plan"):
-            from .study.planner import SavedPlan
+            from ..study.planner import SavedPlan
 
             plan = SavedPlan.from_json(s["plan"])
         studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", ""),

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .results_folder import GENERATOR_TAG, INDEX
-from .results_io import atomic_write, jsonable
+from .folder import GENERATOR_TAG, INDEX
+from .storage import atomic_write, jsonable
 
 PLOTS = "plots"
 #: Plots are shown in the plots report's order of kinds (then by name): overviews first.

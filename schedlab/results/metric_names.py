@@ -1,6 +1,6 @@
 """The names of a run's metrics, so that a misspelt one is refused when a file is loaded.
 
-:func:`schedlab.metrics.compute_metrics` returns a nested dict; reports and searches name its
+:func:`schedlab.results.metrics.compute_metrics` returns a nested dict; reports and searches name its
 values by dotted paths (``ttft_ms.p99``, ``per_class.interactive.slo.goodput_rps``).
 :data:`METRICS` is the shape of that dict: a leaf is ``None``, a group a dict, and ``"*"``
 stands for keys that depend on the run (request classes, instance numbers, clients, rejection
@@ -14,7 +14,7 @@ absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .metrics import PERCENTILES
 
 _SUMMARY = dict.fromkeys(("mean", *(f"p{p}" for p in PERCENTILES), "max"))
@@ -45,7 +45,7 @@ METRICS: dict = {
     "rejection_reasons": {"*": None},
     "slo": _SLO,                                   # optional: with an [slo] table
     "per_class": {"*": _SUBSET},                   # optional: with several request classes
-    "stability": {**_STABILITY, "unstable_instances": None},   # schedlab.stability; the list with instances
+    "stability": {**_STABILITY, "unstable_instances": None},   # schedlab.results.stability; the list with instances
     "per_instance": {"*": {**_SUBSET, "stability": _STABILITY}},  # optional: with several instances
     "per_client": {"*": dict.fromkeys(("requests", "finished", "prompt_tokens", "generated_tokens", "service",
                                        "service_rate"))},   # optional: with several clients
@@ -58,7 +58,7 @@ METRICS: dict = {
                                       "kv_usage_peak")), "queue_ms": _SUMMARY} for pool in ("prefill", "decode")},
     "transfer": {**dict.fromkeys(("transfers", "bytes")),
                  **{name: _SUMMARY for name in ("kv_wait_ms", "transfer_ms", "join_wait_ms")}},
-    # optional: a workload replaying a measured run (schedlab.compare); the keys of errors_pct
+    # optional: a workload replaying a measured run (schedlab.results.compare); the keys of errors_pct
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
     "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},
     # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour

@@ -13,7 +13,7 @@ from typing import Any
 
 import tomli
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _BARE_PART = re.compile(r"[A-Za-z0-9_-]+")
 _STRUCTURED_START = ('"', "'", "[", "{")

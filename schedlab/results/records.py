@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .engine.recorder import REQUEST_FLOAT_COLUMNS, REQUEST_INT_COLUMNS, REQUEST_TEXT_COLUMNS, Recorder
+from ..engine.recorder import REQUEST_FLOAT_COLUMNS, REQUEST_INT_COLUMNS, REQUEST_TEXT_COLUMNS, Recorder
 from .metrics import compute_metrics
 
 
@@ -69,7 +69,7 @@ class Study:
     kind: str  # "run" | "sweep" | "search"
     runs: list[RunResult]
     keys: tuple[str, ...] = ()          # swept or searched keys
-    search: Any = None                  # schedlab.search.SearchOutcome for searches
+    search: Any = None                  # schedlab.study.search.SearchOutcome for searches
     constraint: str = ""
     plan: Any = None                    # schedlab.study.planner.PlanOutcome for capacity plans
 

@@ -1,0 +1,430 @@
+"""Collective communication time between GPUs: all-reduce, all-gather, reduce-scatter,
+all-to-all and send/recv, as NCCL runs them over a machine's links.
+
+Every cost model that splits work over GPUs times its communication here: tensor parallelism's
+all-reduces (:mod:`.tensor_parallel`), and the expert-parallel dispatch/combine all-to-alls and
+pipeline-parallel send/recv to come. A third-party cost model imports it the same way
+(``from schedlab_plugins.cost_models.collectives import Collectives, topology``).
+
+**The model** follows NCCL's own cost model (``src/graph/tuning.cc``, ``ncclTopoTuneModel``):
+for each algorithm (ring; tree for an all-reduce across nodes) and protocol (LL, LL128 on
+NVLink, Simple) a collective of ``S`` bytes over ``n`` ranks takes::
+
+    base latency + steps x per-hop latency + S x factor / (bus bandwidth x protocol efficiency)
+
+and NCCL picks the fastest. A ring all-reduce takes ``2 (n - 1)`` steps and moves ``2 (n - 1) / n``
+of the buffer over each GPU's link (Patarasuk and Yuan, 2009); all-gather and reduce-scatter
+half of that; all-to-all sends ``(n - 1) / n`` of each rank's buffer to its peers at once;
+send/recv one hop. LL carries 8 bytes of data in 16 (half the bandwidth, the lowest latency),
+LL128 120 in 128, Simple all of it. The latencies are NCCL's constants (:data:`BASE_US`,
+:data:`HOP_US`), the bus bandwidths the topology's (:class:`Topology`).
+
+**Links** (NCCL's three latency classes): ``nvlink`` (NVLink or NVSwitch), ``pcie`` (PCIe with
+peer-to-peer: one GPU writes straight into the other's memory) and ``host`` (PCIe *without*
+peer-to-peer -- GeForce cards, many cloud VMs, IOMMU/ACS on: NCCL's SHM transport, where the
+sender's SMs write into pinned host memory and the receiver's SMs read it back over PCIe).
+Between nodes a ``network`` (InfiniBand / RoCE), one NIC per GPU as in a DGX.
+
+**Topology presets** (:data:`TOPOLOGIES`) are real machines with the bus bandwidths NCCL
+reaches there, measured: Vidur's NCCL timings on DGX H100/A100 and NVLink-pair boxes (fitted
+by ``tools/derive_collectives.py``, quoted in :data:`DERIVATION`; the pairs' rings across PCIe
+give the PCIe peer-to-peer rates) and, for PCIe through host memory, a named measurement on
+RTX PRO 6000 servers (:data:`PCIE_HOST_GBPS`). Each preset's ``source`` says which.
+
+Not modelled: vLLM's own all-reduce kernels, which replace NCCL for small messages where GPUs
+reach each other directly (custom all-reduce over NVLink or PCIe peer-to-peer, symmetric
+memory on Hopper): without peer-to-peer, as on the shipped TP 2 run, vLLM uses NCCL.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import attrs
+
+from schedlab.configs import FieldError, float_field, int_field, str_field
+from schedlab.errors import ConfigError
+
+# --- NCCL's constants (src/graph/tuning.cc, NVIDIA/nccl master, 2026) ------------------------
+
+#: Protocols in NCCL's order, and the share of the bus bandwidth each carries as data.
+PROTOCOLS = ("LL", "LL128", "Simple")
+PROTOCOL_EFFICIENCY = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+#: ``baseLatencies``: fixed cost of one collective (kernel start, first chunk), us.
+BASE_US = {"ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
+           "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4}}
+#: ``hwLatencies``: time of one step over each kind of link, us.
+HOP_US = {
+    "nvlink": {"ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}, "tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0}},
+    "pcie": {"ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}, "tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0}},
+    "network": {"ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}, "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0}},
+}
+#: NCCL's tree all-reduce reaches 0.92 of the bus bandwidth (``busBw * .92``).
+TREE_EFFICIENCY = 0.92
+#: The latency class of each link kind (``host`` is PCIe to NCCL's tuner).
+LINK_CLASS = {"nvlink": "nvlink", "pcie": "pcie", "host": "pcie"}
+LINKS = tuple(LINK_CLASS)
+
+
+def _bandwidth_table(value) -> tuple[tuple[int, float], ...]:
+    """``{ranks: GB/s}`` or ``[[ranks, GB/s], ...]`` as a sorted tuple of pairs."""
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = tuple(sorted((int(r), float(g)) for r, g in items))
+    except (TypeError, ValueError):
+        raise FieldError("bus_gbps_by_ranks", f"must map rank counts to GB/s, got {value!r}") from None
+    for ranks, gbps in pairs:
+        if ranks < 2 or not gbps > 0 or not math.isfinite(gbps):
+            raise FieldError("bus_gbps_by_ranks", f"needs ranks >= 2 and GB/s > 0, got {ranks}: {gbps}")
+    return pairs
+
+
+@attrs.frozen
+class Topology:
+    """A machine's GPU-to-GPU links, as NCCL sees them.
+
+    Ranks fill nodes of ``gpus_per_node`` GPUs. Inside a node, groups of ``island`` GPUs share a
+    fast link (``link`` at ``bus_gbps``: an NVSwitch node is one island, an NVLink-bridged box
+    has islands of 2); a ring that leaves its island runs at ``cross_island_gbps`` over
+    ``cross_island_link``. A ring that leaves its node runs at ``network_gbps``.
+    """
+
+    name: str = str_field(help="preset name or a label for a custom machine")
+    link: str = str_field(choices=LINKS, help="link inside an island: nvlink, pcie (peer-to-peer) or host "
+                                               "(PCIe without peer-to-peer: through host memory)")
+    bus_gbps: float = float_field(min=0.0, min_exclusive=True,
+                                  help="bus bandwidth an NCCL ring reaches inside an island, GB/s per GPU")
+    gpus_per_node: int = int_field(8, min=1, help="GPUs per node")
+    island: int | None = int_field(None, min=1, optional=True,
+                                   help="GPUs sharing the fast link (unset: the whole node)")
+    bus_gbps_by_ranks: tuple = attrs.field(
+        default=(), converter=_bandwidth_table,
+        metadata={"help": "measured all-reduce bus bandwidth by rank count inside an island (overrides bus_gbps "
+                          "there; linear between the measured counts, the nearest outside)"})
+    p2p_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                         help="send/recv bandwidth inside an island, GB/s (unset: bus_gbps)")
+    cross_island_link: str = str_field("pcie", choices=LINKS, help="link between islands of a node")
+    cross_island_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                                  help="bus bandwidth of a ring leaving its island, GB/s")
+    network_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                             help="bandwidth between nodes per GPU (one NIC each), GB/s")
+    network_hop_us: float | None = float_field(None, min=0.0, optional=True,
+                                               help="one step between nodes, us (unset: NCCL's constants)")
+    hop_us: float | None = float_field(None, min=0.0, optional=True,
+                                       help="one step inside a node for every protocol, us (unset: NCCL's constants)")
+    base_us: float | None = float_field(None, min=0.0, optional=True,
+                                        help="fixed cost of one collective for every protocol, us (unset: NCCL's)")
+    source: str = str_field("", help="where the numbers come from")
+
+    def __attrs_post_init__(self) -> None:
+        if self.island is not None and self.gpus_per_node % self.island:
+            raise ConfigError(f"topology {self.name!r}: island ({self.island}) must divide gpus_per_node "
+                              f"({self.gpus_per_node})")
+
+    @property
+    def island_size(self) -> int:
+        return self.island or self.gpus_per_node
+
+    def island_bus_gbps(self, ranks: int) -> float:
+        """All-reduce bus bandwidth of ``ranks`` GPUs of one island."""
+        table = self.bus_gbps_by_ranks
+        if not table:
+            return self.bus_gbps
+        if ranks <= table[0][0]:
+            return table[0][1]
+        for (r0, g0), (r1, g1) in zip(table, table[1:]):
+            if ranks <= r1:
+                return g0 + (g1 - g0) * (ranks - r0) / (r1 - r0)
+        return table[-1][1]
+
+
+#: What ``tools/derive_collectives.py`` printed on Vidur's NCCL timings
+#: (../shared/calibration/vidur/profiling/network, MIT): the bus bandwidth (GB/s) that, with
+#: NCCL's latency constants, fits each measured series of the size > 64 KB points above the
+#: measured latency floor (least squares in log time); network hop latency likewise from the
+#: 2-node send/recv. Keyed by (Vidur's topology folder, collective, ranks, GPUs per node).
+DERIVATION = {
+    ("h100_dgx", "all_reduce", 2, 2): 285.0, ("h100_dgx", "all_reduce", 4, 4): 361.0,
+    ("h100_dgx", "all_reduce", 8, 8): 403.0, ("h100_dgx", "send_recv", 2, 2): 372.0,
+    ("h100_dgx", "send_recv", 2, 1): 36.0,
+    ("a100_dgx", "all_reduce", 2, 2): 139.0, ("a100_dgx", "all_reduce", 4, 4): 151.0,
+    ("a100_dgx", "all_reduce", 8, 8): 159.0, ("a100_dgx", "send_recv", 2, 2): 274.0,
+    ("a100_dgx", "send_recv", 2, 1): 8.0,
+    ("h100_pairwise_nvlink", "all_reduce", 2, 2): 196.0, ("h100_pairwise_nvlink", "all_reduce", 4, 4): 48.0,
+    ("h100_pairwise_nvlink", "send_recv", 2, 2): 387.0,
+    ("a100_pairwise_nvlink", "all_reduce", 2, 2): 185.0, ("a100_pairwise_nvlink", "all_reduce", 4, 4): 23.0,
+    ("a100_pairwise_nvlink", "send_recv", 2, 2): 387.0,
+    # Between two of these boxes (the a100 and h100 files hold the same numbers): 3 GB/s, a
+    # slow Ethernet rather than InfiniBand, with timings scattered by 2x at the same size.
+    ("a100_pairwise_nvlink", "send_recv", 2, 1): 3.0, ("h100_pairwise_nvlink", "send_recv", 2, 1): 3.0,
+}
+
+
+class Collectives:
+    """Collective times over ``ranks`` GPUs of a :class:`Topology`, in ms (0 for one rank).
+
+    The ranks fill nodes ``ranks_per_node`` at a time (default: as many as a node holds).
+
+    Byte counts follow nccl-tests: an all-reduce's buffer, an all-gather's *output* (every
+    rank ends with it), a reduce-scatter's *input*, the bytes each rank sends in an all-to-all
+    (its whole buffer, a ``1 / n`` share to each peer including itself), one message of a
+    send/recv.
+    """
+
+    def __init__(self, topology: Topology, ranks: int, ranks_per_node: int | None = None):
+        if ranks < 1:
+            raise ConfigError(f"collectives need at least one rank, got {ranks}")
+        self.topology = t = topology
+        self.ranks = ranks
+        per_node = min(ranks, t.gpus_per_node if ranks_per_node is None else ranks_per_node)
+        if not 1 <= per_node <= t.gpus_per_node or ranks % per_node:
+            raise ConfigError(f"topology {t.name!r}: {ranks} ranks do not fill nodes {per_node} at a time "
+                              f"(nodes of {t.gpus_per_node} GPUs)")
+        self.nodes = ranks // per_node
+        island = t.island_size
+        if per_node <= island:
+            self._link, self._bus = LINK_CLASS[t.link], t.island_bus_gbps(per_node)
+            self._p2p = t.p2p_gbps or t.island_bus_gbps(2)
+        else:  # the ring leaves its island: the slower link sets the pace
+            slow = t.cross_island_gbps if t.cross_island_gbps is not None else t.bus_gbps
+            self._link = LINK_CLASS[t.cross_island_link]
+            self._bus = min(t.island_bus_gbps(island), slow)
+            self._p2p = t.p2p_gbps or t.island_bus_gbps(2)
+        self._per_node = per_node
+        if self.nodes > 1:
+            if t.network_gbps is None:
+                raise ConfigError(f"topology {t.name!r}: {ranks} ranks span {self.nodes} nodes of "
+                                  f"{t.gpus_per_node} GPUs but it declares no network_gbps")
+            self._bus = min(self._bus, t.network_gbps)
+            self._p2p = t.network_gbps
+
+    # --- the algorithms ---------------------------------------------------------------------
+
+    def _base(self, algorithm: str, protocol: str) -> float:
+        if self.topology.base_us is not None:
+            return self.topology.base_us
+        return BASE_US[algorithm][protocol]
+
+    def _hop(self, algorithm: str, protocol: str) -> float:
+        if self.topology.hop_us is not None:
+            return self.topology.hop_us
+        return HOP_US[self._link][algorithm][protocol]
+
+    def _net_hop(self, algorithm: str, protocol: str) -> float:
+        if self.topology.network_hop_us is not None:
+            return self.topology.network_hop_us
+        return HOP_US["network"][algorithm][protocol]
+
+    def _protocols(self) -> tuple[str, ...]:
+        # LL128 is enabled by default only over NVLink (tuning.cc: typeIntra <= PATH_NVB).
+        return PROTOCOLS if self._link == "nvlink" and self.nodes == 1 else ("LL", "Simple")
+
+    def _ring_us(self, nbytes: float, steps: int, inter_steps: int, share: float, bus_gbps: float) -> float:
+        """Fastest protocol of a ring: ``steps`` hops (``inter_steps`` of them between nodes)
+        moving ``share x nbytes`` over each GPU's link."""
+        best = math.inf
+        for p in self._protocols():
+            latency = self._base("ring", p) + (steps - inter_steps) * self._hop("ring", p) \
+                + inter_steps * self._net_hop("ring", p)
+            best = min(best, latency + share * nbytes / (bus_gbps * PROTOCOL_EFFICIENCY[p] * 1e3))
+        return best
+
+    def _tree_us(self, nbytes: float) -> float:
+        """Tree all-reduce across nodes (NCCL's double binary tree): a reduce up and a
+        broadcast down, ``log2(nodes)`` network hops each way; algorithm bandwidth half the bus."""
+        best = math.inf
+        for p in ("LL", "Simple"):
+            latency = self._base("tree", p) + 2 * ((self._per_node - 1) * self._hop("tree", p)
+                                                + math.log2(self.nodes) * self._net_hop("tree", p))
+            bw = self._bus * TREE_EFFICIENCY * PROTOCOL_EFFICIENCY[p]
+            best = min(best, latency + 2.0 * nbytes / (bw * 1e3))
+        return best
+
+    # --- collectives ------------------------------------------------------------------------
+
+    def all_reduce_ms(self, nbytes: float) -> float:
+        """Every rank ends with the sum of all ranks' ``nbytes`` buffers."""
+        n = self.ranks
+        if n == 1:
+            return 0.0
+        us = self._ring_us(nbytes, 2 * (n - 1), 2 * (self.nodes - 1), 2.0 * (n - 1) / n, self._bus)
+        if self.nodes > 1:
+            us = min(us, self._tree_us(nbytes))
+        return us * 1e-3
+
+    def all_gather_ms(self, nbytes: float) -> float:
+        """Every rank ends with all ranks' ``nbytes / n`` pieces (``nbytes`` of output)."""
+        n = self.ranks
+        if n == 1:
+            return 0.0
+        return self._ring_us(nbytes, n - 1, self.nodes - 1, (n - 1) / n, self._bus) * 1e-3
+
+    def reduce_scatter_ms(self, nbytes: float) -> float:
+        """Rank ``i`` ends with the sum of every rank's ``i``-th piece of its ``nbytes`` buffer."""
+        return self.all_gather_ms(nbytes)
+
+    def all_to_all_ms(self, nbytes: float) -> float:
+        """Every rank sends a ``1 / n`` share of its ``nbytes`` to every other rank at once
+        (NCCL: one send/recv pair per peer, grouped), e.g. MoE expert-parallel dispatch."""
+        n = self.ranks
+        if n == 1:
+            return 0.0
+        inter = 1 if self.nodes > 1 else 0
+        return self._ring_us(nbytes, 1, inter, (n - 1) / n, self._bus) * 1e-3
+
+    def send_recv_ms(self, nbytes: float) -> float:
+        """One rank sends ``nbytes`` to another (e.g. activations between pipeline stages;
+        across nodes when the ranks span them)."""
+        if self.ranks == 1:
+            return 0.0
+        return self._ring_us(nbytes, 1, 1 if self.nodes > 1 else 0, 1.0, self._p2p) * 1e-3
+
+
+# --- presets ----------------------------------------------------------------------------------
+
+def _d(key: str, coll: str, ranks: int, per_node: int) -> float:
+    return DERIVATION[(key, coll, ranks, per_node)]
+
+
+#: NCCL's ring over PCIe with peer-to-peer, measured: the 4-GPU all-reduces of Vidur's
+#: NVLink-pair boxes leave their pairs over PCIe (Gen5 on H100, Gen4 on A100). NCCL's own
+#: topology model rates a x16 link at 48 (Gen5) and 24 (Gen4) GB/s (topo.cc ``kvDictPciGen``).
+PCIE_P2P_GBPS = {"gen5": _d("h100_pairwise_nvlink", "all_reduce", 4, 4),
+                 "gen4": _d("a100_pairwise_nvlink", "all_reduce", 4, 4)}
+#: Without peer-to-peer NCCL moves data through pinned host memory (SHM transport): the sender's
+#: SMs write it, the receiver's SMs read it back with non-posted PCIe reads through the CPU's
+#: root complex, both directions at once, on NCCL's default two channels. Measured on the
+#: GPU of the shipped TP 2 run: 22.2 GB/s all-reduce bus bandwidth (nccl-tests 32 MB - 2 GB,
+#: NCCL defaults) on 8 RTX PRO 6000 Blackwell Server Edition in a dual AMD EPYC Turin server,
+#: where NCCL's defaults send the GPU pairs that meet in the CPU through SHM
+#: (github.com/voipmonitor/rtx6kpro, hardware/pcie-bandwidth.md, "Festr, Default"; 37.6 with
+#: 8 channels). That is 0.46 of the Gen5 peer-to-peer ring, as NCCL's maintainers put SHM at
+#: about half the PCIe peer-to-peer rate ("9 or 6" GB/s against 12, NVIDIA/nccl#406). Gen4
+#: scales by the measured Gen4 / Gen5 peer-to-peer rings.
+PCIE_HOST_GBPS = {"gen5": 22.2, "gen4": 22.2 * PCIE_P2P_GBPS["gen4"] / PCIE_P2P_GBPS["gen5"]}
+
+def _nvlink_pairs(gpu: str, gen: str) -> Topology:
+    """Vidur's 4-GPU boxes: NVLink bridges in pairs, PCIe between the pairs."""
+    folder = f"{gpu}_pairwise_nvlink"
+    return Topology(f"nvlink-pairs-{gpu}", link="nvlink", gpus_per_node=4, island=2,
+                    bus_gbps=_d(folder, "all_reduce", 2, 2), p2p_gbps=_d(folder, "send_recv", 2, 2),
+                    network_gbps=_d(folder, "send_recv", 2, 1),
+                    cross_island_link="pcie", cross_island_gbps=PCIE_P2P_GBPS[gen],
+                    source=f"4 {gpu.upper()} with NVLink bridges in pairs, PCIe {gen.capitalize()} between pairs "
+                           f"(Vidur's {folder}); bus bandwidths fitted to its NCCL timings "
+                           f"(tools/derive_collectives.py)")
+
+
+#: Cards found in PCIe-only servers, by generation and by whether they reach each other directly.
+PCIE_CARDS = {("gen5", True): "H100 PCIe, L40S/RTX PRO servers with P2P on", ("gen4", True): "A100 PCIe, L40S, A6000",
+              ("gen5", False): "RTX PRO 6000 / RTX 5090 servers, P2P off",
+              ("gen4", False): "RTX 4090, L4 and cloud VMs without P2P"}
+
+
+def _pcie(gen: str, p2p: bool) -> Topology:
+    """PCIe x16 servers, with peer-to-peer (:data:`PCIE_P2P_GBPS`) or through host memory
+    (:data:`PCIE_HOST_GBPS`)."""
+    how = ("with peer-to-peer", "the NCCL ring across PCIe in Vidur's NVLink-pair boxes (PCIE_P2P_GBPS)") if p2p \
+        else ("without peer-to-peer", "NCCL's SHM transport through host memory (PCIE_HOST_GBPS)")
+    return Topology(f"pcie-{gen}-{'p2p' if p2p else 'host'}", link="pcie" if p2p else "host", gpus_per_node=8,
+                    bus_gbps=(PCIE_P2P_GBPS if p2p else PCIE_HOST_GBPS)[gen],
+                    source=f"PCIe {gen.capitalize()} x16 {how[0]} ({PCIE_CARDS[gen, p2p]}): {how[1]}")
+
+
+TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
+    Topology("dgx-h100", link="nvlink", gpus_per_node=8, bus_gbps=_d("h100_dgx", "all_reduce", 8, 8),
+             bus_gbps_by_ranks={r: _d("h100_dgx", "all_reduce", r, r) for r in (2, 4, 8)},
+             p2p_gbps=_d("h100_dgx", "send_recv", 2, 2), network_gbps=_d("h100_dgx", "send_recv", 2, 1),
+             source="DGX H100: NVSwitch, NVLink 4 (450 GB/s each way per GPU), 8x ConnectX-7 400 Gb/s; bus "
+                    "bandwidths fitted to Vidur's NCCL timings (tools/derive_collectives.py)"),
+    Topology("dgx-a100", link="nvlink", gpus_per_node=8, bus_gbps=_d("a100_dgx", "all_reduce", 8, 8),
+             bus_gbps_by_ranks={r: _d("a100_dgx", "all_reduce", r, r) for r in (2, 4, 8)},
+             p2p_gbps=_d("a100_dgx", "send_recv", 2, 2), network_gbps=_d("a100_dgx", "send_recv", 2, 1),
+             source="DGX A100: NVSwitch, NVLink 3 (300 GB/s each way per GPU); bus bandwidths and the network "
+                    "of Vidur's A100 cluster (8 GB/s per GPU pair, below the datasheet's 8x 200 Gb/s HDR) fitted "
+                    "to Vidur's NCCL timings (tools/derive_collectives.py)"),
+    *(_nvlink_pairs(gpu, gen) for gpu, gen in (("h100", "gen5"), ("a100", "gen4"))),
+    *(_pcie(gen, p2p) for p2p in (True, False) for gen in ("gen5", "gen4")),
+)}
+
+#: The machine a GPU preset is usually found in, when a cost model names no ``interconnect``.
+GPU_DEFAULT_TOPOLOGY = {
+    "a100-40gb": "dgx-a100", "a100-80gb": "dgx-a100", "h100-80gb": "dgx-h100", "h200-141gb": "dgx-h100",
+    "gh200-96gb": "dgx-h100", "h100-pcie-80gb": "nvlink-pairs-h100", "l4": "pcie-gen4-host",
+    "rtx-pro-6000": "pcie-gen5-host", "rtx-pro-6000-server": "pcie-gen5-host", "rtx-4090": "pcie-gen4-host",
+}
+
+
+def topology(spec: str | Mapping[str, Any], *, where: str = "interconnect") -> Topology:
+    """A preset by name, or a custom machine from a table (keys: :class:`Topology`'s fields;
+    ``like = "<preset>"`` starts from a preset and changes the keys given).
+
+    :raises ConfigError: unknown preset (naming the known ones) or a bad key or value.
+    """
+    if isinstance(spec, str):
+        found = TOPOLOGIES.get(spec) or TOPOLOGIES.get(spec.lower())
+        if found is None:
+            raise ConfigError(f"{where}: unknown interconnect {spec!r}; known: {', '.join(sorted(TOPOLOGIES))} "
+                              f"(or a table with link, bus_gbps, ...)")
+        return found
+    table = dict(spec)
+    base = table.pop("like", None)
+    fields = {a.name for a in attrs.fields(Topology)}
+    for key in table:
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: like, {', '.join(sorted(fields))}")
+    try:
+        if base is not None:
+            return attrs.evolve(topology(base, where=where), **{"name": f"{base} (changed)", **table})
+        return Topology(**{"name": "custom", **table})
+    except FieldError as exc:
+        raise ConfigError(f"{where}: {exc.name}: {exc.message}") from None
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def interconnect_field():
+    """A cost-model setting naming the machine's links: a :data:`TOPOLOGIES` preset or a table."""
+
+    def check(_inst, attribute, value):
+        if value is not None and not isinstance(value, (str, dict)):
+            raise FieldError(attribute.name, f"must be a preset name or a table, got {value!r}")
+
+    return attrs.field(default=None, validator=check, metadata={
+        "help": "the machine's GPU links: " + ", ".join(sorted(TOPOLOGIES)) + " or a table (link, bus_gbps, "
+                "gpus_per_node, ...; like = <preset> to change one); unset: the GPU preset's usual machine"})
+
+
+def machine(interconnect: str | Mapping[str, Any] | None, gpu, *, link_gbps: float | None = None,
+            link_latency_us: float | None = None, where: str = "interconnect") -> Topology:
+    """The topology a cost model communicates over.
+
+    ``interconnect`` (a preset name or a table) if given; else the usual machine of the GPU
+    preset (:data:`GPU_DEFAULT_TOPOLOGY`); else one link built from the GPU spec's
+    ``interconnect_gbps`` (NVLink when set, else PCIe at ``host_link_gbps``) with its
+    ``interconnect_latency_us`` as the fixed cost of a collective. ``link_gbps`` replaces the bus
+    bandwidth everywhere in the node, ``link_latency_us`` the fixed cost of a collective (the
+    settings ``schedlab calibrate`` can fit).
+
+    :raises ConfigError: nothing to build it from, or a bad preset or table.
+    """
+    if interconnect is not None:
+        found = topology(interconnect, where=where)
+    elif gpu is not None and gpu.name in GPU_DEFAULT_TOPOLOGY:
+        found = TOPOLOGIES[GPU_DEFAULT_TOPOLOGY[gpu.name]]
+    elif gpu is not None:
+        found = Topology(f"{gpu.name} link", link="nvlink" if gpu.interconnect_gbps is not None else "pcie",
+                         bus_gbps=gpu.link_gbps, base_us=gpu.interconnect_latency_us, hop_us=0.0,
+                         source=f"GPU {gpu.name!r}: interconnect_gbps / host_link_gbps and interconnect_latency_us")
+    elif link_gbps is not None:
+        found = Topology("link", link="pcie", bus_gbps=link_gbps, hop_us=0.0, base_us=0.0)
+    else:
+        raise ConfigError(f"{where}: tensor_parallel > 1 needs the machine's links: set interconnect = "
+                          f"<{' | '.join(sorted(TOPOLOGIES))}> (or gpu = <preset>, or link_gbps)")
+    changes: dict[str, Any] = {}
+    if link_gbps is not None:
+        changes.update(bus_gbps=link_gbps, bus_gbps_by_ranks=(), p2p_gbps=None, cross_island_gbps=None)
+    if link_latency_us is not None:
+        changes.update(base_us=link_latency_us)
+    return attrs.evolve(found, **changes) if changes else found

@@ -1,0 +1,60 @@
+"""The communication of a tensor-parallel model per iteration, as vLLM lays it out.
+
+Megatron-style tensor parallelism (Shoeybi et al., 2019), as vLLM's layers run it:
+
+* every decoder layer all-reduces its ``tokens x hidden_size`` activations twice: after the
+  attention output projection and after the MLP (or MoE) down projection
+  (``RowParallelLinear``; ``FusedMoE`` reduces its output the same way at TP > 1);
+* the input embedding is split by vocabulary (``VocabParallelEmbedding``): one more
+  all-reduce of ``tokens x hidden_size`` per iteration;
+* the LM head is split by vocabulary too, so the logits of the sampled rows are all-gathered
+  (``LogitsProcessor._gather_logits``): ``sequences x vocab_size`` of output.
+
+The times come from :mod:`.collectives` (NCCL's algorithms over the machine's links). They
+are not linear in the tokens (a small message is latency, a large one bandwidth), so the cost
+models memoise them per token count.
+"""
+
+from __future__ import annotations
+
+from schedlab.capacity import ModelSpec
+from schedlab.errors import ConfigError
+
+from .collectives import Collectives
+
+ALLREDUCES_PER_LAYER = 2
+
+
+class TensorParallelComm:
+    """Communication time of one iteration of ``model`` split over ``collectives.ranks`` GPUs."""
+
+    def __init__(self, model: ModelSpec, collectives: Collectives):
+        self.ranks = collectives.ranks
+        self.collectives = collectives
+        if self.ranks > 1 and model.hidden_size is None:
+            raise ConfigError(f"model {model.name!r}: hidden_size is needed for the tensor-parallel all-reduce")
+        self._token_bytes = (model.hidden_size or 0) * model.dtype_bytes
+        self._logit_bytes = (model.vocab_size or 0) * model.dtype_bytes
+        self._layers = model.num_layers
+
+    def layer_ms(self, tokens: int) -> float:
+        """One decoder layer's all-reduces at ``tokens`` tokens."""
+        if self.ranks == 1 or tokens <= 0:
+            return 0.0
+        return ALLREDUCES_PER_LAYER * self.collectives.all_reduce_ms(tokens * self._token_bytes)
+
+    def once_ms(self, tokens: int) -> float:
+        """The embedding's all-reduce, once per iteration."""
+        if self.ranks == 1 or tokens <= 0:
+            return 0.0
+        return self.collectives.all_reduce_ms(tokens * self._token_bytes)
+
+    def logits_ms(self, sequences: int) -> float:
+        """The all-gather of the sampled rows' logits (0 when the model declares no vocab_size)."""
+        if self.ranks == 1 or sequences <= 0 or not self._logit_bytes:
+            return 0.0
+        return self.collectives.all_gather_ms(sequences * self._logit_bytes)
+
+    def tokens_ms(self, tokens: int) -> float:
+        """Everything that depends on the tokens: every layer's all-reduces and the embedding's."""
+        return self._layers * self.layer_ms(tokens) + self.once_ms(tokens)

@@ -1,0 +1,137 @@
+"""What a router sees of an instance: its load as it is at the moment of the arrival being routed.
+
+Both engines run an iteration as one step -- planned at its start, its finishes applied at once
+-- but an arrival that comes while an iteration is in progress must not see that iteration's
+finishes: at that moment the requests are still being served and still hold their KV blocks.
+So each instance records, for the iteration it ran last, what its end gives back
+(:class:`Release`), and the router reads an :class:`InstanceView` that adds it back while the
+routing time (:class:`RoutingClock`) is before that end. An iteration that ends exactly at the
+arrival's time has ended; one that starts then has not begun (the arrival may still join it).
+
+This is the whole contract between routers and instances (see
+:class:`schedlab.protocols.Router`): every read is O(1), and none of it lets a router see the
+future.
+"""
+
+from __future__ import annotations
+
+import math
+
+INF = math.inf
+
+
+class Release:
+    """What the iteration an instance ran last gives back at its end (``at``): finished or
+    handed-over requests, running slots and KV blocks (the blocks that finishing requests free)."""
+
+    __slots__ = ("at", "requests", "running", "blocks")
+
+    def __init__(self) -> None:
+        self.at = -INF
+        self.requests = self.running = self.blocks = 0
+
+    def record(self, at: float, before: tuple, after: tuple) -> None:
+        """``before``/``after``: ``load(instance)`` just before and after the iteration's end."""
+        self.at = at
+        self.requests = before[0] - after[0]
+        self.running = before[1] - after[1]
+        self.blocks = before[2] - after[2]
+
+
+def load(instance) -> tuple[int, int, int]:
+    """(outstanding requests, running requests, KV blocks in use) of either engine's instance."""
+    return instance.outstanding, len(instance.running), instance.kv.num_used_blocks()
+
+
+class RoutingClock:
+    """The time of the arrival being routed, shared by the views of one pool of instances."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = -INF
+
+
+class InstanceView:
+    """One instance as a router may see it, at the routing clock's time.
+
+    ``index`` (the instance's number in the run; the router answers with a position in the list it
+    was given, which differs for a disaggregated cluster's decode pool), ``outstanding`` (requests queued, swapped out or in
+    service; on a decode instance also those whose KV it awaits), ``waiting``, ``running``,
+    ``in_iteration`` (an iteration is in progress) and ``kv`` (:class:`KVGauge`).
+    """
+
+    __slots__ = ("_inst", "_clock", "index", "kv")
+
+    def __init__(self, instance, clock: RoutingClock):
+        self._inst = instance
+        self._clock = clock
+        self.index = instance.index
+        self.kv = KVGauge(self)
+
+    @property
+    def in_iteration(self) -> bool:
+        return self._clock.now < self._inst.release.at
+
+    @property
+    def outstanding(self) -> int:
+        inst = self._inst
+        n = inst.outstanding
+        return n + inst.release.requests if self._clock.now < inst.release.at else n
+
+    @property
+    def waiting(self) -> int:
+        return len(self._inst.waiting)
+
+    @property
+    def running(self) -> int:
+        inst = self._inst
+        n = len(inst.running)
+        return n + inst.release.running if self._clock.now < inst.release.at else n
+
+    def _blocks_held(self) -> int:
+        inst = self._inst
+        return inst.release.blocks if self._clock.now < inst.release.at else 0
+
+    def __repr__(self) -> str:
+        return (f"InstanceView(index={self.index}, outstanding={self.outstanding}, waiting={self.waiting}, "
+                f"running={self.running}, kv_used={self.kv.num_used_blocks()}/{self.kv.num_blocks})")
+
+
+class KVGauge:
+    """An instance's KV cache as the router sees it: ``num_used_blocks()`` (held by requests),
+    ``num_free_blocks()``, ``num_blocks``, ``block_size`` and ``usage`` (used / total, vLLM's
+    ``kv_cache_usage_perc``) as of the routing time. Anything else (a prefix-aware router asking
+    what is cached) is the cache's own answer: an iteration in progress changes only which blocks
+    are held, not what is cached."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: InstanceView):
+        self._view = view
+
+    @property
+    def num_blocks(self) -> int:
+        return self._view._inst.kv.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._view._inst.kv.block_size
+
+    def num_used_blocks(self) -> int:
+        return self._view._inst.kv.num_used_blocks() + self._view._blocks_held()
+
+    def num_free_blocks(self) -> int:
+        return self._view._inst.kv.num_free_blocks() - self._view._blocks_held()
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks() / self.num_blocks
+
+    def __getattr__(self, name: str):
+        return getattr(self._view._inst.kv, name)
+
+
+def views_of(instances, clock: RoutingClock) -> list[InstanceView]:
+    """Views of a pool, in the pool's order (the router's answer is a position in it)."""
+    return [InstanceView(inst, clock) for inst in instances]

@@ -1,0 +1,164 @@
+"""Drivers: how one study asks for runs and assembles its results, whatever order they finish in.
+
+A driver hands the runner :class:`PointJob` objects (one point, ``replicas`` tasks), is told
+when each completes, and may answer with more jobs (a search's next probes). Results are
+stored by position -- sweep point index, search value -- never by arrival. :mod:`.runner`
+schedules the jobs; :mod:`.planner`'s plan driver runs one :class:`SearchDriver` per candidate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from ..results.records import RunResult, Study
+from .replicas import combine, replica_name, replica_seed
+from .search import parse_constraint
+from .simulation import RunSpec
+from .spec import point_spec
+from .speculative import SpeculativeSearch
+
+SEARCH_PRIORITY = 0
+FIXED_PRIORITY = 1
+
+
+@attrs.define(eq=False)
+class PointJob:
+    """One point of a study (a run, a sweep point, a search value), as ``replicas`` tasks."""
+
+    spec: RunSpec
+    replicas: int
+    owner: Any
+    key: Any = None
+    priority: int = FIXED_PRIORITY
+    results: list = attrs.Factory(list)
+    started: bool = False
+    cancelled: bool = False
+
+    def __attrs_post_init__(self):
+        self.results = [None] * self.replicas
+
+    def task_spec(self, index: int) -> RunSpec:
+        if self.replicas == 1:
+            return self.spec
+        return attrs.evolve(self.spec, name=replica_name(self.spec.name, index),
+                            seed=replica_seed(self.spec.seed, index))
+
+    def record(self, index: int, result: RunResult) -> bool:
+        """Store one replica's result; True when the point is complete."""
+        self.results[index] = result
+        return all(r is not None for r in self.results)
+
+    def result(self) -> RunResult:
+        if self.replicas == 1:
+            return self.results[0]
+        return combine(self.spec.name, self.results, self.spec.seed)
+
+
+class FixedDriver:
+    """A single run or a sweep: every point known up front, results by point index."""
+
+    def __init__(self, name: str, kind: str, specs: list[RunSpec], replicas: int, keys: tuple = ()):
+        self.name, self.kind, self.keys = name, kind, keys
+        self.jobs = [PointJob(spec, replicas, self, key=i) for i, spec in enumerate(specs)]
+        self.total = len(specs) * replicas
+        self.completed = 0
+
+    def start(self) -> list[PointJob]:
+        return list(self.jobs)
+
+    def job_done(self, job: PointJob) -> list[PointJob]:
+        self.completed += job.replicas
+        return []
+
+    def refresh(self) -> list[PointJob]:
+        return []
+
+    def study(self) -> Study:
+        return Study(self.name, self.kind, [job.result() for job in self.jobs], keys=self.keys)
+
+
+class SearchDriver:
+    """A boundary search evaluated ``width`` values at a time, answering like the sequential one.
+
+    :param point_spec: value -> the RunSpec of that probe.
+    :param holds: a probe's metrics -> whether the constraint holds.
+    """
+
+    def __init__(self, name: str, point_spec: Callable[[Any], RunSpec], holds: Callable[[dict], bool],
+                 replicas: int, width: int, **search_args):
+        self.name = name
+        self.point_spec = point_spec
+        self.holds = holds
+        self.replicas = replicas
+        self.search = SpeculativeSearch(max(1, width // replicas), **search_args)
+        self.jobs: dict[Any, PointJob] = {}
+        self.results: dict[Any, RunResult] = {}
+
+    @property
+    def done(self) -> bool:
+        return self.search.done
+
+    @property
+    def total(self) -> int:
+        probes = len(self.search.outcome.probes) if self.done else self.search.max_probes
+        return probes * self.replicas
+
+    @property
+    def completed(self) -> int:
+        """Simulations on the sequential path so far (what the progress bar counts)."""
+        return len(self.search.path) * self.replicas
+
+    def start(self) -> list[PointJob]:
+        return self.refresh()
+
+    def refresh(self) -> list[PointJob]:
+        """New jobs for the values the search wants now; queued jobs it no longer wants are
+        cancelled (running ones finish, and count if the path comes back to them)."""
+        frontier = self.search.wanted()
+        for value, job in list(self.jobs.items()):
+            if value not in self.results and not job.started and value not in frontier:
+                job.cancelled = True
+                del self.jobs[value]
+        new = []
+        for value in frontier:
+            if value not in self.jobs:
+                job = PointJob(self.point_spec(value), self.replicas, self, key=value, priority=SEARCH_PRIORITY)
+                self.jobs[value] = job
+                new.append(job)
+        return new
+
+    def job_done(self, job: PointJob) -> list[PointJob]:
+        result = job.result()
+        self.results[job.key] = result
+        self.search.record(job.key, self.holds(result.metrics), result)
+        return self.refresh()
+
+    @property
+    def wasted(self) -> int:
+        """Probes evaluated off the sequential path."""
+        path = {p.value for p in self.search.outcome.probes} if self.done else set(self.search.path)
+        return sum(1 for v in self.results if v not in path)
+
+    def runs(self) -> list[RunResult]:
+        """The runs of the sequential path, in probe order (speculative ones left out)."""
+        return [probe.payload for probe in self.search.outcome.probes]
+
+
+class StudySearchDriver(SearchDriver):
+    """A ``[search]`` study."""
+
+    def __init__(self, exp, spec, width: int):
+        cfg = spec.search
+        constraint = parse_constraint(cfg.constraint)
+        self.spec = spec
+        super().__init__(spec.name, lambda value: point_spec(spec, {cfg.key: value}),
+                         lambda metrics: constraint.holds(metrics), spec.replicas, width,
+                         low=cfg.low, high=cfg.high, maximize=cfg.maximize, integer=cfg.integer,
+                         tolerance=cfg.tolerance, key=cfg.key, constraint_text=cfg.constraint)
+
+    def study(self) -> Study:
+        cfg = self.spec.search
+        return Study(self.name, "search", self.runs(), keys=(cfg.key,), search=self.search.outcome,
+                     constraint=cfg.constraint)

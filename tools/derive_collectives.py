@@ -1,0 +1,177 @@
+"""Derive the collectives' bus bandwidths from measured NCCL timings, and check the model.
+
+    python tools/derive_collectives.py [NETWORK_DIR] [--table] [--write-subset DIR]
+
+Data: Vidur's NCCL timings (../shared/calibration/vidur/profiling/network, MIT; or the subset
+shipped in tests/data/nccl/): all-reduce and send/recv against message size (2 KB - 64 MB,
+512 MB on one box), worker count and GPUs per node, on DGX H100 and DGX A100 (NVSwitch; 2 nodes
+over the network for the A100) and on 4-GPU boxes with NVLink-bridged pairs (``*_pairwise_nvlink``).
+Each row is the median, min and max over 3 repeats of rank 0's NCCL kernel time (kineto).
+
+Small messages measure a floor, not NCCL: the kernel of rank 0 starts and then waits for its
+peer, launched from Python up to tens of microseconds apart, so the medians scatter between the
+collective's own few microseconds and that skew (7 to 45 us at the same size on DGX H100). The
+**measured latency floor** of a series is the longest time measured (any repeat) at 64 KB or
+less. A measured point (the median of its repeats) is *explained* by the model when
+
+* the model is within 15% of it, or
+* the model's time is below the floor and the point is within 15% of the floor: the
+  measurement is the floor (at any size: the floor reaches past 64 KB, up to the size where
+  the collective's own time rises above it).
+
+For every series this prints the bus bandwidth (GB/s) that, with NCCL's latency constants, fits
+its points above 1.5 x the floor (least squares in log time): quoted in
+``plugins/cost_models/collectives.py`` as ``DERIVATION``. With ``--table`` it prints, for every
+series, the presets' error against the measured points (the README table) and how many points
+the presets explain; ``--write-subset`` writes the small CSV subset the tests recompute it from.
+``tools/derive_roofline.py`` calls :func:`main` after its own derivation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from plugins.cost_models.collectives import TOPOLOGIES, Collectives, Topology  # noqa: E402
+
+SHARED = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
+              REPO.parent / "shared")
+NETWORK = SHARED / "calibration" / "vidur" / "profiling" / "network"
+SUBSET = REPO / "tests" / "data" / "nccl"
+SMALL_BYTES = 64 * 1024
+TOLERANCE = 0.15
+#: Vidur's folders and the preset that models each (the A40 box is left out: its "NVLink pair"
+#: measures 4 GB/s between its two GPUs, so which link it used is unknown).
+PRESET_OF = {"h100_dgx": "dgx-h100", "a100_dgx": "dgx-a100", "h100_pairwise_nvlink": "nvlink-pairs-h100",
+             "a100_pairwise_nvlink": "nvlink-pairs-a100"}
+
+
+def read_series(root: Path) -> dict[tuple, np.ndarray]:
+    """``(topology, collective, ranks, gpus per node) -> rows of (bytes, min, median, max)`` in us."""
+    series: dict[tuple, list] = {}
+    for path in sorted(root.glob("*/*.csv")):
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                coll = row["collective"]
+                key = (path.parent.name, coll, int(row["num_workers"]), int(row["devices_per_node"]))
+                stats = [float(row[f"time_stats.{coll}.{s}"]) * 1e3 for s in ("min", "median", "max")]
+                series.setdefault(key, []).append((float(row["size"]), *stats))
+    return {key: np.array(sorted(rows)) for key, rows in series.items()}
+
+
+def model_us(topology: Topology, collective: str, ranks: int, per_node: int, sizes) -> np.ndarray:
+    coll = Collectives(topology, ranks, per_node)
+    time = coll.all_reduce_ms if collective == "all_reduce" else coll.send_recv_ms
+    return np.array([time(s) for s in sizes]) * 1e3
+
+
+def series_topology(key: tuple, bus_gbps: float) -> Topology:
+    """One link at ``bus_gbps`` for the series ``key`` (its preset's links, bandwidth replaced)."""
+    folder, _, ranks, per_node = key
+    preset = TOPOLOGIES[PRESET_OF[folder]]
+    nodes = ranks // per_node
+    if nodes > 1:
+        return Topology("fit", link=preset.link, bus_gbps=1e6, gpus_per_node=per_node, network_gbps=bus_gbps)
+    link = preset.cross_island_link if per_node > preset.island_size else preset.link
+    return Topology("fit", link=link, bus_gbps=bus_gbps, gpus_per_node=per_node)
+
+
+def floor_us(rows: np.ndarray) -> float:
+    """The measured latency floor: the longest time measured at 64 KB or less."""
+    return float(rows[rows[:, 0] <= SMALL_BYTES, 3].max())
+
+
+def explained(rows: np.ndarray, model: np.ndarray) -> np.ndarray:
+    """Which points the model explains (see the module docstring)."""
+    floor = floor_us(rows)
+    median = rows[:, 2]
+    close = np.abs(model / median - 1.0) <= TOLERANCE
+    in_floor = (model <= floor) & (median <= (1.0 + TOLERANCE) * floor)
+    return close | in_floor
+
+
+def fit_bus_gbps(key: tuple, rows: np.ndarray) -> float:
+    """The bus bandwidth that fits the points above 1.5 x the floor (log least squares)."""
+    fit = rows[rows[:, 2] > 1.5 * floor_us(rows)]
+    if len(fit) < 5:
+        return float("nan")
+    best = None
+    for gbps in np.exp(np.linspace(math.log(1.0), math.log(1000.0), 700)):
+        model = model_us(series_topology(key, gbps), key[1], key[2], key[3], fit[:, 0])
+        err = float(np.sum(np.log(model / fit[:, 2]) ** 2))
+        if best is None or err < best[0]:
+            best = (err, gbps)
+    return round(best[1])
+
+
+def preset_errors(key: tuple, rows: np.ndarray) -> dict:
+    """The preset's model against one series: errors above the floor, points explained."""
+    model = model_us(TOPOLOGIES[PRESET_OF[key[0]]], key[1], key[2], key[3], rows[:, 0])
+    ok = explained(rows, model)
+    floor = floor_us(rows)
+    above = rows[:, 2] > (1.0 + TOLERANCE) * floor
+    err = model / rows[:, 2] - 1.0
+    big = rows[:, 0] > SMALL_BYTES
+    return {"points": int(len(rows)), "explained": int(ok.sum()), "floor_us": round(floor, 1),
+            "model_small_us": round(float(model[rows[:, 0] <= SMALL_BYTES].max()), 1),
+            "worst_above_floor_pct": (round(float(100 * err[above & big].min()), 1),
+                                      round(float(100 * err[above & big].max()), 1)) if (above & big).any() else None,
+            "median_abs_above_floor_pct": round(float(100 * np.median(np.abs(err[above & big]))), 1)
+            if (above & big).any() else None}
+
+
+def write_subset(series: dict, out: Path, per_series: int = 48) -> None:
+    """Every small-message row (they set the floor) and ``per_series`` log-spaced larger ones."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "vidur_nccl_subset.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["topology", "collective", "num_workers", "devices_per_node", "size", "min_us", "median_us",
+                    "max_us"])
+        for key, rows in sorted(series.items()):
+            if key[0] not in PRESET_OF:
+                continue
+            small = rows[rows[:, 0] <= SMALL_BYTES]
+            large = rows[rows[:, 0] > SMALL_BYTES]
+            pick = np.unique(np.searchsorted(large[:, 0], np.geomspace(large[0, 0], large[-1, 0], per_series)))
+            for r in np.vstack([small, large[np.minimum(pick, len(large) - 1)]]):
+                w.writerow([*key, int(r[0]), *(f"{v:.3f}" for v in r[1:])])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="derive_collectives.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("network", nargs="?", type=Path, default=NETWORK, help="Vidur's profiling/network folder")
+    parser.add_argument("--table", action="store_true", help="the presets against every measured series")
+    parser.add_argument("--write-subset", type=Path, metavar="DIR", help="write the tests' CSV subset there")
+    args = parser.parse_args(argv)
+    series = read_series(args.network)
+    print("Bus bandwidth fitted per series (GB/s; NCCL's latency constants):")
+    for key, rows in sorted(series.items()):
+        if key[0] in PRESET_OF:
+            print(f"  {key}: {fit_bus_gbps(key, rows)}")
+    if args.table:
+        print("\n| machine (Vidur folder) | collective | GPUs per node x nodes | points | explained | floor "
+              "| model <= 64 KB | median / worst error above the floor |")
+        print("|---|---|---|---|---|---|---|---|")
+        for key, rows in sorted(series.items()):
+            if key[0] not in PRESET_OF:
+                continue
+            e = preset_errors(key, rows)
+            worst = e["worst_above_floor_pct"]
+            spread = f"{e['median_abs_above_floor_pct']:.1f}% / {worst[0]:+.1f}..{worst[1]:+.1f}%" if worst else "-"
+            print(f"| `{PRESET_OF[key[0]]}` ({key[0]}) | {key[1]} | {key[3]} x {key[2] // key[3]} | {e['points']} "
+                  f"| {e['explained']} | {e['floor_us']:.0f} us | {e['model_small_us']:.0f} us | {spread} |")
+    if args.write_subset:
+        write_subset(series, args.write_subset)
+        print(f"\nwrote {args.write_subset / 'vidur_nccl_subset.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
