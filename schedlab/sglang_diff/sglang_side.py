@@ -31,6 +31,7 @@ its new-token ratio (``on_idle``), and the clock jumps to the next arrival.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -134,6 +135,8 @@ class SglangRunner:
     """
 
     def __init__(self, *, allow_other_version: bool = False):
+        if importlib.util.find_spec("sglang") is None:  # before stubbing anything
+            raise ImportError("No module named 'sglang'")
         for key, value in ENVIRONMENT.items():
             os.environ.setdefault(key, value)
         stubs.install()
