@@ -36,6 +36,16 @@ def lower(value: int, low: int) -> list[int]:
     return out
 
 
+def smaller(settings, bounds) -> Iterator[dict]:
+    """Changes that lower one numeric setting each: ``bounds`` are ``(name, lowest)`` pairs; a
+    setting at 0 stays off (0 means "off" where it is allowed)."""
+    for name, low in bounds:
+        value = getattr(settings, name)
+        if value:
+            for target in lower(value, low):
+                yield {name: target}
+
+
 class Budget:
     """Counts predicate evaluations; :meth:`left` is False once ``limit`` is spent."""
 

@@ -8,7 +8,7 @@ import attrs
 
 from schedlab.configs import float_field, int_field, str_field
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine
-from schedlab.diffcheck.shrink import lower
+from schedlab.diffcheck.shrink import smaller
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof")
 #: tokens SGLang keeps back when it bounds a request by the pool (``init_req_max_new_tokens``:
@@ -57,13 +57,8 @@ class SglangSettings:
             yield {"schedule_conservativeness": 1.0}
         if self.chunked_prefill_size:
             yield {"chunked_prefill_size": 0}
-        for name, low in (("max_running_requests", 1), ("max_prefill_tokens", 1), ("max_total_tokens", 16),
-                          ("chunked_prefill_size", 1)):
-            value = getattr(self, name)
-            if name == "chunked_prefill_size" and not value:
-                continue
-            for target in lower(value, low):
-                yield {name: target}
+        yield from smaller(self, (("max_running_requests", 1), ("max_prefill_tokens", 1), ("max_total_tokens", 16),
+                                  ("chunked_prefill_size", 1)))
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ import attrs
 
 from schedlab.configs import bool_field, int_field, str_field
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine, blocks_for
-from schedlab.diffcheck.shrink import lower
+from schedlab.diffcheck.shrink import smaller
 
 
 @attrs.frozen
@@ -57,13 +57,8 @@ class DiffSettings:
             yield {"prefix_caching": False}
         if self.policy != "fcfs":
             yield {"policy": "fcfs"}
-        for name, low in (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("num_blocks", 1),
-                          ("long_prefill_token_threshold", 1)):
-            value = getattr(self, name)
-            if name == "long_prefill_token_threshold" and not value:
-                continue
-            for target in lower(value, low):
-                yield {name: target}
+        yield from smaller(self, (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("num_blocks", 1),
+                                  ("long_prefill_token_threshold", 1)))
 
 
 @attrs.frozen
