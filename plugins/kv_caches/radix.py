@@ -354,8 +354,9 @@ class RadixKVCache:
         between :meth:`begin_pass` and this call come out of the unused ones, and the shortfall
         is evicted here, least recently used first, in one go. Cached blocks that a prefill
         computes again were locked at once but counted free meanwhile (SGLang locks them when
-        it inserts the batch's KV). Then the duplicates the pass computed are freed (SGLang frees them when it inserts the batch's KV after the forward;
-        here a little earlier, as nothing is allocated in between)."""
+        it inserts the batch's KV). Then the duplicates the pass computed are freed (SGLang
+        frees them when it inserts the batch's KV after the forward; here a little earlier, as
+        nothing is allocated in between)."""
         self._deferring = False
         if self._owed:
             owed, self._owed = self._owed, 0
