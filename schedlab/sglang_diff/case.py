@@ -20,9 +20,9 @@ POOL_MARGIN = 2
 class SglangSettings:
     """The settings both engines get: SGLang ``ServerArgs`` (``--max-total-tokens``,
     ``--max-running-requests``, ``--chunked-prefill-size``, ``--max-prefill-tokens``,
-    ``--schedule-policy``, ``--schedule-conservativeness``; ``--page-size 1``, the radix cache on, overlap scheduling off) and
-    schedlab's ``sglang`` scheduler over a ``radix`` cache of ``max_total_tokens`` blocks of one
-    token.
+    ``--schedule-policy``, ``--schedule-conservativeness``; ``--page-size 1``, the radix cache
+    on, overlap scheduling off) and schedlab's ``sglang`` scheduler over a ``radix`` cache of
+    ``max_total_tokens`` blocks of one token.
 
     ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``).
     """
