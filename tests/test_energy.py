@@ -1,0 +1,281 @@
+"""Energy (schedlab.energy, the power-model plugins): hand-computed cases, the closed forms
+against iteration-by-iteration sums, both engines against each other, and conservation --
+a run's energy is the integral of its power over the timeline, and its iterations' energy is
+shared out to the requests without loss."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.capacity import GpuSpec, Presets
+from schedlab.catalog import load_catalog
+from schedlab.energy.clock import ClockConfig, ClockedCostModel, clock_power_factor
+from schedlab.energy.idle import idle_j
+from schedlab.energy.meter import run_j_by_iterations, shifted
+from schedlab.energy.timeline import integral_j, power_steps
+from schedlab.model import Request
+from schedlab.protocols import Batch
+from schedlab.testing import compare_runs, examples, requests_lists, run_cluster, run_disaggregated, run_engine
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
+from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.power import (FixedActiveConfig, FixedActivePowerModel, TableConfig, UtilisationConfig,
+                                    UtilisationPowerModel)
+from schedlab_plugins.power.table import build_table
+from schedlab_plugins.power.utilisation import build_utilisation
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+ENGINES = ("fast", "reference")
+SETTINGS = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PRESETS = Presets.from_catalog(load_catalog(entry_points=False))
+
+
+def fixed_active(active=300.0, standby=90.0, idle=30.0, standby_s=0.010, tp=1):
+    config = FixedActiveConfig(active_w=active, standby_w=standby, idle_w=idle, standby_s=standby_s)
+    return lambda cost: FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle)
+
+
+def roofline(model="llama-3.1-8b", gpu="a100-40gb", tp=1):
+    return RooflineCostModel(PRESETS.model(model), PRESETS.gpu(gpu),
+                             RooflineConfig(model=model, gpu=gpu, tensor_parallel=tp))
+
+
+def utilisation(**settings):
+    return lambda cost: build_utilisation(UtilisationConfig(**settings), PRESETS, cost)
+
+
+def conserved(run) -> None:
+    """Energy = the integral of power over the timeline, per instance; the iterations' energy
+    is all shared out to the requests."""
+    energy = run.meta["energy"]
+    for k, inst in enumerate(energy["instances"]):
+        edges, watts = power_steps(run, k)
+        assert integral_j(edges, watts) == pytest.approx(inst["busy_j"] + inst["idle_j"], rel=1e-9, abs=1e-9)
+        assert edges[0] == energy["window_ms"][0] and edges[-1] == pytest.approx(energy["window_ms"][1])
+    assert run.requests["energy_j"].sum() == pytest.approx(sum(i["busy_j"] for i in energy["instances"]),
+                                                             rel=1e-9, abs=1e-9)
+
+
+# --- idle stretches -----------------------------------------------------------------------------
+
+
+def test_idle_stretch_by_hand():
+    # standby 90 W for 10 ms after the last iteration, then 30 W
+    assert idle_j(30, 90, 10, 0.0, 4) == pytest.approx(90 * 4e-3)           # inside the standby
+    assert idle_j(30, 90, 10, 0.0, 25) == pytest.approx(90 * 10e-3 + 30 * 15e-3)
+    assert idle_j(30, 90, 10, 6.0, 10) == pytest.approx(90 * 4e-3 + 30 * 6e-3)  # 6 ms already spent
+    assert idle_j(30, 90, 10, math.inf, 25) == pytest.approx(30 * 25e-3)    # never worked: idle throughout
+    assert idle_j(30, 90, 10, 0.0, 0.0) == 0.0
+
+
+# --- a whole run by hand ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fixed_active_run_by_hand(engine):
+    # Linear costs: 0.5 ms per prompt token, 4 ms per decode step. Each request: prompt 4,
+    # output 3 -> prefill 2 ms (first token), then 2 decode steps of 4 ms: 10 ms busy.
+    # Request 0 arrives at 0 and finishes at 10; request 1 at 30, finishes at 40.
+    # Busy: 20 ms at 300 W = 6 J. The gap 10..30: 10 ms standby at 90 W + 10 ms idle at 30 W
+    # = 0.9 + 0.3 J. Window 0..40 ms: 7.2 J in all; 6 tokens -> 1.2 J per token.
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    requests = [Request(0, 0.0, 4, 3), Request(1, 30.0, 4, 3)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, engine=engine, power=fixed_active())
+    e = r.metrics["energy"]
+    assert e["busy_j"] == pytest.approx(6.0)
+    assert e["idle_j"] == pytest.approx(1.2)
+    assert e["gpu_j"] == pytest.approx(7.2)
+    assert e["j_per_token"] == pytest.approx(1.2)
+    assert e["j_per_request"] == pytest.approx(3.6)
+    assert e["avg_power_w"] == pytest.approx(7.2 / 0.040)
+    assert e["peak_power_w"] == pytest.approx(300.0)
+    assert r.requests["energy_j"].tolist() == pytest.approx([3.0, 3.0])  # each its own 10 ms of iterations
+    assert e["kwh"] == pytest.approx(7.2 / 3.6e6)
+    conserved(r)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_shares_follow_tokens_by_hand(engine):
+    # Request 0 (prompt 4, output 5) starts alone: prefill 0..2 ms (first token), decode 2..6.
+    # Request 1 (prompt 8, output 2) arrives at 5; at t=6 it is admitted beside request 0's
+    # decode: one iteration of 1 decode + 8 prompt tokens = 4 + 4 = 8 ms (6..14) at 300 W =
+    # 2.4 J over 9 tokens: request 0 gets 2.4/9, request 1 gets 8 x 2.4/9. Then both decode
+    # 14..18 (1.2 J, half each; request 1 is done) and request 0 alone 18..22.
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    requests = [Request(0, 0.0, 4, 5), Request(1, 5.0, 8, 2)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, engine=engine, power=fixed_active())
+    finish = dict(zip(r.requests["id"].tolist(), r.requests["finish_ms"].tolist()))
+    assert finish == {0: 22.0, 1: 18.0}
+    got = dict(zip(r.requests["id"].tolist(), r.requests["energy_j"].tolist()))
+    assert got[0] == pytest.approx(0.6 + 1.2 + 2.4 / 9 + 0.6 + 1.2)
+    assert got[1] == pytest.approx(2.4 * 8 / 9 + 0.6)
+    conserved(r)
+
+
+# --- the utilisation model by hand ----------------------------------------------------------------
+
+GPU = GpuSpec("test-gpu", memory_gib=80, hbm_bandwidth_gbps=1000, bf16_tflops=100, host_link_gbps=32,
+              board_w=400, idle_w=40, max_clock_mhz=2000, min_clock_mhz=200)
+
+
+def _model(work, tp=1, clock=None, **settings):
+    config = UtilisationConfig(awake=0.2, activity=1.0, **settings)
+    return UtilisationPowerModel(config, GPU, tp, work, clock=clock, board_w=400.0, idle_w=40.0)
+
+
+def test_utilisation_power_by_hand():
+    # 1000 GB/s = 1e9 bytes per ms, 100 TFLOPS = 1e11 flops per ms.
+    # 5e9 bytes and 1e10 flops in 10 ms: memory 5 ms (u = 0.5) bounds, compute 0.1 ms.
+    # power = 40 + 360 x (0.2 + 1.0 x 0.5) = 292 W -> 2.92 J; two GPUs: 5.84 J
+    batch = Batch(num_decode=4, decode_context_tokens=400)
+    assert _model(lambda b: (5e9, 1e10)).iteration_j(batch, 10.0) == pytest.approx(2.92)
+    assert _model(lambda b: (5e9, 1e10), tp=2).iteration_j(batch, 10.0) == pytest.approx(5.84)
+    # compute-bound: 8e11 flops = 8 ms of 10 (u = 0.8) -> 40 + 360 x 1.0 = 400 W (the board limit)
+    assert _model(lambda b: (1e9, 8e11)).iteration_j(batch, 10.0) == pytest.approx(4.0)
+    # more than the limit is cut to it: u = 1.5 -> 400 W
+    assert _model(lambda b: (1.5e10, 0.0)).iteration_j(batch, 10.0) == pytest.approx(4.0)
+    m = _model(lambda b: (0.0, 0.0), standby_s=5.0)
+    assert (m.idle_w, m.standby_w, m.standby_ms) == (40.0, pytest.approx(40 + 360 * 0.2), 5000.0)
+
+
+@SETTINGS
+@given(st.integers(1, 64), st.integers(0, 40_000), st.integers(1, 3_000), st.floats(0.5, 50.0),
+       st.floats(0.0, 0.2), st.sampled_from(["l4", "a100-40gb", "h100-80gb", "rtx-a6000"]),
+       st.sampled_from([None, 210.0, 900.0]))
+def test_utilisation_run_closed_form_equals_the_sum(n, context, k, d0, inc, gpu, mhz):
+    """The closed form over a bulk run against iteration-by-iteration sums, across the bounds
+    changing sides and the board limit (big contexts on small GPUs)."""
+    cost = roofline(gpu=gpu)
+    if mhz is not None:
+        cost = ClockedCostModel(cost, PRESETS.gpu(gpu), ClockConfig(mhz=mhz))
+    model = build_utilisation(UtilisationConfig(), PRESETS, cost)
+    batch = Batch(num_decode=n, decode_context_tokens=context + n)
+    assert model.run_j(batch, k, d0, inc) == pytest.approx(run_j_by_iterations(model, batch, k, d0, inc), rel=1e-9)
+
+
+def test_table_model_interpolates_and_holds_at_the_ends():
+    model = build_table(TableConfig(points=[[1, 100], [5, 300]], idle_w=20, standby_w=60), PRESETS, None, 2)
+    assert model.watts(0) == 100 and model.watts(9) == 300 and model.watts(3) == pytest.approx(200)
+    assert model.iteration_j(Batch(num_decode=3), 10.0) == pytest.approx(2 * 200 * 10e-3)
+    batch = Batch(num_decode=3, decode_context_tokens=30)
+    assert model.run_j(batch, 7, 2.0, 0.25) == pytest.approx(run_j_by_iterations(model, batch, 7, 2.0, 0.25))
+
+
+# --- both engines, conservation ---------------------------------------------------------------------
+
+
+@SETTINGS
+@given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), st.integers(1, 8),
+       st.booleans(), st.integers(40, 400), st.sampled_from(["l4", "a100-40gb"]))
+def test_engines_agree_on_energy_and_conserve_it(requests, max_seqs, chunked, num_blocks, gpu):
+    """Bulk decode runs (closed form) against one iteration at a time: the same energy, per
+    request and per run, and both equal to the integral of power over the timeline."""
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=256, chunked_prefill=chunked,
+                           allocation="grow")
+    runs = [run_engine(requests, ContinuousScheduler(cfg), roofline(gpu=gpu), PagedKVCache(num_blocks, 16, swap_blocks=32),
+                       engine=engine, power=utilisation(standby_s=0.05)) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    for run in runs:
+        conserved(run)
+    assert runs[0].meta["events"] <= runs[1].meta["events"]
+
+
+def test_energy_is_exact_over_a_long_bulk_run():
+    """One request decoding 2,000 tokens: the fast engine does it in a handful of events."""
+    requests = [Request(0, 0.0, 500, 2000)]
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig()), roofline(), engine=engine,
+                       power=utilisation()) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["events"] < 50 and runs[1].meta["events"] == 2000
+    for run in runs:
+        conserved(run)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_cluster_and_disaggregated_runs_conserve_energy(engine):
+    from schedlab_plugins.routers import RoundRobinRouter
+
+    requests = [Request(i, 40.0 * i, 50 + 30 * i, 20 + 7 * i) for i in range(8)]
+    make = lambda: (ContinuousScheduler(ContinuousConfig()), roofline(), PagedKVCache(400, 16))  # noqa: E731
+    cluster = run_cluster(requests, make, 2, RoundRobinRouter(), engine=engine, power=utilisation())
+    conserved(cluster)
+    assert set(cluster.metrics["energy"]["per_instance"]) == {"0", "1"}
+    pd = run_disaggregated(requests, make, make, engine=engine, power=utilisation())
+    conserved(pd)
+
+
+def test_no_power_table_no_energy():
+    r = run_engine([Request(0, 0.0, 4, 3)], ContinuousScheduler(ContinuousConfig()))
+    assert "energy" not in r.metrics and "energy" not in r.meta
+    assert np.isnan(r.timeline["energy_j"]).all() and r.requests["energy_j"].tolist() == [0.0]
+
+
+# --- the clock --------------------------------------------------------------------------------------
+
+
+def test_clock_law_by_hand():
+    # compute 1e11 flops at 100 TFLOPS x 0.5 efficiency = 2 ms; memory 1e9 bytes at 1000 GB/s x 0.5 = 2 ms
+    class Work:
+        def iteration_ms(self, batch):
+            return 5.0
+
+        def work(self, batch):
+            return (1e9, 1e11) if batch.prefill_tokens else (4e9, 1e10)
+
+    cfg = ClockConfig(mhz=1000.0, compute_efficiency=0.5, bandwidth_efficiency=0.5)
+    clocked = ClockedCostModel(Work(), GPU, cfg)
+    # at half clock the compute takes 4 ms: max(4, 2) - max(2, 2) = 2 ms more
+    assert clocked.iteration_ms(Batch(num_prefill=1, prefill_tokens=100)) == pytest.approx(7.0)
+    # memory-bound (8 ms of memory, 0.2 ms of compute -> 0.4): no slower
+    assert clocked.iteration_ms(Batch(num_decode=4, decode_context_tokens=40)) == pytest.approx(5.0)
+    # power factors: voltage 0.65 at 200 MHz, 1 at 2000 -> at 1000 MHz 0.65 + 0.35 x 800/1800
+    v = 0.65 + 0.35 * 800 / 1800
+    assert clock_power_factor(0.5, 0.1, 0.65) == pytest.approx((0.5 * v * v, v * v))
+
+
+def _governed(gpu="a100-40gb", tpot_ms=12.0):
+    return ClockedCostModel(roofline(gpu=gpu), PRESETS.gpu(gpu), ClockConfig(policy="slo", tpot_ms=tpot_ms))
+
+
+@SETTINGS
+@given(requests_lists(max_size=10, max_prompt=300, max_output=300, all_at_zero=False), st.integers(1, 16),
+       st.sampled_from([11.0, 14.0, 25.0]))
+def test_clock_governor_engines_agree(requests, max_seqs, tpot_ms):
+    """The governor picks a clock per iteration from its shape: a bulk run ends where the pick
+    would change, so both engines run every iteration at the same clock."""
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, allocation="grow")
+    runs = [run_engine(requests, ContinuousScheduler(cfg), _governed(tpot_ms=tpot_ms), PagedKVCache(600, 16),
+                       engine=engine, power=utilisation()) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    for run in runs:
+        conserved(run)
+
+
+def test_clock_governor_keeps_decoding_iterations_within_the_target():
+    from schedlab.engine.driver import simulate
+    from schedlab.engine.instance import Instance
+    from schedlab.engine.recorder import Recorder
+
+    cost = _governed(tpot_ms=14.0)
+    seen = []
+    inst = Instance(0, ContinuousScheduler(ContinuousConfig()), cost, PagedKVCache(2000, 16), Recorder(),
+                    observer=lambda i, rec: seen.append((rec.batch, rec.duration_ms)))
+    simulate([Request(i, 30.0 * i, 200, 150) for i in range(12)], [inst])
+    lowered = [(b, d) for b, d in seen if b.num_decode and cost.clock_ratio(b) < 1.0]
+    assert lowered, "the governor never lowered the clock"
+    assert all(d <= 0.9 * 14.0 + 1e-9 for _, d in lowered)
+    assert all(cost.clock_ratio(b) == 1.0 for b, _ in seen if not b.num_decode)  # prefill only: full clock
+
+
+def test_lower_clock_saves_energy_on_decode():
+    """A memory-bound decode at a lower clock: hardly slower, less energy."""
+    requests = [Request(i, 0.0, 100, 300) for i in range(4)]
+    full, low = (run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, power=utilisation())
+                 for cost in (roofline(), ClockedCostModel(roofline(), PRESETS.gpu("a100-40gb"),
+                                                           ClockConfig(mhz=810.0))))
+    assert low.metrics["makespan_ms"] <= full.metrics["makespan_ms"] * 1.02
+    assert low.metrics["energy"]["gpu_j"] < full.metrics["energy"]["gpu_j"] * 0.95
