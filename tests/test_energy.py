@@ -279,3 +279,136 @@ def test_lower_clock_saves_energy_on_decode():
                                                            ClockConfig(mhz=810.0))))
     assert low.metrics["makespan_ms"] <= full.metrics["makespan_ms"] * 1.02
     assert low.metrics["energy"]["gpu_j"] < full.metrics["energy"]["gpu_j"] * 0.95
+
+
+# --- experiments: tables, errors, reports, the planner ----------------------------------------------
+
+EXPERIMENT = """
+[experiment]
+name = "energy"
+
+[workload]
+kind = "mix"
+
+[workload.classes.chat]
+kind = "synthetic"
+num_requests = 40
+rate = 4.0
+prompt = {dist = "uniform", low = 100, high = 600}
+output = {dist = "uniform", low = 20, high = 200}
+
+[workload.classes.batch]
+kind = "synthetic"
+num_requests = 10
+rate = 1.0
+prompt = {dist = "fixed", value = 2000}
+output = {dist = "fixed", value = 400}
+
+[cost_model]
+kind = "roofline"
+model = "llama-3.1-8b"
+gpu = "a100-40gb"
+
+[kv_cache]
+kind = "paged"
+model = "llama-3.1-8b"
+gpu = "a100-40gb"
+
+[power]
+kind = "utilisation"
+host_idle_w = 200
+pue = 1.25
+"""
+
+
+@pytest.fixture(scope="module")
+def energy_run(tmp_path_factory):
+    from schedlab.study.experiment import load, run_experiment
+
+    path = tmp_path_factory.mktemp("energy") / "energy.toml"
+    path.write_text(EXPERIMENT)
+    return run_experiment(load(path))
+
+
+def test_energy_metrics_of_an_experiment(energy_run):
+    run = energy_run.all_runs()[0]
+    e = run.metrics["energy"]
+    window_s = e["window_ms"] / 1e3
+    assert e["host_j"] == pytest.approx(200 * window_s)                       # 200 W all along
+    assert e["facility_j"] == pytest.approx((e["gpu_j"] + e["host_j"]) * 1.25)
+    assert e["kwh"] == pytest.approx(e["facility_j"] / 3.6e6)
+    assert e["gpu_j"] == pytest.approx(e["busy_j"] + e["idle_j"])
+    board, idle = 400.0, 0.12 * 400.0                                          # a100-40gb: datasheet, estimate
+    assert idle * window_s <= e["gpu_j"] <= board * window_s
+    assert e["peak_power_w"] <= board + 1e-9
+    classes = run.metrics["per_class"]
+    assert sum(c["energy"]["j"] for c in classes.values()) == pytest.approx(e["attributed_j"])
+    assert e["attributed_j"] == pytest.approx(e["busy_j"])
+    conserved(run)
+
+
+def test_energy_in_the_table_and_the_timeline_plot(energy_run):
+    from schedlab_plugins.reports.plot_timeline import has_power, timeline_figure
+    from schedlab_plugins.reports.table import TableReport
+
+    text = TableReport().text(energy_run)
+    assert "energy.j_per_token" in text and "J/token by class: batch" in text and "PUE 1.25" in text
+    run = energy_run.all_runs()[0]
+    assert has_power(run)
+    fig = timeline_figure(run, 60)
+    lines = [line for ax in fig.axes for line in ax.get_lines() if (line.get_gid() or "").startswith("timeline:power")]
+    assert len(lines) == 1
+    edges, watts = power_steps(run, 0)
+    assert lines[0].get_ydata()[:-1].tolist() == pytest.approx(watts.tolist())
+
+
+def test_saved_results_redraw_the_same_power(energy_run, tmp_path):
+    from schedlab.results.storage import load as load_saved
+    from schedlab.results.storage import save
+
+    save(energy_run, tmp_path)
+    saved = load_saved(tmp_path).all_runs()[0]
+    fresh = energy_run.all_runs()[0]
+    assert saved.metrics["energy"]["gpu_j"] == pytest.approx(fresh.metrics["energy"]["gpu_j"])
+    assert integral_j(*power_steps(saved, 0)) == pytest.approx(integral_j(*power_steps(fresh, 0)), rel=1e-9)
+    assert saved.requests["energy_j"].tolist() == pytest.approx(fresh.requests["energy_j"].tolist())
+
+
+@pytest.mark.parametrize("table, message", [
+    ('[power]\nkind = "utilisation"\nawake = 2', "[power]: awake: must be <= 1"),
+    ('[power]\nkind = "utilisaton"', "unknown power_model 'utilisaton' (did you mean 'utilisation'?)"),
+    ('[power]\nkind = "utilisation"\nwatts = 3', "[power]: unknown key 'watts'"),
+    ('[power]\nkind = "table"', "give either points"),
+    ('[power]\nkind = "table"\npoints = [[5, 100], [1, 200]]', "x must increase"),
+    ('[power]\nkind = "utilisation"\n[clock]\nmhz = 5000', "[clock]: mhz: 5000 is outside a100-40gb's clocks"),
+    ('[power]\nkind = "utilisation"\n[clock]\npolicy = "slo"', "needs a TPOT target"),
+])
+def test_bad_power_tables_name_the_file_table_and_key(tmp_path, table, message):
+    from schedlab.errors import ConfigError
+    from schedlab.study.experiment import load
+
+    path = tmp_path / "bad.toml"
+    path.write_text(EXPERIMENT.split("[power]")[0] + table + "\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert "bad.toml" in str(info.value) and message in str(info.value)
+
+
+def test_plan_reports_kwh_and_energy_cost(tmp_path):
+    from study_case import PLAN
+
+    from schedlab.study.experiment import load, run_experiment
+
+    path = tmp_path / "plan.toml"
+    path.write_text(PLAN.replace("[plan]", '[power]\nkind = "utilisation"\npue = 1.5\n\n[plan]\n'
+                                            "energy_price_per_kwh = 0.2"))
+    study = run_experiment(load(path)).studies[0]
+    plan = study.plan
+    runs = {run.name: run for run in study.runs}
+    for d in plan.deployments:
+        e = runs[d["run"]].metrics["energy"]
+        kw = e["facility_j"] / e["window_ms"]       # J per ms = kW, PUE included
+        assert d["kwh_per_hour"] == pytest.approx(kw)
+        assert d["energy_cost_per_hour"] == pytest.approx(0.2 * kw)
+        assert d["gpu_hours_per_hour"] == d["instances"] * runs[d["run"]].point["tensor_parallel"]
+    assert "energy (" in plan.message and "kWh/h" in plan.message
