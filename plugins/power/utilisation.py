@@ -15,7 +15,8 @@ limit; large batches and prefill approach it -- unlike a fixed "active" power. T
 the GPU drops to idle.
 
 At an SM clock below the highest (``[clock]``, :mod:`schedlab.energy.clock`) the awake share
-scales as ``r v(r)^2`` and compute activity as ``v(r)^2``; memory traffic does not change.
+scales as ``r v(r)^2`` and the activity as ``1 - core_share + core_share v(r)^2`` (the work's
+power on the core's rail falls with the voltage, the memory's does not).
 
 Energy is exact over a bulk decode run: the bytes, FLOPs and duration of its iterations are
 linear in the step, so ``max`` and ``min`` cut the sum into at most four linear pieces, each an
@@ -44,12 +45,12 @@ from schedlab.protocols import Batch
 from .common import (PowerSettings, board_and_idle, cost_setting, find_clock, find_member, host_fields, resolve_gpu,
                      resolve_tp)
 
-#: What ``tools/derive_roofline.py`` (power section) printed: least squares in relative power
-#: error over the ML.ENERGY v2 Llama-3.1-8B sweeps (A100-SXM4-40GB and H100 SXM, vLLM 0.5.4,
-#: chat, max batch 32-1024, 14 points) and the three pulses of LLMServingSim 2.0's A6000 TP-2
-#: trace (vLLM 0.11.1), with the utilisations measured from their timing. Every other sweep and
-#: the TP-1 trace are held out (README: Energy).
-DERIVATION = {"awake": 0.185, "activity": 1.015}
+#: What ``python tools/derive_roofline.py power`` printed: least squares in relative power error
+#: over the ML.ENERGY v2 Llama-3.1-8B sweeps (A100-SXM4-40GB and H100 SXM, vLLM 0.5.4, chat, max
+#: batch 32-1024: 14 points, their measured cycle times as the iterations' durations) and 17 decode
+#: seconds of LLMServingSim 2.0's A6000 TP-2 trace (vLLM 0.11.1); RMS relative error 5.3%. Every
+#: other sweep and the TP-1 trace are held out (README: Energy).
+DERIVATION = {"awake": 0.193, "activity": 1.013}
 
 
 @attrs.frozen
@@ -94,9 +95,9 @@ class UtilisationPowerModel:
         self._flops_per_ms = gpu.bf16_tflops * 1e9
         awake_factor = 1.0
         if clock is not None:
-            self._r_min, self._floor = clock.r_min, clock.config.voltage_floor
+            self._law = (clock.r_min, clock.config.voltage_floor, clock.config.core_share)
             if clock.fixed is not None:  # standby at the locked clock
-                awake_factor = clock_power_factor(clock.fixed, self._r_min, self._floor)[0]
+                awake_factor = clock_power_factor(clock.fixed, *self._law)[0]
         self.idle_w = tensor_parallel * idle_w
         self.standby_w = tensor_parallel * (idle_w + self._delta * min(1.0, c.awake * awake_factor))
         self.standby_ms = c.standby_s * 1e3
@@ -104,22 +105,22 @@ class UtilisationPowerModel:
 
     # --- PowerModel protocol -----------------------------------------------------------------------
     def iteration_j(self, batch: Batch, duration_ms: float) -> float:
-        awake, compute = self._factors(batch)
+        awake, work = self._factors(batch)
         byt, flops = self._work(batch)
         m = byt / self._bytes_per_ms
-        c = compute * flops / self._flops_per_ms
-        g = awake * duration_ms + self.config.activity * (m if m > c else c)
+        c = flops / self._flops_per_ms
+        g = awake * duration_ms + work * self.config.activity * (m if m > c else c)
         return self._joules(duration_ms, g)
 
     def run_j(self, batch: Batch, k: int, d0: float, inc: float) -> float:
         """The run's energy in closed form: every term is linear in the step ``j``, so the run
         splits where ``max`` or ``min`` changes sides, and each piece is an arithmetic series."""
-        awake, compute = self._factors(batch)
+        awake, work = self._factors(batch)
         b0, f0 = self._work(batch)
         b1, f1 = self._work(shifted(batch, 1))
-        a = self.config.activity
+        a = work * self.config.activity
         m0, dm = b0 / self._bytes_per_ms, (b1 - b0) / self._bytes_per_ms
-        c0, dc = compute * f0 / self._flops_per_ms, compute * (f1 - f0) / self._flops_per_ms
+        c0, dc = f0 / self._flops_per_ms, (f1 - f0) / self._flops_per_ms
 
         def energy(j: int) -> float:
             d = d0 + j * inc
@@ -140,10 +141,11 @@ class UtilisationPowerModel:
 
     # --- parts ---------------------------------------------------------------------------------------
     def _factors(self, batch: Batch) -> tuple[float, float]:
+        """``(awake share, activity factor)`` at the clock the iteration runs at."""
         if self._clock is None:
             return self.config.awake, 1.0
-        awake, compute = clock_power_factor(self._clock.clock_ratio(batch), self._r_min, self._floor)
-        return self.config.awake * awake, compute
+        awake, work = clock_power_factor(self._clock.clock_ratio(batch), *self._law)
+        return self.config.awake * awake, work
 
     def _joules(self, d: float, g: float) -> float:
         """Energy of ``d`` ms at activity ``g`` (activity-ms), all GPUs of the instance."""

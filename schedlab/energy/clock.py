@@ -21,16 +21,23 @@ to 180 MHz, 42% less energy).
 
 Power follows CMOS dynamic power, ``P ~ C V^2 f`` (the law GPU DVFS measurement studies fit,
 e.g. Mei, Wang and Chu, "A survey and measurement study of GPU DVFS on energy conservation",
-Digital Communications and Networks, 2017), with the voltage falling linearly with the clock
-from 1 at ``f_max`` to ``voltage_floor`` at ``f_min``: ``v(r)``. So per unit of work the
-compute costs ``v(r)^2`` of its energy at full clock, the clock-tree and idle-SM power of an
-awake GPU scales as ``r v(r)^2`` (:func:`clock_power_factor`), and memory traffic costs the same
-at any SM clock. The utilisation power model applies these factors.
+Digital Communications and Networks, 2017), with the core voltage falling linearly with the
+clock from 1 at ``f_max`` to ``voltage_floor`` at ``f_min``: ``v(r)``. The clock tree and idle
+SMs of an awake GPU draw ``r v(r)^2`` of their power at full clock; the power of the work
+itself -- SMs issuing loads or multiplying, caches, the memory's interface -- is split: the
+``core_share`` on the core's voltage rail costs ``v(r)^2`` per unit of work, the rest (DRAM and
+its interface, on their own clock) the same at any SM clock (:func:`clock_power_factor`).
+``core_share = 0.7`` is what it takes for Maliakel et al.'s measurement to come out of this law:
+memory-bound decode on an RTX PRO 6000 at 180 instead of 2,842 MHz took 42% less energy at
+about the same speed (with ``voltage_floor = 0.65`` at the lowest clock; typical NVIDIA V-F
+curves run from about 0.7 V to 1.05-1.1 V). The utilisation power model applies these factors.
 
 The governor (``policy = "slo"``, in the spirit of DynamoLLM's per-instance frequency
-control): every iteration that decodes runs at the lowest clock level whose time stays within
-``headroom x tpot_ms`` -- the time between a decode's tokens; iterations that only prefill run
-at the highest clock (TTFT). The choice depends on the iteration's shape alone, so both
+control and of GreenLLM's separate prefill and decode clocks): a decode-only iteration runs
+at the lowest clock level whose time stays within ``headroom x tpot_ms`` -- the time between a
+decode's tokens -- and an iteration with prompt tokens at the highest clock (its prefill is
+compute-bound, and waits for it are TTFT). Under light load most iterations only decode and
+the clock comes down; as the load grows, prompts ride along more often and it goes back up. The choice depends on the iteration's shape alone, so both
 engines make it alike, and a bulk decode run ends where its growing context would need the
 next level up (:meth:`ClockedCostModel.decode_step_increment`).
 """
@@ -55,7 +62,7 @@ class ClockConfig:
 
     policy: str = str_field("fixed", choices=POLICIES,
                             help="'fixed': every iteration at mhz; 'slo': the lowest clock level that keeps each "
-                                 "decoding iteration within headroom x tpot_ms")
+                                 "decode-only iteration within headroom x tpot_ms, the highest with prompt tokens")
     mhz: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
                                     help="fixed: the SM clock in MHz (default: the GPU's highest)")
     tpot_ms: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
@@ -66,6 +73,9 @@ class ClockConfig:
     voltage_floor: float = float_field(0.65, min=0.1, max=1.0,
                                        help="core voltage at the lowest clock as a share of that at the highest "
                                             "(NVIDIA V-F curves span about 0.7 to 1.05-1.1 V)")
+    core_share: float = float_field(0.7, min=0.0, max=1.0,
+                                    help="share of the work's power on the core rail (scales with V^2); the rest, "
+                                         "memory and its interface, does not change with the SM clock")
     compute_efficiency: float = float_field(0.77, min=0.0, max=1.0, min_exclusive=True,
                                             help="share of peak FLOPS the compute reaches (the roofline's mfu)")
     bandwidth_efficiency: float = float_field(0.91, min=0.0, max=1.0, min_exclusive=True,
@@ -81,11 +91,11 @@ def voltage_ratio(r: float, r_min: float, floor: float) -> float:
     return floor + (1.0 - floor) * max(0.0, r - r_min) / (1.0 - r_min)
 
 
-def clock_power_factor(r: float, r_min: float, floor: float) -> tuple[float, float]:
-    """``(awake, compute)``: how the power of an awake GPU (``r v^2``) and the energy per unit
-    of compute (``v^2``) scale at clock ratio ``r``."""
+def clock_power_factor(r: float, r_min: float, floor: float, core_share: float) -> tuple[float, float]:
+    """``(awake, work)``: how the power of an awake GPU (``r v^2``) and the energy per unit of
+    work (``1 - core_share + core_share v^2``) scale at clock ratio ``r``."""
     v2 = voltage_ratio(r, r_min, floor) ** 2
-    return r * v2, v2
+    return r * v2, 1.0 - core_share + core_share * v2
 
 
 class ClockedCostModel:
@@ -152,8 +162,8 @@ class ClockedCostModel:
         """The clock (as a share of the highest) an iteration of ``batch`` runs at."""
         if self.fixed is not None:
             return self.fixed
-        if not batch.num_decode:
-            return 1.0  # prefill only: the highest clock (TTFT)
+        if batch.prefill_tokens or not batch.num_decode:
+            return 1.0  # prompt tokens: the highest clock (TTFT)
         d = self.inner.iteration_ms(batch)
         c, m = self.split(batch)
         for r in self.levels:
