@@ -414,3 +414,18 @@ def test_plan_reports_kwh_and_energy_cost(tmp_path):
         assert d["energy_cost_per_hour"] == pytest.approx(0.2 * kw)
         assert d["gpu_hours_per_hour"] == d["instances"] * runs[d["run"]].point["tensor_parallel"]
     assert "energy (" in plan.message and "kWh/h" in plan.message
+
+
+def test_energy_clock_experiment_saves_energy_within_the_slo():
+    """experiments/energy_clock.toml, shortened: the governor takes less energy than the full
+    clock at every load and meets the SLO as often."""
+    from pathlib import Path
+
+    from schedlab.study.experiment import load, run_experiment
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "energy_clock.toml"
+    runs = {r.name: r for r in run_experiment(load(path, ["workload.num_requests=200"])).all_runs()}
+    for rate in (2, 10, 28):
+        full, governed = runs[f"full_clock[rate={rate}]"], runs[f"slo_governor[rate={rate}]"]
+        assert governed.metrics["energy"]["gpu_j"] < 0.8 * full.metrics["energy"]["gpu_j"]
+        assert governed.metrics["slo"]["attainment"] >= full.metrics["slo"]["attainment"] - 1e-9

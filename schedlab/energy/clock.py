@@ -49,7 +49,7 @@ import math
 import attrs
 
 from ..capacity import GpuSpec
-from ..configs import FieldError, float_field, str_field
+from ..configs import float_field, str_field
 from ..errors import ConfigError
 from ..protocols import Batch
 
@@ -230,7 +230,3 @@ def _steps_while_same_side(x0: float, dx: float) -> int | None:
         return None
     return max(1, math.ceil(-x0 / dx))
 
-
-def check_clock(config: ClockConfig) -> None:
-    if config.policy == "fixed" and config.tpot_ms is not None:
-        raise FieldError("tpot_ms", "only the 'slo' policy has a target")
