@@ -16,11 +16,12 @@ from schedlab.capacity import GpuSpec, Presets
 from schedlab.catalog import load_catalog
 from schedlab.energy.clock import ClockConfig, ClockedCostModel, clock_power_factor
 from schedlab.energy.idle import idle_j
-from schedlab.energy.meter import run_j_by_iterations, shifted
+from schedlab.energy.meter import run_j_by_iterations
 from schedlab.energy.timeline import integral_j, power_steps
 from schedlab.model import Request
 from schedlab.protocols import Batch
-from schedlab.testing import compare_runs, examples, requests_lists, run_cluster, run_disaggregated, run_engine
+from schedlab.testing import (check_energy, check_power_model, compare_runs, examples, requests_lists, run_cluster,
+                              run_disaggregated, run_engine)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.power import (FixedActiveConfig, FixedActivePowerModel, TableConfig, UtilisationConfig,
@@ -46,18 +47,6 @@ def roofline(model="llama-3.1-8b", gpu="a100-40gb", tp=1):
 
 def utilisation(**settings):
     return lambda cost: build_utilisation(UtilisationConfig(**settings), PRESETS, cost)
-
-
-def conserved(run) -> None:
-    """Energy = the integral of power over the timeline, per instance; the iterations' energy
-    is all shared out to the requests."""
-    energy = run.meta["energy"]
-    for k, inst in enumerate(energy["instances"]):
-        edges, watts = power_steps(run, k)
-        assert integral_j(edges, watts) == pytest.approx(inst["busy_j"] + inst["idle_j"], rel=1e-9, abs=1e-9)
-        assert edges[0] == energy["window_ms"][0] and edges[-1] == pytest.approx(energy["window_ms"][1])
-    assert run.requests["energy_j"].sum() == pytest.approx(sum(i["busy_j"] for i in energy["instances"]),
-                                                             rel=1e-9, abs=1e-9)
 
 
 # --- idle stretches -----------------------------------------------------------------------------
@@ -95,7 +84,7 @@ def test_fixed_active_run_by_hand(engine):
     assert e["peak_power_w"] == pytest.approx(300.0)
     assert r.requests["energy_j"].tolist() == pytest.approx([3.0, 3.0])  # each its own 10 ms of iterations
     assert e["kwh"] == pytest.approx(7.2 / 3.6e6)
-    conserved(r)
+    check_energy(r)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -113,7 +102,7 @@ def test_shares_follow_tokens_by_hand(engine):
     got = dict(zip(r.requests["id"].tolist(), r.requests["energy_j"].tolist()))
     assert got[0] == pytest.approx(0.6 + 1.2 + 2.4 / 9 + 0.6 + 1.2)
     assert got[1] == pytest.approx(2.4 * 8 / 9 + 0.6)
-    conserved(r)
+    check_energy(r)
 
 
 # --- the utilisation model by hand ----------------------------------------------------------------
@@ -146,15 +135,18 @@ def test_utilisation_power_by_hand():
 @given(st.integers(1, 64), st.integers(0, 40_000), st.integers(1, 3_000), st.floats(0.5, 50.0),
        st.floats(0.0, 0.2), st.sampled_from(["l4", "a100-40gb", "h100-80gb", "rtx-a6000"]),
        st.sampled_from([None, 210.0, 900.0]))
-def test_utilisation_run_closed_form_equals_the_sum(n, context, k, d0, inc, gpu, mhz):
-    """The closed form over a bulk run against iteration-by-iteration sums, across the bounds
-    changing sides and the board limit (big contexts on small GPUs)."""
+def test_built_in_power_models_keep_the_contract(n, context, k, d0, inc, gpu, mhz):
+    """Every built-in's closed form over a bulk run against iteration-by-iteration sums (the
+    utilisation model's across the bounds changing sides and the board limit: big contexts on
+    small GPUs), never below idle power."""
     cost = roofline(gpu=gpu)
     if mhz is not None:
         cost = ClockedCostModel(cost, PRESETS.gpu(gpu), ClockConfig(mhz=mhz))
-    model = build_utilisation(UtilisationConfig(), PRESETS, cost)
     batch = Batch(num_decode=n, decode_context_tokens=context + n)
-    assert model.run_j(batch, k, d0, inc) == pytest.approx(run_j_by_iterations(model, batch, k, d0, inc), rel=1e-9)
+    for model in (build_utilisation(UtilisationConfig(), PRESETS, cost),
+                  build_table(TableConfig(fit="mlenergy-a100-40gb-llama-3.1-8b"), PRESETS, cost),
+                  fixed_active(standby_s=18.0)(cost)):
+        check_power_model(model, batch, k, d0, inc)
 
 
 def test_table_model_interpolates_and_holds_at_the_ends():
@@ -180,7 +172,7 @@ def test_engines_agree_on_energy_and_conserve_it(requests, max_seqs, chunked, nu
                        engine=engine, power=utilisation(standby_s=0.05)) for engine in ENGINES]
     compare_runs(*runs, rel=1e-9)
     for run in runs:
-        conserved(run)
+        check_energy(run)
     assert runs[0].meta["events"] <= runs[1].meta["events"]
 
 
@@ -192,7 +184,7 @@ def test_energy_is_exact_over_a_long_bulk_run():
     compare_runs(*runs, rel=1e-9)
     assert runs[0].meta["events"] < 50 and runs[1].meta["events"] == 2000
     for run in runs:
-        conserved(run)
+        check_energy(run)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -202,10 +194,10 @@ def test_cluster_and_disaggregated_runs_conserve_energy(engine):
     requests = [Request(i, 40.0 * i, 50 + 30 * i, 20 + 7 * i) for i in range(8)]
     make = lambda: (ContinuousScheduler(ContinuousConfig()), roofline(), PagedKVCache(400, 16))  # noqa: E731
     cluster = run_cluster(requests, make, 2, RoundRobinRouter(), engine=engine, power=utilisation())
-    conserved(cluster)
+    check_energy(cluster)
     assert set(cluster.metrics["energy"]["per_instance"]) == {"0", "1"}
     pd = run_disaggregated(requests, make, make, engine=engine, power=utilisation())
-    conserved(pd)
+    check_energy(pd)
 
 
 def test_no_power_table_no_energy():
@@ -254,7 +246,7 @@ def test_clock_governor_engines_agree(requests, max_seqs, tpot_ms):
                        engine=engine, power=utilisation()) for engine in ENGINES]
     compare_runs(*runs, rel=1e-9)
     for run in runs:
-        conserved(run)
+        check_energy(run)
 
 
 def test_clock_governor_keeps_decoding_iterations_within_the_target():
@@ -346,7 +338,7 @@ def test_energy_metrics_of_an_experiment(energy_run):
     classes = run.metrics["per_class"]
     assert sum(c["energy"]["j"] for c in classes.values()) == pytest.approx(e["attributed_j"])
     assert e["attributed_j"] == pytest.approx(e["busy_j"])
-    conserved(run)
+    check_energy(run)
 
 
 def test_energy_in_the_table_and_the_timeline_plot(energy_run):

@@ -25,7 +25,6 @@ Two measured sets, shipped in experiments/data/energy (tools/energy_data.py):
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
