@@ -385,7 +385,9 @@ class PowerModel(Protocol):
     ``standby_ms`` (clocks still up, as NVIDIA's driver keeps them), then ``idle_w``.
 
     Optional members: ``run_j`` (closed form over a bulk decode run: without it the meter
-    sums ``iteration_j`` over the run's iterations, exact but one call per iteration);
+    sums ``iteration_j`` over the run's iterations, exact but one call per iteration), and
+    ``run_j_peak`` (``run_j`` and the run's highest power in W at once, saving the meter two
+    ``iteration_j`` calls per run);
     ``host_idle_w`` (the host's CPU, DRAM and NIC, drawn all the time), ``host_busy_w`` (more
     while iterations run) and ``pue`` (facility energy = IT energy x pue); ``describe()``, a
     dict of its settings for the results.

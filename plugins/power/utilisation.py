@@ -115,6 +115,11 @@ class UtilisationPowerModel:
     def run_j(self, batch: Batch, k: int, d0: float, inc: float) -> float:
         """The run's energy in closed form: every term is linear in the step ``j``, so the run
         splits where ``max`` or ``min`` changes sides, and each piece is an arithmetic series."""
+        return self.run_j_peak(batch, k, d0, inc)[0]
+
+    def run_j_peak(self, batch: Batch, k: int, d0: float, inc: float) -> tuple[float, float]:
+        """:meth:`run_j` and the run's highest power (W): its first or its last iteration's --
+        power is monotone over a run (each utilisation is a ratio of two linear terms)."""
         awake, work = self._factors(batch)
         b0, f0 = self._work(batch)
         b1, f1 = self._work(shifted(batch, 1))
@@ -137,7 +142,8 @@ class UtilisationPowerModel:
             n = e - s
             first = energy(s)
             total += n * first + ((energy(s + 1) - first) * (n * (n - 1) // 2) if n > 1 else 0.0)
-        return total
+        last = d0 + (k - 1) * inc
+        return total, max(energy(0) / d0, energy(k - 1) / last) * 1e3
 
     # --- parts ---------------------------------------------------------------------------------------
     def _factors(self, batch: Batch) -> tuple[float, float]:

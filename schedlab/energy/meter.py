@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import math
 
-import attrs
-
 from ..protocols import Batch
 from .idle import idle_j
 
@@ -31,11 +29,10 @@ def shifted(batch: Batch, j: int) -> Batch:
     ``j`` more tokens (the longest and shortest context too, when filled)."""
     if not j:
         return batch
-    out = attrs.evolve(batch, decode_context_tokens=batch.decode_context_tokens + j * batch.num_decode)
-    if batch.decode_context_max:
-        out.decode_context_max += j
-        out.decode_context_min += j
-    return out
+    ranged = 1 if batch.decode_context_max else 0
+    return Batch(batch.num_decode, batch.decode_context_tokens + j * batch.num_decode, batch.num_prefill,
+                 batch.prefill_tokens, batch.prefill_context_tokens, batch.decode_context_max + j * ranged,
+                 batch.decode_context_min + j * ranged, batch.spec_tokens)
 
 
 def run_j_by_iterations(model, batch: Batch, k: int, d0: float, inc: float) -> float:
@@ -53,7 +50,7 @@ class EnergyMeter:
     """
 
     __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "first_start", "last_end", "busy_j", "idle_j",
-                 "busy_ms", "peak_w", "per_decoder", "_run_j", "closed")
+                 "busy_ms", "peak_w", "per_decoder", "_run_j", "_run_j_peak", "closed")
 
     def __init__(self, model):
         self.model = model
@@ -68,6 +65,7 @@ class EnergyMeter:
         self.peak_w = 0.0
         self.per_decoder = 0.0
         self._run_j = getattr(model, "run_j", None)
+        self._run_j_peak = getattr(model, "run_j_peak", None)
         self.closed = False
 
     def _gap(self, start: float) -> None:
@@ -98,13 +96,14 @@ class EnergyMeter:
         """Account for a bulk run of ``k`` decode iterations (iteration ``j`` lasts ``d0 + j *
         inc``, ``total`` in all); its energy (J)."""
         self._gap(start)
-        energy = self.energy_of_run(batch, k, d0, inc)
-        model = self.model
-        for j in (0, k - 1):
-            d = d0 + j * inc
-            power = model.iteration_j(shifted(batch, j), d) / d * 1e3
-            if power > self.peak_w:
-                self.peak_w = power
+        if self._run_j_peak is not None:
+            energy, peak = self._run_j_peak(batch, k, d0, inc)
+        else:
+            energy = self.energy_of_run(batch, k, d0, inc)
+            model = self.model
+            peak = max(model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in (0, k - 1))
+        if peak > self.peak_w:
+            self.peak_w = peak
         self._busy(start, total, energy)
         return energy
 

@@ -1,8 +1,8 @@
 """What every power model and every metered run satisfies (the conformance kit's energy part).
 
-* :func:`check_power_model` -- one model on one bulk decode run: its closed form (``run_j``)
-  equals the sum of its iterations, no iteration draws less than idle power, standby is no less
-  than idle;
+* :func:`check_power_model` -- one model on one bulk decode run: its closed form (``run_j``,
+  ``run_j_peak``) equals the sum of its iterations and the highest of their powers, no
+  iteration draws less than idle power, standby is no less than idle;
 * :func:`check_energy` -- a finished run with ``[power]``: per instance, the energy the meters
   counted equals the integral of the power drawn from the timeline (conservation), and the
   iterations' energy is all shared out to the requests.
@@ -27,11 +27,19 @@ def check_power_model(model, batch: Batch, k: int, d0: float, inc: float, *, rel
         energy = model.iteration_j(shifted(batch, j), d)
         assert energy >= model.idle_w * d * 1e-3 * (1 - rel), (
             f"iteration {j} of the run: {energy} J over {d} ms is below idle power ({model.idle_w} W)")
+    summed = run_j_by_iterations(model, batch, k, d0, inc)
     run_j = getattr(model, "run_j", None)
     if run_j is not None:
-        closed, summed = run_j(batch, k, d0, inc), run_j_by_iterations(model, batch, k, d0, inc)
+        closed = run_j(batch, k, d0, inc)
         assert math.isclose(closed, summed, rel_tol=rel, abs_tol=1e-12), (
             f"run_j gives {closed} J for {k} iterations, their sum is {summed} J")
+    run_j_peak = getattr(model, "run_j_peak", None)
+    if run_j_peak is not None:
+        energy, peak = run_j_peak(batch, k, d0, inc)
+        powers = [model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in range(k)]
+        assert math.isclose(energy, summed, rel_tol=rel, abs_tol=1e-12)
+        assert math.isclose(peak, max(powers), rel_tol=rel, abs_tol=1e-9), (
+            f"run_j_peak says {peak} W, the run's iterations reach {max(powers)} W")
 
 
 def check_energy(result, *, rel: float = 1e-9, shared: bool = True) -> None:
