@@ -168,8 +168,9 @@ def test_engines_agree_on_energy_and_conserve_it(requests, max_seqs, chunked, nu
     request and per run, and both equal to the integral of power over the timeline."""
     cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=256, chunked_prefill=chunked,
                            allocation="grow")
-    runs = [run_engine(requests, ContinuousScheduler(cfg), roofline(gpu=gpu), PagedKVCache(num_blocks, 16, swap_blocks=32),
-                       engine=engine, power=utilisation(standby_s=0.05)) for engine in ENGINES]
+    runs = [run_engine(requests, ContinuousScheduler(cfg), roofline(gpu=gpu),
+                       PagedKVCache(num_blocks, 16, swap_blocks=32), engine=engine, power=utilisation(standby_s=0.05))
+            for engine in ENGINES]
     compare_runs(*runs, rel=1e-9)
     for run in runs:
         check_energy(run)

@@ -245,8 +245,9 @@ def markdown(pulse: dict, sweep: dict) -> str:
                      f"{within} | {s['fixed_mean'] * 100:.0f}% |")
     held = [sweep_summary(p) for p in sweep.values() if not p[0]["training"]]
     points = [p for ps in sweep.values() for p in ps if not p["training"]]
+    mean_10, mean_15 = (sum(s["power_mean"] <= bound for s in held) for bound in (0.10, 0.15))
     lines += ["", f"Held out: {len(held)} sweeps, {len(points)} points. Sweeps with a mean error within 10%: "
-              f"{sum(s['power_mean'] <= 0.10 for s in held)}, within 15%: {sum(s['power_mean'] <= 0.15 for s in held)}; "
+              f"{mean_10}, within 15%: {mean_15}; "
               f"with every point within 10%: {sum(s['power_max'] <= 0.10 for s in held)}, within 15%: "
               f"{sum(s['power_max'] <= 0.15 for s in held)}. Points within 10%: "
               f"{sum(abs(p['power_error']) <= 0.10 for p in points)}, within 15%: "

@@ -59,9 +59,10 @@ class TableConfig(PowerSettings):
     gpu: str | None = str_field(None, optional=True, help="GPU preset, for idle power (default: the cost model's)")
     tensor_parallel: int | None = int_field(None, min=1, optional=True,
                                             help="GPUs per instance (default: the cost model's)")
-    idle_w: float | None = float_field(None, min=0.0, optional=True, help="idle power per GPU, W (default: the preset's)")
-    standby_w: float | None = float_field(None, min=0.0, optional=True,
-                                          help="standby power per GPU, W (default: the utilisation model's awake share)")
+    idle_w: float | None = float_field(None, min=0.0, optional=True,
+                                       help="idle power per GPU, W (default: the preset's)")
+    standby_w: float | None = float_field(
+        None, min=0.0, optional=True, help="standby power per GPU, W (default: the utilisation model's awake share)")
 
     def __attrs_post_init__(self):
         if (self.points is None) == (self.fit is None):

@@ -37,9 +37,10 @@ control and of GreenLLM's separate prefill and decode clocks): a decode-only ite
 at the lowest clock level whose time stays within ``headroom x tpot_ms`` -- the time between a
 decode's tokens -- and an iteration with prompt tokens at the highest clock (its prefill is
 compute-bound, and waits for it are TTFT). Under light load most iterations only decode and
-the clock comes down; as the load grows, prompts ride along more often and it goes back up. The choice depends on the iteration's shape alone, so both
-engines make it alike, and a bulk decode run ends where its growing context would need the
-next level up (:meth:`ClockedCostModel.decode_step_increment`).
+the clock comes down; as the load grows, prompts ride along more often and it goes back up.
+The choice depends on the iteration's shape alone, so both engines make it alike, and a bulk
+decode run ends where its growing context would need the next level up
+(:meth:`ClockedCostModel.decode_step_increment`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class ClockConfig:
                                         help="slo: the time between tokens to keep within (default: [slo] tpot_ms)")
     headroom: float = float_field(0.9, min=0.0, max=1.0, min_exclusive=True,
                                   help="slo: aim at this share of tpot_ms (queueing and prefill chunks take the rest)")
-    step_mhz: float = float_field(105.0, min=1.0, help="slo: clock levels from the lowest to the highest, this far apart")
+    step_mhz: float = float_field(105.0, min=1.0,
+                                  help="slo: clock levels from the lowest to the highest, this far apart")
     voltage_floor: float = float_field(0.65, min=0.1, max=1.0,
                                        help="core voltage at the lowest clock as a share of that at the highest "
                                             "(NVIDIA V-F curves span about 0.7 to 1.05-1.1 V)")

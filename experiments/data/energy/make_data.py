@@ -46,7 +46,8 @@ def sweeps(source: Path) -> None:
         task, gpu, org, model = path.relative_to(source / "llm_text_generation").parts[:4]
         data = json.loads(path.read_text())
         rows.append({"task": task, "gpu": gpu.replace("_", " "), "model": f"{org}/{model}", "config": path.stem,
-                     "tp": data["TP"], "pp": data["PP"], **{ours: data[theirs] for theirs, ours in SWEEP_FIELDS.items()}})
+                     "tp": data["TP"], "pp": data["PP"],
+                     **{ours: data[theirs] for theirs, ours in SWEEP_FIELDS.items()}})
     with open(out / "sweeps.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -66,7 +67,8 @@ def power_traces(source: Path) -> None:
         shutil.copy(source / name, out / name)
     for tp in (1, 2):
         shutil.copy(source / "config" / f"power_config_tp{tp}.json", out / f"power_config_tp{tp}.json")
-        lines = [line.split(", ") for line in (source / "raw_data" / f"gpu_power_log_tp{tp}.txt").read_text().splitlines()]
+        log = (source / "raw_data" / f"gpu_power_log_tp{tp}.txt").read_text()
+        lines = [line.split(", ") for line in log.splitlines()]
         t0 = seconds(lines[0][0])
         with open(out / f"gpu_power_tp{tp}.csv", "w", newline="") as fh:
             writer = csv.writer(fh)
