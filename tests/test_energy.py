@@ -422,3 +422,26 @@ def test_energy_clock_experiment_saves_energy_within_the_slo():
         full, governed = runs[f"full_clock[rate={rate}]"], runs[f"slo_governor[rate={rate}]"]
         assert governed.metrics["energy"]["gpu_j"] < 0.8 * full.metrics["energy"]["gpu_j"]
         assert governed.metrics["slo"]["attainment"] >= full.metrics["slo"]["attainment"] - 1e-9
+
+
+def test_a_pool_of_its_own_clock(tmp_path):
+    """[cluster.decode] clock = {...}: the decode pool runs at its clock, the prefill pool at
+    the highest; both engines agree and the energy is conserved."""
+    from schedlab.study.experiment import load, run_experiment
+
+    text = EXPERIMENT.replace("[power]", """[cluster]
+mode = "disaggregated"
+prefill = {instances = 1}
+decode = {instances = 1, clock = {mhz = 810}}
+
+[power]""").replace('[kv_cache]\nkind = "paged"', '[kv_cache]\nkind = "paged"\nbytes_per_block = 2097152')
+    runs = {}
+    for engine in ENGINES:
+        path = tmp_path / f"{engine}.toml"
+        path.write_text(text.replace('name = "energy"', f'name = "energy"\nengine = "{engine}"'))
+        runs[engine] = run_experiment(load(path)).all_runs()[0]
+    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
+    for run in runs.values():
+        check_energy(run)
+        prefill, decode = run.meta["energy"]["instances"]
+        assert decode["standby_w"] < prefill["standby_w"]   # the decode pool idles at its lower clock

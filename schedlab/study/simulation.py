@@ -76,8 +76,8 @@ class PoolConfig:
     cost_model: dict = table_field(attrs.Factory(dict), help="overrides the run's [cost_model] likewise")
     kv_cache: dict = table_field(attrs.Factory(dict), help="overrides the run's [kv_cache] likewise")
     power: dict = table_field(attrs.Factory(dict), help="overrides the run's [power] likewise")
-    clock: dict = table_field(attrs.Factory(dict), help="overrides the run's [clock] likewise (e.g. a lower "
-                                                          "clock for the decode pool)")
+    clock: dict = table_field(attrs.Factory(dict), help="the pool's SM clock: overrides the run's [clock] likewise, "
+                                                          "or clocks this pool alone (e.g. the decode pool lower)")
 
 
 @attrs.frozen
@@ -230,7 +230,10 @@ def _clocked(ctx: Context, tables: dict, cost, where: str):
     from ..energy.clock import ClockConfig, ClockedCostModel
 
     config = from_table(ClockConfig, tables["clock"], where=where)
-    name = config.gpu or getattr(getattr(cost, "config", None), "gpu", None)
+    name, layer = config.gpu, cost
+    while name is None and layer is not None:  # the cost model's GPU, through speculative decoding's wrapper
+        name = getattr(getattr(layer, "config", None), "gpu", None)
+        layer = getattr(layer, "target", None)
     if name is None:
         raise ConfigError(f"{where}: the clock needs the GPU: set gpu = \"...\" (the cost model names none)")
     slo = tables.get("slo") or {}
@@ -303,9 +306,9 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
         for kind in ("scheduler", "cost_model", "kv_cache", "power", "clock"):
             own = getattr(pool, kind)
             if own:
-                if kind in ("power", "clock") and kind not in tables:
-                    raise ConfigError(f"{pool_where}: {kind}: the run has no [{kind}] table for the pool to override")
-                pool_tables[kind] = merge_tables({kind: tables[kind]}, {kind: own}, where=pool_where)[kind]
+                if kind == "power" and kind not in tables:  # every instance is metered, or none
+                    raise ConfigError(f"{pool_where}: power: the run has no [power] table for the pool to override")
+                pool_tables[kind] = merge_tables({kind: tables.get(kind, {})}, {kind: own}, where=pool_where)[kind]
         parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, f"cluster.{name}.",
                                  speculative, power)
         router = None
