@@ -1,6 +1,6 @@
 """schedlab's speed benchmarks (issue: cost proportional to events, not tokens).
 
-    python benchmarks/run.py            # all six, prints a Markdown table
+    python benchmarks/run.py            # all seven, prints a Markdown table
     python benchmarks/run.py azure scaling tokens reference
     python benchmarks/run.py --quick    # 10k/100k instead of up to 1M requests
 
@@ -18,6 +18,9 @@
                  drafts from a 1B draft model, acceptance 0.7): fast engine with and without
                  speculation, and the reference engine with it. Speculative steps draw each
                  sequence's tokens, so the fast engine runs them one at a time: this is the price.
+7. energy     -- benchmark 1 with a [power] table (the utilisation model) against without:
+                 the meter is called once per event (bulk runs in closed form), so the events
+                 stay the same and the cost is a few model calls per event.
 
 The Azure trace is looked for in ``--traces DIR``, else ``$SCHEDLAB_TRACES``, else
 ``../shared/traces`` next to the repository (a git worktree elsewhere needs one of the first
@@ -255,10 +258,24 @@ def bench_speculative(rows: list, azure: tuple[list[str], str]) -> None:
                  f"{spec['wall_ms'] * 1e3 / max(spec['generated_tokens'], 1):.1f} us per generated token; {source}"))
 
 
+def bench_energy(rows: list, azure: tuple[list[str], str]) -> None:
+    overrides, source = azure
+    runs: dict[str, list] = {"off": [], "on": []}
+    for _ in range(3):  # interleaved: a busy spell on a shared machine falls on both
+        runs["off"].append(measure("azure.toml", overrides))
+        runs["on"].append(measure("azure.toml", overrides + ["power.kind=utilisation"]))
+    off, on = (min(rs, key=lambda r: r["wall_ms"]) for rs in (runs["off"], runs["on"]))
+    cpu_off, cpu_on = (min(r["cpu_ms"] for r in rs) for rs in (runs["off"], runs["on"]))
+    rows.append(("7. energy metered vs not (benchmark 1)", f"{on['wall_ms'] / off['wall_ms']:.2f}x wall, "
+                 f"{cpu_on / cpu_off:.2f}x CPU",
+                 f"with [power] {on['wall_ms'] / 1e3:.2f} s ({on['events']:,} events), without "
+                 f"{off['wall_ms'] / 1e3:.2f} s ({off['events']:,} events); {source}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("which", nargs="*",
-                        default=["azure", "scaling", "tokens", "reference", "profiled", "speculative"])
+                        default=["azure", "scaling", "tokens", "reference", "profiled", "speculative", "energy"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
     parser.add_argument("--traces", metavar="DIR", help="folder holding the Azure trace (default: "
                         "$SCHEDLAB_TRACES, else ../shared/traces next to the repository)")
@@ -282,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_profiled(rows, azure)
     if "speculative" in args.which:
         bench_speculative(rows, azure)
+    if "energy" in args.which:
+        bench_energy(rows, azure)
     print("| benchmark | result | details |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

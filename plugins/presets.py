@@ -13,6 +13,8 @@ Each preset's note is its help text in ``schedlab plugins``.
 
 from __future__ import annotations
 
+import attrs
+
 import schedlab
 from schedlab.capacity import GpuSpec, ModelSpec
 
@@ -110,7 +112,52 @@ GPUS: tuple[tuple[GpuSpec, str], ...] = (
     (GpuSpec("rtx-4090", memory_gib=24, hbm_bandwidth_gbps=1008, bf16_tflops=165.2, host_link_gbps=32),
      "GeForce RTX 4090 datasheet (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165.2 TFLOPS bf16 dense with FP32 accumulate; "
      "PCIe Gen4 x16 (32 GB/s each way), no NVLink or P2P"),
+    # The GPU of the shared power traces (LLMServingSim 2.0's validation node).
+    (GpuSpec("rtx-a6000", memory_gib=48, hbm_bandwidth_gbps=768, bf16_tflops=154.8, host_link_gbps=32,
+             interconnect_gbps=56.25, interconnect_latency_us=NVLINK_LATENCY_US),
+     "RTX A6000 datasheet: 48 GB GDDR6, 768 GB/s, 154.8 TFLOPS bf16 dense with FP32 accumulate (309.7 sparse); "
+     "PCIe Gen4 x16 (32 GB/s each way); NVLink bridge 112.5 GB/s (56.25 each way)"),
 )
+
+
+# --- power (schedlab.energy) ---------------------------------------------------------------------
+# Kept apart from GPUS so the power numbers can be read, sourced and changed on their own; they
+# are merged into each GpuSpec when it is registered. board_w and the clocks are datasheet
+# numbers. Datasheets give no idle power: it is set only where a measurement is at hand, else
+# the power models take 12% of board_w (the measured A6000's share, 33 of 300 W, rounded up).
+# The lowest lockable SM clock is 210 MHz on every one of these (nvidia-smi SUPPORTED_CLOCKS).
+
+#: GPU preset -> (power fields, source note)
+GPU_POWER: dict[str, tuple[dict, str]] = {
+    "a100-40gb": ({"board_w": 400, "max_clock_mhz": 1410, "min_clock_mhz": 210},
+                  "A100 SXM4 datasheet: 400 W max TDP, 1,410 MHz boost"),
+    "a100-80gb": ({"board_w": 400, "max_clock_mhz": 1410, "min_clock_mhz": 210},
+                  "A100 80GB SXM4 datasheet: 400 W max TDP, 1,410 MHz boost"),
+    "h100-80gb": ({"board_w": 700, "max_clock_mhz": 1980, "min_clock_mhz": 210},
+                  "H100 SXM5 datasheet: up to 700 W (configurable), 1,980 MHz max boost"),
+    "h100-pcie-80gb": ({"board_w": 350, "max_clock_mhz": 1755, "min_clock_mhz": 210},
+                       "H100 PCIe datasheet: 300-350 W (configurable), 1,755 MHz max boost"),
+    "h200-141gb": ({"board_w": 700, "max_clock_mhz": 1980, "min_clock_mhz": 210},
+                   "H200 SXM datasheet: up to 700 W (configurable), 1,980 MHz max boost"),
+    "l4": ({"board_w": 72, "max_clock_mhz": 2040, "min_clock_mhz": 210},
+           "L4 datasheet: 72 W max TDP, 2,040 MHz max boost"),
+    "rtx-pro-6000": ({"board_w": 600, "min_clock_mhz": 210},
+                     "RTX PRO 6000 Blackwell Workstation Edition datasheet: 600 W total board power"),
+    "rtx-pro-6000-server": ({"board_w": 600, "min_clock_mhz": 210},
+                            "RTX PRO 6000 Blackwell Server Edition datasheet: up to 600 W (configurable 400-600 W)"),
+    "rtx-4090": ({"board_w": 450, "max_clock_mhz": 2520, "min_clock_mhz": 210},
+                 "GeForce RTX 4090 specifications: 450 W total graphics power, 2,520 MHz boost"),
+    "rtx-a6000": ({"board_w": 300, "idle_w": 33.0, "max_clock_mhz": 1800, "min_clock_mhz": 210},
+                  "RTX A6000 datasheet: 300 W max power consumption, 1,800 MHz boost; idle 33 W: nvidia-smi before "
+                  "the first request in LLMServingSim 2.0's power traces (calibration/energy/llmservingsim-power)"),
+}
+
+
+def with_power(spec: GpuSpec) -> tuple[GpuSpec, str]:
+    """``spec`` with its power numbers from :data:`GPU_POWER` (unchanged when it has none), and
+    their source note."""
+    fields, note = GPU_POWER.get(spec.name, ({}, ""))
+    return (attrs.evolve(spec, **fields) if fields else spec), note
 
 
 @schedlab.hookimpl
@@ -122,4 +169,5 @@ def schedlab_register_models(register):
 @schedlab.hookimpl
 def schedlab_register_gpus(register):
     for spec, note in GPUS:
-        register(spec.name, spec, help=note)
+        spec, power_note = with_power(spec)
+        register(spec.name, spec, help=f"{note}; {power_note}" if power_note else note)

@@ -174,6 +174,18 @@ class GpuSpec:
              "tensor-parallel all-reduce; unset = host_link_gbps")
     interconnect_latency_us: float = float_field(
         10.0, min=0.0, help="fixed time of one all-reduce between GPUs, in us (launch and synchronisation)")
+    # -- power (schedlab.energy): what the power models read; unset where no source gives it
+    board_w: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="board power limit in W (datasheet TDP / max TGP): the most the GPU draws")
+    idle_w: float | None = float_field(
+        None, min=0.0, optional=True,
+        help="power in W of the idle GPU at its lowest clocks (nvidia-smi with no work); unset = 12% of board_w")
+    max_clock_mhz: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True, help="highest (boost) SM clock in MHz (datasheet)")
+    min_clock_mhz: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="lowest SM clock in MHz that can be locked (nvidia-smi -q -d SUPPORTED_CLOCKS)")
 
     @property
     def link_gbps(self) -> float:

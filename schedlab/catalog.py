@@ -32,6 +32,7 @@ BUILTIN_PLUGINS = (
     "schedlab_plugins.routers",
     "schedlab_plugins.reports",
     "schedlab_plugins.presets",
+    "schedlab_plugins.power",
 )
 
 # kind name -> registration hook name
@@ -42,6 +43,7 @@ KINDS = {
     "workload": "schedlab_register_workloads",
     "router": "schedlab_register_routers",
     "report": "schedlab_register_reports",
+    "power_model": "schedlab_register_power_models",
     "model": "schedlab_register_models",
     "gpu": "schedlab_register_gpus",
 }

@@ -92,6 +92,20 @@ def schedlab_register_reports(register: "Registry") -> None:
 
 
 @hookspec
+def schedlab_register_power_models(register: "Registry") -> None:
+    """Register power models (objects following :class:`schedlab.protocols.PowerModel`): the
+    power an instance's GPUs draw in each iteration and between iterations (``[power]``).
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return a new power model for one instance. A factory with a
+        ``presets`` parameter also receives the model and GPU presets, one with a
+        ``cost_model`` parameter the instance's cost model (whose ``work`` tells the bytes
+        and FLOPs of an iteration), one with ``tensor_parallel`` the GPUs of the instance.
+        A duplicate name raises.
+    """
+
+
+@hookspec
 def schedlab_register_models(register: "Registry") -> None:
     """Register model presets used to size KV caches and cost models.
 

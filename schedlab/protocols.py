@@ -7,6 +7,7 @@ The engine owns time, sequences and the order of events; plugins decide:
 * a :class:`CostModel` says how long an iteration of a given :class:`Batch` shape takes;
 * a :class:`KVCache` owns the block pool: allocation, release, prefix reuse, swap space;
 * a :class:`Workload` produces requests; a :class:`Router` spreads them over instances;
+* a :class:`PowerModel` says what power the GPUs draw during and between iterations;
 * a :class:`Report` writes results.
 
 Speed contract. The fast engine advances runs of identical decode-only iterations in one
@@ -128,8 +129,12 @@ class Batch:
 class CostModel(Protocol):
     """How long one iteration takes on the accelerator, in milliseconds.
 
-    Optional member: ``needs_context_range = True`` asks the engines to fill
-    :attr:`Batch.decode_context_max` and :attr:`Batch.decode_context_min`.
+    Optional members: ``needs_context_range = True`` asks the engines to fill
+    :attr:`Batch.decode_context_max` and :attr:`Batch.decode_context_min`;
+    ``work(batch)`` gives ``(bytes, flops)``, what one GPU of the instance reads from its memory
+    and computes in the iteration (power models turn them into utilisations); and
+    ``clock_ratio(batch)``, the SM clock the iteration runs at as a share of the highest (1.0
+    when absent; :mod:`schedlab.energy.clock`).
     """
 
     def iteration_ms(self, batch: Batch) -> float:
@@ -368,6 +373,39 @@ class Router(Protocol):
     assembled, to reject settings that do not fit a cluster of ``n``."""
 
     def route(self, request: "Request", instances: list[Any]) -> int: ...
+
+
+@runtime_checkable
+class PowerModel(Protocol):
+    """The power an instance's GPUs draw (all of them, in watts; energies in joules).
+
+    The engines call it at each iteration (an :class:`schedlab.energy.EnergyMeter` does, only
+    when a run has a ``[power]`` table) and integrate the idle stretches between iterations
+    themselves from three numbers: after an iteration the GPUs draw ``standby_w`` for
+    ``standby_ms`` (clocks still up, as NVIDIA's driver keeps them), then ``idle_w``.
+
+    Optional members: ``run_j`` (closed form over a bulk decode run: without it the meter
+    sums ``iteration_j`` over the run's iterations, exact but one call per iteration), and
+    ``run_j_peak`` (``run_j`` and the run's highest power in W at once, saving the meter two
+    ``iteration_j`` calls per run);
+    ``host_idle_w`` (the host's CPU, DRAM and NIC, drawn all the time), ``host_busy_w`` (more
+    while iterations run) and ``pue`` (facility energy = IT energy x pue); ``describe()``, a
+    dict of its settings for the results.
+    """
+
+    idle_w: float
+    standby_w: float
+    standby_ms: float
+
+    def iteration_j(self, batch: Batch, duration_ms: float) -> float:
+        """Energy of one iteration of shape ``batch`` lasting ``duration_ms`` (> 0)."""
+        ...
+
+    def run_j(self, batch: Batch, k: int, d0: float, inc: float) -> float:
+        """Energy of ``k`` decode-only iterations: iteration ``j`` has ``batch``'s shape with
+        ``j * num_decode`` more context tokens (the longest and shortest context ``j`` more) and
+        lasts ``d0 + j * inc`` ms. Must equal the sum of :meth:`iteration_j` over them."""
+        ...
 
 
 @runtime_checkable

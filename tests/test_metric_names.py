@@ -18,7 +18,7 @@ from schedlab.study.experiment import load, run_experiment
 ROOT = Path(__file__).resolve().parent.parent
 
 # Every optional group at once: two classes from two clients, two instances, an [slo] table,
-# speculative decoding, and requests too long for the cache (rejections with a reason).
+# speculative decoding, a power model, and requests too long for the cache (rejections with a reason).
 EVERYTHING = """
 [experiment]
 name = "everything"
@@ -55,6 +55,12 @@ classes.chat = {tpot_ms = 50}
 
 [speculative]
 method = "ngram"
+
+[power]
+kind = "fixed_active"
+active_w = 300
+standby_w = 90
+idle_w = 30
 """
 
 
@@ -99,7 +105,7 @@ def test_every_declared_name_occurs_in_a_run_with_every_optional_group(everythin
                for name in leaves(run.metrics)}
     declared = {name for name in schema_leaves(METRICS)
                 if not name.startswith(("vs_measured.", "pools.", "transfer."))
-                and name != "cost_per_hour"}  # plans add cost_per_hour
+                and name not in ("cost_per_hour", "energy_cost_per_hour", "kwh_per_hour")}  # plans add these
     assert declared == pattern
 
 

@@ -1,6 +1,7 @@
 """Derive the roofline cost model's default efficiencies from measured per-operator profiles.
 
     python tools/derive_roofline.py [PROFILES_DIR] [CONFIGS_DIR]
+    python tools/derive_roofline.py power      (the power section, at the end of this file)
 
 Defaults: ../shared/calibration/llmservingsim/profiler/perf and .../configs/model (the
 LLMServingSim bundles measured inside vLLM 0.19: RTX PRO 6000 Blackwell Server Edition with
@@ -168,7 +169,57 @@ def derive(profiles: Path, configs: Path) -> dict:
         "gemm_fit_rms_log_error": round(math.sqrt(best[0] / n), 3)}}
 
 
+# === power (schedlab.energy): a section of its own ===================================================
+# The utilisation power model's two shares (plugins/power/utilisation.py DERIVATION) and the table
+# model's shipped fits (plugins/power/fits.py FITS), from the shipped measurements in
+# experiments/data/energy (tools/energy_data.py reads them):
+#
+#     python tools/derive_roofline.py power
+#
+# Fitted on the Llama-3.1-8B sweeps of ML.ENERGY v2 (A100-SXM4-40GB and H100, 14 points) and the
+# decode seconds of LLMServingSim 2.0's A6000 TP-2 trace; everything else is held out for the
+# validation (tools/validate_energy.py). Least squares in relative power error, each point alike.
+
+
+def derive_power() -> dict:
+    from scipy.optimize import least_squares
+
+    import energy_data as ed
+    from schedlab_plugins.power.utilisation import UtilisationConfig, build_utilisation
+
+    presets = ed.presets()
+    sweeps = [p for p in ed.sweep_points() if p["model"] == ed.TRAINING_MODEL]
+    seconds = ed.decode_seconds(2)
+
+    def make(awake, activity):
+        return lambda cost: build_utilisation(UtilisationConfig(awake=awake, activity=activity), presets, cost)
+
+    def errors(x):
+        power = make(*x)
+        out = [ed.predict_point(p, power, presets)[0] / p["power_w"] - 1 for p in sweeps]
+        return out + [ed.predict_second(s, power, 2, presets) / s["power_w"] - 1 for s in seconds]
+
+    fit = least_squares(errors, [0.2, 1.0], bounds=([0.0, 0.0], [1.0, 5.0]))
+    residual = np.asarray(errors(fit.x))
+    fits = {}
+    for gpu in sorted({p["gpu"] for p in sweeps}):
+        mine = sorted((p["avg_bs"], p["power_w"]) for p in sweeps if p["gpu"] == gpu)
+        fits[f"mlenergy-{gpu}-llama-3.1-8b"] = {"gpu": gpu, "by": "sequences",
+                                                 "points": [[round(b, 1), round(w, 1)] for b, w in mine]}
+    return {"awake": round(float(fit.x[0]), 3), "activity": round(float(fit.x[1]), 3),
+            "points": len(residual), "sweep_points": len(sweeps), "a6000_seconds": len(seconds),
+            "rms_relative_error": round(float(np.sqrt(np.mean(residual ** 2))), 3), "fits": fits}
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["power"]:
+        sys.path.insert(0, str(REPO / "tools"))
+        result = derive_power()
+        fits = result.pop("fits")
+        print("utilisation power model:", result)
+        for name, fit in fits.items():
+            print(f"table fit {name}: {fit}")
+        return 0
     profiles = Path(argv[0]) if argv else SHARED / "profiler" / "perf"
     configs = Path(argv[1]) if len(argv) > 1 else SHARED / "configs" / "model"
     for name in ("meta-llama/Llama-3.1-8B.json", "Qwen/Qwen3-32B.json", "Qwen/Qwen3-30B-A3B-Instruct-2507.json"):

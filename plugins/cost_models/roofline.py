@@ -249,6 +249,38 @@ class RooflineCostModel:
         (each rank copies its own share in parallel)."""
         return num_tokens * self._kv_bytes_per_token / self._host_bytes_per_ms
 
+    # --- energy view (schedlab.energy): what the iteration moves and computes -------------------
+
+    def work(self, batch: Batch) -> tuple[float, float]:
+        """``(bytes, flops)`` one rank reads from its memory and computes in an iteration of
+        ``batch``, the quantities this model times (power models divide them by the peak rates
+        and the iteration's duration to get the memory and compute utilisations):
+
+        * bytes: the weights this iteration reads (dense ones, and the experts some token
+          picked), the KV the decodes attend over and the cached context a prefill chunk's
+          attention reaches back over;
+        * flops: the linear layers' ``2 x active params`` per token (experts included) and
+          attention's ``4 x layers x heads x head_dim`` per (query, key) pair -- a decode's
+          one query over its context, a prefill chunk's causal pairs.
+        """
+        m, tp = self.model, self.config.tensor_parallel
+        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
+        if tokens == 0:
+            return 0.0, 0.0
+        b = m.dtype_bytes
+        weights = (m.num_params - m.expert_params * m.num_experts - m.embedding_params) * b / tp
+        if m.is_moe:
+            e, k = m.num_experts, m.experts_per_token
+            weights += e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * b / tp
+        kv = (batch.decode_context_tokens + batch.prefill_context_tokens) * self._kv_bytes_per_token
+        flops = (self._dense_flops_per_token + self._expert_flops_per_token) * tokens
+        if batch.prefill_tokens:
+            n = max(1, batch.num_prefill)
+            pt = batch.prefill_tokens
+            flops += self._attention_flops_per_pair * (pt * batch.prefill_context_tokens / n + pt * (pt / n + 1) / 2)
+        flops += self._attention_flops_per_pair * batch.decode_context_tokens
+        return weights + kv, flops
+
     def request_cost(self, prompt_tokens, output_tokens):
         """``(prefill_ms, decode_ms)`` a request would cost running alone (numbers or numpy arrays).
 

@@ -67,6 +67,9 @@ def metric_unit(name: str) -> str:
             return "requests/s"
         if part.endswith("_bytes"):
             return "bytes"
+        for suffix, unit in _ENERGY_UNITS:
+            if part.endswith(suffix):
+                return unit
         if any(word in part for word in _FRACTIONS):
             return "fraction"
     if parts[0] == "kv_usage":
@@ -74,9 +77,13 @@ def metric_unit(name: str) -> str:
     return _COUNTS.get(parts[-1], _COUNTS.get(parts[0], ""))
 
 
-_UNIT_SUFFIXES = ("_ms", "_tps", "_rps", "_bytes")
+#: Energy metrics (schedlab.energy): suffix -> unit, ``j_per_token`` before ``_j``.
+_ENERGY_UNITS = (("j_per_token", "J/token"), ("j_per_request", "J/request"), ("_j", "J"), ("_w", "W"),
+                 ("kwh", "kWh"), ("kwh_per_hour", "kWh/h"))
+_UNIT_SUFFIXES = ("_ms", "_tps", "_rps", "_bytes", "_j", "_w")
 _READABLE = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "e2e latency", "queue": "queue time",
-             "kv_usage": "KV usage", "slo": "SLO"}
+             "kv_usage": "KV usage", "slo": "SLO", "j_per_token": "per output token", "j_per_request": "per request",
+             "avg_power": "average power", "peak_power": "peak power", "gpu": "GPU"}
 
 
 def metric_label(name: str) -> str:

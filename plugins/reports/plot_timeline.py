@@ -1,6 +1,9 @@
-"""A run's timeline: running sequences, waiting requests and KV usage over time.
+"""A run's timeline: running sequences, waiting requests, KV usage and GPU power over time.
 
-Three stacked panels share the time axis (seconds). Lines are steps: each timeline sample is
+Three stacked panels share the time axis (seconds) -- four in a run with ``[power]``, whose
+last panel is the GPUs' power of each instance (:func:`schedlab.energy.timeline.power_steps`:
+each row's energy over its duration while iterations run, standby and then idle power
+between them; its integral is the run's energy). Lines are steps: each timeline sample is
 the state during the iteration starting at its time, so it holds until the next sample. The
 last sample of an instance is held until that instance's last request finished, so the final
 iteration (or bulk decode run) keeps its width. KV usage is the fraction of an instance's
@@ -81,6 +84,9 @@ def headline(run) -> str:
             f"peak KV {fmt_percent(metric_value(m, 'kv_usage.peak'))}  ·  "
             f"KV > 90% for {fmt_percent(metric_value(m, 'kv_usage.time_above_90'))} of the run  ·  "
             f"finished {fmt_number(metric_value(m, 'finished'))}/{fmt_number(metric_value(m, 'requests'))}")
+    if isinstance(m.get("energy"), dict):
+        text += (f"  ·  {fmt_number(metric_value(m, 'energy.j_per_token'))} J/token, "
+                 f"avg {fmt_number(metric_value(m, 'energy.avg_power_w'))} W")
     if stability_verdict(run):
         text += "\n" + stability_text(m["stability"])
     return text
@@ -114,12 +120,38 @@ def _trend_segment(fit: dict) -> tuple[list[float], list[float]]:
     return [t0, t1], [w0, w1]
 
 
+def has_power(run) -> bool:
+    """True when the run metered energy and its timeline rows carry it."""
+    energy_j = run.timeline.get("energy_j")
+    return bool(run.meta.get("energy")) and energy_j is not None and energy_j.size > 0 \
+        and not np.isnan(energy_j).all()
+
+
+def _power_panel(ax, run, several: bool) -> None:
+    """GPU power of each instance as steps; the run's average as a dotted line."""
+    from schedlab.energy.timeline import power_steps
+
+    count = len(run.meta["energy"]["instances"])
+    for k in range(count):
+        edges, watts = power_steps(run, k)
+        (line,) = ax.plot(edges / 1e3, np.append(watts, watts[-1] if watts.size else 0.0), drawstyle="steps-post",
+                          linewidth=1.2, label=f"instance {k}" if several else run.name, **line_style(k))
+        line.set_gid(f"timeline:power:{k}")
+    avg = metric_value(run.metrics, "energy.avg_power_w")
+    if avg == avg and avg is not None and count == 1:
+        ax.axhline(avg, color="0.4", linewidth=0.8, linestyle=":", zorder=0)
+    ax.set_ylabel("GPU power\n(W)")
+    ax.set_ylim(bottom=0)
+
+
 def timeline_figure(run, dpi: int) -> Figure:
-    """Running / waiting / KV usage panels for one run (which must have a timeline)."""
+    """Running / waiting / KV usage (and GPU power) panels for one run (which must have a timeline)."""
     series = instance_series(run)
     several = len(series) > 1
-    fig = new_figure(10.0, 7.6, dpi)
-    ax_run, ax_wait, ax_kv = fig.subplots(3, 1, sharex=True)
+    power = has_power(run)
+    fig = new_figure(10.0, 9.6 if power else 7.6, dpi)
+    axes = fig.subplots(4 if power else 3, 1, sharex=True)
+    ax_run, ax_wait, ax_kv = axes[:3]
     fractions = _blocks_per_instance(run) is not None
     for k, (inst, s) in enumerate(series):
         style = line_style(k)
@@ -145,8 +177,10 @@ def timeline_figure(run, dpi: int) -> Figure:
     else:
         ax_kv.set_ylabel("KV in use\n(blocks)")
         ax_kv.set_ylim(bottom=0)
-    ax_kv.set_xlabel("time (s)")
-    for ax in (ax_run, ax_wait, ax_kv):
+    if power:
+        _power_panel(axes[3], run, several)
+    axes[-1].set_xlabel("time (s)")
+    for ax in axes:
         ax.grid(True, alpha=0.3)
         ax.margins(x=0.01)
     times, counts = preemption_steps(run)

@@ -37,6 +37,8 @@ DEFAULT_COLUMNS = (
     "finished", "ttft_ms.p50", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p99", "e2e_ms.p99",
     "throughput_tps", "slot_utilisation", "iterations", "num_preemptions",
 )
+#: Added to the default columns when a run metered energy ([power]).
+ENERGY_COLUMNS = ("energy.j_per_token", "energy.j_per_request", "energy.avg_power_w", "energy.kwh")
 
 
 @attrs.frozen
@@ -174,6 +176,7 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
                          f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
                          + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
                             if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else ""))
+    lines += energy_lines(runs)
     for study in results.studies:
         if study.search is not None:
             lines.append(f"search {study.name}: {study.search.message}")
@@ -186,6 +189,27 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
         if rejected:
             lines.append(f"{study.name}: {rejected} requests rejected (reasons in requests.csv)")
     return "\n".join(lines) + "\n"
+
+
+def energy_lines(runs) -> list[str]:
+    """Per run that metered energy: its GPU energy split, peak power and, by class, the
+    requests' own shares per output token."""
+    lines = []
+    for run in runs:
+        e = run.metrics.get("energy")
+        if not isinstance(e, dict):
+            continue
+        text = (f"energy {run.name}: GPUs {_fmt(e['gpu_j'])} J ({_fmt(e['busy_j'])} in iterations, "
+                f"{_fmt(e['idle_j'])} idle), peak {_fmt(e['peak_power_w'])} W")
+        if e.get("host_j") or e.get("pue", 1.0) != 1.0:
+            text += f", host {_fmt(e['host_j'])} J, facility {_fmt(e['facility_j'])} J (PUE {e['pue']:g})"
+        classes = run.metrics.get("per_class") or {}
+        shares = [f"{name} {_fmt(sub['energy']['j_per_token'])}" for name, sub in classes.items()
+                  if isinstance(sub, dict) and isinstance(sub.get("energy"), dict)]
+        if shares:
+            text += "; J/token by class: " + ", ".join(shares)
+        lines.append(text)
+    return lines
 
 
 def _listed_runs(results) -> list:
@@ -209,8 +233,12 @@ class TableReport:
         self.stream = stream
 
     def text(self, results) -> str:
-        """The table as printed (index.html shows it too)."""
-        return render(results, self.config.columns, self.config.best, self.config.best_is, self.config.baseline,
+        """The table as printed (index.html shows it too); the default columns gain the energy
+        ones when some run metered energy."""
+        columns = self.config.columns
+        if columns == DEFAULT_COLUMNS and any("energy" in run.metrics for run in results.all_runs()):
+            columns = columns + ENERGY_COLUMNS
+        return render(results, columns, self.config.best, self.config.best_is, self.config.baseline,
                       self.config.differences)
 
     def write(self, results, out_dir) -> list[Path]:

@@ -16,6 +16,7 @@ from typing import Callable
 
 import attrs
 
+from ..energy.meter import token_shares
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
@@ -82,7 +83,7 @@ class Instance:
 
     def __init__(self, index: int, scheduler, cost_model, kv, recorder: Recorder, *,
                  observer: Callable | None = None, stall_limit: int = 100_000,
-                 track_finished: bool = False, speculation=None):
+                 track_finished: bool = False, speculation=None, meter=None):
         self.index = index
         self.scheduler = scheduler
         self.cost = cost_model
@@ -147,6 +148,7 @@ class Instance:
         self.asleep = False          # planned nothing; plans again at next_plan_time() or when woken
         self.sleep_wake = INF
         self.release = Release()     # what the last iteration gives back at its end (routers' view)
+        self.meter = meter           # a schedlab.energy.EnergyMeter with [power]; None costs nothing
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
@@ -190,10 +192,14 @@ class Instance:
             heapq.heappush(self.anchor_low, (seq.anchor, seq.seq_no, seq))
         key = seq.last_token_ms
         self.itl_groups[key] = self.itl_groups.get(key, 0) + 1
+        if self.meter is not None:
+            seq.energy_anchor = self.meter.per_decoder
 
     def _remove_decoder(self, seq: Sequence, status: str) -> None:
         anchor = seq.anchor
         seq.stop_decoding(status)
+        if self.meter is not None:
+            seq.energy_j += self.meter.per_decoder - seq.energy_anchor
         if seq._computed > seq.max_computed:
             seq.max_computed = seq._computed
         self.n_decoding -= 1
@@ -482,6 +488,14 @@ class Instance:
         check_iteration_end(start, total, batch)
         end = start + total
         used0 = kv.num_used_blocks()
+        meter = self.meter
+        energy = math.nan
+        if meter is not None:
+            energy = meter.iteration(start, batch, total) if k == 1 else meter.run(start, batch, k, d0, inc, total)
+            per_decoder, per_token = token_shares(energy, batch)
+            meter.per_decoder += per_decoder
+            for seq, n in prefills:
+                seq.energy_j += per_token * n
         n_running = len(self.running)
         running_ids = tuple(s.request.id for s in self.running) if self.observer is not None else ()
 
@@ -501,7 +515,9 @@ class Instance:
         split = k > 1 and growth is not None  # the last iteration, at the run's KV peak, gets a row of its own
         if timeline:
             head = bulk.run_ms(k - 1, d0, inc) if split else total
-            self.rec.sample(start, self.index, n_running, len(self.waiting), used0, head, k - 1 if split else k, batch)
+            head_j = meter.energy_of_run(batch, k - 1, d0, inc) if split and meter is not None else energy
+            self.rec.sample(start, self.index, n_running, len(self.waiting), used0, head, k - 1 if split else k, batch,
+                            head_j)
         if not split:
             block_ms = used0 * total
             if used0 >= self.kv_need_high:
@@ -517,7 +533,8 @@ class Instance:
                 first = 0 if used0 >= self.kv_need_high else growth.first_reaching(self.kv_need_high - used0)
                 counters["kv_above_ms"] += total - bulk.run_ms(first, d0, inc)
             if timeline:
-                self.rec.sample(start + head, self.index, n_running, len(self.waiting), peak, total - head, 1, batch)
+                self.rec.sample(start + head, self.index, n_running, len(self.waiting), peak, total - head, 1,
+                                batch, energy - head_j)
         counters["kv_block_ms"] += block_ms
         self.kv_block_ms += block_ms
         if peak > self.kv_peak:

@@ -9,13 +9,14 @@ over n sequences is one such record.
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
 
 REQUEST_FLOAT_COLUMNS = (
     "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
-    "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms",
+    "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms", "energy_j",
 )
 REQUEST_INT_COLUMNS = (
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
@@ -31,9 +32,10 @@ REQUEST_TEXT_COLUMNS = ("request_class", "client")
 # One row per engine event: an iteration, or (fast engine) a run of identical decode iterations
 # -- the run's last iteration in a row of its own when its KV use grew. duration_ms and
 # iterations make the rows slices of the busy time (Perfetto traces); the batch columns are the
-# row's iterations' (decodes, prefills and prefill tokens of each).
+# row's iterations' (decodes, prefills and prefill tokens of each); energy_j is their GPUs'
+# energy (NaN in a run without [power]).
 TIMELINE = ("time_ms", "instance", "running", "waiting", "kv_used", "preemptions",
-            "duration_ms", "iterations", "decodes", "prefills", "prefill_tokens")
+            "duration_ms", "iterations", "decodes", "prefills", "prefill_tokens", "energy_j")
 
 COUNTERS = (
     "iterations",            # iterations run
@@ -76,6 +78,7 @@ ROW_COLUMNS = (
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens", "priority",
     "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected",
     "request_class", "client", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms",
+    "energy_j",
 )
 _FLUSH_ROWS = 1 << 15
 
@@ -106,7 +109,7 @@ class Recorder:
             r.id, instance, r.prompt_tokens, r.output_tokens, r.max_output_tokens, seq.num_generated, r.priority,
             seq.num_preemptions, seq.recomputed_tokens, seq.prefill_chunks, seq.cached_tokens_total, seq.num_swaps,
             1 if rejected else 0, r.request_class, r.client,
-            *(NO_TRANSFER if tr is None else tr.row()),
+            *(NO_TRANSFER if tr is None else tr.row()), seq.energy_j,
         ))
         if len(self._rows) >= _FLUSH_ROWS:
             self._flush()
@@ -165,10 +168,10 @@ class Recorder:
 
     # -- timeline ----------------------------------------------------------------------------
     def sample(self, time_ms: float, instance: int, running: int, waiting: int, kv_used: int,
-               duration_ms: float, iterations: int, batch) -> None:
+               duration_ms: float, iterations: int, batch, energy_j: float = math.nan) -> None:
         """One timeline row: state during the ``iterations`` iterations of ``batch``'s shape that
-        start at ``time_ms`` and last ``duration_ms`` in all (``preemptions`` is the run's
-        cumulative count)."""
+        start at ``time_ms`` and last ``duration_ms`` in all, using ``energy_j`` (``preemptions``
+        is the run's cumulative count)."""
         if self.keep_timeline:
             t = self.timeline
             t["time_ms"].append(time_ms)
@@ -182,3 +185,4 @@ class Recorder:
             t["decodes"].append(batch.num_decode)
             t["prefills"].append(batch.num_prefill)
             t["prefill_tokens"].append(batch.prefill_tokens)
+            t["energy_j"].append(energy_j)

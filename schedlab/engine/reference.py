@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from ..energy.meter import token_shares
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
@@ -45,6 +46,7 @@ class RefSequence:
         self.cached_tokens_total = 0
         self.mark = -1
         self.transfer = None  # disaggregated serving: its Transfer
+        self.energy_j = 0.0  # its shares of the energy of the iterations it took part in ([power])
 
     @property
     def num_tokens(self) -> int:
@@ -329,7 +331,7 @@ class ReferenceEngine:
     """
 
     def __init__(self, scheduler, cost_model, kv, recorder: Recorder, *, index: int = 0,
-                 stall_limit: int = 100_000, speculation=None):
+                 stall_limit: int = 100_000, speculation=None, meter=None):
         from .instance import default_rejection_reason
 
         self.spec = speculation
@@ -360,6 +362,7 @@ class ReferenceEngine:
         self.iterations = 0
         self.kv_peak = 0
         self.release = Release()  # what the last iteration gives back at its end (routers' view)
+        self.meter = meter  # a schedlab.energy.EnergyMeter with [power]
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)
@@ -475,7 +478,15 @@ class ReferenceEngine:
             counters["kv_above_ms"] += duration
         counters["kv_peak_blocks"] = max(counters["kv_peak_blocks"], used)
         self.kv_peak = max(self.kv_peak, used)
-        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch)
+        energy = math.nan
+        if self.meter is not None:  # every token of the iteration takes the same share of its energy
+            energy = self.meter.iteration(self.now, batch, duration)
+            per_decoder, per_token = token_shares(energy, batch)
+            for s in decoders:
+                s.energy_j += per_decoder
+            for s, n in plan.prefills:
+                s.energy_j += per_token * n
+        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, energy)
 
         progress = False
         decoded_out = []  # finishing order, shared with the fast engine: prefill completions

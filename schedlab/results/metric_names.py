@@ -22,6 +22,12 @@ _LATENCIES = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue
 _SLO = dict.fromkeys(("attainment", "goodput_rps", "met"))
 _SUBSET = {**dict.fromkeys(("requests", "finished", "generated_tokens", "throughput_tps")), **_LATENCIES,
            "slo": _SLO}
+_ENERGY_CLASS = dict.fromkeys(("j", "j_per_request", "j_per_token"))
+_ENERGY = {**dict.fromkeys(("gpu_j", "busy_j", "idle_j", "host_j", "facility_j", "kwh", "gpu_kwh", "pue",
+                            "j_per_token", "j_per_request", "facility_j_per_token", "attributed_j", "avg_power_w",
+                            "peak_power_w", "window_ms")),
+           "request_j": _SUMMARY,
+           "per_instance": {"*": dict.fromkeys(("gpu_j", "avg_power_w", "peak_power_w", "busy_share"))}}
 _STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "capacity_rps", "load",
                                "saturated_share", "waiting_slope_per_min", "growth_share", "growth", "noise",
                                "in_system_slope_per_min", "window_ms")),
@@ -44,7 +50,10 @@ METRICS: dict = {
                            "decode_share")),
     "rejection_reasons": {"*": None},
     "slo": _SLO,                                   # optional: with an [slo] table
-    "per_class": {"*": _SUBSET},                   # optional: with several request classes
+    "per_class": {"*": {**_SUBSET, "energy": _ENERGY_CLASS}},  # optional: with several request classes
+    "energy": _ENERGY,                             # optional: with a [power] table (schedlab.energy)
+    "energy_cost_per_hour": None,                  # optional: a capacity plan with an energy price
+    "kwh_per_hour": None,
     "stability": {**_STABILITY, "unstable_instances": None},   # schedlab.results.stability; the list with instances
     "per_instance": {"*": {**_SUBSET, "stability": _STABILITY}},  # optional: with several instances
     "per_client": {"*": dict.fromkeys(("requests", "finished", "prompt_tokens", "generated_tokens", "service",

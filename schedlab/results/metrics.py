@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..energy.metrics import class_energy, energy_metrics
 from .stability import run_stability
 
 PERCENTILES = (50, 90, 95, 99)
@@ -255,10 +256,16 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     slo = meta.get("slo") or {}
     if slo:
         m["slo"] = _slo_metrics(req, lat, ok, slo, seconds)
+    energy = meta.get("energy")
+    if energy:  # a run with [power] (schedlab.energy)
+        m["energy"] = energy_metrics(req, energy, summarize)
     classes = np.unique(req["request_class"]) if n_all else []
     if len(classes) > 1:
         m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
                           for k in classes}
+        if energy:
+            for k in classes:
+                m["per_class"][str(k)]["energy"] = class_energy(req, req["request_class"] == k)
     m["stability"], per_instance_stability = run_stability(req, instances)
     if instances > 1:  # every instance, also one that served nothing
         m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds)

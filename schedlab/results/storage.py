@@ -10,7 +10,8 @@ run`` moreover writes the whole folder aside and swaps it in, see
   wall-clock time, so the same experiment gives the same bytes on any executor;
 * ``summary.csv`` -- one row per run, metrics flattened (``ttft_ms.p99``) plus swept keys;
 * ``requests.csv`` -- one row per request per run with its timestamps and latencies;
-* ``timeline.csv`` -- running, waiting and KV blocks over time, per run and instance;
+* ``timeline.csv`` -- running, waiting and KV blocks over time, per run and instance (and the
+  GPUs' energy of each row, in a run with ``[power]``);
 * ``config.json`` -- the resolved tables of every run;
 * ``timings.json`` -- how long each simulation took and where the experiment ran.
 
@@ -43,7 +44,7 @@ REQUEST_COLUMNS = (
     "first_token_ms", "finish_ms", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "waiting_ms", "prompt_tokens",
     "output_tokens", "max_tokens", "generated_tokens", "preemptions", "recomputed_tokens", "prefill_chunks",
     "cached_tokens", "swaps", "rejected", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms",
-    "decode_joined_ms", "reason",
+    "decode_joined_ms", "energy_j", "reason",
 )
 TIMELINE_COLUMNS = ("run",) + TIMELINE
 
@@ -174,7 +175,8 @@ def request_rows(run: RunResult):
             r["first_scheduled_ms"], r["first_token_ms"], r["finish_ms"], ttft, tpot, e2e, queue, r["waiting_ms"],
             r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["generated_tokens"], r["preemptions"],
             r["recomputed_tokens"], r["prefill_chunks"], r["cached_tokens"], r["swaps"], r["rejected"],
-            r["prefill_instance"], r["kv_bytes"], r["kv_pulled_ms"], r["kv_landed_ms"], r["decode_joined_ms"]]
+            r["prefill_instance"], r["kv_bytes"], r["kv_pulled_ms"], r["kv_landed_ms"], r["decode_joined_ms"],
+            r["energy_j"]]
     lists = [c.tolist() for c in cols]
     for i in range(n):
         row = [run.name] + [_fmt(c[i]) for c in lists]
@@ -319,7 +321,8 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
     ints = ("id", "instance", "priority", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
             "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected")
     transfer = {"prefill_instance": (int, -1), "kv_bytes": (int, 0), "kv_pulled_ms": (float, -1.0),
-                "kv_landed_ms": (float, -1.0), "decode_joined_ms": (float, -1.0)}  # absent in older results
+                "kv_landed_ms": (float, -1.0), "decode_joined_ms": (float, -1.0),
+                "energy_j": (float, 0.0)}  # absent in older results
 
     def saved_run(name: str, metrics: dict, counters: dict, meta: dict, point: dict) -> RunResult:
         rrows = by_run.get(name, [])
@@ -332,7 +335,7 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
         rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}
         trows = t_by_run.get(name, [])
-        timeline = {c: np.array([float(r[t_index[c]]) for r in trows], dtype=float)
+        timeline = {c: np.array([_num(r[t_index[c]], float) for r in trows], dtype=float)
                     for c in TIMELINE_COLUMNS[1:] if c in t_index}  # older folders lack the slice columns
         return RunResult(name, {}, req, counters, {}, timeline, rejections, meta, _restore_nan(metrics), point)
 

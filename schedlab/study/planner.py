@@ -8,6 +8,7 @@ at this load -- answered by searching instead of enumerating::
     gpus = {a100-40gb = 1.29, h100-sxm = 2.99}   # GPU preset -> price per GPU-hour
     tensor_parallel = [1, 2]                     # GPUs per instance
     max_instances = 16                           # instances (replicas of the engine) to consider
+    energy_price_per_kwh = 0.12                  # with [power]: kWh and energy cost per hour too
     [plan.space]                                 # any other dimension, as a grid
     "scheduler.max_num_seqs" = [64, 256]
     "scheduler.max_num_batched_tokens" = [2048, 8192]
@@ -38,7 +39,7 @@ import math
 
 import attrs
 
-from ..configs import FieldError, int_field, list_field, str_field, table_field
+from ..configs import FieldError, float_field, int_field, list_field, str_field, table_field
 from ..errors import ConfigError
 from ..results.metric_names import check_metric_name
 from ..results.metrics import metric_at
@@ -51,6 +52,18 @@ from .sweep import expand_grid, point_label
 
 INSTANCES_KEY = "cluster.instances"
 COST_METRIC = "cost_per_hour"  # added to the metrics of every deployment a plan simulates
+KWH_METRIC = "kwh_per_hour"    # and, in a run with [power], its facility energy per hour of serving
+ENERGY_COST_METRIC = "energy_cost_per_hour"
+
+
+def energy_per_hour(metrics: dict, price_per_kwh: float) -> tuple[float, float] | None:
+    """``(kWh, $)`` per hour of serving at the simulated load -- the facility's average power
+    over the run's window (PUE included) -- or None for a run without ``[power]``."""
+    energy = metrics.get("energy")
+    if not isinstance(energy, dict) or not energy.get("window_ms"):
+        return None
+    kw = energy["facility_j"] / energy["window_ms"]  # J per ms = kW
+    return kw, kw * price_per_kwh
 
 
 def _check_prices(_inst, attribute, value):
@@ -77,6 +90,9 @@ class PlanConfig:
     tensor_parallel_keys: tuple = list_field(("cost_model.tensor_parallel", "kv_cache.tensor_parallel"), item=str,
                                              help="where the tensor-parallel degree goes")
     attainment: str = str_field("slo.attainment", help="the frontier's quality metric (higher is better)")
+    energy_price_per_kwh: float = float_field(0.0, min=0.0, help="price of a kWh at the facility's meter: with a "
+                                                                 "[power] table each deployment reports its kWh per "
+                                                                 "hour (PUE included) and their cost beside the GPUs'")
 
     def __attrs_post_init__(self):
         if not self.constraints:
@@ -165,7 +181,8 @@ class PlanOutcome:
         -- no instance count within the cost cap meets the constraints --, ``fails`` -- not
         even max_instances do --, or ``infeasible``), instances, cost, reason, run.
     :ivar cheapest: the cheapest candidate's entry (None when nothing meets the constraints).
-    :ivar deployments: every simulated deployment: run, gpu, instances, cost, attainment, meets.
+    :ivar deployments: every simulated deployment: run, gpu, instances, cost, gpu_hours_per_hour,
+        attainment, meets; with ``[power]`` also kwh_per_hour and energy_cost_per_hour.
     :ivar frontier: run names of the Pareto frontier, by cost.
     :ivar target: the attainment a constraint asks for (None when none is on that metric).
     """
@@ -342,9 +359,15 @@ class PlanDriver:
                     runs.append(run)
                     cost = probe.value * candidate.unit_cost
                     run.metrics[COST_METRIC] = cost
+                    entry_energy = {}
+                    hourly = energy_per_hour(run.metrics, self.cfg.energy_price_per_kwh)
+                    if hourly is not None:
+                        run.metrics[KWH_METRIC], run.metrics[ENERGY_COST_METRIC] = hourly
+                        entry_energy = {KWH_METRIC: hourly[0], ENERGY_COST_METRIC: hourly[1]}
                     deployments.append({"run": run.name, "gpu": candidate.gpu, "instances": probe.value, "cost": cost,
+                                        "gpu_hours_per_hour": probe.value * candidate.tensor_parallel,
                                         "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)),
-                                        "meets": probe.holds})
+                                        "meets": probe.holds, **entry_energy})
                 if outcome.value is not None:
                     entry.update(status="found", instances=outcome.value, cost=outcome.value * candidate.unit_cost,
                                  run=outcome.payload.name)
@@ -368,8 +391,12 @@ class PlanDriver:
         else:
             p = cheapest["point"]
             rest = point_label({k: v for k, v in p.items() if k not in ("gpu", "tensor_parallel")})
+            found = next(d for d in deployments if d["run"] == cheapest["run"])
+            energy = ""
+            if KWH_METRIC in found:
+                energy = f" GPUs + {_money(found[ENERGY_COST_METRIC])} energy ({found[KWH_METRIC]:.3g} kWh/h)"
             message = (f"cheapest deployment with {self.cfg.constraint_text}: {deployment_text(cheapest)}"
-                       f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}, "
+                       f"{' (' + rest + ')' if rest else ''} at {_money(cheapest['cost'])}{energy}, "
                        f"{self.cfg.attainment} {attainment[cheapest['run']]:.4g}; "
                        f"{len(deployments)} of {grid} deployments simulated")
         targets = [c.threshold for c in self.constraints if c.metric == self.cfg.attainment and c.op in (">=", ">")]

@@ -17,6 +17,7 @@ from ..capacity import Presets
 from ..catalog import Catalog
 from ..configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, str_field, table_field
 from ..drafting import DraftingCostModel
+from ..energy.meter import EnergyMeter, close_meters, run_start
 from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
@@ -74,6 +75,9 @@ class PoolConfig:
                                   help="overrides the run's [scheduler] key by key (another kind replaces it)")
     cost_model: dict = table_field(attrs.Factory(dict), help="overrides the run's [cost_model] likewise")
     kv_cache: dict = table_field(attrs.Factory(dict), help="overrides the run's [kv_cache] likewise")
+    power: dict = table_field(attrs.Factory(dict), help="overrides the run's [power] likewise")
+    clock: dict = table_field(attrs.Factory(dict), help="the pool's SM clock: overrides the run's [clock] likewise, "
+                                                          "or clocks this pool alone (e.g. the decode pool lower)")
 
 
 @attrs.frozen
@@ -128,15 +132,15 @@ class Context:
     source: str  # file name, for messages
 
 
-def _call_factory(factory: Callable, config, presets: Presets):
+def _call_factory(factory: Callable, config, presets: Presets, **extra):
+    """``factory(config)``, with the presets and any of ``extra`` its signature names."""
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
     args = [] if config is None else [config]
-    if "presets" in params:
-        return factory(*args, presets=presets)
-    return factory(*args)
+    kwargs = {name: value for name, value in {"presets": presets, **extra}.items() if name in params}
+    return factory(*args, **kwargs)
 
 
 def component_config(ctx: Context, kind: str, table: dict, where: str):
@@ -162,11 +166,12 @@ def component_config(ctx: Context, kind: str, table: dict, where: str):
     return entry, config
 
 
-def build_component(ctx: Context, kind: str, table: dict, where: str):
-    """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``."""
+def build_component(ctx: Context, kind: str, table: dict, where: str, **extra):
+    """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``; ``extra``
+    goes to factories that name it (a power model's ``cost_model`` and ``tensor_parallel``)."""
     entry, config = component_config(ctx, kind, table, where)
     try:
-        return _call_factory(entry.factory, config, ctx.presets)
+        return _call_factory(entry.factory, config, ctx.presets, **extra)
     except (ConfigError, UnknownPluginError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
     except FieldError as exc:  # a factory's check across settings (e.g. swap space needs a block size)
@@ -198,18 +203,44 @@ class Assembled:
     speculative: SpeculativeConfig | None = None
     pools: list[Pool] | None = None  # disaggregated: prefill, decode
     link: LinkConfig | None = None
+    power: list | None = None  # with [power]: each instance's power model (same order as instances)
 
 
 def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
-                     speculative: SpeculativeConfig | None) -> list[tuple]:
+                     speculative: SpeculativeConfig | None, power: list | None = None) -> list[tuple]:
+    """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
+    ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
     parts = []
     for _ in range(count):
         scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]")
                                for kind in ("scheduler", "cost_model", "kv_cache"))
         if speculative is not None:
             cost = _drafting(ctx, speculative, cost, where)
+        if tables.get("clock") is not None:
+            cost = _clocked(ctx, tables, cost, f"{where} [{label}clock]")
+        if power is not None:
+            power.append(build_component(ctx, "power_model", tables["power"], f"{where} [{label}power]",
+                                         cost_model=cost, tensor_parallel=tensor_parallel(cost, kv)))
         parts.append((scheduler, cost, kv))
     return parts
+
+
+def _clocked(ctx: Context, tables: dict, cost, where: str):
+    """The instance's cost model at the SM clock of ``[clock]`` (:mod:`schedlab.energy.clock`)."""
+    from ..energy.clock import ClockConfig, ClockedCostModel
+
+    config = from_table(ClockConfig, tables["clock"], where=where)
+    name, layer = config.gpu, cost
+    while name is None and layer is not None:  # the cost model's GPU, through speculative decoding's wrapper
+        name = getattr(getattr(layer, "config", None), "gpu", None)
+        layer = getattr(layer, "target", None)
+    if name is None:
+        raise ConfigError(f"{where}: the clock needs the GPU: set gpu = \"...\" (the cost model names none)")
+    slo = tables.get("slo") or {}
+    try:
+        return ClockedCostModel(cost, ctx.presets.gpu(name), config, tpot_ms=slo.get("tpot_ms"))
+    except (ConfigError, UnknownPluginError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _build_router(ctx: Context, table: dict, count: int, where: str):
@@ -247,11 +278,12 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
             raise ConfigError(f"{where} [cluster]: instances: a disaggregated cluster sizes its pools in "
                               "[cluster.prefill] and [cluster.decode]")
         return _assemble_disaggregated(ctx, tables, cluster, workload, slo, speculative, where, check_only)
-    parts = _build_instances(ctx, tables, 1 if check_only else cluster.instances, where, "", speculative)
+    power = [] if "power" in tables else None
+    parts = _build_instances(ctx, tables, 1 if check_only else cluster.instances, where, "", speculative, power)
     router = None
     if cluster.instances > 1:
         router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
-    return Assembled(workload, parts, router, cluster, slo, speculative)
+    return Assembled(workload, parts, router, cluster, slo, speculative, power=power)
 
 
 def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
@@ -266,16 +298,19 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
     """A prefill pool and a decode pool, each with the run's plugin tables overridden by its own
     (with ``check_only``, one instance of each)."""
     pools = []
+    power = [] if "power" in tables else None
     for name in POOLS:
         pool_where = f"{where} [cluster.{name}]"
         pool = from_table(PoolConfig, getattr(cluster, name) or {}, where=pool_where)
         pool_tables = dict(tables)
-        for kind in ("scheduler", "cost_model", "kv_cache"):
+        for kind in ("scheduler", "cost_model", "kv_cache", "power", "clock"):
             own = getattr(pool, kind)
             if own:
-                pool_tables[kind] = merge_tables({kind: tables[kind]}, {kind: own}, where=pool_where)[kind]
+                if kind == "power" and kind not in tables:  # every instance is metered, or none
+                    raise ConfigError(f"{pool_where}: power: the run has no [power] table for the pool to override")
+                pool_tables[kind] = merge_tables({kind: tables.get(kind, {})}, {kind: own}, where=pool_where)[kind]
         parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, f"cluster.{name}.",
-                                 speculative)
+                                 speculative, power)
         router = None
         if pool.instances > 1:
             router = _build_router(ctx, pool.router if pool.router is not None else cluster.router,
@@ -291,7 +326,7 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
                     "transfers: size the cache from model and gpu, or set bytes_per_block "
                     "(or give [cluster.link] bandwidth_gbps = inf)")
     return Assembled(workload, [p for pool in pools for p in pool.instances], None, cluster, slo, speculative,
-                     pools, link)
+                     pools, link, power)
 
 
 def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Callable | None = None,
@@ -301,15 +336,16 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     a = assemble(spec, ctx, where)
     recorder = Recorder(timeline=timeline)
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
+    meters = [EnergyMeter(p) for p in a.power] if a.power is not None else [None] * len(a.instances)
     started = time.perf_counter()
     try:
         requests = a.workload.requests(spec.seed)
         if spec.engine == "reference":
-            engines = [ReferenceEngine(s, c, k, recorder, index=i, speculation=speculation)
-                       for i, (s, c, k) in enumerate(a.instances)]
+            engines = [ReferenceEngine(s, c, k, recorder, index=i, speculation=speculation, meter=m)
+                       for i, ((s, c, k), m) in enumerate(zip(a.instances, meters))]
         else:
-            engines = [Instance(i, s, c, k, recorder, observer=observer, speculation=speculation)
-                       for i, (s, c, k) in enumerate(a.instances)]
+            engines = [Instance(i, s, c, k, recorder, observer=observer, speculation=speculation, meter=m)
+                       for i, ((s, c, k), m) in enumerate(zip(a.instances, meters))]
         if a.pools is not None:
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3)
@@ -348,6 +384,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if a.pools is not None:
         split = len(a.pools[0].instances)
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
+    if a.power is not None:
+        meta["energy"] = close_meters(meters, run_start(recorder))
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it

@@ -14,6 +14,10 @@ For plugin authors as much as for schedlab's own tests::
 :func:`check_run` asserts what every correct run satisfies (conservation of requests and
 tokens, capacity limits, causality); :class:`IterationChecker` asserts per-iteration limits
 (token budget, running count, KV capacity) and is attached with ``run_engine(..., check=...)``.
+For power models: :func:`check_power_model` (the closed form over a decode run against its
+iterations, never below idle power) and :func:`check_energy` (a metered run's energy is the
+integral of its power over the timeline, and all of it reaches the requests); run with
+``run_engine(..., power=lambda cost: MyPowerModel(...))``.
 :data:`kit_settings` are the Hypothesis settings these tests need: no per-example deadline.
 """
 
@@ -21,6 +25,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from .energy import check_energy, check_power_model
 from .kit import IterationChecker, check_run, compare_runs, run_cluster, run_disaggregated, run_engine
 from .strategies import dyadic_linear_costs, requests_lists
 
@@ -37,6 +42,6 @@ def examples(n: int) -> int:
     return max(1, int(n * float(os.environ.get("SCHEDLAB_EXAMPLES_SCALE", "1"))))
 
 
-__all__ = ["IterationChecker", "check_run", "compare_runs", "dyadic_linear_costs", "examples", "kit_settings",
-           "requests_lists",
+__all__ = ["IterationChecker", "check_energy", "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs",
+           "examples", "kit_settings", "requests_lists",
            "run_cluster", "run_disaggregated", "run_engine"]

@@ -9,6 +9,7 @@ import attrs
 import numpy as np
 
 from ..drafting import DraftingCostModel
+from ..energy.meter import EnergyMeter, close_meters, run_start
 from ..engine.driver import simulate
 from ..engine.instance import Instance
 from ..engine.recorder import Recorder
@@ -89,12 +90,13 @@ class IterationChecker:
 def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_blocks: int = 4096,
                block_size: int = 16, engine: str = "fast", check: IterationChecker | None = None,
                workload=None, name: str = "test", speculative: SpeculativeConfig | None = None,
-               draft_cost=None, seed: int = 0) -> RunResult:
+               draft_cost=None, seed: int = 0, power: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on one instance built from plugin objects; return the RunResult.
 
     Defaults: the linear cost model (seed 001's costs) and a paged KV cache of ``kv_blocks``.
     ``speculative`` turns on speculative decoding (``draft_cost``: the drafter's cost model,
-    for methods that have one; ``seed`` keys the acceptance draws).
+    for methods that have one; ``seed`` keys the acceptance draws). ``power(cost_model)`` makes
+    the instance's power model: the run then meters energy (``metrics["energy"]``).
     """
     from schedlab_plugins.cost_models import LinearCostModel
     from schedlab_plugins.kv_caches import PagedKVCache
@@ -106,17 +108,19 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
         cost_model = DraftingCostModel(cost_model, draft_cost, speculative)
         speculation = Speculation(speculative, seed)
     rec = Recorder()
+    meters = _meters(power, [cost_model])
     if engine == "reference":
         if check is not None:
             raise ValueError("the reference engine takes no observer")
-        sim = ReferenceEngine(scheduler, cost_model, kv, rec, speculation=speculation)
+        sim = ReferenceEngine(scheduler, cost_model, kv, rec, speculation=speculation, meter=meters[0])
         sim.run(list(requests), workload=workload)
     else:
-        sim = Instance(0, scheduler, cost_model, kv, rec, observer=check, speculation=speculation)
+        sim = Instance(0, scheduler, cost_model, kv, rec, observer=check, speculation=speculation, meter=meters[0])
         simulate(list(requests), [sim], workload=workload)
     meta = {"slots": getattr(scheduler, "slots", None), "num_blocks": kv.num_blocks, "instances": 1,
             "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events,
-            "speculative": attrs.asdict(speculative) if speculative is not None else {}}
+            "speculative": attrs.asdict(speculative) if speculative is not None else {},
+            **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(cost_model, "request_cost", None))
     result.meta["kv"] = kv
@@ -124,26 +128,30 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
 
 
 def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,
-                engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+                engine: str = "fast", workload=None, name: str = "test",
+                power: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on ``instances`` colocated instances behind ``router``.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)`` each time it is called;
     ``router`` is a router object (required for more than one instance). The result's
     ``meta["kvs"]`` holds every instance's KV cache, for checks of the blocks left at the end.
+    ``power(cost_model)`` makes an instance's power model (the run then meters energy).
     """
     from ..engine.reference_cluster import ReferenceCluster
 
     rec = Recorder()
     parts = [make() for _ in range(instances)]
+    meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
-        engines = [ReferenceEngine(s, c, k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
+        engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m)
+                   for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
         ReferenceCluster(engines, router).run(list(requests), workload=workload)
     else:
-        engines = [Instance(i, s, c, k, rec) for i, (s, c, k) in enumerate(parts)]
+        engines = [Instance(i, s, c, k, rec, meter=m) for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
         simulate(list(requests), engines, router=router, workload=workload)
     slots = [getattr(s, "slots", None) for s, _, _ in parts]
     meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
-            "instances": instances, "events": sum(e.events for e in engines)}
+            "instances": instances, "events": sum(e.events for e in engines), **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
@@ -153,12 +161,14 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
 def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: Callable[[], tuple], *,
                       prefill_instances: int = 1, decode_instances: int = 1, prefill_router=None,
                       decode_router=None, bandwidth_gbps: float = 25.0, latency_ms: float = 0.01,
-                      engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+                      engine: str = "fast", workload=None, name: str = "test",
+                      power: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
 
     ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
     time they are called. The result's ``meta["kvs"]`` holds every instance's KV cache
-    (prefill pool first), for checks of the blocks left at the end.
+    (prefill pool first), for checks of the blocks left at the end. ``power(cost_model)``
+    makes an instance's power model (the run then meters energy).
     """
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
@@ -167,10 +177,12 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
 
     rec = Recorder()
     parts = [prefill() for _ in range(prefill_instances)] + [decode() for _ in range(decode_instances)]
+    meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
-        engines = [ReferenceEngine(s, c, k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
+        engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m)
+                   for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
     else:
-        engines = [Instance(i, s, c, k, rec) for i, (s, c, k) in enumerate(parts)]
+        engines = [Instance(i, s, c, k, rec, meter=m) for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
     p, d = engines[:prefill_instances], engines[prefill_instances:]
     link = dict(prefill_router=prefill_router, decode_router=decode_router, bandwidth_gbps=bandwidth_gbps,
                 latency_ms=latency_ms)
@@ -180,11 +192,24 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
         simulate_disaggregated(list(requests), DisaggregatedCluster(p, d, **link), workload=workload)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": len(engines),
             "bytes_per_block": getattr(engines[0].kv, "bytes_per_block", 0), "events": sum(e.events for e in engines),
-            "pools": pool_summary({"prefill": p, "decode": d})}
+            "pools": pool_summary({"prefill": p, "decode": d}), **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
     return result
+
+
+def _meters(power: Callable | None, costs: list) -> list:
+    """One energy meter per instance (power models from ``power(cost_model)``), or Nones."""
+    if power is None:
+        return [None] * len(costs)
+    return [EnergyMeter(power(cost)) for cost in costs]
+
+
+def _energy_meta(meters: list, rec: Recorder) -> dict:
+    if meters[0] is None:
+        return {}
+    return {"energy": close_meters(meters, run_start(rec))}
 
 
 def check_run(result: RunResult, requests: Sequence, *, max_running: int | None = None,

@@ -1,0 +1,103 @@
+"""What every built-in power model shares: the host and facility settings, and finding the GPU
+and tensor-parallel degree of the instance from the power table or the instance's cost model."""
+
+from __future__ import annotations
+
+import attrs
+
+from schedlab.capacity import GpuSpec, Presets
+from schedlab.configs import float_field
+from schedlab.errors import ConfigError
+
+#: Share of the board limit an idle GPU draws when its preset gives no measured idle power: the
+#: A6000's measured 33 of 300 W (11%), rounded up -- an estimate, said so in the results.
+IDLE_SHARE_OF_BOARD = 0.12
+#: How long NVIDIA's driver keeps a GPU's clocks up after its last kernel: the A6000 of
+#: LLMServingSim 2.0's traces holds ~89 W for ~18 s after each pulse (its ``standby_duration``).
+STANDBY_S = 18.0
+
+
+@attrs.frozen
+class PowerSettings:
+    """Settings every built-in power model has (the host beside the GPUs, the facility)."""
+
+    host_idle_w: float = float_field(0.0, min=0.0, help="host power per instance drawn all the time (CPU, DRAM, "
+                                                          "NIC, storage at idle), W")
+    host_busy_w: float = float_field(0.0, min=0.0, help="more host power per instance while iterations run "
+                                                          "(CPU scheduling, DRAM traffic), W")
+    pue: float = float_field(1.0, min=1.0, help="power usage effectiveness: facility energy = IT energy x pue")
+    standby_s: float = float_field(STANDBY_S, min=0.0, help="seconds the GPU keeps its clocks up (standby power) "
+                                                              "after its last iteration before it idles")
+
+
+def host_fields(config: PowerSettings) -> dict:
+    return {"host_idle_w": config.host_idle_w, "host_busy_w": config.host_busy_w, "pue": config.pue}
+
+
+def _layers(cost_model):
+    """The instance's cost model and the ones it wraps (the clock's and speculative decoding's
+    wrappers hold theirs as ``inner`` and ``target``)."""
+    while cost_model is not None:
+        yield cost_model
+        cost_model = getattr(cost_model, "inner", None) or getattr(cost_model, "target", None)
+
+
+def cost_setting(cost_model, name: str):
+    """A setting of the instance's cost model (looking through wrappers), or None."""
+    for layer in _layers(cost_model):
+        value = getattr(getattr(layer, "config", None), name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def find_member(cost_model, name: str):
+    """The first of the instance's cost model layers that has ``name`` (a method), or None."""
+    for layer in _layers(cost_model):
+        member = getattr(layer, name, None)
+        if member is not None:
+            return member
+    return None
+
+
+def find_clock(cost_model):
+    """The clock wrapper among the instance's cost model layers (it has ``clock_ratio``), or None."""
+    for layer in _layers(cost_model):
+        if callable(getattr(layer, "clock_ratio", None)):
+            return layer
+    return None
+
+
+def resolve_gpu(name: str | None, cost_model, presets: Presets | None, kind: str) -> GpuSpec:
+    """The GPU preset the power table names, else the one the instance's cost model uses."""
+    name = name or cost_setting(cost_model, "gpu")
+    if name is None:
+        raise ConfigError(f"the {kind} power model needs the GPU: set gpu = \"...\" in [power] (the cost model "
+                          "names none)")
+    if presets is None:
+        raise ConfigError(f"the {kind} power model needs the GPU presets to look up {name!r}")
+    return presets.gpu(name)
+
+
+def resolve_tp(value: int | None, cost_model) -> int:
+    """GPUs of the instance: the power table's tensor_parallel, else the cost model's, else 1."""
+    if value is not None:
+        return value
+    return int(cost_setting(cost_model, "tensor_parallel") or 1)
+
+
+def board_and_idle(gpu: GpuSpec, board_w: float | None, idle_w: float | None, kind: str) -> tuple[float, float, str]:
+    """``(board W, idle W, where idle came from)`` of one GPU: the table's numbers, else the preset's."""
+    board = board_w if board_w is not None else gpu.board_w
+    if board is None:
+        raise ConfigError(f"the {kind} power model needs the board power limit of GPU {gpu.name!r}: its preset has "
+                          "none; set board_w in [power]")
+    if idle_w is not None:
+        idle, source = idle_w, "power table"
+    elif gpu.idle_w is not None:
+        idle, source = gpu.idle_w, "GPU preset"
+    else:
+        idle, source = IDLE_SHARE_OF_BOARD * board, f"estimate: {IDLE_SHARE_OF_BOARD:.0%} of board_w"
+    if not idle < board:
+        raise ConfigError(f"GPU {gpu.name!r}: idle power {idle:g} W must be below the board limit {board:g} W")
+    return float(board), float(idle), source

@@ -1,0 +1,74 @@
+"""The ``fixed_active`` power model: LLMServingSim 2.0's, for comparison.
+
+A GPU draws ``active_w`` while a kernel runs, whatever the batch; ``standby_w`` for
+``standby_s`` after its last one; then ``idle_w`` (LLMServingSim 2.0, ``serving/core/power``:
+``idle_power``, ``standby_power``, ``active_power``, ``standby_duration`` per NPU; its A6000
+node was fitted at 33, 89 and 300 W and 18 s -- ``calibration/energy/llmservingsim-power/config``).
+A fixed active power cannot follow the batch: memory-bound decode at a small batch draws well
+below the board limit on most GPUs, large batches near it.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from schedlab.engine.bulk import run_ms
+from schedlab.capacity import Presets
+from schedlab.configs import float_field, int_field, str_field
+from schedlab.protocols import Batch
+
+from .common import PowerSettings, board_and_idle, host_fields, resolve_gpu, resolve_tp
+
+
+@attrs.frozen
+class FixedActiveConfig(PowerSettings):
+    """Settings of the ``fixed_active`` power model (per GPU; defaults from the GPU preset)."""
+
+    gpu: str | None = str_field(None, optional=True, help="GPU preset (default: the cost model's)")
+    tensor_parallel: int | None = int_field(None, min=1, optional=True,
+                                            help="GPUs per instance (default: the cost model's)")
+    active_w: float | None = float_field(None, min=0.0, optional=True,
+                                         help="power while an iteration runs, W (default: the board limit)")
+    standby_w: float | None = float_field(None, min=0.0, optional=True,
+                                          help="power for standby_s after an iteration, W (default: idle_w)")
+    idle_w: float | None = float_field(None, min=0.0, optional=True, help="idle power, W (default: the GPU preset's)")
+
+
+class FixedActivePowerModel:
+    """A fixed power while busy, standby for a while after, then idle (see the module docstring)."""
+
+    def __init__(self, config: FixedActiveConfig, tensor_parallel: int, *, active_w: float, standby_w: float,
+                 idle_w: float, gpu: str = ""):
+        self.config = config
+        self.tp = tensor_parallel
+        self.gpu = gpu
+        self.active_w = active_w
+        self.idle_w = tensor_parallel * idle_w
+        self.standby_w = tensor_parallel * standby_w
+        self.standby_ms = config.standby_s * 1e3
+        self.host_idle_w, self.host_busy_w, self.pue = config.host_idle_w, config.host_busy_w, config.pue
+        self._per_ms = tensor_parallel * active_w * 1e-3
+
+    def iteration_j(self, batch: Batch, duration_ms: float) -> float:
+        return self._per_ms * duration_ms
+
+    def run_j(self, batch: Batch, k: int, d0: float, inc: float) -> float:
+        return self._per_ms * run_ms(k, d0, inc)
+
+    def describe(self) -> dict:
+        return {"kind": "fixed_active", "gpu": self.gpu, "tensor_parallel": self.tp, "active_w": self.active_w,
+                "standby_w": self.standby_w / self.tp, "idle_w": self.idle_w / self.tp,
+                "standby_s": self.config.standby_s, **host_fields(self.config)}
+
+
+def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None, cost_model=None,
+                       tensor_parallel: int | None = None) -> FixedActivePowerModel:
+    tp = resolve_tp(config.tensor_parallel if config.tensor_parallel is not None else tensor_parallel, cost_model)
+    if config.active_w is not None and config.idle_w is not None:
+        active, idle, name = config.active_w, config.idle_w, config.gpu or ""
+    else:
+        gpu = resolve_gpu(config.gpu, cost_model, presets, "fixed_active")
+        board, idle, _ = board_and_idle(gpu, None, config.idle_w, "fixed_active")
+        active, name = (config.active_w if config.active_w is not None else board), gpu.name
+    standby = config.standby_w if config.standby_w is not None else idle
+    return FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle, gpu=name)

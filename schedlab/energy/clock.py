@@ -1,0 +1,234 @@
+"""The SM clock: what locking it lower does to an iteration's time and power, and a governor
+that lowers it while the SLO allows (``[clock]``).
+
+The law. An iteration's work splits into what the SMs compute and what the memory moves::
+
+    c = flops / (peak bf16 FLOPS x compute_efficiency)      (ms at the highest clock)
+    m = bytes / (peak bandwidth x bandwidth_efficiency)    (ms; the memory clock is not touched)
+
+At the clock ``r = f / f_max`` the compute takes ``c / r`` and the memory still ``m``, so the
+iteration's time becomes (the roofline's ``max`` of the two moves, the rest does not)::
+
+    time(r) = time(1) + max(c / r, m) - max(c, m)
+
+Prefill (compute-bound) slows as ``1 / r``; decode (memory-bound) does not slow at all until
+the clock is so low that its compute outlasts its memory traffic. That is what measurements
+show: DynamoLLM (Stojkovic et al., HPCA 2025, sec. III) and "Towards Greener LLMs" (Stojkovic
+et al., 2024) on H100 -- prefill latency rises as the clock drops, decode barely moves;
+Maliakel et al. ("Characterizing LLM Inference Energy-Performance Tradeoffs", 2025) on an RTX
+PRO 6000: the decode phase "is largely insensitive to GPU frequency" (1-6% slower from 2,842
+to 180 MHz, 42% less energy).
+
+Power follows CMOS dynamic power, ``P ~ C V^2 f`` (the law GPU DVFS measurement studies fit,
+e.g. Mei, Wang and Chu, "A survey and measurement study of GPU DVFS on energy conservation",
+Digital Communications and Networks, 2017), with the core voltage falling linearly with the
+clock from 1 at ``f_max`` to ``voltage_floor`` at ``f_min``: ``v(r)``. The clock tree and idle
+SMs of an awake GPU draw ``r v(r)^2`` of their power at full clock; the power of the work
+itself -- SMs issuing loads or multiplying, caches, the memory's interface -- is split: the
+``core_share`` on the core's voltage rail costs ``v(r)^2`` per unit of work, the rest (DRAM and
+its interface, on their own clock) the same at any SM clock (:func:`clock_power_factor`).
+``core_share = 0.7`` is what it takes for Maliakel et al.'s measurement to come out of this law:
+memory-bound decode on an RTX PRO 6000 at 180 instead of 2,842 MHz took 42% less energy at
+about the same speed (with ``voltage_floor = 0.65`` at the lowest clock; typical NVIDIA V-F
+curves run from about 0.7 V to 1.05-1.1 V). The utilisation power model applies these factors.
+
+The governor (``policy = "slo"``, in the spirit of DynamoLLM's per-instance frequency
+control and of GreenLLM's separate prefill and decode clocks): a decode-only iteration runs
+at the lowest clock level whose time stays within ``headroom x tpot_ms`` -- the time between a
+decode's tokens -- and an iteration with prompt tokens at the highest clock (its prefill is
+compute-bound, and waits for it are TTFT). Under light load most iterations only decode and
+the clock comes down; as the load grows, prompts ride along more often and it goes back up.
+The choice depends on the iteration's shape alone, so both engines make it alike, and a bulk
+decode run ends where its growing context would need the next level up
+(:meth:`ClockedCostModel.decode_step_increment`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..capacity import GpuSpec
+from ..configs import float_field, str_field
+from ..errors import ConfigError
+from ..protocols import Batch
+
+POLICIES = ("fixed", "slo")
+
+
+@attrs.frozen
+class ClockConfig:
+    """Settings of ``[clock]``: a fixed SM clock per instance, or the SLO governor."""
+
+    policy: str = str_field("fixed", choices=POLICIES,
+                            help="'fixed': every iteration at mhz; 'slo': the lowest clock level that keeps each "
+                                 "decode-only iteration within headroom x tpot_ms, the highest with prompt tokens")
+    mhz: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                    help="fixed: the SM clock in MHz (default: the GPU's highest)")
+    tpot_ms: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                        help="slo: the time between tokens to keep within (default: [slo] tpot_ms)")
+    headroom: float = float_field(0.9, min=0.0, max=1.0, min_exclusive=True,
+                                  help="slo: aim at this share of tpot_ms (queueing and prefill chunks take the rest)")
+    step_mhz: float = float_field(105.0, min=1.0,
+                                  help="slo: clock levels from the lowest to the highest, this far apart")
+    voltage_floor: float = float_field(0.65, min=0.1, max=1.0,
+                                       help="core voltage at the lowest clock as a share of that at the highest "
+                                            "(NVIDIA V-F curves span about 0.7 to 1.05-1.1 V)")
+    core_share: float = float_field(0.7, min=0.0, max=1.0,
+                                    help="share of the work's power on the core rail (scales with V^2); the rest, "
+                                         "memory and its interface, does not change with the SM clock")
+    compute_efficiency: float = float_field(0.77, min=0.0, max=1.0, min_exclusive=True,
+                                            help="share of peak FLOPS the compute reaches (the roofline's mfu)")
+    bandwidth_efficiency: float = float_field(0.91, min=0.0, max=1.0, min_exclusive=True,
+                                              help="share of peak bandwidth the memory traffic reaches")
+    gpu: str | None = str_field(None, optional=True, help="GPU preset (default: the cost model's)")
+
+
+def voltage_ratio(r: float, r_min: float, floor: float) -> float:
+    """Core voltage at clock ratio ``r`` as a share of that at the highest clock (linear between
+    ``floor`` at ``r_min`` and 1 at 1)."""
+    if r >= 1.0 or r_min >= 1.0:
+        return 1.0
+    return floor + (1.0 - floor) * max(0.0, r - r_min) / (1.0 - r_min)
+
+
+def clock_power_factor(r: float, r_min: float, floor: float, core_share: float) -> tuple[float, float]:
+    """``(awake, work)``: how the power of an awake GPU (``r v^2``) and the energy per unit of
+    work (``1 - core_share + core_share v^2``) scale at clock ratio ``r``."""
+    v2 = voltage_ratio(r, r_min, floor) ** 2
+    return r * v2, 1.0 - core_share + core_share * v2
+
+
+class ClockedCostModel:
+    """The instance's cost model at a locked or governed SM clock (see the module docstring).
+
+    It needs the wrapped model's ``work`` (the roofline has it). ``clock_ratio(batch)`` tells
+    the power model the clock an iteration ran at.
+    """
+
+    def __init__(self, inner, gpu: GpuSpec, config: ClockConfig, *, tpot_ms: float | None = None):
+        work = getattr(inner, "work", None)
+        if work is None:
+            raise ConfigError(f"[clock]: the cost model {type(inner).__name__} does not say the bytes and FLOPs of an "
+                              "iteration (work); use the roofline cost model")
+        if gpu.max_clock_mhz is None or gpu.min_clock_mhz is None:
+            raise ConfigError(f"[clock]: GPU {gpu.name!r} has no max_clock_mhz/min_clock_mhz in its preset")
+        self.inner = inner
+        self.config = config
+        self.gpu = gpu
+        self._work = work
+        self.needs_context_range = bool(getattr(inner, "needs_context_range", False))
+        self.request_cost = getattr(inner, "request_cost", None)
+        f_max, f_min = gpu.max_clock_mhz, gpu.min_clock_mhz
+        self.r_min = f_min / f_max
+        self._flops_per_ms = gpu.bf16_tflops * 1e9 * config.compute_efficiency
+        self._bytes_per_ms = gpu.hbm_bandwidth_gbps * 1e6 * config.bandwidth_efficiency
+        if config.policy == "fixed":
+            mhz = config.mhz if config.mhz is not None else f_max
+            if not f_min <= mhz <= f_max:
+                raise ConfigError(f"[clock]: mhz: {mhz:g} is outside {gpu.name}'s clocks ({f_min:g}-{f_max:g} MHz)")
+            self.fixed = mhz / f_max
+            self.levels = (self.fixed,)
+            self.target = math.inf
+        else:
+            if config.mhz is not None:
+                raise ConfigError("[clock]: mhz: the 'slo' policy chooses the clock; leave mhz out")
+            target = config.tpot_ms if config.tpot_ms is not None else tpot_ms
+            if target is None or not math.isfinite(target):
+                raise ConfigError("[clock]: the 'slo' policy needs a TPOT target: set tpot_ms in [clock] or [slo]")
+            self.fixed = None
+            self.target = config.headroom * target
+            n = int((f_max - f_min) // config.step_mhz)
+            self.levels = tuple(sorted({(f_min + i * config.step_mhz) / f_max for i in range(n + 1)} | {1.0}))
+
+    # --- the law -----------------------------------------------------------------------------
+    def split(self, batch: Batch) -> tuple[float, float]:
+        """``(c, m)``: the iteration's compute and memory time at the highest clock, ms."""
+        byt, flops = self._work(batch)
+        return flops / self._flops_per_ms, byt / self._bytes_per_ms
+
+    @staticmethod
+    def stretch(c: float, m: float, r: float) -> float:
+        """How much longer the iteration is at clock ratio ``r``, ms."""
+        return (c / r if c / r > m else m) - (c if c > m else m)
+
+    def ms_at(self, batch: Batch, r: float, base: float | None = None) -> float:
+        d = self.inner.iteration_ms(batch) if base is None else base
+        if r >= 1.0 or not d:
+            return d
+        c, m = self.split(batch)
+        return d + self.stretch(c, m, r)
+
+    def clock_ratio(self, batch: Batch) -> float:
+        """The clock (as a share of the highest) an iteration of ``batch`` runs at."""
+        if self.fixed is not None:
+            return self.fixed
+        if batch.prefill_tokens or not batch.num_decode:
+            return 1.0  # prompt tokens: the highest clock (TTFT)
+        d = self.inner.iteration_ms(batch)
+        c, m = self.split(batch)
+        for r in self.levels:
+            if d + (self.stretch(c, m, r) if r < 1.0 else 0.0) <= self.target:
+                return r
+        return 1.0
+
+    # --- CostModel protocol ----------------------------------------------------------------------
+    def iteration_ms(self, batch: Batch) -> float:
+        return self.ms_at(batch, self.clock_ratio(batch))
+
+    def work(self, batch: Batch) -> tuple[float, float]:
+        return self._work(batch)
+
+    def decode_step_increment(self, batch: Batch):
+        """The wrapped model's increment at this clock, held while the linear pieces stay the
+        same: the sides of the ``max`` terms of the law, and -- with the governor -- the chosen
+        level keeping the target and the level below it still missing it."""
+        inner = getattr(self.inner, "decode_step_increment", None)
+        base = inner(batch) if inner is not None else None
+        if base is None:
+            return None
+        inc, steps = base if type(base) is tuple else (base, None)
+        r = self.clock_ratio(batch)
+        if r >= 1.0 and self.fixed is not None:
+            return base
+        d0 = self.inner.iteration_ms(batch)
+        c0, m0 = self.split(batch)
+        c1, m1 = self.split(_next(batch))
+
+        def level(r):  # (time at the run's first iteration, increment, iterations the piece holds)
+            if r >= 1.0:
+                return d0, inc, None
+            s0, s1 = self.stretch(c0, m0, r), self.stretch(c1, m1, r)
+            sides = [_steps_while_same_side(c0 / r - m0, (c1 - c0) / r - (m1 - m0)),
+                     _steps_while_same_side(c0 - m0, (c1 - c0) - (m1 - m0))]
+            return d0 + s0, inc + s1 - s0, min((h for h in sides if h is not None), default=None)
+
+        t0, t_inc, hold = level(r)
+        holds = [steps, hold]
+        if self.fixed is None:
+            if r < 1.0 and t_inc > 0.0:  # the chosen level keeps the target this long
+                holds.append(max(1, math.floor((self.target - t0) / t_inc) + 1))
+            i = self.levels.index(r)
+            if i > 0:  # the level below keeps missing it
+                p0, p_inc, p_hold = level(self.levels[i - 1])
+                holds.append(p_hold)
+                if p_inc < 0.0:
+                    holds.append(max(1, math.ceil((p0 - self.target) / -p_inc)))
+        holds = [h for h in holds if h is not None]
+        return (t_inc, max(1, min(holds))) if holds else t_inc
+
+
+def _next(batch: Batch) -> Batch:
+    from .meter import shifted
+
+    return shifted(batch, 1)
+
+
+def _steps_while_same_side(x0: float, dx: float) -> int | None:
+    """Iterations ``j = 0, 1, ...`` for which ``x0 + j * dx`` keeps the sign it has at ``j = 0``
+    (None: for ever)."""
+    if dx == 0.0 or (x0 >= 0.0) == (dx > 0.0):
+        return None
+    return max(1, math.ceil(-x0 / dx))
+

@@ -1,0 +1,168 @@
+"""One instance's energy over a run: its iterations by the power model, idle stretches between.
+
+The engines call :meth:`EnergyMeter.iteration` for every iteration they run one at a time and
+:meth:`EnergyMeter.run` for a bulk run of identical decode iterations (the fast engine); both
+first add the idle stretch since the previous iteration ended. After the run
+:func:`close_meters` adds the stretches before the first and after the last iteration, so an
+instance's energy covers the run's whole window -- from the first arrival to the end of the
+last iteration anywhere -- whether it worked or not.
+
+Per-request energy: an iteration's energy is shared out over the tokens it computes, every
+token alike -- a decode's own token and the drafts it verifies, each prompt token of a prefill
+chunk. Both engines give each request its shares (the fast engine through
+:attr:`EnergyMeter.per_decoder`, a running total per decoding sequence read at its events, as
+its token counters are); the idle stretches belong to no request.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..protocols import Batch
+from .idle import idle_j
+
+INF = math.inf
+
+
+def shifted(batch: Batch, j: int) -> Batch:
+    """Iteration ``j`` of a bulk decode run that starts with ``batch``: each decode attends to
+    ``j`` more tokens (the longest and shortest context too, when filled)."""
+    if not j:
+        return batch
+    ranged = 1 if batch.decode_context_max else 0
+    return Batch(batch.num_decode, batch.decode_context_tokens + j * batch.num_decode, batch.num_prefill,
+                 batch.prefill_tokens, batch.prefill_context_tokens, batch.decode_context_max + j * ranged,
+                 batch.decode_context_min + j * ranged, batch.spec_tokens)
+
+
+def run_j_by_iterations(model, batch: Batch, k: int, d0: float, inc: float) -> float:
+    """A bulk run's energy summed iteration by iteration (for power models without ``run_j``)."""
+    return sum(model.iteration_j(shifted(batch, j), d0 + j * inc) for j in range(k))
+
+
+class EnergyMeter:
+    """Integrates one instance's GPU power over time (see the module docstring).
+
+    :ivar busy_j: energy of the iterations; :ivar idle_j: of the stretches between them;
+    :ivar busy_ms: time in iterations; :ivar peak_w: the highest iteration power (in a bulk
+        run, the higher of its first and last iteration's: a run's power moves one way);
+    :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine).
+    """
+
+    __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "first_start", "last_end", "busy_j", "idle_j",
+                 "busy_ms", "peak_w", "per_decoder", "_run_j", "_run_j_peak", "closed")
+
+    def __init__(self, model):
+        self.model = model
+        self.idle_w = float(model.idle_w)
+        self.standby_w = float(model.standby_w)
+        self.standby_ms = float(model.standby_ms)
+        self.first_start = INF   # start of the first iteration
+        self.last_end = -INF     # end of the last one
+        self.busy_j = 0.0
+        self.idle_j = 0.0
+        self.busy_ms = 0.0
+        self.peak_w = 0.0
+        self.per_decoder = 0.0
+        self._run_j = getattr(model, "run_j", None)
+        self._run_j_peak = getattr(model, "run_j_peak", None)
+        self.closed = False
+
+    def _gap(self, start: float) -> None:
+        if self.last_end == -INF:
+            self.first_start = start
+        elif start > self.last_end:
+            self.idle_j += idle_j(self.idle_w, self.standby_w, self.standby_ms, 0.0, start - self.last_end)
+
+    def _busy(self, start: float, duration: float, energy: float) -> None:
+        self.busy_j += energy
+        self.busy_ms += duration
+        end = start + duration
+        if end > self.last_end:
+            self.last_end = end
+
+    def iteration(self, start: float, batch: Batch, duration: float) -> float:
+        """Account for one iteration; its energy (J)."""
+        self._gap(start)
+        energy = self.model.iteration_j(batch, duration) if duration > 0.0 else 0.0
+        if duration > 0.0:
+            power = energy / duration * 1e3
+            if power > self.peak_w:
+                self.peak_w = power
+        self._busy(start, duration, energy)
+        return energy
+
+    def run(self, start: float, batch: Batch, k: int, d0: float, inc: float, total: float) -> float:
+        """Account for a bulk run of ``k`` decode iterations (iteration ``j`` lasts ``d0 + j *
+        inc``, ``total`` in all); its energy (J)."""
+        self._gap(start)
+        if self._run_j_peak is not None:
+            energy, peak = self._run_j_peak(batch, k, d0, inc)
+        else:
+            energy = self.energy_of_run(batch, k, d0, inc)
+            model = self.model
+            peak = max(model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in (0, k - 1))
+        if peak > self.peak_w:
+            self.peak_w = peak
+        self._busy(start, total, energy)
+        return energy
+
+    def energy_of_run(self, batch: Batch, k: int, d0: float, inc: float) -> float:
+        """Energy of a bulk run, without accounting for it (timeline rows split a run)."""
+        if k <= 0:
+            return 0.0
+        if self._run_j is not None:
+            return self._run_j(batch, k, d0, inc)
+        return run_j_by_iterations(self.model, batch, k, d0, inc)
+
+    def close(self, start: float, end: float) -> None:
+        """Add the idle stretches of the window ``[start, end]`` before the first iteration (the
+        GPUs fully idle) and after the last one (standby, then idle)."""
+        if self.closed:
+            return
+        self.closed = True
+        w = self.idle_w, self.standby_w, self.standby_ms
+        if self.last_end == -INF:
+            self.idle_j += idle_j(*w, INF, end - start)
+            return
+        self.idle_j += idle_j(*w, INF, self.first_start - start)
+        self.idle_j += idle_j(*w, 0.0, end - self.last_end)
+
+
+def token_shares(energy: float, batch: Batch) -> tuple[float, float]:
+    """``(per decoding sequence, per prefill token)`` of an iteration's energy: every token it
+    computes takes the same share, a decode's drafts counting with it."""
+    tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
+    if not tokens:
+        return 0.0, 0.0
+    per_token = energy / tokens
+    per_decoder = per_token * (batch.num_decode + batch.spec_tokens) / batch.num_decode if batch.num_decode else 0.0
+    return per_decoder, per_token
+
+
+def close_meters(meters: list, start: float) -> dict:
+    """Close every instance's meter over the run's window -- from ``start`` (the first arrival)
+    to the end of the last iteration of any instance -- and return the run's energy record
+    (``meta["energy"]``): the window, the idle model and, per instance, its GPUs' energy."""
+    end = max([m.last_end for m in meters if m.last_end > -INF] + [start])
+    for m in meters:
+        m.close(start, end)
+    first = meters[0].model
+    describe = getattr(first, "describe", None)
+    return {
+        "window_ms": [start, end],
+        "model": describe() if describe is not None else {"kind": type(first).__name__},
+        "pue": float(getattr(first, "pue", 1.0)),
+        "instances": [{
+            "busy_j": m.busy_j, "idle_j": m.idle_j, "busy_ms": m.busy_ms, "peak_w": m.peak_w,
+            "idle_w": m.idle_w, "standby_w": m.standby_w, "standby_ms": m.standby_ms,
+            "host_idle_w": float(getattr(m.model, "host_idle_w", 0.0)),
+            "host_busy_w": float(getattr(m.model, "host_busy_w", 0.0)),
+        } for m in meters],
+    }
+
+
+def run_start(recorder) -> float:
+    """The run's first arrival (0 for a run without requests): where its energy window starts."""
+    arrivals = recorder.columns()["arrival_ms"]
+    return float(arrivals.min()) if arrivals.size else 0.0

@@ -1,0 +1,78 @@
+"""A run's energy metrics, from its meters' record (``meta["energy"]``) and its requests.
+
+* ``gpu_j`` -- what the GPUs drew over the run's window (first arrival to the end of the last
+  iteration), iterations (``busy_j``) and idle stretches (``idle_j``) alike; ``host_j`` the
+  hosts beside them; ``facility_j = (gpu_j + host_j) x pue``, also as ``kwh``;
+* ``j_per_token`` and ``j_per_request`` -- GPU energy per output token and per finished request
+  (as ML.ENERGY reports them), ``facility_j_per_token`` the same from the facility's meter;
+* ``request_j`` -- the distribution of each finished request's own share: every token an
+  iteration computes takes the same part of its energy (idle stretches belong to no request);
+* ``avg_power_w`` and ``peak_power_w`` -- GPU power of the whole run; per instance too;
+* per request class (``per_class.<class>.energy``): its requests' shares, per request and per
+  output token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+J_PER_KWH = 3.6e6
+
+
+def instance_energy(inst: dict, window_ms: float) -> dict[str, float]:
+    """One instance's GPU and host energy (J) over a window of ``window_ms``."""
+    gpu = inst["busy_j"] + inst["idle_j"]
+    host = (inst["host_idle_w"] * window_ms + inst["host_busy_w"] * inst["busy_ms"]) * 1e-3
+    return {"gpu_j": gpu, "host_j": host}
+
+
+def energy_metrics(req: dict[str, np.ndarray], energy: dict[str, Any], summarize) -> dict[str, Any]:
+    """The ``energy`` metrics group (see the module docstring); ``summarize`` makes the
+    mean/percentile summary of the per-request shares."""
+    start, end = energy["window_ms"]
+    window = end - start
+    seconds = window / 1e3
+    nan = float("nan")
+    ok = req["rejected"] == 0
+    generated = int(req["generated_tokens"][ok].sum())
+    finished = int(ok.sum())
+    per_instance, gpu, host, busy, idle = {}, 0.0, 0.0, 0.0, 0.0
+    for k, inst in enumerate(energy["instances"]):
+        parts = instance_energy(inst, window)
+        gpu += parts["gpu_j"]
+        host += parts["host_j"]
+        busy += inst["busy_j"]
+        idle += inst["idle_j"]
+        per_instance[str(k)] = {
+            "gpu_j": parts["gpu_j"],
+            "avg_power_w": parts["gpu_j"] / seconds if seconds > 0 else nan,
+            "peak_power_w": inst["peak_w"],
+            "busy_share": inst["busy_ms"] / window if window > 0 else nan,
+        }
+    pue = energy.get("pue", 1.0)
+    facility = (gpu + host) * pue
+    shares = req["energy_j"][ok] if "energy_j" in req else np.empty(0)
+    return {
+        "gpu_j": gpu, "busy_j": busy, "idle_j": idle, "host_j": host, "facility_j": facility,
+        "kwh": facility / J_PER_KWH, "gpu_kwh": gpu / J_PER_KWH, "pue": pue,
+        "j_per_token": gpu / generated if generated else nan,
+        "j_per_request": gpu / finished if finished else nan,
+        "facility_j_per_token": facility / generated if generated else nan,
+        "request_j": summarize(shares),
+        "attributed_j": float(shares.sum()),
+        "avg_power_w": gpu / seconds if seconds > 0 else nan,
+        "peak_power_w": max((i["peak_w"] for i in energy["instances"]), default=nan),
+        "window_ms": window,
+        "per_instance": per_instance,
+    }
+
+
+def class_energy(req: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, float]:
+    """The shares of one class's finished requests: in all, per request and per output token."""
+    ok = sel & (req["rejected"] == 0)
+    total = float(req["energy_j"][ok].sum())
+    n, tokens = int(ok.sum()), int(req["generated_tokens"][ok].sum())
+    nan = float("nan")
+    return {"j": total, "j_per_request": total / n if n else nan, "j_per_token": total / tokens if tokens else nan}

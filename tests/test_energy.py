@@ -1,0 +1,447 @@
+"""Energy (schedlab.energy, the power-model plugins): hand-computed cases, the closed forms
+against iteration-by-iteration sums, both engines against each other, and conservation --
+a run's energy is the integral of its power over the timeline, and its iterations' energy is
+shared out to the requests without loss."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.capacity import GpuSpec, Presets
+from schedlab.catalog import load_catalog
+from schedlab.energy.clock import ClockConfig, ClockedCostModel, clock_power_factor
+from schedlab.energy.idle import idle_j
+from schedlab.energy.meter import run_j_by_iterations
+from schedlab.energy.timeline import integral_j, power_steps
+from schedlab.model import Request
+from schedlab.protocols import Batch
+from schedlab.testing import (check_energy, check_power_model, compare_runs, examples, requests_lists, run_cluster,
+                              run_disaggregated, run_engine)
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
+from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.power import (FixedActiveConfig, FixedActivePowerModel, TableConfig, UtilisationConfig,
+                                    UtilisationPowerModel)
+from schedlab_plugins.power.table import build_table
+from schedlab_plugins.power.utilisation import build_utilisation
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+ENGINES = ("fast", "reference")
+SETTINGS = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PRESETS = Presets.from_catalog(load_catalog(entry_points=False))
+
+
+def fixed_active(active=300.0, standby=90.0, idle=30.0, standby_s=0.010, tp=1):
+    config = FixedActiveConfig(active_w=active, standby_w=standby, idle_w=idle, standby_s=standby_s)
+    return lambda cost: FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle)
+
+
+def roofline(model="llama-3.1-8b", gpu="a100-40gb", tp=1):
+    return RooflineCostModel(PRESETS.model(model), PRESETS.gpu(gpu),
+                             RooflineConfig(model=model, gpu=gpu, tensor_parallel=tp))
+
+
+def utilisation(**settings):
+    return lambda cost: build_utilisation(UtilisationConfig(**settings), PRESETS, cost)
+
+
+# --- idle stretches -----------------------------------------------------------------------------
+
+
+def test_idle_stretch_by_hand():
+    # standby 90 W for 10 ms after the last iteration, then 30 W
+    assert idle_j(30, 90, 10, 0.0, 4) == pytest.approx(90 * 4e-3)           # inside the standby
+    assert idle_j(30, 90, 10, 0.0, 25) == pytest.approx(90 * 10e-3 + 30 * 15e-3)
+    assert idle_j(30, 90, 10, 6.0, 10) == pytest.approx(90 * 4e-3 + 30 * 6e-3)  # 6 ms already spent
+    assert idle_j(30, 90, 10, math.inf, 25) == pytest.approx(30 * 25e-3)    # never worked: idle throughout
+    assert idle_j(30, 90, 10, 0.0, 0.0) == 0.0
+
+
+# --- a whole run by hand ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fixed_active_run_by_hand(engine):
+    # Linear costs: 0.5 ms per prompt token, 4 ms per decode step. Each request: prompt 4,
+    # output 3 -> prefill 2 ms (first token), then 2 decode steps of 4 ms: 10 ms busy.
+    # Request 0 arrives at 0 and finishes at 10; request 1 at 30, finishes at 40.
+    # Busy: 20 ms at 300 W = 6 J. The gap 10..30: 10 ms standby at 90 W + 10 ms idle at 30 W
+    # = 0.9 + 0.3 J. Window 0..40 ms: 7.2 J in all; 6 tokens -> 1.2 J per token.
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    requests = [Request(0, 0.0, 4, 3), Request(1, 30.0, 4, 3)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, engine=engine, power=fixed_active())
+    e = r.metrics["energy"]
+    assert e["busy_j"] == pytest.approx(6.0)
+    assert e["idle_j"] == pytest.approx(1.2)
+    assert e["gpu_j"] == pytest.approx(7.2)
+    assert e["j_per_token"] == pytest.approx(1.2)
+    assert e["j_per_request"] == pytest.approx(3.6)
+    assert e["avg_power_w"] == pytest.approx(7.2 / 0.040)
+    assert e["peak_power_w"] == pytest.approx(300.0)
+    assert r.requests["energy_j"].tolist() == pytest.approx([3.0, 3.0])  # each its own 10 ms of iterations
+    assert e["kwh"] == pytest.approx(7.2 / 3.6e6)
+    check_energy(r)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_shares_follow_tokens_by_hand(engine):
+    # Request 0 (prompt 4, output 5) starts alone: prefill 0..2 ms (first token), decode 2..6.
+    # Request 1 (prompt 8, output 2) arrives at 5; at t=6 it is admitted beside request 0's
+    # decode: one iteration of 1 decode + 8 prompt tokens = 4 + 4 = 8 ms (6..14) at 300 W =
+    # 2.4 J over 9 tokens: request 0 gets 2.4/9, request 1 gets 8 x 2.4/9. Then both decode
+    # 14..18 (1.2 J, half each; request 1 is done) and request 0 alone 18..22.
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    requests = [Request(0, 0.0, 4, 5), Request(1, 5.0, 8, 2)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, engine=engine, power=fixed_active())
+    finish = dict(zip(r.requests["id"].tolist(), r.requests["finish_ms"].tolist()))
+    assert finish == {0: 22.0, 1: 18.0}
+    got = dict(zip(r.requests["id"].tolist(), r.requests["energy_j"].tolist()))
+    assert got[0] == pytest.approx(0.6 + 1.2 + 2.4 / 9 + 0.6 + 1.2)
+    assert got[1] == pytest.approx(2.4 * 8 / 9 + 0.6)
+    check_energy(r)
+
+
+# --- the utilisation model by hand ----------------------------------------------------------------
+
+GPU = GpuSpec("test-gpu", memory_gib=80, hbm_bandwidth_gbps=1000, bf16_tflops=100, host_link_gbps=32,
+              board_w=400, idle_w=40, max_clock_mhz=2000, min_clock_mhz=200)
+
+
+def _model(work, tp=1, clock=None, **settings):
+    config = UtilisationConfig(awake=0.2, activity=1.0, **settings)
+    return UtilisationPowerModel(config, GPU, tp, work, clock=clock, board_w=400.0, idle_w=40.0)
+
+
+def test_utilisation_power_by_hand():
+    # 1000 GB/s = 1e9 bytes per ms, 100 TFLOPS = 1e11 flops per ms.
+    # 5e9 bytes and 1e10 flops in 10 ms: memory 5 ms (u = 0.5) bounds, compute 0.1 ms.
+    # power = 40 + 360 x (0.2 + 1.0 x 0.5) = 292 W -> 2.92 J; two GPUs: 5.84 J
+    batch = Batch(num_decode=4, decode_context_tokens=400)
+    assert _model(lambda b: (5e9, 1e10)).iteration_j(batch, 10.0) == pytest.approx(2.92)
+    assert _model(lambda b: (5e9, 1e10), tp=2).iteration_j(batch, 10.0) == pytest.approx(5.84)
+    # compute-bound: 8e11 flops = 8 ms of 10 (u = 0.8) -> 40 + 360 x 1.0 = 400 W (the board limit)
+    assert _model(lambda b: (1e9, 8e11)).iteration_j(batch, 10.0) == pytest.approx(4.0)
+    # more than the limit is cut to it: u = 1.5 -> 400 W
+    assert _model(lambda b: (1.5e10, 0.0)).iteration_j(batch, 10.0) == pytest.approx(4.0)
+    m = _model(lambda b: (0.0, 0.0), standby_s=5.0)
+    assert (m.idle_w, m.standby_w, m.standby_ms) == (40.0, pytest.approx(40 + 360 * 0.2), 5000.0)
+
+
+@SETTINGS
+@given(st.integers(1, 64), st.integers(0, 40_000), st.integers(1, 3_000), st.floats(0.5, 50.0),
+       st.floats(0.0, 0.2), st.sampled_from(["l4", "a100-40gb", "h100-80gb", "rtx-a6000"]),
+       st.sampled_from([None, 210.0, 900.0]))
+def test_built_in_power_models_keep_the_contract(n, context, k, d0, inc, gpu, mhz):
+    """Every built-in's closed form over a bulk run against iteration-by-iteration sums (the
+    utilisation model's across the bounds changing sides and the board limit: big contexts on
+    small GPUs), never below idle power."""
+    cost = roofline(gpu=gpu)
+    if mhz is not None:
+        cost = ClockedCostModel(cost, PRESETS.gpu(gpu), ClockConfig(mhz=mhz))
+    batch = Batch(num_decode=n, decode_context_tokens=context + n)
+    for model in (build_utilisation(UtilisationConfig(), PRESETS, cost),
+                  build_table(TableConfig(fit="mlenergy-a100-40gb-llama-3.1-8b"), PRESETS, cost),
+                  fixed_active(standby_s=18.0)(cost)):
+        check_power_model(model, batch, k, d0, inc)
+
+
+def test_table_model_interpolates_and_holds_at_the_ends():
+    model = build_table(TableConfig(points=[[1, 100], [5, 300]], idle_w=20, standby_w=60), PRESETS, None, 2)
+    assert model.watts(0) == 100 and model.watts(9) == 300 and model.watts(3) == pytest.approx(200)
+    assert model.iteration_j(Batch(num_decode=3), 10.0) == pytest.approx(2 * 200 * 10e-3)
+    batch = Batch(num_decode=3, decode_context_tokens=30)
+    assert model.run_j(batch, 7, 2.0, 0.25) == pytest.approx(run_j_by_iterations(model, batch, 7, 2.0, 0.25))
+
+
+# --- both engines, conservation ---------------------------------------------------------------------
+
+
+@SETTINGS
+@given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), st.integers(1, 8),
+       st.booleans(), st.integers(40, 400), st.sampled_from(["l4", "a100-40gb"]))
+def test_engines_agree_on_energy_and_conserve_it(requests, max_seqs, chunked, num_blocks, gpu):
+    """Bulk decode runs (closed form) against one iteration at a time: the same energy, per
+    request and per run, and both equal to the integral of power over the timeline."""
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=256, chunked_prefill=chunked,
+                           allocation="grow")
+    runs = [run_engine(requests, ContinuousScheduler(cfg), roofline(gpu=gpu),
+                       PagedKVCache(num_blocks, 16, swap_blocks=32), engine=engine, power=utilisation(standby_s=0.05))
+            for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    for run in runs:
+        check_energy(run)
+    assert runs[0].meta["events"] <= runs[1].meta["events"]
+
+
+def test_energy_is_exact_over_a_long_bulk_run():
+    """One request decoding 2,000 tokens: the fast engine does it in a handful of events."""
+    requests = [Request(0, 0.0, 500, 2000)]
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig()), roofline(), engine=engine,
+                       power=utilisation()) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["events"] < 50 and runs[1].meta["events"] == 2000
+    for run in runs:
+        check_energy(run)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_cluster_and_disaggregated_runs_conserve_energy(engine):
+    from schedlab_plugins.routers import RoundRobinRouter
+
+    requests = [Request(i, 40.0 * i, 50 + 30 * i, 20 + 7 * i) for i in range(8)]
+    make = lambda: (ContinuousScheduler(ContinuousConfig()), roofline(), PagedKVCache(400, 16))  # noqa: E731
+    cluster = run_cluster(requests, make, 2, RoundRobinRouter(), engine=engine, power=utilisation())
+    check_energy(cluster)
+    assert set(cluster.metrics["energy"]["per_instance"]) == {"0", "1"}
+    pd = run_disaggregated(requests, make, make, engine=engine, power=utilisation())
+    check_energy(pd)
+
+
+def test_no_power_table_no_energy():
+    r = run_engine([Request(0, 0.0, 4, 3)], ContinuousScheduler(ContinuousConfig()))
+    assert "energy" not in r.metrics and "energy" not in r.meta
+    assert np.isnan(r.timeline["energy_j"]).all() and r.requests["energy_j"].tolist() == [0.0]
+
+
+# --- the clock --------------------------------------------------------------------------------------
+
+
+def test_clock_law_by_hand():
+    # compute 1e11 flops at 100 TFLOPS x 0.5 efficiency = 2 ms; memory 1e9 bytes at 1000 GB/s x 0.5 = 2 ms
+    class Work:
+        def iteration_ms(self, batch):
+            return 5.0
+
+        def work(self, batch):
+            return (1e9, 1e11) if batch.prefill_tokens else (4e9, 1e10)
+
+    cfg = ClockConfig(mhz=1000.0, compute_efficiency=0.5, bandwidth_efficiency=0.5)
+    clocked = ClockedCostModel(Work(), GPU, cfg)
+    # at half clock the compute takes 4 ms: max(4, 2) - max(2, 2) = 2 ms more
+    assert clocked.iteration_ms(Batch(num_prefill=1, prefill_tokens=100)) == pytest.approx(7.0)
+    # memory-bound (8 ms of memory, 0.2 ms of compute -> 0.4): no slower
+    assert clocked.iteration_ms(Batch(num_decode=4, decode_context_tokens=40)) == pytest.approx(5.0)
+    # power factors: voltage 0.65 at 200 MHz, 1 at 2000 -> at 1000 MHz 0.65 + 0.35 x 800/1800;
+    # the awake power r v^2, the work's 30% off the core rail plus 70% x v^2
+    v = 0.65 + 0.35 * 800 / 1800
+    assert clock_power_factor(0.5, 0.1, 0.65, 0.7) == pytest.approx((0.5 * v * v, 0.3 + 0.7 * v * v))
+    assert clock_power_factor(1.0, 0.1, 0.65, 0.7) == (1.0, 1.0)
+
+
+def _governed(gpu="a100-40gb", tpot_ms=12.0):
+    return ClockedCostModel(roofline(gpu=gpu), PRESETS.gpu(gpu), ClockConfig(policy="slo", tpot_ms=tpot_ms))
+
+
+@SETTINGS
+@given(requests_lists(max_size=10, max_prompt=300, max_output=300, all_at_zero=False), st.integers(1, 16),
+       st.sampled_from([11.0, 14.0, 25.0]))
+def test_clock_governor_engines_agree(requests, max_seqs, tpot_ms):
+    """The governor picks a clock per iteration from its shape: a bulk run ends where the pick
+    would change, so both engines run every iteration at the same clock."""
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, allocation="grow")
+    runs = [run_engine(requests, ContinuousScheduler(cfg), _governed(tpot_ms=tpot_ms), PagedKVCache(600, 16),
+                       engine=engine, power=utilisation()) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    for run in runs:
+        check_energy(run)
+
+
+def test_clock_governor_keeps_decoding_iterations_within_the_target():
+    from schedlab.engine.driver import simulate
+    from schedlab.engine.instance import Instance
+    from schedlab.engine.recorder import Recorder
+
+    cost = _governed(tpot_ms=14.0)
+    seen = []
+    inst = Instance(0, ContinuousScheduler(ContinuousConfig()), cost, PagedKVCache(2000, 16), Recorder(),
+                    observer=lambda i, rec: seen.append((rec.batch, rec.duration_ms)))
+    simulate([Request(i, 30.0 * i, 200, 150) for i in range(12)], [inst])
+    lowered = [(b, d) for b, d in seen if cost.clock_ratio(b) < 1.0]
+    assert lowered, "the governor never lowered the clock"
+    assert all(d <= 0.9 * 14.0 + 1e-9 for _, d in lowered)
+    assert all(cost.clock_ratio(b) == 1.0 for b, _ in seen if b.prefill_tokens)  # prompt tokens: full clock
+
+
+def test_lower_clock_saves_energy_on_decode():
+    """A memory-bound decode at a lower clock: hardly slower, less energy."""
+    requests = [Request(i, 0.0, 100, 300) for i in range(4)]
+    full, low = (run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, power=utilisation())
+                 for cost in (roofline(), ClockedCostModel(roofline(), PRESETS.gpu("a100-40gb"),
+                                                           ClockConfig(mhz=810.0))))
+    assert low.metrics["makespan_ms"] <= full.metrics["makespan_ms"] * 1.02
+    assert low.metrics["energy"]["gpu_j"] < full.metrics["energy"]["gpu_j"] * 0.95
+
+
+# --- experiments: tables, errors, reports, the planner ----------------------------------------------
+
+EXPERIMENT = """
+[experiment]
+name = "energy"
+
+[workload]
+kind = "mix"
+
+[workload.classes.chat]
+kind = "synthetic"
+num_requests = 40
+rate = 4.0
+prompt = {dist = "uniform", low = 100, high = 600}
+output = {dist = "uniform", low = 20, high = 200}
+
+[workload.classes.batch]
+kind = "synthetic"
+num_requests = 10
+rate = 1.0
+prompt = {dist = "fixed", value = 2000}
+output = {dist = "fixed", value = 400}
+
+[cost_model]
+kind = "roofline"
+model = "llama-3.1-8b"
+gpu = "a100-40gb"
+
+[kv_cache]
+kind = "paged"
+model = "llama-3.1-8b"
+gpu = "a100-40gb"
+
+[power]
+kind = "utilisation"
+host_idle_w = 200
+pue = 1.25
+"""
+
+
+@pytest.fixture(scope="module")
+def energy_run(tmp_path_factory):
+    from schedlab.study.experiment import load, run_experiment
+
+    path = tmp_path_factory.mktemp("energy") / "energy.toml"
+    path.write_text(EXPERIMENT)
+    return run_experiment(load(path))
+
+
+def test_energy_metrics_of_an_experiment(energy_run):
+    run = energy_run.all_runs()[0]
+    e = run.metrics["energy"]
+    window_s = e["window_ms"] / 1e3
+    assert e["host_j"] == pytest.approx(200 * window_s)                       # 200 W all along
+    assert e["facility_j"] == pytest.approx((e["gpu_j"] + e["host_j"]) * 1.25)
+    assert e["kwh"] == pytest.approx(e["facility_j"] / 3.6e6)
+    assert e["gpu_j"] == pytest.approx(e["busy_j"] + e["idle_j"])
+    board, idle = 400.0, 0.12 * 400.0                                          # a100-40gb: datasheet, estimate
+    assert idle * window_s <= e["gpu_j"] <= board * window_s
+    assert e["peak_power_w"] <= board + 1e-9
+    classes = run.metrics["per_class"]
+    assert sum(c["energy"]["j"] for c in classes.values()) == pytest.approx(e["attributed_j"])
+    assert e["attributed_j"] == pytest.approx(e["busy_j"])
+    check_energy(run)
+
+
+def test_energy_in_the_table_and_the_timeline_plot(energy_run):
+    from schedlab_plugins.reports.plot_timeline import has_power, timeline_figure
+    from schedlab_plugins.reports.table import TableReport
+
+    text = TableReport().text(energy_run)
+    assert "energy.j_per_token" in text and "J/token by class: batch" in text and "PUE 1.25" in text
+    run = energy_run.all_runs()[0]
+    assert has_power(run)
+    fig = timeline_figure(run, 60)
+    lines = [line for ax in fig.axes for line in ax.get_lines() if (line.get_gid() or "").startswith("timeline:power")]
+    assert len(lines) == 1
+    edges, watts = power_steps(run, 0)
+    assert lines[0].get_ydata()[:-1].tolist() == pytest.approx(watts.tolist())
+
+
+def test_saved_results_redraw_the_same_power(energy_run, tmp_path):
+    from schedlab.results.storage import load as load_saved
+    from schedlab.results.storage import save
+
+    save(energy_run, tmp_path)
+    saved = load_saved(tmp_path).all_runs()[0]
+    fresh = energy_run.all_runs()[0]
+    assert saved.metrics["energy"]["gpu_j"] == pytest.approx(fresh.metrics["energy"]["gpu_j"])
+    assert integral_j(*power_steps(saved, 0)) == pytest.approx(integral_j(*power_steps(fresh, 0)), rel=1e-9)
+    assert saved.requests["energy_j"].tolist() == pytest.approx(fresh.requests["energy_j"].tolist())
+
+
+@pytest.mark.parametrize("table, message", [
+    ('[power]\nkind = "utilisation"\nawake = 2', "[power]: awake: must be <= 1"),
+    ('[power]\nkind = "utilisaton"', "unknown power_model 'utilisaton' (did you mean 'utilisation'?)"),
+    ('[power]\nkind = "utilisation"\nwatts = 3', "[power]: unknown key 'watts'"),
+    ('[power]\nkind = "table"', "give either points"),
+    ('[power]\nkind = "table"\npoints = [[5, 100], [1, 200]]', "x must increase"),
+    ('[power]\nkind = "utilisation"\n[clock]\nmhz = 5000', "[clock]: mhz: 5000 is outside a100-40gb's clocks"),
+    ('[power]\nkind = "utilisation"\n[clock]\npolicy = "slo"', "needs a TPOT target"),
+])
+def test_bad_power_tables_name_the_file_table_and_key(tmp_path, table, message):
+    from schedlab.errors import ConfigError
+    from schedlab.study.experiment import load
+
+    path = tmp_path / "bad.toml"
+    path.write_text(EXPERIMENT.split("[power]")[0] + table + "\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert "bad.toml" in str(info.value) and message in str(info.value)
+
+
+def test_plan_reports_kwh_and_energy_cost(tmp_path):
+    from study_case import PLAN
+
+    from schedlab.study.experiment import load, run_experiment
+
+    path = tmp_path / "plan.toml"
+    path.write_text(PLAN.replace("[plan]", '[power]\nkind = "utilisation"\npue = 1.5\n\n[plan]\n'
+                                            "energy_price_per_kwh = 0.2"))
+    study = run_experiment(load(path)).studies[0]
+    plan = study.plan
+    runs = {run.name: run for run in study.runs}
+    for d in plan.deployments:
+        e = runs[d["run"]].metrics["energy"]
+        kw = e["facility_j"] / e["window_ms"]       # J per ms = kW, PUE included
+        assert d["kwh_per_hour"] == pytest.approx(kw)
+        assert d["energy_cost_per_hour"] == pytest.approx(0.2 * kw)
+        assert d["gpu_hours_per_hour"] == d["instances"] * runs[d["run"]].point["tensor_parallel"]
+    assert "energy (" in plan.message and "kWh/h" in plan.message
+
+
+def test_energy_clock_experiment_saves_energy_within_the_slo():
+    """experiments/energy_clock.toml, shortened: the governor takes less energy than the full
+    clock at every load and meets the SLO as often."""
+    from pathlib import Path
+
+    from schedlab.study.experiment import load, run_experiment
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "energy_clock.toml"
+    runs = {r.name: r for r in run_experiment(load(path, ["workload.num_requests=200"])).all_runs()}
+    for rate in (2, 10, 28):
+        full, governed = runs[f"full_clock[rate={rate}]"], runs[f"slo_governor[rate={rate}]"]
+        assert governed.metrics["energy"]["gpu_j"] < 0.8 * full.metrics["energy"]["gpu_j"]
+        assert governed.metrics["slo"]["attainment"] >= full.metrics["slo"]["attainment"] - 1e-9
+
+
+def test_a_pool_of_its_own_clock(tmp_path):
+    """[cluster.decode] clock = {...}: the decode pool runs at its clock, the prefill pool at
+    the highest; both engines agree and the energy is conserved."""
+    from schedlab.study.experiment import load, run_experiment
+
+    text = EXPERIMENT.replace("[power]", """[cluster]
+mode = "disaggregated"
+prefill = {instances = 1}
+decode = {instances = 1, clock = {mhz = 810}}
+
+[power]""").replace('[kv_cache]\nkind = "paged"', '[kv_cache]\nkind = "paged"\nbytes_per_block = 2097152')
+    runs = {}
+    for engine in ENGINES:
+        path = tmp_path / f"{engine}.toml"
+        path.write_text(text.replace('name = "energy"', f'name = "energy"\nengine = "{engine}"'))
+        runs[engine] = run_experiment(load(path)).all_runs()[0]
+    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
+    for run in runs.values():
+        check_energy(run)
+        prefill, decode = run.meta["energy"]["instances"]
+        assert decode["standby_w"] < prefill["standby_w"]   # the decode pool idles at its lower clock
