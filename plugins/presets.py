@@ -113,8 +113,9 @@ GPUS: tuple[tuple[GpuSpec, str], ...] = (
      "GeForce RTX 4090 datasheet (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165.2 TFLOPS bf16 dense with FP32 accumulate; "
      "PCIe Gen4 x16 (32 GB/s each way), no NVLink or P2P"),
     # The GPU of the shared power traces (LLMServingSim 2.0's validation node).
+    # No machine preset has its NVLink bridge: collectives use the GPU's own link (collectives.machine).
     (GpuSpec("rtx-a6000", memory_gib=48, hbm_bandwidth_gbps=768, bf16_tflops=154.8, host_link_gbps=32,
-             interconnect_gbps=56.25, interconnect_latency_us=NVLINK_LATENCY_US),
+             interconnect_gbps=56.25, interconnect_latency_us=5.0),
      "RTX A6000 datasheet: 48 GB GDDR6, 768 GB/s, 154.8 TFLOPS bf16 dense with FP32 accumulate (309.7 sparse); "
      "PCIe Gen4 x16 (32 GB/s each way); NVLink bridge 112.5 GB/s (56.25 each way)"),
 )
