@@ -20,7 +20,7 @@ from .simulation import RunSpec
 from .sweep import point_label
 
 #: The tables of one run; a sweep or search varies keys inside these only.
-RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative")
+RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative", "frontend", "client")
 
 
 @attrs.frozen
