@@ -349,3 +349,68 @@ def test_routers_see_an_aborted_request_leave_at_its_abort(requests, timeout, co
         results.append(result)
     compare_runs(*results, rel=1e-12)
     assert math.isfinite(results[0].metrics["makespan_ms"]) or results[0].metrics["finished"] == 0
+
+
+# -- experiment files --------------------------------------------------------------------------------
+
+EXPERIMENT = """
+[workload]
+kind = "synthetic"
+num_requests = 40
+prompt = {dist = "fixed", value = 200}
+output = {dist = "fixed", value = 20}
+arrival = "constant"
+rate = 50
+
+[scheduler]
+kind = "continuous"
+max_num_seqs = 4
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT + text)
+    return path
+
+
+def test_a_frontend_table_with_no_keys_uses_the_documented_defaults(tmp_path):
+    from schedlab.study.experiment import load, run_experiment
+
+    results = run_experiment(load(write(tmp_path, "[frontend]\n")))
+    run = results.all_runs()[0]
+    assert run.meta["frontend"] == {"network_ms": 0.05, "request_ms": 1.0, "tokenize_ms_per_token": 0.002,
+                                    "token_ms": 0.05, "workers": 1}
+    # every request: 0.05 ms of network, 1 + 200 x 0.002 ms of handling; 20 ms apart, none waits
+    assert run.metrics["client"]["frontend_ms"]["p50"] == pytest.approx(1.45)
+    assert run.metrics["client"]["frontend_ms"]["max"] == pytest.approx(1.45)
+    assert run.metrics["client"]["ttft_ms"]["mean"] == pytest.approx(run.metrics["ttft_ms"]["mean"] + 1.45 + 0.1)
+
+
+def test_timeouts_come_from_the_client_table_per_class(tmp_path):
+    from schedlab.study.experiment import load, run_experiment
+
+    path = write(tmp_path, "[client]\ntimeout_ms = 1e9\nclasses = {default = {timeout_ms = 50}}\n"
+                           "[cost_model]\nkind = \"linear\"\ndecode_ms_per_step = 20\n")
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.meta["client"]["classes"] == {"default": {"timeout_ms": 50}}
+    assert run.metrics["timed_out"] == 40 == run.metrics["aborted"]   # 20 tokens x 20 ms > 50 ms
+    assert run.metrics["finished"] == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[frontend]\nnetwork = 1\n", r"exp.toml: \[frontend\]: unknown key 'network' \(did you mean 'network_ms'\?\)"),
+    ("[frontend]\nworkers = -1\n", r"\[frontend\]: workers: must be >= 0"),
+    ("[client]\ntimeout_ms = 0\n", r"\[client\]: timeout_ms: must be > 0"),
+    ("[client]\nclasses = {chat = {timeout = 5}}\n", r"\[client\]: classes: chat: unknown key 'timeout'"),
+    ("[frontend]\nnetwork_ms = 2\n[client]\ntimeout_ms = 1.5\n",
+     r"\[client\]: timeout_ms: must be longer than the network hop \(\[frontend\] network_ms = 2\), got 1.5"),
+    ("[cluster]\nmode = \"disaggregated\"\n[client]\ntimeout_ms = 100\n",
+     r"\[client\]: timeout_ms: requests abandoned in a disaggregated cluster are not simulated yet"),
+])
+def test_bad_client_side_tables_are_refused_by_name(tmp_path, text, message):
+    from schedlab.errors import ConfigError
+    from schedlab.study.experiment import load
+
+    with pytest.raises(ConfigError, match=message):
+        load(write(tmp_path, text))
