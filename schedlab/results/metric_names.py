@@ -63,7 +63,8 @@ METRICS: dict = {
                  **{name: _SUMMARY for name in ("kv_wait_ms", "transfer_ms", "join_wait_ms")}},
     # optional: a workload replaying a measured run (schedlab.results.compare); the keys of errors_pct
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
-    "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},
+    "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None},
+                    "server": {"errors_pct": {"*": None}, "measured": {"*": None}}},  # a client's file: the server's
     # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour
     "cost_per_hour": None,
 }
