@@ -326,7 +326,8 @@ def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
     if starts is not None:
         sent = _bench_seconds(path, "start_times", starts, keep)  # perf_counter seconds: any origin >= 0
         queue_times = _bench_list(path, data, "queue_times", n, required=False)
-        waited = _bench_seconds(path, "queue_times", queue_times, keep) if queue_times is not None else np.zeros(len(keep))
+        waited = (_bench_seconds(path, "queue_times", queue_times, keep) if queue_times is not None
+                  else np.zeros(len(keep)))
         due = sent - waited
         origin = due.min()
         sent, due = sent - origin, due - origin

@@ -88,8 +88,11 @@ class ClientArrivals:
             received = self._next_received()
             if received < t:
                 t = received
-        if self._deadlines and self._deadlines[0][0] < t:
-            t = self._deadlines[0][0]
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1] not in self._open:  # finished in time: no event
+            heapq.heappop(deadlines)
+        if deadlines and deadlines[0][0] < t:
+            t = deadlines[0][0]
         return t
 
     def pop(self, t: float):

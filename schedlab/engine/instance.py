@@ -66,6 +66,15 @@ def default_rejection_reason(request, kv) -> str | None:
     return None
 
 
+def free_swapped(kv, seq) -> None:
+    """Drop a swapped-out sequence's copy in swap space (its client gave up); both engines."""
+    drop = getattr(kv, "free_swapped", None)
+    if drop is None:
+        raise SimulationError(f"request {seq.request.id} was aborted while swapped out, but the KV cache "
+                              f"{type(kv).__name__} has no free_swapped(seq) to drop its copy in swap space")
+    drop(seq)
+
+
 def held_blocks(seqs, block_size: int) -> int:
     """Blocks the sequences hold by their counters: ``max(ceil(reserved / B), ceil(computed / B))`` each."""
     total = 0
@@ -207,7 +216,7 @@ class Instance:
                 seq.waiting_ms += now - seq.waiting_since
             elif status == SWAPPED:
                 self.swapped.remove(seq)
-                self.kv.free_swapped(seq)
+                free_swapped(self.kv, seq)
             elif status == DECODING or status == PREFILLING:
                 if status == DECODING:
                     self._remove_decoder(seq, ABORTED)

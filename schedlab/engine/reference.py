@@ -471,6 +471,9 @@ class ReferenceEngine:
                 self.waiting.remove(seq)
                 seq.waiting_ms += self.now - seq.waiting_since
             elif seq.status == "swapped":
+                if not hasattr(self.kv, "free_swapped"):
+                    raise SimulationError(f"reference engine: request {seq.request.id} aborted while swapped out; "
+                                          f"{type(self.kv).__name__} has no free_swapped(seq)")
                 self.swapped.remove(seq)
                 self.kv.free_swapped(seq)
             elif seq.status in ("prefilling", "decoding"):
