@@ -24,8 +24,9 @@ from typing import Any
 import attrs
 
 from .errors import ConfigError
-from .results.compare import comparison_rows, format_comparison, measured_statistics, statistics
-from .results.metrics import request_latencies
+from .results.compare import (
+    comparison_rows, format_comparison, measured_statistics, simulated_latencies, statistics,
+)
 from .study.overrides import get_dotted, parse_assignment, set_dotted
 
 
@@ -197,10 +198,10 @@ def _table(title: str, result, rows=None) -> str:
     from .results.compare import select_requests
 
     if rows is None:
-        sim, truth = request_latencies(result.requests), measured_statistics(result.measured)
+        sim, truth = simulated_latencies(result.requests, result.measured), measured_statistics(result.measured)
     else:
         chosen, lat = select_requests(result.requests, result.measured, rows)
-        sim, truth = request_latencies(chosen), statistics(lat)
+        sim, truth = simulated_latencies(chosen, result.measured), statistics(lat)
         title += f" (requests {rows[0]}..{rows[-1]} of the log)" if len(rows) and rows[-1] - rows[0] + 1 == len(rows) \
             else f" ({len(rows)} requests)"
     return format_comparison(title, comparison_rows(statistics(sim), truth))
@@ -261,6 +262,7 @@ def command(args) -> int:
     print(report(fit, spec, result, parameters, rows, others))
     if args.predict:
         other = predict(exp, spec, args.predict)
-        rows = comparison_rows(statistics(request_latencies(other.requests)), measured_statistics(other.measured))
+        rows = comparison_rows(statistics(simulated_latencies(other.requests, other.measured)),
+                               measured_statistics(other.measured))
         print(format_comparison(f"prediction with the fit ({', '.join(args.predict)}): simulated vs measured", rows))
     return 0

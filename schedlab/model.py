@@ -31,6 +31,11 @@ def _check_request(req: "Request") -> None:
         )
     if req.block_hashes is not None and req.hash_block_tokens < 1:
         raise WorkloadError(f"request {req.id}: hash_block_tokens must be >= 1")
+    if req.sent_ms is not None and not 0.0 <= req.sent_ms <= req.arrival_ms:  # also rejects NaN
+        raise WorkloadError(f"request {req.id}: sent_ms must be from 0 to arrival_ms ({req.arrival_ms:g}), "
+                            f"got {req.sent_ms:g}")
+    if req.timeout_ms is not None and not req.timeout_ms > 0.0:  # also rejects NaN
+        raise WorkloadError(f"request {req.id}: timeout_ms must be > 0 (leave it out for none), got {req.timeout_ms:g}")
 
 
 @attrs.frozen(slots=True)
@@ -55,6 +60,11 @@ class Request:
         (a system prompt); ``None`` for no declared sharing.
     :ivar block_hashes: prefix hash ids, one per ``hash_block_tokens`` tokens of the prompt,
         each naming the whole prefix up to the end of its block (the Mooncake trace format).
+    :ivar sent_ms: when the client sent it, when that is earlier than ``arrival_ms`` (the
+        network and the API server's front end lie in between, see :mod:`schedlab.frontend`);
+        ``None``: at ``arrival_ms``.
+    :ivar timeout_ms: the client abandons the request this long after sending it unless its
+        last token has arrived by then; the engine then aborts it (``None``: never).
     """
 
     id: int
@@ -69,6 +79,8 @@ class Request:
     prefix_tokens: int = 0
     block_hashes: tuple | None = None
     hash_block_tokens: int = 512
+    sent_ms: float | None = None
+    timeout_ms: float | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_request(self)
@@ -79,6 +91,11 @@ class Request:
         if self.max_tokens is None:
             return self.output_tokens
         return min(self.output_tokens, self.max_tokens)
+
+    @property
+    def sent_at(self) -> float:
+        """When the client sent the request (``arrival_ms`` unless ``sent_ms`` says earlier)."""
+        return self.arrival_ms if self.sent_ms is None else self.sent_ms
 
     @property
     def max_output_tokens(self) -> int:

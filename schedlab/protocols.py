@@ -164,6 +164,9 @@ class KVCache(Protocol):
     counter, ``bytes_per_block``, ``link_gbps``, ``latency_us``, ``load_ms`` and ``attach``):
     ``cached_tokens`` then counts hits in either tier, and the engines charge the blocks an
     admission's ``allocate`` loaded (the rise of ``host.loaded``) to that iteration.
+
+    Optional with swap space (``swap_out``/``swap_in``): ``free_swapped(seq)``, which drops a
+    swapped-out sequence's copy in swap space when its client gives up (it is aborted).
     """
 
     block_size: int
@@ -334,7 +337,9 @@ class Scheduler(Protocol):
     ``new_waiting_queue()`` (the order of waiting requests; FCFS when absent),
     ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None),
     ``on_finish(seq, plan_now)`` (called when a sequence finishes; on a disaggregated prefill
-    instance, when the decode side has pulled its KV and its blocks are free), ``slots`` (most
+    instance, when the decode side has pulled its KV and its blocks are free; also when the
+    engine aborts a sequence whose client gave up, its status then ``"aborted"``: a scheduler
+    that keeps sequences of its own must forget it), ``slots`` (most
     running sequences; a disaggregated decode instance lets no more join),
     ``kv_reservation(request)`` (KV tokens held from admission, 0 when grown as computed; a
     disaggregated decode instance reserves as much when it pulls a request's KV) and

@@ -534,3 +534,29 @@ def test_disaggregation_wins_where_prefill_interference_breaks_tpot_and_the_rati
     req = top["summarize 3P1D"].requests
     moved = req["kv_pulled_ms"] >= 0
     assert moved.all() and (req["kv_bytes"] == req["prompt_tokens"] * 128 * 1024).all()
+
+
+def test_client_view_front_end_timeouts_and_api_server_queueing():
+    runs = {s.name: s.runs[0] for s in run("client_view.toml", []).studies}
+    # through the API server, 8 requests/s never queue: each takes 0.05 + 1 + 0.002 x prompt ms
+    req = runs["client"].requests
+    assert req["arrival_ms"] - req["sent_ms"] == pytest.approx(1.05 + 0.002 * req["prompt_tokens"])
+    assert req["client_first_ms"] - req["first_token_ms"] == pytest.approx(0.1)
+    assert metric(runs["engine"], "client.ttft_ms.p50") == metric(runs["engine"], "ttft_ms.p50")
+    # drained: the second stage (from request 240) starts 5 s after the first stage's last byte
+    req = runs["drained"].requests
+    first_stage = req["id"] < 240
+    assert req["sent_ms"][~first_stage].min() == pytest.approx(req["client_done_ms"][first_stage].max() + 5000.0)
+    # overload: the queue grows; with 10 s timeouts most clients give up, their requests are aborted
+    # after they produced tokens, and every completed request took at most 10 s
+    assert runs["overload"].metrics["stability"]["verdict"] == "unstable"
+    m, req = runs["timeouts"].metrics, runs["timeouts"].requests
+    assert m["timed_out"] > 0.6 * m["requests"] and m["aborted"] > 0.95 * m["timed_out"]
+    assert (req["generated_tokens"][req["aborted"] == 1] > 0).all()
+    assert metric(runs["timeouts"], "client.e2el_ms.max") <= 10_000.0
+    assert metric(runs["timeouts"], "ttft_ms.p50") < metric(runs["overload"], "ttft_ms.p50") / 100
+    # one API server: requests queue before the engine, which stays fast; four: the queue moves into the engine
+    one, four = runs["one_api_server"], runs["four_api_servers"]
+    assert metric(one, "client.frontend_ms.p99") > 1000 and metric(one, "ttft_ms.p50") < 100
+    assert metric(four, "client.frontend_ms.p99") < 10 and metric(four, "ttft_ms.p50") > 200
+    assert metric(four, "client.ttft_ms.p50") < metric(one, "client.ttft_ms.p50") / 2

@@ -83,8 +83,10 @@ def test_vllm_bench_by_hand(tmp_path):
     path.write_text(json.dumps({"request_rate": 4.0, "burstiness": 1.0, "input_lens": [10, 20, 30],
                                 "output_lens": [3, 1, 2], "ttfts": [0.1, 0.2, 0.3],
                                 "itls": [[0.01, 0.03], [], [0.05]], "errors": ["", "", ""]}))
-    rate, burstiness, columns, measured = load_vllm_bench(path)
-    assert (rate, burstiness) == (4.0, 1.0)
+    bench = load_vllm_bench(path)
+    columns, measured = bench.columns, bench.measured
+    assert (bench.rate, bench.burstiness, bench.max_concurrency) == (4.0, 1.0, None)
+    assert bench.sent_ms is None  # no start_times: arrivals are drawn again
     assert columns.prompt_tokens.tolist() == [10, 20, 30]
     assert measured.ttft_ms == pytest.approx([100.0, 200.0, 300.0])
     assert measured.tpot_ms[0] == pytest.approx(20.0) and np.isnan(measured.tpot_ms[1])

@@ -129,10 +129,17 @@ def test_vs_measured_is_declared_as_compare_makes_it(everything):
 
     from schedlab.results.compare import vs_measured
 
+    import numpy as np
+
     run = everything.all_runs()[0]
     measured = SimpleNamespace(ttft_ms=[10.0, 20.0], tpot_ms=[1.0, 2.0], e2e_ms=[50.0, 60.0])
+    assert set(vs_measured(run.requests, measured)) == set(METRICS["vs_measured"]) - {"server"}
+    # a client's file with the server's own per-request times has them compared too
+    measured = SimpleNamespace(ttft_ms=[10.0, 20.0], tpot_ms=[1.0, 2.0], e2e_ms=[50.0, 60.0], view="client",
+                               server_ttft_ms=np.array([5.0, np.nan]), server_queue_ms=np.array([1.0, 2.0]))
     made = vs_measured(run.requests, measured)
     assert set(made) == set(METRICS["vs_measured"])
+    assert set(made["server"]) == set(METRICS["vs_measured"]["server"])
     assert check_metric_name("vs_measured.mean_abs_error_pct") == "vs_measured.mean_abs_error_pct"
     assert all(isinstance(made[group], dict) for group in ("errors_pct", "measured"))
 

@@ -420,6 +420,11 @@ class PrefixKVCache(PagedKVCache):
         seq.kv_state = blocks
         return self.transfer_ms(blocks)
 
+    def free_swapped(self, seq) -> None:
+        """Drop a swapped-out ``seq``'s copy in swap space (its client gave up)."""
+        self.swap_used -= seq.kv_state
+        seq.kv_state = None
+
     def swap_in(self, seq) -> float | None:
         """Bring ``seq`` back into fresh anonymous blocks with room for its next token; None
         if the GPU lacks the blocks."""

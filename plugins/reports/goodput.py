@@ -9,7 +9,9 @@ targets, ``slo.attainment``) at each swept rate. The goodput is where attainment
 next rate by linear interpolation of attainment. When every swept rate meets the target the
 goodput is at least the highest one (marked ``>=``); when the lowest already fails, below it
 (``<``, counted as 0). Per GPU divides by the run's ``gpus`` metric (instances x tensor
-parallel ranks, both pools of a disaggregated cluster).
+parallel ranks, both pools of a disaggregated cluster). Attainment is taken as the clients see
+requests (:mod:`schedlab.frontend`): a rejected request, or one whose client gave up
+(``[client] timeout_ms``), meets no SLO but counts among all requests.
 
 Writes ``goodput.txt`` (also printed) and ``plots/goodput.png``: attainment against the rate
 per GPU, one line per system with the target dotted, the goodput per GPU as bars, and each of

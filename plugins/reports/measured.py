@@ -2,7 +2,9 @@
 
 For every run whose workload replays a measured run (``vllm_log``, ``vllm_bench``) it prints
 and writes to ``compare.txt`` the 15-statistic table (measured, simulated, error; see
-:mod:`schedlab.results.compare`), and draws into ``plots/``:
+:mod:`schedlab.results.compare`) -- a server log against the simulated engine, a load
+generator's file against the simulated client, and the server's own per-request times in that
+file, when it has them, against the simulated engine --, and draws into ``plots/``:
 
 * ``measured_cdf.png`` -- CDFs of TTFT, TPOT and latency: the measured run and every
   simulated run over it;
@@ -19,8 +21,9 @@ import attrs
 import numpy as np
 
 from schedlab.configs import int_field
-from schedlab.results.compare import comparison_rows, format_comparison, measured_statistics, statistics
-from schedlab.results.metrics import request_latencies
+from schedlab.results.compare import (
+    comparison_rows, format_comparison, measured_statistics, server_comparison, simulated_latencies, statistics,
+)
 from schedlab.results.storage import atomic_write
 
 
@@ -41,6 +44,15 @@ def measured_occupancy(measured, times: np.ndarray) -> tuple[np.ndarray, np.ndar
     return running, waiting
 
 
+def server_table(name: str, server: dict) -> str:
+    """The server's own per-request times (a client's file) against the simulated engine's."""
+    lines = [f"{name}: the server's own times vs the simulated engine (from arrival at the engine's queue)",
+             f"{'statistic':<18}{'measured':>12}{'error':>9}", "-" * 39]
+    for key, value in server["measured"].items():
+        lines.append(f"{key:<18}{value:>12.1f}{server['errors_pct'][key]:>+8.1f}%")
+    return "\n".join(lines) + "\n"
+
+
 class CompareReport:
     """Tables and figures of simulated against measured (see the module docstring)."""
 
@@ -55,9 +67,14 @@ class CompareReport:
         out = Path(out_dir)
         texts = []
         for run in runs:
-            rows = comparison_rows(statistics(request_latencies(run.requests)), measured_statistics(run.measured))
-            texts.append(format_comparison(f"{run.name}: simulated vs measured ({Path(run.measured.source).name})",
-                                           rows))
+            view = getattr(run.measured, "view", "engine")
+            rows = comparison_rows(statistics(simulated_latencies(run.requests, run.measured)),
+                                   measured_statistics(run.measured))
+            texts.append(format_comparison(f"{run.name}: simulated vs measured ({Path(run.measured.source).name}, "
+                                           f"as the {view} sees requests)", rows))
+            server = server_comparison(run.requests, run.measured)
+            if server is not None:
+                texts.append(server_table(run.name, server))
         text = "\n".join(texts)
         (self.stream or sys.stdout).write(text)
         path = out / "compare.txt"
@@ -83,7 +100,7 @@ class CompareReport:
             x, y = cdf_points(truth[metric])
             ax.step(x, y, where="post", color="black", linewidth=2.2, label="measured")
             for i, run in enumerate(runs):
-                x, y = cdf_points(request_latencies(run.requests)[metric])
+                x, y = cdf_points(simulated_latencies(run.requests, run.measured)[metric])
                 ax.step(x, y, where="post", label=run.name, **line_style(i))
             ax.set_title(description)
             ax.set_xlabel("ms")

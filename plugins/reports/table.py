@@ -188,6 +188,11 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
         rejected = sum(r.metrics.get("rejected", 0) for r in study.runs)
         if rejected:
             lines.append(f"{study.name}: {rejected} requests rejected (reasons in requests.csv)")
+        timed_out = sum(r.metrics.get("timed_out", 0) for r in study.runs)
+        if timed_out:
+            aborted = sum(r.metrics.get("aborted", 0) for r in study.runs)
+            lines.append(f"{study.name}: {timed_out} requests timed out (their clients gave up; {aborted} of them "
+                         "aborted in the engine; in requests.csv)")
     return "\n".join(lines) + "\n"
 
 

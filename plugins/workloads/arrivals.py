@@ -8,7 +8,8 @@ exactly). Comparing rates 5, 10, 20, 40 then compares load, not luck. The draws 
 way round.
 
 As in ``vllm bench serve``, the first request arrives at t = 0 and each later one one gap
-after the previous one.
+after the previous one. ``constant`` spaces them evenly, one every ``1 / rate`` seconds
+(``vllm bench serve --burstiness inf``, guidellm's constant rate).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from schedlab.configs import FieldError, float_field, str_field
 #: (the burstiest public trace, Azure 2023 code, has cv 14.6).
 MAX_CV = 100.0
 
-ARRIVAL_KINDS = ("poisson", "all-at-once", "gamma")
+ARRIVAL_KINDS = ("poisson", "all-at-once", "gamma", "constant")
+RATED_KINDS = ("poisson", "gamma", "constant")  # the kinds that need a rate
 
 # Stream numbers for stream_rng (fixed forever: changing one changes every seeded result).
 PROMPT_STREAM = 1
@@ -41,27 +43,39 @@ def unit_rate_arrivals_ms(kind: str, n: int, seed: int, *, cv: float = 1.0) -> n
 
     ``poisson``: exponential gaps; ``gamma``: gamma gaps with mean 1 s and coefficient of
     variation ``cv`` (cv > 1 is burstier than Poisson, cv = 1 is Poisson-like, cv = 0 is a
-    constant gap).
+    constant gap); ``constant``: gaps of exactly 1 s.
     """
     if n <= 0:
         return np.zeros(0)
     if kind == "all-at-once":
         return np.zeros(n)
-    rng = np.random.default_rng(seed)
-    if kind == "poisson":
-        gaps = rng.standard_exponential(n - 1)
-    elif kind == "gamma":
-        if cv == 0:
-            gaps = np.ones(n - 1)
-        else:
-            shape = 1.0 / (cv * cv)
-            gaps = rng.gamma(shape, 1.0 / shape, n - 1)
-    else:
-        raise ValueError(f"unknown arrival process {kind!r}")
-    times = np.empty(n)
+    return _cumulative(unit_gaps(kind, n - 1, np.random.default_rng(seed), cv))
+
+
+def _cumulative(gaps: np.ndarray) -> np.ndarray:
+    times = np.empty(gaps.size + 1)
     times[0] = 0.0
     np.cumsum(gaps, out=times[1:])
     return times * 1000.0
+
+
+def unit_gaps(kind: str, n: int, rng: np.random.Generator, cv: float = 1.0) -> np.ndarray:
+    """``n`` gaps in seconds between arrivals at 1 request/s, drawn from ``rng``."""
+    if kind == "constant":
+        return np.ones(n)
+    if kind == "all-at-once":
+        return np.zeros(n)
+    if kind == "poisson":
+        gaps = rng.standard_exponential(n)
+    elif kind == "gamma":
+        if cv == 0:
+            gaps = np.ones(n)
+        else:
+            shape = 1.0 / (cv * cv)
+            gaps = rng.gamma(shape, 1.0 / shape, n)
+    else:
+        raise ValueError(f"unknown arrival process {kind!r}")
+    return gaps
 
 
 def arrivals_ms(kind: str, n: int, seed: int, *, rate: float | None = None, cv: float = 1.0) -> np.ndarray:
@@ -79,8 +93,8 @@ def arrivals_ms(kind: str, n: int, seed: int, *, rate: float | None = None, cv: 
 
 def arrival_field(default: str = "poisson"):
     return str_field(default, choices=ARRIVAL_KINDS,
-                     help="arrival process: 'poisson' (needs rate), 'gamma' (bursty; needs rate and cv) "
-                          "or 'all-at-once' (every request at t=0)")
+                     help="arrival process: 'poisson' (needs rate), 'gamma' (bursty; needs rate and cv), "
+                          "'constant' (evenly spaced; needs rate) or 'all-at-once' (every request at t=0)")
 
 
 def rate_field():
@@ -95,5 +109,5 @@ def cv_field():
 
 def check_arrival_settings(arrival: str, rate: float | None) -> None:
     """Raise FieldError when the arrival process needs a rate and none is set."""
-    if arrival in ("poisson", "gamma") and rate is None:
+    if arrival in RATED_KINDS and rate is None:
         raise FieldError("rate", f"required when arrival = {arrival!r}")

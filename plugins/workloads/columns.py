@@ -86,8 +86,8 @@ def per_row_or_none(values: list | None, field: str) -> list | None:
     return [default if v is None else v for v in values]
 
 
-def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns) -> Iterator[Request]:
-    """Requests in arrival order with ids 0, 1, 2, ...; created one at a time.
+def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns, *, first_id: int = 0) -> Iterator[Request]:
+    """Requests in arrival order with ids ``first_id``, ``first_id + 1``, ...; created one at a time.
 
     Arrivals that are not sorted are sorted stably (equal times keep their row order), and ids
     follow the sorted order.
@@ -104,21 +104,21 @@ def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns) -> Iterator[R
         order = np.argsort(arrival, kind="stable")
         arrival = arrival[order]
         columns = columns.select(order)
-    return _generate(arrival, columns)
+    return _generate(arrival, columns, first_id)
 
 
-def _generate(arrival: np.ndarray, columns: RequestColumns) -> Iterator[Request]:
+def _generate(arrival: np.ndarray, columns: RequestColumns, first_id: int = 0) -> Iterator[Request]:
     times = arrival.tolist()
     prompts = columns.prompt_tokens.tolist()
     outputs = columns.output_tokens.tolist()
     constant = columns.constant
     names = tuple(columns.per_row)
     if not names:
-        for i, (t, p, o) in enumerate(zip(times, prompts, outputs)):
+        for i, (t, p, o) in enumerate(zip(times, prompts, outputs), first_id):
             yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant)
         return
     varying = [columns.per_row[name] for name in names]
-    for i, (t, p, o, *rest) in enumerate(zip(times, prompts, outputs, *varying)):
+    for i, (t, p, o, *rest) in enumerate(zip(times, prompts, outputs, *varying), first_id):
         yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant, **dict(zip(names, rest)))
 
 

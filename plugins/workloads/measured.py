@@ -8,11 +8,14 @@
   a ``prompts`` file (LLMServingSim's workload JSONL) -- become prefix block ids
   (:func:`prefix_block_ids`), so prefix caching sees the sharing the real run saw; a log may
   also carry those ids already (``block_hashes``).
-* ``vllm_bench`` -- the JSON ``vllm bench serve --save-result --save-detailed`` writes:
-  ``input_lens``, ``output_lens``, ``ttfts`` (s) and ``itls`` (s, per request). The file has no
-  arrival times, only ``request_rate`` and ``burstiness``: arrivals are drawn again as vLLM
-  draws them (gamma gaps with shape ``burstiness`` at the mean rate; all at t = 0 for an
-  infinite rate) from the run's seed.
+* ``vllm_bench`` -- the JSON ``vllm bench serve --save-result --save-detailed`` writes
+  (:func:`load_vllm_bench`). Its client is replayed as it ran: each request due when it was
+  sent less its wait for a ``--max-concurrency`` slot, sent when a slot is free
+  (:mod:`.capped`), or at the recorded send times when there was no cap. Files without
+  ``start_times`` get arrivals drawn again as vLLM draws them (gamma gaps with shape
+  ``burstiness`` at the mean rate; all at t = 0 for an infinite rate) from the run's seed. Its
+  latencies are the client's, and so is the comparison; the server's own per-request TTFT and
+  queue time, when it sent them, are compared with the simulated engine's.
 
 Both keep the measured latencies (:class:`MeasuredRequests`, ``workload.measured``) so a run
 can be compared with the real one (:mod:`schedlab.results.compare`).
@@ -28,10 +31,11 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from schedlab.configs import int_field, path_field
+from schedlab.configs import int_field, path_field, str_field
 from schedlab.errors import WorkloadError
 
 from .arrivals import arrivals_ms
+from .capped import CappedRequests
 from .columns import OpenLoopWorkload, RequestColumns
 from .records import jsonl_objects
 
@@ -41,7 +45,11 @@ class MeasuredRequests:
     """What a real run measured, one entry per request (ms; NaN where not measured).
 
     TTFT is first token - arrival, TPOT ``(last token - first token) / (output - 1)`` (NaN for
-    one-token outputs, as in schedlab's metrics), latency last token - arrival.
+    one-token outputs, as in schedlab's metrics), latency last token - arrival. ``view`` says
+    whose times they are: ``"engine"`` (a server log: from the request's arrival at the engine)
+    or ``"client"`` (a load generator: from sending the request to its first and last byte);
+    simulated runs are compared in the same view (:mod:`schedlab.results.compare`).
+    ``arrival_ms`` orders the requests as the replay numbers them.
     """
 
     source: str
@@ -51,6 +59,9 @@ class MeasuredRequests:
     e2e_ms: np.ndarray
     output_tokens: np.ndarray
     scheduled_ms: np.ndarray | None = None  # first scheduled (vLLM's scheduled_ts), if logged
+    view: str = "engine"
+    server_ttft_ms: np.ndarray | None = None   # a client's file: the server's own TTFT per request, if sent
+    server_queue_ms: np.ndarray | None = None  # ... and its queue time (vLLM's per-request metrics)
 
     @property
     def first_token_ms(self) -> np.ndarray:
@@ -205,15 +216,37 @@ def make_vllm_log_workload(config: VllmLogConfig) -> OpenLoopWorkload:
 
 # --- vllm bench serve --save-result -----------------------------------------------------------
 
+REPLAYS = ("client", "send_times", "redraw")
+
 
 @attrs.frozen
 class VllmBenchConfig:
     path: str = path_field(help="the JSON `vllm bench serve --save-result --save-detailed` wrote")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N requests")
+    replay: str = str_field("client", choices=REPLAYS,
+                            help="'client': as the client ran (each request due at its recorded send time less "
+                                 "its wait for a slot, at most max_concurrency in flight); 'send_times': at the "
+                                 "recorded send times, open loop; 'redraw': arrivals drawn again from request_rate "
+                                 "and burstiness (files without start_times)")
 
 
-def _bench_list(path, data, key, n=None):
+@attrs.frozen(eq=False)
+class BenchRun:
+    """What a ``vllm bench serve`` result file says about the requests that succeeded (file order)."""
+
+    rate: float
+    burstiness: float
+    max_concurrency: int | None
+    columns: RequestColumns
+    measured: MeasuredRequests
+    sent_ms: np.ndarray | None   # recorded send times (start_times), ms from the first request due
+    due_ms: np.ndarray | None    # when each was due: sent less its wait for a slot (queue_times)
+
+
+def _bench_list(path, data, key, n=None, *, required=True):
     value = data.get(key)
+    if value is None and not required:
+        return None
     if not isinstance(value, list):
         raise WorkloadError(f"{path}: missing list {key!r} (save the result with --save-detailed)")
     if n is not None and len(value) != n:
@@ -221,8 +254,27 @@ def _bench_list(path, data, key, n=None):
     return value
 
 
-def load_vllm_bench(path, *, limit: int | None = None):
-    """``(rate, burstiness, columns, measured)`` of a ``vllm bench serve`` result file."""
+def _bench_seconds(path, key, values, keep, *, allow_none=False) -> np.ndarray:
+    """``values[i]`` for the kept rows, seconds -> ms; NaN for None where allowed."""
+    out = np.empty(len(keep))
+    for j, i in enumerate(keep):
+        value = values[i]
+        if value is None and allow_none:
+            out[j] = np.nan
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise WorkloadError(f"{path}: {key}[{i}]: must be a number of seconds >= 0, got {value!r}")
+        else:
+            out[j] = float(value) * 1e3
+    return out
+
+
+def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
+    """The successful requests of a ``vllm bench serve --save-result --save-detailed`` file
+    (vLLM's ``vllm/benchmarks/serve.py``; lists aligned with ``input_lens``, times in seconds):
+    ``output_lens``, ``ttfts`` and ``itls`` measured at the client from sending the request,
+    ``latencies`` (its end-to-end latency), ``start_times`` (``time.perf_counter()`` when it was
+    sent), ``queue_times`` (its wait for a ``--max-concurrency`` slot), ``errors``, and when the
+    server reported them, ``server_ttfts`` and ``server_queue_times`` (None where it did not)."""
     path = Path(path)
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
@@ -237,7 +289,7 @@ def load_vllm_bench(path, *, limit: int | None = None):
     outputs = _bench_list(path, data, "output_lens", n)
     ttfts = _bench_list(path, data, "ttfts", n)
     itls = _bench_list(path, data, "itls", n)
-    errors = data.get("errors") or [""] * n
+    errors = _bench_list(path, data, "errors", n, required=False) or [""] * n
     keep = [i for i in range(n) if not errors[i] and outputs[i] and outputs[i] >= 1][:limit]
     if not keep:
         raise WorkloadError(f"{path}: no successful requests")
@@ -249,32 +301,68 @@ def load_vllm_bench(path, *, limit: int | None = None):
     burstiness = data.get("burstiness", 1.0)
     if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or not burstiness > 0:
         raise WorkloadError(f"{path}: burstiness: must be a number > 0, got {burstiness!r}")
+    cap = data.get("max_concurrency")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise WorkloadError(f"{path}: max_concurrency: must be a whole number >= 1 or null, got {cap!r}")
     for key, values in (("input_lens", inputs), ("output_lens", outputs)):
         for i in keep:
             if isinstance(values[i], bool) or not isinstance(values[i], int) or values[i] < 1:
                 raise WorkloadError(f"{path}: {key}[{i}]: must be a whole number >= 1, got {values[i]!r}")
+    for i in keep:
+        if not isinstance(itls[i], list):
+            raise WorkloadError(f"{path}: itls[{i}]: must be a list of seconds, got {itls[i]!r}")
     prompt = np.array([inputs[i] for i in keep], dtype=np.int64)
     output = np.array([outputs[i] for i in keep], dtype=np.int64)
-    ttft = np.array([float(ttfts[i]) * 1e3 for i in keep])
-    decode = np.array([float(sum(itls[i])) * 1e3 for i in keep])
+    ttft = _bench_seconds(path, "ttfts", ttfts, keep)
+    latencies = _bench_list(path, data, "latencies", n, required=False)
+    if latencies is not None:
+        e2e = _bench_seconds(path, "latencies", latencies, keep)
+    else:
+        e2e = ttft + np.array([sum(_bench_seconds(path, f"itls[{i}]", itls[i], range(len(itls[i])))) for i in keep])
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(output > 1, decode / (output - 1), np.nan)
-    measured = MeasuredRequests(str(path), np.full(len(keep), np.nan), ttft, tpot, ttft + decode, output)
-    return rate, float(burstiness), RequestColumns(prompt, output), measured
+        tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+    sent = due = None
+    starts = _bench_list(path, data, "start_times", n, required=False)
+    if starts is not None:
+        sent = _bench_seconds(path, "start_times", starts, keep)  # perf_counter seconds: any origin >= 0
+        queue_times = _bench_list(path, data, "queue_times", n, required=False)
+        waited = (_bench_seconds(path, "queue_times", queue_times, keep) if queue_times is not None
+                  else np.zeros(len(keep)))
+        due = sent - waited
+        origin = due.min()
+        sent, due = sent - origin, due - origin
+    server = {}
+    for key in ("server_ttfts", "server_queue_times"):
+        values = _bench_list(path, data, key, n, required=False)
+        server[key] = _bench_seconds(path, key, values, keep, allow_none=True) if values is not None else None
+    measured = MeasuredRequests(str(path), due if due is not None else np.full(len(keep), np.nan), ttft, tpot, e2e,
+                                output, view="client", server_ttft_ms=server["server_ttfts"],
+                                server_queue_ms=server["server_queue_times"])
+    return BenchRun(rate, float(burstiness), cap, RequestColumns(prompt, output), measured, sent, due)
 
 
-def make_vllm_bench_workload(config: VllmBenchConfig) -> OpenLoopWorkload:
-    rate, burstiness, columns, measured = load_vllm_bench(config.path, limit=config.limit)
-    n = len(columns)
+def make_vllm_bench_workload(config: VllmBenchConfig):
+    """Replay the client of a ``vllm bench serve`` run (see :class:`VllmBenchConfig`); its
+    measurements are the client's, so the comparison takes the simulated client's view."""
+    bench = load_vllm_bench(config.path, limit=config.limit)
+    columns, n = bench.columns, len(bench.columns)
+    replay = config.replay if bench.sent_ms is not None else "redraw"
+    if replay == "redraw":
+        def build(seed: int):
+            if math.isinf(bench.rate):
+                return np.zeros(n), columns
+            # vllm bench serve: gamma gaps, shape = burstiness, mean 1 / rate (cv = 1 / sqrt(shape)).
+            return arrivals_ms("gamma", n, seed, rate=bench.rate, cv=1.0 / math.sqrt(bench.burstiness)), columns
 
-    def build(seed: int):
-        if math.isinf(rate):
-            return np.zeros(n), columns
-        # vllm bench serve: gamma gaps, shape = burstiness, mean 1 / rate (cv = 1 / sqrt(shape)).
-        return arrivals_ms("gamma", n, seed, rate=rate, cv=1.0 / math.sqrt(burstiness)), columns
-
-    workload = OpenLoopWorkload(build, name="vllm_bench", num_requests=n)
+        workload = OpenLoopWorkload(build, name="vllm_bench", num_requests=n)
+        measured = bench.measured
+    elif replay == "send_times" or bench.max_concurrency is None:
+        workload = OpenLoopWorkload(lambda seed: (bench.sent_ms, columns), name="vllm_bench", num_requests=n)
+        measured = attrs.evolve(bench.measured, arrival_ms=bench.sent_ms)  # simulated ids follow it
+    else:
+        workload = CappedRequests(bench.due_ms, columns, bench.max_concurrency, name="vllm_bench")
+        measured = bench.measured
     workload.measured = measured
-    workload.info["request_rate"] = rate
-    workload.info["burstiness"] = burstiness
+    workload.info.update(request_rate=bench.rate, burstiness=bench.burstiness, max_concurrency=bench.max_concurrency,
+                         replay=replay)
     return workload

@@ -27,7 +27,7 @@ import numpy as np
 from schedlab.configs import MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field
 from schedlab.errors import WorkloadError
 
-from .arrivals import arrivals_ms, cv_field, rate_field
+from .arrivals import RATED_KINDS, arrivals_ms, cv_field, rate_field
 from .columns import OpenLoopWorkload, RequestColumns, per_row_or_none
 from .records import FORMATS, Records, read_records
 
@@ -44,7 +44,7 @@ FILE_FIELDS: dict[str, tuple[str, ...]] = {
     "prefix_tokens": ("prefix_tokens",),
 }
 REQUIRED_FIELDS = ("prompt_tokens", "output_tokens")
-FILE_ARRIVALS = ("file", "all-at-once", "poisson", "gamma")
+FILE_ARRIVALS = ("file", "all-at-once", "poisson", "gamma", "constant")
 
 
 def check_columns(columns: Mapping | None) -> None:
@@ -114,7 +114,7 @@ class FileConfig:
                                                   "{prompt_tokens = \"ContextTokens\"}")
     arrival: str = str_field("file", choices=FILE_ARRIVALS,
                              help="'file' (the file's arrival_ms, or all at t=0 without them), "
-                                  "'all-at-once', 'poisson' or 'gamma' (both need rate)")
+                                  "'all-at-once', 'poisson', 'gamma' or 'constant' (these three need rate)")
     rate: float | None = rate_field()
     cv: float = cv_field()
     max_tokens: int | None = int_field(None, min=1, max=MAX_TOKENS, optional=True,
@@ -125,7 +125,7 @@ class FileConfig:
 
     def __attrs_post_init__(self) -> None:
         check_columns(self.columns)
-        if self.arrival in ("poisson", "gamma") and self.rate is None:
+        if self.arrival in RATED_KINDS and self.rate is None:
             raise FieldError("rate", f"required when arrival = {self.arrival!r}")
 
 

@@ -13,12 +13,15 @@
 
 Everything is drawn with numpy from the run's seed, on separate streams for arrivals, prompt
 and output lengths (see :mod:`.arrivals`): the same seed at a different rate gives the same
-lengths and the same arrival pattern, scaled.
+lengths and the same arrival pattern, scaled. Instead of ``num_requests`` and ``rate``, both
+take ``stages`` of a rate and a duration, back to back or each after the previous drains
+(:mod:`.stages`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import attrs
 import numpy as np
@@ -39,10 +42,14 @@ from .arrivals import (
 )
 from .columns import OpenLoopWorkload, RequestColumns
 from .distributions import parse_distribution, scale_lengths
+from .stages import (
+    DrainedStages, back_to_back_ms, check_stage_settings, stage_gap_field, stage_offsets_ms, stage_start_field,
+    stages_field,
+)
 
 
 def num_requests_field():
-    return int_field(min=1, max=MAX_REQUESTS, help="how many requests to generate")
+    return int_field(None, min=1, max=MAX_REQUESTS, optional=True, help="how many requests to generate (or stages)")
 
 
 def distribution_field(what: str):
@@ -83,9 +90,9 @@ def _shared_fields(config) -> dict:
 # --- synthetic -----------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SyntheticConfig:
-    num_requests: int = num_requests_field()
+    num_requests: int | None = num_requests_field()
     prompt: dict = distribution_field("prompt")
     output: dict = distribution_field("output")
     output_scale: float = output_scale_field()
@@ -96,26 +103,54 @@ class SyntheticConfig:
     request_class: str = request_class_field()
     client: str = client_field()
     priority: int = priority_field()
+    stages: tuple | None = stages_field()
+    stage_start: str = stage_start_field()
+    stage_gap_s: float = stage_gap_field()
 
     def __attrs_post_init__(self) -> None:
         parse_distribution(self.prompt, field="prompt")
         parse_distribution(self.output, field="output")
-        check_arrival_settings(self.arrival, self.rate)
+        if check_stage_settings(self) is None:
+            check_arrival_settings(self.arrival, self.rate)
 
 
-def make_synthetic_workload(config: SyntheticConfig) -> OpenLoopWorkload:
+def staged(config, name: str, columns_of: Callable[[int, int], RequestColumns]):
+    """The workload of a generated config: ``num_requests`` at ``rate``, or its ``stages``
+    (:mod:`.stages`). ``columns_of(seed, n)`` draws every request but the arrival times."""
+    stages = check_stage_settings(config)
+    if stages is None:
+        n = config.num_requests
+
+        def build(seed: int):
+            return arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv), columns_of(seed, n)
+
+        return OpenLoopWorkload(build, name=name, num_requests=n)
+    n = sum(stage.count for stage in stages)
+
+    def parts(seed: int):
+        return stage_offsets_ms(config.arrival, stages, seed, config.cv), columns_of(seed, n)
+
+    if config.stage_start == "after_drain":
+        return DrainedStages(parts, gap_s=config.stage_gap_s, name=name, num_requests=n)
+
+    def build_back_to_back(seed: int):
+        offsets, columns = parts(seed)
+        return back_to_back_ms(offsets, stages, config.stage_gap_s), columns
+
+    return OpenLoopWorkload(build_back_to_back, name=name, num_requests=n)
+
+
+def make_synthetic_workload(config: SyntheticConfig):
     prompt = parse_distribution(config.prompt, field="prompt").sampler()
     output = parse_distribution(config.output, field="output").sampler()
-    n = config.num_requests
     constant = _shared_fields(config)
 
-    def build(seed: int):
-        arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
+    def columns_of(seed: int, n: int) -> RequestColumns:
         prompts = prompt.sample(stream_rng(seed, PROMPT_STREAM), n)
         outputs = scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), config.output_scale)
-        return arrival, RequestColumns(prompts, outputs, {}, constant)
+        return RequestColumns(prompts, outputs, {}, constant)
 
-    return OpenLoopWorkload(build, name="synthetic", num_requests=n)
+    return staged(config, "synthetic", columns_of)
 
 
 # --- shared_prefix -------------------------------------------------------------------------
@@ -123,14 +158,14 @@ def make_synthetic_workload(config: SyntheticConfig) -> OpenLoopWorkload:
 POPULARITY = ("uniform", "zipf")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SharedPrefixConfig:
     """Requests with system prompts: ``round(shared_fraction * num_requests)`` of them (chosen
     at random) use the prefix of one of ``num_groups`` groups; the rest declare no sharing.
     Every request's prompt is ``prefix_tokens + suffix``, so the sharing is the only difference
     between a shared and an unshared request."""
 
-    num_requests: int = num_requests_field()
+    num_requests: int | None = num_requests_field()
     num_groups: int = int_field(min=1, max=MAX_REQUESTS, help="how many different shared prefixes (system prompts) there are")
     prefix_tokens: int = int_field(min=1, max=MAX_TOKENS, help="length of each shared prefix in tokens")
     suffix: dict = distribution_field("unique suffix (the prompt after the prefix)")
@@ -149,11 +184,15 @@ class SharedPrefixConfig:
     request_class: str = request_class_field()
     client: str = client_field()
     priority: int = priority_field()
+    stages: tuple | None = stages_field()
+    stage_start: str = stage_start_field()
+    stage_gap_s: float = stage_gap_field()
 
     def __attrs_post_init__(self) -> None:
         parse_distribution(self.suffix, field="suffix")
         parse_distribution(self.output, field="output")
-        check_arrival_settings(self.arrival, self.rate)
+        if check_stage_settings(self) is None:
+            check_arrival_settings(self.arrival, self.rate)
 
 
 def num_shared(num_requests: int, shared_fraction: float) -> int:
@@ -172,16 +211,14 @@ def group_weights(num_groups: int, popularity: str, zipf_s: float) -> np.ndarray
     return weights / weights.sum()
 
 
-def make_shared_prefix_workload(config: SharedPrefixConfig) -> OpenLoopWorkload:
+def make_shared_prefix_workload(config: SharedPrefixConfig):
     suffix = parse_distribution(config.suffix, field="suffix").sampler()
     output = parse_distribution(config.output, field="output").sampler()
-    n = config.num_requests
-    k = num_shared(n, config.shared_fraction)
     cdf = np.cumsum(group_weights(config.num_groups, config.popularity, config.zipf_s))
     constant = _shared_fields(config)
 
-    def build(seed: int):
-        arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
+    def columns_of(seed: int, n: int) -> RequestColumns:
+        k = num_shared(n, config.shared_fraction)
         suffixes = suffix.sample(stream_rng(seed, PROMPT_STREAM), n)
         outputs = scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), config.output_scale)
         # A prefix of one permutation: raising shared_fraction only adds shared requests.
@@ -195,6 +232,6 @@ def make_shared_prefix_workload(config: SharedPrefixConfig) -> OpenLoopWorkload:
             "prefix_group": [g if s else None for g, s in zip(groups, flags)],
             "prefix_tokens": [config.prefix_tokens if s else 0 for s in flags],
         }
-        return arrival, RequestColumns(suffixes + config.prefix_tokens, outputs, per_row, constant)
+        return RequestColumns(suffixes + config.prefix_tokens, outputs, per_row, constant)
 
-    return OpenLoopWorkload(build, name="shared_prefix", num_requests=n)
+    return staged(config, "shared_prefix", columns_of)

@@ -21,6 +21,7 @@ import operator
 from typing import Iterable, Sequence
 
 from ..errors import SimulationError, StallError
+from .client import ClientArrivals
 from .instance import Instance
 from .load import RoutingClock, views_of
 
@@ -30,10 +31,11 @@ INF = math.inf
 class ArrivalQueue:
     """The workload's ordered stream merged with requests released later (closed loop)."""
 
-    def __init__(self, stream: Iterable):
+    def __init__(self, stream: Iterable, workload=None):
         self._stream = iter(stream)
         self._head = next(self._stream, None)
         self._released: list = []
+        self._workload = workload
 
     def next_time(self) -> float:
         t = self._head.arrival_ms if self._head is not None else INF
@@ -41,7 +43,7 @@ class ArrivalQueue:
             return self._released[0][0]
         return t
 
-    def pop(self):
+    def pop(self, t: float = INF):
         head = self._head
         if self._released and (head is None or self._released[0][0] < head.arrival_ms):
             return heapq.heappop(self._released)[2]
@@ -51,13 +53,32 @@ class ArrivalQueue:
     def release(self, request) -> None:
         heapq.heappush(self._released, (request.arrival_ms, request.id, request))
 
+    def finished(self, request, t: float) -> bool:
+        """The engine finished (or rejected) ``request`` at ``t``: queue what the closed loop releases."""
+        released = False
+        for follow_up in self._workload.on_finish(request, t):
+            self.release(follow_up)
+            released = True
+        return released
 
-def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, workload=None) -> None:
-    """Run until every request has finished or been rejected.
+
+def arrival_queue(requests: Iterable, workload, client_side) -> ArrivalQueue | ClientArrivals:
+    """The arrivals as the engine sees them: the workload's own, or through a client side
+    (:mod:`schedlab.engine.client`) when the run has one."""
+    if client_side is None:
+        return ArrivalQueue(requests, workload)
+    return ClientArrivals(requests, client_side, workload=workload)
+
+
+def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, workload=None,
+             client_side=None) -> None:
+    """Run until every request has finished, been rejected or been aborted.
 
     :param requests: requests in arrival order (a workload's ``requests(seed)``).
     :param instances: the instances to serve them; with more than one, ``router`` is required.
     :param workload: the workload, when it is closed-loop (its ``on_finish`` releases requests).
+    :param client_side: a :class:`~schedlab.frontend.ClientSide` (front end, timeouts), or None:
+        requests then reach the engine when the workload says and clients never give up.
     :raises StallError: work is left that no instance can make progress on.
     """
     if len(instances) > 1 and router is None:
@@ -65,7 +86,10 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
     closed = workload is not None and getattr(workload, "closed_loop", False)
     for inst in instances:
         inst.track_finished = closed
-    arrivals = ArrivalQueue(requests)
+        if client_side is not None:
+            inst.hangup_ms = client_side.network_ms
+    arrivals = arrival_queue(requests, workload, client_side)
+    aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
     clock = RoutingClock()
     views = views_of(instances, clock)
     delivered = 0
@@ -82,26 +106,30 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
         if t == INF:
             return
         clock.now = t
+        if aborting:
+            for inst in instances:
+                inst.settle(t)
         while arrivals.next_time() <= t:
-            request = arrivals.pop()
+            request = arrivals.pop(t)
+            if request is None:  # an event of the client side (a reception, a client giving up)
+                continue
             target = instances[route(router, request, views)] if router is not None else instances[0]
             target.arrive(request, delivered)
             delivered += 1
             if closed:
-                _release(target, arrivals, workload)  # a request rejected at once releases its successor
+                _release(target, arrivals)  # a request rejected at once releases its successor
 
 
-def _release(inst: Instance, arrivals: ArrivalQueue, workload) -> bool:
+def _release(inst: Instance, arrivals) -> bool:
     """Ask the workload what the instance's finished requests release."""
     released = False
     for request, finished_at in inst.take_finished():
-        for follow_up in workload.on_finish(request, finished_at):
-            arrivals.release(follow_up)
+        if arrivals.finished(request, finished_at):
             released = True
     return released
 
 
-def simulate_disaggregated(requests: Iterable, cluster, *, workload=None) -> None:
+def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client_side=None) -> None:
     """Run a :class:`~schedlab.engine.disagg.DisaggregatedCluster` until every request has
     finished or been rejected.
 
@@ -121,7 +149,7 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None) -> Non
     closed = workload is not None and getattr(workload, "closed_loop", False)
     for inst in instances:
         inst.track_finished = closed
-    arrivals = ArrivalQueue(requests)
+    arrivals = arrival_queue(requests, workload, client_side)
     delivered = 0
     while True:
         t = min(arrivals.next_time(), cluster.next_handoff())
@@ -136,7 +164,7 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None) -> Non
             if inst.advance(bound, stop_on_finish=True) == "blocked":
                 raise StallError(inst._stall_message("the scheduler plans nothing"))
             if closed:
-                _release(inst, arrivals, workload)
+                _release(inst, arrivals)
             continue
         if t == INF:
             if busy:
@@ -144,10 +172,13 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None) -> Non
             return
         cluster.deliver_handoffs(t)
         while arrivals.next_time() <= t:
-            target = cluster.arrive(arrivals.pop(), delivered)
+            request = arrivals.pop(t)
+            if request is None:  # an event of the client side
+                continue
+            target = cluster.arrive(request, delivered)
             delivered += 1
             if closed:
-                _release(target, arrivals, workload)
+                _release(target, arrivals)
 
 
 def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: ArrivalQueue, workload) -> bool:
@@ -171,7 +202,7 @@ def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: Arrival
     if inst.advance(bound, stop_on_finish=True) == "blocked":  # only with nothing else left to happen
         raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
     if workload is not None:
-        _release(inst, arrivals, workload)
+        _release(inst, arrivals)
     return True
 
 

@@ -25,7 +25,9 @@ from .clock import check_iteration_end
 from .load import Release, load
 from .plan import FastPlan
 from .recorder import Recorder
-from .sequence import DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence
+from .sequence import (
+    ABORTED, DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence,
+)
 
 INF = math.inf
 
@@ -63,6 +65,15 @@ def default_rejection_reason(request, kv) -> str | None:
         return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
                 f"{request.max_output_tokens}) but the cache has {kv.num_blocks}")
     return None
+
+
+def free_swapped(kv, seq) -> None:
+    """Drop a swapped-out sequence's copy in swap space (its client gave up); both engines."""
+    drop = getattr(kv, "free_swapped", None)
+    if drop is None:
+        raise SimulationError(f"request {seq.request.id} was aborted while swapped out, but the KV cache "
+                              f"{type(kv).__name__} has no free_swapped(seq) to drop its copy in swap space")
+    drop(seq)
 
 
 def held_blocks(seqs, block_size: int) -> int:
@@ -149,10 +160,15 @@ class Instance:
         self.sleep_wake = INF
         self.release = Release()     # what the last iteration gives back at its end (routers' view)
         self.meter = meter           # a schedlab.energy.EnergyMeter with [power]; None costs nothing
+        # Clients that give up (schedlab.frontend): (when the engine hears of it, seq_no, sequence);
+        # their disconnect takes hangup_ms to get here. Entries of finished sequences are dropped lazily.
+        self.aborts: list = []
+        self.hangup_ms = 0.0
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
-        """Queue ``request`` (which has arrived by now), or reject it if it can never be served."""
+        """Queue ``request`` (which has arrived by now), or reject it if it can never be served,
+        or abort it if its client has already given up."""
         seq = Sequence(request, seq_no, self.clock)
         reason = self._rejection_reason(request, self.kv)
         if not reason and self.spec is not None:
@@ -163,10 +179,59 @@ class Instance:
             if self.track_finished:
                 self.finished.append((request, request.arrival_ms))
             return None
+        if request.timeout_ms is not None:
+            abort_at = request.sent_at + request.timeout_ms + self.hangup_ms
+            if abort_at <= request.arrival_ms:  # the client left before the request got here
+                seq.status = ABORTED
+                self.rec.request_done(seq, self.index, request.arrival_ms, aborted=True)
+                return None
+            heapq.heappush(self.aborts, (abort_at, seq_no, seq))
         self.waiting.push(seq)
         if len(self.waiting) > self.counters["peak_waiting"]:
             self.counters["peak_waiting"] = len(self.waiting)
         return seq
+
+    def next_abort(self) -> float:
+        """When the engine next aborts a request whose client gave up (inf: none pending)."""
+        aborts = self.aborts
+        while aborts and aborts[0][2].status in (FINISHED, ABORTED):
+            heapq.heappop(aborts)
+        return aborts[0][0] if aborts else INF
+
+    def settle(self, t: float) -> None:
+        """Before requests arriving at ``t`` are routed: between iterations at ``t``, abort what
+        is due by then, so that routers see the aborted requests gone at their abort (as they see
+        an iteration's finished requests gone at its end)."""
+        if self.now == t and self.aborts and self.next_abort() <= t:
+            self._abort_due()
+
+    def _abort_due(self) -> None:
+        """Abort, at this plan, every request whose client's disconnect has arrived by now
+        (vLLM: the engine core reads the aborts from its input queue between steps, frees the
+        requests' KV blocks and slots)."""
+        aborts, now = self.aborts, self.now
+        while aborts and aborts[0][0] <= now:
+            seq = heapq.heappop(aborts)[2]
+            status = seq.status
+            if status == WAITING:
+                self.waiting.remove(seq)
+                seq.waiting_ms += now - seq.waiting_since
+            elif status == SWAPPED:
+                self.swapped.remove(seq)
+                free_swapped(self.kv, seq)
+            elif status == DECODING or status == PREFILLING:
+                if status == DECODING:
+                    self._remove_decoder(seq, ABORTED)
+                else:
+                    del self.prefilling[seq]
+                del self.running[seq]
+                self.kv.free(seq)
+            else:  # finished meanwhile
+                continue
+            seq.status = ABORTED
+            self.rec.request_done(seq, self.index, now, aborted=True)
+            if self._on_finish is not None:
+                self._on_finish(seq, now)
 
     @property
     def outstanding(self) -> int:
@@ -349,12 +414,16 @@ class Instance:
         while self.now < until:
             if stage is not None:
                 stage.before_plan(self)
+            abort_at = self.next_abort() if self.aborts else INF
+            if abort_at <= self.now:
+                self._abort_due()
+                abort_at = self.next_abort()
             self.serial += 1
             plan = FastPlan(self, self.serial)
             if not (self.bulk_ok and self.n_decoding and not (self.waiting or self.prefilling or self.swapped)
                     and plan.decode_all()):
                 self.scheduler.schedule(plan)  # else: nothing to decide but decoding (see stable_between_events)
-            limit = until
+            limit = until if until < abort_at else abort_at  # an abort, like an arrival, ends a run of iterations
             if stage is not None:
                 stage.after_plan(self, plan)
                 next_event = stage.next_time()  # runs stop where a transfer lands or blocks are released

@@ -14,15 +14,20 @@ from array import array
 
 import numpy as np
 
+from ..frontend import client_times
+
 REQUEST_FLOAT_COLUMNS = (
     "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
-    "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms", "energy_j",
+    "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms",
 )
 REQUEST_INT_COLUMNS = (
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
     "priority", "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens",
-    "swaps", "rejected", "prefill_instance", "kv_bytes",
+    "swaps", "rejected", "prefill_instance", "kv_bytes", "aborted", "timed_out",
 )
+# The client's view (schedlab.frontend): when the client sent the request, received its first
+# byte and its last (or gave up: timed_out); -1 for rejected requests. finish_ms of an aborted
+# request is when the engine aborted it (its KV blocks freed).
 # Disaggregated serving (see schedlab.engine.transfer): the prefill instance, the KV bytes moved,
 # when the decode side allocated the blocks and started pulling, when they arrived, and when the
 # request joined the decode instance's running set. -1 (0 bytes) for requests served colocated.
@@ -78,7 +83,7 @@ ROW_COLUMNS = (
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens", "priority",
     "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected",
     "request_class", "client", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms",
-    "energy_j",
+    "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "aborted", "timed_out",
 )
 _FLUSH_ROWS = 1 << 15
 
@@ -86,7 +91,7 @@ _FLUSH_ROWS = 1 << 15
 class Recorder:
     """Accumulates one run's raw results (shared by every instance of the run)."""
 
-    def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9):
+    def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9, output_delay_ms: float = 0.0):
         self._rows: list[tuple] = []
         self._chunks: list[dict[str, np.ndarray]] = []
         self.rejections: dict[int, str] = {}
@@ -98,18 +103,29 @@ class Recorder:
         self.keep_timeline = timeline
         self.timeline = {name: array("d") for name in TIMELINE}
         self.kv_high_water = kv_high_water
+        #: from the iteration that produces a token to the client receiving it (schedlab.frontend)
+        self.output_delay_ms = output_delay_ms
 
     # -- per request -------------------------------------------------------------------------
-    def request_done(self, seq, instance: int, finish_ms: float, *, rejected: bool = False) -> None:
-        """Record a finished (or rejected) sequence's row."""
+    def request_done(self, seq, instance: int, finish_ms: float, *, rejected: bool = False,
+                     aborted: bool = False) -> None:
+        """Record a finished, rejected or aborted sequence's row (``finish_ms``: when it left the engine)."""
         r = seq.request
         tr = seq.transfer
+        if rejected:
+            client = (-1.0, -1.0, False)
+        elif aborted or r.timeout_ms is not None:
+            client = client_times(r, seq.first_token_ms, finish_ms, self.output_delay_ms, aborted=aborted)
+        else:  # the common case, inline: no deadline to miss
+            first, delay = seq.first_token_ms, self.output_delay_ms
+            client = (first + delay if first >= 0 else -1.0, finish_ms + delay, False)
         self._rows.append((
             r.arrival_ms, seq.first_scheduled_ms, seq.first_token_ms, finish_ms, seq.waiting_ms,
             r.id, instance, r.prompt_tokens, r.output_tokens, r.max_output_tokens, seq.num_generated, r.priority,
             seq.num_preemptions, seq.recomputed_tokens, seq.prefill_chunks, seq.cached_tokens_total, seq.num_swaps,
             1 if rejected else 0, r.request_class, r.client,
             *(NO_TRANSFER if tr is None else tr.row()), seq.energy_j,
+            r.sent_at, client[0], client[1], 1 if aborted else 0, 1 if client[2] else 0,
         ))
         if len(self._rows) >= _FLUSH_ROWS:
             self._flush()

@@ -363,6 +363,8 @@ class ReferenceEngine:
         self.kv_peak = 0
         self.release = Release()  # what the last iteration gives back at its end (routers' view)
         self.meter = meter  # a schedlab.energy.EnergyMeter with [power]
+        self.aborts: list = []    # [time the engine hears its client gave up, seq_no, sequence]
+        self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)
@@ -384,13 +386,15 @@ class ReferenceEngine:
         return n + (self.role.outstanding if self.role is not None else 0)
 
     def next_plan_time(self) -> float:
-        """When this instance plans next: now, or when its sleep ends -- its wake-up time or
-        its role's next timed event, whichever is first (inf: only when woken)."""
+        """When this instance plans next: now, or when its sleep ends -- its wake-up time, its
+        role's next timed event or its next abort, whichever is first (inf: only when woken)."""
         if self.sleep_until is None:
             return self.now
         t = self.sleep_until
         if self.role is not None:
             t = min(t, self.role.next_time())
+        pending = [at for at, _, seq in self.aborts if seq.status not in ("finished", "aborted")]
+        t = min([t] + pending)
         return max(t, self.now)
 
     def wake(self, t: float) -> None:
@@ -416,15 +420,23 @@ class ReferenceEngine:
             if self.on_request_done is not None:
                 self.on_request_done(request, request.arrival_ms)
             return None
+        if request.timeout_ms is not None:  # its client gives up then; the engine hears of it hangup_ms later
+            abort_at = request.sent_at + request.timeout_ms + self.hangup_ms
+            if abort_at <= request.arrival_ms:
+                seq.status = "aborted"
+                self.rec.request_done(seq, self.index, request.arrival_ms, aborted=True)
+                return None
+            self.aborts.append([abort_at, seq_no, seq])
         self.waiting.push(seq)
         self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
         return seq
 
     # -- one iteration ----------------------------------------------------------------------------
     def step(self) -> None:
-        """Plan at ``now``; run the iteration, or sleep if the plan is empty."""
+        """Abort what is due, then plan at ``now``; run the iteration, or sleep if the plan is empty."""
         if self.role is not None:
             self.role.before_plan(self)
+        self.abort_due()
         self.serial += 1
         plan = RefPlan(self, self.serial)
         self.scheduler.schedule(plan)
@@ -443,6 +455,42 @@ class ReferenceEngine:
         self.empty_plans = 0
         self.events += 1
         self._execute(plan)
+
+    def settle(self, t: float) -> None:
+        """Before requests arriving at ``t`` are routed: an instance between iterations aborts
+        what is due by ``t`` (routers see aborted requests gone at their abort)."""
+        if self.now <= t and any(at <= t and seq.status not in ("finished", "aborted") for at, _, seq in self.aborts):
+            self.wake(t)
+            self.abort_due()
+
+    def abort_due(self) -> None:
+        """Drop every request whose client's disconnect has reached the engine by now, in the
+        order the disconnects arrived (ties: arrival order): its KV blocks and slot are freed."""
+        due = sorted((a for a in self.aborts if a[0] <= self.now), key=lambda a: (a[0], a[1]))
+        for entry in due:
+            self.aborts.remove(entry)
+            seq = entry[2]
+            if seq.status == "waiting":
+                self.waiting.remove(seq)
+                seq.waiting_ms += self.now - seq.waiting_since
+            elif seq.status == "swapped":
+                if not hasattr(self.kv, "free_swapped"):
+                    raise SimulationError(f"reference engine: request {seq.request.id} aborted while swapped out; "
+                                          f"{type(self.kv).__name__} has no free_swapped(seq)")
+                self.swapped.remove(seq)
+                self.kv.free_swapped(seq)
+            elif seq.status in ("prefilling", "decoding"):
+                del self.running[seq]
+                self.kv.free(seq)
+            else:  # finished before its client gave up
+                continue
+            seq.status = "aborted"
+            for a, b in zip(seq.token_times, seq.token_times[1:]):
+                self.rec.itl(b - a)
+            self.rec.request_done(seq, self.index, self.now, aborted=True)
+            on_finish = getattr(self.scheduler, "on_finish", None)
+            if on_finish is not None:
+                on_finish(seq, self.now)
 
     def _execute(self, plan: RefPlan) -> None:
         counters = self.counters

@@ -5,7 +5,12 @@ released by a closed loop), or, in a disaggregated cluster, a finished prompt ha
 decode pool -- or an instance's next plan (at its clock, or when its sleep ends). Events
 come first on a tie, and are routed seeing every instance as it is then; plans go in time
 order, ties to the lowest instance index. An instance that planned nothing sleeps until its
-wake-up time or until an event of its own wakes it.
+wake-up time, its next abort or until an event of its own wakes it.
+
+With a client side (:mod:`schedlab.frontend`) a request is first an event where the API server
+receives it; it waits in a first-come queue for a free handler, and its arrival at the engine
+is an event when its handling ends. In a closed loop, a client's deadline is an event too:
+a client that gives up sends its next request then.
 
 Disaggregation (rules and sources in :mod:`schedlab.engine.transfer`) is written out here
 again, plainly, for the differential tests against the fast engine's
@@ -19,7 +24,10 @@ import heapq
 import math
 from typing import Sequence
 
+import attrs
+
 from ..errors import SimulationError, StallError
+from ..frontend import give_up_ms
 from .instance import default_rejection_reason
 from .load import RoutingClock, views_of
 from .reference import RefSequence, ReferenceEngine
@@ -41,15 +49,18 @@ def _routed(router, request, pool: Sequence, views: Sequence, clock: RoutingCloc
 
 
 class ReferenceCluster:
-    """Instances behind a router (one instance: no router needed)."""
+    """Instances behind a router (one instance: no router needed), and the client side: the API
+    server requests pass before the engine sees them and the clients' deadlines
+    (:mod:`schedlab.frontend`), written out as events."""
 
-    def __init__(self, instances: Sequence[ReferenceEngine], router=None):
+    def __init__(self, instances: Sequence[ReferenceEngine], router=None, client_side=None):
         if len(instances) > 1 and router is None:
             raise ValueError("several instances need a router")
         self.instances = list(instances)
         self.router = router
         self.clock = RoutingClock()
         self.views = views_of(self.instances, self.clock)
+        self.client_side = client_side
 
     # -- what a cluster kind decides -----------------------------------------------------------
     def deliver(self, request, seq_no: int, t: float) -> None:
@@ -65,27 +76,88 @@ class ReferenceCluster:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, requests, workload=None) -> None:
-        pending = [(r.arrival_ms, r.id, r) for r in requests]
-        heapq.heapify(pending)
+        """Serve the workload's ``requests``; the workload's ``arrival_ms`` is when a client
+        sends a request, which reaches the engine then, or through the client side's front end."""
         closed = workload is not None and getattr(workload, "closed_loop", False)
+        side = self.client_side
+        front = side.frontend if side is not None else None
+        if side is not None:
+            for inst in self.instances:
+                inst.hangup_ms = side.network_ms
+        events: list = []     # (time, kind, order, request); at one time: deadlines, receptions, arrivals
+        api_queue: list = []  # requests the API server has received and not started, first received first
+        handlers = [0]        # handlers at work
+        waiting_for: dict = {}  # closed loop with a client side: id -> request its client still waits for
+
+        def send(request) -> None:
+            """A client sends ``request`` at its ``arrival_ms``."""
+            sent = request.arrival_ms
+            if side is None:
+                heapq.heappush(events, (sent, ARRIVAL, (sent, request.id), request))
+                return
+            timeout = side.timeout_for(request)
+            if closed:
+                waiting_for[request.id] = request
+                if timeout is not None:
+                    heapq.heappush(events, (sent + timeout, DEADLINE, (request.id,), request))
+            if front is None:
+                prepared = attrs.evolve(request, timeout_ms=timeout)
+                heapq.heappush(events, (sent, ARRIVAL, (sent, request.id), prepared))
+            else:
+                heapq.heappush(events, (sent + front.network_ms, RECEIVED, (request.id,), request))
+
+        def start_handling(t: float) -> None:
+            """Free handlers take the longest-waiting received requests."""
+            while api_queue and (not front.workers or handlers[0] < front.workers):
+                request, received = api_queue.pop(0)
+                handlers[0] += 1
+                arrival = t + front.handling_ms(request.prompt_tokens)
+                prepared = attrs.evolve(request, arrival_ms=arrival, sent_ms=request.arrival_ms,
+                                        timeout_ms=side.timeout_for(request))
+                heapq.heappush(events, (arrival, ARRIVAL, (received, request.id), prepared))
 
         def done(request, t):
-            if closed:
-                for follow_up in workload.on_finish(request, t):
-                    heapq.heappush(pending, (follow_up.arrival_ms, follow_up.id, follow_up))
+            if not closed:
+                return
+            if side is None:
+                follow_ups = workload.on_finish(request, t)
+            else:  # the client has the last byte output_delay_ms later, unless it gave up before
+                client_t = t + side.output_delay_ms
+                if request.id not in waiting_for or client_t > give_up_ms(request):
+                    return
+                del waiting_for[request.id]
+                follow_ups = workload.on_finish(request, client_t)
+            for follow_up in follow_ups:
+                send(follow_up)
 
         for inst in self.instances:
             inst.on_request_done = done
+        for request in requests:
+            send(request)
         seq_no = 0
         while True:
-            t_event = min(pending[0][0] if pending else INF, self.next_other())
+            t_event = min(events[0][0] if events else INF, self.next_other())
             busy = [inst for inst in self.instances if inst.has_work()]
             t_plan = min((inst.next_plan_time() for inst in busy), default=INF)
             if t_event <= t_plan and t_event < INF:
                 self.deliver_other(t_event)
-                while pending and pending[0][0] <= t_event:
-                    self.deliver(heapq.heappop(pending)[2], seq_no, t_event)
-                    seq_no += 1
+                for inst in self.instances:
+                    inst.settle(t_event)
+                while events and events[0][0] <= t_event:
+                    t, kind, _, request = heapq.heappop(events)
+                    if kind == DEADLINE:
+                        if waiting_for.pop(request.id, None) is not None:  # the client gives up
+                            for follow_up in workload.on_finish(request, t):
+                                send(follow_up)
+                    elif kind == RECEIVED:
+                        api_queue.append((request, t))
+                        start_handling(t)
+                    else:
+                        if front is not None:  # its handler is free again
+                            handlers[0] -= 1
+                            start_handling(t)
+                        self.deliver(request, seq_no, t)
+                        seq_no += 1
                 continue
             if t_plan == INF:
                 if busy:
@@ -94,6 +166,9 @@ class ReferenceCluster:
             inst = min(busy, key=lambda i: (i.next_plan_time(), i.index))
             inst.wake(inst.next_plan_time())
             inst.step()
+
+
+DEADLINE, RECEIVED, ARRIVAL = 0, 1, 2  # event kinds, in the order they go at one time
 
 
 # -- disaggregated prefill and decode -------------------------------------------------------------
@@ -224,10 +299,12 @@ class DisaggregatedReference(ReferenceCluster):
     """A prefill pool and a decode pool of reference instances, with a router each."""
 
     def __init__(self, prefill: Sequence[ReferenceEngine], decode: Sequence[ReferenceEngine], *,
-                 prefill_router=None, decode_router=None, bandwidth_gbps: float, latency_ms: float):
+                 prefill_router=None, decode_router=None, bandwidth_gbps: float, latency_ms: float,
+                 client_side=None):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
         self.instances = list(prefill) + list(decode)
+        self.client_side = client_side
         self.router = prefill_router
         self.prefill = list(prefill)
         self.decode = list(decode)

@@ -19,6 +19,7 @@ DECODING = "decoding"
 SWAPPED = "swapped"
 FINISHED = "finished"
 REJECTED = "rejected"
+ABORTED = "aborted"    # its client gave up (schedlab.frontend): the engine dropped it
 PARKED = "parked"  # engine-internal: a decoding sequence left out of one iteration's decode set
 
 

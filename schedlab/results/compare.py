@@ -11,6 +11,12 @@ report them) -- and gets ``metrics["vs_measured"]``::
 
 Errors are ``(simulated - measured) / measured`` in percent; the mean absolute error is the
 mean of their absolute values.
+
+Like is compared with like: a server log's latencies (from the request's arrival at the engine)
+with the simulated engine's, a load generator's (from sending the request to the first and
+last byte) with the simulated client's (:func:`simulated_latencies`). When a client's file also
+has the server's own per-request TTFT and queue time, they are compared with the simulated
+engine's under ``vs_measured["server"]`` (not part of the mean error).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import request_latencies
+from .metrics import client_latencies, request_latencies
 
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "Latency"))
 STATISTICS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p95", "p95"), ("p99", "p99"))
@@ -57,6 +63,42 @@ def mean_abs_error(errors: dict[str, float]) -> float:
     return float(np.mean([abs(e) for e in errors.values()]))
 
 
+def simulated_latencies(requests: dict[str, np.ndarray], measured) -> dict[str, np.ndarray]:
+    """The simulated run's latencies in the measured run's view (``ttft_ms``, ``tpot_ms``,
+    ``e2e_ms`` per completed request): the client's for a load generator's file, else the engine's."""
+    if getattr(measured, "view", "engine") == "client":
+        lat = client_latencies(requests)
+        return {"ttft_ms": lat["ttft_ms"], "tpot_ms": lat["tpot_ms"], "e2e_ms": lat["e2el_ms"]}
+    return request_latencies(requests)
+
+
+SERVER_FIELDS = (("server_ttft_ms", "ttft_ms"), ("server_queue_ms", "queue_ms"))  # measured -> simulated engine
+
+
+def server_comparison(requests: dict[str, np.ndarray], measured) -> dict[str, Any] | None:
+    """The server's own per-request TTFT and queue time (a client's file) against the simulated
+    engine's: ``{"errors_pct": {"ttft_ms.mean": ...}, "measured": {...}}``, or None without them."""
+    engine = request_latencies(requests)
+    out: dict[str, dict[str, float]] = {"errors_pct": {}, "measured": {}}
+    for field, name in SERVER_FIELDS:
+        values = getattr(measured, field, None)
+        if values is None or not np.isfinite(values).any():
+            continue
+        for stat, _ in STATISTICS:
+            truth = _statistic(values[np.isfinite(values)], stat)
+            simulated = _statistic(engine[name], stat)
+            key = f"{name}.{stat}"
+            out["measured"][key] = truth
+            out["errors_pct"][key] = 100.0 * (simulated - truth) / truth if truth else float("nan")
+    return out if out["measured"] else None
+
+
+def _statistic(values: np.ndarray, stat: str) -> float:
+    if values.size == 0:
+        return float("nan")
+    return float(values.mean()) if stat == "mean" else float(np.percentile(values, float(stat[1:])))
+
+
 def select_requests(requests: dict[str, np.ndarray], measured, rows: np.ndarray):
     """The simulated requests and the measured run restricted to the measured run's ``rows``
     (positions in its file). Simulated ids follow arrival order (stable), the file may not."""
@@ -72,15 +114,19 @@ def select_requests(requests: dict[str, np.ndarray], measured, rows: np.ndarray)
 
 def vs_measured(requests: dict[str, np.ndarray], measured, rows: np.ndarray | None = None) -> dict[str, Any]:
     """The ``vs_measured`` metrics of a run's per-request columns against a measured run
-    (only the measured run's ``rows`` when given)."""
+    (only the measured run's ``rows`` when given), in the measured run's view."""
     if rows is not None:
         requests, lat = select_requests(requests, measured, rows)
         truth = statistics(lat)
     else:
         truth = measured_statistics(measured)
-    sim = statistics(request_latencies(requests))
+    sim = statistics(simulated_latencies(requests, measured))
     errors = errors_pct(sim, truth)
-    return {"mean_abs_error_pct": mean_abs_error(errors), "errors_pct": errors, "measured": truth}
+    out = {"mean_abs_error_pct": mean_abs_error(errors), "errors_pct": errors, "measured": truth}
+    server = server_comparison(requests, measured) if rows is None else None
+    if server is not None:
+        out["server"] = server
+    return out
 
 
 def comparison_rows(simulated: dict[str, float], measured: dict[str, float]) -> list[tuple[str, float, float, float]]:

@@ -33,12 +33,15 @@ _STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "
                                "in_system_slope_per_min", "window_ms")),
               "fit": dict.fromkeys(("start_ms", "end_ms", "waiting_at_start", "waiting_at_end"))}  # or null
 
+_CLIENT = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ntpot_ms", "frontend_ms")}
+
 METRICS: dict = {
-    **dict.fromkeys(("requests", "finished", "rejected", "makespan_ms", "throughput_tps", "request_throughput_rps",
+    **dict.fromkeys(("requests", "finished", "rejected", "timed_out", "aborted", "makespan_ms", "throughput_tps", "request_throughput_rps",
                      "generated_tokens", "iterations", "slot_utilisation", "peak_running", "avg_running",
                      "avg_queue", "peak_waiting", "busy_share", "num_preemptions")),
     **_LATENCIES,
     "itl_ms": _SUMMARY,
+    "client": _CLIENT,                             # as the client sees requests (schedlab.frontend)
     "kv_usage": dict.fromkeys(("mean", "peak", "time_above_90")),
     "preemptions": dict.fromkeys(("recompute", "swap", "recomputed_tokens", "swap_failures", "swapped_out_blocks",
                                   "swapped_in_blocks", "swapped_out_bytes", "swapped_in_bytes", "swap_transfer_ms")),
@@ -69,7 +72,8 @@ METRICS: dict = {
                  **{name: _SUMMARY for name in ("kv_wait_ms", "transfer_ms", "join_wait_ms")}},
     # optional: a workload replaying a measured run (schedlab.results.compare); the keys of errors_pct
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
-    "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},
+    "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None},
+                    "server": {"errors_pct": {"*": None}, "measured": {"*": None}}},  # a client's file: the server's
     # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour
     "cost_per_hour": None,
 }

@@ -122,9 +122,18 @@ def _reason_kind(reason: str) -> str:
     return re.sub(r"\d+", "#", reason)
 
 
-def request_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per finished request: ttft, tpot, e2e, queue, prefill and decode time (ms)."""
+def completed(req: dict[str, np.ndarray]) -> np.ndarray:
+    """Requests that completed for their clients: neither rejected nor abandoned (timed out).
+    Latencies are taken over these, as ``vllm bench serve`` takes them over successful requests."""
     ok = req["rejected"] == 0
+    timed_out = req.get("timed_out")
+    return ok if timed_out is None else ok & (timed_out == 0)
+
+
+def request_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per completed request, as the engine sees it (from its arrival at the engine's queue):
+    ttft, tpot, e2e, queue, prefill and decode time (ms)."""
+    ok = completed(req)
     arrival = req["arrival_ms"][ok]
     first = req["first_token_ms"][ok]
     finish = req["finish_ms"][ok]
@@ -141,6 +150,27 @@ def request_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
+def client_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per completed request, as its client sees it (:mod:`schedlab.frontend`), from sending it:
+    ``ttft_ms`` (to the first byte), ``tpot_ms``, ``e2el_ms`` (to the last byte) -- ``vllm bench
+    serve``'s TTFT, TPOT and E2EL --, ``ntpot_ms`` (E2EL per output token, inference-perf's
+    normalized time per output token) and ``frontend_ms`` (sent -> the engine's queue: the
+    network and the API server). Without a front end they are the engine's latencies."""
+    ok = completed(req)
+    sent = req["sent_ms"][ok] if "sent_ms" in req else req["arrival_ms"][ok]
+    first = req["client_first_ms"][ok] if "client_first_ms" in req else req["first_token_ms"][ok]
+    done = req["client_done_ms"][ok] if "client_done_ms" in req else req["finish_ms"][ok]
+    generated = req["generated_tokens"][ok]
+    many = generated > 1
+    return {
+        "ttft_ms": first - sent,
+        "tpot_ms": (done[many] - first[many]) / (generated[many] - 1),
+        "e2el_ms": done - sent,
+        "ntpot_ms": (done - sent) / generated,
+        "frontend_ms": req["arrival_ms"][ok] - sent,
+    }
+
+
 def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl: dict[str, np.ndarray],
                     meta: dict[str, Any], request_cost=None) -> dict[str, Any]:
     """Every run metric, as a JSON-ready nested dict.
@@ -154,7 +184,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     :param request_cost: the cost model's ``request_cost(prompt, output)``, for seed 001's
         per-request cost decomposition (optional).
     """
-    ok = req["rejected"] == 0
+    ok = completed(req)
     n_all = int(req["id"].size)
     n_ok = int(ok.sum())
     lat = request_latencies(req)
@@ -173,7 +203,11 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     m: dict[str, Any] = {
         "requests": n_all,
         "finished": n_ok,
-        "rejected": n_all - n_ok,
+        "rejected": int((req["rejected"] != 0).sum()),
+        # the client gave up (schedlab.frontend): failed for vllm bench serve; aborted: the engine
+        # dropped them (the rest had finished in the engine when their last byte came too late)
+        "timed_out": int(req["timed_out"].sum()) if "timed_out" in req else 0,
+        "aborted": int(req["aborted"].sum()) if "aborted" in req else 0,
         "makespan_ms": makespan,
         "throughput_tps": generated / seconds if seconds > 0 else float("nan"),
         "request_throughput_rps": n_ok / seconds if seconds > 0 else float("nan"),
@@ -191,6 +225,9 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         m[name] = summarize(lat[name])
     m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
+    # the client's view: its inter-token latencies are the engine's (every token is delayed alike)
+    m["client"] = {name: summarize(values) for name, values in client_latencies(req).items()}
+    m["client"]["itl_ms"] = m["itl_ms"]
     per_instance_blocks = blocks / instances
     m["kv_usage"] = {  # mean over all blocks; peak of the fullest instance; time share averaged over instances
         "mean": c["kv_block_ms"] / (blocks * makespan) if blocks and makespan > 0 else float("nan"),
@@ -255,7 +292,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         m["pools"]["decode"]["queue_ms"] = m["transfer"].pop("decode_queue_ms")
     slo = meta.get("slo") or {}
     if slo:
-        m["slo"] = _slo_metrics(req, lat, ok, slo, seconds)
+        m["slo"] = _slo_metrics(req, ok, slo, seconds)
     energy = meta.get("energy")
     if energy:  # a run with [power] (schedlab.energy)
         m["energy"] = energy_metrics(req, energy, summarize)
@@ -355,7 +392,7 @@ def client_service(req: dict[str, np.ndarray], input_price: float = SERVICE_INPU
     totals do not depend on the scheduler; the rate shows who was served sooner (compare
     clients that stay backlogged)."""
     out: dict[str, dict[str, Any]] = {}
-    ok = req["rejected"] == 0
+    ok = completed(req)
     for client in np.unique(req["client"]):
         mine = req["client"] == client
         done = mine & ok
@@ -375,13 +412,16 @@ def _targets(slo: dict, klass: str | None) -> tuple[float, float]:
             float(table.get("tpot_ms", slo.get("tpot_ms", math.inf))))
 
 
-def _slo_metrics(req, lat, ok, slo: dict, seconds: float) -> dict[str, float]:
-    """DistServe goodput: requests per second meeting both their TTFT and TPOT targets."""
+def _slo_metrics(req, ok, slo: dict, seconds: float) -> dict[str, float]:
+    """DistServe goodput: requests per second meeting both their TTFT and TPOT targets, as the
+    client sees them (``vllm bench serve --goodput``; the engine's own without a front end).
+    Requests rejected or abandoned meet nothing: attainment counts them among all requests."""
     classes = req["request_class"][ok]
-    first, finish = req["first_token_ms"][ok], req["finish_ms"][ok]
     generated = req["generated_tokens"][ok]
-    ttft = lat["ttft_ms"]
-    tpot = np.where(generated > 1, (finish - first) / np.maximum(generated - 1, 1), 0.0)
+    client = client_latencies(req)
+    ttft = client["ttft_ms"]
+    tpot = np.zeros(ttft.size)
+    tpot[generated > 1] = client["tpot_ms"]
     met = np.zeros(ttft.size, dtype=bool)
     for k in np.unique(classes):
         t_ttft, t_tpot = _targets(slo, str(k))
@@ -395,7 +435,7 @@ def _slo_metrics(req, lat, ok, slo: dict, seconds: float) -> dict[str, float]:
 
 def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False) -> dict[str, Any]:
     sub = {k: v[sel] for k, v in req.items()}
-    ok = sub["rejected"] == 0
+    ok = completed(sub)
     lat = request_latencies(sub)
     generated = int(sub["generated_tokens"][ok].sum())
     out: dict[str, Any] = {
@@ -407,5 +447,5 @@ def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False) ->
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         out[name] = summarize(lat[name])
     if slo:
-        out["slo"] = _slo_metrics(sub, lat, ok, slo, run_seconds)
+        out["slo"] = _slo_metrics(sub, ok, slo, run_seconds)
     return out

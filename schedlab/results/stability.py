@@ -69,9 +69,11 @@ MS_PER_MIN = 60_000.0
 
 
 def admission_times(req: dict[str, np.ndarray]) -> np.ndarray:
-    """When each request left the waiting queue: first scheduled, or its arrival if rejected."""
+    """When each request left the waiting queue: first scheduled, its arrival if rejected, or
+    when it was aborted if its client gave up before it was scheduled."""
     rejected = req["rejected"] != 0
-    return np.where(rejected, req["arrival_ms"], req["first_scheduled_ms"])
+    scheduled = req["first_scheduled_ms"]
+    return np.where(rejected, req["arrival_ms"], np.where(scheduled >= 0, scheduled, req["finish_ms"]))
 
 
 def waiting_at(arrival_sorted: np.ndarray, admitted_sorted: np.ndarray, t: np.ndarray, *,
@@ -199,8 +201,9 @@ def run_stability(req: dict[str, np.ndarray], instances: int = 1) -> tuple[dict[
     """
     arrival = req["arrival_ms"]
     admitted = admission_times(req)
-    finished = req["rejected"] == 0
-    departed = np.where(finished, req["finish_ms"], arrival)
+    served = req["rejected"] == 0       # left at finish_ms: finished or aborted
+    finished = served if "aborted" not in req else served & (req["aborted"] == 0)  # completions
+    departed = np.where(served, req["finish_ms"], arrival)
     run = queue_stability(arrival, admitted, req["finish_ms"][finished], departed)
     parts: list[dict[str, Any]] = []
     if instances > 1:

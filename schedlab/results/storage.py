@@ -36,7 +36,7 @@ import numpy as np
 from ..engine.recorder import TIMELINE
 from ..errors import SchedlabError
 from .folder import usual_mode
-from .metrics import request_latencies
+from .metrics import completed, request_latencies
 from .records import ExperimentResults, RunResult, Study
 
 REQUEST_COLUMNS = (
@@ -44,7 +44,8 @@ REQUEST_COLUMNS = (
     "first_token_ms", "finish_ms", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "waiting_ms", "prompt_tokens",
     "output_tokens", "max_tokens", "generated_tokens", "preemptions", "recomputed_tokens", "prefill_chunks",
     "cached_tokens", "swaps", "rejected", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms",
-    "decode_joined_ms", "energy_j", "reason",
+    "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "client_ttft_ms",
+    "client_e2el_ms", "aborted", "timed_out", "reason",
 )
 TIMELINE_COLUMNS = ("run",) + TIMELINE
 
@@ -166,17 +167,21 @@ def _fmt(x) -> Any:
 def request_rows(run: RunResult):
     r = run.requests
     n = r["id"].size
-    ttft = np.where(r["rejected"] == 0, r["first_token_ms"] - r["arrival_ms"], np.nan)
-    e2e = np.where(r["rejected"] == 0, r["finish_ms"] - r["arrival_ms"], np.nan)
-    queue = np.where(r["rejected"] == 0, r["first_scheduled_ms"] - r["arrival_ms"], np.nan)
-    many = (r["rejected"] == 0) & (r["generated_tokens"] > 1)
+    ok = completed(r)  # latencies of requests that completed for their clients; NaN for the others
+    ttft = np.where(ok, r["first_token_ms"] - r["arrival_ms"], np.nan)
+    e2e = np.where(ok, r["finish_ms"] - r["arrival_ms"], np.nan)
+    queue = np.where(ok, r["first_scheduled_ms"] - r["arrival_ms"], np.nan)
+    many = ok & (r["generated_tokens"] > 1)
     tpot = np.where(many, (r["finish_ms"] - r["first_token_ms"]) / np.maximum(r["generated_tokens"] - 1, 1), np.nan)
+    client_ttft = np.where(ok, r["client_first_ms"] - r["sent_ms"], np.nan)
+    client_e2el = np.where(ok, r["client_done_ms"] - r["sent_ms"], np.nan)
     cols = [r["id"], r["instance"], r["request_class"], r["client"], r["priority"], r["arrival_ms"],
             r["first_scheduled_ms"], r["first_token_ms"], r["finish_ms"], ttft, tpot, e2e, queue, r["waiting_ms"],
             r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["generated_tokens"], r["preemptions"],
             r["recomputed_tokens"], r["prefill_chunks"], r["cached_tokens"], r["swaps"], r["rejected"],
             r["prefill_instance"], r["kv_bytes"], r["kv_pulled_ms"], r["kv_landed_ms"], r["decode_joined_ms"],
-            r["energy_j"]]
+            r["energy_j"], r["sent_ms"], r["client_first_ms"], r["client_done_ms"], client_ttft, client_e2el,
+            r["aborted"], r["timed_out"]]
     lists = [c.tolist() for c in cols]
     for i in range(n):
         row = [run.name] + [_fmt(c[i]) for c in lists]
@@ -321,8 +326,9 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
     ints = ("id", "instance", "priority", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
             "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected")
     transfer = {"prefill_instance": (int, -1), "kv_bytes": (int, 0), "kv_pulled_ms": (float, -1.0),
-                "kv_landed_ms": (float, -1.0), "decode_joined_ms": (float, -1.0),
-                "energy_j": (float, 0.0)}  # absent in older results
+                "kv_landed_ms": (float, -1.0), "decode_joined_ms": (float, -1.0),  # absent in older results
+                "energy_j": (float, 0.0), "aborted": (int, 0), "timed_out": (int, 0)}
+    client_view = {"sent_ms": "arrival_ms", "client_first_ms": "first_token_ms", "client_done_ms": "finish_ms"}
 
     def saved_run(name: str, metrics: dict, counters: dict, meta: dict, point: dict) -> RunResult:
         rrows = by_run.get(name, [])
@@ -331,6 +337,9 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
         for c, (kind, missing) in transfer.items():
             values = [_num(r[index[c]], kind) if c in index else missing for r in rrows]
             req[c] = np.array(values, dtype=float if kind is float else np.int64)
+        for c, engine_column in client_view.items():  # older results: the engine's times (no front end)
+            req[c] = (np.array([_num(r[index[c]], float) for r in rrows], dtype=float) if c in index
+                      else req[engine_column].copy())
         for c in ("request_class", "client"):
             req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
         rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}

@@ -26,6 +26,7 @@ from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
+from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
 from .overrides import merge_tables
@@ -204,6 +205,7 @@ class Assembled:
     pools: list[Pool] | None = None  # disaggregated: prefill, decode
     link: LinkConfig | None = None
     power: list | None = None  # with [power]: each instance's power model (same order as instances)
+    client_side: ClientSide | None = None  # [frontend] and [client]: the way to the engine, timeouts
 
 
 def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
@@ -273,17 +275,40 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     speculative = (from_table(SpeculativeConfig, tables["speculative"], where=f"{where} [speculative]",
                               base_dir=ctx.base_dir) if "speculative" in tables else None)
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
+    client_side = _client_side(tables, cluster, where)
     if cluster.mode == "disaggregated":
         if "instances" in cluster_table:
             raise ConfigError(f"{where} [cluster]: instances: a disaggregated cluster sizes its pools in "
                               "[cluster.prefill] and [cluster.decode]")
-        return _assemble_disaggregated(ctx, tables, cluster, workload, slo, speculative, where, check_only)
+        assembled = _assemble_disaggregated(ctx, tables, cluster, workload, slo, speculative, where, check_only)
+        return attrs.evolve(assembled, client_side=client_side)
     power = [] if "power" in tables else None
     parts = _build_instances(ctx, tables, 1 if check_only else cluster.instances, where, "", speculative, power)
     router = None
     if cluster.instances > 1:
         router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
-    return Assembled(workload, parts, router, cluster, slo, speculative, power=power)
+    return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side)
+
+
+def _client_side(tables: dict, cluster: ClusterConfig, where: str) -> ClientSide | None:
+    """The run's ``[frontend]`` and ``[client]`` tables (None without either): see :mod:`schedlab.frontend`."""
+    if "frontend" not in tables and "client" not in tables:
+        return None
+    frontend = (from_table(FrontendConfig, tables["frontend"], where=f"{where} [frontend]")
+                if "frontend" in tables else None)
+    client = from_table(ClientConfig, tables["client"], where=f"{where} [client]") if "client" in tables else None
+    if client is not None and client.gives_up:
+        if cluster.mode == "disaggregated":
+            raise ConfigError(f"{where} [client]: timeout_ms: requests abandoned in a disaggregated cluster are not "
+                              "simulated yet (their KV may be on its way between the pools)")
+        network = frontend.network_ms if frontend is not None else 0.0
+        timeouts = [("timeout_ms", client.timeout_ms)] + [(f"classes.{name}.timeout_ms", t["timeout_ms"])
+                                                          for name, t in client.classes.items() if "timeout_ms" in t]
+        for key, value in timeouts:
+            if not value > network:
+                raise ConfigError(f"{where} [client]: {key}: must be longer than the network hop ([frontend] "
+                                  f"network_ms = {network:g}), got {value:g}")
+    return ClientSide(frontend, client)
 
 
 def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
@@ -334,7 +359,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     """Simulate one run and compute its metrics."""
     where = where or f"{ctx.source}: run {spec.name!r}"
     a = assemble(spec, ctx, where)
-    recorder = Recorder(timeline=timeline)
+    side = a.client_side
+    recorder = Recorder(timeline=timeline, output_delay_ms=side.output_delay_ms if side is not None else 0.0)
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
     meters = [EnergyMeter(p) for p in a.power] if a.power is not None else [None] * len(a.instances)
     started = time.perf_counter()
@@ -351,15 +377,16 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3)
             if spec.engine == "reference":
                 DisaggregatedReference(engines[:split], engines[split:], prefill_router=a.pools[0].router,
-                                       decode_router=a.pools[1].router, **link).run(requests, workload=a.workload)
+                                       decode_router=a.pools[1].router, client_side=side,
+                                       **link).run(requests, workload=a.workload)
             else:
                 cluster = DisaggregatedCluster(engines[:split], engines[split:], prefill_router=a.pools[0].router,
                                                decode_router=a.pools[1].router, **link)
-                simulate_disaggregated(requests, cluster, workload=a.workload)
+                simulate_disaggregated(requests, cluster, workload=a.workload, client_side=side)
         elif spec.engine == "reference":
-            ReferenceCluster(engines, a.router).run(requests, workload=a.workload)
+            ReferenceCluster(engines, a.router, client_side=side).run(requests, workload=a.workload)
         else:
-            simulate(requests, engines, router=a.router, workload=a.workload)
+            simulate(requests, engines, router=a.router, workload=a.workload, client_side=side)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
@@ -380,6 +407,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
         "kv_cache": _kv_summary(kv),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
+        "frontend": attrs.asdict(side.frontend) if side is not None and side.frontend is not None else {},
+        "client": attrs.asdict(side.client) if side is not None and side.client is not None else {},
     }
     if a.pools is not None:
         split = len(a.pools[0].instances)

@@ -20,7 +20,8 @@ from .simulation import RunSpec
 from .sweep import point_label
 
 #: The tables of one run; a sweep or search varies keys inside these only.
-RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative", "power", "clock")
+RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative", "power", "clock",
+              "frontend", "client")
 
 
 @attrs.frozen

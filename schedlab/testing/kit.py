@@ -14,6 +14,7 @@ from ..engine.driver import simulate
 from ..engine.instance import Instance
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
+from ..engine.reference_cluster import ReferenceCluster
 from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
 
@@ -90,13 +91,14 @@ class IterationChecker:
 def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_blocks: int = 4096,
                block_size: int = 16, engine: str = "fast", check: IterationChecker | None = None,
                workload=None, name: str = "test", speculative: SpeculativeConfig | None = None,
-               draft_cost=None, seed: int = 0, power: Callable | None = None) -> RunResult:
+               draft_cost=None, seed: int = 0, power: Callable | None = None, client_side=None) -> RunResult:
     """Simulate ``requests`` on one instance built from plugin objects; return the RunResult.
 
     Defaults: the linear cost model (seed 001's costs) and a paged KV cache of ``kv_blocks``.
     ``speculative`` turns on speculative decoding (``draft_cost``: the drafter's cost model,
     for methods that have one; ``seed`` keys the acceptance draws). ``power(cost_model)`` makes
-    the instance's power model: the run then meters energy (``metrics["energy"]``).
+    the instance's power model: the run then meters energy (``metrics["energy"]``). ``client_side``
+    (a :class:`~schedlab.frontend.ClientSide`): the requests' times are when clients send them.
     """
     from schedlab_plugins.cost_models import LinearCostModel
     from schedlab_plugins.kv_caches import PagedKVCache
@@ -107,16 +109,16 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     if speculative is not None:
         cost_model = DraftingCostModel(cost_model, draft_cost, speculative)
         speculation = Speculation(speculative, seed)
-    rec = Recorder()
+    rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     meters = _meters(power, [cost_model])
     if engine == "reference":
         if check is not None:
             raise ValueError("the reference engine takes no observer")
         sim = ReferenceEngine(scheduler, cost_model, kv, rec, speculation=speculation, meter=meters[0])
-        sim.run(list(requests), workload=workload)
+        ReferenceCluster([sim], client_side=client_side).run(list(requests), workload=workload)
     else:
         sim = Instance(0, scheduler, cost_model, kv, rec, observer=check, speculation=speculation, meter=meters[0])
-        simulate(list(requests), [sim], workload=workload)
+        simulate(list(requests), [sim], workload=workload, client_side=client_side)
     meta = {"slots": getattr(scheduler, "slots", None), "num_blocks": kv.num_blocks, "instances": 1,
             "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events,
             "speculative": attrs.asdict(speculative) if speculative is not None else {},
@@ -129,7 +131,7 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
 
 def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,
                 engine: str = "fast", workload=None, name: str = "test",
-                power: Callable | None = None) -> RunResult:
+                power: Callable | None = None, client_side=None) -> RunResult:
     """Simulate ``requests`` on ``instances`` colocated instances behind ``router``.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)`` each time it is called;
@@ -137,18 +139,16 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
     ``meta["kvs"]`` holds every instance's KV cache, for checks of the blocks left at the end.
     ``power(cost_model)`` makes an instance's power model (the run then meters energy).
     """
-    from ..engine.reference_cluster import ReferenceCluster
-
-    rec = Recorder()
+    rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [make() for _ in range(instances)]
     meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
         engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m)
                    for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
-        ReferenceCluster(engines, router).run(list(requests), workload=workload)
+        ReferenceCluster(engines, router, client_side=client_side).run(list(requests), workload=workload)
     else:
         engines = [Instance(i, s, c, k, rec, meter=m) for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
-        simulate(list(requests), engines, router=router, workload=workload)
+        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side)
     slots = [getattr(s, "slots", None) for s, _, _ in parts]
     meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
             "instances": instances, "events": sum(e.events for e in engines), **_energy_meta(meters, rec)}
@@ -216,8 +216,8 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
               kv_blocks: int | None = None) -> None:
     """Assert conservation, capacity and causality for a finished run.
 
-    * every request appears exactly once: finished with exactly ``target_tokens`` tokens, or
-      rejected with a reason;
+    * every request appears exactly once: finished with exactly ``target_tokens`` tokens,
+      rejected with a reason, or aborted (its client gave up) with fewer;
     * the running count and KV blocks never exceeded their limits (peaks);
     * arrival <= first scheduled <= first token <= finish, and the first token comes no
       earlier than the end of an iteration that started after arrival;
@@ -234,19 +234,25 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
         if req["rejected"][i]:
             assert result.rejections.get(rid), f"request {rid} rejected without a reason"
             continue
+        assert req["sent_ms"][i] == r.arrival_ms, f"request {rid} was sent at {req['sent_ms'][i]}, not {r.arrival_ms}"
+        if req["aborted"][i]:
+            assert req["timed_out"][i], f"request {rid} aborted although its client did not give up"
+            assert req["generated_tokens"][i] < r.target_tokens, f"request {rid} aborted after its last token"
+            assert req["finish_ms"][i] >= req["client_done_ms"][i], f"request {rid} aborted before its client left"
+            continue
         assert req["generated_tokens"][i] == r.target_tokens, (
             f"request {rid} generated {req['generated_tokens'][i]} tokens, expected {r.target_tokens}")
         a, s, f, e = (req["arrival_ms"][i], req["first_scheduled_ms"][i], req["first_token_ms"][i],
                       req["finish_ms"][i])
-        assert a == r.arrival_ms
+        assert a >= r.arrival_ms
         assert a <= s < f <= e, f"request {rid}: causality broken (arrival {a}, scheduled {s}, first {f}, finish {e})"
     c = result.counters
     if max_running is not None:
         assert c["peak_running"] <= max_running, f"peak running {c['peak_running']} > {max_running}"
     if kv_blocks is not None:
         assert c["kv_peak_blocks"] <= kv_blocks, f"peak KV blocks {c['kv_peak_blocks']} > {kv_blocks}"
-    finished = req["rejected"] == 0
-    assert c["generated_tokens"] == int(req["generated_tokens"][finished].sum())
+    served = req["rejected"] == 0  # finished or aborted: the tokens they got were generated
+    assert c["generated_tokens"] == int(req["generated_tokens"][served].sum())
     assert c["spec_accepted_tokens"] <= c["spec_draft_tokens"], "more drafts accepted than verified"
     assert c["decode_seq_steps"] <= c["decode_tokens"] <= c["decode_seq_steps"] + c["spec_accepted_tokens"], (
         f"{c['decode_tokens']} decode tokens from {c['decode_seq_steps']} sequence steps and "

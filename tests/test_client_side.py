@@ -1,0 +1,416 @@
+"""The client's view (issue 20.1, 20.3): the API server in front of the engine, and clients that
+give up.
+
+Hand-computed scenarios pin the rules down (schedlab/frontend.py); differential tests run the
+fast engine's closed forms (schedlab/engine/client.py, bulk runs cut at aborts) against the
+reference engine's events on random workloads; hypothesis properties check what every run with
+timeouts must satisfy: each request finishes, is rejected or is aborted exactly once, the KV
+cache is empty at the end, an aborted request is in no iteration after its abort, and routers
+see it leave then.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig, client_times
+from schedlab.model import Request
+from schedlab.testing import (
+    IterationChecker, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_cluster, run_engine,
+)
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.routers import LeastOutstandingRouter, RoundRobinRouter
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
+
+ENGINES = ("fast", "reference")
+SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FRONT = FrontendConfig(network_ms=0.5, request_ms=1.0, tokenize_ms_per_token=0.125, token_ms=0.25, workers=1)
+
+
+def column(result, name):
+    return result.requests[name].tolist()
+
+
+# -- the front end, by hand ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_request_through_the_front_end_by_hand(engine):
+    """Sent at 0: received at 0.5, handled for 1 + 10 x 0.25 ms, so queued at the engine at 4.0;
+    its 10-token prefill (0.05 ms/token) gives the first token at 4.5, decodes of 8 ms the
+    others at 12.5 and 20.5; every token reaches the client 0.25 + 0.5 ms later."""
+    side = ClientSide(FrontendConfig(network_ms=0.5, request_ms=1.0, tokenize_ms_per_token=0.25, token_ms=0.25))
+    r = run_engine([Request(0, 0.0, 10, 3)], ContinuousScheduler(), LinearCostModel(), engine=engine,
+                   client_side=side)
+    assert column(r, "sent_ms") == [0.0]
+    assert column(r, "arrival_ms") == [4.0]
+    assert column(r, "first_token_ms") == [4.5]
+    assert column(r, "finish_ms") == [20.5]
+    assert column(r, "client_first_ms") == [5.25]
+    assert column(r, "client_done_ms") == [21.25]
+    m = r.metrics
+    assert m["ttft_ms"]["mean"] == 0.5            # the engine's view: queued -> first token
+    assert m["e2e_ms"]["mean"] == 16.5
+    assert m["client"]["ttft_ms"]["mean"] == 5.25  # the client's: sent -> first byte
+    assert m["client"]["e2el_ms"]["mean"] == 21.25
+    assert m["client"]["tpot_ms"]["mean"] == m["tpot_ms"]["mean"] == 8.0
+    assert m["client"]["ntpot_ms"]["mean"] == 21.25 / 3
+    assert m["client"]["frontend_ms"]["mean"] == 4.0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("workers, arrivals", [
+    (1, [4.0, 7.625, 11.375, 15.25]),   # one handler: each waits for the one before
+    (2, [4.0, 7.125, 10.25, 13.375]),   # two: nobody waits (requests 3 ms apart, handling < 6 ms)
+    (0, [4.0, 7.125, 10.25, 13.375]),   # no limit
+])
+def test_the_api_server_handles_requests_first_come_first_served(engine, workers, arrivals):
+    """Request i: sent at 3i ms, prompt 20 + i: received 0.5 ms later, handled for
+    1 + 0.125 x (20 + i) ms = 3.5, 3.625, 3.75, 3.875 ms. One handler: request 1 starts when
+    request 0 is done (4.0) and reaches the engine at 7.625; request 2 then at 7.625 + 3.75."""
+    front = FrontendConfig(network_ms=0.5, request_ms=1.0, tokenize_ms_per_token=0.125, token_ms=0.0,
+                           workers=workers)
+    requests = [Request(i, 3.0 * i, 20 + i, 2) for i in range(4)]
+    r = run_engine(requests, ContinuousScheduler(), LinearCostModel(), engine=engine, client_side=ClientSide(front))
+    assert column(r, "arrival_ms") == arrivals
+    assert column(r, "sent_ms") == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_without_a_client_side_the_client_sees_what_the_engine_does():
+    requests = [Request(i, 2.0 * i, 30, 5) for i in range(6)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=2)), LinearCostModel())
+    assert column(r, "sent_ms") == column(r, "arrival_ms")
+    assert column(r, "client_first_ms") == column(r, "first_token_ms")
+    assert column(r, "client_done_ms") == column(r, "finish_ms")
+    for name in ("ttft_ms", "tpot_ms"):
+        assert r.metrics["client"][name] == r.metrics[name]
+    assert r.metrics["client"]["e2el_ms"] == r.metrics["e2e_ms"]
+
+
+# -- timeouts and aborts, by hand -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_client_that_gives_up_has_its_request_aborted_at_the_next_step(engine):
+    """100 tokens to generate at 8 ms each; the client gives up 100 ms after sending (at 100)
+    and the engine hears of it 0.5 ms later: the decode iterations end at 4.5 + 8k, and the
+    one ending at 100.5 (k = 12) is the first step at or after it. By then 13 tokens came."""
+    side = ClientSide(FrontendConfig(network_ms=0.5, request_ms=1.0, tokenize_ms_per_token=0.25, token_ms=0.25),
+                      ClientConfig(timeout_ms=100.0))
+    kv = PagedKVCache(64, 16)
+    r = run_engine([Request(0, 0.0, 10, 100), Request(1, 200.0, 10, 2)], ContinuousScheduler(), LinearCostModel(),
+                   kv, engine=engine, client_side=side)
+    assert column(r, "aborted") == [1, 0]
+    assert column(r, "timed_out") == [1, 0]
+    assert column(r, "finish_ms")[0] == 100.5
+    assert column(r, "generated_tokens") == [13, 2]
+    assert column(r, "client_done_ms")[0] == 100.0    # when the client gave up
+    assert column(r, "client_first_ms")[0] == 5.25    # its first byte had come
+    assert kv.num_used_blocks() == 0
+    m = r.metrics
+    assert (m["finished"], m["timed_out"], m["aborted"], m["rejected"]) == (1, 1, 1, 0)
+    assert m["ttft_ms"]["max"] == 0.5                 # over the completed request only
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_whose_client_left_before_it_arrived_is_aborted_on_arrival(engine):
+    """The API server takes 2 + 4000 x 0.125 ms to handle a 4,000-token prompt; the client gives
+    up after 300 ms, the engine hears of it at 300.5, before the request reaches it at 502.5."""
+    side = ClientSide(FrontendConfig(network_ms=0.5, request_ms=2.0, tokenize_ms_per_token=0.125, token_ms=0.0),
+                      ClientConfig(timeout_ms=300.0))
+    r = run_engine([Request(0, 0.0, 4000, 5)], ContinuousScheduler(), LinearCostModel(), engine=engine,
+                   client_side=side)
+    assert column(r, "arrival_ms") == [502.5]
+    assert column(r, "aborted") == [1]
+    assert column(r, "finish_ms") == [502.5]
+    assert column(r, "generated_tokens") == [0]
+    assert column(r, "first_scheduled_ms") == [-1.0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_timeouts_per_class(engine):
+    """Chats give up after 20 ms, documents never: with one slot, the chat queued behind the
+    document is abandoned while the document runs."""
+    side = ClientSide(client=ClientConfig(classes={"chat": {"timeout_ms": 20.0}}))
+    requests = [Request(0, 0.0, 10, 10, request_class="doc"), Request(1, 1.0, 10, 2, request_class="chat")]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=1)), LinearCostModel(),
+                   engine=engine, client_side=side)
+    assert column(r, "aborted") == [0, 1]
+    assert column(r, "finish_ms")[1] == 24.5  # the iteration boundary at or after 21: 0.5 + 8 x 3
+    assert column(r, "waiting_ms")[1] == 23.5  # it waited from its arrival to its abort
+
+
+def test_a_request_finished_in_the_engine_but_late_for_its_client_counts_as_failed():
+    """The last token leaves the engine at 20.5; with 5 ms more to the client it lands at 25.5,
+    after the client's 25 ms: failed for the client, finished (not aborted) in the engine. In
+    a run: queued at 2.5 (the network), the last token at 19.0, at the client at 24.0 > 23."""
+    request = Request(0, 0.0, 10, 3, timeout_ms=25.0)
+    assert client_times(request, 4.5, 20.5, 5.0) == (9.5, 25.0, True)
+    assert client_times(request, 4.5, 20.5, 4.5) == (9.0, 25.0, False)
+    side = ClientSide(FrontendConfig(network_ms=2.5, request_ms=0.0, tokenize_ms_per_token=0.0, token_ms=2.5),
+                      ClientConfig(timeout_ms=23.0))
+    r = run_engine([Request(0, 0.0, 10, 3)], ContinuousScheduler(), LinearCostModel(), client_side=side)
+    assert column(r, "finish_ms") == [19.0]
+    assert column(r, "client_done_ms") == [23.0]      # it gave up
+    assert column(r, "aborted") == [0] and column(r, "timed_out") == [1]
+    assert r.metrics["finished"] == 0 and r.metrics["timed_out"] == 1
+
+
+def test_goodput_and_attainment_count_abandoned_requests_as_missed():
+    """One slot; each request takes 0.5 + 3 x 8 = 24.5 ms: the first finishes at 24.5, within
+    the clients' 30 ms, the others cannot."""
+    side = ClientSide(client=ClientConfig(timeout_ms=30.0))
+    requests = [Request(i, 0.0, 10, 4) for i in range(4)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=1)), LinearCostModel(),
+                   client_side=side)
+    from schedlab.results.metrics import compute_metrics
+
+    meta = dict(r.meta, slo={"ttft_ms": 1000.0, "tpot_ms": 1000.0})
+    m = compute_metrics(r.requests, r.counters, r.itl, meta)
+    assert m["timed_out"] == 3
+    assert m["slo"]["met"] == m["finished"] == 1
+    assert m["slo"]["attainment"] == m["finished"] / 4
+
+
+# -- both engines agree ------------------------------------------------------------------------------
+
+
+@st.composite
+def client_sides(draw, timeouts=True):
+    front = None
+    if draw(st.booleans()):
+        front = FrontendConfig(network_ms=draw(st.sampled_from([0.0, 0.5, 2.0])),
+                               request_ms=draw(st.sampled_from([0.0, 0.25, 3.0])),
+                               tokenize_ms_per_token=draw(st.sampled_from([0.0, 0.125, 1.0])),
+                               token_ms=draw(st.sampled_from([0.0, 0.25])),
+                               workers=draw(st.integers(0, 3)))
+    client = None
+    if timeouts and draw(st.booleans()):
+        network = front.network_ms if front is not None else 0.0
+        timeout = draw(st.sampled_from([8.0, 30.0, 75.5, 200.0]))
+        chat = draw(st.sampled_from([None, 12.5, 500.0]))
+        client = ClientConfig(timeout_ms=max(timeout, network + 1),
+                              classes={"chat": {"timeout_ms": max(chat, network + 1)}} if chat else {})
+    return ClientSide(front, client)
+
+
+def with_classes(requests):
+    return [Request(r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens, max_tokens=r.max_tokens,
+                    priority=r.priority, request_class="chat" if r.id % 2 else "default",
+                    prefix_group=r.prefix_group, prefix_tokens=r.prefix_tokens) for r in requests]
+
+
+@SETTINGS
+@given(requests=requests_lists(max_size=12, max_prompt=48, max_output=40, priorities=True, prefix_groups=2),
+       side=client_sides(), cost=dyadic_linear_costs(), max_seqs=st.integers(1, 4), chunked=st.booleans(),
+       preemption=st.sampled_from(["recompute", "swap"]), policy=st.sampled_from(["fcfs", "priority"]),
+       prefix=st.booleans(), spare=st.integers(0, 20))
+def test_both_engines_agree_with_a_client_side(requests, side, cost, max_seqs, chunked, preemption, policy,
+                                               prefix, spare):
+    """Front end (FIFO handlers or none), timeouts per class, preemptions and swaps in a small
+    cache: per-request times, counters and metrics agree; every request is accounted for once
+    and the cache is empty at the end."""
+    requests = with_classes(requests)
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // 4) for r in requests)
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=64, chunked_prefill=chunked,
+                           allocation="grow", preemption=preemption, policy=policy)
+    kvs = {}
+
+    def run(engine):
+        cache = PrefixKVCache if prefix else PagedKVCache
+        kvs[engine] = cache(need + spare, 4, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3)
+        return run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(cost), kvs[engine], engine=engine,
+                          client_side=side)
+
+    fast, ref = run("fast"), run("reference")
+    compare_runs(fast, ref, rel=1e-12)
+    check_run(fast, requests, kv_blocks=need + spare)
+    check_run(ref, requests, kv_blocks=need + spare)
+    req = fast.requests
+    assert all(not (a and r) for a, r in zip(req["aborted"].tolist(), req["rejected"].tolist()))
+
+
+@SETTINGS
+@given(requests=requests_lists(max_size=12, max_prompt=32, max_output=30), side=client_sides(),
+       cost=dyadic_linear_costs(), instances=st.integers(2, 3), router=st.sampled_from(["rr", "lo"]))
+def test_both_engines_agree_behind_a_router_with_a_client_side(requests, side, cost, instances, router):
+    requests = with_classes(requests)
+
+    def make():
+        return ContinuousScheduler(ContinuousConfig(max_num_seqs=2)), LinearCostModel(cost), PagedKVCache(200, 4)
+
+    runs = [run_cluster(requests, make, instances, RoundRobinRouter() if router == "rr" else LeastOutstandingRouter(),
+                        engine=engine, client_side=side) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], requests)
+
+
+@SETTINGS
+@given(side=client_sides(), cost=dyadic_linear_costs(), clients=st.integers(1, 4), think=st.sampled_from([0.0, 2.5]),
+       instances=st.integers(1, 2), seed=st.integers(0, 5))
+def test_both_engines_agree_on_a_closed_loop_with_a_client_side(side, cost, clients, think, instances, seed):
+    """A client sends its next request when its last byte arrives -- or when it gives up."""
+    config = ClosedLoopConfig(clients=clients, num_requests=12, think_ms=think,
+                              prompt={"dist": "uniform", "low": 1, "high": 40},
+                              output={"dist": "uniform", "low": 1, "high": 30})
+
+    def make():
+        return ContinuousScheduler(ContinuousConfig(max_num_seqs=2)), LinearCostModel(cost), PagedKVCache(200, 4)
+
+    runs = []
+    for engine in ENGINES:
+        workload = make_closed_loop_workload(config)
+        runs.append(run_cluster(workload.requests(seed), make, instances,
+                                RoundRobinRouter() if instances > 1 else None, engine=engine, workload=workload,
+                                client_side=side))
+    compare_runs(*runs, rel=1e-12)
+    req = runs[0].requests
+    assert req["id"].size == 12
+    # each client's next request is sent when the previous one's last byte arrived (or it gave up)
+    for client in set(req["client"].tolist()):
+        mine = sorted((s, d) for s, d, c in zip(req["sent_ms"].tolist(), req["client_done_ms"].tolist(),
+                                                req["client"].tolist()) if c == client)
+        for (_, done), (sent, _) in zip(mine, mine[1:]):
+            assert sent == done + think
+
+
+# -- properties of runs with timeouts ----------------------------------------------------------------
+
+
+@SETTINGS
+@given(requests=requests_lists(max_size=12, max_prompt=40, max_output=60, all_at_zero=False), side=client_sides(),
+       cost=dyadic_linear_costs(), max_seqs=st.integers(1, 4))
+def test_an_aborted_request_holds_nothing_after_its_abort(requests, side, cost, max_seqs):
+    """Seen iteration by iteration: an aborted request is in no running set from its abort on,
+    the cache holds exactly what the running requests' counters say, and at the end nothing."""
+    requests = with_classes(requests)
+    check = IterationChecker(max_running=max_seqs, kv_blocks=400)
+    seen: list = []
+
+    def spy(instance, record):
+        check(instance, record)
+        seen.append((record.start_ms, set(record.running_ids)))
+
+    kv = PagedKVCache(400, 4)
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=max_seqs)), LinearCostModel(cost),
+                   kv, check=spy, client_side=side)
+    check_run(r, requests, max_running=max_seqs, kv_blocks=400)
+    assert kv.num_used_blocks() == 0
+    for rid, aborted, at in zip(r.requests["id"].tolist(), r.requests["aborted"].tolist(),
+                                r.requests["finish_ms"].tolist()):
+        if aborted:
+            assert not any(rid in running for start, running in seen if start >= at), rid
+
+
+class Spy:
+    """Wraps a router; keeps what it saw of every instance at every call."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen: list = []
+
+    def route(self, request, instances):
+        self.seen.append((request.id, request.arrival_ms, [v.outstanding for v in instances]))
+        return self.inner.route(request, instances)
+
+
+@SETTINGS
+@given(requests=requests_lists(max_size=14, max_prompt=40, max_output=40, all_at_zero=False),
+       timeout=st.sampled_from([10.0, 25.5, 60.0]), cost=dyadic_linear_costs(), instances=st.integers(2, 3))
+def test_routers_see_an_aborted_request_leave_at_its_abort(requests, timeout, cost, instances):
+    """The outstanding count a router reads is the requests routed earlier that leave the
+    instance after the arrival -- finished, or aborted (their finish_ms is the abort)."""
+    side = ClientSide(client=ClientConfig(timeout_ms=timeout))
+
+    def make():
+        return ContinuousScheduler(ContinuousConfig(max_num_seqs=1)), LinearCostModel(cost), PagedKVCache(400, 4)
+
+    results = []
+    for engine in ENGINES:
+        spy = Spy(LeastOutstandingRouter())
+        result = run_cluster(requests, make, instances, spy, engine=engine, client_side=side)
+        req = result.requests
+        leaves = {i: (k, f) for i, k, f in zip(req["id"].tolist(), req["instance"].tolist(), req["finish_ms"].tolist())}
+        routed: list = []
+        for rid, t, outstanding in spy.seen:
+            expected = [0] * instances
+            for other in routed:
+                k, leave = leaves[other]
+                if leave > t:
+                    expected[k] += 1
+            assert outstanding == expected, (engine, rid)
+            routed.append(rid)
+        results.append(result)
+    compare_runs(*results, rel=1e-12)
+    assert math.isfinite(results[0].metrics["makespan_ms"]) or results[0].metrics["finished"] == 0
+
+
+# -- experiment files --------------------------------------------------------------------------------
+
+EXPERIMENT = """
+[workload]
+kind = "synthetic"
+num_requests = 40
+prompt = {dist = "fixed", value = 200}
+output = {dist = "fixed", value = 20}
+arrival = "constant"
+rate = 50
+
+[scheduler]
+kind = "continuous"
+max_num_seqs = 4
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT + text)
+    return path
+
+
+def test_a_frontend_table_with_no_keys_uses_the_documented_defaults(tmp_path):
+    from schedlab.study.experiment import load, run_experiment
+
+    results = run_experiment(load(write(tmp_path, "[frontend]\n")))
+    run = results.all_runs()[0]
+    assert run.meta["frontend"] == {"network_ms": 0.05, "request_ms": 1.0, "tokenize_ms_per_token": 0.002,
+                                    "token_ms": 0.05, "workers": 1}
+    # every request: 0.05 ms of network, 1 + 200 x 0.002 ms of handling; 20 ms apart, none waits
+    assert run.metrics["client"]["frontend_ms"]["p50"] == pytest.approx(1.45)
+    assert run.metrics["client"]["frontend_ms"]["max"] == pytest.approx(1.45)
+    assert run.metrics["client"]["ttft_ms"]["mean"] == pytest.approx(run.metrics["ttft_ms"]["mean"] + 1.45 + 0.1)
+
+
+def test_timeouts_come_from_the_client_table_per_class(tmp_path):
+    from schedlab.study.experiment import load, run_experiment
+
+    path = write(tmp_path, "[client]\ntimeout_ms = 1e9\nclasses = {default = {timeout_ms = 50}}\n"
+                           "[cost_model]\nkind = \"linear\"\ndecode_ms_per_step = 20\n")
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.meta["client"]["classes"] == {"default": {"timeout_ms": 50}}
+    assert run.metrics["timed_out"] == 40 == run.metrics["aborted"]   # 20 tokens x 20 ms > 50 ms
+    assert run.metrics["finished"] == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[frontend]\nnetwork = 1\n", r"exp.toml: \[frontend\]: unknown key 'network' \(did you mean 'network_ms'\?\)"),
+    ("[frontend]\nworkers = -1\n", r"\[frontend\]: workers: must be >= 0"),
+    ("[client]\ntimeout_ms = 0\n", r"\[client\]: timeout_ms: must be > 0"),
+    ("[client]\nclasses = {chat = {timeout = 5}}\n", r"\[client\]: classes: chat: unknown key 'timeout'"),
+    ("[frontend]\nnetwork_ms = 2\n[client]\ntimeout_ms = 1.5\n",
+     r"\[client\]: timeout_ms: must be longer than the network hop \(\[frontend\] network_ms = 2\), got 1.5"),
+    ("[cluster]\nmode = \"disaggregated\"\n[client]\ntimeout_ms = 100\n",
+     r"\[client\]: timeout_ms: requests abandoned in a disaggregated cluster are not simulated yet"),
+])
+def test_bad_client_side_tables_are_refused_by_name(tmp_path, text, message):
+    from schedlab.errors import ConfigError
+    from schedlab.study.experiment import load
+
+    with pytest.raises(ConfigError, match=message):
+        load(write(tmp_path, text))

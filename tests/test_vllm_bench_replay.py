@@ -1,0 +1,242 @@
+"""Replaying the real client of a ``vllm bench serve`` run (issue 20.7).
+
+The result files here are written by the tests in the exact layout of ``vllm bench serve
+--save-result --save-detailed`` (vLLM's ``vllm/benchmarks/serve.py``: the run's settings,
+its summary statistics, per-request lists aligned with ``input_lens`` in seconds, and the
+server's per-request ``server_ttfts`` / ``server_queue_times`` when it sent them). The test
+marked ``vllm`` runs the real client against a local server with a known timing model and is
+skipped without vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schedlab.errors import WorkloadError
+from schedlab.study.experiment import load, run_experiment
+from schedlab_plugins.workloads.measured import VllmBenchConfig, load_vllm_bench, make_vllm_bench_workload
+
+
+def bench_result(prompts, outputs, ttfts, itls, starts, *, queue_times=None, rate="inf", burstiness=1.0,
+                 max_concurrency=None, errors=None, server_ttfts=None, server_queue_times=None):
+    """A result dict as ``vllm bench serve --save-result --save-detailed`` writes it (times in s)."""
+    n = len(prompts)
+    latencies = [t + sum(i) for t, i in zip(ttfts, itls)]
+    errors = errors or [""] * n
+    ok = [i for i in range(n) if not errors[i]]
+    duration = max(s + lat for s, lat in zip(starts, latencies)) - min(starts)
+    result = {
+        "date": "20260101-000000", "endpoint_type": "openai", "backend": "openai", "label": None,
+        "model_id": "test-model", "tokenizer_id": "test-model", "num_prompts": n,
+        "request_rate": rate, "burstiness": burstiness, "max_concurrency": max_concurrency,
+        "duration": duration, "completed": len(ok), "failed": n - len(ok),
+        "total_input_tokens": sum(prompts[i] for i in ok), "total_output_tokens": sum(outputs[i] for i in ok),
+        "request_throughput": len(ok) / duration, "request_goodput": None,
+        "output_throughput": sum(outputs) / duration, "total_token_throughput": (sum(prompts) + sum(outputs)) / duration,
+        "input_lens": prompts, "output_lens": [o if not e else 0 for o, e in zip(outputs, errors)],
+        "ttfts": ttfts, "itls": itls, "latencies": latencies, "start_times": starts,
+        "queue_times": queue_times if queue_times is not None else [0.0] * n,
+        "generated_texts": [" w" * o for o in outputs], "errors": errors,
+        "max_output_tokens_per_s": 0.0, "max_concurrent_requests": 1, "rtfx": 0.0,
+        "mean_ttft_ms": 1e3 * float(np.mean(ttfts)), "median_ttft_ms": 1e3 * float(np.median(ttfts)),
+        "std_ttft_ms": 1e3 * float(np.std(ttfts)), "p99_ttft_ms": 1e3 * float(np.percentile(ttfts, 99)),
+    }
+    if server_ttfts is not None or server_queue_times is not None:
+        result["server_queue_times"] = server_queue_times or [None] * n
+        result["server_ttfts"] = server_ttfts or [None] * n
+    return result
+
+
+def write(tmp_path, result, name="bench.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_the_recorded_send_times_are_replayed(tmp_path):
+    """Without a concurrency cap each request is sent when the client sent it (start_times are
+    perf_counter seconds: only their differences count); a failed request is left out."""
+    path = write(tmp_path, bench_result([10, 20, 30, 40], [3, 2, 4, 1], [0.1, 0.2, 0.3, 0.05],
+                                        [[0.01, 0.01], [0.02], [0.01] * 3, []], [100.0, 100.25, 100.5, 100.125],
+                                        rate=4.0, burstiness=0.5, errors=["", "", "timeout", ""]))
+    bench = load_vllm_bench(path)
+    assert bench.sent_ms.tolist() == [0.0, 250.0, 125.0]
+    assert bench.measured.view == "client"
+    assert bench.measured.e2e_ms == pytest.approx([120.0, 220.0, 50.0])
+    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    requests = list(workload.requests(0))
+    assert [(r.arrival_ms, r.prompt_tokens) for r in requests] == [(0.0, 10), (125.0, 40), (250.0, 20)]
+    assert [r.arrival_ms for r in workload.requests(5)] == [0.0, 125.0, 250.0]  # no redraw: no seed
+    assert workload.info["replay"] == "client" and not getattr(workload, "closed_loop", False)
+
+
+def test_files_without_start_times_redraw_arrivals_from_the_rate(tmp_path):
+    result = bench_result([10, 20, 30], [3, 1, 2], [0.1, 0.2, 0.3], [[0.01, 0.03], [], [0.05]], [0.0] * 3,
+                          rate=4.0)
+    del result["start_times"], result["queue_times"], result["latencies"]
+    path = write(tmp_path, result)
+    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    assert workload.info["replay"] == "redraw"
+    first = [r.arrival_ms for r in workload.requests(7)]
+    assert first == [r.arrival_ms for r in workload.requests(7)] and first[0] == 0.0 and first[2] > first[1]
+    assert first != [r.arrival_ms for r in workload.requests(8)]
+    assert load_vllm_bench(path).measured.e2e_ms == pytest.approx([140.0, 200.0, 350.0])  # ttft + sum(itls)
+
+
+def capped_file(tmp_path):
+    """8 requests all due at once (request rate inf) under --max-concurrency 2: each pair waited
+    for the pair before it; the file's queue times say how long."""
+    starts = [50.0, 50.0, 50.017, 50.017, 50.034, 50.034, 50.051, 50.051]
+    queue = [0.0, 0.0, 0.017, 0.017, 0.034, 0.034, 0.051, 0.051]
+    return write(tmp_path, bench_result([10] * 8, [3] * 8, [0.001] * 8, [[0.008, 0.008]] * 8, starts,
+                                        queue_times=queue, max_concurrency=2))
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_capped_client_is_replayed_as_a_closed_loop(tmp_path, engine):
+    """Two slots: requests 0 and 1 are due at 0 and sent at once; their shared prefill (20
+    tokens at 0.05 ms) ends at 1.0 and two decodes of 8 ms at 17.0, when requests 2 and 3 go
+    out; and so on: sends at 0, 17, 34, 51 -- fed back by the simulation, not copied from the
+    file (a slower server would push them later)."""
+    path = capped_file(tmp_path)
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[experiment]\nengine = "{engine}"\n[workload]\nkind = "vllm_bench"\npath = "{path}"\n'
+                        '[scheduler]\nkind = "continuous"\nmax_num_seqs = 16\n')
+    run = run_experiment(load(exp_path)).all_runs()[0]
+    req = run.requests
+    assert req["sent_ms"].tolist() == [0.0, 0.0, 17.0, 17.0, 34.0, 34.0, 51.0, 51.0]
+    assert req["finish_ms"].tolist() == [17.0, 17.0, 34.0, 34.0, 51.0, 51.0, 68.0, 68.0]
+    slower = tmp_path / "slower.toml"
+    slower.write_text(exp_path.read_text() + '[cost_model]\nkind = "linear"\ndecode_ms_per_step = 16\n')
+    run = run_experiment(load(slower)).all_runs()[0]
+    assert run.requests["sent_ms"].tolist() == [0.0, 0.0, 33.0, 33.0, 66.0, 66.0, 99.0, 99.0]
+
+
+def test_send_times_replays_a_capped_run_open_loop(tmp_path):
+    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(capped_file(tmp_path)), replay="send_times"))
+    assert [r.arrival_ms for r in workload.requests(0)] == pytest.approx([0.0, 0.0, 17.0, 17.0, 34.0, 34.0, 51.0, 51.0])
+
+
+def test_the_client_s_times_are_compared_with_the_simulated_client(tmp_path):
+    """One request: sent at 0; through the front end (0.5 ms of network, 1 + 10 x 0.25 ms of
+    handling) it is queued at 4.0, its first token leaves at 4.5 and its last at 20.5; each
+    reaches the client 0.75 ms later. A file that measured exactly that shows no error; the
+    server's own TTFT (0.5 ms from the engine queue) and queue time (0) are compared with the
+    simulated engine's."""
+    path = write(tmp_path, bench_result([10], [3], [0.00525], [[0.008, 0.008]], [7.0],
+                                        server_ttfts=[0.0005], server_queue_times=[0.0]))
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[workload]\nkind = "vllm_bench"\npath = "{path}"\n'
+                        '[frontend]\nnetwork_ms = 0.5\nrequest_ms = 1.0\ntokenize_ms_per_token = 0.25\ntoken_ms = 0.25\n')
+    run = run_experiment(load(exp_path)).all_runs()[0]
+    vs = run.metrics["vs_measured"]
+    assert vs["measured"]["ttft_ms.mean"] == pytest.approx(5.25)
+    assert vs["mean_abs_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert vs["server"]["measured"]["ttft_ms.mean"] == pytest.approx(0.5)
+    assert vs["server"]["errors_pct"]["ttft_ms.mean"] == pytest.approx(0.0, abs=1e-9)
+    assert vs["server"]["measured"]["queue_ms.mean"] == 0.0
+    # the engine's view would be off by the front end: 0.5 ms against 5.25 measured
+    assert run.metrics["ttft_ms"]["mean"] == pytest.approx(0.5)
+
+
+def test_a_server_log_is_still_compared_with_the_simulated_engine(tmp_path):
+    from schedlab_plugins.workloads.measured import load_vllm_log
+
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps({"input_toks": 10, "output_toks": 3, "queued_ts": 1.0, "first_token_ts": 1.0005,
+                                "last_token_ts": 1.0165}) + "\n")
+    assert load_vllm_log(path)[2].view == "engine"
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[workload]\nkind = "vllm_log"\npath = "{path}"\n[frontend]\n')
+    vs = run_experiment(load(exp_path)).all_runs()[0].metrics["vs_measured"]
+    assert vs["mean_abs_error_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"max_concurrency": 0}, r"max_concurrency: must be a whole number >= 1 or null, got 0"),
+    ({"start_times": [1.0, "x"]}, r"start_times\[1\]: must be a number of seconds >= 0, got 'x'"),
+    ({"start_times": [1.0]}, r"start_times has 1 entries but input_lens has 2"),
+    ({"queue_times": [0.0, -1.0]}, r"queue_times\[1\]: must be a number of seconds >= 0"),
+    ({"server_ttfts": [0.1, "y"]}, r"server_ttfts\[1\]: must be a number of seconds >= 0"),
+    ({"itls": [[0.01], 5]}, r"itls\[1\]: must be a list of seconds"),
+])
+def test_bad_files_are_refused_naming_the_field(tmp_path, change, message):
+    result = bench_result([10, 20], [2, 2], [0.1, 0.1], [[0.01], [0.01]], [1.0, 1.5])
+    result.update(change)
+    with pytest.raises(WorkloadError, match=message):
+        load_vllm_bench(write(tmp_path, result))
+
+
+# -- the real client (needs vLLM) ---------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer the timing server counts alike (one token per word)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(500)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              "unk_token": "[UNK]"}))
+    return folder
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("cap", [None, 8])
+def test_the_real_client_against_a_server_with_a_known_timing_model(tmp_path, cap):
+    """``vllm bench serve`` sends 200 requests at 20/s (bursty gamma gaps, burstiness 0.5) to
+    the timing server (16 slots, 5 ms + 0.1 ms per running request per step, 0.02 ms per
+    prompt token); schedlab replays its file with the same model: the recorded send times (or,
+    under a cap, the same due times and cap), and the mean latencies within 15%."""
+    pytest.importorskip("vllm")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from timing_server import serve
+
+    port = free_port()
+    server = serve(port)
+    try:
+        command = [shutil.which("vllm") or "vllm", "bench", "serve", "--backend", "openai", "--model", "test-model",
+                   "--tokenizer", str(word_tokenizer(tmp_path / "tokenizer")), "--host", "127.0.0.1",
+                   "--port", str(port), "--dataset-name", "random", "--random-input-len", "64",
+                   "--random-output-len", "16", "--num-prompts", "200", "--request-rate", "20",
+                   "--burstiness", "0.5", "--seed", "1", "--ignore-eos", "--save-result", "--save-detailed",
+                   "--result-dir", str(tmp_path), "--result-filename", "bench.json"]
+        if cap:
+            command += ["--max-concurrency", str(cap)]
+        subprocess.run(command, check=True, timeout=600, capture_output=True)
+    finally:
+        server.shutdown()
+    path = tmp_path / "bench.json"
+    bench = load_vllm_bench(path)
+    assert bench.max_concurrency == cap and bench.sent_ms is not None
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[workload]\nkind = "vllm_bench"\npath = "{path}"\n'
+                        '[scheduler]\nkind = "continuous"\nmax_num_seqs = 16\nmax_num_batched_tokens = 100000\n'
+                        '[cost_model]\nkind = "linear"\nbase_ms = 5\nper_seq_ms = 0.1\nprefill_ms_per_token = 0.02\n'
+                        'decode_ms_per_step = 0\n[frontend]\n')
+    run = run_experiment(load(exp_path)).all_runs()[0]
+    if cap is None:
+        order = np.argsort(bench.sent_ms, kind="stable")
+        assert run.requests["sent_ms"] == pytest.approx(bench.sent_ms[order])
+    else:
+        assert run.metrics["peak_running"] <= cap
+    errors = run.metrics["vs_measured"]["errors_pct"]
+    for name in ("ttft_ms.mean", "e2e_ms.mean", "tpot_ms.mean"):
+        assert abs(errors[name]) <= 15.0, (name, errors)
