@@ -1,0 +1,269 @@
+"""A hunt from file to outcome: load it, search, compare with random sampling, shrink, replay.
+
+:func:`load_hunt` reads a hunt file (an experiment with ``[hunt]``) and checks everything
+before anything runs; :func:`run_hunt` does the work on an executor and returns a
+:class:`HuntOutcome`; :func:`write_outcome` writes its files (:mod:`.output`, :mod:`.plots`);
+:func:`replay_value` runs a written reproducer with ``schedlab run``'s machinery and
+evaluates the goal on it again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..configs import from_table
+from ..errors import ConfigError
+from ..progress import progress
+from ..study.experiment import Experiment, _read_toml, load, run_experiment
+from ..study.overrides import parse_assignment, set_dotted
+from ..study.runner import context_spec
+from ..study.simulation import assemble
+from .config import Goal, HuntConfig, make_goal
+from .evaluate import Evaluator, Score, run_spec
+from .expression import namespace
+from .optimize import Trial, best_trial, cma_search, random_search
+from .output import replay_document, requests_jsonl, summary_json, toml_document, write_text
+from .plots import counterexample_figure, search_figure, timeline_png
+from .shrink import shrink_candidate
+from .space import Candidate, Space, make_space, workload_stats
+
+#: the placeholder workload a hunt file is loaded with (each candidate brings its own)
+PLACEHOLDER = ('workload.kind="inline"', 'workload.requests=[{prompt_tokens = 1, output_tokens = 1}]')
+FORBIDDEN = ("workload", "sweep", "search", "plan")
+
+
+@attrs.define
+class Hunt:
+    """A loaded hunt file."""
+
+    experiment: Experiment
+    config: HuntConfig
+    goal: Goal
+    space: Space
+
+    @property
+    def name(self) -> str:
+        return self.experiment.name
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.experiment.studies)
+
+
+def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_objects: tuple = ()) -> Hunt:
+    """Read and check a hunt file; ``overrides`` as ``--set`` (``hunt.budget=50`` too)."""
+    path = Path(path)
+    source = str(path)
+    raw = _read_toml(path)
+    table = raw.get("hunt")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: no [hunt] table: a hunt file says what to look for in [hunt] "
+                          "(objective or property, [hunt.workload] bounds)")
+    for key in FORBIDDEN:
+        inside = [e.get("name", f"number {i + 1}") for i, e in enumerate(raw.get("runs", []))
+                  if isinstance(e, dict) and key in e]
+        if key in raw or inside:
+            where = f"[{key}]" if key in raw else f"[[runs]] {inside[0]!r}: {key}"
+            raise ConfigError(f"{source}: {where}: a hunt file has no {key}; "
+                              + ("its workloads come from [hunt.workload]" if key == "workload"
+                                 else "each [[runs]] entry is one policy every candidate runs through"))
+    rest = []
+    for text in overrides:
+        key, value = parse_assignment(text)
+        if key.startswith("hunt."):
+            table = set_dotted({"hunt": table}, key, value)["hunt"]
+        else:
+            rest.append(text)
+    experiment = load(path, list(rest) + list(PLACEHOLDER), plugin_objects=plugin_objects)
+    where = f"{source}: [hunt]"
+    config = from_table(HuntConfig, table, where=where)
+    runs = tuple(s.name for s in experiment.studies)
+    goal = make_goal(config, runs, where)
+    space = make_space(config.workload, config.settings, source)
+    for study in experiment.studies:
+        if study.replicas != 1:
+            raise ConfigError(f"{source}: [[runs]] {study.name!r}: replicas: a hunt compares one run per policy")
+        for end in (0, 1):  # both ends of every setting's range build
+            settings = {key: bounds[end] for key, bounds in space.settings.items()}
+            probe = Candidate(({"prompt_tokens": 1, "output_tokens": 1, "arrival_ms": 0.0},), settings)
+            assemble(run_spec(study, probe), experiment.context, f"{source}: [hunt.settings]", check_only=True)
+    return Hunt(experiment, config, goal, space)
+
+
+@attrs.define
+class HuntOutcome:
+    """Everything a hunt found: both searches' trials, the worst workload, its shrunk form,
+    and the runs of both (with timelines) for the pictures."""
+
+    search: list[Trial]
+    random: list[Trial]
+    worst: Trial | None
+    shrunk: Candidate | None = None
+    shrunk_score: Score | None = None
+    shrink_evaluations: int = 0
+    worst_runs: dict | None = None
+    shrunk_runs: dict | None = None
+
+    @property
+    def random_best(self) -> Trial | None:
+        return self._best(self.random)
+
+    goal: Goal | None = None
+
+    def _best(self, trials):
+        return best_trial(trials, self.goal) if trials else None
+
+
+def _bar(total: int, desc: str):
+    return progress(total, desc)
+
+
+def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
+    """Search (``budget`` workloads), sample (``random``), shrink the worst, replay both with timelines."""
+    cfg, goal, space = hunt.config, hunt.goal, hunt.space
+    evaluator = Evaluator(hunt.experiment.studies, context_spec(hunt.experiment), goal, executor)
+    seed = hunt.experiment.config.seed
+    with _bar(cfg.budget, f"{hunt.name}: search") as bar:
+        search = cma_search(space, evaluator, goal, budget=cfg.budget, seed=seed, population=cfg.population,
+                            bar=bar, time_limit_s=cfg.time_limit_s,
+                            stop_on_counterexample=cfg.stop_on_counterexample)
+    samples = cfg.budget if cfg.random is None else cfg.random
+    with _bar(samples, f"{hunt.name}: random") as bar:
+        sampled = random_search(space, evaluator, goal, budget=samples, seed=seed,
+                                width=max(1, executor.workers), bar=bar) if samples else []
+    outcome = HuntOutcome(search, sampled, best_trial(search, goal), goal=goal)
+    worst = outcome.worst
+    if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
+        return outcome
+    with _bar(cfg.shrink_budget, f"{hunt.name}: shrink") as bar:
+        shrunk, used = shrink_candidate(worst.candidate, space, evaluator, goal, best=worst.score.value,
+                                        tolerance=cfg.tolerance, max_evaluations=cfg.shrink_budget, bar=bar)
+    (worst_score, worst_runs), (shrunk_score, shrunk_runs) = evaluator.evaluate([worst.candidate, shrunk],
+                                                                                timeline=True, keep=True)
+    outcome.shrunk, outcome.shrunk_score, outcome.shrink_evaluations = shrunk, shrunk_score, used
+    outcome.worst_runs, outcome.shrunk_runs = worst_runs, shrunk_runs
+    return outcome
+
+
+def goal_value(goal: Goal, runs: dict, rows) -> float:
+    """The goal's expression on finished runs (name -> RunResult) of the workload ``rows``."""
+    lookup = namespace({name: r.metrics for name, r in runs.items()}, workload_stats(rows), tuple(runs))
+    return goal.expression.value(lookup)
+
+
+def rows_of(run) -> list[dict]:
+    """A finished run's requests as rows (for ``workload.*`` statistics of a replay)."""
+    req = run.requests
+    return [{"arrival_ms": float(a), "prompt_tokens": int(p), "output_tokens": int(o)}
+            for a, p, o in zip(req["arrival_ms"], req["prompt_tokens"], req["output_tokens"])]
+
+
+def replay_value(path: str | os.PathLike, goal: Goal, *, plugin_objects: tuple = ()) -> float:
+    """Run a reproducer file as ``schedlab run`` does and evaluate ``goal`` on its runs."""
+    exp = load(path, plugin_objects=plugin_objects)
+    results = run_experiment(exp)
+    runs = {study.name: study.runs[0] for study in results.studies}
+    return goal_value(goal, runs, rows_of(next(iter(runs.values()))))
+
+
+def _columns(goal: Goal, runs: tuple[str, ...]) -> list[str]:
+    from .expression import split_name
+
+    columns = ["finished"]
+    for name in goal.names:
+        run, metric = split_name(name, runs)
+        if run and metric not in columns:
+            columns.append(metric)
+    return columns
+
+
+def _value(score: Score | None) -> float | None:
+    return None if score is None or math.isnan(score.value) else score.value
+
+
+def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
+    goal = outcome.goal
+    worst, random_best = outcome.worst, outcome.random_best
+    return {
+        "goal": goal.describe(),
+        "objective": goal.expression.text,
+        "property": goal.property.text if goal.property else None,
+        "constraints": [c.text for c in goal.constraints],
+        "seed": hunt.experiment.config.seed,
+        "search": {"evaluations": len(outcome.search), "worst": _value(worst.score if worst else None),
+                   "feasible": sum(t.score.feasible for t in outcome.search),
+                   "errors": sum(t.score.error is not None for t in outcome.search),
+                   "values": [t.score.value if t.score.feasible else None for t in outcome.search]},
+        "random": {"evaluations": len(outcome.random),
+                   "worst": _value(random_best.score if random_best else None),
+                   "feasible": sum(t.score.feasible for t in outcome.random),
+                   "values": [t.score.value if t.score.feasible else None for t in outcome.random]},
+        "found": bool(worst and goal.property is not None and goal.found(worst.score.value)),
+        "worst": None if worst is None else {"requests": len(worst.candidate.rows),
+                                             "settings": worst.candidate.settings, "values": worst.score.values},
+        "shrunk": None if outcome.shrunk is None else {
+            "requests": len(outcome.shrunk.rows), "value": _value(outcome.shrunk_score),
+            "settings": outcome.shrunk.settings, "values": outcome.shrunk_score.values,
+            "evaluations": outcome.shrink_evaluations},
+    }
+
+
+def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
+    """The files of a hunt (see the README): requests and reproducers, summary, pictures."""
+    goal = outcome.goal
+    written = []
+    info = summary(hunt, outcome)
+    written.append(write_text(folder, "hunt.json", summary_json(info)))
+    curves = {"CMA-ES search": np.array([np.nan if v is None else v for v in info["search"]["values"]], dtype=float)}
+    if outcome.random:
+        curves["random sampling"] = np.array([np.nan if v is None else v for v in info["random"]["values"]],
+                                             dtype=float)
+    written.append(write_text(folder, "search.png", search_figure(curves, goal)))
+    if outcome.shrunk is not None:
+        for label, candidate, score in (("worst", outcome.worst.candidate, outcome.worst.score),
+                                        ("counterexample", outcome.shrunk, outcome.shrunk_score)):
+            written.append(write_text(folder, f"{label}.jsonl", requests_jsonl(candidate)))
+            header = (f"{label} of `schedlab hunt {hunt.experiment.path}` (seed {info['seed']}): {goal.describe()}\n"
+                      f"value {score.value:.6g} with {len(candidate.rows)} requests; replay it with\n"
+                      f"  schedlab run {label}.toml")
+            doc = replay_document(hunt.experiment.raw, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
+                                  runs=list(hunt.runs), columns=_columns(goal, hunt.runs))
+            written.append(write_text(folder, f"{label}.toml", toml_document(doc, header)))
+        subtitle = f"{goal.expression.text} = {outcome.shrunk_score.value:.4g} ({len(outcome.shrunk.rows)} requests)"
+        written.append(write_text(folder, "counterexample.png", counterexample_figure(outcome.shrunk_runs, subtitle)))
+        for name, run in outcome.shrunk_runs.items():
+            png = timeline_png(run)
+            if png is not None:
+                written.append(write_text(folder, f"timeline_{name}.png", png))
+    written.append(write_text(folder, "summary.txt", "\n".join(summary_lines(hunt, outcome)) + "\n"))
+    return written
+
+
+def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> list[str]:
+    goal = outcome.goal
+    lines = [f"hunt {hunt.name}: {goal.describe()}"]
+    if goal.constraints:
+        lines.append("constraints: " + "; ".join(c.text for c in goal.constraints))
+    worst, random_best = outcome.worst, outcome.random_best
+
+    def shown(trial):
+        return "none feasible" if trial is None else f"{trial.score.value:.4g} ({len(trial.candidate.rows)} requests)"
+
+    lines.append(f"search: {len(outcome.search)} workloads, worst {shown(worst)}")
+    if outcome.random:
+        lines.append(f"random sampling: {len(outcome.random)} workloads, worst {shown(random_best)}")
+    if goal.property is not None:
+        lines.append("property falsified" if worst is not None and goal.found(worst.score.value)
+                     else "property held on every workload evaluated")
+    if outcome.shrunk is not None:
+        lines.append(f"shrunk: {len(outcome.shrunk.rows)} requests, value {outcome.shrunk_score.value:.4g} "
+                     f"({outcome.shrink_evaluations} evaluations)")
+        if out is not None:
+            lines.append(f"replay: schedlab run {Path(out) / 'counterexample.toml'}")
+    return lines
