@@ -50,9 +50,15 @@ class HuntConfig:
                                                         "limit makes the result depend on the machine's speed)")
     random: int | None = int_field(None, min=0, max=10**6, optional=True,
                                    help="random workloads evaluated for comparison (default: the budget; 0: none)")
-    population: int = int_field(0, min=0, max=10_000,
-                                help="candidates per generation of the search (0: CMA-ES's default, 4 + 3 ln D)")
-    stop_on_counterexample: bool = bool_field(True, help="with a property: stop at the end of the generation "
+    optimizer: str = str_field("PortfolioDiscreteOnePlusOne",
+                               help="Nevergrad optimiser (PortfolioDiscreteOnePlusOne, NGOpt, CMA, TwoPointsDE, ...)")
+    batch: int = int_field(8, min=1, max=1024,
+                           help="candidates the optimiser proposes at once, evaluated in parallel (fixed, so that "
+                                "a seed gives the same hunt on any number of workers)")
+    warm_start: int | None = int_field(None, min=1, max=10**6, optional=True,
+                                       help="uniform random candidates the search starts from (default: a quarter "
+                                            "of the budget)")
+    stop_on_counterexample: bool = bool_field(True, help="with a property: stop at the end of the batch "
                                                          "that falsified it")
     tolerance: float = float_field(0.05, min=0.0, max=1.0,
                                    help="shrinking keeps the objective within this share of the best found")

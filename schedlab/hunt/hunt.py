@@ -27,7 +27,7 @@ from ..study.simulation import assemble
 from .config import Goal, HuntConfig, make_goal
 from .evaluate import Evaluator, Score, run_spec
 from .expression import namespace
-from .optimize import Trial, best_trial, cma_search, random_search
+from .optimize import Trial, best_trial, evolve, random_search
 from .output import replay_document, requests_jsonl, summary_json, toml_document, write_text
 from .plots import counterexample_figure, search_figure, timeline_png
 from .shrink import shrink_candidate
@@ -130,13 +130,13 @@ def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
     evaluator = Evaluator(hunt.experiment.studies, context_spec(hunt.experiment), goal, executor)
     seed = hunt.experiment.config.seed
     with _bar(cfg.budget, f"{hunt.name}: search") as bar:
-        search = cma_search(space, evaluator, goal, budget=cfg.budget, seed=seed, population=cfg.population,
-                            bar=bar, time_limit_s=cfg.time_limit_s,
-                            stop_on_counterexample=cfg.stop_on_counterexample)
+        search = evolve(space, evaluator, goal, budget=cfg.budget, seed=seed, width=cfg.batch,
+                        bar=bar, optimizer=cfg.optimizer, warm_start=cfg.warm_start, time_limit_s=cfg.time_limit_s,
+                        stop_on_counterexample=cfg.stop_on_counterexample)
     samples = cfg.budget if cfg.random is None else cfg.random
     with _bar(samples, f"{hunt.name}: random") as bar:
         sampled = random_search(space, evaluator, goal, budget=samples, seed=seed,
-                                width=max(1, executor.workers), bar=bar) if samples else []
+                                width=cfg.batch, bar=bar) if samples else []
     outcome = HuntOutcome(search, sampled, best_trial(search, goal), goal=goal)
     worst = outcome.worst
     if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
@@ -220,7 +220,7 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
     written = []
     info = summary(hunt, outcome)
     written.append(write_text(folder, "hunt.json", summary_json(info)))
-    curves = {"CMA-ES search": np.array([np.nan if v is None else v for v in info["search"]["values"]], dtype=float)}
+    curves = {f"search ({hunt.config.optimizer})": np.array([np.nan if v is None else v for v in info["search"]["values"]], dtype=float)}
     if outcome.random:
         curves["random sampling"] = np.array([np.nan if v is None else v for v in info["random"]["values"]],
                                              dtype=float)

@@ -4,10 +4,11 @@ Passes, tried in order with :func:`schedlab.shrinking.greedy_shrink` (after ever
 starts again from the first):
 
 1. drop requests -- halves, quarters, ... single requests -- down to the space's fewest;
-2. drop a request's shared prefix, move it to the first class;
-3. round arrival times -- all of them, then one by one -- to whole seconds, tenths,
+2. merge two requests that arrive one after the other into one (their lengths added up);
+3. drop a request's shared prefix, move it to the first class;
+4. round arrival times -- all of them, then one by one -- to whole seconds, tenths,
    hundredths, milliseconds, and start the first at 0;
-4. lower each prompt, output and arrival towards the least its class allows.
+5. lower each prompt, output and arrival towards the least its class allows.
 
 A candidate is kept when every constraint still holds and the property still fails (or the
 objective stays within ``tolerance`` of the best found). Lengths stay within the space's
@@ -58,6 +59,21 @@ class WorkloadShrinker:
             if len(rest) >= fewest:
                 yield self._with(candidate, rest)
 
+    def merged_requests(self, candidate: Candidate) -> Iterator[Candidate]:
+        """Two neighbours (in arrival order) as one request: the first's arrival and class, their
+        prompts and outputs added up within the class's ranges -- the load of two in one."""
+        if len(candidate.rows) <= self.space.workload.requests[0]:
+            return
+        order = sorted(range(len(candidate.rows)), key=lambda i: candidate.rows[i]["arrival_ms"])
+        for a, b in zip(order, order[1:]):
+            first, second = candidate.rows[a], candidate.rows[b]
+            klass = self.space.class_of(first)
+            extra = first.get("prefix_tokens", 0)
+            own = first["prompt_tokens"] - extra + second["prompt_tokens"] - second.get("prefix_tokens", 0)
+            merged = {**first, "prompt_tokens": _clip(own, klass.prompt) + extra,
+                      "output_tokens": _clip(first["output_tokens"] + second["output_tokens"], klass.output)}
+            yield self._with(candidate, [merged if i == a else row for i, row in enumerate(candidate.rows) if i != b])
+
     def simpler_requests(self, candidate: Candidate) -> Iterator[Candidate]:
         first = self.space.classes[0]
         for i, row in enumerate(candidate.rows):
@@ -100,7 +116,8 @@ class WorkloadShrinker:
                     yield self._replace(candidate, i, arrival_ms=float(value))
 
     def passes(self):
-        return (self.fewer_requests, self.simpler_requests, self.rounder_arrivals, self.smaller_numbers)
+        return (self.fewer_requests, self.merged_requests, self.simpler_requests, self.rounder_arrivals,
+                self.smaller_numbers)
 
 
 def shrink_candidate(candidate: Candidate, space: Space, evaluator: Evaluator, goal: Goal, *, best: float,

@@ -110,7 +110,7 @@ def _int_uniform(u: float, lo: int, hi: int) -> int:
 def gamma_gaps_s(u: np.ndarray, rate: float, cv: float) -> np.ndarray:
     """Gaps (s) at the quantiles ``u`` of gamma gaps with mean ``1 / rate`` and coefficient of
     variation ``cv`` (the ``gamma`` arrival process of the workloads; cv 0: every gap equal)."""
-    if cv == 0:
+    if cv < 1e-6:  # closer to even than float64 can tell a gamma from a constant (and cv**2 underflows)
         return np.full(np.shape(u), 1.0 / rate)
     from scipy.stats import gamma
 
