@@ -28,8 +28,7 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("SCHEDLAB_NO_PROGRESS", "1")
-    from schedlab.hunt.hunt import load_hunt, replay_value, run_hunt, write_outcome
-    from schedlab.study.executor import make_executor
+    from schedlab.hunt.hunt import hunt_on, load_hunt, replay_value, write_outcome
 
     print(f"{'file':<32} {'random best':>12} {'search':>10} {'shrunk':>10} {'requests':>8} {'replayed':>10} "
           f"{'beats':>6} {'wall s':>7}")
@@ -37,11 +36,7 @@ def main(argv=None) -> int:
     for path in args.files:
         started = time.perf_counter()
         hunt = load_hunt(path, [f"hunt.random={args.random}"])
-        executor = make_executor("local", args.jobs)
-        try:
-            outcome = run_hunt(hunt, executor)
-        finally:
-            executor.close()
+        outcome = hunt_on(hunt, jobs=args.jobs)
         goal = hunt.goal
         random_best = outcome.random_best.score.value
         with tempfile.TemporaryDirectory() as tmp:

@@ -20,19 +20,14 @@ def add_arguments(p) -> None:
 
 def command(args) -> int:
     from ..results.folder import StagedFolder
-    from ..study.executor import make_executor
-    from .hunt import load_hunt, replay_value, run_hunt, summary_lines, write_outcome
+    from .hunt import hunt_on, load_hunt, replay_value, summary_lines, write_outcome
 
     hunt = load_hunt(args.file, args.set)
     out = Path(args.out) if args.out else Path("results") / hunt.name
     with StagedFolder(out) as stage:
         print(f"schedlab: {hunt.name}: {hunt.goal.describe()}; {hunt.space.dimension} coordinates, "
               f"{len(hunt.runs)} runs per workload", file=sys.stderr)
-        executor = make_executor(args.backend, args.jobs, args.address)
-        try:
-            outcome = run_hunt(hunt, executor)
-        finally:
-            executor.close()
+        outcome = hunt_on(hunt, args.backend, args.jobs, args.address)
         written = write_outcome(hunt, outcome, stage.path)
         if outcome.shrunk is not None:  # the reproducer must show what the hunt saw
             replayed = replay_value(stage.path / "counterexample.toml", hunt.goal,

@@ -23,8 +23,9 @@ from .expression import namespace
 from .space import Candidate, workload_stats
 
 #: Fitness (lower is better for the optimiser) of a candidate breaking a constraint: above any
-#: feasible one's, growing with how far it is from the constraints (CMA-ES only ranks them).
-INFEASIBLE = 1e150
+#: feasible one's, growing with how far it is from the constraints, and below 5e20, where
+#: Nevergrad clips losses (so that the optimiser still tells two infeasible candidates apart).
+INFEASIBLE = 1e18
 
 
 @attrs.frozen
@@ -48,7 +49,9 @@ class Score:
         """The number the optimiser minimises: ``-direction * value`` when feasible."""
         if self.feasible:
             return -direction * self.value
-        return INFEASIBLE * (2.0 if math.isinf(self.violation) else 1.0 + min(self.violation, 1e100) / 1e100)
+        if math.isinf(self.violation):
+            return 3 * INFEASIBLE
+        return INFEASIBLE * (1.0 + self.violation / (1.0 + self.violation))
 
 
 def settings_for(run: str, settings: dict[str, Any]) -> list[tuple[str, Any]]:

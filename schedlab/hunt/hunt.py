@@ -101,6 +101,7 @@ class HuntOutcome:
     """Everything a hunt found: both searches' trials, the worst workload, its shrunk form,
     and the runs of both (with timelines) for the pictures."""
 
+    goal: Goal
     search: list[Trial]
     random: list[Trial]
     worst: Trial | None
@@ -112,16 +113,8 @@ class HuntOutcome:
 
     @property
     def random_best(self) -> Trial | None:
-        return self._best(self.random)
-
-    goal: Goal | None = None
-
-    def _best(self, trials):
-        return best_trial(trials, self.goal) if trials else None
-
-
-def _bar(total: int, desc: str):
-    return progress(total, desc)
+        """The worst-for-the-policy random workload (None without a feasible one)."""
+        return best_trial(self.random, self.goal)
 
 
 def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
@@ -129,19 +122,19 @@ def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
     cfg, goal, space = hunt.config, hunt.goal, hunt.space
     evaluator = Evaluator(hunt.experiment.studies, context_spec(hunt.experiment), goal, executor)
     seed = hunt.experiment.config.seed
-    with _bar(cfg.budget, f"{hunt.name}: search") as bar:
+    with progress(cfg.budget, f"{hunt.name}: search") as bar:
         search = evolve(space, evaluator, goal, budget=cfg.budget, seed=seed, width=cfg.batch,
                         bar=bar, optimizer=cfg.optimizer, warm_start=cfg.warm_start, time_limit_s=cfg.time_limit_s,
                         stop_on_counterexample=cfg.stop_on_counterexample)
     samples = cfg.budget if cfg.random is None else cfg.random
-    with _bar(samples, f"{hunt.name}: random") as bar:
+    with progress(samples, f"{hunt.name}: random") as bar:
         sampled = random_search(space, evaluator, goal, budget=samples, seed=seed,
                                 width=cfg.batch, bar=bar) if samples else []
-    outcome = HuntOutcome(search, sampled, best_trial(search, goal), goal=goal)
+    outcome = HuntOutcome(goal, search, sampled, best_trial(search, goal))
     worst = outcome.worst
     if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
         return outcome
-    with _bar(cfg.shrink_budget, f"{hunt.name}: shrink") as bar:
+    with progress(cfg.shrink_budget, f"{hunt.name}: shrink") as bar:
         shrunk, used = shrink_candidate(worst.candidate, space, evaluator, goal, best=worst.score.value,
                                         tolerance=cfg.tolerance, max_evaluations=cfg.shrink_budget, bar=bar)
     (worst_score, worst_runs), (shrunk_score, shrunk_runs) = evaluator.evaluate([worst.candidate, shrunk],
@@ -149,6 +142,17 @@ def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
     outcome.shrunk, outcome.shrunk_score, outcome.shrink_evaluations = shrunk, shrunk_score, used
     outcome.worst_runs, outcome.shrunk_runs = worst_runs, shrunk_runs
     return outcome
+
+
+def hunt_on(hunt: Hunt, backend: str = "local", jobs: int | None = None, address: str | None = None) -> HuntOutcome:
+    """:func:`run_hunt` on the executor of ``--backend``, ``--jobs`` and ``--address``, closed after."""
+    from ..study.executor import make_executor
+
+    executor = make_executor(backend, jobs, address)
+    try:
+        return run_hunt(hunt, executor)
+    finally:
+        executor.close()
 
 
 def goal_value(goal: Goal, runs: dict, rows) -> float:
