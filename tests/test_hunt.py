@@ -312,6 +312,7 @@ def test_workload_statistics_by_hand():
             {"arrival_ms": 2000.0, "prompt_tokens": 30, "output_tokens": 4}]
     stats = workload_stats(rows)
     assert stats["rate_rps"] == 0.5 and stats["duration_s"] == 2.0 and stats["tokens_per_s"] == 23.0
+    assert stats["max_gap_s"] == 2.0
     assert stats["prompt_tokens.mean"] == 20 and stats["output_tokens.max"] == 4
 
 

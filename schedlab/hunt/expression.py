@@ -38,7 +38,7 @@ from ..results.metric_names import check_metric_name
 from ..study.search import COMPARE, OPERATORS
 
 #: ``workload.<name>``: statistics of a candidate workload (see :func:`schedlab.hunt.space.workload_stats`).
-WORKLOAD_STATS = ("requests", "duration_s", "rate_rps", "prompt_tokens.mean", "prompt_tokens.max",
+WORKLOAD_STATS = ("requests", "duration_s", "rate_rps", "max_gap_s", "prompt_tokens.mean", "prompt_tokens.max",
                   "prompt_tokens.total", "output_tokens.mean", "output_tokens.max", "output_tokens.total",
                   "tokens_per_s")
 FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max, "abs": abs}

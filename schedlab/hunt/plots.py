@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def search_figure(curves: dict[str, np.ndarray], goal: Goal) -> bytes:
     ax.set_ylabel(goal.expression.text if len(goal.expression.text) < 50 else "objective")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    titles(fig, "hunt: the search against random sampling", goal.describe())
+    titles(fig, "hunt: the search against random sampling", textwrap.fill(goal.describe(), 100))
     return _png(fig)
 
 
@@ -94,7 +95,8 @@ def counterexample_figure(runs: dict, subtitle: str) -> bytes:
         ax.grid(True, axis="x", alpha=0.3)
     axes[-1].set_xlabel("time (s)")
     fig.legend(loc="outside lower center", ncol=3, frameon=False)
-    titles(fig, "counterexample: each request (prompt+output tokens) under every policy", subtitle)
+    titles(fig, "counterexample: each request (prompt+output tokens) under every policy",
+           textwrap.fill(subtitle, 100))
     return _png(fig)
 
 

@@ -211,11 +211,13 @@ def workload_stats(rows) -> dict[str, float]:
     prompt = np.array([r["prompt_tokens"] for r in rows], dtype=float)
     output = np.array([r["output_tokens"] for r in rows], dtype=float)
     duration = float(arrivals.max() - arrivals.min()) / 1e3 if n else 0.0
+    gaps = np.diff(np.sort(arrivals)) / 1e3
     tokens = float(prompt.sum() + output.sum())
     return {
         "requests": float(n),
         "duration_s": duration,
         "rate_rps": (n - 1) / duration if duration > 0 else (math.inf if n > 1 else 0.0),
+        "max_gap_s": float(gaps.max()) if gaps.size else 0.0,
         "prompt_tokens.mean": float(prompt.mean()), "prompt_tokens.max": float(prompt.max()),
         "prompt_tokens.total": float(prompt.sum()),
         "output_tokens.mean": float(output.mean()), "output_tokens.max": float(output.max()),
