@@ -60,7 +60,7 @@ def search_figure(curves: dict[str, np.ndarray], goal: Goal) -> bytes:
     ax.set_ylabel(goal.expression.text if len(goal.expression.text) < 50 else "objective")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    titles(fig, "hunt: the search against random sampling", textwrap.fill(goal.describe(), 100))
+    titles(fig, "hunt: the search against random sampling", textwrap.fill(goal.describe(), 80))
     return _png(fig)
 
 
@@ -96,7 +96,7 @@ def counterexample_figure(runs: dict, subtitle: str) -> bytes:
     axes[-1].set_xlabel("time (s)")
     fig.legend(loc="outside lower center", ncol=3, frameon=False)
     titles(fig, "counterexample: each request (prompt+output tokens) under every policy",
-           textwrap.fill(subtitle, 100))
+           textwrap.fill(subtitle, 90))
     return _png(fig)
 
 
