@@ -40,6 +40,8 @@ def cmd_run(args) -> int:
     from .study.experiment import load, run_experiment
     from .study.executor import make_executor
 
+    if _is_hunt_file(args.file):
+        raise SchedlabError(f"{args.file}: a hunt file ([hunt]): run it with schedlab hunt {args.file}")
     exp = load(args.file, args.set)
     names = list(exp.config.reports)
     for extra in args.report or ():
@@ -82,9 +84,22 @@ def _table_text(catalog, results, table: dict, source: str) -> str:
     return report.text(results)
 
 
+def _is_hunt_file(path: str) -> bool:
+    from .study.experiment import _read_toml
+
+    return "hunt" in _read_toml(Path(path))
+
+
 def cmd_validate(args) -> int:
     from .study.experiment import load
 
+    if _is_hunt_file(args.file):
+        from .hunt.hunt import load_hunt
+
+        hunt = load_hunt(args.file, args.set)
+        print(f"{args.file}: OK (hunt: {hunt.goal.describe()}; {len(hunt.runs)} runs per workload, "
+              f"{hunt.space.dimension} coordinates)")
+        return 0
     exp = load(args.file, args.set)
     runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies)
     print(f"{args.file}: OK ({len(exp.studies)} run entries, {runs} points, reports: {', '.join(exp.config.reports)})")

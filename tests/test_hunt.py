@@ -156,7 +156,7 @@ def test_hunt_finds_the_starved_long_prompt_and_shrinks_it_to_its_minimal_form(t
     assert replayed == outcome.shrunk_score.value and replayed >= 3
 
 
-def test_hunt_finds_the_preemption_loop_and_shrinks_it_to_two_requests(tmp_path):
+def test_hunt_finds_the_preemption_loop_and_shrinks_it_to_the_requests_that_fill_the_cache(tmp_path):
     hunt, outcome = hunt_in_process(write(tmp_path, NERVOUS), ["hunt.random=0"])
     assert hunt.goal.found(outcome.worst.score.value)
     rows = outcome.shrunk.rows
@@ -403,3 +403,33 @@ def test_the_cli_writes_a_reproducer_that_schedlab_run_replays(tmp_path, capsys)
     assert replay_value(out / "counterexample.toml", hunt.goal) == summary["shrunk"]["value"]
     assert summary["shrunk"]["value"] >= (1 - hunt.config.tolerance) * summary["search"]["worst"]
     assert main(["run", str(out / "counterexample.toml"), "--out", str(tmp_path / "replay"), "--no-plots"]) == 0
+
+
+def test_a_property_that_holds_everywhere_is_reported_and_nothing_is_shrunk(tmp_path):
+    text = STARVER.replace("long-prompt-starver", "continuous").replace(", long_prompt = 1000", "")
+    text = text.replace("< 3", "< 1000")
+    hunt, outcome = hunt_in_process(write(tmp_path, text), ["hunt.budget=16", "hunt.random=4"])
+    assert len(outcome.search) == 16 and outcome.shrunk is None
+    (tmp_path / "out0").mkdir()
+    written = write_outcome(hunt, outcome, tmp_path / "out0")
+    assert {p.name for p in written} == {"hunt.json", "search.png", "summary.txt"}
+    assert "property held on every workload evaluated" in (tmp_path / "out0" / "summary.txt").read_text()
+
+
+def test_constraints_nothing_meets_leave_no_counterexample(tmp_path):
+    text = STARVER.replace('[hunt]\n', '[hunt]\n    constraints = ["workload.requests > 100"]\n')
+    hunt, outcome = hunt_in_process(write(tmp_path, text), ["hunt.budget=8", "hunt.random=0"])
+    assert outcome.worst is None and outcome.shrunk is None
+    assert all(t.score.violation > 0 for t in outcome.search)
+
+
+def test_validate_checks_a_hunt_file_and_run_points_to_hunt(tmp_path, capsys):
+    from schedlab.cli import main
+
+    path = write(tmp_path, STARVER.replace("long-prompt-starver", "continuous").replace(", long_prompt = 1000", ""))
+    assert main(["validate", str(path)]) == 0
+    assert "OK (hunt: falsify runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3" in capsys.readouterr().out
+    assert main(["run", str(path)]) == 2
+    assert "a hunt file ([hunt]): run it with schedlab hunt" in capsys.readouterr().err
+    assert main(["hunt", str(path), "--set", "hunt.budgit=3"]) == 2
+    assert "[hunt]: unknown key 'budgit'" in capsys.readouterr().err
