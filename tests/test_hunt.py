@@ -388,10 +388,13 @@ def test_the_cli_writes_a_reproducer_that_schedlab_run_replays(tmp_path, capsys)
     text = text.replace('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"',
                         'objective = "runs.buggy.ttft_ms.p99 / runs.fcfs.ttft_ms.p99"\n'
                         'constraints = ["runs.fcfs.busy_share <= 0.9"]')
+    text = text.replace("[hunt.workload]", "[hunt.settings]\n    'runs.buggy.scheduler.max_num_seqs' = [1, 4]\n"
+                                           "    [hunt.workload]")
     path = write(tmp_path, text)
     out = tmp_path / "out"
     assert main(["hunt", str(path), "--out", str(out), "--jobs", "1", "--set", "hunt.budget=30",
-                 "--set", "hunt.random=10", "--set", "hunt.shrink_budget=40"]) == 0
+                 "--set", "hunt.random=10", "--set", "hunt.shrink_budget=40",
+                 "--set", "runs.fcfs.scheduler.max_num_seqs=3"]) == 0
     printed = capsys.readouterr()
     assert "replays to" not in printed.err
     summary = json.loads((out / "hunt.json").read_text())
@@ -401,6 +404,10 @@ def test_the_cli_writes_a_reproducer_that_schedlab_run_replays(tmp_path, capsys)
         assert (out / name).stat().st_size > 0
     hunt = load_hunt(path)
     assert replay_value(out / "counterexample.toml", hunt.goal) == summary["shrunk"]["value"]
+    chosen = summary["shrunk"]["settings"]["runs.buggy.scheduler.max_num_seqs"]
+    replay = (out / "counterexample.toml").read_text()
+    assert f"scheduler = {{kind = \"continuous\", max_num_seqs = {chosen}}}" in replay, "the hunt's setting"
+    assert 'scheduler = {kind = "continuous", max_num_seqs = 3}' in replay, "--set overrides"
     assert summary["shrunk"]["value"] >= (1 - hunt.config.tolerance) * summary["search"]["worst"]
     assert main(["run", str(out / "counterexample.toml"), "--out", str(tmp_path / "replay"), "--no-plots"]) == 0
 

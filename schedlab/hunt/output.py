@@ -1,9 +1,11 @@
 """What a hunt leaves behind: request files, experiment files that replay them, and a summary.
 
 ``<name>.jsonl`` holds the requests, one JSON object per line, in a request file's fields
-(``file`` workload). ``<name>.toml`` is the hunt file without ``[hunt]``: the same runs,
-the settings the hunt chose written into each run, and ``[workload] kind = "file"`` naming
-the request file -- so ``schedlab run <name>.toml`` replays the counterexample, and the
+(``file`` workload). ``<name>.toml`` is the hunt file without ``[hunt]``: the same runs, each
+with its tables written out whole (defaults, its own and ``--set`` overrides merged) and the
+settings the hunt chose, and ``[workload] kind = "file"`` naming the request file. Relative
+paths in those tables (a profile bundle, say) are written as they were, relative to the hunt
+file's folder -- so ``schedlab run <name>.toml`` replays the counterexample, and the
 table shows the metrics the objective is made of.
 """
 
@@ -49,22 +51,26 @@ def toml_document(doc: dict, header: str = "") -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def replay_document(raw: dict, candidate: Candidate, requests_file: str, *, name: str, runs: list[str],
-                    columns: list[str]) -> dict:
-    """The hunt file's tables with ``[hunt]`` dropped, the candidate's settings written into every
-    run they apply to, and a ``file`` workload reading ``requests_file``."""
-    doc = {k: v for k, v in raw.items() if k not in ("hunt", "workload")}
-    doc["experiment"] = dict(raw.get("experiment", {}), name=name)
-    entries = [dict(e) for e in raw.get("runs", [{}])] or [{}]
-    for i, (entry, run) in enumerate(zip(entries, runs)):
-        entry["name"] = run  # as the hunt named it, whatever the new experiment name
-        for key, value in settings_for(run, candidate.settings):
-            entry = set_dotted(entry, key, value)
-        entries[i] = entry
-    doc["runs"] = entries
-    workload = {"kind": "file", "path": requests_file}
-    doc = {"experiment": doc.pop("experiment"), "workload": workload, **doc}
-    reports = dict(doc.get("reports", {}))
+def replay_document(experiment, candidate: Candidate, requests_file: str, *, name: str, columns: list[str]) -> dict:
+    """An experiment replaying ``candidate``: every run of the hunt with its resolved tables (the
+    file's defaults, the run's own and ``--set`` overrides merged) and the candidate's settings,
+    its seed and engine, reading the requests from ``requests_file``."""
+    config = experiment.config
+    head = {"name": name, "seed": config.seed, "timeline": config.timeline}
+    if config.plugins:
+        head["plugins"] = list(config.plugins)
+    doc = {"experiment": head, "workload": {"kind": "file", "path": requests_file}}
+    for key in ("models", "gpus"):
+        if key in experiment.raw:
+            doc[key] = experiment.raw[key]
+    runs = []
+    for study in experiment.studies:
+        tables = {k: v for k, v in study.base.tables.items() if k != "workload"}
+        for key, value in settings_for(study.name, candidate.settings):
+            tables = set_dotted(tables, key, value)
+        runs.append({"name": study.name, "seed": study.base.seed, "engine": study.base.engine, **tables})
+    doc["runs"] = runs
+    reports = dict(experiment.raw.get("reports", {}))
     reports["table"] = dict(reports.get("table", {}), columns=columns)
     doc["reports"] = reports
     return doc
