@@ -23,12 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", default=sorted(str(p) for p in (ROOT / "experiments" / "hunt").glob("*.toml")))
+    shipped = sorted(str(p) for p in (ROOT / "experiments" / "hunt").glob("*.toml"))
+    parser.add_argument("files", nargs="*", default=shipped)
     parser.add_argument("--random", type=int, default=1000, help="random workloads per file")
     parser.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("SCHEDLAB_NO_PROGRESS", "1")
-    from schedlab.hunt.hunt import hunt_on, load_hunt, replay_value, write_outcome
+    from schedlab.hunt.hunt import hunt_on, load_hunt, replay_value
+    from schedlab.hunt.report import write_outcome
 
     print(f"{'file':<32} {'random best':>12} {'search':>10} {'shrunk':>10} {'requests':>8} {'replayed':>10} "
           f"{'beats':>6} {'wall s':>7}")

@@ -17,7 +17,8 @@ import schedlab
 from schedlab.configs import float_field, int_field
 from schedlab.errors import ConfigError
 from schedlab.hunt.expression import parse_condition, parse_expression
-from schedlab.hunt.hunt import load_hunt, replay_value, run_hunt, write_outcome
+from schedlab.hunt.hunt import load_hunt, replay_value, run_hunt
+from schedlab.hunt.report import write_outcome
 from schedlab.hunt.space import gamma_gaps_s, make_space, workload_stats
 from schedlab.shrinking import greedy_shrink, lower_values, removals
 from schedlab.study.executor import InProcessExecutor

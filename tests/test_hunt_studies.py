@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from schedlab.hunt.hunt import hunt_on, load_hunt, replay_value, write_outcome
+from schedlab.hunt.hunt import hunt_on, load_hunt, replay_value
+from schedlab.hunt.report import write_outcome
 
 HUNTS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "hunt").glob("*.toml"))
 

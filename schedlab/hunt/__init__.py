@@ -7,7 +7,8 @@ and under honesty constraints. The search (:mod:`.optimize`, CMA-ES) evaluates c
 workloads through the study executor (:mod:`.evaluate`), beside random sampling of the same
 bounds; the worst workload is shrunk by delta debugging (:mod:`.shrink`) and written as a
 request file plus an experiment that replays it (:mod:`.output`), with pictures
-(:mod:`.plots`). :mod:`.hunt` ties them together; :mod:`.command` is the CLI.
+(:mod:`.plots`). :mod:`.hunt` ties them together, :mod:`.report` writes the outcome, and
+:mod:`.command` is the CLI.
 
 MetaOpt (Namyar et al., NSDI'24) searches for inputs that maximise a heuristic's gap to the
 optimum; this is the same question asked of a serving scheduler against another policy.

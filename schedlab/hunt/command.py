@@ -20,7 +20,8 @@ def add_arguments(p) -> None:
 
 def command(args) -> int:
     from ..results.folder import StagedFolder
-    from .hunt import hunt_on, load_hunt, replay_value, summary_lines, write_outcome
+    from .hunt import hunt_on, load_hunt, replay_value
+    from .report import summary_lines, write_outcome
 
     hunt = load_hunt(args.file, args.set)
     out = Path(args.out) if args.out else Path("results") / hunt.name
