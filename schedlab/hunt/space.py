@@ -34,8 +34,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..configs import MAX_REQUESTS, MAX_TOKENS, FieldError, int_field, str_field, table_field
-from ..configs import from_table
+from ..configs import MAX_INT, MAX_TOKENS, FieldError, from_table, int_field, str_field, table_field
 from ..errors import ConfigError
 from .config import number_range, range_field
 
@@ -234,9 +233,8 @@ def make_space(table: dict, settings: dict, where: str) -> Space:
     ranges = {}
     for key, value in settings.items():
         try:
-            ranges[key] = number_range(value, key, integer=all(isinstance(v, int) for v in
-                                                               (value if isinstance(value, list) else [value])),
-                                       low=-MAX_REQUESTS * 1e6)
+            whole = all(isinstance(v, int) for v in (value if isinstance(value, list) else [value]))
+            ranges[key] = number_range(value, key, integer=whole, low=-MAX_INT)
         except FieldError as exc:
             raise ConfigError(f"{where} [hunt.settings]: {exc.name}: {exc.message}") from None
     return Space(workload, ranges, where)
