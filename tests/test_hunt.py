@@ -441,3 +441,9 @@ def test_validate_checks_a_hunt_file_and_run_points_to_hunt(tmp_path, capsys):
     assert "a hunt file ([hunt]): run it with schedlab hunt" in capsys.readouterr().err
     assert main(["hunt", str(path), "--set", "hunt.budgit=3"]) == 2
     assert "[hunt]: unknown key 'budgit'" in capsys.readouterr().err
+
+
+def test_a_time_limit_stops_the_search_early(tmp_path):
+    hunt, outcome = hunt_in_process(write(tmp_path, STARVER.replace("< 3", "< 1000")),
+                                    ["hunt.time_limit_s=1e-9", "hunt.random=0"])
+    assert len(outcome.search) < hunt.config.budget
