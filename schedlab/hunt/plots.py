@@ -5,7 +5,7 @@
   property's threshold as a dashed line;
 * ``counterexample.png`` -- one panel per run of the file: each request of the shrunk workload
   as a bar from its arrival to its finish, split into waiting, prefill and decode, so the
-  policies can be compared request by request;
+  policies can be compared request by request (``@k``: served by instance k);
 * ``timeline_<run>.png`` -- each run's running / waiting / KV-usage timeline on the
   counterexample (the ``plots`` report's timeline figure).
 """
@@ -88,8 +88,10 @@ def counterexample_figure(runs: dict, subtitle: str) -> bytes:
         for i in ids[~ok]:
             ax.text(arrival[i], i, " rejected", va="center", fontsize=8, color="#d62728")
         ax.set_yticks(ids)
-        ax.set_yticklabels([f"{i}: {p}+{o}" for i, p, o in zip(ids, req["prompt_tokens"], req["output_tokens"])],
-                           fontsize=7 if count > 12 else 8)
+        labels = [f"{i}: {p}+{o}" for i, p, o in zip(ids, req["prompt_tokens"], req["output_tokens"])]
+        if (runs[name].meta.get("instances") or 1) > 1:  # which instance served it
+            labels = [f"{text} @{k}" for text, k in zip(labels, req["instance"])]
+        ax.set_yticklabels(labels, fontsize=7 if count > 12 else 8)
         ax.invert_yaxis()
         ax.set_ylabel(name)
         ax.grid(True, axis="x", alpha=0.3)
