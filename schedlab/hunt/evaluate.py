@@ -125,5 +125,3 @@ def _as_float(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return math.nan
     return float(value)
-
-

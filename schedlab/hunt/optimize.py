@@ -31,6 +31,7 @@ from .config import Goal
 from .evaluate import Evaluator, Score
 from .space import Candidate, Space
 
+
 @attrs.frozen
 class Trial:
     """One evaluated candidate: its number in the search, its point, requests and score."""

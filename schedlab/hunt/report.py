@@ -62,6 +62,7 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
     written = []
     info = summary(hunt, outcome)
     written.append(write_text(folder, "hunt.json", summary_json(info)))
+
     def values(which: str) -> np.ndarray:
         return np.array([np.nan if v is None else v for v in info[which]["values"]], dtype=float)
 
