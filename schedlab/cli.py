@@ -1,4 +1,4 @@
-"""The ``schedlab`` command (also ``python -m schedlab``): run, validate, plot, plugins, capacity,
+"""The ``schedlab`` command (also ``python -m schedlab``): run, hunt, validate, plot, plugins, capacity,
 calibrate.
 
 Every user error (bad TOML, unknown plugin, impossible config, stalled run, unusable
@@ -40,6 +40,8 @@ def cmd_run(args) -> int:
     from .study.experiment import load, run_experiment
     from .study.executor import make_executor
 
+    if _is_hunt_file(args.file):
+        raise SchedlabError(f"{args.file}: a hunt file ([hunt]): run it with schedlab hunt {args.file}")
     exp = load(args.file, args.set)
     names = list(exp.config.reports)
     for extra in args.report or ():
@@ -82,9 +84,22 @@ def _table_text(catalog, results, table: dict, source: str) -> str:
     return report.text(results)
 
 
+def _is_hunt_file(path: str) -> bool:
+    from .study.experiment import _read_toml
+
+    return "hunt" in _read_toml(Path(path))
+
+
 def cmd_validate(args) -> int:
     from .study.experiment import load
 
+    if _is_hunt_file(args.file):
+        from .hunt.hunt import load_hunt
+
+        hunt = load_hunt(args.file, args.set)
+        print(f"{args.file}: OK (hunt: {hunt.goal.describe()}; {len(hunt.runs)} runs per workload, "
+              f"{hunt.space.dimension} coordinates)")
+        return 0
     exp = load(args.file, args.set)
     runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies)
     print(f"{args.file}: OK ({len(exp.studies)} run entries, {runs} points, reports: {', '.join(exp.config.reports)})")
@@ -148,6 +163,12 @@ def cmd_calibrate(args) -> int:
     return command(args)
 
 
+def cmd_hunt(args) -> int:
+    from .hunt.command import command
+
+    return command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="schedlab", description="Simulate LLM serving schedulers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where simulations run: local processes, or a Ray cluster (pip install 'schedlab[ray]')")
     p.add_argument("--address", help="with --backend ray: the cluster to join (e.g. auto); default: start a local one")
     p.set_defaults(func=cmd_run)
+    from .hunt.command import add_arguments as add_hunt_arguments
+
+    p = sub.add_parser("hunt", help="search for the workload that breaks a policy; shrink it to a reproducer")
+    add_hunt_arguments(p)
+    p.set_defaults(func=cmd_hunt)
     p = sub.add_parser("validate", help="check an experiment file without running it")
     p.add_argument("file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -215,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             acknowledge()
             what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
             print(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
-                  if args.func is cmd_run else f"schedlab: {what}", file=sys.stderr)
+                  if args.func in (cmd_run, cmd_hunt) else f"schedlab: {what}", file=sys.stderr)
             return 143 if isinstance(exc, Terminated) else 130
 
 

@@ -60,3 +60,41 @@ def test_a_capacity_plan_on_ray_is_the_plan_of_one_process(local_ray, tmp_path):
     here = run_with(tmp_path / "plan.toml", InProcessExecutor())
     assert on_ray.studies[0].plan == here.studies[0].plan and on_ray.studies[0].plan.cheapest is not None
     assert saved_bytes(on_ray, tmp_path / "ray") == saved_bytes(here, tmp_path / "one")
+
+
+HUNT = """
+[experiment]
+name = "hunt_on_ray"
+seed = 2
+[[runs]]
+name = "small"
+scheduler = {kind = "continuous", max_num_seqs = 2}
+[[runs]]
+name = "large"
+scheduler = {kind = "continuous", max_num_seqs = 16}
+[hunt]
+objective = "runs.small.ttft_ms.p99 / runs.large.ttft_ms.p99"
+budget = 24
+random = 8
+shrink_budget = 16
+[hunt.workload]
+requests = [1, 12]
+rate = [1.0, 20.0]
+prompt = [1, 500]
+output = [1, 100]
+"""
+
+
+def test_a_hunt_on_ray_finds_what_it_finds_in_one_process(local_ray, tmp_path):
+    from schedlab.hunt.hunt import load_hunt, run_hunt
+
+    (tmp_path / "hunt.toml").write_text(HUNT)
+    executor = make_executor("ray")
+    try:
+        on_ray = run_hunt(load_hunt(tmp_path / "hunt.toml"), executor)
+    finally:
+        executor.close()
+    here = run_hunt(load_hunt(tmp_path / "hunt.toml"), InProcessExecutor())
+    assert [t.score.value for t in on_ray.search] == [t.score.value for t in here.search]
+    assert [t.score.value for t in on_ray.random] == [t.score.value for t in here.random]
+    assert on_ray.shrunk == here.shrunk

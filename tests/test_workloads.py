@@ -21,7 +21,7 @@ from schedlab.model import Request
 from schedlab.registry import Registry
 from schedlab_plugins import workloads
 
-NAMES = ("file", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log", "vllm_bench")
+NAMES = ("file", "inline", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log", "vllm_bench")
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 Registered names (``[workload] kind = ...``):
 
 * ``file`` -- requests from a JSON, JSONL or CSV file (:mod:`.request_file`);
+* ``inline`` -- requests listed in the experiment itself (:mod:`.request_file`);
 * ``synthetic`` -- lengths from distributions, Poisson/gamma/all-at-once arrivals (:mod:`.synthetic`);
 * ``shared_prefix`` -- requests sharing system prompts (:mod:`.synthetic`);
 * ``azure``, ``vidur``, ``mooncake`` -- published traces (:mod:`.traces`);
@@ -24,7 +25,7 @@ import schedlab
 from .closed_loop import ClosedLoopConfig, make_closed_loop_workload
 from .measured import VllmBenchConfig, VllmLogConfig, make_vllm_bench_workload, make_vllm_log_workload
 from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
-from .request_file import FileConfig, make_file_workload
+from .request_file import FileConfig, InlineConfig, make_file_workload, make_inline_workload
 from .synthetic import SharedPrefixConfig, SyntheticConfig, make_shared_prefix_workload, make_synthetic_workload
 from .traces import AzureConfig, MooncakeConfig, VidurConfig, make_azure_workload, make_mooncake_workload, make_vidur_workload
 
@@ -33,6 +34,8 @@ from .traces import AzureConfig, MooncakeConfig, VidurConfig, make_azure_workloa
 def schedlab_register_workloads(register) -> None:
     register("file", make_file_workload, config=FileConfig,
              help="requests from a JSON, JSONL or CSV file; file, Poisson or all-at-once arrivals")
+    register("inline", make_inline_workload, config=InlineConfig,
+             help="requests listed in the experiment itself (requests = [{prompt_tokens = , output_tokens = }, ...])")
     register("synthetic", make_synthetic_workload, config=SyntheticConfig,
              help="N requests with lengths from distributions and Poisson/gamma/all-at-once arrivals")
     register("shared_prefix", make_shared_prefix_workload, config=SharedPrefixConfig,

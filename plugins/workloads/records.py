@@ -506,6 +506,16 @@ def _read_json(handle, name, wanted, required, limit) -> Records:
     return _from_objects(name, "record", data, list(range(1, len(data) + 1)), wanted, required)
 
 
+def records_from_rows(name: str, rows: Sequence[Mapping], wanted: dict[str, tuple[str, ...]],
+                      required: Sequence[str] = ()) -> Records:
+    """Records of rows already in memory (tables of a TOML file), numbered ``record 1, 2, ...``
+    in messages, checked like a JSON file's."""
+    for number, obj in enumerate(rows, start=1):
+        if not isinstance(obj, Mapping):
+            raise WorkloadError(f"{name}: record {number}: expected a table, got {type(obj).__name__}")
+    return _from_objects(name, "record", list(rows), list(range(1, len(rows) + 1)), wanted, required)
+
+
 def _from_objects(name, unit, rows, positions, wanted, required) -> Records:
     values: dict[str, list] = {}
     sources: dict[str, str] = {}

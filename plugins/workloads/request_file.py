@@ -29,7 +29,7 @@ from schedlab.errors import WorkloadError
 
 from .arrivals import RATED_KINDS, arrivals_ms, cv_field, rate_field
 from .columns import OpenLoopWorkload, RequestColumns, per_row_or_none
-from .records import FORMATS, Records, read_records
+from .records import FORMATS, Records, read_records, records_from_rows
 
 #: Fields a request file may have, with the names looked up when ``columns`` does not say.
 FILE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -58,12 +58,15 @@ def check_columns(columns: Mapping | None) -> None:
             raise FieldError("columns", f"{ours}: the file's column name must be non-empty text, got {theirs!r}")
 
 
+def _wanted(columns: Mapping[str, str] | None) -> dict[str, tuple[str, ...]]:
+    return {field: ((columns[field],) if columns and field in columns else names)
+            for field, names in FILE_FIELDS.items()}
+
+
 def read_request_file(path, *, format: str | None = None, columns: Mapping[str, str] | None = None,
                       limit: int | None = None) -> Records:
     """The rows of a request file, with ``columns`` renaming our fields to the file's."""
-    wanted = {field: ((columns[field],) if columns and field in columns else names)
-              for field, names in FILE_FIELDS.items()}
-    records = read_records(path, wanted, format=format, required=REQUIRED_FIELDS, limit=limit)
+    records = read_records(path, _wanted(columns), format=format, required=REQUIRED_FIELDS, limit=limit)
     if len(records) == 0:
         raise WorkloadError(f"{path}: no requests in the file")
     return records
@@ -146,3 +149,39 @@ def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
         return arrival, columns
 
     return OpenLoopWorkload(build, name="file", num_requests=n)
+
+
+# --- inline -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class InlineConfig:
+    """Requests written in the experiment itself, one table each, with a request file's fields
+    (``schedlab hunt`` evaluates its candidate workloads this way: they travel with the run to
+    worker processes and Ray nodes, where no file of the parent's exists)."""
+
+    requests: tuple = attrs.field(converter=lambda v: tuple(v) if isinstance(v, list) else v,
+                                  metadata={"help": "the requests: [{prompt_tokens = 100, output_tokens = 20, "
+                                                    "arrival_ms = 0.0}, ...] with a request file's fields"})
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.requests, tuple) or not self.requests:
+            raise FieldError("requests", "needs at least one request table, e.g. [{prompt_tokens = 100, "
+                                         "output_tokens = 20}]")
+        for number, row in enumerate(self.requests, start=1):
+            if not isinstance(row, dict):
+                raise FieldError("requests", f"request {number} must be a table, got {row!r}")
+            unknown = sorted(set(row) - {name for names in FILE_FIELDS.values() for name in names})
+            if unknown:
+                raise FieldError("requests", f"request {number}: unknown field {unknown[0]!r}; valid fields: "
+                                             f"{', '.join(FILE_FIELDS)}")
+
+
+def make_inline_workload(config: InlineConfig) -> OpenLoopWorkload:
+    """The listed requests, at their ``arrival_ms`` (all at t = 0 without them)."""
+    records = records_from_rows("[workload] requests", config.requests, _wanted(None), REQUIRED_FIELDS)
+    columns = request_columns(records)
+    from_rows = file_arrivals_ms(records)
+    n = len(columns)
+    arrival = from_rows if from_rows is not None else np.zeros(n)
+    return OpenLoopWorkload(lambda seed: (arrival, columns), name="inline", num_requests=n)

@@ -8,7 +8,8 @@ way), repeat until nothing changes or the evaluation budget is spent:
    no threshold, no prefix caching, FCFS, then fewer sequences, a smaller budget, fewer blocks);
 3. shrink each request's numbers towards their minimum -- prompt, output, shared prefix,
    arrival, priority, then ``max_tokens`` (none: EOS ignored, then down to the output) --
-   trying the minimum, then halfway, then one less;
+   trying the minimum, then steps down of half, a quarter, ... one
+   (:func:`schedlab.shrinking.lower_values`; the loop itself is :func:`schedlab.shrinking.greedy_shrink`);
 4. renumber the requests 0, 1, ... in arrival order and start the first arrival at 0.
 
 Only valid candidates (:meth:`Case.problems` empty) are tried, so a reproducer never
@@ -22,18 +23,10 @@ from typing import Callable, Iterator
 
 import attrs
 
+from ..shrinking import greedy_shrink, lower_values, removals
 from .case import Case, DiffRequest
 
 NUMBERS = (("prompt_tokens", 1), ("output_tokens", 1), ("prefix_len", 0), ("arrival", 0), ("priority", 0))
-
-
-def lower(value: int, low: int) -> list[int]:
-    """Smaller values to try, most aggressive first: the minimum, halfway, one less."""
-    out = []
-    for target in (low, low + (value - low) // 2, value - 1):
-        if low <= target < value and target not in out:
-            out.append(target)
-    return out
 
 
 def smaller(settings, bounds) -> Iterator[dict]:
@@ -42,24 +35,8 @@ def smaller(settings, bounds) -> Iterator[dict]:
     for name, low in bounds:
         value = getattr(settings, name)
         if value:
-            for target in lower(value, low):
+            for target in lower_values(value, low):
                 yield {name: target}
-
-
-class Budget:
-    """Counts predicate evaluations; :meth:`left` is False once ``limit`` is spent."""
-
-    def __init__(self, interesting: Callable[[Case], bool], limit: int):
-        self._interesting = interesting
-        self.limit = limit
-        self.used = 0
-
-    def left(self) -> bool:
-        return self.used < self.limit
-
-    def __call__(self, case: Case) -> bool:
-        self.used += 1
-        return self._interesting(case)
 
 
 def _valid(make: Callable[[], Case]) -> Case | None:
@@ -74,16 +51,10 @@ def _with_requests(case: Case, requests) -> Case:
     return attrs.evolve(case, requests=tuple(requests))
 
 
-def _removals(case: Case) -> Iterator[Case]:
-    reqs = list(case.requests)
-    n = len(reqs)
-    size = n // 2
-    while size >= 1:
-        for start in range(0, n, size):
-            rest = reqs[:start] + reqs[start + size:]
-            if rest:
-                yield _with_requests(case, rest)
-        size //= 2
+def _removals(case: Case) -> Iterator[Case | None]:
+    for rest in removals(case.requests):
+        candidate = _with_requests(case, rest)
+        yield None if candidate.problems() else candidate
 
 
 def _setting_candidates(case: Case) -> Iterator[Case]:
@@ -94,7 +65,7 @@ def _setting_candidates(case: Case) -> Iterator[Case]:
 
 def _request_changes(r: DiffRequest) -> Iterator[dict]:
     for name, low in NUMBERS:
-        for target in lower(getattr(r, name), low):
+        for target in lower_values(getattr(r, name), low):
             change = {name: target}
             if name == "prompt_tokens" and r.prefix_len > target:
                 change["prefix_len"] = target
@@ -103,7 +74,7 @@ def _request_changes(r: DiffRequest) -> Iterator[dict]:
             yield change
     if r.max_tokens is not None:  # EOS ignored, then a tighter limit
         yield {"max_tokens": None}
-        for target in lower(r.max_tokens, r.output_tokens):
+        for target in lower_values(r.max_tokens, r.output_tokens):
             yield {"max_tokens": target}
     if r.group:  # group 0 reads simplest
         yield {"group": 0}
@@ -122,45 +93,27 @@ def _renumbered(case: Case) -> Case:
     return _with_requests(case, [attrs.evolve(r, id=i, arrival=r.arrival - start) for i, r in enumerate(ordered)])
 
 
+def _settings_pass(case: Case) -> Iterator[Case | None]:
+    for candidate in _setting_candidates(case):
+        yield _valid(lambda candidate=candidate: candidate)
+
+
+def _numbers_pass(case: Case) -> Iterator[Case | None]:
+    for i, change in _number_candidates(case):
+        def make(i=i, change=change):
+            reqs = list(case.requests)
+            reqs[i] = attrs.evolve(reqs[i], **change)
+            return _with_requests(case, reqs)
+
+        yield _valid(make)
+
+
 def shrink(case: Case, interesting: Callable[[Case], bool], *, max_evaluations: int = 400) -> Case:
     """The smallest case found that is still ``interesting`` (``case`` itself must be)."""
-    check = Budget(interesting, max_evaluations)
-    current = case
-    changed = True
-    while changed and check.left():
-        changed = False
-        for candidate in _removals(current):
-            if not check.left():
-                break
-            if not candidate.problems() and check(candidate):
-                current, changed = candidate, True
-                break
-        if changed:
-            continue
-        for candidate in _setting_candidates(current):
-            if not check.left():
-                break
-            valid = _valid(lambda: candidate)
-            if valid is not None and check(valid):
-                current, changed = valid, True
-                break
-        if changed:
-            continue
-        for i, change in _number_candidates(current):
-            if not check.left():
-                break
-
-            def make(i=i, change=change):
-                reqs = list(current.requests)
-                reqs[i] = attrs.evolve(reqs[i], **change)
-                return _with_requests(current, reqs)
-
-            valid = _valid(make)
-            if valid is not None and check(valid):
-                current, changed = valid, True
-                break
-    if check.left():
+    current, used = greedy_shrink(case, interesting, (_removals, _settings_pass, _numbers_pass),
+                                  max_evaluations=max_evaluations)
+    if used < max_evaluations:
         renumbered = _valid(lambda: _renumbered(current))
-        if renumbered is not None and renumbered != current and check(renumbered):
+        if renumbered is not None and renumbered != current and interesting(renumbered):
             current = renumbered
     return current

@@ -42,7 +42,8 @@ from .spec import RUN_TABLES, SearchConfig, StudySpec, point_spec
 from .sweep import expand_grid
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative",
-             "power", "clock", "frontend", "client", "models", "gpus", "sweep", "search", "plan", "runs", "reports")
+             "power", "clock", "frontend", "client", "models", "gpus", "sweep", "search", "plan", "runs", "reports",
+             "hunt")  # hunt: schedlab hunt
 RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "replicas")
 DEFAULT_REPORTS = ("table", "json", "plots")
 MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix

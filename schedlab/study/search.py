@@ -40,6 +40,8 @@ _COMPARE = {
     ">=": lambda a, b: a >= b,
     ">": lambda a, b: a > b,
 }
+#: operator -> its comparison, for other parsers of conditions (``schedlab hunt``'s properties)
+COMPARE = _COMPARE
 _CONSTRAINT = re.compile(
     r"\s*(?P<metric>[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*)\s*(?P<op><=|>=|<|>)\s*(?P<threshold>\S+)\s*"
 )

@@ -1,0 +1,42 @@
+"""``schedlab hunt FILE``: the command line of a hunt (see :mod:`schedlab.hunt`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("file", help="a hunt file: runs to compare and a [hunt] table")
+    p.add_argument("--out", help="folder for the results (default: results/<experiment name>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, e.g. hunt.budget=100 or runs.NAME.scheduler.max_num_seqs=8")
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="simulations at once (default: the machine's cores; with Ray, the cluster's CPUs)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="where simulations run: local processes, or a Ray cluster (pip install 'schedlab[ray]')")
+    p.add_argument("--address", help="with --backend ray: the cluster to join (e.g. auto)")
+
+
+def command(args) -> int:
+    from ..results.folder import StagedFolder
+    from .hunt import hunt_on, load_hunt, replay_value
+    from .report import summary_lines, write_outcome
+
+    hunt = load_hunt(args.file, args.set)
+    out = Path(args.out) if args.out else Path("results") / hunt.name
+    with StagedFolder(out) as stage:
+        print(f"schedlab: {hunt.name}: {hunt.goal.describe()}; {hunt.space.dimension} coordinates, "
+              f"{len(hunt.runs)} runs per workload", file=sys.stderr)
+        outcome = hunt_on(hunt, args.backend, args.jobs, args.address)
+        written = write_outcome(hunt, outcome, stage.path)
+        if outcome.shrunk is not None:  # the reproducer must show what the hunt saw
+            replayed = replay_value(stage.path / "counterexample.toml", hunt.goal,
+                                    plugin_objects=hunt.experiment.plugin_objects)
+            if not replayed == outcome.shrunk_score.value:
+                print(f"schedlab: warning: the counterexample replays to {replayed:.6g}, not "
+                      f"{outcome.shrunk_score.value:.6g}", file=sys.stderr)
+        stage.commit()
+    print("\n".join(summary_lines(hunt, outcome, str(out))))
+    print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,127 @@
+"""Evaluate candidate workloads: every run of the file on the same requests, then the goal.
+
+A candidate's runs become ordinary tasks (:class:`~schedlab.study.tasks.RunTask`) with an
+``inline`` workload holding its requests, so they run wherever the executor runs them --
+this process, ``--jobs`` worker processes or a Ray cluster -- and come back in the order
+they were submitted: a batch's scores never depend on the executor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from ..errors import SimulationError, WorkloadError
+from ..results.records import RunResult
+from ..study.overrides import set_dotted
+from ..study.simulation import RunSpec
+from ..study.tasks import ContextSpec, RunTask, TaskFailure
+from .config import Goal
+from .expression import namespace
+from .space import Candidate, workload_stats
+
+#: Fitness (lower is better for the optimiser) of a candidate breaking a constraint: above any
+#: feasible one's, growing with how far it is from the constraints, and below 5e20, where
+#: Nevergrad clips losses (so that the optimiser still tells two infeasible candidates apart).
+INFEASIBLE = 1e18
+
+
+@attrs.frozen
+class Score:
+    """What one candidate showed.
+
+    :ivar value: the goal's expression (NaN when a metric is missing or a run failed).
+    :ivar feasible: every constraint holds and the value is a number.
+    :ivar violation: how far the constraints are from holding (0 when feasible).
+    :ivar values: every name of the goal and constraints -> its number.
+    :ivar error: a run's error message (a stalled run, an impossible request), or None.
+    """
+
+    value: float
+    feasible: bool
+    violation: float
+    values: dict[str, float]
+    error: str | None = None
+
+    def fitness(self, direction: int) -> float:
+        """The number the optimiser minimises: ``-direction * value`` when feasible."""
+        if self.feasible:
+            return -direction * self.value
+        if math.isinf(self.violation):
+            return 3 * INFEASIBLE
+        return INFEASIBLE * (1.0 + self.violation / (1.0 + self.violation))
+
+
+def settings_for(run: str, settings: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The dotted keys and values of ``settings`` that apply to ``run``: ``table.key`` applies
+    to every run, ``runs.<run>.table.key`` to that one only."""
+    out = []
+    for key, value in settings.items():
+        if key.startswith("runs."):
+            prefix = f"runs.{run}."
+            if key.startswith(prefix):
+                out.append((key[len(prefix):], value))
+        else:
+            out.append((key, value))
+    return out
+
+
+def run_spec(study, candidate: Candidate) -> RunSpec:
+    """The run of ``study`` (a ``[[runs]]`` entry) on ``candidate``'s requests and settings."""
+    tables = study.base.tables
+    for key, value in settings_for(study.name, candidate.settings):
+        tables = set_dotted(tables, key, value)
+    tables = dict(tables, workload={"kind": "inline", "requests": [dict(r) for r in candidate.rows]})
+    return RunSpec(study.name, tables, study.base.seed, study.base.engine)
+
+
+class Evaluator:
+    """Runs candidates through every study of a hunt file and scores them against the goal."""
+
+    def __init__(self, studies, context: ContextSpec, goal: Goal, executor):
+        self.studies = list(studies)
+        self.runs = tuple(s.name for s in self.studies)
+        self.context = context
+        self.goal = goal
+        self.executor = executor
+        self.evaluations = 0
+
+    def evaluate(self, candidates: list[Candidate], *, timeline: bool = False,
+                 keep: bool = False) -> list[tuple[Score, dict[str, RunResult] | None]]:
+        """Score every candidate (all their runs in flight at once); with ``keep``, also their runs."""
+        futures = [[self.executor.submit(RunTask(run_spec(study, c), self.context, timeline)) for study in self.studies]
+                   for c in candidates]
+        out = []
+        for candidate, mine in zip(candidates, futures):
+            results = [f.result() for f in mine]
+            self.evaluations += 1
+            out.append((self.score(candidate, results), dict(zip(self.runs, results)) if keep else None))
+        return out
+
+    def score(self, candidate: Candidate, results: list) -> Score:
+        failed = [r for r in results if isinstance(r, TaskFailure)]
+        for failure in failed:
+            if not isinstance(failure.error, (SimulationError, WorkloadError)):
+                raise failure.error  # a bad table is the file's fault, not the workload's
+        metrics = {name: r.metrics for name, r in zip(self.runs, results) if isinstance(r, RunResult)}
+        lookup = namespace(metrics, workload_stats(candidate.rows), self.runs)
+        values = {name: _as_float(lookup(name)) for name in self.goal.names}
+
+        def value_of(expression):
+            return expression.value(lambda name: values[name])
+
+        value = value_of(self.goal.expression)
+        violation = sum(c.violation(value_of(c.expression)) for c in self.goal.constraints)
+        error = str(failed[0].error) if failed else None
+        if error is not None:
+            value, violation = math.nan, math.inf
+        feasible = violation == 0 and not math.isnan(value)
+        return Score(value, feasible, violation if not math.isnan(value) else math.inf, values, error)
+
+
+def _as_float(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)

@@ -1,0 +1,258 @@
+"""Objectives and properties of a hunt: a small expression language over run metrics.
+
+::
+
+    runs.mine.ttft_ms.p99 / runs.fcfs.ttft_ms.p99           # an objective (maximised)
+    runs.mine.ttft_ms.p99 / runs.fcfs.ttft_ms.p99 < 2.0     # a property (falsified)
+    max(runs.prio.per_class.batch.ttft_ms.max, 1) / 1000
+    runs.vllm.num_preemptions / workload.requests
+
+Grammar (no Python is evaluated; the text is parsed into a tree of numbers, names and the
+four operations)::
+
+    condition := expr OP NUMBER                  OP: <=, <, >=, > (as a [search] constraint)
+    expr      := term (("+" | "-") term)*
+    term      := unary (("*" | "/") unary)*
+    unary     := "-" unary | atom
+    atom      := NUMBER | NAME | FUNC "(" expr ("," expr)* ")" | "(" expr ")"
+    FUNC      := min | max | abs
+
+A NAME is ``runs.<run>.<metric>`` -- a run of the file and a dotted metric name, checked as
+reports and searches check them (:func:`schedlab.results.metric_names.check_metric_name`) --
+or ``workload.<statistic>`` of the candidate workload itself (:data:`WORKLOAD_STATS`). Names
+follow metric names, which may hold ``-``: write a subtraction with spaces (``a - b``).
+A metric a run lacks (``per_class`` of a workload with one class), a division by zero or a
+NaN makes the whole value NaN, which never counts as found.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Mapping
+
+import attrs
+
+from ..errors import ConfigError
+from ..results.metric_names import check_metric_name
+from ..study.search import COMPARE, OPERATORS
+
+#: ``workload.<name>``: statistics of a candidate workload (see :func:`schedlab.hunt.space.workload_stats`).
+WORKLOAD_STATS = ("requests", "duration_s", "rate_rps", "max_gap_s", "prompt_tokens.mean", "prompt_tokens.max",
+                  "prompt_tokens.total", "output_tokens.mean", "output_tokens.max", "output_tokens.total",
+                  "tokens_per_s")
+FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max, "abs": abs}
+
+_TOKEN = re.compile(r"""\s*(?:
+    (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)
+  | (?P<op><=|>=|<|>|[-+*/(),])
+)""", re.VERBOSE)
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if match is None or match.end() == pos:
+            raise ConfigError(f"expression {text!r}: cannot read {text[pos:].strip()[:20]!r} "
+                              f"(numbers, metric names, + - * /, min max abs, parentheses)")
+        kind = match.lastgroup
+        out.append((kind, match.group(kind)))
+        pos = match.end()
+    return out
+
+
+@attrs.frozen
+class Expression:
+    """A parsed expression: :meth:`value` evaluates it over a namespace of names -> numbers."""
+
+    text: str
+    tree: Any
+    names: tuple[str, ...]
+
+    def value(self, lookup: Callable[[str], Any]) -> float:
+        """The value with each name's number from ``lookup(name)`` (None or a non-number is NaN)."""
+        try:
+            result = _evaluate(self.tree, lookup)
+        except (OverflowError, ZeroDivisionError):
+            return math.nan
+        return float(result)
+
+
+def _number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+def _evaluate(node, lookup) -> float:
+    kind = node[0]
+    if kind == "num":
+        return node[1]
+    if kind == "name":
+        return _number(lookup(node[1]))
+    if kind == "neg":
+        return -_evaluate(node[1], lookup)
+    if kind == "call":
+        args = [_evaluate(arg, lookup) for arg in node[2]]
+        return math.nan if any(math.isnan(a) for a in args) else float(FUNCTIONS[node[1]](*args))
+    left, right = _evaluate(node[1], lookup), _evaluate(node[2], lookup)
+    if kind == "/":
+        return math.nan if right == 0 else left / right
+    return {"+": left + right, "-": left - right, "*": left * right}[kind]
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.tokens = _tokens(text)
+        self.pos = 0
+        self.names: list[str] = []
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> tuple[str, str]:
+        token = self.peek()
+        if token is None:
+            raise self.error("ends too early")
+        self.pos += 1
+        return token
+
+    def error(self, what: str) -> ConfigError:
+        return ConfigError(f"expression {self.text!r}: {what}")
+
+    def expect(self, op: str) -> None:
+        token = self.take()
+        if token != ("op", op):
+            raise self.error(f"expected {op!r}, got {token[1]!r}")
+
+    def expr(self):
+        node = self.term()
+        while self.peek() in (("op", "+"), ("op", "-")):
+            node = (self.take()[1], node, self.term())
+        return node
+
+    def term(self):
+        node = self.unary()
+        while self.peek() in (("op", "*"), ("op", "/")):
+            node = (self.take()[1], node, self.unary())
+        return node
+
+    def unary(self):
+        if self.peek() == ("op", "-"):
+            self.take()
+            return ("neg", self.unary())
+        return self.atom()
+
+    def atom(self):
+        kind, text = self.take()
+        if kind == "number":
+            return ("num", float(text))
+        if kind == "name":
+            if self.peek() == ("op", "("):
+                if text not in FUNCTIONS:
+                    raise self.error(f"unknown function {text!r}; functions: {', '.join(FUNCTIONS)}")
+                self.take()
+                args = [self.expr()]
+                while self.peek() == ("op", ","):
+                    self.take()
+                    args.append(self.expr())
+                self.expect(")")
+                if text == "abs" and len(args) != 1:
+                    raise self.error("abs takes one argument")
+                return ("call", text, tuple(args))
+            self.names.append(text)
+            return ("name", text)
+        if (kind, text) == ("op", "("):
+            node = self.expr()
+            self.expect(")")
+            return node
+        raise self.error(f"unexpected {text!r}")
+
+
+def parse_expression(text: str) -> Expression:
+    """Parse an objective such as ``runs.a.ttft_ms.p99 / runs.b.ttft_ms.p99`` (names not yet checked)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"an expression must be non-empty text, got {text!r}")
+    parser = _Parser(text)
+    tree = parser.expr()
+    if parser.peek() is not None:
+        raise parser.error(f"unexpected {parser.peek()[1]!r}")
+    return Expression(text.strip(), tree, tuple(dict.fromkeys(parser.names)))
+
+
+@attrs.frozen
+class Condition:
+    """``expression OP threshold``: a property a hunt falsifies, or a constraint that keeps it honest."""
+
+    expression: Expression
+    op: str = attrs.field(validator=attrs.validators.in_(OPERATORS))
+    threshold: float = attrs.field(converter=float)
+
+    @property
+    def text(self) -> str:
+        return f"{self.expression.text} {self.op} {self.threshold:g}"
+
+    def holds(self, value: float) -> bool:
+        """True when ``value`` (the expression's) satisfies the condition; NaN never does."""
+        return not math.isnan(value) and COMPARE[self.op](value, self.threshold)
+
+    def violation(self, value: float) -> float:
+        """How far ``value`` is from satisfying the condition (0 when it holds, inf for NaN)."""
+        if math.isnan(value):
+            return math.inf
+        return 0.0 if self.holds(value) else abs(value - self.threshold) + 1e-12
+
+
+def parse_condition(text: str) -> Condition:
+    """Parse ``EXPRESSION OP NUMBER`` (OP one of <=, <, >=, >)."""
+    if not isinstance(text, str):
+        raise ConfigError(f"a condition must be text such as 'runs.a.ttft_ms.p99 < 2000', got {text!r}")
+    tokens = _tokens(text)
+    at = [i for i, (kind, op) in enumerate(tokens) if kind == "op" and op in OPERATORS]
+    if len(at) != 1 or at[0] != len(tokens) - 2 or tokens[-1][0] != "number":
+        raise ConfigError(f"condition {text!r}: expected EXPRESSION OP NUMBER, e.g. "
+                          f"'runs.mine.ttft_ms.p99 / runs.fcfs.ttft_ms.p99 < 2' (operators: {', '.join(OPERATORS)})")
+    op = tokens[at[0]][1]
+    return Condition(parse_expression(text[:text.rindex(op)]), op, float(tokens[-1][1]))
+
+
+def check_names(expression: Expression, runs: tuple[str, ...], where: str) -> None:
+    """Raise ConfigError naming ``where`` unless every name is ``runs.<a run>.<metric>`` or
+    ``workload.<statistic>``."""
+    for name in expression.names:
+        try:
+            split_name(name, runs)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
+def split_name(name: str, runs: tuple[str, ...]) -> tuple[str, str]:
+    """``("runs", run, metric)`` as ``(run, metric)``, or ``("", statistic)`` for ``workload.*``."""
+    if name.startswith("workload."):
+        stat = name[len("workload."):]
+        if stat not in WORKLOAD_STATS:
+            raise ConfigError(f"unknown {name!r}; workload statistics: "
+                              f"{', '.join('workload.' + s for s in WORKLOAD_STATS)}")
+        return "", stat
+    if name.startswith("runs."):
+        for run in sorted(runs, key=len, reverse=True):  # run names may hold dots
+            if name.startswith(f"runs.{run}."):
+                return run, check_metric_name(name[len(f"runs.{run}."):])
+        raise ConfigError(f"{name!r}: no such run; runs: {', '.join(runs)} (write runs.<run>.<metric>)")
+    raise ConfigError(f"unknown name {name!r}: write runs.<run>.<metric> (runs: {', '.join(runs)}) or "
+                      f"workload.<statistic>")
+
+
+def namespace(metrics: Mapping[str, dict], stats: Mapping[str, float], runs: tuple[str, ...]) -> Callable[[str], Any]:
+    """A lookup of names over each run's metrics and the workload's statistics."""
+    from ..results.metrics import metric_at
+
+    def lookup(name: str):
+        run, rest = split_name(name, runs)
+        return stats.get(rest) if not run else metric_at(metrics.get(run, {}), rest)
+
+    return lookup

@@ -1,0 +1,170 @@
+"""A hunt from file to outcome: load it, search, compare with random sampling, shrink, replay.
+
+:func:`load_hunt` reads a hunt file (an experiment with ``[hunt]``) and checks everything
+before anything runs; :func:`run_hunt` does the work on an executor and returns a
+:class:`HuntOutcome` (:mod:`.report` writes its files); :func:`replay_value` runs a written
+reproducer with ``schedlab run``'s machinery and evaluates the goal on it again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+from ..configs import from_table
+from ..errors import ConfigError
+from ..progress import progress
+from ..study.experiment import Experiment, _read_toml, load, run_experiment
+from ..study.overrides import parse_assignment, set_dotted
+from ..study.runner import context_spec
+from ..study.simulation import assemble
+from .config import Goal, HuntConfig, make_goal
+from .evaluate import Evaluator, Score, run_spec
+from .expression import namespace
+from .optimize import Trial, best_trial, evolve, random_search
+from .shrink import shrink_candidate
+from .space import Candidate, Space, make_space, workload_stats
+
+#: the placeholder workload a hunt file is loaded with (each candidate brings its own)
+PLACEHOLDER = ('workload.kind="inline"', 'workload.requests=[{prompt_tokens = 1, output_tokens = 1}]')
+FORBIDDEN = ("workload", "sweep", "search", "plan")
+
+
+@attrs.define
+class Hunt:
+    """A loaded hunt file."""
+
+    experiment: Experiment
+    config: HuntConfig
+    goal: Goal
+    space: Space
+
+    @property
+    def name(self) -> str:
+        return self.experiment.name
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.experiment.studies)
+
+
+def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_objects: tuple = ()) -> Hunt:
+    """Read and check a hunt file; ``overrides`` as ``--set`` (``hunt.budget=50`` too)."""
+    path = Path(path)
+    source = str(path)
+    raw = _read_toml(path)
+    table = raw.get("hunt")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: no [hunt] table: a hunt file says what to look for in [hunt] "
+                          "(objective or property, [hunt.workload] bounds)")
+    for key in FORBIDDEN:
+        inside = [e.get("name", f"number {i + 1}") for i, e in enumerate(raw.get("runs", []))
+                  if isinstance(e, dict) and key in e]
+        if key in raw or inside:
+            where = f"[{key}]" if key in raw else f"[[runs]] {inside[0]!r}: {key}"
+            raise ConfigError(f"{source}: {where}: a hunt file has no {key}; "
+                              + ("its workloads come from [hunt.workload]" if key == "workload"
+                                 else "each [[runs]] entry is one policy every candidate runs through"))
+    rest = []
+    for text in overrides:
+        key, value = parse_assignment(text)
+        if key.startswith("hunt."):
+            table = set_dotted({"hunt": table}, key, value)["hunt"]
+        else:
+            rest.append(text)
+    experiment = load(path, list(rest) + list(PLACEHOLDER), plugin_objects=plugin_objects)
+    where = f"{source}: [hunt]"
+    config = from_table(HuntConfig, table, where=where)
+    runs = tuple(s.name for s in experiment.studies)
+    goal = make_goal(config, runs, where)
+    space = make_space(config.workload, config.settings, source)
+    for study in experiment.studies:
+        if study.replicas != 1:
+            raise ConfigError(f"{source}: [[runs]] {study.name!r}: replicas: a hunt compares one run per policy")
+        for end in (0, 1):  # both ends of every setting's range build
+            settings = {key: bounds[end] for key, bounds in space.settings.items()}
+            probe = Candidate(({"prompt_tokens": 1, "output_tokens": 1, "arrival_ms": 0.0},), settings)
+            assemble(run_spec(study, probe), experiment.context, f"{source}: [hunt.settings]", check_only=True)
+    return Hunt(experiment, config, goal, space)
+
+
+@attrs.define
+class HuntOutcome:
+    """Everything a hunt found: both searches' trials, the worst workload, its shrunk form,
+    and the runs of both (with timelines) for the pictures."""
+
+    goal: Goal
+    search: list[Trial]
+    random: list[Trial]
+    worst: Trial | None
+    shrunk: Candidate | None = None
+    shrunk_score: Score | None = None
+    shrink_evaluations: int = 0
+    worst_runs: dict | None = None
+    shrunk_runs: dict | None = None
+
+    @property
+    def random_best(self) -> Trial | None:
+        """The worst-for-the-policy random workload (None without a feasible one)."""
+        return best_trial(self.random, self.goal)
+
+
+def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
+    """Search (``budget`` workloads), sample (``random``), shrink the worst, replay both with timelines."""
+    cfg, goal, space = hunt.config, hunt.goal, hunt.space
+    evaluator = Evaluator(hunt.experiment.studies, context_spec(hunt.experiment), goal, executor)
+    seed = hunt.experiment.config.seed
+    with progress(cfg.budget, f"{hunt.name}: search") as bar:
+        search = evolve(space, evaluator, goal, budget=cfg.budget, seed=seed, width=cfg.batch,
+                        bar=bar, optimizer=cfg.optimizer, warm_start=cfg.warm_start, time_limit_s=cfg.time_limit_s,
+                        stop_on_counterexample=cfg.stop_on_counterexample)
+    samples = cfg.budget if cfg.random is None else cfg.random
+    with progress(samples, f"{hunt.name}: random") as bar:
+        sampled = random_search(space, evaluator, goal, budget=samples, seed=seed,
+                                width=cfg.batch, bar=bar) if samples else []
+    outcome = HuntOutcome(goal, search, sampled, best_trial(search, goal))
+    worst = outcome.worst
+    if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
+        return outcome
+    with progress(cfg.shrink_budget, f"{hunt.name}: shrink") as bar:
+        shrunk, used = shrink_candidate(worst.candidate, space, evaluator, goal, best=worst.score.value,
+                                        tolerance=cfg.tolerance, max_evaluations=cfg.shrink_budget, bar=bar)
+    (worst_score, worst_runs), (shrunk_score, shrunk_runs) = evaluator.evaluate([worst.candidate, shrunk],
+                                                                                timeline=True, keep=True)
+    outcome.shrunk, outcome.shrunk_score, outcome.shrink_evaluations = shrunk, shrunk_score, used
+    outcome.worst_runs, outcome.shrunk_runs = worst_runs, shrunk_runs
+    return outcome
+
+
+def hunt_on(hunt: Hunt, backend: str = "local", jobs: int | None = None, address: str | None = None) -> HuntOutcome:
+    """:func:`run_hunt` on the executor of ``--backend``, ``--jobs`` and ``--address``, closed after."""
+    from ..study.executor import make_executor
+
+    executor = make_executor(backend, jobs, address)
+    try:
+        return run_hunt(hunt, executor)
+    finally:
+        executor.close()
+
+
+def goal_value(goal: Goal, runs: dict, rows) -> float:
+    """The goal's expression on finished runs (name -> RunResult) of the workload ``rows``."""
+    lookup = namespace({name: r.metrics for name, r in runs.items()}, workload_stats(rows), tuple(runs))
+    return goal.expression.value(lookup)
+
+
+def rows_of(run) -> list[dict]:
+    """A finished run's requests as rows (for ``workload.*`` statistics of a replay)."""
+    req = run.requests
+    return [{"arrival_ms": float(a), "prompt_tokens": int(p), "output_tokens": int(o)}
+            for a, p, o in zip(req["arrival_ms"], req["prompt_tokens"], req["output_tokens"])]
+
+
+def replay_value(path: str | os.PathLike, goal: Goal, *, plugin_objects: tuple = ()) -> float:
+    """Run a reproducer file as ``schedlab run`` does and evaluate ``goal`` on its runs."""
+    exp = load(path, plugin_objects=plugin_objects)
+    results = run_experiment(exp)
+    runs = {study.name: study.runs[0] for study in results.studies}
+    return goal_value(goal, runs, rows_of(next(iter(runs.values()))))

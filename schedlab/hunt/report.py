@@ -1,0 +1,114 @@
+"""A hunt's outcome as files and lines: the summary, the reproducers, the pictures."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import Goal
+from .evaluate import Score
+from .expression import split_name
+from .hunt import Hunt, HuntOutcome
+from .output import replay_document, requests_jsonl, summary_json, toml_document, write_text
+from .plots import counterexample_figure, search_figure, timeline_png
+
+
+def _columns(goal: Goal, runs: tuple[str, ...]) -> list[str]:
+    columns = ["finished"]
+    for name in goal.names:
+        run, metric = split_name(name, runs)
+        if run and metric not in columns:
+            columns.append(metric)
+    return columns
+
+
+def _value(score: Score | None) -> float | None:
+    return None if score is None or math.isnan(score.value) else score.value
+
+
+def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
+    goal = outcome.goal
+    worst, random_best = outcome.worst, outcome.random_best
+    return {
+        "goal": goal.describe(),
+        "objective": goal.expression.text,
+        "property": goal.property.text if goal.property else None,
+        "constraints": [c.text for c in goal.constraints],
+        "seed": hunt.experiment.config.seed,
+        "search": {"evaluations": len(outcome.search), "worst": _value(worst.score if worst else None),
+                   "feasible": sum(t.score.feasible for t in outcome.search),
+                   "errors": sum(t.score.error is not None for t in outcome.search),
+                   "values": [t.score.value if t.score.feasible else None for t in outcome.search]},
+        "random": {"evaluations": len(outcome.random),
+                   "worst": _value(random_best.score if random_best else None),
+                   "feasible": sum(t.score.feasible for t in outcome.random),
+                   "values": [t.score.value if t.score.feasible else None for t in outcome.random]},
+        "found": bool(worst and goal.property is not None and goal.found(worst.score.value)),
+        "worst": None if worst is None else {"requests": len(worst.candidate.rows),
+                                             "settings": worst.candidate.settings, "values": worst.score.values},
+        "shrunk": None if outcome.shrunk is None else {
+            "requests": len(outcome.shrunk.rows), "value": _value(outcome.shrunk_score),
+            "settings": outcome.shrunk.settings, "values": outcome.shrunk_score.values,
+            "evaluations": outcome.shrink_evaluations},
+    }
+
+
+def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
+    """The files of a hunt (see the README): requests and reproducers, summary, pictures."""
+    goal = outcome.goal
+    written = []
+    info = summary(hunt, outcome)
+    written.append(write_text(folder, "hunt.json", summary_json(info)))
+
+    def values(which: str) -> np.ndarray:
+        return np.array([np.nan if v is None else v for v in info[which]["values"]], dtype=float)
+
+    curves = {f"search ({hunt.config.optimizer})": values("search")}
+    if outcome.random:
+        curves["random sampling"] = values("random")
+    written.append(write_text(folder, "search.png", search_figure(curves, goal)))
+    if outcome.shrunk is not None:
+        for label, candidate, score in (("worst", outcome.worst.candidate, outcome.worst.score),
+                                        ("counterexample", outcome.shrunk, outcome.shrunk_score)):
+            written.append(write_text(folder, f"{label}.jsonl", requests_jsonl(candidate)))
+            header = (f"{label} of `schedlab hunt {hunt.experiment.path}` (seed {info['seed']}): {goal.describe()}\n"
+                      f"value {score.value:.6g} with {len(candidate.rows)} requests; replay it with\n"
+                      f"  schedlab run {label}.toml")
+            doc = replay_document(hunt.experiment, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
+                                  columns=_columns(goal, hunt.runs))
+            written.append(write_text(folder, f"{label}.toml", toml_document(doc, header)))
+        subtitle = f"{goal.expression.text} = {outcome.shrunk_score.value:.4g} ({len(outcome.shrunk.rows)} requests)"
+        written.append(write_text(folder, "counterexample.png", counterexample_figure(outcome.shrunk_runs, subtitle)))
+        for name, run in outcome.shrunk_runs.items():
+            png = timeline_png(run)
+            if png is not None:
+                written.append(write_text(folder, f"timeline_{name}.png", png))
+    written.append(write_text(folder, "summary.txt", "\n".join(summary_lines(hunt, outcome)) + "\n"))
+    return written
+
+
+def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> list[str]:
+    goal = outcome.goal
+    lines = [f"hunt {hunt.name}: {goal.describe()}"]
+    if goal.constraints:
+        lines.append("constraints: " + "; ".join(c.text for c in goal.constraints))
+    worst, random_best = outcome.worst, outcome.random_best
+
+    def shown(trial):
+        return "none feasible" if trial is None else f"{trial.score.value:.4g} ({len(trial.candidate.rows)} requests)"
+
+    lines.append(f"search: {len(outcome.search)} workloads, worst {shown(worst)}")
+    if outcome.random:
+        lines.append(f"random sampling: {len(outcome.random)} workloads, worst {shown(random_best)}")
+    if goal.property is not None:
+        lines.append("property falsified" if worst is not None and goal.found(worst.score.value)
+                     else "property held on every workload evaluated")
+    if outcome.shrunk is not None:
+        lines.append(f"shrunk: {len(outcome.shrunk.rows)} requests, value {outcome.shrunk_score.value:.4g} "
+                     f"({outcome.shrink_evaluations} evaluations)")
+        if out is not None:
+            lines.append(f"replay: schedlab run {Path(out) / 'counterexample.toml'}")
+    return lines

@@ -1,0 +1,139 @@
+"""Shrink the worst workload a hunt found to a small reproducer (delta debugging).
+
+Passes, tried in order with :func:`schedlab.shrinking.greedy_shrink` (after every success it
+starts again from the first):
+
+1. drop requests -- halves, quarters, ... single requests -- down to the space's fewest;
+2. merge two requests that arrive one after the other into one (their lengths added up);
+3. drop a request's shared prefix, move it to the first class;
+4. round arrival times -- all of them, then one by one -- to whole seconds, tenths,
+   hundredths, milliseconds, and start the first at 0;
+5. lower each prompt, output and arrival towards the least its class allows.
+
+A candidate is kept when every constraint still holds and the property still fails (or the
+objective stays within ``tolerance`` of the best found). Lengths stay within the space's
+ranges, so the reproducer is a workload of the same bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+from ..shrinking import greedy_shrink, lower_values, removals
+from .config import Goal
+from .evaluate import Evaluator, Score
+from .space import Candidate, Space
+
+ROUNDINGS_MS = (1000.0, 100.0, 10.0, 1.0)
+
+
+def keeps(goal: Goal, best: float, tolerance: float) -> callable:
+    """Score -> True when a shrunk candidate still shows what the best one showed."""
+    def check(score: Score) -> bool:
+        if not score.feasible:
+            return False
+        if goal.property is not None:
+            return goal.found(score.value)
+        return goal.direction * score.value >= goal.direction * best - tolerance * abs(best)
+    return check
+
+
+class WorkloadShrinker:
+    """The passes over a :class:`~.space.Candidate` (see the module docstring)."""
+
+    def __init__(self, space: Space):
+        self.space = space
+
+    def _with(self, candidate: Candidate, rows) -> Candidate:
+        return Candidate(tuple(rows), candidate.settings)
+
+    def _replace(self, candidate: Candidate, i: int, **fields) -> Candidate:
+        rows = list(candidate.rows)
+        rows[i] = {**rows[i], **fields}
+        return self._with(candidate, rows)
+
+    def fewer_requests(self, candidate: Candidate) -> Iterator[Candidate]:
+        fewest = self.space.workload.requests[0]
+        for rest in removals(candidate.rows):
+            if len(rest) >= fewest:
+                yield self._with(candidate, rest)
+
+    def merged_requests(self, candidate: Candidate) -> Iterator[Candidate]:
+        """Two neighbours (in arrival order) as one request: the first's arrival and class, their
+        prompts and outputs added up within the class's ranges -- the load of two in one."""
+        if len(candidate.rows) <= self.space.workload.requests[0]:
+            return
+        order = sorted(range(len(candidate.rows)), key=lambda i: candidate.rows[i]["arrival_ms"])
+        for a, b in zip(order, order[1:]):
+            first, second = candidate.rows[a], candidate.rows[b]
+            klass = self.space.class_of(first)
+            extra = first.get("prefix_tokens", 0)
+            own = first["prompt_tokens"] - extra + second["prompt_tokens"] - second.get("prefix_tokens", 0)
+            merged = {**first, "prompt_tokens": _clip(own, klass.prompt) + extra,
+                      "output_tokens": _clip(first["output_tokens"] + second["output_tokens"], klass.output)}
+            yield self._with(candidate, [merged if i == a else row for i, row in enumerate(candidate.rows) if i != b])
+
+    def simpler_requests(self, candidate: Candidate) -> Iterator[Candidate]:
+        first = self.space.classes[0]
+        for i, row in enumerate(candidate.rows):
+            if row.get("prefix_group") is not None:
+                own = max(row["prompt_tokens"] - row["prefix_tokens"], self.space.class_of(row).prompt[0])
+                yield self._replace(candidate, i, prefix_group=None, prefix_tokens=0, prompt_tokens=own)
+            if self.space.workload.classes and row["request_class"] != first.name:
+                extra = row.get("prefix_tokens", 0)
+                fields = {"request_class": first.name, "client": first.client,
+                          "prompt_tokens": _clip(row["prompt_tokens"] - extra, first.prompt) + extra,
+                          "output_tokens": _clip(row["output_tokens"], first.output)}
+                if "priority" in row:
+                    fields["priority"] = first.priority
+                yield self._replace(candidate, i, **fields)
+
+    def rounder_arrivals(self, candidate: Candidate) -> Iterator[Candidate]:
+        start = min(r["arrival_ms"] for r in candidate.rows)
+        if start > 0:
+            yield self._with(candidate, [{**r, "arrival_ms": r["arrival_ms"] - start} for r in candidate.rows])
+        for step in ROUNDINGS_MS:
+            rounded = [{**r, "arrival_ms": math.floor(r["arrival_ms"] / step) * step} for r in candidate.rows]
+            if rounded != list(candidate.rows):
+                yield self._with(candidate, rounded)
+        for i, row in enumerate(candidate.rows):
+            for step in ROUNDINGS_MS:
+                value = math.floor(row["arrival_ms"] / step) * step
+                if value != row["arrival_ms"]:
+                    yield self._replace(candidate, i, arrival_ms=value)
+
+    def smaller_numbers(self, candidate: Candidate) -> Iterator[Candidate]:
+        for i, row in enumerate(candidate.rows):
+            klass = self.space.class_of(row)
+            extra = row.get("prefix_tokens", 0)
+            for value in lower_values(row["prompt_tokens"], klass.prompt[0] + extra):
+                yield self._replace(candidate, i, prompt_tokens=value)
+            for value in lower_values(row["output_tokens"], klass.output[0]):
+                yield self._replace(candidate, i, output_tokens=value)
+            if float(row["arrival_ms"]).is_integer():
+                for value in lower_values(int(row["arrival_ms"]), 0):
+                    yield self._replace(candidate, i, arrival_ms=float(value))
+
+    def passes(self):
+        return (self.fewer_requests, self.merged_requests, self.simpler_requests, self.rounder_arrivals,
+                self.smaller_numbers)
+
+
+def shrink_candidate(candidate: Candidate, space: Space, evaluator: Evaluator, goal: Goal, *, best: float,
+                     tolerance: float, max_evaluations: int, bar) -> tuple[Candidate, int]:
+    """The smallest candidate found that still shows the failure, and the evaluations spent."""
+    check = keeps(goal, best, tolerance)
+
+    def many(batch: list[Candidate]) -> list[bool]:
+        verdicts = [check(score) for score, _ in evaluator.evaluate(batch)]
+        bar.update(len(batch))
+        return verdicts
+
+    shrinker = WorkloadShrinker(space)
+    return greedy_shrink(candidate, lambda c: many([c])[0], shrinker.passes(), max_evaluations=max_evaluations,
+                         width=evaluator.executor.workers, interesting_many=many)
+
+
+def _clip(value: int, bounds: tuple) -> int:
+    return int(min(max(value, bounds[0]), bounds[1]))
