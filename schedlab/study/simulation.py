@@ -75,6 +75,7 @@ class ClusterConfig:
                                                               "--pipeline-parallel-size), one batch in flight per stage")
 
     def __attrs_post_init__(self):
+        self.parallelism  # noqa: B018 -- checks the layout's settings together
         if self.mode == "colocated":
             for name in ("prefill", "decode", "link"):
                 if getattr(self, name) is not None:
