@@ -22,11 +22,13 @@ from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
 from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
+from ..engine.pipeline import PipelinedInstance
 from ..engine.rank_cost import RankCost
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.reference_lockstep import ReferenceDataParallel
+from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..parallelism import SINGLE, Parallelism
@@ -373,7 +375,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     started = time.perf_counter()
     try:
         requests = a.workload.requests(spec.seed)
-        wrap = RankCost if a.lockstep else (lambda c: c)  # lockstep ranks are timed by their cluster
+        # lockstep ranks and pipelined instances are timed by their cluster, not alone
+        wrap = RankCost if a.lockstep or a.parallelism.pipelined else (lambda c: c)
         if spec.engine == "reference":
             engines = [ReferenceEngine(s, wrap(c), k, recorder, index=i, speculation=speculation)
                        for i, (s, c, k) in enumerate(a.instances)]
@@ -381,7 +384,15 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             engines = [Instance(i, s, wrap(c), k, recorder, observer=observer, speculation=speculation)
                        for i, (s, c, k) in enumerate(a.instances)]
         lockstep = None
-        if a.lockstep:
+        if a.parallelism.pipelined:
+            stages = a.parallelism.pipeline_parallel
+            if spec.engine == "reference":
+                ReferencePipelineCluster([ReferencePipeline(e, stages) for e in engines], a.router).run(
+                    requests, workload=a.workload)
+            else:
+                simulate(requests, [PipelinedInstance(e, stages) for e in engines], router=a.router,
+                         workload=a.workload)
+        elif a.lockstep:
             if spec.engine == "reference":
                 lockstep = ReferenceDataParallel(engines, a.router)
                 lockstep.run(requests, workload=a.workload)

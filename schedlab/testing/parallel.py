@@ -91,3 +91,32 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
     result.meta["kvs"] = [e.kv for e in engines]
     return result
+
+
+def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
+                  engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+    """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
+
+    ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
+    ``pipeline_ms`` (e.g. :class:`LinearParallelCost` with ``stages``). ``meta["kvs"]`` holds
+    every instance's KV cache.
+    """
+    from ..engine.driver import simulate
+    from ..engine.instance import Instance
+    from ..engine.pipeline import PipelinedInstance
+    from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
+
+    rec = Recorder()
+    parts = [make() for _ in range(instances)]
+    if engine == "reference":
+        engines = [ReferencePipeline(ReferenceEngine(s, RankCost(c), k, rec, index=i), stages)
+                   for i, (s, c, k) in enumerate(parts)]
+        ReferencePipelineCluster(engines, router).run(list(requests), workload=workload)
+    else:
+        engines = [PipelinedInstance(Instance(i, s, RankCost(c), k, rec), stages) for i, (s, c, k) in enumerate(parts)]
+        simulate(list(requests), engines, router=router, workload=workload)
+    meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": instances,
+            "events": sum(e.events for e in engines)}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
+    result.meta["kvs"] = [e.kv for e in engines]
+    return result
