@@ -15,7 +15,7 @@ at this load -- answered by searching instead of enumerating::
 Each *candidate* (a GPU, a tensor-parallel degree and a point of the space) sets the GPU and
 the degree in the run's cost model and KV cache (``gpu_keys``, ``tensor_parallel_keys``). A
 deployment is a candidate with a number of instances; it costs instances x tensor parallel x
-the GPU's price per hour. Adding instances never hurts an SLO, so for each candidate a 1-D
+pipeline stages (``[cluster] pipeline_parallel``) x the GPU's price per hour. Adding instances never hurts an SLO, so for each candidate a 1-D
 search (:mod:`schedlab.study.search`) finds the fewest instances that meet the constraints, in
 log(max_instances) runs instead of max_instances. Candidates that cannot hold the model
 (``ConfigError`` when assembling) are skipped with the reason.
@@ -108,7 +108,7 @@ class Candidate:
     point: dict
     gpu: str
     tensor_parallel: int
-    unit_cost: float       # price per hour of one instance
+    unit_cost: float       # price per hour of one instance (its tensor-parallel x pipeline GPUs)
     tables: dict
 
 
@@ -127,8 +127,9 @@ def candidates(study, where: str) -> list[Candidate]:
                     tables = set_dotted(tables, key, tp)
                 for key, value in point.items():
                     tables = set_dotted(tables, key, value)
+                stages = (tables.get("cluster") or {}).get("pipeline_parallel", 1)  # GPUs per instance: tp x stages
                 out.append(Candidate(len(out), {"gpu": gpu, "tensor_parallel": tp, **point}, gpu, tp,
-                                     float(price) * tp, tables))
+                                     float(price) * tp * (stages if isinstance(stages, int) else 1), tables))
     return out
 
 
