@@ -193,7 +193,8 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
 def test_closed_loops_over_lockstep_ranks_agree_and_conserve(clients, num_requests, ranks, seed):
     from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
 
-    config = ClosedLoopConfig(clients=clients, num_requests=num_requests, prompt={"dist": "uniform", "low": 1, "high": 60},
+    config = ClosedLoopConfig(clients=clients, num_requests=num_requests,
+                              prompt={"dist": "uniform", "low": 1, "high": 60},
                               output={"dist": "uniform", "low": 1, "high": 25}, think_ms=2.0)
     runs = []
     for engine in ENGINES:

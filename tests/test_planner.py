@@ -178,7 +178,8 @@ def test_a_pipelined_candidate_pays_for_every_stage(tmp_path):
     is 4 x the GPU's."""
     from schedlab.study.planner import candidates
 
-    text = PLAN.replace('router = {kind = "least_outstanding"}', 'router = {kind = "least_outstanding"}\npipeline_parallel = 2')
+    router = 'router = {kind = "least_outstanding"}'
+    text = PLAN.replace(router, router + "\npipeline_parallel = 2")
     (tmp_path / "p.toml").write_text(text)
     study = load(tmp_path / "p.toml").studies[0]
     prices = {(c.gpu, c.tensor_parallel): c.unit_cost for c in candidates(study, "p.toml")}

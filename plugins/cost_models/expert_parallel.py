@@ -101,7 +101,8 @@ class ExpertLayers:
         if ms is None:
             c = self.collectives
             padded = self.ranks * largest
-            per_layer = c.all_gather_ms(padded * self._dispatch_bytes) + c.reduce_scatter_ms(padded * self._combine_bytes)
+            per_layer = (c.all_gather_ms(padded * self._dispatch_bytes)
+                         + c.reduce_scatter_ms(padded * self._combine_bytes))
             ms = self.layers * per_layer + self._compute(*self.busiest_gpu(total))
             if len(self._memo) < 1 << 16:
                 self._memo[key] = ms

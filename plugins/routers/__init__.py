@@ -14,7 +14,8 @@ from .data_parallel import DataParallelRouter, DataParallelRouterConfig
 
 __all__ = [
     "ClassRouter", "ClassRoutingConfig", "DataParallelRouter", "DataParallelRouterConfig", "LeastKVRouter",
-    "LeastOutstandingRouter", "PrefixAffinityConfig", "PrefixAffinityRouter", "RoundRobinRouter", "kv_usage", "least_outstanding", "prefix_key",
+    "LeastOutstandingRouter", "PrefixAffinityConfig", "PrefixAffinityRouter", "RoundRobinRouter", "kv_usage",
+    "least_outstanding", "prefix_key",
 ]
 
 

@@ -73,8 +73,9 @@ class ClusterConfig:
     expert_balancedness: float = float_field(
         1.0, min=0.0, max=1.0, min_exclusive=True,
         help="mean over max of the tokens the experts' GPUs receive (vLLM EPLB's balancedness; 1 = even)")
-    pipeline_parallel: int = int_field(1, min=1, max=64, help="pipeline stages of each instance (vLLM "
-                                                              "--pipeline-parallel-size), one batch in flight per stage")
+    pipeline_parallel: int = int_field(1, min=1, max=64,
+                                       help="pipeline stages of each instance (vLLM --pipeline-parallel-size), one "
+                                            "batch in flight per stage")
 
     def __attrs_post_init__(self):
         self.parallelism  # noqa: B018 -- checks the layout's settings together
