@@ -154,8 +154,11 @@ def test_a_burst_is_spread_over_the_ranks_before_the_next_snapshot(engine):
 @st.composite
 def schedulers(draw):
     max_seqs = draw(st.integers(1, 5))
-    return ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 96)),
-                            chunked_prefill=draw(st.booleans()), allocation=draw(st.sampled_from(["reserve", "grow"])),
+    allocation = draw(st.sampled_from(["reserve", "grow"]))
+    preemption = draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute"
+    return ContinuousConfig(max_num_seqs=max_seqs, allocation=allocation, preemption=preemption,
+                            max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 96)),
+                            chunked_prefill=draw(st.booleans()),
                             running_order=draw(st.sampled_from(["admission", "decodes_first"])),
                             policy=draw(st.sampled_from(["fcfs", "priority"])))
 
@@ -178,7 +181,8 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
     blocks = need + spare
 
     def make():
-        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, block_size)
+        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, block_size, swap_blocks=16, bytes_per_block=2 ** 20,
+                                                         host_link_gbps=2 ** 10 / 1e3)
         return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), kv
 
     runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine) for engine in ENGINES]

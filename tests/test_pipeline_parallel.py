@@ -101,8 +101,11 @@ def test_an_arrival_waits_for_the_next_landing(engine):
 @st.composite
 def schedulers(draw):
     max_seqs = draw(st.integers(1, 5))
-    return ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 64)),
-                            chunked_prefill=draw(st.booleans()), allocation=draw(st.sampled_from(["reserve", "grow"])),
+    allocation = draw(st.sampled_from(["reserve", "grow"]))
+    preemption = draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute"
+    return ContinuousConfig(max_num_seqs=max_seqs, allocation=allocation, preemption=preemption,
+                            max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 64)),
+                            chunked_prefill=draw(st.booleans()),
                             running_order=draw(st.sampled_from(["admission", "decodes_first"])),
                             policy=draw(st.sampled_from(["fcfs", "priority"])))
 
@@ -121,7 +124,8 @@ def test_pipelined_instances_agree_between_engines_and_keep_the_rules(requests, 
     blocks = need + spare
 
     def make():
-        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, block_size)
+        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, block_size, swap_blocks=16, bytes_per_block=2 ** 20,
+                                                         host_link_gbps=2 ** 10 / 1e3)
         return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost), stages=stages, moe=False), kv
 
     runs = [run_pipelined(requests, make, stages, instances, ROUTERS[router]() if instances > 1 else None,
@@ -263,3 +267,34 @@ def test_a_cost_model_without_stages_is_refused_by_name(tmp_path):
                     "cost_model = {kind = 'linear'}\n")
     with pytest.raises(ConfigError, match=r"\[cost_model\]: LinearCostModel does not time pipeline stages"):
         run_experiment(load(path))
+
+
+class Spy:
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen: list = []
+
+    def route(self, request, instances):
+        self.seen.append((request.id, [v.outstanding for v in instances]))
+        return self.inner.route(request, instances)
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=2, max_size=14, max_prompt=48, max_output=12), st.integers(2, 3), st.integers(1, 3),
+       dyadic_linear_costs())
+def test_the_router_sees_each_pipelined_instance_as_it_is_at_the_arrival(requests, stages, max_num_seqs, cost):
+    """The outstanding count a router reads is the number of requests routed to that instance
+    earlier that finish after the arrival: a batch in the pipeline still holds its requests."""
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32)),
+                LinearParallelCost(LinearCostModel(cost), stages=stages, moe=False), PagedKVCache(64, 4))
+
+    for engine in ENGINES:
+        spy = Spy(LeastOutstandingRouter())
+        result = run_pipelined(requests, make, stages, 2, spy, engine=engine)
+        place, finish = by_id(result, "instance"), by_id(result, "finish_ms")
+        routed: list[int] = []
+        for rid, seen in spy.seen:
+            t = requests[rid].arrival_ms
+            assert seen == [sum(1 for j in routed if place[j] == i and finish[j] > t) for i in range(2)], (engine, rid)
+            routed.append(rid)
