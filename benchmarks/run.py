@@ -1,6 +1,6 @@
 """schedlab's speed benchmarks (issue: cost proportional to events, not tokens).
 
-    python benchmarks/run.py            # all six, prints a Markdown table
+    python benchmarks/run.py            # all seven, prints a Markdown table
     python benchmarks/run.py azure scaling tokens reference
     python benchmarks/run.py --quick    # 10k/100k instead of up to 1M requests
 
@@ -18,6 +18,9 @@
                  drafts from a 1B draft model, acceptance 0.7): fast engine with and without
                  speculation, and the reference engine with it. Speculative steps draw each
                  sequence's tokens, so the fast engine runs them one at a time: this is the price.
+7. parallel   -- Qwen3-30B-A3B as data-parallel ranks with expert parallelism (bulk decode runs
+                 only while one rank stays the slowest) and as a 2-stage pipeline (batch by
+                 batch), in the fast and the reference engine (moe_layouts.toml).
 
 The Azure trace is looked for in ``--traces DIR``, else ``$SCHEDLAB_TRACES``, else
 ``../shared/traces`` next to the repository (a git worktree elsewhere needs one of the first
@@ -123,6 +126,28 @@ def child(toml: str, overrides: list[str]) -> dict:
             cpu.append(time.process_time() - started)
 
     schedlab.study.simulation.ReferenceCluster.run = timed_reference
+
+    # Benchmark 7's data-parallel runs go through their own loops: timed alike.
+    lockstep = schedlab.study.simulation.simulate_data_parallel
+
+    def timed_lockstep(*args, **kwargs):
+        started = time.process_time()
+        try:
+            return lockstep(*args, **kwargs)
+        finally:
+            cpu.append(time.process_time() - started)
+
+    schedlab.study.simulation.simulate_data_parallel = timed_lockstep
+    reference_lockstep = schedlab.study.simulation.ReferenceDataParallel.run
+
+    def timed_reference_lockstep(self, *args, **kwargs):
+        started = time.process_time()
+        try:
+            return reference_lockstep(self, *args, **kwargs)
+        finally:
+            cpu.append(time.process_time() - started)
+
+    schedlab.study.simulation.ReferenceDataParallel.run = timed_reference_lockstep
     exp = load(HERE / toml, overrides)
     run = run_experiment(exp).all_runs()[0]
     return {
@@ -255,10 +280,23 @@ def bench_speculative(rows: list, azure: tuple[list[str], str]) -> None:
                  f"{spec['wall_ms'] * 1e3 / max(spec['generated_tokens'], 1):.1f} us per generated token; {source}"))
 
 
+LAYOUTS = {"DP 2 + EP": ["cluster.data_parallel=2", "cluster.expert_parallel=true"],
+           "PP 2": ["cluster.pipeline_parallel=2"]}
+
+
+def bench_parallel(rows: list) -> None:
+    for name, layout in LAYOUTS.items():
+        fast = min((measure("moe_layouts.toml", layout) for _ in range(3)), key=lambda r: r["wall_ms"])
+        ref = measure("moe_layouts.toml", layout + ["experiment.engine=reference"])
+        rows.append((f"7. {name} (Qwen3-30B-A3B, 300 requests)", f"{fast['wall_ms'] / 1e3:.2f} s",
+                     f"CPU {fast['cpu_ms'] / 1e3:.2f} s; {fast['iterations']:,} iterations in {fast['events']:,} "
+                     f"events; reference engine {ref['wall_ms'] / 1e3:.2f} s ({ref['events']:,} events)"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("which", nargs="*",
-                        default=["azure", "scaling", "tokens", "reference", "profiled", "speculative"])
+                        default=["azure", "scaling", "tokens", "reference", "profiled", "speculative", "parallel"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
     parser.add_argument("--traces", metavar="DIR", help="folder holding the Azure trace (default: "
                         "$SCHEDLAB_TRACES, else ../shared/traces next to the repository)")
@@ -282,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_profiled(rows, azure)
     if "speculative" in args.which:
         bench_speculative(rows, azure)
+    if "parallel" in args.which:
+        bench_parallel(rows)
     print("| benchmark | result | details |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

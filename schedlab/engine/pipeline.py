@@ -66,6 +66,10 @@ class PipelinedInstance:
         self.last_landing = -INF
         inst.running_view = VisibleRunning(inst.running)
         self._pipeline_ms = inst.cost.inner.pipeline_ms
+        # Every batch is timed at its launch, from its own decoders (below): the instance's
+        # lazily pruned heaps of context anchors would only fill up as decoders leave and come back.
+        self._needs_range = inst.track_range
+        inst.track_range = False
 
     # -- what the driver and the routers read (an Instance's interface) ---------------------------
     @property
@@ -177,20 +181,24 @@ class PipelinedInstance:
         inst = self.inst
         serial = plan.serial
         batch = rank_batch(inst, plan)
+        decoding = [s for s in inst.running if s.status == DECODING and (plan.decodes_all or s.plan_mark == serial)]
+        if self._needs_range and decoding:
+            contexts = [s.num_computed_tokens + 1 for s in decoding]
+            batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
         stage_ms, send_ms = self._pipeline_ms(batch) if batch.num_batched_tokens else ((0.0,) * self.stages, 0.0)
-        if plan.transfer_ms:
+        if plan.transfer_ms:  # swaps before the first stage; the batch's time then includes them
             stage_ms = (stage_ms[0] + plan.transfer_ms, *stage_ms[1:])
+            plan.transfer_ms = 0.0
         completion = self.clock.launch(inst.now, stage_ms, send_ms)
-        decoders, prefills = [], []
-        for seq in list(inst.running):
-            if seq.status == DECODING and (plan.decodes_all or seq.plan_mark == serial):
-                inst._remove_decoder(seq, IN_FLIGHT)
-                decoders.append(seq)
-            elif seq.status == PREFILLING and seq.plan_mark == serial:
-                del inst.prefilling[seq]
-                seq.status = IN_FLIGHT
-                prefills.append(seq)
-        self.flights.append(Flight(plan, decoders, prefills, inst.now, completion, batch.num_batched_tokens))
+        for seq in plan.swapped_in:  # joined the decode set in this plan: its ITL group is its own last token
+            inst.off_cycle.setdefault(seq, seq.last_token_ms)
+        for seq in decoding:
+            inst._remove_decoder(seq, IN_FLIGHT)
+        prefills = [seq for seq, _ in plan.prefills]
+        for seq in prefills:
+            del inst.prefilling[seq]
+            seq.status = IN_FLIGHT
+        self.flights.append(Flight(plan, decoding, prefills, inst.now, completion, batch.num_batched_tokens))
 
     def _land(self) -> None:
         """The oldest batch's output is back: its sequences return and its plan executes."""
@@ -210,7 +218,7 @@ class PipelinedInstance:
             inst._hold_blocks(start)
         inst.now = start
         cost = inst.cost
-        cost.step_ms = (flight.completion - start) - flight.plan.transfer_ms
+        cost.step_ms = flight.completion - start
         cost.tokens = flight.tokens
         cost.run = None
         inst.events += 1

@@ -113,7 +113,8 @@ class ReferencePipeline:
         tokens = batch.num_batched_tokens
         stage_ms, send_ms = e.cost.inner.pipeline_ms(batch) if tokens else ([0.0] * self.stages, 0.0)
         stage_ms = list(stage_ms)
-        stage_ms[0] += plan.transfer_ms
+        stage_ms[0] += plan.transfer_ms  # swaps before the first stage; the batch's time then includes them
+        plan.transfer_ms = 0.0
         completion = self.clock.launch(e.now, stage_ms, send_ms)
         members = set(plan.decoders()) | {s for s, _ in plan.prefills}
         flown = [(s, s.status) for s in e.running if s in members]
@@ -135,7 +136,7 @@ class ReferencePipeline:
         if e.now < start:
             e.wake(start)
         e.now = start
-        e.cost.step_ms = (completion - start) - plan.transfer_ms
+        e.cost.step_ms = completion - start
         e.cost.tokens = tokens
         e.cost.run = None
         e.events += 1
