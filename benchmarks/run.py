@@ -290,7 +290,8 @@ def bench_parallel(rows: list) -> None:
         ref = measure("moe_layouts.toml", layout + ["experiment.engine=reference"])
         rows.append((f"7. {name} (Qwen3-30B-A3B, 300 requests)", f"{fast['wall_ms'] / 1e3:.2f} s",
                      f"CPU {fast['cpu_ms'] / 1e3:.2f} s; {fast['iterations']:,} iterations in {fast['events']:,} "
-                     f"events; reference engine {ref['wall_ms'] / 1e3:.2f} s ({ref['events']:,} events)"))
+                     f"events; reference engine {ref['wall_ms'] / 1e3:.2f} s, CPU {ref['cpu_ms'] / 1e3:.2f} s "
+                     f"({ref['events']:,} events)"))
 
 
 def main(argv: list[str] | None = None) -> int:
