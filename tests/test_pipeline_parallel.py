@@ -298,3 +298,34 @@ def test_the_router_sees_each_pipelined_instance_as_it_is_at_the_arrival(request
             t = requests[rid].arrival_ms
             assert seen == [sum(1 for j in routed if place[j] == i and finish[j] > t) for i in range(2)], (engine, rid)
             routed.append(rid)
+
+
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=10, max_prompt=3_000, max_output=200, all_at_zero=False),
+       st.integers(2, 3), st.sampled_from([512, 2048]))
+def test_profiled_pipelines_match_the_reference(requests, stages, budget):
+    """The shipped MoE bundle split over stages, the activations sent over PCIe through host memory."""
+    from pathlib import Path
+
+    from schedlab.parallelism import Parallelism
+    from schedlab_plugins.cost_models.collectives import TOPOLOGIES
+    from schedlab_plugins.cost_models.profile_bundle import ProfileBundle
+    from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
+
+    root = Path(__file__).resolve().parents[1].joinpath("experiments", "data", "llmservingsim", "profiles",
+                                                        "RTXPRO6000", "Qwen", "Qwen3-30B-A3B-Instruct-2507", "bf16")
+    bundle = _BUNDLE.get(root) or _BUNDLE.setdefault(root, ProfileBundle(root, 1))
+    model = _presets().model("qwen3-30b-a3b")
+
+    def make():
+        cost = ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model="qwen3-30b-a3b"),
+                                 topology=TOPOLOGIES["pcie-gen5-host"], parallelism=Parallelism(pipeline_parallel=stages))
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=8, max_num_batched_tokens=budget,
+                                                         chunked_prefill=True, allocation="grow"))
+        return scheduler, cost, PagedKVCache(2_000, 16)
+
+    runs = [run_pipelined(requests, make, stages, engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+
+
+_BUNDLE: dict = {}

@@ -22,9 +22,11 @@ groups run side by side); the expert compute from the cost model, as a function 
 (token, expert) pairs and the distinct experts one GPU computes (:class:`ExpertLayers`).
 
 **Load balance.** ``balancedness`` is vLLM's EPLB measure: the mean over the maximum of the
-pairs the GPUs receive. At 1 (default) the router spreads tokens evenly; a real router is
-skewed (some experts are popular), and the busiest GPU then receives ``1 / balancedness`` of
-the mean, up to every token's pairs that its experts can take. The step waits for it.
+pairs the GPUs receive. At 1 (default) the router spreads tokens evenly over the experts, so
+a GPU gets pairs in proportion to the experts it holds (vLLM gives the first ``experts % GPUs``
+GPUs one more); a real router is skewed (some experts are popular), and the busiest GPU then
+receives ``1 / balancedness`` of that, up to every token's pairs that its experts can take.
+The step waits for it.
 
 Not modelled: DeepEP / pplx all-to-all kernels (``all2all_backend``), redundant experts and
 EPLB's rebalancing, dense layers before the first MoE layer (DeepSeek's first three), the
@@ -62,10 +64,9 @@ class ExpertLayers:
         self.gpus = d * tensor_parallel
         self.expert_parallel = parallelism.expert_parallel
         self.balancedness = parallelism.expert_balancedness
-        self.local_experts = model.num_experts / self.gpus
-        if self.expert_parallel and model.num_experts % self.gpus:
-            raise ConfigError(f"model {model.name!r}: {model.num_experts} experts cannot be spread evenly over "
-                              f"{self.gpus} GPUs (data_parallel {d} x tensor_parallel {tensor_parallel})")
+        # vLLM (determine_expert_map) gives the first E % gpus GPUs one expert more: the busiest holds
+        # ceil(E / gpus)
+        self.local_experts = -(-model.num_experts // self.gpus)
         self.experts = model.num_experts
         self.top_k = model.experts_per_token
         self.layers = model.num_layers
@@ -86,7 +87,7 @@ class ExpertLayers:
             touched = self.experts * (1.0 - (1.0 - k / self.experts) ** tokens)
             return tokens / g, touched / g
         local = self.local_experts
-        pairs = min(tokens * k / g / self.balancedness, tokens * min(k, local))
+        pairs = min(tokens * k * local / self.experts / self.balancedness, tokens * min(k, local))
         distinct = local * (1.0 - (1.0 - 1.0 / local) ** pairs) if local > 1 else min(pairs, 1.0)
         return pairs / k, distinct
 

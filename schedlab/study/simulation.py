@@ -66,8 +66,8 @@ class ClusterConfig:
     # Data, expert and pipeline parallelism (schedlab.parallelism): handed to the plugins'
     # factories, so the KV cache and the cost model follow the same layout.
     data_parallel: int = int_field(1, min=1, max=MAX_INSTANCES,
-                                   help="data-parallel ranks of one MoE deployment, each with its own scheduler and "
-                                        "KV cache, stepping together (vLLM --data-parallel-size; router: vllm_dp)")
+                                   help="data-parallel ranks, each with its own scheduler and KV cache (vLLM "
+                                        "--data-parallel-size; router: vllm_dp); a MoE model's step together")
     expert_parallel: bool = bool_field(False, help="data_parallel > 1: whole experts spread over the ranks' GPUs "
                                                    "(vLLM --enable-expert-parallel), else every expert sharded")
     expert_balancedness: float = float_field(
