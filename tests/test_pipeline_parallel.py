@@ -319,7 +319,8 @@ def test_profiled_pipelines_match_the_reference(requests, stages, budget):
 
     def make():
         cost = ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model="qwen3-30b-a3b"),
-                                 topology=TOPOLOGIES["pcie-gen5-host"], parallelism=Parallelism(pipeline_parallel=stages))
+                                 topology=TOPOLOGIES["pcie-gen5-host"],
+                                 parallelism=Parallelism(pipeline_parallel=stages))
         scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=8, max_num_batched_tokens=budget,
                                                          chunked_prefill=True, allocation="grow"))
         return scheduler, cost, PagedKVCache(2_000, 16)
