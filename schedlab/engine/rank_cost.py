@@ -1,11 +1,12 @@
-"""What one rank of a lockstep data-parallel deployment sees of its cost model.
+"""What an instance sees of its cost model when something else times its iterations.
 
 The ranks of a data-parallel MoE deployment step together (:mod:`schedlab.engine.lockstep`,
 :mod:`schedlab.engine.reference_lockstep`): a step lasts as long as the slowest rank's own part
-plus the routed experts of every rank's tokens, so no rank can time its iteration alone. Each
-rank's engine instance gets a :class:`RankCost` in place of its cost model; the cluster times
-the step from every rank's batch and sets it here before the rank executes. Both engines use
-it; it holds values, no logic.
+plus the routed experts of every rank's tokens, so no rank can time its iteration alone. A
+pipelined instance (:mod:`schedlab.engine.pipeline`, :mod:`schedlab.engine.reference_pipeline`)
+executes a batch when it lands, over the time since the previous landing. Each such engine
+instance gets a :class:`RankCost` in place of its cost model; the cluster (or the pipeline)
+sets the time here before the instance executes. Both engines use it; it holds values, no logic.
 """
 
 from __future__ import annotations
