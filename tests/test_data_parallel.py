@@ -472,3 +472,28 @@ def test_profiled_lockstep_runs_match_the_reference(requests, ranks, expert_para
 
 
 _BUNDLE: dict = {}
+
+
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=10, max_prompt=400, max_output=200, all_at_zero=False), schedulers(),
+       st.integers(2, 3), st.integers(0, 20))
+def test_roofline_lockstep_runs_match_the_reference(requests, cfg, ranks, spare):
+    """The roofline's rank parts grow with the contexts (KV reads) and its experts are not
+    linear in the tokens; swaps on small caches make ranks that only copy blocks in a step."""
+    from schedlab.parallelism import Parallelism
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+
+    presets = _presets()
+    config = RooflineConfig(model="qwen3-30b-a3b", gpu="rtx-pro-6000-server")
+    layout = Parallelism(data_parallel=ranks, expert_parallel=True)
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // 16) for r in requests)
+
+    def make():
+        cost = RooflineCostModel(presets.model("qwen3-30b-a3b"), presets.gpu("rtx-pro-6000-server"), config,
+                                 parallelism=layout)
+        return ContinuousScheduler(cfg), cost, PagedKVCache(need + spare, 16, swap_blocks=64, bytes_per_block=2 ** 20,
+                                                            host_link_gbps=2 ** 10 / 1e3)
+
+    runs = [run_data_parallel(requests, make, ranks, fresh_router(), engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    check_run(runs[0], requests)

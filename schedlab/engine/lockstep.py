@@ -170,12 +170,12 @@ class DataParallelCluster:
         ranks, inner = self.ranks, self.inner
         working = [not p.is_empty() for p in plans]
         batches = [rank_batch(inst, p) if w else DUMMY for inst, p, w in zip(ranks, plans, working)]
-        parts = [inner[r].rank_ms(b) + plans[r].transfer_ms if working[r] else self._dummy_ms[r]
+        # a rank computing nothing (idle, or only swapping) runs the dummy batch (and its swaps)
+        parts = [(inner[r].rank_ms(b) if b.num_batched_tokens else self._dummy_ms[r]) + plans[r].transfer_ms
                  for r, b in enumerate(batches)]
-        tokens = tuple(b.num_batched_tokens if w else 1 for b, w in zip(batches, working))
+        tokens = tuple(b.num_batched_tokens or 1 for b in batches)
         experts = inner[0].experts_ms(tokens)
-        slowest = max(range(len(ranks)), key=parts.__getitem__)
-        d0 = parts[slowest] + experts
+        d0 = max(parts) + experts
         k, inc = self._run(plans, working, batches, parts, d0, until)
         for r, inst in enumerate(ranks):
             if working[r]:
@@ -237,11 +237,6 @@ class DataParallelCluster:
         for inst in self.ranks:
             done.extend(inst.take_finished())
         return done
-
-    def summary(self) -> dict:
-        """What the lockstep did (``meta["data_parallel"]``)."""
-        return {"ranks": len(self.ranks), "steps": self.steps, "dummy_rank_steps": self.dummy_steps,
-                "experts_ms": self.experts_ms}
 
 
 def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, workload=None) -> None:

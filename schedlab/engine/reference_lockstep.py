@@ -102,14 +102,13 @@ class ReferenceDataParallel:
             return False
         parts, tokens, batches = [], [], []
         for e, plan in zip(self.ranks, plans):
-            if _is_empty(plan):
-                batch = None
-                parts.append(e.cost.inner.rank_ms(DUMMY))
-                tokens.append(1)
-            else:
-                batch = e.plan_batch(plan)[0]
+            batch = None if _is_empty(plan) else e.plan_batch(plan)[0]
+            if batch is not None and batch.num_batched_tokens:
                 parts.append(e.cost.inner.rank_ms(batch) + plan.transfer_ms)
                 tokens.append(batch.num_batched_tokens)
+            else:  # nothing to compute (idle, or only swapping): a dummy batch, and the swaps
+                parts.append(e.cost.inner.rank_ms(DUMMY) + plan.transfer_ms)
+                tokens.append(1)
             batches.append(batch)
         experts = self.ranks[0].cost.inner.experts_ms(tuple(tokens))
         step_ms = max(parts) + experts
