@@ -21,6 +21,9 @@
 7. energy     -- benchmark 1 with a [power] table (the utilisation model) against without:
                  the meter is called once per event (bulk runs in closed form), so the events
                  stay the same and the cost is a few model calls per event.
+8. parallel   -- Qwen3-30B-A3B as data-parallel ranks with expert parallelism (bulk decode runs
+                 only while one rank stays the slowest) and as a 2-stage pipeline (batch by
+                 batch), in the fast and the reference engine (moe_layouts.toml).
 
 The Azure trace is looked for in ``--traces DIR``, else ``$SCHEDLAB_TRACES``, else
 ``../shared/traces`` next to the repository (a git worktree elsewhere needs one of the first
@@ -126,6 +129,28 @@ def child(toml: str, overrides: list[str]) -> dict:
             cpu.append(time.process_time() - started)
 
     schedlab.study.simulation.ReferenceCluster.run = timed_reference
+
+    # Benchmark 7's data-parallel runs go through their own loops: timed alike.
+    lockstep = schedlab.study.simulation.simulate_data_parallel
+
+    def timed_lockstep(*args, **kwargs):
+        started = time.process_time()
+        try:
+            return lockstep(*args, **kwargs)
+        finally:
+            cpu.append(time.process_time() - started)
+
+    schedlab.study.simulation.simulate_data_parallel = timed_lockstep
+    reference_lockstep = schedlab.study.simulation.ReferenceDataParallel.run
+
+    def timed_reference_lockstep(self, *args, **kwargs):
+        started = time.process_time()
+        try:
+            return reference_lockstep(self, *args, **kwargs)
+        finally:
+            cpu.append(time.process_time() - started)
+
+    schedlab.study.simulation.ReferenceDataParallel.run = timed_reference_lockstep
     exp = load(HERE / toml, overrides)
     run = run_experiment(exp).all_runs()[0]
     return {
@@ -270,12 +295,25 @@ def bench_energy(rows: list, azure: tuple[list[str], str]) -> None:
                  f"{cpu_on / cpu_off:.2f}x CPU",
                  f"with [power] {on['wall_ms'] / 1e3:.2f} s ({on['events']:,} events), without "
                  f"{off['wall_ms'] / 1e3:.2f} s ({off['events']:,} events); {source}"))
+LAYOUTS = {"DP 2 + EP": ["cluster.data_parallel=2", "cluster.expert_parallel=true"],
+           "PP 2": ["cluster.pipeline_parallel=2"]}
+
+
+def bench_parallel(rows: list) -> None:
+    for name, layout in LAYOUTS.items():
+        fast = min((measure("moe_layouts.toml", layout) for _ in range(3)), key=lambda r: r["wall_ms"])
+        ref = measure("moe_layouts.toml", layout + ["experiment.engine=reference"])
+        rows.append((f"8. {name} (Qwen3-30B-A3B, 300 requests)", f"{fast['wall_ms'] / 1e3:.2f} s",
+                     f"CPU {fast['cpu_ms'] / 1e3:.2f} s; {fast['iterations']:,} iterations in {fast['events']:,} "
+                     f"events; reference engine {ref['wall_ms'] / 1e3:.2f} s, CPU {ref['cpu_ms'] / 1e3:.2f} s "
+                     f"({ref['events']:,} events)"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("which", nargs="*",
-                        default=["azure", "scaling", "tokens", "reference", "profiled", "speculative", "energy"])
+                        default=["azure", "scaling", "tokens", "reference", "profiled", "speculative", "energy",
+                                 "parallel"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
     parser.add_argument("--traces", metavar="DIR", help="folder holding the Azure trace (default: "
                         "$SCHEDLAB_TRACES, else ../shared/traces next to the repository)")
@@ -301,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_speculative(rows, azure)
     if "energy" in args.which:
         bench_energy(rows, azure)
+    if "parallel" in args.which:
+        bench_parallel(rows)
     print("| benchmark | result | details |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

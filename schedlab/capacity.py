@@ -25,6 +25,7 @@ import attrs
 
 from .configs import float_field, int_field, str_field
 from .errors import ConfigError, UnknownPluginError
+from .parallelism import SINGLE, Parallelism, stage_layers
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -285,6 +286,11 @@ class KVSizing:
     reserve_bytes: int  # activations and non-torch memory
     kv_pool_bytes: int  # usable - weights - reserve
     num_blocks: int
+    # Data and pipeline parallelism (schedlab.parallelism): GPUs the routed experts are spread
+    # over, and the pipeline stages (a stage holds its layers' weights and KV; the stage with
+    # the most layers sets the block count, as vLLM takes the smallest pool of its workers).
+    expert_gpus: int = 1
+    pipeline_parallel: int = 1
 
     @property
     def tokens(self) -> int:
@@ -297,11 +303,22 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
-                  reserve_bytes: int, block_size: int) -> tuple[int, int, int, int]:
-    """``(usable, weights, bytes_per_block, pool)`` for one rank, without any checks."""
+                  reserve_bytes: int, block_size: int, parallelism: Parallelism = SINGLE) -> tuple[int, int, int, int]:
+    """``(usable, weights, bytes_per_block, pool)`` for one rank, without any checks.
+
+    Data parallelism keeps the dense weights on every rank (split by tensor parallelism) and
+    spreads the routed experts over all ``data_parallel x tp`` GPUs; a pipeline stage holds
+    ``1 / pipeline_parallel`` of the weights and the KV of its layers."""
     usable = math.floor(gpu.memory_bytes * utilization)
-    weights = math.ceil(model.weight_bytes(tp))
-    bytes_per_block = model.kv_bytes_per_token(tp) * block_size
+    weights = model.weight_bytes(tp)
+    if parallelism.lockstep and model.is_moe:
+        experts = model.expert_params * model.num_experts
+        weights = (model.num_params - experts) * model.dtype_bytes / tp \
+            + experts * model.dtype_bytes / (tp * parallelism.data_parallel)
+    stages = parallelism.pipeline_parallel
+    weights = math.ceil(weights / stages)
+    layers = max(stage_layers(model.num_layers, stages))
+    bytes_per_block = model.kv_bytes_per_token(tp) // model.num_layers * layers * block_size
     return usable, weights, bytes_per_block, usable - weights - reserve_bytes
 
 
@@ -322,7 +339,7 @@ def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, cur
 def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: float = 0.9,
                   tensor_parallel: int = 1,
                   activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB,
-                  block_size: int = 16) -> KVSizing:
+                  block_size: int = 16, parallelism: Parallelism = SINGLE) -> KVSizing:
     """Size the KV block pool of ``model`` on ``gpu`` the way vLLM does.
 
     ``num_blocks = (memory * gpu_memory_utilization - weights/tp - activation reserve) //
@@ -330,6 +347,7 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
 
     :param activation_reserve_gib: memory kept for activations and non-torch allocations,
         see :data:`DEFAULT_ACTIVATION_RESERVE_GIB`.
+    :param parallelism: data-parallel experts and pipeline stages (see :func:`_pool_numbers`).
     :raises ConfigError: a bad argument, or the model does not fit (the message says by how
         much memory it falls short and suggests tensor parallelism or a bigger GPU).
     """
@@ -344,7 +362,7 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
         raise ConfigError(f"activation_reserve_gib must be a finite number >= 0, got {reserve!r}")
     reserve_bytes = math.ceil(reserve * GIB)
 
-    usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size)
+    usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size, parallelism)
     num_blocks = pool // per_block
     if num_blocks <= 0:
         short = weights + reserve_bytes + per_block - usable
@@ -358,9 +376,11 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
             f"it falls short by {_gib(short)} of holding even one {block_size}-token block; {fix}")
     return KVSizing(
         model=model, gpu=gpu, tensor_parallel=tp, gpu_memory_utilization=float(util),
-        block_size=block_size, bytes_per_token=model.kv_bytes_per_token(tp), bytes_per_block=per_block,
+        block_size=block_size, bytes_per_token=per_block // block_size, bytes_per_block=per_block,
         memory_bytes=gpu.memory_bytes, usable_bytes=usable, weight_bytes=weights,
         reserve_bytes=reserve_bytes, kv_pool_bytes=pool, num_blocks=num_blocks,
+        expert_gpus=tp * parallelism.data_parallel if parallelism.lockstep and model.is_moe else tp,
+        pipeline_parallel=parallelism.pipeline_parallel,
     )
 
 

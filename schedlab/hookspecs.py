@@ -42,7 +42,9 @@ def schedlab_register_cost_models(register: "Registry") -> None:
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
         ``factory(config)`` must return a new cost model; a factory with a ``presets``
-        parameter also receives the model and GPU presets. A duplicate name raises.
+        parameter also receives the model and GPU presets, one with a ``parallelism``
+        parameter the run's data/pipeline layout (:class:`schedlab.parallelism.Parallelism`,
+        to time it: ``rank_ms``, ``experts_ms``, ``pipeline_ms``). A duplicate name raises.
     """
 
 
@@ -52,7 +54,9 @@ def schedlab_register_kv_caches(register: "Registry") -> None:
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
         ``factory(config)`` must return a new cache; a factory with a ``presets`` parameter
-        also receives the model and GPU presets, so a cache can size itself from them.
+        also receives the model and GPU presets, so a cache can size itself from them, and
+        one with a ``parallelism`` parameter the run's data/pipeline layout (what one rank
+        or stage holds).
         A duplicate name raises.
     """
 

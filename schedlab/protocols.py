@@ -69,6 +69,7 @@ class SequenceState(Protocol):
     def num_tokens(self) -> int: ...
     @property
     def status(self) -> str: ...  # "waiting" | "prefilling" | "decoding" | "swapped" | "finished" | "rejected"
+    # (engine-internal, never in a plan's running view: "parked", "in_flight" -- pipeline parallelism)
 
 
 class WaitingQueue(Protocol):
@@ -135,6 +136,20 @@ class CostModel(Protocol):
     and computes in the iteration (power models turn them into utilisations); and
     ``clock_ratio(batch)``, the SM clock the iteration runs at as a share of the highest (1.0
     when absent; :mod:`schedlab.energy.clock`).
+
+    Optional members for the layouts of ``[cluster]`` (:mod:`schedlab.parallelism`; the
+    factory receives the layout as ``parallelism``):
+
+    * data parallelism (``data_parallel = D``): ``rank_ms(batch)``, one rank's part of a step
+      -- everything but the routed experts' layers -- and ``experts_ms(tokens)``, those layers
+      for a step whose ``D`` ranks run ``tokens[r]`` tokens each (dispatch, the busiest GPU's
+      experts, combine), or None for a model without routed experts (its ranks do not step
+      together). The engine times a step as the largest rank part plus the experts
+      (:mod:`schedlab.engine.lockstep`) and asks ``decode_step_increment`` for a rank part's
+      growth in a decode run, the experts' part depending only on the tokens;
+    * pipeline parallelism (``pipeline_parallel = P``): ``pipeline_ms(batch)``, the ``P`` stages'
+      times of the iteration and the time of the activations' send from one stage to the next
+      (:mod:`schedlab.engine.pipeline`).
     """
 
     def iteration_ms(self, batch: Batch) -> float:

@@ -560,3 +560,22 @@ def test_client_view_front_end_timeouts_and_api_server_queueing():
     assert metric(one, "client.frontend_ms.p99") > 1000 and metric(one, "ttft_ms.p50") < 100
     assert metric(four, "client.frontend_ms.p99") < 10 and metric(four, "ttft_ms.p50") > 200
     assert metric(four, "client.ttft_ms.p50") < metric(one, "client.ttft_ms.p50") / 2
+# -- multi-GPU layouts: data parallel with expert parallel, pipeline ------------------------------------------
+
+
+def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
+    from schedlab.testing import compare_runs
+
+    results = run("multi_gpu.toml", ["workload.limit=120"])
+    runs = {r.name: r for r in results.all_runs()}
+    assert {name: metric(r, "gpus") for name, r in runs.items()} == {
+        "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, skewed": 2, "DP 2, experts sharded": 2, "PP 2": 2,
+        "DP 2 + EP (roofline)": 2, "DP 2 + EP (reference engine)": 2}
+    compare_runs(runs["DP 2 + EP"], runs["DP 2 + EP (reference engine)"], rel=1e-9)
+    # each GPU of the pair reads half the experts: decode steps shorter than one instance's
+    assert metric(runs["DP 2 + EP"], "tpot_ms.mean") < 0.9 * metric(runs["2 instances"], "tpot_ms.mean")
+    # an uneven router loads one GPU more; the step waits for it
+    assert metric(runs["DP 2 + EP, skewed"], "tpot_ms.mean") > metric(runs["DP 2 + EP"], "tpot_ms.mean")
+    # the pipeline's stages each hold half the layers: faster decode steps than one GPU
+    assert metric(runs["PP 2"], "tpot_ms.mean") < metric(runs["1 GPU"], "tpot_ms.mean")
+    assert runs["DP 2 + EP"].meta["kv_cache"]["expert_gpus"] == 2

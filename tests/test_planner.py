@@ -171,3 +171,17 @@ def test_plan_is_the_same_in_two_worker_processes(tmp_path, planned):
     serial = run_experiment(load(tmp_path / "plan.toml"))
     assert parallel.studies[0].plan == serial.studies[0].plan == planned.plan
     assert saved_bytes(parallel, tmp_path / "two") == saved_bytes(serial, tmp_path / "one")
+
+
+def test_a_pipelined_candidate_pays_for_every_stage(tmp_path):
+    """An instance of 2 pipeline stages at tensor parallel 2 runs on 4 GPUs: its price per hour
+    is 4 x the GPU's."""
+    from schedlab.study.planner import candidates
+
+    router = 'router = {kind = "least_outstanding"}'
+    text = PLAN.replace(router, router + "\npipeline_parallel = 2")
+    (tmp_path / "p.toml").write_text(text)
+    study = load(tmp_path / "p.toml").studies[0]
+    prices = {(c.gpu, c.tensor_parallel): c.unit_cost for c in candidates(study, "p.toml")}
+    assert prices[("l4", 2)] == pytest.approx(0.8 * 2 * 2)
+    assert prices[("a100-40gb", 1)] == pytest.approx(1.3 * 2)

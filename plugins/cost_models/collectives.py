@@ -2,8 +2,9 @@
 all-to-all and send/recv, as NCCL runs them over a machine's links.
 
 Every cost model that splits work over GPUs times its communication here: tensor parallelism's
-all-reduces (:mod:`.tensor_parallel`), and the expert-parallel dispatch/combine all-to-alls and
-pipeline-parallel send/recv to come. A third-party cost model imports it the same way
+all-reduces (:mod:`.tensor_parallel`), the all-gather and reduce-scatter that dispatch and
+combine a data-parallel deployment's experts (:mod:`.expert_parallel`) and the send/recv
+between pipeline stages (:mod:`.pipeline`). A third-party cost model imports it the same way
 (``from schedlab_plugins.cost_models.collectives import Collectives, topology``).
 
 **The model** follows NCCL's own cost model (``src/graph/tuning.cc``, ``ncclTopoTuneModel``):

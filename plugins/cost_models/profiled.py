@@ -67,9 +67,12 @@ import attrs
 from schedlab.capacity import ModelSpec, Presets
 from schedlab.configs import bool_field, float_field, int_field, path_field, str_field
 from schedlab.errors import ConfigError
+from schedlab.parallelism import SINGLE, Parallelism
 from schedlab.protocols import Batch
 
 from .collectives import Collectives, Topology, interconnect_field, machine
+from .expert_parallel import ExpertLayers
+from .pipeline import PipelineSends, split_stages
 from .profile_bundle import BundleError, ProfileBundle
 from .tensor_parallel import TensorParallelComm
 
@@ -102,10 +105,11 @@ class ProfiledCostModel:
     needs_context_range = True  # the skew correction needs the longest and shortest decode context
 
     def __init__(self, bundle: ProfileBundle, model: ModelSpec, config: ProfiledConfig, *,
-                 topology: Topology | None = None):
+                 topology: Topology | None = None, parallelism: Parallelism = SINGLE):
         self.bundle = bundle
         self.model = model
         self.config = config
+        self.parallelism = parallelism
         self.layers = model.num_layers
         tp = config.tensor_parallel
         check_bundle_model(bundle, model)
@@ -116,6 +120,14 @@ class ProfiledCostModel:
         if tp > 1 and topology is None:
             raise ConfigError(f"{bundle.root}: tensor_parallel = {tp} needs the machine's links (a topology)")
         self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
+        # Data and pipeline parallelism (schedlab.parallelism): the experts of a lockstep step
+        # (whole experts from the TP-1 table), the activations sent between stages.
+        if (parallelism.lockstep or parallelism.pipelined) and topology is None:
+            raise ConfigError(f"{bundle.root}: data or pipeline parallelism needs the machine's links (a topology)")
+        self.expert_layers = ExpertLayers(model, parallelism, tp, topology, self._expert_gpu_ms) \
+            if parallelism.lockstep and model.is_moe else None
+        self.sends = PipelineSends(model, topology, parallelism.pipeline_parallel, tp) \
+            if parallelism.pipelined else None
         self._overhead = config.overhead_ms
         self._attention = bundle.attention
         self._per_sequence = bundle.per_sequence
@@ -151,6 +163,15 @@ class ProfiledCostModel:
         anchor_tokens, anchor_experts = anchor
         return table(anchor_tokens / tp, anchor_experts / tp) * active / anchor_experts
 
+    def _expert_gpu_ms(self, tokens: float, experts: float) -> float:
+        """Every layer's experts on one GPU of a data-parallel deployment: the TP-1 table at
+        the pairs it computes (in tokens) and the experts it reads; below the table's fewest
+        experts, a weight read in proportion to the experts read (as at TP > 1)."""
+        table = self.bundle.moe
+        if experts < table.min_experts:
+            return self.layers * table(max(tokens, table.min_tokens), table.min_experts) * experts / table.min_experts
+        return self.layers * table(tokens, experts)
+
     def _first_tp_moe_shape(self) -> tuple[int, int] | None:
         """The fewest tokens (and their experts) whose 1/tp share the TP-1 MoE table covers
         (None at TP 1, with expert parallelism, or when a rank's experts are fewer than its rows)."""
@@ -173,6 +194,36 @@ class ProfiledCostModel:
                 ms += self.comm.tokens_ms(tokens)
             self._tokens_memo[tokens] = ms
         return ms
+
+    # --- data and pipeline parallelism (schedlab.parallelism) -----------------------------------
+
+    def rank_ms(self, batch: Batch) -> float:
+        """One data-parallel rank's part of a lockstep step: the iteration without its MoE
+        layers' experts, which :meth:`experts_ms` times across the ranks."""
+        ms = self.iteration_ms(batch)
+        if self.bundle.is_moe:
+            ms -= self.layers * self.moe_ms(batch.num_batched_tokens)
+        return ms
+
+    def experts_ms(self, tokens) -> float | None:
+        """The routed experts of a lockstep step whose data-parallel ranks run ``tokens``
+        tokens each (:mod:`.expert_parallel`); None for a dense model."""
+        if self.expert_layers is None:
+            return None
+        return self.expert_layers.step_ms(tokens)
+
+    def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
+        """Pipeline parallelism (:mod:`.pipeline`): each stage's time for ``batch`` -- its
+        layers' share; the embedding, final norm and ``overhead_ms`` on the first stage; lm_head,
+        the sampler and the logits' gather on the last -- and the activations' send between
+        stages."""
+        tokens = batch.num_batched_tokens
+        sequences = batch.num_decode + batch.spec_tokens + batch.num_prefill
+        first = self.bundle.dense_once(tokens) + self._overhead
+        if self.comm is not None:
+            first += self.comm.once_ms(tokens)
+        stages = split_stages(self.iteration_ms(batch), first, self.sequences_ms(sequences), self.sends.layers)
+        return stages, self.sends.send_ms(tokens)
 
     def sequences_ms(self, sequences: int) -> float:
         """lm_head and sampler at ``sequences`` rows (and, at TP > 1, the logits' all-gather)."""
@@ -296,16 +347,19 @@ class ProfiledCostModel:
         return self.layers * inc, (steps if steps > 1 else 1)
 
 
-def build_profiled(config: ProfiledConfig, presets: Presets) -> ProfiledCostModel:
+def build_profiled(config: ProfiledConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> ProfiledCostModel:
     """Factory: load the bundle at the configured tensor-parallel degree, resolve the presets."""
     model = presets.model(config.model)
     topology = None
-    if config.tensor_parallel > 1:
+    if config.tensor_parallel > 1 or parallelism.lockstep or parallelism.pipelined:
+        if config.tensor_parallel == 1 and config.gpu is None and config.interconnect is None:
+            raise ConfigError("profiled cost model: data or pipeline parallelism needs the machine's links: set "
+                              "gpu = <preset> (its usual machine) or interconnect = <machine>")
         gpu = presets.gpu(config.gpu) if config.gpu is not None else None
         topology = machine(config.interconnect, gpu, link_gbps=config.link_gbps,
                            link_latency_us=config.link_latency_us, where="profiled cost model")
     bundle = ProfileBundle(config.profile, config.tensor_parallel)
-    return ProfiledCostModel(bundle, model, config, topology=topology)
+    return ProfiledCostModel(bundle, model, config, topology=topology, parallelism=parallelism)
 
 
 def _same_model(profiled: str, declared: str) -> bool:

@@ -56,9 +56,12 @@ import numpy as np
 
 from schedlab.capacity import GpuSpec, ModelSpec, Presets
 from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.parallelism import SINGLE, Parallelism
 from schedlab.protocols import Batch
 
 from .collectives import Collectives, interconnect_field, machine
+from .expert_parallel import ExpertLayers
+from .pipeline import PipelineSends, split_stages
 from .tensor_parallel import TensorParallelComm
 
 
@@ -134,10 +137,12 @@ class RooflineCostModel:
     :ivar model: the model spec; :ivar gpu: the GPU spec; :ivar config: the settings.
     """
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, config: RooflineConfig | None = None):
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, config: RooflineConfig | None = None, *,
+                 parallelism: Parallelism = SINGLE):
         self.model = model
         self.gpu = gpu
         self.config = c = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
+        self.parallelism = parallelism
         tp = c.tensor_parallel
         # Rates per millisecond: GB/s * 1e9 / 1e3 and TFLOPS * 1e12 / 1e3.
         bw = gpu.hbm_bandwidth_gbps * 1e6
@@ -161,9 +166,16 @@ class RooflineCostModel:
         self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
             / self._attention_flops_per_ms
+        communicates = tp > 1 or parallelism.lockstep or parallelism.pipelined
         topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
-            if tp > 1 else None
+            if communicates else None
         self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
+        # Data and pipeline parallelism (schedlab.parallelism): the experts of a lockstep step,
+        # the activations sent between stages.
+        self.expert_layers = ExpertLayers(model, parallelism, tp, topology, self._expert_gpu_ms) \
+            if parallelism.lockstep and model.is_moe else None
+        self.sends = PipelineSends(model, topology, parallelism.pipeline_parallel, tp) \
+            if parallelism.pipelined else None
         self._tokens_memo: dict[int, float] = {}
         self._seq_memo: dict[int, float] = {}
 
@@ -211,19 +223,60 @@ class RooflineCostModel:
             return ms
         peak = self._peak_flops_per_ms
         compute = self._dense_flops_per_token * tokens / (peak * self.gemm_efficiency(tokens))
-        ms = self._fixed_ms + math.hypot(self._dense_read_ms, compute)
-        m = self.model
-        if m.is_moe:
-            e, k = m.num_experts, m.experts_per_token
-            touched = e * (1.0 - (1.0 - k / e) ** tokens)  # distinct experts under uniform routing
-            per_expert = tokens * k / touched
-            compute = self._expert_flops_per_token * tokens / (peak * self.gemm_efficiency(per_expert))
-            ms += math.hypot(touched * self._expert_read_ms, compute)
+        ms = self._fixed_ms + math.hypot(self._dense_read_ms, compute) + self._experts_ms(tokens)
         if self.comm is not None:
             ms += self.comm.tokens_ms(tokens)
         if len(self._tokens_memo) < 1 << 16:
             self._tokens_memo[tokens] = ms
         return ms
+
+    def _experts_ms(self, tokens: int) -> float:
+        """The routed experts of an iteration of ``tokens`` tokens on this instance's GPUs (0
+        for a dense model)."""
+        m = self.model
+        if not m.is_moe:
+            return 0.0
+        e, k = m.num_experts, m.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** tokens)  # distinct experts under uniform routing
+        per_expert = tokens * k / touched
+        compute = self._expert_flops_per_token * tokens / (self._peak_flops_per_ms * self.gemm_efficiency(per_expert))
+        return math.hypot(touched * self._expert_read_ms, compute)
+
+    # --- data and pipeline parallelism (schedlab.parallelism) -----------------------------------
+
+    def rank_ms(self, batch: Batch) -> float:
+        """One data-parallel rank's part of a lockstep step: the iteration without its routed
+        experts, which :meth:`experts_ms` times across the ranks."""
+        return self.iteration_ms(batch) - self._experts_ms(batch.num_batched_tokens)
+
+    def experts_ms(self, tokens) -> float | None:
+        """The routed experts of a lockstep step whose data-parallel ranks run ``tokens``
+        tokens each (:mod:`.expert_parallel`); None for a dense model, whose ranks do not
+        wait for each other."""
+        if self.expert_layers is None:
+            return None
+        return self.expert_layers.step_ms(tokens)
+
+    def _expert_gpu_ms(self, tokens: float, experts: float) -> float:
+        """Every layer's experts on one GPU of a data-parallel deployment: ``experts`` whole
+        experts read, the pairs of ``tokens`` tokens computed (a smooth roofline, as above)."""
+        if tokens <= 0.0:
+            return 0.0
+        m = self.model
+        read = experts * m.expert_params * m.dtype_bytes / self._weight_bytes_per_ms
+        rows = tokens * m.experts_per_token / max(experts, 1.0)
+        flops = 2.0 * m.experts_per_token * m.expert_params * tokens
+        return math.hypot(read, flops / (self._peak_flops_per_ms * self.gemm_efficiency(rows)))
+
+    def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
+        """Pipeline parallelism (:mod:`.pipeline`): each stage's time for ``batch`` -- its
+        layers' share of the iteration, the CPU overhead before the first, the logits' gather
+        after the last -- and the activations' send from one stage to the next."""
+        sequences = batch.num_decode + batch.spec_tokens + batch.num_prefill
+        total = self.iteration_ms(batch)
+        logits = self.logits_ms(sequences) if self.comm else 0.0
+        stages = split_stages(total, self.config.overhead_ms, logits, self.sends.layers)
+        return stages, self.sends.send_ms(batch.num_batched_tokens)
 
     def logits_ms(self, sequences: int) -> float:
         """The tensor-parallel all-gather of ``sequences`` rows of logits (0 at TP 1)."""
@@ -300,6 +353,6 @@ class RooflineCostModel:
         return prefill, decode
 
 
-def build_roofline(config: RooflineConfig, presets: Presets) -> RooflineCostModel:
+def build_roofline(config: RooflineConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> RooflineCostModel:
     """Factory: resolve the config's model and GPU names through ``presets``."""
-    return RooflineCostModel(presets.model(config.model), presets.gpu(config.gpu), config)
+    return RooflineCostModel(presets.model(config.model), presets.gpu(config.gpu), config, parallelism=parallelism)

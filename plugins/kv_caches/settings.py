@@ -18,6 +18,7 @@ import attrs
 
 from schedlab.capacity import DEFAULT_ACTIVATION_RESERVE_GIB, GIB, size_kv_cache
 from schedlab.configs import MAX_BLOCK_SIZE, FieldError, bool_field, float_field, int_field, str_field
+from schedlab.parallelism import SINGLE, Parallelism
 
 from .host_tier import HostTier
 from .paged import PagedKVCache
@@ -64,16 +65,19 @@ class PoolConfig:
         return bool(self.host_memory_gib or self.host_blocks)
 
 
-def pool_size(config: PoolConfig, presets=None):
+def pool_size(config: PoolConfig, presets=None, parallelism: Parallelism = SINGLE):
     """``(num_blocks, sizing)``: the pool's blocks and, when sized from presets, the
     :class:`~schedlab.capacity.KVSizing` derivation (else None). A given ``num_blocks`` wins over
-    the derived count (a block count measured on the real server is the most common setting)."""
+    the derived count (a block count measured on the real server is the most common setting).
+    ``parallelism`` (the run's ``[cluster]``): a data-parallel rank holds the dense weights and
+    its share of the experts, a pipeline stage its layers' weights and KV."""
     if config.model is None:
         return (config.num_blocks if config.num_blocks is not None else 16384), None
     model, gpu = presets.model(config.model), presets.gpu(config.gpu)
     sizing = size_kv_cache(model, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
                            tensor_parallel=config.tensor_parallel,
-                           activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size)
+                           activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size,
+                           parallelism=parallelism)
     return (sizing.num_blocks if config.num_blocks is None else config.num_blocks), sizing
 
 
@@ -118,9 +122,9 @@ class PagedConfig(PoolConfig):
                              "a host-memory tier keeps prefix-cache blocks: needs prefix_caching = true")
 
 
-def build_paged(config: PagedConfig, presets=None) -> PagedKVCache:
+def build_paged(config: PagedConfig, presets=None, parallelism: Parallelism = SINGLE) -> PagedKVCache:
     """A paged (optionally prefix-caching) KV cache sized from ``config``."""
-    num_blocks, sizing = pool_size(config, presets)
+    num_blocks, sizing = pool_size(config, presets, parallelism)
     bytes_per_block, link = link_of(config, sizing)
     swap_blocks = config.swap_blocks or 0
     if config.swap_space_gib:
@@ -148,11 +152,11 @@ class RadixConfig(PoolConfig):
                                      "single tokens, exact but slow for long prompts)")
 
 
-def build_radix(config: RadixConfig, presets=None):
+def build_radix(config: RadixConfig, presets=None, parallelism: Parallelism = SINGLE):
     """SGLang's radix-tree prefix cache sized from ``config``."""
     from .radix import RadixKVCache
 
-    num_blocks, sizing = pool_size(config, presets)
+    num_blocks, sizing = pool_size(config, presets, parallelism)
     bytes_per_block, _ = link_of(config, sizing)
     kv = RadixKVCache(num_blocks, config.block_size, host=host_tier(config, sizing), bytes_per_block=bytes_per_block)
     kv.sizing = sizing

@@ -1,7 +1,8 @@
 """Built-in routers for several-instance runs (``[cluster] router = {kind = ...}``).
 
-``round_robin`` (the default), ``least_outstanding``, ``least_kv``, ``prefix_affinity`` and
-``class``. Every router is deterministic and does O(instances) work per request.
+``round_robin`` (the default), ``least_outstanding``, ``least_kv``, ``prefix_affinity``,
+``class`` and ``vllm_dp`` (vLLM's data-parallel load balancer, the default of data-parallel
+ranks). Every router is deterministic and does O(instances) work per request.
 """
 
 import schedlab
@@ -9,10 +10,12 @@ import schedlab
 from .affinity import PrefixAffinityConfig, PrefixAffinityRouter, prefix_key
 from .balancing import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter, kv_usage, least_outstanding
 from .classes import ClassRouter, ClassRoutingConfig
+from .data_parallel import DataParallelRouter, DataParallelRouterConfig
 
 __all__ = [
-    "ClassRouter", "ClassRoutingConfig", "LeastKVRouter", "LeastOutstandingRouter", "PrefixAffinityConfig",
-    "PrefixAffinityRouter", "RoundRobinRouter", "kv_usage", "least_outstanding", "prefix_key",
+    "ClassRouter", "ClassRoutingConfig", "DataParallelRouter", "DataParallelRouterConfig", "LeastKVRouter",
+    "LeastOutstandingRouter", "PrefixAffinityConfig", "PrefixAffinityRouter", "RoundRobinRouter", "kv_usage",
+    "least_outstanding", "prefix_key",
 ]
 
 
@@ -27,3 +30,5 @@ def schedlab_register_routers(register):
              help="same prefix group (or first block hash) -> same instance; others least outstanding")
     register("class", ClassRouter, config=ClassRoutingConfig,
              help="request_class -> its own instances (e.g. interactive vs batch), least outstanding within")
+    register("vllm_dp", DataParallelRouter, config=DataParallelRouterConfig,
+             help="vLLM's data-parallel load balancer: lowest 4 x waiting + running from a load snapshot")

@@ -492,9 +492,8 @@ class ReferenceEngine:
             if on_finish is not None:
                 on_finish(seq, self.now)
 
-    def _execute(self, plan: RefPlan) -> None:
-        counters = self.counters
-        high_water = self.rec.kv_high_water * self.kv.num_blocks
+    def plan_batch(self, plan: RefPlan) -> tuple[Batch, list, list]:
+        """The shape of the iteration ``plan`` describes, its decoders and their drafts."""
         decoders = plan.decoders()
         drafts = [plan.drafts[s][0] if self.spec is not None else 0 for s in decoders]
         contexts = [s.num_computed_tokens + 1 + d for s, d in zip(decoders, drafts)]
@@ -508,6 +507,12 @@ class ReferenceEngine:
         )
         if decoders and getattr(self.cost, "needs_context_range", False):
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
+        return batch, decoders, drafts
+
+    def _execute(self, plan: RefPlan) -> None:
+        counters = self.counters
+        high_water = self.rec.kv_high_water * self.kv.num_blocks
+        batch, decoders, drafts = self.plan_batch(plan)
         duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
         duration += plan.transfer_ms
         check_iteration_end(self.now, duration, batch)

@@ -16,10 +16,11 @@ at this load -- answered by searching instead of enumerating::
 Each *candidate* (a GPU, a tensor-parallel degree and a point of the space) sets the GPU and
 the degree in the run's cost model and KV cache (``gpu_keys``, ``tensor_parallel_keys``). A
 deployment is a candidate with a number of instances; it costs instances x tensor parallel x
-the GPU's price per hour. Adding instances never hurts an SLO, so for each candidate a 1-D
-search (:mod:`schedlab.study.search`) finds the fewest instances that meet the constraints, in
-log(max_instances) runs instead of max_instances. Candidates that cannot hold the model
-(``ConfigError`` when assembling) are skipped with the reason.
+pipeline stages (``[cluster] pipeline_parallel``) x the GPU's price per hour. Adding instances
+never hurts an SLO, so for each candidate a 1-D search (:mod:`schedlab.study.search`) finds the
+fewest instances that meet the constraints, in log(max_instances) runs instead of max_instances.
+Candidates that cannot hold the model (``ConfigError`` when assembling) are skipped with the
+reason.
 
 Pruning by cost, in waves so that the runs made never depend on timing: candidates are
 searched in groups of equal price per instance, cheapest group first, all members of a group
@@ -124,7 +125,7 @@ class Candidate:
     point: dict
     gpu: str
     tensor_parallel: int
-    unit_cost: float       # price per hour of one instance
+    unit_cost: float       # price per hour of one instance (its tensor-parallel x pipeline GPUs)
     tables: dict
 
 
@@ -143,8 +144,9 @@ def candidates(study, where: str) -> list[Candidate]:
                     tables = set_dotted(tables, key, tp)
                 for key, value in point.items():
                     tables = set_dotted(tables, key, value)
+                stages = (tables.get("cluster") or {}).get("pipeline_parallel", 1)  # GPUs per instance: tp x stages
                 out.append(Candidate(len(out), {"gpu": gpu, "tensor_parallel": tp, **point}, gpu, tp,
-                                     float(price) * tp, tables))
+                                     float(price) * tp * (stages if isinstance(stages, int) else 1), tables))
     return out
 
 

@@ -15,18 +15,25 @@ import attrs
 
 from ..capacity import Presets
 from ..catalog import Catalog
-from ..configs import MAX_INSTANCES, FieldError, float_field, from_table, int_field, str_field, table_field
+from ..configs import (MAX_INSTANCES, FieldError, bool_field, float_field, from_table, int_field, str_field,
+                       table_field)
 from ..drafting import DraftingCostModel
 from ..energy.meter import EnergyMeter, close_meters, run_start
 from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
+from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
+from ..engine.pipeline import PipelinedInstance
+from ..engine.rank_cost import RankCost
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
+from ..engine.reference_lockstep import ReferenceDataParallel
+from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
+from ..parallelism import SINGLE, Parallelism
 from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
 from .overrides import merge_tables
@@ -58,12 +65,33 @@ class ClusterConfig:
     decode: dict | None = table_field(None, help="disaggregated: the decode pool (same keys as prefill)")
     link: dict | None = table_field(None, help="disaggregated: the KV link from a prefill to a decode instance "
                                                "(bandwidth_gbps, latency_us)")
+    # Data, expert and pipeline parallelism (schedlab.parallelism): handed to the plugins'
+    # factories, so the KV cache and the cost model follow the same layout.
+    data_parallel: int = int_field(1, min=1, max=MAX_INSTANCES,
+                                   help="data-parallel ranks, each with its own scheduler and KV cache (vLLM "
+                                        "--data-parallel-size; router: vllm_dp); a MoE model's step together")
+    expert_parallel: bool = bool_field(False, help="data_parallel > 1: whole experts spread over the ranks' GPUs "
+                                                   "(vLLM --enable-expert-parallel), else every expert sharded")
+    expert_balancedness: float = float_field(
+        1.0, min=0.0, max=1.0, min_exclusive=True,
+        help="mean over max of the tokens the experts' GPUs receive (vLLM EPLB's balancedness; 1 = even)")
+    pipeline_parallel: int = int_field(1, min=1, max=64,
+                                       help="pipeline stages of each instance (vLLM --pipeline-parallel-size), one "
+                                            "batch in flight per stage")
 
     def __attrs_post_init__(self):
+        self.parallelism  # noqa: B018 -- checks the layout's settings together
         if self.mode == "colocated":
             for name in ("prefill", "decode", "link"):
                 if getattr(self, name) is not None:
                     raise FieldError(name, "only a cluster with mode = 'disaggregated' has pools and links")
+        elif self.parallelism != SINGLE:
+            raise FieldError("data_parallel" if self.data_parallel > 1 else "pipeline_parallel",
+                             "a disaggregated cluster with data or pipeline parallelism is not modelled")
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return Parallelism(self.data_parallel, self.expert_parallel, self.expert_balancedness, self.pipeline_parallel)
 
 
 @attrs.frozen
@@ -134,7 +162,8 @@ class Context:
 
 
 def _call_factory(factory: Callable, config, presets: Presets, **extra):
-    """``factory(config)``, with the presets and any of ``extra`` its signature names."""
+    """``factory(config)``, with the presets and any of ``extra`` its signature names (the run's
+    ``parallelism`` layout, a power model's ``cost_model`` and ``tensor_parallel``)."""
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
@@ -167,12 +196,13 @@ def component_config(ctx: Context, kind: str, table: dict, where: str):
     return entry, config
 
 
-def build_component(ctx: Context, kind: str, table: dict, where: str, **extra):
-    """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``; ``extra``
-    goes to factories that name it (a power model's ``cost_model`` and ``tensor_parallel``)."""
+def build_component(ctx: Context, kind: str, table: dict, where: str, parallelism: Parallelism = SINGLE, **extra):
+    """Turn ``{kind = "...", ...}`` into a plugin object, with errors naming ``where``; the run's
+    ``parallelism`` layout and ``extra`` go to factories that name them (a power model's
+    ``cost_model`` and ``tensor_parallel``)."""
     entry, config = component_config(ctx, kind, table, where)
     try:
-        return _call_factory(entry.factory, config, ctx.presets, **extra)
+        return _call_factory(entry.factory, config, ctx.presets, parallelism=parallelism, **extra)
     except (ConfigError, UnknownPluginError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
     except FieldError as exc:  # a factory's check across settings (e.g. swap space needs a block size)
@@ -206,15 +236,18 @@ class Assembled:
     link: LinkConfig | None = None
     power: list | None = None  # with [power]: each instance's power model (same order as instances)
     client_side: ClientSide | None = None  # [frontend] and [client]: the way to the engine, timeouts
+    parallelism: Parallelism = SINGLE
+    lockstep: bool = False  # data-parallel ranks of a MoE model step together (else: independent instances)
 
 
 def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
-                     speculative: SpeculativeConfig | None, power: list | None = None) -> list[tuple]:
+                     speculative: SpeculativeConfig | None, power: list | None = None,
+                     parallelism: Parallelism = SINGLE) -> list[tuple]:
     """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
     parts = []
     for _ in range(count):
-        scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]")
+        scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]", parallelism)
                                for kind in ("scheduler", "cost_model", "kv_cache"))
         if speculative is not None:
             cost = _drafting(ctx, speculative, cost, where)
@@ -282,6 +315,12 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
                               "[cluster.prefill] and [cluster.decode]")
         assembled = _assemble_disaggregated(ctx, tables, cluster, workload, slo, speculative, where, check_only)
         return attrs.evolve(assembled, client_side=client_side)
+    parallelism = cluster.parallelism
+    if parallelism != SINGLE:
+        if client_side is not None:
+            raise ConfigError(f"{where} [{'frontend' if client_side.frontend is not None else 'client'}]: "
+                              "not simulated with data_parallel or pipeline_parallel layouts yet")
+        return _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where, check_only)
     power = [] if "power" in tables else None
     parts = _build_instances(ctx, tables, 1 if check_only else cluster.instances, where, "", speculative, power)
     router = None
@@ -309,6 +348,45 @@ def _client_side(tables: dict, cluster: ClusterConfig, where: str) -> ClientSide
                 raise ConfigError(f"{where} [client]: {key}: must be longer than the network hop ([frontend] "
                                   f"network_ms = {network:g}), got {value:g}")
     return ClientSide(frontend, client)
+
+
+def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, cluster_table: dict, workload, slo,
+                       speculative, where: str, check_only: bool) -> Assembled:
+    """Data-parallel ranks (one instance each, stepping together for a MoE model) or pipelined
+    instances; the plugins get the layout (:class:`~schedlab.parallelism.Parallelism`)."""
+    parallelism = cluster.parallelism
+    if speculative is not None:
+        raise ConfigError(f"{where} [speculative]: speculative decoding with data or pipeline parallelism is not "
+                          "modelled")
+    for kind in ("power", "clock"):
+        if tables.get(kind) is not None:
+            raise ConfigError(f"{where} [{kind}]: energy and clocks with data or pipeline parallelism are not "
+                              "modelled yet")
+    if parallelism.lockstep and "instances" in cluster_table:
+        raise ConfigError(f"{where} [cluster]: instances: a data-parallel deployment is one instance of "
+                          f"data_parallel = {parallelism.data_parallel} ranks; several such deployments are not "
+                          "modelled")
+    count = parallelism.data_parallel if parallelism.lockstep else cluster.instances
+    parts = _build_instances(ctx, tables, 1 if check_only else count, where, "", speculative, parallelism=parallelism)
+    cost = parts[0][1]
+    lockstep = False
+    if parallelism.lockstep:
+        rank_ms, experts_ms = getattr(cost, "rank_ms", None), getattr(cost, "experts_ms", None)
+        if not (callable(rank_ms) and callable(experts_ms)):
+            raise ConfigError(f"{where} [cost_model]: {type(cost).__name__} does not time data-parallel ranks "
+                              "(it needs rank_ms and experts_ms, see schedlab.protocols); the roofline and "
+                              "profiled cost models do")
+        lockstep = experts_ms((1,) * parallelism.data_parallel) is not None
+        if not lockstep and parallelism.expert_parallel:
+            raise ConfigError(f"{where} [cluster]: expert_parallel: the model has no routed experts")
+    if parallelism.pipelined and not callable(getattr(cost, "pipeline_ms", None)):
+        raise ConfigError(f"{where} [cost_model]: {type(cost).__name__} does not time pipeline stages (it needs "
+                          "pipeline_ms, see schedlab.protocols); the roofline and profiled cost models do")
+    router = None
+    if count > 1:
+        table = cluster.router if "router" in cluster_table or not parallelism.lockstep else {"kind": "vllm_dp"}
+        router = _build_router(ctx, table, count, f"{where} [cluster.router]")
+    return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep)
 
 
 def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
@@ -366,13 +444,31 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     started = time.perf_counter()
     try:
         requests = a.workload.requests(spec.seed)
+        # lockstep ranks and pipelined instances are timed by their cluster, not alone
+        wrap = RankCost if a.lockstep or a.parallelism.pipelined else (lambda c: c)
         if spec.engine == "reference":
-            engines = [ReferenceEngine(s, c, k, recorder, index=i, speculation=speculation, meter=m)
+            engines = [ReferenceEngine(s, wrap(c), k, recorder, index=i, speculation=speculation, meter=m)
                        for i, ((s, c, k), m) in enumerate(zip(a.instances, meters))]
         else:
-            engines = [Instance(i, s, c, k, recorder, observer=observer, speculation=speculation, meter=m)
+            engines = [Instance(i, s, wrap(c), k, recorder, observer=observer, speculation=speculation, meter=m)
                        for i, ((s, c, k), m) in enumerate(zip(a.instances, meters))]
-        if a.pools is not None:
+        lockstep = None
+        if a.parallelism.pipelined:
+            stages = a.parallelism.pipeline_parallel
+            if spec.engine == "reference":
+                ReferencePipelineCluster([ReferencePipeline(e, stages) for e in engines], a.router).run(
+                    requests, workload=a.workload)
+            else:
+                simulate(requests, [PipelinedInstance(e, stages) for e in engines], router=a.router,
+                         workload=a.workload)
+        elif a.lockstep:
+            if spec.engine == "reference":
+                lockstep = ReferenceDataParallel(engines, a.router)
+                lockstep.run(requests, workload=a.workload)
+            else:
+                lockstep = DataParallelCluster(engines, a.router)
+                simulate_data_parallel(requests, lockstep, workload=a.workload)
+        elif a.pools is not None:
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3)
             if spec.engine == "reference":
@@ -396,7 +492,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     meta = {
         "engine": spec.engine,
         "instances": count,
-        "gpus": sum(tensor_parallel(c, k) for _, c, k in a.instances),
+        "gpus": sum(tensor_parallel(c, k) for _, c, k in a.instances) * a.parallelism.pipeline_parallel,
         "slots": slots * count if slots and a.pools is None else None,
         "num_blocks": sum(k.num_blocks for _, _, k in a.instances),
         "block_size": kv.block_size,
@@ -415,6 +511,11 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
     if a.power is not None:
         meta["energy"] = close_meters(meters, run_start(recorder))
+    if a.parallelism != SINGLE:
+        meta["parallelism"] = attrs.asdict(a.parallelism)
+    if lockstep is not None:
+        meta["data_parallel"] = {"ranks": len(engines), "steps": lockstep.steps,
+                                 "dummy_rank_steps": lockstep.dummy_steps, "experts_ms": lockstep.experts_ms}
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
@@ -472,4 +573,6 @@ def _kv_summary(kv) -> dict:
                    gpu_memory_utilization=sizing.gpu_memory_utilization, bytes_per_token=sizing.bytes_per_token,
                    weight_bytes=sizing.weight_bytes, reserve_bytes=sizing.reserve_bytes,
                    kv_pool_bytes=sizing.kv_pool_bytes, derived_blocks=sizing.num_blocks)
+        if sizing.expert_gpus != sizing.tensor_parallel or sizing.pipeline_parallel > 1:
+            out.update(expert_gpus=sizing.expert_gpus, pipeline_parallel=sizing.pipeline_parallel)
     return out

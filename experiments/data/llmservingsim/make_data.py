@@ -16,6 +16,8 @@ COMMIT here), as laid out in ../shared/calibration/llmservingsim. For each real 
   so the 2.5 MB of token ids need not be copied;
 * ``meta.json`` and ``summary.txt`` of that run (engine settings; LLMServingSim's own
   validation).
+
+and the bundles in :data:`BUNDLES` (no real run of them here), moe.csv included.
 """
 
 import json
@@ -33,14 +35,23 @@ RUNS = (
     ("Llama-3.1-8B", "RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", 1, "llama-3.1-8b"),
     ("Qwen3-32B", "RTXPRO6000/Qwen/Qwen3-32B/bf16", 2, "qwen3-32b"),
 )
+#: Bundles without a real run here, for experiments/multi_gpu.toml: the MoE model's TP-1 profiles
+#: (its expert table, moe.csv, is profiled at TP 1 only).
+BUNDLES = (("RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16", 1),)
 
 
-def copy_run(source: Path, run_name: str, bundle: str, tp: int, stem: str) -> None:
+def copy_bundle(source: Path, bundle: str, tp: int) -> None:
     out = HERE / "profiles" / bundle
     (out / f"tp{tp}").mkdir(parents=True, exist_ok=True)
     shutil.copy(source / "profiler/perf" / bundle / "meta.yaml", out / "meta.yaml")
-    for name in ("dense.csv", "per_sequence.csv", "attention.csv", "skew_fit.csv"):
-        shutil.copy(source / "profiler/perf" / bundle / f"tp{tp}" / name, out / f"tp{tp}" / name)
+    for name in ("dense.csv", "per_sequence.csv", "attention.csv", "skew_fit.csv", "moe.csv"):
+        path = source / "profiler/perf" / bundle / f"tp{tp}" / name
+        if path.is_file() or name != "moe.csv":
+            shutil.copy(path, out / f"tp{tp}" / name)
+
+
+def copy_run(source: Path, run_name: str, bundle: str, tp: int, stem: str) -> None:
+    copy_bundle(source, bundle, tp)
     run = source / "bench/examples/RTXPRO6000" / run_name
     shutil.copy(run / "vllm/meta.json", HERE / f"vllm-rtxpro6000-{stem}.meta.json")
     shutil.copy(run / "validation/summary.txt", HERE / f"vllm-rtxpro6000-{stem}.llmservingsim-summary.txt")
@@ -59,6 +70,8 @@ def main(source: Path) -> None:
     shutil.copy(source / "COMMIT", HERE / "COMMIT")
     for run in RUNS:
         copy_run(source, *run)
+    for bundle in BUNDLES:
+        copy_bundle(source, *bundle)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+"""The routed experts of a data-parallel deployment: one step's expert layers across its GPUs.
+
+vLLM with ``--data-parallel-size D`` serves a MoE model on ``D x tp`` GPUs whose ranks step
+together: each data-parallel rank runs attention and the dense layers on its own batch (a rank
+with nothing to do runs a one-token dummy batch, ``execute_dummy_batch``), and every MoE layer
+then works on the tokens of *all* ranks (``FusedMoE``; vLLM's default ``all2all_backend``,
+``allgather_reducescatter``, ``AgRsAll2AllManager``):
+
+* **dispatch**: the data-parallel group all-gathers every rank's hidden states and router
+  logits (``(hidden_size + num_experts) x dtype`` bytes a token), each rank's piece padded to
+  the largest one, as vLLM pads the ranks' token counts to the largest under CUDA graphs
+  (``coordinate_batch_across_dp``);
+* **experts**: with ``--enable-expert-parallel`` each GPU holds ``experts / (D x tp)`` whole
+  experts and computes the (token, expert) pairs routed to them; without it every expert is
+  sharded over the ``D x tp`` GPUs, each computing ``1 / (D x tp)`` of every pair;
+* **combine**: the group reduce-scatters the outputs back to their ranks
+  (``tokens x hidden_size x dtype``).
+
+All three run in every decoder layer and wait for the slowest GPU. Collectives come from
+:mod:`.collectives` (each tensor-parallel rank is in its own data-parallel group, so the
+groups run side by side); the expert compute from the cost model, as a function of the
+(token, expert) pairs and the distinct experts one GPU computes (:class:`ExpertLayers`).
+
+**Load balance.** ``balancedness`` is vLLM's EPLB measure: the mean over the maximum of the
+pairs the GPUs receive. At 1 (default) the router spreads tokens evenly over the experts, so
+a GPU gets pairs in proportion to the experts it holds (vLLM gives the first ``experts % GPUs``
+GPUs one more); a real router is skewed (some experts are popular), and the busiest GPU then
+receives ``1 / balancedness`` of that, up to every token's pairs that its experts can take.
+The step waits for it.
+
+Not modelled: DeepEP / pplx all-to-all kernels (``all2all_backend``), redundant experts and
+EPLB's rebalancing, dense layers before the first MoE layer (DeepSeek's first three), the
+padded rows of CUDA graphs passing through the experts.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from schedlab.capacity import ModelSpec
+from schedlab.errors import ConfigError
+from schedlab.parallelism import Parallelism
+
+from .collectives import Collectives, Topology
+
+
+class ExpertLayers:
+    """One step's routed-expert layers over ``parallelism.data_parallel x tensor_parallel`` GPUs.
+
+    :param compute_ms: the expert layers of every decoder layer on one GPU, given the (token,
+        expert) pairs it computes *expressed in tokens* (pairs / experts per token: the
+        tokens a single-GPU MoE layer would route to make as many pairs) and the distinct
+        experts it reads. The cost model's own measure of its experts.
+    """
+
+    def __init__(self, model: ModelSpec, parallelism: Parallelism, tensor_parallel: int, topology: Topology,
+                 compute_ms: Callable[[float, float], float]):
+        if not model.is_moe:
+            raise ConfigError(f"model {model.name!r} has no routed experts")
+        if model.hidden_size is None:
+            raise ConfigError(f"model {model.name!r}: hidden_size is needed for the experts' dispatch and combine")
+        d = parallelism.data_parallel
+        self.ranks = d
+        self.gpus = d * tensor_parallel
+        self.expert_parallel = parallelism.expert_parallel
+        self.balancedness = parallelism.expert_balancedness
+        # vLLM (determine_expert_map) gives the first E % gpus GPUs one expert more: the busiest holds
+        # ceil(E / gpus)
+        self.local_experts = -(-model.num_experts // self.gpus)
+        self.experts = model.num_experts
+        self.top_k = model.experts_per_token
+        self.layers = model.num_layers
+        self._dispatch_bytes = (model.hidden_size + model.num_experts) * model.dtype_bytes
+        self._combine_bytes = model.hidden_size * model.dtype_bytes
+        per_node = min(d, max(1, topology.gpus_per_node // tensor_parallel))
+        self.collectives = Collectives(topology, d, per_node)
+        self._compute = compute_ms
+        self._memo: dict[tuple[int, int], float] = {}
+
+    def busiest_gpu(self, tokens: float) -> tuple[float, float]:
+        """``(pairs in tokens, distinct experts)`` the busiest GPU computes when ``tokens``
+        tokens are routed in one layer (uniform routing, scaled by the balancedness)."""
+        k, g = self.top_k, self.gpus
+        if not self.expert_parallel:
+            # Every GPU holds a 1/g shard of every expert: the work of 1/g of the pairs on 1/g
+            # of the experts the tokens touch (the tensor-parallel rule of the profiled model).
+            touched = self.experts * (1.0 - (1.0 - k / self.experts) ** tokens)
+            return tokens / g, touched / g
+        local = self.local_experts
+        pairs = min(tokens * k * local / self.experts / self.balancedness, tokens * min(k, local))
+        distinct = local * (1.0 - (1.0 - 1.0 / local) ** pairs) if local > 1 else min(pairs, 1.0)
+        return pairs / k, distinct
+
+    def step_ms(self, tokens: Sequence[int]) -> float:
+        """The expert layers of one step whose data-parallel ranks run ``tokens`` tokens each
+        (a rank running a dummy batch: 1)."""
+        if len(tokens) != self.ranks:
+            raise ValueError(f"expected the tokens of {self.ranks} data-parallel ranks, got {len(tokens)}")
+        total, largest = sum(tokens), max(tokens)
+        key = (total, largest)
+        ms = self._memo.get(key)
+        if ms is None:
+            c = self.collectives
+            padded = self.ranks * largest
+            per_layer = (c.all_gather_ms(padded * self._dispatch_bytes)
+                         + c.reduce_scatter_ms(padded * self._combine_bytes))
+            ms = self.layers * per_layer + self._compute(*self.busiest_gpu(total))
+            if len(self._memo) < 1 << 16:
+                self._memo[key] = ms
+        return ms
+

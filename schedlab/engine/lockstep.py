@@ -1,0 +1,276 @@
+"""Data-parallel ranks of a MoE deployment stepping together, in the fast engine.
+
+vLLM's ``--data-parallel-size D`` (with or without ``--enable-expert-parallel``; SGLang's
+``--enable-dp-attention``) runs ``D`` engine cores, each with its own scheduler, KV cache and
+requests (a router, vLLM's DP load balancer, picks the rank of each arrival). Their MoE
+layers exchange tokens every step, so the ranks step together: while any rank has requests,
+every rank runs a step (one with nothing scheduled runs a dummy batch,
+``DPEngineCoreProc.run_busy_loop`` / ``execute_dummy_batch``), and the step lasts as long as
+the slowest rank's own part (attention, dense layers, its swaps) plus the routed experts of
+all ranks' tokens, dispatch and combine included (the cost model's ``rank_ms`` and
+``experts_ms``, see :mod:`schedlab.protocols`). When no rank has work, the ranks pause.
+
+Each rank is a fast :class:`~schedlab.engine.instance.Instance` whose cost model is a
+:class:`~schedlab.engine.rank_cost.RankCost`: the cluster plans every rank, times the step
+from their batches, sets it, and lets each rank execute its plan.
+
+**Bulk runs.** A run of identical decode steps is executed in one go only when every rank's
+would be: each rank's plan decodes only and its plugins allow bulk runs (or it is idle and
+stays so), and the step time stays linear -- the step is ``max_r(rank part_r(j)) + experts``,
+the experts' part is constant in a decode run (tokens do not change), and each rank's part
+grows linearly, so the maximum is linear while the same rank stays the slowest: the run ends
+before another rank's line crosses it. It also ends at every rank's own events (a finish, a
+KV shortage, a wake-up) and at the next arrival. Otherwise the ranks step one at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+from ..errors import SimulationError, StallError
+from ..protocols import Batch
+from . import bulk
+from .driver import ArrivalQueue, route
+from .instance import Instance
+from .load import RoutingClock, views_of
+from .plan import FastPlan
+from .rank_cost import DUMMY, RankCost
+from .sequence import DECODING
+
+INF = math.inf
+
+
+def rank_batch(inst: Instance, plan: FastPlan) -> Batch:
+    """The batch ``inst`` will execute for ``plan`` (what its ``_execute`` computes, without
+    changing anything; no speculation)."""
+    steps = inst.clock.steps
+    prefill_tokens = prefill_context = 0
+    for seq, n in plan.prefills:
+        prefill_tokens += n
+        prefill_context += seq._computed
+    if plan.partial_decode:
+        contexts = [s.num_computed_tokens + 1 for s in inst.running
+                    if s.status == DECODING and s.plan_mark == plan.serial]
+        batch = Batch(len(contexts), sum(contexts), len(plan.prefills), prefill_tokens, prefill_context)
+        if contexts and inst.track_range:
+            batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
+        return batch
+    n_dec = inst.n_decoding if plan.decodes_all else 0
+    batch = Batch(n_dec, inst.ctx_offset + n_dec * steps if n_dec else 0, len(plan.prefills), prefill_tokens,
+                  prefill_context)
+    if n_dec and inst.track_range:
+        batch.decode_context_max, batch.decode_context_min = inst._context_range(steps)
+    return batch
+
+
+def _increment(value) -> tuple[float, float] | None:
+    """A cost model's decode increment as ``(increment, steps it holds)``; None: no bulk run."""
+    if value is None:
+        return None
+    inc, valid = value if type(value) is tuple else (value, INF)
+    if not inc >= 0.0:
+        return None
+    return inc, valid
+
+
+class DataParallelCluster:
+    """Data-parallel ranks (fast instances) behind a router, stepping together.
+
+    :param ranks: the ranks, each an :class:`Instance` whose cost model is a :class:`RankCost`.
+    :param router: picks the rank of each arrival (required for more than one rank).
+    """
+
+    def __init__(self, ranks: Sequence[Instance], router=None):
+        if len(ranks) > 1 and router is None:
+            raise ValueError("several data-parallel ranks need a router")
+        for inst in ranks:
+            if not isinstance(inst.cost, RankCost):
+                raise TypeError("a data-parallel rank's cost model must be a RankCost")
+            if inst.spec is not None:
+                raise SimulationError("speculative decoding with data parallelism is not modelled")
+        self.ranks = list(ranks)
+        self.router = router
+        self.costs = [inst.cost for inst in self.ranks]
+        self.inner = [c.inner for c in self.costs]
+        self._clock = RoutingClock()
+        self._views = views_of(self.ranks, self._clock)
+        self.now = 0.0
+        self._dummy_ms = [c.rank_ms(DUMMY) for c in self.inner]
+        if self.inner[0].experts_ms((1,) * len(self.ranks)) is None:
+            raise SimulationError("the ranks of a dense model do not step together: serve it as instances "
+                                  "behind a router")
+        # What the run did, for its results (meta["data_parallel"]).
+        self.steps = 0
+        self.dummy_steps = 0     # (rank, step) pairs that ran a dummy batch
+        self.experts_ms = 0.0    # time of the steps spent in the routed experts' layers
+
+    # -- arrivals ------------------------------------------------------------------------------
+    def arrive(self, request, seq_no: int) -> Instance:
+        """Route ``request`` to a rank (seeing every rank as it is at its arrival)."""
+        if self.router is not None:
+            self._clock.now = request.arrival_ms
+            target = self.ranks[route(self.router, request, self._views)]
+        else:
+            target = self.ranks[0]
+        target.arrive(request, seq_no)
+        return target
+
+    def has_work(self) -> bool:
+        return any(inst.has_work() for inst in self.ranks)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def advance(self, until: float, stop_on_finish: bool = False) -> str:
+        """Run every step that starts before ``until``; returns ``"until"``, ``"idle"`` (no
+        rank has work), ``"finished"`` (after a step in which requests finished, with
+        ``stop_on_finish``) or ``"blocked"`` (work is left, nothing is planned, no wake-up)."""
+        empty = 0
+        while self.now < until:
+            if not self.has_work():
+                if until < INF:
+                    self._move_to(until)
+                return "idle"
+            plans = [self._plan(inst) for inst in self.ranks]
+            if all(p.is_empty() for p in plans):
+                empty += 1
+                if empty > 1000:
+                    raise StallError(self.ranks[0]._stall_message("the schedulers keep planning empty steps"))
+                wake = min((p.wake for p in plans if p.wake is not None), default=INF)
+                if any(p.preempted for p in plans) or wake <= self.now:
+                    continue  # plan again at once
+                target = min(wake, until)
+                if target == INF:
+                    return "blocked"
+                self._move_to(target)
+                continue
+            empty = 0
+            self._step(plans, until)
+            if stop_on_finish and any(inst.finished for inst in self.ranks):
+                return "finished"
+        return "until"
+
+    def _plan(self, inst: Instance) -> FastPlan:
+        inst.serial += 1
+        plan = FastPlan(inst, inst.serial)
+        if not (inst.bulk_ok and inst.n_decoding and not (inst.waiting or inst.prefilling or inst.swapped)
+                and plan.decode_all()):
+            inst.scheduler.schedule(plan)  # else: nothing to decide but decoding (stable_between_events)
+        return plan
+
+    def _move_to(self, t: float) -> None:
+        """Every rank waits, holding its blocks, until ``t`` (the end of a step: ranks that
+        executed it are there already, but for rounding)."""
+        for inst in self.ranks:
+            if inst.now < t:
+                inst._hold_blocks(t)
+            inst.now = t
+        self.now = t
+
+    def _step(self, plans: list, until: float) -> None:
+        ranks, inner = self.ranks, self.inner
+        working = [not p.is_empty() for p in plans]
+        batches = [rank_batch(inst, p) if w else DUMMY for inst, p, w in zip(ranks, plans, working)]
+        # a rank computing nothing (idle, or only swapping) runs the dummy batch (and its swaps)
+        parts = [(inner[r].rank_ms(b) if b.num_batched_tokens else self._dummy_ms[r]) + plans[r].transfer_ms
+                 for r, b in enumerate(batches)]
+        tokens = tuple(b.num_batched_tokens or 1 for b in batches)
+        experts = inner[0].experts_ms(tokens)
+        d0 = max(parts) + experts
+        k, inc = self._run(plans, working, batches, parts, d0, until)
+        for r, inst in enumerate(ranks):
+            if working[r]:
+                cost = self.costs[r]
+                cost.step_ms = d0 - plans[r].transfer_ms
+                cost.tokens = batches[r].num_batched_tokens
+                cost.run = (inc, k) if k > 1 else None
+                inst.events += 1
+                inst._execute(plans[r], until)
+        end = self.now + (bulk.run_ms(k, d0, inc) if k > 1 else d0)
+        self._move_to(end)
+        self.steps += k
+        self.dummy_steps += k * working.count(False)
+        self.experts_ms += k * experts
+
+    def _run(self, plans, working, batches, parts, d0: float, until: float) -> tuple[int, float]:
+        """How many identical steps to run from here, and each one's growth (see the module
+        docstring); ``(1, 0.0)`` when the ranks step one at a time."""
+        lines = []  # (rank part at the first step, its increment, steps it holds)
+        for r, inst in enumerate(self.ranks):
+            plan = plans[r]
+            if not working[r]:
+                if inst.has_work() and not inst.bulk_ok:
+                    return 1, 0.0  # an idle rank whose scheduler may change its mind any step
+                lines.append((parts[r], 0.0, INF))
+                continue
+            if not (inst.bulk_ok and inst.n_decoding and plan.is_decode_only()):
+                return 1, 0.0
+            line = _increment(self.inner[r].decode_step_increment(batches[r]))
+            if line is None:
+                return 1, 0.0
+            lines.append((parts[r], *line))
+        a = max(range(len(lines)), key=lambda r: lines[r][:2])
+        top, inc, _ = lines[a]
+        k = INF
+        for r, (part, grows, valid) in enumerate(lines):
+            k = min(k, valid)
+            if r != a and grows > inc:  # this rank's line overtakes the slowest's after ...
+                j = math.floor((top - part) / (grows - inc))
+                while j > 0 and top + j * inc < part + j * grows:
+                    j -= 1
+                k = min(k, j + 1)
+        if k <= 1:
+            return 1, 0.0
+        for r, inst in enumerate(self.ranks):
+            plan = plans[r]
+            if working[r]:
+                growth = bulk.Growth(inst.cross_at, inst.n_growing, inst.clock.steps) if inst.n_growing else None
+                k = min(k, inst._run_length(plan, d0, inc, until, growth))
+            else:
+                if plan.wake_steps is not None:
+                    k = min(k, plan.wake_steps)
+                if plan.wake is not None:
+                    k = min(k, bulk.steps_before(self.now, plan.wake, d0, inc) if plan.wake > self.now else 1)
+        return (int(k), inc) if k > 1 else (1, 0.0)
+
+    def take_finished(self) -> list:
+        done = []
+        for inst in self.ranks:
+            done.extend(inst.take_finished())
+        return done
+
+
+def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, workload=None) -> None:
+    """Run a :class:`DataParallelCluster` until every request has finished or been rejected.
+
+    Arrivals are routed in time order, each seeing the ranks as they are then; the ranks run
+    every step that starts before the next arrival. A closed-loop workload's follow-ups are
+    released after each step that finished requests.
+    """
+    closed = workload is not None and getattr(workload, "closed_loop", False)
+    for inst in cluster.ranks:
+        inst.track_finished = closed
+    arrivals = ArrivalQueue(requests)
+    delivered = 0
+    while True:
+        t = arrivals.next_time()
+        status = cluster.advance(t, stop_on_finish=closed)
+        if closed:
+            _release(cluster, arrivals, workload)
+            if status == "finished":
+                continue
+        if status == "blocked" and t == INF:
+            busy = next(inst for inst in cluster.ranks if inst.has_work())
+            raise StallError(busy._stall_message("no arrivals are left and the scheduler plans nothing"))
+        if t == INF:
+            return
+        while arrivals.next_time() <= t:
+            cluster.arrive(arrivals.pop(), delivered)
+            delivered += 1
+            if closed:
+                _release(cluster, arrivals, workload)  # a request rejected at once releases its successor
+
+
+def _release(cluster: DataParallelCluster, arrivals: ArrivalQueue, workload) -> None:
+    for request, finished_at in cluster.take_finished():
+        for follow_up in workload.on_finish(request, finished_at):
+            arrivals.release(follow_up)

@@ -1,0 +1,170 @@
+"""Pipelined instances in the reference engine: batches launched and landed one by one.
+
+The rules (and vLLM's code they follow) are in :mod:`schedlab.engine.stages`; the fast engine's
+version is :mod:`schedlab.engine.pipeline`. Here a :class:`ReferencePipeline` wraps a
+:class:`~schedlab.engine.reference.ReferenceEngine` and :class:`ReferencePipelineCluster` runs
+several behind a router in plain time order: a batch landing is an event like an arrival, and
+comes before an arrival at the same time (that batch has ended when the arrival is routed);
+after each landing the instance launches again. Sequences in a batch in flight are marked
+``in_flight`` and the scheduler sees the running list without them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..errors import StallError
+from .reference import RefPlan, ReferenceEngine
+from .reference_cluster import ReferenceCluster
+from .stages import IN_FLIGHT, StageClock, VisibleRunning
+
+INF = math.inf
+
+
+class PipelinePlan(RefPlan):
+    """A plan that sees only the running sequences not in flight (their slots still count)."""
+
+    @property
+    def running(self):
+        return VisibleRunning(self._e.running)
+
+
+class ReferencePipeline:
+    """A reference instance whose batches go through ``stages`` stages (the cluster reads it as
+    it reads a :class:`ReferenceEngine`)."""
+
+    role = None
+
+    def __init__(self, engine: ReferenceEngine, stages: int):
+        self.e = engine
+        self.stages = stages
+        self.clock = StageClock(stages)
+        self.flights: list = []   # [plan, sequences and their statuses, launch time, completion, tokens]
+        self.pending = True       # a launch is due at the engine's time
+        self.sleep_until = None
+        self.last_landing = -INF
+
+    # -- what the cluster and the routers read --------------------------------------------------------
+    index = property(lambda self: self.e.index)
+    outstanding = property(lambda self: self.e.outstanding)
+    waiting = property(lambda self: self.e.waiting)
+    running = property(lambda self: self.e.running)
+    kv = property(lambda self: self.e.kv)
+    release = property(lambda self: self.e.release)
+    events = property(lambda self: self.e.events)
+
+    @property
+    def on_request_done(self):
+        return self.e.on_request_done
+
+    @on_request_done.setter
+    def on_request_done(self, callback) -> None:
+        self.e.on_request_done = callback
+
+    def arrive(self, request, seq_no: int):
+        return self.e.arrive(request, seq_no)
+
+    def settle(self, t: float) -> None:
+        """Nothing to abort: client timeouts are not simulated with pipelines (the run refuses them)."""
+
+    def has_work(self) -> bool:
+        return bool(self.flights) or self.e.has_work()
+
+    def next_plan_time(self) -> float:
+        """When it launches next (inf while it waits for a batch to land)."""
+        if not self.pending:
+            return INF
+        return self.e.now if self.sleep_until is None else max(self.sleep_until, self.e.now)
+
+    def next_landing(self) -> float:
+        return self.flights[0][3] if self.flights else INF
+
+    def wake(self, t: float) -> None:
+        """An arrival (or its sleep's end): it plans then, unless it waits for a batch to land."""
+        if self.pending:
+            self.e.wake(t)
+            self.sleep_until = None
+
+    # -- launching and landing -------------------------------------------------------------------
+    def step(self) -> None:
+        """Launch batches until ``stages`` are in flight or the scheduler plans nothing."""
+        e = self.e
+        plan = None
+        while len(self.flights) < self.stages:
+            e.serial += 1
+            plan = PipelinePlan(e, e.serial)
+            e.scheduler.schedule(plan)
+            if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
+                break
+            self._launch(plan)
+            plan = None
+        if self.flights:
+            self.pending = False
+            return
+        e.empty_plans += 1
+        if e.empty_plans > 1000:
+            raise StallError(f"reference engine: instance {e.index}: the scheduler keeps planning empty iterations")
+        wake = plan.wake if plan.wake is not None else INF
+        if not plan.preempted and wake > e.now:
+            self.sleep_until = wake
+
+    def _launch(self, plan: RefPlan) -> None:
+        e = self.e
+        e.empty_plans = 0
+        batch = e.plan_batch(plan)[0]
+        tokens = batch.num_batched_tokens
+        stage_ms, send_ms = e.cost.inner.pipeline_ms(batch) if tokens else ([0.0] * self.stages, 0.0)
+        stage_ms = list(stage_ms)
+        stage_ms[0] += plan.transfer_ms  # swaps before the first stage; the batch's time then includes them
+        plan.transfer_ms = 0.0
+        completion = self.clock.launch(e.now, stage_ms, send_ms)
+        members = set(plan.decoders()) | {s for s, _ in plan.prefills}
+        flown = [(s, s.status) for s in e.running if s in members]
+        for s, _ in flown:
+            s.status = IN_FLIGHT
+        self.flights.append([plan, flown, e.now, completion, tokens])
+
+    def land(self) -> None:
+        """The oldest batch is back: its sequences return and its plan executes, over the time
+        since the previous landing (or its launch, if later)."""
+        e = self.e
+        plan, flown, launched, completion, tokens = self.flights.pop(0)
+        others = [s for s in e.running if s.status == "decoding"]  # not in this batch: sit it out
+        for s in others:
+            s.status = IN_FLIGHT
+        for s, status in flown:
+            s.status = status
+        start = max(launched, self.last_landing)
+        if e.now < start:
+            e.wake(start)
+        e.now = start
+        e.cost.step_ms = completion - start
+        e.cost.tokens = tokens
+        e.cost.run = None
+        e.events += 1
+        e._execute(plan)
+        if e.now < completion:
+            e.wake(completion)
+        e.now = self.last_landing = completion
+        for s in others:
+            s.status = "decoding"
+        self.pending = True
+        self.sleep_until = None
+
+
+class ReferencePipelineCluster(ReferenceCluster):
+    """Pipelined reference instances behind a router: landings are events, before arrivals."""
+
+    def __init__(self, instances: Sequence[ReferencePipeline], router=None):
+        super().__init__(instances, router)
+
+    def next_other(self) -> float:
+        return min(inst.next_landing() for inst in self.instances)
+
+    def deliver_other(self, t: float) -> None:
+        while True:
+            c, _, inst = min((inst.next_landing(), inst.index, inst) for inst in self.instances)
+            if c > t:
+                return
+            inst.land()

@@ -1,0 +1,122 @@
+"""Running data-parallel (lockstep) and pipeline-parallel deployments from plugin objects.
+
+:class:`LinearParallelCost` is a cost model with every optional part the parallel layouts ask
+for, in exact binary fractions (the ``linear`` model's iteration as one rank's part and as the
+layers split over stages, a linear price for the experts and for the stages' sends), so
+hand-computed cases and the differential tests between the engines are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import attrs
+
+from ..engine.rank_cost import RankCost
+from ..engine.recorder import Recorder
+from ..engine.reference import ReferenceEngine
+from ..results.records import RunResult
+
+
+@attrs.frozen
+class ParallelPrices:
+    """The extra prices of :class:`LinearParallelCost` (ms)."""
+
+    expert_base_ms: float = 1.0          # a step's experts, whatever the tokens
+    expert_ms_per_token: float = 0.0625  # per token of all ranks together (the busiest GPU's experts)
+    dispatch_ms_per_token: float = 0.125  # per token of the largest rank (all-gather and reduce-scatter, padded)
+    send_ms_per_token: float = 0.0625    # pipeline: activations of one token from a stage to the next
+    send_base_ms: float = 0.25
+
+
+class LinearParallelCost:
+    """The ``linear`` cost model (``inner``) with a data-parallel rank's part, the experts of a
+    lockstep step and pipeline stages (each stage an equal share of the iteration)."""
+
+    def __init__(self, inner, prices: ParallelPrices = ParallelPrices(), stages: int = 1, moe: bool = True):
+        self.inner = inner
+        self.prices = prices
+        self.stages = stages
+        self.moe = moe
+        self.config = getattr(inner, "config", None)
+
+    def rank_ms(self, batch) -> float:
+        return self.inner.iteration_ms(batch)
+
+    def experts_ms(self, tokens: Sequence[int]) -> float | None:
+        if not self.moe:
+            return None
+        p = self.prices
+        return p.expert_base_ms + p.expert_ms_per_token * sum(tokens) + p.dispatch_ms_per_token * max(tokens)
+
+    def iteration_ms(self, batch) -> float:
+        ms = self.rank_ms(batch)
+        return ms + self.experts_ms((batch.num_batched_tokens,)) if self.moe else ms
+
+    def decode_step_increment(self, batch):
+        return self.inner.decode_step_increment(batch)
+
+    def pipeline_ms(self, batch):
+        share = self.iteration_ms(batch) / self.stages
+        p = self.prices
+        return (share,) * self.stages, p.send_base_ms + p.send_ms_per_token * batch.num_batched_tokens
+
+
+def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
+                      engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+    """Simulate ``requests`` on ``ranks`` data-parallel ranks stepping together.
+
+    ``make`` makes one rank's ``(scheduler, cost model, KV cache)``; the cost model needs
+    ``rank_ms`` and ``experts_ms`` (e.g. :class:`LinearParallelCost`). ``meta["kvs"]`` holds every
+    rank's KV cache and ``meta["data_parallel"]`` what the lockstep did.
+    """
+    from ..engine.instance import Instance
+    from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
+    from ..engine.reference_lockstep import ReferenceDataParallel
+
+    rec = Recorder()
+    parts = [make() for _ in range(ranks)]
+    if engine == "reference":
+        engines = [ReferenceEngine(s, RankCost(c), k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
+        cluster = ReferenceDataParallel(engines, router)
+        cluster.run(list(requests), workload=workload)
+    else:
+        engines = [Instance(i, s, RankCost(c), k, rec) for i, (s, c, k) in enumerate(parts)]
+        cluster = DataParallelCluster(engines, router)
+        simulate_data_parallel(list(requests), cluster, workload=workload)
+    meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": ranks,
+            "events": sum(e.events for e in engines),
+            "data_parallel": {"ranks": ranks, "steps": cluster.steps, "dummy_rank_steps": cluster.dummy_steps,
+                              "experts_ms": cluster.experts_ms}}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
+    result.meta["kvs"] = [e.kv for e in engines]
+    return result
+
+
+def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
+                  engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+    """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
+
+    ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
+    ``pipeline_ms`` (e.g. :class:`LinearParallelCost` with ``stages``). ``meta["kvs"]`` holds
+    every instance's KV cache.
+    """
+    from ..engine.driver import simulate
+    from ..engine.instance import Instance
+    from ..engine.pipeline import PipelinedInstance
+    from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
+
+    rec = Recorder()
+    parts = [make() for _ in range(instances)]
+    if engine == "reference":
+        engines = [ReferencePipeline(ReferenceEngine(s, RankCost(c), k, rec, index=i), stages)
+                   for i, (s, c, k) in enumerate(parts)]
+        ReferencePipelineCluster(engines, router).run(list(requests), workload=workload)
+    else:
+        engines = [PipelinedInstance(Instance(i, s, RankCost(c), k, rec), stages) for i, (s, c, k) in enumerate(parts)]
+        simulate(list(requests), engines, router=router, workload=workload)
+    meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": instances,
+            "events": sum(e.events for e in engines)}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
+    result.meta["kvs"] = [e.kv for e in engines]
+    return result

@@ -1,0 +1,499 @@
+"""Data-parallel ranks of a MoE deployment stepping together (issue 19.2): hand-computed steps,
+vLLM's DP load balancer, the fast engine against the reference engine, the rules every run
+keeps, the cost models' parts and the TOML that declares the layout.
+
+Hand-computed cases use :class:`LinearParallelCost` with the ``linear`` model's 0.5 ms per
+prompt token and 8 ms per decode step as a rank's part, and experts costing 1 ms + 0.0625 ms
+per token of all ranks + 0.125 ms per token of the largest rank (its dispatch and combine). A
+rank with nothing to do runs a dummy batch: one decode, 8 ms.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.errors import ConfigError
+from schedlab.model import Request
+from schedlab.study.experiment import load, run_experiment
+from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists
+from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConfig, LeastOutstandingRouter,
+                                      RoundRobinRouter)
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+ENGINES = ("fast", "reference")
+SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def rank(blocks: int = 64, *, max_num_seqs: int = 4, budget: int = 256, context_ms: float = 0.0, block_size: int = 16):
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                                         allocation="grow", chunked_prefill=True))
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0,
+                                                               per_context_token_ms=context_ms)))
+        return scheduler, cost, PagedKVCache(blocks, block_size)
+    return make
+
+
+def by_id(result, column):
+    return dict(zip(result.requests["id"].tolist(), result.requests[column].tolist()))
+
+
+def fresh_router():
+    return DataParallelRouter(DataParallelRouterConfig(stats_interval_ms=0.0))
+
+
+# -- hand-computed steps -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_idle_rank_runs_dummy_batches_and_the_step_waits_for_the_experts(engine):
+    # One request (prompt 16, 2 tokens) on rank 0; rank 1 has nothing and runs a dummy batch.
+    # Step 1: rank 0 prefills 16 tokens (8 ms), rank 1's dummy 8 ms; experts of (16, 1) tokens:
+    #         1 + 0.0625 x 17 + 0.125 x 16 = 4.0625 -> first token at 12.0625.
+    # Step 2: a decode (8 ms) beside a dummy (8 ms); experts of (1, 1): 1 + 0.125 + 0.125 = 1.25
+    #         -> finished at 12.0625 + 9.25 = 21.3125.
+    r = run_data_parallel([Request(0, 0.0, 16, 2)], rank(), 2, RoundRobinRouter(), engine=engine)
+    assert by_id(r, "instance")[0] == 0
+    assert by_id(r, "first_token_ms")[0] == 12.0625
+    assert by_id(r, "finish_ms")[0] == 21.3125
+    assert r.meta["data_parallel"] == {"ranks": 2, "steps": 2, "dummy_rank_steps": 2, "experts_ms": 5.3125}
+    assert r.counters["busy_ms"] == 21.3125  # only rank 0 served requests; dummy steps are not its busy time
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_slowest_rank_sets_the_step_for_every_rank(engine):
+    # Rank 0 prefills 32 tokens (16 ms), rank 1 prefills 8 (4 ms); experts of (32, 8):
+    # 1 + 0.0625 x 40 + 0.125 x 32 = 7.5 -> both first tokens at 23.5, though rank 1's own
+    # work took 4 ms. Then both decode (8 ms each) with experts of (1, 1) = 1.25 -> 32.75.
+    requests = [Request(0, 0.0, 32, 2), Request(1, 0.0, 8, 2)]
+    r = run_data_parallel(requests, rank(), 2, RoundRobinRouter(), engine=engine)
+    assert by_id(r, "instance") == {0: 0, 1: 1}
+    assert by_id(r, "first_token_ms") == {0: 23.5, 1: 23.5}
+    assert by_id(r, "finish_ms") == {0: 32.75, 1: 32.75}
+    assert r.meta["data_parallel"]["dummy_rank_steps"] == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ranks_pause_when_none_has_work(engine):
+    # r0 finishes at 21.3125 (as above); r1 arrives at 100 to the idle deployment, which runs
+    # no steps in between: its first token at 100 + 12.0625.
+    requests = [Request(0, 0.0, 16, 2), Request(1, 100.0, 16, 2)]
+    r = run_data_parallel(requests, rank(), 2, fresh_router(), engine=engine)
+    assert by_id(r, "first_token_ms")[1] == 112.0625
+    assert r.meta["data_parallel"]["steps"] == 4
+
+
+class Placed:
+    """Sends request i to rank ``places[i]``."""
+
+    def __init__(self, places):
+        self.places = places
+
+    def route(self, request, instances):
+        return self.places[request.id]
+
+
+def test_a_decode_run_ends_where_another_ranks_step_overtakes():
+    """Rank 0 decodes one context of 151 tokens, rank 1 three of 2; each step's rank part grows
+    by 1/64 ms per decode, so rank 1's part (three decodes) overtakes rank 0's after 73 steps.
+    The fast engine's bulk runs must end there, and agree with the step-by-step engine."""
+    requests = [Request(0, 0.0, 150, 120), Request(1, 0.0, 1, 120), Request(2, 0.0, 1, 120), Request(3, 0.0, 1, 120)]
+    make = rank(200, budget=1024, context_ms=2.0 ** -6)
+    fast, ref = (run_data_parallel(requests, make, 2, Placed([0, 1, 1, 1]), engine=engine) for engine in ENGINES)
+    compare_runs(fast, ref, rel=1e-12)
+    assert fast.meta["events"] < ref.meta["events"]
+    # the step times, summed independently: rank 0's part 8 + c/64 (its one context c), rank 1's
+    # 8 + (its three contexts)/64, whichever is larger, plus the experts of (1, 3) tokens
+    c0, c1 = 151, 3 * 2
+    t = 75.0 + 1 + 0.0625 * 153 + 0.125 * 150  # step 1: prompts of 150 and 3 x 1 tokens
+    for _ in range(119):
+        t += max(8 + c0 / 64, 8 + c1 / 64) + 1 + 0.0625 * 4 + 0.125 * 3
+        c0, c1 = c0 + 1, c1 + 3
+    assert by_id(fast, "finish_ms") == {i: t for i in range(4)}
+
+
+# -- vLLM's DP load balancer --------------------------------------------------------------------------------
+
+
+class View:
+    def __init__(self, waiting, running):
+        self.waiting, self.running = waiting, running
+
+
+def test_the_dp_load_balancer_scores_waiting_four_times_running_and_counts_what_it_sent():
+    router = DataParallelRouter()  # a 100 ms snapshot
+    views = [View(1, 0), View(0, 3)]  # scores 4 and 3
+    assert router.route(Request(0, 0.0, 1, 1), views) == 1
+    # before the next snapshot the front end counts the request it sent as waiting: 4 vs 7
+    assert router.route(Request(1, 50.0, 1, 1), [View(9, 9), View(9, 9)]) == 0
+    assert router.route(Request(2, 60.0, 1, 1), views) == 1   # 8 vs 7: the snapshot is still the same
+    # 100 ms after the snapshot a new one is read: 0 vs 1 -> rank 0 (ties would go to the lowest)
+    assert router.route(Request(3, 100.0, 1, 1), [View(0, 0), View(0, 1)]) == 0
+    assert router.route(Request(4, 100.0, 1, 1), [View(0, 0), View(0, 1)]) == 1   # 4 vs 1
+    assert router.route(Request(5, 100.0, 1, 1), [View(0, 0), View(0, 1)]) == 0   # 4 vs 5
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_burst_is_spread_over_the_ranks_before_the_next_snapshot(engine):
+    requests = [Request(i, 0.0, 8, 4) for i in range(6)]
+    r = run_data_parallel(requests, rank(), 3, DataParallelRouter(), engine=engine)
+    assert sorted(by_id(r, "instance").values()) == [0, 0, 1, 1, 2, 2]
+
+
+# -- the fast engine against the reference engine; the rules of every run ---------------------------------
+
+
+@st.composite
+def schedulers(draw):
+    max_seqs = draw(st.integers(1, 5))
+    allocation = draw(st.sampled_from(["reserve", "grow"]))
+    preemption = draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute"
+    return ContinuousConfig(max_num_seqs=max_seqs, allocation=allocation, preemption=preemption,
+                            max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 96)),
+                            chunked_prefill=draw(st.booleans()),
+                            running_order=draw(st.sampled_from(["admission", "decodes_first"])),
+                            policy=draw(st.sampled_from(["fcfs", "priority"])))
+
+
+ROUTERS = {"vllm_dp": lambda: DataParallelRouter(DataParallelRouterConfig(stats_interval_ms=16.0)),
+           "fresh": fresh_router, "round_robin": RoundRobinRouter, "least_outstanding": LeastOutstandingRouter}
+
+
+@SETTINGS
+@given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=80, all_at_zero=False, priorities=True,
+                      prefix_groups=2),
+       schedulers(), st.integers(2, 3), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(), st.integers(0, 40),
+       st.integers(1, 8), st.booleans())
+def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, ranks, router, cost, spare,
+                                                                 block_size, prefix):
+    """Random arrivals, chunked or whole prompts, recompute preemptions on caches barely big
+    enough: both engines give the same timestamps, counters and steps; every request is
+    served once with its tokens, never before it arrived, within the caches and slots."""
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    blocks = need + spare
+
+    def make():
+        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, block_size, swap_blocks=16, bytes_per_block=2 ** 20,
+                                                         host_link_gbps=2 ** 10 / 1e3)
+        return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), kv
+
+    runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    assert runs[0].meta["data_parallel"] == runs[1].meta["data_parallel"]
+    assert runs[0].meta["events"] <= runs[1].meta["events"]
+    check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5))
+def test_closed_loops_over_lockstep_ranks_agree_and_conserve(clients, num_requests, ranks, seed):
+    from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
+
+    config = ClosedLoopConfig(clients=clients, num_requests=num_requests,
+                              prompt={"dist": "uniform", "low": 1, "high": 60},
+                              output={"dist": "uniform", "low": 1, "high": 25}, think_ms=2.0)
+    runs = []
+    for engine in ENGINES:
+        workload = make_closed_loop_workload(config)
+        runs.append(run_data_parallel(workload.requests(seed), rank(48), ranks, fresh_router(), engine=engine,
+                                      workload=workload))
+    compare_runs(*runs, rel=1e-12)
+    assert runs[0].requests["id"].size == num_requests and runs[0].requests["rejected"].sum() == 0
+
+
+class Spy:
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen: list = []
+
+    def route(self, request, instances):
+        self.seen.append((request.id, [v.outstanding for v in instances]))
+        return self.inner.route(request, instances)
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=2, max_size=14, max_prompt=48, max_output=12), st.integers(2, 3), st.integers(1, 3),
+       dyadic_linear_costs())
+def test_the_router_sees_each_rank_as_it_is_at_the_arrival(requests, ranks, max_num_seqs, cost):
+    """The outstanding count a router reads is the number of requests routed to that rank
+    earlier that finish after the arrival (a step in progress still holds its requests)."""
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32)),
+                LinearParallelCost(LinearCostModel(cost)), PagedKVCache(64, 4))
+
+    for engine in ENGINES:
+        spy = Spy(LeastOutstandingRouter())
+        result = run_data_parallel(requests, make, ranks, spy, engine=engine)
+        place, finish = by_id(result, "instance"), by_id(result, "finish_ms")
+        routed: list[int] = []
+        for rid, seen in spy.seen:
+            t = requests[rid].arrival_ms
+            expected = [sum(1 for j in routed if place[j] == i and finish[j] > t) for i in range(ranks)]
+            assert seen == expected, (engine, rid)
+            routed.append(rid)
+
+
+# -- the cost models' parts -------------------------------------------------------------------------------
+
+
+def _presets():
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+
+    return Presets.from_catalog(load_catalog(entry_points=False))
+
+
+def _roofline(**layout):
+    from schedlab.parallelism import Parallelism
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+
+    presets = _presets()
+    config = RooflineConfig(model="qwen3-30b-a3b", gpu="rtx-pro-6000-server")
+    return RooflineCostModel(presets.model("qwen3-30b-a3b"), presets.gpu("rtx-pro-6000-server"), config,
+                             parallelism=Parallelism(**layout))
+
+
+def test_the_experts_of_a_step_follow_vllms_dispatch_and_the_busiest_gpu():
+    """Qwen3-30B-A3B (128 experts, top 8, hidden 2048, 48 layers) on 2 ranks: each GPU holds
+    64 experts; 200 tokens in all make 1600 (token, expert) pairs, 800 per GPU evenly, 800 /
+    0.8 = 1000 on the busiest at balancedness 0.8. Every layer all-gathers 2 x the largest
+    rank's tokens x (2048 + 128) x 2 bytes and reduce-scatters 2 x largest x 2048 x 2 bytes."""
+    from schedlab_plugins.cost_models.collectives import TOPOLOGIES, Collectives
+
+    even = _roofline(data_parallel=2, expert_parallel=True).expert_layers
+    skewed = _roofline(data_parallel=2, expert_parallel=True, expert_balancedness=0.8).expert_layers
+    pairs, experts = even.busiest_gpu(200)
+    assert pairs * 8 == pytest.approx(800) and experts == pytest.approx(64 * (1 - (63 / 64) ** 800))
+    assert skewed.busiest_gpu(200)[0] * 8 == pytest.approx(1000)
+    # at most every token's pairs fit on one GPU: 8 each (it holds 64 experts)
+    assert _roofline(data_parallel=2, expert_parallel=True, expert_balancedness=0.01).expert_layers.busiest_gpu(10)[0] \
+        == pytest.approx(10)
+    c = Collectives(TOPOLOGIES["pcie-gen5-host"], 2)
+    comm = 48 * (c.all_gather_ms(2 * 150 * 2176 * 2) + c.reduce_scatter_ms(2 * 150 * 2048 * 2))
+    assert even.step_ms((150, 50)) == pytest.approx(comm + even._compute(*even.busiest_gpu(200)), rel=1e-12)
+    assert skewed.step_ms((150, 50)) > even.step_ms((150, 50))
+    # 128 experts over 3 GPUs: vLLM gives two of them 43, one 42; the busiest gets 43/128 of the pairs
+    three = _roofline(data_parallel=3, expert_parallel=True).expert_layers
+    assert three.local_experts == 43 and three.busiest_gpu(300)[0] * 8 == pytest.approx(300 * 8 * 43 / 128)
+    assert even.step_ms((150, 50)) > even.step_ms((100, 100))  # padded to the largest rank
+
+
+def test_a_rank_part_is_the_iteration_without_its_experts_and_ep_halves_each_gpus_expert_reads():
+    from schedlab.protocols import Batch
+
+    single = _roofline()
+    dp = _roofline(data_parallel=2, expert_parallel=True)
+    batch = Batch(num_decode=64, decode_context_tokens=64 * 1000)
+    assert dp.rank_ms(batch) == pytest.approx(single.iteration_ms(batch) - single._experts_ms(64), rel=1e-12)
+    assert dp.rank_ms(batch) < dp.iteration_ms(batch)
+    # decode is memory-bound: 128 tokens over two GPUs read about half the experts each, so a
+    # step of 64 + 64 decodes spends less in the experts than one GPU serving 64 alone
+    assert dp.expert_layers._compute(*dp.expert_layers.busiest_gpu(128)) < single._experts_ms(64)
+    assert single.experts_ms((1,)) is None  # no data parallelism: no lockstep experts
+
+
+def test_the_profiled_experts_read_the_tp1_table_at_a_gpus_share():
+    from pathlib import Path
+
+    from schedlab.parallelism import Parallelism
+    from schedlab_plugins.cost_models.collectives import TOPOLOGIES
+    from schedlab_plugins.cost_models.profile_bundle import ProfileBundle
+    from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
+
+    root = (Path(__file__).resolve().parents[1] / "experiments" / "data" / "llmservingsim" / "profiles"
+            / "RTXPRO6000" / "Qwen" / "Qwen3-30B-A3B-Instruct-2507" / "bf16")
+    bundle = ProfileBundle(root, 1)
+    model = _presets().model("qwen3-30b-a3b")
+    config = ProfiledConfig(profile=str(root), model="qwen3-30b-a3b")
+    cost = ProfiledCostModel(bundle, model, config, topology=TOPOLOGIES["pcie-gen5-host"],
+                             parallelism=Parallelism(data_parallel=2, expert_parallel=True))
+    layers = cost.expert_layers
+    # 256 tokens: 2048 pairs, 1024 per GPU = the table's 128 tokens; 64 experts all hit
+    pairs, experts = layers.busiest_gpu(256)
+    assert pairs == pytest.approx(128) and experts == pytest.approx(64, abs=1e-4)
+    assert layers._compute(pairs, experts) == pytest.approx(48 * bundle.moe(128, 64), rel=1e-5)
+    # one token: 4 pairs on a GPU, about 4 experts read: half the table's one-token read of 8
+    p1, e1 = layers.busiest_gpu(1)
+    assert layers._compute(p1, e1) == pytest.approx(48 * bundle.moe(1, 8) * e1 / 8)
+
+
+def test_kv_sizing_keeps_the_dense_weights_and_a_share_of_the_experts_on_each_rank():
+    from schedlab.capacity import GIB, size_kv_cache
+    from schedlab.parallelism import Parallelism
+
+    presets = _presets()
+    model, gpu = presets.model("qwen3-30b-a3b"), presets.gpu("rtx-pro-6000-server")
+    alone = size_kv_cache(model, gpu)
+    dp = size_kv_cache(model, gpu, parallelism=Parallelism(data_parallel=2, expert_parallel=True))
+    experts = model.expert_params * model.num_experts * model.dtype_bytes
+    assert dp.weight_bytes == pytest.approx(alone.weight_bytes - experts / 2, abs=1)
+    assert dp.num_blocks == (dp.usable_bytes - dp.weight_bytes - dp.reserve_bytes) // dp.bytes_per_block
+    assert dp.expert_gpus == 2 and alone.expert_gpus == 1
+    assert (dp.num_blocks - alone.num_blocks) * dp.bytes_per_block == pytest.approx(experts / 2, abs=dp.bytes_per_block)
+    assert experts / GIB > 50  # the experts are most of the 30.5B parameters
+
+
+# -- TOML ---------------------------------------------------------------------------------------------------
+
+BASE = """
+    [experiment]
+    name = "dp"
+    [workload]
+    kind = "synthetic"
+    num_requests = 40
+    rate = 40
+    prompt = {dist = "uniform", low = 20, high = 600}
+    output = {dist = "uniform", low = 2, high = 60}
+    [scheduler]
+    kind = "vllm"
+    max_num_seqs = 32
+    max_num_batched_tokens = 1024
+    [kv_cache]
+    kind = "paged"
+    model = "qwen3-30b-a3b"
+    gpu = "rtx-pro-6000-server"
+    [cost_model]
+    kind = "roofline"
+    model = "qwen3-30b-a3b"
+    gpu = "rtx-pro-6000-server"
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(BASE) + textwrap.dedent(text))
+    return path
+
+
+def test_a_data_parallel_deployment_in_toml_runs_in_both_engines_and_counts_its_gpus(tmp_path):
+    path = write(tmp_path, """
+        [cluster]
+        data_parallel = 2
+        expert_parallel = true
+        [[runs]]
+        name = "fast"
+        [[runs]]
+        name = "reference"
+        engine = "reference"
+    """)
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    fast, ref = runs["fast"], runs["reference"]
+    compare_runs(fast, ref, rel=1e-9)
+    assert fast.metrics["gpus"] == 2 and fast.meta["instances"] == 2
+    assert fast.meta["parallelism"]["data_parallel"] == 2
+    assert fast.meta["data_parallel"]["steps"] == ref.meta["data_parallel"]["steps"] > 0
+    assert fast.meta["kv_cache"]["expert_gpus"] == 2
+    assert set(fast.requests["instance"].tolist()) == {0, 1}
+
+
+def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer(tmp_path):
+    dense = BASE.replace("qwen3-30b-a3b", "llama-3.1-8b")
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(dense) + textwrap.dedent("""
+        [[runs]]
+        name = "dp"
+        cluster = {data_parallel = 2}
+        [[runs]]
+        name = "instances"
+        cluster = {instances = 2, router = {kind = "vllm_dp"}}
+    """))
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    dp, instances = runs["dp"], runs["instances"]
+    assert "data_parallel" not in dp.meta
+    np.testing.assert_array_equal(dp.requests["finish_ms"], instances.requests["finish_ms"])
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ("data_parallel = 2\ninstances = 2", "instances: a data-parallel deployment is one instance"),
+    ("expert_parallel = true", "expert_parallel: spreads experts over data-parallel ranks"),
+    ("expert_balancedness = 0.5", "expert_balancedness: applies to data-parallel ranks"),
+    ("data_parallel = 2\nexpert_balancedness = 0", "expert_balancedness: must be > 0"),
+    ("data_parallel = 2\npipeline_parallel = 2", "data_parallel and pipeline_parallel together"),
+    ("mode = 'disaggregated'\ndata_parallel = 2", "disaggregated cluster with data or pipeline parallelism"),
+])
+def test_layout_mistakes_name_the_key(tmp_path, cluster, message):
+    path = write(tmp_path, "[cluster]\n" + cluster + "\n[[runs]]\nname = 'x'\n")
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(load(path))
+
+
+def test_a_cost_model_that_cannot_time_ranks_is_refused_by_name(tmp_path):
+    path = write(tmp_path, """
+        [cluster]
+        data_parallel = 2
+        [[runs]]
+        name = "x"
+        cost_model = {kind = "linear"}
+    """)
+    with pytest.raises(ConfigError, match=r"\[cost_model\]: LinearCostModel does not time data-parallel ranks"):
+        run_experiment(load(path))
+
+
+MOE_BUNDLE = ("RTXPRO6000", "Qwen", "Qwen3-30B-A3B-Instruct-2507", "bf16")
+
+
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=10, max_prompt=3_000, max_output=300, all_at_zero=False),
+       st.integers(2, 3), st.booleans(), st.sampled_from([1.0, 0.6]), st.sampled_from([512, 2048]))
+def test_profiled_lockstep_runs_match_the_reference(requests, ranks, expert_parallel, balancedness, budget):
+    """The shipped MoE bundle: rank parts piecewise linear in the contexts (grid points, skew
+    buckets), the experts from the TP-1 table, the dispatch over PCIe through host memory; the
+    fast engine's shared decode runs must agree with stepping the ranks one at a time."""
+    from pathlib import Path
+
+    from schedlab.parallelism import Parallelism
+    from schedlab_plugins.cost_models.collectives import TOPOLOGIES
+    from schedlab_plugins.cost_models.profile_bundle import ProfileBundle
+    from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
+
+    root = Path(__file__).resolve().parents[1].joinpath("experiments", "data", "llmservingsim", "profiles", *MOE_BUNDLE)
+    bundle = _BUNDLE.get(root) or _BUNDLE.setdefault(root, ProfileBundle(root, 1))
+    model = _presets().model("qwen3-30b-a3b")
+    layout = Parallelism(data_parallel=ranks, expert_parallel=expert_parallel, expert_balancedness=balancedness)
+
+    def make():
+        cost = ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model="qwen3-30b-a3b"),
+                                 topology=TOPOLOGIES["pcie-gen5-host"], parallelism=layout)
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=8, max_num_batched_tokens=budget,
+                                                         chunked_prefill=True, allocation="grow"))
+        return scheduler, cost, PagedKVCache(2_000, 16)
+
+    runs = [run_data_parallel(requests, make, ranks, fresh_router(), engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["events"] <= runs[1].meta["events"]
+
+
+_BUNDLE: dict = {}
+
+
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=10, max_prompt=400, max_output=200, all_at_zero=False), schedulers(),
+       st.integers(2, 3), st.integers(0, 20))
+def test_roofline_lockstep_runs_match_the_reference(requests, cfg, ranks, spare):
+    """The roofline's rank parts grow with the contexts (KV reads) and its experts are not
+    linear in the tokens; swaps on small caches make ranks that only copy blocks in a step."""
+    from schedlab.parallelism import Parallelism
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+
+    presets = _presets()
+    config = RooflineConfig(model="qwen3-30b-a3b", gpu="rtx-pro-6000-server")
+    layout = Parallelism(data_parallel=ranks, expert_parallel=True)
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // 16) for r in requests)
+
+    def make():
+        cost = RooflineCostModel(presets.model("qwen3-30b-a3b"), presets.gpu("rtx-pro-6000-server"), config,
+                                 parallelism=layout)
+        return ContinuousScheduler(cfg), cost, PagedKVCache(need + spare, 16, swap_blocks=64, bytes_per_block=2 ** 20,
+                                                            host_link_gbps=2 ** 10 / 1e3)
+
+    runs = [run_data_parallel(requests, make, ranks, fresh_router(), engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    check_run(runs[0], requests)
