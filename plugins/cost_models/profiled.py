@@ -12,7 +12,9 @@ trace generator does (``serving/core/trace_generator.py``)::
                  + once-per-iteration dense ops at T             (embedding, final norm)
                  + lm_head + sampler at S sequences
                  [+ the embedding's all-reduce at T and the logits' all-gather at S   (TP > 1)]
-                 + overhead_ms
+    iteration_ms = the step around it (:mod:`.step_overhead`: the host's work, hidden by
+                   asynchronous scheduling unless it is the longer; kernel launches without
+                   CUDA graphs; the gap between steps) + overhead_ms
 
 with ``T`` = tokens computed this iteration (decodes + prefill chunk tokens) and ``S`` = the
 sequences in it. Several prefill chunks are looked up as one chunk of their summed tokens
@@ -48,8 +50,11 @@ that many tokens, so the decodes are timed as the profiles measured decodes ridi
 varlen kernel with a chunk (padded query tiles). The profiles hold no verify passes; this is
 the nearest measured shape.
 
-``overhead_ms`` is what the profiles do not hold: the engine's CPU work per step
-(scheduling, input preparation, output processing) not hidden behind the GPU.
+The profiles hold the GPU's kernel times (measured in eager mode, one kernel at a time); the
+engine's CPU work per step -- scheduling, input preparation, output processing, launching
+kernels where no CUDA graph replays them -- is :mod:`.step_overhead`'s, shared with the
+roofline. ``overhead_ms`` adds a fixed time to every step on top (what ``schedlab calibrate``
+can fit).
 
 Speed: every table is built once at load; token-count results are memoised. Decode-only
 iterations are piecewise linear in the step (the contexts grow by one token a step and the
@@ -71,6 +76,7 @@ from schedlab.protocols import Batch
 
 from .collectives import Collectives, Topology, interconnect_field, machine
 from .profile_bundle import BundleError, ProfileBundle
+from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
 
 
@@ -87,8 +93,16 @@ class ProfiledConfig:
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the tensor-parallel ranks (vLLM "
                                                    "--enable-expert-parallel) instead of split by tensor parallelism")
-    overhead_ms: float = float_field(0.0, min=0.0, help="time per iteration the profiles do not hold (CPU-side "
-                                                          "scheduling and output processing), in ms")
+    overhead_ms: float = float_field(0.0, min=0.0, help="time added to every step beyond the profiles and the "
+                                                          "host's modelled work, ms (what schedlab calibrate fits)")
+    async_scheduling: bool = step_field("async_scheduling")
+    cuda_graphs: bool = step_field("cuda_graphs")
+    cuda_graph_max_tokens: int = step_field("cuda_graph_max_tokens")
+    host_step_us: float = step_field("host_step_us")
+    host_per_seq_us: float = step_field("host_per_seq_us")
+    tp_step_us: float = step_field("tp_step_us")
+    eager_layer_us: float = step_field("eager_layer_us")
+    async_gap_us: float = step_field("async_gap_us")
     skew: bool = bool_field(True, help="apply the bundle's uneven-context correction to decode attention")
     link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
                                           help="bus bandwidth between the GPUs in GB/s (overrides the interconnect's)")
@@ -116,7 +130,7 @@ class ProfiledCostModel:
         if tp > 1 and topology is None:
             raise ConfigError(f"{bundle.root}: tensor_parallel = {tp} needs the machine's links (a topology)")
         self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
-        self._overhead = config.overhead_ms
+        self.step = StepTiming(config, model.num_layers, tp)
         self._attention = bundle.attention
         self._per_sequence = bundle.per_sequence
         self._skew = bundle.skew if config.skew else None
@@ -125,6 +139,7 @@ class ProfiledCostModel:
         self._decode_fixed: dict[int, float] = {}  # decode-only batch of n: all but attention
         self._seq_memo: dict[int, float] = {}
         self._last: tuple | None = None
+        self._last_gpu: tuple = (None, 0.0)  # the last decode-only batch timed and its GPU time
         self._moe_anchor = self._first_tp_moe_shape() if model.is_moe else None
 
     # --- parts ----------------------------------------------------------------------------------
@@ -244,8 +259,10 @@ class ProfiledCostModel:
                 return 0.0
             fixed = self._decode_fixed.get(n)
             if fixed is None:
-                fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n) + self._overhead
-            return fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
+                fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n)
+            gpu = fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
+            self._last_gpu = (batch, gpu)
+            return self.step.step_ms(gpu, n, n)
         tokens = n + batch.spec_tokens + batch.prefill_tokens
         ms = self._tokens_memo.get(tokens)
         if ms is None:
@@ -254,7 +271,7 @@ class ProfiledCostModel:
         seq_ms = self._seq_memo.get(sequences)
         if seq_ms is None:
             seq_ms = self.sequences_ms(sequences)
-        return ms + seq_ms + self.layers * self.attention_ms(batch) + self._overhead
+        return self.step.step_ms(ms + seq_ms + self.layers * self.attention_ms(batch), tokens, n + batch.num_prefill)
 
     def decode_step_increment(self, batch: Batch) -> tuple[float, int] | None:
         """For a decode-only batch: the per-step growth of attention time and how many steps
@@ -264,10 +281,9 @@ class ProfiledCostModel:
         if batch.prefill_tokens or batch.spec_tokens or not n:
             return None
         mean = batch.decode_context_tokens / n
+        if self._last_gpu[0] is not batch:
+            self.iteration_ms(batch)
         last = self._last
-        if last is None or last[0] is not batch:
-            self._decode_attention(batch, n, mean)
-            last = self._last
         _, row, piece, hi_piece, alpha, gap, skewed = last
         xs, slopes, last_piece = row.xs, row.slopes, row.n - 2
         if piece < 0:  # below the grid: constant up to its first point
@@ -293,7 +309,7 @@ class ProfiledCostModel:
             elif gap_slope > 0.0:  # no correction yet; it starts when the gap turns positive
                 end = min(end, math.floor(-gap / gap_slope))
         steps = math.floor(end) + 1 if end < math.inf else 1 << 62
-        return self.layers * inc, (steps if steps > 1 else 1)
+        return self.step.decode_increment(self._last_gpu[1], self.layers * inc, steps if steps > 1 else 1, n, n)
 
 
 def build_profiled(config: ProfiledConfig, presets: Presets) -> ProfiledCostModel:

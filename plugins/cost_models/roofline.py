@@ -3,16 +3,19 @@
 Each part of an iteration with ``T`` tokens (decodes + prefill chunk tokens) is timed from the
 bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
 
-    iteration_ms = overhead_ms + layers * layer_overhead_us / 1000
-                 + linear(T)            hypot(weight bytes / (BW * bandwidth_efficiency),
+    gpu_ms = layers * layer_overhead_us / 1000
+           + linear(T)            hypot(weight bytes / (BW * bandwidth_efficiency),
                                               2 * params per token * T / (TFLOPS * eta(T)))
-                 + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
-                   (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
-                    FLOPs per decode context token -- the varlen kernel pads a decode to a tile)
-                 + prefill attention FLOPs / (TFLOPS * attention_efficiency)
-                 + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
-                   2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
-                   all-gather; NCCL's algorithms over the machine's links, :mod:`.collectives`)
+           + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
+             (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
+              FLOPs per decode context token -- the varlen kernel pads a decode to a tile)
+           + prefill attention FLOPs / (TFLOPS * attention_efficiency)
+           + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
+             2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
+             all-gather; NCCL's algorithms over the machine's links, :mod:`.collectives`)
+    iteration_ms = the step around it (:mod:`.step_overhead`: the host's work per step and per
+                   sequence, hidden by asynchronous scheduling unless it is the longer; kernel
+                   launches without CUDA graphs; the gap between steps) + overhead_ms
 
     eta(T) = mfu * T / (T + gemm_half_tokens)     (GEMMs of few tokens cannot fill the GPU)
 
@@ -59,6 +62,7 @@ from schedlab.configs import bool_field, float_field, int_field, str_field
 from schedlab.protocols import Batch
 
 from .collectives import Collectives, interconnect_field, machine
+from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
 
 
@@ -120,7 +124,15 @@ class RooflineConfig:
         DERIVATION["layer_overhead_us"], min=0.0,
         help="per decoder layer: small kernels not counted as bytes or FLOPs (norms, rotary, activation), us")
     overhead_ms: float = float_field(
-        0.0, min=0.0, help="fixed time per iteration not on the GPU's critical path (CPU scheduling), ms")
+        0.0, min=0.0, help="time added to every step beyond the modelled parts, ms (what schedlab calibrate fits)")
+    async_scheduling: bool = step_field("async_scheduling")
+    cuda_graphs: bool = step_field("cuda_graphs")
+    cuda_graph_max_tokens: int = step_field("cuda_graph_max_tokens")
+    host_step_us: float = step_field("host_step_us")
+    host_per_seq_us: float = step_field("host_per_seq_us")
+    tp_step_us: float = step_field("tp_step_us")
+    eager_layer_us: float = step_field("eager_layer_us")
+    async_gap_us: float = step_field("async_gap_us")
     interconnect: str | dict | None = interconnect_field()
     link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
                                           help="bus bandwidth between the GPUs in GB/s (overrides the interconnect's)")
@@ -154,7 +166,8 @@ class RooflineCostModel:
         self._expert_read_ms = model.expert_params * b / tp / self._weight_bytes_per_ms  # one expert
         self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params) / tp
         self._expert_flops_per_token = 2.0 * model.experts_per_token * model.expert_params / tp
-        self._fixed_ms = c.overhead_ms + model.num_layers * c.layer_overhead_us * 1e-3
+        self._fixed_ms = model.num_layers * c.layer_overhead_us * 1e-3
+        self.step = StepTiming(c, model.num_layers, tp)
         heads = model.num_attention_heads or 0
         # QK^T and attention-times-V: 2 * head_dim FLOPs each per (query, key) pair and head.
         self._attention_flops_per_pair = 4.0 * model.num_layers * heads * model.head_dim / tp
@@ -174,6 +187,10 @@ class RooflineCostModel:
         tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         if tokens == 0:
             return 0.0
+        return self.step.step_ms(self.gpu_ms(batch, tokens), tokens, batch.num_decode + batch.num_prefill)
+
+    def gpu_ms(self, batch: Batch, tokens: int) -> float:
+        """The GPU's time for the kernels of a batch of ``tokens`` tokens (no host work)."""
         kv_read = batch.decode_context_tokens * self._kv_ms_per_token
         # The sampled rows' logits are gathered from the vocabulary shards (tensor parallel).
         logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill) if self.comm else 0.0
@@ -188,13 +205,18 @@ class RooflineCostModel:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
         return ms
 
-    def decode_step_increment(self, batch: Batch) -> float | None:
-        """For a decode-only batch: each next step reads ``num_decode`` more KV tokens, so it
-        takes ``num_decode * kv_bytes_per_token / (BW * kv_read_efficiency)`` longer. ``None``
-        when prefill runs or drafts are verified."""
+    def decode_step_increment(self, batch: Batch) -> float | tuple[float, int] | None:
+        """For a decode-only batch: each next step reads ``num_decode`` more KV tokens, so the
+        GPU takes ``num_decode * kv_bytes_per_token / (BW * kv_read_efficiency)`` longer --
+        unless the host's work or the launches are the longer, then the step stays as it is
+        for as many steps as the GPU's time stays below them (``(0.0, steps)``). ``None`` when
+        prefill runs or drafts are verified."""
         if batch.prefill_tokens or batch.spec_tokens:
             return None
-        return batch.num_decode * self._kv_ms_per_token
+        n = batch.num_decode
+        inc = n * self._kv_ms_per_token
+        inc, steps = self.step.decode_increment(self.gpu_ms(batch, n), inc, math.inf, n, n)
+        return inc if steps == math.inf else (inc, steps)
 
     # --- parts ----------------------------------------------------------------------------------
 
@@ -254,15 +276,28 @@ class RooflineCostModel:
 
         Prefill computes the whole prompt in one iteration and yields the first token; the
         other ``output_tokens - 1`` tokens take one batch-size-1 decode step each, step ``j``
-        attending to ``prompt + j`` tokens. No prefix-cache reuse is assumed.
+        attending to ``prompt + j`` tokens. No prefix-cache reuse is assumed. Each step is
+        timed as :meth:`iteration_ms` times it (host work and launches included).
         """
         prompt = np.asarray(prompt_tokens, dtype=float)
         steps = np.maximum(np.asarray(output_tokens, dtype=float) - 1.0, 0.0)
-        linear = np.vectorize(self.tokens_ms, otypes=[float])(np.maximum(prompt, 1).astype(np.int64))
-        prefill = linear + self.prefill_attention_ms(prompt) + self.logits_ms(1)
-        first = self.tokens_ms(1) + self.logits_ms(1) + self._kv_ms_per_token * (prompt + 1.0)
-        # Arithmetic series: steps * first + increment * (0 + 1 + ... + steps - 1).
-        decode = steps * first + self._kv_ms_per_token * (steps * (steps - 1.0) / 2.0)
+        chunk = np.maximum(prompt, 1).astype(np.int64)
+        linear = np.vectorize(self.tokens_ms, otypes=[float])(chunk)
+        gpu = linear + self.prefill_attention_ms(prompt) + self.logits_ms(1)
+        prefill = np.vectorize(lambda g, t: self.step.step_ms(g, int(t), 1), otypes=[float])(gpu, chunk)
+        # Step j (1..steps) has GPU time base + k (prompt + j); the step is max(that + shift,
+        # floor) + add. The first `flat` steps sit on the floor; the others form an arithmetic series.
+        k = self._kv_ms_per_token
+        base = self.tokens_ms(1) + self.logits_ms(1)
+        shift, floor, add = self.step.shape(1, 1)
+        if k > 0.0:
+            flat = np.clip(np.floor((floor - shift - base) / k - prompt), 0.0, steps)
+        else:
+            flat = np.where(base + shift <= floor, steps, 0.0)
+        rest = steps - flat
+        # sum over j = flat+1 .. steps of (base + shift + add + k (prompt + j))
+        series = rest * (base + shift + add + k * prompt) + k * (steps * (steps + 1.0) - flat * (flat + 1.0)) / 2.0
+        decode = flat * (floor + add) + series
         if np.ndim(prefill) == 0:
             return float(prefill), float(decode)
         return prefill, decode
