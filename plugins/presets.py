@@ -9,9 +9,18 @@ direction of the GPU's PCIe or NVLink-C2C connection to the CPU. How GPUs talk t
 is the machine's, not the GPU's: ``plugins/cost_models/collectives.py`` has the machines
 (``TOPOLOGIES``) and the one each GPU preset is usually found in (``GPU_DEFAULT_TOPOLOGY``).
 Each preset's note is its help text in ``schedlab plugins``.
+
+The roofline cost model's efficiencies (how much of the datasheet's bandwidth and compute the
+kernels reach) are measured, not from a datasheet: :data:`MEASURED_EFFICIENCY` holds what
+``tools/derive_roofline.py`` derives from the profiled GPUs, and a GPU of the same
+architecture takes its profiled sibling's (:data:`SAME_ARCHITECTURE`); every other setting
+falls back to the pooled defaults (``plugins/cost_models/roofline.py``, ``DERIVATION``). The
+help text of each GPU says which numbers are measured and which come from its datasheet.
 """
 
 from __future__ import annotations
+
+import attrs
 
 import schedlab
 from schedlab.capacity import GpuSpec, ModelSpec
@@ -110,7 +119,70 @@ GPUS: tuple[tuple[GpuSpec, str], ...] = (
     (GpuSpec("rtx-4090", memory_gib=24, hbm_bandwidth_gbps=1008, bf16_tflops=165.2, host_link_gbps=32),
      "GeForce RTX 4090 datasheet (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165.2 TFLOPS bf16 dense with FP32 accumulate; "
      "PCIe Gen4 x16 (32 GB/s each way), no NVLink or P2P"),
+    # The third GPU of Vidur's profiles, and cards without a public profile.
+    (GpuSpec("a40", memory_gib=48, hbm_bandwidth_gbps=696, bf16_tflops=149.7, host_link_gbps=32),
+     "A40 datasheet: 48 GB GDDR6, 696 GB/s, 149.7 TFLOPS bf16 dense (299.4 sparse); PCIe Gen4 x16 (32 GB/s each "
+     "way); NVLink bridge 112.5 GB/s (56.25 each way)"),
+    (GpuSpec("l40s", memory_gib=48, hbm_bandwidth_gbps=864, bf16_tflops=362.05, host_link_gbps=32),
+     "L40S datasheet: 48 GB GDDR6, 864 GB/s, 362.05 TFLOPS bf16 dense (733 sparse); PCIe Gen4 x16 (32 GB/s each "
+     "way), no NVLink"),
+    (GpuSpec("a10g", memory_gib=24, hbm_bandwidth_gbps=600, bf16_tflops=70, host_link_gbps=32),
+     "A10G (AWS G5; AWS publishes no datasheet): 24 GB GDDR6, 600 GB/s, 70 TFLOPS bf16 tensor dense (the A10's "
+     "125 is not the A10G's; Baseten, 'NVIDIA A10 vs A10G for ML model inference'); PCIe Gen4 x16, no NVLink"),
+    (GpuSpec("b200", memory_gib=180, hbm_bandwidth_gbps=8000, bf16_tflops=2250, host_link_gbps=64,
+             interconnect_gbps=900, interconnect_latency_us=5.0),
+     "B200 (HGX B200) datasheet: 180 GB HBM3e, 8 TB/s, 2.25 PFLOPS bf16 dense (4.5 sparse); PCIe Gen5 x16 (64 GB/s "
+     "each way); NVLink 5 1.8 TB/s (900 each way), NVSwitch"),
 )
+
+# --- measured efficiencies (the roofline cost model) ------------------------------------------
+# Kept apart from GPUS so the numbers measured on a GPU read apart from its datasheet; they
+# are merged into each GpuSpec (its ``efficiency`` table) when it is registered.
+
+#: What ``python tools/derive_roofline.py`` prints per profiled GPU: the dense part of a layer
+#: (its GEMMs and the small operators between them) from Vidur's profiles (H100 SXM, A100 80 GB,
+#: A40: 21-29 model x TP series each) or LLMServingSim's (RTX PRO 6000 Server: 4 series, RTX
+#: 4090: 1, whose fixed time per layer is the others' median), and attention from
+#: LLMServingSim's only.
+MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
+    "rtx-pro-6000-server": ({"bandwidth_efficiency": 0.979, "layer_overhead_us": 25.7, "mfu": 0.78,
+                             "gemm_half_tokens": 55, "kv_read_efficiency": 0.86, "attention_efficiency": 0.48,
+                             "mixed_decode_query_rows": 70},
+                            "LLMServingSim's vLLM 0.19 profiles, 3 models at TP 1 and 2"),
+    "rtx-4090": ({"bandwidth_efficiency": 0.963, "layer_overhead_us": 26.2, "mfu": 0.99, "gemm_half_tokens": 2,
+                  "kv_read_efficiency": 0.92, "attention_efficiency": 0.74, "mixed_decode_query_rows": 77},
+                 "LLMServingSim's vLLM 0.19 profile, Llama-3.1-8B at TP 1"),
+    "h100-80gb": ({"bandwidth_efficiency": 0.846, "layer_overhead_us": 26.8, "mfu": 0.61, "gemm_half_tokens": 18},
+                  "Vidur's profiles, 6 models at TP 1-8"),
+    "a100-80gb": ({"bandwidth_efficiency": 0.776, "layer_overhead_us": 36.0, "mfu": 0.66, "gemm_half_tokens": 0},
+                  "Vidur's profiles, 8 models at TP 1-8"),
+    "a40": ({"bandwidth_efficiency": 0.798, "layer_overhead_us": 24.2, "mfu": 0.69, "gemm_half_tokens": 23},
+            "Vidur's profiles, 6 models at TP 1-8"),
+}
+#: GPUs without a profile of their own that share a profiled GPU's chip family and its
+#: datasheet's way of counting (and so, as far as anything public says, its kernels'
+#: efficiency): they take its measured efficiencies with their own datasheet peaks. The L4 and
+#: L40S are not here: the only Ada profile is a GeForce card, whose datasheet counts bf16 with
+#: FP32 accumulate at half the rate a datacenter Ada's does (the 4090 reaches 0.99 of it).
+SAME_ARCHITECTURE = {"a100-40gb": "a100-80gb", "h100-pcie-80gb": "h100-80gb", "h200-141gb": "h100-80gb",
+                     "gh200-96gb": "h100-80gb", "rtx-pro-6000": "rtx-pro-6000-server", "a10g": "a40"}
+#: The efficiencies only LLMServingSim's profiles measure (attention); elsewhere pooled.
+ATTENTION_KEYS = ("kv_read_efficiency", "attention_efficiency", "mixed_decode_query_rows")
+
+
+def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
+    """``spec`` with the efficiencies measured on it (or on its architecture's profiled GPU),
+    and a note saying which numbers are measured and which come from the datasheet."""
+    source = spec.name if spec.name in MEASURED_EFFICIENCY else SAME_ARCHITECTURE.get(spec.name)
+    if source is None:
+        return spec, "efficiencies: pooled defaults (no profile of this GPU or its architecture)"
+    measured, where = MEASURED_EFFICIENCY[source]
+    pooled = [k for k in ATTENTION_KEYS if k not in measured]
+    of = "" if source == spec.name else f"the {source} (same architecture) in "
+    note = f"measured: {', '.join(measured)} ({of}{where})"
+    if pooled:
+        note += f"; pooled: {', '.join(pooled)}"
+    return attrs.evolve(spec, efficiency={**measured, **spec.efficiency}), note
 
 
 @schedlab.hookimpl
@@ -122,4 +194,5 @@ def schedlab_register_models(register):
 @schedlab.hookimpl
 def schedlab_register_gpus(register):
     for spec, note in GPUS:
-        register(spec.name, spec, help=note)
+        spec, measured = with_efficiency(spec)
+        register(spec.name, spec, help=f"{note}; {measured}")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from .configs import float_field, int_field, str_field
+from .configs import FieldError, float_field, int_field, str_field
 from .errors import ConfigError, UnknownPluginError
 
 if TYPE_CHECKING:
@@ -157,6 +157,14 @@ class ModelSpec:
         return self.num_params * self.dtype_bytes / tp
 
 
+def _check_efficiency(_inst, attribute, value) -> None:
+    if not isinstance(value, dict):
+        raise FieldError(attribute.name, f"must be a table of setting = number, got {value!r}")
+    for key, number in value.items():
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number < math.inf:
+            raise FieldError(attribute.name, f"{key}: must be a number >= 0, got {number!r}")
+
+
 @attrs.frozen
 class GpuSpec:
     """One accelerator: how much memory it has and how fast it moves and multiplies numbers."""
@@ -174,6 +182,10 @@ class GpuSpec:
              "tensor-parallel all-reduce; unset = host_link_gbps")
     interconnect_latency_us: float = float_field(
         10.0, min=0.0, help="fixed time of one all-reduce between GPUs, in us (launch and synchronisation)")
+    efficiency: dict = attrs.field(
+        factory=dict, converter=lambda v: dict(v) if isinstance(v, Mapping) else v, validator=_check_efficiency,
+        metadata={"help": "the roofline's efficiencies measured on this GPU, keyed by its settings (mfu, "
+                          "gemm_half_tokens, bandwidth_efficiency, ...); a setting left out takes the pooled default"})
 
     @property
     def link_gbps(self) -> float:

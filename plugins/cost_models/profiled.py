@@ -257,13 +257,27 @@ class ProfiledCostModel:
         if not batch.prefill_tokens and not batch.spec_tokens:  # decode only: n tokens, n sequences
             if not n:
                 return 0.0
-            fixed = self._decode_fixed.get(n)
-            if fixed is None:
-                fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n)
-            gpu = fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
-            self._last_gpu = (batch, gpu)
-            return self.step.step_ms(gpu, n, n)
+            return self.step.step_ms(self._decode_gpu_ms(batch, n), n, n)
         tokens = n + batch.spec_tokens + batch.prefill_tokens
+        return self.step.step_ms(self._mixed_gpu_ms(batch, n, tokens), tokens, n + batch.num_prefill)
+
+    def kernel_ms(self, batch: Batch) -> float:
+        """The GPU's time for the batch's kernels alone, without the host's share of a step (a
+        drafter's passes run inside the target's step)."""
+        n = batch.num_decode
+        if not batch.prefill_tokens and not batch.spec_tokens:
+            return self._decode_gpu_ms(batch, n) if n else 0.0
+        return self._mixed_gpu_ms(batch, n, n + batch.spec_tokens + batch.prefill_tokens)
+
+    def _decode_gpu_ms(self, batch: Batch, n: int) -> float:
+        fixed = self._decode_fixed.get(n)
+        if fixed is None:
+            fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n)
+        gpu = fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
+        self._last_gpu = (batch, gpu)
+        return gpu
+
+    def _mixed_gpu_ms(self, batch: Batch, n: int, tokens: int) -> float:
         ms = self._tokens_memo.get(tokens)
         if ms is None:
             ms = self.tokens_ms(tokens)
@@ -271,7 +285,7 @@ class ProfiledCostModel:
         seq_ms = self._seq_memo.get(sequences)
         if seq_ms is None:
             seq_ms = self.sequences_ms(sequences)
-        return self.step.step_ms(ms + seq_ms + self.layers * self.attention_ms(batch), tokens, n + batch.num_prefill)
+        return ms + seq_ms + self.layers * self.attention_ms(batch)
 
     def decode_step_increment(self, batch: Batch) -> tuple[float, int] | None:
         """For a decode-only batch: the per-step growth of attention time and how many steps

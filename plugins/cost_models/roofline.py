@@ -44,8 +44,11 @@ profiles hold no verify passes).
 
 Not modelled: decode-token FLOPs beyond the linear layers, the KV read of prefill attention.
 
-The default efficiencies are derived from the per-operator profiles of four GPU/model pairs
-measured inside vLLM 0.19 (``tools/derive_roofline.py``; see :data:`DERIVATION`). The roofline
+The efficiencies are measured: per GPU where a profile exists (the GPU preset's
+``efficiency``: Vidur's linear-layer profiles of H100, A100, A40 and LLMServingSim's vLLM 0.19
+profiles of the RTX PRO 6000 and RTX 4090; a GPU of the same architecture takes its profiled
+sibling's), pooled over them otherwise (:data:`DERIVATION`); ``tools/derive_roofline.py`` derives
+them all. A setting given in the config wins over both. The roofline
 itself is Williams, Waterman and Patterson (CACM 2009); its use for LLM inference follows
 "LLM Inference Unveiled: Survey and Roofline Model Insights" (Yuan et al., 2024).
 """
@@ -58,7 +61,8 @@ import attrs
 import numpy as np
 
 from schedlab.capacity import GpuSpec, ModelSpec, Presets
-from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
+from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
 from .collectives import Collectives, interconnect_field, machine
@@ -66,63 +70,66 @@ from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
 
 
-#: What ``tools/derive_roofline.py`` printed on the shared profiles (vLLM 0.19 kernels; RTX PRO
-#: 6000 Blackwell Server Edition: Llama-3.1-8B, Qwen3-32B, Qwen3-30B-A3B at TP 1 and 2; RTX 4090:
-#: Llama-3.1-8B at TP 1). Per bundle, then pooled (medians; the GEMM curve fitted over all):
+#: The pooled efficiencies, for a GPU measured by no profile (neither its own nor its
+#: architecture's, ``plugins/presets.py``): what ``python tools/derive_roofline.py`` prints as
+#: "pooled" -- the median over the five profiled GPUs (H100 SXM, A100 80 GB, A40 from Vidur's
+#: linear-layer profiles; RTX PRO 6000 Server and RTX 4090 from LLMServingSim's vLLM 0.19
+#: profiles) of each GPU's fit to the dense part of a layer (GEMMs, norms, rotary, activation):
 #:
-#:   bundle                      weight read  KV read  prefill attn  mixed rows  small ops/layer  GEMM @2048
-#:   PRO 6000 Llama-3.1-8B tp1      0.908      0.906      0.482         72.6       10.1 us        0.785
-#:   PRO 6000 Llama-3.1-8B tp2      0.863      0.863      0.434         70.0        8.6 us        0.754
-#:   PRO 6000 Qwen3-32B tp1         0.960      0.915      0.535         76.9       14.5 us        0.767
-#:   PRO 6000 Qwen3-32B tp2         0.885      0.859      0.481         70.2       11.9 us        0.786
-#:   PRO 6000 Qwen3-30B-A3B tp1     1.404*     0.857      0.481         70.0        8.5 us        0.618
-#:   PRO 6000 Qwen3-30B-A3B tp2     0.872      0.798      0.441         67.3        8.0 us        0.610
-#:   RTX 4090 Llama-3.1-8B tp1      0.926      0.916      0.741         76.6        8.5 us        1.000
-#:   pooled                         0.91       0.86       0.48          70          8.6 us        eta(T) = 0.77 T / (T + 56)
+#:   GPU (profile)                weight read  layer overhead  eta(T) = mfu T / (T + half)  RMS log err
+#:   RTX PRO 6000 Server (LSS)       0.979        25.7 us        0.78 T / (T + 55)            0.042
+#:   RTX 4090 (LSS)                  0.963        26.2 us*       0.99 T / (T + 2)             0.048
+#:   H100 SXM (Vidur)                0.846        26.8 us        0.61 T / (T + 18)            0.099
+#:   A100 80 GB (Vidur)              0.776        36.0 us        0.66 T / (T + 0)             0.065
+#:   A40 (Vidur)                     0.798        24.2 us        0.69 T / (T + 23)            0.080
+#:   pooled                          0.846        26.2 us        0.69 T / (T + 18)
 #:
-#: "mixed rows": in an iteration with a prefill chunk, each decode adds the attention time of
-#: this many query rows over its context (median over chunks 256-2048, 16-128 decodes, contexts
-#: 1k-4k): the varlen kernel pads a decode's one query to a tile, so it is 2-4x dearer than
-#: reading its KV.
-#:
-#: (* the MoE model's attention projections at TP 1, 38 MB, fit in the 128 MB L2 cache of the
-#: one-layer profile: the median leaves that out.) The GEMM curve's RMS error in log time over
-#: T = 1..2048 on all bundles is 0.18: the RTX 4090 reaches its datasheet rate, the RTX PRO
-#: 6000 three quarters of it. MoE experts at TP 1: weights read at 0.94 of bandwidth at one
-#: token; 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
-DERIVATION = {"bandwidth_efficiency": 0.91, "kv_read_efficiency": 0.86, "attention_efficiency": 0.48,
-              "mixed_decode_query_rows": 70.0, "layer_overhead_us": 8.6, "mfu": 0.77, "gemm_half_tokens": 56.0}
+#: (a layer at one token takes hypot(bytes / (BW * weight read), its compute) + the layer
+#: overhead -- the GEMMs' launch and tail and the small operators -- fitted over the GPU's layer
+#: sizes; * one layer size only: the other GPUs' median overhead. The compute-bound share below the datasheet
+#: rate also carries the small operators' growth with the tokens: 15% of an H100 layer of
+#: Llama-2-7B at 4,096 tokens.) Attention, from LLMServingSim's profiles only (median of the 7
+#: bundles; the 4090 alone: 0.92, 0.74, 77): KV read 0.86 of the bandwidth, prefill attention
+#: 0.48 of the bf16 rate, and a decode in a step with a prefill chunk costs the attention FLOPs
+#: of 70 query rows over its context (the varlen kernel pads its one query to a tile, 2-4x
+#: dearer than reading its KV; median over chunks 256-2048, 16-128 decodes, contexts 1k-4k).
+#: MoE experts at TP 1 (RTX PRO 6000): weights read at 0.94 of the bandwidth at one token;
+#: 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
+DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.86, "attention_efficiency": 0.48,
+              "mixed_decode_query_rows": 70.0, "layer_overhead_us": 26.2, "mfu": 0.69, "gemm_half_tokens": 18.0}
 
 
-def _efficiency(name: str, help: str):
-    return float_field(DERIVATION[name], min=0.0, min_exclusive=True, max=1.0, help=help)
+def _measured(name: str, help: str, *, share: bool = True):
+    """An efficiency setting: unset takes the GPU's measured value, else :data:`DERIVATION`'s."""
+    return float_field(None, min=0.0, min_exclusive=share, max=1.0 if share else None, optional=True,
+                       help=f"{help} (unset: the GPU preset's measured value, else {DERIVATION[name]:g})")
 
 
 @attrs.frozen
 class RooflineConfig:
-    """Settings of the ``roofline`` cost model (efficiency defaults: :data:`DERIVATION`)."""
+    """Settings of the ``roofline`` cost model (efficiencies: the GPU's measured ones, else :data:`DERIVATION`)."""
 
     model: str = str_field(help="model preset (e.g. 'llama-3-8b') or a model declared in the experiment")
     gpu: str = str_field(help="GPU preset (e.g. 'a100-80gb') or a GPU declared in the experiment")
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks the model is split over")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the ranks (vLLM --enable-expert-parallel)")
-    bandwidth_efficiency: float = _efficiency(
+    bandwidth_efficiency: float | None = _measured(
         "bandwidth_efficiency", "share of peak memory bandwidth reached when reading weights")
-    kv_read_efficiency: float = _efficiency(
+    kv_read_efficiency: float | None = _measured(
         "kv_read_efficiency", "share of peak memory bandwidth reached when decode attention reads the KV cache")
-    mfu: float = _efficiency(
+    mfu: float | None = _measured(
         "mfu", "share of peak bf16 TFLOPS the linear layers reach with many tokens (GEMM efficiency)")
-    gemm_half_tokens: float = float_field(
-        DERIVATION["gemm_half_tokens"], min=0.0,
-        help="tokens at which GEMMs reach half of mfu: efficiency = mfu * T / (T + gemm_half_tokens)")
-    attention_efficiency: float = _efficiency(
+    gemm_half_tokens: float | None = _measured(
+        "gemm_half_tokens", "tokens at which GEMMs reach half of mfu: efficiency = mfu * T / (T + gemm_half_tokens)",
+        share=False)
+    attention_efficiency: float | None = _measured(
         "attention_efficiency", "share of peak bf16 TFLOPS prefill attention reaches")
-    mixed_decode_query_rows: float = float_field(
-        DERIVATION["mixed_decode_query_rows"], min=0.0,
-        help="a decode in an iteration with prefill costs the attention FLOPs of this many query rows over its context")
-    layer_overhead_us: float = float_field(
-        DERIVATION["layer_overhead_us"], min=0.0,
-        help="per decoder layer: small kernels not counted as bytes or FLOPs (norms, rotary, activation), us")
+    mixed_decode_query_rows: float | None = _measured(
+        "mixed_decode_query_rows", "a decode in an iteration with prefill costs the attention FLOPs of this many query "
+                                   "rows over its context", share=False)
+    layer_overhead_us: float | None = _measured(
+        "layer_overhead_us", "per decoder layer: the GEMMs' fixed time and the small kernels not counted as bytes or "
+                             "FLOPs (norms, rotary, activation), us", share=False)
     overhead_ms: float = float_field(
         0.0, min=0.0, help="time added to every step beyond the modelled parts, ms (what schedlab calibrate fits)")
     async_scheduling: bool = step_field("async_scheduling")
@@ -149,8 +156,10 @@ class RooflineCostModel:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, config: RooflineConfig | None = None):
         self.model = model
         self.gpu = gpu
-        self.config = c = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
-        tp = c.tensor_parallel
+        self.config = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
+        #: every efficiency in effect: the config's, else the GPU's measured one, else the pooled default
+        self.settings = c = resolve_efficiencies(self.config, gpu)
+        tp = self.config.tensor_parallel
         # Rates per millisecond: GB/s * 1e9 / 1e3 and TFLOPS * 1e12 / 1e3.
         bw = gpu.hbm_bandwidth_gbps * 1e6
         self._weight_bytes_per_ms = bw * c.bandwidth_efficiency
@@ -189,6 +198,12 @@ class RooflineCostModel:
             return 0.0
         return self.step.step_ms(self.gpu_ms(batch, tokens), tokens, batch.num_decode + batch.num_prefill)
 
+    def kernel_ms(self, batch: Batch) -> float:
+        """The GPU's time for the batch's kernels alone, without the host's share of a step (a
+        drafter's passes run inside the target's step)."""
+        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
+        return self.gpu_ms(batch, tokens) if tokens else 0.0
+
     def gpu_ms(self, batch: Batch, tokens: int) -> float:
         """The GPU's time for the kernels of a batch of ``tokens`` tokens (no host work)."""
         kv_read = batch.decode_context_tokens * self._kv_ms_per_token
@@ -222,7 +237,7 @@ class RooflineCostModel:
 
     def gemm_efficiency(self, tokens: float) -> float:
         """Share of peak bf16 FLOPS a GEMM over ``tokens`` rows reaches."""
-        c = self.config
+        c = self.settings
         return c.mfu * tokens / (tokens + c.gemm_half_tokens)
 
     def tokens_ms(self, tokens: int) -> float:
@@ -301,6 +316,24 @@ class RooflineCostModel:
         if np.ndim(prefill) == 0:
             return float(prefill), float(decode)
         return prefill, decode
+
+
+def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig:
+    """``config`` with every unset efficiency filled: the GPU's measured value
+    (``GpuSpec.efficiency``), else the pooled :data:`DERIVATION`.
+
+    :raises ConfigError: the GPU's table names a setting the roofline does not have.
+    """
+    unknown = sorted(set(gpu.efficiency) - set(DERIVATION))
+    if unknown:
+        raise ConfigError(f"GPU {gpu.name!r}: efficiency has unknown key {unknown[0]!r}; "
+                          f"valid keys: {', '.join(sorted(DERIVATION))}")
+    filled = {name: float(gpu.efficiency.get(name, default)) for name, default in DERIVATION.items()
+              if getattr(config, name) is None}
+    try:
+        return attrs.evolve(config, **filled)
+    except FieldError as exc:
+        raise ConfigError(f"GPU {gpu.name!r}: efficiency: {exc.name}: {exc.message}") from None
 
 
 def build_roofline(config: RooflineConfig, presets: Presets) -> RooflineCostModel:
