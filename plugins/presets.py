@@ -25,45 +25,96 @@ import attrs
 import schedlab
 from schedlab.capacity import GpuSpec, ModelSpec
 
-#: (spec, source note) for every built-in model.
+def shape_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int, *,
+                 tied: bool = False, qk_norm: bool = False, experts: int = 0, top_k: int = 0,
+                 expert_ffn: int = 0) -> tuple[int, int]:
+    """``(parameters, active parameters)`` of a Llama-shaped decoder from its ``config.json``:
+    attention (Q and O of ``heads x head_dim``, K and V of ``kv_heads x head_dim``), two RMSNorms
+    a layer (and Qwen3's per-head Q/K norms), a gated MLP of width ``ffn`` or ``experts`` routed
+    experts of ``expert_ffn`` with a router (``top_k`` of them active), the embedding table and
+    an LM head (one table when ``tied``) and the final norm. Biases and attention sinks are not
+    counted (gpt-oss: 0.02% of its parameters)."""
+    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    norms = 2 * hidden + (2 * head_dim if qk_norm else 0)
+    if experts:
+        expert = 3 * hidden * expert_ffn
+        total_layer = attn + norms + hidden * experts + experts * expert
+        active_layer = attn + norms + hidden * experts + top_k * expert
+    else:
+        total_layer = active_layer = attn + norms + 3 * hidden * ffn
+    tables = (1 if tied else 2) * vocab * hidden + hidden
+    return layers * total_layer + tables, layers * active_layer + tables
+
+
+def _shaped(name: str, hf_id: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
+            vocab: int, *, tied: bool = False, qk_norm: bool = False, experts: int = 0, top_k: int = 0,
+            expert_ffn: int = 0, **extra) -> ModelSpec:
+    """A preset whose parameter counts come from its shapes (:func:`shape_params`)."""
+    total, active = shape_params(layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied=tied, qk_norm=qk_norm,
+                                 experts=experts, top_k=top_k, expert_ffn=expert_ffn)
+    return ModelSpec(name, num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, num_params=total,
+                     num_attention_heads=heads, hidden_size=hidden, vocab_size=vocab, tied_embeddings=tied,
+                     num_experts=experts, experts_per_token=top_k, active_params=active if experts else None,
+                     hf_id=hf_id, **extra)
+
+
+#: (spec, source note) for every built-in model. Parameter counts are the checkpoints' (the
+#: older presets) or :func:`shape_params` of the config's shapes, which reproduces those.
 MODELS: tuple[tuple[ModelSpec, str], ...] = (
     (ModelSpec("llama-2-7b", num_layers=32, num_kv_heads=32, head_dim=128, num_params=6_738_415_616,
-               num_attention_heads=32, hidden_size=4096,
+               num_attention_heads=32, hidden_size=4096, vocab_size=32000,
                hf_id="meta-llama/Llama-2-7b-hf"),
-     "meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads (MHA), hidden 4096; 6.74B params"),
+     "meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads (MHA), hidden 4096, vocab 32,000; 6.74B params"),
     (ModelSpec("llama-2-13b", num_layers=40, num_kv_heads=40, head_dim=128, num_params=13_015_864_320,
-               num_attention_heads=40, hidden_size=5120,
+               num_attention_heads=40, hidden_size=5120, vocab_size=32000,
                hf_id="meta-llama/Llama-2-13b-hf"),
-     "meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads (MHA), hidden 5120; 13.0B params"),
+     "meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads (MHA), hidden 5120, vocab 32,000; 13.0B params"),
     (ModelSpec("llama-2-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=68_976_648_192,
-               num_attention_heads=64, hidden_size=8192,
+               num_attention_heads=64, hidden_size=8192, vocab_size=32000,
                hf_id="meta-llama/Llama-2-70b-hf"),
-     "meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 69.0B params"),
+     "meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192, vocab 32,000; "
+     "69.0B params"),
+    (_shaped("codellama-34b", "codellama/CodeLlama-34b-hf", 48, 8192, 64, 8, 128, 22016, 32000),
+     "codellama/CodeLlama-34b-hf config.json: 48 layers, 64 heads / 8 KV heads, hidden 8192, FFN 22016, "
+     "vocab 32,000; 33.7B params"),
     (ModelSpec("llama-3-8b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=8_030_261_248,
-               num_attention_heads=32, hidden_size=4096,
+               num_attention_heads=32, hidden_size=4096, vocab_size=128256,
                hf_id="meta-llama/Meta-Llama-3-8B"),
-     "meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 8.03B params"),
+     "meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096, vocab 128,256; "
+     "8.03B params"),
     (ModelSpec("llama-3-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=70_553_706_496,
-               num_attention_heads=64, hidden_size=8192,
+               num_attention_heads=64, hidden_size=8192, vocab_size=128256,
                hf_id="meta-llama/Meta-Llama-3-70B"),
-     "meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 70.6B params"),
+     "meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192, vocab 128,256; "
+     "70.6B params"),
+    (_shaped("llama-3.3-70b", "meta-llama/Llama-3.3-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256),
+     "meta-llama/Llama-3.3-70B-Instruct config.json: the Llama-3 70B shapes (80 layers, 64 heads / 8 KV heads, "
+     "hidden 8192, FFN 28672, vocab 128,256); 70.6B params"),
     (ModelSpec("mistral-7b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=7_241_732_096,
-               num_attention_heads=32, hidden_size=4096,
+               num_attention_heads=32, hidden_size=4096, vocab_size=32000,
                hf_id="mistralai/Mistral-7B-v0.1"),
-     "mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 7.24B params"),
+     "mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096, vocab 32,000; 7.24B "
+     "params (its 4,096-token sliding window on every layer is not modelled: KV counted whole)"),
+    (_shaped("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 32, 4096, 32, 8, 128, 0, 32000, experts=8, top_k=2,
+             expert_ffn=14336),
+     "mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096, 8 experts of FFN "
+     "14336, 2 per token, vocab 32,000; 46.7B params, 12.9B active"),
+    (_shaped("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1", 56, 6144, 48, 8, 128, 0, 32000, experts=8, top_k=2,
+             expert_ffn=16384),
+     "mistralai/Mixtral-8x22B-v0.1 config.json: 56 layers, 48 heads / 8 KV heads, hidden 6144, 8 experts of FFN "
+     "16384, 2 per token, vocab 32,000; 140.6B params, 39.2B active"),
     (ModelSpec("qwen2.5-7b", num_layers=28, num_kv_heads=4, head_dim=128, num_params=7_615_616_512,
-               num_attention_heads=28, hidden_size=3584,
+               num_attention_heads=28, hidden_size=3584, vocab_size=152064,
                hf_id="Qwen/Qwen2.5-7B"),
-     "Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads / 4 KV heads, hidden 3584; 7.62B params"),
+     "Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads / 4 KV heads, hidden 3584, vocab 152,064; 7.62B params"),
     (ModelSpec("qwen2.5-72b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=72_706_203_648,
-               num_attention_heads=64, hidden_size=8192,
+               num_attention_heads=64, hidden_size=8192, vocab_size=152064,
                hf_id="Qwen/Qwen2.5-72B"),
-     "Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 72.7B params"),
+     "Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192, vocab 152,064; 72.7B params"),
     # A draft model for speculative decoding beside the Llama-3 8B models (same tokenizer). Its
-    # embeddings are tied: the table is read every iteration as the lm_head, so vocab_size is
-    # left unset and the roofline counts every parameter as read.
+    # embeddings are tied: the table is read every iteration as the LM head.
     (ModelSpec("llama-3.2-1b", num_layers=16, num_kv_heads=8, head_dim=64, num_params=1_235_814_400,
-               num_attention_heads=32, hidden_size=2048,
+               num_attention_heads=32, hidden_size=2048, vocab_size=128256, tied_embeddings=True,
                hf_id="meta-llama/Llama-3.2-1B"),
      "meta-llama/Llama-3.2-1B config.json: 16 layers, 32 heads / 8 KV heads, head_dim 64, hidden 2048, FFN 8192, "
      "tied embeddings; 1.24B params (a draft model for Llama-3/3.1 8B)"),
@@ -84,6 +135,38 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
                hf_id="Qwen/Qwen3-30B-A3B-Instruct-2507"),
      "Qwen/Qwen3-30B-A3B-Instruct-2507 config.json: 48 layers, 32 heads / 4 KV heads, hidden 2048, "
      "128 experts of FFN 768, 8 per token; 30.5B params resident, 3.3B active"),
+    # The rest of the Qwen3 family (head_dim 128 throughout; the three small ones tie embeddings).
+    *((_shaped(f"qwen3-{size}", f"Qwen/Qwen3-{size.upper()}", layers, hidden, heads, 8, 128, ffn, 151936,
+               qk_norm=True, tied=tied),
+       f"Qwen/Qwen3-{size.upper()} config.json: {layers} layers, {heads} heads / 8 KV heads, head_dim 128, hidden "
+       f"{hidden}, FFN {ffn}{', tied embeddings' if tied else ''}, vocab 151,936")
+      for size, layers, hidden, heads, ffn, tied in (("0.6b", 28, 1024, 16, 3072, True),
+                                                     ("1.7b", 28, 2048, 16, 6144, True),
+                                                     ("4b", 36, 2560, 32, 9728, True),
+                                                     ("8b", 36, 4096, 32, 12288, False),
+                                                     ("14b", 40, 5120, 40, 17408, False))),
+    (_shaped("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 0, 151936, qk_norm=True, experts=128,
+             top_k=8, expert_ffn=1536),
+     "Qwen/Qwen3-235B-A22B config.json: 94 layers, 64 heads / 4 KV heads, head_dim 128, hidden 4096, 128 experts "
+     "of FFN 1536, 8 per token, vocab 151,936; 235B params, 22.2B active"),
+    # gpt-oss: MXFP4 experts (4-bit values, an 8-bit scale per 32: 4.25 bits), the rest bf16;
+    # every other layer attends to a 128-token sliding window.
+    *((_shaped(f"gpt-oss-{size}", f"openai/gpt-oss-{size}", layers, 2880, 64, 8, 64, 0, 201088, experts=experts,
+               top_k=4, expert_ffn=2880, expert_dtype_bytes=0.53125, sliding_window=128,
+               sliding_window_layers=layers // 2),
+       f"openai/gpt-oss-{size} config.json: {layers} layers (every other one a 128-token sliding window), 64 heads "
+       f"/ 8 KV heads of 64, hidden 2880, {experts} experts of FFN 2880 in MXFP4, 4 per token, vocab 201,088; "
+       f"{total} params (model card)")
+      for size, layers, experts, total in (("20b", 24, 32, "20.9B"), ("120b", 36, 128, "116.8B"))),
+    # DeepSeek-V3: multi-head latent attention (a 512 + 64 latent per token and layer holds K and
+    # V), FP8 weights, 256 routed experts + 1 shared, 8 per token, the first 3 layers dense.
+    (ModelSpec("deepseek-v3", num_layers=61, num_kv_heads=128, head_dim=128, num_params=671e9,
+               num_attention_heads=128, hidden_size=7168, vocab_size=129280, num_experts=256, experts_per_token=8,
+               active_params=37e9, weight_dtype_bytes=1.0, kv_latent_dim=576, hf_id="deepseek-ai/DeepSeek-V3"),
+     "deepseek-ai/DeepSeek-V3 config.json: 61 layers, MLA (kv_lora_rank 512 + qk_rope_head_dim 64 = a 576-element "
+     "KV latent per token and layer, bf16), 128 heads, hidden 7168, 256 routed experts of FFN 2048 + 1 shared, 8 "
+     "per token, vocab 129,280, FP8 weights; 671B params, 37B active (model card; the MTP module's 14B not "
+     "counted). Attention FLOPs taken at head_dim 128 (MLA's prefill: 192 for QK, 128 for V)"),
 )
 
 #: (spec, source note) for every built-in GPU.

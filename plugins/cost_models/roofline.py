@@ -26,8 +26,10 @@ the compute of attention are *added*, so the cost stays exactly linear in
 ``decode_context_tokens`` for a fixed batch, which :meth:`RooflineCostModel.decode_step_increment`
 tells the engine.
 
-Weights: every rank reads ``1/tp`` of them each iteration, except the input embedding table
-(looked up, not read, when the preset declares ``vocab_size``). MoE models
+Weights: every rank reads ``1/tp`` of them each iteration (at the model's bytes per weight,
+the routed experts at theirs: an FP8 or MXFP4 checkpoint), except an untied input embedding
+table (when the preset declares ``vocab_size``): it is looked up, one row per token, and
+multiplies nothing; the LM head is read whole (a tied table is the LM head). MoE models
 (``num_experts``): attention and other dense weights as above; of the routed experts only
 those some token picked are read -- ``E (1 - (1 - k/E)^T)`` of ``E`` under uniform routing --
 and the FLOPs are those of the ``params per token`` (active parameters); the expert GEMMs
@@ -167,13 +169,17 @@ class RooflineCostModel:
         self._host_bytes_per_ms = gpu.host_link_gbps * 1e6
         self._kv_bytes_per_token = model.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
         self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
-        b = model.dtype_bytes
+        b = model.weight_bytes_per_param
         expert_total = model.expert_params * model.num_experts
+        embedding = model.embedding_params  # an untied table: looked up, one row per token
         # Dense weights: everything but the routed experts and the looked-up embedding table.
-        self._dense_read_ms = (model.num_params - expert_total - model.embedding_params) * b / tp \
-            / self._weight_bytes_per_ms
-        self._expert_read_ms = model.expert_params * b / tp / self._weight_bytes_per_ms  # one expert
-        self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params) / tp
+        self._dense_read_ms = (model.num_params - expert_total - embedding) * b / tp / self._weight_bytes_per_ms
+        self._expert_read_ms = model.expert_params * model.expert_bytes_per_param / tp \
+            / self._weight_bytes_per_ms  # one expert
+        # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
+        self._row_read_ms = (model.hidden_size or 0) * b / tp / self._weight_bytes_per_ms if embedding else 0.0
+        self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params
+                                             - embedding) / tp
         self._expert_flops_per_token = 2.0 * model.experts_per_token * model.expert_params / tp
         self._fixed_ms = model.num_layers * c.layer_overhead_us * 1e-3
         self.step = StepTiming(c, model.num_layers, tp)
@@ -248,7 +254,7 @@ class RooflineCostModel:
             return ms
         peak = self._peak_flops_per_ms
         compute = self._dense_flops_per_token * tokens / (peak * self.gemm_efficiency(tokens))
-        ms = self._fixed_ms + math.hypot(self._dense_read_ms, compute)
+        ms = self._fixed_ms + math.hypot(self._dense_read_ms, compute) + tokens * self._row_read_ms
         m = self.model
         if m.is_moe:
             e, k = m.num_experts, m.experts_per_token
