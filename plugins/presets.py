@@ -229,11 +229,14 @@ GPUS: tuple[tuple[GpuSpec, str], ...] = (
 #: LLMServingSim's only.
 MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
     "rtx-pro-6000-server": ({"bandwidth_efficiency": 0.979, "layer_overhead_us": 25.7, "mfu": 0.78,
-                             "gemm_half_tokens": 55, "kv_read_efficiency": 0.86, "attention_efficiency": 0.48,
-                             "mixed_decode_query_rows": 70},
+                             "gemm_half_tokens": 55, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
+                             "decode_attention_us": 0.1, "attention_efficiency": 0.48,
+                             "mixed_decode_query_rows": 61, "mixed_decode_context_offset": 290},
                             "LLMServingSim's vLLM 0.19 profiles, 3 models at TP 1 and 2"),
     "rtx-4090": ({"bandwidth_efficiency": 0.963, "layer_overhead_us": 26.2, "mfu": 0.99, "gemm_half_tokens": 2,
-                  "kv_read_efficiency": 0.92, "attention_efficiency": 0.74, "mixed_decode_query_rows": 77},
+                  "kv_read_efficiency": 0.93, "attention_layer_us": 21.3, "decode_attention_us": 0.16,
+                  "attention_efficiency": 0.74, "mixed_decode_query_rows": 68,
+                  "mixed_decode_context_offset": 240},
                  "LLMServingSim's vLLM 0.19 profile, Llama-3.1-8B at TP 1"),
     "h100-80gb": ({"bandwidth_efficiency": 0.846, "layer_overhead_us": 26.8, "mfu": 0.61, "gemm_half_tokens": 18},
                   "Vidur's profiles, 6 models at TP 1-8"),
@@ -250,7 +253,8 @@ MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
 SAME_ARCHITECTURE = {"a100-40gb": "a100-80gb", "h100-pcie-80gb": "h100-80gb", "h200-141gb": "h100-80gb",
                      "gh200-96gb": "h100-80gb", "rtx-pro-6000": "rtx-pro-6000-server", "a10g": "a40"}
 #: The efficiencies only LLMServingSim's profiles measure (attention); elsewhere pooled.
-ATTENTION_KEYS = ("kv_read_efficiency", "attention_efficiency", "mixed_decode_query_rows")
+ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_us", "attention_efficiency",
+                  "mixed_decode_query_rows", "mixed_decode_context_offset")
 
 
 def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:

@@ -288,20 +288,28 @@ def _roofline(model="llama-3-8b", gpu="a100-80gb", **overrides):
 # The A100 80 GB's efficiencies measured on Vidur's profiles (plugins/presets.py,
 # MEASURED_EFFICIENCY) and the pooled attention ones (tools/derive_roofline.py), by hand:
 WEIGHT_BW = A100_80_BW_GBPS * 1e6 * 0.776          # bytes per ms reading weights
-KV_BW = A100_80_BW_GBPS * 1e6 * 0.86               # bytes per ms reading KV
+KV_BW = A100_80_BW_GBPS * 1e6 * 0.91               # bytes per ms reading KV
 PEAK = A100_80_TFLOPS * 1e9                        # FLOP per ms
 EMBEDDING = 128256 * 4096                           # looked up, one row per token; multiplies nothing
-WEIGHTS_MS = (LLAMA3_8B_PARAMS - EMBEDDING) * 2 / WEIGHT_BW   # 9.485 ms
+LM_HEAD = 128256 * 4096                             # multiplies the sampled rows only
+MATMUL = LLAMA3_8B_PARAMS - EMBEDDING - LM_HEAD     # the layers
+WEIGHTS_MS = MATMUL * 2 / WEIGHT_BW                # 8.82 ms
 ROW_MS = 4096 * 2 / WEIGHT_BW                        # one embedding row
 KV_MS_PER_TOKEN = 128 * KIB / KV_BW
-SMALL_OPS_MS = 32 * 36.0e-3                         # 32 layers x 36.0 us
+SMALL_OPS_MS = 32 * (36.0 + 12.1) * 1e-3            # 32 layers x (36.0 us + the attention kernels' 12.1 us)
+DECODE_MS = 32 * 0.11e-3                            # a decode's attention besides its KV read
 ATTN_FLOPS_PER_PAIR = 4 * 32 * 32 * 128             # layers x heads x head_dim x 4
 
 
-def linear_ms(tokens, params=LLAMA3_8B_PARAMS - EMBEDDING, weights_ms=WEIGHTS_MS, peak=PEAK):
+def linear_ms(tokens, params=MATMUL, weights_ms=WEIGHTS_MS, peak=PEAK):
     """hypot(weight read, GEMM at 0.66 * T / (T + 0) of peak) and the embedding rows."""
     compute = 2 * params * tokens / (peak * 0.66)
     return SMALL_OPS_MS + math.hypot(weights_ms, compute) + tokens * ROW_MS
+
+
+def lm_head_ms(rows):
+    """The LM head: the whole matrix read, the sampled rows' FLOPs."""
+    return math.hypot(LM_HEAD * 2 / WEIGHT_BW, 2 * LM_HEAD * rows / (PEAK * 0.66))
 
 
 def test_roofline_is_a_cost_model():
@@ -310,10 +318,10 @@ def test_roofline_is_a_cost_model():
 
 def test_roofline_decode_iteration_by_hand():
     cost = _roofline(overhead_ms=1.0)
-    expected = 1.0 + linear_ms(4) + 4096 * KV_MS_PER_TOKEN
+    expected = 1.0 + linear_ms(4) + lm_head_ms(4) + 4 * DECODE_MS + 4096 * KV_MS_PER_TOKEN
     got = cost.iteration_ms(Batch(num_decode=4, decode_context_tokens=4096))
     assert got == pytest.approx(expected, rel=1e-12)
-    assert got == pytest.approx(11.94898, abs=1e-4)
+    assert got == pytest.approx(12.33343, abs=1e-4)
     assert cost.iteration_ms(Batch()) == 0.0
 
 
@@ -326,14 +334,15 @@ def test_roofline_linear_layers_slow_down_with_tokens_as_profiled():
     cost = _roofline()
     big = cost.tokens_ms(8192)
     assert big == pytest.approx(linear_ms(8192), rel=1e-12)
-    assert big > 2 * (LLAMA3_8B_PARAMS - EMBEDDING) * 8192 / PEAK / 0.66
+    assert big > 2 * MATMUL * 8192 / PEAK / 0.66
 
 
 def test_roofline_tensor_parallel_adds_the_all_reduce():
     # (no vocabulary declared: every weight read, no logits gathered -- the all-reduces alone)
     cost = RooflineCostModel(attrs.evolve(MODEL["llama-3-70b"], vocab_size=None), GPU["h100-80gb"],
                              RooflineConfig(model="llama-3-70b", gpu="h100-80gb", tensor_parallel=4,
-                                            layer_overhead_us=0.0, **GPU_ONLY))
+                                            layer_overhead_us=0.0, attention_layer_us=0.0, decode_attention_us=0.0,
+                                            **GPU_ONLY))
     # the H100's measured efficiencies: weights at 0.846 of the bandwidth, GEMMs at 0.61 T / (T + 18)
     weights = LLAMA3_70B_PARAMS * 2 / 4 / (3350e6 * 0.846)
     compute = 2 * LLAMA3_70B_PARAMS / 4 * 1 / (989e9 * 0.61 * 1 / 19)
@@ -341,7 +350,7 @@ def test_roofline_tensor_parallel_adds_the_all_reduce():
     # NVSwitch (4 ranks: 361 GB/s bus): NCCL's LL protocol, 6.6 + 6 hops x 0.6 us + 2 (tp-1)/tp x
     # bytes at half the bus bandwidth
     comm = (80 * 2 + 1) * (6.6 + 6 * 0.6 + 1.5 * 8192 * 2 / (0.5 * 361e3)) * 1e-3
-    kv = 1000 * (80 * KIB) / (3350e6 * 0.86)
+    kv = 1000 * (80 * KIB) / (3350e6 * 0.91)
     got = cost.iteration_ms(Batch(num_decode=1, decode_context_tokens=1000))
     assert got == pytest.approx(math.hypot(weights, compute) + comm + kv, rel=1e-12)
     with pytest.raises(ConfigError, match="hidden_size"):
@@ -353,25 +362,26 @@ def test_roofline_prefill_by_hand():
     cost = _roofline(overhead_ms=0.5)
     attention = ATTN_FLOPS_PER_PAIR * (1000 * 1001 / 2) / (PEAK * 0.48)
     got = cost.iteration_ms(Batch(num_prefill=1, prefill_tokens=1000))
-    assert got == pytest.approx(0.5 + linear_ms(1000) + attention, rel=1e-12)
+    assert got == pytest.approx(0.5 + linear_ms(1000) + lm_head_ms(1) + attention, rel=1e-12)
     # A chunk of 500 after 1500 cached tokens attends to them too.
     chunk = cost.iteration_ms(Batch(num_prefill=1, prefill_tokens=500, prefill_context_tokens=1500))
     pairs = 500 * 1500 + 500 * 501 / 2
-    assert chunk == pytest.approx(0.5 + linear_ms(500) + ATTN_FLOPS_PER_PAIR * pairs / (PEAK * 0.48), rel=1e-12)
+    assert chunk == pytest.approx(0.5 + linear_ms(500) + lm_head_ms(1) + ATTN_FLOPS_PER_PAIR * pairs / (PEAK * 0.48),
+                                  rel=1e-12)
 
 
 def test_roofline_decodes_with_a_prefill_chunk_cost_padded_query_rows():
-    """With a prefill chunk, each decode context token costs 70 query rows of attention FLOPs
-    (more than reading its KV), as the profiles' mixed batches show."""
+    """With a prefill chunk, each decode costs 61 query rows of attention FLOPs over its
+    context plus 290 tokens (more than reading its KV), as the profiles' mixed batches show."""
     cost = _roofline()
     batch = Batch(num_decode=10, decode_context_tokens=20_000, num_prefill=1, prefill_tokens=500)
-    padded = 70 * ATTN_FLOPS_PER_PAIR * 20_000 / (PEAK * 0.48)
+    padded = 61 * ATTN_FLOPS_PER_PAIR * (20_000 + 10 * 290) / (PEAK * 0.48)
     assert padded > 20_000 * KV_MS_PER_TOKEN
     prefill = ATTN_FLOPS_PER_PAIR * (500 * 501 / 2) / (PEAK * 0.48)
-    assert cost.iteration_ms(batch) == pytest.approx(linear_ms(510) + padded + prefill, rel=1e-12)
+    assert cost.iteration_ms(batch) == pytest.approx(linear_ms(510) + lm_head_ms(11) + padded + prefill, rel=1e-12)
     no_padding = _roofline(mixed_decode_query_rows=0.0)
-    assert no_padding.iteration_ms(batch) == pytest.approx(linear_ms(510) + 20_000 * KV_MS_PER_TOKEN + prefill,
-                                                          rel=1e-12)
+    assert no_padding.iteration_ms(batch) == pytest.approx(
+        linear_ms(510) + lm_head_ms(11) + 20_000 * KV_MS_PER_TOKEN + prefill, rel=1e-12)
 
 
 def test_roofline_moe_reads_resident_experts_and_computes_active_ones():
@@ -379,12 +389,14 @@ def test_roofline_moe_reads_resident_experts_and_computes_active_ones():
     compute only the 3.35B active parameters per token."""
     m = MODEL["qwen3-30b-a3b"]
     cost = RooflineCostModel(m, GPU["rtx-pro-6000-server"],
-                             RooflineConfig(model=m.name, gpu="rtx-pro-6000-server", layer_overhead_us=0.0))
+                             RooflineConfig(model=m.name, gpu="rtx-pro-6000-server", layer_overhead_us=0.0,
+                                            attention_layer_us=0.0))
     bw, peak = 1597e6 * 0.979, 503.8e9  # the RTX PRO 6000 Server's measured efficiencies
     expert = (m.num_params - m.active_params) / 120          # one expert, all layers
-    dense = m.num_params - 128 * expert - 151936 * 2048      # attention, router, norms, lm_head
-    # the looked-up embedding table multiplies nothing: one row of 2048 x 2 bytes read per token
-    matmul = m.active_params - 8 * expert - 151936 * 2048
+    dense = m.num_params - 128 * expert - 2 * 151936 * 2048  # attention, router, norms (the LM head apart)
+    # the looked-up embedding table multiplies nothing: one row of 2048 x 2 bytes read per token;
+    # the LM head (logits_ms) multiplies the sampled rows only
+    matmul = m.active_params - 8 * expert - 2 * 151936 * 2048
     row = 2048 * 2 / bw
     one = math.hypot(dense * 2 / bw, 2 * matmul * 56 / (peak * 0.78)) \
         + math.hypot(8 * expert * 2 / bw, 2 * 8 * expert * 56 / (peak * 0.78)) + row
@@ -436,9 +448,11 @@ def test_decode_step_increment_is_exact(model, num_decode, context, steps, tp, a
 def test_request_cost_by_hand():
     cost = _roofline(overhead_ms=1.0)
     prefill, decode = cost.request_cost(10, 3)
-    assert prefill == pytest.approx(1.0 + linear_ms(10) + ATTN_FLOPS_PER_PAIR * 55 / (PEAK * 0.48), rel=1e-12)
+    assert prefill == pytest.approx(1.0 + linear_ms(10) + lm_head_ms(1) + ATTN_FLOPS_PER_PAIR * 55 / (PEAK * 0.48),
+                                    rel=1e-12)
     # The prefill yields token 1; tokens 2 and 3 are decode steps attending to 11 and 12 tokens.
-    assert decode == pytest.approx(2 * (1.0 + linear_ms(1)) + (11 + 12) * KV_MS_PER_TOKEN, rel=1e-12)
+    assert decode == pytest.approx(2 * (1.0 + linear_ms(1) + lm_head_ms(1) + DECODE_MS) + (11 + 12) * KV_MS_PER_TOKEN,
+                                   rel=1e-12)
     _, none = cost.request_cost(10, 1)
     assert none == 0.0
 

@@ -66,7 +66,7 @@ def one_layer(s: derive_roofline.Series) -> ModelSpec:
 def roofline_ms(s: derive_roofline.Series) -> np.ndarray:
     gpu = PRESETS.gpu(s.gpu)
     model = one_layer(s)
-    cost = RooflineCostModel(model, gpu, RooflineConfig(model=model.name, gpu=gpu.name))
+    cost = RooflineCostModel(model, gpu, RooflineConfig(model=model.name, gpu=gpu.name, attention_layer_us=0.0))
     return np.array([cost.tokens_ms(int(t)) for t in s.tokens])
 
 
@@ -77,8 +77,8 @@ def test_the_subset_holds_the_three_gpus():
 
 @pytest.mark.parametrize("gpu", ["h100-80gb", "a100-80gb", "a40"])
 def test_the_roofline_predicts_the_measured_layers(gpu):
-    """Each GPU preset's measured efficiencies, in the roofline, against Vidur's measured
-    dense part of a layer (its GEMMs, norms, rotary, activation) at 1-4,096 tokens, TP 1-8:
+    """Each GPU preset's measured efficiencies, in the roofline (its attention apart), against
+    Vidur's measured dense part of a layer (its GEMMs, norms, rotary, activation) at 1-4,096 tokens, TP 1-8:
     within 8% at the median, 35% at worst (the bend between weight-bound and compute-bound)."""
     errors = []
     for s in (s for s in SUBSET if s.gpu == gpu):
@@ -104,7 +104,7 @@ def test_pooled_defaults_are_worse_than_the_measured_ones_on_the_h100():
     for s in (s for s in SUBSET if s.gpu == "h100-80gb"):
         measured.extend(np.abs(np.log(roofline_ms(s) / s.dense_ms)))
         gpu = attrs.evolve(PRESETS.gpu("h100-80gb"), efficiency={})
-        cost = RooflineCostModel(one_layer(s), gpu, RooflineConfig(model="x", gpu=gpu.name))
+        cost = RooflineCostModel(one_layer(s), gpu, RooflineConfig(model="x", gpu=gpu.name, attention_layer_us=0.0))
         pooled.extend(np.abs(np.log(np.array([cost.tokens_ms(int(t)) for t in s.tokens]) / s.dense_ms)))
     assert np.mean(measured) < np.mean(pooled)
 

@@ -99,30 +99,41 @@ def test_bad_shapes_are_refused():
 
 def _bare(spec: ModelSpec, gpu="a100-80gb", **config) -> RooflineCostModel:
     return RooflineCostModel(spec, PRESETS.gpu(gpu), RooflineConfig(model=spec.name, gpu=gpu, layer_overhead_us=0.0,
-                                                                    **{**GPU_ONLY, **config}))
+                                                                    attention_layer_us=0.0, **{**GPU_ONLY, **config}))
 
 
 def test_an_untied_embedding_is_looked_up_not_read_and_multiplies_nothing():
     """Llama-2-7B on an A100 (weights at 0.776 of 2,039 GB/s, GEMMs at 0.66 of 312 TFLOPS): the
-    32,000 x 4,096 table leaves the weight read and the FLOPs, and each token reads one row."""
+    32,000 x 4,096 input table leaves the weight read and the FLOPs, each token reads one row;
+    the LM head of the same size is read whole and multiplies the sampled rows only."""
     spec = PRESETS.model("llama-2-7b")
     bw, peak = 2039e6 * 0.776, 312e9 * 0.66
-    matmul = spec.num_params - 32000 * 4096
+    table = 32000 * 4096
+    layers = spec.num_params - 2 * table
     for tokens in (1, 700):
-        expected = math.hypot(matmul * 2 / bw, 2 * matmul * tokens / peak) + tokens * 4096 * 2 / bw
+        expected = math.hypot(layers * 2 / bw, 2 * layers * tokens / peak) + tokens * 4096 * 2 / bw
         assert _bare(spec).tokens_ms(tokens) == pytest.approx(expected, rel=1e-12)
-    # without a declared vocabulary every parameter is read and multiplied
+    for rows in (1, 64):
+        assert _bare(spec).logits_ms(rows) == pytest.approx(math.hypot(table * 2 / bw, 2 * table * rows / peak),
+                                                            rel=1e-12)
+    # a 700-token prefill passes one row through the LM head, not 700
+    prefill = _bare(spec).iteration_ms(Batch(num_prefill=1, prefill_tokens=700))
+    assert prefill < _bare(spec).tokens_ms(700) + _bare(spec).logits_ms(2) + 1.0
+    # without a declared vocabulary every parameter is read and multiplied by every token
     whole = attrs.evolve(spec, vocab_size=None)
     assert _bare(whole).tokens_ms(1) == pytest.approx(math.hypot(spec.num_params * 2 / bw, 2 * spec.num_params / peak),
                                                       rel=1e-12)
+    assert _bare(whole).logits_ms(1) == 0.0
 
 
 def test_a_tied_table_is_the_lm_head_and_read_whole():
     spec = PRESETS.model("llama-3.2-1b")
     assert spec.embedding_params == 0.0
     bw, peak = 2039e6 * 0.776, 312e9 * 0.66
-    assert _bare(spec).tokens_ms(1) == pytest.approx(math.hypot(spec.num_params * 2 / bw, 2 * spec.num_params / peak),
-                                                     rel=1e-12)
+    table = 128256 * 2048
+    layers = spec.num_params - table
+    assert _bare(spec).tokens_ms(1) == pytest.approx(math.hypot(layers * 2 / bw, 2 * layers / peak), rel=1e-12)
+    assert _bare(spec).logits_ms(1) == pytest.approx(math.hypot(table * 2 / bw, 2 * table / peak), rel=1e-12)
 
 
 def test_gpt_oss_reads_its_experts_at_mxfp4():
@@ -132,8 +143,9 @@ def test_gpt_oss_reads_its_experts_at_mxfp4():
     cost = _bare(spec, mfu=1.0, gemm_half_tokens=0.0)
     bw, peak = 2039e6 * 0.776, 312e9
     expert = spec.expert_params
-    dense = spec.num_params - 32 * expert - spec.embedding_params
-    matmul = spec.params_per_token - 4 * expert - spec.embedding_params
+    table = 201088 * 2880
+    dense = spec.num_params - 32 * expert - 2 * table
+    matmul = spec.params_per_token - 4 * expert - 2 * table
     assert cost.tokens_ms(1) == pytest.approx(
         math.hypot(dense * 2 / bw, 2 * matmul / peak) + math.hypot(4 * expert * 0.53125 / bw, 2 * 4 * expert / peak)
         + 2880 * 2 / bw, rel=1e-12)

@@ -28,13 +28,17 @@ fit in the GPU's L2 cache is left out of the fit (a one-layer profile reads the 
 again and again: LLMServingSim's Qwen3-30B-A3B attention at TP 1 and 2). A GPU with fewer than
 three layer sizes (the RTX 4090: one model) takes the other GPUs' median ``layer_overhead``.
 
-From LLMServingSim's bundles alone, per bundle and per GPU: ``kv_read_efficiency`` (decode
-attention, 128 decodes over 1k-16k of context, reads the KV at this share of the bandwidth),
+From LLMServingSim's bundles alone, per bundle and per GPU: decode attention (16-256 decodes
+over 256-16k of context) as ``attention_layer_us`` per layer (its kernels' launch and the
+split-KV reduction: the same whatever the batch), ``decode_attention_us`` per decode and layer,
+and the KV read at ``kv_read_efficiency`` of the bandwidth;
 ``attention_efficiency`` (prefill attention, 2,048-token chunks over 0-8k cached tokens, reaches
-this share of the bf16 rate) and ``mixed_decode_query_rows`` (a decode that shares a step with a
-prefill chunk costs the attention FLOPs of this many query rows over its context: the varlen
-kernel pads its single query to a tile). Vidur's public profiles have no attention, so these
-three cannot be checked on H100, A100 or A40; they are pooled from the two cards that have them.
+this share of the bf16 rate) and the mixed-batch decode penalty: a decode that shares a step
+with a prefill chunk costs the attention FLOPs of ``mixed_decode_query_rows`` query rows over
+its context plus ``mixed_decode_context_offset`` tokens (the varlen kernel pads its single
+query to a tile, and the tile has a fixed cost), fitted over 256-4,096-token contexts. Vidur's
+public profiles have no attention, so these cannot be checked on H100, A100 or A40; they are
+pooled from the two cards that have them (both give 58-68 rows and 240-310 tokens).
 
 Output: the per-GPU fits quoted in ``plugins/presets.py`` (``MEASURED_EFFICIENCY``), the
 pooled values quoted in ``plugins/cost_models/roofline.py`` (``DERIVATION``, GPUs measured by
@@ -171,7 +175,7 @@ def bundle_series(profiles: Path, configs: Path) -> list[Series]:
                 continue
             bundle = ProfileBundle(root, tp)
             tokens = [t for t in TOKENS if t <= 2048]
-            out.append(Series(gpu, f"{bundle_dir.split('/')[2]} tp{tp}", 2 * s["layer_linear"] / tp,
+            out.append(Series(gpu, f"{bundle_dir.split('/')[0]} {bundle_dir.split('/')[2]} tp{tp}", 2 * s["layer_linear"] / tp,
                               2 * s["layer_linear"] / tp, np.array(tokens, float),
                               np.array([bundle.dense_layer(t) for t in tokens])))
     return out
@@ -276,34 +280,69 @@ def attention_parameters(profiles: Path, configs: Path) -> dict:
                 continue
             b = ProfileBundle(root, tp)
             kvb = 2 * max(1, s["kv_heads"] // tp) * s["head_dim"] * 2  # KV bytes per token and layer
-            eff_kv = [128 * kd * kvb / (b.attention(0, 0, 128, kd) * bw) for kd in (1024, 2048, 4096, 8192, 16384)]
+            kv_eff, decode_us, attention_us = decode_attention(b, kvb, bw)
             heads = s["heads"] // tp
             eff_attn = [4 * heads * s["head_dim"] * (2048 * kp + 2048 * 2049 / 2) / (b.attention(2048, kp, 0, 0) * peak)
                         for kp in (0, 2048, 4096, 8192)]
             # decodes riding in a prefill iteration: the extra attention time over the prefill
-            # alone, as query rows of prefill attention per decode (at that bundle's efficiency)
+            # alone = query rows of prefill attention (at that bundle's efficiency) over the
+            # decode's context plus an offset (its tile's fixed cost, in context tokens)
             eff_a = float(np.mean(eff_attn))
-            mixed = [(b.attention(pc, kp, nd, kd) - b.attention(pc, kp, 0, 0)) * peak * eff_a
-                     / (4 * heads * s["head_dim"] * nd * kd)
-                     for pc in (256, 512, 1024, 2048) for kp in (0, 2048) for nd in (16, 32, 64, 128)
-                     for kd in (1024, 2048, 4096)]
-            row = {"gpu": gpu, "kv_read_efficiency": round(float(np.mean(eff_kv)), 3),
-                   "attention_efficiency": round(eff_a, 3),
-                   "mixed_decode_query_rows": round(float(np.median(mixed)), 1)}
+            query_rows, offset = mixed_decode_penalty(b, heads * s["head_dim"] * 4 / (peak * eff_a))
+            row = {"gpu": gpu, "kv_read_efficiency": round(kv_eff, 3), "decode_attention_us": round(decode_us, 3),
+                   "attention_layer_us": round(attention_us, 1),
+                   "attention_efficiency": round(eff_a, 3), "mixed_decode_query_rows": round(query_rows, 1),
+                   "mixed_decode_context_offset": round(offset)}
             if s["experts"]:
                 moe = moe_per_rank(b, s, tp)
                 row.update(moe_ms_1_128_2048_tokens=[round(moe(t), 3) for t in (1, 128, 2048)],
                            moe_weight_read_efficiency=round(s["k"] * s["expert"] * 2 / tp / (moe(1) * bw), 3),
                            moe_gemm_efficiency_at_2048=round(2 * 2048 * s["k"] * s["expert"] / tp / (moe(2048) * peak), 3))
-            rows[f"{bundle_dir.split('/')[2]} tp{tp}"] = row
+            hardware, _, model = bundle_dir.split("/")[:3]
+            rows[f"{hardware} {model} tp{tp}"] = row
     return rows
+
+
+def decode_attention(bundle, kv_bytes: float, bytes_per_ms: float) -> tuple[float, float, float]:
+    """``(kv_read_efficiency, us per decode, us per layer)``: one layer's decode attention takes
+    ``fixed + decodes x per_decode + KV bytes / (BW x efficiency)`` (least squares in relative
+    time over 16-256 decodes, contexts 256-16,384)."""
+    x, y = [], []
+    for nd in (16, 32, 64, 128, 256):
+        for kd in (256, 512, 1024, 2048, 4096, 8192, 16384):
+            x.append([nd * kd * kv_bytes / bytes_per_ms, nd, 1.0])
+            y.append(bundle.attention(0, 0, nd, kd))
+    x, y = np.array(x), np.array(y)
+    (read, per_decode, fixed), *_ = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)
+    return float(1.0 / read), float(per_decode * 1e3), float(fixed * 1e3)
+
+
+def mixed_decode_penalty(bundle, ms_per_row_token: float) -> tuple[float, float]:
+    """``(rows, offset)``: decodes in a step with a prefill chunk add ``rows x (context +
+    offset)`` row-tokens of attention each (least squares in relative time over chunks of
+    256-2,048 tokens after 0 or 2,048 cached ones, 16-128 decodes, contexts 256-4,096)."""
+    x, y = [], []
+    for pc in (256, 512, 1024, 2048):
+        for kp in (0, 2048):
+            alone = bundle.attention(pc, kp, 0, 0)
+            for nd in (16, 32, 64, 128):
+                for kd in (256, 512, 1024, 2048, 4096):
+                    x.append([nd * kd * ms_per_row_token, nd * ms_per_row_token])
+                    y.append(bundle.attention(pc, kp, nd, kd) - alone)
+    x, y = np.array(x), np.array(y)
+    (rows, rows_offset), *_ = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)
+    return float(rows), float(rows_offset / rows)
 
 
 def pooled_attention(rows: dict, gpu: str | None = None) -> dict:
     chosen = [r for r in rows.values() if gpu is None or r["gpu"] == gpu]
     return {"kv_read_efficiency": round(float(np.median([r["kv_read_efficiency"] for r in chosen])), 2),
+            "decode_attention_us": round(float(np.median([r["decode_attention_us"] for r in chosen])), 2),
+            "attention_layer_us": round(float(np.median([r["attention_layer_us"] for r in chosen])), 1),
             "attention_efficiency": round(float(np.median([r["attention_efficiency"] for r in chosen])), 2),
-            "mixed_decode_query_rows": round(float(np.median([r["mixed_decode_query_rows"] for r in chosen])))}
+            "mixed_decode_query_rows": round(float(np.median([r["mixed_decode_query_rows"] for r in chosen]))),
+            "mixed_decode_context_offset": round(float(np.median([r["mixed_decode_context_offset"] for r in chosen])),
+                                                 -1)}
 
 
 # --- the whole derivation -----------------------------------------------------------------------

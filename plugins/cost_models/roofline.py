@@ -6,7 +6,9 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
     gpu_ms = layers * layer_overhead_us / 1000
            + linear(T)            hypot(weight bytes / (BW * bandwidth_efficiency),
                                               2 * params per token * T / (TFLOPS * eta(T)))
+           + layers * attention_layer_us / 1000    (the attention kernels' launch, every step)
            + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
+             + num_decode * layers * decode_attention_us / 1000
              (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
               FLOPs per decode context token -- the varlen kernel pads a decode to a tile)
            + prefill attention FLOPs / (TFLOPS * attention_efficiency)
@@ -29,7 +31,10 @@ tells the engine.
 Weights: every rank reads ``1/tp`` of them each iteration (at the model's bytes per weight,
 the routed experts at theirs: an FP8 or MXFP4 checkpoint), except an untied input embedding
 table (when the preset declares ``vocab_size``): it is looked up, one row per token, and
-multiplies nothing; the LM head is read whole (a tied table is the LM head). MoE models
+multiplies nothing. The LM head (a tied table is the LM head) is a GEMM of its own: the whole
+matrix read every iteration, its FLOPs for the sampled rows only -- one per sequence, as vLLM
+computes logits at each sequence's last position (every draft position when verifying) -- so
+a prompt chunk's tokens do not pass through it. MoE models
 (``num_experts``): attention and other dense weights as above; of the routed experts only
 those some token picked are read -- ``E (1 - (1 - k/E)^T)`` of ``E`` under uniform routing --
 and the FLOPs are those of the ``params per token`` (active parameters); the expert GEMMs
@@ -91,14 +96,20 @@ from .tensor_parallel import TensorParallelComm
 #: sizes; * one layer size only: the other GPUs' median overhead. The compute-bound share below the datasheet
 #: rate also carries the small operators' growth with the tokens: 15% of an H100 layer of
 #: Llama-2-7B at 4,096 tokens.) Attention, from LLMServingSim's profiles only (median of the 7
-#: bundles; the 4090 alone: 0.92, 0.74, 77): KV read 0.86 of the bandwidth, prefill attention
-#: 0.48 of the bf16 rate, and a decode in a step with a prefill chunk costs the attention FLOPs
-#: of 70 query rows over its context (the varlen kernel pads its one query to a tile, 2-4x
-#: dearer than reading its KV; median over chunks 256-2048, 16-128 decodes, contexts 1k-4k).
+#: bundles; the 4090 alone: 0.93, 21.3 us, 0.16 us, 0.74, 68 rows, 240 tokens): decode
+#: attention takes 12.1 us a layer and step, 0.11 us a decode and layer, and reads the KV at 0.91
+#: of the bandwidth (4-5% RMS error per bundle over 16-256 decodes and 256-16k contexts, against
+#: 16-31% for a read at 0.86 alone), prefill attention reaches 0.48 of the bf16 rate, and a decode in a step with a prefill chunk costs the
+#: attention FLOPs of 61 query rows over its context plus 290 tokens (the varlen kernel pads its
+#: one query to a tile, 2-4x dearer than reading its KV, and the tile has a fixed cost; fitted
+#: over chunks 256-2048, 16-128 decodes, contexts 256-4k: 17-19% RMS error per bundle, against
+#: 28-33% for 70 rows alone).
 #: MoE experts at TP 1 (RTX PRO 6000): weights read at 0.94 of the bandwidth at one token;
 #: 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
-DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.86, "attention_efficiency": 0.48,
-              "mixed_decode_query_rows": 70.0, "layer_overhead_us": 26.2, "mfu": 0.69, "gemm_half_tokens": 18.0}
+DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
+              "decode_attention_us": 0.11, "attention_efficiency": 0.48,
+              "mixed_decode_query_rows": 61.0, "mixed_decode_context_offset": 290.0, "layer_overhead_us": 26.2,
+              "mfu": 0.69, "gemm_half_tokens": 18.0}
 
 
 def _measured(name: str, help: str, *, share: bool = True):
@@ -119,6 +130,12 @@ class RooflineConfig:
         "bandwidth_efficiency", "share of peak memory bandwidth reached when reading weights")
     kv_read_efficiency: float | None = _measured(
         "kv_read_efficiency", "share of peak memory bandwidth reached when decode attention reads the KV cache")
+    attention_layer_us: float | None = _measured(
+        "attention_layer_us", "per decoder layer and step: the attention kernels' fixed time (launch, split-KV "
+                              "reduction), us", share=False)
+    decode_attention_us: float | None = _measured(
+        "decode_attention_us", "per decode and decoder layer in a decode-only step: attention time besides its KV "
+                               "read, us", share=False)
     mfu: float | None = _measured(
         "mfu", "share of peak bf16 TFLOPS the linear layers reach with many tokens (GEMM efficiency)")
     gemm_half_tokens: float | None = _measured(
@@ -128,7 +145,10 @@ class RooflineConfig:
         "attention_efficiency", "share of peak bf16 TFLOPS prefill attention reaches")
     mixed_decode_query_rows: float | None = _measured(
         "mixed_decode_query_rows", "a decode in an iteration with prefill costs the attention FLOPs of this many query "
-                                   "rows over its context", share=False)
+                                   "rows over its context (+ mixed_decode_context_offset)", share=False)
+    mixed_decode_context_offset: float | None = _measured(
+        "mixed_decode_context_offset", "tokens added to such a decode's context: the fixed cost of the tile it is padded "
+                                       "to", share=False)
     layer_overhead_us: float | None = _measured(
         "layer_overhead_us", "per decoder layer: the GEMMs' fixed time and the small kernels not counted as bytes or "
                              "FLOPs (norms, rotary, activation), us", share=False)
@@ -172,16 +192,22 @@ class RooflineCostModel:
         b = model.weight_bytes_per_param
         expert_total = model.expert_params * model.num_experts
         embedding = model.embedding_params  # an untied table: looked up, one row per token
-        # Dense weights: everything but the routed experts and the looked-up embedding table.
-        self._dense_read_ms = (model.num_params - expert_total - embedding) * b / tp / self._weight_bytes_per_ms
+        # The LM head (vocab x hidden, the tied table too) multiplies the sampled rows only.
+        lm_head = float(model.vocab_size * model.hidden_size) if model.vocab_size and model.hidden_size else 0.0
+        # Dense weights: everything but the routed experts, the looked-up table and the LM head.
+        self._dense_read_ms = (model.num_params - expert_total - embedding - lm_head) * b / tp \
+            / self._weight_bytes_per_ms
+        self._lm_read_ms = lm_head * b / tp / self._weight_bytes_per_ms
+        self._lm_flops_per_row = 2.0 * lm_head / tp
         self._expert_read_ms = model.expert_params * model.expert_bytes_per_param / tp \
             / self._weight_bytes_per_ms  # one expert
         # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
         self._row_read_ms = (model.hidden_size or 0) * b / tp / self._weight_bytes_per_ms if embedding else 0.0
         self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params
-                                             - embedding) / tp
+                                             - embedding - lm_head) / tp
         self._expert_flops_per_token = 2.0 * model.experts_per_token * model.expert_params / tp
-        self._fixed_ms = model.num_layers * c.layer_overhead_us * 1e-3
+        self._fixed_ms = model.num_layers * (c.layer_overhead_us + c.attention_layer_us) * 1e-3
+        self._decode_ms = model.num_layers * c.decode_attention_us * 1e-3  # per decode, decode-only steps
         self.step = StepTiming(c, model.num_layers, tp)
         heads = model.num_attention_heads or 0
         # QK^T and attention-times-V: 2 * head_dim FLOPs each per (query, key) pair and head.
@@ -189,6 +215,7 @@ class RooflineCostModel:
         self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
             / self._attention_flops_per_ms
+        self._mixed_offset = c.mixed_decode_context_offset
         topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
             if tp > 1 else None
         self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
@@ -214,13 +241,13 @@ class RooflineCostModel:
         """The GPU's time for the kernels of a batch of ``tokens`` tokens (no host work)."""
         kv_read = batch.decode_context_tokens * self._kv_ms_per_token
         # The sampled rows' logits are gathered from the vocabulary shards (tensor parallel).
-        logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill) if self.comm else 0.0
+        logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill)
         if not batch.prefill_tokens and not batch.spec_tokens:
-            return self.tokens_ms(tokens) + kv_read + logits
+            return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits
         # Decodes riding with a prefill chunk (or verifying drafts) go through the varlen
         # attention kernel, which pads their few queries to a tile: they cost query rows of
         # compute, not a read.
-        padded = self._mixed_rows_ms_per_token * batch.decode_context_tokens
+        padded = self._mixed_rows_ms_per_token * (batch.decode_context_tokens + batch.num_decode * self._mixed_offset)
         ms = self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read) + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
@@ -248,7 +275,8 @@ class RooflineCostModel:
 
     def tokens_ms(self, tokens: int) -> float:
         """Everything that depends only on the iteration's token count: linear layers (weights
-        and GEMMs), MoE experts, all-reduce and the fixed overheads."""
+        and GEMMs), MoE experts, the embedding rows, all-reduce and the fixed overheads (not
+        the LM head: :meth:`logits_ms`)."""
         ms = self._tokens_memo.get(tokens)
         if ms is not None:
             return ms
@@ -269,10 +297,17 @@ class RooflineCostModel:
         return ms
 
     def logits_ms(self, sequences: int) -> float:
-        """The tensor-parallel all-gather of ``sequences`` rows of logits (0 at TP 1)."""
+        """The LM head over ``sequences`` sampled rows (a roofline of its own: the whole matrix
+        read, the rows' FLOPs) and, at TP > 1, the all-gather of their logits."""
         ms = self._seq_memo.get(sequences)
         if ms is None:
-            ms = self._seq_memo[sequences] = self.comm.logits_ms(sequences) if self.comm is not None else 0.0
+            ms = 0.0
+            if self._lm_read_ms and sequences > 0:
+                compute = self._lm_flops_per_row * sequences / (self._peak_flops_per_ms * self.gemm_efficiency(sequences))
+                ms = math.hypot(self._lm_read_ms, compute)
+            if self.comm is not None:
+                ms += self.comm.logits_ms(sequences)
+            self._seq_memo[sequences] = ms
         return ms
 
     def prefill_attention_ms(self, prefill_tokens: int, prefill_context_tokens: int = 0, num_prefill: int = 1) -> float:
@@ -309,7 +344,7 @@ class RooflineCostModel:
         # Step j (1..steps) has GPU time base + k (prompt + j); the step is max(that + shift,
         # floor) + add. The first `flat` steps sit on the floor; the others form an arithmetic series.
         k = self._kv_ms_per_token
-        base = self.tokens_ms(1) + self.logits_ms(1)
+        base = self.tokens_ms(1) + self.logits_ms(1) + self._decode_ms
         shift, floor, add = self.step.shape(1, 1)
         if k > 0.0:
             flat = np.clip(np.floor((floor - shift - base) / k - prompt), 0.0, steps)
