@@ -230,12 +230,13 @@ def linear_ms(s: Series, w: float, fixed_ms: float, mfu: float, half: float, bw:
     return fixed_ms + np.hypot(s.weight_bytes / (bw * w), s.flops_per_token * t / (peak * mfu * t / (t + half)))
 
 
-def model_vs_measured(series: list[Series], fits: dict) -> dict:
-    """Per GPU: the fitted model's error against every measured point (the README table)."""
+def model_vs_measured(series: list[Series], fits: dict, pooled: dict) -> dict:
+    """Per GPU: the fitted model's error against every measured point (the README table), and
+    the median error of the pooled defaults on the same points (``"pooled"``)."""
     out = {}
     for gpu, fit in fits.items():
         gbps, tflops, _ = GPUS[gpu]
-        errors = {"1": [], "16-256": [], "512-4096": []}
+        errors = {"1": [], "16-256": [], "512-4096": [], "pooled": []}
         for s in fitted(series, gpu):
             model = linear_ms(s, fit["weight_read_efficiency"], fit["layer_overhead_us"] * 1e-3, fit["mfu"],
                               fit["gemm_half_tokens"], gbps * 1e6, tflops * 1e9)
@@ -243,6 +244,9 @@ def model_vs_measured(series: list[Series], fits: dict) -> dict:
                 band = "1" if t == 1 else "16-256" if 16 <= t <= 256 else "512-4096" if t >= 512 else None
                 if band:
                     errors[band].append(100.0 * (m / g - 1.0))
+            base = linear_ms(s, pooled["weight_read_efficiency"], pooled["layer_overhead_us"] * 1e-3, pooled["mfu"],
+                             pooled["gemm_half_tokens"], gbps * 1e6, tflops * 1e9)
+            errors["pooled"].extend(100.0 * (base / s.dense_ms - 1.0))
         out[gpu] = {band: (round(float(np.median(np.abs(e))), 1), round(float(np.max(np.abs(e))), 1), len(e))
                     for band, e in errors.items() if e}
     return out
@@ -369,7 +373,7 @@ def derive(profiles: Path, configs: Path, vidur: Path) -> dict:
               for k in keys}
     pooled.update(pooled_attention(attention))
     return {"series": series, "per_gpu": per_gpu, "attention": attention, "pooled": pooled,
-            "table": model_vs_measured(series, linear)}
+            "table": model_vs_measured(series, linear, pooled)}
 
 
 def write_subset(vidur: Path, out: Path) -> None:
@@ -418,11 +422,12 @@ def main(argv: list[str]) -> int:
         print(f"  {gpu}: {fit}")
     print("\npooled (DERIVATION in plugins/cost_models/roofline.py):", result["pooled"])
     if args.table:
-        print("\n| GPU | series | 1 token: median / worst | 16-256 tokens | 512-4,096 tokens |")
-        print("|---|---|---|---|---|")
+        print("\n| GPU | model x TP series | 1 token: median / worst error (points) | 16-256 tokens | 512-4,096 tokens "
+              "| all, with the pooled defaults |")
+        print("|---|---|---|---|---|---|")
         for gpu, bands in result["table"].items():
             cells = [f"{bands[b][0]:.1f}% / {bands[b][1]:.1f}% ({bands[b][2]})" if b in bands else "-"
-                     for b in ("1", "16-256", "512-4096")]
+                     for b in ("1", "16-256", "512-4096", "pooled")]
             print(f"| `{gpu}` | {result['per_gpu'][gpu]['series']} | " + " | ".join(cells) + " |")
     if args.write_subset:
         write_subset(args.vidur, args.write_subset)
