@@ -371,17 +371,26 @@ def test_roofline_prefill_by_hand():
 
 
 def test_roofline_decodes_with_a_prefill_chunk_cost_padded_query_rows():
-    """With a prefill chunk, each decode costs 61 query rows of attention FLOPs over its
-    context plus 290 tokens (more than reading its KV), as the profiles' mixed batches show."""
+    """With a prefill chunk, each decode costs 60 query rows of attention FLOPs over its
+    context plus 180 tokens (more than reading its KV), and the empty query tiles the kernel
+    launches for it -- the chunk's 500 tokens need 4 tiles of 128 rows, a decode fills one --
+    3 ns each per head and layer, as the profiles' mixed batches show."""
     cost = _roofline()
     batch = Batch(num_decode=10, decode_context_tokens=20_000, num_prefill=1, prefill_tokens=500)
-    padded = 61 * ATTN_FLOPS_PER_PAIR * (20_000 + 10 * 290) / (PEAK * 0.48)
+    padded = 60 * ATTN_FLOPS_PER_PAIR * (20_000 + 10 * 180) / (PEAK * 0.48)
     assert padded > 20_000 * KV_MS_PER_TOKEN
+    empty_tiles = 10 * 3 * 32 * 32 * 3.0e-6  # decodes x empty tiles x heads x layers x ms
     prefill = ATTN_FLOPS_PER_PAIR * (500 * 501 / 2) / (PEAK * 0.48)
-    assert cost.iteration_ms(batch) == pytest.approx(linear_ms(510) + lm_head_ms(11) + padded + prefill, rel=1e-12)
-    no_padding = _roofline(mixed_decode_query_rows=0.0)
+    assert cost.iteration_ms(batch) == pytest.approx(
+        linear_ms(510) + lm_head_ms(11) + padded + empty_tiles + prefill, rel=1e-12)
+    no_padding = _roofline(mixed_decode_query_rows=0.0, empty_tile_ns=0.0)
     assert no_padding.iteration_ms(batch) == pytest.approx(
         linear_ms(510) + lm_head_ms(11) + 20_000 * KV_MS_PER_TOKEN + prefill, rel=1e-12)
+    # a chunk of one tile launches no empty tile
+    small = Batch(num_decode=10, decode_context_tokens=20_000, num_prefill=1, prefill_tokens=128)
+    small_prefill = ATTN_FLOPS_PER_PAIR * (128 * 129 / 2) / (PEAK * 0.48)
+    assert cost.iteration_ms(small) == pytest.approx(linear_ms(138) + lm_head_ms(11) + padded + small_prefill,
+                                                     rel=1e-12)
 
 
 def test_roofline_moe_reads_resident_experts_and_computes_active_ones():

@@ -65,6 +65,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from plugins.cost_models.profile_bundle import ProfileBundle  # noqa: E402
+from plugins.cost_models.roofline import QUERY_TILE  # noqa: E402
 
 CALIBRATION = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
                    REPO.parent / "shared") / "calibration"
@@ -292,11 +293,11 @@ def attention_parameters(profiles: Path, configs: Path) -> dict:
             # alone = query rows of prefill attention (at that bundle's efficiency) over the
             # decode's context plus an offset (its tile's fixed cost, in context tokens)
             eff_a = float(np.mean(eff_attn))
-            query_rows, offset = mixed_decode_penalty(b, heads * s["head_dim"] * 4 / (peak * eff_a))
+            query_rows, offset, empty_ns = mixed_decode_penalty(b, heads * s["head_dim"] * 4 / (peak * eff_a), heads)
             row = {"gpu": gpu, "kv_read_efficiency": round(kv_eff, 3), "decode_attention_us": round(decode_us, 3),
                    "attention_layer_us": round(attention_us, 1),
                    "attention_efficiency": round(eff_a, 3), "mixed_decode_query_rows": round(query_rows, 1),
-                   "mixed_decode_context_offset": round(offset)}
+                   "mixed_decode_context_offset": round(offset), "empty_tile_ns": round(empty_ns, 2)}
             if s["experts"]:
                 moe = moe_per_rank(b, s, tp)
                 row.update(moe_ms_1_128_2048_tokens=[round(moe(t), 3) for t in (1, 128, 2048)],
@@ -321,21 +322,25 @@ def decode_attention(bundle, kv_bytes: float, bytes_per_ms: float) -> tuple[floa
     return float(1.0 / read), float(per_decode * 1e3), float(fixed * 1e3)
 
 
-def mixed_decode_penalty(bundle, ms_per_row_token: float) -> tuple[float, float]:
-    """``(rows, offset)``: decodes in a step with a prefill chunk add ``rows x (context +
-    offset)`` row-tokens of attention each (least squares in relative time over chunks of
-    256-2,048 tokens after 0 or 2,048 cached ones, 16-128 decodes, contexts 256-4,096)."""
+def mixed_decode_penalty(bundle, ms_per_row_token: float, heads: int) -> tuple[float, float, float]:
+    """``(rows, offset, empty_tile_ns)``: decodes in a step with a prefill chunk add ``rows x
+    (context + offset)`` row-tokens of attention each, and the thread blocks the varlen kernel
+    launches for them and that exit at once: its grid is sized by the longest query, so each
+    decode gets ``ceil(chunk / 128) - 1`` empty query tiles per head (least squares in relative
+    time over chunks of 256-2,048 tokens after 0 or 2,048 cached ones, 16-128 decodes,
+    contexts 256-4,096)."""
     x, y = [], []
     for pc in (256, 512, 1024, 2048):
         for kp in (0, 2048):
             alone = bundle.attention(pc, kp, 0, 0)
             for nd in (16, 32, 64, 128):
                 for kd in (256, 512, 1024, 2048, 4096):
-                    x.append([nd * kd * ms_per_row_token, nd * ms_per_row_token])
+                    x.append([nd * kd * ms_per_row_token, nd * ms_per_row_token,
+                              nd * (math.ceil(pc / QUERY_TILE) - 1) * heads * 1e-6])
                     y.append(bundle.attention(pc, kp, nd, kd) - alone)
     x, y = np.array(x), np.array(y)
-    (rows, rows_offset), *_ = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)
-    return float(rows), float(rows_offset / rows)
+    (rows, rows_offset, empty_ns), *_ = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)
+    return float(rows), float(rows_offset / rows), float(empty_ns)
 
 
 def pooled_attention(rows: dict, gpu: str | None = None) -> dict:
@@ -346,7 +351,8 @@ def pooled_attention(rows: dict, gpu: str | None = None) -> dict:
             "attention_efficiency": round(float(np.median([r["attention_efficiency"] for r in chosen])), 2),
             "mixed_decode_query_rows": round(float(np.median([r["mixed_decode_query_rows"] for r in chosen]))),
             "mixed_decode_context_offset": round(float(np.median([r["mixed_decode_context_offset"] for r in chosen])),
-                                                 -1)}
+                                                 -1),
+            "empty_tile_ns": round(float(np.median([r["empty_tile_ns"] for r in chosen])), 1)}
 
 
 # --- the whole derivation -----------------------------------------------------------------------

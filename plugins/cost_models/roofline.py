@@ -10,7 +10,9 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
            + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
              + num_decode * layers * decode_attention_us / 1000
              (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
-              FLOPs per decode context token -- the varlen kernel pads a decode to a tile)
+              FLOPs per decode context token -- the varlen kernel pads a decode to a tile --
+              and empty_tile_ns per empty tile: its grid gives every sequence as many query
+              tiles as the longest query needs)
            + prefill attention FLOPs / (TFLOPS * attention_efficiency)
            + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
              2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
@@ -96,19 +98,27 @@ from .tensor_parallel import TensorParallelComm
 #: sizes; * one layer size only: the other GPUs' median overhead. The compute-bound share below the datasheet
 #: rate also carries the small operators' growth with the tokens: 15% of an H100 layer of
 #: Llama-2-7B at 4,096 tokens.) Attention, from LLMServingSim's profiles only (median of the 7
-#: bundles; the 4090 alone: 0.93, 21.3 us, 0.16 us, 0.74, 68 rows, 240 tokens): decode
+#: bundles; the 4090 alone: 0.93, 21.3 us, 0.16 us, 0.74, 67 rows, 160 tokens): decode
 #: attention takes 12.1 us a layer and step, 0.11 us a decode and layer, and reads the KV at 0.91
 #: of the bandwidth (4-5% RMS error per bundle over 16-256 decodes and 256-16k contexts, against
 #: 16-31% for a read at 0.86 alone), prefill attention reaches 0.48 of the bf16 rate, and a decode in a step with a prefill chunk costs the
-#: attention FLOPs of 61 query rows over its context plus 290 tokens (the varlen kernel pads its
-#: one query to a tile, 2-4x dearer than reading its KV, and the tile has a fixed cost; fitted
-#: over chunks 256-2048, 16-128 decodes, contexts 256-4k: 17-19% RMS error per bundle, against
-#: 28-33% for 70 rows alone).
+#: attention FLOPs of 60 query rows over its context plus 180 tokens (the varlen kernel pads its
+#: one query to a tile, 2-4x dearer than reading its KV, and the tile has a fixed cost) and 3.0 ns
+#: per head and layer for each of the ``ceil(chunk / 128) - 1`` empty query tiles the kernel
+#: launches for it (its grid is sized by the longest query; 2.9-3.5 ns on the six RTX PRO 6000
+#: bundles, whose heads per rank range 16-64, 4.8 on the 4090; fitted over chunks 256-2048,
+#: 16-128 decodes, contexts 256-4k: 12-17% RMS error per bundle, against 17-19% without the
+#: empty tiles and 28-33% for 70 rows alone).
 #: MoE experts at TP 1 (RTX PRO 6000): weights read at 0.94 of the bandwidth at one token;
 #: 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
+#: Query rows per tile of FlashAttention's varlen kernel (its ``kBlockM``, 128 for the head
+#: sizes served here): the grid launches ``ceil(longest query / 128)`` tiles per sequence and head.
+QUERY_TILE = 128
+
 DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
               "decode_attention_us": 0.11, "attention_efficiency": 0.48,
-              "mixed_decode_query_rows": 61.0, "mixed_decode_context_offset": 290.0, "layer_overhead_us": 26.2,
+              "mixed_decode_query_rows": 60.0, "mixed_decode_context_offset": 180.0, "empty_tile_ns": 3.0,
+              "layer_overhead_us": 26.2,
               "mfu": 0.69, "gemm_half_tokens": 18.0}
 
 
@@ -149,6 +159,10 @@ class RooflineConfig:
     mixed_decode_context_offset: float | None = _measured(
         "mixed_decode_context_offset", "tokens added to such a decode's context: the fixed cost of the tile it is padded "
                                        "to", share=False)
+    empty_tile_ns: float | None = _measured(
+        "empty_tile_ns", "per query tile the varlen attention kernel launches for a decode beside a longer prefill "
+                         "chunk and that exits at once (ceil(chunk / 128) - 1 per decode, head and layer), ns",
+        share=False)
     layer_overhead_us: float | None = _measured(
         "layer_overhead_us", "per decoder layer: the GEMMs' fixed time and the small kernels not counted as bytes or "
                              "FLOPs (norms, rotary, activation), us", share=False)
@@ -216,6 +230,8 @@ class RooflineCostModel:
         self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
             / self._attention_flops_per_ms
         self._mixed_offset = c.mixed_decode_context_offset
+        # per decode and empty query tile, all layers (see empty_tile_ns)
+        self._empty_tile_ms = model.num_layers * heads / tp * c.empty_tile_ns * 1e-6
         topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
             if tp > 1 else None
         self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
@@ -251,6 +267,10 @@ class RooflineCostModel:
         ms = self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read) + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
+            # The kernel's grid is sized by the longest query (taken as the mean chunk: a Batch
+            # carries sums): every decode gets that many query tiles, all but one empty.
+            chunk = batch.prefill_tokens / max(1, batch.num_prefill)
+            ms += batch.num_decode * (math.ceil(chunk / QUERY_TILE) - 1) * self._empty_tile_ms
         return ms
 
     def decode_step_increment(self, batch: Batch) -> float | tuple[float, int] | None:
