@@ -79,6 +79,8 @@ class Fit:
     errors: dict[str, float] = attrs.field(factory=dict)
     warnings: tuple[str, ...] = ()
     entangled: tuple[str, ...] = ()
+    #: how well the data pins each parameter and pair, flagged or not (printed with the fit)
+    sensitivity: tuple[str, ...] = ()
 
 
 def parse_parameter(text: str) -> Parameter:
@@ -278,10 +280,12 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
     values = {p.key: v for p, v in zip(parameters, best)}
     warnings = [_bound_warning(p, values[p.key]) for p in parameters]
     entangled: list[str] = []
+    sensitivity: list[str] = []
     if diagnose and error < FAILED:
-        entangled = _identifiability(parameters, np.array(best), lows, highs, errors, evaluate)
+        entangled, sensitivity = _identifiability(parameters, np.array(best), lows, highs, errors, evaluate)
     fit = Fit(values, error, len(cache), {p.key: v for p, v in zip(parameters, start)}, start_error,
-              dict(hold or {}), len(points), errors, tuple(w for w in warnings if w), tuple(entangled))
+              dict(hold or {}), len(points), errors, tuple(w for w in warnings if w), tuple(entangled),
+              tuple(sensitivity))
     return fit, spec_at(best), result
 
 
@@ -323,10 +327,12 @@ def _bound_warning(p: Parameter, value: float) -> str:
             f"widen the bounds, or hold it (--hold {p.key}=VALUE) if it cannot")
 
 
-def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict, evaluate) -> list[str]:
+def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict,
+                     evaluate) -> tuple[list[str], list[str]]:
     """Which parameters the statistics cannot tell apart, at the fit: the correlation of the
     fitted values (``(J^T J)^-1`` of the statistics' sensitivities, central differences over
-    2% of each range) and a 1-D profile of the error (a move over 5% of the range)."""
+    2% of each range) and a 1-D profile of the error (a move over 5% of the range). Returns the
+    flagged findings and a line per parameter and pair with the numbers, flagged or not."""
     names = list(errors)
     span = highs - lows
     columns, profile = [], []
@@ -346,6 +352,8 @@ def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict, ev
                  for s in (-step, step)]
         profile.append(max(moved) - evaluate(best)[0])
     out = []
+    summary = [f"{p.key}: {profile[i]:+.3f} points of mean error for a move over {PROFILE_STEP:.0%} of its range"
+               for i, p in enumerate(parameters)]
     for i, p in enumerate(parameters):
         if profile[i] < FLAT_POINTS:
             out.append(f"{p.key}: moving it over {PROFILE_STEP:.0%} of its range changes the mean error by "
@@ -361,11 +369,12 @@ def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict, ev
         corr = covariance / np.outer(scale, scale)
         for i in range(len(parameters)):
             for j in range(i + 1, len(parameters)):
+                summary.append(f"{parameters[i].key} and {parameters[j].key}: correlation {corr[i, j]:+.2f}")
                 if abs(corr[i, j]) >= ENTANGLED and profile[i] >= FLAT_POINTS and profile[j] >= FLAT_POINTS:
                     out.append(f"{parameters[i].key} and {parameters[j].key}: correlation {corr[i, j]:+.2f} -- the "
                                f"statistics fix a combination of them, not each; hold one (--hold) or add a "
                                f"measurement that separates them")
-    return out
+    return out, summary
 
 
 # --- output --------------------------------------------------------------------------------------------
@@ -413,6 +422,8 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
         lines.append(f"  {key:<32} held at {value!r}")
     lines.append(f"  {fit.evaluations} simulations from {fit.starts} start{'s' if fit.starts > 1 else ''}; "
                  f"mean |error| {_pct(fit.start_error_pct)} -> {_pct(fit.mean_abs_error_pct)}")
+    if held_out is not None:
+        lines.append(f"  {held_out_label}: mean |error| {_pct(held_out[0])} -> {_pct(held_out[1])}")
     lines.append("")
     if result is not None:
         lines.append(judge.table(f"{spec.name} at the fit: simulated vs measured", result))
@@ -426,6 +437,10 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
     if warnings:
         lines.append("warnings:")
         lines += [f"  ! {w}" for w in warnings]
+        lines.append("")
+    if fit.sensitivity:
+        lines.append("how well the statistics pin the fit (the error's rise; the fitted values' correlation):")
+        lines += [f"  {e}" for e in fit.sensitivity]
         lines.append("")
     if fit.entangled:
         lines.append("what the data cannot tell apart:")

@@ -166,8 +166,10 @@ def test_a_held_out_error_that_grows_is_warned_about():
     text = report(fit, _Spec(), None, [Parameter("t.k", 0.0, 5.0)], held_out=(1.47, 3.60),
                   held_out_label="the other half")
     assert "! the other half: mean |error| 1.47% before the fit, 3.60% after" in text
-    assert "the other half" not in report(fit, _Spec(), None, [Parameter("t.k", 0.0, 5.0)], held_out=(3.6, 1.47),
-                                          held_out_label="the other half")
+    assert "  the other half: mean |error| 1.47% -> 3.60%" in text
+    better = report(fit, _Spec(), None, [Parameter("t.k", 0.0, 5.0)], held_out=(3.6, 1.47),
+                    held_out_label="the other half")
+    assert "! the other half" not in better and "  the other half: mean |error| 3.60% -> 1.47%" in better
 
 
 class _Spec:
@@ -188,6 +190,10 @@ def test_parameters_the_data_cannot_tell_apart_are_named(tmp_path):
     text = "\n".join(fit.entangled)
     assert "cost_model.tp_step_us: moving it over 5% of its range changes the mean error by 0.000 points" in text
     assert "cost_model.overhead_ms and cost_model.host_step_us: correlation -1.00" in text
+    # the numbers are printed whether flagged or not: every parameter's profile, every pair
+    summary = "\n".join(fit.sensitivity)
+    assert "cost_model.tp_step_us: +0.000 points of mean error for a move over 5% of its range" in summary
+    assert summary.count("correlation") == 3
 
 
 def test_a_held_setting_stays_put_and_is_reported(tmp_path):
