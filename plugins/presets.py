@@ -254,7 +254,7 @@ SAME_ARCHITECTURE = {"a100-40gb": "a100-80gb", "h100-pcie-80gb": "h100-80gb", "h
                      "gh200-96gb": "h100-80gb", "rtx-pro-6000": "rtx-pro-6000-server", "a10g": "a40"}
 #: The efficiencies only LLMServingSim's profiles measure (attention); elsewhere pooled.
 ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_us", "attention_efficiency",
-                  "mixed_decode_query_rows", "mixed_decode_context_offset")
+                  "mixed_decode_query_rows", "mixed_decode_context_offset", "empty_tile_ns")
 
 
 def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:

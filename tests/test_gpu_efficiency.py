@@ -130,6 +130,10 @@ def test_every_gpu_preset_says_which_numbers_are_measured():
             assert registered.efficiency == {}
             assert "pooled defaults" in text
         assert set(registered.efficiency) <= set(DERIVATION)
+        # every setting is named once: measured, or pooled
+        named = text.split("measured: ")[-1]
+        if "measured:" in text:
+            assert all(key in named for key in DERIVATION if key != "bandwidth_efficiency"), text
 
 
 def test_the_config_wins_over_the_measured_value_and_that_over_the_pooled_one():
