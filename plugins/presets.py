@@ -9,6 +9,13 @@ direction of the GPU's PCIe or NVLink-C2C connection to the CPU. How GPUs talk t
 is the machine's, not the GPU's: ``plugins/cost_models/collectives.py`` has the machines
 (``TOPOLOGIES``) and the one each GPU preset is usually found in (``GPU_DEFAULT_TOPOLOGY``).
 Each preset's note is its help text in ``schedlab plugins``.
+
+The roofline cost model's efficiencies (how much of the datasheet's bandwidth and compute the
+kernels reach) are measured, not from a datasheet: :data:`MEASURED_EFFICIENCY` holds what
+``tools/derive_roofline.py`` derives from the profiled GPUs, and a GPU of the same
+architecture takes its profiled sibling's (:data:`SAME_ARCHITECTURE`); every other setting
+falls back to the pooled defaults (``plugins/cost_models/roofline.py``, ``DERIVATION``). The
+help text of each GPU says which numbers are measured and which come from its datasheet.
 """
 
 from __future__ import annotations
@@ -18,45 +25,96 @@ import attrs
 import schedlab
 from schedlab.capacity import GpuSpec, ModelSpec
 
-#: (spec, source note) for every built-in model.
+def shape_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int, *,
+                 tied: bool = False, qk_norm: bool = False, experts: int = 0, top_k: int = 0,
+                 expert_ffn: int = 0) -> tuple[int, int]:
+    """``(parameters, active parameters)`` of a Llama-shaped decoder from its ``config.json``:
+    attention (Q and O of ``heads x head_dim``, K and V of ``kv_heads x head_dim``), two RMSNorms
+    a layer (and Qwen3's per-head Q/K norms), a gated MLP of width ``ffn`` or ``experts`` routed
+    experts of ``expert_ffn`` with a router (``top_k`` of them active), the embedding table and
+    an LM head (one table when ``tied``) and the final norm. Biases and attention sinks are not
+    counted (gpt-oss: 0.02% of its parameters)."""
+    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    norms = 2 * hidden + (2 * head_dim if qk_norm else 0)
+    if experts:
+        expert = 3 * hidden * expert_ffn
+        total_layer = attn + norms + hidden * experts + experts * expert
+        active_layer = attn + norms + hidden * experts + top_k * expert
+    else:
+        total_layer = active_layer = attn + norms + 3 * hidden * ffn
+    tables = (1 if tied else 2) * vocab * hidden + hidden
+    return layers * total_layer + tables, layers * active_layer + tables
+
+
+def _shaped(name: str, hf_id: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
+            vocab: int, *, tied: bool = False, qk_norm: bool = False, experts: int = 0, top_k: int = 0,
+            expert_ffn: int = 0, **extra) -> ModelSpec:
+    """A preset whose parameter counts come from its shapes (:func:`shape_params`)."""
+    total, active = shape_params(layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied=tied, qk_norm=qk_norm,
+                                 experts=experts, top_k=top_k, expert_ffn=expert_ffn)
+    return ModelSpec(name, num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, num_params=total,
+                     num_attention_heads=heads, hidden_size=hidden, vocab_size=vocab, tied_embeddings=tied,
+                     num_experts=experts, experts_per_token=top_k, active_params=active if experts else None,
+                     hf_id=hf_id, **extra)
+
+
+#: (spec, source note) for every built-in model. Parameter counts are the checkpoints' (the
+#: older presets) or :func:`shape_params` of the config's shapes, which reproduces those.
 MODELS: tuple[tuple[ModelSpec, str], ...] = (
     (ModelSpec("llama-2-7b", num_layers=32, num_kv_heads=32, head_dim=128, num_params=6_738_415_616,
-               num_attention_heads=32, hidden_size=4096,
+               num_attention_heads=32, hidden_size=4096, vocab_size=32000,
                hf_id="meta-llama/Llama-2-7b-hf"),
-     "meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads (MHA), hidden 4096; 6.74B params"),
+     "meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads (MHA), hidden 4096, vocab 32,000; 6.74B params"),
     (ModelSpec("llama-2-13b", num_layers=40, num_kv_heads=40, head_dim=128, num_params=13_015_864_320,
-               num_attention_heads=40, hidden_size=5120,
+               num_attention_heads=40, hidden_size=5120, vocab_size=32000,
                hf_id="meta-llama/Llama-2-13b-hf"),
-     "meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads (MHA), hidden 5120; 13.0B params"),
+     "meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads (MHA), hidden 5120, vocab 32,000; 13.0B params"),
     (ModelSpec("llama-2-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=68_976_648_192,
-               num_attention_heads=64, hidden_size=8192,
+               num_attention_heads=64, hidden_size=8192, vocab_size=32000,
                hf_id="meta-llama/Llama-2-70b-hf"),
-     "meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 69.0B params"),
+     "meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192, vocab 32,000; "
+     "69.0B params"),
+    (_shaped("codellama-34b", "codellama/CodeLlama-34b-hf", 48, 8192, 64, 8, 128, 22016, 32000),
+     "codellama/CodeLlama-34b-hf config.json: 48 layers, 64 heads / 8 KV heads, hidden 8192, FFN 22016, "
+     "vocab 32,000; 33.7B params"),
     (ModelSpec("llama-3-8b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=8_030_261_248,
-               num_attention_heads=32, hidden_size=4096,
+               num_attention_heads=32, hidden_size=4096, vocab_size=128256,
                hf_id="meta-llama/Meta-Llama-3-8B"),
-     "meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 8.03B params"),
+     "meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096, vocab 128,256; "
+     "8.03B params"),
     (ModelSpec("llama-3-70b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=70_553_706_496,
-               num_attention_heads=64, hidden_size=8192,
+               num_attention_heads=64, hidden_size=8192, vocab_size=128256,
                hf_id="meta-llama/Meta-Llama-3-70B"),
-     "meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 70.6B params"),
+     "meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192, vocab 128,256; "
+     "70.6B params"),
+    (_shaped("llama-3.3-70b", "meta-llama/Llama-3.3-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256),
+     "meta-llama/Llama-3.3-70B-Instruct config.json: the Llama-3 70B shapes (80 layers, 64 heads / 8 KV heads, "
+     "hidden 8192, FFN 28672, vocab 128,256); 70.6B params"),
     (ModelSpec("mistral-7b", num_layers=32, num_kv_heads=8, head_dim=128, num_params=7_241_732_096,
-               num_attention_heads=32, hidden_size=4096,
+               num_attention_heads=32, hidden_size=4096, vocab_size=32000,
                hf_id="mistralai/Mistral-7B-v0.1"),
-     "mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096; 7.24B params"),
+     "mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096, vocab 32,000; 7.24B "
+     "params (its 4,096-token sliding window on every layer is not modelled: KV counted whole)"),
+    (_shaped("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 32, 4096, 32, 8, 128, 0, 32000, experts=8, top_k=2,
+             expert_ffn=14336),
+     "mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads / 8 KV heads, hidden 4096, 8 experts of FFN "
+     "14336, 2 per token, vocab 32,000; 46.7B params, 12.9B active"),
+    (_shaped("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1", 56, 6144, 48, 8, 128, 0, 32000, experts=8, top_k=2,
+             expert_ffn=16384),
+     "mistralai/Mixtral-8x22B-v0.1 config.json: 56 layers, 48 heads / 8 KV heads, hidden 6144, 8 experts of FFN "
+     "16384, 2 per token, vocab 32,000; 140.6B params, 39.2B active"),
     (ModelSpec("qwen2.5-7b", num_layers=28, num_kv_heads=4, head_dim=128, num_params=7_615_616_512,
-               num_attention_heads=28, hidden_size=3584,
+               num_attention_heads=28, hidden_size=3584, vocab_size=152064,
                hf_id="Qwen/Qwen2.5-7B"),
-     "Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads / 4 KV heads, hidden 3584; 7.62B params"),
+     "Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads / 4 KV heads, hidden 3584, vocab 152,064; 7.62B params"),
     (ModelSpec("qwen2.5-72b", num_layers=80, num_kv_heads=8, head_dim=128, num_params=72_706_203_648,
-               num_attention_heads=64, hidden_size=8192,
+               num_attention_heads=64, hidden_size=8192, vocab_size=152064,
                hf_id="Qwen/Qwen2.5-72B"),
-     "Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192; 72.7B params"),
+     "Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads / 8 KV heads, hidden 8192, vocab 152,064; 72.7B params"),
     # A draft model for speculative decoding beside the Llama-3 8B models (same tokenizer). Its
-    # embeddings are tied: the table is read every iteration as the lm_head, so vocab_size is
-    # left unset and the roofline counts every parameter as read.
+    # embeddings are tied: the table is read every iteration as the LM head.
     (ModelSpec("llama-3.2-1b", num_layers=16, num_kv_heads=8, head_dim=64, num_params=1_235_814_400,
-               num_attention_heads=32, hidden_size=2048,
+               num_attention_heads=32, hidden_size=2048, vocab_size=128256, tied_embeddings=True,
                hf_id="meta-llama/Llama-3.2-1B"),
      "meta-llama/Llama-3.2-1B config.json: 16 layers, 32 heads / 8 KV heads, head_dim 64, hidden 2048, FFN 8192, "
      "tied embeddings; 1.24B params (a draft model for Llama-3/3.1 8B)"),
@@ -77,6 +135,38 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
                hf_id="Qwen/Qwen3-30B-A3B-Instruct-2507"),
      "Qwen/Qwen3-30B-A3B-Instruct-2507 config.json: 48 layers, 32 heads / 4 KV heads, hidden 2048, "
      "128 experts of FFN 768, 8 per token; 30.5B params resident, 3.3B active"),
+    # The rest of the Qwen3 family (head_dim 128 throughout; the three small ones tie embeddings).
+    *((_shaped(f"qwen3-{size}", f"Qwen/Qwen3-{size.upper()}", layers, hidden, heads, 8, 128, ffn, 151936,
+               qk_norm=True, tied=tied),
+       f"Qwen/Qwen3-{size.upper()} config.json: {layers} layers, {heads} heads / 8 KV heads, head_dim 128, hidden "
+       f"{hidden}, FFN {ffn}{', tied embeddings' if tied else ''}, vocab 151,936")
+      for size, layers, hidden, heads, ffn, tied in (("0.6b", 28, 1024, 16, 3072, True),
+                                                     ("1.7b", 28, 2048, 16, 6144, True),
+                                                     ("4b", 36, 2560, 32, 9728, True),
+                                                     ("8b", 36, 4096, 32, 12288, False),
+                                                     ("14b", 40, 5120, 40, 17408, False))),
+    (_shaped("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 0, 151936, qk_norm=True, experts=128,
+             top_k=8, expert_ffn=1536),
+     "Qwen/Qwen3-235B-A22B config.json: 94 layers, 64 heads / 4 KV heads, head_dim 128, hidden 4096, 128 experts "
+     "of FFN 1536, 8 per token, vocab 151,936; 235B params, 22.2B active"),
+    # gpt-oss: MXFP4 experts (4-bit values, an 8-bit scale per 32: 4.25 bits), the rest bf16;
+    # every other layer attends to a 128-token sliding window.
+    *((_shaped(f"gpt-oss-{size}", f"openai/gpt-oss-{size}", layers, 2880, 64, 8, 64, 0, 201088, experts=experts,
+               top_k=4, expert_ffn=2880, expert_dtype_bytes=0.53125, sliding_window=128,
+               sliding_window_layers=layers // 2),
+       f"openai/gpt-oss-{size} config.json: {layers} layers (every other one a 128-token sliding window), 64 heads "
+       f"/ 8 KV heads of 64, hidden 2880, {experts} experts of FFN 2880 in MXFP4, 4 per token, vocab 201,088; "
+       f"{total} params (model card)")
+      for size, layers, experts, total in (("20b", 24, 32, "20.9B"), ("120b", 36, 128, "116.8B"))),
+    # DeepSeek-V3: multi-head latent attention (a 512 + 64 latent per token and layer holds K and
+    # V), FP8 weights, 256 routed experts + 1 shared, 8 per token, the first 3 layers dense.
+    (ModelSpec("deepseek-v3", num_layers=61, num_kv_heads=128, head_dim=128, num_params=671e9,
+               num_attention_heads=128, hidden_size=7168, vocab_size=129280, num_experts=256, experts_per_token=8,
+               active_params=37e9, weight_dtype_bytes=1.0, kv_latent_dim=576, hf_id="deepseek-ai/DeepSeek-V3"),
+     "deepseek-ai/DeepSeek-V3 config.json: 61 layers, MLA (kv_lora_rank 512 + qk_rope_head_dim 64 = a 576-element "
+     "KV latent per token and layer, bf16), 128 heads, hidden 7168, 256 routed experts of FFN 2048 + 1 shared, 8 "
+     "per token, vocab 129,280, FP8 weights; 671B params, 37B active (model card; the MTP module's 14B not "
+     "counted). Attention FLOPs taken at head_dim 128 (MLA's prefill: 192 for QK, 128 for V)"),
 )
 
 #: (spec, source note) for every built-in GPU.
@@ -118,7 +208,74 @@ GPUS: tuple[tuple[GpuSpec, str], ...] = (
              interconnect_gbps=56.25, interconnect_latency_us=5.0),
      "RTX A6000 datasheet: 48 GB GDDR6, 768 GB/s, 154.8 TFLOPS bf16 dense with FP32 accumulate (309.7 sparse); "
      "PCIe Gen4 x16 (32 GB/s each way); NVLink bridge 112.5 GB/s (56.25 each way)"),
+    # The third GPU of Vidur's profiles, and cards without a public profile.
+    (GpuSpec("a40", memory_gib=48, hbm_bandwidth_gbps=696, bf16_tflops=149.7, host_link_gbps=32),
+     "A40 datasheet: 48 GB GDDR6, 696 GB/s, 149.7 TFLOPS bf16 dense (299.4 sparse); PCIe Gen4 x16 (32 GB/s each "
+     "way); NVLink bridge 112.5 GB/s (56.25 each way)"),
+    (GpuSpec("l40s", memory_gib=48, hbm_bandwidth_gbps=864, bf16_tflops=362.05, host_link_gbps=32),
+     "L40S datasheet: 48 GB GDDR6, 864 GB/s, 362.05 TFLOPS bf16 dense (733 sparse); PCIe Gen4 x16 (32 GB/s each "
+     "way), no NVLink"),
+    (GpuSpec("a10g", memory_gib=24, hbm_bandwidth_gbps=600, bf16_tflops=70, host_link_gbps=32),
+     "A10G (AWS G5; AWS publishes no datasheet): 24 GB GDDR6, 600 GB/s, 70 TFLOPS bf16 tensor dense (the A10's "
+     "125 is not the A10G's; Baseten, 'NVIDIA A10 vs A10G for ML model inference'); PCIe Gen4 x16, no NVLink"),
+    (GpuSpec("b200", memory_gib=180, hbm_bandwidth_gbps=8000, bf16_tflops=2250, host_link_gbps=64,
+             interconnect_gbps=900, interconnect_latency_us=5.0),
+     "B200 (HGX B200) datasheet: 180 GB HBM3e, 8 TB/s, 2.25 PFLOPS bf16 dense (4.5 sparse); PCIe Gen5 x16 (64 GB/s "
+     "each way); NVLink 5 1.8 TB/s (900 each way), NVSwitch"),
 )
+
+# --- measured efficiencies (the roofline cost model) ------------------------------------------
+# Kept apart from GPUS so the numbers measured on a GPU read apart from its datasheet; they
+# are merged into each GpuSpec (its ``efficiency`` table) when it is registered.
+
+#: What ``python tools/derive_roofline.py`` prints per profiled GPU: the dense part of a layer
+#: (its GEMMs and the small operators between them) from Vidur's profiles (H100 SXM, A100 80 GB,
+#: A40: 21-29 model x TP series each) or LLMServingSim's (RTX PRO 6000 Server: 4 series, RTX
+#: 4090: 1, whose fixed time per layer is the others' median), and attention from
+#: LLMServingSim's only.
+MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
+    "rtx-pro-6000-server": ({"bandwidth_efficiency": 0.979, "layer_overhead_us": 25.7, "mfu": 0.78,
+                             "gemm_half_tokens": 55, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
+                             "decode_attention_us": 0.1, "attention_efficiency": 0.48,
+                             "mixed_decode_query_rows": 60, "mixed_decode_context_offset": 190, "empty_tile_ns": 3.0},
+                            "LLMServingSim's vLLM 0.19 profiles, 3 models at TP 1 and 2"),
+    "rtx-4090": ({"bandwidth_efficiency": 0.963, "layer_overhead_us": 26.2, "mfu": 0.99, "gemm_half_tokens": 2,
+                  "kv_read_efficiency": 0.93, "attention_layer_us": 21.3, "decode_attention_us": 0.16,
+                  "attention_efficiency": 0.74, "mixed_decode_query_rows": 67,
+                  "mixed_decode_context_offset": 160, "empty_tile_ns": 4.8},
+                 "LLMServingSim's vLLM 0.19 profile, Llama-3.1-8B at TP 1"),
+    "h100-80gb": ({"bandwidth_efficiency": 0.846, "layer_overhead_us": 26.8, "mfu": 0.61, "gemm_half_tokens": 18},
+                  "Vidur's profiles, 6 models at TP 1-8"),
+    "a100-80gb": ({"bandwidth_efficiency": 0.776, "layer_overhead_us": 36.0, "mfu": 0.66, "gemm_half_tokens": 0},
+                  "Vidur's profiles, 8 models at TP 1-8"),
+    "a40": ({"bandwidth_efficiency": 0.798, "layer_overhead_us": 24.2, "mfu": 0.69, "gemm_half_tokens": 23},
+            "Vidur's profiles, 6 models at TP 1-8"),
+}
+#: GPUs without a profile of their own that share a profiled GPU's chip family and its
+#: datasheet's way of counting (and so, as far as anything public says, its kernels'
+#: efficiency): they take its measured efficiencies with their own datasheet peaks. The L4 and
+#: L40S are not here: the only Ada profile is a GeForce card, whose datasheet counts bf16 with
+#: FP32 accumulate at half the rate a datacenter Ada's does (the 4090 reaches 0.99 of it).
+SAME_ARCHITECTURE = {"a100-40gb": "a100-80gb", "h100-pcie-80gb": "h100-80gb", "h200-141gb": "h100-80gb",
+                     "gh200-96gb": "h100-80gb", "rtx-pro-6000": "rtx-pro-6000-server", "a10g": "a40"}
+#: The efficiencies only LLMServingSim's profiles measure (attention); elsewhere pooled.
+ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_us", "attention_efficiency",
+                  "mixed_decode_query_rows", "mixed_decode_context_offset", "empty_tile_ns")
+
+
+def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
+    """``spec`` with the efficiencies measured on it (or on its architecture's profiled GPU),
+    and a note saying which numbers are measured and which come from the datasheet."""
+    source = spec.name if spec.name in MEASURED_EFFICIENCY else SAME_ARCHITECTURE.get(spec.name)
+    if source is None:
+        return spec, "efficiencies: pooled defaults (no profile of this GPU or its architecture)"
+    measured, where = MEASURED_EFFICIENCY[source]
+    pooled = [k for k in ATTENTION_KEYS if k not in measured]
+    of = "" if source == spec.name else f"the {source} (same architecture) in "
+    note = f"measured: {', '.join(measured)} ({of}{where})"
+    if pooled:
+        note += f"; pooled: {', '.join(pooled)}"
+    return attrs.evolve(spec, efficiency={**measured, **spec.efficiency}), note
 
 
 # --- power (schedlab.energy) ---------------------------------------------------------------------
@@ -170,5 +327,6 @@ def schedlab_register_models(register):
 @schedlab.hookimpl
 def schedlab_register_gpus(register):
     for spec, note in GPUS:
+        spec, measured = with_efficiency(spec)
         spec, power_note = with_power(spec)
-        register(spec.name, spec, help=f"{note}; {power_note}" if power_note else note)
+        register(spec.name, spec, help=f"{note}; {measured}" + (f"; {power_note}" if power_note else ""))

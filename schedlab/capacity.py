@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from .configs import float_field, int_field, str_field
+from .configs import FieldError, bool_field, float_field, int_field, str_field
 from .errors import ConfigError, UnknownPluginError
 from .parallelism import SINGLE, Parallelism, stage_layers
 
@@ -80,8 +80,11 @@ class ModelSpec:
         help="model width (config.json hidden_size): the bytes of each tensor-parallel all-reduce")
     vocab_size: int | None = int_field(
         None, min=1, optional=True,
-        help="vocabulary (config.json vocab_size): with hidden_size, the input embedding table is not "
-             "read in full each iteration (only looked up), so the roofline leaves it out of weight reads")
+        help="vocabulary (config.json vocab_size): with hidden_size, the input embedding table is looked up "
+             "(one row per token), not read in full each iteration like the LM head")
+    tied_embeddings: bool = bool_field(
+        False, help="config.json tie_word_embeddings: the embedding table is also the LM head, read in full "
+                    "every iteration")
     num_experts: int = int_field(0, min=0, help="MoE: routed experts per layer (0 = a dense model)")
     experts_per_token: int = int_field(0, min=0, help="MoE: experts each token is routed to (top-k)")
     active_params: float | None = float_field(
@@ -91,6 +94,20 @@ class ModelSpec:
     hf_id: str | None = str_field(
         None, optional=True,
         help="the Hugging Face model id (e.g. 'Qwen/Qwen3-32B'): a measured profile bundle must name it")
+    weight_dtype_bytes: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="bytes per weight when they differ from the KV's dtype_bytes (an FP8 checkpoint: 1); unset = dtype_bytes")
+    expert_dtype_bytes: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="MoE: bytes per routed-expert weight (MXFP4, 4 bits + a scale per 32: 0.53125); unset = the weights'")
+    kv_latent_dim: int | None = int_field(
+        None, min=1, optional=True,
+        help="multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank + qk_rope_head_dim): one latent per "
+             "token and layer holds K and V, the same on every tensor-parallel rank")
+    sliding_window: int | None = int_field(
+        None, min=1, optional=True, help="tokens a sliding-window layer attends to (config.json sliding_window)")
+    sliding_window_layers: int = int_field(
+        0, min=0, help="how many layers use the sliding window (gpt-oss: every other one; all of them: num_layers)")
 
     def __attrs_post_init__(self) -> None:
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
@@ -99,6 +116,11 @@ class ModelSpec:
         if self.active_params is not None and self.active_params > self.num_params:
             raise ConfigError(f"{self.name}: active_params ({self.active_params:g}) exceeds num_params "
                               f"({self.num_params:g})")
+        if self.sliding_window_layers > self.num_layers:
+            raise ConfigError(f"{self.name}: sliding_window_layers ({self.sliding_window_layers}) exceeds "
+                              f"num_layers ({self.num_layers})")
+        if self.sliding_window_layers and self.sliding_window is None:
+            raise ConfigError(f"{self.name}: sliding_window_layers is set but sliding_window is not")
 
     @property
     def is_moe(self) -> bool:
@@ -111,10 +133,30 @@ class ModelSpec:
 
     @property
     def embedding_params(self) -> float:
-        """Parameters of the input embedding table (0 when vocab or width is not declared)."""
-        if self.vocab_size is None or self.hidden_size is None:
+        """Parameters of the input embedding table that are only looked up, never multiplied:
+        ``vocab_size x hidden_size``; 0 when the table is tied to the LM head (then it is the
+        LM head) or vocab or width is not declared."""
+        if self.vocab_size is None or self.hidden_size is None or self.tied_embeddings:
             return 0.0
         return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        return self.weight_dtype_bytes if self.weight_dtype_bytes is not None else float(self.dtype_bytes)
+
+    @property
+    def expert_bytes_per_param(self) -> float:
+        return self.expert_dtype_bytes if self.expert_dtype_bytes is not None else self.weight_bytes_per_param
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers whose KV grows with every token: the full-attention ones. A sliding-window
+        layer holds at most ``sliding_window`` tokens of a sequence (vLLM frees the blocks that
+        fall out of it), so it is left out -- unless every layer slides, when a sequence's KV
+        is counted whole (exact up to the window)."""
+        if self.sliding_window_layers and self.sliding_window_layers < self.num_layers:
+            return self.num_layers - self.sliding_window_layers
+        return self.num_layers
 
     @property
     def expert_params(self) -> float:
@@ -148,14 +190,30 @@ class ModelSpec:
         return 1
 
     def kv_bytes_per_token(self, tensor_parallel: int = 1) -> int:
-        """KV bytes one token takes on each rank: ``2 (K and V) * layers * heads/tp * head_dim * dtype``."""
+        """KV bytes one token takes on each rank: ``2 (K and V) * layers * heads/tp * head_dim * dtype``
+        over the layers that keep every token (:attr:`kv_layers`); with latent attention
+        ``layers * kv_latent_dim * dtype`` (one latent for K and V, on every rank)."""
+        if self.kv_latent_dim is not None:
+            _check_tensor_parallel(tensor_parallel)
+            return self.kv_layers * self.kv_latent_dim * self.dtype_bytes
         heads = self.kv_heads_per_rank(tensor_parallel)
-        return 2 * self.num_layers * heads * self.head_dim * self.dtype_bytes
+        return 2 * self.kv_layers * heads * self.head_dim * self.dtype_bytes
 
     def weight_bytes(self, tensor_parallel: int = 1) -> float:
-        """Weight bytes on each rank (weights are sharded evenly; replicated norms are ignored)."""
+        """Weight bytes on each rank (weights are sharded evenly; replicated norms are ignored);
+        routed experts at their own bytes per weight."""
         tp = _check_tensor_parallel(tensor_parallel)
-        return self.num_params * self.dtype_bytes / tp
+        experts = self.expert_params * self.num_experts
+        return ((self.num_params - experts) * self.weight_bytes_per_param
+                + experts * self.expert_bytes_per_param) / tp
+
+
+def _check_efficiency(_inst, attribute, value) -> None:
+    if not isinstance(value, dict):
+        raise FieldError(attribute.name, f"must be a table of setting = number, got {value!r}")
+    for key, number in value.items():
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number < math.inf:
+            raise FieldError(attribute.name, f"{key}: must be a number >= 0, got {number!r}")
 
 
 @attrs.frozen
@@ -187,6 +245,10 @@ class GpuSpec:
     min_clock_mhz: float | None = float_field(
         None, min=0.0, min_exclusive=True, optional=True,
         help="lowest SM clock in MHz that can be locked (nvidia-smi -q -d SUPPORTED_CLOCKS)")
+    efficiency: dict = attrs.field(
+        factory=dict, converter=lambda v: dict(v) if isinstance(v, Mapping) else v, validator=_check_efficiency,
+        metadata={"help": "the roofline's efficiencies measured on this GPU, keyed by its settings (mfu, "
+                          "gemm_half_tokens, bandwidth_efficiency, ...); a setting left out takes the pooled default"})
 
     @property
     def link_gbps(self) -> float:
@@ -417,17 +479,30 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
     heads = m.kv_heads_per_rank(tp)
     heads_text = f"{m.num_kv_heads} KV heads" if tp == 1 else f"{heads} KV heads per rank ({m.num_kv_heads} over tp={tp})"
     per_rank = "" if tp == 1 else f" / {tp} ranks"
+    layers = f"{m.kv_layers} layers"
+    if m.kv_layers < m.num_layers:
+        layers += f" (the other {m.sliding_window_layers} keep {m.sliding_window} tokens)"
+    if m.kv_latent_dim is not None:
+        kv_text = f"{layers} x {m.kv_latent_dim} latent (K and V, on every rank) x {m.dtype_bytes} B"
+    else:
+        kv_text = f"2 x {layers} x {heads_text} x {m.head_dim} head_dim x {m.dtype_bytes} B"
+    if m.weight_bytes_per_param == m.dtype_bytes and m.expert_bytes_per_param == m.dtype_bytes:
+        dtypes, weights_text = f"{m.dtype_bytes}-byte weights and KV", f"{m.num_params / 1e9:.2f}B params x {m.dtype_bytes} B"
+    else:
+        experts = m.expert_params * m.num_experts if m.expert_bytes_per_param != m.weight_bytes_per_param else 0.0
+        dtypes = f"{m.weight_bytes_per_param:g}-byte weights, {m.dtype_bytes}-byte KV"
+        weights_text = (f"{(m.num_params - experts) / 1e9:.2f}B params x {m.weight_bytes_per_param:g} B"
+                        + (f" + {experts / 1e9:.2f}B expert params x {m.expert_bytes_per_param:g} B" if experts else ""))
     lines = [
         f"KV capacity of {m.name} on {s.gpu.name} "
-        f"(tensor_parallel={tp}, block_size={s.block_size}, {m.dtype_bytes}-byte weights and KV"
+        f"(tensor_parallel={tp}, block_size={s.block_size}, {dtypes}"
         + (", every number per rank)" if tp > 1 else ")"),
-        f"  KV per token        2 x {m.num_layers} layers x {heads_text} x {m.head_dim} head_dim "
-        f"x {m.dtype_bytes} B = {_num(s.bytes_per_token / KIB)} KiB",
+        f"  KV per token        {kv_text} = {_num(s.bytes_per_token / KIB)} KiB",
         f"  KV per block        {s.block_size} tokens x {_num(s.bytes_per_token / KIB)} KiB "
         f"= {_num(s.bytes_per_block / MIB)} MiB",
         f"  GPU memory          {_gib(s.memory_bytes)}",
         f"  usable              {_gib(s.memory_bytes)} x {s.gpu_memory_utilization:g} = {_gib(s.usable_bytes)}",
-        f"  weights             {m.num_params / 1e9:.2f}B params x {m.dtype_bytes} B{per_rank} = {_gib(s.weight_bytes)}",
+        f"  weights             {weights_text}{per_rank} = {_gib(s.weight_bytes)}",
         f"  activation reserve  {_gib(s.reserve_bytes)}",
         f"  KV pool             {s.usable_bytes / GIB:.2f} - {s.weight_bytes / GIB:.2f} - "
         f"{s.reserve_bytes / GIB:.2f} = {_gib(s.kv_pool_bytes)}",

@@ -12,6 +12,9 @@ the next step verifies -- ``k`` for this step's batch size. So::
                  + sum over i = 1 .. k-1 of drafter(i-th one-token pass over the batch's sequences)
                  + proposer_ms
 
+The drafter's passes are timed by its cost model's ``kernel_ms`` where it has one (the
+built-in ``roofline`` and ``profiled``: the GPU's kernels, without a step's host work, which the
+target's step already carries), else by its ``iteration_ms``;
 with no drafter cost for ``method = "ngram"`` (prompt lookup on the CPU: ``proposer_ms``
 only), and nothing at all when ``k`` is 0 (no drafts proposed). The one-token passes see the
 sequences' contexts after this step, growing by one a pass (as their mean: a drafter that asks
@@ -49,13 +52,15 @@ class DraftingCostModel:
         drafter = self.drafter
         if drafter is None:
             return ms
-        ms += drafter.iteration_ms(batch)
+        # The passes run inside the target's step: the drafter's kernels only, where it can say.
+        time = getattr(drafter, "kernel_ms", drafter.iteration_ms)
+        ms += time(batch)
         context = batch.decode_context_tokens + batch.prefill_context_tokens + batch.prefill_tokens
         for i in range(1, k):
             ctx = context + i * seqs
             mean = -(-ctx // seqs)
-            ms += drafter.iteration_ms(Batch(num_decode=seqs, decode_context_tokens=ctx,
-                                             decode_context_max=mean, decode_context_min=mean))
+            ms += time(Batch(num_decode=seqs, decode_context_tokens=ctx, decode_context_max=mean,
+                             decode_context_min=mean))
         return ms
 
     def iteration_ms(self, batch: Batch) -> float:

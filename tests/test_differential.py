@@ -128,21 +128,35 @@ def test_prefix_caching_runs_match_reference(requests, cfg, block_size, spare, c
     check_run(fast, requests, kv_blocks=need + spare)
 
 
+@st.composite
+def step_settings(draw):
+    """The host's share of a step (plugins/cost_models/step_overhead.py): synchronous or not,
+    with or without CUDA graphs, and a host that is sometimes longer than the GPU's step, so
+    decode runs start flat on it and turn to grow with the context part way."""
+    return {"async_scheduling": draw(st.booleans()), "cuda_graphs": draw(st.booleans()),
+            "cuda_graph_max_tokens": draw(st.sampled_from([4, 512])),
+            "host_step_us": draw(st.sampled_from([0.0, 400.0, 12_000.0, 40_000.0])),
+            "host_per_seq_us": draw(st.sampled_from([0.0, 20.0, 900.0])),
+            "eager_layer_us": draw(st.sampled_from([0.0, 262.0, 900.0]))}
+
+
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), continuous_configs(),
-       st.integers(20, 400), st.sampled_from(["l4", "a100-80gb"]), st.sampled_from([1, 2, 4]))
-def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp):
+       st.integers(20, 400), st.sampled_from(["l4", "a100-80gb"]), st.sampled_from([1, 2, 4]), step_settings())
+def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, step):
     """The roofline model's decode steps grow with context (memory-bound KV reads): bulk runs
     sum that growth in closed form. Its costs are not dyadic, so the engines agree to rounding.
     At TP > 1 the collectives (the GPU's usual machine) add the all-reduces, nonlinear in the
-    tokens, and the logits' all-gather per sequence."""
+    tokens, and the logits' all-gather per sequence. Where the host's work or the launches are
+    longer than the GPU's step, a decode run is flat until the GPU's growth overtakes them."""
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
 
     presets = Presets.from_catalog(load_catalog(entry_points=False))
     model = attrs.evolve(presets.model("llama-3-8b"), vocab_size=128256)  # so the logits are gathered at TP > 1
-    cost = RooflineCostModel(model, presets.gpu(gpu), RooflineConfig(model="llama-3-8b", gpu=gpu, tensor_parallel=tp))
+    cost = RooflineCostModel(model, presets.gpu(gpu), RooflineConfig(model="llama-3-8b", gpu=gpu, tensor_parallel=tp,
+                                                                     **step))
     runs = [run_engine(requests, ContinuousScheduler(cfg), cost, PagedKVCache(num_blocks, 16, swap_blocks=32),
                        engine=engine) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)
@@ -155,8 +169,9 @@ SHIPPED_PROFILES = [("meta-llama/Llama-3.1-8B", "llama-3.1-8b", 1), ("Qwen/Qwen3
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=8, max_prompt=6_000, max_output=400, all_at_zero=False), st.integers(1, 8),
-       st.sampled_from([512, 2048]), st.booleans(), st.integers(40, 3_000), st.sampled_from(SHIPPED_PROFILES))
-def test_profiled_cost_runs_match_reference(requests, max_seqs, budget, chunked, num_blocks, shipped):
+       st.sampled_from([512, 2048]), st.booleans(), st.integers(40, 3_000), st.sampled_from(SHIPPED_PROFILES),
+       step_settings())
+def test_profiled_cost_runs_match_reference(requests, max_seqs, budget, chunked, num_blocks, shipped, step):
     """The shipped RTX PRO 6000 profiles: decode runs cross their kv_decode grid points and skew
     buckets (contexts to ~6k), chunks land between their profiled chunk sizes, and at TP 2 the
     communication depends on the tokens (latency-bound, then bandwidth-bound); the fast
@@ -179,7 +194,8 @@ def test_profiled_cost_runs_match_reference(requests, max_seqs, budget, chunked,
     topology = TOPOLOGIES["pcie-gen5-host"] if tp > 1 else None
     runs = [run_engine(requests, ContinuousScheduler(cfg),
                        ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model=preset,
-                                                                       tensor_parallel=tp), topology=topology),
+                                                                       tensor_parallel=tp, **step),
+                                         topology=topology),
                        PagedKVCache(num_blocks, 16, swap_blocks=32), engine=engine) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)
     assert runs[0].meta["events"] <= runs[1].meta["events"]

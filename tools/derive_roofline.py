@@ -1,39 +1,64 @@
-"""Derive the roofline cost model's default efficiencies from measured per-operator profiles.
+"""Derive the roofline cost model's efficiencies, per GPU, from measured per-operator profiles.
 
-    python tools/derive_roofline.py [PROFILES_DIR] [CONFIGS_DIR]
+    python tools/derive_roofline.py [--table] [--write-subset DIR] [--profiles DIR] [--configs DIR]
+                                    [--vidur DIR] [-- COLLECTIVES_ARGS...]
     python tools/derive_roofline.py power      (the power section, at the end of this file)
 
-Defaults: ../shared/calibration/llmservingsim/profiler/perf and .../configs/model (the
-LLMServingSim bundles measured inside vLLM 0.19: RTX PRO 6000 Blackwell Server Edition with
-Llama-3.1-8B, Qwen3-32B, Qwen3-30B-A3B at TP 1 and 2; RTX 4090 with Llama-3.1-8B at TP 1).
-It prints the parameter counts of the three model presets (from the Hugging Face configs)
-and, per bundle and pooled over all of them:
+Two sets of measurements (../shared/calibration, MIT):
 
-* weight_read_efficiency -- one decoder layer's linear layers at 1 token read their weights
-  at this share of the datasheet bandwidth;
-* gemm_efficiency, gemm_half_tokens -- the dense ops at T tokens reach
-  ``gemm_efficiency * T / (T + gemm_half_tokens)`` of the datasheet bf16 rate once compute
-  bound (least squares in log time over T = 1..2048, with the weight-read time as the floor);
-* kv_read_efficiency -- decode attention (128 decodes x 1k-16k context) reads the KV at this
-  share of the bandwidth;
-* attention_efficiency -- prefill attention (2048-token chunks over 0-16k context) reaches
-  this share of the bf16 rate;
-* mixed_decode_query_rows -- a decode in an iteration with a prefill chunk costs the attention
-  FLOPs of this many query rows over its context (the varlen kernel pads its single query to a
-  tile), not just the read of its KV;
-* layer_overhead_us -- the small per-layer kernels the roofline does not count (norms,
-  rotary embedding, activation) at one token.
+* LLMServingSim's bundles, measured inside vLLM 0.19 (``llmservingsim/profiler/perf``): RTX PRO 6000
+  Blackwell Server Edition with Llama-3.1-8B, Qwen3-32B, Qwen3-30B-A3B at TP 1 and 2; RTX 4090
+  with Llama-3.1-8B at TP 1 -- every operator of a decoder layer, attention included;
+* Vidur's linear-layer profiles (``vidur/profiling/compute``): H100, A100 and A40 with six to
+  eight models at TP 1, 2, 4, 8 -- the four GEMMs of a layer (QKV, output, gate/up, down) and the
+  small operators (norms, rotary embedding, activation, residual add), 1 to 4,096 tokens.
 
-Its output is quoted in plugins/cost_models/roofline.py (DERIVATION). It then runs
-tools/derive_collectives.py (the collectives' bus bandwidths from Vidur's NCCL timings, quoted
-in plugins/cost_models/collectives.py); further arguments go to it.
+For every GPU it fits, on the dense part of one decoder layer on one rank (its four GEMMs and
+the small operators between them -- everything but attention), the roofline's linear part::
+
+    dense_ms(T) = layer_overhead + hypot(weight bytes / (BW * weight_read_efficiency),
+                                         2 * params * T / (TFLOPS * mfu * T / (T + gemm_half_tokens)))
+
+BW and TFLOPS are the datasheet's. ``weight_read_efficiency`` and ``layer_overhead`` (the
+GEMMs' launch and tail and the small operators at one token, microseconds) come from one token
+across all the GPU's series (least squares in relative time: a GEMV of a small layer does not
+reach the bandwidth of a large one, a fixed cost does); ``mfu`` and ``gemm_half_tokens`` from
+every token count (least squares in log time), so they also carry the small operators' growth
+with the tokens (memory-bound, like the GEMMs' compute it grows with T). A layer whose weights
+fit in the GPU's L2 cache is left out of the fit (a one-layer profile reads the same weights
+again and again: LLMServingSim's Qwen3-30B-A3B attention at TP 1 and 2). A GPU with fewer than
+three layer sizes (the RTX 4090: one model) takes the other GPUs' median ``layer_overhead``.
+
+From LLMServingSim's bundles alone, per bundle and per GPU: decode attention (16-256 decodes
+over 256-16k of context) as ``attention_layer_us`` per layer (its kernels' launch and the
+split-KV reduction: the same whatever the batch), ``decode_attention_us`` per decode and layer,
+and the KV read at ``kv_read_efficiency`` of the bandwidth;
+``attention_efficiency`` (prefill attention, 2,048-token chunks over 0-8k cached tokens, reaches
+this share of the bf16 rate) and the mixed-batch decode penalty: a decode that shares a step
+with a prefill chunk costs the attention FLOPs of ``mixed_decode_query_rows`` query rows over
+its context plus ``mixed_decode_context_offset`` tokens (the varlen kernel pads its single
+query to a tile, and the tile has a fixed cost), fitted over 256-4,096-token contexts. Vidur's
+public profiles have no attention, so these cannot be checked on H100, A100 or A40; they are
+pooled from the two cards that have them (both give 58-68 rows and 240-310 tokens).
+
+Output: the per-GPU fits quoted in ``plugins/presets.py`` (``MEASURED_EFFICIENCY``), the
+pooled values quoted in ``plugins/cost_models/roofline.py`` (``DERIVATION``, GPUs measured by
+nothing), and the parameter counts of the three LLMServingSim model presets. ``--table`` prints,
+per GPU, the fitted model against the measured dense part of a layer (the README table);
+``--write-subset DIR`` writes the small subset of Vidur's CSVs the tests check the fit on. Then it
+runs ``tools/derive_collectives.py`` (the collectives' bus bandwidths from Vidur's NCCL timings,
+quoted in ``plugins/cost_models/collectives.py``) with the arguments after ``--``.
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
 import json
 import math
+import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,17 +66,46 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from plugins.cost_models.profile_bundle import ProfileBundle  # noqa: E402
+from plugins.cost_models.roofline import QUERY_TILE  # noqa: E402
 
-SHARED = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
-              REPO.parent / "shared") / "calibration" / "llmservingsim"
-#: (bundle, preset model name, HF config, GPU: datasheet GB/s, bf16 TFLOPS)
+CALIBRATION = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
+                   REPO.parent / "shared") / "calibration"
+SHARED = CALIBRATION / "llmservingsim"
+VIDUR = CALIBRATION / "vidur" / "profiling" / "compute"
+SUBSET = REPO / "tests" / "data" / "vidur"
+
+#: GPU preset -> (datasheet GB/s, dense bf16 TFLOPS, L2 cache MB), for every profiled GPU.
+GPUS = {"rtx-pro-6000-server": (1597, 503.8, 128), "rtx-4090": (1008, 165.2, 72),
+        "h100-80gb": (3350, 989, 50), "a100-80gb": (2039, 312, 40), "a40": (696, 149.7, 6)}
+#: Vidur's GPU folders and the presets they measured (H100 80 GB SXM, A100 80 GB, A40).
+VIDUR_GPUS = {"h100": "h100-80gb", "a100": "a100-80gb", "a40": "a40"}
+#: (bundle, HF config, GPU preset)
 BUNDLES = (
-    ("RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", "meta-llama/Llama-3.1-8B.json", 1597, 503.8),
-    ("RTXPRO6000/Qwen/Qwen3-32B/bf16", "Qwen/Qwen3-32B.json", 1597, 503.8),
-    ("RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16", "Qwen/Qwen3-30B-A3B-Instruct-2507.json", 1597, 503.8),
-    ("RTX4090/meta-llama/Llama-3.1-8B/bf16", "meta-llama/Llama-3.1-8B.json", 1008, 165.2),
+    ("RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", "meta-llama/Llama-3.1-8B.json", "rtx-pro-6000-server"),
+    ("RTXPRO6000/Qwen/Qwen3-32B/bf16", "Qwen/Qwen3-32B.json", "rtx-pro-6000-server"),
+    ("RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16", "Qwen/Qwen3-30B-A3B-Instruct-2507.json", "rtx-pro-6000-server"),
+    ("RTX4090/meta-llama/Llama-3.1-8B/bf16", "meta-llama/Llama-3.1-8B.json", "rtx-4090"),
 )
-LINEAR = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+VIDUR_GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+VIDUR_SMALL = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+#: Token counts the fits and the table use (profiled by both sources).
+TOKENS = (1, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+
+
+@dataclass
+class Series:
+    """The dense part of one decoder layer on one rank (its GEMMs and the small operators
+    between them: everything but attention), measured at several token counts."""
+
+    gpu: str
+    name: str
+    weight_bytes: float     # bf16 weights of the layer's GEMMs on one rank
+    flops_per_token: float  # 2 x those parameters
+    tokens: np.ndarray
+    dense_ms: np.ndarray
+
+
+# --- reading ----------------------------------------------------------------------------------
 
 
 def shapes(config: dict) -> dict:
@@ -77,6 +131,132 @@ def shapes(config: dict) -> dict:
             "heads": heads, "kv_heads": kv, "head_dim": hd, "experts": experts, "k": k}
 
 
+def vidur_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def vidur_series(root: Path) -> list[Series]:
+    """Every (GPU, model, TP) of Vidur's ``<gpu>/<org>/<model>/mlp.csv`` files under ``root``
+    (times are ms; a row repeated for a token count counts by its median)."""
+    out = []
+    for folder, gpu in VIDUR_GPUS.items():
+        for path in sorted((root / folder).glob("*/*/mlp.csv")):
+            rows = vidur_rows(path)
+            by: dict[tuple, list] = {}
+            for r in rows:
+                by.setdefault((int(r["num_tokens"]), int(r["num_tensor_parallel_workers"])), []).append(r)
+            r0 = rows[0]
+            h, heads, kv = int(r0["n_embd"]), int(r0["n_head"]), int(r0["n_kv_head"])
+            ffn, gated = int(r0["n_expanded_embd"]), r0["use_gated_mlp"] == "True"
+            hd = h // heads
+            params = h * (heads + 2 * kv) * hd + heads * hd * h + h * ffn * (2 if gated else 1) + ffn * h
+            for tp in sorted({k[1] for k in by}):
+                tokens = [t for t in TOKENS if (t, tp) in by]
+                if 1 not in tokens:
+                    continue
+
+                def median_ms(t, ops):
+                    return statistics.median(sum(float(r[f"time_stats.{o}.median"]) for o in ops
+                                                 if f"time_stats.{o}.median" in r) for r in by[(t, tp)])
+
+                out.append(Series(gpu, f"{path.parent.name} tp{tp}", 2 * params / tp, 2 * params / tp,
+                                  np.array(tokens, float),
+                                  np.array([median_ms(t, VIDUR_GEMMS + VIDUR_SMALL) for t in tokens])))
+    return out
+
+
+def bundle_series(profiles: Path, configs: Path) -> list[Series]:
+    """The dense part of a layer of every LLMServingSim bundle and TP degree (``dense.csv``)."""
+    out = []
+    for bundle_dir, config_file, gpu in BUNDLES:
+        s = shapes(json.loads((configs / config_file).read_text()))
+        root = profiles / bundle_dir
+        for tp in (1, 2):
+            if not (root / f"tp{tp}").is_dir():
+                continue
+            bundle = ProfileBundle(root, tp)
+            tokens = [t for t in TOKENS if t <= 2048]
+            out.append(Series(gpu, f"{bundle_dir.split('/')[0]} {bundle_dir.split('/')[2]} tp{tp}", 2 * s["layer_linear"] / tp,
+                              2 * s["layer_linear"] / tp, np.array(tokens, float),
+                              np.array([bundle.dense_layer(t) for t in tokens])))
+    return out
+
+
+# --- the linear-layer fit -----------------------------------------------------------------------
+
+
+def fitted(series: list[Series], gpu: str) -> list[Series]:
+    """The GPU's series the fit uses: those whose weights do not fit in its L2 cache."""
+    return [s for s in series if s.gpu == gpu and s.weight_bytes > GPUS[gpu][2] * 1e6]
+
+
+def fit_linear(series: list[Series], gpu: str, fixed_ms: float | None = None) -> dict:
+    """The roofline's linear part for one GPU (see the module docstring): the weight read and
+    the fixed time from one token (least squares in relative time), the GEMM curve from every
+    token count (least squares in log time), each holding the other's numbers, in turn until
+    they settle. With ``fixed_ms`` the fixed time is held (a GPU with too few layer sizes to
+    tell it from the bandwidth)."""
+    from scipy.optimize import least_squares
+
+    gbps, tflops, _ = GPUS[gpu]
+    bw, peak = gbps * 1e6, tflops * 1e9  # bytes and FLOP per ms
+    used = fitted(series, gpu)
+    w, fixed, mfu, half = 0.9, (fixed_ms if fixed_ms is not None else 0.01), 0.7, 32.0
+    for _ in range(8):
+        def one_token(x):
+            c = x[1] if fixed_ms is None else fixed_ms
+            return np.array([linear_ms(s, x[0], c, mfu, half, bw, peak, tokens=[1])[0] / s.dense_ms[0] - 1.0
+                             for s in used])
+
+        w, fixed = least_squares(one_token, [w, fixed], bounds=([0.1, 0.0], [1.5, 1.0])).x
+        fixed = fixed if fixed_ms is None else fixed_ms
+
+        def curve(x):
+            return np.concatenate([np.log(linear_ms(s, w, fixed, x[0], x[1], bw, peak) / s.dense_ms) for s in used])
+
+        fit = least_squares(curve, [mfu, half], bounds=([0.1, 0.0], [1.0, 4096.0]))
+        mfu, half = fit.x
+    points = sum(len(s.tokens) for s in used)
+    return {"weight_read_efficiency": round(float(w), 3), "layer_overhead_us": round(float(fixed) * 1e3, 1),
+            "mfu": round(float(mfu), 2), "gemm_half_tokens": round(float(half)),
+            "rms_log_error": round(math.sqrt(float(np.sum(fit.fun ** 2)) / points), 3),
+            "series": len(used), "left_out_in_l2": len([s for s in series if s.gpu == gpu]) - len(used),
+            "fixed_from": "this GPU" if fixed_ms is None else "the other GPUs' median"}
+
+
+def linear_ms(s: Series, w: float, fixed_ms: float, mfu: float, half: float, bw: float, peak: float,
+              tokens=None) -> np.ndarray:
+    """The fitted model's time of series ``s`` (ms) at its token counts (or ``tokens``)."""
+    t = s.tokens if tokens is None else np.asarray(tokens, float)
+    return fixed_ms + np.hypot(s.weight_bytes / (bw * w), s.flops_per_token * t / (peak * mfu * t / (t + half)))
+
+
+def model_vs_measured(series: list[Series], fits: dict, pooled: dict) -> dict:
+    """Per GPU: the fitted model's error against every measured point (the README table), and
+    the median error of the pooled defaults on the same points (``"pooled"``)."""
+    out = {}
+    for gpu, fit in fits.items():
+        gbps, tflops, _ = GPUS[gpu]
+        errors = {"1": [], "16-256": [], "512-4096": [], "pooled": []}
+        for s in fitted(series, gpu):
+            model = linear_ms(s, fit["weight_read_efficiency"], fit["layer_overhead_us"] * 1e-3, fit["mfu"],
+                              fit["gemm_half_tokens"], gbps * 1e6, tflops * 1e9)
+            for t, m, g in zip(s.tokens, model, s.dense_ms):
+                band = "1" if t == 1 else "16-256" if 16 <= t <= 256 else "512-4096" if t >= 512 else None
+                if band:
+                    errors[band].append(100.0 * (m / g - 1.0))
+            base = linear_ms(s, pooled["weight_read_efficiency"], pooled["layer_overhead_us"] * 1e-3, pooled["mfu"],
+                             pooled["gemm_half_tokens"], gbps * 1e6, tflops * 1e9)
+            errors["pooled"].extend(100.0 * (base / s.dense_ms - 1.0))
+        out[gpu] = {band: (round(float(np.median(np.abs(e))), 1), round(float(np.max(np.abs(e))), 1), len(e))
+                    for band, e in errors.items() if e}
+    return out
+
+
+# --- attention (LLMServingSim's bundles) ------------------------------------------------------
+
+
 def moe_per_rank(bundle, s: dict, tp: int):
     """One MoE layer's time on one rank at T tokens (ms): the profiled cost model's rule
     (experts split over the TP ranks, no expert parallelism)."""
@@ -92,81 +272,138 @@ def moe_per_rank(bundle, s: dict, tp: int):
     return cost.moe_ms
 
 
-def derive(profiles: Path, configs: Path) -> dict:
+def attention_parameters(profiles: Path, configs: Path) -> dict:
+    """Per bundle: KV read efficiency, prefill attention efficiency, mixed-batch query rows
+    (and the MoE experts' efficiencies for the MoE bundle)."""
     rows = {}
-    pooled = {"w": [], "kv": [], "attn": [], "ovh": [], "fit": [], "rows": []}
-    for bundle_dir, config_file, gbps, tflops in BUNDLES:
+    for bundle_dir, config_file, gpu in BUNDLES:
         s = shapes(json.loads((configs / config_file).read_text()))
+        gbps, tflops, _ = GPUS[gpu]
+        bw, peak = gbps * 1e6, tflops * 1e9
         root = profiles / bundle_dir
         for tp in (1, 2):
             if not (root / f"tp{tp}").is_dir():
                 continue
             b = ProfileBundle(root, tp)
-            from plugins.cost_models.profile_bundle import _tables_by_layer, read_csv  # noqa: E402
-            path = root / f"tp{tp}" / "dense.csv"
-            layers = _tables_by_layer(read_csv(path, ("layer", "tokens", "time_us"), text=("layer",)), "tokens", path)
-            linear = lambda T: sum(layers[n](T) for n in LINEAR if n in layers) * 1e-3  # noqa: E731  ms, one layer
-            small = lambda T: (b.dense_layer(T) - linear(T))  # noqa: E731
-            if s["experts"]:  # one MoE layer on one rank at T tokens, as the profiled cost model reads it
-                moe = moe_per_rank(b, s, tp)
-                moe_w = s["k"] * s["expert"] * 2 / tp / (moe(1) * gbps * 1e6)
-                moe_gemm = 2 * 2048 * s["k"] * s["expert"] / tp / (moe(2048) * tflops * 1e9)
-            weight_bytes = 2 * s["layer_linear"] / tp  # active per token, one layer
-            bw = gbps * 1e6  # bytes per ms
-            peak = tflops * 1e9  # FLOP per ms
-            w_eff = weight_bytes / (linear(1) * bw)
-            Ts = np.array([1, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048], dtype=float)
-            measured = np.array([linear(T) for T in Ts])
-            floor = weight_bytes / (bw * w_eff)
-            flops = 2 * s["layer_linear"] / tp * Ts
-            pooled["fit"].append((Ts, measured, floor, flops / peak))
-            # decode attention: n = 128, contexts 1k..16k; KV bytes per layer
-            kvb = 2 * max(1, s["kv_heads"] // tp) * s["head_dim"] * 2
-            eff_kv = [128 * kd * kvb / (b.attention(0, 0, 128, kd) * bw) for kd in (1024, 2048, 4096, 8192, 16384)]
-            # prefill attention: one 2048 chunk over kp cached tokens, causal pairs
+            kvb = 2 * max(1, s["kv_heads"] // tp) * s["head_dim"] * 2  # KV bytes per token and layer
+            kv_eff, decode_us, attention_us = decode_attention(b, kvb, bw)
             heads = s["heads"] // tp
             eff_attn = [4 * heads * s["head_dim"] * (2048 * kp + 2048 * 2049 / 2) / (b.attention(2048, kp, 0, 0) * peak)
                         for kp in (0, 2048, 4096, 8192)]
             # decodes riding in a prefill iteration: the extra attention time over the prefill
-            # alone, as query rows of prefill attention per decode (at that bundle's efficiency)
+            # alone = query rows of prefill attention (at that bundle's efficiency) over the
+            # decode's context plus an offset (its tile's fixed cost, in context tokens)
             eff_a = float(np.mean(eff_attn))
-            rows_mixed = [(b.attention(pc, kp, nd, kd) - b.attention(pc, kp, 0, 0)) * peak * eff_a
-                          / (4 * heads * s["head_dim"] * nd * kd)
-                          for pc in (256, 512, 1024, 2048) for kp in (0, 2048) for nd in (16, 32, 64, 128)
-                          for kd in (1024, 2048, 4096)]
-            ovh = small(1) * 1e3  # us per layer
-            rows[f"{bundle_dir} tp{tp}"] = {
-                "weight_read_efficiency": round(w_eff, 3), "kv_read_efficiency": round(float(np.mean(eff_kv)), 3),
-                "attention_efficiency": round(float(np.mean(eff_attn)), 3), "layer_overhead_us": round(ovh, 1),
-                "mixed_decode_query_rows": round(float(np.median(rows_mixed)), 1),
-                "gemm_efficiency_at_2048": round(float(flops[-1] / peak / measured[-1]), 3)}
+            query_rows, offset, empty_ns = mixed_decode_penalty(b, heads * s["head_dim"] * 4 / (peak * eff_a), heads)
+            row = {"gpu": gpu, "kv_read_efficiency": round(kv_eff, 3), "decode_attention_us": round(decode_us, 3),
+                   "attention_layer_us": round(attention_us, 1),
+                   "attention_efficiency": round(eff_a, 3), "mixed_decode_query_rows": round(query_rows, 1),
+                   "mixed_decode_context_offset": round(offset), "empty_tile_ns": round(empty_ns, 2)}
             if s["experts"]:
-                rows[f"{bundle_dir} tp{tp}"].update(moe_ms_1_128_2048_tokens=[round(moe(T), 3) for T in (1, 128, 2048)],
-                                                    moe_weight_read_efficiency=round(moe_w, 3),
-                                                    moe_gemm_efficiency_at_2048=round(moe_gemm, 3))
-            pooled["w"].append(w_eff)
-            pooled["kv"].append(float(np.mean(eff_kv)))
-            pooled["attn"].append(float(np.mean(eff_attn)))
-            pooled["ovh"].append(ovh)
-            pooled["rows"].append(float(np.median(rows_mixed)))
-    w_eff = float(np.median(pooled["w"]))  # median: small layers that fit in L2 read "faster than DRAM"
-    best = None
-    for eta in np.arange(0.50, 1.001, 0.01):
-        for half in range(0, 513, 8):
-            err = 0.0
-            for Ts, measured, floor, compute in pooled["fit"]:
-                model = np.hypot(floor, compute / (eta * Ts / (Ts + half)))
-                err += float(np.sum(np.log(model / measured) ** 2))
-            if best is None or err < best[0]:
-                best = (err, round(float(eta), 2), half)
-    n = sum(len(f[0]) for f in pooled["fit"])
-    return {"bundles": rows, "pooled": {
-        "weight_read_efficiency": round(w_eff, 2), "kv_read_efficiency": round(float(np.median(pooled["kv"])), 2),
-        "attention_efficiency": round(float(np.median(pooled["attn"])), 2),
-        "layer_overhead_us": round(float(np.median(pooled["ovh"])), 1),
-        "mixed_decode_query_rows": round(float(np.median(pooled["rows"]))),
-        "gemm_efficiency": best[1], "gemm_half_tokens": best[2],
-        "gemm_fit_rms_log_error": round(math.sqrt(best[0] / n), 3)}}
+                moe = moe_per_rank(b, s, tp)
+                row.update(moe_ms_1_128_2048_tokens=[round(moe(t), 3) for t in (1, 128, 2048)],
+                           moe_weight_read_efficiency=round(s["k"] * s["expert"] * 2 / tp / (moe(1) * bw), 3),
+                           moe_gemm_efficiency_at_2048=round(2 * 2048 * s["k"] * s["expert"] / tp / (moe(2048) * peak), 3))
+            hardware, _, model = bundle_dir.split("/")[:3]
+            rows[f"{hardware} {model} tp{tp}"] = row
+    return rows
+
+
+def decode_attention(bundle, kv_bytes: float, bytes_per_ms: float) -> tuple[float, float, float]:
+    """``(kv_read_efficiency, us per decode, us per layer)``: one layer's decode attention takes
+    ``fixed + decodes x per_decode + KV bytes / (BW x efficiency)`` (least squares in relative
+    time over 16-256 decodes, contexts 256-16,384)."""
+    x, y = [], []
+    for nd in (16, 32, 64, 128, 256):
+        for kd in (256, 512, 1024, 2048, 4096, 8192, 16384):
+            x.append([nd * kd * kv_bytes / bytes_per_ms, nd, 1.0])
+            y.append(bundle.attention(0, 0, nd, kd))
+    x, y = np.array(x), np.array(y)
+    (read, per_decode, fixed), *_ = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)
+    return float(1.0 / read), float(per_decode * 1e3), float(fixed * 1e3)
+
+
+def mixed_decode_penalty(bundle, ms_per_row_token: float, heads: int) -> tuple[float, float, float]:
+    """``(rows, offset, empty_tile_ns)``: decodes in a step with a prefill chunk add ``rows x
+    (context + offset)`` row-tokens of attention each, and the thread blocks the varlen kernel
+    launches for them and that exit at once: its grid is sized by the longest query, so each
+    decode gets ``ceil(chunk / 128) - 1`` empty query tiles per head (least squares in relative
+    time over chunks of 256-2,048 tokens after 0 or 2,048 cached ones, 16-128 decodes,
+    contexts 256-4,096)."""
+    x, y = [], []
+    for pc in (256, 512, 1024, 2048):
+        for kp in (0, 2048):
+            alone = bundle.attention(pc, kp, 0, 0)
+            for nd in (16, 32, 64, 128):
+                for kd in (256, 512, 1024, 2048, 4096):
+                    x.append([nd * kd * ms_per_row_token, nd * ms_per_row_token,
+                              nd * (math.ceil(pc / QUERY_TILE) - 1) * heads * 1e-6])
+                    y.append(bundle.attention(pc, kp, nd, kd) - alone)
+    x, y = np.array(x), np.array(y)
+    (rows, rows_offset, empty_ns), *_ = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)
+    return float(rows), float(rows_offset / rows), float(empty_ns)
+
+
+def pooled_attention(rows: dict, gpu: str | None = None) -> dict:
+    chosen = [r for r in rows.values() if gpu is None or r["gpu"] == gpu]
+    return {"kv_read_efficiency": round(float(np.median([r["kv_read_efficiency"] for r in chosen])), 2),
+            "decode_attention_us": round(float(np.median([r["decode_attention_us"] for r in chosen])), 2),
+            "attention_layer_us": round(float(np.median([r["attention_layer_us"] for r in chosen])), 1),
+            "attention_efficiency": round(float(np.median([r["attention_efficiency"] for r in chosen])), 2),
+            "mixed_decode_query_rows": round(float(np.median([r["mixed_decode_query_rows"] for r in chosen]))),
+            "mixed_decode_context_offset": round(float(np.median([r["mixed_decode_context_offset"] for r in chosen])),
+                                                 -1),
+            "empty_tile_ns": round(float(np.median([r["empty_tile_ns"] for r in chosen])), 1)}
+
+
+# --- the whole derivation -----------------------------------------------------------------------
+
+
+def derive(profiles: Path, configs: Path, vidur: Path) -> dict:
+    series = bundle_series(profiles, configs) + vidur_series(vidur)
+    # The fixed time needs several layer sizes on a GPU (three models or TP degrees) to be told
+    # from the bandwidth; a GPU with fewer takes the median of the others'.
+    separable = [gpu for gpu in GPUS if len({s.weight_bytes for s in fitted(series, gpu)}) >= 3]
+    linear = {gpu: fit_linear(series, gpu) for gpu in separable}
+    fixed = float(np.median([fit["layer_overhead_us"] for fit in linear.values()])) * 1e-3
+    for gpu in GPUS:
+        if gpu not in linear and fitted(series, gpu):
+            linear[gpu] = fit_linear(series, gpu, fixed_ms=fixed)
+    linear = {gpu: linear[gpu] for gpu in GPUS if gpu in linear}
+    attention = attention_parameters(profiles, configs)
+    per_gpu = {gpu: dict(fit) for gpu, fit in linear.items()}
+    for gpu in per_gpu:
+        if any(r["gpu"] == gpu for r in attention.values()):
+            per_gpu[gpu].update(pooled_attention(attention, gpu))
+    keys = ("weight_read_efficiency", "layer_overhead_us", "mfu", "gemm_half_tokens")
+    pooled = {k: round(float(np.median([fit[k] for fit in linear.values()])), 3 if k != "gemm_half_tokens" else 0)
+              for k in keys}
+    pooled.update(pooled_attention(attention))
+    return {"series": series, "per_gpu": per_gpu, "attention": attention, "pooled": pooled,
+            "table": model_vs_measured(series, linear, pooled)}
+
+
+def write_subset(vidur: Path, out: Path) -> None:
+    """Llama-2-7B on the three GPUs and Llama-2-70B on H100 (TP 1, 2, 4, 8 each), at the fit's
+    token counts: one row per (tokens, TP), with Vidur's columns that the fit reads (each
+    operator's median, the model's shape)."""
+    picks = [("h100", "meta-llama/Llama-2-7b-hf"), ("h100", "meta-llama/Llama-2-70b-hf"),
+             ("a100", "meta-llama/Llama-2-7b-hf"), ("a40", "meta-llama/Llama-2-7b-hf")]
+    for folder, model in picks:
+        rows = vidur_rows(vidur / folder / model / "mlp.csv")
+        seen, kept = set(), []
+        for r in rows:
+            key = (int(r["num_tokens"]), int(r["num_tensor_parallel_workers"]))
+            if key[0] in TOKENS and key not in seen:
+                seen.add(key)
+                kept.append(r)
+        target = out / folder / model / "mlp.csv"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        columns = [c for c in rows[0] if not c.startswith("time_stats.") or c.endswith(".median")]
+        with open(target, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(sorted(kept, key=lambda r: (int(r["num_tensor_parallel_workers"]), int(r["num_tokens"]))))
 
 
 # === power (schedlab.energy): a section of its own ===================================================
@@ -220,20 +457,43 @@ def main(argv: list[str]) -> int:
         for name, fit in fits.items():
             print(f"table fit {name}: {fit}")
         return 0
-    profiles = Path(argv[0]) if argv else SHARED / "profiler" / "perf"
-    configs = Path(argv[1]) if len(argv) > 1 else SHARED / "configs" / "model"
+    own, _, collectives_args = (argv[:argv.index("--")], None, argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, None, [])
+    parser = argparse.ArgumentParser(prog="derive_roofline.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profiles", type=Path, default=SHARED / "profiler" / "perf",
+                        help="LLMServingSim's profiler/perf folder")
+    parser.add_argument("--configs", type=Path, default=SHARED / "configs" / "model", help="its model configs")
+    parser.add_argument("--vidur", type=Path, default=VIDUR, help="Vidur's profiling/compute folder")
+    parser.add_argument("--table", action="store_true", help="the fitted model against the measured layers, per GPU")
+    parser.add_argument("--write-subset", type=Path, metavar="DIR", help="write the tests' Vidur subset there")
+    args = parser.parse_args(own)
     for name in ("meta-llama/Llama-3.1-8B.json", "Qwen/Qwen3-32B.json", "Qwen/Qwen3-30B-A3B-Instruct-2507.json"):
-        s = shapes(json.loads((configs / name).read_text()))
+        s = shapes(json.loads((args.configs / name).read_text()))
         print(f"{name}: num_params={s['num_params']:,} active_params={s['active_params']:,}")
-    result = derive(profiles, configs)
-    for name, row in result["bundles"].items():
-        print(f"{name}: {row}")
-    print("pooled:", result["pooled"])
+    result = derive(args.profiles, args.configs, args.vidur)
+    print("\nattention, per LLMServingSim bundle:")
+    for name, row in result["attention"].items():
+        print(f"  {name}: {row}")
+    print("\nper GPU (MEASURED_EFFICIENCY in plugins/presets.py):")
+    for gpu, fit in result["per_gpu"].items():
+        print(f"  {gpu}: {fit}")
+    print("\npooled (DERIVATION in plugins/cost_models/roofline.py):", result["pooled"])
+    if args.table:
+        print("\n| GPU | model x TP series | 1 token: median / worst error (points) | 16-256 tokens | 512-4,096 tokens "
+              "| all, with the pooled defaults |")
+        print("|---|---|---|---|---|---|")
+        for gpu, bands in result["table"].items():
+            cells = [f"{bands[b][0]:.1f}% / {bands[b][1]:.1f}% ({bands[b][2]})" if b in bands else "-"
+                     for b in ("1", "16-256", "512-4096", "pooled")]
+            print(f"| `{gpu}` | {result['per_gpu'][gpu]['series']} | " + " | ".join(cells) + " |")
+    if args.write_subset:
+        write_subset(args.vidur, args.write_subset)
+        print(f"\nwrote the Vidur subset under {args.write_subset}")
     # The collectives' bus bandwidths come from a sibling derivation over Vidur's NCCL timings.
     import derive_collectives
 
     print("\n--- collectives (tools/derive_collectives.py) ---")
-    return derive_collectives.main(argv[2:])
+    return derive_collectives.main(collectives_args)
 
 
 if __name__ == "__main__":

@@ -354,6 +354,7 @@ GPU_DEFAULT_TOPOLOGY = {
     "a100-40gb": "dgx-a100", "a100-80gb": "dgx-a100", "h100-80gb": "dgx-h100", "h200-141gb": "dgx-h100",
     "gh200-96gb": "dgx-h100", "h100-pcie-80gb": "nvlink-pairs-h100", "l4": "pcie-gen4-host",
     "rtx-pro-6000": "pcie-gen5-host", "rtx-pro-6000-server": "pcie-gen5-host", "rtx-4090": "pcie-gen4-host",
+    "a40": "pcie-gen4-p2p", "l40s": "pcie-gen4-p2p", "a10g": "pcie-gen4-host",
 }
 
 

@@ -12,7 +12,9 @@ trace generator does (``serving/core/trace_generator.py``)::
                  + once-per-iteration dense ops at T             (embedding, final norm)
                  + lm_head + sampler at S sequences
                  [+ the embedding's all-reduce at T and the logits' all-gather at S   (TP > 1)]
-                 + overhead_ms
+    iteration_ms = the step around it (:mod:`.step_overhead`: the host's work, hidden by
+                   asynchronous scheduling unless it is the longer; kernel launches without
+                   CUDA graphs; the gap between steps) + overhead_ms
 
 with ``T`` = tokens computed this iteration (decodes + prefill chunk tokens) and ``S`` = the
 sequences in it. Several prefill chunks are looked up as one chunk of their summed tokens
@@ -48,8 +50,11 @@ that many tokens, so the decodes are timed as the profiles measured decodes ridi
 varlen kernel with a chunk (padded query tiles). The profiles hold no verify passes; this is
 the nearest measured shape.
 
-``overhead_ms`` is what the profiles do not hold: the engine's CPU work per step
-(scheduling, input preparation, output processing) not hidden behind the GPU.
+The profiles hold the GPU's kernel times (measured in eager mode, one kernel at a time); the
+engine's CPU work per step -- scheduling, input preparation, output processing, launching
+kernels where no CUDA graph replays them -- is :mod:`.step_overhead`'s, shared with the
+roofline. ``overhead_ms`` adds a fixed time to every step on top (what ``schedlab calibrate``
+can fit).
 
 Speed: every table is built once at load; token-count results are memoised. Decode-only
 iterations are piecewise linear in the step (the contexts grow by one token a step and the
@@ -71,9 +76,10 @@ from schedlab.parallelism import SINGLE, Parallelism
 from schedlab.protocols import Batch
 
 from .collectives import Collectives, Topology, interconnect_field, machine
+from .profile_bundle import BundleError, ProfileBundle
 from .expert_parallel import ExpertLayers
 from .pipeline import PipelineSends, split_stages
-from .profile_bundle import BundleError, ProfileBundle
+from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
 
 
@@ -90,8 +96,16 @@ class ProfiledConfig:
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the tensor-parallel ranks (vLLM "
                                                    "--enable-expert-parallel) instead of split by tensor parallelism")
-    overhead_ms: float = float_field(0.0, min=0.0, help="time per iteration the profiles do not hold (CPU-side "
-                                                          "scheduling and output processing), in ms")
+    overhead_ms: float = float_field(0.0, min=0.0, help="time added to every step beyond the profiles and the "
+                                                          "host's modelled work, ms (what schedlab calibrate fits)")
+    async_scheduling: bool = step_field("async_scheduling")
+    cuda_graphs: bool = step_field("cuda_graphs")
+    cuda_graph_max_tokens: int = step_field("cuda_graph_max_tokens")
+    host_step_us: float = step_field("host_step_us")
+    host_per_seq_us: float = step_field("host_per_seq_us")
+    tp_step_us: float = step_field("tp_step_us")
+    eager_layer_us: float = step_field("eager_layer_us")
+    async_gap_us: float = step_field("async_gap_us")
     skew: bool = bool_field(True, help="apply the bundle's uneven-context correction to decode attention")
     link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
                                           help="bus bandwidth between the GPUs in GB/s (overrides the interconnect's)")
@@ -107,9 +121,9 @@ class ProfiledCostModel:
     def __init__(self, bundle: ProfileBundle, model: ModelSpec, config: ProfiledConfig, *,
                  topology: Topology | None = None, parallelism: Parallelism = SINGLE):
         self.bundle = bundle
+        self.parallelism = parallelism
         self.model = model
         self.config = config
-        self.parallelism = parallelism
         self.layers = model.num_layers
         tp = config.tensor_parallel
         check_bundle_model(bundle, model)
@@ -128,7 +142,7 @@ class ProfiledCostModel:
             if parallelism.lockstep and model.is_moe else None
         self.sends = PipelineSends(model, topology, parallelism.pipeline_parallel, tp) \
             if parallelism.pipelined else None
-        self._overhead = config.overhead_ms
+        self.step = StepTiming(config, model.num_layers, tp)
         self._attention = bundle.attention
         self._per_sequence = bundle.per_sequence
         self._skew = bundle.skew if config.skew else None
@@ -137,6 +151,7 @@ class ProfiledCostModel:
         self._decode_fixed: dict[int, float] = {}  # decode-only batch of n: all but attention
         self._seq_memo: dict[int, float] = {}
         self._last: tuple | None = None
+        self._last_gpu: tuple = (None, 0.0)  # the last decode-only batch timed and its GPU time
         self._moe_anchor = self._first_tp_moe_shape() if model.is_moe else None
 
     # --- parts ----------------------------------------------------------------------------------
@@ -163,15 +178,6 @@ class ProfiledCostModel:
         anchor_tokens, anchor_experts = anchor
         return table(anchor_tokens / tp, anchor_experts / tp) * active / anchor_experts
 
-    def _expert_gpu_ms(self, tokens: float, experts: float) -> float:
-        """Every layer's experts on one GPU of a data-parallel deployment: the TP-1 table at
-        the pairs it computes (in tokens) and the experts it reads; below the table's fewest
-        experts, a weight read in proportion to the experts read (as at TP > 1)."""
-        table = self.bundle.moe
-        if experts < table.min_experts:
-            return self.layers * table(max(tokens, table.min_tokens), table.min_experts) * experts / table.min_experts
-        return self.layers * table(tokens, experts)
-
     def _first_tp_moe_shape(self) -> tuple[int, int] | None:
         """The fewest tokens (and their experts) whose 1/tp share the TP-1 MoE table covers
         (None at TP 1, with expert parallelism, or when a rank's experts are fewer than its rows)."""
@@ -195,35 +201,14 @@ class ProfiledCostModel:
             self._tokens_memo[tokens] = ms
         return ms
 
-    # --- data and pipeline parallelism (schedlab.parallelism) -----------------------------------
-
-    def rank_ms(self, batch: Batch) -> float:
-        """One data-parallel rank's part of a lockstep step: the iteration without its MoE
-        layers' experts, which :meth:`experts_ms` times across the ranks."""
-        ms = self.iteration_ms(batch)
-        if self.bundle.is_moe:
-            ms -= self.layers * self.moe_ms(batch.num_batched_tokens)
-        return ms
-
-    def experts_ms(self, tokens) -> float | None:
-        """The routed experts of a lockstep step whose data-parallel ranks run ``tokens``
-        tokens each (:mod:`.expert_parallel`); None for a dense model."""
-        if self.expert_layers is None:
-            return None
-        return self.expert_layers.step_ms(tokens)
-
-    def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
-        """Pipeline parallelism (:mod:`.pipeline`): each stage's time for ``batch`` -- its
-        layers' share; the embedding, final norm and ``overhead_ms`` on the first stage; lm_head,
-        the sampler and the logits' gather on the last -- and the activations' send between
-        stages."""
-        tokens = batch.num_batched_tokens
-        sequences = batch.num_decode + batch.spec_tokens + batch.num_prefill
-        first = self.bundle.dense_once(tokens) + self._overhead
-        if self.comm is not None:
-            first += self.comm.once_ms(tokens)
-        stages = split_stages(self.iteration_ms(batch), first, self.sequences_ms(sequences), self.sends.layers)
-        return stages, self.sends.send_ms(tokens)
+    def _expert_gpu_ms(self, tokens: float, experts: float) -> float:
+        """Every layer's experts on one GPU of a data-parallel deployment: the TP-1 table at
+        the pairs it computes (in tokens) and the experts it reads; below the table's fewest
+        experts, a weight read in proportion to the experts read (as at TP > 1)."""
+        table = self.bundle.moe
+        if experts < table.min_experts:
+            return self.layers * table(max(tokens, table.min_tokens), table.min_experts) * experts / table.min_experts
+        return self.layers * table(tokens, experts)
 
     def sequences_ms(self, sequences: int) -> float:
         """lm_head and sampler at ``sequences`` rows (and, at TP > 1, the logits' all-gather)."""
@@ -293,11 +278,61 @@ class ProfiledCostModel:
         if not batch.prefill_tokens and not batch.spec_tokens:  # decode only: n tokens, n sequences
             if not n:
                 return 0.0
-            fixed = self._decode_fixed.get(n)
-            if fixed is None:
-                fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n) + self._overhead
-            return fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
+            return self.step.step_ms(self._decode_gpu_ms(batch, n), n, n)
         tokens = n + batch.spec_tokens + batch.prefill_tokens
+        return self.step.step_ms(self._mixed_gpu_ms(batch, n, tokens), tokens, n + batch.num_prefill)
+
+    def kernel_ms(self, batch: Batch) -> float:
+        """The GPU's time for the batch's kernels alone, without the host's share of a step (a
+        drafter's passes run inside the target's step)."""
+        n = batch.num_decode
+        if not batch.prefill_tokens and not batch.spec_tokens:
+            return self._decode_gpu_ms(batch, n) if n else 0.0
+        return self._mixed_gpu_ms(batch, n, n + batch.spec_tokens + batch.prefill_tokens)
+
+    # --- data and pipeline parallelism (schedlab.parallelism) -----------------------------------
+
+    def rank_ms(self, batch: Batch) -> float:
+        """One data-parallel rank's part of a lockstep step: the iteration without its MoE
+        layers' experts, which :meth:`experts_ms` times across the ranks."""
+        tokens = batch.num_batched_tokens
+        if tokens == 0:
+            return 0.0
+        gpu = self.kernel_ms(batch)
+        if self.bundle.is_moe:
+            gpu -= self.layers * self.moe_ms(tokens)
+        return self.step.step_ms(gpu, tokens, batch.num_decode + batch.num_prefill)
+
+    def experts_ms(self, tokens) -> float | None:
+        """The routed experts of a lockstep step whose data-parallel ranks run ``tokens``
+        tokens each (:mod:`.expert_parallel`); None for a dense model."""
+        if self.expert_layers is None:
+            return None
+        return self.expert_layers.step_ms(tokens)
+
+    def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
+        """Pipeline parallelism (:mod:`.pipeline`): each stage's time for ``batch`` -- its
+        layers' share; the embedding, final norm and the host's share of the step on the first stage; lm_head,
+        the sampler and the logits' gather on the last -- and the activations' send between
+        stages."""
+        tokens = batch.num_batched_tokens
+        sequences = batch.num_decode + batch.spec_tokens + batch.num_prefill
+        total = self.iteration_ms(batch)
+        first = self.bundle.dense_once(tokens) + max(0.0, total - self.kernel_ms(batch))  # and the host's share
+        if self.comm is not None:
+            first += self.comm.once_ms(tokens)
+        stages = split_stages(total, first, self.sequences_ms(sequences), self.sends.layers)
+        return stages, self.sends.send_ms(tokens)
+
+    def _decode_gpu_ms(self, batch: Batch, n: int) -> float:
+        fixed = self._decode_fixed.get(n)
+        if fixed is None:
+            fixed = self._decode_fixed[n] = self.tokens_ms(n) + self.sequences_ms(n)
+        gpu = fixed + self.layers * self._decode_attention(batch, n, batch.decode_context_tokens / n)
+        self._last_gpu = (batch, gpu)
+        return gpu
+
+    def _mixed_gpu_ms(self, batch: Batch, n: int, tokens: int) -> float:
         ms = self._tokens_memo.get(tokens)
         if ms is None:
             ms = self.tokens_ms(tokens)
@@ -305,7 +340,7 @@ class ProfiledCostModel:
         seq_ms = self._seq_memo.get(sequences)
         if seq_ms is None:
             seq_ms = self.sequences_ms(sequences)
-        return ms + seq_ms + self.layers * self.attention_ms(batch) + self._overhead
+        return ms + seq_ms + self.layers * self.attention_ms(batch)
 
     def decode_step_increment(self, batch: Batch) -> tuple[float, int] | None:
         """For a decode-only batch: the per-step growth of attention time and how many steps
@@ -315,10 +350,9 @@ class ProfiledCostModel:
         if batch.prefill_tokens or batch.spec_tokens or not n:
             return None
         mean = batch.decode_context_tokens / n
+        if self._last_gpu[0] is not batch:
+            self.iteration_ms(batch)
         last = self._last
-        if last is None or last[0] is not batch:
-            self._decode_attention(batch, n, mean)
-            last = self._last
         _, row, piece, hi_piece, alpha, gap, skewed = last
         xs, slopes, last_piece = row.xs, row.slopes, row.n - 2
         if piece < 0:  # below the grid: constant up to its first point
@@ -344,7 +378,7 @@ class ProfiledCostModel:
             elif gap_slope > 0.0:  # no correction yet; it starts when the gap turns positive
                 end = min(end, math.floor(-gap / gap_slope))
         steps = math.floor(end) + 1 if end < math.inf else 1 << 62
-        return self.layers * inc, (steps if steps > 1 else 1)
+        return self.step.decode_increment(self._last_gpu[1], self.layers * inc, steps if steps > 1 else 1, n, n)
 
 
 def build_profiled(config: ProfiledConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> ProfiledCostModel:

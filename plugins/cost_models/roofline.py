@@ -3,16 +3,23 @@
 Each part of an iteration with ``T`` tokens (decodes + prefill chunk tokens) is timed from the
 bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
 
-    iteration_ms = overhead_ms + layers * layer_overhead_us / 1000
-                 + linear(T)            hypot(weight bytes / (BW * bandwidth_efficiency),
+    gpu_ms = layers * layer_overhead_us / 1000
+           + linear(T)            hypot(weight bytes / (BW * bandwidth_efficiency),
                                               2 * params per token * T / (TFLOPS * eta(T)))
-                 + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
-                   (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
-                    FLOPs per decode context token -- the varlen kernel pads a decode to a tile)
-                 + prefill attention FLOPs / (TFLOPS * attention_efficiency)
-                 + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
-                   2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
-                   all-gather; NCCL's algorithms over the machine's links, :mod:`.collectives`)
+           + layers * attention_layer_us / 1000    (the attention kernels' launch, every step)
+           + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
+             + num_decode * layers * decode_attention_us / 1000
+             (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
+              FLOPs per decode context token -- the varlen kernel pads a decode to a tile --
+              and empty_tile_ns per empty tile: its grid gives every sequence as many query
+              tiles as the longest query needs)
+           + prefill attention FLOPs / (TFLOPS * attention_efficiency)
+           + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
+             2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
+             all-gather; NCCL's algorithms over the machine's links, :mod:`.collectives`)
+    iteration_ms = the step around it (:mod:`.step_overhead`: the host's work per step and per
+                   sequence, hidden by asynchronous scheduling unless it is the longer; kernel
+                   launches without CUDA graphs; the gap between steps) + overhead_ms
 
     eta(T) = mfu * T / (T + gemm_half_tokens)     (GEMMs of few tokens cannot fill the GPU)
 
@@ -23,8 +30,13 @@ the compute of attention are *added*, so the cost stays exactly linear in
 ``decode_context_tokens`` for a fixed batch, which :meth:`RooflineCostModel.decode_step_increment`
 tells the engine.
 
-Weights: every rank reads ``1/tp`` of them each iteration, except the input embedding table
-(looked up, not read, when the preset declares ``vocab_size``). MoE models
+Weights: every rank reads ``1/tp`` of them each iteration (at the model's bytes per weight,
+the routed experts at theirs: an FP8 or MXFP4 checkpoint), except an untied input embedding
+table (when the preset declares ``vocab_size``): it is looked up, one row per token, and
+multiplies nothing. The LM head (a tied table is the LM head) is a GEMM of its own: the whole
+matrix read every iteration, its FLOPs for the sampled rows only -- one per sequence, as vLLM
+computes logits at each sequence's last position (every draft position when verifying) -- so
+a prompt chunk's tokens do not pass through it. MoE models
 (``num_experts``): attention and other dense weights as above; of the routed experts only
 those some token picked are read -- ``E (1 - (1 - k/E)^T)`` of ``E`` under uniform routing --
 and the FLOPs are those of the ``params per token`` (active parameters); the expert GEMMs
@@ -41,8 +53,11 @@ profiles hold no verify passes).
 
 Not modelled: decode-token FLOPs beyond the linear layers, the KV read of prefill attention.
 
-The default efficiencies are derived from the per-operator profiles of four GPU/model pairs
-measured inside vLLM 0.19 (``tools/derive_roofline.py``; see :data:`DERIVATION`). The roofline
+The efficiencies are measured: per GPU where a profile exists (the GPU preset's
+``efficiency``: Vidur's linear-layer profiles of H100, A100, A40 and LLMServingSim's vLLM 0.19
+profiles of the RTX PRO 6000 and RTX 4090; a GPU of the same architecture takes its profiled
+sibling's), pooled over them otherwise (:data:`DERIVATION`); ``tools/derive_roofline.py`` derives
+them all. A setting given in the config wins over both. The roofline
 itself is Williams, Waterman and Patterson (CACM 2009); its use for LLM inference follows
 "LLM Inference Unveiled: Survey and Roofline Model Insights" (Yuan et al., 2024).
 """
@@ -55,75 +70,115 @@ import attrs
 import numpy as np
 
 from schedlab.capacity import GpuSpec, ModelSpec, Presets
-from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
+from schedlab.errors import ConfigError
 from schedlab.parallelism import SINGLE, Parallelism
 from schedlab.protocols import Batch
 
 from .collectives import Collectives, interconnect_field, machine
 from .expert_parallel import ExpertLayers
 from .pipeline import PipelineSends, split_stages
+from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
 
 
-#: What ``tools/derive_roofline.py`` printed on the shared profiles (vLLM 0.19 kernels; RTX PRO
-#: 6000 Blackwell Server Edition: Llama-3.1-8B, Qwen3-32B, Qwen3-30B-A3B at TP 1 and 2; RTX 4090:
-#: Llama-3.1-8B at TP 1). Per bundle, then pooled (medians; the GEMM curve fitted over all):
+#: The pooled efficiencies, for a GPU measured by no profile (neither its own nor its
+#: architecture's, ``plugins/presets.py``): what ``python tools/derive_roofline.py`` prints as
+#: "pooled" -- the median over the five profiled GPUs (H100 SXM, A100 80 GB, A40 from Vidur's
+#: linear-layer profiles; RTX PRO 6000 Server and RTX 4090 from LLMServingSim's vLLM 0.19
+#: profiles) of each GPU's fit to the dense part of a layer (GEMMs, norms, rotary, activation):
 #:
-#:   bundle                      weight read  KV read  prefill attn  mixed rows  small ops/layer  GEMM @2048
-#:   PRO 6000 Llama-3.1-8B tp1      0.908      0.906      0.482         72.6       10.1 us        0.785
-#:   PRO 6000 Llama-3.1-8B tp2      0.863      0.863      0.434         70.0        8.6 us        0.754
-#:   PRO 6000 Qwen3-32B tp1         0.960      0.915      0.535         76.9       14.5 us        0.767
-#:   PRO 6000 Qwen3-32B tp2         0.885      0.859      0.481         70.2       11.9 us        0.786
-#:   PRO 6000 Qwen3-30B-A3B tp1     1.404*     0.857      0.481         70.0        8.5 us        0.618
-#:   PRO 6000 Qwen3-30B-A3B tp2     0.872      0.798      0.441         67.3        8.0 us        0.610
-#:   RTX 4090 Llama-3.1-8B tp1      0.926      0.916      0.741         76.6        8.5 us        1.000
-#:   pooled                         0.91       0.86       0.48          70          8.6 us        eta(T) = 0.77 T / (T + 56)
+#:   GPU (profile)                weight read  layer overhead  eta(T) = mfu T / (T + half)  RMS log err
+#:   RTX PRO 6000 Server (LSS)       0.979        25.7 us        0.78 T / (T + 55)            0.042
+#:   RTX 4090 (LSS)                  0.963        26.2 us*       0.99 T / (T + 2)             0.048
+#:   H100 SXM (Vidur)                0.846        26.8 us        0.61 T / (T + 18)            0.099
+#:   A100 80 GB (Vidur)              0.776        36.0 us        0.66 T / (T + 0)             0.065
+#:   A40 (Vidur)                     0.798        24.2 us        0.69 T / (T + 23)            0.080
+#:   pooled                          0.846        26.2 us        0.69 T / (T + 18)
 #:
-#: "mixed rows": in an iteration with a prefill chunk, each decode adds the attention time of
-#: this many query rows over its context (median over chunks 256-2048, 16-128 decodes, contexts
-#: 1k-4k): the varlen kernel pads a decode's one query to a tile, so it is 2-4x dearer than
-#: reading its KV.
-#:
-#: (* the MoE model's attention projections at TP 1, 38 MB, fit in the 128 MB L2 cache of the
-#: one-layer profile: the median leaves that out.) The GEMM curve's RMS error in log time over
-#: T = 1..2048 on all bundles is 0.18: the RTX 4090 reaches its datasheet rate, the RTX PRO
-#: 6000 three quarters of it. MoE experts at TP 1: weights read at 0.94 of bandwidth at one
-#: token; 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
-DERIVATION = {"bandwidth_efficiency": 0.91, "kv_read_efficiency": 0.86, "attention_efficiency": 0.48,
-              "mixed_decode_query_rows": 70.0, "layer_overhead_us": 8.6, "mfu": 0.77, "gemm_half_tokens": 56.0}
+#: (a layer at one token takes hypot(bytes / (BW * weight read), its compute) + the layer
+#: overhead -- the GEMMs' launch and tail and the small operators -- fitted over the GPU's layer
+#: sizes; * one layer size only: the other GPUs' median overhead. The compute-bound share below the datasheet
+#: rate also carries the small operators' growth with the tokens: 15% of an H100 layer of
+#: Llama-2-7B at 4,096 tokens.) Attention, from LLMServingSim's profiles only (median of the 7
+#: bundles; the 4090 alone: 0.93, 21.3 us, 0.16 us, 0.74, 67 rows, 160 tokens): decode
+#: attention takes 12.1 us a layer and step, 0.11 us a decode and layer, and reads the KV at 0.91
+#: of the bandwidth (4-5% RMS error per bundle over 16-256 decodes and 256-16k contexts, against
+#: 16-31% for a read at 0.86 alone), prefill attention reaches 0.48 of the bf16 rate, and a decode in a step with a prefill chunk costs the
+#: attention FLOPs of 60 query rows over its context plus 180 tokens (the varlen kernel pads its
+#: one query to a tile, 2-4x dearer than reading its KV, and the tile has a fixed cost) and 3.0 ns
+#: per head and layer for each of the ``ceil(chunk / 128) - 1`` empty query tiles the kernel
+#: launches for it (its grid is sized by the longest query; 2.9-3.5 ns on the six RTX PRO 6000
+#: bundles, whose heads per rank range 16-64, 4.8 on the 4090; fitted over chunks 256-2048,
+#: 16-128 decodes, contexts 256-4k: 12-17% RMS error per bundle, against 17-19% without the
+#: empty tiles and 28-33% for 70 rows alone).
+#: MoE experts at TP 1 (RTX PRO 6000): weights read at 0.94 of the bandwidth at one token;
+#: 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
+#: Query rows per tile of FlashAttention's varlen kernel (its ``kBlockM``, 128 for the head
+#: sizes served here): the grid launches ``ceil(longest query / 128)`` tiles per sequence and head.
+QUERY_TILE = 128
+
+DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
+              "decode_attention_us": 0.11, "attention_efficiency": 0.48,
+              "mixed_decode_query_rows": 60.0, "mixed_decode_context_offset": 180.0, "empty_tile_ns": 3.0,
+              "layer_overhead_us": 26.2,
+              "mfu": 0.69, "gemm_half_tokens": 18.0}
 
 
-def _efficiency(name: str, help: str):
-    return float_field(DERIVATION[name], min=0.0, min_exclusive=True, max=1.0, help=help)
+def _measured(name: str, help: str, *, share: bool = True):
+    """An efficiency setting: unset takes the GPU's measured value, else :data:`DERIVATION`'s."""
+    return float_field(None, min=0.0, min_exclusive=share, max=1.0 if share else None, optional=True,
+                       help=f"{help} (unset: the GPU preset's measured value, else {DERIVATION[name]:g})")
 
 
 @attrs.frozen
 class RooflineConfig:
-    """Settings of the ``roofline`` cost model (efficiency defaults: :data:`DERIVATION`)."""
+    """Settings of the ``roofline`` cost model (efficiencies: the GPU's measured ones, else :data:`DERIVATION`)."""
 
     model: str = str_field(help="model preset (e.g. 'llama-3-8b') or a model declared in the experiment")
     gpu: str = str_field(help="GPU preset (e.g. 'a100-80gb') or a GPU declared in the experiment")
     tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks the model is split over")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the ranks (vLLM --enable-expert-parallel)")
-    bandwidth_efficiency: float = _efficiency(
+    bandwidth_efficiency: float | None = _measured(
         "bandwidth_efficiency", "share of peak memory bandwidth reached when reading weights")
-    kv_read_efficiency: float = _efficiency(
+    kv_read_efficiency: float | None = _measured(
         "kv_read_efficiency", "share of peak memory bandwidth reached when decode attention reads the KV cache")
-    mfu: float = _efficiency(
+    attention_layer_us: float | None = _measured(
+        "attention_layer_us", "per decoder layer and step: the attention kernels' fixed time (launch, split-KV "
+                              "reduction), us", share=False)
+    decode_attention_us: float | None = _measured(
+        "decode_attention_us", "per decode and decoder layer in a decode-only step: attention time besides its KV "
+                               "read, us", share=False)
+    mfu: float | None = _measured(
         "mfu", "share of peak bf16 TFLOPS the linear layers reach with many tokens (GEMM efficiency)")
-    gemm_half_tokens: float = float_field(
-        DERIVATION["gemm_half_tokens"], min=0.0,
-        help="tokens at which GEMMs reach half of mfu: efficiency = mfu * T / (T + gemm_half_tokens)")
-    attention_efficiency: float = _efficiency(
+    gemm_half_tokens: float | None = _measured(
+        "gemm_half_tokens", "tokens at which GEMMs reach half of mfu: efficiency = mfu * T / (T + gemm_half_tokens)",
+        share=False)
+    attention_efficiency: float | None = _measured(
         "attention_efficiency", "share of peak bf16 TFLOPS prefill attention reaches")
-    mixed_decode_query_rows: float = float_field(
-        DERIVATION["mixed_decode_query_rows"], min=0.0,
-        help="a decode in an iteration with prefill costs the attention FLOPs of this many query rows over its context")
-    layer_overhead_us: float = float_field(
-        DERIVATION["layer_overhead_us"], min=0.0,
-        help="per decoder layer: small kernels not counted as bytes or FLOPs (norms, rotary, activation), us")
+    mixed_decode_query_rows: float | None = _measured(
+        "mixed_decode_query_rows", "a decode in an iteration with prefill costs the attention FLOPs of this many query "
+                                   "rows over its context (+ mixed_decode_context_offset)", share=False)
+    mixed_decode_context_offset: float | None = _measured(
+        "mixed_decode_context_offset", "tokens added to such a decode's context: the fixed cost of the tile it is padded "
+                                       "to", share=False)
+    empty_tile_ns: float | None = _measured(
+        "empty_tile_ns", "per query tile the varlen attention kernel launches for a decode beside a longer prefill "
+                         "chunk and that exits at once (ceil(chunk / 128) - 1 per decode, head and layer), ns",
+        share=False)
+    layer_overhead_us: float | None = _measured(
+        "layer_overhead_us", "per decoder layer: the GEMMs' fixed time and the small kernels not counted as bytes or "
+                             "FLOPs (norms, rotary, activation), us", share=False)
     overhead_ms: float = float_field(
-        0.0, min=0.0, help="fixed time per iteration not on the GPU's critical path (CPU scheduling), ms")
+        0.0, min=0.0, help="time added to every step beyond the modelled parts, ms (what schedlab calibrate fits)")
+    async_scheduling: bool = step_field("async_scheduling")
+    cuda_graphs: bool = step_field("cuda_graphs")
+    cuda_graph_max_tokens: int = step_field("cuda_graph_max_tokens")
+    host_step_us: float = step_field("host_step_us")
+    host_per_seq_us: float = step_field("host_per_seq_us")
+    tp_step_us: float = step_field("tp_step_us")
+    eager_layer_us: float = step_field("eager_layer_us")
+    async_gap_us: float = step_field("async_gap_us")
     interconnect: str | dict | None = interconnect_field()
     link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
                                           help="bus bandwidth between the GPUs in GB/s (overrides the interconnect's)")
@@ -141,9 +196,11 @@ class RooflineCostModel:
                  parallelism: Parallelism = SINGLE):
         self.model = model
         self.gpu = gpu
-        self.config = c = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
         self.parallelism = parallelism
-        tp = c.tensor_parallel
+        self.config = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
+        #: every efficiency in effect: the config's, else the GPU's measured one, else the pooled default
+        self.settings = c = resolve_efficiencies(self.config, gpu)
+        tp = self.config.tensor_parallel
         # Rates per millisecond: GB/s * 1e9 / 1e3 and TFLOPS * 1e12 / 1e3.
         bw = gpu.hbm_bandwidth_gbps * 1e6
         self._weight_bytes_per_ms = bw * c.bandwidth_efficiency
@@ -151,21 +208,35 @@ class RooflineCostModel:
         self._host_bytes_per_ms = gpu.host_link_gbps * 1e6
         self._kv_bytes_per_token = model.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
         self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
-        b = model.dtype_bytes
+        b = model.weight_bytes_per_param
         expert_total = model.expert_params * model.num_experts
-        # Dense weights: everything but the routed experts and the looked-up embedding table.
-        self._dense_read_ms = (model.num_params - expert_total - model.embedding_params) * b / tp \
+        embedding = model.embedding_params  # an untied table: looked up, one row per token
+        # The LM head (vocab x hidden, the tied table too) multiplies the sampled rows only.
+        lm_head = float(model.vocab_size * model.hidden_size) if model.vocab_size and model.hidden_size else 0.0
+        # Dense weights: everything but the routed experts, the looked-up table and the LM head.
+        self._dense_read_ms = (model.num_params - expert_total - embedding - lm_head) * b / tp \
             / self._weight_bytes_per_ms
-        self._expert_read_ms = model.expert_params * b / tp / self._weight_bytes_per_ms  # one expert
-        self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params) / tp
+        self._lm_read_ms = lm_head * b / tp / self._weight_bytes_per_ms
+        self._lm_flops_per_row = 2.0 * lm_head / tp
+        self._expert_read_ms = model.expert_params * model.expert_bytes_per_param / tp \
+            / self._weight_bytes_per_ms  # one expert
+        # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
+        self._row_read_ms = (model.hidden_size or 0) * b / tp / self._weight_bytes_per_ms if embedding else 0.0
+        self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params
+                                             - embedding - lm_head) / tp
         self._expert_flops_per_token = 2.0 * model.experts_per_token * model.expert_params / tp
-        self._fixed_ms = c.overhead_ms + model.num_layers * c.layer_overhead_us * 1e-3
+        self._fixed_ms = model.num_layers * (c.layer_overhead_us + c.attention_layer_us) * 1e-3
+        self._decode_ms = model.num_layers * c.decode_attention_us * 1e-3  # per decode, decode-only steps
+        self.step = StepTiming(c, model.num_layers, tp)
         heads = model.num_attention_heads or 0
         # QK^T and attention-times-V: 2 * head_dim FLOPs each per (query, key) pair and head.
         self._attention_flops_per_pair = 4.0 * model.num_layers * heads * model.head_dim / tp
         self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
             / self._attention_flops_per_ms
+        self._mixed_offset = c.mixed_decode_context_offset
+        # per decode and empty query tile, all layers (see empty_tile_ns)
+        self._empty_tile_ms = model.num_layers * heads / tp * c.empty_tile_ns * 1e-6
         communicates = tp > 1 or parallelism.lockstep or parallelism.pipelined
         topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
             if communicates else None
@@ -186,48 +257,83 @@ class RooflineCostModel:
         tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         if tokens == 0:
             return 0.0
+        return self.step.step_ms(self.gpu_ms(batch, tokens), tokens, batch.num_decode + batch.num_prefill)
+
+    def kernel_ms(self, batch: Batch) -> float:
+        """The GPU's time for the batch's kernels alone, without the host's share of a step (a
+        drafter's passes run inside the target's step)."""
+        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
+        return self.gpu_ms(batch, tokens) if tokens else 0.0
+
+    def gpu_ms(self, batch: Batch, tokens: int) -> float:
+        """The GPU's time for the kernels of a batch of ``tokens`` tokens (no host work)."""
         kv_read = batch.decode_context_tokens * self._kv_ms_per_token
         # The sampled rows' logits are gathered from the vocabulary shards (tensor parallel).
-        logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill) if self.comm else 0.0
+        logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill)
         if not batch.prefill_tokens and not batch.spec_tokens:
-            return self.tokens_ms(tokens) + kv_read + logits
+            return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits
         # Decodes riding with a prefill chunk (or verifying drafts) go through the varlen
         # attention kernel, which pads their few queries to a tile: they cost query rows of
         # compute, not a read.
-        padded = self._mixed_rows_ms_per_token * batch.decode_context_tokens
+        padded = self._mixed_rows_ms_per_token * (batch.decode_context_tokens + batch.num_decode * self._mixed_offset)
         ms = self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read) + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
+            # The kernel's grid is sized by the longest query (taken as the mean chunk: a Batch
+            # carries sums): every decode gets that many query tiles, all but one empty.
+            chunk = batch.prefill_tokens / max(1, batch.num_prefill)
+            ms += batch.num_decode * (math.ceil(chunk / QUERY_TILE) - 1) * self._empty_tile_ms
         return ms
 
-    def decode_step_increment(self, batch: Batch) -> float | None:
-        """For a decode-only batch: each next step reads ``num_decode`` more KV tokens, so it
-        takes ``num_decode * kv_bytes_per_token / (BW * kv_read_efficiency)`` longer. ``None``
-        when prefill runs or drafts are verified."""
+    def decode_step_increment(self, batch: Batch) -> float | tuple[float, int] | None:
+        """For a decode-only batch: each next step reads ``num_decode`` more KV tokens, so the
+        GPU takes ``num_decode * kv_bytes_per_token / (BW * kv_read_efficiency)`` longer --
+        unless the host's work or the launches are the longer, then the step stays as it is
+        for as many steps as the GPU's time stays below them (``(0.0, steps)``). ``None`` when
+        prefill runs or drafts are verified."""
         if batch.prefill_tokens or batch.spec_tokens:
             return None
-        return batch.num_decode * self._kv_ms_per_token
+        n = batch.num_decode
+        inc = n * self._kv_ms_per_token
+        inc, steps = self.step.decode_increment(self.gpu_ms(batch, n), inc, math.inf, n, n)
+        return inc if steps == math.inf else (inc, steps)
 
     # --- parts ----------------------------------------------------------------------------------
 
     def gemm_efficiency(self, tokens: float) -> float:
         """Share of peak bf16 FLOPS a GEMM over ``tokens`` rows reaches."""
-        c = self.config
+        c = self.settings
         return c.mfu * tokens / (tokens + c.gemm_half_tokens)
 
     def tokens_ms(self, tokens: int) -> float:
         """Everything that depends only on the iteration's token count: linear layers (weights
-        and GEMMs), MoE experts, all-reduce and the fixed overheads."""
+        and GEMMs), MoE experts, the embedding rows, all-reduce and the fixed overheads (not
+        the LM head: :meth:`logits_ms`)."""
         ms = self._tokens_memo.get(tokens)
         if ms is not None:
             return ms
         peak = self._peak_flops_per_ms
         compute = self._dense_flops_per_token * tokens / (peak * self.gemm_efficiency(tokens))
-        ms = self._fixed_ms + math.hypot(self._dense_read_ms, compute) + self._experts_ms(tokens)
+        ms = self._fixed_ms + math.hypot(self._dense_read_ms, compute) + tokens * self._row_read_ms \
+            + self._experts_ms(tokens)
         if self.comm is not None:
             ms += self.comm.tokens_ms(tokens)
         if len(self._tokens_memo) < 1 << 16:
             self._tokens_memo[tokens] = ms
+        return ms
+
+    def logits_ms(self, sequences: int) -> float:
+        """The LM head over ``sequences`` sampled rows (a roofline of its own: the whole matrix
+        read, the rows' FLOPs) and, at TP > 1, the all-gather of their logits."""
+        ms = self._seq_memo.get(sequences)
+        if ms is None:
+            ms = 0.0
+            if self._lm_read_ms and sequences > 0:
+                compute = self._lm_flops_per_row * sequences / (self._peak_flops_per_ms * self.gemm_efficiency(sequences))
+                ms = math.hypot(self._lm_read_ms, compute)
+            if self.comm is not None:
+                ms += self.comm.logits_ms(sequences)
+            self._seq_memo[sequences] = ms
         return ms
 
     def _experts_ms(self, tokens: int) -> float:
@@ -246,8 +352,13 @@ class RooflineCostModel:
 
     def rank_ms(self, batch: Batch) -> float:
         """One data-parallel rank's part of a lockstep step: the iteration without its routed
-        experts, which :meth:`experts_ms` times across the ranks."""
-        return self.iteration_ms(batch) - self._experts_ms(batch.num_batched_tokens)
+        experts, which :meth:`experts_ms` times across the ranks (the host's share of the step
+        taken over what is left)."""
+        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
+        if tokens == 0:
+            return 0.0
+        gpu = self.gpu_ms(batch, tokens) - self._experts_ms(tokens)
+        return self.step.step_ms(gpu, tokens, batch.num_decode + batch.num_prefill)
 
     def experts_ms(self, tokens) -> float | None:
         """The routed experts of a lockstep step whose data-parallel ranks run ``tokens``
@@ -263,7 +374,7 @@ class RooflineCostModel:
         if tokens <= 0.0:
             return 0.0
         m = self.model
-        read = experts * m.expert_params * m.dtype_bytes / self._weight_bytes_per_ms
+        read = experts * m.expert_params * m.expert_bytes_per_param / self._weight_bytes_per_ms
         rows = tokens * m.experts_per_token / max(experts, 1.0)
         flops = 2.0 * m.experts_per_token * m.expert_params * tokens
         return math.hypot(read, flops / (self._peak_flops_per_ms * self.gemm_efficiency(rows)))
@@ -273,17 +384,12 @@ class RooflineCostModel:
         layers' share of the iteration, the CPU overhead before the first, the logits' gather
         after the last -- and the activations' send from one stage to the next."""
         sequences = batch.num_decode + batch.spec_tokens + batch.num_prefill
+        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         total = self.iteration_ms(batch)
+        host = max(0.0, total - self.gpu_ms(batch, tokens)) if tokens else 0.0  # the host's share, before stage 1
         logits = self.logits_ms(sequences) if self.comm else 0.0
-        stages = split_stages(total, self.config.overhead_ms, logits, self.sends.layers)
+        stages = split_stages(total, host, logits, self.sends.layers)
         return stages, self.sends.send_ms(batch.num_batched_tokens)
-
-    def logits_ms(self, sequences: int) -> float:
-        """The tensor-parallel all-gather of ``sequences`` rows of logits (0 at TP 1)."""
-        ms = self._seq_memo.get(sequences)
-        if ms is None:
-            ms = self._seq_memo[sequences] = self.comm.logits_ms(sequences) if self.comm is not None else 0.0
-        return ms
 
     def prefill_attention_ms(self, prefill_tokens: int, prefill_context_tokens: int = 0, num_prefill: int = 1) -> float:
         """Attention compute of the prefill part of an iteration (only when the model declares
@@ -301,6 +407,38 @@ class RooflineCostModel:
         """Time to copy ``num_tokens`` tokens of KV between GPU and CPU over the host link
         (each rank copies its own share in parallel)."""
         return num_tokens * self._kv_bytes_per_token / self._host_bytes_per_ms
+
+    def request_cost(self, prompt_tokens, output_tokens):
+        """``(prefill_ms, decode_ms)`` a request would cost running alone (numbers or numpy arrays).
+
+        Prefill computes the whole prompt in one iteration and yields the first token; the
+        other ``output_tokens - 1`` tokens take one batch-size-1 decode step each, step ``j``
+        attending to ``prompt + j`` tokens. No prefix-cache reuse is assumed. Each step is
+        timed as :meth:`iteration_ms` times it (host work and launches included).
+        """
+        prompt = np.asarray(prompt_tokens, dtype=float)
+        steps = np.maximum(np.asarray(output_tokens, dtype=float) - 1.0, 0.0)
+        chunk = np.maximum(prompt, 1).astype(np.int64)
+        linear = np.vectorize(self.tokens_ms, otypes=[float])(chunk)
+        gpu = linear + self.prefill_attention_ms(prompt) + self.logits_ms(1)
+        prefill = np.vectorize(lambda g, t: self.step.step_ms(g, int(t), 1), otypes=[float])(gpu, chunk)
+        # Step j (1..steps) has GPU time base + k (prompt + j); the step is max(that + shift,
+        # floor) + add. The first `flat` steps sit on the floor; the others form an arithmetic series.
+        k = self._kv_ms_per_token
+        base = self.tokens_ms(1) + self.logits_ms(1) + self._decode_ms
+        shift, floor, add = self.step.shape(1, 1)
+        if k > 0.0:
+            flat = np.clip(np.floor((floor - shift - base) / k - prompt), 0.0, steps)
+        else:
+            flat = np.where(base + shift <= floor, steps, 0.0)
+        rest = steps - flat
+        # sum over j = flat+1 .. steps of (base + shift + add + k (prompt + j))
+        series = rest * (base + shift + add + k * prompt) + k * (steps * (steps + 1.0) - flat * (flat + 1.0)) / 2.0
+        decode = flat * (floor + add) + series
+        if np.ndim(prefill) == 0:
+            return float(prefill), float(decode)
+        return prefill, decode
+
 
     # --- energy view (schedlab.energy): what the iteration moves and computes -------------------
 
@@ -320,11 +458,10 @@ class RooflineCostModel:
         tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         if tokens == 0:
             return 0.0, 0.0
-        b = m.dtype_bytes
-        weights = (m.num_params - m.expert_params * m.num_experts - m.embedding_params) * b / tp
+        weights = (m.num_params - m.expert_params * m.num_experts - m.embedding_params) * m.weight_bytes_per_param / tp
         if m.is_moe:
             e, k = m.num_experts, m.experts_per_token
-            weights += e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * b / tp
+            weights += e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * m.expert_bytes_per_param / tp
         kv = (batch.decode_context_tokens + batch.prefill_context_tokens) * self._kv_bytes_per_token
         flops = (self._dense_flops_per_token + self._expert_flops_per_token) * tokens
         if batch.prefill_tokens:
@@ -334,23 +471,23 @@ class RooflineCostModel:
         flops += self._attention_flops_per_pair * batch.decode_context_tokens
         return weights + kv, flops
 
-    def request_cost(self, prompt_tokens, output_tokens):
-        """``(prefill_ms, decode_ms)`` a request would cost running alone (numbers or numpy arrays).
 
-        Prefill computes the whole prompt in one iteration and yields the first token; the
-        other ``output_tokens - 1`` tokens take one batch-size-1 decode step each, step ``j``
-        attending to ``prompt + j`` tokens. No prefix-cache reuse is assumed.
-        """
-        prompt = np.asarray(prompt_tokens, dtype=float)
-        steps = np.maximum(np.asarray(output_tokens, dtype=float) - 1.0, 0.0)
-        linear = np.vectorize(self.tokens_ms, otypes=[float])(np.maximum(prompt, 1).astype(np.int64))
-        prefill = linear + self.prefill_attention_ms(prompt) + self.logits_ms(1)
-        first = self.tokens_ms(1) + self.logits_ms(1) + self._kv_ms_per_token * (prompt + 1.0)
-        # Arithmetic series: steps * first + increment * (0 + 1 + ... + steps - 1).
-        decode = steps * first + self._kv_ms_per_token * (steps * (steps - 1.0) / 2.0)
-        if np.ndim(prefill) == 0:
-            return float(prefill), float(decode)
-        return prefill, decode
+def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig:
+    """``config`` with every unset efficiency filled: the GPU's measured value
+    (``GpuSpec.efficiency``), else the pooled :data:`DERIVATION`.
+
+    :raises ConfigError: the GPU's table names a setting the roofline does not have.
+    """
+    unknown = sorted(set(gpu.efficiency) - set(DERIVATION))
+    if unknown:
+        raise ConfigError(f"GPU {gpu.name!r}: efficiency has unknown key {unknown[0]!r}; "
+                          f"valid keys: {', '.join(sorted(DERIVATION))}")
+    filled = {name: float(gpu.efficiency.get(name, default)) for name, default in DERIVATION.items()
+              if getattr(config, name) is None}
+    try:
+        return attrs.evolve(config, **filled)
+    except FieldError as exc:
+        raise ConfigError(f"GPU {gpu.name!r}: efficiency: {exc.name}: {exc.message}") from None
 
 
 def build_roofline(config: RooflineConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> RooflineCostModel:

@@ -50,7 +50,7 @@ from .common import (PowerSettings, board_and_idle, cost_setting, find_clock, fi
 #: batch 32-1024: 14 points, their measured cycle times as the iterations' durations) and 17 decode
 #: seconds of LLMServingSim 2.0's A6000 TP-2 trace (vLLM 0.11.1); RMS relative error 5.3%. Every
 #: other sweep and the TP-1 trace are held out (README: Energy).
-DERIVATION = {"awake": 0.193, "activity": 1.013}
+DERIVATION = {"awake": 0.195, "activity": 1.012}
 
 
 @attrs.frozen

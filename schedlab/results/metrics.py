@@ -49,7 +49,7 @@ def summarize(values: np.ndarray) -> dict[str, float]:
 # -- inter-token latency from runs ---------------------------------------------------------------
 
 
-def _counts_at_most(first, inc, count, weight, values: np.ndarray) -> np.ndarray:
+def counts_at_most(first, inc, count, weight, values: np.ndarray) -> np.ndarray:
     """For each of ``values``, how many samples are <= it (runs: first + j*inc, j < count)."""
     v = values[None, :]
     f, d, c = first[:, None], inc[:, None], count[:, None]
@@ -67,14 +67,14 @@ def _order_statistics(first, inc, count, weight, ks: np.ndarray) -> np.ndarray:
     value followed by a snap to the largest actual sample at or below the bracket's top."""
     lo = np.full(ks.shape, float(first.min()))
     hi = np.full(ks.shape, float((first + (count - 1) * inc).max()))
-    done = _counts_at_most(first, inc, count, weight, lo) > ks
+    done = counts_at_most(first, inc, count, weight, lo) > ks
     hi = np.where(done, lo, hi)
     for _ in range(80):
         mid = lo + (hi - lo) / 2
         active = (mid > lo) & (mid < hi)
         if not active.any():
             break
-        above = _counts_at_most(first, inc, count, weight, mid) > ks
+        above = counts_at_most(first, inc, count, weight, mid) > ks
         hi = np.where(active & above, mid, hi)
         lo = np.where(active & ~above, mid, lo)
     f, d, c = first[:, None], inc[:, None], count[:, None]
@@ -87,17 +87,18 @@ def _order_statistics(first, inc, count, weight, ks: np.ndarray) -> np.ndarray:
     return np.where(vals <= hi[None, :], vals, -np.inf).max(axis=0)
 
 
-def run_quantiles(first, inc, count, weight) -> dict[str, float]:
-    """Summary of samples given as runs; equals :func:`summarize` of the expanded samples."""
+def run_quantiles(first, inc, count, weight, percentiles=PERCENTILES) -> dict[str, float]:
+    """Summary of samples given as runs; equals :func:`summarize` of the expanded samples
+    (with other ``percentiles``, numpy's linear percentiles at those)."""
     first = np.asarray(first, dtype=float)
     inc = np.asarray(inc, dtype=float)
     count = np.asarray(count, dtype=np.int64)
     weight = np.asarray(weight, dtype=np.int64)
     total = int((count * weight).sum())
     if total == 0:
-        return summarize(np.empty(0))
+        return {"mean": float("nan"), **{f"p{p:g}": float("nan") for p in percentiles}, "max": float("nan")}
     out = {"mean": float((weight * (count * first + inc * (count * (count - 1) / 2))).sum() / total)}
-    hs = [(total - 1) * p / 100.0 for p in PERCENTILES]
+    hs = [(total - 1) * p / 100.0 for p in percentiles]
     ks = sorted({k for h in hs for k in (math.floor(h), min(math.floor(h) + 1, total - 1))})
     if not inc.any():
         order = np.argsort(first, kind="stable")
@@ -106,11 +107,11 @@ def run_quantiles(first, inc, count, weight) -> dict[str, float]:
     else:
         stats = _order_statistics(first, inc, count, weight, np.asarray(ks, dtype=np.int64))
     stat = dict(zip(ks, stats.tolist()))
-    for p, h in zip(PERCENTILES, hs):
+    for p, h in zip(percentiles, hs):
         lo_k = math.floor(h)
         lo_v = stat[lo_k]
         hi_v = stat[min(lo_k + 1, total - 1)] if h > lo_k else lo_v
-        out[f"p{p}"] = lo_v + (h - lo_k) * (hi_v - lo_v)
+        out[f"p{p:g}"] = lo_v + (h - lo_k) * (hi_v - lo_v)
     out["max"] = float((first + (count - 1) * inc).max())
     return out
 

@@ -1,0 +1,404 @@
+"""schedlab calibrate: recovering known constants from runs schedlab generated with them (from
+a per-request log and from summary statistics alone), the summary formats an operator has
+(vllm bench serve, inference-perf, guidellm, vLLM's /metrics), and the fit's guard rails.
+
+Every file is written by the test."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from schedlab.calibrate import Fit, Parameter, _bound_warning, calibrate, report
+from schedlab.cli import main
+from schedlab.errors import ConfigError
+from schedlab.study.experiment import load, run_experiment
+from schedlab.targets import Histogram, bucket_quantile, read_summary, simulated
+
+#: The known costs of the "real" run (seed 001's linear model, with a per-sequence cost).
+TRUTH = {"decode_ms_per_step": 6.0, "per_seq_ms": 0.5, "prefill_ms_per_token": 0.04}
+
+WORKLOAD = """
+[workload]
+kind = "synthetic"
+num_requests = 120
+arrival = "poisson"
+rate = 2.5
+prompt = {{ dist = "uniform", low = 100, high = 1500 }}
+output = {{ dist = "uniform", low = 20, high = 300 }}
+[scheduler]
+kind = "vllm"
+max_num_seqs = 24
+max_num_batched_tokens = 512
+"""
+
+
+def truth_run(tmp_path):
+    path = tmp_path / "truth.toml"
+    path.write_text("[experiment]\nreports = []\n" + WORKLOAD.format() + "[cost_model]\nkind = \"linear\"\n"
+                    + "".join(f"{k} = {v}\n" for k, v in TRUTH.items()))
+    return run_experiment(load(path)).all_runs()[0]
+
+
+def write_log(tmp_path, run):
+    """The run as a vLLM per-request log (seconds)."""
+    r = run.requests
+    rows = [{"input_toks": int(r["prompt_tokens"][i]), "output_toks": int(r["generated_tokens"][i]),
+             "queued_ts": r["arrival_ms"][i] / 1e3, "scheduled_ts": r["first_scheduled_ms"][i] / 1e3,
+             "first_token_ts": r["first_token_ms"][i] / 1e3, "last_token_ts": r["finish_ms"][i] / 1e3}
+            for i in range(len(r["id"]))]
+    path = tmp_path / "measured.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def fit_experiment(tmp_path, workload: str, start: dict) -> object:
+    path = tmp_path / "fit.toml"
+    path.write_text("[experiment]\nreports = []\n" + workload + "[cost_model]\nkind = \"linear\"\n"
+                    + "".join(f"{k} = {v}\n" for k, v in start.items()))
+    return load(path)
+
+
+PARAMETERS = [Parameter("cost_model.decode_ms_per_step", 0.0, 20.0), Parameter("cost_model.per_seq_ms", 0.0, 2.0),
+              Parameter("cost_model.prefill_ms_per_token", 0.0, 0.2)]
+WRONG_START = {"decode_ms_per_step": 10.0, "per_seq_ms": 0.1, "prefill_ms_per_token": 0.1}
+
+
+def test_calibrate_recovers_known_constants_from_a_request_log(tmp_path):
+    """Three constants, from a log of a run made with them: within 5% each. The bounds reach
+    0 (a candidate costing 0 ms scores as a failure instead of aborting the fit)."""
+    log = write_log(tmp_path, truth_run(tmp_path))
+    workload = f"[workload]\nkind = \"vllm_log\"\npath = \"{log}\"\n" + WORKLOAD.split("[scheduler]")[1].join(
+        ["[scheduler]", ""])
+    exp = fit_experiment(tmp_path, workload, WRONG_START)
+    fit, spec, result = calibrate(exp, PARAMETERS, max_evaluations=240, starts=3)
+    for p in PARAMETERS:
+        assert fit.values[p.key] == pytest.approx(TRUTH[p.key.split(".")[1]], rel=0.05), (p.key, fit.values)
+    assert fit.mean_abs_error_pct < 0.5 < fit.start_error_pct
+    assert not fit.warnings
+
+
+def bench_summary(run, path):
+    """The run's statistics as vllm bench serve writes them without --save-detailed."""
+    target = read_summary(_write(path.parent / "template.json", TEMPLATE_BENCH))
+    values = simulated(target, run)
+    data = {"completed": int((run.requests["rejected"] == 0).sum())}
+    for name, value in values.items():
+        group, _, stat = name.partition(".")
+        infix = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "itl", "e2e_ms": "e2el"}.get(group)
+        if infix:
+            data[f"{'mean' if stat == 'mean' else 'median' if stat == 'p50' else stat}_{infix}_ms"] = value
+        else:
+            data[{"request_throughput_rps": "request_throughput", "output_throughput_tps": "output_throughput",
+                  "total_throughput_tps": "total_token_throughput"}[name]] = value
+    return _write(path, data)
+
+
+TEMPLATE_BENCH = {**{f"{s}_{m}_ms": 1.0 for s in ("mean", "median", "p90", "p99") for m in ("ttft", "tpot", "itl", "e2el")},
+                  "request_throughput": 1.0, "output_throughput": 1.0, "total_token_throughput": 1.0}
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_calibrate_recovers_known_constants_from_summary_statistics(tmp_path):
+    """Only what `vllm bench serve` prints (means, medians, p90, p99, throughputs) of the same
+    run, with the benchmark's workload described in the experiment: within 5% each."""
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    assert len(target.values) == 19 and target.requests == 120
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), WRONG_START)
+    fit, _, _ = calibrate(exp, PARAMETERS, max_evaluations=240, starts=3, target=target)
+    for p in PARAMETERS:
+        assert fit.values[p.key] == pytest.approx(TRUTH[p.key.split(".")[1]], rel=0.05), (p.key, fit.values)
+    assert fit.mean_abs_error_pct < 0.5 < fit.start_error_pct
+
+
+# --- the fit's guard rails --------------------------------------------------------------------------
+
+
+def small_experiment(tmp_path, cost: str) -> object:
+    path = tmp_path / "small.toml"
+    path.write_text(f"""
+[experiment]
+reports = []
+[workload]
+kind = "synthetic"
+num_requests = 30
+rate = 2.0
+prompt = {{ dist = "uniform", low = 50, high = 400 }}
+output = {{ dist = "uniform", low = 20, high = 100 }}
+[scheduler]
+kind = "vllm"
+max_num_seqs = 8
+[cost_model]
+{cost}
+""")
+    return load(path)
+
+
+def test_a_fitted_value_on_its_bound_is_flagged(tmp_path):
+    """The truth (6 ms a step) lies above the bounds [1, 4]: the fit ends on 4 and says so."""
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), TRUTH)
+    fit, spec, result = calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 4.0)], max_evaluations=20,
+                                  target=target)
+    assert fit.values["cost_model.decode_ms_per_step"] == pytest.approx(4.0, abs=0.02)
+    assert len(fit.warnings) == 1 and "sits on its upper bound (4)" in fit.warnings[0]
+    text = report(fit, spec, result, [Parameter("cost_model.decode_ms_per_step", 1.0, 4.0)], target=target)
+    assert "(on its bound)" in text and "! cost_model.decode_ms_per_step = " in text
+    assert text.index("before the fit") < text.index("fit (start -> fitted")
+
+
+def test_bound_warning_by_hand():
+    p = Parameter("k", 0.0, 10.0)
+    assert _bound_warning(p, 5.0) == ""
+    assert "lower bound (0)" in _bound_warning(p, 0.04)
+    assert "upper bound (10)" in _bound_warning(p, 9.97)
+
+
+def test_a_held_out_error_that_grows_is_warned_about():
+    fit = Fit({"t.k": 1.0}, 1.0, 10, {"t.k": 2.0}, start_error_pct=3.0, errors={})
+    text = report(fit, _Spec(), None, [Parameter("t.k", 0.0, 5.0)], held_out=(1.47, 3.60),
+                  held_out_label="the other half")
+    assert "! the other half: mean |error| 1.47% before the fit, 3.60% after" in text
+    assert "  the other half: mean |error| 1.47% -> 3.60%" in text
+    better = report(fit, _Spec(), None, [Parameter("t.k", 0.0, 5.0)], held_out=(3.6, 1.47),
+                    held_out_label="the other half")
+    assert "! the other half" not in better and "  the other half: mean |error| 3.60% -> 1.47%" in better
+
+
+class _Spec:
+    name = "x"
+    tables = {"t": {"k": 1.0}}
+
+
+def test_parameters_the_data_cannot_tell_apart_are_named(tmp_path):
+    """Synchronous scheduling adds the host's step time and overhead_ms alike: only their sum
+    is seen (correlation near -1). tp_step_us has no effect at one GPU: a flat profile."""
+    exp = small_experiment(tmp_path, 'kind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n'
+                                     'async_scheduling = false\noverhead_ms = 1.0\nhost_step_us = 400.0')
+    truth = run_experiment(exp).all_runs()[0]
+    target = read_summary(bench_summary(truth, tmp_path / "bench.json"))
+    params = [Parameter("cost_model.overhead_ms", 0.0, 3.0), Parameter("cost_model.host_step_us", 0.0, 3000.0),
+              Parameter("cost_model.tp_step_us", 0.0, 1000.0)]
+    fit, _, _ = calibrate(exp, params, max_evaluations=40, target=target, starts=1)
+    text = "\n".join(fit.entangled)
+    assert "cost_model.tp_step_us: moving it over 5% of its range changes the mean error by 0.000 points" in text
+    assert "cost_model.overhead_ms and cost_model.host_step_us: correlation -1.00" in text
+    # the numbers are printed whether flagged or not: every parameter's profile, every pair
+    summary = "\n".join(fit.sensitivity)
+    assert "cost_model.tp_step_us: +0.000 points of mean error for a move over 5% of its range" in summary
+    assert summary.count("correlation") == 3
+
+
+def test_a_held_setting_stays_put_and_is_reported(tmp_path):
+    target = read_summary(bench_summary(truth_run(tmp_path), tmp_path / "bench.json"))
+    exp = fit_experiment(tmp_path, WORKLOAD.format(), WRONG_START)
+    params = [Parameter("cost_model.decode_ms_per_step", 0.0, 20.0)]
+    fit, spec, result = calibrate(exp, params, max_evaluations=30, target=target,
+                                  hold={"cost_model.per_seq_ms": 0.5, "cost_model.prefill_ms_per_token": 0.04})
+    assert spec.tables["cost_model"]["per_seq_ms"] == 0.5
+    assert fit.values["cost_model.decode_ms_per_step"] == pytest.approx(6.0, rel=0.02)
+    text = report(fit, spec, result, params, target=target)
+    assert "cost_model.per_seq_ms" in text and "held at 0.5" in text and "per_seq_ms = 0.5" in text
+
+
+def test_the_start_is_the_plugins_default_when_the_file_sets_none(tmp_path):
+    """The roofline's mfu on an H100 is the GPU's measured one (0.61), not the middle of the bounds."""
+    exp = small_experiment(tmp_path, 'kind = "roofline"\nmodel = "llama-3-8b"\ngpu = "h100-80gb"')
+    truth = run_experiment(exp).all_runs()[0]
+    target = read_summary(bench_summary(truth, tmp_path / "bench.json"))
+    fit, _, _ = calibrate(exp, [Parameter("cost_model.mfu", 0.3, 1.0)], max_evaluations=8, target=target,
+                          diagnose=False)
+    assert fit.start["cost_model.mfu"] == 0.61
+    assert fit.start_error_pct == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_start_the_engine_refuses_is_an_error_but_a_candidate_is_not(tmp_path):
+    """Linear costs of 0 make an iteration of 0 ms, which the engine refuses: at the start of
+    a fit that is an error (nothing can be fitted from there); any later candidate scores
+    FAILED and the fit goes on."""
+    from schedlab.calibrate import FAILED, SummaryTarget, score
+    from schedlab.study.simulation import RunSpec
+
+    exp = small_experiment(tmp_path, 'kind = "linear"\ndecode_ms_per_step = 0.0\nprefill_ms_per_token = 0.0')
+    target = read_summary(_write(tmp_path / "b.json", {"mean_ttft_ms": 10.0}))
+    with pytest.raises(Exception, match="0.0 ms"):
+        calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 0.0, 10.0)], target=target)
+    base = exp.studies[0].base
+    zero = RunSpec("zero", {**base.tables, "cost_model": {"kind": "linear", "decode_ms_per_step": 0.0,
+                                                           "prefill_ms_per_token": 0.0}}, base.seed)
+    assert score(exp, zero, SummaryTarget(target))[0] == FAILED
+    good = RunSpec("good", {**base.tables, "cost_model": {"kind": "linear"}}, base.seed)
+    assert score(exp, good, SummaryTarget(target))[0] < FAILED
+
+
+def test_cli_guards(tmp_path, capsys):
+    exp = tmp_path / "x.toml"
+    exp.write_text("[experiment]\nreports = []\n" + WORKLOAD.format())
+    code = main(["calibrate", str(exp), "--fit", "cost_model.decode_ms_per_step=1:10", "--hold",
+                 "cost_model.decode_ms_per_step=5"])
+    assert code != 0 and "fitted or held, not both" in capsys.readouterr().err
+    code = main(["calibrate", str(exp), "--fit", "cost_model.decode_ms_per_step=5"])
+    assert code != 0 and "--hold KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_fits_to_a_target_and_prints_before_and_after(tmp_path, capsys):
+    bench = bench_summary(truth_run(tmp_path), tmp_path / "bench.json")
+    exp = tmp_path / "fit.toml"
+    exp.write_text("[experiment]\nreports = []\n" + WORKLOAD.format() + "[cost_model]\nkind = \"linear\"\n"
+                   "decode_ms_per_step = 9.0\nper_seq_ms = 0.5\nprefill_ms_per_token = 0.04\n")
+    code = main(["calibrate", str(exp), "--target", str(bench), "--fit", "cost_model.decode_ms_per_step=1:20",
+                 "--statistics", "ttft_ms.mean,itl_ms.p50,e2e_ms.p99", "--max-evaluations", "24"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.index("before the fit") < out.index("->")
+    assert "3 statistics of" in out and "itl_ms.p50" in out and "vllm bench serve" in out
+    code = main(["calibrate", str(exp), "--target", str(bench), "--part", "0:10", "--fit",
+                 "cost_model.decode_ms_per_step=1:20"])
+    assert code != 0 and "--part" in capsys.readouterr().err
+
+
+# --- the formats operators have --------------------------------------------------------------------
+
+
+def test_vllm_bench_summary_by_hand(tmp_path):
+    path = _write(tmp_path / "b.json", {"completed": 50, "mean_ttft_ms": 120.0, "median_ttft_ms": 100.0,
+                                        "p99_ttft_ms": 400.0, "p99.9_itl_ms": 31.0, "std_ttft_ms": 9.0,
+                                        "mean_e2el_ms": 2000.0, "request_throughput": 4.5, "output_throughput": 600.0,
+                                        "total_token_throughput": None})
+    s = read_summary(path)
+    assert s.kind == "vllm bench serve" and s.requests == 50
+    assert s.values == {"ttft_ms.mean": 120.0, "ttft_ms.p50": 100.0, "ttft_ms.p99": 400.0, "itl_ms.p99.9": 31.0,
+                        "e2e_ms.mean": 2000.0, "request_throughput_rps": 4.5, "output_throughput_tps": 600.0}
+    with pytest.raises(ConfigError, match="holds no 'tpot_ms.mean'; it holds ttft_ms.mean"):
+        s.select(["tpot_ms.mean"])
+
+
+def test_inference_perf_report_by_hand(tmp_path):
+    path = _write(tmp_path / "summary_lifecycle_metrics.json", {
+        "benchmark_time_seconds": 30.0, "load_summary": {}, "failures": {},
+        "successes": {"count": 200, "latency": {
+            "time_to_first_token": {"mean": 0.12, "min": 0.01, "max": 0.9, "median": 0.1, "p90": 0.3},
+            "inter_token_latency": {"mean": 0.02, "p99": 0.05},
+            "request_latency": {"mean": 2.5}},
+            "throughput": {"requests_per_sec": 6.5, "output_tokens_per_sec": 800.0}}})
+    s = read_summary(path)
+    assert s.kind == "inference-perf" and s.requests == 200
+    assert s.values == pytest.approx({"ttft_ms.mean": 120.0, "ttft_ms.p50": 100.0, "ttft_ms.p90": 300.0,
+                                      "itl_ms.mean": 20.0, "itl_ms.p99": 50.0, "e2e_ms.mean": 2500.0,
+                                      "request_throughput_rps": 6.5, "output_throughput_tps": 800.0})
+
+
+def test_guidellm_report_by_hand(tmp_path):
+    def dist(mean, median, p90, count=None):
+        return {"successful": {"mean": mean, "median": median, "count": count,
+                               "percentiles": {"p001": 0.0, "p50": median, "p90": p90, "p999": p90 * 2}}}
+    bench = {"metrics": {"time_to_first_token_ms": dist(150.0, 140.0, 300.0),
+                         "request_latency": dist(3.0, 2.5, 6.0, count=80),
+                         "requests_per_second": dist(2.0, 2.0, 3.0)}}
+    path = _write(tmp_path / "g.json", {"benchmarks": [bench, bench]})
+    s = read_summary(path, index=1)
+    assert s.kind == "guidellm" and s.requests == 80 and "benchmark 1 of 2" in s.source
+    assert s.values == pytest.approx({"ttft_ms.mean": 150.0, "ttft_ms.p50": 140.0, "ttft_ms.p0.1": 0.0,
+                                      "ttft_ms.p90": 300.0, "ttft_ms.p99.9": 600.0, "e2e_ms.mean": 3000.0,
+                                      "e2e_ms.p50": 2500.0, "e2e_ms.p0.1": 0.0, "e2e_ms.p90": 6000.0,
+                                      "e2e_ms.p99.9": 12000.0, "request_throughput_rps": 2.0})
+    with pytest.raises(ConfigError, match="holds benchmarks 0..1"):
+        read_summary(path, index=2)
+
+
+SCRAPE = """# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} 6.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 8.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 2.4
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 8.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.5",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_sum{engine="1",model_name="m"} 0.1
+vllm:time_to_first_token_seconds_count{engine="1",model_name="m"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+"""
+
+
+def test_a_metrics_scrape_by_hand(tmp_path):
+    """Two engines summed: buckets (le 0.1, 0.5, +Inf) = 4, 8, 10; mean = 2.5 s / 10;
+    median: rank 5 in (0.1, 0.5] holding 4 -> 0.1 + 0.4 x (5 - 4) / 4 = 0.2 s; p90: rank 9 in
+    +Inf -> the last finite bound, 0.5 s."""
+    s = read_summary(_write(tmp_path / "metrics.txt", SCRAPE))
+    assert s.kind == "vLLM /metrics"
+    assert s.values == pytest.approx({"ttft_ms.mean": 250.0, "ttft_ms.p50": 200.0, "ttft_ms.p90": 500.0,
+                                      "ttft_ms.p99": 500.0})
+    hist = s.histograms["ttft_ms"]
+    assert hist.bounds == (100.0, 500.0, math.inf) and hist.counts == (4.0, 8.0, 10.0)
+    # a scrape before the run is subtracted: here it held engine 1's two requests
+    before = _write(tmp_path / "before.txt", "\n".join(line for line in SCRAPE.splitlines() if 'engine="1"' in line))
+    s = read_summary(tmp_path / "metrics.txt", baseline=before)
+    assert s.values["ttft_ms.mean"] == pytest.approx(300.0)
+    assert s.histograms["ttft_ms"].counts == (2.0, 6.0, 8.0)
+
+
+def test_a_bad_scrape_line_names_it(tmp_path):
+    with pytest.raises(ConfigError, match="line 2: not a Prometheus sample"):
+        read_summary(_write(tmp_path / "m.txt", "# TYPE x histogram\nvllm:e2e_request_latency_seconds_sum{ 1\n"))
+    with pytest.raises(ConfigError, match="none of vLLM's latency histograms"):
+        read_summary(_write(tmp_path / "m.txt", "# nothing\nvllm:num_requests_running 1\n"))
+    with pytest.raises(ConfigError, match="not a vllm bench serve result"):
+        read_summary(_write(tmp_path / "x.json", {"hello": 1}))
+
+
+def test_bucket_quantile_by_hand():
+    bounds, counts = (1.0, 2.0, 4.0, math.inf), (10.0, 20.0, 40.0, 40.0)
+    assert bucket_quantile(bounds, counts, 0.25) == pytest.approx(1.0)   # rank 10: the top of (0, 1]
+    assert bucket_quantile(bounds, counts, 0.5) == pytest.approx(2.0)    # rank 20
+    assert bucket_quantile(bounds, counts, 0.75) == pytest.approx(3.0)   # rank 30: 2 + 2 x 10 / 20
+    assert bucket_quantile(bounds, counts, 0.1) == pytest.approx(0.4)    # from 0 in the first bucket
+    assert Histogram(bounds, counts, 0.0).quantile(0.5) == pytest.approx(2.0)
+
+
+def test_simulated_statistics_of_a_tiny_run_by_hand(tmp_path):
+    """Two requests, all at once, 10-token prompts, 3 output tokens, linear costs of 1 ms a
+    prompt token and 4 ms a decode step, one slot: request 0 prefills (10 ms, token 1) and
+    decodes twice (t = 18); request 1 then prefills (t = 28) and decodes (t = 36).
+    TTFT 10 and 28, e2e 18 and 36, every ITL 4 ms; 6 tokens over 36 ms."""
+    path = tmp_path / "tiny.toml"
+    path.write_text("""
+[experiment]
+reports = []
+[workload]
+kind = "synthetic"
+num_requests = 2
+arrival = "all-at-once"
+prompt = { dist = "fixed", value = 10 }
+output = { dist = "fixed", value = 3 }
+[scheduler]
+kind = "continuous"
+max_num_seqs = 1
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 1.0
+decode_ms_per_step = 4.0
+""")
+    run = run_experiment(load(path)).all_runs()[0]
+    target = read_summary(_write(tmp_path / "b.json", {"mean_ttft_ms": 1.0, "median_ttft_ms": 1.0,
+                                                       "mean_itl_ms": 1.0, "p99_e2el_ms": 1.0,
+                                                       "output_throughput": 1.0}))
+    sim = simulated(target, run)
+    assert sim == pytest.approx({"ttft_ms.mean": 19.0, "ttft_ms.p50": 19.0, "itl_ms.mean": 4.0,
+                                 "e2e_ms.p99": 18.0 + 0.99 * 18.0, "output_throughput_tps": 6 / 0.036})
+    # through a histogram's buckets (le 15 ms, 30 ms, +Inf): TTFTs 10 and 28 -> counts 1, 2, 2;
+    # the median, rank 1, is the top of the first bucket
+    hist = Histogram((15.0, 30.0, math.inf), (1.0, 1.0, 1.0), 0.0)
+    from schedlab.targets import Summary
+
+    via = simulated(Summary("s", "vLLM /metrics", {"ttft_ms.p50": 1.0, "ttft_ms.mean": 1.0}, {"ttft_ms": hist}), run)
+    assert via == pytest.approx({"ttft_ms.p50": 15.0, "ttft_ms.mean": 19.0})
+    assert np.isfinite(list(via.values())).all()
