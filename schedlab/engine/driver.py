@@ -1,16 +1,24 @@
 """The run loop: hands arrivals to instances in time order and lets them advance in between.
 
-Open-loop workloads give every request up front (lazily, in arrival order); each instance
-runs every iteration that starts before the next arrival, then the router places it, seeing
-each instance as it is at that time -- an iteration still in progress holds its requests and
-their KV (:mod:`schedlab.engine.load`).
+Open-loop workloads give every request up front (lazily, in arrival order). Instances then act
+event by event (:meth:`Instance.step`), each when its own next event comes: a heap orders them,
+and an arrival brings forward only the instances whose next event comes before it -- never the
+whole cluster. A run of identical decode iterations is kept pending rather than applied: it is
+applied whole when it ends, or cut by the arrival of a request routed to its instance (the
+arrival joins at the end of the iteration in progress). The router places each arrival
+seeing every instance as it is at that time -- an iteration still in progress holds its
+requests and their KV, a pending run the KV of its iteration in progress
+(:mod:`schedlab.engine.load`) -- through a pool that keeps the instances ordered by load
+(:mod:`schedlab.engine.pool`). So an arrival costs O(log N) over N instances, and the work
+between arrivals is the events that happen, as on one instance.
 
 Closed-loop workloads release a client's next request when its previous one finishes, on any
 instance. So instances advance in lockstep: the instance that is furthest behind runs, and
 only the iterations that start no later than every other busy instance's clock -- a request
 another instance releases can only arrive after that clock, so nothing is ever run past a
 request that could have joined it. One instance runs at full speed; several interleave their
-decode runs at each other's event boundaries, which costs speed, not exactness.
+decode runs at each other's event boundaries, which costs speed, not exactness (closed loops
+and disaggregated clusters advance in this lockstep, O(N) per step).
 """
 
 from __future__ import annotations
@@ -65,20 +73,17 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
     closed = workload is not None and getattr(workload, "closed_loop", False)
     for inst in instances:
         inst.track_finished = closed
+    if not closed:
+        _simulate_open(ArrivalQueue(requests), instances, router)
+        return
     arrivals = ArrivalQueue(requests)
     clock = RoutingClock()
     views = views_of(instances, clock)
     delivered = 0
     while True:
         t = arrivals.next_time()
-        if closed:
-            if _advance_lockstep(instances, t, arrivals, workload):
-                continue  # something ran or finished; the next arrival may have moved earlier
-        else:
-            for inst in instances:
-                status = inst.advance(t)
-                if status == "blocked" and t == INF:
-                    raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
+        if _advance_lockstep(instances, t, arrivals, workload):
+            continue  # something ran or finished; the next arrival may have moved earlier
         if t == INF:
             return
         clock.now = t
@@ -87,8 +92,72 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
             target = instances[route(router, request, views)] if router is not None else instances[0]
             target.arrive(request, delivered)
             delivered += 1
-            if closed:
-                _release(target, arrivals, workload)  # a request rejected at once releases its successor
+            _release(target, arrivals, workload)  # a request rejected at once releases its successor
+
+
+class EventHeap:
+    """The instances' next events (:meth:`Instance.next_event`) in time order, ties to runs
+    ending before plans, then to the lowest position; entries an instance has moved past are
+    dropped as they surface."""
+
+    def __init__(self, instances: Sequence[Instance]):
+        self.instances = instances
+        self.heap: list = []
+        self.announced: list = [None] * len(instances)
+
+    def update(self, pos: int) -> None:
+        """Instance ``pos`` may have a new next event."""
+        event = self.instances[pos].next_event()
+        if event != self.announced[pos]:
+            self.announced[pos] = event
+            if event[0] < INF:
+                heapq.heappush(self.heap, (event[0], event[1], pos))
+
+    def due(self, t: float) -> int | None:
+        """The position of an instance whose event comes before an arrival at ``t`` (a run that
+        ends at ``t`` too: the arrival sees it ended), or None."""
+        heap = self.heap
+        while heap:
+            when, kind, pos = heap[0]
+            if when > t or (when == t and kind == 1):
+                return None
+            heapq.heappop(heap)
+            if self.announced[pos] == (when, kind):
+                self.announced[pos] = None
+                return pos
+        return None
+
+
+def _simulate_open(arrivals: ArrivalQueue, instances: Sequence[Instance], router) -> None:
+    """The open-loop driver: instances act event by event, an arrival brings forward only those
+    whose events come before it (see the module docstring)."""
+    clock = RoutingClock()
+    pool = views_of(instances, clock, tracked=True)
+    events = EventHeap(instances)
+    delivered = 0
+    while True:
+        t = arrivals.next_time()
+        clock.now = t
+        pos = events.due(t)
+        while pos is not None:
+            instances[pos].step()
+            events.update(pos)
+            pool.changed(pos)
+            pos = events.due(t)
+        if t == INF:
+            break
+        while arrivals.next_time() <= t:
+            request = arrivals.pop()
+            pos = route(router, request, pool) if router is not None else 0
+            target = instances[pos]
+            target.catch_up(t)
+            target.arrive(request, delivered)
+            delivered += 1
+            events.update(pos)
+            pool.changed(pos)
+    for inst in instances:
+        if inst.has_work():
+            raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
 
 
 def _release(inst: Instance, arrivals: ArrivalQueue, workload) -> bool:

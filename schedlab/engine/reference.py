@@ -360,6 +360,7 @@ class ReferenceEngine:
         self.iterations = 0
         self.kv_peak = 0
         self.release = Release()  # what the last iteration gives back at its end (routers' view)
+        self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)

@@ -1,6 +1,8 @@
 """The reference engine for several instances: every instance step by step, in plain time order.
 
-One loop over time. The next thing to happen is either an *event* -- a request arriving (or
+One loop over time (a heap orders the instances' next plans, so a step costs O(log N); a
+disaggregated cluster's pools change each other's plan times and are scanned). The next thing
+to happen is either an *event* -- a request arriving (or
 released by a closed loop), or, in a disaggregated cluster, a finished prompt handed to the
 decode pool -- or an instance's next plan (at its clock, or when its sleep ends). Events
 come first on a tie, and are routed seeing every instance as it is then; plans go in time
@@ -40,6 +42,48 @@ def _routed(router, request, pool: Sequence, views: Sequence, clock: RoutingCloc
     return pool[index]
 
 
+class PlanOrder:
+    """The busy instances by their next plan time (ties: lowest index), from a heap: an
+    instance's plan time changes only when it steps or something is delivered to it, and the
+    loop says so (:meth:`update`). Entries it has moved past are dropped as they surface."""
+
+    def __init__(self, instances: Sequence[ReferenceEngine]):
+        self.instances = list(instances)
+        self.heap: list = []
+        self.announced: dict = {}
+
+    def update(self, inst: ReferenceEngine) -> None:
+        t = inst.next_plan_time() if inst.has_work() else INF
+        if self.announced.get(inst.index) != t:
+            self.announced[inst.index] = t
+            if t < INF:
+                heapq.heappush(self.heap, (t, inst.index, inst))
+
+    def first(self) -> tuple[float, ReferenceEngine | None]:
+        heap = self.heap
+        while heap:
+            t, index, inst = heap[0]
+            if self.announced.get(index) == t:
+                return t, inst
+            heapq.heappop(heap)
+        return INF, None
+
+
+class PlanScan(PlanOrder):
+    """The same order by a scan of every instance, for clusters whose instances change each
+    other's plan times (disaggregated pools: a pull gives a prefill instance a time to free blocks at)."""
+
+    def update(self, inst: ReferenceEngine) -> None:
+        pass
+
+    def first(self) -> tuple[float, ReferenceEngine | None]:
+        busy = [(inst.next_plan_time(), inst.index, inst) for inst in self.instances if inst.has_work()]
+        if not busy:
+            return INF, None
+        t, _, inst = min(busy, key=lambda x: (x[0], x[1]))
+        return t, inst
+
+
 class ReferenceCluster:
     """Instances behind a router (one instance: no router needed)."""
 
@@ -49,13 +93,22 @@ class ReferenceCluster:
         self.instances = list(instances)
         self.router = router
         self.clock = RoutingClock()
-        self.views = views_of(self.instances, self.clock)
+        self.views = views_of(self.instances, self.clock, tracked=True)
+        self.plans = PlanOrder(self.instances)
+        self._position = {inst.index: pos for pos, inst in enumerate(self.instances)}
 
     # -- what a cluster kind decides -----------------------------------------------------------
     def deliver(self, request, seq_no: int, t: float) -> None:
         inst = _routed(self.router, request, self.instances, self.views, self.clock, t)
         inst.wake(t)
         inst.arrive(request, seq_no)
+        self.changed(inst)
+
+    def changed(self, inst: ReferenceEngine) -> None:
+        """``inst`` stepped or was delivered to: its plan time and load may have changed."""
+        self.plans.update(inst)
+        if self.views.tracked:
+            self.views.changed(self._position[inst.index])
 
     def deliver_other(self, t: float) -> None:
         """Events other than arrivals at time ``t`` (none here)."""
@@ -79,21 +132,21 @@ class ReferenceCluster:
         seq_no = 0
         while True:
             t_event = min(pending[0][0] if pending else INF, self.next_other())
-            busy = [inst for inst in self.instances if inst.has_work()]
-            t_plan = min((inst.next_plan_time() for inst in busy), default=INF)
+            t_plan, inst = self.plans.first()
             if t_event <= t_plan and t_event < INF:
+                self.clock.now = t_event
                 self.deliver_other(t_event)
                 while pending and pending[0][0] <= t_event:
                     self.deliver(heapq.heappop(pending)[2], seq_no, t_event)
                     seq_no += 1
                 continue
             if t_plan == INF:
-                if busy:
+                if any(inst.has_work() for inst in self.instances):
                     raise StallError("reference engine: no arrivals are left and the scheduler plans nothing")
                 return
-            inst = min(busy, key=lambda i: (i.next_plan_time(), i.index))
-            inst.wake(inst.next_plan_time())
+            inst.wake(t_plan)
             inst.step()
+            self.changed(inst)
 
 
 # -- disaggregated prefill and decode -------------------------------------------------------------
@@ -236,6 +289,8 @@ class DisaggregatedReference(ReferenceCluster):
         self.clock = RoutingClock()
         self.prefill_views = views_of(self.prefill, self.clock)
         self.decode_views = views_of(self.decode, self.clock)
+        self.views = views_of([], self.clock)  # the pools above are scanned, not tracked
+        self.plans = PlanScan(self.instances)
         self.handoffs: list = []
         for inst in self.prefill:
             inst.role = PrefillRole(self)
