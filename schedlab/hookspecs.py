@@ -74,7 +74,11 @@ def schedlab_register_routers(register: "Registry") -> None:
     A router sees each instance only through a view (:class:`schedlab.engine.load.InstanceView`)
     as it is at the arrival's time -- ``outstanding``, ``waiting``, ``running``, ``in_iteration``
     and the KV gauge ``kv`` (``num_used_blocks()``, ``num_free_blocks()``, ``num_blocks``,
-    ``usage``) -- each read O(1); it never sees what an iteration in progress will finish.
+    ``usage``) -- each read O(1); it never sees what an iteration in progress will finish. That is
+    all the state it may read, with what it keeps itself. The views come in a pool
+    (:class:`schedlab.engine.pool.ViewPool`, a list) whose ``least_by(key, members)`` gives the
+    least loaded instance in O(log N); a router should cost O(1) or O(log N) per request -- a
+    scan of all N views makes a large cluster's every arrival O(N).
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
         ``factory(config)`` must return a new router. A duplicate name raises.

@@ -364,8 +364,16 @@ class Router(Protocol):
     ``outstanding`` (queued, swapped out or in service), ``waiting`` and ``running`` (counts),
     ``in_iteration`` and ``kv``, a gauge with ``num_used_blocks()``, ``num_free_blocks()``,
     ``num_blocks``, ``block_size`` and ``usage`` (other attributes are the cache's own, e.g. a
-    prefix lookup); every read is O(1). Optional: ``check_cluster(n)``, called when the run is
-    assembled, to reject settings that do not fit a cluster of ``n``."""
+    prefix lookup); every read is O(1). That is all a router may read of the instances. The list
+    is a :class:`schedlab.engine.pool.ViewPool`: ``instances.least_by(key, members=None)`` returns
+    the position of the least view by ``key(view, position)`` (a key that does not decrease as
+    KV use grows, e.g. :func:`~schedlab.engine.pool.outstanding_key`) in O(log N), from an index
+    the engine keeps up to date. ``route`` should cost O(1) or O(log N). Optional:
+    ``check_cluster(n)``, called when the run is assembled, to reject settings that do not fit a
+    cluster of ``n``. Optional: ``partition(request, order, n) -> int`` for a router whose choice
+    depends only on the request and its arrival order (``order``: 0, 1, ...), never on load: the
+    position it picks among ``n``, so that a run can be split into independent per-instance
+    simulations (see :mod:`schedlab.study.partition`)."""
 
     def route(self, request: "Request", instances: list[Any]) -> int: ...
 

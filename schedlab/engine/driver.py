@@ -1,9 +1,9 @@
 """The run loop: hands arrivals to instances in time order and lets them advance in between.
 
 Open-loop workloads give every request up front (lazily, in arrival order). Instances then act
-event by event (:meth:`Instance.step`), each when its own next event comes: a heap orders them,
-and an arrival brings forward only the instances whose next event comes before it -- never the
-whole cluster. A run of identical decode iterations is kept pending rather than applied: it is
+event by event (:meth:`Instance.step`): a heap orders them by their next event, and an arrival
+brings forward only the instances whose next event comes before it -- never the whole cluster
+-- each as far as the arrival (instances do not meet between arrivals). A run of identical decode iterations is kept pending rather than applied: it is
 applied whole when it ends, or cut by the arrival of a request routed to its instance (the
 arrival joins at the end of the iteration in progress). The router places each arrival
 seeing every instance as it is at that time -- an iteration still in progress holds its
@@ -105,9 +105,10 @@ class EventHeap:
         self.heap: list = []
         self.announced: list = [None] * len(instances)
 
-    def update(self, pos: int) -> None:
-        """Instance ``pos`` may have a new next event."""
-        event = self.instances[pos].next_event()
+    def update(self, pos: int, event: tuple[float, int] | None = None) -> None:
+        """Instance ``pos`` may have a new next event (``event``, if the caller knows it)."""
+        if event is None:
+            event = self.instances[pos].next_event()
         if event != self.announced[pos]:
             self.announced[pos] = event
             if event[0] < INF:
@@ -140,8 +141,7 @@ def _simulate_open(arrivals: ArrivalQueue, instances: Sequence[Instance], router
         clock.now = t
         pos = events.due(t)
         while pos is not None:
-            instances[pos].step()
-            events.update(pos)
+            events.update(pos, instances[pos].act_until(t))
             pool.changed(pos)
             pos = events.due(t)
         if t == INF:

@@ -469,6 +469,16 @@ class Instance:
         else:
             self._apply(run, 1)
 
+    def act_until(self, t: float) -> tuple[float, int]:
+        """Step while the next event comes before an arrival at ``t`` (a pending run ending at
+        ``t`` too: the arrival sees it ended); returns the next event then. Instances do not
+        meet between arrivals, so each can go its own way this far."""
+        while True:
+            when, kind = event = self.next_event()
+            if when > t or (when == t and kind == 1):
+                return event
+            self.step()
+
     def catch_up(self, t: float) -> None:
         """A request routed here arrives at ``t``: apply the iterations of the pending run that
         start before ``t`` (the arrival joins the next plan, at the end of the one in progress),

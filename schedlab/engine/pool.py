@@ -38,6 +38,11 @@ def outstanding_key(view, position: int) -> tuple:
     return (view.outstanding, position)
 
 
+#: A key that does not change between the changes the pool is told of (no KV in it): the
+#: index's top needs no second look.
+outstanding_key.steady = True
+
+
 def kv_key(view, position: int) -> tuple:
     """Lowest KV usage; ties to the fewest outstanding, then the lowest position."""
     kv = view.kv
@@ -47,11 +52,12 @@ def kv_key(view, position: int) -> tuple:
 class LoadIndex:
     """Some of a pool's views (``members``: positions), ordered by ``key(view, position)``."""
 
-    __slots__ = ("views", "key", "members", "heap", "current", "dirty")
+    __slots__ = ("views", "key", "steady", "members", "heap", "current", "dirty")
 
     def __init__(self, views: Sequence, key: Callable, members: Sequence[int]):
         self.views = views
         self.key = key
+        self.steady = getattr(key, "steady", False)
         self.members = frozenset(members)
         self.current = {pos: key(views[pos], pos) for pos in members}
         self.heap = [(k, pos) for pos, k in self.current.items()]
@@ -82,6 +88,8 @@ class LoadIndex:
             if current[pos] != k:  # an older key of an instance that has moved since
                 heapq.heappop(heap)
                 continue
+            if self.steady:
+                return pos
             now = key(views[pos], pos)
             if now == k:
                 return pos
@@ -102,14 +110,18 @@ class ViewPool(list):
         self.tracked = tracked
         self._indexes: dict = {}
         self._ends: list = []  # (end of an iteration in progress, position)
+        self._end_of = [None] * len(views)  # the end last put in _ends, per position
 
     def changed(self, pos: int) -> None:
         """Instance ``pos`` changed (O(1) per index); its iteration in progress, if any, is
         remembered so that the key is recomputed once it has ended."""
+        if not self._indexes:  # untracked, or no router has asked for an order yet
+            return
         for index in self._indexes.values():
             index.mark(pos)
         at = self[pos]._inst.release.at
-        if at > self.clock.now:
+        if at > self.clock.now and at != self._end_of[pos]:
+            self._end_of[pos] = at
             heapq.heappush(self._ends, (at, pos))
 
     def least_by(self, key: Callable, members: Sequence[int] | None = None) -> int:

@@ -75,7 +75,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 task_spec = job.task_spec(index)
                 job.started = True
                 hook.schedlab_run_started(run_name=task_spec.name, settings=task_spec.tables)
-                future = executor.submit(RunTask(task_spec, ctx_spec, exp.config.timeline))
+                future = executor.submit(RunTask(task_spec, ctx_spec, exp.config.timeline, exp.config.record()))
                 in_flight[future] = (number, index, job)
             if not in_flight:
                 break

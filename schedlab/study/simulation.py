@@ -26,6 +26,7 @@ from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..results.records import RunResult
+from ..results.stream import RecordSettings, RowSink
 from ..speculative import Speculation, SpeculativeConfig
 from .overrides import merge_tables
 
@@ -295,11 +296,11 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
 
 
 def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Callable | None = None,
-        timeline: bool = True) -> RunResult:
-    """Simulate one run and compute its metrics."""
+        timeline: bool = True, record: RecordSettings | None = None) -> RunResult:
+    """Simulate one run and compute its metrics (``record``: how its per-request results are kept)."""
     where = where or f"{ctx.source}: run {spec.name!r}"
     a = assemble(spec, ctx, where)
-    recorder = Recorder(timeline=timeline)
+    recorder = make_recorder(record or RecordSettings(), a, timeline)
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
     started = time.perf_counter()
     try:
@@ -351,12 +352,22 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
-    if measured is not None:
+    if measured is not None and result.rows_file is None:
         from ..results.compare import vs_measured
 
         result.measured = measured
         result.metrics["vs_measured"] = vs_measured(result.requests, measured)
     return result
+
+
+def make_recorder(record: RecordSettings, a: Assembled, timeline: bool) -> Recorder:
+    """The run's recorder: rows past ``record.exact_requests`` go to a :class:`RowSink`, which
+    counts SLO attainment against the run's targets and the cost model's per-request costs."""
+    cost = a.instances[0][1]
+    sink = RowSink(record, slo=attrs.asdict(a.slo) if a.slo is not None else None,
+                   request_cost=getattr(cost, "request_cost", None))
+    return Recorder(timeline=timeline, sink=sink, exact_requests=record.exact_requests,
+                    timeline_points=record.timeline_points)
 
 
 def _with_where(exc: SchedlabError, where: str) -> SchedlabError:
