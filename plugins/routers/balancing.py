@@ -55,6 +55,12 @@ class RoundRobinRouter:
         self._next = index + 1
         return index
 
+    @staticmethod
+    def partition(request, order: int, n: int) -> int:
+        """The choice without the router's state: the ``order``-th arrival goes to ``order % n``
+        (a partitioned run, :mod:`schedlab.study.partition`)."""
+        return order % n
+
 
 class LeastOutstandingRouter:
     """The instance with the fewest requests queued or running (ties: lowest index).

@@ -60,7 +60,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
 
     def enqueue(jobs):
         for job in jobs:
-            for index in range(job.replicas):
+            for index in range(job.tasks):
                 heapq.heappush(queue, (job.priority, next(order), index, job))
 
     for driver in drivers:

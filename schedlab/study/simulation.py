@@ -57,6 +57,10 @@ class ClusterConfig:
     decode: dict | None = table_field(None, help="disaggregated: the decode pool (same keys as prefill)")
     link: dict | None = table_field(None, help="disaggregated: the KV link from a prefill to a decode instance "
                                                "(bandwidth_gbps, latency_us)")
+    partitions: int = int_field(1, min=1, max=MAX_INSTANCES,
+                                help="simulate the instances as this many independent tasks (workers or Ray) and "
+                                     "merge them: exact for routers that ignore load (round_robin, hash, class with "
+                                     "one instance per class) and open-loop workloads")
 
     def __attrs_post_init__(self):
         if self.mode == "colocated":
@@ -117,6 +121,8 @@ class RunSpec:
     seed: int = 0
     engine: str = "fast"
     point: dict[str, Any] = attrs.field(factory=dict)
+    #: (part, parts) of a partitioned run (see :mod:`schedlab.study.partition`); () for the whole run
+    part: tuple = ()
 
 
 @attrs.define
@@ -303,14 +309,16 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     recorder = make_recorder(record or RecordSettings(), a, timeline)
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
     started = time.perf_counter()
+    router, indices = a.router, list(range(len(a.instances)))
     try:
         requests = a.workload.requests(spec.seed)
+        if spec.part:
+            router, indices, requests = _part_of_run(spec, a, requests, where)
         if spec.engine == "reference":
-            engines = [ReferenceEngine(s, c, k, recorder, index=i, speculation=speculation)
-                       for i, (s, c, k) in enumerate(a.instances)]
+            engines = [ReferenceEngine(*a.instances[i], recorder, index=i, speculation=speculation) for i in indices]
         else:
-            engines = [Instance(i, s, c, k, recorder, observer=observer, speculation=speculation)
-                       for i, (s, c, k) in enumerate(a.instances)]
+            engines = [Instance(i, *a.instances[i], recorder, observer=observer, speculation=speculation)
+                       for i in indices]
         if a.pools is not None:
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3)
@@ -322,21 +330,21 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                                decode_router=a.pools[1].router, **link)
                 simulate_disaggregated(requests, cluster, workload=a.workload)
         elif spec.engine == "reference":
-            ReferenceCluster(engines, a.router).run(requests, workload=a.workload)
+            ReferenceCluster(engines, router).run(requests, workload=a.workload)
         else:
-            simulate(requests, engines, router=a.router, workload=a.workload)
+            simulate(requests, engines, router=router, workload=a.workload)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
     scheduler, cost, kv = a.instances[0]
     slots = getattr(scheduler, "slots", None)
-    count = len(a.instances)
+    mine = [a.instances[i] for i in indices]
     meta = {
         "engine": spec.engine,
-        "instances": count,
-        "gpus": sum(tensor_parallel(c, k) for _, c, k in a.instances),
-        "slots": slots * count if slots and a.pools is None else None,
-        "num_blocks": sum(k.num_blocks for _, _, k in a.instances),
+        "instances": len(a.instances),
+        "gpus": sum(tensor_parallel(c, k) for _, c, k in mine),
+        "slots": slots * len(mine) if slots and a.pools is None else None,
+        "num_blocks": sum(k.num_blocks for _, _, k in mine),
         "block_size": kv.block_size,
         "bytes_per_block": getattr(kv, "bytes_per_block", 0),
         "wall_ms": wall_ms,
@@ -358,6 +366,22 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         result.measured = measured
         result.metrics["vs_measured"] = vs_measured(result.requests, measured)
     return result
+
+
+def _part_of_run(spec: RunSpec, a: Assembled, requests, where: str):
+    """A partitioned run's part: its router, its instances and the requests they serve."""
+    from .partition import PartRouter, check_partitionable, members
+
+    part, parts = spec.part
+    if a.pools is not None or getattr(a.workload, "closed_loop", False):
+        raise ConfigError(f"{where} [cluster] partitions: only an open-loop workload on a colocated cluster can be "
+                          "split into independent parts")
+    if a.router is None:
+        raise ConfigError(f"{where} [cluster] partitions: a single instance has nothing to split")
+    check_partitionable(a.router, where)
+    indices = members(part, parts, len(a.instances))
+    router = PartRouter(a.router, len(a.instances), indices)
+    return router, indices, router.requests(requests)
 
 
 def make_recorder(record: RecordSettings, a: Assembled, timeline: bool) -> Recorder:
