@@ -30,6 +30,7 @@ BUILTIN_PLUGINS = (
     "schedlab_plugins.kv_caches",
     "schedlab_plugins.workloads",
     "schedlab_plugins.routers",
+    "schedlab_plugins.autoscalers",
     "schedlab_plugins.reports",
     "schedlab_plugins.presets",
 )
@@ -41,6 +42,7 @@ KINDS = {
     "kv_cache": "schedlab_register_kv_caches",
     "workload": "schedlab_register_workloads",
     "router": "schedlab_register_routers",
+    "autoscaler": "schedlab_register_autoscalers",
     "report": "schedlab_register_reports",
     "model": "schedlab_register_models",
     "gpu": "schedlab_register_gpus",

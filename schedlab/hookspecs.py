@@ -86,6 +86,23 @@ def schedlab_register_routers(register: "Registry") -> None:
 
 
 @hookspec
+def schedlab_register_autoscalers(register: "Registry") -> None:
+    """Register autoscaling policies (objects following :class:`schedlab.protocols.Autoscaler`),
+    chosen by ``[cluster] autoscaler = {kind = ...}``.
+
+    A policy is asked at every decision time how many instances should serve, from the
+    :class:`schedlab.engine.scaling.Signals` of that moment (queue lengths, KV usage, SLO
+    attainment over a window); the engine keeps the answer within the config's
+    ``min_instances``/``max_instances``, warms new instances for ``cold_start_s`` before they
+    serve and drains the ones it removes.
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return a new policy. The config must have the keys of
+        ``schedlab_plugins.autoscalers.ScalingConfig`` (subclass it). A duplicate name raises.
+    """
+
+
+@hookspec
 def schedlab_register_reports(register: "Registry") -> None:
     """Register report writers (objects following :class:`schedlab.protocols.Report`).
 

@@ -6,7 +6,8 @@ The engine owns time, sequences and the order of events; plugins decide:
   and how many tokens each, whom to admit, whom to preempt);
 * a :class:`CostModel` says how long an iteration of a given :class:`Batch` shape takes;
 * a :class:`KVCache` owns the block pool: allocation, release, prefix reuse, swap space;
-* a :class:`Workload` produces requests; a :class:`Router` spreads them over instances;
+* a :class:`Workload` produces requests; a :class:`Router` spreads them over instances; an
+  :class:`Autoscaler` decides how many of them serve;
 * a :class:`Report` writes results.
 
 Speed contract. The fast engine advances runs of identical decode-only iterations in one
@@ -376,6 +377,19 @@ class Router(Protocol):
     simulations (see :mod:`schedlab.study.partition`)."""
 
     def route(self, request: "Request", instances: list[Any]) -> int: ...
+
+
+@runtime_checkable
+class Autoscaler(Protocol):
+    """Decides how many instances of a colocated cluster should serve (``[cluster] autoscaler``).
+
+    ``decide(signals)`` is called every ``interval_s`` with :class:`schedlab.engine.scaling.Signals`
+    and returns the number of instances that should serve or be warming; the engine clamps it to
+    ``[min_instances, max_instances]``, warms the new ones for ``cold_start_s`` and drains the ones
+    it removes (every request they hold finishes). Its config (``.config``) has the keys of
+    ``schedlab_plugins.autoscalers.ScalingConfig``."""
+
+    def decide(self, signals: Any) -> int: ...
 
 
 @runtime_checkable

@@ -60,12 +60,15 @@ class ArrivalQueue:
         heapq.heappush(self._released, (request.arrival_ms, request.id, request))
 
 
-def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, workload=None) -> None:
+def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, workload=None,
+             scaling=None) -> None:
     """Run until every request has finished or been rejected.
 
     :param requests: requests in arrival order (a workload's ``requests(seed)``).
     :param instances: the instances to serve them; with more than one, ``router`` is required.
     :param workload: the workload, when it is closed-loop (its ``on_finish`` releases requests).
+    :param scaling: a :class:`~schedlab.engine.scaling.ScalingController` (open loop only): the
+        router then sees the serving instances only.
     :raises StallError: work is left that no instance can make progress on.
     """
     if len(instances) > 1 and router is None:
@@ -74,8 +77,10 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
     for inst in instances:
         inst.track_finished = closed
     if not closed:
-        _simulate_open(ArrivalQueue(requests), instances, router)
+        _simulate_open(ArrivalQueue(requests), instances, router, scaling)
         return
+    if scaling is not None:
+        raise ValueError("autoscaling needs an open-loop workload")
     arrivals = ArrivalQueue(requests)
     clock = RoutingClock()
     views = views_of(instances, clock)
@@ -129,32 +134,44 @@ class EventHeap:
         return None
 
 
-def _simulate_open(arrivals: ArrivalQueue, instances: Sequence[Instance], router) -> None:
+def _simulate_open(arrivals: ArrivalQueue, instances: Sequence[Instance], router, scaling=None) -> None:
     """The open-loop driver: instances act event by event, an arrival brings forward only those
-    whose events come before it (see the module docstring)."""
-    clock = RoutingClock()
-    pool = views_of(instances, clock, tracked=True)
+    whose events come before it (see the module docstring). With ``scaling``, the autoscaler's
+    events (ticks, instances turning warm) come before arrivals at the same time, and stop with
+    the last arrival."""
+    clock = scaling.clock if scaling is not None else RoutingClock()
+    pool = views_of(instances, clock, tracked=True) if scaling is None else None
+    changed = pool.changed if scaling is None else scaling.changed
     events = EventHeap(instances)
     delivered = 0
     while True:
-        t = arrivals.next_time()
+        t_arrival = arrivals.next_time()
+        t_scaling = scaling.next_time() if scaling is not None and t_arrival < INF else INF
+        t = t_arrival if t_arrival < t_scaling else t_scaling
         clock.now = t
         pos = events.due(t)
         while pos is not None:
             events.update(pos, instances[pos].act_until(t))
-            pool.changed(pos)
+            changed(pos)
             pos = events.due(t)
         if t == INF:
             break
+        if t_scaling <= t_arrival:
+            scaling.apply(t)
+            continue
         while arrivals.next_time() <= t:
             request = arrivals.pop()
-            pos = route(router, request, pool) if router is not None else 0
+            if scaling is not None:
+                pos = scaling.target(route(router, request, scaling.pool))
+                scaling.arrived(t)
+            else:
+                pos = route(router, request, pool) if router is not None else 0
             target = instances[pos]
             target.catch_up(t)
             target.arrive(request, delivered)
             delivered += 1
             events.update(pos)
-            pool.changed(pos)
+            changed(pos)
     for inst in instances:
         if inst.has_work():
             raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))

@@ -91,6 +91,7 @@ class Recorder:
     def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9, sink=None,
                  exact_requests: int | None = None, timeline_points: int | None = None):
         self.sink = sink                      # where rows go past exact_requests (None: kept)
+        self.listener = None                  # called (seq, finish_ms, rejected) per request (autoscaling)
         self.exact_requests = exact_requests
         self.streaming = False
         self.recorded = 0
@@ -122,6 +123,8 @@ class Recorder:
             *(NO_TRANSFER if tr is None else tr.row()),
         ))
         self.recorded += 1
+        if self.listener is not None:
+            self.listener(seq, finish_ms, rejected)
         if len(self._rows) >= _FLUSH_ROWS:
             self._flush()
 

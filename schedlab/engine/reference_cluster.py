@@ -87,19 +87,26 @@ class PlanScan(PlanOrder):
 class ReferenceCluster:
     """Instances behind a router (one instance: no router needed)."""
 
-    def __init__(self, instances: Sequence[ReferenceEngine], router=None):
+    def __init__(self, instances: Sequence[ReferenceEngine], router=None, scaling=None):
         if len(instances) > 1 and router is None:
             raise ValueError("several instances need a router")
         self.instances = list(instances)
         self.router = router
-        self.clock = RoutingClock()
+        self.scaling = scaling  # a ScalingController (schedlab.engine.scaling): the router sees who serves
+        self.clock = scaling.clock if scaling is not None else RoutingClock()
         self.views = views_of(self.instances, self.clock, tracked=True)
         self.plans = PlanOrder(self.instances)
         self._position = {inst.index: pos for pos, inst in enumerate(self.instances)}
 
     # -- what a cluster kind decides -----------------------------------------------------------
     def deliver(self, request, seq_no: int, t: float) -> None:
-        inst = _routed(self.router, request, self.instances, self.views, self.clock, t)
+        scaling = self.scaling
+        if scaling is not None:
+            pool = [self.instances[i] for i in scaling.members]
+            inst = _routed(self.router, request, pool, scaling.pool, self.clock, t)
+            scaling.arrived(t)
+        else:
+            inst = _routed(self.router, request, self.instances, self.views, self.clock, t)
         inst.wake(t)
         inst.arrive(request, seq_no)
         self.changed(inst)
@@ -107,14 +114,18 @@ class ReferenceCluster:
     def changed(self, inst: ReferenceEngine) -> None:
         """``inst`` stepped or was delivered to: its plan time and load may have changed."""
         self.plans.update(inst)
-        if self.views.tracked:
+        if self.scaling is not None:
+            self.scaling.changed(self._position[inst.index])
+        elif self.views.tracked:
             self.views.changed(self._position[inst.index])
 
     def deliver_other(self, t: float) -> None:
-        """Events other than arrivals at time ``t`` (none here)."""
+        """Events other than arrivals at time ``t``: the autoscaler's."""
+        if self.scaling is not None and self.scaling.next_time() <= t:
+            self.scaling.apply(t)
 
     def next_other(self) -> float:
-        return INF
+        return self.scaling.next_time() if self.scaling is not None and self._arrivals_left else INF
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, requests, workload=None) -> None:
@@ -131,6 +142,7 @@ class ReferenceCluster:
             inst.on_request_done = done
         seq_no = 0
         while True:
+            self._arrivals_left = bool(pending)
             t_event = min(pending[0][0] if pending else INF, self.next_other())
             t_plan, inst = self.plans.first()
             if t_event <= t_plan and t_event < INF:
@@ -291,6 +303,7 @@ class DisaggregatedReference(ReferenceCluster):
         self.decode_views = views_of(self.decode, self.clock)
         self.views = views_of([], self.clock)  # the pools above are scanned, not tracked
         self.plans = PlanScan(self.instances)
+        self.scaling = None
         self.handoffs: list = []
         for inst in self.prefill:
             inst.role = PrefillRole(self)

@@ -24,7 +24,7 @@ _SUBSET = {**dict.fromkeys(("requests", "finished", "generated_tokens", "through
            "slo": _SLO}
 _STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "capacity_rps", "load",
                                "saturated_share", "waiting_slope_per_min", "growth_share", "growth", "noise",
-                               "in_system_slope_per_min", "window_ms")),
+                               "in_system_slope_per_min", "window_ms", "from_sample")),
               "fit": dict.fromkeys(("start_ms", "end_ms", "waiting_at_start", "waiting_at_end"))}  # or null
 
 METRICS: dict = {
@@ -63,6 +63,11 @@ METRICS: dict = {
     "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None}},
     # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour
     "cost_per_hour": None,
+    "gpu_hours": None,  # GPUs paid for x hours: the whole cluster from 0 to the last finish, or autoscaled
+    # optional: an autoscaled cluster (schedlab.engine.scaling)
+    "fleet": dict.fromkeys(("gpu_hours", "mean_gpus", "peak_serving", "min_serving", "scale_ups", "scale_downs")),
+    # optional: runs of two hours or more, by hour of arrival
+    "hourly": {"*": dict.fromkeys(("requests", "slo_attainment", "gpu_hours"))},
 }
 
 

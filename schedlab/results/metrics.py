@@ -193,6 +193,12 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     if len(classes) > 1:
         m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
                           for k in classes}
+    end = float(req["finish_ms"][ok].max()) if n_ok else 0.0
+    hours = arrival_hours(req["arrival_ms"])
+    met = np.zeros(n_all, dtype=bool)
+    if slo:
+        met[ok] = slo_met(req, lat, ok, slo)
+    _fleet_metrics(m, meta, end, np.bincount(hours), np.bincount(hours, weights=met), bool(slo))
     m["stability"], per_instance_stability = run_stability(req, instances)
     if instances > 1:  # every instance, also one that served nothing
         m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds)
@@ -342,6 +348,7 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     if len(stats.classes) > 1:
         m["per_class"] = {str(k): group_metrics(g, bool(slo)) for k, g in sorted(stats.classes.items())}
     instances = meta.get("instances") or 1
+    _fleet_metrics(m, meta, stats.last_finish if n_ok else 0.0, stats.hour_requests, stats.hour_met, bool(slo))
     sample = stats.sample_columns()
     m["stability"], per_instance_stability = run_stability(sample, instances)
     m["stability"]["from_sample"] = int(sample["id"].size)
@@ -457,6 +464,66 @@ def _targets(slo: dict, klass: str | None) -> tuple[float, float]:
     table = slo.get("classes", {}).get(klass, {}) if klass is not None else {}
     return (float(table.get("ttft_ms", slo.get("ttft_ms", math.inf))),
             float(table.get("tpot_ms", slo.get("tpot_ms", math.inf))))
+
+
+HOUR_MS = 3.6e6
+#: Runs at least this long get per-hour figures (``hourly``).
+HOURLY_FROM_MS = 2 * HOUR_MS
+
+
+def arrival_hours(arrival_ms: np.ndarray) -> np.ndarray:
+    """The hour of the run (0, 1, ...) each request arrived in."""
+    return (np.asarray(arrival_ms, dtype=np.float64) // HOUR_MS).astype(np.int64)
+
+
+def paid_intervals(meta: dict[str, Any], end_ms: float) -> list[tuple[float, float, int]]:
+    """(on, off, GPUs) of every instance: an autoscaled cluster's intervals, or the whole
+    cluster from 0 to the last finish."""
+    scaling = meta.get("scaling")
+    if scaling:
+        gpus = (meta.get("gpus") or meta.get("instances") or 1) / (meta.get("instances") or 1)
+        return [(on, off, gpus) for _, on, off in scaling["intervals"]]
+    return [(0.0, end_ms, meta.get("gpus") or meta.get("instances") or 1)]
+
+
+def _fleet_metrics(m: dict[str, Any], meta: dict[str, Any], end_ms: float, hour_requests, hour_met,
+                   with_slo: bool) -> None:
+    """GPU-hours paid (``gpu_hours``); with an autoscaler, its decisions (``fleet``); for runs of
+    two hours or more, requests, SLO attainment, GPU-hours and mean instances per hour of
+    arrival (``hourly``)."""
+    intervals = paid_intervals(meta, end_ms)
+    m["gpu_hours"] = sum((off - on) * g for on, off, g in intervals) / HOUR_MS
+    scaling = meta.get("scaling")
+    if scaling:
+        serving = [h[1] for h in scaling["history"]]
+        m["fleet"] = {"gpu_hours": m["gpu_hours"], "mean_gpus": m["gpu_hours"] * HOUR_MS / end_ms if end_ms else 0.0,
+                      "peak_serving": max(serving), "min_serving": min(serving),
+                      "scale_ups": scaling["scale_ups"], "scale_downs": scaling["scale_downs"]}
+    if end_ms < HOURLY_FROM_MS:
+        return
+    hour_requests = np.asarray(hour_requests, dtype=np.float64)
+    hour_met = np.asarray(hour_met, dtype=np.float64)
+    hourly = {}
+    for h in range(int(math.ceil(end_ms / HOUR_MS))):
+        lo, hi = h * HOUR_MS, (h + 1) * HOUR_MS
+        paid = sum(max(0.0, min(off, hi) - max(on, lo)) * g for on, off, g in intervals) / HOUR_MS
+        n = int(hour_requests[h]) if h < hour_requests.size else 0
+        met = int(hour_met[h]) if h < hour_met.size else 0
+        hourly[str(h)] = {"requests": n, "slo_attainment": met / n if n and with_slo else float("nan"),
+                          "gpu_hours": paid}
+    m["hourly"] = hourly
+
+
+def request_met(slo: dict):
+    """One request's SLO check, as :func:`slo_met` decides it for a whole run: a function of a
+    finished sequence (either engine's) and its finish time (the autoscaler's window)."""
+    def met(seq, finish_ms: float) -> bool:
+        ttft_target, tpot_target = _targets(slo, seq.request.request_class)
+        first = seq.first_token_ms
+        generated = seq.num_generated
+        tpot = (finish_ms - first) / (generated - 1) if generated > 1 else 0.0
+        return first - seq.request.arrival_ms <= ttft_target and tpot <= tpot_target
+    return met
 
 
 def _slo_metrics(req, lat, ok, slo: dict, seconds: float) -> dict[str, float]:

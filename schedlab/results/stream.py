@@ -112,10 +112,12 @@ class StreamedRequests:
         self.sample: dict[str, np.ndarray] | None = None
         self.sample_hash = np.empty(0, dtype=np.uint64)
         self.sample_reasons: dict[int, str] = {}
+        self.hour_requests = np.zeros(0)  # requests and SLO-met finishes by hour of arrival
+        self.hour_met = np.zeros(0)
 
     # -- adding a block of rows --------------------------------------------------------------
     def add(self, req: dict[str, np.ndarray], reasons: dict[int, str]) -> None:
-        from .metrics import request_latencies, slo_met
+        from .metrics import arrival_hours, request_latencies, slo_met
 
         n = int(req["id"].size)
         if not n:
@@ -124,6 +126,8 @@ class StreamedRequests:
         lat = request_latencies(req)
         met = slo_met(req, lat, ok, self.slo) if self.slo else None
         self.run.add(req, lat, ok, met)
+        hours = arrival_hours(req["arrival_ms"])
+        self._add_hours(np.bincount(hours), np.bincount(hours[ok], weights=met) if met is not None else None)
         self._add_groups(self.classes, req["request_class"], req, ok, met)
         self._add_groups(self.instances, req["instance"], req, ok, met)
         self.first_arrival = min(self.first_arrival, float(req["arrival_ms"].min()))
@@ -153,6 +157,16 @@ class StreamedRequests:
             self.transfer["join_wait_ms"].add(joined - landed)
             self.transfer["decode_queue_ms"].add(joined - first)
         self._add_sample(req, reasons)
+
+    def _add_hours(self, requests: np.ndarray, met: np.ndarray | None) -> None:
+        size = max(self.hour_requests.size, requests.size, 0 if met is None else met.size)
+        for name, add in (("hour_requests", requests), ("hour_met", met)):
+            have = np.zeros(size)
+            mine = getattr(self, name)
+            have[:mine.size] += mine
+            if add is not None:
+                have[:add.size] += add
+            setattr(self, name, have)
 
     def _add_groups(self, groups: dict, keys: np.ndarray, req, ok, met) -> None:
         for key in np.unique(keys).tolist():
@@ -216,6 +230,7 @@ class StreamedRequests:
         self.costed = self.costed and other.costed
         for kind, n in other.reasons.items():
             self.reasons[kind] = self.reasons.get(kind, 0) + n
+        self._add_hours(other.hour_requests, other.hour_met)
         self.transfers += other.transfers
         self.transfer_bytes += other.transfer_bytes
         for name, summary in other.transfer.items():

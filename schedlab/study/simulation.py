@@ -20,11 +20,14 @@ from ..drafting import DraftingCostModel
 from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
+from ..engine.load import RoutingClock
 from ..engine.recorder import Recorder
+from ..engine.scaling import ScalingController, ScalingLimits
 from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
+from ..results.metrics import request_met
 from ..results.records import RunResult
 from ..results.stream import RecordSettings, RowSink
 from ..speculative import Speculation, SpeculativeConfig
@@ -57,6 +60,9 @@ class ClusterConfig:
     decode: dict | None = table_field(None, help="disaggregated: the decode pool (same keys as prefill)")
     link: dict | None = table_field(None, help="disaggregated: the KV link from a prefill to a decode instance "
                                                "(bandwidth_gbps, latency_us)")
+    autoscaler: dict | None = table_field(None, help="an autoscaling policy (kind = 'target_utilization' or "
+                                                     "'queue_length', min_instances, max_instances, cold_start_s, "
+                                                     "...): instances is then the most that can serve")
     partitions: int = int_field(1, min=1, max=MAX_INSTANCES,
                                 help="simulate the instances as this many independent tasks (workers or Ray) and "
                                      "merge them: exact for routers that ignore load (round_robin, hash, class with "
@@ -205,6 +211,7 @@ class Assembled:
     speculative: SpeculativeConfig | None = None
     pools: list[Pool] | None = None  # disaggregated: prefill, decode
     link: LinkConfig | None = None
+    autoscaler: Any = None           # a policy (schedlab.protocols.Autoscaler)
 
 
 def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
@@ -258,7 +265,34 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     router = None
     if cluster.instances > 1:
         router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
-    return Assembled(workload, parts, router, cluster, slo, speculative)
+    autoscaler = None
+    if cluster.autoscaler is not None:
+        autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
+        _check_autoscaler(autoscaler, cluster, workload, f"{where} [cluster.autoscaler]")
+    return Assembled(workload, parts, router, cluster, slo, speculative, autoscaler=autoscaler)
+
+
+def _check_autoscaler(policy, cluster: ClusterConfig, workload, where: str) -> None:
+    config = getattr(policy, "config", None)
+    missing = [k for k in ("min_instances", "max_instances", "initial", "interval_s", "cold_start_s", "window_s")
+               if not hasattr(config, k)]
+    if missing:
+        raise ConfigError(f"{where}: the policy's config lacks {', '.join(missing)} (subclass "
+                          "schedlab_plugins.autoscalers.ScalingConfig)")
+    most = config.max_instances or cluster.instances
+    if most != cluster.instances:
+        raise ConfigError(f"{where}: max_instances ({most}) must equal [cluster] instances ({cluster.instances}), "
+                          "the instances built")
+    if config.min_instances > most:
+        raise ConfigError(f"{where}: min_instances ({config.min_instances}) is above the {most} instances")
+    if getattr(workload, "closed_loop", False) or cluster.partitions > 1:
+        raise ConfigError(f"{where}: autoscaling needs an open-loop workload and partitions = 1")
+
+
+def scaling_limits(config, instances: int) -> ScalingLimits:
+    most = config.max_instances or instances
+    return ScalingLimits(config.min_instances, most, config.initial or config.min_instances, config.interval_s * 1e3,
+                         config.cold_start_s * 1e3, config.window_s * 1e3)
 
 
 def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
@@ -319,6 +353,12 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         else:
             engines = [Instance(i, *a.instances[i], recorder, observer=observer, speculation=speculation)
                        for i in indices]
+        scaling = None
+        if a.autoscaler is not None:
+            scaling = ScalingController(a.autoscaler, scaling_limits(a.autoscaler.config, len(engines)), engines,
+                                        RoutingClock(), slo_met=request_met(attrs.asdict(a.slo)) if a.slo else None,
+                                        gpus_per_instance=[tensor_parallel(c, k) for _, c, k in a.instances])
+            recorder.listener = scaling.finished
         if a.pools is not None:
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3)
@@ -330,9 +370,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                                decode_router=a.pools[1].router, **link)
                 simulate_disaggregated(requests, cluster, workload=a.workload)
         elif spec.engine == "reference":
-            ReferenceCluster(engines, router).run(requests, workload=a.workload)
+            ReferenceCluster(engines, router, scaling).run(requests, workload=a.workload)
         else:
-            simulate(requests, engines, router=router, workload=a.workload)
+            simulate(requests, engines, router=router, workload=a.workload, scaling=scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
@@ -357,6 +397,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if a.pools is not None:
         split = len(a.pools[0].instances)
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
+    if scaling is not None:
+        meta["scaling"] = scaling.finish()
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
