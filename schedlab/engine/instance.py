@@ -75,6 +75,10 @@ class PreparedRun:
         n = bulk.steps_before(self.start, t, self.d0, self.inc)
         return n if n < self.k else self.k
 
+    def busy_at(self, t: float) -> bool:
+        """An iteration of the run is in progress at ``t`` (not between two of them)."""
+        return t > self.start and self.start + bulk.run_ms(self.started_before(t), self.d0, self.inc) > t
+
     def grown_at(self, t: float) -> int:
         """Blocks the run has taken by time ``t`` beyond those of its first iteration: the
         KV of the iteration in progress at ``t`` (one that starts at ``t`` has not begun)."""

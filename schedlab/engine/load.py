@@ -79,7 +79,9 @@ class InstanceView:
     @property
     def in_iteration(self) -> bool:
         inst = self._inst
-        return self._clock.now < inst.release.at or inst.pending is not None
+        if inst.pending is not None:
+            return inst.pending.busy_at(self._clock.now)
+        return self._clock.now < inst.release.at
 
     @property
     def outstanding(self) -> int:
