@@ -378,3 +378,53 @@ def test_a_fleet_run_has_gpu_hours_and_hours(tmp_path):
     assert sum(h["gpu_hours"] for h in hours.values()) == pytest.approx(m["gpu_hours"])
     first_hour = run.requests["arrival_ms"] < 3.6e6
     assert hours["0"]["requests"] == int(first_hour.sum())
+
+
+# -- a day of traffic ----------------------------------------------------------------------------------------
+
+
+def test_a_diurnal_day_has_each_hours_rate():
+    """Hourly counts of the non-homogeneous Poisson day against each hour's expected count: every
+    hour within 5 standard deviations, and the quietest hour a quarter of the busiest (amplitude 0.6)."""
+    from schedlab_plugins.workloads.diurnal import DiurnalConfig, diurnal_arrivals_ms, hourly_weights
+
+    config = DiurnalConfig(mean_rate=2.0, prompt={"dist": "fixed", "value": 10},
+                           output={"dist": "fixed", "value": 10})
+    arrivals = diurnal_arrivals_ms(config, seed=5)
+    assert np.all(np.diff(arrivals) >= 0) and arrivals[-1] < 24 * 3.6e6
+    counts = np.bincount((arrivals // 3.6e6).astype(int), minlength=24)
+    expected = hourly_weights(config) * 2.0 * 3600
+    assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected))
+    assert expected.min() / expected.max() == pytest.approx(0.25, rel=0.02)
+    assert int(np.argmax(expected)) in (13, 14)
+
+
+def test_a_diurnal_profile_is_followed_and_checked():
+    from schedlab.configs import FieldError
+    from schedlab_plugins.workloads.diurnal import DiurnalConfig, diurnal_arrivals_ms
+
+    profile = [0.0] * 12 + [1.0] * 12
+    config = DiurnalConfig(mean_rate=1.0, hours=24, profile=profile, prompt={"dist": "fixed", "value": 4},
+                           output={"dist": "fixed", "value": 4})
+    arrivals = diurnal_arrivals_ms(config, seed=1)
+    assert arrivals.min() >= 12 * 3.6e6  # nothing in the hours of weight 0
+    with pytest.raises(FieldError, match="profile"):
+        DiurnalConfig(mean_rate=1.0, profile=[1.0] * 23, prompt={"dist": "fixed", "value": 4},
+                      output={"dist": "fixed", "value": 4})
+
+
+def test_the_fleet_report_writes_its_table_and_plot(tmp_path):
+    from schedlab_plugins.reports.fleet import FleetConfig, FleetReport
+
+    results = run_experiment(load(_write(tmp_path, FLEET), ["workload.num_requests=300", "workload.rate=0.03"]))
+    written = FleetReport(FleetConfig(gpu_hour_usd=2.0)).write(results, tmp_path / "out")
+    assert [p.name for p in written] == ["fleet.txt", "fleet.png"]
+    run = results.all_runs()[0]
+    line = (tmp_path / "out" / "fleet.txt").read_text().splitlines()[1]
+    assert f"{run.metrics['gpu_hours'] * 2.0:.0f}" in line.split()
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    return path
