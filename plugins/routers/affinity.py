@@ -62,7 +62,7 @@ class PrefixAffinityRouter:
         if key is None:
             return least
         home = self._home.get(key)
-        if home is None:
+        if home is None or home >= len(instances):  # new, or its instance left an autoscaled pool
             self._home[key] = least
             return least
         cap = self.config.max_imbalance

@@ -30,12 +30,12 @@ import numpy as np
 
 from schedlab.configs import MAX_REQUESTS, FieldError, float_field, int_field, list_field, table_field
 
-from .arrivals import OUTPUT_STREAM, PROMPT_STREAM, stream_rng
 from .columns import OpenLoopWorkload, RequestColumns
-from .distributions import parse_distribution, scale_lengths
+from .distributions import parse_distribution
 from .synthetic import (
     _shared_fields,
     client_field,
+    draw_lengths,
     max_tokens_field,
     output_scale_field,
     priority_field,
@@ -54,8 +54,9 @@ class DiurnalConfig:
     peak_hour: float = float_field(14.0, min=0.0, max=24.0, help="the busiest hour of the cosine day")
     amplitude: float = float_field(0.6, min=0.0, max=1.0, help="the cosine's swing: quietest / busiest hour = "
                                                                "(1 - amplitude) / (1 + amplitude)")
-    profile: tuple = list_field((), item=(int, float), help="weights of the hours of a day, one per hour (24), instead of "
-                                                     "the cosine; scaled to a mean of 1")
+    profile: tuple = list_field((), item=(int, float),
+                                help="weights of the hours of a day, one per hour (24), instead of the cosine; "
+                                     "scaled to a mean of 1")
     output_scale: float = output_scale_field()
     max_tokens: int | None = max_tokens_field()
     request_class: str = request_class_field()
@@ -105,9 +106,7 @@ def make_diurnal_workload(config: DiurnalConfig) -> OpenLoopWorkload:
 
     def build(seed: int):
         arrival = diurnal_arrivals_ms(config, seed)
-        n = arrival.size
-        prompts = prompt.sample(stream_rng(seed, PROMPT_STREAM), n)
-        outputs = scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), config.output_scale)
-        return arrival, RequestColumns(prompts, outputs, {}, constant)
+        return arrival, RequestColumns(*draw_lengths(prompt, output, config.output_scale, seed, arrival.size), {},
+                                       constant)
 
     return OpenLoopWorkload(build, name="diurnal", num_requests=round(config.mean_rate * config.hours * 3600))

@@ -111,11 +111,15 @@ def make_synthetic_workload(config: SyntheticConfig) -> OpenLoopWorkload:
 
     def build(seed: int):
         arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
-        prompts = prompt.sample(stream_rng(seed, PROMPT_STREAM), n)
-        outputs = scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), config.output_scale)
-        return arrival, RequestColumns(prompts, outputs, {}, constant)
+        return arrival, RequestColumns(*draw_lengths(prompt, output, config.output_scale, seed, n), {}, constant)
 
     return OpenLoopWorkload(build, name="synthetic", num_requests=n)
+
+
+def draw_lengths(prompt, output, output_scale: float, seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths of ``n`` requests, each from its own stream of ``seed``."""
+    prompts = prompt.sample(stream_rng(seed, PROMPT_STREAM), n)
+    return prompts, scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), output_scale)
 
 
 # --- shared_prefix -------------------------------------------------------------------------

@@ -17,7 +17,9 @@ own event times (before an arrival at the same time):
 Instances are paid for (GPU-hours) from the moment they start warming until they are off; the
 controller keeps those intervals and the decisions (``history``) for the results. The cluster is
 built with ``max_instances`` instances; an instance restarted after being off keeps its prefix
-cache (a real restart would start cold).
+cache (a real restart would start cold). The router sees the serving instances as a list that
+changes when they do: a router that remembers positions (prefix affinity's homes) finds them
+renumbered.
 """
 
 from __future__ import annotations
