@@ -45,23 +45,33 @@ def fleet_table(runs: list, price: float) -> str:
 
 
 def fleet_figure(runs: list, dpi: int):
+    from matplotlib.ticker import PercentFormatter
+
     from .plot_common import line_style, new_figure  # matplotlib: only when drawing
 
     fig = new_figure(8.0, 7.5, dpi)
     rate_ax, gpu_ax, slo_ax = fig.subplots(3, 1, sharex=True)
+    lowest = 1.0
     for i, run in enumerate(runs):
         hourly = run.metrics["hourly"]
         hours = sorted(int(h) for h in hourly)
-        x = [h + 0.5 for h in hours]
-        style = line_style(i)
-        rate_ax.plot(x, [hourly[str(h)]["requests"] / 3600 for h in hours], label=run.name, **style)
-        gpu_ax.plot(x, [hourly[str(h)]["gpu_hours"] for h in hours], label=run.name, **style)
-        slo_ax.plot(x, [hourly[str(h)]["slo_attainment"] for h in hours], label=run.name, **style)
+        x = hours + [hours[-1] + 1]  # steps over each hour, the last one drawn to its end
+
+        def steps(values):
+            return values + values[-1:]
+
+        style = dict(line_style(i), drawstyle="steps-post")
+        rate_ax.plot(x, steps([hourly[str(h)]["requests"] / 3600 for h in hours]), label=run.name, **style)
+        gpu_ax.plot(x, steps([hourly[str(h)]["gpu_hours"] for h in hours]), label=run.name, **style)
+        attained = [hourly[str(h)]["slo_attainment"] for h in hours]
+        slo_ax.plot(x, steps(attained), label=run.name, **style)
+        lowest = min([lowest] + [a for a in attained if not math.isnan(a)])
     rate_ax.set_ylabel("arrivals / s")
     gpu_ax.set_ylabel("GPUs paid for\n(GPU-hours per hour)")
     slo_ax.set_ylabel("SLO attainment")
-    slo_ax.set_xlabel("hour of the day (by arrival)")
-    slo_ax.set_ylim(top=1.0)
+    slo_ax.set_xlabel("hour (by arrival; the last hour: draining)")
+    slo_ax.set_ylim(min(0.9, lowest - 0.01), 1.005)
+    slo_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     gpu_ax.set_ylim(bottom=0)
     rate_ax.set_ylim(bottom=0)
     rate_ax.legend(loc="upper left", fontsize=8)
