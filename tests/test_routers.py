@@ -24,8 +24,9 @@ from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import check_run, compare_runs, examples, requests_lists
 from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
-from schedlab_plugins.routers import (ClassRouter, ClassRoutingConfig, HashRouter, LeastKVRouter, LeastOutstandingRouter,
-                                      PrefixAffinityConfig, PrefixAffinityRouter, RoundRobinRouter, prefix_key)
+from schedlab_plugins.routers import (ClassRouter, ClassRoutingConfig, HashRouter, LeastKVRouter,
+                                      LeastOutstandingRouter, PrefixAffinityConfig, PrefixAffinityRouter,
+                                      RoundRobinRouter, prefix_key)
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
 
 # -- helpers ------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from schedlab.model import Request
 from schedlab.registry import Registry
 from schedlab_plugins import workloads
 
-NAMES = ("file", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log", "vllm_bench",
-         "diurnal")
+NAMES = ("file", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log",
+         "vllm_bench", "diurnal")
 
 
 @pytest.fixture(scope="module")

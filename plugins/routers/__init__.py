@@ -13,7 +13,8 @@ from .classes import ClassRouter, ClassRoutingConfig
 
 __all__ = [
     "ClassRouter", "ClassRoutingConfig", "HashConfig", "HashRouter", "LeastKVRouter", "LeastOutstandingRouter",
-    "PrefixAffinityConfig", "PrefixAffinityRouter", "RoundRobinRouter", "kv_usage", "least_outstanding", "prefix_key", "stable_hash",
+    "PrefixAffinityConfig", "PrefixAffinityRouter", "RoundRobinRouter", "kv_usage", "least_outstanding", "prefix_key",
+    "stable_hash",
 ]
 
 

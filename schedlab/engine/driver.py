@@ -3,9 +3,10 @@
 Open-loop workloads give every request up front (lazily, in arrival order). Instances then act
 event by event (:meth:`Instance.step`): a heap orders them by their next event, and an arrival
 brings forward only the instances whose next event comes before it -- never the whole cluster
--- each as far as the arrival (instances do not meet between arrivals). A run of identical decode iterations is kept pending rather than applied: it is
-applied whole when it ends, or cut by the arrival of a request routed to its instance (the
-arrival joins at the end of the iteration in progress). The router places each arrival
+-- each as far as the arrival (instances do not meet between arrivals). A run of identical
+decode iterations is kept pending rather than applied: it is applied whole when it ends, or cut
+by the arrival of a request routed to its instance (the arrival joins at the end of the
+iteration in progress). The router places each arrival
 seeing every instance as it is at that time -- an iteration still in progress holds its
 requests and their KV, a pending run the KV of its iteration in progress
 (:mod:`schedlab.engine.load`) -- through a pool that keeps the instances ordered by load

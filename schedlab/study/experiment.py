@@ -63,7 +63,8 @@ class ExperimentConfig:
                                          "larger runs stream rows to a file and take percentiles from DDSketches "
                                          "(1% relative error)")
     request_rows: str = str_field("parquet", choices=ROW_FORMATS,
-                                  help="the file format a large run streams its per-request rows to: 'parquet' or 'csv'")
+                                  help="the file format a large run streams its per-request rows to: 'parquet' or "
+                                       "'csv'")
     timeline_points: int = int_field(RecordSettings().timeline_points, min=2,
                                      help="most timeline rows a run keeps (beyond: every 2nd, 4th, ... row)")
 
