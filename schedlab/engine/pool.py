@@ -111,6 +111,7 @@ class ViewPool(list):
         self._indexes: dict = {}
         self._ends: list = []  # (end of an iteration in progress, position)
         self._end_of = [None] * len(views)  # the end last put in _ends, per position
+        self._releases = [view._inst.release for view in views]
 
     def changed(self, pos: int) -> None:
         """Instance ``pos`` changed (O(1) per index); its iteration in progress, if any, is
@@ -118,8 +119,9 @@ class ViewPool(list):
         if not self._indexes:  # untracked, or no router has asked for an order yet
             return
         for index in self._indexes.values():
-            index.mark(pos)
-        at = self[pos]._inst.release.at
+            if pos in index.members:
+                index.dirty.add(pos)
+        at = self._releases[pos].at
         if at > self.clock.now and at != self._end_of[pos]:
             self._end_of[pos] = at
             heapq.heappush(self._ends, (at, pos))
@@ -137,7 +139,7 @@ class ViewPool(list):
                 pos = heapq.heappop(ends)[1]
                 for index in self._indexes.values():
                     index.mark(pos)
-        name = (key, None if members is None else tuple(members))
+        name = (key, members if members is None or type(members) is tuple else tuple(members))
         index = self._indexes.get(name)
         if index is None:
             index = self._indexes[name] = LoadIndex(self, key, range(len(self)) if members is None else members)
