@@ -428,3 +428,23 @@ def _write(tmp_path, text):
     path = tmp_path / "fleet.toml"
     path.write_text(text)
     return path
+
+
+def test_streamed_parts_merge_into_the_rows_and_sketches_of_one_process(tmp_path, monkeypatch):
+    """Parts past exact_requests: their row files join into one with every row of the whole run,
+    and their sketches merge exactly (bucket counts add): the same percentiles as one process."""
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    base = ("workload.num_requests=1500", 'cluster.router={kind = "round_robin"}', "experiment.exact_requests=200")
+    whole = fleet_run(tmp_path, *base)
+    executor = make_executor(jobs=2)
+    try:
+        split = fleet_run(tmp_path, *base, "cluster.partitions=2", executor=executor)
+    finally:
+        executor.close()
+    a, b = read_rows(whole.rows_file), read_rows(split.rows_file)
+    oa, ob = np.argsort(a["id"]), np.argsort(b["id"])
+    for name in ("id", "instance", "first_token_ms", "finish_ms"):
+        np.testing.assert_array_equal(a[name][oa], b[name][ob], err_msg=name)
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "slo"):
+        for key, value in whole.metrics[name].items():
+            assert split.metrics[name][key] == pytest.approx(value, rel=1e-9), (name, key)

@@ -280,6 +280,8 @@ def _check_autoscaler(policy, cluster: ClusterConfig, workload, where: str) -> N
         raise ConfigError(f"{where}: the policy's config lacks {', '.join(missing)} (subclass "
                           "schedlab_plugins.autoscalers.ScalingConfig)")
     most = config.max_instances or cluster.instances
+    if cluster.instances < 2:
+        raise ConfigError(f"{where}: autoscaling needs [cluster] instances >= 2 (the most that can serve)")
     if most != cluster.instances:
         raise ConfigError(f"{where}: max_instances ({most}) must equal [cluster] instances ({cluster.instances}), "
                           "the instances built")
