@@ -121,8 +121,10 @@ class ViewPool(list):
         for index in self._indexes.values():
             if pos in index.members:
                 index.dirty.add(pos)
-        at = self._releases[pos].at
-        if at > self.clock.now and at != self._end_of[pos]:
+        release = self._releases[pos]
+        at = release.at
+        if at > self.clock.now and at != self._end_of[pos] and (release.requests or release.running or
+                                                                release.blocks):  # else its end changes nothing
             self._end_of[pos] = at
             heapq.heappush(self._ends, (at, pos))
 
