@@ -117,7 +117,7 @@ def _search_json(outcome) -> dict | None:
     }
 
 
-NOT_IN_SUMMARY = ("rejections", "wall_ms")
+NOT_IN_SUMMARY = ("rejections", "wall_ms", "cpu_ms")
 
 
 def _run_json(r: RunResult) -> dict:
@@ -219,7 +219,8 @@ def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
     written.append(path)
     path = out / "timings.json"
     atomic_write(path, json.dumps(jsonable({"execution": results.execution,
-                                            "wall_ms": {r.name: r.meta.get("wall_ms") for r in runs}}), indent=1))
+                                            "wall_ms": {r.name: r.meta.get("wall_ms") for r in runs},
+                                            "cpu_ms": {r.name: r.meta.get("cpu_ms") for r in runs}}), indent=1))
     written.append(path)
     return written
 

@@ -77,6 +77,7 @@ def merge_parts(name: str, parts: list[RunResult]) -> RunResult:
         values = [p.meta.get(key) for p in parts]
         meta[key] = sum(values) if all(v is not None for v in values) else None
     meta["wall_ms"] = sum(p.meta.get("wall_ms", 0.0) for p in parts)
+    meta["cpu_ms"] = sum(p.meta.get("cpu_ms", 0.0) for p in parts)
     meta["partitions"] = len(parts)
     timeline = _concat([p.timeline for p in parts])
     if timeline.get("time_ms") is not None and timeline["time_ms"].size:

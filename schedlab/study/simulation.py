@@ -345,6 +345,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     recorder = make_recorder(record or RecordSettings(), a, timeline)
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
     started = time.perf_counter()
+    started_cpu = time.process_time()
     router, indices = a.router, list(range(len(a.instances)))
     try:
         requests = a.workload.requests(spec.seed)
@@ -378,6 +379,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
+    cpu_ms = (time.process_time() - started_cpu) * 1e3
     scheduler, cost, kv = a.instances[0]
     slots = getattr(scheduler, "slots", None)
     mine = [a.instances[i] for i in indices]
@@ -390,6 +392,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "block_size": kv.block_size,
         "bytes_per_block": getattr(kv, "bytes_per_block", 0),
         "wall_ms": wall_ms,
+        "cpu_ms": cpu_ms,  # the simulation's CPU time: on a shared machine, what an idle one's wall time would be
         "events": sum(e.events for e in engines),
         "seed": spec.seed,
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
