@@ -268,16 +268,21 @@ def test_a_summary_of_runs_equals_the_summary_of_the_values():
 # -- partitioned runs ---------------------------------------------------------------------------------------
 
 
+def in_parts(tmp_path, parts: int, *overrides):
+    """The run split into ``parts`` tasks on two worker processes."""
+    executor = make_executor(jobs=2)
+    try:
+        return fleet_run(tmp_path, *overrides, f"cluster.partitions={parts}", executor=executor)
+    finally:
+        executor.close()
+
+
 @pytest.mark.parametrize("router", ['{kind = "round_robin"}', '{kind = "hash", by = "id"}'])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_partitioned_run_has_the_rows_of_one_process(tmp_path, router, engine):
     base = ("workload.num_requests=600", f"cluster.router={router}", f"experiment.engine={engine}")
     whole = fleet_run(tmp_path, *base)
-    executor = make_executor(jobs=2)
-    try:
-        split = fleet_run(tmp_path, *base, "cluster.partitions=3", executor=executor)
-    finally:
-        executor.close()
+    split = in_parts(tmp_path, 3, *base)
     assert split.meta["partitions"] == 3
     for name, column in whole.requests.items():
         np.testing.assert_array_equal(split.requests[name], column, err_msg=name)
@@ -436,11 +441,7 @@ def test_streamed_parts_merge_into_the_rows_and_sketches_of_one_process(tmp_path
     monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
     base = ("workload.num_requests=1500", 'cluster.router={kind = "round_robin"}', "experiment.exact_requests=200")
     whole = fleet_run(tmp_path, *base)
-    executor = make_executor(jobs=2)
-    try:
-        split = fleet_run(tmp_path, *base, "cluster.partitions=2", executor=executor)
-    finally:
-        executor.close()
+    split = in_parts(tmp_path, 2, *base)
     a, b = read_rows(whole.rows_file), read_rows(split.rows_file)
     oa, ob = np.argsort(a["id"]), np.argsort(b["id"])
     for name in ("id", "instance", "first_token_ms", "finish_ms"):
