@@ -78,10 +78,31 @@ def schedlab_register_routers(register: "Registry") -> None:
     A router sees each instance only through a view (:class:`schedlab.engine.load.InstanceView`)
     as it is at the arrival's time -- ``outstanding``, ``waiting``, ``running``, ``in_iteration``
     and the KV gauge ``kv`` (``num_used_blocks()``, ``num_free_blocks()``, ``num_blocks``,
-    ``usage``) -- each read O(1); it never sees what an iteration in progress will finish.
+    ``usage``) -- each read O(1); it never sees what an iteration in progress will finish. That is
+    all the state it may read, with what it keeps itself. The views come in a pool
+    (:class:`schedlab.engine.pool.ViewPool`, a list) whose ``least_by(key, members)`` gives the
+    least loaded instance in O(log N); a router should cost O(1) or O(log N) per request -- a
+    scan of all N views makes a large cluster's every arrival O(N).
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
         ``factory(config)`` must return a new router. A duplicate name raises.
+    """
+
+
+@hookspec
+def schedlab_register_autoscalers(register: "Registry") -> None:
+    """Register autoscaling policies (objects following :class:`schedlab.protocols.Autoscaler`),
+    chosen by ``[cluster] autoscaler = {kind = ...}``.
+
+    A policy is asked at every decision time how many instances should serve, from the
+    :class:`schedlab.engine.scaling.Signals` of that moment (queue lengths, KV usage, SLO
+    attainment over a window); the engine keeps the answer within the config's
+    ``min_instances``/``max_instances``, warms new instances for ``cold_start_s`` before they
+    serve and drains the ones it removes.
+
+    :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
+        ``factory(config)`` must return a new policy. The config must have the keys of
+        ``schedlab_plugins.autoscalers.ScalingConfig`` (subclass it). A duplicate name raises.
     """
 
 

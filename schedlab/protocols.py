@@ -6,7 +6,8 @@ The engine owns time, sequences and the order of events; plugins decide:
   and how many tokens each, whom to admit, whom to preempt);
 * a :class:`CostModel` says how long an iteration of a given :class:`Batch` shape takes;
 * a :class:`KVCache` owns the block pool: allocation, release, prefix reuse, swap space;
-* a :class:`Workload` produces requests; a :class:`Router` spreads them over instances;
+* a :class:`Workload` produces requests; a :class:`Router` spreads them over instances; an
+  :class:`Autoscaler` decides how many of them serve;
 * a :class:`PowerModel` says what power the GPUs draw during and between iterations;
 * a :class:`Report` writes results.
 
@@ -389,8 +390,16 @@ class Router(Protocol):
     ``outstanding`` (queued, swapped out or in service), ``waiting`` and ``running`` (counts),
     ``in_iteration`` and ``kv``, a gauge with ``num_used_blocks()``, ``num_free_blocks()``,
     ``num_blocks``, ``block_size`` and ``usage`` (other attributes are the cache's own, e.g. a
-    prefix lookup); every read is O(1). Optional: ``check_cluster(n)``, called when the run is
-    assembled, to reject settings that do not fit a cluster of ``n``."""
+    prefix lookup); every read is O(1). That is all a router may read of the instances. The list
+    is a :class:`schedlab.engine.pool.ViewPool`: ``instances.least_by(key, members=None)`` returns
+    the position of the least view by ``key(view, position)`` (a key that does not decrease as
+    KV use grows, e.g. :func:`~schedlab.engine.pool.outstanding_key`) in O(log N), from an index
+    the engine keeps up to date. ``route`` should cost O(1) or O(log N). Optional:
+    ``check_cluster(n)``, called when the run is assembled, to reject settings that do not fit a
+    cluster of ``n``. Optional: ``partition(request, order, n) -> int`` for a router whose choice
+    depends only on the request and its arrival order (``order``: 0, 1, ...), never on load: the
+    position it picks among ``n``, so that a run can be split into independent per-instance
+    simulations (see :mod:`schedlab.study.partition`)."""
 
     def route(self, request: "Request", instances: list[Any]) -> int: ...
 
@@ -426,6 +435,19 @@ class PowerModel(Protocol):
         ``j * num_decode`` more context tokens (the longest and shortest context ``j`` more) and
         lasts ``d0 + j * inc`` ms. Must equal the sum of :meth:`iteration_j` over them."""
         ...
+
+
+@runtime_checkable
+class Autoscaler(Protocol):
+    """Decides how many instances of a colocated cluster should serve (``[cluster] autoscaler``).
+
+    ``decide(signals)`` is called every ``interval_s`` with :class:`schedlab.engine.scaling.Signals`
+    and returns the number of instances that should serve or be warming; the engine clamps it to
+    ``[min_instances, max_instances]``, warms the new ones for ``cold_start_s`` and drains the ones
+    it removes (every request they hold finishes). Its config (``.config``) has the keys of
+    ``schedlab_plugins.autoscalers.ScalingConfig``."""
+
+    def decide(self, signals: Any) -> int: ...
 
 
 @runtime_checkable

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 from types import SimpleNamespace
+import zlib
 
 import attrs
 import numpy as np
@@ -23,8 +24,9 @@ from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import check_run, compare_runs, examples, requests_lists
 from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
-from schedlab_plugins.routers import (ClassRouter, ClassRoutingConfig, LeastKVRouter, LeastOutstandingRouter,
-                                      PrefixAffinityConfig, PrefixAffinityRouter, RoundRobinRouter, prefix_key)
+from schedlab_plugins.routers import (ClassRouter, ClassRoutingConfig, HashRouter, LeastKVRouter,
+                                      LeastOutstandingRouter, PrefixAffinityConfig, PrefixAffinityRouter,
+                                      RoundRobinRouter, prefix_key)
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -433,6 +435,9 @@ def check_choice(kind: str, n: int, calls: list, class_lists: dict) -> None:
         elif kind == "class":
             allowed = class_lists.get(request.request_class, list(range(n)))
             assert index == allowed[first_min([outstanding[i] for i in allowed])]
+        elif kind == "hash":  # crc32 of the key's text, whatever the load
+            key = prefix_key(request) or ("id", request.id)
+            assert index == zlib.crc32(repr(key).encode()) % n
 
 
 @st.composite
@@ -444,7 +449,7 @@ def cluster_cases(draw):
         "requests": requests,
         "instances": draw(st.integers(2, 4)),
         "router": draw(st.sampled_from(["round_robin", "least_outstanding", "least_kv", "prefix_affinity",
-                                        "prefix_affinity_capped", "class"])),
+                                        "prefix_affinity_capped", "class", "hash"])),
         "max_num_seqs": draw(st.integers(1, 6)),
         "allocation": draw(st.sampled_from(["reserve", "grow"])),
         "kv_blocks": draw(st.integers(3, 16)),
@@ -464,6 +469,8 @@ def make_router(kind: str, n: int):
         return PrefixAffinityRouter(), class_lists
     if kind == "prefix_affinity_capped":
         return PrefixAffinityRouter(PrefixAffinityConfig(max_imbalance=1)), class_lists
+    if kind == "hash":
+        return HashRouter(), class_lists
     return ClassRouter(ClassRoutingConfig(classes=class_lists)), class_lists
 
 

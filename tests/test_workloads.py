@@ -21,7 +21,8 @@ from schedlab.model import Request
 from schedlab.registry import Registry
 from schedlab_plugins import workloads
 
-NAMES = ("file", "inline", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log", "vllm_bench")
+NAMES = ("file", "inline", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log",
+         "vllm_bench", "diurnal")
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,10 @@
 """Built-in reports: the summary ``table``, ``json`` results (with CSVs), ``plots``, ``crossover``, ``goodput``
-per GPU, Perfetto ``trace`` files and the seed ``lab`` artifacts."""
+per GPU, Perfetto ``trace`` files, the ``fleet`` day hour by hour and the seed ``lab`` artifacts."""
 
 import schedlab
 
 from .crossover import CrossoverConfig
+from .fleet import FleetConfig
 from .goodput import GoodputConfig, GoodputReport
 from .lab import LabConfig, LabReport
 from .measured import CompareConfig, CompareReport
@@ -20,6 +21,13 @@ def _plots_report(config=None):
     return PlotsReport(config)
 
 
+def _fleet_report(config=None):
+    """The fleet report; matplotlib is imported only when its figure is drawn."""
+    from .fleet import FleetReport
+
+    return FleetReport(config)
+
+
 def _crossover_report(config):
     """The crossover report; matplotlib is imported only when its figure is drawn."""
     from .crossover import CrossoverReport
@@ -29,6 +37,8 @@ def _crossover_report(config):
 
 @schedlab.hookimpl
 def schedlab_register_reports(register):
+    register("fleet", _fleet_report, config=FleetConfig,
+             help="a day of a fleet: GPU-hours, cost and SLO attainment per hour (fleet.txt, plots/fleet.png)")
     register("table", TableReport, config=TableConfig, help="summary table on stdout and in summary.txt")
     register("json", JsonReport, help="summary.json/.csv, requests.csv, timeline.csv and the resolved config")
     register("plots", _plots_report, config=PlotsConfig,

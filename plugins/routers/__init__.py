@@ -1,21 +1,22 @@
 """Built-in routers for several-instance runs (``[cluster] router = {kind = ...}``).
 
-``round_robin`` (the default), ``least_outstanding``, ``least_kv``, ``prefix_affinity``,
+``round_robin`` (the default), ``least_outstanding``, ``least_kv``, ``prefix_affinity``, ``hash``,
 ``class`` and ``vllm_dp`` (vLLM's data-parallel load balancer, the default of data-parallel
-ranks). Every router is deterministic and does O(instances) work per request.
+ranks). Every router is deterministic; round robin costs O(1) per request, the others
+O(log instances) (see :mod:`schedlab.engine.pool`).
 """
 
 import schedlab
 
-from .affinity import PrefixAffinityConfig, PrefixAffinityRouter, prefix_key
+from .affinity import HashConfig, HashRouter, PrefixAffinityConfig, PrefixAffinityRouter, prefix_key, stable_hash
 from .balancing import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter, kv_usage, least_outstanding
 from .classes import ClassRouter, ClassRoutingConfig
 from .data_parallel import DataParallelRouter, DataParallelRouterConfig
 
 __all__ = [
-    "ClassRouter", "ClassRoutingConfig", "DataParallelRouter", "DataParallelRouterConfig", "LeastKVRouter",
-    "LeastOutstandingRouter", "PrefixAffinityConfig", "PrefixAffinityRouter", "RoundRobinRouter", "kv_usage",
-    "least_outstanding", "prefix_key",
+    "ClassRouter", "ClassRoutingConfig", "DataParallelRouter", "DataParallelRouterConfig", "HashConfig", "HashRouter",
+    "LeastKVRouter", "LeastOutstandingRouter", "PrefixAffinityConfig", "PrefixAffinityRouter", "RoundRobinRouter",
+    "kv_usage", "least_outstanding", "prefix_key", "stable_hash",
 ]
 
 
@@ -28,6 +29,8 @@ def schedlab_register_routers(register):
              help="lowest KV-cache usage (ties: fewest outstanding, then lowest index)")
     register("prefix_affinity", PrefixAffinityRouter, config=PrefixAffinityConfig,
              help="same prefix group (or first block hash) -> same instance; others least outstanding")
+    register("hash", HashRouter, config=HashConfig,
+             help="hash of the prefix (or id) -> instance, whatever the load (splits into partitions)")
     register("class", ClassRouter, config=ClassRoutingConfig,
              help="request_class -> its own instances (e.g. interactive vs batch), least outstanding within")
     register("vllm_dp", DataParallelRouter, config=DataParallelRouterConfig,

@@ -15,11 +15,12 @@ and it does not model instances joining or leaving -- the cluster here is fixed.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Sequence
 
 import attrs
 
-from schedlab.configs import int_field
+from schedlab.configs import int_field, str_field
 
 from .balancing import least_outstanding
 
@@ -61,10 +62,43 @@ class PrefixAffinityRouter:
         if key is None:
             return least
         home = self._home.get(key)
-        if home is None:
+        if home is None or home >= len(instances):  # new, or its instance left an autoscaled pool
             self._home[key] = least
             return least
         cap = self.config.max_imbalance
         if cap is not None and instances[home].outstanding - instances[least].outstanding > cap:
             return least
         return home
+
+
+@attrs.frozen
+class HashConfig:
+    by: str = str_field("prefix", choices=("prefix", "id"),
+                        help="'prefix': a request's prefix group or first block hash (requests without one: their "
+                             "id); 'id': the request id")
+
+
+def stable_hash(key: Any) -> int:
+    """A hash that is the same in every process and run (Python's ``hash`` of text is salted)."""
+    return zlib.crc32(repr(key).encode())
+
+
+class HashRouter:
+    """Requests go to ``hash(key) % N``: the same prefix always to the same instance, whatever the
+    load -- the consistent-hashing load balancers in front of caches do this (e.g. Envoy's
+    ``RING_HASH`` / ``MAGLEV`` on a header), and the vLLM production-stack router's session
+    affinity. It never reads load, so a run with it can be split into independent parts
+    (``[cluster] partitions``); the price is imbalance when a few keys are hot."""
+
+    def __init__(self, config: HashConfig | None = None):
+        self.config = config or HashConfig()
+
+    def _key(self, request) -> Any:
+        key = prefix_key(request) if self.config.by == "prefix" else None
+        return ("id", request.id) if key is None else key
+
+    def partition(self, request, order: int, n: int) -> int:
+        return stable_hash(self._key(request)) % n
+
+    def route(self, request, instances: Sequence) -> int:
+        return self.partition(request, 0, len(instances))

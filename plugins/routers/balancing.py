@@ -1,14 +1,28 @@
 """Load-balancing routers that look only at the instances: round robin, least outstanding, least KV.
 
 Each router reads what a real load balancer can see of a replica -- requests in flight and
-the KV-cache usage gauge (vLLM's ``kv_cache_usage_perc``) -- and does one O(instances) pass
-per request. Ties always go to the lowest instance index, so runs are deterministic.
-A router object holds the state of one run (the simulation builds a fresh one per run).
+the KV-cache usage gauge (vLLM's ``kv_cache_usage_perc``). Ties always go to the lowest
+instance index, so runs are deterministic. Round robin costs O(1) per request; the others ask
+the pool for its least loaded instance, O(log N) from the index the engine keeps
+(:mod:`schedlab.engine.pool`), or scan a plain list of views. A router object holds the state
+of one run (the simulation builds a fresh one per run).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+from schedlab.engine.pool import kv_key, outstanding_key
+
+
+def least_by(instances: Sequence, key, candidates: Sequence[int] | None = None) -> int:
+    """Position of the least instance by ``key(view, position)``: from the pool's index when it
+    keeps one, else by a scan (a plain list of views, e.g. in a test)."""
+    ask = getattr(instances, "least_by", None)
+    if ask is not None:
+        return ask(key, candidates)
+    positions = range(len(instances)) if candidates is None else candidates
+    return min(positions, key=lambda pos: key(instances[pos], pos))
 
 
 def least_outstanding(instances: Sequence, candidates: Sequence[int] | None = None) -> int:
@@ -16,15 +30,7 @@ def least_outstanding(instances: Sequence, candidates: Sequence[int] | None = No
 
     :param candidates: instance indices to choose from, in ascending order (default: all).
     """
-    if candidates is None:
-        candidates = range(len(instances))
-    best = -1
-    best_load = 0
-    for i in candidates:
-        load = instances[i].outstanding
-        if best < 0 or load < best_load:
-            best, best_load = i, load
-    return best
+    return least_by(instances, outstanding_key, candidates)
 
 
 def kv_usage(instance) -> float:
@@ -48,6 +54,12 @@ class RoundRobinRouter:
         index = self._next % len(instances)
         self._next = index + 1
         return index
+
+    @staticmethod
+    def partition(request, order: int, n: int) -> int:
+        """The choice without the router's state: the ``order``-th arrival goes to ``order % n``
+        (a partitioned run, :mod:`schedlab.study.partition`)."""
+        return order % n
 
 
 class LeastOutstandingRouter:
@@ -73,10 +85,4 @@ class LeastKVRouter:
     """
 
     def route(self, request, instances: Sequence) -> int:
-        best = 0
-        best_key = None
-        for i, inst in enumerate(instances):
-            key = (kv_usage(inst), inst.outstanding)
-            if best_key is None or key < best_key:
-                best, best_key = i, key
-        return best
+        return least_by(instances, kv_key)

@@ -78,6 +78,18 @@ class ClassRouter:
                     f"(indices 0 to {size - 1})")
         self._checked_size = size
 
+    def partitionable(self) -> bool:
+        """Every class (and the default) has one instance: the choice ignores load."""
+        return self._default is not None and all(len(v) == 1 for v in [*self._targets.values(), self._default])
+
+    def __getattr__(self, name: str):
+        if name == "partition" and self.partitionable():
+            return self._only_instance
+        raise AttributeError(name)
+
+    def _only_instance(self, request, order: int, n: int) -> int:
+        return self._targets.get(request.request_class, self._default)[0]
+
     def route(self, request, instances: Sequence) -> int:
         if self._checked_size != len(instances):
             self.check_cluster(len(instances))

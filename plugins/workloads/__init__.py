@@ -6,6 +6,7 @@ Registered names (``[workload] kind = ...``):
 * ``inline`` -- requests listed in the experiment itself (:mod:`.request_file`);
 * ``synthetic`` -- lengths from distributions, Poisson/gamma/all-at-once arrivals (:mod:`.synthetic`);
 * ``shared_prefix`` -- requests sharing system prompts (:mod:`.synthetic`);
+* ``diurnal`` -- a day of traffic whose rate follows the hour (:mod:`.diurnal`);
 * ``azure``, ``vidur``, ``mooncake`` -- published traces (:mod:`.traces`);
 * ``mix`` -- several classes merged by arrival time (:mod:`.mix`);
 * ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`);
@@ -23,6 +24,7 @@ import functools
 import schedlab
 
 from .closed_loop import ClosedLoopConfig, make_closed_loop_workload
+from .diurnal import DiurnalConfig, make_diurnal_workload
 from .measured import VllmBenchConfig, VllmLogConfig, make_vllm_bench_workload, make_vllm_log_workload
 from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
 from .request_file import FileConfig, InlineConfig, make_file_workload, make_inline_workload
@@ -40,6 +42,8 @@ def schedlab_register_workloads(register) -> None:
              help="N requests with lengths from distributions and Poisson/gamma/all-at-once arrivals")
     register("shared_prefix", make_shared_prefix_workload, config=SharedPrefixConfig,
              help="requests sharing system prompts: groups, shared fraction, uniform or Zipf popularity")
+    register("diurnal", make_diurnal_workload, config=DiurnalConfig,
+             help="a day of traffic: Poisson arrivals at an hourly rate (cosine day or your profile)")
     register("azure", make_azure_workload, config=AzureConfig,
              help="Azure LLM inference trace 2023 (TIMESTAMP,ContextTokens,GeneratedTokens)")
     register("vidur", make_vidur_workload, config=VidurConfig,

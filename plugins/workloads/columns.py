@@ -107,19 +107,26 @@ def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns, *, first_id: 
     return _generate(arrival, columns, first_id)
 
 
+#: Rows turned into Python numbers at a time (the arrays stay numpy: 24 bytes a request, not ~100).
+_BLOCK = 1 << 16
+
+
 def _generate(arrival: np.ndarray, columns: RequestColumns, first_id: int = 0) -> Iterator[Request]:
-    times = arrival.tolist()
-    prompts = columns.prompt_tokens.tolist()
-    outputs = columns.output_tokens.tolist()
     constant = columns.constant
     names = tuple(columns.per_row)
-    if not names:
-        for i, (t, p, o) in enumerate(zip(times, prompts, outputs), first_id):
-            yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant)
-        return
     varying = [columns.per_row[name] for name in names]
-    for i, (t, p, o, *rest) in enumerate(zip(times, prompts, outputs, *varying), first_id):
-        yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant, **dict(zip(names, rest)))
+    for lo in range(0, len(arrival), _BLOCK):
+        hi = lo + _BLOCK
+        ids = range(first_id + lo, first_id + hi)
+        times = arrival[lo:hi].tolist()
+        prompts = columns.prompt_tokens[lo:hi].tolist()
+        outputs = columns.output_tokens[lo:hi].tolist()
+        if not names:
+            for i, t, p, o in zip(ids, times, prompts, outputs):
+                yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant)
+            continue
+        for i, t, p, o, *rest in zip(ids, times, prompts, outputs, *(v[lo:hi] for v in varying)):
+            yield Request(id=i, arrival_ms=t, prompt_tokens=p, output_tokens=o, **constant, **dict(zip(names, rest)))
 
 
 class OpenLoopWorkload:

@@ -146,11 +146,15 @@ def make_synthetic_workload(config: SyntheticConfig):
     constant = _shared_fields(config)
 
     def columns_of(seed: int, n: int) -> RequestColumns:
-        prompts = prompt.sample(stream_rng(seed, PROMPT_STREAM), n)
-        outputs = scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), config.output_scale)
-        return RequestColumns(prompts, outputs, {}, constant)
+        return RequestColumns(*draw_lengths(prompt, output, config.output_scale, seed, n), {}, constant)
 
     return staged(config, "synthetic", columns_of)
+
+
+def draw_lengths(prompt, output, output_scale: float, seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths of ``n`` requests, each from its own stream of ``seed``."""
+    prompts = prompt.sample(stream_rng(seed, PROMPT_STREAM), n)
+    return prompts, scale_lengths(output.sample(stream_rng(seed, OUTPUT_STREAM), n), output_scale)
 
 
 # --- shared_prefix -------------------------------------------------------------------------

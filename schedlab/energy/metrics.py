@@ -31,13 +31,21 @@ def instance_energy(inst: dict, window_ms: float) -> dict[str, float]:
 def energy_metrics(req: dict[str, np.ndarray], energy: dict[str, Any], summarize) -> dict[str, Any]:
     """The ``energy`` metrics group (see the module docstring); ``summarize`` makes the
     mean/percentile summary of the per-request shares."""
+    ok = req["rejected"] == 0
+    shares = req["energy_j"][ok] if "energy_j" in req else np.empty(0)
+    return energy_totals(energy, int(req["generated_tokens"][ok].sum()), int(ok.sum()), summarize(shares),
+                         float(shares.sum()))
+
+
+def energy_totals(energy: dict[str, Any], generated: int, finished: int, request_j: dict[str, float],
+                  attributed_j: float) -> dict[str, Any]:
+    """The ``energy`` group from the meters' record and the requests' figures: output tokens and
+    requests served (not rejected), the summary of their shares and the shares' sum (what a
+    streamed run keeps, :mod:`schedlab.results.stream`)."""
     start, end = energy["window_ms"]
     window = end - start
     seconds = window / 1e3
     nan = float("nan")
-    ok = req["rejected"] == 0
-    generated = int(req["generated_tokens"][ok].sum())
-    finished = int(ok.sum())
     per_instance, gpu, host, busy, idle = {}, 0.0, 0.0, 0.0, 0.0
     for k, inst in enumerate(energy["instances"]):
         parts = instance_energy(inst, window)
@@ -53,15 +61,14 @@ def energy_metrics(req: dict[str, np.ndarray], energy: dict[str, Any], summarize
         }
     pue = energy.get("pue", 1.0)
     facility = (gpu + host) * pue
-    shares = req["energy_j"][ok] if "energy_j" in req else np.empty(0)
     return {
         "gpu_j": gpu, "busy_j": busy, "idle_j": idle, "host_j": host, "facility_j": facility,
         "kwh": facility / J_PER_KWH, "gpu_kwh": gpu / J_PER_KWH, "pue": pue,
         "j_per_token": gpu / generated if generated else nan,
         "j_per_request": gpu / finished if finished else nan,
         "facility_j_per_token": facility / generated if generated else nan,
-        "request_j": summarize(shares),
-        "attributed_j": float(shares.sum()),
+        "request_j": request_j,
+        "attributed_j": attributed_j,
         "avg_power_w": gpu / seconds if seconds > 0 else nan,
         "peak_power_w": max((i["peak_w"] for i in energy["instances"]), default=nan),
         "window_ms": window,
@@ -72,7 +79,10 @@ def energy_metrics(req: dict[str, np.ndarray], energy: dict[str, Any], summarize
 def class_energy(req: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, float]:
     """The shares of one class's finished requests: in all, per request and per output token."""
     ok = sel & (req["rejected"] == 0)
-    total = float(req["energy_j"][ok].sum())
-    n, tokens = int(ok.sum()), int(req["generated_tokens"][ok].sum())
+    return energy_shares(float(req["energy_j"][ok].sum()), int(ok.sum()), int(req["generated_tokens"][ok].sum()))
+
+
+def energy_shares(total: float, n: int, tokens: int) -> dict[str, float]:
+    """``total`` J shared by ``n`` requests' ``tokens`` output tokens: in all, per request and per token."""
     nan = float("nan")
     return {"j": total, "j_per_request": total / n if n else nan, "j_per_token": total / tokens if tokens else nan}

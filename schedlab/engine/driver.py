@@ -1,16 +1,28 @@
 """The run loop: hands arrivals to instances in time order and lets them advance in between.
 
-Open-loop workloads give every request up front (lazily, in arrival order); each instance
-runs every iteration that starts before the next arrival, then the router places it, seeing
-each instance as it is at that time -- an iteration still in progress holds its requests and
-their KV (:mod:`schedlab.engine.load`).
+Open-loop workloads give every request up front (lazily, in arrival order). Instances then act
+event by event (:meth:`Instance.step`): a heap orders them by their next event, and an arrival
+brings forward only the instances whose next event comes before it -- never the whole cluster
+-- each as far as the arrival (instances do not meet between arrivals). A run of identical
+decode iterations is kept pending rather than applied: it is applied whole when it ends, or cut
+by the arrival of a request routed to its instance (the arrival joins at the end of the
+iteration in progress). The router places each arrival
+seeing every instance as it is at that time -- an iteration still in progress holds its
+requests and their KV, a pending run the KV of its iteration in progress
+(:mod:`schedlab.engine.load`) -- through a pool that keeps the instances ordered by load
+(:mod:`schedlab.engine.pool`). So an arrival costs O(log N) over N instances, and the work
+between arrivals is the events that happen, as on one instance. A request whose client gives
+up (:mod:`schedlab.frontend`) is aborted at its instance's first plan at or after the abort's
+time -- the instance's runs end there, as at an arrival -- and an instance between iterations at
+an arrival's time aborts what is due before the router looks.
 
 Closed-loop workloads release a client's next request when its previous one finishes, on any
 instance. So instances advance in lockstep: the instance that is furthest behind runs, and
 only the iterations that start no later than every other busy instance's clock -- a request
 another instance releases can only arrive after that clock, so nothing is ever run past a
 request that could have joined it. One instance runs at full speed; several interleave their
-decode runs at each other's event boundaries, which costs speed, not exactness.
+decode runs at each other's event boundaries, which costs speed, not exactness (closed loops
+and disaggregated clusters advance in this lockstep, O(N) per step).
 """
 
 from __future__ import annotations
@@ -71,7 +83,7 @@ def arrival_queue(requests: Iterable, workload, client_side) -> ArrivalQueue | C
 
 
 def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, workload=None,
-             client_side=None) -> None:
+             client_side=None, scaling=None) -> None:
     """Run until every request has finished, been rejected or been aborted.
 
     :param requests: requests in arrival order (a workload's ``requests(seed)``).
@@ -79,6 +91,8 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
     :param workload: the workload, when it is closed-loop (its ``on_finish`` releases requests).
     :param client_side: a :class:`~schedlab.frontend.ClientSide` (front end, timeouts), or None:
         requests then reach the engine when the workload says and clients never give up.
+    :param scaling: a :class:`~schedlab.engine.scaling.ScalingController` (open loop only): the
+        router then sees the serving instances only.
     :raises StallError: work is left that no instance can make progress on.
     """
     if len(instances) > 1 and router is None:
@@ -90,19 +104,18 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
             inst.hangup_ms = client_side.network_ms
     arrivals = arrival_queue(requests, workload, client_side)
     aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
+    if not closed:
+        _simulate_open(arrivals, instances, router, scaling, aborting)
+        return
+    if scaling is not None:
+        raise ValueError("autoscaling needs an open-loop workload")
     clock = RoutingClock()
     views = views_of(instances, clock)
     delivered = 0
     while True:
         t = arrivals.next_time()
-        if closed:
-            if _advance_lockstep(instances, t, arrivals, workload):
-                continue  # something ran or finished; the next arrival may have moved earlier
-        else:
-            for inst in instances:
-                status = inst.advance(t)
-                if status == "blocked" and t == INF:
-                    raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
+        if _advance_lockstep(instances, t, arrivals, workload):
+            continue  # something ran or finished; the next arrival may have moved earlier
         if t == INF:
             return
         clock.now = t
@@ -116,8 +129,105 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
             target = instances[route(router, request, views)] if router is not None else instances[0]
             target.arrive(request, delivered)
             delivered += 1
-            if closed:
-                _release(target, arrivals)  # a request rejected at once releases its successor
+            _release(target, arrivals)  # a request rejected at once releases its successor
+
+
+class EventHeap:
+    """The instances' next events (:meth:`Instance.next_event`) in time order, ties to runs
+    ending before plans, then to the lowest position; entries an instance has moved past are
+    dropped as they surface."""
+
+    def __init__(self, instances: Sequence[Instance]):
+        self.instances = instances
+        self.heap: list = []
+        self.announced: list = [None] * len(instances)
+
+    def update(self, pos: int, event: tuple[float, int] | None = None) -> None:
+        """Instance ``pos`` may have a new next event (``event``, if the caller knows it)."""
+        if event is None:
+            event = self.instances[pos].next_event()
+        if event != self.announced[pos]:
+            self.announced[pos] = event
+            if event[0] < INF:
+                heapq.heappush(self.heap, (event[0], event[1], pos))
+
+    def due(self, t: float) -> int | None:
+        """The position of an instance whose event comes before an arrival at ``t`` (a run that
+        ends at ``t`` too: the arrival sees it ended), or None."""
+        heap = self.heap
+        while heap:
+            when, kind, pos = heap[0]
+            if when > t or (when == t and kind == 1):
+                return None
+            heapq.heappop(heap)
+            if self.announced[pos] == (when, kind):
+                self.announced[pos] = None
+                return pos
+        return None
+
+    def planning_at(self, t: float) -> list[int]:
+        """The positions of the instances that plan at ``t`` (after :meth:`due` has run out for
+        an arrival at ``t``, their events are the heap's top); they are taken off the heap, to
+        be put back by :meth:`update`."""
+        heap, found = self.heap, []
+        while heap and heap[0][0] == t:
+            when, kind, pos = heapq.heappop(heap)
+            if self.announced[pos] == (when, kind):
+                self.announced[pos] = None
+                found.append(pos)
+        return found
+
+
+def _simulate_open(arrivals, instances: Sequence[Instance], router, scaling=None, aborting: bool = False) -> None:
+    """The open-loop driver: instances act event by event, an arrival brings forward only those
+    whose events come before it (see the module docstring). With ``scaling``, the autoscaler's
+    events (ticks, instances turning warm) come before arrivals at the same time, and stop with
+    the last arrival. With clients that give up (``aborting``), an instance's aborts end its runs
+    (see :meth:`Instance.step`); one between iterations at an arrival's time aborts what is due
+    before the router looks (:meth:`Instance.settle`)."""
+    clock = scaling.clock if scaling is not None else RoutingClock()
+    pool = views_of(instances, clock, tracked=True) if scaling is None else None
+    changed = pool.changed if scaling is None else scaling.changed
+    events = EventHeap(instances)
+    delivered = 0
+    while True:
+        t_arrival = arrivals.next_time()
+        t_scaling = scaling.next_time() if scaling is not None and t_arrival < INF else INF
+        t = t_arrival if t_arrival < t_scaling else t_scaling
+        clock.now = t
+        pos = events.due(t)
+        while pos is not None:
+            events.update(pos, instances[pos].act_until(t))
+            changed(pos)
+            pos = events.due(t)
+        if t == INF:
+            break
+        if t_scaling <= t_arrival:
+            scaling.apply(t)
+            continue
+        if aborting:
+            for pos in events.planning_at(t):
+                instances[pos].settle(t)
+                events.update(pos)
+                changed(pos)
+        while arrivals.next_time() <= t:
+            request = arrivals.pop(t)
+            if request is None:  # an event of the client side
+                continue
+            if scaling is not None:
+                pos = scaling.target(route(router, request, scaling.pool))
+                scaling.arrived(t)
+            else:
+                pos = route(router, request, pool) if router is not None else 0
+            target = instances[pos]
+            target.catch_up(t)
+            target.arrive(request, delivered)
+            delivered += 1
+            events.update(pos)
+            changed(pos)
+    for inst in instances:
+        if inst.has_work():
+            raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
 
 
 def _release(inst: Instance, arrivals) -> bool:

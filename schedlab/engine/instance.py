@@ -57,6 +57,39 @@ class IterationRecord:
     preempted_generated: tuple = ()  # tokens each preempted request had generated (same order as preempted)
 
 
+class PreparedRun:
+    """A planned iteration, or run of ``k`` identical decode iterations, not yet applied.
+
+    The driver of an open-loop cluster keeps a decode run *pending* instead of applying it at
+    once (see :meth:`Instance.step`): it ends at ``end`` unless an arrival routed to the instance
+    cuts it short, and meanwhile routers read it in closed form (:meth:`grown_at`).
+    """
+
+    __slots__ = ("plan", "parked", "n_dec", "steps", "batch", "d0", "inc", "growth", "k", "start", "end")
+
+    def __init__(self, plan, parked, n_dec, steps, batch, d0, inc, growth, k, start):
+        self.plan, self.parked, self.n_dec, self.steps, self.batch = plan, parked, n_dec, steps, batch
+        self.d0, self.inc, self.growth, self.k, self.start = d0, inc, growth, k, start
+        self.end = start + bulk.run_ms(k, d0, inc)
+
+    def started_before(self, t: float) -> int:
+        """Iterations of the run that start before ``t`` (> start): the ones an arrival at ``t``
+        cannot join; at least 1, at most ``k``."""
+        n = bulk.steps_before(self.start, t, self.d0, self.inc)
+        return n if n < self.k else self.k
+
+    def busy_at(self, t: float) -> bool:
+        """An iteration of the run is in progress at ``t`` (not between two of them)."""
+        return t > self.start and self.start + bulk.run_ms(self.started_before(t), self.d0, self.inc) > t
+
+    def grown_at(self, t: float) -> int:
+        """Blocks the run has taken by time ``t`` beyond those of its first iteration: the
+        KV of the iteration in progress at ``t`` (one that starts at ``t`` has not begun)."""
+        if self.growth is None or t <= self.start:
+            return 0
+        return self.growth.blocks(self.started_before(t) - 1)
+
+
 def default_rejection_reason(request, kv) -> str | None:
     """A request that cannot fit in the whole cache even alone can never finish."""
     tokens = request.prompt_tokens + request.max_output_tokens - 1
@@ -164,6 +197,7 @@ class Instance:
         # their disconnect takes hangup_ms to get here. Entries of finished sequences are dropped lazily.
         self.aborts: list = []
         self.hangup_ms = 0.0
+        self.pending: PreparedRun | None = None  # a decode run planned, not yet applied (see step)
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Sequence | None:
@@ -202,8 +236,11 @@ class Instance:
         """Before requests arriving at ``t`` are routed: between iterations at ``t``, abort what
         is due by then, so that routers see the aborted requests gone at their abort (as they see
         an iteration's finished requests gone at its end)."""
-        if self.now == t and self.aborts and self.next_abort() <= t:
-            self._abort_due()
+        if self.aborts and self.pending is None and self.next_abort() <= t:
+            if self.asleep and self.sleep_wake <= t:  # event by event: its sleep ends now (see step)
+                self.wake(t)
+            if self.now == t:
+                self._abort_due()
 
     def _abort_due(self) -> None:
         """Abort, at this plan, every request whose client's disconnect has arrived by now
@@ -418,11 +455,7 @@ class Instance:
             if abort_at <= self.now:
                 self._abort_due()
                 abort_at = self.next_abort()
-            self.serial += 1
-            plan = FastPlan(self, self.serial)
-            if not (self.bulk_ok and self.n_decoding and not (self.waiting or self.prefilling or self.swapped)
-                    and plan.decode_all()):
-                self.scheduler.schedule(plan)  # else: nothing to decide but decoding (see stable_between_events)
+            plan = self._plan()
             limit = until if until < abort_at else abort_at  # an abort, like an arrival, ends a run of iterations
             if stage is not None:
                 stage.after_plan(self, plan)
@@ -461,6 +494,90 @@ class Instance:
             if stop_on_finish and (self.finished or self.emitted):
                 return "finished"
         return "until"
+
+    def _plan(self) -> FastPlan:
+        """Ask the scheduler for the next iteration's plan, at ``now``."""
+        self.serial += 1
+        plan = FastPlan(self, self.serial)
+        if not (self.bulk_ok and self.n_decoding and not (self.waiting or self.prefilling or self.swapped)
+                and plan.decode_all()):
+            self.scheduler.schedule(plan)  # else: nothing to decide but decoding (see stable_between_events)
+        return plan
+
+    # -- event by event (open-loop colocated clusters, schedlab.engine.driver.simulate) --------------
+    def next_event(self) -> tuple[float, int]:
+        """When this instance next acts on its own, and how: ``(end, 0)`` -- its pending decode
+        run ends (applied once the routing clock reaches the end: an arrival at that very time
+        sees it ended); ``(t, 1)`` -- it plans at ``t``, which the driver lets happen only before
+        the next arrival (an arrival at ``t`` may still join that plan); ``(inf, 1)``: it waits
+        for an arrival."""
+        if self.pending is not None:
+            return self.pending.end, 0
+        if self.asleep:
+            return self.sleep_wake, 1
+        return (self.now, 1) if self.has_work() else (INF, 1)
+
+    def step(self) -> None:
+        """Do what :meth:`next_event` announced: apply the pending run whole; or plan at ``now``
+        (at the sleep's end, if asleep; after aborting what is due) and run that iteration, keep
+        a run of decode iterations pending (:class:`PreparedRun`; an arrival routed here cuts it,
+        see :meth:`catch_up`; it ends at the next abort, as :meth:`advance`'s runs do), or sleep
+        after an empty plan until its wake-up time, its next abort or an arrival."""
+        run = self.pending
+        if run is not None:
+            self.pending = None
+            self._apply(run, run.k)
+            return
+        if self.asleep:
+            self.wake(self.sleep_wake)
+        abort_at = self.next_abort() if self.aborts else INF
+        if abort_at <= self.now:
+            self._abort_due()
+            abort_at = self.next_abort()
+        empty_plans = 0
+        while True:
+            plan = self._plan()
+            if not plan.is_empty():
+                break
+            if not self.has_work():
+                return
+            wake = plan.wake if plan.wake is not None else INF
+            if abort_at < wake:  # an abort wakes it (as an arrival would)
+                wake = abort_at
+            if not plan.preempted and wake > self.now:
+                self.asleep = True  # inf: only an arrival wakes it (a stall when none is left)
+                self.sleep_wake = wake
+                return
+            empty_plans += 1
+            if empty_plans > 1000:
+                raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
+        self.events += 1
+        run = self._prepare(plan, abort_at)  # an abort, like an arrival, ends a run of iterations
+        if run.k > 1:
+            self.pending = run
+        else:
+            self._apply(run, 1)
+
+    def act_until(self, t: float) -> tuple[float, int]:
+        """Step while the next event comes before an arrival at ``t`` (a pending run ending at
+        ``t`` too: the arrival sees it ended); returns the next event then. Instances do not
+        meet between arrivals, so each can go its own way this far."""
+        while True:
+            when, kind = event = self.next_event()
+            if when > t or (when == t and kind == 1):
+                return event
+            self.step()
+
+    def catch_up(self, t: float) -> None:
+        """A request routed here arrives at ``t``: apply the iterations of the pending run that
+        start before ``t`` (the arrival joins the next plan, at the end of the one in progress),
+        or, idle or asleep, move the clock to ``t``."""
+        run = self.pending
+        if run is not None:
+            self.pending = None
+            self._apply(run, run.started_before(t))
+        else:
+            self.wake(t)
 
     # -- sleeping (disaggregated clusters) ------------------------------------------------------------
     def next_plan_time(self) -> float:
@@ -503,8 +620,12 @@ class Instance:
         return parked
 
     def _execute(self, plan: FastPlan, until: float) -> None:
-        kv = self.kv
-        counters = self.counters
+        run = self._prepare(plan, until)
+        self._apply(run, run.k)
+
+    def _prepare(self, plan: FastPlan, until: float) -> "PreparedRun":
+        """The plan's batch, cost and how many identical iterations to run from here (iterations
+        starting before ``until``); nothing is applied yet but parking the decoders it leaves out."""
         steps = self.clock.steps
         parked = self._park_idle_decoders(plan) if plan.partial_decode else ()
         n_dec = self.n_decoding if plan.decodes_all or plan.decoded else 0
@@ -552,6 +673,16 @@ class Instance:
                 k = self._run_length(plan, d0, inc, until, growth)
                 if valid is not None and valid < k:
                     k = max(valid, 1)
+        return PreparedRun(plan, parked, n_dec, steps, batch, d0, inc, growth, k, self.now)
+
+    def _apply(self, run: "PreparedRun", k: int) -> None:
+        """Run the first ``k`` iterations of a prepared run (``k`` <= its length; fewer when an
+        arrival cuts a pending run short)."""
+        kv = self.kv
+        counters = self.counters
+        plan, parked, n_dec, steps, batch = run.plan, run.parked, run.n_dec, run.steps, run.batch
+        d0, inc, growth = run.d0, run.inc, run.growth
+        prefills = plan.prefills
         start = self.now
         total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
         check_iteration_end(start, total, batch)

@@ -8,9 +8,16 @@ So each instance records, for the iteration it ran last, what its end gives back
 routing time (:class:`RoutingClock`) is before that end. An iteration that ends exactly at the
 arrival's time has ended; one that starts then has not begun (the arrival may still join it).
 
+The fast engine may also hold a run of identical decode iterations *pending*: planned, its
+length known, but applied only when something reaches the instance (an arrival routed to it
+cuts the run at the first iteration boundary at or after the arrival). While it is pending the
+view reads the run in closed form: its requests are all still in service, and the KV blocks
+held are those of the iteration in progress (KV grows step by step during a run).
+
 This is the whole contract between routers and instances (see
 :class:`schedlab.protocols.Router`): every read is O(1), and none of it lets a router see the
-future.
+future. :mod:`schedlab.engine.pool` keeps the views ordered by load, so that choosing the
+least loaded of N instances costs O(log N).
 """
 
 from __future__ import annotations
@@ -71,7 +78,10 @@ class InstanceView:
 
     @property
     def in_iteration(self) -> bool:
-        return self._clock.now < self._inst.release.at
+        inst = self._inst
+        if inst.pending is not None:
+            return inst.pending.busy_at(self._clock.now)
+        return self._clock.now < inst.release.at
 
     @property
     def outstanding(self) -> int:
@@ -90,7 +100,11 @@ class InstanceView:
         return n + inst.release.running if self._clock.now < inst.release.at else n
 
     def _blocks_held(self) -> int:
+        """Blocks held beyond the instance's own count: those an iteration in progress frees at
+        its end, or those a pending decode run has grown by at the routing time."""
         inst = self._inst
+        if inst.pending is not None:
+            return inst.pending.grown_at(self._clock.now)
         return inst.release.blocks if self._clock.now < inst.release.at else 0
 
     def __repr__(self) -> str:
@@ -132,6 +146,10 @@ class KVGauge:
         return getattr(self._view._inst.kv, name)
 
 
-def views_of(instances, clock: RoutingClock) -> list[InstanceView]:
-    """Views of a pool, in the pool's order (the router's answer is a position in it)."""
-    return [InstanceView(inst, clock) for inst in instances]
+def views_of(instances, clock: RoutingClock, *, tracked: bool = False):
+    """Views of a pool, in the pool's order (the router's answer is a position in it), as a
+    :class:`~schedlab.engine.pool.ViewPool`; ``tracked``: the driver tells the pool of every
+    change (see there), so it keeps load indexes instead of scanning."""
+    from .pool import ViewPool
+
+    return ViewPool([InstanceView(inst, clock) for inst in instances], clock, tracked=tracked)

@@ -130,7 +130,7 @@ class DataParallelCluster:
                 if until < INF:
                     self._move_to(until)
                 return "idle"
-            plans = [self._plan(inst) for inst in self.ranks]
+            plans = [inst._plan() for inst in self.ranks]
             if all(p.is_empty() for p in plans):
                 empty += 1
                 if empty > 1000:
@@ -148,14 +148,6 @@ class DataParallelCluster:
             if stop_on_finish and any(inst.finished for inst in self.ranks):
                 return "finished"
         return "until"
-
-    def _plan(self, inst: Instance) -> FastPlan:
-        inst.serial += 1
-        plan = FastPlan(inst, inst.serial)
-        if not (inst.bulk_ok and inst.n_decoding and not (inst.waiting or inst.prefilling or inst.swapped)
-                and plan.decode_all()):
-            inst.scheduler.schedule(plan)  # else: nothing to decide but decoding (stable_between_events)
-        return plan
 
     def _move_to(self, t: float) -> None:
         """Every rank waits, holding its blocks, until ``t`` (the end of a step: ranks that

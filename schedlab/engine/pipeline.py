@@ -52,6 +52,8 @@ class Flight:
 class PipelinedInstance:
     """A fast instance whose batches go through ``stages`` pipeline stages."""
 
+    pending = None  # no pending decode runs (the routers' views ask): batches land one at a time
+
     def __init__(self, inst: Instance, stages: int):
         if not isinstance(inst.cost, RankCost):
             raise TypeError("a pipelined instance's cost model must be a RankCost")
@@ -64,6 +66,7 @@ class PipelinedInstance:
         self.now = 0.0            # when the instance acts next: plans, or lands its oldest batch
         self.to_plan = True       # a launch is due at ``now`` (else the oldest batch lands at ``now``)
         self.last_landing = -INF
+        self._blocked = False      # planned nothing, with no wake-up: waits for an arrival
         inst.running_view = VisibleRunning(inst.running)
         self._pipeline_ms = inst.cost.inner.pipeline_ms
         # Every batch is timed at its launch, from its own decoders (below): the instance's
@@ -123,6 +126,28 @@ class PipelinedInstance:
 
     def _stall_message(self, why: str) -> str:
         return self.inst._stall_message(why)
+
+    # -- event by event (the open-loop driver, schedlab.engine.driver.simulate) ------------------
+    def next_event(self) -> tuple[float, int]:
+        """As :meth:`Instance.next_event`: ``(completion, 0)`` -- the oldest batch lands (before
+        an arrival at that time); ``(t, 1)`` -- it launches at ``t``; ``(inf, 1)`` -- it waits for
+        an arrival (idle, or blocked: work left, nothing planned, no wake-up)."""
+        if not self.to_plan:
+            return self.now, 0
+        if self._blocked or not self.inst.has_work():
+            return INF, 1
+        return self.now, 1
+
+    def act_until(self, t: float) -> tuple[float, int]:
+        """Land and launch while the next event comes before an arrival at ``t``."""
+        self._blocked = self.advance(t) == "blocked"
+        return self.next_event()
+
+    def catch_up(self, t: float) -> None:
+        """A request routed here arrives at ``t``: an instance waiting to launch waits until
+        then (one with batches in flight takes it at its next landing)."""
+        self._blocked = False
+        self.advance(t)
 
     # -- the loop -------------------------------------------------------------------------------
     def advance(self, until: float, stop_on_finish: bool = False) -> str:

@@ -5,6 +5,11 @@ rejected), counters once per event or bulk run; nothing is stored per token. Int
 latencies are kept as *runs* ``(first value, increment, count, weight)``: ``count`` values
 ``first, first + inc, ...``, each seen ``weight`` times. A bulk run of k decode iterations
 over n sequences is one such record.
+
+Memory stays bounded however long the run: past ``exact_requests`` rows, each block of rows,
+and the ITL runs recorded meanwhile, go to a *sink* (:class:`schedlab.results.stream.RowSink`:
+a file and sketches) instead of being kept; the timeline keeps at most ``timeline_points`` rows
+(every row, then every 2nd, 4th, ... row once it would hold more).
 """
 
 from __future__ import annotations
@@ -91,7 +96,16 @@ _FLUSH_ROWS = 1 << 15
 class Recorder:
     """Accumulates one run's raw results (shared by every instance of the run)."""
 
-    def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9, output_delay_ms: float = 0.0):
+    def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9, output_delay_ms: float = 0.0,
+                 sink=None, exact_requests: int | None = None, timeline_points: int | None = None):
+        self.sink = sink                      # where rows go past exact_requests (None: kept)
+        self.listener = None                  # called (seq, finish_ms, rejected, client view) per request
+        self.exact_requests = exact_requests
+        self.streaming = False
+        self.recorded = 0
+        self.timeline_points = timeline_points
+        self._timeline_stride = 1
+        self._timeline_seen = 0
         self._rows: list[tuple] = []
         self._chunks: list[dict[str, np.ndarray]] = []
         self.rejections: dict[int, str] = {}
@@ -127,13 +141,54 @@ class Recorder:
             *(NO_TRANSFER if tr is None else tr.row()), seq.energy_j,
             r.sent_at, client[0], client[1], 1 if aborted else 0, 1 if client[2] else 0,
         ))
+        self.recorded += 1
+        if self.listener is not None:
+            self.listener(seq, finish_ms, rejected, client)
         if len(self._rows) >= _FLUSH_ROWS:
             self._flush()
 
     def _flush(self) -> None:
-        """Turn the buffered rows into column arrays (keeps memory per request small)."""
+        """Turn the buffered rows into column arrays (keeps memory per request small); past
+        ``exact_requests``, hand them to the sink."""
         if not self._rows:
             return
+        if self.sink is not None and not self.streaming and self.recorded > self.exact_requests:
+            self._start_streaming()
+        chunk = self._columns_of_rows()
+        if self.streaming:
+            self._stream(chunk)
+        else:
+            self._chunks.append(chunk)
+
+    def _start_streaming(self) -> None:
+        self.streaming = True
+        for chunk in self._chunks:
+            self._stream(chunk)
+        self._chunks = []
+
+    def _stream(self, chunk: dict) -> None:
+        reasons = {}
+        if self.rejections:
+            for i in chunk["id"][chunk["rejected"] != 0].tolist():
+                reason = self.rejections.pop(i, None)
+                if reason is not None:
+                    reasons[i] = reason
+        self.sink.write(chunk, reasons)
+        self._hand_on_itl()
+
+    def _hand_on_itl(self) -> None:
+        self.sink.add_itl(self.itl_first, self.itl_inc, self.itl_count, self.itl_weight)
+        for buf in (self.itl_first, self.itl_inc, self.itl_count, self.itl_weight):
+            del buf[:]
+
+    def finish(self) -> None:
+        """The run is over: hand the last rows on (a streamed run) and close the sink."""
+        self._flush()
+        if self.streaming:
+            self._hand_on_itl()
+            self.sink.close()
+
+    def _columns_of_rows(self) -> dict:
         cols = list(zip(*self._rows))
         self._rows = []
         chunk = {}
@@ -144,7 +199,7 @@ class Recorder:
                 chunk[name] = np.array(values, dtype=np.int64)
             else:
                 chunk[name] = np.array(values, dtype=object)
-        self._chunks.append(chunk)
+        return chunk
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every recorded request as column arrays, in recording order.
@@ -189,7 +244,16 @@ class Recorder:
         start at ``time_ms`` and last ``duration_ms`` in all, using ``energy_j`` (``preemptions``
         is the run's cumulative count)."""
         if self.keep_timeline:
+            self._timeline_seen += 1
+            if (self._timeline_seen - 1) % self._timeline_stride:
+                return
             t = self.timeline
+            if self.timeline_points is not None and len(t["time_ms"]) >= self.timeline_points:
+                for name, column in t.items():  # keep every other row: the stride doubles
+                    t[name] = column[::2]
+                self._timeline_stride *= 2
+                if (self._timeline_seen - 1) % self._timeline_stride:
+                    return
             t["time_ms"].append(time_ms)
             t["instance"].append(instance)
             t["running"].append(running)

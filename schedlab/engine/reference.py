@@ -365,6 +365,7 @@ class ReferenceEngine:
         self.meter = meter  # a schedlab.energy.EnergyMeter with [power]
         self.aborts: list = []    # [time the engine hears its client gave up, seq_no, sequence]
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
+        self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)

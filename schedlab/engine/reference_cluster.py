@@ -1,6 +1,8 @@
 """The reference engine for several instances: every instance step by step, in plain time order.
 
-One loop over time. The next thing to happen is either an *event* -- a request arriving (or
+One loop over time (a heap orders the instances' next plans, so a step costs O(log N); a
+disaggregated cluster's pools change each other's plan times and are scanned). The next thing
+to happen is either an *event* -- a request arriving (or
 released by a closed loop), or, in a disaggregated cluster, a finished prompt handed to the
 decode pool -- or an instance's next plan (at its clock, or when its sleep ends). Events
 come first on a tie, and are routed seeing every instance as it is then; plans go in time
@@ -48,31 +50,93 @@ def _routed(router, request, pool: Sequence, views: Sequence, clock: RoutingCloc
     return pool[index]
 
 
+class PlanOrder:
+    """The busy instances by their next plan time (ties: lowest index), from a heap: an
+    instance's plan time changes only when it steps or something is delivered to it, and the
+    loop says so (:meth:`update`). Entries it has moved past are dropped as they surface."""
+
+    def __init__(self, instances: Sequence[ReferenceEngine]):
+        self.instances = list(instances)
+        self.heap: list = []
+        self.announced: dict = {}
+
+    def update(self, inst: ReferenceEngine) -> None:
+        t = inst.next_plan_time() if inst.has_work() else INF
+        if self.announced.get(inst.index) != t:
+            self.announced[inst.index] = t
+            if t < INF:
+                heapq.heappush(self.heap, (t, inst.index, inst))
+
+    def first(self) -> tuple[float, ReferenceEngine | None]:
+        heap = self.heap
+        while heap:
+            t, index, inst = heap[0]
+            if self.announced.get(index) == t:
+                return t, inst
+            heapq.heappop(heap)
+        return INF, None
+
+
+class PlanScan(PlanOrder):
+    """The same order by a scan of every instance, for clusters whose instances change each
+    other's plan times (disaggregated pools: a pull gives a prefill instance a time to free blocks at)."""
+
+    def update(self, inst: ReferenceEngine) -> None:
+        pass
+
+    def first(self) -> tuple[float, ReferenceEngine | None]:
+        busy = [(inst.next_plan_time(), inst.index, inst) for inst in self.instances if inst.has_work()]
+        if not busy:
+            return INF, None
+        t, _, inst = min(busy, key=lambda x: (x[0], x[1]))
+        return t, inst
+
+
 class ReferenceCluster:
     """Instances behind a router (one instance: no router needed), and the client side: the API
     server requests pass before the engine sees them and the clients' deadlines
     (:mod:`schedlab.frontend`), written out as events."""
 
-    def __init__(self, instances: Sequence[ReferenceEngine], router=None, client_side=None):
+    def __init__(self, instances: Sequence[ReferenceEngine], router=None, client_side=None, scaling=None):
         if len(instances) > 1 and router is None:
             raise ValueError("several instances need a router")
         self.instances = list(instances)
         self.router = router
-        self.clock = RoutingClock()
-        self.views = views_of(self.instances, self.clock)
         self.client_side = client_side
+        self.scaling = scaling  # a ScalingController (schedlab.engine.scaling): the router sees who serves
+        self.clock = scaling.clock if scaling is not None else RoutingClock()
+        self.views = views_of(self.instances, self.clock, tracked=True)
+        self.plans = PlanOrder(self.instances)
+        self._position = {inst.index: pos for pos, inst in enumerate(self.instances)}
 
     # -- what a cluster kind decides -----------------------------------------------------------
     def deliver(self, request, seq_no: int, t: float) -> None:
-        inst = _routed(self.router, request, self.instances, self.views, self.clock, t)
+        scaling = self.scaling
+        if scaling is not None:
+            pool = [self.instances[i] for i in scaling.members]
+            inst = _routed(self.router, request, pool, scaling.pool, self.clock, t)
+            scaling.arrived(t)
+        else:
+            inst = _routed(self.router, request, self.instances, self.views, self.clock, t)
         inst.wake(t)
         inst.arrive(request, seq_no)
+        self.changed(inst)
+
+    def changed(self, inst: ReferenceEngine) -> None:
+        """``inst`` stepped or was delivered to: its plan time and load may have changed."""
+        self.plans.update(inst)
+        if self.scaling is not None:
+            self.scaling.changed(self._position[inst.index])
+        elif self.views.tracked:
+            self.views.changed(self._position[inst.index])
 
     def deliver_other(self, t: float) -> None:
-        """Events other than arrivals at time ``t`` (none here)."""
+        """Events other than arrivals at time ``t``: the autoscaler's."""
+        if self.scaling is not None and self.scaling.next_time() <= t:
+            self.scaling.apply(t)
 
     def next_other(self) -> float:
-        return INF
+        return self.scaling.next_time() if self.scaling is not None and self._arrivals_left else INF
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, requests, workload=None) -> None:
@@ -84,6 +148,7 @@ class ReferenceCluster:
         if side is not None:
             for inst in self.instances:
                 inst.hangup_ms = side.network_ms
+        aborting = side is not None and side.client is not None and side.client.gives_up
         events: list = []     # (time, kind, order, request); at one time: deadlines, receptions, arrivals
         api_queue: list = []  # requests the API server has received and not started, first received first
         handlers = [0]        # handlers at work
@@ -136,13 +201,17 @@ class ReferenceCluster:
             send(request)
         seq_no = 0
         while True:
+            self._arrivals_left = bool(events)
             t_event = min(events[0][0] if events else INF, self.next_other())
-            busy = [inst for inst in self.instances if inst.has_work()]
-            t_plan = min((inst.next_plan_time() for inst in busy), default=INF)
+            t_plan, inst = self.plans.first()
             if t_event <= t_plan and t_event < INF:
+                self.clock.now = t_event
                 self.deliver_other(t_event)
-                for inst in self.instances:
-                    inst.settle(t_event)
+                if aborting:
+                    for inst in self.instances:
+                        if inst.aborts:  # aborted requests are gone before anything is routed
+                            inst.settle(t_event)
+                            self.changed(inst)
                 while events and events[0][0] <= t_event:
                     t, kind, _, request = heapq.heappop(events)
                     if kind == DEADLINE:
@@ -160,12 +229,12 @@ class ReferenceCluster:
                         seq_no += 1
                 continue
             if t_plan == INF:
-                if busy:
+                if any(inst.has_work() for inst in self.instances):
                     raise StallError("reference engine: no arrivals are left and the scheduler plans nothing")
                 return
-            inst = min(busy, key=lambda i: (i.next_plan_time(), i.index))
-            inst.wake(inst.next_plan_time())
+            inst.wake(t_plan)
             inst.step()
+            self.changed(inst)
 
 
 DEADLINE, RECEIVED, ARRIVAL = 0, 1, 2  # event kinds, in the order they go at one time
@@ -313,6 +382,9 @@ class DisaggregatedReference(ReferenceCluster):
         self.clock = RoutingClock()
         self.prefill_views = views_of(self.prefill, self.clock)
         self.decode_views = views_of(self.decode, self.clock)
+        self.views = views_of([], self.clock)  # the pools above are scanned, not tracked
+        self.plans = PlanScan(self.instances)
+        self.scaling = None
         self.handoffs: list = []
         for inst in self.prefill:
             inst.role = PrefillRole(self)

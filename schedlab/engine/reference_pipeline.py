@@ -35,13 +35,14 @@ class ReferencePipeline:
     it reads a :class:`ReferenceEngine`)."""
 
     role = None
+    pending = None  # no pending runs (the routers' views ask): a pipeline lands one batch at a time
 
     def __init__(self, engine: ReferenceEngine, stages: int):
         self.e = engine
         self.stages = stages
         self.clock = StageClock(stages)
         self.flights: list = []   # [plan, sequences and their statuses, launch time, completion, tokens]
-        self.pending = True       # a launch is due at the engine's time
+        self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
 
@@ -73,7 +74,7 @@ class ReferencePipeline:
 
     def next_plan_time(self) -> float:
         """When it launches next (inf while it waits for a batch to land)."""
-        if not self.pending:
+        if not self.launch_due:
             return INF
         return self.e.now if self.sleep_until is None else max(self.sleep_until, self.e.now)
 
@@ -82,7 +83,7 @@ class ReferencePipeline:
 
     def wake(self, t: float) -> None:
         """An arrival (or its sleep's end): it plans then, unless it waits for a batch to land."""
-        if self.pending:
+        if self.launch_due:
             self.e.wake(t)
             self.sleep_until = None
 
@@ -100,7 +101,7 @@ class ReferencePipeline:
             self._launch(plan)
             plan = None
         if self.flights:
-            self.pending = False
+            self.launch_due = False
             return
         e.empty_plans += 1
         if e.empty_plans > 1000:
@@ -149,7 +150,7 @@ class ReferencePipeline:
         e.now = self.last_landing = completion
         for s in others:
             s.status = "decoding"
-        self.pending = True
+        self.launch_due = True
         self.sleep_until = None
 
 
@@ -168,3 +169,4 @@ class ReferencePipelineCluster(ReferenceCluster):
             if c > t:
                 return
             inst.land()
+            self.changed(inst)

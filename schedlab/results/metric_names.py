@@ -30,7 +30,7 @@ _ENERGY = {**dict.fromkeys(("gpu_j", "busy_j", "idle_j", "host_j", "facility_j",
            "per_instance": {"*": dict.fromkeys(("gpu_j", "avg_power_w", "peak_power_w", "busy_share"))}}
 _STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "capacity_rps", "load",
                                "saturated_share", "waiting_slope_per_min", "growth_share", "growth", "noise",
-                               "in_system_slope_per_min", "window_ms")),
+                               "in_system_slope_per_min", "window_ms", "from_sample")),
               "fit": dict.fromkeys(("start_ms", "end_ms", "waiting_at_start", "waiting_at_end"))}  # or null
 
 _CLIENT = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ntpot_ms", "frontend_ms")}
@@ -76,6 +76,11 @@ METRICS: dict = {
                     "server": {"errors_pct": {"*": None}, "measured": {"*": None}}},  # a client's file: the server's
     # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour
     "cost_per_hour": None,
+    "gpu_hours": None,  # GPUs paid for x hours: the whole cluster from 0 to the last finish, or autoscaled
+    # optional: an autoscaled cluster (schedlab.engine.scaling)
+    "fleet": dict.fromkeys(("gpu_hours", "mean_gpus", "peak_serving", "min_serving", "scale_ups", "scale_downs")),
+    # optional: runs of two hours or more, by hour of arrival
+    "hourly": {"*": dict.fromkeys(("requests", "slo_attainment", "gpu_hours"))},
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..energy.metrics import class_energy, energy_metrics
+from ..energy.metrics import class_energy, energy_metrics, energy_shares, energy_totals
 from .stability import run_stability
 
 PERCENTILES = (50, 90, 95, 99)
@@ -151,6 +151,15 @@ def request_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
+def request_counts(req: dict[str, np.ndarray]) -> dict[str, int]:
+    """Requests in all, completed for their clients (``finished``), rejected, timed out (their
+    clients gave up) and aborted (the engine dropped them)."""
+    return {"requests": int(req["id"].size), "finished": int(completed(req).sum()),
+            "rejected": int((req["rejected"] != 0).sum()),
+            "timed_out": int(req["timed_out"].sum()) if "timed_out" in req else 0,
+            "aborted": int(req["aborted"].sum()) if "aborted" in req else 0}
+
+
 def client_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per completed request, as its client sees it (:mod:`schedlab.frontend`), from sending it:
     ``ttft_ms`` (to the first byte), ``tpot_ms``, ``e2el_ms`` (to the last byte) -- ``vllm bench
@@ -196,19 +205,79 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     else:
         makespan = 0.0
     seconds = makespan / 1e3
-    c = counters
+    m = _run_metrics(request_counts(req), generated, makespan, float(req["waiting_ms"].sum()), counters, meta)
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
+        m[name] = summarize(lat[name])
+    m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
+    # the client's view: its inter-token latencies are the engine's (every token is delayed alike)
+    m["client"] = {name: summarize(values) for name, values in client_latencies(req).items()}
+    m["client"]["itl_ms"] = m["itl_ms"]
+    _engine_metrics(m, counters, meta, makespan)
+    chunks = req["prefill_chunks"][ok]
+    m["prefill_chunks"] = {"mean": float(chunks.mean()) if n_ok else float("nan"),
+                           "max": int(chunks.max()) if n_ok else 0}
+    totals = None
+    if request_cost is not None and n_ok:
+        pre, dec = request_cost(req["prompt_tokens"][ok].astype(float), req["output_tokens"][ok].astype(float))
+        totals = float(np.sum(pre)), float(np.sum(dec))
+    m["cost"] = _cost_metrics(counters, totals)
+    reasons: dict[str, int] = {}
+    for reason in meta.get("rejections", {}).values():
+        kind = _reason_kind(reason)
+        reasons[kind] = reasons.get(kind, 0) + 1
+    m["rejection_reasons"] = reasons
+    instances = meta.get("instances") or 1
+    if meta.get("pools"):
+        m["transfer"] = _transfer_metrics(req, ok)
+        _pool_queues(m)
+    slo = meta.get("slo") or {}
+    if slo:
+        m["slo"] = _slo_metrics(req, ok, slo, seconds)
+    energy = meta.get("energy")
+    if energy:  # a run with [power] (schedlab.energy)
+        m["energy"] = energy_metrics(req, energy, summarize)
+    classes = np.unique(req["request_class"]) if n_all else []
+    if len(classes) > 1:
+        m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
+                          for k in classes}
+        if energy:
+            for k in classes:
+                m["per_class"][str(k)]["energy"] = class_energy(req, req["request_class"] == k)
+    end = float(req["finish_ms"][ok].max()) if n_ok else 0.0
+    hours = arrival_hours(req["arrival_ms"])
+    met = np.zeros(n_all, dtype=bool)
+    if slo:
+        met[ok] = slo_met(req, ok, slo)
+    _fleet_metrics(m, meta, end, np.bincount(hours), np.bincount(hours, weights=met), bool(slo))
+    m["stability"], per_instance_stability = run_stability(req, instances)
+    if instances > 1:  # every instance, also one that served nothing
+        m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds)
+                             for k in range(instances)}
+        for k, part in enumerate(per_instance_stability):
+            m["per_instance"][str(k)]["stability"] = part
+    if n_all and len(np.unique(req["client"])) > 1:
+        m["per_client"] = client_service(req)
+        _fairness(m)
+    return m
+
+
+def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waiting_ms: float,
+                 c: dict[str, float], meta: dict[str, Any]) -> dict[str, Any]:
+    """The run's counts, rates and occupancy (shared by exact and streamed runs); ``counts``:
+    requests, finished (completed for their clients), rejected, timed_out and aborted."""
+    seconds = makespan / 1e3
     slots = meta.get("slots")  # of the whole cluster, like num_blocks
-    blocks = meta.get("num_blocks") or 0
     instances = meta.get("instances") or 1
     iterations = int(c["iterations"])
-    m: dict[str, Any] = {
-        "requests": n_all,
+    n_ok = counts["finished"]
+    return {
+        "requests": counts["requests"],
         "finished": n_ok,
-        "rejected": int((req["rejected"] != 0).sum()),
+        "rejected": counts["rejected"],
         # the client gave up (schedlab.frontend): failed for vllm bench serve; aborted: the engine
         # dropped them (the rest had finished in the engine when their last byte came too late)
-        "timed_out": int(req["timed_out"].sum()) if "timed_out" in req else 0,
-        "aborted": int(req["aborted"].sum()) if "aborted" in req else 0,
+        "timed_out": counts["timed_out"],
+        "aborted": counts["aborted"],
         "makespan_ms": makespan,
         "throughput_tps": generated / seconds if seconds > 0 else float("nan"),
         "request_throughput_rps": n_ok / seconds if seconds > 0 else float("nan"),
@@ -218,17 +287,17 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         "slot_utilisation": (generated / (iterations * slots / instances)) if slots and iterations else float("nan"),
         "peak_running": int(c["peak_running"]),
         "avg_running": c["running_seq_ms"] / makespan if makespan > 0 else float("nan"),
-        "avg_queue": float(req["waiting_ms"].sum()) / makespan if makespan > 0 else float("nan"),
+        "avg_queue": waiting_ms / makespan if makespan > 0 else float("nan"),
         "peak_waiting": int(c["peak_waiting"]),
         # share of the makespan the accelerator(s) spent in iterations
-        "busy_share": c["busy_ms"] / (makespan * (meta.get("instances") or 1)) if makespan > 0 else float("nan"),
+        "busy_share": c["busy_ms"] / (makespan * instances) if makespan > 0 else float("nan"),
     }
-    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
-        m[name] = summarize(lat[name])
-    m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
-    # the client's view: its inter-token latencies are the engine's (every token is delayed alike)
-    m["client"] = {name: summarize(values) for name, values in client_latencies(req).items()}
-    m["client"]["itl_ms"] = m["itl_ms"]
+
+
+def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any], makespan: float) -> None:
+    """KV usage, preemptions, prefix cache, speculation, GPUs and pools: counters and meta only."""
+    blocks = meta.get("num_blocks") or 0
+    instances = meta.get("instances") or 1
     per_instance_blocks = blocks / instances
     m["kv_usage"] = {  # mean over all blocks; peak of the fullest instance; time share averaged over instances
         "mean": c["kv_block_ms"] / (blocks * makespan) if blocks and makespan > 0 else float("nan"),
@@ -266,55 +335,98 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         "host_stored_bytes": int(host["host_store_blocks"]) * bytes_per_block,
         "host_evicted_blocks": int(host["host_evictions"]),
     }
-    chunks = req["prefill_chunks"][ok]
-    m["prefill_chunks"] = {"mean": float(chunks.mean()) if n_ok else float("nan"),
-                           "max": int(chunks.max()) if n_ok else 0}
-    busy = c["busy_ms"]
-    cost = {"prefill_time_share": c["prefill_iteration_ms"] / busy if busy else float("nan"),
-            "decode_time_share": c["decode_only_ms"] / busy if busy else float("nan")}
-    if request_cost is not None and n_ok:
-        pre, dec = request_cost(req["prompt_tokens"][ok].astype(float), req["output_tokens"][ok].astype(float))
-        total_pre, total_dec = float(np.sum(pre)), float(np.sum(dec))
-        cost.update(total_prefill_ms=total_pre, total_decode_ms=total_dec,
-                    decode_share=total_dec / (total_pre + total_dec) if total_pre + total_dec else float("nan"))
-    m["cost"] = cost
     if meta.get("speculative"):
         m["speculative"] = speculative_metrics(c)
-    reasons: dict[str, int] = {}
-    for reason in meta.get("rejections", {}).values():
-        kind = _reason_kind(reason)
-        reasons[kind] = reasons.get(kind, 0) + 1
-    m["rejection_reasons"] = reasons
     m["gpus"] = int(meta.get("gpus") or instances)
     if meta.get("pools"):
         m["pools"] = {name: _pool_metrics(pool, makespan) for name, pool in meta["pools"].items()}
-        m["pools"]["prefill"]["queue_ms"] = m["queue_ms"]
-        m["transfer"] = _transfer_metrics(req, ok)
-        m["pools"]["decode"]["queue_ms"] = m["transfer"].pop("decode_queue_ms")
+
+
+def _cost_metrics(c: dict[str, float], totals: tuple[float, float] | None) -> dict[str, float]:
+    """Where the busy time went, and (``totals``: the cost model's prefill and decode ms summed
+    over the finished requests) seed 001's per-request cost decomposition."""
+    busy = c["busy_ms"]
+    cost = {"prefill_time_share": c["prefill_iteration_ms"] / busy if busy else float("nan"),
+            "decode_time_share": c["decode_only_ms"] / busy if busy else float("nan")}
+    if totals is not None:
+        total_pre, total_dec = totals
+        cost.update(total_prefill_ms=total_pre, total_decode_ms=total_dec,
+                    decode_share=total_dec / (total_pre + total_dec) if total_pre + total_dec else float("nan"))
+    return cost
+
+
+def _pool_queues(m: dict[str, Any]) -> None:
+    """A disaggregated run's queueing per pool: admission to prefill, and the decode side's."""
+    m["pools"]["prefill"]["queue_ms"] = m["queue_ms"]
+    m["pools"]["decode"]["queue_ms"] = m["transfer"].pop("decode_queue_ms")
+
+
+def _fairness(m: dict[str, Any]) -> None:
+    m["fairness"] = {"clients": len(m["per_client"]),
+                     "jain_service": jain_index([v["service"] for v in m["per_client"].values()]),
+                     "jain_service_rate": jain_index([v["service_rate"] for v in m["per_client"].values()])}
+
+
+def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[str, Any]) -> dict[str, Any]:
+    """The metrics of a run whose rows were streamed (:class:`schedlab.results.stream.StreamedRequests`):
+    the same names as :func:`compute_metrics`, percentiles from its sketches (``itl``: a
+    :class:`~schedlab.results.sketch.Summary` of the inter-token latencies), the saturation
+    check on its sample of rows."""
+    run = stats.run
+    n_all, n_ok = run.requests, run.finished
+    makespan = stats.last_finish - stats.first_arrival if n_ok else 0.0
+    seconds = makespan / 1e3
+    m = _run_metrics(stats.counts(), run.generated, makespan, stats.waiting_ms, counters, meta)
+    for name, summary in run.latency.items():
+        m[name] = summary.result()
+    m["itl_ms"] = itl.result()
+    m["client"] = stats.client_view()
+    m["client"]["itl_ms"] = m["itl_ms"]
+    _engine_metrics(m, counters, meta, makespan)
+    m["prefill_chunks"] = {"mean": stats.chunks_sum / n_ok if n_ok else float("nan"), "max": stats.chunks_max}
+    m["cost"] = _cost_metrics(counters, tuple(stats.cost) if stats.costed and n_ok else None)
+    m["rejection_reasons"] = dict(stats.reasons)
+    if meta.get("pools"):
+        m["transfer"] = {"transfers": stats.transfers, "bytes": stats.transfer_bytes,
+                         **{name: s.result() for name, s in stats.transfer.items()}}
+        _pool_queues(m)
     slo = meta.get("slo") or {}
+
+    def group_metrics(group, with_slo: bool) -> dict[str, Any]:
+        out = {"requests": group.requests, "finished": group.finished, "generated_tokens": group.generated,
+               "throughput_tps": group.generated / seconds if seconds > 0 else float("nan")}
+        for name, summary in group.latency.items():
+            out[name] = summary.result()
+        if with_slo:
+            out["slo"] = _attainment(group.met, group.requests, seconds)
+        return out
+
     if slo:
-        m["slo"] = _slo_metrics(req, ok, slo, seconds)
+        m["slo"] = _attainment(run.met, n_all, seconds)
     energy = meta.get("energy")
     if energy:  # a run with [power] (schedlab.energy)
-        m["energy"] = energy_metrics(req, energy, summarize)
-    classes = np.unique(req["request_class"]) if n_all else []
-    if len(classes) > 1:
-        m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
-                          for k in classes}
+        m["energy"] = energy_totals(energy, stats.energy.generated, stats.energy.served, stats.energy.shares.result(),
+                                    stats.energy.j)
+    if len(stats.classes) > 1:
+        m["per_class"] = {str(k): group_metrics(g, bool(slo)) for k, g in sorted(stats.classes.items())}
         if energy:
-            for k in classes:
-                m["per_class"][str(k)]["energy"] = class_energy(req, req["request_class"] == k)
-    m["stability"], per_instance_stability = run_stability(req, instances)
-    if instances > 1:  # every instance, also one that served nothing
-        m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds)
+            for k, g in sorted(stats.classes.items()):
+                m["per_class"][str(k)]["energy"] = energy_shares(g.energy_j, g.served, g.served_generated)
+    instances = meta.get("instances") or 1
+    _fleet_metrics(m, meta, stats.last_finish if n_ok else 0.0, stats.hour_requests, stats.hour_met, bool(slo))
+    sample = stats.sample_columns()
+    m["stability"], per_instance_stability = run_stability(sample, instances)
+    m["stability"]["from_sample"] = int(sample["id"].size)
+    if instances > 1:
+        from .stream import Group
+
+        m["per_instance"] = {str(k): group_metrics(stats.instances.get(k, Group()), bool(slo))
                              for k in range(instances)}
         for k, part in enumerate(per_instance_stability):
             m["per_instance"][str(k)]["stability"] = part
-    if n_all and len(np.unique(req["client"])) > 1:
-        m["per_client"] = client_service(req)
-        m["fairness"] = {"clients": len(m["per_client"]),
-                         "jain_service": jain_index([v["service"] for v in m["per_client"].values()]),
-                         "jain_service_rate": jain_index([v["service_rate"] for v in m["per_client"].values()])}
+    if len(stats.clients) > 1:
+        m["per_client"] = {client: _service(*entry) for client, entry in sorted(stats.clients.items())}
+        _fairness(m)
     return m
 
 
@@ -397,14 +509,20 @@ def client_service(req: dict[str, np.ndarray], input_price: float = SERVICE_INPU
     for client in np.unique(req["client"]):
         mine = req["client"] == client
         done = mine & ok
-        prompt = int(req["prompt_tokens"][done].sum())
-        generated = int(req["generated_tokens"][done].sum())
-        service = input_price * prompt + output_price * generated
-        span_ms = float(req["finish_ms"][done].max() - req["arrival_ms"][mine].min()) if done.any() else 0.0
-        out[str(client)] = {"requests": int(mine.sum()), "finished": int(done.sum()), "prompt_tokens": prompt,
-                            "generated_tokens": generated, "service": service,
-                            "service_rate": service / (span_ms / 1e3) if span_ms > 0 else 0.0}
+        out[str(client)] = _service(
+            int(mine.sum()), int(done.sum()), int(req["prompt_tokens"][done].sum()),
+            int(req["generated_tokens"][done].sum()), float(req["arrival_ms"][mine].min()),
+            float(req["finish_ms"][done].max()) if done.any() else -math.inf, input_price, output_price)
     return out
+
+
+def _service(requests: int, finished: int, prompt: int, generated: int, first_arrival: float, last_finish: float,
+             input_price: float = SERVICE_INPUT_PRICE, output_price: float = SERVICE_OUTPUT_PRICE) -> dict[str, Any]:
+    """One client's service and its rate (see :func:`client_service`)."""
+    service = input_price * prompt + output_price * generated
+    span_ms = last_finish - first_arrival if finished else 0.0
+    return {"requests": requests, "finished": finished, "prompt_tokens": prompt, "generated_tokens": generated,
+            "service": service, "service_rate": service / (span_ms / 1e3) if span_ms > 0 else 0.0}
 
 
 def _targets(slo: dict, klass: str | None) -> tuple[float, float]:
@@ -413,10 +531,86 @@ def _targets(slo: dict, klass: str | None) -> tuple[float, float]:
             float(table.get("tpot_ms", slo.get("tpot_ms", math.inf))))
 
 
+HOUR_MS = 3.6e6
+#: Runs at least this long get per-hour figures (``hourly``).
+HOURLY_FROM_MS = 2 * HOUR_MS
+
+
+def arrival_hours(arrival_ms: np.ndarray) -> np.ndarray:
+    """The hour of the run (0, 1, ...) each request arrived in."""
+    return (np.asarray(arrival_ms, dtype=np.float64) // HOUR_MS).astype(np.int64)
+
+
+def paid_intervals(meta: dict[str, Any], end_ms: float) -> list[tuple[float, float, int]]:
+    """(on, off, GPUs) of every instance: an autoscaled cluster's intervals, or the whole
+    cluster from 0 to the last finish."""
+    scaling = meta.get("scaling")
+    if scaling:
+        gpus = (meta.get("gpus") or meta.get("instances") or 1) / (meta.get("instances") or 1)
+        return [(on, off, gpus) for _, on, off in scaling["intervals"]]
+    return [(0.0, end_ms, meta.get("gpus") or meta.get("instances") or 1)]
+
+
+def _fleet_metrics(m: dict[str, Any], meta: dict[str, Any], end_ms: float, hour_requests, hour_met,
+                   with_slo: bool) -> None:
+    """GPU-hours paid (``gpu_hours``); with an autoscaler, its decisions (``fleet``); for runs of
+    two hours or more, requests, SLO attainment, GPU-hours and mean instances per hour of
+    arrival (``hourly``)."""
+    intervals = paid_intervals(meta, end_ms)
+    m["gpu_hours"] = sum((off - on) * g for on, off, g in intervals) / HOUR_MS
+    scaling = meta.get("scaling")
+    if scaling:
+        serving = [h[1] for h in scaling["history"]]
+        m["fleet"] = {"gpu_hours": m["gpu_hours"], "mean_gpus": m["gpu_hours"] * HOUR_MS / end_ms if end_ms else 0.0,
+                      "peak_serving": max(serving), "min_serving": min(serving),
+                      "scale_ups": scaling["scale_ups"], "scale_downs": scaling["scale_downs"]}
+    if end_ms < HOURLY_FROM_MS:
+        return
+    hour_requests = np.asarray(hour_requests, dtype=np.float64)
+    hour_met = np.asarray(hour_met, dtype=np.float64)
+    hourly = {}
+    for h in range(int(math.ceil(end_ms / HOUR_MS))):
+        lo, hi = h * HOUR_MS, (h + 1) * HOUR_MS
+        paid = sum(max(0.0, min(off, hi) - max(on, lo)) * g for on, off, g in intervals) / HOUR_MS
+        n = int(hour_requests[h]) if h < hour_requests.size else 0
+        met = int(hour_met[h]) if h < hour_met.size else 0
+        hourly[str(h)] = {"requests": n, "slo_attainment": met / n if n and with_slo else float("nan"),
+                          "gpu_hours": paid}
+    m["hourly"] = hourly
+
+
+def request_met(slo: dict):
+    """One request's SLO check, as :func:`slo_met` decides it for a whole run: a function of a
+    sequence (either engine's) that left the engine and its client's view ``(first byte, done,
+    timed out)`` (:func:`schedlab.frontend.client_times`; the autoscaler's window). A request its
+    client gave up on meets nothing."""
+    def met(seq, client: tuple[float, float, bool]) -> bool:
+        first, done, timed_out = client
+        if timed_out:
+            return False
+        ttft_target, tpot_target = _targets(slo, seq.request.request_class)
+        generated = seq.num_generated
+        tpot = (done - first) / (generated - 1) if generated > 1 else 0.0
+        return first - seq.request.sent_at <= ttft_target and tpot <= tpot_target
+    return met
+
+
 def _slo_metrics(req, ok, slo: dict, seconds: float) -> dict[str, float]:
     """DistServe goodput: requests per second meeting both their TTFT and TPOT targets, as the
     client sees them (``vllm bench serve --goodput``; the engine's own without a front end).
     Requests rejected or abandoned meet nothing: attainment counts them among all requests."""
+    return _attainment(int(slo_met(req, ok, slo).sum()), int(req["id"].size), seconds)
+
+
+def _attainment(met: int, n: int, seconds: float) -> dict[str, float]:
+    return {"attainment": float(met / n) if n else float("nan"),
+            "goodput_rps": float(met / seconds) if seconds > 0 else float("nan"),
+            "met": met}
+
+
+def slo_met(req, ok, slo: dict) -> np.ndarray:
+    """Per completed request (``ok``, :func:`completed`): whether it met its class's TTFT and
+    TPOT targets as its client saw them."""
     classes = req["request_class"][ok]
     generated = req["generated_tokens"][ok]
     client = client_latencies(req)
@@ -428,10 +622,7 @@ def _slo_metrics(req, ok, slo: dict, seconds: float) -> dict[str, float]:
         t_ttft, t_tpot = _targets(slo, str(k))
         sel = classes == k
         met[sel] = (ttft[sel] <= t_ttft) & (tpot[sel] <= t_tpot)
-    n = int(req["id"].size)
-    return {"attainment": float(met.sum() / n) if n else float("nan"),
-            "goodput_rps": float(met.sum() / seconds) if seconds > 0 else float("nan"),
-            "met": int(met.sum())}
+    return met
 
 
 def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from ..engine.recorder import REQUEST_FLOAT_COLUMNS, REQUEST_INT_COLUMNS, REQUEST_TEXT_COLUMNS, Recorder
-from .metrics import compute_metrics
+from .metrics import compute_metrics, compute_streamed_metrics
 
 
 @attrs.define(eq=False)
@@ -37,10 +37,19 @@ class RunResult:
     # ``intervals`` maps dotted metric names to their 95% confidence interval [low, high].
     intervals: dict[str, list[float]] = attrs.field(factory=dict)
     replicas: list["RunResult"] = attrs.field(factory=list)
+    #: A run past ``exact_requests`` (see :mod:`schedlab.results.stream`): the file holding every
+    #: request's row; ``requests`` is then a sample of them, and ``stream`` what the metrics came from.
+    rows_file: str | None = None
+    stream: Any = None
 
     @classmethod
     def from_recorder(cls, name: str, rec: Recorder, *, settings: dict, meta: dict, request_cost=None,
                       point: dict | None = None) -> "RunResult":
+        rec.finish()
+        if rec.streaming:
+            return cls.from_stream(name, rec.sink, rec.counters, {k: np.frombuffer(v, dtype=np.float64)
+                                                                   for k, v in rec.timeline.items()},
+                                   settings=settings, meta=meta, point=point)
         cols = rec.columns()
         order = np.argsort(cols["id"], kind="stable")
         requests = {}
@@ -59,6 +68,21 @@ class RunResult:
         metrics = compute_metrics(requests, counters, itl, meta, request_cost)
         return cls(name, settings, requests, counters, itl, timeline, dict(rec.rejections), meta, metrics,
                    dict(point or {}))
+
+
+    @classmethod
+    def from_stream(cls, name: str, sink, counters: dict, timeline: dict, *, settings: dict, meta: dict,
+                    point: dict | None = None) -> "RunResult":
+        """A streamed run: metrics from the sink's accumulators, its sample as ``requests``."""
+        stats = sink.stats
+        counters = dict(counters)
+        meta = dict(meta, rejections={}, requests_sampled=int(stats.sample["id"].size) if stats.sample else 0)
+        metrics = compute_streamed_metrics(stats, counters, sink.itl, meta)
+        requests = stats.sample_columns() if stats.sample is not None else {}
+        empty = np.empty(0)
+        itl = {"first": empty, "inc": empty, "count": empty.astype(np.int64), "weight": empty.astype(np.int64)}
+        return cls(name, settings, requests, counters, itl, timeline, dict(stats.sample_reasons), meta, metrics,
+                   dict(point or {}), rows_file=str(sink.path) if sink.path is not None else None, stream=sink)
 
 
 @attrs.define(eq=False)

@@ -12,6 +12,8 @@ run`` moreover writes the whole folder aside and swaps it in, see
 * ``requests.csv`` -- one row per request per run with its timestamps and latencies;
 * ``timeline.csv`` -- running, waiting and KV blocks over time, per run and instance (and the
   GPUs' energy of each row, in a run with ``[power]``);
+* ``requests/<run>.parquet`` (or ``.csv``) -- every request of a run too large to keep in memory
+  (past ``[experiment] exact_requests``), written as it ran; ``requests.csv`` has its sample;
 * ``config.json`` -- the resolved tables of every run;
 * ``timings.json`` -- how long each simulation took and where the experiment ran.
 
@@ -26,6 +28,8 @@ import io
 import json
 import math
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -115,7 +119,7 @@ def _search_json(outcome) -> dict | None:
     }
 
 
-NOT_IN_SUMMARY = ("rejections", "wall_ms")
+NOT_IN_SUMMARY = ("rejections", "wall_ms", "cpu_ms")
 
 
 def _run_json(r: RunResult) -> dict:
@@ -216,13 +220,35 @@ def save(results: ExperimentResults, out_dir: str | os.PathLike) -> list[Path]:
         [r.name] + [_fmt(float(r.timeline[c][i])) for c in TIMELINE_COLUMNS[1:]]
         for r in runs for i in range(r.timeline.get("time_ms", np.empty(0)).size))))
     written.append(path)
+    written += save_streamed_rows(runs, out)
     path = out / "config.json"
     atomic_write(path, json.dumps(jsonable({r.name: r.settings for r in results.all_runs()}), indent=1))
     written.append(path)
     path = out / "timings.json"
     atomic_write(path, json.dumps(jsonable({"execution": results.execution,
-                                            "wall_ms": {r.name: r.meta.get("wall_ms") for r in runs}}), indent=1))
+                                            "wall_ms": {r.name: r.meta.get("wall_ms") for r in runs},
+                                            "cpu_ms": {r.name: r.meta.get("cpu_ms") for r in runs}}), indent=1))
     written.append(path)
+    return written
+
+
+def rows_file_name(run_name: str, suffix: str) -> str:
+    """The file, in a results folder's ``requests/``, of a streamed run's every request."""
+    return re.sub(r"[^A-Za-z0-9_.=#,+-]", "_", run_name) + suffix
+
+
+def save_streamed_rows(runs: list[RunResult], out: Path) -> list[Path]:
+    """Copy each streamed run's file of rows (see :mod:`schedlab.results.stream`) into
+    ``requests/``; ``requests.csv`` holds only its sample."""
+    written = []
+    for run in runs:
+        if run.rows_file and os.path.exists(run.rows_file):
+            path = out / "requests" / rows_file_name(run.name, Path(run.rows_file).suffix)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            shutil.copyfile(run.rows_file, tmp)
+            os.replace(tmp, path)
+            written.append(path)
     return written
 
 

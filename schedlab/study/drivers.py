@@ -13,6 +13,7 @@ from typing import Any, Callable
 import attrs
 
 from ..results.records import RunResult, Study
+from .partition import merge_parts
 from .replicas import combine, replica_name, replica_seed
 from .search import parse_constraint
 from .simulation import RunSpec
@@ -37,23 +38,41 @@ class PointJob:
     cancelled: bool = False
 
     def __attrs_post_init__(self):
-        self.results = [None] * self.replicas
+        self.results = [None] * self.tasks
+
+    @property
+    def parts(self) -> int:
+        """Tasks each replica is split into (``[cluster] partitions``, :mod:`.partition`)."""
+        cluster = self.spec.tables.get("cluster")
+        parts = cluster.get("partitions", 1) if isinstance(cluster, dict) else 1
+        return parts if isinstance(parts, int) and not isinstance(parts, bool) and parts > 1 else 1
+
+    @property
+    def tasks(self) -> int:
+        return self.replicas * self.parts
 
     def task_spec(self, index: int) -> RunSpec:
-        if self.replicas == 1:
-            return self.spec
-        return attrs.evolve(self.spec, name=replica_name(self.spec.name, index),
-                            seed=replica_seed(self.spec.seed, index))
+        replica, part = divmod(index, self.parts)
+        spec = self.spec
+        if self.replicas > 1:
+            spec = attrs.evolve(spec, name=replica_name(spec.name, replica), seed=replica_seed(spec.seed, replica))
+        if self.parts > 1:
+            spec = attrs.evolve(spec, part=(part, self.parts))
+        return spec
 
     def record(self, index: int, result: RunResult) -> bool:
-        """Store one replica's result; True when the point is complete."""
+        """Store one task's result; True when the point is complete."""
         self.results[index] = result
         return all(r is not None for r in self.results)
 
     def result(self) -> RunResult:
+        parts = self.parts
+        replicas = [self.results[i * parts:(i + 1) * parts] for i in range(self.replicas)]
+        if parts > 1:
+            replicas = [[merge_parts(group[0].name, group)] for group in replicas]
         if self.replicas == 1:
-            return self.results[0]
-        return combine(self.spec.name, self.results, self.spec.seed)
+            return replicas[0][0]
+        return combine(self.spec.name, [group[0] for group in replicas], self.spec.seed)
 
 
 class FixedDriver:

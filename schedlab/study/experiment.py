@@ -33,6 +33,7 @@ from ..catalog import Catalog, load_catalog
 from ..configs import MAX_INT, bool_field, from_table, int_field, list_field, str_field
 from ..errors import ConfigError
 from ..results.records import ExperimentResults, RunResult
+from ..results.stream import ROW_FORMATS, RecordSettings
 from .executor import InProcessExecutor
 from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
 from .planner import PlanConfig, validate as validate_plan
@@ -59,6 +60,18 @@ class ExperimentConfig:
     engine: str = str_field("fast", choices=ENGINES, help="'fast' (bulk decode runs) or 'reference' (step by step)")
     timeline: bool = bool_field(True, help="record running/waiting/KV over time for timeline plots")
     replicas: int = int_field(1, min=1, help="repeat every run with this many derived seeds: means and 95% intervals")
+    exact_requests: int = int_field(RecordSettings().exact_requests, min=0,
+                                    help="runs with up to this many requests keep every row and compute exact metrics; "
+                                         "larger runs stream rows to a file and take percentiles from DDSketches "
+                                         "(1% relative error)")
+    request_rows: str = str_field("parquet", choices=ROW_FORMATS,
+                                  help="the file format a large run streams its per-request rows to: 'parquet' or "
+                                       "'csv'")
+    timeline_points: int = int_field(RecordSettings().timeline_points, min=2,
+                                     help="most timeline rows a run keeps (beyond: every 2nd, 4th, ... row)")
+
+    def record(self) -> RecordSettings:
+        return RecordSettings(self.exact_requests, self.request_rows, self.timeline_points)
 
 
 @attrs.define

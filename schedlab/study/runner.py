@@ -60,7 +60,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
 
     def enqueue(jobs):
         for job in jobs:
-            for index in range(job.replicas):
+            for index in range(job.tasks):
                 heapq.heappush(queue, (job.priority, next(order), index, job))
 
     for driver in drivers:
@@ -75,7 +75,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 task_spec = job.task_spec(index)
                 job.started = True
                 hook.schedlab_run_started(run_name=task_spec.name, settings=task_spec.tables)
-                future = executor.submit(RunTask(task_spec, ctx_spec, exp.config.timeline))
+                future = executor.submit(RunTask(task_spec, ctx_spec, exp.config.timeline, exp.config.record()))
                 in_flight[future] = (number, index, job)
             if not in_flight:
                 break

@@ -22,6 +22,7 @@ from ..energy.meter import EnergyMeter, close_meters, run_start
 from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
+from ..engine.load import RoutingClock
 from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
 from ..engine.pipeline import PipelinedInstance
 from ..engine.rank_cost import RankCost
@@ -30,11 +31,14 @@ from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.reference_lockstep import ReferenceDataParallel
 from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
+from ..engine.scaling import ScalingController, ScalingLimits
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..parallelism import SINGLE, Parallelism
+from ..results.metrics import request_met
 from ..results.records import RunResult
+from ..results.stream import RecordSettings, RowSink
 from ..speculative import Speculation, SpeculativeConfig
 from .overrides import merge_tables
 
@@ -78,6 +82,13 @@ class ClusterConfig:
     pipeline_parallel: int = int_field(1, min=1, max=64,
                                        help="pipeline stages of each instance (vLLM --pipeline-parallel-size), one "
                                             "batch in flight per stage")
+    autoscaler: dict | None = table_field(None, help="an autoscaling policy (kind = 'target_utilization' or "
+                                                     "'queue_length', min_instances, max_instances, cold_start_s, "
+                                                     "...): instances is then the most that can serve")
+    partitions: int = int_field(1, min=1, max=MAX_INSTANCES,
+                                help="simulate the instances as this many independent tasks (workers or Ray) and "
+                                     "merge them: exact for routers that ignore load (round_robin, hash, class with "
+                                     "one instance per class) and open-loop workloads")
 
     def __attrs_post_init__(self):
         self.parallelism  # noqa: B018 -- checks the layout's settings together
@@ -149,6 +160,8 @@ class RunSpec:
     seed: int = 0
     engine: str = "fast"
     point: dict[str, Any] = attrs.field(factory=dict)
+    #: (part, parts) of a partitioned run (see :mod:`schedlab.study.partition`); () for the whole run
+    part: tuple = ()
 
 
 @attrs.define
@@ -238,6 +251,7 @@ class Assembled:
     client_side: ClientSide | None = None  # [frontend] and [client]: the way to the engine, timeouts
     parallelism: Parallelism = SINGLE
     lockstep: bool = False  # data-parallel ranks of a MoE model step together (else: independent instances)
+    autoscaler: Any = None           # a policy (schedlab.protocols.Autoscaler)
 
 
 def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
@@ -309,6 +323,9 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
                               base_dir=ctx.base_dir) if "speculative" in tables else None)
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
     client_side = _client_side(tables, cluster, where)
+    if cluster.autoscaler is not None and cluster.mode == "disaggregated":
+        raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling a disaggregated cluster is not modelled "
+                          "(only colocated instances)")
     if cluster.mode == "disaggregated":
         if "instances" in cluster_table:
             raise ConfigError(f"{where} [cluster]: instances: a disaggregated cluster sizes its pools in "
@@ -317,6 +334,9 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         return attrs.evolve(assembled, client_side=client_side)
     parallelism = cluster.parallelism
     if parallelism != SINGLE:
+        if cluster.autoscaler is not None:
+            raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling is not modelled with data_parallel or "
+                              "pipeline_parallel layouts")
         if client_side is not None:
             raise ConfigError(f"{where} [{'frontend' if client_side.frontend is not None else 'client'}]: "
                               "not simulated with data_parallel or pipeline_parallel layouts yet")
@@ -326,7 +346,15 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     router = None
     if cluster.instances > 1:
         router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
-    return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side)
+    autoscaler = None
+    if cluster.autoscaler is not None:
+        autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
+        _check_autoscaler(autoscaler, cluster, workload, f"{where} [cluster.autoscaler]")
+        if power is not None:
+            raise ConfigError(f"{where} [power]: energy of an autoscaled cluster is not modelled yet (an instance "
+                              "that is off would still be metered as idle)")
+    return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side,
+                     autoscaler=autoscaler)
 
 
 def _client_side(tables: dict, cluster: ClusterConfig, where: str) -> ClientSide | None:
@@ -389,6 +417,31 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep)
 
 
+def _check_autoscaler(policy, cluster: ClusterConfig, workload, where: str) -> None:
+    config = getattr(policy, "config", None)
+    missing = [k for k in ("min_instances", "max_instances", "initial", "interval_s", "cold_start_s", "window_s")
+               if not hasattr(config, k)]
+    if missing:
+        raise ConfigError(f"{where}: the policy's config lacks {', '.join(missing)} (subclass "
+                          "schedlab_plugins.autoscalers.ScalingConfig)")
+    most = config.max_instances or cluster.instances
+    if cluster.instances < 2:
+        raise ConfigError(f"{where}: autoscaling needs [cluster] instances >= 2 (the most that can serve)")
+    if most != cluster.instances:
+        raise ConfigError(f"{where}: max_instances ({most}) must equal [cluster] instances ({cluster.instances}), "
+                          "the instances built")
+    if config.min_instances > most:
+        raise ConfigError(f"{where}: min_instances ({config.min_instances}) is above the {most} instances")
+    if getattr(workload, "closed_loop", False) or cluster.partitions > 1:
+        raise ConfigError(f"{where}: autoscaling needs an open-loop workload and partitions = 1")
+
+
+def scaling_limits(config, instances: int) -> ScalingLimits:
+    most = config.max_instances or instances
+    return ScalingLimits(config.min_instances, most, config.initial or config.min_instances, config.interval_s * 1e3,
+                         config.cold_start_s * 1e3, config.window_s * 1e3)
+
+
 def _drafting(ctx: Context, config: SpeculativeConfig, cost, where: str) -> DraftingCostModel:
     """The instance's cost model with the drafter's passes added (speculative decoding)."""
     drafter = (build_component(ctx, "cost_model", config.draft, f"{where} [speculative.draft]")
@@ -433,26 +486,36 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
 
 
 def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Callable | None = None,
-        timeline: bool = True) -> RunResult:
-    """Simulate one run and compute its metrics."""
+        timeline: bool = True, record: RecordSettings | None = None) -> RunResult:
+    """Simulate one run and compute its metrics (``record``: how its per-request results are kept)."""
     where = where or f"{ctx.source}: run {spec.name!r}"
     a = assemble(spec, ctx, where)
     side = a.client_side
-    recorder = Recorder(timeline=timeline, output_delay_ms=side.output_delay_ms if side is not None else 0.0)
+    recorder = make_recorder(record or RecordSettings(), a, timeline)
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
     meters = [EnergyMeter(p) for p in a.power] if a.power is not None else [None] * len(a.instances)
     started = time.perf_counter()
+    started_cpu = time.process_time()
+    router, indices = a.router, list(range(len(a.instances)))
     try:
         requests = a.workload.requests(spec.seed)
         # lockstep ranks and pipelined instances are timed by their cluster, not alone
         wrap = RankCost if a.lockstep or a.parallelism.pipelined else (lambda c: c)
+        if spec.part:
+            router, indices, requests = _part_of_run(spec, a, requests, where)
+        lockstep = scaling = None
         if spec.engine == "reference":
-            engines = [ReferenceEngine(s, wrap(c), k, recorder, index=i, speculation=speculation, meter=m)
-                       for i, ((s, c, k), m) in enumerate(zip(a.instances, meters))]
+            engines = [ReferenceEngine(s, wrap(c), k, recorder, index=i, speculation=speculation, meter=meters[i])
+                       for i, (s, c, k) in ((i, a.instances[i]) for i in indices)]
         else:
-            engines = [Instance(i, s, wrap(c), k, recorder, observer=observer, speculation=speculation, meter=m)
-                       for i, ((s, c, k), m) in enumerate(zip(a.instances, meters))]
-        lockstep = None
+            engines = [Instance(i, s, wrap(c), k, recorder, observer=observer, speculation=speculation,
+                                meter=meters[i]) for i, (s, c, k) in ((i, a.instances[i]) for i in indices)]
+        scaling = None
+        if a.autoscaler is not None:
+            scaling = ScalingController(a.autoscaler, scaling_limits(a.autoscaler.config, len(engines)), engines,
+                                        RoutingClock(), slo_met=request_met(attrs.asdict(a.slo)) if a.slo else None,
+                                        gpus_per_instance=[tensor_parallel(c, k) for _, c, k in a.instances])
+            recorder.listener = scaling.finished
         if a.parallelism.pipelined:
             stages = a.parallelism.pipeline_parallel
             if spec.engine == "reference":
@@ -480,24 +543,26 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                                decode_router=a.pools[1].router, **link)
                 simulate_disaggregated(requests, cluster, workload=a.workload, client_side=side)
         elif spec.engine == "reference":
-            ReferenceCluster(engines, a.router, client_side=side).run(requests, workload=a.workload)
+            ReferenceCluster(engines, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
         else:
-            simulate(requests, engines, router=a.router, workload=a.workload, client_side=side)
+            simulate(requests, engines, router=router, workload=a.workload, client_side=side, scaling=scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
+    cpu_ms = (time.process_time() - started_cpu) * 1e3
     scheduler, cost, kv = a.instances[0]
     slots = getattr(scheduler, "slots", None)
-    count = len(a.instances)
+    mine = [a.instances[i] for i in indices]
     meta = {
         "engine": spec.engine,
-        "instances": count,
-        "gpus": sum(tensor_parallel(c, k) for _, c, k in a.instances) * a.parallelism.pipeline_parallel,
-        "slots": slots * count if slots and a.pools is None else None,
-        "num_blocks": sum(k.num_blocks for _, _, k in a.instances),
+        "instances": len(a.instances),
+        "gpus": sum(tensor_parallel(c, k) for _, c, k in mine) * a.parallelism.pipeline_parallel,
+        "slots": slots * len(mine) if slots and a.pools is None else None,
+        "num_blocks": sum(k.num_blocks for _, _, k in mine),
         "block_size": kv.block_size,
         "bytes_per_block": getattr(kv, "bytes_per_block", 0),
         "wall_ms": wall_ms,
+        "cpu_ms": cpu_ms,  # the simulation's CPU time: on a shared machine, what an idle one's wall time would be
         "events": sum(e.events for e in engines),
         "seed": spec.seed,
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
@@ -510,21 +575,59 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         split = len(a.pools[0].instances)
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
     if a.power is not None:
-        meta["energy"] = close_meters(meters, run_start(recorder))
+        meta["energy"] = close_meters([meters[i] for i in indices], run_start(recorder))
     if a.parallelism != SINGLE:
         meta["parallelism"] = attrs.asdict(a.parallelism)
     if lockstep is not None:
         meta["data_parallel"] = {"ranks": len(engines), "steps": lockstep.steps,
                                  "dummy_rank_steps": lockstep.dummy_steps, "experts_ms": lockstep.experts_ms}
+    if scaling is not None:
+        meta["scaling"] = scaling.finish()
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
-    if measured is not None:
+    if measured is not None and result.rows_file is None:
         from ..results.compare import vs_measured
 
         result.measured = measured
         result.metrics["vs_measured"] = vs_measured(result.requests, measured)
     return result
+
+
+def _part_of_run(spec: RunSpec, a: Assembled, requests, where: str):
+    """A partitioned run's part: its router, its instances and the requests they serve."""
+    from .partition import PartRouter, check_partitionable, members
+
+    part, parts = spec.part
+    if a.pools is not None or getattr(a.workload, "closed_loop", False):
+        raise ConfigError(f"{where} [cluster] partitions: only an open-loop workload on a colocated cluster can be "
+                          "split into independent parts")
+    if a.router is None:
+        raise ConfigError(f"{where} [cluster] partitions: a single instance has nothing to split")
+    if a.parallelism != SINGLE:
+        raise ConfigError(f"{where} [cluster] partitions: data_parallel and pipeline_parallel layouts are run whole")
+    if a.power is not None:
+        raise ConfigError(f"{where} [cluster] partitions: not with [power]: an instance's idle energy depends on "
+                          "the whole run's window, which a part does not know")
+    if a.client_side is not None and a.client_side.frontend is not None:
+        raise ConfigError(f"{where} [cluster] partitions: not with [frontend]: the API server's queue is shared "
+                          "by every request, not split with the instances")
+    check_partitionable(a.router, where)
+    indices = members(part, parts, len(a.instances))
+    router = PartRouter(a.router, len(a.instances), indices)
+    return router, indices, router.requests(requests)
+
+
+def make_recorder(record: RecordSettings, a: Assembled, timeline: bool) -> Recorder:
+    """The run's recorder: rows past ``record.exact_requests`` go to a :class:`RowSink`, which
+    counts SLO attainment against the run's targets and the cost model's per-request costs."""
+    cost = a.instances[0][1]
+    side = a.client_side
+    sink = RowSink(record, slo=attrs.asdict(a.slo) if a.slo is not None else None,
+                   request_cost=getattr(cost, "request_cost", None), client_side=side is not None,
+                   energy=a.power is not None)
+    return Recorder(timeline=timeline, output_delay_ms=side.output_delay_ms if side is not None else 0.0, sink=sink,
+                    exact_requests=record.exact_requests, timeline_points=record.timeline_points)
 
 
 def _with_where(exc: SchedlabError, where: str) -> SchedlabError:

@@ -20,6 +20,7 @@ from ..capacity import Presets
 from ..catalog import load_catalog
 from ..errors import SchedlabError
 from ..results.records import RunResult
+from ..results.stream import RecordSettings
 from .simulation import Context, RunSpec, run
 
 
@@ -51,6 +52,7 @@ class RunTask:
     spec: RunSpec
     context: ContextSpec
     timeline: bool = True
+    record: RecordSettings = RecordSettings()
 
 
 @attrs.frozen
@@ -65,6 +67,6 @@ def execute(task: RunTask, context: Context | None = None, observer: Callable | 
     iterations through ``observer``)."""
     try:
         ctx = context if context is not None else task.context.build()
-        return run(task.spec, ctx, observer=observer, timeline=task.timeline)
+        return run(task.spec, ctx, observer=observer, timeline=task.timeline, record=task.record)
     except SchedlabError as exc:
         return TaskFailure(exc)

@@ -1,0 +1,240 @@
+"""Autoscaling: a policy adds and removes instances of a colocated cluster as the load changes.
+
+Both engines' open-loop drivers run the same :class:`ScalingController` between arrivals, at its
+own event times (before an arrival at the same time):
+
+* every ``interval_ms`` a *tick*: the controller reads the serving instances as a router does
+  (their views at that time), counts what happened in the last window (arrivals, finishes,
+  finishes within the SLO) and asks the policy (:class:`schedlab.protocols.Autoscaler`) how
+  many instances should serve; the answer is kept within ``[min_instances, max_instances]``;
+* more: instances that are off start *warming*, and serve -- join the router's pool -- only
+  ``cold_start_ms`` later (Kubernetes' pod start, the engine loading its weights); an instance
+  still draining is taken back first, at once (it never stopped);
+* fewer: warming instances are cancelled first (newest first), then serving ones *drain*
+  (highest index first): they leave the router's pool at once but finish every request they
+  hold, and are off -- no longer paid for -- when their last iteration ends. No request is lost.
+
+Instances are paid for (GPU-hours) from the moment they start warming until they are off; the
+controller keeps those intervals and the decisions (``history``) for the results. The cluster is
+built with ``max_instances`` instances; an instance restarted after being off keeps its prefix
+cache (a real restart would start cold). The router sees the serving instances as a list that
+changes when they do: a router that remembers positions (prefix affinity's homes) finds them
+renumbered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import attrs
+
+from .load import views_of
+
+INF = math.inf
+OFF, WARMING, SERVING, DRAINING = "off", "warming", "serving", "draining"
+
+
+@attrs.frozen
+class ScalingLimits:
+    """How far and how fast a policy may scale (the ``[cluster.autoscaler]`` keys every policy has)."""
+
+    min_instances: int
+    max_instances: int
+    initial: int
+    interval_ms: float
+    cold_start_ms: float
+    window_ms: float
+
+
+@attrs.frozen
+class Signals:
+    """What a policy sees at a tick (``now_ms``): the serving instances (``serving``), those
+    warming and draining, their load as a router sees it -- requests ``waiting`` for admission,
+    ``running``, ``outstanding`` (both and swapped), mean KV ``kv_usage`` -- summed over the
+    serving instances, and over the last ``window_ms``: ``arrivals``, ``finished`` and
+    ``slo_met`` (finished within their TTFT and TPOT targets; ``slo_attainment`` = met /
+    finished, NaN without finishes or without an ``[slo]``)."""
+
+    now_ms: float
+    serving: int
+    warming: int
+    draining: int
+    min_instances: int
+    max_instances: int
+    waiting: int
+    running: int
+    outstanding: int
+    kv_usage: float
+    window_ms: float
+    arrivals: int
+    finished: int
+    slo_met: int
+    slo_attainment: float
+
+
+class ScalingController:
+    """The autoscaler of one open-loop colocated cluster (either engine's instances)."""
+
+    def __init__(self, policy, limits: ScalingLimits, instances: Sequence, clock, *, slo_met=None,
+                 gpus_per_instance: Sequence[int] | None = None):
+        if limits.max_instances != len(instances):
+            raise ValueError("the cluster is built with max_instances instances")
+        self.policy = policy
+        self.limits = limits
+        self.instances = list(instances)
+        self.clock = clock
+        self.slo_met = slo_met  # (seq, client view) -> within its SLO; None without an [slo]
+        self.all_views = views_of(self.instances, clock)  # every instance, as a router would see it
+        self.gpus = list(gpus_per_instance or [1] * len(instances))
+        n = len(instances)
+        self.state = [SERVING if i < limits.initial else OFF for i in range(n)]
+        self.ready_at = [INF] * n
+        self.since = [0.0 if i < limits.initial else None for i in range(n)]  # paid for since
+        self.drain_from = [None] * n
+        self.intervals: list[tuple[int, float, float]] = []   # (instance, on, off)
+        self.history: list[tuple] = [(0.0, limits.initial, 0, 0, limits.initial)]
+        self.next_tick = limits.interval_ms
+        self.window: list = []     # (time, kind) of arrivals (0) and finishes (1: missed, 2: met)
+        self.scale_ups = self.scale_downs = 0
+        self.pool = None
+        self.members: list[int] = []
+        self.position: dict[int, int] = {}
+        self._rebuild()
+
+    # -- the router's pool --------------------------------------------------------------------------
+    def _rebuild(self) -> None:
+        self.members = [i for i, s in enumerate(self.state) if s == SERVING]
+        self.position = {index: pos for pos, index in enumerate(self.members)}
+        self.pool = views_of([self.instances[i] for i in self.members], self.clock, tracked=True)
+
+    def changed(self, index: int) -> None:
+        """Instance ``index`` changed: tell the router's pool, if it serves."""
+        pos = self.position.get(index)
+        if pos is not None:
+            self.pool.changed(pos)
+
+    def target(self, position: int) -> int:
+        """The instance at ``position`` of the router's pool."""
+        return self.members[position]
+
+    # -- what happened -----------------------------------------------------------------------------
+    def arrived(self, t: float) -> None:
+        self.window.append((t, 0))
+
+    def finished(self, seq, t: float, rejected: bool, client: tuple) -> None:
+        """A request left the run at ``t`` (a recorder listener; ``client``: its client's view,
+        see :func:`schedlab.frontend.client_times`). One aborted or timed out counts as missed."""
+        if rejected:
+            return
+        self.window.append((t, 2 if self.slo_met is not None and self.slo_met(seq, client) else 1))
+
+    # -- events ------------------------------------------------------------------------------------
+    def next_time(self) -> float:
+        ready = min((self.ready_at[i] for i, s in enumerate(self.state) if s == WARMING), default=INF)
+        return min(ready, self.next_tick)
+
+    def apply(self, t: float) -> bool:
+        """Everything due at ``t``: warm instances start serving, a tick decides. True when the
+        router's pool changed."""
+        changed = False
+        for i, s in enumerate(self.state):
+            if s == WARMING and self.ready_at[i] <= t:
+                self.state[i] = SERVING
+                self.ready_at[i] = INF
+                changed = True
+        if t >= self.next_tick:
+            changed |= self._tick(t)
+            self.next_tick += self.limits.interval_ms
+        if changed:
+            self._rebuild()
+        return changed
+
+    def _retire_drained(self) -> None:
+        """Draining instances that hold nothing any more (as seen now: an iteration in progress
+        still holds its requests) are off since their last iteration ended."""
+        for i, s in enumerate(self.state):
+            if s == DRAINING and not self.all_views[i].outstanding:
+                self._off(i, max(self.drain_from[i], self.instances[i].now))
+
+    def _off(self, i: int, t: float) -> None:
+        self.intervals.append((i, self.since[i], t))
+        self.state[i] = OFF
+        self.since[i] = self.drain_from[i] = None
+
+    def signals(self, t: float) -> Signals:
+        lim = self.limits
+        self.window = [(when, kind) for when, kind in self.window if when > t - lim.window_ms]
+        arrivals = sum(1 for _, kind in self.window if kind == 0)
+        finished = sum(1 for _, kind in self.window if kind)
+        met = sum(1 for _, kind in self.window if kind == 2)
+        views = self.pool
+        count = {s: self.state.count(s) for s in (SERVING, WARMING, DRAINING)}
+        kv = [v.kv.num_used_blocks() / v.kv.num_blocks for v in views]
+        return Signals(t, count[SERVING], count[WARMING], count[DRAINING], lim.min_instances, lim.max_instances,
+                       sum(v.waiting for v in views), sum(v.running for v in views),
+                       sum(v.outstanding for v in views), sum(kv) / len(kv) if kv else 0.0, lim.window_ms,
+                       arrivals, finished, met, met / finished if finished and self.slo_met is not None else math.nan)
+
+    def _tick(self, t: float) -> bool:
+        self._retire_drained()
+        lim = self.limits
+        self.clock.now = t
+        signals = self.signals(t)
+        desired = int(self.policy.decide(signals))
+        desired = min(max(desired, lim.min_instances), lim.max_instances)
+        have = signals.serving + signals.warming
+        changed = False
+        if desired > have:
+            changed = self._scale_up(desired - have, t)
+        elif desired < have:
+            changed = self._scale_down(have - desired, t)
+        counts = [self.state.count(s) for s in (SERVING, WARMING, DRAINING)]
+        self.history.append((t, *counts, desired))
+        return changed
+
+    def _scale_up(self, more: int, t: float) -> bool:
+        self.scale_ups += 1
+        changed = False
+        for i in sorted((i for i, s in enumerate(self.state) if s == DRAINING), reverse=True)[:more]:
+            self.state[i] = SERVING  # still running: it serves again at once
+            self.drain_from[i] = None
+            more -= 1
+            changed = True
+        for i in [i for i, s in enumerate(self.state) if s == OFF][:more]:
+            self.state[i] = WARMING
+            self.ready_at[i] = t + self.limits.cold_start_ms
+            self.since[i] = t
+            if self.limits.cold_start_ms <= 0:
+                self.state[i], self.ready_at[i] = SERVING, INF
+                changed = True
+        return changed
+
+    def _scale_down(self, fewer: int, t: float) -> bool:
+        self.scale_downs += 1
+        warming = sorted((i for i, s in enumerate(self.state) if s == WARMING), key=lambda i: -self.since[i])
+        for i in warming[:fewer]:
+            self._off(i, t)  # paid for while it warmed
+            self.ready_at[i] = INF
+            fewer -= 1
+        changed = False
+        for i in sorted((i for i, s in enumerate(self.state) if s == SERVING), reverse=True)[:fewer]:
+            self.state[i] = DRAINING
+            self.drain_from[i] = t
+            changed = True
+        return changed
+
+    def finish(self) -> dict[str, Any]:
+        """The run is over (every instance idle): close the paid intervals, summarise."""
+        end = max((inst.now for inst in self.instances), default=0.0)
+        for i, s in enumerate(self.state):
+            if s == SERVING:
+                self._off(i, max(end, self.since[i]))
+            elif s == DRAINING:
+                self._off(i, max(self.drain_from[i], self.instances[i].now))
+            elif s == WARMING:
+                self._off(i, max(end, self.since[i]))
+        gpu_ms = sum((off - on) * self.gpus[i] for i, on, off in self.intervals)
+        return {"intervals": [list(x) for x in sorted(self.intervals, key=lambda x: (x[1], x[0]))],
+                "history": [list(h) for h in self.history], "gpu_hours": gpu_ms / 3.6e6,
+                "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "end_ms": end}

@@ -1,0 +1,170 @@
+"""Partitioned runs: a cluster whose router ignores load, simulated as independent parts.
+
+With a router whose choice depends only on the request and its arrival order -- round robin,
+``hash`` (a prefix or the request id hashed), ``class`` with one instance per class -- the
+instances never influence each other in an open loop: what one instance does depends on the
+requests routed to it alone. ``[cluster] partitions = K`` then splits a run into K tasks, part
+``p`` simulating the instances ``i`` with ``i % K == p`` on the requests the router sends there
+(every part reads the whole workload and keeps its own), and the runner hands the parts to its
+workers -- local processes (``--jobs``) or Ray tasks -- like any other task. :func:`merge_parts`
+puts the parts back together: every request's row is the one a single process gives (the same
+arrivals reach the same instance in the same order), counters are summed (peaks: the largest),
+and the metrics are computed again over the whole run (sums of floating-point counters may
+differ from one process's in the last bits, as they are added in another order).
+
+A router that looks at load (least outstanding, least KV, prefix affinity placing new groups by
+load) cannot be split: a part would not see the other instances.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..results.metrics import compute_metrics, compute_streamed_metrics
+from ..results.records import RunResult
+
+PEAK_COUNTERS = ("kv_peak_blocks", "peak_running", "peak_waiting")
+SUMMED_META = ("gpus", "num_blocks", "events", "slots")
+
+
+def members(part: int, parts: int, instances: int) -> list[int]:
+    """The instances part ``part`` of ``parts`` simulates."""
+    return [i for i in range(instances) if i % parts == part]
+
+
+def check_partitionable(router, where: str) -> None:
+    if not callable(getattr(router, "partition", None)):
+        raise ConfigError(f"{where} [cluster] partitions: router {type(router).__name__} chooses by load, so its "
+                          "instances cannot be simulated apart; use round_robin, hash or class with one instance "
+                          "per class, or partitions = 1")
+
+
+class PartRouter:
+    """Routes a part's requests to where the full cluster's router sends them."""
+
+    def __init__(self, router, instances: int, mine: list[int]):
+        self.router = router
+        self.instances = instances
+        self.position = {index: pos for pos, index in enumerate(mine)}
+        self.targets: dict[int, int] = {}
+
+    def requests(self, requests: Iterable) -> Iterator:
+        """The requests of the whole run that go to this part's instances, in arrival order."""
+        for order, request in enumerate(requests):
+            target = self.router.partition(request, order, self.instances)
+            pos = self.position.get(target)
+            if pos is not None:
+                self.targets[request.id] = pos
+                yield request
+
+    def route(self, request, instances) -> int:
+        return self.targets.pop(request.id)
+
+
+def merge_parts(name: str, parts: list[RunResult]) -> RunResult:
+    """One run from its parts (see the module docstring)."""
+    first = parts[0]
+    counters = {}
+    for key in first.counters:
+        values = [p.counters[key] for p in parts]
+        counters[key] = max(values) if key in PEAK_COUNTERS else sum(values)
+    meta = dict(first.meta)
+    for key in SUMMED_META:
+        values = [p.meta.get(key) for p in parts]
+        meta[key] = sum(values) if all(v is not None for v in values) else None
+    meta["wall_ms"] = sum(p.meta.get("wall_ms", 0.0) for p in parts)
+    meta["cpu_ms"] = sum(p.meta.get("cpu_ms", 0.0) for p in parts)
+    meta["partitions"] = len(parts)
+    timeline = _concat([p.timeline for p in parts])
+    if timeline.get("time_ms") is not None and timeline["time_ms"].size:
+        order = np.lexsort((timeline["instance"], timeline["time_ms"]))
+        timeline = {k: v[order] for k, v in timeline.items()}
+    if any(p.stream is not None for p in parts):
+        return _merge_streamed(name, parts, counters, timeline, meta)
+    requests = _concat([p.requests for p in parts])
+    order = np.argsort(requests["id"], kind="stable")
+    requests = {k: v[order] for k, v in requests.items()}
+    itl = _concat([p.itl for p in parts])
+    rejections = {}
+    for p in parts:
+        rejections.update(p.rejections)
+    meta["rejections"] = rejections
+    metrics = compute_metrics(requests, counters, itl, meta)
+    _add_cost_totals(metrics, parts)
+    return RunResult(name, first.settings, requests, counters, itl, timeline, rejections, meta, metrics,
+                     dict(first.point))
+
+
+def _concat(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    keys = [k for k in tables[0]]
+    return {k: np.concatenate([t[k] for t in tables]) for k in keys}
+
+
+def _add_cost_totals(metrics: dict, parts: list[RunResult]) -> None:
+    """The cost model's per-request totals are sums: add the parts' up."""
+    totals = [p.metrics.get("cost", {}) for p in parts]
+    if all("total_prefill_ms" in t for t in totals):
+        pre = sum(t["total_prefill_ms"] for t in totals)
+        dec = sum(t["total_decode_ms"] for t in totals)
+        metrics["cost"].update(total_prefill_ms=pre, total_decode_ms=dec,
+                               decode_share=dec / (pre + dec) if pre + dec else float("nan"))
+
+
+def _merge_streamed(name: str, parts: list[RunResult], counters: dict, timeline: dict, meta: dict) -> RunResult:
+    """Parts past ``exact_requests`` (any of them): their sketches and sums merge, their row files join."""
+    from ..results.stream import RecordSettings, RowSink
+
+    first = parts[0]
+    sink = RowSink(first.stream.settings if first.stream is not None else RecordSettings())
+    for p in parts:
+        if p.stream is not None:
+            sink.stats.merge(p.stream.stats)
+            sink.itl.merge(p.stream.itl)
+        else:  # a small part kept its rows: add them as one block
+            sink.stats.add(p.requests, p.rejections)
+            sink.itl.add_runs(p.itl["first"], p.itl["inc"], p.itl["count"], p.itl["weight"])
+    sink.path = _join_row_files([p for p in parts if p.rows_file], sink.settings.request_rows)
+    meta["rejections"] = {}
+    metrics = compute_streamed_metrics(sink.stats, counters, sink.itl, meta)
+    _add_cost_totals(metrics, parts)
+    sink.stats.costed = True
+    requests = sink.stats.sample_columns()
+    empty = np.empty(0)
+    itl = {"first": empty, "inc": empty, "count": empty.astype(np.int64), "weight": empty.astype(np.int64)}
+    return RunResult(name, first.settings, requests, counters, itl, timeline, dict(sink.stats.sample_reasons), meta,
+                     metrics, dict(first.point), rows_file=str(sink.path) if sink.path else None, stream=sink)
+
+
+def _join_row_files(parts: list[RunResult], kind: str) -> Any:
+    """One file of rows from the parts' files, block by block (the parts' files are removed).
+    Rows of parts that stayed below the limit are not in any file: their sample is all they keep."""
+    if not parts:
+        return None
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    target = parts[0].rows_file + ".joined"
+    writer = None
+    for p in parts:
+        if kind == "parquet":
+            source = pq.ParquetFile(p.rows_file)
+            batches = source.iter_batches()
+        else:
+            batches = pcsv.open_csv(p.rows_file)
+        for batch in batches:
+            if writer is None:
+                writer = (pq.ParquetWriter(target, batch.schema) if kind == "parquet"
+                          else pcsv.CSVWriter(target, batch.schema))
+            writer.write_batch(batch)
+    if writer is not None:
+        writer.close()
+    for p in parts:
+        os.unlink(p.rows_file)
+    final = parts[0].rows_file
+    os.replace(target, final)
+    return final
+

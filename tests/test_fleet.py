@@ -1,0 +1,451 @@
+"""A day of a fleet (issue 21): per-arrival work independent of the cluster's size, load indexes,
+streamed results, partitioned runs and autoscaling -- each against an independent answer."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.engine import driver as driver_module
+from schedlab.engine.load import RoutingClock
+from schedlab.engine.pool import LoadIndex, kv_key, outstanding_key
+from schedlab.engine.recorder import Recorder
+from schedlab.model import Request
+from schedlab.results.sketch import RELATIVE_ACCURACY, Summary
+from schedlab.results.stream import read_rows
+from schedlab.study.executor import make_executor
+from schedlab.study.experiment import load, run_experiment
+from schedlab.testing import dyadic_linear_costs, examples, requests_lists, run_cluster
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+ENGINES = ("fast", "reference")
+
+
+def decoder(blocks: int = 4096, block_size: int = 4):
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=64, max_num_batched_tokens=512)),
+                LinearCostModel(LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=0.5, base_ms=2.0)),
+                PagedKVCache(blocks, block_size))
+    return make
+
+
+def poisson(n: int, rate_per_ms: float, seed: int) -> list[float]:
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate_per_ms, n)).tolist()
+
+
+# -- an arrival touches only the instances whose events come before it ---------------------------------------
+
+
+def test_the_instances_an_arrival_brings_forward_do_not_grow_with_the_cluster(monkeypatch):
+    """Same load per instance on 4 and on 64 instances: the instances touched between arrivals
+    are those with an event to do, so touches per request stay the same -- before, every arrival
+    advanced every instance (64 touches per request on 64 instances)."""
+    touched = []
+    act_until = driver_module.Instance.act_until
+
+    def counting(self, t):
+        touched.append(self.index)
+        return act_until(self, t)
+
+    monkeypatch.setattr(driver_module.Instance, "act_until", counting)
+    per_request = {}
+    for n in (4, 64):
+        touched.clear()
+        arrivals = poisson(40 * n, n * 0.004, seed=n)  # 4 requests/s per instance
+        requests = [Request(i, t, 64, 40) for i, t in enumerate(arrivals)]
+        run_cluster(requests, decoder(), n, LeastOutstandingRouter())
+        per_request[n] = len(touched) / len(requests)
+    assert per_request[64] < 4.0
+    assert per_request[64] < 1.5 * per_request[4]
+
+
+def test_a_least_loaded_query_is_logarithmic_not_a_scan():
+    """The pool's index answers least_outstanding from a heap: with 1,024 views and one changed
+    between queries, each query computes a handful of keys, not 1,024."""
+    calls = []
+
+    def key(view, pos):
+        calls.append(pos)
+        return outstanding_key(view, pos)
+
+    key.steady = True
+    views = [SimpleNamespace(outstanding=i % 7) for i in range(1024)]
+    index = LoadIndex(views, key, range(1024))
+    calls.clear()
+    for step in range(200):
+        pos = index.least()
+        assert views[pos].outstanding == min(v.outstanding for v in views)
+        views[pos].outstanding += 1
+        index.mark(pos)
+    assert len(calls) <= 2 * 200
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 5), st.integers(0, 4), st.booleans()),
+                min_size=1, max_size=60), st.integers(2, 6))
+def test_the_index_agrees_with_a_scan_when_kv_only_grows_between_marks(moves, n):
+    """A stateful check of LoadIndex: KV may grow unannounced (a pending decode run), anything
+    else is announced by mark(); the answer always equals the scan's."""
+    views = [SimpleNamespace(outstanding=0, kv=SimpleNamespace(used=0, num_blocks=16)) for _ in range(n)]
+    for v in views:
+        v.kv.num_used_blocks = (lambda kv: lambda: kv.used)(v.kv)
+    index = LoadIndex(views, kv_key, range(n))
+    for pos, outstanding, grow, announce in moves:
+        v = views[pos % n]
+        if announce:
+            v.outstanding = outstanding
+            v.kv.used = min(16, max(0, v.kv.used - grow))
+            index.mark(pos % n)
+        else:
+            v.kv.used = min(16, v.kv.used + grow)  # unannounced: only growth
+        assert index.least() == min(range(n), key=lambda p: kv_key(views[p], p))
+
+
+class Spy:
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen = []
+
+    def route(self, request, instances):
+        self.seen.append([(v.outstanding, v.running, v.waiting, v.kv.num_used_blocks(), v.in_iteration)
+                          for v in instances])
+        return self.inner.route(request, instances)
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=requests_lists(max_size=16, max_prompt=40, max_output=30), instances=st.integers(2, 4),
+       cost=dyadic_linear_costs(), router=st.sampled_from([LeastKVRouter, LeastOutstandingRouter]))
+def test_routers_see_the_same_instances_in_both_engines_during_pending_decode_runs(requests, instances, cost,
+                                                                                     router):
+    """The fast engine keeps decode runs pending and shows their KV in closed form; the reference
+    runs every iteration. Everything a router reads must be the same at every arrival."""
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=64)),
+                LinearCostModel(cost), PagedKVCache(256, 4))
+
+    seen = []
+    for engine in ENGINES:
+        spy = Spy(router())
+        run_cluster(requests, make, instances, spy, engine=engine)
+        seen.append(spy.seen)
+    assert seen[0] == seen[1]
+
+
+# -- streamed results ---------------------------------------------------------------------------------------
+
+FLEET = """
+[experiment]
+name = "fleet"
+reports = []
+timeline = true
+
+[workload]
+kind = "synthetic"
+num_requests = 3000
+arrival = "poisson"
+rate = 30
+prompt = {dist = "lognormal", median = 200, sigma = 0.8, low = 8, high = 2000}
+output = {dist = "lognormal", median = 60, sigma = 0.8, low = 1, high = 400}
+client = "c"
+
+[scheduler]
+kind = "vllm"
+
+[kv_cache]
+kind = "paged"
+num_blocks = 4000
+
+[cost_model]
+kind = "linear"
+
+[cluster]
+instances = 4
+router = {kind = "least_outstanding"}
+
+[slo]
+ttft_ms = 400
+tpot_ms = 40
+"""
+
+
+def fleet_run(tmp_path, *overrides, text=FLEET, executor=None):
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    return run_experiment(load(path, list(overrides)), executor=executor).all_runs()[0]
+
+
+def test_a_streamed_run_has_every_row_on_disk_and_metrics_within_the_sketch_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    exact = fleet_run(tmp_path)
+    streamed = fleet_run(tmp_path, "experiment.exact_requests=500")
+    assert exact.rows_file is None and streamed.rows_file is not None
+    rows = read_rows(streamed.rows_file)
+    order = np.argsort(rows["id"])
+    for name in ("id", "instance", "arrival_ms", "first_token_ms", "finish_ms", "generated_tokens"):
+        np.testing.assert_array_equal(rows[name][order], exact.requests[name])
+    a, b = exact.metrics, streamed.metrics
+    for name in ("requests", "finished", "generated_tokens", "makespan_ms", "busy_share", "avg_queue", "slo",
+                 "gpu_hours", "iterations"):
+        assert a[name] == pytest.approx(b[name], rel=1e-9), name
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "itl_ms"):
+        assert a[name]["mean"] == pytest.approx(b[name]["mean"], rel=1e-9)
+        assert a[name]["max"] == b[name]["max"]
+        for p in ("p50", "p90", "p99"):
+            # the sketch's bound on the nearest sample, plus numpy's interpolation between two
+            # neighbours (and the ITL runs' pieces): a little over 1%
+            assert b[name][p] == pytest.approx(a[name][p], rel=2.5 * RELATIVE_ACCURACY), (name, p)
+    for k in range(4):
+        assert a["per_instance"][str(k)]["requests"] == b["per_instance"][str(k)]["requests"]
+        assert a["per_instance"][str(k)]["slo"]["met"] == b["per_instance"][str(k)]["slo"]["met"]
+    assert streamed.meta["requests_sampled"] == 3000  # fewer rows than the sample: all of them
+    assert b["stability"]["verdict"] == a["stability"]["verdict"]
+
+
+def test_streamed_rows_may_be_csv(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    run = fleet_run(tmp_path, "experiment.exact_requests=100", "experiment.request_rows=csv")
+    assert run.rows_file.endswith(".csv")
+    assert sorted(read_rows(run.rows_file)["id"].tolist()) == list(range(3000))
+
+
+def test_the_recorder_keeps_no_rows_past_the_limit():
+    class Sink:
+        rows = 0
+
+        def write(self, chunk, reasons):
+            Sink.rows += chunk["id"].size
+
+        def add_itl(self, *runs):
+            pass
+
+        def close(self):
+            pass
+
+    rec = Recorder(sink=Sink(), exact_requests=10)
+    seq = SimpleNamespace(request=Request(0, 0.0, 5, 5), transfer=None, first_scheduled_ms=0.0, first_token_ms=1.0,
+                          waiting_ms=0.0, num_generated=5, num_preemptions=0, recomputed_tokens=0, prefill_chunks=1,
+                          cached_tokens_total=0, num_swaps=0, energy_j=0.0)
+    for _ in range(100_000):
+        rec.request_done(seq, 0, 2.0)
+        assert len(rec._rows) <= 1 << 15 and not rec._chunks or not rec.streaming
+    rec.finish()
+    assert rec.streaming and Sink.rows == 100_000 and not rec._chunks and not rec._rows
+
+
+def test_the_timeline_keeps_a_bounded_evenly_thinned_sample():
+    rec = Recorder(timeline_points=100)
+    batch = SimpleNamespace(num_decode=1, num_prefill=0, prefill_tokens=0)
+    for i in range(10_000):
+        rec.sample(float(i), 0, 1, 0, 0, 1.0, 1, batch)
+    kept = np.frombuffer(rec.timeline["time_ms"], dtype=np.float64)
+    assert 50 <= kept.size <= 100
+    stride = kept[1] - kept[0]
+    assert stride in (128.0, 256.0) and np.all(np.diff(kept) == stride) and kept[0] == 0.0
+
+
+def test_a_summary_of_runs_equals_the_summary_of_the_values():
+    rng = np.random.default_rng(3)
+    first, inc = rng.uniform(5, 50, 300), rng.uniform(0, 0.05, 300)
+    count, weight = rng.integers(1, 200, 300), rng.integers(1, 5, 300)
+    values = np.concatenate([np.repeat(f + d * np.arange(c), w) for f, d, c, w in zip(first, inc, count, weight)])
+    runs, plain = Summary(), Summary()
+    runs.add_runs(first, inc, count, weight)
+    plain.add(values)
+    assert runs.count == plain.count == values.size
+    assert runs.total == pytest.approx(values.sum(), rel=1e-12) and runs.max == pytest.approx(values.max())
+    for p in (50, 90, 99):
+        assert runs.result()[f"p{p}"] == pytest.approx(np.percentile(values, p), rel=1.5 * RELATIVE_ACCURACY)
+
+
+# -- partitioned runs ---------------------------------------------------------------------------------------
+
+
+def in_parts(tmp_path, parts: int, *overrides):
+    """The run split into ``parts`` tasks on two worker processes."""
+    executor = make_executor(jobs=2)
+    try:
+        return fleet_run(tmp_path, *overrides, f"cluster.partitions={parts}", executor=executor)
+    finally:
+        executor.close()
+
+
+@pytest.mark.parametrize("router", ['{kind = "round_robin"}', '{kind = "hash", by = "id"}'])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_partitioned_run_has_the_rows_of_one_process(tmp_path, router, engine):
+    base = ("workload.num_requests=600", f"cluster.router={router}", f"experiment.engine={engine}")
+    whole = fleet_run(tmp_path, *base)
+    split = in_parts(tmp_path, 3, *base)
+    assert split.meta["partitions"] == 3
+    for name, column in whole.requests.items():
+        np.testing.assert_array_equal(split.requests[name], column, err_msg=name)
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "slo", "kv_usage"):
+        for key, value in whole.metrics[name].items():
+            assert split.metrics[name][key] == pytest.approx(value, rel=1e-9), (name, key)
+    assert split.metrics["busy_share"] == pytest.approx(whole.metrics["busy_share"], rel=1e-12)
+
+
+def test_a_load_aware_router_cannot_be_partitioned(tmp_path):
+    from schedlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="partitions.*LeastOutstandingRouter chooses by load"):
+        fleet_run(tmp_path, "workload.num_requests=50", "cluster.partitions=2")
+
+
+# -- autoscaling -------------------------------------------------------------------------------------------
+
+POLICIES = {
+    "queue": '{kind = "queue_length", min_instances = %d, target_per_instance = %g, cold_start_s = %g, '
+             'interval_s = %g, stabilization_s = %g, min_attainment = 0.9}',
+    "hpa": '{kind = "target_utilization", metric = "outstanding", min_instances = %d, target = %g, '
+           'cold_start_s = %g, interval_s = %g, stabilization_s = %g}',
+}
+
+
+def scaled(tmp_path, policy, low, target, cold, interval, stabilize, n, rate, engine="fast", seed=0):
+    table = POLICIES[policy] % (low, target, cold, interval, stabilize)
+    return fleet_run(tmp_path, f"workload.num_requests={n}", f"workload.rate={rate}", "cluster.instances=5",
+                     f"cluster.autoscaler={table}", f"experiment.engine={engine}", f"experiment.seed={seed}",
+                     "workload.arrival=gamma", "workload.cv=3")
+
+
+def serving_over_time(run):
+    """(time, serving + warming, serving) after every decision, from the controller's history."""
+    return [(t, s + w, s) for t, s, w, _d, _desired in run.meta["scaling"]["history"]]
+
+
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                          HealthCheck.function_scoped_fixture])
+@given(policy=st.sampled_from(sorted(POLICIES)), low=st.integers(1, 3), target=st.sampled_from([1, 2, 4, 8]),
+       cold=st.sampled_from([0.0, 0.5, 5.0]), interval=st.sampled_from([0.25, 1.0, 3.0]),
+       stabilize=st.sampled_from([0.0, 2.0]), rate=st.sampled_from([5, 20, 60]), seed=st.integers(0, 3))
+def test_autoscaling_keeps_the_minimum_serves_only_warm_instances_and_loses_no_request(
+        tmp_path, policy, low, target, cold, interval, stabilize, rate, seed):
+    run = scaled(tmp_path, policy, low, target, cold, interval, stabilize, 300, rate, seed=seed)
+    scaling = run.meta["scaling"]
+    for _t, paid, serving in serving_over_time(run):
+        assert serving >= low and paid <= 5
+    # every request was served by an instance that was on, warm, at its arrival, and finished
+    # before that instance went off
+    req = run.requests
+    assert run.metrics["finished"] == 300 and run.metrics["rejected"] == 0
+    intervals = scaling["intervals"]
+    for inst, arrival, finish in zip(req["instance"].tolist(), req["arrival_ms"].tolist(), req["finish_ms"].tolist()):
+        home = [(on, off) for i, on, off in intervals if i == inst and on <= arrival <= off]
+        assert home, (inst, arrival)
+        on, off = home[0]
+        assert on == 0.0 or arrival >= on + cold * 1e3
+        assert finish <= off
+    assert run.metrics["gpu_hours"] == pytest.approx(sum(off - on for _, on, off in intervals) / 3.6e6)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_both_engines_scale_alike(tmp_path, policy):
+    fast, ref = (scaled(tmp_path, policy, 1, 2, 2.0, 1.0, 2.0, 400, 3, engine=e) for e in ENGINES)
+    assert fast.meta["scaling"]["history"] == ref.meta["scaling"]["history"]
+    np.testing.assert_allclose(np.array(fast.meta["scaling"]["intervals"]), np.array(ref.meta["scaling"]["intervals"]),
+                               rtol=1e-12)
+    for name in ("instance", "first_token_ms", "finish_ms"):
+        np.testing.assert_allclose(fast.requests[name], ref.requests[name], rtol=1e-12)
+    assert fast.metrics["fleet"]["scale_ups"] > 5 and fast.metrics["fleet"]["scale_downs"] > 5  # bursts come and go
+
+
+def test_queue_length_by_hand():
+    """ceil(outstanding / target), one more while attainment is low, down only after the window."""
+    from schedlab.engine.scaling import Signals
+    from schedlab_plugins.autoscalers import QueueLength, QueueLengthConfig
+
+    policy = QueueLength(QueueLengthConfig(target_per_instance=4, min_attainment=0.9, stabilization_s=10))
+
+    def signals(t_s, outstanding, finished=10, met=10, serving=2):
+        return Signals(t_s * 1e3, serving, 0, 0, 1, 8, 0, 0, outstanding, 0.0, 60e3, 0, finished, met,
+                       met / finished if finished else math.nan)
+
+    assert policy.decide(signals(0, 9)) == 3           # ceil(9 / 4)
+    assert policy.decide(signals(5, 1)) == 3           # down held: 3 was recommended 5 s ago
+    assert policy.decide(signals(11, 1)) == 1          # the window has passed
+    assert policy.decide(signals(12, 1, met=5)) == 3   # attainment 0.5: serving + 1
+
+
+def test_a_fleet_run_has_gpu_hours_and_hours(tmp_path):
+    run = fleet_run(tmp_path, "workload.num_requests=400", "workload.rate=0.05")  # ~2.2 hours
+    m = run.metrics
+    assert m["gpu_hours"] == pytest.approx(4 * run.requests["finish_ms"].max() / 3.6e6)
+    hours = m["hourly"]
+    assert sum(h["requests"] for h in hours.values()) == 400
+    assert sum(h["gpu_hours"] for h in hours.values()) == pytest.approx(m["gpu_hours"])
+    first_hour = run.requests["arrival_ms"] < 3.6e6
+    assert hours["0"]["requests"] == int(first_hour.sum())
+
+
+# -- a day of traffic ----------------------------------------------------------------------------------------
+
+
+def test_a_diurnal_day_has_each_hours_rate():
+    """Hourly counts of the non-homogeneous Poisson day against each hour's expected count: every
+    hour within 5 standard deviations, and the quietest hour a quarter of the busiest (amplitude 0.6)."""
+    from schedlab_plugins.workloads.diurnal import DiurnalConfig, diurnal_arrivals_ms, hourly_weights
+
+    config = DiurnalConfig(mean_rate=2.0, prompt={"dist": "fixed", "value": 10},
+                           output={"dist": "fixed", "value": 10})
+    arrivals = diurnal_arrivals_ms(config, seed=5)
+    assert np.all(np.diff(arrivals) >= 0) and arrivals[-1] < 24 * 3.6e6
+    counts = np.bincount((arrivals // 3.6e6).astype(int), minlength=24)
+    expected = hourly_weights(config) * 2.0 * 3600
+    assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected))
+    assert expected.min() / expected.max() == pytest.approx(0.25, rel=0.02)
+    assert int(np.argmax(expected)) in (13, 14)
+
+
+def test_a_diurnal_profile_is_followed_and_checked():
+    from schedlab.configs import FieldError
+    from schedlab_plugins.workloads.diurnal import DiurnalConfig, diurnal_arrivals_ms
+
+    profile = [0.0] * 12 + [1.0] * 12
+    config = DiurnalConfig(mean_rate=1.0, hours=24, profile=profile, prompt={"dist": "fixed", "value": 4},
+                           output={"dist": "fixed", "value": 4})
+    arrivals = diurnal_arrivals_ms(config, seed=1)
+    assert arrivals.min() >= 12 * 3.6e6  # nothing in the hours of weight 0
+    with pytest.raises(FieldError, match="profile"):
+        DiurnalConfig(mean_rate=1.0, profile=[1.0] * 23, prompt={"dist": "fixed", "value": 4},
+                      output={"dist": "fixed", "value": 4})
+
+
+def test_the_fleet_report_writes_its_table_and_plot(tmp_path):
+    from schedlab_plugins.reports.fleet import FleetConfig, FleetReport
+
+    results = run_experiment(load(_write(tmp_path, FLEET), ["workload.num_requests=300", "workload.rate=0.03"]))
+    written = FleetReport(FleetConfig(gpu_hour_usd=2.0)).write(results, tmp_path / "out")
+    assert [p.name for p in written] == ["fleet.txt", "fleet.png"]
+    run = results.all_runs()[0]
+    line = (tmp_path / "out" / "fleet.txt").read_text().splitlines()[1]
+    assert f"{run.metrics['gpu_hours'] * 2.0:.0f}" in line.split()
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    return path
+
+
+def test_streamed_parts_merge_into_the_rows_and_sketches_of_one_process(tmp_path, monkeypatch):
+    """Parts past exact_requests: their row files join into one with every row of the whole run,
+    and their sketches merge exactly (bucket counts add): the same percentiles as one process."""
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    base = ("workload.num_requests=1500", 'cluster.router={kind = "round_robin"}', "experiment.exact_requests=200")
+    whole = fleet_run(tmp_path, *base)
+    split = in_parts(tmp_path, 2, *base)
+    a, b = read_rows(whole.rows_file), read_rows(split.rows_file)
+    oa, ob = np.argsort(a["id"]), np.argsort(b["id"])
+    for name in ("id", "instance", "first_token_ms", "finish_ms"):
+        np.testing.assert_array_equal(a[name][oa], b[name][ob], err_msg=name)
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "slo"):
+        for key, value in whole.metrics[name].items():
+            assert split.metrics[name][key] == pytest.approx(value, rel=1e-9), (name, key)
