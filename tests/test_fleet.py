@@ -209,6 +209,57 @@ def test_a_streamed_run_has_every_row_on_disk_and_metrics_within_the_sketch_erro
     assert b["stability"]["verdict"] == a["stability"]["verdict"]
 
 
+CLIENT_AND_POWER = """
+[power]
+kind = "fixed_active"
+gpu = "a100-40gb"
+
+[frontend]
+
+[client]
+timeout_ms = 1500
+"""
+
+
+def test_a_streamed_run_keeps_the_clients_view_and_the_energy(tmp_path, monkeypatch):
+    """Streamed rows carry main's columns (sent_ms, client times, aborted, timed_out, energy_j);
+    counts and sums are exact, percentiles within the sketch's error -- including the energy
+    window, which starts at the first arrival even when that row went to disk long before."""
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    text = FLEET + CLIENT_AND_POWER
+    exact = fleet_run(tmp_path, "workload.rate=60", text=text)
+    streamed = fleet_run(tmp_path, "workload.rate=60", "experiment.exact_requests=500", text=text)
+    rows = read_rows(streamed.rows_file)
+    order = np.argsort(rows["id"])
+    for name in ("sent_ms", "client_first_ms", "client_done_ms", "aborted", "timed_out", "energy_j"):
+        np.testing.assert_array_equal(rows[name][order], exact.requests[name])
+    a, b = exact.metrics, streamed.metrics
+    assert a["timed_out"] > 100 and a["aborted"] > 100  # the case is worth checking
+    for name in ("requests", "finished", "rejected", "timed_out", "aborted", "slo"):
+        assert a[name] == b[name], name
+    for name in ("gpu_j", "busy_j", "idle_j", "attributed_j", "j_per_token", "j_per_request", "window_ms"):
+        assert b["energy"][name] == pytest.approx(a["energy"][name], rel=1e-12), name
+    for group, names in (("client", ("ttft_ms", "tpot_ms", "e2el_ms", "ntpot_ms", "frontend_ms")),
+                         ("energy", ("request_j",))):
+        for name in names:
+            x, y = a[group][name], b[group][name]
+            assert y["mean"] == pytest.approx(x["mean"], rel=1e-9) and y["max"] == x["max"], (group, name)
+            for p in ("p50", "p90", "p99"):
+                assert y[p] == pytest.approx(x[p], rel=2.5 * RELATIVE_ACCURACY), (group, name, p)
+
+
+def test_without_a_client_side_a_streamed_run_gives_the_engines_view_as_the_clients(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    exact = fleet_run(tmp_path)
+    streamed = fleet_run(tmp_path, "experiment.exact_requests=500")
+    a, b = exact.metrics["client"], streamed.metrics["client"]
+    assert b["frontend_ms"]["max"] == 0.0 and b["ttft_ms"] == streamed.metrics["ttft_ms"]
+    for name in ("ttft_ms", "tpot_ms", "e2el_ms", "ntpot_ms"):
+        assert b[name]["mean"] == pytest.approx(a[name]["mean"], rel=1e-9)
+        assert b[name]["p99"] == pytest.approx(a[name]["p99"], rel=2.5 * RELATIVE_ACCURACY)
+    assert "energy" not in streamed.metrics
+
+
 def test_streamed_rows_may_be_csv(tmp_path, monkeypatch):
     monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
     run = fleet_run(tmp_path, "experiment.exact_requests=100", "experiment.request_rows=csv")

@@ -163,6 +163,7 @@ def close_meters(meters: list, start: float) -> dict:
 
 
 def run_start(recorder) -> float:
-    """The run's first arrival (0 for a run without requests): where its energy window starts."""
-    arrivals = recorder.columns()["arrival_ms"]
-    return float(arrivals.min()) if arrivals.size else 0.0
+    """The run's first arrival (0 for a run without requests): where its energy window starts.
+    A streamed run's rows are mostly on disk: the recorder keeps the earliest arrival itself."""
+    first = recorder.first_arrival_ms()
+    return first if first < INF else 0.0

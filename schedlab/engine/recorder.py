@@ -103,6 +103,7 @@ class Recorder:
         self.exact_requests = exact_requests
         self.streaming = False
         self.recorded = 0
+        self._first_arrival = math.inf        # of the rows turned into columns so far
         self.timeline_points = timeline_points
         self._timeline_stride = 1
         self._timeline_seen = 0
@@ -155,10 +156,18 @@ class Recorder:
         if self.sink is not None and not self.streaming and self.recorded > self.exact_requests:
             self._start_streaming()
         chunk = self._columns_of_rows()
+        arrivals = chunk["arrival_ms"]
+        if arrivals.size and arrivals.min() < self._first_arrival:
+            self._first_arrival = float(arrivals.min())
         if self.streaming:
             self._stream(chunk)
         else:
             self._chunks.append(chunk)
+
+    def first_arrival_ms(self) -> float:
+        """The earliest arrival of every request recorded so far, streamed ones too (inf: none)."""
+        self._flush()
+        return self._first_arrival
 
     def _start_streaming(self) -> None:
         self.streaming = True
