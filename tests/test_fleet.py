@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from schedlab.capacity import Presets
+from schedlab.catalog import load_catalog
 from schedlab.engine import driver as driver_module
 from schedlab.engine.load import RoutingClock
 from schedlab.engine.pool import LoadIndex, kv_key, outstanding_key
@@ -21,12 +23,15 @@ from schedlab.results.stream import read_rows
 from schedlab.study.executor import make_executor
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import dyadic_linear_costs, examples, requests_lists, run_cluster
-from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.power import UtilisationConfig
+from schedlab_plugins.power.utilisation import build_utilisation
 from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
 ENGINES = ("fast", "reference")
+PRESETS = Presets.from_catalog(load_catalog(entry_points=False))
 
 
 def decoder(blocks: int = 4096, block_size: int = 4):
@@ -137,6 +142,91 @@ def test_routers_see_the_same_instances_in_both_engines_during_pending_decode_ru
         run_cluster(requests, make, instances, spy, engine=engine)
         seen.append(spy.seen)
     assert seen[0] == seen[1]
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=requests_lists(max_size=14, max_prompt=300, max_output=200, all_at_zero=False),
+       instances=st.integers(2, 3), timeout=st.sampled_from([None, 40.0, 150.5, 600.0]), front=st.booleans(),
+       router=st.sampled_from([LeastKVRouter, LeastOutstandingRouter]), max_seqs=st.integers(1, 4))
+def test_energy_and_aborts_meet_pending_runs_alike_in_both_engines(requests, instances, timeout, front, router,
+                                                                    max_seqs):
+    """The fast engine's pending decode runs, cut by arrivals and ended at aborts, against the
+    reference engine's iterations, with every feature that meets them on: the energy meter
+    (exact over the iterations actually run), clients that give up, a front end, a load-aware
+    router. Routers see the same at every arrival; results agree; energy is conserved."""
+    from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig
+    from schedlab.testing import check_energy, compare_runs
+
+    side = ClientSide(FrontendConfig(network_ms=0.5, token_ms=0.25) if front else None,
+                      ClientConfig(timeout_ms=timeout) if timeout is not None else None)
+    gpu = PRESETS.gpu("a100-40gb")
+
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=256)),
+                RooflineCostModel(PRESETS.model("llama-3.1-8b"), gpu, RooflineConfig(model="llama-3.1-8b",
+                                                                                       gpu="a100-40gb")),
+                PagedKVCache(400, 16))
+
+    def power(cost):
+        return build_utilisation(UtilisationConfig(standby_s=0.05), PRESETS, cost)
+
+    runs, seen = [], []
+    for engine in ENGINES:
+        spy = Spy(router())
+        runs.append(run_cluster(requests, make, instances, spy, engine=engine, power=power, client_side=side))
+        seen.append(spy.seen)
+    assert seen[0] == seen[1]
+    compare_runs(*runs, rel=1e-9)
+    for run in runs:
+        check_energy(run)
+    assert runs[0].meta["events"] <= runs[1].meta["events"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_abort_due_when_a_run_ends_at_an_arrival_is_gone_before_the_router_looks(engine):
+    """Instance 0 decodes A (1 ms steps from t = 1) with C queued behind it (one slot); C's
+    client gives up at 10.5 ms, so the fast engine's run ends at the first step boundary after
+    it, 11 ms, where D arrives. C is aborted at 11, between two iterations, before D is routed:
+    the router sees one request on each instance and picks instance 0 (ties to the lowest), not
+    instance 1 as it would with C still counted."""
+    from schedlab.frontend import ClientConfig, ClientSide
+
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=1)),
+                LinearCostModel(LinearConfig(prefill_ms_per_token=0.25, decode_ms_per_step=1.0)),
+                PagedKVCache(400, 4))
+
+    requests = [Request(0, 0.0, 4, 100), Request(1, 0.0, 4, 100), Request(2, 0.5, 4, 4, timeout_ms=10.0),
+                Request(3, 11.0, 4, 4)]
+    spy = Spy(LeastOutstandingRouter())
+    side = ClientSide(client=ClientConfig())  # a client side whose requests carry their own timeouts
+    result = run_cluster(requests, make, 2, spy, engine=engine, client_side=side)
+    req = {i: (k, f, a) for i, k, f, a in zip(result.requests["id"].tolist(), result.requests["instance"].tolist(),
+                                              result.requests["finish_ms"].tolist(), result.requests["aborted"].tolist())}
+    assert req[2] == (0, 11.0, 1)
+    assert [outstanding for outstanding, *_ in spy.seen[3]] == [1, 1]
+    assert req[3][0] == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_abort_that_ends_a_sleep_at_an_arrival_is_gone_before_the_router_looks(engine):
+    """A batching window (20 ms, batches of 8) holds A on instance 0, which sleeps until A's
+    client gives up at 5 ms; B arrives then. A is aborted at 5 before B is routed: both
+    instances are empty and B goes to instance 0."""
+    from schedlab.frontend import ClientConfig, ClientSide
+
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=8, max_wait_ms=20.0, min_batch=8)),
+                LinearCostModel(LinearConfig(prefill_ms_per_token=0.25, decode_ms_per_step=1.0)),
+                PagedKVCache(400, 4))
+
+    spy = Spy(LeastOutstandingRouter())
+    result = run_cluster([Request(0, 0.0, 4, 4, timeout_ms=5.0), Request(1, 5.0, 4, 4)], make, 2, spy,
+                         engine=engine, client_side=ClientSide(client=ClientConfig()))
+    req = result.requests
+    assert req["aborted"].tolist() == [1, 0] and req["finish_ms"][0] == 5.0
+    assert [outstanding for outstanding, *_ in spy.seen[1]] == [0, 0]
+    assert req["instance"].tolist() == [0, 0]
 
 
 # -- streamed results ---------------------------------------------------------------------------------------

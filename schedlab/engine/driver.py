@@ -103,6 +103,7 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
         if client_side is not None:
             inst.hangup_ms = client_side.network_ms
     arrivals = arrival_queue(requests, workload, client_side)
+    # clients may give up: the run's [client] says so, or (found on the way) a request's own timeout_ms
     aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
     if not closed:
         _simulate_open(arrivals, instances, router, scaling, aborting)
@@ -129,6 +130,8 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
             target = instances[route(router, request, views)] if router is not None else instances[0]
             target.arrive(request, delivered)
             delivered += 1
+            if request.timeout_ms is not None:
+                aborting = True
             _release(target, arrivals)  # a request rejected at once releases its successor
 
 
@@ -182,9 +185,10 @@ def _simulate_open(arrivals, instances: Sequence[Instance], router, scaling=None
     """The open-loop driver: instances act event by event, an arrival brings forward only those
     whose events come before it (see the module docstring). With ``scaling``, the autoscaler's
     events (ticks, instances turning warm) come before arrivals at the same time, and stop with
-    the last arrival. With clients that give up (``aborting``), an instance's aborts end its runs
-    (see :meth:`Instance.step`); one between iterations at an arrival's time aborts what is due
-    before the router looks (:meth:`Instance.settle`)."""
+    the last arrival. With clients that give up (``aborting``, or once a request with its own
+    ``timeout_ms`` arrives), an instance's aborts end its runs (see :meth:`Instance.step`); one
+    between iterations at an arrival's time aborts what is due before the router looks
+    (:meth:`Instance.settle`)."""
     clock = scaling.clock if scaling is not None else RoutingClock()
     pool = views_of(instances, clock, tracked=True) if scaling is None else None
     changed = pool.changed if scaling is None else scaling.changed
@@ -223,6 +227,8 @@ def _simulate_open(arrivals, instances: Sequence[Instance], router, scaling=None
             target.catch_up(t)
             target.arrive(request, delivered)
             delivered += 1
+            if request.timeout_ms is not None:
+                aborting = True
             events.update(pos)
             changed(pos)
     for inst in instances:

@@ -148,7 +148,8 @@ class ReferenceCluster:
         if side is not None:
             for inst in self.instances:
                 inst.hangup_ms = side.network_ms
-        aborting = side is not None and side.client is not None and side.client.gives_up
+        # clients may give up: the run's [client] says so, or a request sent has its own timeout_ms
+        aborting = [side is not None and side.client is not None and side.client.gives_up]
         events: list = []     # (time, kind, order, request); at one time: deadlines, receptions, arrivals
         api_queue: list = []  # requests the API server has received and not started, first received first
         handlers = [0]        # handlers at work
@@ -157,6 +158,8 @@ class ReferenceCluster:
         def send(request) -> None:
             """A client sends ``request`` at its ``arrival_ms``."""
             sent = request.arrival_ms
+            if request.timeout_ms is not None:
+                aborting[0] = True
             if side is None:
                 heapq.heappush(events, (sent, ARRIVAL, (sent, request.id), request))
                 return
@@ -207,7 +210,7 @@ class ReferenceCluster:
             if t_event <= t_plan and t_event < INF:
                 self.clock.now = t_event
                 self.deliver_other(t_event)
-                if aborting:
+                if aborting[0]:
                     for inst in self.instances:
                         if inst.aborts:  # aborted requests are gone before anything is routed
                             inst.settle(t_event)
