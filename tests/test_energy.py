@@ -188,6 +188,18 @@ def test_energy_is_exact_over_a_long_bulk_run():
         check_energy(run)
 
 
+def test_energy_is_exact_when_arrivals_cut_a_pending_bulk_run():
+    """Requests arriving during a long decode run cut the fast engine's pending run at the
+    iteration in progress: the meter integrates only the iterations applied, then the rest."""
+    requests = [Request(0, 0.0, 500, 2000)] + [Request(i, 3000.0 * i + 0.37, 100, 50) for i in range(1, 4)]
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig()), roofline(), engine=engine,
+                       power=utilisation()) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["events"] < 200 < runs[1].meta["events"]
+    for run in runs:
+        check_energy(run)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_cluster_and_disaggregated_runs_conserve_energy(engine):
     from schedlab_plugins.routers import RoundRobinRouter
