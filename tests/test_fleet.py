@@ -440,6 +440,39 @@ def test_a_load_aware_router_cannot_be_partitioned(tmp_path):
         fleet_run(tmp_path, "workload.num_requests=50", "cluster.partitions=2")
 
 
+HPA = '{kind = "target_utilization", metric = "outstanding", min_instances = 1, target = 2}'
+
+
+@pytest.mark.parametrize("overrides, extra, message", [
+    (["cluster.partitions=2"], CLIENT_AND_POWER.split("[frontend]")[0], r"partitions: not with \[power\]"),
+    (["cluster.partitions=2"], "\n[frontend]\n", r"partitions: not with \[frontend\]"),
+    ([f"cluster.autoscaler={HPA}"], CLIENT_AND_POWER.split("[frontend]")[0], r"\[power\]: energy of an autoscaled"),
+    ([f"cluster.autoscaler={HPA}", 'cluster.mode="disaggregated"'], "", "autoscaling a disaggregated cluster"),
+    ([f"cluster.autoscaler={HPA}", "cluster.pipeline_parallel=2"], "", "autoscaling is not modelled with"),
+])
+def test_combinations_not_modelled_are_refused_by_name(tmp_path, overrides, extra, message):
+    """Features that meet in a run but are not modelled together say so, naming the table."""
+    from schedlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        fleet_run(tmp_path, "workload.num_requests=50", 'cluster.router={kind = "round_robin"}', *overrides,
+                  text=FLEET + extra)
+
+
+def test_the_autoscalers_slo_check_is_the_clients_view():
+    """The autoscaler's window judges a request as the run's SLO metrics do: TTFT from when the
+    client sent it to its first byte, TPOT between its first and last byte; a request its client
+    gave up on misses, whatever the engine did."""
+    from schedlab.results.metrics import request_met
+
+    met = request_met({"ttft_ms": 100.0, "tpot_ms": 10.0})
+    seq = SimpleNamespace(request=Request(0, 50.0, 8, 5, sent_ms=10.0), num_generated=5)
+    assert met(seq, (110.0, 150.0, False))          # TTFT 100 (from 10), TPOT (150 - 110) / 4 = 10
+    assert not met(seq, (110.5, 150.0, False))      # TTFT 100.5
+    assert not met(seq, (100.0, 141.0, False))      # TPOT 10.25
+    assert not met(seq, (20.0, 30.0, True))         # timed out
+
+
 # -- autoscaling -------------------------------------------------------------------------------------------
 
 POLICIES = {
