@@ -338,6 +338,28 @@ def test_a_streamed_run_keeps_the_clients_view_and_the_energy(tmp_path, monkeypa
                 assert y[p] == pytest.approx(x[p], rel=2.5 * RELATIVE_ACCURACY), (group, name, p)
 
 
+def metric_names(metrics: dict, prefix: str = "") -> set:
+    names = set()
+    for key, value in metrics.items():
+        names |= metric_names(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
+    return names
+
+
+def test_a_streamed_run_of_two_classes_has_the_exact_runs_metric_names_and_class_energy(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    workload = FLEET[FLEET.index("[workload]"):FLEET.index("[scheduler]")]
+    chat = workload.replace("[workload]", "[workload.classes.chat]").replace('client = "c"', "")
+    text = (FLEET.replace(workload, '[workload]\nkind = "mix"\n\n' + chat + chat.replace("chat", "docs")
+                          .replace("rate = 30", "rate = 10").replace("median = 60", "median = 200"))
+            + CLIENT_AND_POWER)
+    exact = fleet_run(tmp_path, text=text)
+    streamed = fleet_run(tmp_path, "experiment.exact_requests=500", text=text)
+    assert metric_names(streamed.metrics) == metric_names(exact.metrics) | {"stability.from_sample"}
+    for klass in ("chat", "docs"):
+        a, b = exact.metrics["per_class"][klass], streamed.metrics["per_class"][klass]
+        assert a["energy"] == pytest.approx(b["energy"], rel=1e-9) and a["finished"] == b["finished"]
+
+
 def test_without_a_client_side_a_streamed_run_gives_the_engines_view_as_the_clients(tmp_path, monkeypatch):
     monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
     exact = fleet_run(tmp_path)
