@@ -349,3 +349,17 @@ def test_front_ends_timeouts_and_energy_are_refused_with_parallel_layouts(tmp_pa
     err = capsys.readouterr().err
     name = table.split("]")[0] + "]"
     assert f"{name}:" in err and "parallel" in err and "yet" in err, err
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_with_its_own_timeout_is_refused_by_a_pipeline(engine):
+    """A run's [client] is refused with parallel layouts; a request carrying its own timeout_ms
+    (the library's Request) gets a clear error, not an abort the pipeline does not model."""
+    from schedlab.errors import SimulationError
+
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=2)),
+                LinearParallelCost(LinearCostModel(), stages=2, moe=False), PagedKVCache(64, 4))
+
+    with pytest.raises(SimulationError, match="request 1 has a client timeout.*pipeline parallelism"):
+        run_pipelined([Request(0, 0.0, 4, 4), Request(1, 1.0, 4, 4, timeout_ms=5.0)], make, 2, engine=engine)

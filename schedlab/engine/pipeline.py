@@ -116,6 +116,9 @@ class PipelinedInstance:
         self.inst.track_finished = value
 
     def arrive(self, request, seq_no: int):
+        if request.timeout_ms is not None:  # a run's [client] is refused with pipelines; a request's own too
+            raise SimulationError(f"request {request.id} has a client timeout: clients giving up are not "
+                                  "simulated with pipeline parallelism")
         return self.inst.arrive(request, seq_no)
 
     def has_work(self) -> bool:

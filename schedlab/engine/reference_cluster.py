@@ -212,7 +212,7 @@ class ReferenceCluster:
                 self.deliver_other(t_event)
                 if aborting[0]:
                     for inst in self.instances:
-                        if inst.aborts:  # aborted requests are gone before anything is routed
+                        if getattr(inst, "aborts", None):  # aborted requests are gone before anything is routed
                             inst.settle(t_event)
                             self.changed(inst)
                 while events and events[0][0] <= t_event:

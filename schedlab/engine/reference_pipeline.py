@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..errors import StallError
+from ..errors import SimulationError, StallError
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
 from .stages import IN_FLIGHT, StageClock, VisibleRunning
@@ -64,6 +64,9 @@ class ReferencePipeline:
         self.e.on_request_done = callback
 
     def arrive(self, request, seq_no: int):
+        if request.timeout_ms is not None:  # a run's [client] is refused with pipelines; a request's own too
+            raise SimulationError(f"request {request.id} has a client timeout: clients giving up are not "
+                                  "simulated with pipeline parallelism")
         return self.e.arrive(request, seq_no)
 
     def settle(self, t: float) -> None:
