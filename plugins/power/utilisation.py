@@ -101,6 +101,7 @@ class UtilisationPowerModel:
         self.idle_w = tensor_parallel * idle_w
         self.standby_w = tensor_parallel * (idle_w + self._delta * min(1.0, c.awake * awake_factor))
         self.standby_ms = c.standby_s * 1e3
+        self.tail_ms = c.tail_s * 1e3
         self.host_idle_w, self.host_busy_w, self.pue = c.host_idle_w, c.host_busy_w, c.pue
 
     # --- PowerModel protocol -----------------------------------------------------------------------
