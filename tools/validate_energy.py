@@ -111,11 +111,10 @@ def step_overhead_ms(tp: int) -> float:
 def sensor(run, gpus: int, times_s: np.ndarray) -> np.ndarray:
     """The run's power per GPU as nvidia-smi would read it at ``times_s`` (run time): the mean
     over the preceding second, the GPUs idle before the run and idling after it."""
-    edges, watts = power_steps(run, 0)
     inst = run.meta["energy"]["instances"][0]
-    end = edges[-1]
-    edges = np.concatenate(([-1e12], edges, [end + inst["standby_ms"], 1e13]))
-    watts = np.concatenate(([inst["idle_w"]], watts, [inst["standby_w"], inst["idle_w"]])) / gpus
+    edges, watts = power_steps(run, 0, until=float(times_s.max()) * 1e3 + inst["standby_ms"] + 1e3)
+    edges = np.concatenate(([-1e12], edges, [1e13]))
+    watts = np.concatenate(([inst["idle_w"]], watts, [inst["idle_w"]])) / gpus
     cumulative = np.concatenate(([0.0], np.cumsum(np.diff(edges) * watts)))
 
     def energy_until(t_ms):
