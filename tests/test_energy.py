@@ -171,9 +171,9 @@ GPU = GpuSpec("test-gpu", memory_gib=80, hbm_bandwidth_gbps=1000, bf16_tflops=10
               board_w=400, idle_w=40, max_clock_mhz=2000, min_clock_mhz=200)
 
 
-def _model(work, tp=1, clock=None, **settings):
+def _model(work, tp=1, clock=None, kernel=None, **settings):
     config = UtilisationConfig(awake=0.2, activity=1.0, **settings)
-    return UtilisationPowerModel(config, GPU, tp, work, clock=clock, board_w=400.0, idle_w=40.0)
+    return UtilisationPowerModel(config, GPU, tp, work, clock=clock, board_w=400.0, idle_w=40.0, kernel=kernel)
 
 
 def test_utilisation_power_by_hand():
@@ -189,6 +189,35 @@ def test_utilisation_power_by_hand():
     assert _model(lambda b: (1.5e10, 0.0)).iteration_j(batch, 10.0) == pytest.approx(4.0)
     m = _model(lambda b: (0.0, 0.0), standby_s=5.0)
     assert (m.idle_w, m.standby_w, m.standby_ms) == (40.0, pytest.approx(40 + 360 * 0.2), 5000.0)
+
+
+def test_the_hosts_part_of_a_step_by_hand():
+    # A 10 ms step whose kernels take 5 ms; 8e11 flops = 8 ms at the peak rate. Without the
+    # split: 40 + 360 x min(1, 0.2 + 0.8) = 400 W -> 4 J. With it the kernels' 5 ms reach the
+    # limit and the host's 5 ms draw the awake share: 40 x 10 + 360 x (5 + 0.2 x 5) = 2,560 W ms.
+    batch = Batch(num_prefill=1, prefill_tokens=2000)
+    compute = lambda b: (1e9, 8e11)  # noqa: E731
+    assert _model(compute).iteration_j(batch, 10.0) == pytest.approx(4.0)
+    assert _model(compute, kernel=lambda b: 5.0).iteration_j(batch, 10.0) == pytest.approx(2.56)
+    # below the limit the split changes nothing: 5e9 bytes (5 ms) in kernels of 8 ms ->
+    # 40 + 360 x (0.2 + 0.5) = 292 W either way
+    memory = lambda b: (5e9, 1e10)  # noqa: E731
+    assert _model(memory, kernel=lambda b: 8.0).iteration_j(batch, 10.0) == pytest.approx(2.92)
+    # kernels said to outlast the step are held to it
+    assert _model(compute, kernel=lambda b: 50.0).iteration_j(batch, 10.0) == pytest.approx(4.0)
+
+
+@SETTINGS
+@given(st.integers(1, 3_000), st.floats(0.5, 20.0), st.floats(-0.01, 0.05), st.floats(0.1, 20.0),
+       st.floats(0.0, 0.02), st.floats(1e6, 5e7))
+def test_the_split_keeps_the_closed_form(k, d0, inc, k0, dk, bytes_per_token):
+    """Over a bulk run the kernels' time, the step and the work grow at their own rates: the
+    cap and which side of each ``min`` and ``max`` holds change within the run, and the closed
+    form still equals the sum (and says the highest power)."""
+    inc = max(inc, -d0 / (2 * k))  # the step stays positive
+    work = lambda b: (1e9 + bytes_per_token * b.decode_context_tokens, 3e10 * b.num_decode)  # noqa: E731
+    kernel = lambda b: k0 + dk * (b.decode_context_tokens - 4 * 100) / 4  # noqa: E731
+    check_power_model(_model(work, kernel=kernel), Batch(num_decode=4, decode_context_tokens=400), k, d0, inc)
 
 
 @SETTINGS
