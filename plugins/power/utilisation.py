@@ -206,7 +206,7 @@ def _crossing(x0: float, dx: float) -> float | None:
     if dx == 0.0:
         return None
     j = -x0 / dx
-    return j if j > 0.0 else None
+    return j if 0.0 < j < math.inf else None  # (a vanishing dx: never within a run)
 
 
 def build_utilisation(config: UtilisationConfig, presets: Presets | None = None, cost_model=None,
