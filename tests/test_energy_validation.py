@@ -76,3 +76,18 @@ def test_the_readme_shows_what_the_validation_prints(pulses):
     for line in text.splitlines():
         if line.startswith(("| 1 |", "| 2 |", "Held out:")):
             assert line in readme, f"README is missing: {line}"
+
+
+def test_the_fitting_awake_share_makes_the_model_match():
+    """The table's last column: with that awake share (activity kept) the model gives the
+    measured power -- exact while no iteration of the cycle reaches the board limit."""
+    from schedlab_plugins.power.utilisation import UtilisationConfig, build_utilisation
+
+    presets = energy_data.presets()
+    sweeps = validate_energy.sweeps()
+    for name in ("code H100 80GB HBM3 codegemma-1.1-2b tp1", "chat A100-SXM4-40GB Mixtral-8x7B-Instruct-v0.1 tp4",
+                 "chat H100 80GB HBM3 Mistral-Nemo-Instruct-2407 tp1"):
+        for p in sweeps[name][:3]:
+            config = UtilisationConfig(awake=p["fitting_awake"])
+            power, _ = energy_data.predict_point(p, lambda cost: build_utilisation(config, presets, cost), presets)
+            assert power == pytest.approx(p["power_w"], rel=1e-9)
