@@ -281,7 +281,8 @@ def figure(pulse: dict, sweep: dict, path: Path) -> None:
         ax.plot(r["t"], r["model"], color="#1f77b4", linewidth=1.0, label="schedlab (utilisation)")
         ax.plot(r["t"], pulse[tp]["llmservingsim"]["model"], color="#d62728", linewidth=0.8, linestyle="--",
                 label="LLMServingSim (fixed active)")
-        ax.set_title(f"RTX A6000, Llama-3.1-8B, TP {tp}: power of GPU 0, energy {pct(r['energy_error'])}", fontsize=10)
+        ax.set_title(f"RTX A6000, Llama-3.1-8B, TP {tp}: power of GPU 0, energy {pct(r['energy_error'])}",
+                     fontsize=10)
         ax.set_xlabel("time (s)")
         ax.set_ylabel("W")
         ax.set_ylim(0, 320)

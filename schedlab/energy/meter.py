@@ -46,7 +46,7 @@ class EnergyMeter:
 
     :ivar busy_j: energy of the iterations; :ivar idle_j: of the stretches between them;
     :ivar busy_ms: time in iterations; :ivar peak_w: the highest iteration power (in a bulk
-        run, the higher of its first and last iteration's: a run's power moves one way);
+        run, what the model's ``run_j_peak`` says, else the higher of its first and last);
     :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine);
     :ivar last_w: the power of the last iteration (where the tail after it starts from);
     :ivar tails: ``[end of an iteration, tail W]`` for each idle stretch with a tail (to redraw
