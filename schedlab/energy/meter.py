@@ -48,13 +48,15 @@ class EnergyMeter:
     :ivar busy_ms: time in iterations; :ivar peak_w: the highest iteration power (in a bulk
         run, what the model's ``run_j_peak`` says, else the higher of its first and last);
     :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine);
-    :ivar last_w: the power of the last iteration (where the tail after it starts from);
+    :ivar last_w: the power of the last iteration (where the tail after it starts from; after a
+        bulk run worked out only when an idle stretch follows);
     :ivar tails: ``[end of an iteration, tail W]`` for each idle stretch with a tail (to redraw
         the power over time, :mod:`.timeline`).
     """
 
     __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "tail_ms", "first_start", "last_end", "busy_j",
-                 "idle_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_run_j", "_run_j_peak", "closed")
+                 "idle_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_last_run", "_run_j", "_run_j_peak",
+                 "closed")
 
     def __init__(self, model):
         self.model = model
@@ -63,6 +65,7 @@ class EnergyMeter:
         self.standby_ms = float(model.standby_ms)
         self.tail_ms = float(getattr(model, "tail_ms", 0.0))
         self.last_w = 0.0
+        self._last_run = None  # (batch, k, d0, inc) of a bulk run that came last
         self.tails: list[list[float]] = []
         self.first_start = INF   # start of the first iteration
         self.last_end = -INF     # end of the last one
@@ -83,6 +86,12 @@ class EnergyMeter:
 
     def _after_last(self, duration: float) -> None:
         """The idle stretch of ``duration`` ms right after the last iteration: its tail, standby, idle."""
+        if self._last_run is not None:  # the tail after a bulk run starts from its last iteration's power
+            batch, k, d0, inc = self._last_run
+            self._last_run = None
+            last = d0 + (k - 1) * inc
+            if last > 0.0:
+                self.last_w = self.model.iteration_j(shifted(batch, k - 1), last) / last * 1e3
         tail = self.last_w - self.standby_w if self.tail_ms > 0.0 else 0.0
         if tail > 0.0:
             self.tails.append([self.last_end, tail])
@@ -103,7 +112,7 @@ class EnergyMeter:
         energy = self.model.iteration_j(batch, duration) if duration > 0.0 else 0.0
         if duration > 0.0:
             power = energy / duration * 1e3
-            self.last_w = power
+            self.last_w, self._last_run = power, None
             if power > self.peak_w:
                 self.peak_w = power
         self._busy(start, duration, energy)
@@ -121,10 +130,8 @@ class EnergyMeter:
             peak = max(model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in (0, k - 1))
         if peak > self.peak_w:
             self.peak_w = peak
-        if self.tail_ms > 0.0 and k > 0:  # the tail after the run starts from its last iteration's power
-            last = d0 + (k - 1) * inc
-            if last > 0.0:
-                self.last_w = self.model.iteration_j(shifted(batch, k - 1), last) / last * 1e3
+        if self.tail_ms > 0.0 and k > 0:
+            self._last_run = (batch, k, d0, inc)
         self._busy(start, total, energy)
         return energy
 
