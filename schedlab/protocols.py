@@ -411,7 +411,9 @@ class PowerModel(Protocol):
     The engines call it at each iteration (an :class:`schedlab.energy.EnergyMeter` does, only
     when a run has a ``[power]`` table) and integrate the idle stretches between iterations
     themselves from three numbers: after an iteration the GPUs draw ``standby_w`` for
-    ``standby_ms`` (clocks still up, as NVIDIA's driver keeps them), then ``idle_w``.
+    ``standby_ms`` (clocks still up, as NVIDIA's driver keeps them), then ``idle_w`` -- and,
+    with the optional ``tail_ms``, the last iteration's power above standby fading with that
+    time constant (:mod:`schedlab.energy.idle`).
 
     Optional members: ``run_j`` (closed form over a bulk decode run: without it the meter
     sums ``iteration_j`` over the run's iterations, exact but one call per iteration), and

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from schedlab.capacity import GpuSpec, Presets
 from schedlab.catalog import load_catalog
 from schedlab.energy.clock import ClockConfig, ClockedCostModel, clock_power_factor
-from schedlab.energy.idle import idle_j
+from schedlab.energy.idle import idle_j, idle_steps, tail_j
 from schedlab.energy.meter import run_j_by_iterations
 from schedlab.energy.timeline import integral_j, power_steps
 from schedlab.model import Request
@@ -35,8 +35,8 @@ SETTINGS = settings(max_examples=examples(60), deadline=None, suppress_health_ch
 PRESETS = Presets.from_catalog(load_catalog(entry_points=False))
 
 
-def fixed_active(active=300.0, standby=90.0, idle=30.0, standby_s=0.010, tp=1):
-    config = FixedActiveConfig(active_w=active, standby_w=standby, idle_w=idle, standby_s=standby_s)
+def fixed_active(active=300.0, standby=90.0, idle=30.0, standby_s=0.010, tp=1, tail_s=0.0):
+    config = FixedActiveConfig(active_w=active, standby_w=standby, idle_w=idle, standby_s=standby_s, tail_s=tail_s)
     return lambda cost: FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle)
 
 
@@ -59,6 +59,26 @@ def test_idle_stretch_by_hand():
     assert idle_j(30, 90, 10, 6.0, 10) == pytest.approx(90 * 4e-3 + 30 * 6e-3)  # 6 ms already spent
     assert idle_j(30, 90, 10, math.inf, 25) == pytest.approx(30 * 25e-3)    # never worked: idle throughout
     assert idle_j(30, 90, 10, 0.0, 0.0) == 0.0
+
+
+def test_tail_by_hand():
+    # 200 W above standby fading with a 4 ms time constant: over its first 4 ms it gives
+    # 200 x 4 x (1 - 1/e) W ms, over the next 4 ms 1/e of that, in all 200 x 4 = 800 W ms.
+    first = 200 * 4 * (1 - math.exp(-1)) * 1e-3
+    assert tail_j(200, 4, 0.0, 4) == pytest.approx(first)
+    assert tail_j(200, 4, 4.0, 4) == pytest.approx(first * math.exp(-1))
+    assert tail_j(200, 4, 0.0, 1e6) == pytest.approx(0.8)
+    assert tail_j(200, 4, math.inf, 10) == 0.0 and tail_j(200, 0.0, 0.0, 10) == 0.0
+    # on top of standby (90 W for 10 ms) and idle (30 W): 25 ms after an iteration
+    expected = (90 * 10 + 30 * 15) * 1e-3 + 0.8 * -math.expm1(-25 / 4)
+    assert idle_j(30, 90, 10, 0.0, 25, 200, 4) == pytest.approx(expected)
+    # the steps that redraw it: cut where standby ends and through the tail, exact in the mean
+    steps = idle_steps(30, 90, 10, 25, 200, 4)
+    assert sum(length for length, _ in steps) == pytest.approx(25)
+    assert sum(length * w for length, w in steps) * 1e-3 == pytest.approx(expected, rel=1e-12)
+    assert steps[0] == (1.0, pytest.approx(90 + 200 * 4 * -math.expm1(-0.25)))  # the first quarter time constant
+    assert all(a[1] >= b[1] for a, b in zip(steps, steps[1:]))                    # power only falls
+    assert idle_steps(30, 90, 10, 25) == [(10, 90), (15, 30)]                      # no tail: standby, idle
 
 
 # --- a whole run by hand ------------------------------------------------------------------------
@@ -88,6 +108,46 @@ def test_fixed_active_run_by_hand(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_tail_after_iterations_by_hand(engine):
+    # As above (busy 0..10 and 30..40 at 300 W, standby 90 W for 10 ms, idle 30 W), now with the
+    # power falling from 300 W to standby with a 5 ms time constant: the gap 10..30 adds
+    # 210 W x 5 ms x (1 - e^-4); the window ends with the last iteration, so nothing after it.
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    requests = [Request(0, 0.0, 4, 3), Request(1, 30.0, 4, 3)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, engine=engine,
+                   power=fixed_active(tail_s=0.005))
+    tail = 210 * 5 * -math.expm1(-20 / 5) * 1e-3
+    assert r.metrics["energy"]["idle_j"] == pytest.approx(1.2 + tail)
+    assert r.metrics["energy"]["busy_j"] == pytest.approx(6.0)
+    inst = r.meta["energy"]["instances"][0]
+    assert inst["tails"] == [[10.0, pytest.approx(210.0)], [40.0, pytest.approx(210.0)]]
+    check_energy(r)
+    # the redrawn power: 300 W until 10 ms, then falling from 90 + 210 x ... towards 90 W
+    edges, watts = power_steps(r, 0)
+    after = (edges[:-1] >= 10.0) & (edges[:-1] < 20.0)
+    assert watts[after].max() < 300.0 and watts[after].min() > 90.0 and (np.diff(watts[after]) < 0).all()
+
+
+def test_the_tail_after_a_bulk_run_starts_from_its_last_iteration():
+    """A long decode run (the fast engine takes it at once) and then a gap: the tail starts
+    from the power of the run's last iteration, as the reference engine's does."""
+    requests = [Request(0, 0.0, 500, 1500), Request(1, 40_000.0, 100, 5)]
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig()), roofline(), engine=engine,
+                       power=utilisation()) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    model = utilisation()(roofline())
+    last = Batch(num_decode=1, decode_context_tokens=500 + 1499)  # the 1,499th decode step: prompt + 1,499 tokens
+    d = roofline().iteration_ms(last)
+    tail = model.iteration_j(last, d) / d * 1e3 - model.standby_w
+    for run in runs:
+        first_gap = run.meta["energy"]["instances"][0]["tails"][0]
+        assert first_gap[1] == pytest.approx(tail, rel=1e-9)
+        check_energy(run)
+    assert runs[0].meta["energy"]["instances"][0]["idle_j"] == pytest.approx(
+        runs[1].meta["energy"]["instances"][0]["idle_j"], rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_shares_follow_tokens_by_hand(engine):
     # Request 0 (prompt 4, output 5) starts alone: prefill 0..2 ms (first token), decode 2..6.
     # Request 1 (prompt 8, output 2) arrives at 5; at t=6 it is admitted beside request 0's
@@ -111,9 +171,9 @@ GPU = GpuSpec("test-gpu", memory_gib=80, hbm_bandwidth_gbps=1000, bf16_tflops=10
               board_w=400, idle_w=40, max_clock_mhz=2000, min_clock_mhz=200)
 
 
-def _model(work, tp=1, clock=None, **settings):
+def _model(work, tp=1, clock=None, kernel=None, **settings):
     config = UtilisationConfig(awake=0.2, activity=1.0, **settings)
-    return UtilisationPowerModel(config, GPU, tp, work, clock=clock, board_w=400.0, idle_w=40.0)
+    return UtilisationPowerModel(config, GPU, tp, work, clock=clock, board_w=400.0, idle_w=40.0, kernel=kernel)
 
 
 def test_utilisation_power_by_hand():
@@ -129,6 +189,35 @@ def test_utilisation_power_by_hand():
     assert _model(lambda b: (1.5e10, 0.0)).iteration_j(batch, 10.0) == pytest.approx(4.0)
     m = _model(lambda b: (0.0, 0.0), standby_s=5.0)
     assert (m.idle_w, m.standby_w, m.standby_ms) == (40.0, pytest.approx(40 + 360 * 0.2), 5000.0)
+
+
+def test_the_hosts_part_of_a_step_by_hand():
+    # A 10 ms step whose kernels take 5 ms; 8e11 flops = 8 ms at the peak rate. Without the
+    # split: 40 + 360 x min(1, 0.2 + 0.8) = 400 W -> 4 J. With it the kernels' 5 ms reach the
+    # limit and the host's 5 ms draw the awake share: 40 x 10 + 360 x (5 + 0.2 x 5) = 2,560 W ms.
+    batch = Batch(num_prefill=1, prefill_tokens=2000)
+    compute = lambda b: (1e9, 8e11)  # noqa: E731
+    assert _model(compute).iteration_j(batch, 10.0) == pytest.approx(4.0)
+    assert _model(compute, kernel=lambda b: 5.0).iteration_j(batch, 10.0) == pytest.approx(2.56)
+    # below the limit the split changes nothing: 5e9 bytes (5 ms) in kernels of 8 ms ->
+    # 40 + 360 x (0.2 + 0.5) = 292 W either way
+    memory = lambda b: (5e9, 1e10)  # noqa: E731
+    assert _model(memory, kernel=lambda b: 8.0).iteration_j(batch, 10.0) == pytest.approx(2.92)
+    # kernels said to outlast the step are held to it
+    assert _model(compute, kernel=lambda b: 50.0).iteration_j(batch, 10.0) == pytest.approx(4.0)
+
+
+@SETTINGS
+@given(st.integers(1, 3_000), st.floats(0.5, 20.0), st.floats(-0.01, 0.05), st.floats(0.1, 20.0),
+       st.floats(0.0, 0.02), st.floats(1e6, 5e7))
+def test_the_split_keeps_the_closed_form(k, d0, inc, k0, dk, bytes_per_token):
+    """Over a bulk run the kernels' time, the step and the work grow at their own rates: the
+    cap and which side of each ``min`` and ``max`` holds change within the run, and the closed
+    form still equals the sum (and says the highest power)."""
+    inc = max(inc, -d0 / (2 * k))  # the step stays positive
+    work = lambda b: (1e9 + bytes_per_token * b.decode_context_tokens, 3e10 * b.num_decode)  # noqa: E731
+    kernel = lambda b: k0 + dk * (b.decode_context_tokens - 4 * 100) / 4  # noqa: E731
+    check_power_model(_model(work, kernel=kernel), Batch(num_decode=4, decode_context_tokens=400), k, d0, inc)
 
 
 @SETTINGS

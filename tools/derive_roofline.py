@@ -416,6 +416,41 @@ def write_subset(vidur: Path, out: Path) -> None:
 # Fitted on the Llama-3.1-8B sweeps of ML.ENERGY v2 (A100-SXM4-40GB and H100, 14 points) and the
 # decode seconds of LLMServingSim 2.0's A6000 TP-2 trace; everything else is held out for the
 # validation (tools/validate_energy.py). Least squares in relative power error, each point alike.
+# The tail after the last iteration (schedlab/energy/idle.py, TAIL_S in plugins/power/common.py):
+# its time constant from how nvidia-smi read the power fall at the end of the TP-2 trace's three
+# pulses (TP 1 held out), each reading the mean over the second before it.
+
+
+def tail_reading(t_s, end_s: float, busy_w: float, plateau_w: float, tail_s: float):
+    """nvidia-smi's reading at ``t_s`` (the mean over the second before) of a GPU at ``busy_w``
+    until ``end_s`` whose power then relaxes to ``plateau_w``: ``plateau + (busy - plateau) x
+    exp(-s / tail_s)``, in closed form."""
+    a, b = np.asarray(t_s) - 1.0, np.asarray(t_s)
+    busy = busy_w * np.clip(np.minimum(b, end_s) - a, 0.0, 1.0)
+    a, b = np.maximum(a, end_s), np.maximum(b, end_s)
+    decay = np.exp(-(a - end_s) / tail_s) - np.exp(-(b - end_s) / tail_s)
+    return busy + plateau_w * (b - a) + (busy_w - plateau_w) * tail_s * decay
+
+
+def derive_tail() -> dict:
+    """The tail's time constant: least squares over the fresh readings around the TP-2 pulses'
+    ends, each pulse's end (within a second of the first sample without utilisation: nvidia-smi
+    averages utilisation too) fitted with it."""
+    from scipy.optimize import least_squares
+
+    import energy_data as ed
+
+    ends = ed.pulse_ends(2)
+
+    def residuals(x):
+        tail_s, offsets = x[0], x[1:]
+        return np.concatenate([tail_reading(e["t_s"], off, e["busy_w"], e["plateau_w"], tail_s) - e["power_w"]
+                               for e, off in zip(ends, offsets)])
+
+    n = len(ends)
+    fit = least_squares(residuals, [1.0] + [0.0] * n, bounds=([0.01] + [-1.5] * n, [10.0] + [1.5] * n))
+    return {"tail_s": round(float(fit.x[0]), 2), "pulse_ends": n,
+            "rms_w": round(float(np.sqrt(np.mean(fit.fun ** 2))), 1)}
 
 
 def derive_power() -> dict:
@@ -454,6 +489,7 @@ def main(argv: list[str]) -> int:
         result = derive_power()
         fits = result.pop("fits")
         print("utilisation power model:", result)
+        print("tail after the last iteration:", derive_tail())
         for name, fit in fits.items():
             print(f"table fit {name}: {fit}")
         return 0

@@ -125,6 +125,30 @@ def trace(tp: int, data: Path = DATA) -> dict[str, list[float]]:
     return {k: [float(r[k]) for r in rows] for k in ("t_s", "clock_s", "util_pct", "power_w")}
 
 
+def pulse_ends(tp: int, data: Path = DATA, before_s: float = 4.0, after_s: float = 10.0) -> list[dict]:
+    """How the GPU's power falls at the end of each pulse, as nvidia-smi read it: per pulse,
+    its fresh readings (``t_s`` from the first sample showing no utilisation, ``power_w``) from
+    ``before_s`` before to ``after_s`` after -- fresh: the value changed since the sample before;
+    nvidia-smi repeats a reading until the next one (about one a second) -- with the pulse's
+    power just before (``busy_w``: the mean 4 to 0.5 s before) and the standby plateau after
+    (``plateau_w``: the mean 6 to 14 s after)."""
+    smi = trace(tp, data)
+    t, util, power = smi["t_s"], smi["util_pct"], smi["power_w"]
+    out = []
+    for i in range(1, len(t)):
+        if not (util[i - 1] > 0 and util[i] == 0):
+            continue
+        window = [j for j in range(1, len(t)) if -before_s <= t[j] - t[i] <= after_s and power[j] != power[j - 1]]
+
+        def mean(lo, hi):
+            values = [w for s, w in zip(t, power) if lo <= s - t[i] <= hi]
+            return sum(values) / len(values)
+
+        out.append({"t_s": [t[j] - t[i] for j in window], "power_w": [power[j] for j in window],
+                    "busy_w": mean(-4.0, -0.5), "plateau_w": mean(6.0, 14.0)})
+    return out
+
+
 def decode_seconds(tp: int, data: Path = DATA) -> list[dict]:
     """The vLLM log's decode-only seconds inside a pulse (no prompt tokens in it or the one
     before, requests running at both ends) with nvidia-smi's mean power over that second."""

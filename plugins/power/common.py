@@ -15,6 +15,9 @@ IDLE_SHARE_OF_BOARD = 0.12
 #: How long NVIDIA's driver keeps a GPU's clocks up after its last kernel: the A6000 of
 #: LLMServingSim 2.0's traces holds ~89 W for ~18 s after each pulse (its ``standby_duration``).
 STANDBY_S = 18.0
+#: The time constant of the tail after the last iteration (:mod:`schedlab.energy.idle`): what
+#: ``python tools/derive_roofline.py power`` fitted to the A6000 TP-2 trace's pulse ends.
+TAIL_S = 0.61
 
 
 @attrs.frozen
@@ -28,10 +31,14 @@ class PowerSettings:
     pue: float = float_field(1.0, min=1.0, help="power usage effectiveness: facility energy = IT energy x pue")
     standby_s: float = float_field(STANDBY_S, min=0.0, help="seconds the GPU keeps its clocks up (standby power) "
                                                               "after its last iteration before it idles")
+    tail_s: float = float_field(TAIL_S, min=0.0, help="time constant (s) of the power's fall from the last "
+                                                      "iteration's to standby (0: at once)")
 
 
 def host_fields(config: PowerSettings) -> dict:
-    return {"host_idle_w": config.host_idle_w, "host_busy_w": config.host_busy_w, "pue": config.pue}
+    """The settings every built-in describes alike: host, facility, the tail."""
+    return {"host_idle_w": config.host_idle_w, "host_busy_w": config.host_busy_w, "pue": config.pue,
+            "tail_s": config.tail_s}
 
 
 def _layers(cost_model):

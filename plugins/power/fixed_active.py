@@ -5,7 +5,8 @@ A GPU draws ``active_w`` while a kernel runs, whatever the batch; ``standby_w`` 
 ``idle_power``, ``standby_power``, ``active_power``, ``standby_duration`` per NPU; its A6000
 node was fitted at 33, 89 and 300 W and 18 s -- ``calibration/energy/llmservingsim-power/config``).
 A fixed active power cannot follow the batch: memory-bound decode at a small batch draws well
-below the board limit on most GPUs, large batches near it.
+below the board limit on most GPUs, large batches near it. LLMServingSim drops from active to
+standby power at once, so ``tail_s`` is 0 here unless set.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class FixedActiveConfig(PowerSettings):
     standby_w: float | None = float_field(None, min=0.0, optional=True,
                                           help="power for standby_s after an iteration, W (default: idle_w)")
     idle_w: float | None = float_field(None, min=0.0, optional=True, help="idle power, W (default: the GPU preset's)")
+    tail_s: float = float_field(0.0, min=0.0, help="time constant (s) of the power's fall from active to standby "
+                                                   "(LLMServingSim's: 0, at once)")
 
 
 class FixedActivePowerModel:
@@ -46,6 +49,7 @@ class FixedActivePowerModel:
         self.idle_w = tensor_parallel * idle_w
         self.standby_w = tensor_parallel * standby_w
         self.standby_ms = config.standby_s * 1e3
+        self.tail_ms = config.tail_s * 1e3
         self.host_idle_w, self.host_busy_w, self.pue = config.host_idle_w, config.host_busy_w, config.pue
         self._per_ms = tensor_parallel * active_w * 1e-3
 

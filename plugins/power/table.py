@@ -85,6 +85,7 @@ class TablePowerModel:
         self.idle_w = tensor_parallel * idle_w
         self.standby_w = tensor_parallel * standby_w
         self.standby_ms = config.standby_s * 1e3
+        self.tail_ms = config.tail_s * 1e3
         self.host_idle_w, self.host_busy_w, self.pue = config.host_idle_w, config.host_busy_w, config.pue
 
     def watts(self, x: float) -> float:

@@ -14,6 +14,18 @@ limit; large batches and prefill approach it -- unlike a fixed "active" power. T
 ``awake`` share is the standby power after the last iteration (for ``standby_s``), before
 the GPU drops to idle.
 
+The host's part of a step. Where the cost model splits a step into the GPU's kernels and the
+host's work around them (``kernel_ms(batch)``: the roofline and the profiled model do, see
+``plugins/cost_models/step_overhead.py``), only the kernels' time ``k`` can reach the board
+limit; the host's ``d - k`` draws the awake share. Per GPU, in energy::
+
+    E = idle x d + (board - idle) x min(awake x d + activity x max(m, c),  k + awake x (d - k))
+
+with ``m`` and ``c`` the iteration's bytes and FLOPs at the peak rates (ms). Below the limit
+this is the formula above -- the awake share is paid over the whole step, the work's energy
+does not depend on how long it took -- so the split matters only where the kernels alone
+would exceed the limit.
+
 At an SM clock below the highest (``[clock]``, :mod:`schedlab.energy.clock`) the awake share
 scales as ``r v(r)^2`` and the activity as ``1 - core_share + core_share v(r)^2`` (the work's
 power on the core's rail falls with the voltage, the memory's does not).
@@ -79,14 +91,18 @@ class UtilisationPowerModel:
     :param work: ``work(batch) -> (bytes, flops)`` per GPU, the cost model's view.
     :param clock: the instance's :class:`~schedlab.energy.clock.ClockedCostModel` (its
         ``clock_ratio(batch)`` is the iteration's SM clock over the highest), or None.
+    :param kernel: ``kernel(batch) -> ms`` of the GPU's kernels in the step (the rest is the
+        host's), or None: the whole step is the kernels'. Over a bulk decode run it must grow
+        linearly, as the step does.
     """
 
     def __init__(self, config: UtilisationConfig, gpu, tensor_parallel: int, work, *, clock=None,
-                 board_w: float, idle_w: float, idle_source: str = ""):
+                 board_w: float, idle_w: float, idle_source: str = "", kernel=None):
         self.config = c = config
         self.gpu = gpu
         self.tp = tensor_parallel
         self._work = work
+        self._kernel = kernel
         self._clock = clock
         self._board, self._idle = board_w, idle_w
         self._idle_source = idle_source
@@ -101,6 +117,7 @@ class UtilisationPowerModel:
         self.idle_w = tensor_parallel * idle_w
         self.standby_w = tensor_parallel * (idle_w + self._delta * min(1.0, c.awake * awake_factor))
         self.standby_ms = c.standby_s * 1e3
+        self.tail_ms = c.tail_s * 1e3
         self.host_idle_w, self.host_busy_w, self.pue = c.host_idle_w, c.host_busy_w, c.pue
 
     # --- PowerModel protocol -----------------------------------------------------------------------
@@ -110,7 +127,7 @@ class UtilisationPowerModel:
         m = byt / self._bytes_per_ms
         c = flops / self._flops_per_ms
         g = awake * duration_ms + work * self.config.activity * (m if m > c else c)
-        return self._joules(duration_ms, g)
+        return self._joules(duration_ms, g, self._cap(batch, duration_ms, awake))
 
     def run_j(self, batch: Batch, k: int, d0: float, inc: float) -> float:
         """The run's energy in closed form: every term is linear in the step ``j``, so the run
@@ -118,32 +135,44 @@ class UtilisationPowerModel:
         return self.run_j_peak(batch, k, d0, inc)[0]
 
     def run_j_peak(self, batch: Batch, k: int, d0: float, inc: float) -> tuple[float, float]:
-        """:meth:`run_j` and the run's highest power (W): its first or its last iteration's --
-        power is monotone over a run (each utilisation is a ratio of two linear terms)."""
+        """:meth:`run_j` and the run's highest power (W). Within each linear piece power is a
+        ratio of two linear terms, so monotone: the highest is at some piece's first or last
+        iteration."""
         awake, work = self._factors(batch)
         b0, f0 = self._work(batch)
         b1, f1 = self._work(shifted(batch, 1))
         a = work * self.config.activity
         m0, dm = b0 / self._bytes_per_ms, (b1 - b0) / self._bytes_per_ms
         c0, dc = f0 / self._flops_per_ms, (f1 - f0) / self._flops_per_ms
+        if self._kernel is None:
+            k0, dk = d0, inc
+        else:
+            k0 = self._kernel(batch)
+            dk = self._kernel(shifted(batch, 1)) - k0
 
         def energy(j: int) -> float:
             d = d0 + j * inc
-            m, c = m0 + j * dm, c0 + j * dc
-            return self._joules(d, awake * d + a * (m if m > c else c))
+            m, c, kern = m0 + j * dm, c0 + j * dc, k0 + j * dk
+            kern = kern if kern < d else d
+            return self._joules(d, awake * d + a * (m if m > c else c), kern + awake * (d - kern))
 
-        # where each comparison may change sides: m = c; d = g with either branch of the max
-        cuts = [_crossing(m0 - c0, dm - dc)]
+        # where each comparison may change sides: m = c; k = d; the work's energy against the
+        # kernels' cap (a x, x either branch of the max, against (1 - awake) x either of k and d)
+        cuts = [_crossing(m0 - c0, dm - dc), _crossing(k0 - d0, dk - inc)]
         for x0, dx in ((m0, dm), (c0, dc)):
-            cuts.append(_crossing(d0 - awake * d0 - a * x0, inc - awake * inc - a * dx))
+            for y0, dy in ((k0, dk), (d0, inc)):
+                cuts.append(_crossing((1.0 - awake) * y0 - a * x0, (1.0 - awake) * dy - a * dx))
         bounds = sorted({0, k} | {min(k, max(0, math.ceil(x))) for x in cuts if x is not None})
-        total = 0.0
+        total, peak = 0.0, 0.0
         for s, e in zip(bounds, bounds[1:]):
             n = e - s
             first = energy(s)
             total += n * first + ((energy(s + 1) - first) * (n * (n - 1) // 2) if n > 1 else 0.0)
-        last = d0 + (k - 1) * inc
-        return total, max(energy(0) / d0, energy(k - 1) / last) * 1e3
+            for j, ej in ((s, first), (e - 1, energy(e - 1))):
+                power = ej / (d0 + j * inc)
+                if power > peak:
+                    peak = power
+        return total, peak * 1e3
 
     # --- parts ---------------------------------------------------------------------------------------
     def _factors(self, batch: Batch) -> tuple[float, float]:
@@ -153,9 +182,17 @@ class UtilisationPowerModel:
         awake, work = clock_power_factor(self._clock.clock_ratio(batch), *self._law)
         return self.config.awake * awake, work
 
-    def _joules(self, d: float, g: float) -> float:
-        """Energy of ``d`` ms at activity ``g`` (activity-ms), all GPUs of the instance."""
-        return self.tp * (self._idle * d + self._delta * (g if g < d else d)) * 1e-3
+    def _cap(self, batch: Batch, d: float, awake: float) -> float:
+        """The most activity-ms a step of ``d`` ms can hold: the board limit over the kernels'
+        time, the awake share over the host's."""
+        if self._kernel is None:
+            return d
+        k = self._kernel(batch)
+        return d if k >= d else k + awake * (d - k)
+
+    def _joules(self, d: float, g: float, cap: float) -> float:
+        """Energy of ``d`` ms at activity ``g`` (activity-ms) held to ``cap``, all GPUs of the instance."""
+        return self.tp * (self._idle * d + self._delta * (g if g < cap else cap)) * 1e-3
 
     def describe(self) -> dict:
         c = self.config
@@ -169,7 +206,7 @@ def _crossing(x0: float, dx: float) -> float | None:
     if dx == 0.0:
         return None
     j = -x0 / dx
-    return j if j > 0.0 else None
+    return j if 0.0 < j < math.inf else None  # (a vanishing dx: never within a run)
 
 
 def build_utilisation(config: UtilisationConfig, presets: Presets | None = None, cost_model=None,
@@ -189,5 +226,5 @@ def build_utilisation(config: UtilisationConfig, presets: Presets | None = None,
         work = RooflineCostModel(presets.model(name), gpu,
                                  RooflineConfig(model=name, gpu=gpu.name, tensor_parallel=tp)).work
     board, idle, source = board_and_idle(gpu, config.board_w, config.idle_w, "utilisation")
-    return UtilisationPowerModel(config, gpu, tp, work, clock=find_clock(cost_model),
-                                 board_w=board, idle_w=idle, idle_source=source)
+    return UtilisationPowerModel(config, gpu, tp, work, clock=find_clock(cost_model), kernel=find_member(
+        cost_model, "kernel_ms"), board_w=board, idle_w=idle, idle_source=source)

@@ -180,6 +180,18 @@ class ClockedCostModel:
     def work(self, batch: Batch) -> tuple[float, float]:
         return self._work(batch)
 
+    def kernel_ms(self, batch: Batch) -> float:
+        """The GPU's kernels at the iteration's clock (the wrapped model's, stretched as the
+        step is); the whole step when the wrapped model does not split it."""
+        inner = getattr(self.inner, "kernel_ms", None)
+        if inner is None:
+            return self.iteration_ms(batch)
+        k, r = inner(batch), self.clock_ratio(batch)
+        if r >= 1.0 or not k:
+            return k
+        c, m = self.split(batch)
+        return k + self.stretch(c, m, r)
+
     def decode_step_increment(self, batch: Batch):
         """The wrapped model's increment at this clock, held while the linear pieces stay the
         same: the sides of the ``max`` terms of the law, and -- with the governor -- the chosen

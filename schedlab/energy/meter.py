@@ -2,10 +2,11 @@
 
 The engines call :meth:`EnergyMeter.iteration` for every iteration they run one at a time and
 :meth:`EnergyMeter.run` for a bulk run of identical decode iterations (the fast engine); both
-first add the idle stretch since the previous iteration ended. After the run
-:func:`close_meters` adds the stretches before the first and after the last iteration, so an
-instance's energy covers the run's whole window -- from the first arrival to the end of the
-last iteration anywhere -- whether it worked or not.
+first add the idle stretch since the previous iteration ended (:mod:`.idle`: the last
+iteration's power relaxing, standby, then idle). After the run :func:`close_meters` adds the
+stretches before the first and after the last iteration, so an instance's energy covers the
+run's whole window -- from the first arrival to the end of the last iteration anywhere --
+whether it worked or not.
 
 Per-request energy: an iteration's energy is shared out over the tokens it computes, every
 token alike -- a decode's own token and the drafts it verifies, each prompt token of a prefill
@@ -45,18 +46,27 @@ class EnergyMeter:
 
     :ivar busy_j: energy of the iterations; :ivar idle_j: of the stretches between them;
     :ivar busy_ms: time in iterations; :ivar peak_w: the highest iteration power (in a bulk
-        run, the higher of its first and last iteration's: a run's power moves one way);
-    :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine).
+        run, what the model's ``run_j_peak`` says, else the higher of its first and last);
+    :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine);
+    :ivar last_w: the power of the last iteration (where the tail after it starts from; after a
+        bulk run worked out only when an idle stretch follows);
+    :ivar tails: ``[end of an iteration, tail W]`` for each idle stretch with a tail (to redraw
+        the power over time, :mod:`.timeline`).
     """
 
-    __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "first_start", "last_end", "busy_j", "idle_j",
-                 "busy_ms", "peak_w", "per_decoder", "_run_j", "_run_j_peak", "closed")
+    __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "tail_ms", "first_start", "last_end", "busy_j",
+                 "idle_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_last_run", "_run_j", "_run_j_peak",
+                 "closed")
 
     def __init__(self, model):
         self.model = model
         self.idle_w = float(model.idle_w)
         self.standby_w = float(model.standby_w)
         self.standby_ms = float(model.standby_ms)
+        self.tail_ms = float(getattr(model, "tail_ms", 0.0))
+        self.last_w = 0.0
+        self._last_run = None  # (batch, k, d0, inc) of a bulk run that came last
+        self.tails: list[list[float]] = []
         self.first_start = INF   # start of the first iteration
         self.last_end = -INF     # end of the last one
         self.busy_j = 0.0
@@ -72,7 +82,22 @@ class EnergyMeter:
         if self.last_end == -INF:
             self.first_start = start
         elif start > self.last_end:
-            self.idle_j += idle_j(self.idle_w, self.standby_w, self.standby_ms, 0.0, start - self.last_end)
+            self._after_last(start - self.last_end)
+
+    def _after_last(self, duration: float) -> None:
+        """The idle stretch of ``duration`` ms right after the last iteration: its tail, standby, idle."""
+        if self._last_run is not None:  # the tail after a bulk run starts from its last iteration's power
+            batch, k, d0, inc = self._last_run
+            self._last_run = None
+            last = d0 + (k - 1) * inc
+            if last > 0.0:
+                self.last_w = self.model.iteration_j(shifted(batch, k - 1), last) / last * 1e3
+        tail = self.last_w - self.standby_w if self.tail_ms > 0.0 else 0.0
+        if tail > 0.0:
+            self.tails.append([self.last_end, tail])
+        else:
+            tail = 0.0
+        self.idle_j += idle_j(self.idle_w, self.standby_w, self.standby_ms, 0.0, duration, tail, self.tail_ms)
 
     def _busy(self, start: float, duration: float, energy: float) -> None:
         self.busy_j += energy
@@ -87,6 +112,7 @@ class EnergyMeter:
         energy = self.model.iteration_j(batch, duration) if duration > 0.0 else 0.0
         if duration > 0.0:
             power = energy / duration * 1e3
+            self.last_w, self._last_run = power, None
             if power > self.peak_w:
                 self.peak_w = power
         self._busy(start, duration, energy)
@@ -104,6 +130,8 @@ class EnergyMeter:
             peak = max(model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in (0, k - 1))
         if peak > self.peak_w:
             self.peak_w = peak
+        if self.tail_ms > 0.0 and k > 0:
+            self._last_run = (batch, k, d0, inc)
         self._busy(start, total, energy)
         return energy
 
@@ -117,7 +145,7 @@ class EnergyMeter:
 
     def close(self, start: float, end: float) -> None:
         """Add the idle stretches of the window ``[start, end]`` before the first iteration (the
-        GPUs fully idle) and after the last one (standby, then idle)."""
+        GPUs fully idle) and after the last one (its tail, standby, then idle)."""
         if self.closed:
             return
         self.closed = True
@@ -126,7 +154,7 @@ class EnergyMeter:
             self.idle_j += idle_j(*w, INF, end - start)
             return
         self.idle_j += idle_j(*w, INF, self.first_start - start)
-        self.idle_j += idle_j(*w, 0.0, end - self.last_end)
+        self._after_last(max(0.0, end - self.last_end))  # (its tail recorded even at the window's end)
 
 
 def token_shares(energy: float, batch: Batch) -> tuple[float, float]:
@@ -156,6 +184,7 @@ def close_meters(meters: list, start: float) -> dict:
         "instances": [{
             "busy_j": m.busy_j, "idle_j": m.idle_j, "busy_ms": m.busy_ms, "peak_w": m.peak_w,
             "idle_w": m.idle_w, "standby_w": m.standby_w, "standby_ms": m.standby_ms,
+            "tail_ms": m.tail_ms, "tails": m.tails,
             "host_idle_w": float(getattr(m.model, "host_idle_w", 0.0)),
             "host_busy_w": float(getattr(m.model, "host_busy_w", 0.0)),
         } for m in meters],

@@ -2,9 +2,11 @@
 
 Each timeline row is a stretch of iterations with its duration and its GPUs' energy: busy
 power is their quotient. Between rows, and from the window's start to the first row and from
-the last row to the window's end, the GPUs idle -- standby power for ``standby_ms`` after an
-iteration, idle power otherwise (:mod:`.idle`). The integral of this step function is the
-instance's energy: :func:`integral_j` checks the meters against it (the conservation property).
+the last row to the window's end, the GPUs idle -- after an iteration its power's tail (the
+meter recorded where each starts, ``tails``), standby power for ``standby_ms``, idle power
+otherwise (:mod:`.idle`), as steps of exact mean power. The integral of this step function is
+the instance's energy: :func:`integral_j` checks the meters against it (the conservation
+property).
 """
 
 from __future__ import annotations
@@ -13,14 +15,24 @@ import math
 
 import numpy as np
 
+from .idle import idle_steps
 
-def power_steps(run, instance: int) -> tuple[np.ndarray, np.ndarray]:
+#: How far (ms) a tail's recorded start may lie from the end of the row before its idle
+#: stretch: rows of one bulk run split in two end a rounding error away from the run's end.
+TAIL_MATCH_MS = 1e-6
+
+
+def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(edges_ms, watts)`` of one instance's GPU power: ``watts[i]`` holds from ``edges[i]``
-    to ``edges[i + 1]`` (so ``edges`` is one longer). Needs ``meta["energy"]`` and a timeline."""
+    to ``edges[i + 1]`` (so ``edges`` is one longer). Needs ``meta["energy"]`` and a timeline.
+    ``until``: carry the idleness after the last row on to there (default: the window's end)."""
     energy = run.meta["energy"]
     inst = energy["instances"][instance]
     idle_w, standby_w, standby_ms = inst["idle_w"], inst["standby_w"], inst["standby_ms"]
+    tail_ms, tails = inst.get("tail_ms", 0.0), inst.get("tails", [])
     start, end = energy["window_ms"]
+    if until is not None:
+        end = until
     t = run.timeline
     mine = t["instance"] == instance
     order = np.argsort(t["time_ms"][mine], kind="stable")
@@ -29,20 +41,29 @@ def power_steps(run, instance: int) -> tuple[np.ndarray, np.ndarray]:
     joules = t["energy_j"][mine][order]
     edges, watts = [start], []
     cursor, since = start, math.inf
+    next_tail = 0
 
     def idle_until(stop: float, since: float) -> None:
-        nonlocal cursor
+        nonlocal cursor, next_tail
         if stop <= cursor:
             return
-        if since < standby_ms:
-            mid = min(stop, cursor + standby_ms - since)
-            edges.append(mid)
-            watts.append(standby_w)
-            cursor = mid
-        if stop > cursor:
+        if math.isinf(since):  # not worked yet: idle throughout
             edges.append(stop)
             watts.append(idle_w)
             cursor = stop
+            return
+        while next_tail < len(tails) and tails[next_tail][0] < cursor - TAIL_MATCH_MS:
+            next_tail += 1
+        tail = 0.0
+        if next_tail < len(tails) and abs(tails[next_tail][0] - cursor) <= TAIL_MATCH_MS:
+            tail = tails[next_tail][1]
+            next_tail += 1
+        at = cursor
+        for length, w in idle_steps(idle_w, standby_w, standby_ms, stop - cursor, tail, tail_ms):
+            at += length
+            edges.append(at)
+            watts.append(w)
+        edges[-1] = cursor = stop
 
     for s, d, j in zip(starts.tolist(), durations.tolist(), joules.tolist()):
         idle_until(s, since)

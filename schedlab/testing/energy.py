@@ -2,7 +2,8 @@
 
 * :func:`check_power_model` -- one model on one bulk decode run: its closed form (``run_j``,
   ``run_j_peak``) equals the sum of its iterations and the highest of their powers, no
-  iteration draws less than idle power, standby is no less than idle;
+  iteration draws less than idle power, standby is no less than idle, a tail's time constant is
+  not negative;
 * :func:`check_energy` -- a finished run with ``[power]``: per instance, the energy the meters
   counted equals the integral of the power drawn from the timeline (conservation), and the
   iterations' energy is all shared out to the requests.
@@ -22,6 +23,7 @@ def check_power_model(model, batch: Batch, k: int, d0: float, inc: float, *, rel
     (iteration ``j`` lasting ``d0 + j * inc`` ms)."""
     assert model.standby_w >= model.idle_w >= 0.0, f"standby {model.standby_w} W below idle {model.idle_w} W"
     assert model.standby_ms >= 0.0
+    assert getattr(model, "tail_ms", 0.0) >= 0.0
     for j in (0, k - 1):
         d = d0 + j * inc
         energy = model.iteration_j(shifted(batch, j), d)
