@@ -513,7 +513,9 @@ def test_plan_reports_kwh_and_energy_cost(tmp_path):
 
 def test_energy_clock_experiment_saves_energy_within_the_slo():
     """experiments/energy_clock.toml, shortened: the governor takes less energy than the full
-    clock at every load and meets the SLO as often."""
+    clock at every load and meets the SLO as often. (Over the file's 1,200 requests it does not
+    at 28/s: its slower decode steps let the queue build there, as the README says; 200
+    requests end before it does.)"""
     from pathlib import Path
 
     from schedlab.study.experiment import load, run_experiment
