@@ -56,8 +56,8 @@ class HuntConfig:
                            help="candidates the optimiser proposes at once, evaluated in parallel (fixed, so that "
                                 "a seed gives the same hunt on any number of workers)")
     warm_start: int | None = int_field(None, min=1, max=10**6, optional=True,
-                                       help="uniform random candidates the search starts from (default: a quarter "
-                                            "of the budget)")
+                                       help="uniform random candidates the search starts from (default: a "
+                                            "twentieth of the budget, at least one batch)")
     stop_on_counterexample: bool = bool_field(True, help="with a property: stop at the end of the batch "
                                                          "that falsified it")
     tolerance: float = float_field(0.05, min=0.0, max=1.0,
