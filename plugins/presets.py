@@ -237,8 +237,10 @@ MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
     "rtx-pro-6000-server": ({"bandwidth_efficiency": 0.979, "layer_overhead_us": 25.7, "mfu": 0.78,
                              "gemm_half_tokens": 55, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
                              "decode_attention_us": 0.1, "attention_efficiency": 0.48,
-                             "mixed_decode_query_rows": 60, "mixed_decode_context_offset": 190, "empty_tile_ns": 3.0},
-                            "LLMServingSim's vLLM 0.19 profiles, 3 models at TP 1 and 2"),
+                             "mixed_decode_query_rows": 60, "mixed_decode_context_offset": 190, "empty_tile_ns": 3.0,
+                             "expert_layer_us": 29.9, "expert_read_share": 0.988, "expert_gemm_share": 0.81},
+                            "LLMServingSim's vLLM 0.19 profiles, 3 models at TP 1 and 2 (the MoE experts: "
+                            "Qwen3-30B-A3B at TP 1)"),
     "rtx-4090": ({"bandwidth_efficiency": 0.963, "layer_overhead_us": 26.2, "mfu": 0.99, "gemm_half_tokens": 2,
                   "kv_read_efficiency": 0.93, "attention_layer_us": 21.3, "decode_attention_us": 0.16,
                   "attention_efficiency": 0.74, "mixed_decode_query_rows": 67,
@@ -258,9 +260,11 @@ MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
 #: FP32 accumulate at half the rate a datacenter Ada's does (the 4090 reaches 0.99 of it).
 SAME_ARCHITECTURE = {"a100-40gb": "a100-80gb", "h100-pcie-80gb": "h100-80gb", "h200-141gb": "h100-80gb",
                      "gh200-96gb": "h100-80gb", "rtx-pro-6000": "rtx-pro-6000-server", "a10g": "a40"}
-#: The efficiencies only LLMServingSim's profiles measure (attention); elsewhere pooled.
+#: The efficiencies only LLMServingSim's profiles measure (attention, and the MoE experts on one
+#: of them); elsewhere pooled.
 ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_us", "attention_efficiency",
-                  "mixed_decode_query_rows", "mixed_decode_context_offset", "empty_tile_ns")
+                  "mixed_decode_query_rows", "mixed_decode_context_offset", "empty_tile_ns",
+                  "expert_layer_us", "expert_read_share", "expert_gemm_share")
 
 
 def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:

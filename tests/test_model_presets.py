@@ -97,9 +97,14 @@ def test_bad_shapes_are_refused():
 # --- the embedding table in the roofline ---------------------------------------------------------
 
 
+#: the roofline's bytes and FLOPs alone: no fixed times, the experts read and computed as dense layers are
+BARE = {"layer_overhead_us": 0.0, "attention_layer_us": 0.0, "expert_layer_us": 0.0, "expert_read_share": 1.0,
+        "expert_gemm_share": 1.0}
+
+
 def _bare(spec: ModelSpec, gpu="a100-80gb", **config) -> RooflineCostModel:
-    return RooflineCostModel(spec, PRESETS.gpu(gpu), RooflineConfig(model=spec.name, gpu=gpu, layer_overhead_us=0.0,
-                                                                    attention_layer_us=0.0, **{**GPU_ONLY, **config}))
+    return RooflineCostModel(spec, PRESETS.gpu(gpu), RooflineConfig(model=spec.name, gpu=gpu,
+                                                                    **{**BARE, **GPU_ONLY, **config}))
 
 
 def test_an_untied_embedding_is_looked_up_not_read_and_multiplies_nothing():

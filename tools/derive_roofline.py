@@ -41,6 +41,12 @@ query to a tile, and the tile has a fixed cost), fitted over 256-4,096-token con
 public profiles have no attention, so these cannot be checked on H100, A100 or A40; they are
 pooled from the two cards that have them (both give 58-68 rows and 240-310 tokens).
 
+From the only MoE bundle (Qwen3-30B-A3B at TP 1, ``moe.csv``: 1-2,048 tokens over 8-128 active
+experts), the routed experts relative to the same GPU's dense fit: ``expert_layer_us`` a MoE
+layer (routing, sorting the tokens by expert, launches), the experts' weights read at
+``expert_read_share`` of the dense read and their GEMMs at ``expert_gemm_share`` of the dense
+curve at as many rows per expert (the fused MoE kernel against cuBLAS). Every GPU takes them.
+
 Output: the per-GPU fits quoted in ``plugins/presets.py`` (``MEASURED_EFFICIENCY``), the
 pooled values quoted in ``plugins/cost_models/roofline.py`` (``DERIVATION``, GPUs measured by
 nothing), and the parameter counts of the three LLMServingSim model presets. ``--table`` prints,
@@ -344,6 +350,47 @@ def mixed_decode_penalty(bundle, ms_per_row_token: float, heads: int) -> tuple[f
     return float(rows), float(rows_offset / rows), float(empty_ns)
 
 
+def moe_points(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tokens, experts, ms)``: the points of a bundle's ``moe.csv`` (times there are us)."""
+    with open(path, newline="") as fh:
+        rows = [(float(r["tokens"]), float(r["activated_experts"]), float(r["time_us"]) * 1e-3)
+                for r in csv.DictReader(fh)]
+    return tuple(np.array(column) for column in zip(*rows))
+
+
+def expert_layer_ms(x, tokens, experts, s: dict, dense: dict, bw: float, peak: float) -> np.ndarray:
+    """The roofline's MoE layer at ``(expert_layer_us, expert_read_share, expert_gemm_share)``:
+    a fixed time, then the experts' weights read and their (token, expert) pairs computed,
+    relative to the GPU's dense fit (``dense``: its weight read and GEMM curve)."""
+    fixed_us, read_share, gemm_share = x
+    rows = tokens * s["k"] / experts
+    read = experts * s["expert"] * 2 / (bw * dense["weight_read_efficiency"] * read_share)
+    gemm = dense["mfu"] * rows / (rows + dense["gemm_half_tokens"]) * gemm_share
+    return fixed_us * 1e-3 + np.hypot(read, 2 * s["expert"] * s["k"] * tokens / (peak * gemm))
+
+
+def fit_experts(moe_csv: Path, s: dict, gpu: str, dense: dict) -> dict:
+    """The experts' settings from a MoE bundle's ``moe.csv`` (``s``: its model's :func:`shapes`;
+    ``dense``: the GPU's linear fit, which the shares are relative to): least squares in log
+    time over the points whose active experts' weights do not fit in the L2 cache (a one-layer
+    profile of 8 experts, 75 MB, reads them from L2 again and again)."""
+    from scipy.optimize import least_squares
+
+    gbps, tflops, l2_mb = GPUS[gpu]
+    tokens, experts, ms = moe_points(moe_csv)
+    used = experts * s["expert"] * 2 > l2_mb * 1e6
+
+    def residuals(x):
+        return np.log(expert_layer_ms(x, tokens[used], experts[used], s, dense, gbps * 1e6, tflops * 1e9) / ms[used])
+
+    fit = least_squares(residuals, [20.0, 1.0, 0.7], bounds=([0.0, 0.1, 0.05], [200.0, 1.5, 1.5]))
+    no_fixed = least_squares(lambda x: residuals([0.0, *x]), [1.0, 0.7], bounds=([0.1, 0.05], [1.5, 1.5]))
+    return {"gpu": gpu, "expert_layer_us": round(float(fit.x[0]), 1), "expert_read_share": round(float(fit.x[1]), 3),
+            "expert_gemm_share": round(float(fit.x[2]), 2), "points": int(used.sum()),
+            "rms_log_error": round(math.sqrt(float(np.mean(fit.fun ** 2))), 3),
+            "rms_log_error_without_fixed_time": round(math.sqrt(float(np.mean(no_fixed.fun ** 2))), 3)}
+
+
 def pooled_attention(rows: dict, gpu: str | None = None) -> dict:
     chosen = [r for r in rows.values() if gpu is None or r["gpu"] == gpu]
     return {"kv_read_efficiency": round(float(np.median([r["kv_read_efficiency"] for r in chosen])), 2),
@@ -379,7 +426,14 @@ def derive(profiles: Path, configs: Path, vidur: Path) -> dict:
     pooled = {k: round(float(np.median([fit[k] for fit in linear.values()])), 3 if k != "gemm_half_tokens" else 0)
               for k in keys}
     pooled.update(pooled_attention(attention))
-    return {"series": series, "per_gpu": per_gpu, "attention": attention, "pooled": pooled,
+    # LLMServingSim's Qwen3-30B-A3B at TP 1 is the only MoE profile
+    bundle_dir, config_file, gpu = next(b for b in BUNDLES if (profiles / b[0] / "tp1" / "moe.csv").is_file())
+    experts = fit_experts(profiles / bundle_dir / "tp1" / "moe.csv",
+                          shapes(json.loads((configs / config_file).read_text())), gpu, linear[gpu])
+    shares = {k: experts[k] for k in ("expert_layer_us", "expert_read_share", "expert_gemm_share")}
+    per_gpu[experts["gpu"]].update(shares)
+    pooled.update(shares)  # one MoE profile: every other GPU takes its numbers
+    return {"series": series, "per_gpu": per_gpu, "attention": attention, "pooled": pooled, "experts": experts,
             "table": model_vs_measured(series, linear, pooled)}
 
 
@@ -510,6 +564,7 @@ def main(argv: list[str]) -> int:
     print("\nattention, per LLMServingSim bundle:")
     for name, row in result["attention"].items():
         print(f"  {name}: {row}")
+    print("\nMoE experts (the only MoE bundle):", result["experts"])
     print("\nper GPU (MEASURED_EFFICIENCY in plugins/presets.py):")
     for gpu, fit in result["per_gpu"].items():
         print(f"  {gpu}: {fit}")

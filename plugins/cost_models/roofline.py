@@ -40,7 +40,9 @@ a prompt chunk's tokens do not pass through it. MoE models
 (``num_experts``): attention and other dense weights as above; of the routed experts only
 those some token picked are read -- ``E (1 - (1 - k/E)^T)`` of ``E`` under uniform routing --
 and the FLOPs are those of the ``params per token`` (active parameters); the expert GEMMs
-run at ``eta`` of the tokens each expert gets. With ``expert_parallel`` the experts are
+run at ``eta`` of the tokens each expert gets times ``expert_gemm_share`` (the fused MoE kernel),
+their weights are read at ``expert_read_share`` of the dense read, and every MoE layer adds
+``expert_layer_us`` (routing and sorting the tokens by expert). With ``expert_parallel`` the experts are
 spread over the ranks instead of split (the same bytes and FLOPs per rank in this model).
 
 Speculative decoding's verify pass (``spec_tokens`` draft tokens beside the decodes' own):
@@ -112,8 +114,13 @@ from .tensor_parallel import TensorParallelComm
 #: bundles, whose heads per rank range 16-64, 4.8 on the 4090; fitted over chunks 256-2048,
 #: 16-128 decodes, contexts 256-4k: 12-17% RMS error per bundle, against 17-19% without the
 #: empty tiles and 28-33% for 70 rows alone).
-#: MoE experts at TP 1 (RTX PRO 6000): weights read at 0.94 of the bandwidth at one token;
-#: 0.29 of the bf16 rate at 2048 tokens (128 tokens per expert).
+#: MoE experts, from the only MoE profile (Qwen3-30B-A3B at TP 1 on the RTX PRO 6000 Server,
+#: its ``moe.csv``: 1-2,048 tokens over 8-128 experts): a MoE layer takes
+#: ``expert_layer_us + hypot(experts read / (BW x bandwidth_efficiency x expert_read_share),
+#: pair FLOPs / (peak x dense GEMM curve at the rows per expert x expert_gemm_share))`` -- 29.9 us
+#: of routing, sorting and launches a layer, the weights at 0.988 of the dense read, the fused
+#: MoE kernel's GEMMs at 0.81 of cuBLAS's at as many rows (3.2% RMS error on the 38 points whose
+#: experts do not fit in the L2 cache, against 8.3% with no fixed time; tools/derive_roofline.py).
 #: Query rows per tile of FlashAttention's varlen kernel (its ``kBlockM``, 128 for the head
 #: sizes served here): the grid launches ``ceil(longest query / 128)`` tiles per sequence and head.
 QUERY_TILE = 128
@@ -122,7 +129,8 @@ DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attent
               "decode_attention_us": 0.11, "attention_efficiency": 0.48,
               "mixed_decode_query_rows": 60.0, "mixed_decode_context_offset": 180.0, "empty_tile_ns": 3.0,
               "layer_overhead_us": 26.2,
-              "mfu": 0.69, "gemm_half_tokens": 18.0}
+              "mfu": 0.69, "gemm_half_tokens": 18.0,
+              "expert_layer_us": 29.9, "expert_read_share": 0.988, "expert_gemm_share": 0.81}
 
 
 def _measured(name: str, help: str, *, share: bool = True):
@@ -169,6 +177,14 @@ class RooflineConfig:
     layer_overhead_us: float | None = _measured(
         "layer_overhead_us", "per decoder layer: the GEMMs' fixed time and the small kernels not counted as bytes or "
                              "FLOPs (norms, rotary, activation), us", share=False)
+    expert_layer_us: float | None = _measured(
+        "expert_layer_us", "per MoE layer: the routed experts' fixed time (top-k routing, sorting the tokens by "
+                           "expert, the kernels' launch), us", share=False)
+    expert_read_share: float | None = _measured(
+        "expert_read_share", "the experts' weights are read at this share of bandwidth_efficiency", share=False)
+    expert_gemm_share: float | None = _measured(
+        "expert_gemm_share", "the fused MoE kernel's GEMMs reach this share of the dense GEMM efficiency at as many "
+                             "rows per expert", share=False)
     overhead_ms: float = float_field(
         0.0, min=0.0, help="time added to every step beyond the modelled parts, ms (what schedlab calibrate fits)")
     async_scheduling: bool = step_field("async_scheduling")
@@ -219,7 +235,8 @@ class RooflineCostModel:
         self._lm_read_ms = lm_head * b / tp / self._weight_bytes_per_ms
         self._lm_flops_per_row = 2.0 * lm_head / tp
         self._expert_read_ms = model.expert_params * model.expert_bytes_per_param / tp \
-            / self._weight_bytes_per_ms  # one expert
+            / (self._weight_bytes_per_ms * c.expert_read_share)  # one expert
+        self._expert_fixed_ms = model.num_layers * c.expert_layer_us * 1e-3 if model.is_moe else 0.0
         # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
         self._row_read_ms = (model.hidden_size or 0) * b / tp / self._weight_bytes_per_ms if embedding else 0.0
         self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params
@@ -345,8 +362,12 @@ class RooflineCostModel:
         e, k = m.num_experts, m.experts_per_token
         touched = e * (1.0 - (1.0 - k / e) ** tokens)  # distinct experts under uniform routing
         per_expert = tokens * k / touched
-        compute = self._expert_flops_per_token * tokens / (self._peak_flops_per_ms * self.gemm_efficiency(per_expert))
-        return math.hypot(touched * self._expert_read_ms, compute)
+        compute = self._expert_flops_per_token * tokens / (self._peak_flops_per_ms * self._expert_gemm_efficiency(per_expert))
+        return self._expert_fixed_ms + math.hypot(touched * self._expert_read_ms, compute)
+
+    def _expert_gemm_efficiency(self, rows: float) -> float:
+        """Share of peak the fused MoE kernel's GEMMs reach at ``rows`` rows per expert."""
+        return self.gemm_efficiency(rows) * self.settings.expert_gemm_share
 
     # --- data and pipeline parallelism (schedlab.parallelism) -----------------------------------
 
@@ -374,10 +395,10 @@ class RooflineCostModel:
         if tokens <= 0.0:
             return 0.0
         m = self.model
-        read = experts * m.expert_params * m.expert_bytes_per_param / self._weight_bytes_per_ms
+        read = experts * m.expert_params * m.expert_bytes_per_param / (self._weight_bytes_per_ms * self.settings.expert_read_share)
         rows = tokens * m.experts_per_token / max(experts, 1.0)
         flops = 2.0 * m.experts_per_token * m.expert_params * tokens
-        return math.hypot(read, flops / (self._peak_flops_per_ms * self.gemm_efficiency(rows)))
+        return self._expert_fixed_ms + math.hypot(read, flops / (self._peak_flops_per_ms * self._expert_gemm_efficiency(rows)))
 
     def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
         """Pipeline parallelism (:mod:`.pipeline`): each stage's time for ``batch`` -- its
