@@ -1,16 +1,19 @@
-"""Copy the parts of the shared calibration data that experiments/vllm_validation.toml needs.
+"""Copy the parts of LLMServingSim's data that experiments/vllm_validation.toml needs.
 
-    python experiments/data/llmservingsim/make_data.py [/path/to/shared/calibration/llmservingsim]
+    python experiments/data/llmservingsim/make_data.py [/path/to/LLMServingSim]
 
 Source: LLMServingSim (github.com/casys-kaist/LLMServingSim, MIT licence, see LICENSE and
-COMMIT here), as laid out in ../shared/calibration/llmservingsim. For each real run in
-:data:`RUNS` (Llama-3.1-8B on one RTX PRO 6000 Server; Qwen3-32B at tensor parallel 2 on two):
+COMMIT here): a checkout at COMMIT, or ../shared/calibration/llmservingsim, which holds the
+first two runs below (the other two are in the repository at the same commit). For each real
+run in :data:`RUNS` (Llama-3.1-8B on one RTX PRO 6000 Server; Qwen3-32B at tensor parallel 2 on
+two; Llama-3.1-8B on one RTX 4090; Qwen3-30B-A3B on two RTX PRO 6000 Server as data parallel 2
+with expert parallelism):
 
-* ``profiles/RTXPRO6000/<org>/<model>/bf16/`` -- the per-operator profile bundle of the run's
+* ``profiles/<hardware>/<org>/<model>/bf16/`` -- the per-operator profile bundle of the run's
   GPU and model at the run's TP degree (meta.yaml, dense, per_sequence, attention, skew_fit;
   the raw skew shots are left out: the fit is what a simulator reads);
-* ``vllm-rtxpro6000-<model>.jsonl`` -- the real vLLM 0.19 run's per-request log
-  (bench/examples/RTXPRO6000/<model>/vllm/requests.jsonl) with one field added,
+* ``vllm-<hardware>-<model>.jsonl`` -- the real vLLM 0.19 run's per-request log
+  (bench/examples/<hardware>/<model>/vllm/requests.jsonl) with one field added,
   ``block_hashes``: the prefix block ids of each prompt's token ids, hashed in 16-token blocks
   from workloads/sharegpt-<model>-300-sps10.jsonl (line i of the workload is request bench-i),
   so the 2.5 MB of token ids need not be copied;
@@ -30,14 +33,17 @@ from schedlab_plugins.workloads.measured import prefix_block_ids
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 
-#: (run folder under bench/examples/RTXPRO6000, bundle under profiler/perf, TP degree, file stem)
+#: (run folder under bench/examples, bundle under profiler/perf, TP degree, file stem, workload stem)
 RUNS = (
-    ("Llama-3.1-8B", "RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", 1, "llama-3.1-8b"),
-    ("Qwen3-32B", "RTXPRO6000/Qwen/Qwen3-32B/bf16", 2, "qwen3-32b"),
+    ("RTXPRO6000/Llama-3.1-8B", "RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", 1, "rtxpro6000-llama-3.1-8b", "llama-3.1-8b"),
+    ("RTXPRO6000/Qwen3-32B", "RTXPRO6000/Qwen/Qwen3-32B/bf16", 2, "rtxpro6000-qwen3-32b", "qwen3-32b"),
+    ("RTX4090/Llama-3.1-8B", "RTX4090/meta-llama/Llama-3.1-8B/bf16", 1, "rtx4090-llama-3.1-8b", "llama-3.1-8b"),
+    ("RTXPRO6000/Qwen3-30B-A3B-Instruct-2507", "RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16", 1,
+     "rtxpro6000-qwen3-30b-a3b-dp2-ep", "qwen3-30b-a3b"),
 )
-#: Bundles without a real run here, for experiments/multi_gpu.toml: the MoE model's TP-1 profiles
-#: (its expert table, moe.csv, is profiled at TP 1 only).
-BUNDLES = (("RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16", 1),)
+#: Bundles without a real run of their own here (none now: the MoE model's TP-1 profiles, whose
+#: expert table, moe.csv, is profiled at TP 1 only, serve its data-parallel run above).
+BUNDLES = ()
 
 
 def copy_bundle(source: Path, bundle: str, tp: int) -> None:
@@ -50,17 +56,19 @@ def copy_bundle(source: Path, bundle: str, tp: int) -> None:
             shutil.copy(path, out / f"tp{tp}" / name)
 
 
-def copy_run(source: Path, run_name: str, bundle: str, tp: int, stem: str) -> None:
+def copy_run(source: Path, run_name: str, bundle: str, tp: int, stem: str, workload: str) -> None:
     copy_bundle(source, bundle, tp)
-    run = source / "bench/examples/RTXPRO6000" / run_name
-    shutil.copy(run / "vllm/meta.json", HERE / f"vllm-rtxpro6000-{stem}.meta.json")
-    shutil.copy(run / "validation/summary.txt", HERE / f"vllm-rtxpro6000-{stem}.llmservingsim-summary.txt")
+    run = source / "bench/examples" / run_name
+    if not run.is_dir():
+        sys.exit(f"make_data.py: {run}: no such run; give a checkout of LLMServingSim at the commit in COMMIT")
+    shutil.copy(run / "vllm/meta.json", HERE / f"vllm-{stem}.meta.json")
+    shutil.copy(run / "validation/summary.txt", HERE / f"vllm-{stem}.llmservingsim-summary.txt")
     log = [json.loads(line) for line in open(run / "vllm/requests.jsonl")]
-    prompts = [json.loads(line) for line in open(source / f"workloads/sharegpt-{stem}-300-sps10.jsonl")]
+    prompts = [json.loads(line) for line in open(source / f"workloads/sharegpt-{workload}-300-sps10.jsonl")]
     for i, row in enumerate(log):
         assert row["request_id"] == f"bench-{i}" and prompts[i]["input_toks"] == row["input_toks"]
     ids = prefix_block_ids([p["input_tok_ids"] for p in prompts[:len(log)]], 16)
-    with open(HERE / f"vllm-rtxpro6000-{stem}.jsonl", "w") as fh:
+    with open(HERE / f"vllm-{stem}.jsonl", "w") as fh:
         for row, hashes in zip(log, ids):
             fh.write(json.dumps({**row, "block_hashes": list(hashes)}, separators=(",", ":")) + "\n")
 
