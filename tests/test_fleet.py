@@ -299,6 +299,29 @@ def test_a_streamed_run_has_every_row_on_disk_and_metrics_within_the_sketch_erro
     assert b["stability"]["verdict"] == a["stability"]["verdict"]
 
 
+def test_a_results_folder_takes_a_streamed_runs_rows_out_of_the_spool(tmp_path, monkeypatch):
+    """A run's streamed rows can be gigabytes: saving the results moves the spool file into the
+    folder's requests/ (nothing left behind in the spool) and the run then reads it there; a
+    second folder gets a copy."""
+    from schedlab.results.storage import save
+
+    spool = tmp_path / "spool"
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(spool))
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    results = run_experiment(load(path, ["experiment.exact_requests=500"]))
+    run = results.all_runs()[0]
+    before = read_rows(run.rows_file)
+    assert [p.name for p in spool.iterdir()] == [run.rows_file.split("/")[-1]]
+    first = save(results, tmp_path / "out")
+    assert list(spool.iterdir()) == []
+    saved = tmp_path / "out" / "requests" / f"{run.name}.parquet"
+    assert saved in first and run.rows_file == str(saved)
+    np.testing.assert_array_equal(read_rows(saved)["id"], before["id"])
+    save(results, tmp_path / "again")
+    assert saved.is_file() and (tmp_path / "again" / "requests" / f"{run.name}.parquet").is_file()
+
+
 CLIENT_AND_POWER = """
 [power]
 kind = "fixed_active"

@@ -42,6 +42,7 @@ from ..errors import SchedlabError
 from .folder import usual_mode
 from .metrics import completed, request_latencies
 from .records import ExperimentResults, RunResult, Study
+from .stream import SPOOL_PREFIX
 
 REQUEST_COLUMNS = (
     "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
@@ -238,15 +239,25 @@ def rows_file_name(run_name: str, suffix: str) -> str:
 
 
 def save_streamed_rows(runs: list[RunResult], out: Path) -> list[Path]:
-    """Copy each streamed run's file of rows (see :mod:`schedlab.results.stream`) into
-    ``requests/``; ``requests.csv`` holds only its sample."""
+    """Put each streamed run's file of rows (see :mod:`schedlab.results.stream`) into
+    ``requests/``; ``requests.csv`` holds only its sample. A file still in the spool (a run's
+    rows can be gigabytes) is moved, not copied, and the run points at its new place; one
+    already in a results folder is copied."""
     written = []
     for run in runs:
         if run.rows_file and os.path.exists(run.rows_file):
-            path = out / "requests" / rows_file_name(run.name, Path(run.rows_file).suffix)
+            source = Path(run.rows_file)
+            path = out / "requests" / rows_file_name(run.name, source.suffix)
+            if source.resolve() == path.resolve():
+                written.append(path)
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
-            shutil.copyfile(run.rows_file, tmp)
+            if source.name.startswith(SPOOL_PREFIX):
+                shutil.move(source, tmp)  # a rename within one file system
+                run.rows_file = str(path)
+            else:
+                shutil.copyfile(source, tmp)
             os.replace(tmp, path)
             written.append(path)
     return written

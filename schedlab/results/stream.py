@@ -54,6 +54,10 @@ class RecordSettings:
                                                           "4th, ... row, evenly over the run)")
 
 
+#: Streamed row files are named so in the spool until a results folder takes them.
+SPOOL_PREFIX = "schedlab-requests-"
+
+
 def spool_dir() -> Path:
     """Where streamed row files are written until the results folder takes them
     (``$SCHEDLAB_SPOOL``, else the system's temporary folder)."""
@@ -367,7 +371,7 @@ class RowSink:
         directory = self._directory or spool_dir()
         directory.mkdir(parents=True, exist_ok=True)
         suffix = "." + self.settings.request_rows
-        fd, name = tempfile.mkstemp(dir=directory, prefix="schedlab-requests-", suffix=suffix)
+        fd, name = tempfile.mkstemp(dir=directory, prefix=SPOOL_PREFIX, suffix=suffix)
         os.close(fd)
         self.path = Path(name)
         if self.settings.request_rows == "parquet":
