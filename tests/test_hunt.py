@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -447,3 +448,63 @@ def test_a_time_limit_stops_the_search_early(tmp_path):
     hunt, outcome = hunt_in_process(write(tmp_path, STARVER.replace("< 3", "< 1000")),
                                     ["hunt.time_limit_s=1e-9", "hunt.random=0"])
     assert len(outcome.search) < hunt.config.budget
+
+
+def test_a_reproducer_written_elsewhere_finds_the_files_the_hunt_file_names(tmp_path, monkeypatch):
+    """The hunt file names a profile bundle relative to its own folder; the reproducer lives in
+    the output folder, so its paths are rewritten relative to that folder and replay from there."""
+    import os
+
+    from schedlab.cli import main
+
+    bundle = (Path(__file__).resolve().parents[1] / "experiments" / "data" / "llmservingsim" / "profiles"
+              / "RTXPRO6000" / "meta-llama" / "Llama-3.1-8B" / "bf16")
+    folder = tmp_path / "hunts"
+    folder.mkdir()
+    profile = os.path.relpath(bundle, folder)
+    text = f"""
+    [experiment]
+    name = "relative"
+    seed = 1
+    [kv_cache]
+    kind = "paged"
+    num_blocks = 4096
+    [cost_model]
+    kind = "profiled"
+    profile = "{profile}"
+    model = "llama-3.1-8b"
+    [[runs]]
+    name = "small"
+    scheduler = {{kind = "continuous", max_num_seqs = 2}}
+    [[runs]]
+    name = "large"
+    scheduler = {{kind = "continuous", max_num_seqs = 8}}
+    [hunt]
+    objective = "runs.small.ttft_ms.p99 / runs.large.ttft_ms.p99"
+    [hunt.workload]
+    requests = [2, 8]
+    rate = [1.0, 20.0]
+    prompt = [1, 200]
+    output = [1, 50]
+    """
+    path = write(folder, text)
+    out = tmp_path / "elsewhere" / "out"
+    assert main(["hunt", str(path), "--out", str(out), "--jobs", "1", "--set", "hunt.budget=8",
+                 "--set", "hunt.random=0", "--set", "hunt.shrink_budget=4"]) == 0
+    replay = (out / "counterexample.toml").read_text()
+    rebased = os.path.relpath(bundle, out)
+    assert rebased != profile and f'profile = "{rebased}"' in replay
+    monkeypatch.chdir(tmp_path)  # the replay resolves paths against its own folder, not the working one
+    assert main(["run", str(out / "counterexample.toml"), "--out", str(tmp_path / "replay"), "--no-plots"]) == 0
+
+
+def test_rebase_paths_rewrites_relative_path_settings_only():
+    from schedlab.hunt.output import rebase_paths
+
+    tables = {"cost_model": {"kind": "profiled", "profile": "data/p", "model": "m"},
+              "workload": {"kind": "file", "path": "/abs/requests.jsonl", "nested": {"path": "x.csv"}},
+              "scheduler": {"kind": "continuous", "policy": "data/p"}}
+    rebased = rebase_paths(tables, {"profile", "path"}, "/exp", "/exp/out/hunt")
+    assert rebased["cost_model"] == {"kind": "profiled", "profile": "../../data/p", "model": "m"}
+    assert rebased["workload"] == {"kind": "file", "path": "/abs/requests.jsonl", "nested": {"path": "../../x.csv"}}
+    assert rebased["scheduler"] == tables["scheduler"]  # not a path setting

@@ -4,17 +4,20 @@
 (``file`` workload). ``<name>.toml`` is the hunt file without ``[hunt]``: the same runs, each
 with its tables written out whole (defaults, its own and ``--set`` overrides merged) and the
 settings the hunt chose, and ``[workload] kind = "file"`` naming the request file. Relative
-paths in those tables (a profile bundle, say) are written as they were, relative to the hunt
-file's folder -- so ``schedlab run <name>.toml`` replays the counterexample, and the
-table shows the metrics the objective is made of.
+paths in those tables (a profile bundle, a request file: every path setting of a registered
+plugin) are rewritten relative to the output folder, so ``schedlab run <name>.toml`` replays the
+counterexample from there, and the table shows the metrics the objective is made of.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from ..configs import toml_text
 from ..study.overrides import set_dotted
@@ -51,10 +54,36 @@ def toml_document(doc: dict, header: str = "") -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def replay_document(experiment, candidate: Candidate, requests_file: str, *, name: str, columns: list[str]) -> dict:
-    """An experiment replaying ``candidate``: every run of the hunt with its resolved tables (the
-    file's defaults, the run's own and ``--set`` overrides merged) and the candidate's settings,
-    its seed and engine, reading the requests from ``requests_file``."""
+def path_keys(catalog) -> set[str]:
+    """The keys that hold file paths in plugin tables: every registered plugin's path settings,
+    and ``path`` in nested tables (as :func:`schedlab.configs.from_table` resolves them)."""
+    keys = {"path"}
+    for registry in catalog.registries.values():
+        for plugin in registry.names():
+            config = registry.get(plugin).config
+            if config is not None:
+                keys.update(a.name for a in attrs.fields(config) if a.metadata.get("path"))
+    return keys
+
+
+def rebase_paths(value: Any, keys: set[str], source: str | os.PathLike, target: str | os.PathLike) -> Any:
+    """``value`` with every relative path under one of ``keys`` (written relative to ``source``)
+    made relative to ``target`` instead."""
+    if isinstance(value, dict):
+        return {k: (os.path.relpath(os.path.join(source, os.path.expanduser(v)), target)
+                    if k in keys and isinstance(v, str) and v.strip() and not os.path.isabs(os.path.expanduser(v))
+                    else rebase_paths(v, keys, source, target)) for k, v in value.items()}
+    return value
+
+
+def replay_document(experiment, candidate: Candidate, requests_file: str, *, name: str, columns: list[str],
+                    folder: str | os.PathLike = ".") -> dict:
+    """An experiment replaying ``candidate`` from ``folder``: every run of the hunt with its
+    resolved tables (the file's defaults, the run's own and ``--set`` overrides merged, paths
+    made relative to ``folder``) and the candidate's settings, its seed and engine, reading the
+    requests from ``requests_file``."""
+    keys = path_keys(experiment.context.catalog)
+    source, target = experiment.context.base_dir, os.path.abspath(folder)
     config = experiment.config
     head = {"name": name, "seed": config.seed, "timeline": config.timeline}
     if config.plugins:
@@ -68,6 +97,7 @@ def replay_document(experiment, candidate: Candidate, requests_file: str, *, nam
         tables = {k: v for k, v in study.base.tables.items() if k != "workload"}
         for key, value in settings_for(study.name, candidate.settings):
             tables = set_dotted(tables, key, value)
+        tables = rebase_paths(tables, keys, source, target)
         runs.append({"name": study.name, "seed": study.base.seed, "engine": study.base.engine, **tables})
     doc["runs"] = runs
     reports = dict(experiment.raw.get("reports", {}))

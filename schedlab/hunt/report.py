@@ -78,7 +78,7 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
                       f"value {score.value:.6g} with {len(candidate.rows)} requests; replay it with\n"
                       f"  schedlab run {label}.toml")
             doc = replay_document(hunt.experiment, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
-                                  columns=_columns(goal, hunt.runs))
+                                  columns=_columns(goal, hunt.runs), folder=folder)
             written.append(write_text(folder, f"{label}.toml", toml_document(doc, header)))
         subtitle = f"{goal.expression.text} = {outcome.shrunk_score.value:.4g} ({len(outcome.shrunk.rows)} requests)"
         written.append(write_text(folder, "counterexample.png", counterexample_figure(outcome.shrunk_runs, subtitle)))
