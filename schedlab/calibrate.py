@@ -18,8 +18,10 @@ trusted:
 
 * it starts from the plugin's defaults -- the file's value, else the value the built cost
   model uses (the roofline's measured efficiency of the GPU), else the setting's default --
-  and, with ``--starts N``, also from N - 1 points spread over the bounds (a Halton sequence:
-  deterministic); each start runs scipy's bounded Nelder-Mead, the best result wins;
+  and, with ``--starts N``, also from the N - 1 best of a screen of points spread over the
+  bounds (a Halton sequence: deterministic; a third of the budget, at most 8 per parameter) --
+  a start drawn blindly in the box often lands where the server is overloaded and the error
+  is flat; each start runs scipy's bounded Nelder-Mead, the best result wins;
 * a candidate the engine refuses (a cost of 0 ms at a bound of 0, a setting out of its range)
   scores as a failure instead of aborting the fit;
 * it prints the error before fitting and after, warns when a fitted value sits on its bound
@@ -221,7 +223,8 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
         simulated, so they still wait behind and share the GPU with the others).
     :param target: a :class:`~schedlab.targets.Summary` to fit to instead of the measured run.
     :param hold: settings held at a value (``{"cost_model.mfu": 0.6}``).
-    :param starts: Nelder-Mead runs: from the defaults, then from points spread over the bounds.
+    :param starts: Nelder-Mead runs: from the defaults, then from the best of a screen of points
+        spread over the bounds.
     :param diagnose: compute the correlations and error profile at the fit (``2 x`` parameters
         more simulations).
     :returns: ``(fit, spec at the fit, result at the fit)``.
@@ -265,8 +268,12 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
 
     start_error = evaluate(start, strict=True)[0]  # fail fast: bad key, nothing to compare with
     lows, highs = np.array([p.low for p in parameters]), np.array([p.high for p in parameters])
-    points = [np.array(start)] + list(_spread(lows, highs, starts - 1))
-    budget = max(max_evaluations // len(points), 4 * len(parameters) + 4)
+    points = [np.array(start)]
+    if starts > 1:
+        screen = _spread(lows, highs, max(starts - 1, min(8 * len(parameters), max_evaluations // 3)))
+        screened = sorted(screen, key=lambda x: evaluate(x)[0])  # stable: ties keep the sequence's order
+        points += screened[:starts - 1]
+    budget = max((max_evaluations - len(cache)) // len(points), 4 * len(parameters) + 4)
     for point in points:
         # A first simplex a quarter of each range wide: the error surface is piecewise smooth
         # (iterations are discrete), so small steps see only its plateaus.

@@ -47,6 +47,9 @@ class Engine(threading.Thread):
         self.waiting: deque = deque()
         self.running: list = []
         self.lock = threading.Condition()
+        #: every step as it ran: (ms it took, running requests, prompt tokens admitted) -- a
+        #: Python server under the GIL runs a little slower than its model says
+        self.steps: list[tuple[float, int, int]] = []
 
     def submit(self, job: Job) -> None:
         with self.lock:
@@ -68,6 +71,7 @@ class Engine(threading.Thread):
             step = self.base_ms + self.per_seq_ms * len(batch) + self.prefill * sum(j.prompt_tokens for j in admitted)
             time.sleep(max(0.0, start + step / 1e3 - time.monotonic()))
             now = time.monotonic()
+            self.steps.append(((now - start) * 1e3, len(batch), sum(j.prompt_tokens for j in admitted)))
             still = []
             for job in batch:
                 job.generated += 1
@@ -125,6 +129,7 @@ def serve(port: int, *, slots: int = 16, base_ms: float = 5.0, per_seq_ms: float
     handler = type("BoundHandler", (Handler,), {"engine": engine})
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
+    server.engine = engine
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
