@@ -3,6 +3,7 @@
     python benchmarks/fleet.py                 # 1 vs 64 instances (200,000 requests), 100k vs 400k requests
     python benchmarks/fleet.py cpu memory      # either part
     python benchmarks/fleet.py big             # 10 million requests over 256 instances (about an hour)
+    python benchmarks/fleet.py closed          # a closed loop on 1, 2, 16 and 64 instances
     python benchmarks/fleet.py --requests 50000 cpu   # a quicker look
 
 Every measurement runs ``benchmarks/fleet.toml`` (vLLM preset, Llama-3-8B on an A100-80GB,
@@ -15,6 +16,8 @@ is steadier than wall time), the simulation's share of it, events per request an
 2. memory -- 100,000 and 400,000 requests on 64 instances, side by side: peak RSS (target: at
              most 1.15x). Both are past the exact-metrics limit, so rows stream to a Parquet file.
 3. big    -- 10,000,000 requests over 256 instances: time and peak memory (reported, no target).
+4. closed -- ``benchmarks/fleet_closed.toml``: a closed loop of 16 clients per instance (1 s of
+             thinking), 20,000 requests on 1, 2, 16 and 64 instances: CPU and events per request.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 RATE_PER_INSTANCE = 4.0
 
 
-def child(requests: int, instances: int) -> dict:
+def child(requests: int, instances: int, closed: int = 0) -> dict:
     import schedlab.study.simulation as simulation
     from schedlab.study.experiment import load, run_experiment
 
@@ -47,8 +50,12 @@ def child(requests: int, instances: int) -> dict:
             sim_cpu.append(time.process_time() - started)
 
     simulation.simulate = timed
-    exp = load(HERE / "fleet.toml", [f"workload.num_requests={requests}", f"cluster.instances={instances}",
-                                     f"workload.rate={RATE_PER_INSTANCE * instances}"])
+    if closed:
+        exp = load(HERE / "fleet_closed.toml", [f"workload.num_requests={requests}", f"cluster.instances={instances}",
+                                                f"workload.clients={16 * instances}"])
+    else:
+        exp = load(HERE / "fleet.toml", [f"workload.num_requests={requests}", f"cluster.instances={instances}",
+                                         f"workload.rate={RATE_PER_INSTANCE * instances}"])
     started = time.process_time()
     wall = time.perf_counter()
     run = run_experiment(exp).all_runs()[0]
@@ -61,8 +68,8 @@ def child(requests: int, instances: int) -> dict:
             "p99_ttft_ms": run.metrics["ttft_ms"]["p99"], "busy_share": run.metrics["busy_share"]}
 
 
-def measure(requests: int, instances: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(requests), str(instances)]
+def measure(requests: int, instances: int, closed: bool = False) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(requests), str(instances), str(int(closed))]
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SCHEDLAB_NO_PROGRESS": "1"})
     if out.returncode != 0:
         raise SystemExit(f"benchmark child failed: {' '.join(cmd)}\n{out.stderr}")
@@ -80,15 +87,15 @@ def main() -> None:
     parser.add_argument("parts", nargs="*", help="cpu, memory, big (default: cpu memory)")
     parser.add_argument("--requests", type=int, default=200_000, help="requests of the cpu part")
     parser.add_argument("--repeat", type=int, default=1, help="best of this many (cpu part)")
-    parser.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
         return
     args.parts = args.parts or ["cpu", "memory"]
-    unknown = set(args.parts) - {"cpu", "memory", "big"}
+    unknown = set(args.parts) - {"cpu", "memory", "big", "closed"}
     if unknown:
-        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from cpu, memory, big")
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from cpu, memory, big, closed")
     print("| requests | instances | CPU / request | of which simulation | events / request | peak RSS | CPU |")
     print("|---|---|---|---|---|---|---|")
     if "cpu" in args.parts:
@@ -105,6 +112,9 @@ def main() -> None:
         print(f"\npeak RSS, 400,000 / 100,000 requests: {large['maxrss_mb'] / small['maxrss_mb']:.2f}x\n", flush=True)
     if "big" in args.parts:
         print(row(measure(10_000_000, 256)))
+    if "closed" in args.parts:
+        for instances in (1, 2, 16, 64):
+            print(row(measure(20_000, instances, closed=True)), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,14 @@ from schedlab.results.sketch import RELATIVE_ACCURACY, Summary
 from schedlab.results.stream import read_rows
 from schedlab.study.executor import make_executor
 from schedlab.study.experiment import load, run_experiment
-from schedlab.testing import dyadic_linear_costs, examples, requests_lists, run_cluster
+from schedlab.testing import compare_runs, dyadic_linear_costs, examples, requests_lists, run_cluster
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.power import UtilisationConfig
 from schedlab_plugins.power.utilisation import build_utilisation
 from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
 
 ENGINES = ("fast", "reference")
 PRESETS = Presets.from_catalog(load_catalog(entry_points=False))
@@ -668,3 +669,58 @@ def test_streamed_parts_merge_into_the_rows_and_sketches_of_one_process(tmp_path
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "slo"):
         for key, value in whole.metrics[name].items():
             assert split.metrics[name][key] == pytest.approx(value, rel=1e-9), (name, key)
+
+
+# -- closed loops on the event heap ------------------------------------------------------------------
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cost=dyadic_linear_costs(), clients=st.integers(1, 12), think=st.sampled_from([0.0, 2.5, 7.25]),
+       instances=st.integers(2, 5), router=st.sampled_from(["rr", "lo"]), max_seqs=st.integers(1, 4),
+       seed=st.integers(0, 5))
+def test_both_engines_agree_on_a_closed_loop_over_several_instances(cost, clients, think, instances, router,
+                                                                     max_seqs, seed):
+    """A closed loop's requests are released as the iterations that finish their predecessors
+    are planned, in the order they start; the fast engine keeps decode runs pending between
+    those and must agree with the reference engine's iteration-by-iteration loop."""
+    config = ClosedLoopConfig(clients=clients, num_requests=30, think_ms=think,
+                              prompt={"dist": "uniform", "low": 1, "high": 60},
+                              output={"dist": "uniform", "low": 1, "high": 120})
+
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=max_seqs)), LinearCostModel(cost),
+                PagedKVCache(200, 4))
+
+    runs = []
+    for engine in ("fast", "reference"):
+        workload = make_closed_loop_workload(config)
+        router_object = RoundRobinRouter() if router == "rr" else LeastOutstandingRouter()
+        runs.append(run_cluster(workload.requests(seed), make, instances, router_object, engine=engine,
+                                workload=workload))
+    compare_runs(*runs, rel=1e-12)
+    assert runs[0].requests["id"].size == 30
+
+
+def test_a_closed_loop_costs_about_the_same_events_per_request_on_many_instances():
+    """Instances of a closed loop no longer advance in lockstep: a decode run is cut only by a
+    request routed to its own instance, so events per request do not grow with the instances
+    (the lockstep cut every instance's runs at every other's iterations: 7.7x the events per
+    request of one instance from 4 instances on). From two instances on, a run's last iteration
+    is planned on its own (see ``Instance.step``): about a third more events than one instance."""
+    def events_per_request(instances: int) -> float:
+        config = ClosedLoopConfig(clients=8 * instances, num_requests=400 * instances, think_ms=50.0,
+                                  prompt={"dist": "uniform", "low": 50, "high": 500},
+                                  output={"dist": "uniform", "low": 20, "high": 300})
+        workload = make_closed_loop_workload(config)
+
+        def make():
+            return (ContinuousScheduler(ContinuousConfig(max_num_seqs=16)),
+                    LinearCostModel(LinearConfig(decode_ms_per_step=8.0, prefill_ms_per_token=0.05)),
+                    PagedKVCache(4000, 16))
+
+        run = run_cluster(workload.requests(1), make, instances, RoundRobinRouter(), workload=workload)
+        assert run.metrics["finished"] == 400 * instances
+        return run.meta["events"] / (400 * instances)
+
+    one, two, many = events_per_request(1), events_per_request(2), events_per_request(16)
+    assert many <= 1.05 * two and two <= 1.5 * one, (one, two, many)

@@ -618,7 +618,7 @@ def test_slot_utilisation_counts_each_instance_slots_once():
 @pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
 @pytest.mark.parametrize("clients", [2, 5])
 def test_closed_loop_over_two_instances_is_exact(tmp_path, router, clients):
-    """Instances run in lockstep in a closed loop, so a request released by one instance and
+    """In a closed loop a request released by one instance and
     routed to another is served as if it had been known in advance: replaying each instance's
     requests, with the arrival times the loop gave them, as an open-loop workload on a lone
     instance reproduces every timestamp."""

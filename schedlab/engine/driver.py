@@ -17,12 +17,14 @@ time -- the instance's runs end there, as at an arrival -- and an instance betwe
 an arrival's time aborts what is due before the router looks.
 
 Closed-loop workloads release a client's next request when its previous one finishes, on any
-instance. So instances advance in lockstep: the instance that is furthest behind runs, and
-only the iterations that start no later than every other busy instance's clock -- a request
-another instance releases can only arrive after that clock, so nothing is ever run past a
-request that could have joined it. One instance runs at full speed; several interleave their
-decode runs at each other's event boundaries, which costs speed, not exactness (closed loops
-and disaggregated clusters advance in this lockstep, O(N) per step).
+instance. They run through the same event heap, one event at a time in time order, and each
+event's finishes are released before the next event: a finish comes at the end of the
+iteration that made it -- no earlier than the event that planned that iteration or ended its
+run -- so a released request arrives after every event already done, and nothing is ever
+run past a request that could have joined it. A pending run is cut only by a request routed
+to its own instance, as in an open loop: O(log N) per event over N instances. Pipelined
+instances in a closed loop, and disaggregated clusters (:func:`simulate_disaggregated`),
+advance in lockstep instead, O(N) per step.
 """
 
 from __future__ import annotations
@@ -100,16 +102,27 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
     closed = workload is not None and getattr(workload, "closed_loop", False)
     for inst in instances:
         inst.track_finished = closed
+        # releases must come in the order the reference engine makes them (iterations in the
+        # order they start) where anything else releases too: another instance, a client giving up
+        inst.plan_finishes_alone = closed and (len(instances) > 1 or client_side is not None)
         if client_side is not None:
             inst.hangup_ms = client_side.network_ms
     arrivals = arrival_queue(requests, workload, client_side)
     # clients may give up: the run's [client] says so, or (found on the way) a request's own timeout_ms
     aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
-    if not closed:
-        _simulate_open(arrivals, instances, router, scaling, aborting)
-        return
-    if scaling is not None:
+    if closed and scaling is not None:
         raise ValueError("autoscaling needs an open-loop workload")
+    if closed and not all(isinstance(inst, Instance) for inst in instances):
+        _simulate_lockstep(arrivals, instances, router, workload, aborting)  # pipelined instances
+        return
+    _simulate_events(arrivals, instances, router, scaling, aborting, closed)
+
+
+def _simulate_lockstep(arrivals, instances: Sequence, router, workload, aborting: bool) -> None:
+    """A closed loop over instances without the event interface (pipelined ones): the busy
+    instance furthest behind runs the iterations that start no later than every other busy
+    instance's clock -- a request another instance releases can only arrive after that clock.
+    Exact, at O(N) per step and runs cut at each other's iterations."""
     clock = RoutingClock()
     views = views_of(instances, clock)
     delivered = 0
@@ -144,6 +157,7 @@ class EventHeap:
         self.instances = instances
         self.heap: list = []
         self.announced: list = [None] * len(instances)
+        self.time = 0.0  # when the event :meth:`due` last gave happens
 
     def update(self, pos: int, event: tuple[float, int] | None = None) -> None:
         """Instance ``pos`` may have a new next event (``event``, if the caller knows it)."""
@@ -165,6 +179,7 @@ class EventHeap:
             heapq.heappop(heap)
             if self.announced[pos] == (when, kind):
                 self.announced[pos] = None
+                self.time = when
                 return pos
         return None
 
@@ -181,14 +196,16 @@ class EventHeap:
         return found
 
 
-def _simulate_open(arrivals, instances: Sequence[Instance], router, scaling=None, aborting: bool = False) -> None:
-    """The open-loop driver: instances act event by event, an arrival brings forward only those
+def _simulate_events(arrivals, instances: Sequence[Instance], router, scaling=None, aborting: bool = False,
+                     closed: bool = False) -> None:
+    """The colocated driver: instances act event by event, an arrival brings forward only those
     whose events come before it (see the module docstring). With ``scaling``, the autoscaler's
     events (ticks, instances turning warm) come before arrivals at the same time, and stop with
     the last arrival. With clients that give up (``aborting``, or once a request with its own
     ``timeout_ms`` arrives), an instance's aborts end its runs (see :meth:`Instance.step`); one
     between iterations at an arrival's time aborts what is due before the router looks
-    (:meth:`Instance.settle`)."""
+    (:meth:`Instance.settle`). A ``closed`` loop's events are done one at a time, each one's
+    finishes released at once: a released request may arrive before the arrival in view."""
     clock = scaling.clock if scaling is not None else RoutingClock()
     pool = views_of(instances, clock, tracked=True) if scaling is None else None
     changed = pool.changed if scaling is None else scaling.changed
@@ -201,9 +218,21 @@ def _simulate_open(arrivals, instances: Sequence[Instance], router, scaling=None
         clock.now = t
         pos = events.due(t)
         while pos is not None:
-            events.update(pos, instances[pos].act_until(t))
-            changed(pos)
+            if closed:
+                # A request this event releases arrives no earlier than the event: the views
+                # are told of the change as at the event's time, never later than a routing.
+                clock.now = events.time
+                inst = instances[pos]
+                inst.step()
+                events.update(pos)
+                changed(pos)
+                if _release(inst, arrivals) and arrivals.next_time() < t:
+                    t = t_arrival = arrivals.next_time()
+            else:
+                events.update(pos, instances[pos].act_until(t))
+                changed(pos)
             pos = events.due(t)
+        clock.now = t
         if t == INF:
             break
         if t_scaling <= t_arrival:
@@ -229,6 +258,8 @@ def _simulate_open(arrivals, instances: Sequence[Instance], router, scaling=None
             delivered += 1
             if request.timeout_ms is not None:
                 aborting = True
+            if closed:
+                _release(target, arrivals)  # a request rejected at once releases its successor
             events.update(pos)
             changed(pos)
     for inst in instances:

@@ -137,6 +137,9 @@ class Instance:
         self.observer = observer
         self.stall_limit = stall_limit
         self.track_finished = track_finished
+        #: a closed loop over several instances or with clients that may give up (set by the
+        #: driver): see :meth:`step`
+        self.plan_finishes_alone = False
         self.now = 0.0
         self.clock = DecodeClock()
         make_queue = getattr(scheduler, "new_waiting_queue", None)
@@ -553,7 +556,15 @@ class Instance:
                 raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
         self.events += 1
         run = self._prepare(plan, abort_at)  # an abort, like an arrival, ends a run of iterations
-        if run.k > 1:
+        if run.k > 1 and self.plan_finishes_alone:
+            # A closed loop releases a finished request's successor when the iteration that
+            # finishes it is planned, as the reference engine does (iterations in the order
+            # they start; alone, an instance's own finishes keep their order anyway): a run's
+            # last iteration, where its finishes are, is planned on its own.
+            run.k -= 1
+            run.end = run.start + bulk.run_ms(run.k, run.d0, run.inc)
+            self.pending = run
+        elif run.k > 1:
             self.pending = run
         else:
             self._apply(run, 1)
