@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
-from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists
+from schedlab.testing import (
+    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, small_closed_loop,
+)
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
@@ -177,7 +179,7 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
     """Random arrivals, chunked or whole prompts, recompute preemptions on caches barely big
     enough: both engines give the same timestamps, counters and steps; every request is
     served once with its tokens, never before it arrived, within the caches and slots."""
-    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    need = blocks_for_largest(requests, block_size)
     blocks = need + spare
 
     def make():
@@ -195,14 +197,10 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5))
 def test_closed_loops_over_lockstep_ranks_agree_and_conserve(clients, num_requests, ranks, seed):
-    from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
-
-    config = ClosedLoopConfig(clients=clients, num_requests=num_requests,
-                              prompt={"dist": "uniform", "low": 1, "high": 60},
-                              output={"dist": "uniform", "low": 1, "high": 25}, think_ms=2.0)
+    make_workload = small_closed_loop(clients, num_requests)
     runs = []
     for engine in ENGINES:
-        workload = make_closed_loop_workload(config)
+        workload = make_workload()
         runs.append(run_data_parallel(workload.requests(seed), rank(48), ranks, fresh_router(), engine=engine,
                                       workload=workload))
     compare_runs(*runs, rel=1e-12)

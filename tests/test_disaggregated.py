@@ -21,8 +21,10 @@ from schedlab.engine.transfer import KVLink, kv_bytes_per_token
 from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
-from schedlab.testing import (check_run, compare_runs, dyadic_linear_costs, examples, requests_lists,
-                              run_disaggregated)
+from schedlab.testing import (
+    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_disaggregated,
+    small_closed_loop,
+)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter
@@ -252,7 +254,7 @@ def clusters(draw):
     tier, or SGLang's radix tree) on either side, a dyadic link."""
     requests = draw(requests_lists(max_size=12, max_prompt=48, max_output=30, prefix_groups=2))
     block_size = draw(st.sampled_from([1, 4, 16]))
-    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    need = blocks_for_largest(requests, block_size)
 
     def side():
         kind = draw(st.sampled_from(["continuous", "continuous", "swap", "static", "tgi", "vtc", "sglang"]))
@@ -376,13 +378,10 @@ def test_a_request_never_runs_on_a_decode_instance_before_its_kv_has_landed(case
 @given(st.integers(1, 4), st.integers(5, 24), st.integers(1, 2), st.integers(1, 2), st.integers(0, 5))
 def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_requests, n_prefill, n_decode, seed):
     """Clients send their next request when the decode side answers the last one."""
-    from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
-
-    config = ClosedLoopConfig(clients=clients, num_requests=num_requests, prompt={"dist": "uniform", "low": 1, "high": 60},
-                              output={"dist": "uniform", "low": 1, "high": 25}, think_ms=2.0)
+    make_workload = small_closed_loop(clients, num_requests)
     runs = []
     for engine in ENGINES:
-        workload = make_closed_loop_workload(config)
+        workload = make_workload()
         requests = workload.requests(seed)
         runs.append(run_disaggregated(requests, pool(12, prefill_ms=0.125), pool(8, decode_ms=4.0),
                                       prefill_instances=n_prefill, decode_instances=n_decode,

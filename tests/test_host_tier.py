@@ -18,7 +18,9 @@ from hypothesis.stateful import initialize, invariant, rule
 
 from schedlab.errors import ConfigError
 from schedlab.model import Request
-from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine
+from schedlab.testing import (
+    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine,
+)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches.host_tier import HostTier
 from schedlab_plugins.kv_caches.prefix import PrefixKVCache
@@ -503,7 +505,7 @@ def test_fast_engine_matches_reference_with_a_host_tier(requests, cfg, block_siz
     """GPU caches just big enough for the largest request, so that blocks go to the host and
     come back; reload times are dyadic (0.25 ms a block, 0.125 ms per reload), so the clocks
     agree to the bit."""
-    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    need = blocks_for_largest(requests, block_size)
     runs, hosts = {}, {}
     for engine in ENGINES:
         hosts[engine] = host = HostTier(host_blocks, bytes_per_block=2 ** 20, link_gbps=2 ** 22 / 1e6, latency_us=125.0)

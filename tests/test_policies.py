@@ -21,7 +21,9 @@ from schedlab.configs import from_table
 from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.results.metrics import client_service, jain_index
-from schedlab.testing import dyadic_linear_costs, check_run, compare_runs, examples, requests_lists, run_engine
+from schedlab.testing import (
+    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine,
+)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import (ContinuousConfig, ContinuousScheduler, LengthPredictor, StaticConfig,
@@ -290,7 +292,7 @@ def test_no_lower_priority_request_starts_while_a_higher_one_waits(requests, cfg
     (above the watermark) -- so a higher-priority request that does not fit blocks every
     lower-priority one behind it (vLLM's head-of-line rule), and one that fits is taken
     first. Arrivals at an iteration boundary are queued before that iteration is planned."""
-    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    need = blocks_for_largest(requests, block_size)
     kv = PagedKVCache(need + spare + int(need * cfg.watermark * 2) + 1, block_size)
     result = run(requests, ContinuousScheduler(cfg), engine, kv=kv)
     assert result.metrics["num_preemptions"] == 0
@@ -492,7 +494,7 @@ def test_vtc_keeps_backlogged_clients_within_the_fairness_bound(requests, seqs, 
     w_in, w_out = prices
     cfg = VtcConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
                     input_price=w_in, output_price=w_out)
-    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    need = blocks_for_largest(requests, block_size)
     blocks = need + spare
     ends = IterationEnds()
     result = run_engine(requests, VtcScheduler(cfg), LinearCostModel(COST), PagedKVCache(blocks, block_size),

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.model import Request
-from schedlab.testing import check_run, compare_runs, examples, requests_lists, run_engine
+from schedlab.testing import blocks_for_largest, check_run, compare_runs, examples, requests_lists, run_engine
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
@@ -69,7 +69,7 @@ def test_prefix_caching_without_shared_prefixes_changes_nothing(requests, seqs, 
                                                                 chunked, engine):
     """No shared prefixes and no preemption (reservation): the prefix cache only ever misses,
     so the run is identical to one without it, apart from the lookup counters."""
-    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    need = blocks_for_largest(requests, block_size)
     blocks = need * (1 + spare_factor)
     cfg = ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=64, chunked_prefill=chunked)
     with_cache = run_engine(requests, ContinuousScheduler(cfg), COST, PrefixKVCache(blocks, block_size), engine=engine)
@@ -106,7 +106,7 @@ def test_chunked_prefill_respects_the_budget_and_hits_stay_below_the_prompt(requ
     budget = max(budget, seqs)
     cfg = ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, chunked_prefill=True,
                            long_prefill_token_threshold=threshold, allocation="grow")
-    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    need = blocks_for_largest(requests, block_size)
     check = IterationChecker(max_running=seqs, token_budget=budget, kv_blocks=need * 2)
     r = run_engine(requests, ContinuousScheduler(cfg), COST, PrefixKVCache(need * 2, block_size), check=check)
     check_run(r, requests, max_running=seqs, kv_blocks=need * 2)

@@ -212,6 +212,24 @@ def _energy_meta(meters: list, rec: Recorder) -> dict:
     return {"energy": close_meters(meters, run_start(rec))}
 
 
+def blocks_for_largest(requests: Sequence, block_size: int) -> int:
+    """KV blocks the largest request needs alone (prompt + every output token it may make): a
+    cache of this many blocks, plus a few, keeps every request servable and forces preemption."""
+    return max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+
+
+def small_closed_loop(clients: int, num_requests: int, *, think_ms: float = 2.0):
+    """A maker of fresh closed-loop workloads (one per engine: a workload keeps its run's
+    state): ``clients`` clients, ``num_requests`` in all, prompts of 1-60 and outputs of 1-25
+    tokens, ``think_ms`` between a response and the next request."""
+    from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
+
+    config = ClosedLoopConfig(clients=clients, num_requests=num_requests, think_ms=think_ms,
+                              prompt={"dist": "uniform", "low": 1, "high": 60},
+                              output={"dist": "uniform", "low": 1, "high": 25})
+    return lambda: make_closed_loop_workload(config)
+
+
 def check_run(result: RunResult, requests: Sequence, *, max_running: int | None = None,
               kv_blocks: int | None = None) -> None:
     """Assert conservation, capacity and causality for a finished run.
