@@ -21,7 +21,8 @@ from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (
-    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, small_closed_loop,
+    RecordingRouter, blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists,
+    small_closed_loop,
 )
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
@@ -207,16 +208,6 @@ def test_closed_loops_over_lockstep_ranks_agree_and_conserve(clients, num_reques
     assert runs[0].requests["id"].size == num_requests and runs[0].requests["rejected"].sum() == 0
 
 
-class Spy:
-    def __init__(self, inner):
-        self.inner = inner
-        self.seen: list = []
-
-    def route(self, request, instances):
-        self.seen.append((request.id, [v.outstanding for v in instances]))
-        return self.inner.route(request, instances)
-
-
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(min_size=2, max_size=14, max_prompt=48, max_output=12), st.integers(2, 3), st.integers(1, 3),
        dyadic_linear_costs())
@@ -228,7 +219,7 @@ def test_the_router_sees_each_rank_as_it_is_at_the_arrival(requests, ranks, max_
                 LinearParallelCost(LinearCostModel(cost)), PagedKVCache(64, 4))
 
     for engine in ENGINES:
-        spy = Spy(LeastOutstandingRouter())
+        spy = RecordingRouter(LeastOutstandingRouter())
         result = run_data_parallel(requests, make, ranks, spy, engine=engine)
         place, finish = by_id(result, "instance"), by_id(result, "finish_ms")
         routed: list[int] = []

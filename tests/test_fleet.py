@@ -22,7 +22,9 @@ from schedlab.results.sketch import RELATIVE_ACCURACY, Summary
 from schedlab.results.stream import read_rows
 from schedlab.study.executor import make_executor
 from schedlab.study.experiment import load, run_experiment
-from schedlab.testing import compare_runs, dyadic_linear_costs, examples, requests_lists, run_cluster
+from schedlab.testing import (
+    RecordingRouter, compare_runs, dyadic_linear_costs, examples, requests_lists, run_cluster, view_state,
+)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.power import UtilisationConfig
@@ -115,17 +117,6 @@ def test_the_index_agrees_with_a_scan_when_kv_only_grows_between_marks(moves, n)
         assert index.least() == min(range(n), key=lambda p: kv_key(views[p], p))
 
 
-class Spy:
-    def __init__(self, inner):
-        self.inner = inner
-        self.seen = []
-
-    def route(self, request, instances):
-        self.seen.append([(v.outstanding, v.running, v.waiting, v.kv.num_used_blocks(), v.in_iteration)
-                          for v in instances])
-        return self.inner.route(request, instances)
-
-
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=requests_lists(max_size=16, max_prompt=40, max_output=30), instances=st.integers(2, 4),
        cost=dyadic_linear_costs(), router=st.sampled_from([LeastKVRouter, LeastOutstandingRouter]))
@@ -139,7 +130,7 @@ def test_routers_see_the_same_instances_in_both_engines_during_pending_decode_ru
 
     seen = []
     for engine in ENGINES:
-        spy = Spy(router())
+        spy = RecordingRouter(router(), view_state)
         run_cluster(requests, make, instances, spy, engine=engine)
         seen.append(spy.seen)
     assert seen[0] == seen[1]
@@ -173,7 +164,7 @@ def test_energy_and_aborts_meet_pending_runs_alike_in_both_engines(requests, ins
 
     runs, seen = [], []
     for engine in ENGINES:
-        spy = Spy(router())
+        spy = RecordingRouter(router(), view_state)
         runs.append(run_cluster(requests, make, instances, spy, engine=engine, power=power, client_side=side))
         seen.append(spy.seen)
     assert seen[0] == seen[1]
@@ -199,13 +190,13 @@ def test_an_abort_due_when_a_run_ends_at_an_arrival_is_gone_before_the_router_lo
 
     requests = [Request(0, 0.0, 4, 100), Request(1, 0.0, 4, 100), Request(2, 0.5, 4, 4, timeout_ms=10.0),
                 Request(3, 11.0, 4, 4)]
-    spy = Spy(LeastOutstandingRouter())
+    spy = RecordingRouter(LeastOutstandingRouter(), view_state)
     side = ClientSide(client=ClientConfig())  # a client side whose requests carry their own timeouts
     result = run_cluster(requests, make, 2, spy, engine=engine, client_side=side)
     req = {i: (k, f, a) for i, k, f, a in zip(result.requests["id"].tolist(), result.requests["instance"].tolist(),
                                               result.requests["finish_ms"].tolist(), result.requests["aborted"].tolist())}
     assert req[2] == (0, 11.0, 1)
-    assert [outstanding for outstanding, *_ in spy.seen[3]] == [1, 1]
+    assert [outstanding for outstanding, *_ in spy.seen[3][1]] == [1, 1]
     assert req[3][0] == 0
 
 
@@ -221,12 +212,12 @@ def test_an_abort_that_ends_a_sleep_at_an_arrival_is_gone_before_the_router_look
                 LinearCostModel(LinearConfig(prefill_ms_per_token=0.25, decode_ms_per_step=1.0)),
                 PagedKVCache(400, 4))
 
-    spy = Spy(LeastOutstandingRouter())
+    spy = RecordingRouter(LeastOutstandingRouter(), view_state)
     result = run_cluster([Request(0, 0.0, 4, 4, timeout_ms=5.0), Request(1, 5.0, 4, 4)], make, 2, spy,
                          engine=engine, client_side=ClientSide(client=ClientConfig()))
     req = result.requests
     assert req["aborted"].tolist() == [1, 0] and req["finish_ms"][0] == 5.0
-    assert [outstanding for outstanding, *_ in spy.seen[1]] == [0, 0]
+    assert [outstanding for outstanding, *_ in spy.seen[1][1]] == [0, 0]
     assert req["instance"].tolist() == [0, 0]
 
 

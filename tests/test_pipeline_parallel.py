@@ -19,7 +19,8 @@ from schedlab.engine.stages import StageClock
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (
-    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, small_closed_loop,
+    RecordingRouter, blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists,
+    small_closed_loop,
 )
 from schedlab.testing.parallel import LinearParallelCost, run_pipelined
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
@@ -269,16 +270,6 @@ def test_a_cost_model_without_stages_is_refused_by_name(tmp_path):
         run_experiment(load(path))
 
 
-class Spy:
-    def __init__(self, inner):
-        self.inner = inner
-        self.seen: list = []
-
-    def route(self, request, instances):
-        self.seen.append((request.id, [v.outstanding for v in instances]))
-        return self.inner.route(request, instances)
-
-
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(min_size=2, max_size=14, max_prompt=48, max_output=12), st.integers(2, 3), st.integers(1, 3),
        dyadic_linear_costs())
@@ -290,7 +281,7 @@ def test_the_router_sees_each_pipelined_instance_as_it_is_at_the_arrival(request
                 LinearParallelCost(LinearCostModel(cost), stages=stages, moe=False), PagedKVCache(64, 4))
 
     for engine in ENGINES:
-        spy = Spy(LeastOutstandingRouter())
+        spy = RecordingRouter(LeastOutstandingRouter())
         result = run_pipelined(requests, make, stages, 2, spy, engine=engine)
         place, finish = by_id(result, "instance"), by_id(result, "finish_ms")
         routed: list[int] = []

@@ -15,7 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.model import Request
-from schedlab.testing import compare_runs, dyadic_linear_costs, examples, requests_lists, run_cluster, run_disaggregated
+from schedlab.testing import (
+    RecordingRouter, compare_runs, dyadic_linear_costs, examples, requests_lists, run_cluster, run_disaggregated,
+    view_state,
+)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, PrefixAffinityRouter
@@ -39,19 +42,6 @@ def big_decoder():
     return (ContinuousScheduler(ContinuousConfig(max_num_seqs=4096)),
             LinearCostModel(LinearConfig(prefill_ms_per_token=0.0, decode_ms_per_step=0.125)),
             PagedKVCache(1 << 16, 16))
-
-
-class Spy:
-    """Wraps a router; keeps what it saw of every instance at every call."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.seen: list = []
-
-    def route(self, request, instances):
-        self.seen.append((request.id, [(v.outstanding, v.running, v.waiting, v.kv.num_used_blocks(), v.in_iteration)
-                                       for v in instances]))
-        return self.inner.route(request, instances)
 
 
 def column(result, name):
@@ -112,7 +102,7 @@ HAND_TTFT = [20.0, 20.0, 25.0, 35.0, 20.0, 20.0]
 @pytest.mark.parametrize("engine", ENGINES)
 def test_an_arrival_during_an_iteration_sees_the_request_still_in_service(engine):
     requests = [Request(i, t, 8, 1) for i, t in enumerate(HAND_ARRIVALS)]  # one 16-token block each
-    spy = Spy(LeastOutstandingRouter())
+    spy = RecordingRouter(LeastOutstandingRouter(), view_state)
     result = run_cluster(requests, one_at_a_time(), 2, spy, engine=engine)
     assert column(result, "instance").tolist() == HAND_PLACES
     assert (column(result, "first_token_ms") - column(result, "arrival_ms")).tolist() == HAND_TTFT
@@ -139,7 +129,7 @@ def test_the_kv_gauge_counts_blocks_of_an_iteration_in_progress():
     at 20 ms; at 10 ms the other, empty instance is the less used; at 20 ms exactly the first has
     ended and is empty again, the second still holds its 4 blocks."""
     requests = [Request(0, 0.0, 63, 1), Request(1, 10.0, 63, 1), Request(2, 20.0, 63, 1)]
-    spy = Spy(LeastKVRouter())
+    spy = RecordingRouter(LeastKVRouter(), view_state)
     result = run_cluster(requests, one_at_a_time(), 2, spy)
     assert column(result, "instance").tolist() == [0, 1, 0]
     assert dict(spy.seen)[1] == [(1, 1, 0, 4, True), (0, 0, 0, 0, False)]
@@ -242,7 +232,7 @@ def test_every_router_sees_the_load_each_instance_has_at_the_arrival(requests, i
                "prefix_affinity": PrefixAffinityRouter}
     results = []
     for engine in ENGINES:
-        spy = Spy(routers[router]())
+        spy = RecordingRouter(routers[router](), view_state)
         result = run_cluster(requests, make, instances, spy, engine=engine)
         routed: list[int] = []
         for rid, seen in spy.seen:

@@ -26,8 +26,8 @@ import os
 from hypothesis import HealthCheck, settings
 
 from .energy import check_energy, check_power_model
-from .kit import (IterationChecker, blocks_for_largest, check_run, compare_runs, run_cluster, run_disaggregated,
-                  run_engine, small_closed_loop)
+from .kit import (IterationChecker, RecordingRouter, blocks_for_largest, check_run, compare_runs, run_cluster, run_disaggregated,
+                  run_engine, small_closed_loop, view_state)
 from .strategies import dyadic_linear_costs, requests_lists
 
 
@@ -43,6 +43,6 @@ def examples(n: int) -> int:
     return max(1, int(n * float(os.environ.get("SCHEDLAB_EXAMPLES_SCALE", "1"))))
 
 
-__all__ = ["IterationChecker", "blocks_for_largest", "check_energy", "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs",
+__all__ = ["IterationChecker", "RecordingRouter", "blocks_for_largest", "check_energy", "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs",
            "examples", "kit_settings", "requests_lists",
-           "run_cluster", "run_disaggregated", "run_engine", "small_closed_loop"]
+           "run_cluster", "run_disaggregated", "run_engine", "small_closed_loop", "view_state"]

@@ -230,6 +230,27 @@ def small_closed_loop(clients: int, num_requests: int, *, think_ms: float = 2.0)
     return lambda: make_closed_loop_workload(config)
 
 
+def view_state(view) -> tuple:
+    """What a router can read of an instance: ``(outstanding, running, waiting, KV blocks in use,
+    in an iteration)``."""
+    return view.outstanding, view.running, view.waiting, view.kv.num_used_blocks(), view.in_iteration
+
+
+class RecordingRouter:
+    """Wraps a router and keeps, for every request it places, ``(request id, [look(view) for
+    each instance])``: what the router saw (default: the outstanding counts), to compare
+    between engines or with what the run says the instances held at that time."""
+
+    def __init__(self, inner, look: Callable = lambda view: view.outstanding):
+        self.inner = inner
+        self.look = look
+        self.seen: list = []
+
+    def route(self, request, instances):
+        self.seen.append((request.id, [self.look(view) for view in instances]))
+        return self.inner.route(request, instances)
+
+
 def check_run(result: RunResult, requests: Sequence, *, max_running: int | None = None,
               kv_blocks: int | None = None) -> None:
     """Assert conservation, capacity and causality for a finished run.
