@@ -13,7 +13,8 @@
   sent less its wait for a ``--max-concurrency`` slot, sent when a slot is free
   (:mod:`.capped`), or at the recorded send times when there was no cap. Files without
   ``start_times`` get arrivals drawn again as vLLM draws them (gamma gaps with shape
-  ``burstiness`` at the mean rate; all at t = 0 for an infinite rate) from the run's seed. Its
+  ``burstiness`` at the mean rate; all at t = 0 for an infinite rate) from the run's seed, sent
+  under the file's ``--max-concurrency`` cap when it has one. Its
   latencies are the client's, and so is the comparison; the server's own per-request TTFT and
   queue time, when it sent them, are compared with the simulated engine's.
 
@@ -35,7 +36,7 @@ from schedlab.configs import int_field, path_field, str_field
 from schedlab.errors import WorkloadError
 
 from .arrivals import arrivals_ms
-from .capped import CappedRequests
+from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
 from .records import jsonl_objects
 
@@ -227,7 +228,7 @@ class VllmBenchConfig:
                             help="'client': as the client ran (each request due at its recorded send time less "
                                  "its wait for a slot, at most max_concurrency in flight); 'send_times': at the "
                                  "recorded send times, open loop; 'redraw': arrivals drawn again from request_rate "
-                                 "and burstiness (files without start_times)")
+                                 "and burstiness, under max_concurrency (files without start_times)")
 
 
 @attrs.frozen(eq=False)
@@ -355,6 +356,8 @@ def make_vllm_bench_workload(config: VllmBenchConfig):
             return arrivals_ms("gamma", n, seed, rate=bench.rate, cv=1.0 / math.sqrt(bench.burstiness)), columns
 
         workload = OpenLoopWorkload(build, name="vllm_bench", num_requests=n)
+        if bench.max_concurrency is not None:  # the client's cap holds whatever the arrivals
+            workload = CappedWorkload(workload, bench.max_concurrency)
         measured = bench.measured
     elif replay == "send_times" or bench.max_concurrency is None:
         workload = OpenLoopWorkload(lambda seed: (bench.sent_ms, columns), name="vllm_bench", num_requests=n)

@@ -15,7 +15,8 @@ Everything is drawn with numpy from the run's seed, on separate streams for arri
 and output lengths (see :mod:`.arrivals`): the same seed at a different rate gives the same
 lengths and the same arrival pattern, scaled. Instead of ``num_requests`` and ``rate``, both
 take ``stages`` of a rate and a duration, back to back or each after the previous drains
-(:mod:`.stages`).
+(:mod:`.stages`), and ``max_concurrency`` caps the requests in flight as a load generator's
+client does (:mod:`.capped`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .arrivals import (
     rate_field,
     stream_rng,
 )
+from .capped import CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
 from .distributions import parse_distribution, scale_lengths
 from .stages import (
@@ -62,6 +64,13 @@ def distribution_field(what: str):
 def output_scale_field():
     return float_field(1.0, min=0, min_exclusive=True,
                        help="multiply every output length by this (rounded, at least 1); max_tokens is not scaled")
+
+
+def max_concurrency_field():
+    return int_field(None, min=1, max=MAX_REQUESTS, optional=True,
+                     help="at most N requests in flight: each is sent when it is due and a slot is free, first due "
+                          "first served (vllm bench serve --max-concurrency; inference-perf's num_workers x "
+                          "worker_max_concurrency)")
 
 
 def max_tokens_field():
@@ -106,6 +115,7 @@ class SyntheticConfig:
     stages: tuple | None = stages_field()
     stage_start: str = stage_start_field()
     stage_gap_s: float = stage_gap_field()
+    max_concurrency: int | None = max_concurrency_field()
 
     def __attrs_post_init__(self) -> None:
         parse_distribution(self.prompt, field="prompt")
@@ -116,7 +126,13 @@ class SyntheticConfig:
 
 def staged(config, name: str, columns_of: Callable[[int, int], RequestColumns]):
     """The workload of a generated config: ``num_requests`` at ``rate``, or its ``stages``
-    (:mod:`.stages`). ``columns_of(seed, n)`` draws every request but the arrival times."""
+    (:mod:`.stages`), under its ``max_concurrency`` cap if any (:mod:`.capped`).
+    ``columns_of(seed, n)`` draws every request but the arrival times."""
+    workload = _uncapped(config, name, columns_of)
+    return workload if config.max_concurrency is None else CappedWorkload(workload, config.max_concurrency)
+
+
+def _uncapped(config, name: str, columns_of: Callable[[int, int], RequestColumns]):
     stages = check_stage_settings(config)
     if stages is None:
         n = config.num_requests
@@ -191,6 +207,7 @@ class SharedPrefixConfig:
     stages: tuple | None = stages_field()
     stage_start: str = stage_start_field()
     stage_gap_s: float = stage_gap_field()
+    max_concurrency: int | None = max_concurrency_field()
 
     def __attrs_post_init__(self) -> None:
         parse_distribution(self.suffix, field="suffix")
