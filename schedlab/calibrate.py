@@ -9,7 +9,8 @@ Two kinds of measurement (the *target*):
   ``vllm bench serve`` result, an inference-perf or guidellm report, a scrape of vLLM's
   Prometheus ``/metrics`` (:mod:`schedlab.targets`); the experiment's workload is simulated
   (it should be the benchmark's: same rate, lengths, request count) and every statistic the
-  file holds is compared (``--statistics`` picks some).
+  file holds is compared (``--statistics`` picks some); a run with a ``[target]`` table uses
+  its summary when no ``--target`` is given.
 
 Each ``--fit KEY=LOW:HIGH`` names a setting of the run's tables (``cost_model.overhead_ms``,
 ``cost_model.mfu``) and its bounds; ``--hold KEY=VALUE`` sets one and keeps it out of the fit.
@@ -549,6 +550,8 @@ def command(args) -> int:
                                else None)
     rows = others = None
     study = _study(exp, args.run)
+    if target is None and args.part is None and "target" in study.base.tables:
+        target = _run_target(exp, study, args.statistics)
     if args.part is not None:
         rows, others = parse_part(args.part, _measured_count(exp, study))
     fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations,
@@ -570,17 +573,39 @@ def command(args) -> int:
     print(report(fit, spec, result, parameters, rows, others, target, held_out, label))
     if args.predict:
         other = predict(exp, spec, args.predict)
-        rows_p = comparison_rows(statistics(simulated_latencies(other.requests, other.measured)),
-                                 measured_statistics(other.measured))
-        print(format_comparison(f"prediction with the fit ({', '.join(args.predict)}): simulated vs measured", rows_p))
         before = predict(exp, attrs.evolve(spec, tables=_start_tables(spec.tables, fit)), args.predict)
-        pair = (float(np.mean([abs(r[3]) for r in comparison_rows(
-                    statistics(simulated_latencies(before.requests, before.measured)), measured_statistics(before.measured))])),
-                float(np.mean([abs(r[3]) for r in rows_p])))
+        title = f"prediction with the fit ({', '.join(args.predict)})"
+        if other.measured is None and "vs_target" in other.metrics:  # the predicted run's own [target]
+            from schedlab_plugins.reports.measured import target_table
+
+            print(target_table(title, other.meta.get("target", {}), other.metrics["vs_target"]))
+            pair = tuple(r.metrics["vs_target"]["mean_abs_error_pct"] for r in (before, other))
+        else:
+            rows_p = comparison_rows(statistics(simulated_latencies(other.requests, other.measured)),
+                                     measured_statistics(other.measured))
+            print(format_comparison(f"{title}: simulated vs measured", rows_p))
+            pair = (float(np.mean([abs(r[3]) for r in comparison_rows(
+                        statistics(simulated_latencies(before.requests, before.measured)),
+                        measured_statistics(before.measured))])),
+                    float(np.mean([abs(r[3]) for r in rows_p])))
         if pair[1] > pair[0]:
             print(f"warning: the prediction ({', '.join(args.predict)}): mean |error| {pair[0]:.2f}% before the "
                   f"fit, {pair[1]:.2f}% after -- the fit does not carry over")
     return 0
+
+
+def _run_target(exp, study, statistics: str | None):
+    """The summary the run's ``[target]`` table names (``--statistics`` picks among its own)."""
+    from .configs import FieldError, from_table
+    from .targets import TargetConfig
+
+    where = f"{exp.context.source}: run {study.name!r} [target]"
+    config = from_table(TargetConfig, study.base.tables["target"], where=where, base_dir=exp.context.base_dir)
+    try:
+        target = config.read()
+    except FieldError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return target.select([s.strip() for s in statistics.split(",") if s.strip()]) if statistics else target
 
 
 def _start_tables(tables: dict, fit: Fit) -> dict:

@@ -27,8 +27,13 @@ per-request log exists. The file is recognised by its content:
 Statistics are named as the run's metrics are: ``ttft_ms.mean``, ``itl_ms.p99``, ``e2e_ms.p50``,
 ``queue_ms.mean``, ``iteration_tokens.mean``, ``request_throughput_rps``, ``output_throughput_tps``,
 ``total_throughput_tps``. :func:`simulated` computes the same names from a
-:class:`~schedlab.results.records.RunResult` (TTFT: arrival to first token, as the engine sees
-it; ITL: every gap between two tokens of a request; throughputs over the makespan).
+:class:`~schedlab.results.records.RunResult` (TTFT and latency as the file's source sees them:
+a load generator from sending a request, vLLM's metrics from its arrival at the engine; ITL:
+every gap between two tokens of a request; throughputs over the makespan).
+
+A run can carry its measured summary along (a ``[target]`` table, :class:`TargetConfig`): it
+then gets ``metrics["vs_target"]``, each statistic measured, simulated and its error
+(:func:`vs_target`), and the ``compare`` report prints the table.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from .configs import FieldError, int_field, path_field
 from .errors import ConfigError
 
 #: Latency groups: the run's metric prefix, and how each source names it.
@@ -67,6 +73,8 @@ PROMETHEUS = {"vllm:time_to_first_token_seconds": ("ttft_ms", 1e3),
               "vllm:e2e_request_latency_seconds": ("e2e_ms", 1e3),
               "vllm:request_queue_time_seconds": ("queue_ms", 1e3),
               "vllm:iteration_tokens_total": ("iteration_tokens", 1.0)}
+#: the kind of a Prometheus scrape's summary (the only one measured by the server, not a client)
+PROMETHEUS_KIND = "vLLM /metrics"
 #: quantiles read from each Prometheus histogram (beside its exact mean)
 HISTOGRAM_QUANTILES = (50, 90, 99)
 
@@ -118,6 +126,13 @@ class Summary:
     values: dict[str, float]
     histograms: dict[str, Histogram] = attrs.field(factory=dict)
     requests: int | None = None
+
+    @property
+    def view(self) -> str:
+        """Whose times these are: ``"engine"`` (vLLM's own metrics, from a request's arrival at
+        the engine) or ``"client"`` (a load generator's, from sending it to the first and last
+        byte); the simulation is read in the same view."""
+        return "engine" if self.kind == PROMETHEUS_KIND else "client"
 
     def select(self, names: list[str] | None) -> "Summary":
         """Only the statistics ``names`` (all when None).
@@ -329,7 +344,7 @@ def _prometheus_summary(after: dict, before: dict, source: str) -> Summary:
         raise ConfigError(f"--target {source}: none of vLLM's latency histograms "
                           f"({', '.join(PROMETHEUS)}) has an observation")
     e2e = histograms.get("e2e_ms")
-    return Summary(source, "vLLM /metrics", _ordered(values), histograms,
+    return Summary(source, PROMETHEUS_KIND, _ordered(values), histograms,
                    requests=int(e2e.count) if e2e is not None else None)
 
 
@@ -348,11 +363,16 @@ def _ordered(values: dict[str, float]) -> dict[str, float]:
 
 def simulated(summary: Summary, result) -> dict[str, float]:
     """The statistics of ``summary`` computed from a simulated run (through the same buckets
-    for the quantiles of a Prometheus histogram)."""
-    from .results.metrics import request_latencies, run_quantiles
+    for the quantiles of a Prometheus histogram), in the summary's view: a load generator's
+    TTFT and latency from the simulated client's side (:mod:`schedlab.frontend`; the engine's
+    without a ``[frontend]``), vLLM's own from the engine's."""
+    from .results.metrics import client_latencies, request_latencies, run_quantiles
 
     req = result.requests
     lat = request_latencies(req)
+    if summary.view == "client":
+        client = client_latencies(req)
+        lat = {**lat, "ttft_ms": client["ttft_ms"], "tpot_ms": client["tpot_ms"], "e2e_ms": client["e2el_ms"]}
     ok = req["rejected"] == 0
     itl = result.itl
     out: dict[str, float] = {}
@@ -454,6 +474,55 @@ def _throughput(name: str, req: dict, ok: np.ndarray) -> float:
 
 def errors_pct(summary: Summary, result) -> dict[str, float]:
     """``(simulated - measured) / measured`` in percent, per statistic of ``summary``."""
+    return vs_target(summary, result)["errors_pct"]
+
+
+# --- a run checked against a summary: the [target] table ------------------------------------------
+
+
+@attrs.frozen
+class TargetConfig:
+    """A run's ``[target]`` table: the summary of the real run it stands for."""
+
+    path: str = path_field(help="a summary of the real run: a vllm bench serve result, an inference-perf or "
+                                "guidellm report, or a Prometheus scrape of vLLM's /metrics")
+    statistics: tuple | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        metadata={"help": "compare only these statistics, e.g. ['ttft_ms.mean', 'e2e_ms.p99'] (default: every one "
+                          "the file holds)"})
+    index: int = int_field(0, min=0, help="which benchmark of a guidellm report with several")
+    baseline: str | None = path_field(None, optional=True,
+                                      help="a Prometheus scrape taken before the run, subtracted from path's")
+
+    def __attrs_post_init__(self) -> None:
+        if self.statistics is not None and (not isinstance(self.statistics, tuple) or not self.statistics
+                                            or not all(isinstance(n, str) for n in self.statistics)):
+            raise FieldError("statistics", f"must be a non-empty list of statistic names like 'ttft_ms.mean', "
+                                           f"got {self.statistics!r}")
+
+    def read(self) -> Summary:
+        """The file's statistics (only ``statistics`` when given).
+
+        :raises ConfigError: the file cannot be read, or holds no such statistic (the message
+            lists those it holds).
+        """
+        summary = read_summary(self.path, baseline=self.baseline, index=self.index)
+        if self.statistics:
+            unknown = [n for n in self.statistics if n not in summary.values]
+            if unknown:
+                raise FieldError("statistics", f"{summary.source} holds no {unknown[0]!r}; it holds "
+                                               f"{', '.join(summary.values)}")
+            summary = summary.select(list(self.statistics))
+        return summary
+
+
+def vs_target(summary: Summary, result) -> dict:
+    """A run against the measured summary: ``{"mean_abs_error_pct", "errors_pct", "measured",
+    "simulated"}`` (statistic name -> value; errors ``(simulated - measured) / measured`` in
+    percent; the mean over the statistics with an error)."""
     sim = simulated(summary, result)
-    return {name: 100.0 * (sim[name] - value) / value if value else float("nan")
-            for name, value in summary.values.items()}
+    errors = {name: 100.0 * (sim[name] - value) / value if value else float("nan")
+              for name, value in summary.values.items()}
+    finite = [abs(e) for e in errors.values() if math.isfinite(e)]
+    return {"mean_abs_error_pct": float(np.mean(finite)) if finite else float("nan"), "errors_pct": errors,
+            "measured": dict(summary.values), "simulated": sim}

@@ -44,7 +44,8 @@ def schedlab_register_reports(register):
     register("plots", _plots_report, config=PlotsConfig,
              help="PNG figures in plots/: latency CDFs, timelines, sweep metrics, search probes, run comparisons")
     register("compare", CompareReport, config=CompareConfig,
-             help="runs replaying a measured run: simulated vs measured table (compare.txt), CDF and timeline plots")
+             help="runs replaying a measured run or with a [target] summary: simulated vs measured tables "
+                  "(compare.txt), CDF and timeline plots")
     register("crossover", _crossover_report, config=CrossoverConfig,
              help="where each sweep stops beating a baseline sweep as load grows: crossover.txt/.csv, "
                   "plots/crossover.png")

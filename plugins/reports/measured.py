@@ -1,4 +1,5 @@
-"""The ``compare`` report: simulated runs side by side with the real run they replay.
+"""The ``compare`` report: simulated runs side by side with the real run they replay, or with
+the summary of a real run they stand for (a run's ``[target]`` table, :mod:`schedlab.targets`).
 
 For every run whose workload replays a measured run (``vllm_log``, ``vllm_bench``) it prints
 and writes to ``compare.txt`` the 15-statistic table (measured, simulated, error; see
@@ -53,6 +54,17 @@ def server_table(name: str, server: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def target_table(name: str, source: dict, vs: dict) -> str:
+    """A run against its ``[target]`` summary: each statistic measured, simulated, error."""
+    where = Path(source.get("path", "")).name
+    lines = [f"{name}: simulated vs {where} ({source.get('kind', 'summary')}, as the {source.get('view', 'client')} "
+             f"sees requests)", f"{'statistic':<26}{'measured':>12}{'simulated':>12}{'error':>9}", "-" * 59]
+    for key, value in vs["measured"].items():
+        lines.append(f"{key:<26}{value:>12.2f}{vs['simulated'][key]:>12.2f}{vs['errors_pct'][key]:>+8.1f}%")
+    lines += ["-" * 59, f"{'mean |error|':<50}{vs['mean_abs_error_pct']:>8.2f}%"]
+    return "\n".join(lines) + "\n"
+
+
 class CompareReport:
     """Tables and figures of simulated against measured (see the module docstring)."""
 
@@ -61,11 +73,13 @@ class CompareReport:
         self.stream = stream
 
     def write(self, results, out_dir) -> list[Path]:
-        runs = [r for r in results.all_runs() if getattr(r, "measured", None) is not None]
-        if not runs:
+        all_runs = results.all_runs()
+        runs = [r for r in all_runs if getattr(r, "measured", None) is not None]
+        targeted = [r for r in all_runs if "vs_target" in r.metrics]
+        if not runs and not targeted:
             return []
         out = Path(out_dir)
-        texts = []
+        texts = [target_table(r.name, r.meta.get("target", {}), r.metrics["vs_target"]) for r in targeted]
         for run in runs:
             view = getattr(run.measured, "view", "engine")
             rows = comparison_rows(statistics(simulated_latencies(run.requests, run.measured)),
@@ -80,6 +94,8 @@ class CompareReport:
         path = out / "compare.txt"
         atomic_write(path, text)
         written = [path]
+        if not runs:  # summaries only: nothing per request to draw
+            return written
         (out / "plots").mkdir(parents=True, exist_ok=True)
         for figure, name in ((self._cdfs(runs), "measured_cdf.png"), (self._timeline(runs), "measured_timeline.png")):
             if figure is not None:

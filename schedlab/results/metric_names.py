@@ -74,6 +74,9 @@ METRICS: dict = {
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
     "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None},
                     "server": {"errors_pct": {"*": None}, "measured": {"*": None}}},  # a client's file: the server's
+    # optional: a run with a [target] summary of the real run (schedlab.targets.vs_target)
+    "vs_target": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None},
+                  "simulated": {"*": None}},
     # optional: the deployments a capacity plan simulates (schedlab.study.planner), in $ per hour
     "cost_per_hour": None,
     "gpu_hours": None,  # GPUs paid for x hours: the whole cluster from 0 to the last finish, or autoscaled

@@ -6,6 +6,8 @@ File layout::
     [workload]              # defaults for every run: kind = "..." plus the plugin's keys
     [scheduler] [cost_model] [kv_cache] [cluster] [slo] [speculative]
     [power] [clock]         # energy: a power model (kind = "..."), the GPUs' SM clock
+    [frontend] [client]     # the API server's path and the clients' patience
+    [target]                # path = a summary of the real run: the run is compared with it
     [models.<name>] [gpus.<name>]   # your own presets
     [sweep]                 # "dotted.key" = [values]  -- a grid, applied to every run
     [search]                # key, low, high, constraint, maximize -- applied to every run
@@ -43,7 +45,8 @@ from .spec import RUN_TABLES, SearchConfig, StudySpec, point_spec
 from .sweep import expand_grid
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative",
-             "power", "clock", "frontend", "client", "models", "gpus", "sweep", "search", "plan", "runs", "reports",
+             "power", "clock", "frontend", "client", "target", "models", "gpus", "sweep", "search", "plan", "runs",
+             "reports",
              "hunt")  # hunt: schedlab hunt
 RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "replicas")
 DEFAULT_REPORTS = ("table", "json", "plots")

@@ -35,6 +35,7 @@ from ..engine.scaling import ScalingController, ScalingLimits
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
+from ..targets import TargetConfig, vs_target
 from ..parallelism import SINGLE, Parallelism
 from ..results.metrics import request_met
 from ..results.records import RunResult
@@ -252,6 +253,7 @@ class Assembled:
     parallelism: Parallelism = SINGLE
     lockstep: bool = False  # data-parallel ranks of a MoE model step together (else: independent instances)
     autoscaler: Any = None           # a policy (schedlab.protocols.Autoscaler)
+    target: Any = None               # [target]: the real run's summary (schedlab.targets.Summary)
 
 
 def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
@@ -304,12 +306,25 @@ def _build_router(ctx: Context, table: dict, count: int, where: str):
 
 
 def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = False) -> Assembled:
-    """Build every plugin object of a run (also how ``schedlab validate`` checks a file).
+    """Build every plugin object of a run (also how ``schedlab validate`` checks a file), and
+    read its ``[target]`` summary if it has one.
 
     :param check_only: build one instance's plugins, not one set per instance: every instance
         has the same tables, so one set shows whether they are valid (loading a file then costs
         the same for 1 or 1,024 instances).
     """
+    assembled = _assemble_plugins(spec, ctx, where, check_only)
+    if "target" not in spec.tables:
+        return assembled
+    config = from_table(TargetConfig, spec.tables["target"], where=f"{where} [target]", base_dir=ctx.base_dir)
+    try:
+        target = config.read()
+    except (ConfigError, FieldError) as exc:
+        raise ConfigError(f"{where} [target]: {exc}") from None
+    return attrs.evolve(assembled, target=target)
+
+
+def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:
     tables = _tables_with_defaults(spec.tables)
     if "workload" not in tables:
         raise ConfigError(f"{where.rstrip(':')}: no [workload] table; registered workloads: "
@@ -591,6 +606,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
 
         result.measured = measured
         result.metrics["vs_measured"] = vs_measured(result.requests, measured)
+    if a.target is not None and result.rows_file is None:  # a summary of the real run: compare with it
+        result.metrics["vs_target"] = vs_target(a.target, result)
+        result.meta["target"] = {"path": a.target.source, "kind": a.target.kind, "view": a.target.view}
     return result
 
 

@@ -21,7 +21,7 @@ from .sweep import point_label
 
 #: The tables of one run; a sweep or search varies keys inside these only.
 RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative", "power", "clock",
-              "frontend", "client")
+              "frontend", "client", "target")
 
 
 @attrs.frozen

@@ -1,0 +1,120 @@
+"""A run's ``[target]``: the summary of the real run it stands for, compared statistic by
+statistic in the summary's own view (a load generator's from sending a request, vLLM's metrics
+from its arrival at the engine), printed by the ``compare`` report and used by ``schedlab
+calibrate`` when no ``--target`` is given. Every file is written by the test."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from schedlab.cli import main
+from schedlab.errors import ConfigError
+from schedlab.study.experiment import load, run_experiment
+
+#: Two requests sent at t = 0, 10-token prompts, 3 output tokens; one slot, 1 ms a prompt token,
+#: 4 ms a decode step; a front end of 0.5 ms each way, 1 ms a request (handlers unlimited, no
+#: tokenizing), 0.25 ms a token back. Both reach the engine at 1.5 ms. Engine: request 0's
+#: first token at 11.5, last at 19.5; request 1's at 29.5 and 37.5 -- TTFT 10 and 28 (mean
+#: 19), from the engine's arrival. Client: every byte 0.75 ms after its token left the engine,
+#: from t = 0 -- TTFT 12.25 and 30.25 (mean 21.25), latency 20.25 and 38.25 (mean 29.25).
+TINY = """
+[experiment]
+reports = {reports}
+[workload]
+kind = "synthetic"
+num_requests = 2
+arrival = "all-at-once"
+prompt = {{ dist = "fixed", value = 10 }}
+output = {{ dist = "fixed", value = 3 }}
+[scheduler]
+kind = "continuous"
+max_num_seqs = 1
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 1.0
+decode_ms_per_step = 4.0
+[frontend]
+network_ms = 0.5
+request_ms = 1.0
+tokenize_ms_per_token = 0.0
+token_ms = 0.25
+workers = 0
+[target]
+{target}
+"""
+
+SCRAPE = """vllm:time_to_first_token_seconds_bucket{le="0.015"} 1
+vllm:time_to_first_token_seconds_bucket{le="+Inf"} 2
+vllm:time_to_first_token_seconds_sum 0.04
+vllm:time_to_first_token_seconds_count 2
+"""
+
+
+def experiment(tmp_path, target: str, reports: str = "[]"):
+    (tmp_path / "bench.json").write_text(json.dumps({"completed": 2, "mean_ttft_ms": 20.0, "mean_e2el_ms": 30.0}))
+    (tmp_path / "metrics.txt").write_text(SCRAPE)
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(reports=reports, target=target))
+    return path
+
+
+def test_a_client_summary_is_compared_with_the_simulated_client_by_hand(tmp_path):
+    run = run_experiment(load(experiment(tmp_path, 'path = "bench.json"'))).all_runs()[0]
+    vs = run.metrics["vs_target"]
+    assert vs["measured"] == {"ttft_ms.mean": 20.0, "e2e_ms.mean": 30.0}
+    assert vs["simulated"] == pytest.approx({"ttft_ms.mean": 21.25, "e2e_ms.mean": 29.25})
+    assert vs["errors_pct"] == pytest.approx({"ttft_ms.mean": 6.25, "e2e_ms.mean": -2.5})
+    assert vs["mean_abs_error_pct"] == pytest.approx(4.375)
+    assert run.metrics["ttft_ms"]["mean"] == pytest.approx(19.0)  # the engine's own view differs
+    assert run.meta["target"]["view"] == "client"
+
+
+def test_vllm_metrics_are_compared_with_the_simulated_engine_by_hand(tmp_path):
+    """The scrape's mean TTFT is 0.04 s / 2 = 20 ms, against the engine's 19 ms: -5%."""
+    path = experiment(tmp_path, 'path = "metrics.txt"\nstatistics = ["ttft_ms.mean"]')
+    run = run_experiment(load(path)).all_runs()[0]
+    vs = run.metrics["vs_target"]
+    assert vs["simulated"] == pytest.approx({"ttft_ms.mean": 19.0})
+    assert vs["errors_pct"] == pytest.approx({"ttft_ms.mean": -5.0})
+    assert run.meta["target"]["view"] == "engine"
+
+
+def test_the_compare_report_prints_the_table(tmp_path, capsys):
+    path = experiment(tmp_path, 'path = "bench.json"', reports='["compare"]')
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "compare.txt").read_text()
+    assert "bench.json (vllm bench serve, as the client sees requests)" in text
+    assert re.search(r"ttft_ms\.mean\s+20\.00\s+21\.25\s+\+6\.2%", text)
+    assert re.search(r"mean \|error\|\s+4\.38%", text)
+
+
+@pytest.mark.parametrize("target, message", [
+    ('path = "bench.json"\nstatistics = ["ttft_ms.p99"]', r"\[target\].*statistics.*holds no 'ttft_ms.p99'; it holds "
+                                                          r"ttft_ms.mean, e2e_ms.mean"),
+    ('path = "bench.json"\nstatistic = ["ttft_ms.mean"]', r"\[target\].*statistic"),
+    ('path = "missing.json"', r"\[target\].*missing.json: file not found"),
+    ('statistics = ["ttft_ms.mean"]', r"\[target\].*path"),
+])
+def test_bad_target_tables_are_named(tmp_path, target, message):
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(load(experiment(tmp_path, target)))
+
+
+def test_calibrate_fits_to_the_runs_own_target(tmp_path, capsys):
+    """A run made with 4 ms decode steps gives the summary; the experiment starts at 7 ms and
+    names the summary in [target]: calibrate finds 4 ms without --target."""
+    truth = run_experiment(load(experiment(tmp_path, 'path = "bench.json"'))).all_runs()[0]
+    summary = {"completed": 2, "mean_ttft_ms": truth.metrics["vs_target"]["simulated"]["ttft_ms.mean"],
+               "mean_e2el_ms": truth.metrics["vs_target"]["simulated"]["e2e_ms.mean"]}
+    (tmp_path / "truth.json").write_text(json.dumps(summary))
+    path = tmp_path / "fit.toml"
+    path.write_text(TINY.format(reports="[]", target='path = "truth.json"').replace("decode_ms_per_step = 4.0",
+                                                                                   "decode_ms_per_step = 7.0"))
+    assert main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10", "--max-evaluations", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "2 statistics of" in out and "truth.json" in out
+    fitted = float(re.search(r"decode_ms_per_step = ([0-9.]+)", out.split("# paste")[1]).group(1))
+    assert fitted == pytest.approx(4.0, rel=0.02)
