@@ -1,0 +1,78 @@
+"""The shipped H100 runs (experiments/data/inference_perf_h100) and the experiment that replays
+them: the experiment's stages are the reports' stages, the comparison reads the reports, and
+the simulation stays where the README's table puts it on the stages whose outcome does not
+hinge on the saturation point (the lowest rate, and the highest, where the client's cap of 440
+requests in flight decides the queue)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import attrs
+import pytest
+
+from schedlab.study.experiment import load, run_experiment
+from schedlab.targets import read_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT = ROOT / "experiments" / "h100_inference_perf.toml"
+DATA = ROOT / "experiments" / "data" / "inference_perf_h100"
+VARIANTS = ("vllm", "batch_size", "chunking_and_prefix_caching")
+OUTPUT_TOKENS = 64
+
+
+def report(variant: str, stage: int) -> dict:
+    return json.loads((DATA / variant / f"stage_{stage}_lifecycle_metrics.json").read_text())
+
+
+def test_every_stage_run_replays_its_report():
+    """21 runs, one per report; each sends what the stage sent (floor(rate x 60 s) requests at
+    the stage's requested rate) and compares with that stage's report."""
+    exp = load(EXPERIMENT)
+    assert len(exp.studies) == 21
+    for study in exp.studies:
+        variant, stage = re.fullmatch(r"(.+)-(\d)", study.name).groups()
+        data = report(variant, int(stage))
+        tables = study.base.tables
+        path = (EXPERIMENT.parent / tables["target"]["path"]).resolve()
+        assert path == DATA / variant / f"stage_{stage}_lifecycle_metrics.json"
+        (stage_table,) = tables["workload"]["stages"]
+        assert stage_table["rate"] == data["load_summary"]["requested_rate"]
+        sent = data["successes"]["count"] + (data.get("failures") or {}).get("count", 0)
+        assert int(stage_table["rate"] * stage_table["duration_s"] + 1e-9) == sent
+
+
+def test_the_reports_read_as_inference_perf_summaries():
+    s = read_summary(DATA / "vllm" / "stage_0_lifecycle_metrics.json")
+    assert s.kind == "inference-perf" and s.view == "client" and s.requests == 60
+    assert s.values["ttft_ms.mean"] == pytest.approx(31.127, abs=0.01)
+    assert s.values["e2e_ms.mean"] == pytest.approx(480.482, abs=0.01)
+
+
+def replay(variant: str, stages, overrides=()) -> dict:
+    """The experiment's runs of ``variant``'s ``stages``, by name."""
+    exp = load(EXPERIMENT, list(overrides))
+    names = {f"{variant}-{k}" for k in stages}
+    exp = attrs.evolve(exp, studies=[s for s in exp.studies if s.name in names])
+    return {r.name: r for r in run_experiment(exp).all_runs()}
+
+
+def itl(vs: dict, side: str) -> float:
+    return (vs[side]["e2e_ms.mean"] - vs[side]["ttft_ms.mean"]) / (OUTPUT_TOKENS - 1)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_low_and_saturated_stages_stay_within_the_readme_bounds(variant):
+    """Stage 0 (1 request/s): the inter-token latency within 5% and the latency within 10%;
+    stage 6 (past capacity, 440 in flight): both within 20%. Without the client's cap the same
+    stage's queue grows for the whole minute and the latency is off by more than 100%."""
+    runs = replay(variant, (0, 6))
+    low, high = runs[f"{variant}-0"].metrics["vs_target"], runs[f"{variant}-6"].metrics["vs_target"]
+    assert abs(itl(low, "simulated") / itl(low, "measured") - 1) < 0.05
+    assert abs(low["errors_pct"]["e2e_ms.mean"]) < 10
+    assert abs(itl(high, "simulated") / itl(high, "measured") - 1) < 0.20
+    assert abs(high["errors_pct"]["e2e_ms.mean"]) < 20
+    uncapped = replay(variant, (6,), ["workload.max_concurrency=1000000"])[f"{variant}-6"].metrics["vs_target"]
+    assert uncapped["errors_pct"]["e2e_ms.mean"] > 100
