@@ -5,7 +5,7 @@
 Source: inference-perf (github.com/kubernetes-sigs/inference-perf, Apache-2.0, see LICENSE
 and COMMIT here), ``demos/kubecon-na-2025/``: the runs behind the KubeCon NA 2025 talk
 "Benchmarking GenAI Foundation Model Inference Optimizations on Kubernetes". vLLM 0.11.0
-serving Meta-Llama-3-8B-Instruct on one NVIDIA H100 80GB (GKE ``nvidia-h100-80gb``), loaded by
+serving Llama-3.1-8B-Instruct on one NVIDIA H100 80GB (GKE ``nvidia-h100-80gb``), loaded by
 inference-perf with a shared-prefix workload (10 system prompts of 128 tokens x 10 users, a
 64-token question each, 64 output tokens with ``ignore_eos``) at seven constant rates of 60 s,
 each stage after the previous one drained; latencies measured at the client. For each server
