@@ -226,6 +226,22 @@ def test_a_request_sglang_could_never_admit_is_rejected_with_the_reason():
     assert by_id(r, "rejected") == {0: 1, 1: 0}
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_request_that_could_not_come_back_after_a_retraction_is_rejected(engine):
+    """12 tokens of KV, estimates clipped at 8 new tokens: request 1 (prompt 1, up to 10 new)
+    fits at first (1 + 8 + a page of 1 < 12), but retracted after 6 tokens it needs 7 + 4 + 1 =
+    12 to come back, which is never below the pool -- the run stalled (found by a random
+    hypothesis seed). prompt + max_tokens + a page must be below the pool: it is rejected at
+    once, and request 0 (1 + 7 + 1 = 9) runs alone."""
+    cfg = SglangConfig(max_running_requests=2, max_prefill_tokens=16, init_new_token_ratio=0.0,
+                       new_token_ratio_decay_steps=1, clip_max_new_tokens=8, retract_decode_steps=0)
+    reqs = [Request(0, 0.0, 1, 7, max_tokens=7), Request(1, 0.0, 1, 10)]
+    r = run(reqs, SglangScheduler(cfg), PagedKVCache(12, 1), engine)
+    assert by_id(r, "rejected") == {0: 0, 1: 1}
+    assert "prompt 1 + max_tokens 10 + a page of 1 does not fit below the KV pool's 12 tokens" in r.rejections[1]
+    assert by_id(r, "generated_tokens")[0] == 7
+
+
 # --- waiting orders ---------------------------------------------------------------------------
 
 

@@ -199,8 +199,11 @@ class SglangScheduler:
     def rejection_reason(self, request, kv) -> str | None:
         pool = kv.num_blocks * kv.block_size
         most = request.max_output_tokens
+        # Admission needs tokens + min(max_new_tokens left, clip) + a page < the pool; a request
+        # retracted late carries its generated tokens back, so the worst case is prompt +
+        # max_tokens + a page (larger than the first admission's when the clip cuts it).
         need = request.prompt_tokens + min(most, self.config.clip_max_new_tokens) + kv.block_size
-        if request.prompt_tokens + most >= pool or need >= pool:
+        if request.prompt_tokens + most + kv.block_size >= pool or need >= pool:
             return (f"prompt {request.prompt_tokens} + max_tokens {most} + a page of {kv.block_size} does not fit "
                     f"below the KV pool's {pool} tokens (SGLang's admission check; SGLang cuts max_new_tokens to "
                     "fit instead)")
