@@ -10,7 +10,8 @@ Registered names (``[workload] kind = ...``):
 * ``azure``, ``vidur``, ``mooncake`` -- published traces (:mod:`.traces`);
 * ``mix`` -- several classes merged by arrival time (:mod:`.mix`);
 * ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`);
-* ``vllm_log``, ``vllm_bench`` -- measured vLLM runs, kept for comparison (:mod:`.measured`).
+* ``vllm_log``, ``vllm_bench`` -- measured vLLM runs, kept for comparison (:mod:`.measured`);
+* ``inference_perf`` -- an inference-perf run's per-request report, the same way (:mod:`.inference_perf`).
 
 Shared pieces: :mod:`.records` reads request files, :mod:`.distributions` holds the length
 distributions, :mod:`.arrivals` the arrival processes and seeded streams, :mod:`.columns` turns
@@ -25,6 +26,7 @@ import schedlab
 
 from .closed_loop import ClosedLoopConfig, make_closed_loop_workload
 from .diurnal import DiurnalConfig, make_diurnal_workload
+from .inference_perf import InferencePerfConfig, make_inference_perf_workload
 from .measured import VllmBenchConfig, VllmLogConfig, make_vllm_bench_workload, make_vllm_log_workload
 from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
 from .request_file import FileConfig, InlineConfig, make_file_workload, make_inline_workload
@@ -54,8 +56,11 @@ def schedlab_register_workloads(register) -> None:
              help="a measured vLLM run's per-request log: arrivals from queued_ts, prompt token ids as "
                   "prefix block ids; measured latencies kept for comparison")
     register("vllm_bench", make_vllm_bench_workload, config=VllmBenchConfig,
-             help="a `vllm bench serve --save-result` file: its lengths, arrivals redrawn from its rate and "
-                  "burstiness with the run's seed; measured latencies kept for comparison")
+             help="a `vllm bench serve --save-result --save-detailed` file: its client replayed as it ran "
+                  "(send times, --max-concurrency); measured latencies kept for comparison")
+    register("inference_perf", make_inference_perf_workload, config=InferencePerfConfig,
+             help="an inference-perf per_request_lifecycle_metrics.json: requests at their send times, prefix "
+                  "sharing from the prompts' text; measured latencies kept for comparison")
     # A registry can look up any workload, including plugins'; a bare callable cannot.
     lookup = registry_lookup(register) if hasattr(register, "get") else builtin_lookup
     register("mix", functools.partial(make_mix_workload, lookup=lookup), config=MixConfig,

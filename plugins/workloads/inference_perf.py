@@ -1,0 +1,229 @@
+"""Replay an inference-perf run from its per-request report, ``per_request_lifecycle_metrics.json``.
+
+inference-perf (github.com/kubernetes-sigs/inference-perf) writes it with
+``report.request_lifecycle.per_request: true``: a JSON list, one record per request, with
+``start_time`` and ``end_time`` (the client's ``time.perf_counter()`` seconds when it sent the
+request and when it had the whole answer), ``request`` (the JSON payload it sent), ``info`` and
+``error`` (None unless the request failed). ``info`` holds the token counts and the streamed
+tokens' arrival times, named differently across versions; the first found is used:
+
+* prompt tokens: ``info.input_tokens``, ``info.request_metrics.text.input_tokens``, the
+  server's ``usage.prompt_tokens``;
+* output tokens: the server's count ``info.response_metrics.server_usage.completion_tokens``,
+  ``info.response_metrics.output_tokens``, ``info.output_tokens`` (versions before mid-2026);
+* token times: ``info.response_metrics.output_token_times``, ``info.output_token_times``.
+
+Requests are sent at their recorded ``start_time`` (ms after the first), open loop: the recorded
+send times already hold the client's waits for a worker. Failed requests are left out and
+counted (``workload.info["failed"]``). The measured latencies are the client's (``view =
+"client"``, compared with the simulated client, :mod:`schedlab.results.compare`): TTFT from
+sending to the first token's arrival, latency to ``end_time``, TPOT ``(last token - first
+token) / (output - 1)`` (NaN without token times, e.g. a run that did not stream).
+
+The payload's ``max_tokens`` (or ``max_completion_tokens``) becomes the request's ``max_tokens``
+when it is at least the output. Prompt sharing: the report keeps the prompts as text, not token
+ids, so prefix blocks are taken on the text (``prefix_blocks = "text"``, the default): a block
+of ``hash_block_tokens`` tokens is that many times the run's mean characters per token, and two
+prompts share block ``j`` when their first ``j + 1`` such blocks of text are equal -- the shared
+system prompts of a run are found, their exact token boundaries are not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from schedlab.configs import int_field, path_field, str_field
+from schedlab.errors import WorkloadError
+
+from .columns import OpenLoopWorkload, RequestColumns
+from .measured import MeasuredRequests
+
+PREFIX_BLOCKS = ("text", "none")
+
+
+@attrs.frozen
+class InferencePerfConfig:
+    path: str = path_field(help="inference-perf's per_request_lifecycle_metrics.json")
+    limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
+    prefix_blocks: str = str_field("text", choices=PREFIX_BLOCKS,
+                                   help="'text': prefix block ids from the prompts' text (blocks of "
+                                        "hash_block_tokens x the run's mean characters per token); 'none': "
+                                        "no sharing")
+    hash_block_tokens: int = int_field(16, min=1, help="tokens per prefix block id (vLLM's block size)")
+
+
+def _get(record: dict, *keys):
+    """``record[k1][k2]...``, or None where any level is missing."""
+    value = record
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _first(record: dict, *paths):
+    for path in paths:
+        value = _get(record, *path)
+        if value is not None:
+            return value
+    return None
+
+
+def _whole(where: str, key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise WorkloadError(f"{where}: {key}: must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
+def _seconds(where: str, key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise WorkloadError(f"{where}: {key}: must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _payload(record: dict) -> dict:
+    raw = record.get("request")
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            return {}
+        return data if isinstance(data, dict) else {}
+    return {}
+
+
+def prompt_text(payload: dict) -> str | None:
+    """The prompt a payload sent: ``prompt`` (completions) or the ``messages``' text (chat)."""
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        parts = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):  # content parts: keep the text ones
+                parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+        return "\n".join(parts)
+    return None
+
+
+def text_block_ids(texts: list[str | None], prompt_tokens: np.ndarray, block_tokens: int) -> list[tuple | None]:
+    """Prefix block ids from prompt text: blocks of ``block_tokens`` x the mean characters per
+    token of the prompts that have text, chained as vLLM chains token blocks; at most as many
+    full blocks as the prompt's tokens hold. None for a prompt without text."""
+    known = [(t, n) for t, n in zip(texts, prompt_tokens.tolist()) if t]
+    if not known:
+        return [None] * len(texts)
+    chars_per_token = sum(len(t) for t, _ in known) / sum(n for _, n in known)
+    width = max(1, round(block_tokens * chars_per_token))
+    numbering: dict[bytes, int] = {}
+    out = []
+    for text, tokens in zip(texts, prompt_tokens.tolist()):
+        if not text:
+            out.append(None)
+            continue
+        parent = b""
+        ids = []
+        for j in range(min(tokens // block_tokens, len(text) // width)):
+            chunk = text[j * width:(j + 1) * width].encode("utf-8", "surrogatepass")
+            parent = hashlib.blake2b(parent + chunk, digest_size=16).digest()
+            ids.append(numbering.setdefault(parent, len(numbering)))
+        out.append(tuple(ids))
+    return out
+
+
+def load_inference_perf(path, *, limit: int | None = None, prefix_blocks: str = "text",
+                        hash_block_tokens: int = 16) -> tuple[np.ndarray, RequestColumns, MeasuredRequests, int]:
+    """``(send ms, columns, measured, failed)`` of the successful requests of a per-request
+    report, in the order they were sent (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkloadError(f"{path}: file not found")
+    try:
+        records = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{path}: not JSON ({exc.msg})") from None
+    if not isinstance(records, list):
+        raise WorkloadError(f"{path}: expected a JSON list of requests (inference-perf's "
+                            "per_request_lifecycle_metrics.json)")
+    rows, failed = [], 0
+    for i, record in enumerate(records):
+        where = f"{path}: request {i}"
+        if not isinstance(record, dict):
+            raise WorkloadError(f"{where}: expected an object, got {record!r}")
+        if record.get("error"):
+            failed += 1
+            continue
+        for key in ("start_time", "end_time", "info"):
+            if key not in record:
+                raise WorkloadError(f"{where}: missing field {key!r}")
+        start = _seconds(where, "start_time", record["start_time"])
+        end = _seconds(where, "end_time", record["end_time"])
+        if end < start:
+            raise WorkloadError(f"{where}: end_time {end} is before start_time {start}")
+        info = record["info"]
+        prompt = _first(info, ("input_tokens",), ("request_metrics", "text", "input_tokens"),
+                        ("response_metrics", "server_usage", "prompt_tokens"))
+        output = _first(info, ("response_metrics", "server_usage", "completion_tokens"),
+                        ("response_metrics", "output_tokens"), ("output_tokens",))
+        if prompt is None or output is None:
+            raise WorkloadError(f"{where}: info holds no {'input' if prompt is None else 'output'} token count "
+                                "(input_tokens / request_metrics.text.input_tokens; response_metrics.output_tokens "
+                                "/ output_tokens)")
+        times = _first(info, ("response_metrics", "output_token_times"), ("output_token_times",)) or []
+        if not isinstance(times, list):
+            raise WorkloadError(f"{where}: output_token_times: must be a list of seconds")
+        times = [_seconds(where, "output_token_times", t) for t in times]
+        payload = _payload(record)
+        cap = payload.get("max_tokens", payload.get("max_completion_tokens"))
+        rows.append((start, end, _whole(where, "input tokens", prompt), _whole(where, "output tokens", output),
+                     times, cap if isinstance(cap, int) and not isinstance(cap, bool) else None, prompt_text(payload)))
+    if not rows:
+        raise WorkloadError(f"{path}: no successful requests ({failed} failed)")
+    rows.sort(key=lambda r: r[0])
+    rows = rows[:limit]
+    origin = rows[0][0]
+    sent = np.array([(r[0] - origin) * 1e3 for r in rows])
+    e2e = np.array([(r[1] - r[0]) * 1e3 for r in rows])
+    prompt_tokens = np.array([r[2] for r in rows], dtype=np.int64)
+    output_tokens = np.array([r[3] for r in rows], dtype=np.int64)
+    ttft = np.array([(r[4][0] - r[0]) * 1e3 if r[4] else np.nan for r in rows])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        last = np.array([(r[4][-1] - r[0]) * 1e3 if r[4] else np.nan for r in rows])
+        tpot = np.where(output_tokens > 1, (last - ttft) / (output_tokens - 1), np.nan)
+    per_row: dict[str, list] = {}
+    caps = [r[5] if r[5] is not None and r[5] >= r[3] else None for r in rows]
+    if any(c is not None for c in caps):
+        per_row["max_tokens"] = caps
+    constant = {}
+    if prefix_blocks == "text":
+        ids = text_block_ids([r[6] for r in rows], prompt_tokens, hash_block_tokens)
+        if any(i for i in ids):
+            per_row["block_hashes"] = ids
+            constant["hash_block_tokens"] = hash_block_tokens
+    columns = RequestColumns(prompt_tokens, output_tokens, per_row, constant)
+    measured = MeasuredRequests(str(path), sent, ttft, tpot, e2e, output_tokens, view="client")
+    return sent, columns, measured, failed
+
+
+def make_inference_perf_workload(config: InferencePerfConfig) -> OpenLoopWorkload:
+    """Replay an inference-perf run's clients at their send times (see the module docstring)."""
+    sent, columns, measured, failed = load_inference_perf(config.path, limit=config.limit,
+                                                          prefix_blocks=config.prefix_blocks,
+                                                          hash_block_tokens=config.hash_block_tokens)
+    workload = OpenLoopWorkload(lambda seed: (sent, columns), name="inference_perf", num_requests=len(columns))
+    workload.measured = measured
+    workload.info.update(failed=failed)
+    return workload

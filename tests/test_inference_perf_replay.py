@@ -1,0 +1,111 @@
+"""Replaying an inference-perf run from its per-request report (``kind = "inference_perf"``):
+the record formats across its versions, failed requests, prefix blocks from prompt text, and a
+run schedlab wrote as such a report replayed to the same latencies. Every file is written by
+the test."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from schedlab.errors import WorkloadError
+from schedlab.study.experiment import load, run_experiment
+from schedlab_plugins.workloads.inference_perf import load_inference_perf, text_block_ids
+
+
+def record(start, end, payload, info, error=None):
+    return {"start_time": start, "end_time": end, "request": json.dumps(payload), "response": "", "info": info,
+            "error": error}
+
+
+def write(tmp_path, records, name="per_request_lifecycle_metrics.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_both_record_formats_and_a_failure_by_hand(tmp_path):
+    """An older record (counts and token times at info's top), a newer one (request_metrics,
+    response_metrics with the server's usage, which wins over the client's count), and a
+    failed one, out of order. Sent at 100.0 s and 100.5 s: arrivals 0 and 500 ms."""
+    old = record(100.0, 100.8, {"prompt": "a", "max_tokens": 8},
+                 {"input_tokens": 12, "output_tokens": 5, "output_token_times": [100.1, 100.2, 100.7]})
+    new = record(100.5, 101.0, {"messages": [{"role": "user", "content": "b"}], "max_tokens": 2},
+                 {"request_metrics": {"text": {"input_tokens": 30}},
+                  "response_metrics": {"output_tokens": 4, "server_usage": {"completion_tokens": 3},
+                                       "output_token_times": [100.55, 100.6, 100.95]}})
+    failed = record(100.2, 100.3, {"prompt": "c"}, None, error={"error_type": "Timeout", "error_msg": "x"})
+    sent, columns, measured, n_failed = load_inference_perf(write(tmp_path, [new, failed, old]), prefix_blocks="none")
+    assert n_failed == 1
+    assert sent.tolist() == pytest.approx([0.0, 500.0])
+    assert columns.prompt_tokens.tolist() == [12, 30] and columns.output_tokens.tolist() == [5, 3]
+    assert columns.per_row["max_tokens"] == [8, None]  # 2 < the 3 generated: not a cap that held
+    assert measured.view == "client"
+    assert measured.ttft_ms.tolist() == pytest.approx([100.0, 50.0])
+    assert measured.e2e_ms.tolist() == pytest.approx([800.0, 500.0])
+    assert measured.tpot_ms.tolist() == pytest.approx([(700.0 - 100.0) / 4, (450.0 - 50.0) / 2])
+
+
+def test_prefix_blocks_from_text_by_hand():
+    """48 characters over 15 tokens (the prompts with text): 3.2 a token, blocks of 2 tokens =
+    round(6.4) = 6 characters.
+    The first two prompts share their first 12 characters (2 blocks) and differ after; the
+    third shares nothing; a prompt of 3 tokens holds one full block."""
+    texts = ["abcdefghijkl" + "XXXXXX", "abcdefghijkl" + "YYYYYY", "zzzzzzzzzzzz", None]
+    tokens = np.array([6, 6, 3, 5])
+    ids = text_block_ids(texts, tokens, block_tokens=2)
+    assert ids[0][:2] == ids[1][:2] and ids[0][2] != ids[1][2]
+    assert len(ids[0]) == 3 and len(ids[2]) == 1 and ids[2][0] not in ids[0]
+    assert ids[3] is None
+
+
+def test_a_run_written_as_a_report_replays_to_its_own_latencies(tmp_path):
+    """A schedlab run (linear costs, Poisson arrivals) written as inference-perf would (send,
+    first and last token, end, in seconds from 1,000 s) and replayed with the same settings:
+    every one of the 15 statistics within 1e-6 %."""
+    base = """
+[experiment]
+reports = []
+[scheduler]
+kind = "vllm"
+max_num_seqs = 8
+max_num_batched_tokens = 512
+[cost_model]
+kind = "linear"
+"""
+    truth_toml = tmp_path / "truth.toml"
+    truth_toml.write_text(base + """
+[workload]
+kind = "synthetic"
+num_requests = 80
+rate = 4.0
+prompt = { dist = "uniform", low = 20, high = 600 }
+output = { dist = "uniform", low = 2, high = 120 }
+""")
+    run = run_experiment(load(truth_toml)).all_runs()[0]
+    r = run.requests
+    records = [record(1000 + r["arrival_ms"][i] / 1e3, 1000 + r["finish_ms"][i] / 1e3, {"prompt": f"p{i}"},
+                      {"input_tokens": int(r["prompt_tokens"][i]), "output_tokens": int(r["generated_tokens"][i]),
+                       "output_token_times": [1000 + r["first_token_ms"][i] / 1e3, 1000 + r["finish_ms"][i] / 1e3]})
+               for i in range(len(r["id"]))]
+    write(tmp_path, records, "report.json")
+    replay_toml = tmp_path / "replay.toml"
+    replay_toml.write_text(base + '[workload]\nkind = "inference_perf"\npath = "report.json"\n')
+    replay = run_experiment(load(replay_toml)).all_runs()[0]
+    vs = replay.metrics["vs_measured"]
+    assert len(vs["errors_pct"]) == 15
+    assert vs["mean_abs_error_pct"] < 1e-6
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"not": "a list"}, "expected a JSON list of requests"),
+    ([{"start_time": 1.0, "end_time": 2.0}], "request 0: missing field 'info'"),
+    ([record(1.0, 2.0, {}, {"input_tokens": 5})], "request 0: info holds no output token count"),
+    ([record(2.0, 1.0, {}, {"input_tokens": 5, "output_tokens": 2})], "end_time 1.0 is before start_time 2.0"),
+    ([record(1.0, 2.0, {}, None, error={"error_type": "x"})], r"no successful requests \(1 failed\)"),
+])
+def test_bad_reports_are_named(tmp_path, content, message):
+    with pytest.raises(WorkloadError, match=message):
+        load_inference_perf(write(tmp_path, content))
