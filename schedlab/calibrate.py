@@ -576,9 +576,9 @@ def command(args) -> int:
         before = predict(exp, attrs.evolve(spec, tables=_start_tables(spec.tables, fit)), args.predict)
         title = f"prediction with the fit ({', '.join(args.predict)})"
         if other.measured is None and "vs_target" in other.metrics:  # the predicted run's own [target]
-            from schedlab_plugins.reports.measured import target_table
+            from .results.compare import format_target
 
-            print(target_table(title, other.meta.get("target", {}), other.metrics["vs_target"]))
+            print(format_target(title, other.meta.get("target", {}), other.metrics["vs_target"]))
             pair = tuple(r.metrics["vs_target"]["mean_abs_error_pct"] for r in (before, other))
         else:
             rows_p = comparison_rows(statistics(simulated_latencies(other.requests, other.measured)),

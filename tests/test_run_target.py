@@ -113,8 +113,14 @@ def test_calibrate_fits_to_the_runs_own_target(tmp_path, capsys):
     path = tmp_path / "fit.toml"
     path.write_text(TINY.format(reports="[]", target='path = "truth.json"').replace("decode_ms_per_step = 4.0",
                                                                                    "decode_ms_per_step = 7.0"))
-    assert main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10", "--max-evaluations", "40"]) == 0
+    assert main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10", "--max-evaluations", "40",
+                 "--predict", 'target.path="bench.json"']) == 0
     out = capsys.readouterr().out
     assert "2 statistics of" in out and "truth.json" in out
     fitted = float(re.search(r"decode_ms_per_step = ([0-9.]+)", out.split("# paste")[1]).group(1))
     assert fitted == pytest.approx(4.0, rel=0.02)
+    # the prediction is read against the other summary (20 / 30 ms): about the 4.375% mean error
+    # of the run made with 4 ms steps
+    prediction = out.split("prediction with the fit")[1]
+    assert "simulated vs bench.json" in prediction
+    assert float(re.search(r"mean \|error\|\s+([0-9.]+)%", prediction).group(1)) == pytest.approx(4.375, abs=0.3)

@@ -23,7 +23,8 @@ import numpy as np
 
 from schedlab.configs import int_field
 from schedlab.results.compare import (
-    comparison_rows, format_comparison, measured_statistics, server_comparison, simulated_latencies, statistics,
+    comparison_rows, format_comparison, format_target, measured_statistics, server_comparison, simulated_latencies,
+    statistics,
 )
 from schedlab.results.storage import atomic_write
 
@@ -54,17 +55,6 @@ def server_table(name: str, server: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def target_table(name: str, source: dict, vs: dict) -> str:
-    """A run against its ``[target]`` summary: each statistic measured, simulated, error."""
-    where = Path(source.get("path", "")).name
-    lines = [f"{name}: simulated vs {where} ({source.get('kind', 'summary')}, as the {source.get('view', 'client')} "
-             f"sees requests)", f"{'statistic':<26}{'measured':>12}{'simulated':>12}{'error':>9}", "-" * 59]
-    for key, value in vs["measured"].items():
-        lines.append(f"{key:<26}{value:>12.2f}{vs['simulated'][key]:>12.2f}{vs['errors_pct'][key]:>+8.1f}%")
-    lines += ["-" * 59, f"{'mean |error|':<50}{vs['mean_abs_error_pct']:>8.2f}%"]
-    return "\n".join(lines) + "\n"
-
-
 class CompareReport:
     """Tables and figures of simulated against measured (see the module docstring)."""
 
@@ -79,7 +69,7 @@ class CompareReport:
         if not runs and not targeted:
             return []
         out = Path(out_dir)
-        texts = [target_table(r.name, r.meta.get("target", {}), r.metrics["vs_target"]) for r in targeted]
+        texts = [format_target(r.name, r.meta.get("target", {}), r.metrics["vs_target"]) for r in targeted]
         for run in runs:
             view = getattr(run.measured, "view", "engine")
             rows = comparison_rows(statistics(simulated_latencies(run.requests, run.measured)),

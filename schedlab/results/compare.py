@@ -21,6 +21,7 @@ engine's under ``vs_measured["server"]`` (not part of the mean error).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -151,4 +152,15 @@ def format_comparison(title: str, rows, *, mean_abs: float | None = None) -> str
         mean_abs = float(np.mean([abs(r[3]) for r in rows]))
     lines.append("-" * 49)
     lines.append(f"{'mean |error|':<40}{mean_abs:>8.2f}%")
+    return "\n".join(lines) + "\n"
+
+
+def format_target(name: str, source: dict, vs: dict) -> str:
+    """A run against its ``[target]`` summary: each statistic measured, simulated, error."""
+    where = Path(source.get("path", "")).name
+    lines = [f"{name}: simulated vs {where} ({source.get('kind', 'summary')}, as the {source.get('view', 'client')} "
+             f"sees requests)", f"{'statistic':<26}{'measured':>12}{'simulated':>12}{'error':>9}", "-" * 59]
+    for key, value in vs["measured"].items():
+        lines.append(f"{key:<26}{value:>12.2f}{vs['simulated'][key]:>12.2f}{vs['errors_pct'][key]:>+8.1f}%")
+    lines += ["-" * 59, f"{'mean |error|':<50}{vs['mean_abs_error_pct']:>8.2f}%"]
     return "\n".join(lines) + "\n"
