@@ -43,6 +43,7 @@ from schedlab.errors import WorkloadError
 
 from .columns import OpenLoopWorkload, RequestColumns
 from .measured import MeasuredRequests
+from .records import read_json_file
 
 PREFIX_BLOCKS = ("text", "none")
 
@@ -149,12 +150,7 @@ def load_inference_perf(path, *, limit: int | None = None, prefix_blocks: str = 
     """``(send ms, columns, measured, failed)`` of the successful requests of a per-request
     report, in the order they were sent (see the module docstring)."""
     path = Path(path)
-    if not path.is_file():
-        raise WorkloadError(f"{path}: file not found")
-    try:
-        records = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}: not JSON ({exc.msg})") from None
+    records = read_json_file(path)
     if not isinstance(records, list):
         raise WorkloadError(f"{path}: expected a JSON list of requests (inference-perf's "
                             "per_request_lifecycle_metrics.json)")

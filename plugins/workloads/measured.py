@@ -25,7 +25,6 @@ can be compared with the real one (:mod:`schedlab.results.compare`).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from schedlab.errors import WorkloadError
 from .arrivals import arrivals_ms
 from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
-from .records import jsonl_objects
+from .records import jsonl_objects, read_json_file
 
 
 @attrs.frozen(eq=False)
@@ -277,12 +276,7 @@ def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
     sent), ``queue_times`` (its wait for a ``--max-concurrency`` slot), ``errors``, and when the
     server reported them, ``server_ttfts`` and ``server_queue_times`` (None where it did not)."""
     path = Path(path)
-    if not path.is_file():
-        raise WorkloadError(f"{path}: file not found")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}: not JSON ({exc.msg})") from None
+    data = read_json_file(path)
     if not isinstance(data, dict):
         raise WorkloadError(f"{path}: expected a JSON object")
     inputs = _bench_list(path, data, "input_lens")

@@ -459,6 +459,16 @@ def _read_csv(handle, name, wanted, required, limit) -> Records:
     return records
 
 
+def read_json_file(path: Path) -> Any:
+    """The JSON document in ``path``; WorkloadError naming the file when it is missing or not JSON."""
+    if not path.is_file():
+        raise WorkloadError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{path}: not JSON ({exc.msg})") from None
+
+
 def jsonl_objects(handle, name: str, limit: int | None = None):
     """``(line number, object)`` for each non-empty line of a JSONL file (at most ``limit``);
     a line that is not a JSON object is an error naming the file and the line."""
