@@ -120,6 +120,19 @@ def test_a_capped_client_is_replayed_as_a_closed_loop(tmp_path, engine):
     assert run.requests["sent_ms"].tolist() == [0.0, 0.0, 33.0, 33.0, 66.0, 66.0, 99.0, 99.0]
 
 
+def test_a_capped_file_without_send_times_keeps_its_cap(tmp_path):
+    """An older file (no start_times) of the capped run: arrivals are redrawn (all at once, the
+    rate is inf) and still sent two at a time -- sends at 0, 17, 34, 51 as above, not all at 0."""
+    result = json.loads(capped_file(tmp_path).read_text())
+    del result["start_times"], result["queue_times"]
+    path = write(tmp_path, result, "old.json")
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[experiment]\n[workload]\nkind = "vllm_bench"\npath = "{path}"\n'
+                        '[scheduler]\nkind = "continuous"\nmax_num_seqs = 16\n')
+    run = run_experiment(load(exp_path)).all_runs()[0]
+    assert run.requests["sent_ms"].tolist() == [0.0, 0.0, 17.0, 17.0, 34.0, 34.0, 51.0, 51.0]
+
+
 def test_send_times_replays_a_capped_run_open_loop(tmp_path):
     workload = make_vllm_bench_workload(VllmBenchConfig(path=str(capped_file(tmp_path)), replay="send_times"))
     assert [r.arrival_ms for r in workload.requests(0)] == pytest.approx([0.0, 0.0, 17.0, 17.0, 34.0, 34.0, 51.0, 51.0])
