@@ -1,7 +1,7 @@
-"""schedlab against real H100 runs it has never seen: the README's H100 table.
+"""schedlab against real H100 runs it has never seen: the README's H100 table and figure.
 
     schedlab run experiments/h100_inference_perf.toml --out results/h100_inference_perf
-    python tools/validate_h100.py results/h100_inference_perf
+    python tools/validate_h100.py results/h100_inference_perf [--fitted DIR] [--figure docs/h100_validation.png]
 
 Reads the run's ``summary.json`` (every stage's ``vs_target``: the client's mean TTFT and
 end-to-end latency, measured and simulated) and prints, per server configuration and stage,
@@ -9,10 +9,14 @@ the error of the mean E2E, of the mean TTFT and of the inter-token latency as is
 it, ``(E2E - TTFT) / (output - 1)`` from the means (every request has exactly 64 output tokens:
 ``max_tokens = 64`` with ``ignore_eos``; the report's own TPOT and ITL are not usable, see
 experiments/data/inference_perf_h100/README.md), then the median of each over the 21 stages.
+``--fitted`` adds a second results folder (the same experiment with fitted settings) to the
+figure: mean latency and TTFT against the request rate, measured and simulated, per
+configuration.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,8 +26,8 @@ import numpy as np
 OUTPUT_TOKENS = 64  # experiments/data/inference_perf_h100/config.yaml: output_len, ignore_eos
 
 
-def rows(results: Path) -> list[tuple[str, float, float, float]]:
-    """(run, E2E error %, TTFT error %, ITL error %) per stage run."""
+def stage_runs(results: Path) -> list[dict]:
+    """Every run with a ``[target]``: name, the stage's requested rate, measured and simulated means."""
     summary = json.loads((results / "summary.json").read_text())
     out = []
     for study in summary["studies"]:
@@ -31,28 +35,81 @@ def rows(results: Path) -> list[tuple[str, float, float, float]]:
             vs = run["metrics"].get("vs_target")
             if vs is None:
                 continue
-            m, s = vs["measured"], vs["simulated"]
-            itl_m = (m["e2e_ms.mean"] - m["ttft_ms.mean"]) / (OUTPUT_TOKENS - 1)
-            itl_s = (s["e2e_ms.mean"] - s["ttft_ms.mean"]) / (OUTPUT_TOKENS - 1)
-            out.append((run["name"], vs["errors_pct"]["e2e_ms.mean"], vs["errors_pct"]["ttft_ms.mean"],
-                        100.0 * (itl_s - itl_m) / itl_m))
+            report = json.loads(Path(run["meta"]["target"]["path"]).read_text())
+            out.append({"name": run["name"], "rate": report["load_summary"]["requested_rate"],
+                        "measured": vs["measured"], "simulated": vs["simulated"], "errors": vs["errors_pct"]})
     if not out:
         sys.exit(f"{results}/summary.json: no run with a [target] (run experiments/h100_inference_perf.toml)")
     return out
 
 
-def main(results: Path) -> None:
-    table = rows(results)
-    print("| stage run | E2E mean | TTFT mean | ITL |")
-    print("|---|---:|---:|---:|")
-    for name, e2e, ttft, itl in table:
-        print(f"| {name} | {e2e:+.1f}% | {ttft:+.1f}% | {itl:+.1f}% |")
-    errors = np.abs(np.array([r[1:] for r in table]))
-    med = np.median(errors, axis=0)
-    print(f"| **median \\|error\\| over {len(table)} stages** | {med[0]:.1f}% | {med[1]:.1f}% | {med[2]:.1f}% |")
+def itl(means: dict) -> float:
+    return (means["e2e_ms.mean"] - means["ttft_ms.mean"]) / (OUTPUT_TOKENS - 1)
+
+
+def rows(results: Path) -> list[tuple[str, float, float, float]]:
+    """(run, E2E error %, TTFT error %, ITL error %) per stage run."""
+    return [(r["name"], r["errors"]["e2e_ms.mean"], r["errors"]["ttft_ms.mean"],
+             100.0 * (itl(r["simulated"]) / itl(r["measured"]) - 1.0)) for r in stage_runs(results)]
+
+
+def table(results: Path) -> str:
+    lines = ["| stage run | E2E mean | TTFT mean | ITL |", "|---|---:|---:|---:|"]
+    found = rows(results)
+    for name, e2e, ttft, gap in found:
+        lines.append(f"| {name} | {e2e:+.1f}% | {ttft:+.1f}% | {gap:+.1f}% |")
+    med = np.median(np.abs(np.array([r[1:] for r in found])), axis=0)
+    lines.append(f"| **median \\|error\\| over {len(found)} stages** | {med[0]:.1f}% | {med[1]:.1f}% | {med[2]:.1f}% |")
+    return "\n".join(lines)
+
+
+def figure(results: Path, fitted: Path | None, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    sets = [("schedlab, defaults", stage_runs(results), "C0")]
+    if fitted is not None:
+        sets.append(("schedlab, fitted on vllm-2", stage_runs(fitted), "C2"))
+    variants = list(dict.fromkeys(r["name"].rsplit("-", 1)[0] for r in sets[0][1]))
+    fig = Figure(figsize=(13, 7), dpi=110, layout="constrained")
+    axes = fig.subplots(2, len(variants), sharey="row")
+    for col, variant in enumerate(variants):
+        for row, (stat, label) in enumerate((("e2e_ms.mean", "mean latency (ms)"), ("ttft_ms.mean", "mean TTFT (ms)"))):
+            ax = axes[row, col]
+            for k, (name, runs, color) in enumerate(sets):
+                mine = sorted((r for r in runs if r["name"].rsplit("-", 1)[0] == variant), key=lambda r: r["rate"])
+                rates = [r["rate"] for r in mine]
+                if k == 0:
+                    ax.plot(rates, [r["measured"][stat] for r in mine], "o-", color="black", label="measured")
+                ax.plot(rates, [r["simulated"][stat] for r in mine], "s--", color=color, label=name)
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(variant, fontsize=10)
+            else:
+                ax.set_xlabel("request rate (requests/s)")
+            if col == 0:
+                ax.set_ylabel(label)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("vLLM 0.11 on an H100 (inference-perf, KubeCon NA 2025): measured at the client vs simulated")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", type=Path, help="the results folder of experiments/h100_inference_perf.toml")
+    parser.add_argument("--fitted", type=Path, default=None, help="a second results folder, run with fitted settings")
+    parser.add_argument("--figure", type=Path, default=None, help="write the figure here (PNG)")
+    args = parser.parse_args(argv)
+    print(table(args.results))
+    if args.fitted is not None:
+        print()
+        print(table(args.fitted))
+    if args.figure is not None:
+        figure(args.results, args.fitted, args.figure)
+        print(f"figure: {args.figure}")
+    return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(Path(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))
