@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import attrs
@@ -76,3 +77,22 @@ def test_low_and_saturated_stages_stay_within_the_readme_bounds(variant):
     assert abs(high["errors_pct"]["e2e_ms.mean"]) < 20
     uncapped = replay(variant, (6,), ["workload.max_concurrency=1000000"])[f"{variant}-6"].metrics["vs_target"]
     assert uncapped["errors_pct"]["e2e_ms.mean"] > 100
+
+
+def test_the_tool_derives_the_inter_token_latency_from_the_means_by_hand(tmp_path):
+    """Measured 480 ms latency and 30 ms TTFT: (480 - 30) / 63 = 7.142857 ms a token; simulated
+    450 and 11.1: 6.966667 -- -2.467% -- beside the E2E and TTFT errors the run reports."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import validate_h100
+
+    report = tmp_path / "stage.json"
+    report.write_text(json.dumps({"load_summary": {"requested_rate": 1.0}}))
+    vs = {"measured": {"e2e_ms.mean": 480.0, "ttft_ms.mean": 30.0},
+          "simulated": {"e2e_ms.mean": 450.0, "ttft_ms.mean": 11.1},
+          "errors_pct": {"e2e_ms.mean": -6.25, "ttft_ms.mean": -63.0}}
+    run = {"name": "vllm-0", "metrics": {"vs_target": vs}, "meta": {"target": {"path": str(report)}}}
+    (tmp_path / "summary.json").write_text(json.dumps({"studies": [{"runs": [run]}]}))
+    ((name, e2e, ttft, gap),) = validate_h100.rows(tmp_path)
+    assert (name, e2e, ttft) == ("vllm-0", -6.25, -63.0)
+    assert gap == pytest.approx(100 * (6.966667 / 7.142857 - 1), abs=1e-3)
+    assert "| **median \\|error\\| over 1 stages** | 6.2% | 63.0% | 2.5% |" in validate_h100.table(tmp_path)
