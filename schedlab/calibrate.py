@@ -551,7 +551,7 @@ def command(args) -> int:
     rows = others = None
     study = _study(exp, args.run)
     if target is None and args.part is None and "target" in study.base.tables:
-        target = _run_target(exp, study, args.statistics)
+        target = run_target(exp, study, args.statistics)
     if args.part is not None:
         rows, others = parse_part(args.part, _measured_count(exp, study))
     fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations,
@@ -594,7 +594,7 @@ def command(args) -> int:
     return 0
 
 
-def _run_target(exp, study, statistics: str | None):
+def run_target(exp, study, statistics: str | None):
     """The summary the run's ``[target]`` table names (``--statistics`` picks among its own)."""
     from .configs import FieldError, from_table
     from .targets import TargetConfig

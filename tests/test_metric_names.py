@@ -104,7 +104,7 @@ def test_every_declared_name_occurs_in_a_run_with_every_optional_group(everythin
     pattern = {re.sub(r"(per_class|per_instance|per_client|rejection_reasons)\.[^.]+", r"\1.*", name)
                for name in leaves(run.metrics)}
     declared = {name for name in schema_leaves(METRICS)
-                if not name.startswith(("vs_measured.", "pools.", "transfer.", "fleet.", "hourly."))
+                if not name.startswith(("vs_measured.", "vs_target.", "pools.", "transfer.", "fleet.", "hourly."))
                 and not name.endswith("stability.from_sample")  # fleet, hourly, streamed: tests/test_fleet.py
                 and name not in ("cost_per_hour", "energy_cost_per_hour", "kwh_per_hour")}  # plans add these
     assert declared == pattern
@@ -143,6 +143,17 @@ def test_vs_measured_is_declared_as_compare_makes_it(everything):
     assert set(made["server"]) == set(METRICS["vs_measured"]["server"])
     assert check_metric_name("vs_measured.mean_abs_error_pct") == "vs_measured.mean_abs_error_pct"
     assert all(isinstance(made[group], dict) for group in ("errors_pct", "measured"))
+
+
+def test_vs_target_is_declared_as_targets_makes_it(everything):
+    """Only a run with a [target] has it; its keys are those schedlab.targets.vs_target makes."""
+    from schedlab.targets import Summary, vs_target
+
+    run = everything.all_runs()[0]
+    made = vs_target(Summary("s", "vllm bench serve", {"ttft_ms.mean": 10.0, "e2e_ms.p99": 100.0}), run)
+    assert set(made) == set(METRICS["vs_target"])
+    assert all(set(made[group]) == {"ttft_ms.mean", "e2e_ms.p99"} for group in ("errors_pct", "measured", "simulated"))
+    assert check_metric_name("vs_target.mean_abs_error_pct") == "vs_target.mean_abs_error_pct"
 
 
 @pytest.mark.parametrize("name, message", [

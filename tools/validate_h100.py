@@ -12,6 +12,12 @@ experiments/data/inference_perf_h100/README.md), then the median of each over th
 ``--fitted`` adds a second results folder (the same experiment with fitted settings) to the
 figure: mean latency and TTFT against the request rate, measured and simulated, per
 configuration.
+
+``--fit-each`` is the calibrated check, made without choosing the stage: for every stage in
+turn, ``schedlab calibrate`` fits :data:`FIT` (the front end's constant and the host's work
+per sequence) on that stage's report alone, the experiment is run with the fitted values, and
+the medians over the *other* 20 stages are printed -- one row per fitted stage, then the median
+of each column over the 21 choices.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from pathlib import Path
 import numpy as np
 
 OUTPUT_TOKENS = 64  # experiments/data/inference_perf_h100/config.yaml: output_len, ignore_eos
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = REPO / "experiments" / "h100_inference_perf.toml"
+#: what --fit-each fits on one stage, and the bounds
+FIT = (("frontend.network_ms", 0.0, 20.0), ("cost_model.host_per_seq_us", 0.0, 40.0))
 
 
 def stage_runs(results: Path) -> list[dict]:
@@ -58,8 +68,46 @@ def table(results: Path) -> str:
     found = rows(results)
     for name, e2e, ttft, gap in found:
         lines.append(f"| {name} | {e2e:+.1f}% | {ttft:+.1f}% | {gap:+.1f}% |")
-    med = np.median(np.abs(np.array([r[1:] for r in found])), axis=0)
+    med = medians(found)
     lines.append(f"| **median \\|error\\| over {len(found)} stages** | {med[0]:.1f}% | {med[1]:.1f}% | {med[2]:.1f}% |")
+    return "\n".join(lines)
+
+
+def medians(found: list[tuple[str, float, float, float]], leave_out: str | None = None) -> np.ndarray:
+    """Median |error| of E2E, TTFT and ITL over the stage runs (all but ``leave_out``)."""
+    return np.median(np.abs(np.array([r[1:] for r in found if r[0] != leave_out])), axis=0)
+
+
+def fit_each(max_evaluations: int = 60) -> str:
+    """Fit on each stage alone, predict the other 20 (see the module docstring)."""
+    import tempfile
+
+    from schedlab.calibrate import Parameter, calibrate, run_target
+    from schedlab.results.storage import save
+    from schedlab.study.experiment import load, run_experiment
+
+    parameters = [Parameter(key, low, high) for key, low, high in FIT]
+    names = [s.name for s in load(EXPERIMENT).studies]
+    lines = ["| fitted on | " + " | ".join(key.split(".")[1] for key, _, _ in FIT)
+             + " | E2E | TTFT | ITL (medians over the other 20) |", "|---|" + "---:|" * (len(FIT) + 3)]
+    table_rows = []
+    for name in names:
+        exp = load(EXPERIMENT)
+        study = next(s for s in exp.studies if s.name == name)
+
+        fit, _, _ = calibrate(exp, parameters, run_name=name, target=run_target(exp, study, None),
+                              max_evaluations=max_evaluations, starts=3, diagnose=False)
+        overrides = [f"{key}={fit.values[key]!r}" for key, _, _ in FIT]
+        with tempfile.TemporaryDirectory() as out:
+            save(run_experiment(load(EXPERIMENT, overrides)), Path(out))
+            med = medians(rows(Path(out)), leave_out=name)
+        table_rows.append(med)
+        values = " | ".join(f"{fit.values[key]:.2f}" for key, _, _ in FIT)
+        lines.append(f"| {name} | {values} | {med[0]:.1f}% | {med[1]:.1f}% | {med[2]:.1f}% |")
+        print(lines[-1], file=sys.stderr)
+    over = np.median(np.array(table_rows), axis=0)
+    lines.append(f"| **median over the {len(names)} choices** |" + " |" * len(FIT)
+                 + f" {over[0]:.1f}% | {over[1]:.1f}% | {over[2]:.1f}% |")
     return "\n".join(lines)
 
 
@@ -97,10 +145,18 @@ def figure(results: Path, fitted: Path | None, path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("results", type=Path, help="the results folder of experiments/h100_inference_perf.toml")
+    parser.add_argument("results", type=Path, nargs="?", default=None,
+                        help="the results folder of experiments/h100_inference_perf.toml")
+    parser.add_argument("--fit-each", action="store_true",
+                        help="fit on each stage alone and predict the other 20 (about 10 minutes)")
     parser.add_argument("--fitted", type=Path, default=None, help="a second results folder, run with fitted settings")
     parser.add_argument("--figure", type=Path, default=None, help="write the figure here (PNG)")
     args = parser.parse_args(argv)
+    if args.fit_each:
+        print(fit_each())
+        return 0
+    if args.results is None:
+        parser.error("give the results folder (or --fit-each)")
     print(table(args.results))
     if args.fitted is not None:
         print()
