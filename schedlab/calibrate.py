@@ -38,6 +38,7 @@ runs the fitted model on another workload (e.g. ``workload.start=150``: the othe
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from typing import Any
 
@@ -85,6 +86,8 @@ class Fit:
     entangled: tuple[str, ...] = ()
     #: how well the data pins each parameter and pair, flagged or not (printed with the fit)
     sensitivity: tuple[str, ...] = ()
+    #: runs fitted together: each one's table at the fit
+    run_tables: tuple[str, ...] = ()
 
 
 def parse_parameter(text: str) -> Parameter:
@@ -190,9 +193,21 @@ def _study(exp, run_name):
     if not studies:
         raise ConfigError(f"no run named {run_name!r}; the experiment has: {', '.join(s.name for s in exp.studies)}")
     if len(studies) > 1:
-        raise ConfigError(f"the experiment has several runs; choose one with --run "
-                          f"({', '.join(s.name for s in studies)})")
+        raise ConfigError(f"the experiment has several runs; choose one with --run, or several "
+                          f"(--run 'NAME*' or --run A,B) to fit them together ({', '.join(s.name for s in studies)})")
     return studies[0]
+
+
+def _studies(exp, run_names: list[str]) -> list:
+    """The runs ``run_names`` name, in file order: exact names or shell patterns (``vllm-*``);
+    every name must match a run."""
+    chosen = []
+    for name in run_names:
+        matched = [s for s in exp.studies if fnmatch.fnmatchcase(s.name, name)]
+        if not matched:
+            raise ConfigError(f"no run named {name!r}; the experiment has: {', '.join(s.name for s in exp.studies)}")
+        chosen += [s for s in matched if s not in chosen]
+    return [s for s in exp.studies if s in chosen]
 
 
 def default_value(exp, tables: dict, key: str) -> float | None:
@@ -215,11 +230,15 @@ def default_value(exp, tables: dict, key: str) -> float | None:
     return None
 
 
-def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, max_evaluations: int = 60,
+def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | None = None, max_evaluations: int = 60,
               tolerance: float = 1e-3, rows=None, target=None, hold: dict[str, Any] | None = None,
               starts: int = 1, diagnose: bool = True) -> tuple[Fit, Any, Any]:
-    """Fit ``parameters`` on one run of a loaded experiment.
+    """Fit ``parameters`` on one run of a loaded experiment, or on several together.
 
+    :param run_name: the run to fit; or a list of runs (names or shell patterns, ``vllm-*``) to
+        fit together -- the stages of a sweep, the configurations of one server: the objective
+        is then the mean |error| over all their statistics, each run judged against its own
+        ``[target]`` or measured run (statistic names prefixed ``"<run>: "``).
     :param rows: fit on the statistics of the measured run's ``rows`` only (the whole run is
         simulated, so they still wait behind and share the GPU with the others).
     :param target: a :class:`~schedlab.targets.Summary` to fit to instead of the measured run.
@@ -228,7 +247,8 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
         spread over the bounds.
     :param diagnose: compute the correlations and error profile at the fit (``2 x`` parameters
         more simulations).
-    :returns: ``(fit, spec at the fit, result at the fit)``.
+    :returns: ``(fit, spec at the fit, result at the fit)``; with a list of runs, a list of
+        specs and a list of results, one per run.
     :raises ConfigError: no such run, a key that is not a number, nothing to compare with, or a
         start the engine refuses.
     """
@@ -238,11 +258,23 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
 
     if not parameters:
         raise ConfigError("nothing to fit: give at least one --fit KEY=LOW:HIGH")
-    base = _study(exp, run_name).base
-    tables = _tables_with_defaults(base.tables)
-    for key, value in (hold or {}).items():
-        tables = set_dotted(tables, key, value)
-    judge = SummaryTarget(target) if target is not None else MeasuredRun(rows)
+    joint = isinstance(run_name, (list, tuple))
+    if joint and (rows is not None or target is not None):
+        raise ConfigError("runs fitted together are each judged against their own [target] or measured run; "
+                          "--target and --part pick within one run")
+    members = []  # (the run's spec, its tables, its judge)
+    for study in (_studies(exp, list(run_name)) if joint else [_study(exp, run_name)]):
+        tables = _tables_with_defaults(study.base.tables)
+        for key, value in (hold or {}).items():
+            tables = set_dotted(tables, key, value)
+        if target is not None:
+            judge = SummaryTarget(target)
+        elif joint and "target" in study.base.tables:
+            judge = SummaryTarget(run_target(exp, study, None))
+        else:
+            judge = MeasuredRun(rows)
+        members.append((study.base, tables, judge))
+    tables = members[0][1]  # the start: the first run's values
     start = []
     for p in parameters:
         value = get_dotted(tables, p.key, None)
@@ -255,16 +287,20 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
         start.append(min(max(float(value), p.low), p.high))
     cache: dict[tuple, tuple[float, Any, dict]] = {}
 
-    def spec_at(x) -> RunSpec:
-        t = tables
-        for p, v in zip(parameters, x):
-            t = set_dotted(t, p.key, float(v))
-        return RunSpec(base.name, t, base.seed, base.engine)
+    def specs_at(x) -> list[RunSpec]:
+        out = []
+        for base, t, _ in members:
+            for p, v in zip(parameters, x):
+                t = set_dotted(t, p.key, float(v))
+            out.append(RunSpec(base.name, t, base.seed, base.engine))
+        return out
+
+    judges = [judge for _, _, judge in members]
 
     def evaluate(x, *, strict: bool = False):
         key = tuple(round(float(v), 12) for v in x)
         if key not in cache:
-            cache[key] = score(exp, spec_at(key), judge, strict=strict)
+            cache[key] = score_all(exp, specs_at(key), judges, strict=strict, prefix=joint)
         return cache[key]
 
     start_error = evaluate(start, strict=True)[0]  # fail fast: bad key, nothing to compare with
@@ -285,17 +321,35 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | None = None, 
         minimize(lambda x: evaluate(x)[0], point, method="Nelder-Mead", bounds=list(zip(lows, highs)),
                  options={"initial_simplex": simplex, "maxfev": budget, "xatol": tolerance, "fatol": 1e-3})
     best = min(cache, key=lambda k: cache[k][0])
-    error, result, errors = cache[best]
+    error, results, errors = cache[best]
+    specs = specs_at(best)
     values = {p.key: v for p, v in zip(parameters, best)}
     warnings = [_bound_warning(p, values[p.key]) for p in parameters]
     entangled: list[str] = []
     sensitivity: list[str] = []
     if diagnose and error < FAILED:
         entangled, sensitivity = _identifiability(parameters, np.array(best), lows, highs, errors, evaluate)
+    run_tables = tuple(judge.table(f"{spec.name} at the fit: simulated vs measured", result)
+                       for spec, judge, result in zip(specs, judges, results)) if joint and results else ()
     fit = Fit(values, error, len(cache), {p.key: v for p, v in zip(parameters, start)}, start_error,
               dict(hold or {}), len(points), errors, tuple(w for w in warnings if w), tuple(entangled),
-              tuple(sensitivity))
-    return fit, spec_at(best), result
+              tuple(sensitivity), run_tables)
+    if joint:
+        return fit, specs, results
+    return fit, specs[0], results[0] if results else None
+
+
+def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False) -> tuple[float, Any, dict]:
+    """:func:`score` over runs fitted together: ``(mean |error| over all their statistics,
+    results, errors)``; a run that fails fails the candidate."""
+    results, errors = [], {}
+    for spec, judge in zip(specs, judges):
+        error, result, errs = score(exp, spec, judge, strict=strict)
+        if error >= FAILED:
+            return FAILED, None, {}
+        results.append(result)
+        errors.update({(f"{spec.name}: {k}" if prefix else k): v for k, v in errs.items()})
+    return mean_abs(errors), results, errors
 
 
 def score(exp, spec, judge, *, strict: bool = False) -> tuple[float, Any, dict[str, float]]:
@@ -418,9 +472,15 @@ def _toml(value) -> str:
 def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, others=None, target=None,
            held_out: tuple[float, float] | None = None, held_out_label: str = "") -> str:
     """What ``schedlab calibrate`` prints."""
+    joint = isinstance(spec, list)
     judge = SummaryTarget(target) if target is not None else MeasuredRun(rows)
-    what = f"{len(fit.errors)} statistics of {target.source}" if target is not None else \
-        f"the {len(fit.errors)} statistics of the measured run" + (" (the fitted requests)" if rows is not None else "")
+    if joint:
+        what = f"{len(fit.errors)} statistics of {len(spec)} runs fitted together"
+    elif target is not None:
+        what = f"{len(fit.errors)} statistics of {target.source}"
+    else:
+        what = f"the {len(fit.errors)} statistics of the measured run" + (" (the fitted requests)" if rows is not None
+                                                                         else "")
     lines = [f"before the fit (the file's values and the plugins' defaults): mean |error| "
              f"{_pct(fit.start_error_pct)} over {what}", "", "fit (start -> fitted, bounds):"]
     for p in parameters:
@@ -434,7 +494,9 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
     if held_out is not None:
         lines.append(f"  {held_out_label}: mean |error| {_pct(held_out[0])} -> {_pct(held_out[1])}")
     lines.append("")
-    if result is not None:
+    if joint:
+        lines += list(fit.run_tables)
+    elif result is not None:
         lines.append(judge.table(f"{spec.name} at the fit: simulated vs measured", result))
         if others is not None and len(others):
             lines.append(judge.table(f"the other {len(others)} requests (not fitted on): simulated vs measured",
@@ -455,8 +517,9 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
         lines.append("what the data cannot tell apart:")
         lines += [f"  - {e}" for e in fit.entangled]
         lines.append("")
-    lines.append("# paste into the experiment:")
-    lines.append(snippet(spec, parameters, fit.held))
+    lines.append("# paste into the experiment:" + (f" (the tables of {spec[0].name}; the fitted keys are the same "
+                                                    "in every run)" if joint else ""))
+    lines.append(snippet(spec[0] if joint else spec, parameters, fit.held))
     return "\n".join(lines)
 
 
@@ -516,7 +579,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--statistics", metavar="NAMES",
                         help="comma-separated statistics of --target to fit (default: all it holds), e.g. "
                              "ttft_ms.mean,itl_ms.p50,e2e_ms.p99")
-    parser.add_argument("--run", help="the run to fit (when the file has several)")
+    parser.add_argument("--run", help="the run to fit (when the file has several); several to fit together, each "
+                                      "against its own [target] or measured run: A,B or a pattern such as 'vllm-*'")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key before fitting (TOML value syntax)")
     parser.add_argument("--predict", action="append", default=[], metavar="KEY=VALUE",
@@ -549,6 +613,15 @@ def command(args) -> int:
         target = target.select([s.strip() for s in args.statistics.split(",") if s.strip()] if args.statistics
                                else None)
     rows = others = None
+    run_name = _run_names(args.run)
+    if isinstance(run_name, list):
+        if args.predict or args.statistics:
+            raise ConfigError("--predict and --statistics take one run; runs fitted together use each one's "
+                              "[target] as it is (run the experiment with the fitted values to predict)")
+        fit, specs, results = calibrate(exp, parameters, run_name=run_name, max_evaluations=args.max_evaluations,
+                                        rows=None, target=target, hold=hold, starts=args.starts)
+        print(report(fit, specs, results, parameters))
+        return 0
     study = _study(exp, args.run)
     if target is None and args.part is None and "target" in study.base.tables:
         target = run_target(exp, study, args.statistics)
@@ -592,6 +665,16 @@ def command(args) -> int:
             print(f"warning: the prediction ({', '.join(args.predict)}): mean |error| {pair[0]:.2f}% before the "
                   f"fit, {pair[1]:.2f}% after -- the fit does not carry over")
     return 0
+
+
+def _run_names(text: str | None) -> str | list[str] | None:
+    """``--run``: one name, or several to fit together (comma-separated, or shell patterns)."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if len(names) == 1 and not any(c in names[0] for c in "*?["):
+        return names[0]
+    return names
 
 
 def run_target(exp, study, statistics: str | None):

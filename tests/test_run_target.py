@@ -124,3 +124,41 @@ def test_calibrate_fits_to_the_runs_own_target(tmp_path, capsys):
     prediction = out.split("prediction with the fit")[1]
     assert "simulated vs bench.json" in prediction
     assert float(re.search(r"mean \|error\|\s+([0-9.]+)%", prediction).group(1)) == pytest.approx(4.375, abs=0.3)
+
+
+def test_runs_fitted_together_each_against_its_own_target(tmp_path, capsys):
+    """Two runs (2 and 3 requests), each with the summary of a run made with 4 ms steps: fitted
+    together from 7 ms, the step comes back at 4 ms; the statistics are named by run, and each
+    run's table is printed."""
+    truths = {}
+    for name, n in (("a", 2), ("b", 3)):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(TINY.format(reports="[]", target='path = "bench.json"').replace(
+            "num_requests = 2", f"num_requests = {n}"))
+        (tmp_path / "bench.json").write_text(json.dumps({"mean_ttft_ms": 20.0, "mean_e2el_ms": 30.0}))
+        sim = run_experiment(load(path)).all_runs()[0].metrics["vs_target"]["simulated"]
+        truths[name] = {"mean_ttft_ms": sim["ttft_ms.mean"], "mean_e2el_ms": sim["e2e_ms.mean"]}
+        (tmp_path / f"truth_{name}.json").write_text(json.dumps(truths[name]))
+    assert truths["a"] != truths["b"]
+    path = tmp_path / "joint.toml"
+    path.write_text(TINY.format(reports="[]", target='path = "truth_a.json"').replace(
+        "decode_ms_per_step = 4.0", "decode_ms_per_step = 7.0")
+        + '\n[[runs]]\nname = "stage-a"\n\n[[runs]]\nname = "stage-b"\nworkload = {num_requests = 3}\n'
+          'target = {path = "truth_b.json"}\n')
+    from schedlab.calibrate import Parameter, calibrate
+
+    fit, specs, results = calibrate(load(path), [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)],
+                                    run_name=["stage-*"], max_evaluations=40, diagnose=False)
+    assert fit.values["cost_model.decode_ms_per_step"] == pytest.approx(4.0, rel=0.02)
+    assert [s.name for s in specs] == ["stage-a", "stage-b"] and len(results) == 2
+    assert set(fit.errors) == {f"stage-{r}: {s}" for r in "ab" for s in ("ttft_ms.mean", "e2e_ms.mean")}
+    assert main(["calibrate", str(path), "--run", "stage-a,stage-b", "--fit", "cost_model.decode_ms_per_step=1:10",
+                 "--max-evaluations", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "4 statistics of 2 runs fitted together" in out
+    assert "stage-a at the fit" in out and "stage-b at the fit" in out and "truth_b.json" in out
+    with pytest.raises(ConfigError, match="no run named 'nope'"):
+        calibrate(load(path), [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], run_name=["stage-a", "nope"])
+    with pytest.raises(ConfigError, match="each judged against their own"):
+        calibrate(load(path), [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], run_name=["stage-*"],
+                  target=object())

@@ -13,11 +13,15 @@ experiments/data/inference_perf_h100/README.md), then the median of each over th
 figure: mean latency and TTFT against the request rate, measured and simulated, per
 configuration.
 
-``--fit-each`` is the calibrated check, made without choosing the stage: for every stage in
-turn, ``schedlab calibrate`` fits :data:`FIT` (the front end's constant and the host's work
-per sequence) on that stage's report alone, the experiment is run with the fitted values, and
-the medians over the *other* 20 stages are printed -- one row per fitted stage, then the median
-of each column over the 21 choices.
+The calibrated checks, made without choosing what to fit on. ``schedlab calibrate`` fits
+:data:`FIT` (the front end's constant and the host's work per sequence), the experiment is run
+with the fitted values, and the medians over the stages not fitted on are printed:
+
+* ``--fit-config``: on each server configuration's seven stages together (one vLLM
+  deployment's benchmark sweep), predicting the other two configurations' 14 stages;
+* ``--fit-each``: on each stage's report alone, predicting the other 20.
+
+One row per choice, then the median of each column over the choices.
 """
 
 from __future__ import annotations
@@ -73,42 +77,54 @@ def table(results: Path) -> str:
     return "\n".join(lines)
 
 
-def medians(found: list[tuple[str, float, float, float]], leave_out: str | None = None) -> np.ndarray:
-    """Median |error| of E2E, TTFT and ITL over the stage runs (all but ``leave_out``)."""
-    return np.median(np.abs(np.array([r[1:] for r in found if r[0] != leave_out])), axis=0)
+def medians(found: list[tuple[str, float, float, float]], leave_out=frozenset()) -> np.ndarray:
+    """Median |error| of E2E, TTFT and ITL over the stage runs (all but those in ``leave_out``)."""
+    return np.median(np.abs(np.array([r[1:] for r in found if r[0] not in leave_out])), axis=0)
 
 
-def fit_each(max_evaluations: int = 60) -> str:
-    """Fit on each stage alone, predict the other 20 (see the module docstring)."""
+def fit_and_predict(groups: list[tuple[str, list[str]]], max_evaluations: int = 60) -> str:
+    """For each ``(label, runs)``: fit :data:`FIT` on those runs together (or the one run),
+    run the experiment with the fitted values, and give the medians over the other stages."""
     import tempfile
 
-    from schedlab.calibrate import Parameter, calibrate, run_target
+    from schedlab.calibrate import Parameter, calibrate
     from schedlab.results.storage import save
     from schedlab.study.experiment import load, run_experiment
 
     parameters = [Parameter(key, low, high) for key, low, high in FIT]
-    names = [s.name for s in load(EXPERIMENT).studies]
     lines = ["| fitted on | " + " | ".join(key.split(".")[1] for key, _, _ in FIT)
-             + " | E2E | TTFT | ITL (medians over the other 20) |", "|---|" + "---:|" * (len(FIT) + 3)]
+             + " | E2E | TTFT | ITL (medians over the stages not fitted on) |", "|---|" + "---:|" * (len(FIT) + 3)]
     table_rows = []
-    for name in names:
-        exp = load(EXPERIMENT)
-        study = next(s for s in exp.studies if s.name == name)
-
-        fit, _, _ = calibrate(exp, parameters, run_name=name, target=run_target(exp, study, None),
+    for label, runs in groups:
+        fit, _, _ = calibrate(load(EXPERIMENT), parameters, run_name=runs if len(runs) > 1 else runs[0],
+                              target=None if len(runs) > 1 else _target_of(runs[0]),
                               max_evaluations=max_evaluations, starts=3, diagnose=False)
         overrides = [f"{key}={fit.values[key]!r}" for key, _, _ in FIT]
         with tempfile.TemporaryDirectory() as out:
             save(run_experiment(load(EXPERIMENT, overrides)), Path(out))
-            med = medians(rows(Path(out)), leave_out=name)
+            med = medians(rows(Path(out)), leave_out=set(runs))
         table_rows.append(med)
         values = " | ".join(f"{fit.values[key]:.2f}" for key, _, _ in FIT)
-        lines.append(f"| {name} | {values} | {med[0]:.1f}% | {med[1]:.1f}% | {med[2]:.1f}% |")
+        lines.append(f"| {label} | {values} | {med[0]:.1f}% | {med[1]:.1f}% | {med[2]:.1f}% |")
         print(lines[-1], file=sys.stderr)
     over = np.median(np.array(table_rows), axis=0)
-    lines.append(f"| **median over the {len(names)} choices** |" + " |" * len(FIT)
+    lines.append(f"| **median over the {len(groups)} choices** |" + " |" * len(FIT)
                  + f" {over[0]:.1f}% | {over[1]:.1f}% | {over[2]:.1f}% |")
     return "\n".join(lines)
+
+
+def _target_of(name: str):
+    from schedlab.calibrate import run_target
+    from schedlab.study.experiment import load
+
+    exp = load(EXPERIMENT)
+    return run_target(exp, next(s for s in exp.studies if s.name == name), None)
+
+
+def stage_names() -> list[str]:
+    from schedlab.study.experiment import load
+
+    return [s.name for s in load(EXPERIMENT).studies]
 
 
 def figure(results: Path, fitted: Path | None, path: Path) -> None:
@@ -147,13 +163,19 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path, nargs="?", default=None,
                         help="the results folder of experiments/h100_inference_perf.toml")
+    parser.add_argument("--fit-config", action="store_true",
+                        help="fit on each configuration's stages together, predict the other two (about 5 minutes)")
     parser.add_argument("--fit-each", action="store_true",
-                        help="fit on each stage alone and predict the other 20 (about 10 minutes)")
+                        help="fit on each stage alone and predict the other 20 (about 7 minutes)")
     parser.add_argument("--fitted", type=Path, default=None, help="a second results folder, run with fitted settings")
     parser.add_argument("--figure", type=Path, default=None, help="write the figure here (PNG)")
     args = parser.parse_args(argv)
-    if args.fit_each:
-        print(fit_each())
+    if args.fit_config or args.fit_each:
+        names = stage_names()
+        configs = list(dict.fromkeys(n.rsplit("-", 1)[0] for n in names))
+        groups = ([(f"{c} (7 stages)", [n for n in names if n.rsplit("-", 1)[0] == c]) for c in configs]
+                  if args.fit_config else [(n, [n]) for n in names])
+        print(fit_and_predict(groups))
         return 0
     if args.results is None:
         parser.error("give the results folder (or --fit-each)")
