@@ -132,7 +132,7 @@ def figure(results: Path, fitted: Path | None, path: Path) -> None:
 
     sets = [("schedlab, defaults", stage_runs(results), "C0")]
     if fitted is not None:
-        sets.append(("schedlab, fitted on vllm-2", stage_runs(fitted), "C2"))
+        sets.append(("schedlab, fitted (--fitted)", stage_runs(fitted), "C2"))
     variants = list(dict.fromkeys(r["name"].rsplit("-", 1)[0] for r in sets[0][1]))
     fig = Figure(figsize=(13, 7), dpi=110, layout="constrained")
     axes = fig.subplots(2, len(variants), sharey="row")
