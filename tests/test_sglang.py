@@ -450,3 +450,27 @@ def test_radix_hits_equal_the_paged_prefix_caches_where_both_apply(requests, blo
     assert radix.counters["prefix_queries"] == paged.counters["prefix_queries"]
     for column in ("first_scheduled_ms", "first_token_ms", "finish_ms"):
         assert by_id(radix, column) == by_id(paged, column)
+
+
+def test_a_mixed_batchs_decode_slots_evict_when_the_pass_ends_in_both_engines():
+    """Radix cache of 31 one-token blocks, mixed chunks: request 9 (15 tokens, the first a prefix
+    it shares with request 7) finishes and leaves its prompt in the tree as one 15-block node;
+    request 10 (16 tokens) then fills the rest. At t = 1.9375 request 10's decode slot and
+    request 7's admission need two blocks: SGLang evicts after the pass's lookups, which split
+    the node at request 7's one-token prefix, so only the 14-block tail goes and request 7
+    finds its prefix. The fast engine took its bulk decode slot before the lookup and evicted
+    the whole node (a random hypothesis seed found it); both engines now agree."""
+    def req(i, prompt, output, max_tokens=None, group=None, prefix=0):
+        return Request(i, 0.0, prompt, output, max_tokens=max_tokens, prefix_group=group, prefix_tokens=prefix)
+
+    reqs = [req(i, 1, 1) for i in range(7)] + [req(7, 2, 2, None, 1, 1), req(8, 1, 1), req(9, 15, 1, 12, 1, 1),
+                                                req(10, 16, 2, 12)]
+    cfg = SglangConfig(max_running_requests=2, max_prefill_tokens=16, chunked_prefill_size=16, enable_mixed_chunk=True,
+                       schedule_policy="lof", init_new_token_ratio=0.0, new_token_ratio_decay_steps=1,
+                       clip_max_new_tokens=8, retract_decode_steps=0)
+    cost = LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=4.0)
+    runs = {engine: run_engine(reqs, SglangScheduler(cfg), LinearCostModel(cost), RadixKVCache(31, 1), engine=engine)
+            for engine in ("fast", "reference")}
+    compare_runs(runs["fast"], runs["reference"], rel=1e-12)
+    assert by_id(runs["fast"], "cached_tokens")[7] == 1
+    assert by_id(runs["fast"], "first_scheduled_ms")[0] == 6.0  # after request 7's 1-token prefill, not 2

@@ -451,10 +451,12 @@ class RadixKVCache:
         return self.unused
 
     def grow(self, num_blocks: int) -> None:
-        """Take ``num_blocks`` private decode blocks at once (the engine attributes them)."""
-        self.end_pass()
-        if num_blocks > self.unused + self.evictable:
-            raise AssertionError(f"grow({num_blocks}) with only {self.unused + self.evictable} free blocks")
+        """Take ``num_blocks`` private decode blocks at once (the engine attributes them). Within
+        a scheduling pass the shortfall is evicted when the pass ends, as for the same blocks
+        taken one :meth:`allocate` at a time (the reference engine's way): SGLang allocates a
+        mixed batch's decode slots with its prefill's, after the admissions' lookups."""
+        if num_blocks > self.num_free_blocks() - self._lent:
+            raise AssertionError(f"grow({num_blocks}) with only {self.num_free_blocks() - self._lent} free blocks")
         if num_blocks:
             self._take(num_blocks)
 
