@@ -382,7 +382,7 @@ def simulated(summary: Summary, result) -> dict[str, float]:
         wanted.setdefault(group, []).append(stat)
     for group, stats in wanted.items():
         if group in THROUGHPUTS:
-            out[group] = _throughput(group, req, ok)
+            out[group] = _throughput(group, req, ok, summary.view)
             continue
         hist = summary.histograms.get(group)
         if hist is not None:
@@ -458,10 +458,14 @@ def _simulated_counts(group: str, bounds, lat: dict, itl: dict, result) -> list[
     return np.searchsorted(values, edges, side="right").astype(float).tolist()
 
 
-def _throughput(name: str, req: dict, ok: np.ndarray) -> float:
+def _throughput(name: str, req: dict, ok: np.ndarray, view: str = "engine") -> float:
+    """Tokens or requests per second over the run: from the first arrival to the last finish,
+    or for a client, from the first send to the last byte."""
     if not ok.any():
         return float("nan")
-    seconds = (float(req["finish_ms"][ok].max()) - float(req["arrival_ms"].min())) / 1e3
+    first, last = ("sent_ms", "client_done_ms") if view == "client" and "client_done_ms" in req else \
+        ("arrival_ms", "finish_ms")
+    seconds = (float(req[last][ok].max()) - float(req[first].min())) / 1e3
     if not seconds > 0:
         return float("nan")
     if name == "request_throughput_rps":

@@ -70,6 +70,12 @@ def test_a_client_summary_is_compared_with_the_simulated_client_by_hand(tmp_path
     assert vs["mean_abs_error_pct"] == pytest.approx(4.375)
     assert run.metrics["ttft_ms"]["mean"] == pytest.approx(19.0)  # the engine's own view differs
     assert run.meta["target"]["view"] == "client"
+    # throughput over the client's span, 0 to 38.25 ms (the engine's: 1.5 to 37.5 ms)
+    from schedlab.targets import Summary, simulated
+
+    rate = {"request_throughput_rps": 1.0}
+    assert simulated(Summary("b", "vllm bench serve", rate), run) == pytest.approx({"request_throughput_rps": 2 / 0.03825})
+    assert simulated(Summary("m", "vLLM /metrics", rate), run) == pytest.approx({"request_throughput_rps": 2 / 0.036})
 
 
 def test_vllm_metrics_are_compared_with_the_simulated_engine_by_hand(tmp_path):
