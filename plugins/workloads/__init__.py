@@ -11,7 +11,8 @@ Registered names (``[workload] kind = ...``):
 * ``mix`` -- several classes merged by arrival time (:mod:`.mix`);
 * ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`);
 * ``vllm_log``, ``vllm_bench`` -- measured vLLM runs, kept for comparison (:mod:`.measured`);
-* ``inference_perf`` -- an inference-perf run's per-request report, the same way (:mod:`.inference_perf`).
+* ``inference_perf``, ``guidellm`` -- a load generator's per-request report, the same way
+  (:mod:`.inference_perf`, :mod:`.guidellm`).
 
 Shared pieces: :mod:`.records` reads request files, :mod:`.distributions` holds the length
 distributions, :mod:`.arrivals` the arrival processes and seeded streams, :mod:`.columns` turns
@@ -26,6 +27,7 @@ import schedlab
 
 from .closed_loop import ClosedLoopConfig, make_closed_loop_workload
 from .diurnal import DiurnalConfig, make_diurnal_workload
+from .guidellm import GuidellmConfig, make_guidellm_workload
 from .inference_perf import InferencePerfConfig, make_inference_perf_workload
 from .measured import VllmBenchConfig, VllmLogConfig, make_vllm_bench_workload, make_vllm_log_workload
 from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
@@ -61,6 +63,9 @@ def schedlab_register_workloads(register) -> None:
     register("inference_perf", make_inference_perf_workload, config=InferencePerfConfig,
              help="an inference-perf per_request_lifecycle_metrics.json: requests at their send times, prefix "
                   "sharing from the prompts' text; measured latencies kept for comparison")
+    register("guidellm", make_guidellm_workload, config=GuidellmConfig,
+             help="one benchmark of a guidellm JSON report: its requests at their start times, prefix sharing from "
+                  "the prompts' text; measured latencies kept for comparison")
     # A registry can look up any workload, including plugins'; a bare callable cannot.
     lookup = registry_lookup(register) if hasattr(register, "get") else builtin_lookup
     register("mix", functools.partial(make_mix_workload, lookup=lookup), config=MixConfig,

@@ -77,13 +77,15 @@ def _first(record: dict, *paths):
     return None
 
 
-def _whole(where: str, key: str, value) -> int:
+def whole_tokens(where: str, key: str, value) -> int:
+    """A token count >= 1, or WorkloadError naming ``where`` and ``key``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
         raise WorkloadError(f"{where}: {key}: must be a whole number >= 1, got {value!r}")
     return int(value)
 
 
-def _seconds(where: str, key: str, value) -> float:
+def seconds(where: str, key: str, value) -> float:
+    """A time in seconds >= 0, or WorkloadError naming ``where`` and ``key``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise WorkloadError(f"{where}: {key}: must be a number of seconds >= 0, got {value!r}")
     return float(value)
@@ -165,8 +167,8 @@ def load_inference_perf(path, *, limit: int | None = None, prefix_blocks: str = 
         for key in ("start_time", "end_time", "info"):
             if key not in record:
                 raise WorkloadError(f"{where}: missing field {key!r}")
-        start = _seconds(where, "start_time", record["start_time"])
-        end = _seconds(where, "end_time", record["end_time"])
+        start = seconds(where, "start_time", record["start_time"])
+        end = seconds(where, "end_time", record["end_time"])
         if end < start:
             raise WorkloadError(f"{where}: end_time {end} is before start_time {start}")
         info = record["info"]
@@ -181,37 +183,63 @@ def load_inference_perf(path, *, limit: int | None = None, prefix_blocks: str = 
         times = _first(info, ("response_metrics", "output_token_times"), ("output_token_times",)) or []
         if not isinstance(times, list):
             raise WorkloadError(f"{where}: output_token_times: must be a list of seconds")
-        times = [_seconds(where, "output_token_times", t) for t in times]
+        times = [seconds(where, "output_token_times", t) for t in times]
         payload = _payload(record)
-        cap = payload.get("max_tokens", payload.get("max_completion_tokens"))
-        rows.append((start, end, _whole(where, "input tokens", prompt), _whole(where, "output tokens", output),
-                     times, cap if isinstance(cap, int) and not isinstance(cap, bool) else None, prompt_text(payload)))
+        rows.append(ClientRecord(start, end, whole_tokens(where, "input tokens", prompt),
+                                 whole_tokens(where, "output tokens", output), times[0] if times else None,
+                                 times[-1] if times else None, max_tokens_of(payload), prompt_text(payload)))
     if not rows:
         raise WorkloadError(f"{path}: no successful requests ({failed} failed)")
-    rows.sort(key=lambda r: r[0])
-    rows = rows[:limit]
-    origin = rows[0][0]
-    sent = np.array([(r[0] - origin) * 1e3 for r in rows])
-    e2e = np.array([(r[1] - r[0]) * 1e3 for r in rows])
-    prompt_tokens = np.array([r[2] for r in rows], dtype=np.int64)
-    output_tokens = np.array([r[3] for r in rows], dtype=np.int64)
-    ttft = np.array([(r[4][0] - r[0]) * 1e3 if r[4] else np.nan for r in rows])
+    sent, columns, measured = replay_columns(rows, str(path), limit=limit, prefix_blocks=prefix_blocks,
+                                             hash_block_tokens=hash_block_tokens)
+    return sent, columns, measured, failed
+
+
+@attrs.frozen
+class ClientRecord:
+    """One request as a load generator recorded it (seconds on its clock)."""
+
+    start: float                  # sent
+    end: float                    # last byte
+    prompt_tokens: int
+    output_tokens: int
+    first_token: float | None     # the first token's arrival (None: not streamed)
+    last_token: float | None
+    max_tokens: int | None        # the client's limit, when the payload had one
+    prompt: str | None            # the prompt's text, when kept
+
+
+def max_tokens_of(payload: dict) -> int | None:
+    cap = payload.get("max_tokens", payload.get("max_completion_tokens"))
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+
+
+def replay_columns(rows: list[ClientRecord], source: str, *, limit: int | None = None, prefix_blocks: str = "text",
+                   hash_block_tokens: int = 16) -> tuple[np.ndarray, RequestColumns, MeasuredRequests]:
+    """Send times (ms after the first), the requests' columns and the client's measured
+    latencies of a load generator's records, in the order they were sent (the first ``limit``)."""
+    rows = sorted(rows, key=lambda r: r.start)[:limit]
+    origin = rows[0].start
+    sent = np.array([(r.start - origin) * 1e3 for r in rows])
+    e2e = np.array([(r.end - r.start) * 1e3 for r in rows])
+    prompt_tokens = np.array([r.prompt_tokens for r in rows], dtype=np.int64)
+    output_tokens = np.array([r.output_tokens for r in rows], dtype=np.int64)
+    ttft = np.array([(r.first_token - r.start) * 1e3 if r.first_token is not None else np.nan for r in rows])
     with np.errstate(invalid="ignore", divide="ignore"):
-        last = np.array([(r[4][-1] - r[0]) * 1e3 if r[4] else np.nan for r in rows])
+        last = np.array([(r.last_token - r.start) * 1e3 if r.last_token is not None else np.nan for r in rows])
         tpot = np.where(output_tokens > 1, (last - ttft) / (output_tokens - 1), np.nan)
     per_row: dict[str, list] = {}
-    caps = [r[5] if r[5] is not None and r[5] >= r[3] else None for r in rows]
+    caps = [r.max_tokens if r.max_tokens is not None and r.max_tokens >= r.output_tokens else None for r in rows]
     if any(c is not None for c in caps):
         per_row["max_tokens"] = caps
     constant = {}
     if prefix_blocks == "text":
-        ids = text_block_ids([r[6] for r in rows], prompt_tokens, hash_block_tokens)
+        ids = text_block_ids([r.prompt for r in rows], prompt_tokens, hash_block_tokens)
         if any(i for i in ids):
             per_row["block_hashes"] = ids
             constant["hash_block_tokens"] = hash_block_tokens
     columns = RequestColumns(prompt_tokens, output_tokens, per_row, constant)
-    measured = MeasuredRequests(str(path), sent, ttft, tpot, e2e, output_tokens, view="client")
-    return sent, columns, measured, failed
+    return sent, columns, MeasuredRequests(source, sent, ttft, tpot, e2e, output_tokens, view="client")
 
 
 def make_inference_perf_workload(config: InferencePerfConfig) -> OpenLoopWorkload:
