@@ -29,12 +29,13 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import bool_field, int_field, path_field, str_field
+from schedlab.configs import bool_field, int_field, path_field
 from schedlab.errors import WorkloadError
 
 from .columns import OpenLoopWorkload
 from .inference_perf import (
-    PREFIX_BLOCKS, ClientRecord, max_tokens_of, prompt_text, replay_columns, seconds, whole_tokens,
+    ClientRecord, hash_block_tokens_field, max_tokens_of, prefix_blocks_field, prompt_text, replay_columns, seconds,
+    whole_tokens,
 )
 from .records import read_json_file
 
@@ -46,9 +47,8 @@ class GuidellmConfig:
     allow_sample: bool = bool_field(False, help="replay a benchmark whose report keeps only a sample of its requests "
                                                 "(guidellm --sample-requests); the missing ones do not load the server")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
-    prefix_blocks: str = str_field("text", choices=PREFIX_BLOCKS,
-                                   help="'text': prefix block ids from the prompts' text; 'none': no sharing")
-    hash_block_tokens: int = int_field(16, min=1, help="tokens per prefix block id (vLLM's block size)")
+    prefix_blocks: str = prefix_blocks_field()
+    hash_block_tokens: int = hash_block_tokens_field()
 
 
 def _number(entry: dict, *paths):

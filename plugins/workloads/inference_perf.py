@@ -48,15 +48,22 @@ from .records import read_json_file
 PREFIX_BLOCKS = ("text", "none")
 
 
+def prefix_blocks_field():
+    return str_field("text", choices=PREFIX_BLOCKS,
+                     help="'text': prefix block ids from the prompts' text (blocks of hash_block_tokens x the run's "
+                          "mean characters per token); 'none': no sharing")
+
+
+def hash_block_tokens_field():
+    return int_field(16, min=1, help="tokens per prefix block id (vLLM's block size)")
+
+
 @attrs.frozen
 class InferencePerfConfig:
     path: str = path_field(help="inference-perf's per_request_lifecycle_metrics.json")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
-    prefix_blocks: str = str_field("text", choices=PREFIX_BLOCKS,
-                                   help="'text': prefix block ids from the prompts' text (blocks of "
-                                        "hash_block_tokens x the run's mean characters per token); 'none': "
-                                        "no sharing")
-    hash_block_tokens: int = int_field(16, min=1, help="tokens per prefix block id (vLLM's block size)")
+    prefix_blocks: str = prefix_blocks_field()
+    hash_block_tokens: int = hash_block_tokens_field()
 
 
 def _get(record: dict, *keys):
