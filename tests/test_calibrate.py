@@ -364,16 +364,9 @@ def test_bucket_quantile_by_hand():
     assert Histogram(bounds, counts, 0.0).quantile(0.5) == pytest.approx(2.0)
 
 
-def test_simulated_statistics_of_a_tiny_run_by_hand(tmp_path):
-    """Two requests, all at once, 10-token prompts, 3 output tokens, linear costs of 1 ms a
-    prompt token and 4 ms a decode step, one slot: request 0 prefills (10 ms, token 1) and
-    decodes twice (t = 18); request 1 then prefills (t = 28) and decodes (t = 36).
-    TTFT 10 and 28, e2e 18 and 36, every ITL 4 ms; 6 tokens over 36 ms."""
-    path = tmp_path / "tiny.toml"
-    path.write_text("""
-[experiment]
-reports = []
-[workload]
+#: Two requests at once, 10-token prompts, 3 output tokens, one slot, 1 ms a prompt token and
+#: 4 ms a decode step (hand-computed below; tests/test_run_target.py puts a front end on it).
+TINY_RUN = """[workload]
 kind = "synthetic"
 num_requests = 2
 arrival = "all-at-once"
@@ -386,7 +379,16 @@ max_num_seqs = 1
 kind = "linear"
 prefill_ms_per_token = 1.0
 decode_ms_per_step = 4.0
-""")
+"""
+
+
+def test_simulated_statistics_of_a_tiny_run_by_hand(tmp_path):
+    """Two requests, all at once, 10-token prompts, 3 output tokens, linear costs of 1 ms a
+    prompt token and 4 ms a decode step, one slot: request 0 prefills (10 ms, token 1) and
+    decodes twice (t = 18); request 1 then prefills (t = 28) and decodes (t = 36).
+    TTFT 10 and 28, e2e 18 and 36, every ITL 4 ms; 6 tokens over 36 ms."""
+    path = tmp_path / "tiny.toml"
+    path.write_text("[experiment]\nreports = []\n" + TINY_RUN)
     run = run_experiment(load(path)).all_runs()[0]
     target = read_summary(_write(tmp_path / "b.json", {"mean_ttft_ms": 1.0, "median_ttft_ms": 1.0,
                                                        "mean_itl_ms": 1.0, "p99_e2el_ms": 1.0,

@@ -13,6 +13,7 @@ import pytest
 from schedlab.cli import main
 from schedlab.errors import ConfigError
 from schedlab.study.experiment import load, run_experiment
+from test_calibrate import TINY_RUN
 
 #: Two requests sent at t = 0, 10-token prompts, 3 output tokens; one slot, 1 ms a prompt token,
 #: 4 ms a decode step; a front end of 0.5 ms each way, 1 ms a request (handlers unlimited, no
@@ -20,31 +21,19 @@ from schedlab.study.experiment import load, run_experiment
 #: first token at 11.5, last at 19.5; request 1's at 29.5 and 37.5 -- TTFT 10 and 28 (mean
 #: 19), from the engine's arrival. Client: every byte 0.75 ms after its token left the engine,
 #: from t = 0 -- TTFT 12.25 and 30.25 (mean 21.25), latency 20.25 and 38.25 (mean 29.25).
-TINY = """
-[experiment]
-reports = {reports}
-[workload]
-kind = "synthetic"
-num_requests = 2
-arrival = "all-at-once"
-prompt = {{ dist = "fixed", value = 10 }}
-output = {{ dist = "fixed", value = 3 }}
-[scheduler]
-kind = "continuous"
-max_num_seqs = 1
-[cost_model]
-kind = "linear"
-prefill_ms_per_token = 1.0
-decode_ms_per_step = 4.0
-[frontend]
+FRONTEND = """[frontend]
 network_ms = 0.5
 request_ms = 1.0
 tokenize_ms_per_token = 0.0
 token_ms = 0.25
 workers = 0
-[target]
-{target}
 """
+
+
+def tiny(reports: str, target: str) -> str:
+    """The experiment: the hand-computed tiny run, the front end above, the [target] given."""
+    return f"[experiment]\nreports = {reports}\n" + TINY_RUN + FRONTEND + f"[target]\n{target}\n"
+
 
 SCRAPE = """vllm:time_to_first_token_seconds_bucket{le="0.015"} 1
 vllm:time_to_first_token_seconds_bucket{le="+Inf"} 2
@@ -57,7 +46,7 @@ def experiment(tmp_path, target: str, reports: str = "[]"):
     (tmp_path / "bench.json").write_text(json.dumps({"completed": 2, "mean_ttft_ms": 20.0, "mean_e2el_ms": 30.0}))
     (tmp_path / "metrics.txt").write_text(SCRAPE)
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY.format(reports=reports, target=target))
+    path.write_text(tiny(reports, target))
     return path
 
 
@@ -117,7 +106,7 @@ def test_calibrate_fits_to_the_runs_own_target(tmp_path, capsys):
                "mean_e2el_ms": truth.metrics["vs_target"]["simulated"]["e2e_ms.mean"]}
     (tmp_path / "truth.json").write_text(json.dumps(summary))
     path = tmp_path / "fit.toml"
-    path.write_text(TINY.format(reports="[]", target='path = "truth.json"').replace("decode_ms_per_step = 4.0",
+    path.write_text(tiny("[]", 'path = "truth.json"').replace("decode_ms_per_step = 4.0",
                                                                                    "decode_ms_per_step = 7.0"))
     assert main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10", "--max-evaluations", "40",
                  "--predict", 'target.path="bench.json"']) == 0
@@ -139,7 +128,7 @@ def test_runs_fitted_together_each_against_its_own_target(tmp_path, capsys):
     truths = {}
     for name, n in (("a", 2), ("b", 3)):
         path = tmp_path / f"{name}.toml"
-        path.write_text(TINY.format(reports="[]", target='path = "bench.json"').replace(
+        path.write_text(tiny("[]", 'path = "bench.json"').replace(
             "num_requests = 2", f"num_requests = {n}"))
         (tmp_path / "bench.json").write_text(json.dumps({"mean_ttft_ms": 20.0, "mean_e2el_ms": 30.0}))
         sim = run_experiment(load(path)).all_runs()[0].metrics["vs_target"]["simulated"]
@@ -147,7 +136,7 @@ def test_runs_fitted_together_each_against_its_own_target(tmp_path, capsys):
         (tmp_path / f"truth_{name}.json").write_text(json.dumps(truths[name]))
     assert truths["a"] != truths["b"]
     path = tmp_path / "joint.toml"
-    path.write_text(TINY.format(reports="[]", target='path = "truth_a.json"').replace(
+    path.write_text(tiny("[]", 'path = "truth_a.json"').replace(
         "decode_ms_per_step = 4.0", "decode_ms_per_step = 7.0")
         + '\n[[runs]]\nname = "stage-a"\n\n[[runs]]\nname = "stage-b"\nworkload = {num_requests = 3}\n'
           'target = {path = "truth_b.json"}\n')
