@@ -12,6 +12,14 @@ Two kinds of measurement (the *target*):
   file holds is compared (``--statistics`` picks some); a run with a ``[target]`` table uses
   its summary when no ``--target`` is given.
 
+With a per-request log, ``--objective requests`` pairs each measured request with its replay
+instead: the error is over every request's TTFT, TPOT and latency. Statistics of the whole run
+forget which request had which latency, and let settings trade off -- a fixed cost per request
+against a cost per prompt token match TTFT's percentiles equally well, and the mean |error| over
+15 statistics has kinks (one statistic crossing zero) where a simplex stalls. Pairs keep it: a
+TTFT that grows with the prompt is a regression. (Runs fitted together that carry a
+``[target]`` are still judged by its statistics.)
+
 Each ``--fit KEY=LOW:HIGH`` names a setting of the run's tables (``cost_model.overhead_ms``,
 ``cost_model.mfu``) and its bounds; ``--hold KEY=VALUE`` sets one and keeps it out of the fit.
 The objective is the mean absolute error over the statistics, in percent. A fit that can be
@@ -22,7 +30,8 @@ trusted:
   and, with ``--starts N``, also from the N - 1 best of a screen of points spread over the
   bounds (a Halton sequence: deterministic; a third of the budget, at most 8 per parameter) --
   a start drawn blindly in the box often lands where the server is overloaded and the error
-  is flat; each start runs scipy's bounded Nelder-Mead, the best result wins;
+  is flat; each start runs scipy's bounded Nelder-Mead, restarted from its best point with a
+  fresh simplex while that improves and the budget lasts; the best result wins;
 * a candidate the engine refuses (a cost of 0 ms at a bound of 0, a setting out of its range)
   scores as a failure instead of aborting the fit;
 * it prints the error before fitting and after, warns when a fitted value sits on its bound
@@ -88,6 +97,8 @@ class Fit:
     sensitivity: tuple[str, ...] = ()
     #: runs fitted together: each one's table at the fit
     run_tables: tuple[str, ...] = ()
+    #: what a measured run was judged by (:data:`OBJECTIVES`)
+    objective: str = "statistics"
 
 
 def parse_parameter(text: str) -> Parameter:
@@ -152,6 +163,26 @@ class MeasuredRun:
         return format_comparison(title, comparison_rows(statistics(sim), truth))
 
 
+class PairedRequests(MeasuredRun):
+    """Every measured request against its own replay: the TTFT, TPOT and latency of each (its
+    ``rows`` only, when given) -- ``--objective requests``. A statistic forgets which request
+    had which latency; the pairing keeps it, so what grows with the prompt or with the batch is
+    fitted as a regression is, and the mean |error| has no kinks where one of 15 statistics
+    crosses zero. Tables still show the 15 statistics."""
+
+    def errors(self, result) -> dict[str, float]:
+        from .results.compare import paired_errors
+
+        if result.measured is None:
+            raise ConfigError("--objective requests pairs the requests of a measured run: use a vllm_log or "
+                              "vllm_bench workload")
+        return paired_errors(result.requests, result.measured, self.rows)
+
+
+#: What a measured run is judged by: its 15 statistics, or each request paired with its replay.
+OBJECTIVES = {"statistics": MeasuredRun, "requests": PairedRequests}
+
+
 class SummaryTarget:
     """The statistics of a :class:`~schedlab.targets.Summary` (a report or a scrape)."""
 
@@ -213,17 +244,25 @@ def _studies(exp, run_names: list[str]) -> list:
 def default_value(exp, tables: dict, key: str) -> float | None:
     """What the run uses for ``key`` when the file does not set it: the built component's
     setting (a cost model's ``settings``, e.g. the roofline's measured efficiencies, or its
-    ``config``), else None."""
+    ``config``), a ``[frontend]`` or ``[client]`` setting's default, else None."""
+    from .configs import from_table
+    from .frontend import ClientConfig, FrontendConfig
     from .study.simulation import build_component
 
     section, _, name = key.partition(".")
-    if section not in ("cost_model", "scheduler", "kv_cache") or "." in name or section not in tables:
+    plain = {"frontend": FrontendConfig, "client": ClientConfig}  # tables that are one config, not a plugin
+    if section not in ("cost_model", "scheduler", "kv_cache", *plain) or "." in name or section not in tables:
         return None
+    where = f"{exp.context.source}: [{section}]"
     try:
-        component = build_component(exp.context, section, tables[section], f"{exp.context.source}: [{section}]")
+        if section in plain:
+            holders = (from_table(plain[section], tables[section], where=where),)
+        else:
+            component = build_component(exp.context, section, tables[section], where)
+            holders = (getattr(component, "settings", None), getattr(component, "config", None))
     except SchedlabError:
         return None
-    for holder in (getattr(component, "settings", None), getattr(component, "config", None)):
+    for holder in holders:
         value = getattr(holder, name, None) if holder is not None else None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -232,7 +271,7 @@ def default_value(exp, tables: dict, key: str) -> float | None:
 
 def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | None = None, max_evaluations: int = 60,
               tolerance: float = 1e-3, rows=None, target=None, hold: dict[str, Any] | None = None,
-              starts: int = 1, diagnose: bool = True) -> tuple[Fit, Any, Any]:
+              starts: int = 1, diagnose: bool = True, objective: str = "statistics") -> tuple[Fit, Any, Any]:
     """Fit ``parameters`` on one run of a loaded experiment, or on several together.
 
     :param run_name: the run to fit; or a list of runs (names or shell patterns, ``vllm-*``) to
@@ -247,18 +286,24 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         spread over the bounds.
     :param diagnose: compute the correlations and error profile at the fit (``2 x`` parameters
         more simulations).
+    :param objective: how a measured run (not a ``[target]``) judges a candidate:
+        ``"statistics"``, its 15 statistics; ``"requests"``, each request against its replay
+        (:class:`PairedRequests`).
     :returns: ``(fit, spec at the fit, result at the fit)``; with a list of runs, a list of
         specs and a list of results, one per run.
     :raises ConfigError: no such run, a key that is not a number, nothing to compare with, or a
         start the engine refuses.
     """
-    from scipy.optimize import minimize  # fitting only; scipy is a dependency for this
-
     from .study.simulation import RunSpec, _tables_with_defaults
 
     if not parameters:
         raise ConfigError("nothing to fit: give at least one --fit KEY=LOW:HIGH")
     joint = isinstance(run_name, (list, tuple))
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    if objective == "requests" and target is not None:
+        raise ConfigError("--objective requests pairs the requests of a measured run's log; --target holds summary "
+                          "statistics only")
     if joint and (rows is not None or target is not None):
         raise ConfigError("runs fitted together are each judged against their own [target] or measured run; "
                           "--target and --part pick within one run")
@@ -272,7 +317,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         elif joint and "target" in study.base.tables:
             judge = SummaryTarget(run_target(exp, study, None))
         else:
-            judge = MeasuredRun(rows)
+            judge = OBJECTIVES[objective](rows)
         members.append((study.base, tables, judge))
     tables = members[0][1]  # the start: the first run's values
     start = []
@@ -312,14 +357,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         points += screened[:starts - 1]
     budget = max((max_evaluations - len(cache)) // len(points), 4 * len(parameters) + 4)
     for point in points:
-        # A first simplex a quarter of each range wide: the error surface is piecewise smooth
-        # (iterations are discrete), so small steps see only its plateaus.
-        span = 0.25 * (highs - lows)
-        simplex = [point] + [point + np.where(np.arange(len(point)) == i,
-                                              np.where(point + span <= highs, span, -span), 0.0)
-                             for i in range(len(point))]
-        minimize(lambda x: evaluate(x)[0], point, method="Nelder-Mead", bounds=list(zip(lows, highs)),
-                 options={"initial_simplex": simplex, "maxfev": budget, "xatol": tolerance, "fatol": 1e-3})
+        restarted_nelder_mead(lambda x: evaluate(x)[0], point, lows, highs, budget, tolerance)
     best = min(cache, key=lambda k: cache[k][0])
     error, results, errors = cache[best]
     specs = specs_at(best)
@@ -333,10 +371,45 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
                        for spec, judge, result in zip(specs, judges, results)) if joint and results else ()
     fit = Fit(values, error, len(cache), {p.key: v for p, v in zip(parameters, start)}, start_error,
               dict(hold or {}), len(points), errors, tuple(w for w in warnings if w), tuple(entangled),
-              tuple(sensitivity), run_tables)
+              tuple(sensitivity), run_tables, objective)
     if joint:
         return fit, specs, results
     return fit, specs[0], results[0] if results else None
+
+
+def restarted_nelder_mead(f, point, lows: np.ndarray, highs: np.ndarray, budget: int, tolerance: float = 1e-3,
+                          *, restarts: bool = True):
+    """Minimise ``f`` from ``point`` in the box with scipy's bounded Nelder-Mead, in at most
+    ``budget`` calls; returns ``(x, f(x))`` of the last descent's best.
+
+    The first simplex is a quarter of each range wide: the error surface is piecewise smooth
+    (iterations are discrete), so small steps see only its plateaus. A simplex collapses on the
+    kinks a mean |error| has (one statistic crossing zero) and stops short in a valley:
+    restarted from its best point with a fresh simplex, it walks on, until a restart improves
+    on its start by less than 1e-3 or the budget is spent (``restarts=False``: one descent)."""
+    from scipy.optimize import minimize
+
+    span = 0.25 * (highs - lows)
+    calls = 0
+
+    def counted(x):
+        nonlocal calls
+        calls += 1
+        return f(x)
+
+    point = np.asarray(point, dtype=float)
+    value = f(point)  # the start's value: not counted against the budget (the caller has scored it)
+    while calls < budget:
+        simplex = [point] + [point + np.where(np.arange(len(point)) == i, np.where(point + span <= highs, span, -span),
+                                              0.0) for i in range(len(point))]
+        result = minimize(counted, point, method="Nelder-Mead", bounds=list(zip(lows, highs)),
+                          options={"initial_simplex": simplex, "maxfev": max(budget - calls, 1), "xatol": tolerance,
+                                   "fatol": 1e-3})
+        if not restarts or not result.fun < value - 1e-3:
+            point, value = (np.clip(result.x, lows, highs), float(result.fun)) if result.fun < value else (point, value)
+            break
+        point, value = np.clip(result.x, lows, highs), float(result.fun)
+    return point, value
 
 
 def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False) -> tuple[float, Any, dict]:
@@ -473,14 +546,17 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
            held_out: tuple[float, float] | None = None, held_out_label: str = "") -> str:
     """What ``schedlab calibrate`` prints."""
     joint = isinstance(spec, list)
-    judge = SummaryTarget(target) if target is not None else MeasuredRun(rows)
+    judge = SummaryTarget(target) if target is not None else OBJECTIVES[fit.objective](rows)
+    values = "latencies of single requests" if fit.objective == "requests" else "statistics"
     if joint:
-        what = f"{len(fit.errors)} statistics of {len(spec)} runs fitted together"
+        what = f"{len(fit.errors)} {values} of {len(spec)} runs fitted together"
     elif target is not None:
         what = f"{len(fit.errors)} statistics of {target.source}"
     else:
-        what = f"the {len(fit.errors)} statistics of the measured run" + (" (the fitted requests)" if rows is not None
-                                                                         else "")
+        what = f"the {len(fit.errors)} {values} of the measured run" + (" (the fitted requests)" if rows is not None
+                                                                       else "")
+        if fit.objective == "requests":
+            what += ", each request against its replay"
     lines = [f"before the fit (the file's values and the plugins' defaults): mean |error| "
              f"{_pct(fit.start_error_pct)} over {what}", "", "fit (start -> fitted, bounds):"]
     for p in parameters:
@@ -510,7 +586,7 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
         lines += [f"  ! {w}" for w in warnings]
         lines.append("")
     if fit.sensitivity:
-        lines.append("how well the statistics pin the fit (the error's rise; the fitted values' correlation):")
+        lines.append(f"how well the {values} pin the fit (the error's rise; the fitted values' correlation):")
         lines += [f"  {e}" for e in fit.sensitivity]
         lines.append("")
     if fit.entangled:
@@ -550,13 +626,13 @@ def _measured_count(exp, study) -> int:
     return len(measured.ttft_ms)
 
 
-def _held_out_error(exp, tables: dict, base, rows) -> float:
-    """The mean |error| of the measured run's ``rows`` in a run with ``tables``."""
-    from .results.compare import vs_measured
+def _held_out_error(exp, tables: dict, base, rows, objective: str = "statistics") -> float:
+    """The mean |error| of the measured run's ``rows`` in a run with ``tables``, judged as the
+    fit was."""
     from .study.simulation import RunSpec, run
 
     result = run(RunSpec(base.name, tables, base.seed, base.engine), exp.context, timeline=False)
-    return vs_measured(result.requests, result.measured, rows)["mean_abs_error_pct"]
+    return mean_abs(OBJECTIVES[objective](rows).errors(result))
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -588,6 +664,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--part", metavar="FIRST:END",
                         help="fit on the statistics of these requests of the log only (the whole run is simulated); "
                              "the table of the other requests then shows the prediction")
+    parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="statistics",
+                        help="what a measured run's log is fitted on: its 15 statistics (default), or each "
+                             "request's TTFT, TPOT and latency against its own replay ('requests': pins what grows "
+                             "with the prompt or the batch where statistics trade settings off)")
     parser.add_argument("--starts", type=int, default=3, help="Nelder-Mead starts: the defaults, then points "
                                                               "spread over the bounds (default 3)")
     parser.add_argument("--max-evaluations", type=int, default=60, help="simulations at most (default 60)")
@@ -619,16 +699,17 @@ def command(args) -> int:
             raise ConfigError("--predict and --statistics take one run; runs fitted together use each one's "
                               "[target] as it is (run the experiment with the fitted values to predict)")
         fit, specs, results = calibrate(exp, parameters, run_name=run_name, max_evaluations=args.max_evaluations,
-                                        rows=None, target=target, hold=hold, starts=args.starts)
+                                        rows=None, target=target, hold=hold, starts=args.starts,
+                                        objective=args.objective)
         print(report(fit, specs, results, parameters))
         return 0
     study = _study(exp, args.run)
-    if target is None and args.part is None and "target" in study.base.tables:
+    if target is None and args.part is None and args.objective == "statistics" and "target" in study.base.tables:
         target = run_target(exp, study, args.statistics)
     if args.part is not None:
         rows, others = parse_part(args.part, _measured_count(exp, study))
     fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations,
-                                  rows=rows, target=target, hold=hold, starts=args.starts)
+                                  rows=rows, target=target, hold=hold, starts=args.starts, objective=args.objective)
     if target is not None and target.requests is not None and result is not None:
         simulated_requests = int((result.requests["rejected"] == 0).sum())
         if simulated_requests != target.requests:
@@ -641,7 +722,7 @@ def command(args) -> int:
         tables = _tables_with_defaults(study.base.tables)
         for key, value in {**hold, **fit.start}.items():
             tables = set_dotted(tables, key, value)
-        held_out = (_held_out_error(exp, tables, study.base, others), _held_out_error(exp, spec.tables, study.base, others))
+        held_out = tuple(_held_out_error(exp, t, study.base, others, args.objective) for t in (tables, spec.tables))
         label = f"the other {len(others)} requests (not fitted on)"
     print(report(fit, spec, result, parameters, rows, others, target, held_out, label))
     if args.predict:

@@ -17,6 +17,10 @@ with the simulated engine's, a load generator's (from sending the request to the
 last byte) with the simulated client's (:func:`simulated_latencies`). When a client's file also
 has the server's own per-request TTFT and queue time, they are compared with the simulated
 engine's under ``vs_measured["server"]`` (not part of the mean error).
+
+Calibration may instead pair each measured request with its own replay (:func:`paired_errors`):
+a statistic of the whole run forgets which request had which latency, a pairing keeps it -- a
+TTFT that grows with the prompt is then a regression, not a match of two distributions.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import client_latencies, request_latencies
+from .metrics import client_latencies, completed, request_latencies
 
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "Latency"))
 STATISTICS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p95", "p95"), ("p99", "p99"))
@@ -100,11 +104,65 @@ def _statistic(values: np.ndarray, stat: str) -> float:
     return float(values.mean()) if stat == "mean" else float(np.percentile(values, float(stat[1:])))
 
 
+#: The error, in percent, of each latency of a measured request the simulated run did not
+#: complete (rejected, aborted) in a paired comparison: as far off as a latency twice the truth.
+LOST_PCT = 100.0
+
+
+def file_order(measured) -> np.ndarray:
+    """``order[i]`` is the measured run's row that simulated request ``i`` replays: simulated
+    ids follow arrival order (stable), the file may not."""
+    n = len(measured.arrival_ms)
+    return np.argsort(measured.arrival_ms, kind="stable") if np.isfinite(measured.arrival_ms).all() else np.arange(n)
+
+
+def paired_latencies(requests: dict[str, np.ndarray], measured) -> dict[str, np.ndarray]:
+    """The simulated ``ttft_ms``, ``tpot_ms`` and ``e2e_ms`` of every measured request, aligned
+    with the measured run's rows, in its view (:func:`simulated_latencies`); NaN where the
+    simulated request did not complete (and TPOT of a one-token output)."""
+    n = len(measured.ttft_ms)
+    client = getattr(measured, "view", "engine") == "client"
+    ok = completed(requests)
+    ids = requests["id"][ok].astype(np.int64)
+    inside = ids < n
+    rows = file_order(measured)[ids[inside]]
+
+    def column(client_name: str, engine_name: str) -> np.ndarray:
+        name = client_name if client and client_name in requests else engine_name
+        return requests[name][ok][inside]
+
+    start, first, done = column("sent_ms", "arrival_ms"), column("client_first_ms", "first_token_ms"), \
+        column("client_done_ms", "finish_ms")
+    generated = requests["generated_tokens"][ok][inside]
+    out = {metric: np.full(n, np.nan) for metric, _ in LATENCIES}
+    out["ttft_ms"][rows] = first - start
+    out["e2e_ms"][rows] = done - start
+    many = generated > 1
+    out["tpot_ms"][rows[many]] = (done[many] - first[many]) / (generated[many] - 1)
+    return out
+
+
+def paired_errors(requests: dict[str, np.ndarray], measured, rows: np.ndarray | None = None) -> dict[str, float]:
+    """Each measured request's TTFT, TPOT and latency against its own replay's, in percent:
+    ``{"ttft_ms[17]": -2.5, ...}`` over the measured run's ``rows`` (all by default) where it
+    measured them; a request the simulation did not complete counts :data:`LOST_PCT` each."""
+    simulated = paired_latencies(requests, measured)
+    truth = {"ttft_ms": measured.ttft_ms, "tpot_ms": measured.tpot_ms, "e2e_ms": measured.e2e_ms}
+    picked = np.arange(len(measured.ttft_ms)) if rows is None else np.sort(np.asarray(rows))
+    out: dict[str, float] = {}
+    for metric, _ in LATENCIES:
+        real, sim = truth[metric][picked], simulated[metric][picked]
+        valid = np.isfinite(real) & (real > 0)
+        with np.errstate(invalid="ignore"):
+            error = np.where(np.isfinite(sim), 100.0 * (sim - real) / np.where(valid, real, 1.0), LOST_PCT)
+        out.update({f"{metric}[{row}]": float(e) for row, e in zip(picked[valid], error[valid])})
+    return out
+
+
 def select_requests(requests: dict[str, np.ndarray], measured, rows: np.ndarray):
     """The simulated requests and the measured run restricted to the measured run's ``rows``
     (positions in its file). Simulated ids follow arrival order (stable), the file may not."""
-    order = np.argsort(measured.arrival_ms, kind="stable") if np.isfinite(measured.arrival_ms).all() \
-        else np.arange(len(measured.arrival_ms))
+    order = file_order(measured)
     ids = np.flatnonzero(np.isin(order, rows))          # simulated id i is file row order[i]
     keep = np.isin(requests["id"], ids)
     sim = {k: v[keep] for k, v in requests.items()}
