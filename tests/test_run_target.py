@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from schedlab.cli import main
@@ -157,3 +158,21 @@ def test_runs_fitted_together_each_against_its_own_target(tmp_path, capsys):
     with pytest.raises(ConfigError, match="each judged against their own"):
         calibrate(load(path), [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], run_name=["stage-*"],
                   target=object())
+
+
+def test_each_request_against_its_replay_in_the_client_s_view(tmp_path):
+    """A client's log is paired with the simulated client (the hand-computed times above: TTFT
+    12.25 and 30.25, latency 20.25 and 38.25, TPOT 4 each), an engine's log with the engine
+    (TTFT 10 and 28, latency 18 and 36)."""
+    from schedlab.results.compare import paired_errors
+    from schedlab_plugins.workloads.measured import MeasuredRequests
+
+    requests = run_experiment(load(experiment(tmp_path, 'path = "bench.json"'))).all_runs()[0].requests
+    log = dict(source="log", arrival_ms=np.array([0.0, 0.0]), ttft_ms=np.array([12.25, 25.0]),
+               tpot_ms=np.array([4.0, 5.0]), e2e_ms=np.array([20.25, 40.0]), output_tokens=np.array([3, 3]))
+    client = paired_errors(requests, MeasuredRequests(**log, view="client"))
+    assert client == pytest.approx({"ttft_ms[0]": 0.0, "ttft_ms[1]": 100 * (30.25 - 25) / 25, "tpot_ms[0]": 0.0,
+                                    "tpot_ms[1]": -20.0, "e2e_ms[0]": 0.0, "e2e_ms[1]": 100 * (38.25 - 40) / 40})
+    engine = paired_errors(requests, MeasuredRequests(**log, view="engine"))
+    assert engine["ttft_ms[1]"] == pytest.approx(100 * (28 - 25) / 25)
+    assert engine["e2e_ms[0]"] == pytest.approx(100 * (18 - 20.25) / 20.25)
