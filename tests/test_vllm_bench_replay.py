@@ -212,13 +212,13 @@ def word_tokenizer(folder: Path) -> Path:
     return folder
 
 
-def run_client(tmp_path: Path, load: list[str], server_args: tuple[str, ...] = ()) -> tuple[Path, np.ndarray]:
+def run_client(tmp_path: Path, load: list[str]) -> tuple[Path, np.ndarray]:
     """``vllm bench serve`` with ``load`` (its dataset, rate and concurrency arguments) against
     the timing server in a process of its own (16 slots, 5 ms + 0.1 ms per running request +
     0.02 ms per admitted prompt token a step): its ``--save-detailed`` file, and the steps the
     server ran (a row each: start s, length ms, running, prompt tokens admitted, ms late)."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "timing_server.py"), "--port", str(port), *server_args],
+    server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "timing_server.py"), "--port", str(port)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout.readline().strip() == "ready"
