@@ -315,6 +315,19 @@ GPU_POWER: dict[str, tuple[dict, str]] = {
 }
 
 
+# --- compute capability: which kernels the engine runs on the GPU ---------------------------------
+
+#: GPU preset -> its CUDA compute capability (NVIDIA, "CUDA GPUs - Compute Capability",
+#: developer.nvidia.com/cuda-gpus). The roofline reads it to know which attention kernel vLLM
+#: runs there (``plugins/cost_models/roofline.py``, ``attention_kernel``).
+COMPUTE_CAPABILITY: dict[str, float] = {
+    "a100-40gb": 8.0, "a100-80gb": 8.0, "a40": 8.6, "a10g": 8.6, "rtx-a6000": 8.6,
+    "l4": 8.9, "l40s": 8.9, "rtx-4090": 8.9,
+    "h100-80gb": 9.0, "h100-pcie-80gb": 9.0, "h200-141gb": 9.0, "gh200-96gb": 9.0,
+    "b200": 10.0, "rtx-pro-6000": 12.0, "rtx-pro-6000-server": 12.0,
+}
+
+
 def with_power(spec: GpuSpec) -> tuple[GpuSpec, str]:
     """``spec`` with its power numbers from :data:`GPU_POWER` (unchanged when it has none), and
     their source note."""
@@ -328,9 +341,17 @@ def schedlab_register_models(register):
         register(spec.name, spec, help=note)
 
 
+def as_registered(spec: GpuSpec, note: str) -> tuple[GpuSpec, str]:
+    """A built-in GPU as it is registered: its datasheet ``spec`` with the measured efficiencies,
+    the power numbers and the compute capability merged in, and its help text."""
+    spec, measured = with_efficiency(spec)
+    spec, power_note = with_power(spec)
+    spec = attrs.evolve(spec, compute_capability=COMPUTE_CAPABILITY.get(spec.name))
+    return spec, f"{note}; {measured}" + (f"; {power_note}" if power_note else "")
+
+
 @schedlab.hookimpl
 def schedlab_register_gpus(register):
     for spec, note in GPUS:
-        spec, measured = with_efficiency(spec)
-        spec, power_note = with_power(spec)
-        register(spec.name, spec, help=f"{note}; {measured}" + (f"; {power_note}" if power_note else ""))
+        spec, help = as_registered(spec, note)
+        register(spec.name, spec, help=help)

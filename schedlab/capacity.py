@@ -233,6 +233,10 @@ class GpuSpec:
              "tensor-parallel all-reduce; unset = host_link_gbps")
     interconnect_latency_us: float = float_field(
         10.0, min=0.0, help="fixed time of one all-reduce between GPUs, in us (launch and synchronisation)")
+    compute_capability: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="CUDA compute capability, e.g. 9.0 (NVIDIA's CUDA GPUs list): which attention kernel vLLM runs "
+             "on it (9.x, Hopper: FlashAttention 3; unset or other: FlashAttention 2)")
     # -- power (schedlab.energy): what the power models read; unset where no source gives it
     board_w: float | None = float_field(
         None, min=0.0, min_exclusive=True, optional=True,

@@ -29,16 +29,16 @@ from schedlab.capacity import (
     size_kv_cache,
 )
 from schedlab.catalog import load_catalog
-from schedlab.configs import from_table
+from schedlab.configs import FieldError, from_table
 from schedlab.errors import ConfigError, UnknownPluginError
 from schedlab.model import Request
 from schedlab.protocols import Batch, CostModel
 from schedlab_plugins.cost_models.roofline import RooflineConfig, RooflineCostModel, build_roofline
 from schedlab_plugins.cost_models.step_overhead import GPU_ONLY
-from schedlab_plugins.presets import GPUS, MODELS, with_efficiency
+from schedlab_plugins.presets import GPUS, MODELS, as_registered
 
 MODEL = {spec.name: spec for spec, _ in MODELS}
-GPU = {spec.name: with_efficiency(spec)[0] for spec, _ in GPUS}  # as registered: with measured efficiencies
+GPU = {spec.name: as_registered(spec, note)[0] for spec, note in GPUS}  # with measured efficiencies
 
 # Public constants the expectations below are written from.
 LLAMA3_8B_PARAMS = 8_030_261_248
@@ -391,6 +391,40 @@ def test_roofline_decodes_with_a_prefill_chunk_cost_padded_query_rows():
     small_prefill = ATTN_FLOPS_PER_PAIR * (128 * 129 / 2) / (PEAK * 0.48)
     assert cost.iteration_ms(small) == pytest.approx(linear_ms(138) + lm_head_ms(11) + padded + small_prefill,
                                                      rel=1e-12)
+
+
+def test_roofline_flash_attention_3_times_decodes_beside_a_chunk_as_decode_only():
+    """FlashAttention 3 packs a decode's query heads into its KV heads' tiles and launches no
+    empty tiles: the decodes of a mixed step cost their KV read and per-decode time, as in a
+    decode-only step, and only the chunk's own linear and attention work is added."""
+    fa3 = _roofline(attention_kernel="flash-attention-3")
+    batch = Batch(num_decode=10, decode_context_tokens=20_000, num_prefill=1, prefill_tokens=500)
+    prefill = ATTN_FLOPS_PER_PAIR * (500 * 501 / 2) / (PEAK * 0.48)
+    decodes = 20_000 * KV_MS_PER_TOKEN + 10 * DECODE_MS
+    assert fa3.iteration_ms(batch) == pytest.approx(linear_ms(510) + lm_head_ms(11) + decodes + prefill, rel=1e-12)
+    # the same step in FlashAttention 2 (the profiled kernel) pays padded rows and empty tiles
+    assert _roofline().iteration_ms(batch) - fa3.iteration_ms(batch) == pytest.approx(
+        60 * ATTN_FLOPS_PER_PAIR * (20_000 + 10 * 180) / (PEAK * 0.48) + 10 * 3 * 32 * 32 * 3.0e-6 - decodes,
+        rel=1e-9)
+    # decode-only steps are the same in both kernels
+    only = Batch(num_decode=10, decode_context_tokens=20_000)
+    assert fa3.iteration_ms(only) == _roofline().iteration_ms(only)
+
+
+def test_the_attention_kernel_follows_the_gpus_compute_capability():
+    """vLLM runs FlashAttention 3 on Hopper (compute capability 9.x) and 2 elsewhere; a GPU
+    without a known capability keeps the profiled kernel (2); a setting wins over both."""
+    assert _roofline("llama-3-8b", "h100-80gb").settings.attention_kernel == "flash-attention-3"
+    assert _roofline("llama-3-8b", "h200-141gb").settings.attention_kernel == "flash-attention-3"
+    for gpu in ("a100-80gb", "rtx-pro-6000-server", "rtx-4090", "l40s", "b200"):
+        assert _roofline("llama-3-8b", gpu).settings.attention_kernel == "flash-attention-2", gpu
+    unknown = attrs.evolve(GPU["h100-80gb"], name="mystery", compute_capability=None)
+    cost = RooflineCostModel(MODEL["llama-3-8b"], unknown, RooflineConfig(model="llama-3-8b", gpu="mystery"))
+    assert cost.settings.attention_kernel == "flash-attention-2"
+    chosen = _roofline("llama-3-8b", "h100-80gb", attention_kernel="flash-attention-2")
+    assert chosen.settings.attention_kernel == "flash-attention-2"
+    with pytest.raises(FieldError, match="attention_kernel"):
+        RooflineConfig(model="llama-3-8b", gpu="h100-80gb", attention_kernel="flash-attention-9")
 
 
 def test_roofline_moe_reads_resident_experts_and_computes_active_ones():

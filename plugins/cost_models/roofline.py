@@ -9,10 +9,12 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
            + layers * attention_layer_us / 1000    (the attention kernels' launch, every step)
            + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
              + num_decode * layers * decode_attention_us / 1000
-             (with a prefill chunk: at least mixed_decode_query_rows query rows of attention
-              FLOPs per decode context token -- the varlen kernel pads a decode to a tile --
-              and empty_tile_ns per empty tile: its grid gives every sequence as many query
-              tiles as the longest query needs)
+             (with a prefill chunk, in FlashAttention 2's varlen kernel: at least
+              mixed_decode_query_rows query rows of attention FLOPs per decode context token
+              -- it pads each query head of a decode to a tile -- and empty_tile_ns per empty
+              tile: its grid gives every sequence as many query tiles as the longest query
+              needs; FlashAttention 3, vLLM's kernel on Hopper, packs a decode's query heads
+              into one tile per KV head and launches no empty tiles: as in a decode-only step)
            + prefill attention FLOPs / (TFLOPS * attention_efficiency)
            + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
              2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
@@ -125,6 +127,25 @@ from .tensor_parallel import TensorParallelComm
 #: sizes served here): the grid launches ``ceil(longest query / 128)`` tiles per sequence and head.
 QUERY_TILE = 128
 
+#: The attention kernels whose mixed-step behaviour the roofline knows. FlashAttention 2's varlen
+#: kernel (vLLM's FLASH_ATTN backend below compute capability 9, and on 12.x: the profiled RTX
+#: PRO 6000 and RTX 4090) gives each query head of a sequence its own tiles, as many as the
+#: longest query needs -- it packs a decode's query heads together only when every query in the
+#: call is one token (``seqlenq_ngroups_swapped``, a decode-only step). FlashAttention 3 (vLLM's
+#: choice on Hopper, ``get_flash_attn_version``) always packs the query heads of a KV head into
+#: the tile's rows for varlen queries (``should_pack_gqa``; vLLM's build also forces it when the
+#: K and V head sizes match) and its varlen scheduler launches only the tiles each sequence's own
+#: rows fill (``VarlenDynamicPersistentTileScheduler``, vllm-project/flash-attention ``hopper/``):
+#: a decode beside a prefill chunk is timed as in a decode-only step, without empty tiles.
+ATTENTION_KERNELS = ("flash-attention-2", "flash-attention-3")
+
+
+def default_attention_kernel(gpu: GpuSpec) -> str:
+    """The kernel vLLM's FLASH_ATTN backend runs on ``gpu``: FlashAttention 3 on Hopper
+    (compute capability 9.x), else 2 (unknown capability included: the profiled behaviour)."""
+    cc = gpu.compute_capability
+    return "flash-attention-3" if cc is not None and 9.0 <= cc < 10.0 else "flash-attention-2"
+
 DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
               "decode_attention_us": 0.11, "attention_efficiency": 0.48,
               "mixed_decode_query_rows": 60.0, "mixed_decode_context_offset": 180.0, "empty_tile_ns": 3.0,
@@ -174,6 +195,12 @@ class RooflineConfig:
         "empty_tile_ns", "per query tile the varlen attention kernel launches for a decode beside a longer prefill "
                          "chunk and that exits at once (ceil(chunk / 128) - 1 per decode, head and layer), ns",
         share=False)
+    attention_kernel: str | None = str_field(
+        None, choices=ATTENTION_KERNELS, optional=True,
+        help="the varlen attention kernel decodes beside a prefill chunk (or verifying drafts) run in: "
+             "'flash-attention-2' pads each query head of a decode to a tile of its own, 'flash-attention-3' "
+             "packs a decode's query heads into one tile per KV head (unset: what vLLM runs on the GPU, "
+             "FlashAttention 3 on compute capability 9.x, else 2)")
     layer_overhead_us: float | None = _measured(
         "layer_overhead_us", "per decoder layer: the GEMMs' fixed time and the small kernels not counted as bytes or "
                              "FLOPs (norms, rotary, activation), us", share=False)
@@ -254,6 +281,8 @@ class RooflineCostModel:
         self._mixed_offset = c.mixed_decode_context_offset
         # per decode and empty query tile, all layers (see empty_tile_ns)
         self._empty_tile_ms = model.num_layers * heads / tp * c.empty_tile_ns * 1e-6
+        # FlashAttention 3 packs a decode's query heads into its KV heads' tiles (ATTENTION_KERNELS)
+        self._packs_decodes = c.attention_kernel == "flash-attention-3"
         communicates = tp > 1 or parallelism.lockstep or parallelism.pipelined
         topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
             if communicates else None
@@ -289,17 +318,24 @@ class RooflineCostModel:
         logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill)
         if not batch.prefill_tokens and not batch.spec_tokens:
             return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits
-        # Decodes riding with a prefill chunk (or verifying drafts) go through the varlen
-        # attention kernel, which pads their few queries to a tile: they cost query rows of
-        # compute, not a read.
-        padded = self._mixed_rows_ms_per_token * (batch.decode_context_tokens + batch.num_decode * self._mixed_offset)
-        ms = self.tokens_ms(tokens) + (padded if padded > kv_read else kv_read) + logits
+        if self._packs_decodes:
+            # FlashAttention 3: the decodes' query heads share their KV heads' tiles, as in a
+            # decode-only step, and no empty tiles are launched.
+            decodes = kv_read + batch.num_decode * self._decode_ms
+        else:
+            # FlashAttention 2's varlen kernel pads each query head of a decode riding with a
+            # prefill chunk (or verifying drafts) to a tile: query rows of compute, not a read.
+            padded = self._mixed_rows_ms_per_token * (batch.decode_context_tokens
+                                                      + batch.num_decode * self._mixed_offset)
+            decodes = padded if padded > kv_read else kv_read
+        ms = self.tokens_ms(tokens) + decodes + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
-            # The kernel's grid is sized by the longest query (taken as the mean chunk: a Batch
-            # carries sums): every decode gets that many query tiles, all but one empty.
-            chunk = batch.prefill_tokens / max(1, batch.num_prefill)
-            ms += batch.num_decode * (math.ceil(chunk / QUERY_TILE) - 1) * self._empty_tile_ms
+            if not self._packs_decodes:
+                # The kernel's grid is sized by the longest query (taken as the mean chunk: a
+                # Batch carries sums): every decode gets that many query tiles, all but one empty.
+                chunk = batch.prefill_tokens / max(1, batch.num_prefill)
+                ms += batch.num_decode * (math.ceil(chunk / QUERY_TILE) - 1) * self._empty_tile_ms
         return ms
 
     def decode_step_increment(self, batch: Batch) -> float | tuple[float, int] | None:
@@ -495,7 +531,8 @@ class RooflineCostModel:
 
 def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig:
     """``config`` with every unset efficiency filled: the GPU's measured value
-    (``GpuSpec.efficiency``), else the pooled :data:`DERIVATION`.
+    (``GpuSpec.efficiency``), else the pooled :data:`DERIVATION`; and the attention kernel
+    vLLM runs on the GPU when unset (:func:`default_attention_kernel`).
 
     :raises ConfigError: the GPU's table names a setting the roofline does not have.
     """
@@ -505,6 +542,8 @@ def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig
                           f"valid keys: {', '.join(sorted(DERIVATION))}")
     filled = {name: float(gpu.efficiency.get(name, default)) for name, default in DERIVATION.items()
               if getattr(config, name) is None}
+    if config.attention_kernel is None:
+        filled["attention_kernel"] = default_attention_kernel(gpu)
     try:
         return attrs.evolve(config, **filled)
     except FieldError as exc:
