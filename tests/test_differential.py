@@ -142,13 +142,15 @@ def step_settings(draw):
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), continuous_configs(),
-       st.integers(20, 400), st.sampled_from(["l4", "a100-80gb"]), st.sampled_from([1, 2, 4]), step_settings())
+       st.integers(20, 400), st.sampled_from(["l4", "a100-80gb", "h100-80gb"]), st.sampled_from([1, 2, 4]),
+       step_settings())
 def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, step):
     """The roofline model's decode steps grow with context (memory-bound KV reads): bulk runs
     sum that growth in closed form. Its costs are not dyadic, so the engines agree to rounding.
     At TP > 1 the collectives (the GPU's usual machine) add the all-reduces, nonlinear in the
     tokens, and the logits' all-gather per sequence. Where the host's work or the launches are
-    longer than the GPU's step, a decode run is flat until the GPU's growth overtakes them."""
+    longer than the GPU's step, a decode run is flat until the GPU's growth overtakes them. The
+    H100 runs FlashAttention 3 (decodes beside a prefill timed as decode-only), the others 2."""
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
