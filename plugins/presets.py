@@ -346,8 +346,12 @@ def as_registered(spec: GpuSpec, note: str) -> tuple[GpuSpec, str]:
     the power numbers and the compute capability merged in, and its help text."""
     spec, measured = with_efficiency(spec)
     spec, power_note = with_power(spec)
-    spec = attrs.evolve(spec, compute_capability=COMPUTE_CAPABILITY.get(spec.name))
-    return spec, f"{note}; {measured}" + (f"; {power_note}" if power_note else "")
+    capability = COMPUTE_CAPABILITY.get(spec.name)
+    spec = attrs.evolve(spec, compute_capability=capability)
+    help = f"{note}; {measured}" + (f"; {power_note}" if power_note else "")
+    if capability is not None:
+        help += f"; compute capability {capability:.1f} (NVIDIA's CUDA GPUs list)"
+    return spec, help
 
 
 @schedlab.hookimpl
