@@ -147,16 +147,17 @@ class MeasuredRun:
         if result.measured is None:
             raise ConfigError("the run's workload keeps no measured run (use a vllm_log or vllm_bench workload, "
                               "or give summary statistics with --target FILE)")
-        return vs_measured(result.requests, result.measured, self.rows)["errors_pct"]
+        return vs_measured(result.all_requests(), result.measured, self.rows)["errors_pct"]
 
     def table(self, title: str, result, rows=None) -> str:
         from .results.compare import select_requests
 
         rows = self.rows if rows is None else rows
+        requests = result.all_requests()
         if rows is None:
-            sim, truth = simulated_latencies(result.requests, result.measured), measured_statistics(result.measured)
+            sim, truth = simulated_latencies(requests, result.measured), measured_statistics(result.measured)
         else:
-            chosen, lat = select_requests(result.requests, result.measured, rows)
+            chosen, lat = select_requests(requests, result.measured, rows)
             sim, truth = simulated_latencies(chosen, result.measured), statistics(lat)
             title += f" (requests {rows[0]}..{rows[-1]} of the log)" if len(rows) and rows[-1] - rows[0] + 1 == len(rows) \
                 else f" ({len(rows)} requests)"
@@ -176,7 +177,7 @@ class PairedRequests(MeasuredRun):
         if result.measured is None:
             raise ConfigError("--objective requests pairs the requests of a measured run: use a vllm_log or "
                               "vllm_bench workload")
-        return paired_errors(result.requests, result.measured, self.rows)
+        return paired_errors(result.all_requests(), result.measured, self.rows)
 
 
 #: What a measured run is judged by: its 15 statistics, or each request paired with its replay.
@@ -711,7 +712,7 @@ def command(args) -> int:
     fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations,
                                   rows=rows, target=target, hold=hold, starts=args.starts, objective=args.objective)
     if target is not None and target.requests is not None and result is not None:
-        simulated_requests = int((result.requests["rejected"] == 0).sum())
+        simulated_requests = int((result.all_requests()["rejected"] == 0).sum())
         if simulated_requests != target.requests:
             print(f"note: {target.source} counts {target.requests} requests, the simulated run finished "
                   f"{simulated_requests}: is the experiment's workload the benchmark's?\n")
@@ -735,11 +736,11 @@ def command(args) -> int:
             print(format_target(title, other.meta.get("target", {}), other.metrics["vs_target"]))
             pair = tuple(r.metrics["vs_target"]["mean_abs_error_pct"] for r in (before, other))
         else:
-            rows_p = comparison_rows(statistics(simulated_latencies(other.requests, other.measured)),
+            rows_p = comparison_rows(statistics(simulated_latencies(other.all_requests(), other.measured)),
                                      measured_statistics(other.measured))
             print(format_comparison(f"{title}: simulated vs measured", rows_p))
             pair = (float(np.mean([abs(r[3]) for r in comparison_rows(
-                        statistics(simulated_latencies(before.requests, before.measured)),
+                        statistics(simulated_latencies(before.all_requests(), before.measured)),
                         measured_statistics(before.measured))])),
                     float(np.mean([abs(r[3]) for r in rows_p])))
         if pair[1] > pair[0]:

@@ -368,13 +368,14 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     without a ``[frontend]``), vLLM's own from the engine's."""
     from .results.metrics import client_latencies, request_latencies, run_quantiles
 
-    req = result.requests
+    req = result.all_requests()
     lat = request_latencies(req)
     if summary.view == "client":
         client = client_latencies(req)
         lat = {**lat, "ttft_ms": client["ttft_ms"], "tpot_ms": client["tpot_ms"], "e2e_ms": client["e2el_ms"]}
     ok = req["rejected"] == 0
     itl = result.itl
+    sketch = _itl_sketch(result)
     out: dict[str, float] = {}
     wanted: dict[str, list[str]] = {}
     for name in summary.values:
@@ -385,6 +386,10 @@ def simulated(summary: Summary, result) -> dict[str, float]:
             out[group] = _throughput(group, req, ok, summary.view)
             continue
         hist = summary.histograms.get(group)
+        if group == "itl_ms" and sketch is not None:  # a streamed run: its ITLs are a sketch
+            for stat in stats:
+                out[f"{group}.{stat}"] = _sketch_statistic(sketch, stat, hist)
+            continue
         if hist is not None:
             counts = _simulated_counts(group, hist.bounds, lat, itl, result)
             for stat in stats:
@@ -407,6 +412,37 @@ def simulated(summary: Summary, result) -> dict[str, float]:
             else:
                 out[f"{group}.{stat}"] = float(np.percentile(values, float(stat[1:])))
     return out
+
+
+def _itl_sketch(result):
+    """A streamed run's inter-token latencies (:class:`schedlab.results.sketch.Summary`, every
+    ITL within the sketch's 1%), or None for a run that kept every request."""
+    stream = getattr(result, "stream", None)
+    return stream.itl if getattr(result, "rows_file", None) is not None and stream is not None else None
+
+
+def _sketch_statistic(sketch, stat: str, hist) -> float:
+    """``mean`` or ``pNN`` of the sketched ITLs; with a histogram target, the quantile read
+    through its buckets as the real run's is (the cumulative count at each bound found by
+    bisecting the sketch's quantiles)."""
+    if not sketch.count:
+        return float("nan")
+    if stat == "mean":
+        return sketch.total / sketch.count
+    q = float(stat[1:]) / 100.0
+    if hist is None:
+        return min(float(sketch.sketch.get_quantile_value(q)), sketch.max)
+    counts = []
+    for edge in hist.bounds:
+        if edge >= sketch.max:
+            counts.append(float(sketch.count))
+            continue
+        low, high = 0.0, 1.0  # the largest share of ITLs whose quantile stays at or below the bound
+        for _ in range(40):
+            mid = (low + high) / 2
+            low, high = (mid, high) if sketch.sketch.get_quantile_value(mid) <= edge else (low, mid)
+        counts.append(low * sketch.count)
+    return bucket_quantile(hist.bounds, counts, q)
 
 
 def _sample(group: str, lat: dict, result) -> np.ndarray:
@@ -518,6 +554,21 @@ class TargetConfig:
                                                f"{', '.join(summary.values)}")
             summary = summary.select(list(self.statistics))
         return summary
+
+
+def compare_with_real_run(result) -> None:
+    """Put into ``result.metrics`` its comparison with the real run it stands for: each
+    request against its replay (``vs_measured``, when it replays a measured run) and its
+    statistics against the real run's summary (``vs_target``, with a ``[target]``) -- over
+    every request, a streamed run's too (:meth:`~schedlab.results.records.RunResult.all_requests`)."""
+    if result.measured is not None:
+        from .results.compare import vs_measured
+
+        result.metrics["vs_measured"] = vs_measured(result.all_requests(), result.measured)
+    if result.target is not None:
+        result.metrics["vs_target"] = vs_target(result.target, result)
+        result.meta["target"] = {"path": result.target.source, "kind": result.target.kind,
+                                 "view": result.target.view}
 
 
 def vs_target(summary: Summary, result) -> dict:

@@ -715,3 +715,67 @@ def test_a_closed_loop_costs_about_the_same_events_per_request_on_many_instances
 
     one, two, many = events_per_request(1), events_per_request(2), events_per_request(16)
     assert many <= 1.05 * two and two <= 1.5 * one, (one, two, many)
+
+
+# -- a large run compared with the real run it stands for -----------------------------------------------------
+
+#: A `vllm bench serve` summary and a /metrics scrape of a real run of FLEET's 3,000 requests
+#: (values made up: the test compares the simulated side of the comparison, exact against streamed).
+BENCH = {"completed": 3000, "mean_ttft_ms": 50.0, "p90_ttft_ms": 120.0, "p99_ttft_ms": 300.0,
+         "mean_itl_ms": 20.0, "p99_itl_ms": 40.0, "median_e2el_ms": 1000.0, "mean_e2el_ms": 1500.0}
+ITL_BOUNDS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
+SCRAPE = "".join(f'vllm:inter_token_latency_seconds_bucket{{le="{b}"}} {100 * (k + 1)}\n'
+                 for k, b in enumerate(ITL_BOUNDS)) + \
+    'vllm:inter_token_latency_seconds_bucket{le="+Inf"} 700\nvllm:inter_token_latency_seconds_sum 14\n' \
+    'vllm:inter_token_latency_seconds_count 700\n'
+
+
+def with_targets(tmp_path) -> str:
+    import json
+
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
+    (tmp_path / "metrics.txt").write_text(SCRAPE)
+    return FLEET + '\n[target]\npath = "bench.json"\n'
+
+
+@pytest.mark.parametrize("target", ["bench.json", "metrics.txt"])
+def test_a_streamed_run_is_compared_with_its_target_over_every_request(tmp_path, monkeypatch, target):
+    """Past exact_requests a run keeps a sample of its rows; its [target] is still compared over
+    every request (read back from its file): TTFT and latency statistics as the exact run's, the
+    inter-token latencies -- a sketch then -- within its accuracy, through the scrape's buckets too."""
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    text = with_targets(tmp_path)
+    exact = fleet_run(tmp_path, f'target.path="{target}"', text=text)
+    streamed = fleet_run(tmp_path, f'target.path="{target}"', "experiment.exact_requests=500", text=text)
+    assert exact.rows_file is None and streamed.rows_file is not None
+    a, b = exact.metrics["vs_target"]["simulated"], streamed.metrics["vs_target"]["simulated"]
+    assert set(a) == set(b) and a
+    for name, value in a.items():
+        if name.startswith("itl_ms.") and name != "itl_ms.mean":
+            assert b[name] == pytest.approx(value, rel=2.5 * RELATIVE_ACCURACY), name
+        else:
+            assert b[name] == pytest.approx(value, rel=1e-9), name
+    assert streamed.meta["target"] == exact.meta["target"]
+
+
+def test_a_partitioned_run_is_compared_once_whole_and_keeps_every_row(tmp_path, monkeypatch):
+    """Parts of different sizes: one streams its rows, the others keep theirs in memory. The
+    merged run's file holds every row, and its [target] is compared over the whole run, as
+    the run in one process is."""
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    text = with_targets(tmp_path).replace("instances = 4", "instances = 5")
+    base = ("workload.num_requests=1000", 'cluster.router={kind = "round_robin"}')
+    whole = fleet_run(tmp_path, *base, text=text)
+    executor = make_executor(jobs=2)
+    try:
+        split = fleet_run(tmp_path, *base, "cluster.partitions=3", "experiment.exact_requests=300", text=text,
+                          executor=executor)
+    finally:
+        executor.close()
+    assert split.rows_file is not None
+    rows = read_rows(split.rows_file)
+    np.testing.assert_array_equal(np.sort(rows["id"]), whole.requests["id"])
+    a, b = whole.metrics["vs_target"], split.metrics["vs_target"]
+    for name, value in a["simulated"].items():
+        tolerance = 2.5 * RELATIVE_ACCURACY if name.startswith("itl_ms.") and name != "itl_ms.mean" else 1e-9
+        assert b["simulated"][name] == pytest.approx(value, rel=tolerance), name

@@ -185,6 +185,36 @@ prefill_ms_per_token = 0.05
     assert text.startswith("[cost_model]\nkind = \"linear\"\n") and "decode_ms_per_step = " in text
 
 
+def test_a_streamed_replay_is_compared_over_every_request(tmp_path, monkeypatch):
+    """A replay past exact_requests keeps a sample of its rows in memory; its comparison with the
+    log, and calibrate's judge of it, still take every request (read back from the run's file)."""
+    from schedlab.calibrate import MeasuredRun
+
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    log = _measured_log_from_a_run(tmp_path, decode_ms=12.0, prefill_ms=0.08)
+    exp_path = tmp_path / "replay.toml"
+    exp_path.write_text(f"""
+[experiment]
+reports = []
+[workload]
+kind = "vllm_log"
+path = "{log}"
+[scheduler]
+kind = "vllm"
+max_num_seqs = 8
+[cost_model]
+kind = "linear"
+decode_ms_per_step = 10.0
+prefill_ms_per_token = 0.05
+""")
+    exact = run_experiment(load(exp_path)).all_runs()[0]
+    streamed = run_experiment(load(exp_path, ["experiment.exact_requests=10"])).all_runs()[0]
+    assert exact.rows_file is None and streamed.rows_file is not None
+    assert streamed.metrics["vs_measured"]["errors_pct"] == pytest.approx(exact.metrics["vs_measured"]["errors_pct"],
+                                                                         rel=1e-12)
+    assert MeasuredRun().errors(streamed) == pytest.approx(MeasuredRun().errors(exact), rel=1e-12)
+
+
 def test_calibrate_needs_a_measured_run(tmp_path):
     exp_path = tmp_path / "x.toml"
     exp_path.write_text("""

@@ -33,6 +33,8 @@ class RunResult:
     point: dict[str, Any] = attrs.field(factory=dict)
     #: what the replayed real run measured (a workload's ``measured``), or None
     measured: Any = None
+    #: the real run's summary it is compared with (``[target]``, :class:`schedlab.targets.Summary`), or None
+    target: Any = None
     # With replicas (schedlab.study.replicas): metrics are means over ``replicas``, and
     # ``intervals`` maps dotted metric names to their 95% confidence interval [low, high].
     intervals: dict[str, list[float]] = attrs.field(factory=dict)
@@ -41,6 +43,19 @@ class RunResult:
     #: request's row; ``requests`` is then a sample of them, and ``stream`` what the metrics came from.
     rows_file: str | None = None
     stream: Any = None
+
+    def all_requests(self) -> dict[str, np.ndarray]:
+        """Every request's row, ordered by request id: ``requests`` itself, or a streamed run's
+        whole file read back (what comparisons with a real run need: the sample is not the run).
+        The run's ``reason`` text column is dropped, as ``requests`` has none."""
+        if self.rows_file is None:
+            return self.requests
+        from .stream import read_rows
+
+        rows = read_rows(self.rows_file)
+        rows.pop("reason", None)
+        order = np.argsort(rows["id"], kind="stable")
+        return {k: v[order] for k, v in rows.items()}
 
     @classmethod
     def from_recorder(cls, name: str, rec: Recorder, *, settings: dict, meta: dict, request_cost=None,

@@ -66,7 +66,17 @@ class PartRouter:
 
 
 def merge_parts(name: str, parts: list[RunResult]) -> RunResult:
-    """One run from its parts (see the module docstring)."""
+    """One run from its parts (see the module docstring), compared with the real run it
+    stands for, if any, once whole."""
+    from ..targets import compare_with_real_run
+
+    merged = _merged(name, parts)
+    merged.measured, merged.target = parts[0].measured, parts[0].target
+    compare_with_real_run(merged)
+    return merged
+
+
+def _merged(name: str, parts: list[RunResult]) -> RunResult:
     first = parts[0]
     counters = {}
     for key in first.counters:
@@ -127,7 +137,7 @@ def _merge_streamed(name: str, parts: list[RunResult], counters: dict, timeline:
         else:  # a small part kept its rows: add them as one block
             sink.stats.add(p.requests, p.rejections)
             sink.itl.add_runs(p.itl["first"], p.itl["inc"], p.itl["count"], p.itl["weight"])
-    sink.path = _join_row_files([p for p in parts if p.rows_file], sink.settings.request_rows)
+    sink.path = _join_row_files(parts, sink.settings.request_rows)
     meta["rejections"] = {}
     metrics = compute_streamed_metrics(sink.stats, counters, sink.itl, meta)
     _add_cost_totals(metrics, parts)
@@ -140,31 +150,33 @@ def _merge_streamed(name: str, parts: list[RunResult], counters: dict, timeline:
 
 
 def _join_row_files(parts: list[RunResult], kind: str) -> Any:
-    """One file of rows from the parts' files, block by block (the parts' files are removed).
-    Rows of parts that stayed below the limit are not in any file: their sample is all they keep."""
-    if not parts:
+    """One file of every part's rows, block by block: the files of the parts that streamed (then
+    removed), and the rows of those that stayed below the limit and kept them in memory."""
+    files = [p for p in parts if p.rows_file]
+    if not files:
         return None
+    import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
-    target = parts[0].rows_file + ".joined"
-    writer = None
+    target = files[0].rows_file + ".joined"
+    schema = (pq.read_schema(files[0].rows_file) if kind == "parquet"
+              else pcsv.open_csv(files[0].rows_file).schema)
+    writer = pq.ParquetWriter(target, schema) if kind == "parquet" else pcsv.CSVWriter(target, schema)
     for p in parts:
-        if kind == "parquet":
-            source = pq.ParquetFile(p.rows_file)
-            batches = source.iter_batches()
-        else:
-            batches = pcsv.open_csv(p.rows_file)
+        if not p.rows_file:  # a part below the limit: its rows as one block, with its rejections' reasons
+            columns = dict(p.requests)
+            columns["reason"] = np.array([p.rejections.get(i, "") for i in columns["id"].tolist()], dtype=object)
+            writer.write_table(pa.table({name: pa.array(columns[name].tolist() if columns[name].dtype == object
+                                                        else columns[name]) for name in schema.names}).cast(schema))
+            continue
+        batches = pq.ParquetFile(p.rows_file).iter_batches() if kind == "parquet" else pcsv.open_csv(p.rows_file)
         for batch in batches:
-            if writer is None:
-                writer = (pq.ParquetWriter(target, batch.schema) if kind == "parquet"
-                          else pcsv.CSVWriter(target, batch.schema))
             writer.write_batch(batch)
-    if writer is not None:
-        writer.close()
-    for p in parts:
+    writer.close()
+    for p in files:
         os.unlink(p.rows_file)
-    final = parts[0].rows_file
+    final = files[0].rows_file
     os.replace(target, final)
     return final
 

@@ -35,7 +35,7 @@ from ..engine.scaling import ScalingController, ScalingLimits
 from ..engine.transfer import kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
-from ..targets import TargetConfig, vs_target
+from ..targets import TargetConfig, compare_with_real_run
 from ..parallelism import SINGLE, Parallelism
 from ..results.metrics import request_met
 from ..results.records import RunResult
@@ -600,15 +600,12 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         meta["scaling"] = scaling.finish()
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
-    measured = getattr(a.workload, "measured", None)  # a replayed real run: compare with it
-    if measured is not None and result.rows_file is None:
-        from ..results.compare import vs_measured
-
-        result.measured = measured
-        result.metrics["vs_measured"] = vs_measured(result.requests, measured)
-    if a.target is not None and result.rows_file is None:  # a summary of the real run: compare with it
-        result.metrics["vs_target"] = vs_target(a.target, result)
-        result.meta["target"] = {"path": a.target.source, "kind": a.target.kind, "view": a.target.view}
+    # A replayed real run, or a summary of one: compared with the whole run (a partitioned run's
+    # parts once merged, schedlab.study.partition).
+    result.measured = getattr(a.workload, "measured", None)
+    result.target = a.target
+    if not spec.part:
+        compare_with_real_run(result)
     return result
 
 
