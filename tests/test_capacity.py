@@ -393,11 +393,13 @@ def test_roofline_decodes_with_a_prefill_chunk_cost_padded_query_rows():
                                                      rel=1e-12)
 
 
-def test_roofline_flash_attention_3_times_decodes_beside_a_chunk_as_decode_only():
+@pytest.mark.parametrize("kernel", ["flash-attention-3", "flashinfer"])
+def test_roofline_flash_attention_3_times_decodes_beside_a_chunk_as_decode_only(kernel):
     """FlashAttention 3 packs a decode's query heads into its KV heads' tiles and launches no
-    empty tiles: the decodes of a mixed step cost their KV read and per-decode time, as in a
-    decode-only step, and only the chunk's own linear and attention work is added."""
-    fa3 = _roofline(attention_kernel="flash-attention-3")
+    empty tiles, FlashInfer runs the decodes in a kernel of their own: the decodes of a mixed
+    step cost their KV read and per-decode time, as in a decode-only step, and only the chunk's
+    own linear and attention work is added."""
+    fa3 = _roofline(attention_kernel=kernel)
     batch = Batch(num_decode=10, decode_context_tokens=20_000, num_prefill=1, prefill_tokens=500)
     prefill = ATTN_FLOPS_PER_PAIR * (500 * 501 / 2) / (PEAK * 0.48)
     decodes = 20_000 * KV_MS_PER_TOKEN + 10 * DECODE_MS
@@ -412,11 +414,13 @@ def test_roofline_flash_attention_3_times_decodes_beside_a_chunk_as_decode_only(
 
 
 def test_the_attention_kernel_follows_the_gpus_compute_capability():
-    """vLLM runs FlashAttention 3 on Hopper (compute capability 9.x) and 2 elsewhere; a GPU
-    without a known capability keeps the profiled kernel (2); a setting wins over both."""
+    """vLLM runs FlashAttention 3 on Hopper (compute capability 9.x), FlashInfer on datacenter
+    Blackwell (10.x) and FlashAttention 2 elsewhere; a GPU without a known capability keeps the
+    profiled kernel (2); a setting wins over both."""
     assert _roofline("llama-3-8b", "h100-80gb").settings.attention_kernel == "flash-attention-3"
     assert _roofline("llama-3-8b", "h200-141gb").settings.attention_kernel == "flash-attention-3"
-    for gpu in ("a100-80gb", "rtx-pro-6000-server", "rtx-4090", "l40s", "b200"):
+    assert _roofline("llama-3-8b", "b200").settings.attention_kernel == "flashinfer"
+    for gpu in ("a100-80gb", "rtx-pro-6000-server", "rtx-4090", "l40s"):
         assert _roofline("llama-3-8b", gpu).settings.attention_kernel == "flash-attention-2", gpu
     unknown = attrs.evolve(GPU["h100-80gb"], name="mystery", compute_capability=None)
     cost = RooflineCostModel(MODEL["llama-3-8b"], unknown, RooflineConfig(model="llama-3-8b", gpu="mystery"))

@@ -14,7 +14,8 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
               -- it pads each query head of a decode to a tile -- and empty_tile_ns per empty
               tile: its grid gives every sequence as many query tiles as the longest query
               needs; FlashAttention 3, vLLM's kernel on Hopper, packs a decode's query heads
-              into one tile per KV head and launches no empty tiles: as in a decode-only step)
+              into one tile per KV head and launches no empty tiles, and FlashInfer, its
+              kernel on datacenter Blackwell, runs the decodes apart: as in a decode-only step)
            + prefill attention FLOPs / (TFLOPS * attention_efficiency)
            + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
              2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
@@ -137,14 +138,23 @@ QUERY_TILE = 128
 #: K and V head sizes match) and its varlen scheduler launches only the tiles each sequence's own
 #: rows fill (``VarlenDynamicPersistentTileScheduler``, vllm-project/flash-attention ``hopper/``):
 #: a decode beside a prefill chunk is timed as in a decode-only step, without empty tiles.
-ATTENTION_KERNELS = ("flash-attention-2", "flash-attention-3")
+#: FlashInfer, vLLM's default backend on compute capability 10.x (``_get_backend_priorities``),
+#: splits a step's decodes from its prefills and runs them in a decode kernel of their own
+#: (``split_decodes_and_prefills``, ``BatchDecodeWithPagedKVCacheWrapper`` or TRT-LLM's
+#: ``trtllm_batch_decode_with_kv_cache``; ``vllm/v1/attention/backends/flashinfer.py``): the same.
+ATTENTION_KERNELS = ("flash-attention-2", "flash-attention-3", "flashinfer")
 
 
 def default_attention_kernel(gpu: GpuSpec) -> str:
-    """The kernel vLLM's FLASH_ATTN backend runs on ``gpu``: FlashAttention 3 on Hopper
-    (compute capability 9.x), else 2 (unknown capability included: the profiled behaviour)."""
+    """The attention kernel vLLM runs on ``gpu``: FlashAttention 3 on Hopper (compute capability
+    9.x), FlashInfer on datacenter Blackwell (10.x), else FlashAttention 2 (unknown capability
+    included: the profiled behaviour)."""
     cc = gpu.compute_capability
-    return "flash-attention-3" if cc is not None and 9.0 <= cc < 10.0 else "flash-attention-2"
+    if cc is not None and 9.0 <= cc < 10.0:
+        return "flash-attention-3"
+    if cc is not None and 10.0 <= cc < 11.0:
+        return "flashinfer"
+    return "flash-attention-2"
 
 DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
               "decode_attention_us": 0.11, "attention_efficiency": 0.48,
@@ -197,10 +207,11 @@ class RooflineConfig:
         share=False)
     attention_kernel: str | None = str_field(
         None, choices=ATTENTION_KERNELS, optional=True,
-        help="the varlen attention kernel decodes beside a prefill chunk (or verifying drafts) run in: "
+        help="the attention kernel decodes beside a prefill chunk (or verifying drafts) run in: "
              "'flash-attention-2' pads each query head of a decode to a tile of its own, 'flash-attention-3' "
-             "packs a decode's query heads into one tile per KV head (unset: what vLLM runs on the GPU, "
-             "FlashAttention 3 on compute capability 9.x, else 2)")
+             "packs a decode's query heads into one tile per KV head, 'flashinfer' runs the decodes in a decode "
+             "kernel apart (unset: what vLLM runs on the GPU: FlashAttention 3 on compute capability 9.x, "
+             "FlashInfer on 10.x, else FlashAttention 2)")
     layer_overhead_us: float | None = _measured(
         "layer_overhead_us", "per decoder layer: the GEMMs' fixed time and the small kernels not counted as bytes or "
                              "FLOPs (norms, rotary, activation), us", share=False)
@@ -281,8 +292,9 @@ class RooflineCostModel:
         self._mixed_offset = c.mixed_decode_context_offset
         # per decode and empty query tile, all layers (see empty_tile_ns)
         self._empty_tile_ms = model.num_layers * heads / tp * c.empty_tile_ns * 1e-6
-        # FlashAttention 3 packs a decode's query heads into its KV heads' tiles (ATTENTION_KERNELS)
-        self._packs_decodes = c.attention_kernel == "flash-attention-3"
+        # FlashAttention 3 packs a decode's query heads into its KV heads' tiles, FlashInfer runs
+        # the decodes apart: either way no padding (ATTENTION_KERNELS)
+        self._decodes_apart = c.attention_kernel != "flash-attention-2"
         communicates = tp > 1 or parallelism.lockstep or parallelism.pipelined
         topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
             if communicates else None
@@ -318,9 +330,9 @@ class RooflineCostModel:
         logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill)
         if not batch.prefill_tokens and not batch.spec_tokens:
             return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits
-        if self._packs_decodes:
-            # FlashAttention 3: the decodes' query heads share their KV heads' tiles, as in a
-            # decode-only step, and no empty tiles are launched.
+        if self._decodes_apart:
+            # FlashAttention 3 (the decodes' query heads share their KV heads' tiles) or
+            # FlashInfer (a decode kernel of their own): as in a decode-only step, no empty tiles.
             decodes = kv_read + batch.num_decode * self._decode_ms
         else:
             # FlashAttention 2's varlen kernel pads each query head of a decode riding with a
@@ -331,7 +343,7 @@ class RooflineCostModel:
         ms = self.tokens_ms(tokens) + decodes + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
-            if not self._packs_decodes:
+            if not self._decodes_apart:
                 # The kernel's grid is sized by the longest query (taken as the mean chunk: a
                 # Batch carries sums): every decode gets that many query tiles, all but one empty.
                 chunk = batch.prefill_tokens / max(1, batch.num_prefill)
