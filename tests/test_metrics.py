@@ -26,6 +26,28 @@ def test_run_quantiles_equal_numpy_on_the_expanded_samples(data):
         assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-9), key
 
 
+def test_run_quantiles_count_each_run_a_few_times_not_once_per_bisection_step(monkeypatch):
+    """The bisection for an order statistic takes up to 80 steps; the runs wholly below or above
+    its bracket are set aside as it shrinks, so the runs counted over all steps stay a few
+    passes over the runs per statistic (every run at every step would be 80)."""
+    from schedlab.results import metrics
+
+    rng = np.random.default_rng(2)
+    n = 20_000
+    first, inc = rng.uniform(5, 60, n), rng.uniform(0, 0.05, n)
+    count, weight = rng.integers(1, 200, n), np.ones(n, dtype=np.int64)
+    counted = []
+    real = metrics.counts_at_most
+    monkeypatch.setattr(metrics, "counts_at_most",
+                        lambda f, d, c, w, v: counted.append(f.size * np.size(v)) or real(f, d, c, w, v))
+    got = run_quantiles(first, inc, count, weight, (50, 99))
+    statistics = 4  # the two samples around each percentile
+    assert sum(counted) < 8 * n * statistics
+    samples = np.concatenate([f + d * np.arange(c) for f, d, c in zip(first, inc, count)])
+    assert got["p50"] == pytest.approx(np.percentile(samples, 50), rel=1e-12)
+    assert got["p99"] == pytest.approx(np.percentile(samples, 99), rel=1e-12)
+
+
 def test_run_quantiles_by_hand():
     # samples: 8 x 2 (one run of weight 2), then 10, 11, 12 (a run with increment 1)
     got = run_quantiles([8.0, 10.0], [0.0, 1.0], [1, 3], [2, 1])

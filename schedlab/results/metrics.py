@@ -63,28 +63,49 @@ def counts_at_most(first, inc, count, weight, values: np.ndarray) -> np.ndarray:
 
 
 def _order_statistics(first, inc, count, weight, ks: np.ndarray) -> np.ndarray:
-    """The k-th smallest samples (0-based), for every k in ``ks`` at once, by bisection on the
-    value followed by a snap to the largest actual sample at or below the bracket's top."""
-    lo = np.full(ks.shape, float(first.min()))
-    hi = np.full(ks.shape, float((first + (count - 1) * inc).max()))
-    done = counts_at_most(first, inc, count, weight, lo) > ks
-    hi = np.where(done, lo, hi)
+    """The k-th smallest samples (0-based), for every k in ``ks``: :func:`_order_statistic`."""
+    last = first + (count - 1) * inc
+    return np.array([_order_statistic(first, inc, count, weight, last, int(k)) for k in ks])
+
+
+def _order_statistic(first, inc, count, weight, last, k: int) -> float:
+    """The k-th smallest sample (0-based), by bisection on the value, then a snap to the largest
+    sample at or below the bracket's top.
+
+    The bracket ``(lo, hi]`` shrinks by half each step, and so do the runs that matter: a run
+    wholly at or below ``lo`` counts in full at every later midpoint (``base``), one wholly above
+    ``hi`` never counts, so only the runs straddling the bracket are counted again -- the work is
+    a few passes over the runs, not one per bisection step."""
+    lo, hi = float(first.min()), float(last.max())
+    if counts_at_most(first, inc, count, weight, np.array([lo]))[0] > k:
+        return lo
+    f, d, c, w, z = first, inc, count, weight, last
+    base, base_max = 0, -np.inf
     for _ in range(80):
+        below = z <= lo  # wholly counted from now on
+        if below.any():
+            base += int((c[below] * w[below]).sum())
+            base_max = max(base_max, float(z[below].max()))
+        keep = ~below & (f <= hi)
+        f, d, c, w, z = f[keep], d[keep], c[keep], w[keep], z[keep]
         mid = lo + (hi - lo) / 2
-        active = (mid > lo) & (mid < hi)
-        if not active.any():
+        if not lo < mid < hi:
             break
-        above = counts_at_most(first, inc, count, weight, mid) > ks
-        hi = np.where(active & above, mid, hi)
-        lo = np.where(active & ~above, mid, lo)
-    f, d, c = first[:, None], inc[:, None], count[:, None]
+        if base + int(counts_at_most(f, d, c, w, np.array([mid]))[0]) > k:
+            hi = mid
+        else:
+            lo = mid
+    # the largest sample at or below hi: a counted run's last one, or one of a straddling run
+    if not f.size:
+        return base_max
     safe = np.where(d > 0, d, 1.0)
-    j = np.where(d > 0, np.floor((hi[None, :] - f) / safe), 0).astype(np.int64)
+    j = np.where(d > 0, np.floor((hi - f) / safe), 0).astype(np.int64)
     j = np.clip(j, 0, c - 1)
-    j = np.where((f + j * d > hi[None, :]) & (j > 0), j - 1, j)
-    j = np.where((j + 1 < c) & (f + (j + 1) * d <= hi[None, :]) & (d > 0), j + 1, j)
+    j = np.where((f + j * d > hi) & (j > 0), j - 1, j)
+    j = np.where((j + 1 < c) & (f + (j + 1) * d <= hi) & (d > 0), j + 1, j)
     vals = f + j * d
-    return np.where(vals <= hi[None, :], vals, -np.inf).max(axis=0)
+    vals = vals[vals <= hi]
+    return max(base_max, float(vals.max())) if vals.size else base_max
 
 
 def run_quantiles(first, inc, count, weight, percentiles=PERCENTILES) -> dict[str, float]:
