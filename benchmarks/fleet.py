@@ -18,6 +18,9 @@ is steadier than wall time), the simulation's share of it, events per request an
 3. big    -- 10,000,000 requests over 256 instances: time and peak memory (reported, no target).
 4. closed -- ``benchmarks/fleet_closed.toml``: a closed loop of 16 clients per instance (1 s of
              thinking), 20,000 requests on 1, 2, 16 and 64 instances: CPU and events per request.
+5. disaggregated -- ``benchmarks/fleet_disaggregated.toml``: prefill and decode pools of 1, 4, 16
+             and 32 instances each, 6 requests/s per prefill instance, 8,000 requests: CPU and
+             events per request (the instances column counts both pools).
 """
 
 from __future__ import annotations
@@ -35,24 +38,32 @@ HERE = Path(__file__).resolve().parent
 RATE_PER_INSTANCE = 4.0
 
 
-def child(requests: int, instances: int, closed: int = 0) -> dict:
+def child(requests: int, instances: int, kind: int = 0) -> dict:
+    """One measurement; ``kind`` 0: the open-loop fleet, 1: the closed loop, 2: disaggregated
+    pools of ``instances`` each."""
     import schedlab.study.simulation as simulation
     from schedlab.study.experiment import load, run_experiment
 
     sim_cpu = []
-    simulate = simulation.simulate
 
-    def timed(*args, **kwargs):
-        started = time.process_time()
-        try:
-            return simulate(*args, **kwargs)
-        finally:
-            sim_cpu.append(time.process_time() - started)
+    def timed(simulate):
+        def run(*args, **kwargs):
+            started = time.process_time()
+            try:
+                return simulate(*args, **kwargs)
+            finally:
+                sim_cpu.append(time.process_time() - started)
+        return run
 
-    simulation.simulate = timed
-    if closed:
+    simulation.simulate = timed(simulation.simulate)
+    simulation.simulate_disaggregated = timed(simulation.simulate_disaggregated)
+    if kind == 1:
         exp = load(HERE / "fleet_closed.toml", [f"workload.num_requests={requests}", f"cluster.instances={instances}",
                                                 f"workload.clients={16 * instances}"])
+    elif kind == 2:
+        exp = load(HERE / "fleet_disaggregated.toml", [
+            f"workload.num_requests={requests}", f"cluster.prefill={{instances = {instances}}}",
+            f"cluster.decode={{instances = {instances}}}", f"workload.rate={6.0 * instances}"])
     else:
         exp = load(HERE / "fleet.toml", [f"workload.num_requests={requests}", f"cluster.instances={instances}",
                                          f"workload.rate={RATE_PER_INSTANCE * instances}"])
@@ -62,14 +73,14 @@ def child(requests: int, instances: int, closed: int = 0) -> dict:
     cpu = time.process_time() - started
     if run.rows_file:
         os.unlink(run.rows_file)
-    return {"requests": requests, "instances": instances, "cpu_s": cpu, "sim_cpu_s": sum(sim_cpu),
+    return {"requests": requests, "instances": instances * (2 if kind == 2 else 1), "cpu_s": cpu, "sim_cpu_s": sum(sim_cpu),
             "wall_s": time.perf_counter() - wall, "events": run.meta["events"],
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "p99_ttft_ms": run.metrics["ttft_ms"]["p99"], "busy_share": run.metrics["busy_share"]}
 
 
-def measure(requests: int, instances: int, closed: bool = False) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(requests), str(instances), str(int(closed))]
+def measure(requests: int, instances: int, kind: int = 0) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(requests), str(instances), str(kind)]
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SCHEDLAB_NO_PROGRESS": "1"})
     if out.returncode != 0:
         raise SystemExit(f"benchmark child failed: {' '.join(cmd)}\n{out.stderr}")
@@ -84,7 +95,7 @@ def row(m: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", help="cpu, memory, big (default: cpu memory)")
+    parser.add_argument("parts", nargs="*", help="cpu, memory, big, closed, disaggregated (default: cpu memory)")
     parser.add_argument("--requests", type=int, default=200_000, help="requests of the cpu part")
     parser.add_argument("--repeat", type=int, default=1, help="best of this many (cpu part)")
     parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
@@ -93,9 +104,10 @@ def main() -> None:
         print(json.dumps(child(*args.child)))
         return
     args.parts = args.parts or ["cpu", "memory"]
-    unknown = set(args.parts) - {"cpu", "memory", "big", "closed"}
+    unknown = set(args.parts) - {"cpu", "memory", "big", "closed", "disaggregated"}
     if unknown:
-        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from cpu, memory, big, closed")
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from cpu, memory, big, closed, "
+                     "disaggregated")
     print("| requests | instances | CPU / request | of which simulation | events / request | peak RSS | CPU |")
     print("|---|---|---|---|---|---|---|")
     if "cpu" in args.parts:
@@ -114,7 +126,10 @@ def main() -> None:
         print(row(measure(10_000_000, 256)))
     if "closed" in args.parts:
         for instances in (1, 2, 16, 64):
-            print(row(measure(20_000, instances, closed=True)), flush=True)
+            print(row(measure(20_000, instances, kind=1)), flush=True)
+    if "disaggregated" in args.parts:
+        for instances in (1, 4, 16, 32):
+            print(row(measure(8_000, instances, kind=2)), flush=True)
 
 
 if __name__ == "__main__":

@@ -624,3 +624,27 @@ def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, 
     spec = runs["fast"].metrics["speculative"]
     assert spec["accepted_tokens"] > 0 and runs["fast"].metrics["transfer"]["transfers"] == 50 - (
         runs["fast"].requests["generated_tokens"] == 1).sum()
+
+
+def test_the_driver_reads_a_few_instances_per_step_whatever_the_pools_size(tmp_path, monkeypatch):
+    """The fast driver keeps the instances with work in a heap by their next plan: a step reads
+    the plan times of the instance that ran and of those an arrival, a hand-over or a landing
+    touched -- not of every instance. From 2 + 2 to 12 + 12 instances (the same load on each),
+    the reads per instance step stay about the same (a scan of every instance: 6 times as many)."""
+    from schedlab.engine.instance import Instance
+
+    reads, steps = [], []
+    next_plan_time, advance = Instance.next_plan_time, Instance.advance
+    monkeypatch.setattr(Instance, "next_plan_time", lambda self: reads.append(1) or next_plan_time(self))
+    monkeypatch.setattr(Instance, "advance", lambda self, *a, **k: steps.append(1) or advance(self, *a, **k))
+    per_step = {}
+    for n in (2, 12):
+        reads.clear()
+        steps.clear()
+        path = write(tmp_path, DISAGG.replace("instances = 1", f"instances = {n}")
+                     .replace("instances = 2", f"instances = {n}"))
+        run = run_experiment(load(path, [f"workload.rate={10 * n}", f"workload.num_requests={60 * n}",
+                                         'cluster.prefill.router={kind = "least_outstanding"}'])).all_runs()[0]
+        assert run.metrics["finished"] == 60 * n
+        per_step[n] = len(reads) / len(steps)
+    assert per_step[12] < 1.5 * per_step[2], per_step

@@ -162,7 +162,7 @@ class DecodeStage:
                 if now + ms > tr.landed_ms:  # the reload runs beside the pull; the later one lands it
                     tr.landed_ms = now + ms
             heapq.heappush(self.in_flight, (tr.landed_ms, tr.seq_no, tr))
-            self.cluster.stage_of(tr.prefill_index).release_at(tr.landed_ms, tr)
+            self.cluster.release_when_landed(tr)
             inst.emitted = True  # the prefill instance now plans again at the landing
 
 
@@ -181,6 +181,9 @@ class DisaggregatedCluster:
         self.prefill_router = prefill_router
         self.decode_router = decode_router
         self._handoffs: list = []  # (ready time, seq_no, transfer), not yet routed
+        #: prefill instances given a release time since the driver last looked (it re-reads
+        #: their next plan: schedlab.engine.driver.PlanHeap)
+        self.touched: list[int] = []
         self._clock = RoutingClock()  # routers see both pools as they are at this time
         self._prefill_views = views_of(self.prefill, self._clock)
         self._decode_views = views_of(self.decode, self._clock)
@@ -208,6 +211,12 @@ class DisaggregatedCluster:
 
     def stage_of(self, prefill_index: int) -> PrefillStage:
         return self._stages[prefill_index]
+
+    def release_when_landed(self, tr: Transfer) -> None:
+        """A pulled transfer frees its blocks on the prefill side when it lands: that instance
+        now has something to do then (listed in ``touched`` for the driver)."""
+        self._stages[tr.prefill_index].release_at(tr.landed_ms, tr)
+        self.touched.append(tr.prefill_index)
 
     # -- arrivals ----------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Instance:
@@ -241,10 +250,12 @@ class DisaggregatedCluster:
     def next_handoff(self) -> float:
         return self._handoffs[0][0] if self._handoffs else INF
 
-    def deliver_handoffs(self, t: float) -> None:
-        """Route every finished prompt ready by ``t`` to a decode instance (in (time, arrival) order)."""
+    def deliver_handoffs(self, t: float) -> list[Instance]:
+        """Route every finished prompt ready by ``t`` to a decode instance (in (time, arrival)
+        order); returns the instances that received one."""
         pool = self.decode
         router = self.decode_router
+        targets = []
         while self._handoffs and self._handoffs[0][0] <= t:
             tr = heapq.heappop(self._handoffs)[2]
             if router is not None:
@@ -254,3 +265,5 @@ class DisaggregatedCluster:
                 target = pool[0]
             target.wake(tr.ready_ms)
             target.stage.receive(target, tr)
+            targets.append(target)
+        return targets

@@ -291,20 +291,26 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
     the hand-over is routed, with every instance seen as it is at that time, before anyone
     runs past it. An instance that plans nothing sleeps (see ``Instance.next_plan_time``)
     instead of creeping forward with the others; an arrival or hand-over for it wakes it.
+
+    The instances with work wait in a heap by their next plan (:class:`PlanHeap`), so a step
+    costs O(log N) in the pools' size, not a scan of every instance: an instance's next plan
+    changes only when it runs, when an arrival or a hand-over reaches it, or when a transfer
+    from it lands (``cluster.touched``), and each of those puts it back on the heap.
     """
     instances = cluster.instances
     closed = workload is not None and getattr(workload, "closed_loop", False)
     for inst in instances:
         inst.track_finished = closed
     arrivals = arrival_queue(requests, workload, client_side)
+    plans = PlanHeap(instances)
     delivered = 0
     while True:
         t = min(arrivals.next_time(), cluster.next_handoff())
-        busy = [(inst.next_plan_time(), inst.index, inst) for inst in instances if inst.has_work()]
-        first = min(busy) if busy else None
+        first = plans.first()
         if first is not None and first[0] < t:
-            plan_at, _, inst = first
-            bound = min([t] + [when for when, _, other in busy if other is not inst])
+            plan_at, inst = plans.take()
+            other = plans.first()
+            bound = t if other is None or other[0] >= t else other[0]
             inst.wake(plan_at)
             if bound <= plan_at:  # its next iteration starts no later than anyone's: always safe to run
                 bound = math.nextafter(plan_at, INF)
@@ -312,20 +318,69 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
                 raise StallError(inst._stall_message("the scheduler plans nothing"))
             if closed:
                 _release(inst, arrivals)
+            plans.update(inst)
+            plans.update_touched(cluster)
             continue
         if t == INF:
+            busy = [inst for inst in instances if inst.has_work()]
             if busy:
-                raise StallError(busy[0][2]._stall_message("no arrivals are left and the scheduler plans nothing"))
+                raise StallError(busy[0]._stall_message("no arrivals are left and the scheduler plans nothing"))
             return
-        cluster.deliver_handoffs(t)
+        for target in cluster.deliver_handoffs(t):
+            plans.update(target)
         while arrivals.next_time() <= t:
             request = arrivals.pop(t)
             if request is None:  # an event of the client side
                 continue
             target = cluster.arrive(request, delivered)
             delivered += 1
+            plans.update(target)
             if closed:
                 _release(target, arrivals)
+
+
+class PlanHeap:
+    """The instances with work, by ``(next plan time, index)``; an entry whose instance has
+    since moved (or has no work left) is dropped when it surfaces."""
+
+    def __init__(self, instances: Sequence[Instance]):
+        self.by_index = {inst.index: inst for inst in instances}
+        self.heap: list = []
+        self.announced: dict[int, float] = {}  # index -> the plan time of its live entry
+        for inst in instances:
+            self.update(inst)
+
+    def update(self, inst: Instance) -> None:
+        """``inst`` may plan at another time, or have gained or lost work."""
+        when = inst.next_plan_time() if inst.has_work() else None
+        if self.announced.get(inst.index) != when:
+            if when is None:
+                del self.announced[inst.index]
+            else:
+                self.announced[inst.index] = when
+                heapq.heappush(self.heap, (when, inst.index))
+
+    def update_touched(self, cluster) -> None:
+        """The prefill instances a pull gave a release time to since the last call."""
+        for index in cluster.touched:
+            self.update(self.by_index[index])
+        cluster.touched.clear()
+
+    def first(self) -> tuple[float, int] | None:
+        """The earliest ``(plan time, index)``, or None when no instance has work."""
+        heap, announced = self.heap, self.announced
+        while heap:
+            when, index = heap[0]
+            if announced.get(index) == when:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def take(self) -> tuple[float, Instance]:
+        """Pop the earliest instance (after :meth:`first`); :meth:`update` puts it back."""
+        when, index = heapq.heappop(self.heap)
+        del self.announced[index]
+        return when, self.by_index[index]
 
 
 def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: ArrivalQueue, workload) -> bool:
