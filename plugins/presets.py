@@ -348,14 +348,14 @@ def as_registered(spec: GpuSpec, note: str) -> tuple[GpuSpec, str]:
     spec, power_note = with_power(spec)
     capability = COMPUTE_CAPABILITY.get(spec.name)
     spec = attrs.evolve(spec, compute_capability=capability)
-    help = f"{note}; {measured}" + (f"; {power_note}" if power_note else "")
+    text = f"{note}; {measured}" + (f"; {power_note}" if power_note else "")
     if capability is not None:
-        help += f"; compute capability {capability:.1f} (NVIDIA's CUDA GPUs list)"
-    return spec, help
+        text += f"; compute capability {capability:.1f} (NVIDIA's CUDA GPUs list)"
+    return spec, text
 
 
 @schedlab.hookimpl
 def schedlab_register_gpus(register):
     for spec, note in GPUS:
-        spec, help = as_registered(spec, note)
-        register(spec.name, spec, help=help)
+        spec, text = as_registered(spec, note)
+        register(spec.name, spec, help=text)

@@ -236,7 +236,8 @@ class GpuSpec:
     compute_capability: float | None = float_field(
         None, min=0.0, min_exclusive=True, optional=True,
         help="CUDA compute capability, e.g. 9.0 (NVIDIA's CUDA GPUs list): which attention kernel vLLM runs "
-             "on it (9.x, Hopper: FlashAttention 3; unset or other: FlashAttention 2)")
+             "on it (9.x, Hopper: FlashAttention 3; 10.x, datacenter Blackwell: FlashInfer; unset or other: "
+             "FlashAttention 2)")
     # -- power (schedlab.energy): what the power models read; unset where no source gives it
     board_w: float | None = float_field(
         None, min=0.0, min_exclusive=True, optional=True,
