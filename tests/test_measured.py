@@ -154,9 +154,11 @@ prefill_ms_per_token = {prefill_ms}
     return write_jsonl(tmp_path / "measured.jsonl", rows)
 
 
-def test_calibrate_recovers_known_parameters(tmp_path):
+def _replay_of_a_known_run(tmp_path, decode_ms: float):
+    """An experiment replaying the log of a run made with 12 ms a decode step and 0.08 ms a
+    prompt token (:func:`_measured_log_from_a_run`), with ``decode_ms`` and 0.05 ms instead."""
     log = _measured_log_from_a_run(tmp_path, decode_ms=12.0, prefill_ms=0.08)
-    exp_path = tmp_path / "fit.toml"
+    exp_path = tmp_path / "replay.toml"
     exp_path.write_text(f"""
 [experiment]
 reports = []
@@ -168,10 +170,14 @@ kind = "vllm"
 max_num_seqs = 8
 [cost_model]
 kind = "linear"
-decode_ms_per_step = 8.0
+decode_ms_per_step = {decode_ms}
 prefill_ms_per_token = 0.05
 """)
-    exp = load(exp_path)
+    return exp_path
+
+
+def test_calibrate_recovers_known_parameters(tmp_path):
+    exp = load(_replay_of_a_known_run(tmp_path, decode_ms=8.0))
     params = [Parameter("cost_model.decode_ms_per_step", 2.0, 30.0),
               Parameter("cost_model.prefill_ms_per_token", 0.01, 0.3)]
     fit, spec, result = calibrate(exp, params, max_evaluations=120)
@@ -191,22 +197,7 @@ def test_a_streamed_replay_is_compared_over_every_request(tmp_path, monkeypatch)
     from schedlab.calibrate import MeasuredRun
 
     monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
-    log = _measured_log_from_a_run(tmp_path, decode_ms=12.0, prefill_ms=0.08)
-    exp_path = tmp_path / "replay.toml"
-    exp_path.write_text(f"""
-[experiment]
-reports = []
-[workload]
-kind = "vllm_log"
-path = "{log}"
-[scheduler]
-kind = "vllm"
-max_num_seqs = 8
-[cost_model]
-kind = "linear"
-decode_ms_per_step = 10.0
-prefill_ms_per_token = 0.05
-""")
+    exp_path = _replay_of_a_known_run(tmp_path, decode_ms=10.0)
     exact = run_experiment(load(exp_path)).all_runs()[0]
     streamed = run_experiment(load(exp_path, ["experiment.exact_requests=10"])).all_runs()[0]
     assert exact.rows_file is None and streamed.rows_file is not None
