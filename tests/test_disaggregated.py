@@ -626,25 +626,20 @@ def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, 
         runs["fast"].requests["generated_tokens"] == 1).sum()
 
 
-def test_the_driver_reads_a_few_instances_per_step_whatever_the_pools_size(tmp_path, monkeypatch):
-    """The fast driver keeps the instances with work in a heap by their next plan: a step reads
-    the plan times of the instance that ran and of those an arrival, a hand-over or a landing
-    touched -- not of every instance. From 2 + 2 to 12 + 12 instances (the same load on each),
-    the reads per instance step stay about the same (a scan of every instance: 6 times as many)."""
-    from schedlab.engine.instance import Instance
-
-    reads, steps = [], []
-    next_plan_time, advance = Instance.next_plan_time, Instance.advance
-    monkeypatch.setattr(Instance, "next_plan_time", lambda self: reads.append(1) or next_plan_time(self))
-    monkeypatch.setattr(Instance, "advance", lambda self, *a, **k: steps.append(1) or advance(self, *a, **k))
-    per_step = {}
+def test_events_per_request_do_not_grow_with_the_pools(tmp_path):
+    """The fast driver runs disaggregated pools event by event: a decode run is cut only by a
+    hand-over routed to its own instance, not by the other instances' iterations. A request of
+    20-200 output tokens then costs a handful of events (its prefill, hand-over, pull and join,
+    the runs its finish and its neighbours' end), about 4, at 2 + 2 and at 12 + 12 instances with
+    the same load on each; a driver that cut every run at every other instance's next plan took
+    22."""
+    per_request = {}
     for n in (2, 12):
-        reads.clear()
-        steps.clear()
         path = write(tmp_path, DISAGG.replace("instances = 1", f"instances = {n}")
                      .replace("instances = 2", f"instances = {n}"))
         run = run_experiment(load(path, [f"workload.rate={10 * n}", f"workload.num_requests={60 * n}",
+                                         "workload.output={dist = \"uniform\", low = 20, high = 200}",
                                          'cluster.prefill.router={kind = "least_outstanding"}'])).all_runs()[0]
         assert run.metrics["finished"] == 60 * n
-        per_step[n] = len(reads) / len(steps)
-    assert per_step[12] < 1.5 * per_step[2], per_step
+        per_request[n] = run.meta["events"] / (60 * n)
+    assert per_request[2] < 8 and per_request[12] < 1.3 * per_request[2], per_request

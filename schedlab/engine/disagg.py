@@ -5,8 +5,8 @@ The flow and its sources are in :mod:`schedlab.engine.transfer`. Here each fast
 own iteration boundaries, and the times it must stop at (a transfer landing, blocks being
 released), so its bulk decode runs never step over them. :class:`DisaggregatedCluster` holds
 the pools, routes arrivals to the prefill pool and finished prompts to the decode pool; the
-driver (:func:`schedlab.engine.driver.simulate_disaggregated`) advances the instances in
-lockstep, since each pool now waits on the other.
+driver (:func:`schedlab.engine.driver.simulate_disaggregated`) runs the instances event by
+event, the pools meeting where a finished prompt is handed over.
 """
 
 from __future__ import annotations
@@ -162,8 +162,7 @@ class DecodeStage:
                 if now + ms > tr.landed_ms:  # the reload runs beside the pull; the later one lands it
                     tr.landed_ms = now + ms
             heapq.heappush(self.in_flight, (tr.landed_ms, tr.seq_no, tr))
-            self.cluster.release_when_landed(tr)
-            inst.emitted = True  # the prefill instance now plans again at the landing
+            self.cluster.release_when_landed(tr)  # the prefill instance plans again at the landing
 
 
 class DisaggregatedCluster:
@@ -182,7 +181,7 @@ class DisaggregatedCluster:
         self.decode_router = decode_router
         self._handoffs: list = []  # (ready time, seq_no, transfer), not yet routed
         #: prefill instances given a release time since the driver last looked (it re-reads
-        #: their next plan: schedlab.engine.driver.PlanHeap)
+        #: their next event: schedlab.engine.driver.simulate_disaggregated)
         self.touched: list[int] = []
         self._clock = RoutingClock()  # routers see both pools as they are at this time
         self._prefill_views = views_of(self.prefill, self._clock)
@@ -238,7 +237,7 @@ class DisaggregatedCluster:
             if target.track_finished:
                 target.finished.append((request, request.arrival_ms))
             return target
-        target.wake(request.arrival_ms)
+        target.catch_up(request.arrival_ms)
         seq = target.arrive(first, seq_no)
         seq.transfer = Transfer(request, seq_no, target.index, seq)
         return target
@@ -263,7 +262,7 @@ class DisaggregatedCluster:
                 target = pool[route(router, tr.request, self._decode_views)]
             else:
                 target = pool[0]
-            target.wake(tr.ready_ms)
+            target.catch_up(tr.ready_ms)
             target.stage.receive(target, tr)
             targets.append(target)
         return targets

@@ -280,107 +280,61 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
     """Run a :class:`~schedlab.engine.disagg.DisaggregatedCluster` until every request has
     finished or been rejected.
 
-    The pools wait on each other -- a finished prompt is routed to a decode instance when it
-    is handed over, and a decode instance's pull frees blocks on a prefill instance when the
-    transfer lands -- so the instances always advance in lockstep: the one that plans first
-    runs (ties: lowest index), and only iterations that start no later than any other's next
-    plan and the next arrival or hand-over. Nothing another instance does can reach it
-    earlier: events happen at the end of iterations or, for released blocks, when a transfer
-    lands, after the pull that starts it. An instance stops after an iteration that handed a
-    request over or pulled one (which gives its prefill instance a new time to plan at), so
-    the hand-over is routed, with every instance seen as it is at that time, before anyone
-    runs past it. An instance that plans nothing sleeps (see ``Instance.next_plan_time``)
-    instead of creeping forward with the others; an arrival or hand-over for it wakes it.
-
-    The instances with work wait in a heap by their next plan (:class:`PlanHeap`), so a step
-    costs O(log N) in the pools' size, not a scan of every instance: an instance's next plan
-    changes only when it runs, when an arrival or a hand-over reaches it, or when a transfer
-    from it lands (``cluster.touched``), and each of those puts it back on the heap.
+    Event by event, as the colocated driver runs (:func:`_simulate_events`): the instances wait
+    in an :class:`EventHeap` by their next event, and an instance acts only while its event
+    comes before the next arrival or hand-over -- the pools meet only there. A decode run is
+    kept pending and cut when a finished prompt is routed to its instance (``catch_up``), so the
+    other pool's iterations no longer cut it; routers read pending runs in closed form. Each
+    step runs the instance's stage at the iteration boundary (:meth:`Instance.step`): a prefill
+    instance hands finished prompts over (routed when the clock reaches them, with every
+    instance as it is then), a decode instance pulls their KV, which frees the prefill side's
+    blocks when it lands. A pull gives that prefill instance a new time to plan at
+    (``cluster.touched``): it goes back on the heap. An instance that plans nothing sleeps until
+    its wake-up time, its stage's next landing or release, or an arrival or hand-over for it.
+    A closed loop's finishes are released after each step, and a run's last iteration is
+    planned on its own so that they come in the order the reference engine makes them.
     """
     instances = cluster.instances
     closed = workload is not None and getattr(workload, "closed_loop", False)
     for inst in instances:
         inst.track_finished = closed
+        inst.plan_finishes_alone = closed
+    position = {inst.index: pos for pos, inst in enumerate(instances)}
     arrivals = arrival_queue(requests, workload, client_side)
-    plans = PlanHeap(instances)
+    events = EventHeap(instances)
+    for pos in range(len(instances)):
+        events.update(pos)
     delivered = 0
     while True:
         t = min(arrivals.next_time(), cluster.next_handoff())
-        first = plans.first()
-        if first is not None and first[0] < t:
-            plan_at, inst = plans.take()
-            other = plans.first()
-            bound = t if other is None or other[0] >= t else other[0]
-            inst.wake(plan_at)
-            if bound <= plan_at:  # its next iteration starts no later than anyone's: always safe to run
-                bound = math.nextafter(plan_at, INF)
-            if inst.advance(bound, stop_on_finish=True) == "blocked":
-                raise StallError(inst._stall_message("the scheduler plans nothing"))
+        pos = events.due(t)
+        while pos is not None:
+            inst = instances[pos]
+            inst.step()
+            events.update(pos)
+            for index in cluster.touched:
+                events.update(position[index])
+            cluster.touched.clear()
             if closed:
                 _release(inst, arrivals)
-            plans.update(inst)
-            plans.update_touched(cluster)
-            continue
+            t = min(arrivals.next_time(), cluster.next_handoff())
+            pos = events.due(t)
         if t == INF:
-            busy = [inst for inst in instances if inst.has_work()]
-            if busy:
-                raise StallError(busy[0]._stall_message("no arrivals are left and the scheduler plans nothing"))
+            for inst in instances:
+                if inst.has_work():
+                    raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
             return
         for target in cluster.deliver_handoffs(t):
-            plans.update(target)
+            events.update(position[target.index])
         while arrivals.next_time() <= t:
             request = arrivals.pop(t)
             if request is None:  # an event of the client side
                 continue
             target = cluster.arrive(request, delivered)
             delivered += 1
-            plans.update(target)
+            events.update(position[target.index])
             if closed:
                 _release(target, arrivals)
-
-
-class PlanHeap:
-    """The instances with work, by ``(next plan time, index)``; an entry whose instance has
-    since moved (or has no work left) is dropped when it surfaces."""
-
-    def __init__(self, instances: Sequence[Instance]):
-        self.by_index = {inst.index: inst for inst in instances}
-        self.heap: list = []
-        self.announced: dict[int, float] = {}  # index -> the plan time of its live entry
-        for inst in instances:
-            self.update(inst)
-
-    def update(self, inst: Instance) -> None:
-        """``inst`` may plan at another time, or have gained or lost work."""
-        when = inst.next_plan_time() if inst.has_work() else None
-        if self.announced.get(inst.index) != when:
-            if when is None:
-                del self.announced[inst.index]
-            else:
-                self.announced[inst.index] = when
-                heapq.heappush(self.heap, (when, inst.index))
-
-    def update_touched(self, cluster) -> None:
-        """The prefill instances a pull gave a release time to since the last call."""
-        for index in cluster.touched:
-            self.update(self.by_index[index])
-        cluster.touched.clear()
-
-    def first(self) -> tuple[float, int] | None:
-        """The earliest ``(plan time, index)``, or None when no instance has work."""
-        heap, announced = self.heap, self.announced
-        while heap:
-            when, index = heap[0]
-            if announced.get(index) == when:
-                return heap[0]
-            heapq.heappop(heap)
-        return None
-
-    def take(self) -> tuple[float, Instance]:
-        """Pop the earliest instance (after :meth:`first`); :meth:`update` puts it back."""
-        when, index = heapq.heappop(self.heap)
-        del self.announced[index]
-        return when, self.by_index[index]
 
 
 def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: ArrivalQueue, workload) -> bool:

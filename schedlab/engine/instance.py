@@ -119,7 +119,8 @@ def held_blocks(seqs, block_size: int) -> int:
 
 
 class Instance:
-    """A simulated server. ``advance(until)`` runs it; ``arrive(request)`` hands it a request.
+    """A simulated server. ``step()`` does its next event (:meth:`next_event`); ``arrive(request)``
+    hands it a request.
 
     ``speculation`` (a :class:`~schedlab.speculative.Speculation`) turns on speculative
     decoding: every decode step then verifies drafts, and runs one iteration at a time.
@@ -191,7 +192,6 @@ class Instance:
         # flow, with timed events of its own (transfers landing, blocks released); None
         # for a colocated instance.
         self.stage = None
-        self.emitted = False         # changed another instance in the last advance (hand-over, pull)
         self.asleep = False          # planned nothing; plans again at next_plan_time() or when woken
         self.sleep_wake = INF
         self.release = Release()     # what the last iteration gives back at its end (routers' view)
@@ -438,66 +438,6 @@ class Instance:
         return ms
 
     # -- the loop ---------------------------------------------------------------------------------
-    def advance(self, until: float, stop_on_finish: bool = False) -> str:
-        """Run every iteration that starts before ``until``.
-
-        Returns ``"until"`` (reached ``until``), ``"finished"`` (stopped after an iteration in
-        which requests finished or were handed to a decode instance, when ``stop_on_finish``),
-        ``"idle"`` (no work at all) or
-        ``"blocked"`` (work is left, but the scheduler plans nothing and has no wake-up time).
-        An instance of a disaggregated cluster (with a ``stage``) does not wait for ``until``
-        after an empty plan: it returns ``"asleep"`` at once (see :meth:`next_plan_time`).
-        """
-        empty_plans = 0
-        stage = self.stage
-        self.emitted = False
-        while self.now < until:
-            if stage is not None:
-                stage.before_plan(self)
-            abort_at = self.next_abort() if self.aborts else INF
-            if abort_at <= self.now:
-                self._abort_due()
-                abort_at = self.next_abort()
-            plan = self._plan()
-            limit = until if until < abort_at else abort_at  # an abort, like an arrival, ends a run of iterations
-            if stage is not None:
-                stage.after_plan(self, plan)
-                next_event = stage.next_time()  # runs stop where a transfer lands or blocks are released
-                if next_event < limit:
-                    limit = next_event
-            if plan.is_empty():
-                if not self.has_work():
-                    if until < INF and stage is None:
-                        self.now = until
-                    return "idle"
-                wake = plan.wake if plan.wake is not None else INF
-                target = limit if limit < wake else wake
-                empty_plans += 1
-                if empty_plans > 1000:
-                    raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
-                if plan.preempted or target <= self.now:
-                    if stop_on_finish and self.emitted:
-                        # A pull just gave a prefill instance a time to plan at (its blocks come
-                        # back when the KV lands): let the driver run it before this instance
-                        # starts iterations that could step past its next hand-over.
-                        return "finished"
-                    continue
-                if stage is not None:  # disaggregated: sleep until woken (see simulate_disaggregated)
-                    self.sleep_wake = wake
-                    self.asleep = True
-                    return "asleep"
-                if target == INF:
-                    return "blocked"
-                self._hold_blocks(target)
-                self.now = target
-                continue
-            empty_plans = 0
-            self.events += 1
-            self._execute(plan, limit)
-            if stop_on_finish and (self.finished or self.emitted):
-                return "finished"
-        return "until"
-
     def _plan(self) -> FastPlan:
         """Ask the scheduler for the next iteration's plan, at ``now``."""
         self.serial += 1
@@ -516,30 +456,41 @@ class Instance:
         for an arrival."""
         if self.pending is not None:
             return self.pending.end, 0
-        if self.asleep:
-            return self.sleep_wake, 1
+        if self.asleep:  # a disaggregated instance's stage may wake it first (next_plan_time)
+            return (self.sleep_wake if self.stage is None else self.next_plan_time()), 1
         return (self.now, 1) if self.has_work() else (INF, 1)
 
     def step(self) -> None:
         """Do what :meth:`next_event` announced: apply the pending run whole; or plan at ``now``
         (at the sleep's end, if asleep; after aborting what is due) and run that iteration, keep
         a run of decode iterations pending (:class:`PreparedRun`; an arrival routed here cuts it,
-        see :meth:`catch_up`; it ends at the next abort, as :meth:`advance`'s runs do), or sleep
-        after an empty plan until its wake-up time, its next abort or an arrival."""
+        see :meth:`catch_up`; it ends at the next abort), or sleep after an empty plan until its
+        wake-up time, its next abort or an arrival. An instance of a disaggregated cluster runs
+        its stage at the boundary (:mod:`schedlab.engine.disagg`: hand-overs, pulls, landings,
+        released blocks), and its runs end where a transfer lands or blocks come back."""
         run = self.pending
         if run is not None:
             self.pending = None
             self._apply(run, run.k)
             return
+        stage = self.stage
         if self.asleep:
-            self.wake(self.sleep_wake)
+            self.wake(self.sleep_wake if stage is None else self.next_plan_time())
         abort_at = self.next_abort() if self.aborts else INF
         if abort_at <= self.now:
             self._abort_due()
             abort_at = self.next_abort()
         empty_plans = 0
         while True:
+            limit = abort_at  # an abort, like an arrival, ends a run of iterations
+            if stage is not None:  # disaggregated: the flow's part at this boundary (engine.disagg)
+                stage.before_plan(self)
             plan = self._plan()
+            if stage is not None:
+                stage.after_plan(self, plan)
+                nxt = stage.next_time()  # a run stops where a transfer lands or blocks come back
+                if nxt < limit:
+                    limit = nxt
             if not plan.is_empty():
                 break
             if not self.has_work():
@@ -547,7 +498,7 @@ class Instance:
             wake = plan.wake if plan.wake is not None else INF
             if abort_at < wake:  # an abort wakes it (as an arrival would)
                 wake = abort_at
-            if not plan.preempted and wake > self.now:
+            if not plan.preempted and (wake if wake < limit else limit) > self.now:
                 self.asleep = True  # inf: only an arrival wakes it (a stall when none is left)
                 self.sleep_wake = wake
                 return
@@ -555,7 +506,7 @@ class Instance:
             if empty_plans > 1000:
                 raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
         self.events += 1
-        run = self._prepare(plan, abort_at)  # an abort, like an arrival, ends a run of iterations
+        run = self._prepare(plan, limit)
         if run.k > 1 and self.plan_finishes_alone:
             # A closed loop releases a finished request's successor when the iteration that
             # finishes it is planned, as the reference engine does (iterations in the order
@@ -930,7 +881,6 @@ class Instance:
         if self.stage is not None and self.stage.hand_off(self, seq, t):
             # on to a decode instance; its KV stays here until that instance has pulled it (the
             # scheduler hears of the finish then, when the blocks come back)
-            self.emitted = True
             return
         self.kv.free(seq)
         self.rec.request_done(seq, self.index, t)
