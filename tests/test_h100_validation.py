@@ -67,14 +67,19 @@ def itl(vs: dict, side: str) -> float:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_low_and_saturated_stages_stay_within_the_readme_bounds(variant):
     """Stage 0 (1 request/s): the inter-token latency within 5% and the latency within 10%;
-    stage 6 (past capacity, 440 in flight): both within 20%. Without the client's cap the same
-    stage's queue grows for the whole minute and the latency is off by more than 100%."""
-    runs = replay(variant, (0, 6))
-    low, high = runs[f"{variant}-0"].metrics["vs_target"], runs[f"{variant}-6"].metrics["vs_target"]
+    stage 2 (62-86 requests/s, below capacity, a step of up to ~100 decodes beside a prompt):
+    both within 5% -- with FlashAttention 2's mixed-step penalty, which the H100 does not pay,
+    they were 4-17% long; stage 6 (past capacity, 440 in flight): the inter-token latency within
+    12%, the latency within 15%. Without the client's cap the same stage's queue grows for the
+    whole minute and the latency is off by more than 100%."""
+    runs = replay(variant, (0, 2, 6))
+    low, mid, high = (runs[f"{variant}-{k}"].metrics["vs_target"] for k in (0, 2, 6))
     assert abs(itl(low, "simulated") / itl(low, "measured") - 1) < 0.05
     assert abs(low["errors_pct"]["e2e_ms.mean"]) < 10
-    assert abs(itl(high, "simulated") / itl(high, "measured") - 1) < 0.20
-    assert abs(high["errors_pct"]["e2e_ms.mean"]) < 20
+    assert abs(itl(mid, "simulated") / itl(mid, "measured") - 1) < 0.05
+    assert abs(mid["errors_pct"]["e2e_ms.mean"]) < 5
+    assert abs(itl(high, "simulated") / itl(high, "measured") - 1) < 0.12
+    assert abs(high["errors_pct"]["e2e_ms.mean"]) < 15
     uncapped = replay(variant, (6,), ["workload.max_concurrency=1000000"])[f"{variant}-6"].metrics["vs_target"]
     assert uncapped["errors_pct"]["e2e_ms.mean"] > 100
 
