@@ -154,8 +154,11 @@ class PipelinedInstance:
 
     # -- the loop -------------------------------------------------------------------------------
     def advance(self, until: float, stop_on_finish: bool = False) -> str:
-        """Land every batch that completes by ``until`` and launch at every landing before it
-        (statuses as :meth:`Instance.advance`)."""
+        """Land every batch that completes by ``until`` and launch at every landing before it.
+
+        Returns ``"until"`` (reached ``until``), ``"finished"`` (stopped after a landing in which
+        requests finished, when ``stop_on_finish``), ``"idle"`` (no work at all) or ``"blocked"``
+        (work is left, but the scheduler plans nothing and has no wake-up time)."""
         inst = self.inst
         empty = 0
         while True:
@@ -180,7 +183,7 @@ class PipelinedInstance:
                 self.to_plan = False
                 self.now = self.flights[0].completion
                 continue
-            # nothing in flight and nothing planned (as Instance.advance)
+            # nothing in flight and nothing planned: wait for the plan's wake-up time (or ``until``)
             if not inst.has_work():
                 if until < INF:
                     inst.now = self.now = until
