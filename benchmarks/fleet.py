@@ -41,22 +41,10 @@ RATE_PER_INSTANCE = 4.0
 def child(requests: int, instances: int, kind: int = 0) -> dict:
     """One measurement; ``kind`` 0: the open-loop fleet, 1: the closed loop, 2: disaggregated
     pools of ``instances`` each."""
-    import schedlab.study.simulation as simulation
     from schedlab.study.experiment import load, run_experiment
+    from sim_timing import time_simulations
 
-    sim_cpu = []
-
-    def timed(simulate):
-        def run(*args, **kwargs):
-            started = time.process_time()
-            try:
-                return simulate(*args, **kwargs)
-            finally:
-                sim_cpu.append(time.process_time() - started)
-        return run
-
-    simulation.simulate = timed(simulation.simulate)
-    simulation.simulate_disaggregated = timed(simulation.simulate_disaggregated)
+    sim_cpu = time_simulations()
     if kind == 1:
         exp = load(HERE / "fleet_closed.toml", [f"workload.num_requests={requests}", f"cluster.instances={instances}",
                                                 f"workload.clients={16 * instances}"])

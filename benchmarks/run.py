@@ -100,57 +100,12 @@ def azure_overrides(traces: str | None) -> tuple[list[str], str]:
 
 
 def child(toml: str, overrides: list[str]) -> dict:
-    import schedlab.study.simulation
     from schedlab.study.experiment import load, run_experiment
+    from sim_timing import time_simulations
 
-    # The CPU time of the simulation alone (what wall_ms times): on a machine shared with other
-    # jobs it is what the wall time would be on an idle one.
-    cpu = []
-    simulate = schedlab.study.simulation.simulate
-
-    def timed(*args, **kwargs):
-        started = time.process_time()
-        try:
-            return simulate(*args, **kwargs)
-        finally:
-            cpu.append(time.process_time() - started)
-
-    schedlab.study.simulation.simulate = timed
-
-    # Benchmark 4's engine, timed alike: the reference engine runs its instances through
-    # ReferenceCluster.run (patched on the class, so disaggregated clusters are timed too).
-    cluster_run = schedlab.study.simulation.ReferenceCluster.run
-
-    def timed_reference(self, *args, **kwargs):
-        started = time.process_time()
-        try:
-            return cluster_run(self, *args, **kwargs)
-        finally:
-            cpu.append(time.process_time() - started)
-
-    schedlab.study.simulation.ReferenceCluster.run = timed_reference
-
-    # Benchmark 7's data-parallel runs go through their own loops: timed alike.
-    lockstep = schedlab.study.simulation.simulate_data_parallel
-
-    def timed_lockstep(*args, **kwargs):
-        started = time.process_time()
-        try:
-            return lockstep(*args, **kwargs)
-        finally:
-            cpu.append(time.process_time() - started)
-
-    schedlab.study.simulation.simulate_data_parallel = timed_lockstep
-    reference_lockstep = schedlab.study.simulation.ReferenceDataParallel.run
-
-    def timed_reference_lockstep(self, *args, **kwargs):
-        started = time.process_time()
-        try:
-            return reference_lockstep(self, *args, **kwargs)
-        finally:
-            cpu.append(time.process_time() - started)
-
-    schedlab.study.simulation.ReferenceDataParallel.run = timed_reference_lockstep
+    # The CPU time of the simulation alone, every engine's (sim_timing.py): on a machine shared
+    # with other jobs it is what the wall time would be on an idle one.
+    cpu = time_simulations()
     exp = load(HERE / toml, overrides)
     run = run_experiment(exp).all_runs()[0]
     return {
