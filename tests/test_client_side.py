@@ -119,6 +119,25 @@ def test_a_client_that_gives_up_has_its_request_aborted_at_the_next_step(engine)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_the_makespan_runs_to_the_last_request_the_engine_dropped(engine):
+    """Two 10-token prompts at 0: the 2-token answer finishes early, the 100-token one is
+    dropped at the step ending at or after 100 ms, when its client gave up. The engine worked
+    until then: the makespan ends there, and the GPU was busy all of it (not 7x longer than the
+    makespan of the completed request alone)."""
+    side = ClientSide(client=ClientConfig(timeout_ms=100.0))
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0))
+    r = run_engine([Request(0, 0.0, 10, 100), Request(1, 0.0, 10, 2)], ContinuousScheduler(), cost,
+                   engine=engine, client_side=side)
+    # prefill of both: 20 x 0.5 = 10 ms (first tokens); decode steps end at 10 + 8k
+    assert column(r, "finish_ms") == [106.0, 18.0]
+    assert column(r, "aborted") == [1, 0]
+    m = r.metrics
+    assert m["makespan_ms"] == 106.0
+    assert m["busy_share"] == pytest.approx(1.0)
+    assert m["throughput_tps"] == pytest.approx(2 / 0.106)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_request_whose_client_left_before_it_arrived_is_aborted_on_arrival(engine):
     """The API server takes 2 + 4000 x 0.125 ms to handle a 4,000-token prompt; the client gives
     up after 300 ms, the engine hears of it at 300.5, before the request reaches it at 502.5."""

@@ -340,8 +340,11 @@ def test_a_streamed_run_keeps_the_clients_view_and_the_energy(tmp_path, monkeypa
         np.testing.assert_array_equal(rows[name][order], exact.requests[name])
     a, b = exact.metrics, streamed.metrics
     assert a["timed_out"] > 100 and a["aborted"] > 100  # the case is worth checking
-    for name in ("requests", "finished", "rejected", "timed_out", "aborted", "slo"):
+    for name in ("requests", "finished", "rejected", "timed_out", "aborted", "slo", "makespan_ms"):
         assert a[name] == b[name], name
+    served = exact.requests["rejected"] == 0  # the makespan ends with the last request finished or dropped
+    assert a["makespan_ms"] == exact.requests["finish_ms"][served].max() - exact.requests["arrival_ms"].min()
+    assert a["busy_share"] <= 1.0
     for name in ("gpu_j", "busy_j", "idle_j", "attributed_j", "j_per_token", "j_per_request", "window_ms"):
         assert b["energy"][name] == pytest.approx(a["energy"][name], rel=1e-12), name
     for group, names in (("client", ("ttft_ms", "tpot_ms", "e2el_ms", "ntpot_ms", "frontend_ms")),

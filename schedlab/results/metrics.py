@@ -220,9 +220,9 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     n_ok = int(ok.sum())
     lat = request_latencies(req)
     generated = int(req["generated_tokens"][ok].sum())
-    if n_ok:
+    if n_ok:  # from the first arrival to the last request the engine finished or dropped
         start = float(req["arrival_ms"].min())
-        makespan = float(req["finish_ms"][ok].max()) - start
+        makespan = float(req["finish_ms"][req["rejected"] == 0].max()) - start
     else:
         makespan = 0.0
     seconds = makespan / 1e3
@@ -395,7 +395,7 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     check on its sample of rows."""
     run = stats.run
     n_all, n_ok = run.requests, run.finished
-    makespan = stats.last_finish - stats.first_arrival if n_ok else 0.0
+    makespan = stats.last_served - stats.first_arrival if n_ok else 0.0
     seconds = makespan / 1e3
     m = _run_metrics(stats.counts(), run.generated, makespan, stats.waiting_ms, counters, meta)
     for name, summary in run.latency.items():

@@ -152,7 +152,8 @@ class StreamedRequests:
         self.instances: dict[int, Group] = {}
         self.clients: dict[str, list] = {}  # requests, finished, prompt, generated, first arrival, last finish
         self.first_arrival = np.inf
-        self.last_finish = -np.inf
+        self.last_finish = -np.inf   # of the completed requests
+        self.last_served = -np.inf   # of every request the engine finished or dropped (the makespan's end)
         self.waiting_ms = 0.0
         self.chunks_sum = 0
         self.chunks_max = 0
@@ -195,6 +196,9 @@ class StreamedRequests:
         self._add_groups(self.classes, req["request_class"], req, ok, met)
         self._add_groups(self.instances, req["instance"], req, ok, met)
         self.first_arrival = min(self.first_arrival, float(req["arrival_ms"].min()))
+        served = req["rejected"] == 0
+        if served.any():
+            self.last_served = max(self.last_served, float(req["finish_ms"][served].max()))
         if ok.any():
             self.last_finish = max(self.last_finish, float(req["finish_ms"][ok].max()))
             chunks = req["prefill_chunks"][ok]
@@ -311,6 +315,7 @@ class StreamedRequests:
             entry[4], entry[5] = min(entry[4], e[4]), max(entry[5], e[5])
         self.first_arrival = min(self.first_arrival, other.first_arrival)
         self.last_finish = max(self.last_finish, other.last_finish)
+        self.last_served = max(self.last_served, other.last_served)
         self.waiting_ms += other.waiting_ms
         self.chunks_sum += other.chunks_sum
         self.chunks_max = max(self.chunks_max, other.chunks_max)
