@@ -424,8 +424,6 @@ def test_timeouts_come_from_the_client_table_per_class(tmp_path):
     ("[client]\nclasses = {chat = {timeout = 5}}\n", r"\[client\]: classes: chat: unknown key 'timeout'"),
     ("[frontend]\nnetwork_ms = 2\n[client]\ntimeout_ms = 1.5\n",
      r"\[client\]: timeout_ms: must be longer than the network hop \(\[frontend\] network_ms = 2\), got 1.5"),
-    ("[cluster]\nmode = \"disaggregated\"\n[client]\ntimeout_ms = 100\n",
-     r"\[client\]: timeout_ms: requests abandoned in a disaggregated cluster are not simulated yet"),
 ])
 def test_bad_client_side_tables_are_refused_by_name(tmp_path, text, message):
     from schedlab.errors import ConfigError

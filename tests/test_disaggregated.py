@@ -375,10 +375,14 @@ def test_a_request_never_runs_on_a_decode_instance_before_its_kv_has_landed(case
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(1, 4), st.integers(5, 24), st.integers(1, 2), st.integers(1, 2), st.integers(0, 5))
-def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_requests, n_prefill, n_decode, seed):
-    """Clients send their next request when the decode side answers the last one."""
+@given(st.integers(1, 4), st.integers(5, 24), st.integers(1, 2), st.integers(1, 2), st.integers(0, 5),
+       st.sampled_from([None, 9.0, 40.0]))
+def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_requests, n_prefill, n_decode, seed,
+                                                                  timeout):
+    """Clients send their next request when the decode side answers the last one, or when
+    they give up on it."""
     make_workload = small_closed_loop(clients, num_requests)
+    side = gives_up(timeout, 0.5) if timeout is not None else None
     runs = []
     for engine in ENGINES:
         workload = make_workload()
@@ -387,10 +391,13 @@ def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_r
                                       prefill_instances=n_prefill, decode_instances=n_decode,
                                       prefill_router=RoundRobinRouter() if n_prefill > 1 else None,
                                       decode_router=LeastOutstandingRouter() if n_decode > 1 else None,
-                                      bandwidth_gbps=LINK_GBPS, latency_ms=0.25, engine=engine, workload=workload))
+                                      bandwidth_gbps=LINK_GBPS, latency_ms=0.25, engine=engine, workload=workload,
+                                      client_side=side, kv_lease_ms=16.0))
     compare_runs(*runs, rel=1e-12)
     req = runs[0].requests
     assert req["id"].size == num_requests and req["rejected"].sum() == 0
+    assert timeout is not None or req["aborted"].sum() == 0
+    assert all(kv.num_used_blocks() == 0 for run in runs for kv in run.meta["kvs"])
 
 
 # -- TOML ----------------------------------------------------------------------------------------------------
@@ -461,6 +468,31 @@ def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
     assert (on_link >= tokens * 128 * 1024 / 12.5e9 * 1e3 + 0.02 - 1e-9).all()
 
 
+def test_a_toml_cluster_with_clients_that_give_up_runs_on_both_engines(tmp_path):
+    # 40 requests at 20/s, outputs up to 60 steps of the linear model's decode time: a 150 ms
+    # timeout cuts the longer answers short on the decode side.
+    path = write(tmp_path, DISAGG + """
+    kv_lease_ms = 500
+    [client]
+    timeout_ms = 150
+    [[runs]]
+    name = "fast"
+    [[runs]]
+    name = "reference"
+    engine = "reference"
+    """)
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
+    r = runs["fast"]
+    assert r.meta["client"]["timeout_ms"] == 150
+    m = r.metrics
+    assert 0 < m["aborted"] <= m["timed_out"] and m["finished"] + m["timed_out"] == 40
+    req = r.requests
+    aborted_on_decode = (req["aborted"] == 1) & (req["instance"] >= 1)
+    assert aborted_on_decode.any()
+    assert (req["finish_ms"][req["aborted"] == 1] >= req["sent_ms"][req["aborted"] == 1] + 150).all()
+
+
 def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
     path = tmp_path / "tp.toml"
     path.write_text(textwrap.dedent("""
@@ -508,6 +540,8 @@ def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
      r"\[cluster.link\]: unknown key 'bandwith_gbps' \(did you mean 'bandwidth_gbps'\?\)"),
     ("[cluster]\nmode = \"disaggregated\"\n[cluster.decode]\ninstances = 2\nrouter = {kind = \"nearest\"}\n",
      r"\[cluster.decode.router\]: unknown router 'nearest'"),
+    ("[cluster]\nmode = \"disaggregated\"\n[cluster.link]\nkv_lease_ms = -1\n",
+     r"\[cluster.link\]: kv_lease_ms: must be >= 0.0"),
     ("[cluster]\nmode = \"disagregated\"\n", r"\[cluster\]: mode: must be one of 'colocated', 'disaggregated'"),
     ("[cluster]\ninstances = 2\n[cluster.link]\nlatency_us = 3\n",
      r"\[cluster\]: link: only a cluster with mode = 'disaggregated' has pools and links"),
@@ -643,3 +677,103 @@ def test_events_per_request_do_not_grow_with_the_pools(tmp_path):
         assert run.metrics["finished"] == 60 * n
         per_request[n] = run.meta["events"] / (60 * n)
     assert per_request[2] < 8 and per_request[12] < 1.3 * per_request[2], per_request
+
+
+# -- clients that give up ----------------------------------------------------------------------------------
+
+
+def gives_up(timeout_ms: float, network_ms: float = 0.0):
+    from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig
+
+    front = FrontendConfig(network_ms=network_ms, request_ms=0.0, tokenize_ms_per_token=0.0, token_ms=0.0)
+    return ClientSide(front, ClientConfig(timeout_ms=timeout_ms))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_client_that_leaves_while_its_prompt_runs_is_not_passed_on_and_its_kv_waits_out_the_lease(engine):
+    # Prompt 64 prefills 0-32; the client gives up at 20, mid-iteration. The prompt completes at
+    # 32 and is not handed over: aborted at 32 with its first token, its 4 blocks kept on the
+    # prefill instance until the lease (100 ms) runs out at 132. Nothing reaches the decode pool.
+    r = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, client_side=gives_up(20.0), kv_lease_ms=100.0)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    assert (row["aborted"], row["timed_out"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 32.0, 1)
+    assert (row["instance"], row["output_tokens"], row["kv_pulled_ms"]) == (0, 3, -1.0)
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 132.0)
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == 0.0
+    assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_waiting_on_the_prefill_side_is_aborted_there_with_the_clients_request_in_its_row(engine):
+    # One prefill slot: request 0 prefills 0-32, request 1 waits; its client gives up at 10 and the
+    # prefill instance drops it at its next plan, 32. Its row shows the client's 3-token request
+    # (the prefill side served max_tokens = 1).
+    reqs = [Request(0, 0.0, 64, 3), Request(1, 0.0, 64, 3, timeout_ms=10.0)]
+    r = run(reqs, pool(16, max_num_seqs=1), pool(16), engine)
+    assert by_id(r, "aborted") == {0: 0, 1: 1}
+    assert by_id(r, "finish_ms")[1] == 32.0
+    assert by_id(r, "output_tokens") == {0: 3, 1: 3}
+    assert by_id(r, "generated_tokens") == {0: 3, 1: 0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_dropped_while_waiting_for_decode_blocks_frees_the_prefill_kv_after_the_lease(engine):
+    # Both prompts prefill together, 0-64. The decode instance (7 blocks) pulls request 0 (4
+    # blocks) at 64; request 1 needs 4 more and waits. Request 0 lands at 68.5 and decodes its 9
+    # further tokens 68.5-140.5. Request 1's client gives up at 100: the decode instance drops it
+    # at its next step boundary, 100.5, and the prefill side frees its 4 blocks when the lease
+    # (50 ms) runs out, at 150.5, having held them since 0.
+    reqs = [Request(0, 0.0, 64, 10), Request(1, 0.0, 64, 3, timeout_ms=100.0)]
+    r = run(reqs, pool(16), pool(7), engine, kv_lease_ms=50.0)
+    assert by_id(r, "aborted") == {0: 0, 1: 1}
+    assert by_id(r, "finish_ms") == pytest.approx({0: 140.5, 1: 100.5})
+    assert by_id(r, "instance")[1] == 1 and by_id(r, "kv_pulled_ms")[1] == -1.0
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 68.5 + 4 * 150.5)
+    assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_abandoned_in_flight_keeps_its_decode_blocks_until_the_kv_lands(engine):
+    # Prefill 0-32, pulled at 32, lands at 36.5. The client gives up at 34: the idle decode
+    # instance aborts it then, but NIXL is still writing its 4 blocks: they are freed when the
+    # transfer lands, as the prefill side's are.
+    r = run([Request(0, 0.0, 64, 3, timeout_ms=34.0)], pool(16), pool(16), engine)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    assert (row["aborted"], row["instance"], row["finish_ms"]) == (1, 1, 34.0)
+    assert row["kv_landed_ms"] == pytest.approx(36.5) and row["decode_joined_ms"] == -1.0
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 4.5)
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 36.5)
+    assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_landed_request_waiting_for_a_slot_is_freed_at_once(engine):
+    # One decode slot. Both pulled at 64: request 0 lands at 68.5 and runs; request 1 lands at
+    # 72.5 and waits for the slot. Its client gives up at 80; the decode steps end at 68.5 + 8k,
+    # so it is dropped at 84.5 and its 4 blocks (held from 64) are freed then.
+    reqs = [Request(0, 0.0, 64, 10), Request(1, 0.0, 64, 3, timeout_ms=80.0)]
+    r = run(reqs, pool(16), pool(16, max_num_seqs=1), engine)
+    assert by_id(r, "aborted") == {0: 0, 1: 1}
+    assert by_id(r, "finish_ms") == pytest.approx({0: 140.5, 1: 84.5})
+    assert by_id(r, "kv_landed_ms")[1] == pytest.approx(72.5)
+    # decode side: request 0 holds 4 blocks 64-140.5 (a 5th from 68.5: token 65 opens it),
+    # request 1 holds 4 from 64 to 84.5
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 76.5 + 1 * 72.0 + 4 * 20.5)
+
+
+@SETTINGS
+@given(clusters(), st.integers(1, 160), st.sampled_from([0.0, 0.5, 2.0]), st.sampled_from([0.0, 8.0, 64.0]),
+       st.sampled_from(ENGINES))
+def test_clients_that_give_up_on_disaggregated_pools_agree_between_engines_and_conserve(case, timeout, network,
+                                                                                       lease, engine):
+    """Aborts anywhere on the way -- prefill queue or batch, hand-over, decode queue, link, slot
+    wait, decode batch -- in both engines alike; every request once, every block back."""
+    requests, prefill, decode, n_prefill, n_decode, prefill_router, decode_router, link = case
+    side = gives_up(float(timeout) + network, network)
+    runs = [run_disaggregated(requests, prefill, decode, prefill_instances=n_prefill, decode_instances=n_decode,
+                              prefill_router=prefill_router() if prefill_router else None,
+                              decode_router=decode_router() if decode_router else None, engine=e,
+                              client_side=side, kv_lease_ms=lease, **link)
+            for e in (engine, "reference" if engine == "fast" else "fast")]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], requests)

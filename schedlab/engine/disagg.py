@@ -19,8 +19,9 @@ from typing import Sequence as Seq
 from .driver import route
 from .instance import Instance, default_rejection_reason
 from .load import RoutingClock, views_of
-from .sequence import Sequence
-from .transfer import KVLink, Transfer, carry_over, kv_bytes_per_token, kv_reservation, prefill_request
+from .sequence import ABORTED, Sequence
+from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
+                       kv_reservation, prefill_request)
 
 INF = math.inf
 TRANSFERRING = "transferring"  # a decode-side sequence before it joins the running set
@@ -58,14 +59,26 @@ class PrefillStage:
 
     def hand_off(self, inst: Instance, seq: Sequence, t: float) -> bool:
         """The prompt is done and its first token out: pass the request to the decode pool
-        (True), or let it finish here when that token was all it asked for (False)."""
+        (True), or let it finish here when that token was all it asked for (False). A client
+        that left while the prompt ran is not served on: aborted, its blocks kept for their
+        lease (True)."""
         tr = seq.transfer
-        if tr.request.target_tokens <= 1:
-            seq.request = tr.request  # its row shows the client's request, not max_tokens = 1
+        request = tr.request
+        if request.target_tokens <= 1:
+            seq.request = request  # its row shows the client's request, not max_tokens = 1
             return False
+        if request.timeout_ms is not None and abort_heard_ms(request, inst.hangup_ms) < t:
+            seq.request = request
+            seq.status = ABORTED
+            inst.rec.request_done(seq, inst.index, t, aborted=True)
+            self.release_at(t + self.cluster.kv_lease_ms, tr)
+            return True
         tr.ready_ms = t
         self.cluster.handed_off(tr)
         return True
+
+    def abort(self, inst: Instance, seq: Sequence, now: float) -> bool:
+        return False  # the prefill instance's own requests are aborted as on any instance
 
     def release_at(self, t: float, tr: Transfer) -> None:
         heapq.heappush(self.releases, (t, tr.seq_no, tr))
@@ -106,6 +119,24 @@ class DecodeStage:
         tr.decode_index = inst.index
         tr.decode_seq = seq
         self.pull_queue.append(tr)
+        if tr.request.timeout_ms is not None:  # its client may still give up
+            heapq.heappush(inst.aborts, (abort_heard_ms(tr.request, inst.hangup_ms), tr.seq_no, seq))
+
+    def abort(self, inst: Instance, seq: Sequence, now: float) -> bool:
+        """The client of ``seq`` gave up: if it is waiting for its KV here, let it go (see
+        :mod:`schedlab.engine.transfer`, rule 4) and say so (True); False: it is not."""
+        if seq.status != TRANSFERRING:
+            return False
+        tr = seq.transfer
+        if tr.pulled_ms < 0:  # not pulled: the prefill side's blocks wait out their lease
+            self.pull_queue.remove(tr)
+            self.cluster.schedule_release(tr, now + self.cluster.kv_lease_ms)
+        elif tr in self.landed:
+            self.landed.remove(tr)
+            inst.kv.free(seq)
+        else:  # still on its way: its blocks here are freed when it lands
+            tr.abandoned = True
+        return True
 
     def hand_off(self, inst: Instance, seq: Sequence, t: float) -> bool:
         return False  # a request finishes where it decodes
@@ -114,7 +145,11 @@ class DecodeStage:
         in_flight, landed = self.in_flight, self.landed
         now = inst.now
         while in_flight and in_flight[0][0] <= now:
-            landed.append(heapq.heappop(in_flight)[2])
+            tr = heapq.heappop(in_flight)[2]
+            if tr.abandoned:
+                inst.kv.free(tr.decode_seq)
+            else:
+                landed.append(tr)
         slots = self.slots
         while landed and (slots is None or len(inst.running) < slots):
             tr = landed.popleft()
@@ -162,7 +197,7 @@ class DecodeStage:
                 if now + ms > tr.landed_ms:  # the reload runs beside the pull; the later one lands it
                     tr.landed_ms = now + ms
             heapq.heappush(self.in_flight, (tr.landed_ms, tr.seq_no, tr))
-            self.cluster.release_when_landed(tr)  # the prefill instance plans again at the landing
+            self.cluster.schedule_release(tr, tr.landed_ms)  # the prefill instance plans again at the landing
 
 
 class DisaggregatedCluster:
@@ -172,13 +207,14 @@ class DisaggregatedCluster:
     """
 
     def __init__(self, prefill: Seq[Instance], decode: Seq[Instance], *, prefill_router=None, decode_router=None,
-                 bandwidth_gbps: float, latency_ms: float):
+                 bandwidth_gbps: float, latency_ms: float, kv_lease_ms: float = KV_LEASE_MS):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
         self.prefill = list(prefill)
         self.decode = list(decode)
         self.prefill_router = prefill_router
         self.decode_router = decode_router
+        self.kv_lease_ms = kv_lease_ms
         self._handoffs: list = []  # (ready time, seq_no, transfer), not yet routed
         #: prefill instances given a release time since the driver last looked (it re-reads
         #: their next event: schedlab.engine.driver.simulate_disaggregated)
@@ -211,10 +247,11 @@ class DisaggregatedCluster:
     def stage_of(self, prefill_index: int) -> PrefillStage:
         return self._stages[prefill_index]
 
-    def release_when_landed(self, tr: Transfer) -> None:
-        """A pulled transfer frees its blocks on the prefill side when it lands: that instance
-        now has something to do then (listed in ``touched`` for the driver)."""
-        self._stages[tr.prefill_index].release_at(tr.landed_ms, tr)
+    def schedule_release(self, tr: Transfer, t: float) -> None:
+        """The prefill side frees the blocks of ``tr`` at ``t`` (its pull lands, or its lease
+        runs out): that instance now has something to do then (listed in ``touched`` for the
+        driver)."""
+        self._stages[tr.prefill_index].release_at(t, tr)
         self.touched.append(tr.prefill_index)
 
     # -- arrivals ----------------------------------------------------------------------------
@@ -236,6 +273,11 @@ class DisaggregatedCluster:
             target.rec.reject(seq, target.index, reason)
             if target.track_finished:
                 target.finished.append((request, request.arrival_ms))
+            return target
+        if request.timeout_ms is not None and abort_heard_ms(request, target.hangup_ms) <= request.arrival_ms:
+            seq = Sequence(request, seq_no, target.clock)  # its client left before it got here
+            seq.status = ABORTED
+            target.rec.request_done(seq, target.index, request.arrival_ms, aborted=True)
             return target
         target.catch_up(request.arrival_ms)
         seq = target.arrive(first, seq_no)

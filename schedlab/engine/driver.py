@@ -299,8 +299,12 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
     for inst in instances:
         inst.track_finished = closed
         inst.plan_finishes_alone = closed
+        if client_side is not None:
+            inst.hangup_ms = client_side.network_ms
     position = {inst.index: pos for pos, inst in enumerate(instances)}
     arrivals = arrival_queue(requests, workload, client_side)
+    # clients may give up: the run's [client] says so, or (found on the way) a request's own timeout_ms
+    aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
     events = EventHeap(instances)
     for pos in range(len(instances)):
         events.update(pos)
@@ -326,12 +330,21 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
             return
         for target in cluster.deliver_handoffs(t):
             events.update(position[target.index])
+        if aborting:  # aborts due by now go before anything more is routed (as in the colocated driver)
+            for pos in events.planning_at(t):
+                instances[pos].settle(t)
+                events.update(pos)
+            for index in cluster.touched:  # a dropped pull: its prefill instance frees the KV later
+                events.update(position[index])
+            cluster.touched.clear()
         while arrivals.next_time() <= t:
             request = arrivals.pop(t)
             if request is None:  # an event of the client side
                 continue
             target = cluster.arrive(request, delivered)
             delivered += 1
+            if request.timeout_ms is not None:
+                aborting = True
             events.update(position[target.index])
             if closed:
                 _release(target, arrivals)

@@ -266,9 +266,15 @@ class Instance:
                     del self.prefilling[seq]
                 del self.running[seq]
                 self.kv.free(seq)
+            elif self.stage is not None and self.stage.abort(self, seq, now):
+                seq.status = ABORTED  # its KV was on its way here: the scheduler never held it
+                self.rec.request_done(seq, self.index, now, aborted=True)
+                continue
             else:  # finished meanwhile
                 continue
             seq.status = ABORTED
+            if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
+                seq.request = seq.transfer.request
             self.rec.request_done(seq, self.index, now, aborted=True)
             if self._on_finish is not None:
                 self._on_finish(seq, now)

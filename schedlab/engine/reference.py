@@ -434,10 +434,12 @@ class ReferenceEngine:
 
     # -- one iteration ----------------------------------------------------------------------------
     def step(self) -> None:
-        """Abort what is due, then plan at ``now``; run the iteration, or sleep if the plan is empty."""
+        """Abort what is due, then plan at ``now``; run the iteration, or sleep if the plan is empty.
+        (vLLM's engine core reads aborts before it schedules: a request that lands or whose
+        blocks come back meets a batch its aborted neighbours have left.)"""
+        self.abort_due()
         if self.role is not None:
             self.role.before_plan(self)
-        self.abort_due()
         self.serial += 1
         plan = RefPlan(self, self.serial)
         self.scheduler.schedule(plan)
@@ -483,9 +485,15 @@ class ReferenceEngine:
             elif seq.status in ("prefilling", "decoding"):
                 del self.running[seq]
                 self.kv.free(seq)
+            elif self.role is not None and self.role.abort(self, seq):
+                seq.status = "aborted"  # its KV was on its way here; the scheduler never held it
+                self.rec.request_done(seq, self.index, self.now, aborted=True)
+                continue
             else:  # finished before its client gave up
                 continue
             seq.status = "aborted"
+            if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
+                seq.request = seq.transfer.request
             for a, b in zip(seq.token_times, seq.token_times[1:]):
                 self.rec.itl(b - a)
             self.rec.request_done(seq, self.index, self.now, aborted=True)

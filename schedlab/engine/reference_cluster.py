@@ -33,7 +33,8 @@ from ..frontend import give_up_ms
 from .instance import default_rejection_reason
 from .load import RoutingClock, views_of
 from .reference import RefSequence, ReferenceEngine
-from .transfer import KVLink, Transfer, carry_over, kv_bytes_per_token, kv_reservation, prefill_request
+from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
+                       kv_reservation, prefill_request)
 
 INF = math.inf
 
@@ -278,9 +279,18 @@ class PrefillRole:
         if tr.request.target_tokens <= 1:
             seq.request = tr.request  # finishes here, with the client's request in its row
             return False
+        if tr.request.timeout_ms is not None and abort_heard_ms(tr.request, inst.hangup_ms) < t:
+            seq.request = tr.request  # its client left while the prompt ran: not passed on
+            seq.status = "aborted"
+            inst.rec.request_done(seq, inst.index, t, aborted=True)
+            self.releases.append((t + self.cluster.kv_lease_ms, tr.seq_no, tr))  # the KV waits out its lease
+            return True
         tr.ready_ms = t
         self.cluster.handoffs.append(tr)
         return True
+
+    def abort(self, inst: ReferenceEngine, seq: RefSequence) -> bool:
+        return False
 
 
 class DecodeRole:
@@ -314,6 +324,25 @@ class DecodeRole:
         tr.decode_index = inst.index
         tr.decode_seq = seq
         self.waiting_for_kv.append(tr)
+        if tr.request.timeout_ms is not None:
+            inst.aborts.append([abort_heard_ms(tr.request, inst.hangup_ms), tr.seq_no, seq])
+
+    def abort(self, inst: ReferenceEngine, seq: RefSequence) -> bool:
+        """The client gave up on a request whose KV is not running here yet (True), as
+        :mod:`schedlab.engine.transfer` rule 4 says."""
+        if seq.status != "transferring":
+            return False
+        tr = seq.transfer
+        if tr in self.waiting_for_kv:
+            self.waiting_for_kv.remove(tr)
+            prefill = self.cluster.by_index[tr.prefill_index]
+            prefill.role.releases.append((inst.now + self.cluster.kv_lease_ms, tr.seq_no, tr))
+        elif tr in self.landed:
+            self.landed.remove(tr)
+            inst.kv.free(seq)
+        else:
+            tr.abandoned = True
+        return True
 
     def hand_off(self, inst: ReferenceEngine, seq: RefSequence, t: float) -> bool:
         return False
@@ -322,7 +351,10 @@ class DecodeRole:
         for tr in sorted(self.in_flight, key=lambda tr: (tr.landed_ms, tr.seq_no)):
             if tr.landed_ms <= inst.now:
                 self.in_flight.remove(tr)
-                self.landed.append(tr)
+                if tr.abandoned:  # its client gave up on the way: the blocks go now
+                    inst.kv.free(tr.decode_seq)
+                else:
+                    self.landed.append(tr)
         while self.landed and (self.slots is None or len(inst.running) < self.slots):
             tr = self.landed.pop(0)
             tr.decode_seq.status = "decoding"
@@ -372,7 +404,7 @@ class DisaggregatedReference(ReferenceCluster):
 
     def __init__(self, prefill: Sequence[ReferenceEngine], decode: Sequence[ReferenceEngine], *,
                  prefill_router=None, decode_router=None, bandwidth_gbps: float, latency_ms: float,
-                 client_side=None):
+                 kv_lease_ms: float = KV_LEASE_MS, client_side=None):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
         self.instances = list(prefill) + list(decode)
@@ -381,6 +413,7 @@ class DisaggregatedReference(ReferenceCluster):
         self.prefill = list(prefill)
         self.decode = list(decode)
         self.decode_router = decode_router
+        self.kv_lease_ms = kv_lease_ms
         self.by_index = {inst.index: inst for inst in self.instances}
         self.clock = RoutingClock()
         self.prefill_views = views_of(self.prefill, self.clock)
@@ -415,6 +448,11 @@ class DisaggregatedReference(ReferenceCluster):
             seq.transfer = Transfer(request, seq_no, inst.index, None)
             inst.rec.reject(seq, inst.index, reason)
             inst.on_request_done(request, request.arrival_ms)
+            return
+        if request.timeout_ms is not None and abort_heard_ms(request, inst.hangup_ms) <= request.arrival_ms:
+            seq = RefSequence(request, seq_no)  # its client left before it got here
+            seq.status = "aborted"
+            inst.rec.request_done(seq, inst.index, request.arrival_ms, aborted=True)
             return
         seq = inst.arrive(first, seq_no)
         seq.transfer = Transfer(request, seq_no, inst.index, seq)

@@ -31,6 +31,23 @@ The flow follows vLLM 0.33's P/D serving with the NIXL connector (pull mode:
    admitted), with the prompt's KV computed and its first token generated. It never decodes
    before its KV has landed.
 
+4. A client that gives up (``[client] timeout_ms``, :mod:`schedlab.frontend`) is heard of
+   ``network_ms`` after its deadline by the instance that holds its request, at that
+   instance's next iteration boundary (vLLM's engine core reads aborts between steps; the
+   router in front passes the disconnect on). On the prefill instance the request is aborted
+   as on any instance. A prompt completed after the client left is not passed on, and its
+   blocks stay until the lease NixlConnector gave them runs out (``kv_lease_ms``: vLLM's
+   ``kv_lease_duration``, 30 s, renewed by the decode side's heartbeats only for requests it
+   holds; ``nixl/base_scheduler.py``, ``request_finished``). On the decode instance a request
+   still waiting for blocks is dropped, and the prefill side frees its blocks when their lease
+   runs out; one being pulled keeps its blocks here until the transfer lands, and they are
+   freed then (vLLM frees a finished request's blocks when its ``finished_recving`` comes in:
+   ``scheduler.py``, ``_update_from_kv_xfer_finished``); one landed and not yet running frees
+   them at once; a running one is aborted as on any instance. The decode side's scheduler,
+   which never held a request before it ran, is not told of the first three. Aborts are read
+   before the boundary's landings and pulls (vLLM reads its input queue before it schedules):
+   a slot an abort frees is taken at the same boundary.
+
 A request whose answer is one token finishes on the prefill instance and moves nothing.
 """
 
@@ -41,6 +58,15 @@ import math
 import attrs
 
 INF = math.inf
+
+#: How long a prefill instance keeps the KV of a finished prompt nobody pulls: vLLM 0.33's
+#: NixlConnector ``kv_lease_duration`` default (``kv_connector_extra_config``), seconds -> ms.
+KV_LEASE_MS = 30_000.0
+
+
+def abort_heard_ms(request, hangup_ms: float) -> float:
+    """When the engine hears that the client of ``request`` (one with a ``timeout_ms``) gave up."""
+    return request.sent_at + request.timeout_ms + hangup_ms
 
 
 def kv_bytes_per_token(kv) -> tuple[float, int]:
@@ -106,7 +132,7 @@ class Transfer:
     """
 
     __slots__ = ("request", "seq_no", "prefill_index", "prefill_seq", "decode_index", "decode_seq", "ready_ms",
-                 "tokens", "bytes", "pulled_ms", "landed_ms", "joined_ms")
+                 "tokens", "bytes", "pulled_ms", "landed_ms", "joined_ms", "abandoned")
 
     def __init__(self, request, seq_no: int, prefill_index: int, prefill_seq):
         self.request = request          # the client's request (the prefill instance sees max_tokens = 1)
@@ -121,6 +147,7 @@ class Transfer:
         self.pulled_ms = -1.0           # decode side allocated the blocks and started the transfer
         self.landed_ms = -1.0
         self.joined_ms = -1.0           # joined the decode instance's running set
+        self.abandoned = False          # its client gave up while the KV was on its way
 
     def row(self) -> tuple:
         """The recorder's per-request columns (see ``NO_TRANSFER``)."""

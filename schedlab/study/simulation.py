@@ -32,7 +32,7 @@ from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.reference_lockstep import ReferenceDataParallel
 from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
 from ..engine.scaling import ScalingController, ScalingLimits
-from ..engine.transfer import kv_bytes_per_token
+from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..targets import TargetConfig, compare_with_real_run
@@ -129,6 +129,9 @@ class LinkConfig:
                                         help="GB/s per GPU, one direction (25: a 200 Gb/s RDMA NIC per GPU; "
                                              "inf: instant)")
     latency_us: float = float_field(10.0, min=0.0, help="fixed time of one transfer, us")
+    kv_lease_ms: float = float_field(KV_LEASE_MS, min=0.0,
+                                     help="how long a prefill instance keeps the KV of a prompt whose client gave up "
+                                          "before it was pulled, ms (vLLM NixlConnector's kv_lease_duration: 30 s)")
 
 
 @attrs.frozen
@@ -380,9 +383,6 @@ def _client_side(tables: dict, cluster: ClusterConfig, where: str) -> ClientSide
                 if "frontend" in tables else None)
     client = from_table(ClientConfig, tables["client"], where=f"{where} [client]") if "client" in tables else None
     if client is not None and client.gives_up:
-        if cluster.mode == "disaggregated":
-            raise ConfigError(f"{where} [client]: timeout_ms: requests abandoned in a disaggregated cluster are not "
-                              "simulated yet (their KV may be on its way between the pools)")
         network = frontend.network_ms if frontend is not None else 0.0
         timeouts = [("timeout_ms", client.timeout_ms)] + [(f"classes.{name}.timeout_ms", t["timeout_ms"])
                                                           for name, t in client.classes.items() if "timeout_ms" in t]
@@ -548,7 +548,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                 simulate_data_parallel(requests, lockstep, workload=a.workload)
         elif a.pools is not None:
             split = len(a.pools[0].instances)
-            link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3)
+            link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3,
+                        kv_lease_ms=a.link.kv_lease_ms)
             if spec.engine == "reference":
                 DisaggregatedReference(engines[:split], engines[split:], prefill_router=a.pools[0].router,
                                        decode_router=a.pools[1].router, client_side=side,

@@ -162,20 +162,22 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
                       prefill_instances: int = 1, decode_instances: int = 1, prefill_router=None,
                       decode_router=None, bandwidth_gbps: float = 25.0, latency_ms: float = 0.01,
                       engine: str = "fast", workload=None, name: str = "test",
-                      power: Callable | None = None) -> RunResult:
+                      power: Callable | None = None, client_side=None, kv_lease_ms: float | None = None) -> RunResult:
     """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
 
     ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
     time they are called. The result's ``meta["kvs"]`` holds every instance's KV cache
     (prefill pool first), for checks of the blocks left at the end. ``power(cost_model)``
-    makes an instance's power model (the run then meters energy).
+    makes an instance's power model (the run then meters energy). ``client_side`` (front end,
+    timeouts) and ``kv_lease_ms`` (how long a prefill instance keeps an abandoned prompt's KV)
+    as in :mod:`schedlab.frontend` and :mod:`schedlab.engine.transfer`.
     """
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
     from ..engine.reference_cluster import DisaggregatedReference
     from ..study.simulation import pool_summary
 
-    rec = Recorder()
+    rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [prefill() for _ in range(prefill_instances)] + [decode() for _ in range(decode_instances)]
     meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
@@ -186,10 +188,13 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     p, d = engines[:prefill_instances], engines[prefill_instances:]
     link = dict(prefill_router=prefill_router, decode_router=decode_router, bandwidth_gbps=bandwidth_gbps,
                 latency_ms=latency_ms)
+    if kv_lease_ms is not None:
+        link["kv_lease_ms"] = kv_lease_ms
     if engine == "reference":
-        DisaggregatedReference(p, d, **link).run(list(requests), workload=workload)
+        DisaggregatedReference(p, d, client_side=client_side, **link).run(list(requests), workload=workload)
     else:
-        simulate_disaggregated(list(requests), DisaggregatedCluster(p, d, **link), workload=workload)
+        simulate_disaggregated(list(requests), DisaggregatedCluster(p, d, **link), workload=workload,
+                               client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": len(engines),
             "bytes_per_block": getattr(engines[0].kv, "bytes_per_block", 0), "events": sum(e.events for e in engines),
             "pools": pool_summary({"prefill": p, "decode": d}), **_energy_meta(meters, rec)}
