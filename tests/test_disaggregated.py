@@ -161,6 +161,11 @@ def test_a_full_decode_pool_pushes_back_on_the_prefill_pool(engine):
     assert by_id(roomy, "kv_pulled_ms")[1] == pytest.approx(68.5)
     assert by_id(roomy, "first_token_ms")[2] == pytest.approx(105.0)
     check_run(r, reqs, kv_blocks=7)
+    # the fullest instance's KV share: the prefill side's 4 of 4 blocks (its prompts), the decode
+    # side's 6 of 7 -- not 6 blocks over the mean size, 5.5
+    assert r.metrics["pools"]["prefill"]["kv_usage_peak"] == 1.0
+    assert r.metrics["pools"]["decode"]["kv_usage_peak"] == pytest.approx(6 / 7)
+    assert r.metrics["kv_usage"]["peak"] == 1.0
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -361,6 +361,8 @@ def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any]
     m["gpus"] = int(meta.get("gpus") or instances)
     if meta.get("pools"):
         m["pools"] = {name: _pool_metrics(pool, makespan) for name, pool in meta["pools"].items()}
+        # pools differ in size: the fullest instance's share is its own pool's, not the mean size's
+        m["kv_usage"]["peak"] = max(float(pool["kv_peak_share"]) for pool in meta["pools"].values())
 
 
 def _cost_metrics(c: dict[str, float], totals: tuple[float, float] | None) -> dict[str, float]:

@@ -265,7 +265,8 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     * the running count and KV blocks never exceeded their limits (peaks);
     * arrival <= first scheduled <= first token <= finish, and the first token comes no
       earlier than the end of an iteration that started after arrival;
-    * the KV cache is empty at the end and its own invariants hold;
+    * the KV cache is empty at the end and its own invariants hold; busy and KV shares of the
+      run are at most 1;
     * tokens add up: decode steps yield at least one token each and, with speculative
       decoding, at most one more per accepted draft (accepted <= verified drafts).
     """
@@ -301,6 +302,14 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     assert c["decode_seq_steps"] <= c["decode_tokens"] <= c["decode_seq_steps"] + c["spec_accepted_tokens"], (
         f"{c['decode_tokens']} decode tokens from {c['decode_seq_steps']} sequence steps and "
         f"{c['spec_accepted_tokens']} accepted drafts")
+    m = result.metrics
+    if m.get("makespan_ms", 0) > 0:  # shares of the run's span: the GPUs cannot be busier than all of it
+        assert m["busy_share"] <= 1 + 1e-9, f"busy share {m['busy_share']} > 1"
+        assert m["kv_usage"]["time_above_90"] <= 1 + 1e-9, f"KV above 90% for {m['kv_usage']['time_above_90']} of the run"
+        for name, pool in (m.get("pools") or {}).items():
+            assert pool["busy_share"] <= 1 + 1e-9, f"{name} pool busy share {pool['busy_share']} > 1"
+    if m.get("kv_usage") and m["kv_usage"]["peak"] == m["kv_usage"]["peak"]:
+        assert m["kv_usage"]["peak"] <= 1 + 1e-9, f"KV peak {m['kv_usage']['peak']} > 1"
     for kv in result.meta.get("kvs") or [result.meta.get("kv")]:
         if kv is not None:
             assert kv.num_used_blocks() == 0, f"{kv.num_used_blocks()} KV blocks still held after the run"
