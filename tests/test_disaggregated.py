@@ -705,6 +705,11 @@ def test_a_client_that_leaves_while_its_prompt_runs_is_not_passed_on_and_its_kv_
     assert (row["instance"], row["output_tokens"], row["kv_pulled_ms"]) == (0, 3, -1.0)
     assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 132.0)
     assert r.meta["pools"]["decode"]["kv_block_ms"] == 0.0
+    # the run ends at 32 for its requests, at 132 for the prefill cache: KV shares over 0-132
+    assert r.metrics["makespan_ms"] == 32.0
+    assert r.metrics["pools"]["prefill"]["kv_usage_mean"] == pytest.approx(4 / 16)
+    assert r.metrics["kv_usage"]["mean"] == pytest.approx(4 / 32)
+    assert r.metrics["pools"]["prefill"]["busy_share"] == 1.0
     assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
 
 

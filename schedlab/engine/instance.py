@@ -577,6 +577,8 @@ class Instance:
             self.kv_block_ms += used * ms
             if used >= self.kv_need_high:
                 self.counters["kv_above_ms"] += ms
+            if until > self.counters["kv_held_until_ms"]:
+                self.counters["kv_held_until_ms"] = until
 
     def _park_idle_decoders(self, plan: FastPlan) -> list:
         """Take the decoding sequences the plan leaves out of the decode set for one iteration

@@ -76,6 +76,8 @@ COUNTERS = (
     "host_evictions",        # blocks the host tier dropped to make room
     "kv_block_ms",           # integral of blocks in use over time
     "kv_above_ms",           # time with KV usage above the high-water threshold
+    "kv_held_until_ms",      # the last time blocks were held with no iteration running (a prefill
+                             # instance's lease on abandoned prompts): the KV shares' window may end there
     "kv_peak_blocks",
     "running_seq_ms",        # integral of the running count over time
     "peak_running",

@@ -406,6 +406,8 @@ class ReferenceEngine:
             self.kv_block_ms += used * (t - self.now)
             if used > self.rec.kv_high_water * self.kv.num_blocks:
                 self.counters["kv_above_ms"] += t - self.now
+            if used:
+                self.counters["kv_held_until_ms"] = max(self.counters["kv_held_until_ms"], t)
             self.now = t
         self.sleep_until = None
 

@@ -220,11 +220,10 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     n_ok = int(ok.sum())
     lat = request_latencies(req)
     generated = int(req["generated_tokens"][ok].sum())
-    if n_ok:  # from the first arrival to the last request the engine finished or dropped
-        start = float(req["arrival_ms"].min())
-        makespan = float(req["finish_ms"][req["rejected"] == 0].max()) - start
-    else:
-        makespan = 0.0
+    served = req["rejected"] == 0
+    start = float(req["arrival_ms"].min()) if n_all else 0.0
+    # from the first arrival to the last request the engine finished or dropped
+    makespan = float(req["finish_ms"][served].max()) - start if served.any() else 0.0
     seconds = makespan / 1e3
     m = _run_metrics(request_counts(req), generated, makespan, float(req["waiting_ms"].sum()), counters, meta)
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
@@ -233,7 +232,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     # the client's view: its inter-token latencies are the engine's (every token is delayed alike)
     m["client"] = {name: summarize(values) for name, values in client_latencies(req).items()}
     m["client"]["itl_ms"] = m["itl_ms"]
-    _engine_metrics(m, counters, meta, makespan)
+    _engine_metrics(m, counters, meta, makespan, kv_window(counters, start, makespan))
     chunks = req["prefill_chunks"][ok]
     m["prefill_chunks"] = {"mean": float(chunks.mean()) if n_ok else float("nan"),
                            "max": int(chunks.max()) if n_ok else 0}
@@ -315,15 +314,24 @@ def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waitin
     }
 
 
-def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any], makespan: float) -> None:
-    """KV usage, preemptions, prefix cache, speculation, GPUs and pools: counters and meta only."""
+def kv_window(counters: dict[str, float], start: float, makespan: float) -> float:
+    """The span the KV shares are taken over: the makespan, or longer when blocks were still held
+    after the last request was done (a prefill instance's lease on abandoned prompts)."""
+    held = counters.get("kv_held_until_ms", 0.0) - start
+    return held if makespan > 0 and held > makespan else makespan
+
+
+def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any], makespan: float,
+                    window: float) -> None:
+    """KV usage, preemptions, prefix cache, speculation, GPUs and pools: counters and meta only
+    (KV shares over ``window``, busy shares over the makespan)."""
     blocks = meta.get("num_blocks") or 0
     instances = meta.get("instances") or 1
     per_instance_blocks = blocks / instances
     m["kv_usage"] = {  # mean over all blocks; peak of the fullest instance; time share averaged over instances
-        "mean": c["kv_block_ms"] / (blocks * makespan) if blocks and makespan > 0 else float("nan"),
+        "mean": c["kv_block_ms"] / (blocks * window) if blocks and window > 0 else float("nan"),
         "peak": c["kv_peak_blocks"] / per_instance_blocks if blocks else float("nan"),
-        "time_above_90": c["kv_above_ms"] / (makespan * instances) if makespan > 0 else float("nan"),
+        "time_above_90": c["kv_above_ms"] / (window * instances) if window > 0 else float("nan"),
     }
     m["num_preemptions"] = int(c["num_preemptions"])
     m["preemptions"] = {
@@ -360,7 +368,7 @@ def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any]
         m["speculative"] = speculative_metrics(c)
     m["gpus"] = int(meta.get("gpus") or instances)
     if meta.get("pools"):
-        m["pools"] = {name: _pool_metrics(pool, makespan) for name, pool in meta["pools"].items()}
+        m["pools"] = {name: _pool_metrics(pool, makespan, window) for name, pool in meta["pools"].items()}
         # pools differ in size: the fullest instance's share is its own pool's, not the mean size's
         m["kv_usage"]["peak"] = max(float(pool["kv_peak_share"]) for pool in meta["pools"].values())
 
@@ -397,7 +405,7 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     check on its sample of rows."""
     run = stats.run
     n_all, n_ok = run.requests, run.finished
-    makespan = stats.last_served - stats.first_arrival if n_ok else 0.0
+    makespan = stats.last_served - stats.first_arrival if stats.last_served > -math.inf else 0.0
     seconds = makespan / 1e3
     m = _run_metrics(stats.counts(), run.generated, makespan, stats.waiting_ms, counters, meta)
     for name, summary in run.latency.items():
@@ -405,7 +413,7 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     m["itl_ms"] = itl.result()
     m["client"] = stats.client_view()
     m["client"]["itl_ms"] = m["itl_ms"]
-    _engine_metrics(m, counters, meta, makespan)
+    _engine_metrics(m, counters, meta, makespan, kv_window(counters, stats.first_arrival, makespan))
     m["prefill_chunks"] = {"mean": stats.chunks_sum / n_ok if n_ok else float("nan"), "max": stats.chunks_max}
     m["cost"] = _cost_metrics(counters, tuple(stats.cost) if stats.costed and n_ok else None)
     m["rejection_reasons"] = dict(stats.reasons)
@@ -475,7 +483,7 @@ def speculative_metrics(c: dict[str, float]) -> dict[str, float]:
 # -- disaggregated prefill and decode (DistServe, vLLM P/D) ---------------------------------------------
 
 
-def _pool_metrics(pool: dict, makespan: float) -> dict[str, Any]:
+def _pool_metrics(pool: dict, makespan: float, window: float) -> dict[str, Any]:
     """One pool's size and load: the share of the makespan its instances were busy, and its KV usage."""
     n = pool["instances"]
     return {
@@ -483,7 +491,7 @@ def _pool_metrics(pool: dict, makespan: float) -> dict[str, Any]:
         "gpus": pool["gpus"],
         "iterations": int(pool["iterations"]),
         "busy_share": pool["busy_ms"] / (makespan * n) if makespan > 0 else float("nan"),
-        "kv_usage_mean": pool["kv_block_ms"] / (pool["num_blocks"] * makespan) if makespan > 0 else float("nan"),
+        "kv_usage_mean": pool["kv_block_ms"] / (pool["num_blocks"] * window) if window > 0 else float("nan"),
         "kv_usage_peak": float(pool["kv_peak_share"]),
     }
 

@@ -306,8 +306,10 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     if m.get("makespan_ms", 0) > 0:  # shares of the run's span: the GPUs cannot be busier than all of it
         assert m["busy_share"] <= 1 + 1e-9, f"busy share {m['busy_share']} > 1"
         assert m["kv_usage"]["time_above_90"] <= 1 + 1e-9, f"KV above 90% for {m['kv_usage']['time_above_90']} of the run"
+        assert not m["kv_usage"]["mean"] > 1 + 1e-9, f"KV usage mean {m['kv_usage']['mean']} > 1"
         for name, pool in (m.get("pools") or {}).items():
             assert pool["busy_share"] <= 1 + 1e-9, f"{name} pool busy share {pool['busy_share']} > 1"
+            assert pool["kv_usage_mean"] <= 1 + 1e-9, f"{name} pool KV usage mean {pool['kv_usage_mean']} > 1"
     if m.get("kv_usage") and m["kv_usage"]["peak"] == m["kv_usage"]["peak"]:
         assert m["kv_usage"]["peak"] <= 1 + 1e-9, f"KV peak {m['kv_usage']['peak']} > 1"
     for kv in result.meta.get("kvs") or [result.meta.get("kv")]:
