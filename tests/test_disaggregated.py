@@ -448,17 +448,24 @@ DISAGG = """
     """
 
 
-def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
-    path = write(tmp_path, DISAGG + """
+BOTH_ENGINES = """
     [[runs]]
     name = "fast"
     [[runs]]
     name = "reference"
     engine = "reference"
-    """)
-    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    """
+
+
+def fast_run_agreeing_with_reference(tmp_path, text: str):
+    """Run ``text`` (after BASE) on both engines, require them to agree, return the fast run."""
+    runs = {r.name: r for r in run_experiment(load(write(tmp_path, text + BOTH_ENGINES))).all_runs()}
     compare_runs(runs["fast"], runs["reference"], rel=1e-9)
-    r = runs["fast"]
+    return runs["fast"]
+
+
+def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
+    r = fast_run_agreeing_with_reference(tmp_path, DISAGG)
     pools = r.meta["pools"]
     assert (pools["prefill"]["instances"], pools["decode"]["instances"]) == (1, 2)
     assert (pools["prefill"]["num_blocks"], pools["decode"]["num_blocks"]) == (200, 240)  # the decode override
@@ -476,19 +483,11 @@ def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
 def test_a_toml_cluster_with_clients_that_give_up_runs_on_both_engines(tmp_path):
     # 40 requests at 20/s, outputs up to 60 steps of the linear model's decode time: a 150 ms
     # timeout cuts the longer answers short on the decode side.
-    path = write(tmp_path, DISAGG + """
+    r = fast_run_agreeing_with_reference(tmp_path, DISAGG + """
     kv_lease_ms = 500
     [client]
     timeout_ms = 150
-    [[runs]]
-    name = "fast"
-    [[runs]]
-    name = "reference"
-    engine = "reference"
     """)
-    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
-    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
-    r = runs["fast"]
     assert r.meta["client"]["timeout_ms"] == 150
     m = r.metrics
     assert 0 < m["aborted"] <= m["timed_out"] and m["finished"] + m["timed_out"] == 40
