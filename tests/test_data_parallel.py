@@ -195,17 +195,70 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
     check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
 
 
+def client_side(timeout_ms: float | None, network_ms: float = 0.0, workers: int = 0, request_ms: float = 0.0):
+    from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig
+
+    front = FrontendConfig(network_ms=network_ms, request_ms=request_ms, tokenize_ms_per_token=0.0, token_ms=0.0,
+                           workers=workers)
+    return ClientSide(front, ClientConfig(timeout_ms=timeout_ms) if timeout_ms is not None else None)
+
+
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5))
-def test_closed_loops_over_lockstep_ranks_agree_and_conserve(clients, num_requests, ranks, seed):
+@given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5), st.sampled_from([None, 15.0, 60.0]))
+def test_closed_loops_over_lockstep_ranks_agree_and_conserve(clients, num_requests, ranks, seed, timeout):
+    """Clients send their next request when the last is answered, or when they give up on it."""
     make_workload = small_closed_loop(clients, num_requests)
+    side = client_side(timeout, 0.5) if timeout is not None else None
     runs = []
     for engine in ENGINES:
         workload = make_workload()
         runs.append(run_data_parallel(workload.requests(seed), rank(48), ranks, fresh_router(), engine=engine,
-                                      workload=workload))
+                                      workload=workload, client_side=side))
     compare_runs(*runs, rel=1e-12)
     assert runs[0].requests["id"].size == num_requests and runs[0].requests["rejected"].sum() == 0
+    assert all(kv.num_used_blocks() == 0 for run in runs for kv in run.meta["kvs"])
+
+
+# -- clients that give up ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_rank_aborts_a_request_whose_client_gave_up_at_the_next_step(engine):
+    # As in the first case: steps end at 12.0625 (prefill beside a dummy) and 21.3125 (a decode
+    # beside a dummy). The client gives up at 20; rank 0 drops the request before the step it
+    # would plan at 21.3125, with 2 of its 10 tokens. No rank has work then: the ranks pause
+    # until request 1 comes at 100 (steps from 100 on, as the first request's).
+    side = client_side(timeout_ms=20.0)
+    r = run_data_parallel([Request(0, 0.0, 16, 10), Request(1, 100.0, 16, 2)], rank(), 2, RoundRobinRouter(),
+                          engine=engine, client_side=side)
+    assert by_id(r, "aborted") == {0: 1, 1: 0}
+    assert by_id(r, "finish_ms") == {0: 21.3125, 1: 121.3125}
+    assert by_id(r, "generated_tokens") == {0: 2, 1: 2}
+    assert r.meta["data_parallel"]["steps"] == 4
+    assert r.metrics["makespan_ms"] == 121.3125
+
+
+@SETTINGS
+@given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=80, all_at_zero=False, prefix_groups=2),
+       schedulers(), st.integers(2, 3), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(), st.integers(0, 40),
+       st.integers(1, 160), st.sampled_from([0.0, 0.5, 2.0]), st.integers(0, 2), st.sampled_from([0.0, 1.5]))
+def test_clients_that_give_up_on_lockstep_ranks_agree_between_engines_and_conserve(requests, cfg, ranks, router, cost,
+                                                                                   spare, timeout, network, workers,
+                                                                                   request_ms):
+    """Through an API server (0-2 handlers) with clients giving up: both engines alike, every
+    request served, rejected or aborted once, every block back."""
+    blocks = blocks_for_largest(requests, 4) + spare
+
+    def make():
+        return (ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost)),
+                PagedKVCache(blocks, 4, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3))
+
+    side = client_side(timeout + network, network, workers, request_ms)
+    runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine, client_side=side)
+            for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    assert runs[0].meta["data_parallel"] == runs[1].meta["data_parallel"]
+    check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -381,6 +434,32 @@ def test_a_data_parallel_deployment_in_toml_runs_in_both_engines_and_counts_its_
     assert fast.meta["data_parallel"]["steps"] == ref.meta["data_parallel"]["steps"] > 0
     assert fast.meta["kv_cache"]["expert_gpus"] == 2
     assert set(fast.requests["instance"].tolist()) == {0, 1}
+
+
+def test_a_data_parallel_deployment_serves_through_the_api_server_and_drops_abandoned_requests(tmp_path):
+    # 40 requests at 40/s on two ranks; clients give up after 300 ms (the longer answers).
+    path = write(tmp_path, """
+        [cluster]
+        data_parallel = 2
+        expert_parallel = true
+        [frontend]
+        [client]
+        timeout_ms = 300
+        [[runs]]
+        name = "fast"
+        [[runs]]
+        name = "reference"
+        engine = "reference"
+    """)
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    fast, ref = runs["fast"], runs["reference"]
+    compare_runs(fast, ref, rel=1e-9)
+    m = fast.metrics
+    assert 0 < m["aborted"] <= m["timed_out"] < 40 and m["finished"] + m["timed_out"] == 40
+    assert m["client"]["frontend_ms"]["p50"] > 0  # requests went through the API server
+    req = fast.requests
+    dropped = req["aborted"] == 1
+    assert (req["finish_ms"][dropped] >= req["sent_ms"][dropped] + 300).all()
 
 
 def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer(tmp_path):

@@ -324,8 +324,8 @@ _BUNDLE: dict = {}
 
 
 @pytest.mark.parametrize("table", ["[frontend]\n", "[client]\ntimeout_ms = 1000\n", "[power]\nkind = \"utilisation\"\n"])
-def test_front_ends_timeouts_and_energy_are_refused_with_parallel_layouts(tmp_path, capsys, table):
-    """Not simulated with data or pipeline parallelism yet: a named error, not a silent run."""
+def test_front_ends_timeouts_and_energy_are_refused_with_pipelines(tmp_path, capsys, table):
+    """Not simulated with pipeline parallelism yet: a named error, not a silent run."""
     from schedlab.cli import main
 
     path = tmp_path / "exp.toml"
@@ -342,7 +342,7 @@ def test_front_ends_timeouts_and_energy_are_refused_with_parallel_layouts(tmp_pa
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_request_with_its_own_timeout_is_refused_by_a_pipeline(engine):
-    """A run's [client] is refused with parallel layouts; a request carrying its own timeout_ms
+    """A run's [client] is refused with pipelines; a request carrying its own timeout_ms
     (the library's Request) gets a clear error, not an abort the pipeline does not model."""
     from schedlab.errors import SimulationError
 

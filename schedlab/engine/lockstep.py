@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from . import bulk
-from .driver import ArrivalQueue, route
+from .driver import arrival_queue, route
 from .instance import Instance
 from .load import RoutingClock, views_of
 from .plan import FastPlan
@@ -119,6 +119,10 @@ class DataParallelCluster:
     def has_work(self) -> bool:
         return any(inst.has_work() for inst in self.ranks)
 
+    def next_abort(self) -> float:
+        """When a rank next aborts a request whose client gave up (inf: none pending)."""
+        return min((inst.next_abort() for inst in self.ranks if inst.aborts), default=INF)
+
     # -- the loop --------------------------------------------------------------------------------
     def advance(self, until: float, stop_on_finish: bool = False) -> str:
         """Run every step that starts before ``until``; returns ``"until"``, ``"idle"`` (no
@@ -126,6 +130,9 @@ class DataParallelCluster:
         ``stop_on_finish``) or ``"blocked"`` (work is left, nothing is planned, no wake-up)."""
         empty = 0
         while self.now < until:
+            for inst in self.ranks:  # each engine core reads its aborts before it plans
+                if inst.aborts and inst.next_abort() <= self.now:
+                    inst._abort_due()
             if not self.has_work():
                 if until < INF:
                     self._move_to(until)
@@ -138,7 +145,7 @@ class DataParallelCluster:
                 wake = min((p.wake for p in plans if p.wake is not None), default=INF)
                 if any(p.preempted for p in plans) or wake <= self.now:
                     continue  # plan again at once
-                target = min(wake, until)
+                target = min(wake, until, self.next_abort())  # an abort may free what a rank waits for
                 if target == INF:
                     return "blocked"
                 self._move_to(target)
@@ -160,6 +167,9 @@ class DataParallelCluster:
 
     def _step(self, plans: list, until: float) -> None:
         ranks, inner = self.ranks, self.inner
+        abort = self.next_abort()
+        if abort < until:  # an abort, like an arrival, ends a run of steps
+            until = abort
         working = [not p.is_empty() for p in plans]
         batches = [rank_batch(inst, p) if w else DUMMY for inst, p, w in zip(ranks, plans, working)]
         # a rank computing nothing (idle, or only swapping) runs the dummy batch (and its swaps)
@@ -231,23 +241,32 @@ class DataParallelCluster:
         return done
 
 
-def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, workload=None) -> None:
-    """Run a :class:`DataParallelCluster` until every request has finished or been rejected.
+def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, workload=None,
+                           client_side=None) -> None:
+    """Run a :class:`DataParallelCluster` until every request has finished, been rejected or
+    been aborted.
 
     Arrivals are routed in time order, each seeing the ranks as they are then; the ranks run
     every step that starts before the next arrival. A closed-loop workload's follow-ups are
-    released after each step that finished requests.
+    released after each step that finished requests. With a ``client_side``
+    (:mod:`schedlab.frontend`) requests reach the ranks through the API server, and a rank
+    aborts a request whose client gave up before its next step, as a colocated instance does;
+    a run of steps ends at the next abort. Between steps at an arrival's time the ranks abort
+    what is due before the router looks.
     """
     closed = workload is not None and getattr(workload, "closed_loop", False)
     for inst in cluster.ranks:
         inst.track_finished = closed
-    arrivals = ArrivalQueue(requests)
+        if client_side is not None:
+            inst.hangup_ms = client_side.network_ms
+    arrivals = arrival_queue(requests, workload, client_side)
+    aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
     delivered = 0
     while True:
         t = arrivals.next_time()
         status = cluster.advance(t, stop_on_finish=closed)
         if closed:
-            _release(cluster, arrivals, workload)
+            _release(cluster, arrivals)
             if status == "finished":
                 continue
         if status == "blocked" and t == INF:
@@ -255,14 +274,21 @@ def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, 
             raise StallError(busy._stall_message("no arrivals are left and the scheduler plans nothing"))
         if t == INF:
             return
+        if aborting and cluster.now == t:
+            for inst in cluster.ranks:
+                inst.settle(t)
         while arrivals.next_time() <= t:
-            cluster.arrive(arrivals.pop(), delivered)
+            request = arrivals.pop(t)
+            if request is None:  # an event of the client side (a reception, a client giving up)
+                continue
+            cluster.arrive(request, delivered)
             delivered += 1
+            if request.timeout_ms is not None:
+                aborting = True
             if closed:
-                _release(cluster, arrivals, workload)  # a request rejected at once releases its successor
+                _release(cluster, arrivals)  # a request rejected at once releases its successor
 
 
-def _release(cluster: DataParallelCluster, arrivals: ArrivalQueue, workload) -> None:
+def _release(cluster: DataParallelCluster, arrivals) -> None:
     for request, finished_at in cluster.take_finished():
-        for follow_up in workload.on_finish(request, finished_at):
-            arrivals.release(follow_up)
+        arrivals.finished(request, finished_at)

@@ -11,15 +11,14 @@ end the step together.
 
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Sequence
 
 from ..errors import StallError
-from .load import RoutingClock, views_of
+from .load import views_of
 from .rank_cost import DUMMY
 from .reference import RefPlan, ReferenceEngine
-from .reference_cluster import _routed
+from .reference_cluster import ReferenceCluster, _routed
 
 INF = math.inf
 
@@ -28,70 +27,72 @@ def _is_empty(plan: RefPlan) -> bool:
     return not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0
 
 
-class ReferenceDataParallel:
-    """Reference ranks (each with a :class:`~schedlab.engine.rank_cost.RankCost`) behind a router."""
+class ReferenceDataParallel(ReferenceCluster):
+    """Reference ranks (each with a :class:`~schedlab.engine.rank_cost.RankCost`) behind a router.
 
-    def __init__(self, ranks: Sequence[ReferenceEngine], router=None):
+    The loop -- arrivals, the client side's events and deadlines, aborts due before a routing --
+    is :class:`ReferenceCluster`'s; its plans are the ranks' steps together (:class:`_Steps`).
+    Before every step each rank aborts what is due, as an engine core reads its aborts.
+    """
+
+    def __init__(self, ranks: Sequence[ReferenceEngine], router=None, client_side=None):
         if len(ranks) > 1 and router is None:
             raise ValueError("several data-parallel ranks need a router")
-        self.ranks = list(ranks)
-        self.router = router
-        self.clock = RoutingClock()
-        self.views = views_of(self.ranks, self.clock)
+        super().__init__(ranks, router, client_side=client_side)
+        self.views = views_of(self.instances, self.clock)  # read afresh at each routing
+        self.plans = _Steps(self)
         self.now = 0.0
-        self.asleep_until = None  # every rank planned nothing: the step waits for this time (or an arrival)
+        self.asleep_until = None  # every rank planned nothing: the step waits for this time (or an event)
+        self.empty = 0
         self.steps = 0
         self.dummy_steps = 0
         self.experts_ms = 0.0
 
-    def run(self, requests, workload=None) -> None:
-        pending = [(r.arrival_ms, r.id, r) for r in requests]
-        heapq.heapify(pending)
-        closed = workload is not None and getattr(workload, "closed_loop", False)
+    def deliver(self, request, seq_no: int, t: float) -> None:
+        _routed(self.router, request, self.instances, self.views, self.clock, t).arrive(request, seq_no)
 
-        def done(request, t):
-            if closed:
-                for follow_up in workload.on_finish(request, t):
-                    heapq.heappush(pending, (follow_up.arrival_ms, follow_up.id, follow_up))
+    def changed(self, inst) -> None:
+        pass  # the ranks' views are read afresh; the next step is _Steps's to find
 
-        for e in self.ranks:
-            e.on_request_done = done
-        seq_no = 0
-        empty = 0
-        while True:
-            t_event = pending[0][0] if pending else INF
-            busy = any(e.has_work() for e in self.ranks)
-            t_step = INF if not busy else (self.now if self.asleep_until is None else max(self.asleep_until, self.now))
-            if t_event <= t_step and t_event < INF:
-                self._wait_until(t_event)
-                while pending and pending[0][0] <= t_event:
-                    request = heapq.heappop(pending)[2]
-                    _routed(self.router, request, self.ranks, self.views, self.clock, t_event).arrive(request, seq_no)
-                    seq_no += 1
-                continue
-            if t_step == INF:
-                if busy:
-                    raise StallError("reference engine: no arrivals are left and the schedulers plan nothing")
-                return
-            self._wait_until(t_step)
-            if self.step():
-                empty = 0
-            else:
-                empty += 1
-                if empty > 1000:
-                    raise StallError("reference engine: the schedulers keep planning empty steps")
+    def deliver_other(self, t: float) -> None:
+        """An event at ``t`` finds the ranks between steps: they wait until then together."""
+        self._wait_until(t)
+
+    def next_step_time(self) -> float:
+        """When the ranks step next: now, or after a step in which nobody planned anything, at
+        the first wake-up or abort (inf: only an event wakes them)."""
+        if not any(e.has_work() for e in self.instances):
+            return INF
+        if self.asleep_until is None:
+            return self.now
+        aborts = [at for e in self.instances for at, _, seq in e.aborts if seq.status not in ("finished", "aborted")]
+        return max(min([self.asleep_until] + aborts), self.now)
+
+    def wake(self, t: float) -> None:
+        self._wait_until(t)
 
     def _wait_until(self, t: float) -> None:
         if t > self.now:
-            for e in self.ranks:
+            for e in self.instances:
                 e.wake(t)
             self.now = t
         self.asleep_until = None
 
-    def step(self) -> bool:
-        """Plan every rank and run the step; False when nobody planned anything."""
+    def step(self) -> None:
+        """Run the next step (:meth:`run_step`), or count an empty one (a stall after 1000)."""
+        if self.run_step():
+            self.empty = 0
+        else:
+            self.empty += 1
+            if self.empty > 1000:
+                raise StallError("reference engine: the schedulers keep planning empty steps")
+
+    def run_step(self) -> bool:
+        """Abort what is due, plan every rank and run the step; False when nobody planned anything."""
+        for e in self.instances:
+            e.abort_due()
         plans = []
-        for e in self.ranks:
+        for e in self.instances:
             e.serial += 1
             plan = RefPlan(e, e.serial)
             e.scheduler.schedule(plan)
@@ -101,7 +102,7 @@ class ReferenceDataParallel:
                 self.asleep_until = min((p.wake for p in plans if p.wake is not None), default=INF)
             return False
         parts, tokens, batches = [], [], []
-        for e, plan in zip(self.ranks, plans):
+        for e, plan in zip(self.instances, plans):
             batch = None if _is_empty(plan) else e.plan_batch(plan)[0]
             if batch is not None and batch.num_batched_tokens:
                 parts.append(e.cost.inner.rank_ms(batch) + plan.transfer_ms)
@@ -110,9 +111,9 @@ class ReferenceDataParallel:
                 parts.append(e.cost.inner.rank_ms(DUMMY) + plan.transfer_ms)
                 tokens.append(1)
             batches.append(batch)
-        experts = self.ranks[0].cost.inner.experts_ms(tuple(tokens))
+        experts = self.instances[0].cost.inner.experts_ms(tuple(tokens))
         step_ms = max(parts) + experts
-        for e, plan, batch in zip(self.ranks, plans, batches):
+        for e, plan, batch in zip(self.instances, plans, batches):
             if batch is not None:
                 e.cost.step_ms = step_ms - plan.transfer_ms
                 e.cost.tokens = batch.num_batched_tokens
@@ -120,7 +121,7 @@ class ReferenceDataParallel:
                 e.events += 1
                 e._execute(plan)
         end = self.now + step_ms
-        for e in self.ranks:
+        for e in self.instances:
             e.wake(end)
             e.now = end
         self.now = end
@@ -128,3 +129,18 @@ class ReferenceDataParallel:
         self.dummy_steps += batches.count(None)
         self.experts_ms += experts
         return True
+
+
+class _Steps:
+    """The plan order :class:`ReferenceCluster` asks (``first``, ``update``): one entry, the
+    ranks' next step."""
+
+    def __init__(self, cluster: ReferenceDataParallel):
+        self.cluster = cluster
+
+    def update(self, inst) -> None:
+        pass
+
+    def first(self) -> tuple[float, ReferenceDataParallel | None]:
+        t = self.cluster.next_step_time()
+        return (t, self.cluster) if t < INF else (INF, None)

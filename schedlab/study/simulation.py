@@ -355,10 +355,12 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
         if cluster.autoscaler is not None:
             raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling is not modelled with data_parallel or "
                               "pipeline_parallel layouts")
-        if client_side is not None:
+        if client_side is not None and parallelism.pipelined:
             raise ConfigError(f"{where} [{'frontend' if client_side.frontend is not None else 'client'}]: "
-                              "not simulated with data_parallel or pipeline_parallel layouts yet")
-        return _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where, check_only)
+                              "not simulated with pipeline_parallel layouts yet")
+        assembled = _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where,
+                                       check_only)
+        return attrs.evolve(assembled, client_side=client_side)
     power = [] if "power" in tables else None
     parts = _build_instances(ctx, tables, 1 if check_only else cluster.instances, where, "", speculative, power)
     router = None
@@ -541,11 +543,11 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                          workload=a.workload)
         elif a.lockstep:
             if spec.engine == "reference":
-                lockstep = ReferenceDataParallel(engines, a.router)
+                lockstep = ReferenceDataParallel(engines, a.router, client_side=side)
                 lockstep.run(requests, workload=a.workload)
             else:
                 lockstep = DataParallelCluster(engines, a.router)
-                simulate_data_parallel(requests, lockstep, workload=a.workload)
+                simulate_data_parallel(requests, lockstep, workload=a.workload, client_side=side)
         elif a.pools is not None:
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3,

@@ -63,27 +63,28 @@ class LinearParallelCost:
 
 
 def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
-                      engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+                      engine: str = "fast", workload=None, name: str = "test", client_side=None) -> RunResult:
     """Simulate ``requests`` on ``ranks`` data-parallel ranks stepping together.
 
     ``make`` makes one rank's ``(scheduler, cost model, KV cache)``; the cost model needs
     ``rank_ms`` and ``experts_ms`` (e.g. :class:`LinearParallelCost`). ``meta["kvs"]`` holds every
-    rank's KV cache and ``meta["data_parallel"]`` what the lockstep did.
+    rank's KV cache and ``meta["data_parallel"]`` what the lockstep did. ``client_side``: the
+    front end and timeouts (:mod:`schedlab.frontend`).
     """
     from ..engine.instance import Instance
     from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
     from ..engine.reference_lockstep import ReferenceDataParallel
 
-    rec = Recorder()
+    rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [make() for _ in range(ranks)]
     if engine == "reference":
         engines = [ReferenceEngine(s, RankCost(c), k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
-        cluster = ReferenceDataParallel(engines, router)
+        cluster = ReferenceDataParallel(engines, router, client_side=client_side)
         cluster.run(list(requests), workload=workload)
     else:
         engines = [Instance(i, s, RankCost(c), k, rec) for i, (s, c, k) in enumerate(parts)]
         cluster = DataParallelCluster(engines, router)
-        simulate_data_parallel(list(requests), cluster, workload=workload)
+        simulate_data_parallel(list(requests), cluster, workload=workload, client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": ranks,
             "events": sum(e.events for e in engines),
             "data_parallel": {"ranks": ranks, "steps": cluster.steps, "dummy_rank_steps": cluster.dummy_steps,
