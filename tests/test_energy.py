@@ -549,3 +549,84 @@ decode = {instances = 1, clock = {mhz = 810}}
         check_energy(run)
         prefill, decode = run.meta["energy"]["instances"]
         assert decode["standby_w"] < prefill["standby_w"]   # the decode pool idles at its lower clock
+
+
+# --- an autoscaled cluster --------------------------------------------------------------------------------
+
+
+class Scripted:
+    """An autoscaling policy that asks for what its script says at each tick (by time)."""
+
+    def __init__(self, script: dict):
+        self.script = script
+
+    def decide(self, signals) -> int:
+        return self.script[signals.now_ms]
+
+
+class Newest:
+    """Routes to the last instance of the serving pool."""
+
+    def route(self, request, instances):
+        return len(instances) - 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_instance_that_is_off_draws_nothing_by_hand(engine):
+    # Two instances, one serving at first; ticks every second ask for 2, 2, 1, 1, 1; a cold start
+    # takes 500 ms. Fixed-active power: 300 W in iterations, 90 W for 10 ms after, 30 W idle.
+    # Each request (prompt 4, output 3) takes 10 ms: r0 at 0 on instance 0, r1 at 2000 on
+    # instance 1 (on since the tick at 1000, serving from 1500), r2 at 5000 on instance 0.
+    # Instance 1 drains at the tick at 3000 and is off from then (its last iteration ended at 2010).
+    # Instance 0: 2 x 3 J + 10 ms x 90 W + 4,980 ms x 30 W (10 -> 5000) = 156.3 J, off at 5010.
+    # Instance 1: off 0-1000, idle 1000-2000 (30 J), 3 J, 10 ms x 90 W + 980 ms x 30 W, off from 3000.
+    from schedlab.engine.scaling import ScalingLimits
+
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    limits = ScalingLimits(min_instances=1, max_instances=2, initial=1, interval_ms=1000.0, cold_start_ms=500.0,
+                           window_ms=1000.0)
+    policy = Scripted({1000.0: 2, 2000.0: 2, 3000.0: 1, 4000.0: 1, 5000.0: 1})
+    requests = [Request(0, 0.0, 4, 3), Request(1, 2000.0, 4, 3), Request(2, 5000.0, 4, 3)]
+    r = run_cluster(requests, lambda: (ContinuousScheduler(ContinuousConfig()), cost, PagedKVCache(64, 4)), 2,
+                    Newest(), engine=engine, power=fixed_active(), autoscaler=policy, limits=limits)
+    assert r.requests["instance"].tolist() == [0, 1, 0]
+    assert sorted(r.meta["scaling"]["intervals"]) == [[0, 0.0, 5010.0], [1, 1000.0, 3000.0]]
+    inst = r.meta["energy"]["instances"]
+    assert r.meta["energy"]["window_ms"] == [0.0, 5010.0]
+    assert inst[0]["busy_j"] + inst[0]["idle_j"] == pytest.approx(6.0 + 0.9 + 4980 * 30e-3)
+    assert inst[1]["busy_j"] + inst[1]["idle_j"] == pytest.approx(30.0 + 3.0 + 0.9 + 980 * 30e-3)
+    assert inst[1]["off"] == [[0.0, 1000.0], [3000.0, 5010.0]]
+    assert inst[1]["on_ms"] == 2000.0
+    assert r.metrics["energy"]["gpu_j"] == pytest.approx(156.3 + 63.3)
+    check_energy(r)
+    edges, watts = power_steps(r, 1)
+    off = (edges[:-1] >= 3000.0) | (edges[1:] <= 1000.0)
+    assert (watts[off] == 0.0).all() and (watts[~off] > 0).all()
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=16, max_prompt=200, max_output=120, all_at_zero=False),
+       st.integers(2, 4), st.integers(1, 2), st.sampled_from([1.0, 2.0]), st.sampled_from([0.0, 40.0, 250.0]),
+       st.sampled_from([20.0, 100.0]), st.sampled_from([0.0, 0.02]))
+def test_autoscaled_clusters_agree_on_energy_and_conserve_it(requests, instances, initial, target, cold, interval,
+                                                             tail_s):
+    """Instances switched off and on by a queue-length policy: both engines count the same
+    energy, each instance's equals the integral of its power (0 W while off) over the window."""
+    from schedlab.engine.scaling import ScalingLimits
+    from schedlab_plugins.autoscalers import QueueLength, QueueLengthConfig
+    from schedlab_plugins.routers import LeastOutstandingRouter
+
+    limits = ScalingLimits(min_instances=1, max_instances=instances, initial=min(initial, instances),
+                           interval_ms=interval, cold_start_ms=cold, window_ms=4 * interval)
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.125, decode_ms_per_step=4.0))
+
+    def make():
+        return ContinuousScheduler(ContinuousConfig(max_num_seqs=2)), cost, PagedKVCache(128, 4)
+
+    runs = [run_cluster(requests, make, instances, LeastOutstandingRouter(), engine=engine,
+                        power=fixed_active(tail_s=tail_s), autoscaler=QueueLength(QueueLengthConfig(
+                            target_per_instance=target, stabilization_s=0.0)), limits=limits) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["scaling"]["intervals"] == runs[1].meta["scaling"]["intervals"]
+    for run in runs:
+        check_energy(run)

@@ -6,7 +6,9 @@ first add the idle stretch since the previous iteration ended (:mod:`.idle`: the
 iteration's power relaxing, standby, then idle). After the run :func:`close_meters` adds the
 stretches before the first and after the last iteration, so an instance's energy covers the
 run's whole window -- from the first arrival to the end of the last iteration anywhere --
-whether it worked or not.
+whether it worked or not. An autoscaled instance (:mod:`schedlab.engine.scaling`) is switched
+off and on: while off it draws nothing; switched on, it idles until its first iteration, as
+before a run's first.
 
 Per-request energy: an iteration's energy is shared out over the tokens it computes, every
 token alike -- a decode's own token and the drafts it verifies, each prompt token of a prefill
@@ -56,7 +58,7 @@ class EnergyMeter:
 
     __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "tail_ms", "first_start", "last_end", "busy_j",
                  "idle_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_last_run", "_run_j", "_run_j_peak",
-                 "closed")
+                 "closed", "latest", "switched_on", "initial_end", "offs")
 
     def __init__(self, model):
         self.model = model
@@ -67,8 +69,12 @@ class EnergyMeter:
         self.last_w = 0.0
         self._last_run = None  # (batch, k, d0, inc) of a bulk run that came last
         self.tails: list[list[float]] = []
-        self.first_start = INF   # start of the first iteration
-        self.last_end = -INF     # end of the last one
+        self.first_start = INF   # start of the first iteration (of the first time on)
+        self.last_end = -INF     # end of the last one (since last switched on)
+        self.latest = -INF       # the last iteration's end or switch-off: where the run's window may end
+        self.switched_on = None  # switched on then (None: on from the window's start)
+        self.initial_end = None  # first switched off then (None: on from the start, or never off)
+        self.offs: list[list[float]] = []  # [switched off, switched on again (inf: still off)]
         self.busy_j = 0.0
         self.idle_j = 0.0
         self.busy_ms = 0.0
@@ -79,10 +85,37 @@ class EnergyMeter:
         self.closed = False
 
     def _gap(self, start: float) -> None:
-        if self.last_end == -INF:
-            self.first_start = start
+        if self.last_end == -INF:  # the first iteration since on
+            if self.switched_on is None:
+                self.first_start = start  # (the stretch before it: at close, from the window's start)
+            else:  # switched on and idle since
+                self.idle_j += idle_j(self.idle_w, self.standby_w, self.standby_ms, INF, start - self.switched_on)
         elif start > self.last_end:
             self._after_last(start - self.last_end)
+
+    # -- an autoscaled instance -----------------------------------------------------------------------
+    def switch_off(self, t: float) -> None:
+        """The instance is off from ``t``: its idle stretch ends there; it draws nothing until on."""
+        if self.closed or (self.offs and self.offs[-1][1] == INF):
+            return
+        if self.last_end > -INF:
+            self._after_last(max(0.0, t - self.last_end))
+        elif self.switched_on is not None:
+            self.idle_j += idle_j(self.idle_w, self.standby_w, self.standby_ms, INF, t - self.switched_on)
+        if self.switched_on is None and self.initial_end is None:
+            self.initial_end = t  # the stretch before it (and any first iteration): at close
+        self.offs.append([t, INF])
+        self.last_end = -INF
+        self._last_run = None
+        if t > self.latest:
+            self.latest = t
+
+    def switch_on(self, t: float) -> None:
+        """The instance is on again from ``t`` (warming: it idles until its first iteration)."""
+        if self.closed or not self.offs or self.offs[-1][1] != INF:
+            return
+        self.offs[-1][1] = t
+        self.switched_on = t
 
     def _after_last(self, duration: float) -> None:
         """The idle stretch of ``duration`` ms right after the last iteration: its tail, standby, idle."""
@@ -105,6 +138,8 @@ class EnergyMeter:
         end = start + duration
         if end > self.last_end:
             self.last_end = end
+        if end > self.latest:
+            self.latest = end
 
     def iteration(self, start: float, batch: Batch, duration: float) -> float:
         """Account for one iteration; its energy (J)."""
@@ -150,11 +185,20 @@ class EnergyMeter:
             return
         self.closed = True
         w = self.idle_w, self.standby_w, self.standby_ms
-        if self.last_end == -INF:
-            self.idle_j += idle_j(*w, INF, end - start)
+        # before the first iteration: idle from the window's start, until then or a switch-off
+        first = min(self.first_start, self.initial_end if self.initial_end is not None else INF, end)
+        if first > start:
+            self.idle_j += idle_j(*w, INF, first - start)
+        if self.offs and self.offs[-1][1] == INF:  # off at the end: nothing after its switch-off
             return
-        self.idle_j += idle_j(*w, INF, self.first_start - start)
-        self._after_last(max(0.0, end - self.last_end))  # (its tail recorded even at the window's end)
+        if self.last_end > -INF:
+            self._after_last(max(0.0, end - self.last_end))  # (its tail recorded even at the window's end)
+        elif self.switched_on is not None:  # on again, no iteration since
+            self.idle_j += idle_j(*w, INF, max(0.0, end - self.switched_on))
+
+    def off_ms(self, start: float, end: float) -> float:
+        """How long within ``[start, end]`` the instance was off."""
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.offs)
 
 
 def token_shares(energy: float, batch: Batch) -> tuple[float, float]:
@@ -172,7 +216,7 @@ def close_meters(meters: list, start: float) -> dict:
     """Close every instance's meter over the run's window -- from ``start`` (the first arrival)
     to the end of the last iteration of any instance -- and return the run's energy record
     (``meta["energy"]``): the window, the idle model and, per instance, its GPUs' energy."""
-    end = max([m.last_end for m in meters if m.last_end > -INF] + [start])
+    end = max([m.latest for m in meters if m.latest > -INF] + [start])
     for m in meters:
         m.close(start, end)
     first = meters[0].model
@@ -185,6 +229,8 @@ def close_meters(meters: list, start: float) -> dict:
             "busy_j": m.busy_j, "idle_j": m.idle_j, "busy_ms": m.busy_ms, "peak_w": m.peak_w,
             "idle_w": m.idle_w, "standby_w": m.standby_w, "standby_ms": m.standby_ms,
             "tail_ms": m.tail_ms, "tails": m.tails,
+            **({"off": [[a, min(b, end)] for a, b in m.offs], "on_ms": end - start - m.off_ms(start, end)}
+               if m.offs else {}),
             "host_idle_w": float(getattr(m.model, "host_idle_w", 0.0)),
             "host_busy_w": float(getattr(m.model, "host_busy_w", 0.0)),
         } for m in meters],

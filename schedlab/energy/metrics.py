@@ -24,7 +24,8 @@ J_PER_KWH = 3.6e6
 def instance_energy(inst: dict, window_ms: float) -> dict[str, float]:
     """One instance's GPU and host energy (J) over a window of ``window_ms``."""
     gpu = inst["busy_j"] + inst["idle_j"]
-    host = (inst["host_idle_w"] * window_ms + inst["host_busy_w"] * inst["busy_ms"]) * 1e-3
+    on_ms = inst.get("on_ms", window_ms)  # an autoscaled instance's host is off with it
+    host = (inst["host_idle_w"] * on_ms + inst["host_busy_w"] * inst["busy_ms"]) * 1e-3
     return {"gpu_j": gpu, "host_j": host}
 
 

@@ -4,7 +4,8 @@ Each timeline row is a stretch of iterations with its duration and its GPUs' ene
 power is their quotient. Between rows, and from the window's start to the first row and from
 the last row to the window's end, the GPUs idle -- after an iteration its power's tail (the
 meter recorded where each starts, ``tails``), standby power for ``standby_ms``, idle power
-otherwise (:mod:`.idle`), as steps of exact mean power. The integral of this step function is
+otherwise (:mod:`.idle`), as steps of exact mean power; an autoscaled instance draws nothing
+while it is off (``off``) and idles from its switch-on. The integral of this step function is
 the instance's energy: :func:`integral_j` checks the meters against it (the conservation
 property).
 """
@@ -39,9 +40,11 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
     starts = t["time_ms"][mine][order]
     durations = t["duration_ms"][mine][order]
     joules = t["energy_j"][mine][order]
+    offs = [(a, b) for a, b in inst.get("off", [])]
     edges, watts = [start], []
     cursor, since = start, math.inf
     next_tail = 0
+    next_off = 0
 
     def idle_until(stop: float, since: float) -> None:
         nonlocal cursor, next_tail
@@ -65,13 +68,28 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
             watts.append(w)
         edges[-1] = cursor = stop
 
+    def gap_until(stop: float) -> None:
+        """Idle until ``stop``, through the instance's off stretches (0 W; idle from a switch-on)."""
+        nonlocal cursor, since, next_off
+        while next_off < len(offs) and offs[next_off][0] < stop:
+            off, on = offs[next_off]
+            idle_until(off, since)
+            on = min(on, end)
+            if on > cursor:
+                edges.append(on)
+                watts.append(0.0)
+                cursor = on
+            since = math.inf
+            next_off += 1
+        idle_until(stop, since)
+
     for s, d, j in zip(starts.tolist(), durations.tolist(), joules.tolist()):
-        idle_until(s, since)
+        gap_until(s)
         if d > 0:
             edges.append(s + d)
             watts.append(j / d * 1e3)
             cursor, since = s + d, 0.0
-    idle_until(end, since)
+    gap_until(end)
     return np.asarray(edges), np.asarray(watts)
 
 

@@ -15,7 +15,9 @@ own event times (before an arrival at the same time):
   hold, and are off -- no longer paid for -- when their last iteration ends. No request is lost.
 
 Instances are paid for (GPU-hours) from the moment they start warming until they are off; the
-controller keeps those intervals and the decisions (``history``) for the results. The cluster is
+controller keeps those intervals and the decisions (``history``) for the results, and switches
+the instances' energy meters off and on with them (:mod:`schedlab.energy.meter`: an instance
+that is off draws nothing). The cluster is
 built with ``max_instances`` instances; an instance restarted after being off keeps its prefix
 cache (a real restart would start cold). The router sees the serving instances as a list that
 changes when they do: a router that remembers positions (prefix affinity's homes) finds them
@@ -77,7 +79,7 @@ class ScalingController:
     """The autoscaler of one open-loop colocated cluster (either engine's instances)."""
 
     def __init__(self, policy, limits: ScalingLimits, instances: Sequence, clock, *, slo_met=None,
-                 gpus_per_instance: Sequence[int] | None = None):
+                 gpus_per_instance: Sequence[int] | None = None, meters: Sequence | None = None):
         if limits.max_instances != len(instances):
             raise ValueError("the cluster is built with max_instances instances")
         self.policy = policy
@@ -91,6 +93,10 @@ class ScalingController:
         self.state = [SERVING if i < limits.initial else OFF for i in range(n)]
         self.ready_at = [INF] * n
         self.since = [0.0 if i < limits.initial else None for i in range(n)]  # paid for since
+        self.meters = [m for m in meters] if meters is not None else [None] * n
+        for i, s in enumerate(self.state):
+            if s == OFF and self.meters[i] is not None:
+                self.meters[i].switch_off(0.0)
         self.drain_from = [None] * n
         self.intervals: list[tuple[int, float, float]] = []   # (instance, on, off)
         self.history: list[tuple] = [(0.0, limits.initial, 0, 0, limits.initial)]
@@ -161,6 +167,8 @@ class ScalingController:
         self.intervals.append((i, self.since[i], t))
         self.state[i] = OFF
         self.since[i] = self.drain_from[i] = None
+        if self.meters[i] is not None:
+            self.meters[i].switch_off(t)
 
     def signals(self, t: float) -> Signals:
         lim = self.limits
@@ -205,6 +213,8 @@ class ScalingController:
             self.state[i] = WARMING
             self.ready_at[i] = t + self.limits.cold_start_ms
             self.since[i] = t
+            if self.meters[i] is not None:
+                self.meters[i].switch_on(t)
             if self.limits.cold_start_ms <= 0:
                 self.state[i], self.ready_at[i] = SERVING, INF
                 changed = True

@@ -370,9 +370,6 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     if cluster.autoscaler is not None:
         autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
         _check_autoscaler(autoscaler, cluster, workload, f"{where} [cluster.autoscaler]")
-        if power is not None:
-            raise ConfigError(f"{where} [power]: energy of an autoscaled cluster is not modelled yet (an instance "
-                              "that is off would still be metered as idle)")
     return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side,
                      autoscaler=autoscaler)
 
@@ -531,7 +528,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         if a.autoscaler is not None:
             scaling = ScalingController(a.autoscaler, scaling_limits(a.autoscaler.config, len(engines)), engines,
                                         RoutingClock(), slo_met=request_met(attrs.asdict(a.slo)) if a.slo else None,
-                                        gpus_per_instance=[tensor_parallel(c, k) for _, c, k in a.instances])
+                                        gpus_per_instance=[tensor_parallel(c, k) for _, c, k in a.instances],
+                                        meters=[meters[i] for i in indices])
             recorder.listener = scaling.finished
         if a.parallelism.pipelined:
             stages = a.parallelism.pipeline_parallel
@@ -592,15 +590,16 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if a.pools is not None:
         split = len(a.pools[0].instances)
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
-    if a.power is not None:
-        meta["energy"] = close_meters([meters[i] for i in indices], run_start(recorder))
+    if scaling is not None:  # (its paid intervals end first: the meters stop there)
+        meta["scaling"] = scaling.finish()
+    if a.power is not None:  # an autoscaled fleet's energy from 0, where its paid intervals start
+        meta["energy"] = close_meters([meters[i] for i in indices],
+                                      0.0 if scaling is not None else run_start(recorder))
     if a.parallelism != SINGLE:
         meta["parallelism"] = attrs.asdict(a.parallelism)
     if lockstep is not None:
         meta["data_parallel"] = {"ranks": len(engines), "steps": lockstep.steps,
                                  "dummy_rank_steps": lockstep.dummy_steps, "experts_ms": lockstep.experts_ms}
-    if scaling is not None:
-        meta["scaling"] = scaling.finish()
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     # A replayed real run, or a summary of one: compared with the whole run (a partitioned run's

@@ -131,27 +131,43 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
 
 def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,
                 engine: str = "fast", workload=None, name: str = "test",
-                power: Callable | None = None, client_side=None) -> RunResult:
+                power: Callable | None = None, client_side=None, autoscaler=None, limits=None) -> RunResult:
     """Simulate ``requests`` on ``instances`` colocated instances behind ``router``.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)`` each time it is called;
     ``router`` is a router object (required for more than one instance). The result's
     ``meta["kvs"]`` holds every instance's KV cache, for checks of the blocks left at the end.
     ``power(cost_model)`` makes an instance's power model (the run then meters energy).
+    ``autoscaler`` (a policy object) with ``limits`` (a
+    :class:`~schedlab.engine.scaling.ScalingLimits`) scales the instances
+    (``meta["scaling"]``; energy from 0, where the paid intervals start).
     """
+    from ..engine.load import RoutingClock
+    from ..engine.scaling import ScalingController
+
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [make() for _ in range(instances)]
     meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
         engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m)
                    for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
-        ReferenceCluster(engines, router, client_side=client_side).run(list(requests), workload=workload)
     else:
         engines = [Instance(i, s, c, k, rec, meter=m) for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
-        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side)
+    scaling = None
+    if autoscaler is not None:
+        scaling = ScalingController(autoscaler, limits, engines, RoutingClock(), meters=meters)
+        rec.listener = scaling.finished
+    if engine == "reference":
+        ReferenceCluster(engines, router, client_side=client_side, scaling=scaling).run(list(requests),
+                                                                                      workload=workload)
+    else:
+        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side,
+                 scaling=scaling)
     slots = [getattr(s, "slots", None) for s, _, _ in parts]
+    scaled = {"scaling": scaling.finish()} if scaling is not None else {}
     meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
-            "instances": instances, "events": sum(e.events for e in engines), **_energy_meta(meters, rec)}
+            "instances": instances, "events": sum(e.events for e in engines), **scaled,
+            **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
@@ -211,10 +227,10 @@ def _meters(power: Callable | None, costs: list) -> list:
     return [EnergyMeter(power(cost)) for cost in costs]
 
 
-def _energy_meta(meters: list, rec: Recorder) -> dict:
+def _energy_meta(meters: list, rec: Recorder, start: float | None = None) -> dict:
     if meters[0] is None:
         return {}
-    return {"energy": close_meters(meters, run_start(rec))}
+    return {"energy": close_meters(meters, run_start(rec) if start is None else start)}
 
 
 def blocks_for_largest(requests: Sequence, block_size: int) -> int:
