@@ -137,6 +137,32 @@ def test_pipelined_instances_agree_between_engines_and_keep_the_rules(requests, 
     check_run(runs[0], requests, max_running=cfg.max_num_seqs * instances, kv_blocks=blocks * instances)
 
 
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=60, all_at_zero=False),
+       st.integers(2, 3), st.integers(1, 2), dyadic_linear_costs(), st.integers(0, 2), st.sampled_from([0.0, 0.5]),
+       st.sampled_from([0.0, 1.5, 6.0]))
+def test_pipelines_behind_an_api_server_agree_between_engines(requests, stages, instances, cost, workers, network,
+                                                              request_ms):
+    """Requests reach the pipelined instances through the API server (0-2 handlers, a network
+    hop, handling time): both engines alike, every request served once."""
+    from schedlab.frontend import ClientSide, FrontendConfig
+
+    side = ClientSide(FrontendConfig(network_ms=network, request_ms=request_ms, tokenize_ms_per_token=0.0625,
+                                     token_ms=0.25, workers=workers))
+    blocks = blocks_for_largest(requests, 4) + 8
+
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=64)),
+                LinearParallelCost(LinearCostModel(cost), stages=stages, moe=False), PagedKVCache(blocks, 4))
+
+    runs = [run_pipelined(requests, make, stages, instances, RoundRobinRouter() if instances > 1 else None,
+                          engine=engine, client_side=side) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], requests)
+    req = runs[0].requests
+    assert (req["arrival_ms"] >= req["sent_ms"] + network).all()  # each request crossed the front end
+
+
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5))
 def test_closed_loops_over_pipelined_instances_agree_and_conserve(clients, num_requests, stages, seed):
@@ -252,6 +278,25 @@ def test_a_pipelined_deployment_in_toml_runs_in_both_engines_and_counts_its_gpus
     check_run(runs["fast"], _requests(path))
 
 
+def test_a_pipelined_deployment_behind_the_api_server_in_toml(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(BASE) + textwrap.dedent("""
+        [cluster]
+        pipeline_parallel = 2
+        [frontend]
+        workers = 1
+        [[runs]]
+        name = "fast"
+        [[runs]]
+        name = "reference"
+        engine = "reference"
+    """))
+    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
+    m = runs["fast"].metrics
+    assert m["client"]["frontend_ms"]["p50"] > 0 and m["client"]["ttft_ms"]["p50"] > m["ttft_ms"]["p50"]
+
+
 def _requests(path):
     from schedlab.study.simulation import assemble
 
@@ -323,8 +368,8 @@ def test_profiled_pipelines_match_the_reference(requests, stages, budget):
 _BUNDLE: dict = {}
 
 
-@pytest.mark.parametrize("table", ["[frontend]\n", "[client]\ntimeout_ms = 1000\n", "[power]\nkind = \"utilisation\"\n"])
-def test_front_ends_timeouts_and_energy_are_refused_with_pipelines(tmp_path, capsys, table):
+@pytest.mark.parametrize("table", ["[client]\ntimeout_ms = 1000\n", "[power]\nkind = \"utilisation\"\n"])
+def test_timeouts_and_energy_are_refused_with_pipelines(tmp_path, capsys, table):
     """Not simulated with pipeline parallelism yet: a named error, not a silent run."""
     from schedlab.cli import main
 

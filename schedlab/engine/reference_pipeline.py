@@ -160,8 +160,8 @@ class ReferencePipeline:
 class ReferencePipelineCluster(ReferenceCluster):
     """Pipelined reference instances behind a router: landings are events, before arrivals."""
 
-    def __init__(self, instances: Sequence[ReferencePipeline], router=None):
-        super().__init__(instances, router)
+    def __init__(self, instances: Sequence[ReferencePipeline], router=None, client_side=None):
+        super().__init__(instances, router, client_side=client_side)
 
     def next_other(self) -> float:
         return min(inst.next_landing() for inst in self.instances)

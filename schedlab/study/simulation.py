@@ -355,9 +355,10 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
         if cluster.autoscaler is not None:
             raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling is not modelled with data_parallel or "
                               "pipeline_parallel layouts")
-        if client_side is not None and parallelism.pipelined:
-            raise ConfigError(f"{where} [{'frontend' if client_side.frontend is not None else 'client'}]: "
-                              "not simulated with pipeline_parallel layouts yet")
+        if client_side is not None and parallelism.pipelined and client_side.client is not None \
+                and client_side.client.gives_up:
+            raise ConfigError(f"{where} [client]: timeout_ms: clients that give up are not simulated with "
+                              "pipeline_parallel layouts yet (a request may be in a batch in flight)")
         assembled = _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where,
                                        check_only)
         return attrs.evolve(assembled, client_side=client_side)
@@ -534,11 +535,11 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         if a.parallelism.pipelined:
             stages = a.parallelism.pipeline_parallel
             if spec.engine == "reference":
-                ReferencePipelineCluster([ReferencePipeline(e, stages) for e in engines], a.router).run(
-                    requests, workload=a.workload)
+                ReferencePipelineCluster([ReferencePipeline(e, stages) for e in engines], a.router,
+                                         client_side=side).run(requests, workload=a.workload)
             else:
                 simulate(requests, [PipelinedInstance(e, stages) for e in engines], router=a.router,
-                         workload=a.workload)
+                         workload=a.workload, client_side=side)
         elif a.lockstep:
             if spec.engine == "reference":
                 lockstep = ReferenceDataParallel(engines, a.router, client_side=side)

@@ -95,27 +95,27 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 
 
 def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
-                  engine: str = "fast", workload=None, name: str = "test") -> RunResult:
+                  engine: str = "fast", workload=None, name: str = "test", client_side=None) -> RunResult:
     """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
     ``pipeline_ms`` (e.g. :class:`LinearParallelCost` with ``stages``). ``meta["kvs"]`` holds
-    every instance's KV cache.
+    every instance's KV cache. ``client_side``: the API server in front (no timeouts).
     """
     from ..engine.driver import simulate
     from ..engine.instance import Instance
     from ..engine.pipeline import PipelinedInstance
     from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
 
-    rec = Recorder()
+    rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [make() for _ in range(instances)]
     if engine == "reference":
         engines = [ReferencePipeline(ReferenceEngine(s, RankCost(c), k, rec, index=i), stages)
                    for i, (s, c, k) in enumerate(parts)]
-        ReferencePipelineCluster(engines, router).run(list(requests), workload=workload)
+        ReferencePipelineCluster(engines, router, client_side=client_side).run(list(requests), workload=workload)
     else:
         engines = [PipelinedInstance(Instance(i, s, RankCost(c), k, rec), stages) for i, (s, c, k) in enumerate(parts)]
-        simulate(list(requests), engines, router=router, workload=workload)
+        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": instances,
             "events": sum(e.events for e in engines)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
