@@ -22,8 +22,8 @@ from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (
-    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_disaggregated,
-    small_closed_loop,
+    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, fast_run_agreeing_with_reference,
+    requests_lists, run_disaggregated, small_closed_loop,
 )
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
@@ -448,24 +448,8 @@ DISAGG = """
     """
 
 
-BOTH_ENGINES = """
-    [[runs]]
-    name = "fast"
-    [[runs]]
-    name = "reference"
-    engine = "reference"
-    """
-
-
-def fast_run_agreeing_with_reference(tmp_path, text: str):
-    """Run ``text`` (after BASE) on both engines, require them to agree, return the fast run."""
-    runs = {r.name: r for r in run_experiment(load(write(tmp_path, text + BOTH_ENGINES))).all_runs()}
-    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
-    return runs["fast"]
-
-
 def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
-    r = fast_run_agreeing_with_reference(tmp_path, DISAGG)
+    r = fast_run_agreeing_with_reference(write(tmp_path, DISAGG))
     pools = r.meta["pools"]
     assert (pools["prefill"]["instances"], pools["decode"]["instances"]) == (1, 2)
     assert (pools["prefill"]["num_blocks"], pools["decode"]["num_blocks"]) == (200, 240)  # the decode override
@@ -483,11 +467,11 @@ def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
 def test_a_toml_cluster_with_clients_that_give_up_runs_on_both_engines(tmp_path):
     # 40 requests at 20/s, outputs up to 60 steps of the linear model's decode time: a 150 ms
     # timeout cuts the longer answers short on the decode side.
-    r = fast_run_agreeing_with_reference(tmp_path, DISAGG + """
+    r = fast_run_agreeing_with_reference(write(tmp_path, DISAGG + """
     kv_lease_ms = 500
     [client]
     timeout_ms = 150
-    """)
+    """))
     assert r.meta["client"]["timeout_ms"] == 150
     m = r.metrics
     assert 0 < m["aborted"] <= m["timed_out"] and m["finished"] + m["timed_out"] == 40
@@ -651,17 +635,11 @@ def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, 
         [cluster]
         mode = "disaggregated"
         decode = {{instances = 2, router = {{kind = "least_outstanding"}}}}
-        [[runs]]
-        name = "fast"
-        [[runs]]
-        name = "reference"
-        engine = "reference"
         """))
-    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
-    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
-    spec = runs["fast"].metrics["speculative"]
-    assert spec["accepted_tokens"] > 0 and runs["fast"].metrics["transfer"]["transfers"] == 50 - (
-        runs["fast"].requests["generated_tokens"] == 1).sum()
+    fast = fast_run_agreeing_with_reference(path)
+    spec = fast.metrics["speculative"]
+    assert spec["accepted_tokens"] > 0 and fast.metrics["transfer"]["transfers"] == 50 - (
+        fast.requests["generated_tokens"] == 1).sum()
 
 
 def test_events_per_request_do_not_grow_with_the_pools(tmp_path):

@@ -19,8 +19,8 @@ from schedlab.engine.stages import StageClock
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (
-    RecordingRouter, blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists,
-    small_closed_loop,
+    RecordingRouter, blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples,
+    fast_run_agreeing_with_reference, requests_lists, small_closed_loop,
 )
 from schedlab.testing.parallel import LinearParallelCost, run_pipelined
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
@@ -265,17 +265,11 @@ def test_a_pipelined_deployment_in_toml_runs_in_both_engines_and_counts_its_gpus
         [cluster]
         pipeline_parallel = 2
         instances = 2
-        [[runs]]
-        name = "fast"
-        [[runs]]
-        name = "reference"
-        engine = "reference"
     """))
-    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
-    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
-    assert runs["fast"].metrics["gpus"] == 4
-    assert runs["fast"].meta["kv_cache"]["pipeline_parallel"] == 2
-    check_run(runs["fast"], _requests(path))
+    fast = fast_run_agreeing_with_reference(path)
+    assert fast.metrics["gpus"] == 4
+    assert fast.meta["kv_cache"]["pipeline_parallel"] == 2
+    check_run(fast, _requests(path))
 
 
 def test_a_pipelined_deployment_behind_the_api_server_in_toml(tmp_path):
@@ -285,15 +279,8 @@ def test_a_pipelined_deployment_behind_the_api_server_in_toml(tmp_path):
         pipeline_parallel = 2
         [frontend]
         workers = 1
-        [[runs]]
-        name = "fast"
-        [[runs]]
-        name = "reference"
-        engine = "reference"
     """))
-    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
-    compare_runs(runs["fast"], runs["reference"], rel=1e-9)
-    m = runs["fast"].metrics
+    m = fast_run_agreeing_with_reference(path).metrics
     assert m["client"]["frontend_ms"]["p50"] > 0 and m["client"]["ttft_ms"]["p50"] > m["ttft_ms"]["p50"]
 
 

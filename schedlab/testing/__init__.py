@@ -26,6 +26,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 from .energy import check_energy, check_power_model
+from .experiments import fast_run_agreeing_with_reference
 from .kit import (IterationChecker, RecordingRouter, blocks_for_largest, check_run, compare_runs, run_cluster, run_disaggregated,
                   run_engine, small_closed_loop, view_state)
 from .strategies import dyadic_linear_costs, requests_lists
@@ -44,5 +45,5 @@ def examples(n: int) -> int:
 
 
 __all__ = ["IterationChecker", "RecordingRouter", "blocks_for_largest", "check_energy", "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs",
-           "examples", "kit_settings", "requests_lists",
+           "examples", "fast_run_agreeing_with_reference", "kit_settings", "requests_lists",
            "run_cluster", "run_disaggregated", "run_engine", "small_closed_loop", "view_state"]
