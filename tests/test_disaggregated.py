@@ -478,6 +478,8 @@ def test_a_toml_cluster_with_clients_that_give_up_runs_on_both_engines(tmp_path)
     req = r.requests
     aborted_on_decode = (req["aborted"] == 1) & (req["instance"] >= 1)
     assert aborted_on_decode.any()
+    places = r.metrics["transfer"]["aborted"]
+    assert sum(places.values()) == m["aborted"] and places["decoding"] == aborted_on_decode.sum()
     assert (req["finish_ms"][req["aborted"] == 1] >= req["sent_ms"][req["aborted"] == 1] + 150).all()
 
 
@@ -680,6 +682,7 @@ def test_a_client_that_leaves_while_its_prompt_runs_is_not_passed_on_and_its_kv_
     row = {c: by_id(r, c)[0] for c in r.requests}
     assert (row["aborted"], row["timed_out"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 32.0, 1)
     assert (row["instance"], row["output_tokens"], row["kv_pulled_ms"]) == (0, 3, -1.0)
+    assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 1, "waiting_for_blocks": 0, "pulling": 0, "waiting_for_slot": 0, "decoding": 0}
     assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 132.0)
     assert r.meta["pools"]["decode"]["kv_block_ms"] == 0.0
     # the run ends at 32 for its requests, at 132 for the prefill cache: KV shares over 0-132
@@ -701,6 +704,7 @@ def test_a_request_waiting_on_the_prefill_side_is_aborted_there_with_the_clients
     assert by_id(r, "finish_ms")[1] == 32.0
     assert by_id(r, "output_tokens") == {0: 3, 1: 3}
     assert by_id(r, "generated_tokens") == {0: 3, 1: 0}
+    assert r.metrics["transfer"]["aborted"] == {"prefilling": 1, "prompt_done": 0, "waiting_for_blocks": 0, "pulling": 0, "waiting_for_slot": 0, "decoding": 0}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -715,6 +719,7 @@ def test_a_request_dropped_while_waiting_for_decode_blocks_frees_the_prefill_kv_
     assert by_id(r, "aborted") == {0: 0, 1: 1}
     assert by_id(r, "finish_ms") == pytest.approx({0: 140.5, 1: 100.5})
     assert by_id(r, "instance")[1] == 1 and by_id(r, "kv_pulled_ms")[1] == -1.0
+    assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 0, "waiting_for_blocks": 1, "pulling": 0, "waiting_for_slot": 0, "decoding": 0}
     assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 68.5 + 4 * 150.5)
     assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
 
@@ -728,6 +733,7 @@ def test_a_request_abandoned_in_flight_keeps_its_decode_blocks_until_the_kv_land
     row = {c: by_id(r, c)[0] for c in r.requests}
     assert (row["aborted"], row["instance"], row["finish_ms"]) == (1, 1, 34.0)
     assert row["kv_landed_ms"] == pytest.approx(36.5) and row["decode_joined_ms"] == -1.0
+    assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 0, "waiting_for_blocks": 0, "pulling": 1, "waiting_for_slot": 0, "decoding": 0}
     assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 4.5)
     assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 36.5)
     assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
@@ -743,6 +749,7 @@ def test_a_landed_request_waiting_for_a_slot_is_freed_at_once(engine):
     assert by_id(r, "aborted") == {0: 0, 1: 1}
     assert by_id(r, "finish_ms") == pytest.approx({0: 140.5, 1: 84.5})
     assert by_id(r, "kv_landed_ms")[1] == pytest.approx(72.5)
+    assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 0, "waiting_for_blocks": 0, "pulling": 0, "waiting_for_slot": 1, "decoding": 0}
     # decode side: request 0 holds 4 blocks 64-140.5 (a 5th from 68.5: token 65 opens it),
     # request 1 holds 4 from 64 to 84.5
     assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 76.5 + 1 * 72.0 + 4 * 20.5)

@@ -15,7 +15,7 @@ absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .metrics import PERCENTILES
+from .metrics import ABORT_PLACES, PERCENTILES
 
 _SUMMARY = dict.fromkeys(("mean", *(f"p{p}" for p in PERCENTILES), "max"))
 _LATENCIES = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")}
@@ -69,7 +69,8 @@ METRICS: dict = {
     "pools": {pool: {**dict.fromkeys(("instances", "gpus", "iterations", "busy_share", "kv_usage_mean",
                                       "kv_usage_peak")), "queue_ms": _SUMMARY} for pool in ("prefill", "decode")},
     "transfer": {**dict.fromkeys(("transfers", "bytes")),
-                 **{name: _SUMMARY for name in ("kv_wait_ms", "transfer_ms", "join_wait_ms")}},
+                 **{name: _SUMMARY for name in ("kv_wait_ms", "transfer_ms", "join_wait_ms")},
+                 "aborted": dict.fromkeys(ABORT_PLACES)},   # where the clients that gave up left their requests
     # optional: a workload replaying a measured run (schedlab.results.compare); the keys of errors_pct
     # and measured are themselves dotted ("ttft_ms.p99"), so only the group can be named there
     "vs_measured": {"mean_abs_error_pct": None, "errors_pct": {"*": None}, "measured": {"*": None},

@@ -419,7 +419,8 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     m["rejection_reasons"] = dict(stats.reasons)
     if meta.get("pools"):
         m["transfer"] = {"transfers": stats.transfers, "bytes": stats.transfer_bytes,
-                         **{name: s.result() for name, s in stats.transfer.items()}}
+                         **{name: s.result() for name, s in stats.transfer.items()},
+                         "aborted": dict(stats.aborted_places)}
         _pool_queues(m)
     slo = meta.get("slo") or {}
 
@@ -496,6 +497,26 @@ def _pool_metrics(pool: dict, makespan: float, window: float) -> dict[str, Any]:
     }
 
 
+#: Where a disaggregated cluster's requests were when their clients gave up
+#: (:mod:`schedlab.engine.transfer`, rule 4), the keys of ``transfer.aborted``.
+ABORT_PLACES = ("prefilling", "prompt_done", "waiting_for_blocks", "pulling", "waiting_for_slot", "decoding")
+
+
+def aborted_places(req: dict[str, np.ndarray]) -> dict[str, int]:
+    """How many aborted requests were in each of :data:`ABORT_PLACES`, read from their rows: on
+    the prefill side (the row's instance is its prefill instance) before or after the prompt's
+    first token; on the decode side not yet pulled, pulling (its KV landed after the abort),
+    landed without a running slot, or decoding."""
+    aborted = req["aborted"] == 1
+    prefill_side = aborted & (req["instance"] == req["prefill_instance"])
+    decode_side = aborted & ~prefill_side
+    pulled, joined = req["kv_pulled_ms"] >= 0, req["decode_joined_ms"] >= 0
+    pulling = decode_side & pulled & ~joined & (req["kv_landed_ms"] > req["finish_ms"])
+    places = (prefill_side & (req["generated_tokens"] == 0), prefill_side & (req["generated_tokens"] > 0),
+              decode_side & ~pulled, pulling, decode_side & pulled & ~joined & ~pulling, decode_side & joined)
+    return {name: int(mask.sum()) for name, mask in zip(ABORT_PLACES, places)}
+
+
 def _transfer_metrics(req: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, Any]:
     """KV transfers of the finished requests that moved to a decode instance: how many, bytes,
     the wait for decode capacity (first token to blocks allocated), the transfer itself (blocks
@@ -511,6 +532,7 @@ def _transfer_metrics(req: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, A
         "transfer_ms": summarize(landed - pulled),
         "join_wait_ms": summarize(joined - landed),
         "decode_queue_ms": summarize(joined - first),
+        "aborted": aborted_places(req),
     }
 
 

@@ -162,6 +162,9 @@ class StreamedRequests:
         self.transfers = 0
         self.transfer_bytes = 0
         self.transfer = {name: Summary() for name in ("kv_wait_ms", "transfer_ms", "join_wait_ms", "decode_queue_ms")}
+        from .metrics import ABORT_PLACES
+
+        self.aborted_places = dict.fromkeys(ABORT_PLACES, 0)
         self.sample: dict[str, np.ndarray] | None = None
         self.sample_hash = np.empty(0, dtype=np.uint64)
         self.sample_reasons: dict[int, str] = {}
@@ -170,7 +173,8 @@ class StreamedRequests:
 
     # -- adding a block of rows --------------------------------------------------------------
     def add(self, req: dict[str, np.ndarray], reasons: dict[int, str]) -> None:
-        from .metrics import arrival_hours, client_latencies, completed, request_counts, request_latencies, slo_met
+        from .metrics import (aborted_places, arrival_hours, client_latencies, completed, request_counts,
+                              request_latencies, slo_met)
 
         n = int(req["id"].size)
         if not n:
@@ -215,6 +219,9 @@ class StreamedRequests:
             self.reasons[kind] = self.reasons.get(kind, 0) + 1
         self._add_clients(req, ok)
         moved = ok & (req["kv_pulled_ms"] >= 0)
+        if "kv_pulled_ms" in req and req["aborted"].any():
+            for name, n in aborted_places(req).items():
+                self.aborted_places[name] += n
         if moved.any():
             first, pulled = req["first_token_ms"][moved], req["kv_pulled_ms"][moved]
             landed, joined = req["kv_landed_ms"][moved], req["decode_joined_ms"][moved]
@@ -328,6 +335,8 @@ class StreamedRequests:
         self.transfer_bytes += other.transfer_bytes
         for name, summary in other.transfer.items():
             self.transfer[name].merge(summary)
+        for name, n in other.aborted_places.items():
+            self.aborted_places[name] += n
         if other.sample is not None:
             self._add_sample(other.sample, other.sample_reasons)
 
