@@ -483,6 +483,23 @@ def test_a_toml_cluster_with_clients_that_give_up_runs_on_both_engines(tmp_path)
     assert (req["finish_ms"][req["aborted"] == 1] >= req["sent_ms"][req["aborted"] == 1] + 150).all()
 
 
+def test_a_streamed_disaggregated_run_counts_its_aborts_as_an_exact_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    path = write(tmp_path, DISAGG + """
+    kv_lease_ms = 500
+    [client]
+    timeout_ms = 150
+    """)
+    exact = run_experiment(load(path)).all_runs()[0]
+    streamed = run_experiment(load(path, ["experiment.exact_requests=10"])).all_runs()[0]
+    assert streamed.rows_file is not None and exact.rows_file is None
+    a, b = exact.metrics, streamed.metrics
+    assert a["transfer"]["aborted"] == b["transfer"]["aborted"] and sum(a["transfer"]["aborted"].values()) > 0
+    for name in ("finished", "timed_out", "aborted", "makespan_ms"):
+        assert a[name] == b[name], name
+    assert b["kv_usage"]["mean"] == pytest.approx(a["kv_usage"]["mean"], rel=1e-12)
+
+
 def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
     path = tmp_path / "tp.toml"
     path.write_text(textwrap.dedent("""
