@@ -465,6 +465,33 @@ def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer
     np.testing.assert_array_equal(dp.requests["finish_ms"], instances.requests["finish_ms"])
 
 
+def test_a_dense_models_data_parallel_ranks_are_metered_as_instances_and_moe_ranks_are_refused(tmp_path):
+    """Independent ranks draw what the same instances behind the balancer draw; ranks that step
+    together (a MoE model) are refused by name: a GPU's work there includes every rank's experts."""
+    from schedlab.errors import ConfigError
+    from schedlab.testing import check_energy
+
+    dense = BASE.replace("qwen3-30b-a3b", "llama-3.1-8b") + '\n[power]\nkind = "utilisation"\n'
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(dense) + textwrap.dedent("""
+        [[runs]]
+        name = "dp"
+        cluster = {data_parallel = 2}
+        [[runs]]
+        name = "instances"
+        cluster = {instances = 2, router = {kind = "vllm_dp"}}
+    """))
+    runs = {r.name: r for r in run_experiment(load(path, ["experiment.timeline=true"])).all_runs()}
+    dp, instances = runs["dp"], runs["instances"]
+    assert dp.metrics["energy"]["gpu_j"] > 0
+    assert dp.metrics["energy"]["gpu_j"] == pytest.approx(instances.metrics["energy"]["gpu_j"], rel=1e-12)
+    check_energy(dp)
+    moe = tmp_path / "moe.toml"
+    moe.write_text(textwrap.dedent(BASE) + '\n[power]\nkind = "utilisation"\n[cluster]\ndata_parallel = 2\n')
+    with pytest.raises(ConfigError, match=r"\[power\]: energy of data-parallel ranks stepping together"):
+        load(moe)
+
+
 @pytest.mark.parametrize("cluster, message", [
     ("data_parallel = 2\ninstances = 2", "instances: a data-parallel deployment is one instance"),
     ("expert_parallel = true", "expert_parallel: spreads experts over data-parallel ranks"),
