@@ -448,10 +448,10 @@ def test_a_data_parallel_deployment_serves_through_the_api_server_and_drops_aban
     assert (req["finish_ms"][dropped] >= req["sent_ms"][dropped] + 300).all()
 
 
-def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer(tmp_path):
-    dense = BASE.replace("qwen3-30b-a3b", "llama-3.1-8b")
+def dense_ranks_and_instances(tmp_path, extra: str = "", overrides=()):
+    """The dense model as data_parallel = 2 and as 2 instances behind vLLM's DP balancer."""
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(dense) + textwrap.dedent("""
+    path.write_text(textwrap.dedent(BASE.replace("qwen3-30b-a3b", "llama-3.1-8b") + extra) + textwrap.dedent("""
         [[runs]]
         name = "dp"
         cluster = {data_parallel = 2}
@@ -459,8 +459,12 @@ def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer
         name = "instances"
         cluster = {instances = 2, router = {kind = "vllm_dp"}}
     """))
-    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
-    dp, instances = runs["dp"], runs["instances"]
+    runs = {r.name: r for r in run_experiment(load(path, list(overrides))).all_runs()}
+    return runs["dp"], runs["instances"]
+
+
+def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer(tmp_path):
+    dp, instances = dense_ranks_and_instances(tmp_path)
     assert "data_parallel" not in dp.meta
     np.testing.assert_array_equal(dp.requests["finish_ms"], instances.requests["finish_ms"])
 
@@ -471,18 +475,8 @@ def test_a_dense_models_data_parallel_ranks_are_metered_as_instances_and_moe_ran
     from schedlab.errors import ConfigError
     from schedlab.testing import check_energy
 
-    dense = BASE.replace("qwen3-30b-a3b", "llama-3.1-8b") + '\n[power]\nkind = "utilisation"\n'
-    path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(dense) + textwrap.dedent("""
-        [[runs]]
-        name = "dp"
-        cluster = {data_parallel = 2}
-        [[runs]]
-        name = "instances"
-        cluster = {instances = 2, router = {kind = "vllm_dp"}}
-    """))
-    runs = {r.name: r for r in run_experiment(load(path, ["experiment.timeline=true"])).all_runs()}
-    dp, instances = runs["dp"], runs["instances"]
+    dp, instances = dense_ranks_and_instances(tmp_path, '\n[power]\nkind = "utilisation"\n',
+                                              ["experiment.timeline=true"])
     assert dp.metrics["energy"]["gpu_j"] > 0
     assert dp.metrics["energy"]["gpu_j"] == pytest.approx(instances.metrics["energy"]["gpu_j"], rel=1e-12)
     check_energy(dp)
