@@ -340,7 +340,7 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     speculative = (from_table(SpeculativeConfig, tables["speculative"], where=f"{where} [speculative]",
                               base_dir=ctx.base_dir) if "speculative" in tables else None)
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
-    client_side = _client_side(tables, cluster, where)
+    client_side = _client_side(tables, where)
     if cluster.autoscaler is not None and cluster.mode == "disaggregated":
         raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling a disaggregated cluster is not modelled "
                           "(only colocated instances)")
@@ -375,7 +375,7 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
                      autoscaler=autoscaler)
 
 
-def _client_side(tables: dict, cluster: ClusterConfig, where: str) -> ClientSide | None:
+def _client_side(tables: dict, where: str) -> ClientSide | None:
     """The run's ``[frontend]`` and ``[client]`` tables (None without either): see :mod:`schedlab.frontend`."""
     if "frontend" not in tables and "client" not in tables:
         return None
