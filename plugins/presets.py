@@ -260,11 +260,12 @@ MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
 #: FP32 accumulate at half the rate a datacenter Ada's does (the 4090 reaches 0.99 of it).
 SAME_ARCHITECTURE = {"a100-40gb": "a100-80gb", "h100-pcie-80gb": "h100-80gb", "h200-141gb": "h100-80gb",
                      "gh200-96gb": "h100-80gb", "rtx-pro-6000": "rtx-pro-6000-server", "a10g": "a40"}
-#: The efficiencies only LLMServingSim's profiles measure (attention, and the MoE experts on one
-#: of them); elsewhere pooled.
+#: The efficiencies only LLMServingSim's profiles measure (attention, its uneven contexts, and the
+#: MoE experts on one of them); elsewhere pooled.
 ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_us", "attention_efficiency",
                   "mixed_decode_query_rows", "mixed_decode_context_offset", "empty_tile_ns",
-                  "expert_layer_us", "expert_read_share", "expert_gemm_share")
+                  "decode_skew_alpha", "mixed_skew_alpha", "expert_layer_us", "expert_read_share",
+                  "expert_gemm_share")
 
 
 def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:

@@ -413,6 +413,37 @@ def test_roofline_flash_attention_3_times_decodes_beside_a_chunk_as_decode_only(
     assert fa3.iteration_ms(only) == _roofline().iteration_ms(only)
 
 
+def test_uneven_decode_contexts_cost_a_share_of_the_gap_to_the_longest():
+    """Decodes of uneven context take alpha of the way from the even batch's attention to every
+    decode at the longest context (LLMServingSim's skew shots: alpha 0.037 in a decode-only step,
+    0.103 beside a prefill chunk in FlashAttention 2, whose varlen kernel has no split-KV).
+    4 decodes of 1,000, 1,000, 1,000 and 5,000 tokens: 12,000 context tokens short of 4 x 5,000."""
+    cost = _roofline()
+    even = Batch(num_decode=4, decode_context_tokens=8_000)
+    uneven = Batch(num_decode=4, decode_context_tokens=8_000, decode_context_max=5_000, decode_context_min=1_000)
+    assert cost.iteration_ms(uneven) - cost.iteration_ms(even) == pytest.approx(
+        0.037 * 12_000 * KV_MS_PER_TOKEN, rel=1e-9)
+    # beside a 500-token chunk the decodes are padded query rows (more than their KV read)
+    mixed = dict(num_decode=4, decode_context_tokens=8_000, num_prefill=1, prefill_tokens=500)
+    padded_per_token = 60 * ATTN_FLOPS_PER_PAIR / (PEAK * 0.48)
+    assert padded_per_token > KV_MS_PER_TOKEN
+    assert cost.iteration_ms(Batch(**mixed, decode_context_max=5_000)) - cost.iteration_ms(Batch(**mixed)) == \
+        pytest.approx(0.103 * 12_000 * padded_per_token, rel=1e-9)
+    # FlashAttention 3 times those decodes as in a decode-only step: the decode-only share
+    fa3 = _roofline(attention_kernel="flash-attention-3")
+    assert fa3.iteration_ms(Batch(**mixed, decode_context_max=5_000)) - fa3.iteration_ms(Batch(**mixed)) == \
+        pytest.approx(0.037 * 12_000 * KV_MS_PER_TOKEN, rel=1e-9)
+    # even contexts (the longest is the mean) and the settings at 0 add nothing
+    assert cost.iteration_ms(Batch(num_decode=4, decode_context_tokens=8_000, decode_context_max=2_000)) == \
+        cost.iteration_ms(even)
+    off = _roofline(decode_skew_alpha=0.0, mixed_skew_alpha=0.0)
+    assert off.iteration_ms(uneven) == off.iteration_ms(even) == cost.iteration_ms(even)
+    # the gap does not change along a decode run (every context grows by one), so the
+    # increment the engine advances runs with is the even batch's
+    assert cost.needs_context_range
+    assert cost.decode_step_increment(uneven) == cost.decode_step_increment(even)
+
+
 def test_the_attention_kernel_follows_the_gpus_compute_capability():
     """vLLM runs FlashAttention 3 on Hopper (compute capability 9.x), FlashInfer on datacenter
     Blackwell (10.x) and FlashAttention 2 elsewhere; a GPU without a known capability keeps the

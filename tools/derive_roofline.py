@@ -391,6 +391,38 @@ def fit_experts(moe_csv: Path, s: dict, gpu: str, dense: dict) -> dict:
             "rms_log_error_without_fixed_time": round(math.sqrt(float(np.mean(no_fixed.fun ** 2))), 3)}
 
 
+def skew_alphas(root: Path) -> dict:
+    """Uneven decode contexts, per bundle (``skew.csv``: decode batches whose ``nb`` longest
+    contexts are ``skew`` times the others', timed as they are (``t_skew``), with every context
+    at the mean (``t_mean``) and every one at the longest (``t_max``)): the median share of the
+    gap from the mean to the longest that the batch takes, ``alpha = (t_skew - t_mean) /
+    (t_max - t_mean)``, of decode-only batches and of decodes beside a prefill chunk
+    (FlashAttention 2's varlen kernel, which has no split-KV for them: the longest context's
+    tiles finish last)."""
+    out = {}
+    for bundle_dir, _, gpu in BUNDLES:
+        for tp in (1, 2):
+            path = root / bundle_dir / f"tp{tp}" / "skew.csv"
+            if not path.is_file():
+                continue
+            alphas: dict[str, list] = {"pure": [], "mixed": []}
+            with open(path, newline="") as fh:
+                for row in csv.DictReader(fh):
+                    try:
+                        alphas[row["regime"]].append(float(row["alpha"]))
+                    except (KeyError, ValueError):  # a shot that failed has no timings
+                        continue
+            out[f"{bundle_dir.split('/')[0]} {bundle_dir.split('/')[2]} tp{tp}"] = {
+                "gpu": gpu, "decode_skew_alpha": float(np.median(alphas["pure"])),
+                "mixed_skew_alpha": float(np.median(alphas["mixed"]))}
+    return out
+
+
+def pooled_skew(rows: dict) -> dict:
+    return {k: round(float(np.median([r[k] for r in rows.values()])), 3)
+            for k in ("decode_skew_alpha", "mixed_skew_alpha")}
+
+
 def pooled_attention(rows: dict, gpu: str | None = None) -> dict:
     chosen = [r for r in rows.values() if gpu is None or r["gpu"] == gpu]
     return {"kv_read_efficiency": round(float(np.median([r["kv_read_efficiency"] for r in chosen])), 2),
@@ -426,6 +458,8 @@ def derive(profiles: Path, configs: Path, vidur: Path) -> dict:
     pooled = {k: round(float(np.median([fit[k] for fit in linear.values()])), 3 if k != "gemm_half_tokens" else 0)
               for k in keys}
     pooled.update(pooled_attention(attention))
+    skew = skew_alphas(profiles)
+    pooled.update(pooled_skew(skew))  # kernel behaviour measured on two cards: every GPU takes it
     # LLMServingSim's Qwen3-30B-A3B at TP 1 is the only MoE profile
     bundle_dir, config_file, gpu = next(b for b in BUNDLES if (profiles / b[0] / "tp1" / "moe.csv").is_file())
     experts = fit_experts(profiles / bundle_dir / "tp1" / "moe.csv",
@@ -433,7 +467,8 @@ def derive(profiles: Path, configs: Path, vidur: Path) -> dict:
     shares = {k: experts[k] for k in ("expert_layer_us", "expert_read_share", "expert_gemm_share")}
     per_gpu[experts["gpu"]].update(shares)
     pooled.update(shares)  # one MoE profile: every other GPU takes its numbers
-    return {"series": series, "per_gpu": per_gpu, "attention": attention, "pooled": pooled, "experts": experts,
+    return {"series": series, "per_gpu": per_gpu, "attention": attention, "skew": skew, "pooled": pooled,
+            "experts": experts,
             "table": model_vs_measured(series, linear, pooled)}
 
 
@@ -564,6 +599,9 @@ def main(argv: list[str]) -> int:
     print("\nattention, per LLMServingSim bundle:")
     for name, row in result["attention"].items():
         print(f"  {name}: {row}")
+    print("\nuneven decode contexts, per LLMServingSim bundle (median alpha):")
+    for name, row in result["skew"].items():
+        print(f"  {name}: decode-only {row['decode_skew_alpha']:.3f}, beside a prefill chunk {row['mixed_skew_alpha']:.3f}")
     print("\nMoE experts (the only MoE bundle):", result["experts"])
     print("\nper GPU (MEASURED_EFFICIENCY in plugins/presets.py):")
     for gpu, fit in result["per_gpu"].items():

@@ -16,6 +16,11 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
               needs; FlashAttention 3, vLLM's kernel on Hopper, packs a decode's query heads
               into one tile per KV head and launches no empty tiles, and FlashInfer, its
               kernel on datacenter Blackwell, runs the decodes apart: as in a decode-only step)
+           + uneven decode contexts: alpha x (the decodes' attention with every context at the
+             longest - with their own), linear in num_decode x longest - decode_context_tokens;
+             decode_skew_alpha in a decode-only step (and FlashAttention 3 / FlashInfer beside
+             a chunk), mixed_skew_alpha for FlashAttention 2's varlen kernel beside a chunk,
+             which has no split-KV for them: the longest context's tiles finish last
            + prefill attention FLOPs / (TFLOPS * attention_efficiency)
            + tensor-parallel communication at T tokens, S sequences (:mod:`.tensor_parallel`:
              2 all-reduces of T x hidden per layer, 1 for the embedding, the logits'
@@ -124,6 +129,12 @@ from .tensor_parallel import TensorParallelComm
 #: of routing, sorting and launches a layer, the weights at 0.988 of the dense read, the fused
 #: MoE kernel's GEMMs at 0.81 of cuBLAS's at as many rows (3.2% RMS error on the 38 points whose
 #: experts do not fit in the L2 cache, against 8.3% with no fixed time; tools/derive_roofline.py).
+#: Uneven decode contexts (LLMServingSim's skew shots, ``skew.csv``: 330 decode-only and ~12,700
+#: mixed batches per bundle, a few contexts ``skew`` times the others', timed as they are, at the
+#: mean and all at the longest): a batch takes alpha of the gap from the mean to the longest, the
+#: median shot's 0.037 decode-only (0.026-0.040 per bundle) and 0.103 beside a prefill chunk
+#: (0.073-0.133). Without it the roofline was 1-5% short of the profiled model's steps on the
+#: validation runs, most in mixed steps.
 #: Query rows per tile of FlashAttention's varlen kernel (its ``kBlockM``, 128 for the head
 #: sizes served here): the grid launches ``ceil(longest query / 128)`` tiles per sequence and head.
 QUERY_TILE = 128
@@ -161,7 +172,8 @@ DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attent
               "mixed_decode_query_rows": 60.0, "mixed_decode_context_offset": 180.0, "empty_tile_ns": 3.0,
               "layer_overhead_us": 26.2,
               "mfu": 0.69, "gemm_half_tokens": 18.0,
-              "expert_layer_us": 29.9, "expert_read_share": 0.988, "expert_gemm_share": 0.81}
+              "expert_layer_us": 29.9, "expert_read_share": 0.988, "expert_gemm_share": 0.81,
+              "decode_skew_alpha": 0.037, "mixed_skew_alpha": 0.103}
 
 
 def _measured(name: str, help: str, *, share: bool = True):
@@ -223,6 +235,12 @@ class RooflineConfig:
     expert_gemm_share: float | None = _measured(
         "expert_gemm_share", "the fused MoE kernel's GEMMs reach this share of the dense GEMM efficiency at as many "
                              "rows per expert", share=False)
+    decode_skew_alpha: float | None = _measured(
+        "decode_skew_alpha", "uneven decode contexts: share of the gap to every decode at the longest context that "
+                             "a decode-only step's attention takes", share=False)
+    mixed_skew_alpha: float | None = _measured(
+        "mixed_skew_alpha", "the same for decodes beside a prefill chunk in FlashAttention 2's varlen kernel",
+        share=False)
     overhead_ms: float = float_field(
         0.0, min=0.0, help="time added to every step beyond the modelled parts, ms (what schedlab calibrate fits)")
     async_scheduling: bool = step_field("async_scheduling")
@@ -245,6 +263,8 @@ class RooflineCostModel:
 
     :ivar model: the model spec; :ivar gpu: the GPU spec; :ivar config: the settings.
     """
+
+    needs_context_range = True  # uneven decode contexts slow attention down (the skew terms)
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, config: RooflineConfig | None = None, *,
                  parallelism: Parallelism = SINGLE):
@@ -295,6 +315,8 @@ class RooflineCostModel:
         # FlashAttention 3 packs a decode's query heads into its KV heads' tiles, FlashInfer runs
         # the decodes apart: either way no padding (ATTENTION_KERNELS)
         self._decodes_apart = c.attention_kernel != "flash-attention-2"
+        self._decode_skew = c.decode_skew_alpha
+        self._mixed_skew = c.mixed_skew_alpha
         communicates = tp > 1 or parallelism.lockstep or parallelism.pipelined
         topology = machine(c.interconnect, gpu, link_gbps=c.link_gbps, link_latency_us=c.link_latency_us) \
             if communicates else None
@@ -328,18 +350,25 @@ class RooflineCostModel:
         kv_read = batch.decode_context_tokens * self._kv_ms_per_token
         # The sampled rows' logits are gathered from the vocabulary shards (tensor parallel).
         logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill)
+        # Context tokens short of every decode at the longest one (0 for even contexts).
+        excess = batch.num_decode * batch.decode_context_max - batch.decode_context_tokens \
+            if batch.decode_context_max else 0
         if not batch.prefill_tokens and not batch.spec_tokens:
-            return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits
+            return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits \
+                + self._decode_skew * self._kv_ms_per_token * excess
         if self._decodes_apart:
             # FlashAttention 3 (the decodes' query heads share their KV heads' tiles) or
             # FlashInfer (a decode kernel of their own): as in a decode-only step, no empty tiles.
-            decodes = kv_read + batch.num_decode * self._decode_ms
+            decodes = kv_read + batch.num_decode * self._decode_ms + self._decode_skew * self._kv_ms_per_token * excess
         else:
             # FlashAttention 2's varlen kernel pads each query head of a decode riding with a
             # prefill chunk (or verifying drafts) to a tile: query rows of compute, not a read.
             padded = self._mixed_rows_ms_per_token * (batch.decode_context_tokens
                                                       + batch.num_decode * self._mixed_offset)
-            decodes = padded if padded > kv_read else kv_read
+            if padded > kv_read:
+                decodes = padded + self._mixed_skew * self._mixed_rows_ms_per_token * excess
+            else:
+                decodes = kv_read + self._mixed_skew * self._kv_ms_per_token * excess
         ms = self.tokens_ms(tokens) + decodes + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
