@@ -311,15 +311,16 @@ def test_chunked_prefill_trades_ttft_for_itl():
 
 def test_interactive_background_one_gpu_misses_the_chat_slo_separation_meets_it():
     path = EXPERIMENTS / "interactive_background.toml"
-    results = run("interactive_background.toml", ["workload.classes.interactive.num_requests=600",
-                                                  "workload.classes.batch.num_requests=70"])
+    # five of the ten minutes: shorter windows leave the one-GPU runs too close to 90% to tell
+    results = run("interactive_background.toml", ["workload.classes.interactive.num_requests=900",
+                                                  "workload.classes.batch.num_requests=105"])
     runs = {r.name: r for r in results.all_runs()}
     attainment = {name: metric(r, "per_class.interactive.slo.attainment") for name, r in runs.items()}
     one_gpu = ("fcfs", "priority", "priority_budget512", "vtc")
     assert all(attainment[name] < 0.9 for name in one_gpu), attainment
     assert attainment["2gpu_separated"] >= 0.99
     # every run serves every request and keeps up with the documents: the same background throughput
-    assert all(r.metrics["finished"] == 670 for r in runs.values())
+    assert all(r.metrics["finished"] == 1005 for r in runs.values())
     tps = [metric(r, "per_class.batch.throughput_tps") for r in runs.values()]
     assert max(tps) < 1.02 * min(tps)
     # FCFS queues chats behind document bursts; the priority policy lets them pass ...
@@ -334,14 +335,18 @@ def test_interactive_background_one_gpu_misses_the_chat_slo_separation_meets_it(
     assert set(separated["instance"][separated["request_class"] == "batch"]) == {1}
     e2e = {name: metric(r, "per_class.batch.e2e_ms.p50") for name, r in runs.items()}
     assert min(e2e, key=e2e.get) == "2gpu_tp2_priority"
-    # the table marks the run with the best interactive goodput: separation
+    # separation meets the chats' SLO best; the table marks the run with the best interactive
+    # goodput (chats within the SLO per second of the run: separation over the whole ten minutes,
+    # over these five the TP-2 instance, whose documents finish first, ends the run 3 s sooner)
+    assert max(attainment, key=attainment.get) == "2gpu_separated"
     goodput = {name: metric(r, "per_class.interactive.slo.goodput_rps") for name, r in runs.items()}
-    assert max(goodput, key=goodput.get) == "2gpu_separated"
+    best = max(goodput, key=goodput.get)
+    assert best in ("2gpu_separated", "2gpu_tp2_priority")
     config = from_table(TableConfig, load(path).report_tables["table"], where="[reports.table]")
     text = render(results, config.columns, config.best, config.best_is)
     marked = [line.split()[0] for line in text.splitlines() if len(line.split()) > 1 and line.split()[1] == "*"]
-    assert marked == ["2gpu_separated"]
-    assert "* best per_class.interactive.slo.goodput_rps (highest): 2gpu_separated = " in text
+    assert marked == [best]
+    assert f"* best per_class.interactive.slo.goodput_rps (highest): {best} = " in text
 
 
 def test_batching_window_first_request_pays_the_wait_adaptive_spares_chats():

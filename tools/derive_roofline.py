@@ -37,7 +37,9 @@ and the KV read at ``kv_read_efficiency`` of the bandwidth;
 this share of the bf16 rate) and the mixed-batch decode penalty: a decode that shares a step
 with a prefill chunk costs the attention FLOPs of ``mixed_decode_query_rows`` query rows over
 its context plus ``mixed_decode_context_offset`` tokens (the varlen kernel pads its single
-query to a tile, and the tile has a fixed cost), fitted over 256-4,096-token contexts. Vidur's
+query to a tile, and the tile has a fixed cost), fitted over 256-4,096-token contexts; and
+``decode_skew_alpha`` / ``mixed_skew_alpha``, the median share of the gap to every decode at the
+longest context that a batch of uneven decode contexts takes (the skew shots, ``skew.csv``). Vidur's
 public profiles have no attention, so these cannot be checked on H100, A100 or A40; they are
 pooled from the two cards that have them (both give 58-68 rows and 240-310 tokens).
 
