@@ -30,6 +30,7 @@ from schedlab.catalog import load_catalog
 from schedlab.model import Request
 from schedlab.parallelism import Parallelism
 from schedlab.protocols import Batch
+from schedlab.targets import _iteration_tokens
 from schedlab.testing import (blocks_for_largest, check_energy, check_run, compare_runs, dyadic_linear_costs,
                               examples, fast_run_agreeing_with_reference, requests_lists)
 from schedlab.testing.parallel import LinearParallelCost, ParallelPrices, run_data_parallel
@@ -159,10 +160,13 @@ def test_a_rank_running_the_dummy_batch_draws_its_work_and_its_share_of_the_expe
     assert e["gpu_j"] == pytest.approx(rank0 + rank1, rel=1e-12)
     assert e["j_per_token"] == pytest.approx((rank0 + rank1) / 2, rel=1e-12)
     assert e["peak_power_w"] == pytest.approx(4.537 / 12.0625 * 1e3, rel=1e-12)
-    # the idle rank's steps are rows of its timeline, as a busy rank's
+    # the idle rank's steps are rows of its timeline, as a busy rank's; compared with a real run's
+    # iteration_tokens, they are no iterations (vLLM's histogram counts planned steps)
     t = r.timeline
     assert t["duration_ms"][t["instance"] == 1].sum() == pytest.approx(21.3125)
     assert (t["decodes"][t["instance"] == 1] == 0).all()
+    tokens, iterations = _iteration_tokens(r)
+    assert sorted(tokens.tolist()) == [1.0, 16.0] and iterations.tolist() == [1.0, 1.0]
     check_energy(r)
 
 
