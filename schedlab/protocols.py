@@ -147,7 +147,12 @@ class CostModel(Protocol):
       experts, combine), or None for a model without routed experts (its ranks do not step
       together). The engine times a step as the largest rank part plus the experts
       (:mod:`schedlab.engine.lockstep`) and asks ``decode_step_increment`` for a rank part's
-      growth in a decode run, the experts' part depending only on the tokens;
+      growth in a decode run, the experts' part depending only on the tokens. With ``[power]``
+      the ranks' work is split alike: ``rank_work(batch)``, the ``(bytes, flops)`` of one GPU's
+      own part, and ``experts_work(tokens)``, one GPU's share of the step's experts (at one
+      rank the two add up to ``work``); ``rank_kernel_ms(batch)``, optional, is the own part's
+      GPU kernels without the host's share (:class:`schedlab.engine.rank_cost.RankCost` hands
+      power models what a step did on a rank's GPUs);
     * pipeline parallelism (``pipeline_parallel = P``): ``pipeline_ms(batch)``, the ``P`` stages'
       times of the iteration and the time of the activations' send from one stage to the next
       (:mod:`schedlab.engine.pipeline`).

@@ -456,12 +456,16 @@ def _sample(group: str, lat: dict, result) -> np.ndarray:
 
 def _iteration_tokens(result) -> tuple[np.ndarray, np.ndarray]:
     """Tokens per iteration (decodes + prefill tokens) and how many iterations had them, from
-    the run's timeline (rows of ``iterations`` identical iterations)."""
+    the run's timeline (rows of ``iterations`` identical iterations). Rows that compute no token
+    are left out: vLLM observes the tokens of the steps its scheduler plans, and a metered
+    data-parallel rank's dummy steps (and steps that only copy blocks to or from swap space)
+    are none."""
     t = result.timeline
     if not t or "iterations" not in t or not len(t["iterations"]):
         raise ConfigError("iteration_tokens needs the run's timeline")
     tokens = np.asarray(t["decodes"], dtype=float) + np.asarray(t["prefill_tokens"], dtype=float)
-    return tokens, np.asarray(t["iterations"], dtype=float)
+    computed = tokens > 0
+    return tokens[computed], np.asarray(t["iterations"], dtype=float)[computed]
 
 
 def _simulated_mean(group: str, lat: dict, itl: dict, result) -> float:

@@ -469,10 +469,9 @@ def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer
     np.testing.assert_array_equal(dp.requests["finish_ms"], instances.requests["finish_ms"])
 
 
-def test_a_dense_models_data_parallel_ranks_are_metered_as_instances_and_moe_ranks_are_refused(tmp_path):
-    """Independent ranks draw what the same instances behind the balancer draw; ranks that step
-    together (a MoE model) are refused by name: a GPU's work there includes every rank's experts."""
-    from schedlab.errors import ConfigError
+def test_a_dense_models_data_parallel_ranks_are_metered_as_instances(tmp_path):
+    """Independent ranks draw what the same instances behind the balancer draw (ranks that step
+    together: ``test_data_parallel_energy.py``)."""
     from schedlab.testing import check_energy
 
     dp, instances = dense_ranks_and_instances(tmp_path, '\n[power]\nkind = "utilisation"\n',
@@ -480,10 +479,20 @@ def test_a_dense_models_data_parallel_ranks_are_metered_as_instances_and_moe_ran
     assert dp.metrics["energy"]["gpu_j"] > 0
     assert dp.metrics["energy"]["gpu_j"] == pytest.approx(instances.metrics["energy"]["gpu_j"], rel=1e-12)
     check_energy(dp)
-    moe = tmp_path / "moe.toml"
-    moe.write_text(textwrap.dedent(BASE) + '\n[power]\nkind = "utilisation"\n[cluster]\ndata_parallel = 2\n')
-    with pytest.raises(ConfigError, match=r"\[power\]: energy of data-parallel ranks stepping together"):
-        load(moe)
+
+
+def test_power_is_refused_for_pipelines_and_for_cost_models_that_do_not_split_a_ranks_work(tmp_path, monkeypatch):
+    from schedlab_plugins.cost_models import RooflineCostModel
+
+    pipeline = write(tmp_path, '[power]\nkind = "utilisation"\n[cluster]\npipeline_parallel = 2\n')
+    with pytest.raises(ConfigError, match=r"\[power\]: energy with pipeline parallelism is not modelled yet"):
+        load(pipeline)
+    lockstep = write(tmp_path, '[power]\nkind = "utilisation"\n[cluster]\ndata_parallel = 2\n')
+    load(lockstep)  # the roofline says a rank's work
+    monkeypatch.delattr(RooflineCostModel, "rank_work")
+    with pytest.raises(ConfigError, match=r"\[power\]: RooflineCostModel does not say the work of data-parallel "
+                                          r"ranks stepping together \(it needs rank_work and experts_work"):
+        load(lockstep)
 
 
 @pytest.mark.parametrize("cluster, message", [

@@ -81,6 +81,7 @@ from .expert_parallel import ExpertLayers
 from .pipeline import PipelineSends, split_stages
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
+from .work import ModelWork, check_rank_tokens
 
 
 @attrs.frozen
@@ -153,6 +154,7 @@ class ProfiledCostModel:
         self._last: tuple | None = None
         self._last_gpu: tuple = (None, 0.0)  # the last decode-only batch timed and its GPU time
         self._moe_anchor = self._first_tp_moe_shape() if model.is_moe else None
+        self._work: ModelWork | None = None  # the work counts, for power models (see rank_work)
 
     # --- parts ----------------------------------------------------------------------------------
 
@@ -298,10 +300,38 @@ class ProfiledCostModel:
         tokens = batch.num_batched_tokens
         if tokens == 0:
             return 0.0
+        return self.step.step_ms(self.rank_kernel_ms(batch), tokens, batch.num_decode + batch.num_prefill)
+
+    def rank_kernel_ms(self, batch: Batch) -> float:
+        """The GPU's kernels of :meth:`rank_ms` alone, without the host's share (power models:
+        what the kernels of a rank's step are besides the experts)."""
+        tokens = batch.num_batched_tokens
+        if tokens == 0:
+            return 0.0
         gpu = self.kernel_ms(batch)
         if self.bundle.is_moe:
             gpu -= self.layers * self.moe_ms(tokens)
-        return self.step.step_ms(gpu, tokens, batch.num_decode + batch.num_prefill)
+        return gpu
+
+    def rank_work(self, batch: Batch) -> tuple[float, float]:
+        """``(bytes, flops)`` one GPU reads and computes in a data-parallel rank's own part of a
+        lockstep step (the routed experts apart). The profiles hold times, not work: these are
+        the roofline's counts of the same model and split (:class:`~.work.ModelWork`), as the
+        utilisation power model takes them for this cost model outside data parallelism."""
+        return self._model_work().rank_work(batch)
+
+    def experts_work(self, tokens) -> tuple[float, float]:
+        """``(bytes, flops)`` of a lockstep step's routed experts on each GPU when the
+        data-parallel ranks run ``tokens[r]`` tokens each (the roofline's counts, see
+        :meth:`rank_work` and :mod:`.work`)."""
+        check_rank_tokens(tokens, self.parallelism.data_parallel)
+        return self._model_work().experts_work(tokens)
+
+    def _model_work(self) -> ModelWork:
+        """The model's work counts, made when first asked (only power models ask)."""
+        if self._work is None:
+            self._work = ModelWork(self.model, self.config.tensor_parallel)
+        return self._work
 
     def experts_ms(self, tokens) -> float | None:
         """The routed experts of a lockstep step whose data-parallel ranks run ``tokens``

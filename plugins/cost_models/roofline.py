@@ -90,6 +90,7 @@ from .expert_parallel import ExpertLayers
 from .pipeline import PipelineSends, split_stages
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
+from .work import ModelWork, check_rank_tokens
 
 
 #: The pooled efficiencies, for a GPU measured by no profile (neither its own nor its
@@ -280,7 +281,9 @@ class RooflineCostModel:
         self._weight_bytes_per_ms = bw * c.bandwidth_efficiency
         self._peak_flops_per_ms = gpu.bf16_tflops * 1e9
         self._host_bytes_per_ms = gpu.host_link_gbps * 1e6
-        self._kv_bytes_per_token = model.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
+        #: what an iteration reads and computes on each GPU (power models; :mod:`.work`)
+        self._work = w = ModelWork(model, tp)  # raises ConfigError on a bad split
+        self._kv_bytes_per_token = w.kv_bytes_per_token
         self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
         b = model.weight_bytes_per_param
         expert_total = model.expert_params * model.num_experts
@@ -297,15 +300,14 @@ class RooflineCostModel:
         self._expert_fixed_ms = model.num_layers * c.expert_layer_us * 1e-3 if model.is_moe else 0.0
         # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
         self._row_read_ms = (model.hidden_size or 0) * b / tp / self._weight_bytes_per_ms if embedding else 0.0
-        self._dense_flops_per_token = 2.0 * (model.params_per_token - model.experts_per_token * model.expert_params
-                                             - embedding - lm_head) / tp
-        self._expert_flops_per_token = 2.0 * model.experts_per_token * model.expert_params / tp
+        self._dense_flops_per_token = w.dense_flops_per_token  # (the embedding and the LM head apart)
+        self._expert_flops_per_token = w.expert_flops_per_token
         self._fixed_ms = model.num_layers * (c.layer_overhead_us + c.attention_layer_us) * 1e-3
         self._decode_ms = model.num_layers * c.decode_attention_us * 1e-3  # per decode, decode-only steps
         self.step = StepTiming(c, model.num_layers, tp)
         heads = model.num_attention_heads or 0
         # QK^T and attention-times-V: 2 * head_dim FLOPs each per (query, key) pair and head.
-        self._attention_flops_per_pair = 4.0 * model.num_layers * heads * model.head_dim / tp
+        self._attention_flops_per_pair = w.attention_flops_per_pair
         self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
             / self._attention_flops_per_ms
@@ -455,8 +457,15 @@ class RooflineCostModel:
         tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         if tokens == 0:
             return 0.0
-        gpu = self.gpu_ms(batch, tokens) - self._experts_ms(tokens)
-        return self.step.step_ms(gpu, tokens, batch.num_decode + batch.num_prefill)
+        return self.step.step_ms(self.rank_kernel_ms(batch), tokens, batch.num_decode + batch.num_prefill)
+
+    def rank_kernel_ms(self, batch: Batch) -> float:
+        """The GPU's kernels of :meth:`rank_ms` alone, without the host's share (power models:
+        what the kernels of a rank's step are besides the experts)."""
+        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
+        if tokens == 0:
+            return 0.0
+        return self.gpu_ms(batch, tokens) - self._experts_ms(tokens)
 
     def experts_ms(self, tokens) -> float | None:
         """The routed experts of a lockstep step whose data-parallel ranks run ``tokens``
@@ -551,23 +560,22 @@ class RooflineCostModel:
         * flops: the linear layers' ``2 x active params`` per token (experts included) and
           attention's ``4 x layers x heads x head_dim`` per (query, key) pair -- a decode's
           one query over its context, a prefill chunk's causal pairs.
+
+        (:class:`~.work.ModelWork`.)
         """
-        m, tp = self.model, self.config.tensor_parallel
-        tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
-        if tokens == 0:
-            return 0.0, 0.0
-        weights = (m.num_params - m.expert_params * m.num_experts - m.embedding_params) * m.weight_bytes_per_param / tp
-        if m.is_moe:
-            e, k = m.num_experts, m.experts_per_token
-            weights += e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * m.expert_bytes_per_param / tp
-        kv = (batch.decode_context_tokens + batch.prefill_context_tokens) * self._kv_bytes_per_token
-        flops = (self._dense_flops_per_token + self._expert_flops_per_token) * tokens
-        if batch.prefill_tokens:
-            n = max(1, batch.num_prefill)
-            pt = batch.prefill_tokens
-            flops += self._attention_flops_per_pair * (pt * batch.prefill_context_tokens / n + pt * (pt / n + 1) / 2)
-        flops += self._attention_flops_per_pair * batch.decode_context_tokens
-        return weights + kv, flops
+        return self._work.work(batch)
+
+    def rank_work(self, batch: Batch) -> tuple[float, float]:
+        """:meth:`work` without the routed experts: a data-parallel rank's own part of a
+        lockstep step, the work of :meth:`rank_ms`."""
+        return self._work.rank_work(batch)
+
+    def experts_work(self, tokens) -> tuple[float, float]:
+        """``(bytes, flops)`` of a lockstep step's routed experts on each GPU when the
+        data-parallel ranks run ``tokens[r]`` tokens each: the mean GPU's share of the experts
+        :meth:`experts_ms` times (see :mod:`.work`)."""
+        check_rank_tokens(tokens, self.parallelism.data_parallel)
+        return self._work.experts_work(tokens)
 
 
 def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig:

@@ -14,7 +14,9 @@ Per-request energy: an iteration's energy is shared out over the tokens it compu
 token alike -- a decode's own token and the drafts it verifies, each prompt token of a prefill
 chunk. Both engines give each request its shares (the fast engine through
 :attr:`EnergyMeter.per_decoder`, a running total per decoding sequence read at its events, as
-its token counters are); the idle stretches belong to no request.
+its token counters are); the idle stretches belong to no request, nor do the dummy steps of a
+data-parallel rank with nothing to compute while the others work (:meth:`EnergyMeter.dummy`:
+busy energy, counted apart as ``dummy_j``).
 """
 
 from __future__ import annotations
@@ -47,17 +49,17 @@ class EnergyMeter:
     """Integrates one instance's GPU power over time (see the module docstring).
 
     :ivar busy_j: energy of the iterations; :ivar idle_j: of the stretches between them;
+    :ivar dummy_j: of the iterations among them that were a data-parallel rank's dummy steps;
     :ivar busy_ms: time in iterations; :ivar peak_w: the highest iteration power (in a bulk
         run, what the model's ``run_j_peak`` says, else the higher of its first and last);
     :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine);
-    :ivar last_w: the power of the last iteration (where the tail after it starts from; after a
-        bulk run worked out only when an idle stretch follows);
+    :ivar last_w: the power of the last iteration (where the tail after it starts from);
     :ivar tails: ``[end of an iteration, tail W]`` for each idle stretch with a tail (to redraw
         the power over time, :mod:`.timeline`).
     """
 
     __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "tail_ms", "first_start", "last_end", "busy_j",
-                 "idle_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_last_run", "_run_j", "_run_j_peak",
+                 "idle_j", "dummy_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_run_j", "_run_j_peak",
                  "closed", "latest", "switched_on", "initial_end", "offs")
 
     def __init__(self, model):
@@ -67,7 +69,6 @@ class EnergyMeter:
         self.standby_ms = float(model.standby_ms)
         self.tail_ms = float(getattr(model, "tail_ms", 0.0))
         self.last_w = 0.0
-        self._last_run = None  # (batch, k, d0, inc) of a bulk run that came last
         self.tails: list[list[float]] = []
         self.first_start = INF   # start of the first iteration (of the first time on)
         self.last_end = -INF     # end of the last one (since last switched on)
@@ -77,6 +78,7 @@ class EnergyMeter:
         self.offs: list[list[float]] = []  # [switched off, switched on again (inf: still off)]
         self.busy_j = 0.0
         self.idle_j = 0.0
+        self.dummy_j = 0.0
         self.busy_ms = 0.0
         self.peak_w = 0.0
         self.per_decoder = 0.0
@@ -106,7 +108,6 @@ class EnergyMeter:
             self.initial_end = t  # the stretch before it (and any first iteration): at close
         self.offs.append([t, INF])
         self.last_end = -INF
-        self._last_run = None
         if t > self.latest:
             self.latest = t
 
@@ -119,12 +120,6 @@ class EnergyMeter:
 
     def _after_last(self, duration: float) -> None:
         """The idle stretch of ``duration`` ms right after the last iteration: its tail, standby, idle."""
-        if self._last_run is not None:  # the tail after a bulk run starts from its last iteration's power
-            batch, k, d0, inc = self._last_run
-            self._last_run = None
-            last = d0 + (k - 1) * inc
-            if last > 0.0:
-                self.last_w = self.model.iteration_j(shifted(batch, k - 1), last) / last * 1e3
         tail = self.last_w - self.standby_w if self.tail_ms > 0.0 else 0.0
         if tail > 0.0:
             self.tails.append([self.last_end, tail])
@@ -147,7 +142,7 @@ class EnergyMeter:
         energy = self.model.iteration_j(batch, duration) if duration > 0.0 else 0.0
         if duration > 0.0:
             power = energy / duration * 1e3
-            self.last_w, self._last_run = power, None
+            self.last_w = power
             if power > self.peak_w:
                 self.peak_w = power
         self._busy(start, duration, energy)
@@ -165,9 +160,20 @@ class EnergyMeter:
             peak = max(model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in (0, k - 1))
         if peak > self.peak_w:
             self.peak_w = peak
-        if self.tail_ms > 0.0 and k > 0:
-            self._last_run = (batch, k, d0, inc)
+        last = d0 + (k - 1) * inc
+        if self.tail_ms > 0.0 and k > 0 and last > 0.0:
+            # the tail after the run starts from its last iteration's power, asked now: what the
+            # model sees of the cost model may change by the next iteration (a lockstep rank's step)
+            self.last_w = self.model.iteration_j(shifted(batch, k - 1), last) / last * 1e3
         self._busy(start, total, energy)
+        return energy
+
+    def dummy(self, start: float, batch: Batch, k: int, d0: float, inc: float, total: float) -> float:
+        """Account for ``k`` dummy steps of a data-parallel rank with nothing to compute while the
+        others work (iteration ``j`` lasts ``d0 + j * inc``, ``total`` in all; ``batch``: what its
+        requests compute, nothing): busy energy that no request shares. Its energy (J)."""
+        energy = self.iteration(start, batch, total) if k == 1 else self.run(start, batch, k, d0, inc, total)
+        self.dummy_j += energy
         return energy
 
     def energy_of_run(self, batch: Batch, k: int, d0: float, inc: float) -> float:
@@ -229,6 +235,7 @@ def close_meters(meters: list, start: float) -> dict:
             "busy_j": m.busy_j, "idle_j": m.idle_j, "busy_ms": m.busy_ms, "peak_w": m.peak_w,
             "idle_w": m.idle_w, "standby_w": m.standby_w, "standby_ms": m.standby_ms,
             "tail_ms": m.tail_ms, "tails": m.tails,
+            **({"dummy_j": m.dummy_j} if m.dummy_j else {}),
             **({"off": [[a, min(b, end)] for a, b in m.offs], "on_ms": end - start - m.off_ms(start, end)}
                if m.offs else {}),
             "host_idle_w": float(getattr(m.model, "host_idle_w", 0.0)),

@@ -21,6 +21,14 @@ the experts' part is constant in a decode run (tokens do not change), and each r
 grows linearly, so the maximum is linear while the same rank stays the slowest: the run ends
 before another rank's line crosses it. It also ends at every rank's own events (a finish, a
 KV shortage, a wake-up) and at the next arrival. Otherwise the ranks step one at a time.
+
+**Energy** (``[power]``). A rank that executes its plan is metered by its instance, its power
+model asking the :class:`~schedlab.engine.rank_cost.RankCost` what the step did on its GPUs (its
+own part and its share of every rank's experts). A rank that computes nothing in a step -- idle,
+or only copying blocks to or from swap space -- runs the dummy batch and is metered here, with a
+timeline row (its energy belongs to no request: the meter's ``dummy_j``); over a bulk run its
+work does not change and its steps grow as the slowest rank's, so its meter takes the run in
+closed form too. When no rank has work, every rank idles.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from .driver import arrival_queue, route
 from .instance import Instance
 from .load import RoutingClock, views_of
 from .plan import FastPlan
-from .rank_cost import DUMMY, RankCost
+from .rank_cost import DUMMY, NOTHING, RankCost
 from .sequence import DECODING
 
 INF = math.inf
@@ -179,16 +187,22 @@ class DataParallelCluster:
         experts = inner[0].experts_ms(tokens)
         d0 = max(parts) + experts
         k, inc = self._run(plans, working, batches, parts, d0, until)
+        start = self.now
         for r, inst in enumerate(ranks):
+            cost = self.costs[r]
+            cost.step_tokens, cost.experts_ms, cost.dummy = tokens, experts, False
             if working[r]:
-                cost = self.costs[r]
                 cost.step_ms = d0 - plans[r].transfer_ms
                 cost.tokens = batches[r].num_batched_tokens
                 cost.run = (inc, k) if k > 1 else None
                 inst.events += 1
                 inst._execute(plans[r], until)
-        end = self.now + (bulk.run_ms(k, d0, inc) if k > 1 else d0)
-        self._move_to(end)
+        total = bulk.run_ms(k, d0, inc) if k > 1 else d0
+        for r, inst in enumerate(ranks):
+            if inst.meter is not None and not (working[r] and batches[r].num_batched_tokens):
+                _meter_dummy(inst, self.costs[r], start, plans[r].transfer_ms if working[r] else 0.0, k, d0, inc,
+                             total)
+        self._move_to(start + total)
         self.steps += k
         self.dummy_steps += k * working.count(False)
         self.experts_ms += k * experts
@@ -239,6 +253,20 @@ class DataParallelCluster:
         for inst in self.ranks:
             done.extend(inst.take_finished())
         return done
+
+
+def _meter_dummy(inst: Instance, cost: RankCost, start: float, swap_ms: float, k: int, d0: float, inc: float,
+                 total: float) -> None:
+    """Meter ``k`` steps (``total`` ms from ``start``) in which ``inst`` ran the dummy batch --
+    after its swaps, ``swap_ms`` of a single step it executed itself -- and give them a timeline
+    row: its GPUs computed the dummy and their share of the others' experts."""
+    cost.dummy = True
+    if swap_ms:
+        start, d0, total = start + swap_ms, d0 - swap_ms, total - swap_ms
+    energy = inst.meter.dummy(start, NOTHING, k, d0, inc, total)
+    if inst.rec.keep_timeline:
+        inst.rec.sample(start, inst.index, len(inst.running), len(inst.waiting), inst.kv.num_used_blocks(), total, k,
+                        NOTHING, energy)
 
 
 def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, workload=None,

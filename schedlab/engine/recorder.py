@@ -40,7 +40,8 @@ NO_TRANSFER = (-1, 0, -1.0, -1.0, -1.0)
 REQUEST_TEXT_COLUMNS = ("request_class", "client")
 
 # One row per engine event: an iteration, or (fast engine) a run of identical decode iterations
-# -- the run's last iteration in a row of its own when its KV use grew. duration_ms and
+# -- the run's last iteration in a row of its own when its KV use grew; with [power], a
+# data-parallel rank's dummy steps too (no tokens: schedlab.engine.lockstep). duration_ms and
 # iterations make the rows slices of the busy time (Perfetto traces); the batch columns are the
 # row's iterations' (decodes, prefills and prefill tokens of each); energy_j is their GPUs'
 # energy (NaN in a run without [power]).

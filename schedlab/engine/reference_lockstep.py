@@ -6,7 +6,9 @@ anything, the ranks wait for the first wake-up or arrival (or plan again at once
 preemption); otherwise every rank's part is timed -- its batch's ``rank_ms`` plus its swaps,
 or a dummy batch's -- and the step lasts the largest part plus the cost model's
 ``experts_ms`` of every rank's tokens. Ranks with work execute their plans over it; all ranks
-end the step together.
+end the step together. With ``[power]`` each step of a rank that computed no token (the dummy
+batch, after its swaps if it had any) is metered and gets a timeline row: its GPUs ran the
+dummy and their share of the others' experts (:class:`~schedlab.engine.rank_cost.RankCost`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Sequence
 
 from ..errors import StallError
 from .load import views_of
-from .rank_cost import DUMMY
+from .rank_cost import DUMMY, NOTHING
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster, _routed
 
@@ -111,15 +113,21 @@ class ReferenceDataParallel(ReferenceCluster):
                 parts.append(e.cost.inner.rank_ms(DUMMY) + plan.transfer_ms)
                 tokens.append(1)
             batches.append(batch)
-        experts = self.instances[0].cost.inner.experts_ms(tuple(tokens))
+        tokens = tuple(tokens)
+        experts = self.instances[0].cost.inner.experts_ms(tokens)
         step_ms = max(parts) + experts
         for e, plan, batch in zip(self.instances, plans, batches):
+            e.cost.step_tokens, e.cost.experts_ms, e.cost.dummy = tokens, experts, False
             if batch is not None:
                 e.cost.step_ms = step_ms - plan.transfer_ms
                 e.cost.tokens = batch.num_batched_tokens
                 e.cost.run = None
                 e.events += 1
                 e._execute(plan)
+        for e, plan, batch in zip(self.instances, plans, batches):
+            if e.meter is not None and (batch is None or not batch.num_batched_tokens):
+                swaps = plan.transfer_ms if batch is not None else 0.0
+                self._dummy_step(e, self.now + swaps, step_ms - swaps)
         end = self.now + step_ms
         for e in self.instances:
             e.wake(end)
@@ -129,6 +137,16 @@ class ReferenceDataParallel(ReferenceCluster):
         self.dummy_steps += batches.count(None)
         self.experts_ms += experts
         return True
+
+    @staticmethod
+    def _dummy_step(e: ReferenceEngine, start: float, duration: float) -> None:
+        """Meter a step of ``duration`` ms from ``start`` in which rank ``e`` ran the dummy batch
+        (after its swaps, if it had any), with a timeline row: its GPUs computed the dummy and
+        their share of the other ranks' experts, for no request."""
+        e.cost.dummy = True
+        energy = e.meter.dummy(start, NOTHING, 1, duration, 0.0, duration)
+        e.rec.sample(start, e.index, len(e.running), len(e.waiting), e.kv.num_used_blocks(), duration, 1, NOTHING,
+                     energy)
 
 
 class _Steps:

@@ -252,6 +252,10 @@ class Assembled:
     pools: list[Pool] | None = None  # disaggregated: prefill, decode
     link: LinkConfig | None = None
     power: list | None = None  # with [power]: each instance's power model (same order as instances)
+    # what each instance's engine sees of its cost model, when not the cost model itself: lockstep
+    # ranks and pipelined instances are timed by their cluster (a RankCost each; power models are
+    # built against it)
+    views: list | None = None
     client_side: ClientSide | None = None  # [frontend] and [client]: the way to the engine, timeouts
     parallelism: Parallelism = SINGLE
     lockstep: bool = False  # data-parallel ranks of a MoE model step together (else: independent instances)
@@ -273,10 +277,17 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
         if tables.get("clock") is not None:
             cost = _clocked(ctx, tables, cost, f"{where} [{label}clock]")
         if power is not None:
-            power.append(build_component(ctx, "power_model", tables["power"], f"{where} [{label}power]",
-                                         cost_model=cost, tensor_parallel=tensor_parallel(cost, kv)))
+            power.append(_power_model(ctx, tables, cost, kv, f"{where} [{label}power]"))
         parts.append((scheduler, cost, kv))
     return parts
+
+
+def _power_model(ctx: Context, tables: dict, seen, kv, where: str):
+    """An instance's power model from ``[power]``, built against ``seen``: the cost model as the
+    instance's engine sees it (a lockstep rank's :class:`RankCost`, which says what its GPUs did
+    in a step)."""
+    return build_component(ctx, "power_model", tables["power"], where, cost_model=seen,
+                           tensor_parallel=tensor_parallel(seen, kv))
 
 
 def _clocked(ctx: Context, tables: dict, cost, where: str):
@@ -410,9 +421,7 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
                           f"data_parallel = {parallelism.data_parallel} ranks; several such deployments are not "
                           "modelled")
     count = parallelism.data_parallel if parallelism.lockstep else cluster.instances
-    power = [] if "power" in tables else None
-    parts = _build_instances(ctx, tables, 1 if check_only else count, where, "", speculative, power,
-                             parallelism=parallelism)
+    parts = _build_instances(ctx, tables, 1 if check_only else count, where, "", speculative, parallelism=parallelism)
     cost = parts[0][1]
     lockstep = False
     if parallelism.lockstep:
@@ -424,19 +433,32 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
         lockstep = experts_ms((1,) * parallelism.data_parallel) is not None
         if not lockstep and parallelism.expert_parallel:
             raise ConfigError(f"{where} [cluster]: expert_parallel: the model has no routed experts")
-        if lockstep and power is not None:
-            raise ConfigError(f"{where} [power]: energy of data-parallel ranks stepping together (a MoE model) is "
-                              "not modelled yet: a GPU's work includes the experts of every rank's tokens; the "
-                              "ranks of a dense model, independent instances, are metered")
+        if lockstep and "power" in tables:
+            _check_rank_work(cost, where)
     if parallelism.pipelined and not callable(getattr(cost, "pipeline_ms", None)):
         raise ConfigError(f"{where} [cost_model]: {type(cost).__name__} does not time pipeline stages (it needs "
                           "pipeline_ms, see schedlab.protocols); the roofline and profiled cost models do")
+    # lockstep ranks and pipelined instances are timed by their cluster, not alone
+    views = [RankCost(c) for _, c, _ in parts] if lockstep or parallelism.pipelined else None
+    power = None
+    if "power" in tables:
+        power = [_power_model(ctx, tables, views[i] if views is not None else c, kv, f"{where} [power]")
+                 for i, (_, c, kv) in enumerate(parts)]
     router = None
     if count > 1:
         table = cluster.router if "router" in cluster_table or not parallelism.lockstep else {"kind": "vllm_dp"}
         router = _build_router(ctx, table, count, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep,
-                     power=power)
+                     power=power, views=views)
+
+
+def _check_rank_work(cost, where: str) -> None:
+    """Metering lockstep ranks needs the cost model to split a step's work as it splits its
+    time: a rank's own part and its GPUs' share of every rank's experts."""
+    if not (callable(getattr(cost, "rank_work", None)) and callable(getattr(cost, "experts_work", None))):
+        raise ConfigError(f"{where} [power]: {type(cost).__name__} does not say the work of data-parallel ranks "
+                          "stepping together (it needs rank_work and experts_work, see schedlab.protocols); the "
+                          "roofline and profiled cost models do")
 
 
 def _check_autoscaler(policy, cluster: ClusterConfig, workload, where: str) -> None:
@@ -521,17 +543,17 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     router, indices = a.router, list(range(len(a.instances)))
     try:
         requests = a.workload.requests(spec.seed)
-        # lockstep ranks and pipelined instances are timed by their cluster, not alone
-        wrap = RankCost if a.lockstep or a.parallelism.pipelined else (lambda c: c)
+        # what each engine sees of its cost model (a RankCost for lockstep ranks and pipelined instances)
+        seen = a.views if a.views is not None else [c for _, c, _ in a.instances]
         if spec.part:
             router, indices, requests = _part_of_run(spec, a, requests, where)
         lockstep = scaling = None
         if spec.engine == "reference":
-            engines = [ReferenceEngine(s, wrap(c), k, recorder, index=i, speculation=speculation, meter=meters[i])
-                       for i, (s, c, k) in ((i, a.instances[i]) for i in indices)]
+            engines = [ReferenceEngine(s, seen[i], k, recorder, index=i, speculation=speculation, meter=meters[i])
+                       for i, (s, _, k) in ((i, a.instances[i]) for i in indices)]
         else:
-            engines = [Instance(i, s, wrap(c), k, recorder, observer=observer, speculation=speculation,
-                                meter=meters[i]) for i, (s, c, k) in ((i, a.instances[i]) for i in indices)]
+            engines = [Instance(i, s, seen[i], k, recorder, observer=observer, speculation=speculation,
+                                meter=meters[i]) for i, (s, _, k) in ((i, a.instances[i]) for i in indices)]
         scaling = None
         if a.autoscaler is not None:
             scaling = ScalingController(a.autoscaler, scaling_limits(a.autoscaler.config, len(engines)), engines,

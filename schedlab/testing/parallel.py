@@ -3,7 +3,8 @@
 :class:`LinearParallelCost` is a cost model with every optional part the parallel layouts ask
 for, in exact binary fractions (the ``linear`` model's iteration as one rank's part and as the
 layers split over stages, a linear price for the experts and for the stages' sends), so
-hand-computed cases and the differential tests between the engines are exact.
+hand-computed cases and the differential tests between the engines are exact. For power models
+it says a lockstep rank's work at linear prices too (``rank_work``, ``experts_work``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..engine.rank_cost import RankCost
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..results.records import RunResult
+from .kit import _energy_meta, _meters
 
 
 @attrs.frozen
@@ -27,6 +29,13 @@ class ParallelPrices:
     dispatch_ms_per_token: float = 0.125  # per token of the largest rank (all-gather and reduce-scatter, padded)
     send_ms_per_token: float = 0.0625    # pipeline: activations of one token from a stage to the next
     send_base_ms: float = 0.25
+    # the work of a lockstep step on one GPU (bytes, FLOPs), for power models:
+    rank_bytes: float = 2e9                # a rank's own weights, read every step it computes
+    bytes_per_token: float = 1e8           # ... and per token of its batch
+    bytes_per_context_token: float = 1e7   # the KV its attention reads (decode and prefill context)
+    flops_per_token: float = 5e10          # its own layers' FLOPs per token
+    expert_bytes_per_token: float = 1e8    # the experts, per token of all ranks, spread over the ranks' GPUs
+    expert_flops_per_token: float = 1e10
 
 
 class LinearParallelCost:
@@ -56,6 +65,22 @@ class LinearParallelCost:
     def decode_step_increment(self, batch):
         return self.inner.decode_step_increment(batch)
 
+    def rank_work(self, batch) -> tuple[float, float]:
+        """A rank's own part of a step: weights, tokens and context at the prices."""
+        tokens = batch.num_batched_tokens
+        if not tokens:
+            return 0.0, 0.0
+        p = self.prices
+        context = batch.decode_context_tokens + batch.prefill_context_tokens
+        return (p.rank_bytes + p.bytes_per_token * tokens + p.bytes_per_context_token * context,
+                p.flops_per_token * tokens)
+
+    def experts_work(self, tokens: Sequence[int]) -> tuple[float, float]:
+        """Each GPU's share of the experts of all ranks' tokens."""
+        p = self.prices
+        share = sum(tokens) / len(tokens)
+        return p.expert_bytes_per_token * share, p.expert_flops_per_token * share
+
     def pipeline_ms(self, batch):
         share = self.iteration_ms(batch) / self.stages
         p = self.prices
@@ -63,13 +88,17 @@ class LinearParallelCost:
 
 
 def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
-                      engine: str = "fast", workload=None, name: str = "test", client_side=None) -> RunResult:
+                      engine: str = "fast", workload=None, name: str = "test", client_side=None,
+                      power: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on ``ranks`` data-parallel ranks stepping together.
 
     ``make`` makes one rank's ``(scheduler, cost model, KV cache)``; the cost model needs
     ``rank_ms`` and ``experts_ms`` (e.g. :class:`LinearParallelCost`). ``meta["kvs"]`` holds every
     rank's KV cache and ``meta["data_parallel"]`` what the lockstep did. ``client_side``: the
-    front end and timeouts (:mod:`schedlab.frontend`).
+    front end and timeouts (:mod:`schedlab.frontend`). ``power(cost)`` makes a rank's power
+    model from what the rank sees of its cost model (its :class:`RankCost`; the cost model then
+    needs ``rank_work`` and ``experts_work`` for models that ask for work); the run then meters
+    energy (``meta["energy"]``).
     """
     from ..engine.instance import Instance
     from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
@@ -77,18 +106,20 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [make() for _ in range(ranks)]
+    views = [RankCost(c) for _, c, _ in parts]
+    meters = _meters(power, views)
     if engine == "reference":
-        engines = [ReferenceEngine(s, RankCost(c), k, rec, index=i) for i, (s, c, k) in enumerate(parts)]
+        engines = [ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
         cluster = ReferenceDataParallel(engines, router, client_side=client_side)
         cluster.run(list(requests), workload=workload)
     else:
-        engines = [Instance(i, s, RankCost(c), k, rec) for i, (s, c, k) in enumerate(parts)]
+        engines = [Instance(i, s, views[i], k, rec, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
         cluster = DataParallelCluster(engines, router)
         simulate_data_parallel(list(requests), cluster, workload=workload, client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": ranks,
             "events": sum(e.events for e in engines),
             "data_parallel": {"ranks": ranks, "steps": cluster.steps, "dummy_rank_steps": cluster.dummy_steps,
-                              "experts_ms": cluster.experts_ms}}
+                              "experts_ms": cluster.experts_ms}, **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
     result.meta["kvs"] = [e.kv for e in engines]
     return result

@@ -1,0 +1,108 @@
+"""What an iteration reads and computes on one GPU: the roofline's bytes and FLOPs, for power models.
+
+Power models turn an iteration's work into utilisations (``plugins/power/utilisation.py``:
+``bytes / (peak bandwidth x duration)``, ``flops / (peak FLOPS x duration)``). The roofline
+times exactly these quantities; the profiled model times measured kernels and says its work
+from the same counts, which depend on the model and its split over GPUs only (no GPU rates).
+
+Per GPU of an instance of ``tp`` tensor-parallel ranks, in an iteration of ``T`` tokens:
+
+* bytes: every weight but the routed experts and the looked-up embedding table, ``/ tp``; the
+  routed experts some token picked, ``E (1 - (1 - k/E)^T)`` of the ``E`` under uniform top-``k``
+  routing, ``/ tp``; the KV the decodes attend over and the cached context a prefill chunk's
+  attention reaches back over;
+* flops: ``2 x active params / tp`` per token (the routed experts' ``2 x k x expert params``
+  among them) and attention's ``4 x layers x heads x head_dim / tp`` per (query, key) pair.
+
+**Data-parallel ranks stepping together** (:mod:`.expert_parallel`) split this in two. A rank's
+own part (:meth:`ModelWork.rank_work`) is the iteration without the routed experts; the
+experts of a step (:meth:`ModelWork.experts_work`) are computed on the ``D x tp`` GPUs for the
+tokens of all ``D`` ranks, so each GPU's share is ``1 / (D x tp)`` of their reads and FLOPs
+whether whole experts are spread over the GPUs (``expert_parallel``) or every expert is sharded
+over them. This is the mean GPU: a step's *time* waits for the busiest one
+(``ExpertLayers.busiest_gpu``), but energy sums over all of them, and their mean work is
+exact under uniform routing whatever the balance. At one rank the two parts add up to
+:meth:`ModelWork.work`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from schedlab.capacity import ModelSpec
+from schedlab.protocols import Batch
+
+
+class ModelWork:
+    """The bytes and FLOPs of an iteration on one GPU of ``model`` split over ``tensor_parallel``
+    ranks (see the module docstring)."""
+
+    def __init__(self, model: ModelSpec, tensor_parallel: int = 1):
+        m = self.model = model
+        tp = self.tp = tensor_parallel
+        lm_head = float(m.vocab_size * m.hidden_size) if m.vocab_size and m.hidden_size else 0.0
+        self.kv_bytes_per_token = m.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
+        #: bytes of every weight but the routed experts and the looked-up embedding table
+        self.dense_bytes = (m.num_params - m.expert_params * m.num_experts - m.embedding_params) \
+            * m.weight_bytes_per_param / tp
+        self.dense_flops_per_token = 2.0 * (m.params_per_token - m.experts_per_token * m.expert_params
+                                            - m.embedding_params - lm_head) / tp
+        self.expert_flops_per_token = 2.0 * m.experts_per_token * m.expert_params / tp
+        self.attention_flops_per_pair = 4.0 * m.num_layers * (m.num_attention_heads or 0) * m.head_dim / tp
+
+    def work(self, batch: Batch) -> tuple[float, float]:
+        """``(bytes, flops)`` one GPU reads and computes in an iteration of ``batch``, its routed
+        experts included."""
+        m = self.model
+        tokens = batch.num_batched_tokens
+        if tokens == 0:
+            return 0.0, 0.0
+        weights = self.dense_bytes
+        if m.is_moe:
+            e, k = m.num_experts, m.experts_per_token
+            weights += e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * m.expert_bytes_per_param / self.tp
+        flops = self._with_attention((self.dense_flops_per_token + self.expert_flops_per_token) * tokens, batch)
+        return weights + self._kv_bytes(batch), flops
+
+    def rank_work(self, batch: Batch) -> tuple[float, float]:
+        """:meth:`work` without the routed experts: one data-parallel rank's own part of a step
+        (attention, the dense layers and the LM head on its own batch)."""
+        if batch.num_batched_tokens == 0:
+            return 0.0, 0.0
+        flops = self._with_attention(self.dense_flops_per_token * batch.num_batched_tokens, batch)
+        return self.dense_bytes + self._kv_bytes(batch), flops
+
+    def experts_work(self, tokens: Sequence[int]) -> tuple[float, float]:
+        """``(bytes, flops)`` of a step's routed experts on each of the ``len(tokens) x tp`` GPUs
+        when the data-parallel ranks run ``tokens[r]`` tokens each: the experts all their tokens
+        pick, and ``k`` experts' FLOPs a token, spread evenly over the GPUs. ``(0, 0)`` for a
+        dense model."""
+        m = self.model
+        if not tokens:
+            raise ValueError("the experts of a step need the tokens of at least one rank")
+        if not m.is_moe:
+            return 0.0, 0.0
+        total = sum(tokens)
+        gpus = len(tokens) * self.tp
+        e, k = m.num_experts, m.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** total)
+        return touched * m.expert_params * m.expert_bytes_per_param / gpus, \
+            2.0 * k * m.expert_params / gpus * total
+
+    def _kv_bytes(self, batch: Batch) -> float:
+        return (batch.decode_context_tokens + batch.prefill_context_tokens) * self.kv_bytes_per_token
+
+    def _with_attention(self, flops: float, batch: Batch) -> float:
+        """``flops`` and the batch's attention: a prefill chunk's causal pairs (chunks taken as
+        equal: a :class:`Batch` carries sums), each decode's one query over its context."""
+        if batch.prefill_tokens:
+            n = max(1, batch.num_prefill)
+            pt = batch.prefill_tokens
+            flops += self.attention_flops_per_pair * (pt * batch.prefill_context_tokens / n + pt * (pt / n + 1) / 2)
+        return flops + self.attention_flops_per_pair * batch.decode_context_tokens
+
+
+def check_rank_tokens(tokens: Sequence[int], ranks: int) -> None:
+    """:raises ValueError: ``tokens`` does not hold one count per data-parallel rank."""
+    if len(tokens) != ranks:
+        raise ValueError(f"expected the tokens of {ranks} data-parallel ranks, got {len(tokens)}")
