@@ -598,7 +598,9 @@ def test_fleet_day_autoscaling_pays_less_for_the_same_attainment():
     busiest hour, and meets the SLO about as often (the step up costs it during cold starts)."""
     profile = "[1, 5, 1" + ", 1" * 21 + "]"
     results = run("fleet_day.toml", ["workload.hours=3", f"workload.profile={profile}", "workload.mean_rate=2",
-                                     "cluster.instances=4", "runs.autoscaled.cluster.autoscaler.target=8",
+                                     # target 8 scales up too late for this step: 3% of the busiest
+                                     # hour's requests miss the SLO during the cold starts
+                                     "cluster.instances=4", "runs.autoscaled.cluster.autoscaler.target=6",
                                      "runs.autoscaled.cluster.autoscaler.min_instances=1"])
     fixed, scaled = results.study("fixed").runs[0], results.study("autoscaled").runs[0]
     assert fixed.metrics["requests"] == scaled.metrics["requests"] > 40_000
