@@ -64,3 +64,29 @@ def test_the_defaults_are_what_the_derivation_prints():
     rows = derive.skew_alphas(derive.SHARED / "profiler" / "perf")
     assert len(rows) == 7
     assert derive.pooled_skew(rows) == {k: DERIVATION[k] for k in ("decode_skew_alpha", "mixed_skew_alpha")}
+
+
+def test_the_context_range_heaps_stay_as_small_as_the_decode_set():
+    """The longest and shortest decode context come from lazy-deletion heaps; a finished
+    sequence whose entry never reaches the top (in the shortest-context heap, every old one)
+    is dropped when the heaps outgrow the decode set, so 2,000 requests through 8 slots leave
+    a few dozen entries, not thousands."""
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab.engine.driver import simulate
+    from schedlab.engine.instance import Instance
+    from schedlab.engine.recorder import Recorder
+    from schedlab.model import Request
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+    from schedlab_plugins.kv_caches import PagedKVCache
+    from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    cost = RooflineCostModel(presets.model("llama-3-8b"), presets.gpu("a100-80gb"),
+                             RooflineConfig(model="llama-3-8b", gpu="a100-80gb"))
+    requests = [Request(i, 5.0 * i, 20 + 37 * i % 400, 5 + 13 * i % 60) for i in range(2000)]
+    inst = Instance(0, ContinuousScheduler(ContinuousConfig(max_num_seqs=8)), cost, PagedKVCache(4096, 16), Recorder())
+    assert inst.track_range
+    simulate(list(requests), [inst])
+    assert inst.rec.recorded == 2000
+    assert len(inst.anchor_low) <= 2 * 8 + 64 and len(inst.anchor_high) <= 2 * 8 + 64

@@ -301,6 +301,8 @@ class Instance:
         if self.track_range:
             heapq.heappush(self.anchor_high, (-seq.anchor, seq.seq_no, seq))
             heapq.heappush(self.anchor_low, (seq.anchor, seq.seq_no, seq))
+            if len(self.anchor_low) > 2 * self.n_decoding + 64:
+                self._compact_ranges()
         key = seq.last_token_ms
         self.itl_groups[key] = self.itl_groups.get(key, 0) + 1
         if self.meter is not None:
@@ -340,6 +342,16 @@ class Instance:
                 if c + slots > r:
                     total += -(-(c + slots) // bs) + ((c if c > r else r) // -bs)
         return total
+
+    def _compact_ranges(self) -> None:
+        """Drop the range heaps' stale entries. Deletion is lazy: a finished sequence's entry
+        leaves a heap only once it reaches the top, which in the shortest-context heap (newer
+        sequences have smaller anchors) an old one never does -- without this the heaps would
+        grow with every request served."""
+        self.anchor_high = [e for e in self.anchor_high if e[2].status == DECODING and e[2].anchor == -e[0]]
+        self.anchor_low = [e for e in self.anchor_low if e[2].status == DECODING and e[2].anchor == e[0]]
+        heapq.heapify(self.anchor_high)
+        heapq.heapify(self.anchor_low)
 
     def _context_range(self, steps: int) -> tuple[int, int]:
         """(longest, shortest) decode context at decode counter ``steps``."""
