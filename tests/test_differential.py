@@ -150,7 +150,10 @@ def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, 
     At TP > 1 the collectives (the GPU's usual machine) add the all-reduces, nonlinear in the
     tokens, and the logits' all-gather per sequence. Where the host's work or the launches are
     longer than the GPU's step, a decode run is flat until the GPU's growth overtakes them. The
-    H100 runs FlashAttention 3 (decodes beside a prefill timed as decode-only), the others 2."""
+    H100 runs FlashAttention 3 (decodes beside a prefill timed as decode-only), the others 2.
+    Uneven decode contexts add alpha of the gap to the longest: the fast engine reads the
+    longest context from its heaps, the reference engine from every sequence, and along a bulk
+    run the gap stays the same."""
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
