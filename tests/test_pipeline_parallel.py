@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from schedlab.engine.stages import StageClock
@@ -98,6 +98,92 @@ def test_an_arrival_waits_for_the_next_landing(engine):
     assert by_id(r, "first_token_ms")[1] == 17.5625 == by_id(r, "finish_ms")[0]
 
 
+# -- clients that give up: aborted while their batch is in flight ----------------------------------------------
+
+
+def tight(blocks: int):
+    """:func:`instance` with a token budget of 16 (a burst's prompts go in separate batches)
+    and ``blocks`` KV blocks of 16 tokens."""
+    return instance(blocks, budget=16)
+
+
+def timeline(result, column):
+    return result.timeline[column].tolist()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prompt_aborted_in_flight_frees_its_blocks_for_the_next_batch_and_lands_without_tokens(engine):
+    # As in test_a_second_batch_fills_the_pipeline_behind_the_first: batch A (r0's 16-token
+    # prompt: 8 ms, 4 a stage, send 1.25) and batch B (r1's) launch at 0; A lands at 9.25, B at
+    # 13.25. r1's client gives up at 5 while B is in the pipeline; the engine, blocked on A,
+    # hears of it when A lands at 9.25: r1 leaves with no token, its block (16 tokens, the
+    # slots B took) back at once. r2 (15 tokens, arrived at 1) is admitted at 9.25 in that
+    # block: with r1's block still held, r0's decode (a 2nd block) would have filled the 3.
+    # Batch C (r0's decode + r2's prompt: 8 + 7.5 = 15.5 ms, 7.75 a stage, send 1.25) launches
+    # at 9.25: stage 0 9.25-17, stage 1 (B's until 13.25) 18.25-26. B lands at 13.25 without
+    # r1: no token, so its time is idle (a row of 0 ms at 9.25, the blocks held to 13.25);
+    # nothing to launch (r0 and r2 are in C). C lands at 26: r0's 2nd token, r2's first, done.
+    requests = [Request(0, 0.0, 16, 2), Request(1, 0.0, 16, 2, timeout_ms=5.0), Request(2, 1.0, 15, 1)]
+    r = run_pipelined(requests, tight(3), 2, engine=engine)
+    assert by_id(r, "aborted") == {0: 0, 1: 1, 2: 0} and by_id(r, "timed_out") == {0: 0, 1: 1, 2: 0}
+    assert by_id(r, "finish_ms") == {0: 26.0, 1: 9.25, 2: 26.0}
+    assert by_id(r, "generated_tokens") == {0: 2, 1: 0, 2: 1}
+    assert by_id(r, "first_scheduled_ms")[2] == 9.25
+    # one row per landing, over the time since the last: KV held 2, 3 (r1's block taken by r2), 3
+    assert timeline(r, "time_ms") == [0.0, 9.25, 13.25] and timeline(r, "duration_ms") == [9.25, 0.0, 12.75]
+    assert timeline(r, "kv_used") == [2, 3, 3] and timeline(r, "prefill_tokens") == [16, 0, 15]
+    c = r.counters
+    assert c["kv_block_ms"] == 2 * 9.25 + 3 * 4.0 + 3 * 12.75 and c["kv_peak_blocks"] == 3
+    assert c["busy_ms"] == 9.25 + 12.75 and c["iterations"] == 3
+    assert c["generated_tokens"] == 3 and c["prefill_tokens"] == 16 + 15 and c["decode_tokens"] == 1
+    assert r.metrics["timed_out"] == r.metrics["aborted"] == 1 and r.metrics["makespan_ms"] == 26.0
+    check_run(r, requests, kv_blocks=3)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_aborted_in_flight_drops_its_token_and_the_block_it_took(engine):
+    # A and B as above: r0's first token at 9.25, r1's at 13.25. At 9.25 batch C is r0's decode
+    # (8 ms, 4 a stage, send 0.3125; its 17th token takes a 2nd block): stage 0 9.25-13.25,
+    # stage 1 13.5625-17.5625. r0's client gives up at 10; B lands at 13.25 and r0 leaves with
+    # its one token, its 2 blocks freed. Batch D (r1's decode, a 2nd block) launches at 13.25:
+    # stage 0 13.25-17.25, stage 1 17.5625-21.5625. C lands at 17.5625 without r0's token (no
+    # token: idle since 13.25), D at 21.5625: r1's 2nd token. Then r1 alone, 8.3125 ms a
+    # token: its 10th at 21.5625 + 8 x 8.3125 = 88.0625.
+    requests = [Request(0, 0.0, 16, 10, timeout_ms=10.0), Request(1, 0.0, 16, 10)]
+    r = run_pipelined(requests, tight(4), 2, engine=engine)
+    assert by_id(r, "aborted") == {0: 1, 1: 0}
+    assert by_id(r, "first_token_ms") == {0: 9.25, 1: 13.25}
+    assert by_id(r, "finish_ms") == {0: 13.25, 1: 88.0625}
+    assert by_id(r, "generated_tokens") == {0: 1, 1: 10}
+    assert timeline(r, "time_ms")[:5] == [0.0, 9.25, 13.25, 17.5625, 21.5625]
+    assert timeline(r, "kv_used")[:4] == [2, 3, 2, 2] and timeline(r, "decodes")[:4] == [0, 0, 0, 1]
+    c = r.counters
+    # 2 blocks to 9.25, 3 to 13.25 (r0's 2nd), then r1's 2 to the end
+    assert c["kv_block_ms"] == 2 * 9.25 + 3 * 4.0 + 2 * (88.0625 - 13.25) and c["kv_peak_blocks"] == 3
+    assert c["busy_ms"] == 88.0625 - (17.5625 - 13.25) and c["iterations"] == 4 + 8
+    assert c["generated_tokens"] == 11 and c["decode_tokens"] == c["decode_seq_steps"] == 9
+    check_run(r, requests, kv_blocks=4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_pipeline_with_nothing_in_flight_hears_an_abort_when_it_comes(engine):
+    # A batching window (2 requests, or the oldest waiting 100 ms) holds r0 back; its client
+    # gives up at 10, which wakes the idle instance: r0 is dropped then, not at the window's end.
+    # r1 (at 30) waits alone until 130: its prompt (4 ms, 2 a stage, send 0.75) lands at 134.75,
+    # its decode (8 ms, 4 a stage, send 0.3125) at 143.0625.
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_wait_ms=100.0, min_batch=2))
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)),
+                                  stages=2, moe=False)
+        return scheduler, cost, PagedKVCache(64, 16)
+
+    requests = [Request(0, 0.0, 8, 2, timeout_ms=10.0), Request(1, 30.0, 8, 2)]
+    r = run_pipelined(requests, make, 2, engine=engine)
+    assert by_id(r, "aborted") == {0: 1, 1: 0}
+    assert by_id(r, "finish_ms") == {0: 10.0, 1: 143.0625} and by_id(r, "first_scheduled_ms")[1] == 130.0
+    check_run(r, requests)
+
+
 # -- the engines agree; the rules of every run --------------------------------------------------------------
 
 
@@ -163,17 +249,59 @@ def test_pipelines_behind_an_api_server_agree_between_engines(requests, stages, 
     assert (req["arrival_ms"] >= req["sent_ms"] + network).all()  # each request crossed the front end
 
 
+def client_side(timeout_ms: float | None, network_ms: float = 0.0, workers: int = 0, request_ms: float = 0.0):
+    """The API server in front (``workers`` handlers, ``request_ms`` each, a network hop) and,
+    with ``timeout_ms``, clients that give up."""
+    from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig
+
+    front = FrontendConfig(network_ms=network_ms, request_ms=request_ms, tokenize_ms_per_token=0.0, token_ms=0.0,
+                           workers=workers)
+    return ClientSide(front, ClientConfig(timeout_ms=timeout_ms) if timeout_ms is not None else None)
+
+
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=60, all_at_zero=None, priorities=True,
+                      prefix_groups=2),
+       schedulers(), st.integers(2, 4), st.integers(1, 2), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(),
+       st.integers(0, 30), st.booleans(), st.integers(1, 160), st.sampled_from([0.0, 0.5, 2.0]), st.integers(0, 2),
+       st.sampled_from([0.0, 1.5]))
+def test_clients_that_give_up_on_pipelines_agree_between_engines_and_conserve(requests, cfg, stages, instances, router,
+                                                                              cost, spare, prefix, timeout, network,
+                                                                              workers, request_ms):
+    """Through the API server (0-2 handlers) with clients giving up, so that requests are
+    aborted waiting, swapped out, between batches and in batches in flight: both engines alike,
+    every request served, rejected or aborted once, slots and KV within bounds, every block back."""
+    blocks = blocks_for_largest(requests, 4) + spare
+
+    def make():
+        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, 4, swap_blocks=16, bytes_per_block=2 ** 20,
+                                                         host_link_gbps=2 ** 10 / 1e3)
+        return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost), stages=stages, moe=False), kv
+
+    side = client_side(timeout + network, network, workers, request_ms)
+    runs = [run_pipelined(requests, make, stages, instances, ROUTERS[router]() if instances > 1 else None,
+                          engine=engine, client_side=side) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], requests, max_running=cfg.max_num_seqs * instances, kv_blocks=blocks * instances)
+    check_run(runs[1], requests, max_running=cfg.max_num_seqs * instances, kv_blocks=blocks * instances)
+
+
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5))
-def test_closed_loops_over_pipelined_instances_agree_and_conserve(clients, num_requests, stages, seed):
+@given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5), st.sampled_from([None, 15.0, 60.0]))
+@example(2, 12, 2, 5, 15.0)  # a request arrives as a batch lands and as a waiting request's abort is heard
+def test_closed_loops_over_pipelined_instances_agree_and_conserve(clients, num_requests, stages, seed, timeout):
+    """Clients send their next request when the last is answered, or when they give up on it
+    (a client's next request and its abort reach the engine together, one network hop later)."""
     make_workload = small_closed_loop(clients, num_requests)
+    side = client_side(timeout, 0.5) if timeout is not None else None
     runs = []
     for engine in ENGINES:
         workload = make_workload()
         runs.append(run_pipelined(workload.requests(seed), instance(48, stages=stages), stages, 2,
-                                  RoundRobinRouter(), engine=engine, workload=workload))
+                                  RoundRobinRouter(), engine=engine, workload=workload, client_side=side))
     compare_runs(*runs, rel=1e-12)
     assert runs[0].requests["id"].size == num_requests and runs[0].requests["rejected"].sum() == 0
+    assert all(kv.num_used_blocks() == 0 for run in runs for kv in run.meta["kvs"])
 
 
 # -- the cost models' stages ---------------------------------------------------------------------------------
@@ -284,6 +412,27 @@ def test_a_pipelined_deployment_behind_the_api_server_in_toml(tmp_path):
     assert m["client"]["frontend_ms"]["p50"] > 0 and m["client"]["ttft_ms"]["p50"] > m["ttft_ms"]["p50"]
 
 
+def test_a_pipelined_deployment_drops_requests_whose_clients_gave_up_in_toml(tmp_path):
+    # 40 requests at 2/s on 2 stages (answers take 0.8-4.2 s); clients give up after 2 s.
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(BASE).replace("rate = 20", "rate = 2") + textwrap.dedent("""
+        [cluster]
+        pipeline_parallel = 2
+        [frontend]
+        [client]
+        timeout_ms = 2000
+    """))
+    fast = fast_run_agreeing_with_reference(path)
+    m = fast.metrics
+    assert 0 < m["aborted"] <= m["timed_out"] < 40 and m["finished"] + m["timed_out"] == 40
+    assert m["client"]["frontend_ms"]["p50"] > 0  # requests went through the API server
+    req = fast.requests
+    dropped = req["aborted"] == 1
+    assert (req["finish_ms"][dropped] >= req["sent_ms"][dropped] + 2000).all()
+    assert (req["generated_tokens"][dropped] < req["output_tokens"][dropped]).all()
+    check_run(fast, _requests(path))
+
+
 def _requests(path):
     from schedlab.study.simulation import assemble
 
@@ -304,17 +453,21 @@ def test_a_cost_model_without_stages_is_refused_by_name(tmp_path):
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(min_size=2, max_size=14, max_prompt=48, max_output=12), st.integers(2, 3), st.integers(1, 3),
-       dyadic_linear_costs())
-def test_the_router_sees_each_pipelined_instance_as_it_is_at_the_arrival(requests, stages, max_num_seqs, cost):
+       dyadic_linear_costs(), st.sampled_from([None, 4.0, 12.5, 30.0]))
+def test_the_router_sees_each_pipelined_instance_as_it_is_at_the_arrival(requests, stages, max_num_seqs, cost,
+                                                                         timeout):
     """The outstanding count a router reads is the number of requests routed to that instance
-    earlier that finish after the arrival: a batch in the pipeline still holds its requests."""
+    earlier that finish after the arrival: a batch in the pipeline still holds its requests. A
+    request whose client gave up counts until the instance drops it (its finish_ms): at once
+    if the instance launches at that time, else at its next landing."""
     def make():
         return (ContinuousScheduler(ContinuousConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32)),
                 LinearParallelCost(LinearCostModel(cost), stages=stages, moe=False), PagedKVCache(64, 4))
 
+    side = client_side(timeout) if timeout is not None else None
     for engine in ENGINES:
         spy = RecordingRouter(LeastOutstandingRouter())
-        result = run_pipelined(requests, make, stages, 2, spy, engine=engine)
+        result = run_pipelined(requests, make, stages, 2, spy, engine=engine, client_side=side)
         place, finish = by_id(result, "instance"), by_id(result, "finish_ms")
         routed: list[int] = []
         for rid, seen in spy.seen:
@@ -355,9 +508,9 @@ def test_profiled_pipelines_match_the_reference(requests, stages, budget):
 _BUNDLE: dict = {}
 
 
-@pytest.mark.parametrize("table", ["[client]\ntimeout_ms = 1000\n", "[power]\nkind = \"utilisation\"\n"])
-def test_timeouts_and_energy_are_refused_with_pipelines(tmp_path, capsys, table):
-    """Not simulated with pipeline parallelism yet: a named error, not a silent run."""
+def test_energy_is_refused_with_pipelines(tmp_path, capsys):
+    """Not simulated with pipeline parallelism yet: a named error, not a silent run. (Clients
+    that give up, once refused here too, are simulated: see the tests above.)"""
     from schedlab.cli import main
 
     path = tmp_path / "exp.toml"
@@ -365,22 +518,7 @@ def test_timeouts_and_energy_are_refused_with_pipelines(tmp_path, capsys, table)
                     'prompt = {dist = "fixed", value = 64}\noutput = {dist = "fixed", value = 8}\nrate = 10\n'
                     '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n'
                     '[kv_cache]\nkind = "paged"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n'
-                    '[cluster]\npipeline_parallel = 2\n' + table)
+                    '[cluster]\npipeline_parallel = 2\n[power]\nkind = "utilisation"\n')
     assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    name = table.split("]")[0] + "]"
-    assert f"{name}:" in err and "parallel" in err and "yet" in err, err
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_a_request_with_its_own_timeout_is_refused_by_a_pipeline(engine):
-    """A run's [client] is refused with pipelines; a request carrying its own timeout_ms
-    (the library's Request) gets a clear error, not an abort the pipeline does not model."""
-    from schedlab.errors import SimulationError
-
-    def make():
-        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=2)),
-                LinearParallelCost(LinearCostModel(), stages=2, moe=False), PagedKVCache(64, 4))
-
-    with pytest.raises(SimulationError, match="request 1 has a client timeout.*pipeline parallelism"):
-        run_pipelined([Request(0, 0.0, 4, 4), Request(1, 1.0, 4, 4, timeout_ms=5.0)], make, 2, engine=engine)
+    assert "[power]:" in err and "parallel" in err and "yet" in err, err

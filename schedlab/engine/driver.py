@@ -353,8 +353,9 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
 def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: ArrivalQueue, workload) -> bool:
     """Advance the busy instance furthest behind (closed loop; ``workload`` None: nothing to
     release). False when every instance has caught up with the next arrival ``t``, which can
-    then be delivered."""
-    behind = [i for i in instances if i.now < t and i.has_work()]
+    then be delivered. A batch that lands at ``t`` lands first (as in the reference engine: the
+    arrival, and aborts due then, find it landed), but what launches then waits for the arrival."""
+    behind = [i for i in instances if i.has_work() and (i.now < t or (i.now == t and i.next_event() == (t, 0)))]
     if not behind:
         for inst in instances:  # idle ones jump to the arrival
             if inst.now < t:
@@ -366,7 +367,9 @@ def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: Arrival
         return False
     inst = min(behind, key=lambda i: (i.now, i.index))
     bound = min([t] + [o.now for o in instances if o is not inst and o.has_work()])
-    if bound <= inst.now:  # its next iteration starts no later than anyone's: always safe to run
+    if inst.now == t:  # its batch landing at t (the others are at t or later)
+        bound = t
+    elif bound <= inst.now:  # its next iteration starts no later than anyone's: always safe to run
         bound = math.nextafter(inst.now, INF)
     if inst.advance(bound, stop_on_finish=True) == "blocked":  # only with nothing else left to happen
         raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))

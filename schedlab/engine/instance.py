@@ -28,6 +28,7 @@ from .recorder import Recorder
 from .sequence import (
     ABORTED, DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence,
 )
+from .stages import IN_FLIGHT
 
 INF = math.inf
 
@@ -200,6 +201,9 @@ class Instance:
         # their disconnect takes hangup_ms to get here. Entries of finished sequences are dropped lazily.
         self.aborts: list = []
         self.hangup_ms = 0.0
+        # A pipelined instance (schedlab.engine.pipeline): its sequences in a batch in flight ->
+        # the tokens that batch computes for them (their KV slots are taken, not yet counted).
+        self.in_flight: dict | None = None
         self.pending: PreparedRun | None = None  # a decode run planned, not yet applied (see step)
 
     # -- arrivals ---------------------------------------------------------------------------
@@ -248,7 +252,8 @@ class Instance:
     def _abort_due(self) -> None:
         """Abort, at this plan, every request whose client's disconnect has arrived by now
         (vLLM: the engine core reads the aborts from its input queue between steps, frees the
-        requests' KV blocks and slots)."""
+        requests' KV blocks and slots). A request in a pipeline's batch in flight is freed too;
+        the batch drops its output when it lands (:mod:`schedlab.engine.pipeline`)."""
         aborts, now = self.aborts, self.now
         while aborts and aborts[0][0] <= now:
             seq = heapq.heappop(aborts)[2]
@@ -265,6 +270,10 @@ class Instance:
                 else:
                     del self.prefilling[seq]
                 del self.running[seq]
+                self.kv.free(seq)
+            elif status == IN_FLIGHT:  # in a pipeline's batch in flight: its output will be dropped
+                del self.running[seq]
+                seq._computed += self.in_flight.pop(seq)  # the batch's slots go too, as at a preemption
                 self.kv.free(seq)
             elif self.stage is not None and self.stage.abort(self, seq, now):
                 seq.status = ABORTED  # its KV was on its way here: the scheduler never held it

@@ -17,6 +17,11 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
 
 Arrivals wait for the next landing (vLLM blocks on the oldest batch). The pipeline runs one
 batch at a time: no bulk decode runs.
+
+Clients that give up (:mod:`schedlab.frontend`) are heard of when the instance next launches
+(the rule, and vLLM's code it follows, in :mod:`schedlab.engine.stages`): ``Instance._abort_due``
+frees a request's blocks and slot at once, also while its batch is in the pipeline, and that
+batch's landing drops its part (:meth:`PipelinedInstance._drop_aborted`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .instance import Instance
 from .lockstep import rank_batch
 from .plan import FastPlan
 from .rank_cost import RankCost
-from .sequence import DECODING, PARKED, PREFILLING
+from .sequence import ABORTED, DECODING, PARKED, PREFILLING
 from .stages import IN_FLIGHT, StageClock, VisibleRunning
 
 INF = math.inf
@@ -38,15 +43,16 @@ INF = math.inf
 class Flight:
     """A batch in the pipeline."""
 
-    __slots__ = ("plan", "decoders", "prefills", "launched", "completion", "tokens")
+    __slots__ = ("plan", "decoders", "prefills", "launched", "completion", "tokens", "members")
 
-    def __init__(self, plan, decoders, prefills, launched, completion, tokens):
+    def __init__(self, plan, decoders, prefills, launched, completion, tokens, members):
         self.plan = plan
         self.decoders = decoders    # sequences decoding in it (they come back decoding)
         self.prefills = prefills    # sequences with a prompt chunk in it
         self.launched = launched
         self.completion = completion
         self.tokens = tokens
+        self.members = members      # every sequence in it -> the tokens it computes for it
 
 
 class PipelinedInstance:
@@ -68,6 +74,7 @@ class PipelinedInstance:
         self.last_landing = -INF
         self._blocked = False      # planned nothing, with no wake-up: waits for an arrival
         inst.running_view = VisibleRunning(inst.running)
+        inst.in_flight = {}
         self._pipeline_ms = inst.cost.inner.pipeline_ms
         # Every batch is timed at its launch, from its own decoders (below): the instance's
         # lazily pruned heaps of context anchors would only fill up as decoders leave and come back.
@@ -115,11 +122,29 @@ class PipelinedInstance:
     def track_finished(self, value: bool) -> None:
         self.inst.track_finished = value
 
+    @property
+    def hangup_ms(self) -> float:
+        return self.inst.hangup_ms
+
+    @hangup_ms.setter
+    def hangup_ms(self, value: float) -> None:
+        self.inst.hangup_ms = value
+
+    @property
+    def aborts(self) -> list:
+        return self.inst.aborts
+
     def arrive(self, request, seq_no: int):
-        if request.timeout_ms is not None:  # a run's [client] is refused with pipelines; a request's own too
-            raise SimulationError(f"request {request.id} has a client timeout: clients giving up are not "
-                                  "simulated with pipeline parallelism")
         return self.inst.arrive(request, seq_no)
+
+    def settle(self, t: float) -> None:
+        """Before requests arriving at ``t`` are routed: an instance about to launch at ``t``
+        aborts what is due by then (routers see the aborted requests gone); one waiting for a
+        batch to land hears of them at the landing."""
+        inst = self.inst
+        if self.to_plan and self.now == t and inst.aborts and inst.next_abort() <= t:
+            self._blocked = False
+            inst._abort_due()
 
     def has_work(self) -> bool:
         return bool(self.flights) or self.inst.has_work()
@@ -172,6 +197,8 @@ class PipelinedInstance:
             if self.now >= until:
                 return "until"
             inst.now = self.now
+            if inst.aborts and inst.next_abort() <= self.now:  # vLLM reads aborts before it schedules
+                inst._abort_due()
             plan = None
             while len(self.flights) < self.stages:
                 plan = self._plan()
@@ -193,6 +220,9 @@ class PipelinedInstance:
                 raise StallError(inst._stall_message("the scheduler keeps planning empty iterations"))
             wake = plan.wake if plan.wake is not None else INF
             target = until if until < wake else wake
+            abort = inst.next_abort() if inst.aborts else INF
+            if abort < target:  # an abort wakes it (as an arrival would): it may free what the plan waits for
+                target = abort
             if plan.preempted or target <= self.now:
                 continue
             if target == INF:
@@ -229,12 +259,17 @@ class PipelinedInstance:
         for seq in prefills:
             del inst.prefilling[seq]
             seq.status = IN_FLIGHT
-        self.flights.append(Flight(plan, decoding, prefills, inst.now, completion, batch.num_batched_tokens))
+        members = dict.fromkeys(decoding, 1)  # one token each (no speculative decoding here)
+        members.update(plan.prefills)
+        inst.in_flight.update(members)
+        self.flights.append(Flight(plan, decoding, prefills, inst.now, completion, batch.num_batched_tokens,
+                                   members))
 
     def _land(self) -> None:
         """The oldest batch's output is back: its sequences return and its plan executes."""
         inst = self.inst
         flight = self.flights.popleft()
+        tokens = flight.tokens - self._drop_aborted(flight)
         for seq in flight.prefills:
             seq.status = PREFILLING
         if flight.prefills:  # back in admission order, as the scheduler walks them
@@ -250,14 +285,31 @@ class PipelinedInstance:
         inst.now = start
         cost = inst.cost
         cost.step_ms = flight.completion - start
-        cost.tokens = flight.tokens
+        cost.tokens = tokens
         cost.run = None
         inst.events += 1
         inst._execute(flight.plan, INF)
-        if inst.now < flight.completion:  # a batch of swaps only: its copies, then it waits
+        if inst.now < flight.completion:  # a batch of swaps only, or whose requests were all aborted: it waits
             inst._hold_blocks(flight.completion)
         inst.now = self.now = self.last_landing = flight.completion
         for seq in others:
             inst._add_decoder(seq)
             inst.off_cycle[seq] = seq.last_token_ms
         self.to_plan = True
+
+    def _drop_aborted(self, flight: Flight) -> int:
+        """Take the sequences aborted while ``flight`` was in the pipeline out of it (their
+        blocks and slots are free already; vLLM's ``update_from_output`` skips a finished
+        request's output); the tokens they had in it."""
+        in_flight = self.inst.in_flight
+        lost = 0
+        for seq, tokens in flight.members.items():
+            if seq.status == ABORTED:
+                lost += tokens
+            else:
+                del in_flight[seq]
+        if lost:
+            flight.decoders = [s for s in flight.decoders if s.status != ABORTED]
+            flight.prefills = [s for s in flight.prefills if s.status != ABORTED]
+            flight.plan.prefills = [(s, n) for s, n in flight.plan.prefills if s.status != ABORTED]
+        return lost

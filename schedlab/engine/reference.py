@@ -365,6 +365,7 @@ class ReferenceEngine:
         self.meter = meter  # a schedlab.energy.EnergyMeter with [power]
         self.aborts: list = []    # [time the engine hears its client gave up, seq_no, sequence]
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
+        self.in_flight: dict | None = None  # pipelined: a sequence in a batch in flight -> its KV slots there
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         host = getattr(kv, "host", None)
         if host is not None:
@@ -470,7 +471,8 @@ class ReferenceEngine:
 
     def abort_due(self) -> None:
         """Drop every request whose client's disconnect has reached the engine by now, in the
-        order the disconnects arrived (ties: arrival order): its KV blocks and slot are freed."""
+        order the disconnects arrived (ties: arrival order): its KV blocks and slot are freed,
+        also while it is in a pipeline's batch in flight (:mod:`schedlab.engine.stages`)."""
         due = sorted((a for a in self.aborts if a[0] <= self.now), key=lambda a: (a[0], a[1]))
         for entry in due:
             self.aborts.remove(entry)
@@ -486,6 +488,10 @@ class ReferenceEngine:
                 self.kv.free_swapped(seq)
             elif seq.status in ("prefilling", "decoding"):
                 del self.running[seq]
+                self.kv.free(seq)
+            elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
+                del self.running[seq]
+                seq.num_computed_tokens += self.in_flight.pop(seq)  # the slots that batch took go too
                 self.kv.free(seq)
             elif self.role is not None and self.role.abort(self, seq):
                 seq.status = "aborted"  # its KV was on its way here; the scheduler never held it

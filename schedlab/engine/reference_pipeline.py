@@ -6,7 +6,9 @@ version is :mod:`schedlab.engine.pipeline`. Here a :class:`ReferencePipeline` wr
 several behind a router in plain time order: a batch landing is an event like an arrival, and
 comes before an arrival at the same time (that batch has ended when the arrival is routed);
 after each landing the instance launches again. Sequences in a batch in flight are marked
-``in_flight`` and the scheduler sees the running list without them.
+``in_flight`` and the scheduler sees the running list without them. A request whose client gave
+up is aborted before the instance launches (``ReferenceEngine.abort_due``), in a batch in flight
+too; that batch lands without it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..errors import SimulationError, StallError
+from ..errors import StallError
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
 from .stages import IN_FLIGHT, StageClock, VisibleRunning
@@ -45,6 +47,7 @@ class ReferencePipeline:
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
+        engine.in_flight = {}
 
     # -- what the cluster and the routers read --------------------------------------------------------
     index = property(lambda self: self.e.index)
@@ -54,6 +57,15 @@ class ReferencePipeline:
     kv = property(lambda self: self.e.kv)
     release = property(lambda self: self.e.release)
     events = property(lambda self: self.e.events)
+    aborts = property(lambda self: self.e.aborts)
+
+    @property
+    def hangup_ms(self) -> float:
+        return self.e.hangup_ms
+
+    @hangup_ms.setter
+    def hangup_ms(self, value: float) -> None:
+        self.e.hangup_ms = value
 
     @property
     def on_request_done(self):
@@ -64,22 +76,31 @@ class ReferencePipeline:
         self.e.on_request_done = callback
 
     def arrive(self, request, seq_no: int):
-        if request.timeout_ms is not None:  # a run's [client] is refused with pipelines; a request's own too
-            raise SimulationError(f"request {request.id} has a client timeout: clients giving up are not "
-                                  "simulated with pipeline parallelism")
         return self.e.arrive(request, seq_no)
 
     def settle(self, t: float) -> None:
-        """Nothing to abort: client timeouts are not simulated with pipelines (the run refuses them)."""
+        """Before requests arriving at ``t`` are routed: an instance that launches next (none
+        of its batches in flight) aborts what is due by ``t``; one waiting for a landing hears
+        of it then."""
+        e = self.e
+        if self.launch_due and e.now <= t and any(at <= t and seq.status not in ("finished", "aborted")
+                                                  for at, _, seq in e.aborts):
+            e.wake(t)
+            self.sleep_until = None
+            e.abort_due()
 
     def has_work(self) -> bool:
         return bool(self.flights) or self.e.has_work()
 
     def next_plan_time(self) -> float:
-        """When it launches next (inf while it waits for a batch to land)."""
+        """When it launches next: now, or after an empty plan at its wake-up time or its next
+        abort (inf while it waits for a batch to land)."""
         if not self.launch_due:
             return INF
-        return self.e.now if self.sleep_until is None else max(self.sleep_until, self.e.now)
+        if self.sleep_until is None:
+            return self.e.now
+        pending = [at for at, _, seq in self.e.aborts if seq.status not in ("finished", "aborted")]
+        return max(min([self.sleep_until] + pending), self.e.now)
 
     def next_landing(self) -> float:
         return self.flights[0][3] if self.flights else INF
@@ -92,8 +113,10 @@ class ReferencePipeline:
 
     # -- launching and landing -------------------------------------------------------------------
     def step(self) -> None:
-        """Launch batches until ``stages`` are in flight or the scheduler plans nothing."""
+        """Abort what is due, then launch batches until ``stages`` are in flight or the
+        scheduler plans nothing."""
         e = self.e
+        e.abort_due()
         plan = None
         while len(self.flights) < self.stages:
             e.serial += 1
@@ -123,10 +146,15 @@ class ReferencePipeline:
         stage_ms[0] += plan.transfer_ms  # swaps before the first stage; the batch's time then includes them
         plan.transfer_ms = 0.0
         completion = self.clock.launch(e.now, stage_ms, send_ms)
-        members = set(plan.decoders()) | {s for s, _ in plan.prefills}
+        decoders = plan.decoders()
+        members = set(decoders) | {s for s, _ in plan.prefills}
         flown = [(s, s.status) for s in e.running if s in members]
         for s, _ in flown:
             s.status = IN_FLIGHT
+        for s in decoders:  # the KV slots the batch took for each, freed with it if it is aborted
+            e.in_flight[s] = plan.drafts[s][1]
+        for s, n in plan.prefills:
+            e.in_flight[s] = n
         self.flights.append([plan, flown, e.now, completion, tokens])
 
     def land(self) -> None:
@@ -134,6 +162,13 @@ class ReferencePipeline:
         since the previous landing (or its launch, if later)."""
         e = self.e
         plan, flown, launched, completion, tokens = self.flights.pop(0)
+        gone = {s for s, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
+        lost = (sum(1 + plan.drafts[s][0] for s in gone if s in plan.drafts)  # a decode's tokens
+                + sum(n for s, n in plan.prefills if s in gone))             # a prompt chunk's
+        plan.prefills = [(s, n) for s, n in plan.prefills if s not in gone]
+        flown = [(s, status) for s, status in flown if s not in gone]
+        for s, _ in flown:
+            del e.in_flight[s]
         others = [s for s in e.running if s.status == "decoding"]  # not in this batch: sit it out
         for s in others:
             s.status = IN_FLIGHT
@@ -144,11 +179,11 @@ class ReferencePipeline:
             e.wake(start)
         e.now = start
         e.cost.step_ms = completion - start
-        e.cost.tokens = tokens
+        e.cost.tokens = tokens - lost
         e.cost.run = None
         e.events += 1
         e._execute(plan)
-        if e.now < completion:
+        if e.now < completion:  # a batch of swaps only, or whose requests were all aborted: it waits
             e.wake(completion)
         e.now = self.last_landing = completion
         for s in others:

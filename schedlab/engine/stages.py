@@ -1,5 +1,6 @@
-"""Pipeline parallelism's two rules that both engines share: the stages' clock, and what a
-scheduler sees while batches are in flight.
+"""Pipeline parallelism's rules that both engines share: the stages' clock, what a scheduler
+sees while batches are in flight, and what becomes of a request whose client gives up while
+its batch is in flight.
 
 vLLM V1 with ``--pipeline-parallel-size P`` keeps up to ``P`` batches in flight
 (``EngineCore.step_with_batch_queue``, ``batch_queue_size = max_concurrent_batches = P``): it
@@ -11,6 +12,33 @@ meanwhile; it still holds its place among the running requests (``max_num_seqs``
 
 A batch goes through the stages in order; a stage works on one batch at a time, in launch
 order, and hands its activations to the next stage (:class:`StageClock`).
+
+**Clients that give up** (``[client] timeout_ms``, :mod:`schedlab.frontend`). vLLM 0.33's engine
+core reads aborts before it schedules a batch (``EngineCoreProc.run_busy_loop`` handles the
+input queue between calls of ``step_with_batch_queue``, which returns after each launch while
+the queue has room) and, while it blocks on the oldest batch, once that batch's output is back
+(``step_with_batch_queue``: ``_process_aborts_queue`` before ``update_from_output``). An abort is
+``Scheduler.finish_requests`` (``vllm/v1/core/sched/scheduler.py``): the request leaves the
+running list (its ``max_num_seqs`` slot is free) and ``_free_request`` returns its blocks to the
+pool at once -- ``_free_blocks`` -> ``KVCacheManager.free``, deferred only for a KV connector
+that consumes remote KV (``defer_block_free``), which a pipelined instance here has not -- so a
+batch scheduled next may take them while the request's own batch is still in the pipeline.
+When that batch lands, ``update_from_output`` skips the request ("the request is already
+finished. This can happen if the request is aborted while the model is executing it (e.g., in
+pipeline parallelism ...)"): its tokens from the batch are dropped. So here:
+
+* the instance hears of an abort at its next scheduling point -- before it launches a batch,
+  i.e. at a landing or, with nothing in flight, when the disconnect arrives -- and frees the
+  request's blocks (those its batch in flight took too) and slot then, wherever it is;
+* a batch that lands after one of its requests was aborted executes without it: the request
+  gets no token from it, and the batch's time is unchanged (the stages computed its share all
+  the same). A batch that lost every request gives no token: its time counts as idle, as a
+  batch of swaps only does (the busy share stays a share of the makespan, which ends with the
+  last request done);
+* as for a colocated instance, a landing's tokens count before the aborts heard at that time
+  (vLLM reads its abort queue just before ``update_from_output``, so there a disconnect that
+  arrives while the batch computes drops that batch's tokens too; the simulator, colocated or
+  pipelined, hears it at the next boundary).
 """
 
 from __future__ import annotations

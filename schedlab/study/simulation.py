@@ -366,10 +366,6 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
         if cluster.autoscaler is not None:
             raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling is not modelled with data_parallel or "
                               "pipeline_parallel layouts")
-        if client_side is not None and parallelism.pipelined and client_side.client is not None \
-                and client_side.client.gives_up:
-            raise ConfigError(f"{where} [client]: timeout_ms: clients that give up are not simulated with "
-                              "pipeline_parallel layouts yet (a request may be in a batch in flight)")
         assembled = _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where,
                                        check_only)
         return attrs.evolve(assembled, client_side=client_side)

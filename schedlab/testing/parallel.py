@@ -131,7 +131,8 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
     ``pipeline_ms`` (e.g. :class:`LinearParallelCost` with ``stages``). ``meta["kvs"]`` holds
-    every instance's KV cache. ``client_side``: the API server in front (no timeouts).
+    every instance's KV cache. ``client_side``: the API server in front and the clients'
+    timeouts (:mod:`schedlab.frontend`).
     """
     from ..engine.driver import simulate
     from ..engine.instance import Instance
