@@ -225,7 +225,8 @@ def test_clocked_roofline_lockstep_agrees_between_engines_and_conserves_energy(r
     gpu = PRESETS.gpu(H100)
 
     def make():
-        roofline = RooflineCostModel(PRESETS.model("qwen3-30b-a3b"), gpu, RooflineConfig(model="qwen3-30b-a3b", gpu=H100),
+        roofline = RooflineCostModel(PRESETS.model("qwen3-30b-a3b"), gpu,
+                                     RooflineConfig(model="qwen3-30b-a3b", gpu=H100),
                                      parallelism=Parallelism(data_parallel=ranks, expert_parallel=True))
         cost = ClockedCostModel(roofline, gpu, ClockConfig(**clock))
         return ContinuousScheduler(cfg), cost, PagedKVCache(need + spare, 16, swap_blocks=64,
@@ -255,9 +256,14 @@ MOE = """
 """
 
 
+def on_h100(text: str) -> str:
+    """An experiment of test_data_parallel.py on H100s (a clock range), keeping a timeline."""
+    return text.replace("rtx-pro-6000-server", H100).replace('name = "dp"', 'name = "dp"\ntimeline = true')
+
+
 def _write(tmp_path, text: str, name: str = "exp.toml"):
     """BASE (Qwen3-30B-A3B) on H100s, with a timeline, and ``text``."""
-    base = textwrap.dedent(BASE).replace('name = "dp"', 'name = "dp"\ntimeline = true').replace("rtx-pro-6000-server", H100)
+    base = textwrap.dedent(on_h100(BASE))
     path = tmp_path / name
     path.write_text(base + textwrap.dedent(text))
     return path
@@ -288,7 +294,7 @@ def test_lockstep_ranks_with_a_clock_in_toml_run_in_both_engines(tmp_path, clock
 def test_a_dense_models_ranks_take_a_clock_as_instances_behind_the_balancer(tmp_path, clock):
     """Independent ranks: each an instance at the clock, drawing what instances behind vLLM's DP
     balancer draw; both engines agree and the energy is conserved."""
-    text = (BASE.replace("qwen3-30b-a3b", "llama-3.1-8b").replace("rtx-pro-6000-server", H100).replace('name = "dp"', 'name = "dp"\ntimeline = true')
+    text = (on_h100(BASE.replace("qwen3-30b-a3b", "llama-3.1-8b"))
             + f'[power]\nkind = "utilisation"\n[slo]\ntpot_ms = 30\n[clock]\n{clock}\n')
     path = tmp_path / "dense.toml"
     path.write_text(textwrap.dedent(text) + textwrap.dedent("""
