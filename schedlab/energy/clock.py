@@ -41,6 +41,19 @@ the clock comes down; as the load grows, prompts ride along more often and it go
 The choice depends on the iteration's shape alone, so both engines make it alike, and a bulk
 decode run ends where its growing context would need the next level up
 (:meth:`ClockedCostModel.decode_step_increment`).
+
+Data-parallel ranks stepping together (:mod:`schedlab.engine.lockstep`). A step lasts
+``max_r(rank part_r) + experts``: each rank's own part and the routed experts of every rank's
+tokens run one after the other, so the law times each on its own work split -- a rank's part
+from the cost model's ``rank_work`` of its batch (the dummy's for a rank with nothing to
+compute), the experts from ``experts_work`` of the step's tokens (one GPU's share: the mean
+GPU's, where the step waits for the busiest) -- and swaps, on the host link, not at all. The
+ranks step together, so they step at one clock: a rank locked lower would make every other
+rank wait for it. A fixed clock is every rank's; the governor chooses from the step as a whole
+-- the highest clock when any rank has prompt tokens, else the lowest level at which the whole
+step (swaps included: what the decodes wait for) stays within ``headroom x tpot_ms``
+(:meth:`ClockedCostModel.lockstep_at`). With the governor the ranks step one at a time (no
+bulk runs: the level the step needs depends on every rank at once).
 """
 
 from __future__ import annotations
@@ -118,6 +131,10 @@ class ClockedCostModel:
         self.config = config
         self.gpu = gpu
         self._work = work
+        # a lockstep rank's parts at the highest clock, for the check of the layout and the
+        # cluster (which clocks the step, lockstep_at); None when the wrapped model lacks them
+        for name in ("rank_ms", "experts_ms", "rank_work", "experts_work", "rank_kernel_ms"):
+            setattr(self, name, getattr(inner, name, None))
         self.needs_context_range = bool(getattr(inner, "needs_context_range", False))
         self.request_cost = getattr(inner, "request_cost", None)
         f_max, f_min = gpu.max_clock_mhz, gpu.min_clock_mhz
@@ -211,10 +228,8 @@ class ClockedCostModel:
         def level(r):  # (time at the run's first iteration, increment, iterations the piece holds)
             if r >= 1.0:
                 return d0, inc, None
-            s0, s1 = self.stretch(c0, m0, r), self.stretch(c1, m1, r)
-            sides = [_steps_while_same_side(c0 / r - m0, (c1 - c0) / r - (m1 - m0)),
-                     _steps_while_same_side(c0 - m0, (c1 - c0) - (m1 - m0))]
-            return d0 + s0, inc + s1 - s0, min((h for h in sides if h is not None), default=None)
+            s0, s_inc, hold = _stretched_run(c0, m0, c1, m1, r)
+            return d0 + s0, inc + s_inc, hold
 
         t0, t_inc, hold = level(r)
         holds = [steps, hold]
@@ -229,6 +244,76 @@ class ClockedCostModel:
                     holds.append(max(1, math.ceil((p0 - self.target) / -p_inc)))
         holds = [h for h in holds if h is not None]
         return (t_inc, max(1, min(holds))) if holds else t_inc
+
+
+    # --- data-parallel ranks stepping together (schedlab.engine.lockstep) -------------------------
+    def rank_split(self, batch: Batch) -> tuple[float, float]:
+        """``(c, m)`` of a lockstep rank's own part of a step (the wrapped model's ``rank_work``)."""
+        byt, flops = self.rank_work(batch)
+        return flops / self._flops_per_ms, byt / self._bytes_per_ms
+
+    def experts_split(self, tokens) -> tuple[float, float]:
+        """``(c, m)`` of a lockstep step's routed experts on one GPU (``experts_work``)."""
+        byt, flops = self.experts_work(tokens)
+        return flops / self._flops_per_ms, byt / self._bytes_per_ms
+
+    def lockstep_at(self, own: list, tokens: tuple, parts: list, experts: float) -> tuple[float, list, float]:
+        """``(r, parts, experts)``: the clock of a lockstep step and its ranks' parts and experts
+        at it (see the module docstring).
+
+        :param own: the batch each rank's GPUs compute (the dummy for a rank with nothing to do);
+        :param tokens: every rank's tokens (what the experts are timed for);
+        :param parts: each rank's part at the highest clock, its swaps included;
+        :param experts: the experts at the highest clock.
+        """
+        splits = [self.rank_split(b) for b in own]
+        e_split = self.experts_split(tokens)
+        stretch = self.stretch
+
+        def at(r):
+            if r >= 1.0:
+                return parts, experts
+            return [p + stretch(c, m, r) for p, (c, m) in zip(parts, splits)], experts + stretch(*e_split, r)
+
+        if self.fixed is not None:
+            r = self.fixed
+        elif any(b.prefill_tokens for b in own):
+            r = 1.0  # prompt tokens on some rank: the highest clock (TTFT)
+        else:
+            r = 1.0
+            for level in self.levels:
+                p, e = at(level)
+                if max(p) + e <= self.target:
+                    r = level
+                    break
+        return (r, *at(r))
+
+    def rank_step_increment(self, batch: Batch):
+        """A lockstep rank's part's growth over a decode run at the fixed clock: the wrapped
+        model's increment (as the cluster takes it without a clock) and the stretch's, held while
+        the sides of the law's ``max`` terms stay the same. None with the governor: its steps are
+        chosen one at a time."""
+        if self.fixed is None:
+            return None
+        base = self.inner.decode_step_increment(batch)
+        if base is None or self.fixed >= 1.0:
+            return base
+        inc, steps = base if type(base) is tuple else (base, None)
+        c0, m0 = self.rank_split(batch)
+        c1, m1 = self.rank_split(_next(batch))
+        _, s_inc, hold = _stretched_run(c0, m0, c1, m1, self.fixed)
+        holds = [h for h in (steps, hold) if h is not None]
+        return (inc + s_inc, max(1, min(holds))) if holds else inc + s_inc
+
+
+def _stretched_run(c0: float, m0: float, c1: float, m1: float, r: float) -> tuple[float, float, int | None]:
+    """``(stretch at the run's first iteration, its increment, iterations it stays linear)`` over
+    a decode run whose first two iterations split as ``(c0, m0)`` and ``(c1, m1)``, at clock
+    ``r < 1``: linear while neither ``max`` of the law changes sides (None: for ever)."""
+    s0, s1 = ClockedCostModel.stretch(c0, m0, r), ClockedCostModel.stretch(c1, m1, r)
+    sides = [_steps_while_same_side(c0 / r - m0, (c1 - c0) / r - (m1 - m0)),
+             _steps_while_same_side(c0 - m0, (c1 - c0) - (m1 - m0))]
+    return s0, s1 - s0, min((h for h in sides if h is not None), default=None)
 
 
 def _next(batch: Batch) -> Batch:

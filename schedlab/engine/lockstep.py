@@ -22,6 +22,11 @@ grows linearly, so the maximum is linear while the same rank stays the slowest: 
 before another rank's line crosses it. It also ends at every rank's own events (a finish, a
 KV shortage, a wake-up) and at the next arrival. Otherwise the ranks step one at a time.
 
+**Clocks** (``[clock]``). Every rank steps at one clock: the cost model's ``lockstep_at``
+times the step's parts and experts at the fixed clock, or chooses the governor's level from
+the whole step (:mod:`schedlab.energy.clock`); a bulk run at a fixed clock holds while each
+rank's part stays linear at it (``rank_step_increment``), and the governor steps one at a time.
+
 **Energy** (``[power]``). A rank that executes its plan is metered by its instance, its power
 model asking the :class:`~schedlab.engine.rank_cost.RankCost` what the step did on its GPUs (its
 own part and its share of every rank's experts). A rank that computes nothing in a step -- idle,
@@ -105,6 +110,9 @@ class DataParallelCluster:
         self._views = views_of(self.ranks, self._clock)
         self.now = 0.0
         self._dummy_ms = [c.rank_ms(DUMMY) for c in self.inner]
+        # [clock]: the step's clock, and a rank part's growth at it (schedlab.energy.clock)
+        self._step_clock = getattr(self.inner[0], "lockstep_at", None)
+        self._increments = [getattr(c, "rank_step_increment", None) or c.decode_step_increment for c in self.inner]
         if self.inner[0].experts_ms((1,) * len(self.ranks)) is None:
             raise SimulationError("the ranks of a dense model do not step together: serve it as instances "
                                   "behind a router")
@@ -185,12 +193,16 @@ class DataParallelCluster:
                  for r, b in enumerate(batches)]
         tokens = tuple(b.num_batched_tokens or 1 for b in batches)
         experts = inner[0].experts_ms(tokens)
+        ratio = 1.0
+        if self._step_clock is not None:  # one clock for the step, every rank's part and the experts at it
+            own = [b if b.num_batched_tokens else DUMMY for b in batches]
+            ratio, parts, experts = self._step_clock(own, tokens, parts, experts)
         d0 = max(parts) + experts
         k, inc = self._run(plans, working, batches, parts, d0, until)
         start = self.now
         for r, inst in enumerate(ranks):
             cost = self.costs[r]
-            cost.step_tokens, cost.experts_ms, cost.dummy = tokens, experts, False
+            cost.step_tokens, cost.experts_ms, cost.dummy, cost.ratio = tokens, experts, False, ratio
             if working[r]:
                 cost.step_ms = d0 - plans[r].transfer_ms
                 cost.tokens = batches[r].num_batched_tokens
@@ -220,7 +232,7 @@ class DataParallelCluster:
                 continue
             if not (inst.bulk_ok and inst.n_decoding and plan.is_decode_only()):
                 return 1, 0.0
-            line = _increment(self.inner[r].decode_step_increment(batches[r]))
+            line = _increment(self._increments[r](batches[r]))
             if line is None:
                 return 1, 0.0
             lines.append((parts[r], *line))

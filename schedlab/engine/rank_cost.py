@@ -17,6 +17,11 @@ tokens (what the experts were timed for) and whether this rank ran the dummy. Th
 rank running the dummy is handed :data:`NOTHING` (no request's token): its work is the dummy's
 and the experts'. Over a bulk decode run nothing of the experts changes (the tokens do not),
 and the rank's own work grows with its contexts, so the power models' closed forms hold.
+
+**At an SM clock** (``[clock]``, :mod:`schedlab.energy.clock`): the cluster clocks each step
+(the cost model's ``lockstep_at``: one clock for every rank) and sets it here; a rank's view is
+then a :class:`ClockedRankCost`, which tells its power model the step's clock and times the
+rank's kernels at it.
 """
 
 from __future__ import annotations
@@ -42,10 +47,12 @@ class RankCost:
     :ivar step_tokens: every rank's tokens in the step (a dummy counts 1): what its experts
         were timed for;
     :ivar experts_ms: the step's routed experts (dispatch, the busiest GPU, combine);
-    :ivar dummy: this rank runs the dummy batch in the step (set while its meter is handed it).
+    :ivar dummy: this rank runs the dummy batch in the step (set while its meter is handed it);
+    :ivar ratio: the step's SM clock as a share of the highest (1.0 without ``[clock]``).
     """
 
-    __slots__ = ("inner", "needs_context_range", "step_ms", "run", "tokens", "step_tokens", "experts_ms", "dummy")
+    __slots__ = ("inner", "needs_context_range", "step_ms", "run", "tokens", "step_tokens", "experts_ms", "dummy",
+                 "ratio")
 
     def __init__(self, inner):
         self.inner = inner  # the rank's own cost model (rank_ms, decode_step_increment, experts_ms)
@@ -56,6 +63,7 @@ class RankCost:
         self.step_tokens: tuple = ()
         self.experts_ms = 0.0
         self.dummy = False
+        self.ratio = 1.0
 
     def iteration_ms(self, batch: Batch) -> float:
         if batch.num_batched_tokens != self.tokens:
@@ -101,3 +109,43 @@ class RankCost:
         if batch.num_batched_tokens:
             return batch
         return DUMMY if self.dummy else None
+
+
+class ClockedRankCost(RankCost):
+    """A lockstep rank's view when its cost model is clocked (a
+    :class:`~schedlab.energy.clock.ClockedCostModel`): power models find the clock here
+    (``clock_ratio``, ``r_min``, ``fixed``, and ``config``, the clock's settings) and read the
+    step's clock, which the cluster chose for all ranks, not one the rank's batch alone would get.
+    """
+
+    __slots__ = ()
+
+    def clock_ratio(self, batch: Batch) -> float:
+        return self.ratio
+
+    @property
+    def r_min(self) -> float:
+        return self.inner.r_min
+
+    @property
+    def fixed(self) -> float | None:
+        return self.inner.fixed
+
+    def kernel_ms(self, batch: Batch) -> float:
+        """:meth:`RankCost.kernel_ms` at the step's clock: the own part's kernels stretched by
+        the law as the step's part was (the experts' time the cluster set is clocked already)."""
+        own = self._own(batch)
+        if own is None:
+            return 0.0
+        inner = self.inner
+        kernels = inner.rank_kernel_ms or inner.rank_ms
+        k = kernels(own)
+        if self.ratio < 1.0:
+            k += inner.stretch(*inner.rank_split(own), self.ratio)
+        return k + self.experts_ms
+
+
+def rank_view(cost) -> RankCost:
+    """What a lockstep rank or a pipelined instance sees of ``cost``: a :class:`ClockedRankCost`
+    for a clocked cost model, else a :class:`RankCost`."""
+    return ClockedRankCost(cost) if callable(getattr(cost, "lockstep_at", None)) else RankCost(cost)

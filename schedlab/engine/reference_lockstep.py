@@ -9,6 +9,8 @@ or a dummy batch's -- and the step lasts the largest part plus the cost model's
 end the step together. With ``[power]`` each step of a rank that computed no token (the dummy
 batch, after its swaps if it had any) is metered and gets a timeline row: its GPUs ran the
 dummy and their share of the others' experts (:class:`~schedlab.engine.rank_cost.RankCost`).
+With ``[clock]`` every step runs at the one clock the cost model's ``lockstep_at`` gives it
+(:mod:`schedlab.energy.clock`), its parts and experts timed at it.
 """
 
 from __future__ import annotations
@@ -114,10 +116,16 @@ class ReferenceDataParallel(ReferenceCluster):
                 tokens.append(1)
             batches.append(batch)
         tokens = tuple(tokens)
-        experts = self.instances[0].cost.inner.experts_ms(tokens)
+        inner = self.instances[0].cost.inner
+        experts = inner.experts_ms(tokens)
+        ratio = 1.0
+        clock = getattr(inner, "lockstep_at", None)
+        if clock is not None:  # [clock]: one clock for the step (schedlab.energy.clock)
+            own = [b if b is not None and b.num_batched_tokens else DUMMY for b in batches]
+            ratio, parts, experts = clock(own, tokens, parts, experts)
         step_ms = max(parts) + experts
         for e, plan, batch in zip(self.instances, plans, batches):
-            e.cost.step_tokens, e.cost.experts_ms, e.cost.dummy = tokens, experts, False
+            e.cost.step_tokens, e.cost.experts_ms, e.cost.dummy, e.cost.ratio = tokens, experts, False, ratio
             if batch is not None:
                 e.cost.step_ms = step_ms - plan.transfer_ms
                 e.cost.tokens = batch.num_batched_tokens

@@ -25,7 +25,7 @@ from ..engine.instance import Instance
 from ..engine.load import RoutingClock
 from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
 from ..engine.pipeline import PipelinedInstance
-from ..engine.rank_cost import RankCost
+from ..engine.rank_cost import rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
@@ -408,8 +408,9 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     if speculative is not None:
         raise ConfigError(f"{where} [speculative]: speculative decoding with data or pipeline parallelism is not "
                           "modelled")
-    if tables.get("clock") is not None:
-        raise ConfigError(f"{where} [clock]: clocks with data or pipeline parallelism are not modelled yet")
+    if tables.get("clock") is not None and parallelism.pipelined:
+        raise ConfigError(f"{where} [clock]: clocks with pipeline parallelism are not modelled yet (data-parallel "
+                          "ranks take one)")
     if tables.get("power") is not None and parallelism.pipelined:
         raise ConfigError(f"{where} [power]: energy with pipeline parallelism is not modelled yet")
     if parallelism.lockstep and "instances" in cluster_table:
@@ -423,19 +424,20 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     if parallelism.lockstep:
         rank_ms, experts_ms = getattr(cost, "rank_ms", None), getattr(cost, "experts_ms", None)
         if not (callable(rank_ms) and callable(experts_ms)):
-            raise ConfigError(f"{where} [cost_model]: {type(cost).__name__} does not time data-parallel ranks "
+            raise ConfigError(f"{where} [cost_model]: {_cost_name(cost)} does not time data-parallel ranks "
                               "(it needs rank_ms and experts_ms, see schedlab.protocols); the roofline and "
                               "profiled cost models do")
         lockstep = experts_ms((1,) * parallelism.data_parallel) is not None
         if not lockstep and parallelism.expert_parallel:
             raise ConfigError(f"{where} [cluster]: expert_parallel: the model has no routed experts")
-        if lockstep and "power" in tables:
-            _check_rank_work(cost, where)
+        for table in ("clock", "power"):  # the clock times a step's parts, as power models meter them, by their work
+            if lockstep and tables.get(table) is not None:
+                _check_rank_work(cost, f"{where} [{table}]")
     if parallelism.pipelined and not callable(getattr(cost, "pipeline_ms", None)):
         raise ConfigError(f"{where} [cost_model]: {type(cost).__name__} does not time pipeline stages (it needs "
                           "pipeline_ms, see schedlab.protocols); the roofline and profiled cost models do")
     # lockstep ranks and pipelined instances are timed by their cluster, not alone
-    views = [RankCost(c) for _, c, _ in parts] if lockstep or parallelism.pipelined else None
+    views = [rank_view(c) for _, c, _ in parts] if lockstep or parallelism.pipelined else None
     power = None
     if "power" in tables:
         power = [_power_model(ctx, tables, views[i] if views is not None else c, kv, f"{where} [power]")
@@ -448,11 +450,17 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
                      power=power, views=views)
 
 
+def _cost_name(cost) -> str:
+    """The name of the ``[cost_model]`` kind's class, the clock's wrapper looked through."""
+    return type(cost.inner if callable(getattr(cost, "lockstep_at", None)) else cost).__name__
+
+
 def _check_rank_work(cost, where: str) -> None:
-    """Metering lockstep ranks needs the cost model to split a step's work as it splits its
-    time: a rank's own part and its GPUs' share of every rank's experts."""
+    """Metering or clocking lockstep ranks needs the cost model to split a step's work as it
+    splits its time: a rank's own part and its GPUs' share of every rank's experts (``where``
+    names the table that needs it)."""
     if not (callable(getattr(cost, "rank_work", None)) and callable(getattr(cost, "experts_work", None))):
-        raise ConfigError(f"{where} [power]: {type(cost).__name__} does not say the work of data-parallel ranks "
+        raise ConfigError(f"{where}: {_cost_name(cost)} does not say the work of data-parallel ranks "
                           "stepping together (it needs rank_work and experts_work, see schedlab.protocols); the "
                           "roofline and profiled cost models do")
 

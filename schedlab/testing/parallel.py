@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import attrs
 
-from ..engine.rank_cost import RankCost
+from ..engine.rank_cost import RankCost, rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..results.records import RunResult
@@ -106,7 +106,7 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [make() for _ in range(ranks)]
-    views = [RankCost(c) for _, c, _ in parts]
+    views = [rank_view(c) for _, c, _ in parts]
     meters = _meters(power, views)
     if engine == "reference":
         engines = [ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
