@@ -42,7 +42,7 @@ from schedlab_plugins.power.utilisation import build_utilisation
 from schedlab_plugins.routers import RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from test_data_parallel import BASE, ROUTERS, by_id, fresh_router, schedulers
-from test_data_parallel_energy import GPU, PRESETS, same_energy
+from test_data_parallel_energy import GPU, PRESETS, metered_runs_agreeing, same_energy
 
 ENGINES = ("fast", "reference")
 #: a GPU preset with a clock range (the RTX PRO 6000's presets have no highest clock)
@@ -205,12 +205,7 @@ def test_clocked_lockstep_agrees_between_engines_and_conserves_energy(requests, 
         kv = PagedKVCache(blocks, 4, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3)
         return ContinuousScheduler(cfg), clocked(cost, **clock), kv
 
-    runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine,
-                              power=utilisation(standby_s, 0.005)) for engine in ENGINES]
-    compare_runs(*runs, rel=1e-9)
-    same_energy(*runs)
-    for run in runs:
-        check_energy(run, shared=run.counters["swap_out_blocks"] == 0)
+    runs = metered_runs_agreeing(requests, make, ranks, ROUTERS[router], utilisation(standby_s, 0.005))
 
 
 @settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -235,12 +230,7 @@ def test_clocked_roofline_lockstep_agrees_between_engines_and_conserves_energy(r
     def power(cost):
         return build_utilisation(UtilisationConfig(standby_s=0.05), PRESETS, cost)
 
-    runs = [run_data_parallel(requests, make, ranks, fresh_router(), engine=engine, power=power)
-            for engine in ENGINES]
-    compare_runs(*runs, rel=1e-9)
-    same_energy(*runs)
-    for run in runs:
-        check_energy(run, shared=run.counters["swap_out_blocks"] == 0)
+    metered_runs_agreeing(requests, make, ranks, fresh_router, power)
 
 
 # -- TOML ---------------------------------------------------------------------------------------------------

@@ -263,6 +263,19 @@ def same_energy(fast, ref) -> None:
         assert math.isclose(*rows, rel_tol=1e-9, abs_tol=1e-9)
 
 
+def metered_runs_agreeing(requests, make, ranks: int, make_router, power) -> list:
+    """Both engines' runs of ``requests`` on ``ranks`` lockstep ranks (a fresh ``make_router()``
+    each) with ``power``, checked to agree (metrics, energy per rank) and to conserve energy; the
+    runs, fast first."""
+    runs = [run_data_parallel(requests, make, ranks, make_router(), engine=engine, power=power)
+            for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    same_energy(*runs)
+    for run in runs:
+        check_energy(run, shared=run.counters["swap_out_blocks"] == 0)
+    return runs
+
+
 @SETTINGS
 @given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=80, all_at_zero=False, priorities=True),
        schedulers(), st.integers(2, 3), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(), st.integers(0, 40),
@@ -278,12 +291,7 @@ def test_lockstep_energy_agrees_between_engines_and_is_conserved(requests, cfg, 
         kv = PagedKVCache(blocks, 4, swap_blocks=16, bytes_per_block=2 ** 20, host_link_gbps=2 ** 10 / 1e3)
         return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), kv
 
-    runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine,
-                              power=utilisation(standby_s, tail_s)) for engine in ENGINES]
-    compare_runs(*runs, rel=1e-9)
-    same_energy(*runs)
-    for run in runs:
-        check_energy(run, shared=run.counters["swap_out_blocks"] == 0)
+    runs = metered_runs_agreeing(requests, make, ranks, ROUTERS[router], utilisation(standby_s, tail_s))
     check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
     dummies = runs[1].meta["data_parallel"]["dummy_rank_steps"]
     assert (sum(i.get("dummy_j", 0.0) for i in runs[1].meta["energy"]["instances"]) > 0) == (dummies > 0)
@@ -306,12 +314,7 @@ def test_roofline_lockstep_energy_agrees_between_engines_and_is_conserved(reques
     def power(cost: RankCost):
         return build_utilisation(UtilisationConfig(standby_s=0.05), PRESETS, cost)
 
-    runs = [run_data_parallel(requests, make, ranks, fresh_router(), engine=engine, power=power)
-            for engine in ENGINES]
-    compare_runs(*runs, rel=1e-9)
-    same_energy(*runs)
-    for run in runs:
-        check_energy(run, shared=run.counters["swap_out_blocks"] == 0)
+    metered_runs_agreeing(requests, make, ranks, fresh_router, power)
 
 
 # -- TOML ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 from .energy import check_energy, check_power_model
-from .experiments import fast_run_agreeing_with_reference
+from .experiments import check_clients_gave_up, fast_run_agreeing_with_reference
 from .kit import (IterationChecker, RecordingRouter, blocks_for_largest, check_run, compare_runs, run_cluster, run_disaggregated,
                   run_engine, small_closed_loop, view_state)
 from .strategies import dyadic_linear_costs, requests_lists
@@ -44,6 +44,6 @@ def examples(n: int) -> int:
     return max(1, int(n * float(os.environ.get("SCHEDLAB_EXAMPLES_SCALE", "1"))))
 
 
-__all__ = ["IterationChecker", "RecordingRouter", "blocks_for_largest", "check_energy", "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs",
-           "examples", "fast_run_agreeing_with_reference", "kit_settings", "requests_lists",
-           "run_cluster", "run_disaggregated", "run_engine", "small_closed_loop", "view_state"]
+__all__ = ["IterationChecker", "RecordingRouter", "blocks_for_largest", "check_clients_gave_up", "check_energy",
+           "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs", "examples",
+           "fast_run_agreeing_with_reference", "kit_settings", "requests_lists", "run_cluster", "run_disaggregated", "run_engine", "small_closed_loop", "view_state"]

@@ -22,3 +22,16 @@ def fast_run_agreeing_with_reference(path, *, rel: float = 1e-9) -> RunResult:
     runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
     compare_runs(runs["fast"], runs["reference"], rel=rel)
     return runs["fast"]
+
+
+def check_clients_gave_up(run: RunResult, timeout_ms: float, total: int) -> None:
+    """A run of ``total`` requests whose clients give up ``timeout_ms`` after sending them, through
+    the API server: some were dropped and every one finished or timed out; each dropped request
+    left the engine no sooner than its client gave up, short of its answer."""
+    m = run.metrics
+    assert 0 < m["aborted"] <= m["timed_out"] < total and m["finished"] + m["timed_out"] == total, m
+    assert m["client"]["frontend_ms"]["p50"] > 0  # requests went through the API server
+    req = run.requests
+    dropped = req["aborted"] == 1
+    assert (req["finish_ms"][dropped] >= req["sent_ms"][dropped] + timeout_ms).all()
+    assert (req["generated_tokens"][dropped] < req["output_tokens"][dropped]).all()
