@@ -46,4 +46,5 @@ def examples(n: int) -> int:
 
 __all__ = ["IterationChecker", "RecordingRouter", "blocks_for_largest", "check_clients_gave_up", "check_energy",
            "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs", "examples",
-           "fast_run_agreeing_with_reference", "kit_settings", "requests_lists", "run_cluster", "run_disaggregated", "run_engine", "small_closed_loop", "view_state"]
+           "fast_run_agreeing_with_reference", "kit_settings", "requests_lists", "run_cluster", "run_disaggregated",
+           "run_engine", "small_closed_loop", "view_state"]
