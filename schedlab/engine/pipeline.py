@@ -35,7 +35,7 @@ from .lockstep import rank_batch
 from .plan import FastPlan
 from .rank_cost import RankCost
 from .sequence import ABORTED, DECODING, PARKED, PREFILLING
-from .stages import IN_FLIGHT, StageClock, VisibleRunning
+from .stages import IN_FLIGHT, StageClock, VisibleRunning, instance_view
 
 INF = math.inf
 
@@ -55,7 +55,7 @@ class Flight:
         self.members = members      # every sequence in it -> the tokens it computes for it
 
 
-class PipelinedInstance:
+class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hangup_ms", "track_finished"))):
     """A fast instance whose batches go through ``stages`` pipeline stages."""
 
     pending = None  # no pending decode runs (the routers' views ask): batches land one at a time
@@ -81,59 +81,7 @@ class PipelinedInstance:
         self._needs_range = inst.track_range
         inst.track_range = False
 
-    # -- what the driver and the routers read (an Instance's interface) ---------------------------
-    @property
-    def index(self) -> int:
-        return self.inst.index
-
-    @property
-    def outstanding(self) -> int:
-        return self.inst.outstanding
-
-    @property
-    def waiting(self):
-        return self.inst.waiting
-
-    @property
-    def running(self):
-        return self.inst.running
-
-    @property
-    def kv(self):
-        return self.inst.kv
-
-    @property
-    def release(self):
-        return self.inst.release
-
-    @property
-    def events(self) -> int:
-        return self.inst.events
-
-    @property
-    def finished(self) -> list:
-        return self.inst.finished
-
-    @property
-    def track_finished(self) -> bool:
-        return self.inst.track_finished
-
-    @track_finished.setter
-    def track_finished(self, value: bool) -> None:
-        self.inst.track_finished = value
-
-    @property
-    def hangup_ms(self) -> float:
-        return self.inst.hangup_ms
-
-    @hangup_ms.setter
-    def hangup_ms(self, value: float) -> None:
-        self.inst.hangup_ms = value
-
-    @property
-    def aborts(self) -> list:
-        return self.inst.aborts
-
+    # -- what the driver calls (what it and the routers read comes from instance_view) ---------------
     def arrive(self, request, seq_no: int):
         return self.inst.arrive(request, seq_no)
 

@@ -19,7 +19,7 @@ from typing import Sequence
 from ..errors import StallError
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
-from .stages import IN_FLIGHT, StageClock, VisibleRunning
+from .stages import IN_FLIGHT, StageClock, VisibleRunning, instance_view
 
 INF = math.inf
 
@@ -32,7 +32,7 @@ class PipelinePlan(RefPlan):
         return VisibleRunning(self._e.running)
 
 
-class ReferencePipeline:
+class ReferencePipeline(instance_view("e", writes=("hangup_ms", "on_request_done"))):
     """A reference instance whose batches go through ``stages`` stages (the cluster reads it as
     it reads a :class:`ReferenceEngine`)."""
 
@@ -49,32 +49,7 @@ class ReferencePipeline:
         self.last_landing = -INF
         engine.in_flight = {}
 
-    # -- what the cluster and the routers read --------------------------------------------------------
-    index = property(lambda self: self.e.index)
-    outstanding = property(lambda self: self.e.outstanding)
-    waiting = property(lambda self: self.e.waiting)
-    running = property(lambda self: self.e.running)
-    kv = property(lambda self: self.e.kv)
-    release = property(lambda self: self.e.release)
-    events = property(lambda self: self.e.events)
-    aborts = property(lambda self: self.e.aborts)
-
-    @property
-    def hangup_ms(self) -> float:
-        return self.e.hangup_ms
-
-    @hangup_ms.setter
-    def hangup_ms(self, value: float) -> None:
-        self.e.hangup_ms = value
-
-    @property
-    def on_request_done(self):
-        return self.e.on_request_done
-
-    @on_request_done.setter
-    def on_request_done(self, callback) -> None:
-        self.e.on_request_done = callback
-
+    # -- what the cluster calls (what it reads comes from instance_view) ------------------------------
     def arrive(self, request, seq_no: int):
         return self.e.arrive(request, seq_no)
 

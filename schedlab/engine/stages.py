@@ -49,6 +49,35 @@ from typing import Iterator
 IN_FLIGHT = "in_flight"  # engine-internal: a sequence whose batch is in the pipeline
 
 
+def forwarded(holder: str, name: str, *, settable: bool = False) -> property:
+    """A property reading (and with ``settable`` writing) attribute ``name`` of the object in
+    ``self.<holder>``: a pipelined instance answers the driver and the routers with its engine
+    instance's state."""
+    def get(self):
+        return getattr(getattr(self, holder), name)
+
+    if not settable:
+        return property(get)
+
+    def put(self, value) -> None:
+        setattr(getattr(self, holder), name, value)
+
+    return property(get, put)
+
+
+#: What the driver, the cluster and the routers read of an instance, in both engines.
+INSTANCE_READS = ("index", "outstanding", "waiting", "running", "kv", "release", "events", "aborts")
+
+
+def instance_view(holder: str, *, reads: tuple = (), writes: tuple = ("hangup_ms",)) -> type:
+    """A base class whose objects answer :data:`INSTANCE_READS` (and ``reads``) from the engine
+    instance in ``self.<holder>`` and pass ``writes`` through to it: a pipelined instance stands
+    in for the instance it drives."""
+    names = {name: forwarded(holder, name) for name in INSTANCE_READS + reads}
+    names.update((name, forwarded(holder, name, settable=True)) for name in writes)
+    return type(f"InstanceView[{holder}]", (), names)
+
+
 class StageClock:
     """When each stage of the pipeline is next free."""
 
