@@ -25,6 +25,7 @@ import attrs
 
 from .configs import FieldError, bool_field, float_field, int_field, str_field
 from .errors import ConfigError, UnknownPluginError
+from .hf_config import is_config_path, spec_from_path
 from .parallelism import SINGLE, Parallelism, stage_layers
 
 if TYPE_CHECKING:
@@ -540,7 +541,8 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
 
 def add_capacity_arguments(parser) -> None:
     """Add the ``schedlab capacity`` options to an argparse parser."""
-    parser.add_argument("--model", required=True, help="model preset, e.g. llama-3-8b")
+    parser.add_argument("--model", required=True,
+                        help="model preset, e.g. llama-3-8b, or a Hugging Face config.json (or its folder)")
     parser.add_argument("--gpu", required=True, help="GPU preset, e.g. a100-80gb")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel ranks (default 1)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -561,8 +563,10 @@ def capacity_command(options: Any, catalog: "Catalog") -> str:
     """
     get = options.get if isinstance(options, Mapping) else (lambda key, default=None: getattr(options, key, default))
     presets = Presets.from_catalog(catalog)
+    model = get("model")
+    spec = spec_from_path(model, "--model") if is_config_path(model) else presets.model(model)
     sizing = size_kv_cache(
-        presets.model(get("model")), presets.gpu(get("gpu")),
+        spec, presets.gpu(get("gpu")),
         gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
         tensor_parallel=get("tensor_parallel", 1),
         activation_reserve_gib=get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB),

@@ -34,6 +34,7 @@ from ..capacity import GpuSpec, ModelSpec, Presets
 from ..catalog import Catalog, load_catalog
 from ..configs import MAX_INT, bool_field, from_table, int_field, list_field, str_field
 from ..errors import ConfigError
+from ..hf_config import spec_table
 from ..results.records import ExperimentResults, RunResult
 from ..results.stream import ROW_FORMATS, RecordSettings
 from .executor import InProcessExecutor
@@ -128,7 +129,9 @@ def _check_keys(table: dict, allowed: tuple, where: str) -> None:
             raise ConfigError(f"{where.rstrip(':')}: unknown key {key!r}; valid keys: {', '.join(allowed)}")
 
 
-def _custom_presets(raw: dict, source: str) -> dict:
+def _custom_presets(raw: dict, source: str, base_dir: str) -> dict:
+    """``[models.<name>]`` and ``[gpus.<name>]``: a model's keys, or its ``config.json``
+    (``config = "..."``, :mod:`schedlab.hf_config`) with keys beside it winning."""
     custom: dict[str, Any] = {}
     for table_name, cls in (("models", ModelSpec), ("gpus", GpuSpec)):
         tables = raw.get(table_name, {})
@@ -137,7 +140,10 @@ def _custom_presets(raw: dict, source: str) -> dict:
         for name, table in tables.items():
             if not isinstance(table, dict):
                 raise ConfigError(f"{source}: [{table_name}.{name}] must be a table")
-            custom[name] = from_table(cls, {"name": name, **table}, where=f"{source}: [{table_name}.{name}]")
+            where = f"{source}: [{table_name}.{name}]"
+            if cls is ModelSpec:
+                table = spec_table(table, base_dir, where)
+            custom[name] = from_table(cls, {"name": name, **table}, where=where)
     return custom
 
 
@@ -164,7 +170,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     portable = catalog is None
     if catalog is None:
         catalog = load_catalog(config.plugins, plugin_objects=plugin_objects)
-    custom = _custom_presets(raw, source)
+    custom = _custom_presets(raw, source, str(path.parent.resolve()))
     presets = Presets.from_catalog(catalog, custom)
     ctx = Context(catalog, presets, str(path.parent.resolve()), source)
 

@@ -1,0 +1,264 @@
+"""A model from its Hugging Face config.json: parameter counts against the checkpoints' own
+(published or counted by hand below), the KV layout, quantised weights, TOML and CLI use, and
+errors that name the file and the key."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import attrs
+import pytest
+
+from schedlab.capacity import ModelSpec, capacity_command
+from schedlab.catalog import load_catalog
+from schedlab.errors import ConfigError
+from schedlab.hf_config import model_fields
+from schedlab.study.experiment import load, run_experiment
+from schedlab_plugins.presets import MODELS
+
+PRESET = {spec.name: spec for spec, _ in MODELS}
+
+# The shapes of each model's config.json on the Hugging Face hub (only the keys read).
+LLAMA_3_8B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+              "tie_word_embeddings": False, "torch_dtype": "bfloat16", "_name_or_path": "meta-llama/Meta-Llama-3-8B"}
+LLAMA_3_2_1B = {"model_type": "llama", "num_hidden_layers": 16, "hidden_size": 2048, "intermediate_size": 8192,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+                "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+QWEN2_5_7B = {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944,
+              "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+              "tie_word_embeddings": False, "sliding_window": 131072, "use_sliding_window": False}
+MIXTRAL_8X7B = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "num_local_experts": 8,
+                "num_experts_per_tok": 2, "tie_word_embeddings": False, "sliding_window": None}
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048, "intermediate_size": 6144,
+                 "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "vocab_size": 151936, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+                 "mlp_only_layers": [], "tie_word_embeddings": False, "use_sliding_window": False,
+                 "sliding_window": None}
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "intermediate_size": 18432,
+               "moe_intermediate_size": 2048, "num_attention_heads": 128, "num_key_value_heads": 128,
+               "vocab_size": 129280, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+               "first_k_dense_replace": 3, "moe_layer_freq": 1, "topk_method": "noaux_tc", "q_lora_rank": 1536,
+               "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+               "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
+               "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}
+GPT_OSS_120B = {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "intermediate_size": 2880,
+                "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
+                "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128, "attention_bias": True,
+                "layer_types": ["sliding_attention", "full_attention"] * 18, "tie_word_embeddings": False,
+                "quantization_config": {"quant_method": "mxfp4",
+                                        "modules_to_not_convert": ["model.layers.*.self_attn", "model.embed_tokens",
+                                                                   "lm_head"]}}
+GEMMA_2_9B = {"model_type": "gemma2", "num_hidden_layers": 42, "hidden_size": 3584, "intermediate_size": 14336,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+              "sliding_window": 4096, "torch_dtype": "float32"}
+
+
+def spec(config: dict, name: str = "m") -> ModelSpec:
+    return ModelSpec(name, **model_fields(config, "config.json"))
+
+
+# --- parameter counts: the checkpoints' own -----------------------------------------------------
+
+@pytest.mark.parametrize("config, total", [
+    (LLAMA_3_8B, 8_030_261_248),      # the checkpoint's count (model card: 8.03B)
+    (LLAMA_3_2_1B, 1_235_814_400),    # tied: one table
+    # Q/K/V biases counted: 28 x (28 + 2 x 4) x 128 = 129,024 of them
+    (QWEN2_5_7B, 7_615_616_512),
+    (MIXTRAL_8X7B, 46_702_792_704),
+    # four norms a layer, a tied table (gemma's default when the file says nothing): by hand,
+    # 42 x (44,040,192 attention + 14,336 norms + 154,140,672 MLP) + 256,000 x 3,584 + 3,584
+    (GEMMA_2_9B, 9_241_705_984),
+])
+def test_dense_and_moe_counts_are_the_checkpoints(config, total):
+    assert spec(config).num_params == total
+
+
+def test_mixtral_and_qwen3_moe_active_parameters_by_hand():
+    # Mixtral: 32 x (41,943,040 attention + 8,192 norms + 32,768 router + 2 x 176,160,768 experts)
+    # + 2 x 32,000 x 4,096 + 4,096
+    assert spec(MIXTRAL_8X7B).active_params == 12_879_925_248
+    q = spec(QWEN3_30B_A3B)
+    assert (q.num_params, q.active_params) == (30_532_122_624, 3_353_032_704)
+    assert q.num_experts == 128 and q.experts_per_token == 8
+
+
+def test_deepseek_v3_latent_attention_shared_experts_and_dense_first_layers():
+    """By hand: MLA attention a layer = q_a 7168x1536 + norm 1536 + q_b 1536x128x192 + kv_a
+    7168x576 + norm 512 + kv_b 512x128x256 + o 128x128x7168 = 187,107,328; 3 dense layers of
+    that + 14,336 norms + 3 x 7168 x 18432; 58 MoE layers with 256 + 1 shared experts of 3 x
+    7168 x 2048, a router of 7168 x 256 and its 256 biases; two 129,280 x 7,168 tables + a norm.
+    The 671,026,419,200 is also the count published for the checkpoint without its MTP module."""
+    d = spec(DEEPSEEK_V3)
+    assert d.num_params == 671_026_419_200
+    assert d.active_params == 3 * 583_483_392 + 58 * (187_121_664 + 9 * 44_040_192 + 1_835_008 + 256) \
+        + 2 * 129_280 * 7_168 + 7_168
+    assert d.kv_latent_dim == 576 and d.weight_dtype_bytes == 1.0
+    assert d.kv_bytes_per_token(8) == d.kv_bytes_per_token(1) == 61 * 576 * 2  # the latent on every rank
+    # one routed expert summed over the 58 MoE layers, as the roofline reads it
+    assert d.expert_params == 58 * 3 * 7168 * 2048
+
+
+def test_gpt_oss_layers_window_and_mxfp4_experts_match_the_preset():
+    g, preset = spec(GPT_OSS_120B), PRESET["gpt-oss-120b"]
+    assert (g.sliding_window, g.sliding_window_layers, g.expert_dtype_bytes) == (128, 18, 0.53125)
+    assert g.kv_bytes_per_token() == preset.kv_bytes_per_token() == 2 * 18 * 8 * 64 * 2
+    # the preset leaves out biases; the file has attention_bias: Q/K/V biases of (64 + 16) x 64 a layer
+    assert g.num_params - preset.num_params == 36 * 80 * 64
+    assert g.active_params - preset.active_params == 36 * 80 * 64
+
+
+def test_the_file_reproduces_the_presets_it_was_built_from():
+    for config, name in ((LLAMA_3_8B, "llama-3-8b"), (QWEN3_30B_A3B, "qwen3-30b-a3b"),
+                         (MIXTRAL_8X7B, "mixtral-8x7b"), (LLAMA_3_2_1B, "llama-3.2-1b")):
+        got, want = spec(config, name), PRESET[name]
+        for field in ("num_layers", "num_kv_heads", "head_dim", "num_params", "num_attention_heads",
+                      "hidden_size", "vocab_size", "tied_embeddings", "num_experts", "experts_per_token",
+                      "kv_latent_dim", "sliding_window", "weight_dtype_bytes", "expert_dtype_bytes"):
+            assert getattr(got, field) == getattr(want, field), (name, field)
+
+
+# --- layout: windows, quantisation, multimodal ---------------------------------------------------
+
+def test_sliding_windows_by_family_and_switched_off():
+    assert (spec(GEMMA_2_9B).sliding_window, spec(GEMMA_2_9B).sliding_window_layers) == (4096, 21)
+    gemma3 = {**GEMMA_2_9B, "model_type": "gemma3_text", "num_hidden_layers": 48, "sliding_window": 1024}
+    assert spec(gemma3).sliding_window_layers == 40  # five of every six
+    mistral = {**LLAMA_3_8B, "model_type": "mistral", "sliding_window": 4096}
+    assert spec(mistral).sliding_window_layers == 32  # every layer
+    assert spec(QWEN2_5_7B).sliding_window is None  # use_sliding_window = false
+    assert spec(MIXTRAL_8X7B).sliding_window is None  # null
+
+
+def test_quantised_checkpoints_and_dtypes():
+    awq = {**LLAMA_3_8B, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+    assert spec(awq).weight_dtype_bytes == 0.5 + 2 / 128
+    gptq8 = {**LLAMA_3_8B, "quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": -1}}
+    assert spec(gptq8).weight_dtype_bytes == 1.0
+    assert spec(GEMMA_2_9B).weight_bytes_per_param == 2  # a float32 checkpoint is served in 16 bits
+    with pytest.raises(ConfigError, match="quant_method 'bitsandbytes' is not read; set weight_dtype_bytes"):
+        spec({**LLAMA_3_8B, "quantization_config": {"quant_method": "bitsandbytes"}})
+    with pytest.raises(ConfigError, match="torch_dtype: 'int8'"):
+        spec({**LLAMA_3_8B, "torch_dtype": "int8"})
+
+
+def test_a_multimodal_config_is_read_from_its_text_config():
+    wrapped = {"model_type": "llava", "vision_config": {"hidden_size": 1024}, "text_config": LLAMA_3_8B,
+               "_name_or_path": "org/vision-model"}
+    s = spec(wrapped)
+    assert s.num_params == 8_030_261_248 and s.hf_id == "org/vision-model"
+
+
+def test_hf_id_only_from_a_hub_name():
+    assert spec(LLAMA_3_8B).hf_id == "meta-llama/Meta-Llama-3-8B"
+    assert spec({**LLAMA_3_8B, "_name_or_path": "/models/llama"}).hf_id is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": None}, "missing 'num_hidden_layers' or 'n_layer' or 'num_layers'"),
+    ({"hidden_size": "4096"}, "hidden_size: expected a whole number >= 0, got '4096'"),
+    ({"num_local_experts": 8}, "8 routed experts but no 'num_experts_per_tok'"),
+    ({"vocab_size": 0}, "must be > 0"),
+])
+def test_errors_name_the_key(change, message):
+    with pytest.raises(ConfigError, match=message):
+        spec({**LLAMA_3_8B, **change})
+
+
+# --- TOML and CLI ----------------------------------------------------------------------------------
+
+EXPERIMENT = """
+    [workload]
+    kind = "synthetic"
+    num_requests = 60
+    rate = 20
+    prompt = {{dist = "uniform", low = 100, high = 900}}
+    output = {{dist = "uniform", low = 10, high = 200}}
+    [scheduler]
+    kind = "vllm"
+    [kv_cache]
+    kind = "paged"
+    model = "{model}"
+    gpu = "a100-80gb"
+    [cost_model]
+    kind = "roofline"
+    model = "{model}"
+    gpu = "a100-80gb"
+    """
+
+
+def test_a_model_from_its_config_runs_as_its_preset_does(tmp_path):
+    """The same shapes by file and by preset: the same run, to the byte of every metric."""
+    (tmp_path / "models" / "llama3").mkdir(parents=True)
+    (tmp_path / "models" / "llama3" / "config.json").write_text(json.dumps(LLAMA_3_8B))
+    by_file = tmp_path / "file.toml"
+    by_file.write_text(textwrap.dedent(EXPERIMENT.format(model="my-llama")) + textwrap.dedent("""
+        [models.my-llama]
+        config = "models/llama3/config.json"
+        """))
+    by_preset = tmp_path / "preset.toml"
+    by_preset.write_text(textwrap.dedent(EXPERIMENT.format(model="llama-3-8b")))
+    a = run_experiment(load(by_file)).all_runs()[0]
+    b = run_experiment(load(by_preset)).all_runs()[0]
+    assert {**a.meta["kv_cache"], "model": "?"} == {**b.meta["kv_cache"], "model": "?"}
+    assert a.meta["kv_cache"]["num_blocks"] == 28437  # (0.9 x 80 GiB - 16,060,522,496 B - 1.5 GiB) / 2 MiB
+    assert json.dumps(a.metrics, sort_keys=True) == json.dumps(b.metrics, sort_keys=True)  # NaN == NaN
+    assert a.metrics["finished"] == 60
+
+
+def test_keys_beside_config_win_and_errors_name_the_table(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B))
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(EXPERIMENT.format(model="small")) + textwrap.dedent("""
+        [models.small]
+        config = "config.json"
+        num_params = 4e9
+        """))
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.meta["kv_cache"]["bytes_per_token"] == 128 * 1024  # the file's shapes
+    assert run.meta["kv_cache"]["num_blocks"] == 32281  # (0.9 x 80 GiB - 4e9 x 2 B - 1.5 GiB) / 2 MiB
+    path.write_text(textwrap.dedent(EXPERIMENT.format(model="small")) + textwrap.dedent("""
+        [models.small]
+        config = "missing/config.json"
+        """))
+    with pytest.raises(ConfigError, match=r"exp.toml: \[models.small\]: config: no such file: .*missing/config.json"):
+        load(path)
+    (tmp_path / "bad.json").write_text("{ not json")
+    path.write_text(textwrap.dedent(EXPERIMENT.format(model="small")) + textwrap.dedent("""
+        [models.small]
+        config = "bad.json"
+        """))
+    with pytest.raises(ConfigError, match=r"\[models.small\]: config: .*bad.json is not JSON"):
+        load(path)
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA_3_8B, "num_attention_heads": None}))
+    path.write_text(textwrap.dedent(EXPERIMENT.format(model="small")) + textwrap.dedent("""
+        [models.small]
+        config = "config.json"
+        """))
+    with pytest.raises(ConfigError, match=r"\[models.small\]: .*config.json: missing 'num_attention_heads'"):
+        load(path)
+
+
+def test_capacity_reads_a_config_or_its_folder(tmp_path):
+    catalog = load_catalog(entry_points=False)
+    (tmp_path / "DeepSeek-V3").mkdir()
+    (tmp_path / "DeepSeek-V3" / "config.json").write_text(json.dumps(DEEPSEEK_V3))
+    by_file = capacity_command({"model": str(tmp_path / "DeepSeek-V3" / "config.json"), "gpu": "h200-141gb",
+                                "tensor_parallel": 8}, catalog)
+    by_folder = capacity_command({"model": str(tmp_path / "DeepSeek-V3"), "gpu": "h200-141gb", "tensor_parallel": 8},
+                                 catalog)
+    assert by_file == by_folder and by_file.startswith("KV capacity of deepseek-v3 on h200-141gb")
+    # the file's model sizes the cache as the preset does (the preset's 671e9 is the same count, rounded)
+    preset = capacity_command({"model": "deepseek-v3", "gpu": "h200-141gb", "tensor_parallel": 8}, catalog)
+    assert by_file.splitlines()[1] == preset.splitlines()[1]  # KV per token: the 576-wide latent
+    with pytest.raises(ConfigError, match="--model: .*nowhere/config.json"):
+        capacity_command({"model": str(tmp_path / "nowhere" / "config.json"), "gpu": "h200-141gb"}, catalog)
+
+
+def test_spec_fields_are_all_model_spec_fields():
+    """Everything the reader fills is a ModelSpec field (a renamed field would fail here first)."""
+    names = {a.name for a in attrs.fields(ModelSpec)}
+    for config in (LLAMA_3_8B, DEEPSEEK_V3, GPT_OSS_120B, GEMMA_2_9B, QWEN3_30B_A3B):
+        assert set(model_fields(config, "config.json")) <= names
