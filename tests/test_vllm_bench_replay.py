@@ -224,7 +224,8 @@ def run_client(tmp_path: Path, load: list[str]) -> tuple[Path, np.ndarray]:
         assert server.stdout.readline().strip() == "ready"
         tag = load[load.index("--max-concurrency") + 1] if "--max-concurrency" in load else "open"
         name = f"bench-{tag}.json"
-        command = [shutil.which("vllm") or "vllm", "bench", "serve", "--backend", "openai", "--model", "test-model",
+        beside = Path(sys.executable).with_name("vllm")  # a venv's script, when its bin/ is not on PATH
+        command = [shutil.which("vllm") or (str(beside) if beside.exists() else "vllm"), "bench", "serve", "--backend", "openai", "--model", "test-model",
                    "--tokenizer", str(word_tokenizer(tmp_path / "tokenizer")), "--host", "127.0.0.1",
                    "--port", str(port), "--dataset-name", "random", *load, "--seed", "1", "--ignore-eos",
                    "--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", name]
