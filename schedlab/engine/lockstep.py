@@ -55,25 +55,20 @@ INF = math.inf
 
 
 def rank_batch(inst: Instance, plan: FastPlan) -> Batch:
-    """The batch ``inst`` will execute for ``plan`` (what its ``_execute`` computes, without
-    changing anything; no speculation)."""
-    steps = inst.clock.steps
-    prefill_tokens = prefill_context = 0
-    for seq, n in plan.prefills:
-        prefill_tokens += n
-        prefill_context += seq._computed
-    if plan.partial_decode:
-        contexts = [s.num_computed_tokens + 1 for s in inst.running
-                    if s.status == DECODING and s.plan_mark == plan.serial]
-        batch = Batch(len(contexts), sum(contexts), len(plan.prefills), prefill_tokens, prefill_context)
-        if contexts and inst.track_range:
-            batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
-        return batch
-    n_dec = inst.n_decoding if plan.decodes_all else 0
-    batch = Batch(n_dec, inst.ctx_offset + n_dec * steps if n_dec else 0, len(plan.prefills), prefill_tokens,
-                  prefill_context)
-    if n_dec and inst.track_range:
-        batch.decode_context_max, batch.decode_context_min = inst._context_range(steps)
+    """The batch ``inst`` will execute for ``plan`` (what its ``_execute`` computes, drafts
+    included, without changing anything: a plan that leaves decoders out is read, not parked)."""
+    if not plan.partial_decode:
+        return inst.batch_of(plan, inst.n_decoding if plan.decodes_all else 0)
+    batch = inst.batch_of(plan, 0)  # the prompts; then the decodes the plan names
+    contexts = []
+    for s in inst.running:
+        if s.status == DECODING and s.plan_mark == plan.serial:
+            drafts = plan.drafts_of(s)[0]
+            batch.spec_tokens += drafts
+            contexts.append(s.num_computed_tokens + 1 + drafts)
+    batch.num_decode, batch.decode_context_tokens = len(contexts), sum(contexts)
+    if contexts and inst.track_range:
+        batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
     return batch
 
 
