@@ -22,6 +22,13 @@ grows linearly, so the maximum is linear while the same rank stays the slowest: 
 before another rank's line crosses it. It also ends at every rank's own events (a finish, a
 KV shortage, a wake-up) and at the next arrival. Otherwise the ranks step one at a time.
 
+**Speculative decoding** (``[speculative]``). Each rank drafts and verifies its own sequences:
+its batch carries its decodes' drafts (``1 + k`` tokens each through its own layers and
+through every rank's experts), its part its drafter's passes
+(:class:`~schedlab.drafting.DraftingCostModel`), and its instance draws the acceptance of each
+of its sequences as a colocated one does. Such steps are never alike, so the ranks step one at
+a time.
+
 **Clocks** (``[clock]``). Every rank steps at one clock: the cost model's ``lockstep_at``
 times the step's parts and experts at the fixed clock, or chooses the governor's level from
 the whole step (:mod:`schedlab.energy.clock`); a bulk run at a fixed clock holds while each
@@ -95,8 +102,6 @@ class DataParallelCluster:
         for inst in ranks:
             if not isinstance(inst.cost, RankCost):
                 raise TypeError("a data-parallel rank's cost model must be a RankCost")
-            if inst.spec is not None:
-                raise SimulationError("speculative decoding with data parallelism is not modelled")
         self.ranks = list(ranks)
         self.router = router
         self.costs = [inst.cost for inst in self.ranks]
@@ -107,7 +112,8 @@ class DataParallelCluster:
         self._dummy_ms = [c.rank_ms(DUMMY) for c in self.inner]
         # [clock]: the step's clock, and a rank part's growth at it (schedlab.energy.clock)
         self._step_clock = getattr(self.inner[0], "lockstep_at", None)
-        self._increments = [getattr(c, "rank_step_increment", None) or c.decode_step_increment for c in self.inner]
+        self._increments = [getattr(c, "rank_step_increment", None) or getattr(c, "decode_step_increment", None)
+                            for c in self.inner]
         if self.inner[0].experts_ms((1,) * len(self.ranks)) is None:
             raise SimulationError("the ranks of a dense model do not step together: serve it as instances "
                                   "behind a router")
@@ -225,9 +231,10 @@ class DataParallelCluster:
                     return 1, 0.0  # an idle rank whose scheduler may change its mind any step
                 lines.append((parts[r], 0.0, INF))
                 continue
-            if not (inst.bulk_ok and inst.n_decoding and plan.is_decode_only()):
+            increment = self._increments[r]  # (None: speculation's cost model, whose steps are all unlike)
+            if not (increment is not None and inst.bulk_ok and inst.n_decoding and plan.is_decode_only()):
                 return 1, 0.0
-            line = _increment(self._increments[r](batches[r]))
+            line = _increment(increment(batches[r]))
             if line is None:
                 return 1, 0.0
             lines.append((parts[r], *line))
