@@ -19,10 +19,20 @@ with no drafter cost for ``method = "ngram"`` (prompt lookup on the CPU: ``propo
 only), and nothing at all when ``k`` is 0 (no drafts proposed). The one-token passes see the
 sequences' contexts after this step, growing by one a pass (as their mean: a drafter that asks
 for the longest and shortest context gets the mean for both).
+
+**Data-parallel ranks stepping together** (:mod:`schedlab.engine.lockstep`). Each rank drafts
+for its own sequences on its own GPUs, so the drafter's passes and ``proposer_ms`` join the
+rank's own part of the step (``rank_ms``), as they join a colocated iteration; the experts,
+and the work power models ask for, are the target's (as a colocated instance's power model
+reads the target's). A rank with nothing scheduled runs the dummy batch, and with it the
+drafter's dummy run: ``num_speculative_tokens`` passes over its one token, proposing nothing
+(vLLM ``EagleProposer.dummy_run``; no ``proposer_ms``, nothing for n-gram). The drafter's own
+collectives (an MTP head's experts) are not modelled: its passes are the rank's alone.
 """
 
 from __future__ import annotations
 
+from .engine.rank_cost import DUMMY
 from .protocols import Batch
 from .speculative import SpeculativeConfig
 
@@ -37,6 +47,12 @@ class DraftingCostModel:
         self.needs_context_range = bool(getattr(target, "needs_context_range", False))
         self.request_cost = getattr(target, "request_cost", None)
         self._k_memo: dict[int, int] = {}
+        # a lockstep rank's parts, where the target has them (None otherwise, so the layout's
+        # checks name what is missing)
+        self.rank_ms = self._rank_ms if callable(getattr(target, "rank_ms", None)) else None
+        for name in ("experts_ms", "rank_work", "experts_work", "rank_kernel_ms"):
+            setattr(self, name, getattr(target, name, None))
+        self._dummy_ms: float | None = None
 
     def draft_ms(self, batch: Batch) -> float:
         """The drafter's time in a step of shape ``batch``."""
@@ -52,8 +68,7 @@ class DraftingCostModel:
         drafter = self.drafter
         if drafter is None:
             return ms
-        # The passes run inside the target's step: the drafter's kernels only, where it can say.
-        time = getattr(drafter, "kernel_ms", drafter.iteration_ms)
+        time = self._pass_ms()
         ms += time(batch)
         context = batch.decode_context_tokens + batch.prefill_context_tokens + batch.prefill_tokens
         for i in range(1, k):
@@ -62,6 +77,26 @@ class DraftingCostModel:
             ms += time(Batch(num_decode=seqs, decode_context_tokens=ctx, decode_context_max=mean,
                              decode_context_min=mean))
         return ms
+
+    def _pass_ms(self):
+        """How a drafter pass is timed: its kernels only, where its cost model can say (the
+        passes run inside the target's step, which carries the host's work)."""
+        drafter = self.drafter
+        return getattr(drafter, "kernel_ms", drafter.iteration_ms)
+
+    def dummy_draft_ms(self) -> float:
+        """The drafter's dummy run beside a lockstep rank's dummy batch: ``k`` passes over its
+        one token, nothing proposed (see the module docstring)."""
+        if self._dummy_ms is None:
+            passes = self.config.num_speculative_tokens if self.drafter is not None else 0
+            self._dummy_ms = passes * self._pass_ms()(DUMMY) if passes else 0.0
+        return self._dummy_ms
+
+    def _rank_ms(self, batch: Batch) -> float:
+        """A lockstep rank's own part of a step: the target's, and the rank's drafting."""
+        if batch is DUMMY:
+            return self.target.rank_ms(DUMMY) + self.dummy_draft_ms()
+        return self.target.rank_ms(batch) + self.draft_ms(batch)
 
     def iteration_ms(self, batch: Batch) -> float:
         return self.target.iteration_ms(batch) + self.draft_ms(batch)

@@ -408,6 +408,15 @@ BASE = """
     gpu = "rtx-pro-6000-server"
 """
 
+#: speculative decoding with an EAGLE-style drafter (a small model on the ranks' GPU)
+SPECULATIVE = """
+    [speculative]
+    method = "eagle"
+    num_speculative_tokens = 3
+    acceptance_rate = 0.7
+    draft = {kind = "roofline", model = "llama-3.2-1b", gpu = "rtx-pro-6000-server"}
+"""
+
 
 def write(tmp_path, text: str):
     path = tmp_path / "exp.toml"
@@ -457,9 +466,12 @@ def dense_ranks_and_instances(tmp_path, extra: str = "", overrides=()):
     return runs["dp"], runs["instances"]
 
 
-def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer(tmp_path):
-    dp, instances = dense_ranks_and_instances(tmp_path)
+@pytest.mark.parametrize("speculative", ["", SPECULATIVE])
+def test_a_dense_models_data_parallel_ranks_are_instances_behind_the_dp_balancer(tmp_path, speculative):
+    """(With ``[speculative]`` too: each rank drafts and verifies as the instance would.)"""
+    dp, instances = dense_ranks_and_instances(tmp_path, speculative)
     assert "data_parallel" not in dp.meta
+    assert bool(dp.metrics.get("speculative", {}).get("drafts")) == bool(speculative)
     np.testing.assert_array_equal(dp.requests["finish_ms"], instances.requests["finish_ms"])
 
 
@@ -503,8 +515,10 @@ def test_layout_mistakes_name_the_key(tmp_path, cluster, message):
         run_experiment(load(path))
 
 
-def test_a_cost_model_that_cannot_time_ranks_is_refused_by_name(tmp_path):
-    path = write(tmp_path, """
+@pytest.mark.parametrize("speculative", ["", '[speculative]\nmethod = "ngram"\n'])
+def test_a_cost_model_that_cannot_time_ranks_is_refused_by_name(tmp_path, speculative):
+    """(With speculative decoding the message names the cost model, not speculation's wrapper.)"""
+    path = write(tmp_path, speculative + """
         [cluster]
         data_parallel = 2
         [[runs]]

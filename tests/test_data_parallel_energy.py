@@ -41,7 +41,7 @@ from schedlab_plugins.power import UtilisationConfig, UtilisationPowerModel
 from schedlab_plugins.power.utilisation import build_utilisation
 from schedlab_plugins.routers import RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
-from test_data_parallel import BASE, ROUTERS, by_id, fresh_router, schedulers
+from test_data_parallel import BASE, ROUTERS, SPECULATIVE, by_id, fresh_router, schedulers
 
 ENGINES = ("fast", "reference")
 PRESETS = Presets.from_catalog(load_catalog(entry_points=False))
@@ -263,11 +263,11 @@ def same_energy(fast, ref) -> None:
         assert math.isclose(*rows, rel_tol=1e-9, abs_tol=1e-9)
 
 
-def metered_runs_agreeing(requests, make, ranks: int, make_router, power) -> list:
+def metered_runs_agreeing(requests, make, ranks: int, make_router, power, **options) -> list:
     """Both engines' runs of ``requests`` on ``ranks`` lockstep ranks (a fresh ``make_router()``
-    each) with ``power``, checked to agree (metrics, energy per rank) and to conserve energy; the
-    runs, fast first."""
-    runs = [run_data_parallel(requests, make, ranks, make_router(), engine=engine, power=power)
+    each) with ``power`` (and ``options`` of :func:`run_data_parallel`, e.g. speculation), checked
+    to agree (metrics, energy per rank) and to conserve energy; the runs, fast first."""
+    runs = [run_data_parallel(requests, make, ranks, make_router(), engine=engine, power=power, **options)
             for engine in ENGINES]
     compare_runs(*runs, rel=1e-9)
     same_energy(*runs)
@@ -322,9 +322,11 @@ def test_roofline_lockstep_energy_agrees_between_engines_and_is_conserved(reques
 MOE_PROFILE = "experiments/data/llmservingsim/profiles/RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 
 
-@pytest.mark.parametrize("profiled", [False, True])
-def test_lockstep_ranks_with_power_in_toml_run_in_both_engines_and_report_energy_per_token(tmp_path, profiled):
-    """The roofline's (BASE) and the profiled model's ranks, metered through the run's assembly."""
+@pytest.mark.parametrize("profiled, speculative", [(False, ""), (True, ""), (False, SPECULATIVE)])
+def test_lockstep_ranks_with_power_in_toml_run_in_both_engines_and_report_energy_per_token(tmp_path, profiled,
+                                                                                          speculative):
+    """The roofline's (BASE) and the profiled model's ranks, metered through the run's assembly;
+    the roofline's speculating too (each rank's verify passes and drafter)."""
     from pathlib import Path
 
     base = textwrap.dedent(BASE).replace('name = "dp"', 'name = "dp"\ntimeline = true')
@@ -332,7 +334,7 @@ def test_lockstep_ranks_with_power_in_toml_run_in_both_engines_and_report_energy
         profile = Path(__file__).resolve().parents[1] / MOE_PROFILE
         base = base.replace('kind = "roofline"', f'kind = "profiled"\nprofile = "{profile}"')
     path = tmp_path / "exp.toml"
-    path.write_text(base + textwrap.dedent("""
+    path.write_text(base + textwrap.dedent(speculative) + textwrap.dedent("""
         [power]
         kind = "utilisation"
         [cluster]
@@ -347,3 +349,4 @@ def test_lockstep_ranks_with_power_in_toml_run_in_both_engines_and_report_energy
     check_energy(fast)
     dummy = sum(i.get("dummy_j", 0.0) for i in fast.meta["energy"]["instances"])
     assert (dummy > 0) == (fast.meta["data_parallel"]["dummy_rank_steps"] > 0)
+    assert bool(fast.metrics.get("speculative", {}).get("drafts")) == bool(speculative)

@@ -614,16 +614,14 @@ class Instance:
         run = self._prepare(plan, until)
         self._apply(run, run.k)
 
-    def _prepare(self, plan: FastPlan, until: float) -> "PreparedRun":
-        """The plan's batch, cost and how many identical iterations to run from here (iterations
-        starting before ``until``); nothing is applied yet but parking the decoders it leaves out."""
+    def batch_of(self, plan: FastPlan, n_dec: int) -> Batch:
+        """The batch of ``plan``'s prefills and of every decoder's step (``n_dec`` of them, or 0:
+        none), with the drafts each verifies; changes nothing (data-parallel ranks are timed
+        from it before they execute, :func:`schedlab.engine.lockstep.rank_batch`)."""
         steps = self.clock.steps
-        parked = self._park_idle_decoders(plan) if plan.partial_decode else ()
-        n_dec = self.n_decoding if plan.decodes_all or plan.decoded else 0
-        prefills = plan.prefills
         prefill_tokens = 0
         prefill_context = 0
-        for seq, n in prefills:
+        for seq, n in plan.prefills:
             prefill_tokens += n
             prefill_context += seq._computed
         drafts = 0
@@ -633,7 +631,7 @@ class Instance:
                 for d, _slots in plan.spec_override.values():
                     drafts += d - plan.spec_k
         batch = Batch(n_dec, self.ctx_offset + n_dec * steps + drafts if n_dec else 0,
-                      len(prefills), prefill_tokens, prefill_context, spec_tokens=drafts)
+                      len(plan.prefills), prefill_tokens, prefill_context, spec_tokens=drafts)
         if n_dec and self.track_range:
             if drafts:  # drafts differ between sequences (cut by the budget, swap-ins): look at each
                 contexts = [s.num_computed_tokens + 1 + plan.drafts_of(s)[0]
@@ -641,7 +639,16 @@ class Instance:
                 batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
             else:
                 batch.decode_context_max, batch.decode_context_min = self._context_range(steps)
-        if n_dec or prefills:
+        return batch
+
+    def _prepare(self, plan: FastPlan, until: float) -> "PreparedRun":
+        """The plan's batch, cost and how many identical iterations to run from here (iterations
+        starting before ``until``); nothing is applied yet but parking the decoders it leaves out."""
+        steps = self.clock.steps
+        parked = self._park_idle_decoders(plan) if plan.partial_decode else ()
+        n_dec = self.n_decoding if plan.decodes_all or plan.decoded else 0
+        batch = self.batch_of(plan, n_dec)
+        if n_dec or plan.prefills:
             d0 = self.cost.iteration_ms(batch)
             if not d0 > 0.0 or d0 == INF:
                 raise SimulationError(

@@ -22,6 +22,13 @@ grows linearly, so the maximum is linear while the same rank stays the slowest: 
 before another rank's line crosses it. It also ends at every rank's own events (a finish, a
 KV shortage, a wake-up) and at the next arrival. Otherwise the ranks step one at a time.
 
+**Speculative decoding** (``[speculative]``). Each rank drafts and verifies its own sequences:
+its batch carries its decodes' drafts (``1 + k`` tokens each through its own layers and
+through every rank's experts), its part its drafter's passes
+(:class:`~schedlab.drafting.DraftingCostModel`), and its instance draws the acceptance of each
+of its sequences as a colocated one does. Such steps are never alike, so the ranks step one at
+a time.
+
 **Clocks** (``[clock]``). Every rank steps at one clock: the cost model's ``lockstep_at``
 times the step's parts and experts at the fixed clock, or chooses the governor's level from
 the whole step (:mod:`schedlab.energy.clock`); a bulk run at a fixed clock holds while each
@@ -55,25 +62,20 @@ INF = math.inf
 
 
 def rank_batch(inst: Instance, plan: FastPlan) -> Batch:
-    """The batch ``inst`` will execute for ``plan`` (what its ``_execute`` computes, without
-    changing anything; no speculation)."""
-    steps = inst.clock.steps
-    prefill_tokens = prefill_context = 0
-    for seq, n in plan.prefills:
-        prefill_tokens += n
-        prefill_context += seq._computed
-    if plan.partial_decode:
-        contexts = [s.num_computed_tokens + 1 for s in inst.running
-                    if s.status == DECODING and s.plan_mark == plan.serial]
-        batch = Batch(len(contexts), sum(contexts), len(plan.prefills), prefill_tokens, prefill_context)
-        if contexts and inst.track_range:
-            batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
-        return batch
-    n_dec = inst.n_decoding if plan.decodes_all else 0
-    batch = Batch(n_dec, inst.ctx_offset + n_dec * steps if n_dec else 0, len(plan.prefills), prefill_tokens,
-                  prefill_context)
-    if n_dec and inst.track_range:
-        batch.decode_context_max, batch.decode_context_min = inst._context_range(steps)
+    """The batch ``inst`` will execute for ``plan`` (what its ``_execute`` computes, drafts
+    included, without changing anything: a plan that leaves decoders out is read, not parked)."""
+    if not plan.partial_decode:
+        return inst.batch_of(plan, inst.n_decoding if plan.decodes_all else 0)
+    batch = inst.batch_of(plan, 0)  # the prompts; then the decodes the plan names
+    contexts = []
+    for s in inst.running:
+        if s.status == DECODING and s.plan_mark == plan.serial:
+            drafts = plan.drafts_of(s)[0]
+            batch.spec_tokens += drafts
+            contexts.append(s.num_computed_tokens + 1 + drafts)
+    batch.num_decode, batch.decode_context_tokens = len(contexts), sum(contexts)
+    if contexts and inst.track_range:
+        batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
     return batch
 
 
@@ -100,8 +102,6 @@ class DataParallelCluster:
         for inst in ranks:
             if not isinstance(inst.cost, RankCost):
                 raise TypeError("a data-parallel rank's cost model must be a RankCost")
-            if inst.spec is not None:
-                raise SimulationError("speculative decoding with data parallelism is not modelled")
         self.ranks = list(ranks)
         self.router = router
         self.costs = [inst.cost for inst in self.ranks]
@@ -112,7 +112,8 @@ class DataParallelCluster:
         self._dummy_ms = [c.rank_ms(DUMMY) for c in self.inner]
         # [clock]: the step's clock, and a rank part's growth at it (schedlab.energy.clock)
         self._step_clock = getattr(self.inner[0], "lockstep_at", None)
-        self._increments = [getattr(c, "rank_step_increment", None) or c.decode_step_increment for c in self.inner]
+        self._increments = [getattr(c, "rank_step_increment", None) or getattr(c, "decode_step_increment", None)
+                            for c in self.inner]
         if self.inner[0].experts_ms((1,) * len(self.ranks)) is None:
             raise SimulationError("the ranks of a dense model do not step together: serve it as instances "
                                   "behind a router")
@@ -230,9 +231,10 @@ class DataParallelCluster:
                     return 1, 0.0  # an idle rank whose scheduler may change its mind any step
                 lines.append((parts[r], 0.0, INF))
                 continue
-            if not (inst.bulk_ok and inst.n_decoding and plan.is_decode_only()):
+            increment = self._increments[r]  # (None: speculation's cost model, whose steps are all unlike)
+            if not (increment is not None and inst.bulk_ok and inst.n_decoding and plan.is_decode_only()):
                 return 1, 0.0
-            line = _increment(self._increments[r](batches[r]))
+            line = _increment(increment(batches[r]))
             if line is None:
                 return 1, 0.0
             lines.append((parts[r], *line))

@@ -10,7 +10,9 @@ end the step together. With ``[power]`` each step of a rank that computed no tok
 batch, after its swaps if it had any) is metered and gets a timeline row: its GPUs ran the
 dummy and their share of the others' experts (:class:`~schedlab.engine.rank_cost.RankCost`).
 With ``[clock]`` every step runs at the one clock the cost model's ``lockstep_at`` gives it
-(:mod:`schedlab.energy.clock`), its parts and experts timed at it.
+(:mod:`schedlab.energy.clock`), its parts and experts timed at it. With ``[speculative]`` a
+rank's batch holds its decodes' drafts and its part its drafter's passes; each rank draws its
+sequences' acceptance as a colocated engine does.
 """
 
 from __future__ import annotations

@@ -295,6 +295,9 @@ def _clocked(ctx: Context, tables: dict, cost, where: str):
     from ..energy.clock import ClockConfig, ClockedCostModel
 
     config = from_table(ClockConfig, tables["clock"], where=where)
+    if isinstance(cost, DraftingCostModel):
+        raise ConfigError(f"{where}: clocks with [speculative] decoding are not modelled (the clock's law splits "
+                          "an iteration's work, and the drafter's is not said); leave out [clock] or [speculative]")
     name, layer = config.gpu, cost
     while name is None and layer is not None:  # the cost model's GPU, through speculative decoding's wrapper
         name = getattr(getattr(layer, "config", None), "gpu", None)
@@ -405,9 +408,8 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     """Data-parallel ranks (one instance each, stepping together for a MoE model) or pipelined
     instances; the plugins get the layout (:class:`~schedlab.parallelism.Parallelism`)."""
     parallelism = cluster.parallelism
-    if speculative is not None:
-        raise ConfigError(f"{where} [speculative]: speculative decoding with data or pipeline parallelism is not "
-                          "modelled")
+    if speculative is not None and parallelism.pipelined:
+        raise ConfigError(f"{where} [speculative]: speculative decoding with pipeline parallelism is not modelled")
     if tables.get("clock") is not None and parallelism.pipelined:
         raise ConfigError(f"{where} [clock]: clocks with pipeline parallelism are not modelled yet (data-parallel "
                           "ranks take one)")
@@ -451,8 +453,11 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
 
 
 def _cost_name(cost) -> str:
-    """The name of the ``[cost_model]`` kind's class, the clock's wrapper looked through."""
-    return type(cost.inner if callable(getattr(cost, "lockstep_at", None)) else cost).__name__
+    """The name of the ``[cost_model]`` kind's class, the clock's and speculative decoding's wrappers
+    looked through."""
+    if callable(getattr(cost, "lockstep_at", None)):
+        cost = cost.inner
+    return type(cost.target if isinstance(cost, DraftingCostModel) else cost).__name__
 
 
 def _check_rank_work(cost, where: str) -> None:

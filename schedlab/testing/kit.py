@@ -105,10 +105,7 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
 
     cost_model = cost_model if cost_model is not None else LinearCostModel()
     kv = kv if kv is not None else PagedKVCache(kv_blocks, block_size)
-    speculation = None
-    if speculative is not None:
-        cost_model = DraftingCostModel(cost_model, draft_cost, speculative)
-        speculation = Speculation(speculative, seed)
+    [(_, cost_model, _)], speculation = speculating([(scheduler, cost_model, kv)], speculative, draft_cost, seed)
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     meters = _meters(power, [cost_model])
     if engine == "reference":
@@ -121,17 +118,28 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
         simulate(list(requests), [sim], workload=workload, client_side=client_side)
     meta = {"slots": getattr(scheduler, "slots", None), "num_blocks": kv.num_blocks, "instances": 1,
             "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events,
-            "speculative": attrs.asdict(speculative) if speculative is not None else {},
-            **_energy_meta(meters, rec)}
+            **_speculative_meta(speculative), **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(cost_model, "request_cost", None))
     result.meta["kv"] = kv
     return result
 
 
+def speculating(parts: list, speculative: SpeculativeConfig | None, draft_cost=None, seed: int = 0) -> tuple:
+    """``(parts, speculation)``: instances' ``(scheduler, cost model, KV cache)`` with the drafter's
+    passes added to each cost model (``draft_cost``: the drafter's cost model, for methods that
+    have one), and the run's :class:`~schedlab.speculative.Speculation` (its acceptance draws keyed
+    by ``seed``); the parts as they are and None without ``speculative``."""
+    if speculative is None:
+        return parts, None
+    return ([(s, DraftingCostModel(c, draft_cost, speculative), k) for s, c, k in parts],
+            Speculation(speculative, seed))
+
+
 def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,
                 engine: str = "fast", workload=None, name: str = "test",
-                power: Callable | None = None, client_side=None, autoscaler=None, limits=None) -> RunResult:
+                power: Callable | None = None, client_side=None, autoscaler=None, limits=None,
+                speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0) -> RunResult:
     """Simulate ``requests`` on ``instances`` colocated instances behind ``router``.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)`` each time it is called;
@@ -141,18 +149,20 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
     ``autoscaler`` (a policy object) with ``limits`` (a
     :class:`~schedlab.engine.scaling.ScalingLimits`) scales the instances
     (``meta["scaling"]``; energy from 0, where the paid intervals start).
+    ``speculative``, ``draft_cost`` and ``seed``: speculative decoding, as in :func:`run_engine`.
     """
     from ..engine.load import RoutingClock
     from ..engine.scaling import ScalingController
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts = [make() for _ in range(instances)]
+    parts, spec = speculating([make() for _ in range(instances)], speculative, draft_cost, seed)
     meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
-        engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m)
+        engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m, speculation=spec)
                    for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
     else:
-        engines = [Instance(i, s, c, k, rec, meter=m) for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
+        engines = [Instance(i, s, c, k, rec, meter=m, speculation=spec)
+                   for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
     scaling = None
     if autoscaler is not None:
         scaling = ScalingController(autoscaler, limits, engines, RoutingClock(), meters=meters)
@@ -167,7 +177,7 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
     scaled = {"scaling": scaling.finish()} if scaling is not None else {}
     meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
             "instances": instances, "events": sum(e.events for e in engines), **scaled,
-            **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
+            **_speculative_meta(speculative), **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
@@ -225,6 +235,11 @@ def _meters(power: Callable | None, costs: list) -> list:
     if power is None:
         return [None] * len(costs)
     return [EnergyMeter(power(cost)) for cost in costs]
+
+
+def _speculative_meta(speculative: SpeculativeConfig | None) -> dict:
+    """The run's speculative settings, for its metrics (``metrics["speculative"]`` with them)."""
+    return {"speculative": attrs.asdict(speculative) if speculative is not None else {}}
 
 
 def _energy_meta(meters: list, rec: Recorder, start: float | None = None) -> dict:

@@ -17,7 +17,8 @@ from ..engine.rank_cost import RankCost, rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..results.records import RunResult
-from .kit import _energy_meta, _meters
+from ..speculative import SpeculativeConfig
+from .kit import _energy_meta, _meters, _speculative_meta, speculating
 
 
 @attrs.frozen
@@ -89,7 +90,8 @@ class LinearParallelCost:
 
 def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
                       engine: str = "fast", workload=None, name: str = "test", client_side=None,
-                      power: Callable | None = None) -> RunResult:
+                      power: Callable | None = None, speculative: SpeculativeConfig | None = None, draft_cost=None,
+                      seed: int = 0) -> RunResult:
     """Simulate ``requests`` on ``ranks`` data-parallel ranks stepping together.
 
     ``make`` makes one rank's ``(scheduler, cost model, KV cache)``; the cost model needs
@@ -98,28 +100,32 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
     front end and timeouts (:mod:`schedlab.frontend`). ``power(cost)`` makes a rank's power
     model from what the rank sees of its cost model (its :class:`RankCost`; the cost model then
     needs ``rank_work`` and ``experts_work`` for models that ask for work); the run then meters
-    energy (``meta["energy"]``).
+    energy (``meta["energy"]``). ``speculative``, ``draft_cost`` and ``seed``: every rank drafts
+    and verifies its own sequences (as in :func:`~schedlab.testing.run_engine`).
     """
     from ..engine.instance import Instance
     from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
     from ..engine.reference_lockstep import ReferenceDataParallel
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts = [make() for _ in range(ranks)]
+    parts, spec = speculating([make() for _ in range(ranks)], speculative, draft_cost, seed)
     views = [rank_view(c) for _, c, _ in parts]
     meters = _meters(power, views)
     if engine == "reference":
-        engines = [ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
+        engines = [ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i], speculation=spec)
+                   for i, (s, _, k) in enumerate(parts)]
         cluster = ReferenceDataParallel(engines, router, client_side=client_side)
         cluster.run(list(requests), workload=workload)
     else:
-        engines = [Instance(i, s, views[i], k, rec, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
+        engines = [Instance(i, s, views[i], k, rec, meter=meters[i], speculation=spec)
+                   for i, (s, _, k) in enumerate(parts)]
         cluster = DataParallelCluster(engines, router)
         simulate_data_parallel(list(requests), cluster, workload=workload, client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": ranks,
             "events": sum(e.events for e in engines),
             "data_parallel": {"ranks": ranks, "steps": cluster.steps, "dummy_rank_steps": cluster.dummy_steps,
-                              "experts_ms": cluster.experts_ms}, **_energy_meta(meters, rec)}
+                              "experts_ms": cluster.experts_ms},
+            **_speculative_meta(speculative), **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
     result.meta["kvs"] = [e.kv for e in engines]
     return result
