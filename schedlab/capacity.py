@@ -326,6 +326,9 @@ class Presets:
         known = sorted(set(registry.names()) | set(custom))
         hint = difflib.get_close_matches(str(name).lower(), known, n=1)
         also = f" (did you mean {hint[0]!r}?)" if hint else ""
+        if kind == "model" and str(name).endswith(".json"):
+            also = (" (a config.json is declared as a model of its own: [models.<name>] config = "
+                    f"{str(name)!r}, then model = \"<name>\")")
         raise UnknownPluginError(f"unknown {kind} {name!r}{also}; known: {', '.join(known) or '(none)'}")
 
 

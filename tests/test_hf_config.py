@@ -262,3 +262,10 @@ def test_spec_fields_are_all_model_spec_fields():
     names = {a.name for a in attrs.fields(ModelSpec)}
     for config in (LLAMA_3_8B, DEEPSEEK_V3, GPT_OSS_120B, GEMMA_2_9B, QWEN3_30B_A3B):
         assert set(model_fields(config, "config.json")) <= names
+
+
+def test_a_config_path_given_as_a_model_name_says_how_to_declare_it(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(EXPERIMENT.format(model="models/llama3/config.json")))
+    with pytest.raises(ConfigError, match=r"\[models.<name>\] config = 'models/llama3/config.json', then model"):
+        load(path)
