@@ -194,9 +194,9 @@ class ScalingController:
                        arrivals, finished, met, met / finished if finished and self.slo_met is not None else math.nan)
 
     def _tick(self, t: float) -> bool:
+        self.clock.now = t  # the views, the draining ones' too, as at the tick
         self._retire_drained()
         lim = self.limits
-        self.clock.now = t
         signals = self.signals(t)
         desired = int(self.policy.decide(signals))
         desired = min(max(desired, lim.min_instances), lim.max_instances)
