@@ -26,7 +26,7 @@ from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 
-from test_disaggregated import LATENCY_MS, LINK_GBPS, MIB, by_id, gives_up, pool
+from test_disaggregated import BASE, LATENCY_MS, LINK_GBPS, MIB, by_id, gives_up, pool
 
 ENGINES = ("fast", "reference")
 
@@ -238,26 +238,13 @@ def test_both_engines_scale_pools_alike_and_conserve_requests(case):
 
 # -- TOML -------------------------------------------------------------------------------------------------------
 
+#: test_disaggregated's base tables, with more requests in bursts and longer answers
+BURSTS = (textwrap.dedent(BASE).replace("num_requests = 40", "num_requests = 300")
+          .replace('arrival = "poisson"\nrate = 20', 'arrival = "gamma"\ncv = 3\nrate = 8')
+          .replace("high = 60", "high = 120"))
+assert "num_requests = 300" in BURSTS and "cv = 3" in BURSTS and "high = 120" in BURSTS
+#: Llama-3-8B on A100s, the decode pool at tensor parallel 2 and autoscaled
 TOML = """
-    [workload]
-    kind = "synthetic"
-    num_requests = 300
-    prompt = {dist = "uniform", low = 50, high = 400}
-    output = {dist = "uniform", low = 2, high = 120}
-    arrival = "gamma"
-    cv = 3
-    rate = 8
-    [scheduler]
-    kind = "vllm"
-    max_num_seqs = 8
-    [cost_model]
-    kind = "roofline"
-    model = "llama-3-8b"
-    gpu = "a100-80gb"
-    [kv_cache]
-    kind = "paged"
-    model = "llama-3-8b"
-    gpu = "a100-80gb"
     [slo]
     ttft_ms = 400
     tpot_ms = 40
@@ -266,10 +253,12 @@ TOML = """
     router = {kind = "least_outstanding"}
     [cluster.prefill]
     instances = 2
+    cost_model = {kind = "roofline", model = "llama-3-8b", gpu = "a100-80gb"}
+    kv_cache = {kind = "paged", model = "llama-3-8b", gpu = "a100-80gb"}
     [cluster.decode]
     instances = 4
-    cost_model = {tensor_parallel = 2}
-    kv_cache = {tensor_parallel = 2}
+    cost_model = {kind = "roofline", model = "llama-3-8b", gpu = "a100-80gb", tensor_parallel = 2}
+    kv_cache = {kind = "paged", model = "llama-3-8b", gpu = "a100-80gb", tensor_parallel = 2}
     autoscaler = {kind = "target_utilization", metric = "outstanding", target = 3, cold_start_s = 2, interval_s = 1,
                   stabilization_s = 2}
     [[runs]]
@@ -280,14 +269,10 @@ TOML = """
     """
 
 
-def write(tmp_path, text: str, name: str = "exp.toml"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def toml_runs(tmp_path, text: str = TOML) -> dict:
-    return {run.name: run for run in run_experiment(load(write(tmp_path, text))).all_runs()}
+def toml_runs(tmp_path, text: str = TOML, base: str = BURSTS) -> dict:
+    path = tmp_path / "exp.toml"
+    path.write_text(base + textwrap.dedent(text))
+    return {run.name: run for run in run_experiment(load(path)).all_runs()}
 
 
 def test_a_toml_run_scales_its_decode_pool_and_reports_each_pool(tmp_path):
@@ -371,7 +356,7 @@ def test_bad_pool_autoscalers_name_the_file_table_and_key(tmp_path, old, new, me
 
 
 def test_a_closed_loop_cannot_scale_a_pool(tmp_path):
-    text = TOML.replace('kind = "synthetic"', 'kind = "closed_loop"\n    clients = 4', 1)
-    text = text.replace('    arrival = "gamma"\n    cv = 3\n    rate = 8\n', "    think_ms = 10\n")
+    base = BURSTS.replace('kind = "synthetic"', 'kind = "closed_loop"\nclients = 4', 1)
+    base = base.replace('arrival = "gamma"\ncv = 3\nrate = 8\n', "think_ms = 10\n")
     with pytest.raises(ConfigError, match=r"\[cluster.decode.autoscaler\]: autoscaling needs an open-loop"):
-        toml_runs(tmp_path, text)
+        toml_runs(tmp_path, base=base)

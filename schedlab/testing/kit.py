@@ -179,7 +179,8 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
                       decode_router=None, bandwidth_gbps: float = 25.0, latency_ms: float = 0.01,
                       engine: str = "fast", workload=None, name: str = "test",
                       power: Callable | None = None, client_side=None, kv_lease_ms: float | None = None,
-                      autoscalers: dict | None = None, limits: dict | None = None, slo: dict | None = None) -> RunResult:
+                      autoscalers: dict | None = None, limits: dict | None = None,
+                      slo: dict | None = None) -> RunResult:
     """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
 
     ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
