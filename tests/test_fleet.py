@@ -486,7 +486,8 @@ HPA = '{kind = "target_utilization", metric = "outstanding", min_instances = 1, 
 @pytest.mark.parametrize("overrides, extra, message", [
     (["cluster.partitions=2"], CLIENT_AND_POWER.split("[frontend]")[0], r"partitions: not with \[power\]"),
     (["cluster.partitions=2"], "\n[frontend]\n", r"partitions: not with \[frontend\]"),
-    ([f"cluster.autoscaler={HPA}", 'cluster.mode="disaggregated"'], "", "autoscaling a disaggregated cluster"),
+    ([f"cluster.autoscaler={HPA}", 'cluster.mode="disaggregated"'], "",
+     r"scales each pool on its own: give \[cluster.prefill\]"),
     ([f"cluster.autoscaler={HPA}", "cluster.pipeline_parallel=2"], "", "autoscaling is not modelled with"),
 ])
 def test_combinations_not_modelled_are_refused_by_name(tmp_path, overrides, extra, message):

@@ -30,11 +30,12 @@ TRANSFERRING = "transferring"  # a decode-side sequence before it joins the runn
 class PrefillStage:
     """A prefill instance's part: hand finished prompts on, free their blocks once pulled."""
 
-    __slots__ = ("cluster", "releases")
+    __slots__ = ("cluster", "releases", "held")
 
     def __init__(self, cluster: "DisaggregatedCluster"):
         self.cluster = cluster
         self.releases: list = []  # (time, seq_no, transfer): blocks to free when their transfer lands
+        self.held = 0             # prompts handed on (or abandoned) whose blocks are not freed yet
 
     outstanding = 0
 
@@ -51,6 +52,7 @@ class PrefillStage:
         while releases and releases[0][0] <= now:
             t, _, tr = heapq.heappop(releases)
             inst.kv.free(tr.prefill_seq)
+            self.held -= 1
             if on_finish is not None:  # done here: the scheduler may admit into the freed blocks
                 on_finish(tr.prefill_seq, t)
 
@@ -71,9 +73,11 @@ class PrefillStage:
             seq.request = request
             seq.status = ABORTED
             inst.rec.request_done(seq, inst.index, t, aborted=True)
+            self.held += 1
             self.release_at(t + self.cluster.kv_lease_ms, tr)
             return True
         tr.ready_ms = t
+        self.held += 1
         self.cluster.handed_off(tr)
         return True
 
@@ -203,11 +207,13 @@ class DecodeStage:
 class DisaggregatedCluster:
     """Prefill and decode pools of fast instances, their routers and the links between them.
 
-    Instance indices are global: the prefill pool's first, then the decode pool's.
+    Instance indices are global: the prefill pool's first, then the decode pool's. With
+    ``scaling`` (:class:`~schedlab.engine.pool_scaling.PoolScaling`) a scaled pool's router sees
+    its serving instances only.
     """
 
     def __init__(self, prefill: Seq[Instance], decode: Seq[Instance], *, prefill_router=None, decode_router=None,
-                 bandwidth_gbps: float, latency_ms: float, kv_lease_ms: float = KV_LEASE_MS):
+                 bandwidth_gbps: float, latency_ms: float, kv_lease_ms: float = KV_LEASE_MS, scaling=None):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
         self.prefill = list(prefill)
@@ -219,7 +225,8 @@ class DisaggregatedCluster:
         #: prefill instances given a release time since the driver last looked (it re-reads
         #: their next event: schedlab.engine.driver.simulate_disaggregated)
         self.touched: list[int] = []
-        self._clock = RoutingClock()  # routers see both pools as they are at this time
+        self.scaling = scaling
+        self._clock = scaling.clock if scaling is not None else RoutingClock()  # routers see both pools then
         self._prefill_views = views_of(self.prefill, self._clock)
         self._decode_views = views_of(self.decode, self._clock)
         self._stages = {}
@@ -257,12 +264,11 @@ class DisaggregatedCluster:
     # -- arrivals ----------------------------------------------------------------------------
     def arrive(self, request, seq_no: int) -> Instance:
         """Route ``request`` to the prefill pool (or reject it); returns the prefill instance."""
-        pool = self.prefill
-        if self.prefill_router is not None:
-            self._clock.now = request.arrival_ms
-            target = pool[route(self.prefill_router, request, self._prefill_views)]
-        else:
-            target = pool[0]
+        scaling = self.scaling
+        target = self._pick(self.prefill, self.prefill_router, self._prefill_views,
+                            scaling.prefill if scaling is not None else None, request, request.arrival_ms)
+        if scaling is not None:
+            scaling.arrived(request.arrival_ms)
         first = prefill_request(request)
         reason = (target._rejection_reason(first, target.kv)
                   or self._decode_reason(request, self.decode[0].kv))  # the decode pool is uniform
@@ -285,8 +291,21 @@ class DisaggregatedCluster:
         return target
 
     # -- handoffs ------------------------------------------------------------------------------
+    def _pick(self, pool: list, router, views, controller, request, t: float) -> Instance:
+        """The instance of ``pool`` the router picks at ``t``: among the serving ones when the
+        pool is autoscaled (``controller``)."""
+        if controller is not None:
+            self._clock.now = t
+            return pool[controller.target(route(router, request, controller.pool))]
+        if router is None:
+            return pool[0]
+        self._clock.now = t
+        return pool[route(router, request, views)]
+
     def handed_off(self, tr: Transfer) -> None:
         heapq.heappush(self._handoffs, (tr.ready_ms, tr.seq_no, tr))
+        if self.scaling is not None:
+            self.scaling.handed_off(tr, tr.ready_ms)
 
     def next_handoff(self) -> float:
         return self._handoffs[0][0] if self._handoffs else INF
@@ -294,16 +313,15 @@ class DisaggregatedCluster:
     def deliver_handoffs(self, t: float) -> list[Instance]:
         """Route every finished prompt ready by ``t`` to a decode instance (in (time, arrival)
         order); returns the instances that received one."""
-        pool = self.decode
-        router = self.decode_router
+        scaling = self.scaling
+        controller = scaling.decode if scaling is not None else None
         targets = []
         while self._handoffs and self._handoffs[0][0] <= t:
             tr = heapq.heappop(self._handoffs)[2]
-            if router is not None:
-                self._clock.now = tr.ready_ms
-                target = pool[route(router, tr.request, self._decode_views)]
-            else:
-                target = pool[0]
+            target = self._pick(self.decode, self.decode_router, self._decode_views, controller, tr.request,
+                                tr.ready_ms)
+            if scaling is not None:
+                scaling.routed_to_decode(tr.ready_ms)
             target.catch_up(tr.ready_ms)
             target.stage.receive(target, tr)
             targets.append(target)

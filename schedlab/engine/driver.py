@@ -292,7 +292,9 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
     (``cluster.touched``): it goes back on the heap. An instance that plans nothing sleeps until
     its wake-up time, its stage's next landing or release, or an arrival or hand-over for it.
     A closed loop's finishes are released after each step, and a run's last iteration is
-    planned on its own so that they come in the order the reference engine makes them.
+    planned on its own so that they come in the order the reference engine makes them. The
+    cluster's autoscalers (``cluster.scaling``, :mod:`schedlab.engine.pool_scaling`) act before
+    hand-offs and arrivals at the same time.
     """
     instances = cluster.instances
     closed = workload is not None and getattr(workload, "closed_loop", False)
@@ -308,9 +310,21 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
     events = EventHeap(instances)
     for pos in range(len(instances)):
         events.update(pos)
+    scaling = cluster.scaling
+    if closed and scaling is not None:
+        raise ValueError("autoscaling needs an open-loop workload")
+
+    def next_time() -> float:
+        t = min(arrivals.next_time(), cluster.next_handoff())
+        if scaling is not None:
+            t_scaling = scaling.next_time(arrivals.next_time() < INF)
+            if t_scaling < t:
+                return t_scaling
+        return t
+
     delivered = 0
     while True:
-        t = min(arrivals.next_time(), cluster.next_handoff())
+        t = next_time()
         pos = events.due(t)
         while pos is not None:
             inst = instances[pos]
@@ -321,8 +335,12 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
             cluster.touched.clear()
             if closed:
                 _release(inst, arrivals)
-            t = min(arrivals.next_time(), cluster.next_handoff())
+            t = next_time()
             pos = events.due(t)
+        if scaling is not None and t < INF and scaling.next_time(arrivals.next_time() < INF) <= t:
+            scaling.apply(t, arrivals.next_time() < INF, lambda: cluster.next_handoff() < INF or any(
+                inst.next_event()[0] < INF for inst in instances))
+            continue
         if t == INF:
             for inst in instances:
                 if inst.has_work():

@@ -255,6 +255,7 @@ class PrefillRole:
     def __init__(self, cluster: "DisaggregatedReference"):
         self.cluster = cluster
         self.releases: list = []  # (time, seq_no, transfer)
+        self.held = 0             # prompts handed on (or abandoned) whose blocks are not freed yet
 
     def has_work(self) -> bool:
         return bool(self.releases)
@@ -268,6 +269,7 @@ class PrefillRole:
             if item[0] <= inst.now:
                 self.releases.remove(item)
                 inst.kv.free(item[2].prefill_seq)
+                self.held -= 1
                 if on_finish is not None:
                     on_finish(item[2].prefill_seq, item[0])
 
@@ -284,9 +286,13 @@ class PrefillRole:
             seq.status = "aborted"
             inst.rec.request_done(seq, inst.index, t, aborted=True)
             self.releases.append((t + self.cluster.kv_lease_ms, tr.seq_no, tr))  # the KV waits out its lease
+            self.held += 1
             return True
         tr.ready_ms = t
+        self.held += 1
         self.cluster.handoffs.append(tr)
+        if self.cluster.pool_scaling is not None:
+            self.cluster.pool_scaling.handed_off(tr, t)
         return True
 
     def abort(self, inst: ReferenceEngine, seq: RefSequence) -> bool:
@@ -400,11 +406,14 @@ class DecodeRole:
 
 
 class DisaggregatedReference(ReferenceCluster):
-    """A prefill pool and a decode pool of reference instances, with a router each."""
+    """A prefill pool and a decode pool of reference instances, with a router each, and their
+    autoscalers (``scaling``: :class:`~schedlab.engine.pool_scaling.PoolScaling`): they act
+    before hand-offs and arrivals at the same time; a scaled pool's router sees its serving
+    instances only."""
 
     def __init__(self, prefill: Sequence[ReferenceEngine], decode: Sequence[ReferenceEngine], *,
                  prefill_router=None, decode_router=None, bandwidth_gbps: float, latency_ms: float,
-                 kv_lease_ms: float = KV_LEASE_MS, client_side=None):
+                 kv_lease_ms: float = KV_LEASE_MS, client_side=None, scaling=None):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
         self.instances = list(prefill) + list(decode)
@@ -415,7 +424,8 @@ class DisaggregatedReference(ReferenceCluster):
         self.decode_router = decode_router
         self.kv_lease_ms = kv_lease_ms
         self.by_index = {inst.index: inst for inst in self.instances}
-        self.clock = RoutingClock()
+        self.pool_scaling = scaling
+        self.clock = scaling.clock if scaling is not None else RoutingClock()
         self.prefill_views = views_of(self.prefill, self.clock)
         self.decode_views = views_of(self.decode, self.clock)
         self.views = views_of([], self.clock)  # the pools above are scanned, not tracked
@@ -434,8 +444,18 @@ class DisaggregatedReference(ReferenceCluster):
                 self.links[(p.index, d.index)] = KVLink(bandwidth_gbps, latency_ms, sender_bytes_per_token=sender,
                                                         receiver_bytes_per_token=receiver, receiver_ranks=ranks)
 
+    def _pick(self, router, request, pool: list, views, controller, t: float) -> ReferenceEngine:
+        """The instance of ``pool`` the router picks at ``t``; a scaled pool's among its serving ones."""
+        if controller is None:
+            return _routed(router, request, pool, views, self.clock, t)
+        return _routed(router, request, [pool[i] for i in controller.members], controller.pool, self.clock, t)
+
     def deliver(self, request, seq_no: int, t: float) -> None:
-        inst = _routed(self.router, request, self.prefill, self.prefill_views, self.clock, t)
+        scaling = self.pool_scaling
+        inst = self._pick(self.router, request, self.prefill, self.prefill_views,
+                          scaling.prefill if scaling is not None else None, t)
+        if scaling is not None:
+            scaling.arrived(t)
         inst.wake(t)
         first = prefill_request(request)
         decode0 = self.decode[0]
@@ -458,12 +478,21 @@ class DisaggregatedReference(ReferenceCluster):
         seq.transfer = Transfer(request, seq_no, inst.index, seq)
 
     def next_other(self) -> float:
-        return min((tr.ready_ms for tr in self.handoffs), default=INF)
+        t = min((tr.ready_ms for tr in self.handoffs), default=INF)
+        if self.pool_scaling is not None:
+            t = min(t, self.pool_scaling.next_time(self._arrivals_left))
+        return t
 
     def deliver_other(self, t: float) -> None:
+        scaling = self.pool_scaling
+        if scaling is not None and scaling.next_time(self._arrivals_left) <= t:
+            scaling.apply(t, self._arrivals_left, lambda: bool(self.handoffs) or self.plans.first()[0] < INF)
         for tr in sorted(self.handoffs, key=lambda tr: (tr.ready_ms, tr.seq_no)):
             if tr.ready_ms <= t:
                 self.handoffs.remove(tr)
-                inst = _routed(self.decode_router, tr.request, self.decode, self.decode_views, self.clock, t)
+                inst = self._pick(self.decode_router, tr.request, self.decode, self.decode_views,
+                                  scaling.decode if scaling is not None else None, t)
+                if scaling is not None:
+                    scaling.routed_to_decode(t)
                 inst.wake(t)
                 inst.role.receive(inst, tr)

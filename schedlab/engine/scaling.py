@@ -79,7 +79,8 @@ class ScalingController:
     """The autoscaler of one open-loop colocated cluster (either engine's instances)."""
 
     def __init__(self, policy, limits: ScalingLimits, instances: Sequence, clock, *, slo_met=None,
-                 gpus_per_instance: Sequence[int] | None = None, meters: Sequence | None = None):
+                 gpus_per_instance: Sequence[int] | None = None, meters: Sequence | None = None,
+                 tracked: bool = True, holding=None):
         if limits.max_instances != len(instances):
             raise ValueError("the cluster is built with max_instances instances")
         self.policy = policy
@@ -87,6 +88,8 @@ class ScalingController:
         self.instances = list(instances)
         self.clock = clock
         self.slo_met = slo_met  # (seq, client view) -> within its SLO; None without an [slo]
+        self.tracked = tracked  # the driver tells the router's pool of every change (else it scans)
+        self.holding = holding  # (index) -> what it holds besides requests keeps a drained instance on
         self.all_views = views_of(self.instances, clock)  # every instance, as a router would see it
         self.gpus = list(gpus_per_instance or [1] * len(instances))
         n = len(instances)
@@ -112,12 +115,12 @@ class ScalingController:
     def _rebuild(self) -> None:
         self.members = [i for i, s in enumerate(self.state) if s == SERVING]
         self.position = {index: pos for pos, index in enumerate(self.members)}
-        self.pool = views_of([self.instances[i] for i in self.members], self.clock, tracked=True)
+        self.pool = views_of([self.instances[i] for i in self.members], self.clock, tracked=self.tracked)
 
     def changed(self, index: int) -> None:
         """Instance ``index`` changed: tell the router's pool, if it serves."""
         pos = self.position.get(index)
-        if pos is not None:
+        if pos is not None and self.tracked:
             self.pool.changed(pos)
 
     def target(self, position: int) -> int:
@@ -158,9 +161,11 @@ class ScalingController:
 
     def _retire_drained(self) -> None:
         """Draining instances that hold nothing any more (as seen now: an iteration in progress
-        still holds its requests) are off since their last iteration ended."""
+        still holds its requests, and ``holding`` says what else it must keep: a prefill
+        instance's KV not yet pulled) are off since their last iteration ended."""
+        holding = self.holding
         for i, s in enumerate(self.state):
-            if s == DRAINING and not self.all_views[i].outstanding:
+            if s == DRAINING and not self.all_views[i].outstanding and not (holding is not None and holding(i)):
                 self._off(i, max(self.drain_from[i], self.instances[i].now))
 
     def _off(self, i: int, t: float) -> None:
@@ -171,11 +176,15 @@ class ScalingController:
             self.meters[i].switch_off(t)
 
     def signals(self, t: float) -> Signals:
+        """What the policy sees at ``t``. The window counts only what happened by ``t``: an
+        engine may record a finish when it plans the iteration that ends later (the reference
+        engine does; the fast one applies a pending run at its end), and a tick must not see it."""
         lim = self.limits
         self.window = [(when, kind) for when, kind in self.window if when > t - lim.window_ms]
-        arrivals = sum(1 for _, kind in self.window if kind == 0)
-        finished = sum(1 for _, kind in self.window if kind)
-        met = sum(1 for _, kind in self.window if kind == 2)
+        past = [kind for when, kind in self.window if when <= t]
+        arrivals = past.count(0)
+        finished = len(past) - arrivals
+        met = past.count(2)
         views = self.pool
         count = {s: self.state.count(s) for s in (SERVING, WARMING, DRAINING)}
         kv = [v.kv.num_used_blocks() / v.kv.num_blocks for v in views]
@@ -185,9 +194,9 @@ class ScalingController:
                        arrivals, finished, met, met / finished if finished and self.slo_met is not None else math.nan)
 
     def _tick(self, t: float) -> bool:
+        self.clock.now = t  # the views, the draining ones' too, as at the tick
         self._retire_drained()
         lim = self.limits
-        self.clock.now = t
         signals = self.signals(t)
         desired = int(self.policy.decide(signals))
         desired = min(max(desired, lim.min_instances), lim.max_instances)
@@ -234,9 +243,12 @@ class ScalingController:
             changed = True
         return changed
 
-    def finish(self) -> dict[str, Any]:
-        """The run is over (every instance idle): close the paid intervals, summarise."""
-        end = max((inst.now for inst in self.instances), default=0.0)
+    def finish(self, end: float | None = None) -> dict[str, Any]:
+        """The run is over (every instance idle): close the paid intervals -- those still on at
+        ``end`` (default: the last of these instances' clocks; a disaggregated cluster's pools
+        close at the cluster's end) -- and summarise."""
+        if end is None:
+            end = max((inst.now for inst in self.instances), default=0.0)
         for i, s in enumerate(self.state):
             if s == SERVING:
                 self._off(i, max(end, self.since[i]))

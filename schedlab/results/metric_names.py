@@ -33,6 +33,8 @@ _STABILITY = {**dict.fromkeys(("verdict", "reason", "requests", "arrival_rps", "
                                "in_system_slope_per_min", "window_ms", "from_sample")),
               "fit": dict.fromkeys(("start_ms", "end_ms", "waiting_at_start", "waiting_at_end"))}  # or null
 
+#: an autoscaler's decisions (schedlab.results.metrics._fleet)
+FLEET = ("gpu_hours", "mean_gpus", "peak_serving", "min_serving", "scale_ups", "scale_downs")
 _CLIENT = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ntpot_ms", "frontend_ms")}
 
 METRICS: dict = {
@@ -82,7 +84,7 @@ METRICS: dict = {
     "cost_per_hour": None,
     "gpu_hours": None,  # GPUs paid for x hours: the whole cluster from 0 to the last finish, or autoscaled
     # optional: an autoscaled cluster (schedlab.engine.scaling)
-    "fleet": dict.fromkeys(("gpu_hours", "mean_gpus", "peak_serving", "min_serving", "scale_ups", "scale_downs")),
+    "fleet": {**dict.fromkeys(FLEET), "pools": {pool: dict.fromkeys(FLEET) for pool in ("prefill", "decode")}},
     # optional: runs of two hours or more, by hour of arrival
     "hourly": {"*": dict.fromkeys(("requests", "slo_attainment", "gpu_hours"))},
 }

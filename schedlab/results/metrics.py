@@ -595,13 +595,30 @@ def arrival_hours(arrival_ms: np.ndarray) -> np.ndarray:
 
 
 def paid_intervals(meta: dict[str, Any], end_ms: float) -> list[tuple[float, float, int]]:
-    """(on, off, GPUs) of every instance: an autoscaled cluster's intervals, or the whole
-    cluster from 0 to the last finish."""
+    """(on, off, GPUs) of every instance: an autoscaled cluster's intervals (a disaggregated
+    cluster's per pool, whose instances may differ in GPUs), or the whole cluster from 0 to the
+    last finish."""
     scaling = meta.get("scaling")
+    if scaling and "pools" in scaling:
+        return [(on, off, _gpus_each(meta["pools"][name])) for name, pool in scaling["pools"].items()
+                for _, on, off in pool["intervals"]]
     if scaling:
-        gpus = (meta.get("gpus") or meta.get("instances") or 1) / (meta.get("instances") or 1)
-        return [(on, off, gpus) for _, on, off in scaling["intervals"]]
+        return [(on, off, _gpus_each(meta)) for _, on, off in scaling["intervals"]]
     return [(0.0, end_ms, meta.get("gpus") or meta.get("instances") or 1)]
+
+
+def _gpus_each(meta: dict[str, Any]) -> float:
+    """GPUs of one instance of a uniform cluster or pool."""
+    return (meta.get("gpus") or meta.get("instances") or 1) / (meta.get("instances") or 1)
+
+
+def _fleet(scaling: dict[str, Any], gpu_hours: float, end_ms: float) -> dict[str, Any]:
+    """An autoscaler's decisions: GPU-hours, mean GPUs, the most and fewest instances serving,
+    scale-ups and -downs."""
+    serving = [h[1] for h in scaling["history"]]
+    return {"gpu_hours": gpu_hours, "mean_gpus": gpu_hours * HOUR_MS / end_ms if end_ms else 0.0,
+            "peak_serving": max(serving), "min_serving": min(serving),
+            "scale_ups": scaling["scale_ups"], "scale_downs": scaling["scale_downs"]}
 
 
 def _fleet_metrics(m: dict[str, Any], meta: dict[str, Any], end_ms: float, hour_requests, hour_met,
@@ -613,10 +630,12 @@ def _fleet_metrics(m: dict[str, Any], meta: dict[str, Any], end_ms: float, hour_
     m["gpu_hours"] = sum((off - on) * g for on, off, g in intervals) / HOUR_MS
     scaling = meta.get("scaling")
     if scaling:
-        serving = [h[1] for h in scaling["history"]]
-        m["fleet"] = {"gpu_hours": m["gpu_hours"], "mean_gpus": m["gpu_hours"] * HOUR_MS / end_ms if end_ms else 0.0,
-                      "peak_serving": max(serving), "min_serving": min(serving),
-                      "scale_ups": scaling["scale_ups"], "scale_downs": scaling["scale_downs"]}
+        m["fleet"] = _fleet(scaling, m["gpu_hours"], end_ms)
+    if scaling and "pools" in scaling:  # a disaggregated cluster: each pool's too (the totals above)
+        m["fleet"]["pools"] = {
+            name: _fleet(pool, sum(off - on for _, on, off in pool["intervals"]) * _gpus_each(meta["pools"][name])
+                         / HOUR_MS, end_ms)
+            for name, pool in scaling["pools"].items()}
     if end_ms < HOURLY_FROM_MS:
         return
     hour_requests = np.asarray(hour_requests, dtype=np.float64)
@@ -632,19 +651,21 @@ def _fleet_metrics(m: dict[str, Any], meta: dict[str, Any], end_ms: float, hour_
     m["hourly"] = hourly
 
 
-def request_met(slo: dict):
+def request_met(slo: dict, *, ttft: bool = True, tpot: bool = True):
     """One request's SLO check, as :func:`slo_met` decides it for a whole run: a function of a
     sequence (either engine's) that left the engine and its client's view ``(first byte, done,
     timed out)`` (:func:`schedlab.frontend.client_times`; the autoscaler's window). A request its
-    client gave up on meets nothing."""
+    client gave up on meets nothing. ``ttft=False`` or ``tpot=False`` leaves that target out (a
+    disaggregated cluster's pools are judged on their own part: :mod:`schedlab.engine.pool_scaling`)."""
     def met(seq, client: tuple[float, float, bool]) -> bool:
         first, done, timed_out = client
         if timed_out:
             return False
         ttft_target, tpot_target = _targets(slo, seq.request.request_class)
+        if ttft and first - seq.request.sent_at > ttft_target:
+            return False
         generated = seq.num_generated
-        tpot = (done - first) / (generated - 1) if generated > 1 else 0.0
-        return first - seq.request.sent_at <= ttft_target and tpot <= tpot_target
+        return not tpot or generated <= 1 or (done - first) / (generated - 1) <= tpot_target
     return met
 
 

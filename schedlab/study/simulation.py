@@ -25,6 +25,7 @@ from ..engine.instance import Instance
 from ..engine.load import RoutingClock
 from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
 from ..engine.pipeline import PipelinedInstance
+from ..engine.pool_scaling import pool_scaling
 from ..engine.rank_cost import rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
@@ -85,7 +86,9 @@ class ClusterConfig:
                                             "batch in flight per stage")
     autoscaler: dict | None = table_field(None, help="an autoscaling policy (kind = 'target_utilization' or "
                                                      "'queue_length', min_instances, max_instances, cold_start_s, "
-                                                     "...): instances is then the most that can serve")
+                                                     "...): instances is then the most that can serve "
+                                                     "(disaggregated: each pool's own, in [cluster.prefill] and "
+                                                     "[cluster.decode])")
     partitions: int = int_field(1, min=1, max=MAX_INSTANCES,
                                 help="simulate the instances as this many independent tasks (workers or Ray) and "
                                      "merge them: exact for routers that ignore load (round_robin, hash, class with "
@@ -119,6 +122,9 @@ class PoolConfig:
     power: dict = table_field(attrs.Factory(dict), help="overrides the run's [power] likewise")
     clock: dict = table_field(attrs.Factory(dict), help="the pool's SM clock: overrides the run's [clock] likewise, "
                                                           "or clocks this pool alone (e.g. the decode pool lower)")
+    autoscaler: dict | None = table_field(None, help="scales this pool on its own signals (the keys of [cluster] "
+                                                     "autoscaler): instances is then the most that can serve; "
+                                                     "without it the pool is fixed")
 
 
 @attrs.frozen
@@ -239,6 +245,7 @@ class Pool:
     name: str
     instances: list[tuple[Any, Any, Any]]  # (scheduler, cost model, kv cache) per instance
     router: Any
+    autoscaler: Any = None  # the pool's policy (schedlab.protocols.Autoscaler); None: a fixed pool
 
 
 @attrs.define
@@ -356,8 +363,8 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
     client_side = _client_side(tables, where)
     if cluster.autoscaler is not None and cluster.mode == "disaggregated":
-        raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling a disaggregated cluster is not modelled "
-                          "(only colocated instances)")
+        raise ConfigError(f"{where} [cluster.autoscaler]: a disaggregated cluster scales each pool on its own: give "
+                          "[cluster.prefill] or [cluster.decode] an autoscaler = {kind = ...} instead")
     if cluster.mode == "disaggregated":
         if "instances" in cluster_table:
             raise ConfigError(f"{where} [cluster]: instances: a disaggregated cluster sizes its pools in "
@@ -380,7 +387,8 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     autoscaler = None
     if cluster.autoscaler is not None:
         autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
-        _check_autoscaler(autoscaler, cluster, workload, f"{where} [cluster.autoscaler]")
+        _check_autoscaler(autoscaler, cluster.instances, "[cluster] instances", workload, cluster.partitions,
+                          f"{where} [cluster.autoscaler]")
     return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side,
                      autoscaler=autoscaler)
 
@@ -470,22 +478,25 @@ def _check_rank_work(cost, where: str) -> None:
                           "roofline and profiled cost models do")
 
 
-def _check_autoscaler(policy, cluster: ClusterConfig, workload, where: str) -> None:
+def _check_autoscaler(policy, instances: int, key: str, workload, partitions: int, where: str) -> None:
+    """An autoscaler's limits against the ``instances`` built (``key``: where they are set, for
+    the message), and what it cannot scale."""
     config = getattr(policy, "config", None)
     missing = [k for k in ("min_instances", "max_instances", "initial", "interval_s", "cold_start_s", "window_s")
                if not hasattr(config, k)]
     if missing:
         raise ConfigError(f"{where}: the policy's config lacks {', '.join(missing)} (subclass "
                           "schedlab_plugins.autoscalers.ScalingConfig)")
-    most = config.max_instances or cluster.instances
-    if cluster.instances < 2:
-        raise ConfigError(f"{where}: autoscaling needs [cluster] instances >= 2 (the most that can serve)")
-    if most != cluster.instances:
-        raise ConfigError(f"{where}: max_instances ({most}) must equal [cluster] instances ({cluster.instances}), "
-                          "the instances built")
+    most = config.max_instances or instances
+    if instances < 2:
+        raise ConfigError(f"{where}: autoscaling needs {key} >= 2 (the most that can serve)")
+    if most != instances:
+        raise ConfigError(f"{where}: max_instances ({most}) must equal {key} ({instances}), the instances built")
     if config.min_instances > most:
         raise ConfigError(f"{where}: min_instances ({config.min_instances}) is above the {most} instances")
-    if getattr(workload, "closed_loop", False) or cluster.partitions > 1:
+    if (config.initial or 0) > most:
+        raise ConfigError(f"{where}: initial ({config.initial}) is above the {most} instances")
+    if getattr(workload, "closed_loop", False) or partitions > 1:
         raise ConfigError(f"{where}: autoscaling needs an open-loop workload and partitions = 1")
 
 
@@ -524,7 +535,12 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
         if pool.instances > 1:
             router = _build_router(ctx, pool.router if pool.router is not None else cluster.router,
                                    pool.instances, f"{where} [cluster.{name}.router]")
-        pools.append(Pool(name, parts, router))
+        autoscaler = None
+        if pool.autoscaler is not None:
+            autoscaler = build_component(ctx, "autoscaler", pool.autoscaler, f"{where} [cluster.{name}.autoscaler]")
+            _check_autoscaler(autoscaler, pool.instances, f"[cluster.{name}] instances", workload, cluster.partitions,
+                              f"{where} [cluster.{name}.autoscaler]")
+        pools.append(Pool(name, parts, router, autoscaler))
     link = from_table(LinkConfig, cluster.link or {}, where=f"{where} [cluster.link]")
     if link.bandwidth_gbps != math.inf:
         for pool in pools:
@@ -589,13 +605,16 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3,
                         kv_lease_ms=a.link.kv_lease_ms)
+            scaling = _pool_scaling(a, engines[:split], engines[split:], meters)
+            if scaling is not None:
+                recorder.listener = scaling.finished
             if spec.engine == "reference":
                 DisaggregatedReference(engines[:split], engines[split:], prefill_router=a.pools[0].router,
-                                       decode_router=a.pools[1].router, client_side=side,
+                                       decode_router=a.pools[1].router, client_side=side, scaling=scaling,
                                        **link).run(requests, workload=a.workload)
             else:
                 cluster = DisaggregatedCluster(engines[:split], engines[split:], prefill_router=a.pools[0].router,
-                                               decode_router=a.pools[1].router, **link)
+                                               decode_router=a.pools[1].router, scaling=scaling, **link)
                 simulate_disaggregated(requests, cluster, workload=a.workload, client_side=side)
         elif spec.engine == "reference":
             ReferenceCluster(engines, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
@@ -648,6 +667,24 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if not spec.part:
         compare_with_real_run(result)
     return result
+
+
+def _pool_scaling(a: Assembled, prefill: list, decode: list, meters: list):
+    """The autoscalers of a disaggregated run's pools (:mod:`schedlab.engine.pool_scaling`), or
+    None when both pools are fixed."""
+    policies = {pool.name: pool.autoscaler for pool in a.pools}
+    if not any(policies.values()):
+        return None
+    slo = attrs.asdict(a.slo) if a.slo is not None else None
+    sizes = {pool.name: len(pool.instances) for pool in a.pools}
+    side = a.client_side
+    return pool_scaling(
+        prefill, decode, policies,
+        {name: scaling_limits(policy.config, sizes[name]) for name, policy in policies.items() if policy is not None},
+        gpus={pool.name: [tensor_parallel(c, k) for _, c, k in pool.instances] for pool in a.pools},
+        meters={"prefill": meters[:len(prefill)], "decode": meters[len(prefill):]},
+        judge=(lambda **targets: request_met(slo, **targets)) if slo is not None else None,
+        output_delay_ms=side.output_delay_ms if side is not None else 0.0)
 
 
 def _part_of_run(spec: RunSpec, a: Assembled, requests, where: str):

@@ -188,7 +188,9 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
                       prefill_instances: int = 1, decode_instances: int = 1, prefill_router=None,
                       decode_router=None, bandwidth_gbps: float = 25.0, latency_ms: float = 0.01,
                       engine: str = "fast", workload=None, name: str = "test",
-                      power: Callable | None = None, client_side=None, kv_lease_ms: float | None = None) -> RunResult:
+                      power: Callable | None = None, client_side=None, kv_lease_ms: float | None = None,
+                      autoscalers: dict | None = None, limits: dict | None = None,
+                      slo: dict | None = None) -> RunResult:
     """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
 
     ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
@@ -196,11 +198,15 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     (prefill pool first), for checks of the blocks left at the end. ``power(cost_model)``
     makes an instance's power model (the run then meters energy). ``client_side`` (front end,
     timeouts) and ``kv_lease_ms`` (how long a prefill instance keeps an abandoned prompt's KV)
-    as in :mod:`schedlab.frontend` and :mod:`schedlab.engine.transfer`.
+    as in :mod:`schedlab.frontend` and :mod:`schedlab.engine.transfer`. ``autoscalers`` (pool
+    name -> policy object) with ``limits`` (pool name -> :class:`~schedlab.engine.scaling.ScalingLimits`)
+    scale those pools (``meta["scaling"]``, judged against ``slo``; energy from 0).
     """
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
+    from ..engine.pool_scaling import pool_scaling
     from ..engine.reference_cluster import DisaggregatedReference
+    from ..results.metrics import request_met
     from ..study.simulation import pool_summary
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
@@ -216,14 +222,24 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
                 latency_ms=latency_ms)
     if kv_lease_ms is not None:
         link["kv_lease_ms"] = kv_lease_ms
+    scaling = None
+    if autoscalers:
+        scaling = pool_scaling(p, d, autoscalers, limits, meters={"prefill": meters[:prefill_instances],
+                                                                 "decode": meters[prefill_instances:]},
+                               judge=(lambda **targets: request_met(slo, **targets)) if slo is not None else None,
+                               output_delay_ms=rec.output_delay_ms)
+        rec.listener = scaling.finished
+        link["scaling"] = scaling
     if engine == "reference":
         DisaggregatedReference(p, d, client_side=client_side, **link).run(list(requests), workload=workload)
     else:
         simulate_disaggregated(list(requests), DisaggregatedCluster(p, d, **link), workload=workload,
                                client_side=client_side)
+    scaled = {"scaling": scaling.finish()} if scaling is not None else {}
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": len(engines),
             "bytes_per_block": getattr(engines[0].kv, "bytes_per_block", 0), "events": sum(e.events for e in engines),
-            "pools": pool_summary({"prefill": p, "decode": d}), **_energy_meta(meters, rec)}
+            "pools": pool_summary({"prefill": p, "decode": d}), **scaled,
+            **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
