@@ -136,6 +136,26 @@ def test_the_rooflines_stages_work_adds_up_to_its_work_split_by_vllms_layers(sta
         RooflineCostModel(model, PRESETS.gpu("rtx-pro-6000-server"), config).stage_work(batch)
 
 
+@pytest.mark.parametrize("batch", [Batch(num_decode=32, decode_context_tokens=32 * 900),
+                                   Batch(num_decode=3, decode_context_tokens=40, num_prefill=1, prefill_tokens=512)])
+def test_a_stages_kernels_leave_the_host_share_of_the_step_to_the_first_stage(batch):
+    """The roofline puts the host's share of a step (1 ms of overhead here, and the launches) on
+    the first stage: its GPUs run no kernel then. The stages' kernels add up to the step's."""
+    config = RooflineConfig(model="llama-3.1-8b", gpu="h100-80gb", overhead_ms=1.0)
+    cost = RooflineCostModel(PRESETS.model("llama-3.1-8b"), PRESETS.gpu("h100-80gb"), config,
+                             parallelism=Parallelism(pipeline_parallel=2))
+    view = stage_view(cost)
+    stage_ms, _ = cost.pipeline_ms(batch)
+    host = cost.iteration_ms(batch) - cost.kernel_ms(batch)
+    assert host >= 1.0
+    kernels = []
+    for s in (0, 1):
+        view.stage = s
+        kernels.append(view.kernel_ms(batch))
+    assert kernels == pytest.approx([stage_ms[0] - host, stage_ms[1]], rel=1e-12)
+    assert sum(kernels) == pytest.approx(cost.kernel_ms(batch), rel=1e-12)
+
+
 def test_a_stage_view_tells_the_power_model_its_stage_and_the_batchs_clock():
     view = stage_view(linear())
     assert type(view) is StageCost and find_clock(view) is None
