@@ -1,6 +1,8 @@
-"""Pipeline parallelism's rules that both engines share: the stages' clock, what a scheduler
-sees while batches are in flight, and what becomes of a request whose client gives up while
-its batch is in flight.
+"""Pipeline parallelism's rules that both engines share: the stages' clock, a batch's stage
+times (at the clock ``[clock]`` gives it, :func:`stage_times`), what a scheduler sees while
+batches are in flight, what becomes of a request whose client gives up while its batch is in
+flight, and (with ``[power]``) the timeline row over the time in flight of a batch that gave no
+token (:func:`hole_row`, :mod:`schedlab.energy.pipeline`).
 
 vLLM V1 with ``--pipeline-parallel-size P`` keeps up to ``P`` batches in flight
 (``EngineCore.step_with_batch_queue``, ``batch_queue_size = max_concurrent_batches = P``): it
