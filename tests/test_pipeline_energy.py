@@ -484,6 +484,28 @@ def test_pipelined_instances_with_power_in_toml_run_in_both_engines(tmp_path, pr
     check_energy(fast)
 
 
+def test_saved_pipelined_results_redraw_the_same_power(tmp_path):
+    """The stages' standby left and tails at each idle stretch go into the saved record: a run
+    read back redraws the same power, and its energy is still that power's integral."""
+    from schedlab.energy.timeline import integral_j
+    from schedlab.results.storage import load as load_saved
+    from schedlab.results.storage import save
+    from schedlab.study.experiment import run_experiment
+    from schedlab_plugins.reports.plot_timeline import has_power, timeline_figure
+
+    results = run_experiment(load(_write(tmp_path, PIPELINE)))
+    save(results, tmp_path / "out")
+    saved, fresh = load_saved(tmp_path / "out").all_runs()[0], results.all_runs()[0]
+    assert any(inst["standby_left"] for inst in saved.meta["energy"]["instances"])
+    for k in (0, 1):
+        assert integral_j(*power_steps(saved, k)) == pytest.approx(integral_j(*power_steps(fresh, k)), rel=1e-9)
+    check_energy(saved)
+    assert has_power(saved)
+    fig = timeline_figure(saved, 60)
+    assert len([line for ax in fig.axes for line in ax.get_lines()
+                if (line.get_gid() or "").startswith("timeline:power")]) == 2
+
+
 @pytest.mark.parametrize("clock", ["mhz = 1000", 'policy = "slo"'])
 def test_pipelined_instances_at_a_clock_in_toml_draw_less(tmp_path, clock):
     """A locked clock slows the prompts' compute-bound slices; the governor keeps batches with
