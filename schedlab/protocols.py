@@ -155,7 +155,11 @@ class CostModel(Protocol):
       power models what a step did on a rank's GPUs);
     * pipeline parallelism (``pipeline_parallel = P``): ``pipeline_ms(batch)``, the ``P`` stages'
       times of the iteration and the time of the activations' send from one stage to the next
-      (:mod:`schedlab.engine.pipeline`).
+      (:mod:`schedlab.engine.pipeline`). With ``[power]`` or ``[clock]`` the work is split alike:
+      ``stage_work(batch)``, the ``(bytes, flops)`` one GPU of each stage reads and computes (they
+      add up to ``work``); the first stage's kernels are its time less the host's share of the
+      step (``iteration_ms - kernel_ms``) (:class:`schedlab.engine.stage_cost.StageCost` hands
+      power models what a batch did on a stage's GPUs).
     """
 
     def iteration_ms(self, batch: Batch) -> float:

@@ -7,7 +7,8 @@ clock every rank's, the governor's chosen from the whole step. Checked here: a s
 half clock and a governed step, by hand (time and energy, the power law evaluated in the test);
 both engines against each other with conservation on random workloads (the linear prices and
 the roofline, fixed clocks and the governor); a dense model's independent ranks; the TOML path
-and what is still refused (pipelines).
+and what is refused (a cost model that does not split a rank's work). Pipelines at a clock:
+``test_pipeline_energy.py``.
 
 The hand-computed cases use ``test_data_parallel_energy.py``'s ranks (0.5 ms per prompt token,
 8 ms a decode step; experts 1 ms + 0.0625 ms per token of all ranks + 0.125 ms per token of the
@@ -321,14 +322,10 @@ def test_a_dense_models_ranks_at_a_clock_differ_from_the_full_clock(tmp_path):
     assert runs["half"].metrics["energy"]["gpu_j"] < runs["full"].metrics["energy"]["gpu_j"]
 
 
-def test_a_clock_is_refused_for_pipelines_and_for_cost_models_that_do_not_split_a_ranks_work(tmp_path,
-                                                                                              monkeypatch):
+def test_a_clock_is_refused_for_cost_models_that_do_not_split_a_ranks_work(tmp_path, monkeypatch):
+    """(Pipelines, once refused here, take a clock: ``test_pipeline_energy.py``.)"""
     from schedlab_plugins.cost_models import RooflineCostModel
 
-    pipeline = _write(tmp_path, '[clock]\nmhz = 1200\n[cluster]\npipeline_parallel = 2\n')
-    with pytest.raises(ConfigError, match=r"exp\.toml.*\[clock\]: clocks with pipeline parallelism are not "
-                                          r"modelled yet \(data-parallel ranks take one\)"):
-        load(pipeline)
     lockstep = _write(tmp_path, '[clock]\nmhz = 1200\n[cluster]\ndata_parallel = 2\n', "lockstep.toml")
     load(lockstep)
     monkeypatch.delattr(RooflineCostModel, "experts_work")

@@ -487,12 +487,10 @@ def test_a_dense_models_data_parallel_ranks_are_metered_as_instances(tmp_path):
     check_energy(dp)
 
 
-def test_power_is_refused_for_pipelines_and_for_cost_models_that_do_not_split_a_ranks_work(tmp_path, monkeypatch):
+def test_power_is_refused_for_cost_models_that_do_not_split_a_ranks_work(tmp_path, monkeypatch):
+    """(Pipelines, once refused here, are metered: ``test_pipeline_energy.py``.)"""
     from schedlab_plugins.cost_models import RooflineCostModel
 
-    pipeline = write(tmp_path, '[power]\nkind = "utilisation"\n[cluster]\npipeline_parallel = 2\n')
-    with pytest.raises(ConfigError, match=r"\[power\]: energy with pipeline parallelism is not modelled yet"):
-        load(pipeline)
     lockstep = write(tmp_path, '[power]\nkind = "utilisation"\n[cluster]\ndata_parallel = 2\n')
     load(lockstep)  # the roofline says a rank's work
     monkeypatch.delattr(RooflineCostModel, "rank_work")

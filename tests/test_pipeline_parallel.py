@@ -502,9 +502,9 @@ def test_profiled_pipelines_match_the_reference(requests, stages, budget):
 _BUNDLE: dict = {}
 
 
-def test_energy_is_refused_with_pipelines(tmp_path, capsys):
-    """Not simulated with pipeline parallelism yet: a named error, not a silent run. (Clients
-    that give up, once refused here too, are simulated: see the tests above.)"""
+def test_a_pipelined_run_with_power_reports_its_energy_from_the_command_line(tmp_path, capsys):
+    """Pipelines are metered stage by stage (``test_pipeline_energy.py``); once refused here, the
+    command line now runs them and prints their energy."""
     from schedlab.cli import main
 
     path = tmp_path / "exp.toml"
@@ -513,6 +513,6 @@ def test_energy_is_refused_with_pipelines(tmp_path, capsys):
                     '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n'
                     '[kv_cache]\nkind = "paged"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n'
                     '[cluster]\npipeline_parallel = 2\n[power]\nkind = "utilisation"\n')
-    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert "[power]:" in err and "parallel" in err and "yet" in err, err
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "energy.j_per_token" in out and "energy p: GPUs" in out, out

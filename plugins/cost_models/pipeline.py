@@ -33,6 +33,14 @@ def split_stages(total_ms: float, first_ms: float, last_ms: float, layers: tuple
     return tuple(times)
 
 
+def stage_split(sends: "PipelineSends | None") -> "PipelineSends":
+    """A cost model's stage layout (its :class:`PipelineSends`), or a ValueError when it was built
+    without pipeline parallelism."""
+    if sends is None:
+        raise ValueError("the cost model was built without pipeline parallelism: it has no stages")
+    return sends
+
+
 class PipelineSends:
     """The activations one stage sends the next, per iteration."""
 

@@ -78,7 +78,7 @@ from schedlab.protocols import Batch
 from .collectives import Collectives, Topology, interconnect_field, machine
 from .profile_bundle import BundleError, ProfileBundle
 from .expert_parallel import ExpertLayers
-from .pipeline import PipelineSends, split_stages
+from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
 from .work import ModelWork, check_rank_tokens
@@ -326,6 +326,12 @@ class ProfiledCostModel:
         :meth:`rank_work` and :mod:`.work`)."""
         check_rank_tokens(tokens, self.parallelism.data_parallel)
         return self._model_work().experts_work(tokens)
+
+    def stage_work(self, batch: Batch) -> tuple[tuple[float, float], ...]:
+        """``(bytes, flops)`` one GPU of each pipeline stage reads and computes in an iteration of
+        ``batch`` (the roofline's counts split by the stages' layers, see :meth:`rank_work` and
+        :mod:`.work`)."""
+        return self._model_work().stage_work(batch, stage_split(self.sends).layers)
 
     def _model_work(self) -> ModelWork:
         """The model's work counts, made when first asked (only power models ask)."""

@@ -87,7 +87,7 @@ from schedlab.protocols import Batch
 
 from .collectives import Collectives, interconnect_field, machine
 from .expert_parallel import ExpertLayers
-from .pipeline import PipelineSends, split_stages
+from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
 from .work import ModelWork, check_rank_tokens
@@ -576,6 +576,11 @@ class RooflineCostModel:
         :meth:`experts_ms` times (see :mod:`.work`)."""
         check_rank_tokens(tokens, self.parallelism.data_parallel)
         return self._work.experts_work(tokens)
+
+    def stage_work(self, batch: Batch) -> tuple[tuple[float, float], ...]:
+        """``(bytes, flops)`` one GPU of each pipeline stage reads and computes in an iteration of
+        ``batch``: its layers' share of :meth:`work`, the LM head on the last (see :mod:`.work`)."""
+        return self._work.stage_work(batch, stage_split(self.sends).layers)
 
 
 def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig:

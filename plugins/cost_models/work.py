@@ -23,6 +23,14 @@ over them. This is the mean GPU: a step's *time* waits for the busiest one
 (``ExpertLayers.busiest_gpu``), but energy sums over all of them, and their mean work is
 exact under uniform routing whatever the balance. At one rank the two parts add up to
 :meth:`ModelWork.work`.
+
+**Pipeline stages** (:meth:`ModelWork.stage_work`). A stage's GPUs hold a run of decoder layers
+(vLLM's split, :func:`schedlab.parallelism.stage_layers`) and compute every token of the batch
+through them, so a stage's work is its layers' share of the iteration's -- weights, the routed
+experts its tokens pick in those layers, their KV and their attention, all alike per layer --
+and the last stage reads the LM head's weights besides. The embedding's looked-up rows are not
+counted in the work (as on one GPU), so the first stage holds nothing apart. The stages' work
+adds up to :meth:`ModelWork.work`.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ class ModelWork:
         tp = self.tp = tensor_parallel
         lm_head = float(m.vocab_size * m.hidden_size) if m.vocab_size and m.hidden_size else 0.0
         self.kv_bytes_per_token = m.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
+        #: bytes of the LM head (the tied table too), read in full by the last pipeline stage
+        self.lm_head_bytes = lm_head * m.weight_bytes_per_param / tp
         #: bytes of every weight but the routed experts and the looked-up embedding table
         self.dense_bytes = (m.num_params - m.expert_params * m.num_experts - m.embedding_params) \
             * m.weight_bytes_per_param / tp
@@ -88,6 +98,21 @@ class ModelWork:
         touched = e * (1.0 - (1.0 - k / e) ** total)
         return touched * m.expert_params * m.expert_bytes_per_param / gpus, \
             2.0 * k * m.expert_params / gpus * total
+
+    def stage_work(self, batch: Batch, layers: Sequence[int]) -> tuple[tuple[float, float], ...]:
+        """``(bytes, flops)`` one GPU of each pipeline stage reads and computes in an iteration of
+        ``batch`` when stage ``s`` holds ``layers[s]`` decoder layers: each layer's equal share of
+        :meth:`work` (the LM head's weights apart), and the LM head's weights on the last stage."""
+        if not layers or any(count < 1 for count in layers):
+            raise ValueError(f"every pipeline stage needs at least one layer, got {tuple(layers)}")
+        byt, flops = self.work(batch)
+        if byt == 0.0 and flops == 0.0:
+            return ((0.0, 0.0),) * len(layers)
+        n = sum(layers)
+        per_bytes, per_flops = (byt - self.lm_head_bytes) / n, flops / n
+        stages = [(count * per_bytes, count * per_flops) for count in layers]
+        stages[-1] = (stages[-1][0] + self.lm_head_bytes, stages[-1][1])
+        return tuple(stages)
 
     def _kv_bytes(self, batch: Batch) -> float:
         return (batch.decode_context_tokens + batch.prefill_context_tokens) * self.kv_bytes_per_token

@@ -10,11 +10,14 @@ touch any of this.
 * :mod:`.idle` -- the energy of an idle stretch (standby, then idle);
 * :mod:`.meter` -- :class:`EnergyMeter`, one per instance, and each iteration's energy shared
   out to the requests in it;
+* :mod:`.pipeline` -- :class:`PipelineMeter`, a pipelined instance's: each stage's GPUs metered
+  on their own, the timeline's rows carrying them all;
 * :mod:`.clock` -- the SM clock: how it scales an iteration's time and power, a fixed clock per
   instance and the SLO-driven clock governor;
 * :mod:`.metrics` -- joules per token and per request, power per instance, kWh, host and PUE.
 """
 
 from .meter import EnergyMeter, close_meters, run_start
+from .pipeline import PipelineMeter
 
-__all__ = ["EnergyMeter", "close_meters", "run_start"]
+__all__ = ["EnergyMeter", "PipelineMeter", "close_meters", "run_start"]

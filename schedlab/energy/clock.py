@@ -54,6 +54,16 @@ rank wait for it. A fixed clock is every rank's; the governor chooses from the s
 step (swaps included: what the decodes wait for) stays within ``headroom x tpot_ms``
 (:meth:`ClockedCostModel.lockstep_at`). With the governor the ranks step one at a time (no
 bulk runs: the level the step needs depends on every rank at once).
+
+Pipelined instances (:mod:`schedlab.engine.pipeline`). Each stage's slice of a batch is timed by
+the law on the stage's own work (the wrapped model's ``stage_work``: its layers' share), the
+activations' sends between stages, on the links, not at all. A fixed clock is every stage's.
+The governor chooses one clock per batch when it enters the pipeline -- every stage computes
+that batch at it -- the highest when the batch has prompt tokens, else the lowest level at which
+the batch's own trip through the pipeline (its stages' times and the sends between them) stays
+within ``headroom x tpot_ms``: a decode's next token comes when its batch lands, so that trip is
+its time between tokens, less any wait behind the other batches in flight (queueing, which the
+headroom leaves room for, as for one GPU) (:meth:`ClockedCostModel.pipeline_at`).
 """
 
 from __future__ import annotations
@@ -132,9 +142,12 @@ class ClockedCostModel:
         self.gpu = gpu
         self._work = work
         # a lockstep rank's parts at the highest clock, for the check of the layout and the
-        # cluster (which clocks the step, lockstep_at); None when the wrapped model lacks them
-        for name in ("rank_ms", "experts_ms", "rank_work", "experts_work", "rank_kernel_ms"):
+        # cluster (which clocks the step, lockstep_at), and a pipeline stage's work (which
+        # pipeline_at clocks); None when the wrapped model lacks them
+        for name in ("rank_ms", "experts_ms", "rank_work", "experts_work", "rank_kernel_ms", "stage_work"):
             setattr(self, name, getattr(inner, name, None))
+        if getattr(inner, "pipeline_ms", None) is None:  # no stages to clock
+            self.pipeline_ms = self.pipeline_at = None
         self.needs_context_range = bool(getattr(inner, "needs_context_range", False))
         self.request_cost = getattr(inner, "request_cost", None)
         f_max, f_min = gpu.max_clock_mhz, gpu.min_clock_mhz
@@ -162,7 +175,10 @@ class ClockedCostModel:
     # --- the law -----------------------------------------------------------------------------
     def split(self, batch: Batch) -> tuple[float, float]:
         """``(c, m)``: the iteration's compute and memory time at the highest clock, ms."""
-        byt, flops = self._work(batch)
+        return self.times(*self._work(batch))
+
+    def times(self, byt: float, flops: float) -> tuple[float, float]:
+        """``(c, m)``: the compute and memory time of ``flops`` and ``byt`` at the highest clock, ms."""
         return flops / self._flops_per_ms, byt / self._bytes_per_ms
 
     @staticmethod
@@ -249,13 +265,11 @@ class ClockedCostModel:
     # --- data-parallel ranks stepping together (schedlab.engine.lockstep) -------------------------
     def rank_split(self, batch: Batch) -> tuple[float, float]:
         """``(c, m)`` of a lockstep rank's own part of a step (the wrapped model's ``rank_work``)."""
-        byt, flops = self.rank_work(batch)
-        return flops / self._flops_per_ms, byt / self._bytes_per_ms
+        return self.times(*self.rank_work(batch))
 
     def experts_split(self, tokens) -> tuple[float, float]:
         """``(c, m)`` of a lockstep step's routed experts on one GPU (``experts_work``)."""
-        byt, flops = self.experts_work(tokens)
-        return flops / self._flops_per_ms, byt / self._bytes_per_ms
+        return self.times(*self.experts_work(tokens))
 
     def lockstep_at(self, own: list, tokens: tuple, parts: list, experts: float) -> tuple[float, list, float]:
         """``(r, parts, experts)``: the clock of a lockstep step and its ranks' parts and experts
@@ -304,6 +318,37 @@ class ClockedCostModel:
         _, s_inc, hold = _stretched_run(c0, m0, c1, m1, self.fixed)
         holds = [h for h in (steps, hold) if h is not None]
         return (inc + s_inc, max(1, min(holds))) if holds else inc + s_inc
+
+
+    # --- pipelined instances (schedlab.engine.pipeline) --------------------------------------------
+    def pipeline_at(self, batch: Batch) -> tuple[tuple[float, ...], float, float]:
+        """``(stage_ms, send_ms, r)``: a pipelined batch's stages at its clock, the activations'
+        send (on the links: not clocked) and the clock (see the module docstring)."""
+        stage_ms, send_ms = self.inner.pipeline_ms(batch)
+        if self.fixed is not None and self.fixed >= 1.0:
+            return stage_ms, send_ms, 1.0
+        splits = [self.times(*w) for w in self.stage_work(batch)]
+        stretch = self.stretch
+
+        def at(r):
+            return stage_ms if r >= 1.0 else tuple(ms + stretch(c, m, r) for ms, (c, m) in zip(stage_ms, splits))
+
+        if self.fixed is not None:
+            r = self.fixed
+        elif batch.prefill_tokens or not batch.num_decode:
+            r = 1.0  # prompt tokens: the highest clock (TTFT)
+        else:
+            r, hops = 1.0, (len(stage_ms) - 1) * send_ms
+            for level in self.levels:
+                if sum(at(level)) + hops <= self.target:
+                    r = level
+                    break
+        return at(r), send_ms, r
+
+    def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
+        """The stages' times at the batch's clock and the send (:meth:`pipeline_at`)."""
+        stage_ms, send_ms, _ = self.pipeline_at(batch)
+        return stage_ms, send_ms
 
 
 def _stretched_run(c0: float, m0: float, c1: float, m1: float, r: float) -> tuple[float, float, int | None]:

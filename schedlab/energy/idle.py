@@ -54,21 +54,27 @@ def idle_j(idle_w: float, standby_w: float, standby_ms: float, since_ms: float, 
 
 
 def idle_steps(idle_w: float, standby_w: float, standby_ms: float, duration_ms: float, tail_w: float = 0.0,
-               tail_ms: float = 0.0) -> list[tuple[float, float]]:
+               tail_ms: float = 0.0, standby_left=None) -> list[tuple[float, float]]:
     """``[(length ms, mean W), ...]``: ``duration_ms`` of idleness right after an iteration as
     steps whose mean powers are exact (their energies add up to :func:`idle_j`'s): cut where
-    standby ends and, through the tail, at :data:`TAIL_CUTS` time constants."""
+    standby ends and, through the tail, at :data:`TAIL_CUTS` time constants.
+
+    ``standby_left``: the standby each of the instance's GPU groups has left at the stretch's
+    start (a pipelined instance's stages, each idle since its own last slice; they share
+    ``standby_w - idle_w`` alike); default: one group, ``standby_ms``."""
     if duration_ms <= 0.0:
         return []
+    left = (standby_ms,) if standby_left is None else standby_left
+    groups = len(left)
     cuts = {duration_ms}
-    if 0.0 < standby_ms < duration_ms:
-        cuts.add(standby_ms)
+    cuts.update(x for x in left if 0.0 < x < duration_ms)
     if tail_w > 0.0 and tail_ms > 0.0:
         cuts.update(x * tail_ms for x in TAIL_CUTS if x * tail_ms < duration_ms)
     steps, start = [], 0.0
     for end in sorted(cuts):
         length = end - start
-        base = standby_w if start < standby_ms else idle_w
+        standing = sum(1 for x in left if start < x)
+        base = standby_w if standing == groups else idle_w + (standby_w - idle_w) * standing / groups
         steps.append((length, base + tail_j(tail_w, tail_ms, start, length) / length * 1e3))
         start = end
     return steps

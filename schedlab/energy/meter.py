@@ -176,6 +176,12 @@ class EnergyMeter:
         self.dummy_j += energy
         return energy
 
+    def row_j(self, energy: float) -> float:
+        """The energy of the timeline row of the iteration just accounted, whose energy is
+        ``energy``: that (a pipelined instance's meter says its stages' over the row instead,
+        :mod:`.pipeline`)."""
+        return energy
+
     def energy_of_run(self, batch: Batch, k: int, d0: float, inc: float) -> float:
         """Energy of a bulk run, without accounting for it (timeline rows split a run)."""
         if k <= 0:
@@ -206,6 +212,24 @@ class EnergyMeter:
         """How long within ``[start, end]`` the instance was off."""
         return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.offs)
 
+    def record(self, start: float, end: float) -> dict:
+        """The instance's part of the run's energy record (after :meth:`close` over ``[start, end]``)."""
+        return {
+            "busy_j": self.busy_j, "idle_j": self.idle_j, "busy_ms": self.busy_ms, "peak_w": self.peak_w,
+            "idle_w": self.idle_w, "standby_w": self.standby_w, "standby_ms": self.standby_ms,
+            "tail_ms": self.tail_ms, "tails": self.tails,
+            **({"dummy_j": self.dummy_j} if self.dummy_j else {}),
+            **({"off": [[a, min(b, end)] for a, b in self.offs], "on_ms": end - start - self.off_ms(start, end)}
+               if self.offs else {}),
+            **host_record(self.model),
+        }
+
+
+def host_record(model) -> dict:
+    """The host beside an instance's GPUs, as its power model says (for the energy record)."""
+    return {"host_idle_w": float(getattr(model, "host_idle_w", 0.0)),
+            "host_busy_w": float(getattr(model, "host_busy_w", 0.0))}
+
 
 def token_shares(energy: float, batch: Batch) -> tuple[float, float]:
     """``(per decoding sequence, per prefill token)`` of an iteration's energy: every token it
@@ -219,7 +243,8 @@ def token_shares(energy: float, batch: Batch) -> tuple[float, float]:
 
 
 def close_meters(meters: list, start: float) -> dict:
-    """Close every instance's meter over the run's window -- from ``start`` (the first arrival)
+    """Close every instance's meter (an :class:`EnergyMeter`, or a pipelined instance's
+    :class:`.pipeline.PipelineMeter`) over the run's window -- from ``start`` (the first arrival)
     to the end of the last iteration of any instance -- and return the run's energy record
     (``meta["energy"]``): the window, the idle model and, per instance, its GPUs' energy."""
     end = max([m.latest for m in meters if m.latest > -INF] + [start])
@@ -231,16 +256,7 @@ def close_meters(meters: list, start: float) -> dict:
         "window_ms": [start, end],
         "model": describe() if describe is not None else {"kind": type(first).__name__},
         "pue": float(getattr(first, "pue", 1.0)),
-        "instances": [{
-            "busy_j": m.busy_j, "idle_j": m.idle_j, "busy_ms": m.busy_ms, "peak_w": m.peak_w,
-            "idle_w": m.idle_w, "standby_w": m.standby_w, "standby_ms": m.standby_ms,
-            "tail_ms": m.tail_ms, "tails": m.tails,
-            **({"dummy_j": m.dummy_j} if m.dummy_j else {}),
-            **({"off": [[a, min(b, end)] for a, b in m.offs], "on_ms": end - start - m.off_ms(start, end)}
-               if m.offs else {}),
-            "host_idle_w": float(getattr(m.model, "host_idle_w", 0.0)),
-            "host_busy_w": float(getattr(m.model, "host_busy_w", 0.0)),
-        } for m in meters],
+        "instances": [m.record(start, end) for m in meters],
     }
 
 

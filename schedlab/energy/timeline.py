@@ -5,7 +5,9 @@ power is their quotient. Between rows, and from the window's start to the first 
 the last row to the window's end, the GPUs idle -- after an iteration its power's tail (the
 meter recorded where each starts, ``tails``), standby power for ``standby_ms``, idle power
 otherwise (:mod:`.idle`), as steps of exact mean power; an autoscaled instance draws nothing
-while it is off (``off``) and idles from its switch-on. The integral of this step function is
+while it is off (``off``) and idles from its switch-on. A pipelined instance's rows carry all
+its stages' energy over them, and each stage idles from its own last slice: an idle stretch
+starts with the standby each stage has left (``standby_left``, :mod:`.pipeline`). The integral of this step function is
 the instance's energy: :func:`integral_j` checks the meters against it (the conservation
 property).
 """
@@ -30,7 +32,10 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
     energy = run.meta["energy"]
     inst = energy["instances"][instance]
     idle_w, standby_w, standby_ms = inst["idle_w"], inst["standby_w"], inst["standby_ms"]
-    tail_ms, tails = inst.get("tail_ms", 0.0), inst.get("tails", [])
+    tail_ms = inst.get("tail_ms", 0.0)
+    tails = _Marks(inst.get("tails", []))
+    staged = "stages" in inst  # a pipelined instance: each stage's standby left at a stretch's start
+    lefts, no_standby = _Marks(inst.get("standby_left", [])), (0.0,) * len(inst.get("stages", ()))
     start, end = energy["window_ms"]
     if until is not None:
         end = until
@@ -43,11 +48,10 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
     offs = [(a, b) for a, b in inst.get("off", [])]
     edges, watts = [start], []
     cursor, since = start, math.inf
-    next_tail = 0
     next_off = 0
 
     def idle_until(stop: float, since: float) -> None:
-        nonlocal cursor, next_tail
+        nonlocal cursor
         if stop <= cursor:
             return
         if math.isinf(since):  # not worked yet: idle throughout
@@ -55,14 +59,11 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
             watts.append(idle_w)
             cursor = stop
             return
-        while next_tail < len(tails) and tails[next_tail][0] < cursor - TAIL_MATCH_MS:
-            next_tail += 1
-        tail = 0.0
-        if next_tail < len(tails) and abs(tails[next_tail][0] - cursor) <= TAIL_MATCH_MS:
-            tail = tails[next_tail][1]
-            next_tail += 1
+        tail = tails.at(cursor)
+        tail = tail[0] if tail else 0.0
+        left = (lefts.at(cursor) or no_standby) if staged else None
         at = cursor
-        for length, w in idle_steps(idle_w, standby_w, standby_ms, stop - cursor, tail, tail_ms):
+        for length, w in idle_steps(idle_w, standby_w, standby_ms, stop - cursor, tail, tail_ms, left):
             at += length
             edges.append(at)
             watts.append(w)
@@ -91,6 +92,25 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
             cursor, since = s + d, 0.0
     gap_until(end)
     return np.asarray(edges), np.asarray(watts)
+
+
+class _Marks:
+    """Entries ``[time, values...]`` a meter recorded at the starts of idle stretches, in time
+    order, read as the redraw reaches those starts."""
+
+    def __init__(self, entries: list):
+        self.entries = entries
+        self.next = 0
+
+    def at(self, t: float) -> list | None:
+        """The values of the entry at ``t`` (within :data:`TAIL_MATCH_MS`), or None."""
+        entries = self.entries
+        while self.next < len(entries) and entries[self.next][0] < t - TAIL_MATCH_MS:
+            self.next += 1
+        if self.next < len(entries) and abs(entries[self.next][0] - t) <= TAIL_MATCH_MS:
+            self.next += 1
+            return entries[self.next - 1][1:]
+        return None
 
 
 def integral_j(edges: np.ndarray, watts: np.ndarray) -> float:

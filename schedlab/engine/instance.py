@@ -687,9 +687,10 @@ class Instance:
         end = start + total
         used0 = kv.num_used_blocks()
         meter = self.meter
-        energy = math.nan
+        energy = row_j = math.nan
         if meter is not None:
             energy = meter.iteration(start, batch, total) if k == 1 else meter.run(start, batch, k, d0, inc, total)
+            row_j = meter.row_j(energy)
             per_decoder, per_token = token_shares(energy, batch)
             meter.per_decoder += per_decoder
             for seq, n in prefills:
@@ -713,7 +714,7 @@ class Instance:
         split = k > 1 and growth is not None  # the last iteration, at the run's KV peak, gets a row of its own
         if timeline:
             head = bulk.run_ms(k - 1, d0, inc) if split else total
-            head_j = meter.energy_of_run(batch, k - 1, d0, inc) if split and meter is not None else energy
+            head_j = meter.energy_of_run(batch, k - 1, d0, inc) if split and meter is not None else row_j
             self.rec.sample(start, self.index, n_running, len(self.waiting), used0, head, k - 1 if split else k, batch,
                             head_j)
         if not split:

@@ -18,6 +18,12 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
 Arrivals wait for the next landing (vLLM blocks on the oldest batch). The pipeline runs one
 batch at a time: no bulk decode runs.
 
+With ``[power]`` the instance's meter is a :class:`~schedlab.energy.pipeline.PipelineMeter`: a
+batch's stage slices are metered at its launch (at the clock ``[clock]`` gives the batch,
+:func:`~schedlab.engine.stages.stage_times`), its energy shared out to its tokens at its landing,
+and a landing that gives no token is followed by a row over the batch's time in flight
+(:func:`~schedlab.engine.stages.hole_row`).
+
 Clients that give up (:mod:`schedlab.frontend`) are heard of when the instance next launches
 (the rule, and vLLM's code it follows, in :mod:`schedlab.engine.stages`): ``Instance._abort_due``
 frees a request's blocks and slot at once, also while its batch is in the pipeline, and that
@@ -35,7 +41,7 @@ from .lockstep import rank_batch
 from .plan import FastPlan
 from .rank_cost import RankCost
 from .sequence import ABORTED, DECODING, PARKED, PREFILLING
-from .stages import IN_FLIGHT, StageClock, VisibleRunning, instance_view
+from .stages import IN_FLIGHT, StageClock, VisibleRunning, hole_row, instance_view, stage_times
 
 INF = math.inf
 
@@ -73,9 +79,11 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         self.to_plan = True       # a launch is due at ``now`` (else the oldest batch lands at ``now``)
         self.last_landing = -INF
         self._blocked = False      # planned nothing, with no wake-up: waits for an arrival
+        if inst.meter is not None and not callable(getattr(inst.meter, "launch", None)):
+            raise TypeError("a pipelined instance is metered stage by stage: its meter must be a PipelineMeter")
         inst.running_view = VisibleRunning(inst.running)
         inst.in_flight = {}
-        self._pipeline_ms = inst.cost.inner.pipeline_ms
+        self._cost = inst.cost.inner
         # Every batch is timed at its launch, from its own decoders (below): the instance's
         # lazily pruned heaps of context anchors would only fill up as decoders leave and come back.
         self._needs_range = inst.track_range
@@ -194,11 +202,13 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         if self._needs_range and decoding:
             contexts = [s.num_computed_tokens + 1 for s in decoding]
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
-        stage_ms, send_ms = self._pipeline_ms(batch) if batch.num_batched_tokens else ((0.0,) * self.stages, 0.0)
+        stage_ms, send_ms, ratio = stage_times(self._cost, batch, self.stages)
         if plan.transfer_ms:  # swaps before the first stage; the batch's time then includes them
             stage_ms = (stage_ms[0] + plan.transfer_ms, *stage_ms[1:])
             plan.transfer_ms = 0.0
         completion = self.clock.launch(inst.now, stage_ms, send_ms)
+        if inst.meter is not None:  # each stage's slice, metered now that its times are known
+            inst.meter.launch(self.clock.starts, stage_ms, batch, ratio)
         for seq in plan.swapped_in:  # joined the decode set in this plan: its ITL group is its own last token
             inst.off_cycle.setdefault(seq, seq.last_token_ms)
         for seq in decoding:
@@ -239,6 +249,9 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         inst._execute(flight.plan, INF)
         if inst.now < flight.completion:  # a batch of swaps only, or whose requests were all aborted: it waits
             inst._hold_blocks(flight.completion)
+            if inst.meter is not None:
+                hole_row(inst.meter, inst.rec, inst.index, len(inst.running), len(inst.waiting),
+                         inst.kv.num_used_blocks())
         inst.now = self.now = self.last_landing = flight.completion
         for seq in others:
             inst._add_decoder(seq)

@@ -22,6 +22,9 @@ and the rank's own work grows with its contexts, so the power models' closed for
 (the cost model's ``lockstep_at``: one clock for every rank) and sets it here; a rank's view is
 then a :class:`ClockedRankCost`, which tells its power model the step's clock and times the
 rank's kernels at it.
+
+A pipelined instance's view (:mod:`.stage_cost`) extends :class:`RankCost` to say what a batch
+did on one stage's GPUs.
 """
 
 from __future__ import annotations
@@ -111,12 +114,11 @@ class RankCost:
         return DUMMY if self.dummy else None
 
 
-class ClockedRankCost(RankCost):
-    """A lockstep rank's view when its cost model is clocked (a
-    :class:`~schedlab.energy.clock.ClockedCostModel`): power models find the clock here
-    (``clock_ratio``, ``r_min``, ``fixed``, and ``config``, the clock's settings) and read the
-    step's clock, which the cluster chose for all ranks, not one the rank's batch alone would get.
-    """
+class ClockView:
+    """What power models read of a clock in a view whose cost model is clocked (a
+    :class:`~schedlab.energy.clock.ClockedCostModel`): ``clock_ratio``, ``r_min``, ``fixed``, and
+    ``config`` (the clock's settings). The clock is the one the cluster or the pipeline chose
+    and set (``ratio``), not one the batch alone would get."""
 
     __slots__ = ()
 
@@ -130,6 +132,13 @@ class ClockedRankCost(RankCost):
     @property
     def fixed(self) -> float | None:
         return self.inner.fixed
+
+
+class ClockedRankCost(ClockView, RankCost):
+    """A lockstep rank's view when its cost model is clocked: power models find the clock here
+    (:class:`ClockView`) and read the step's clock, which the cluster chose for all ranks."""
+
+    __slots__ = ()
 
     def kernel_ms(self, batch: Batch) -> float:
         """:meth:`RankCost.kernel_ms` at the step's clock: the own part's kernels stretched by
@@ -145,7 +154,12 @@ class ClockedRankCost(RankCost):
         return k + self.experts_ms
 
 
+def clocked(cost) -> bool:
+    """True for a cost model at an SM clock (a :class:`~schedlab.energy.clock.ClockedCostModel`)."""
+    return callable(getattr(cost, "lockstep_at", None))
+
+
 def rank_view(cost) -> RankCost:
-    """What a lockstep rank or a pipelined instance sees of ``cost``: a :class:`ClockedRankCost`
-    for a clocked cost model, else a :class:`RankCost`."""
-    return ClockedRankCost(cost) if callable(getattr(cost, "lockstep_at", None)) else RankCost(cost)
+    """What a lockstep rank sees of ``cost``: a :class:`ClockedRankCost` for a clocked cost
+    model, else a :class:`RankCost` (a pipelined instance's: :func:`.stage_cost.stage_view`)."""
+    return ClockedRankCost(cost) if clocked(cost) else RankCost(cost)

@@ -548,15 +548,16 @@ class ReferenceEngine:
             counters["kv_above_ms"] += duration
         counters["kv_peak_blocks"] = max(counters["kv_peak_blocks"], used)
         self.kv_peak = max(self.kv_peak, used)
-        energy = math.nan
+        energy = row_j = math.nan
         if self.meter is not None:  # every token of the iteration takes the same share of its energy
             energy = self.meter.iteration(self.now, batch, duration)
+            row_j = self.meter.row_j(energy)
             per_decoder, per_token = token_shares(energy, batch)
             for s in decoders:
                 s.energy_j += per_decoder
             for s, n in plan.prefills:
                 s.energy_j += per_token * n
-        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, energy)
+        self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, row_j)
 
         progress = False
         decoded_out = []  # finishing order, shared with the fast engine: prefill completions

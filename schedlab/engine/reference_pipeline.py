@@ -8,7 +8,8 @@ comes before an arrival at the same time (that batch has ended when the arrival 
 after each landing the instance launches again. Sequences in a batch in flight are marked
 ``in_flight`` and the scheduler sees the running list without them. A request whose client gave
 up is aborted before the instance launches (``ReferenceEngine.abort_due``), in a batch in flight
-too; that batch lands without it.
+too; that batch lands without it. With ``[power]`` the engine's meter is a
+:class:`~schedlab.energy.pipeline.PipelineMeter`, handed each batch's stage slices at its launch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Sequence
 from ..errors import StallError
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
-from .stages import IN_FLIGHT, StageClock, VisibleRunning, instance_view
+from .stages import IN_FLIGHT, StageClock, VisibleRunning, hole_row, instance_view, stage_times
 
 INF = math.inf
 
@@ -116,11 +117,13 @@ class ReferencePipeline(instance_view("e", writes=("hangup_ms", "on_request_done
         e.empty_plans = 0
         batch = e.plan_batch(plan)[0]
         tokens = batch.num_batched_tokens
-        stage_ms, send_ms = e.cost.inner.pipeline_ms(batch) if tokens else ([0.0] * self.stages, 0.0)
+        stage_ms, send_ms, ratio = stage_times(e.cost.inner, batch, self.stages)
         stage_ms = list(stage_ms)
         stage_ms[0] += plan.transfer_ms  # swaps before the first stage; the batch's time then includes them
         plan.transfer_ms = 0.0
         completion = self.clock.launch(e.now, stage_ms, send_ms)
+        if e.meter is not None:  # each stage's slice, metered now that its times are known
+            e.meter.launch(self.clock.starts, stage_ms, batch, ratio)
         decoders = plan.decoders()
         members = set(decoders) | {s for s, _ in plan.prefills}
         flown = [(s, s.status) for s in e.running if s in members]
@@ -160,6 +163,8 @@ class ReferencePipeline(instance_view("e", writes=("hangup_ms", "on_request_done
         e._execute(plan)
         if e.now < completion:  # a batch of swaps only, or whose requests were all aborted: it waits
             e.wake(completion)
+            if e.meter is not None:
+                hole_row(e.meter, e.rec, e.index, len(e.running), len(e.waiting), e.kv.num_used_blocks())
         e.now = self.last_landing = completion
         for s in others:
             s.status = "decoding"

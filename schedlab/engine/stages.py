@@ -1,6 +1,8 @@
-"""Pipeline parallelism's rules that both engines share: the stages' clock, what a scheduler
-sees while batches are in flight, and what becomes of a request whose client gives up while
-its batch is in flight.
+"""Pipeline parallelism's rules that both engines share: the stages' clock, a batch's stage
+times (at the clock ``[clock]`` gives it, :func:`stage_times`), what a scheduler sees while
+batches are in flight, what becomes of a request whose client gives up while its batch is in
+flight, and (with ``[power]``) the timeline row over the time in flight of a batch that gave no
+token (:func:`hole_row`, :mod:`schedlab.energy.pipeline`).
 
 vLLM V1 with ``--pipeline-parallel-size P`` keeps up to ``P`` batches in flight
 (``EngineCore.step_with_batch_queue``, ``batch_queue_size = max_concurrent_batches = P``): it
@@ -46,6 +48,8 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+from .rank_cost import NOTHING
+
 IN_FLIGHT = "in_flight"  # engine-internal: a sequence whose batch is in the pipeline
 
 
@@ -78,22 +82,49 @@ def instance_view(holder: str, *, reads: tuple = (), writes: tuple = ("hangup_ms
     return type(f"InstanceView[{holder}]", (), names)
 
 
-class StageClock:
-    """When each stage of the pipeline is next free."""
+def stage_times(cost, batch, stages: int) -> tuple[tuple, float, float]:
+    """``(stage_ms, send_ms, r)`` of a batch entering the pipeline: its stages' times and the
+    activations' send from one stage to the next (the cost model's ``pipeline_ms``; with
+    ``[clock]`` its ``pipeline_at``, which chooses the batch's clock ``r``, see
+    :mod:`schedlab.energy.clock`). A batch of no token (swaps only) takes no stage time, at the
+    clock a batch of nothing runs at (a locked clock, else the highest)."""
+    if batch.num_batched_tokens:
+        at = getattr(cost, "pipeline_at", None)
+        if at is not None:
+            return at(batch)
+        stage_ms, send_ms = cost.pipeline_ms(batch)
+        return stage_ms, send_ms, 1.0
+    ratio = getattr(cost, "clock_ratio", None)
+    return (0.0,) * stages, 0.0, ratio(batch) if ratio is not None else 1.0
 
-    __slots__ = ("free",)
+
+def hole_row(meter, rec, index: int, running: int, waiting: int, kv_used: int) -> None:
+    """With ``[power]``: after a landing that gave no token (its row lasts 0 ms), a timeline row
+    of no token over the batch's time in flight, carrying the stages' energy over it (so the
+    rows cover every moment a batch is in flight, :mod:`schedlab.energy.pipeline`)."""
+    hole = meter.hole()
+    if hole is not None:
+        start, duration, energy = hole
+        rec.sample(start, index, running, waiting, kv_used, duration, 0, NOTHING, energy)
+
+
+class StageClock:
+    """When each stage of the pipeline is next free (and when each started the last batch)."""
+
+    __slots__ = ("free", "starts")
 
     def __init__(self, stages: int):
         self.free = [-math.inf] * stages
+        self.starts = [0.0] * stages
 
     def launch(self, t: float, stage_ms, send_ms: float) -> float:
         """A batch launched at ``t`` taking ``stage_ms[k]`` on stage ``k`` and ``send_ms`` from one
         stage to the next: each stage starts it once it has arrived and the stage's previous
-        batch is done. Returns when its last stage finishes."""
-        free = self.free
+        batch is done (``starts[k]``). Returns when its last stage finishes."""
+        free, starts = self.free, self.starts
         ready = t
         for k, ms in enumerate(stage_ms):
-            start = ready if ready > free[k] else free[k]
+            starts[k] = start = ready if ready > free[k] else free[k]
             free[k] = ready = start + ms
             if k + 1 < len(free):
                 ready += send_ms

@@ -19,6 +19,7 @@ from ..configs import (MAX_INSTANCES, FieldError, bool_field, float_field, from_
                        table_field)
 from ..drafting import DraftingCostModel
 from ..energy.meter import EnergyMeter, close_meters, run_start
+from ..energy.pipeline import PipelineMeter
 from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
@@ -26,12 +27,13 @@ from ..engine.load import RoutingClock
 from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
 from ..engine.pipeline import PipelinedInstance
 from ..engine.pool_scaling import pool_scaling
-from ..engine.rank_cost import rank_view
+from ..engine.rank_cost import clocked, rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.reference_lockstep import ReferenceDataParallel
 from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
+from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
@@ -418,11 +420,6 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     parallelism = cluster.parallelism
     if speculative is not None and parallelism.pipelined:
         raise ConfigError(f"{where} [speculative]: speculative decoding with pipeline parallelism is not modelled")
-    if tables.get("clock") is not None and parallelism.pipelined:
-        raise ConfigError(f"{where} [clock]: clocks with pipeline parallelism are not modelled yet (data-parallel "
-                          "ranks take one)")
-    if tables.get("power") is not None and parallelism.pipelined:
-        raise ConfigError(f"{where} [power]: energy with pipeline parallelism is not modelled yet")
     if parallelism.lockstep and "instances" in cluster_table:
         raise ConfigError(f"{where} [cluster]: instances: a data-parallel deployment is one instance of "
                           f"data_parallel = {parallelism.data_parallel} ranks; several such deployments are not "
@@ -443,11 +440,19 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
         for table in ("clock", "power"):  # the clock times a step's parts, as power models meter them, by their work
             if lockstep and tables.get(table) is not None:
                 _check_rank_work(cost, f"{where} [{table}]")
-    if parallelism.pipelined and not callable(getattr(cost, "pipeline_ms", None)):
-        raise ConfigError(f"{where} [cost_model]: {type(cost).__name__} does not time pipeline stages (it needs "
-                          "pipeline_ms, see schedlab.protocols); the roofline and profiled cost models do")
+    if parallelism.pipelined:
+        if not callable(getattr(cost, "pipeline_ms", None)):
+            raise ConfigError(f"{where} [cost_model]: {_cost_name(cost)} does not time pipeline stages (it needs "
+                              "pipeline_ms, see schedlab.protocols); the roofline and profiled cost models do")
+        for table in ("clock", "power"):  # the clock times a stage's slice, as power models meter it, by its work
+            if tables.get(table) is not None:
+                _check_stage_work(cost, f"{where} [{table}]")
     # lockstep ranks and pipelined instances are timed by their cluster, not alone
-    views = [rank_view(c) for _, c, _ in parts] if lockstep or parallelism.pipelined else None
+    views = None
+    if lockstep:
+        views = [rank_view(c) for _, c, _ in parts]
+    elif parallelism.pipelined:
+        views = [stage_view(c) for _, c, _ in parts]
     power = None
     if "power" in tables:
         power = [_power_model(ctx, tables, views[i] if views is not None else c, kv, f"{where} [power]")
@@ -463,7 +468,7 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
 def _cost_name(cost) -> str:
     """The name of the ``[cost_model]`` kind's class, the clock's and speculative decoding's wrappers
     looked through."""
-    if callable(getattr(cost, "lockstep_at", None)):
+    if clocked(cost):
         cost = cost.inner
     return type(cost.target if isinstance(cost, DraftingCostModel) else cost).__name__
 
@@ -476,6 +481,14 @@ def _check_rank_work(cost, where: str) -> None:
         raise ConfigError(f"{where}: {_cost_name(cost)} does not say the work of data-parallel ranks "
                           "stepping together (it needs rank_work and experts_work, see schedlab.protocols); the "
                           "roofline and profiled cost models do")
+
+
+def _check_stage_work(cost, where: str) -> None:
+    """Metering or clocking pipelined instances needs the cost model to split a batch's work
+    over the stages as it splits its time (``where`` names the table that needs it)."""
+    if not callable(getattr(cost, "stage_work", None)):
+        raise ConfigError(f"{where}: {_cost_name(cost)} does not say the work of each pipeline stage (it needs "
+                          "stage_work, see schedlab.protocols); the roofline and profiled cost models do")
 
 
 def _check_autoscaler(policy, instances: int, key: str, workload, partitions: int, where: str) -> None:
@@ -554,6 +567,17 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
                      pools, link, power)
 
 
+def _meters(a: Assembled, seen: list) -> list:
+    """Each instance's energy meter (Nones without ``[power]``): a pipelined instance's meters its
+    stages apart (:mod:`schedlab.energy.pipeline`)."""
+    if a.power is None:
+        return [None] * len(a.instances)
+    stages = a.parallelism.pipeline_parallel
+    if stages > 1:
+        return [PipelineMeter(p, view, stages) for p, view in zip(a.power, seen)]
+    return [EnergyMeter(p) for p in a.power]
+
+
 def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Callable | None = None,
         timeline: bool = True, record: RecordSettings | None = None) -> RunResult:
     """Simulate one run and compute its metrics (``record``: how its per-request results are kept)."""
@@ -562,14 +586,14 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     side = a.client_side
     recorder = make_recorder(record or RecordSettings(), a, timeline)
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
-    meters = [EnergyMeter(p) for p in a.power] if a.power is not None else [None] * len(a.instances)
+    # what each engine sees of its cost model (a RankCost for lockstep ranks, a StageCost for pipelined instances)
+    seen = a.views if a.views is not None else [c for _, c, _ in a.instances]
+    meters = _meters(a, seen)
     started = time.perf_counter()
     started_cpu = time.process_time()
     router, indices = a.router, list(range(len(a.instances)))
     try:
         requests = a.workload.requests(spec.seed)
-        # what each engine sees of its cost model (a RankCost for lockstep ranks and pipelined instances)
-        seen = a.views if a.views is not None else [c for _, c, _ in a.instances]
         if spec.part:
             router, indices, requests = _part_of_run(spec, a, requests, where)
         lockstep = scaling = None

@@ -4,7 +4,8 @@
 for, in exact binary fractions (the ``linear`` model's iteration as one rank's part and as the
 layers split over stages, a linear price for the experts and for the stages' sends), so
 hand-computed cases and the differential tests between the engines are exact. For power models
-it says a lockstep rank's work at linear prices too (``rank_work``, ``experts_work``).
+it says a lockstep rank's work at linear prices too (``rank_work``, ``experts_work``), and an
+iteration's and a pipeline stage's (``work``, ``stage_work``: equal shares, as the time).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Callable, Sequence
 
 import attrs
 
-from ..engine.rank_cost import RankCost, rank_view
+from ..engine.rank_cost import rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..results.records import RunResult
@@ -87,6 +88,19 @@ class LinearParallelCost:
         p = self.prices
         return (share,) * self.stages, p.send_base_ms + p.send_ms_per_token * batch.num_batched_tokens
 
+    def work(self, batch) -> tuple[float, float]:
+        """An iteration's work on one GPU: its own part and (a MoE model) its tokens' experts."""
+        own = self.rank_work(batch)
+        if not (self.moe and batch.num_batched_tokens):
+            return own
+        experts = self.experts_work((batch.num_batched_tokens,))
+        return own[0] + experts[0], own[1] + experts[1]
+
+    def stage_work(self, batch) -> tuple[tuple[float, float], ...]:
+        """Each stage's equal share of :meth:`work` (as :meth:`pipeline_ms` splits the time)."""
+        byt, flops = self.work(batch)
+        return ((byt / self.stages, flops / self.stages),) * self.stages
+
 
 def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
                       engine: str = "fast", workload=None, name: str = "test", client_side=None,
@@ -132,30 +146,39 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 
 
 def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
-                  engine: str = "fast", workload=None, name: str = "test", client_side=None) -> RunResult:
+                  engine: str = "fast", workload=None, name: str = "test", client_side=None,
+                  power: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
     ``pipeline_ms`` (e.g. :class:`LinearParallelCost` with ``stages``). ``meta["kvs"]`` holds
     every instance's KV cache. ``client_side``: the API server in front and the clients'
-    timeouts (:mod:`schedlab.frontend`).
+    timeouts (:mod:`schedlab.frontend`). ``power(cost)`` makes one stage's power model from
+    what the instance sees of its cost model (its :class:`~schedlab.engine.stage_cost.StageCost`;
+    the cost model then needs ``stage_work`` for models that ask for work); the run then meters
+    every stage (``meta["energy"]``, :mod:`schedlab.energy.pipeline`).
     """
+    from ..energy.pipeline import PipelineMeter
     from ..engine.driver import simulate
     from ..engine.instance import Instance
     from ..engine.pipeline import PipelinedInstance
     from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
+    from ..engine.stage_cost import stage_view
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     parts = [make() for _ in range(instances)]
+    views = [stage_view(c) for _, c, _ in parts]
+    meters = [PipelineMeter(power(view), view, stages) if power is not None else None for view in views]
     if engine == "reference":
-        engines = [ReferencePipeline(ReferenceEngine(s, RankCost(c), k, rec, index=i), stages)
-                   for i, (s, c, k) in enumerate(parts)]
+        engines = [ReferencePipeline(ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i]), stages)
+                   for i, (s, _, k) in enumerate(parts)]
         ReferencePipelineCluster(engines, router, client_side=client_side).run(list(requests), workload=workload)
     else:
-        engines = [PipelinedInstance(Instance(i, s, RankCost(c), k, rec), stages) for i, (s, c, k) in enumerate(parts)]
+        engines = [PipelinedInstance(Instance(i, s, views[i], k, rec, meter=meters[i]), stages)
+                   for i, (s, _, k) in enumerate(parts)]
         simulate(list(requests), engines, router=router, workload=workload, client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": instances,
-            "events": sum(e.events for e in engines)}
+            "events": sum(e.events for e in engines), **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
     result.meta["kvs"] = [e.kv for e in engines]
     return result
