@@ -77,6 +77,15 @@ class _Reader:
                               "model's config.json?)")
         return default
 
+    def list(self, key: str, item: type) -> list:
+        """A list of ``item`` (empty when absent)."""
+        value = self.config.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{self.where}: {key}: expected a list of {item.__name__}s, got {value!r}")
+        return value
+
     def get(self, key: str, default: Any = None) -> Any:
         value = self.config.get(key)
         return default if value is None else value
@@ -125,7 +134,7 @@ def model_fields(config: dict, where: str) -> dict:
     if experts:
         first_dense = r.int("first_k_dense_replace", default=0)
         step = r.int("moe_layer_freq", "decoder_sparse_step", default=1) or 1
-        only_dense = set(r.get("mlp_only_layers", []) or [])
+        only_dense = set(r.list("mlp_only_layers", int))
         expert = mlp_mats * hidden * expert_ffn
         shared = r.int("n_shared_experts", default=0) * expert
         shared_ffn = r.int("shared_expert_intermediate_size", default=0)
@@ -164,8 +173,8 @@ def _sliding_window(r: _Reader, family: str, layers: int) -> dict:
     window = r.int("sliding_window", default=None)
     if not window or r.get("use_sliding_window", True) is False:
         return {}
-    types = r.get("layer_types")
-    if isinstance(types, list) and types:
+    types = r.list("layer_types", str)
+    if types:
         sliding = sum(1 for t in types if "sliding" in str(t))
     elif family == "gemma2":
         sliding = layers // 2
@@ -197,7 +206,10 @@ def _weight_bytes(r: _Reader, where: str) -> dict:
         group = q.get("group_size", q.get("q_group_size", 128))
         if not isinstance(bits, int) or bits <= 0:
             raise ConfigError(f"{where}: quantization_config.bits: expected a whole number, got {bits!r}")
-        scale = 2.0 / group if isinstance(group, int) and group > 0 else 0.0
+        if isinstance(group, bool) or not isinstance(group, int):
+            raise ConfigError(f"{where}: quantization_config.group_size: expected a whole number (-1: one group per "
+                              f"row), got {group!r}")
+        scale = 2.0 / group if group > 0 else 0.0
         return {"weight_dtype_bytes": bits / 8 + scale}
     raise ConfigError(f"{where}: quantization_config: quant_method {method!r} is not read; set "
                       "weight_dtype_bytes (and expert_dtype_bytes) beside config")

@@ -9,9 +9,12 @@ import textwrap
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedlab.capacity import ModelSpec, capacity_command
 from schedlab.catalog import load_catalog
+from schedlab.configs import from_table
 from schedlab.errors import ConfigError
 from schedlab.hf_config import model_fields
 from schedlab.study.experiment import load, run_experiment
@@ -57,7 +60,8 @@ GEMMA_2_9B = {"model_type": "gemma2", "num_hidden_layers": 42, "hidden_size": 35
 
 
 def spec(config: dict, name: str = "m") -> ModelSpec:
-    return ModelSpec(name, **model_fields(config, "config.json"))
+    """The spec a [models.<name>] table with ``config`` makes (from_table: field errors become ConfigErrors)."""
+    return from_table(ModelSpec, {"name": name, **model_fields(config, "config.json")}, where="config.json")
 
 
 # --- parameter counts: the checkpoints' own -----------------------------------------------------
@@ -161,6 +165,10 @@ def test_hf_id_only_from_a_hub_name():
     ({"hidden_size": "4096"}, "hidden_size: expected a whole number >= 0, got '4096'"),
     ({"num_local_experts": 8}, "8 routed experts but no 'num_experts_per_tok'"),
     ({"vocab_size": 0}, "must be > 0"),
+    ({"layer_types": "sliding_attention", "sliding_window": 128}, "layer_types: expected a list of strs"),
+    ({"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": 5}, "mlp_only_layers: expected a list of ints"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": "128"}},
+     "quantization_config.group_size: expected a whole number"),
 ])
 def test_errors_name_the_key(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -269,3 +277,31 @@ def test_a_config_path_given_as_a_model_name_says_how_to_declare_it(tmp_path):
     path.write_text(textwrap.dedent(EXPERIMENT.format(model="models/llama3/config.json")))
     with pytest.raises(ConfigError, match=r"\[models.<name>\] config = 'models/llama3/config.json', then model"):
         load(path)
+
+
+KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "vocab_size", "intermediate_size", "moe_intermediate_size", "tie_word_embeddings", "num_local_experts",
+        "num_experts", "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace",
+        "moe_layer_freq", "mlp_only_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+        "v_head_dim", "sliding_window", "use_sliding_window", "layer_types", "sliding_window_pattern",
+        "torch_dtype", "quantization_config", "text_config", "attention_bias", "shared_expert_intermediate_size")
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.integers(2**52, 2**64) | st.floats(allow_nan=False)
+                       | st.sampled_from(["llama", "gemma2", "sliding_attention", "bfloat16", "awq", "fp8", "mxfp4"]),
+                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                           st.sampled_from(["quant_method", "bits", "group_size", "num_hidden_layers"]), inner,
+                           max_size=3), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(KEYS), JSONISH, max_size=4),
+       st.sampled_from([{}, LLAMA_3_8B, QWEN3_30B_A3B, DEEPSEEK_V3, GPT_OSS_120B, GEMMA_2_9B]))
+def test_any_json_object_gives_a_spec_or_a_config_error(config, base):
+    """Whatever a config.json holds (alone or over a real one), the reader returns a valid
+    ModelSpec or raises ConfigError naming the file -- never another exception."""
+    config = {**base, **config}
+    try:
+        s = spec(config)
+    except ConfigError as exc:
+        assert str(exc).startswith("config.json") or str(exc).startswith("m:")
+    else:
+        assert s.num_params > 0 and s.num_layers >= 1 and s.kv_bytes_per_token() > 0
