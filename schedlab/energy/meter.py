@@ -98,7 +98,7 @@ class EnergyMeter:
     # -- an autoscaled instance -----------------------------------------------------------------------
     def switch_off(self, t: float) -> None:
         """The instance is off from ``t``: its idle stretch ends there; it draws nothing until on."""
-        if self.closed or (self.offs and self.offs[-1][1] == INF):
+        if self.closed or is_off(self.offs):
             return
         if self.last_end > -INF:
             self._after_last(max(0.0, t - self.last_end))
@@ -113,7 +113,7 @@ class EnergyMeter:
 
     def switch_on(self, t: float) -> None:
         """The instance is on again from ``t`` (warming: it idles until its first iteration)."""
-        if self.closed or not self.offs or self.offs[-1][1] != INF:
+        if self.closed or not is_off(self.offs):
             return
         self.offs[-1][1] = t
         self.switched_on = t
@@ -201,16 +201,12 @@ class EnergyMeter:
         first = min(self.first_start, self.initial_end if self.initial_end is not None else INF, end)
         if first > start:
             self.idle_j += idle_j(*w, INF, first - start)
-        if self.offs and self.offs[-1][1] == INF:  # off at the end: nothing after its switch-off
+        if is_off(self.offs):  # off at the end: nothing after its switch-off
             return
         if self.last_end > -INF:
             self._after_last(max(0.0, end - self.last_end))  # (its tail recorded even at the window's end)
         elif self.switched_on is not None:  # on again, no iteration since
             self.idle_j += idle_j(*w, INF, max(0.0, end - self.switched_on))
-
-    def off_ms(self, start: float, end: float) -> float:
-        """How long within ``[start, end]`` the instance was off."""
-        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.offs)
 
     def record(self, start: float, end: float) -> dict:
         """The instance's part of the run's energy record (after :meth:`close` over ``[start, end]``)."""
@@ -219,10 +215,23 @@ class EnergyMeter:
             "idle_w": self.idle_w, "standby_w": self.standby_w, "standby_ms": self.standby_ms,
             "tail_ms": self.tail_ms, "tails": self.tails,
             **({"dummy_j": self.dummy_j} if self.dummy_j else {}),
-            **({"off": [[a, min(b, end)] for a, b in self.offs], "on_ms": end - start - self.off_ms(start, end)}
-               if self.offs else {}),
+            **off_record(self.offs, start, end),
             **host_record(self.model),
         }
+
+
+def is_off(offs: list) -> bool:
+    """An autoscaled instance's meter (its ``[off, on]`` stretches) is off now."""
+    return bool(offs) and offs[-1][1] == INF
+
+
+def off_record(offs: list, start: float, end: float) -> dict:
+    """An autoscaled instance's part of the energy record: its ``[off, on]`` stretches within the
+    window ``[start, end]`` and its time on (``on_ms``, its host's); nothing for one never off."""
+    if not offs:
+        return {}
+    off_ms = sum(max(0.0, min(b, end) - max(a, start)) for a, b in offs)
+    return {"off": [[a, min(b, end)] for a, b in offs], "on_ms": end - start - off_ms}
 
 
 def host_record(model) -> dict:

@@ -27,6 +27,11 @@ its own last slice: at the start of such a stretch the meter records each stage'
 (``standby_left``) and the stages' tails summed into one (``tails``: exponentials of one time
 constant add up), and :func:`.timeline.power_steps` redraws the stretch exactly.
 
+**Autoscaled** (:func:`schedlab.engine.scaling.pipeline_scaling`), an instance is switched off
+with nothing in flight -- its stages' idle stretches end there -- and draws nothing until
+switched on, when every stage idles as before its first batch (the record's ``off``, as a
+colocated instance's, :mod:`.meter`).
+
 **The record** (``meta["energy"]["instances"][i]``) is a colocated instance's, over all stages:
 ``busy_j`` the slices', ``idle_j`` the rest, ``idle_w`` and ``standby_w`` all stages' together,
 ``busy_ms`` the time with a batch in flight (the host's busy time), ``peak_w`` the highest mean
@@ -39,7 +44,7 @@ import math
 from collections import deque
 
 from .idle import idle_j
-from .meter import host_record
+from .meter import host_record, is_off, off_record
 
 INF = math.inf
 
@@ -80,6 +85,8 @@ class PipelineMeter:
         self._row = 0.0
         self._hole = None
         self.closed = False
+        self.offs: list[list[float]] = []  # autoscaled: [switched off, switched on again (inf: still off)]
+        self.initial_end = None  # switched off then before any batch, on from the window's start
 
     # -- the engines' calls ------------------------------------------------------------------------
     def launch(self, starts, stage_ms, batch, ratio: float) -> None:
@@ -121,6 +128,30 @@ class PipelineMeter:
         start, end = self._hole
         self._hole = None
         return start, end - start, self._advance(start, end)
+
+    # -- an autoscaled instance (nothing in flight when it goes off) ---------------------------------
+    def switch_off(self, t: float) -> None:
+        """The instance is off from ``t``: each stage's idle stretch since its last slice ends
+        there (recorded for the redraw as any stretch is); it draws nothing until switched on."""
+        if self.closed or is_off(self.offs):
+            return
+        if self.cursor == -INF:  # no batch yet, on from the window's start: that stretch is counted at close
+            self.initial_end = t
+        elif t > self.cursor:
+            self._idle_stretch(t)
+        self.offs.append([t, INF])
+        self.last_end = [-INF] * self.stages
+        self.last_w = [0.0] * self.stages
+        if t > self.latest:
+            self.latest = t
+
+    def switch_on(self, t: float) -> None:
+        """The instance is on again from ``t`` (warming): every stage idles, as before its first
+        batch, until its first slice."""
+        if self.closed or not is_off(self.offs):
+            return
+        self.offs[-1][1] = t
+        self.cursor = t
 
     # -- integrating -----------------------------------------------------------------------------
     def _advance(self, start: float, end: float) -> float:
@@ -194,10 +225,12 @@ class PipelineMeter:
         if self.closed:
             return
         self.closed = True
-        first = min(self.first_start, end)
+        first = min(self.first_start, self.initial_end if self.initial_end is not None else INF, end)
         if first > start:
             for s in range(self.stages):
                 self.idle_j[s] += idle_j(self.stage_idle_w, self.stage_standby_w, self.standby_ms, INF, first - start)
+        if is_off(self.offs):  # off at the end: nothing after its switch-off
+            return
         if self.cursor > -INF and end > self.cursor:
             self._idle_stretch(end)
 
@@ -209,5 +242,6 @@ class PipelineMeter:
             "tail_ms": self.tail_ms, "tails": self.tails, "standby_left": self.standby_left,
             "stages": [{"busy_j": b, "idle_j": i, "busy_ms": ms}
                        for b, i, ms in zip(self.busy_j, self.idle_j, self.busy_ms)],
+            **off_record(self.offs, start, end),
             **host_record(self.model),
         }

@@ -28,6 +28,10 @@ Clients that give up (:mod:`schedlab.frontend`) are heard of when the instance n
 (the rule, and vLLM's code it follows, in :mod:`schedlab.engine.stages`): ``Instance._abort_due``
 frees a request's blocks and slot at once, also while its batch is in the pipeline, and that
 batch's landing drops its part (:meth:`PipelinedInstance._drop_aborted`).
+
+Autoscaled (:func:`~schedlab.engine.scaling.pipeline_scaling`), a draining instance is off from
+:attr:`PipelinedInstance.idle_since` once nothing is in flight or queued: its clock may have moved
+on, to the time the driver told it to wait for.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         self.to_plan = True       # a launch is due at ``now`` (else the oldest batch lands at ``now``)
         self.last_landing = -INF
         self._blocked = False      # planned nothing, with no wake-up: waits for an arrival
+        self._quiet = None         # it ran out of work then (None: it has work, or got a request since)
         if inst.meter is not None and not callable(getattr(inst.meter, "launch", None)):
             raise TypeError("a pipelined instance is metered stage by stage: its meter must be a PipelineMeter")
         inst.running_view = VisibleRunning(inst.running)
@@ -91,7 +96,16 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
 
     # -- what the driver calls (what it and the routers read comes from instance_view) ---------------
     def arrive(self, request, seq_no: int):
+        self._quiet = None
         return self.inst.arrive(request, seq_no)
+
+    @property
+    def idle_since(self) -> float:
+        """With nothing in flight or queued: when it last worked -- its last landing or abort,
+        or a request's arrival (the autoscaler turns a drained instance off then,
+        :func:`~schedlab.engine.scaling.pipeline_scaling`). Its clock may have moved on since, to
+        the time the driver told it to wait for."""
+        return self.now if self._quiet is None else self._quiet
 
     def settle(self, t: float) -> None:
         """Before requests arriving at ``t`` are routed: an instance about to launch at ``t``
@@ -168,6 +182,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 continue
             # nothing in flight and nothing planned: wait for the plan's wake-up time (or ``until``)
             if not inst.has_work():
+                if self._quiet is None:
+                    self._quiet = self.now
                 if until < INF:
                     inst.now = self.now = until
                 return "idle"

@@ -132,8 +132,9 @@ class ReferenceCluster:
             self.views.changed(self._position[inst.index])
 
     def deliver_other(self, t: float) -> None:
-        """Events other than arrivals at time ``t``: the autoscaler's."""
-        if self.scaling is not None and self.scaling.next_time() <= t:
+        """Events other than arrivals at time ``t``: the autoscaler's (which stop with the last
+        arrival, as :meth:`next_other` says; a subclass's events may come later)."""
+        if self.scaling is not None and self._arrivals_left and self.scaling.next_time() <= t:
             self.scaling.apply(t)
 
     def next_other(self) -> float:

@@ -10,6 +10,8 @@ after each landing the instance launches again. Sequences in a batch in flight a
 up is aborted before the instance launches (``ReferenceEngine.abort_due``), in a batch in flight
 too; that batch lands without it. With ``[power]`` the engine's meter is a
 :class:`~schedlab.energy.pipeline.PipelineMeter`, handed each batch's stage slices at its launch.
+An autoscaler (:func:`~schedlab.engine.scaling.pipeline_scaling`) acts after the landings at its
+time, as in the fast engine.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class PipelinePlan(RefPlan):
         return VisibleRunning(self._e.running)
 
 
-class ReferencePipeline(instance_view("e", writes=("hangup_ms", "on_request_done"))):
+class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", "on_request_done"))):
     """A reference instance whose batches go through ``stages`` stages (the cluster reads it as
     it reads a :class:`ReferenceEngine`)."""
 
@@ -67,6 +69,12 @@ class ReferencePipeline(instance_view("e", writes=("hangup_ms", "on_request_done
 
     def has_work(self) -> bool:
         return bool(self.flights) or self.e.has_work()
+
+    @property
+    def idle_since(self) -> float:
+        """With nothing in flight or queued: when it last worked (the engine's clock stays there
+        until a request arrives)."""
+        return self.e.now
 
     def next_plan_time(self) -> float:
         """When it launches next: now, or after an empty plan at its wake-up time or its next
@@ -173,18 +181,21 @@ class ReferencePipeline(instance_view("e", writes=("hangup_ms", "on_request_done
 
 
 class ReferencePipelineCluster(ReferenceCluster):
-    """Pipelined reference instances behind a router: landings are events, before arrivals."""
+    """Pipelined reference instances behind a router: landings are events, before arrivals and
+    before the autoscaler's (``scaling``, :func:`~schedlab.engine.scaling.pipeline_scaling`) at
+    the same time, which then sees them landed."""
 
-    def __init__(self, instances: Sequence[ReferencePipeline], router=None, client_side=None):
-        super().__init__(instances, router, client_side=client_side)
+    def __init__(self, instances: Sequence[ReferencePipeline], router=None, client_side=None, scaling=None):
+        super().__init__(instances, router, client_side=client_side, scaling=scaling)
 
     def next_other(self) -> float:
-        return min(inst.next_landing() for inst in self.instances)
+        return min(min(inst.next_landing() for inst in self.instances), super().next_other())
 
     def deliver_other(self, t: float) -> None:
         while True:
             c, _, inst = min((inst.next_landing(), inst.index, inst) for inst in self.instances)
             if c > t:
-                return
+                break
             inst.land()
             self.changed(inst)
+        super().deliver_other(t)

@@ -22,6 +22,10 @@ built with ``max_instances`` instances; an instance restarted after being off ke
 cache (a real restart would start cold). The router sees the serving instances as a list that
 changes when they do: a router that remembers positions (prefix affinity's homes) finds them
 renumbered.
+
+Pipelined instances (:mod:`schedlab.engine.pipeline`, :mod:`schedlab.engine.reference_pipeline`)
+scale the same way (:func:`pipeline_scaling`): a draining one keeps landing its batches in flight
+and serving its queue, and is off from its last landing or abort once nothing is in flight or queued.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class ScalingController:
 
     def __init__(self, policy, limits: ScalingLimits, instances: Sequence, clock, *, slo_met=None,
                  gpus_per_instance: Sequence[int] | None = None, meters: Sequence | None = None,
-                 tracked: bool = True, holding=None):
+                 tracked: bool = True, holding=None, idle_since=None):
         if limits.max_instances != len(instances):
             raise ValueError("the cluster is built with max_instances instances")
         self.policy = policy
@@ -90,6 +94,7 @@ class ScalingController:
         self.slo_met = slo_met  # (seq, client view) -> within its SLO; None without an [slo]
         self.tracked = tracked  # the driver tells the router's pool of every change (else it scans)
         self.holding = holding  # (index) -> what it holds besides requests keeps a drained instance on
+        self.idle_since = idle_since  # (index) -> when an instance holding nothing last worked (default: its clock)
         self.all_views = views_of(self.instances, clock)  # every instance, as a router would see it
         self.gpus = list(gpus_per_instance or [1] * len(instances))
         n = len(instances)
@@ -166,7 +171,12 @@ class ScalingController:
         holding = self.holding
         for i, s in enumerate(self.state):
             if s == DRAINING and not self.all_views[i].outstanding and not (holding is not None and holding(i)):
-                self._off(i, max(self.drain_from[i], self.instances[i].now))
+                self._off(i, max(self.drain_from[i], self._quiet_since(i)))
+
+    def _quiet_since(self, i: int) -> float:
+        """When instance ``i``, holding nothing, last worked: its clock, which an idle instance
+        moves only when a request reaches it (a pipelined instance's says so itself)."""
+        return self.instances[i].now if self.idle_since is None else self.idle_since(i)
 
     def _off(self, i: int, t: float) -> None:
         self.intervals.append((i, self.since[i], t))
@@ -245,18 +255,27 @@ class ScalingController:
 
     def finish(self, end: float | None = None) -> dict[str, Any]:
         """The run is over (every instance idle): close the paid intervals -- those still on at
-        ``end`` (default: the last of these instances' clocks; a disaggregated cluster's pools
-        close at the cluster's end) -- and summarise."""
+        ``end`` (default: the last time any of these instances worked, :meth:`_quiet_since`; a
+        disaggregated cluster's pools close at the cluster's end) -- and summarise."""
         if end is None:
-            end = max((inst.now for inst in self.instances), default=0.0)
+            end = max((self._quiet_since(i) for i in range(len(self.instances))), default=0.0)
         for i, s in enumerate(self.state):
             if s == SERVING:
                 self._off(i, max(end, self.since[i]))
             elif s == DRAINING:
-                self._off(i, max(self.drain_from[i], self.instances[i].now))
+                self._off(i, max(self.drain_from[i], self._quiet_since(i)))
             elif s == WARMING:
                 self._off(i, max(end, self.since[i]))
         gpu_ms = sum((off - on) * self.gpus[i] for i, on, off in self.intervals)
         return {"intervals": [list(x) for x in sorted(self.intervals, key=lambda x: (x[1], x[0]))],
                 "history": [list(h) for h in self.history], "gpu_hours": gpu_ms / 3.6e6,
                 "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "end_ms": end}
+
+
+def pipeline_scaling(policy, limits: ScalingLimits, pipelines: Sequence, clock, **kwargs) -> ScalingController:
+    """The autoscaler of pipelined instances (either engine's: ``flights``, the batches in the
+    pipeline, and ``idle_since``): a draining one stays on while a batch is in flight -- one
+    whose requests all left too -- and is off from when it last worked (its clock may have moved
+    on to the time it was told to wait for). ``kwargs``: as :class:`ScalingController`'s."""
+    return ScalingController(policy, limits, pipelines, clock, holding=lambda i: bool(pipelines[i].flights),
+                             idle_since=lambda i: pipelines[i].idle_since, **kwargs)

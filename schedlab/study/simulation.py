@@ -34,7 +34,7 @@ from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
 from ..engine.reference_lockstep import ReferenceDataParallel
 from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
 from ..engine.stage_cost import stage_view
-from ..engine.scaling import ScalingController, ScalingLimits
+from ..engine.scaling import ScalingController, ScalingLimits, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
@@ -375,9 +375,10 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
         return attrs.evolve(assembled, client_side=client_side)
     parallelism = cluster.parallelism
     if parallelism != SINGLE:
-        if cluster.autoscaler is not None:
-            raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling is not modelled with data_parallel or "
-                              "pipeline_parallel layouts")
+        if cluster.autoscaler is not None and parallelism.lockstep:
+            raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling is not modelled with data_parallel: a "
+                              f"data-parallel deployment is one instance of data_parallel = "
+                              f"{parallelism.data_parallel} ranks (pipelined instances scale)")
         assembled = _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where,
                                        check_only)
         return attrs.evolve(assembled, client_side=client_side)
@@ -386,13 +387,8 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     router = None
     if cluster.instances > 1:
         router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
-    autoscaler = None
-    if cluster.autoscaler is not None:
-        autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
-        _check_autoscaler(autoscaler, cluster.instances, "[cluster] instances", workload, cluster.partitions,
-                          f"{where} [cluster.autoscaler]")
     return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side,
-                     autoscaler=autoscaler)
+                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where))
 
 
 def _client_side(tables: dict, where: str) -> ClientSide | None:
@@ -462,7 +458,7 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
         table = cluster.router if "router" in cluster_table or not parallelism.lockstep else {"kind": "vllm_dp"}
         router = _build_router(ctx, table, count, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep,
-                     power=power, views=views)
+                     power=power, views=views, autoscaler=_cluster_autoscaler(ctx, cluster, workload, where))
 
 
 def _cost_name(cost) -> str:
@@ -489,6 +485,16 @@ def _check_stage_work(cost, where: str) -> None:
     if not callable(getattr(cost, "stage_work", None)):
         raise ConfigError(f"{where}: {_cost_name(cost)} does not say the work of each pipeline stage (it needs "
                           "stage_work, see schedlab.protocols); the roofline and profiled cost models do")
+
+
+def _cluster_autoscaler(ctx: Context, cluster: ClusterConfig, workload, where: str):
+    """``[cluster] autoscaler``'s policy, checked against the instances built (None without one)."""
+    if cluster.autoscaler is None:
+        return None
+    autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
+    _check_autoscaler(autoscaler, cluster.instances, "[cluster] instances", workload, cluster.partitions,
+                      f"{where} [cluster.autoscaler]")
+    return autoscaler
 
 
 def _check_autoscaler(policy, instances: int, key: str, workload, partitions: int, where: str) -> None:
@@ -603,21 +609,16 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         else:
             engines = [Instance(i, s, seen[i], k, recorder, observer=observer, speculation=speculation,
                                 meter=meters[i]) for i, (s, _, k) in ((i, a.instances[i]) for i in indices)]
-        scaling = None
-        if a.autoscaler is not None:
-            scaling = ScalingController(a.autoscaler, scaling_limits(a.autoscaler.config, len(engines)), engines,
-                                        RoutingClock(), slo_met=request_met(attrs.asdict(a.slo)) if a.slo else None,
-                                        gpus_per_instance=[tensor_parallel(c, k) for _, c, k in a.instances],
-                                        meters=[meters[i] for i in indices])
-            recorder.listener = scaling.finished
         if a.parallelism.pipelined:
             stages = a.parallelism.pipeline_parallel
+            wrapper = ReferencePipeline if spec.engine == "reference" else PipelinedInstance
+            pipes = [wrapper(e, stages) for e in engines]
+            scaling = _scaling(a, pipes, [meters[i] for i in indices], recorder)
             if spec.engine == "reference":
-                ReferencePipelineCluster([ReferencePipeline(e, stages) for e in engines], a.router,
-                                         client_side=side).run(requests, workload=a.workload)
+                ReferencePipelineCluster(pipes, a.router, client_side=side, scaling=scaling).run(requests,
+                                                                                                workload=a.workload)
             else:
-                simulate(requests, [PipelinedInstance(e, stages) for e in engines], router=a.router,
-                         workload=a.workload, client_side=side)
+                simulate(requests, pipes, router=a.router, workload=a.workload, client_side=side, scaling=scaling)
         elif a.lockstep:
             if spec.engine == "reference":
                 lockstep = ReferenceDataParallel(engines, a.router, client_side=side)
@@ -640,10 +641,12 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                 cluster = DisaggregatedCluster(engines[:split], engines[split:], prefill_router=a.pools[0].router,
                                                decode_router=a.pools[1].router, scaling=scaling, **link)
                 simulate_disaggregated(requests, cluster, workload=a.workload, client_side=side)
-        elif spec.engine == "reference":
-            ReferenceCluster(engines, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
         else:
-            simulate(requests, engines, router=router, workload=a.workload, client_side=side, scaling=scaling)
+            scaling = _scaling(a, engines, [meters[i] for i in indices], recorder)
+            if spec.engine == "reference":
+                ReferenceCluster(engines, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
+            else:
+                simulate(requests, engines, router=router, workload=a.workload, client_side=side, scaling=scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
@@ -691,6 +694,20 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if not spec.part:
         compare_with_real_run(result)
     return result
+
+
+def _scaling(a: Assembled, instances: list, meters: list, recorder: Recorder) -> ScalingController | None:
+    """The autoscaler of a run's colocated or pipelined instances (either engine's), or None
+    without one; each instance is paid for its tensor_parallel x pipeline_parallel GPUs."""
+    if a.autoscaler is None:
+        return None
+    build = pipeline_scaling if a.parallelism.pipelined else ScalingController
+    stages = a.parallelism.pipeline_parallel
+    scaling = build(a.autoscaler, scaling_limits(a.autoscaler.config, len(instances)), instances, RoutingClock(),
+                    slo_met=request_met(attrs.asdict(a.slo)) if a.slo else None,
+                    gpus_per_instance=[tensor_parallel(c, k) * stages for _, c, k in a.instances], meters=meters)
+    recorder.listener = scaling.finished
+    return scaling
 
 
 def _pool_scaling(a: Assembled, prefill: list, decode: list, meters: list):

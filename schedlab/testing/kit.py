@@ -163,18 +163,11 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
     else:
         engines = [Instance(i, s, c, k, rec, meter=m, speculation=spec)
                    for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
-    scaling = None
-    if autoscaler is not None:
-        scaling = ScalingController(autoscaler, limits, engines, RoutingClock(), meters=meters)
-        rec.listener = scaling.finished
-    if engine == "reference":
-        ReferenceCluster(engines, router, client_side=client_side, scaling=scaling).run(list(requests),
-                                                                                      workload=workload)
-    else:
-        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side,
-                 scaling=scaling)
+    scaling = (ScalingController(autoscaler, limits, engines, RoutingClock(), meters=meters)
+               if autoscaler is not None else None)
+    scaled = serve(requests, engines, router, rec, ReferenceCluster, engine=engine, workload=workload,
+                   client_side=client_side, scaling=scaling)
     slots = [getattr(s, "slots", None) for s, _, _ in parts]
-    scaled = {"scaling": scaling.finish()} if scaling is not None else {}
     meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
             "instances": instances, "events": sum(e.events for e in engines), **scaled,
             **_speculative_meta(speculative), **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
@@ -182,6 +175,24 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
     return result
+
+
+def serve(requests: Sequence, engines: list, router, rec: Recorder, reference_cluster, *, engine: str, workload,
+          client_side, scaling) -> dict:
+    """Serve ``requests`` on ``engines`` (either engine's instances, or stand-ins such as
+    pipelined ones) behind ``router``: the reference engine's through ``reference_cluster`` (a
+    :class:`~schedlab.engine.reference_cluster.ReferenceCluster` class), the fast engine's through
+    its driver, autoscaled by ``scaling`` (None: a fixed cluster). The autoscaler's summary for
+    the run's meta (``{}`` without one)."""
+    if scaling is not None:
+        rec.listener = scaling.finished
+    if engine == "reference":
+        reference_cluster(engines, router, client_side=client_side, scaling=scaling).run(list(requests),
+                                                                                       workload=workload)
+    else:
+        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side,
+                 scaling=scaling)
+    return {"scaling": scaling.finish()} if scaling is not None else {}
 
 
 def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: Callable[[], tuple], *,

@@ -19,7 +19,7 @@ from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..results.records import RunResult
 from ..speculative import SpeculativeConfig
-from .kit import _energy_meta, _meters, _speculative_meta, speculating
+from .kit import _energy_meta, _meters, _speculative_meta, serve, speculating
 
 
 @attrs.frozen
@@ -147,7 +147,7 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 
 def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
                   engine: str = "fast", workload=None, name: str = "test", client_side=None,
-                  power: Callable | None = None) -> RunResult:
+                  power: Callable | None = None, autoscaler=None, limits=None) -> RunResult:
     """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
@@ -156,13 +156,16 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     timeouts (:mod:`schedlab.frontend`). ``power(cost)`` makes one stage's power model from
     what the instance sees of its cost model (its :class:`~schedlab.engine.stage_cost.StageCost`;
     the cost model then needs ``stage_work`` for models that ask for work); the run then meters
-    every stage (``meta["energy"]``, :mod:`schedlab.energy.pipeline`).
+    every stage (``meta["energy"]``, :mod:`schedlab.energy.pipeline`). ``autoscaler`` (a policy
+    object) with ``limits`` (a :class:`~schedlab.engine.scaling.ScalingLimits`) scales the
+    instances (``meta["scaling"]``, each instance ``stages`` GPUs; energy from 0).
     """
     from ..energy.pipeline import PipelineMeter
-    from ..engine.driver import simulate
     from ..engine.instance import Instance
+    from ..engine.load import RoutingClock
     from ..engine.pipeline import PipelinedInstance
     from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
+    from ..engine.scaling import pipeline_scaling
     from ..engine.stage_cost import stage_view
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
@@ -172,13 +175,16 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     if engine == "reference":
         engines = [ReferencePipeline(ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i]), stages)
                    for i, (s, _, k) in enumerate(parts)]
-        ReferencePipelineCluster(engines, router, client_side=client_side).run(list(requests), workload=workload)
     else:
         engines = [PipelinedInstance(Instance(i, s, views[i], k, rec, meter=meters[i]), stages)
                    for i, (s, _, k) in enumerate(parts)]
-        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side)
+    scaling = (pipeline_scaling(autoscaler, limits, engines, RoutingClock(), meters=meters,
+                                gpus_per_instance=[stages] * instances) if autoscaler is not None else None)
+    scaled = serve(requests, engines, router, rec, ReferencePipelineCluster, engine=engine, workload=workload,
+                   client_side=client_side, scaling=scaling)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": instances,
-            "events": sum(e.events for e in engines), **_energy_meta(meters, rec)}
+            "gpus": stages * instances, "events": sum(e.events for e in engines), **scaled,
+            **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
     result.meta["kvs"] = [e.kv for e in engines]
     return result
