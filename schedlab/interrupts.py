@@ -8,12 +8,16 @@ first use, discard an exception raised while they register themselves. So until 
 again every :data:`RETRY_S` seconds (SIGALRM). Once seen, further signals are ignored, so that
 the clean-up and the interpreter's exit run to the end (a second Ctrl-C there used to print a
 threading traceback); when the command returns they are set to SIG_IGN, which unlike a
-Python handler survives the interpreter's finalization.
+Python handler survives the interpreter's finalization. A signal that arrived just before that
+and is only checked after finds SIG_IGN, and CPython reports it through ``sys.unraisablehook``
+("Signal 2 ignored due to race condition"): that report is dropped (:func:`drop_signal_races`),
+as ignoring the signal is the point.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 #: Seconds between raising an unseen stop again.
@@ -82,6 +86,7 @@ class SignalGuard:
             return
         if self.first is not None:
             self.acknowledge()
+            drop_signal_races()
         for sig, handler in self.previous.items():
             if self.first is not None and sig in _SIGNALS:
                 handler = signal.SIG_IGN  # the process is ending
@@ -92,6 +97,28 @@ class SignalGuard:
 
 
 _current: SignalGuard | None = None
+
+
+def is_signal_race(exc: BaseException | None) -> bool:
+    """CPython's report of a signal that came while its handler was being set to SIG_IGN."""
+    return isinstance(exc, OSError) and str(exc).startswith("Signal ") and str(exc).endswith(
+        "ignored due to race condition")
+
+
+def drop_signal_races() -> None:
+    """From now on, drop CPython's "ignored due to race condition" reports (the process is
+    ending and ignores the signals on purpose); every other unraisable error is reported as
+    before."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_signal_races", False):
+        return
+
+    def hook(args) -> None:
+        if not is_signal_race(args.exc_value):
+            previous(args)
+
+    hook.drops_signal_races = True
+    sys.unraisablehook = hook
 
 
 def acknowledge() -> None:
