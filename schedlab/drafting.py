@@ -20,14 +20,29 @@ only), and nothing at all when ``k`` is 0 (no drafts proposed). The one-token pa
 sequences' contexts after this step, growing by one a pass (as their mean: a drafter that asks
 for the longest and shortest context gets the mean for both).
 
+**What power models and the clock see.** The drafter's passes are GPU work inside the step:
+``kernel_ms`` is the target's kernels plus the passes' (``proposer_ms`` is the host's), and
+``work`` the target's ``(bytes, flops)`` plus each pass's, summed -- where the target's and the
+drafter's cost models say them (the roofline; a drafter that says no ``work`` leaves
+``unsaid_work``, and the utilisation power model and ``[clock]`` refuse it by name; a target
+that says none, as ``profiled``, gets the utilisation model's roofline of its model, the
+drafter's passes added by ``work_with``). The passes
+run one after the other, each with its own bound resource, so ``work_parts`` says them apart:
+the clock stretches each on its own split (:mod:`schedlab.energy.clock`). Power models take the
+sum: the utilisation model's ``max(memory, compute)`` of the sum is within 0.3% of the sum of
+each pass's on Llama-3.1-8B with a Llama-3.2-1B drafter (``tools/drafter_energy.py``), while the
+clock's stretch is not (README: Energy). The drafter's work per GPU is its cost model's: give
+it the tensor-parallel degree it runs at.
+
 **Data-parallel ranks stepping together** (:mod:`schedlab.engine.lockstep`). Each rank drafts
 for its own sequences on its own GPUs, so the drafter's passes and ``proposer_ms`` join the
-rank's own part of the step (``rank_ms``), as they join a colocated iteration; the experts,
-and the work power models ask for, are the target's (as a colocated instance's power model
-reads the target's). A rank with nothing scheduled runs the dummy batch, and with it the
-drafter's dummy run: ``num_speculative_tokens`` passes over its one token, proposing nothing
-(vLLM ``EagleProposer.dummy_run``; no ``proposer_ms``, nothing for n-gram). The drafter's own
-collectives (an MTP head's experts) are not modelled: its passes are the rank's alone.
+rank's own part of the step (``rank_ms``), as they join a colocated iteration, and so do their
+work and kernels (``rank_work``, ``rank_kernel_ms``, ``rank_work_parts``); the experts are the
+target's. A rank with nothing scheduled runs the dummy batch, and with it the drafter's dummy
+run: ``num_speculative_tokens`` passes over its one token, proposing nothing (vLLM
+``EagleProposer.dummy_run``; no ``proposer_ms``, nothing for n-gram), its work and kernels the
+dummy's too. The drafter's own collectives (an MTP head's experts) are not modelled: its passes
+are the rank's alone.
 """
 
 from __future__ import annotations
@@ -47,56 +62,124 @@ class DraftingCostModel:
         self.needs_context_range = bool(getattr(target, "needs_context_range", False))
         self.request_cost = getattr(target, "request_cost", None)
         self._k_memo: dict[int, int] = {}
-        # a lockstep rank's parts, where the target has them (None otherwise, so the layout's
-        # checks name what is missing)
-        self.rank_ms = self._rank_ms if callable(getattr(target, "rank_ms", None)) else None
-        for name in ("experts_ms", "rank_work", "experts_work", "rank_kernel_ms"):
-            setattr(self, name, getattr(target, name, None))
         self._dummy_ms: float | None = None
+        self._pass_ms = getattr(drafter, "kernel_ms", None) or getattr(drafter, "iteration_ms", None)
+        drafter_work = getattr(drafter, "work", None) if drafter is not None else _NO_WORK
+        #: why the step's work cannot be said (the drafter's cost model says none), or None
+        self.unsaid_work = None if callable(drafter_work) else (
+            f"the drafter's cost model {type(drafter).__name__} does not say the bytes and FLOPs of its passes "
+            "(work); use one that does (roofline)")
+        self._drafter_work = drafter_work if self.unsaid_work is None else None
+        # what is said only where the target (and the drafter) can say it: None otherwise, so
+        # power models, the clock and the layout's checks see what is missing
+        self.kernel_ms = self._kernel_ms if _has(target, "kernel_ms") else None
+        self.work = self.work_with(target.work) if _has(target, "work") and not self.unsaid_work else None
+        self.work_parts = self._work_parts if self.work is not None else None
+        # a lockstep rank's parts, where the target has them
+        self.rank_ms = self._rank_ms if _has(target, "rank_ms") else None
+        self.rank_kernel_ms = self._rank_kernel_ms if _has(target, "rank_kernel_ms") else None
+        said = _has(target, "rank_work") and not self.unsaid_work
+        self.rank_work = self._rank_work if said else None
+        self.rank_work_parts = self._rank_work_parts if said else None
+        for name in ("experts_ms", "experts_work"):  # the experts are the target's
+            setattr(self, name, getattr(target, name, None))
 
-    def draft_ms(self, batch: Batch) -> float:
-        """The drafter's time in a step of shape ``batch``."""
-        seqs = batch.num_decode + batch.num_prefill
-        if not seqs:
-            return 0.0
+    # --- the drafter's passes ----------------------------------------------------------------------
+    def _k(self, seqs: int) -> int:
         k = self._k_memo.get(seqs)
         if k is None:
             k = self._k_memo[seqs] = self.config.k_for(seqs)
+        return k
+
+    def passes(self, batch: Batch) -> list[Batch]:
+        """The drafter's passes in a step of shape ``batch`` (none without a drafter or drafts):
+        one over the step's tokens, then ``k - 1`` of one token a sequence. A lockstep rank's
+        :data:`~schedlab.engine.rank_cost.DUMMY` gets the dummy run's ``k`` passes over it."""
+        if self.drafter is None:
+            return []
+        if batch is DUMMY:
+            return [DUMMY] * self.config.num_speculative_tokens
+        seqs = batch.num_decode + batch.num_prefill
+        k = self._k(seqs) if seqs else 0
         if not k:
-            return 0.0
-        ms = self.config.proposer_ms
-        drafter = self.drafter
-        if drafter is None:
-            return ms
-        time = self._pass_ms()
-        ms += time(batch)
+            return []
+        out = [batch]
         context = batch.decode_context_tokens + batch.prefill_context_tokens + batch.prefill_tokens
         for i in range(1, k):
             ctx = context + i * seqs
             mean = -(-ctx // seqs)
-            ms += time(Batch(num_decode=seqs, decode_context_tokens=ctx, decode_context_max=mean,
+            out.append(Batch(num_decode=seqs, decode_context_tokens=ctx, decode_context_max=mean,
                              decode_context_min=mean))
-        return ms
+        return out
 
-    def _pass_ms(self):
-        """How a drafter pass is timed: its kernels only, where its cost model can say (the
+    def draft_ms(self, batch: Batch) -> float:
+        """The drafter's time in a step of shape ``batch``: its passes and ``proposer_ms``."""
+        seqs = batch.num_decode + batch.num_prefill
+        if not seqs or not self._k(seqs):
+            return 0.0
+        return self.config.proposer_ms + self._passes_ms(batch)
+
+    def _passes_ms(self, batch: Batch) -> float:
+        """The drafter's passes on the GPU: its kernels only, where its cost model can say (the
         passes run inside the target's step, which carries the host's work)."""
-        drafter = self.drafter
-        return getattr(drafter, "kernel_ms", drafter.iteration_ms)
+        time = self._pass_ms
+        return sum(time(p) for p in self.passes(batch)) if self.drafter is not None else 0.0
 
     def dummy_draft_ms(self) -> float:
         """The drafter's dummy run beside a lockstep rank's dummy batch: ``k`` passes over its
         one token, nothing proposed (see the module docstring)."""
         if self._dummy_ms is None:
-            passes = self.config.num_speculative_tokens if self.drafter is not None else 0
-            self._dummy_ms = passes * self._pass_ms()(DUMMY) if passes else 0.0
+            self._dummy_ms = self._passes_ms(DUMMY)
         return self._dummy_ms
 
+    # --- CostModel protocol, and what power models and the clock ask --------------------------------
+    def iteration_ms(self, batch: Batch) -> float:
+        return self.target.iteration_ms(batch) + self.draft_ms(batch)
+
+    def _kernel_ms(self, batch: Batch) -> float:
+        """The GPU's kernels in the step: the target's and the drafter's passes (``proposer_ms``
+        is the host's)."""
+        return self.target.kernel_ms(batch) + self._passes_ms(batch)
+
+    def work_with(self, target_work):
+        """``work(batch)`` with ``target_work`` saying the target's part: ``(bytes, flops)`` one GPU
+        reads and computes in the step, the target's pass and the drafter's summed (see the
+        module docstring for why a sum)."""
+        return lambda batch: self._with_passes(target_work(batch), batch)
+
+    def _with_passes(self, work: tuple[float, float], batch: Batch) -> tuple[float, float]:
+        """``work`` and the drafter's passes' in a step of shape ``batch``."""
+        byt, flops = work
+        for p in self.passes(batch):
+            b, f = self._drafter_work(p)
+            byt += b
+            flops += f
+        return byt, flops
+
+    def _work_parts(self, batch: Batch) -> list[tuple[float, float]]:
+        """The step's work pass by pass, in the order they run (the clock stretches each alone)."""
+        return [self.target.work(batch)] + [self._drafter_work(p) for p in self.passes(batch)]
+
+    # --- a lockstep rank's own part (schedlab.engine.lockstep) ---------------------------------------
     def _rank_ms(self, batch: Batch) -> float:
         """A lockstep rank's own part of a step: the target's, and the rank's drafting."""
         if batch is DUMMY:
             return self.target.rank_ms(DUMMY) + self.dummy_draft_ms()
         return self.target.rank_ms(batch) + self.draft_ms(batch)
 
-    def iteration_ms(self, batch: Batch) -> float:
-        return self.target.iteration_ms(batch) + self.draft_ms(batch)
+    def _rank_kernel_ms(self, batch: Batch) -> float:
+        return self.target.rank_kernel_ms(batch) + self._passes_ms(batch)
+
+    def _rank_work(self, batch: Batch) -> tuple[float, float]:
+        """A lockstep rank's own work in a step: the target's part and its drafter's passes."""
+        return self._with_passes(self.target.rank_work(batch), batch)
+
+    def _rank_work_parts(self, batch: Batch) -> list[tuple[float, float]]:
+        return [self.target.rank_work(batch)] + [self._drafter_work(p) for p in self.passes(batch)]
+
+
+_NO_WORK = lambda batch: (0.0, 0.0)  # noqa: E731  (n-gram: no drafter, no GPU work)
+
+
+def _has(model, name: str) -> bool:
+    return callable(getattr(model, name, None))

@@ -25,7 +25,7 @@ from schedlab.speculative import SpeculativeConfig
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (check_run, compare_runs, dyadic_linear_costs, examples,
                               fast_run_agreeing_with_reference, requests_lists, run_cluster, run_engine)
-from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
+from schedlab.testing.parallel import LinearParallelCost, ParallelPrices, run_data_parallel
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 from schedlab_plugins.routers import RoundRobinRouter
@@ -38,6 +38,9 @@ ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: the drafter of the random cases: a linear model in binary fractions, so the engines agree exactly
 DRAFTER = LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=0.5)
+#: the drafter's work on one GPU (power models and the clock count it): a small model's prices
+DRAFTER_WORK = ParallelPrices(rank_bytes=2.5e8, bytes_per_token=1e7, bytes_per_context_token=1e6,
+                              flops_per_token=2.5e9)
 
 
 def rank(blocks: int = 64, block_size: int = 4):
@@ -117,7 +120,8 @@ def blocks_with_drafts(requests, spec: SpeculativeConfig, block_size: int) -> in
 
 
 def drafter_of(spec: SpeculativeConfig):
-    return LinearCostModel(DRAFTER) if spec.draft is not None else None
+    """The linear drafter, saying its passes' work at :data:`DRAFTER_WORK` (a dense model)."""
+    return LinearParallelCost(LinearCostModel(DRAFTER), DRAFTER_WORK, moe=False) if spec.draft is not None else None
 
 
 @SETTINGS

@@ -26,6 +26,9 @@ this is the formula above -- the awake share is paid over the whole step, the wo
 does not depend on how long it took -- so the split matters only where the kernels alone
 would exceed the limit.
 
+With speculative decoding (:mod:`schedlab.drafting`) a step's work and kernels are the target's
+and the drafter's passes' together, summed (the module says why a sum serves here).
+
 At an SM clock below the highest (``[clock]``, :mod:`schedlab.energy.clock`) the awake share
 scales as ``r v(r)^2`` and the activity as ``1 - core_share + core_share v(r)^2`` (the work's
 power on the core's rail falls with the voltage, the memory's does not).
@@ -215,6 +218,9 @@ def build_utilisation(config: UtilisationConfig, presets: Presets | None = None,
     the cost model, or from a roofline of the model preset when the cost model has none."""
     gpu = resolve_gpu(config.gpu, cost_model, presets, "utilisation")
     tp = resolve_tp(config.tensor_parallel if config.tensor_parallel is not None else tensor_parallel, cost_model)
+    unsaid = find_member(cost_model, "unsaid_work")  # speculative decoding's drafter says no work
+    if unsaid:
+        raise ConfigError(f"the utilisation power model needs the bytes and FLOPs of each iteration: {unsaid}")
     work = find_member(cost_model, "work")
     if work is None:
         name = config.model or cost_setting(cost_model, "model")
@@ -225,6 +231,9 @@ def build_utilisation(config: UtilisationConfig, presets: Presets | None = None,
 
         work = RooflineCostModel(presets.model(name), gpu,
                                  RooflineConfig(model=name, gpu=gpu.name, tensor_parallel=tp)).work
+        drafting = find_member(cost_model, "work_with")  # the target's, with the drafter's passes
+        if drafting is not None:
+            work = drafting(work)
     board, idle, source = board_and_idle(gpu, config.board_w, config.idle_w, "utilisation")
     return UtilisationPowerModel(config, gpu, tp, work, clock=find_clock(cost_model), kernel=find_member(
         cost_model, "kernel_ms"), board_w=board, idle_w=idle, idle_source=source)

@@ -474,6 +474,9 @@ def _check_rank_work(cost, where: str) -> None:
     splits its time: a rank's own part and its GPUs' share of every rank's experts (``where``
     names the table that needs it)."""
     if not (callable(getattr(cost, "rank_work", None)) and callable(getattr(cost, "experts_work", None))):
+        why = getattr(cost.inner if clocked(cost) else cost, "unsaid_work", None)  # a drafter's
+        if why:
+            raise ConfigError(f"{where}: {why}")
         raise ConfigError(f"{where}: {_cost_name(cost)} does not say the work of data-parallel ranks "
                           "stepping together (it needs rank_work and experts_work, see schedlab.protocols); the "
                           "roofline and profiled cost models do")
