@@ -42,12 +42,21 @@ The choice depends on the iteration's shape alone, so both engines make it alike
 decode run ends where its growing context would need the next level up
 (:meth:`ClockedCostModel.decode_step_increment`).
 
+Speculative decoding (:class:`~schedlab.drafting.DraftingCostModel`, which the clock wraps). A
+step is the target's verify pass and then the drafter's passes, one after the other, each bound
+by its own resource: the law stretches each on its own split (the wrapped model's
+``work_parts``) and the step by their sum -- a small drafter's pass over many tokens turns
+compute-bound at a clock at which the target's step, or the passes' summed work, is still
+memory-bound. One clock runs the whole step (the GPU's); the governor chooses it from the whole
+step, drafting included.
+
 Data-parallel ranks stepping together (:mod:`schedlab.engine.lockstep`). A step lasts
 ``max_r(rank part_r) + experts``: each rank's own part and the routed experts of every rank's
 tokens run one after the other, so the law times each on its own work split -- a rank's part
 from the cost model's ``rank_work`` of its batch (the dummy's for a rank with nothing to
-compute), the experts from ``experts_work`` of the step's tokens (one GPU's share: the mean
-GPU's, where the step waits for the busiest) -- and swaps, on the host link, not at all. The
+compute; pass by pass, ``rank_work_parts``, where the rank drafts), the experts from
+``experts_work`` of the step's tokens (one GPU's share: the mean GPU's, where the step waits for
+the busiest) -- and swaps, on the host link, not at all. The
 ranks step together, so they step at one clock: a rank locked lower would make every other
 rank wait for it. A fixed clock is every rank's; the governor chooses from the step as a whole
 -- the highest clock when any rank has prompt tokens, else the lowest level at which the whole
@@ -133,14 +142,20 @@ class ClockedCostModel:
     def __init__(self, inner, gpu: GpuSpec, config: ClockConfig, *, tpot_ms: float | None = None):
         work = getattr(inner, "work", None)
         if work is None:
-            raise ConfigError(f"[clock]: the cost model {type(inner).__name__} does not say the bytes and FLOPs of an "
-                              "iteration (work); use the roofline cost model")
+            why = getattr(inner, "unsaid_work", None)  # speculative decoding's drafter says none
+            name = type(getattr(inner, "target", inner)).__name__  # (the target's, through drafting)
+            raise ConfigError(f"[clock]: {why}" if why else f"[clock]: the cost model {name} does not say the bytes "
+                              "and FLOPs of an iteration (work); use the roofline cost model")
         if gpu.max_clock_mhz is None or gpu.min_clock_mhz is None:
             raise ConfigError(f"[clock]: GPU {gpu.name!r} has no max_clock_mhz/min_clock_mhz in its preset")
         self.inner = inner
         self.config = config
         self.gpu = gpu
         self._work = work
+        # an iteration's passes one after the other (a speculative step's target and drafter
+        # passes, each stretched on its own split), where the wrapped model says them
+        self._parts = getattr(inner, "work_parts", None)
+        self._rank_parts = getattr(inner, "rank_work_parts", None)
         # a lockstep rank's parts at the highest clock, for the check of the layout and the
         # cluster (which clocks the step, lockstep_at), and a pipeline stage's work (which
         # pipeline_at clocks); None when the wrapped model lacks them
@@ -186,12 +201,31 @@ class ClockedCostModel:
         """How much longer the iteration is at clock ratio ``r``, ms."""
         return (c / r if c / r > m else m) - (c if c > m else m)
 
+    def splits(self, batch: Batch) -> list[tuple[float, float]]:
+        """``(c, m)`` of each pass of the iteration, in turn: the wrapped model's ``work_parts``
+        (speculative decoding: the target's pass and the drafter's, each its own ``max`` in the
+        law, since they run one after the other), else the iteration as one pass."""
+        if self._parts is None:
+            return [self.split(batch)]
+        return [self.times(*w) for w in self._parts(batch)]
+
+    def rank_splits(self, batch: Batch) -> list[tuple[float, float]]:
+        """:meth:`splits` of a lockstep rank's own part (``rank_work_parts``, else ``rank_work``)."""
+        if self._rank_parts is None:
+            return [self.rank_split(batch)]
+        return [self.times(*w) for w in self._rank_parts(batch)]
+
+    @classmethod
+    def stretch_all(cls, splits: list, r: float) -> float:
+        """How much longer passes of ``splits`` run one after the other take at ``r``, ms."""
+        stretch = cls.stretch
+        return sum(stretch(c, m, r) for c, m in splits) if r < 1.0 else 0.0
+
     def ms_at(self, batch: Batch, r: float, base: float | None = None) -> float:
         d = self.inner.iteration_ms(batch) if base is None else base
         if r >= 1.0 or not d:
             return d
-        c, m = self.split(batch)
-        return d + self.stretch(c, m, r)
+        return d + self.stretch_all(self.splits(batch), r)
 
     def clock_ratio(self, batch: Batch) -> float:
         """The clock (as a share of the highest) an iteration of ``batch`` runs at."""
@@ -200,9 +234,9 @@ class ClockedCostModel:
         if batch.prefill_tokens or not batch.num_decode:
             return 1.0  # prompt tokens: the highest clock (TTFT)
         d = self.inner.iteration_ms(batch)
-        c, m = self.split(batch)
+        splits = self.splits(batch)
         for r in self.levels:
-            if d + (self.stretch(c, m, r) if r < 1.0 else 0.0) <= self.target:
+            if d + self.stretch_all(splits, r) <= self.target:
                 return r
         return 1.0
 
@@ -222,8 +256,7 @@ class ClockedCostModel:
         k, r = inner(batch), self.clock_ratio(batch)
         if r >= 1.0 or not k:
             return k
-        c, m = self.split(batch)
-        return k + self.stretch(c, m, r)
+        return k + self.stretch_all(self.splits(batch), r)
 
     def decode_step_increment(self, batch: Batch):
         """The wrapped model's increment at this clock, held while the linear pieces stay the
@@ -280,14 +313,14 @@ class ClockedCostModel:
         :param parts: each rank's part at the highest clock, its swaps included;
         :param experts: the experts at the highest clock.
         """
-        splits = [self.rank_split(b) for b in own]
+        splits = [self.rank_splits(b) for b in own]
         e_split = self.experts_split(tokens)
-        stretch = self.stretch
+        stretch_all = self.stretch_all
 
         def at(r):
             if r >= 1.0:
                 return parts, experts
-            return [p + stretch(c, m, r) for p, (c, m) in zip(parts, splits)], experts + stretch(*e_split, r)
+            return [p + stretch_all(s, r) for p, s in zip(parts, splits)], experts + self.stretch(*e_split, r)
 
         if self.fixed is not None:
             r = self.fixed
@@ -307,9 +340,10 @@ class ClockedCostModel:
         model's increment (as the cluster takes it without a clock) and the stretch's, held while
         the sides of the law's ``max`` terms stay the same. None with the governor: its steps are
         chosen one at a time."""
-        if self.fixed is None:
+        inner = getattr(self.inner, "decode_step_increment", None)
+        if self.fixed is None or inner is None:  # (speculative decoding: steps all unlike)
             return None
-        base = self.inner.decode_step_increment(batch)
+        base = inner(batch)
         if base is None or self.fixed >= 1.0:
             return base
         inc, steps = base if type(base) is tuple else (base, None)

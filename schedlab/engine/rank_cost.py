@@ -150,7 +150,7 @@ class ClockedRankCost(ClockView, RankCost):
         kernels = inner.rank_kernel_ms or inner.rank_ms
         k = kernels(own)
         if self.ratio < 1.0:
-            k += inner.stretch(*inner.rank_split(own), self.ratio)
+            k += inner.stretch_all(inner.rank_splits(own), self.ratio)
         return k + self.experts_ms
 
 

@@ -304,9 +304,8 @@ def _clocked(ctx: Context, tables: dict, cost, where: str):
     from ..energy.clock import ClockConfig, ClockedCostModel
 
     config = from_table(ClockConfig, tables["clock"], where=where)
-    if isinstance(cost, DraftingCostModel):
-        raise ConfigError(f"{where}: clocks with [speculative] decoding are not modelled (the clock's law splits "
-                          "an iteration's work, and the drafter's is not said); leave out [clock] or [speculative]")
+    # around speculative decoding's wrapper: one clock for the step, chosen from the target's and
+    # the drafter's passes together, each pass stretched on its own work (work_parts)
     name, layer = config.gpu, cost
     while name is None and layer is not None:  # the cost model's GPU, through speculative decoding's wrapper
         name = getattr(getattr(layer, "config", None), "gpu", None)

@@ -91,7 +91,8 @@ class IterationChecker:
 def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_blocks: int = 4096,
                block_size: int = 16, engine: str = "fast", check: IterationChecker | None = None,
                workload=None, name: str = "test", speculative: SpeculativeConfig | None = None,
-               draft_cost=None, seed: int = 0, power: Callable | None = None, client_side=None) -> RunResult:
+               draft_cost=None, seed: int = 0, power: Callable | None = None, client_side=None,
+               clock: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on one instance built from plugin objects; return the RunResult.
 
     Defaults: the linear cost model (seed 001's costs) and a paged KV cache of ``kv_blocks``.
@@ -99,13 +100,15 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     for methods that have one; ``seed`` keys the acceptance draws). ``power(cost_model)`` makes
     the instance's power model: the run then meters energy (``metrics["energy"]``). ``client_side``
     (a :class:`~schedlab.frontend.ClientSide`): the requests' times are when clients send them.
+    ``clock(cost_model)``: the instance's cost model at a clock, around the drafting (``[clock]``).
     """
     from schedlab_plugins.cost_models import LinearCostModel
     from schedlab_plugins.kv_caches import PagedKVCache
 
     cost_model = cost_model if cost_model is not None else LinearCostModel()
     kv = kv if kv is not None else PagedKVCache(kv_blocks, block_size)
-    [(_, cost_model, _)], speculation = speculating([(scheduler, cost_model, kv)], speculative, draft_cost, seed)
+    parts, speculation = speculating([(scheduler, cost_model, kv)], speculative, draft_cost, seed, clock)
+    cost_model = parts[0][1]
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
     meters = _meters(power, [cost_model])
     if engine == "reference":
@@ -125,15 +128,18 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     return result
 
 
-def speculating(parts: list, speculative: SpeculativeConfig | None, draft_cost=None, seed: int = 0) -> tuple:
+def speculating(parts: list, speculative: SpeculativeConfig | None, draft_cost=None, seed: int = 0,
+                clock: Callable | None = None) -> tuple:
     """``(parts, speculation)``: instances' ``(scheduler, cost model, KV cache)`` with the drafter's
     passes added to each cost model (``draft_cost``: the drafter's cost model, for methods that
     have one), and the run's :class:`~schedlab.speculative.Speculation` (its acceptance draws keyed
-    by ``seed``); the parts as they are and None without ``speculative``."""
-    if speculative is None:
-        return parts, None
-    return ([(s, DraftingCostModel(c, draft_cost, speculative), k) for s, c, k in parts],
-            Speculation(speculative, seed))
+    by ``seed``); the parts as they are and None without ``speculative``. ``clock(cost)`` puts
+    each cost model at a clock around the drafting, as a run assembles it."""
+    if speculative is not None:
+        parts = [(s, DraftingCostModel(c, draft_cost, speculative), k) for s, c, k in parts]
+    if clock is not None:
+        parts = [(s, clock(c), k) for s, c, k in parts]
+    return parts, (Speculation(speculative, seed) if speculative is not None else None)
 
 
 def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,

@@ -105,7 +105,7 @@ class LinearParallelCost:
 def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
                       engine: str = "fast", workload=None, name: str = "test", client_side=None,
                       power: Callable | None = None, speculative: SpeculativeConfig | None = None, draft_cost=None,
-                      seed: int = 0) -> RunResult:
+                      seed: int = 0, clock: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on ``ranks`` data-parallel ranks stepping together.
 
     ``make`` makes one rank's ``(scheduler, cost model, KV cache)``; the cost model needs
@@ -115,14 +115,15 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
     model from what the rank sees of its cost model (its :class:`RankCost`; the cost model then
     needs ``rank_work`` and ``experts_work`` for models that ask for work); the run then meters
     energy (``meta["energy"]``). ``speculative``, ``draft_cost`` and ``seed``: every rank drafts
-    and verifies its own sequences (as in :func:`~schedlab.testing.run_engine`).
+    and verifies its own sequences (as in :func:`~schedlab.testing.run_engine`); ``clock(cost)``
+    puts each rank's cost model at a clock around its drafting.
     """
     from ..engine.instance import Instance
     from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
     from ..engine.reference_lockstep import ReferenceDataParallel
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts, spec = speculating([make() for _ in range(ranks)], speculative, draft_cost, seed)
+    parts, spec = speculating([make() for _ in range(ranks)], speculative, draft_cost, seed, clock)
     views = [rank_view(c) for _, c, _ in parts]
     meters = _meters(power, views)
     if engine == "reference":
