@@ -141,8 +141,10 @@ def model_fields(config: dict, where: str) -> dict:
         if shared_ffn:  # Qwen2-MoE: one shared expert and its sigmoid gate
             shared += mlp_mats * hidden * shared_ffn + hidden
         router = hidden * experts + (experts if r.get("topk_method") == "noaux_tc" else 0)
-        moe_layers = sum(1 for i in range(layers) if i >= first_dense and (i + 1) % step == 0
-                         and i not in only_dense)
+        # layers i >= first_dense with (i + 1) a multiple of step, less the listed dense ones:
+        # counted in closed form (a junk layer count must not loop for ever)
+        moe_layers = max(0, layers // step - min(first_dense, layers) // step) - sum(
+            1 for i in only_dense if first_dense <= i < layers and (i + 1) % step == 0)
         common = attn + norms + router + shared
         total = (layers - moe_layers) * dense_layer + moe_layers * (common + experts * expert)
         active = (layers - moe_layers) * dense_layer + moe_layers * (common + top_k * expert)

@@ -305,3 +305,17 @@ def test_any_json_object_gives_a_spec_or_a_config_error(config, base):
         assert str(exc).startswith("config.json") or str(exc).startswith("m:")
     else:
         assert s.num_params > 0 and s.num_layers >= 1 and s.kv_bytes_per_token() > 0
+
+
+@pytest.mark.parametrize("first_dense, step, only_dense", [(0, 1, []), (3, 1, []), (1, 2, [5, 9]), (4, 3, [8, 2])])
+def test_moe_layer_count_by_hand(first_dense, step, only_dense):
+    """12 layers: the MoE ones are i >= first_dense with (i + 1) a multiple of step, less those
+    listed dense; a huge layer count is refused at once instead of being walked layer by layer."""
+    config = {**QWEN3_30B_A3B, "num_hidden_layers": 12, "first_k_dense_replace": first_dense,
+              "decoder_sparse_step": step, "mlp_only_layers": only_dense}
+    moe = sum(1 for i in range(12) if i >= first_dense and (i + 1) % step == 0 and i not in only_dense)
+    s = spec(config)
+    dense = spec({**config, "mlp_only_layers": list(range(12))})
+    assert s.num_params - dense.num_params == moe * (128 * 3 * 2048 * 768 + 2048 * 128 - 3 * 2048 * 6144)
+    with pytest.raises(ConfigError, match="num_layers: must be <= 2"):
+        spec({**config, "num_hidden_layers": 2**62})
