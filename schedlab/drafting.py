@@ -28,6 +28,12 @@ reads the target's). A rank with nothing scheduled runs the dummy batch, and wit
 drafter's dummy run: ``num_speculative_tokens`` passes over its one token, proposing nothing
 (vLLM ``EagleProposer.dummy_run``; no ``proposer_ms``, nothing for n-gram). The drafter's own
 collectives (an MTP head's experts) are not modelled: its passes are the rank's alone.
+
+**Pipeline stages** (:mod:`schedlab.engine.pipeline`). vLLM 0.33 puts the whole drafter on the
+last pipeline stage, which holds the target's final hidden states and LM head
+(``gpu_model_runner.py``: the drafter is built only where ``get_pp_group().is_last_rank``), so
+``pipeline_ms`` is the target's stage times with the drafter's passes and ``proposer_ms`` added
+to the last stage's.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class DraftingCostModel:
         self.rank_ms = self._rank_ms if callable(getattr(target, "rank_ms", None)) else None
         for name in ("experts_ms", "rank_work", "experts_work", "rank_kernel_ms"):
             setattr(self, name, getattr(target, name, None))
+        # a pipelined instance's stage times, where the target has them (see the module docstring)
+        self.pipeline_ms = self._pipeline_ms if callable(getattr(target, "pipeline_ms", None)) else None
         self._dummy_ms: float | None = None
 
     def draft_ms(self, batch: Batch) -> float:
@@ -97,6 +105,11 @@ class DraftingCostModel:
         if batch is DUMMY:
             return self.target.rank_ms(DUMMY) + self.dummy_draft_ms()
         return self.target.rank_ms(batch) + self.draft_ms(batch)
+
+    def _pipeline_ms(self, batch: Batch) -> tuple[tuple, float]:
+        """``(stage_ms, send_ms)`` of a pipelined batch: the target's, the drafting on the last stage."""
+        stage_ms, send_ms = self.target.pipeline_ms(batch)
+        return (*stage_ms[:-1], stage_ms[-1] + self.draft_ms(batch)), send_ms
 
     def iteration_ms(self, batch: Batch) -> float:
         return self.target.iteration_ms(batch) + self.draft_ms(batch)
