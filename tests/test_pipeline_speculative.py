@@ -28,6 +28,7 @@ from schedlab.testing.parallel import LinearParallelCost, run_pipelined
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from test_data_parallel import SPECULATIVE
 from test_data_parallel_speculative import blocks_with_drafts, drafter_of
 from test_pipeline_parallel import BASE, ROUTERS, client_side, schedulers
 from test_speculative_differential import speculative_configs
@@ -238,13 +239,6 @@ def test_speculating_roofline_pipelines_match_the_reference(requests, cfg, stage
 
 # -- TOML ---------------------------------------------------------------------------------------------------
 
-SPECULATIVE = """
-    [speculative]
-    method = "eagle"
-    num_speculative_tokens = 3
-    acceptance_rate = 0.7
-    draft = {kind = "roofline", model = "llama-3.2-1b", gpu = "rtx-pro-6000-server"}
-"""
 PIPELINED = """
     [cluster]
     pipeline_parallel = 2
