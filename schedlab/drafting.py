@@ -43,6 +43,12 @@ run: ``num_speculative_tokens`` passes over its one token, proposing nothing (vL
 ``EagleProposer.dummy_run``; no ``proposer_ms``, nothing for n-gram), its work and kernels the
 dummy's too. The drafter's own collectives (an MTP head's experts) are not modelled: its passes
 are the rank's alone.
+
+**Pipeline stages** (:mod:`schedlab.engine.pipeline`). vLLM 0.33 puts the whole drafter on the
+last pipeline stage, which holds the target's final hidden states and LM head
+(``gpu_model_runner.py``: the drafter is built only where ``get_pp_group().is_last_rank``), so
+``pipeline_ms`` is the target's stage times with the drafter's passes and ``proposer_ms`` added
+to the last stage's.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class DraftingCostModel:
         self.needs_context_range = bool(getattr(target, "needs_context_range", False))
         self.request_cost = getattr(target, "request_cost", None)
         self._k_memo: dict[int, int] = {}
+        # a pipelined instance's stage times, where the target has them (see the module docstring)
+        self.pipeline_ms = self._pipeline_ms if _has(target, "pipeline_ms") else None
         self._dummy_ms: float | None = None
         self._pass_ms = getattr(drafter, "kernel_ms", None) or getattr(drafter, "iteration_ms", None)
         drafter_work = getattr(drafter, "work", None) if drafter is not None else _NO_WORK
@@ -176,6 +184,12 @@ class DraftingCostModel:
 
     def _rank_work_parts(self, batch: Batch) -> list[tuple[float, float]]:
         return [self.target.rank_work(batch)] + [self._drafter_work(p) for p in self.passes(batch)]
+
+
+    def _pipeline_ms(self, batch: Batch) -> tuple[tuple, float]:
+        """``(stage_ms, send_ms)`` of a pipelined batch: the target's, the drafting on the last stage."""
+        stage_ms, send_ms = self.target.pipeline_ms(batch)
+        return (*stage_ms[:-1], stage_ms[-1] + self.draft_ms(batch)), send_ms
 
 
 _NO_WORK = lambda batch: (0.0, 0.0)  # noqa: E731  (n-gram: no drafter, no GPU work)

@@ -283,16 +283,14 @@ def test_speculation_on_a_data_parallel_moe_deployment_in_toml_runs_in_both_engi
 
 
 def test_what_speculation_does_not_model_is_refused_by_table(tmp_path):
-    """Pipelines; and, with or without data parallelism, a clock or the utilisation power model
+    """With or without data parallelism, a clock or the utilisation power model
     when the drafter's cost model does not say its passes' work (clocks and power with a drafter
     that does: ``test_speculative_energy.py``)."""
     unsaid = r"the drafter's cost model LinearCostModel does not say the bytes and FLOPs of its passes"
     lockstep = '[cluster]\ndata_parallel = 2\nexpert_parallel = true\n'
     for extra, message in (('[clock]\nmhz = 1500\ngpu = "h100-80gb"\n' + lockstep, unsaid),
                            ('[power]\nkind = "utilisation"\n' + lockstep, unsaid),
-                           ('[clock]\nmhz = 1500\ngpu = "h100-80gb"\n', unsaid),
-                           ('[cluster]\npipeline_parallel = 2\n',
-                            r"\[speculative\]: speculative decoding with pipeline parallelism is not modelled")):
+                           ('[clock]\nmhz = 1500\ngpu = "h100-80gb"\n', unsaid)):
         path = write(tmp_path, extra)
         path.write_text(path.read_text().replace('draft = {kind = "roofline", model = "llama-3.2-1b", '
                                                  'gpu = "rtx-pro-6000-server"}', 'draft = {kind = "linear"}'))

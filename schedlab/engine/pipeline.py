@@ -18,6 +18,11 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
 Arrivals wait for the next landing (vLLM blocks on the oldest batch). The pipeline runs one
 batch at a time: no bulk decode runs.
 
+With ``[speculative]`` a batch's decodes verify their drafts (``plan.drafts_of``: the batch
+carries them, and their KV slots are taken at the launch) and the drafter's time is on the last
+stage; acceptance is drawn at the landing (``Instance._verify``), and the landing sets the next
+drafts' ``k`` from the batch as launched (:mod:`schedlab.engine.stages`).
+
 With ``[power]`` the instance's meter is a :class:`~schedlab.energy.pipeline.PipelineMeter`: a
 batch's stage slices are metered at its launch (at the clock ``[clock]`` gives the batch,
 :func:`~schedlab.engine.stages.stage_times`), its energy shared out to its tokens at its landing,
@@ -39,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from ..errors import SimulationError, StallError
+from ..errors import StallError
 from .instance import Instance
 from .lockstep import rank_batch
 from .plan import FastPlan
@@ -53,9 +58,9 @@ INF = math.inf
 class Flight:
     """A batch in the pipeline."""
 
-    __slots__ = ("plan", "decoders", "prefills", "launched", "completion", "tokens", "members")
+    __slots__ = ("plan", "decoders", "prefills", "launched", "completion", "tokens", "members", "seqs")
 
-    def __init__(self, plan, decoders, prefills, launched, completion, tokens, members):
+    def __init__(self, plan, decoders, prefills, launched, completion, tokens, members, seqs):
         self.plan = plan
         self.decoders = decoders    # sequences decoding in it (they come back decoding)
         self.prefills = prefills    # sequences with a prompt chunk in it
@@ -63,6 +68,7 @@ class Flight:
         self.completion = completion
         self.tokens = tokens
         self.members = members      # every sequence in it -> the tokens it computes for it
+        self.seqs = seqs            # sequences in it at its launch (speculation: k for the next drafts)
 
 
 class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hangup_ms", "track_finished"))):
@@ -73,8 +79,6 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
     def __init__(self, inst: Instance, stages: int):
         if not isinstance(inst.cost, RankCost):
             raise TypeError("a pipelined instance's cost model must be a RankCost")
-        if inst.spec is not None:
-            raise SimulationError("speculative decoding with pipeline parallelism is not modelled")
         self.inst = inst
         self.stages = stages
         self.clock = StageClock(stages)
@@ -216,7 +220,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         batch = rank_batch(inst, plan)
         decoding = [s for s in inst.running if s.status == DECODING and (plan.decodes_all or s.plan_mark == serial)]
         if self._needs_range and decoding:
-            contexts = [s.num_computed_tokens + 1 for s in decoding]
+            contexts = [s.num_computed_tokens + 1 + plan.drafts_of(s)[0] for s in decoding]
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
         stage_ms, send_ms, ratio = stage_times(self._cost, batch, self.stages)
         if plan.transfer_ms:  # swaps before the first stage; the batch's time then includes them
@@ -233,11 +237,13 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         for seq in prefills:
             del inst.prefilling[seq]
             seq.status = IN_FLIGHT
-        members = dict.fromkeys(decoding, 1)  # one token each (no speculative decoding here)
+        drafts = {s: plan.drafts_of(s) for s in decoding}  # (drafts verified, KV slots taken) of each decode
+        members = {s: 1 + d for s, (d, _) in drafts.items()}
         members.update(plan.prefills)
-        inst.in_flight.update(members)
+        inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())
+        inst.in_flight.update(plan.prefills)
         self.flights.append(Flight(plan, decoding, prefills, inst.now, completion, batch.num_batched_tokens,
-                                   members))
+                                   members, batch.num_seqs))
 
     def _land(self) -> None:
         """The oldest batch's output is back: its sequences return and its plan executes."""
@@ -263,6 +269,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         cost.run = None
         inst.events += 1
         inst._execute(flight.plan, INF)
+        if inst.spec is not None and flight.seqs:  # the drafter proposed for the batch as launched
+            inst.spec_k = inst.spec.k_for(flight.seqs)
         if inst.now < flight.completion:  # a batch of swaps only, or whose requests were all aborted: it waits
             inst._hold_blocks(flight.completion)
             if inst.meter is not None:
@@ -289,4 +297,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             flight.decoders = [s for s in flight.decoders if s.status != ABORTED]
             flight.prefills = [s for s in flight.prefills if s.status != ABORTED]
             flight.plan.prefills = [(s, n) for s, n in flight.plan.prefills if s.status != ABORTED]
+            if flight.plan.spec_override:
+                flight.plan.spec_override = {s: d for s, d in flight.plan.spec_override.items()
+                                             if s.status != ABORTED}
         return lost

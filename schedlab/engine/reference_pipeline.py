@@ -11,7 +11,9 @@ up is aborted before the instance launches (``ReferenceEngine.abort_due``), in a
 too; that batch lands without it. With ``[power]`` the engine's meter is a
 :class:`~schedlab.energy.pipeline.PipelineMeter`, handed each batch's stage slices at its launch.
 An autoscaler (:func:`~schedlab.engine.scaling.pipeline_scaling`) acts after the landings at its
-time, as in the fast engine.
+time, as in the fast engine. With ``[speculative]`` a batch carries each decode's drafts, the
+engine draws their acceptance when it lands, and ``k`` for the next drafts is that of the batch
+as launched.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         self.e = engine
         self.stages = stages
         self.clock = StageClock(stages)
-        self.flights: list = []   # [plan, sequences and their statuses, launch time, completion, tokens]
+        self.flights: list = []   # [plan, sequences and their statuses, launch time, completion, tokens, batch]
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
@@ -141,13 +143,13 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             e.in_flight[s] = plan.drafts[s][1]
         for s, n in plan.prefills:
             e.in_flight[s] = n
-        self.flights.append([plan, flown, e.now, completion, tokens])
+        self.flights.append([plan, flown, e.now, completion, tokens, batch])
 
     def land(self) -> None:
         """The oldest batch is back: its sequences return and its plan executes, over the time
         since the previous landing (or its launch, if later)."""
         e = self.e
-        plan, flown, launched, completion, tokens = self.flights.pop(0)
+        plan, flown, launched, completion, tokens, batch = self.flights.pop(0)
         gone = {s for s, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
         lost = (sum(1 + plan.drafts[s][0] for s in gone if s in plan.drafts)  # a decode's tokens
                 + sum(n for s, n in plan.prefills if s in gone))             # a prompt chunk's
@@ -169,6 +171,8 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         e.cost.run = None
         e.events += 1
         e._execute(plan)
+        if e.spec is not None and batch.num_seqs:  # the drafter proposed for the batch as launched
+            e.spec_k = e.spec.k_for(batch.num_seqs)
         if e.now < completion:  # a batch of swaps only, or whose requests were all aborted: it waits
             e.wake(completion)
             if e.meter is not None:

@@ -15,6 +15,20 @@ meanwhile; it still holds its place among the running requests (``max_num_seqs``
 A batch goes through the stages in order; a stage works on one batch at a time, in launch
 order, and hands its activations to the next stage (:class:`StageClock`).
 
+**Speculative decoding** (``[speculative]``). vLLM 0.33 builds the drafter on the last stage
+only (``gpu_model_runner.py``: ``if self.speculative_config and get_pp_group().is_last_rank``),
+beside the target's final hidden states and LM head; the engine core takes the drafts with the
+batch's output (``take_draft_token_ids`` after ``update_from_output``). So a batch's decodes
+carry ``1 + k`` tokens through every stage (the verify pass) and the drafter's passes, or
+n-gram's ``proposer_ms``, lengthen the last stage's time for that batch
+(:class:`~schedlab.drafting.DraftingCostModel`'s ``pipeline_ms``). A decode's next step needs
+its drafts, which come with its batch's output: scheduling a decode clears its drafts
+(``request.spec_token_ids = []``), so while its batch is in flight it has nothing to schedule
+and sits out, as without speculation. Acceptance is drawn when the batch lands, exactly as a
+colocated step draws it (:class:`~schedlab.speculative.Speculation`). The drafts a landing's
+decoders verify next number ``k`` for that batch as launched (the drafter proposed for the
+batch the scheduler sent, aborted requests included).
+
 **Clients that give up** (``[client] timeout_ms``, :mod:`schedlab.frontend`). vLLM 0.33's engine
 core reads aborts before it schedules a batch (``EngineCoreProc.run_busy_loop`` handles the
 input queue between calls of ``step_with_batch_queue``, which returns after each launch while

@@ -414,7 +414,11 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     instances; the plugins get the layout (:class:`~schedlab.parallelism.Parallelism`)."""
     parallelism = cluster.parallelism
     if speculative is not None and parallelism.pipelined:
-        raise ConfigError(f"{where} [speculative]: speculative decoding with pipeline parallelism is not modelled")
+        for table in ("clock", "power"):  # neither says the drafter's work on the last stage
+            if tables.get(table) is not None:
+                raise ConfigError(f"{where} [{table}]: [{table}] with [speculative] decoding and [cluster] "
+                                  "pipeline_parallel is not modelled (the drafter's work on the last stage is not "
+                                  f"said); leave out [{table}], [speculative] or pipeline_parallel")
     if parallelism.lockstep and "instances" in cluster_table:
         raise ConfigError(f"{where} [cluster]: instances: a data-parallel deployment is one instance of "
                           f"data_parallel = {parallelism.data_parallel} ranks; several such deployments are not "

@@ -148,7 +148,8 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 
 def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
                   engine: str = "fast", workload=None, name: str = "test", client_side=None,
-                  power: Callable | None = None, autoscaler=None, limits=None) -> RunResult:
+                  power: Callable | None = None, autoscaler=None, limits=None,
+                  speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0) -> RunResult:
     """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
@@ -159,7 +160,9 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     the cost model then needs ``stage_work`` for models that ask for work); the run then meters
     every stage (``meta["energy"]``, :mod:`schedlab.energy.pipeline`). ``autoscaler`` (a policy
     object) with ``limits`` (a :class:`~schedlab.engine.scaling.ScalingLimits`) scales the
-    instances (``meta["scaling"]``, each instance ``stages`` GPUs; energy from 0).
+    instances (``meta["scaling"]``, each instance ``stages`` GPUs; energy from 0). ``speculative``,
+    ``draft_cost`` and ``seed``: each instance drafts on its last stage and verifies through all
+    (as in :func:`~schedlab.testing.run_engine`).
     """
     from ..energy.pipeline import PipelineMeter
     from ..engine.instance import Instance
@@ -170,14 +173,15 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     from ..engine.stage_cost import stage_view
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts = [make() for _ in range(instances)]
+    parts, spec = speculating([make() for _ in range(instances)], speculative, draft_cost, seed)
     views = [stage_view(c) for _, c, _ in parts]
     meters = [PipelineMeter(power(view), view, stages) if power is not None else None for view in views]
     if engine == "reference":
-        engines = [ReferencePipeline(ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i]), stages)
+        engines = [ReferencePipeline(ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i], speculation=spec),
+                                     stages)
                    for i, (s, _, k) in enumerate(parts)]
     else:
-        engines = [PipelinedInstance(Instance(i, s, views[i], k, rec, meter=meters[i]), stages)
+        engines = [PipelinedInstance(Instance(i, s, views[i], k, rec, meter=meters[i], speculation=spec), stages)
                    for i, (s, _, k) in enumerate(parts)]
     scaling = (pipeline_scaling(autoscaler, limits, engines, RoutingClock(), meters=meters,
                                 gpus_per_instance=[stages] * instances) if autoscaler is not None else None)
@@ -185,7 +189,7 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
                    client_side=client_side, scaling=scaling)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": instances,
             "gpus": stages * instances, "events": sum(e.events for e in engines), **scaled,
-            **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
+            **_speculative_meta(speculative), **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
     result.meta["kvs"] = [e.kv for e in engines]
     return result
