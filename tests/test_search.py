@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 
 from schedlab.errors import ConfigError
 from schedlab.study.search import Constraint, Probe, max_search_probes, parse_constraint, search
@@ -352,6 +352,9 @@ def test_integer_huge_ranges(a, b, data):
     st.booleans(),
 )
 @settings(max_examples=200)
+# the first bracketing probe, 2.708984375 - 1.89453125 = 0.814453125, rounds to 0.81: below low
+@example(0.8125, 1.896484375, 1.89453125, 0.0, False)
+@example(-2.708984375, 1.896484375, 1.89453125, 1.0, True)  # its mirror: -0.81 above high
 def test_float_result_within_tolerance(low, span, tolerance, where, maximize):
     high = low + span
     boundary = low + where * span

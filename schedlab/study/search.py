@@ -295,8 +295,8 @@ def search(
             value = end
         else:  # clipped: float rounding must not step past the end
             value = min(start + offset, end) if maximize else max(start - offset, end)
-        if digits is not None and value != end:
-            value = round(value, digits)
+        if digits is not None and value != end:  # a round number, but never past the end
+            value = min(round(value, digits), end) if maximize else max(round(value, digits), end)
         if probe(value):
             passing = value
         else:
