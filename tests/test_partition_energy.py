@@ -20,6 +20,7 @@ from schedlab.results.storage import save
 from schedlab.study.executor import make_executor
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import check_energy
+from test_fleet import FLEET
 
 ENGINES = ("fast", "reference")
 ROUTERS = ('{kind = "round_robin"}', '{kind = "hash", by = "id"}')
@@ -33,7 +34,8 @@ POWERS = {
 SUM_REL = 1e-12  # sums of the same terms added in another order
 
 # Two classes from a bursty and a sparse source on 5 instances (parts of 2 and 3 uneven): some
-# instances idle long after their last iteration, while the others still work.
+# instances idle long after their last iteration, while the others still work. The fleet's
+# scheduler, cache, costs and SLO (tests/test_fleet.py).
 MIXED = """
 [experiment]
 name = "parts"
@@ -59,22 +61,8 @@ rate = 2
 prompt = {dist = "uniform", low = 500, high = 1500}
 output = {dist = "uniform", low = 50, high = 400}
 
-[scheduler]
-kind = "vllm"
-
-[kv_cache]
-kind = "paged"
-num_blocks = 4000
-
-[cost_model]
-kind = "linear"
-prefill_ms_per_token = 0.05
-decode_ms_per_step = 6.0
-per_seq_ms = 0.1
-
-[cluster]
-instances = 5
-"""
+""" + FLEET[FLEET.index("[scheduler]"):]
+FIVE = "cluster.instances=5"
 
 
 def experiment(tmp_path, *overrides, text=MIXED, executor=None):
@@ -115,7 +103,7 @@ def assert_same_energy(split, whole, rel=SUM_REL):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("parts", [2, 3])
 def test_a_partitioned_run_draws_the_energy_of_one_process(tmp_path, parts, engine, router, power):
-    base = (f"cluster.router={router}", f"power={POWERS[power]}", f"experiment.engine={engine}")
+    base = (FIVE, f"cluster.router={router}", f"power={POWERS[power]}", f"experiment.engine={engine}")
     whole = experiment(tmp_path, *base).all_runs()[0]
     split = experiment(tmp_path, *base, f"cluster.partitions={parts}").all_runs()[0]
     assert split.meta["partitions"] == parts
@@ -224,7 +212,7 @@ def test_a_partitioned_power_run_saved_loads_back(tmp_path):
     energy, every metric named as the loaders expect, its power redrawn to the same integral."""
     executor = make_executor(jobs=2)
     try:
-        results = experiment(tmp_path, 'cluster.router={kind = "round_robin"}', f"power={POWERS['utilisation']}",
+        results = experiment(tmp_path, FIVE, 'cluster.router={kind = "round_robin"}', f"power={POWERS['utilisation']}",
                              "cluster.partitions=2", executor=executor)
     finally:
         executor.close()
@@ -256,7 +244,8 @@ def test_a_streamed_partitioned_power_run_keeps_the_energy(tmp_path, monkeypatch
     """Parts past exact_requests stream their rows: the energy totals are still the single process's
     and the requests' shares within the sketch's error."""
     monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
-    base = ('cluster.router={kind = "round_robin"}', f"power={POWERS['fixed']}", "experiment.exact_requests=50")
+    base = (FIVE, 'cluster.router={kind = "round_robin"}', f"power={POWERS['fixed']}",
+            "experiment.exact_requests=50")
     whole = experiment(tmp_path, *base).all_runs()[0]
     split = experiment(tmp_path, *base, "cluster.partitions=3").all_runs()[0]
     assert whole.rows_file is not None and split.rows_file is not None
