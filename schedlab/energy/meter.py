@@ -313,8 +313,9 @@ def join_parts(records: list[dict]) -> dict:
                                                  part["tail_w"]):
             idle = inst["idle_w"], inst["standby_w"], inst["standby_ms"]
             since = INF if last_end is None else part_end - last_end
-            placed[index] = {**inst, "idle_j": inst["idle_j"] + idle_j(*idle, INF, part_start - start)
-                             + idle_j(*idle, since, end - part_end, tail_w, inst["tail_ms"])}
+            before = idle_j(*idle, INF, part_start - start)
+            after = idle_j(*idle, since, end - part_end, tail_w, inst["tail_ms"])
+            placed[index] = {**inst, "idle_j": inst["idle_j"] + before + after}
     joined = {key: value for key, value in records[0].items() if key != "part"}
     joined["window_ms"] = [start, end]
     joined["instances"] = [placed[i] for i in sorted(placed)]
