@@ -484,8 +484,10 @@ HPA = '{kind = "target_utilization", metric = "outstanding", min_instances = 1, 
 
 
 @pytest.mark.parametrize("overrides, extra, message", [
-    (["cluster.partitions=2"], CLIENT_AND_POWER.split("[frontend]")[0], r"partitions: not with \[power\]"),
+    # (partitions with [power]: tests/test_partition_energy.py)
     (["cluster.partitions=2"], "\n[frontend]\n", r"partitions: not with \[frontend\]"),
+    ([f"cluster.autoscaler={HPA}", "cluster.partitions=2"], "",
+     r"\[cluster.autoscaler\]: autoscaling needs an open-loop workload and partitions = 1"),
     ([f"cluster.autoscaler={HPA}", 'cluster.mode="disaggregated"'], "",
      r"scales each pool on its own: give \[cluster.prefill\]"),
     # (pipelined instances scale: tests/test_pipeline_scaling.py)

@@ -10,6 +10,10 @@ whether it worked or not. An autoscaled instance (:mod:`schedlab.engine.scaling`
 off and on: while off it draws nothing; switched on, it idles until its first iteration, as
 before a run's first.
 
+A partitioned run's part (:mod:`schedlab.study.partition`) knows neither the run's first
+arrival nor its end: :func:`close_part` closes its meters over the part's own window and keeps
+what :func:`join_parts` needs to idle each instance on over the merged run's window.
+
 Per-request energy: an iteration's energy is shared out over the tokens it computes, every
 token alike -- a decode's own token and the drafts it verifies, each prompt token of a prefill
 chunk. Both engines give each request its shares (the fast engine through
@@ -118,13 +122,15 @@ class EnergyMeter:
         self.offs[-1][1] = t
         self.switched_on = t
 
+    def tail_w(self) -> float:
+        """How far above standby the power starts after the last iteration (0 without a tail)."""
+        return max(0.0, self.last_w - self.standby_w) if self.tail_ms > 0.0 else 0.0
+
     def _after_last(self, duration: float) -> None:
         """The idle stretch of ``duration`` ms right after the last iteration: its tail, standby, idle."""
-        tail = self.last_w - self.standby_w if self.tail_ms > 0.0 else 0.0
+        tail = self.tail_w()
         if tail > 0.0:
             self.tails.append([self.last_end, tail])
-        else:
-            tail = 0.0
         self.idle_j += idle_j(self.idle_w, self.standby_w, self.standby_ms, 0.0, duration, tail, self.tail_ms)
 
     def _busy(self, start: float, duration: float, energy: float) -> None:
@@ -267,6 +273,53 @@ def close_meters(meters: list, start: float) -> dict:
         "pue": float(getattr(first, "pue", 1.0)),
         "instances": [m.record(start, end) for m in meters],
     }
+
+
+def close_part(meters: list, indices: list[int], first_arrival: float) -> dict:
+    """A partitioned run's part's energy record (:mod:`schedlab.study.partition`): its meters
+    closed over the part's own window -- from its first arrival (``first_arrival``, inf if it had
+    none) to its own last iteration's end -- plus, under ``"part"``, what :func:`join_parts` needs
+    to carry each instance on to the whole run's end, which no part knows: the instances' indices
+    in the cluster, the part's first arrival (None: none) and each instance's last iteration's
+    end (None: it never worked) and the tail its power starts from there."""
+    record = close_meters(meters, first_arrival if first_arrival < INF else 0.0)
+    record["part"] = {
+        "instances": list(indices),
+        "first_arrival_ms": first_arrival if first_arrival < INF else None,
+        "last_end_ms": [m.last_end if m.last_end > -INF else None for m in meters],
+        "tail_w": [m.tail_w() for m in meters],
+    }
+    return record
+
+
+def join_parts(records: list[dict]) -> dict:
+    """The whole run's energy record from its parts' (:func:`close_part`), as :func:`close_meters`
+    gives it in one process: the window runs from the earliest first arrival to the latest end
+    of an iteration, and each instance idles on from its part's window to the run's -- fully idle
+    before its part's first arrival (no iteration of the part starts before it), and after its
+    part's end where its last idle stretch left off (tail, standby, idle), or fully idle if it
+    never worked. A part whose instances never worked (no request, or only rejected ones) idles
+    over the whole window. Idle energy is additive over a stretch cut in two, so each instance's
+    equals one process's up to the order of the floating-point sums."""
+    arrivals = [r["part"]["first_arrival_ms"] for r in records if r["part"]["first_arrival_ms"] is not None]
+    start = min(arrivals, default=0.0)
+    worked = [any(t is not None for t in r["part"]["last_end_ms"]) for r in records]
+    end = max([r["window_ms"][1] for r, w in zip(records, worked) if w] + [start])
+    placed = {}
+    for record, w in zip(records, worked):
+        part = record["part"]
+        part_start, part_end = record["window_ms"] if w else (start, start)
+        for index, inst, last_end, tail_w in zip(part["instances"], record["instances"], part["last_end_ms"],
+                                                 part["tail_w"]):
+            idle = inst["idle_w"], inst["standby_w"], inst["standby_ms"]
+            since = INF if last_end is None else part_end - last_end
+            before = idle_j(*idle, INF, part_start - start)
+            after = idle_j(*idle, since, end - part_end, tail_w, inst["tail_ms"])
+            placed[index] = {**inst, "idle_j": inst["idle_j"] + before + after}
+    joined = {key: value for key, value in records[0].items() if key != "part"}
+    joined["window_ms"] = [start, end]
+    joined["instances"] = [placed[i] for i in sorted(placed)]
+    return joined
 
 
 def run_start(recorder) -> float:

@@ -12,6 +12,16 @@ arrivals reach the same instance in the same order), counters are summed (peaks:
 and the metrics are computed again over the whole run (sums of floating-point counters may
 differ from one process's in the last bits, as they are added in another order).
 
+With ``[power]`` an instance's idle energy runs to the end of the run's window -- the last
+iteration's end on any instance -- which a part cannot know before the others have run. Each part
+meters its instances over its own window, from its first arrival to its own last iteration's
+end, and keeps where each instance's last idle stretch starts
+(:func:`schedlab.energy.meter.close_part`); the merge takes the earliest first arrival and the
+latest end and idles every instance on to them (:func:`schedlab.energy.meter.join_parts`), so
+the record, and the energy metrics computed from it -- per instance and in all, average power,
+kWh, host and facility energy, energy per token and per request -- are one process's, summed
+in another order. Every request's energy share is its row's, which is the same.
+
 A router that looks at load (least outstanding, least KV, prefix affinity placing new groups by
 load) cannot be split: a part would not see the other instances.
 """
@@ -23,6 +33,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from ..energy.meter import join_parts
 from ..errors import ConfigError
 from ..results.metrics import compute_metrics, compute_streamed_metrics
 from ..results.records import RunResult
@@ -89,6 +100,8 @@ def _merged(name: str, parts: list[RunResult]) -> RunResult:
     meta["wall_ms"] = sum(p.meta.get("wall_ms", 0.0) for p in parts)
     meta["cpu_ms"] = sum(p.meta.get("cpu_ms", 0.0) for p in parts)
     meta["partitions"] = len(parts)
+    if "energy" in meta:  # each part's meters stopped at its own end: idle on to the whole run's
+        meta["energy"] = join_parts([p.meta["energy"] for p in parts])
     timeline = _concat([p.timeline for p in parts])
     if timeline.get("time_ms") is not None and timeline["time_ms"].size:
         order = np.lexsort((timeline["instance"], timeline["time_ms"]))

@@ -18,7 +18,7 @@ from ..catalog import Catalog
 from ..configs import (MAX_INSTANCES, FieldError, bool_field, float_field, from_table, int_field, str_field,
                        table_field)
 from ..drafting import DraftingCostModel
-from ..energy.meter import EnergyMeter, close_meters, run_start
+from ..energy.meter import EnergyMeter, close_meters, close_part, run_start
 from ..energy.pipeline import PipelineMeter
 from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
@@ -683,7 +683,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
     if scaling is not None:  # (its paid intervals end first: the meters stop there)
         meta["scaling"] = scaling.finish()
-    if a.power is not None:  # an autoscaled fleet's energy from 0, where its paid intervals start
+    if spec.part and a.power is not None:  # up to the part's own end: merge_parts carries it to the run's
+        meta["energy"] = close_part([meters[i] for i in indices], indices, recorder.first_arrival_ms())
+    elif a.power is not None:  # an autoscaled fleet's energy from 0, where its paid intervals start
         meta["energy"] = close_meters([meters[i] for i in indices],
                                       0.0 if scaling is not None else run_start(recorder))
     if a.parallelism != SINGLE:
@@ -746,9 +748,6 @@ def _part_of_run(spec: RunSpec, a: Assembled, requests, where: str):
         raise ConfigError(f"{where} [cluster] partitions: a single instance has nothing to split")
     if a.parallelism != SINGLE:
         raise ConfigError(f"{where} [cluster] partitions: data_parallel and pipeline_parallel layouts are run whole")
-    if a.power is not None:
-        raise ConfigError(f"{where} [cluster] partitions: not with [power]: an instance's idle energy depends on "
-                          "the whole run's window, which a part does not know")
     if a.client_side is not None and a.client_side.frontend is not None:
         raise ConfigError(f"{where} [cluster] partitions: not with [frontend]: the API server's queue is shared "
                           "by every request, not split with the instances")
