@@ -257,3 +257,25 @@ def test_a_streamed_partitioned_power_run_keeps_the_energy(tmp_path, monkeypatch
     assert f["request_j"]["p99"] == pytest.approx(e["request_j"]["p99"], rel=2.5 * RELATIVE_ACCURACY)
     for k, row in e["per_instance"].items():
         assert f["per_instance"][k] == pytest.approx(row, rel=SUM_REL), k
+
+
+# -- with a GPU clock ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clock", ['{mhz = 810}', '{policy = "slo"}'])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_partitioned_clocked_run_is_the_single_process(tmp_path, engine, clock):
+    """[clock] is an instance's own (a fixed clock, or the governor's choice from each iteration's
+    shape): a part times and meters its instances as one process does."""
+    base = (FIVE, 'cluster.router={kind = "round_robin"}', f"power={POWERS['utilisation']}", f"clock={clock}",
+            'cost_model={kind = "roofline", gpu = "a100-40gb", model = "llama-3.1-8b"}',
+            f"experiment.engine={engine}")
+    whole = experiment(tmp_path, *base).all_runs()[0]
+    split = experiment(tmp_path, *base, "cluster.partitions=2").all_runs()[0]
+    unclocked = experiment(tmp_path, *base[:3], *base[4:]).all_runs()[0]
+    # the clock matters here: the GPUs draw another energy
+    assert whole.metrics["energy"]["gpu_j"] != pytest.approx(unclocked.metrics["energy"]["gpu_j"], rel=1e-3)
+    for column in ("instance", "first_token_ms", "finish_ms", "energy_j"):
+        np.testing.assert_array_equal(split.requests[column], whole.requests[column])
+    assert_same_energy(split, whole)
+    check_energy(split)
