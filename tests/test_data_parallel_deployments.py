@@ -383,12 +383,7 @@ def test_a_toml_fleet_of_deployments_scales_and_pays_for_every_rank(tmp_path):
         expert_parallel = true
         instances = 3
         router = {kind = "least_outstanding"}
-        [cluster.autoscaler]
-        kind = "target_utilization"
-        metric = "outstanding"
-        target = 3
-        cold_start_s = 0.2
-        interval_s = 0.1
+        autoscaler = {kind = "queue_length", target_per_instance = 3, cold_start_s = 0.2, interval_s = 0.1}
         [power]
         kind = "utilisation"
     """)

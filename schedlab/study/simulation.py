@@ -647,22 +647,14 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             wrapper = ReferencePipeline if spec.engine == "reference" else PipelinedInstance
             pipes = [wrapper(e, stages) for e in engines]
             scaling = _scaling(a, pipes, [meters[i] for i in indices], recorder)
-            if spec.engine == "reference":
-                ReferencePipelineCluster(pipes, a.router, client_side=side, scaling=scaling).run(requests,
-                                                                                                workload=a.workload)
-            else:
-                simulate(requests, pipes, router=a.router, workload=a.workload, client_side=side, scaling=scaling)
+            _serve(spec, a, requests, pipes, a.router, ReferencePipelineCluster, scaling)
         elif a.lockstep and a.deployments > 1:
             size = a.parallelism.data_parallel
             wrapper = ReferenceDataParallel if spec.engine == "reference" else DataParallelCluster
             lockstep = [wrapper(engines[d * size:(d + 1) * size], a.rank_routers[d], index=d)
                         for d in range(a.deployments)]
             scaling = _scaling(a, lockstep, [meters[i] for i in indices], recorder)
-            if spec.engine == "reference":
-                ReferenceDeployments(lockstep, a.router, client_side=side, scaling=scaling).run(requests,
-                                                                                            workload=a.workload)
-            else:
-                simulate(requests, lockstep, router=a.router, workload=a.workload, client_side=side, scaling=scaling)
+            _serve(spec, a, requests, lockstep, a.router, ReferenceDeployments, scaling)
         elif a.lockstep:
             if spec.engine == "reference":
                 lockstep = ReferenceDataParallel(engines, a.router, client_side=side)
@@ -687,10 +679,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                 simulate_disaggregated(requests, cluster, workload=a.workload, client_side=side)
         else:
             scaling = _scaling(a, engines, [meters[i] for i in indices], recorder)
-            if spec.engine == "reference":
-                ReferenceCluster(engines, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
-            else:
-                simulate(requests, engines, router=router, workload=a.workload, client_side=side, scaling=scaling)
+            _serve(spec, a, requests, engines, router, ReferenceCluster, scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
@@ -740,6 +729,18 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if not spec.part:
         compare_with_real_run(result)
     return result
+
+
+def _serve(spec: RunSpec, a: Assembled, requests, units: list, router, reference_cluster, scaling) -> None:
+    """Serve ``requests`` on ``units`` -- instances, or what stands in for them (pipelined
+    instances, data-parallel deployments) -- behind ``router``: the reference engine's in
+    ``reference_cluster`` (a :class:`ReferenceCluster` class), the fast engine's through its
+    colocated driver; autoscaled by ``scaling`` (None: a fixed cluster)."""
+    side = a.client_side
+    if spec.engine == "reference":
+        reference_cluster(units, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
+    else:
+        simulate(requests, units, router=router, workload=a.workload, client_side=side, scaling=scaling)
 
 
 def _scaling(a: Assembled, instances: list, meters: list, recorder: Recorder) -> ScalingController | None:
