@@ -500,7 +500,6 @@ def test_power_is_refused_for_cost_models_that_do_not_split_a_ranks_work(tmp_pat
 
 
 @pytest.mark.parametrize("cluster, message", [
-    ("data_parallel = 2\ninstances = 2", "instances: a data-parallel deployment is one instance"),
     ("expert_parallel = true", "expert_parallel: spreads experts over data-parallel ranks"),
     ("expert_balancedness = 0.5", "expert_balancedness: applies to data-parallel ranks"),
     ("data_parallel = 2\nexpert_balancedness = 0", "expert_balancedness: must be > 0"),

@@ -490,10 +490,8 @@ HPA = '{kind = "target_utilization", metric = "outstanding", min_instances = 1, 
      r"\[cluster.autoscaler\]: autoscaling needs an open-loop workload and partitions = 1"),
     ([f"cluster.autoscaler={HPA}", 'cluster.mode="disaggregated"'], "",
      r"scales each pool on its own: give \[cluster.prefill\]"),
-    # (pipelined instances scale: tests/test_pipeline_scaling.py)
-    ([f"cluster.autoscaler={HPA}", "cluster.data_parallel=2"], "",
-     r"\[cluster.autoscaler\]: autoscaling is not modelled with data_parallel: a data-parallel deployment is one "
-     r"instance of data_parallel = 2 ranks"),
+    # (pipelined instances scale: tests/test_pipeline_scaling.py; data-parallel deployments:
+    # tests/test_data_parallel_deployments.py)
 ])
 def test_combinations_not_modelled_are_refused_by_name(tmp_path, overrides, extra, message):
     """Features that meet in a run but are not modelled together say so, naming the table."""

@@ -2,7 +2,7 @@
 a scale-up with a cold start and a drain with a batch in flight by hand, a drained instance kept
 on by a batch whose requests all left, metered by hand, both engines alike on random workloads
 and scaling settings (with conservation, and energy with ``[power]``), the TOML and the refusal
-of data parallelism.
+of a dense model's data-parallel ranks.
 
 Hand-computed runs use :mod:`tests.test_pipeline_parallel`'s instance: 2 stages, each half of the
 ``linear`` model's iteration (0.5 ms per prompt token, 8 ms per decode step), a stage sending the
@@ -260,12 +260,13 @@ def test_a_toml_run_scales_pipelined_instances_and_pays_for_every_stage(tmp_path
     check_run(fast, _requests(path))
 
 
-def test_data_parallel_with_an_autoscaler_is_refused_as_one_instance(tmp_path):
+def test_a_dense_models_data_parallel_ranks_with_an_autoscaler_are_refused(tmp_path):
+    """(Qwen3-32B is dense: its ranks are independent instances. A MoE model's deployments
+    scale: tests/test_data_parallel_deployments.py.)"""
     from schedlab.study.experiment import load
 
     path = tmp_path / "exp.toml"
-    path.write_text(TOML.replace("pipeline_parallel = 2\ninstances = 3\n", "data_parallel = 2\n"))
-    with pytest.raises(ConfigError, match=r"exp\.toml.*\[cluster.autoscaler\]: autoscaling is not modelled with "
-                                          r"data_parallel: a data-parallel deployment is one instance of "
-                                          r"data_parallel = 2 ranks"):
+    path.write_text(TOML.replace("pipeline_parallel = 2\ninstances = 3\n", "data_parallel = 2\ninstances = 3\n"))
+    with pytest.raises(ConfigError, match=r"exp\.toml.*\[cluster.autoscaler\]: autoscaling a dense model's "
+                                          r"data-parallel ranks \(independent instances\) is not modelled"):
         load(path)

@@ -34,6 +34,13 @@ times the step's parts and experts at the fixed clock, or chooses the governor's
 the whole step (:mod:`schedlab.energy.clock`); a bulk run at a fixed clock holds while each
 rank's part stays linear at it (``rank_step_increment``), and the governor steps one at a time.
 
+**Several deployments** (``[cluster] instances = N``): N copies of the deployment behind a
+router that picks the deployment of each arrival (:class:`Deployment`: each seen as its ranks
+summed); each deployment's own router picks the rank. A deployment's ranks step together and
+apart from the other deployments': each :class:`DataParallelCluster` stands in for an instance
+with the colocated driver (:func:`schedlab.engine.driver.simulate`), which also autoscales whole
+deployments (:func:`schedlab.engine.scaling.deployment_scaling`).
+
 **Energy** (``[power]``). A rank that executes its plan is metered by its instance, its power
 model asking the :class:`~schedlab.engine.rank_cost.RankCost` what the step did on its GPUs (its
 own part and its share of every rank's experts). A rank that computes nothing in a step -- idle,
@@ -53,7 +60,7 @@ from ..protocols import Batch
 from . import bulk
 from .driver import arrival_queue, route
 from .instance import Instance
-from .load import RoutingClock, views_of
+from .load import Release, RoutingClock, views_of
 from .plan import FastPlan
 from .rank_cost import DUMMY, NOTHING, RankCost
 from .sequence import DECODING
@@ -89,21 +96,137 @@ def _increment(value) -> tuple[float, float] | None:
     return inc, valid
 
 
-class DataParallelCluster:
+def _every_rank(name: str) -> property:
+    """A deployment's attribute ``name``: read from its first rank, set on every rank."""
+    def put(self, value) -> None:
+        for r in self.members:
+            setattr(r, name, value)
+
+    return property(lambda self: getattr(self.members[0], name), put)
+
+
+class Count:
+    """A number that answers ``len()``: a deployment's waiting or running requests, summed over
+    its ranks, where a router's view reads ``len(instance.waiting)``."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class DeploymentKV:
+    """A deployment's KV caches as one, for the routers and autoscalers that look at deployments:
+    blocks in use, free and in all, summed over its ranks."""
+
+    __slots__ = ("ranks",)
+
+    def __init__(self, ranks: Sequence):
+        self.ranks = ranks
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(r.kv.num_blocks for r in self.ranks)
+
+    @property
+    def block_size(self) -> int:
+        return self.ranks[0].kv.block_size
+
+    def num_used_blocks(self) -> int:
+        return sum(r.kv.num_used_blocks() for r in self.ranks)
+
+    def num_free_blocks(self) -> int:
+        return sum(r.kv.num_free_blocks() for r in self.ranks)
+
+
+class Deployment:
+    """What a router over several data-parallel deployments, the driver and an autoscaler read of
+    one deployment -- either engine's ranks stepping together (``self.members``) -- as of a
+    plain instance (:class:`~schedlab.engine.load.InstanceView`): its ranks' requests and KV
+    blocks summed, and what its last step gives back at its end (:attr:`release`, refreshed by
+    :meth:`_released` after each step: the ranks all end a step together). What the driver sets
+    on an instance goes to every rank."""
+
+    pending = None  # no pending runs: the routers' views read the ranks' steps as they are
+    index = 0       # the deployment's number in the run (its ranks have their own)
+
+    def _init_deployment(self, index: int) -> None:
+        self.index = index
+        self.release = Release()
+        self.kv = DeploymentKV(self.members)
+
+    @property
+    def outstanding(self) -> int:
+        return sum(r.outstanding for r in self.members)
+
+    @property
+    def waiting(self) -> Count:
+        return Count(sum(len(r.waiting) for r in self.members))
+
+    @property
+    def running(self) -> Count:
+        return Count(sum(len(r.running) for r in self.members))
+
+    def has_work(self) -> bool:
+        return any(r.has_work() for r in self.members)
+
+    @property
+    def aborts(self) -> bool:
+        return any(r.aborts for r in self.members)
+
+    def _released(self, start: float) -> None:
+        """The step from ``start`` has run, to ``self.now``: what its ranks' iterations give back
+        at its end (a rank that ran a dummy batch recorded nothing)."""
+        rel = self.release
+        rel.at = self.now
+        rel.requests = rel.running = rel.blocks = 0
+        for r in self.members:
+            own = r.release
+            if own.at > start:
+                rel.requests += own.requests
+                rel.running += own.running
+                rel.blocks += own.blocks
+
+    def _stall_message(self, why: str) -> str:
+        busy = next((r for r in self.members if r.has_work()), self.members[0])
+        return busy._stall_message(why)
+
+    hangup_ms = _every_rank("hangup_ms")
+    track_finished = _every_rank("track_finished")
+    plan_finishes_alone = _every_rank("plan_finishes_alone")
+    on_request_done = _every_rank("on_request_done")
+
+
+class DataParallelCluster(Deployment):
     """Data-parallel ranks (fast instances) behind a router, stepping together.
+
+    Alone, :func:`simulate_data_parallel` runs it. As one of several deployments behind a router
+    (``[cluster] instances``), it stands in for an instance with the colocated driver
+    (:func:`schedlab.engine.driver.simulate`, event by event, autoscaled or not): it plans every
+    rank at the end of each step (:meth:`next_event`), at an arrival routed to it
+    (:meth:`catch_up`), or -- when no rank planned anything -- at the first wake-up time or abort
+    of its ranks; an arrival routed elsewhere does not wake it. A run of steps ends at the next
+    arrival to the cluster, wherever it goes.
 
     :param ranks: the ranks, each an :class:`Instance` whose cost model is a :class:`RankCost`.
     :param router: picks the rank of each arrival (required for more than one rank).
+    :param index: the deployment's number among several.
     """
 
-    def __init__(self, ranks: Sequence[Instance], router=None):
+    def __init__(self, ranks: Sequence[Instance], router=None, index: int = 0):
         if len(ranks) > 1 and router is None:
             raise ValueError("several data-parallel ranks need a router")
         for inst in ranks:
             if not isinstance(inst.cost, RankCost):
                 raise TypeError("a data-parallel rank's cost model must be a RankCost")
-        self.ranks = list(ranks)
+        self.ranks = self.members = list(ranks)
         self.router = router
+        self._init_deployment(index)
+        self.asleep = False      # as one of several deployments: no rank planned anything ...
+        self.sleep_wake = INF    # ... until this time (inf: until an arrival)
         self.costs = [inst.cost for inst in self.ranks]
         self.inner = [c.inner for c in self.costs]
         self._clock = RoutingClock()
@@ -132,9 +255,6 @@ class DataParallelCluster:
             target = self.ranks[0]
         target.arrive(request, seq_no)
         return target
-
-    def has_work(self) -> bool:
-        return any(inst.has_work() for inst in self.ranks)
 
     def next_abort(self) -> float:
         """When a rank next aborts a request whose client gave up (inf: none pending)."""
@@ -172,6 +292,64 @@ class DataParallelCluster:
             if stop_on_finish and any(inst.finished for inst in self.ranks):
                 return "finished"
         return "until"
+
+    # -- one deployment among several, event by event (schedlab.engine.driver.simulate) ---------------
+    def next_event(self) -> tuple[float, int]:
+        """As :meth:`Instance.next_event`: ``(t, 1)`` -- the ranks plan at ``t`` (after an arrival
+        then), the end of the last step or, asleep, the first wake-up or abort; ``(inf, 1)``: it
+        waits for an arrival."""
+        if not self.has_work():
+            return INF, 1
+        return (self.sleep_wake if self.asleep else self.now), 1
+
+    def act_until(self, t: float) -> tuple[float, int]:
+        """Step while the ranks plan before an arrival at ``t``; the next event then."""
+        while True:
+            event = self.next_event()
+            if event[0] >= t:
+                return event
+            self._plan_step(t)
+
+    def catch_up(self, t: float) -> None:
+        """A request routed here arrives at ``t``: ranks between steps wait until then (in a
+        step, the request joins the next)."""
+        self.asleep = False
+        if t > self.now:
+            self._move_to(t)
+
+    def settle(self, t: float) -> None:
+        """Before requests arriving at ``t`` are routed: ranks between steps at ``t`` (asleep until
+        then, at the latest) abort what is due (routers see the aborted requests gone)."""
+        if self.next_abort() <= t:
+            if self.asleep and self.sleep_wake <= t:
+                self.catch_up(t)
+            if self.now == t:
+                for inst in self.ranks:
+                    inst.settle(t)
+
+    def _plan_step(self, until: float) -> None:
+        """At :meth:`next_event`'s time: abort what is due, plan every rank and run the step (a
+        run of them ending before ``until``), or sleep until a rank's wake-up or abort."""
+        if self.asleep:
+            self.catch_up(self.sleep_wake)
+        empty = 0
+        while True:
+            for inst in self.ranks:
+                if inst.aborts and inst.next_abort() <= self.now:
+                    inst._abort_due()
+            if not self.has_work():
+                return
+            plans = [inst._plan() for inst in self.ranks]
+            if not all(p.is_empty() for p in plans):
+                self._step(plans, until)
+                return
+            empty += 1
+            if empty > 1000:
+                raise StallError(self.ranks[0]._stall_message("the schedulers keep planning empty steps"))
+            wake = min((p.wake for p in plans if p.wake is not None), default=INF)
+            if not (any(p.preempted for p in plans) or wake <= self.now):
+                self.asleep, self.sleep_wake = True, min(wake, self.next_abort())
+                return
 
     def _move_to(self, t: float) -> None:
         """Every rank waits, holding its blocks, until ``t`` (the end of a step: ranks that
@@ -216,6 +394,7 @@ class DataParallelCluster:
                 _meter_dummy(inst, self.costs[r], start, plans[r].transfer_ms if working[r] else 0.0, k, d0, inc,
                              total)
         self._move_to(start + total)
+        self._released(start)
         self.steps += k
         self.dummy_steps += k * working.count(False)
         self.experts_ms += k * experts
@@ -334,3 +513,13 @@ def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, 
 def _release(cluster: DataParallelCluster, arrivals) -> None:
     for request, finished_at in cluster.take_finished():
         arrivals.finished(request, finished_at)
+
+
+def deployments_summary(deployments: Sequence) -> dict:
+    """What several data-parallel deployments (either engine's) did, for a run's
+    ``meta["data_parallel"]``: ranks per deployment, and the steps, dummy rank-steps and experts'
+    time of each (``per_deployment``) and of all together."""
+    each = [{"steps": d.steps, "dummy_rank_steps": d.dummy_steps, "experts_ms": d.experts_ms} for d in deployments]
+    return {"deployments": len(deployments), "ranks": len(deployments[0].members),
+            **{key: sum(e[key] for e in each) for key in ("steps", "dummy_rank_steps", "experts_ms")},
+            "per_deployment": each}

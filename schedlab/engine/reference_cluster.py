@@ -120,8 +120,13 @@ class ReferenceCluster:
         else:
             inst = _routed(self.router, request, self.instances, self.views, self.clock, t)
         inst.wake(t)
-        inst.arrive(request, seq_no)
+        self.arrive_at(inst, request, seq_no, t)
         self.changed(inst)
+
+    def arrive_at(self, inst, request, seq_no: int, t: float) -> None:
+        """``request``, routed to ``inst`` at ``t``, arrives there (a deployment's router then
+        picks its rank: :class:`~schedlab.engine.reference_lockstep.ReferenceDeployments`)."""
+        inst.arrive(request, seq_no)
 
     def changed(self, inst: ReferenceEngine) -> None:
         """``inst`` stepped or was delivered to: its plan time and load may have changed."""

@@ -22,6 +22,7 @@ from typing import Sequence
 
 from ..errors import StallError
 from .load import views_of
+from .lockstep import Deployment
 from .rank_cost import DUMMY, NOTHING
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster, _routed
@@ -33,18 +34,23 @@ def _is_empty(plan: RefPlan) -> bool:
     return not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0
 
 
-class ReferenceDataParallel(ReferenceCluster):
+class ReferenceDataParallel(ReferenceCluster, Deployment):
     """Reference ranks (each with a :class:`~schedlab.engine.rank_cost.RankCost`) behind a router.
 
-    The loop -- arrivals, the client side's events and deadlines, aborts due before a routing --
-    is :class:`ReferenceCluster`'s; its plans are the ranks' steps together (:class:`_Steps`).
-    Before every step each rank aborts what is due, as an engine core reads its aborts.
+    Alone, its loop -- arrivals, the client side's events and deadlines, aborts due before a
+    routing -- is :class:`ReferenceCluster`'s; its plans are the ranks' steps together
+    (:class:`_Steps`). Before every step each rank aborts what is due, as an engine core reads
+    its aborts. As one of several deployments (:class:`ReferenceDeployments`) it is an instance
+    of that loop: it steps at :meth:`next_plan_time`, an arrival routed to it wakes it, and one
+    routed elsewhere does not.
     """
 
-    def __init__(self, ranks: Sequence[ReferenceEngine], router=None, client_side=None):
+    def __init__(self, ranks: Sequence[ReferenceEngine], router=None, client_side=None, index: int = 0):
         if len(ranks) > 1 and router is None:
             raise ValueError("several data-parallel ranks need a router")
         super().__init__(ranks, router, client_side=client_side)
+        self.members = self.instances
+        self._init_deployment(index)
         self.views = views_of(self.instances, self.clock)  # read afresh at each routing
         self.plans = _Steps(self)
         self.now = 0.0
@@ -76,6 +82,19 @@ class ReferenceDataParallel(ReferenceCluster):
 
     def wake(self, t: float) -> None:
         self._wait_until(t)
+
+    # -- one deployment among several (ReferenceDeployments) ------------------------------------------
+    def next_plan_time(self) -> float:
+        return self.next_step_time()
+
+    def settle(self, t: float) -> None:
+        """Before requests arriving at ``t`` are routed: ranks between steps (or asleep) by ``t``
+        wait until then and abort what is due."""
+        if self.now <= t and any(at <= t and seq.status not in ("finished", "aborted")
+                                 for e in self.instances for at, _, seq in e.aborts):
+            self._wait_until(t)
+            for e in self.instances:
+                e.settle(t)
 
     def _wait_until(self, t: float) -> None:
         if t > self.now:
@@ -142,7 +161,8 @@ class ReferenceDataParallel(ReferenceCluster):
         for e in self.instances:
             e.wake(end)
             e.now = end
-        self.now = end
+        start, self.now = self.now, end
+        self._released(start)
         self.steps += 1
         self.dummy_steps += batches.count(None)
         self.experts_ms += experts
@@ -172,3 +192,14 @@ class _Steps:
     def first(self) -> tuple[float, ReferenceDataParallel | None]:
         t = self.cluster.next_step_time()
         return (t, self.cluster) if t < INF else (INF, None)
+
+
+class ReferenceDeployments(ReferenceCluster):
+    """Several data-parallel deployments (:class:`ReferenceDataParallel`, each its ranks stepping
+    together) behind a router, in :class:`ReferenceCluster`'s loop: the router picks the
+    deployment, seeing each as its ranks summed (:class:`~schedlab.engine.lockstep.Deployment`),
+    and the deployment's own router picks the rank. An autoscaler (``scaling``,
+    :func:`~schedlab.engine.scaling.deployment_scaling`) scales whole deployments."""
+
+    def arrive_at(self, deployment: ReferenceDataParallel, request, seq_no: int, t: float) -> None:
+        deployment.deliver(request, seq_no, t)

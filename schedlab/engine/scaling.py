@@ -26,6 +26,8 @@ renumbered.
 Pipelined instances (:mod:`schedlab.engine.pipeline`, :mod:`schedlab.engine.reference_pipeline`)
 scale the same way (:func:`pipeline_scaling`): a draining one keeps landing its batches in flight
 and serving its queue, and is off from its last landing or abort once nothing is in flight or queued.
+Data-parallel deployments scale whole (:func:`deployment_scaling`): a draining one's ranks keep
+stepping together until they hold nothing, and it is off from the end of its last step.
 """
 
 from __future__ import annotations
@@ -279,3 +281,31 @@ def pipeline_scaling(policy, limits: ScalingLimits, pipelines: Sequence, clock, 
     on to the time it was told to wait for). ``kwargs``: as :class:`ScalingController`'s."""
     return ScalingController(policy, limits, pipelines, clock, holding=lambda i: bool(pipelines[i].flights),
                              idle_since=lambda i: pipelines[i].idle_since, **kwargs)
+
+
+class _Together:
+    """The energy meters of a deployment's ranks, switched off and on together."""
+
+    def __init__(self, meters: Sequence):
+        self.meters = list(meters)
+
+    def switch_off(self, t: float) -> None:
+        for m in self.meters:
+            m.switch_off(t)
+
+    def switch_on(self, t: float) -> None:
+        for m in self.meters:
+            m.switch_on(t)
+
+
+def deployment_scaling(policy, limits: ScalingLimits, deployments: Sequence, clock, *,
+                       meters: Sequence[Sequence] | None = None, **kwargs) -> ScalingController:
+    """The autoscaler of data-parallel deployments (either engine's, ranks stepping together):
+    each scales whole, its ranks' meters (``meters``: a list per deployment, or None) switched
+    together; a draining one finishes the requests its ranks hold and is off from the end of its
+    last step (its clock stays there until a request reaches it). ``kwargs``: as
+    :class:`ScalingController`'s."""
+    grouped = None
+    if meters is not None and any(m is not None for group in meters for m in group):
+        grouped = [_Together(group) for group in meters]
+    return ScalingController(policy, limits, deployments, clock, meters=grouped, **kwargs)

@@ -608,8 +608,10 @@ def paid_intervals(meta: dict[str, Any], end_ms: float) -> list[tuple[float, flo
 
 
 def _gpus_each(meta: dict[str, Any]) -> float:
-    """GPUs of one instance of a uniform cluster or pool."""
-    return (meta.get("gpus") or meta.get("instances") or 1) / (meta.get("instances") or 1)
+    """GPUs of one instance of a uniform cluster or pool (of one deployment of data-parallel
+    ranks, which scales whole)."""
+    units = (meta.get("data_parallel") or {}).get("deployments") or meta.get("instances") or 1
+    return (meta.get("gpus") or meta.get("instances") or 1) / units
 
 
 def _fleet(scaling: dict[str, Any], gpu_hours: float, end_ms: float) -> dict[str, Any]:

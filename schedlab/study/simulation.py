@@ -24,17 +24,17 @@ from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
 from ..engine.load import RoutingClock
-from ..engine.lockstep import DataParallelCluster, simulate_data_parallel
+from ..engine.lockstep import DataParallelCluster, deployments_summary, simulate_data_parallel
 from ..engine.pipeline import PipelinedInstance
 from ..engine.pool_scaling import pool_scaling
 from ..engine.rank_cost import clocked, rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import DisaggregatedReference, ReferenceCluster
-from ..engine.reference_lockstep import ReferenceDataParallel
+from ..engine.reference_lockstep import ReferenceDataParallel, ReferenceDeployments
 from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
 from ..engine.stage_cost import stage_view
-from ..engine.scaling import ScalingController, ScalingLimits, pipeline_scaling
+from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
@@ -64,10 +64,13 @@ class ClusterConfig:
     mode: str = str_field("colocated", choices=CLUSTER_MODES,
                           help="'colocated': every instance prefills and decodes; 'disaggregated': a prefill pool "
                                "hands prompts' KV to a decode pool ([cluster.prefill], [cluster.decode], [cluster.link])")
-    instances: int = int_field(1, min=1, max=MAX_INSTANCES, help="identical instances behind the router (colocated)")
+    instances: int = int_field(1, min=1, max=MAX_INSTANCES,
+                               help="identical instances behind the router (colocated); with data_parallel, "
+                                    "identical deployments of data_parallel ranks each")
     router: dict = table_field(attrs.Factory(lambda: {"kind": "round_robin"}),
                                help="the router table (kind = ...), used when instances > 1; disaggregated: the "
-                                    "default router of both pools")
+                                    "default router of both pools; one data-parallel deployment: picks the rank "
+                                    "(default vllm_dp), several: the deployment")
     prefill: dict | None = table_field(None, help="disaggregated: the prefill pool (instances, router, and scheduler, "
                                                   "cost_model, kv_cache tables overriding the run's)")
     decode: dict | None = table_field(None, help="disaggregated: the decode pool (same keys as prefill)")
@@ -78,6 +81,9 @@ class ClusterConfig:
     data_parallel: int = int_field(1, min=1, max=MAX_INSTANCES,
                                    help="data-parallel ranks, each with its own scheduler and KV cache (vLLM "
                                         "--data-parallel-size; router: vllm_dp); a MoE model's step together")
+    rank_router: dict | None = table_field(
+        None, help="data_parallel: the router that picks the rank within a deployment (default vllm_dp, vLLM's DP "
+                   "load balancer); each deployment has its own")
     expert_parallel: bool = bool_field(False, help="data_parallel > 1: whole experts spread over the ranks' GPUs "
                                                    "(vLLM --enable-expert-parallel), else every expert sharded")
     expert_balancedness: float = float_field(
@@ -89,8 +95,8 @@ class ClusterConfig:
     autoscaler: dict | None = table_field(None, help="an autoscaling policy (kind = 'target_utilization' or "
                                                      "'queue_length', min_instances, max_instances, cold_start_s, "
                                                      "...): instances is then the most that can serve "
-                                                     "(disaggregated: each pool's own, in [cluster.prefill] and "
-                                                     "[cluster.decode])")
+                                                     "(data_parallel: whole deployments; disaggregated: each pool's "
+                                                     "own, in [cluster.prefill] and [cluster.decode])")
     partitions: int = int_field(1, min=1, max=MAX_INSTANCES,
                                 help="simulate the instances as this many independent tasks (workers or Ray) and "
                                      "merge them: exact for routers that ignore load (round_robin, hash, class with "
@@ -98,6 +104,8 @@ class ClusterConfig:
 
     def __attrs_post_init__(self):
         self.parallelism  # noqa: B018 -- checks the layout's settings together
+        if self.rank_router is not None and self.data_parallel == 1:
+            raise FieldError("rank_router", "picks a data-parallel rank: set data_parallel > 1")
         if self.mode == "colocated":
             for name in ("prefill", "decode", "link"):
                 if getattr(self, name) is not None:
@@ -268,6 +276,10 @@ class Assembled:
     client_side: ClientSide | None = None  # [frontend] and [client]: the way to the engine, timeouts
     parallelism: Parallelism = SINGLE
     lockstep: bool = False  # data-parallel ranks of a MoE model step together (else: independent instances)
+    # several such deployments ([cluster] instances): router picks the deployment, each
+    # deployment's own router (rank_routers) the rank; its ranks are instances[d * D:(d + 1) * D]
+    deployments: int = 1
+    rank_routers: list | None = None
     autoscaler: Any = None           # a policy (schedlab.protocols.Autoscaler)
     target: Any = None               # [target]: the real run's summary (schedlab.targets.Summary)
 
@@ -374,10 +386,6 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
         return attrs.evolve(assembled, client_side=client_side)
     parallelism = cluster.parallelism
     if parallelism != SINGLE:
-        if cluster.autoscaler is not None and parallelism.lockstep:
-            raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling is not modelled with data_parallel: a "
-                              f"data-parallel deployment is one instance of data_parallel = "
-                              f"{parallelism.data_parallel} ranks (pipelined instances scale)")
         assembled = _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where,
                                        check_only)
         return attrs.evolve(assembled, client_side=client_side)
@@ -419,11 +427,9 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
                 raise ConfigError(f"{where} [{table}]: [{table}] with [speculative] decoding and [cluster] "
                                   "pipeline_parallel is not modelled (the drafter's work on the last stage is not "
                                   f"said); leave out [{table}], [speculative] or pipeline_parallel")
-    if parallelism.lockstep and "instances" in cluster_table:
-        raise ConfigError(f"{where} [cluster]: instances: a data-parallel deployment is one instance of "
-                          f"data_parallel = {parallelism.data_parallel} ranks; several such deployments are not "
-                          "modelled")
-    count = parallelism.data_parallel if parallelism.lockstep else cluster.instances
+    # data_parallel: [cluster] instances counts deployments of data_parallel ranks each
+    deployments = cluster.instances if parallelism.lockstep else 1
+    count = parallelism.data_parallel * deployments if parallelism.lockstep else cluster.instances
     parts = _build_instances(ctx, tables, 1 if check_only else count, where, "", speculative, parallelism=parallelism)
     cost = parts[0][1]
     lockstep = False
@@ -436,6 +442,14 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
         lockstep = experts_ms((1,) * parallelism.data_parallel) is not None
         if not lockstep and parallelism.expert_parallel:
             raise ConfigError(f"{where} [cluster]: expert_parallel: the model has no routed experts")
+        if not lockstep:  # a dense model's ranks are independent instances: deployments are just more of them
+            if cluster.rank_router is not None:
+                raise ConfigError(f"{where} [cluster]: rank_router: a dense model's data-parallel ranks do not step "
+                                  f"together: its {count} ranks are independent instances behind [cluster] router")
+            if cluster.autoscaler is not None:
+                raise ConfigError(f"{where} [cluster.autoscaler]: autoscaling a dense model's data-parallel ranks "
+                                  "(independent instances) is not modelled: leave out data_parallel and scale "
+                                  "instances, or use a MoE model, whose deployments scale")
         for table in ("clock", "power"):  # the clock times a step's parts, as power models meter them, by their work
             if lockstep and tables.get(table) is not None:
                 _check_rank_work(cost, f"{where} [{table}]")
@@ -456,12 +470,25 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     if "power" in tables:
         power = [_power_model(ctx, tables, views[i] if views is not None else c, kv, f"{where} [power]")
                  for i, (_, c, kv) in enumerate(parts)]
-    router = None
-    if count > 1:
+    router = rank_routers = None
+    if lockstep and deployments > 1:
+        router = _build_router(ctx, cluster.router, deployments, f"{where} [cluster.router]")
+        table = cluster.rank_router or {"kind": "vllm_dp"}
+        rank_routers = [_build_router(ctx, table, parallelism.data_parallel, f"{where} [cluster.rank_router]")
+                        for _ in range(1 if check_only else deployments)]
+    elif lockstep:  # one deployment: router picks the rank, as rank_router would
+        if cluster.rank_router is not None and "router" in cluster_table:
+            raise ConfigError(f"{where} [cluster]: rank_router: one deployment's router is the rank's: give router "
+                              "or rank_router, not both (or instances > 1, whose router picks the deployment)")
+        key = "router" if "router" in cluster_table or cluster.rank_router is None else "rank_router"
+        table = getattr(cluster, key) if key in cluster_table else {"kind": "vllm_dp"}
+        router = _build_router(ctx, table, count, f"{where} [cluster.{key}]")
+    elif count > 1:
         table = cluster.router if "router" in cluster_table or not parallelism.lockstep else {"kind": "vllm_dp"}
         router = _build_router(ctx, table, count, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep,
-                     power=power, views=views, autoscaler=_cluster_autoscaler(ctx, cluster, workload, where))
+                     power=power, views=views, autoscaler=_cluster_autoscaler(ctx, cluster, workload, where),
+                     deployments=deployments if lockstep else 1, rank_routers=rank_routers)
 
 
 def _cost_name(cost) -> str:
@@ -620,11 +647,14 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             wrapper = ReferencePipeline if spec.engine == "reference" else PipelinedInstance
             pipes = [wrapper(e, stages) for e in engines]
             scaling = _scaling(a, pipes, [meters[i] for i in indices], recorder)
-            if spec.engine == "reference":
-                ReferencePipelineCluster(pipes, a.router, client_side=side, scaling=scaling).run(requests,
-                                                                                                workload=a.workload)
-            else:
-                simulate(requests, pipes, router=a.router, workload=a.workload, client_side=side, scaling=scaling)
+            _serve(spec, a, requests, pipes, a.router, ReferencePipelineCluster, scaling)
+        elif a.lockstep and a.deployments > 1:
+            size = a.parallelism.data_parallel
+            wrapper = ReferenceDataParallel if spec.engine == "reference" else DataParallelCluster
+            lockstep = [wrapper(engines[d * size:(d + 1) * size], a.rank_routers[d], index=d)
+                        for d in range(a.deployments)]
+            scaling = _scaling(a, lockstep, [meters[i] for i in indices], recorder)
+            _serve(spec, a, requests, lockstep, a.router, ReferenceDeployments, scaling)
         elif a.lockstep:
             if spec.engine == "reference":
                 lockstep = ReferenceDataParallel(engines, a.router, client_side=side)
@@ -649,10 +679,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                 simulate_disaggregated(requests, cluster, workload=a.workload, client_side=side)
         else:
             scaling = _scaling(a, engines, [meters[i] for i in indices], recorder)
-            if spec.engine == "reference":
-                ReferenceCluster(engines, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
-            else:
-                simulate(requests, engines, router=router, workload=a.workload, client_side=side, scaling=scaling)
+            _serve(spec, a, requests, engines, router, ReferenceCluster, scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
         raise _with_where(exc, where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
@@ -690,7 +717,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                       0.0 if scaling is not None else run_start(recorder))
     if a.parallelism != SINGLE:
         meta["parallelism"] = attrs.asdict(a.parallelism)
-    if lockstep is not None:
+    if isinstance(lockstep, list):  # several deployments: what each did, and in all
+        meta["data_parallel"] = deployments_summary(lockstep)
+    elif lockstep is not None:
         meta["data_parallel"] = {"ranks": len(engines), "steps": lockstep.steps,
                                  "dummy_rank_steps": lockstep.dummy_steps, "experts_ms": lockstep.experts_ms}
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
@@ -704,16 +733,35 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     return result
 
 
+def _serve(spec: RunSpec, a: Assembled, requests, units: list, router, reference_cluster, scaling) -> None:
+    """Serve ``requests`` on ``units`` -- instances, or what stands in for them (pipelined
+    instances, data-parallel deployments) -- behind ``router``: the reference engine's in
+    ``reference_cluster`` (a :class:`ReferenceCluster` class), the fast engine's through its
+    colocated driver; autoscaled by ``scaling`` (None: a fixed cluster)."""
+    side = a.client_side
+    if spec.engine == "reference":
+        reference_cluster(units, router, client_side=side, scaling=scaling).run(requests, workload=a.workload)
+    else:
+        simulate(requests, units, router=router, workload=a.workload, client_side=side, scaling=scaling)
+
+
 def _scaling(a: Assembled, instances: list, meters: list, recorder: Recorder) -> ScalingController | None:
-    """The autoscaler of a run's colocated or pipelined instances (either engine's), or None
-    without one; each instance is paid for its tensor_parallel x pipeline_parallel GPUs."""
+    """The autoscaler of a run's colocated or pipelined instances or data-parallel deployments
+    (either engine's), or None without one; each instance is paid for its tensor_parallel x
+    pipeline_parallel GPUs, a deployment for its ranks'."""
     if a.autoscaler is None:
         return None
-    build = pipeline_scaling if a.parallelism.pipelined else ScalingController
     stages = a.parallelism.pipeline_parallel
+    gpus = [tensor_parallel(c, k) * stages for _, c, k in a.instances]
+    build = pipeline_scaling if a.parallelism.pipelined else ScalingController
+    if a.deployments > 1:  # a deployment's ranks: its GPUs summed, its meters switched together
+        size = a.parallelism.data_parallel
+        gpus = [sum(gpus[d * size:(d + 1) * size]) for d in range(a.deployments)]
+        meters = [meters[d * size:(d + 1) * size] for d in range(a.deployments)]
+        build = deployment_scaling
     scaling = build(a.autoscaler, scaling_limits(a.autoscaler.config, len(instances)), instances, RoutingClock(),
-                    slo_met=request_met(attrs.asdict(a.slo)) if a.slo else None,
-                    gpus_per_instance=[tensor_parallel(c, k) * stages for _, c, k in a.instances], meters=meters)
+                    slo_met=request_met(attrs.asdict(a.slo)) if a.slo else None, gpus_per_instance=gpus,
+                    meters=meters)
     recorder.listener = scaling.finished
     return scaling
 

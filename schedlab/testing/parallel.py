@@ -146,6 +146,54 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
     return result
 
 
+def run_deployments(requests: Sequence, make: Callable[[], tuple], deployments: int, ranks: int, router=None,
+                    rank_router: Callable | None = None, *, engine: str = "fast", workload=None, name: str = "test",
+                    client_side=None, power: Callable | None = None, autoscaler=None, limits=None) -> RunResult:
+    """Simulate ``requests`` on ``deployments`` data-parallel deployments of ``ranks`` ranks each,
+    a deployment's ranks stepping together, behind ``router`` (which picks the deployment);
+    ``rank_router()`` makes each deployment's own router (which picks the rank).
+
+    ``make`` makes one rank's ``(scheduler, cost model, KV cache)``, as for
+    :func:`run_data_parallel`; rank ``r`` of deployment ``d`` is instance ``d * ranks + r``.
+    ``meta["data_parallel"]`` says what the deployments did
+    (:func:`~schedlab.engine.lockstep.deployments_summary`), ``meta["kvs"]`` holds every rank's KV
+    cache. ``power(cost)`` meters every rank (``meta["energy"]``). ``autoscaler`` (a policy object)
+    with ``limits`` (a :class:`~schedlab.engine.scaling.ScalingLimits`) scales whole deployments
+    (``meta["scaling"]``, each deployment ``ranks`` GPUs; energy from 0).
+    """
+    from ..engine.instance import Instance
+    from ..engine.load import RoutingClock
+    from ..engine.lockstep import DataParallelCluster, deployments_summary
+    from ..engine.reference_lockstep import ReferenceDataParallel, ReferenceDeployments
+    from ..engine.scaling import deployment_scaling
+
+    rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
+    parts = [make() for _ in range(deployments * ranks)]
+    views = [rank_view(c) for _, c, _ in parts]
+    meters = _meters(power, views)
+    if engine == "reference":
+        engines = [ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
+        wrapper = ReferenceDataParallel
+    else:
+        engines = [Instance(i, s, views[i], k, rec, meter=meters[i]) for i, (s, _, k) in enumerate(parts)]
+        wrapper = DataParallelCluster
+    groups = [range(d * ranks, (d + 1) * ranks) for d in range(deployments)]
+    deps = [wrapper([engines[i] for i in group], rank_router() if rank_router is not None else None, index=d)
+            for d, group in enumerate(groups)]
+    scaling = None
+    if autoscaler is not None:
+        scaling = deployment_scaling(autoscaler, limits, deps, RoutingClock(), gpus_per_instance=[ranks] * deployments,
+                                     meters=[[meters[i] for i in group] for group in groups])
+    scaled = serve(requests, deps, router, rec, ReferenceDeployments, engine=engine, workload=workload,
+                   client_side=client_side, scaling=scaling)
+    meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": len(engines),
+            "gpus": len(engines), "events": sum(e.events for e in engines), "data_parallel": deployments_summary(deps),
+            **scaled, **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
+    result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
+    result.meta["kvs"] = [e.kv for e in engines]
+    return result
+
+
 def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
                   engine: str = "fast", workload=None, name: str = "test", client_side=None,
                   power: Callable | None = None, autoscaler=None, limits=None,
