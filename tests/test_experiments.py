@@ -578,7 +578,8 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     runs = {r.name: r for r in results.all_runs()}
     assert {name: metric(r, "gpus") for name, r in runs.items()} == {
         "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, skewed": 2, "DP 2, experts sharded": 2, "PP 2": 2,
-        "DP 2 + EP (roofline)": 2, "DP 2 + EP (reference engine)": 2}
+        "DP 2 + EP (roofline)": 2, "DP 2 + EP (reference engine)": 2, "4 instances, twice the load": 4,
+        "2 x (DP 2 + EP), twice the load": 4}
     compare_runs(runs["DP 2 + EP"], runs["DP 2 + EP (reference engine)"], rel=1e-9)
     # each GPU of the pair reads half the experts: decode steps shorter than one instance's
     assert metric(runs["DP 2 + EP"], "tpot_ms.mean") < 0.9 * metric(runs["2 instances"], "tpot_ms.mean")
@@ -587,6 +588,11 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     # the pipeline's stages each hold half the layers: faster decode steps than one GPU
     assert metric(runs["PP 2"], "tpot_ms.mean") < metric(runs["1 GPU"], "tpot_ms.mean")
     assert runs["DP 2 + EP"].meta["kv_cache"]["expert_gpus"] == 2
+    # so do two such deployments against four instances, on the same requests
+    fleet = runs["2 x (DP 2 + EP), twice the load"]
+    assert fleet.meta["data_parallel"]["deployments"] == 2
+    assert sorted(set(fleet.requests["instance"].tolist())) == [0, 1, 2, 3]
+    assert metric(fleet, "tpot_ms.mean") < 0.9 * metric(runs["4 instances, twice the load"], "tpot_ms.mean")
 
 
 # -- a day of a fleet ---------------------------------------------------------------------------------------
