@@ -159,7 +159,9 @@ class CostModel(Protocol):
       ``stage_work(batch)``, the ``(bytes, flops)`` one GPU of each stage reads and computes (they
       add up to ``work``); the first stage's kernels are its time less the host's share of the
       step (``iteration_ms - kernel_ms``) (:class:`schedlab.engine.stage_cost.StageCost` hands
-      power models what a batch did on a stage's GPUs).
+      power models what a batch did on a stage's GPUs). With ``[speculative]`` the drafter's
+      passes are the last stage's time, work and kernels (:mod:`schedlab.drafting` adds them);
+      a cost model says only the target's.
     """
 
     def iteration_ms(self, batch: Batch) -> float:

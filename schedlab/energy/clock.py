@@ -72,7 +72,9 @@ that batch at it -- the highest when the batch has prompt tokens, else the lowes
 the batch's own trip through the pipeline (its stages' times and the sends between them) stays
 within ``headroom x tpot_ms``: a decode's next token comes when its batch lands, so that trip is
 its time between tokens, less any wait behind the other batches in flight (queueing, which the
-headroom leaves room for, as for one GPU) (:meth:`ClockedCostModel.pipeline_at`).
+headroom leaves room for, as for one GPU) (:meth:`ClockedCostModel.pipeline_at`). With
+speculative decoding the last stage runs the target's slice and then the drafter's passes, each
+stretched on its own split (the wrapped model's ``stage_work_parts``), as one GPU's step is.
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ class ClockedCostModel:
         # passes, each stretched on its own split), where the wrapped model says them
         self._parts = getattr(inner, "work_parts", None)
         self._rank_parts = getattr(inner, "rank_work_parts", None)
+        self._stage_parts = getattr(inner, "stage_work_parts", None)
         # a lockstep rank's parts at the highest clock, for the check of the layout and the
         # cluster (which clocks the step, lockstep_at), and a pipeline stage's work (which
         # pipeline_at clocks); None when the wrapped model lacks them
@@ -361,11 +364,11 @@ class ClockedCostModel:
         stage_ms, send_ms = self.inner.pipeline_ms(batch)
         if self.fixed is not None and self.fixed >= 1.0:
             return stage_ms, send_ms, 1.0
-        splits = [self.times(*w) for w in self.stage_work(batch)]
-        stretch = self.stretch
+        splits = self.stage_splits(batch)
+        stretch_all = self.stretch_all
 
         def at(r):
-            return stage_ms if r >= 1.0 else tuple(ms + stretch(c, m, r) for ms, (c, m) in zip(stage_ms, splits))
+            return stage_ms if r >= 1.0 else tuple(ms + stretch_all(s, r) for ms, s in zip(stage_ms, splits))
 
         if self.fixed is not None:
             r = self.fixed
@@ -378,6 +381,14 @@ class ClockedCostModel:
                     r = level
                     break
         return at(r), send_ms, r
+
+    def stage_splits(self, batch: Batch) -> list[list[tuple[float, float]]]:
+        """:meth:`splits` of each pipeline stage's slice of ``batch``: the wrapped model's
+        ``stage_work_parts`` (speculative decoding: the last stage's target slice and the
+        drafter's passes, one after the other), else each stage's ``stage_work`` as one pass."""
+        if self._stage_parts is None:
+            return [[self.times(*w)] for w in self.stage_work(batch)]
+        return [[self.times(*w) for w in parts] for parts in self._stage_parts(batch)]
 
     def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
         """The stages' times at the batch's clock and the send (:meth:`pipeline_at`)."""

@@ -149,7 +149,8 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
 def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
                   engine: str = "fast", workload=None, name: str = "test", client_side=None,
                   power: Callable | None = None, autoscaler=None, limits=None,
-                  speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0) -> RunResult:
+                  speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0,
+                  clock: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
@@ -162,7 +163,8 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     object) with ``limits`` (a :class:`~schedlab.engine.scaling.ScalingLimits`) scales the
     instances (``meta["scaling"]``, each instance ``stages`` GPUs; energy from 0). ``speculative``,
     ``draft_cost`` and ``seed``: each instance drafts on its last stage and verifies through all
-    (as in :func:`~schedlab.testing.run_engine`).
+    (as in :func:`~schedlab.testing.run_engine`); ``clock(cost)`` puts each instance's cost model
+    at a clock around its drafting.
     """
     from ..energy.pipeline import PipelineMeter
     from ..engine.instance import Instance
@@ -173,7 +175,7 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     from ..engine.stage_cost import stage_view
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts, spec = speculating([make() for _ in range(instances)], speculative, draft_cost, seed)
+    parts, spec = speculating([make() for _ in range(instances)], speculative, draft_cost, seed, clock)
     views = [stage_view(c) for _, c, _ in parts]
     meters = [PipelineMeter(power(view), view, stages) if power is not None else None for view in views]
     if engine == "reference":
