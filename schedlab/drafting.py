@@ -97,7 +97,7 @@ class DraftingCostModel:
         said = _has(target, "rank_work") and not self.unsaid_work
         self.rank_work = self._rank_work if said else None
         self.rank_work_parts = self._rank_work_parts if said else None
-        for name in ("experts_ms", "experts_work"):  # the experts are the target's
+        for name in ("experts_ms", "experts_work", "busiest_experts_work"):  # the experts are the target's
             setattr(self, name, getattr(target, name, None))
         # a pipelined instance's stages, the drafter's passes on the last one, where the target has them
         said = _has(target, "stage_work") and not self.unsaid_work

@@ -149,10 +149,14 @@ class CostModel(Protocol):
       (:mod:`schedlab.engine.lockstep`) and asks ``decode_step_increment`` for a rank part's
       growth in a decode run, the experts' part depending only on the tokens. With ``[power]``
       the ranks' work is split alike: ``rank_work(batch)``, the ``(bytes, flops)`` of one GPU's
-      own part, and ``experts_work(tokens)``, one GPU's share of the step's experts (at one
-      rank the two add up to ``work``); ``rank_kernel_ms(batch)``, optional, is the own part's
-      GPU kernels without the host's share (:class:`schedlab.engine.rank_cost.RankCost` hands
-      power models what a step did on a rank's GPUs);
+      own part, and ``experts_work(tokens)``, one GPU's share of the step's experts -- the mean
+      GPU's, what power models meter every GPU at (at one rank the two add up to ``work``);
+      ``rank_kernel_ms(batch)``, optional, is the own part's GPU kernels without the host's
+      share (:class:`schedlab.engine.rank_cost.RankCost` hands power models what a step did on a
+      rank's GPUs); ``busiest_experts_work(tokens)``, optional, is the ``(bytes, flops)`` of the
+      busiest expert GPU, the one ``experts_ms`` waits for, which ``[clock]`` stretches the
+      experts' part on (``experts_work`` when absent; they differ when the router is uneven,
+      ``[cluster] expert_balancedness`` below 1);
     * pipeline parallelism (``pipeline_parallel = P``): ``pipeline_ms(batch)``, the ``P`` stages'
       times of the iteration and the time of the activations' send from one stage to the next
       (:mod:`schedlab.engine.pipeline`). With ``[power]`` or ``[clock]`` the work is split alike:

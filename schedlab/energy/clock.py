@@ -54,9 +54,15 @@ Data-parallel ranks stepping together (:mod:`schedlab.engine.lockstep`). A step 
 ``max_r(rank part_r) + experts``: each rank's own part and the routed experts of every rank's
 tokens run one after the other, so the law times each on its own work split -- a rank's part
 from the cost model's ``rank_work`` of its batch (the dummy's for a rank with nothing to
-compute; pass by pass, ``rank_work_parts``, where the rank drafts), the experts from
-``experts_work`` of the step's tokens (one GPU's share: the mean GPU's, where the step waits for
-the busiest) -- and swaps, on the host link, not at all. The
+compute; pass by pass, ``rank_work_parts``, where the rank drafts), the experts from the
+work of the busiest expert GPU, the one the step waits for (``busiest_experts_work`` of the
+step's tokens: with ``expert_balancedness`` below 1 it computes ``1 / balancedness`` of the mean
+GPU's pairs, so its experts may turn compute-bound at a clock at which the mean GPU's are
+still memory-bound; ``experts_work``, the mean GPU's, for a cost model that does not say the
+busiest's) -- and swaps, on the host link, not at all. Energy still meters every GPU at the mean
+share (``experts_work``, :class:`~schedlab.engine.rank_cost.RankCost`): the ``D x tp`` GPUs
+together do the step's whole expert work whatever the balance, and the mean share keeps that
+total (the busiest GPU's extra pairs are the others' missing ones). The
 ranks step together, so they step at one clock: a rank locked lower would make every other
 rank wait for it. A fixed clock is every rank's; the governor chooses from the step as a whole
 -- the highest clock when any rank has prompt tokens, else the lowest level at which the whole
@@ -159,6 +165,7 @@ class ClockedCostModel:
         self._parts = getattr(inner, "work_parts", None)
         self._rank_parts = getattr(inner, "rank_work_parts", None)
         self._stage_parts = getattr(inner, "stage_work_parts", None)
+        self._busiest = getattr(inner, "busiest_experts_work", None)
         # a lockstep rank's parts at the highest clock, for the check of the layout and the
         # cluster (which clocks the step, lockstep_at), and a pipeline stage's work (which
         # pipeline_at clocks); None when the wrapped model lacks them
@@ -304,8 +311,10 @@ class ClockedCostModel:
         return self.times(*self.rank_work(batch))
 
     def experts_split(self, tokens) -> tuple[float, float]:
-        """``(c, m)`` of a lockstep step's routed experts on one GPU (``experts_work``)."""
-        return self.times(*self.experts_work(tokens))
+        """``(c, m)`` of a lockstep step's routed experts on the busiest GPU, the one the step
+        waits for (the wrapped model's ``busiest_experts_work``; its ``experts_work``, the mean
+        GPU's, where it does not say the busiest's)."""
+        return self.times(*(self._busiest or self.experts_work)(tokens))
 
     def lockstep_at(self, own: list, tokens: tuple, parts: list, experts: float) -> tuple[float, list, float]:
         """``(r, parts, experts)``: the clock of a lockstep step and its ranks' parts and experts

@@ -4,7 +4,8 @@
 for, in exact binary fractions (the ``linear`` model's iteration as one rank's part and as the
 layers split over stages, a linear price for the experts and for the stages' sends), so
 hand-computed cases and the differential tests between the engines are exact. For power models
-it says a lockstep rank's work at linear prices too (``rank_work``, ``experts_work``), and an
+it says a lockstep rank's work at linear prices too (``rank_work``, ``experts_work``, and the
+busiest GPU's ``busiest_experts_work`` at ``expert_balancedness``), and an
 iteration's and a pipeline stage's (``work``, ``stage_work``: equal shares, as the time).
 """
 
@@ -38,6 +39,9 @@ class ParallelPrices:
     flops_per_token: float = 5e10          # its own layers' FLOPs per token
     expert_bytes_per_token: float = 1e8    # the experts, per token of all ranks, spread over the ranks' GPUs
     expert_flops_per_token: float = 1e10
+    # mean / max of the (token, expert) pairs the GPUs compute: the busiest GPU computes 1 / this
+    # of the mean GPU's FLOPs and reads its bytes (the clock stretches the experts on it)
+    expert_balancedness: float = 1.0
 
 
 class LinearParallelCost:
@@ -82,6 +86,12 @@ class LinearParallelCost:
         p = self.prices
         share = sum(tokens) / len(tokens)
         return p.expert_bytes_per_token * share, p.expert_flops_per_token * share
+
+    def busiest_experts_work(self, tokens: Sequence[int]) -> tuple[float, float]:
+        """The busiest GPU's experts: the mean GPU's bytes, ``1 / expert_balancedness`` of its FLOPs."""
+        byt, flops = self.experts_work(tokens)
+        b = self.prices.expert_balancedness
+        return (byt, flops) if b >= 1.0 else (byt, flops / b)
 
     def pipeline_ms(self, batch):
         share = self.iteration_ms(batch) / self.stages
