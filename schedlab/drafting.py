@@ -48,12 +48,20 @@ are the rank's alone.
 last pipeline stage, which holds the target's final hidden states and LM head
 (``gpu_model_runner.py``: the drafter is built only where ``get_pp_group().is_last_rank``), so
 ``pipeline_ms`` is the target's stage times with the drafter's passes and ``proposer_ms`` added
-to the last stage's.
+to the last stage's. Their work is the last stage's too: ``stage_work`` is the target's split with
+every pass's ``(bytes, flops)`` added to the last stage's share, ``stage_work_parts`` the same
+pass by pass (the last stage's target slice, then the drafter's passes: the clock stretches each
+on its own split, :meth:`~schedlab.energy.clock.ClockedCostModel.pipeline_at`), and
+``stage_kernel_ms`` the stages' kernels -- the target's, the host's share of the step off the
+first stage, and the passes' on the last (``proposer_ms`` is the host's, on the last stage's
+time) -- so the power model charges the drafter to the last stage's GPUs
+(:class:`~schedlab.engine.stage_cost.StageCost`).
 """
 
 from __future__ import annotations
 
 from .engine.rank_cost import DUMMY
+from .engine.stage_cost import stage_kernels
 from .protocols import Batch
 from .speculative import SpeculativeConfig
 
@@ -89,8 +97,13 @@ class DraftingCostModel:
         said = _has(target, "rank_work") and not self.unsaid_work
         self.rank_work = self._rank_work if said else None
         self.rank_work_parts = self._rank_work_parts if said else None
-        for name in ("experts_ms", "experts_work"):  # the experts are the target's
+        for name in ("experts_ms", "experts_work", "busiest_experts_work"):  # the experts are the target's
             setattr(self, name, getattr(target, name, None))
+        # a pipelined instance's stages, the drafter's passes on the last one, where the target has them
+        said = _has(target, "stage_work") and not self.unsaid_work
+        self.stage_work = self._stage_work if said else None
+        self.stage_work_parts = self._stage_work_parts if said else None
+        self.stage_kernel_ms = self._stage_kernel_ms if self.kernel_ms is not None and self.pipeline_ms else None
 
     # --- the drafter's passes ----------------------------------------------------------------------
     def _k(self, seqs: int) -> int:
@@ -166,7 +179,11 @@ class DraftingCostModel:
 
     def _work_parts(self, batch: Batch) -> list[tuple[float, float]]:
         """The step's work pass by pass, in the order they run (the clock stretches each alone)."""
-        return [self.target.work(batch)] + [self._drafter_work(p) for p in self.passes(batch)]
+        return self._apart(self.target.work(batch), batch)
+
+    def _apart(self, work: tuple[float, float], batch: Batch) -> list[tuple[float, float]]:
+        """``work`` and the drafter's passes' in a step of shape ``batch``, pass by pass."""
+        return [work] + [self._drafter_work(p) for p in self.passes(batch)]
 
     # --- a lockstep rank's own part (schedlab.engine.lockstep) ---------------------------------------
     def _rank_ms(self, batch: Batch) -> float:
@@ -183,13 +200,33 @@ class DraftingCostModel:
         return self._with_passes(self.target.rank_work(batch), batch)
 
     def _rank_work_parts(self, batch: Batch) -> list[tuple[float, float]]:
-        return [self.target.rank_work(batch)] + [self._drafter_work(p) for p in self.passes(batch)]
+        return self._apart(self.target.rank_work(batch), batch)
 
-
+    # --- a pipelined instance's stages (schedlab.engine.pipeline) ------------------------------------
     def _pipeline_ms(self, batch: Batch) -> tuple[tuple, float]:
         """``(stage_ms, send_ms)`` of a pipelined batch: the target's, the drafting on the last stage."""
         stage_ms, send_ms = self.target.pipeline_ms(batch)
         return (*stage_ms[:-1], stage_ms[-1] + self.draft_ms(batch)), send_ms
+
+    def _stage_work(self, batch: Batch) -> tuple[tuple[float, float], ...]:
+        """``(bytes, flops)`` one GPU of each stage reads and computes in a pipelined batch: the
+        target's split, the drafter's passes summed into the last stage's (as :meth:`work_with`
+        sums them into a colocated step's)."""
+        work = self.target.stage_work(batch)
+        return (*work[:-1], self._with_passes(work[-1], batch))
+
+    def _stage_work_parts(self, batch: Batch) -> tuple[list[tuple[float, float]], ...]:
+        """Each stage's work pass by pass, in the order they run: the target's slice alone, and on
+        the last stage the drafter's passes after it (the clock stretches each alone)."""
+        work = self.target.stage_work(batch)
+        return (*([w] for w in work[:-1]), self._apart(work[-1], batch))
+
+    def _stage_kernel_ms(self, batch: Batch) -> tuple[float, ...]:
+        """Each stage's GPU kernels in a pipelined batch at the highest clock: the target's (the
+        host's share of the step off the first stage) and the drafter's passes on the last;
+        ``proposer_ms``, on the last stage's time, is the host's."""
+        kernels = stage_kernels(self.target, batch)
+        return (*kernels[:-1], kernels[-1] + self._passes_ms(batch))
 
 
 _NO_WORK = lambda batch: (0.0, 0.0)  # noqa: E731  (n-gram: no drafter, no GPU work)

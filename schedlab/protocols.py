@@ -149,17 +149,23 @@ class CostModel(Protocol):
       (:mod:`schedlab.engine.lockstep`) and asks ``decode_step_increment`` for a rank part's
       growth in a decode run, the experts' part depending only on the tokens. With ``[power]``
       the ranks' work is split alike: ``rank_work(batch)``, the ``(bytes, flops)`` of one GPU's
-      own part, and ``experts_work(tokens)``, one GPU's share of the step's experts (at one
-      rank the two add up to ``work``); ``rank_kernel_ms(batch)``, optional, is the own part's
-      GPU kernels without the host's share (:class:`schedlab.engine.rank_cost.RankCost` hands
-      power models what a step did on a rank's GPUs);
+      own part, and ``experts_work(tokens)``, one GPU's share of the step's experts -- the mean
+      GPU's, what power models meter every GPU at (at one rank the two add up to ``work``);
+      ``rank_kernel_ms(batch)``, optional, is the own part's GPU kernels without the host's
+      share (:class:`schedlab.engine.rank_cost.RankCost` hands power models what a step did on a
+      rank's GPUs); ``busiest_experts_work(tokens)``, optional, is the ``(bytes, flops)`` of the
+      busiest expert GPU, the one ``experts_ms`` waits for, which ``[clock]`` stretches the
+      experts' part on (``experts_work`` when absent; they differ when the router is uneven,
+      ``[cluster] expert_balancedness`` below 1);
     * pipeline parallelism (``pipeline_parallel = P``): ``pipeline_ms(batch)``, the ``P`` stages'
       times of the iteration and the time of the activations' send from one stage to the next
       (:mod:`schedlab.engine.pipeline`). With ``[power]`` or ``[clock]`` the work is split alike:
       ``stage_work(batch)``, the ``(bytes, flops)`` one GPU of each stage reads and computes (they
       add up to ``work``); the first stage's kernels are its time less the host's share of the
       step (``iteration_ms - kernel_ms``) (:class:`schedlab.engine.stage_cost.StageCost` hands
-      power models what a batch did on a stage's GPUs).
+      power models what a batch did on a stage's GPUs). With ``[speculative]`` the drafter's
+      passes are the last stage's time, work and kernels (:mod:`schedlab.drafting` adds them);
+      a cost model says only the target's.
     """
 
     def iteration_ms(self, batch: Batch) -> float:

@@ -108,6 +108,20 @@ def test_the_power_factors_of_the_test_law_by_hand():
 # -- hand-computed steps -----------------------------------------------------------------------------------
 
 
+def one_prompt_on_two_ranks(make, engine: str, power=None):
+    """Request 0 (prompt 16, 2 tokens) on rank 0 of two ranks stepping together (rank 1 runs the
+    dummy), each rank from ``make``."""
+    return run_data_parallel([Request(0, 0.0, 16, 2)], make, 2, RoundRobinRouter(), engine=engine, power=power)
+
+
+def assert_two_steps(r, steps: tuple[float, float], experts: tuple[float, float]) -> None:
+    """The prompt's step and the decode's, as :func:`one_prompt_on_two_ranks` ran them: their
+    times (the first token at the first's end) and their experts' times."""
+    assert by_id(r, "first_token_ms")[0] == pytest.approx(steps[0], rel=1e-12)
+    assert by_id(r, "finish_ms")[0] == pytest.approx(sum(steps), rel=1e-12)
+    assert r.meta["data_parallel"]["experts_ms"] == pytest.approx(sum(experts), rel=1e-12)
+
+
 def test_a_ranks_view_at_a_clock_stretches_its_own_kernels_and_tells_the_steps_clock():
     view = rank_view(clocked(mhz=1000.0))
     assert isinstance(view, ClockedRankCost) and find_clock(view) is view
@@ -130,11 +144,8 @@ def test_a_lockstep_step_at_a_fixed_half_clock_by_hand(engine):
     #   c = m = 0.85 -> +0.85: 4.9125. The step: 16 + 4.9125 = 20.9125 (12.0625 at full clock)
     # Step 2: rank 0 decodes over 17 tokens (c 0.5, m 2.27) and rank 1's dummy: 8 each; experts of
     #   (1, 1): 1.25, c = m = 0.1 -> +0.1: 1.35. The step: 9.35.
-    r = run_data_parallel([Request(0, 0.0, 16, 2)], ranks_at(mhz=1000.0), 2, RoundRobinRouter(), engine=engine,
-                          power=utilisation())
-    assert by_id(r, "first_token_ms")[0] == pytest.approx(20.9125, rel=1e-12)
-    assert by_id(r, "finish_ms")[0] == pytest.approx(20.9125 + 9.35, rel=1e-12)
-    assert r.meta["data_parallel"]["experts_ms"] == pytest.approx(4.9125 + 1.35, rel=1e-12)
+    r = one_prompt_on_two_ranks(ranks_at(mhz=1000.0), engine, utilisation())
+    assert_two_steps(r, (20.9125, 9.35), (4.9125, 1.35))
     # Energy at r = 0.5: the work of test_data_parallel_energy's dummy case, the kernels stretched
     # as the parts: rank 0's run the whole step; rank 1's the dummy's 8 and the experts' 4.9125 of
     # step 1 (it waits 8 ms for rank 0), the whole of step 2.

@@ -44,6 +44,15 @@ from schedlab.parallelism import Parallelism
 from .collectives import Collectives, Topology
 
 
+def busiest_experts_work(cost, tokens: Sequence[int]) -> tuple[float, float]:
+    """``cost.experts_work(tokens)`` on the busiest GPU of ``cost.expert_layers`` (the mean GPU's
+    for a model without routed experts): the roofline's and the profiled model's
+    ``busiest_experts_work``."""
+    work = cost.experts_work(tokens)
+    layers = cost.expert_layers
+    return layers.busiest_work(work, tokens) if layers is not None else work
+
+
 class ExpertLayers:
     """One step's routed-expert layers over ``parallelism.data_parallel x tensor_parallel`` GPUs.
 
@@ -77,9 +86,10 @@ class ExpertLayers:
         self._compute = compute_ms
         self._memo: dict[tuple[int, int], float] = {}
 
-    def busiest_gpu(self, tokens: float) -> tuple[float, float]:
+    def busiest_gpu(self, tokens: float, balancedness: float | None = None) -> tuple[float, float]:
         """``(pairs in tokens, distinct experts)`` the busiest GPU computes when ``tokens``
-        tokens are routed in one layer (uniform routing, scaled by the balancedness)."""
+        tokens are routed in one layer (uniform routing, scaled by the balancedness: the
+        layout's, or ``balancedness``)."""
         k, g = self.top_k, self.gpus
         if not self.expert_parallel:
             # Every GPU holds a 1/g shard of every expert: the work of 1/g of the pairs on 1/g
@@ -87,9 +97,25 @@ class ExpertLayers:
             touched = self.experts * (1.0 - (1.0 - k / self.experts) ** tokens)
             return tokens / g, touched / g
         local = self.local_experts
-        pairs = min(tokens * k * local / self.experts / self.balancedness, tokens * min(k, local))
+        b = self.balancedness if balancedness is None else balancedness
+        pairs = min(tokens * k * local / self.experts / b, tokens * min(k, local))
         distinct = local * (1.0 - (1.0 - 1.0 / local) ** pairs) if local > 1 else min(pairs, 1.0)
         return pairs / k, distinct
+
+    def busiest_work(self, work: tuple[float, float], tokens: Sequence[int]) -> tuple[float, float]:
+        """The busiest GPU's ``(bytes, flops)`` in a step's experts, from ``work``, the mean GPU's
+        (:meth:`~.work.ModelWork.experts_work` of the ranks' ``tokens``): its FLOPs scaled by the
+        pairs it computes and its bytes by the distinct experts it reads, each over what it
+        would at an even balance (:meth:`busiest_gpu`). So at ``balancedness`` 1, or with every
+        expert sharded (no ``expert_parallel``), it is ``work`` itself."""
+        if not self.expert_parallel or self.balancedness >= 1.0:
+            return work
+        total = sum(tokens)
+        pairs, distinct = self.busiest_gpu(total)
+        even_pairs, even_distinct = self.busiest_gpu(total, 1.0)
+        byt, flops = work
+        return (byt * distinct / even_distinct if even_distinct > 0.0 else byt,
+                flops * pairs / even_pairs if even_pairs > 0.0 else flops)
 
     def step_ms(self, tokens: Sequence[int]) -> float:
         """The expert layers of one step whose data-parallel ranks run ``tokens`` tokens each

@@ -77,7 +77,7 @@ from schedlab.protocols import Batch
 
 from .collectives import Collectives, Topology, interconnect_field, machine
 from .profile_bundle import BundleError, ProfileBundle
-from .expert_parallel import ExpertLayers
+from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
@@ -326,6 +326,12 @@ class ProfiledCostModel:
         :meth:`rank_work` and :mod:`.work`)."""
         check_rank_tokens(tokens, self.parallelism.data_parallel)
         return self._model_work().experts_work(tokens)
+
+    def busiest_experts_work(self, tokens) -> tuple[float, float]:
+        """``(bytes, flops)`` of a lockstep step's routed experts on the busiest GPU, the one
+        :meth:`experts_ms` waits for (:meth:`experts_work` scaled by ``expert_balancedness``, as
+        the roofline's, :meth:`.expert_parallel.ExpertLayers.busiest_work`)."""
+        return busiest_experts_work(self, tokens)
 
     def stage_work(self, batch: Batch) -> tuple[tuple[float, float], ...]:
         """``(bytes, flops)`` one GPU of each pipeline stage reads and computes in an iteration of

@@ -22,7 +22,9 @@ whether whole experts are spread over the GPUs (``expert_parallel``) or every ex
 over them. This is the mean GPU: a step's *time* waits for the busiest one
 (``ExpertLayers.busiest_gpu``), but energy sums over all of them, and their mean work is
 exact under uniform routing whatever the balance. At one rank the two parts add up to
-:meth:`ModelWork.work`.
+:meth:`ModelWork.work`. The clock stretches the experts' time on the busiest GPU's work, which
+the cost models scale from the mean's (``busiest_experts_work``,
+:meth:`.expert_parallel.ExpertLayers.busiest_work`).
 
 **Pipeline stages** (:meth:`ModelWork.stage_work`). A stage's GPUs hold a run of decoder layers
 (vLLM's split, :func:`schedlab.parallelism.stage_layers`) and compute every token of the batch

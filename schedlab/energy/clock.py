@@ -54,9 +54,15 @@ Data-parallel ranks stepping together (:mod:`schedlab.engine.lockstep`). A step 
 ``max_r(rank part_r) + experts``: each rank's own part and the routed experts of every rank's
 tokens run one after the other, so the law times each on its own work split -- a rank's part
 from the cost model's ``rank_work`` of its batch (the dummy's for a rank with nothing to
-compute; pass by pass, ``rank_work_parts``, where the rank drafts), the experts from
-``experts_work`` of the step's tokens (one GPU's share: the mean GPU's, where the step waits for
-the busiest) -- and swaps, on the host link, not at all. The
+compute; pass by pass, ``rank_work_parts``, where the rank drafts), the experts from the
+work of the busiest expert GPU, the one the step waits for (``busiest_experts_work`` of the
+step's tokens: with ``expert_balancedness`` below 1 it computes ``1 / balancedness`` of the mean
+GPU's pairs, so its experts may turn compute-bound at a clock at which the mean GPU's are
+still memory-bound; ``experts_work``, the mean GPU's, for a cost model that does not say the
+busiest's) -- and swaps, on the host link, not at all. Energy still meters every GPU at the mean
+share (``experts_work``, :class:`~schedlab.engine.rank_cost.RankCost`): the ``D x tp`` GPUs
+together do the step's whole expert work whatever the balance, and the mean share keeps that
+total (the busiest GPU's extra pairs are the others' missing ones). The
 ranks step together, so they step at one clock: a rank locked lower would make every other
 rank wait for it. A fixed clock is every rank's; the governor chooses from the step as a whole
 -- the highest clock when any rank has prompt tokens, else the lowest level at which the whole
@@ -72,7 +78,9 @@ that batch at it -- the highest when the batch has prompt tokens, else the lowes
 the batch's own trip through the pipeline (its stages' times and the sends between them) stays
 within ``headroom x tpot_ms``: a decode's next token comes when its batch lands, so that trip is
 its time between tokens, less any wait behind the other batches in flight (queueing, which the
-headroom leaves room for, as for one GPU) (:meth:`ClockedCostModel.pipeline_at`).
+headroom leaves room for, as for one GPU) (:meth:`ClockedCostModel.pipeline_at`). With
+speculative decoding the last stage runs the target's slice and then the drafter's passes, each
+stretched on its own split (the wrapped model's ``stage_work_parts``), as one GPU's step is.
 """
 
 from __future__ import annotations
@@ -156,6 +164,8 @@ class ClockedCostModel:
         # passes, each stretched on its own split), where the wrapped model says them
         self._parts = getattr(inner, "work_parts", None)
         self._rank_parts = getattr(inner, "rank_work_parts", None)
+        self._stage_parts = getattr(inner, "stage_work_parts", None)
+        self._busiest = getattr(inner, "busiest_experts_work", None)
         # a lockstep rank's parts at the highest clock, for the check of the layout and the
         # cluster (which clocks the step, lockstep_at), and a pipeline stage's work (which
         # pipeline_at clocks); None when the wrapped model lacks them
@@ -301,8 +311,10 @@ class ClockedCostModel:
         return self.times(*self.rank_work(batch))
 
     def experts_split(self, tokens) -> tuple[float, float]:
-        """``(c, m)`` of a lockstep step's routed experts on one GPU (``experts_work``)."""
-        return self.times(*self.experts_work(tokens))
+        """``(c, m)`` of a lockstep step's routed experts on the busiest GPU, the one the step
+        waits for (the wrapped model's ``busiest_experts_work``; its ``experts_work``, the mean
+        GPU's, where it does not say the busiest's)."""
+        return self.times(*(self._busiest or self.experts_work)(tokens))
 
     def lockstep_at(self, own: list, tokens: tuple, parts: list, experts: float) -> tuple[float, list, float]:
         """``(r, parts, experts)``: the clock of a lockstep step and its ranks' parts and experts
@@ -361,11 +373,11 @@ class ClockedCostModel:
         stage_ms, send_ms = self.inner.pipeline_ms(batch)
         if self.fixed is not None and self.fixed >= 1.0:
             return stage_ms, send_ms, 1.0
-        splits = [self.times(*w) for w in self.stage_work(batch)]
-        stretch = self.stretch
+        splits = self.stage_splits(batch)
+        stretch_all = self.stretch_all
 
         def at(r):
-            return stage_ms if r >= 1.0 else tuple(ms + stretch(c, m, r) for ms, (c, m) in zip(stage_ms, splits))
+            return stage_ms if r >= 1.0 else tuple(ms + stretch_all(s, r) for ms, s in zip(stage_ms, splits))
 
         if self.fixed is not None:
             r = self.fixed
@@ -378,6 +390,14 @@ class ClockedCostModel:
                     r = level
                     break
         return at(r), send_ms, r
+
+    def stage_splits(self, batch: Batch) -> list[list[tuple[float, float]]]:
+        """:meth:`splits` of each pipeline stage's slice of ``batch``: the wrapped model's
+        ``stage_work_parts`` (speculative decoding: the last stage's target slice and the
+        drafter's passes, one after the other), else each stage's ``stage_work`` as one pass."""
+        if self._stage_parts is None:
+            return [[self.times(*w)] for w in self.stage_work(batch)]
+        return [[self.times(*w) for w in parts] for parts in self._stage_parts(batch)]
 
     def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
         """The stages' times at the batch's clock and the send (:meth:`pipeline_at`)."""

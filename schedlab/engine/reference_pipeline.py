@@ -5,7 +5,8 @@ version is :mod:`schedlab.engine.pipeline`. Here a :class:`ReferencePipeline` wr
 :class:`~schedlab.engine.reference.ReferenceEngine` and :class:`ReferencePipelineCluster` runs
 several behind a router in plain time order: a batch landing is an event like an arrival, and
 comes before an arrival at the same time (that batch has ended when the arrival is routed);
-after each landing the instance launches again. Sequences in a batch in flight are marked
+after each landing the instance launches again, before its next batch lands, even at the same
+time (as the fast engine and vLLM's batch queue do). Sequences in a batch in flight are marked
 ``in_flight`` and the scheduler sees the running list without them. A request whose client gave
 up is aborted before the instance launches (``ReferenceEngine.abort_due``), in a batch in flight
 too; that batch lands without it. With ``[power]`` the engine's meter is a
@@ -89,7 +90,11 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         return max(min([self.sleep_until] + pending), self.e.now)
 
     def next_landing(self) -> float:
-        return self.flights[0][3] if self.flights else INF
+        """When its oldest batch lands; inf while a launch is due: after a landing the instance
+        schedules again before it takes the next batch's output (vLLM's
+        ``step_with_batch_queue``), even one that completed at the same time -- a batch of swaps
+        only takes no stage time and lands with the batch before it."""
+        return self.flights[0][3] if self.flights and not self.launch_due else INF
 
     def wake(self, t: float) -> None:
         """An arrival (or its sleep's end): it plans then, unless it waits for a batch to land."""

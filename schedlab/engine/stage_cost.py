@@ -11,9 +11,11 @@ that stage's slice of a batch, so the model reads that stage's share:
 * ``kernel_ms(batch)``: the stage's GPU kernels -- its time in the cost model's ``pipeline_ms``,
   without the host's share of the step, which the first stage carries (the iteration's time
   less the cost model's ``kernel_ms``; all of the stage's time for a cost model without
-  ``kernel_ms``) -- and, at a clock, stretched by the clock law on the stage's own work, as the
-  stage's time was (:meth:`schedlab.energy.clock.ClockedCostModel.pipeline_at`). A slice's
-  other time (the host's share, swaps before the first stage) the GPUs are awake with no kernel.
+  ``kernel_ms``; with speculative decoding the wrapper's ``stage_kernel_ms``, the drafter's
+  passes on the last stage and ``proposer_ms`` off it) -- and, at a clock, stretched by the clock
+  law on the stage's own work, pass by pass, as the stage's time was
+  (:meth:`schedlab.energy.clock.ClockedCostModel.pipeline_at`). A slice's other time (the
+  host's share, swaps before the first stage, ``proposer_ms``) the GPUs are awake with no kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from .rank_cost import ClockView, RankCost, clocked
 
 
 def stage_kernels(cost, batch: Batch) -> tuple[float, ...]:
-    """Each stage's GPU kernels for ``batch`` at the highest clock (see the module docstring)."""
+    """Each stage's GPU kernels for ``batch`` at the highest clock (see the module docstring):
+    the cost model's own ``stage_kernel_ms`` where it says them (speculative decoding's wrapper,
+    whose drafter's passes are the last stage's kernels and ``proposer_ms`` its host's)."""
+    own = getattr(cost, "stage_kernel_ms", None)
+    if own is not None:
+        return own(batch)
     stage_ms, _ = cost.pipeline_ms(batch)
     kernel = getattr(cost, "kernel_ms", None)
     if kernel is None:
@@ -72,7 +79,11 @@ class ClockedStageCost(ClockView, StageCost):
     here (:class:`~schedlab.engine.rank_cost.ClockView`: the batch's, which the pipeline chose
     when it launched the batch) and the stage's kernels are stretched as its time was."""
 
-    __slots__ = ()
+    __slots__ = ("_splits",)
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._splits: tuple = (None, ())  # the last batch asked about at a clock, its stages' splits
 
     def _base(self):
         return self.inner.inner
@@ -81,8 +92,9 @@ class ClockedStageCost(ClockView, StageCost):
         k = StageCost.kernel_ms(self, batch)
         if self.ratio >= 1.0 or not k:
             return k
-        inner = self.inner
-        return k + inner.stretch(*inner.times(*self.work(batch)), self.ratio)
+        if self._splits[0] is not batch:  # each pass of the stage stretched on its own split
+            self._splits = (batch, self.inner.stage_splits(batch))
+        return k + self.inner.stretch_all(self._splits[1][self.stage], self.ratio)
 
 
 def stage_view(cost) -> StageCost:

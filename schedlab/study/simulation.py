@@ -421,12 +421,6 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     """Data-parallel ranks (one instance each, stepping together for a MoE model) or pipelined
     instances; the plugins get the layout (:class:`~schedlab.parallelism.Parallelism`)."""
     parallelism = cluster.parallelism
-    if speculative is not None and parallelism.pipelined:
-        for table in ("clock", "power"):  # neither says the drafter's work on the last stage
-            if tables.get(table) is not None:
-                raise ConfigError(f"{where} [{table}]: [{table}] with [speculative] decoding and [cluster] "
-                                  "pipeline_parallel is not modelled (the drafter's work on the last stage is not "
-                                  f"said); leave out [{table}], [speculative] or pipeline_parallel")
     # data_parallel: [cluster] instances counts deployments of data_parallel ranks each
     deployments = cluster.instances if parallelism.lockstep else 1
     count = parallelism.data_parallel * deployments if parallelism.lockstep else cluster.instances
@@ -504,20 +498,26 @@ def _check_rank_work(cost, where: str) -> None:
     splits its time: a rank's own part and its GPUs' share of every rank's experts (``where``
     names the table that needs it)."""
     if not (callable(getattr(cost, "rank_work", None)) and callable(getattr(cost, "experts_work", None))):
-        why = getattr(cost.inner if clocked(cost) else cost, "unsaid_work", None)  # a drafter's
-        if why:
-            raise ConfigError(f"{where}: {why}")
-        raise ConfigError(f"{where}: {_cost_name(cost)} does not say the work of data-parallel ranks "
-                          "stepping together (it needs rank_work and experts_work, see schedlab.protocols); the "
-                          "roofline and profiled cost models do")
+        _refuse_unsaid_work(cost, where, "the work of data-parallel ranks stepping together (it needs rank_work "
+                                         "and experts_work")
 
 
 def _check_stage_work(cost, where: str) -> None:
     """Metering or clocking pipelined instances needs the cost model to split a batch's work
-    over the stages as it splits its time (``where`` names the table that needs it)."""
+    over the stages as it splits its time, the drafter's passes on the last stage with
+    speculative decoding (``where`` names the table that needs it)."""
     if not callable(getattr(cost, "stage_work", None)):
-        raise ConfigError(f"{where}: {_cost_name(cost)} does not say the work of each pipeline stage (it needs "
-                          "stage_work, see schedlab.protocols); the roofline and profiled cost models do")
+        _refuse_unsaid_work(cost, where, "the work of each pipeline stage (it needs stage_work")
+
+
+def _refuse_unsaid_work(cost, where: str, what: str) -> None:
+    """Raise the ConfigError of a layout whose work ``cost`` does not say: the drafter's, naming
+    its cost model, when speculative decoding's drafter is what says none."""
+    why = getattr(cost.inner if clocked(cost) else cost, "unsaid_work", None)
+    if why:
+        raise ConfigError(f"{where}: {why}")
+    raise ConfigError(f"{where}: {_cost_name(cost)} does not say {what}, see schedlab.protocols); the roofline and "
+                      "profiled cost models do")
 
 
 def _cluster_autoscaler(ctx: Context, cluster: ClusterConfig, workload, where: str):

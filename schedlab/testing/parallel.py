@@ -4,7 +4,8 @@
 for, in exact binary fractions (the ``linear`` model's iteration as one rank's part and as the
 layers split over stages, a linear price for the experts and for the stages' sends), so
 hand-computed cases and the differential tests between the engines are exact. For power models
-it says a lockstep rank's work at linear prices too (``rank_work``, ``experts_work``), and an
+it says a lockstep rank's work at linear prices too (``rank_work``, ``experts_work``, and the
+busiest GPU's ``busiest_experts_work`` at ``expert_balancedness``), and an
 iteration's and a pipeline stage's (``work``, ``stage_work``: equal shares, as the time).
 """
 
@@ -38,6 +39,9 @@ class ParallelPrices:
     flops_per_token: float = 5e10          # its own layers' FLOPs per token
     expert_bytes_per_token: float = 1e8    # the experts, per token of all ranks, spread over the ranks' GPUs
     expert_flops_per_token: float = 1e10
+    # mean / max of the (token, expert) pairs the GPUs compute: the busiest GPU computes 1 / this
+    # of the mean GPU's FLOPs and reads its bytes (the clock stretches the experts on it)
+    expert_balancedness: float = 1.0
 
 
 class LinearParallelCost:
@@ -82,6 +86,12 @@ class LinearParallelCost:
         p = self.prices
         share = sum(tokens) / len(tokens)
         return p.expert_bytes_per_token * share, p.expert_flops_per_token * share
+
+    def busiest_experts_work(self, tokens: Sequence[int]) -> tuple[float, float]:
+        """The busiest GPU's experts: the mean GPU's bytes, ``1 / expert_balancedness`` of its FLOPs."""
+        byt, flops = self.experts_work(tokens)
+        b = self.prices.expert_balancedness
+        return (byt, flops) if b >= 1.0 else (byt, flops / b)
 
     def pipeline_ms(self, batch):
         share = self.iteration_ms(batch) / self.stages
@@ -197,7 +207,8 @@ def run_deployments(requests: Sequence, make: Callable[[], tuple], deployments: 
 def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, instances: int = 1, router=None, *,
                   engine: str = "fast", workload=None, name: str = "test", client_side=None,
                   power: Callable | None = None, autoscaler=None, limits=None,
-                  speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0) -> RunResult:
+                  speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0,
+                  clock: Callable | None = None) -> RunResult:
     """Simulate ``requests`` on ``instances`` instances of ``stages`` pipeline stages each.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)``; the cost model needs
@@ -210,7 +221,8 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     object) with ``limits`` (a :class:`~schedlab.engine.scaling.ScalingLimits`) scales the
     instances (``meta["scaling"]``, each instance ``stages`` GPUs; energy from 0). ``speculative``,
     ``draft_cost`` and ``seed``: each instance drafts on its last stage and verifies through all
-    (as in :func:`~schedlab.testing.run_engine`).
+    (as in :func:`~schedlab.testing.run_engine`); ``clock(cost)`` puts each instance's cost model
+    at a clock around its drafting.
     """
     from ..energy.pipeline import PipelineMeter
     from ..engine.instance import Instance
@@ -221,7 +233,7 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
     from ..engine.stage_cost import stage_view
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts, spec = speculating([make() for _ in range(instances)], speculative, draft_cost, seed)
+    parts, spec = speculating([make() for _ in range(instances)], speculative, draft_cost, seed, clock)
     views = [stage_view(c) for _, c, _ in parts]
     meters = [PipelineMeter(power(view), view, stages) if power is not None else None for view in views]
     if engine == "reference":
