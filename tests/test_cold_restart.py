@@ -1,8 +1,15 @@
-"""A restarted instance starts cold: the KV caches' ``reset_prefix_cache()`` (vLLM's name).
+"""A restarted instance starts cold: ``reset_prefix_cache()`` and the autoscaler's use of it.
 
-It refuses while a block is in use and, after it, a cache behaves exactly as a new one
-(hypothesis: random engine-like operations, a reset once everything is released, then the same
-operations on the reset cache and on a fresh one).
+An autoscaled instance that drained and went off has lost its engine process, so when it is
+switched on again its prefix cache, host-memory tier and swap space are empty
+(:mod:`schedlab.engine.scaling`). First the caches' ``reset_prefix_cache`` (vLLM's name): it
+refuses while a block is in use and, after it, a cache behaves exactly as a new one (hypothesis:
+random engine-like operations, a reset once everything is released, then the same operations on
+the reset cache and on a fresh one). Then the autoscaler: by hand, a request sharing a prefix
+with one served before its instance went off finds nothing after the restart and its whole
+prefix while the instance stays on (colocated and pipelined, both engines, vLLM's block pool and
+SGLang's radix tree); a cache without the member keeps its prefixes and the run says so; and
+both engines agree on random autoscaled prefix-caching fleets.
 """
 
 from __future__ import annotations
@@ -11,10 +18,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedlab.testing import examples
+from schedlab.engine.scaling import ScalingLimits
+from schedlab.model import Request
+from schedlab.testing import (blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples,
+                              requests_lists, run_cluster)
+from schedlab.testing.parallel import LinearParallelCost, run_pipelined
+from schedlab_plugins.autoscalers import QueueLength, QueueLengthConfig
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.kv_caches.host_tier import HostTier
+from schedlab_plugins.routers import LeastOutstandingRouter
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.schedulers.sglang import SglangScheduler
+from test_pipeline_parallel import client_side
 from test_prefix_cache import OPS, Driver, Seq, admit, make_request, req
+from test_sglang import sglang_configs
+
+ENGINES = ("fast", "reference")
 
 
 def make_cache(kind: str, num_blocks: int, bs: int, *, swap: int = 0, host: int = 0):
@@ -206,3 +226,175 @@ def test_a_reset_cache_behaves_as_a_new_one(kind, num_blocks, bs, swap, host, bu
         assert observe(reset, bases[id(reset)]) == observe(fresh, bases[id(fresh)]), op
         reset.cache.check_invariants()
 
+
+# -- the autoscaler: by hand ------------------------------------------------------------------------------------
+
+# Two instances, one serving at first; ticks every second, a cold start of 500 ms; every request
+# goes to the newest serving instance. r0 (at 2000) and r1 (at 5000) have 20-token prompts whose
+# first 16 tokens are a shared system prompt (group "sys"), 3 tokens out; blocks of 4 tokens, so
+# a hit is the 4 blocks of the system prompt: 16 tokens ((20 - 1) // 4 = 4 blocks may hit).
+#   tick 1000: 2 wanted -> instance 1 warms, serves from 1500; r0 at 2000 on instance 1.
+#   restart:  tick 3000 asks for 1 -> instance 1 drains (it holds nothing); the tick at 4000 finds
+#             it drained -- off since 3000, its cache reset -- and asks for 2 again: it warms at
+#             4000 and serves from 4500, cold. r1 at 5000 on instance 1 finds nothing.
+#   kept on:  2 all along; r1 on instance 1 finds the system prompt r0 left there.
+RESTART = {1000.0: 2, 2000.0: 2, 3000.0: 1, 4000.0: 2, 5000.0: 2}
+KEPT_ON = {1000.0: 2, 2000.0: 2, 3000.0: 2, 4000.0: 2, 5000.0: 2}
+LIMITS = ScalingLimits(min_instances=1, max_instances=2, initial=1, interval_ms=1000.0, cold_start_ms=500.0,
+                       window_ms=1000.0)
+SHARED = [Request(0, 2000.0, 20, 3, prefix_group="sys", prefix_tokens=16),
+          Request(1, 5000.0, 20, 3, prefix_group="sys", prefix_tokens=16)]
+CACHES = {"prefix": lambda: PrefixKVCache(64, 4, host=HostTier(64)), "radix": lambda: RadixKVCache(64, 4)}
+
+
+class Scripted:
+    """An autoscaling policy that asks for what its script says at each tick (by time)."""
+
+    def __init__(self, script: dict):
+        self.script = script
+
+    def decide(self, signals) -> int:
+        return self.script[signals.now_ms]
+
+
+class Newest:
+    """Routes to the last instance of the serving pool."""
+
+    def route(self, request, instances):
+        return len(instances) - 1
+
+
+class KeepsItsPrefixes:
+    """A third-party cache without ``reset_prefix_cache`` (the prefix cache behind it)."""
+
+    def __init__(self, kv):
+        self.kv = kv
+
+    def __getattr__(self, name):
+        if name == "reset_prefix_cache":
+            raise AttributeError(name)
+        return getattr(self.kv, name)
+
+
+def by_id(run, column):
+    return dict(zip(run.requests["id"].tolist(), run.requests[column].tolist()))
+
+
+def colocated(engine, cache, script, wrap=lambda kv: kv):
+    # 0.5 ms per prompt token, 4 ms per decode step: a 20-token prompt 10 ms, 4 tokens 2 ms.
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    return run_cluster(SHARED, lambda: (ContinuousScheduler(ContinuousConfig()), cost, wrap(CACHES[cache]())), 2,
+                       Newest(), engine=engine, autoscaler=Scripted(script), limits=LIMITS)
+
+
+@pytest.mark.parametrize("cache", sorted(CACHES))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_instance_switched_off_and_on_has_forgotten_the_shared_prefix(engine, cache):
+    cold = colocated(engine, cache, RESTART)
+    assert by_id(cold, "instance") == {0: 1, 1: 1}
+    assert sorted(cold.meta["scaling"]["intervals"]) == [[0, 0.0, 5018.0], [1, 1000.0, 3000.0], [1, 4000.0, 5018.0]]
+    assert by_id(cold, "cached_tokens") == {0: 0, 1: 0}
+    assert by_id(cold, "first_token_ms") == {0: 2010.0, 1: 5010.0}   # the whole prompt both times
+    assert by_id(cold, "finish_ms") == {0: 2018.0, 1: 5018.0}        # + 2 decode steps
+    assert cold.meta["scaling"]["caches_kept"] == 0
+    warm = colocated(engine, cache, KEPT_ON)
+    assert by_id(warm, "instance") == {0: 1, 1: 1}
+    assert sorted(warm.meta["scaling"]["intervals"]) == [[0, 0.0, 5010.0], [1, 1000.0, 5010.0]]
+    assert by_id(warm, "cached_tokens") == {0: 0, 1: 16}
+    assert by_id(warm, "first_token_ms") == {0: 2010.0, 1: 5002.0}   # 4 tokens computed
+    for run in (cold, warm):
+        check_run(run, SHARED)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_cache_that_cannot_be_reset_keeps_its_prefixes_and_the_run_says_so(engine):
+    """Today's behaviour for a third-party cache without ``reset_prefix_cache``: warm restarts,
+    counted in the autoscaler's summary rather than failing the run."""
+    run = colocated(engine, "prefix", RESTART, wrap=KeepsItsPrefixes)
+    assert sorted(run.meta["scaling"]["intervals"]) == [[0, 0.0, 5010.0], [1, 1000.0, 3000.0], [1, 4000.0, 5010.0]]
+    assert by_id(run, "cached_tokens") == {0: 0, 1: 16}
+    assert by_id(run, "first_token_ms") == {0: 2010.0, 1: 5002.0}
+    assert run.meta["scaling"]["caches_kept"] == 1
+
+
+def pipelined(engine, cache, script):
+    # Two stages, each half of the iteration, a send of 0.25 ms + 0.0625 ms per token between
+    # them: a 20-token prompt takes 5 + 1.5 + 5 = 11.5 ms, a 4-token one 1 + 0.5 + 1 = 2.5 ms.
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=256))
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)),
+                                  stages=2, moe=False)
+        return scheduler, cost, CACHES[cache]()
+    return run_pipelined(SHARED, make, 2, 2, Newest(), engine=engine, autoscaler=Scripted(script), limits=LIMITS)
+
+
+@pytest.mark.parametrize("cache", sorted(CACHES))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_pipelined_instance_restarts_cold_too(engine, cache):
+    """A pipelined instance's stages share one KV cache object: it is reset when the instance
+    goes off, as a colocated instance's is."""
+    cold, warm = pipelined(engine, cache, RESTART), pipelined(engine, cache, KEPT_ON)
+    assert by_id(cold, "instance") == by_id(warm, "instance") == {0: 1, 1: 1}
+    assert [i for i, on, off in sorted(cold.meta["scaling"]["intervals"])] == [0, 1, 1]
+    assert by_id(cold, "cached_tokens") == {0: 0, 1: 0} and by_id(warm, "cached_tokens") == {0: 0, 1: 16}
+    assert by_id(cold, "first_token_ms") == {0: 2011.5, 1: 5011.5}
+    assert by_id(warm, "first_token_ms") == {0: 2011.5, 1: 5002.5}
+    for run in (cold, warm):
+        check_run(run, SHARED)
+
+
+# -- both engines -----------------------------------------------------------------------------------------------
+
+
+@st.composite
+def prefix_fleets(draw):
+    """2-3 instances with vLLM's prefix cache (with or without a host tier; preempting by
+    recompute or to swap space) or SGLang's radix tree (under the continuous or the SGLang
+    scheduler), requests in bursts sharing two system prompts, clients that may give up, a
+    queue-length policy with short ticks and windows: instances go off and come back."""
+    requests = draw(requests_lists(min_size=2, max_size=24, max_prompt=48, max_output=12, max_arrival_ms=600.0,
+                                   all_at_zero=False, prefix_groups=2))
+    n = draw(st.integers(2, 3))
+    cache = draw(st.sampled_from(["prefix", "prefix+host", "radix", "radix+sglang"]))
+    blocks = blocks_for_largest(requests, 4) + draw(st.integers(0, 24))
+    host = draw(st.sampled_from([4, 64])) if cache == "prefix+host" else 0
+    sglang = draw(sglang_configs()) if cache == "radix+sglang" else None
+    swap = draw(st.sampled_from([0, 8])) if cache.startswith("prefix") else 0
+    continuous = ContinuousConfig(max_num_seqs=draw(st.integers(1, 4)),
+                                  max_num_batched_tokens=draw(st.sampled_from([16, 64])), allocation="grow",
+                                  chunked_prefill=True, preemption="swap" if swap else "recompute")
+    limits = ScalingLimits(1, n, draw(st.integers(1, n)), interval_ms=draw(st.sampled_from([4.0, 16.0, 50.0])),
+                           cold_start_ms=draw(st.sampled_from([0.0, 8.0, 40.0])),
+                           window_ms=draw(st.sampled_from([8.0, 40.0])))
+    return dict(requests=requests, instances=n, kind=cache.split("+")[0], blocks=blocks, host=host, swap=swap,
+                sglang=sglang, continuous=continuous, limits=limits, cost=draw(dyadic_linear_costs()),
+                target=draw(st.sampled_from([1, 2])), timeout=draw(st.sampled_from([None, None, 40.0, 120.0])))
+
+
+def run_fleet(case, engine):
+    def make():
+        scheduler = (SglangScheduler(case["sglang"]) if case["sglang"] is not None
+                     else ContinuousScheduler(case["continuous"]))
+        return scheduler, LinearCostModel(case["cost"]), make_cache(case["kind"], case["blocks"], 4,
+                                                                    swap=case["swap"], host=case["host"])
+    policy = QueueLength(QueueLengthConfig(target_per_instance=case["target"], stabilization_s=0.0))
+    return run_cluster(case["requests"], make, case["instances"], LeastOutstandingRouter(), engine=engine,
+                       autoscaler=policy, limits=case["limits"],
+                       client_side=client_side(case["timeout"]) if case["timeout"] is not None else None)
+
+
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prefix_fleets())
+def test_both_engines_restart_prefix_caches_alike(case):
+    """Fast and reference engines on autoscaled prefix-caching fleets: the same per-request rows
+    (hits included), decisions and paid intervals; every cache reset when its instance went off
+    (none kept), every block back at the end."""
+    fast, ref = (run_fleet(case, engine) for engine in ENGINES)
+    compare_runs(fast, ref, rel=0)
+    for column, values in fast.requests.items():
+        assert values.tolist() == ref.requests[column].tolist(), column
+    assert fast.meta["scaling"]["history"] == ref.meta["scaling"]["history"]
+    assert fast.meta["scaling"]["intervals"] == ref.meta["scaling"]["intervals"]
+    for run in (fast, ref):
+        assert run.meta["scaling"]["caches_kept"] == 0
+        check_run(run, case["requests"])
