@@ -30,6 +30,7 @@ from schedlab_plugins.kv_caches.host_tier import HostTier
 from schedlab_plugins.routers import LeastOutstandingRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.sglang import SglangScheduler
+from test_energy import Newest, Scripted
 from test_pipeline_parallel import client_side
 from test_prefix_cache import OPS, Driver, Seq, admit, make_request, req
 from test_sglang import sglang_configs
@@ -245,23 +246,6 @@ LIMITS = ScalingLimits(min_instances=1, max_instances=2, initial=1, interval_ms=
 SHARED = [Request(0, 2000.0, 20, 3, prefix_group="sys", prefix_tokens=16),
           Request(1, 5000.0, 20, 3, prefix_group="sys", prefix_tokens=16)]
 CACHES = {"prefix": lambda: PrefixKVCache(64, 4, host=HostTier(64)), "radix": lambda: RadixKVCache(64, 4)}
-
-
-class Scripted:
-    """An autoscaling policy that asks for what its script says at each tick (by time)."""
-
-    def __init__(self, script: dict):
-        self.script = script
-
-    def decide(self, signals) -> int:
-        return self.script[signals.now_ms]
-
-
-class Newest:
-    """Routes to the last instance of the serving pool."""
-
-    def route(self, request, instances):
-        return len(instances) - 1
 
 
 class KeepsItsPrefixes:
