@@ -198,6 +198,15 @@ class KVCache(Protocol):
 
     Optional with swap space (``swap_out``/``swap_in``): ``free_swapped(seq)``, which drops a
     swapped-out sequence's copy in swap space when its client gives up (it is aborted).
+
+    Optional: ``reset_prefix_cache()`` (named after vLLM's ``KVCacheManager.reset_prefix_cache``;
+    an autoscaled instance's restart, :mod:`schedlab.engine.scaling`): drop every cached prefix --
+    the host tier's copies too -- and leave the cache as freshly built, so that every later call
+    answers as a new cache's would. It needs an idle cache: it raises ``RuntimeError``, changing
+    nothing, while a sequence holds a block or swap space (vLLM's logs a warning and returns False;
+    here that would be an engine's bug, so it is never swallowed). Lifetime counters
+    (``evictions``, the host tier's ``stored``...) go on counting; ``epoch`` changes. A cache
+    without it keeps its prefixes over a restart.
     """
 
     block_size: int

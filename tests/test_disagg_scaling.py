@@ -24,7 +24,7 @@ from schedlab_plugins.autoscalers import QueueLength, QueueLengthConfig, TargetU
 from schedlab_plugins.routers import LeastKVRouter, LeastOutstandingRouter, RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.cost_models import LinearCostModel
-from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 
 from test_disaggregated import BASE, LATENCY_MS, LINK_GBPS, MIB, by_id, gives_up, pool
 
@@ -131,20 +131,22 @@ def test_summed_history_adds_each_pools_latest_entry():
 # -- both engines, random clusters ---------------------------------------------------------------------------
 
 
-def instance_factory(cost, blocks: int, seqs: int):
+def instance_factory(cost, blocks: int, seqs: int, prefix: bool = False):
     def make():
         scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=64,
                                                          allocation="grow", chunked_prefill=True))
-        return scheduler, LinearCostModel(cost), PagedKVCache(blocks, 4, bytes_per_block=4 * MIB)
+        return scheduler, LinearCostModel(cost), (PrefixKVCache if prefix else PagedKVCache)(
+            blocks, 4, bytes_per_block=4 * MIB)
     return make
 
 
 @st.composite
 def scaled_clusters(draw):
     """Pools of 1-3 instances, one or both autoscaled by a built-in policy (random targets,
-    ticks, cold starts, windows, stabilisation), clients that may give up."""
+    ticks, cold starts, windows, stabilisation), clients that may give up, prefix caching or not
+    (requests may share a system prompt; an instance that goes off is reset)."""
     requests = draw(requests_lists(min_size=4, max_size=24, max_prompt=48, max_output=30, max_arrival_ms=400.0,
-                                   all_at_zero=False))
+                                   all_at_zero=False, prefix_groups=2))
     sizes = {name: draw(st.integers(1, 3)) for name in ("prefill", "decode")}
     scaled = draw(st.sampled_from([("prefill",), ("decode",), ("prefill", "decode")]))
     policies, limits = {}, {}
@@ -166,10 +168,13 @@ def scaled_clusters(draw):
                                      cold_start_ms=draw(st.sampled_from([0.0, 8.0, 40.0])),
                                      window_ms=draw(st.sampled_from([20.0, 100.0])))
     routers = [RoundRobinRouter, LeastOutstandingRouter, LeastKVRouter]
+    prefix = draw(st.booleans())
     return dict(
         requests=requests, sizes=sizes, policies=policies, limits=limits,
-        prefill=instance_factory(draw(dyadic_linear_costs()), draw(st.integers(30, 60)), draw(st.integers(1, 4))),
-        decode=instance_factory(draw(dyadic_linear_costs()), draw(st.integers(30, 60)), draw(st.integers(1, 4))),
+        prefill=instance_factory(draw(dyadic_linear_costs()), draw(st.integers(30, 60)), draw(st.integers(1, 4)),
+                                 prefix),
+        decode=instance_factory(draw(dyadic_linear_costs()), draw(st.integers(30, 60)), draw(st.integers(1, 4)),
+                                prefix),
         routers={name: draw(st.sampled_from(routers)) for name in ("prefill", "decode")},
         timeout=draw(st.sampled_from([None, None, 40.0, 120.0])))
 

@@ -28,7 +28,7 @@ from schedlab.testing import (blocks_for_largest, check_energy, check_run, compa
 from schedlab.testing.parallel import LinearParallelCost, run_pipelined
 from schedlab_plugins.autoscalers import QueueLength, QueueLengthConfig, TargetUtilization, TargetUtilizationConfig
 from schedlab_plugins.cost_models import LinearCostModel
-from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 from schedlab_plugins.power import FixedActiveConfig, FixedActivePowerModel
 from schedlab_plugins.routers import LeastOutstandingRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
@@ -139,9 +139,9 @@ def test_a_draining_pipeline_stays_on_until_a_batch_that_lost_its_requests_lands
 def scaled_pipelines(draw):
     """2-3 pipelined instances of 2-4 stages behind a router, autoscaled by a built-in policy
     (random targets, ticks, cold starts, windows, stabilisation), clients that may give up,
-    sometimes metered."""
+    sometimes metered, sometimes with prefix caching (requests may share a system prompt)."""
     requests = draw(requests_lists(min_size=3, max_size=20, max_prompt=48, max_output=30, max_arrival_ms=300.0,
-                                   all_at_zero=False))
+                                   all_at_zero=False, prefix_groups=2))
     n = draw(st.integers(2, 3))
     low = draw(st.integers(1, n))
     common = dict(min_instances=low, stabilization_s=draw(st.sampled_from([0, 0.02])))
@@ -162,7 +162,8 @@ def scaled_pipelines(draw):
                 config=config, cost=draw(dyadic_linear_costs()),
                 blocks=blocks_for_largest(requests, 4) + draw(st.integers(0, 30)), router=draw(st.sampled_from(
                     sorted(ROUTERS))), timeout=draw(st.sampled_from([None, None, 40.0, 120.0])),
-                power=draw(st.sampled_from([None, (0.0, 0.0), (0.02, 0.005)])))
+                power=draw(st.sampled_from([None, (0.0, 0.0), (0.02, 0.005)])),
+                prefix=draw(st.booleans()))  # vLLM's prefix cache: reset when an instance goes off
 
 
 def run_case(case, engine: str):
@@ -170,7 +171,8 @@ def run_case(case, engine: str):
 
     def make():
         cost = LinearParallelCost(LinearCostModel(case["cost"]), stages=stages, moe=False)
-        return ContinuousScheduler(case["config"]), cost, PagedKVCache(case["blocks"], 4)
+        return ContinuousScheduler(case["config"]), cost, (PrefixKVCache if case["prefix"] else PagedKVCache)(
+            case["blocks"], 4)
 
     power = case["power"]
     return run_pipelined(case["requests"], make, stages, case["instances"], ROUTERS[case["router"]](),

@@ -46,6 +46,7 @@ class HostTier:
     :ivar stored: blocks copied to the tier.
     :ivar evicted: blocks dropped from the tier to make room.
     :ivar loaded: blocks loaded back to the GPU.
+    :ivar dropped: blocks dropped by :meth:`reset_prefix_cache` (a restart).
     """
 
     def __init__(self, capacity: int, *, bytes_per_block: int = 0, link_gbps: float = 25.0,
@@ -60,6 +61,7 @@ class HostTier:
         self.stored = 0
         self.evicted = 0
         self.loaded = 0
+        self.dropped = 0
         self._counters: dict | None = None
 
     def attach(self, counters: dict) -> None:
@@ -105,6 +107,13 @@ class HostTier:
             n += 1
         self.loaded += n
 
+    def reset_prefix_cache(self) -> None:
+        """Drop every copy: the host memory of an engine process that stopped (an autoscaled
+        instance's restart; its GPU cache's ``reset_prefix_cache`` calls this). The counters go
+        on: the copies count as ``dropped``, not evicted."""
+        self.dropped += len(self._lru)
+        self._lru.clear()
+
     # -- inspection (tests) ----------------------------------------------------------------
     def lru_keys(self) -> list:
         """Held keys, next to be evicted first."""
@@ -112,4 +121,5 @@ class HostTier:
 
     def check_invariants(self) -> None:
         assert 0 <= len(self._lru) <= self.capacity, (len(self._lru), self.capacity)
-        assert self.stored == len(self._lru) + self.evicted, (self.stored, len(self._lru), self.evicted)
+        assert self.stored == len(self._lru) + self.evicted + self.dropped, (
+            self.stored, len(self._lru), self.evicted, self.dropped)

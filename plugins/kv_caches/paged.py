@@ -104,6 +104,18 @@ class PagedKVCache:
         seq.kv_state = None
         return self.transfer_ms(blocks)
 
+    # -- a restart ------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> None:
+        """Leave the pool as freshly built (an autoscaled instance's restart; the protocol's
+        optional member): nothing is cached here, so this only checks that no sequence holds a
+        block or swap space (RuntimeError otherwise)."""
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self.used or self.swap_used:
+            raise RuntimeError(f"cannot reset the prefix cache while {self.used} blocks and {self.swap_used} "
+                               "swap blocks are in use")
+
     def check_invariants(self) -> None:
         assert 0 <= self.used <= self.num_blocks, (self.used, self.num_blocks)
         assert 0 <= self.swap_used <= self.swap_blocks, (self.swap_used, self.swap_blocks)

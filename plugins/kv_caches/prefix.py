@@ -147,14 +147,18 @@ class PrefixKVCache(PagedKVCache):
         super().__init__(num_blocks, block_size, swap_blocks=swap_blocks,
                          bytes_per_block=bytes_per_block, host_link_gbps=host_link_gbps)
         self.host = host  # a HostTier, or None
+        self.evictions = 0
+        self.epoch = 0
+        self._empty()
+
+    def _empty(self) -> None:
+        """Nothing cached: every block free, in one anonymous run (a new pool, or one reset)."""
         self._table: dict[tuple, _Block] = {}
         # head = next to be allocated; values: None for an identified block (the key is the
         # block), an int count for a run of anonymous blocks (the key is a run number)
         self._queue: OrderedDict[Any, int | None] = OrderedDict()
         self._next_run = 0
-        self.evictions = 0
-        self.epoch = 0
-        self._push_run(num_blocks)
+        self._push_run(self.num_blocks)
 
     # -- lookups ---------------------------------------------------------------------------
     def _find(self, request, j: int) -> _Block | None:
@@ -440,6 +444,19 @@ class PrefixKVCache(PagedKVCache):
         self.swap_used -= blocks
         seq.kv_state = _Chain(sealed=True)
         return self.transfer_ms(blocks)
+
+    # -- a restart ------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block, the host tier's too, leaving the pool as freshly built: one
+        anonymous run in the free queue (vLLM 0.33 ``BlockPool.reset_prefix_cache``: it refuses
+        while blocks are in use, then clears the hash-to-block map and every block's hash). An
+        autoscaled instance's restart calls it; RuntimeError while a sequence holds a block or
+        swap space. ``evictions`` goes on counting the run's evictions; ``epoch`` changes."""
+        self._check_idle()
+        self._empty()
+        self.epoch += 1
+        if self.host is not None:
+            self.host.reset_prefix_cache()
 
     # -- inspection (tests, metrics) ------------------------------------------------------------
     def cached_keys(self) -> set:

@@ -169,10 +169,14 @@ class RadixKVCache:
         self.block_size = block_size
         self.host = host                # a HostTier, or None
         self.bytes_per_block = bytes_per_block
-        self.unused = num_blocks        # blocks in no node and held by no sequence
-        self.evictable = 0              # blocks in unlocked nodes
         self.evictions = 0
         self.epoch = 0
+        self._empty()
+
+    def _empty(self) -> None:
+        """An empty tree over unused blocks, no pass open (a new cache, or one reset)."""
+        self.unused = self.num_blocks   # blocks in no node and held by no sequence
+        self.evictable = 0              # blocks in unlocked nodes
         self._tick = 0
         self._uid = 0
         self.root = _Node([], 0, None, 0, 0)
@@ -623,6 +627,20 @@ class RadixKVCache:
                 self._push(parent)
         self.evictions += freed
         self.epoch += 1
+
+    # -- a restart -------------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> None:
+        """Empty the tree and the host tier, leaving the cache as freshly built (an autoscaled
+        instance's restart; vLLM's name -- SGLang's ``Scheduler.flush_cache`` refuses while requests
+        wait or run, then resets the tree and clears the KV pool). RuntimeError while a sequence
+        holds a block (a locked node or a private block) or a pass owes evictions or duplicates.
+        ``evictions`` goes on counting the run's evictions; ``epoch`` changes."""
+        if self.num_used_blocks() or self._owed or self._pending:
+            raise RuntimeError(f"cannot reset the prefix cache while {self.num_used_blocks()} blocks are in use")
+        self._empty()
+        self.epoch += 1
+        if self.host is not None:
+            self.host.reset_prefix_cache()
 
     # -- inspection (tests, metrics) ------------------------------------------------------------
     def nodes(self) -> list[_Node]:

@@ -15,7 +15,8 @@ serving instances -- and its own window:
 
 A draining prefill instance finishes its prompts, hands them off and stays on until the decode
 side has pulled their KV (or an abandoned prompt's lease has run out); a draining decode
-instance gets no new hand-offs and decodes what it holds, pulls included.
+instance gets no new hand-offs and decodes what it holds, pulls included. Either, once off, starts
+cold when switched on again: its KV cache is reset as a colocated instance's is.
 
 Both engines' drivers run these events before hand-offs and arrivals at the same time. The
 prefill pool's ticks stop with the last arrival, as a colocated cluster's; the decode pool's go
@@ -144,14 +145,15 @@ class PoolScaling:
                 n = len(mine)
                 summary = {"intervals": [[inst.index, 0.0, end] for inst in mine], "history": [[0.0, n, 0, 0, n]],
                            "gpu_hours": end * sum(self.gpus[name]) / 3.6e6, "scale_ups": 0, "scale_downs": 0,
-                           "end_ms": end}
+                           "end_ms": end, "caches_kept": 0}
             summary["autoscaled"] = ctl is not None
             pools[name] = summary
         return {"intervals": sorted((x for p in pools.values() for x in p["intervals"]), key=lambda x: (x[1], x[0])),
                 "history": summed_history([p["history"] for p in pools.values()]),
                 "gpu_hours": sum(p["gpu_hours"] for p in pools.values()),
                 "scale_ups": sum(p["scale_ups"] for p in pools.values()),
-                "scale_downs": sum(p["scale_downs"] for p in pools.values()), "end_ms": end, "pools": pools}
+                "scale_downs": sum(p["scale_downs"] for p in pools.values()), "end_ms": end,
+                "caches_kept": sum(p["caches_kept"] for p in pools.values()), "pools": pools}
 
 
 def pool_scaling(prefill: Sequence, decode: Sequence, policies: dict, limits: dict, *, gpus: dict | None = None,

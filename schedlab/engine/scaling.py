@@ -18,14 +18,22 @@ Instances are paid for (GPU-hours) from the moment they start warming until they
 controller keeps those intervals and the decisions (``history``) for the results, and switches
 the instances' energy meters off and on with them (:mod:`schedlab.energy.meter`: an instance
 that is off draws nothing). The cluster is
-built with ``max_instances`` instances; an instance restarted after being off keeps its prefix
-cache (a real restart would start cold). The router sees the serving instances as a list that
-changes when they do: a router that remembers positions (prefix affinity's homes) finds them
-renumbered.
+built with ``max_instances`` instances. An instance that drained and went off starts cold when it
+is switched on again: its engine process is gone, so its KV cache is reset when it goes off --
+holding nothing by then -- through the cache's ``reset_prefix_cache()`` (vLLM's name; prefixes,
+host-memory copies and swap space gone, :class:`schedlab.protocols.KVCache`). A cache without that
+optional member (a third-party plugin) keeps its prefixes instead; the summary counts those
+switch-offs (``caches_kept``, 0 when every cache was reset) rather than warning, so that the
+results say so wherever the run went (a worker process, a Ray task). The instances still on when
+the run ends are not reset: their caches are left as the run left them. The router sees the
+serving instances as a list that changes when they do: a router that remembers positions (prefix
+affinity's homes) finds them renumbered.
 
 Pipelined instances (:mod:`schedlab.engine.pipeline`, :mod:`schedlab.engine.reference_pipeline`)
 scale the same way (:func:`pipeline_scaling`): a draining one keeps landing its batches in flight
 and serving its queue, and is off from its last landing or abort once nothing is in flight or queued.
+Its stages share one KV cache object (each stage holds its layers' part of the same blocks), which
+is reset as a colocated instance's is.
 Data-parallel deployments scale whole (:func:`deployment_scaling`): a draining one's ranks keep
 stepping together until they hold nothing, and it is off from the end of its last step.
 """
@@ -113,6 +121,7 @@ class ScalingController:
         self.next_tick = limits.interval_ms
         self.window: list = []     # (time, kind) of arrivals (0) and finishes (1: missed, 2: met)
         self.scale_ups = self.scale_downs = 0
+        self.caches_kept = 0  # instances switched off whose cache could not be reset (no reset_prefix_cache)
         self.pool = None
         self.members: list[int] = []
         self.position: dict[int, int] = {}
@@ -174,6 +183,16 @@ class ScalingController:
         for i, s in enumerate(self.state):
             if s == DRAINING and not self.all_views[i].outstanding and not (holding is not None and holding(i)):
                 self._off(i, max(self.drain_from[i], self._quiet_since(i)))
+                self._forget(i)
+
+    def _forget(self, i: int) -> None:
+        """Instance ``i``, drained, went off: its engine process is gone, so a restart starts
+        with an empty cache (a warming instance cancelled served nothing since its last reset)."""
+        reset = getattr(self.instances[i].kv, "reset_prefix_cache", None)
+        if reset is None:
+            self.caches_kept += 1
+        else:
+            reset()
 
     def _quiet_since(self, i: int) -> float:
         """When instance ``i``, holding nothing, last worked: its clock, which an idle instance
@@ -258,7 +277,8 @@ class ScalingController:
     def finish(self, end: float | None = None) -> dict[str, Any]:
         """The run is over (every instance idle): close the paid intervals -- those still on at
         ``end`` (default: the last time any of these instances worked, :meth:`_quiet_since`; a
-        disaggregated cluster's pools close at the cluster's end) -- and summarise."""
+        disaggregated cluster's pools close at the cluster's end) -- and summarise (``caches_kept``:
+        switch-offs that kept a cache without ``reset_prefix_cache``)."""
         if end is None:
             end = max((self._quiet_since(i) for i in range(len(self.instances))), default=0.0)
         for i, s in enumerate(self.state):
@@ -271,7 +291,8 @@ class ScalingController:
         gpu_ms = sum((off - on) * self.gpus[i] for i, on, off in self.intervals)
         return {"intervals": [list(x) for x in sorted(self.intervals, key=lambda x: (x[1], x[0]))],
                 "history": [list(h) for h in self.history], "gpu_hours": gpu_ms / 3.6e6,
-                "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "end_ms": end}
+                "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "end_ms": end,
+                "caches_kept": self.caches_kept}
 
 
 def pipeline_scaling(policy, limits: ScalingLimits, pipelines: Sequence, clock, **kwargs) -> ScalingController:
