@@ -22,7 +22,7 @@ from schedlab.engine.scaling import ScalingLimits
 from schedlab.model import Request
 from schedlab.testing import (blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples,
                               requests_lists, run_cluster)
-from schedlab.testing.parallel import LinearParallelCost, run_pipelined
+from schedlab.testing.parallel import LinearParallelCost, run_deployments, run_pipelined
 from schedlab_plugins.autoscalers import QueueLength, QueueLengthConfig
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
@@ -382,3 +382,41 @@ def test_both_engines_restart_prefix_caches_alike(case):
     for run in (fast, ref):
         assert run.meta["scaling"]["caches_kept"] == 0
         check_run(run, case["requests"])
+
+
+# -- data-parallel deployments -----------------------------------------------------------------------------------
+
+
+def deployments(engine, cache, script, wrap=lambda kv: kv):
+    """The same script over 2 deployments of 2 ranks stepping together (the newest deployment
+    serves; within it the first rank with the fewest outstanding takes the request: rank 0)."""
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig())
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0)))
+        return scheduler, cost, wrap(CACHES[cache]())
+    return run_deployments(SHARED, make, 2, 2, Newest(), LeastOutstandingRouter, engine=engine,
+                           autoscaler=Scripted(script), limits=LIMITS)
+
+
+@pytest.mark.parametrize("cache", sorted(CACHES))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_deployment_switched_off_and_on_has_forgotten_the_shared_prefix_on_every_rank(engine, cache):
+    """Deployment 1's rank 0 (instance 2) serves r0 and, after the restart, r1: every rank's cache
+    is reset when the deployment goes off, so r1 computes its whole prompt; kept on, it finds the
+    system prompt r0 left."""
+    cold = deployments(engine, cache, RESTART)
+    assert by_id(cold, "instance") == {0: 2, 1: 2}
+    assert by_id(cold, "cached_tokens") == {0: 0, 1: 0}
+    assert cold.meta["scaling"]["caches_kept"] == 0
+    warm = deployments(engine, cache, KEPT_ON)
+    assert by_id(warm, "instance") == {0: 2, 1: 2}
+    assert by_id(warm, "cached_tokens") == {0: 0, 1: 16}
+    # a step: the larger rank part (0.5 ms a prompt token; the idle rank's dummy batch, a one-token
+    # decode, 4 ms) + the experts (1 + 0.0625 per token of both ranks + 0.125 per token of the larger)
+    assert by_id(cold, "first_token_ms") == {0: 2000 + 10 + 4.8125, 1: 5000 + 10 + 4.8125}  # 20 tokens
+    assert by_id(warm, "first_token_ms") == {0: 2000 + 10 + 4.8125, 1: 5000 + 4 + 1.8125}   # 4 tokens
+    held = deployments(engine, "prefix", RESTART, wrap=KeepsItsPrefixes)
+    assert by_id(held, "cached_tokens") == {0: 0, 1: 16}
+    assert held.meta["scaling"]["caches_kept"] == 1              # one deployment went off, warm
+    for run in (cold, warm, held):
+        check_run(run, SHARED)

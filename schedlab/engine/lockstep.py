@@ -141,6 +141,20 @@ class DeploymentKV:
     def num_free_blocks(self) -> int:
         return sum(r.kv.num_free_blocks() for r in self.ranks)
 
+    @property
+    def reset_prefix_cache(self):
+        """Every rank's cache reset, for an autoscaled deployment that went off (a restart starts
+        cold, :mod:`schedlab.engine.scaling`); None when the ranks' caches cannot be reset (all
+        ranks have the same kind)."""
+        resets = [getattr(r.kv, "reset_prefix_cache", None) for r in self.ranks]
+        if any(reset is None for reset in resets):
+            return None
+
+        def reset_every_rank() -> None:
+            for reset in resets:
+                reset()
+        return reset_every_rank
+
 
 class Deployment:
     """What a router over several data-parallel deployments, the driver and an autoscaler read of

@@ -35,7 +35,8 @@ and serving its queue, and is off from its last landing or abort once nothing is
 Its stages share one KV cache object (each stage holds its layers' part of the same blocks), which
 is reset as a colocated instance's is.
 Data-parallel deployments scale whole (:func:`deployment_scaling`): a draining one's ranks keep
-stepping together until they hold nothing, and it is off from the end of its last step.
+stepping together until they hold nothing, and it is off from the end of its last step; every
+rank's cache is reset then (``DeploymentKV.reset_prefix_cache``).
 """
 
 from __future__ import annotations
