@@ -379,10 +379,11 @@ def test_clients_that_give_up_on_pipelines_agree_between_engines_and_conserve(re
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(min_size=1, max_size=10, max_prompt=120, max_output=20, all_at_zero=None, prefix_groups=2),
-       st.integers(2, 3), st.integers(8, 24), st.sampled_from(["recompute", "swap"]), st.sampled_from(["fcfs", "priority"]),
-       dyadic_linear_costs(), st.integers(0, 12), st.booleans(), st.sampled_from([None, 20.0, 80.0]))
-def test_long_prompts_chunked_into_the_pipeline_agree_between_engines_and_conserve(requests, stages, budget, preemption,
-                                                                                   policy, cost, spare, prefix, timeout):
+       st.integers(2, 3), st.integers(8, 24), st.sampled_from(["recompute", "swap"]),
+       st.sampled_from(["fcfs", "priority"]), dyadic_linear_costs(), st.integers(0, 12), st.booleans(),
+       st.sampled_from([None, 20.0, 80.0]))
+def test_long_prompts_chunked_into_the_pipeline_agree_between_engines_and_conserve(
+        requests, stages, budget, preemption, policy, cost, spare, prefix, timeout):
     """Prompts of up to 120 tokens under budgets of 8-24, over 2 or 3 stages, in little KV: a
     prompt has several chunks in flight, is preempted or aborted with chunks in flight, and
     decodes beside other prompts' chunks. Both engines alike; every request served, rejected or
