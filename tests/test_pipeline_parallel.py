@@ -98,6 +98,97 @@ def test_an_arrival_waits_for_the_next_landing(engine):
     assert by_id(r, "first_token_ms")[1] == 17.5625 == by_id(r, "finish_ms")[0]
 
 
+# -- a long prompt's chunks follow each other into the pipeline (vLLM: computed at scheduling) -----------------
+
+
+def chunking(blocks: int = 64, *, stages: int = 2, per_token: float = 0.5):
+    """A 16-token budget (a 48-token prompt goes in 3 chunks) over ``stages`` stages, each taking
+    its share of the ``linear`` model's iteration (``per_token`` ms a prompt token, 8 ms a decode
+    step); a stage sends the next 0.25 ms + 0.0625 ms a token, ``blocks`` KV blocks of 16."""
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=16,
+                                                         allocation="grow", chunked_prefill=True))
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=per_token, decode_ms_per_step=8.0)),
+                                  stages=stages, moe=False)
+        return scheduler, cost, PagedKVCache(blocks, 16)
+    return make
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_long_prompts_next_chunk_enters_the_pipeline_behind_the_last(engine):
+    # A 48-token prompt, 3 chunks of 16: 8 ms each, 4 a stage, send 1.25. Chunk 1 launches at
+    # 0 (stage 0 0-4, stage 1 5.25-9.25); chunk 2 at once behind it (0-4 is taken: stage 0 4-8,
+    # stage 1 9.25-13.25); two batches are in flight, the most vLLM's batch queue holds, so
+    # chunk 3 launches when chunk 1 lands at 9.25: stage 0 9.25-13.25, stage 1 14.5-18.5. The
+    # first token comes with the last chunk, at 18.5 -- not after three trips of 9.25 (27.75),
+    # as when each chunk waited for the one before. Its decode (8 ms, 4 a stage, send 0.3125)
+    # launches then: 18.5 + 4 + 0.3125 + 4 = 26.8125.
+    requests = [Request(0, 0.0, 48, 2)]
+    r = run_pipelined(requests, chunking(), 2, engine=engine)
+    assert by_id(r, "first_token_ms") == {0: 18.5} and by_id(r, "finish_ms") == {0: 26.8125}
+    assert by_id(r, "prefill_chunks") == {0: 3}
+    c = r.counters
+    assert c["iterations"] == 4 and c["busy_ms"] == 26.8125 and c["prefill_tokens"] == 48
+    check_run(r, requests, kv_blocks=64)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_three_stages_take_a_prompts_three_chunks_back_to_back(engine):
+    # 0.75 ms a prompt token: a chunk of 16 takes 12 ms, 4 a stage, send 1.25; one trip is
+    # 3 x 4 + 2 x 1.25 = 14.5. All three chunks launch at 0 and follow each other one stage
+    # time apart: the last leaves stage 0 at 12, and reaches stage 2 as chunk 2 leaves it, at
+    # 14.5 + 4 = 18.5 -> 22.5 = 14.5 + 2 x 4 (three trips one after the other: 43.5).
+    requests = [Request(0, 0.0, 48, 1)]
+    r = run_pipelined(requests, chunking(stages=3, per_token=0.75), 3, engine=engine)
+    assert by_id(r, "first_token_ms") == {0: 22.5} == by_id(r, "finish_ms")
+    assert r.counters["iterations"] == 3 and r.counters["busy_ms"] == 22.5
+    check_run(r, requests, kv_blocks=64)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_and_a_chunked_prompt_share_the_pipeline(engine):
+    # r0 (prompt 8, 4 tokens) and r1 (prompt 48, 2 tokens) at 0, a budget of 16:
+    # A (r0's prompt + r1's first 8: 8 ms, 4 a stage, send 1.25) at 0: stage 0 0-4, stage 1 5.25-9.25;
+    # B (r1's next 16; r0 waits for its first token) at 0: stage 0 4-8, stage 1 9.25-13.25.
+    # A lands at 9.25, r0's first token; C (r0's decode + r1's next 15 of the budget: 15.5 ms,
+    #   7.75 a stage, send 1.25): stage 0 9.25-17, stage 1 18.25-26.
+    # B lands at 13.25; D (r1's last 9 tokens: 4.5 ms, 2.25 a stage, send 0.8125): stage 0 17-19.25,
+    #   stage 1 (C's until 26) 26-28.25.
+    # C lands at 26, r0's 2nd token; E (r0's decode: 4 a stage, send 0.3125): stage 0 26-30, stage 1 30.3125-34.3125.
+    # D lands at 28.25, r1's first token; F (r1's decode): stage 0 30-34, stage 1 34.3125-38.3125 (r1 done).
+    # E lands at 34.3125, r0's 3rd token; G (r0's decode): stage 0 34.3125-38.3125, stage 1 38.625-42.625.
+    requests = [Request(0, 0.0, 8, 4), Request(1, 0.0, 48, 2)]
+    r = run_pipelined(requests, chunking(), 2, engine=engine)
+    assert by_id(r, "first_token_ms") == {0: 9.25, 1: 28.25}
+    assert by_id(r, "finish_ms") == {0: 42.625, 1: 38.3125}
+    assert by_id(r, "prefill_chunks") == {0: 1, 1: 4}
+    assert r.counters["iterations"] == 7 and r.counters["busy_ms"] == 42.625
+    check_run(r, requests, max_running=4, kv_blocks=64)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prompt_preempted_with_a_chunk_in_flight_starts_over_and_the_chunk_lands_without_it(engine):
+    # 4 blocks of 16. r0 (prompt 16, 3 tokens) and r1 (prompt 48, 1 token) at 0, a budget of 16:
+    # A (r0's prompt) at 0, lands 9.25; B (r1's first 16) behind it, lands 13.25.
+    # At 9.25: C (r0's decode, its 2nd block, + r1's next 15, r1's 2nd block: 15.5 ms, 7.75 a
+    #   stage, send 1.25): stage 0 9.25-17, stage 1 18.25-26. All 4 blocks are taken.
+    # At 13.25 (B landed) r1's last 17 tokens want a 3rd block: r1, the newest running request,
+    #   is preempted -- its 2 blocks (the one its chunk in C took too) freed, its prompt to start over.
+    # C lands at 26 without r1's chunk: r0's 2nd token. r1 cannot come back (its 48 tokens need 3
+    #   blocks, 2 are free): E (r0's decode) 26-30, 30.3125-34.3125, r0 done, its blocks free.
+    # At 34.3125 r1 starts over: F (16) stage 0 34.3125-38.3125, stage 1 39.5625-43.5625; G (16)
+    #   38.3125-42.3125, 43.5625-47.5625; F lands, H (the last 16) 43.5625-47.5625, 48.8125-52.8125.
+    requests = [Request(0, 0.0, 16, 3), Request(1, 0.0, 48, 1)]
+    r = run_pipelined(requests, chunking(4), 2, engine=engine)
+    assert by_id(r, "first_token_ms") == {0: 9.25, 1: 52.8125}
+    assert by_id(r, "finish_ms") == {0: 34.3125, 1: 52.8125}
+    c = r.counters
+    assert c["num_preemptions"] == 1 and c["iterations"] == 7 and c["busy_ms"] == 52.8125
+    assert c["recomputed_tokens"] == 16  # B's chunk, landed before the preemption; C's never counted
+    assert c["prefill_tokens"] == 16 + 16 + 48 and c["kv_peak_blocks"] == 4
+    check_run(r, requests, kv_blocks=4)
+
+
 # -- clients that give up: aborted while their batch is in flight ----------------------------------------------
 
 
@@ -284,6 +375,33 @@ def test_clients_that_give_up_on_pipelines_agree_between_engines_and_conserve(re
     compare_runs(*runs, rel=1e-12)
     check_run(runs[0], requests, max_running=cfg.max_num_seqs * instances, kv_blocks=blocks * instances)
     check_run(runs[1], requests, max_running=cfg.max_num_seqs * instances, kv_blocks=blocks * instances)
+
+
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=10, max_prompt=120, max_output=20, all_at_zero=None, prefix_groups=2),
+       st.integers(2, 3), st.integers(8, 24), st.sampled_from(["recompute", "swap"]),
+       st.sampled_from(["fcfs", "priority"]), dyadic_linear_costs(), st.integers(0, 12), st.booleans(),
+       st.sampled_from([None, 20.0, 80.0]))
+def test_long_prompts_chunked_into_the_pipeline_agree_between_engines_and_conserve(
+        requests, stages, budget, preemption, policy, cost, spare, prefix, timeout):
+    """Prompts of up to 120 tokens under budgets of 8-24, over 2 or 3 stages, in little KV: a
+    prompt has several chunks in flight, is preempted or aborted with chunks in flight, and
+    decodes beside other prompts' chunks. Both engines alike; every request served, rejected or
+    aborted once; slots and KV within bounds; every block back."""
+    blocks = blocks_for_largest(requests, 4) + spare
+    cfg = ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=budget, allocation="grow", preemption=preemption,
+                           policy=policy, chunked_prefill=True)
+
+    def make():
+        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, 4, swap_blocks=16, bytes_per_block=2 ** 20,
+                                                         host_link_gbps=2 ** 10 / 1e3)
+        return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost), stages=stages, moe=False), kv
+
+    side = client_side(timeout) if timeout is not None else None
+    runs = [run_pipelined(requests, make, stages, engine=engine, client_side=side) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    for run in runs:
+        check_run(run, requests, max_running=cfg.max_num_seqs, kv_blocks=blocks)
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -149,16 +149,18 @@ def test_a_batch_of_swaps_only_lands_after_the_instance_has_scheduled_again():
     preempts a prompt for lack of blocks and plans nothing else; the swap batch then lands and
     the next plan swaps the sequence back in. The reference engine once landed both batches
     before scheduling, and the engines parted (a case hypothesis found, Llama-3.1-8B over 3
-    stages with an EAGLE drafter)."""
+    stages with an EAGLE drafter). Since a prompt's next chunk follows its last into the
+    pipeline, that case no longer swaps; these requests (found by a search for a swap-only batch
+    launched to land with the batch before it) do."""
     from schedlab.parallelism import Parallelism
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
     from test_pipeline_parallel import _presets
 
     presets = _presets()
     gpu = presets.gpu("h100-80gb")
-    requests = [Request(0, 0.0, 225, 1), Request(1, 0.0, 42, 6), Request(2, 0.0, 279, 1, max_tokens=120)]
+    requests = [Request(0, 0.0, 75, 5, max_tokens=140), Request(1, 0.0, 44, 7), Request(2, 0.0, 96, 7)]
     spec = SpeculativeConfig(method="eagle", num_speculative_tokens=1, acceptance_rate=0.7, draft={"kind": "roofline"})
-    config = ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=39, chunked_prefill=True, allocation="grow",
+    config = ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=26, chunked_prefill=True, allocation="grow",
                               preemption="swap")
     blocks = blocks_with_drafts(requests, spec, 16)
 
@@ -174,7 +176,7 @@ def test_a_batch_of_swaps_only_lands_after_the_instance_has_scheduled_again():
     runs = [run_pipelined(requests, make, 3, engine=engine, speculative=spec, draft_cost=drafter)
             for engine in ENGINES]
     compare_runs(*runs, rel=1e-9)
-    assert runs[0].counters["swap_out_blocks"] > 0 and runs[0].counters["num_preemptions"] == 2
+    assert runs[0].counters["swap_out_blocks"] > 0 and runs[0].counters["num_preemptions"] == 1
     check_run(runs[0], requests, kv_blocks=blocks)
 
 

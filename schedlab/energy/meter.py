@@ -246,10 +246,12 @@ def host_record(model) -> dict:
             "host_busy_w": float(getattr(model, "host_busy_w", 0.0))}
 
 
-def token_shares(energy: float, batch: Batch) -> tuple[float, float]:
+def token_shares(energy: float, batch: Batch, dropped: int = 0) -> tuple[float, float]:
     """``(per decoding sequence, per prefill token)`` of an iteration's energy: every token it
-    computes takes the same share, a decode's drafts counting with it."""
-    tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
+    computes takes the same share, a decode's drafts counting with it. ``dropped``: prompt
+    tokens a pipeline's batch computed for requests preempted since its launch (not in
+    ``batch``; they take a prefill token's share each, :mod:`schedlab.energy.pipeline`)."""
+    tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens + dropped
     if not tokens:
         return 0.0, 0.0
     per_token = energy / tokens

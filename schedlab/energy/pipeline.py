@@ -15,7 +15,9 @@ points at the stage (and at the batch's clock) before it asks (the cost model's
 **Requests.** A batch's slices are metered when it launches (its stage times are known then);
 its energy -- its slices' -- is shared out to its tokens when it lands, as a colocated
 iteration's is (:func:`.meter.token_shares`): the tokens of requests aborted while it was in
-flight drop out, and a batch left with none (or of swaps only) gives its energy to nobody.
+flight drop out, and a batch left with none (or of swaps only) gives its energy to nobody; the
+prompt chunks of requests preempted while it was in flight (their prompts start over,
+:mod:`schedlab.engine.stages`) keep their shares, as recomputed tokens do.
 
 **The timeline.** The instance's rows are its landings, each over the time since the previous
 landing (or its launch, if later), so together they cover every moment a batch is in flight; with

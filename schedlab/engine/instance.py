@@ -201,7 +201,7 @@ class Instance:
         # their disconnect takes hangup_ms to get here. Entries of finished sequences are dropped lazily.
         self.aborts: list = []
         self.hangup_ms = 0.0
-        # A pipelined instance (schedlab.engine.pipeline): its sequences in a batch in flight ->
+        # A pipelined instance (schedlab.engine.pipeline): its decodes in a batch in flight ->
         # the tokens that batch computes for them (their KV slots are taken, not yet counted).
         self.in_flight: dict | None = None
         self.pending: PreparedRun | None = None  # a decode run planned, not yet applied (see step)
@@ -273,7 +273,9 @@ class Instance:
                 self.kv.free(seq)
             elif status == IN_FLIGHT:  # in a pipeline's batch in flight: its output will be dropped
                 del self.running[seq]
-                seq._computed += self.in_flight.pop(seq)  # the batch's slots go too, as at a preemption
+                # a decode's slots in the batch go too, as at a preemption (a prompt's chunks
+                # count as computed from their launch, schedlab.engine.stages.launch_chunks)
+                seq._computed += self.in_flight.pop(seq, 0)
                 self.kv.free(seq)
             elif self.stage is not None and self.stage.abort(self, seq, now):
                 seq.status = ABORTED  # its KV was on its way here: the scheduler never held it
@@ -691,9 +693,12 @@ class Instance:
         if meter is not None:
             energy = meter.iteration(start, batch, total) if k == 1 else meter.run(start, batch, k, d0, inc, total)
             row_j = meter.row_j(energy)
-            per_decoder, per_token = token_shares(energy, batch)
+            dropped = plan.dropped
+            per_decoder, per_token = token_shares(energy, batch, sum(n for _, n in dropped) if dropped else 0)
             meter.per_decoder += per_decoder
             for seq, n in prefills:
+                seq.energy_j += per_token * n
+            for seq, n in dropped:  # a pipeline's chunks of prompts preempted since their launch
                 seq.energy_j += per_token * n
         n_running = len(self.running)
         running_ids = tuple(s.request.id for s in self.running) if self.observer is not None else ()

@@ -8,12 +8,16 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
 * **launch** (at the instance's time): the scheduler plans a batch from the sequences that are
   not in flight; the batch's KV slots are taken then (the plan does it), its stage times come
   from the cost model's ``pipeline_ms`` (its swaps lengthen the first stage) and the stages'
-  clock gives its completion; its sequences then sit out, marked in flight. Batches are
-  launched until ``pipeline_parallel`` are in flight or a plan comes back empty;
+  clock gives its completion; its decodes then sit out, marked in flight, and so do prompts
+  whose last chunk it holds: a prompt's chunks count as computed at the launch
+  (:func:`~schedlab.engine.stages.launch_chunks`), so one with tokens left gets its next chunk
+  in the next batch. Batches are launched until ``pipeline_parallel`` are in flight or a plan
+  comes back empty;
 * **landing** (at the oldest batch's completion, in launch order): its sequences come back and
   the instance executes the batch's plan then -- tokens, first tokens, finishes -- over the
   time since the previous landing (or its launch, if later), so the instance's busy time and
-  KV integrals cover each moment once. Then it launches again.
+  KV integrals cover each moment once; a prompt preempted since the launch loses its chunk
+  (:meth:`PipelinedInstance._drop_stale`). Then it launches again.
 
 Arrivals wait for the next landing (vLLM blocks on the oldest batch). The pipeline runs one
 batch at a time: no bulk decode runs.
@@ -32,7 +36,7 @@ and a landing that gives no token is followed by a row over the batch's time in 
 Clients that give up (:mod:`schedlab.frontend`) are heard of when the instance next launches
 (the rule, and vLLM's code it follows, in :mod:`schedlab.engine.stages`): ``Instance._abort_due``
 frees a request's blocks and slot at once, also while its batch is in the pipeline, and that
-batch's landing drops its part (:meth:`PipelinedInstance._drop_aborted`).
+batch's landing drops its part (:meth:`PipelinedInstance._drop_stale`).
 
 Autoscaled (:func:`~schedlab.engine.scaling.pipeline_scaling`), a draining instance is off from
 :attr:`PipelinedInstance.idle_since` once nothing is in flight or queued: its clock may have moved
@@ -50,7 +54,8 @@ from .lockstep import rank_batch
 from .plan import FastPlan
 from .rank_cost import RankCost
 from .sequence import ABORTED, DECODING, PARKED, PREFILLING
-from .stages import IN_FLIGHT, StageClock, VisibleRunning, hole_row, instance_view, stage_times
+from .stages import (IN_FLIGHT, StageClock, VisibleRunning, dropped_chunks, hole_row, instance_view, launch_chunks,
+                     restore, rewind, stage_times, stale)
 
 INF = math.inf
 
@@ -58,16 +63,16 @@ INF = math.inf
 class Flight:
     """A batch in the pipeline."""
 
-    __slots__ = ("plan", "decoders", "prefills", "launched", "completion", "tokens", "members", "seqs")
+    __slots__ = ("plan", "decoders", "chunks", "launched", "completion", "tokens", "members", "seqs")
 
-    def __init__(self, plan, decoders, prefills, launched, completion, tokens, members, seqs):
+    def __init__(self, plan, decoders, chunks, launched, completion, tokens, members, seqs):
         self.plan = plan
         self.decoders = decoders    # sequences decoding in it (they come back decoding)
-        self.prefills = prefills    # sequences with a prompt chunk in it
+        self.chunks = chunks        # its prompt chunks, as plan.prefills: (seq, Chunk)
         self.launched = launched
         self.completion = completion
         self.tokens = tokens
-        self.members = members      # every sequence in it -> the tokens it computes for it
+        self.members = members      # every decode in it -> the tokens it computes for it
         self.seqs = seqs            # sequences in it at its launch (speculation: k for the next drafts)
 
 
@@ -233,26 +238,26 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             inst.off_cycle.setdefault(seq, seq.last_token_ms)
         for seq in decoding:
             inst._remove_decoder(seq, IN_FLIGHT)
-        prefills = [seq for seq, _ in plan.prefills]
-        for seq in prefills:
-            del inst.prefilling[seq]
-            seq.status = IN_FLIGHT
+        chunks = launch_chunks(plan.prefills)  # computed at once: a prompt with tokens left stays in sight
+        for seq, chunk in chunks:
+            if chunk.last:
+                del inst.prefilling[seq]
+                seq.status = IN_FLIGHT
         drafts = {s: plan.drafts_of(s) for s in decoding}  # (drafts verified, KV slots taken) of each decode
-        members = {s: 1 + d for s, (d, _) in drafts.items()}
-        members.update(plan.prefills)
         inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())
-        inst.in_flight.update(plan.prefills)
-        self.flights.append(Flight(plan, decoding, prefills, inst.now, completion, batch.num_batched_tokens,
-                                   members, batch.num_seqs))
+        self.flights.append(Flight(plan, decoding, chunks, inst.now, completion, batch.num_batched_tokens,
+                                   {s: 1 + d for s, (d, _) in drafts.items()}, batch.num_seqs))
 
     def _land(self) -> None:
         """The oldest batch's output is back: its sequences return and its plan executes."""
         inst = self.inst
         flight = self.flights.popleft()
-        tokens = flight.tokens - self._drop_aborted(flight)
-        for seq in flight.prefills:
-            seq.status = PREFILLING
-        if flight.prefills:  # back in admission order, as the scheduler walks them
+        tokens = flight.tokens - self._drop_stale(flight)
+        chunks = flight.chunks
+        for seq, chunk in chunks:
+            if chunk.last:
+                seq.status = PREFILLING
+        if chunks:  # back in admission order, as the scheduler walks them
             inst.prefilling = {s: None for s in inst.running if s.status == PREFILLING}
         others = [s for s in inst.running if s.status == DECODING]  # decoding, but not in this batch
         for seq in others:
@@ -268,7 +273,9 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         cost.tokens = tokens
         cost.run = None
         inst.events += 1
+        ahead = rewind(chunks)
         inst._execute(flight.plan, INF)
+        restore(ahead)
         if inst.spec is not None and flight.seqs:  # the drafter proposed for the batch as launched
             inst.spec_k = inst.spec.k_for(flight.seqs)
         if inst.now < flight.completion:  # a batch of swaps only, or whose requests were all aborted: it waits
@@ -282,21 +289,27 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             inst.off_cycle[seq] = seq.last_token_ms
         self.to_plan = True
 
-    def _drop_aborted(self, flight: Flight) -> int:
-        """Take the sequences aborted while ``flight`` was in the pipeline out of it (their
+    def _drop_stale(self, flight: Flight) -> int:
+        """Take out of ``flight`` the sequences aborted while it was in the pipeline (their
         blocks and slots are free already; vLLM's ``update_from_output`` skips a finished
-        request's output); the tokens they had in it."""
+        request's output) and the prompt chunks of sequences preempted since (their blocks are
+        free, their prompts start over; a partial prefill gives no token); the tokens they had
+        in it."""
         in_flight = self.inst.in_flight
         lost = 0
-        for seq, tokens in flight.members.items():
+        for seq in flight.decoders:
             if seq.status == ABORTED:
-                lost += tokens
+                lost += flight.members[seq]
             else:
                 del in_flight[seq]
+        live = [(seq, chunk) for seq, chunk in flight.chunks if not stale(seq, chunk)]
+        if len(live) < len(flight.chunks):
+            lost += sum(chunk.tokens for seq, chunk in flight.chunks if stale(seq, chunk))
+            flight.plan.dropped = dropped_chunks(flight.chunks)
+            flight.chunks = live
+            flight.plan.prefills = [(s, chunk.tokens) for s, chunk in live]
         if lost:
             flight.decoders = [s for s in flight.decoders if s.status != ABORTED]
-            flight.prefills = [s for s in flight.prefills if s.status != ABORTED]
-            flight.plan.prefills = [(s, n) for s, n in flight.plan.prefills if s.status != ABORTED]
             if flight.plan.spec_override:
                 flight.plan.spec_override = {s: d for s, d in flight.plan.spec_override.items()
                                              if s.status != ABORTED}

@@ -22,7 +22,7 @@ class FastPlan:
     __slots__ = (
         "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
-        "spec_k", "spec_slots", "spec_override",
+        "spec_k", "spec_slots", "spec_override", "dropped",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -46,6 +46,7 @@ class FastPlan:
         self.spec_k = inst.spec_k if spec is not None else 0          # drafts each decode verifies
         self.spec_slots = 1 + self.spec_k + spec.lookahead if spec is not None else 1  # KV slots a decode takes
         self.spec_override = None  # {seq: (drafts, slots)} for decodes that differ from that
+        self.dropped = ()          # a pipeline's (seq, tokens) chunks of prompts preempted since the launch
 
     # -- reading the state -----------------------------------------------------------------
     @property

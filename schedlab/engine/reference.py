@@ -84,6 +84,7 @@ class RefPlan:
         self.spec_tokens = engine.spec_k if spec is not None else 0
         self.lookahead = spec.lookahead if spec is not None else 0
         self.drafts: dict = {}  # decode -> (drafts it verifies, KV slots it took)
+        self.dropped: list = []  # a pipeline's (sequence, tokens) chunks of prompts preempted since the launch
 
     @property
     def running(self):
@@ -365,7 +366,7 @@ class ReferenceEngine:
         self.meter = meter  # a schedlab.energy.EnergyMeter with [power]
         self.aborts: list = []    # [time the engine hears its client gave up, seq_no, sequence]
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
-        self.in_flight: dict | None = None  # pipelined: a sequence in a batch in flight -> its KV slots there
+        self.in_flight: dict | None = None  # pipelined: a decode in a batch in flight -> its KV slots there
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         host = getattr(kv, "host", None)
         if host is not None:
@@ -491,7 +492,7 @@ class ReferenceEngine:
                 self.kv.free(seq)
             elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
                 del self.running[seq]
-                seq.num_computed_tokens += self.in_flight.pop(seq)  # the slots that batch took go too
+                seq.num_computed_tokens += self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
                 self.kv.free(seq)
             elif self.role is not None and self.role.abort(self, seq):
                 seq.status = "aborted"  # its KV was on its way here; the scheduler never held it
@@ -552,10 +553,10 @@ class ReferenceEngine:
         if self.meter is not None:  # every token of the iteration takes the same share of its energy
             energy = self.meter.iteration(self.now, batch, duration)
             row_j = self.meter.row_j(energy)
-            per_decoder, per_token = token_shares(energy, batch)
+            per_decoder, per_token = token_shares(energy, batch, sum(n for _, n in plan.dropped))
             for s in decoders:
                 s.energy_j += per_decoder
-            for s, n in plan.prefills:
+            for s, n in plan.prefills + plan.dropped:  # dropped: a pipeline's chunks of prompts preempted since
                 s.energy_j += per_token * n
         self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, row_j)
 

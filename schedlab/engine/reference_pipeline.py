@@ -6,8 +6,10 @@ version is :mod:`schedlab.engine.pipeline`. Here a :class:`ReferencePipeline` wr
 several behind a router in plain time order: a batch landing is an event like an arrival, and
 comes before an arrival at the same time (that batch has ended when the arrival is routed);
 after each landing the instance launches again, before its next batch lands, even at the same
-time (as the fast engine and vLLM's batch queue do). Sequences in a batch in flight are marked
-``in_flight`` and the scheduler sees the running list without them. A request whose client gave
+time (as the fast engine and vLLM's batch queue do). Decodes in a batch in flight, and prompts
+whose last chunk is, are marked ``in_flight`` and the scheduler sees the running list without
+them; a prompt with tokens left after its chunks in flight stays in sight and may send its next
+chunk (:func:`~schedlab.engine.stages.launch_chunks`). A request whose client gave
 up is aborted before the instance launches (``ReferenceEngine.abort_due``), in a batch in flight
 too; that batch lands without it. With ``[power]`` the engine's meter is a
 :class:`~schedlab.energy.pipeline.PipelineMeter`, handed each batch's stage slices at its launch.
@@ -25,7 +27,8 @@ from typing import Sequence
 from ..errors import StallError
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
-from .stages import IN_FLIGHT, StageClock, VisibleRunning, hole_row, instance_view, stage_times
+from .stages import (IN_FLIGHT, StageClock, VisibleRunning, dropped_chunks, hole_row, instance_view, launch_chunks,
+                     restore, rewind, stage_times, stale)
 
 INF = math.inf
 
@@ -49,7 +52,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         self.e = engine
         self.stages = stages
         self.clock = StageClock(stages)
-        self.flights: list = []   # [plan, sequences and their statuses, launch time, completion, tokens, batch]
+        self.flights: list = []   # [plan, decoders and their statuses, chunks, launch time, completion, tokens, batch]
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
@@ -94,7 +97,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         schedules again before it takes the next batch's output (vLLM's
         ``step_with_batch_queue``), even one that completed at the same time -- a batch of swaps
         only takes no stage time and lands with the batch before it."""
-        return self.flights[0][3] if self.flights and not self.launch_due else INF
+        return self.flights[0][4] if self.flights and not self.launch_due else INF
 
     def wake(self, t: float) -> None:
         """An arrival (or its sleep's end): it plans then, unless it waits for a batch to land."""
@@ -140,25 +143,29 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         if e.meter is not None:  # each stage's slice, metered now that its times are known
             e.meter.launch(self.clock.starts, stage_ms, batch, ratio)
         decoders = plan.decoders()
-        members = set(decoders) | {s for s, _ in plan.prefills}
+        members = set(decoders)
         flown = [(s, s.status) for s in e.running if s in members]
         for s, _ in flown:
             s.status = IN_FLIGHT
         for s in decoders:  # the KV slots the batch took for each, freed with it if it is aborted
             e.in_flight[s] = plan.drafts[s][1]
-        for s, n in plan.prefills:
-            e.in_flight[s] = n
-        self.flights.append([plan, flown, e.now, completion, tokens, batch])
+        chunks = launch_chunks(plan.prefills)  # computed at once: a prompt with tokens left stays in sight
+        for s, chunk in chunks:
+            if chunk.last:
+                s.status = IN_FLIGHT
+        self.flights.append([plan, flown, chunks, e.now, completion, tokens, batch])
 
     def land(self) -> None:
         """The oldest batch is back: its sequences return and its plan executes, over the time
         since the previous landing (or its launch, if later)."""
         e = self.e
-        plan, flown, launched, completion, tokens, batch = self.flights.pop(0)
+        plan, flown, chunks, launched, completion, tokens, batch = self.flights.pop(0)
         gone = {s for s, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
-        lost = (sum(1 + plan.drafts[s][0] for s in gone if s in plan.drafts)  # a decode's tokens
-                + sum(n for s, n in plan.prefills if s in gone))             # a prompt chunk's
-        plan.prefills = [(s, n) for s, n in plan.prefills if s not in gone]
+        live = [(s, chunk) for s, chunk in chunks if not stale(s, chunk)]  # not aborted or preempted since
+        lost = (sum(1 + plan.drafts[s][0] for s in gone)                     # a decode's tokens
+                + sum(c.tokens for s, c in chunks if stale(s, c)))           # a prompt chunk's
+        plan.prefills = [(s, c.tokens) for s, c in live]
+        plan.dropped = dropped_chunks(chunks)
         flown = [(s, status) for s, status in flown if s not in gone]
         for s, _ in flown:
             del e.in_flight[s]
@@ -167,6 +174,9 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             s.status = IN_FLIGHT
         for s, status in flown:
             s.status = status
+        for s, chunk in live:
+            if chunk.last:
+                s.status = "prefilling"
         start = max(launched, self.last_landing)
         if e.now < start:
             e.wake(start)
@@ -175,7 +185,9 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         e.cost.tokens = tokens - lost
         e.cost.run = None
         e.events += 1
+        ahead = rewind(live)
         e._execute(plan)
+        restore(ahead)
         if e.spec is not None and batch.num_seqs:  # the drafter proposed for the batch as launched
             e.spec_k = e.spec.k_for(batch.num_seqs)
         if e.now < completion:  # a batch of swaps only, or whose requests were all aborted: it waits

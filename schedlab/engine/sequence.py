@@ -83,6 +83,14 @@ class Sequence:
             return self.anchor + self._clock.steps
         return self._computed
 
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        """Set the computed tokens of a sequence that is not decoding (a pipeline's prompt
+        chunks, :func:`schedlab.engine.stages.launch_chunks`)."""
+        if self.status == DECODING:
+            raise AssertionError(f"request {self.request.id}: a decoding sequence's computed tokens follow the clock")
+        self._computed = value
+
     @property
     def num_generated(self) -> int:
         if self.status == DECODING:

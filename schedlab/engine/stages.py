@@ -15,6 +15,32 @@ meanwhile; it still holds its place among the running requests (``max_num_seqs``
 A batch goes through the stages in order; a stage works on one batch at a time, in launch
 order, and hands its activations to the next stage (:class:`StageClock`).
 
+**A long prompt's chunks follow each other into the pipeline** (chunked prefill). vLLM 0.11's
+scheduler advances ``request.num_computed_tokens`` when it schedules a request, not when the
+output lands (``Scheduler._update_after_schedule``, ``vllm/v1/core/sched/scheduler.py``: "allowing
+us to schedule the prefill request again immediately in the next scheduling step"), so the next
+``schedule()`` -- the next batch in the queue -- gives a prompt with tokens left its next chunk
+while the previous one is still in the pipeline. A request with nothing left to schedule
+(``num_new_tokens == 0`` in ``Scheduler.schedule``: "PP>1 and we have already scheduled all prompt
+tokens but they are not finished yet", or a decode whose token is not back) is skipped. Only the
+batch holding a prompt's last chunk gives it a token (the model runner discards what it samples
+for a partial prefill, ``GPUModelRunner._bookkeeping_sync``), so its first token comes when that
+batch lands, and it decodes after. No extra wait is needed between chunks: a stage takes batches
+in launch order, so chunk ``c`` has written its KV in a stage's layers before chunk ``c + 1``
+reaches that stage. So here (:func:`launch_chunks`, :func:`stale`, :func:`rewind`):
+
+* a launch counts each prompt chunk as computed at once; a prefilling request whose prompt has
+  tokens left stays visible to the scheduler (in one or more batches in flight, with one
+  ``max_num_seqs`` slot and the blocks of every chunk scheduled); one whose last chunk is
+  launched sits out until that batch lands;
+* a landing executes its chunks as a step would, and the request keeps its chunks still in flight;
+* a prompt preempted while it has chunks in flight (the scheduler may pick it as a victim) frees
+  every block, its scheduled chunks' too, and starts over, as vLLM's preemption does
+  (``kv_cache_manager.free``, ``num_computed_tokens = 0``); its chunks in flight land without it
+  (no token comes of a partial prefill). Requests in flight with nothing left to schedule -- a
+  prompt's last chunk, a decode -- are not the scheduler's to see, so never victims (vLLM may
+  preempt one; its token is then kept, ``update_from_output``'s ``stopped_preempted_reqs``).
+
 **Speculative decoding** (``[speculative]``). vLLM 0.33 builds the drafter on the last stage
 only (``gpu_model_runner.py``: ``if self.speculative_config and get_pp_group().is_last_rank``),
 beside the target's final hidden states and LM head; the engine core takes the drafts with the
@@ -143,6 +169,63 @@ class StageClock:
             if k + 1 < len(free):
                 ready += send_ms
         return ready
+
+
+class Chunk:
+    """A prompt chunk in a batch in flight: the request's computed tokens before it, its
+    tokens, the request's preemption count at the launch, and whether it ends the prompt."""
+
+    __slots__ = ("start", "tokens", "stamp", "last")
+
+    def __init__(self, start: int, tokens: int, stamp: int, last: bool):
+        self.start = start
+        self.tokens = tokens
+        self.stamp = stamp
+        self.last = last
+
+
+def launch_chunks(prefills) -> list:
+    """A batch's prompt chunks (``plan.prefills``: ``(sequence, tokens)``) enter the pipeline:
+    each sequence's computed tokens advance by its chunk now, as vLLM's
+    ``Scheduler._update_after_schedule`` advances them at scheduling. Returns ``(sequence,
+    Chunk)`` in plan order; the caller takes the sequences whose last chunk this is out of the
+    scheduler's sight until the batch lands."""
+    chunks = []
+    for seq, n in prefills:
+        start = seq.num_computed_tokens
+        seq.num_computed_tokens = start + n
+        chunks.append((seq, Chunk(start, n, seq.num_preemptions, start + n == seq.num_tokens)))
+    return chunks
+
+
+def stale(seq, chunk: Chunk) -> bool:
+    """``seq`` was aborted or preempted since ``chunk`` was launched: the chunk lands without it."""
+    return seq.status == "aborted" or seq.num_preemptions != chunk.stamp
+
+
+def dropped_chunks(chunks) -> list:
+    """``(sequence, tokens)`` of the ``chunks`` whose sequences were preempted (not aborted) since
+    the launch: computed in vain, their energy is still their requests' (``token_shares``)."""
+    return [(seq, chunk.tokens) for seq, chunk in chunks if seq.status != "aborted" and stale(seq, chunk)]
+
+
+def rewind(chunks) -> list:
+    """Before a landing executes its (live) ``chunks``: each sequence counts the tokens before
+    its chunk, as a step's execution expects (it adds the chunk). Returns what to give back
+    afterwards (:func:`restore`): the tokens of the sequence's later chunks, still in flight."""
+    ahead = []
+    for seq, chunk in chunks:
+        later = seq.num_computed_tokens - chunk.start - chunk.tokens
+        seq.num_computed_tokens = chunk.start
+        if later:
+            ahead.append((seq, later))
+    return ahead
+
+
+def restore(ahead: list) -> None:
+    """After the landing: the sequences count their chunks still in flight again."""
+    for seq, later in ahead:
+        seq.num_computed_tokens += later
 
 
 class VisibleRunning:
