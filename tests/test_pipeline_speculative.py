@@ -299,3 +299,23 @@ def test_speculation_on_a_pipelined_deployment_in_toml_runs_in_both_engines(tmp_
     without = run_experiment(load(write(tmp_path / "plain", PIPELINED))).all_runs()[0]
     assert fast.counters["generated_tokens"] == without.counters["generated_tokens"]
     assert fast.counters["decode_seq_steps"] < without.counters["decode_seq_steps"]
+
+
+def test_the_reference_pipeline_takes_no_landing_while_a_launch_is_due():
+    """The rule the case above once broke, pinned on its own: after a landing the reference
+    pipeline launches again before it takes the next batch's output, even one that completed at
+    the same time (a batch of swaps only lands with the batch before it)."""
+    from schedlab.engine.recorder import Recorder
+    from schedlab.engine.reference import ReferenceEngine
+    from schedlab.engine.reference_pipeline import ReferencePipeline
+
+    cost = LinearParallelCost(LinearCostModel(LinearConfig()))
+    engine = ReferenceEngine(ContinuousScheduler(ContinuousConfig()), cost, PagedKVCache(8, 16), Recorder())
+    pipe = ReferencePipeline(engine, 2)
+    pipe.flights = [[None, [], [], 0.0, 5.0, 1, None], [None, [], [], 0.0, 5.0, 1, None]]
+    pipe.launch_due = True
+    assert pipe.next_landing() == float("inf")
+    assert pipe.next_plan_time() == engine.now
+    pipe.launch_due = False
+    assert pipe.next_landing() == 5.0
+    assert pipe.next_plan_time() == float("inf")
