@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from schedlab.engine.scaling import ScalingLimits
 from schedlab.model import Request
 from schedlab.testing import (blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples,
-                              requests_lists, run_cluster)
+                              requests_lists, run_cluster, run_disaggregated)
 from schedlab.testing.parallel import LinearParallelCost, run_deployments, run_pipelined
 from schedlab_plugins.autoscalers import QueueLength, QueueLengthConfig
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
@@ -30,6 +30,7 @@ from schedlab_plugins.kv_caches.host_tier import HostTier
 from schedlab_plugins.routers import LeastOutstandingRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.sglang import SglangScheduler
+from test_disaggregated import LATENCY_MS, LINK_GBPS, pool
 from test_energy import Newest, Scripted
 from test_pipeline_parallel import client_side
 from test_prefix_cache import OPS, Driver, Seq, admit, make_request, req
@@ -420,3 +421,33 @@ def test_a_deployment_switched_off_and_on_has_forgotten_the_shared_prefix_on_eve
     assert held.meta["scaling"]["caches_kept"] == 1              # one deployment went off, warm
     for run in (cold, warm, held):
         check_run(run, SHARED)
+
+
+# -- a disaggregated cluster's prefill pool ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prefill_instance_switched_off_and_on_has_forgotten_the_shared_prefix(engine):
+    """The script above on a prefill pool of 2 (instance 1 the newest), one decode instance (2);
+    0.5 ms a prompt token. r0's 20-token prompt runs on instance 1 from 2000 (first token 2010)
+    and its KV is pulled at once, so instance 1 drains empty after the tick at 3000 and is off;
+    switched on at 4000 (serving from 4500), it prefills r1's whole prompt at 5000: first token
+    5010. Kept on, r1 finds the 16-token system prompt: 4 tokens, first token 5002."""
+    def run(script):
+        return run_disaggregated(SHARED, pool(64, block_size=4, kv=PrefixKVCache), pool(64, block_size=4),
+                                 prefill_instances=2, decode_instances=1, prefill_router=Newest(),
+                                 bandwidth_gbps=LINK_GBPS, latency_ms=LATENCY_MS, engine=engine,
+                                 autoscalers={"prefill": Scripted(script)}, limits={"prefill": LIMITS})
+
+    cold, warm = run(RESTART), run(KEPT_ON)
+    for r in (cold, warm):
+        assert by_id(r, "prefill_instance") == {0: 1, 1: 1}
+        check_run(r, SHARED)
+    assert by_id(cold, "cached_tokens") == {0: 0, 1: 0}
+    assert by_id(cold, "first_token_ms") == {0: 2010.0, 1: 5010.0}
+    assert by_id(warm, "cached_tokens") == {0: 0, 1: 16}
+    assert by_id(warm, "first_token_ms") == {0: 2010.0, 1: 5002.0}
+    prefill = cold.meta["scaling"]["pools"]["prefill"]
+    assert [i for i, _, _ in prefill["intervals"]].count(1) == 2       # on, off at 3000, on again
+    assert [row[1:3] for row in prefill["intervals"] if row[0] == 1][0] == [1000.0, 3000.0]
+    assert prefill["caches_kept"] == 0
