@@ -22,8 +22,9 @@
                  the meter is called once per event (bulk runs in closed form), so the events
                  stay the same and the cost is a few model calls per event.
 8. parallel   -- Qwen3-30B-A3B as data-parallel ranks with expert parallelism (bulk decode runs
-                 only while one rank stays the slowest) and as a 2-stage pipeline (batch by
-                 batch), in the fast and the reference engine (moe_layouts.toml).
+                 only while one rank stays the slowest), as two such deployments behind a load
+                 balancer, and as a 2-stage pipeline (batch by batch), in the fast and the
+                 reference engine (moe_layouts.toml).
 
 The Azure trace is looked for in ``--traces DIR``, else ``$SCHEDLAB_TRACES``, else
 ``../shared/traces`` next to the repository (a git worktree elsewhere needs one of the first
@@ -251,7 +252,10 @@ def bench_energy(rows: list, azure: tuple[list[str], str]) -> None:
                  f"with [power] {on['wall_ms'] / 1e3:.2f} s ({on['events']:,} events), without "
                  f"{off['wall_ms'] / 1e3:.2f} s ({off['events']:,} events); {source}"))
 LAYOUTS = {"DP 2 + EP": ["cluster.data_parallel=2", "cluster.expert_parallel=true"],
-           "PP 2": ["cluster.pipeline_parallel=2"]}
+           "PP 2": ["cluster.pipeline_parallel=2"],
+           # two deployments behind a load balancer, each stepping on its own, at twice the rate
+           "2 x (DP 2 + EP)": ["cluster.data_parallel=2", "cluster.expert_parallel=true", "cluster.instances=2",
+                               'cluster.router={kind = "least_outstanding"}', "workload.rate=20"]}
 
 
 def bench_parallel(rows: list) -> None:
