@@ -464,6 +464,32 @@ def test_a_roofline_iteration_splits_into_stages_that_add_up(stages):
     assert send == pytest.approx(Collectives(TOPOLOGIES["pcie-gen5-host"], 2).send_recv_ms(2 * 544 * 4096 * 2))
 
 
+def test_tensor_parallel_stages_send_slices_and_all_gather_them():
+    """vLLM's ``send_tensor_dict(..., all_gather_group=tp_group)``: each of the 2 ranks sends
+    half of the hidden states and half of the residual to its peer on the next stage, whose
+    ranks then all-gather each tensor whole (two all-gathers of tokens x hidden x 2 bytes)."""
+    import attrs
+
+    from schedlab_plugins.cost_models.collectives import TOPOLOGIES, Collectives
+    from schedlab_plugins.cost_models.pipeline import PipelineSends
+
+    presets = _presets()
+    model, machine = presets.model("qwen3-32b"), TOPOLOGIES["pcie-gen5-host"]
+    pair, group = Collectives(machine, 2, 2), Collectives(machine, 2)
+    tensor = 300 * 5120 * 2   # 300 tokens' hidden states (or residual) in bf16
+    sends = PipelineSends(model, machine, stages=2, tensor_parallel=2)
+    assert sends.send_ms(300) == pytest.approx(pair.send_recv_ms(tensor) + 2 * group.all_gather_ms(tensor))
+    # the all-gathers are on the path: slicing does not make a send cheaper than half of one
+    assert sends.send_ms(300) > pair.send_recv_ms(tensor)
+    # without tensor parallelism the whole of both tensors goes in one send, nothing gathered
+    assert PipelineSends(model, machine, 2, 1).send_ms(300) == pytest.approx(pair.send_recv_ms(2 * tensor))
+    # a tensor whose size does not divide by tp goes whole (vLLM's _should_use_all_gather)
+    odd = attrs.evolve(model, hidden_size=5121)
+    assert PipelineSends(odd, machine, 2, 2).send_ms(3) == pytest.approx(pair.send_recv_ms(2 * 3 * 5121 * 2))
+    assert PipelineSends(odd, machine, 2, 2).send_ms(2) == pytest.approx(
+        pair.send_recv_ms(2 * 5121 * 2) + 2 * group.all_gather_ms(2 * 5121 * 2))
+
+
 def test_kv_sizing_of_a_stage_holds_its_layers():
     from schedlab.capacity import size_kv_cache
     from schedlab.parallelism import Parallelism

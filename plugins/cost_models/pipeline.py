@@ -4,9 +4,14 @@ vLLM with ``--pipeline-parallel-size P`` gives each stage a contiguous run of de
 (``vllm.distributed.utils.get_pp_indices``: ``layers // P`` each, the remainder one more on the
 stages before the last), the input embedding to the first stage and the final norm, LM head
 and sampler to the last. Between consecutive stages it sends the layer's output, hidden
-states and residual (``IntermediateTensors``: ``2 x tokens x hidden_size x dtype`` bytes;
-with tensor parallelism each rank sends its ``1 / tp`` share and the next stage all-gathers
-it, not modelled), point to point (:meth:`.collectives.Collectives.send_recv_ms`).
+states and residual (``IntermediateTensors``: ``2 x tokens x hidden_size x dtype`` bytes),
+point to point (:meth:`.collectives.Collectives.send_recv_ms`). With tensor parallelism each
+rank sends only its ``1 / tp`` slice of each tensor to its peer on the next stage, and the next
+stage's ranks all-gather the two tensors before they run (vLLM 0.19
+``GroupCoordinator.isend_tensor_dict`` / ``irecv_tensor_dict`` with ``all_gather_group =
+get_tp_group()``, called from ``gpu_worker.py``; a tensor whose size does not divide by ``tp``
+is sent whole). The receiving stage waits for both, so both are in the time from one stage to
+the next.
 
 A cost model splits its iteration time into what runs once before the first layer, what
 runs once after the last, and the layers' share, which is the same for every layer of a
@@ -52,14 +57,25 @@ class PipelineSends:
         # Two neighbouring stages share a node unless the pipeline needs more GPUs than one holds.
         per_node = 2 if stages * tensor_parallel <= topology.gpus_per_node else 1
         self.collectives = Collectives(topology, 2, per_node)
-        self._bytes_per_token = 2 * model.hidden_size * model.dtype_bytes / tensor_parallel
+        # The receiving stage's tensor-parallel group, which all-gathers the slices.
+        self.gather = Collectives(topology, tensor_parallel)
+        self.tensor_parallel = tensor_parallel
+        self._hidden = model.hidden_size
+        self._tensor_bytes_per_token = model.hidden_size * model.dtype_bytes  # one of the two tensors
         self._memo: dict[int, float] = {}
 
     def send_ms(self, tokens: int) -> float:
-        """Sending ``tokens`` tokens' activations from one stage to the next."""
+        """Sending ``tokens`` tokens' activations from one stage to the next: hidden states and
+        residual, each as ``1 / tp`` slices then all-gathered by the next stage's ranks (whole when
+        ``tokens x hidden_size`` does not divide by ``tp``)."""
         ms = self._memo.get(tokens)
         if ms is None:
-            ms = self.collectives.send_recv_ms(tokens * self._bytes_per_token)
+            tensor = tokens * self._tensor_bytes_per_token
+            tp = self.tensor_parallel
+            if tp > 1 and (tokens * self._hidden) % tp == 0:
+                ms = self.collectives.send_recv_ms(2 * tensor / tp) + 2 * self.gather.all_gather_ms(tensor)
+            else:
+                ms = self.collectives.send_recv_ms(2 * tensor)
             if len(self._memo) < 1 << 16:
                 self._memo[tokens] = ms
         return ms
