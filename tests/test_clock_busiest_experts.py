@@ -80,17 +80,18 @@ def roofline(balancedness: float, expert_parallel: bool = True) -> RooflineCostM
 
 
 def test_the_roofline_scales_the_mean_gpus_experts_to_the_busiest_gpus_by_hand():
-    # Qwen3-30B-A3B: 128 experts, 8 a token; 2 GPUs hold 64 each. 10 tokens routed in a layer make
-    # 80 pairs, 40 a GPU when even; at balancedness 0.5 the busiest GPU gets min(80, 10 x 8) = 80:
-    # twice the FLOPs, and of its 64 experts 64 (1 - (63/64)^80) distinct ones where the even
-    # share reads 64 (1 - (63/64)^40).
+    # Qwen3-30B-A3B: 128 experts, 8 a token; 2 GPUs hold 64 each. Ranks of 6 and 4 tokens replay CUDA
+    # graphs, so both send 6 rows through the experts: 12 tokens routed in a layer make 96 pairs, 48
+    # a GPU when even; at balancedness 0.5 the busiest GPU gets min(96, 12 x 8) = 96: twice the
+    # FLOPs, and of its 64 experts 64 (1 - (63/64)^96) distinct ones where the even share reads
+    # 64 (1 - (63/64)^48).
     model = PRESETS.model("qwen3-30b-a3b")
     assert (model.num_experts, model.experts_per_token) == (128, 8)
     mean_bytes, mean_flops = roofline(0.5).experts_work((6, 4))
     assert (mean_bytes, mean_flops) == roofline(1.0).experts_work((6, 4))
     byt, flops = roofline(0.5).busiest_experts_work((6, 4))
     assert flops == pytest.approx(2 * mean_flops, rel=1e-12)
-    assert byt == pytest.approx(mean_bytes * (1 - (63 / 64) ** 80) / (1 - (63 / 64) ** 40), rel=1e-12)
+    assert byt == pytest.approx(mean_bytes * (1 - (63 / 64) ** 96) / (1 - (63 / 64) ** 48), rel=1e-12)
     assert byt > mean_bytes
     # an even router, or every expert sharded over the GPUs: the busiest GPU is the mean one
     assert roofline(1.0).busiest_experts_work((6, 4)) == roofline(1.0).experts_work((6, 4))
@@ -114,7 +115,7 @@ def test_the_profiled_model_scales_its_experts_to_the_busiest_gpu_as_the_rooflin
     mean_bytes, mean_flops = skewed.experts_work((6, 4))
     byt, flops = skewed.busiest_experts_work((6, 4))
     assert flops == pytest.approx(2 * mean_flops, rel=1e-12)
-    assert byt == pytest.approx(mean_bytes * (1 - (63 / 64) ** 80) / (1 - (63 / 64) ** 40), rel=1e-12)
+    assert byt == pytest.approx(mean_bytes * (1 - (63 / 64) ** 96) / (1 - (63 / 64) ** 48), rel=1e-12)
 
 
 # -- by hand: the step at a clock ---------------------------------------------------------------------------

@@ -293,12 +293,13 @@ def _presets():
     return Presets.from_catalog(load_catalog(entry_points=False))
 
 
-def _roofline(**layout):
+def _roofline(cuda_graphs: bool = True, cuda_graph_max_tokens: int = 512, **layout):
     from schedlab.parallelism import Parallelism
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
 
     presets = _presets()
-    config = RooflineConfig(model="qwen3-30b-a3b", gpu="rtx-pro-6000-server")
+    config = RooflineConfig(model="qwen3-30b-a3b", gpu="rtx-pro-6000-server", cuda_graphs=cuda_graphs,
+                            cuda_graph_max_tokens=cuda_graph_max_tokens)
     return RooflineCostModel(presets.model("qwen3-30b-a3b"), presets.gpu("rtx-pro-6000-server"), config,
                              parallelism=Parallelism(**layout))
 
@@ -307,7 +308,10 @@ def test_the_experts_of_a_step_follow_vllms_dispatch_and_the_busiest_gpu():
     """Qwen3-30B-A3B (128 experts, top 8, hidden 2048, 48 layers) on 2 ranks: each GPU holds
     64 experts; 200 tokens in all make 1600 (token, expert) pairs, 800 per GPU evenly, 800 /
     0.8 = 1000 on the busiest at balancedness 0.8. Every layer all-gathers 2 x the largest
-    rank's tokens x (2048 + 128) x 2 bytes and reduce-scatters 2 x largest x 2048 x 2 bytes."""
+    rank's tokens x (2048 + 128) x 2 bytes and reduce-scatters 2 x largest x 2048 x 2 bytes.
+    Ranks of up to 512 tokens (the CUDA graph limit) are padded to the largest, rows that go
+    through the experts too: 150 + 50 tokens compute 300 tokens' pairs; 600 + 50 (past the
+    graphs) their own 650, as in eager mode."""
     from schedlab_plugins.cost_models.collectives import TOPOLOGIES, Collectives
 
     even = _roofline(data_parallel=2, expert_parallel=True).expert_layers
@@ -320,7 +324,17 @@ def test_the_experts_of_a_step_follow_vllms_dispatch_and_the_busiest_gpu():
         == pytest.approx(10)
     c = Collectives(TOPOLOGIES["pcie-gen5-host"], 2)
     comm = 48 * (c.all_gather_ms(2 * 150 * 2176 * 2) + c.reduce_scatter_ms(2 * 150 * 2048 * 2))
-    assert even.step_ms((150, 50)) == pytest.approx(comm + even._compute(*even.busiest_gpu(200)), rel=1e-12)
+    assert even.step_ms((150, 50)) == pytest.approx(comm + even._compute(*even.busiest_gpu(300)), rel=1e-12)
+    assert even.padded((150, 50)) == (150, 150) and even.padded((600, 50)) == (600, 50)
+    comm = 48 * (c.all_gather_ms(2 * 600 * 2176 * 2) + c.reduce_scatter_ms(2 * 600 * 2048 * 2))
+    assert even.step_ms((600, 50)) == pytest.approx(comm + even._compute(*even.busiest_gpu(650)), rel=1e-12)
+    eager = _roofline(data_parallel=2, expert_parallel=True, cuda_graphs=False).expert_layers
+    comm = 48 * (c.all_gather_ms(2 * 150 * 2176 * 2) + c.reduce_scatter_ms(2 * 150 * 2048 * 2))
+    assert eager.padded((150, 50)) == (150, 50)
+    assert eager.step_ms((150, 50)) == pytest.approx(comm + even._compute(*even.busiest_gpu(200)), rel=1e-12)
+    # a graph limit of 128 (vLLM: min(2 x max_num_seqs, 512, max_num_batched_tokens) at 64 sequences)
+    small = _roofline(data_parallel=2, expert_parallel=True, cuda_graph_max_tokens=128).expert_layers
+    assert small.padded((150, 50)) == (150, 50) and small.padded((128, 50)) == (128, 128)
     assert skewed.step_ms((150, 50)) > even.step_ms((150, 50))
     # 128 experts over 3 GPUs: vLLM gives two of them 43, one 42; the busiest gets 43/128 of the pairs
     three = _roofline(data_parallel=3, expert_parallel=True).expert_layers

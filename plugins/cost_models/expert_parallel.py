@@ -9,12 +9,23 @@ then works on the tokens of *all* ranks (``FusedMoE``; vLLM's default ``all2all_
 * **dispatch**: the data-parallel group all-gathers every rank's hidden states and router
   logits (``(hidden_size + num_experts) x dtype`` bytes a token), each rank's piece padded to
   the largest one, as vLLM pads the ranks' token counts to the largest under CUDA graphs
-  (``coordinate_batch_across_dp``);
+  (``coordinate_batch_across_dp``; without them ``all_gatherv`` of two ranks' pieces still
+  takes as long as the larger piece);
 * **experts**: with ``--enable-expert-parallel`` each GPU holds ``experts / (D x tp)`` whole
   experts and computes the (token, expert) pairs routed to them; without it every expert is
   sharded over the ``D x tp`` GPUs, each computing ``1 / (D x tp)`` of every pair;
 * **combine**: the group reduce-scatters the outputs back to their ranks
   (``tokens x hidden_size x dtype``).
+
+**Padded rows.** When every rank's batch is small enough to replay a captured CUDA graph
+(``cuda_graph_max_tokens`` in the cost model, 0 in eager mode), vLLM 0.19 pads every rank to
+the largest rank's token count (``dp_utils._synchronize_dp_ranks``: ``should_dp_pad`` when the
+ranks' synced CUDA graph mode is not NONE; a rank with nothing to do pads its dummy batch the
+same way), and the padded rows go through the router and the experts like real ones: the
+experts then compute ``ranks x largest`` tokens' pairs, not the ranks' sum (:meth:`padded`).
+One rank past the graph size (a long prompt chunk) turns the padding off for the step. The
+ranks' own dense layers at the padded size, and rounding up to the next captured size, are not
+modelled.
 
 All three run in every decoder layer and wait for the slowest GPU. Collectives come from
 :mod:`.collectives` (each tensor-parallel rank is in its own data-parallel group, so the
@@ -29,8 +40,7 @@ receives ``1 / balancedness`` of that, up to every token's pairs that its expert
 The step waits for it.
 
 Not modelled: DeepEP / pplx all-to-all kernels (``all2all_backend``), redundant experts and
-EPLB's rebalancing, dense layers before the first MoE layer (DeepSeek's first three), the
-padded rows of CUDA graphs passing through the experts.
+EPLB's rebalancing, dense layers before the first MoE layer (DeepSeek's first three).
 """
 
 from __future__ import annotations
@@ -60,10 +70,12 @@ class ExpertLayers:
         expert) pairs it computes *expressed in tokens* (pairs / experts per token: the
         tokens a single-GPU MoE layer would route to make as many pairs) and the distinct
         experts it reads. The cost model's own measure of its experts.
+    :param graph_tokens: the largest rank batch (tokens) that replays a CUDA graph; 0 in eager
+        mode (no padded rows).
     """
 
     def __init__(self, model: ModelSpec, parallelism: Parallelism, tensor_parallel: int, topology: Topology,
-                 compute_ms: Callable[[float, float], float]):
+                 compute_ms: Callable[[float, float], float], graph_tokens: int = 0):
         if not model.is_moe:
             raise ConfigError(f"model {model.name!r} has no routed experts")
         if model.hidden_size is None:
@@ -84,7 +96,16 @@ class ExpertLayers:
         per_node = min(d, max(1, topology.gpus_per_node // tensor_parallel))
         self.collectives = Collectives(topology, d, per_node)
         self._compute = compute_ms
+        self.graph_tokens = graph_tokens
         self._memo: dict[tuple[int, int], float] = {}
+
+    def padded(self, tokens: Sequence[int]) -> tuple:
+        """The tokens each rank sends through the experts when the ranks run ``tokens``: every
+        rank the largest when all replay CUDA graphs (vLLM's DP padding), else their own."""
+        largest = max(tokens)
+        if largest <= self.graph_tokens:
+            return (largest,) * len(tokens)
+        return tuple(tokens)
 
     def busiest_gpu(self, tokens: float, balancedness: float | None = None) -> tuple[float, float]:
         """``(pairs in tokens, distinct experts)`` the busiest GPU computes when ``tokens``
@@ -110,7 +131,7 @@ class ExpertLayers:
         expert sharded (no ``expert_parallel``), it is ``work`` itself."""
         if not self.expert_parallel or self.balancedness >= 1.0:
             return work
-        total = sum(tokens)
+        total = sum(self.padded(tokens))
         pairs, distinct = self.busiest_gpu(total)
         even_pairs, even_distinct = self.busiest_gpu(total, 1.0)
         byt, flops = work
@@ -119,7 +140,7 @@ class ExpertLayers:
 
     def step_ms(self, tokens: Sequence[int]) -> float:
         """The expert layers of one step whose data-parallel ranks run ``tokens`` tokens each
-        (a rank running a dummy batch: 1)."""
+        (a rank running a dummy batch: 1), padded rows included (:meth:`padded`)."""
         if len(tokens) != self.ranks:
             raise ValueError(f"expected the tokens of {self.ranks} data-parallel ranks, got {len(tokens)}")
         total, largest = sum(tokens), max(tokens)
@@ -130,7 +151,8 @@ class ExpertLayers:
             padded = self.ranks * largest
             per_layer = (c.all_gather_ms(padded * self._dispatch_bytes)
                          + c.reduce_scatter_ms(padded * self._combine_bytes))
-            ms = self.layers * per_layer + self._compute(*self.busiest_gpu(total))
+            rows = padded if largest <= self.graph_tokens else total
+            ms = self.layers * per_layer + self._compute(*self.busiest_gpu(rows))
             if len(self._memo) < 1 << 16:
                 self._memo[key] = ms
         return ms

@@ -139,7 +139,8 @@ class ProfiledCostModel:
         # (whole experts from the TP-1 table), the activations sent between stages.
         if (parallelism.lockstep or parallelism.pipelined) and topology is None:
             raise ConfigError(f"{bundle.root}: data or pipeline parallelism needs the machine's links (a topology)")
-        self.expert_layers = ExpertLayers(model, parallelism, tp, topology, self._expert_gpu_ms) \
+        self.expert_layers = ExpertLayers(model, parallelism, tp, topology, self._expert_gpu_ms,
+                                          graph_tokens=config.cuda_graph_max_tokens if config.cuda_graphs else 0) \
             if parallelism.lockstep and model.is_moe else None
         self.sends = PipelineSends(model, topology, parallelism.pipeline_parallel, tp) \
             if parallelism.pipelined else None
@@ -322,10 +323,11 @@ class ProfiledCostModel:
 
     def experts_work(self, tokens) -> tuple[float, float]:
         """``(bytes, flops)`` of a lockstep step's routed experts on each GPU when the
-        data-parallel ranks run ``tokens[r]`` tokens each (the roofline's counts, see
-        :meth:`rank_work` and :mod:`.work`)."""
+        data-parallel ranks run ``tokens[r]`` tokens each, padded rows included (the roofline's
+        counts, see :meth:`rank_work` and :mod:`.work`; :meth:`.expert_parallel.ExpertLayers.padded`)."""
         check_rank_tokens(tokens, self.parallelism.data_parallel)
-        return self._model_work().experts_work(tokens)
+        layers = self.expert_layers
+        return self._model_work().experts_work(layers.padded(tokens) if layers is not None else tokens)
 
     def busiest_experts_work(self, tokens) -> tuple[float, float]:
         """``(bytes, flops)`` of a lockstep step's routed experts on the busiest GPU, the one

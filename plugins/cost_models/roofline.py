@@ -325,7 +325,8 @@ class RooflineCostModel:
         self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
         # Data and pipeline parallelism (schedlab.parallelism): the experts of a lockstep step,
         # the activations sent between stages.
-        self.expert_layers = ExpertLayers(model, parallelism, tp, topology, self._expert_gpu_ms) \
+        self.expert_layers = ExpertLayers(model, parallelism, tp, topology, self._expert_gpu_ms,
+                                          graph_tokens=c.cuda_graph_max_tokens if c.cuda_graphs else 0) \
             if parallelism.lockstep and model.is_moe else None
         self.sends = PipelineSends(model, topology, parallelism.pipeline_parallel, tp) \
             if parallelism.pipelined else None
@@ -573,9 +574,11 @@ class RooflineCostModel:
     def experts_work(self, tokens) -> tuple[float, float]:
         """``(bytes, flops)`` of a lockstep step's routed experts on each GPU when the
         data-parallel ranks run ``tokens[r]`` tokens each: the mean GPU's share of the experts
-        :meth:`experts_ms` times (see :mod:`.work`)."""
+        :meth:`experts_ms` times, padded rows included (see :mod:`.work` and
+        :meth:`.expert_parallel.ExpertLayers.padded`)."""
         check_rank_tokens(tokens, self.parallelism.data_parallel)
-        return self._work.experts_work(tokens)
+        layers = self.expert_layers
+        return self._work.experts_work(layers.padded(tokens) if layers is not None else tokens)
 
     def busiest_experts_work(self, tokens) -> tuple[float, float]:
         """``(bytes, flops)`` of a lockstep step's routed experts on the busiest GPU, the one
