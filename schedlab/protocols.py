@@ -70,7 +70,8 @@ class SequenceState(Protocol):
     def num_tokens(self) -> int: ...
     @property
     def status(self) -> str: ...  # "waiting" | "prefilling" | "decoding" | "swapped" | "finished" | "rejected"
-    # (engine-internal, never in a plan's running view: "parked", "in_flight" -- pipeline parallelism)
+    # (engine-internal, never in a plan's running view: "parked", "in_flight" -- pipeline parallelism;
+    # an "in_flight" sequence shows only in ``running.preemptible()``, as a possible victim)
 
 
 class WaitingQueue(Protocol):
@@ -327,7 +328,9 @@ class Plan(Protocol):
         the waiting queue; it will prefill ``num_tokens`` again (minus cached blocks). If
         ``seq`` was already scheduled in this iteration (a decode or a prefill chunk, not an
         admission or a swap-in), that work is withdrawn and its new blocks freed too, as
-        vLLM does when its victim was scheduled earlier in the step."""
+        vLLM does when its victim was scheduled earlier in the step. On a pipelined instance
+        ``seq`` may be in a batch in flight (from ``running.preemptible()``): the batch still
+        brings it its token when it lands (:mod:`schedlab.engine.stages`)."""
         ...
 
     def swap_out(self, seq: SequenceState) -> bool:

@@ -113,3 +113,9 @@ class RunningView:
     def last(self):
         """The most recently admitted running sequence (vLLM's FCFS preemption victim)."""
         return next(reversed(self._running)) if self._running else None
+
+    def preemptible(self) -> list:
+        """The running sequences a preemption may pick, in admission order: all of them here;
+        a pipelined instance's view adds those in a batch in flight, which iterating skips
+        (:class:`schedlab.engine.stages.VisibleRunning`)."""
+        return list(self._running)

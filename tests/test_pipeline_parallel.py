@@ -189,6 +189,105 @@ def test_a_prompt_preempted_with_a_chunk_in_flight_starts_over_and_the_chunk_lan
     check_run(r, requests, kv_blocks=4)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_newest_request_is_preempted_while_its_last_chunk_is_in_flight_and_still_gets_its_token(engine):
+    # 2 blocks of 16, a budget of 16. r0 (prompt 16, 3 tokens) and r1 (prompt 16, 2 tokens) at 0:
+    # A (r0's prompt: 8 ms, 4 a stage, send 1.25): stage 0 0-4, stage 1 5.25-9.25; B (r1's) behind
+    #   it: stage 0 4-8, stage 1 9.25-13.25.
+    # At 9.25 A lands, r0's first token; its decode (17th token) needs a 2nd block, none is free.
+    #   vLLM's victim is running[-1], the newest request -- r1, whose batch is in flight: its
+    #   block is freed and it goes back to the queue (not r0, the only one a scheduler blind to
+    #   batches in flight could see). C (r0's decode: 8 ms, 4 a stage, send 0.3125): stage 0
+    #   9.25-13.25, stage 1 13.5625-17.5625. A step that preempts admits nothing.
+    # At 13.25 B lands: the prompt it held was computed, so r1 gets its first token (vLLM keeps
+    #   it), waiting; it now recomputes 17 tokens (2 blocks), none free. Nothing else to launch.
+    # At 17.5625 C lands, r0's 2nd token; D (its decode) 17.5625-21.5625, 21.875-25.875: r0's
+    #   3rd and last token, its blocks free. E (16 of r1's 17: 8 ms) 25.875-29.875, 31.125-35.125;
+    #   F (the last one: 0.5 ms, 0.25 a stage, send 0.3125) 29.875-30.125, 35.125-35.375: done.
+    requests = [Request(0, 0.0, 16, 3), Request(1, 0.0, 16, 2)]
+    r = run_pipelined(requests, chunking(2), 2, engine=engine)
+    assert by_id(r, "first_token_ms") == {0: 9.25, 1: 13.25}
+    assert by_id(r, "finish_ms") == {0: 25.875, 1: 35.375}
+    assert by_id(r, "preemptions") == {0: 0, 1: 1} and by_id(r, "generated_tokens") == {0: 3, 1: 2}
+    c = r.counters
+    assert c["num_preemptions"] == c["recompute_preemptions"] == c["in_flight_preemptions"] == 1
+    assert c["iterations"] == 6 and c["generated_tokens"] == 5 and c["decode_tokens"] == 2
+    # B's chunk landed after r1 was preempted: computed in vain for its KV, as a dropped chunk
+    assert c["prefill_tokens"] == 16 + 16 + 1 and c["kv_peak_blocks"] == 2
+    assert c["busy_ms"] == 35.375 - 4.0  # B's landing executes nothing of its own (a hole, 9.25-13.25)
+    check_run(r, requests, kv_blocks=2)
+
+
+def small_blocks(blocks: int):
+    """A budget of 3 tokens over 2 stages (0.5 ms a prompt token, 8 ms a decode step; a stage
+    sends the next 0.25 ms + 0.0625 ms a token), ``blocks`` KV blocks of 4 tokens."""
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=2, max_num_batched_tokens=3,
+                                                         allocation="grow", chunked_prefill=True))
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)),
+                                  stages=2, moe=False)
+        return scheduler, cost, PagedKVCache(blocks, 4)
+    return make
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_preempted_in_flight_keeps_its_token_and_may_finish_from_the_queue(engine):
+    # 2 blocks of 4 tokens, a budget of 3. r0 (prompt 3, 4 tokens) and r1 (prompt 3, 2 tokens) at 0:
+    # A (r0's 3: 1.5 ms, 0.75 a stage, send 0.4375): 0-0.75, 1.1875-1.9375; B (r1's 3): 0.75-1.5,
+    #   1.9375-2.6875. Each holds one block.
+    # 1.9375: r0's first token; C (its decode, the 4th slot of its block: 4 a stage, send
+    #   0.3125): 1.9375-5.9375, 6.25-10.25.
+    # 2.6875: r1's first token; D (its decode, the 4th slot of its block): 5.9375-9.9375, 10.25-14.25.
+    # 10.25: C lands, r0's 2nd token; its next decode needs a 2nd block, none is free. The newest
+    #   running request, r1, is in flight in D: preempted, its block freed. E (r0's decode):
+    #   10.25-14.25, 14.5625-18.5625.
+    # 14.25: D lands. Its decode gave r1 its 2nd and last token: r1 finishes from the queue.
+    # 18.5625: r0's 3rd token; its 4th a trip later, 4 + 0.3125 + 4: 26.875.
+    requests = [Request(0, 0.0, 3, 4), Request(1, 0.0, 3, 2)]
+    r = run_pipelined(requests, small_blocks(2), 2, engine=engine)
+    assert by_id(r, "first_token_ms") == {0: 1.9375, 1: 2.6875}
+    assert by_id(r, "finish_ms") == {0: 26.875, 1: 14.25}
+    assert by_id(r, "preemptions") == {0: 0, 1: 1} and by_id(r, "generated_tokens") == {0: 4, 1: 2}
+    c = r.counters
+    assert c["num_preemptions"] == c["in_flight_preemptions"] == 1 and c["iterations"] == 6
+    assert c["generated_tokens"] == 6 and c["decode_tokens"] == c["decode_seq_steps"] == 4
+    assert r.metrics["preemptions"]["in_flight"] == 1
+    assert c["prefill_tokens"] == 6 and c["kv_peak_blocks"] == 2
+    check_run(r, requests, kv_blocks=2)
+
+
+@pytest.mark.parametrize("engine_workload", [
+    # found by search: a prompt preempted with its last chunk in flight, re-admitted by a later
+    # batch of the 3 before that one lands, finished by the first token it brings -- while
+    # prefilling again (the first and third) or with its recompute's last chunk in flight (the second)
+    ([(2.5533677657052944, 16, 1), (9.467929512299467, 14, 2), (12.347889446337705, 20, 2),
+      (12.577726012683243, 1, 1), (12.643888215119748, 5, 1), (17.94867923913088, 1, 1)], 8, 4),
+    ([(0.0, 11, 1), (0.0, 17, 2), (3.2168925232306633, 8, 2), (8.354444935517137, 8, 1),
+      (11.028782248379096, 6, 1)], 6, 8),
+    ([(0.0, 4, 2), (0.0, 6, 1), (0.0, 13, 1), (9.347543885178435, 6, 2), (13.434487519042449, 19, 1)], 7, 8),
+])
+def test_a_victim_re_admitted_before_its_batch_lands_takes_the_token_and_may_finish_there(engine_workload):
+    """Three stages keep a batch in flight while the next two are planned, so a request
+    preempted in flight may be admitted again before its batch lands (vLLM's scheduler would
+    too); the token then lengthens what it recomputes, or, its last, finishes it with its
+    blocks freed and its later chunks landing without it. Both engines agree; nothing is lost."""
+    workload, blocks, budget = engine_workload
+    requests = [Request(i, at, prompt, output) for i, (at, prompt, output) in enumerate(workload)]
+
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=budget,
+                                                         allocation="grow", chunked_prefill=True))
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)),
+                                  stages=3, moe=False)
+        return scheduler, cost, PagedKVCache(blocks, 4)
+
+    runs = [run_pipelined(requests, make, 3, engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], requests, max_running=4, kv_blocks=blocks)
+    assert runs[0].counters["in_flight_preemptions"] >= 1
+    assert by_id(runs[0], "generated_tokens") == {r.id: r.output_tokens for r in requests}
+
+
 # -- clients that give up: aborted while their batch is in flight ----------------------------------------------
 
 

@@ -252,13 +252,24 @@ class ContinuousScheduler:
         ``self.running[-1]``), or under a waiting order the one it would serve last (vLLM's
         priority policy: ``max(running, key=(priority, arrival_time))``) -- even one already
         scheduled in this iteration. vLLM's arrival times are clock stamps, distinct and in
-        arrival order; schedlab's may tie, so ties go to the later arrival. ``candidates``:
+        arrival order; schedlab's may tie, so ties go to the later arrival. On a pipelined
+        instance the choice includes requests whose batch is in flight, as vLLM's ``running``
+        does (``plan.running.preemptible()``, :mod:`schedlab.engine.stages`). ``candidates``:
         choose among these running sequences only."""
-        running = plan.running if candidates is None else candidates
+        running = self._preemptible(plan) if candidates is None else candidates
         key = self._key
         if key is not None:
             return max(running, key=lambda s: (key(s), s.seq_no), default=None)
         return next(reversed(running), None)
+
+    def _preemptible(self, plan):
+        """The running sequences a preemption may pick: on a pipelined instance those in flight
+        too (its running view's ``preemptible``; vLLM V1 recomputes), else the running view
+        itself. Swapping preempts only sequences not in flight (their KV is being written; vLLM
+        V0, which swapped, kept a pipeline stage's requests out of the other stages' batches)."""
+        running = plan.running
+        every = getattr(running, "preemptible", None)  # (a third-party engine's view may lack it)
+        return every() if every is not None and self.config.preemption != "swap" else running
 
     def _preempt_one(self, plan) -> bool:
         """Preempt one victim; False if none is left."""
@@ -360,7 +371,7 @@ class ContinuousScheduler:
             return False
         joined = set(plan.admitted)
         joined.update(self._swapped_in)
-        victim = self._victim(plan, [s for s in plan.running if s not in joined] if joined else None)
+        victim = self._victim(plan, [s for s in self._preemptible(plan) if s not in joined] if joined else None)
         if victim is None or (victim.request.priority, victim.request.arrival_ms) <= (
                 seq.request.priority, seq.request.arrival_ms):
             return False

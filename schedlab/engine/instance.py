@@ -413,9 +413,16 @@ class Instance:
 
     def preempt_recompute(self, seq: Sequence, pending: int = 0) -> None:
         """Free ``seq``'s blocks and queue it again. ``pending``: tokens this iteration had
-        allocated KV for (its work is withdrawn), released with the rest."""
-        if seq.status == DECODING:
+        allocated KV for (its work is withdrawn), released with the rest. A sequence in a
+        pipeline's batch in flight releases the slots that batch took for its decode
+        (:mod:`schedlab.engine.stages`: its batch brings it its token when it lands)."""
+        status = seq.status
+        if status == DECODING:
             self._remove_decoder(seq, WAITING)
+        elif status == IN_FLIGHT:
+            pending = self.in_flight.pop(seq, 0)
+            seq.status = WAITING
+            self.counters["in_flight_preemptions"] += 1
         else:
             del self.prefilling[seq]
             seq.status = WAITING
@@ -914,6 +921,21 @@ class Instance:
             k = min(k, growth.iterations_within(room) + 1)
         return max(k, 1)
 
+    def finish_anywhere(self, seq: Sequence, t: float) -> None:
+        """Finish ``seq`` at ``t`` wherever it is: a pipeline's batch brought its last token after
+        it was preempted in flight (:mod:`schedlab.engine.stages`), so it may be waiting (no KV
+        held), or recomputing its prompt after a later batch re-admitted it."""
+        status = seq.status
+        if status == WAITING:
+            self.waiting.remove(seq)
+            seq.waiting_ms += t - seq.waiting_since
+            seq.status = FINISHED
+            self._done(seq, t)
+            return
+        if status == PREFILLING:
+            del self.prefilling[seq]
+        self._finish(seq, t)
+
     def _finish(self, seq: Sequence, t: float) -> None:
         if seq.status == DECODING:
             self._remove_decoder(seq, FINISHED)
@@ -925,6 +947,10 @@ class Instance:
             # scheduler hears of the finish then, when the blocks come back)
             return
         self.kv.free(seq)
+        self._done(seq, t)
+
+    def _done(self, seq: Sequence, t: float) -> None:
+        """``seq`` finished at ``t``: its row, the scheduler's and the clients' callbacks."""
         self.rec.request_done(seq, self.index, t)
         if self._on_finish is not None:
             self._on_finish(seq, t)

@@ -44,6 +44,16 @@ class Release:
         self.running = before[1] - after[1]
         self.blocks = before[2] - after[2]
 
+    def add(self, at: float, before: tuple, after: tuple) -> None:
+        """More given back at ``at`` (a pipeline's landing finishing requests its batch brought a
+        token after their preemption): added to what the iteration ending then gave back."""
+        if at != self.at:
+            self.record(at, before, after)
+            return
+        self.requests += before[0] - after[0]
+        self.running += before[1] - after[1]
+        self.blocks += before[2] - after[2]
+
 
 def load(instance) -> tuple[int, int, int]:
     """(outstanding requests, running requests, KV blocks in use) of either engine's instance."""

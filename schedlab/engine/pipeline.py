@@ -17,7 +17,9 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
   the instance executes the batch's plan then -- tokens, first tokens, finishes -- over the
   time since the previous landing (or its launch, if later), so the instance's busy time and
   KV integrals cover each moment once; a prompt preempted since the launch loses its chunk
-  (:meth:`PipelinedInstance._drop_stale`). Then it launches again.
+  (:meth:`PipelinedInstance._drop_stale`), and a request preempted while this batch held its
+  decode or its prompt's last chunk gets the batch's tokens all the same, wherever it is
+  (:meth:`PipelinedInstance._give`). Then it launches again.
 
 Arrivals wait for the next landing (vLLM blocks on the oldest batch). The pipeline runs one
 batch at a time: no bulk decode runs.
@@ -54,8 +56,9 @@ from .lockstep import rank_batch
 from .plan import FastPlan
 from .rank_cost import RankCost
 from .sequence import ABORTED, DECODING, PARKED, PREFILLING
-from .stages import (IN_FLIGHT, StageClock, VisibleRunning, dropped_chunks, hole_row, instance_view, launch_chunks,
-                     restore, rewind, stage_times, stale)
+from .load import load
+from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, dropped_chunks, hole_row,
+                     instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
 
 INF = math.inf
 
@@ -63,9 +66,9 @@ INF = math.inf
 class Flight:
     """A batch in the pipeline."""
 
-    __slots__ = ("plan", "decoders", "chunks", "launched", "completion", "tokens", "members", "seqs")
+    __slots__ = ("plan", "decoders", "chunks", "launched", "completion", "tokens", "members", "seqs", "stamps")
 
-    def __init__(self, plan, decoders, chunks, launched, completion, tokens, members, seqs):
+    def __init__(self, plan, decoders, chunks, launched, completion, tokens, members, seqs, stamps):
         self.plan = plan
         self.decoders = decoders    # sequences decoding in it (they come back decoding)
         self.chunks = chunks        # its prompt chunks, as plan.prefills: (seq, Chunk)
@@ -74,6 +77,7 @@ class Flight:
         self.tokens = tokens
         self.members = members      # every decode in it -> the tokens it computes for it
         self.seqs = seqs            # sequences in it at its launch (speculation: k for the next drafts)
+        self.stamps = stamps        # every decode in it -> its preemption count at the launch
 
 
 class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hangup_ms", "track_finished"))):
@@ -246,13 +250,15 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         drafts = {s: plan.drafts_of(s) for s in decoding}  # (drafts verified, KV slots taken) of each decode
         inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())
         self.flights.append(Flight(plan, decoding, chunks, inst.now, completion, batch.num_batched_tokens,
-                                   {s: 1 + d for s, (d, _) in drafts.items()}, batch.num_seqs))
+                                   {s: 1 + d for s, (d, _) in drafts.items()}, batch.num_seqs,
+                                   {s: s.num_preemptions for s in decoding}))
 
     def _land(self) -> None:
         """The oldest batch's output is back: its sequences return and its plan executes."""
         inst = self.inst
         flight = self.flights.popleft()
-        tokens = flight.tokens - self._drop_stale(flight)
+        lost, bumped = self._drop_stale(flight)
+        tokens = flight.tokens - lost
         chunks = flight.chunks
         for seq, chunk in chunks:
             if chunk.last:
@@ -284,33 +290,78 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 hole_row(inst.meter, inst.rec, inst.index, len(inst.running), len(inst.waiting),
                          inst.kv.num_used_blocks())
         inst.now = self.now = self.last_landing = flight.completion
+        if bumped:
+            self._give(bumped, flight.completion)
         for seq in others:
             inst._add_decoder(seq)
             inst.off_cycle[seq] = seq.last_token_ms
         self.to_plan = True
 
-    def _drop_stale(self, flight: Flight) -> int:
+    def _give(self, bumped: list, t: float) -> None:
+        """The landing at ``t`` brings requests preempted while it was in flight the tokens it
+        computed for them (vLLM keeps them, :mod:`schedlab.engine.stages`), in arrival order;
+        one whose last token that is finishes wherever it is."""
+        inst = self.inst
+        counters = inst.counters
+        before = load(inst)
+        for b in sorted(bumped, key=lambda b: b.seq.seq_no):
+            seq = b.seq
+            tokens, accepted = tokens_for(inst.spec, b, seq._generated, seq.target)
+            seq._generated += tokens
+            counters["generated_tokens"] += tokens
+            if b.decode:
+                counters["decode_tokens"] += tokens
+                counters["decode_seq_steps"] += 1
+                if b.drafts:
+                    counters["spec_drafts"] += 1
+                    counters["spec_draft_tokens"] += b.drafts
+                    counters["spec_accepted_tokens"] += accepted
+            if seq.first_token_ms < 0:
+                seq.first_token_ms = t
+            else:
+                inst.rec.itl(t - seq.last_token_ms)
+            seq.last_token_ms = t
+            if seq._generated >= seq.target:
+                inst.finish_anywhere(seq, t)
+        inst.release.add(t, before, load(inst))
+
+    def _drop_stale(self, flight: Flight) -> tuple[int, list]:
         """Take out of ``flight`` the sequences aborted while it was in the pipeline (their
         blocks and slots are free already; vLLM's ``update_from_output`` skips a finished
-        request's output) and the prompt chunks of sequences preempted since (their blocks are
-        free, their prompts start over; a partial prefill gives no token); the tokens they had
-        in it."""
+        request's output), those preempted since (their blocks are free; a decode, or a prompt
+        whose last chunk it holds, still gets what the batch computed for it: returned as
+        :class:`~schedlab.engine.stages.Bumped`) and the prompt chunks of sequences preempted
+        since (their prompts start over; a partial prefill gives no token). Returns the tokens
+        they had in it, and the bumped."""
         in_flight = self.inst.in_flight
         lost = 0
+        bumped = []
+        gone = set()
+        stamps, members = flight.stamps, flight.members
         for seq in flight.decoders:
             if seq.status == ABORTED:
-                lost += flight.members[seq]
+                lost += members[seq]
+                gone.add(seq)
+            elif seq.num_preemptions != stamps[seq]:  # preempted in flight: its blocks are free
+                lost += members[seq]
+                gone.add(seq)
+                bumped.append(Bumped(seq, members[seq] - 1, True))
             else:
                 del in_flight[seq]
         live = [(seq, chunk) for seq, chunk in flight.chunks if not stale(seq, chunk)]
+        dropped = []
         if len(live) < len(flight.chunks):
             lost += sum(chunk.tokens for seq, chunk in flight.chunks if stale(seq, chunk))
-            flight.plan.dropped = dropped_chunks(flight.chunks)
+            dropped = dropped_chunks(flight.chunks)
+            bumped += bumped_chunks(flight.chunks)
             flight.chunks = live
             flight.plan.prefills = [(s, chunk.tokens) for s, chunk in live]
-        if lost:
-            flight.decoders = [s for s in flight.decoders if s.status != ABORTED]
+        if gone:
+            # a bumped decode's energy stays its request's, as a dropped chunk's does
+            dropped += [(b.seq, members[b.seq]) for b in bumped if b.decode]
+            flight.decoders = [s for s in flight.decoders if s not in gone]
             if flight.plan.spec_override:
-                flight.plan.spec_override = {s: d for s, d in flight.plan.spec_override.items()
-                                             if s.status != ABORTED}
-        return lost
+                flight.plan.spec_override = {s: d for s, d in flight.plan.spec_override.items() if s not in gone}
+        if dropped:
+            flight.plan.dropped = dropped
+        return lost, bumped

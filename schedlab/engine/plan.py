@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..errors import SimulationError
 from ..queues import RunningView
 from .sequence import DECODING, PREFILLING, SWAPPED, WAITING
+from .stages import IN_FLIGHT
 
 if TYPE_CHECKING:
     from .instance import Instance
@@ -282,6 +283,10 @@ class FastPlan:
                 self.prefills = [(s, n) for s, n in self.prefills if s is not seq]
 
     def preempt(self, seq) -> None:
+        if seq.status == IN_FLIGHT and seq in self._inst.running:  # a pipeline's batch holds it (engine.stages)
+            self._inst.preempt_recompute(seq)
+            self._preempted.append(seq)
+            return
         if seq.status not in (PREFILLING, DECODING):
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}, not running")
         pending = self._pending(seq, "preempt")

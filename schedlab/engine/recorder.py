@@ -62,6 +62,7 @@ COUNTERS = (
     "generated_tokens",      # all output tokens (decode steps + prefill completions)
     "num_preemptions",       # recompute and swap preemptions
     "recompute_preemptions",
+    "in_flight_preemptions",  # of those, of requests in a pipeline's batch in flight (it still brings their token)
     "swap_preemptions",
     "recomputed_tokens",     # KV tokens computed a second time after a recompute preemption
     "swap_failures",         # swap-outs refused because swap space was full

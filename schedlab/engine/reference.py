@@ -248,7 +248,11 @@ class RefPlan:
     def preempt(self, seq) -> None:
         if seq.status not in ("prefilling", "decoding"):
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}")
-        pending = self._withdraw(seq, "preempt")
+        self._requeue(seq, self._withdraw(seq, "preempt"))
+
+    def _requeue(self, seq, pending: int) -> None:
+        """Free running ``seq``'s blocks (and the ``pending`` slots taken for it since they were
+        last counted) and put it at the front of the waiting queue."""
         e = self._e
         del e.running[seq]
         seq.num_computed_tokens += pending  # release the slots allocated this iteration too
@@ -527,6 +531,18 @@ class ReferenceEngine:
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
         return batch, decoders, drafts
 
+    def finish_done(self, s, t: float) -> None:
+        """Finished ``s`` (its blocks free) at ``t``: its inter-token latencies and row, the
+        scheduler's and the clients' callbacks."""
+        for a, b in zip(s.token_times, s.token_times[1:]):
+            self.rec.itl(b - a)
+        self.rec.request_done(s, self.index, t)
+        on_finish = getattr(self.scheduler, "on_finish", None)
+        if on_finish is not None:
+            on_finish(s, t)
+        if self.on_request_done is not None:
+            self.on_request_done(s.request, t)
+
     def _execute(self, plan: RefPlan) -> None:
         counters = self.counters
         high_water = self.rec.kv_high_water * self.kv.num_blocks
@@ -606,7 +622,6 @@ class ReferenceEngine:
                     done.append(s)
                 else:
                     s.status = "decoding"
-        on_finish = getattr(self.scheduler, "on_finish", None)
         before = load(self)  # as routers see the instance until ``end``
         for s in done + sorted(decoded_out, key=lambda s: s.seq_no):
             del self.running[s]
@@ -614,13 +629,7 @@ class ReferenceEngine:
             if self.role is not None and self.role.hand_off(self, s, end):
                 continue  # on to the decode pool; its KV (and its finish) stays until pulled
             self.kv.free(s)
-            for a, b in zip(s.token_times, s.token_times[1:]):
-                self.rec.itl(b - a)
-            self.rec.request_done(s, self.index, end)
-            if on_finish is not None:
-                on_finish(s, end)
-            if self.on_request_done is not None:
-                self.on_request_done(s.request, end)
+            self.finish_done(s, end)
         self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step

@@ -25,20 +25,30 @@ import math
 from typing import Sequence
 
 from ..errors import StallError
+from .load import load
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
-from .stages import (IN_FLIGHT, StageClock, VisibleRunning, dropped_chunks, hole_row, instance_view, launch_chunks,
-                     restore, rewind, stage_times, stale)
+from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, dropped_chunks, hole_row,
+                     instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
 
 INF = math.inf
 
 
 class PipelinePlan(RefPlan):
-    """A plan that sees only the running sequences not in flight (their slots still count)."""
+    """A plan that sees only the running sequences not in flight (their slots still count); a
+    preemption may pick one in flight (:mod:`schedlab.engine.stages`)."""
 
     @property
     def running(self):
         return VisibleRunning(self._e.running)
+
+    def preempt(self, seq) -> None:
+        e = self._e
+        if seq.status != IN_FLIGHT or seq not in e.running:
+            super().preempt(seq)
+            return
+        self._requeue(seq, e.in_flight.pop(seq, 0))  # a decode's slots in its batch go too
+        e.counters["in_flight_preemptions"] += 1
 
 
 class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", "on_request_done"))):
@@ -144,8 +154,8 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             e.meter.launch(self.clock.starts, stage_ms, batch, ratio)
         decoders = plan.decoders()
         members = set(decoders)
-        flown = [(s, s.status) for s in e.running if s in members]
-        for s, _ in flown:
+        flown = [(s, s.status, s.num_preemptions) for s in e.running if s in members]
+        for s, _, _ in flown:
             s.status = IN_FLIGHT
         for s in decoders:  # the KV slots the batch took for each, freed with it if it is aborted
             e.in_flight[s] = plan.drafts[s][1]
@@ -160,13 +170,18 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         since the previous landing (or its launch, if later)."""
         e = self.e
         plan, flown, chunks, launched, completion, tokens, batch = self.flights.pop(0)
-        gone = {s for s, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
+        gone = {s for s, _, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
+        # preempted meanwhile: its blocks are free, but what the batch computed for it is its own
+        bumped = [Bumped(s, plan.drafts[s][0], True) for s, _, stamp in flown
+                  if s not in gone and s.num_preemptions != stamp]
+        gone.update(b.seq for b in bumped)
         live = [(s, chunk) for s, chunk in chunks if not stale(s, chunk)]  # not aborted or preempted since
         lost = (sum(1 + plan.drafts[s][0] for s in gone)                     # a decode's tokens
                 + sum(c.tokens for s, c in chunks if stale(s, c)))           # a prompt chunk's
         plan.prefills = [(s, c.tokens) for s, c in live]
-        plan.dropped = dropped_chunks(chunks)
-        flown = [(s, status) for s, status in flown if s not in gone]
+        plan.dropped = dropped_chunks(chunks) + [(b.seq, 1 + b.drafts) for b in bumped]
+        bumped += bumped_chunks(chunks)
+        flown = [(s, status) for s, status, _ in flown if s not in gone]
         for s, _ in flown:
             del e.in_flight[s]
         others = [s for s in e.running if s.status == "decoding"]  # not in this batch: sit it out
@@ -195,10 +210,43 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             if e.meter is not None:
                 hole_row(e.meter, e.rec, e.index, len(e.running), len(e.waiting), e.kv.num_used_blocks())
         e.now = self.last_landing = completion
+        if bumped:
+            self._give(bumped, completion)
         for s in others:
             s.status = "decoding"
         self.launch_due = True
         self.sleep_until = None
+
+    def _give(self, bumped: list, t: float) -> None:
+        """The tokens the landing at ``t`` brings requests preempted while it was in flight, in
+        arrival order; one whose last token that is finishes wherever it is."""
+        e = self.e
+        counters = e.counters
+        before = load(e)
+        for b in sorted(bumped, key=lambda b: b.seq.seq_no):
+            s = b.seq
+            n, accepted = tokens_for(e.spec, b, s.num_generated, s.request.target_tokens)
+            s.num_generated += n
+            s.token_times.append(t)
+            counters["generated_tokens"] += n
+            if b.decode:
+                counters["decode_tokens"] += n
+                counters["decode_seq_steps"] += 1
+                if b.drafts:
+                    counters["spec_drafts"] += 1
+                    counters["spec_draft_tokens"] += b.drafts
+                    counters["spec_accepted_tokens"] += accepted
+            if s.num_generated < s.request.target_tokens:
+                continue
+            if s.status == "waiting":
+                e.waiting.remove(s)
+                s.waiting_ms += t - s.waiting_since
+            else:  # re-admitted by a later batch, recomputing: it holds blocks and a slot
+                del e.running[s]
+                e.kv.free(s)
+            s.status = "finished"
+            e.finish_done(s, t)
+        e.release.add(t, before, load(e))
 
 
 class ReferencePipelineCluster(ReferenceCluster):

@@ -37,9 +37,24 @@ reaches that stage. So here (:func:`launch_chunks`, :func:`stale`, :func:`rewind
 * a prompt preempted while it has chunks in flight (the scheduler may pick it as a victim) frees
   every block, its scheduled chunks' too, and starts over, as vLLM's preemption does
   (``kv_cache_manager.free``, ``num_computed_tokens = 0``); its chunks in flight land without it
-  (no token comes of a partial prefill). Requests in flight with nothing left to schedule -- a
-  prompt's last chunk, a decode -- are not the scheduler's to see, so never victims (vLLM may
-  preempt one; its token is then kept, ``update_from_output``'s ``stopped_preempted_reqs``).
+  (no token comes of a partial prefill).
+
+**Victims in flight.** vLLM's scheduler keeps a request in flight in ``self.running``, so a
+preemption may pick it: FCFS takes ``self.running.pop()``, the most recently admitted request
+whether or not its token is back, and the priority policy the largest ``(priority,
+arrival_time)`` among them all (``Scheduler.schedule``). ``_preempt_request`` frees its blocks --
+those its batch in flight writes too -- sets ``num_computed_tokens = 0`` and puts it at the front
+of the waiting queue. When its batch lands, ``update_from_output`` still appends what the batch
+sampled for it (a decode's token and accepted drafts; the first token, if the batch held its
+prompt's last chunk) and finishes it if that was its last token (``stopped_preempted_reqs``:
+it leaves the waiting queue). So here a scheduler's victims may be in flight
+(:meth:`VisibleRunning.preemptible`, which the built-in ``vllm`` / ``continuous`` scheduler asks);
+such a victim is queued at once with its KV freed, and the landing gives it its tokens
+(:class:`Bumped`) wherever it is by then: waiting, or -- with three or more stages, when a later
+batch re-admitted it first -- recomputing, its prompt now one token longer, or finished by that
+token (its later chunks then land without it). A step that preempts admits nothing (vLLM:
+``if not preempted_reqs``), so with two stages the victim is still waiting when its batch lands.
+Preemption in flight is always by recompute: its KV is being written.
 
 **Speculative decoding** (``[speculative]``). vLLM 0.33 builds the drafter on the last stage
 only (``gpu_model_runner.py``: ``if self.speculative_config and get_pp_group().is_last_rank``),
@@ -199,8 +214,40 @@ def launch_chunks(prefills) -> list:
 
 
 def stale(seq, chunk: Chunk) -> bool:
-    """``seq`` was aborted or preempted since ``chunk`` was launched: the chunk lands without it."""
-    return seq.status == "aborted" or seq.num_preemptions != chunk.stamp
+    """``seq`` was aborted, preempted or finished since ``chunk`` was launched: the chunk lands
+    without it (a request finishes before its chunks land only when a token an earlier batch
+    brought it after a preemption in flight was its last, see :class:`Bumped`)."""
+    return seq.status == "aborted" or seq.status == "finished" or seq.num_preemptions != chunk.stamp
+
+
+class Bumped:
+    """A request preempted while a batch holding its decode, or its prompt's last chunk, was in
+    flight: what that batch brings it when it lands (vLLM keeps the token). ``drafts``: the
+    drafts its decode verified (0 for a prompt's last chunk); ``decode``: it was a decode."""
+
+    __slots__ = ("seq", "drafts", "decode")
+
+    def __init__(self, seq, drafts: int, decode: bool):
+        self.seq = seq
+        self.drafts = drafts
+        self.decode = decode
+
+
+def bumped_chunks(chunks) -> list:
+    """The :class:`Bumped` of ``chunks`` (a landing batch's ``(sequence, Chunk)``): last chunks of
+    prompts preempted, but neither aborted nor finished, since the launch."""
+    return [Bumped(seq, 0, False) for seq, chunk in chunks
+            if chunk.last and seq.status != "aborted" and seq.status != "finished" and stale(seq, chunk)]
+
+
+def tokens_for(spec, bumped: Bumped, generated: int, target: int) -> tuple[int, int]:
+    """``(tokens, accepted drafts)`` a bumped request's landing batch gives it, having generated
+    ``generated`` of its ``target``: one, and the drafts its decode verified that the target
+    accepts (``spec.accepted``, as a decode step draws them), no more than it has left."""
+    accepted = spec.accepted(bumped.seq, generated, bumped.drafts) if bumped.drafts else 0
+    tokens = 1 + accepted
+    left = target - generated
+    return (tokens if tokens < left else left), accepted
 
 
 def dropped_chunks(chunks) -> list:
@@ -255,3 +302,8 @@ class VisibleRunning:
 
     def last(self):
         return next(reversed(self), None)
+
+    def preemptible(self) -> list:
+        """Every running sequence, those in flight too, in admission order: whom a preemption
+        may pick, as vLLM's ``self.running`` (see the module docstring)."""
+        return list(self._running)

@@ -336,6 +336,7 @@ def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any]
     m["num_preemptions"] = int(c["num_preemptions"])
     m["preemptions"] = {
         "recompute": int(c["recompute_preemptions"]),
+        "in_flight": int(c["in_flight_preemptions"]),
         "swap": int(c["swap_preemptions"]),
         "recomputed_tokens": int(c["recomputed_tokens"]),
         "swap_failures": int(c["swap_failures"]),
