@@ -81,7 +81,7 @@ def test_slo_attainment_goodput_and_per_class_sums():
                     ["interactive", "interactive", "batch", "batch"])
     counters = {k: 0 for k in ("iterations", "running_seq_ms", "peak_running", "peak_waiting", "kv_block_ms",
                                "kv_peak_blocks", "kv_above_ms", "num_preemptions", "recompute_preemptions",
-                               "swap_preemptions", "recomputed_tokens", "swap_failures", "swap_out_blocks",
+                               "in_flight_preemptions", "swap_preemptions", "recomputed_tokens", "swap_failures", "swap_out_blocks",
                                "swap_in_blocks", "swap_transfer_ms", "prefix_queries", "prefix_hits", "busy_ms",
                                "prefill_iteration_ms", "decode_only_ms")}
     itl = {"first": np.zeros(0), "inc": np.zeros(0), "count": np.zeros(0, np.int64), "weight": np.zeros(0, np.int64)}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from schedlab.drafting import DraftingCostModel
@@ -36,11 +36,11 @@ from schedlab.study.experiment import load
 from schedlab.testing import (check_energy, check_run, dyadic_linear_costs, examples,
                               fast_run_agreeing_with_reference, requests_lists)
 from schedlab.testing.parallel import LinearParallelCost, ParallelPrices, run_pipelined
-from schedlab_plugins.cost_models import LinearCostModel, RooflineConfig, RooflineCostModel
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, RooflineConfig, RooflineCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.power import UtilisationConfig
 from schedlab_plugins.power.utilisation import build_utilisation
-from schedlab_plugins.schedulers import ContinuousScheduler
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from test_clock_parallel import LAW
 from test_data_parallel import SPECULATIVE
 from test_data_parallel_energy import GPU, PRESETS
@@ -214,6 +214,14 @@ def at(clock):
 @given(requests_lists(min_size=1, max_size=12, max_prompt=60, max_output=60, all_at_zero=False, priorities=True),
        schedulers(), speculative_configs(), st.integers(2, 4), st.integers(1, 2), st.sampled_from(sorted(ROUTERS)),
        dyadic_linear_costs(), st.integers(0, 30), CLOCKS, st.sampled_from([0.0, 0.02]), st.integers(0, 3))
+@example(  # a request preempted in flight, re-admitted, preempted again with its last chunk in flight, then
+    # finished by a token an earlier batch brought: its row waits for that chunk's energy (engine.stages)
+    [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(4, 10), (1, 1), (1, 10), (1, 10), (20, 10), (1, 9), (1, 1),
+                                                       (1, 60), (1, 1), (1, 1), (1, 1)])],
+    ContinuousConfig(max_num_seqs=5, max_num_batched_tokens=20, chunked_prefill=False, allocation="grow",
+                     reserve_full_prompt=True),
+    SpeculativeConfig(method="eagle", num_speculative_tokens=4, acceptance_rate=0.0, draft={"kind": "linear"}),
+    3, 1, "least_kv", LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=4.0), 10, None, 0.0, 0)
 def test_speculating_pipelines_agree_on_energy_at_a_clock_and_conserve_it(requests, cfg, spec, stages, instances,
                                                                          router, cost, spare, clock, standby_s, seed):
     """Random arrivals, budgets that cut drafts short, swaps and recompute preemptions, k by

@@ -921,22 +921,28 @@ class Instance:
             k = min(k, growth.iterations_within(room) + 1)
         return max(k, 1)
 
-    def finish_anywhere(self, seq: Sequence, t: float) -> None:
+    def finish_anywhere(self, seq: Sequence, t: float, *, row: bool = True) -> None:
         """Finish ``seq`` at ``t`` wherever it is: a pipeline's batch brought its last token after
         it was preempted in flight (:mod:`schedlab.engine.stages`), so it may be waiting (no KV
-        held), or recomputing its prompt after a later batch re-admitted it."""
+        held), or recomputing its prompt after a later batch re-admitted it. ``row=False``:
+        its row waits (:meth:`record_row`) until the batches holding its chunks have landed
+        and given it their energy."""
         status = seq.status
         if status == WAITING:
             self.waiting.remove(seq)
             seq.waiting_ms += t - seq.waiting_since
             seq.status = FINISHED
-            self._done(seq, t)
+            self._done(seq, t, row)
             return
         if status == PREFILLING:
             del self.prefilling[seq]
-        self._finish(seq, t)
+        self._finish(seq, t, row)
 
-    def _finish(self, seq: Sequence, t: float) -> None:
+    def record_row(self, seq: Sequence, t: float) -> None:
+        """The row of ``seq``, finished at ``t`` with its row held back (:meth:`finish_anywhere`)."""
+        self.rec.request_done(seq, self.index, t)
+
+    def _finish(self, seq: Sequence, t: float, row: bool = True) -> None:
         if seq.status == DECODING:
             self._remove_decoder(seq, FINISHED)
         else:
@@ -947,11 +953,13 @@ class Instance:
             # scheduler hears of the finish then, when the blocks come back)
             return
         self.kv.free(seq)
-        self._done(seq, t)
+        self._done(seq, t, row)
 
-    def _done(self, seq: Sequence, t: float) -> None:
-        """``seq`` finished at ``t``: its row, the scheduler's and the clients' callbacks."""
-        self.rec.request_done(seq, self.index, t)
+    def _done(self, seq: Sequence, t: float, row: bool = True) -> None:
+        """``seq`` finished at ``t``: its row (unless held back), the scheduler's and the
+        clients' callbacks."""
+        if row:
+            self.rec.request_done(seq, self.index, t)
         if self._on_finish is not None:
             self._on_finish(seq, t)
         if self.track_finished:

@@ -92,6 +92,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         self.stages = stages
         self.clock = StageClock(stages)
         self.flights: deque[Flight] = deque()
+        self.held_rows: dict = {}  # finished requests whose chunks are still in flight -> their finish time
         self.now = 0.0            # when the instance acts next: plans, or lands its oldest batch
         self.to_plan = True       # a launch is due at ``now`` (else the oldest batch lands at ``now``)
         self.last_landing = -INF
@@ -290,6 +291,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 hole_row(inst.meter, inst.rec, inst.index, len(inst.running), len(inst.waiting),
                          inst.kv.num_used_blocks())
         inst.now = self.now = self.last_landing = flight.completion
+        if self.held_rows:
+            self._release_rows()
         if bumped:
             self._give(bumped, flight.completion)
         for seq in others:
@@ -322,8 +325,18 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 inst.rec.itl(t - seq.last_token_ms)
             seq.last_token_ms = t
             if seq._generated >= seq.target:
-                inst.finish_anywhere(seq, t)
+                held = any(s is seq for f in self.flights for s, _ in f.chunks)
+                inst.finish_anywhere(seq, t, row=not held)
+                if held:
+                    self.held_rows[seq] = t
         inst.release.add(t, before, load(inst))
+
+    def _release_rows(self) -> None:
+        """Write the rows of finished requests no batch in flight holds a chunk of any more (each
+        landing gave them their chunks' energy, :mod:`schedlab.engine.stages`)."""
+        still = {s for f in self.flights for s, _ in f.chunks}
+        for seq in [s for s in self.held_rows if s not in still]:
+            self.inst.record_row(seq, self.held_rows.pop(seq))
 
     def _drop_stale(self, flight: Flight) -> tuple[int, list]:
         """Take out of ``flight`` the sequences aborted while it was in the pipeline (their

@@ -531,12 +531,14 @@ class ReferenceEngine:
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
         return batch, decoders, drafts
 
-    def finish_done(self, s, t: float) -> None:
-        """Finished ``s`` (its blocks free) at ``t``: its inter-token latencies and row, the
-        scheduler's and the clients' callbacks."""
+    def finish_done(self, s, t: float, row: bool = True) -> None:
+        """Finished ``s`` (its blocks free) at ``t``: its inter-token latencies and row (unless
+        held back: a pipeline's batch in flight still holds a chunk of it), the scheduler's and
+        the clients' callbacks."""
         for a, b in zip(s.token_times, s.token_times[1:]):
             self.rec.itl(b - a)
-        self.rec.request_done(s, self.index, t)
+        if row:
+            self.rec.request_done(s, self.index, t)
         on_finish = getattr(self.scheduler, "on_finish", None)
         if on_finish is not None:
             on_finish(s, t)

@@ -63,6 +63,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         self.stages = stages
         self.clock = StageClock(stages)
         self.flights: list = []   # [plan, decoders and their statuses, chunks, launch time, completion, tokens, batch]
+        self.held_rows: dict = {}  # finished requests whose chunks are still in flight -> their finish time
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
@@ -210,6 +211,10 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             if e.meter is not None:
                 hole_row(e.meter, e.rec, e.index, len(e.running), len(e.waiting), e.kv.num_used_blocks())
         e.now = self.last_landing = completion
+        if self.held_rows:  # rows of finished requests whose last chunk in flight has landed
+            still = {s for f in self.flights for s, _ in f[2]}
+            for s in [s for s in self.held_rows if s not in still]:
+                e.rec.request_done(s, e.index, self.held_rows.pop(s))
         if bumped:
             self._give(bumped, completion)
         for s in others:
@@ -245,7 +250,10 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
                 del e.running[s]
                 e.kv.free(s)
             s.status = "finished"
-            e.finish_done(s, t)
+            held = any(x is s for f in self.flights for x, _ in f[2])  # its chunk's energy is still to come
+            e.finish_done(s, t, row=not held)
+            if held:
+                self.held_rows[s] = t
         e.release.add(t, before, load(e))
 
 

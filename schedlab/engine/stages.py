@@ -52,7 +52,8 @@ it leaves the waiting queue). So here a scheduler's victims may be in flight
 such a victim is queued at once with its KV freed, and the landing gives it its tokens
 (:class:`Bumped`) wherever it is by then: waiting, or -- with three or more stages, when a later
 batch re-admitted it first -- recomputing, its prompt now one token longer, or finished by that
-token (its later chunks then land without it). A step that preempts admits nothing (vLLM:
+token (its later chunks then land without it; their energy is still its own, so its row is
+written once they have landed, with the time it finished). A step that preempts admits nothing (vLLM:
 ``if not preempted_reqs``), so with two stages the victim is still waiting when its batch lands.
 Preemption in flight is always by recompute: its KV is being written.
 
