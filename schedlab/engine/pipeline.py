@@ -57,8 +57,8 @@ from .plan import FastPlan
 from .rank_cost import RankCost
 from .sequence import ABORTED, DECODING, PARKED, PREFILLING
 from .load import load
-from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, dropped_chunks, hole_row,
-                     instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
+from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
+                     hole_row, instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
 
 INF = math.inf
 
@@ -305,20 +305,12 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         computed for them (vLLM keeps them, :mod:`schedlab.engine.stages`), in arrival order;
         one whose last token that is finishes wherever it is."""
         inst = self.inst
-        counters = inst.counters
         before = load(inst)
         for b in sorted(bumped, key=lambda b: b.seq.seq_no):
             seq = b.seq
             tokens, accepted = tokens_for(inst.spec, b, seq._generated, seq.target)
             seq._generated += tokens
-            counters["generated_tokens"] += tokens
-            if b.decode:
-                counters["decode_tokens"] += tokens
-                counters["decode_seq_steps"] += 1
-                if b.drafts:
-                    counters["spec_drafts"] += 1
-                    counters["spec_draft_tokens"] += b.drafts
-                    counters["spec_accepted_tokens"] += accepted
+            count_bumped(inst.counters, b, tokens, accepted)
             if seq.first_token_ms < 0:
                 seq.first_token_ms = t
             else:

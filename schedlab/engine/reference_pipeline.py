@@ -28,8 +28,8 @@ from ..errors import StallError
 from .load import load
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
-from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, dropped_chunks, hole_row,
-                     instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
+from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
+                     hole_row, instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
 
 INF = math.inf
 
@@ -226,21 +226,13 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         """The tokens the landing at ``t`` brings requests preempted while it was in flight, in
         arrival order; one whose last token that is finishes wherever it is."""
         e = self.e
-        counters = e.counters
         before = load(e)
         for b in sorted(bumped, key=lambda b: b.seq.seq_no):
             s = b.seq
             n, accepted = tokens_for(e.spec, b, s.num_generated, s.request.target_tokens)
             s.num_generated += n
             s.token_times.append(t)
-            counters["generated_tokens"] += n
-            if b.decode:
-                counters["decode_tokens"] += n
-                counters["decode_seq_steps"] += 1
-                if b.drafts:
-                    counters["spec_drafts"] += 1
-                    counters["spec_draft_tokens"] += b.drafts
-                    counters["spec_accepted_tokens"] += accepted
+            count_bumped(e.counters, b, n, accepted)
             if s.num_generated < s.request.target_tokens:
                 continue
             if s.status == "waiting":

@@ -251,6 +251,19 @@ def tokens_for(spec, bumped: Bumped, generated: int, target: int) -> tuple[int, 
     return (tokens if tokens < left else left), accepted
 
 
+def count_bumped(counters: dict, bumped: Bumped, tokens: int, accepted: int) -> None:
+    """An instance's counters for the ``tokens`` a landing gave ``bumped`` (``accepted`` of its
+    drafts), as a decode step or a prefill's completion counts its own."""
+    counters["generated_tokens"] += tokens
+    if bumped.decode:
+        counters["decode_tokens"] += tokens
+        counters["decode_seq_steps"] += 1
+        if bumped.drafts:
+            counters["spec_drafts"] += 1
+            counters["spec_draft_tokens"] += bumped.drafts
+            counters["spec_accepted_tokens"] += accepted
+
+
 def dropped_chunks(chunks) -> list:
     """``(sequence, tokens)`` of the ``chunks`` whose sequences were preempted (not aborted) since
     the launch: computed in vain, their energy is still their requests' (``token_shares``)."""
