@@ -214,8 +214,7 @@ def at(clock):
 @given(requests_lists(min_size=1, max_size=12, max_prompt=60, max_output=60, all_at_zero=False, priorities=True),
        schedulers(), speculative_configs(), st.integers(2, 4), st.integers(1, 2), st.sampled_from(sorted(ROUTERS)),
        dyadic_linear_costs(), st.integers(0, 30), CLOCKS, st.sampled_from([0.0, 0.02]), st.integers(0, 3))
-@example(  # a request preempted in flight, re-admitted, preempted again with its last chunk in flight, then
-    # finished by a token an earlier batch brought: its row waits for that chunk's energy (engine.stages)
+@example(  # requests preempted in flight with drafts and chunks in it, finished by what their batches bring
     [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(4, 10), (1, 1), (1, 10), (1, 10), (20, 10), (1, 9), (1, 1),
                                                        (1, 60), (1, 1), (1, 1), (1, 1)])],
     ContinuousConfig(max_num_seqs=5, max_num_batched_tokens=20, chunked_prefill=False, allocation="grow",

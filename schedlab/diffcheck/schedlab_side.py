@@ -13,8 +13,11 @@ from schedlab.capacity import Presets
 from schedlab.catalog import load_catalog
 from schedlab.engine.driver import simulate
 from schedlab.engine.instance import Instance
+from schedlab.engine.pipeline import PipelinedInstance
 from schedlab.engine.recorder import Recorder
 from schedlab.engine.reference import ReferenceEngine
+from schedlab.engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
+from schedlab.engine.stage_cost import stage_view
 from schedlab.errors import SchedlabError
 from schedlab.model import Request
 from schedlab.results import RunResult
@@ -57,11 +60,38 @@ class ChunkLog:
             self.chunks.setdefault(seq.request.id, []).append(n)
 
 
-def simulate_one(reqs: list[Request], scheduler, cost, kv, engine: str = "fast") -> RunResult:
+class OneMsStages:
+    """A pipelined instance's clock for the harness: every batch that computes anything takes
+    1 ms on each of ``stages`` stages, and sending its activations on takes none (so a batch
+    lands ``stages`` ms after its launch when the stages are free, and one launched behind it
+    1 ms later)."""
+
+    def __init__(self, stages: int):
+        self.stages = stages
+
+    def iteration_ms(self, batch) -> float:
+        return float(self.stages)
+
+    def decode_step_increment(self, batch) -> float:
+        return 0.0
+
+    def pipeline_ms(self, batch) -> tuple[tuple[float, ...], float]:
+        return (1.0,) * self.stages, 0.0
+
+
+def simulate_one(reqs: list[Request], scheduler, cost, kv, engine: str = "fast", stages: int = 1) -> RunResult:
     """One instance, as :func:`schedlab.testing.run_engine` runs it (that package needs
-    hypothesis, which the harness does not)."""
+    hypothesis, which the harness does not); with ``stages`` > 1 a pipelined one, its batches
+    timed by :class:`OneMsStages` (``cost`` unused), as :func:`schedlab.testing.run_pipelined`
+    runs it."""
     rec = Recorder()
-    if engine == "reference":
+    if stages > 1:
+        view = stage_view(OneMsStages(stages))
+        if engine == "reference":
+            ReferencePipelineCluster([ReferencePipeline(ReferenceEngine(scheduler, view, kv, rec), stages)]).run(reqs)
+        else:
+            simulate(reqs, [PipelinedInstance(Instance(0, scheduler, view, kv, rec), stages)])
+    elif engine == "reference":
         ReferenceEngine(scheduler, cost, kv, rec).run(reqs)
     else:
         simulate(reqs, [Instance(0, scheduler, cost, kv, rec)])
@@ -93,6 +123,10 @@ class SchedlabRunner:
         """The compared outcome of one request from its ``requests.csv`` row and its chunks."""
         raise NotImplementedError
 
+    def stages(self, case: Case) -> int:
+        """Pipeline stages of ``case``'s instance (1: none)."""
+        return 1
+
     def build(self, case: Case, sides: Sides | None = None):
         """(scheduler, cost model, KV cache) for ``case``; raises ConfigError on a bad key."""
         t = self.tables(case, sides)
@@ -104,14 +138,15 @@ class SchedlabRunner:
         empty)."""
         scheduler, cost, kv = self.build(case, sides)
         log = ChunkLog(scheduler)
+        stages = self.stages(case)
         try:
-            result = simulate_one(requests(case, self.hash_block_tokens(case)), log, cost, kv, self.engine)
+            result = simulate_one(requests(case, self.hash_block_tokens(case)), log, cost, kv, self.engine, stages)
         except SchedlabError as exc:
             empty = {"first_scheduled_ms": math.nan, "first_token_ms": math.nan, "finish_ms": math.nan,
                      "preemptions": 0, "cached_tokens": 0}
             return {r.id: self.outcome(empty, ()) for r in case.requests}, f"schedlab: {exc}"
         c = result.counters
-        if c["busy_ms"] != c["iterations"]:
+        if stages == 1 and c["busy_ms"] != c["iterations"]:
             raise AssertionError(f"iterations must cost 1 ms each: {c['iterations']} iterations, {c['busy_ms']} ms")
         q = result.requests
         ids = q["id"].tolist()

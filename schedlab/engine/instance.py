@@ -28,7 +28,7 @@ from .recorder import Recorder
 from .sequence import (
     ABORTED, DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence,
 )
-from .stages import IN_FLIGHT
+from .stages import IN_FLIGHT, Holds
 
 INF = math.inf
 
@@ -204,6 +204,7 @@ class Instance:
         # A pipelined instance (schedlab.engine.pipeline): its decodes in a batch in flight ->
         # the tokens that batch computes for them (their KV slots are taken, not yet counted).
         self.in_flight: dict | None = None
+        self.holds: Holds | None = None  # pipelined: requests batches in flight hold (engine.stages)
         self.pending: PreparedRun | None = None  # a decode run planned, not yet applied (see step)
 
     # -- arrivals ---------------------------------------------------------------------------
@@ -259,7 +260,8 @@ class Instance:
             seq = heapq.heappop(aborts)[2]
             status = seq.status
             if status == WAITING:
-                self.waiting.remove(seq)
+                if self.holds is None or not self.holds.drop(seq):
+                    self.waiting.remove(seq)
                 seq.waiting_ms += now - seq.waiting_since
             elif status == SWAPPED:
                 self.swapped.remove(seq)
@@ -295,6 +297,8 @@ class Instance:
         """Requests queued or in service (routers read this); on a decode instance also those
         whose KV it is waiting for, pulling or has received."""
         n = len(self.waiting) + len(self.running) + len(self.swapped)
+        if self.holds is not None:
+            n += len(self.holds)
         return n if self.stage is None else n + self.stage.outstanding
 
     def has_work(self) -> bool:
@@ -436,7 +440,8 @@ class Instance:
         c = self.counters
         c["num_preemptions"] += 1
         c["recompute_preemptions"] += 1
-        self.waiting.push_front(seq)
+        if self.holds is None or not self.holds.hold(seq):  # (held: a batch in flight holds it)
+            self.waiting.push_front(seq)
 
     def swap_out(self, seq: Sequence, pending: int = 0) -> float | None:
         """Copy a decoding ``seq`` to swap space (with the ``pending`` slot this iteration
@@ -921,28 +926,15 @@ class Instance:
             k = min(k, growth.iterations_within(room) + 1)
         return max(k, 1)
 
-    def finish_anywhere(self, seq: Sequence, t: float, *, row: bool = True) -> None:
-        """Finish ``seq`` at ``t`` wherever it is: a pipeline's batch brought its last token after
-        it was preempted in flight (:mod:`schedlab.engine.stages`), so it may be waiting (no KV
-        held), or recomputing its prompt after a later batch re-admitted it. ``row=False``:
-        its row waits (:meth:`record_row`) until the batches holding its chunks have landed
-        and given it their energy."""
-        status = seq.status
-        if status == WAITING:
-            self.waiting.remove(seq)
-            seq.waiting_ms += t - seq.waiting_since
-            seq.status = FINISHED
-            self._done(seq, t, row)
-            return
-        if status == PREFILLING:
-            del self.prefilling[seq]
-        self._finish(seq, t, row)
+    def finish_held(self, seq: Sequence, t: float) -> None:
+        """Finish ``seq``, held back since its preemption in flight, at ``t``: the landing of its
+        batch brought its last token (:mod:`schedlab.engine.stages`); it holds no KV."""
+        self.holds.drop(seq)
+        seq.waiting_ms += t - seq.waiting_since
+        seq.status = FINISHED
+        self._done(seq, t)
 
-    def record_row(self, seq: Sequence, t: float) -> None:
-        """The row of ``seq``, finished at ``t`` with its row held back (:meth:`finish_anywhere`)."""
-        self.rec.request_done(seq, self.index, t)
-
-    def _finish(self, seq: Sequence, t: float, row: bool = True) -> None:
+    def _finish(self, seq: Sequence, t: float) -> None:
         if seq.status == DECODING:
             self._remove_decoder(seq, FINISHED)
         else:
@@ -953,13 +945,11 @@ class Instance:
             # scheduler hears of the finish then, when the blocks come back)
             return
         self.kv.free(seq)
-        self._done(seq, t, row)
+        self._done(seq, t)
 
-    def _done(self, seq: Sequence, t: float, row: bool = True) -> None:
-        """``seq`` finished at ``t``: its row (unless held back), the scheduler's and the
-        clients' callbacks."""
-        if row:
-            self.rec.request_done(seq, self.index, t)
+    def _done(self, seq: Sequence, t: float) -> None:
+        """``seq`` finished at ``t``: its row, the scheduler's and the clients' callbacks."""
+        self.rec.request_done(seq, self.index, t)
         if self._on_finish is not None:
             self._on_finish(seq, t)
         if self.track_finished:

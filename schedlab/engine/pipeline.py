@@ -17,9 +17,10 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
   the instance executes the batch's plan then -- tokens, first tokens, finishes -- over the
   time since the previous landing (or its launch, if later), so the instance's busy time and
   KV integrals cover each moment once; a prompt preempted since the launch loses its chunk
-  (:meth:`PipelinedInstance._drop_stale`), and a request preempted while this batch held its
-  decode or its prompt's last chunk gets the batch's tokens all the same, wherever it is
-  (:meth:`PipelinedInstance._give`). Then it launches again.
+  (:meth:`PipelinedInstance._drop_stale`), a request preempted while this batch held its
+  decode or its prompt's last chunk gets the batch's tokens all the same
+  (:meth:`PipelinedInstance._give`), and victims no batch in flight holds any more go back to
+  the front of the queue. Then it launches again.
 
 Arrivals wait for the next landing (vLLM blocks on the oldest batch). The pipeline runs one
 batch at a time: no bulk decode runs.
@@ -57,7 +58,7 @@ from .plan import FastPlan
 from .rank_cost import RankCost
 from .sequence import ABORTED, DECODING, PARKED, PREFILLING
 from .load import load
-from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
+from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
                      hole_row, instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
 
 INF = math.inf
@@ -92,7 +93,6 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         self.stages = stages
         self.clock = StageClock(stages)
         self.flights: deque[Flight] = deque()
-        self.held_rows: dict = {}  # finished requests whose chunks are still in flight -> their finish time
         self.now = 0.0            # when the instance acts next: plans, or lands its oldest batch
         self.to_plan = True       # a launch is due at ``now`` (else the oldest batch lands at ``now``)
         self.last_landing = -INF
@@ -102,6 +102,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             raise TypeError("a pipelined instance is metered stage by stage: its meter must be a PipelineMeter")
         inst.running_view = VisibleRunning(inst.running)
         inst.in_flight = {}
+        inst.holds = Holds()
         self._cost = inst.cost.inner
         # Every batch is timed at its launch, from its own decoders (below): the instance's
         # lazily pruned heaps of context anchors would only fill up as decoders leave and come back.
@@ -248,6 +249,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             if chunk.last:
                 del inst.prefilling[seq]
                 seq.status = IN_FLIGHT
+        inst.holds.launched(decoding)
+        inst.holds.launched(seq for seq, _ in chunks)
         drafts = {s: plan.drafts_of(s) for s in decoding}  # (drafts verified, KV slots taken) of each decode
         inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())
         self.flights.append(Flight(plan, decoding, chunks, inst.now, completion, batch.num_batched_tokens,
@@ -258,6 +261,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         """The oldest batch's output is back: its sequences return and its plan executes."""
         inst = self.inst
         flight = self.flights.popleft()
+        inst.holds.landed(flight.decoders)
+        inst.holds.landed(seq for seq, _ in flight.chunks)
         lost, bumped = self._drop_stale(flight)
         tokens = flight.tokens - lost
         chunks = flight.chunks
@@ -291,19 +296,19 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 hole_row(inst.meter, inst.rec, inst.index, len(inst.running), len(inst.waiting),
                          inst.kv.num_used_blocks())
         inst.now = self.now = self.last_landing = flight.completion
-        if self.held_rows:
-            self._release_rows()
         if bumped:
             self._give(bumped, flight.completion)
+        if inst.holds.held:
+            inst.holds.release(inst.waiting)
         for seq in others:
             inst._add_decoder(seq)
             inst.off_cycle[seq] = seq.last_token_ms
         self.to_plan = True
 
     def _give(self, bumped: list, t: float) -> None:
-        """The landing at ``t`` brings requests preempted while it was in flight the tokens it
-        computed for them (vLLM keeps them, :mod:`schedlab.engine.stages`), in arrival order;
-        one whose last token that is finishes wherever it is."""
+        """The landing at ``t`` brings requests preempted while it was in flight (held back since,
+        :mod:`schedlab.engine.stages`) the tokens it computed for them (vLLM keeps them), in
+        arrival order; one whose last token that is finishes."""
         inst = self.inst
         before = load(inst)
         for b in sorted(bumped, key=lambda b: b.seq.seq_no):
@@ -317,18 +322,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 inst.rec.itl(t - seq.last_token_ms)
             seq.last_token_ms = t
             if seq._generated >= seq.target:
-                held = any(s is seq for f in self.flights for s, _ in f.chunks)
-                inst.finish_anywhere(seq, t, row=not held)
-                if held:
-                    self.held_rows[seq] = t
+                inst.finish_held(seq, t)
         inst.release.add(t, before, load(inst))
-
-    def _release_rows(self) -> None:
-        """Write the rows of finished requests no batch in flight holds a chunk of any more (each
-        landing gave them their chunks' energy, :mod:`schedlab.engine.stages`)."""
-        still = {s for f in self.flights for s, _ in f.chunks}
-        for seq in [s for s in self.held_rows if s not in still]:
-            self.inst.record_row(seq, self.held_rows.pop(seq))
 
     def _drop_stale(self, flight: Flight) -> tuple[int, list]:
         """Take out of ``flight`` the sequences aborted while it was in the pipeline (their

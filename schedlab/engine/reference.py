@@ -252,7 +252,8 @@ class RefPlan:
 
     def _requeue(self, seq, pending: int) -> None:
         """Free running ``seq``'s blocks (and the ``pending`` slots taken for it since they were
-        last counted) and put it at the front of the waiting queue."""
+        last counted) and put it at the front of the waiting queue -- or, on a pipelined
+        instance, hold it back while a batch in flight holds it (:mod:`schedlab.engine.stages`)."""
         e = self._e
         del e.running[seq]
         seq.num_computed_tokens += pending  # release the slots allocated this iteration too
@@ -264,7 +265,8 @@ class RefPlan:
         seq.waiting_since = e.now
         e.counters["num_preemptions"] += 1
         e.counters["recompute_preemptions"] += 1
-        self.waiting.push_front(seq)
+        if e.holds is None or not e.holds.hold(seq):
+            self.waiting.push_front(seq)
         self.preempted.append(seq)
 
     def swap_out(self, seq) -> bool:
@@ -371,6 +373,7 @@ class ReferenceEngine:
         self.aborts: list = []    # [time the engine hears its client gave up, seq_no, sequence]
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
         self.in_flight: dict | None = None  # pipelined: a decode in a batch in flight -> its KV slots there
+        self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         host = getattr(kv, "host", None)
         if host is not None:
@@ -390,6 +393,8 @@ class ReferenceEngine:
     def outstanding(self) -> int:
         """Requests queued or in service (routers read this)."""
         n = len(self.waiting) + len(self.running) + len(self.swapped)
+        if self.holds is not None:
+            n += len(self.holds)
         return n + (self.role.outstanding if self.role is not None else 0)
 
     def next_plan_time(self) -> float:
@@ -483,7 +488,8 @@ class ReferenceEngine:
             self.aborts.remove(entry)
             seq = entry[2]
             if seq.status == "waiting":
-                self.waiting.remove(seq)
+                if self.holds is None or not self.holds.drop(seq):
+                    self.waiting.remove(seq)
                 seq.waiting_ms += self.now - seq.waiting_since
             elif seq.status == "swapped":
                 if not hasattr(self.kv, "free_swapped"):
@@ -531,14 +537,12 @@ class ReferenceEngine:
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
         return batch, decoders, drafts
 
-    def finish_done(self, s, t: float, row: bool = True) -> None:
-        """Finished ``s`` (its blocks free) at ``t``: its inter-token latencies and row (unless
-        held back: a pipeline's batch in flight still holds a chunk of it), the scheduler's and
-        the clients' callbacks."""
+    def finish_done(self, s, t: float) -> None:
+        """Finished ``s`` (its blocks free) at ``t``: its inter-token latencies and row, the
+        scheduler's and the clients' callbacks."""
         for a, b in zip(s.token_times, s.token_times[1:]):
             self.rec.itl(b - a)
-        if row:
-            self.rec.request_done(s, self.index, t)
+        self.rec.request_done(s, self.index, t)
         on_finish = getattr(self.scheduler, "on_finish", None)
         if on_finish is not None:
             on_finish(s, t)

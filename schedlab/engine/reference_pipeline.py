@@ -28,7 +28,7 @@ from ..errors import StallError
 from .load import load
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
-from .stages import (IN_FLIGHT, Bumped, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
+from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
                      hole_row, instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
 
 INF = math.inf
@@ -63,11 +63,11 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         self.stages = stages
         self.clock = StageClock(stages)
         self.flights: list = []   # [plan, decoders and their statuses, chunks, launch time, completion, tokens, batch]
-        self.held_rows: dict = {}  # finished requests whose chunks are still in flight -> their finish time
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
         engine.in_flight = {}
+        engine.holds = Holds()
 
     # -- what the cluster calls (what it reads comes from instance_view) ------------------------------
     def arrive(self, request, seq_no: int):
@@ -156,11 +156,13 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         decoders = plan.decoders()
         members = set(decoders)
         flown = [(s, s.status, s.num_preemptions) for s in e.running if s in members]
+        e.holds.launched(s for s, _, _ in flown)
         for s, _, _ in flown:
             s.status = IN_FLIGHT
         for s in decoders:  # the KV slots the batch took for each, freed with it if it is aborted
             e.in_flight[s] = plan.drafts[s][1]
         chunks = launch_chunks(plan.prefills)  # computed at once: a prompt with tokens left stays in sight
+        e.holds.launched(s for s, _ in chunks)
         for s, chunk in chunks:
             if chunk.last:
                 s.status = IN_FLIGHT
@@ -171,6 +173,8 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         since the previous landing (or its launch, if later)."""
         e = self.e
         plan, flown, chunks, launched, completion, tokens, batch = self.flights.pop(0)
+        e.holds.landed(s for s, _, _ in flown)
+        e.holds.landed(s for s, _ in chunks)
         gone = {s for s, _, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
         # preempted meanwhile: its blocks are free, but what the batch computed for it is its own
         bumped = [Bumped(s, plan.drafts[s][0], True) for s, _, stamp in flown
@@ -211,20 +215,18 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             if e.meter is not None:
                 hole_row(e.meter, e.rec, e.index, len(e.running), len(e.waiting), e.kv.num_used_blocks())
         e.now = self.last_landing = completion
-        if self.held_rows:  # rows of finished requests whose last chunk in flight has landed
-            still = {s for f in self.flights for s, _ in f[2]}
-            for s in [s for s in self.held_rows if s not in still]:
-                e.rec.request_done(s, e.index, self.held_rows.pop(s))
         if bumped:
             self._give(bumped, completion)
+        if e.holds.held:
+            e.holds.release(e.waiting)
         for s in others:
             s.status = "decoding"
         self.launch_due = True
         self.sleep_until = None
 
     def _give(self, bumped: list, t: float) -> None:
-        """The tokens the landing at ``t`` brings requests preempted while it was in flight, in
-        arrival order; one whose last token that is finishes wherever it is."""
+        """The tokens the landing at ``t`` brings requests preempted while it was in flight (held
+        back since), in arrival order; one whose last token that is finishes."""
         e = self.e
         before = load(e)
         for b in sorted(bumped, key=lambda b: b.seq.seq_no):
@@ -235,17 +237,10 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             count_bumped(e.counters, b, n, accepted)
             if s.num_generated < s.request.target_tokens:
                 continue
-            if s.status == "waiting":
-                e.waiting.remove(s)
-                s.waiting_ms += t - s.waiting_since
-            else:  # re-admitted by a later batch, recomputing: it holds blocks and a slot
-                del e.running[s]
-                e.kv.free(s)
+            e.holds.drop(s)  # held back since its preemption: it holds no KV
+            s.waiting_ms += t - s.waiting_since
             s.status = "finished"
-            held = any(x is s for f in self.flights for x, _ in f[2])  # its chunk's energy is still to come
-            e.finish_done(s, t, row=not held)
-            if held:
-                self.held_rows[s] = t
+            e.finish_done(s, t)
         e.release.add(t, before, load(e))
 
 

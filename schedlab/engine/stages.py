@@ -43,19 +43,23 @@ reaches that stage. So here (:func:`launch_chunks`, :func:`stale`, :func:`rewind
 preemption may pick it: FCFS takes ``self.running.pop()``, the most recently admitted request
 whether or not its token is back, and the priority policy the largest ``(priority,
 arrival_time)`` among them all (``Scheduler.schedule``). ``_preempt_request`` frees its blocks --
-those its batch in flight writes too -- sets ``num_computed_tokens = 0`` and puts it at the front
-of the waiting queue. When its batch lands, ``update_from_output`` still appends what the batch
-sampled for it (a decode's token and accepted drafts; the first token, if the batch held its
-prompt's last chunk) and finishes it if that was its last token (``stopped_preempted_reqs``:
-it leaves the waiting queue). So here a scheduler's victims may be in flight
-(:meth:`VisibleRunning.preemptible`, which the built-in ``vllm`` / ``continuous`` scheduler asks);
-such a victim is queued at once with its KV freed, and the landing gives it its tokens
-(:class:`Bumped`) wherever it is by then: waiting, or -- with three or more stages, when a later
-batch re-admitted it first -- recomputing, its prompt now one token longer, or finished by that
-token (its later chunks then land without it; their energy is still its own, so its row is
-written once they have landed, with the time it finished). A step that preempts admits nothing (vLLM:
-``if not preempted_reqs``), so with two stages the victim is still waiting when its batch lands.
-Preemption in flight is always by recompute: its KV is being written.
+those its batch in flight writes too -- sets ``num_computed_tokens = 0`` and puts it back in the
+waiting queue, marking what it has in flight as stale (``num_stale_output_tokens``). Admission
+passes over a request with stale output in flight ("resuming now could resample a position that
+output later delivers. It drains within the pipeline depth."), admitting the requests behind it.
+When its batch lands, ``update_from_output`` still appends what the batch sampled for it (a
+decode's token and accepted drafts; the first token, if the batch held its prompt's last chunk)
+and finishes it if that was its last (``stopped_preempted_reqs``). So here (:class:`Holds`,
+:class:`Bumped`): a scheduler's victims may be in flight (:meth:`VisibleRunning.preemptible`,
+which the built-in ``vllm`` / ``continuous`` scheduler asks); a victim any batch in flight holds
+-- its decode, its prompt's last chunk or an earlier one -- frees its KV at once and is held
+back, counted as outstanding but not in the waiting queue, until the last such batch has
+landed: that landing gives it its tokens (finishing it if they were its last) and puts it at
+the front of the queue. A step that preempts admits nothing (vLLM: ``if not preempted_reqs``),
+so with two stages nothing is admitted before the victim's batch lands; with more, later
+batches admit the requests behind it. Preemption in flight is always by recompute: its KV is
+being written. (Checked against vLLM 0.33's own scheduler: ``tools/vllm_diff.py --groups
+pipeline``.)
 
 **Speculative decoding** (``[speculative]``). vLLM 0.33 builds the drafter on the last stage
 only (``gpu_model_runner.py``: ``if self.speculative_config and get_pp_group().is_last_rank``),
@@ -215,10 +219,8 @@ def launch_chunks(prefills) -> list:
 
 
 def stale(seq, chunk: Chunk) -> bool:
-    """``seq`` was aborted, preempted or finished since ``chunk`` was launched: the chunk lands
-    without it (a request finishes before its chunks land only when a token an earlier batch
-    brought it after a preemption in flight was its last, see :class:`Bumped`)."""
-    return seq.status == "aborted" or seq.status == "finished" or seq.num_preemptions != chunk.stamp
+    """``seq`` was aborted or preempted since ``chunk`` was launched: the chunk lands without it."""
+    return seq.status == "aborted" or seq.num_preemptions != chunk.stamp
 
 
 class Bumped:
@@ -236,9 +238,8 @@ class Bumped:
 
 def bumped_chunks(chunks) -> list:
     """The :class:`Bumped` of ``chunks`` (a landing batch's ``(sequence, Chunk)``): last chunks of
-    prompts preempted, but neither aborted nor finished, since the launch."""
-    return [Bumped(seq, 0, False) for seq, chunk in chunks
-            if chunk.last and seq.status != "aborted" and seq.status != "finished" and stale(seq, chunk)]
+    prompts preempted (not aborted) since the launch."""
+    return [Bumped(seq, 0, False) for seq, chunk in chunks if chunk.last and seq.status != "aborted" and stale(seq, chunk)]
 
 
 def tokens_for(spec, bumped: Bumped, generated: int, target: int) -> tuple[int, int]:
@@ -262,6 +263,56 @@ def count_bumped(counters: dict, bumped: Bumped, tokens: int, accepted: int) -> 
             counters["spec_drafts"] += 1
             counters["spec_draft_tokens"] += bumped.drafts
             counters["spec_accepted_tokens"] += accepted
+
+
+class Holds:
+    """Which requests a pipelined instance's batches in flight hold, and the preempted ones among
+    them that admission passes over until those batches have landed (vLLM 0.33's
+    ``num_stale_output_tokens``, see the module docstring). Shared by both engines."""
+
+    __slots__ = ("flying", "held")
+
+    def __init__(self):
+        self.flying: dict = {}  # request -> batches in flight holding a decode or a chunk of it
+        self.held: dict = {}    # preempted requests waiting for those batches, in preemption order
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def launched(self, seqs) -> None:
+        flying = self.flying
+        for seq in seqs:
+            flying[seq] = flying.get(seq, 0) + 1
+
+    def landed(self, seqs) -> None:
+        flying = self.flying
+        for seq in seqs:
+            left = flying[seq] - 1
+            if left:
+                flying[seq] = left
+            else:
+                del flying[seq]
+
+    def hold(self, seq) -> bool:
+        """Hold back ``seq``, just preempted, if a batch in flight holds it; False if none does."""
+        if seq not in self.flying:
+            return False
+        self.held[seq] = None
+        return True
+
+    def drop(self, seq) -> bool:
+        """``seq`` leaves (aborted, or finished by a landing's token); False if it was not held."""
+        if seq not in self.held:
+            return False
+        del self.held[seq]
+        return True
+
+    def release(self, waiting) -> None:
+        """Put the held requests no batch in flight holds any more at the front of ``waiting``,
+        the one preempted last in front (vLLM prepends each victim as it preempts it)."""
+        for seq in [s for s in self.held if s not in self.flying]:
+            del self.held[seq]
+            waiting.push_front(seq)
 
 
 def dropped_chunks(chunks) -> list:

@@ -32,6 +32,7 @@ class DiffSettings:
     long_prefill_token_threshold: int = int_field(0, min=0, max=MAX_MODEL_LEN)
     prefix_caching: bool = bool_field(False)
     policy: str = str_field("fcfs", choices=("fcfs", "priority"))
+    pipeline_parallel: int = int_field(1, min=1, max=4)  # vLLM's batch queue of that many batches in flight
 
     def problems(self, requests) -> list[str]:
         """Each request must fit the cache alone (``prompt + output - 1`` tokens: the last
@@ -58,7 +59,7 @@ class DiffSettings:
         if self.policy != "fcfs":
             yield {"policy": "fcfs"}
         yield from smaller(self, (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("num_blocks", 1),
-                                  ("long_prefill_token_threshold", 1)))
+                                  ("long_prefill_token_threshold", 1), ("pipeline_parallel", 1)))
 
 
 @attrs.frozen

@@ -33,6 +33,9 @@ class SchedlabRunner(schedlab_side.SchedlabRunner):
     def hash_block_tokens(self, case):
         return case.settings.block_size
 
+    def stages(self, case):
+        return case.settings.pipeline_parallel
+
     def outcome(self, row, chunks):
         w = schedlab_side.whole_ms
         return Outcome(w(row["first_scheduled_ms"]), w(row["first_token_ms"]), w(row["finish_ms"]),

@@ -13,6 +13,19 @@ and none for a prefill chunk -- what the model runner returns (``vllm/v1/engine/
 (for instance one that only preempted) takes no time, as ``EngineCore.step`` runs no model
 for it; with nothing to schedule and nothing left to arrive, the run has stalled.
 
+With ``pipeline_parallel = P`` > 1 the engine core is ``EngineCore.step_with_batch_queue`` with a
+queue of ``P`` batches (``max_concurrent_batches``), stepped as its code reads: schedule and
+queue a batch -- an empty one too, which occupies its slot and is back with the batch before it
+(the workers answer in order) -- and schedule again while the queue has room and the batch
+computed something or the scheduler has requests; otherwise block on the oldest batch, then
+``update_from_output`` with what it sampled. A batch that computes anything
+takes 1 ms on each of ``P`` stages in launch order (schedlab's :class:`~schedlab.engine.stages.StageClock`,
+no sends), as the schedlab side's :class:`~schedlab.diffcheck.schedlab_side.OneMsStages` times
+it; requests that arrive meanwhile are added once the engine is back from the oldest batch.
+What a batch samples is fixed when it is scheduled (the model runner's view): a token for every
+request whose prefill completes in it, kept by ``update_from_output`` unless the request has
+finished meanwhile -- even one preempted while the batch was in flight.
+
 Requests arrive at the start of their iteration, in (arrival, id) order, with
 ``arrival_time = arrival + id * 1e-6`` so that the priority policy's ties (``Request.__lt__``
 and the victim choice ``max(running, key=(priority, arrival_time))``) follow arrival order as
@@ -148,6 +161,8 @@ class VllmRunner:
 
     def run(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
         """Per-request outcomes and, if the run stalled, why."""
+        if case.settings.pipeline_parallel > 1:
+            return self.run_pipelined(case, sides)
         v = self._v
         ModelRunnerOutput = v["ModelRunnerOutput"]
         sched = self.scheduler(case, sides)
@@ -209,6 +224,102 @@ class VllmRunner:
                 continue
             error = f"vLLM stalled at {now} ms: it schedules nothing and nothing is left to arrive"
             break
+        outcomes = {}
+        for r in pending:
+            req = live.get(f"{r.id:04d}")
+            outcomes[r.id] = Outcome(first_scheduled.get(r.id), first_token.get(r.id), finish.get(r.id),
+                                     req.num_preemptions if req is not None else 0, cached[r.id])
+        return outcomes, error
+
+    def run_pipelined(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
+        """:meth:`run` through vLLM's batch queue of ``pipeline_parallel`` batches (see the
+        module docstring)."""
+        from collections import deque
+
+        from schedlab.engine.stages import StageClock
+
+        ModelRunnerOutput = self._v["ModelRunnerOutput"]
+        stages = case.settings.pipeline_parallel
+        sched = self.scheduler(case, sides)
+        clock = StageClock(stages)
+        pending = case.in_arrival_order()
+        ids = {f"{r.id:04d}": r.id for r in pending}
+        first_scheduled: dict[int, int] = {}
+        first_token: dict[int, int] = {}
+        finish: dict[int, int] = {}
+        cached = {r.id: 0 for r in pending}
+        sampled_so_far = {r.id: 0 for r in pending}  # tokens sampled for it, landed or in flight
+        generated = {r.id: 0 for r in pending}       # tokens landed
+        live = {}
+        queue: deque = deque()  # newest at the left, as vLLM's batch_queue
+        now = 0.0
+        nxt = 0
+        empty_steps = 0
+        error = None
+        while True:
+            while nxt < len(pending) and pending[nxt].arrival <= now:
+                req = self._request(pending[nxt], case.settings.block_size)
+                live[req.request_id] = req
+                sched.add_request(req)
+                nxt += 1
+            if not sched.has_requests() and not queue:
+                if nxt == len(pending):
+                    break
+                now = float(pending[nxt].arrival)
+                continue
+            if sched.has_requests():
+                waiting_before = {rid for rid, req in live.items()
+                                  if not req.is_finished() and req not in sched.running}
+                out = sched.schedule()
+                scheduled = out.num_scheduled_tokens
+                sampled = []
+                for rid in scheduled:
+                    req = live[rid]
+                    rid_int = ids[rid]
+                    first_scheduled.setdefault(rid_int, int(now))
+                    if rid in waiting_before:
+                        cached[rid_int] += req.num_computed_tokens - scheduled[rid]
+                    if req.is_prefill_chunk:
+                        sampled.append([])
+                    else:
+                        sampled.append([output_token_id(rid_int, sampled_so_far[rid_int])])
+                        sampled_so_far[rid_int] += 1
+                executed = out.total_num_scheduled_tokens > 0
+                # an empty batch runs no model, but the workers answer in order: it is back with
+                # the batch before it (StageClock with no stage time)
+                done_at = clock.launch(now, (1.0 if executed else 0.0,) * stages, 0.0)
+                queue.appendleft((out, list(scheduled), sampled, done_at))
+                if executed or out.preempted_req_ids:
+                    empty_steps = 0 if executed else empty_steps + 1
+                    if len(queue) < stages and empty_steps < MAX_EMPTY_STEPS:
+                        continue  # schedule again before blocking on the oldest batch
+                elif not any(entry[0].total_num_scheduled_tokens for entry in queue):
+                    # Nothing in flight and nothing to schedule: vLLM queues empty batches, each
+                    # done at once, until a request arrives; none of them changes anything.
+                    if not sched.has_unfinished_requests():
+                        queue.clear()  # that schedule only told the workers of finished requests
+                        continue
+                    if nxt < len(pending):
+                        now = float(pending[nxt].arrival)
+                        continue
+                    error = f"vLLM stalled at {int(now)} ms: it schedules nothing and nothing is left to arrive"
+                    break
+            out, req_ids, sampled, done_at = queue.pop()  # block until the oldest batch is back
+            if done_at > now:
+                now = done_at
+            finished_before = {rid for rid in req_ids if live[rid].is_finished()}
+            sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+            for rid, tokens in zip(req_ids, sampled):
+                if not tokens or rid in finished_before:
+                    continue  # a partial prefill, or the request finished before this batch landed
+                rid_int = ids[rid]
+                generated[rid_int] += 1
+                if generated[rid_int] == 1:
+                    first_token[rid_int] = int(now)
+                if live[rid].is_finished():
+                    finish[rid_int] = int(now)
         outcomes = {}
         for r in pending:
             req = live.get(f"{r.id:04d}")

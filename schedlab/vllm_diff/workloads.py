@@ -7,7 +7,10 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
 * ``tight_kv``  -- a cache of 1x to 2x the largest request, so requests preempt each other;
 * ``prefix``    -- prefix caching with shared prompt prefixes (1 to 3 groups), ample KV;
 * ``priority``  -- vLLM's ``priority`` policy with priorities 0-3, ample or tight KV;
-* ``all``       -- tight KV, a threshold and prefix caching at once, FCFS or priority.
+* ``all``       -- tight KV, a threshold and prefix caching at once, FCFS or priority;
+* ``pipeline``  -- vLLM's batch queue of 2 or 3 batches in flight (``--pipeline-parallel-size``),
+  tight or ample KV, FCFS or priority: chunks following each other into the pipeline,
+  decodes sitting out, and preemptions of requests whose batch is in flight.
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
@@ -22,7 +25,7 @@ from schedlab.diffcheck.workloads import random_requests
 
 from .case import DiffSettings
 
-GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all")
+GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline")
 
 
 def _ample(requests, block_size: int) -> int:
@@ -43,14 +46,15 @@ def generate(group: str, seed: int) -> Case:
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
     policy = "fcfs"
-    if group == "priority" or (group == "all" and rng.random() < 0.5):
+    if group == "priority" or (group in ("all", "pipeline") and rng.random() < 0.5):
         policy = "priority"
     prefixes = group in ("prefix", "all")
     requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size)
-    tight = group in ("tight_kv", "all") or (group == "priority" and rng.random() < 0.5)
+    tight = group in ("tight_kv", "all") or (group in ("priority", "pipeline") and rng.random() < 0.5)
     num_blocks = _tight(rng, requests, block_size) if tight else _ample(requests, block_size)
     threshold = rng.randint(1, budget) if group in ("threshold", "all") else 0
     settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
-                            prefix_caching=prefixes, policy=policy)
+                            prefix_caching=prefixes, policy=policy,
+                            pipeline_parallel=rng.choice([2, 3]) if group == "pipeline" else 1)
     return Case(settings, requests, group=group, seed=seed)
