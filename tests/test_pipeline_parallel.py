@@ -257,6 +257,27 @@ def test_a_decode_preempted_in_flight_keeps_its_token_and_may_finish_from_the_qu
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_an_empty_batch_holds_a_slot_of_the_queue_as_in_vllm(engine):
+    """Three stages, two slots, both requests in flight: vLLM 0.33 queues the empty batch its
+    scheduler returns, and that batch holds a slot until it is back with the batch before it,
+    so when r0's decode preempts r1 in flight the queue is full and nothing is admitted before
+    r1's batch lands; r1 is then at the head, and r2 waits for r0 to finish (not admitted at 20
+    past the held r1, as with the slot free). The outcomes are vLLM 0.33's own scheduler's
+    (``python tools/vllm_diff.py --replay`` of this case, 1 ms a stage)."""
+    from schedlab.vllm_diff.case import Outcome, case_from_json
+    from schedlab.vllm_diff.schedlab_side import SchedlabRunner
+
+    case = case_from_json(
+        '{"group":"pipeline","seed":46,"settings":{"block_size":8,"num_blocks":17,"max_num_seqs":2,'
+        '"max_num_batched_tokens":18,"long_prefill_token_threshold":0,"prefix_caching":false,"policy":"fcfs",'
+        '"pipeline_parallel":3},"requests":[{"id":0,"arrival":0,"prompt_tokens":92,"output_tokens":6},'
+        '{"id":1,"arrival":0,"prompt_tokens":29,"output_tokens":6},{"id":2,"arrival":0,"prompt_tokens":1,'
+        '"output_tokens":1}]}')
+    vllm = {0: Outcome(0, 8, 23, 0, 0), 1: Outcome(5, 9, 27, 1, 0), 2: Outcome(23, 27, 27, 0, 0)}
+    assert SchedlabRunner(engine).run(case) == (vllm, None)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_victim_in_flight_is_passed_over_until_its_batch_lands_as_vllm_does(engine):
     """Three stages, two slots. r4's last decode is in flight when r0's decode needs its blocks:
     r4, the newest, is preempted in flight. vLLM 0.33 passes over a waiting request whose output

@@ -8,8 +8,9 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
 * **launch** (at the instance's time): the scheduler plans a batch from the sequences that are
   not in flight; the batch's KV slots are taken then (the plan does it), its stage times come
   from the cost model's ``pipeline_ms`` (its swaps lengthen the first stage) and the stages'
-  clock gives its completion; its decodes then sit out, marked in flight, and so do prompts
-  whose last chunk it holds: a prompt's chunks count as computed at the launch
+  clock gives its completion (an empty plan with batches in flight queues an empty batch, which
+  holds its slot until it is back with the batch before it, as in vLLM); its decodes then sit
+  out, marked in flight, and so do prompts whose last chunk it holds: a prompt's chunks count as computed at the launch
   (:func:`~schedlab.engine.stages.launch_chunks`), so one with tokens left gets its next chunk
   in the next batch. Batches are launched until ``pipeline_parallel`` are in flight or a plan
   comes back empty;
@@ -188,7 +189,14 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             while len(self.flights) < self.stages:
                 plan = self._plan()
                 if plan.is_empty():
-                    break
+                    if not any(f.plan is not None for f in self.flights):
+                        self.flights.clear()  # only empty batches left: each is back already
+                        break
+                    if not inst.has_work():
+                        break
+                    self._launch_empty()
+                    plan = None
+                    continue
                 self._launch(plan)
                 plan = None
             if self.flights:
@@ -223,6 +231,12 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         plan = FastPlan(inst, inst.serial)
         inst.scheduler.schedule(plan)
         return plan
+
+    def _launch_empty(self) -> None:
+        """An empty plan while batches are in flight: vLLM 0.33 queues the empty batch too, and it
+        holds its slot until it is back, with the batch before it (:mod:`schedlab.engine.stages`)."""
+        t = self.inst.now
+        self.flights.append(Flight(None, [], [], t, self.clock.launch(t, (0.0,) * self.stages, 0.0), 0, {}, 0, {}))
 
     def _launch(self, plan: FastPlan) -> None:
         """Time ``plan`` through the stages and take its sequences out until it lands."""
@@ -261,6 +275,11 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         """The oldest batch's output is back: its sequences return and its plan executes."""
         inst = self.inst
         flight = self.flights.popleft()
+        if flight.plan is None:  # an empty batch: nothing to execute, it frees its slot
+            self.to_plan = True
+            return
+        if not any(f.plan is not None for f in self.flights):
+            self.flights.clear()  # only empty batches left behind it: each is back already
         inst.holds.landed(flight.decoders)
         inst.holds.landed(seq for seq, _ in flight.chunks)
         lost, bumped = self._drop_stale(flight)

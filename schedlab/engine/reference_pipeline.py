@@ -128,7 +128,17 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             plan = PipelinePlan(e, e.serial)
             e.scheduler.schedule(plan)
             if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
-                break
+                if not any(f[0] is not None for f in self.flights):
+                    self.flights = []  # only empty batches left: each is back already
+                    break
+                if not e.has_work():
+                    break
+                # vLLM 0.33 queues the empty batch too: it holds its slot until it is back, with
+                # the batch before it (schedlab.engine.stages)
+                self.flights.append([None, [], [], e.now, self.clock.launch(e.now, [0.0] * self.stages, 0.0), 0,
+                                     None])
+                plan = None
+                continue
             self._launch(plan)
             plan = None
         if self.flights:
@@ -173,6 +183,12 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         since the previous landing (or its launch, if later)."""
         e = self.e
         plan, flown, chunks, launched, completion, tokens, batch = self.flights.pop(0)
+        if plan is None:  # an empty batch: nothing to execute, it frees its slot
+            self.launch_due = True
+            self.sleep_until = None
+            return
+        if not any(f[0] is not None for f in self.flights):
+            self.flights = []  # only empty batches left behind it: each is back already
         e.holds.landed(s for s, _, _ in flown)
         e.holds.landed(s for s, _ in chunks)
         gone = {s for s, _, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch

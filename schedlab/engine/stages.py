@@ -61,6 +61,16 @@ batches admit the requests behind it. Preemption in flight is always by recomput
 being written. (Checked against vLLM 0.33's own scheduler: ``tools/vllm_diff.py --groups
 pipeline``.)
 
+**Empty batches hold a slot.** vLLM 0.33's ``step_with_batch_queue`` queues whatever
+``schedule()`` returns while the scheduler has requests, an empty batch too (every running
+request in flight, nothing admissible), and schedules again while the queue has room; an empty
+batch runs no model but the workers answer in order, so it is back with the batch before it and
+holds its slot until it is popped in turn. The next batch may then wait for one landing more
+than the stages alone would ask. So here an empty plan with a batch in flight queues an empty
+batch (no stage time, :class:`StageClock`: it completes with the batch launched before it), and
+planning goes on while there is room; its landing executes nothing. Empty batches with no real
+batch ahead of them are back already and are dropped.
+
 **Speculative decoding** (``[speculative]``). vLLM 0.33 builds the drafter on the last stage
 only (``gpu_model_runner.py``: ``if self.speculative_config and get_pp_group().is_last_rank``),
 beside the target's final hidden states and LM head; the engine core takes the drafts with the
