@@ -15,7 +15,7 @@ both engines agree on random autoscaled prefix-caching fleets.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from schedlab.engine.scaling import ScalingLimits
@@ -368,8 +368,25 @@ def run_fleet(case, engine):
                        client_side=client_side(case["timeout"]) if case["timeout"] is not None else None)
 
 
+#: A third instance starts serving at 100 ms while instance 0's iteration ends at 100.0625: the
+#: router's pool, made anew for the new members, must still see that end (it once ranked
+#: instance 0 by its load before it, routing the next arrivals differently in the fast engine).
+POOL_REBUILT_MID_ITERATION = {
+    "requests": [Request(i, at, prompt, output, max_tokens=most) for i, (at, prompt, output, most) in enumerate([
+        (0.0, 1, 1, None), (0.0, 1, 1, None), (19.625, 1, 9, None), (19.625, 1, 3, None), (50.0, 1, 1, None),
+        (59.625, 6, 12, None), (81.25, 1, 4, None), (81.25, 44, 2, None), (81.25, 1, 1, None), (100.0, 1, 1, None),
+        (100.125, 1, 1, None), (100.125, 1, 1, None), (100.25, 1, 1, None), (100.375, 1, 1, 1), (100.375, 1, 1, 1),
+        (100.375, 2, 1, 1), (100.375, 1, 1, 1)])],
+    "instances": 3, "kind": "prefix", "blocks": 12, "host": 0, "swap": 0, "sglang": None,
+    "continuous": ContinuousConfig(max_num_seqs=1, max_num_batched_tokens=16, chunked_prefill=True, allocation="grow"),
+    "limits": ScalingLimits(min_instances=1, max_instances=3, initial=1, interval_ms=50.0, cold_start_ms=0.0,
+                            window_ms=8.0),
+    "cost": LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=4.0), "target": 1, "timeout": 40.0}
+
+
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prefix_fleets())
+@example(POOL_REBUILT_MID_ITERATION)
 def test_both_engines_restart_prefix_caches_alike(case):
     """Fast and reference engines on autoscaled prefix-caching fleets: the same per-request rows
     (hits included), decisions and paid intervals; every cache reset when its instance went off

@@ -112,15 +112,22 @@ class ViewPool(list):
         self._ends: list = []  # (end of an iteration in progress, position)
         self._end_of = [None] * len(views)  # the end last put in _ends, per position
         self._releases = [view._inst.release for view in views]
+        if tracked:  # a pool made mid-run (an autoscaler's, at a change of members): iterations in progress
+            for pos in range(len(views)):
+                self._remember_end(pos)
 
     def changed(self, pos: int) -> None:
         """Instance ``pos`` changed (O(1) per index); its iteration in progress, if any, is
-        remembered so that the key is recomputed once it has ended."""
-        if not self._indexes:  # untracked, or no router has asked for an order yet
+        remembered so that the key is recomputed once it has ended (also before any router has
+        asked for an order: the first index is made from the views as they are then)."""
+        if not self.tracked:
             return
         for index in self._indexes.values():
             if pos in index.members:
                 index.dirty.add(pos)
+        self._remember_end(pos)
+
+    def _remember_end(self, pos: int) -> None:
         release = self._releases[pos]
         at = release.at
         if at > self.clock.now and at != self._end_of[pos] and (release.requests or release.running or
