@@ -112,15 +112,11 @@ class ViewPool(list):
         self._ends: list = []  # (end of an iteration in progress, position)
         self._end_of = [None] * len(views)  # the end last put in _ends, per position
         self._releases = [view._inst.release for view in views]
-        if tracked:  # a pool made mid-run (an autoscaler's, at a change of members): iterations in progress
-            for pos in range(len(views)):
-                self._remember_end(pos)
 
     def changed(self, pos: int) -> None:
         """Instance ``pos`` changed (O(1) per index); its iteration in progress, if any, is
-        remembered so that the key is recomputed once it has ended (also before any router has
-        asked for an order: the first index is made from the views as they are then)."""
-        if not self.tracked:
+        remembered so that the key is recomputed once it has ended."""
+        if not self._indexes:  # untracked, or no router has asked for an order yet (see least_by)
             return
         for index in self._indexes.values():
             if pos in index.members:
@@ -151,5 +147,8 @@ class ViewPool(list):
         name = (key, members if members is None or type(members) is tuple else tuple(members))
         index = self._indexes.get(name)
         if index is None:
+            if not self._indexes:  # the first order asked for: the iterations in progress until now,
+                for pos in range(len(self)):  # e.g. in a pool an autoscaler made anew mid-run
+                    self._remember_end(pos)
             index = self._indexes[name] = LoadIndex(self, key, range(len(self)) if members is None else members)
         return index.least()
