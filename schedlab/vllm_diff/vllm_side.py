@@ -163,55 +163,23 @@ class VllmRunner:
         """Per-request outcomes and, if the run stalled, why."""
         if case.settings.pipeline_parallel > 1:
             return self.run_pipelined(case, sides)
-        v = self._v
-        ModelRunnerOutput = v["ModelRunnerOutput"]
         sched = self.scheduler(case, sides)
-        pending = case.in_arrival_order()
-        ids = {f"{r.id:04d}": r.id for r in pending}
-        first_scheduled: dict[int, int] = {}
-        first_token: dict[int, int] = {}
-        finish: dict[int, int] = {}
-        cached = {r.id: 0 for r in pending}
-        generated = {r.id: 0 for r in pending}
-        live = {}
+        trace = _Trace(self, case, sched)
         now = 0
-        nxt = 0
         empty_steps = 0
         error = None
         while True:
-            while nxt < len(pending) and pending[nxt].arrival <= now:
-                req = self._request(pending[nxt], case.settings.block_size)
-                live[req.request_id] = req
-                sched.add_request(req)
-                nxt += 1
-            if all(req.is_finished() for req in live.values()):
-                if nxt == len(pending):
+            trace.arrive(now)
+            if all(req.is_finished() for req in trace.live.values()):
+                if trace.all_arrived:
                     break
-                now = pending[nxt].arrival
+                now = trace.next_arrival
                 continue
-            waiting_before = {rid for rid, req in live.items() if not req.is_finished() and req not in sched.running}
-            out = sched.schedule()
-            scheduled = out.num_scheduled_tokens
-            sampled = []
-            for rid in scheduled:
-                req = live[rid]
-                rid_int = ids[rid]
-                first_scheduled.setdefault(rid_int, now)
-                if rid in waiting_before:  # admitted (or resumed) now: its prefix hit
-                    cached[rid_int] += req.num_computed_tokens - scheduled[rid]
-                if req.is_prefill_chunk:
-                    sampled.append([])
-                else:
-                    sampled.append([output_token_id(rid_int, generated[rid_int])])
-                    generated[rid_int] += 1
-                    if generated[rid_int] == 1:
-                        first_token[rid_int] = now + 1
-                    if generated[rid_int] == req.max_tokens:
-                        finish[rid_int] = now + 1
-            req_ids = list(scheduled)
-            sched.update_from_output(out, ModelRunnerOutput(
-                req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+            out, sampled = trace.schedule(now)
+            for rid, tokens in zip(out.num_scheduled_tokens, sampled):
+                if tokens:  # a token at the end of this 1 ms step
+                    trace.token(rid, now + 1)
+            trace.update(out, sampled)
             if out.total_num_scheduled_tokens:
                 now += 1
                 empty_steps = 0
@@ -219,17 +187,12 @@ class VllmRunner:
             empty_steps += 1
             if out.preempted_req_ids and empty_steps < MAX_EMPTY_STEPS:
                 continue  # a step that only preempted runs no model: schedule again at once
-            if nxt < len(pending):
-                now = pending[nxt].arrival
+            if not trace.all_arrived:
+                now = trace.next_arrival
                 continue
             error = f"vLLM stalled at {now} ms: it schedules nothing and nothing is left to arrive"
             break
-        outcomes = {}
-        for r in pending:
-            req = live.get(f"{r.id:04d}")
-            outcomes[r.id] = Outcome(first_scheduled.get(r.id), first_token.get(r.id), finish.get(r.id),
-                                     req.num_preemptions if req is not None else 0, cached[r.id])
-        return outcomes, error
+        return trace.outcomes(), error
 
     def run_pipelined(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
         """:meth:`run` through vLLM's batch queue of ``pipeline_parallel`` batches (see the
@@ -238,57 +201,28 @@ class VllmRunner:
 
         from schedlab.engine.stages import StageClock
 
-        ModelRunnerOutput = self._v["ModelRunnerOutput"]
         stages = case.settings.pipeline_parallel
         sched = self.scheduler(case, sides)
+        trace = _Trace(self, case, sched)
         clock = StageClock(stages)
-        pending = case.in_arrival_order()
-        ids = {f"{r.id:04d}": r.id for r in pending}
-        first_scheduled: dict[int, int] = {}
-        first_token: dict[int, int] = {}
-        finish: dict[int, int] = {}
-        cached = {r.id: 0 for r in pending}
-        sampled_so_far = {r.id: 0 for r in pending}  # tokens sampled for it, landed or in flight
-        generated = {r.id: 0 for r in pending}       # tokens landed
-        live = {}
         queue: deque = deque()  # newest at the left, as vLLM's batch_queue
         now = 0.0
-        nxt = 0
         empty_steps = 0
         error = None
         while True:
-            while nxt < len(pending) and pending[nxt].arrival <= now:
-                req = self._request(pending[nxt], case.settings.block_size)
-                live[req.request_id] = req
-                sched.add_request(req)
-                nxt += 1
+            trace.arrive(now)
             if not sched.has_requests() and not queue:
-                if nxt == len(pending):
+                if trace.all_arrived:
                     break
-                now = float(pending[nxt].arrival)
+                now = float(trace.next_arrival)
                 continue
             if sched.has_requests():
-                waiting_before = {rid for rid, req in live.items()
-                                  if not req.is_finished() and req not in sched.running}
-                out = sched.schedule()
-                scheduled = out.num_scheduled_tokens
-                sampled = []
-                for rid in scheduled:
-                    req = live[rid]
-                    rid_int = ids[rid]
-                    first_scheduled.setdefault(rid_int, int(now))
-                    if rid in waiting_before:
-                        cached[rid_int] += req.num_computed_tokens - scheduled[rid]
-                    if req.is_prefill_chunk:
-                        sampled.append([])
-                    else:
-                        sampled.append([output_token_id(rid_int, sampled_so_far[rid_int])])
-                        sampled_so_far[rid_int] += 1
+                out, sampled = trace.schedule(now)
                 executed = out.total_num_scheduled_tokens > 0
                 # an empty batch runs no model, but the workers answer in order: it is back with
                 # the batch before it (StageClock with no stage time)
                 done_at = clock.launch(now, (1.0 if executed else 0.0,) * stages, 0.0)
-                queue.appendleft((out, list(scheduled), sampled, done_at))
+                queue.appendleft((out, sampled, done_at))
                 if executed or out.preempted_req_ids:
                     empty_steps = 0 if executed else empty_steps + 1
                     if len(queue) < stages and empty_steps < MAX_EMPTY_STEPS:
@@ -299,30 +233,95 @@ class VllmRunner:
                     if not sched.has_unfinished_requests():
                         queue.clear()  # that schedule only told the workers of finished requests
                         continue
-                    if nxt < len(pending):
-                        now = float(pending[nxt].arrival)
+                    if not trace.all_arrived:
+                        now = float(trace.next_arrival)
                         continue
                     error = f"vLLM stalled at {int(now)} ms: it schedules nothing and nothing is left to arrive"
                     break
-            out, req_ids, sampled, done_at = queue.pop()  # block until the oldest batch is back
+            out, sampled, done_at = queue.pop()  # block until the oldest batch is back
             if done_at > now:
                 now = done_at
-            finished_before = {rid for rid in req_ids if live[rid].is_finished()}
-            sched.update_from_output(out, ModelRunnerOutput(
-                req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
-            for rid, tokens in zip(req_ids, sampled):
-                if not tokens or rid in finished_before:
-                    continue  # a partial prefill, or the request finished before this batch landed
-                rid_int = ids[rid]
-                generated[rid_int] += 1
-                if generated[rid_int] == 1:
-                    first_token[rid_int] = int(now)
-                if live[rid].is_finished():
-                    finish[rid_int] = int(now)
-        outcomes = {}
-        for r in pending:
-            req = live.get(f"{r.id:04d}")
-            outcomes[r.id] = Outcome(first_scheduled.get(r.id), first_token.get(r.id), finish.get(r.id),
-                                     req.num_preemptions if req is not None else 0, cached[r.id])
-        return outcomes, error
+            finished_before = {rid for rid in out.num_scheduled_tokens if trace.live[rid].is_finished()}
+            trace.update(out, sampled)
+            for rid, tokens in zip(out.num_scheduled_tokens, sampled):
+                if tokens and rid not in finished_before:  # (a partial prefill, or finished before it landed)
+                    trace.token(rid, int(now))
+        return trace.outcomes(), error
+
+
+class _Trace:
+    """One case on vLLM's scheduler: the requests as they arrive, and what each got when."""
+
+    def __init__(self, runner: VllmRunner, case: Case, sched):
+        self.runner, self.sched = runner, sched
+        self.block_size = case.settings.block_size
+        self.pending = case.in_arrival_order()
+        self.ids = {f"{r.id:04d}": r.id for r in self.pending}
+        self.first_scheduled: dict[int, int] = {}
+        self.first_token: dict[int, int] = {}
+        self.finish: dict[int, int] = {}
+        self.cached = {r.id: 0 for r in self.pending}
+        self.sampled = {r.id: 0 for r in self.pending}  # tokens sampled for it (landed or in flight)
+        self.generated = {r.id: 0 for r in self.pending}  # tokens it has
+        self.live: dict = {}
+        self.nxt = 0
+
+    @property
+    def all_arrived(self) -> bool:
+        return self.nxt == len(self.pending)
+
+    @property
+    def next_arrival(self) -> int:
+        return self.pending[self.nxt].arrival
+
+    def arrive(self, now) -> None:
+        """Add the requests that have arrived by ``now``."""
+        while self.nxt < len(self.pending) and self.pending[self.nxt].arrival <= now:
+            req = self.runner._request(self.pending[self.nxt], self.block_size)
+            self.live[req.request_id] = req
+            self.sched.add_request(req)
+            self.nxt += 1
+
+    def schedule(self, now) -> tuple:
+        """``schedule()`` at ``now``: its output and what the model runner samples for each
+        scheduled request (one token for a request whose prefill completes, none for a chunk)."""
+        live, sched = self.live, self.sched
+        waiting_before = {rid for rid, req in live.items() if not req.is_finished() and req not in sched.running}
+        out = sched.schedule()
+        scheduled = out.num_scheduled_tokens
+        sampled = []
+        for rid in scheduled:
+            req = live[rid]
+            rid_int = self.ids[rid]
+            self.first_scheduled.setdefault(rid_int, int(now))
+            if rid in waiting_before:  # admitted (or resumed) now: its prefix hit
+                self.cached[rid_int] += req.num_computed_tokens - scheduled[rid]
+            if req.is_prefill_chunk:
+                sampled.append([])
+            else:
+                sampled.append([output_token_id(rid_int, self.sampled[rid_int])])
+                self.sampled[rid_int] += 1
+        return out, sampled
+
+    def update(self, out, sampled) -> None:
+        req_ids = list(out.num_scheduled_tokens)
+        self.sched.update_from_output(out, self.runner._v["ModelRunnerOutput"](
+            req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+
+    def token(self, rid: str, t: int) -> None:
+        """Request ``rid`` got a token at ``t``: its first, or its last (it is finished)."""
+        rid_int = self.ids[rid]
+        self.generated[rid_int] += 1
+        if self.generated[rid_int] == 1:
+            self.first_token[rid_int] = t
+        if self.generated[rid_int] == self.live[rid].max_tokens:
+            self.finish[rid_int] = t
+
+    def outcomes(self) -> dict[int, Outcome]:
+        out = {}
+        for r in self.pending:
+            req = self.live.get(f"{r.id:04d}")
+            out[r.id] = Outcome(self.first_scheduled.get(r.id), self.first_token.get(r.id), self.finish.get(r.id),
+                                req.num_preemptions if req is not None else 0, self.cached[r.id])
+        return out
