@@ -802,11 +802,7 @@ class Instance:
                 seq._generated += 1
                 counters["generated_tokens"] += 1
                 progress = True
-                if seq.first_token_ms < 0:
-                    seq.first_token_ms = end
-                else:
-                    self.rec.itl(end - seq.last_token_ms)
-                seq.last_token_ms = end
+                self.token_at(seq, end)
                 if seq._generated >= seq.target:
                     self._finish(seq, end)
                 else:
@@ -925,6 +921,14 @@ class Instance:
                 room = min(room, self._room_before_eviction())
             k = min(k, growth.iterations_within(room) + 1)
         return max(k, 1)
+
+    def token_at(self, seq: Sequence, t: float) -> None:
+        """A token of ``seq`` (not decoding) comes at ``t``: its first, or one more inter-token gap."""
+        if seq.first_token_ms < 0:
+            seq.first_token_ms = t
+        else:
+            self.rec.itl(t - seq.last_token_ms)
+        seq.last_token_ms = t
 
     def finish_held(self, seq: Sequence, t: float) -> None:
         """Finish ``seq``, held back since its preemption in flight, at ``t``: the landing of its

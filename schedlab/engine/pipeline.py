@@ -335,11 +335,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             tokens, accepted = tokens_for(inst.spec, b, seq._generated, seq.target)
             seq._generated += tokens
             count_bumped(inst.counters, b, tokens, accepted)
-            if seq.first_token_ms < 0:
-                seq.first_token_ms = t
-            else:
-                inst.rec.itl(t - seq.last_token_ms)
-            seq.last_token_ms = t
+            inst.token_at(seq, t)
             if seq._generated >= seq.target:
                 inst.finish_held(seq, t)
         inst.release.add(t, before, load(inst))
