@@ -196,11 +196,12 @@ def test_the_newest_request_is_preempted_while_its_last_chunk_is_in_flight_and_s
     #   it: stage 0 4-8, stage 1 9.25-13.25.
     # At 9.25 A lands, r0's first token; its decode (17th token) needs a 2nd block, none is free.
     #   vLLM's victim is running[-1], the newest request -- r1, whose batch is in flight: its
-    #   block is freed and it goes back to the queue (not r0, the only one a scheduler blind to
+    #   block is freed and it waits for that batch (not r0, the only one a scheduler blind to
     #   batches in flight could see). C (r0's decode: 8 ms, 4 a stage, send 0.3125): stage 0
     #   9.25-13.25, stage 1 13.5625-17.5625. A step that preempts admits nothing.
     # At 13.25 B lands: the prompt it held was computed, so r1 gets its first token (vLLM keeps
-    #   it), waiting; it now recomputes 17 tokens (2 blocks), none free. Nothing else to launch.
+    #   it) and goes to the front of the queue; it now recomputes 17 tokens (2 blocks), none free.
+    #   Nothing else to launch.
     # At 17.5625 C lands, r0's 2nd token; D (its decode) 17.5625-21.5625, 21.875-25.875: r0's
     #   3rd and last token, its blocks free. E (16 of r1's 17: 8 ms) 25.875-29.875, 31.125-35.125;
     #   F (the last one: 0.5 ms, 0.25 a stage, send 0.3125) 29.875-30.125, 35.125-35.375: done.
