@@ -45,6 +45,13 @@ def by_id(result, column):
     return dict(zip(result.requests["id"].tolist(), result.requests[column].tolist()))
 
 
+def assert_requests(result, **columns) -> None:
+    """Each column of ``result``'s request rows, per request id, is as given (``first_token_ms={0:
+    9.25, 1: 13.25}``, ...)."""
+    for column, expected in columns.items():
+        assert by_id(result, column) == expected, column
+
+
 # -- the stages' clock ----------------------------------------------------------------------------------------
 
 
@@ -207,9 +214,8 @@ def test_the_newest_request_is_preempted_while_its_last_chunk_is_in_flight_and_s
     #   F (the last one: 0.5 ms, 0.25 a stage, send 0.3125) 29.875-30.125, 35.125-35.375: done.
     requests = [Request(0, 0.0, 16, 3), Request(1, 0.0, 16, 2)]
     r = run_pipelined(requests, chunking(2), 2, engine=engine)
-    assert by_id(r, "first_token_ms") == {0: 9.25, 1: 13.25}
-    assert by_id(r, "finish_ms") == {0: 25.875, 1: 35.375}
-    assert by_id(r, "preemptions") == {0: 0, 1: 1} and by_id(r, "generated_tokens") == {0: 3, 1: 2}
+    assert_requests(r, first_token_ms={0: 9.25, 1: 13.25}, finish_ms={0: 25.875, 1: 35.375},
+                    preemptions={0: 0, 1: 1}, generated_tokens={0: 3, 1: 2})
     c = r.counters
     assert c["num_preemptions"] == c["recompute_preemptions"] == c["in_flight_preemptions"] == 1
     assert c["iterations"] == 6 and c["generated_tokens"] == 5 and c["decode_tokens"] == 2
@@ -246,9 +252,8 @@ def test_a_decode_preempted_in_flight_keeps_its_token_and_may_finish_from_the_qu
     # 18.5625: r0's 3rd token; its 4th a trip later, 4 + 0.3125 + 4: 26.875.
     requests = [Request(0, 0.0, 3, 4), Request(1, 0.0, 3, 2)]
     r = run_pipelined(requests, small_blocks(2), 2, engine=engine)
-    assert by_id(r, "first_token_ms") == {0: 1.9375, 1: 2.6875}
-    assert by_id(r, "finish_ms") == {0: 26.875, 1: 14.25}
-    assert by_id(r, "preemptions") == {0: 0, 1: 1} and by_id(r, "generated_tokens") == {0: 4, 1: 2}
+    assert_requests(r, first_token_ms={0: 1.9375, 1: 2.6875}, finish_ms={0: 26.875, 1: 14.25},
+                    preemptions={0: 0, 1: 1}, generated_tokens={0: 4, 1: 2})
     c = r.counters
     assert c["num_preemptions"] == c["in_flight_preemptions"] == 1 and c["iterations"] == 6
     assert c["generated_tokens"] == 6 and c["decode_tokens"] == c["decode_seq_steps"] == 4
