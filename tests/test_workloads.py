@@ -463,6 +463,9 @@ def test_empirical_samples_values_from_a_column(registry, tmp_path):
 
 @pytest.mark.parametrize("table,message", [
     ({"dist": "normal", "mean": 3}, r"prompt: dist must be one of"),
+    ({"kind": "lognormal", "median": 3, "sigma": 1}, r"prompt: missing key 'dist' \(the table has kind = 'lognormal': "
+                                                     r"the key is dist\)"),
+    ({"median": 3, "sigma": 1}, r"prompt: missing key 'dist'; dist must be one of"),
     ({"dist": "uniform", "low": 5}, r"prompt: dist = 'uniform' needs 'high'"),
     ({"dist": "uniform", "low": 5, "high": 4}, r"prompt: low \(5\) must be <= high \(4\)"),
     ({"dist": "fixed", "value": 0}, r"prompt: value must be a whole number >= 1"),

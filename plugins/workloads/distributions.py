@@ -130,6 +130,11 @@ def parse_distribution(table: Any, *, field: str) -> Distribution:
     if not isinstance(table, dict):
         raise FieldError(field, f"must be a table such as {{dist = \"fixed\", value = 128}}, got {table!r}")
     kind = table.get("dist")
+    if kind is None:
+        hint = (f" (the table has kind = {table['kind']!r}: the key is dist)" if "kind" in table
+                else "")
+        raise FieldError(field, f"missing key 'dist'{hint}; dist must be one of "
+                                f"{', '.join(map(repr, DIST_KINDS))}, e.g. {{dist = \"fixed\", value = 128}}")
     if kind not in DIST_KINDS:
         raise FieldError(field, f"dist must be one of {', '.join(map(repr, DIST_KINDS))}; got {kind!r}")
     needed, optional = _KEYS[kind]
