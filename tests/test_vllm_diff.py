@@ -421,6 +421,24 @@ def test_schedlab_agrees_with_vllm_without_whole_prompt_admission():
     assert not differing, "\n\n".join(c.describe(differ.sides) for c in differing[:3])
 
 
+@pytest.mark.vllm
+def test_vllm_side_with_async_scheduling_plans_one_batch_ahead(differ):
+    # vLLM's default since 0.13 (schedlab's preset keeps the synchronous rules). Budget 2, 2 seqs.
+    # t=0: batch A = r0's prompt; with room in the queue of 2, batch B = r0's second token (a
+    # placeholder for A's); block on A: lands at 1 (r0's first token). r1 arrives at 1: batch C =
+    # r1's prompt (r0 is skipped, B holds its last token); block on B: lands at 2, r0 done. Nothing
+    # to schedule (r1's only token is in C); C lands at 3. Synchronously r1 would be done at 2.
+    case = _case(dict(block_size=2, num_blocks=2, max_num_seqs=2, max_num_batched_tokens=2),
+                 (0, 0, 1, 2, 0, None, 0), (1, 1, 1, 1, 0, None, 0))
+    asynchronous = Sides({}, {"async_scheduling": True})
+    assert differ.theirs.run(case, asynchronous) == ({0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 3, 3, 0, 0)}, None)
+    assert differ.theirs.run(case) == ({0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 2, 2, 0, 0)}, None)
+    assert differ.ours.run(case) == differ.theirs.run(case)
+    with pytest.raises(ValueError, match="pipeline parallelism"):
+        differ.theirs.validate(_case(dict(block_size=2, num_blocks=2, max_num_seqs=2, max_num_batched_tokens=2,
+                                          pipeline_parallel=2), (0, 0, 1, 1, 0, None, 0)), asynchronous)
+
+
 def test_json_output_shape_is_plain(tmp_path):
     # the --json file is plain JSON a notebook can read: group -> list of comparisons
     from schedlab.diffcheck.cli import write_json

@@ -26,6 +26,16 @@ What a batch samples is fixed when it is scheduled (the model runner's view): a 
 request whose prefill completes in it, kept by ``update_from_output`` unless the request has
 finished meanwhile -- even one preempted while the batch was in flight.
 
+With ``--vllm-set async_scheduling=true`` the vLLM side runs as vLLM has by default since 0.13:
+its ``AsyncScheduler`` behind a batch queue of 2 on one stage (``VllmConfig.max_concurrent_batches``),
+so each batch is scheduled while the one before it computes. A request in flight is scheduled
+again at once with a placeholder for its token (``num_output_placeholders``), except when that
+token is its last; requests that arrive meanwhile wait for the batch after. schedlab's ``vllm``
+preset follows the synchronous rules, so such cases differ: the option measures that gap
+(vLLM on a CPU turns ``async_scheduling`` off in its config -- a platform check -- but the
+rules are the ``AsyncScheduler``'s, which the harness builds itself). vLLM 0.33's V1 model runner
+does not run it with pipeline parallelism, nor does the harness.
+
 Requests arrive at the start of their iteration, in (arrival, id) order, with
 ``arrival_time = arrival + id * 1e-6`` so that the priority policy's ties (``Request.__lt__``
 and the victim choice ``max(running, key=(priority, arrival_time))``) follow arrival order as
@@ -91,6 +101,7 @@ class VllmRunner:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -101,6 +112,7 @@ class VllmRunner:
         self._v = dict(torch=torch, CacheConfig=CacheConfig, ParallelConfig=ParallelConfig,
                        SchedulerConfig=SchedulerConfig, VllmConfig=VllmConfig, SamplingParams=SamplingParams,
                        sha256=sha256, get_request_block_hasher=get_request_block_hasher, Scheduler=Scheduler,
+                       AsyncScheduler=AsyncScheduler,
                        register_all_kvcache_specs=register_all_kvcache_specs, FullAttentionSpec=FullAttentionSpec,
                        KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
                        ModelRunnerOutput=ModelRunnerOutput, Request=Request,
@@ -137,8 +149,14 @@ class VllmRunner:
                                         enable_prefix_caching=s.prefix_caching)
         vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=self.model_config,
                                       cache_config=cache_config, parallel_config=v["ParallelConfig"]())
+        asynchronous = bool(kwargs.get("async_scheduling"))
+        if asynchronous and s.pipeline_parallel > 1:
+            raise ValueError("async_scheduling with pipeline parallelism: vLLM 0.33's V1 model runner does not "
+                             "run it (VllmConfig.max_concurrent_batches)")
         for key, value in kwargs.items():
-            if key not in ("max_model_len", "is_encoder_decoder") and getattr(scheduler_config, key) != value:
+            if key in ("max_model_len", "is_encoder_decoder", "async_scheduling"):
+                continue  # async_scheduling: vLLM turns it off on a CPU; the rules are the class's below
+            if getattr(scheduler_config, key) != value:
                 raise AssertionError(f"vLLM changed scheduler setting {key}: {value!r} -> "
                                      f"{getattr(scheduler_config, key)!r}")
         if cache_config.block_size != s.block_size or cache_config.enable_prefix_caching != s.prefix_caching:
@@ -148,7 +166,8 @@ class VllmRunner:
                                              kv_cache_groups=[v["KVCacheGroupSpec"](["layer"], spec)])
         cache_config.num_gpu_blocks = s.num_blocks + 1
         v["register_all_kvcache_specs"](vllm_config)
-        return v["Scheduler"](vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=s.block_size,
+        scheduler_class = v["AsyncScheduler"] if asynchronous else v["Scheduler"]
+        return scheduler_class(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=s.block_size,
                               log_stats=True, structured_output_manager=v["StructuredOutputManager"](vllm_config))
 
     def _request(self, r, block_size: int):
@@ -161,7 +180,7 @@ class VllmRunner:
 
     def run(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
         """Per-request outcomes and, if the run stalled, why."""
-        if case.settings.pipeline_parallel > 1:
+        if case.settings.pipeline_parallel > 1 or self.scheduler_config_kwargs(case, sides)["async_scheduling"]:
             return self.run_pipelined(case, sides)
         sched = self.scheduler(case, sides)
         trace = _Trace(self, case, sched)
@@ -195,14 +214,15 @@ class VllmRunner:
         return trace.outcomes(), error
 
     def run_pipelined(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
-        """:meth:`run` through vLLM's batch queue of ``pipeline_parallel`` batches (see the
-        module docstring)."""
+        """:meth:`run` through vLLM's batch queue of ``pipeline_parallel`` batches, or of 2 on one
+        stage with asynchronous scheduling (see the module docstring)."""
         from collections import deque
 
         from schedlab.engine.stages import StageClock
 
         stages = case.settings.pipeline_parallel
         sched = self.scheduler(case, sides)
+        queue_size = stages if stages > 1 else 2  # async scheduling: VllmConfig.max_concurrent_batches
         trace = _Trace(self, case, sched)
         clock = StageClock(stages)
         queue: deque = deque()  # newest at the left, as vLLM's batch_queue
@@ -225,7 +245,7 @@ class VllmRunner:
                 queue.appendleft((out, sampled, done_at))
                 if executed or out.preempted_req_ids:
                     empty_steps = 0 if executed else empty_steps + 1
-                    if len(queue) < stages and empty_steps < MAX_EMPTY_STEPS:
+                    if len(queue) < queue_size and empty_steps < MAX_EMPTY_STEPS:
                         continue  # schedule again before blocking on the oldest batch
                 elif not any(entry[0].total_num_scheduled_tokens for entry in queue):
                     # Nothing in flight and nothing to schedule: vLLM queues empty batches, each
