@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,8 @@ from schedlab.diffcheck.compare import Comparison, Differ, agreement_table
 from schedlab.diffcheck.shrink import shrink
 from schedlab.diffcheck.tokens import block_hashes, output_token_id, prompt_token_ids
 from schedlab.vllm_diff.case import ENGINE, DiffSettings, Outcome, case_from_json
-from schedlab.vllm_diff.cli import main
+from schedlab.diffcheck import cli
+from schedlab.vllm_diff.cli import HARNESS, main
 from schedlab.vllm_diff.schedlab_side import SchedlabRunner, requests as schedlab_requests
 from schedlab.vllm_diff.workloads import GROUPS, generate
 
@@ -286,6 +288,22 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_cli_checks_the_one_sided_settings_against_every_groups_own(capsys):
+    # vLLM refuses async scheduling with pipeline parallelism; only the pipeline group sets it,
+    # so checking the first group alone let the run reach it and fail with a traceback
+    class RefusesPipelines:
+        version = "0.33.0"
+
+        def validate(self, case, sides):
+            if case.settings.pipeline_parallel > 1:
+                raise ValueError("no batch queue with that")
+
+    harness = attrs.evolve(HARNESS, theirs=lambda args: RefusesPipelines())
+    assert cli.main(harness, ["--groups", "budget,pipeline", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "refuses it: no batch queue with that" in err and err.count("\n") == 1
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="vLLM is installed")
