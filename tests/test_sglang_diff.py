@@ -98,7 +98,8 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
                               "max_prefill_tokens": s.max_prefill_tokens,
                               "chunked_prefill_size": s.chunked_prefill_size,
                               "schedule_policy": s.schedule_policy,
-                              "schedule_conservativeness": s.schedule_conservativeness, "ignore_eos": "none"}
+                              "schedule_conservativeness": s.schedule_conservativeness,
+                              "enable_mixed_chunk": s.enable_mixed_chunk, "ignore_eos": "none"}
     assert t["kv_cache"] == {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
 
 
@@ -172,6 +173,19 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=160, max_running_requests=2, max_prefill_tokens=16, schedule_policy="dfs-weight"),
               (0, 1, 102, 20, 2, 96, None), (1, 1, 57, 11, 2, 43, 24), (2, 5, 65, 27, 2, 65, 54)),
         {0: _o(1, 2, 21, 0, 0, 102), 1: _o(21, 22, 32, 0, 43, 14), 2: _o(21, 22, 48, 0, 64, 1)}),
+    # 7. A mixed batch (--enable-mixed-chunk) becomes the running batch, clearing its "full" mark. Chunks
+    # of 6 less the decodes riding along, prompt budget 4 less them. 0 (109 tokens) runs 18 chunks of 6
+    # and its last token at 18 beside 1's first 5; 0 decodes from 19 in every step, 1 runs chunks of 5 to
+    # 29 and its last 2 at 30. There the adder reserves 1's 21 answer tokens: 2 needs 5 + 14 + 1 = 20 >= 20
+    # left: no token, the batch full. At 31 the running batch is the mixed batch of 30, mark unset; with
+    # 2 decodes the chunk is 4: 2 (20 < 21 left) is cut at 4, its last token at 32, its 14 tokens at 33 ..
+    # 46; 0's 15 at 19 .. 33, 1's 21 at 31 .. 51. (schedlab kept the mark until 0 finished, at 33.)
+    "7-mixed-batch-becomes-the-running-batch": (
+        _case(dict(max_total_tokens=228, max_running_requests=3, chunked_prefill_size=6, max_prefill_tokens=4,
+                   enable_mixed_chunk=True),
+              (0, 0, 109, 15, None, 0, None), (1, 0, 62, 21, None, 0, None), (2, 0, 5, 14, None, 0, None)),
+        {0: _o(0, 19, 33, 0, 0, *[6] * 18, 1), 1: _o(18, 31, 51, 0, 0, *[5] * 12, 2),
+         2: _o(31, 33, 46, 0, 0, 4, 1)}),
 }
 
 

@@ -319,7 +319,10 @@ class SglangScheduler:
                 if result == NO_TOKEN:
                     self._batch_full = adder.count > 0 or running_bs > 0
                 break
-        self._fresh_batch = adder.count > 0 and not running_bs and not mixed_bs
+        # a batch formed while nothing ran becomes the running batch; so does a mixed batch
+        # (SGLang empties the running batch into it, ``mix_with_running``): its "full" mark is
+        # the new batch's, unset
+        self._fresh_batch = adder.count > 0 and (not running_bs or mixed_bs > 0)
         return adder.count > 0
 
     def _running_offset(self, plan) -> float:

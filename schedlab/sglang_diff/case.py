@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from schedlab.configs import float_field, int_field, str_field
+from schedlab.configs import bool_field, float_field, int_field, str_field
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine
 from schedlab.diffcheck.shrink import smaller
 
@@ -20,11 +20,11 @@ POOL_MARGIN = 2
 class SglangSettings:
     """The settings both engines get: SGLang ``ServerArgs`` (``--max-total-tokens``,
     ``--max-running-requests``, ``--chunked-prefill-size``, ``--max-prefill-tokens``,
-    ``--schedule-policy``, ``--schedule-conservativeness``; ``--page-size 1``, the radix cache
-    on, overlap scheduling off) and schedlab's ``sglang`` scheduler over a ``radix`` cache of
-    ``max_total_tokens`` blocks of one token.
+    ``--schedule-policy``, ``--schedule-conservativeness``, ``--enable-mixed-chunk``; ``--page-size
+    1``, the radix cache on, overlap scheduling off) and schedlab's ``sglang`` scheduler over a
+    ``radix`` cache of ``max_total_tokens`` blocks of one token.
 
-    ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``).
+    ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``); mixing needs chunking.
     """
 
     max_total_tokens: int = int_field(4096, min=16, max=10**6)
@@ -33,6 +33,11 @@ class SglangSettings:
     max_prefill_tokens: int = int_field(16384, min=1, max=10**6)
     schedule_policy: str = str_field("fcfs", choices=POLICIES)
     schedule_conservativeness: float = float_field(1.0, min=0.0, max=10.0)
+    enable_mixed_chunk: bool = bool_field(False)
+
+    def __attrs_post_init__(self):
+        if self.enable_mixed_chunk and not self.chunked_prefill_size:
+            raise ValueError("enable_mixed_chunk needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
 
     def problems(self, requests) -> list[str]:
         """SGLang must serve each request as asked: it cuts ``max_new_tokens`` to
@@ -55,7 +60,9 @@ class SglangSettings:
             yield {"schedule_policy": "fcfs"}
         if self.schedule_conservativeness != 1.0:
             yield {"schedule_conservativeness": 1.0}
-        if self.chunked_prefill_size:
+        if self.enable_mixed_chunk:
+            yield {"enable_mixed_chunk": False}
+        elif self.chunked_prefill_size:
             yield {"chunked_prefill_size": 0}
         yield from smaller(self, (("max_running_requests", 1), ("max_prefill_tokens", 1), ("max_total_tokens", 16),
                                   ("chunked_prefill_size", 1)))

@@ -164,7 +164,7 @@ class SglangRunner:
                       max_running_requests=s.max_running_requests,
                       chunked_prefill_size=s.chunked_prefill_size or -1, max_prefill_tokens=s.max_prefill_tokens,
                       schedule_policy=s.schedule_policy, schedule_conservativeness=s.schedule_conservativeness,
-                      context_length=MAX_MODEL_LEN)
+                      enable_mixed_chunk=s.enable_mixed_chunk, context_length=MAX_MODEL_LEN)
         if sides is not None:
             kwargs.update(sides.engine)
         return ServerArgs(**kwargs)
@@ -195,10 +195,12 @@ class SglangRunner:
         published = {"chunked_prefill_size": sched.chunked_prefill_size, "page_size": sched.page_size,
                      "max_prefill_tokens": sched.max_prefill_tokens, "schedule_policy": sched.schedule_policy,
                      "disable_overlap_schedule": sched.disable_overlap_schedule,
-                     "schedule_conservativeness": sched.schedule_conservativeness}
+                     "schedule_conservativeness": sched.schedule_conservativeness,
+                     "enable_mixed_chunk": sched.enable_mixed_chunk}
         wanted = {"chunked_prefill_size": s.chunked_prefill_size or None, "page_size": 1,
                   "max_prefill_tokens": s.max_prefill_tokens, "schedule_policy": s.schedule_policy,
-                  "disable_overlap_schedule": True, "schedule_conservativeness": s.schedule_conservativeness}
+                  "disable_overlap_schedule": True, "schedule_conservativeness": s.schedule_conservativeness,
+                  "enable_mixed_chunk": s.enable_mixed_chunk}
         if sides is None or not sides.engine:
             if published["chunked_prefill_size"] == -1:
                 published["chunked_prefill_size"] = None
@@ -360,7 +362,12 @@ class SglangRunner:
                 error = f"SGLang stalled at {now} ms: it runs nothing and nothing is left to arrive"
                 break
             if batch.forward_mode.is_extend():
+                # a mixed step (--enable-mixed-chunk) extends its running decodes by their one
+                # token too (ScheduleBatch.mix_with_running): they are not prefill chunks
+                decoding = {id(req) for req in (batch.decoding_reqs or ())}
                 for req in batch.reqs:
+                    if id(req) in decoding:
+                        continue
                     rid = int(req.rid)
                     chunks[rid].append(req.extend_len)
                     if id(req) in waiting:  # admitted (or readmitted) now: its prefix hit

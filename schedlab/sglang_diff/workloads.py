@@ -16,6 +16,9 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   retracts;
 * ``reserve``    -- half the requests stop at an EOS before their ``max_tokens`` (their
   reservations are estimates, the others' exact), a pool of 1x to 3x the largest request;
+* ``mixed``      -- ``--enable-mixed-chunk``: a small ``--chunked-prefill-size`` (always on) and
+  ``--max-prefill-tokens``, the running decodes joining each prefill step, memory ample or 1x to
+  2x the largest request;
 * ``all``        -- every policy, shared prefixes, chunking, tight memory, EOS and a lower
   conservativeness at once.
 
@@ -32,7 +35,7 @@ from schedlab.diffcheck.workloads import random_requests
 
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
-GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "all")
+GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all")
 
 
 def _need(r) -> int:
@@ -45,13 +48,14 @@ def generate(group: str, seed: int) -> Case:
         raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
     rng = random.Random(f"sglang:{group}:{seed}")
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
-        ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve") else POLICIES)
+        ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")
+        else POLICIES)
     prefixes = group in ("lpm", "dfs_weight", "fcfs", "eviction", "all")
     retract = group == "retract"
     requests = random_requests(rng, prefixes=prefixes, eos=group in ("reserve", "all"), limited=retract,
                                longest_prompt=40 if retract else 120, longest_output=60 if retract else 30)
     largest = max(max(_need(r) for r in requests), 16)
-    if group in ("eviction", "retract", "all"):
+    if group in ("eviction", "retract", "all") or (group == "mixed" and rng.random() < 0.5):
         size = largest + rng.randint(0, largest)
     elif group == "reserve":
         size = largest + rng.randint(0, 2 * largest)
@@ -62,6 +66,8 @@ def generate(group: str, seed: int) -> Case:
     if group in ("chunked", "all"):
         chunk = rng.choice([0, rng.randint(1, 64), rng.randint(1, 64)])
         prefill = rng.randint(1, 200)
+    elif group == "mixed":
+        chunk, prefill = rng.randint(1, 64), rng.randint(1, 200)
     conservativeness = 1.0
     if retract:
         conservativeness = rng.choice([0.0, 0.05, 0.1, 0.3])
@@ -69,5 +75,5 @@ def generate(group: str, seed: int) -> Case:
         conservativeness = rng.choice([0.1, 0.3, 1.0, 1.0])
     settings = SglangSettings(max_total_tokens=size, max_running_requests=rng.randint(1, 6),
                               chunked_prefill_size=chunk, max_prefill_tokens=prefill, schedule_policy=policy,
-                              schedule_conservativeness=conservativeness)
+                              schedule_conservativeness=conservativeness, enable_mixed_chunk=group == "mixed")
     return Case(settings, requests, group=group, seed=seed)
