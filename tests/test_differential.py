@@ -44,6 +44,7 @@ def continuous_configs(draw):
         reserve_full_prompt=draw(st.booleans()),
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         priority_preemption=draw(st.booleans()),
+        async_scheduling=preemption == "recompute" and draw(st.booleans()),
     )
 
 

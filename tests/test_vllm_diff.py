@@ -452,9 +452,30 @@ def test_vllm_side_with_async_scheduling_plans_one_batch_ahead(differ):
     assert differ.theirs.run(case, asynchronous) == ({0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 3, 3, 0, 0)}, None)
     assert differ.theirs.run(case) == ({0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 2, 2, 0, 0)}, None)
     assert differ.ours.run(case) == differ.theirs.run(case)
+    assert differ.ours.run(case, Sides({"async_scheduling": True}, {})) == differ.theirs.run(case, asynchronous)
     with pytest.raises(ValueError, match="pipeline parallelism"):
         differ.theirs.validate(_case(dict(block_size=2, num_blocks=2, max_num_seqs=2, max_num_batched_tokens=2,
                                           pipeline_parallel=2), (0, 0, 1, 1, 0, None, 0)), asynchronous)
+
+
+@pytest.mark.vllm
+def test_vllm_runs_the_async_cases_as_computed_by_hand(differ):
+    from test_async_scheduling import CASES
+
+    for name, (case, synchronous, asynchronous) in CASES.items():
+        assert differ.theirs.run(case) == (synchronous, None), name
+        assert differ.theirs.run(case, Sides({}, {"async_scheduling": True})) == (asynchronous, None), name
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("group", [g for g in GROUPS if g != "pipeline"])
+def test_schedlab_agrees_with_vllm_with_async_scheduling(group):
+    pytest.importorskip("vllm")
+    from schedlab.vllm_diff.vllm_side import VllmRunner
+    differ = Differ(ENGINE, VllmRunner(), SchedlabRunner(),
+                    Sides({"async_scheduling": True}, {"async_scheduling": True}))
+    differing = [c for c in (differ.compare(generate(group, seed)) for seed in SEEDS) if not c.agrees]
+    assert not differing, "\n\n".join(c.describe(differ.sides) for c in differing[:3])
 
 
 def test_json_output_shape_is_plain(tmp_path):

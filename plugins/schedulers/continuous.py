@@ -82,6 +82,10 @@ class ContinuousConfig:
     min_batch: int = min_batch_field()
     interactive_class: str = interactive_class_field()
     interactive_wait_ms: float = interactive_wait_ms_field()
+    async_scheduling: bool = bool_field(
+        False, help="vLLM's asynchronous scheduling (its default since 0.13): each batch is planned while the one "
+                    "before it runs, so arrivals wait a batch more and finished requests hold their slots one plan "
+                    "longer (schedlab.engine.ahead)")
 
     def __attrs_post_init__(self):
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -93,6 +97,13 @@ class ContinuousConfig:
         if self.prediction_sigma and self.policy != "sjf":
             raise ConfigError(f"prediction_sigma only affects policy = 'sjf' (policy is {self.policy!r})")
         check_window_settings(self)
+        if self.async_scheduling:
+            # vLLM V1 only (no swapping), and a batching window's wake-ups are not planned ahead
+            if self.preemption == "swap":
+                raise ConfigError("async_scheduling needs preemption = 'recompute' (vLLM V1 does not swap)")
+            if self.max_wait_ms or self.interactive_wait_ms:
+                raise ConfigError("async_scheduling cannot be combined with a batching window (max_wait_ms, "
+                                  "interactive_wait_ms)")
 
 
 class ContinuousScheduler:
@@ -108,6 +119,8 @@ class ContinuousScheduler:
         self._key = waiting_key(self.config.policy, self.config.prediction_sigma, self.config.prediction_seed)
         self._window = BatchingWindow.from_config(self.config)
         self._swapped_in: list = []
+        #: engines plan each batch while the one before it runs (schedlab.engine.ahead)
+        self.plans_ahead = self.config.async_scheduling
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):

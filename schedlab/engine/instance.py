@@ -21,6 +21,7 @@ from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk
+from .ahead import Ahead, AheadRunning, cached_tokens_at_preemption, plans_ahead
 from .clock import check_iteration_end
 from .load import Release, load
 from .plan import FastPlan
@@ -164,10 +165,15 @@ class Instance:
         # Speculation: decoders keep the slots of their last step (see _verify), so block
         # growth is not periodic and cross_at is not kept.
         self.track_growth = speculation is None
+        # Asynchronous scheduling (schedlab.engine.ahead): each plan is made while the batch
+        # before it runs; iteration by iteration.
+        self.ahead = Ahead() if plans_ahead(scheduler) else None
+        if self.ahead is not None:
+            self.running_view = AheadRunning(self.running, self.ahead.held)
         # Speculative steps draw each sequence's tokens: no two are alike, so no bulk runs.
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None
-                        and speculation is None)
+                        and speculation is None and self.ahead is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
         self._room_before_eviction = getattr(kv, "blocks_before_eviction", None)
         self.host_tier = getattr(kv, "host", None)  # a host-memory tier under the prefix cache
@@ -228,10 +234,16 @@ class Instance:
                 self.rec.request_done(seq, self.index, request.arrival_ms, aborted=True)
                 return None
             heapq.heappush(self.aborts, (abort_at, seq_no, seq))
+        if self.ahead is not None and self.ahead.defers(request.arrival_ms, self.now):
+            self.ahead.deferred.append(seq)  # the batch that follows the one in progress is planned
+            return seq
+        self._queue(seq)
+        return seq
+
+    def _queue(self, seq: Sequence) -> None:
         self.waiting.push(seq)
         if len(self.waiting) > self.counters["peak_waiting"]:
             self.counters["peak_waiting"] = len(self.waiting)
-        return seq
 
     def next_abort(self) -> float:
         """When the engine next aborts a request whose client gave up (inf: none pending)."""
@@ -299,10 +311,13 @@ class Instance:
         n = len(self.waiting) + len(self.running) + len(self.swapped)
         if self.holds is not None:
             n += len(self.holds)
+        if self.ahead is not None:
+            n += len(self.ahead)
         return n if self.stage is None else n + self.stage.outstanding
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.swapped) or (self.stage is not None and self.stage.has_work())
+        return (bool(self.running or self.waiting or self.swapped) or (self.stage is not None and self.stage.has_work())
+                or (self.ahead is not None and bool(self.ahead.deferred)))
 
     # -- decode-set bookkeeping ---------------------------------------------------------------
     def _add_decoder(self, seq: Sequence) -> None:
@@ -421,6 +436,7 @@ class Instance:
         pipeline's batch in flight releases the slots that batch took for its decode
         (:mod:`schedlab.engine.stages`: its batch brings it its token when it lands)."""
         status = seq.status
+        scheduled_decode = status == DECODING and pending > 0
         if status == DECODING:
             self._remove_decoder(seq, WAITING)
         elif status == IN_FLIGHT:
@@ -431,7 +447,14 @@ class Instance:
             del self.prefilling[seq]
             seq.status = WAITING
         del self.running[seq]
-        seq._computed += pending  # the cache releases what it holds, slots allocated this iteration too
+        if self.ahead is None:
+            seq._computed += pending  # the cache releases what it holds, slots allocated this iteration too
+        else:  # held: up to the slots allocated this iteration; cached: the tokens vLLM knew (engine.ahead)
+            held = seq._computed + pending
+            seq._computed = cached_tokens_at_preemption(seq._computed, pending, scheduled_decode,
+                                                        seq in self.ahead.fresh, seq.cache_lag)
+            if held > seq.reserved_tokens:
+                seq.reserved_tokens = held
         self.kv.free(seq, preempted=True)
         seq._computed = 0
         seq.reserved_tokens = 0
@@ -479,6 +502,45 @@ class Instance:
         return ms
 
     # -- the loop ---------------------------------------------------------------------------------
+    def _plan_ahead(self) -> FastPlan:
+        """Asynchronous scheduling (:mod:`schedlab.engine.ahead`): the plan of the batch that
+        starts now, made when the last batch started, with the arrivals until then; then the
+        requests that batch finished give their slots and blocks back."""
+        ahead = self.ahead
+        end = self.now
+        t = ahead.plan_time(end)
+        for seq in ahead.arrived_by(t):
+            self._queue(seq)
+        self.now = t
+        try:
+            plan = self._plan()
+        finally:
+            self.now = end
+        fresh = ahead.fresh  # whose slot this plan took for a token still being computed
+        decoders = [s for s in self.running if s.status == DECODING] if plan.decodes_all else plan.decoded
+        for seq in decoders:
+            seq.cache_lag = 1 if seq in fresh else 0
+        for seq, _ in plan.prefills:
+            seq.cache_lag = 0
+        for seq in ahead.take_held():
+            del self.running[seq]
+            self.kv.free(seq)
+            self.rec.request_done(seq, self.index, ahead.end)
+        return plan
+
+    def preempt_held(self, seq: Sequence) -> None:
+        """Preempt ``seq``, finished by the last iteration, in the plan made ahead: vLLM's running
+        list still holds it (:mod:`schedlab.engine.ahead`); its blocks go now, its last token has
+        come all the same."""
+        del self.ahead.held[seq]
+        del self.running[seq]
+        self.kv.free(seq)
+        seq.num_preemptions += 1
+        c = self.counters
+        c["num_preemptions"] += 1
+        c["recompute_preemptions"] += 1
+        self.rec.request_done(seq, self.index, self.ahead.end)
+
     def _plan(self) -> FastPlan:
         """Ask the scheduler for the next iteration's plan, at ``now``."""
         self.serial += 1
@@ -526,7 +588,7 @@ class Instance:
             limit = abort_at  # an abort, like an arrival, ends a run of iterations
             if stage is not None:  # disaggregated: the flow's part at this boundary (engine.disagg)
                 stage.before_plan(self)
-            plan = self._plan()
+            plan = self._plan() if self.ahead is None else self._plan_ahead()
             if stage is not None:
                 stage.after_plan(self, plan)
                 nxt = stage.next_time()  # a run stops where a transfer lands or blocks come back
@@ -534,6 +596,8 @@ class Instance:
                     limit = nxt
             if not plan.is_empty():
                 break
+            if self.ahead is not None and self.ahead.replans(self.now):
+                continue  # planned ahead, nothing: plan again now, as the last batch is back
             if not self.has_work():
                 return
             wake = plan.wake if plan.wake is not None else INF
@@ -817,12 +881,16 @@ class Instance:
             step, _, seq = heapq.heappop(heap)
             if seq.status == DECODING and seq.finish_step == step:
                 self._finish(seq, end)
+        if self.ahead is not None:  # the sequences this iteration gave a token (engine.ahead)
+            self.ahead.fresh = {s for s in self.running if s.status == DECODING}
         for seq in parked:
             self._add_decoder(seq)
             self.off_cycle[seq] = seq.last_token_ms
         self.release.record(end, before, load(self))
 
         self.now = end
+        if self.ahead is not None:
+            self.ahead.ran(start, end)
         if progress:
             self.since_progress = 0
         else:
@@ -943,6 +1011,10 @@ class Instance:
             self._remove_decoder(seq, FINISHED)
         else:
             seq.status = FINISHED
+        if self.ahead is not None:  # its slot and blocks until the next plan is made (engine.ahead)
+            self.ahead.held[seq] = None
+            self._finished(seq, t)  # its row once released: that plan may still preempt it
+            return
         del self.running[seq]
         if self.stage is not None and self.stage.hand_off(self, seq, t):
             # on to a decode instance; its KV stays here until that instance has pulled it (the
@@ -954,6 +1026,10 @@ class Instance:
     def _done(self, seq: Sequence, t: float) -> None:
         """``seq`` finished at ``t``: its row, the scheduler's and the clients' callbacks."""
         self.rec.request_done(seq, self.index, t)
+        self._finished(seq, t)
+
+    def _finished(self, seq: Sequence, t: float) -> None:
+        """The scheduler's and the clients' callbacks of ``seq``'s finish at ``t``."""
         if self._on_finish is not None:
             self._on_finish(seq, t)
         if self.track_finished:

@@ -283,6 +283,11 @@ class FastPlan:
                 self.prefills = [(s, n) for s, n in self.prefills if s is not seq]
 
     def preempt(self, seq) -> None:
+        ahead = self._inst.ahead
+        if ahead is not None and seq in ahead.held:  # finished, its slot held (engine.ahead)
+            self._inst.preempt_held(seq)
+            self._preempted.append(seq)
+            return
         if seq.status == IN_FLIGHT and seq in self._inst.running:  # a pipeline's batch holds it (engine.stages)
             self._inst.preempt_recompute(seq)
             self._preempted.append(seq)

@@ -17,6 +17,7 @@ from ..energy.meter import token_shares
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
+from .ahead import Ahead, AheadRunning, plans_ahead
 from .clock import check_iteration_end
 from .load import Release, load
 from .recorder import Recorder
@@ -47,6 +48,7 @@ class RefSequence:
         self.mark = -1
         self.transfer = None  # disaggregated serving: its Transfer
         self.energy_j = 0.0  # its shares of the energy of the iterations it took part in ([power])
+        self.cache_lag = 0  # asynchronous scheduling: its last KV slot's token was in flight (engine.ahead)
 
     @property
     def num_tokens(self) -> int:
@@ -88,7 +90,8 @@ class RefPlan:
 
     @property
     def running(self):
-        return RunningView(self._e.running)
+        e = self._e
+        return RunningView(e.running) if e.ahead is None else AheadRunning(e.running, e.ahead.held)
 
     @property
     def prefilling(self):
@@ -246,6 +249,19 @@ class RefPlan:
         return n
 
     def preempt(self, seq) -> None:
+        e = self._e
+        if e.ahead is not None and seq in e.ahead.held:
+            # asynchronous scheduling: finished by the last iteration, its slot still held, and
+            # vLLM's running list still has it; its blocks go now (its row is written with them)
+            del e.ahead.held[seq]
+            del e.running[seq]
+            self.kv.free(seq)
+            seq.num_preemptions += 1
+            e.counters["num_preemptions"] += 1
+            e.counters["recompute_preemptions"] += 1
+            e.record_finished(seq, e.ahead.end)
+            self.preempted.append(seq)
+            return
         if seq.status not in ("prefilling", "decoding"):
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}")
         self._requeue(seq, self._withdraw(seq, "preempt"))
@@ -256,7 +272,16 @@ class RefPlan:
         instance, hold it back while a batch in flight holds it (:mod:`schedlab.engine.stages`)."""
         e = self._e
         del e.running[seq]
-        seq.num_computed_tokens += pending  # release the slots allocated this iteration too
+        if e.ahead is None:
+            seq.num_computed_tokens += pending  # release the slots allocated this iteration too
+        else:
+            # asynchronous scheduling (engine.ahead): it holds the slots allocated this iteration,
+            # but vLLM has cached only the tokens it knew -- not one still being computed when
+            # it last got a slot: this one, if the iteration gave it one, else the one before
+            held = seq.num_computed_tokens + pending
+            lag = (1 if seq in e.ahead.fresh else 0) if seq.status == "decoding" and pending else seq.cache_lag
+            seq.num_computed_tokens = held - lag
+            seq.reserved_tokens = max(seq.reserved_tokens, held)
         self.kv.free(seq, preempted=True)
         seq.status = "waiting"
         seq.num_computed_tokens = 0
@@ -375,6 +400,7 @@ class ReferenceEngine:
         self.in_flight: dict | None = None  # pipelined: a decode in a batch in flight -> its KV slots there
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
+        self.ahead = Ahead() if plans_ahead(scheduler) else None  # asynchronous scheduling (engine.ahead)
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)
@@ -387,7 +413,8 @@ class ReferenceEngine:
 
     # -- state ------------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped) or (self.role is not None and self.role.has_work())
+        return (bool(self.waiting or self.running or self.swapped) or (self.role is not None and self.role.has_work())
+                or (self.ahead is not None and bool(self.ahead.deferred)))
 
     @property
     def outstanding(self) -> int:
@@ -395,6 +422,8 @@ class ReferenceEngine:
         n = len(self.waiting) + len(self.running) + len(self.swapped)
         if self.holds is not None:
             n += len(self.holds)
+        if self.ahead is not None:
+            n += len(self.ahead.deferred)
         return n + (self.role.outstanding if self.role is not None else 0)
 
     def next_plan_time(self) -> float:
@@ -441,6 +470,10 @@ class ReferenceEngine:
                 self.rec.request_done(seq, self.index, request.arrival_ms, aborted=True)
                 return None
             self.aborts.append([abort_at, seq_no, seq])
+        ahead = self.ahead
+        if ahead is not None and self.now == ahead.end and request.arrival_ms > ahead.start:
+            ahead.deferred.append(seq)  # it arrived after the batch in progress was planned
+            return seq
         self.waiting.push(seq)
         self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
         return seq
@@ -453,11 +486,15 @@ class ReferenceEngine:
         self.abort_due()
         if self.role is not None:
             self.role.before_plan(self)
-        self.serial += 1
-        plan = RefPlan(self, self.serial)
-        self.scheduler.schedule(plan)
+        plan = self._plan()
         if self.role is not None:
             self.role.after_plan(self, plan)
+        ahead = self.ahead
+        if (ahead is not None and not plan.num_scheduled_tokens and ahead.end == self.now
+                and ahead.start < self.now):
+            # planned when the last batch started, nothing: plan again now that it is back
+            ahead.start = self.now
+            plan = self._plan()
         if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
             self.empty_plans += 1
             if self.empty_plans > 1000:
@@ -471,6 +508,37 @@ class ReferenceEngine:
         self.empty_plans = 0
         self.events += 1
         self._execute(plan)
+
+    def _plan(self) -> RefPlan:
+        """The scheduler's plan for the iteration starting now. With asynchronous scheduling
+        (:mod:`schedlab.engine.ahead`) it is made when the last iteration started, if one just
+        ended: with the arrivals until then, the requests that iteration finished still holding
+        their slots and blocks, which they give back once the plan is made."""
+        self.serial += 1
+        ahead = self.ahead
+        if ahead is None:
+            plan = RefPlan(self, self.serial)
+            self.scheduler.schedule(plan)
+            return plan
+        end = self.now
+        t = ahead.start if end == ahead.end else end
+        while ahead.deferred and ahead.deferred[0].request.arrival_ms <= t:
+            self.waiting.push(ahead.deferred.pop(0))
+            self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
+        self.now = t
+        plan = RefPlan(self, self.serial)
+        self.scheduler.schedule(plan)
+        self.now = end
+        for s in plan.decoders():  # its slot's token is in flight if the last iteration computes it
+            s.cache_lag = 1 if s in ahead.fresh else 0
+        for s, _ in plan.prefills:
+            s.cache_lag = 0
+        for s in list(ahead.held):
+            del self.running[s]
+            self.kv.free(s)
+            self.record_finished(s, ahead.end)
+        ahead.held.clear()
+        return plan
 
     def settle(self, t: float) -> None:
         """Before requests arriving at ``t`` are routed: an instance between iterations aborts
@@ -540,9 +608,17 @@ class ReferenceEngine:
     def finish_done(self, s, t: float) -> None:
         """Finished ``s`` (its blocks free) at ``t``: its inter-token latencies and row, the
         scheduler's and the clients' callbacks."""
+        self.record_finished(s, t)
+        self.finish_callbacks(s, t)
+
+    def record_finished(self, s, t: float) -> None:
+        """The inter-token latencies and row of ``s``, finished at ``t``."""
         for a, b in zip(s.token_times, s.token_times[1:]):
             self.rec.itl(b - a)
         self.rec.request_done(s, self.index, t)
+
+    def finish_callbacks(self, s, t: float) -> None:
+        """The scheduler's and the clients' callbacks of the finish of ``s`` at ``t``."""
         on_finish = getattr(self.scheduler, "on_finish", None)
         if on_finish is not None:
             on_finish(s, t)
@@ -630,8 +706,12 @@ class ReferenceEngine:
                     s.status = "decoding"
         before = load(self)  # as routers see the instance until ``end``
         for s in done + sorted(decoded_out, key=lambda s: s.seq_no):
-            del self.running[s]
             s.status = "finished"
+            if self.ahead is not None:  # its slot and blocks until the next plan is made (engine.ahead)
+                self.ahead.held[s] = None
+                self.finish_callbacks(s, end)  # its row once released: that plan may still preempt it
+                continue
+            del self.running[s]
             if self.role is not None and self.role.hand_off(self, s, end):
                 continue  # on to the decode pool; its KV (and its finish) stays until pulled
             self.kv.free(s)
@@ -639,6 +719,10 @@ class ReferenceEngine:
         self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
+        if self.ahead is not None:
+            self.ahead.start, self.ahead.end = self.now, end
+            self.ahead.fresh = {s for s in decoders if s.status == "decoding"} | {
+                s for s, _ in plan.prefills if s.status == "decoding"}
         self.now = end
         self.no_progress = 0 if progress else self.no_progress + 1
         if self.no_progress > self.stall_limit:

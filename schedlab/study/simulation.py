@@ -20,6 +20,7 @@ from ..configs import (MAX_INSTANCES, FieldError, bool_field, float_field, from_
 from ..drafting import DraftingCostModel
 from ..energy.meter import EnergyMeter, close_meters, close_part, run_start
 from ..energy.pipeline import PipelineMeter
+from ..engine.ahead import plans_ahead
 from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
@@ -351,6 +352,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         the same for 1 or 1,024 instances).
     """
     assembled = _assemble_plugins(spec, ctx, where, check_only)
+    _check_async_scheduling(assembled, where)
     if "target" not in spec.tables:
         return assembled
     config = from_table(TargetConfig, spec.tables["target"], where=f"{where} [target]", base_dir=ctx.base_dir)
@@ -359,6 +361,21 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     except (ConfigError, FieldError) as exc:
         raise ConfigError(f"{where} [target]: {exc}") from None
     return attrs.evolve(assembled, target=target)
+
+
+def _check_async_scheduling(a: Assembled, where: str) -> None:
+    """Asynchronous scheduling (:mod:`schedlab.engine.ahead`) is modelled for colocated
+    instances without speculation or clients that give up: refuse the rest by name."""
+    if not any(plans_ahead(parts[0]) for parts in a.instances):
+        return
+    client = a.client_side.client if a.client_side is not None else None
+    for refused, what in ((a.pools is not None, "[cluster] disaggregated pools"),
+                          (a.parallelism != SINGLE, "[cluster] data_parallel or pipeline_parallel"),
+                          (a.speculative is not None, "[speculative]"),
+                          (client is not None and client.gives_up, "[client] timeouts")):
+        if refused:
+            raise ConfigError(f"{where} [scheduler]: async_scheduling: not modelled with {what}; "
+                              "set async_scheduling = false")
 
 
 def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:

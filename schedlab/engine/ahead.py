@@ -1,0 +1,145 @@
+"""Asynchronous scheduling (vLLM's default since 0.13): each batch is planned while the one
+before it runs. Both engines follow these rules when the scheduler says ``plans_ahead``
+(the ``continuous`` family's ``async_scheduling = true``).
+
+vLLM 0.33 runs its ``AsyncScheduler`` behind a batch queue of two (``VllmConfig.
+max_concurrent_batches``; ``EngineCore.step_with_batch_queue``): when batch ``k - 1`` is back,
+it processes its output and batch ``k`` starts on the GPU; the engine core then reads the
+requests that arrived, schedules batch ``k + 1`` at once -- every request of batch ``k`` again,
+with a placeholder for the token batch ``k`` is computing (``num_output_placeholders``), except a
+request whose last token that is -- and blocks until batch ``k`` is back. So the plan of batch
+``k + 1`` is made when batch ``k`` starts, on the state batch ``k`` will leave, and here:
+
+* **when**: the plan of the batch that follows batch ``k`` is made at ``k``'s start: its
+  ``now`` is that time (admission and queueing times count to it, as vLLM's ``scheduled``
+  timestamps do), the engine making it once ``k`` has ended, on the state ``k`` left (its
+  tokens are counted: a placeholder's KV slot is the same slot);
+* **arrivals** after ``k``'s start are not in that plan: they wait for the next;
+* **finished requests** -- those whose last token batch ``k`` computed -- still hold their
+  ``max_num_seqs`` slot and their KV blocks in that plan (vLLM frees them when ``k``'s output
+  is processed, after it has scheduled ``k + 1``); the scheduler does not see them
+  (:class:`AheadRunning`) except as a preemption's victim -- vLLM's running list holds them, so
+  FCFS may pick one: its blocks go at once and it counts a preemption --, and they are freed
+  once the plan is made (their rows are written then, with their finish time);
+* **an empty plan**: vLLM blocks on batch ``k``, then schedules again when it is back -- with
+  the arrivals and the freed requests -- and that batch starts at once; here an empty plan made
+  at ``k``'s start is followed at ``k``'s end by a plan at that time. A plan made with nothing
+  running before it (an idle engine woken by an arrival) is made at its own time;
+* **cached blocks** (prefix caching): vLLM caches a block once its tokens are known
+  (``num_tokens_to_cache = min(computed + new, request.num_tokens)``), and a placeholder is not
+  known. So a decode whose input token the batch in progress is computing leaves the block that
+  token completes uncached until the request is scheduled again: a request preempted meanwhile
+  frees it uncached (:func:`cached_tokens_at_preemption`).
+
+Not modelled: a request that stops at an EOS before its ``max_tokens`` is scheduled once more
+by vLLM, its token discarded (vLLM cannot know it stops); here every request stops as if at its
+``max_tokens``. Asynchronous scheduling is refused with pipeline or data parallelism,
+disaggregation, speculative decoding, swapping, a batching window and clients that give up; the
+fast engine runs it iteration by iteration (no bulk decode runs). (Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py
+--vllm-set async_scheduling=true --set scheduler.async_scheduling=true``.)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..queues import RunningView
+
+
+def plans_ahead(scheduler) -> bool:
+    """True if ``scheduler`` plans each batch while the one before it runs."""
+    return bool(getattr(scheduler, "plans_ahead", False))
+
+
+def cached_tokens_at_preemption(computed: int, pending: int, scheduled_decode: bool, fresh: bool,
+                                lag: int) -> int:
+    """The tokens of a request preempted in a plan made ahead whose blocks vLLM has cached:
+    its ``computed`` tokens and the ``pending`` slots this plan gave it, less the token a
+    placeholder stood for at its last allocation -- this plan's, if it scheduled its decode
+    (its input token ``fresh`` from the batch in progress), else the one before (``lag``)."""
+    return computed + pending - ((1 if fresh else 0) if scheduled_decode else lag)
+
+
+class AheadRunning(RunningView):
+    """The running sequences a scheduler may touch: not those finished whose slots are still
+    held (:mod:`schedlab.engine.ahead`). Its length counts them (they keep their slots)."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, running: dict, held: dict):
+        super().__init__(running)
+        self._held = held
+
+    def __iter__(self) -> Iterator:
+        held = self._held
+        return (s for s in self._running if s not in held)
+
+    def __reversed__(self) -> Iterator:
+        held = self._held
+        return (s for s in reversed(self._running) if s not in held)
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._running and seq not in self._held
+
+    def last(self):
+        return next(reversed(self), None)
+
+    def preemptible(self) -> list:
+        """Every running sequence, finished ones holding their slots too: vLLM's running list,
+        whose last request may be one whose last token is in flight."""
+        return list(self._running)
+
+
+class Ahead:
+    """One instance's state under asynchronous scheduling: when the last batch started and
+    ended, the arrivals its plan may not see yet, and the finished requests still holding
+    their slots (in finishing order)."""
+
+    __slots__ = ("start", "end", "deferred", "held", "fresh")
+
+    def __init__(self):
+        self.start = -1.0    # the last batch's start and end (-1: none yet)
+        self.end = -1.0
+        self.deferred: list = []  # sequences that arrived after the last batch started
+        self.held: dict = {}      # finished sequences -> None, freed after the next plan
+        self.fresh: set = set()   # sequences the last batch gave a token (vLLM: a placeholder)
+
+    def plan_time(self, now: float) -> float:
+        """When the plan made at ``now`` is made in vLLM: the last batch's start if it just
+        ended, else ``now``."""
+        return self.start if now == self.end else now
+
+    def defers(self, arrival_ms: float, now: float) -> bool:
+        """True if a request arriving at ``arrival_ms`` misses the plan made next, at ``now``."""
+        return now == self.end and arrival_ms > self.start
+
+    def ran(self, start: float, end: float) -> None:
+        """A batch ran from ``start`` to ``end``."""
+        self.start, self.end = start, end
+
+    def replans(self, now: float) -> bool:
+        """After an empty plan made at ``now``: True if it was made ahead (at the last batch's
+        start), so the engine plans again at ``now``, the batch's end, as vLLM does once that
+        batch is back; that plan sees every arrival so far."""
+        if now == self.end and self.start < now:
+            self.start = now
+            return True
+        return False
+
+    def arrived_by(self, t: float) -> list:
+        """The deferred arrivals a plan made at ``t`` sees (taken from the deferred ones)."""
+        deferred = self.deferred
+        n = 0
+        while n < len(deferred) and deferred[n].request.arrival_ms <= t:
+            n += 1
+        seen, self.deferred = deferred[:n], deferred[n:]
+        return seen
+
+    def take_held(self) -> list:
+        out = list(self.held)
+        self.held.clear()
+        return out
+
+    def __len__(self) -> int:
+        """Requests it holds that routers count as outstanding: the deferred arrivals."""
+        return len(self.deferred)

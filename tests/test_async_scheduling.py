@@ -1,0 +1,153 @@
+"""Asynchronous scheduling (``[scheduler] async_scheduling = true``, :mod:`schedlab.engine.ahead`):
+each batch planned while the one before it runs, as vLLM's ``AsyncScheduler`` does.
+
+Hand-computed cases at 1 ms per iteration (the vLLM harness's timing, so the same cases are
+checked against vLLM itself in ``tests/test_vllm_diff.py``), the fast engine against the
+reference engine on random workloads under memory pressure with prefix caching, and the
+layouts it is refused with.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.diffcheck.case import Case, DiffRequest, Sides
+from schedlab.errors import ConfigError
+from schedlab.study.experiment import load
+from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine
+from schedlab.vllm_diff.case import DiffSettings, Outcome
+from schedlab.vllm_diff.schedlab_side import SchedlabRunner
+from schedlab_plugins.cost_models import LinearCostModel
+from schedlab_plugins.kv_caches import PrefixKVCache
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+ASYNC = Sides({"async_scheduling": True}, {})
+
+
+def case(settings: dict, *requests: tuple) -> Case:
+    """requests as (id, arrival, prompt, output)."""
+    return Case(DiffSettings(**settings), [DiffRequest(id=i, arrival=a, prompt_tokens=p, output_tokens=o)
+                                           for i, a, p, o in requests])
+
+
+#: (case, outcomes synchronously, outcomes asynchronously): request id -> (scheduled, first token,
+#: finish, preemptions, cached tokens), at 1 ms per iteration.
+CASES = {
+    # Budget 2. Batch 1 [0, 1]: 0's prompt. Planned at 0 too, batch 2 [1, 2]: 0's second (last)
+    # token. 1 arrives at 1: synchronously it joins the plan made at 1 (batch 2, beside 0's decode)
+    # and has its one token at 2; asynchronously batch 2 was planned at 0, so 1 is in the plan made
+    # at 1 (batch 2's start) for batch 3 [2, 3]: its token at 3.
+    "an-arrival-waits-a-batch-more": (
+        case(dict(block_size=2, num_blocks=2, max_num_seqs=2, max_num_batched_tokens=2),
+             (0, 0, 1, 2), (1, 1, 1, 1)),
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 2, 2, 0, 0)},
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 3, 3, 0, 0)}),
+    # Two slots. Batch 1 [0, 1]: the prompts of 0 and 1; 2 waits for a slot. Batch 2 [1, 2]: their
+    # decodes, 0's last token. Synchronously 0's slot is free at 2 and 2 is admitted then (token at
+    # 3). Asynchronously the plan made at 1 (batch 2's start, for batch 3 [2, 3]) still has 0 in its
+    # slot -- its last token is in flight -- and schedules only 1's decode; 2 is admitted in the plan
+    # made at 2 (batch 3's start) for batch 4 [3, 4]: its token at 4. 1 decodes in every batch.
+    "a-finished-request-holds-its-slot-one-plan-longer": (
+        case(dict(block_size=2, num_blocks=20, max_num_seqs=2, max_num_batched_tokens=4),
+             (0, 0, 1, 2), (1, 0, 1, 6), (2, 0, 1, 1)),
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(0, 1, 6, 0, 0), 2: Outcome(2, 3, 3, 0, 0)},
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(0, 1, 6, 0, 0), 2: Outcome(2, 4, 4, 0, 0)}),
+    # Nothing to plan ahead: the plan made at 1 (batch 2's start) is empty -- 0's last token is in
+    # flight and 1 arrives at 2 --, so the next plan is made when batch 2 is back, at 2, and sees 1:
+    # its token at 3, as synchronously.
+    "an-empty-plan-ahead-plans-again-at-the-end": (
+        case(dict(block_size=2, num_blocks=4, max_num_seqs=2, max_num_batched_tokens=2),
+             (0, 0, 1, 2), (1, 2, 1, 1)),
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(2, 3, 3, 0, 0)},
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(2, 3, 3, 0, 0)}),
+}
+
+
+@pytest.mark.parametrize("engine", ("fast", "reference"))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hand_computed_cases(engine, name):
+    c, synchronous, asynchronous = CASES[name]
+    assert SchedlabRunner(engine).run(c) == (synchronous, None)
+    assert SchedlabRunner(engine).run(c, ASYNC) == (asynchronous, None)
+
+
+SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=40, priorities=True, prefix_groups=2,
+                      all_at_zero=False),
+       st.integers(1, 4), st.integers(1, 6), st.integers(0, 10), st.booleans(), st.sampled_from(["fcfs", "priority"]),
+       dyadic_linear_costs())
+def test_fast_engine_matches_reference_under_memory_pressure(requests, max_seqs, block_size, spare, chunked, policy,
+                                                             cost):
+    """A prefix cache just big enough for the largest request: preemptions are common, of
+    requests whose last token is in flight too, and of decodes whose block is not cached yet."""
+    need = max(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=64, allocation="grow",
+                           chunked_prefill=chunked, policy=policy, async_scheduling=True)
+    kvs = {}
+
+    def run(engine):
+        kvs[engine] = PrefixKVCache(need + spare, block_size)
+        return run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(cost), kvs[engine], engine=engine)
+
+    fast, ref = run("fast"), run("reference")
+    compare_runs(fast, ref, rel=1e-12)
+    assert kvs["fast"].lru_keys() == kvs["reference"].lru_keys()
+    check_run(fast, requests, max_running=max_seqs, kv_blocks=need + spare)
+    assert fast.metrics["rejected"] == 0
+
+
+def test_settings_it_cannot_be_combined_with():
+    with pytest.raises(ConfigError, match="async_scheduling needs preemption = 'recompute'"):
+        ContinuousConfig(allocation="grow", preemption="swap", async_scheduling=True)
+    with pytest.raises(ConfigError, match="async_scheduling cannot be combined with a batching window"):
+        ContinuousConfig(max_wait_ms=5.0, async_scheduling=True)
+
+
+BASE = """
+    [experiment]
+    name = "x"
+    [workload]
+    kind = "synthetic"
+    num_requests = 20
+    rate = 20
+    prompt = {dist = "fixed", value = 100}
+    output = {dist = "fixed", value = 20}
+    [scheduler]
+    kind = "vllm"
+    async_scheduling = true
+    [cost_model]
+    kind = "roofline"
+    model = "qwen3-30b-a3b"
+    gpu = "h100-80gb"
+    [kv_cache]
+    kind = "paged"
+    model = "qwen3-30b-a3b"
+    gpu = "h100-80gb"
+"""
+
+
+@pytest.mark.parametrize("extra, what", [
+    ("[cluster]\npipeline_parallel = 2\n", r"\[cluster\] data_parallel or pipeline_parallel"),
+    ("[cluster]\ndata_parallel = 2\nexpert_parallel = true\n", r"\[cluster\] data_parallel or pipeline_parallel"),
+    ("[cluster]\nmode = 'disaggregated'\n", r"\[cluster\] disaggregated pools"),
+    ("[speculative]\nmethod = 'ngram'\n", r"\[speculative\]"),
+    ("[client]\ntimeout_ms = 1000\n", r"\[client\] timeouts"),
+])
+def test_layouts_it_is_refused_with_by_name(tmp_path, extra, what):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(BASE) + extra)
+    with pytest.raises(ConfigError, match=r"\[scheduler\]: async_scheduling: not modelled with " + what):
+        load(path)
+
+
+def test_on_its_own_the_toml_runs_and_plans_each_batch_ahead(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(BASE))
+    assert load(path).studies[0].base.tables["scheduler"]["async_scheduling"] is True
