@@ -1,6 +1,6 @@
 """schedlab's speed benchmarks (issue: cost proportional to events, not tokens).
 
-    python benchmarks/run.py            # all seven, prints a Markdown table
+    python benchmarks/run.py            # all nine, prints a Markdown table
     python benchmarks/run.py azure scaling tokens reference
     python benchmarks/run.py --quick    # 10k/100k instead of up to 1M requests
 
@@ -25,6 +25,9 @@
                  only while one rank stays the slowest), as two such deployments behind a load
                  balancer, and as a 2-stage pipeline (batch by batch), in the fast and the
                  reference engine (moe_layouts.toml).
+9. async      -- benchmark 1 with vLLM's asynchronous scheduling (each batch planned while the
+                 one before it runs): the fast engine plans it iteration by iteration, so this is
+                 its price against the synchronous run, and the reference engine beside it.
 
 The Azure trace is looked for in ``--traces DIR``, else ``$SCHEDLAB_TRACES``, else
 ``../shared/traces`` next to the repository (a git worktree elsewhere needs one of the first
@@ -268,11 +271,26 @@ def bench_parallel(rows: list) -> None:
                      f"({ref['events']:,} events)"))
 
 
+def bench_async(rows: list, azure: tuple[list[str], str]) -> None:
+    overrides, source = azure
+    runs: dict[str, list] = {"sync": [], "async": []}
+    for _ in range(3):  # interleaved: a busy spell on a shared machine falls on both
+        runs["sync"].append(measure("azure.toml", overrides))
+        runs["async"].append(measure("azure.toml", overrides + ["scheduler.async_scheduling=true"]))
+    sync, ahead = (min(rs, key=lambda r: r["cpu_ms"]) for rs in (runs["sync"], runs["async"]))
+    ref = measure("azure.toml", overrides + ["scheduler.async_scheduling=true", "experiment.engine=reference"])
+    rows.append(("9. asynchronous scheduling (benchmark 1)", f"{ahead['cpu_ms'] / sync['cpu_ms']:.1f}x CPU, "
+                 f"{ref['cpu_ms'] / ahead['cpu_ms']:.1f}x faster than reference",
+                 f"async {ahead['cpu_ms'] / 1e3:.2f} s CPU ({ahead['events']:,} events = iterations), sync "
+                 f"{sync['cpu_ms'] / 1e3:.2f} s ({sync['iterations']:,} iterations in {sync['events']:,} events), "
+                 f"reference {ref['cpu_ms'] / 1e3:.2f} s; {source}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("which", nargs="*",
                         default=["azure", "scaling", "tokens", "reference", "profiled", "speculative", "energy",
-                                 "parallel"])
+                                 "parallel", "async"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
     parser.add_argument("--traces", metavar="DIR", help="folder holding the Azure trace (default: "
                         "$SCHEDLAB_TRACES, else ../shared/traces next to the repository)")
@@ -300,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_energy(rows, azure)
     if "parallel" in args.which:
         bench_parallel(rows)
+    if "async" in args.which:
+        bench_async(rows, azure)
     print("| benchmark | result | details |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
