@@ -134,6 +134,16 @@ def measure(toml: str, overrides: list[str]) -> dict:
 # -- the benchmarks --------------------------------------------------------------------------------
 
 
+def interleaved(named: dict[str, list[str]], times: int = 3) -> dict[str, list[dict]]:
+    """Benchmark 1 under each named set of overrides, ``times`` times, interleaved so that a busy
+    spell on a shared machine falls on every one of them."""
+    runs: dict[str, list] = {name: [] for name in named}
+    for _ in range(times):
+        for name, overrides in named.items():
+            runs[name].append(measure("azure.toml", overrides))
+    return runs
+
+
 def bench_azure(rows: list, azure: tuple[list[str], str]) -> dict:
     overrides, source = azure
     runs = [measure("azure.toml", overrides) for _ in range(3)]
@@ -203,10 +213,8 @@ def bench_profiled(rows: list, azure: tuple[list[str], str]) -> None:
     """Best of 3 of each, wall and CPU time taken separately (the three interleaved, so that a
     busy spell on a shared machine does not fall on one model only)."""
     overrides, source = azure
-    runs: dict[str, list] = {"roofline": [], "same": [], "profiled": []}
-    for _ in range(3):
-        for name, extra in (("roofline", []), ("same", SAME_GPU_ROOFLINE), ("profiled", PROFILED)):
-            runs[name].append(measure("azure.toml", overrides + extra))
+    runs = interleaved({"roofline": overrides, "same": overrides + SAME_GPU_ROOFLINE,
+                        "profiled": overrides + PROFILED})
     best = {name: {key: min(r[key] for r in rs) for key in ("wall_ms", "cpu_ms")} | {"events": rs[0]["events"]}
             for name, rs in runs.items()}
     prof, fast, same = best["profiled"], best["roofline"], best["same"]
@@ -244,10 +252,7 @@ def bench_speculative(rows: list, azure: tuple[list[str], str]) -> None:
 
 def bench_energy(rows: list, azure: tuple[list[str], str]) -> None:
     overrides, source = azure
-    runs: dict[str, list] = {"off": [], "on": []}
-    for _ in range(3):  # interleaved: a busy spell on a shared machine falls on both
-        runs["off"].append(measure("azure.toml", overrides))
-        runs["on"].append(measure("azure.toml", overrides + ["power.kind=utilisation"]))
+    runs = interleaved({"off": overrides, "on": overrides + ["power.kind=utilisation"]})
     off, on = (min(rs, key=lambda r: r["wall_ms"]) for rs in (runs["off"], runs["on"]))
     cpu_off, cpu_on = (min(r["cpu_ms"] for r in rs) for rs in (runs["off"], runs["on"]))
     rows.append(("7. energy metered vs not (benchmark 1)", f"{on['wall_ms'] / off['wall_ms']:.2f}x wall, "
@@ -273,10 +278,7 @@ def bench_parallel(rows: list) -> None:
 
 def bench_async(rows: list, azure: tuple[list[str], str]) -> None:
     overrides, source = azure
-    runs: dict[str, list] = {"sync": [], "async": []}
-    for _ in range(3):  # interleaved: a busy spell on a shared machine falls on both
-        runs["sync"].append(measure("azure.toml", overrides))
-        runs["async"].append(measure("azure.toml", overrides + ["scheduler.async_scheduling=true"]))
+    runs = interleaved({"sync": overrides, "async": overrides + ["scheduler.async_scheduling=true"]})
     sync, ahead = (min(rs, key=lambda r: r["cpu_ms"]) for rs in (runs["sync"], runs["async"]))
     ref = measure("azure.toml", overrides + ["scheduler.async_scheduling=true", "experiment.engine=reference"])
     rows.append(("9. asynchronous scheduling (benchmark 1)", f"{ahead['cpu_ms'] / sync['cpu_ms']:.1f}x CPU, "
