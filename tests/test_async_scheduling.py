@@ -134,8 +134,8 @@ BASE = """
 
 
 @pytest.mark.parametrize("extra, what", [
-    ("[cluster]\npipeline_parallel = 2\n", r"\[cluster\] data_parallel or pipeline_parallel"),
-    ("[cluster]\ndata_parallel = 2\nexpert_parallel = true\n", r"\[cluster\] data_parallel or pipeline_parallel"),
+    ("[cluster]\npipeline_parallel = 2\n", r"\[cluster\] pipeline_parallel"),
+    ("[cluster]\ndata_parallel = 2\nexpert_parallel = true\n[client]\ntimeout_ms = 1000\n", r"\[client\] timeouts"),
     ("[cluster]\nmode = 'disaggregated'\n", r"\[cluster\] disaggregated pools"),
     ("[speculative]\nmethod = 'ngram'\n", r"\[speculative\]"),
     ("[client]\ntimeout_ms = 1000\n", r"\[client\] timeouts"),

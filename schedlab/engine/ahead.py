@@ -31,11 +31,19 @@ request whose last token that is -- and blocks until batch ``k`` is back. So the
   token completes uncached until the request is scheduled again: a request preempted meanwhile
   frees it uncached (:func:`cached_tokens_at_preemption`).
 
+**Data-parallel ranks stepping together** (a MoE model's DP + EP, :mod:`schedlab.engine.lockstep`)
+each plan ahead by these rules, with one difference at an empty plan made ahead: vLLM's DP
+engine core (``DPEngineCoreProc.run_busy_loop``), having launched nothing, blocks on the batch
+in flight and then runs a dummy pass -- the next step, beside the other ranks' batches -- before
+it schedules again, at that step's end. So such a rank runs a dummy batch in the next step and
+plans the one after at its own time; when every rank's plan is empty and one was made ahead,
+the ranks run a dummy step if work is left (a deferred arrival), and pause otherwise.
+
 Not modelled: a request that stops at an EOS before its ``max_tokens`` is scheduled once more
 by vLLM, its token discarded (vLLM cannot know it stops); here every request stops as if at its
-``max_tokens``. Asynchronous scheduling is refused with pipeline or data parallelism,
-disaggregation, speculative decoding, swapping, a batching window and clients that give up; the
-fast engine runs it iteration by iteration (no bulk decode runs). (Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py
+``max_tokens``. Asynchronous scheduling is refused with pipeline parallelism, disaggregation,
+speculative decoding, swapping, a batching window and clients that give up; the fast engine
+runs it iteration by iteration (no bulk decode runs). (Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py
 --vllm-set async_scheduling=true --set scheduler.async_scheduling=true``.)
 """
 
@@ -117,11 +125,17 @@ class Ahead:
         """A batch ran from ``start`` to ``end``."""
         self.start, self.end = start, end
 
+    def made_ahead(self, now: float) -> bool:
+        """True if the plan made at ``now`` is made ahead: at the last batch's start, which has
+        just ended."""
+        return now == self.end and self.start < now
+
     def replans(self, now: float) -> bool:
         """After an empty plan made at ``now``: True if it was made ahead (at the last batch's
         start), so the engine plans again at ``now``, the batch's end, as vLLM does once that
-        batch is back; that plan sees every arrival so far."""
-        if now == self.end and self.start < now:
+        batch is back; that plan sees every arrival so far. (Data-parallel ranks stepping
+        together run a dummy step instead: :mod:`schedlab.engine.lockstep`.)"""
+        if self.made_ahead(now):
             self.start = now
             return True
         return False

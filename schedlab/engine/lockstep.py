@@ -29,6 +29,11 @@ through every rank's experts), its part its drafter's passes
 of its sequences as a colocated one does. Such steps are never alike, so the ranks step one at
 a time.
 
+**Asynchronous scheduling** (``async_scheduling = true``, vLLM's default): each rank plans a
+step while the one before it runs, by :mod:`schedlab.engine.ahead`'s rules; a rank whose plan
+made ahead is empty runs a dummy batch in the next step and plans the one after at its own
+time, as vLLM's DP engine core does.
+
 **Clocks** (``[clock]``). Every rank steps at one clock: the cost model's ``lockstep_at``
 times the step's parts and experts at the fixed clock, or chooses the governor's level from
 the whole step (:mod:`schedlab.energy.clock`); a bulk run at a fixed clock holds while each
@@ -288,8 +293,13 @@ class DataParallelCluster(Deployment):
                 if until < INF:
                     self._move_to(until)
                 return "idle"
-            plans = [inst._plan() for inst in self.ranks]
+            plans, dummy_step = self._plan_ranks()
+            if dummy_step:
+                self._step(plans, until)
+                continue
             if all(p.is_empty() for p in plans):
+                if not self.has_work():
+                    continue  # (planning ahead freed the last finished requests' slots)
                 empty += 1
                 if empty > 1000:
                     raise StallError(self.ranks[0]._stall_message("the schedulers keep planning empty steps"))
@@ -353,10 +363,12 @@ class DataParallelCluster(Deployment):
                     inst._abort_due()
             if not self.has_work():
                 return
-            plans = [inst._plan() for inst in self.ranks]
-            if not all(p.is_empty() for p in plans):
+            plans, dummy_step = self._plan_ranks()
+            if dummy_step or not all(p.is_empty() for p in plans):
                 self._step(plans, until)
                 return
+            if not self.has_work():
+                return  # (planning ahead freed the last finished requests' slots)
             empty += 1
             if empty > 1000:
                 raise StallError(self.ranks[0]._stall_message("the schedulers keep planning empty steps"))
@@ -364,6 +376,21 @@ class DataParallelCluster(Deployment):
             if not (any(p.preempted for p in plans) or wake <= self.now):
                 self.asleep, self.sleep_wake = True, min(wake, self.next_abort())
                 return
+
+    def _plan_ranks(self) -> tuple[list, bool]:
+        """Every rank's plan for the next step -- made ahead under asynchronous scheduling
+        (:mod:`schedlab.engine.ahead`) -- and whether the ranks must run a dummy step though
+        every plan is empty: one was made ahead and work is left (vLLM's DP engine core runs a
+        dummy pass after scheduling nothing ahead, before it schedules again)."""
+        plans, ahead = [], False
+        for inst in self.ranks:
+            if inst.ahead is None:
+                plans.append(inst._plan())
+            else:
+                ahead = ahead or inst.ahead.made_ahead(inst.now)
+                plans.append(inst._plan_ahead())
+        dummy_step = ahead and all(p.is_empty() for p in plans) and self.has_work()
+        return plans, dummy_step
 
     def _move_to(self, t: float) -> None:
         """Every rank waits, holding its blocks, until ``t`` (the end of a step: ranks that
@@ -408,6 +435,9 @@ class DataParallelCluster(Deployment):
                 _meter_dummy(inst, self.costs[r], start, plans[r].transfer_ms if working[r] else 0.0, k, d0, inc,
                              total)
         self._move_to(start + total)
+        for r, inst in enumerate(ranks):
+            if working[r] and inst.ahead is not None:  # (the step's end, whatever the rank's rounding)
+                inst.ahead.ran(start, self.now)
         self._released(start)
         self.steps += k
         self.dummy_steps += k * working.count(False)

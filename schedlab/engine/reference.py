@@ -490,8 +490,7 @@ class ReferenceEngine:
         if self.role is not None:
             self.role.after_plan(self, plan)
         ahead = self.ahead
-        if (ahead is not None and not plan.num_scheduled_tokens and ahead.end == self.now
-                and ahead.start < self.now):
+        if ahead is not None and not plan.num_scheduled_tokens and ahead.made_ahead(self.now):
             # planned when the last batch started, nothing: plan again now that it is back
             ahead.start = self.now
             plan = self._plan()

@@ -12,7 +12,9 @@ dummy and their share of the others' experts (:class:`~schedlab.engine.rank_cost
 With ``[clock]`` every step runs at the one clock the cost model's ``lockstep_at`` gives it
 (:mod:`schedlab.energy.clock`), its parts and experts timed at it. With ``[speculative]`` a
 rank's batch holds its decodes' drafts and its part its drafter's passes; each rank draws its
-sequences' acceptance as a colocated engine does.
+sequences' acceptance as a colocated engine does. With asynchronous scheduling each rank plans
+ahead (:mod:`schedlab.engine.ahead`); when every plan is empty and one was made ahead, the
+ranks run a dummy step if work is left.
 """
 
 from __future__ import annotations
@@ -116,16 +118,13 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         """Abort what is due, plan every rank and run the step; False when nobody planned anything."""
         for e in self.instances:
             e.abort_due()
-        plans = []
-        for e in self.instances:
-            e.serial += 1
-            plan = RefPlan(e, e.serial)
-            e.scheduler.schedule(plan)
-            plans.append(plan)
-        if all(_is_empty(p) for p in plans):
+        made_ahead = any(e.ahead is not None and e.ahead.made_ahead(e.now) for e in self.instances)
+        plans = [e._plan() for e in self.instances]  # (each made when its last batch started, planning ahead)
+        if all(_is_empty(p) for p in plans) and not (made_ahead and any(e.has_work() for e in self.instances)):
             if not any(p.preempted for p in plans):
                 self.asleep_until = min((p.wake for p in plans if p.wake is not None), default=INF)
             return False
+        # (every plan empty, one made ahead, work left: vLLM's DP engine cores run a dummy step)
         parts, tokens, batches = [], [], []
         for e, plan in zip(self.instances, plans):
             batch = None if _is_empty(plan) else e.plan_batch(plan)[0]
@@ -158,9 +157,11 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
                 swaps = plan.transfer_ms if batch is not None else 0.0
                 self._dummy_step(e, self.now + swaps, step_ms - swaps)
         end = self.now + step_ms
-        for e in self.instances:
+        for e, batch in zip(self.instances, batches):
             e.wake(end)
             e.now = end
+            if batch is not None and e.ahead is not None:
+                e.ahead.end = end
         start, self.now = self.now, end
         self._released(start)
         self.steps += 1
