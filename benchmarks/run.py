@@ -260,6 +260,9 @@ def bench_energy(rows: list, azure: tuple[list[str], str]) -> None:
                  f"with [power] {on['wall_ms'] / 1e3:.2f} s ({on['events']:,} events), without "
                  f"{off['wall_ms'] / 1e3:.2f} s ({off['events']:,} events); {source}"))
 LAYOUTS = {"DP 2 + EP": ["cluster.data_parallel=2", "cluster.expert_parallel=true"],
+           # each rank planning ahead, as vLLM's DP engine cores do by default: step by step
+           "DP 2 + EP, async": ["cluster.data_parallel=2", "cluster.expert_parallel=true",
+                                "scheduler.async_scheduling=true"],
            "PP 2": ["cluster.pipeline_parallel=2"],
            # two deployments behind a load balancer, each stepping on its own, at twice the rate
            "2 x (DP 2 + EP)": ["cluster.data_parallel=2", "cluster.expert_parallel=true", "cluster.instances=2",
