@@ -577,7 +577,7 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     results = run("multi_gpu.toml", ["workload.limit=120"])
     runs = {r.name: r for r in results.all_runs()}
     assert {name: metric(r, "gpus") for name, r in runs.items()} == {
-        "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, skewed": 2, "DP 2, experts sharded": 2, "PP 2": 2,
+        "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, async scheduling": 2, "DP 2 + EP, skewed": 2, "DP 2, experts sharded": 2, "PP 2": 2,
         "DP 2 + EP (roofline)": 2, "DP 2 + EP (reference engine)": 2, "4 instances, twice the load": 4,
         "2 x (DP 2 + EP), twice the load": 4}
     compare_runs(runs["DP 2 + EP"], runs["DP 2 + EP (reference engine)"], rel=1e-9)
@@ -588,6 +588,8 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     # the pipeline's stages each hold half the layers: faster decode steps than one GPU
     assert metric(runs["PP 2"], "tpot_ms.mean") < metric(runs["1 GPU"], "tpot_ms.mean")
     assert runs["DP 2 + EP"].meta["kv_cache"]["expert_gpus"] == 2
+    # planning ahead, a request arriving while its rank computes is planned a step later
+    assert metric(runs["DP 2 + EP, async scheduling"], "ttft_ms.p50") > metric(runs["DP 2 + EP"], "ttft_ms.p50")
     # so do two such deployments against four instances, on the same requests
     fleet = runs["2 x (DP 2 + EP), twice the load"]
     assert fleet.meta["data_parallel"]["deployments"] == 2
