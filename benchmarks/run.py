@@ -26,7 +26,8 @@
                  balancer, and as a 2-stage pipeline (batch by batch), in the fast and the
                  reference engine (moe_layouts.toml).
 9. async      -- benchmark 1 with vLLM's asynchronous scheduling (each batch planned while the
-                 one before it runs): the fast engine plans it iteration by iteration, so this is
+                 one before it runs): bulk runs start only at plans that left no arrival over
+                 and at which no finished request held a slot while others waited, so this is
                  its price against the synchronous run, and the reference engine beside it.
 
 The Azure trace is looked for in ``--traces DIR``, else ``$SCHEDLAB_TRACES``, else
@@ -260,7 +261,7 @@ def bench_energy(rows: list, azure: tuple[list[str], str]) -> None:
                  f"with [power] {on['wall_ms'] / 1e3:.2f} s ({on['events']:,} events), without "
                  f"{off['wall_ms'] / 1e3:.2f} s ({off['events']:,} events); {source}"))
 LAYOUTS = {"DP 2 + EP": ["cluster.data_parallel=2", "cluster.expert_parallel=true"],
-           # each rank planning ahead, as vLLM's DP engine cores do by default: step by step
+           # each rank planning ahead, as vLLM's DP engine cores do by default
            "DP 2 + EP, async": ["cluster.data_parallel=2", "cluster.expert_parallel=true",
                                 "scheduler.async_scheduling=true"],
            "PP 2": ["cluster.pipeline_parallel=2"],
@@ -286,7 +287,8 @@ def bench_async(rows: list, azure: tuple[list[str], str]) -> None:
     ref = measure("azure.toml", overrides + ["scheduler.async_scheduling=true", "experiment.engine=reference"])
     rows.append(("9. asynchronous scheduling (benchmark 1)", f"{ahead['cpu_ms'] / sync['cpu_ms']:.1f}x CPU, "
                  f"{ref['cpu_ms'] / ahead['cpu_ms']:.1f}x faster than reference",
-                 f"async {ahead['cpu_ms'] / 1e3:.2f} s CPU ({ahead['events']:,} events = iterations), sync "
+                 f"async {ahead['cpu_ms'] / 1e3:.2f} s CPU ({ahead['iterations']:,} iterations in {ahead['events']:,} "
+                 f"events), sync "
                  f"{sync['cpu_ms'] / 1e3:.2f} s ({sync['iterations']:,} iterations in {sync['events']:,} events), "
                  f"reference {ref['cpu_ms'] / 1e3:.2f} s; {source}"))
 

@@ -21,7 +21,8 @@ from schedlab.study.experiment import load
 from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine
 from schedlab.vllm_diff.case import DiffSettings, Outcome
 from schedlab.vllm_diff.schedlab_side import SchedlabRunner
-from schedlab_plugins.cost_models import LinearCostModel
+from schedlab.model import Request
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PrefixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
@@ -73,6 +74,28 @@ def test_hand_computed_cases(engine, name):
     c, synchronous, asynchronous = CASES[name]
     assert SchedlabRunner(engine).run(c) == (synchronous, None)
     assert SchedlabRunner(engine).run(c, ASYNC) == (asynchronous, None)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_between_events_plans_made_ahead_run_in_bulk(asynchronous):
+    # A (prompt 16, 100 tokens) alone: its prefill (8 ms at 0.5 ms a token, first token at 8),
+    # then 99 decodes of 8 ms each, its last token at 8 + 99 x 8 = 800. Planned ahead the decodes
+    # are planned as synchronously, so the fast engine runs them in one go either way: 2 events.
+    # B (prompt 16, 2 tokens) arrives at 404, during the decode that starts at 400: the run is
+    # cut there; synchronously B's prefill joins the plan at 408 (its token at 408 + 8 + 8 = 424),
+    # planned ahead B waits for the plan after (made at 408, for the step from 416: 416 + 16 =
+    # 432). Either way both engines agree, iteration for iteration, in fewer events.
+    cfg = ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=256, allocation="grow",
+                           async_scheduling=asynchronous)
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0))
+    alone = run_engine([Request(0, 0.0, 16, 100)], ContinuousScheduler(cfg), cost)
+    assert alone.requests["finish_ms"].tolist() == [800.0]
+    assert alone.meta["events"] == 2 and alone.counters["iterations"] == 100
+    both = [Request(0, 0.0, 16, 100), Request(1, 404.0, 16, 2)]
+    fast, ref = (run_engine(both, ContinuousScheduler(cfg), cost, engine=engine) for engine in ("fast", "reference"))
+    compare_runs(fast, ref, rel=1e-12)
+    assert fast.requests["first_token_ms"].tolist() == [8.0, 432.0 if asynchronous else 424.0]
+    assert fast.meta["events"] < fast.counters["iterations"] / 10
 
 
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -42,8 +42,15 @@ the ranks run a dummy step if work is left (a deferred arrival), and pause other
 Not modelled: a request that stops at an EOS before its ``max_tokens`` is scheduled once more
 by vLLM, its token discarded (vLLM cannot know it stops); here every request stops as if at its
 ``max_tokens``. Asynchronous scheduling is refused with pipeline parallelism, disaggregation,
-speculative decoding, swapping, a batching window and clients that give up; the fast engine
-runs it iteration by iteration (no bulk decode runs). (Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py
+speculative decoding, swapping, a batching window and clients that give up.
+
+**Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
+made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a
+slot. So a run may start at a plan that left no arrival for the next plan and at which no
+finished request held a slot while requests waited (``settled``); it ends, as synchronously, at the iteration that
+yields a request's last token, before the next arrival and where KV blocks run short. After
+it the next plan is made when its last iteration started, and every decoder's block lags a
+plan (its input token was in flight). (Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py
 --vllm-set async_scheduling=true --set scheduler.async_scheduling=true``.)
 """
 
@@ -103,7 +110,7 @@ class Ahead:
     ended, the arrivals its plan may not see yet, and the finished requests still holding
     their slots (in finishing order)."""
 
-    __slots__ = ("start", "end", "deferred", "held", "fresh")
+    __slots__ = ("start", "end", "deferred", "held", "fresh", "settled")
 
     def __init__(self):
         self.start = -1.0    # the last batch's start and end (-1: none yet)
@@ -111,6 +118,9 @@ class Ahead:
         self.deferred: list = []  # sequences that arrived after the last batch started
         self.held: dict = {}      # finished sequences -> None, freed after the next plan
         self.fresh: set = set()   # sequences the last batch gave a token (vLLM: a placeholder)
+        # the last plan left no arrival for the next one, and no finished request held a slot a
+        # waiting one could take: the plans after it stay alike until an event (bulk runs may start)
+        self.settled = False
 
     def plan_time(self, now: float) -> float:
         """When the plan made at ``now`` is made in vLLM: the last batch's start if it just

@@ -166,14 +166,14 @@ class Instance:
         # growth is not periodic and cross_at is not kept.
         self.track_growth = speculation is None
         # Asynchronous scheduling (schedlab.engine.ahead): each plan is made while the batch
-        # before it runs; iteration by iteration.
+        # before it runs; bulk runs only from settled plans.
         self.ahead = Ahead() if plans_ahead(scheduler) else None
         if self.ahead is not None:
             self.running_view = AheadRunning(self.running, self.ahead.held)
         # Speculative steps draw each sequence's tokens: no two are alike, so no bulk runs.
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None
-                        and speculation is None and self.ahead is None)
+                        and speculation is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
         self._room_before_eviction = getattr(kv, "blocks_before_eviction", None)
         self.host_tier = getattr(kv, "host", None)  # a host-memory tier under the prefix cache
@@ -522,6 +522,9 @@ class Instance:
             seq.cache_lag = 1 if seq in fresh else 0
         for seq, _ in plan.prefills:
             seq.cache_lag = 0
+        # the next plan sees the arrivals left over, and a finished request's slot and blocks
+        # freed for a waiting one: it may differ, so no bulk run from here
+        ahead.settled = not ahead.deferred and not (ahead.held and self.waiting)
         for seq in ahead.take_held():
             del self.running[seq]
             self.kv.free(seq)
@@ -736,7 +739,7 @@ class Instance:
         k = 1
         inc = 0.0
         growth = None
-        if self.bulk_ok and n_dec and plan.is_decode_only():
+        if self.bulk_ok and n_dec and plan.is_decode_only() and (self.ahead is None or self.ahead.settled):
             inc = self.cost.decode_step_increment(batch)
             valid = None
             if type(inc) is tuple:  # piecewise linear: the increment holds for `valid` steps
@@ -889,8 +892,11 @@ class Instance:
         self.release.record(end, before, load(self))
 
         self.now = end
-        if self.ahead is not None:
-            self.ahead.ran(start, end)
+        if self.ahead is not None:  # (the next plan is made when this run's last iteration started)
+            self.ahead.ran(start + bulk.run_ms(k - 1, d0, inc) if k > 1 else start, end)
+            if k > 1:  # each decoder's input token of the last iteration was in flight at its plan
+                for seq in self.ahead.fresh:
+                    seq.cache_lag = 1
         if progress:
             self.since_progress = 0
         else:

@@ -436,8 +436,8 @@ class DataParallelCluster(Deployment):
                              total)
         self._move_to(start + total)
         for r, inst in enumerate(ranks):
-            if working[r] and inst.ahead is not None:  # (the step's end, whatever the rank's rounding)
-                inst.ahead.ran(start, self.now)
+            if working[r] and inst.ahead is not None:  # (the steps' end, whatever the rank's rounding)
+                inst.ahead.ran(start + bulk.run_ms(k - 1, d0, inc) if k > 1 else start, self.now)
         self._released(start)
         self.steps += k
         self.dummy_steps += k * working.count(False)
@@ -446,9 +446,13 @@ class DataParallelCluster(Deployment):
     def _run(self, plans, working, batches, parts, d0: float, until: float) -> tuple[int, float]:
         """How many identical steps to run from here, and each one's growth (see the module
         docstring); ``(1, 0.0)`` when the ranks step one at a time."""
+        if not any(working):
+            return 1, 0.0  # a dummy step after plans made ahead came out empty
         lines = []  # (rank part at the first step, its increment, steps it holds)
         for r, inst in enumerate(self.ranks):
             plan = plans[r]
+            if inst.ahead is not None and not inst.ahead.settled:
+                return 1, 0.0  # its next plan may differ (engine.ahead)
             if not working[r]:
                 if inst.has_work() and not inst.bulk_ok:
                     return 1, 0.0  # an idle rank whose scheduler may change its mind any step
