@@ -27,6 +27,7 @@ from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConf
                                       RoundRobinRouter)
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
+from test_data_parallel import client_side
 from test_data_parallel_energy import metered_runs_agreeing, utilisation
 
 ENGINES = ("fast", "reference")
@@ -162,6 +163,29 @@ def test_deployments_planning_ahead_agree_between_engines(requests, cfg, deploym
     assert runs[0].meta["data_parallel"] == runs[1].meta["data_parallel"]
     n = deployments * ranks
     check_run(runs[0], requests, max_running=cfg.max_num_seqs * n, kv_blocks=blocks * n)
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=80, all_at_zero=False, prefix_groups=2),
+       schedulers(), st.integers(2, 3), dyadic_linear_costs(), st.integers(0, 40), st.integers(1, 160),
+       st.sampled_from([0.0, 0.5, 2.0]), st.integers(0, 2))
+def test_clients_giving_up_on_ranks_planning_ahead_agree_between_engines_and_conserve(requests, cfg, ranks, cost,
+                                                                                     spare, timeout, network, workers):
+    """Through an API server with clients giving up: a rank drops a request at the step boundary
+    its disconnect reaches, wherever it is -- deferred, waiting, running; both engines alike,
+    every request served, rejected or aborted once, every block back."""
+    blocks = blocks_for_largest(requests, 4) + spare
+
+    def make():
+        return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), PagedKVCache(blocks, 4)
+
+    side = client_side(timeout + network, network, workers)
+    runs = [run_data_parallel(requests, make, ranks, ROUTERS["vllm_dp"](), engine=engine, client_side=side)
+            for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    assert runs[0].meta["data_parallel"] == runs[1].meta["data_parallel"]
+    check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
+    assert all(kv.num_used_blocks() == 0 for run in runs for kv in run.meta["kvs"])
 
 
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])

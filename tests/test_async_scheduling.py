@@ -98,6 +98,25 @@ def test_between_events_plans_made_ahead_run_in_bulk(asynchronous):
     assert fast.meta["events"] < fast.counters["iterations"] / 10
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_request_whose_client_gives_up_leaves_at_the_next_batch_boundary(engine, asynchronous):
+    # As above, A decoding alone in 8 ms steps from 8 on; B arrives at 404 and its client gives
+    # up 6 ms later, at 410. Synchronously B's prefill ran 408-424 beside A's decode (16 ms),
+    # so B is dropped at 424 with its first token. Planned ahead, B waited for the plan made at
+    # 408 and the abort reached the engine at the boundary 416, before that plan was used: B is
+    # dropped at 416 with nothing and A decodes alone throughout. (vLLM's plan made at 408 still
+    # holds B: its prefill runs 416-432 for nothing; here it leaves with the abort.)
+    cfg = ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=256, allocation="grow",
+                           async_scheduling=asynchronous)
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0))
+    requests = [Request(0, 0.0, 16, 100), Request(1, 404.0, 16, 2, timeout_ms=6.0)]
+    r = run_engine(requests, ContinuousScheduler(cfg), cost, engine=engine)
+    assert r.requests["aborted"].tolist() == [0, 1]
+    assert r.requests["finish_ms"].tolist() == [808.0 if not asynchronous else 800.0, 416.0 if asynchronous else 424.0]
+    assert r.requests["generated_tokens"].tolist() == [100, 0 if asynchronous else 1]
+
+
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -158,10 +177,8 @@ BASE = """
 
 @pytest.mark.parametrize("extra, what", [
     ("[cluster]\npipeline_parallel = 2\n", r"\[cluster\] pipeline_parallel"),
-    ("[cluster]\ndata_parallel = 2\nexpert_parallel = true\n[client]\ntimeout_ms = 1000\n", r"\[client\] timeouts"),
     ("[cluster]\nmode = 'disaggregated'\n", r"\[cluster\] disaggregated pools"),
     ("[speculative]\nmethod = 'ngram'\n", r"\[speculative\]"),
-    ("[client]\ntimeout_ms = 1000\n", r"\[client\] timeouts"),
 ])
 def test_layouts_it_is_refused_with_by_name(tmp_path, extra, what):
     path = tmp_path / "exp.toml"

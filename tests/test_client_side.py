@@ -229,16 +229,17 @@ def with_classes(requests):
 @given(requests=requests_lists(max_size=12, max_prompt=48, max_output=40, priorities=True, prefix_groups=2),
        side=client_sides(), cost=dyadic_linear_costs(), max_seqs=st.integers(1, 4), chunked=st.booleans(),
        preemption=st.sampled_from(["recompute", "swap"]), policy=st.sampled_from(["fcfs", "priority"]),
-       prefix=st.booleans(), spare=st.integers(0, 20))
+       prefix=st.booleans(), spare=st.integers(0, 20), ahead=st.booleans())
 def test_both_engines_agree_with_a_client_side(requests, side, cost, max_seqs, chunked, preemption, policy,
-                                               prefix, spare):
+                                               prefix, spare, ahead):
     """Front end (FIFO handlers or none), timeouts per class, preemptions and swaps in a small
-    cache: per-request times, counters and metrics agree; every request is accounted for once
-    and the cache is empty at the end."""
+    cache, plans made ahead (asynchronous scheduling): per-request times, counters and metrics
+    agree; every request is accounted for once and the cache is empty at the end."""
     requests = with_classes(requests)
     need = max(-(-(r.prompt_tokens + r.max_output_tokens) // 4) for r in requests)
     cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=64, chunked_prefill=chunked,
-                           allocation="grow", preemption=preemption, policy=policy)
+                           allocation="grow", preemption=preemption, policy=policy,
+                           async_scheduling=ahead and preemption == "recompute")
     kvs = {}
 
     def run(engine):
@@ -257,12 +258,14 @@ def test_both_engines_agree_with_a_client_side(requests, side, cost, max_seqs, c
 
 @SETTINGS
 @given(requests=requests_lists(max_size=12, max_prompt=32, max_output=30), side=client_sides(),
-       cost=dyadic_linear_costs(), instances=st.integers(2, 3), router=st.sampled_from(["rr", "lo"]))
-def test_both_engines_agree_behind_a_router_with_a_client_side(requests, side, cost, instances, router):
+       cost=dyadic_linear_costs(), instances=st.integers(2, 3), router=st.sampled_from(["rr", "lo"]),
+       ahead=st.booleans())
+def test_both_engines_agree_behind_a_router_with_a_client_side(requests, side, cost, instances, router, ahead):
     requests = with_classes(requests)
 
     def make():
-        return ContinuousScheduler(ContinuousConfig(max_num_seqs=2)), LinearCostModel(cost), PagedKVCache(200, 4)
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=2, async_scheduling=ahead)), LinearCostModel(cost),
+                PagedKVCache(200, 4))
 
     runs = [run_cluster(requests, make, instances, RoundRobinRouter() if router == "rr" else LeastOutstandingRouter(),
                         engine=engine, client_side=side) for engine in ENGINES]
@@ -272,15 +275,16 @@ def test_both_engines_agree_behind_a_router_with_a_client_side(requests, side, c
 
 @SETTINGS
 @given(side=client_sides(), cost=dyadic_linear_costs(), clients=st.integers(1, 4), think=st.sampled_from([0.0, 2.5]),
-       instances=st.integers(1, 2), seed=st.integers(0, 5))
-def test_both_engines_agree_on_a_closed_loop_with_a_client_side(side, cost, clients, think, instances, seed):
+       instances=st.integers(1, 2), seed=st.integers(0, 5), ahead=st.booleans())
+def test_both_engines_agree_on_a_closed_loop_with_a_client_side(side, cost, clients, think, instances, seed, ahead):
     """A client sends its next request when its last byte arrives -- or when it gives up."""
     config = ClosedLoopConfig(clients=clients, num_requests=12, think_ms=think,
                               prompt={"dist": "uniform", "low": 1, "high": 40},
                               output={"dist": "uniform", "low": 1, "high": 30})
 
     def make():
-        return ContinuousScheduler(ContinuousConfig(max_num_seqs=2)), LinearCostModel(cost), PagedKVCache(200, 4)
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=2, async_scheduling=ahead)), LinearCostModel(cost),
+                PagedKVCache(200, 4))
 
     runs = []
     for engine in ENGINES:
@@ -304,8 +308,8 @@ def test_both_engines_agree_on_a_closed_loop_with_a_client_side(side, cost, clie
 
 @SETTINGS
 @given(requests=requests_lists(max_size=12, max_prompt=40, max_output=60, all_at_zero=False), side=client_sides(),
-       cost=dyadic_linear_costs(), max_seqs=st.integers(1, 4))
-def test_an_aborted_request_holds_nothing_after_its_abort(requests, side, cost, max_seqs):
+       cost=dyadic_linear_costs(), max_seqs=st.integers(1, 4), ahead=st.booleans())
+def test_an_aborted_request_holds_nothing_after_its_abort(requests, side, cost, max_seqs, ahead):
     """Seen iteration by iteration: an aborted request is in no running set from its abort on,
     the cache holds exactly what the running requests' counters say, and at the end nothing."""
     requests = with_classes(requests)
@@ -317,8 +321,8 @@ def test_an_aborted_request_holds_nothing_after_its_abort(requests, side, cost, 
         seen.append((record.start_ms, set(record.running_ids)))
 
     kv = PagedKVCache(400, 4)
-    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=max_seqs)), LinearCostModel(cost),
-                   kv, check=spy, client_side=side)
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=max_seqs, async_scheduling=ahead)),
+                   LinearCostModel(cost), kv, check=spy, client_side=side)
     check_run(r, requests, max_running=max_seqs, kv_blocks=400)
     assert kv.num_used_blocks() == 0
     for rid, aborted, at in zip(r.requests["id"].tolist(), r.requests["aborted"].tolist(),
@@ -341,14 +345,16 @@ class Spy:
 
 @SETTINGS
 @given(requests=requests_lists(max_size=14, max_prompt=40, max_output=40, all_at_zero=False),
-       timeout=st.sampled_from([10.0, 25.5, 60.0]), cost=dyadic_linear_costs(), instances=st.integers(2, 3))
-def test_routers_see_an_aborted_request_leave_at_its_abort(requests, timeout, cost, instances):
+       timeout=st.sampled_from([10.0, 25.5, 60.0]), cost=dyadic_linear_costs(), instances=st.integers(2, 3),
+       ahead=st.booleans())
+def test_routers_see_an_aborted_request_leave_at_its_abort(requests, timeout, cost, instances, ahead):
     """The outstanding count a router reads is the requests routed earlier that leave the
     instance after the arrival -- finished, or aborted (their finish_ms is the abort)."""
     side = ClientSide(client=ClientConfig(timeout_ms=timeout))
 
     def make():
-        return ContinuousScheduler(ContinuousConfig(max_num_seqs=1)), LinearCostModel(cost), PagedKVCache(400, 4)
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=1, async_scheduling=ahead)), LinearCostModel(cost),
+                PagedKVCache(400, 4))
 
     results = []
     for engine in ENGINES:

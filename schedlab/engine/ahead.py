@@ -41,8 +41,11 @@ the ranks run a dummy step if work is left (a deferred arrival), and pause other
 
 Not modelled: a request that stops at an EOS before its ``max_tokens`` is scheduled once more
 by vLLM, its token discarded (vLLM cannot know it stops); here every request stops as if at its
-``max_tokens``. Asynchronous scheduling is refused with pipeline parallelism, disaggregation,
-speculative decoding, swapping, a batching window and clients that give up.
+``max_tokens``. A client's abort that reaches the engine while a batch runs takes effect at
+that batch's end, before the plan made ahead is used (the request leaves it): vLLM's plan
+already holds the request and computes it for nothing in the next batch -- one batch of its
+work, not checked against vLLM (the harness has no aborts). Asynchronous scheduling is refused
+with pipeline parallelism, disaggregation, speculative decoding, swapping and a batching window.
 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
 made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a
@@ -164,6 +167,3 @@ class Ahead:
         self.held.clear()
         return out
 
-    def __len__(self) -> int:
-        """Requests it holds that routers count as outstanding: the deferred arrivals."""
-        return len(self.deferred)

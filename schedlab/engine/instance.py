@@ -272,7 +272,9 @@ class Instance:
             seq = heapq.heappop(aborts)[2]
             status = seq.status
             if status == WAITING:
-                if self.holds is None or not self.holds.drop(seq):
+                if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
+                    self.ahead.deferred.remove(seq)
+                elif self.holds is None or not self.holds.drop(seq):
                     self.waiting.remove(seq)
                 seq.waiting_ms += now - seq.waiting_since
             elif status == SWAPPED:
@@ -311,8 +313,8 @@ class Instance:
         n = len(self.waiting) + len(self.running) + len(self.swapped)
         if self.holds is not None:
             n += len(self.holds)
-        if self.ahead is not None:
-            n += len(self.ahead)
+        if self.ahead is not None:  # arrivals not planned yet in; finished requests holding slots out
+            n += len(self.ahead.deferred) - len(self.ahead.held)
         return n if self.stage is None else n + self.stage.outstanding
 
     def has_work(self) -> bool:

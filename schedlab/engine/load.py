@@ -55,9 +55,17 @@ class Release:
         self.blocks += before[2] - after[2]
 
 
+def serving(instance) -> int:
+    """The running requests routers count on either engine's instance: not those finished whose
+    slots are held for the plan made ahead (:mod:`schedlab.engine.ahead`; released at the same
+    instant, once that plan is made) -- a router sees a request gone at its last token."""
+    ahead = instance.ahead
+    return len(instance.running) - (len(ahead.held) if ahead is not None else 0)
+
+
 def load(instance) -> tuple[int, int, int]:
     """(outstanding requests, running requests, KV blocks in use) of either engine's instance."""
-    return instance.outstanding, len(instance.running), instance.kv.num_used_blocks()
+    return instance.outstanding, serving(instance), instance.kv.num_used_blocks()
 
 
 class RoutingClock:
@@ -106,7 +114,7 @@ class InstanceView:
     @property
     def running(self) -> int:
         inst = self._inst
-        n = len(inst.running)
+        n = serving(inst)
         return n + inst.release.running if self._clock.now < inst.release.at else n
 
     def _blocks_held(self) -> int:

@@ -65,7 +65,7 @@ from ..protocols import Batch
 from . import bulk
 from .driver import arrival_queue, route
 from .instance import Instance
-from .load import Release, RoutingClock, views_of
+from .load import Release, RoutingClock, serving, views_of
 from .plan import FastPlan
 from .rank_cost import DUMMY, NOTHING, RankCost
 from .sequence import DECODING
@@ -170,6 +170,7 @@ class Deployment:
     on an instance goes to every rank."""
 
     pending = None  # no pending runs: the routers' views read the ranks' steps as they are
+    ahead = None    # (its ranks' finished requests holding slots are left out of `running` already)
     index = 0       # the deployment's number in the run (its ranks have their own)
 
     def _init_deployment(self, index: int) -> None:
@@ -187,7 +188,7 @@ class Deployment:
 
     @property
     def running(self) -> Count:
-        return Count(sum(len(r.running) for r in self.members))
+        return Count(sum(serving(r) for r in self.members))
 
     def has_work(self) -> bool:
         return any(r.has_work() for r in self.members)

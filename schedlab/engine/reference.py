@@ -422,8 +422,8 @@ class ReferenceEngine:
         n = len(self.waiting) + len(self.running) + len(self.swapped)
         if self.holds is not None:
             n += len(self.holds)
-        if self.ahead is not None:
-            n += len(self.ahead.deferred)
+        if self.ahead is not None:  # arrivals not planned yet in; finished requests holding slots out
+            n += len(self.ahead.deferred) - len(self.ahead.held)
         return n + (self.role.outstanding if self.role is not None else 0)
 
     def next_plan_time(self) -> float:
@@ -555,7 +555,9 @@ class ReferenceEngine:
             self.aborts.remove(entry)
             seq = entry[2]
             if seq.status == "waiting":
-                if self.holds is None or not self.holds.drop(seq):
+                if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
+                    self.ahead.deferred.remove(seq)
+                elif self.holds is None or not self.holds.drop(seq):
                     self.waiting.remove(seq)
                 seq.waiting_ms += self.now - seq.waiting_since
             elif seq.status == "swapped":

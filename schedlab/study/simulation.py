@@ -365,15 +365,12 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
 
 def _check_async_scheduling(a: Assembled, where: str) -> None:
     """Asynchronous scheduling (:mod:`schedlab.engine.ahead`) is modelled for colocated
-    instances and data-parallel ranks, without speculation or clients that give up: refuse
-    the rest by name."""
+    instances and data-parallel ranks, without speculation: refuse the rest by name."""
     if not any(plans_ahead(parts[0]) for parts in a.instances):
         return
-    client = a.client_side.client if a.client_side is not None else None
     for refused, what in ((a.pools is not None, "[cluster] disaggregated pools"),
                           (a.parallelism.pipelined, "[cluster] pipeline_parallel"),
-                          (a.speculative is not None, "[speculative]"),
-                          (client is not None and client.gives_up, "[client] timeouts")):
+                          (a.speculative is not None, "[speculative]")):
         if refused:
             raise ConfigError(f"{where} [scheduler]: async_scheduling: not modelled with {what}; "
                               "set async_scheduling = false")
