@@ -30,9 +30,9 @@ ASYNC = Sides({"async_scheduling": True}, {})
 
 
 def case(settings: dict, *requests: tuple) -> Case:
-    """requests as (id, arrival, prompt, output)."""
-    return Case(DiffSettings(**settings), [DiffRequest(id=i, arrival=a, prompt_tokens=p, output_tokens=o)
-                                           for i, a, p, o in requests])
+    """requests as (id, arrival, prompt, output[, priority])."""
+    return Case(DiffSettings(**settings), [DiffRequest(id=r[0], arrival=r[1], prompt_tokens=r[2], output_tokens=r[3],
+                                                       priority=r[4] if len(r) > 4 else 0) for r in requests])
 
 
 #: (case, outcomes synchronously, outcomes asynchronously): request id -> (scheduled, first token,
@@ -65,6 +65,20 @@ CASES = {
              (0, 0, 1, 2), (1, 2, 1, 1)),
         {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(2, 3, 3, 0, 0)},
         {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(2, 3, 3, 0, 0)}),
+    # Priority, blocks of 2, 4 blocks, prefix caching (found by vllm_diff, seed 9068 shrunk, and
+    # made small). 0 (priority 1) decodes; 1 (priority 0) is admitted at 1. Asynchronously the plan
+    # made at 3 for batch 5 walks running = [0, 1]: 0's position 4 takes the last free block --
+    # vLLM then caches 0's tokens known (4: its prompt and 3 landed tokens), blocks 0-1 and 2-3 --,
+    # 1's position 2 finds none, and the victim max(priority, arrival) is 0, already scheduled:
+    # it leaves with both blocks cached and finds 4 tokens when readmitted. (Preempted before its
+    # own slot, as an all-at-once decode of the running requests had it, 0 left the block its
+    # in-flight token completed uncached: 2 tokens.) The times are vLLM 0.33's.
+    "a-priority-victim-scheduled-before-the-decode-that-does-not-fit": (
+        case(dict(block_size=2, num_blocks=4, max_num_seqs=2, max_num_batched_tokens=8, prefix_caching=True,
+                  policy="priority"),
+             (0, 0, 1, 6, 1), (1, 1, 1, 4, 0)),
+        {0: Outcome(0, 1, 7, 1, 4), 1: Outcome(1, 2, 5, 0, 0)},
+        {0: Outcome(0, 1, 8, 1, 4), 1: Outcome(1, 3, 6, 0, 0)}),
 }
 
 

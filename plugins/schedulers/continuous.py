@@ -203,6 +203,13 @@ class ContinuousScheduler:
                     return False
             else:
                 while not plan.decode_all():
+                    if self._key is not None:
+                        # A victim chosen by priority may come before the decode that does not
+                        # fit, and vLLM has allocated its slot (caching its full blocks) by then:
+                        # walk the decodes one by one as vLLM does.
+                        if not self._walk(plan, [s for s in plan.running if s.status == "decoding"]):
+                            return False
+                        break
                     if not self._preempt_one(plan):
                         return False
         if plan.has_prefilling:

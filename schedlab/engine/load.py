@@ -59,7 +59,7 @@ def serving(instance) -> int:
     """The running requests routers count on either engine's instance: not those finished whose
     slots are held for the plan made ahead (:mod:`schedlab.engine.ahead`; released at the same
     instant, once that plan is made) -- a router sees a request gone at its last token."""
-    ahead = instance.ahead
+    ahead = getattr(instance, "ahead", None)  # (a pipelined instance plans no batch ahead)
     return len(instance.running) - (len(ahead.held) if ahead is not None else 0)
 
 

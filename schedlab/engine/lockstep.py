@@ -170,7 +170,6 @@ class Deployment:
     on an instance goes to every rank."""
 
     pending = None  # no pending runs: the routers' views read the ranks' steps as they are
-    ahead = None    # (its ranks' finished requests holding slots are left out of `running` already)
     index = 0       # the deployment's number in the run (its ranks have their own)
 
     def _init_deployment(self, index: int) -> None:
