@@ -50,11 +50,16 @@ with pipeline parallelism, disaggregation, speculative decoding, swapping and a 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
 made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a
 slot. So a run may start at a plan that left no arrival for the next plan and at which no
-finished request held a slot while requests waited (``settled``); it ends, as synchronously, at the iteration that
-yields a request's last token, before the next arrival and where KV blocks run short. After
-it the next plan is made when its last iteration started, and every decoder's block lags a
-plan (its input token was in flight). (Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py
---vllm-set async_scheduling=true --set scheduler.async_scheduling=true``.)
+finished request held a slot while requests waited (``settled``); it ends, as synchronously,
+at the iteration that yields a request's last token, before the next arrival and where KV
+blocks run short. After it the next plan is made when its last iteration started, and every
+decoder's block lags a plan (its input token was in flight).
+
+**Routers** see a finished request gone at its last token, although it holds its slot until
+the plan made ahead (:func:`schedlab.engine.load.serving`): that plan is made at the same instant.
+
+Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py --vllm-set
+async_scheduling=true --set scheduler.async_scheduling=true``.
 """
 
 from __future__ import annotations
