@@ -27,6 +27,7 @@ from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConf
                                       RoundRobinRouter)
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
+from test_async_scheduling import BASE
 from test_data_parallel import client_side
 from test_data_parallel_energy import metered_runs_agreeing, utilisation
 
@@ -217,39 +218,14 @@ def test_energy_of_ranks_planning_ahead_agrees_between_engines_and_is_conserved(
     metered_runs_agreeing(requests, make, ranks, ROUTERS["round_robin"], utilisation(0.02, 0.005))
 
 
-TOML = """
-    [experiment]
-    name = "x"
-    [workload]
-    kind = "synthetic"
-    num_requests = 40
-    rate = 40
-    prompt = {dist = "uniform", low = 50, high = 400}
-    output = {dist = "uniform", low = 5, high = 60}
-    [scheduler]
-    kind = "vllm"
-    async_scheduling = ASYNC
-    [cost_model]
-    kind = "roofline"
-    model = "qwen3-30b-a3b"
-    gpu = "h100-80gb"
-    [kv_cache]
-    kind = "paged"
-    model = "qwen3-30b-a3b"
-    gpu = "h100-80gb"
-    [cluster]
-    data_parallel = 2
-    expert_parallel = true
-"""
-
-
 def test_a_dp_ep_deployment_planning_ahead_runs_from_toml_in_both_engines(tmp_path):
     runs = {}
     for mode in ("true", "false"):
         path = tmp_path / f"{mode}.toml"
-        path.write_text(textwrap.dedent(TOML).replace("ASYNC", mode))
+        path.write_text(textwrap.dedent(BASE).replace("async_scheduling = true", f"async_scheduling = {mode}")
+                        + "[cluster]\ndata_parallel = 2\nexpert_parallel = true\n")
         runs[mode] = fast_run_agreeing_with_reference(path)
-    assert runs["true"].metrics["finished"] == 40 and runs["true"].meta["data_parallel"]["steps"] > 0
+    assert runs["true"].metrics["finished"] == 20 and runs["true"].meta["data_parallel"]["steps"] > 0
     # the setting is read: planning ahead, an arrival in a step is scheduled a step later
     scheduled = [runs[mode].requests["first_scheduled_ms"] for mode in ("true", "false")]
     assert not (scheduled[0] == scheduled[1]).all()
