@@ -38,7 +38,7 @@ def _reports(exp, names, skip=()):
 
 def cmd_run(args) -> int:
     from .study.experiment import load, run_experiment
-    from .study.executor import make_executor
+    from .study.executor import closing, make_executor
 
     if _is_hunt_file(args.file):
         raise SchedlabError(f"{args.file}: a hunt file ([hunt]): run it with schedlab hunt {args.file}")
@@ -58,11 +58,8 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else Path("results") / exp.name
     with StagedFolder(out) as stage:  # checks --out before anything runs
         print(f"schedlab: {exp.name}: {what}", file=sys.stderr)
-        executor = make_executor(args.backend, args.jobs, args.address)
-        try:
+        with closing(make_executor(args.backend, args.jobs, args.address)) as executor:
             results = run_experiment(exp, executor=executor)
-        finally:
-            executor.close()
         done = results.execution
         print(f"schedlab: {done['simulations']} simulations in {done['wall_s']:.1f} s, {done['executor']}",
               file=sys.stderr)

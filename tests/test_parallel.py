@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 
@@ -168,3 +169,43 @@ def test_workers_ignore_a_folder_named_schedlab_in_the_working_directory(tmp_pat
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["studies"]
+
+
+class _Recorded:
+    """An executor, to be closed."""
+
+    workers, description = 1, "recorded"
+
+    def close(self, now: bool = False) -> None:
+        raise AssertionError("replaced by the test")
+
+
+@pytest.mark.parametrize("raised, closed", [(None, [False]), (ValueError, [False]), (KeyboardInterrupt, [True])])
+def test_an_executor_is_closed_once_and_at_once_on_an_interrupt(monkeypatch, raised, closed):
+    """An interrupt stops running tasks too (a signal to this process alone does not reach
+    its workers); the stop is acknowledged first, so no second one cuts the clean-up short."""
+    from schedlab import interrupts
+    from schedlab.study.executor import closing
+
+    ex = _Recorded()
+    order = []
+    monkeypatch.setattr(interrupts, "acknowledge", lambda: order.append("acknowledged"))
+    monkeypatch.setattr(ex, "close", lambda now=False: order.append(("closed", now)))
+    with pytest.raises(raised) if raised is not None else contextlib.nullcontext():
+        with closing(ex):
+            if raised is not None:
+                raise raised()
+    assert order == (["acknowledged"] if raised is KeyboardInterrupt else []) + [("closed", closed[0])]
+
+
+def test_an_interrupted_pool_stops_its_running_workers_at_once():
+    """close(now=True) does not wait for a running task: its worker is terminated."""
+    import time
+
+    ex = ProcessExecutor(1)
+    future = ex._pool.submit(time.sleep, 60)
+    while not future.running():
+        time.sleep(0.01)
+    workers = list(ex._pool._processes.values())
+    ex.close(now=True)
+    assert workers and all(not w.is_alive() for w in workers)

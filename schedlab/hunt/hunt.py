@@ -140,13 +140,10 @@ def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
 
 def hunt_on(hunt: Hunt, backend: str = "local", jobs: int | None = None, address: str | None = None) -> HuntOutcome:
     """:func:`run_hunt` on the executor of ``--backend``, ``--jobs`` and ``--address``, closed after."""
-    from ..study.executor import make_executor
+    from ..study.executor import closing, make_executor
 
-    executor = make_executor(backend, jobs, address)
-    try:
+    with closing(make_executor(backend, jobs, address)) as executor:
         return run_hunt(hunt, executor)
-    finally:
-        executor.close()
 
 
 def goal_value(goal: Goal, runs: dict, rows) -> float:

@@ -6,6 +6,7 @@ which one it drives::
     executor.workers          # how many tasks run at once (sets the search's probe width)
     executor.submit(task)     # -> concurrent.futures.Future of RunResult | TaskFailure
     executor.close()          # stop workers it started; pending tasks are cancelled
+    executor.close(now=True)  # ... and running ones stopped too (an interrupt: see closing)
 
 Results never depend on the executor: a task carries its seed and tables, and the runner
 assembles results in file order, not in completion order.
@@ -17,8 +18,10 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Callable, Protocol
+from contextlib import contextmanager
+from typing import Callable, Iterator, Protocol
 
+from .. import interrupts
 from ..errors import ConfigError
 from .simulation import Context
 from .tasks import RunTask, execute
@@ -32,7 +35,26 @@ class Executor(Protocol):
 
     def submit(self, task: RunTask) -> Future: ...
 
-    def close(self) -> None: ...
+    def close(self, now: bool = False) -> None: ...
+
+
+@contextmanager
+def closing(executor: Executor) -> Iterator[Executor]:
+    """Close ``executor`` when the block ends. On Ctrl-C or SIGTERM the stop is acknowledged
+    first (:mod:`schedlab.interrupts`: no second interrupt cuts the clean-up short -- one used
+    to leave a worker pool's semaphores behind, which Python's resource tracker reported at
+    exit) and running tasks are stopped too, not waited for (a signal sent to this process
+    alone does not reach its workers)."""
+    try:
+        yield executor
+    except KeyboardInterrupt:
+        interrupts.acknowledge()
+        executor.close(now=True)
+        raise
+    except BaseException:
+        executor.close()
+        raise
+    executor.close()
 
 
 def default_jobs() -> int:
@@ -59,7 +81,7 @@ class InProcessExecutor:
         future.set_result(execute(task, self.context, self.observer))
         return future
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
         pass
 
 
@@ -103,8 +125,21 @@ class ProcessExecutor:
     def submit(self, task: RunTask) -> Future:
         return self._pool.submit(execute, task)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, now: bool = False) -> None:
+        """Cancel pending tasks and stop the workers: once their running tasks end, or (``now``)
+        at once."""
+        if not now:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            return
+        workers = list((getattr(self._pool, "_processes", None) or {}).values())  # (no public handle)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in workers:
+            process.terminate()
+        for process in workers:
+            process.join(1)
+            if process.is_alive():  # (a worker that ignores SIGTERM)
+                process.kill()
+                process.join(1)
 
 
 def make_executor(backend: str = "local", jobs: int | None = None, address: str | None = None) -> Executor:

@@ -42,7 +42,7 @@ class RayExecutor:
     def submit(self, task: RunTask) -> Future:
         return self._remote.remote(task).future()
 
-    def close(self) -> None:
-        if self._started:
+    def close(self, now: bool = False) -> None:
+        if self._started:  # (a Ray instance it started ends with its tasks, now or not)
             self._ray.shutdown()
             self._started = False
