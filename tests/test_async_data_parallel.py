@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import textwrap
 
+import attrs
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,13 +24,12 @@ from schedlab.testing import (
 )
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel, run_deployments
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
-from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
-from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConfig, LeastOutstandingRouter,
-                                      RoundRobinRouter)
+from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.routers import LeastOutstandingRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
 from test_async_scheduling import BASE
-from test_data_parallel import client_side
+from test_data_parallel import ROUTERS, client_side, schedulers as dp_schedulers
 from test_data_parallel_energy import metered_runs_agreeing, utilisation
 
 ENGINES = ("fast", "reference")
@@ -57,33 +58,35 @@ def by_id(result, column):
     return dict(zip(result.requests["id"].tolist(), result.requests[column].tolist()))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_an_arrival_during_a_step_waits_for_the_plan_after_the_one_made_ahead(engine):
-    # Rank 0: A (prompt 16, 2 tokens) at 0, B (the same) at 5; rank 1 idle (a dummy every step).
-    # Step 1 [0, 12.0625]: A's prefill 8 ms, experts of (16, 1) 1 + 0.0625 x 17 + 0.125 x 16 = 4.0625.
-    # Step 2 was planned at 0, before B came: A's decode alone, 8 + experts (1, 1) 1.25 -> 21.3125.
-    # Step 3 planned at 12.0625 (A's last token in flight, its slot held): B's prefill -> 33.375.
-    # Step 4 (planned at 21.3125): B's decode -> 42.625. Synchronously step 2 would hold B's prefill.
-    r = run_data_parallel([Request(0, 0.0, 16, 2), Request(1, 5.0, 16, 2)], rank(), 2, Placed([0, 0]), engine=engine)
-    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 12.0625}
-    assert by_id(r, "first_token_ms") == {0: 12.0625, 1: 33.375}
-    assert by_id(r, "finish_ms") == {0: 21.3125, 1: 42.625}
-    assert r.meta["data_parallel"] == {"ranks": 2, "steps": 4, "dummy_rank_steps": 4, "experts_ms": 10.625}
+#: B's arrival -> (first scheduled, first token, finish of A and B; meta["data_parallel"]). Rank 0
+#: serves A (prompt 16, 2 tokens) at 0 and B (the same); rank 1 is idle (a dummy every step).
+#: Step 1 [0, 12.0625]: A's prefill 8 ms, experts of (16, 1) 1 + 0.0625 x 17 + 0.125 x 16 = 4.0625.
+#: Step 2 was planned at 0: A's decode alone, 8 + experts (1, 1) 1.25 -> 21.3125.
+PLANNED_AHEAD = {
+    # B at 5, before step 2 starts but after its plan: step 3, planned at 12.0625 (A's last token in
+    # flight, its slot held), is B's prefill -> 33.375; step 4 (planned at 21.3125) its decode ->
+    # 42.625. Synchronously step 2 would hold B's prefill.
+    5.0: ({0: 0.0, 1: 12.0625}, {0: 12.0625, 1: 33.375}, {0: 21.3125, 1: 42.625},
+          {"ranks": 2, "steps": 4, "dummy_rank_steps": 4, "experts_ms": 10.625}),
+    # B at 15, during step 2. Rank 0's plan made at 12.0625 is empty (A's last token in flight, B
+    # not there yet): vLLM's DP engine core then blocks on step 2 and runs a dummy pass, so step 3
+    # is a dummy on both ranks, 8 + 1.25 -> 30.5625; rank 0 plans B's prefill at its own time,
+    # 30.5625 -> 42.625, and its decode ahead -> 51.875. (A lone instance plans again at 21.3125.)
+    15.0: ({0: 0.0, 1: 30.5625}, {0: 12.0625, 1: 42.625}, {0: 21.3125, 1: 51.875},
+           {"ranks": 2, "steps": 5, "dummy_rank_steps": 6, "experts_ms": 11.875}),
+}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_an_empty_plan_made_ahead_costs_a_dummy_step_before_the_next_plan(engine):
-    # As above, but B comes at 15, during step 2 [12.0625, 21.3125]. Rank 0's plan made at 12.0625
-    # is empty (A's last token in flight, B not there yet): vLLM's DP engine core then blocks on
-    # step 2 and runs a dummy pass, so step 3 is a dummy on both ranks, 8 + 1.25 -> 30.5625; rank 0
-    # plans B's prefill at its own time, 30.5625 -> 42.625, and its decode ahead -> 51.875.
-    # (A lone instance plans again at 21.3125, when step 2 is back.)
-    r = run_data_parallel([Request(0, 0.0, 16, 2), Request(1, 15.0, 16, 2)], rank(), 2, Placed([0, 0]),
+@pytest.mark.parametrize("arrival", sorted(PLANNED_AHEAD))
+def test_an_arrival_waits_for_the_plan_after_the_one_made_ahead(engine, arrival):
+    scheduled, first, finish, meta = PLANNED_AHEAD[arrival]
+    r = run_data_parallel([Request(0, 0.0, 16, 2), Request(1, arrival, 16, 2)], rank(), 2, Placed([0, 0]),
                           engine=engine)
-    assert by_id(r, "first_scheduled_ms")[1] == 30.5625
-    assert by_id(r, "first_token_ms")[1] == 42.625
-    assert by_id(r, "finish_ms") == {0: 21.3125, 1: 51.875}
-    assert r.meta["data_parallel"] == {"ranks": 2, "steps": 5, "dummy_rank_steps": 6, "experts_ms": 11.875}
+    assert by_id(r, "first_scheduled_ms") == scheduled
+    assert by_id(r, "first_token_ms") == first
+    assert by_id(r, "finish_ms") == finish
+    assert r.meta["data_parallel"] == meta
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -110,41 +113,9 @@ def test_a_rank_running_a_dummy_plans_its_arrival_at_its_own_time(engine):
     assert by_id(r, "finish_ms") == {0: 33.375, 1: 33.375}
 
 
-@st.composite
-def schedulers(draw):
-    max_seqs = draw(st.integers(1, 5))
-    return ContinuousConfig(max_num_seqs=max_seqs, allocation=draw(st.sampled_from(["reserve", "grow"])),
-                            max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 96)),
-                            chunked_prefill=draw(st.booleans()),
-                            running_order=draw(st.sampled_from(["admission", "decodes_first"])),
-                            policy=draw(st.sampled_from(["fcfs", "priority"])), async_scheduling=True)
-
-
-ROUTERS = {"vllm_dp": lambda: DataParallelRouter(DataParallelRouterConfig(stats_interval_ms=16.0)),
-           "round_robin": RoundRobinRouter}
-
-
-@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=80, all_at_zero=False, priorities=True,
-                      prefix_groups=2),
-       schedulers(), st.integers(2, 3), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(), st.integers(0, 40),
-       st.integers(1, 8), st.booleans())
-def test_ranks_planning_ahead_agree_between_engines_and_keep_the_rules(requests, cfg, ranks, router, cost, spare,
-                                                                       block_size, prefix):
-    """Random arrivals on caches barely big enough (recompute preemptions, finished requests
-    holding their slots as victims): both engines give the same timestamps, counters and steps;
-    every request is served once, never before it arrived, within the caches and slots."""
-    blocks = blocks_for_largest(requests, block_size) + spare
-
-    def make():
-        kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, block_size)
-        return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), kv
-
-    runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine) for engine in ENGINES]
-    compare_runs(*runs, rel=1e-12)
-    assert runs[0].meta["data_parallel"] == runs[1].meta["data_parallel"]
-    check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
-    assert all(kv.num_used_blocks() == 0 for run in runs for kv in run.meta["kvs"])
+def schedulers():
+    """test_data_parallel's schedulers, planning ahead (which needs recompute preemption)."""
+    return dp_schedulers().map(lambda c: attrs.evolve(c, preemption="recompute", async_scheduling=True))
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])

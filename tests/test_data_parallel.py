@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import textwrap
 
+import attrs
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -174,12 +176,15 @@ ROUTERS = {"vllm_dp": lambda: DataParallelRouter(DataParallelRouterConfig(stats_
 @given(requests_lists(min_size=1, max_size=14, max_prompt=60, max_output=80, all_at_zero=False, priorities=True,
                       prefix_groups=2),
        schedulers(), st.integers(2, 3), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(), st.integers(0, 40),
-       st.integers(1, 8), st.booleans())
+       st.integers(1, 8), st.booleans(), st.booleans())
 def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, ranks, router, cost, spare,
-                                                                 block_size, prefix):
+                                                                 block_size, prefix, ahead):
     """Random arrivals, chunked or whole prompts, recompute preemptions on caches barely big
-    enough: both engines give the same timestamps, counters and steps; every request is
+    enough, ranks planning ahead (asynchronous scheduling; finished requests holding their slots
+    as victims): both engines give the same timestamps, counters and steps; every request is
     served once with its tokens, never before it arrived, within the caches and slots."""
+    if ahead and cfg.preemption == "recompute":
+        cfg = attrs.evolve(cfg, async_scheduling=True)
     need = blocks_for_largest(requests, block_size)
     blocks = need + spare
 
@@ -193,6 +198,7 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
     assert runs[0].meta["data_parallel"] == runs[1].meta["data_parallel"]
     assert runs[0].meta["events"] <= runs[1].meta["events"]
     check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
+    assert all(kv.num_used_blocks() == 0 for run in runs for kv in run.meta["kvs"])
 
 
 def client_side(timeout_ms: float | None, network_ms: float = 0.0, workers: int = 0, request_ms: float = 0.0):
