@@ -1,5 +1,6 @@
-"""Asynchronous scheduling (``[scheduler] async_scheduling = true``, :mod:`schedlab.engine.ahead`):
-each batch planned while the one before it runs, as vLLM's ``AsyncScheduler`` does.
+"""Asynchronous scheduling (``[scheduler] async_scheduling``, the ``vllm`` preset's default,
+:mod:`schedlab.engine.ahead`): each batch planned while the one before it runs, as vLLM's
+``AsyncScheduler`` does.
 
 Hand-computed cases at 1 ms per iteration (the vLLM harness's timing, so the same cases are
 checked against vLLM itself in ``tests/test_vllm_diff.py``), the fast engine against the
@@ -16,15 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.diffcheck.case import Case, DiffRequest, Sides
+from schedlab.configs import FieldError
 from schedlab.errors import ConfigError
-from schedlab.study.experiment import load
+from schedlab.study.experiment import load, run_experiment
+from schedlab.study.simulation import assemble
 from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine
 from schedlab.vllm_diff.case import DiffSettings, Outcome
-from schedlab.vllm_diff.schedlab_side import SchedlabRunner
+from schedlab.vllm_diff.schedlab_side import SchedlabRunner, tables
 from schedlab.model import Request
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PrefixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.schedulers.presets import VllmConfig
 
 ASYNC = Sides({"async_scheduling": True}, {})
 
@@ -164,6 +168,31 @@ def test_settings_it_cannot_be_combined_with():
         ContinuousConfig(allocation="grow", preemption="swap", async_scheduling=True)
     with pytest.raises(ConfigError, match="async_scheduling cannot be combined with a batching window"):
         ContinuousConfig(max_wait_ms=5.0, async_scheduling=True)
+    with pytest.raises(FieldError, match='async_scheduling: must be true, false or "auto", got \'yes\''):
+        ContinuousConfig(async_scheduling="yes")
+
+
+def test_the_vllm_preset_plans_ahead_where_it_is_modelled():
+    """``"auto"``, the preset's default (vLLM's since 0.13), is on unless the scheduler swaps or
+    holds a batching window; ``continuous`` stays synchronous unless asked."""
+    assert ContinuousScheduler(VllmConfig()).plans_ahead
+    assert not ContinuousScheduler(VllmConfig(preemption="swap")).plans_ahead
+    assert not ContinuousScheduler(VllmConfig(max_wait_ms=5.0)).plans_ahead
+    assert not ContinuousScheduler(VllmConfig(async_scheduling=False)).plans_ahead
+    assert not ContinuousScheduler(ContinuousConfig()).plans_ahead
+    assert ContinuousScheduler(ContinuousConfig(async_scheduling="auto")).plans_ahead
+    # by default the preset runs "an-arrival-waits-a-batch-more" (above) planned ahead: 1's token at 3, not 2
+    result = run_engine([Request(0, 0.0, 1, 2), Request(1, 1.0, 1, 1)],
+                        ContinuousScheduler(VllmConfig(max_num_seqs=2, max_num_batched_tokens=2)),
+                        LinearCostModel(LinearConfig(prefill_ms_per_token=0.0, decode_ms_per_step=0.0, base_ms=1.0)))
+    assert result.requests["first_token_ms"].tolist() == [1.0, 3.0]
+
+
+def test_the_harness_plans_ahead_as_its_vllm_side_does():
+    c = CASES["an-arrival-waits-a-batch-more"][0]
+    assert tables(c)["scheduler"]["async_scheduling"] is False  # vLLM's Scheduler, the harness's default
+    assert tables(c, Sides({}, {"async_scheduling": True}))["scheduler"]["async_scheduling"] is True
+    assert tables(c, ASYNC)["scheduler"]["async_scheduling"] is True
 
 
 BASE = """
@@ -205,3 +234,29 @@ def test_on_its_own_the_toml_runs_and_plans_each_batch_ahead(tmp_path):
     path = tmp_path / "exp.toml"
     path.write_text(textwrap.dedent(BASE))
     assert load(path).studies[0].base.tables["scheduler"]["async_scheduling"] is True
+
+
+def _schedulers(path) -> list:
+    exp = load(path)
+    return [parts[0] for parts in assemble(exp.studies[0].base, exp.context, "x").instances]
+
+
+@pytest.mark.parametrize("setting", ["", 'async_scheduling = "auto"\n'])
+@pytest.mark.parametrize("extra", [
+    "",
+    "[cluster]\npipeline_parallel = 2\n",
+    "[cluster]\nmode = 'disaggregated'\n",
+    "[speculative]\nmethod = 'ngram'\n",
+    "[cluster]\ndata_parallel = 2\nexpert_parallel = true\n",
+])
+def test_auto_plans_ahead_unless_the_layout_is_not_modelled_with_it(tmp_path, setting, extra):
+    """The preset's ``"auto"`` (left out or written) plans ahead on one instance and on data-parallel
+    ranks, and schedules synchronously -- instead of refusing the run -- with a pipeline, disaggregated
+    pools or speculation, as vLLM turns it off where unsupported."""
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(BASE).replace("async_scheduling = true\n", setting) + extra)
+    schedulers = _schedulers(path)
+    modelled = "pipeline" not in extra and "disaggregated" not in extra and "speculative" not in extra
+    assert schedulers and all(s.plans_ahead == modelled for s in schedulers)
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.metrics["finished"] == 20 and run.meta["plans_ahead"] == modelled

@@ -207,8 +207,9 @@ def test_shared_prefix_caching_gain_follows_sharing():
     assert metric(share[(0.0, True)], "ttft_ms.p50") == pytest.approx(metric(share[(0.0, False)], "ttft_ms.p50"),
                                                                      rel=0.01)
     # every request shares a 2,000-token system prompt: most tokens hit and TTFT falls many-fold
+    # (4.4x; 6.2x scheduling synchronously, when a new request did not wait a batch more)
     assert share[(1.0, True)].metrics["prefix_cache"]["hit_rate"] > 0.8
-    assert metric(share[(1.0, True)], "ttft_ms.p50") < metric(share[(1.0, False)], "ttft_ms.p50") / 5
+    assert metric(share[(1.0, True)], "ttft_ms.p50") < metric(share[(1.0, False)], "ttft_ms.p50") / 4
     hits = [share[(f, True)].metrics["prefix_cache"]["hit_rate"] for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
     assert hits == sorted(hits)
     # the gain grows with the prefix length
@@ -433,7 +434,7 @@ def test_router_comparison_on_a_generated_bursty_trace(azure_code_trace):
     assert set(req["instance"][req["request_class"] == "chat"]) == {3}
     assert set(req["instance"][req["request_class"] == "code"]) == {0, 1, 2}
     chat99, code99 = "per_class.chat.ttft_ms.p99", "per_class.code.ttft_ms.p99"
-    assert metric(runs["class"], chat99) < metric(runs["least_outstanding"], chat99) / 5
+    assert metric(runs["class"], chat99) < metric(runs["least_outstanding"], chat99) / 4  # 4.8x here
     assert metric(runs["class"], code99) > metric(runs["least_outstanding"], code99)
     # the bursts drain wherever the whole cluster takes them; squeezed onto three instances, the
     # completions' queue grows on one of them, which the saturation check flags
@@ -577,7 +578,7 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     results = run("multi_gpu.toml", ["workload.limit=120"])
     runs = {r.name: r for r in results.all_runs()}
     assert {name: metric(r, "gpus") for name, r in runs.items()} == {
-        "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, async scheduling": 2, "DP 2 + EP, skewed": 2, "DP 2, experts sharded": 2, "PP 2": 2,
+        "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, synchronous": 2, "DP 2 + EP, skewed": 2, "DP 2, experts sharded": 2, "PP 2": 2,
         "DP 2 + EP (roofline)": 2, "DP 2 + EP (reference engine)": 2, "4 instances, twice the load": 4,
         "2 x (DP 2 + EP), twice the load": 4}
     compare_runs(runs["DP 2 + EP"], runs["DP 2 + EP (reference engine)"], rel=1e-9)
@@ -588,8 +589,8 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     # the pipeline's stages each hold half the layers: faster decode steps than one GPU
     assert metric(runs["PP 2"], "tpot_ms.mean") < metric(runs["1 GPU"], "tpot_ms.mean")
     assert runs["DP 2 + EP"].meta["kv_cache"]["expert_gpus"] == 2
-    # planning ahead, a request arriving while its rank computes is planned a step later
-    assert metric(runs["DP 2 + EP, async scheduling"], "ttft_ms.p50") > metric(runs["DP 2 + EP"], "ttft_ms.p50")
+    # planning ahead (the preset's default), a request arriving while its rank computes is planned a step later
+    assert metric(runs["DP 2 + EP"], "ttft_ms.p50") > metric(runs["DP 2 + EP, synchronous"], "ttft_ms.p50")
     # so do two such deployments against four instances, on the same requests
     fleet = runs["2 x (DP 2 + EP), twice the load"]
     assert fleet.meta["data_parallel"]["deployments"] == 2

@@ -1,4 +1,5 @@
-"""vLLM V1's scheduling rules (0.33), each on a small scenario computed by hand.
+"""vLLM V1's scheduling rules (0.33), each on a small scenario computed by hand, scheduling
+synchronously (``tests/test_async_scheduling.py`` has the same rules planned ahead).
 
 Every iteration costs exactly 1 ms, so times count iterations. Block sizes and pools are tiny
 so that each rule decides the outcome. The scenarios are the ones the differential harness
@@ -18,6 +19,11 @@ from schedlab_plugins.schedulers.presets import VllmConfig
 
 ONE_MS = LinearConfig(prefill_ms_per_token=0.0, decode_ms_per_step=0.0, base_ms=1.0)
 ENGINES = ["fast", "reference"]
+
+
+def synchronous(**settings) -> VllmConfig:
+    """The ``vllm`` preset scheduling synchronously, as vLLM before 0.13 and the harness on a CPU."""
+    return VllmConfig(async_scheduling=False, **settings)
 
 
 def simulate(requests, config, kv, engine="fast"):
@@ -48,7 +54,7 @@ def test_an_older_prefill_preempts_the_newer_decode_not_itself(engine):
     """
     a = Request(0, 0.0, prompt_tokens=12, output_tokens=1)
     b = Request(1, 0.0, prompt_tokens=4, output_tokens=6)
-    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=8, long_prefill_token_threshold=4)
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=8, long_prefill_token_threshold=4)
     rows, result = simulate([a, b], config, PagedKVCache(3, 4), engine)
     assert rows[0] == dict(first_scheduled_ms=0.0, first_token_ms=3.0, finish_ms=3.0, preemptions=0)
     assert rows[1] == dict(first_scheduled_ms=0.0, first_token_ms=1.0, finish_ms=8.0, preemptions=1)
@@ -72,7 +78,7 @@ def test_priority_victim_may_be_already_scheduled(engine):
     """
     x = Request(0, 0.0, prompt_tokens=2, output_tokens=8, priority=1)
     y = Request(1, 1.0, prompt_tokens=8, output_tokens=1, priority=0)
-    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=8, long_prefill_token_threshold=2,
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=8, long_prefill_token_threshold=2,
                         policy="priority")
     rows, _ = simulate([x, y], config, PagedKVCache(6, 2), engine)
     assert rows[0] == dict(first_scheduled_ms=0.0, first_token_ms=1.0, finish_ms=9.0, preemptions=1)
@@ -90,12 +96,12 @@ def test_admission_waits_until_the_whole_prompt_fits(engine):
     """
     a = Request(0, 0.0, prompt_tokens=8, output_tokens=3)
     b = Request(1, 0.0, prompt_tokens=12, output_tokens=1)
-    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=4)
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=4)
     rows, _ = simulate([a, b], config, PagedKVCache(4, 4), engine)
     assert rows[0] == dict(first_scheduled_ms=0.0, first_token_ms=2.0, finish_ms=4.0, preemptions=0)
     assert rows[1] == dict(first_scheduled_ms=4.0, first_token_ms=7.0, finish_ms=7.0, preemptions=0)
 
-    first_chunk_only = VllmConfig(max_num_seqs=4, max_num_batched_tokens=4, reserve_full_prompt=False)
+    first_chunk_only = synchronous(max_num_seqs=4, max_num_batched_tokens=4, reserve_full_prompt=False)
     rows, _ = simulate([a, b], first_chunk_only, PagedKVCache(4, 4), engine)
     assert rows[1]["first_scheduled_ms"] == 2.0 and rows[1]["preemptions"] == 1
 
@@ -105,7 +111,7 @@ def test_a_lone_request_ignores_the_long_prefill_threshold(engine):
     """vLLM 0.33: with at most one request running or waiting there is nobody for the
     threshold to protect. 498 tokens, budget 128, threshold 100: 4 chunks, not 5."""
     alone = [Request(0, 0.0, prompt_tokens=498, output_tokens=1)]
-    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=128, long_prefill_token_threshold=100)
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=128, long_prefill_token_threshold=100)
     rows, result = simulate(alone, config, PagedKVCache(64, 16), engine)
     assert rows[0]["first_token_ms"] == 4.0
     assert result.counters["iterations"] == 4
@@ -133,7 +139,7 @@ def test_freed_partial_blocks_are_reused_before_cached_ones():
     b = Request(2, 0.0, prompt_tokens=3, output_tokens=1)
     c = Request(3, 0.0, prompt_tokens=6, output_tokens=1, prefix_group="sys", prefix_tokens=4)
     requests = [p, a, b, c]
-    result = run_engine(requests, ContinuousScheduler(VllmConfig(max_num_seqs=1)), LinearCostModel(ONE_MS),
+    result = run_engine(requests, ContinuousScheduler(synchronous(max_num_seqs=1)), LinearCostModel(ONE_MS),
                         PrefixKVCache(3, 4))
     check_run(result, requests, kv_blocks=3)
     cached = dict(zip(result.requests["id"].tolist(), result.requests["cached_tokens"].tolist()))
@@ -147,7 +153,7 @@ def test_no_request_is_preempted_twice_by_the_old_self_preemption_loop(reserve_f
     the KV cache unchanged -- which the old rules did (6 self-preemptions here)."""
     a = Request(0, 0.0, prompt_tokens=40, output_tokens=1)
     b = Request(1, 0.0, prompt_tokens=8, output_tokens=60)
-    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=8,
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=8,
                         reserve_full_prompt=reserve_full_prompt)
     checker = IterationChecker(kv_blocks=8, token_budget=16)
     result = run_engine([a, b], ContinuousScheduler(config), LinearCostModel(ONE_MS), PagedKVCache(8, 8),
@@ -174,7 +180,7 @@ def test_the_loop_checker_catches_a_loop():
 
     a = Request(0, 0.0, prompt_tokens=8, output_tokens=30)
     b = Request(1, 0.0, prompt_tokens=64, output_tokens=1)
-    config = VllmConfig(max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=8)
     with pytest.raises(AssertionError, match="preempted twice"):
         run_engine([a, b], SelfPreempting(config), LinearCostModel(ONE_MS), PagedKVCache(64, 16),
                    check=IterationChecker())

@@ -36,13 +36,29 @@ from __future__ import annotations
 
 import attrs
 
-from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import ConfigError, SimulationError
 from schedlab.queues import FcfsQueue, KeyedQueue
 
 from .orders import waiting_key
 from .window import (BatchingWindow, check_window_settings, interactive_class_field, interactive_wait_ms_field,
                      max_wait_ms_field, min_batch_field)
+
+
+def async_scheduling_field(default):
+    """vLLM's asynchronous scheduling: true, false or ``"auto"`` (on unless the run uses
+    something it is not modelled with -- see :attr:`ContinuousConfig.plans_ahead` and
+    :mod:`schedlab.study.simulation`)."""
+
+    def check(_inst, attribute, value):
+        if not (isinstance(value, bool) or value == "auto"):
+            raise FieldError(attribute.name, f"must be true, false or \"auto\", got {value!r}")
+
+    return attrs.field(default=default, validator=check, metadata={"help": (
+        "vLLM's asynchronous scheduling (its default since 0.13): each batch is planned while the one before it "
+        "runs, so arrivals wait a batch more and finished requests hold their slots one plan longer "
+        "(schedlab.engine.ahead); \"auto\": on unless preemption = 'swap', a batching window, pipeline "
+        "parallelism, disaggregation or [speculative], as vLLM turns it off where unsupported")})
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -82,10 +98,7 @@ class ContinuousConfig:
     min_batch: int = min_batch_field()
     interactive_class: str = interactive_class_field()
     interactive_wait_ms: float = interactive_wait_ms_field()
-    async_scheduling: bool = bool_field(
-        False, help="vLLM's asynchronous scheduling (its default since 0.13): each batch is planned while the one "
-                    "before it runs, so arrivals wait a batch more and finished requests hold their slots one plan "
-                    "longer (schedlab.engine.ahead)")
+    async_scheduling: bool | str = async_scheduling_field(False)
 
     def __attrs_post_init__(self):
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -97,13 +110,26 @@ class ContinuousConfig:
         if self.prediction_sigma and self.policy != "sjf":
             raise ConfigError(f"prediction_sigma only affects policy = 'sjf' (policy is {self.policy!r})")
         check_window_settings(self)
-        if self.async_scheduling:
+        if self.async_scheduling is True:
             # vLLM V1 only (no swapping), and a batching window's wake-ups are not planned ahead
             if self.preemption == "swap":
                 raise ConfigError("async_scheduling needs preemption = 'recompute' (vLLM V1 does not swap)")
-            if self.max_wait_ms or self.interactive_wait_ms:
+            if self._window_set:
                 raise ConfigError("async_scheduling cannot be combined with a batching window (max_wait_ms, "
                                   "interactive_wait_ms)")
+
+    @property
+    def _window_set(self) -> bool:
+        return bool(self.max_wait_ms or self.interactive_wait_ms)
+
+    @property
+    def plans_ahead(self) -> bool:
+        """Whether batches are planned ahead: ``async_scheduling``, with ``"auto"`` on unless
+        the scheduler swaps or holds a batching window (what it is not modelled with), as vLLM
+        turns it on unless something it does not support is configured."""
+        if self.async_scheduling == "auto":
+            return self.preemption != "swap" and not self._window_set
+        return self.async_scheduling
 
 
 class ContinuousScheduler:
@@ -120,7 +146,7 @@ class ContinuousScheduler:
         self._window = BatchingWindow.from_config(self.config)
         self._swapped_in: list = []
         #: engines plan each batch while the one before it runs (schedlab.engine.ahead)
-        self.plans_ahead = self.config.async_scheduling
+        self.plans_ahead = self.config.plans_ahead
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):

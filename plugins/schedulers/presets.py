@@ -1,7 +1,9 @@
 """Engine presets: the ``continuous`` scheduler with each engine's defaults (engines.md §1, §2, §5, §6).
 
 * ``vllm``    -- vLLM V1: blocks allocated as tokens are computed, recompute preemption of the
-  newest request, chunked prefill on, budget 2048 tokens / 256 sequences (GPUs under 70 GiB).
+  newest request, chunked prefill on, budget 2048 tokens / 256 sequences (GPUs under 70 GiB),
+  asynchronous scheduling where it is modelled (``async_scheduling = "auto"``: vLLM's default
+  since 0.13, vllm-project/vllm PR #27614; ``false`` for earlier versions).
 * ``vllm-v0`` -- vLLM V0: prefill-first iterations (a step with prompts skips decodes), whole
   prompts, watermark 0.01, recompute or swap preemption (swap needs swap space on the cache).
 * ``orca``    -- Orca (OSDI'22): iteration-level FCFS admission with KV reserved for each
@@ -20,7 +22,7 @@ import attrs
 
 from schedlab.configs import bool_field, float_field, int_field, str_field
 
-from .continuous import ContinuousConfig, ContinuousScheduler
+from .continuous import ContinuousConfig, ContinuousScheduler, async_scheduling_field
 
 
 @attrs.frozen
@@ -28,6 +30,7 @@ class VllmConfig(ContinuousConfig):
     max_num_batched_tokens: int = int_field(2048, min=1, help="token budget of one iteration (vLLM: 2048 under 70 GiB)")
     chunked_prefill: bool = bool_field(True, help="split prompts that do not fit the remaining budget (on in V1)")
     allocation: str = str_field("grow", choices=("reserve", "grow"), help="V1 allocates as tokens are computed")
+    async_scheduling: bool | str = async_scheduling_field("auto")
 
 
 @attrs.frozen

@@ -1,6 +1,7 @@
 """Asynchronous scheduling (vLLM's default since 0.13): each batch is planned while the one
 before it runs. Both engines follow these rules when the scheduler says ``plans_ahead``
-(the ``continuous`` family's ``async_scheduling = true``).
+(the ``continuous`` family's ``async_scheduling``: on by default in the ``vllm`` preset, where
+it is modelled).
 
 vLLM 0.33 runs its ``AsyncScheduler`` behind a batch queue of two (``VllmConfig.
 max_concurrent_batches``; ``EngineCore.step_with_batch_queue``): when batch ``k - 1`` is back,
@@ -59,7 +60,7 @@ decoder's block lags a plan (its input token was in flight).
 the plan made ahead (:func:`schedlab.engine.load.serving`): that plan is made at the same instant.
 
 Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py --vllm-set
-async_scheduling=true --set scheduler.async_scheduling=true``.
+async_scheduling=true`` (the preset follows the vLLM side's setting).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ through every rank's experts), its part its drafter's passes
 of its sequences as a colocated one does. Such steps are never alike, so the ranks step one at
 a time.
 
-**Asynchronous scheduling** (``async_scheduling = true``, vLLM's default): each rank plans a
+**Asynchronous scheduling** (``async_scheduling``, vLLM's default and the preset's): each rank plans a
 step while the one before it runs, by :mod:`schedlab.engine.ahead`'s rules; a rank whose plan
 made ahead is empty runs a dummy batch in the next step and plans the one after at its own
 time, as vLLM's DP engine core does.

@@ -287,9 +287,11 @@ class Assembled:
 
 def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: str,
                      speculative: SpeculativeConfig | None, power: list | None = None,
-                     parallelism: Parallelism = SINGLE) -> list[tuple]:
+                     parallelism: Parallelism = SINGLE, disaggregated: bool = False) -> list[tuple]:
     """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
+    if _unmodelled_ahead(speculative, parallelism, disaggregated) is not None:
+        tables = {**tables, "scheduler": _synchronous_if_auto(ctx, tables["scheduler"])}
     parts = []
     for _ in range(count):
         scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]", parallelism)
@@ -302,6 +304,31 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
             power.append(_power_model(ctx, tables, cost, kv, f"{where} [{label}power]"))
         parts.append((scheduler, cost, kv))
     return parts
+
+
+def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool) -> str | None:
+    """What in the run planning batches ahead (:mod:`schedlab.engine.ahead`) is not modelled
+    with, named as the run's table says it, or None."""
+    if disaggregated:
+        return "[cluster] disaggregated pools"
+    if parallelism.pipelined:
+        return "[cluster] pipeline_parallel"
+    if speculative is not None:
+        return "[speculative]"
+    return None
+
+
+def _synchronous_if_auto(ctx: Context, table: dict) -> dict:
+    """A scheduler table whose ``async_scheduling`` is ``"auto"`` (given or its kind's default),
+    resolved to false: the run uses something planning ahead is not modelled with, and vLLM
+    too schedules synchronously where it does not support planning ahead. A value set to true
+    is kept, for :func:`_check_async_scheduling` to refuse by name."""
+    if table.get("async_scheduling", "auto") != "auto" or table.get("kind") not in ctx.catalog["scheduler"]:
+        return table
+    config = ctx.catalog["scheduler"].get(table["kind"]).config
+    if config is None or not attrs.has(config) or "async_scheduling" not in attrs.fields_dict(config):
+        return table
+    return {**table, "async_scheduling": False}
 
 
 def _power_model(ctx: Context, tables: dict, seen, kv, where: str):
@@ -368,12 +395,10 @@ def _check_async_scheduling(a: Assembled, where: str) -> None:
     instances and data-parallel ranks, without speculation: refuse the rest by name."""
     if not any(plans_ahead(parts[0]) for parts in a.instances):
         return
-    for refused, what in ((a.pools is not None, "[cluster] disaggregated pools"),
-                          (a.parallelism.pipelined, "[cluster] pipeline_parallel"),
-                          (a.speculative is not None, "[speculative]")):
-        if refused:
-            raise ConfigError(f"{where} [scheduler]: async_scheduling: not modelled with {what}; "
-                              "set async_scheduling = false")
+    what = _unmodelled_ahead(a.speculative, a.parallelism, a.pools is not None)
+    if what is not None:
+        raise ConfigError(f"{where} [scheduler]: async_scheduling: not modelled with {what}; "
+                          "set async_scheduling = false (or \"auto\", which turns it off there)")
 
 
 def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:
@@ -597,7 +622,7 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
                     raise ConfigError(f"{pool_where}: power: the run has no [power] table for the pool to override")
                 pool_tables[kind] = merge_tables({kind: tables.get(kind, {})}, {kind: own}, where=pool_where)[kind]
         parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, f"cluster.{name}.",
-                                 speculative, power)
+                                 speculative, power, disaggregated=True)
         router = None
         if pool.instances > 1:
             router = _build_router(ctx, pool.router if pool.router is not None else cluster.router,
@@ -714,6 +739,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "cpu_ms": cpu_ms,  # the simulation's CPU time: on a shared machine, what an idle one's wall time would be
         "events": sum(e.events for e in engines),
         "seed": spec.seed,
+        # whether each batch was planned while the one before it ran ("auto" resolved)
+        "plans_ahead": any(plans_ahead(parts[0]) for parts in a.instances),
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
         "kv_cache": _kv_summary(kv),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},

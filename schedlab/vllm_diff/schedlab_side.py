@@ -10,11 +10,13 @@ from .case import Outcome
 
 def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
     """The scheduler, cost model and KV cache tables of ``case`` (``sides`` adds schedlab-only
-    scheduler keys, which win over the shared settings)."""
+    scheduler keys, which win over the shared settings). The preset plans ahead as the vLLM
+    side does: synchronously unless ``--vllm-set async_scheduling=true``."""
     s = case.settings
+    asynchronous = bool(sides is not None and dict(sides.engine).get("async_scheduling"))
     scheduler = {"kind": "vllm", "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
                  "long_prefill_token_threshold": s.long_prefill_token_threshold, "policy": s.policy,
-                 "chunked_prefill": True}
+                 "chunked_prefill": True, "async_scheduling": asynchronous}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
     kv = {"kind": "paged", "num_blocks": s.num_blocks, "block_size": s.block_size, "prefix_caching": s.prefix_caching}
