@@ -1,7 +1,8 @@
 """Engine presets: the ``continuous`` scheduler with each engine's defaults (engines.md §1, §2, §5, §6).
 
 * ``vllm``    -- vLLM V1: blocks allocated as tokens are computed, recompute preemption of the
-  newest request, chunked prefill on, budget 2048 tokens / 256 sequences (GPUs under 70 GiB),
+  newest request, chunked prefill on, vLLM's API-server budget for the run's GPU (2,048 tokens /
+  256 sequences; 8,192 / 1,024 from 70 GiB but on an A100; 16,384 / 1,024 from 160 GiB),
   asynchronous scheduling where it is modelled (``async_scheduling = "auto"``: vLLM's default
   since 0.13, vllm-project/vllm PR #27614; ``false`` for earlier versions).
 * ``vllm-v0`` -- vLLM V0: prefill-first iterations (a step with prompts skips decodes), whole
@@ -27,10 +28,36 @@ from .continuous import ContinuousConfig, ContinuousScheduler, async_scheduling_
 
 @attrs.frozen
 class VllmConfig(ContinuousConfig):
-    max_num_batched_tokens: int = int_field(2048, min=1, help="token budget of one iteration (vLLM: 2048 under 70 GiB)")
+    max_num_seqs: int = int_field(256, min=1, help="most sequences running at once (vLLM's API server: 256; 1,024 "
+                                                   "on the run's GPU if it has 70 GiB or more and is no A100)")
+    max_num_batched_tokens: int = int_field(2048, min=1, help="token budget of one iteration (vLLM's API server: "
+                                                              "2,048; 8,192 on the run's GPU if it has 70 GiB or more "
+                                                              "and is no A100, 16,384 from 160 GiB)")
     chunked_prefill: bool = bool_field(True, help="split prompts that do not fit the remaining budget (on in V1)")
     allocation: str = str_field("grow", choices=("reserve", "grow"), help="V1 allocates as tokens are computed")
     async_scheduling: bool | str = async_scheduling_field("auto")
+
+    @staticmethod
+    def gpu_defaults(gpu, table: dict) -> dict:
+        """The settings vLLM's API server picks on ``gpu`` for those ``table`` leaves out
+        (``EngineArgs.get_batch_defaults``, vLLM 0.33): 16,384 tokens and 1,024 sequences from
+        160 GiB (B200), 8,192 and 1,024 from 70 GiB but on an A100 (H100, H200, RTX PRO 6000:
+        "setting large max_num_batched_tokens for A100 reduces throughput", PR #17885), else
+        2,048 and 256; a defaulted ``max_num_seqs`` is at most the token budget, as vLLM caps
+        it. The run's assembly applies them (:mod:`schedlab.study.simulation`)."""
+        if gpu.memory_gib >= 160:
+            budget, seqs = 16384, 1024
+        elif gpu.memory_gib >= 70 and "a100" not in gpu.name.lower():
+            budget, seqs = 8192, 1024
+        else:
+            budget, seqs = 2048, 256
+        out = {}
+        if "max_num_batched_tokens" not in table:
+            out["max_num_batched_tokens"] = budget
+        given = table.get("max_num_batched_tokens", budget)
+        if "max_num_seqs" not in table and isinstance(given, int) and not isinstance(given, bool) and given > 0:
+            out["max_num_seqs"] = min(seqs, given)
+        return out
 
 
 @attrs.frozen

@@ -290,6 +290,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
                      parallelism: Parallelism = SINGLE, disaggregated: bool = False) -> list[tuple]:
     """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
+    tables = {**tables, "scheduler": _with_gpu_defaults(ctx, tables)}
     if _unmodelled_ahead(speculative, parallelism, disaggregated) is not None:
         tables = {**tables, "scheduler": _synchronous_if_auto(ctx, tables["scheduler"])}
     parts = []
@@ -304,6 +305,31 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
             power.append(_power_model(ctx, tables, cost, kv, f"{where} [{label}power]"))
         parts.append((scheduler, cost, kv))
     return parts
+
+
+def run_gpu(tables: dict) -> str | None:
+    """The GPU a run names: its ``[kv_cache]`` or ``[cost_model]`` ``gpu``."""
+    for kind in ("kv_cache", "cost_model"):
+        gpu = tables.get(kind, {}).get("gpu")
+        if isinstance(gpu, str):
+            return gpu
+    return None
+
+
+def _with_gpu_defaults(ctx: Context, tables: dict) -> dict:
+    """The run's scheduler table with the settings its kind's config picks for the run's GPU
+    where the table leaves them out: an optional ``gpu_defaults(gpu_spec, table) -> dict`` on
+    the config class, as the ``vllm`` preset has (vLLM's API server sizes its batch by the
+    device). An unknown kind or GPU is left for the components themselves to report."""
+    table = tables["scheduler"]
+    name = run_gpu(tables)
+    registry = ctx.catalog["scheduler"]
+    if name is None or table.get("kind") not in registry:
+        return table
+    pick = getattr(registry.get(table["kind"]).config, "gpu_defaults", None)
+    if pick is None or name not in ctx.presets.gpu_names():
+        return table
+    return {**pick(ctx.presets.gpu(name), table), **table}
 
 
 def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool) -> str | None:

@@ -1,0 +1,95 @@
+"""The ``vllm`` preset's batch size for the run's GPU, as vLLM's API server picks it
+(``EngineArgs.get_batch_defaults``, vLLM 0.33): 2,048 tokens / 256 sequences, 8,192 / 1,024 on
+a GPU of 70 GiB or more that is no A100, 16,384 / 1,024 from 160 GiB; a table's own values win,
+and a defaulted ``max_num_seqs`` never exceeds the token budget."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from schedlab.capacity import GpuSpec
+from schedlab.study.experiment import load, run_experiment
+from schedlab.study.simulation import assemble
+from schedlab_plugins.schedulers.presets import VllmConfig
+
+RUN = """
+    [workload]
+    kind = "synthetic"
+    num_requests = 6
+    rate = 5
+    prompt = {{dist = "fixed", value = 100}}
+    output = {{dist = "fixed", value = 10}}
+    [scheduler]
+    kind = "vllm"
+    {scheduler}
+    [cost_model]
+    kind = "roofline"
+    model = "llama-3-8b"
+    gpu = "{gpu}"
+    [kv_cache]
+    kind = "paged"
+    model = "llama-3-8b"
+    gpu = "{gpu}"
+"""
+
+
+def gpu(name: str, memory_gib: float) -> GpuSpec:
+    return GpuSpec(name, memory_gib=memory_gib, hbm_bandwidth_gbps=1000, bf16_tflops=100, host_link_gbps=32)
+
+
+@pytest.mark.parametrize("spec, budget, seqs", [
+    (gpu("h100-80gb", 80), 8192, 1024),
+    (gpu("a100-80gb", 80), 2048, 256),     # vLLM keeps A100s on the small budget (PR #17885)
+    (gpu("my-A100-variant", 96), 2048, 256),
+    (gpu("l40s", 48), 2048, 256),
+    (gpu("x", 69.9), 2048, 256),
+    (gpu("x", 70), 8192, 1024),
+    (gpu("b200", 180), 16384, 1024),
+    (gpu("x", 160), 16384, 1024),
+])
+def test_the_tiers(spec, budget, seqs):
+    assert VllmConfig.gpu_defaults(spec, {}) == {"max_num_batched_tokens": budget, "max_num_seqs": seqs}
+
+
+def test_given_values_win_and_a_defaulted_cap_stays_within_the_budget():
+    h100 = gpu("h100-80gb", 80)
+    assert VllmConfig.gpu_defaults(h100, {"max_num_batched_tokens": 4096, "max_num_seqs": 64}) == {}
+    assert VllmConfig.gpu_defaults(h100, {"max_num_seqs": 64}) == {"max_num_batched_tokens": 8192}
+    # vLLM: max_num_seqs = min(default, max_num_batched_tokens) when it was not given
+    assert VllmConfig.gpu_defaults(h100, {"max_num_batched_tokens": 512}) == {"max_num_seqs": 512}
+    assert VllmConfig.gpu_defaults(gpu("l4", 24), {"max_num_batched_tokens": 128}) == {"max_num_seqs": 128}
+    # a wrong value is left for the field to report
+    assert VllmConfig.gpu_defaults(h100, {"max_num_batched_tokens": "many"}) == {}
+
+
+def _scheduler_config(tmp_path, gpu_name: str, scheduler: str = ""):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(RUN.format(gpu=gpu_name, scheduler=scheduler)))
+    exp = load(path)
+    return exp, assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config
+
+
+@pytest.mark.parametrize("gpu_name, budget, seqs", [("h100-80gb", 8192, 1024), ("a100-80gb", 2048, 256),
+                                                    ("b200", 16384, 1024), ("rtx-pro-6000-server", 8192, 1024)])
+def test_a_run_takes_the_defaults_of_its_gpu(tmp_path, gpu_name, budget, seqs):
+    exp, config = _scheduler_config(tmp_path, gpu_name)
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == (budget, seqs)
+    assert run_experiment(exp).all_runs()[0].meta["slots"] == seqs
+
+
+def test_a_runs_own_settings_win(tmp_path):
+    _, config = _scheduler_config(tmp_path, "h100-80gb", "max_num_seqs = 48\nmax_num_batched_tokens = 1024")
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == (1024, 48)
+    _, config = _scheduler_config(tmp_path, "h100-80gb", "max_num_batched_tokens = 512")
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == (512, 512)
+
+
+def test_other_schedulers_keep_their_defaults(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(RUN.format(gpu="h100-80gb", scheduler="")).replace('kind = "vllm"',
+                                                                                       'kind = "continuous"'))
+    exp = load(path)
+    config = assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == (8192, 256)  # continuous's own defaults
