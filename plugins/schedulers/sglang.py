@@ -94,8 +94,8 @@ class SglangConfig:
         2048, min=1, help="most requests running at once (SGLang: at least 2048 request slots; memory binds first)")
     max_prefill_tokens: int = int_field(16384, min=1, help="prompt tokens of one prefill batch (the first may exceed it)")
     chunked_prefill_size: int = int_field(
-        8192, min=0, help="prompt tokens per prefill iteration; longer prompts are chunked (0 = off; SGLang: 2048 "
-                          "on GPUs under 25 GB, else 8192)")
+        8192, min=0, help="prompt tokens per prefill iteration; longer prompts are chunked (0 = off; SGLang sizes it "
+                          "by the run's GPU: 2,048 under 20 GiB, 4,096 under 60, 8,192 under 160, else 16,384)")
     enable_mixed_chunk: bool = bool_field(False, help="decodes run in the same iteration as a prefill batch")
     schedule_policy: str = str_field("fcfs", choices=POLICIES,
                                      help="waiting order: arrival, longest prefix match, depth-first by shared "
@@ -119,6 +119,18 @@ class SglangConfig:
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise FieldError("enable_mixed_chunk", "needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
+
+    @staticmethod
+    def gpu_defaults(gpu, table: dict) -> dict:
+        """``chunked_prefill_size`` as SGLang 0.5.23 picks it by the device's memory when it is not
+        given (``arg_groups/memory_hook.py``, ``_handle_gpu_memory_settings``): 2,048 tokens
+        under 20 GiB (T4), 4,096 under 60 (A10, RTX 4090, A100 40GB, L40S), 8,192 under 160
+        (A100 80GB, H100, H200), else 16,384 (B200, MI300). The run's assembly applies it."""
+        if "chunked_prefill_size" in table:
+            return {}
+        memory = gpu.memory_gib
+        size = 2048 if memory < 20 else 4096 if memory < 60 else 8192 if memory < 160 else 16384
+        return {"chunked_prefill_size": size}
 
 
 class _Adder:

@@ -1,7 +1,10 @@
-"""The ``vllm`` preset's batch size for the run's GPU, as vLLM's API server picks it
-(``EngineArgs.get_batch_defaults``, vLLM 0.33): 2,048 tokens / 256 sequences, 8,192 / 1,024 on
-a GPU of 70 GiB or more that is no A100, 16,384 / 1,024 from 160 GiB; a table's own values win,
-and a defaulted ``max_num_seqs`` never exceeds the token budget."""
+"""Scheduler settings that depend on the run's GPU, as the engines pick them when not given.
+
+The ``vllm`` preset's batch, as vLLM's API server sizes it (``EngineArgs.get_batch_defaults``,
+vLLM 0.33): 2,048 tokens / 256 sequences, 8,192 / 1,024 on a GPU of 70 GiB or more that is no
+A100, 16,384 / 1,024 from 160 GiB; a defaulted ``max_num_seqs`` never exceeds the token budget.
+The ``sglang`` scheduler's ``chunked_prefill_size``, as SGLang 0.5.23 sizes it by the device's
+memory. A table's own values win."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from schedlab.capacity import GpuSpec
 from schedlab.study.experiment import load, run_experiment
 from schedlab.study.simulation import assemble
 from schedlab_plugins.schedulers.presets import VllmConfig
+from schedlab_plugins.schedulers.sglang import SglangConfig
 
 RUN = """
     [workload]
@@ -93,3 +97,19 @@ def test_other_schedulers_keep_their_defaults(tmp_path):
     exp = load(path)
     config = assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config
     assert (config.max_num_batched_tokens, config.max_num_seqs) == (8192, 256)  # continuous's own defaults
+
+
+@pytest.mark.parametrize("memory, size", [(16, 2048), (19.9, 2048), (20, 4096), (24, 4096), (40, 4096), (59.9, 4096),
+                                          (60, 8192), (80, 8192), (141, 8192), (159.9, 8192), (160, 16384),
+                                          (180, 16384)])
+def test_sglang_sizes_its_chunks_by_the_gpus_memory(memory, size):
+    assert SglangConfig.gpu_defaults(gpu("x", memory), {}) == {"chunked_prefill_size": size}
+    assert SglangConfig.gpu_defaults(gpu("x", memory), {"chunked_prefill_size": 0}) == {}
+
+
+def test_an_sglang_run_on_an_a100_40gb_chunks_by_4096(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(RUN.format(gpu="a100-40gb", scheduler="")).replace('kind = "vllm"',
+                                                                                       'kind = "sglang"'))
+    exp = load(path)
+    assert assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config.chunked_prefill_size == 4096
