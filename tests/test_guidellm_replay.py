@@ -99,6 +99,7 @@ def test_a_run_written_as_a_report_replays_to_its_own_latencies(tmp_path):
             for i in range(len(r["id"]))]
     report(tmp_path, [benchmark(rows, total=len(rows))], "report.json")
     replay = tmp_path / "replay.toml"
-    replay.write_text(base + '[workload]\nkind = "guidellm"\npath = "report.json"\n')
+    # the placeholder prompts ("q0", "q1", ...) share text, not prefixes: no prefix blocks from them
+    replay.write_text(base + '[workload]\nkind = "guidellm"\npath = "report.json"\nprefix_blocks = "none"\n')
     vs = run_experiment(load(replay)).all_runs()[0].metrics["vs_measured"]
     assert len(vs["errors_pct"]) == 15 and vs["mean_abs_error_pct"] < 1e-6

@@ -92,7 +92,8 @@ output = { dist = "uniform", low = 2, high = 120 }
                for i in range(len(r["id"]))]
     write(tmp_path, records, "report.json")
     replay_toml = tmp_path / "replay.toml"
-    replay_toml.write_text(base + '[workload]\nkind = "inference_perf"\npath = "report.json"\n')
+    # the placeholder prompts ("p0", "p1", ...) share text, not prefixes: no prefix blocks from them
+    replay_toml.write_text(base + '[workload]\nkind = "inference_perf"\npath = "report.json"\nprefix_blocks = "none"\n')
     replay = run_experiment(load(replay_toml)).all_runs()[0]
     vs = replay.metrics["vs_measured"]
     assert len(vs["errors_pct"]) == 15

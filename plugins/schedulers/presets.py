@@ -1,7 +1,7 @@
 """Engine presets: the ``continuous`` scheduler with each engine's defaults (engines.md §1, §2, §5, §6).
 
 * ``vllm``    -- vLLM V1: blocks allocated as tokens are computed, recompute preemption of the
-  newest request, chunked prefill on, vLLM's API-server budget for the run's GPU (2,048 tokens /
+  newest request, chunked prefill on, prefix caching on (a ``paged`` cache's default with it), vLLM's API-server budget for the run's GPU (2,048 tokens /
   256 sequences; 8,192 / 1,024 from 70 GiB but on an A100; 16,384 / 1,024 from 160 GiB),
   asynchronous scheduling where it is modelled (``async_scheduling = "auto"``: vLLM's default
   since 0.13, vllm-project/vllm PR #27614; ``false`` for earlier versions).
@@ -18,6 +18,8 @@ Every key of ``continuous`` stays settable; only the defaults differ.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import attrs
 
@@ -36,6 +38,11 @@ class VllmConfig(ContinuousConfig):
     chunked_prefill: bool = bool_field(True, help="split prompts that do not fit the remaining budget (on in V1)")
     allocation: str = str_field("grow", choices=("reserve", "grow"), help="V1 allocates as tokens are computed")
     async_scheduling: bool | str = async_scheduling_field("auto")
+
+    #: what vLLM V1 turns on in its cache unless told not to (``enable_prefix_caching``: on for
+    #: every model that supports it, ``EngineArgs._set_default_chunked_prefill_and_prefix_caching_args``);
+    #: the run's assembly applies it to a ``[kv_cache]`` table that leaves the key out
+    kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
 
     @staticmethod
     def gpu_defaults(gpu, table: dict) -> dict:

@@ -291,6 +291,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
     tables = {**tables, "scheduler": _with_gpu_defaults(ctx, tables)}
+    tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
     if _unmodelled_ahead(speculative, parallelism, disaggregated) is not None:
         tables = {**tables, "scheduler": _synchronous_if_auto(ctx, tables["scheduler"])}
     parts = []
@@ -323,13 +324,31 @@ def _with_gpu_defaults(ctx: Context, tables: dict) -> dict:
     device). An unknown kind or GPU is left for the components themselves to report."""
     table = tables["scheduler"]
     name = run_gpu(tables)
-    registry = ctx.catalog["scheduler"]
-    if name is None or table.get("kind") not in registry:
-        return table
-    pick = getattr(registry.get(table["kind"]).config, "gpu_defaults", None)
-    if pick is None or name not in ctx.presets.gpu_names():
+    pick = getattr(_config_class(ctx, "scheduler", table), "gpu_defaults", None)
+    if name is None or pick is None or name not in ctx.presets.gpu_names():
         return table
     return {**pick(ctx.presets.gpu(name), table), **table}
+
+
+def _config_class(ctx: Context, component: str, table: dict):
+    """The config class of ``table``'s kind (None: unknown kind, or none)."""
+    registry = ctx.catalog[component]
+    if table.get("kind") not in registry:
+        return None
+    return registry.get(table["kind"]).config
+
+
+def _with_engine_kv_defaults(ctx: Context, tables: dict) -> dict:
+    """The run's ``[kv_cache]`` table with what its scheduler's engine turns on in the cache by
+    default (an optional ``kv_cache_defaults`` dict on the scheduler's config class, as the
+    ``vllm`` preset's prefix caching), for the keys the table leaves out and its kind has."""
+    table = tables["kv_cache"]
+    engine = getattr(_config_class(ctx, "scheduler", tables["scheduler"]), "kv_cache_defaults", None)
+    cache = _config_class(ctx, "kv_cache", table)
+    if not engine or cache is None or not attrs.has(cache):
+        return table
+    fields = attrs.fields_dict(cache)
+    return {**{k: v for k, v in engine.items() if k in fields and k not in table}, **table}
 
 
 def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool) -> str | None:
@@ -349,9 +368,9 @@ def _synchronous_if_auto(ctx: Context, table: dict) -> dict:
     resolved to false: the run uses something planning ahead is not modelled with, and vLLM
     too schedules synchronously where it does not support planning ahead. A value set to true
     is kept, for :func:`_check_async_scheduling` to refuse by name."""
-    if table.get("async_scheduling", "auto") != "auto" or table.get("kind") not in ctx.catalog["scheduler"]:
+    if table.get("async_scheduling", "auto") != "auto":
         return table
-    config = ctx.catalog["scheduler"].get(table["kind"]).config
+    config = _config_class(ctx, "scheduler", table)
     if config is None or not attrs.has(config) or "async_scheduling" not in attrs.fields_dict(config):
         return table
     return {**table, "async_scheduling": False}

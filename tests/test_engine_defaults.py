@@ -1,10 +1,12 @@
-"""Scheduler settings that depend on the run's GPU, as the engines pick them when not given.
+"""What the engine presets turn on when a run does not say: settings that depend on the run's
+GPU, as the engines pick them, and the ``vllm`` preset's prefix caching.
 
 The ``vllm`` preset's batch, as vLLM's API server sizes it (``EngineArgs.get_batch_defaults``,
 vLLM 0.33): 2,048 tokens / 256 sequences, 8,192 / 1,024 on a GPU of 70 GiB or more that is no
 A100, 16,384 / 1,024 from 160 GiB; a defaulted ``max_num_seqs`` never exceeds the token budget.
 The ``sglang`` scheduler's ``chunked_prefill_size``, as SGLang 0.5.23 sizes it by the device's
-memory. A table's own values win."""
+memory. vLLM V1 caches prefixes unless ``--no-enable-prefix-caching``: the ``vllm`` preset turns
+``prefix_caching`` on in a ``paged`` cache that leaves it out. A table's own values win."""
 
 from __future__ import annotations
 
@@ -113,3 +115,25 @@ def test_an_sglang_run_on_an_a100_40gb_chunks_by_4096(tmp_path):
                                                                                        'kind = "sglang"'))
     exp = load(path)
     assert assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config.chunked_prefill_size == 4096
+
+
+def _kv(tmp_path, scheduler_kind: str, kv_extra: str = ""):
+    path = tmp_path / "exp.toml"
+    text = textwrap.dedent(RUN.format(gpu="a100-80gb", scheduler="")).replace('kind = "vllm"',
+                                                                             f'kind = "{scheduler_kind}"')
+    path.write_text(text.replace('kind = "paged"', 'kind = "paged"\n' + kv_extra))
+    exp = load(path)
+    return assemble(exp.studies[0].base, exp.context, "x").instances[0][2]
+
+
+def test_the_vllm_preset_caches_prefixes_unless_told_not_to(tmp_path):
+    kv = _kv(tmp_path, "vllm")
+    assert kv.prefix_caching
+    kv = _kv(tmp_path, "vllm", "prefix_caching = false")
+    assert not kv.prefix_caching
+    for other in ("continuous", "vllm-v0", "orca"):  # vLLM V0 and the rest: off, as before
+        kv = _kv(tmp_path, other)
+        assert not kv.prefix_caching, other
+    # a host tier needs the prefix cache: with the vllm preset it needs no more than the tier
+    kv = _kv(tmp_path, "vllm", "host_blocks = 64")
+    assert kv.prefix_caching and kv.host is not None
