@@ -1,8 +1,9 @@
 """Engine presets: the ``continuous`` scheduler with each engine's defaults (engines.md §1, §2, §5, §6).
 
 * ``vllm``    -- vLLM V1: blocks allocated as tokens are computed, recompute preemption of the
-  newest request, chunked prefill on, prefix caching on (a ``paged`` cache's default with it), vLLM's API-server budget for the run's GPU (2,048 tokens /
-  256 sequences; 8,192 / 1,024 from 70 GiB but on an A100; 16,384 / 1,024 from 160 GiB),
+  newest request, chunked prefill on, prefix caching on (a ``paged`` cache's default with it),
+  vLLM's API-server budget for the run's GPU (2,048 tokens / 256 sequences; 8,192 / 1,024 from
+  70 GiB but on an A100; 16,384 / 1,024 from 160 GiB),
   asynchronous scheduling where it is modelled (``async_scheduling = "auto"``: vLLM's default
   since 0.13, vllm-project/vllm PR #27614; ``false`` for earlier versions).
 * ``vllm-v0`` -- vLLM V0: prefill-first iterations (a step with prompts skips decodes), whole

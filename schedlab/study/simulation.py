@@ -308,7 +308,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     return parts
 
 
-def run_gpu(tables: dict) -> str | None:
+def _run_gpu(tables: dict) -> str | None:
     """The GPU a run names: its ``[kv_cache]`` or ``[cost_model]`` ``gpu``."""
     for kind in ("kv_cache", "cost_model"):
         gpu = tables.get(kind, {}).get("gpu")
@@ -323,7 +323,7 @@ def _with_gpu_defaults(ctx: Context, tables: dict) -> dict:
     the config class, as the ``vllm`` preset has (vLLM's API server sizes its batch by the
     device). An unknown kind or GPU is left for the components themselves to report."""
     table = tables["scheduler"]
-    name = run_gpu(tables)
+    name = _run_gpu(tables)
     pick = getattr(_config_class(ctx, "scheduler", table), "gpu_defaults", None)
     if name is None or pick is None or name not in ctx.presets.gpu_names():
         return table
