@@ -169,6 +169,20 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
      "counted). Attention FLOPs taken at head_dim 128 (MLA's prefill: 192 for QK, 128 for V)"),
 )
 
+#: each preset's context length, config.json ``max_position_embeddings`` of its ``hf_id``
+#: (vLLM's default ``max_model_len``; the long-context models' configs already hold their rope-
+#: scaled length: Llama-3.1/3.2/3.3 131,072, gpt-oss 131,072, DeepSeek-V3 163,840)
+CONTEXT_LENGTHS = {
+    "llama-2-7b": 4096, "llama-2-13b": 4096, "llama-2-70b": 4096, "codellama-34b": 16384,
+    "llama-3-8b": 8192, "llama-3-70b": 8192, "llama-3.3-70b": 131072, "mistral-7b": 32768,
+    "mixtral-8x7b": 32768, "mixtral-8x22b": 65536, "qwen2.5-7b": 131072, "qwen2.5-72b": 131072,
+    "llama-3.2-1b": 131072, "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 262144,
+    "qwen3-0.6b": 40960, "qwen3-1.7b": 40960, "qwen3-4b": 40960, "qwen3-8b": 40960, "qwen3-14b": 40960,
+    "qwen3-235b-a22b": 40960, "gpt-oss-20b": 131072, "gpt-oss-120b": 131072, "deepseek-v3": 163840,
+}
+MODELS = tuple((attrs.evolve(spec, max_position_embeddings=CONTEXT_LENGTHS[spec.name]),
+                f"{note}; context {CONTEXT_LENGTHS[spec.name]:,} tokens") for spec, note in MODELS)
+
 #: (spec, source note) for every built-in GPU.
 GPUS: tuple[tuple[GpuSpec, str], ...] = (
     (GpuSpec("a100-40gb", memory_gib=40, hbm_bandwidth_gbps=1555, bf16_tflops=312, host_link_gbps=32),

@@ -109,6 +109,10 @@ class ModelSpec:
         None, min=1, optional=True, help="tokens a sliding-window layer attends to (config.json sliding_window)")
     sliding_window_layers: int = int_field(
         0, min=0, help="how many layers use the sliding window (gpt-oss: every other one; all of them: num_layers)")
+    max_position_embeddings: int | None = int_field(
+        None, min=1, optional=True,
+        help="the context length (config.json max_position_embeddings): vLLM's default max_model_len, SGLang's "
+             "context_length")
 
     def __attrs_post_init__(self) -> None:
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:

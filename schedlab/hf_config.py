@@ -160,12 +160,32 @@ def model_fields(config: dict, where: str) -> dict:
         fields["active_params"] = active
     if mla:
         fields["kv_latent_dim"] = mla + r.int("qk_rope_head_dim")
+    context = _context_length(r)
+    if context:
+        fields["max_position_embeddings"] = context
     fields.update(_sliding_window(r, family, layers))
     fields.update(_weight_bytes(r, where))
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
     return fields
+
+
+#: keys holding a model's context length, as vLLM reads them (the smallest one given)
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions",
+                "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def _context_length(r: _Reader) -> int | None:
+    """The context length vLLM derives its default ``max_model_len`` from: the smallest of
+    :data:`CONTEXT_KEYS` the file sets, or ``model_max_length`` when set (Cohere);
+    ``ModelArchConfigConvertor.derive_max_model_len_and_key``, vLLM 0.33."""
+    override = r.int("model_max_length", default=None)
+    if override:
+        return override
+    given = [r.int(key) for key in CONTEXT_KEYS]
+    given = [n for n in given if n]
+    return min(given) if given else None
 
 
 def _sliding_window(r: _Reader, family: str, layers: int) -> dict:
