@@ -45,6 +45,7 @@ def continuous_configs(draw):
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         priority_preemption=draw(st.booleans()),
         async_scheduling=preemption == "recompute" and draw(st.booleans()),
+        max_model_len=draw(st.sampled_from([0, 0, 0, 0, 48])),
     )
 
 

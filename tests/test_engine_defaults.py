@@ -56,18 +56,18 @@ def gpu(name: str, memory_gib: float) -> GpuSpec:
     (gpu("x", 160), 16384, 1024),
 ])
 def test_the_tiers(spec, budget, seqs):
-    assert VllmConfig.gpu_defaults(spec, {}) == {"max_num_batched_tokens": budget, "max_num_seqs": seqs}
+    assert VllmConfig.run_defaults(spec, None, {}) == {"max_num_batched_tokens": budget, "max_num_seqs": seqs}
 
 
 def test_given_values_win_and_a_defaulted_cap_stays_within_the_budget():
     h100 = gpu("h100-80gb", 80)
-    assert VllmConfig.gpu_defaults(h100, {"max_num_batched_tokens": 4096, "max_num_seqs": 64}) == {}
-    assert VllmConfig.gpu_defaults(h100, {"max_num_seqs": 64}) == {"max_num_batched_tokens": 8192}
+    assert VllmConfig.run_defaults(h100, None, {"max_num_batched_tokens": 4096, "max_num_seqs": 64}) == {}
+    assert VllmConfig.run_defaults(h100, None, {"max_num_seqs": 64}) == {"max_num_batched_tokens": 8192}
     # vLLM: max_num_seqs = min(default, max_num_batched_tokens) when it was not given
-    assert VllmConfig.gpu_defaults(h100, {"max_num_batched_tokens": 512}) == {"max_num_seqs": 512}
-    assert VllmConfig.gpu_defaults(gpu("l4", 24), {"max_num_batched_tokens": 128}) == {"max_num_seqs": 128}
+    assert VllmConfig.run_defaults(h100, None, {"max_num_batched_tokens": 512}) == {"max_num_seqs": 512}
+    assert VllmConfig.run_defaults(gpu("l4", 24), None, {"max_num_batched_tokens": 128}) == {"max_num_seqs": 128}
     # a wrong value is left for the field to report
-    assert VllmConfig.gpu_defaults(h100, {"max_num_batched_tokens": "many"}) == {}
+    assert VllmConfig.run_defaults(h100, None, {"max_num_batched_tokens": "many"}) == {}
 
 
 def _scheduler_config(tmp_path, gpu_name: str, scheduler: str = ""):
@@ -105,8 +105,8 @@ def test_other_schedulers_keep_their_defaults(tmp_path):
                                           (60, 8192), (80, 8192), (141, 8192), (159.9, 8192), (160, 16384),
                                           (180, 16384)])
 def test_sglang_sizes_its_chunks_by_the_gpus_memory(memory, size):
-    assert SglangConfig.gpu_defaults(gpu("x", memory), {}) == {"chunked_prefill_size": size}
-    assert SglangConfig.gpu_defaults(gpu("x", memory), {"chunked_prefill_size": 0}) == {}
+    assert SglangConfig.run_defaults(gpu("x", memory), None, {}) == {"chunked_prefill_size": size}
+    assert SglangConfig.run_defaults(gpu("x", memory), None, {"chunked_prefill_size": 0}) == {}
 
 
 def test_an_sglang_run_on_an_a100_40gb_chunks_by_4096(tmp_path):

@@ -99,6 +99,9 @@ class ContinuousConfig:
     interactive_class: str = interactive_class_field()
     interactive_wait_ms: float = interactive_wait_ms_field()
     async_scheduling: bool | str = async_scheduling_field(False)
+    max_model_len: int = int_field(
+        0, min=0, help="longest sequence served, prompt + output (vLLM --max-model-len): a longer prompt is rejected, "
+                       "max_tokens cut to what is left (0 = no limit; the vllm preset: the model's context length)")
 
     def __attrs_post_init__(self):
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -147,6 +150,8 @@ class ContinuousScheduler:
         self._swapped_in: list = []
         #: engines plan each batch while the one before it runs (schedlab.engine.ahead)
         self.plans_ahead = self.config.plans_ahead
+        if self.config.max_model_len:  # (the protocol's optional member; absent: nothing to cut)
+            self.limit_request = self._limit_request
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
@@ -156,6 +161,9 @@ class ContinuousScheduler:
 
     def rejection_reason(self, request, kv) -> str | None:
         c = self.config
+        if c.max_model_len and request.prompt_tokens >= c.max_model_len:
+            return (f"prompt of {request.prompt_tokens} tokens leaves no room for an output token within "
+                    f"max_model_len ({c.max_model_len})")
         if not c.chunked_prefill and request.prompt_tokens > c.max_num_batched_tokens:
             return (f"prompt of {request.prompt_tokens} tokens exceeds max_num_batched_tokens "
                     f"({c.max_num_batched_tokens}) and chunked prefill is off")
@@ -166,6 +174,16 @@ class ContinuousScheduler:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
                     f"{request.max_output_tokens}) but the cache has {usable}")
         return None
+
+    def _limit_request(self, request):
+        """``request`` as the engine serves it: ``max_tokens`` cut to ``max_model_len - prompt``
+        when longer (vLLM's ``get_max_tokens``). The protocol's optional ``limit_request``,
+        set only with a ``max_model_len``: the engines call it on arrival, before
+        :meth:`rejection_reason`."""
+        room = self.config.max_model_len - request.prompt_tokens
+        if room < 1 or request.max_output_tokens <= room:
+            return request
+        return attrs.evolve(request, max_tokens=room)
 
     def kv_reservation(self, request) -> int:
         """KV tokens held from admission: ``prompt + max_tokens`` with ``allocation = "reserve"``

@@ -3,7 +3,8 @@
 * ``vllm``    -- vLLM V1: blocks allocated as tokens are computed, recompute preemption of the
   newest request, chunked prefill on, prefix caching on (a ``paged`` cache's default with it),
   vLLM's API-server budget for the run's GPU (2,048 tokens / 256 sequences; 8,192 / 1,024 from
-  70 GiB but on an A100; 16,384 / 1,024 from 160 GiB),
+  70 GiB but on an A100; 16,384 / 1,024 from 160 GiB), ``max_model_len`` the run's model's
+  context length (prompts that long rejected, ``max_tokens`` cut to the rest),
   asynchronous scheduling where it is modelled (``async_scheduling = "auto"``: vLLM's default
   since 0.13, vllm-project/vllm PR #27614; ``false`` for earlier versions).
 * ``vllm-v0`` -- vLLM V0: prefill-first iterations (a step with prompts skips decodes), whole
@@ -46,26 +47,44 @@ class VllmConfig(ContinuousConfig):
     kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
 
     @staticmethod
-    def gpu_defaults(gpu, table: dict) -> dict:
-        """The settings vLLM's API server picks on ``gpu`` for those ``table`` leaves out
-        (``EngineArgs.get_batch_defaults``, vLLM 0.33): 16,384 tokens and 1,024 sequences from
-        160 GiB (B200), 8,192 and 1,024 from 70 GiB but on an A100 (H100, H200, RTX PRO 6000:
-        "setting large max_num_batched_tokens for A100 reduces throughput", PR #17885), else
-        2,048 and 256; a defaulted ``max_num_seqs`` is at most the token budget, as vLLM caps
-        it. The run's assembly applies them (:mod:`schedlab.study.simulation`)."""
-        if gpu.memory_gib >= 160:
+    def run_defaults(gpu, model, table: dict) -> dict:
+        """The settings vLLM picks for those ``table`` leaves out, on the run's ``gpu`` and
+        ``model`` (either may be None: not named in the run):
+
+        * ``max_model_len``: the model's context length (``max_position_embeddings``);
+        * the API server's batch by the device (``EngineArgs.get_batch_defaults``, vLLM 0.33):
+          16,384 tokens and 1,024 sequences from 160 GiB (B200), 8,192 and 1,024 from 70 GiB
+          but on an A100 (H100, H200, RTX PRO 6000: "setting large max_num_batched_tokens for
+          A100 reduces throughput", PR #17885), else 2,048 and 256;
+        * without chunked prefill, a token budget of at least ``max_model_len`` (vLLM:
+          ``max(max_model_len, default)``, so that every prompt it accepts fits one step);
+        * a defaulted ``max_num_seqs`` at most the token budget, as vLLM caps it.
+
+        The run's assembly applies them (:mod:`schedlab.study.simulation`)."""
+        out = {}
+        if model is not None and model.max_position_embeddings and "max_model_len" not in table:
+            out["max_model_len"] = model.max_position_embeddings
+        if gpu is None:
+            budget, seqs = 2048, 256
+        elif gpu.memory_gib >= 160:
             budget, seqs = 16384, 1024
         elif gpu.memory_gib >= 70 and "a100" not in gpu.name.lower():
             budget, seqs = 8192, 1024
         else:
             budget, seqs = 2048, 256
-        out = {}
-        if "max_num_batched_tokens" not in table:
+        context = table.get("max_model_len", out.get("max_model_len", 0))
+        if table.get("chunked_prefill") is False and _whole(context):
+            budget = max(budget, context)
+        if "max_num_batched_tokens" not in table and (gpu is not None or budget != 2048):
             out["max_num_batched_tokens"] = budget
         given = table.get("max_num_batched_tokens", budget)
-        if "max_num_seqs" not in table and isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        if "max_num_seqs" not in table and _whole(given) and given > 0:
             out["max_num_seqs"] = min(seqs, given)
         return out
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @attrs.frozen

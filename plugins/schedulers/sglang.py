@@ -121,12 +121,13 @@ class SglangConfig:
             raise FieldError("enable_mixed_chunk", "needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
 
     @staticmethod
-    def gpu_defaults(gpu, table: dict) -> dict:
+    def run_defaults(gpu, model, table: dict) -> dict:
         """``chunked_prefill_size`` as SGLang 0.5.23 picks it by the device's memory when it is not
         given (``arg_groups/memory_hook.py``, ``_handle_gpu_memory_settings``): 2,048 tokens
         under 20 GiB (T4), 4,096 under 60 (A10, RTX 4090, A100 40GB, L40S), 8,192 under 160
-        (A100 80GB, H100, H200), else 16,384 (B200, MI300). The run's assembly applies it."""
-        if "chunked_prefill_size" in table:
+        (A100 80GB, H100, H200), else 16,384 (B200, MI300). The run's assembly applies it
+        (``gpu`` None: no GPU named, the field's default stays)."""
+        if "chunked_prefill_size" in table or gpu is None:
             return {}
         memory = gpu.memory_gib
         size = 2048 if memory < 20 else 4096 if memory < 60 else 8192 if memory < 160 else 16384

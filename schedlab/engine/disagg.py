@@ -269,6 +269,8 @@ class DisaggregatedCluster:
                             scaling.prefill if scaling is not None else None, request, request.arrival_ms)
         if scaling is not None:
             scaling.arrived(request.arrival_ms)
+        if target.limit_request is not None:  # as the prefill instance serves it (max_model_len)
+            request = target.limit_request(request)
         first = prefill_request(request)
         reason = (target._rejection_reason(first, target.kv)
                   or self._decode_reason(request, self.decode[0].kv))  # the decode pool is uniform

@@ -185,6 +185,7 @@ class Instance:
         self.anchor_high: list = []
         self.anchor_low: list = []
         self._rejection_reason = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
+        self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
         self._on_finish = getattr(scheduler, "on_finish", None)
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
@@ -217,6 +218,8 @@ class Instance:
     def arrive(self, request, seq_no: int) -> Sequence | None:
         """Queue ``request`` (which has arrived by now), or reject it if it can never be served,
         or abort it if its client has already given up."""
+        if self.limit_request is not None:
+            request = self.limit_request(request)
         seq = Sequence(request, seq_no, self.clock)
         reason = self._rejection_reason(request, self.kv)
         if not reason and self.spec is not None:

@@ -386,6 +386,7 @@ class ReferenceEngine:
         self.on_request_done = None  # called with (request, time) when a request leaves the run
         self.sleep_until: float | None = None  # asleep (empty plan): its wake-up time (inf: none)
         self.reason_of = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
+        self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
         self.serial = 0
         self.empty_plans = 0
         self.no_progress = 0
@@ -453,6 +454,8 @@ class ReferenceEngine:
 
     def arrive(self, request, seq_no: int, reason: str | None = None) -> RefSequence | None:
         """Queue an arrived ``request``, or reject it (with ``reason``, or when it can never fit)."""
+        if self.limit_request is not None:
+            request = self.limit_request(request)
         seq = RefSequence(request, seq_no)
         reason = reason or self.reason_of(request, self.kv)
         if not reason and self.spec is not None:

@@ -463,6 +463,8 @@ class DisaggregatedReference(ReferenceCluster):
         if scaling is not None:
             scaling.arrived(t)
         inst.wake(t)
+        if inst.limit_request is not None:  # as the prefill instance serves it (max_model_len)
+            request = inst.limit_request(request)
         first = prefill_request(request)
         decode0 = self.decode[0]
         reason = (inst.reason_of(first, inst.kv)

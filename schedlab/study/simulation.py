@@ -290,7 +290,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
                      parallelism: Parallelism = SINGLE, disaggregated: bool = False) -> list[tuple]:
     """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
-    tables = {**tables, "scheduler": _with_gpu_defaults(ctx, tables)}
+    tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
     tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
     if _unmodelled_ahead(speculative, parallelism, disaggregated) is not None:
         tables = {**tables, "scheduler": _synchronous_if_auto(ctx, tables["scheduler"])}
@@ -308,26 +308,29 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     return parts
 
 
-def _run_gpu(tables: dict) -> str | None:
-    """The GPU a run names: its ``[kv_cache]`` or ``[cost_model]`` ``gpu``."""
+def _run_named(tables: dict, key: str) -> str | None:
+    """The GPU or model a run names: its ``[kv_cache]`` or ``[cost_model]`` ``gpu`` / ``model``."""
     for kind in ("kv_cache", "cost_model"):
-        gpu = tables.get(kind, {}).get("gpu")
-        if isinstance(gpu, str):
-            return gpu
+        name = tables.get(kind, {}).get(key)
+        if isinstance(name, str):
+            return name
     return None
 
 
-def _with_gpu_defaults(ctx: Context, tables: dict) -> dict:
+def _with_run_defaults(ctx: Context, tables: dict) -> dict:
     """The run's scheduler table with the settings its kind's config picks for the run's GPU
-    where the table leaves them out: an optional ``gpu_defaults(gpu_spec, table) -> dict`` on
-    the config class, as the ``vllm`` preset has (vLLM's API server sizes its batch by the
-    device). An unknown kind or GPU is left for the components themselves to report."""
+    and model where the table leaves them out: an optional ``run_defaults(gpu_spec, model_spec,
+    table) -> dict`` on the config class (either spec None when the run names none, or one
+    unknown), as the ``vllm`` preset has (vLLM sizes its batch by the device and its context by
+    the model). An unknown kind, GPU or model is left for the components themselves to report."""
     table = tables["scheduler"]
-    name = _run_gpu(tables)
-    pick = getattr(_config_class(ctx, "scheduler", table), "gpu_defaults", None)
-    if name is None or pick is None or name not in ctx.presets.gpu_names():
+    pick = getattr(_config_class(ctx, "scheduler", table), "run_defaults", None)
+    if pick is None:
         return table
-    return {**pick(ctx.presets.gpu(name), table), **table}
+    gpu, model = _run_named(tables, "gpu"), _run_named(tables, "model")
+    gpu = ctx.presets.gpu(gpu) if gpu in ctx.presets.gpu_names() else None
+    model = ctx.presets.model(model) if model in ctx.presets.model_names() else None
+    return {**pick(gpu, model, table), **table}
 
 
 def _config_class(ctx: Context, component: str, table: dict):

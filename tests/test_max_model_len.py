@@ -1,0 +1,177 @@
+"""``max_model_len``: the longest sequence an engine serves (vLLM ``--max-model-len``).
+
+vLLM 0.33 rejects a prompt of ``max_model_len`` tokens or more (``InputProcessor``: "The decoder
+prompt (length N) is longer than the maximum model length"; at exactly ``max_model_len`` no
+output token fits) and cuts a request's ``max_tokens`` to ``max_model_len - prompt``
+(``get_max_tokens``). The ``vllm`` preset takes the model's context length
+(``max_position_embeddings``) when the run names a model; without chunked prefill its token
+budget is at least ``max_model_len`` (``max(max_model_len, default)``), so every prompt it
+accepts fits one step. Hand-computed cases, both engines, and the assembly's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedlab.hf_config import model_fields
+from schedlab.model import Request
+from schedlab.study.experiment import load, run_experiment
+from schedlab.study.simulation import assemble
+from schedlab.testing import check_run, compare_runs, examples, requests_lists, run_engine
+from schedlab_plugins.cost_models import LinearCostModel
+from schedlab_plugins.kv_caches import PagedKVCache
+from schedlab_plugins.presets import CONTEXT_LENGTHS, MODELS
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.schedulers.presets import VllmConfig
+
+
+def _run(requests, max_model_len: int, engine: str = "fast", **config):
+    settings = {"allocation": "grow", "chunked_prefill": True, **config}
+    scheduler = ContinuousScheduler(ContinuousConfig(max_model_len=max_model_len, **settings))
+    return run_engine(requests, scheduler, LinearCostModel(), PagedKVCache(400, 4), engine=engine)
+
+
+def _rows(result) -> dict:
+    req = result.requests
+    return {rid: (int(req["max_tokens"][i]), int(req["generated_tokens"][i]), bool(req["rejected"][i]))
+            for i, rid in enumerate(req["id"].tolist())}
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_long_prompts_are_rejected_and_outputs_cut_to_the_context_left(engine):
+    requests = [
+        Request(0, 0.0, prompt_tokens=100, output_tokens=5),                  # prompt = max_model_len: no room
+        Request(1, 1.0, prompt_tokens=99, output_tokens=5),                   # room for 1 token
+        Request(2, 2.0, prompt_tokens=60, output_tokens=30),                  # 90 <= 100: as asked
+        Request(3, 3.0, prompt_tokens=70, output_tokens=50),                  # cut to 30
+        Request(4, 4.0, prompt_tokens=70, output_tokens=10, max_tokens=50),  # finishes at 10 either way
+        Request(5, 5.0, prompt_tokens=150, output_tokens=1),                  # longer than the context
+        Request(6, 6.0, prompt_tokens=40, output_tokens=80, max_tokens=70),  # max_tokens 70 cut to 60
+    ]
+    result = _run(requests, 100, engine)
+    assert _rows(result) == {0: (5, 0, True), 1: (1, 1, False), 2: (30, 30, False), 3: (30, 30, False),
+                             4: (30, 10, False), 5: (1, 0, True), 6: (60, 60, False)}
+    assert set(result.rejections) == {0, 5}
+    assert "max_model_len (100)" in result.rejections[0]
+    assert result.counters["generated_tokens"] == 1 + 30 + 30 + 10 + 60
+    check_run(result, requests)
+
+
+def test_no_limit_serves_every_request_as_asked():
+    requests = [Request(0, 0.0, prompt_tokens=150, output_tokens=40)]
+    assert _rows(_run(requests, 0)) == {0: (40, 40, False)}
+    assert not hasattr(ContinuousScheduler(ContinuousConfig()), "limit_request")  # nothing for the engine to call
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(requests_lists(max_size=10, max_prompt=90, max_output=60, all_at_zero=False),
+       st.sampled_from([0, 2, 30, 64, 91]), st.booleans(), st.booleans())
+def test_both_engines_serve_within_the_context(requests, max_model_len, plans_ahead, chunked):
+    fast = _run(requests, max_model_len, "fast", async_scheduling=plans_ahead, chunked_prefill=chunked)
+    ref = _run(requests, max_model_len, "reference", async_scheduling=plans_ahead, chunked_prefill=chunked)
+    compare_runs(fast, ref, rel=1e-12)
+    check_run(fast, requests)
+    by_id = {r.id: r for r in requests}
+    for rid, (max_tokens, generated, rejected) in _rows(fast).items():
+        r = by_id[rid]
+        too_long = bool(max_model_len) and r.prompt_tokens >= max_model_len
+        assert rejected == too_long  # (the cache and the token budget hold every prompt drawn)
+        if not rejected:
+            assert generated == min(r.target_tokens, max_tokens)
+            assert not max_model_len or r.prompt_tokens + generated <= max_model_len
+            if not max_model_len or r.prompt_tokens + r.max_output_tokens <= max_model_len:
+                assert max_tokens == r.max_output_tokens
+
+
+RUN = """
+    [workload]
+    kind = "synthetic"
+    num_requests = 4
+    rate = 5
+    prompt = {{dist = "fixed", value = 100}}
+    output = {{dist = "fixed", value = 10}}
+    [scheduler]
+    kind = "{kind}"
+    {scheduler}
+    [cost_model]
+    kind = "roofline"
+    model = "{model}"
+    gpu = "{gpu}"
+    [kv_cache]
+    kind = "paged"
+    model = "{model}"
+    gpu = "{gpu}"
+"""
+
+
+def _config(tmp_path, *, kind="vllm", model="llama-2-7b", gpu="h100-80gb", scheduler=""):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(RUN.format(kind=kind, model=model, gpu=gpu, scheduler=scheduler)))
+    exp = load(path)
+    return assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config
+
+
+def test_the_vllm_preset_takes_the_models_context(tmp_path):
+    assert _config(tmp_path).max_model_len == 4096
+    assert _config(tmp_path, model="llama-3.1-8b").max_model_len == 131072
+    assert _config(tmp_path, scheduler="max_model_len = 2000").max_model_len == 2000
+    assert _config(tmp_path, kind="continuous").max_model_len == 0  # continuous: no limit unless set
+
+
+@pytest.mark.parametrize("model, gpu, scheduler, budget", [
+    ("llama-3.1-8b", "h100-80gb", "chunked_prefill = false", 131072),   # max(131,072, 8,192)
+    ("llama-2-7b", "h100-80gb", "chunked_prefill = false", 8192),       # max(4,096, 8,192)
+    ("llama-2-7b", "a100-80gb", "chunked_prefill = false", 4096),       # max(4,096, 2,048)
+    ("llama-2-7b", "a100-80gb", "chunked_prefill = false\nmax_model_len = 3000", 3000),
+    ("llama-3.1-8b", "h100-80gb", "", 8192),                            # chunked: the GPU's default
+    ("llama-3.1-8b", "h100-80gb", "chunked_prefill = false\nmax_num_batched_tokens = 4096", 4096),
+])
+def test_without_chunked_prefill_the_budget_holds_a_whole_context(tmp_path, model, gpu, scheduler, budget):
+    assert _config(tmp_path, model=model, gpu=gpu, scheduler=scheduler).max_num_batched_tokens == budget
+
+
+def test_without_a_gpu_the_defaults_follow_the_model_alone():
+    spec, note = next((spec, note) for spec, note in MODELS if spec.name == "llama-2-7b")
+    assert "context 4,096 tokens" in note
+    assert VllmConfig.run_defaults(None, spec, {}) == {"max_model_len": 4096, "max_num_seqs": 256}
+    assert VllmConfig.run_defaults(None, spec, {"chunked_prefill": False}) == {
+        "max_model_len": 4096, "max_num_batched_tokens": 4096, "max_num_seqs": 256}
+    assert VllmConfig.run_defaults(None, None, {"max_num_batched_tokens": 128}) == {"max_num_seqs": 128}
+
+
+def test_a_run_on_a_short_context_model_rejects_what_vllm_would(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(RUN.format(kind="vllm", model="llama-2-7b", gpu="h100-80gb", scheduler="")
+                                    .replace('value = 100}', 'value = 4000}', 1)))
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.metrics["requests"] == 4 and run.metrics["rejected"] == 0
+    assert run.requests["max_tokens"].tolist() == [10] * 4
+    path.write_text(path.read_text().replace('value = 10}', 'value = 200}'))
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.requests["max_tokens"].tolist() == [96] * 4      # 4,096 - 4,000
+    assert run.requests["generated_tokens"].tolist() == [96] * 4
+
+
+def test_every_preset_has_a_context_length():
+    assert {spec.name for spec, _ in MODELS} == set(CONTEXT_LENGTHS)
+    assert all(spec.max_position_embeddings == CONTEXT_LENGTHS[spec.name] for spec, _ in MODELS)
+
+
+BASE = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "vocab_size": 100, "intermediate_size": 128}
+
+
+@pytest.mark.parametrize("keys, context", [
+    ({"max_position_embeddings": 4096}, 4096),
+    ({}, None),
+    ({"n_positions": 2048, "max_position_embeddings": 4096}, 2048),       # vLLM: the smallest key
+    ({"max_position_embeddings": 8192, "model_max_length": 131072}, 131072),  # Cohere's override
+])
+def test_a_config_file_gives_its_context_length(keys, context):
+    fields = model_fields({**BASE, **keys}, "config.json")
+    assert fields.get("max_position_embeddings") == context
