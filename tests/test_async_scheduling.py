@@ -260,3 +260,68 @@ def test_auto_plans_ahead_unless_the_layout_is_not_modelled_with_it(tmp_path, se
     assert schedulers and all(s.plans_ahead == modelled for s in schedulers)
     run = run_experiment(load(path)).all_runs()[0]
     assert run.metrics["finished"] == 20 and run.meta["plans_ahead"] == modelled
+
+
+class _Seq:
+    """What :class:`schedlab.engine.ahead.Marks` keeps on a sequence."""
+
+    def __init__(self):
+        self.dec_tick = self.lag_tick = self.cache_lag = 0
+        self.decoding = False
+        self.left_since_batch = False
+
+
+class _Plan:
+    def __init__(self, decodes_all, decoded, prefills):
+        self.decodes_all, self.decoded, self.prefills = decodes_all, decoded, [(s, 1) for s in prefills]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["enter", "leave", "batch", "plan_all", "plan_some", "bulk"]),
+                          st.lists(st.integers(0, 5), max_size=4)), max_size=60))
+def test_the_fast_engines_lazy_marks_agree_with_the_sets_they_replace(events):
+    """``Marks`` (the fast engine) against what the reference engine keeps: the set of decoders at
+    the last batch end, and each scheduled sequence's lag written at every plan. Events follow the
+    engine's order: a sequence that stopped decoding starts again only after a batch ended (a
+    prefill's end, or a parked decoder put back after the batch), and a bulk run ends with its
+    batch."""
+    from schedlab.engine.ahead import Marks
+
+    marks, seqs, fresh, lag = Marks(), [_Seq() for _ in range(6)], set(), {}
+    for kind, picks in events:
+        chosen = [seqs[i] for i in dict.fromkeys(picks)]
+        if kind == "enter":
+            for s in chosen:
+                if not s.decoding and not s.left_since_batch:
+                    s.decoding = True
+                    marks.entered(s)
+        elif kind == "leave":
+            for s in chosen:
+                if s.decoding:
+                    assert marks.lag(s, True) == lag.get(s, 0)
+                    marks.left(s)
+                    s.decoding, s.left_since_batch = False, True
+        elif kind in ("batch", "bulk"):
+            fresh = {s for s in seqs if s.decoding}
+            marks.batch_ended()
+            for s in seqs:
+                s.left_since_batch = False
+            if kind == "bulk":
+                for s in fresh:
+                    lag[s] = 1
+                marks.bulk_ended()
+        elif kind in ("plan_all", "plan_some"):
+            decoders = [s for s in seqs if s.decoding] if kind == "plan_all" else [s for s in chosen if s.decoding]
+            prefills = [s for s in chosen if not s.decoding]
+            for s in decoders:
+                lag[s] = 1 if s in fresh else 0
+            for s in prefills:
+                lag[s] = 0
+            marks.planned(_Plan(kind == "plan_all", decoders, prefills))
+        for s in seqs:  # what a preemption would read now
+            if s.decoding:
+                assert marks.is_fresh(s, True) == (s in fresh)
+                assert marks.lag(s, True) == lag.get(s, 0)
+            else:
+                assert not marks.is_fresh(s, False)
+                assert s.cache_lag == lag.get(s, 0)

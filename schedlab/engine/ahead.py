@@ -173,3 +173,75 @@ class Ahead:
         self.held.clear()
         return out
 
+
+
+class Marks:
+    """The fast engine's view of which decoders a plan made ahead sees with their input token in
+    flight, without touching every running sequence at every step.
+
+    :class:`Ahead` ``fresh`` (the reference engine's) is the set of sequences decoding when the
+    last batch ended, and each sequence's ``cache_lag`` is set at every plan. Here one counter
+    orders every event -- a sequence starting to decode (``dec_tick``), the end of a batch
+    (:attr:`fresh_tick`), a plan, a sequence leaving the decoders -- and a sequence is fresh if
+    it is decoding and started before the last batch ended. A plan in which every decoder
+    decodes, and a bulk run's last iteration, record themselves once (:attr:`all_tick`: whoever
+    was decoding then has the lag of that moment); plans that pick their decoders, and prefills,
+    write the lag on the sequences they schedule (``lag_tick`` says when); a sequence leaving the
+    decoders keeps the lag it had then. Both views agree (``tests/test_differential.py``)."""
+
+    __slots__ = ("tick", "fresh_tick", "all_tick", "all_fresh")
+
+    def __init__(self):
+        self.tick = 1         # the next event's tick; sequences start at 0 (before everything)
+        self.fresh_tick = 0   # the last batch's end
+        self.all_tick = 0     # the last plan (or bulk run) in which every decoder decoded
+        self.all_fresh = 0    # ... and the batch end before it
+
+    def _next(self) -> int:
+        t = self.tick
+        self.tick = t + 1
+        return t
+
+    def entered(self, seq) -> None:
+        """``seq`` starts decoding."""
+        seq.dec_tick = self._next()
+
+    def is_fresh(self, seq, decoding: bool) -> bool:
+        """Whether ``seq`` (``decoding``: its status is, or was until it was just preempted) got
+        a token from the last batch: vLLM's placeholder stands for its input token."""
+        return decoding and seq.dec_tick < self.fresh_tick
+
+    def lag(self, seq, decoding: bool) -> int:
+        """``seq``'s ``cache_lag``: 1 if its input token was in flight when it was last scheduled."""
+        if decoding and seq.dec_tick < self.all_tick and seq.lag_tick < self.all_tick:
+            return 1 if seq.dec_tick < self.all_fresh else 0
+        return seq.cache_lag
+
+    def left(self, seq) -> None:
+        """``seq`` (decoding) leaves the decoders: it keeps the lag it has now."""
+        seq.cache_lag = self.lag(seq, True)
+        seq.lag_tick = self._next()
+
+    def batch_ended(self) -> None:
+        """The batch in progress ended: the sequences decoding now got a token from it."""
+        self.fresh_tick = self._next()
+
+    def planned(self, plan) -> None:
+        """A plan made ahead: its decoders' input tokens are in flight if they are fresh; its
+        prefills' are not."""
+        t = self._next()
+        if plan.decodes_all:
+            self.all_tick, self.all_fresh = t, self.fresh_tick
+        else:
+            fresh = self.fresh_tick
+            for seq in plan.decoded:
+                seq.cache_lag = 1 if seq.dec_tick < fresh else 0
+                seq.lag_tick = t
+        for seq, _ in plan.prefills:
+            seq.cache_lag = 0
+            seq.lag_tick = t
+
+    def bulk_ended(self) -> None:
+        """A bulk run ended (after :meth:`batch_ended`): every decoder of its last iteration
+        was planned with its input token in flight."""
+        self.all_tick = self.all_fresh = self.fresh_tick

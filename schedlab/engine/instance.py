@@ -21,7 +21,7 @@ from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk
-from .ahead import Ahead, AheadRunning, cached_tokens_at_preemption, plans_ahead
+from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, plans_ahead
 from .clock import check_iteration_end
 from .load import Release, load
 from .plan import FastPlan
@@ -168,8 +168,10 @@ class Instance:
         # Asynchronous scheduling (schedlab.engine.ahead): each plan is made while the batch
         # before it runs; bulk runs only from settled plans.
         self.ahead = Ahead() if plans_ahead(scheduler) else None
+        self.marks = None  # which decoders' input tokens are in flight at a plan, kept lazily
         if self.ahead is not None:
             self.running_view = AheadRunning(self.running, self.ahead.held)
+            self.marks = Marks()
         # Speculative steps draw each sequence's tokens: no two are alike, so no bulk runs.
         self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None
@@ -327,6 +329,8 @@ class Instance:
     # -- decode-set bookkeeping ---------------------------------------------------------------
     def _add_decoder(self, seq: Sequence) -> None:
         seq.start_decoding()
+        if self.marks is not None:
+            self.marks.entered(seq)
         self.n_decoding += 1
         self.ctx_offset += seq.anchor + 1
         if not seq.reserved_tokens and self.track_growth:
@@ -345,6 +349,8 @@ class Instance:
 
     def _remove_decoder(self, seq: Sequence, status: str) -> None:
         anchor = seq.anchor
+        if self.marks is not None:
+            self.marks.left(seq)
         seq.stop_decoding(status)
         if self.meter is not None:
             seq.energy_j += self.meter.per_decoder - seq.energy_anchor
@@ -457,7 +463,8 @@ class Instance:
         else:  # held: up to the slots allocated this iteration; cached: the tokens vLLM knew (engine.ahead)
             held = seq._computed + pending
             seq._computed = cached_tokens_at_preemption(seq._computed, pending, scheduled_decode,
-                                                        seq in self.ahead.fresh, seq.cache_lag)
+                                                        self.marks.is_fresh(seq, status == DECODING),
+                                                        seq.cache_lag)
             if held > seq.reserved_tokens:
                 seq.reserved_tokens = held
         self.kv.free(seq, preempted=True)
@@ -521,12 +528,7 @@ class Instance:
             plan = self._plan()
         finally:
             self.now = end
-        fresh = ahead.fresh  # whose slot this plan took for a token still being computed
-        decoders = [s for s in self.running if s.status == DECODING] if plan.decodes_all else plan.decoded
-        for seq in decoders:
-            seq.cache_lag = 1 if seq in fresh else 0
-        for seq, _ in plan.prefills:
-            seq.cache_lag = 0
+        self.marks.planned(plan)  # whose slot this plan took for a token still being computed
         # the next plan sees the arrivals left over, and a finished request's slot and blocks
         # freed for a waiting one: it may differ, so no bulk run from here
         ahead.settled = not ahead.deferred and not (ahead.held and self.waiting)
@@ -889,8 +891,8 @@ class Instance:
             step, _, seq = heapq.heappop(heap)
             if seq.status == DECODING and seq.finish_step == step:
                 self._finish(seq, end)
-        if self.ahead is not None:  # the sequences this iteration gave a token (engine.ahead)
-            self.ahead.fresh = {s for s in self.running if s.status == DECODING}
+        if self.ahead is not None:  # the sequences decoding now got a token from it (engine.ahead)
+            self.marks.batch_ended()
         for seq in parked:
             self._add_decoder(seq)
             self.off_cycle[seq] = seq.last_token_ms
@@ -900,8 +902,7 @@ class Instance:
         if self.ahead is not None:  # (the next plan is made when this run's last iteration started)
             self.ahead.ran(start + bulk.run_ms(k - 1, d0, inc) if k > 1 else start, end)
             if k > 1:  # each decoder's input token of the last iteration was in flight at its plan
-                for seq in self.ahead.fresh:
-                    seq.cache_lag = 1
+                self.marks.bulk_ended()
         if progress:
             self.since_progress = 0
         else:
