@@ -70,16 +70,18 @@ def test_no_limit_serves_every_request_as_asked():
 
 @settings(max_examples=examples(100), deadline=None)
 @given(requests_lists(max_size=10, max_prompt=90, max_output=60, all_at_zero=False),
-       st.sampled_from([0, 2, 30, 64, 91]), st.booleans(), st.booleans())
-def test_both_engines_serve_within_the_context(requests, max_model_len, plans_ahead, chunked):
-    fast = _run(requests, max_model_len, "fast", async_scheduling=plans_ahead, chunked_prefill=chunked)
-    ref = _run(requests, max_model_len, "reference", async_scheduling=plans_ahead, chunked_prefill=chunked)
+       st.sampled_from([0, 2, 30, 64, 91]), st.booleans(), st.booleans(), st.sampled_from(["cut", "reject"]))
+def test_both_engines_serve_within_the_context(requests, max_model_len, plans_ahead, chunked, overflow):
+    settings = dict(async_scheduling=plans_ahead, chunked_prefill=chunked, context_overflow=overflow)
+    fast = _run(requests, max_model_len, "fast", **settings)
+    ref = _run(requests, max_model_len, "reference", **settings)
     compare_runs(fast, ref, rel=1e-12)
     check_run(fast, requests)
     by_id = {r.id: r for r in requests}
     for rid, (max_tokens, generated, rejected) in _rows(fast).items():
         r = by_id[rid]
-        too_long = bool(max_model_len) and r.prompt_tokens >= max_model_len
+        too_long = bool(max_model_len) and (r.prompt_tokens >= max_model_len or (
+            overflow == "reject" and r.max_tokens is not None and r.prompt_tokens + r.max_tokens > max_model_len))
         assert rejected == too_long  # (the cache and the token budget hold every prompt drawn)
         if not rejected:
             assert generated == min(r.target_tokens, max_tokens)
@@ -175,3 +177,17 @@ BASE = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_a
 def test_a_config_file_gives_its_context_length(keys, context):
     fields = model_fields({**BASE, **keys}, "config.json")
     assert fields.get("max_position_embeddings") == context
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_vllm_before_0_33_rejects_what_does_not_fit_its_own_max_tokens(engine):
+    """vLLM 0.13-0.2x took a client's max_tokens as a reservation: prompt + max_tokens beyond
+    max_model_len was a 400 (vllm-project/vllm#42474); without max_tokens the rest is cut."""
+    requests = [Request(0, 0.0, prompt_tokens=70, output_tokens=10, max_tokens=50),   # 120 > 100: rejected
+                Request(1, 1.0, prompt_tokens=70, output_tokens=50),                  # no max_tokens: cut to 30
+                Request(2, 2.0, prompt_tokens=50, output_tokens=20, max_tokens=50)]   # 100: fits
+    result = _run(requests, 100, engine, context_overflow="reject")
+    assert _rows(result) == {0: (50, 0, True), 1: (30, 30, False), 2: (50, 20, False)}
+    assert "context_overflow is 'reject'" in result.rejections[0]
+    cut = _run(requests, 100, engine)
+    assert _rows(cut) == {0: (30, 10, False), 1: (30, 30, False), 2: (50, 20, False)}

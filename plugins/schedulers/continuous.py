@@ -102,6 +102,11 @@ class ContinuousConfig:
     max_model_len: int = int_field(
         0, min=0, help="longest sequence served, prompt + output (vLLM --max-model-len): a longer prompt is rejected, "
                        "max_tokens cut to what is left (0 = no limit; the vllm preset: the model's context length)")
+    context_overflow: str = str_field(
+        "cut", choices=("cut", "reject"),
+        help="a request whose prompt + its client's max_tokens exceeds max_model_len: 'cut' max_tokens to what is "
+             "left (vLLM 0.33, PR #57035) or 'reject' it (vLLM 0.13-0.2x: 400 \"maximum context length\"); without a "
+             "max_tokens of its own it is cut either way")
 
     def __attrs_post_init__(self):
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -164,6 +169,10 @@ class ContinuousScheduler:
         if c.max_model_len and request.prompt_tokens >= c.max_model_len:
             return (f"prompt of {request.prompt_tokens} tokens leaves no room for an output token within "
                     f"max_model_len ({c.max_model_len})")
+        if (c.max_model_len and c.context_overflow == "reject" and request.max_tokens is not None
+                and request.prompt_tokens + request.max_tokens > c.max_model_len):
+            return (f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} exceeds max_model_len "
+                    f"({c.max_model_len}) and context_overflow is 'reject'")
         if not c.chunked_prefill and request.prompt_tokens > c.max_num_batched_tokens:
             return (f"prompt of {request.prompt_tokens} tokens exceeds max_num_batched_tokens "
                     f"({c.max_num_batched_tokens}) and chunked prefill is off")
@@ -183,6 +192,8 @@ class ContinuousScheduler:
         room = self.config.max_model_len - request.prompt_tokens
         if room < 1 or request.max_output_tokens <= room:
             return request
+        if request.max_tokens is not None and self.config.context_overflow == "reject":
+            return request  # (rejected: rejection_reason)
         return attrs.evolve(request, max_tokens=room)
 
     def kv_reservation(self, request) -> int:
