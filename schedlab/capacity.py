@@ -522,6 +522,13 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         f"  blocks              {_gib(s.kv_pool_bytes)} // {_num(s.bytes_per_block / MIB)} MiB = {s.num_blocks}",
         f"  tokens              {s.num_blocks} blocks x {s.block_size} = {s.tokens} tokens",
     ]
+    context = m.max_position_embeddings
+    if context:  # vLLM checks at start-up that one sequence of max_model_len fits (kv_cache_planning.py)
+        if context <= s.tokens:
+            lines.append(f"  context             {context} tokens (vLLM's default max_model_len) fit in the pool")
+        else:
+            lines.append(f"  context             {context} tokens (vLLM's default max_model_len) do not fit in the "
+                         f"pool: vLLM refuses to start unless --max-model-len <= {s.tokens}")
     fits: dict[str, tuple[int, int]] = {}
     for label, length in (("average", avg_tokens), ("p99", p99_tokens)):
         if length is None:
@@ -529,7 +536,8 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         n = concurrency(s, length)
         fits[label] = (length, n)
         lines.append(f"  fit at {label:<7}      {length} tokens = {_ceil_div(length, s.block_size)} blocks each "
-                     f"-> {n} sequences")
+                     f"-> {n} sequences" + (f" (longer than the model's context, {context}: vLLM cuts or "
+                                            "rejects such requests)" if context and length > context else ""))
     if "average" in fits and "p99" in fits:
         (_, n_avg), (p99_len, n_p99) = fits["average"], fits["p99"]
         if n_p99 == 0:

@@ -193,6 +193,19 @@ def test_format_capacity_when_a_p99_sequence_does_not_fit():
     assert "not even one" in text
 
 
+def test_the_models_context_against_the_pool():
+    """vLLM's start-up check: one max_model_len sequence must fit in the pool (2,632 blocks of 16
+    tokens for Llama-3.1-8B on an L4 = 42,112 tokens, against its 131,072-token context)."""
+    l4 = format_capacity(size_kv_cache(MODEL["llama-3.1-8b"], GPU["l4"], activation_reserve_gib=1.5), p99_tokens=200_000)
+    assert "131072 tokens (vLLM's default max_model_len) do not fit in the pool" in l4
+    assert "--max-model-len <= 42112" in l4
+    assert "longer than the model's context, 131072" in l4
+    a100 = format_capacity(size_kv_cache(MODEL["llama-2-7b"], GPU["a100-80gb"], activation_reserve_gib=1.5),
+                           avg_tokens=4096, p99_tokens=4097)
+    assert "4096 tokens (vLLM's default max_model_len) fit in the pool" in a100
+    assert a100.count("longer than the model's context") == 1  # the p99 only (4,097 > 4,096)
+
+
 def test_capacity_command_with_argparse(catalog):
     parser = argparse.ArgumentParser()
     add_capacity_arguments(parser)
@@ -201,7 +214,7 @@ def test_capacity_command_with_argparse(catalog):
     text = capacity_command(args, catalog)
     assert "= 28437" in text and "-> 56 sequences" in text
     assert capacity_command({"model": "llama-3-8b", "gpu": "a100-80gb", "activation_reserve_gib": 1.5},
-                            catalog).count("\n") == 9
+                            catalog).count("\n") == 10
     with pytest.raises(UnknownPluginError, match="did you mean 'a100-80gb'"):
         capacity_command({"model": "llama-3-8b", "gpu": "a100-80g"}, catalog)
 
