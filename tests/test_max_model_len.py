@@ -191,3 +191,17 @@ def test_vllm_before_0_33_rejects_what_does_not_fit_its_own_max_tokens(engine):
     assert "context_overflow is 'reject'" in result.rejections[0]
     cut = _run(requests, 100, engine)
     assert _rows(cut) == {0: (30, 10, False), 1: (30, 30, False), 2: (50, 20, False)}
+
+
+def test_a_run_says_when_vllm_would_not_start(tmp_path):
+    """vLLM refuses to start when one max_model_len sequence does not fit in the KV pool: the
+    run's table says so beside the cache (Llama-3.1-8B on an L4: 42,112 tokens of 131,072)."""
+    from schedlab_plugins.reports.table import _start_up_note
+
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(RUN.format(kind="vllm", model="llama-3.1-8b", gpu="l4", scheduler="")))
+    run = run_experiment(load(path)).all_runs()[0]
+    assert (run.meta["max_model_len"], run.meta["kv_cache"]["tokens"]) == (131072, 42112)
+    assert _start_up_note(131072, 42112) == ("; max_model_len 131,072 does not fit: vLLM would refuse to start "
+                                             "([scheduler] max_model_len <= 42,112 would)")
+    assert _start_up_note(4096, 42112) == _start_up_note(0, 42112) == ""

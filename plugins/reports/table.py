@@ -175,7 +175,8 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
                          f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
                          f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
                          + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
-                            if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else ""))
+                            if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else "")
+                         + _start_up_note(run.meta.get("max_model_len") or 0, kv["tokens"]))
     lines += energy_lines(runs)
     for study in results.studies:
         if study.search is not None:
@@ -252,3 +253,11 @@ class TableReport:
         path = Path(out_dir) / "summary.txt"
         atomic_write(path, text)
         return [path]
+
+
+def _start_up_note(max_model_len: int, tokens: int) -> str:
+    """vLLM's start-up check: one sequence of ``max_model_len`` must fit in the pool."""
+    if not max_model_len or max_model_len <= tokens:
+        return ""
+    return (f"; max_model_len {max_model_len:,} does not fit: vLLM would refuse to start "
+            f"([scheduler] max_model_len <= {tokens:,} would)")

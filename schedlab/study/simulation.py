@@ -791,6 +791,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "plans_ahead": any(plans_ahead(parts[0]) for parts in a.instances),
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
         "kv_cache": _kv_summary(kv),
+        # the longest sequence served (0: no limit); vLLM refuses to start when one does not fit
+        "max_model_len": getattr(getattr(scheduler, "config", None), "max_model_len", 0),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
         "frontend": attrs.asdict(side.frontend) if side is not None and side.frontend is not None else {},
         "client": attrs.asdict(side.client) if side is not None and side.client is not None else {},
