@@ -205,3 +205,34 @@ def test_a_run_says_when_vllm_would_not_start(tmp_path):
     assert _start_up_note(131072, 42112) == ("; max_model_len 131,072 does not fit: vLLM would refuse to start "
                                              "([scheduler] max_model_len <= 42,112 would)")
     assert _start_up_note(4096, 42112) == _start_up_note(0, 42112) == ""
+
+
+def _sglang(requests, context: int, engine: str):
+    from schedlab_plugins.kv_caches import RadixKVCache
+    from schedlab_plugins.schedulers.sglang import SglangConfig, SglangScheduler
+
+    return run_engine(requests, SglangScheduler(SglangConfig(context_length=context)), LinearCostModel(),
+                      RadixKVCache(2000, 1), engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_sglang_bounds_requests_by_its_context_length(engine):
+    """SGLang 0.5.23: the scheduler rejects a prompt of max_req_input_len = context - 1 - 5 tokens
+    or more; the tokenizer manager a prompt + max_tokens beyond the context; max_new_tokens is cut
+    to max_req_len - prompt - 1 = context - 2 - prompt."""
+    requests = [Request(0, 0.0, prompt_tokens=94, output_tokens=1),                  # 94 >= 100 - 6
+                Request(1, 1.0, prompt_tokens=93, output_tokens=20),                 # cut to 5
+                Request(2, 2.0, prompt_tokens=60, output_tokens=10, max_tokens=50),  # 110 > 100
+                Request(3, 3.0, prompt_tokens=60, output_tokens=50, max_tokens=40),  # 100: cut to 38
+                Request(4, 4.0, prompt_tokens=50, output_tokens=30)]                 # as asked
+    result = _sglang(requests, 100, engine)
+    assert _rows(result) == {0: (1, 0, True), 1: (5, 5, False), 2: (50, 0, True), 3: (38, 38, False),
+                             4: (30, 30, False)}
+    assert "maximum allowed length (94 tokens)" in result.rejections[0]
+    assert "exceeds the model's context length (100)" in result.rejections[2]
+    check_run(result, requests)
+
+
+def test_the_sglang_scheduler_takes_the_models_context(tmp_path):
+    assert _config(tmp_path, kind="sglang").context_length == 4096
+    assert _config(tmp_path, kind="sglang", scheduler="context_length = 1000").context_length == 1000

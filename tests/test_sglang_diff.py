@@ -99,7 +99,8 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
                               "chunked_prefill_size": s.chunked_prefill_size,
                               "schedule_policy": s.schedule_policy,
                               "schedule_conservativeness": s.schedule_conservativeness,
-                              "enable_mixed_chunk": s.enable_mixed_chunk, "ignore_eos": "none"}
+                              "enable_mixed_chunk": s.enable_mixed_chunk, "context_length": 8192,  # SGLang's side
+                              "ignore_eos": "none"}
     assert t["kv_cache"] == {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
 
 

@@ -72,6 +72,9 @@ Simplifications (each deliberate):
   chunked request holds the memory, the chunked request is retracted too (SGLang aborts the
   last request).
 * A request SGLang would cut (``max_new_tokens`` above the pool less the prompt) is rejected.
+  Its context length is SGLang's exactly: prompts of ``context_length - 6`` tokens or more and
+  requests whose prompt + ``max_tokens`` exceed it are rejected, ``max_new_tokens`` is cut to
+  ``context_length - 2 - prompt``.
 * Policies ``random``, ``hrrn``, ``routing-key`` and priorities, LoRA batching, grammar
   queues, the overlap scheduler, speculative decoding and data parallelism are not modelled.
 """
@@ -115,6 +118,10 @@ class SglangConfig:
     num_reserved_decode_tokens: int = int_field(
         512, min=0, help="disaggregated decode: tokens kept free per running or incoming request when pulling a "
                          "request's KV (SGLANG_NUM_RESERVED_DECODE_TOKENS)")
+    context_length: int = int_field(
+        0, min=0, help="the model's context (--context-length; by default the run's model's): a prompt of "
+                       "context - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds it; "
+                       "max_new_tokens is cut to context - 2 - prompt (0 = no limit)")
 
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
@@ -122,16 +129,20 @@ class SglangConfig:
 
     @staticmethod
     def run_defaults(gpu, model, table: dict) -> dict:
-        """``chunked_prefill_size`` as SGLang 0.5.23 picks it by the device's memory when it is not
-        given (``arg_groups/memory_hook.py``, ``_handle_gpu_memory_settings``): 2,048 tokens
-        under 20 GiB (T4), 4,096 under 60 (A10, RTX 4090, A100 40GB, L40S), 8,192 under 160
-        (A100 80GB, H100, H200), else 16,384 (B200, MI300). The run's assembly applies it
-        (``gpu`` None: no GPU named, the field's default stays)."""
-        if "chunked_prefill_size" in table or gpu is None:
-            return {}
-        memory = gpu.memory_gib
-        size = 2048 if memory < 20 else 4096 if memory < 60 else 8192 if memory < 160 else 16384
-        return {"chunked_prefill_size": size}
+        """What SGLang 0.5.23 picks where ``table`` is silent: ``context_length`` the run's model's
+        (``ModelConfig.context_len``, from ``max_position_embeddings``), and
+        ``chunked_prefill_size`` by the device's memory (``arg_groups/memory_hook.py``,
+        ``_handle_gpu_memory_settings``): 2,048 tokens under 20 GiB (T4), 4,096 under 60 (A10,
+        RTX 4090, A100 40GB, L40S), 8,192 under 160 (A100 80GB, H100, H200), else 16,384 (B200,
+        MI300). The run's assembly applies them (``gpu`` or ``model`` None: not named)."""
+        out = {}
+        if model is not None and model.max_position_embeddings and "context_length" not in table:
+            out["context_length"] = model.max_position_embeddings
+        if "chunked_prefill_size" not in table and gpu is not None:
+            memory = gpu.memory_gib
+            out["chunked_prefill_size"] = 2048 if memory < 20 else 4096 if memory < 60 else 8192 if memory < 160 \
+                else 16384
+        return out
 
 
 class _Adder:
@@ -204,12 +215,42 @@ class SglangScheduler:
         self._fresh_batch = False       # the last pass's batch becomes the running batch
         #: one entry per retraction: (time, ids of the retracted requests in order, new ratio)
         self.retraction_log: list[tuple[float, tuple, float]] = []
+        if c.context_length:  # (the protocol's optional member; absent: nothing to cut)
+            self.limit_request = self._limit_request
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
         return SglangQueue()
 
+    def _limit_request(self, request):
+        """``max_new_tokens`` cut to ``context - 2 - prompt``: SGLang's ``max_req_len`` is
+        ``context - 1`` and a request keeps one token of it (``Scheduler.init_req_max_new_tokens``)."""
+        context = self.config.context_length
+        room = context - 2 - request.prompt_tokens
+        if room < 1 or request.max_output_tokens <= room:
+            return request
+        if request.max_tokens is not None and request.prompt_tokens + request.max_tokens > context:
+            return request  # (rejected: rejection_reason)
+        return attrs.evolve(request, max_tokens=room)
+
+    def _context_reason(self, request) -> str | None:
+        """SGLang's length checks: the scheduler's ``max_req_input_len`` (``context - 1 - 5``,
+        ``TpModelWorker``) and the tokenizer manager's ``validate_total_tokens`` (on by default)
+        on a request that names its ``max_tokens``."""
+        context = self.config.context_length
+        if request.prompt_tokens >= context - 6:
+            return (f"Input length ({request.prompt_tokens} tokens) exceeds the maximum allowed length "
+                    f"({context - 6} tokens): context_length {context}")
+        if request.max_tokens is not None and request.prompt_tokens + request.max_tokens > context:
+            return (f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} exceeds the model's context "
+                    f"length ({context})")
+        return None
+
     def rejection_reason(self, request, kv) -> str | None:
+        if self.config.context_length:
+            reason = self._context_reason(request)
+            if reason:
+                return reason
         pool = kv.num_blocks * kv.block_size
         most = request.max_output_tokens
         # Admission needs tokens + min(max_new_tokens left, clip) + a page < the pool; a request

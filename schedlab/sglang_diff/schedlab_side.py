@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from schedlab.diffcheck import schedlab_side
-from schedlab.diffcheck.case import Case, Sides
+from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
 
 from .case import Outcome
 
@@ -16,7 +16,7 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
     scheduler = {"kind": "sglang", "max_running_requests": s.max_running_requests,
                  "max_prefill_tokens": s.max_prefill_tokens, "chunked_prefill_size": s.chunked_prefill_size,
                  "schedule_policy": s.schedule_policy, "schedule_conservativeness": s.schedule_conservativeness,
-                 "enable_mixed_chunk": s.enable_mixed_chunk}
+                 "enable_mixed_chunk": s.enable_mixed_chunk, "context_length": MAX_MODEL_LEN}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
     kv = {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
