@@ -174,7 +174,6 @@ class Ahead:
         return out
 
 
-
 class Marks:
     """The fast engine's view of which decoders a plan made ahead sees with their input token in
     flight, without touching every running sequence at every step.
@@ -187,7 +186,8 @@ class Marks:
     decodes, and a bulk run's last iteration, record themselves once (:attr:`all_tick`: whoever
     was decoding then has the lag of that moment); plans that pick their decoders, and prefills,
     write the lag on the sequences they schedule (``lag_tick`` says when); a sequence leaving the
-    decoders keeps the lag it had then. Both views agree (``tests/test_differential.py``)."""
+    decoders keeps the lag it had then. Both views agree: the engines' differential tests, and
+    ``tests/test_async_scheduling.py`` drives both through random events in the engine's order."""
 
     __slots__ = ("tick", "fresh_tick", "all_tick", "all_fresh")
 
