@@ -318,7 +318,10 @@ class SglangRunner:
         req = Req(str(r.id), "", array("q", prompt_token_ids(r)), params,
                   eos_token_ids=x.model_config.hf_eos_token_id, vocab_size=VOCAB_SIZE)
         x.init_req_max_new_tokens(req)
-        if req.sampling_params.max_new_tokens != r.limit or req.finished():
+        # the context's cut (context - 2 - prompt) is modelled; the memory's is not (the schedlab side
+        # rejects such a request)
+        expected = min(r.limit, MAX_MODEL_LEN - 2 - r.prompt_tokens)
+        if req.sampling_params.max_new_tokens != expected or req.finished():
             raise AssertionError(f"SGLang cut request {r.id}'s max_new_tokens to {req.sampling_params.max_new_tokens}")
         req.logprob_start_len = -1
         return req
