@@ -28,17 +28,22 @@ RUN = """
     prompt = {{dist = "fixed", value = 100}}
     output = {{dist = "fixed", value = 10}}
     [scheduler]
-    kind = "vllm"
+    kind = "{kind}"
     {scheduler}
     [cost_model]
     kind = "roofline"
-    model = "llama-3-8b"
+    model = "{model}"
     gpu = "{gpu}"
     [kv_cache]
     kind = "paged"
-    model = "llama-3-8b"
+    model = "{model}"
     gpu = "{gpu}"
 """
+
+
+def run_text(gpu: str, scheduler: str = "", kind: str = "vllm", model: str = "llama-3-8b") -> str:
+    """A six-request run of ``kind`` on ``model`` and ``gpu`` (``scheduler``: more scheduler keys)."""
+    return textwrap.dedent(RUN.format(kind=kind, model=model, gpu=gpu, scheduler=scheduler))
 
 
 def gpu(name: str, memory_gib: float) -> GpuSpec:
@@ -72,7 +77,7 @@ def test_given_values_win_and_a_defaulted_cap_stays_within_the_budget():
 
 def _scheduler_config(tmp_path, gpu_name: str, scheduler: str = ""):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(gpu=gpu_name, scheduler=scheduler)))
+    path.write_text(run_text(gpu_name, scheduler))
     exp = load(path)
     return exp, assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config
 
@@ -94,8 +99,7 @@ def test_a_runs_own_settings_win(tmp_path):
 
 def test_other_schedulers_keep_their_defaults(tmp_path):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(gpu="h100-80gb", scheduler="")).replace('kind = "vllm"',
-                                                                                       'kind = "continuous"'))
+    path.write_text(run_text("h100-80gb", kind="continuous"))
     exp = load(path)
     config = assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config
     assert (config.max_num_batched_tokens, config.max_num_seqs) == (8192, 256)  # continuous's own defaults
@@ -111,17 +115,14 @@ def test_sglang_sizes_its_chunks_by_the_gpus_memory(memory, size):
 
 def test_an_sglang_run_on_an_a100_40gb_chunks_by_4096(tmp_path):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(gpu="a100-40gb", scheduler="")).replace('kind = "vllm"',
-                                                                                       'kind = "sglang"'))
+    path.write_text(run_text("a100-40gb", kind="sglang"))
     exp = load(path)
     assert assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config.chunked_prefill_size == 4096
 
 
 def _kv(tmp_path, scheduler_kind: str, kv_extra: str = ""):
     path = tmp_path / "exp.toml"
-    text = textwrap.dedent(RUN.format(gpu="a100-80gb", scheduler="")).replace('kind = "vllm"',
-                                                                             f'kind = "{scheduler_kind}"')
-    path.write_text(text.replace('kind = "paged"', 'kind = "paged"\n' + kv_extra))
+    path.write_text(run_text("a100-80gb", kind=scheduler_kind).replace('kind = "paged"', 'kind = "paged"\n' + kv_extra))
     exp = load(path)
     return assemble(exp.studies[0].base, exp.context, "x").instances[0][2]
 

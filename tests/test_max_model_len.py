@@ -11,9 +11,6 @@ accepts fits one step. Hand-computed cases, both engines, and the assembly's def
 
 from __future__ import annotations
 
-import json
-import textwrap
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,6 +25,7 @@ from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.presets import CONTEXT_LENGTHS, MODELS
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.presets import VllmConfig
+from test_engine_defaults import run_text
 
 
 def _run(requests, max_model_len: int, engine: str = "fast", **config):
@@ -90,30 +88,9 @@ def test_both_engines_serve_within_the_context(requests, max_model_len, plans_ah
                 assert max_tokens == r.max_output_tokens
 
 
-RUN = """
-    [workload]
-    kind = "synthetic"
-    num_requests = 4
-    rate = 5
-    prompt = {{dist = "fixed", value = 100}}
-    output = {{dist = "fixed", value = 10}}
-    [scheduler]
-    kind = "{kind}"
-    {scheduler}
-    [cost_model]
-    kind = "roofline"
-    model = "{model}"
-    gpu = "{gpu}"
-    [kv_cache]
-    kind = "paged"
-    model = "{model}"
-    gpu = "{gpu}"
-"""
-
-
 def _config(tmp_path, *, kind="vllm", model="llama-2-7b", gpu="h100-80gb", scheduler=""):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(kind=kind, model=model, gpu=gpu, scheduler=scheduler)))
+    path.write_text(run_text(gpu, scheduler, kind, model))
     exp = load(path)
     return assemble(exp.studies[0].base, exp.context, "x").instances[0][0].config
 
@@ -148,15 +125,14 @@ def test_without_a_gpu_the_defaults_follow_the_model_alone():
 
 def test_a_run_on_a_short_context_model_rejects_what_vllm_would(tmp_path):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(kind="vllm", model="llama-2-7b", gpu="h100-80gb", scheduler="")
-                                    .replace('value = 100}', 'value = 4000}', 1)))
+    path.write_text(run_text("h100-80gb", model="llama-2-7b").replace('value = 100}', 'value = 4000}', 1))
     run = run_experiment(load(path)).all_runs()[0]
-    assert run.metrics["requests"] == 4 and run.metrics["rejected"] == 0
-    assert run.requests["max_tokens"].tolist() == [10] * 4
+    assert run.metrics["requests"] == 6 and run.metrics["rejected"] == 0
+    assert run.requests["max_tokens"].tolist() == [10] * 6
     path.write_text(path.read_text().replace('value = 10}', 'value = 200}'))
     run = run_experiment(load(path)).all_runs()[0]
-    assert run.requests["max_tokens"].tolist() == [96] * 4      # 4,096 - 4,000
-    assert run.requests["generated_tokens"].tolist() == [96] * 4
+    assert run.requests["max_tokens"].tolist() == [96] * 6      # 4,096 - 4,000
+    assert run.requests["generated_tokens"].tolist() == [96] * 6
 
 
 def test_every_preset_has_a_context_length():
@@ -199,7 +175,7 @@ def test_a_run_says_when_vllm_would_not_start(tmp_path):
     from schedlab_plugins.reports.table import _start_up_note
 
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(kind="vllm", model="llama-3.1-8b", gpu="l4", scheduler="")))
+    path.write_text(run_text("l4", model="llama-3.1-8b"))
     run = run_experiment(load(path)).all_runs()[0]
     assert (run.meta["max_model_len"], run.meta["kv_cache"]["tokens"]) == (131072, 42112)
     assert _start_up_note(131072, 42112) == ("; max_model_len 131,072 does not fit: vLLM would refuse to start "
