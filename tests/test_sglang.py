@@ -219,27 +219,33 @@ def test_mixed_chunks_need_chunked_prefill():
         from_table(SglangConfig, {"enable_mixed_chunk": True, "chunked_prefill_size": 0}, where="x.toml: [scheduler]")
 
 
-def test_a_request_sglang_could_never_admit_is_rejected_with_the_reason():
-    # 40 tokens of KV: prompt 10 + max 29 + a page of 1 is not below it, with max 28 it is
-    r = run_engine([Request(0, 0.0, 10, 29), Request(1, 0.0, 10, 28)], SglangScheduler(), kv=PagedKVCache(40, 1))
-    assert "does not fit below the KV pool's 40 tokens" in r.rejections[0]
-    assert by_id(r, "rejected") == {0: 1, 1: 0}
+def test_sglang_cuts_what_the_pool_cannot_hold_and_rejects_a_prompt_that_nearly_fills_it():
+    # 40 tokens of KV: max_new_tokens is cut to 40 - 10 - 2 = 28 (max_new_tokens_for_memory: the
+    # pool less the prompt, a page and a token), and a prompt of 40 - 6 = 34 tokens is refused
+    # (max_req_input_len = max_req_len - 5, max_req_len = pool - 1)
+    r = run_engine([Request(0, 0.0, 10, 29), Request(1, 0.0, 10, 28), Request(2, 0.0, 34, 1)], SglangScheduler(),
+                   kv=PagedKVCache(40, 1))
+    assert by_id(r, "max_tokens") == {0: 28, 1: 28, 2: 1}
+    assert by_id(r, "generated_tokens") == {0: 28, 1: 28, 2: 0}
+    assert by_id(r, "rejected") == {0: 0, 1: 0, 2: 1}
+    assert "maximum allowed length (34 tokens)" in r.rejections[2]
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
-def test_a_request_that_could_not_come_back_after_a_retraction_is_rejected(engine):
-    """12 tokens of KV, estimates clipped at 8 new tokens: request 1 (prompt 1, up to 10 new)
-    fits at first (1 + 8 + a page of 1 < 12), but retracted after 6 tokens it needs 7 + 4 + 1 =
-    12 to come back, which is never below the pool -- the run stalled (found by a random
-    hypothesis seed). prompt + max_tokens + a page must be below the pool: it is rejected at
-    once, and request 0 (1 + 7 + 1 = 9) runs alone."""
+def test_a_retracted_request_can_always_come_back(engine):
+    """12 tokens of KV, estimates clipped at 8 new tokens: request 1 (prompt 1, 10 asked) would
+    need 7 + 4 + 1 = 12 to come back after a retraction at 6 tokens, never below the pool -- the
+    run once stalled (found by a random hypothesis seed). SGLang cuts max_new_tokens to what an
+    empty pool holds: 12 - 1 - 2 = 9, and then 7 + 3 + 1 = 11 < 12: retracted once, it comes
+    back and finishes; request 0 (7 asked, 1 + 7 <= 9) as asked."""
     cfg = SglangConfig(max_running_requests=2, max_prefill_tokens=16, init_new_token_ratio=0.0,
                        new_token_ratio_decay_steps=1, clip_max_new_tokens=8, retract_decode_steps=0)
     reqs = [Request(0, 0.0, 1, 7, max_tokens=7), Request(1, 0.0, 1, 10)]
     r = run(reqs, SglangScheduler(cfg), PagedKVCache(12, 1), engine)
-    assert by_id(r, "rejected") == {0: 0, 1: 1}
-    assert "prompt 1 + max_tokens 10 + a page of 1 does not fit below the KV pool's 12 tokens" in r.rejections[1]
-    assert by_id(r, "generated_tokens")[0] == 7
+    assert by_id(r, "rejected") == {0: 0, 1: 0}
+    assert by_id(r, "max_tokens") == {0: 7, 1: 9}
+    assert by_id(r, "generated_tokens") == {0: 7, 1: 9}
+    assert by_id(r, "preemptions") == {0: 0, 1: 1}
 
 
 # --- waiting orders ---------------------------------------------------------------------------
@@ -370,7 +376,9 @@ def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, 
 @given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), sglang_configs(),
        st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
 def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
-    blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1 for r in requests) + spare
+    # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
+    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
+                     -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare
     budget = max(cfg.chunked_prefill_size, cfg.max_running_requests) if cfg.chunked_prefill_size else None
     check = IterationChecker(max_running=cfg.max_running_requests, token_budget=budget, kv_blocks=blocks)
     result = run_engine(requests, SglangScheduler(cfg), kv=KVS[kind](blocks, block_size), check=check)

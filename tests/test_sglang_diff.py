@@ -80,11 +80,11 @@ def test_case_round_trips_through_json_and_names_unfair_requests():
     assert case_from_json(case.to_json()) == case
     s = SglangSettings(max_total_tokens=40)
     unfair = Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=30, output_tokens=9),
-                      DiffRequest(id=1, arrival=0, prompt_tokens=30, output_tokens=8),
-                      DiffRequest(id=2, arrival=0, prompt_tokens=10, output_tokens=1, max_tokens=29)])
-    # 30 + 9 + 2 > 40: SGLang would cut max_new_tokens; 30 + 8 + 2 fits; 10 + 29 + 2 > 40 too
-    assert unfair.problems() == ["request 0: prompt + max_tokens + 2 exceeds max_total_tokens 40",
-                                 "request 2: prompt + max_tokens + 2 exceeds max_total_tokens 40"]
+                      DiffRequest(id=1, arrival=0, prompt_tokens=34, output_tokens=1),
+                      DiffRequest(id=2, arrival=0, prompt_tokens=33, output_tokens=1, max_tokens=5)])
+    # 34 >= 40 - 6: SGLang refuses the prompt (as schedlab does, but only served requests are
+    # compared); request 0's max_new_tokens is cut to 8 and request 2's to 5 on both sides: fair
+    assert unfair.problems() == ["request 1: prompt of 34 reaches max_total_tokens - 6"]
     with pytest.raises(ValueError, match="max_tokens 3 < output_tokens 4"):
         DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=4, max_tokens=3)
 
@@ -196,6 +196,14 @@ REPRODUCERS = {
                    max_prefill_tokens=16384),
               (0, 0, 8100, 92, None, 0, None), (1, 0, 100, 20, None, 0, None)),
         {0: _o(0, 1, 91, 0, 0, 8100), 1: _o(0, 2, 21, 0, 0, 92, 8)}),
+    # 9. The pool cuts max_new_tokens too: to what an empty pool of 60 holds after the prompt, a page and
+    # a token (max_new_tokens_for_memory): 0 (20 tokens, 50 asked) makes 38, at 1 .. 38. Ignoring EOS, its
+    # tokens to go count in full: at 3, 60 - 23 held - 35 to go = 2 < 10 + 5 + 1 for 1, which waits for
+    # 0 to finish: admitted at 38, its 5 tokens at 39 .. 43. (schedlab rejected 0 before it modelled the cut.)
+    "9-pool-cuts-max-new-tokens": (
+        _case(dict(max_total_tokens=60, max_running_requests=2, max_prefill_tokens=64),
+              (0, 0, 20, 50, None, 0, None), (1, 3, 10, 5, None, 0, None)),
+        {0: _o(0, 1, 38, 0, 0, 20), 1: _o(38, 39, 43, 0, 0, 10)}),
 }
 
 

@@ -184,7 +184,7 @@ class ContinuousScheduler:
                     f"{request.max_output_tokens}) but the cache has {usable}")
         return None
 
-    def _limit_request(self, request):
+    def _limit_request(self, request, kv=None):
         """``request`` as the engine serves it: ``max_tokens`` cut to ``max_model_len - prompt``
         when longer (vLLM's ``get_max_tokens``). The protocol's optional ``limit_request``,
         set only with a ``max_model_len``: the engines call it on arrival, before

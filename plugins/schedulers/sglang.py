@@ -71,10 +71,10 @@ Simplifications (each deliberate):
   fail with "Prefill out of memory"); if the last running request cannot decode because the
   chunked request holds the memory, the chunked request is retracted too (SGLang aborts the
   last request).
-* A request SGLang would cut (``max_new_tokens`` above the pool less the prompt) is rejected.
-  Its context length is SGLang's exactly: prompts of ``context_length - 6`` tokens or more and
-  requests whose prompt + ``max_tokens`` exceed it are rejected, ``max_new_tokens`` is cut to
-  ``context_length - 2 - prompt``.
+* Request lengths are SGLang's: a prompt of ``min(context_length, pool) - 6`` tokens or more
+  is rejected, and one whose prompt + ``max_tokens`` exceeds the context; ``max_new_tokens`` is
+  cut to ``min(context_length, pool) - 2 - prompt`` and to what an empty pool holds after the
+  prompt's pages, a page and a token.
 * Policies ``random``, ``hrrn``, ``routing-key`` and priorities, LoRA batching, grammar
   queues, the overlap scheduler, speculative decoding and data parallelism are not modelled.
 """
@@ -215,42 +215,49 @@ class SglangScheduler:
         self._fresh_batch = False       # the last pass's batch becomes the running batch
         #: one entry per retraction: (time, ids of the retracted requests in order, new ratio)
         self.retraction_log: list[tuple[float, tuple, float]] = []
-        if c.context_length:  # (the protocol's optional member; absent: nothing to cut)
-            self.limit_request = self._limit_request
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
         return SglangQueue()
 
-    def _limit_request(self, request):
-        """``max_new_tokens`` cut to ``context - 2 - prompt``: SGLang's ``max_req_len`` is
-        ``context - 1`` and a request keeps one token of it (``Scheduler.init_req_max_new_tokens``)."""
-        context = self.config.context_length
-        room = context - 2 - request.prompt_tokens
+    def limit_request(self, request, kv):
+        """``request`` with SGLang's ``max_new_tokens`` (``Scheduler.init_req_max_new_tokens``):
+        cut to ``max_req_len - prompt - 1``, ``max_req_len`` being ``min(context, pool) - 1``
+        (``TpModelWorker.get_worker_info``), and to what an empty pool holds after the prompt's
+        pages, a page and a token (``max_new_tokens_for_memory``). A request the tokenizer
+        manager rejects (prompt + ``max_tokens`` beyond the context) is left for
+        :meth:`rejection_reason`."""
+        context, page = self.config.context_length, kv.block_size
+        pool = kv.num_blocks * page
+        room = pool - -(-request.prompt_tokens // page) * page - page - 1
+        if context:
+            if request.max_tokens is not None and request.prompt_tokens + request.max_tokens > context:
+                return request
+            room = min(room, context - 2 - request.prompt_tokens)
+        room = min(room, pool - 2 - request.prompt_tokens)
         if room < 1 or request.max_output_tokens <= room:
             return request
-        if request.max_tokens is not None and request.prompt_tokens + request.max_tokens > context:
-            return request  # (rejected: rejection_reason)
         return attrs.evolve(request, max_tokens=room)
 
-    def _context_reason(self, request) -> str | None:
-        """SGLang's length checks: the scheduler's ``max_req_input_len`` (``context - 1 - 5``,
-        ``TpModelWorker``) and the tokenizer manager's ``validate_total_tokens`` (on by default)
-        on a request that names its ``max_tokens``."""
+    def _length_reason(self, request, kv) -> str | None:
+        """SGLang's length checks: the scheduler's ``max_req_input_len`` (``max_req_len - 5``)
+        and, with a context, the tokenizer manager's ``validate_total_tokens`` (on by default) on
+        a request that names its ``max_tokens``."""
         context = self.config.context_length
-        if request.prompt_tokens >= context - 6:
+        pool = kv.num_blocks * kv.block_size
+        longest = min(context, pool) - 6 if context else pool - 6
+        if request.prompt_tokens >= longest:
             return (f"Input length ({request.prompt_tokens} tokens) exceeds the maximum allowed length "
-                    f"({context - 6} tokens): context_length {context}")
-        if request.max_tokens is not None and request.prompt_tokens + request.max_tokens > context:
+                    f"({longest} tokens): " + (f"context_length {context}, " if context else "") + f"pool {pool}")
+        if context and request.max_tokens is not None and request.prompt_tokens + request.max_tokens > context:
             return (f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} exceeds the model's context "
                     f"length ({context})")
         return None
 
     def rejection_reason(self, request, kv) -> str | None:
-        if self.config.context_length:
-            reason = self._context_reason(request)
-            if reason:
-                return reason
+        reason = self._length_reason(request, kv)
+        if reason:
+            return reason
         pool = kv.num_blocks * kv.block_size
         most = request.max_output_tokens
         # Admission needs tokens + min(max_new_tokens left, clip) + a page < the pool; a request
@@ -259,8 +266,8 @@ class SglangScheduler:
         need = request.prompt_tokens + min(most, self.config.clip_max_new_tokens) + kv.block_size
         if request.prompt_tokens + most + kv.block_size >= pool or need >= pool:
             return (f"prompt {request.prompt_tokens} + max_tokens {most} + a page of {kv.block_size} does not fit "
-                    f"below the KV pool's {pool} tokens (SGLang's admission check; SGLang cuts max_new_tokens to "
-                    "fit instead)")
+                    f"below the KV pool's {pool} tokens (SGLang's admission check; SGLang would cut max_new_tokens "
+                    "to nothing)")
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:

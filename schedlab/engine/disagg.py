@@ -270,7 +270,7 @@ class DisaggregatedCluster:
         if scaling is not None:
             scaling.arrived(request.arrival_ms)
         if target.limit_request is not None:  # as the prefill instance serves it (max_model_len)
-            request = target.limit_request(request)
+            request = target.limit_request(request, target.kv)
         first = prefill_request(request)
         reason = (target._rejection_reason(first, target.kv)
                   or self._decode_reason(request, self.decode[0].kv))  # the decode pool is uniform

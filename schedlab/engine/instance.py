@@ -221,7 +221,7 @@ class Instance:
         """Queue ``request`` (which has arrived by now), or reject it if it can never be served,
         or abort it if its client has already given up."""
         if self.limit_request is not None:
-            request = self.limit_request(request)
+            request = self.limit_request(request, self.kv)
         seq = Sequence(request, seq_no, self.clock)
         reason = self._rejection_reason(request, self.kv)
         if not reason and self.spec is not None:

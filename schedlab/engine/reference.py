@@ -455,7 +455,7 @@ class ReferenceEngine:
     def arrive(self, request, seq_no: int, reason: str | None = None) -> RefSequence | None:
         """Queue an arrived ``request``, or reject it (with ``reason``, or when it can never fit)."""
         if self.limit_request is not None:
-            request = self.limit_request(request)
+            request = self.limit_request(request, self.kv)
         seq = RefSequence(request, seq_no)
         reason = reason or self.reason_of(request, self.kv)
         if not reason and self.spec is not None:

@@ -464,7 +464,7 @@ class DisaggregatedReference(ReferenceCluster):
             scaling.arrived(t)
         inst.wake(t)
         if inst.limit_request is not None:  # as the prefill instance serves it (max_model_len)
-            request = inst.limit_request(request)
+            request = inst.limit_request(request, inst.kv)
         first = prefill_request(request)
         decode0 = self.decode[0]
         reason = (inst.reason_of(first, inst.kv)
