@@ -39,7 +39,9 @@ GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserv
 
 
 def _need(r) -> int:
-    return r.prompt_tokens + r.limit + POOL_MARGIN
+    """Pool tokens ``r`` needs alone: its prompt + max_tokens + :data:`POOL_MARGIN`, and at least
+    prompt + 7, as SGLang refuses a prompt of pool - 6 tokens or more (``max_req_input_len``)."""
+    return r.prompt_tokens + max(r.limit + POOL_MARGIN, 7)
 
 
 def generate(group: str, seed: int) -> Case:
