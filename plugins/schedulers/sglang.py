@@ -120,8 +120,9 @@ class SglangConfig:
                          "request's KV (SGLANG_NUM_RESERVED_DECODE_TOKENS)")
     context_length: int = int_field(
         0, min=0, help="the model's context (--context-length; by default the run's model's): a prompt of "
-                       "context - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds it; "
-                       "max_new_tokens is cut to context - 2 - prompt (0 = no limit)")
+                       "min(context, pool) - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds "
+                       "the context; max_new_tokens is cut to min(context, pool) - 2 - prompt (0 = no context, the "
+                       "pool alone)")
 
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
