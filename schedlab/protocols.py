@@ -20,7 +20,8 @@ step. It does so only when the plugins say it may:
   a sequence finishing, the time given to :meth:`Plan.wake_at`, the decode iterations given
   to :meth:`Plan.wake_after`, or the KV cache running short of blocks for the next decode step; and when nothing is waiting, prefilling or swapped
   and the next decode step fits in the cache, its plan is exactly ``decode_all()`` (so the
-  engine need not ask);
+  engine need not ask) -- until the decode iterations its last :meth:`Plan.wake_after` gave
+  have passed (0: the next iteration), when the engine asks again;
 * ``CostModel.decode_step_increment(batch)`` returns how much longer each further identical
   decode-only iteration takes (``0.0`` for a constant cost, a positive number when the cost
   grows with context) instead of ``None``. A cost that is only *piecewise* linear in the
@@ -314,7 +315,9 @@ class Plan(Protocol):
         (after any cached prefix, see :meth:`cached_tokens`). ``reserve``: hold KV for
         ``prompt + max_tokens`` now so the sequence never needs more. ``reserve_tokens``: hold
         exactly that many tokens instead, at least ``prompt + max_tokens - 1`` (the most a request
-        ever computes: its last token's KV is never written; TGI's block allocator reserves that).
+        ever computes: its last token's KV is never written; TGI's block allocator reserves that)
+        -- or, from a scheduler with an ``answer_segment``, at least ``num_tokens +
+        answer_segment - 1`` (it :meth:`requeue` s the sequence before it computes more).
         With speculation a reservation also covers the slots a last step's drafts and lookahead
         take (TGI reserves ``speculate`` more). False if it does not fit."""
         ...
@@ -331,6 +334,14 @@ class Plan(Protocol):
         vLLM does when its victim was scheduled earlier in the step. On a pipelined instance
         ``seq`` may be in a batch in flight (from ``running.preemptible()``): the batch still
         brings it its token when it lands (:mod:`schedlab.engine.stages`)."""
+        ...
+
+    def requeue(self, seq: SequenceState) -> None:
+        """Free a running sequence's blocks and put it at the *back* of the waiting queue, to be
+        prefilled again with its output (minus cached blocks) and go on -- not a preemption but
+        a new turn: TGI's router sends a request back after each 1,024 generated tokens. Counted
+        in the run's ``requeues``; the sequence is listed in :attr:`preempted` for this
+        iteration. Not modelled with asynchronous scheduling or pipeline parallelism."""
         ...
 
     def swap_out(self, seq: SequenceState) -> bool:
@@ -353,9 +364,10 @@ class Plan(Protocol):
         ...
 
     def wake_after(self, decode_steps: int) -> None:
-        """Ask to be called again after at most ``decode_steps`` (>= 1) decode iterations, this
-        one included, even if nothing else happens (decisions that count decode steps, such as
-        TGI's ``max_waiting_tokens``)."""
+        """Ask to be called again after at most ``decode_steps`` decode iterations, this one
+        included, even if nothing else happens (decisions that count decode steps, such as
+        TGI's ``max_waiting_tokens`` and its answer segments); 0: at the next iteration, whatever
+        it is (a sequence this one prefills will have to be looked at when it decodes)."""
         ...
 
     def cached_tokens(self, seq: SequenceState) -> int:
@@ -387,7 +399,9 @@ class Scheduler(Protocol):
     running sequences; a disaggregated decode instance lets no more join),
     ``kv_reservation(request)`` (KV tokens held from admission, 0 when grown as computed; a
     disaggregated decode instance reserves as much when it pulls a request's KV) and
-    ``pull_headroom(running, pending, block_size)`` (blocks a disaggregated decode instance
+    ``answer_segment`` (new tokens a sequence gets per admission: the scheduler
+    :meth:`Plan.requeue` s it when it has them, so its reservation may stop there; TGI's
+    segments), ``pull_headroom(running, pending, block_size)`` (blocks a disaggregated decode instance
     keeps free when it pulls, given its running sequences and the requests already being
     received). A request that joins a disaggregated decode instance enters its running set
     decoding, without ``Plan.admit``.

@@ -264,10 +264,40 @@ def test_wake_after_ends_a_decode_run_after_that_many_steps():
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_wake_after_needs_a_step(engine):
-    class NoSteps(_AskEveryThirdDecode):
+def test_wake_after_needs_a_count_of_steps(engine):
+    class Backwards(_AskEveryThirdDecode):
         def schedule(self, plan):
+            plan.wake_after(-1)
+
+    with pytest.raises(SimulationError, match=r"wake_after\(-1\)"):
+        run_engine([Request(0, 0.0, 8, 2)], Backwards(), engine=engine)
+
+
+def test_wake_after_holds_while_only_decoders_run():
+    # One request alone: nothing waits, so the fast engine would decode on without asking --
+    # but the scheduler asked to be asked at the next iteration (0) when it admitted it, and then
+    # every 3 decode steps (TGI's segments need it): at steps 0, 3 and 6. Asked at the next
+    # iteration every time: at every step, as the reference engine.
+    class AskWhenItDecodes(_AskEveryThirdDecode):
+        def schedule(self, plan):
+            super().schedule(plan)
+            if plan.admitted:
+                plan.wake_after(0)
+
+    reqs = [Request(0, 0.0, 8, 10)]
+    every_third, silent = AskWhenItDecodes(), _AskEveryThirdDecode()
+    run_engine(reqs, every_third)
+    run_engine(reqs, silent)
+    assert every_third.asked_at == [0, 3, 6]
+    assert silent.asked_at == []  # (nothing asked at admission: decoding alone needs no decision)
+
+    class EveryStep(_AskEveryThirdDecode):
+        def schedule(self, plan):
+            super().schedule(plan)
             plan.wake_after(0)
 
-    with pytest.raises(SimulationError, match=r"wake_after\(0\)"):
-        run_engine([Request(0, 0.0, 8, 2)], NoSteps(), engine=engine)
+    fast_scheduler, ref_scheduler = EveryStep(), EveryStep()
+    fast = run_engine(reqs, fast_scheduler)
+    ref = run_engine(reqs, ref_scheduler, engine="reference")
+    assert fast_scheduler.asked_at == ref_scheduler.asked_at == list(range(9))
+    compare_runs(fast, ref)

@@ -133,6 +133,7 @@ class Instance:
                  track_finished: bool = False, speculation=None, meter=None):
         self.index = index
         self.scheduler = scheduler
+        self.answer_segment = getattr(scheduler, "answer_segment", 0) or 0  # (Scheduler protocol)
         self.cost = cost_model
         self.kv = kv
         self.rec = recorder
@@ -191,6 +192,7 @@ class Instance:
         self._on_finish = getattr(scheduler, "on_finish", None)
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
+        self.ask_at_step = None  # the decode step by which the scheduler asked to be asked again (Plan.wake_after)
         self.events = 0              # executed plans: one iteration, or one bulk run of them
         self.since_progress = 0
         self.kv_need_high = math.floor(recorder.kv_high_water * kv.num_blocks) + 1
@@ -441,11 +443,13 @@ class Instance:
         c["host_load_ms"] += ms
         return ms
 
-    def preempt_recompute(self, seq: Sequence, pending: int = 0) -> None:
+    def preempt_recompute(self, seq: Sequence, pending: int = 0, *, to_back: bool = False) -> None:
         """Free ``seq``'s blocks and queue it again. ``pending``: tokens this iteration had
         allocated KV for (its work is withdrawn), released with the rest. A sequence in a
         pipeline's batch in flight releases the slots that batch took for its decode
-        (:mod:`schedlab.engine.stages`: its batch brings it its token when it lands)."""
+        (:mod:`schedlab.engine.stages`: its batch brings it its token when it lands).
+        ``to_back``: not a preemption but a requeue (``Plan.requeue``): counted as one, and
+        queued at the back."""
         status = seq.status
         scheduled_decode = status == DECODING and pending > 0
         if status == DECODING:
@@ -470,9 +474,13 @@ class Instance:
         self.kv.free(seq, preempted=True)
         seq._computed = 0
         seq.reserved_tokens = 0
-        seq.num_preemptions += 1
         seq.waiting_since = self.now
         c = self.counters
+        if to_back:
+            c["requeues"] += 1
+            self.waiting.push(seq)
+            return
+        seq.num_preemptions += 1
         c["num_preemptions"] += 1
         c["recompute_preemptions"] += 1
         if self.holds is None or not self.holds.hold(seq):  # (held: a batch in flight holds it)
@@ -555,9 +563,15 @@ class Instance:
         """Ask the scheduler for the next iteration's plan, at ``now``."""
         self.serial += 1
         plan = FastPlan(self, self.serial)
-        if not (self.bulk_ok and self.n_decoding and not (self.waiting or self.prefilling or self.swapped)
-                and plan.decode_all()):
-            self.scheduler.schedule(plan)  # else: nothing to decide but decoding (see stable_between_events)
+        due = self.ask_at_step
+        steps = self.clock.steps
+        if ((due is None or steps < due) and self.bulk_ok and self.n_decoding
+                and not (self.waiting or self.prefilling or self.swapped) and plan.decode_all()):
+            if due is not None:  # nothing to decide but decoding (see stable_between_events) until then
+                plan.wake_steps = due - steps
+            return plan
+        self.scheduler.schedule(plan)
+        self.ask_at_step = None if plan.wake_steps is None else steps + plan.wake_steps
         return plan
 
     # -- event by event (open-loop colocated clusters, schedlab.engine.driver.simulate) --------------

@@ -217,8 +217,10 @@ class FastPlan:
                 f"admit(): request {seq.request.id} has {left} tokens to compute, scheduler asked for {num_tokens}")
         most = seq.prompt + seq.request.max_output_tokens
         if reserve_tokens:
-            if reserve_tokens < most - 1:
-                raise SimulationError(f"admit(): request {seq.request.id} may compute {most - 1} tokens, "
+            segment = self._inst.answer_segment  # (requeued when it has them: Scheduler.answer_segment)
+            least = min(most - 1, seq.num_tokens + segment - 1) if segment else most - 1
+            if reserve_tokens < least:
+                raise SimulationError(f"admit(): request {seq.request.id} may compute {least} tokens, "
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
@@ -299,6 +301,16 @@ class FastPlan:
         self._inst.preempt_recompute(seq, pending)
         self._preempted.append(seq)
 
+    def requeue(self, seq) -> None:
+        if self._inst.ahead is not None or self._inst.holds is not None:
+            raise SimulationError("requeue() is not modelled with asynchronous scheduling or pipeline parallelism")
+        if seq.status not in (PREFILLING, DECODING):
+            raise SimulationError(f"requeue(): request {seq.request.id} is {seq.status}, not running")
+        pending = self._pending(seq, "requeue")
+        self._unschedule(seq, pending, seq.status == DECODING)
+        self._inst.preempt_recompute(seq, pending, to_back=True)
+        self._preempted.append(seq)
+
     def swap_out(self, seq) -> bool:
         if seq.status != DECODING:
             raise SimulationError(f"swap_out(): request {seq.request.id} is {seq.status}; only decoding requests swap")
@@ -332,7 +344,7 @@ class FastPlan:
             self.wake = time_ms
 
     def wake_after(self, decode_steps: int) -> None:
-        if decode_steps < 1:
-            raise SimulationError(f"wake_after({decode_steps}): give at least one decode step")
+        if decode_steps < 0:
+            raise SimulationError(f"wake_after({decode_steps}): give a number of decode steps >= 0")
         if self.wake_steps is None or decode_steps < self.wake_steps:
             self.wake_steps = decode_steps

@@ -64,6 +64,8 @@ COUNTERS = (
     "recompute_preemptions",
     "in_flight_preemptions",  # of those, of requests in a pipeline's batch in flight (it still brings their token)
     "swap_preemptions",
+    "requeues",              # running requests sent to the back of the queue to be prefilled again (Plan.requeue:
+                             # TGI's answer segments); not preemptions
     "recomputed_tokens",     # KV tokens computed a second time after a recompute preemption
     "swap_failures",         # swap-outs refused because swap space was full
     "swap_out_blocks",

@@ -176,8 +176,9 @@ class RefPlan:
             raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
         most = seq.request.prompt_tokens + seq.request.max_output_tokens
         if reserve_tokens:
-            if reserve_tokens < most - 1:
-                raise SimulationError(f"admit(): request {seq.request.id} may compute {most - 1} tokens, "
+            least = min(most - 1, seq.num_tokens + self._e.answer_segment - 1) if self._e.answer_segment else most - 1
+            if reserve_tokens < least:
+                raise SimulationError(f"admit(): request {seq.request.id} may compute {least} tokens, "
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
@@ -266,10 +267,19 @@ class RefPlan:
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}")
         self._requeue(seq, self._withdraw(seq, "preempt"))
 
-    def _requeue(self, seq, pending: int) -> None:
+    def requeue(self, seq) -> None:
+        e = self._e
+        if e.ahead is not None or e.holds is not None:
+            raise SimulationError("requeue() is not modelled with asynchronous scheduling or pipeline parallelism")
+        if seq.status not in ("prefilling", "decoding"):
+            raise SimulationError(f"requeue(): request {seq.request.id} is {seq.status}")
+        self._requeue(seq, self._withdraw(seq, "requeue"), to_back=True)
+
+    def _requeue(self, seq, pending: int, *, to_back: bool = False) -> None:
         """Free running ``seq``'s blocks (and the ``pending`` slots taken for it since they were
         last counted) and put it at the front of the waiting queue -- or, on a pipelined
-        instance, hold it back while a batch in flight holds it (:mod:`schedlab.engine.stages`)."""
+        instance, hold it back while a batch in flight holds it (:mod:`schedlab.engine.stages`);
+        ``to_back``: a requeue (``Plan.requeue``), at the back and not counted as a preemption."""
         e = self._e
         del e.running[seq]
         if e.ahead is None:
@@ -286,12 +296,16 @@ class RefPlan:
         seq.status = "waiting"
         seq.num_computed_tokens = 0
         seq.reserved_tokens = 0
-        seq.num_preemptions += 1
         seq.waiting_since = e.now
-        e.counters["num_preemptions"] += 1
-        e.counters["recompute_preemptions"] += 1
-        if e.holds is None or not e.holds.hold(seq):
-            self.waiting.push_front(seq)
+        if to_back:
+            e.counters["requeues"] += 1
+            self.waiting.push(seq)
+        else:
+            seq.num_preemptions += 1
+            e.counters["num_preemptions"] += 1
+            e.counters["recompute_preemptions"] += 1
+            if e.holds is None or not e.holds.hold(seq):
+                self.waiting.push_front(seq)
         self.preempted.append(seq)
 
     def swap_out(self, seq) -> bool:
@@ -349,8 +363,8 @@ class RefPlan:
 
     def wake_after(self, decode_steps: int) -> None:
         """Nothing to do: this engine asks the scheduler at every iteration."""
-        if decode_steps < 1:
-            raise SimulationError(f"wake_after({decode_steps}): give at least one decode step")
+        if decode_steps < 0:
+            raise SimulationError(f"wake_after({decode_steps}): give a number of decode steps >= 0")
 
 
 class ReferenceEngine:
@@ -369,6 +383,7 @@ class ReferenceEngine:
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0
         self.scheduler = scheduler
+        self.answer_segment = getattr(scheduler, "answer_segment", 0) or 0  # (Scheduler protocol)
         self.cost = cost_model
         self.kv = kv
         self.rec = recorder

@@ -40,7 +40,7 @@ _CLIENT = {name: _SUMMARY for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"
 METRICS: dict = {
     **dict.fromkeys(("requests", "finished", "rejected", "timed_out", "aborted", "makespan_ms", "throughput_tps", "request_throughput_rps",
                      "generated_tokens", "iterations", "slot_utilisation", "peak_running", "avg_running",
-                     "avg_queue", "peak_waiting", "busy_share", "num_preemptions")),
+                     "avg_queue", "peak_waiting", "busy_share", "num_preemptions", "requeues")),
     **_LATENCIES,
     "itl_ms": _SUMMARY,
     "client": _CLIENT,                             # as the client sees requests (schedlab.frontend)

@@ -334,6 +334,7 @@ def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any]
         "time_above_90": c["kv_above_ms"] / (window * instances) if window > 0 else float("nan"),
     }
     m["num_preemptions"] = int(c["num_preemptions"])
+    m["requeues"] = int(c.get("requeues", 0))
     m["preemptions"] = {
         "recompute": int(c["recompute_preemptions"]),
         "in_flight": int(c["in_flight_preemptions"]),
