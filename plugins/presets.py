@@ -180,7 +180,20 @@ CONTEXT_LENGTHS = {
     "qwen3-0.6b": 40960, "qwen3-1.7b": 40960, "qwen3-4b": 40960, "qwen3-8b": 40960, "qwen3-14b": 40960,
     "qwen3-235b-a22b": 40960, "gpt-oss-20b": 131072, "gpt-oss-120b": 131072, "deepseek-v3": 163840,
 }
-MODELS = tuple((attrs.evolve(spec, max_position_embeddings=CONTEXT_LENGTHS[spec.name]),
+#: each preset's config.json ``intermediate_size`` as written (the MoE models': their dense width,
+#: which TGI's launcher multiplies by the experts per token), and DeepSeek-V3's shared expert
+INTERMEDIATE_SIZES = {
+    "llama-2-7b": 11008, "llama-2-13b": 13824, "llama-2-70b": 28672, "codellama-34b": 22016,
+    "llama-3-8b": 14336, "llama-3-70b": 28672, "llama-3.3-70b": 28672, "mistral-7b": 14336,
+    "mixtral-8x7b": 14336, "mixtral-8x22b": 16384, "qwen2.5-7b": 18944, "qwen2.5-72b": 29568,
+    "llama-3.2-1b": 8192, "llama-3.1-8b": 14336, "qwen3-32b": 25600, "qwen3-30b-a3b": 6144,
+    "qwen3-0.6b": 3072, "qwen3-1.7b": 6144, "qwen3-4b": 9728, "qwen3-8b": 12288, "qwen3-14b": 17408,
+    "qwen3-235b-a22b": 12288, "gpt-oss-20b": 2880, "gpt-oss-120b": 2880, "deepseek-v3": 18432,
+}
+SHARED_EXPERTS = {"deepseek-v3": 1}
+MODELS = tuple((attrs.evolve(spec, max_position_embeddings=CONTEXT_LENGTHS[spec.name],
+                             intermediate_size=INTERMEDIATE_SIZES[spec.name],
+                             shared_experts=SHARED_EXPERTS.get(spec.name, 0)),
                 f"{note}; context {CONTEXT_LENGTHS[spec.name]:,} tokens") for spec, note in MODELS)
 
 #: (spec, source note) for every built-in GPU.

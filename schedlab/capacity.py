@@ -113,6 +113,11 @@ class ModelSpec:
         None, min=1, optional=True,
         help="the context length (config.json max_position_embeddings): vLLM's default max_model_len, SGLang's "
              "context_length")
+    intermediate_size: int | None = int_field(
+        None, min=1, optional=True,
+        help="config.json intermediate_size as written (a MoE model's dense width, not its experts'): TGI's "
+             "launcher sizes its prefill budget by it")
+    shared_experts: int = int_field(0, min=0, help="MoE: shared experts every token also passes (n_shared_experts)")
 
     def __attrs_post_init__(self) -> None:
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:

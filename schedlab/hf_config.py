@@ -160,6 +160,11 @@ def model_fields(config: dict, where: str) -> dict:
         fields["active_params"] = active
     if mla:
         fields["kv_latent_dim"] = mla + r.int("qk_rope_head_dim")
+    written = r.int("intermediate_size", default=None)
+    if written:
+        fields["intermediate_size"] = written
+    if experts and r.int("n_shared_experts", default=0):
+        fields["shared_experts"] = r.int("n_shared_experts")
     context = _context_length(r)
     if context:
         fields["max_position_embeddings"] = context

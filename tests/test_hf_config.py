@@ -103,6 +103,9 @@ def test_deepseek_v3_latent_attention_shared_experts_and_dense_first_layers():
     assert d.kv_bytes_per_token(8) == d.kv_bytes_per_token(1) == 61 * 576 * 2  # the latent on every rank
     # one routed expert summed over the 58 MoE layers, as the roofline reads it
     assert d.expert_params == 58 * 3 * 7168 * 2048
+    # the dense width and the shared expert, as written (TGI's launcher reads them)
+    assert (d.intermediate_size, d.shared_experts) == (18432, 1) == (PRESET["deepseek-v3"].intermediate_size,
+                                                                     PRESET["deepseek-v3"].shared_experts)
 
 
 def test_gpt_oss_layers_window_and_mxfp4_experts_match_the_preset():
@@ -120,7 +123,8 @@ def test_the_file_reproduces_the_presets_it_was_built_from():
         got, want = spec(config, name), PRESET[name]
         for field in ("num_layers", "num_kv_heads", "head_dim", "num_params", "num_attention_heads",
                       "hidden_size", "vocab_size", "tied_embeddings", "num_experts", "experts_per_token",
-                      "kv_latent_dim", "sliding_window", "weight_dtype_bytes", "expert_dtype_bytes"):
+                      "kv_latent_dim", "sliding_window", "weight_dtype_bytes", "expert_dtype_bytes",
+                      "intermediate_size", "shared_experts"):
             assert getattr(got, field) == getattr(want, field), (name, field)
 
 

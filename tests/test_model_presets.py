@@ -154,3 +154,21 @@ def test_gpt_oss_reads_its_experts_at_mxfp4():
     assert cost.tokens_ms(1) == pytest.approx(
         math.hypot(dense * 2 / bw, 2 * matmul / peak) + math.hypot(4 * expert * 0.53125 / bw, 2 * 4 * expert / peak)
         + 2880 * 2 / bw, rel=1e-12)
+
+
+def test_the_dense_presets_intermediate_sizes_reproduce_their_parameter_counts():
+    # intermediate_size is a second record of the MLP width (TGI's launcher reads it): with the
+    # attention shapes, norms and embeddings it must give back each dense checkpoint's parameters
+    checked = 0
+    for spec, _ in MODELS:
+        if spec.num_experts:
+            continue
+        h = spec.hidden_size
+        attention = 2 * h * spec.num_attention_heads * spec.head_dim + 2 * h * spec.num_kv_heads * spec.head_dim
+        params = (spec.num_layers * (attention + 3 * h * spec.intermediate_size + 2 * h)
+                  + (1 if spec.tied_embeddings else 2) * spec.vocab_size * h + h)
+        assert params == pytest.approx(spec.num_params, rel=5e-5), spec.name  # (Qwen's q/k/v biases, norms)
+        checked += 1
+    assert checked == 18
+    assert {s.name: (s.intermediate_size, s.shared_experts) for s, _ in MODELS if s.num_experts}["deepseek-v3"] == (
+        18432, 1)
