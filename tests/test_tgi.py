@@ -70,16 +70,21 @@ def test_a_request_that_does_not_fit_stops_the_batch(engine):
 def test_requests_that_can_never_run_are_rejected_with_a_reason(engine):
     # 5 blocks of 4 tokens, block 0 kept: 4 blocks = 16 tokens for one request.
     # Request 0: 13 + 4 - 1 = 16 tokens fits exactly; request 1: 14 + 4 - 1 = 17 needs 5 blocks.
-    # Request 2's 30-token prompt is over max_batch_prefill_tokens = 24: TGI without chunking
-    # refuses it (max_input_tokens <= max_batch_prefill_tokens) -- with chunking it would fit in
+    # Request 2's 30-token prompt is over max_batch_prefill_tokens = 24: without chunking TGI's
+    # warmup makes max_total_tokens the prefill budget, and its router refuses 30 + 1 > 24. With
+    # chunking max_total_tokens is the pool's 20 tokens: refused too; allowed 64, it would fit in
     # tokens but not in blocks (30 + 1 - 1 = 30 tokens = 8 blocks).
     reqs = [Request(0, 0.0, 13, 4), Request(1, 0.0, 14, 4), Request(2, 0.0, 30, 1)]
     r = run(reqs, TgiConfig(max_batch_prefill_tokens=24), engine, num_blocks=5)
     assert by_id(r, "rejected") == {0: 0, 1: 1, 2: 1}
     assert "needs 5 KV blocks" in r.rejections[1] and "has 4 (block 0" in r.rejections[1]
-    assert "exceeds max_batch_prefill_tokens (24)" in r.rejections[2]
+    assert r.rejections[2] == "`inputs` tokens + `max_new_tokens` must be <= 24. Given: 30 `inputs` tokens and 1 " \
+                              "`max_new_tokens`"
     chunked = run(reqs, TgiConfig(max_batch_prefill_tokens=24, prefill_chunking=True), engine, num_blocks=5)
-    assert "needs 8 KV blocks" in chunked.rejections[2]
+    assert "must be <= 20. Given: 30 `inputs` tokens and 1" in chunked.rejections[2]
+    allowed = run(reqs, TgiConfig(max_batch_prefill_tokens=24, prefill_chunking=True, max_total_tokens=64), engine,
+                  num_blocks=5)
+    assert "needs 8 KV blocks" in allowed.rejections[2]
     wide = run(reqs, TgiConfig(max_batch_prefill_tokens=24, prefill_chunking=True), engine, num_blocks=9)
     assert by_id(wide, "rejected") == {0: 0, 1: 0, 2: 0}
 
@@ -282,13 +287,42 @@ def test_settings_are_checked_and_registered():
 
 @st.composite
 def tgi_configs(draw):
+    prefill = draw(st.integers(8, 160))
+    chunking = draw(st.booleans())
+    total = draw(st.none() | st.integers(2, 200 if chunking else prefill + 1))
     return TgiConfig(
-        max_batch_prefill_tokens=draw(st.integers(8, 160)),
+        max_batch_prefill_tokens=prefill,
         waiting_served_ratio=draw(st.sampled_from([0.0, 0.3, 0.58, 1.0, 1.5])),
         max_waiting_tokens=draw(st.sampled_from([0, 1, 2, 5, 20])),
         max_batch_size=draw(st.none() | st.integers(1, 6)),
-        prefill_chunking=draw(st.booleans()),
+        prefill_chunking=chunking,
+        generation_segment=draw(st.sampled_from([0, 1024]) | st.integers(1, 12)),
+        max_total_tokens=total,
+        max_input_tokens=draw(st.none() | st.integers(1, min(total or 201, 201 if chunking else prefill + 1) - 1)),
     )
+
+
+def tgi_limits(q, c: TgiConfig, block_size: int, num_blocks: int) -> tuple[bool, int]:
+    """(never served, max_tokens served) by TGI v3.3.7's router (``validation.rs``, ``infer/mod.rs``)
+    and launcher defaults, worked out segment by segment: what the tests expect."""
+    total = c.max_total_tokens
+    if total is None:
+        total = num_blocks * block_size if c.prefill_chunking else c.max_batch_prefill_tokens
+    longest = c.max_input_tokens if c.max_input_tokens is not None else total - 1
+    seg = c.generation_segment
+    first = min(q.max_output_tokens, seg) if seg else q.max_output_tokens
+
+    def fits(tokens):  # the allocator's blocks, block 0 kept
+        return -(-tokens // block_size) <= num_blocks - 1
+
+    never = not fits(q.prompt_tokens + first - 1) or q.prompt_tokens + first > total or q.prompt_tokens > longest
+    served = first
+    while served < q.max_output_tokens:  # each continuation is validated as a new request
+        tokens = q.prompt_tokens + served
+        if tokens > longest or tokens + seg > total or not fits(tokens + seg - 1):
+            break
+        served += seg
+    return never, min(served, q.max_output_tokens)
 
 
 class PassChecker:
@@ -324,11 +358,17 @@ def test_tgi_keeps_its_rules(requests, config, block_size, num_blocks, prefix):
     r = run_engine(requests, TgiScheduler(config), LinearCostModel(COST), kv, check=check)
     check_run(r, requests, kv_blocks=num_blocks - 1)
     assert r.metrics["num_preemptions"] == 0
-    # rejected exactly when it could never be scheduled
+    # rejected exactly when TGI's router refuses it or it could never be scheduled; served with
+    # the segments whose continuation TGI accepts; sent back once per segment it goes past
+    requeues = 0
     for q in requests:
-        blocks = -(-(q.prompt_tokens + q.max_output_tokens - 1) // block_size)
-        never = blocks > num_blocks - 1 or (not config.prefill_chunking and q.prompt_tokens > config.max_batch_prefill_tokens)
+        never, served = tgi_limits(q, config, block_size, num_blocks)
         assert by_id(r, "rejected")[q.id] == int(never)
+        if not never:
+            assert by_id(r, "max_tokens")[q.id] == served
+            if config.generation_segment:
+                requeues += (min(q.target_tokens, served) - 1) // config.generation_segment
+    assert r.metrics["requeues"] == requeues
     # first come, first served: admission follows arrival
     admitted = sorted((q.arrival_ms, q.id) for q in requests if not by_id(r, "rejected")[q.id])
     starts = [by_id(r, "first_scheduled_ms")[i] for _, i in admitted]

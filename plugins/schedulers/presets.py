@@ -47,7 +47,7 @@ class VllmConfig(ContinuousConfig):
     kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
 
     @staticmethod
-    def run_defaults(gpu, model, table: dict) -> dict:
+    def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
         """The settings vLLM picks for those ``table`` leaves out, on the run's ``gpu`` and
         ``model`` (either may be None: not named in the run):
 

@@ -129,7 +129,7 @@ class SglangConfig:
             raise FieldError("enable_mixed_chunk", "needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
 
     @staticmethod
-    def run_defaults(gpu, model, table: dict) -> dict:
+    def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
         """What SGLang 0.5.23 picks where ``table`` is silent: ``context_length`` the run's model's
         (``ModelConfig.context_len``, from ``max_position_embeddings``), and
         ``chunked_prefill_size`` by the device's memory (``arg_groups/memory_hook.py``,

@@ -6,7 +6,8 @@ Follows TGI v3.3.7 (commit dfb3fbe78e0d1d69251bd33065591c61bafdfaa8): ``backends
 (``generate_token``). One call of :meth:`TgiScheduler.schedule` is one forward pass.
 
 Admission (``next_batch``): waiting requests in arrival order, each given KV blocks for
-``prompt + max_tokens - 1`` tokens at once (the block allocator; its pool is the KV cache,
+``prompt + max_tokens - 1`` tokens at once (``max_tokens`` of the segment: see below; the block
+allocator's pool is the KV cache,
 ``max_batch_total_tokens = num_blocks x block_size`` as TGI infers it for flash-attention models,
 minus block 0, which TGI keeps for health checks), while the prompt tokens not found in the
 prefix cache fit ``max_batch_prefill_tokens`` (rounded up to a whole number of blocks) and the
@@ -34,28 +35,52 @@ the next pass decodes (and continues chunks) before the next try. After each pas
 prefilling gets its next chunk, newest first, from ``max_batch_prefill_tokens - (batch size - 1)``
 (at least one token), as TGI's server picks it.
 
+Validation (``router/src/validation.rs``): a request whose prompt + ``max_new_tokens`` exceeds
+``max_total_tokens``, or whose prompt exceeds ``max_input_tokens``, is refused with TGI's message;
+where the launcher is not told them, the warmup sets them (``FlashCausalLM.warmup``): with
+chunking ``max_total_tokens`` is the smaller of the KV pool and the model's context, without it
+the warmup batch, ``max_batch_prefill_tokens``; ``max_input_tokens`` one less. Limits TGI refuses to
+start with are config errors. A request over the allocator's blocks is refused too (TGI's launcher
+makes that impossible by bounding ``max_total_tokens``).
+
+Answer segments (since v3.1.1, ``router/src/infer/mod.rs``): the router asks the backend for at
+most ``DEFAULT_GENERATION_LENGTH`` = 1,024 new tokens at a time (``generation_segment``): the
+block allocator reserves ``input + min(max_new_tokens, 1024) - 1``, and a request that has them and
+is not done goes back to the *end* of the queue, its blocks freed, to be prefilled again with its
+answer (minus what the prefix cache holds; :meth:`Plan.requeue`, counted as ``requeues``). Each
+continuation is validated like a new request -- prompt + answer so far within
+``max_input_tokens``, and with 1,024 more within ``max_total_tokens`` -- and the answer ends where
+one is refused: ``limit_request`` cuts ``max_tokens`` to the segments that pass. Here a request
+comes back in the pass after its segment's last token (TGI appends it from the router's stream, a
+few milliseconds later, so it may miss that pass's try). Not modelled: TGI 3.3.7 asks every
+continuation for 1,024 tokens, so an answer cut by ``max_new_tokens`` rather than EOS can run past it
+to the next multiple of 1,024; here ``max_tokens`` holds.
+
+Launcher defaults (:mod:`.tgi_launcher`, applied to a run that names its GPU and model): the
+prefill budget from the GPUs' FLOPS and the model's FLOPs per token, chunked prefill and prefix
+caching on (flashinfer attention), the model's context.
+
 Simplifications: one instance, no sharding; no speculation; the KV cache plugin decides prefix
 hits (TGI's radix allocator makes a request's blocks findable when it finishes, schedlab's prefix
-caches as soon as they are computed); TGI's request validation is reduced to rejecting what could never be
-scheduled (a prompt over ``max_batch_prefill_tokens`` without chunking, a request over the
-allocator's blocks); whether a new batch is large enough for ``waiting_served_ratio`` is decided
-before any block is taken, counting each request's prefix hit in the cache as it stands (TGI
-allocates one by one and gives the blocks back: the same count unless admitting one request would
-evict cached blocks a later one reuses); the padded-model path (no block allocator) is not
-modelled. Above the router, since v3.1.1 TGI schedules at most 1,024 new tokens of a request at a
-time (``DEFAULT_GENERATION_LENGTH`` in ``router/src/validation.rs``) and sends a request that
-reaches them back to the end of the queue to be prefilled again with its output
-(``router/src/infer/mod.rs``); not modelled: a request here holds prompt + max_tokens - 1 from
-admission to finish, as in v3.0. A request without ``max_tokens`` reserves its own output length
-(schedlab's convention), where TGI would default ``max_new_tokens`` to ``max_total_tokens - input``.
+caches as soon as they are computed); whether a new batch is large enough for
+``waiting_served_ratio`` is decided before any block is taken, counting each request's prefix hit
+in the cache as it stands (TGI allocates one by one and gives the blocks back: the same count
+unless admitting one request would evict cached blocks a later one reuses); the padded-model path
+(no block allocator) is not modelled. A request without ``max_tokens`` reserves its own output
+length (schedlab's convention), where TGI would default ``max_new_tokens`` to ``max_total_tokens -
+input``.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import numpy as np
 
-from schedlab.configs import bool_field, float_field, int_field
+from schedlab.configs import FieldError, bool_field, float_field, int_field
+
+from .tgi_launcher import prefill_tokens
 
 HEALTH_CHECK_BLOCKS = 1  # block 0 of TGI's allocator is never handed out
 
@@ -72,6 +97,53 @@ class TgiConfig:
                                     help="most requests in a batch (unset = no limit, TGI's default; with chunking "
                                          "only the first batch is capped)")
     prefill_chunking: bool = bool_field(False, help="TGI v3's chunked prefill (flashinfer / flashdecoding attention)")
+    max_input_tokens: int = int_field(None, min=1, optional=True,
+                                      help="longest prompt accepted (unset: max_total_tokens - 1, TGI's default)")
+    max_total_tokens: int = int_field(None, min=2, optional=True,
+                                      help="most prompt + new tokens of one segment accepted (unset: with chunking "
+                                           "min(KV pool, context_length), without max_batch_prefill_tokens -- what "
+                                           "TGI's warmup returns)")
+    context_length: int = int_field(None, min=1, optional=True,
+                                    help="the model's context (config.json max_position_embeddings); unset: the "
+                                         "run's model's")
+    generation_segment: int = int_field(1024, min=0,
+                                        help="new tokens scheduled at a time; a request that reaches them goes back "
+                                             "to the end of the queue (DEFAULT_GENERATION_LENGTH, TGI v3.1.1 on; "
+                                             "0 = whole answers, as v3.0)")
+
+    #: TGI turns prefix caching on with flashinfer attention (compute capability 8.0 and up)
+    kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
+
+    @staticmethod
+    def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
+        """What TGI v3.3.7 picks where ``table`` is silent, on ``tensor_parallel`` shards of the
+        run's ``gpu`` for its ``model`` (either None: not named): the model's context as
+        ``context_length``; chunked prefill on a named GPU (flashinfer attention from compute
+        capability 8.0, which every GPU preset has); and the launcher's
+        ``max_batch_prefill_tokens`` (:mod:`.tgi_launcher`: the GPUs' FLOPS over the model's
+        FLOPs per token, within the context and the memory). The run's assembly applies them."""
+        out = {}
+        if model is not None and model.max_position_embeddings and "context_length" not in table:
+            out["context_length"] = model.max_position_embeddings
+        if gpu is not None and "prefill_chunking" not in table:
+            out["prefill_chunking"] = True
+        if "max_batch_prefill_tokens" not in table and (gpu is not None or model is not None):
+            out["max_batch_prefill_tokens"] = prefill_tokens(gpu, model, tensor_parallel)
+        return out
+
+    def __attrs_post_init__(self):
+        if self.max_input_tokens is not None and self.max_total_tokens is not None \
+                and self.max_input_tokens >= self.max_total_tokens:
+            raise FieldError("max_input_tokens", f"({self.max_input_tokens}) must be < max_total_tokens "
+                                                 f"({self.max_total_tokens}), as TGI's launcher requires")
+        if not self.prefill_chunking:
+            total = self.max_total_tokens if self.max_total_tokens is not None else self.max_batch_prefill_tokens
+            longest = self.max_input_tokens if self.max_input_tokens is not None else total - 1
+            if longest > self.max_batch_prefill_tokens:
+                raise FieldError("max_batch_prefill_tokens",
+                                 f"({self.max_batch_prefill_tokens}) must be >= max_input_tokens ({longest}"
+                                 f"{'' if self.max_input_tokens is not None else ' = max_total_tokens - 1'}) "
+                                 f"without prefill chunking: TGI refuses to start otherwise")
 
 
 class TgiScheduler:
@@ -82,6 +154,7 @@ class TgiScheduler:
     def __init__(self, config: TgiConfig | None = None):
         self.config = config or TgiConfig()
         self.slots = self.config.max_batch_size
+        self.answer_segment = self.config.generation_segment  # (the engines check reservations by it)
         self._ratio = np.float32(self.config.waiting_served_ratio)
         self._prefill_step = 0          # decode clock at the last prefill: waiting_tokens = 1 + steps since
         self._decode_next = None        # decode clock after a pass that joined a new batch: the next pass decodes
@@ -89,31 +162,112 @@ class TgiScheduler:
         self._next_chunk: dict = {}     # chunking: sequence still prefilling -> its chunk in the next pass
 
     # -- optional protocol members --------------------------------------------------------
-    def rejection_reason(self, request, kv) -> str | None:
+    def limits(self, kv) -> tuple[int, int]:
+        """(max_input_tokens, max_total_tokens) as TGI's warmup settles them where the config
+        is silent (``FlashCausalLM.warmup``): with chunking the KV pool's tokens or the
+        context, whichever is smaller; without, the warmup batch's tokens, which are
+        ``max_batch_prefill_tokens``; the input one token less."""
         c = self.config
-        if not c.prefill_chunking and request.prompt_tokens > c.max_batch_prefill_tokens:
-            return (f"prompt of {request.prompt_tokens} tokens exceeds max_batch_prefill_tokens "
-                    f"({c.max_batch_prefill_tokens}); TGI without prefill chunking requires max_input_tokens <= "
-                    f"max_batch_prefill_tokens")
-        need = -(-self._reserve_tokens(request) // kv.block_size)
+        total = c.max_total_tokens
+        if total is None:
+            if c.prefill_chunking:
+                total = kv.num_blocks * kv.block_size
+                if c.context_length:
+                    total = min(total, c.context_length)
+            else:
+                total = c.max_batch_prefill_tokens
+        return (c.max_input_tokens if c.max_input_tokens is not None else total - 1), total
+
+    def _chunk(self, max_new: int) -> int:
+        """New tokens of one segment: ``min(max_new_tokens, DEFAULT_GENERATION_LENGTH)``."""
+        segment = self.config.generation_segment
+        return min(max_new, segment) if segment else max_new
+
+    def limit_request(self, request, kv):
+        """``request`` as TGI serves it: an answer longer than ``generation_segment`` is
+        served a segment at a time, the router validating each continuation like a new request
+        (``Infer::generate_stream``): prompt + tokens so far must stay within
+        ``max_input_tokens``, and with one more segment within ``max_total_tokens`` and the
+        allocator's blocks; where one does not, the answer ends there -- ``max_tokens`` is cut
+        to the segments that pass. The first segment's checks are :meth:`rejection_reason`'s."""
+        segment = self.config.generation_segment
+        if not segment or request.max_output_tokens <= segment:
+            return request
+        longest_input, total = self.limits(kv)
+        usable_tokens = (kv.num_blocks - HEALTH_CHECK_BLOCKS) * kv.block_size
+        total = min(total, usable_tokens + 1)  # a segment reserves input + segment - 1 tokens
+        prompt = request.prompt_tokens
+        # segment k (k >= 1) starts from prompt + k * segment tokens and asks for segment more
+        passing = min((total - segment - prompt) // segment, (longest_input - prompt) // segment)
+        served = (max(passing, 0) + 1) * segment
+        if served >= request.max_output_tokens:
+            return request
+        return attrs.evolve(request, max_tokens=served)
+
+    def rejection_reason(self, request, kv) -> str | None:
+        longest_input, total = self.limits(kv)  # (without chunking, within max_batch_prefill_tokens)
+        chunk = self._chunk(request.max_output_tokens)
+        if request.prompt_tokens + chunk > total:  # (TGI's messages, router/src/validation.rs)
+            return (f"`inputs` tokens + `max_new_tokens` must be <= {total}. Given: {request.prompt_tokens} "
+                    f"`inputs` tokens and {chunk} `max_new_tokens`")
+        if request.prompt_tokens > longest_input:
+            return (f"`inputs` must have less than {longest_input} tokens. Given: {request.prompt_tokens}")
+        need = -(-self.kv_reservation(request) // kv.block_size)
         usable = kv.num_blocks - HEALTH_CHECK_BLOCKS
         if need > usable:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
-                    f"{request.max_output_tokens} - 1) but TGI's block allocator has {usable} (block 0 is kept "
-                    f"for health checks)")
+                    f"{chunk} - 1) but TGI's block allocator has {usable} (block 0 is kept for health checks)")
         return None
 
     def kv_reservation(self, request) -> int:
-        """KV tokens held from admission (the block allocator's ``input + max_new_tokens - 1``)."""
-        return self._reserve_tokens(request)
+        """KV tokens held from admission (the block allocator's ``input + max_new_tokens - 1``,
+        ``max_new_tokens`` the first segment's)."""
+        return request.prompt_tokens + self._chunk(request.max_output_tokens) - 1
 
-    @staticmethod
-    def _reserve_tokens(request) -> int:
-        """What TGI's queue asks the block allocator for: ``input + max_new_tokens - 1``."""
-        return request.prompt_tokens + request.max_output_tokens - 1
+    def _reserve_tokens(self, seq) -> int:
+        """What TGI's queue asks the block allocator for: ``input + max_new_tokens - 1``, the
+        input holding the answer so far when ``seq`` comes back for another segment."""
+        return seq.num_tokens + self._chunk(seq.request.max_output_tokens) - 1
+
+    def _requeue_segments(self, plan) -> None:
+        """Send each decoding request that has just generated a whole segment back to the end
+        of the queue (its blocks freed, to be prefilled again with its answer), and wake the
+        engine when the next one will have."""
+        segment = self.config.generation_segment
+        soonest = None
+        for seq in list(plan.running):
+            if seq.status != "decoding" or seq.request.max_output_tokens <= segment:
+                continue
+            left = segment - seq.num_generated % segment
+            if left == segment:
+                plan.requeue(seq)
+            elif soonest is None or left < soonest:
+                soonest = left
+        if soonest is not None:
+            plan.wake_after(soonest)
+
+    def _watch_prefills(self, plan) -> None:
+        """A request prefilled in this pass may end a segment with its first token, or a few
+        decode steps later: be asked at the next pass, when it decodes (the engine would not
+        ask while only decoders run)."""
+        segment = self.config.generation_segment
+        for seq in plan.prefilling:
+            if seq.request.max_output_tokens > segment:
+                plan.wake_after(0)
+                return
 
     # -- one forward pass ------------------------------------------------------------------
     def schedule(self, plan) -> None:
+        c = self.config
+        if c.generation_segment:
+            self._requeue_segments(plan)
+            self._pass(plan)
+            self._watch_prefills(plan)
+        else:
+            self._pass(plan)
+
+    def _pass(self, plan) -> None:
+        """One pass of ``batching_task``: the running batch's work and any new batch."""
         c = self.config
         running = len(plan.running)
         decode_next, self._decode_next = self._decode_next, None
@@ -194,7 +348,7 @@ class TgiScheduler:
                 break
             hit = plan.cached_tokens(seq)
             postfix = seq.num_tokens - hit
-            reserve = self._reserve_tokens(seq.request)
+            reserve = self._reserve_tokens(seq)
             need = kv.blocks_needed(seq, postfix, cached_tokens=hit, reserve_tokens=reserve)
             if need > free:
                 break

@@ -320,9 +320,10 @@ def _run_named(tables: dict, key: str) -> str | None:
 def _with_run_defaults(ctx: Context, tables: dict) -> dict:
     """The run's scheduler table with the settings its kind's config picks for the run's GPU
     and model where the table leaves them out: an optional ``run_defaults(gpu_spec, model_spec,
-    table) -> dict`` on the config class (either spec None when the run names none, or one
-    unknown), as the ``vllm`` preset has (vLLM sizes its batch by the device and its context by
-    the model). An unknown kind, GPU or model is left for the components themselves to report."""
+    table, tensor_parallel=1) -> dict`` on the config class (either spec None when the run names
+    none, or one unknown), as the ``vllm`` preset has (vLLM sizes its batch by the device and its
+    context by the model) and ``tgi`` (its prefill budget by the shards' FLOPS). An unknown kind,
+    GPU or model is left for the components themselves to report."""
     table = tables["scheduler"]
     pick = getattr(_config_class(ctx, "scheduler", table), "run_defaults", None)
     if pick is None:
@@ -330,7 +331,9 @@ def _with_run_defaults(ctx: Context, tables: dict) -> dict:
     gpu, model = _run_named(tables, "gpu"), _run_named(tables, "model")
     gpu = ctx.presets.gpu(gpu) if gpu in ctx.presets.gpu_names() else None
     model = ctx.presets.model(model) if model in ctx.presets.model_names() else None
-    return {**pick(gpu, model, table), **table}
+    shards = next((t.get("tensor_parallel") for t in (tables.get("cost_model", {}), tables.get("kv_cache", {}))
+                   if isinstance(t.get("tensor_parallel"), int) and t.get("tensor_parallel") > 0), 1)
+    return {**pick(gpu, model, table, tensor_parallel=shards), **table}
 
 
 def _config_class(ctx: Context, component: str, table: dict):
