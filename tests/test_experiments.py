@@ -307,6 +307,23 @@ def test_chunked_prefill_trades_ttft_for_itl():
     assert metric(tgi_chunked, "itl_ms.max") < 0.6 * metric(off, "itl_ms.max")  # 54% with the profile-derived roofline
 
 
+def test_tgi_segments_keep_chats_moving_beside_long_answers():
+    results = run("tgi_segments.toml", ["workload.classes.chat.num_requests=200",
+                                        "workload.classes.reasoning.num_requests=40"])
+    seg, whole, seg_busy, whole_busy = (results.study(n).runs[0]
+                                        for n in ("segments", "whole", "segments_busy", "whole_busy"))
+    # whole answers reserve a reasoning answer's length up front: the chats queue behind them
+    assert metric(seg, "per_class.chat.ttft_ms.p50") < metric(whole, "per_class.chat.ttft_ms.p50") / 50
+    assert metric(seg_busy, "per_class.chat.ttft_ms.p50") < metric(whole_busy, "per_class.chat.ttft_ms.p50") / 50
+    assert metric(seg, "kv_usage.mean") < metric(whole, "kv_usage.mean")
+    # the price: every long answer comes back every 1,024 tokens and is prefilled again
+    assert metric(seg, "requeues") > 0 == metric(whole, "requeues")
+    assert metric(seg, "preemptions.recomputed_tokens") > 0 == metric(whole, "preemptions.recomputed_tokens")
+    # and yet the long answers themselves finish no later, the busier load included
+    assert metric(seg, "per_class.reasoning.e2e_ms.p50") < metric(whole, "per_class.reasoning.e2e_ms.p50")
+    assert metric(seg_busy, "throughput_tps") > metric(whole_busy, "throughput_tps")
+
+
 # -- interactive and background work ---------------------------------------------------------------------
 
 
