@@ -87,7 +87,9 @@ HEALTH_CHECK_BLOCKS = 1  # block 0 of TGI's allocator is never handed out
 
 @attrs.frozen
 class TgiConfig:
-    max_batch_prefill_tokens: int = int_field(4096, min=1, help="prompt tokens one prefill may compute (TGI v3 default 4096)")
+    max_batch_prefill_tokens: int = int_field(4096, min=1,
+                                              help="prompt tokens one prefill may compute (on a run naming its GPU "
+                                                   "and model: TGI's launcher's, from the GPUs' FLOPS)")
     waiting_served_ratio: float = float_field(0.3, min=0.0,
                                               help="without chunking: a new batch joining a running one must hold "
                                                    "at least this share of the running requests")
@@ -96,7 +98,8 @@ class TgiConfig:
     max_batch_size: int = int_field(None, min=1, optional=True,
                                     help="most requests in a batch (unset = no limit, TGI's default; with chunking "
                                          "only the first batch is capped)")
-    prefill_chunking: bool = bool_field(False, help="TGI v3's chunked prefill (flashinfer / flashdecoding attention)")
+    prefill_chunking: bool = bool_field(False, help="TGI v3's chunked prefill (flashinfer / flashdecoding attention; "
+                                                    "on by default on a run naming its GPU)")
     max_input_tokens: int = int_field(None, min=1, optional=True,
                                       help="longest prompt accepted (unset: max_total_tokens - 1, TGI's default)")
     max_total_tokens: int = int_field(None, min=2, optional=True,
