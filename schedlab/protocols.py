@@ -399,6 +399,9 @@ class Scheduler(Protocol):
     running sequences; a disaggregated decode instance lets no more join),
     ``kv_reservation(request)`` (KV tokens held from admission, 0 when grown as computed; a
     disaggregated decode instance reserves as much when it pulls a request's KV) and
+    ``max_in_flight`` (the most requests the instance holds, waiting or running, at once: the
+    engines refuse an arrival beyond it, "Model is overloaded", as TGI's router does -- a request
+    whose last iteration is still running at the arrival counts; :mod:`schedlab.engine.admission`),
     ``answer_segment`` (new tokens a sequence gets per admission: the scheduler
     :meth:`Plan.requeue` s it when it has them, so its reservation may stop there; TGI's
     segments), ``pull_headroom(running, pending, block_size)`` (blocks a disaggregated decode instance

@@ -8,6 +8,7 @@ fast engine against the reference engine.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -378,9 +379,12 @@ def test_tgi_keeps_its_rules(requests, config, block_size, num_blocks, prefix):
 
 @SETTINGS
 @given(requests_lists(max_size=10, max_prompt=48, max_output=80, prefix_groups=2), tgi_configs(),
-       dyadic_linear_costs(), st.integers(1, 8), st.integers(2, 60), st.booleans())
-def test_tgi_fast_engine_matches_reference(requests, config, cost, block_size, num_blocks, prefix):
-    """Bulk decode runs must stop where max_waiting_tokens or a joined batch changes the next pass."""
+       dyadic_linear_costs(), st.integers(1, 8), st.integers(2, 60), st.booleans(), st.integers(1, 5) | st.just(128))
+def test_tgi_fast_engine_matches_reference(requests, config, cost, block_size, num_blocks, prefix, in_flight):
+    """Bulk decode runs must stop where max_waiting_tokens, a joined batch or a segment's end
+    changes the next pass; both engines count the requests in flight alike."""
+    config = attrs.evolve(config, max_concurrent_requests=in_flight)
+
     def one(engine):
         kv = (PrefixKVCache if prefix else PagedKVCache)(num_blocks, block_size)
         return run_engine(requests, TgiScheduler(config), LinearCostModel(cost), kv, engine=engine)

@@ -190,3 +190,19 @@ def test_a_tgi_run_takes_the_launchers_defaults(tmp_path):
                     model="llama-3.1-8b")
     assert (_assembled(tmp_path, mine)[0].config.max_batch_prefill_tokens,
             _assembled(tmp_path, mine)[0].config.prefill_chunking) == (4096, False)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_beyond_max_concurrent_requests_the_router_answers_overloaded(engine):
+    # At most 2 in flight. A (prompt 4, 2 tokens), B (4, 1) and C (4, 1) at 0: C is refused. t=0:
+    # A and B prefilled (8 tokens, 4 ms): B done at 4. D at 3 is refused -- B is still in flight,
+    # although the iteration finishing it has begun. E at 4 is taken (B ended at 4): prefilled
+    # alone to 6 (its one token). A decodes 6 -> 14. F at 10 (A in flight, E gone) is taken and
+    # prefilled when A is done: 14 -> 16.
+    reqs = [Request(0, 0.0, 4, 2), Request(1, 0.0, 4, 1), Request(2, 0.0, 4, 1), Request(3, 3.0, 4, 1),
+            Request(4, 4.0, 4, 1), Request(5, 10.0, 4, 1)]
+    r = run(reqs, TgiConfig(max_concurrent_requests=2), engine)
+    assert by_id(r, "rejected") == {0: 0, 1: 0, 2: 1, 3: 1, 4: 0, 5: 0}
+    assert r.rejections[2] == r.rejections[3] == "Model is overloaded: 2 requests in flight (max_concurrent_requests)"
+    assert {i: t for i, t in by_id(r, "finish_ms").items() if i in (0, 1, 4, 5)} == {0: 14.0, 1: 4.0, 4: 6.0,
+                                                                                      5: 16.0}

@@ -56,6 +56,10 @@ few milliseconds later, so it may miss that pass's try). Not modelled: TGI 3.3.7
 continuation for 1,024 tokens, so an answer cut by ``max_new_tokens`` rather than EOS can run past it
 to the next multiple of 1,024; here ``max_tokens`` holds.
 
+Concurrency: the router holds at most ``max_concurrent_requests`` (128) requests from
+validation to the end of the response; one more is refused at once, "Model is overloaded" (the
+engines do it: ``max_in_flight``, :mod:`schedlab.engine.admission`).
+
 Launcher defaults (:mod:`.tgi_launcher`, applied to a run that names its GPU and model): the
 prefill budget from the GPUs' FLOPS and the model's FLOPs per token, chunked prefill and prefix
 caching on (flashinfer attention), the model's context.
@@ -109,6 +113,9 @@ class TgiConfig:
     context_length: int = int_field(None, min=1, optional=True,
                                     help="the model's context (config.json max_position_embeddings); unset: the "
                                          "run's model's")
+    max_concurrent_requests: int = int_field(128, min=1,
+                                             help="requests in flight the router takes; one more is answered "
+                                                  "'Model is overloaded' (HTTP 429) and counted rejected")
     generation_segment: int = int_field(1024, min=0,
                                         help="new tokens scheduled at a time; a request that reaches them goes back "
                                              "to the end of the queue (DEFAULT_GENERATION_LENGTH, TGI v3.1.1 on; "
@@ -158,6 +165,7 @@ class TgiScheduler:
         self.config = config or TgiConfig()
         self.slots = self.config.max_batch_size
         self.answer_segment = self.config.generation_segment  # (the engines check reservations by it)
+        self.max_in_flight = self.config.max_concurrent_requests  # (the engines refuse beyond it on arrival)
         self._ratio = np.float32(self.config.waiting_served_ratio)
         self._prefill_step = 0          # decode clock at the last prefill: waiting_tokens = 1 + steps since
         self._decode_next = None        # decode clock after a pass that joined a new batch: the next pass decodes

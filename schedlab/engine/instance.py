@@ -25,6 +25,7 @@ from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, plan
 from .clock import check_iteration_end
 from .load import Release, load
 from .plan import FastPlan
+from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
     ABORTED, DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence,
@@ -137,6 +138,10 @@ class Instance:
         self.cost = cost_model
         self.kv = kv
         self.rec = recorder
+        cap = getattr(scheduler, "max_in_flight", None)  # (Scheduler protocol: TGI's max_concurrent_requests)
+        self.concurrency = ConcurrencyLimit(cap) if cap else None
+        if cap:
+            recorder.limits[index] = self.concurrency
         self.counters = recorder.counters
         self.observer = observer
         self.stall_limit = stall_limit
@@ -225,7 +230,8 @@ class Instance:
         if self.limit_request is not None:
             request = self.limit_request(request, self.kv)
         seq = Sequence(request, seq_no, self.clock)
-        reason = self._rejection_reason(request, self.kv)
+        reason = self.concurrency.refusal(request.arrival_ms) if self.concurrency is not None else None
+        reason = reason or self._rejection_reason(request, self.kv)
         if not reason and self.spec is not None:
             reason = self.spec.rejection_reason(self._rejection_reason, request, self.kv)
         if reason:
@@ -234,6 +240,8 @@ class Instance:
             if self.track_finished:
                 self.finished.append((request, request.arrival_ms))
             return None
+        if self.concurrency is not None:
+            self.concurrency.accept()
         if request.timeout_ms is not None:
             abort_at = request.sent_at + request.timeout_ms + self.hangup_ms
             if abort_at <= request.arrival_ms:  # the client left before the request got here

@@ -105,6 +105,7 @@ class Recorder:
     def __init__(self, *, timeline: bool = True, kv_high_water: float = 0.9, output_delay_ms: float = 0.0,
                  sink=None, exact_requests: int | None = None, timeline_points: int | None = None):
         self.sink = sink                      # where rows go past exact_requests (None: kept)
+        self.limits: dict = {}                # instance -> its ConcurrencyLimit (engine.admission), if any
         self.listener = None                  # called (seq, finish_ms, rejected, client view) per request
         self.exact_requests = exact_requests
         self.streaming = False
@@ -131,6 +132,8 @@ class Recorder:
     def request_done(self, seq, instance: int, finish_ms: float, *, rejected: bool = False,
                      aborted: bool = False) -> None:
         """Record a finished, rejected or aborted sequence's row (``finish_ms``: when it left the engine)."""
+        if self.limits and not rejected and instance in self.limits:
+            self.limits[instance].end(finish_ms)  # (its slot of max_concurrent_requests)
         r = seq.request
         tr = seq.transfer
         if rejected:

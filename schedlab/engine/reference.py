@@ -17,6 +17,7 @@ from ..energy.meter import token_shares
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
+from .admission import ConcurrencyLimit
 from .ahead import Ahead, AheadRunning, plans_ahead
 from .clock import check_iteration_end
 from .load import Release, load
@@ -388,6 +389,10 @@ class ReferenceEngine:
         self.kv = kv
         self.rec = recorder
         self.index = index
+        cap = getattr(scheduler, "max_in_flight", None)  # (Scheduler protocol: TGI's max_concurrent_requests)
+        self.concurrency = ConcurrencyLimit(cap) if cap else None
+        if cap:
+            recorder.limits[index] = self.concurrency
         self.counters = recorder.counters
         self.stall_limit = stall_limit
         self.now = 0.0
@@ -472,6 +477,8 @@ class ReferenceEngine:
         if self.limit_request is not None:
             request = self.limit_request(request, self.kv)
         seq = RefSequence(request, seq_no)
+        if not reason and self.concurrency is not None:
+            reason = self.concurrency.refusal(request.arrival_ms)
         reason = reason or self.reason_of(request, self.kv)
         if not reason and self.spec is not None:
             reason = self.spec.rejection_reason(self.reason_of, request, self.kv)
@@ -481,6 +488,8 @@ class ReferenceEngine:
             if self.on_request_done is not None:
                 self.on_request_done(request, request.arrival_ms)
             return None
+        if self.concurrency is not None:
+            self.concurrency.accept()
         if request.timeout_ms is not None:  # its client gives up then; the engine hears of it hangup_ms later
             abort_at = request.sent_at + request.timeout_ms + self.hangup_ms
             if abort_at <= request.arrival_ms:
