@@ -169,30 +169,26 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
      "counted). Attention FLOPs taken at head_dim 128 (MLA's prefill: 192 for QK, 128 for V)"),
 )
 
-#: each preset's context length, config.json ``max_position_embeddings`` of its ``hf_id``
-#: (vLLM's default ``max_model_len``; the long-context models' configs already hold their rope-
-#: scaled length: Llama-3.1/3.2/3.3 131,072, gpt-oss 131,072, DeepSeek-V3 163,840)
-CONTEXT_LENGTHS = {
-    "llama-2-7b": 4096, "llama-2-13b": 4096, "llama-2-70b": 4096, "codellama-34b": 16384,
-    "llama-3-8b": 8192, "llama-3-70b": 8192, "llama-3.3-70b": 131072, "mistral-7b": 32768,
-    "mixtral-8x7b": 32768, "mixtral-8x22b": 65536, "qwen2.5-7b": 131072, "qwen2.5-72b": 131072,
-    "llama-3.2-1b": 131072, "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 262144,
-    "qwen3-0.6b": 40960, "qwen3-1.7b": 40960, "qwen3-4b": 40960, "qwen3-8b": 40960, "qwen3-14b": 40960,
-    "qwen3-235b-a22b": 40960, "gpt-oss-20b": 131072, "gpt-oss-120b": 131072, "deepseek-v3": 163840,
+#: config.json values of each preset's ``hf_id`` beyond its shapes: (``max_position_embeddings``,
+#: ``intermediate_size``). The context is vLLM's default ``max_model_len`` (the long-context models'
+#: configs already hold their rope-scaled length: Llama-3.1/3.2/3.3 131,072, gpt-oss 131,072,
+#: DeepSeek-V3 163,840); the intermediate size is as written -- a MoE model's dense width, which
+#: TGI's launcher multiplies by the experts per token.
+CONFIG_VALUES = {
+    "llama-2-7b": (4096, 11008), "llama-2-13b": (4096, 13824), "llama-2-70b": (4096, 28672),
+    "codellama-34b": (16384, 22016), "llama-3-8b": (8192, 14336), "llama-3-70b": (8192, 28672),
+    "llama-3.3-70b": (131072, 28672), "mistral-7b": (32768, 14336), "mixtral-8x7b": (32768, 14336),
+    "mixtral-8x22b": (65536, 16384), "qwen2.5-7b": (131072, 18944), "qwen2.5-72b": (131072, 29568),
+    "llama-3.2-1b": (131072, 8192), "llama-3.1-8b": (131072, 14336), "qwen3-32b": (40960, 25600),
+    "qwen3-30b-a3b": (262144, 6144), "qwen3-0.6b": (40960, 3072), "qwen3-1.7b": (40960, 6144),
+    "qwen3-4b": (40960, 9728), "qwen3-8b": (40960, 12288), "qwen3-14b": (40960, 17408),
+    "qwen3-235b-a22b": (40960, 12288), "gpt-oss-20b": (131072, 2880), "gpt-oss-120b": (131072, 2880),
+    "deepseek-v3": (163840, 18432),
 }
-#: each preset's config.json ``intermediate_size`` as written (the MoE models': their dense width,
-#: which TGI's launcher multiplies by the experts per token), and DeepSeek-V3's shared expert
-INTERMEDIATE_SIZES = {
-    "llama-2-7b": 11008, "llama-2-13b": 13824, "llama-2-70b": 28672, "codellama-34b": 22016,
-    "llama-3-8b": 14336, "llama-3-70b": 28672, "llama-3.3-70b": 28672, "mistral-7b": 14336,
-    "mixtral-8x7b": 14336, "mixtral-8x22b": 16384, "qwen2.5-7b": 18944, "qwen2.5-72b": 29568,
-    "llama-3.2-1b": 8192, "llama-3.1-8b": 14336, "qwen3-32b": 25600, "qwen3-30b-a3b": 6144,
-    "qwen3-0.6b": 3072, "qwen3-1.7b": 6144, "qwen3-4b": 9728, "qwen3-8b": 12288, "qwen3-14b": 17408,
-    "qwen3-235b-a22b": 12288, "gpt-oss-20b": 2880, "gpt-oss-120b": 2880, "deepseek-v3": 18432,
-}
+CONTEXT_LENGTHS = {name: context for name, (context, _) in CONFIG_VALUES.items()}
 SHARED_EXPERTS = {"deepseek-v3": 1}
-MODELS = tuple((attrs.evolve(spec, max_position_embeddings=CONTEXT_LENGTHS[spec.name],
-                             intermediate_size=INTERMEDIATE_SIZES[spec.name],
+MODELS = tuple((attrs.evolve(spec, max_position_embeddings=CONFIG_VALUES[spec.name][0],
+                             intermediate_size=CONFIG_VALUES[spec.name][1],
                              shared_experts=SHARED_EXPERTS.get(spec.name, 0)),
                 f"{note}; context {CONTEXT_LENGTHS[spec.name]:,} tokens") for spec, note in MODELS)
 
