@@ -290,6 +290,31 @@ class Plan(Protocol):
         """True if ``seq`` already has work in this iteration."""
         ...
 
+    @property
+    def made_ahead(self) -> bool:
+        """True if this plan is made while the batch before it still runs (the scheduler's
+        ``plans_ahead``, :mod:`schedlab.engine.ahead`); False when it is made synchronously."""
+        ...
+
+    def token_in_flight(self, seq: SequenceState) -> bool:
+        """True if this plan is made ahead while the batch in progress computes a token of
+        ``seq`` -- a decode's, or a prompt's last chunk's --, which ``seq`` already counts but
+        an engine planning ahead has not seen yet: SGLang's overlap scheduler plans with every
+        such request one output token short. A finished sequence still holding its slot
+        (:meth:`RunningView.holding`) got its last token so."""
+        ...
+
+    def overshoot(self, seq: SequenceState) -> bool:
+        """In a plan made ahead, decode ``seq`` once more although the batch in progress has
+        finished it -- at a stop the engine planning ahead cannot foresee (an EOS before its
+        ``max_tokens``), so SGLang's overlap scheduler keeps it in the next batch and throws
+        the token away. It takes a place in the batch (the cost model sees one more decode)
+        and a KV slot, released with its blocks once the plan is made; counted in
+        ``preemptions.discarded_tokens``. ``seq`` must be a finished sequence still holding its
+        slot (:meth:`RunningView.holding`). False, with nothing changed, if the slot does not
+        fit."""
+        ...
+
     def decode_all(self) -> bool:
         """Give every decoding sequence its next token this iteration (allocating any new
         blocks). False, with nothing changed, if the cache lacks the blocks. This is the
@@ -326,14 +351,22 @@ class Plan(Protocol):
         """Compute the next ``num_tokens`` of a running sequence's unfinished prefill."""
         ...
 
-    def preempt(self, seq: SequenceState) -> None:
+    def preempt(self, seq: SequenceState, *, discard_in_flight: bool = False) -> None:
         """Recompute preemption: free a running sequence's blocks and put it at the front of
         the waiting queue; it will prefill ``num_tokens`` again (minus cached blocks). If
         ``seq`` was already scheduled in this iteration (a decode or a prefill chunk, not an
         admission or a swap-in), that work is withdrawn and its new blocks freed too, as
         vLLM does when its victim was scheduled earlier in the step. On a pipelined instance
         ``seq`` may be in a batch in flight (from ``running.preemptible()``): the batch still
-        brings it its token when it lands (:mod:`schedlab.engine.stages`)."""
+        brings it its token when it lands (:mod:`schedlab.engine.stages`).
+
+        ``discard_in_flight``: in a plan made ahead, the token the batch in progress computes
+        for ``seq`` (:meth:`token_in_flight`) is dropped, to be computed again -- SGLang's
+        overlap scheduler skips a retracted request's queued result, where vLLM keeps it. The
+        client never got it: if it was the first, the first token comes later; otherwise the
+        gap before it is kept as an inter-token sample and the regenerated token's gap is
+        counted from it (the gaps still add up to the request's decode time). Counted in
+        ``preemptions.discarded_tokens``."""
         ...
 
     def requeue(self, seq: SequenceState) -> None:

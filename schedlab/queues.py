@@ -114,6 +114,12 @@ class RunningView:
         """The most recently admitted running sequence (vLLM's FCFS preemption victim)."""
         return next(reversed(self._running)) if self._running else None
 
+    def holding(self) -> list:
+        """Every sequence holding a running slot, in admission order: all of them here; under
+        asynchronous scheduling also those finished by the batch in progress, which keep their
+        slots and blocks until the plan is made (:class:`schedlab.engine.ahead.AheadRunning`)."""
+        return list(self._running)
+
     def preemptible(self) -> list:
         """The running sequences a preemption may pick, in admission order: all of them here;
         a pipelined instance's view adds those in a batch in flight, which iterating skips

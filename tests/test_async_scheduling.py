@@ -269,6 +269,7 @@ class _Seq:
         self.dec_tick = self.lag_tick = self.cache_lag = 0
         self.decoding = False
         self.left_since_batch = False
+        self.entered_since_batch = False
 
 
 class _Plan:
@@ -277,23 +278,25 @@ class _Plan:
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["enter", "leave", "batch", "plan_all", "plan_some", "bulk"]),
+@given(st.lists(st.tuples(st.sampled_from(["enter", "leave", "batch", "prefill_batch", "plan_all", "plan_some",
+                                           "bulk"]),
                           st.lists(st.integers(0, 5), max_size=4)), max_size=60))
 def test_the_fast_engines_lazy_marks_agree_with_the_sets_they_replace(events):
     """``Marks`` (the fast engine) against what the reference engine keeps: the set of decoders at
-    the last batch end, and each scheduled sequence's lag written at every plan. Events follow the
-    engine's order: a sequence that stopped decoding starts again only after a batch ended (a
-    prefill's end, or a parked decoder put back after the batch), and a bulk run ends with its
-    batch."""
+    the last batch end, those the last batch gave a token (a batch that decoded nobody: only the
+    prompts it completed, which started decoding since the batch before), and each scheduled
+    sequence's lag written at every plan. Events follow the engine's order: a sequence that
+    stopped decoding starts again only after a batch ended (a prefill's end, or a parked decoder
+    put back after the batch), and a bulk run ends with its batch."""
     from schedlab.engine.ahead import Marks
 
-    marks, seqs, fresh, lag = Marks(), [_Seq() for _ in range(6)], set(), {}
+    marks, seqs, fresh, lag, got = Marks(), [_Seq() for _ in range(6)], set(), {}, set()
     for kind, picks in events:
         chosen = [seqs[i] for i in dict.fromkeys(picks)]
         if kind == "enter":
             for s in chosen:
                 if not s.decoding and not s.left_since_batch:
-                    s.decoding = True
+                    s.decoding = s.entered_since_batch = True
                     marks.entered(s)
         elif kind == "leave":
             for s in chosen:
@@ -301,11 +304,12 @@ def test_the_fast_engines_lazy_marks_agree_with_the_sets_they_replace(events):
                     assert marks.lag(s, True) == lag.get(s, 0)
                     marks.left(s)
                     s.decoding, s.left_since_batch = False, True
-        elif kind in ("batch", "bulk"):
+        elif kind in ("batch", "bulk", "prefill_batch"):
             fresh = {s for s in seqs if s.decoding}
-            marks.batch_ended()
+            got = fresh if kind != "prefill_batch" else {s for s in fresh if s.entered_since_batch}
+            marks.batch_ended(kind != "prefill_batch")
             for s in seqs:
-                s.left_since_batch = False
+                s.left_since_batch = s.entered_since_batch = False
             if kind == "bulk":
                 for s in fresh:
                     lag[s] = 1
@@ -318,7 +322,8 @@ def test_the_fast_engines_lazy_marks_agree_with_the_sets_they_replace(events):
             for s in prefills:
                 lag[s] = 0
             marks.planned(_Plan(kind == "plan_all", decoders, prefills))
-        for s in seqs:  # what a preemption would read now
+        for s in seqs:  # what a preemption (and a plan made ahead for SGLang) would read now
+            assert marks.got_token(s, s.decoding) == (s.decoding and s in got)
             if s.decoding:
                 assert marks.is_fresh(s, True) == (s in fresh)
                 assert marks.lag(s, True) == lag.get(s, 0)

@@ -32,6 +32,16 @@ request whose last token that is -- and blocks until batch ``k`` is back. So the
   token completes uncached until the request is scheduled again: a request preempted meanwhile
   frees it uncached (:func:`cached_tokens_at_preemption`).
 
+**SGLang's overlap scheduler** plans by the same clock (the ``sglang`` scheduler's
+``overlap_schedule``) and reads more of the batch in flight: which requests it gives a token
+(``Plan.token_in_flight``: SGLang counts them a token short), the finished requests still in its
+running batch (``RunningView.holding``), a decode once more of one finished at an EOS
+(``Plan.overshoot``, the token thrown away), and a retracted request's token in flight dropped
+(``Plan.preempt(discard_in_flight=True)``). For these the fast engine asks the scheduler at
+every plan made beside finished requests holding their slots, or while the cache has blocks to
+release at the scheduler's next pass (the radix cache's duplicates), and runs no bulk run from
+such a plan.
+
 **Data-parallel ranks stepping together** (a MoE model's DP + EP, :mod:`schedlab.engine.lockstep`)
 each plan ahead by these rules, with one difference at an empty plan made ahead: vLLM's DP
 engine core (``DPEngineCoreProc.run_busy_loop``), having launched nothing, blocks on the batch
@@ -75,6 +85,17 @@ def plans_ahead(scheduler) -> bool:
     return bool(getattr(scheduler, "plans_ahead", False))
 
 
+def refuse_planning_ahead(schedulers, what: str) -> None:
+    """ConfigError if one of ``schedulers`` plans ahead where it is not modelled (``what``):
+    a run's assembly turns ``"auto"`` off there; an engine built directly must be told."""
+    from ..errors import ConfigError
+
+    for scheduler in schedulers:
+        if plans_ahead(scheduler):
+            raise ConfigError(f"{type(scheduler).__name__} plans batches ahead (async_scheduling / overlap_schedule), "
+                              f"which is not modelled with {what}: set it to false")
+
+
 def cached_tokens_at_preemption(computed: int, pending: int, scheduled_decode: bool, fresh: bool,
                                 lag: int) -> int:
     """The tokens of a request preempted in a plan made ahead whose blocks vLLM has cached:
@@ -108,6 +129,11 @@ class AheadRunning(RunningView):
     def last(self):
         return next(reversed(self), None)
 
+    def holding(self) -> list:
+        """Every running sequence, finished ones holding their slots too, in admission order
+        (SGLang's running batch while the result that finishes them is queued)."""
+        return list(self._running)
+
     def preemptible(self) -> list:
         """Every running sequence, finished ones holding their slots too: vLLM's running list,
         whose last request may be one whose last token is in flight."""
@@ -119,11 +145,12 @@ class Ahead:
     ended, the arrivals its plan may not see yet, and the finished requests still holding
     their slots (in finishing order)."""
 
-    __slots__ = ("start", "end", "deferred", "held", "fresh", "settled")
+    __slots__ = ("start", "end", "deferred", "held", "fresh", "settled", "planning")
 
     def __init__(self):
         self.start = -1.0    # the last batch's start and end (-1: none yet)
         self.end = -1.0
+        self.planning = False  # the plan being made is made ahead (the batch in progress runs)
         self.deferred: list = []  # sequences that arrived after the last batch started
         self.held: dict = {}      # finished sequences -> None, freed after the next plan
         self.fresh: set = set()   # sequences the last batch gave a token (vLLM: a placeholder)
@@ -189,11 +216,12 @@ class Marks:
     decoders keeps the lag it had then. Both views agree: the engines' differential tests, and
     ``tests/test_async_scheduling.py`` drives both through random events in the engine's order."""
 
-    __slots__ = ("tick", "fresh_tick", "all_tick", "all_fresh")
+    __slots__ = ("tick", "fresh_tick", "fresh_from", "all_tick", "all_fresh")
 
     def __init__(self):
         self.tick = 1         # the next event's tick; sequences start at 0 (before everything)
         self.fresh_tick = 0   # the last batch's end
+        self.fresh_from = 0   # ... and, if it decoded nobody, the one before (its prompts' tokens only)
         self.all_tick = 0     # the last plan (or bulk run) in which every decoder decoded
         self.all_fresh = 0    # ... and the batch end before it
 
@@ -211,6 +239,12 @@ class Marks:
         a token from the last batch: vLLM's placeholder stands for its input token."""
         return decoding and seq.dec_tick < self.fresh_tick
 
+    def got_token(self, seq, decoding: bool) -> bool:
+        """Whether the last batch gave ``seq`` (``decoding``) a token: a decode's, or its prompt's
+        last chunk's -- a batch that decoded nobody (a prefill step) gave one only to the prompts
+        it completed, which started decoding after the batch before it ended."""
+        return decoding and self.fresh_from < seq.dec_tick < self.fresh_tick
+
     def lag(self, seq, decoding: bool) -> int:
         """``seq``'s ``cache_lag``: 1 if its input token was in flight when it was last scheduled."""
         if decoding and seq.dec_tick < self.all_tick and seq.lag_tick < self.all_tick:
@@ -222,8 +256,10 @@ class Marks:
         seq.cache_lag = self.lag(seq, True)
         seq.lag_tick = self._next()
 
-    def batch_ended(self) -> None:
-        """The batch in progress ended: the sequences decoding now got a token from it."""
+    def batch_ended(self, decoded: bool = True) -> None:
+        """The batch in progress ended: the sequences decoding now got a token from it (only
+        those whose prompt it completed, if it ``decoded`` nobody)."""
+        self.fresh_from = 0 if decoded else self.fresh_tick
         self.fresh_tick = self._next()
 
     def planned(self, plan) -> None:

@@ -16,6 +16,7 @@ import math
 from collections import deque
 from typing import Sequence as Seq
 
+from .ahead import refuse_planning_ahead
 from .driver import route
 from .instance import Instance, default_rejection_reason
 from .load import RoutingClock, views_of
@@ -216,6 +217,7 @@ class DisaggregatedCluster:
                  bandwidth_gbps: float, latency_ms: float, kv_lease_ms: float = KV_LEASE_MS, scaling=None):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
+        refuse_planning_ahead([inst.scheduler for inst in (*prefill, *decode)], "disaggregated pools")
         self.prefill = list(prefill)
         self.decode = list(decode)
         self.prefill_router = prefill_router

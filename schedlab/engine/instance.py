@@ -58,6 +58,7 @@ class IterationRecord:
     kv_held_after: int = -1   # what the running sequences' counters say they hold, summed
     kv_shares_blocks: bool = False  # a prefix cache: sequences may share blocks, so used <= held
     preempted_generated: tuple = ()  # tokens each preempted request had generated (same order as preempted)
+    discarded_decodes: int = 0  # decodes in the batch whose token is thrown away (Plan.overshoot)
 
 
 class PreparedRun:
@@ -540,19 +541,32 @@ class Instance:
         for seq in ahead.arrived_by(t):
             self._queue(seq)
         self.now = t
+        ahead.planning = t < end
         try:
             plan = self._plan()
         finally:
             self.now = end
+            ahead.planning = False
         self.marks.planned(plan)  # whose slot this plan took for a token still being computed
         # the next plan sees the arrivals left over, and a finished request's slot and blocks
         # freed for a waiting one: it may differ, so no bulk run from here
-        ahead.settled = not ahead.deferred and not (ahead.held and self.waiting)
+        # (nor while the cache has blocks to release at the scheduler's next pass)
+        ahead.settled = (not ahead.deferred and not (ahead.held and self.waiting)
+                         and not getattr(self.kv, "releasing_blocks", 0))
         for seq in ahead.take_held():
             del self.running[seq]
             self.kv.free(seq)
             self.rec.request_done(seq, self.index, ahead.end)
         return plan
+
+    def discard_token(self, seq: Sequence) -> None:
+        """Drop the last token of ``seq`` (just preempted), which the client never got: it will
+        be computed again (``Plan.preempt(discard_in_flight=True)``)."""
+        seq._generated -= 1
+        if seq._generated == 0:
+            seq.first_token_ms = seq.last_token_ms = -1.0
+        self.counters["discarded_tokens"] += 1
+        self.counters["generated_tokens"] -= 1  # (output tokens; the work stays in decode_tokens)
 
     def preempt_held(self, seq: Sequence) -> None:
         """Preempt ``seq``, finished by the last iteration, in the plan made ahead: vLLM's running
@@ -573,8 +587,13 @@ class Instance:
         plan = FastPlan(self, self.serial)
         due = self.ask_at_step
         steps = self.clock.steps
+        # (a plan made ahead beside finished requests holding their slots is the scheduler's: it
+        # may decode one once more, Plan.overshoot; so is one while the cache has blocks to
+        # release when the scheduler opens its next pass, RadixKVCache.begin_pass)
         if ((due is None or steps < due) and self.bulk_ok and self.n_decoding
-                and not (self.waiting or self.prefilling or self.swapped) and plan.decode_all()):
+                and not (self.waiting or self.prefilling or self.swapped)
+                and not (self.ahead is not None and (self.ahead.held or getattr(self.kv, "releasing_blocks", 0)))
+                and plan.decode_all()):
             if due is not None:  # nothing to decide but decoding (see stable_between_events) until then
                 plan.wake_steps = due - steps
             return plan
@@ -742,6 +761,8 @@ class Instance:
                     drafts += d - plan.spec_k
         batch = Batch(n_dec, self.ctx_offset + n_dec * steps + drafts if n_dec else 0,
                       len(plan.prefills), prefill_tokens, prefill_context, spec_tokens=drafts)
+        if plan.overshoots:  # decodes whose token is discarded (Plan.overshoot)
+            return self._with_overshoots(batch, plan, n_dec, steps)
         if n_dec and self.track_range:
             if drafts:  # drafts differ between sequences (cut by the budget, swap-ins): look at each
                 contexts = [s.num_computed_tokens + 1 + plan.drafts_of(s)[0]
@@ -751,6 +772,17 @@ class Instance:
                 batch.decode_context_max, batch.decode_context_min = self._context_range(steps)
         return batch
 
+    def _with_overshoots(self, batch: Batch, plan: FastPlan, n_dec: int, steps: int) -> Batch:
+        """``batch`` with the decodes of ``plan``'s overshoots (no drafts: speculation does not
+        plan ahead)."""
+        extra = [s.num_computed_tokens + 1 for s in plan.overshoots]
+        batch.num_decode += len(extra)
+        batch.decode_context_tokens += sum(extra)
+        if self.track_range:
+            high, low = self._context_range(steps) if n_dec else (max(extra), min(extra))
+            batch.decode_context_max, batch.decode_context_min = max(high, *extra), min(low, *extra)
+        return batch
+
     def _prepare(self, plan: FastPlan, until: float) -> "PreparedRun":
         """The plan's batch, cost and how many identical iterations to run from here (iterations
         starting before ``until``); nothing is applied yet but parking the decoders it leaves out."""
@@ -758,7 +790,7 @@ class Instance:
         parked = self._park_idle_decoders(plan) if plan.partial_decode else ()
         n_dec = self.n_decoding if plan.decodes_all or plan.decoded else 0
         batch = self.batch_of(plan, n_dec)
-        if n_dec or plan.prefills:
+        if batch.num_decode or plan.prefills:
             d0 = self.cost.iteration_ms(batch)
             if not d0 > 0.0 or d0 == INF:
                 raise SimulationError(
@@ -814,6 +846,8 @@ class Instance:
         # time integrals of the iteration(s)
         counters["iterations"] += k
         counters["busy_ms"] += total
+        if end > counters["busy_until_ms"]:
+            counters["busy_until_ms"] = end
         self.busy_ms += total
         self.iterations += k
         counters["running_seq_ms"] += n_running * total
@@ -878,6 +912,10 @@ class Instance:
             progress = True
             if self.spec is not None:
                 accepted, spec_done = self._verify(plan)
+        if plan.overshoots:  # decoded once more, their tokens thrown away
+            if not n_dec:
+                self.clock.steps = steps + k
+            counters["discarded_tokens"] += len(plan.overshoots)
 
         # prefill work; a completed prefill yields a token
         for seq, n in prefills:
@@ -914,7 +952,7 @@ class Instance:
             if seq.status == DECODING and seq.finish_step == step:
                 self._finish(seq, end)
         if self.ahead is not None:  # the sequences decoding now got a token from it (engine.ahead)
-            self.marks.batch_ended()
+            self.marks.batch_ended(n_dec > 0)
         for seq in parked:
             self._add_decoder(seq)
             self.off_cycle[seq] = seq.last_token_ms
@@ -938,9 +976,10 @@ class Instance:
                 start, total, batch, n_running, len(self.waiting), used0,
                 tuple(s.request.id for s in plan.preempted), running_ids,
                 decode_tokens=counters["decode_tokens"] - decoded_before, spec_k=plan.spec_k,
-                accepted_tokens=accepted, kv_used_after=kv.num_used_blocks(),
+                accepted_tokens=accepted, kv_used_after=kv.num_used_blocks() - getattr(kv, "releasing_blocks", 0),
                 kv_held_after=held_blocks(self.running, kv.block_size), kv_shares_blocks=self.count_prefix,
-                preempted_generated=tuple(s.num_generated for s in plan.preempted)))
+                preempted_generated=tuple(s.num_generated for s in plan.preempted),
+                discarded_decodes=len(plan.overshoots)))
 
     def _verify(self, plan: FastPlan) -> tuple[int, list]:
         """Speculative decoding, after a decode step gave every decoder its one token: each

@@ -23,7 +23,7 @@ class FastPlan:
     __slots__ = (
         "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
-        "spec_k", "spec_slots", "spec_override", "dropped",
+        "spec_k", "spec_slots", "spec_override", "dropped", "overshoots",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -48,6 +48,7 @@ class FastPlan:
         self.spec_slots = 1 + self.spec_k + spec.lookahead if spec is not None else 1  # KV slots a decode takes
         self.spec_override = None  # {seq: (drafts, slots)} for decodes that differ from that
         self.dropped = ()          # a pipeline's (seq, tokens) chunks of prompts preempted since the launch
+        self.overshoots = ()       # finished sequences decoded once more, their token discarded (overshoot)
 
     # -- reading the state -----------------------------------------------------------------
     @property
@@ -100,6 +101,33 @@ class FastPlan:
                 return got
         return self.spec_k, self.spec_slots
 
+    @property
+    def made_ahead(self) -> bool:
+        ahead = self._inst.ahead
+        return ahead is not None and ahead.planning
+
+    def token_in_flight(self, seq) -> bool:
+        inst = self._inst
+        ahead = inst.ahead
+        return ahead is not None and ahead.planning and (
+            seq in ahead.held or inst.marks.got_token(seq, seq.status == DECODING))
+
+    def overshoot(self, seq) -> bool:
+        ahead = self._inst.ahead
+        if ahead is None or not ahead.planning or seq not in ahead.held:
+            raise SimulationError(f"overshoot(): request {seq.request.id} is not a finished request holding its "
+                                  "slot in a plan made ahead")
+        if seq in self.overshoots:
+            return True
+        slots = seq.num_computed_tokens + 1
+        if not self.kv.allocate(seq, 0, reserve_tokens=slots):
+            return False
+        if slots > seq.reserved_tokens:  # (freed with its blocks after the plan)
+            seq.reserved_tokens = slots
+        self.overshoots = (*self.overshoots, seq)
+        self._tokens += 1
+        return True
+
     def is_scheduled(self, seq) -> bool:
         return seq.plan_mark == self.serial or (self.decodes_all and seq.status == DECODING)
 
@@ -108,7 +136,7 @@ class FastPlan:
 
     def is_decode_only(self) -> bool:
         return (self.decodes_all and not self.prefills and not self.swapped_in and not self._preempted
-                and self.transfer_ms == 0.0)
+                and self.transfer_ms == 0.0 and not self.overshoots)
 
     @property
     def partial_decode(self) -> bool:
@@ -284,7 +312,11 @@ class FastPlan:
             else:
                 self.prefills = [(s, n) for s, n in self.prefills if s is not seq]
 
-    def preempt(self, seq) -> None:
+    def preempt(self, seq, *, discard_in_flight: bool = False) -> None:
+        if discard_in_flight and self.token_in_flight(seq) and seq not in self._inst.ahead.held:
+            self.preempt(seq)
+            self._inst.discard_token(seq)
+            return
         ahead = self._inst.ahead
         if ahead is not None and seq in ahead.held:  # finished, its slot held (engine.ahead)
             self._inst.preempt_held(seq)

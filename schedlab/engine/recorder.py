@@ -59,7 +59,7 @@ COUNTERS = (
     "spec_drafts",           # speculative decoding: sequence steps that verified drafts (vLLM num_drafts)
     "spec_draft_tokens",     # draft tokens verified
     "spec_accepted_tokens",  # of those, accepted
-    "generated_tokens",      # all output tokens (decode steps + prefill completions)
+    "generated_tokens",      # all output tokens (decode steps + prefill completions; less those discarded)
     "num_preemptions",       # recompute and swap preemptions
     "recompute_preemptions",
     "in_flight_preemptions",  # of those, of requests in a pipeline's batch in flight (it still brings their token)
@@ -67,6 +67,8 @@ COUNTERS = (
     "requeues",              # running requests sent to the back of the queue to be prefilled again (Plan.requeue:
                              # TGI's answer segments); not preemptions
     "recomputed_tokens",     # KV tokens computed a second time after a recompute preemption
+    "discarded_tokens",      # output tokens of requests preempted while the batch computing them ran, dropped to
+                             # be computed again (Plan.preempt discard_in_flight: SGLang's overlap scheduler)
     "swap_failures",         # swap-outs refused because swap space was full
     "swap_out_blocks",
     "swap_in_blocks",
@@ -80,6 +82,8 @@ COUNTERS = (
     "host_evictions",        # blocks the host tier dropped to make room
     "kv_block_ms",           # integral of blocks in use over time
     "kv_above_ms",           # time with KV usage above the high-water threshold
+    "busy_until_ms",         # the end of the last iteration (after the last finish: a discarded decode,
+                             # Plan.overshoot)
     "kv_held_until_ms",      # the last time blocks were held with no iteration running (a prefill
                              # instance's lease on abandoned prompts): the KV shares' window may end there
     "kv_peak_blocks",

@@ -88,6 +88,7 @@ class RefPlan:
         self.lookahead = spec.lookahead if spec is not None else 0
         self.drafts: dict = {}  # decode -> (drafts it verifies, KV slots it took)
         self.dropped: list = []  # a pipeline's (sequence, tokens) chunks of prompts preempted since the launch
+        self.overshoots: list = []  # finished sequences decoded once more, their token discarded (overshoot)
 
     @property
     def running(self):
@@ -120,6 +121,30 @@ class RefPlan:
 
     def is_scheduled(self, seq) -> bool:
         return seq.mark == self.serial or (self.decodes_all and seq.status == "decoding")
+
+    @property
+    def made_ahead(self) -> bool:
+        ahead = self._e.ahead
+        return ahead is not None and ahead.planning
+
+    def token_in_flight(self, seq) -> bool:
+        ahead = self._e.ahead
+        return ahead is not None and ahead.planning and (seq in ahead.fresh or seq in ahead.held)
+
+    def overshoot(self, seq) -> bool:
+        ahead = self._e.ahead
+        if ahead is None or not ahead.planning or seq not in ahead.held:
+            raise SimulationError(f"overshoot(): request {seq.request.id} is not a finished request holding its "
+                                  "slot in a plan made ahead")
+        if seq in self.overshoots:
+            return True
+        slots = seq.num_computed_tokens + 1
+        if not self.kv.allocate(seq, 0, reserve_tokens=slots):
+            return False
+        seq.reserved_tokens = max(seq.reserved_tokens, slots)  # (freed with its blocks after the plan)
+        self.overshoots.append(seq)
+        self.num_scheduled_tokens += 1
+        return True
 
     def decode_all(self) -> bool:
         if self.decodes_all:
@@ -250,8 +275,16 @@ class RefPlan:
         self.num_scheduled_tokens -= n
         return n
 
-    def preempt(self, seq) -> None:
+    def preempt(self, seq, *, discard_in_flight: bool = False) -> None:
         e = self._e
+        if discard_in_flight and self.token_in_flight(seq) and seq not in e.ahead.held:
+            self.preempt(seq)
+            seq.num_generated -= 1  # (its gap stays a sample: Plan.preempt)
+            if not seq.num_generated:
+                seq.token_times.clear()
+            e.counters["discarded_tokens"] += 1
+            e.counters["generated_tokens"] -= 1  # (output tokens; the work stays in decode_tokens)
+            return
         if e.ahead is not None and seq in e.ahead.held:
             # asynchronous scheduling: finished by the last iteration, its slot still held, and
             # vLLM's running list still has it; its blocks go now (its row is written with them)
@@ -552,9 +585,11 @@ class ReferenceEngine:
             self.waiting.push(ahead.deferred.pop(0))
             self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
         self.now = t
+        ahead.planning = t < end
         plan = RefPlan(self, self.serial)
         self.scheduler.schedule(plan)
         self.now = end
+        ahead.planning = False
         for s in plan.decoders():  # its slot's token is in flight if the last iteration computes it
             s.cache_lag = 1 if s in ahead.fresh else 0
         for s, _ in plan.prefills:
@@ -621,15 +656,16 @@ class ReferenceEngine:
         decoders = plan.decoders()
         drafts = [plan.drafts[s][0] if self.spec is not None else 0 for s in decoders]
         contexts = [s.num_computed_tokens + 1 + d for s, d in zip(decoders, drafts)]
+        contexts += [s.num_computed_tokens + 1 for s in plan.overshoots]  # (decodes whose token is discarded)
         batch = Batch(
-            num_decode=len(decoders),
+            num_decode=len(contexts),
             decode_context_tokens=sum(contexts),
             num_prefill=len(plan.prefills),
             prefill_tokens=sum(n for _, n in plan.prefills),
             prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
             spec_tokens=sum(drafts),
         )
-        if decoders and getattr(self.cost, "needs_context_range", False):
+        if contexts and getattr(self.cost, "needs_context_range", False):
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
         return batch, decoders, drafts
 
@@ -657,13 +693,14 @@ class ReferenceEngine:
         counters = self.counters
         high_water = self.rec.kv_high_water * self.kv.num_blocks
         batch, decoders, drafts = self.plan_batch(plan)
-        duration = self.cost.iteration_ms(batch) if (decoders or plan.prefills) else 0.0
+        duration = self.cost.iteration_ms(batch) if batch.num_decode or plan.prefills else 0.0
         duration += plan.transfer_ms
         check_iteration_end(self.now, duration, batch)
         end = self.now + duration
         used = self.kv.num_used_blocks()
         counters["iterations"] += 1
         counters["busy_ms"] += duration
+        counters["busy_until_ms"] = max(counters["busy_until_ms"], end)
         self.busy_ms += duration
         self.iterations += 1
         counters["running_seq_ms"] += len(self.running) * duration
@@ -710,8 +747,9 @@ class ReferenceEngine:
                 s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens - tokens + plan.drafts[s][1])
             if s.num_generated >= s.request.target_tokens:
                 decoded_out.append(s)
-        if decoders:
+        if decoders or plan.overshoots:
             self.decode_steps += 1
+        counters["discarded_tokens"] += len(plan.overshoots)
         for s, n in plan.prefills:
             before = s.num_computed_tokens
             redo = max(0, min(before + n, s.max_computed) - before)

@@ -30,6 +30,7 @@ import attrs
 
 from ..errors import SimulationError, StallError
 from ..frontend import give_up_ms
+from .ahead import refuse_planning_ahead
 from .instance import default_rejection_reason
 from .load import RoutingClock, views_of
 from .reference import RefSequence, ReferenceEngine
@@ -422,6 +423,7 @@ class DisaggregatedReference(ReferenceCluster):
                  kv_lease_ms: float = KV_LEASE_MS, client_side=None, scaling=None):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
+        refuse_planning_ahead([e.scheduler for e in (*prefill, *decode)], "disaggregated pools")
         self.instances = list(prefill) + list(decode)
         self.client_side = client_side
         self.router = prefill_router

@@ -378,6 +378,10 @@ class VisibleRunning:
     def last(self):
         return next(reversed(self), None)
 
+    def holding(self) -> list:
+        """Every running sequence, in admission order (none is finished and held here)."""
+        return list(self._running)
+
     def preemptible(self) -> list:
         """Every running sequence, those in flight too, in admission order: whom a preemption
         may pick, as vLLM's ``self.running`` (see the module docstring)."""

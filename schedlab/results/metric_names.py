@@ -45,7 +45,8 @@ METRICS: dict = {
     "itl_ms": _SUMMARY,
     "client": _CLIENT,                             # as the client sees requests (schedlab.frontend)
     "kv_usage": dict.fromkeys(("mean", "peak", "time_above_90")),
-    "preemptions": dict.fromkeys(("recompute", "in_flight", "swap", "recomputed_tokens", "swap_failures", "swapped_out_blocks",
+    "preemptions": dict.fromkeys(("recompute", "in_flight", "swap", "recomputed_tokens", "discarded_tokens",
+                                  "swap_failures", "swapped_out_blocks",
                                   "swapped_in_blocks", "swapped_out_bytes", "swapped_in_bytes", "swap_transfer_ms")),
     "prefix_cache": dict.fromkeys(("queries", "hits", "hit_rate", "gpu_hits", "gpu_hit_rate", "host_hits",
                                    "host_hit_rate", "host_loaded_blocks", "host_loaded_bytes", "host_load_ms",

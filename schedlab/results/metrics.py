@@ -225,7 +225,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     # from the first arrival to the last request the engine finished or dropped
     makespan = float(req["finish_ms"][served].max()) - start if served.any() else 0.0
     seconds = makespan / 1e3
-    m = _run_metrics(request_counts(req), generated, makespan, float(req["waiting_ms"].sum()), counters, meta)
+    m = _run_metrics(request_counts(req), generated, makespan, float(req["waiting_ms"].sum()), counters, meta, start)
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         m[name] = summarize(lat[name])
     m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
@@ -282,7 +282,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
 
 
 def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waiting_ms: float,
-                 c: dict[str, float], meta: dict[str, Any]) -> dict[str, Any]:
+                 c: dict[str, float], meta: dict[str, Any], start: float) -> dict[str, Any]:
     """The run's counts, rates and occupancy (shared by exact and streamed runs); ``counts``:
     requests, finished (completed for their clients), rejected, timed_out and aborted."""
     seconds = makespan / 1e3
@@ -309,9 +309,17 @@ def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waitin
         "avg_running": c["running_seq_ms"] / makespan if makespan > 0 else float("nan"),
         "avg_queue": waiting_ms / makespan if makespan > 0 else float("nan"),
         "peak_waiting": int(c["peak_waiting"]),
-        # share of the makespan the accelerator(s) spent in iterations
-        "busy_share": c["busy_ms"] / (makespan * instances) if makespan > 0 else float("nan"),
+        # share of the makespan the accelerator(s) spent in iterations (or of the span until the last
+        # iteration ended, if later: SGLang's discarded decode after the last finish, Plan.overshoot)
+        "busy_share": c["busy_ms"] / (_busy_window(c, makespan, start) * instances) if makespan > 0 else float("nan"),
     }
+
+
+def _busy_window(c: dict[str, float], makespan: float, start: float) -> float:
+    """The span busy shares are taken over: the makespan, or longer when an iteration ended after
+    the last request did (SGLang's discarded decode of a request at an EOS, ``Plan.overshoot``)."""
+    busy = c.get("busy_until_ms", 0.0) - start
+    return busy if busy > makespan else makespan
 
 
 def kv_window(counters: dict[str, float], start: float, makespan: float) -> float:
@@ -340,6 +348,7 @@ def _engine_metrics(m: dict[str, Any], c: dict[str, float], meta: dict[str, Any]
         "in_flight": int(c["in_flight_preemptions"]),
         "swap": int(c["swap_preemptions"]),
         "recomputed_tokens": int(c["recomputed_tokens"]),
+        "discarded_tokens": int(c.get("discarded_tokens", 0)),
         "swap_failures": int(c["swap_failures"]),
         "swapped_out_blocks": int(c["swap_out_blocks"]),
         "swapped_in_blocks": int(c["swap_in_blocks"]),
@@ -409,7 +418,7 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     n_all, n_ok = run.requests, run.finished
     makespan = stats.last_served - stats.first_arrival if stats.last_served > -math.inf else 0.0
     seconds = makespan / 1e3
-    m = _run_metrics(stats.counts(), run.generated, makespan, stats.waiting_ms, counters, meta)
+    m = _run_metrics(stats.counts(), run.generated, makespan, stats.waiting_ms, counters, meta, stats.first_arrival)
     for name, summary in run.latency.items():
         m[name] = summary.result()
     m["itl_ms"] = itl.result()

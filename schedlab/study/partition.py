@@ -38,7 +38,7 @@ from ..errors import ConfigError
 from ..results.metrics import compute_metrics, compute_streamed_metrics
 from ..results.records import RunResult
 
-PEAK_COUNTERS = ("kv_peak_blocks", "peak_running", "peak_waiting", "kv_held_until_ms")
+PEAK_COUNTERS = ("kv_peak_blocks", "peak_running", "peak_waiting", "kv_held_until_ms", "busy_until_ms")
 SUMMED_META = ("gpus", "num_blocks", "events", "slots")
 
 

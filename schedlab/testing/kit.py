@@ -84,8 +84,9 @@ class IterationChecker:
         assert b.spec_tokens <= record.spec_k * b.num_decode, (
             f"{b.spec_tokens} draft tokens verified by {b.num_decode} decodes, at most {record.spec_k} each")
         assert 0 <= record.accepted_tokens <= b.spec_tokens, f"{record.accepted_tokens} of {b.spec_tokens} drafts accepted"
-        assert b.num_decode <= record.decode_tokens <= b.num_decode + record.accepted_tokens, (
-            f"{b.num_decode} decodes produced {record.decode_tokens} tokens with {record.accepted_tokens} drafts accepted")
+        producing = b.num_decode - record.discarded_decodes  # (an overshoot's token is thrown away)
+        assert producing <= record.decode_tokens <= producing + record.accepted_tokens, (
+            f"{producing} decodes produced {record.decode_tokens} tokens with {record.accepted_tokens} drafts accepted")
 
 
 def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_blocks: int = 4096,
