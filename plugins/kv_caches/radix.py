@@ -80,6 +80,7 @@ evictable; ``num_used_blocks`` = protected + private.
 from __future__ import annotations
 
 import heapq
+import math
 
 from .paged import blocks_for
 from .prefix import block_key, first_own_block
@@ -94,9 +95,9 @@ class _Node:
     ``born`` the scheduling pass whose prefill step inserted it (see :meth:`RadixKVCache.begin_pass`).
     """
 
-    __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive", "born")
+    __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive", "born", "chunk")
 
-    def __init__(self, keys: list, start: int, parent, tick: int, uid: int, born: int = 0):
+    def __init__(self, keys: list, start: int, parent, tick: int, uid: int, born: int = 0, chunk: bool = False):
         self.keys = keys
         self.start = start
         self.parent = parent
@@ -107,6 +108,7 @@ class _Node:
         self.uid = uid
         self.alive = True
         self.born = born  # the pass whose prefill inserted it (0: visible to every lookup)
+        self.chunk = chunk  # ... a chunk that does not end the prompt (SGLang inserts it at the next pass)
 
     def __repr__(self) -> str:
         return f"_Node({self.keys!r}, start={self.start}, lock={self.lock}, tick={self.tick})"
@@ -185,7 +187,11 @@ class RadixKVCache:
         self._pushes = 0
         self._count = 0                 # nodes in the tree (bounds the heap's stale entries)
         self._pass = 0                  # the scheduling pass, once a scheduler opens passes
-        self._pending = 0               # duplicate blocks computed this pass, freed when it ends
+        self._in_flight = -1            # ... and the one whose batch runs, not in the tree yet but its chunks
+        self._pending = 0               # duplicate blocks computed this pass, freed when it ends ...
+        self._overlapped = False        # ... or, planning ahead, once its batch's result is processed:
+        self._queued = 0                # the last pass's duplicates
+        self._aging = 0                 # and those of the pass before, whose batch was in flight
         self._deferring = False         # between begin_pass and end_pass: evictions wait ...
         self._owed = 0                  # ... for this many blocks
         self._lent = 0                  # cached blocks a prefill duplicates, locked early, counted free
@@ -196,6 +202,12 @@ class RadixKVCache:
 
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.unused - self.evictable
+
+    @property
+    def releasing_blocks(self) -> int:
+        """Blocks in use that no sequence holds: duplicates a planned-ahead pass computed, freed
+        once its batch's result is processed (:meth:`begin_pass`)."""
+        return self._queued + self._aging
 
     def held(self, seq) -> int:
         """Blocks ``seq`` holds between iterations (its locked path included)."""
@@ -234,10 +246,11 @@ class RadixKVCache:
         ``visible``, nodes that this pass's prefill steps inserted end the match.
         """
         j = depth
-        current = self._pass if visible and self._pass else -1
+        current = self._pass if visible and self._pass else math.inf
+        in_flight = self._in_flight if visible else -1
         while j < limit:
             child = node.children.get(keys[j])
-            if child is None or child.born == current:
+            if child is None or child.born >= current or (child.born == in_flight and not child.chunk):
                 return node, j, None
             seg = child.keys
             n = len(seg)
@@ -328,14 +341,15 @@ class RadixKVCache:
             if step.after_pass:
                 self._pending += step.shared_dups + step.free_dups
             if reached < step.full:  # the rest is new: one node, locked by this sequence
-                node = self._new_node(end, keys[reached:step.full], reached, born=self._pass)
+                chunk = max(seq.num_computed_tokens, cached_tokens) + num_new_tokens < seq.num_tokens
+                node = self._new_node(end, keys[reached:step.full], reached, born=self._pass, chunk=chunk)
                 self._lock_to(hold, node, step.full)
             self._touch_path(hold.node)
         else:
             self._take(step.fresh)
         return True
 
-    def begin_pass(self) -> None:
+    def begin_pass(self, in_flight: bool | None = None) -> None:
         """A scheduler that opens its passes (SGLang's) declares that a new one starts: the blocks
         the last pass's prefill steps inserted become visible to lookups.
 
@@ -344,8 +358,22 @@ class RadixKVCache:
         the same pass as another that computes a shared prefix does not find it and computes it
         too, and when its KV is inserted the tree's copy wins and its own is freed. Until a
         scheduler calls this, blocks are visible as soon as they are allocated and duplicates
-        are never computed (vLLM's rule)."""
+        are never computed (vLLM's rule).
+
+        ``in_flight`` (SGLang's overlap scheduler; None: a scheduler that does not plan ahead):
+        True if the pass is planned while the last pass's batch still runs, so that batch's
+        prefills are not in the tree yet either -- but for chunks that do not end a prompt, which
+        SGLang inserts when it plans the next pass (``stash_chunked_request``) --, and the
+        duplicates it computed are freed only after this pass (when its result is processed);
+        False if it has been processed."""
         self.end_pass()
+        if in_flight is not None:
+            self._overlapped = True
+            freed = self._aging + (0 if in_flight else self._queued)
+            self._aging = self._queued if in_flight else 0
+            self._queued = 0
+            self.unused += freed
+        self._in_flight = self._pass if in_flight else -1
         self._pass += 1
         self.epoch += 1
         self._deferring = True
@@ -366,7 +394,10 @@ class RadixKVCache:
             owed, self._owed = self._owed, 0
             self._evict(owed)
             self.unused -= owed
-        self.unused += self._pending  # the duplicates, once their KV is in the tree
+        if self._overlapped:  # (freed once the batch's result is processed: begin_pass)
+            self._queued += self._pending
+        else:
+            self.unused += self._pending  # the duplicates, once their KV is in the tree
         self._pending = 0
         self._lent = 0
 
@@ -506,7 +537,7 @@ class RadixKVCache:
         node at creation and the tail after the split)."""
         self._uid += 1
         self._tick += 1
-        head = _Node(node.keys[:m], node.start, node.parent, self._tick, self._uid, node.born)
+        head = _Node(node.keys[:m], node.start, node.parent, self._tick, self._uid, node.born, node.chunk)
         head.lock = node.lock
         self._count += 1
         node.parent.children[head.keys[0]] = head
@@ -520,10 +551,10 @@ class RadixKVCache:
             self._push(node)
         return head
 
-    def _new_node(self, parent: _Node, keys: list, start: int, born: int = 0) -> _Node:
+    def _new_node(self, parent: _Node, keys: list, start: int, born: int = 0, chunk: bool = False) -> _Node:
         """A new unlocked node (its blocks count as evictable until a sequence locks it)."""
         self._uid += 1
-        node = _Node(list(keys), start, parent, self._tick, self._uid, born)
+        node = _Node(list(keys), start, parent, self._tick, self._uid, born, chunk)
         parent.children[keys[0]] = node
         self._count += 1
         self.evictable += len(keys)
@@ -635,7 +666,7 @@ class RadixKVCache:
         wait or run, then resets the tree and clears the KV pool). RuntimeError while a sequence
         holds a block (a locked node or a private block) or a pass owes evictions or duplicates.
         ``evictions`` goes on counting the run's evictions; ``epoch`` changes."""
-        if self.num_used_blocks() or self._owed or self._pending:
+        if self.num_used_blocks() or self._owed or self._pending or self._queued or self._aging:
             raise RuntimeError(f"cannot reset the prefix cache while {self.num_used_blocks()} blocks are in use")
         self._empty()
         self.epoch += 1
@@ -690,5 +721,7 @@ class RadixKVCache:
             self.host.check_invariants()
         assert self._pending >= 0 and (self._deferring or not self._pending), self._pending
         assert (self._owed == 0 and self._lent == 0) or self._deferring, (self._owed, self._lent)
-        assert self.unused + evictable + protected + self._pending <= self.num_blocks, (
-            self.unused, evictable, protected, self._pending)
+        waiting = self._pending + self._queued + self._aging
+        assert self._queued >= 0 and self._aging >= 0, (self._queued, self._aging)
+        assert self.unused + evictable + protected + waiting <= self.num_blocks, (
+            self.unused, evictable, protected, waiting)
