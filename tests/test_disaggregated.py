@@ -286,7 +286,8 @@ def clusters(draw):
         else:
             sglang = SglangConfig(max_running_requests=draw(st.integers(1, 5)), chunked_prefill_size=64,
                                   enable_mixed_chunk=draw(st.booleans()),
-                                  schedule_policy=draw(st.sampled_from(["fcfs", "lpm"])))
+                                  schedule_policy=draw(st.sampled_from(["fcfs", "lpm"])),
+                                  overlap_schedule=False)  # (not modelled with disaggregation)
             make_scheduler = lambda: SglangScheduler(sglang)  # noqa: E731
 
         def make():
@@ -788,3 +789,14 @@ def test_clients_that_give_up_on_disaggregated_pools_agree_between_engines_and_c
             for e in (engine, "reference" if engine == "fast" else "fast")]
     compare_runs(*runs, rel=1e-12)
     check_run(runs[0], requests)
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_scheduler_planning_ahead_is_refused_by_name(engine):
+    """Overlap scheduling (SGLang's default, ``"auto"``) is not modelled with disaggregation: a run's
+    assembly turns ``"auto"`` off there, and an engine built directly says what to set."""
+    def make():
+        return SglangScheduler(SglangConfig()), LinearCostModel(), PagedKVCache(64, 16)
+
+    with pytest.raises(ConfigError, match="SglangScheduler plans batches ahead .* disaggregated pools: set it to false"):
+        run_disaggregated([Request(0, 0.0, 8, 2)], make, make, engine=engine)

@@ -1,16 +1,19 @@
 """The ``sglang`` scheduler (SGLang 0.5.23's rules) and the ``radix`` cache in the engines.
 
-Hand-computed scenarios run on both engines; every time in them is worked out in the comments
-from the linear cost model (``P`` ms per prompt token, ``D`` ms per decode iteration) and 1-token
-blocks, so that tokens and blocks coincide. The property tests check the conformance kit's
-rules, fast-against-reference agreement, and that the radix cache hits exactly what the paged
-prefix cache hits wherever their rules coincide. Scenarios about the new-token ratio set
-``ignore_eos = "none"``: their requests have no ``max_tokens``, which by default makes them
-EOS-ignoring, counted at ratio 1.0. Cases found by stepping SGLang's own scheduler are in
-tests/test_sglang_diff.py.
+Hand-computed scenarios run on both engines, planned synchronously (``overlap_schedule =
+false``; overlap scheduling's cases are in tests/test_sglang_diff.py); every time in them is
+worked out in the comments from the linear cost model (``P`` ms per prompt token, ``D`` ms per
+decode iteration) and 1-token blocks, so that tokens and blocks coincide. The property tests
+check the conformance kit's rules (with and without overlap scheduling), fast-against-reference
+agreement, and that the radix cache hits exactly what the paged prefix cache hits wherever their
+rules coincide. Scenarios about the new-token ratio set ``ignore_eos = "none"``: their requests
+have no ``max_tokens``, which by default makes them EOS-ignoring, counted at ratio 1.0. Cases
+found by stepping SGLang's own scheduler are in tests/test_sglang_diff.py.
 """
 
 from __future__ import annotations
+
+import textwrap
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +22,8 @@ from hypothesis import strategies as st
 from schedlab.configs import from_table
 from schedlab.errors import ConfigError
 from schedlab.model import Request
+from schedlab.study.experiment import load, run_experiment
+from schedlab.study.simulation import assemble
 from schedlab.testing import (IterationChecker, check_run, compare_runs, dyadic_linear_costs, examples,
                               requests_lists, run_engine)
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
@@ -29,6 +34,11 @@ from test_differential import continuous_configs
 ENGINES = ("fast", "reference")
 COST = LinearConfig(prefill_ms_per_token=0.125, decode_ms_per_step=4.0)   # P = 0.125, D = 4
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _sync(**settings) -> SglangConfig:
+    """A config planned synchronously, as the timelines here are worked out."""
+    return SglangConfig(overlap_schedule=False, **settings)
 
 
 def by_id(result, column):
@@ -58,7 +68,7 @@ def test_retraction_takes_the_fewest_generated_then_longest_prompt_and_reestimat
     #          full. Prefill 4 x P -> 119.625; 29 decodes -> 235.625
     # t=235.625 R1 recomputes its 33 tokens -> 239.75 (19th token); 11 decodes -> 283.75
     reqs = [Request(0, 0.0, 10, 30), Request(1, 0.5, 15, 30), Request(2, 1.0, 4, 30)]
-    sched = SglangScheduler(SglangConfig(init_new_token_ratio=0.0, chunked_prefill_size=0, ignore_eos="none"))
+    sched = SglangScheduler(_sync(init_new_token_ratio=0.0, chunked_prefill_size=0, ignore_eos="none"))
     r = run(reqs, sched, PagedKVCache(60, 1), engine)
     assert sched.retraction_log == [(71.125, (1,), 1.0)]
     assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 1.25, 2: 119.125}
@@ -83,7 +93,7 @@ def test_retraction_stops_once_the_next_decode_fits(engine, steps, ratio):
     # request were free); the steps enter the ratio (generated + steps x 2) / (40 + 40 + 1).
     reqs = [Request(0, 0.0, 8, 40), Request(1, 0.0, 6, 40), Request(2, 0.0, 4, 40)]
     retracted = (0,)
-    sched = SglangScheduler(SglangConfig(init_new_token_ratio=0.0, clip_max_new_tokens=1, chunked_prefill_size=0,
+    sched = SglangScheduler(_sync(init_new_token_ratio=0.0, clip_max_new_tokens=1, chunked_prefill_size=0,
                                          retract_decode_steps=steps, ignore_eos="none"))
     r = run(reqs, sched, PagedKVCache(50, 1), engine)
     assert sched.retraction_log[0] == (42.25, retracted, ratio)
@@ -103,7 +113,7 @@ def test_the_ratio_after_a_retraction_decays_only_from_the_next_decode_step(engi
     # (Admissions need a page more than the prompt and max_tokens: R0 69 < 80, R1 46 < 71 - 58 x 0.098,
     # R2 25, refused at 102.875 with 8 free.)
     reqs = [Request(0, 0.0, 8, 60), Request(1, 2.0, 15, 30), Request(2, 100.0, 4, 20)]
-    sched = SglangScheduler(SglangConfig(new_token_ratio_decay_steps=1, chunked_prefill_size=0, ignore_eos="none"))
+    sched = SglangScheduler(_sync(new_token_ratio_decay_steps=1, chunked_prefill_size=0, ignore_eos="none"))
     r = run(reqs, sched, PagedKVCache(80, 1), engine)
     assert sched.retraction_log == [(118.875, (1,), 50 / 61)]
     assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 5.0, 2: 238.875}
@@ -128,7 +138,7 @@ def test_the_ratio_after_a_retraction_decays_only_from_the_next_decode_step(engi
 ])
 def test_admission_reserves_the_running_requests_decayed_ratio(engine, decay_steps, r1_arrival, admitted_at):
     reqs = [Request(0, 0.0, 10, 100), Request(1, r1_arrival, 20, 40)]
-    sched = SglangScheduler(SglangConfig(new_token_ratio_decay_steps=decay_steps, chunked_prefill_size=0,
+    sched = SglangScheduler(_sync(new_token_ratio_decay_steps=decay_steps, chunked_prefill_size=0,
                                          ignore_eos="none"))
     r = run(reqs, sched, PagedKVCache(120, 1), engine)
     assert by_id(r, "first_scheduled_ms")[1] == admitted_at
@@ -142,7 +152,7 @@ def test_the_ratio_is_reset_when_the_server_goes_idle(engine):
     # above), admitted when R2 finishes at 500 + 1.25 + 99 x 4 = 897.25. Without the reset the floor
     # ratio would have let it in at 513.25 (107 - 96 x 0.098 = 97.6 > 61).
     reqs = [Request(0, 0.0, 10, 100), Request(1, 500.0, 10, 100), Request(2, 510.0, 20, 40)]
-    sched = SglangScheduler(SglangConfig(new_token_ratio_decay_steps=10, chunked_prefill_size=0, ignore_eos="none"))
+    sched = SglangScheduler(_sync(new_token_ratio_decay_steps=10, chunked_prefill_size=0, ignore_eos="none"))
     r = run(reqs, sched, PagedKVCache(120, 1), engine)
     assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 500.0, 2: 897.25}
 
@@ -157,7 +167,7 @@ def test_the_ratio_is_reset_when_the_server_goes_idle(engine):
 ])
 def test_admission_needs_fewer_tokens_than_remain(engine, prompt, admitted_at):
     reqs = [Request(0, 0.0, 10, 31), Request(1, 1.0, prompt, 30)]
-    sched = SglangScheduler(SglangConfig(init_new_token_ratio=0.5, chunked_prefill_size=0, ignore_eos="none"))
+    sched = SglangScheduler(_sync(init_new_token_ratio=0.5, chunked_prefill_size=0, ignore_eos="none"))
     r = run(reqs, sched, PagedKVCache(60, 1), engine)
     assert by_id(r, "first_scheduled_ms")[1] == admitted_at
 
@@ -171,7 +181,7 @@ def test_mixed_iterations_do_not_decay_the_ratio(engine):
     # 193 free - 96 x 0.7 = 125.8 <= 151: refused; it goes in when R0 finishes, 15.0 + 96 x 4 = 399.
     # (Had the mixed iterations decayed it, 193 - 96 x 0.098 = 183.6 would have let R2 in at 15.0.)
     reqs = [Request(0, 0.0, 4, 100), Request(1, 0.25, 20, 1), Request(2, 12.0, 100, 50)]
-    sched = SglangScheduler(SglangConfig(chunked_prefill_size=8, enable_mixed_chunk=True,
+    sched = SglangScheduler(_sync(chunked_prefill_size=8, enable_mixed_chunk=True,
                                          new_token_ratio_decay_steps=1, ignore_eos="none"))
     r = run(reqs, sched, PagedKVCache(200, 1), engine)
     assert by_id(r, "finish_ms")[1] == 15.0
@@ -186,7 +196,8 @@ def test_constants_follow_sglang():
     c = SglangConfig()
     assert (c.chunked_prefill_size, c.max_prefill_tokens, c.clip_max_new_tokens, c.retract_decode_steps) == (
         8192, 16384, 4096, 20)
-    half = SglangScheduler(SglangConfig(schedule_conservativeness=0.5))
+    assert c.overlap_schedule == "auto" and c.plans_ahead  # SGLang's overlap scheduler is on by default
+    half = SglangScheduler(_sync(schedule_conservativeness=0.5))
     assert half.init_ratio == 0.35 and half.min_ratio == pytest.approx(0.049)
 
 
@@ -205,7 +216,7 @@ def test_constants_follow_sglang():
 ])
 def test_chunked_prefill_stalls_decodes_unless_mixed(engine, mixed, r1_first_token, longest_gap):
     reqs = [Request(0, 0.0, 4, 10), Request(1, 1.0, 20, 2)]
-    sched = SglangScheduler(SglangConfig(chunked_prefill_size=8, enable_mixed_chunk=mixed))
+    sched = SglangScheduler(_sync(chunked_prefill_size=8, enable_mixed_chunk=mixed))
     r = run(reqs, sched, PagedKVCache(100, 1), engine)
     assert by_id(r, "first_token_ms") == {0: 0.5, 1: r1_first_token}
     assert by_id(r, "prefill_chunks") == {0: 1, 1: 3}
@@ -238,7 +249,7 @@ def test_a_retracted_request_can_always_come_back(engine):
     run once stalled (found by a random hypothesis seed). SGLang cuts max_new_tokens to what an
     empty pool holds: 12 - 1 - 2 = 9, and then 7 + 3 + 1 = 11 < 12: retracted once, it comes
     back and finishes; request 0 (7 asked, 1 + 7 <= 9) as asked."""
-    cfg = SglangConfig(max_running_requests=2, max_prefill_tokens=16, init_new_token_ratio=0.0,
+    cfg = _sync(max_running_requests=2, max_prefill_tokens=16, init_new_token_ratio=0.0,
                        new_token_ratio_decay_steps=1, clip_max_new_tokens=8, retract_decode_steps=0)
     reqs = [Request(0, 0.0, 1, 7, max_tokens=7), Request(1, 0.0, 1, 10)]
     r = run(reqs, SglangScheduler(cfg), PagedKVCache(12, 1), engine)
@@ -276,7 +287,7 @@ def _lpm_requests():
     ("fcfs", {0: 0.0, 1: 10.0, 2: 15.5, 3: 16.0, 4: 18.5, 5: 20.0}),
 ])
 def test_longest_prefix_match_order(engine, make_kv, policy, first_scheduled):
-    sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy=policy, chunked_prefill_size=0))
+    sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy=policy, chunked_prefill_size=0))
     r = run(_lpm_requests(), sched, make_kv(), engine)
     assert by_id(r, "first_scheduled_ms") == first_scheduled
     assert by_id(r, "cached_tokens") == {0: 0, 1: 0, 2: 40, 3: 0, 4: 8, 5: 16}
@@ -297,7 +308,7 @@ def test_lpm_defers_a_request_sharing_an_uncached_prefix_with_one_before_it(engi
             Request(1, 10.0, 44, 1, prefix_group="c", prefix_tokens=40),
             Request(2, 10.0, 44, 1, prefix_group="c", prefix_tokens=40),
             Request(3, 10.0, 20, 1)]
-    sched = SglangScheduler(SglangConfig(max_running_requests=2, schedule_policy=policy, chunked_prefill_size=0))
+    sched = SglangScheduler(_sync(max_running_requests=2, schedule_policy=policy, chunked_prefill_size=0))
     r = run(reqs, sched, RadixKVCache(1000, 4), engine)
     assert {i: t for i, t in by_id(r, "first_scheduled_ms").items() if i} == first_scheduled
     assert by_id(r, "cached_tokens")[2] == cached
@@ -310,7 +321,7 @@ def test_lpm_does_not_sort_more_than_128_waiting_requests():
     reqs = [Request(0, 0.0, 17, 1, prefix_group="a", prefix_tokens=16)]
     reqs += [Request(i, 10.0, 8, 1) for i in range(1, 130)]
     reqs.append(Request(130, 10.0, 20, 1, prefix_group="a", prefix_tokens=16))
-    sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy="lpm", chunked_prefill_size=0))
+    sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy="lpm", chunked_prefill_size=0))
     first = by_id(run(reqs, sched, RadixKVCache(1000, 4), "fast"), "first_scheduled_ms")
     assert (first[1], first[2], first[130], first[3]) == (10.0, 11.0, 12.0, 12.5)
 
@@ -319,7 +330,7 @@ def test_lpm_without_a_prefix_cache_is_fcfs():
     reqs = _lpm_requests()
     orders = {}
     for policy in ("lpm", "fcfs"):
-        sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy=policy, chunked_prefill_size=0))
+        sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy=policy, chunked_prefill_size=0))
         orders[policy] = by_id(run(reqs, sched, PagedKVCache(1000, 4), "fast"), "first_scheduled_ms")
     assert orders["lpm"] == orders["fcfs"]
 
@@ -328,7 +339,7 @@ def test_lpm_without_a_prefix_cache_is_fcfs():
 def test_longest_output_first(engine):
     # one at a time; at t=0 requests 0..2 wait with max_tokens 5, 30, 10: 1, 2, 0
     reqs = [Request(0, 0.0, 8, 5), Request(1, 0.0, 8, 30), Request(2, 0.0, 8, 10)]
-    sched = SglangScheduler(SglangConfig(max_running_requests=1, schedule_policy="lof"))
+    sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy="lof"))
     r = run(reqs, sched, PagedKVCache(200, 1), engine)
     first = by_id(r, "first_scheduled_ms")
     assert sorted(first, key=first.get) == [1, 2, 0]
@@ -351,6 +362,7 @@ def sglang_configs(draw):
         new_token_ratio_decay_steps=draw(st.sampled_from([1, 5, 600])),
         clip_max_new_tokens=draw(st.sampled_from([8, 4096])),
         retract_decode_steps=draw(st.sampled_from([0, 1, 20])),
+        overlap_schedule=draw(st.booleans()),
     )
 
 
@@ -443,7 +455,7 @@ def test_radix_hits_equal_the_paged_prefix_caches_where_both_apply(requests, blo
     blocks join the tree after their pass, where the paged cache shares them within a batch."""
     blocks = 4 * sum(-(-(r.prompt_tokens + r.max_output_tokens) // block_size) for r in requests)
     if sglang:
-        make = lambda: SglangScheduler(SglangConfig(max_running_requests=1, chunked_prefill_size=0))  # noqa: E731
+        make = lambda: SglangScheduler(_sync(max_running_requests=1, chunked_prefill_size=0))  # noqa: E731
     else:
         make = lambda: ContinuousScheduler(ContinuousConfig(max_num_seqs=seqs, allocation="grow",  # noqa: E731
                                                             max_num_batched_tokens=4096))
@@ -473,7 +485,7 @@ def test_a_mixed_batchs_decode_slots_evict_when_the_pass_ends_in_both_engines():
 
     reqs = [req(i, 1, 1) for i in range(7)] + [req(7, 2, 2, None, 1, 1), req(8, 1, 1), req(9, 15, 1, 12, 1, 1),
                                                 req(10, 16, 2, 12)]
-    cfg = SglangConfig(max_running_requests=2, max_prefill_tokens=16, chunked_prefill_size=16, enable_mixed_chunk=True,
+    cfg = _sync(max_running_requests=2, max_prefill_tokens=16, chunked_prefill_size=16, enable_mixed_chunk=True,
                        schedule_policy="lof", init_new_token_ratio=0.0, new_token_ratio_decay_steps=1,
                        clip_max_new_tokens=8, retract_decode_steps=0)
     cost = LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=4.0)
@@ -482,3 +494,58 @@ def test_a_mixed_batchs_decode_slots_evict_when_the_pass_ends_in_both_engines():
     compare_runs(runs["fast"], runs["reference"], rel=1e-12)
     assert by_id(runs["fast"], "cached_tokens")[7] == 1
     assert by_id(runs["fast"], "first_scheduled_ms")[0] == 6.0  # after request 7's 1-token prefill, not 2
+
+
+# --- overlap scheduling in a run's TOML ----------------------------------------------------------
+
+OVERLAP_TOML = """
+    [experiment]
+    name = "x"
+    [workload]
+    kind = "synthetic"
+    num_requests = 20
+    rate = 20
+    prompt = {dist = "fixed", value = 100}
+    output = {dist = "fixed", value = 20}
+    [scheduler]
+    kind = "sglang"
+    [cost_model]
+    kind = "roofline"
+    model = "qwen3-30b-a3b"
+    gpu = "h100-80gb"
+    [kv_cache]
+    kind = "radix"
+    model = "qwen3-30b-a3b"
+    gpu = "h100-80gb"
+"""
+UNMODELLED = {"[cluster]\npipeline_parallel = 2\n": r"\[cluster\] pipeline_parallel",
+              "[cluster]\nmode = 'disaggregated'\n": r"\[cluster\] disaggregated pools",
+              "[speculative]\nmethod = 'ngram'\n": r"\[speculative\]"}
+
+
+@pytest.mark.parametrize("extra", ["", *UNMODELLED])
+def test_overlap_is_on_by_default_unless_the_layout_is_not_modelled_with_it(tmp_path, extra):
+    """SGLang's default: ``"auto"`` plans ahead on one instance, and schedules synchronously --
+    instead of refusing the run -- with a pipeline, disaggregated pools or speculation."""
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(OVERLAP_TOML) + extra)
+    exp = load(path)
+    schedulers = [parts[0] for parts in assemble(exp.studies[0].base, exp.context, "x").instances]
+    assert schedulers and all(s.plans_ahead == (extra == "") for s in schedulers)
+    run = run_experiment(exp).all_runs()[0]
+    assert run.metrics["finished"] == 20 and run.meta["plans_ahead"] == (extra == "")
+
+
+@pytest.mark.parametrize("extra, what", UNMODELLED.items())
+def test_overlap_set_true_is_refused_by_name_where_not_modelled(tmp_path, extra, what):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent(OVERLAP_TOML).replace('kind = "sglang"\n', 'kind = "sglang"\noverlap_schedule = true\n')
+                    + extra)
+    with pytest.raises(ConfigError, match=r"\[scheduler\]: overlap_schedule: not modelled with " + what
+                                          + r".*set overlap_schedule = false"):
+        load(path)
+
+
+def test_overlap_schedule_must_be_a_bool_or_auto():
+    with pytest.raises(ConfigError, match="overlap_schedule.*must be true, false or \"auto\", got 'yes'"):
+        from_table(SglangConfig, {"overlap_schedule": "yes"}, where="[scheduler]")

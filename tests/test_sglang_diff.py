@@ -102,7 +102,7 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
                               "schedule_policy": s.schedule_policy,
                               "schedule_conservativeness": s.schedule_conservativeness,
                               "enable_mixed_chunk": s.enable_mixed_chunk, "context_length": 8192,  # SGLang's side
-                              "ignore_eos": "none"}
+                              "overlap_schedule": False, "ignore_eos": "none"}
     assert t["kv_cache"] == {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
 
 
@@ -206,6 +206,57 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=60, max_running_requests=2, max_prefill_tokens=64),
               (0, 0, 20, 50, None, 0, None), (1, 3, 10, 5, None, 0, None)),
         {0: _o(0, 1, 38, 0, 0, 20), 1: _o(38, 39, 43, 0, 0, 10)}),
+    # Overlap scheduling (SGLang's default): the plan of a batch is made when the batch before it
+    # starts, and a request's "scheduled" time is its plan's.
+    # 10. An arrival waits a batch more. 0's prompt runs at [0, 1]; the plan of [1, 2], made at 0,
+    # decodes 0 (its prompt's token still in flight). 1 arrives at 1: the plan made then, for [2, 3],
+    # prefills it (0 waits): its one token at 3, not 2. 0's tokens at 1, 2 and 4.
+    "10-overlap-arrival-waits-a-batch": (
+        _case(dict(max_total_tokens=64, max_running_requests=2, overlap_schedule=True),
+              (0, 0, 4, 3, None, 0, None), (1, 1, 4, 1, None, 0, None)),
+        {0: _o(0, 1, 4, 0, 0, 4), 1: _o(1, 3, 3, 0, 0, 4)}),
+    # 11. A request finishing in the batch in flight holds its KV, and the "full" mark it clears
+    # comes a plan later. 40 tokens: 0 (10 + 2 + 1 page) and 1 (2 + 8 + 1) go in at 0; 2 needs 20 + 2
+    # + 1 = 23 >= 40 - 24: full. The plan of [1, 2] (made at 0) decodes 0 and 1: 0's last token. The
+    # plan of [2, 3] (made at 1) still has 0 in the running batch, its 11 tokens held: no prefill
+    # (full), and the decode leaves 0 out -- and clears the mark. The plan of [3, 4] (made at 2, 0
+    # freed): 2 needs 23 < 36 free - 6 to go for 1 (its third token in flight): admitted, its tokens
+    # at 4 and 5 (synchronously: 3 and 4). 1 waits that prefill out: its 8th token at 9.
+    "11-overlap-finishing-request-holds-its-kv": (
+        _case(dict(max_total_tokens=40, max_running_requests=3, overlap_schedule=True),
+              (0, 0, 10, 2, None, 0, None), (1, 0, 2, 8, None, 0, None), (2, 0, 20, 2, None, 0, None)),
+        {0: _o(0, 1, 2, 0, 0, 10), 1: _o(0, 1, 9, 0, 0, 2), 2: _o(2, 4, 5, 0, 0, 20)}),
+    # 12. A prompt in flight is not in the tree yet. Both share 8 tokens; one prompt per pass (prompt
+    # budget 1). 0's prompt runs at [0, 1]; the plan of [1, 2], made at 0, admits 1, which finds
+    # none of 0's tokens and computes all 8. (Synchronously 1 is admitted at 1 and hits 7.) 0 decodes
+    # after 1's prefill: its 4 tokens at 1, 3, 4, 5.
+    "12-overlap-prompt-in-flight-not-in-the-tree": (
+        _case(dict(max_total_tokens=64, max_running_requests=2, max_prefill_tokens=1, overlap_schedule=True),
+              (0, 0, 8, 4, 0, 8, None), (1, 0, 8, 1, 0, 8, None)),
+        {0: _o(0, 1, 5, 0, 0, 8), 1: _o(0, 2, 2, 0, 0, 8)}),
+    # 13. A retracted request's token in flight is thrown away (overlap skips its queued result).
+    # 55 tokens, conservativeness 0.1 (new-token ratio 0.07); both stop at their max_tokens. 0's
+    # prompt runs at [0, 1] and the plan of [1, 2], made at 0, decodes it. 1 arrives at 1: 8 + 13 + 1
+    # page < 31 free - 17 x 0.07 (0's tokens to go, its second in flight): admitted for [2, 3]. From
+    # [3, 4] both decode, 2 slots a step: the plan made at 12 leaves 1 slot free, and the one made at
+    # 13 (for [14, 15]) needs 2. In SGLang's view 0 has 12 tokens and 1 has 11 (their next ones in
+    # flight): 1 goes, and its 12th token, computed by [13, 14], with it. 0 finishes alone at 19
+    # (the plan made at 18 has no room for 1: 19 + 2 + 1 >= 14 free); 1 prefills its prompt and 11
+    # tokens (19) at [19, 20], giving its 12th token again, and is done at 21. (Keeping the token,
+    # it would prefill 20 and be done at 20.)
+    "13-overlap-retraction-drops-the-token-in-flight": (
+        _case(dict(max_total_tokens=55, max_running_requests=2, schedule_conservativeness=0.1, overlap_schedule=True),
+              (0, 0, 23, 18, None, 0, 18), (1, 1, 8, 13, None, 0, 13)),
+        {0: _o(0, 1, 19, 0, 0, 23), 1: _o(1, 3, 21, 1, 0, 8, 19)}),
+    # 14. At an EOS SGLang cannot foresee, the finished request is decoded once more. One request
+    # slot. 0 stops at an EOS after 1 token (max_tokens 2): the plan of [1, 2], made at 0, decodes it
+    # again (the token thrown away), so its slot is free only for the plan made at 1: 1 runs at
+    # [2, 3] and 2 -- whose plan is made at 2, while 1 (finishing by length) is in flight -- at [3, 4].
+    # (Without the extra decode: 1 at [1, 2], 2 at [2, 3].)
+    "14-overlap-eos-decodes-once-more": (
+        _case(dict(max_total_tokens=16, max_running_requests=1, max_prefill_tokens=1, overlap_schedule=True),
+              (0, 0, 1, 1, None, 0, 2), (1, 0, 1, 1, None, 0, None), (2, 0, 1, 1, None, 0, None)),
+        {0: _o(0, 1, 1, 0, 0, 1), 1: _o(1, 3, 3, 0, 0, 1), 2: _o(3, 4, 4, 0, 0, 1)}),
 }
 
 

@@ -1,5 +1,5 @@
-"""SGLang's scheduler (engines.md §4), following SGLang 0.5.23 (PyPI release, overlap
-scheduling off): ``python/sglang/srt/managers/scheduler.py`` (``get_next_batch_to_run``,
+"""SGLang's scheduler (engines.md §4), following SGLang 0.5.23 (PyPI release), with or without
+its overlap scheduler: ``python/sglang/srt/managers/scheduler.py`` (``get_next_batch_to_run``,
 ``_get_new_batch_prefill_raw``, ``update_running_batch``), ``schedule_policy.py``
 (``PrefillAdder``), ``mem_cache/prefill_budget.py`` (``PrefillBudget``), ``schedule_batch.py``
 (``check_decode_mem``, ``retract_decode``, ``release_req``) and
@@ -49,6 +49,34 @@ a setting names them -- by default those without ``max_tokens``, which generate 
 output length as a benchmark client asking for it would (``"no_max_tokens"``); ``"all"``; or
 ``"none"``, every request at the ratio as SGLang did before 0.5.
 
+**Overlap scheduling** (``overlap_schedule``; SGLang's default, ``event_loop_overlap``): each
+batch is planned while the one before it runs (:mod:`schedlab.engine.ahead`: arrivals after that
+batch's start wait for the next plan, and the requests it finishes keep their KV until the plan
+is made), and SGLang plans before it has processed that batch's result:
+
+* every request the batch in flight gives a token counts one output token short
+  (``Plan.token_in_flight``): in admission's offset, in the retraction order and ratio;
+* the requests it finishes are still in the running batch: they count in ``running_bs`` and,
+  with one token to go, in admission's offset; those finishing by length are left out of the
+  decode (``_reqs_finishing_inflight``), and if the decode does not fit while some do, nothing
+  is retracted: the step is skipped (their KV comes back once the result is processed); those
+  stopping at an EOS SGLang cannot foresee are decoded once more, the token thrown away
+  (``Plan.overshoot``);
+* the "full" mark a finished request clears is cleared a plan later (``filter_batch`` sees it
+  finished only then), or by the decode that leaves it out;
+* a retracted request loses the token in flight (its queued result is skipped) and computes it
+  again (``Plan.preempt(discard_in_flight=True)``);
+* with the ``radix`` cache, the prompts the batch in flight completes are not in the tree yet --
+  its chunks that do not end a prompt are (``stash_chunked_request`` inserts them at the next
+  plan) -- and the blocks a pass computed twice are freed once its result is processed
+  (``begin_pass(in_flight)``).
+
+Not modelled with overlap: SGLang may retract a request finished at an EOS it cannot foresee
+(it then computes its last token again); here such a request is never a victim, and if the
+decode does not fit beside it the step is skipped. A prompt computed twice in one pass, once
+in a chunk, is visible from the chunk's next plan in SGLang and only once processed here.
+``tools/sglang_diff.py --groups overlap`` compares it with SGLang's own loop.
+
 The ratio changes at every decode iteration, but it is only read when a prefill batch is
 formed, and that happens only at events (an arrival, a finish, a retraction, a chunk): while
 requests wait and the batch is full nothing is attempted. So the plan is stable between
@@ -76,7 +104,8 @@ Simplifications (each deliberate):
   cut to ``min(context_length, pool) - 2 - prompt`` and to what an empty pool holds after the
   prompt's pages, a page and a token.
 * Policies ``random``, ``hrrn``, ``routing-key`` and priorities, LoRA batching, grammar
-  queues, the overlap scheduler, speculative decoding and data parallelism are not modelled.
+  queues, speculative decoding and data parallelism are not modelled (overlap scheduling is
+  refused with speculation, pipeline parallelism and disaggregation: ``"auto"`` turns it off).
 """
 
 from __future__ import annotations
@@ -89,6 +118,11 @@ from schedlab.errors import SimulationError
 from .sglang_policy import POLICIES, Policy, SglangQueue
 
 IGNORE_EOS = ("no_max_tokens", "all", "none")
+
+
+def _overlap_schedule(_inst, attribute, value):
+    if not (isinstance(value, bool) or value == "auto"):
+        raise FieldError(attribute.name, f"must be true, false or \"auto\", got {value!r}")
 
 
 @attrs.frozen
@@ -118,6 +152,11 @@ class SglangConfig:
     num_reserved_decode_tokens: int = int_field(
         512, min=0, help="disaggregated decode: tokens kept free per running or incoming request when pulling a "
                          "request's KV (SGLANG_NUM_RESERVED_DECODE_TOKENS)")
+    overlap_schedule: bool | str = attrs.field(default="auto", validator=_overlap_schedule, metadata={"help": (
+        "SGLang's overlap scheduler (on unless --disable-overlap-schedule): each batch is planned while the one "
+        "before it runs, with that batch's tokens not yet counted; arrivals wait a batch more and finished "
+        "requests hold their KV one plan longer (schedlab.engine.ahead); \"auto\": on unless the run uses "
+        "pipeline parallelism, disaggregation or [speculative], which it is not modelled with")})
     context_length: int = int_field(
         0, min=0, help="the model's context (--context-length; by default the run's model's): a prompt of "
                        "min(context, pool) - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds "
@@ -127,6 +166,12 @@ class SglangConfig:
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise FieldError("enable_mixed_chunk", "needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
+
+    @property
+    def plans_ahead(self) -> bool:
+        """Whether batches are planned ahead (``overlap_schedule``; ``"auto"`` is on here, and the
+        run's assembly turns it off where it is not modelled)."""
+        return self.overlap_schedule is True or self.overlap_schedule == "auto"
 
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
@@ -214,6 +259,10 @@ class SglangScheduler:
         self._last_finish_ms = 0.0
         self.policy = Policy(c.schedule_policy)
         self._fresh_batch = False       # the last pass's batch becomes the running batch
+        #: overlap scheduling: engines plan each batch while the one before runs (engine.ahead)
+        self.plans_ahead = c.plans_ahead
+        self._held_before = False       # the last plan saw finished requests holding their KV
+        self._prefilled = -1            # ... and formed a prefill batch: the decode steps after it
         #: one entry per retraction: (time, ids of the retracted requests in order, new ratio)
         self.retraction_log: list[tuple[float, tuple, float]] = []
 
@@ -272,8 +321,10 @@ class SglangScheduler:
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:
-        self._batch_full = False
         self._last_finish_ms = now_ms
+        if self.plans_ahead and seq.status == "finished":
+            return  # SGLang sees it finished once its result is processed: after the next plan
+        self._batch_full = False
 
     def pull_headroom(self, running, pending: int, block_size: int) -> int:
         """Blocks a disaggregated decode instance keeps free when it pulls a request's KV, as
@@ -317,37 +368,93 @@ class SglangScheduler:
     def schedule(self, plan) -> None:
         kv = plan.kv
         begin_pass = getattr(kv, "begin_pass", None)
-        if begin_pass is not None:  # the last pass's prefills are in the tree now
-            begin_pass()
+        if begin_pass is not None:  # the last pass's prefills are in the tree now ...
+            if self.plans_ahead:  # ... unless their batch is the one in flight: no decode step ran
+                # since (the fast engine runs decode steps without asking; a prefill is asked for)
+                begin_pass(plan.made_ahead and plan.decode_steps == self._prefilled)
+                self._prefilled = -1
+            else:
+                begin_pass()
         if not plan.running and plan.now > self._last_finish_ms:
             self._set_ratio(self.init_ratio, plan.decode_steps)  # the server was idle
-        mixed_bs = 0
-        if self.config.enable_mixed_chunk and plan.num_decoding:
-            if not plan.decode_all():
-                if begin_pass is not None:
-                    kv.end_pass()
-                self._retract(plan)
-                return
-            mixed_bs = plan.num_decoding
-        formed = self._prefill(plan, mixed_bs)
+        finishing = self._finishing(plan)
+        # finishing by length SGLang leaves out of the next decode; at an EOS it cannot foresee,
+        # it decodes them once more (the token is thrown away)
+        by_length = [s for s in finishing if s.num_generated >= s.request.max_output_tokens]
+        eos = [s for s in finishing if s.num_generated < s.request.max_output_tokens]
+        if self.plans_ahead:
+            if self._held_before:  # their results are processed: the running batch lets them go
+                self._batch_full = False
+            self._held_before = bool(finishing)
+        mixed_bs = 0      # the running batch's size, which a mixed step's chunk budget leaves out
+        joined = False    # ... and whether its decodes run in this step
+        if self.config.enable_mixed_chunk and (plan.num_decoding or finishing):
+            if plan.num_decoding or eos:
+                joined = self._decode(plan, eos)
+                if not joined and not by_length:
+                    if begin_pass is not None:
+                        kv.end_pass()
+                    self._retract(plan, eos)
+                    return
+                # (else the decodes sit this step out: the queued result frees the finishing
+                # requests' KV at its end)
+            mixed_bs = plan.num_decoding + len(finishing)
+        formed = self._prefill(plan, mixed_bs, len(finishing), joined)
         if begin_pass is not None:  # the batch's KV is allocated now (``prepare_for_extend``)
             kv.end_pass()
+        if by_length and (not formed or self.config.enable_mixed_chunk):
+            self._batch_full = False  # update_running_batch (or the mixed step) leaves them out
         if formed:
-            if mixed_bs:
+            self._prefilled = plan.decode_steps + (1 if joined else 0)
+            if joined:
                 self._mixed += 1
             else:
                 plan.skip_decode()
             return
-        if plan.num_decoding and not plan.decode_all():
-            self._retract(plan)
+        if (plan.num_decoding or eos) and not self._decode(plan, eos):
+            if by_length:
+                return  # SGLang: decode next step, once the queued result has freed their KV
+            self._retract(plan, eos)
 
-    def _prefill(self, plan, mixed_bs: int) -> bool:
-        """Form a prefill batch (``_get_new_batch_prefill_raw``); True if it is not empty."""
+    @staticmethod
+    def _decode(plan, eos: list) -> bool:
+        """Decode every decoding request and, once more, the ``eos`` ones (overshoot) if the KV
+        cache has room for all (``check_decode_mem``); False, with nothing changed, if not."""
+        if not eos:
+            return not plan.num_decoding or plan.decode_all()
+        kv = plan.kv
+        need = sum(kv.blocks_needed(s, 0, reserve_tokens=s.num_computed_tokens + 1) for s in eos)
+        if plan.num_decoding:
+            need += sum(kv.blocks_needed(s, 1) for s in plan.running if s.status == "decoding")
+        if need > kv.num_free_blocks() or (plan.num_decoding and not plan.decode_all()):
+            return False
+        for s in eos:
+            plan.overshoot(s)
+        return True
+
+    def _finishing(self, plan) -> list:
+        """Overlap scheduling: the requests the batch in flight finishes, still in SGLang's
+        running batch and holding their KV (``_reqs_finishing_inflight``; none otherwise)."""
+        if not self.plans_ahead:
+            return []
+        return [s for s in plan.running.holding() if s.status == "finished"]
+
+    def _generated(self, plan, seq) -> int:
+        """``len(output_ids)``: the tokens SGLang has added to ``seq`` -- with overlap scheduling
+        not the one the batch in flight computes."""
+        n = seq.num_generated
+        return n - 1 if self.plans_ahead and plan.token_in_flight(seq) else n
+
+    def _prefill(self, plan, mixed_bs: int, finishing: int, joined: bool) -> bool:
+        """Form a prefill batch (``_get_new_batch_prefill_raw``); True if it is not empty.
+        ``finishing``: requests the batch in flight finishes (overlap), in the running batch;
+        ``joined``: the running decodes join the step (mixed)."""
         c = self.config
         chunked = self._chunked
         if chunked is not None and chunked.status != "prefilling":
             chunked = self._chunked = None
-        running_bs = plan.num_decoding  # SGLang's running batch: the chunked request is not in it
+        # SGLang's running batch: the chunked request is not in it, finishing ones are
+        running_bs = plan.num_decoding + finishing
         if chunked is not None or not running_bs or self._fresh_batch:
             # the last pass's batch held the chunked request, which leaves it (``filter_batch``);
             # or nothing runs that could ever leave; or the last pass's batch, formed while
@@ -384,7 +491,7 @@ class SglangScheduler:
         # a batch formed while nothing ran becomes the running batch; so does a mixed batch
         # (SGLang empties the running batch into it, ``mix_with_running``): its "full" mark is
         # the new batch's, unset
-        self._fresh_batch = adder.count > 0 and (not running_bs or mixed_bs > 0)
+        self._fresh_batch = adder.count > 0 and (not plan.num_decoding or joined)
         return adder.count > 0
 
     def _running_offset(self, plan) -> float:
@@ -393,9 +500,10 @@ class SglangScheduler:
         clip = self.config.clip_max_new_tokens
         ratio = None
         parts = []
-        for seq in plan.running:
-            if seq.status == "decoding":
-                n = seq.request.max_output_tokens - seq.num_generated
+        ahead = self.plans_ahead
+        for seq in plan.running.holding() if ahead else plan.running:
+            if seq.status == "decoding" or (ahead and seq.status == "finished"):
+                n = seq.request.max_output_tokens - (self._generated(plan, seq) if ahead else seq.num_generated)
                 n = n if n < clip else clip
                 if self.ignores_eos(seq.request):
                     parts.append(n * 1.0)
@@ -457,38 +565,54 @@ class SglangScheduler:
             adder.charge(extend, self._reserve(seq), page)
         return adder.state(kv)
 
-    def _retract(self, plan) -> None:
-        """Decode is out of memory (``retract_decode``): retract until the step fits, then decode."""
+    @staticmethod
+    def _overshoot_what_fits(plan, eos: list) -> None:
+        for s in eos:
+            plan.overshoot(s)
+
+    def _retract(self, plan, eos: list = ()) -> None:
+        """Decode is out of memory (``retract_decode``): retract until the step fits, then decode
+        (and decode the ``eos`` ones once more, as many as fit: SGLang might retract one of them
+        instead, which is not modelled -- the engine has told its client it finished)."""
         c = self.config
         kv = plan.kv
         make_room = getattr(kv, "make_room", None)
         running = [s for s in plan.running if s.status == "decoding"]
+        if not running:  # only requests at an EOS to decode once more
+            self._overshoot_what_fits(plan, eos)
+            return
+        generated = {s: self._generated(plan, s) for s in running}
         # fewest generated tokens last, ties: longest prompt last (a stable sort, reversed)
-        order = sorted(running, key=lambda s: (s.num_generated, -s.request.prompt_tokens), reverse=True)
+        order = sorted(running, key=lambda s: (generated[s], -s.request.prompt_tokens), reverse=True)
         retracted = []
-        while not retracted or kv.num_free_blocks() * kv.block_size < len(order):
+        while not retracted or kv.num_free_blocks() * kv.block_size < len(order) + len(eos):
             if len(order) <= 1:
                 break
             victim = order.pop()
-            plan.preempt(victim)
+            # with overlap scheduling its queued result is skipped: its token in flight is lost
+            plan.preempt(victim, discard_in_flight=self.plans_ahead)
             retracted.append(victim.request.id)
             if make_room is not None:  # the freed prefix is evictable now: SGLang evicts at once
                 make_room(-(-c.retract_decode_steps * len(order) // kv.block_size))
         self._batch_full = False
-        generated = sum(s.num_generated for s in order)
+        generated = sum(generated[s] for s in order)
         max_new = sum(s.request.max_output_tokens for s in order)
         ratio = min(1.0, (generated + c.retract_decode_steps * len(order)) / (max_new + 1))
         self._set_ratio(ratio, plan.decode_steps + 1)  # this iteration's decode does not decay it
         self.retraction_log.append((plan.now, tuple(retracted), ratio))
-        if plan.decode_all():
+        if self._decode(plan, eos):
             return
         chunked = self._chunked
         if chunked is not None and chunked.status == "prefilling" and not plan.is_scheduled(chunked):
             plan.preempt(chunked)
             self._chunked = None
             self.retraction_log.append((plan.now, (chunked.request.id,), ratio))
-            if plan.decode_all():
+            if self._decode(plan, eos):
                 return
+        if eos:  # (SGLang would retract one of them; the finished requests' blocks come back after this plan)
+            if plan.decode_all():
+                self._overshoot_what_fits(plan, eos)
+            return
         raise SimulationError(
             f"SGLang scheduler: {len(order)} running request(s) cannot decode even after retraction "
             f"({kv.num_free_blocks()}/{kv.num_blocks} KV blocks free)")

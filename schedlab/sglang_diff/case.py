@@ -20,9 +20,10 @@ POOL_MARGIN = 2
 class SglangSettings:
     """The settings both engines get: SGLang ``ServerArgs`` (``--max-total-tokens``,
     ``--max-running-requests``, ``--chunked-prefill-size``, ``--max-prefill-tokens``,
-    ``--schedule-policy``, ``--schedule-conservativeness``, ``--enable-mixed-chunk``; ``--page-size
-    1``, the radix cache on, overlap scheduling off) and schedlab's ``sglang`` scheduler over a
-    ``radix`` cache of ``max_total_tokens`` blocks of one token.
+    ``--schedule-policy``, ``--schedule-conservativeness``, ``--enable-mixed-chunk``, overlap
+    scheduling unless ``--disable-overlap-schedule``; ``--page-size 1``, the radix cache on) and
+    schedlab's ``sglang`` scheduler over a ``radix`` cache of ``max_total_tokens`` blocks of one
+    token.
 
     ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``); mixing needs chunking.
     """
@@ -34,6 +35,7 @@ class SglangSettings:
     schedule_policy: str = str_field("fcfs", choices=POLICIES)
     schedule_conservativeness: float = float_field(1.0, min=0.0, max=10.0)
     enable_mixed_chunk: bool = bool_field(False)
+    overlap_schedule: bool = bool_field(False)
 
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
@@ -51,6 +53,8 @@ class SglangSettings:
     def simpler(self):
         """Simpler settings for the shrinker: FCFS, no chunking, then fewer requests running, a
         smaller prefill budget, a smaller pool and smaller chunks."""
+        if self.overlap_schedule:
+            yield {"overlap_schedule": False}
         if self.schedule_policy != "fcfs":
             yield {"schedule_policy": "fcfs"}
         if self.schedule_conservativeness != 1.0:

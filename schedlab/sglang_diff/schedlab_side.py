@@ -16,7 +16,8 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
     scheduler = {"kind": "sglang", "max_running_requests": s.max_running_requests,
                  "max_prefill_tokens": s.max_prefill_tokens, "chunked_prefill_size": s.chunked_prefill_size,
                  "schedule_policy": s.schedule_policy, "schedule_conservativeness": s.schedule_conservativeness,
-                 "enable_mixed_chunk": s.enable_mixed_chunk, "context_length": MAX_MODEL_LEN}
+                 "enable_mixed_chunk": s.enable_mixed_chunk, "overlap_schedule": s.overlap_schedule,
+                 "context_length": MAX_MODEL_LEN}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
     kv = {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}

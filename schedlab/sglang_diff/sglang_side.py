@@ -27,10 +27,22 @@ One step is what ``Scheduler.event_loop_normal`` does once (overlap scheduling o
 new-token-ratio tracker, the allocator and the radix cache all run. A step that runs a batch
 lasts 1 ms; a step with no batch takes no time: with nothing running SGLang is idle and resets
 its new-token ratio (``on_idle``), and the clock jumps to the next arrival.
+
+With ``overlap_schedule`` a step is what ``Scheduler.event_loop_overlap`` does once, in its
+order: read the arrivals, ``get_next_batch_to_run`` while the batch before is still in flight
+(its result queued, unprocessed: ``enable_skip_finishing_decode`` leaves out the requests whose
+queued token ends them by length), launch the new batch, then process the batch before's
+result (``process_batch_result`` with the result processor's ``enable_overlap``: a request
+retracted or finished meanwhile drops its token). A batch starts when the one before ends, so
+the plan of a batch is made at the start of the batch before it, and a result is processed at
+its batch's end. The forward pass itself runs synchronously (``run_batch`` without
+``enable_overlap``: no CUDA streams or future map here); the token model counts a request's
+token in flight, which SGLang reads from its future map.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -115,13 +127,16 @@ class _TokenModel:
     def __init__(self, torch, stops: dict):
         self.torch = torch
         self.stops = stops  # rid -> the output length at which it emits EOS (None: never)
+        #: overlap scheduling: the requests whose token the batch in flight computes (not yet in
+        #: their output_ids)
+        self.in_flight: set = set()
 
     def forward_batch_generation(self, batch, **kwargs):
         from sglang.srt.managers.utils import GenerationBatchResult
 
         tokens = []
         for req in batch.reqs:
-            k = len(req.output_ids)
+            k = len(req.output_ids) + (1 if id(req) in self.in_flight else 0)
             rid = int(req.rid)
             tokens.append(EOS_TOKEN if self.stops.get(rid) == k + 1 else output_token_id(rid, k))
         return GenerationBatchResult(next_token_ids=self.torch.tensor(tokens, dtype=self.torch.int64))
@@ -334,18 +349,23 @@ class SglangRunner:
         model = _TokenModel(torch, stops)
         x.model_worker = model
         x.tp_worker.forward_batch_generation = model.forward_batch_generation
-        live = {}
-        first_scheduled, first_token, finish = {}, {}, {}
-        cached = {r.id: 0 for r in pending}
-        chunks = {r.id: [] for r in pending}
-        now = nxt = 0
-        error = None
+        run = _Run(x, pending)
+        if case.settings.overlap_schedule:
+            error = self._step_overlapped(x, model, run)
+        else:
+            error = self._step(x, run)
+        outcomes = {}
+        for r in pending:
+            req = run.live.get(r.id)
+            outcomes[r.id] = Outcome(run.first_scheduled.get(r.id), run.first_token.get(r.id), run.finish.get(r.id),
+                                     req.retraction_count if req is not None else 0, run.cached[r.id],
+                                     run.chunks[r.id])
+        return outcomes, error
+
+    def _step(self, x, run) -> str | None:
+        """``event_loop_normal``: plan, run and process one batch at a time."""
         for _ in range(MAX_STEPS):
-            while nxt < len(pending) and pending[nxt].arrival <= now:
-                req = self._request(x, pending[nxt])
-                live[pending[nxt].id] = req
-                x._add_request_to_queue(req)
-                nxt += 1
+            run.ingest(self)
             waiting = {id(req) for req in x.waiting_queue}
             plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
             x.running_batch = plan.running_batch
@@ -354,42 +374,113 @@ class SglangRunner:
                 x.last_batch = None
                 if x.is_fully_idle():
                     x.new_token_ratio_tracker.reset()  # on_idle
-                if nxt < len(pending):
-                    now = pending[nxt].arrival
+                if run.idle():
                     continue
-                if all(req.finished() for req in live.values()):
-                    break
-                error = f"SGLang stalled at {now} ms: it runs nothing and nothing is left to arrive"
-                break
-            if batch.forward_mode.is_extend():
-                # a mixed step (--enable-mixed-chunk) extends its running decodes by their one
-                # token too (ScheduleBatch.mix_with_running): they are not prefill chunks
-                decoding = {id(req) for req in (batch.decoding_reqs or ())}
-                for req in batch.reqs:
-                    if id(req) in decoding:
-                        continue
-                    rid = int(req.rid)
-                    chunks[rid].append(req.extend_len)
-                    if id(req) in waiting:  # admitted (or readmitted) now: its prefix hit
-                        cached[rid] += req.prefix_len
-                        first_scheduled.setdefault(rid, now)
+                return run.stalled()
+            run.planned(batch, waiting, run.now)
             result = x.run_batch(batch)
             x.process_batch_result(batch, result)
             x.last_batch = batch
-            now += 1
-            for rid, req in live.items():
-                if len(req.output_ids) and rid not in first_token:
-                    first_token[rid] = now
-                if req.finished() and rid not in finish:
-                    finish[rid] = now
-        else:
-            error = f"SGLang ran {MAX_STEPS} steps without finishing"
-        outcomes = {}
-        for r in pending:
-            req = live.get(r.id)
-            outcomes[r.id] = Outcome(first_scheduled.get(r.id), first_token.get(r.id), finish.get(r.id),
-                                     req.retraction_count if req is not None else 0, cached[r.id], chunks[r.id])
-        return outcomes, error
+            run.now += 1
+            run.processed()
+        return f"SGLang ran {MAX_STEPS} steps without finishing"
+
+    def _step_overlapped(self, x, model, run) -> str | None:
+        """``event_loop_overlap``: plan a batch while the one before it runs, launch it, then
+        process the one before's result. ``run.now`` is when the next plan is made: the start of
+        the batch in flight, or (with none) the time the loop reached."""
+        from collections import deque
+
+        x.enable_skip_finishing_decode = True
+        x.batch_result_processor = dataclasses.replace(x.batch_result_processor, enable_overlap=True)
+        x.result_queue = deque()
+        for _ in range(MAX_STEPS):
+            run.ingest(self)
+            waiting = {id(req) for req in x.waiting_queue}
+            plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
+            x.running_batch = plan.running_batch
+            batch = plan.batch_to_run
+            if batch:
+                run.planned(batch, waiting, run.now)
+                result = x.run_batch(batch)
+                x.result_queue.append((batch.copy(), result))
+                # the tokens this batch commits: every request's but a middle prefill chunk's
+                model.in_flight = {id(req) for req in batch.reqs if req is not x.chunked_req}
+            if x.last_batch:
+                done, done_result = x.result_queue.popleft()
+                x.process_batch_result(done, done_result)
+                run.now += 1  # the batch before ends: the new one starts and the next plan is made
+                run.processed()
+                if not batch:
+                    model.in_flight = set()
+                x.last_batch = batch
+                continue
+            x.last_batch = batch
+            if not batch:
+                if x.is_fully_idle():
+                    x.new_token_ratio_tracker.reset()  # on_idle
+                if not run.idle():
+                    return run.stalled()
+        return f"SGLang ran {MAX_STEPS} steps without finishing"
+
+class _Run:
+    """One case's clock, its arrivals and what is recorded per request."""
+
+    def __init__(self, x, pending):
+        self.x = x
+        self.pending = pending
+        self.nxt = 0
+        self.now = 0
+        self.live = {}
+        self.first_scheduled, self.first_token, self.finish = {}, {}, {}
+        self.cached = {r.id: 0 for r in pending}
+        self.chunks = {r.id: [] for r in pending}
+
+    def ingest(self, runner) -> None:
+        """Queue the requests that have arrived by now."""
+        pending = self.pending
+        while self.nxt < len(pending) and pending[self.nxt].arrival <= self.now:
+            req = runner._request(self.x, pending[self.nxt])
+            self.live[pending[self.nxt].id] = req
+            self.x._add_request_to_queue(req)
+            self.nxt += 1
+
+    def idle(self) -> bool:
+        """Nothing runs: jump to the next arrival (True), or there is none (False)."""
+        if self.nxt < len(self.pending):
+            self.now = max(self.now, self.pending[self.nxt].arrival)
+            return True
+        return False
+
+    def stalled(self) -> str | None:
+        if all(req.finished() for req in self.live.values()):
+            return None
+        return f"SGLang stalled at {self.now} ms: it runs nothing and nothing is left to arrive"
+
+    def planned(self, batch, waiting: set, now: int) -> None:
+        """Record a planned batch's prefill chunks and admissions (made at ``now``)."""
+        if not batch.forward_mode.is_extend():
+            return
+        # a mixed step (--enable-mixed-chunk) extends its running decodes by their one
+        # token too (ScheduleBatch.mix_with_running): they are not prefill chunks
+        decoding = {id(req) for req in (batch.decoding_reqs or ())}
+        for req in batch.reqs:
+            if id(req) in decoding:
+                continue
+            rid = int(req.rid)
+            self.chunks[rid].append(req.extend_len)
+            if id(req) in waiting:  # admitted (or readmitted) now: its prefix hit
+                self.cached[rid] += req.prefix_len
+                self.first_scheduled.setdefault(rid, now)
+
+    def processed(self) -> None:
+        """A batch's result was processed at ``now``, its end."""
+        now = self.now
+        for rid, req in self.live.items():
+            if len(req.output_ids) and rid not in self.first_token:
+                self.first_token[rid] = now
+            if req.finished() and rid not in self.finish:
+                self.finish[rid] = now
 
 
 class _Worker:

@@ -20,7 +20,9 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   ``--max-prefill-tokens``, the running decodes joining each prefill step, memory ample or 1x to
   2x the largest request;
 * ``all``        -- every policy, shared prefixes, chunking, tight memory, EOS and a lower
-  conservativeness at once.
+  conservativeness at once;
+* ``overlap``    -- a case of any other group (drawn per seed) with SGLang's overlap scheduler on
+  (its default): each batch planned while the one before runs.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -30,12 +32,16 @@ from __future__ import annotations
 
 import random
 
+import attrs
+
 from schedlab.diffcheck.case import Case
 from schedlab.diffcheck.workloads import random_requests
 
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
-GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all")
+GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap")
+#: the groups whose cases the ``overlap`` group runs with overlap scheduling on: every other one
+OVERLAPPED = GROUPS[:-1]
 
 
 def _need(r) -> int:
@@ -48,6 +54,10 @@ def generate(group: str, seed: int) -> Case:
     """The case ``seed`` of feature ``group`` (one of :data:`GROUPS`)."""
     if group not in GROUPS:
         raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
+    if group == "overlap":  # another group's case, planned ahead
+        rng = random.Random(f"sglang:{group}:{seed}")
+        case = generate(rng.choice(OVERLAPPED), seed)
+        return attrs.evolve(case, settings=attrs.evolve(case.settings, overlap_schedule=True), group=group)
     rng = random.Random(f"sglang:{group}:{seed}")
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")

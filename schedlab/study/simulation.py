@@ -374,12 +374,23 @@ def _synchronous_if_auto(ctx: Context, table: dict) -> dict:
     resolved to false: the run uses something planning ahead is not modelled with, and vLLM
     too schedules synchronously where it does not support planning ahead. A value set to true
     is kept, for :func:`_check_async_scheduling` to refuse by name."""
-    if table.get("async_scheduling", "auto") != "auto":
-        return table
     config = _config_class(ctx, "scheduler", table)
-    if config is None or not attrs.has(config) or "async_scheduling" not in attrs.fields_dict(config):
+    key = _ahead_key(config)
+    if key is None or table.get(key, "auto") != "auto":
         return table
-    return {**table, "async_scheduling": False}
+    return {**table, key: False}
+
+
+#: the scheduler settings that plan batches ahead: vLLM's and SGLang's names
+AHEAD_KEYS = ("async_scheduling", "overlap_schedule")
+
+
+def _ahead_key(config) -> str | None:
+    """Which of :data:`AHEAD_KEYS` a scheduler config class has, if any."""
+    if config is None or not attrs.has(config):
+        return None
+    fields = attrs.fields_dict(config)
+    return next((key for key in AHEAD_KEYS if key in fields), None)
 
 
 def _power_model(ctx: Context, tables: dict, seen, kv, where: str):
@@ -444,12 +455,14 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
 def _check_async_scheduling(a: Assembled, where: str) -> None:
     """Asynchronous scheduling (:mod:`schedlab.engine.ahead`) is modelled for colocated
     instances and data-parallel ranks, without speculation: refuse the rest by name."""
-    if not any(plans_ahead(parts[0]) for parts in a.instances):
+    planning = [parts[0] for parts in a.instances if plans_ahead(parts[0])]
+    if not planning:
         return
     what = _unmodelled_ahead(a.speculative, a.parallelism, a.pools is not None)
     if what is not None:
-        raise ConfigError(f"{where} [scheduler]: async_scheduling: not modelled with {what}; "
-                          "set async_scheduling = false (or \"auto\", which turns it off there)")
+        key = _ahead_key(type(getattr(planning[0], "config", None))) or "async_scheduling"
+        raise ConfigError(f"{where} [scheduler]: {key}: not modelled with {what}; "
+                          f"set {key} = false (or \"auto\", which turns it off there)")
 
 
 def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:
