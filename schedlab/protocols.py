@@ -439,8 +439,12 @@ class Scheduler(Protocol):
     :meth:`Plan.requeue` s it when it has them, so its reservation may stop there; TGI's
     segments), ``pull_headroom(running, pending, block_size)`` (blocks a disaggregated decode instance
     keeps free when it pulls, given its running sequences and the requests already being
-    received). A request that joins a disaggregated decode instance enters its running set
-    decoding, without ``Plan.admit``.
+    received), ``plans_ahead`` (each batch is planned while the one before it runs, as vLLM's
+    asynchronous and SGLang's overlap scheduling do: :mod:`schedlab.engine.ahead`) and
+    ``overshoots`` (with ``plans_ahead``: the engines ask at every plan made beside a finished
+    request still holding its slot, which the scheduler may decode once more,
+    :meth:`Plan.overshoot`). A request that joins a disaggregated decode instance enters its
+    running set decoding, without ``Plan.admit``.
     """
 
     def schedule(self, plan: Plan) -> None: ...

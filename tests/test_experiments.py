@@ -324,6 +324,24 @@ def test_tgi_segments_keep_chats_moving_beside_long_answers():
     assert metric(seg_busy, "throughput_tps") > metric(whole_busy, "throughput_tps")
 
 
+def test_sglang_overlap_trades_a_step_of_ttft_for_hidden_host_time():
+    results = run("sglang_overlap.toml", ["workload.num_requests=300"])
+    runs = {r.name: r for r in results.all_runs()}
+    for load in ("", "_busy"):
+        overlap, ahead, sync = (runs[name + load] for name in ("overlap", "plan_ahead", "sync"))
+        assert all(r.metrics["finished"] == 300 for r in (overlap, ahead, sync))
+        # planned a batch early, an arrival waits a step more ...
+        assert metric(sync, "ttft_ms.p50") < metric(ahead, "ttft_ms.p50")
+        assert metric(sync, "ttft_ms.p50") < metric(overlap, "ttft_ms.p50")
+        # ... and gains only with the host's time hidden under the GPU step
+        assert metric(overlap, "tpot_ms.p50") < metric(sync, "tpot_ms.p50")
+        assert metric(ahead, "tpot_ms.p50") >= metric(sync, "tpot_ms.p50")
+        # answers stopping at an EOS are decoded once more, planned ahead only
+        assert metric(overlap, "preemptions.discarded_tokens") > 200
+        assert metric(sync, "preemptions.discarded_tokens") == 0
+    assert metric(runs["overlap_busy"], "throughput_tps") > metric(runs["sync_busy"], "throughput_tps")
+
+
 # -- interactive and background work ---------------------------------------------------------------------
 
 

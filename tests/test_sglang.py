@@ -29,6 +29,7 @@ from schedlab.testing import (IterationChecker, check_run, compare_runs, dyadic_
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
+from test_async_scheduling import BASE as ASYNC_TOML
 from test_differential import continuous_configs
 
 ENGINES = ("fast", "reference")
@@ -498,26 +499,9 @@ def test_a_mixed_batchs_decode_slots_evict_when_the_pass_ends_in_both_engines():
 
 # --- overlap scheduling in a run's TOML ----------------------------------------------------------
 
-OVERLAP_TOML = """
-    [experiment]
-    name = "x"
-    [workload]
-    kind = "synthetic"
-    num_requests = 20
-    rate = 20
-    prompt = {dist = "fixed", value = 100}
-    output = {dist = "fixed", value = 20}
-    [scheduler]
-    kind = "sglang"
-    [cost_model]
-    kind = "roofline"
-    model = "qwen3-30b-a3b"
-    gpu = "h100-80gb"
-    [kv_cache]
-    kind = "radix"
-    model = "qwen3-30b-a3b"
-    gpu = "h100-80gb"
-"""
+# the vLLM preset's asynchronous-scheduling experiment, with SGLang's scheduler and radix cache
+OVERLAP_TOML = ASYNC_TOML.replace('kind = "vllm"\n    async_scheduling = true\n', 'kind = "sglang"\n').replace(
+    'kind = "paged"', 'kind = "radix"')
 UNMODELLED = {"[cluster]\npipeline_parallel = 2\n": r"\[cluster\] pipeline_parallel",
               "[cluster]\nmode = 'disaggregated'\n": r"\[cluster\] disaggregated pools",
               "[speculative]\nmethod = 'ngram'\n": r"\[speculative\]"}

@@ -259,8 +259,10 @@ class SglangScheduler:
         self._last_finish_ms = 0.0
         self.policy = Policy(c.schedule_policy)
         self._fresh_batch = False       # the last pass's batch becomes the running batch
-        #: overlap scheduling: engines plan each batch while the one before runs (engine.ahead)
+        #: overlap scheduling: engines plan each batch while the one before runs (engine.ahead) ...
         self.plans_ahead = c.plans_ahead
+        #: ... and a request finished at an EOS is decoded once more (Plan.overshoot)
+        self.overshoots = c.plans_ahead
         self._held_before = False       # the last plan saw finished requests holding their KV
         self._prefilled = -1            # ... and formed a prefill batch: the decode steps after it
         #: one entry per retraction: (time, ids of the retracted requests in order, new ratio)
@@ -423,10 +425,14 @@ class SglangScheduler:
         if not eos:
             return not plan.num_decoding or plan.decode_all()
         kv = plan.kv
-        need = sum(kv.blocks_needed(s, 0, reserve_tokens=s.num_computed_tokens + 1) for s in eos)
-        if plan.num_decoding:
-            need += sum(kv.blocks_needed(s, 1) for s in plan.running if s.status == "decoding")
-        if need > kv.num_free_blocks() or (plan.num_decoding and not plan.decode_all()):
+        free = kv.num_free_blocks()
+        if free < plan.num_decoding + len(eos):  # (each needs a block at most: count only when short)
+            need = sum(kv.blocks_needed(s, 0, reserve_tokens=s.num_computed_tokens + 1) for s in eos)
+            if plan.num_decoding:
+                need += sum(kv.blocks_needed(s, 1) for s in plan.running if s.status == "decoding")
+            if need > free:
+                return False
+        if plan.num_decoding and not plan.decode_all():
             return False
         for s in eos:
             plan.overshoot(s)
@@ -435,9 +441,10 @@ class SglangScheduler:
     def _finishing(self, plan) -> list:
         """Overlap scheduling: the requests the batch in flight finishes, still in SGLang's
         running batch and holding their KV (``_reqs_finishing_inflight``; none otherwise)."""
-        if not self.plans_ahead:
-            return []
-        return [s for s in plan.running.holding() if s.status == "finished"]
+        running = plan.running
+        if not self.plans_ahead or len(running) == plan.num_decoding + len(plan.prefilling):
+            return []  # (nobody finished holds a slot: no need to look at everyone)
+        return [s for s in running.holding() if s.status == "finished"]
 
     def _generated(self, plan, seq) -> int:
         """``len(output_ids)``: the tokens SGLang has added to ``seq`` -- with overlap scheduling
@@ -501,9 +508,12 @@ class SglangScheduler:
         ratio = None
         parts = []
         ahead = self.plans_ahead
+        in_flight = plan.token_in_flight if ahead else None
         for seq in plan.running.holding() if ahead else plan.running:
             if seq.status == "decoding" or (ahead and seq.status == "finished"):
-                n = seq.request.max_output_tokens - (self._generated(plan, seq) if ahead else seq.num_generated)
+                n = seq.request.max_output_tokens - seq.num_generated
+                if ahead and in_flight(seq):  # (SGLang has not counted that token yet)
+                    n += 1
                 n = n if n < clip else clip
                 if self.ignores_eos(seq.request):
                     parts.append(n * 1.0)

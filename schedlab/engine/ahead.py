@@ -77,6 +77,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..errors import ConfigError, SimulationError
 from ..queues import RunningView
 
 
@@ -88,12 +89,25 @@ def plans_ahead(scheduler) -> bool:
 def refuse_planning_ahead(schedulers, what: str) -> None:
     """ConfigError if one of ``schedulers`` plans ahead where it is not modelled (``what``):
     a run's assembly turns ``"auto"`` off there; an engine built directly must be told."""
-    from ..errors import ConfigError
-
     for scheduler in schedulers:
         if plans_ahead(scheduler):
             raise ConfigError(f"{type(scheduler).__name__} plans batches ahead (async_scheduling / overlap_schedule), "
                               f"which is not modelled with {what}: set it to false")
+
+
+def overshoot_slot(kv, ahead, seq) -> bool:
+    """``Plan.overshoot``'s slot: check that ``seq`` is a finished sequence holding its slot in a
+    plan made ahead, and hold one KV slot more for it (released with its blocks after the plan);
+    False if it does not fit."""
+    if ahead is None or not ahead.planning or seq not in ahead.held:
+        raise SimulationError(f"overshoot(): request {seq.request.id} is not a finished request holding its slot "
+                              "in a plan made ahead")
+    slots = seq.num_computed_tokens + 1
+    if not kv.allocate(seq, 0, reserve_tokens=slots):
+        return False
+    if slots > seq.reserved_tokens:
+        seq.reserved_tokens = slots
+    return True
 
 
 def cached_tokens_at_preemption(computed: int, pending: int, scheduled_decode: bool, fresh: bool,

@@ -196,6 +196,9 @@ class Instance:
         self._rejection_reason = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
         self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
         self._on_finish = getattr(scheduler, "on_finish", None)
+        #: the scheduler may decode a finished request holding its slot once more (Plan.overshoot):
+        #: it is asked at every plan made beside one
+        self.asks_beside_held = bool(getattr(scheduler, "overshoots", False))
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
         self.ask_at_step = None  # the decode step by which the scheduler asked to be asked again (Plan.wake_after)
@@ -587,12 +590,13 @@ class Instance:
         plan = FastPlan(self, self.serial)
         due = self.ask_at_step
         steps = self.clock.steps
-        # (a plan made ahead beside finished requests holding their slots is the scheduler's: it
+        # (a plan made ahead beside finished requests holding their slots is the scheduler's if it
         # may decode one once more, Plan.overshoot; so is one while the cache has blocks to
         # release when the scheduler opens its next pass, RadixKVCache.begin_pass)
         if ((due is None or steps < due) and self.bulk_ok and self.n_decoding
                 and not (self.waiting or self.prefilling or self.swapped)
-                and not (self.ahead is not None and (self.ahead.held or getattr(self.kv, "releasing_blocks", 0)))
+                and not (self.ahead is not None and ((self.ahead.held and self.asks_beside_held)
+                                                     or getattr(self.kv, "releasing_blocks", 0)))
                 and plan.decode_all()):
             if due is not None:  # nothing to decide but decoding (see stable_between_events) until then
                 plan.wake_steps = due - steps

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SimulationError
 from ..queues import RunningView
+from .ahead import overshoot_slot
 from .sequence import DECODING, PREFILLING, SWAPPED, WAITING
 from .stages import IN_FLIGHT
 
@@ -113,17 +114,10 @@ class FastPlan:
             seq in ahead.held or inst.marks.got_token(seq, seq.status == DECODING))
 
     def overshoot(self, seq) -> bool:
-        ahead = self._inst.ahead
-        if ahead is None or not ahead.planning or seq not in ahead.held:
-            raise SimulationError(f"overshoot(): request {seq.request.id} is not a finished request holding its "
-                                  "slot in a plan made ahead")
         if seq in self.overshoots:
             return True
-        slots = seq.num_computed_tokens + 1
-        if not self.kv.allocate(seq, 0, reserve_tokens=slots):
+        if not overshoot_slot(self.kv, self._inst.ahead, seq):
             return False
-        if slots > seq.reserved_tokens:  # (freed with its blocks after the plan)
-            seq.reserved_tokens = slots
         self.overshoots = (*self.overshoots, seq)
         self._tokens += 1
         return True

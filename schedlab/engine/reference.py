@@ -18,7 +18,7 @@ from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from .admission import ConcurrencyLimit
-from .ahead import Ahead, AheadRunning, plans_ahead
+from .ahead import Ahead, AheadRunning, overshoot_slot, plans_ahead
 from .clock import check_iteration_end
 from .load import Release, load
 from .recorder import Recorder
@@ -132,16 +132,10 @@ class RefPlan:
         return ahead is not None and ahead.planning and (seq in ahead.fresh or seq in ahead.held)
 
     def overshoot(self, seq) -> bool:
-        ahead = self._e.ahead
-        if ahead is None or not ahead.planning or seq not in ahead.held:
-            raise SimulationError(f"overshoot(): request {seq.request.id} is not a finished request holding its "
-                                  "slot in a plan made ahead")
         if seq in self.overshoots:
             return True
-        slots = seq.num_computed_tokens + 1
-        if not self.kv.allocate(seq, 0, reserve_tokens=slots):
+        if not overshoot_slot(self.kv, self._e.ahead, seq):
             return False
-        seq.reserved_tokens = max(seq.reserved_tokens, slots)  # (freed with its blocks after the plan)
         self.overshoots.append(seq)
         self.num_scheduled_tokens += 1
         return True

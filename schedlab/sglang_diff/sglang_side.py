@@ -365,11 +365,7 @@ class SglangRunner:
     def _step(self, x, run) -> str | None:
         """``event_loop_normal``: plan, run and process one batch at a time."""
         for _ in range(MAX_STEPS):
-            run.ingest(self)
-            waiting = {id(req) for req in x.waiting_queue}
-            plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
-            x.running_batch = plan.running_batch
-            batch = plan.batch_to_run
+            batch = run.next_batch(self)
             if not batch:
                 x.last_batch = None
                 if x.is_fully_idle():
@@ -377,7 +373,6 @@ class SglangRunner:
                 if run.idle():
                     continue
                 return run.stalled()
-            run.planned(batch, waiting, run.now)
             result = x.run_batch(batch)
             x.process_batch_result(batch, result)
             x.last_batch = batch
@@ -395,13 +390,8 @@ class SglangRunner:
         x.batch_result_processor = dataclasses.replace(x.batch_result_processor, enable_overlap=True)
         x.result_queue = deque()
         for _ in range(MAX_STEPS):
-            run.ingest(self)
-            waiting = {id(req) for req in x.waiting_queue}
-            plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
-            x.running_batch = plan.running_batch
-            batch = plan.batch_to_run
+            batch = run.next_batch(self)
             if batch:
-                run.planned(batch, waiting, run.now)
                 result = x.run_batch(batch)
                 x.result_queue.append((batch.copy(), result))
                 # the tokens this batch commits: every request's but a middle prefill chunk's
@@ -435,6 +425,19 @@ class _Run:
         self.first_scheduled, self.first_token, self.finish = {}, {}, {}
         self.cached = {r.id: 0 for r in pending}
         self.chunks = {r.id: [] for r in pending}
+
+    def next_batch(self, runner):
+        """Read the arrivals, then SGLang's ``get_next_batch_to_run`` (its admissions and chunks
+        recorded as made now)."""
+        x = self.x
+        self.ingest(runner)
+        waiting = {id(req) for req in x.waiting_queue}
+        plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
+        x.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        if batch:
+            self.planned(batch, waiting, self.now)
+        return batch
 
     def ingest(self, runner) -> None:
         """Queue the requests that have arrived by now."""
