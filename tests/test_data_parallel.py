@@ -28,10 +28,11 @@ from schedlab.testing import (
 )
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
-from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConfig, LeastOutstandingRouter,
                                       RoundRobinRouter)
-from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangScheduler
+from test_sglang import sglang_configs
 
 ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -199,6 +200,29 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
     assert runs[0].meta["events"] <= runs[1].meta["events"]
     check_run(runs[0], requests, max_running=cfg.max_num_seqs * ranks, kv_blocks=blocks * ranks)
     assert all(kv.num_used_blocks() == 0 for run in runs for kv in run.meta["kvs"])
+
+
+@SETTINGS
+@given(requests_lists(min_size=1, max_size=14, max_prompt=40, max_output=30, all_at_zero=False, prefix_groups=2),
+       sglang_configs(), st.integers(2, 3), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(), st.integers(0, 12),
+       st.integers(1, 4), st.booleans())
+def test_sglang_ranks_agree_between_engines_with_and_without_overlap(requests, cfg, ranks, router, cost, spare,
+                                                                     block_size, radix):
+    """SGLang's scheduler on lockstep ranks (its DP attention beside expert parallelism), its
+    overlap scheduler drawn: tight caches (retractions, discarded tokens, decodes after an EOS),
+    both engines give the same timestamps, counters and steps, within the rules."""
+    # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
+    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
+                     -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare
+
+    def make():
+        kv = (RadixKVCache if radix else PagedKVCache)(blocks, block_size)
+        return SglangScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), kv
+
+    runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], requests, max_running=cfg.max_running_requests * ranks, kv_blocks=blocks * ranks)
+    assert runs[0].metrics["rejected"] == 0
 
 
 def client_side(timeout_ms: float | None, network_ms: float = 0.0, workers: int = 0, request_ms: float = 0.0):
