@@ -28,8 +28,11 @@ SGLang's own tree under its own scheduler beside this one (README "Checked again
   evictions wait until its admissions are decided (SGLang allocates the batch after the loop
   whose lookups split and touch the tree); pages a prefill computes again are freed when the pass
   ends. Lookups of waiting requests split and touch like SGLang's ``match_prefix``
-  (:meth:`RadixKVCache.touch`). Without passes (other schedulers) pages are matched as soon as
-  they are allocated, as in vLLM.
+  (:meth:`RadixKVCache.touch`). With SGLang's overlap scheduler a pass is planned while the
+  last one's batch runs (``begin_pass(in_flight=True)``): that batch's prompts join the tree a
+  pass later (its chunks that do not end a prompt do not wait), and its duplicates are freed a
+  pass later too.
+  Without passes (other schedulers) pages are matched as soon as they are allocated, as in vLLM.
 * Duplicates: when an insertion finds pages already in the tree (two requests computed the
   same prefix, or a request recomputed its last cached page because at least one token must
   be computed), the request switches to the tree's copy and its own is freed.
