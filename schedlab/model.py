@@ -101,3 +101,9 @@ class Request:
     def max_output_tokens(self) -> int:
         """The output length a server may assume in advance (``max_tokens`` or, if unset, the output)."""
         return self.output_tokens if self.max_tokens is None else self.max_tokens
+
+    @property
+    def stops_at_eos(self) -> bool:
+        """True if the request stops at an EOS before its ``max_tokens``: no server foresees
+        that, so one planning ahead may decode it once more (``Plan.overshoot``)."""
+        return self.max_tokens is not None and self.output_tokens < self.max_tokens

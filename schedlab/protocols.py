@@ -308,11 +308,12 @@ class Plan(Protocol):
         """In a plan made ahead, decode ``seq`` once more although the batch in progress has
         finished it -- at a stop the engine planning ahead cannot foresee (an EOS before its
         ``max_tokens``), so SGLang's overlap scheduler keeps it in the next batch and throws
-        the token away. It takes a place in the batch (the cost model sees one more decode)
-        and a KV slot, released with its blocks once the plan is made; counted in
+        the token away, and vLLM's asynchronous scheduler schedules it again. It takes a
+        place in the batch (the cost model sees one more decode), a token of the budget and a
+        KV slot, released with its blocks once the plan is made; counted in
         ``preemptions.discarded_tokens``. ``seq`` must be a finished sequence still holding its
-        slot (:meth:`RunningView.holding`). False, with nothing changed, if the slot does not
-        fit."""
+        slot (:meth:`RunningView.holding`); preempting it withdraws the decode. False, with
+        nothing changed, if the slot does not fit."""
         ...
 
     def decode_all(self) -> bool:
@@ -443,7 +444,8 @@ class Scheduler(Protocol):
     asynchronous and SGLang's overlap scheduling do: :mod:`schedlab.engine.ahead`) and
     ``overshoots`` (with ``plans_ahead``: the engines ask at every plan made beside a finished
     request still holding its slot, which the scheduler may decode once more,
-    :meth:`Plan.overshoot`). A request that joins a disaggregated decode instance enters its
+    :meth:`Plan.overshoot`; with ``reads_held = False`` too, only beside one that stopped at an
+    EOS, ``Request.stops_at_eos``: the scheduler ignores the others, as vLLM's does). A request that joins a disaggregated decode instance enters its
     running set decoding, without ``Plan.admit``.
     """
 

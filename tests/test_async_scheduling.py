@@ -34,9 +34,10 @@ ASYNC = Sides({"async_scheduling": True}, {})
 
 
 def case(settings: dict, *requests: tuple) -> Case:
-    """requests as (id, arrival, prompt, output[, priority])."""
+    """requests as (id, arrival, prompt, output[, priority[, max_tokens]])."""
     return Case(DiffSettings(**settings), [DiffRequest(id=r[0], arrival=r[1], prompt_tokens=r[2], output_tokens=r[3],
-                                                       priority=r[4] if len(r) > 4 else 0) for r in requests])
+                                                       priority=r[4] if len(r) > 4 else 0,
+                                                       max_tokens=r[5] if len(r) > 5 else None) for r in requests])
 
 
 #: (case, outcomes synchronously, outcomes asynchronously): request id -> (scheduled, first token,
@@ -83,6 +84,29 @@ CASES = {
              (0, 0, 1, 6, 1), (1, 1, 1, 4, 0)),
         {0: Outcome(0, 1, 7, 1, 4), 1: Outcome(1, 2, 5, 0, 0)},
         {0: Outcome(0, 1, 8, 1, 4), 1: Outcome(1, 3, 6, 0, 0)}),
+    # Budget 4. 0 (prompt 1) stops at an EOS, its 2nd token, before its max_tokens of 5. Batch 1
+    # [0, 1]: 0's prompt; batch 2 [1, 2], planned at 0: 0's decode, which brings the EOS. 1 (prompt
+    # 4) arrives at 1: synchronously it joins 0's decode in the plan made at 1 with a chunk of 3 and
+    # has its token at 3 (2 ms, its last token at 3). Asynchronously the plan made at 1 for batch 3
+    # cannot know 0 stops: it decodes 0 once more (its token thrown away), leaving 3 tokens of the
+    # budget for 1's prompt: a chunk of 3 in batch 3 [2, 3], the last one in batch 4 -- its token at
+    # 4 (at 3 if 0 had stopped at its max_tokens).
+    "a-request-at-an-eos-is-decoded-once-more": (
+        case(dict(block_size=4, num_blocks=20, max_num_seqs=2, max_num_batched_tokens=4),
+             (0, 0, 1, 2, 0, 5), (1, 1, 4, 1)),
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 3, 3, 0, 0)},
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(1, 4, 4, 0, 0)}),
+    # Blocks of 2, 3 blocks. Batch 1 [0, 1]: the prompts of 0 (1 token, 1 block) and 1 (3 tokens, 2
+    # blocks); batch 2 [1, 2]: both decode, 0's 2nd token an EOS. Synchronously 0's block is free at
+    # 2 and 1 decodes on (its 3rd token at 3). Asynchronously the plan made at 1 decodes 0 once
+    # more: its 3rd slot needs a block, none is free, and the FCFS victim is 1 (the last admitted),
+    # whose token in flight it keeps; batch 3 [2, 3] is 0's decode alone. At 2, 0's blocks are
+    # freed and the plan for batch 4 [3, 4] recomputes 1's 5 tokens: its last token at 4.
+    "a-decode-once-more-may-preempt-for-its-slot": (
+        case(dict(block_size=2, num_blocks=3, max_num_seqs=2, max_num_batched_tokens=8),
+             (0, 0, 1, 2, 0, 5), (1, 0, 3, 3)),
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(0, 1, 3, 0, 0)},
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(0, 1, 4, 1, 0)}),
 }
 
 

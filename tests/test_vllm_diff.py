@@ -82,6 +82,17 @@ def test_each_group_turns_on_its_feature_only():
     assert {c.settings.policy for c in pipeline} == {"fcfs", "priority"}
     assert any(ample(c) for c in pipeline) and any(not ample(c) for c in pipeline)
     assert all(c.settings.pipeline_parallel == 1 for g in GROUPS if g != "pipeline" for c in cases(g))
+    eos = cases("eos")
+    stops = [r.max_tokens is not None and r.output_tokens < r.max_tokens for c in eos for r in c.requests]
+    assert 0.3 < sum(stops) / len(stops) < 0.6, "about half the requests stop at an EOS before max_tokens"
+    assert any(r.max_tokens is None for c in eos for r in c.requests)
+    assert {c.settings.policy for c in eos} == {"fcfs", "priority"}
+    assert {c.settings.prefix_caching for c in eos} == {False, True}
+    # tight means tight by max_tokens: vLLM makes sure its longest request fits the cache
+    by_limit = [max(blocks_for(r.prompt_tokens + r.limit - 1, c.settings.block_size) for r in c.requests) for c in eos]
+    assert all(most <= c.settings.num_blocks for most, c in zip(by_limit, eos))
+    assert any(c.settings.num_blocks <= 2 * most for most, c in zip(by_limit, eos))
+    assert all(r.max_tokens is None for g in GROUPS if g != "eos" for c in cases(g) for r in c.requests)
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -427,6 +438,17 @@ SEEDS = range(20)  # seeds every group must agree on
 def test_schedlab_agrees_with_vllm(differ, group):
     differing = [c for c in (differ.compare(generate(group, seed)) for seed in SEEDS) if not c.agrees]
     assert not differing, "\n\n".join(c.describe() for c in differing[:3])
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("group", ("tight_kv", "priority", "eos"))
+def test_schedlab_agrees_with_vllm_scheduling_asynchronously(group):
+    # (eos: vLLM decodes a request at an EOS once more, which it cannot foresee)
+    pytest.importorskip("vllm")
+    from schedlab.vllm_diff.vllm_side import VllmRunner
+    differ = Differ(ENGINE, VllmRunner(), SchedlabRunner(), Sides({}, {"async_scheduling": True}))
+    differing = [c for c in (differ.compare(generate(group, seed)) for seed in SEEDS) if not c.agrees]
+    assert not differing, "\n\n".join(c.describe(differ.sides) for c in differing[:3])
 
 
 @pytest.mark.vllm

@@ -155,6 +155,11 @@ class ContinuousScheduler:
         self._swapped_in: list = []
         #: engines plan each batch while the one before it runs (schedlab.engine.ahead)
         self.plans_ahead = self.config.plans_ahead
+        #: planning ahead, vLLM schedules a request whose last token is in flight once more when
+        #: that token is an EOS (it cannot know), the token thrown away (Plan.overshoot); the
+        #: engines ask beside such a request only (not those at their max_tokens: reads_held)
+        self.overshoots = self.plans_ahead
+        self.reads_held = False
         if self.config.max_model_len:  # (the protocol's optional member; absent: nothing to cut)
             self.limit_request = self._limit_request
 
@@ -247,6 +252,10 @@ class ContinuousScheduler:
         budget runs out in gets fewer drafts and the rest wait. ``"decodes_first"`` always
         decodes first (Sarathi-Serve).
         """
+        if self.overshoots and plan.made_ahead:
+            held = self._held_at_eos(plan)
+            if held is not None:
+                return self._walk(plan, held)
         k = plan.spec_tokens
         fits = not k or plan.num_decoding * (1 + k) <= self._budget(plan)
         if self.config.running_order == "admission" and (
@@ -271,6 +280,20 @@ class ContinuousScheduler:
             return self._walk(plan, plan.prefilling)
         return True
 
+    def _held_at_eos(self, plan) -> list | None:
+        """In a plan made ahead: if a finished request holding its slot stopped at an EOS,
+        every running request in the order vLLM walks them (admission order; with
+        ``"decodes_first"`` the prefills last), held ones included; else None."""
+        running = plan.running
+        if len(running) == plan.num_decoding + len(plan.prefilling):
+            return None  # nobody holds a slot
+        seqs = running.holding()
+        if not any(s.status == "finished" and s.request.stops_at_eos for s in seqs):
+            return None
+        if self.config.running_order == "decodes_first":
+            seqs = [s for s in seqs if s.status != "prefilling"] + [s for s in seqs if s.status == "prefilling"]
+        return seqs
+
     @staticmethod
     def _prefills_trail(plan) -> bool:
         """Every prefilling sequence was admitted after every decoding one."""
@@ -294,6 +317,13 @@ class ContinuousScheduler:
         verify = 1 + plan.spec_tokens  # a decode's tokens: its own and the drafts it verifies
         for seq in seqs:
             status = seq.status
+            if status == "finished":  # holding its slot in a plan made ahead: decoded once more
+                if seq.request.stops_at_eos and seq not in plan.preempted:  # if it stopped at an EOS
+                    if self._budget(plan) <= 0:
+                        break
+                    if not self._overshoot(plan, seq):
+                        return False
+                continue
             if status not in ("decoding", "prefilling") or plan.is_scheduled(seq):
                 continue  # preempted earlier in this walk, or decoding already
             budget = self._budget(plan)
@@ -316,6 +346,17 @@ class ContinuousScheduler:
                     if self._key is None:
                         return False
                     break
+        return True
+
+    def _overshoot(self, plan, seq) -> bool:
+        """Decode ``seq`` (finished at an EOS vLLM has not seen) once more, preempting for its
+        slot as for any decode; False if FCFS must stop the running phase (``seq`` itself was
+        the victim)."""
+        while not plan.overshoot(seq):
+            victim = self._victim(plan)
+            self._preempt(plan, victim)
+            if victim is seq:
+                return self._key is not None
         return True
 
     def _window_open(self, plan) -> bool:

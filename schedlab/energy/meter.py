@@ -20,7 +20,9 @@ chunk. Both engines give each request its shares (the fast engine through
 :attr:`EnergyMeter.per_decoder`, a running total per decoding sequence read at its events, as
 its token counters are); the idle stretches belong to no request, nor do the dummy steps of a
 data-parallel rank with nothing to compute while the others work (:meth:`EnergyMeter.dummy`:
-busy energy, counted apart as ``dummy_j``).
+busy energy, counted apart as ``dummy_j``), nor the shares of decodes whose token is thrown
+away (``Plan.overshoot``: a plan made ahead decoding a request at an EOS once more, after its
+row is written), counted apart as ``discarded_j``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class EnergyMeter:
 
     :ivar busy_j: energy of the iterations; :ivar idle_j: of the stretches between them;
     :ivar dummy_j: of the iterations among them that were a data-parallel rank's dummy steps;
+    :ivar discarded_j: the shares of the decodes among them whose token was thrown away;
     :ivar busy_ms: time in iterations; :ivar peak_w: the highest iteration power (in a bulk
         run, what the model's ``run_j_peak`` says, else the higher of its first and last);
     :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine);
@@ -63,7 +66,7 @@ class EnergyMeter:
     """
 
     __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "tail_ms", "first_start", "last_end", "busy_j",
-                 "idle_j", "dummy_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_run_j", "_run_j_peak",
+                 "idle_j", "dummy_j", "discarded_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_run_j", "_run_j_peak",
                  "closed", "latest", "switched_on", "initial_end", "offs")
 
     def __init__(self, model):
@@ -83,6 +86,7 @@ class EnergyMeter:
         self.busy_j = 0.0
         self.idle_j = 0.0
         self.dummy_j = 0.0
+        self.discarded_j = 0.0
         self.busy_ms = 0.0
         self.peak_w = 0.0
         self.per_decoder = 0.0
@@ -221,6 +225,7 @@ class EnergyMeter:
             "idle_w": self.idle_w, "standby_w": self.standby_w, "standby_ms": self.standby_ms,
             "tail_ms": self.tail_ms, "tails": self.tails,
             **({"dummy_j": self.dummy_j} if self.dummy_j else {}),
+            **({"discarded_j": self.discarded_j} if self.discarded_j else {}),
             **off_record(self.offs, start, end),
             **host_record(self.model),
         }

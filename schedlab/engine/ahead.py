@@ -22,6 +22,11 @@ request whose last token that is -- and blocks until batch ``k`` is back. So the
   (:class:`AheadRunning`) except as a preemption's victim -- vLLM's running list holds them, so
   FCFS may pick one: its blocks go at once and it counts a preemption --, and they are freed
   once the plan is made (their rows are written then, with their finish time);
+* **a request at an EOS** -- one whose last token, in flight, stops it before its ``max_tokens``
+  (``Request.stops_at_eos``) -- is scheduled once more: vLLM skips only a request whose token in
+  flight is its ``max_tokens``-th, so this one takes its decode's token of the budget and KV slot
+  in that plan, in its place in the running list (a preemption for its slot as for any decode),
+  and the token is thrown away (``Plan.overshoot``; the ``continuous`` scheduler's walk);
 * **an empty plan**: vLLM blocks on batch ``k``, then schedules again when it is back -- with
   the arrivals and the freed requests -- and that batch starts at once; here an empty plan made
   at ``k``'s start is followed at ``k``'s end by a plan at that time. A plan made with nothing
@@ -38,9 +43,9 @@ request whose last token that is -- and blocks until batch ``k`` is back. So the
 running batch (``RunningView.holding``), a decode once more of one finished at an EOS
 (``Plan.overshoot``, the token thrown away), and a retracted request's token in flight dropped
 (``Plan.preempt(discard_in_flight=True)``). For these the fast engine asks the scheduler at
-every plan made beside finished requests holding their slots, or while the cache has blocks to
-release at the scheduler's next pass (the radix cache's duplicates), and runs no bulk run from
-such a plan.
+every plan made beside finished requests holding their slots (vLLM's rules: beside one at an
+EOS), or while the cache has blocks to release at the scheduler's next pass (the radix cache's
+duplicates), and runs no bulk run from such a plan.
 
 **Data-parallel ranks stepping together** (a MoE model's DP + EP, :mod:`schedlab.engine.lockstep`)
 each plan ahead by these rules, with one difference at an empty plan made ahead: vLLM's DP
@@ -50,9 +55,7 @@ it schedules again, at that step's end. So such a rank runs a dummy batch in the
 plans the one after at its own time; when every rank's plan is empty and one was made ahead,
 the ranks run a dummy step if work is left (a deferred arrival), and pause otherwise.
 
-Not modelled: a request that stops at an EOS before its ``max_tokens`` is scheduled once more
-by vLLM, its token discarded (vLLM cannot know it stops); here every request stops as if at its
-``max_tokens``. A client's abort that reaches the engine while a batch runs takes effect at
+Not modelled: a client's abort that reaches the engine while a batch runs takes effect at
 that batch's end, before the plan made ahead is used (the request leaves it): vLLM's plan
 already holds the request and computes it for nothing in the next batch -- one batch of its
 work, not checked against vLLM (the harness has no aborts). Asynchronous scheduling is refused

@@ -197,8 +197,10 @@ class Instance:
         self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
         self._on_finish = getattr(scheduler, "on_finish", None)
         #: the scheduler may decode a finished request holding its slot once more (Plan.overshoot):
-        #: it is asked at every plan made beside one
+        #: it is asked at every plan made beside one -- or, if it reads no other (not
+        #: ``reads_held``), beside one that stopped at an EOS
         self.asks_beside_held = bool(getattr(scheduler, "overshoots", False))
+        self.reads_held = self.asks_beside_held and bool(getattr(scheduler, "reads_held", True))
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
         self.ask_at_step = None  # the decode step by which the scheduler asked to be asked again (Plan.wake_after)
@@ -584,6 +586,13 @@ class Instance:
         c["recompute_preemptions"] += 1
         self.rec.request_done(seq, self.index, self.ahead.end)
 
+    def _asks_beside(self, held) -> bool:
+        """Whether the scheduler decides a plan made beside the finished requests ``held``
+        (holding their slots): it may decode one once more."""
+        if self.reads_held:
+            return True
+        return self.asks_beside_held and any(seq.request.stops_at_eos for seq in held)
+
     def _plan(self) -> FastPlan:
         """Ask the scheduler for the next iteration's plan, at ``now``."""
         self.serial += 1
@@ -595,7 +604,7 @@ class Instance:
         # release when the scheduler opens its next pass, RadixKVCache.begin_pass)
         if ((due is None or steps < due) and self.bulk_ok and self.n_decoding
                 and not (self.waiting or self.prefilling or self.swapped)
-                and not (self.ahead is not None and ((self.ahead.held and self.asks_beside_held)
+                and not (self.ahead is not None and ((self.ahead.held and self._asks_beside(self.ahead.held))
                                                      or getattr(self.kv, "releasing_blocks", 0)))
                 and plan.decode_all()):
             if due is not None:  # nothing to decide but decoding (see stable_between_events) until then
@@ -840,6 +849,8 @@ class Instance:
             dropped = plan.dropped
             per_decoder, per_token = token_shares(energy, batch, sum(n for _, n in dropped) if dropped else 0)
             meter.per_decoder += per_decoder
+            if plan.overshoots:  # (no drafts when planning ahead: a token's share each)
+                meter.discarded_j += per_token * len(plan.overshoots)
             for seq, n in prefills:
                 seq.energy_j += per_token * n
             for seq, n in dropped:  # a pipeline's chunks of prompts preempted since their launch

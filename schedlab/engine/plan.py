@@ -313,6 +313,9 @@ class FastPlan:
             return
         ahead = self._inst.ahead
         if ahead is not None and seq in ahead.held:  # finished, its slot held (engine.ahead)
+            if seq in self.overshoots:  # its decode once more goes with it
+                self.overshoots = tuple(s for s in self.overshoots if s is not seq)
+                self._tokens -= 1
             self._inst.preempt_held(seq)
             self._preempted.append(seq)
             return

@@ -281,7 +281,11 @@ class RefPlan:
             return
         if e.ahead is not None and seq in e.ahead.held:
             # asynchronous scheduling: finished by the last iteration, its slot still held, and
-            # vLLM's running list still has it; its blocks go now (its row is written with them)
+            # vLLM's running list still has it; its blocks go now (its row is written with them),
+            # and its decode once more if this plan gave it one
+            if seq in self.overshoots:
+                self.overshoots.remove(seq)
+                self.num_scheduled_tokens -= 1
             del e.ahead.held[seq]
             del e.running[seq]
             self.kv.free(seq)
@@ -713,6 +717,7 @@ class ReferenceEngine:
             per_decoder, per_token = token_shares(energy, batch, sum(n for _, n in plan.dropped))
             for s in decoders:
                 s.energy_j += per_decoder
+            self.meter.discarded_j += per_token * len(plan.overshoots)  # (rows already written)
             for s, n in plan.prefills + plan.dropped:  # dropped: a pipeline's chunks of prompts preempted since
                 s.energy_j += per_token * n
         self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, row_j)

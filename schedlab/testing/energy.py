@@ -49,7 +49,8 @@ def check_energy(result, *, rel: float = 1e-9, shared: bool = True) -> None:
     """Assert conservation over a metered run (``result.meta["energy"]`` and a timeline):
     each instance's counted energy equals the integral of its power over the window, and
     (``shared``: unless iterations computed no token, as swap transfers alone do) the requests'
-    shares add up to the iterations' energy, data-parallel ranks' dummy steps (``dummy_j``) apart."""
+    shares add up to the iterations' energy, data-parallel ranks' dummy steps (``dummy_j``) and
+    decodes whose token was thrown away (``discarded_j``) apart."""
     energy = result.meta["energy"]
     start, end = energy["window_ms"]
     for k, inst in enumerate(energy["instances"]):
@@ -60,7 +61,9 @@ def check_energy(result, *, rel: float = 1e-9, shared: bool = True) -> None:
             f"instance {k}: the meter counted {counted} J, its power over the timeline integrates to {drawn} J")
         assert edges[0] == start and math.isclose(edges[-1], end, rel_tol=rel, abs_tol=1e-9)
     if shared:
-        busy = sum(inst["busy_j"] - inst.get("dummy_j", 0.0) for inst in energy["instances"])
+        busy = sum(inst["busy_j"] - inst.get("dummy_j", 0.0) - inst.get("discarded_j", 0.0)
+                   for inst in energy["instances"])
         given = float(result.requests["energy_j"].sum())
         assert math.isclose(given, busy, rel_tol=rel, abs_tol=1e-9), (
-            f"the requests' shares add up to {given} J, the iterations drew {busy} J (dummy steps apart)")
+            f"the requests' shares add up to {given} J, the iterations drew {busy} J (dummy steps and "
+            "discarded decodes apart)")

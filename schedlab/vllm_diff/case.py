@@ -35,16 +35,15 @@ class DiffSettings:
     pipeline_parallel: int = int_field(1, min=1, max=4)  # vLLM's batch queue of that many batches in flight
 
     def problems(self, requests) -> list[str]:
-        """Each request must fit the cache alone (``prompt + output - 1`` tokens: the last
-        sampled token is never computed), or schedlab rejects it and vLLM 0.33 would preempt
-        it forever; the budget must cover ``max_num_seqs`` (both engines refuse otherwise)."""
+        """Each request must fit the cache alone (``prompt + max_tokens - 1`` tokens: the last
+        sampled token is never computed; vLLM makes sure its longest request does at start-up),
+        or schedlab rejects it and vLLM 0.33 would preempt it forever; the budget must cover
+        ``max_num_seqs`` (both engines refuse otherwise)."""
         out = []
         if self.max_num_batched_tokens < self.max_num_seqs:
             out.append("max_num_batched_tokens < max_num_seqs")
         for r in requests:
-            if r.max_tokens is not None:
-                out.append(f"request {r.id}: this harness runs EOS-ignoring requests only (no max_tokens)")
-            need = blocks_for(r.prompt_tokens + r.output_tokens - 1, self.block_size)
+            need = blocks_for(r.prompt_tokens + r.limit - 1, self.block_size)
             if need > self.num_blocks:
                 out.append(f"request {r.id} needs {need} blocks alone, the cache has {self.num_blocks}")
         return out

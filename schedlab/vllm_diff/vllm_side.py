@@ -66,6 +66,7 @@ TINY_MODEL_CONFIG = {
 }
 ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
+EOS_TOKEN_ID = TINY_MODEL_CONFIG["eos_token_id"]
 ARRIVAL_TIE_BREAK = 1e-6
 MAX_EMPTY_STEPS = 1000
 
@@ -172,7 +173,11 @@ class VllmRunner:
 
     def _request(self, r, block_size: int):
         v = self._v
-        params = v["SamplingParams"](max_tokens=r.output_tokens, ignore_eos=True)
+        if r.ignore_eos:
+            params = v["SamplingParams"](max_tokens=r.limit, ignore_eos=True)
+        else:  # it stops at the EOS its last token is (_Trace.schedule), or at max_tokens
+            params = v["SamplingParams"](max_tokens=r.limit)
+            params.update_from_generation_config({}, eos_token_id=EOS_TOKEN_ID)  # (vLLM's input processor)
         return v["Request"](request_id=f"{r.id:04d}", prompt_token_ids=prompt_token_ids(r), sampling_params=params,
                             pooling_params=None, arrival_time=r.arrival + r.id * ARRIVAL_TIE_BREAK,
                             priority=r.priority,
@@ -277,6 +282,9 @@ class _Trace:
         self.block_size = case.settings.block_size
         self.pending = case.in_arrival_order()
         self.ids = {f"{r.id:04d}": r.id for r in self.pending}
+        self.outputs = {r.id: r.output_tokens for r in self.pending}
+        # requests whose last token is an EOS (they stop before their max_tokens)
+        self.eos = {r.id for r in self.pending if r.max_tokens is not None and r.output_tokens < r.max_tokens}
         self.first_scheduled: dict[int, int] = {}
         self.first_token: dict[int, int] = {}
         self.finish: dict[int, int] = {}
@@ -319,7 +327,9 @@ class _Trace:
             if req.is_prefill_chunk:
                 sampled.append([])
             else:
-                sampled.append([output_token_id(rid_int, self.sampled[rid_int])])
+                k = self.sampled[rid_int]
+                eos = rid_int in self.eos and k + 1 == self.outputs[rid_int]
+                sampled.append([EOS_TOKEN_ID if eos else output_token_id(rid_int, k)])
                 self.sampled[rid_int] += 1
         return out, sampled
 
@@ -335,7 +345,7 @@ class _Trace:
         self.generated[rid_int] += 1
         if self.generated[rid_int] == 1:
             self.first_token[rid_int] = t
-        if self.generated[rid_int] == self.live[rid].max_tokens:
+        if self.generated[rid_int] == self.outputs[rid_int]:
             self.finish[rid_int] = t
 
     def outcomes(self) -> dict[int, Outcome]:

@@ -10,7 +10,10 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
 * ``all``       -- tight KV, a threshold and prefix caching at once, FCFS or priority;
 * ``pipeline``  -- vLLM's batch queue of 2 or 3 batches in flight (``--pipeline-parallel-size``),
   tight or ample KV, FCFS or priority: chunks following each other into the pipeline,
-  decodes sitting out, and preemptions of requests whose batch is in flight.
+  decodes sitting out, and preemptions of requests whose batch is in flight;
+* ``eos``       -- about half the requests stop at an EOS before their ``max_tokens``, tight or
+  ample KV, FCFS or priority, sometimes prefix caching and a threshold: asynchronous
+  scheduling decodes such a request once more (synchronously they end as at ``max_tokens``).
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
@@ -25,15 +28,16 @@ from schedlab.diffcheck.workloads import random_requests
 
 from .case import DiffSettings
 
-GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline")
+GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos")
 
 
 def _ample(requests, block_size: int) -> int:
-    return sum(blocks_for(r.prompt_tokens + r.output_tokens, block_size) for r in requests) + 4
+    return sum(blocks_for(r.prompt_tokens + r.limit, block_size) for r in requests) + 4
 
 
 def _tight(rng: random.Random, requests, block_size: int) -> int:
-    largest = max(blocks_for(r.prompt_tokens + r.output_tokens - 1, block_size) for r in requests)
+    # (by max_tokens: vLLM makes sure at start-up that its longest request fits the cache)
+    largest = max(blocks_for(r.prompt_tokens + r.limit - 1, block_size) for r in requests)
     return largest + rng.randint(0, largest)
 
 
@@ -46,13 +50,15 @@ def generate(group: str, seed: int) -> Case:
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
     policy = "fcfs"
-    if group == "priority" or (group in ("all", "pipeline") and rng.random() < 0.5):
+    if group == "priority" or (group in ("all", "pipeline", "eos") and rng.random() < 0.5):
         policy = "priority"
-    prefixes = group in ("prefix", "all")
-    requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size)
-    tight = group in ("tight_kv", "all") or (group in ("priority", "pipeline") and rng.random() < 0.5)
+    prefixes = group in ("prefix", "all") or (group == "eos" and rng.random() < 0.5)
+    requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size,
+                               eos=group == "eos")
+    tight = group in ("tight_kv", "all") or (group in ("priority", "pipeline", "eos") and rng.random() < 0.5)
     num_blocks = _tight(rng, requests, block_size) if tight else _ample(requests, block_size)
-    threshold = rng.randint(1, budget) if group in ("threshold", "all") else 0
+    threshold = rng.randint(1, budget) if group in ("threshold", "all") or (
+        group == "eos" and rng.random() < 0.3) else 0
     settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                             prefix_caching=prefixes, policy=policy,
