@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schedlab.configs import FieldError
 from schedlab.hf_config import model_fields
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
@@ -28,10 +29,10 @@ from schedlab_plugins.schedulers.presets import VllmConfig
 from test_engine_defaults import run_text
 
 
-def _run(requests, max_model_len: int, engine: str = "fast", **config):
+def _run(requests, max_model_len, engine: str = "fast", blocks: int = 400, **config):
     settings = {"allocation": "grow", "chunked_prefill": True, **config}
     scheduler = ContinuousScheduler(ContinuousConfig(max_model_len=max_model_len, **settings))
-    return run_engine(requests, scheduler, LinearCostModel(), PagedKVCache(400, 4), engine=engine)
+    return run_engine(requests, scheduler, LinearCostModel(), PagedKVCache(blocks, 4), engine=engine)
 
 
 def _rows(result) -> dict:
@@ -58,6 +59,28 @@ def test_long_prompts_are_rejected_and_outputs_cut_to_the_context_left(engine):
     assert "max_model_len (100)" in result.rejections[0]
     assert result.counters["generated_tokens"] == 1 + 30 + 30 + 10 + 60
     check_run(result, requests)
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("setting", ["auto", -1])
+def test_auto_serves_the_longest_sequence_the_cache_holds(engine, setting):
+    # vLLM's --max-model-len -1 / auto: 25 blocks of 4 hold 100 tokens, so the requests above are
+    # served as with max_model_len = 100; capped by the model's context, at 90.
+    requests = [Request(0, 0.0, prompt_tokens=100, output_tokens=5), Request(1, 1.0, prompt_tokens=99, output_tokens=5),
+                Request(2, 2.0, prompt_tokens=70, output_tokens=50), Request(3, 3.0, prompt_tokens=89, output_tokens=5)]
+    assert ContinuousConfig(max_model_len=setting).max_model_len == "auto"
+    result = _run(requests, setting, engine, blocks=25)
+    assert _rows(result) == {0: (5, 0, True), 1: (1, 1, False), 2: (30, 30, False), 3: (5, 5, False)}
+    assert "max_model_len (100)" in result.rejections[0]
+    capped = _run(requests, setting, engine, blocks=25, model_context=90)
+    assert _rows(capped) == {0: (5, 0, True), 1: (5, 0, True), 2: (20, 20, False), 3: (1, 1, False)}
+    check_run(capped, requests)
+
+
+@pytest.mark.parametrize("value", ["big", -2, True, 1.5])
+def test_max_model_len_is_a_whole_number_or_auto(value):
+    with pytest.raises(FieldError, match="max_model_len.*whole number >= 0 or \"auto\""):
+        ContinuousConfig(max_model_len=value)
 
 
 def test_no_limit_serves_every_request_as_asked():
@@ -100,6 +123,8 @@ def test_the_vllm_preset_takes_the_models_context(tmp_path):
     assert _config(tmp_path, model="llama-3.1-8b").max_model_len == 131072
     assert _config(tmp_path, scheduler="max_model_len = 2000").max_model_len == 2000
     assert _config(tmp_path, kind="continuous").max_model_len == 0  # continuous: no limit unless set
+    auto = _config(tmp_path, model="llama-3.1-8b", scheduler='max_model_len = "auto"')
+    assert (auto.max_model_len, auto.model_context) == ("auto", 131072)  # what the fit is capped at
 
 
 @pytest.mark.parametrize("model, gpu, scheduler, budget", [
@@ -179,8 +204,11 @@ def test_a_run_says_when_vllm_would_not_start(tmp_path):
     run = run_experiment(load(path)).all_runs()[0]
     assert (run.meta["max_model_len"], run.meta["kv_cache"]["tokens"]) == (131072, 42112)
     assert _start_up_note(131072, 42112) == ("; max_model_len 131,072 does not fit: vLLM would refuse to start "
-                                             "([scheduler] max_model_len <= 42,112 would)")
+                                             "([scheduler] max_model_len <= 42,112 or \"auto\" would)")
     assert _start_up_note(4096, 42112) == _start_up_note(0, 42112) == ""
+    path.write_text(run_text("l4", 'max_model_len = "auto"', model="llama-3.1-8b"))
+    run = run_experiment(load(path)).all_runs()[0]
+    assert run.meta["max_model_len"] == run.meta["kv_cache"]["tokens"] == 42112  # vLLM's auto-fit
 
 
 def _sglang(requests, context: int, engine: str):

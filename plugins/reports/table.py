@@ -260,4 +260,4 @@ def _start_up_note(max_model_len: int, tokens: int) -> str:
     if not max_model_len or max_model_len <= tokens:
         return ""
     return (f"; max_model_len {max_model_len:,} does not fit: vLLM would refuse to start "
-            f"([scheduler] max_model_len <= {tokens:,} would)")
+            f"([scheduler] max_model_len <= {tokens:,} or \"auto\" would)")

@@ -61,6 +61,25 @@ def async_scheduling_field(default):
         "parallelism, disaggregation or [speculative], as vLLM turns it off where unsupported")})
 
 
+def max_model_len_field():
+    """vLLM's ``--max-model-len``: a whole number (0 = no limit), or ``"auto"`` (vLLM's ``-1``,
+    also accepted): the longest sequence the KV cache holds, at most ``model_context``."""
+
+    def convert(value):
+        return "auto" if value == -1 and not isinstance(value, bool) else value
+
+    def check(_inst, attribute, value):
+        if value == "auto":
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise FieldError(attribute.name, f"must be a whole number >= 0 or \"auto\", got {value!r}")
+
+    return attrs.field(default=0, converter=convert, validator=check, metadata={"help": (
+        "longest sequence served, prompt + output (vLLM --max-model-len): a longer prompt is rejected, max_tokens "
+        "cut to what is left (0 = no limit; the vllm preset: the model's context length); \"auto\" (vLLM's -1): "
+        "the longest the KV cache holds, at most model_context")})
+
+
 def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
@@ -99,9 +118,10 @@ class ContinuousConfig:
     interactive_class: str = interactive_class_field()
     interactive_wait_ms: float = interactive_wait_ms_field()
     async_scheduling: bool | str = async_scheduling_field(False)
-    max_model_len: int = int_field(
-        0, min=0, help="longest sequence served, prompt + output (vLLM --max-model-len): a longer prompt is rejected, "
-                       "max_tokens cut to what is left (0 = no limit; the vllm preset: the model's context length)")
+    max_model_len: int | str = max_model_len_field()
+    model_context: int = int_field(
+        0, min=0, help="the model's context length, what max_model_len = \"auto\" is capped at (0 = none; the vllm "
+                       "preset: the run's model's)")
     context_overflow: str = str_field(
         "cut", choices=("cut", "reject"),
         help="a request whose prompt + its client's max_tokens exceeds max_model_len: 'cut' max_tokens to what is "
@@ -169,15 +189,26 @@ class ContinuousScheduler:
             return KeyedQueue(self._key)
         return FcfsQueue()
 
+    def max_model_len_for(self, kv) -> int:
+        """The longest sequence served with ``kv`` (0: no limit): ``max_model_len``, or with
+        ``"auto"`` the most tokens the cache's blocks hold (vLLM's auto-fit,
+        ``_auto_fit_max_model_len``: the largest length whose blocks fit), at most ``model_context``."""
+        c = self.config
+        if c.max_model_len != "auto":
+            return c.max_model_len
+        fits = kv.num_blocks * kv.block_size
+        return min(fits, c.model_context) if c.model_context else fits
+
     def rejection_reason(self, request, kv) -> str | None:
         c = self.config
-        if c.max_model_len and request.prompt_tokens >= c.max_model_len:
+        longest = self.max_model_len_for(kv)
+        if longest and request.prompt_tokens >= longest:
             return (f"prompt of {request.prompt_tokens} tokens leaves no room for an output token within "
-                    f"max_model_len ({c.max_model_len})")
-        if (c.max_model_len and c.context_overflow == "reject" and request.max_tokens is not None
-                and request.prompt_tokens + request.max_tokens > c.max_model_len):
+                    f"max_model_len ({longest})")
+        if (longest and c.context_overflow == "reject" and request.max_tokens is not None
+                and request.prompt_tokens + request.max_tokens > longest):
             return (f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} exceeds max_model_len "
-                    f"({c.max_model_len}) and context_overflow is 'reject'")
+                    f"({longest}) and context_overflow is 'reject'")
         if not c.chunked_prefill and request.prompt_tokens > c.max_num_batched_tokens:
             return (f"prompt of {request.prompt_tokens} tokens exceeds max_num_batched_tokens "
                     f"({c.max_num_batched_tokens}) and chunked prefill is off")
@@ -194,7 +225,10 @@ class ContinuousScheduler:
         when longer (vLLM's ``get_max_tokens``). The protocol's optional ``limit_request``,
         set only with a ``max_model_len``: the engines call it on arrival, before
         :meth:`rejection_reason`."""
-        room = self.config.max_model_len - request.prompt_tokens
+        longest = self.config.max_model_len if kv is None else self.max_model_len_for(kv)
+        if longest == "auto":
+            return request  # (no cache to fit: nothing to cut by)
+        room = longest - request.prompt_tokens
         if room < 1 or request.max_output_tokens <= room:
             return request
         if request.max_tokens is not None and self.config.context_overflow == "reject":

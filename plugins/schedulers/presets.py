@@ -4,7 +4,8 @@
   newest request, chunked prefill on, prefix caching on (a ``paged`` cache's default with it),
   vLLM's API-server budget for the run's GPU (2,048 tokens / 256 sequences; 8,192 / 1,024 from
   70 GiB but on an A100; 16,384 / 1,024 from 160 GiB), ``max_model_len`` the run's model's
-  context length (prompts that long rejected, ``max_tokens`` cut to the rest),
+  context length (prompts that long rejected, ``max_tokens`` cut to the rest; ``"auto"``: the
+  longest the KV cache holds, at most that),
   asynchronous scheduling where it is modelled (``async_scheduling = "auto"``: vLLM's default
   since 0.13, vllm-project/vllm PR #27614; ``false`` for earlier versions).
 * ``vllm-v0`` -- vLLM V0: prefill-first iterations (a step with prompts skips decodes), whole
@@ -51,7 +52,9 @@ class VllmConfig(ContinuousConfig):
         """The settings vLLM picks for those ``table`` leaves out, on the run's ``gpu`` and
         ``model`` (either may be None: not named in the run):
 
-        * ``max_model_len``: the model's context length (``max_position_embeddings``);
+        * ``max_model_len``: the model's context length (``max_position_embeddings``); with
+          ``max_model_len = "auto"`` that length is ``model_context``, what the fit to the cache
+          is capped at;
         * the API server's batch by the device (``EngineArgs.get_batch_defaults``, vLLM 0.33):
           16,384 tokens and 1,024 sequences from 160 GiB (B200), 8,192 and 1,024 from 70 GiB
           but on an A100 (H100, H200, RTX PRO 6000: "setting large max_num_batched_tokens for
@@ -62,8 +65,12 @@ class VllmConfig(ContinuousConfig):
 
         The run's assembly applies them (:mod:`schedlab.study.simulation`)."""
         out = {}
-        if model is not None and model.max_position_embeddings and "max_model_len" not in table:
-            out["max_model_len"] = model.max_position_embeddings
+        auto = table.get("max_model_len") in ("auto", -1)
+        if model is not None and model.max_position_embeddings:
+            if "max_model_len" not in table:
+                out["max_model_len"] = model.max_position_embeddings
+            elif auto and "model_context" not in table:
+                out["model_context"] = model.max_position_embeddings
         if gpu is None:
             budget, seqs = 2048, 256
         elif gpu.memory_gib >= 160:
@@ -72,7 +79,8 @@ class VllmConfig(ContinuousConfig):
             budget, seqs = 8192, 1024
         else:
             budget, seqs = 2048, 256
-        context = table.get("max_model_len", out.get("max_model_len", 0))
+        context = out.get("model_context", table.get("model_context", 0)) if auto else table.get(
+            "max_model_len", out.get("max_model_len", 0))
         if table.get("chunked_prefill") is False and _whole(context):
             budget = max(budget, context)
         if "max_num_batched_tokens" not in table and (gpu is not None or budget != 2048):

@@ -808,7 +808,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
         "kv_cache": _kv_summary(kv),
         # the longest sequence served (0: no limit); vLLM refuses to start when one does not fit
-        "max_model_len": getattr(getattr(scheduler, "config", None), "max_model_len", 0),
+        "max_model_len": _max_model_len(scheduler, kv),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
         "frontend": attrs.asdict(side.frontend) if side is not None and side.frontend is not None else {},
         "client": attrs.asdict(side.client) if side is not None and side.client is not None else {},
@@ -954,6 +954,14 @@ def pool_summary(pools: dict[str, list]) -> dict:
         "kv_peak_share": max(e.kv_peak / e.kv.num_blocks for e in mine),
         "kv_cache": _kv_summary(mine[0].kv),
     } for name, mine in pools.items()}
+
+
+def _max_model_len(scheduler, kv) -> int:
+    """The longest sequence ``scheduler`` serves with ``kv`` (0: no limit; ``"auto"`` resolved)."""
+    resolve = getattr(scheduler, "max_model_len_for", None)
+    if resolve is not None:
+        return resolve(kv)
+    return getattr(getattr(scheduler, "config", None), "max_model_len", 0)
 
 
 def _kv_summary(kv) -> dict:
