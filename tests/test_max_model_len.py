@@ -25,7 +25,7 @@ from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.presets import CONTEXT_LENGTHS, MODELS
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
-from schedlab_plugins.schedulers.presets import VllmConfig
+from schedlab_plugins.schedulers.presets import VllmConfig, VllmV0Config
 from test_engine_defaults import run_text
 
 
@@ -146,6 +146,21 @@ def test_without_a_gpu_the_defaults_follow_the_model_alone():
     assert VllmConfig.run_defaults(None, spec, {"chunked_prefill": False}) == {
         "max_model_len": 4096, "max_num_batched_tokens": 4096, "max_num_seqs": 256}
     assert VllmConfig.run_defaults(None, None, {"max_num_batched_tokens": 128}) == {"max_num_seqs": 128}
+
+
+def test_the_vllm_v0_preset_takes_v0s_budget_from_the_context(tmp_path):
+    # vLLM V0's SchedulerConfig: max(max_model_len, 2048) tokens without chunked prefill, 512 with it
+    llama2, llama31 = (next(spec for spec, _ in MODELS if spec.name == name) for name in ("llama-2-7b", "llama-3.1-8b"))
+    assert VllmV0Config.run_defaults(None, llama2, {}) == {"max_model_len": 4096, "max_num_batched_tokens": 4096}
+    assert VllmV0Config.run_defaults(None, llama31, {}) == {"max_model_len": 131072, "max_num_batched_tokens": 131072}
+    assert VllmV0Config.run_defaults(None, llama2, {"chunked_prefill": True}) == {
+        "max_model_len": 4096, "max_num_batched_tokens": 512}
+    assert VllmV0Config.run_defaults(None, None, {"max_model_len": 1000}) == {"max_num_batched_tokens": 2048}
+    assert VllmV0Config.run_defaults(None, llama2, {"max_num_batched_tokens": 100}) == {
+        "max_model_len": 4096, "max_num_seqs": 100}
+    assert VllmV0Config.run_defaults(None, None, {}) == {}  # no model: the continuous defaults
+    config = _config(tmp_path, kind="vllm-v0")
+    assert (config.max_model_len, config.max_num_batched_tokens, config.max_num_seqs) == (4096, 4096, 256)
 
 
 def test_a_run_on_a_short_context_model_rejects_what_vllm_would(tmp_path):

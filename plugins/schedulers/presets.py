@@ -9,7 +9,9 @@
   asynchronous scheduling where it is modelled (``async_scheduling = "auto"``: vLLM's default
   since 0.13, vllm-project/vllm PR #27614; ``false`` for earlier versions).
 * ``vllm-v0`` -- vLLM V0: prefill-first iterations (a step with prompts skips decodes), whole
-  prompts, watermark 0.01, recompute or swap preemption (swap needs swap space on the cache).
+  prompts, watermark 0.01, recompute or swap preemption (swap needs swap space on the cache),
+  ``max_model_len`` the run's model's context and a token budget of ``max(max_model_len, 2048)``
+  (512 with chunked prefill), as V0's ``SchedulerConfig`` set them.
 * ``orca``    -- Orca (OSDI'22): iteration-level FCFS admission with KV reserved for each
   request's maximum length, so never a preemption.
 * ``trtllm``  -- TensorRT-LLM: ``capacity_policy = "GUARANTEED_NO_EVICT"`` reserves prompt +
@@ -100,6 +102,31 @@ class VllmV0Config(ContinuousConfig):
     allocation: str = str_field("grow", choices=("reserve", "grow"), help="V0 allocates as tokens are computed")
     watermark: float = float_field(0.01, min=0.0, max=1.0, help="share of blocks kept free at admission (V0: 0.01)")
     prefill_first: bool = bool_field(True, help="an iteration that admits prompts skips decodes")
+
+    @staticmethod
+    def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
+        """vLLM V0's ``SchedulerConfig`` defaults (0.4-0.6, ``vllm/config.py``) for the keys
+        ``table`` leaves out, with the run's ``model`` (None: not named; ``gpu`` plays no part):
+
+        * ``max_model_len``: the model's context length (``max_position_embeddings``);
+        * the token budget: ``max(max_model_len, 2048)`` without chunked prefill ("if
+          max_model_len is too short, use 2048 as the default value for higher throughput":
+          every prompt fits one step), 512 with it ("the best balance between ITL and TTFT on
+          A100"); without a model and without chunking, the ``continuous`` default;
+        * a defaulted ``max_num_seqs`` (256) at most the token budget."""
+        out = {}
+        context = table.get("max_model_len", 0)
+        if model is not None and model.max_position_embeddings and "max_model_len" not in table:
+            out["max_model_len"] = context = model.max_position_embeddings
+        if "max_num_batched_tokens" not in table:
+            if table.get("chunked_prefill") is True:
+                out["max_num_batched_tokens"] = 512
+            elif _whole(context) and context > 0:
+                out["max_num_batched_tokens"] = max(context, 2048)
+        given = table.get("max_num_batched_tokens", out.get("max_num_batched_tokens"))
+        if "max_num_seqs" not in table and _whole(given) and 0 < given < 256:
+            out["max_num_seqs"] = given
+        return out
 
 
 @attrs.frozen
