@@ -463,7 +463,7 @@ def test_schedlab_agrees_with_vllm_without_whole_prompt_admission():
 
 @pytest.mark.vllm
 def test_vllm_side_with_async_scheduling_plans_one_batch_ahead(differ):
-    # vLLM's default since 0.13 (schedlab's preset keeps the synchronous rules). Budget 2, 2 seqs.
+    # vLLM's default since 0.13 (the preset follows the vLLM side's setting). Budget 2, 2 seqs.
     # t=0: batch A = r0's prompt; with room in the queue of 2, batch B = r0's second token (a
     # placeholder for A's); block on A: lands at 1 (r0's first token). r1 arrives at 1: batch C =
     # r1's prompt (r0 is skipped, B holds its last token); block on B: lands at 2, r0 done. Nothing

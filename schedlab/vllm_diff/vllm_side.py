@@ -30,10 +30,16 @@ With ``--vllm-set async_scheduling=true`` the vLLM side runs as vLLM has by defa
 its ``AsyncScheduler`` behind a batch queue of 2 on one stage (``VllmConfig.max_concurrent_batches``),
 so each batch is scheduled while the one before it computes. A request in flight is scheduled
 again at once with a placeholder for its token (``num_output_placeholders``), except when that
-token is its last; requests that arrive meanwhile wait for the batch after. schedlab's ``vllm``
-preset follows the synchronous rules, so such cases differ: the option measures that gap
-(vLLM on a CPU turns ``async_scheduling`` off in its config -- a platform check -- but the
-rules are the ``AsyncScheduler``'s, which the harness builds itself). vLLM 0.33's V1 model runner
+token is its ``max_tokens``-th (one at an EOS is scheduled once more); requests that arrive
+meanwhile wait for the batch after. schedlab's ``vllm`` preset follows the vLLM side's setting
+(:func:`schedlab.vllm_diff.schedlab_side.tables`). vLLM on a CPU turns ``async_scheduling`` off
+in its config -- a platform check -- but the rules are the ``AsyncScheduler``'s, which the
+harness builds itself.
+
+A request with a ``max_tokens`` above its output (the ``eos`` group) stops at an EOS: its last
+sampled token is the model's EOS id, which its sampling parameters know as vLLM's input
+processor sets them (``update_from_generation_config``); the others ignore EOS and stop at
+their ``max_tokens``. vLLM 0.33's V1 model runner
 does not run it with pipeline parallelism, nor does the harness.
 
 Requests arrive at the start of their iteration, in (arrival, id) order, with
