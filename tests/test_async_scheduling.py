@@ -185,6 +185,24 @@ def test_fast_engine_matches_reference_under_memory_pressure(requests, max_seqs,
     assert kvs["fast"].lru_keys() == kvs["reference"].lru_keys()
     check_run(fast, requests, max_running=max_seqs, kv_blocks=need + spare)
     assert fast.metrics["rejected"] == 0
+    # a request at an EOS is decoded once more at most once (none if preempted while its slot was held)
+    assert fast.counters["discarded_tokens"] <= sum(r.stops_at_eos for r in requests)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(requests_lists(min_size=1, max_size=8, max_prompt=30, max_output=20, all_at_zero=False), st.booleans())
+def test_with_room_every_request_at_an_eos_is_decoded_once_more(requests, asynchronous):
+    """With ample blocks and slots nothing is preempted: planning ahead, each request that stops
+    at an EOS is decoded exactly once more (its token thrown away); synchronously none is."""
+    cfg = ContinuousConfig(max_num_seqs=16, max_num_batched_tokens=512, allocation="grow", chunked_prefill=True,
+                           async_scheduling=asynchronous)
+    for engine in ("fast", "reference"):
+        result = run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(), PrefixKVCache(400, 4),
+                            engine=engine)
+        assert result.counters["num_preemptions"] == 0
+        expected = sum(r.stops_at_eos for r in requests) if asynchronous else 0
+        assert result.counters["discarded_tokens"] == expected, engine
+        assert result.counters["generated_tokens"] == sum(r.target_tokens for r in requests)
 
 
 def test_settings_it_cannot_be_combined_with():
