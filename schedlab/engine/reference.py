@@ -717,7 +717,8 @@ class ReferenceEngine:
             per_decoder, per_token = token_shares(energy, batch, sum(n for _, n in plan.dropped))
             for s in decoders:
                 s.energy_j += per_decoder
-            self.meter.discarded_j += per_token * len(plan.overshoots)  # (rows already written)
+            if plan.overshoots:  # (their rows are written already: no request shares them)
+                self.meter.discarded_j += per_token * len(plan.overshoots)
             for s, n in plan.prefills + plan.dropped:  # dropped: a pipeline's chunks of prompts preempted since
                 s.energy_j += per_token * n
         self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, row_j)
