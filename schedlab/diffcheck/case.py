@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from schedlab.configs import int_field
+from schedlab.configs import float_field, int_field
 
 # Room for the token ids of :mod:`.tokens` and for an engine's model length.
 MAX_MODEL_LEN = 8192
@@ -48,6 +48,8 @@ class DiffRequest:
     group: int | None = int_field(None, min=0, max=MAX_GROUPS - 1, optional=True)
     prefix_len: int = int_field(0, min=0)
     max_tokens: int | None = int_field(None, min=1, optional=True)
+    #: when the client's abort reaches the engine (ms, a half: never at an iteration's edge), or None
+    abort_at: float | None = float_field(None, min=0.0, optional=True)
 
     def __attrs_post_init__(self):
         if self.prefix_len > self.prompt_tokens:
@@ -58,6 +60,9 @@ class DiffRequest:
             raise ValueError(f"request {self.id}: max_tokens {self.max_tokens} < output_tokens {self.output_tokens}")
         if self.prompt_tokens + self.limit > MAX_MODEL_LEN:
             raise ValueError(f"request {self.id}: prompt + max_tokens exceeds {MAX_MODEL_LEN} tokens")
+        if self.abort_at is not None and (self.abort_at <= self.arrival or self.abort_at % 1 != 0.5):
+            raise ValueError(f"request {self.id}: abort_at {self.abort_at} must be a half ms after its arrival "
+                             f"({self.arrival})")
 
     @property
     def limit(self) -> int:
@@ -101,8 +106,9 @@ class Case:
         requests = []
         for r in self.requests:
             d = attrs.asdict(r)
-            if d["max_tokens"] is None:
-                del d["max_tokens"]  # the replay lines of EOS-ignoring cases stay as they were
+            for key in ("max_tokens", "abort_at"):
+                if d[key] is None:
+                    del d[key]  # the replay lines of cases without them stay as they were
             requests.append(d)
         return {"group": self.group, "seed": self.seed, "settings": attrs.asdict(self.settings),
                 "requests": requests}
@@ -198,11 +204,14 @@ def describe(engine: Engine, case: Case, theirs: Mapping[int, Any], ours: Mappin
     if sides is not None and (sides.schedlab_scheduler or sides.engine):
         lines.append("  only one side: " + sides.describe(engine.label))
     limits = any(r.max_tokens is not None for r in case.requests)
-    rows = [["id", "arrival", "prompt", "output"] + (["max_tokens"] if limits else []) + ["priority", "shared prefix"]]
+    aborts = any(r.abort_at is not None for r in case.requests)
+    rows = [["id", "arrival", "prompt", "output"] + (["max_tokens"] if limits else []) + (["abort"] if aborts else [])
+            + ["priority", "shared prefix"]]
     for r in case.in_arrival_order():
         prefix = f"group {r.group}: first {r.prefix_len}" if r.prefix_len else "-"
         limit = [str(r.max_tokens) if r.max_tokens is not None else "-"] if limits else []
-        rows.append([str(r.id), str(r.arrival), str(r.prompt_tokens), str(r.output_tokens)] + limit
+        abort = [str(r.abort_at) if r.abort_at is not None else "-"] if aborts else []
+        rows.append([str(r.id), str(r.arrival), str(r.prompt_tokens), str(r.output_tokens)] + limit + abort
                     + [str(r.priority), prefix])
     lines += table(rows)
     diff = differing_fields(theirs, ours, fields)

@@ -38,6 +38,7 @@ def requests(case: Case, hash_block_tokens: int) -> list[Request]:
     b = hash_block_tokens
     return [Request(id=r.id, arrival_ms=float(r.arrival), prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
                     max_tokens=r.max_tokens, priority=r.priority,
+                    timeout_ms=None if r.abort_at is None else r.abort_at - r.arrival,  # (no front end: no hang-up time)
                     block_hashes=block_hashes(prompt_token_ids(r), b), hash_block_tokens=b)
             for r in case.in_arrival_order()]
 
@@ -99,8 +100,10 @@ def simulate_one(reqs: list[Request], scheduler, cost, kv, engine: str = "fast",
 
 
 def whole_ms(x) -> int | None:
+    """A time as whole ms; None for none (nan, or -1: an aborted request never scheduled or
+    never given a token)."""
     x = float(x)
-    return None if math.isnan(x) else int(x)
+    return None if math.isnan(x) or x < 0 else int(x)
 
 
 class SchedlabRunner:
@@ -154,6 +157,8 @@ class SchedlabRunner:
         for i, rid in enumerate(ids):
             row = {name: q[name][i] for name in ("first_scheduled_ms", "first_token_ms", "finish_ms",
                                                   "preemptions", "cached_tokens")}
+            if q["aborted"][i]:  # (its client gave up: it never finished)
+                row["finish_ms"] = math.nan
             out[rid] = self.outcome(row, tuple(log.chunks.get(rid, ())))
         rejected = [rid for i, rid in enumerate(ids) if q["rejected"][i]]
         return out, (f"schedlab rejected {rejected}" if rejected else None)

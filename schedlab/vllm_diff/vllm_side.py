@@ -113,7 +113,7 @@ class VllmRunner:
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.outputs import ModelRunnerOutput
-        from vllm.v1.request import Request
+        from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
 
         self._v = dict(torch=torch, CacheConfig=CacheConfig, ParallelConfig=ParallelConfig,
@@ -122,7 +122,7 @@ class VllmRunner:
                        AsyncScheduler=AsyncScheduler,
                        register_all_kvcache_specs=register_all_kvcache_specs, FullAttentionSpec=FullAttentionSpec,
                        KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
-                       ModelRunnerOutput=ModelRunnerOutput, Request=Request,
+                       ModelRunnerOutput=ModelRunnerOutput, Request=Request, RequestStatus=RequestStatus,
                        StructuredOutputManager=StructuredOutputManager)
         self._model_dir = tempfile.TemporaryDirectory(prefix="vllm_diff_model_")
         with open(os.path.join(self._model_dir.name, "config.json"), "w") as f:
@@ -200,14 +200,17 @@ class VllmRunner:
         error = None
         while True:
             trace.arrive(now)
+            trace.abort(now)
             if all(req.is_finished() for req in trace.live.values()):
                 if trace.all_arrived:
                     break
                 now = trace.next_arrival
                 continue
             out, sampled = trace.schedule(now)
+            if out.total_num_scheduled_tokens:
+                trace.abort(now + 1)  # (those that came during the step, before its output: EngineCore.step)
             for rid, tokens in zip(out.num_scheduled_tokens, sampled):
-                if tokens:  # a token at the end of this 1 ms step
+                if tokens and not trace.live[rid].is_finished():  # a token at the end of this 1 ms step
                     trace.token(rid, now + 1)
             trace.update(out, sampled)
             if out.total_num_scheduled_tokens:
@@ -242,6 +245,7 @@ class VllmRunner:
         error = None
         while True:
             trace.arrive(now)
+            trace.abort(now)
             if not sched.has_requests() and not queue:
                 if trace.all_arrived:
                     break
@@ -272,6 +276,7 @@ class VllmRunner:
             out, sampled, done_at = queue.pop()  # block until the oldest batch is back
             if done_at > now:
                 now = done_at
+            trace.abort(now)  # (those that came meanwhile, before its output: step_with_batch_queue)
             finished_before = {rid for rid in out.num_scheduled_tokens if trace.live[rid].is_finished()}
             trace.update(out, sampled)
             for rid, tokens in zip(out.num_scheduled_tokens, sampled):
@@ -299,6 +304,8 @@ class _Trace:
         self.generated = {r.id: 0 for r in self.pending}  # tokens it has
         self.live: dict = {}
         self.nxt = 0
+        # (when the abort reaches the engine, request id) of the requests whose clients give up
+        self.aborts = sorted((r.abort_at, f"{r.id:04d}") for r in self.pending if r.abort_at is not None)
 
     @property
     def all_arrived(self) -> bool:
@@ -315,6 +322,15 @@ class _Trace:
             self.live[req.request_id] = req
             self.sched.add_request(req)
             self.nxt += 1
+
+    def abort(self, now) -> None:
+        """Abort the requests whose client's abort has reached the engine by ``now`` (vLLM's
+        ``EngineCore.abort_requests``: ``finish_requests(..., FINISHED_ABORTED)``); their
+        tokens not yet processed are never output."""
+        due = [rid for t, rid in self.aborts if t <= now and rid in self.live]  # (not arrived yet: at its arrival)
+        if due:
+            self.aborts = [(t, rid) for t, rid in self.aborts if rid not in due]
+            self.sched.finish_requests(due, self.runner._v["RequestStatus"].FINISHED_ABORTED)
 
     def schedule(self, now) -> tuple:
         """``schedule()`` at ``now``: its output and what the model runner samples for each

@@ -13,7 +13,10 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   decodes sitting out, and preemptions of requests whose batch is in flight;
 * ``eos``       -- about half the requests stop at an EOS before their ``max_tokens``, tight or
   ample KV, FCFS or priority, sometimes prefix caching and a threshold: asynchronous
-  scheduling decodes such a request once more (synchronously they end as at ``max_tokens``).
+  scheduling decodes such a request once more (synchronously they end as at ``max_tokens``);
+* ``abort``     -- about 40% of the requests' clients give up half a ms into some iteration 0-40
+  after their arrival, tight or ample KV, FCFS or priority, sometimes prefix caching: vLLM
+  aborts a request between steps, or after the step in progress before its output.
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import random
 
+import attrs
+
 from schedlab.diffcheck.case import Case, blocks_for
 from schedlab.diffcheck.workloads import random_requests
 
 from .case import DiffSettings
 
-GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos")
+GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort")
 
 
 def _ample(requests, block_size: int) -> int:
@@ -50,12 +55,15 @@ def generate(group: str, seed: int) -> Case:
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
     policy = "fcfs"
-    if group == "priority" or (group in ("all", "pipeline", "eos") and rng.random() < 0.5):
+    if group == "priority" or (group in ("all", "pipeline", "eos", "abort") and rng.random() < 0.5):
         policy = "priority"
-    prefixes = group in ("prefix", "all") or (group == "eos" and rng.random() < 0.5)
+    prefixes = group in ("prefix", "all") or (group in ("eos", "abort") and rng.random() < 0.5)
     requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size,
                                eos=group == "eos")
-    tight = group in ("tight_kv", "all") or (group in ("priority", "pipeline", "eos") and rng.random() < 0.5)
+    if group == "abort":
+        requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
+                    for r in requests]
+    tight = group in ("tight_kv", "all") or (group in ("priority", "pipeline", "eos", "abort") and rng.random() < 0.5)
     num_blocks = _tight(rng, requests, block_size) if tight else _ample(requests, block_size)
     threshold = rng.randint(1, budget) if group in ("threshold", "all") or (
         group == "eos" and rng.random() < 0.3) else 0
