@@ -305,5 +305,7 @@ def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | No
         return cls(**values)
     except FieldError as exc:
         raise ConfigError(f"{where}: {exc.name}: {exc.message}") from None
+    except ConfigError as exc:  # a check across settings (the config's __attrs_post_init__)
+        raise ConfigError(f"{where}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None

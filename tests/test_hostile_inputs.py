@@ -113,6 +113,9 @@ FILE_CASES = {
                                           ["name '../../escape' must be one folder name"]),
     "a name with a slash": (BASE.replace('name = "hostile"', 'name = "a/b"'), ["name 'a/b' must be one folder name"]),
     "a name that is ..": (BASE.replace('name = "hostile"', 'name = ".."'), ["name '..' must be one folder name"]),
+    "settings that contradict each other": (BASE + "[scheduler]\nkind = \"vllm\"\nmax_num_seqs = 64\n"
+                                            "max_num_batched_tokens = 32\n",
+                                            ["[scheduler]: max_num_batched_tokens (32) must be >= max_num_seqs (64)"]),
 }
 
 

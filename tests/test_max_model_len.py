@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedlab.configs import FieldError
+from schedlab.errors import ConfigError
 from schedlab.hf_config import model_fields
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
@@ -161,6 +162,18 @@ def test_the_vllm_v0_preset_takes_v0s_budget_from_the_context(tmp_path):
     assert VllmV0Config.run_defaults(None, None, {}) == {}  # no model: the continuous defaults
     config = _config(tmp_path, kind="vllm-v0")
     assert (config.max_model_len, config.max_num_batched_tokens, config.max_num_seqs) == (4096, 4096, 256)
+
+
+def test_vllm_v0_refuses_a_budget_below_max_model_len_without_chunking(tmp_path):
+    # V0's SchedulerConfig._verify_args: a prompt of max_model_len tokens must fit one step
+    with pytest.raises(ConfigError, match=r"exp\.toml: \[scheduler\]: max_num_batched_tokens \(16384\) is smaller "
+                                          r"than max_model_len \(131072\): vLLM V0 refuses"):
+        _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b", scheduler="max_num_batched_tokens = 16384")
+    chunked = _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b",
+                      scheduler="max_num_batched_tokens = 16384\nchunked_prefill = true")
+    assert (chunked.max_num_batched_tokens, chunked.max_model_len) == (16384, 131072)
+    assert _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b",
+                   scheduler="max_num_batched_tokens = 16384\nmax_model_len = 16384").max_model_len == 16384
 
 
 def test_a_run_on_a_short_context_model_rejects_what_vllm_would(tmp_path):

@@ -29,6 +29,7 @@ from typing import ClassVar
 import attrs
 
 from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.errors import ConfigError
 
 from .continuous import ContinuousConfig, ContinuousScheduler, async_scheduling_field
 
@@ -102,6 +103,16 @@ class VllmV0Config(ContinuousConfig):
     allocation: str = str_field("grow", choices=("reserve", "grow"), help="V0 allocates as tokens are computed")
     watermark: float = float_field(0.01, min=0.0, max=1.0, help="share of blocks kept free at admission (V0: 0.01)")
     prefill_first: bool = bool_field(True, help="an iteration that admits prompts skips decodes")
+
+    def __attrs_post_init__(self):
+        super().__attrs_post_init__()
+        longest = self.max_model_len
+        if not self.chunked_prefill and longest != "auto" and longest > self.max_num_batched_tokens:
+            # V0's SchedulerConfig._verify_args: a prompt must fit one step
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({longest}): "
+                "vLLM V0 refuses this without chunked prefill (a longer prompt could never be scheduled); raise "
+                "max_num_batched_tokens, lower max_model_len or set chunked_prefill = true")
 
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
