@@ -533,7 +533,7 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
             lines.append(f"  context             {context} tokens (vLLM's default max_model_len) fit in the pool")
         else:
             lines.append(f"  context             {context} tokens (vLLM's default max_model_len) do not fit in the "
-                         f"pool: vLLM refuses to start unless --max-model-len <= {s.tokens}")
+                         f"pool: vLLM refuses to start unless --max-model-len <= {s.tokens} (or auto)")
     fits: dict[str, tuple[int, int]] = {}
     for label, length in (("average", avg_tokens), ("p99", p99_tokens)):
         if length is None:
