@@ -197,6 +197,18 @@ def test_shrinker_finds_the_known_minimum_of_a_fake_difference():
     assert blocks_for(37, 8) == 5, "num_blocks stops where the 37-token request just fits alone"
 
 
+def test_shrinker_brings_an_abort_next_to_its_arrival():
+    # "differs" whenever a request's client gives up at least 3.5 ms after it arrives
+    def differs(case):
+        return any(r.abort_at is not None and r.abort_at - r.arrival >= 3.5 for r in case.requests)
+
+    case = Case(DiffSettings(block_size=4, num_blocks=50, max_num_seqs=3, max_num_batched_tokens=20),
+                [DiffRequest(id=i, arrival=5 + i, prompt_tokens=9, output_tokens=4, abort_at=5 + i + 30.5 if i else None)
+                 for i in range(3)])
+    small = shrink(case, differs, max_evaluations=2000)
+    assert [(r.arrival, r.abort_at) for r in small.requests] == [(0, 3.5)]  # renumbered: the abort moves along
+
+
 @settings(max_examples=25)
 @given(st.sampled_from(GROUPS), st.integers(0, 10_000), st.integers(1, 3), st.integers(1, 150))
 def test_shrunk_case_is_minimal_for_a_monotone_difference(group, seed, k, total):

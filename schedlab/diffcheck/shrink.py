@@ -76,6 +76,10 @@ def _request_changes(r: DiffRequest) -> Iterator[dict]:
         yield {"max_tokens": None}
         for target in lower_values(r.max_tokens, r.output_tokens):
             yield {"max_tokens": target}
+    if r.abort_at is not None:  # no abort, then an earlier one (half a ms into an iteration)
+        yield {"abort_at": None}
+        for target in lower_values(int(r.abort_at - r.arrival - 0.5), 0):
+            yield {"abort_at": r.arrival + target + 0.5}
     if r.group:  # group 0 reads simplest
         yield {"group": 0}
 
@@ -90,7 +94,9 @@ def _number_candidates(case: Case) -> Iterator[tuple[int, dict]]:
 def _renumbered(case: Case) -> Case:
     ordered = case.in_arrival_order()
     start = ordered[0].arrival
-    return _with_requests(case, [attrs.evolve(r, id=i, arrival=r.arrival - start) for i, r in enumerate(ordered)])
+    return _with_requests(case, [attrs.evolve(r, id=i, arrival=r.arrival - start,
+                                              abort_at=None if r.abort_at is None else r.abort_at - start)
+                                 for i, r in enumerate(ordered)])
 
 
 def _settings_pass(case: Case) -> Iterator[Case | None]:
