@@ -40,7 +40,9 @@ The client's patience is ``[client]``: ``timeout_ms`` (``vllm bench serve`` uses
 has not arrived ``timeout_ms`` after it was sent is abandoned: the client counts it as failed,
 and its disconnect reaches the server ``network_ms`` later, where the engine aborts it at its
 next step (vLLM aborts a request when its client disconnects: ``engine_client.abort``; the
-engine core frees its KV blocks and slot when it next reads its input queue).
+engine core frees its KV blocks and slot when it next reads its input queue) -- or, if a step is
+computing the request then, at that step's end, before its output: the step's token for it is
+never sent (``EngineCore.step``; modelled where batches are planned synchronously on one stage).
 """
 
 from __future__ import annotations

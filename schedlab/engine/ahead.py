@@ -59,7 +59,8 @@ Not modelled: a client's abort that reaches the engine while a batch runs takes 
 that batch's end, before the plan made ahead is used (the request leaves it): vLLM's plan
 already holds the request (its slot a plan longer) and computes it for nothing in the next
 batch -- one batch of its work; and vLLM never outputs the token the batch in progress computes
-for it (``tools/vllm_diff.py --groups abort`` measures both). Asynchronous scheduling is refused
+for it, which synchronously the engines model (``Instance._in_step_aborts``) and here do not
+(``tools/vllm_diff.py --groups abort`` measures both). Asynchronous scheduling is refused
 with pipeline parallelism, disaggregation, speculative decoding, swapping and a batching window.
 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans

@@ -223,6 +223,10 @@ class Instance:
         # their disconnect takes hangup_ms to get here. Entries of finished sequences are dropped lazily.
         self.aborts: list = []
         self.hangup_ms = 0.0
+        #: an abort that reaches the engine during an iteration takes effect at its end, before its
+        #: output (vLLM's EngineCore.step): the iteration computes the request for nothing. Off
+        #: where not modelled yet (planning ahead, pipelines, disaggregation, lockstep ranks)
+        self.aborts_drop_output = True
         # A pipelined instance (schedlab.engine.pipeline): its decodes in a batch in flight ->
         # the tokens that batch computes for them (their KV slots are taken, not yet counted).
         self.in_flight: dict | None = None
@@ -304,10 +308,8 @@ class Instance:
             elif status == DECODING or status == PREFILLING:
                 if status == DECODING:
                     self._remove_decoder(seq, ABORTED)
-                else:
-                    del self.prefilling[seq]
-                del self.running[seq]
-                self.kv.free(seq)
+                self._drop_aborted(seq, now)
+                continue
             elif status == IN_FLIGHT:  # in a pipeline's batch in flight: its output will be dropped
                 del self.running[seq]
                 # a decode's slots in the batch go too, as at a preemption (a prompt's chunks
@@ -320,12 +322,25 @@ class Instance:
                 continue
             else:  # finished meanwhile
                 continue
-            seq.status = ABORTED
-            if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
-                seq.request = seq.transfer.request
-            self.rec.request_done(seq, self.index, now, aborted=True)
-            if self._on_finish is not None:
-                self._on_finish(seq, now)
+            self._record_aborted(seq, now)
+
+    def _drop_aborted(self, seq: Sequence, t: float) -> None:
+        """``seq``, running (a decoder already out of the decode set), aborted at ``t``: its slot
+        and blocks freed, its row written."""
+        if seq in self.prefilling:
+            del self.prefilling[seq]
+        del self.running[seq]
+        self.kv.free(seq)
+        self._record_aborted(seq, t)
+
+    def _record_aborted(self, seq: Sequence, t: float) -> None:
+        """``seq`` aborted at ``t`` (out of the queues, its KV freed): its row and the callbacks."""
+        seq.status = ABORTED
+        if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
+            seq.request = seq.transfer.request
+        self.rec.request_done(seq, self.index, t, aborted=True)
+        if self._on_finish is not None:
+            self._on_finish(seq, t)
 
     @property
     def outstanding(self) -> int:
@@ -826,7 +841,41 @@ class Instance:
                 k = self._run_length(plan, d0, inc, until, growth)
                 if valid is not None and valid < k:
                     k = max(valid, 1)
+                if k > 1 and self.aborts and self._drops_output():
+                    k = self._ending_before(self.next_abort(), k, d0, inc)
         return PreparedRun(plan, parked, n_dec, steps, batch, d0, inc, growth, k, self.now)
+
+    def _drops_output(self) -> bool:
+        """Whether an abort during an iteration drops the iteration's output for the request."""
+        return self.aborts_drop_output and self.ahead is None and self.stage is None and self.in_flight is None
+
+    def _ending_before(self, abort_at: float, k: int, d0: float, inc: float) -> int:
+        """At most ``k`` iterations from now, none of them but a lone first one still running at
+        ``abort_at`` (its output is dropped for the aborted request: see :meth:`_in_step_aborts`)."""
+        now = self.now
+        if now + bulk.run_ms(k, d0, inc) <= abort_at:
+            return k
+        j = bulk.steps_before(now, abort_at, d0, inc)  # the j-th iteration holds abort_at, or ends at it
+        if now + bulk.run_ms(j, d0, inc) > abort_at:
+            j -= 1
+        return max(1, min(j, k))
+
+    def _in_step_aborts(self, serial: int, start: float, end: float) -> list:
+        """The requests this iteration computes whose client's abort reaches the engine while it
+        runs, strictly between ``start`` and ``end``: vLLM aborts them after the step, before its
+        output (``EngineCore.step``'s ``_process_aborts_queue``). One at ``end`` itself comes, as
+        an arrival then would, after the output; it and the others stay for :meth:`_abort_due`."""
+        aborts, hit, rest = self.aborts, [], []
+        while aborts and aborts[0][0] < end:
+            entry = heapq.heappop(aborts)
+            seq = entry[2]
+            if entry[0] > start and (seq.status == DECODING or (seq.status == PREFILLING and seq.plan_mark == serial)):
+                hit.append(seq)
+            else:
+                rest.append(entry)
+        for entry in rest:
+            heapq.heappush(aborts, entry)
+        return hit
 
     def _apply(self, run: "PreparedRun", k: int) -> None:
         """Run the first ``k`` iterations of a prepared run (``k`` <= its length; fewer when an
@@ -908,6 +957,16 @@ class Instance:
         decoded_before = counters["decode_tokens"]
         accepted = 0
         spec_done = ()
+        # aborted while this iteration runs: computed for nothing (its output dropped)
+        ghosts = self._in_step_aborts(plan.serial, start, end) if k == 1 and self.aborts and self._drops_output() else ()
+        ghost_decoders = 0
+        for seq in ghosts:  # (their KV is written all the same: the cache frees what they hold)
+            if seq.status == DECODING:
+                self._remove_decoder(seq, ABORTED)  # (before its token: it gets none)
+                seq._computed += 1
+                ghost_decoders += 1
+            else:
+                seq.status = ABORTED
         # decodes: one token each per iteration (and accepted drafts, see _verify)
         if n_dec:
             first_end = start + (d0 + plan.transfer_ms if k == 1 else d0)
@@ -916,13 +975,13 @@ class Instance:
                 rec_itl(first_end - t, count)
             if k > 1:
                 self.rec.itl_run(d0 + inc, inc, k - 1, n_dec)
-            self.itl_groups = {end: n_dec}
+            self.itl_groups = {end: n_dec - ghost_decoders} if n_dec > ghost_decoders else {}
             self.itl_merge = end
             if self.off_cycle:
                 self.off_cycle = {}  # they decoded: back in step
             self.clock.steps = steps + k
             counters["decode_tokens"] += k * n_dec
-            counters["generated_tokens"] += k * n_dec
+            counters["generated_tokens"] += k * n_dec - ghost_decoders
             counters["decode_seq_steps"] += k * n_dec
             progress = True
             if self.spec is not None:
@@ -934,6 +993,10 @@ class Instance:
 
         # prefill work; a completed prefill yields a token
         for seq, n in prefills:
+            if seq.status == ABORTED:  # (a ghost: its chunk computed for nothing, no token)
+                seq._computed += n
+                counters["prefill_tokens"] += n
+                continue
             c = seq._computed
             if c < seq.max_computed:
                 redo = min(c + n, seq.max_computed) - c
@@ -966,6 +1029,8 @@ class Instance:
             step, _, seq = heapq.heappop(heap)
             if seq.status == DECODING and seq.finish_step == step:
                 self._finish(seq, end)
+        for seq in ghosts:  # gone at the iteration's end, as if aborted at the next plan
+            self._drop_aborted(seq, end)
         if self.ahead is not None:  # the sequences decoding now got a token from it (engine.ahead)
             self.marks.batch_ended(n_dec > 0)
         for seq in parked:

@@ -241,6 +241,7 @@ class DataParallelCluster(Deployment):
         for inst in ranks:
             if not isinstance(inst.cost, RankCost):
                 raise TypeError("a data-parallel rank's cost model must be a RankCost")
+            inst.aborts_drop_output = False  # (an abort during a step: at the next plan, not modelled per step)
         self.ranks = self.members = list(ranks)
         self.router = router
         self._init_deployment(index)

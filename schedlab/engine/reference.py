@@ -450,6 +450,7 @@ class ReferenceEngine:
         self.aborts: list = []    # [time the engine hears its client gave up, seq_no, sequence]
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
         self.in_flight: dict | None = None  # pipelined: a decode in a batch in flight -> its KV slots there
+        self.aborts_drop_output = True  # an abort during an iteration drops its output (Instance's)
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         self.ahead = Ahead() if plans_ahead(scheduler) else None  # asynchronous scheduling (engine.ahead)
@@ -627,8 +628,8 @@ class ReferenceEngine:
                 self.swapped.remove(seq)
                 self.kv.free_swapped(seq)
             elif seq.status in ("prefilling", "decoding"):
-                del self.running[seq]
-                self.kv.free(seq)
+                self._drop_aborted(seq, self.now)
+                continue
             elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
                 del self.running[seq]
                 seq.num_computed_tokens += self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
@@ -639,15 +640,39 @@ class ReferenceEngine:
                 continue
             else:  # finished before its client gave up
                 continue
-            seq.status = "aborted"
-            if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
-                seq.request = seq.transfer.request
-            for a, b in zip(seq.token_times, seq.token_times[1:]):
-                self.rec.itl(b - a)
-            self.rec.request_done(seq, self.index, self.now, aborted=True)
-            on_finish = getattr(self.scheduler, "on_finish", None)
-            if on_finish is not None:
-                on_finish(seq, self.now)
+            self._record_aborted(seq, self.now)
+
+    def _in_step_aborts(self, decoders: list, plan: RefPlan, end: float) -> set:
+        """The requests this iteration computes whose client's abort reaches the engine while it
+        runs, strictly between ``now`` and ``end``: vLLM aborts them after the step, before its
+        output (the fast engine's ``_in_step_aborts``); not modelled planning ahead, pipelined,
+        disaggregated or on data-parallel ranks."""
+        if not (self.aborts and self.aborts_drop_output and self.ahead is None and self.role is None
+                and self.in_flight is None):
+            return set()
+        computed = set(decoders) | {s for s, _ in plan.prefills}
+        hit = [a for a in self.aborts if self.now < a[0] < end and a[2] in computed]
+        for entry in hit:
+            self.aborts.remove(entry)
+        return {a[2] for a in hit}
+
+    def _drop_aborted(self, seq, t: float) -> None:
+        """``seq``, running, aborted at ``t``: its slot and blocks freed, its row written."""
+        del self.running[seq]
+        self.kv.free(seq)
+        self._record_aborted(seq, t)
+
+    def _record_aborted(self, seq, t: float) -> None:
+        """``seq`` aborted at ``t`` (out of the queues, its KV freed): its row and the callbacks."""
+        seq.status = "aborted"
+        if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
+            seq.request = seq.transfer.request
+        for a, b in zip(seq.token_times, seq.token_times[1:]):
+            self.rec.itl(b - a)
+        self.rec.request_done(seq, self.index, t, aborted=True)
+        on_finish = getattr(self.scheduler, "on_finish", None)
+        if on_finish is not None:
+            on_finish(seq, t)
 
     def plan_batch(self, plan: RefPlan) -> tuple[Batch, list, list]:
         """The shape of the iteration ``plan`` describes, its decoders and their drafts."""
@@ -726,7 +751,13 @@ class ReferenceEngine:
         progress = False
         decoded_out = []  # finishing order, shared with the fast engine: prefill completions
         done = []         # first (in plan order), then decoders by arrival order
+        ghosts = self._in_step_aborts(decoders, plan, end)
         for s, d in zip(decoders, drafts):
+            if s in ghosts:  # aborted while this step runs: computed (its KV written), its output dropped
+                s.num_computed_tokens += 1
+                counters["decode_tokens"] += 1
+                counters["decode_seq_steps"] += 1
+                continue
             # Speculation: the drafts accepted up to the first rejected one, plus the target's
             # own token, but no more than the request still has to generate.
             accepted = self.spec.accepted(s, s.num_generated, d) if d else 0
@@ -751,6 +782,10 @@ class ReferenceEngine:
             self.decode_steps += 1
         counters["discarded_tokens"] += len(plan.overshoots)
         for s, n in plan.prefills:
+            if s in ghosts:
+                s.num_computed_tokens += n
+                counters["prefill_tokens"] += n
+                continue
             before = s.num_computed_tokens
             redo = max(0, min(before + n, s.max_computed) - before)
             s.recomputed_tokens += redo
@@ -782,6 +817,8 @@ class ReferenceEngine:
                 continue  # on to the decode pool; its KV (and its finish) stays until pulled
             self.kv.free(s)
             self.finish_done(s, end)
+        for s in ghosts:
+            self._drop_aborted(s, end)
         self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step

@@ -51,6 +51,8 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         if len(ranks) > 1 and router is None:
             raise ValueError("several data-parallel ranks need a router")
         super().__init__(ranks, router, client_side=client_side)
+        for e in self.instances:
+            e.aborts_drop_output = False  # (an abort during a step: at the next plan, not modelled per step)
         self.members = self.instances
         self._init_deployment(index)
         self.views = views_of(self.instances, self.clock)  # read afresh at each routing
