@@ -34,10 +34,11 @@ ASYNC = Sides({"async_scheduling": True}, {})
 
 
 def case(settings: dict, *requests: tuple) -> Case:
-    """requests as (id, arrival, prompt, output[, priority[, max_tokens]])."""
+    """requests as (id, arrival, prompt, output[, priority[, max_tokens[, abort_at]]])."""
     return Case(DiffSettings(**settings), [DiffRequest(id=r[0], arrival=r[1], prompt_tokens=r[2], output_tokens=r[3],
                                                        priority=r[4] if len(r) > 4 else 0,
-                                                       max_tokens=r[5] if len(r) > 5 else None) for r in requests])
+                                                       max_tokens=r[5] if len(r) > 5 else None,
+                                                       abort_at=r[6] if len(r) > 6 else None) for r in requests])
 
 
 #: (case, outcomes synchronously, outcomes asynchronously): request id -> (scheduled, first token,
@@ -107,6 +108,27 @@ CASES = {
              (0, 0, 1, 2, 0, 5), (1, 0, 3, 3)),
         {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(0, 1, 3, 0, 0)},
         {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(0, 1, 4, 1, 0)}),
+    # One slot. 0 (3 tokens) has its first at 1; its client's abort reaches the engine at 1.5,
+    # while batch 2 [1, 2] computes its 2nd token, which is never sent: 0 leaves at 2 with one.
+    # Synchronously 1 is admitted in the plan made at 2 (its token at 3). Asynchronously the plan
+    # made at 1 for batch 3 [2, 3] came before the abort: it decodes 0 once more, for nothing, and
+    # 1 is admitted in the plan made at 2 for batch 4 [3, 4]: its token at 4.
+    "an-aborted-request-is-computed-once-more-by-the-plan-made-ahead": (
+        case(dict(block_size=4, num_blocks=20, max_num_seqs=1, max_num_batched_tokens=2),
+             (0, 0, 1, 3, 0, None, 1.5), (1, 0, 1, 1)),
+        {0: Outcome(0, 1, None, 0, 0), 1: Outcome(2, 3, 3, 0, 0)},
+        {0: Outcome(0, 1, None, 0, 0), 1: Outcome(2, 4, 4, 0, 0)}),
+    # Budget 3, three slots. Batch 1 [0, 1]: the prompts of 0 and 1; batch 2 [1, 2]: their
+    # decodes, 0's 2nd and last token -- dropped: 0's client gives up at 1.5. 2 (prompt 2) arrives
+    # at 1. Asynchronously the plan made at 1 for batch 3 [2, 3] skips 0 as it skips any request
+    # whose token in flight is its last, so 2's whole prompt fits beside 1's decode (its token at
+    # 3; decoding 0 once more would have left it a chunk of 1); 0 then leaves at 2, aborted.
+    # Synchronously 2 has a chunk in batch 2 and the rest in batch 3: its token at 3 too.
+    "a-request-whose-dropped-token-was-its-last-is-skipped-ahead": (
+        case(dict(block_size=4, num_blocks=20, max_num_seqs=3, max_num_batched_tokens=3),
+             (0, 0, 1, 2, 0, None, 1.5), (1, 0, 1, 3), (2, 1, 2, 1)),
+        {0: Outcome(0, 1, None, 0, 0), 1: Outcome(0, 1, 3, 0, 0), 2: Outcome(1, 3, 3, 0, 0)},
+        {0: Outcome(0, 1, None, 0, 0), 1: Outcome(0, 1, 3, 0, 0), 2: Outcome(1, 3, 3, 0, 0)}),
 }
 
 
@@ -147,16 +169,18 @@ def test_a_request_whose_client_gives_up_leaves_at_the_next_batch_boundary(engin
     # up 6 ms later, at 410. Synchronously B's prefill ran 408-424 beside A's decode (16 ms),
     # and the abort came while it ran: B is dropped at 424, that step's output -- its first
     # token -- never sent (vLLM's EngineCore.step). Planned ahead, B waited for the plan made at
-    # 408 and the abort reached the engine at the boundary 416, before that plan was used: B is
-    # dropped at 416 with nothing and A decodes alone throughout. (vLLM's plan made at 408 still
-    # holds B: its prefill runs 416-432 for nothing; here it leaves with the abort.)
+    # 408, and the abort reached the engine at the boundary 416, after that plan was made: B is
+    # dropped at 416 with nothing, but the plan still holds it, so its prefill runs 416-432 beside
+    # A's decode for nothing -- A's 53rd token comes at 432, its 100th at 432 + 47 x 8 = 808,
+    # either way.
     cfg = ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=256, allocation="grow",
                            async_scheduling=asynchronous)
     cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0))
     requests = [Request(0, 0.0, 16, 100), Request(1, 404.0, 16, 2, timeout_ms=6.0)]
     r = run_engine(requests, ContinuousScheduler(cfg), cost, engine=engine)
     assert r.requests["aborted"].tolist() == [0, 1]
-    assert r.requests["finish_ms"].tolist() == [808.0 if not asynchronous else 800.0, 416.0 if asynchronous else 424.0]
+    assert r.requests["finish_ms"].tolist() == [808.0, 416.0 if asynchronous else 424.0]
+    assert r.counters["prefill_tokens"] == 32  # (B's 16 computed for nothing)
     assert r.requests["generated_tokens"].tolist() == [100, 0]
     assert r.requests["first_token_ms"].tolist()[1] < 0  # (none)
 

@@ -518,10 +518,8 @@ def test_vllm_runs_the_async_cases_as_computed_by_hand(differ):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("group", [g for g in GROUPS if g not in ("pipeline", "abort")])
+@pytest.mark.parametrize("group", [g for g in GROUPS if g != "pipeline"])
 def test_schedlab_agrees_with_vllm_with_async_scheduling(group):
-    # (abort: vLLM's plan made ahead still holds a request aborted while the batch before it ran,
-    # not modelled yet; README)
     pytest.importorskip("vllm")
     from schedlab.vllm_diff.vllm_side import VllmRunner
     differ = Differ(ENGINE, VllmRunner(), SchedlabRunner(),

@@ -36,6 +36,15 @@ request whose last token that is -- and blocks until batch ``k`` is back. So the
   known. So a decode whose input token the batch in progress is computing leaves the block that
   token completes uncached until the request is scheduled again: a request preempted meanwhile
   frees it uncached (:func:`cached_tokens_at_preemption`).
+* **a client's abort** reaches vLLM's engine core between steps and after a batch is back,
+  before its output; so one that comes while batch ``k`` runs comes after the plan made at
+  ``k``'s start. Here aborts are applied when that plan is made: those due by its time before
+  it, the rest (due by ``k``'s end) after it. The batch's token for such a request is dropped
+  (``Instance._in_step_aborts``, as synchronously), but the plan sees the request as vLLM's
+  does -- its token a placeholder: decoding, or held like a finished request if that token was
+  its last (``Ahead.doom``) -- and may schedule its decode (an overshoot then: its token thrown
+  away) or its prompt's next chunk (computed for nothing), admit it, or preempt it; then the
+  request leaves, its blocks freed as at a preemption (vLLM cached only the tokens it knew).
 
 **SGLang's overlap scheduler** plans by the same clock (the ``sglang`` scheduler's
 ``overlap_schedule``) and reads more of the batch in flight: which requests it gives a token
@@ -53,15 +62,11 @@ engine core (``DPEngineCoreProc.run_busy_loop``), having launched nothing, block
 in flight and then runs a dummy pass -- the next step, beside the other ranks' batches -- before
 it schedules again, at that step's end. So such a rank runs a dummy batch in the next step and
 plans the one after at its own time; when every rank's plan is empty and one was made ahead,
-the ranks run a dummy step if work is left (a deferred arrival), and pause otherwise.
+the ranks run a dummy step if work is left (a deferred arrival), and pause otherwise. They keep
+the older rule for a client's abort: applied before the plan, the batch's token given.
 
-Not modelled: a client's abort that reaches the engine while a batch runs takes effect at
-that batch's end, before the plan made ahead is used (the request leaves it): vLLM's plan
-already holds the request (its slot a plan longer) and computes it for nothing in the next
-batch -- one batch of its work; and vLLM never outputs the token the batch in progress computes
-for it, which synchronously the engines model (``Instance._in_step_aborts``) and here do not
-(``tools/vllm_diff.py --groups abort`` measures both). Asynchronous scheduling is refused
-with pipeline parallelism, disaggregation, speculative decoding, swapping and a batching window.
+Asynchronous scheduling is refused with pipeline parallelism, disaggregation, speculative
+decoding, swapping and a batching window.
 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
 made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a
@@ -164,7 +169,8 @@ class Ahead:
     ended, the arrivals its plan may not see yet, and the finished requests still holding
     their slots (in finishing order)."""
 
-    __slots__ = ("start", "end", "deferred", "held", "fresh", "settled", "planning")
+    __slots__ = ("start", "end", "deferred", "held", "doomed", "ghosts", "fresh", "settled", "planning",
+                 "leaving", "leaving_running")
 
     def __init__(self):
         self.start = -1.0    # the last batch's start and end (-1: none yet)
@@ -172,6 +178,15 @@ class Ahead:
         self.planning = False  # the plan being made is made ahead (the batch in progress runs)
         self.deferred: list = []  # sequences that arrived after the last batch started
         self.held: dict = {}      # finished sequences -> None, freed after the next plan
+        # held sequences whose last token a client's abort dropped (Instance._in_step_aborts):
+        # released as aborted, not finished
+        self.doomed: set = set()
+        # running sequences whose token of the last batch that abort dropped (the plan made ahead
+        # sees a placeholder for it): a retraction has no token of theirs to discard
+        self.ghosts: set = set()
+        # between a batch's end and the plan made ahead then, the requests (and the running ones
+        # among them) whose abort has come: routers see them gone (see :meth:`note_leaving`)
+        self.leaving = self.leaving_running = 0
         self.fresh: set = set()   # sequences the last batch gave a token (vLLM: a placeholder)
         # the last plan left no arrival for the next one, and no finished request held a slot a
         # waiting one could take: the plans after it stay alike until an event (bulk runs may start)
@@ -214,10 +229,34 @@ class Ahead:
         seen, self.deferred = deferred[:n], deferred[n:]
         return seen
 
+    def note_leaving(self, due) -> None:
+        """Before routing at the end of a batch, when the next plan is made ahead and applies
+        the aborts only after it: ``due``, the abort entries ``(at, _, seq)`` that have come by
+        then, whose requests routers see gone as the rows say (they leave at that instant)."""
+        total = running = 0
+        for _, _, seq in due:
+            status = seq.status
+            if status != "finished" and status != "aborted":
+                total += 1
+                if status == "decoding" or status == "prefilling":
+                    running += 1
+        self.leaving, self.leaving_running = total, running
+
     def take_held(self) -> list:
-        out = list(self.held)
+        """The held sequences, in finishing order, each with whether it ends aborted (doomed)."""
+        doomed = self.doomed
+        out = [(seq, seq in doomed) for seq in self.held]
         self.held.clear()
+        doomed.clear()
         return out
+
+    def doom(self, seq) -> None:
+        """``seq``, whose client's abort came while the batch that would have given it its last
+        token ran, holds its slot through the plan made ahead like a finished one (vLLM skips a
+        request whose token in flight is its last, or decodes one at an EOS once more), and is
+        then released as aborted."""
+        self.held[seq] = None
+        self.doomed.add(seq)
 
 
 class Marks:

@@ -281,17 +281,28 @@ class Instance:
         """Before requests arriving at ``t`` are routed: between iterations at ``t``, abort what
         is due by then, so that routers see the aborted requests gone at their abort (as they see
         an iteration's finished requests gone at its end)."""
+        if self._aborts_at_plan_time() and self.ahead.made_ahead(t):
+            # the plan made ahead at t applies them, after it: routers see them gone meanwhile
+            aborts, due = self.aborts, []
+            while aborts and aborts[0][0] <= t:
+                due.append(heapq.heappop(aborts))
+            for entry in due:
+                heapq.heappush(aborts, entry)
+            self.ahead.note_leaving(due)
+            return
         if self.aborts and self.pending is None and self.next_abort() <= t:
             if self.asleep and self.sleep_wake <= t:  # event by event: its sleep ends now (see step)
                 self.wake(t)
             if self.now == t:
                 self._abort_due()
 
-    def _abort_due(self) -> None:
+    def _abort_due(self, plan: FastPlan | None = None) -> None:
         """Abort, at this plan, every request whose client's disconnect has arrived by now
         (vLLM: the engine core reads the aborts from its input queue between steps, frees the
         requests' KV blocks and slots). A request in a pipeline's batch in flight is freed too;
-        the batch drops its output when it lands (:mod:`schedlab.engine.pipeline`)."""
+        the batch drops its output when it lands (:mod:`schedlab.engine.pipeline`). ``plan``:
+        made ahead just before, for the batch starting now; a decode it gave an aborted request
+        is computed for nothing (``overshoots``; its prefill chunk too, :meth:`_apply`)."""
         aborts, now = self.aborts, self.now
         while aborts and aborts[0][0] <= now:
             seq = heapq.heappop(aborts)[2]
@@ -306,9 +317,16 @@ class Instance:
                 self.swapped.remove(seq)
                 free_swapped(self.kv, seq)
             elif status == DECODING or status == PREFILLING:
+                pending = 0  # the slots the plan made ahead took for it
+                if plan is not None and plan.is_scheduled(seq):
+                    if status == DECODING:
+                        plan.overshoots = (*plan.overshoots, seq)
+                        pending = 1
+                    else:
+                        pending = next(n for s, n in plan.prefills if s is seq)
                 if status == DECODING:
                     self._remove_decoder(seq, ABORTED)
-                self._drop_aborted(seq, now)
+                self._drop_aborted(seq, now, pending, status == DECODING)
                 continue
             elif status == IN_FLIGHT:  # in a pipeline's batch in flight: its output will be dropped
                 del self.running[seq]
@@ -324,13 +342,24 @@ class Instance:
                 continue
             self._record_aborted(seq, now)
 
-    def _drop_aborted(self, seq: Sequence, t: float) -> None:
-        """``seq``, running (a decoder already out of the decode set), aborted at ``t``: its slot
-        and blocks freed, its row written."""
+    def _drop_aborted(self, seq: Sequence, t: float, pending: int = 0, decoding: bool = False) -> None:
+        """``seq``, running (a decoder already out of the decode set; ``decoding``: it was one),
+        aborted at ``t``: its slot and blocks freed -- with the ``pending`` slots a plan made
+        ahead took for it --, its row written."""
         if seq in self.prefilling:
             del self.prefilling[seq]
         del self.running[seq]
-        self.kv.free(seq)
+        if self.ahead is None:
+            self.kv.free(seq)
+        else:  # as at a preemption: vLLM has cached only the tokens it knew (engine.ahead)
+            computed = seq._computed
+            held = computed + pending
+            seq._computed = cached_tokens_at_preemption(computed, pending, decoding and pending > 0,
+                                                        self.marks.is_fresh(seq, decoding), seq.cache_lag)
+            if held > seq.reserved_tokens:
+                seq.reserved_tokens = held
+            self.kv.free(seq)
+            seq._computed = computed  # (a plan made ahead may still compute it, for nothing)
         self._record_aborted(seq, t)
 
     def _record_aborted(self, seq: Sequence, t: float) -> None:
@@ -350,7 +379,7 @@ class Instance:
         if self.holds is not None:
             n += len(self.holds)
         if self.ahead is not None:  # arrivals not planned yet in; finished requests holding slots out
-            n += len(self.ahead.deferred) - len(self.ahead.held)
+            n += len(self.ahead.deferred) - len(self.ahead.held) - self.ahead.leaving
         return n if self.stage is None else n + self.stage.outstanding
 
     def has_work(self) -> bool:
@@ -561,6 +590,9 @@ class Instance:
         for seq in ahead.arrived_by(t):
             self._queue(seq)
         self.now = t
+        at_plan_time = self._aborts_at_plan_time()
+        if at_plan_time and self.aborts and self.next_abort() <= t:
+            self._abort_due()  # the aborts that reached vLLM's engine core before it made this plan
         ahead.planning = t < end
         try:
             plan = self._plan()
@@ -568,16 +600,32 @@ class Instance:
             self.now = end
             ahead.planning = False
         self.marks.planned(plan)  # whose slot this plan took for a token still being computed
-        # the next plan sees the arrivals left over, and a finished request's slot and blocks
-        # freed for a waiting one: it may differ, so no bulk run from here
+        # those that came while the last batch ran: after the plan, which holds them
+        late = at_plan_time and self.aborts and self.next_abort() <= end
+        # the next plan sees the arrivals left over, and a finished or aborted request's slot and
+        # blocks freed for a waiting one: it may differ, so no bulk run from here
         # (nor while the cache has blocks to release at the scheduler's next pass)
-        ahead.settled = (not ahead.deferred and not (ahead.held and self.waiting)
+        ahead.settled = (not ahead.deferred and not (ahead.held and self.waiting) and not late
                          and not getattr(self.kv, "releasing_blocks", 0))
-        for seq in ahead.take_held():
+        for seq, doomed in ahead.take_held():
             del self.running[seq]
             self.kv.free(seq)
-            self.rec.request_done(seq, self.index, ahead.end)
+            if doomed:
+                self._record_aborted(seq, ahead.end)
+            else:
+                self.rec.request_done(seq, self.index, ahead.end)
+        if late:
+            self._abort_due(plan)
+        ahead.ghosts.clear()
+        ahead.leaving = ahead.leaving_running = 0
         return plan
+
+    def _aborts_at_plan_time(self) -> bool:
+        """Whether aborts reach the scheduler when vLLM's engine core would make the plan --
+        planning ahead, at the batch in progress's start, so that the plan still holds a request
+        whose abort comes while that batch runs (:mod:`schedlab.engine.ahead`) -- rather than
+        all of them before the plan (elsewhere the same)."""
+        return self.ahead is not None and self._drops_output()
 
     def discard_token(self, seq: Sequence) -> None:
         """Drop the last token of ``seq`` (just preempted), which the client never got: it will
@@ -592,14 +640,19 @@ class Instance:
         """Preempt ``seq``, finished by the last iteration, in the plan made ahead: vLLM's running
         list still holds it (:mod:`schedlab.engine.ahead`); its blocks go now, its last token has
         come all the same."""
-        del self.ahead.held[seq]
+        ahead = self.ahead
+        del ahead.held[seq]
         del self.running[seq]
         self.kv.free(seq)
         seq.num_preemptions += 1
         c = self.counters
         c["num_preemptions"] += 1
         c["recompute_preemptions"] += 1
-        self.rec.request_done(seq, self.index, self.ahead.end)
+        if seq in ahead.doomed:  # (its last token dropped: its client's abort comes after this plan)
+            ahead.doomed.discard(seq)
+            self._record_aborted(seq, ahead.end)
+        else:
+            self.rec.request_done(seq, self.index, ahead.end)
 
     def _asks_beside(self, held) -> bool:
         """Whether the scheduler decides a plan made beside the finished requests ``held``
@@ -659,7 +712,7 @@ class Instance:
         if self.asleep:
             self.wake(self.sleep_wake if stage is None else self.next_plan_time())
         abort_at = self.next_abort() if self.aborts else INF
-        if abort_at <= self.now:
+        if abort_at <= self.now and not self._aborts_at_plan_time():  # (else the plan does: _plan_ahead)
             self._abort_due()
             abort_at = self.next_abort()
         empty_plans = 0
@@ -668,6 +721,8 @@ class Instance:
             if stage is not None:  # disaggregated: the flow's part at this boundary (engine.disagg)
                 stage.before_plan(self)
             plan = self._plan() if self.ahead is None else self._plan_ahead()
+            if abort_at <= self.now:  # (planning ahead: the plan applied those due)
+                abort_at = limit = self.next_abort()
             if stage is not None:
                 stage.after_plan(self, plan)
                 nxt = stage.next_time()  # a run stops where a transfer lands or blocks come back
@@ -847,7 +902,7 @@ class Instance:
 
     def _drops_output(self) -> bool:
         """Whether an abort during an iteration drops the iteration's output for the request."""
-        return self.aborts_drop_output and self.ahead is None and self.stage is None and self.in_flight is None
+        return self.aborts_drop_output and self.stage is None and self.in_flight is None
 
     def _ending_before(self, abort_at: float, k: int, d0: float, inc: float) -> int:
         """At most ``k`` iterations from now, none of them but a lone first one still running at
@@ -860,22 +915,44 @@ class Instance:
             j -= 1
         return max(1, min(j, k))
 
-    def _in_step_aborts(self, serial: int, start: float, end: float) -> list:
+    def _in_step_aborts(self, plan: FastPlan, start: float, end: float) -> list:
         """The requests this iteration computes whose client's abort reaches the engine while it
         runs, strictly between ``start`` and ``end``: vLLM aborts them after the step, before its
         output (``EngineCore.step``'s ``_process_aborts_queue``). One at ``end`` itself comes, as
-        an arrival then would, after the output; it and the others stay for :meth:`_abort_due`."""
+        an arrival then would, after the output; it and the others stay for :meth:`_abort_due`.
+        Planning ahead, only those it would give a token (the plan made ahead holds the rest as
+        they are), and their aborts stay for that plan (:meth:`_plan_ahead`)."""
         aborts, hit, rest = self.aborts, [], []
+        serial, ahead = plan.serial, self.ahead
+        completing = {seq for seq, n in plan.prefills if seq._computed + n == seq.prompt + seq._generated} \
+            if ahead is not None else None
         while aborts and aborts[0][0] < end:
             entry = heapq.heappop(aborts)
             seq = entry[2]
-            if entry[0] > start and (seq.status == DECODING or (seq.status == PREFILLING and seq.plan_mark == serial)):
+            is_hit = entry[0] > start and (seq.status == DECODING or (
+                seq.status == PREFILLING and seq.plan_mark == serial and (completing is None or seq in completing)))
+            if is_hit:
                 hit.append(seq)
-            else:
+            if ahead is not None or not is_hit:
                 rest.append(entry)
         for entry in rest:
             heapq.heappush(aborts, entry)
         return hit
+
+    def _ghost_ahead(self, seq: Sequence) -> None:
+        """Planning ahead: ``seq``, whose token this iteration dropped (its abort came while it
+        ran), stays for the plan made ahead as vLLM's does (computed, a placeholder for the
+        token): decoding, or held like a finished request if that token was its last. Its abort
+        comes after that plan (:meth:`_plan_ahead`)."""
+        if seq in self.prefilling:
+            del self.prefilling[seq]
+        if seq._generated + 1 >= seq.target:
+            seq.status = FINISHED
+            self.ahead.doom(seq)
+        else:
+            self._add_decoder(seq)
+            self.off_cycle[seq] = seq.last_token_ms  # (no token this iteration: out of its ITL group)
+            self.ahead.ghosts.add(seq)
 
     def _apply(self, run: "PreparedRun", k: int) -> None:
         """Run the first ``k`` iterations of a prepared run (``k`` <= its length; fewer when an
@@ -901,7 +978,10 @@ class Instance:
             if plan.overshoots:  # (no drafts when planning ahead: a token's share each)
                 meter.discarded_j += per_token * len(plan.overshoots)
             for seq, n in prefills:
-                seq.energy_j += per_token * n
+                if seq.status == ABORTED:  # (aborted after a plan made ahead: its row is written)
+                    meter.discarded_j += per_token * n
+                else:
+                    seq.energy_j += per_token * n
             for seq, n in dropped:  # a pipeline's chunks of prompts preempted since their launch
                 seq.energy_j += per_token * n
         n_running = len(self.running)
@@ -958,7 +1038,7 @@ class Instance:
         accepted = 0
         spec_done = ()
         # aborted while this iteration runs: computed for nothing (its output dropped)
-        ghosts = self._in_step_aborts(plan.serial, start, end) if k == 1 and self.aborts and self._drops_output() else ()
+        ghosts = self._in_step_aborts(plan, start, end) if k == 1 and self.aborts and self._drops_output() else ()
         ghost_decoders = 0
         for seq in ghosts:  # (their KV is written all the same: the cache frees what they hold)
             if seq.status == DECODING:
@@ -1030,7 +1110,10 @@ class Instance:
             if seq.status == DECODING and seq.finish_step == step:
                 self._finish(seq, end)
         for seq in ghosts:  # gone at the iteration's end, as if aborted at the next plan
-            self._drop_aborted(seq, end)
+            if self.ahead is None:
+                self._drop_aborted(seq, end)
+            else:
+                self._ghost_ahead(seq)
         if self.ahead is not None:  # the sequences decoding now got a token from it (engine.ahead)
             self.marks.batch_ended(n_dec > 0)
         for seq in parked:

@@ -58,9 +58,10 @@ class Release:
 def serving(instance) -> int:
     """The running requests routers count on either engine's instance: not those finished whose
     slots are held for the plan made ahead (:mod:`schedlab.engine.ahead`; released at the same
-    instant, once that plan is made) -- a router sees a request gone at its last token."""
+    instant, once that plan is made) -- a router sees a request gone at its last token --, nor
+    those whose abort has come, which that plan applies after it (``Ahead.note_leaving``)."""
     ahead = getattr(instance, "ahead", None)  # (a pipelined instance plans no batch ahead)
-    return len(instance.running) - (len(ahead.held) if ahead is not None else 0)
+    return len(instance.running) - (len(ahead.held) + ahead.leaving_running if ahead is not None else 0)
 
 
 def load(instance) -> tuple[int, int, int]:

@@ -307,11 +307,12 @@ class FastPlan:
                 self.prefills = [(s, n) for s, n in self.prefills if s is not seq]
 
     def preempt(self, seq, *, discard_in_flight: bool = False) -> None:
-        if discard_in_flight and self.token_in_flight(seq) and seq not in self._inst.ahead.held:
+        ahead = self._inst.ahead
+        if (discard_in_flight and self.token_in_flight(seq) and seq not in ahead.held
+                and seq not in ahead.ghosts):
             self.preempt(seq)
             self._inst.discard_token(seq)
             return
-        ahead = self._inst.ahead
         if ahead is not None and seq in ahead.held:  # finished, its slot held (engine.ahead)
             if seq in self.overshoots:  # its decode once more goes with it
                 self.overshoots = tuple(s for s in self.overshoots if s is not seq)

@@ -271,7 +271,7 @@ class RefPlan:
 
     def preempt(self, seq, *, discard_in_flight: bool = False) -> None:
         e = self._e
-        if discard_in_flight and self.token_in_flight(seq) and seq not in e.ahead.held:
+        if discard_in_flight and self.token_in_flight(seq) and seq not in e.ahead.held and seq not in e.ahead.ghosts:
             self.preempt(seq)
             seq.num_generated -= 1  # (its gap stays a sample: Plan.preempt)
             if not seq.num_generated:
@@ -292,7 +292,11 @@ class RefPlan:
             seq.num_preemptions += 1
             e.counters["num_preemptions"] += 1
             e.counters["recompute_preemptions"] += 1
-            e.record_finished(seq, e.ahead.end)
+            if seq in e.ahead.doomed:  # (its last token dropped: its client's abort comes after this plan)
+                e.ahead.doomed.discard(seq)
+                e._record_aborted(seq, e.ahead.end)
+            else:
+                e.record_finished(seq, e.ahead.end)
             self.preempted.append(seq)
             return
         if seq.status not in ("prefilling", "decoding"):
@@ -476,7 +480,7 @@ class ReferenceEngine:
         if self.holds is not None:
             n += len(self.holds)
         if self.ahead is not None:  # arrivals not planned yet in; finished requests holding slots out
-            n += len(self.ahead.deferred) - len(self.ahead.held)
+            n += len(self.ahead.deferred) - len(self.ahead.held) - self.ahead.leaving
         return n + (self.role.outstanding if self.role is not None else 0)
 
     def next_plan_time(self) -> float:
@@ -541,8 +545,10 @@ class ReferenceEngine:
     def step(self) -> None:
         """Abort what is due, then plan at ``now``; run the iteration, or sleep if the plan is empty.
         (vLLM's engine core reads aborts before it schedules: a request that lands or whose
-        blocks come back meets a batch its aborted neighbours have left.)"""
-        self.abort_due()
+        blocks come back meets a batch its aborted neighbours have left. Planning ahead, the plan
+        does it: :meth:`_plan`.)"""
+        if not self._aborts_at_plan_time():
+            self.abort_due()
         if self.role is not None:
             self.role.before_plan(self)
         plan = self._plan()
@@ -584,6 +590,9 @@ class ReferenceEngine:
             self.waiting.push(ahead.deferred.pop(0))
             self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
         self.now = t
+        at_plan_time = self._aborts_at_plan_time()
+        if at_plan_time:  # the aborts that reached vLLM's engine core before it made this plan
+            self.abort_due()
         ahead.planning = t < end
         plan = RefPlan(self, self.serial)
         self.scheduler.schedule(plan)
@@ -593,24 +602,44 @@ class ReferenceEngine:
             s.cache_lag = 1 if s in ahead.fresh else 0
         for s, _ in plan.prefills:
             s.cache_lag = 0
-        for s in list(ahead.held):
+        for s, doomed in ahead.take_held():
             del self.running[s]
             self.kv.free(s)
-            self.record_finished(s, ahead.end)
-        ahead.held.clear()
+            if doomed:
+                self._record_aborted(s, ahead.end)
+            else:
+                self.record_finished(s, ahead.end)
+        if at_plan_time:  # those that came while the last batch ran: after the plan, which holds them
+            self.abort_due(plan)
+        ahead.ghosts.clear()
+        ahead.leaving = ahead.leaving_running = 0
         return plan
+
+    def _aborts_at_plan_time(self) -> bool:
+        """Whether aborts reach the scheduler when vLLM's engine core would make the plan --
+        planning ahead, at the batch in progress's start, so that the plan still holds a request
+        whose abort comes while that batch runs (:mod:`schedlab.engine.ahead`) -- rather than
+        all of them before the plan (elsewhere the same)."""
+        return (self.ahead is not None and self.aborts_drop_output and self.role is None
+                and self.in_flight is None)
 
     def settle(self, t: float) -> None:
         """Before requests arriving at ``t`` are routed: an instance between iterations aborts
         what is due by ``t`` (routers see aborted requests gone at their abort)."""
+        if self._aborts_at_plan_time() and self.ahead.made_ahead(t):
+            # the plan made ahead at t applies them, after it: routers see them gone meanwhile
+            self.ahead.note_leaving([a for a in self.aborts if a[0] <= t])
+            return
         if self.now <= t and any(at <= t and seq.status not in ("finished", "aborted") for at, _, seq in self.aborts):
             self.wake(t)
             self.abort_due()
 
-    def abort_due(self) -> None:
+    def abort_due(self, plan: RefPlan | None = None) -> None:
         """Drop every request whose client's disconnect has reached the engine by now, in the
         order the disconnects arrived (ties: arrival order): its KV blocks and slot are freed,
-        also while it is in a pipeline's batch in flight (:mod:`schedlab.engine.stages`)."""
+        also while it is in a pipeline's batch in flight (:mod:`schedlab.engine.stages`).
+        ``plan``: made ahead just before, for the batch starting now; a decode it gave an
+        aborted request is computed for nothing (``overshoots``; its prefill chunk too)."""
         due = sorted((a for a in self.aborts if a[0] <= self.now), key=lambda a: (a[0], a[1]))
         for entry in due:
             self.aborts.remove(entry)
@@ -628,7 +657,14 @@ class ReferenceEngine:
                 self.swapped.remove(seq)
                 self.kv.free_swapped(seq)
             elif seq.status in ("prefilling", "decoding"):
-                self._drop_aborted(seq, self.now)
+                pending = 0  # the slots the plan made ahead took for it
+                if plan is not None and plan.is_scheduled(seq):
+                    if seq.status == "decoding":
+                        plan.overshoots.append(seq)
+                        pending = 1
+                    else:
+                        pending = next(n for s, n in plan.prefills if s is seq)
+                self._drop_aborted(seq, self.now, pending)
                 continue
             elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
                 del self.running[seq]
@@ -642,24 +678,39 @@ class ReferenceEngine:
                 continue
             self._record_aborted(seq, self.now)
 
-    def _in_step_aborts(self, decoders: list, plan: RefPlan, end: float) -> set:
+    def _in_step_aborts(self, decoders: list, plan: RefPlan, end: float) -> list:
         """The requests this iteration computes whose client's abort reaches the engine while it
         runs, strictly between ``now`` and ``end``: vLLM aborts them after the step, before its
-        output (the fast engine's ``_in_step_aborts``); not modelled planning ahead, pipelined,
-        disaggregated or on data-parallel ranks."""
-        if not (self.aborts and self.aborts_drop_output and self.ahead is None and self.role is None
-                and self.in_flight is None):
-            return set()
-        computed = set(decoders) | {s for s, _ in plan.prefills}
-        hit = [a for a in self.aborts if self.now < a[0] < end and a[2] in computed]
-        for entry in hit:
-            self.aborts.remove(entry)
-        return {a[2] for a in hit}
+        output (the fast engine's ``_in_step_aborts``); not modelled pipelined, disaggregated or
+        on data-parallel ranks. Planning ahead, only those it would give a token (the plan made
+        ahead holds the rest as they are); their aborts stay for the plan (:meth:`_plan`)."""
+        if not (self.aborts and self.aborts_drop_output and self.role is None and self.in_flight is None):
+            return []
+        if self.ahead is None:
+            computed = set(decoders) | {s for s, _ in plan.prefills}
+        else:
+            computed = set(decoders) | {s for s, n in plan.prefills if s.num_computed_tokens + n == s.num_tokens}
+        hit = sorted((a for a in self.aborts if self.now < a[0] < end and a[2] in computed),
+                     key=lambda a: (a[0], a[1]))
+        if self.ahead is None:
+            for entry in hit:
+                self.aborts.remove(entry)
+        return [a[2] for a in hit]
 
-    def _drop_aborted(self, seq, t: float) -> None:
-        """``seq``, running, aborted at ``t``: its slot and blocks freed, its row written."""
+    def _drop_aborted(self, seq, t: float, pending: int = 0) -> None:
+        """``seq``, running, aborted at ``t``: its slot and blocks freed -- with the ``pending``
+        slots a plan made ahead took for it --, its row written."""
         del self.running[seq]
-        self.kv.free(seq)
+        if self.ahead is None:
+            self.kv.free(seq)
+        else:  # as at a preemption (RefPlan._requeue): vLLM has cached only the tokens it knew
+            computed = seq.num_computed_tokens
+            decoding = seq.status == "decoding"
+            lag = (1 if seq in self.ahead.fresh else 0) if decoding and pending else seq.cache_lag
+            seq.num_computed_tokens = computed + pending - lag
+            seq.reserved_tokens = max(seq.reserved_tokens, computed + pending)
+            self.kv.free(seq)
+            seq.num_computed_tokens = computed  # (a plan made ahead may still compute it, for nothing)
         self._record_aborted(seq, t)
 
     def _record_aborted(self, seq, t: float) -> None:
@@ -745,7 +796,10 @@ class ReferenceEngine:
             if plan.overshoots:  # (their rows are written already: no request shares them)
                 self.meter.discarded_j += per_token * len(plan.overshoots)
             for s, n in plan.prefills + plan.dropped:  # dropped: a pipeline's chunks of prompts preempted since
-                s.energy_j += per_token * n
+                if s.status == "aborted":  # (aborted after a plan made ahead: its row is written)
+                    self.meter.discarded_j += per_token * n
+                else:
+                    s.energy_j += per_token * n
         self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, row_j)
 
         progress = False
@@ -782,9 +836,11 @@ class ReferenceEngine:
             self.decode_steps += 1
         counters["discarded_tokens"] += len(plan.overshoots)
         for s, n in plan.prefills:
-            if s in ghosts:
+            if s in ghosts or s.status == "aborted":  # (aborted after a plan made ahead: computed for nothing)
                 s.num_computed_tokens += n
                 counters["prefill_tokens"] += n
+                if s in ghosts and self.ahead is not None and s.num_computed_tokens == s.num_tokens:
+                    s.status = "decoding"  # (planned ahead, its first decode: see below)
                 continue
             before = s.num_computed_tokens
             redo = max(0, min(before + n, s.max_computed) - before)
@@ -818,7 +874,13 @@ class ReferenceEngine:
             self.kv.free(s)
             self.finish_done(s, end)
         for s in ghosts:
-            self._drop_aborted(s, end)
+            if self.ahead is None:
+                self._drop_aborted(s, end)
+            elif s.num_generated + 1 >= s.request.target_tokens:
+                s.status = "finished"  # the token dropped was its last: held like a finished one
+                self.ahead.doom(s)
+            else:  # decoding, its token dropped; the plan made ahead schedules it all the same
+                self.ahead.ghosts.add(s)
         self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
