@@ -455,8 +455,10 @@ class DataParallelCluster(Deployment):
             if inst.ahead is not None and not inst.ahead.settled:
                 return 1, 0.0  # its next plan may differ (engine.ahead)
             if not working[r]:
-                if inst.has_work() and not inst.bulk_ok:
-                    return 1, 0.0  # an idle rank whose scheduler may change its mind any step
+                if inst.has_work() and (not inst.bulk_ok or (inst.ahead is not None and inst.ahead.made_ahead(inst.now))):
+                    # an idle rank whose scheduler may change its mind any step, or one whose plan
+                    # made ahead came out empty: it plans the step after this one at its own time
+                    return 1, 0.0
                 lines.append((parts[r], 0.0, INF))
                 continue
             increment = self._increments[r]  # (None: speculation's cost model, whose steps are all unlike)
