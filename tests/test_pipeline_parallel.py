@@ -371,6 +371,26 @@ def test_a_decode_aborted_in_flight_drops_its_token_and_the_block_it_took(engine
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_an_abort_that_comes_while_its_batch_is_awaited_drops_that_batchs_token(engine):
+    # As above, but r0's client gives up at 15, while the engine waits for batch C (r0's decode,
+    # landing at 17.5625; D, r1's decode with its 2nd block, launched at 13.25). vLLM reads the
+    # abort once C is back, before its output (step_with_batch_queue): r0 leaves at 17.5625 with
+    # its one token, C's token for it dropped (C lands with nothing: idle since 13.25). Its 2
+    # blocks were held until then: 2 blocks to 9.25, 3 to 13.25, 4 to 17.5625, then r1's 2.
+    requests = [Request(0, 0.0, 16, 10, timeout_ms=15.0), Request(1, 0.0, 16, 10)]
+    r = run_pipelined(requests, tight(4), 2, engine=engine)
+    assert by_id(r, "aborted") == {0: 1, 1: 0}
+    assert by_id(r, "finish_ms") == {0: 17.5625, 1: 88.0625}
+    assert by_id(r, "generated_tokens") == {0: 1, 1: 10}
+    c = r.counters
+    assert c["kv_block_ms"] == 2 * 9.25 + 3 * 4.0 + 4 * (17.5625 - 13.25) + 2 * (88.0625 - 17.5625)
+    assert c["kv_peak_blocks"] == 4 and timeline(r, "kv_used")[:4] == [2, 3, 4, 2]
+    assert c["busy_ms"] == 88.0625 - (17.5625 - 13.25)
+    assert c["generated_tokens"] == 11 and c["decode_tokens"] == 9
+    check_run(r, requests, kv_blocks=4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_pipeline_with_nothing_in_flight_hears_an_abort_when_it_comes(engine):
     # A batching window (2 requests, or the oldest waiting 100 ms) holds r0 back; its client
     # gives up at 10, which wakes the idle instance: r0 is dropped then, not at the window's end.

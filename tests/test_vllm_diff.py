@@ -81,7 +81,7 @@ def test_each_group_turns_on_its_feature_only():
     assert {c.settings.pipeline_parallel for c in pipeline} == {2, 3}
     assert {c.settings.policy for c in pipeline} == {"fcfs", "priority"}
     assert any(ample(c) for c in pipeline) and any(not ample(c) for c in pipeline)
-    assert all(c.settings.pipeline_parallel == 1 for g in GROUPS if g != "pipeline" for c in cases(g))
+    assert all(c.settings.pipeline_parallel == 1 for g in GROUPS if not g.startswith("pipeline") for c in cases(g))
     eos = cases("eos")
     stops = [r.max_tokens is not None and r.output_tokens < r.max_tokens for c in eos for r in c.requests]
     assert 0.3 < sum(stops) / len(stops) < 0.6, "about half the requests stop at an EOS before max_tokens"
@@ -93,11 +93,16 @@ def test_each_group_turns_on_its_feature_only():
     assert all(most <= c.settings.num_blocks for most, c in zip(by_limit, eos))
     assert any(c.settings.num_blocks <= 2 * most for most, c in zip(by_limit, eos))
     assert all(r.max_tokens is None for g in GROUPS if g != "eos" for c in cases(g) for r in c.requests)
-    aborts = [r for c in cases("abort") for r in c.requests]
-    assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
-    assert all(r.abort_at % 1 == 0.5 and r.arrival < r.abort_at <= r.arrival + 40.5
-               for r in aborts if r.abort_at is not None)
-    assert all(r.abort_at is None for g in GROUPS if g != "abort" for c in cases(g) for r in c.requests)
+    for group in ("abort", "pipeline_abort"):
+        aborts = [r for c in cases(group) for r in c.requests]
+        assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
+        assert all(r.abort_at % 1 == 0.5 and r.arrival < r.abort_at <= r.arrival + 40.5
+                   for r in aborts if r.abort_at is not None)
+    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") for c in cases(g) for r in c.requests)
+    pipeline_abort = cases("pipeline_abort")
+    assert {c.settings.pipeline_parallel for c in pipeline_abort} == {2, 3}
+    assert {c.settings.policy for c in pipeline_abort} == {"fcfs", "priority"}
+    assert any(ample(c) for c in pipeline_abort) and any(not ample(c) for c in pipeline_abort)
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -518,7 +523,7 @@ def test_vllm_runs_the_async_cases_as_computed_by_hand(differ):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("group", [g for g in GROUPS if g != "pipeline"])
+@pytest.mark.parametrize("group", [g for g in GROUPS if not g.startswith("pipeline")])
 def test_schedlab_agrees_with_vllm_with_async_scheduling(group):
     pytest.importorskip("vllm")
     from schedlab.vllm_diff.vllm_side import VllmRunner

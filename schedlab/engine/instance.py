@@ -227,6 +227,9 @@ class Instance:
         #: output (vLLM's EngineCore.step): the iteration computes the request for nothing. Off
         #: where not modelled yet (planning ahead, pipelines, disaggregation, lockstep ranks)
         self.aborts_drop_output = True
+        #: blocks that aborts heard at a pipeline's landing, before its output, freed: held until
+        #: then, they count in the landing's KV usage (:mod:`schedlab.engine.pipeline`)
+        self.held_to_landing = 0
         # A pipelined instance (schedlab.engine.pipeline): its decodes in a batch in flight ->
         # the tokens that batch computes for them (their KV slots are taken, not yet counted).
         self.in_flight: dict | None = None
@@ -296,15 +299,16 @@ class Instance:
             if self.now == t:
                 self._abort_due()
 
-    def _abort_due(self, plan: FastPlan | None = None) -> None:
+    def _abort_due(self, plan: FastPlan | None = None, *, strictly: bool = False) -> None:
         """Abort, at this plan, every request whose client's disconnect has arrived by now
         (vLLM: the engine core reads the aborts from its input queue between steps, frees the
         requests' KV blocks and slots). A request in a pipeline's batch in flight is freed too;
         the batch drops its output when it lands (:mod:`schedlab.engine.pipeline`). ``plan``:
         made ahead just before, for the batch starting now; a decode it gave an aborted request
-        is computed for nothing (``overshoots``; its prefill chunk too, :meth:`_apply`)."""
+        is computed for nothing (``overshoots``; its prefill chunk too, :meth:`_apply`).
+        ``strictly``: only those that came before now (a pipeline's landing now comes first)."""
         aborts, now = self.aborts, self.now
-        while aborts and aborts[0][0] <= now:
+        while aborts and (aborts[0][0] < now if strictly else aborts[0][0] <= now):
             seq = heapq.heappop(aborts)[2]
             status = seq.status
             if status == WAITING:
@@ -803,7 +807,7 @@ class Instance:
     def _hold_blocks(self, until: float) -> None:
         """Count blocks held while no iteration runs (a prefill instance keeping finished
         prompts' KV for the decode pool) in the KV-usage integrals."""
-        used = self.kv.num_used_blocks()
+        used = self.kv.num_used_blocks() + self.held_to_landing
         if used:
             ms = until - self.now
             self.counters["kv_block_ms"] += used * ms
@@ -966,7 +970,7 @@ class Instance:
         total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
         check_iteration_end(start, total, batch)
         end = start + total
-        used0 = kv.num_used_blocks()
+        used0 = kv.num_used_blocks() + self.held_to_landing
         meter = self.meter
         energy = row_j = math.nan
         if meter is not None:

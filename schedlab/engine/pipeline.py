@@ -37,10 +37,11 @@ batch's stage slices are metered at its launch (at the clock ``[clock]`` gives t
 and a landing that gives no token is followed by a row over the batch's time in flight
 (:func:`~schedlab.engine.stages.hole_row`).
 
-Clients that give up (:mod:`schedlab.frontend`) are heard of when the instance next launches
-(the rule, and vLLM's code it follows, in :mod:`schedlab.engine.stages`): ``Instance._abort_due``
-frees a request's blocks and slot at once, also while its batch is in the pipeline, and that
-batch's landing drops its part (:meth:`PipelinedInstance._drop_stale`).
+Clients that give up (:mod:`schedlab.frontend`) are heard of when the instance next launches,
+or when a batch lands, before its output, if they came while it was awaited (the rule, and
+vLLM's code it follows, in :mod:`schedlab.engine.stages`): ``Instance._abort_due`` frees a
+request's blocks and slot at once, also while its batch is in the pipeline, and that batch's
+landing drops its part (:meth:`PipelinedInstance._drop_stale`).
 
 Autoscaled (:func:`~schedlab.engine.scaling.pipeline_scaling`), a draining instance is off from
 :attr:`PipelinedInstance.idle_since` once nothing is in flight or queued: its clock may have moved
@@ -176,6 +177,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             if not self.to_plan:
                 if self.now > until:
                     return "until"
+                if inst.aborts and inst.next_abort() < self.now and self.flights[0].plan is not None:
+                    self._abort_before_landing()
                 self._land()
                 if stop_on_finish and inst.finished:
                     return "finished"
@@ -224,6 +227,17 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 return "blocked"
             inst._hold_blocks(target)
             inst.now = self.now = target
+
+    def _abort_before_landing(self) -> None:
+        """vLLM reads the aborts that came while it waited for the oldest batch before that
+        batch's output (``step_with_batch_queue``'s ``_process_aborts_queue``): the batch, and
+        any other in flight, drop their part for those requests (:mod:`schedlab.engine.stages`)."""
+        inst = self.inst
+        was, used = inst.now, inst.kv.num_used_blocks()
+        inst.now = self.now
+        inst._abort_due(strictly=True)
+        inst.now = was
+        inst.held_to_landing = used - inst.kv.num_used_blocks()  # (until the landing is done)
 
     def _plan(self) -> FastPlan:
         inst = self.inst
@@ -313,7 +327,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             inst._hold_blocks(flight.completion)
             if inst.meter is not None:
                 hole_row(inst.meter, inst.rec, inst.index, len(inst.running), len(inst.waiting),
-                         inst.kv.num_used_blocks())
+                         inst.kv.num_used_blocks() + inst.held_to_landing)
+        inst.held_to_landing = 0
         inst.now = self.now = self.last_landing = flight.completion
         if bumped:
             self._give(bumped, flight.completion)

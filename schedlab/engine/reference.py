@@ -455,6 +455,7 @@ class ReferenceEngine:
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
         self.in_flight: dict | None = None  # pipelined: a decode in a batch in flight -> its KV slots there
         self.aborts_drop_output = True  # an abort during an iteration drops its output (Instance's)
+        self.held_to_landing = 0  # blocks aborts heard at a pipeline's landing freed (Instance's)
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         self.ahead = Ahead() if plans_ahead(scheduler) else None  # asynchronous scheduling (engine.ahead)
@@ -498,7 +499,7 @@ class ReferenceEngine:
     def wake(self, t: float) -> None:
         """Something happened to this instance at ``t`` (>= the time of its last plan)."""
         if t > self.now:
-            used = self.kv.num_used_blocks()  # blocks held meanwhile count in KV usage
+            used = self.kv.num_used_blocks() + self.held_to_landing  # blocks held meanwhile count in KV usage
             self.counters["kv_block_ms"] += used * (t - self.now)
             self.kv_block_ms += used * (t - self.now)
             if used > self.rec.kv_high_water * self.kv.num_blocks:
@@ -634,13 +635,15 @@ class ReferenceEngine:
             self.wake(t)
             self.abort_due()
 
-    def abort_due(self, plan: RefPlan | None = None) -> None:
+    def abort_due(self, plan: RefPlan | None = None, *, strictly: bool = False) -> None:
         """Drop every request whose client's disconnect has reached the engine by now, in the
         order the disconnects arrived (ties: arrival order): its KV blocks and slot are freed,
         also while it is in a pipeline's batch in flight (:mod:`schedlab.engine.stages`).
         ``plan``: made ahead just before, for the batch starting now; a decode it gave an
-        aborted request is computed for nothing (``overshoots``; its prefill chunk too)."""
-        due = sorted((a for a in self.aborts if a[0] <= self.now), key=lambda a: (a[0], a[1]))
+        aborted request is computed for nothing (``overshoots``; its prefill chunk too).
+        ``strictly``: only those that came before now (a pipeline's landing now comes first)."""
+        due = sorted((a for a in self.aborts if a[0] < self.now or (a[0] == self.now and not strictly)),
+                     key=lambda a: (a[0], a[1]))
         for entry in due:
             self.aborts.remove(entry)
             seq = entry[2]
@@ -771,7 +774,7 @@ class ReferenceEngine:
         duration += plan.transfer_ms
         check_iteration_end(self.now, duration, batch)
         end = self.now + duration
-        used = self.kv.num_used_blocks()
+        used = self.kv.num_used_blocks() + self.held_to_landing
         counters["iterations"] += 1
         counters["busy_ms"] += duration
         counters["busy_until_ms"] = max(counters["busy_until_ms"], end)

@@ -10,8 +10,9 @@ time (as the fast engine and vLLM's batch queue do). Decodes in a batch in fligh
 whose last chunk is, are marked ``in_flight`` and the scheduler sees the running list without
 them; a prompt with tokens left after its chunks in flight stays in sight and may send its next
 chunk (:func:`~schedlab.engine.stages.launch_chunks`). A request whose client gave
-up is aborted before the instance launches (``ReferenceEngine.abort_due``), in a batch in flight
-too; that batch lands without it. With ``[power]`` the engine's meter is a
+up is aborted before the instance launches (``ReferenceEngine.abort_due``), or before a batch's
+output if the abort came while the batch was awaited, in a batch in flight too; that batch lands
+without it. With ``[power]`` the engine's meter is a
 :class:`~schedlab.energy.pipeline.PipelineMeter`, handed each batch's stage slices at its launch.
 An autoscaler (:func:`~schedlab.engine.scaling.pipeline_scaling`) acts after the landings at its
 time, as in the fast engine. With ``[speculative]`` a batch carries each decode's drafts, the
@@ -182,6 +183,14 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         """The oldest batch is back: its sequences return and its plan executes, over the time
         since the previous landing (or its launch, if later)."""
         e = self.e
+        completion = self.flights[0][4]
+        if self.flights[0][0] is not None and any(at < completion and seq.status not in ("finished", "aborted")
+                                                  for at, _, seq in e.aborts):
+            was, used = e.now, e.kv.num_used_blocks()  # vLLM reads the aborts that came meanwhile before
+            e.now = completion                         # the batch's output; their blocks were held until then
+            e.abort_due(strictly=True)
+            e.now = was
+            e.held_to_landing = used - e.kv.num_used_blocks()
         plan, flown, chunks, launched, completion, tokens, batch = self.flights.pop(0)
         if plan is None:  # an empty batch: nothing to execute, it frees its slot
             self.launch_due = True
@@ -229,7 +238,9 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         if e.now < completion:  # a batch of swaps only, or whose requests were all aborted: it waits
             e.wake(completion)
             if e.meter is not None:
-                hole_row(e.meter, e.rec, e.index, len(e.running), len(e.waiting), e.kv.num_used_blocks())
+                hole_row(e.meter, e.rec, e.index, len(e.running), len(e.waiting),
+                         e.kv.num_used_blocks() + e.held_to_landing)
+        e.held_to_landing = 0
         e.now = self.last_landing = completion
         if bumped:
             self._give(bumped, completion)

@@ -99,18 +99,18 @@ When that batch lands, ``update_from_output`` skips the request ("the request is
 finished. This can happen if the request is aborted while the model is executing it (e.g., in
 pipeline parallelism ...)"): its tokens from the batch are dropped. So here:
 
-* the instance hears of an abort at its next scheduling point -- before it launches a batch,
-  i.e. at a landing or, with nothing in flight, when the disconnect arrives -- and frees the
-  request's blocks (those its batch in flight took too) and slot then, wherever it is;
+* the instance hears of an abort before it launches a batch (with nothing in flight, when the
+  disconnect arrives) and when a batch lands -- before its output, if the disconnect came
+  while the engine awaited it, strictly before the landing (one at that instant comes after
+  the output, as an arrival then does) -- and frees the request's blocks (those its batches in
+  flight took too) and slot then, wherever it is;
 * a batch that lands after one of its requests was aborted executes without it: the request
   gets no token from it, and the batch's time is unchanged (the stages computed its share all
   the same). A batch that lost every request gives no token: its time counts as idle, as a
   batch of swaps only does (the busy share stays a share of the makespan, which ends with the
-  last request done);
-* as for a colocated instance, a landing's tokens count before the aborts heard at that time
-  (vLLM reads its abort queue just before ``update_from_output``, so there a disconnect that
-  arrives while the batch computes drops that batch's tokens too; the simulator, colocated or
-  pipelined, hears it at the next boundary).
+  last request done).
+
+Checked against vLLM 0.33's batch queue: ``tools/vllm_diff.py --groups pipeline_abort``.
 """
 
 from __future__ import annotations

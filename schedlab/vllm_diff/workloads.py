@@ -16,7 +16,9 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   scheduling decodes such a request once more (synchronously they end as at ``max_tokens``);
 * ``abort``     -- about 40% of the requests' clients give up half a ms into some iteration 0-40
   after their arrival, tight or ample KV, FCFS or priority, sometimes prefix caching: vLLM
-  aborts a request between steps, or after the step in progress before its output.
+  aborts a request between steps, or after the step in progress before its output;
+* ``pipeline_abort`` -- ``pipeline``'s settings with ``abort``'s clients: vLLM aborts a request
+  when it schedules, and when a batch is back before its output.
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
@@ -33,7 +35,7 @@ from schedlab.diffcheck.workloads import random_requests
 
 from .case import DiffSettings
 
-GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort")
+GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort", "pipeline_abort")
 
 
 def _ample(requests, block_size: int) -> int:
@@ -55,20 +57,23 @@ def generate(group: str, seed: int) -> Case:
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
     policy = "fcfs"
-    if group == "priority" or (group in ("all", "pipeline", "eos", "abort") and rng.random() < 0.5):
+    pipelined = group in ("pipeline", "pipeline_abort")
+    aborting = group in ("abort", "pipeline_abort")
+    if group == "priority" or ((group in ("all", "eos") or pipelined or aborting) and rng.random() < 0.5):
         policy = "priority"
     prefixes = group in ("prefix", "all") or (group in ("eos", "abort") and rng.random() < 0.5)
     requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size,
                                eos=group == "eos")
-    if group == "abort":
+    if aborting:
         requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
                     for r in requests]
-    tight = group in ("tight_kv", "all") or (group in ("priority", "pipeline", "eos", "abort") and rng.random() < 0.5)
+    tight = group in ("tight_kv", "all") or ((group in ("priority", "eos") or pipelined or aborting)
+                                             and rng.random() < 0.5)
     num_blocks = _tight(rng, requests, block_size) if tight else _ample(requests, block_size)
     threshold = rng.randint(1, budget) if group in ("threshold", "all") or (
         group == "eos" and rng.random() < 0.3) else 0
     settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                             prefix_caching=prefixes, policy=policy,
-                            pipeline_parallel=rng.choice([2, 3]) if group == "pipeline" else 1)
+                            pipeline_parallel=rng.choice([2, 3]) if pipelined else 1)
     return Case(settings, requests, group=group, seed=seed)
