@@ -445,8 +445,13 @@ class Scheduler(Protocol):
     ``overshoots`` (with ``plans_ahead``: the engines ask at every plan made beside a finished
     request still holding its slot, which the scheduler may decode once more,
     :meth:`Plan.overshoot`; with ``reads_held = False`` too, only beside one that stopped at an
-    EOS, ``Request.stops_at_eos``: the scheduler ignores the others, as vLLM's does). A request that joins a disaggregated decode instance enters its
-    running set decoding, without ``Plan.admit``.
+    EOS, ``Request.stops_at_eos``: the scheduler ignores the others, as vLLM's does), and
+    ``aborts_run_once_more`` (a running request whose client's abort the engine reads at a plan
+    keeps its slot and blocks until the next iteration that computes it, which gives it no
+    token, as SGLang's ``to_finish`` does; by default an abort drops it at once, and one that
+    comes while an iteration computes it drops that iteration's output, as vLLM's engine core
+    does). A request that joins a disaggregated decode instance enters its running set
+    decoding, without ``Plan.admit``.
     """
 
     def schedule(self, plan: Plan) -> None: ...

@@ -23,10 +23,11 @@ from schedlab.testing import (
     IterationChecker, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_cluster, run_engine,
 )
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
-from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import LeastOutstandingRouter, RoundRobinRouter
-from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangScheduler
 from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
+from test_sglang import sglang_configs
 
 ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -254,6 +255,34 @@ def test_both_engines_agree_with_a_client_side(requests, side, cost, max_seqs, c
     check_run(ref, requests, kv_blocks=need + spare)
     req = fast.requests
     assert all(not (a and r) for a, r in zip(req["aborted"].tolist(), req["rejected"].tolist()))
+
+
+@SETTINGS
+@given(requests=requests_lists(max_size=12, max_prompt=40, max_output=30, prefix_groups=2), side=client_sides(),
+       cfg=sglang_configs(), cost=dyadic_linear_costs(), spare=st.integers(0, 12), block_size=st.integers(1, 4),
+       radix=st.booleans())
+def test_both_engines_agree_on_sglang_whose_aborted_requests_run_once_more(requests, side, cfg, cost, spare,
+                                                                           block_size, radix):
+    """SGLang's rule for a client that gives up (a queued request leaves at the plan that reads
+    the abort, a running one after the next iteration that computes it, its token dropped),
+    with its overlap scheduler drawn and tight pools (retractions): per-request times, counters
+    and metrics agree, every request is accounted for once and the cache is empty at the end."""
+    requests = with_classes(requests)
+    # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
+    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
+                     -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare
+    kvs = {}
+
+    def run(engine):
+        kvs[engine] = (RadixKVCache if radix else PagedKVCache)(blocks, block_size)
+        return run_engine(requests, SglangScheduler(cfg), LinearCostModel(cost), kvs[engine], engine=engine,
+                          client_side=side)
+
+    fast, ref = run("fast"), run("reference")
+    compare_runs(fast, ref, rel=1e-12)
+    check_run(fast, requests, kv_blocks=blocks)
+    check_run(ref, requests, kv_blocks=blocks)
+    assert all(kv.num_used_blocks() == 0 for kv in kvs.values())
 
 
 @SETTINGS

@@ -71,6 +71,10 @@ def test_each_group_turns_on_its_feature():
     limits = [r for c in reserve for r in c.requests]
     assert any(r.max_tokens is None for r in limits) and any(r.max_tokens and r.max_tokens > r.output_tokens
                                                              for r in limits)
+    aborts = [r for c in cases("abort") for r in c.requests]
+    assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
+    assert all(r.abort_at is None for g in GROUPS if g != "abort" for c in cases(g) for r in c.requests)
+    assert not any(c.settings.overlap_schedule for c in cases("abort"))
     every = cases("all")
     assert {c.settings.schedule_policy for c in every} == {"fcfs", "lpm", "dfs-weight", "lof"}
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
@@ -87,6 +91,9 @@ def test_case_round_trips_through_json_and_names_unfair_requests():
     # 34 >= 40 - 6: SGLang refuses the prompt (as schedlab does, but only served requests are
     # compared); request 0's max_new_tokens is cut to 8 and request 2's to 5 on both sides: fair
     assert unfair.problems() == ["request 1: prompt of 34 reaches max_total_tokens - 6"]
+    overlapped = Case(SglangSettings(overlap_schedule=True),
+                      [DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=4, abort_at=1.5)])
+    assert overlapped.problems() == ["request 0: this harness runs no aborts with overlap scheduling"]
     with pytest.raises(ValueError, match="max_tokens 3 < output_tokens 4"):
         DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=4, max_tokens=3)
 
@@ -108,10 +115,10 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
 
 # -- the differences found, as minimal reproducers with SGLang's outcome worked out by hand ------
 def _case(settings: dict, *requests: tuple) -> Case:
-    """requests as (id, arrival, prompt, output, group, prefix_len, max_tokens)."""
+    """requests as (id, arrival, prompt, output, group, prefix_len, max_tokens[, abort_at])."""
     return Case(SglangSettings(**settings),
-                [DiffRequest(id=i, arrival=a, prompt_tokens=p, output_tokens=o, group=g, prefix_len=pl, max_tokens=m)
-                 for i, a, p, o, g, pl, m in requests])
+                [DiffRequest(id=r[0], arrival=r[1], prompt_tokens=r[2], output_tokens=r[3], group=r[4], prefix_len=r[5],
+                             max_tokens=r[6], abort_at=r[7] if len(r) > 7 else None) for r in requests])
 
 
 def _o(scheduled, first, finish, retractions, cached, *chunks):
@@ -257,6 +264,25 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=16, max_running_requests=1, max_prefill_tokens=1, overlap_schedule=True),
               (0, 0, 1, 1, None, 0, 2), (1, 0, 1, 1, None, 0, None), (2, 0, 1, 1, None, 0, None)),
         {0: _o(0, 1, 1, 0, 0, 1), 1: _o(1, 3, 3, 0, 0, 1), 2: _o(3, 4, 4, 0, 0, 1)}),
+    # 15. A running request whose client gives up runs once more (Scheduler.abort_request sets its
+    # ``to_finish``). One slot. 0's prompt runs at [0, 1]: its first token at 1, the result
+    # processed before the loop reads the abort (sent at 0.5). The decode at [1, 2] computes 0
+    # once more, its token dropped, and 0 leaves at 2 (aborted: no finish); 1 runs at [2, 3].
+    # (vLLM's engine core drops the prompt step's token instead: 0 gets none, 1 its at 2.)
+    "15-an-aborted-running-request-runs-once-more": (
+        _case(dict(max_total_tokens=16, max_running_requests=1, max_prefill_tokens=1),
+              (0, 0, 1, 2, None, 0, None, 0.5), (1, 0, 1, 1, None, 0, None)),
+        {0: _o(0, 1, None, 0, 0, 1), 1: _o(2, 3, 3, 0, 0, 1)}),
+    # 16. Aborting a queued request leaves the running batch as it was. A pool of 64: 0 (10 + 10)
+    # runs from 0, its last token at 10. 1 (40 + 20 tokens, arrived at 1) does not fit beside it:
+    # the failed admission marks the running batch full (``batch_is_full``), which only a change
+    # of the running batch clears. 1's client gives up at 2.5: SGLang pops it from the queue at 3,
+    # but 2 (arrived at 3) is admitted only when 0 finishes, at 10. (Counting the abort as a
+    # finish admitted 2 at 3.)
+    "16-an-abort-of-a-queued-request-does-not-clear-a-full-batch": (
+        _case(dict(max_total_tokens=64, max_running_requests=2),
+              (0, 0, 10, 10, None, 0, None), (1, 1, 40, 20, None, 0, None, 2.5), (2, 3, 1, 1, None, 0, None)),
+        {0: _o(0, 1, 10, 0, 0, 10), 1: _o(None, None, None, 0, 0), 2: _o(10, 11, 11, 0, 0, 1)}),
 }
 
 

@@ -49,6 +49,13 @@ a setting names them -- by default those without ``max_tokens``, which generate 
 output length as a benchmark client asking for it would (``"no_max_tokens"``); ``"all"``; or
 ``"none"``, every request at the ratio as SGLang did before 0.5.
 
+**Clients that give up** (``Scheduler.abort_request``, read with the arrivals before each plan):
+a queued request leaves at once, the chunked prefill in progress at that plan, and a running
+request keeps its slot and KV until the next iteration that computes it, whose token nobody
+sees (``to_finish``; the engines do this for ``aborts_run_once_more``). A queued request's
+abort is not a finish here: the running batch keeps its "full" mark. Checked against SGLang:
+``tools/sglang_diff.py --groups abort`` (synchronous scheduling).
+
 **Overlap scheduling** (``overlap_schedule``; SGLang's default, ``event_loop_overlap``): each
 batch is planned while the one before it runs (:mod:`schedlab.engine.ahead`: arrivals after that
 batch's start wait for the next plan, and the requests it finishes keep their KV until the plan
@@ -263,6 +270,9 @@ class SglangScheduler:
         self.plans_ahead = c.plans_ahead
         #: ... and a request finished at an EOS is decoded once more (Plan.overshoot)
         self.overshoots = c.plans_ahead
+        #: a running request whose client gave up runs once more, its token dropped, before it
+        #: leaves (Scheduler.abort_request sets its ``to_finish``)
+        self.aborts_run_once_more = True
         self._held_before = False       # the last plan saw finished requests holding their KV
         self._prefilled = -1            # ... and formed a prefill batch: the decode steps after it
         #: one entry per retraction: (time, ids of the retracted requests in order, new ratio)
@@ -323,6 +333,8 @@ class SglangScheduler:
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:
+        if seq.status == "aborted" and not seq.num_computed_tokens:
+            return  # aborted while queued: SGLang pops it from the waiting queue, the batch is as it was
         self._last_finish_ms = now_ms
         if self.plans_ahead and seq.status == "finished":
             return  # SGLang sees it finished once its result is processed: after the next plan

@@ -227,6 +227,12 @@ class Instance:
         #: output (vLLM's EngineCore.step): the iteration computes the request for nothing. Off
         #: where not modelled yet (planning ahead, pipelines, disaggregation, lockstep ranks)
         self.aborts_drop_output = True
+        #: a running request whose abort is read at a plan runs once more, its output dropped,
+        #: then leaves (SGLang's ``to_finish``; the scheduler's ``aborts_run_once_more``): those
+        #: waiting for that iteration (None: the rule is off)
+        self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
+        if self.to_finish is not None:
+            self.aborts_drop_output = False
         #: blocks that aborts heard at a pipeline's landing, before its output, freed: held until
         #: then, they count in the landing's KV usage (:mod:`schedlab.engine.pipeline`)
         self.held_to_landing = 0
@@ -320,6 +326,9 @@ class Instance:
             elif status == SWAPPED:
                 self.swapped.remove(seq)
                 free_swapped(self.kv, seq)
+            elif status == DECODING and self.to_finish is not None:
+                self.to_finish.add(seq)  # (it leaves after its next iteration: _apply)
+                continue
             elif status == DECODING or status == PREFILLING:
                 pending = 0  # the slots the plan made ahead took for it
                 if plan is not None and plan.is_scheduled(seq):
@@ -902,6 +911,8 @@ class Instance:
                     k = max(valid, 1)
                 if k > 1 and self.aborts and self._drops_output():
                     k = self._ending_before(self.next_abort(), k, d0, inc)
+                if self.to_finish:  # one of them computed for the last time: that iteration alone
+                    k = 1
         return PreparedRun(plan, parked, n_dec, steps, batch, d0, inc, growth, k, self.now)
 
     def _drops_output(self) -> bool:
@@ -942,6 +953,17 @@ class Instance:
         for entry in rest:
             heapq.heappush(aborts, entry)
         return hit
+
+    def _finishing(self, plan: FastPlan) -> list:
+        """The requests waiting to run once more after their abort (:attr:`to_finish`) that this
+        iteration computes -- a decode, or a prompt's last chunk (SGLang ends them when it
+        processes a result that holds them) -- in admission order; taken from the set."""
+        to_finish = self.to_finish
+        completing = {seq for seq, n in plan.prefills if seq in to_finish and seq._computed + n == seq.prompt + seq._generated}
+        out = [seq for seq in self.running if seq in completing or (
+            seq in to_finish and seq.status == DECODING and plan.is_scheduled(seq))]
+        to_finish.difference_update(out)
+        return out
 
     def _ghost_ahead(self, seq: Sequence) -> None:
         """Planning ahead: ``seq``, whose token this iteration dropped (its abort came while it
@@ -1043,8 +1065,9 @@ class Instance:
         spec_done = ()
         # aborted while this iteration runs: computed for nothing (its output dropped)
         ghosts = self._in_step_aborts(plan, start, end) if k == 1 and self.aborts and self._drops_output() else ()
+        finishing = self._finishing(plan) if self.to_finish else ()  # (aborted: their last iteration)
         ghost_decoders = 0
-        for seq in ghosts:  # (their KV is written all the same: the cache frees what they hold)
+        for seq in (*ghosts, *finishing) if finishing else ghosts:  # (their KV is written: the cache frees it)
             if seq.status == DECODING:
                 self._remove_decoder(seq, ABORTED)  # (before its token: it gets none)
                 seq._computed += 1
@@ -1118,6 +1141,8 @@ class Instance:
                 self._drop_aborted(seq, end)
             else:
                 self._ghost_ahead(seq)
+        for seq in finishing:
+            self._drop_aborted(seq, end)
         if self.ahead is not None:  # the sequences decoding now got a token from it (engine.ahead)
             self.marks.batch_ended(n_dec > 0)
         for seq in parked:

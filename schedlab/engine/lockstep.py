@@ -454,6 +454,8 @@ class DataParallelCluster(Deployment):
             plan = plans[r]
             if inst.ahead is not None and not inst.ahead.settled:
                 return 1, 0.0  # its next plan may differ (engine.ahead)
+            if inst.to_finish:
+                return 1, 0.0  # a request aborted runs once more, then leaves
             if not working[r]:
                 if inst.has_work() and (not inst.bulk_ok or (inst.ahead is not None and inst.ahead.made_ahead(inst.now))):
                     # an idle rank whose scheduler may change its mind any step, or one whose plan

@@ -455,6 +455,10 @@ class ReferenceEngine:
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
         self.in_flight: dict | None = None  # pipelined: a decode in a batch in flight -> its KV slots there
         self.aborts_drop_output = True  # an abort during an iteration drops its output (Instance's)
+        # a running request whose abort is read at a plan runs once more (Instance.to_finish)
+        self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
+        if self.to_finish is not None:
+            self.aborts_drop_output = False
         self.held_to_landing = 0  # blocks aborts heard at a pipeline's landing freed (Instance's)
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
@@ -659,6 +663,9 @@ class ReferenceEngine:
                                           f"{type(self.kv).__name__} has no free_swapped(seq)")
                 self.swapped.remove(seq)
                 self.kv.free_swapped(seq)
+            elif seq.status == "decoding" and self.to_finish is not None:
+                self.to_finish.add(seq)  # (it leaves after its next iteration: _execute)
+                continue
             elif seq.status in ("prefilling", "decoding"):
                 pending = 0  # the slots the plan made ahead took for it
                 if plan is not None and plan.is_scheduled(seq):
@@ -809,6 +816,12 @@ class ReferenceEngine:
         decoded_out = []  # finishing order, shared with the fast engine: prefill completions
         done = []         # first (in plan order), then decoders by arrival order
         ghosts = self._in_step_aborts(decoders, plan, end)
+        finishing = []  # waiting to run once more after their abort (to_finish): this is it
+        if self.to_finish:
+            computed = set(decoders) | {s for s, n in plan.prefills if s.num_computed_tokens + n == s.num_tokens}
+            finishing = [s for s in self.running if s in self.to_finish and s in computed]
+            self.to_finish.difference_update(finishing)
+            ghosts = ghosts + finishing
         for s, d in zip(decoders, drafts):
             if s in ghosts:  # aborted while this step runs: computed (its KV written), its output dropped
                 s.num_computed_tokens += 1
@@ -842,7 +855,7 @@ class ReferenceEngine:
             if s in ghosts or s.status == "aborted":  # (aborted after a plan made ahead: computed for nothing)
                 s.num_computed_tokens += n
                 counters["prefill_tokens"] += n
-                if s in ghosts and self.ahead is not None and s.num_computed_tokens == s.num_tokens:
+                if s in ghosts and s not in finishing and self.ahead is not None and s.num_computed_tokens == s.num_tokens:
                     s.status = "decoding"  # (planned ahead, its first decode: see below)
                 continue
             before = s.num_computed_tokens
@@ -877,7 +890,7 @@ class ReferenceEngine:
             self.kv.free(s)
             self.finish_done(s, end)
         for s in ghosts:
-            if self.ahead is None:
+            if self.ahead is None or s in finishing:
                 self._drop_aborted(s, end)
             elif s.num_generated + 1 >= s.request.target_tokens:
                 s.status = "finished"  # the token dropped was its last: held like a finished one

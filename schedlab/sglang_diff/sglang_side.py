@@ -137,7 +137,7 @@ class _TokenModel:
         tokens = []
         for req in batch.reqs:
             k = len(req.output_ids) + (1 if id(req) in self.in_flight else 0)
-            rid = int(req.rid)
+            rid = int(req.rid[:-1])
             tokens.append(EOS_TOKEN if self.stops.get(rid) == k + 1 else output_token_id(rid, k))
         return GenerationBatchResult(next_token_ids=self.torch.tensor(tokens, dtype=self.torch.int64))
 
@@ -315,6 +315,7 @@ class SglangRunner:
         x.enable_fpm = False
         x.profiler_manager = _Nothing()
         x._record_step_counters = lambda *args, **kwargs: None
+        x.send_abort_output = lambda *args, **kwargs: None  # (to the tokenizer process)
         x.maybe_send_health_check_signal = lambda *args, **kwargs: None
         x.load_snapshot_writer = None
         x._sched_idled = False
@@ -330,7 +331,9 @@ class SglangRunner:
         params = SamplingParams(max_new_tokens=r.limit, ignore_eos=r.ignore_eos)
         params.normalize(None)
         params.verify(VOCAB_SIZE)
-        req = Req(str(r.id), "", array("q", prompt_token_ids(r)), params,
+        # (ids end with "." so that no id is a prefix of another: an abort names the requests
+        # whose id starts with its own, AbortReq; "." sorts as the end of the number did)
+        req = Req(f"{r.id}.", "", array("q", prompt_token_ids(r)), params,
                   eos_token_ids=x.model_config.hf_eos_token_id, vocab_size=VOCAB_SIZE)
         x.init_req_max_new_tokens(req)  # (its cuts, by the context and the pool, are schedlab's too)
         if req.finished():
@@ -425,12 +428,16 @@ class _Run:
         self.first_scheduled, self.first_token, self.finish = {}, {}, {}
         self.cached = {r.id: 0 for r in pending}
         self.chunks = {r.id: [] for r in pending}
+        # (when the abort reaches the scheduler, request id) of the requests whose clients give up
+        self.aborts = sorted((r.abort_at, r.id) for r in pending if r.abort_at is not None)
+        self.gone: set = set()  # aborted while queued
 
     def next_batch(self, runner):
         """Read the arrivals, then SGLang's ``get_next_batch_to_run`` (its admissions and chunks
         recorded as made now)."""
         x = self.x
         self.ingest(runner)
+        self.abort()
         waiting = {id(req) for req in x.waiting_queue}
         plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
         x.running_batch = plan.running_batch
@@ -448,6 +455,25 @@ class _Run:
             self.x._add_request_to_queue(req)
             self.nxt += 1
 
+    def abort(self) -> None:
+        """The aborts that have reached the scheduler by now, read with the arrivals (SGLang's
+        ``process_input_requests`` -> ``Scheduler.abort_request``): a queued request leaves at
+        once, a chunked prefill at the next plan, a running one after one more pass."""
+        from sglang.srt.managers.io_struct import AbortReq
+
+        while self.aborts and self.aborts[0][0] <= self.now:
+            _, rid = self.aborts.pop(0)
+            req = self.live.get(rid)
+            if req is not None and not req.finished():
+                queued = any(q is req for q in self.x.waiting_queue)
+                self.x.abort_request(AbortReq(rid=f"{rid}."))
+                if queued:  # popped from the queue: it never runs again
+                    self.finish[rid] = None
+                    self.gone.add(rid)
+
+    def next_abort(self) -> float:
+        return self.aborts[0][0] if self.aborts else float("inf")
+
     def idle(self) -> bool:
         """Nothing runs: jump to the next arrival (True), or there is none (False)."""
         if self.nxt < len(self.pending):
@@ -456,7 +482,7 @@ class _Run:
         return False
 
     def stalled(self) -> str | None:
-        if all(req.finished() for req in self.live.values()):
+        if all(req.finished() or rid in self.gone for rid, req in self.live.items()):
             return None
         return f"SGLang stalled at {self.now} ms: it runs nothing and nothing is left to arrive"
 
@@ -470,7 +496,7 @@ class _Run:
         for req in batch.reqs:
             if id(req) in decoding:
                 continue
-            rid = int(req.rid)
+            rid = int(req.rid[:-1])
             self.chunks[rid].append(req.extend_len)
             if id(req) in waiting:  # admitted (or readmitted) now: its prefix hit
                 self.cached[rid] += req.prefix_len
@@ -479,10 +505,17 @@ class _Run:
     def processed(self) -> None:
         """A batch's result was processed at ``now``, its end."""
         now = self.now
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
         for rid, req in self.live.items():
+            if rid in self.finish:
+                continue
+            if isinstance(req.finished_reason, FINISH_ABORT) or isinstance(req.to_finish, FINISH_ABORT):
+                self.finish[rid] = None  # (its client gave up: it never finished, nor sees this token)
+                continue
             if len(req.output_ids) and rid not in self.first_token:
                 self.first_token[rid] = now
-            if req.finished() and rid not in self.finish:
+            if req.finished():
                 self.finish[rid] = now
 
 

@@ -22,7 +22,11 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
 * ``all``        -- every policy, shared prefixes, chunking, tight memory, EOS and a lower
   conservativeness at once;
 * ``overlap``    -- a case of any other group (drawn per seed) with SGLang's overlap scheduler on
-  (its default): each batch planned while the one before runs.
+  (its default): each batch planned while the one before runs;
+* ``abort``      -- about 40% of the requests' clients give up half a ms into some iteration
+  0-40 after their arrival; any policy, sometimes shared prefixes, chunking or tight memory:
+  SGLang drops a queued request at once, a chunked prefill at its next plan, and runs a
+  running one once more before it ends it (``Scheduler.abort_request``).
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -39,9 +43,10 @@ from schedlab.diffcheck.workloads import random_requests
 
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
-GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap")
-#: the groups whose cases the ``overlap`` group runs with overlap scheduling on: every other one
-OVERLAPPED = GROUPS[:-1]
+GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
+          "abort")
+#: the groups whose cases the ``overlap`` group runs with overlap scheduling on
+OVERLAPPED = GROUPS[:9]
 
 
 def _need(r) -> int:
@@ -62,12 +67,16 @@ def generate(group: str, seed: int) -> Case:
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")
         else POLICIES)
-    prefixes = group in ("lpm", "dfs_weight", "fcfs", "eviction", "all")
+    aborting = group == "abort"
+    prefixes = group in ("lpm", "dfs_weight", "fcfs", "eviction", "all") or (aborting and rng.random() < 0.5)
     retract = group == "retract"
     requests = random_requests(rng, prefixes=prefixes, eos=group in ("reserve", "all"), limited=retract,
                                longest_prompt=40 if retract else 120, longest_output=60 if retract else 30)
+    if aborting:
+        requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
+                    for r in requests]
     largest = max(max(_need(r) for r in requests), 16)
-    if group in ("eviction", "retract", "all") or (group == "mixed" and rng.random() < 0.5):
+    if group in ("eviction", "retract", "all") or (group in ("mixed", "abort") and rng.random() < 0.5):
         size = largest + rng.randint(0, largest)
     elif group == "reserve":
         size = largest + rng.randint(0, 2 * largest)
@@ -75,7 +84,7 @@ def generate(group: str, seed: int) -> Case:
         size = sum(_need(r) for r in requests) + rng.randint(0, 20)
     size = max(size, 16)  # SGLang needs room for its own bookkeeping (max_req_input_len = size - 6)
     chunk, prefill = 0, 16384
-    if group in ("chunked", "all"):
+    if group in ("chunked", "all") or (aborting and rng.random() < 0.5):
         chunk = rng.choice([0, rng.randint(1, 64), rng.randint(1, 64)])
         prefill = rng.randint(1, 200)
     elif group == "mixed":
