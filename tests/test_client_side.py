@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig, client_times
@@ -226,6 +226,13 @@ def with_classes(requests):
                     prefix_group=r.prefix_group, prefix_tokens=r.prefix_tokens) for r in requests]
 
 
+# Found by Hypothesis: a request swapped in by a plan, then aborted while that step ran, left the
+# decode set before its token under the wrong inter-token group (the fast engine's KeyError).
+@example([Request(i, 0.0, p, o, priority=pr) for i, (p, o, pr) in enumerate(
+    [(1, 5, 1), (1, 1, 0), (8, 7, 0), (16, 17, 0), (25, 40, 1), (1, 1, 0), (1, 1, 0), (46, 12, 0), (1, 1, 0)])],
+    ClientSide(None, ClientConfig(timeout_ms=200.0, classes={"chat": {"timeout_ms": 500.0}})),
+    LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=8.0, per_seq_ms=0.25, per_context_token_ms=0.015625),
+    3, False, "swap", "priority", False, 5, False)
 @SETTINGS
 @given(requests=requests_lists(max_size=12, max_prompt=48, max_output=40, priorities=True, prefix_groups=2),
        side=client_sides(), cost=dyadic_linear_costs(), max_seqs=st.integers(1, 4), chunked=st.booleans(),

@@ -587,6 +587,7 @@ class Instance:
         self.swapped.remove(seq)
         self.running[seq] = None
         self._add_decoder(seq)
+        self.off_cycle[seq] = seq.last_token_ms  # (its ITL group until it decodes: its own last token)
         c = self.counters
         c["swap_in_blocks"] += -(-seq.num_computed_tokens // self.kv.block_size)
         c["swap_transfer_ms"] += ms
