@@ -209,6 +209,11 @@ class KVCache(Protocol):
     here that would be an engine's bug, so it is never swallowed). Lifetime counters
     (``evictions``, the host tier's ``stored``...) go on counting; ``epoch`` changes. A cache
     without it keeps its prefixes over a restart.
+
+    Optional: ``discard(seq)``, ``free`` without keeping the blocks ``seq`` computed for later
+    hits (SGLang aborts a chunked prefill with ``release_kv_cache(checkpoint=False)``); the
+    engines call it there when the scheduler follows SGLang's rule for aborts
+    (``aborts_run_once_more``). A cache without it frees as usual.
     """
 
     block_size: int

@@ -169,6 +169,32 @@ def test_retraction_keeps_the_prompt_and_frees_the_decode_blocks():
     assert radix.layout() == {(P(3), P(7)): ((P(3), P(7)), 0, 1)}
 
 
+def test_discarding_an_aborted_chunked_prefill_drops_its_newest_chunk_from_the_tree():
+    # B=4, SGLang's passes. A (16-token prompt, all shared) computes its first chunk of 8 in pass 1
+    # and its second of 4 in pass 2; its client gives up before pass 3. SGLang put the first chunk
+    # in the tree at pass 2 (stash_chunked_request) but drops the request at pass 3 before it
+    # stashes the second: a later request finds 8 tokens, not 12. Freeing it as finished (free)
+    # would have kept both; every block is free either way.
+    def run(release):
+        cache = RadixKVCache(8, 4)
+        a = Seq(req(0, 16, output=2, prefix_group="p", prefix_tokens=16))
+        cache.begin_pass()
+        admit(cache, a, n=8)
+        cache.end_pass()
+        cache.begin_pass()
+        assert cache.allocate(a, 4)
+        a.num_computed_tokens = 12
+        cache.end_pass()
+        release(cache, a)
+        assert cache.num_used_blocks() == 0
+        cache.check_invariants()
+        cache.begin_pass()
+        return cache.cached_tokens(Seq(req(1, 16, output=2, prefix_group="p", prefix_tokens=16)))
+
+    assert run(lambda cache, seq: cache.discard(seq)) == 8
+    assert run(lambda cache, seq: cache.free(seq)) == 12
+
+
 def test_locked_paths_are_never_evicted_and_a_refusal_changes_nothing():
     cache = RadixKVCache(6, 2)
     a = Seq(req(0, 8, prefix_group="p", prefix_tokens=8))

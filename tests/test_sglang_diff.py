@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import attrs
 import pytest
 
 from schedlab.diffcheck.case import Case, DiffRequest, Sides
@@ -73,8 +74,10 @@ def test_each_group_turns_on_its_feature():
                                                              for r in limits)
     aborts = [r for c in cases("abort") for r in c.requests]
     assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
-    assert all(r.abort_at is None for g in GROUPS if g != "abort" for c in cases(g) for r in c.requests)
+    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") for c in cases(g) for r in c.requests)
     assert not any(c.settings.overlap_schedule for c in cases("abort"))
+    assert [attrs.evolve(c, settings=attrs.evolve(c.settings, overlap_schedule=False), group="abort")
+            for c in cases("overlap_abort")] == cases("abort")
     every = cases("all")
     assert {c.settings.schedule_policy for c in every} == {"fcfs", "lpm", "dfs-weight", "lof"}
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
@@ -91,9 +94,6 @@ def test_case_round_trips_through_json_and_names_unfair_requests():
     # 34 >= 40 - 6: SGLang refuses the prompt (as schedlab does, but only served requests are
     # compared); request 0's max_new_tokens is cut to 8 and request 2's to 5 on both sides: fair
     assert unfair.problems() == ["request 1: prompt of 34 reaches max_total_tokens - 6"]
-    overlapped = Case(SglangSettings(overlap_schedule=True),
-                      [DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=4, abort_at=1.5)])
-    assert overlapped.problems() == ["request 0: this harness runs no aborts with overlap scheduling"]
     with pytest.raises(ValueError, match="max_tokens 3 < output_tokens 4"):
         DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=4, max_tokens=3)
 
@@ -283,6 +283,25 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=64, max_running_requests=2),
               (0, 0, 10, 10, None, 0, None), (1, 1, 40, 20, None, 0, None, 2.5), (2, 3, 1, 1, None, 0, None)),
         {0: _o(0, 1, 10, 0, 0, 10), 1: _o(None, None, None, 0, 0), 2: _o(10, 11, 11, 0, 0, 1)}),
+    # 17. Overlap scheduling reads an abort when the batch in flight has just started. One slot. 0's
+    # prompt runs at [0, 1]; the plan made at 0 for [1, 2] decodes it. At 1 (its first token
+    # processed) the loop reads the abort sent at 0.5 and plans [2, 3] -- 0 still running, so
+    # decoded again -- before it processes [1, 2], whose result ends 0 (its token dropped). 1 is
+    # admitted in the plan made at 2, for [3, 4]: its token at 4. [2, 3] computed 0 for nothing.
+    "17-overlap-an-abort-is-read-when-the-batch-in-flight-starts": (
+        _case(dict(max_total_tokens=16, max_running_requests=1, max_prefill_tokens=1, overlap_schedule=True),
+              (0, 0, 1, 5, None, 0, None, 0.5), (1, 0, 1, 1, None, 0, None)),
+        {0: _o(0, 1, None, 0, 0, 1), 1: _o(2, 4, 4, 0, 0, 1)}),
+    # 18. An aborted chunked prefill's chunk never reaches the tree. Chunks of one token: 1's first
+    # (its prompt's first token, shared with 4) runs at [2, 3]; the abort sent at 2.5 is read at 3,
+    # and the plan then drops the chunked request (``process_pending_chunked_abort``) before it
+    # would put the chunk in the tree (``stash_chunked_request``): ``release_kv_cache`` without a
+    # checkpoint. 4 (arriving at 10) finds nothing: five chunks, its token at 15 (at 14 with the
+    # chunk cached).
+    "18-an-aborted-chunk-is-not-cached": (
+        _case(dict(max_total_tokens=43, max_running_requests=1, chunked_prefill_size=1, max_prefill_tokens=1),
+              (1, 2, 2, 1, 0, 1, None, 2.5), (4, 10, 5, 1, 0, 5, None)),
+        {1: _o(2, None, None, 0, 0, 1), 4: _o(10, 15, 15, 0, 0, 1, 1, 1, 1, 1)}),
 }
 
 

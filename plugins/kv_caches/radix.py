@@ -524,6 +524,25 @@ class RadixKVCache:
         if not preempted:
             seq.kv_state = None
 
+    def discard(self, seq) -> None:
+        """Release ``seq`` without putting its newest blocks in the tree (SGLang
+        ``release_kv_cache(checkpoint=False)``, an aborted chunked prefill): its path is
+        unlocked, and the chunk the last pass inserted for it -- which SGLang would have put in
+        the tree at the next pass (``stash_chunked_request``), after the abort -- freed."""
+        self.end_pass()
+        held = self.held(seq)
+        hold = seq.kv_state
+        seq.kv_state = None
+        if hold is None:
+            self.unused += held
+            return
+        self.unused += held - hold.length
+        newest = hold.node
+        self._unlock(hold)
+        if newest.chunk and newest.born == self._pass and not newest.lock and not newest.children:
+            self._remove_leaf(newest)
+            self.epoch += 1
+
     # -- tree edits ----------------------------------------------------------------------------
     def _descend(self, node: _Node, depth: int, keys: list, limit: int) -> tuple[_Node, int]:
         """Follow existing nodes along ``keys`` up to ``limit``, splitting the node the match
@@ -645,22 +664,28 @@ class RadixKVCache:
             if not self._candidate(entry):
                 continue  # stale: evicted, locked, grown or touched since it was pushed
             node = entry[3]
-            parent = node.parent
-            del parent.children[node.keys[0]]
-            node.alive = False
-            self._count -= 1
             n = len(node.keys)
             if self.host is not None:  # HiCache write_back: the node goes to host memory, tail first
                 keys, start = node.keys, node.start
                 for i in range(n - 1, -1, -1):
                     self.host.store(keys[i], start + i)
-            self.evictable -= n
-            self.unused += n
+            self._remove_leaf(node)
             freed += n
-            if parent is not self.root and not parent.lock and not parent.children:
-                self._push(parent)
         self.evictions += freed
         self.epoch += 1
+
+    def _remove_leaf(self, node: _Node) -> None:
+        """Take the unlocked leaf ``node`` out of the tree, its blocks unused; a parent left
+        childless becomes a leaf."""
+        parent = node.parent
+        del parent.children[node.keys[0]]
+        node.alive = False
+        self._count -= 1
+        n = len(node.keys)
+        self.evictable -= n
+        self.unused += n
+        if parent is not self.root and not parent.lock and not parent.children:
+            self._push(parent)
 
     # -- a restart -------------------------------------------------------------------------------
     def reset_prefix_cache(self) -> None:

@@ -52,9 +52,12 @@ output length as a benchmark client asking for it would (``"no_max_tokens"``); `
 **Clients that give up** (``Scheduler.abort_request``, read with the arrivals before each plan):
 a queued request leaves at once, the chunked prefill in progress at that plan, and a running
 request keeps its slot and KV until the next iteration that computes it, whose token nobody
-sees (``to_finish``; the engines do this for ``aborts_run_once_more``). A queued request's
-abort is not a finish here: the running batch keeps its "full" mark. Checked against SGLang:
-``tools/sglang_diff.py --groups abort`` (synchronous scheduling).
+sees (``to_finish``; the engines do this for ``aborts_run_once_more``); an aborted chunked
+prefill's newest chunk is never cached (``KVCache.discard``). A queued request's abort is not
+a finish here: the running batch keeps its "full" mark. With overlap scheduling the loop reads
+aborts when the batch in flight has just started, so the plan made then still holds the
+request, and the next result that holds it ends it (:mod:`schedlab.engine.ahead`). Checked
+against SGLang: ``tools/sglang_diff.py --groups abort,overlap_abort``.
 
 **Overlap scheduling** (``overlap_schedule``; SGLang's default, ``event_loop_overlap``): each
 batch is planned while the one before it runs (:mod:`schedlab.engine.ahead`: arrivals after that

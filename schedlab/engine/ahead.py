@@ -45,6 +45,11 @@ request whose last token that is -- and blocks until batch ``k`` is back. So the
   its last (``Ahead.doom``) -- and may schedule its decode (an overshoot then: its token thrown
   away) or its prompt's next chunk (computed for nothing), admit it, or preempt it; then the
   request leaves, its blocks freed as at a preemption (vLLM cached only the tokens it knew).
+  SGLang's overlap loop (a scheduler with ``aborts_run_once_more``) reads aborts at its loop top,
+  when the batch in progress has just started: the same rule for those that came by that
+  batch's start; a running request not in that batch is marked (``to_finish``) and the next
+  batch that computes it ends it the same way; a queued request or a chunked prefill leaves
+  before the plan (``Instance._loop_top_aborts``).
 
 **SGLang's overlap scheduler** plans by the same clock (the ``sglang`` scheduler's
 ``overlap_schedule``) and reads more of the batch in flight: which requests it gives a token
@@ -229,17 +234,26 @@ class Ahead:
         seen, self.deferred = deferred[:n], deferred[n:]
         return seen
 
-    def note_leaving(self, due) -> None:
+    def note_leaving(self, due, loop_top: bool = False) -> None:
         """Before routing at the end of a batch, when the next plan is made ahead and applies
         the aborts only after it: ``due``, the abort entries ``(at, _, seq)`` that have come by
-        then, whose requests routers see gone as the rows say (they leave at that instant)."""
+        then, whose requests routers see gone as the rows say (they leave at that instant).
+        ``loop_top`` (SGLang's overlap loop): ``due`` came by the batch's start; of those, a
+        running request stays (marked to finish) unless the batch ended it (:attr:`ghosts`),
+        and the ghosts leave."""
         total = running = 0
+        ghosts = self.ghosts
         for _, _, seq in due:
             status = seq.status
-            if status != "finished" and status != "aborted":
+            if status != "finished" and status != "aborted" and not (
+                    loop_top and (status == "decoding" or seq in ghosts)):
                 total += 1
                 if status == "decoding" or status == "prefilling":
                     running += 1
+        if loop_top:
+            n = sum(1 for seq in ghosts if seq.status == "decoding" or seq.status == "prefilling")
+            total += n
+            running += n
         self.leaving, self.leaving_running = total, running
 
     def take_held(self) -> list:

@@ -233,6 +233,7 @@ class Instance:
         self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
         if self.to_finish is not None:
             self.aborts_drop_output = False
+        self.loop_top_aborts = True  # (off on lockstep ranks: _loop_top_aborts)
         #: blocks that aborts heard at a pipeline's landing, before its output, freed: held until
         #: then, they count in the landing's KV usage (:mod:`schedlab.engine.pipeline`)
         self.held_to_landing = 0
@@ -291,13 +292,16 @@ class Instance:
         is due by then, so that routers see the aborted requests gone at their abort (as they see
         an iteration's finished requests gone at its end)."""
         if self._aborts_at_plan_time() and self.ahead.made_ahead(t):
-            # the plan made ahead at t applies them, after it: routers see them gone meanwhile
+            # the plan made ahead at t applies them (before it or after it): routers see the
+            # requests that leave then gone meanwhile
+            loop_top = self._loop_top_aborts()
             aborts, due = self.aborts, []
-            while aborts and aborts[0][0] <= t:
+            last = self.ahead.start if loop_top else t
+            while aborts and aborts[0][0] <= last:
                 due.append(heapq.heappop(aborts))
             for entry in due:
                 heapq.heappush(aborts, entry)
-            self.ahead.note_leaving(due)
+            self.ahead.note_leaving(due, loop_top)
             return
         if self.aborts and self.pending is None and self.next_abort() <= t:
             if self.asleep and self.sleep_wake <= t:  # event by event: its sleep ends now (see step)
@@ -305,64 +309,81 @@ class Instance:
             if self.now == t:
                 self._abort_due()
 
-    def _abort_due(self, plan: FastPlan | None = None, *, strictly: bool = False) -> None:
+    def _abort_due(self, plan: FastPlan | None = None, *, strictly: bool = False, upto: float | None = None) -> None:
         """Abort, at this plan, every request whose client's disconnect has arrived by now
         (vLLM: the engine core reads the aborts from its input queue between steps, frees the
         requests' KV blocks and slots). A request in a pipeline's batch in flight is freed too;
         the batch drops its output when it lands (:mod:`schedlab.engine.pipeline`). ``plan``:
         made ahead just before, for the batch starting now; a decode it gave an aborted request
         is computed for nothing (``overshoots``; its prefill chunk too, :meth:`_apply`).
-        ``strictly``: only those that came before now (a pipeline's landing now comes first)."""
+        ``strictly``: only those that came before now (a pipeline's landing now comes first);
+        ``upto``: those that came by then (SGLang's overlap loop read them then, see
+        :meth:`_plan_ahead`)."""
         aborts, now = self.aborts, self.now
-        while aborts and (aborts[0][0] < now if strictly else aborts[0][0] <= now):
-            seq = heapq.heappop(aborts)[2]
-            status = seq.status
-            if status == WAITING:
-                if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
-                    self.ahead.deferred.remove(seq)
-                elif self.holds is None or not self.holds.drop(seq):
-                    self.waiting.remove(seq)
-                seq.waiting_ms += now - seq.waiting_since
-            elif status == SWAPPED:
-                self.swapped.remove(seq)
-                free_swapped(self.kv, seq)
-            elif status == DECODING and self.to_finish is not None:
-                self.to_finish.add(seq)  # (it leaves after its next iteration: _apply)
-                continue
-            elif status == DECODING or status == PREFILLING:
-                pending = 0  # the slots the plan made ahead took for it
-                if plan is not None and plan.is_scheduled(seq):
-                    if status == DECODING:
-                        plan.overshoots = (*plan.overshoots, seq)
-                        pending = 1
-                    else:
-                        pending = next(n for s, n in plan.prefills if s is seq)
-                if status == DECODING:
-                    self._remove_decoder(seq, ABORTED)
-                self._drop_aborted(seq, now, pending, status == DECODING)
-                continue
-            elif status == IN_FLIGHT:  # in a pipeline's batch in flight: its output will be dropped
-                del self.running[seq]
-                # a decode's slots in the batch go too, as at a preemption (a prompt's chunks
-                # count as computed from their launch, schedlab.engine.stages.launch_chunks)
-                seq._computed += self.in_flight.pop(seq, 0)
-                self.kv.free(seq)
-            elif self.stage is not None and self.stage.abort(self, seq, now):
-                seq.status = ABORTED  # its KV was on its way here: the scheduler never held it
-                self.rec.request_done(seq, self.index, now, aborted=True)
-                continue
-            else:  # finished meanwhile
-                continue
-            self._record_aborted(seq, now)
+        last = now if upto is None else upto
+        while aborts and (aborts[0][0] < last if strictly else aborts[0][0] <= last):
+            self._abort_one(heapq.heappop(aborts)[2], plan)
 
-    def _drop_aborted(self, seq: Sequence, t: float, pending: int = 0, decoding: bool = False) -> None:
+    def _abort_one(self, seq: Sequence, plan: FastPlan | None = None) -> None:
+        """Abort ``seq`` now, wherever it is (:meth:`_abort_due`)."""
+        now = self.now
+        status = seq.status
+        if status == WAITING:
+            if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
+                self.ahead.deferred.remove(seq)
+            elif self.holds is None or not self.holds.drop(seq):
+                self.waiting.remove(seq)
+            seq.waiting_ms += now - seq.waiting_since
+        elif status == SWAPPED:
+            self.swapped.remove(seq)
+            free_swapped(self.kv, seq)
+        elif status == DECODING and self.to_finish is not None and plan is None:
+            if self.ahead is None or seq not in self.ahead.ghosts:  # (a ghost leaves after the plan)
+                self.to_finish.add(seq)  # (it leaves after its next iteration: _apply)
+            return
+        elif status == DECODING or status == PREFILLING:
+            pending = 0  # the slots the plan made ahead took for it
+            if plan is not None and plan.is_scheduled(seq):
+                if status == DECODING:
+                    plan.overshoots = (*plan.overshoots, seq)
+                    pending = 1
+                else:
+                    pending = next(n for s, n in plan.prefills if s is seq)
+            if status == DECODING:
+                self._remove_decoder(seq, ABORTED)
+            # (SGLang drops an aborted chunked prefill's blocks uncached: KVCache.discard)
+            self._drop_aborted(seq, now, pending, status == DECODING,
+                               discard=status == PREFILLING and self.to_finish is not None)
+            return
+        elif status == IN_FLIGHT:  # in a pipeline's batch in flight: its output will be dropped
+            del self.running[seq]
+            # a decode's slots in the batch go too, as at a preemption (a prompt's chunks
+            # count as computed from their launch, schedlab.engine.stages.launch_chunks)
+            seq._computed += self.in_flight.pop(seq, 0)
+            self.kv.free(seq)
+        elif self.stage is not None and self.stage.abort(self, seq, now):
+            seq.status = ABORTED  # its KV was on its way here: the scheduler never held it
+            self.rec.request_done(seq, self.index, now, aborted=True)
+            return
+        else:  # finished meanwhile
+            return
+        self._record_aborted(seq, now)
+
+    def _drop_aborted(self, seq: Sequence, t: float, pending: int = 0, decoding: bool = False, *,
+                      discard: bool = False) -> None:
         """``seq``, running (a decoder already out of the decode set; ``decoding``: it was one),
         aborted at ``t``: its slot and blocks freed -- with the ``pending`` slots a plan made
-        ahead took for it --, its row written."""
+        ahead took for it; ``discard``: uncached, ``KVCache.discard`` --, its row written."""
         if seq in self.prefilling:
             del self.prefilling[seq]
         del self.running[seq]
-        if self.ahead is None:
+        release = getattr(self.kv, "discard", None) if discard else None
+        if release is not None:
+            held = seq._computed + pending
+            if held > seq.reserved_tokens:
+                seq.reserved_tokens = held
+            release(seq)
+        elif self.ahead is None:
             self.kv.free(seq)
         else:  # as at a preemption: vLLM has cached only the tokens it knew (engine.ahead)
             computed = seq._computed
@@ -603,10 +624,13 @@ class Instance:
         t = ahead.plan_time(end)
         for seq in ahead.arrived_by(t):
             self._queue(seq)
-        self.now = t
         at_plan_time = self._aborts_at_plan_time()
+        loop_top = at_plan_time and self._loop_top_aborts()
         if at_plan_time and self.aborts and self.next_abort() <= t:
-            self._abort_due()  # the aborts that reached vLLM's engine core before it made this plan
+            # the aborts that reached vLLM's engine core (SGLang's loop) before it made this plan
+            # (SGLang's: rows now, as routers see them; a running request only marked, to_finish)
+            self._abort_due(upto=t) if loop_top else self._run_at(t, self._abort_due)
+        self.now = t
         ahead.planning = t < end
         try:
             plan = self._plan()
@@ -614,8 +638,9 @@ class Instance:
             self.now = end
             ahead.planning = False
         self.marks.planned(plan)  # whose slot this plan took for a token still being computed
-        # those that came while the last batch ran: after the plan, which holds them
-        late = at_plan_time and self.aborts and self.next_abort() <= end
+        # those that came while the last batch ran: after the plan, which holds them (SGLang:
+        # those that the last batch's result ended, Ahead.ghosts; the others wait for the next)
+        late = bool(ahead.ghosts) if loop_top else at_plan_time and self.aborts and self.next_abort() <= end
         # the next plan sees the arrivals left over, and a finished or aborted request's slot and
         # blocks freed for a waiting one: it may differ, so no bulk run from here
         # (nor while the cache has blocks to release at the scheduler's next pass)
@@ -625,10 +650,14 @@ class Instance:
             del self.running[seq]
             self.kv.free(seq)
             if doomed:
+                seq._generated -= 1  # (the token in flight it was held with: never sent)
                 self._record_aborted(seq, ahead.end)
             else:
                 self.rec.request_done(seq, self.index, ahead.end)
-        if late:
+        if loop_top:
+            for seq in list(ahead.ghosts):
+                self._abort_one(seq, plan)
+        elif late:
             self._abort_due(plan)
         ahead.ghosts.clear()
         ahead.leaving = ahead.leaving_running = 0
@@ -639,7 +668,22 @@ class Instance:
         planning ahead, at the batch in progress's start, so that the plan still holds a request
         whose abort comes while that batch runs (:mod:`schedlab.engine.ahead`) -- rather than
         all of them before the plan (elsewhere the same)."""
-        return self.ahead is not None and self._drops_output()
+        return self.ahead is not None and (self._drops_output() or self._loop_top_aborts())
+
+    def _loop_top_aborts(self) -> bool:
+        """SGLang's overlap loop (``aborts_run_once_more``, planning ahead): it reads aborts when
+        the batch in flight has just started, before it plans the next; that batch's result is
+        the one that ends a running request (its token dropped), and the plan still holds it
+        (:mod:`schedlab.engine.ahead`). Off on lockstep ranks."""
+        return self.ahead is not None and self.to_finish is not None and self.loop_top_aborts
+
+    def _run_at(self, t: float, action) -> None:
+        """``action()`` with the clock at ``t``."""
+        was, self.now = self.now, t
+        try:
+            action()
+        finally:
+            self.now = was
 
     def discard_token(self, seq: Sequence) -> None:
         """Drop the last token of ``seq`` (just preempted), which the client never got: it will
@@ -664,6 +708,7 @@ class Instance:
         c["recompute_preemptions"] += 1
         if seq in ahead.doomed:  # (its last token dropped: its client's abort comes after this plan)
             ahead.doomed.discard(seq)
+            seq._generated -= 1
             self._record_aborted(seq, ahead.end)
         else:
             self.rec.request_done(seq, self.index, ahead.end)
@@ -931,21 +976,22 @@ class Instance:
             j -= 1
         return max(1, min(j, k))
 
-    def _in_step_aborts(self, plan: FastPlan, start: float, end: float) -> list:
+    def _in_step_aborts(self, plan: FastPlan, start: float, end: float, *, by_start: bool = False) -> list:
         """The requests this iteration computes whose client's abort reaches the engine while it
         runs, strictly between ``start`` and ``end``: vLLM aborts them after the step, before its
         output (``EngineCore.step``'s ``_process_aborts_queue``). One at ``end`` itself comes, as
         an arrival then would, after the output; it and the others stay for :meth:`_abort_due`.
         Planning ahead, only those it would give a token (the plan made ahead holds the rest as
-        they are), and their aborts stay for that plan (:meth:`_plan_ahead`)."""
+        they are), and their aborts stay for that plan (:meth:`_plan_ahead`). ``by_start``: those
+        whose abort came by ``start`` instead (SGLang's overlap loop read it then)."""
         aborts, hit, rest = self.aborts, [], []
         serial, ahead = plan.serial, self.ahead
         completing = {seq for seq, n in plan.prefills if seq._computed + n == seq.prompt + seq._generated} \
             if ahead is not None else None
-        while aborts and aborts[0][0] < end:
+        while aborts and (aborts[0][0] <= start if by_start else aborts[0][0] < end):
             entry = heapq.heappop(aborts)
             seq = entry[2]
-            is_hit = entry[0] > start and (seq.status == DECODING or (
+            is_hit = (by_start or entry[0] > start) and ((seq.status == DECODING and plan.is_scheduled(seq)) or (
                 seq.status == PREFILLING and seq.plan_mark == serial and (completing is None or seq in completing)))
             if is_hit:
                 hit.append(seq)
@@ -975,6 +1021,7 @@ class Instance:
             del self.prefilling[seq]
         if seq._generated + 1 >= seq.target:
             seq.status = FINISHED
+            seq._generated += 1  # (as the plan sees it: the token in flight counts; never sent)
             self.ahead.doom(seq)
         else:
             self._add_decoder(seq)
@@ -1065,7 +1112,12 @@ class Instance:
         accepted = 0
         spec_done = ()
         # aborted while this iteration runs: computed for nothing (its output dropped)
-        ghosts = self._in_step_aborts(plan, start, end) if k == 1 and self.aborts and self._drops_output() else ()
+        ghosts = ()
+        if k == 1 and self.aborts:
+            if self._drops_output():
+                ghosts = self._in_step_aborts(plan, start, end)
+            elif self._loop_top_aborts():  # read when this iteration started: its result ends them
+                ghosts = self._in_step_aborts(plan, start, end, by_start=True)
         finishing = self._finishing(plan) if self.to_finish else ()  # (aborted: their last iteration)
         ghost_decoders = 0
         for seq in (*ghosts, *finishing) if finishing else ghosts:  # (their KV is written: the cache frees it)
@@ -1143,7 +1195,10 @@ class Instance:
             else:
                 self._ghost_ahead(seq)
         for seq in finishing:
-            self._drop_aborted(seq, end)
+            if self.ahead is None:
+                self._drop_aborted(seq, end)
+            else:
+                self._ghost_ahead(seq)
         if self.ahead is not None:  # the sequences decoding now got a token from it (engine.ahead)
             self.marks.batch_ended(n_dec > 0)
         for seq in parked:

@@ -242,6 +242,7 @@ class DataParallelCluster(Deployment):
             if not isinstance(inst.cost, RankCost):
                 raise TypeError("a data-parallel rank's cost model must be a RankCost")
             inst.aborts_drop_output = False  # (an abort during a step: at the next plan, not modelled per step)
+            inst.loop_top_aborts = False
         self.ranks = self.members = list(ranks)
         self.router = router
         self._init_deployment(index)

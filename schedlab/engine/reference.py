@@ -294,6 +294,7 @@ class RefPlan:
             e.counters["recompute_preemptions"] += 1
             if seq in e.ahead.doomed:  # (its last token dropped: its client's abort comes after this plan)
                 e.ahead.doomed.discard(seq)
+                seq.num_generated -= 1
                 e._record_aborted(seq, e.ahead.end)
             else:
                 e.record_finished(seq, e.ahead.end)
@@ -459,6 +460,7 @@ class ReferenceEngine:
         self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
         if self.to_finish is not None:
             self.aborts_drop_output = False
+        self.loop_top_aborts = True  # (off on lockstep ranks: _loop_top_aborts)
         self.held_to_landing = 0  # blocks aborts heard at a pipeline's landing freed (Instance's)
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
@@ -594,9 +596,12 @@ class ReferenceEngine:
         while ahead.deferred and ahead.deferred[0].request.arrival_ms <= t:
             self.waiting.push(ahead.deferred.pop(0))
             self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
-        self.now = t
         at_plan_time = self._aborts_at_plan_time()
-        if at_plan_time:  # the aborts that reached vLLM's engine core before it made this plan
+        loop_top = at_plan_time and self._loop_top_aborts()
+        if loop_top:  # SGLang's loop read them before this plan (rows now; a running request marked)
+            self.abort_due(upto=t)
+        self.now = t
+        if at_plan_time and not loop_top:  # the aborts that reached vLLM's engine core before this plan
             self.abort_due()
         ahead.planning = t < end
         plan = RefPlan(self, self.serial)
@@ -611,10 +616,14 @@ class ReferenceEngine:
             del self.running[s]
             self.kv.free(s)
             if doomed:
+                s.num_generated -= 1  # (the token in flight it was held with: never sent)
                 self._record_aborted(s, ahead.end)
             else:
                 self.record_finished(s, ahead.end)
-        if at_plan_time:  # those that came while the last batch ran: after the plan, which holds them
+        if loop_top:  # those the last batch's result ended (SGLang): after the plan, which holds them
+            for s in list(ahead.ghosts):
+                self._abort_one(s, plan)
+        elif at_plan_time:  # those that came while the last batch ran: after the plan, which holds them
             self.abort_due(plan)
         ahead.ghosts.clear()
         ahead.leaving = ahead.leaving_running = 0
@@ -625,68 +634,84 @@ class ReferenceEngine:
         planning ahead, at the batch in progress's start, so that the plan still holds a request
         whose abort comes while that batch runs (:mod:`schedlab.engine.ahead`) -- rather than
         all of them before the plan (elsewhere the same)."""
-        return (self.ahead is not None and self.aborts_drop_output and self.role is None
+        return (self.ahead is not None and (self.aborts_drop_output or self._loop_top_aborts()) and self.role is None
                 and self.in_flight is None)
+
+    def _loop_top_aborts(self) -> bool:
+        """SGLang's overlap loop reads aborts when the batch in flight has just started (the
+        fast engine's ``_loop_top_aborts``). Off on lockstep ranks."""
+        return self.ahead is not None and self.to_finish is not None and self.loop_top_aborts
 
     def settle(self, t: float) -> None:
         """Before requests arriving at ``t`` are routed: an instance between iterations aborts
         what is due by ``t`` (routers see aborted requests gone at their abort)."""
         if self._aborts_at_plan_time() and self.ahead.made_ahead(t):
-            # the plan made ahead at t applies them, after it: routers see them gone meanwhile
-            self.ahead.note_leaving([a for a in self.aborts if a[0] <= t])
+            # the plan made ahead at t applies them (before it or after it): routers see the
+            # requests that leave then gone meanwhile
+            loop_top = self._loop_top_aborts()
+            last = self.ahead.start if loop_top else t
+            self.ahead.note_leaving([a for a in self.aborts if a[0] <= last], loop_top)
             return
         if self.now <= t and any(at <= t and seq.status not in ("finished", "aborted") for at, _, seq in self.aborts):
             self.wake(t)
             self.abort_due()
 
-    def abort_due(self, plan: RefPlan | None = None, *, strictly: bool = False) -> None:
+    def abort_due(self, plan: RefPlan | None = None, *, strictly: bool = False, upto: float | None = None) -> None:
         """Drop every request whose client's disconnect has reached the engine by now, in the
         order the disconnects arrived (ties: arrival order): its KV blocks and slot are freed,
         also while it is in a pipeline's batch in flight (:mod:`schedlab.engine.stages`).
         ``plan``: made ahead just before, for the batch starting now; a decode it gave an
         aborted request is computed for nothing (``overshoots``; its prefill chunk too).
-        ``strictly``: only those that came before now (a pipeline's landing now comes first)."""
-        due = sorted((a for a in self.aborts if a[0] < self.now or (a[0] == self.now and not strictly)),
+        ``strictly``: only those that came before now (a pipeline's landing now comes first);
+        ``upto``: those that came by then (SGLang's overlap loop read them then: :meth:`_plan`)."""
+        last = self.now if upto is None else upto
+        due = sorted((a for a in self.aborts if a[0] < last or (a[0] == last and not strictly)),
                      key=lambda a: (a[0], a[1]))
         for entry in due:
             self.aborts.remove(entry)
-            seq = entry[2]
-            if seq.status == "waiting":
-                if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
-                    self.ahead.deferred.remove(seq)
-                elif self.holds is None or not self.holds.drop(seq):
-                    self.waiting.remove(seq)
-                seq.waiting_ms += self.now - seq.waiting_since
-            elif seq.status == "swapped":
-                if not hasattr(self.kv, "free_swapped"):
-                    raise SimulationError(f"reference engine: request {seq.request.id} aborted while swapped out; "
-                                          f"{type(self.kv).__name__} has no free_swapped(seq)")
-                self.swapped.remove(seq)
-                self.kv.free_swapped(seq)
-            elif seq.status == "decoding" and self.to_finish is not None:
+            self._abort_one(entry[2], plan)
+
+    def _abort_one(self, seq, plan: RefPlan | None = None) -> None:
+        """Abort ``seq`` now, wherever it is (:meth:`abort_due`)."""
+        if seq.status == "waiting":
+            if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
+                self.ahead.deferred.remove(seq)
+            elif self.holds is None or not self.holds.drop(seq):
+                self.waiting.remove(seq)
+            seq.waiting_ms += self.now - seq.waiting_since
+        elif seq.status == "swapped":
+            if not hasattr(self.kv, "free_swapped"):
+                raise SimulationError(f"reference engine: request {seq.request.id} aborted while swapped out; "
+                                      f"{type(self.kv).__name__} has no free_swapped(seq)")
+            self.swapped.remove(seq)
+            self.kv.free_swapped(seq)
+        elif seq.status == "decoding" and self.to_finish is not None and plan is None:
+            if self.ahead is None or seq not in self.ahead.ghosts:  # (a ghost leaves after the plan)
                 self.to_finish.add(seq)  # (it leaves after its next iteration: _execute)
-                continue
-            elif seq.status in ("prefilling", "decoding"):
-                pending = 0  # the slots the plan made ahead took for it
-                if plan is not None and plan.is_scheduled(seq):
-                    if seq.status == "decoding":
-                        plan.overshoots.append(seq)
-                        pending = 1
-                    else:
-                        pending = next(n for s, n in plan.prefills if s is seq)
-                self._drop_aborted(seq, self.now, pending)
-                continue
-            elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
-                del self.running[seq]
-                seq.num_computed_tokens += self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
-                self.kv.free(seq)
-            elif self.role is not None and self.role.abort(self, seq):
-                seq.status = "aborted"  # its KV was on its way here; the scheduler never held it
-                self.rec.request_done(seq, self.index, self.now, aborted=True)
-                continue
-            else:  # finished before its client gave up
-                continue
-            self._record_aborted(seq, self.now)
+            return
+        elif seq.status in ("prefilling", "decoding"):
+            pending = 0  # the slots the plan made ahead took for it
+            if plan is not None and plan.is_scheduled(seq):
+                if seq.status == "decoding":
+                    plan.overshoots.append(seq)
+                    pending = 1
+                else:
+                    pending = next(n for s, n in plan.prefills if s is seq)
+            # (SGLang drops an aborted chunked prefill's blocks uncached: KVCache.discard)
+            self._drop_aborted(seq, self.now, pending,
+                               discard=seq.status == "prefilling" and self.to_finish is not None)
+            return
+        elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
+            del self.running[seq]
+            seq.num_computed_tokens += self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
+            self.kv.free(seq)
+        elif self.role is not None and self.role.abort(self, seq):
+            seq.status = "aborted"  # its KV was on its way here; the scheduler never held it
+            self.rec.request_done(seq, self.index, self.now, aborted=True)
+            return
+        else:  # finished before its client gave up
+            return
+        self._record_aborted(seq, self.now)
 
     def _in_step_aborts(self, decoders: list, plan: RefPlan, end: float) -> list:
         """The requests this iteration computes whose client's abort reaches the engine while it
@@ -694,24 +719,32 @@ class ReferenceEngine:
         output (the fast engine's ``_in_step_aborts``); not modelled pipelined, disaggregated or
         on data-parallel ranks. Planning ahead, only those it would give a token (the plan made
         ahead holds the rest as they are); their aborts stay for the plan (:meth:`_plan`)."""
-        if not (self.aborts and self.aborts_drop_output and self.role is None and self.in_flight is None):
+        if not (self.aborts and self.role is None and self.in_flight is None):
+            return []
+        loop_top = self._loop_top_aborts()  # (SGLang's overlap loop: those read when it started)
+        if not (self.aborts_drop_output or loop_top):
             return []
         if self.ahead is None:
             computed = set(decoders) | {s for s, _ in plan.prefills}
         else:
             computed = set(decoders) | {s for s, n in plan.prefills if s.num_computed_tokens + n == s.num_tokens}
-        hit = sorted((a for a in self.aborts if self.now < a[0] < end and a[2] in computed),
-                     key=lambda a: (a[0], a[1]))
+        hit = sorted((a for a in self.aborts if (a[0] <= self.now if loop_top else self.now < a[0] < end)
+                      and a[2] in computed), key=lambda a: (a[0], a[1]))
         if self.ahead is None:
             for entry in hit:
                 self.aborts.remove(entry)
         return [a[2] for a in hit]
 
-    def _drop_aborted(self, seq, t: float, pending: int = 0) -> None:
+    def _drop_aborted(self, seq, t: float, pending: int = 0, *, discard: bool = False) -> None:
         """``seq``, running, aborted at ``t``: its slot and blocks freed -- with the ``pending``
-        slots a plan made ahead took for it --, its row written."""
+        slots a plan made ahead took for it; ``discard``: uncached, ``KVCache.discard`` --, its
+        row written."""
         del self.running[seq]
-        if self.ahead is None:
+        release = getattr(self.kv, "discard", None) if discard else None
+        if release is not None:
+            seq.reserved_tokens = max(seq.reserved_tokens, seq.num_computed_tokens + pending)
+            release(seq)
+        elif self.ahead is None:
             self.kv.free(seq)
         else:  # as at a preemption (RefPlan._requeue): vLLM has cached only the tokens it knew
             computed = seq.num_computed_tokens
@@ -855,7 +888,7 @@ class ReferenceEngine:
             if s in ghosts or s.status == "aborted":  # (aborted after a plan made ahead: computed for nothing)
                 s.num_computed_tokens += n
                 counters["prefill_tokens"] += n
-                if s in ghosts and s not in finishing and self.ahead is not None and s.num_computed_tokens == s.num_tokens:
+                if s in ghosts and self.ahead is not None and s.num_computed_tokens == s.num_tokens:
                     s.status = "decoding"  # (planned ahead, its first decode: see below)
                 continue
             before = s.num_computed_tokens
@@ -890,10 +923,11 @@ class ReferenceEngine:
             self.kv.free(s)
             self.finish_done(s, end)
         for s in ghosts:
-            if self.ahead is None or s in finishing:
+            if self.ahead is None:
                 self._drop_aborted(s, end)
             elif s.num_generated + 1 >= s.request.target_tokens:
                 s.status = "finished"  # the token dropped was its last: held like a finished one
+                s.num_generated += 1  # (as the plan sees it: the token in flight counts; never sent)
                 self.ahead.doom(s)
             else:  # decoding, its token dropped; the plan made ahead schedules it all the same
                 self.ahead.ghosts.add(s)

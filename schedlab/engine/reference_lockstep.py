@@ -53,6 +53,7 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         super().__init__(ranks, router, client_side=client_side)
         for e in self.instances:
             e.aborts_drop_output = False  # (an abort during a step: at the next plan, not modelled per step)
+            e.loop_top_aborts = False
         self.members = self.instances
         self._init_deployment(index)
         self.views = views_of(self.instances, self.clock)  # read afresh at each routing

@@ -48,9 +48,7 @@ class SglangSettings:
         schedlab does too.)"""
         cap = self.max_total_tokens
         return [f"request {r.id}: prompt of {r.prompt_tokens} reaches max_total_tokens - 6"
-                for r in requests if r.prompt_tokens >= cap - 6] + [
-            f"request {r.id}: this harness runs no aborts with overlap scheduling" for r in requests
-            if r.abort_at is not None and self.overlap_schedule]
+                for r in requests if r.prompt_tokens >= cap - 6]
 
     def simpler(self):
         """Simpler settings for the shrinker: FCFS, no chunking, then fewer requests running, a

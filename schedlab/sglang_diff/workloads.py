@@ -26,7 +26,8 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
 * ``abort``      -- about 40% of the requests' clients give up half a ms into some iteration
   0-40 after their arrival; any policy, sometimes shared prefixes, chunking or tight memory:
   SGLang drops a queued request at once, a chunked prefill at its next plan, and runs a
-  running one once more before it ends it (``Scheduler.abort_request``).
+  running one once more before it ends it (``Scheduler.abort_request``);
+* ``overlap_abort`` -- the ``abort`` group's case with overlap scheduling on.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -44,7 +45,7 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
-          "abort")
+          "abort", "overlap_abort")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -59,9 +60,9 @@ def generate(group: str, seed: int) -> Case:
     """The case ``seed`` of feature ``group`` (one of :data:`GROUPS`)."""
     if group not in GROUPS:
         raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
-    if group == "overlap":  # another group's case, planned ahead
+    if group in ("overlap", "overlap_abort"):  # another group's case, planned ahead
         rng = random.Random(f"sglang:{group}:{seed}")
-        case = generate(rng.choice(OVERLAPPED), seed)
+        case = generate(rng.choice(OVERLAPPED) if group == "overlap" else "abort", seed)
         return attrs.evolve(case, settings=attrs.evolve(case.settings, overlap_schedule=True), group=group)
     rng = random.Random(f"sglang:{group}:{seed}")
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
