@@ -628,8 +628,8 @@ class Instance:
         loop_top = at_plan_time and self._loop_top_aborts()
         if at_plan_time and self.aborts and self.next_abort() <= t:
             # the aborts that reached vLLM's engine core (SGLang's loop) before it made this plan
-            # (SGLang's: rows now, as routers see them; a running request only marked, to_finish)
-            self._abort_due(upto=t) if loop_top else self._run_at(t, self._abort_due)
+            # (their rows now, as routers see them; SGLang's running requests only marked, to_finish)
+            self._abort_due(upto=t)
         self.now = t
         ahead.planning = t < end
         try:
@@ -676,14 +676,6 @@ class Instance:
         the one that ends a running request (its token dropped), and the plan still holds it
         (:mod:`schedlab.engine.ahead`). Off on lockstep ranks."""
         return self.ahead is not None and self.to_finish is not None and self.loop_top_aborts
-
-    def _run_at(self, t: float, action) -> None:
-        """``action()`` with the clock at ``t``."""
-        was, self.now = self.now, t
-        try:
-            action()
-        finally:
-            self.now = was
 
     def discard_token(self, seq: Sequence) -> None:
         """Drop the last token of ``seq`` (just preempted), which the client never got: it will

@@ -598,11 +598,9 @@ class ReferenceEngine:
             self.counters["peak_waiting"] = max(self.counters["peak_waiting"], len(self.waiting))
         at_plan_time = self._aborts_at_plan_time()
         loop_top = at_plan_time and self._loop_top_aborts()
-        if loop_top:  # SGLang's loop read them before this plan (rows now; a running request marked)
-            self.abort_due(upto=t)
+        if at_plan_time:  # the aborts that reached vLLM's engine core (SGLang's loop) before this plan
+            self.abort_due(upto=t)  # (rows now, as routers see them; SGLang's running requests only marked)
         self.now = t
-        if at_plan_time and not loop_top:  # the aborts that reached vLLM's engine core before this plan
-            self.abort_due()
         ahead.planning = t < end
         plan = RefPlan(self, self.serial)
         self.scheduler.schedule(plan)
