@@ -418,7 +418,8 @@ class Instance:
 
     def has_work(self) -> bool:
         return (bool(self.running or self.waiting or self.swapped) or (self.stage is not None and self.stage.has_work())
-                or (self.ahead is not None and bool(self.ahead.deferred)))
+                # (or blocks a planned-ahead pass computed twice, freed at the next plan: RadixKVCache)
+                or (self.ahead is not None and bool(self.ahead.deferred or getattr(self.kv, "releasing_blocks", 0))))
 
     # -- decode-set bookkeeping ---------------------------------------------------------------
     def _add_decoder(self, seq: Sequence) -> None:

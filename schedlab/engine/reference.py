@@ -478,7 +478,8 @@ class ReferenceEngine:
     # -- state ------------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return (bool(self.waiting or self.running or self.swapped) or (self.role is not None and self.role.has_work())
-                or (self.ahead is not None and bool(self.ahead.deferred)))
+                # (or blocks a planned-ahead pass computed twice, freed at the next plan: RadixKVCache)
+                or (self.ahead is not None and bool(self.ahead.deferred or getattr(self.kv, "releasing_blocks", 0))))
 
     @property
     def outstanding(self) -> int:
