@@ -214,6 +214,12 @@ class KVCache(Protocol):
     hits (SGLang aborts a chunked prefill with ``release_kv_cache(checkpoint=False)``); the
     engines call it there when the scheduler follows SGLang's rule for aborts
     (``aborts_run_once_more``). A cache without it frees as usual.
+
+    Optional: ``use_hash_lookahead(tokens)``, for a prefix cache that identifies blocks by their
+    content: identify each block by the ``tokens`` after it too, as vLLM 0.33 hashes blocks for an
+    EAGLE drafter (whose KV at a block's last position reads the next token); the engines call it
+    once, before anything is cached, when ``[speculative] method = "eagle"``. A cache without it
+    keeps its keys.
     """
 
     block_size: int
@@ -290,6 +296,20 @@ class Plan(Protocol):
         """Draft tokens each decode verifies in this iteration (speculative decoding), so a
         decode takes ``1 + spec_tokens`` tokens of the budget; 0 without speculation."""
         ...
+    @property
+    def draft_input_slots(self) -> int:
+        """Input slots the drafter takes beside each scheduled request's tokens (a draft
+        model: 1, vLLM's ``max_num_new_slots_for_drafting``); 0 without speculation."""
+        ...
+    @property
+    def num_scheduled_seqs(self) -> int:
+        """Requests with work in this iteration so far (decodes, prompt chunks, overshoots)."""
+        ...
+    @property
+    def admission_padding(self) -> int:
+        """The most placeholder drafts :meth:`admit` takes (``padding``): vLLM's ``1 + k`` rows of
+        a uniform decode batch; 0 without speculation or with drafts per batch size."""
+        ...
 
     def is_scheduled(self, seq: SequenceState) -> bool:
         """True if ``seq`` already has work in this iteration."""
@@ -341,7 +361,8 @@ class Plan(Protocol):
         when the token budget runs out."""
         ...
 
-    def admit(self, seq: SequenceState, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0) -> bool:
+    def admit(self, seq: SequenceState, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0,
+              padding: int = 0) -> bool:
         """Move a waiting ``seq`` to running and compute ``num_tokens`` of it this iteration
         (after any cached prefix, see :meth:`cached_tokens`). ``reserve``: hold KV for
         ``prompt + max_tokens`` now so the sequence never needs more. ``reserve_tokens``: hold
@@ -350,7 +371,10 @@ class Plan(Protocol):
         -- or, from a scheduler with an ``answer_segment``, at least ``num_tokens +
         answer_segment - 1`` (it :meth:`requeue` s the sequence before it computes more).
         With speculation a reservation also covers the slots a last step's drafts and lookahead
-        take (TGI reserves ``speculate`` more). False if it does not fit."""
+        take (TGI reserves ``speculate`` more). ``padding`` (speculation only, at most
+        :attr:`admission_padding`): query tokens the pass computes for nothing beside the last prompt
+        token, as vLLM pads a one-token admission to a decode's ``1 + k`` rows with placeholder
+        drafts, all rejected; they take budget and KV slots as drafts do. False if it does not fit."""
         ...
 
     def prefill(self, seq: SequenceState, num_tokens: int) -> bool:

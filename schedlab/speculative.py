@@ -11,6 +11,8 @@ one the target disagrees with, plus one token of its own. This follows vLLM 0.33
   short its drafts are cut (``min(num_new_tokens, token_budget)``);
 * ``allocate_slots`` takes KV slots for those tokens plus ``num_lookahead_tokens`` -- ``k``
   for drafters that write KV past the verified tokens (EAGLE, a draft model), 0 for n-gram;
+* every request a step schedules also takes ``max_num_new_slots_for_drafting`` input slots of
+  the budget (1 for a draft model, 0 for EAGLE and n-gram): ``input_budget``;
 * after the pass ``num_computed_tokens`` drops by the rejected drafts;
 * ``num_speculative_tokens_per_batch_size`` picks ``k`` by batch size: the drafts proposed
   after a step (and verified in the next) number ``k`` for that step's scheduled requests.
@@ -139,6 +141,13 @@ class SpeculativeConfig:
         ``num_speculative_tokens`` for EAGLE and draft models, which write KV for the next drafts)."""
         return 0 if self.method == "ngram" else self.num_speculative_tokens
 
+    @property
+    def draft_input_slots(self) -> int:
+        """Input slots the drafter takes beside each scheduled request's tokens, out of the
+        step's token budget (vLLM 0.33 ``max_num_new_slots_for_drafting``: a draft model's
+        autoregressive input keeps one token more; EAGLE and n-gram need none)."""
+        return 1 if self.method == "draft_model" else 0
+
     def k_for(self, batch_size: int) -> int:
         """Drafts per sequence proposed after a step that scheduled ``batch_size`` requests."""
         k = self.num_speculative_tokens
@@ -148,6 +157,26 @@ class SpeculativeConfig:
                 break
             chosen = ranged
         return k if chosen is None else min(k, chosen)
+
+
+def budget_problem(scheduler_config, config: SpeculativeConfig) -> str | None:
+    """Why a scheduler's token budget cannot serve ``config``'s drafts (None: it can). The
+    budget must exceed the drafter's lookahead slots, as vLLM 0.33 requires (``VllmConfig``:
+    "not enough slots to schedule a token and support the speculative decoding settings"); a
+    draft model's input slot beside every request also needs chunked prefill: unchunked, a
+    prompt as long as the budget would never fit beside it (vLLM avoids that by asking for a
+    budget of at least ``max_model_len`` then). Schedulers without ``max_num_batched_tokens``
+    have no such budget."""
+    budget = getattr(scheduler_config, "max_num_batched_tokens", None)
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        return None
+    if config.lookahead and budget <= config.lookahead:
+        return (f"max_num_batched_tokens = {budget} must exceed the drafter's {config.lookahead} lookahead "
+                f"slots ([speculative] {config.method}, num_speculative_tokens = {config.num_speculative_tokens})")
+    if config.draft_input_slots and getattr(scheduler_config, "chunked_prefill", True) is False:
+        return ("[speculative] method = \"draft_model\" takes an input slot of the token budget beside every "
+                "request; set chunked_prefill = true (vLLM V1's default)")
+    return None
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -168,10 +197,24 @@ class Speculation:
         self.config = config
         self.k_max = config.num_speculative_tokens
         self.lookahead = config.lookahead
+        self.draft_input_slots = config.draft_input_slots
+        #: tokens after a block its prefix-cache identity covers (vLLM 0.33
+        #: ``num_hash_lookahead_tokens``: 1 for EAGLE, whose KV at a block's last position reads the next token)
+        self.hash_lookahead = 1 if config.method == "eagle" else 0
+        #: placeholder drafts a one-token admission beside decodes is padded with (vLLM pads it to
+        #: a uniform decode batch of 1 + k rows, but not with drafts per batch size)
+        self.admission_padding = 0 if config.k_by_batch_size else self.k_max
         self.slack = self.k_max + self.lookahead  # KV slots a step may hold past the last token
         self._seed_key = _mix((seed * _GOLDEN + _SALT) & _MASK)
         self._seed = seed
         self._k_memo: dict[int, int] = {}
+
+    def configure_cache(self, kv) -> None:
+        """Tell a prefix cache that keys blocks by content what this drafter's KV depends on
+        (``KVCache.use_hash_lookahead``, optional); the engines call it once, at construction."""
+        use = getattr(kv, "use_hash_lookahead", None)
+        if self.hash_lookahead and use is not None and getattr(kv, "prefix_caching", False):
+            use(self.hash_lookahead)
 
     def k_for(self, batch_size: int) -> int:
         k = self._k_memo.get(batch_size)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.parallelism import Parallelism
-from schedlab.speculative import SpeculativeConfig
+from schedlab.speculative import SpeculativeConfig, budget_problem
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (check_run, compare_runs, dyadic_linear_costs, examples,
                               fast_run_agreeing_with_reference, requests_lists, run_cluster, run_engine)
@@ -135,6 +135,7 @@ def test_speculating_lockstep_ranks_agree_between_engines_and_keep_the_rules(req
     sequences holding speculative slots, idle ranks running the dummy (and the drafter's dummy
     run), k by batch size, per-request acceptance rates: both engines alike, every request served
     once with its tokens, within the slots and each rank's cache."""
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     blocks = blocks_with_drafts(requests, spec, block_size) + spare
 
     def make():
@@ -160,6 +161,7 @@ def test_a_dense_models_speculating_ranks_agree_between_engines_and_keep_the_rul
                                                                                   cost, spare, seed):
     """A dense model's data-parallel ranks are independent instances behind the balancer (as
     the run assembles them), each drafting and verifying its own sequences."""
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     blocks = blocks_with_drafts(requests, spec, 4) + spare
 
     def make():
@@ -193,6 +195,7 @@ def test_speculating_roofline_lockstep_ranks_match_the_reference(requests, cfg, 
     head or n-gram proposing: costs are not binary fractions, so the engines agree to rounding."""
     spec = SpeculativeConfig(method=method, num_speculative_tokens=k, acceptance_rate=alpha, proposer_ms=0.125,
                              draft=None if method == "ngram" else {"kind": "roofline"})
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     blocks = blocks_with_drafts(requests, spec, 16) + spare
     drafter = {"ngram": None, "eagle": LinearCostModel(DRAFTER), "draft_model": small_drafter()}[method]
 
@@ -241,6 +244,7 @@ def test_speculating_lockstep_ranks_are_metered_alike_and_conserve_energy(reques
                                                                          seed):
     """``[power]``: each rank's verify passes and dummy steps metered as without speculation;
     both engines draw the same energy per rank, and each run's is its power's integral."""
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     blocks = blocks_with_drafts(requests, spec, 4) + spare
 
     def make():

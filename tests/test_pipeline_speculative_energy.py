@@ -21,7 +21,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from schedlab.drafting import DraftingCostModel
@@ -31,7 +31,7 @@ from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.parallelism import Parallelism
 from schedlab.protocols import Batch
-from schedlab.speculative import SpeculativeConfig
+from schedlab.speculative import SpeculativeConfig, budget_problem
 from schedlab.study.experiment import load
 from schedlab.testing import (check_energy, check_run, dyadic_linear_costs, examples,
                               fast_run_agreeing_with_reference, requests_lists)
@@ -227,6 +227,7 @@ def test_speculating_pipelines_agree_on_energy_at_a_clock_and_conserve_it(reques
     batch size, at the full clock, fixed ones and the governor's: both engines launch the same
     batches at the same clocks, draw the same energy per instance, stage and request, and
     conserve it."""
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     blocks = blocks_with_drafts(requests, spec, 4) + spare
 
     def make():
@@ -250,6 +251,7 @@ def test_speculating_roofline_pipelines_agree_on_energy_and_conserve_it(requests
     gpu = PRESETS.gpu("h100-80gb")
     spec = SpeculativeConfig(method=method, num_speculative_tokens=k, acceptance_rate=alpha, proposer_ms=0.125,
                              draft=None if method == "ngram" else {"kind": "roofline"})
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     drafter = (RooflineCostModel(PRESETS.model("llama-3.2-1b"), gpu, RooflineConfig(model="llama-3.2-1b",
                                                                                      gpu="h100-80gb"))
                if method != "ngram" else None)

@@ -134,9 +134,10 @@ def test_all_rejected_with_a_drafter_by_hand(engine):
     #   -> 4 ms, first token at 4.
     # Each decode step: target 8 + 2 x 0.5 = 9; drafter's pass over 1 + 2 tokens (2 drafts x 0.25
     #   + 1) = 1.5, then one one-token pass 1 -> 11.5 ms; one token a step: 15.5, 27.
-    # KV (blocks of 4): step 1 takes slots for 4 + 1 + 2 + 2 = 9 tokens (3 blocks) and keeps 5
-    # tokens, but the request keeps the blocks, as in vLLM (its next step reuses them); step 2
-    # needs 10 slots: still 3 blocks.
+    # KV (blocks of 4): the prefill takes slots for its 4 tokens and the drafter's 2 lookahead
+    # slots, as vLLM's allocate_slots does for a prompt chunk too (6: 2 blocks); decode step 1
+    # takes slots for 4 + 1 + 2 + 2 = 9 tokens (3 blocks) and keeps 5 tokens, but the request
+    # keeps the blocks, as in vLLM (its next step reuses them); step 2 needs 10 slots: still 3.
     spec = SpeculativeConfig(method="eagle", num_speculative_tokens=2, acceptance_rate=0.0, draft={"kind": "linear"})
     draft = LinearCostModel(LinearConfig(prefill_ms_per_token=0.25, decode_ms_per_step=1.0))
     used_after = []
@@ -154,9 +155,9 @@ def test_all_rejected_with_a_drafter_by_hand(engine):
     assert r.requests["finish_ms"].tolist() == [27.0]
     assert r.metrics["tpot_ms"]["mean"] == 11.5
     assert r.counters["kv_peak_blocks"] == 3
-    assert r.counters["kv_block_ms"] == 1 * 4.0 + 3 * 11.5 + 3 * 11.5  # blocks in use x iteration time
+    assert r.counters["kv_block_ms"] == 2 * 4.0 + 3 * 11.5 + 3 * 11.5  # blocks in use x iteration time
     if engine == "fast":
-        assert used_after == [1, 3, 0]  # the rejected drafts' and lookahead slots stay until the finish
+        assert used_after == [2, 3, 0]  # the rejected drafts' and lookahead slots stay until the finish
     s = r.metrics["speculative"]
     assert (s["draft_tokens"], s["accepted_tokens"], s["acceptance_rate"], s["tokens_per_step"]) == (4, 0, 0.0, 1.0)
 
@@ -328,3 +329,91 @@ def test_bad_speculative_tables_name_table_and_key(tmp_path, table, message):
 def test_readme_quotes_the_speculation_experiment():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "experiments/speculative_decoding.toml" in readme
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["scheduler.max_num_batched_tokens=3"],
+     "max_num_batched_tokens = 3 must exceed the drafter's 3 lookahead slots ([speculative] draft_model"),
+    (["scheduler.chunked_prefill=false"], 'method = "draft_model" takes an input slot of the token budget'),
+])
+def test_a_budget_the_drafts_cannot_use_is_refused_naming_the_table(tmp_path, overrides, message):
+    """vLLM refuses a budget at or below the lookahead ("not enough slots to schedule a token");
+    a draft model's input slot beside every request needs chunked prefill."""
+    path = tmp_path / "spec.toml"
+    path.write_text(EXPERIMENT)
+    with pytest.raises(ConfigError) as err:
+        run_experiment(load(path, overrides))
+    assert message in str(err.value) and "[scheduler]" in str(err.value)
+    run_experiment(load(path, ["scheduler.max_num_batched_tokens=4", "speculative.num_speculative_tokens=3",
+                               "workload.num_requests=3"]))  # (one slot above the lookahead: served)
+
+
+def test_a_draft_models_input_slots_leave_fewer_tokens_for_prompts():
+    """Budget 8, a draft model with k = 2, every draft rejected: the first prompt (6 tokens)
+    takes 6 + 1 input slots, leaving the second none (n-gram: 2); it is chunked 3 + 3 beside the
+    first's 3-token verify passes (n-gram: the rest, 4, at once). Times in 1 ms steps."""
+    reqs = [Request(0, 0.0, 6, 3), Request(1, 0.0, 6, 1)]
+    one_ms = LinearConfig(prefill_ms_per_token=0.0, decode_ms_per_step=0.0, base_ms=1.0)
+    first = {}
+    for method in ("draft_model", "ngram"):
+        spec = SpeculativeConfig(method=method, num_speculative_tokens=2, acceptance_rate=0.0,
+                                 draft={"kind": "linear"} if method != "ngram" else None)
+        runs = [run_engine(reqs, ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=8,
+                                                                      chunked_prefill=True, allocation="grow")),
+                           LinearCostModel(one_ms), PagedKVCache(40, 16), engine=engine, speculative=spec)
+                for engine in ENGINES]
+        compare_runs(*runs, rel=0.0)
+        first[method] = runs[0].requests["first_token_ms"].tolist()
+    assert first == {"draft_model": [1.0, 3.0], "ngram": [1.0, 2.0]}
+
+
+def test_eagle_block_keys_cover_the_token_after_the_block():
+    """vLLM 0.33 hashes a block with the token after it for EAGLE (num_hash_lookahead_tokens):
+    a group's shared prompt of 8 tokens in blocks of 4 shares block 0 only (token 8 is each
+    request's own), one of 9 tokens shares both; Mooncake ids name the next id block then."""
+    from schedlab_plugins.kv_caches.prefix import block_key
+
+    def req(prefix, prompt=12, **kw):
+        return Request(0, 0.0, prompt, 1, prefix_group=None if kw else 0, prefix_tokens=0 if kw else prefix, **kw)
+
+    assert [block_key(req(8), j, 4) for j in (0, 1)] == [("g", 0, 3), ("g", 0, 7)]
+    assert [block_key(req(8), j, 4, 1) for j in (0, 1)] == [("g", 0, 4), ("r", 0, 1)]
+    assert [block_key(req(9), j, 4, 1) for j in (0, 1)] == [("g", 0, 4), ("g", 0, 8)]
+    hashed = req(0, block_hashes=(7, 8, 9), hash_block_tokens=4)
+    assert [block_key(hashed, j, 4, 1) for j in (0, 1, 2)] == [("h", 8, 0), ("h", 9, 0), ("r", 0, 2)]
+
+
+@pytest.mark.parametrize("prefix,hit", [(8, 4), (9, 8)])
+def test_eagle_prefix_hits_need_the_next_token_too(prefix, hit):
+    """Request 1 arrives after request 0 served its prompt (the shared first ``prefix`` tokens);
+    with an EAGLE drafter it hits the blocks whose next token is shared too, with n-gram every
+    shared full block."""
+    reqs = [Request(0, 0.0, 12, 1, prefix_group=0, prefix_tokens=prefix),
+            Request(1, 50.0, 12, 1, prefix_group=0, prefix_tokens=prefix)]
+    for method, expected in (("eagle", hit), ("ngram", 8)):
+        spec = SpeculativeConfig(method=method, num_speculative_tokens=1, acceptance_rate=0.5,
+                                 draft={"kind": "linear"} if method == "eagle" else None)
+        runs = [run_engine(reqs, ContinuousScheduler(ContinuousConfig(chunked_prefill=True, allocation="grow")),
+                           LinearCostModel(LinearConfig()), PrefixKVCache(20, 4), engine=engine, speculative=spec)
+                for engine in ENGINES]
+        compare_runs(*runs, rel=0.0)
+        assert runs[0].requests["cached_tokens"].tolist() == [0, expected], method
+
+
+def test_hash_lookahead_is_set_before_anything_is_cached():
+    kv = PrefixKVCache(4, 4)
+    kv.use_hash_lookahead(1)
+    assert kv.hash_lookahead == 1
+    assert kv.allocate(_KvSeq(), 4)
+    with pytest.raises(AssertionError, match="on a cache in use"):
+        kv.use_hash_lookahead(1)
+
+
+class _KvSeq:
+    """What a KV cache reads of a sequence."""
+
+    def __init__(self):
+        self.request = Request(0, 0.0, 8, 1)
+        self.num_computed_tokens = 0
+        self.reserved_tokens = 0
+        self.kv_state = None

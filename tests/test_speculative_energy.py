@@ -14,7 +14,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from schedlab.drafting import DraftingCostModel
@@ -22,7 +22,7 @@ from schedlab.energy.clock import ClockConfig, ClockedCostModel
 from schedlab.engine.rank_cost import DUMMY, RankCost
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
-from schedlab.speculative import SpeculativeConfig
+from schedlab.speculative import SpeculativeConfig, budget_problem
 from schedlab.study.experiment import load
 from schedlab.testing import (check_energy, compare_runs, examples, fast_run_agreeing_with_reference,
                               requests_lists, run_engine)
@@ -193,6 +193,7 @@ def test_speculating_instances_agree_on_energy_at_a_clock_and_conserve_it(reques
     (times and energy, per request too), each run's energy its power's integral."""
     spec = SpeculativeConfig(method=method, num_speculative_tokens=k, acceptance_rate=alpha, proposer_ms=0.125,
                              draft=None if method == "ngram" else {"kind": "roofline"})
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     drafter = roofline("llama-3.2-1b") if method != "ngram" else None
     settings_ = CLOCKS[clock]
     at = (lambda c: ClockedCostModel(c, PRESETS.gpu("a100-40gb"), ClockConfig(**settings_))) if settings_ else None
@@ -214,6 +215,7 @@ def test_speculating_lockstep_ranks_at_a_clock_are_metered_alike_and_conserve_en
     """Ranks stepping together at one clock, each drafting: a rank's part and its drafter's
     passes stretched on their own work, the governor choosing from the whole step; both engines
     draw the same energy per rank, conserved."""
+    assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
     blocks = blocks_with_drafts(requests, spec, 4) + spare
 
     def make():

@@ -8,6 +8,8 @@ so that each rule decides the outcome. The scenarios are the ones the differenti
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from schedlab.model import Request
@@ -165,22 +167,45 @@ def test_no_request_is_preempted_twice_by_the_old_self_preemption_loop(reserve_f
     compare_runs(result, reference)
 
 
+class SelfPreempting(ContinuousScheduler):
+    """Preempts request 1 whenever it is prefilling (``rounds`` times, or for ever) and decodes
+    the others: a preemption loop."""
+
+    def __init__(self, config, rounds: float = math.inf):
+        super().__init__(config)
+        self.rounds = rounds
+
+    def schedule(self, plan):
+        for seq in list(plan.running):
+            if seq.request.id == 1 and seq.status == "prefilling" and self.rounds > 0:
+                self.rounds -= 1
+                plan.preempt(seq)
+                plan.decode_all()
+                return
+        super().schedule(plan)
+
+
 def test_the_loop_checker_catches_a_loop():
     """A scheduler that preempts the same prefilling request every other iteration while the
     cache stays as it was must fail the check (the checker can fail)."""
-
-    class SelfPreempting(ContinuousScheduler):
-        def schedule(self, plan):
-            for seq in list(plan.running):
-                if seq.request.id == 1 and seq.status == "prefilling":
-                    plan.preempt(seq)
-                    plan.decode_all()
-                    return
-            super().schedule(plan)
-
     a = Request(0, 0.0, prompt_tokens=8, output_tokens=30)
     b = Request(1, 0.0, prompt_tokens=64, output_tokens=1)
     config = synchronous(max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=8)
     with pytest.raises(AssertionError, match="preempted twice"):
         run_engine([a, b], SelfPreempting(config), LinearCostModel(ONE_MS), PagedKVCache(64, 16),
+                   check=IterationChecker())
+
+
+def test_the_loop_check_can_be_turned_off():
+    """``loops=False``: the loop above, three rounds of it, passes (the other limits are still
+    checked); with the check on, the same run fails."""
+    a = Request(0, 0.0, prompt_tokens=8, output_tokens=30)
+    b = Request(1, 0.0, prompt_tokens=64, output_tokens=1)
+    config = synchronous(max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    checker = IterationChecker(loops=False, token_budget=16)
+    result = run_engine([a, b], SelfPreempting(config, rounds=3), LinearCostModel(ONE_MS), PagedKVCache(64, 16),
+                        check=checker)
+    assert result.counters["num_preemptions"] == 3 and checker.iterations == result.metrics["iterations"]
+    with pytest.raises(AssertionError, match="preempted twice"):
+        run_engine([a, b], SelfPreempting(config, rounds=3), LinearCostModel(ONE_MS), PagedKVCache(64, 16),
                    check=IterationChecker())

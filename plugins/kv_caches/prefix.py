@@ -32,6 +32,12 @@ tokens, so workload metadata stands in for them. Cache block ``j`` of a request 
 Keys are never chained: each one already names its whole prefix. The keys of a request are
 monotone in ``j`` (``h`` blocks, then ``g`` blocks, then ``r`` blocks).
 
+Lookahead. With an EAGLE drafter vLLM 0.33 hashes each block together with the token after it
+(``num_hash_lookahead_tokens`` = 1: the drafter's KV at the block's last position depends on
+it; ``get_request_block_hasher``), so two prompts share a block only if they also agree on the
+next token, and a prompt's last full block is its own. Here ``e`` is then the token after the
+block (:meth:`PrefixKVCache.use_hash_lookahead`, which the engines call for such a drafter).
+
 Simplifications (documented, deliberate):
 
 * Duplicates. If a block's key is already cached when the block becomes full (two requests
@@ -75,9 +81,10 @@ from typing import Any
 from .paged import PagedKVCache, blocks_for
 
 
-def block_key(request, j: int, block_size: int) -> tuple:
-    """Identity of cache block ``j`` (tokens ``[j*B, (j+1)*B)``) of ``request`` (see the module doc)."""
-    e = (j + 1) * block_size - 1
+def block_key(request, j: int, block_size: int, lookahead: int = 0) -> tuple:
+    """Identity of cache block ``j`` (tokens ``[j*B, (j+1)*B)``) of ``request`` (see the module
+    doc); ``lookahead``: tokens after the block its identity covers too."""
+    e = (j + 1) * block_size - 1 + lookahead
     hashes = request.block_hashes
     if hashes is not None and e < request.prompt_tokens:
         h = request.hash_block_tokens
@@ -149,7 +156,15 @@ class PrefixKVCache(PagedKVCache):
         self.host = host  # a HostTier, or None
         self.evictions = 0
         self.epoch = 0
+        self.hash_lookahead = 0
         self._empty()
+
+    def use_hash_lookahead(self, tokens: int) -> None:
+        """Identify every block by the ``tokens`` after it too (a drafter's lookahead block
+        hashes, see the module doc); before anything is cached."""
+        if self._table or self.used:
+            raise AssertionError("use_hash_lookahead() on a cache in use")
+        self.hash_lookahead = tokens
 
     def _empty(self) -> None:
         """Nothing cached: every block free, in one anonymous run (a new pool, or one reset)."""
@@ -162,7 +177,7 @@ class PrefixKVCache(PagedKVCache):
 
     # -- lookups ---------------------------------------------------------------------------
     def _find(self, request, j: int) -> _Block | None:
-        key = block_key(request, j, self.block_size)
+        key = block_key(request, j, self.block_size, self.hash_lookahead)
         block = self._table.get(key)
         if block is None and key[0] != "r":
             block = self._table.get(("r", request.id, j))
@@ -173,7 +188,7 @@ class PrefixKVCache(PagedKVCache):
     def _find_host(self, request, j: int) -> tuple | None:
         """The key under which the host tier holds block ``j`` of ``request`` (as :meth:`_find`)."""
         host = self.host
-        key = block_key(request, j, self.block_size)
+        key = block_key(request, j, self.block_size, self.hash_lookahead)
         index = host.index_of(key)
         if index is None and key[0] != "r":
             key = ("r", request.id, j)
@@ -272,7 +287,7 @@ class PrefixKVCache(PagedKVCache):
         j = len(blocks)
         added = False
         while j < full:
-            key = block_key(request, j, self.block_size)
+            key = block_key(request, j, self.block_size, self.hash_lookahead)
             if key[0] == "r":
                 chain.sealed = True
                 break

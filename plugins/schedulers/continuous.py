@@ -268,7 +268,12 @@ class ContinuousScheduler:
             self._admit(plan)
 
     def _budget(self, plan) -> int:
-        return self.config.max_num_batched_tokens - plan.num_scheduled_tokens
+        """Tokens the next request may take: what is left of ``max_num_batched_tokens``, less
+        the drafter's input slots of every request scheduled so far and of this one (vLLM
+        0.33 ``input_budget - draft_slots``; none unless a draft model drafts)."""
+        left = self.config.max_num_batched_tokens - plan.num_scheduled_tokens
+        slots = plan.draft_input_slots
+        return left - slots * (plan.num_scheduled_seqs + 1) if slots else left
 
     def _schedule_running(self, plan) -> bool:
         """Give running sequences their tokens. False if the running phase had to stop early
@@ -291,7 +296,8 @@ class ContinuousScheduler:
             if held is not None:
                 return self._walk(plan, held)
         k = plan.spec_tokens
-        fits = not k or plan.num_decoding * (1 + k) <= self._budget(plan)
+        # (the last decode still gets all its drafts; draft input slots: see _budget)
+        fits = not k or plan.num_decoding * (1 + k + plan.draft_input_slots) <= self._budget(plan) + plan.draft_input_slots
         if self.config.running_order == "admission" and (
                 not fits or plan.has_prefilling and not self._prefills_trail(plan)):
             return self._walk(plan, list(plan.running))
@@ -467,9 +473,34 @@ class ContinuousScheduler:
             n = self._admission_tokens(seq, hit, budget)
             if not n:
                 return
-            while not (self._kv_allows(plan.kv, seq, n, hit) and plan.admit(seq, n, reserve=self._reserve)):
+            padding = self._padding(plan, seq, hit)
+            if padding and 1 + padding > budget:
+                return  # vLLM: "prefer to not schedule than schedule un-padded"
+            while not (self._kv_allows(plan.kv, seq, n, hit)
+                       and plan.admit(seq, n, reserve=self._reserve, padding=padding)):
                 if not self._make_room(plan, seq):
                     return
+
+    def _padding(self, plan, seq, hit: int) -> int:
+        """Placeholder drafts for admitting ``seq`` (``Plan.admit(padding=...)``): vLLM 0.33 pads
+        a waiting request with one token left to compute -- a prompt cached but for its last
+        token, or a one-token prompt -- to a decode's ``1 + k`` rows when the running phase
+        scheduled someone (or it has a hit) and no prompt chunk, so the step stays a uniform
+        decode batch for CUDA graphs (``Scheduler.schedule``: ``pad_spec_decode``; not with drafts
+        per batch size: ``plan.admission_padding`` is 0 then). Not under a threshold below
+        ``1 + k`` (vLLM then fails its own assertion)."""
+        k = plan.admission_padding
+        if not k or seq.num_tokens - hit != 1:
+            return 0
+        threshold = self._threshold
+        if threshold and threshold < 1 + k:
+            return 0
+        admitted = plan.admitted
+        if any(plan.is_scheduled(s) and s not in admitted for s in plan.prefilling):
+            return 0  # a running request's prompt chunk is in the step
+        if not hit and plan.num_scheduled_seqs == len(admitted):
+            return 0  # nobody from the running phase, and nothing cached
+        return k
 
     def _admission_tokens(self, seq, hit: int, budget: int) -> int:
         """Tokens of waiting ``seq`` to compute if admitted within ``budget`` (0: it must wait)."""

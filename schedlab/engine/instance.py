@@ -169,6 +169,8 @@ class Instance:
         self.kv_grows = callable(getattr(kv, "grow", None))
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0  # drafts per decode in the next step
+        if speculation is not None:
+            speculation.configure_cache(kv)
         # Speculation: decoders keep the slots of their last step (see _verify), so block
         # growth is not periodic and cross_at is not kept.
         self.track_growth = speculation is None
@@ -888,6 +890,8 @@ class Instance:
         for seq, n in plan.prefills:
             prefill_tokens += n
             prefill_context += seq._computed
+        if plan.padded:  # (query rows computed for nothing: Plan.admit)
+            prefill_tokens += sum(plan.padded.values())
         drafts = 0
         if n_dec and self.spec is not None:
             drafts = n_dec * plan.spec_k
@@ -1044,7 +1048,10 @@ class Instance:
             meter.per_decoder += per_decoder
             if plan.overshoots:  # (no drafts when planning ahead: a token's share each)
                 meter.discarded_j += per_token * len(plan.overshoots)
+            padded = plan.padded
             for seq, n in prefills:
+                if padded:  # (its placeholder drafts are its own work)
+                    n += padded.get(seq, 0)
                 if seq.status == ABORTED:  # (aborted after a plan made ahead: its row is written)
                     meter.discarded_j += per_token * n
                 else:

@@ -24,7 +24,8 @@ class FastPlan:
     __slots__ = (
         "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
-        "spec_k", "spec_slots", "spec_override", "dropped", "overshoots",
+        "spec_k", "spec_slots", "spec_override", "dropped", "overshoots", "draft_input_slots",
+        "padded", "admission_padding",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -48,6 +49,9 @@ class FastPlan:
         self.spec_k = inst.spec_k if spec is not None else 0          # drafts each decode verifies
         self.spec_slots = 1 + self.spec_k + spec.lookahead if spec is not None else 1  # KV slots a decode takes
         self.spec_override = None  # {seq: (drafts, slots)} for decodes that differ from that
+        self.draft_input_slots = spec.draft_input_slots if spec is not None else 0
+        self.admission_padding = spec.admission_padding if spec is not None else 0
+        self.padded = None         # {seq: placeholder drafts} of admissions padded (admit(padding=...))
         self.dropped = ()          # a pipeline's (seq, tokens) chunks of prompts preempted since the launch
         self.overshoots = ()       # finished sequences decoded once more, their token discarded (overshoot)
 
@@ -79,6 +83,11 @@ class FastPlan:
     @property
     def num_scheduled_tokens(self) -> int:
         return self._tokens
+
+    @property
+    def num_scheduled_seqs(self) -> int:
+        decoding = self._inst.n_decoding if self.decodes_all else len(self.decoded)
+        return decoding + len(self.prefills) + len(self.overshoots)
 
     @property
     def preempted(self) -> list:
@@ -229,7 +238,8 @@ class FastPlan:
             seq.hit_memo = (key, hit)
         return hit
 
-    def admit(self, seq, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0) -> bool:
+    def admit(self, seq, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0,
+              padding: int = 0) -> bool:
         if seq.status != WAITING:
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}, not waiting")
         hit = self.cached_tokens(seq)
@@ -237,6 +247,9 @@ class FastPlan:
         if not 1 <= num_tokens <= left:
             raise SimulationError(
                 f"admit(): request {seq.request.id} has {left} tokens to compute, scheduler asked for {num_tokens}")
+        if padding and not (0 < padding <= self.admission_padding and num_tokens == left):
+            raise SimulationError(f"admit(): request {seq.request.id}: padding {padding} needs speculation "
+                                  f"(at most {self.admission_padding} placeholder drafts) and the whole prompt")
         most = seq.prompt + seq.request.max_output_tokens
         if reserve_tokens:
             segment = self._inst.answer_segment  # (requeued when it has them: Scheduler.answer_segment)
@@ -246,8 +259,13 @@ class FastPlan:
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
-        if reserve_tokens and self._inst.spec is not None:
-            reserve_tokens += self._inst.spec.slack  # the last step's drafts and lookahead slots
+        spec = self._inst.spec
+        if spec is not None:
+            if reserve_tokens:
+                reserve_tokens += spec.slack  # the last step's drafts and lookahead slots
+            slots = hit + num_tokens + padding + spec.lookahead
+            if reserve_tokens < slots and (padding or spec.lookahead):
+                reserve_tokens = slots  # (see prefill)
         host = self._inst.host_tier
         loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
@@ -258,7 +276,11 @@ class FastPlan:
             self.transfer_ms += self._inst.host_load(host.loaded - loaded)
         self.admitted.append(seq)
         self.prefills.append((seq, num_tokens))
-        self._tokens += num_tokens
+        self._tokens += num_tokens + padding
+        if padding:
+            if self.padded is None:
+                self.padded = {}
+            self.padded[seq] = padding
         return True
 
     def prefill(self, seq, num_tokens: int) -> bool:
@@ -270,7 +292,16 @@ class FastPlan:
                 f"prefill(): request {seq.request.id} has {left} tokens left, scheduler asked for {num_tokens}")
         if seq.plan_mark == self.serial:
             raise SimulationError(f"prefill(): request {seq.request.id} is already in this iteration")
-        if not self.kv.allocate(seq, num_tokens):
+        spec = self._inst.spec
+        if spec is not None and spec.lookahead:
+            # a drafter writing KV past the step's tokens takes its lookahead slots with a prompt
+            # chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
+            slots = seq.num_computed_tokens + num_tokens + spec.lookahead
+            if not self.kv.allocate(seq, num_tokens, reserve_tokens=slots):
+                return False
+            if slots > seq.reserved_tokens:
+                seq.reserved_tokens = slots
+        elif not self.kv.allocate(seq, num_tokens):
             return False
         seq.plan_mark = self.serial
         self.prefills.append((seq, num_tokens))

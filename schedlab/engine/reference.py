@@ -86,7 +86,10 @@ class RefPlan:
         spec = engine.spec
         self.spec_tokens = engine.spec_k if spec is not None else 0
         self.lookahead = spec.lookahead if spec is not None else 0
+        self.draft_input_slots = spec.draft_input_slots if spec is not None else 0
+        self.admission_padding = spec.admission_padding if spec is not None else 0
         self.drafts: dict = {}  # decode -> (drafts it verifies, KV slots it took)
+        self.padded: dict = {}  # admissions' placeholder drafts (admit(padding=...))
         self.dropped: list = []  # a pipeline's (sequence, tokens) chunks of prompts preempted since the launch
         self.overshoots: list = []  # finished sequences decoded once more, their token discarded (overshoot)
 
@@ -118,6 +121,10 @@ class RefPlan:
     @property
     def decode_steps(self):
         return self._e.decode_steps
+
+    @property
+    def num_scheduled_seqs(self):
+        return len(self.decoders()) + len(self.prefills) + len(self.overshoots)
 
     def is_scheduled(self, seq) -> bool:
         return seq.mark == self.serial or (self.decodes_all and seq.status == "decoding")
@@ -188,12 +195,15 @@ class RefPlan:
     def cached_tokens(self, seq) -> int:
         return self.kv.cached_tokens(seq)
 
-    def admit(self, seq, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0) -> bool:
+    def admit(self, seq, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0,
+              padding: int = 0) -> bool:
         if seq.status != "waiting":
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}")
         hit = self.kv.cached_tokens(seq)
         if not 1 <= num_tokens <= seq.num_tokens - hit:
             raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
+        if padding and not (0 < padding <= self.admission_padding and num_tokens == seq.num_tokens - hit):
+            raise SimulationError(f"admit(): request {seq.request.id}: bad padding {padding}")
         most = seq.request.prompt_tokens + seq.request.max_output_tokens
         if reserve_tokens:
             least = min(most - 1, seq.num_tokens + self._e.answer_segment - 1) if self._e.answer_segment else most - 1
@@ -202,8 +212,14 @@ class RefPlan:
                                       f"scheduler reserved {reserve_tokens}")
         elif reserve:
             reserve_tokens = most
-        if reserve_tokens and self._e.spec is not None:
-            reserve_tokens += self._e.spec.slack
+        spec = self._e.spec
+        if spec is not None:
+            if reserve_tokens:
+                reserve_tokens += spec.slack
+            # a drafter writing KV past the step's tokens takes its lookahead slots with a
+            # prompt chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
+            if padding or spec.lookahead:  # (placeholder drafts take slots as drafts do)
+                reserve_tokens = max(reserve_tokens, hit + num_tokens + padding + spec.lookahead)
         host = getattr(self.kv, "host", None)
         loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
@@ -233,7 +249,9 @@ class RefPlan:
             e.counters["prefix_hits"] += hit
         self.admitted.append(seq)
         self.prefills.append((seq, num_tokens))
-        self.num_scheduled_tokens += num_tokens
+        self.num_scheduled_tokens += num_tokens + padding
+        if padding:
+            self.padded[seq] = padding
         return True
 
     def prefill(self, seq, num_tokens: int) -> bool:
@@ -241,8 +259,12 @@ class RefPlan:
             raise SimulationError(f"prefill(): request {seq.request.id} cannot prefill now")
         if not 1 <= num_tokens <= seq.num_tokens - seq.num_computed_tokens:
             raise SimulationError(f"prefill(): bad token count {num_tokens} for request {seq.request.id}")
-        if not self.kv.allocate(seq, num_tokens):
+        lookahead = self.lookahead  # (see admit)
+        slots = seq.num_computed_tokens + num_tokens + lookahead
+        if not self.kv.allocate(seq, num_tokens, reserve_tokens=slots if lookahead else 0):
             return False
+        if lookahead:
+            seq.reserved_tokens = max(seq.reserved_tokens, slots)
         seq.mark = self.serial
         self.prefills.append((seq, num_tokens))
         self.num_scheduled_tokens += num_tokens
@@ -419,6 +441,8 @@ class ReferenceEngine:
 
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0
+        if speculation is not None:
+            speculation.configure_cache(kv)
         self.scheduler = scheduler
         self.answer_segment = getattr(scheduler, "answer_segment", 0) or 0  # (Scheduler protocol)
         self.cost = cost_model
@@ -777,7 +801,7 @@ class ReferenceEngine:
             num_decode=len(contexts),
             decode_context_tokens=sum(contexts),
             num_prefill=len(plan.prefills),
-            prefill_tokens=sum(n for _, n in plan.prefills),
+            prefill_tokens=sum(n for _, n in plan.prefills) + sum(plan.padded.values()),  # (padding: Plan.admit)
             prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
             spec_tokens=sum(drafts),
         )
@@ -837,7 +861,10 @@ class ReferenceEngine:
                 s.energy_j += per_decoder
             if plan.overshoots:  # (their rows are written already: no request shares them)
                 self.meter.discarded_j += per_token * len(plan.overshoots)
-            for s, n in plan.prefills + plan.dropped:  # dropped: a pipeline's chunks of prompts preempted since
+            padded = plan.padded
+            for i, (s, n) in enumerate(plan.prefills + plan.dropped):  # dropped: preempted since the launch
+                if padded and i < len(plan.prefills):  # (an admission's placeholder drafts are its own work)
+                    n += padded.get(s, 0)
                 if s.status == "aborted":  # (aborted after a plan made ahead: its row is written)
                     self.meter.discarded_j += per_token * n
                 else:

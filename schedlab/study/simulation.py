@@ -44,7 +44,7 @@ from ..parallelism import SINGLE, Parallelism
 from ..results.metrics import request_met
 from ..results.records import RunResult
 from ..results.stream import RecordSettings, RowSink
-from ..speculative import Speculation, SpeculativeConfig
+from ..speculative import Speculation, SpeculativeConfig, budget_problem
 from .overrides import merge_tables
 
 COMPONENTS = ("workload", "scheduler", "cost_model", "kv_cache")
@@ -299,6 +299,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
         scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]", parallelism)
                                for kind in ("scheduler", "cost_model", "kv_cache"))
         if speculative is not None:
+            _check_budget_for_drafts(scheduler, speculative, f"{where} [{label}scheduler]")
             cost = _drafting(ctx, speculative, cost, where)
         if tables.get("clock") is not None:
             cost = _clocked(ctx, tables, cost, f"{where} [{label}clock]")
@@ -355,6 +356,13 @@ def _with_engine_kv_defaults(ctx: Context, tables: dict) -> dict:
         return table
     fields = attrs.fields_dict(cache)
     return {**{k: v for k, v in engine.items() if k in fields and k not in table}, **table}
+
+
+def _check_budget_for_drafts(scheduler, speculative: SpeculativeConfig, where: str) -> None:
+    """:func:`schedlab.speculative.budget_problem` as a ConfigError naming the table."""
+    problem = budget_problem(getattr(scheduler, "config", None), speculative)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool) -> str | None:

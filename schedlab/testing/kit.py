@@ -39,20 +39,24 @@ class IterationChecker:
     readmits and preempts it until something else finishes). A request that produced a token
     between its preemptions made progress; one preempted again after others were (the cache
     full both times, as under vLLM's rules when blocks are this scarce) saw a changed cache.
+    ``loops=False`` turns that check off: it is a heuristic, and vLLM's own rules can trip it --
+    with a drafter's lookahead slots, a decode that needs a block preempts a request recomputing
+    in chunks, again and again, while the decode progresses.
     """
 
     def __init__(self, *, max_running: int | None = None, token_budget: int | None = None,
-                 kv_blocks: int | None = None):
+                 kv_blocks: int | None = None, loops: bool = True):
         self.max_running = max_running
         self.token_budget = token_budget
         self.kv_blocks = kv_blocks
+        self.loops = loops
         self.iterations = 0
         self._preempted_at: dict = {}  # (instance, request id) -> cache state at its last preemption
         self._preemptions: dict = {}   # instance -> preemptions so far; (instance, request id) -> its own
 
     def __call__(self, instance: int, record) -> None:
         self.iterations += 1
-        if record.preempted:
+        if record.preempted and self.loops:
             generated = record.preempted_generated or (None,) * len(record.preempted)
             count = self._preemptions
             count[instance] = count.get(instance, 0) + len(record.preempted)
