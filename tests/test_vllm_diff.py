@@ -92,7 +92,7 @@ def test_each_group_turns_on_its_feature_only():
     by_limit = [max(blocks_for(r.prompt_tokens + r.limit - 1, c.settings.block_size) for r in c.requests) for c in eos]
     assert all(most <= c.settings.num_blocks for most, c in zip(by_limit, eos))
     assert any(c.settings.num_blocks <= 2 * most for most, c in zip(by_limit, eos))
-    assert all(r.max_tokens is None for g in GROUPS if g != "eos" for c in cases(g) for r in c.requests)
+    assert all(r.max_tokens is None for g in GROUPS if g not in ("eos", "spec") for c in cases(g) for r in c.requests)
     for group in ("abort", "pipeline_abort"):
         aborts = [r for c in cases(group) for r in c.requests]
         assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
@@ -103,6 +103,20 @@ def test_each_group_turns_on_its_feature_only():
     assert {c.settings.pipeline_parallel for c in pipeline_abort} == {2, 3}
     assert {c.settings.policy for c in pipeline_abort} == {"fcfs", "priority"}
     assert any(ample(c) for c in pipeline_abort) and any(not ample(c) for c in pipeline_abort)
+    spec = cases("spec")
+    assert {c.settings.spec_method for c in spec} == {"ngram", "draft_model", "eagle"}
+    assert {c.settings.num_speculative_tokens for c in spec} == {1, 2, 3, 4}
+    assert all(0.2 <= c.settings.acceptance_rate <= 0.95 for c in spec)
+    assert all(c.settings.max_num_batched_tokens > c.settings.num_speculative_tokens for c in spec)
+    assert any(c.settings.prefix_caching for c in spec if c.settings.spec_method == "eagle")
+    assert any(c.settings.prefix_caching for c in spec) and {c.settings.policy for c in spec} == {"fcfs", "priority"}
+    assert any(r.max_tokens is not None for c in spec for r in c.requests)
+    assert all(c.settings.long_prefill_token_threshold > c.settings.num_speculative_tokens
+               for c in spec if c.settings.long_prefill_token_threshold)
+    assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if g != "spec" for c in cases(g))
+    dynamic = [c.settings for c in spec if c.settings.dynamic_from]
+    assert dynamic and all(2 <= d.dynamic_from <= d.max_num_seqs and d.dynamic_k <= d.num_speculative_tokens
+                           for d in dynamic) and any(d.dynamic_k < d.num_speculative_tokens for d in dynamic)
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -452,6 +466,74 @@ def test_schedlab_matches_vllm_on_each_reproducer(differ, name):
     assert differ.ours.run(case) == (expected, None)
 
 
+def _spec(method: str, k: int, **settings) -> dict:
+    """Settings with speculative decoding, every draft rejected (acceptance 0)."""
+    return dict(settings, num_speculative_tokens=k, spec_method=method, acceptance_rate=0.0)
+
+
+# Speculative decoding in vLLM 0.33, computed by hand from its source (Scheduler.schedule,
+# SpeculativeConfig.max_num_new_slots_for_drafting, get_request_block_hasher); every draft rejected.
+SPEC_CASES = {
+    # A draft model takes an input slot of the budget beside each request (input_budget): budget
+    # 8, k = 2. t=0: r0's prompt takes 6 (+1 slot); r1 would get 8 - 6 - 2 = 0: it waits. t=1: r0
+    # verifies 1 + 2 (+1), r1 gets 8 - 3 - 2 = 3 of its 6; t=2: the same, r1's last 3 -> its token
+    # at 3; r0 gets one token a step: 1, 2, 3. (n-gram: r1 would take 2 at t=0, 4 at t=1: done at 2.)
+    "draft-model-input-slots": (
+        _case(_spec("draft_model", 2, block_size=16, num_blocks=40, max_num_seqs=4, max_num_batched_tokens=8),
+              (0, 0, 6, 3, 0, None, 0), (1, 0, 6, 1, 0, None, 0)),
+        {0: Outcome(0, 1, 3, 0, 0), 1: Outcome(1, 3, 3, 0, 0)}),
+    # A one-token admission beside a decode is padded to 1 + k rows (pad_spec_decode), and waits
+    # when they do not fit: budget 5, k = 2. r0 verifies 3 tokens a step (t=1..3), leaving 2 < 3
+    # for r1 (one-token prompt, arrived at 1). At 4 r0 is done (tokens at 1, 2, 3, 4) and nobody
+    # runs: r1 is not padded, its token at 5. (Unpadded it would have run at 1.)
+    "one-token-admission-padded": (
+        _case(_spec("ngram", 2, block_size=4, num_blocks=10, max_num_seqs=2, max_num_batched_tokens=5),
+              (0, 0, 4, 4, 0, None, 0), (1, 1, 1, 1, 0, None, 0)),
+        {0: Outcome(0, 1, 4, 0, 0), 1: Outcome(4, 5, 5, 0, 0)}),
+    # With drafts per batch size vLLM does not pad (the step is no uniform decode batch): the
+    # same requests, k = 2 for every batch size, and r1's one token runs at 1 beside r0's decode.
+    "no-padding-with-drafts-per-batch-size": (
+        _case(dict(_spec("ngram", 2, block_size=4, num_blocks=10, max_num_seqs=2, max_num_batched_tokens=5),
+                   dynamic_from=2, dynamic_k=2),
+              (0, 0, 4, 4, 0, None, 0), (1, 1, 1, 1, 0, None, 0)),
+        {0: Outcome(0, 1, 4, 0, 0), 1: Outcome(1, 2, 2, 0, 0)}),
+    # EAGLE's block hashes cover the token after the block (num_hash_lookahead_tokens = 1): r1
+    # shares r0's whole 8-token prompt (two blocks of 4) but not token 8 (r0's output), so only
+    # block 0 hits: 4 cached tokens (8 with n-gram).
+    "eagle-block-hash-lookahead": (
+        _case(_spec("eagle", 1, block_size=4, num_blocks=20, max_num_seqs=2, max_num_batched_tokens=16,
+                    prefix_caching=True),
+              (0, 0, 8, 1, 0, 0, 8), (1, 2, 12, 1, 0, 0, 8)),
+        {0: Outcome(0, 1, 1, 0, 0), 1: Outcome(2, 3, 3, 0, 4)}),
+}
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("name", sorted(SPEC_CASES))
+def test_schedlab_speculates_as_computed_by_hand(engine, name):
+    case, expected = SPEC_CASES[name]
+    assert case.problems() == []
+    assert SchedlabRunner(engine).run(case) == (expected, None)
+
+
+def test_without_the_rule_each_speculation_case_comes_out_otherwise():
+    """Each hand-computed case hinges on its rule: n-gram drafting (no input slots, no block
+    hash lookahead) or no speculation (no padding) gives other outcomes."""
+    for name, method in (("draft-model-input-slots", "ngram"), ("eagle-block-hash-lookahead", "ngram"),
+                         ("one-token-admission-padded", None)):
+        case, expected = SPEC_CASES[name]
+        change = {"spec_method": method} if method else {"num_speculative_tokens": 0}
+        other = attrs.evolve(case, settings=attrs.evolve(case.settings, **change))
+        assert SchedlabRunner().run(other)[0] != expected, name
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", sorted(SPEC_CASES))
+def test_vllm_speculates_as_computed_by_hand(differ, name):
+    case, expected = SPEC_CASES[name]
+    assert differ.theirs.run(case) == (expected, None)
+
+
 SEEDS = range(20)  # seeds every group must agree on
 
 #: vLLM processes an abort that arrives during a step after the step, before its output
@@ -523,7 +605,7 @@ def test_vllm_runs_the_async_cases_as_computed_by_hand(differ):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("group", [g for g in GROUPS if not g.startswith("pipeline")])
+@pytest.mark.parametrize("group", [g for g in GROUPS if not g.startswith("pipeline") and g != "spec"])
 def test_schedlab_agrees_with_vllm_with_async_scheduling(group):
     pytest.importorskip("vllm")
     from schedlab.vllm_diff.vllm_side import VllmRunner

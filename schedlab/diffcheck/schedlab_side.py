@@ -80,12 +80,22 @@ class OneMsStages:
         return (1.0,) * self.stages, 0.0
 
 
-def simulate_one(reqs: list[Request], scheduler, cost, kv, engine: str = "fast", stages: int = 1) -> RunResult:
+def simulate_one(reqs: list[Request], scheduler, cost, kv, engine: str = "fast", stages: int = 1,
+                 speculation=None) -> RunResult:
     """One instance, as :func:`schedlab.testing.run_engine` runs it (that package needs
     hypothesis, which the harness does not); with ``stages`` > 1 a pipelined one, its batches
     timed by :class:`OneMsStages` (``cost`` unused), as :func:`schedlab.testing.run_pipelined`
-    runs it."""
+    runs it; ``speculation``: speculative decoding's :class:`~schedlab.speculative.Speculation`
+    (colocated only: the drafts cost nothing, a step still lasts 1 ms)."""
     rec = Recorder()
+    if speculation is not None:
+        if stages > 1:
+            raise ValueError("the harness runs speculative decoding on one stage")
+        if engine == "reference":
+            ReferenceEngine(scheduler, cost, kv, rec, speculation=speculation).run(reqs)
+        else:
+            simulate(reqs, [Instance(0, scheduler, cost, kv, rec, speculation=speculation)])
+        return RunResult.from_recorder("diffcheck", rec, settings={}, meta={"num_blocks": kv.num_blocks})
     if stages > 1:
         view = stage_view(OneMsStages(stages))
         if engine == "reference":
@@ -130,6 +140,10 @@ class SchedlabRunner:
         """Pipeline stages of ``case``'s instance (1: none)."""
         return 1
 
+    def speculation(self, case: Case):
+        """Speculative decoding's :class:`~schedlab.speculative.Speculation` for ``case`` (None: off)."""
+        return None
+
     def build(self, case: Case, sides: Sides | None = None):
         """(scheduler, cost model, KV cache) for ``case``; raises ConfigError on a bad key."""
         t = self.tables(case, sides)
@@ -143,7 +157,8 @@ class SchedlabRunner:
         log = ChunkLog(scheduler)
         stages = self.stages(case)
         try:
-            result = simulate_one(requests(case, self.hash_block_tokens(case)), log, cost, kv, self.engine, stages)
+            result = simulate_one(requests(case, self.hash_block_tokens(case)), log, cost, kv, self.engine, stages,
+                                  speculation=self.speculation(case))
         except SchedlabError as exc:
             empty = {"first_scheduled_ms": math.nan, "first_token_ms": math.nan, "finish_ms": math.nan,
                      "preemptions": 0, "cached_tokens": 0}

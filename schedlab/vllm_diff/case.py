@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import attrs
 
-from schedlab.configs import bool_field, int_field, str_field
+from schedlab.configs import bool_field, float_field, int_field, str_field
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine, blocks_for
 from schedlab.diffcheck.shrink import smaller
 
@@ -33,17 +33,55 @@ class DiffSettings:
     prefix_caching: bool = bool_field(False)
     policy: str = str_field("fcfs", choices=("fcfs", "priority"))
     pipeline_parallel: int = int_field(1, min=1, max=4)  # vLLM's batch queue of that many batches in flight
+    #: speculative decoding (0: off): drafts per decode, who drafts, and the rate schedlab's
+    #: acceptance draws use on both sides (:class:`schedlab.speculative.Speculation`, seed 0)
+    num_speculative_tokens: int = int_field(0, min=0, max=8)
+    spec_method: str = str_field("ngram", choices=("ngram", "draft_model", "eagle"))
+    acceptance_rate: float = float_field(0.7, min=0.0, max=1.0)
+    #: drafts per batch size (0: off): batches of ``dynamic_from`` requests or more draft
+    #: ``dynamic_k`` (vLLM ``num_speculative_tokens_per_batch_size``, schedlab ``k_by_batch_size``)
+    dynamic_from: int = int_field(0, min=0)
+    dynamic_k: int = int_field(0, min=0)
+
+    @property
+    def k_by_batch_size(self) -> tuple:
+        """``[[first, last, k], ...]`` of the drafts per batch size (empty: off)."""
+        if not self.dynamic_from:
+            return ()
+        return ((1, self.dynamic_from - 1, self.num_speculative_tokens),
+                (self.dynamic_from, self.dynamic_from, self.dynamic_k))
+
+    @property
+    def spec_slack(self) -> int:
+        """KV slots a last step's drafts and the drafter's lookahead may take past the output
+        (schedlab's ``Speculation.slack``)."""
+        k = self.num_speculative_tokens
+        return k + (0 if self.spec_method == "ngram" else k)
 
     def problems(self, requests) -> list[str]:
         """Each request must fit the cache alone (``prompt + max_tokens - 1`` tokens: the last
-        sampled token is never computed; vLLM makes sure its longest request does at start-up),
+        sampled token is never computed; vLLM makes sure its longest request does at start-up;
+        with speculation plus the slots of a last step's drafts and lookahead),
         or schedlab rejects it and vLLM 0.33 would preempt it forever; the budget must cover
         ``max_num_seqs`` (both engines refuse otherwise)."""
         out = []
         if self.max_num_batched_tokens < self.max_num_seqs:
             out.append("max_num_batched_tokens < max_num_seqs")
+        lookahead = self.spec_slack - self.num_speculative_tokens
+        if self.num_speculative_tokens and self.max_num_batched_tokens <= lookahead:
+            out.append("max_num_batched_tokens <= the drafter's lookahead slots (vLLM refuses)")
+        if 0 < self.long_prefill_token_threshold <= self.num_speculative_tokens:
+            # vLLM 0.33 pads a resumed request's decode to 1 + k tokens, then cuts it to the
+            # threshold and fails its own assertion (Scheduler.schedule: pad_spec_decode)
+            out.append("long_prefill_token_threshold <= num_speculative_tokens (vLLM 0.33 asserts)")
+        if self.dynamic_from and not (self.num_speculative_tokens and self.dynamic_from >= 2
+                                      and self.dynamic_k <= self.num_speculative_tokens):
+            out.append("drafts per batch size need speculation, dynamic_from >= 2 and dynamic_k <= k")
+        if self.num_speculative_tokens and self.pipeline_parallel > 1:
+            out.append("speculative decoding with a pipeline (the harness steps it on one stage)")
         for r in requests:
-            need = blocks_for(r.prompt_tokens + r.limit - 1, self.block_size)
+            # (with speculation: as schedlab's admission counts a last step's drafts and lookahead)
+            need = blocks_for(r.prompt_tokens + r.limit - 1 + self.spec_slack, self.block_size)
             if need > self.num_blocks:
                 out.append(f"request {r.id} needs {need} blocks alone, the cache has {self.num_blocks}")
         return out
@@ -57,8 +95,13 @@ class DiffSettings:
             yield {"prefix_caching": False}
         if self.policy != "fcfs":
             yield {"policy": "fcfs"}
+        if self.dynamic_from:
+            yield {"dynamic_from": 0, "dynamic_k": 0}
+        if self.num_speculative_tokens and self.spec_method != "ngram":
+            yield {"spec_method": "ngram"}
         yield from smaller(self, (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("num_blocks", 1),
-                                  ("long_prefill_token_threshold", 1), ("pipeline_parallel", 1)))
+                                  ("long_prefill_token_threshold", 1), ("pipeline_parallel", 1),
+                                  ("num_speculative_tokens", 1)))
 
 
 @attrs.frozen

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from schedlab.diffcheck import schedlab_side
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
+from schedlab.speculative import Speculation, SpeculativeConfig
 
 from .case import Outcome
 
@@ -23,9 +24,31 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
     return {"scheduler": scheduler, "cost_model": dict(schedlab_side.ONE_MS_PER_ITERATION), "kv_cache": kv}
 
 
+#: the seed of the acceptance draws on both sides (:meth:`Speculation.accepted`)
+SPEC_SEED = 0
+
+
+def speculation(case: Case) -> Speculation | None:
+    """``[speculative]`` as the case sets it, drafts costing nothing (the step lasts 1 ms)."""
+    s = case.settings
+    if not s.num_speculative_tokens:
+        return None
+    free = None if s.spec_method == "ngram" else {"kind": "linear", "base_ms": 0.0}
+    config = SpeculativeConfig(method=s.spec_method, num_speculative_tokens=s.num_speculative_tokens,
+                               acceptance_rate=s.acceptance_rate, draft=free, k_by_batch_size=s.k_by_batch_size)
+    return Speculation(config, SPEC_SEED)
+
+
+def hash_block_tokens(case: Case) -> int:
+    """Prompt tokens per block hash: one hash per KV block, or per token with an EAGLE drafter
+    and prefix caching, whose blocks are identified with the token after them."""
+    s = case.settings
+    return 1 if s.num_speculative_tokens and s.spec_method == "eagle" and s.prefix_caching else s.block_size
+
+
 def requests(case: Case):
-    """schedlab requests with one block hash per KV block (``hash_block_tokens = block_size``)."""
-    return schedlab_side.requests(case, case.settings.block_size)
+    """schedlab requests with their block hashes (:func:`hash_block_tokens`)."""
+    return schedlab_side.requests(case, hash_block_tokens(case))
 
 
 class SchedlabRunner(schedlab_side.SchedlabRunner):
@@ -33,10 +56,13 @@ class SchedlabRunner(schedlab_side.SchedlabRunner):
         return tables(case, sides)
 
     def hash_block_tokens(self, case):
-        return case.settings.block_size
+        return hash_block_tokens(case)
 
     def stages(self, case):
         return case.settings.pipeline_parallel
+
+    def speculation(self, case):
+        return speculation(case)
 
     def outcome(self, row, chunks):
         w = schedlab_side.whole_ms

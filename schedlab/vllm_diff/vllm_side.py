@@ -59,7 +59,10 @@ from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
 from schedlab.diffcheck.cli import VersionError
 from schedlab.diffcheck.tokens import output_token_id, prompt_token_ids
 
+from schedlab.model import Request
+
 from .case import Outcome
+from .schedlab_side import speculation
 
 VLLM_VERSION = "0.33.0"
 
@@ -104,7 +107,7 @@ class VllmRunner:
             raise VllmVersionError(f"vLLM {self.version} is installed; this harness follows vLLM {VLLM_VERSION} "
                                    "(pip install 'schedlab[vllm]'), or pass --allow-other-vllm")
         import torch
-        from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+        from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -112,7 +115,7 @@ class VllmRunner:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -122,7 +125,8 @@ class VllmRunner:
                        AsyncScheduler=AsyncScheduler,
                        register_all_kvcache_specs=register_all_kvcache_specs, FullAttentionSpec=FullAttentionSpec,
                        KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
-                       ModelRunnerOutput=ModelRunnerOutput, Request=Request, RequestStatus=RequestStatus,
+                       ModelRunnerOutput=ModelRunnerOutput, DraftTokenIds=DraftTokenIds,
+                       SpeculativeConfig=SpeculativeConfig, Request=Request, RequestStatus=RequestStatus,
                        StructuredOutputManager=StructuredOutputManager)
         self._model_dir = tempfile.TemporaryDirectory(prefix="vllm_diff_model_")
         with open(os.path.join(self._model_dir.name, "config.json"), "w") as f:
@@ -155,8 +159,11 @@ class VllmRunner:
         cache_config = v["CacheConfig"](block_size=s.block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                                         enable_prefix_caching=s.prefix_caching)
         vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=self.model_config,
-                                      cache_config=cache_config, parallel_config=v["ParallelConfig"]())
+                                      cache_config=cache_config, parallel_config=v["ParallelConfig"](),
+                                      speculative_config=self.speculative_config(case))
         asynchronous = bool(kwargs.get("async_scheduling"))
+        if asynchronous and s.num_speculative_tokens:
+            raise ValueError("async_scheduling with speculative decoding: not in this harness yet")
         if asynchronous and s.pipeline_parallel > 1:
             raise ValueError("async_scheduling with pipeline parallelism: vLLM 0.33's V1 model runner does not "
                              "run it (VllmConfig.max_concurrent_batches)")
@@ -177,7 +184,23 @@ class VllmRunner:
         return scheduler_class(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=s.block_size,
                               log_stats=True, structured_output_manager=v["StructuredOutputManager"](vllm_config))
 
-    def _request(self, r, block_size: int):
+    def speculative_config(self, case: Case):
+        """vLLM's ``SpeculativeConfig`` for ``case`` (None without speculation): n-gram, or a
+        draft model / EAGLE head read from the tiny model's config (never loaded)."""
+        s = case.settings
+        if not s.num_speculative_tokens:
+            return None
+        kwargs = dict(method=s.spec_method, num_speculative_tokens=s.num_speculative_tokens,
+                      target_model_config=self.model_config, target_parallel_config=self._v["ParallelConfig"]())
+        if s.k_by_batch_size:
+            kwargs["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in s.k_by_batch_size]
+        if s.spec_method == "ngram":
+            kwargs.update(prompt_lookup_max=3, prompt_lookup_min=1)
+        else:
+            kwargs.update(model=self._model_dir.name)
+        return self._v["SpeculativeConfig"](**kwargs)
+
+    def _request(self, r, block_size: int, hash_lookahead: int = 0):
         v = self._v
         if r.ignore_eos:
             params = v["SamplingParams"](max_tokens=r.limit, ignore_eos=True)
@@ -187,7 +210,7 @@ class VllmRunner:
         return v["Request"](request_id=f"{r.id:04d}", prompt_token_ids=prompt_token_ids(r), sampling_params=params,
                             pooling_params=None, arrival_time=r.arrival + r.id * ARRIVAL_TIE_BREAK,
                             priority=r.priority,
-                            block_hasher=v["get_request_block_hasher"](block_size, v["sha256"]))
+                            block_hasher=v["get_request_block_hasher"](block_size, v["sha256"], hash_lookahead))
 
     def run(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
         """Per-request outcomes and, if the run stalled, why."""
@@ -210,8 +233,8 @@ class VllmRunner:
             if out.total_num_scheduled_tokens:
                 trace.abort(now + 1)  # (those that came during the step, before its output: EngineCore.step)
             for rid, tokens in zip(out.num_scheduled_tokens, sampled):
-                if tokens and not trace.live[rid].is_finished():  # a token at the end of this 1 ms step
-                    trace.token(rid, now + 1)
+                if tokens and not trace.live[rid].is_finished():  # tokens at the end of this 1 ms step
+                    trace.token(rid, now + 1, len(tokens))
             trace.update(out, sampled)
             if out.total_num_scheduled_tokens:
                 now += 1
@@ -285,6 +308,16 @@ class VllmRunner:
         return trace.outcomes(), error
 
 
+class _Drafted:
+    """What :meth:`schedlab.speculative.Speculation.accepted` reads of a request: its id and
+    output (``request``) and its draws (``spec_state``)."""
+
+    def __init__(self, r):
+        self.request = Request(id=r.id, arrival_ms=float(r.arrival), prompt_tokens=r.prompt_tokens,
+                               output_tokens=r.output_tokens, max_tokens=r.max_tokens)
+        self.spec_state = None
+
+
 class _Trace:
     """One case on vLLM's scheduler: the requests as they arrive, and what each got when."""
 
@@ -306,6 +339,12 @@ class _Trace:
         self.nxt = 0
         # (when the abort reaches the engine, request id) of the requests whose clients give up
         self.aborts = sorted((r.abort_at, f"{r.id:04d}") for r in self.pending if r.abort_at is not None)
+        # speculative decoding: schedlab's acceptance draws, per request (_Drafted), and the
+        # drafts the model runner proposes after every step (update_draft_token_ids)
+        self.spec = speculation(case)
+        self.k = case.settings.num_speculative_tokens
+        self.drafted = {r.id: _Drafted(r) for r in self.pending} if self.spec is not None else {}
+        self.hash_lookahead = getattr(sched, "num_hash_lookahead_tokens", 0)
 
     @property
     def all_arrived(self) -> bool:
@@ -318,7 +357,7 @@ class _Trace:
     def arrive(self, now) -> None:
         """Add the requests that have arrived by ``now``."""
         while self.nxt < len(self.pending) and self.pending[self.nxt].arrival <= now:
-            req = self.runner._request(self.pending[self.nxt], self.block_size)
+            req = self.runner._request(self.pending[self.nxt], self.block_size, self.hash_lookahead)
             self.live[req.request_id] = req
             self.sched.add_request(req)
             self.nxt += 1
@@ -334,11 +373,14 @@ class _Trace:
 
     def schedule(self, now) -> tuple:
         """``schedule()`` at ``now``: its output and what the model runner samples for each
-        scheduled request (one token for a request whose prefill completes, none for a chunk)."""
+        scheduled request (one token for a request whose prefill completes, none for a chunk;
+        with speculation also the drafts it verified that schedlab's draws accept -- none of a
+        padded decode's placeholders, which are -1)."""
         live, sched = self.live, self.sched
         waiting_before = {rid for rid, req in live.items() if not req.is_finished() and req not in sched.running}
         out = sched.schedule()
         scheduled = out.num_scheduled_tokens
+        spec_tokens = out.scheduled_spec_decode_tokens
         sampled = []
         for rid in scheduled:
             req = live[rid]
@@ -348,11 +390,18 @@ class _Trace:
                 self.cached[rid_int] += req.num_computed_tokens - scheduled[rid]
             if req.is_prefill_chunk:
                 sampled.append([])
-            else:
-                k = self.sampled[rid_int]
-                eos = rid_int in self.eos and k + 1 == self.outputs[rid_int]
-                sampled.append([EOS_TOKEN_ID if eos else output_token_id(rid_int, k)])
-                self.sampled[rid_int] += 1
+                continue
+            k = self.sampled[rid_int]
+            drafts = spec_tokens.get(rid, ())
+            accepted = 0
+            if drafts and min(drafts) >= 0:  # (a padded decode's placeholders are all rejected)
+                accepted = self.spec.accepted(self.drafted[rid_int], k, len(drafts))
+            tokens = []
+            for p in range(k, k + accepted + 1):
+                eos = rid_int in self.eos and p + 1 == self.outputs[rid_int]
+                tokens.append(EOS_TOKEN_ID if eos else output_token_id(rid_int, p))
+            sampled.append(tokens)
+            self.sampled[rid_int] += len(tokens)
         return out, sampled
 
     def update(self, out, sampled) -> None:
@@ -360,12 +409,18 @@ class _Trace:
         self.sched.update_from_output(out, self.runner._v["ModelRunnerOutput"](
             req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+        if self.k and req_ids:  # the drafter proposes k for every request of the step (EngineCore.post_step)
+            k = out.num_spec_tokens_to_schedule  # (k by the step's batch size, with drafts per batch size)
+            drafts = [[output_token_id(self.ids[rid], 0)] * k for rid in req_ids]
+            self.sched.update_draft_token_ids(self.runner._v["DraftTokenIds"](req_ids, drafts))
 
-    def token(self, rid: str, t: int) -> None:
-        """Request ``rid`` got a token at ``t``: its first, or its last (it is finished)."""
+    def token(self, rid: str, t: int, n: int = 1) -> None:
+        """Request ``rid`` got ``n`` tokens at ``t`` (vLLM keeps none past its last): its first,
+        or its last (it is finished)."""
         rid_int = self.ids[rid]
-        self.generated[rid_int] += 1
-        if self.generated[rid_int] == 1:
+        before = self.generated[rid_int]
+        self.generated[rid_int] = min(before + n, self.outputs[rid_int])
+        if before == 0:
             self.first_token[rid_int] = t
         if self.generated[rid_int] == self.outputs[rid_int]:
             self.finish[rid_int] = t

@@ -18,7 +18,12 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   after their arrival, tight or ample KV, FCFS or priority, sometimes prefix caching: vLLM
   aborts a request between steps, or after the step in progress before its output;
 * ``pipeline_abort`` -- ``pipeline``'s settings with ``abort``'s clients: vLLM aborts a request
-  when it schedules, and when a batch is back before its output.
+  when it schedules, and when a batch is back before its output;
+* ``spec``      -- speculative decoding: 1-4 drafts a decode by n-gram, a draft model or EAGLE,
+  acceptance 0.2-0.95, tight or ample KV, FCFS or priority, sometimes a threshold, prefix
+  caching and EOS, sometimes drafts per batch size: drafts cut by the budget, a draft model's input slots, the lookahead's KV
+  slots (prompt chunks' too), one-token admissions padded to a decode's rows, EAGLE's block
+  hashes covering the token after the block, rejected drafts rolled back.
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
@@ -35,16 +40,17 @@ from schedlab.diffcheck.workloads import random_requests
 
 from .case import DiffSettings
 
-GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort", "pipeline_abort")
+GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort", "pipeline_abort",
+          "spec")
 
 
-def _ample(requests, block_size: int) -> int:
-    return sum(blocks_for(r.prompt_tokens + r.limit, block_size) for r in requests) + 4
+def _ample(requests, block_size: int, slack: int = 0) -> int:
+    return sum(blocks_for(r.prompt_tokens + r.limit + slack, block_size) for r in requests) + 4
 
 
-def _tight(rng: random.Random, requests, block_size: int) -> int:
+def _tight(rng: random.Random, requests, block_size: int, slack: int = 0) -> int:
     # (by max_tokens: vLLM makes sure at start-up that its longest request fits the cache)
-    largest = max(blocks_for(r.prompt_tokens + r.limit - 1, block_size) for r in requests)
+    largest = max(blocks_for(r.prompt_tokens + r.limit - 1 + slack, block_size) for r in requests)
     return largest + rng.randint(0, largest)
 
 
@@ -56,24 +62,35 @@ def generate(group: str, seed: int) -> Case:
     block_size = rng.choice([2, 4, 8, 16])
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
+    speculative = group == "spec"
+    spec = {}
+    if speculative:
+        spec = {"num_speculative_tokens": rng.randint(1, 4), "spec_method": rng.choice(["ngram", "draft_model", "eagle"]),
+                "acceptance_rate": round(rng.uniform(0.2, 0.95), 2)}
+        budget = max(budget, spec["num_speculative_tokens"] + 1)  # (vLLM: above the drafter's lookahead)
+        if rng.random() < 0.3 and max_num_seqs >= 2:  # drafts per batch size
+            spec.update(dynamic_from=rng.randint(2, max_num_seqs), dynamic_k=rng.randint(0, spec["num_speculative_tokens"]))
     policy = "fcfs"
     pipelined = group in ("pipeline", "pipeline_abort")
     aborting = group in ("abort", "pipeline_abort")
-    if group == "priority" or ((group in ("all", "eos") or pipelined or aborting) and rng.random() < 0.5):
+    if group == "priority" or ((group in ("all", "eos") or pipelined or aborting or speculative)
+                               and rng.random() < 0.5):
         policy = "priority"
-    prefixes = group in ("prefix", "all") or (group in ("eos", "abort") and rng.random() < 0.5)
+    prefixes = group in ("prefix", "all") or (group in ("eos", "abort", "spec") and rng.random() < 0.5)
     requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size,
-                               eos=group == "eos")
+                               eos=group == "eos" or (speculative and rng.random() < 0.3))
     if aborting:
         requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
                     for r in requests]
-    tight = group in ("tight_kv", "all") or ((group in ("priority", "eos") or pipelined or aborting)
+    tight = group in ("tight_kv", "all") or ((group in ("priority", "eos") or pipelined or aborting or speculative)
                                              and rng.random() < 0.5)
-    num_blocks = _tight(rng, requests, block_size) if tight else _ample(requests, block_size)
-    threshold = rng.randint(1, budget) if group in ("threshold", "all") or (
-        group == "eos" and rng.random() < 0.3) else 0
+    slack = 2 * spec["num_speculative_tokens"] if speculative else 0  # (a last step's drafts and lookahead)
+    num_blocks = _tight(rng, requests, block_size, slack) if tight else _ample(requests, block_size, slack)
+    least = spec["num_speculative_tokens"] + 1 if speculative else 1  # (see DiffSettings.problems)
+    threshold = rng.randint(least, budget) if group in ("threshold", "all") or (
+        group in ("eos", "spec") and rng.random() < 0.3) else 0
     settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                             prefix_caching=prefixes, policy=policy,
-                            pipeline_parallel=rng.choice([2, 3]) if pipelined else 1)
+                            pipeline_parallel=rng.choice([2, 3]) if pipelined else 1, **spec)
     return Case(settings, requests, group=group, seed=seed)
