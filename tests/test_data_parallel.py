@@ -267,19 +267,25 @@ def test_closed_loops_over_lockstep_ranks_agree_and_conserve(clients, num_reques
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_rank_aborts_a_request_whose_client_gave_up_at_the_next_step(engine):
+def test_a_rank_aborts_a_request_whose_client_gave_up_during_a_step(engine):
     # As in the first case: steps end at 12.0625 (prefill beside a dummy) and 21.3125 (a decode
-    # beside a dummy). The client gives up at 20; rank 0 drops the request before the step it
-    # would plan at 21.3125, with 2 of its 10 tokens. No rank has work then: the ranks pause
-    # until request 1 comes at 100 (steps from 100 on, as the first request's).
+    # beside a dummy). The client gives up at 20, during the decode step: as vLLM's engine core
+    # (EngineCore.step), rank 0 aborts the request after that step, before its output, so it
+    # leaves at 21.3125 with 1 of its 10 tokens. No rank has work then: the ranks pause until
+    # request 1 comes at 100; its client gives up at 120, during its second step (its last
+    # token's, due at 121.3125): aborted too, with its first token only.
     side = client_side(timeout_ms=20.0)
     r = run_data_parallel([Request(0, 0.0, 16, 10), Request(1, 100.0, 16, 2)], rank(), 2, RoundRobinRouter(),
                           engine=engine, client_side=side)
-    assert by_id(r, "aborted") == {0: 1, 1: 0}
+    assert by_id(r, "aborted") == {0: 1, 1: 1}
     assert by_id(r, "finish_ms") == {0: 21.3125, 1: 121.3125}
-    assert by_id(r, "generated_tokens") == {0: 2, 1: 2}
+    assert by_id(r, "generated_tokens") == {0: 1, 1: 1}
     assert r.meta["data_parallel"]["steps"] == 4
     assert r.metrics["makespan_ms"] == 121.3125
+    later = run_data_parallel([Request(0, 0.0, 16, 10), Request(1, 100.0, 16, 2)], rank(), 2, RoundRobinRouter(),
+                              engine=engine, client_side=client_side(timeout_ms=21.3125))
+    # (at a step's end itself the abort comes after its output, as an arrival would)
+    assert by_id(later, "generated_tokens") == {0: 2, 1: 2} and by_id(later, "aborted") == {0: 1, 1: 0}
 
 
 @SETTINGS

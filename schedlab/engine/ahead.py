@@ -68,7 +68,8 @@ in flight and then runs a dummy pass -- the next step, beside the other ranks' b
 it schedules again, at that step's end. So such a rank runs a dummy batch in the next step and
 plans the one after at its own time; when every rank's plan is empty and one was made ahead,
 the ranks run a dummy step if work is left (a deferred arrival), and pause otherwise. They keep
-the older rule for a client's abort: applied before the plan, the batch's token given.
+the older rule for a client's abort: applied before the plan, the batch's token given
+(synchronous ranks drop a step's output for an abort during it, as one engine core does).
 
 Asynchronous scheduling is refused with pipeline parallelism, disaggregation, speculative
 decoding, swapping and a batching window.

@@ -241,7 +241,9 @@ class DataParallelCluster(Deployment):
         for inst in ranks:
             if not isinstance(inst.cost, RankCost):
                 raise TypeError("a data-parallel rank's cost model must be a RankCost")
-            inst.aborts_drop_output = False  # (an abort during a step: at the next plan, not modelled per step)
+            # an abort during a step drops its output, as on one engine core (EngineCore.step); planning
+            # ahead the older rule (at the next plan, the step's token given): not modelled there yet
+            inst.aborts_drop_output = inst.aborts_drop_output and inst.ahead is None
             inst.loop_top_aborts = False
         self.ranks = self.members = list(ranks)
         self.router = router
@@ -493,6 +495,10 @@ class DataParallelCluster(Deployment):
                     k = min(k, plan.wake_steps)
                 if plan.wake is not None:
                     k = min(k, bulk.steps_before(self.now, plan.wake, d0, inc) if plan.wake > self.now else 1)
+        abort = self.next_abort()
+        if k > 1 and abort < INF and any(inst._drops_output() for inst in self.ranks):
+            # an abort during a step drops its output: only a lone first step may hold it
+            k = self.ranks[0]._ending_before(abort, int(k), d0, inc)
         return (int(k), inc) if k > 1 else (1, 0.0)
 
     def take_finished(self) -> list:

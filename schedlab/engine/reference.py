@@ -740,7 +740,7 @@ class ReferenceEngine:
         """The requests this iteration computes whose client's abort reaches the engine while it
         runs, strictly between ``now`` and ``end``: vLLM aborts them after the step, before its
         output (the fast engine's ``_in_step_aborts``); not modelled pipelined, disaggregated or
-        on data-parallel ranks. Planning ahead, only those it would give a token (the plan made
+        on data-parallel ranks planning ahead. Planning ahead, only those it would give a token (the plan made
         ahead holds the rest as they are); their aborts stay for the plan (:meth:`_plan`)."""
         if not (self.aborts and self.role is None and self.in_flight is None):
             return []

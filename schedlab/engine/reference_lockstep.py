@@ -52,7 +52,9 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
             raise ValueError("several data-parallel ranks need a router")
         super().__init__(ranks, router, client_side=client_side)
         for e in self.instances:
-            e.aborts_drop_output = False  # (an abort during a step: at the next plan, not modelled per step)
+            # an abort during a step drops its output, as on one engine core (EngineCore.step); planning
+            # ahead the older rule (at the next plan, the step's token given): not modelled there yet
+            e.aborts_drop_output = e.aborts_drop_output and e.ahead is None
             e.loop_top_aborts = False
         self.members = self.instances
         self._init_deployment(index)
