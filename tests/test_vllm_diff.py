@@ -121,9 +121,12 @@ def test_each_group_turns_on_its_feature_only():
         generate("nope", 0)
 
 
-def test_case_round_trips_through_json():
-    case = generate("all", 3)
-    assert case_from_json(case.to_json()) == case
+@pytest.mark.parametrize("group", ["all", "spec"])
+def test_case_round_trips_through_json(group):
+    cases = [generate(group, seed) for seed in range(40)]
+    assert all(case_from_json(case.to_json()) == case for case in cases)
+    if group == "spec":  # (drafts per batch size included)
+        assert any(c.settings.dynamic_from for c in cases)
 
 
 def test_case_problems_name_what_cannot_be_compared():
