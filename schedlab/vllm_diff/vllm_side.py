@@ -42,6 +42,16 @@ processor sets them (``update_from_generation_config``); the others ignore EOS a
 their ``max_tokens``. vLLM 0.33's V1 model runner
 does not run it with pipeline parallelism, nor does the harness.
 
+With speculative decoding (the ``spec`` group) the ``VllmConfig`` carries a
+``SpeculativeConfig`` (n-gram, or a draft model / EAGLE head whose config is the tiny model's,
+never loaded). After every step the harness hands the scheduler the drafts the model runner
+would propose -- ``num_spec_tokens_to_schedule`` for each scheduled request
+(``update_draft_token_ids``, as ``EngineCore.post_step``) -- and a decode samples the drafts
+schedlab's acceptance draws accept (:meth:`schedlab.speculative.Speculation.accepted`, seed 0),
+plus one token: both sides accept the same. A padded decode's placeholder drafts (-1) are
+all rejected. Requests hash their blocks with vLLM's lookahead for EAGLE
+(``num_hash_lookahead_tokens``).
+
 Requests arrive at the start of their iteration, in (arrival, id) order, with
 ``arrival_time = arrival + id * 1e-6`` so that the priority policy's ties (``Request.__lt__``
 and the victim choice ``max(running, key=(priority, arrival_time))``) follow arrival order as
@@ -58,7 +68,6 @@ import tempfile
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
 from schedlab.diffcheck.cli import VersionError
 from schedlab.diffcheck.tokens import output_token_id, prompt_token_ids
-
 from schedlab.model import Request
 
 from .case import Outcome
