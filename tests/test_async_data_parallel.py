@@ -14,13 +14,13 @@ import textwrap
 import attrs
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from schedlab.model import Request
 from schedlab.testing import (
     blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, fast_run_agreeing_with_reference,
-    requests_lists, small_closed_loop,
+    requests_lists, run_engine, small_closed_loop,
 )
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel, run_deployments
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
@@ -200,3 +200,29 @@ def test_a_dp_ep_deployment_planning_ahead_runs_from_toml_in_both_engines(tmp_pa
     # the setting is read: planning ahead, an arrival in a step is scheduled a step later
     scheduled = [runs[mode].requests["first_scheduled_ms"] for mode in ("true", "false")]
     assert not (scheduled[0] == scheduled[1]).all()
+
+
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, all_at_zero=False),
+       dp_schedulers(), st.booleans(), dyadic_linear_costs(), st.integers(0, 30),
+       st.sampled_from([5.0, 10.5, 20.25, 40.0]), st.sampled_from(ENGINES))
+def test_a_lone_rank_drops_requests_whose_clients_gave_up_as_one_engine_does(requests, cfg, ahead, cost, spare,
+                                                                             timeout, engine):
+    """A single lockstep rank (its experts part of every step) against a colocated instance with
+    the same costs, clients giving up: an abort that comes during a step drops that step's
+    output, and one planning ahead comes after the plan made at the step's start, which still
+    holds the request (the colocated rules, checked against vLLM 0.33) -- the same rows, wherever
+    the rank ran no dummy step (vLLM's DP engine core runs one after an empty plan made ahead,
+    which a single engine does not)."""
+    cfg = attrs.evolve(cfg, async_scheduling=ahead, preemption="recompute")
+    blocks = blocks_for_largest(requests, 4) + spare
+
+    def make():
+        return ContinuousScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), PagedKVCache(blocks, 4)
+
+    ranked = run_data_parallel(requests, make, 1, None, engine=engine, client_side=client_side(timeout))
+    assume(not ranked.meta["data_parallel"]["dummy_rank_steps"])
+    scheduler, parallel_cost, kv = make()
+    colocated = run_engine(requests, scheduler, parallel_cost, kv, engine=engine, client_side=client_side(timeout))
+    for column in ("first_scheduled_ms", "first_token_ms", "finish_ms", "aborted", "generated_tokens", "preemptions"):
+        assert ranked.requests[column].tolist() == colocated.requests[column].tolist(), column

@@ -67,9 +67,9 @@ engine core (``DPEngineCoreProc.run_busy_loop``), having launched nothing, block
 in flight and then runs a dummy pass -- the next step, beside the other ranks' batches -- before
 it schedules again, at that step's end. So such a rank runs a dummy batch in the next step and
 plans the one after at its own time; when every rank's plan is empty and one was made ahead,
-the ranks run a dummy step if work is left (a deferred arrival), and pause otherwise. They keep
-the older rule for a client's abort: applied before the plan, the batch's token given
-(synchronous ranks drop a step's output for an abort during it, as one engine core does).
+the ranks run a dummy step if work is left (a deferred arrival), and pause otherwise. A client's
+abort reaches a rank as it reaches one engine core (each DP engine core runs its own loop): after
+the plan made at the batch's start, the batch's token dropped.
 
 Asynchronous scheduling is refused with pipeline parallelism, disaggregation, speculative
 decoding, swapping and a batching window.

@@ -227,7 +227,7 @@ class Instance:
         self.hangup_ms = 0.0
         #: an abort that reaches the engine during an iteration takes effect at its end, before its
         #: output (vLLM's EngineCore.step): the iteration computes the request for nothing. Off
-        #: where not modelled yet (pipelines, disaggregation, lockstep ranks planning ahead)
+        #: where not modelled yet (pipelines, disaggregation)
         self.aborts_drop_output = True
         #: a running request whose abort is read at a plan runs once more, its output dropped,
         #: then leaves (SGLang's ``to_finish``; the scheduler's ``aborts_run_once_more``): those

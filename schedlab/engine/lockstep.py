@@ -241,9 +241,9 @@ class DataParallelCluster(Deployment):
         for inst in ranks:
             if not isinstance(inst.cost, RankCost):
                 raise TypeError("a data-parallel rank's cost model must be a RankCost")
-            # an abort during a step drops its output, as on one engine core (EngineCore.step); planning
-            # ahead the older rule (at the next plan, the step's token given): not modelled there yet
-            inst.aborts_drop_output = inst.aborts_drop_output and inst.ahead is None
+            # an abort during a step drops its output, as on one engine core (EngineCore.step), and
+            # planning ahead it comes after the plan made at the step's start (engine.ahead)
+            inst.aborts_drop_output = inst.aborts_drop_output
             inst.loop_top_aborts = False
         self.ranks = self.members = list(ranks)
         self.router = router
@@ -291,8 +291,8 @@ class DataParallelCluster(Deployment):
         empty = 0
         while self.now < until:
             for inst in self.ranks:  # each engine core reads its aborts before it plans
-                if inst.aborts and inst.next_abort() <= self.now:
-                    inst._abort_due()
+                if inst.aborts and inst.next_abort() <= self.now and not inst._aborts_at_plan_time():
+                    inst._abort_due()  # (planning ahead, the plan does: Instance._plan_ahead)
             if not self.has_work():
                 if until < INF:
                     self._move_to(until)
@@ -363,8 +363,8 @@ class DataParallelCluster(Deployment):
         empty = 0
         while True:
             for inst in self.ranks:
-                if inst.aborts and inst.next_abort() <= self.now:
-                    inst._abort_due()
+                if inst.aborts and inst.next_abort() <= self.now and not inst._aborts_at_plan_time():
+                    inst._abort_due()  # (planning ahead, the plan does: Instance._plan_ahead)
             if not self.has_work():
                 return
             plans, dummy_step = self._plan_ranks()

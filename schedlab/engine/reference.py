@@ -739,8 +739,7 @@ class ReferenceEngine:
     def _in_step_aborts(self, decoders: list, plan: RefPlan, end: float) -> list:
         """The requests this iteration computes whose client's abort reaches the engine while it
         runs, strictly between ``now`` and ``end``: vLLM aborts them after the step, before its
-        output (the fast engine's ``_in_step_aborts``); not modelled pipelined, disaggregated or
-        on data-parallel ranks planning ahead. Planning ahead, only those it would give a token (the plan made
+        output (the fast engine's ``_in_step_aborts``); not modelled pipelined or disaggregated. Planning ahead, only those it would give a token (the plan made
         ahead holds the rest as they are); their aborts stay for the plan (:meth:`_plan`)."""
         if not (self.aborts and self.role is None and self.in_flight is None):
             return []

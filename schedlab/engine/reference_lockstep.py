@@ -52,9 +52,9 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
             raise ValueError("several data-parallel ranks need a router")
         super().__init__(ranks, router, client_side=client_side)
         for e in self.instances:
-            # an abort during a step drops its output, as on one engine core (EngineCore.step); planning
-            # ahead the older rule (at the next plan, the step's token given): not modelled there yet
-            e.aborts_drop_output = e.aborts_drop_output and e.ahead is None
+            # an abort during a step drops its output, as on one engine core (EngineCore.step), and
+            # planning ahead it comes after the plan made at the step's start (engine.ahead)
+            e.aborts_drop_output = e.aborts_drop_output
             e.loop_top_aborts = False
         self.members = self.instances
         self._init_deployment(index)
@@ -122,7 +122,8 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
     def run_step(self) -> bool:
         """Abort what is due, plan every rank and run the step; False when nobody planned anything."""
         for e in self.instances:
-            e.abort_due()
+            if not e._aborts_at_plan_time():  # (planning ahead, the plan does: ReferenceEngine._plan)
+                e.abort_due()
         made_ahead = any(e.ahead is not None and e.ahead.made_ahead(e.now) for e in self.instances)
         plans = [e._plan() for e in self.instances]  # (each made when its last batch started, planning ahead)
         if all(_is_empty(p) for p in plans) and not (made_ahead and any(e.has_work() for e in self.instances)):
