@@ -24,7 +24,7 @@ from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import (
     RecordingRouter, blocks_for_largest, check_clients_gave_up, check_run, compare_runs, dyadic_linear_costs,
-    examples, fast_run_agreeing_with_reference, requests_lists, small_closed_loop,
+    examples, fast_run_agreeing_with_reference, requests_lists, run_engine, small_closed_loop,
 )
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
@@ -237,6 +237,35 @@ def test_sglang_ranks_agree_between_engines_with_and_without_overlap(requests, c
     compare_runs(*runs, rel=1e-12)
     check_run(runs[0], requests, max_running=cfg.max_running_requests * ranks, kv_blocks=blocks * ranks)
     assert runs[0].metrics["rejected"] == 0
+
+
+@SETTINGS
+@given(requests_lists(min_size=1, max_size=12, max_prompt=40, max_output=30, all_at_zero=False, prefix_groups=2),
+       sglang_configs(), st.integers(1, 3), dyadic_linear_costs(), st.integers(0, 12), st.booleans(),
+       st.sampled_from([5.0, 10.5, 20.25, 40.0]))
+def test_sglang_ranks_with_clients_giving_up_agree_and_a_lone_one_drops_them_as_one_engine(requests, cfg, ranks, cost,
+                                                                                          spare, radix, timeout):
+    """SGLang's ranks with clients giving up, its overlap loop drawn: both engines alike, every
+    request served or aborted once. Each rank reads aborts as SGLang's own loop does -- at the
+    loop top, when the batch in flight has just started (a running request then runs once more:
+    ``to_finish``) -- so a lone rank gives the rows of one colocated instance with the same
+    costs, wherever it ran no dummy step."""
+    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // 4) + 1, -(-(r.prompt_tokens + 7) // 4))
+                 for r in requests) + spare
+
+    def make():
+        kv = (RadixKVCache if radix else PagedKVCache)(blocks, 4)
+        return SglangScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), kv
+
+    runs = [run_data_parallel(requests, make, ranks, ROUTERS["round_robin"]() if ranks > 1 else None, engine=engine,
+                              client_side=client_side(timeout)) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], requests, max_running=cfg.max_running_requests * ranks, kv_blocks=blocks * ranks)
+    if ranks == 1 and not runs[0].meta["data_parallel"]["dummy_rank_steps"]:
+        scheduler, parallel_cost, kv = make()
+        one = run_engine(requests, scheduler, parallel_cost, kv, client_side=client_side(timeout))
+        for column in ("first_scheduled_ms", "first_token_ms", "finish_ms", "aborted", "generated_tokens"):
+            assert runs[0].requests[column].tolist() == one.requests[column].tolist(), column
 
 
 def client_side(timeout_ms: float | None, network_ms: float = 0.0, workers: int = 0, request_ms: float = 0.0):

@@ -235,7 +235,6 @@ class Instance:
         self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
         if self.to_finish is not None:
             self.aborts_drop_output = False
-        self.loop_top_aborts = True  # (off on lockstep ranks: _loop_top_aborts)
         #: blocks that aborts heard at a pipeline's landing, before its output, freed: held until
         #: then, they count in the landing's KV usage (:mod:`schedlab.engine.pipeline`)
         self.held_to_landing = 0
@@ -677,8 +676,8 @@ class Instance:
         """SGLang's overlap loop (``aborts_run_once_more``, planning ahead): it reads aborts when
         the batch in flight has just started, before it plans the next; that batch's result is
         the one that ends a running request (its token dropped), and the plan still holds it
-        (:mod:`schedlab.engine.ahead`). Off on lockstep ranks."""
-        return self.ahead is not None and self.to_finish is not None and self.loop_top_aborts
+        (:mod:`schedlab.engine.ahead`)."""
+        return self.ahead is not None and self.to_finish is not None
 
     def discard_token(self, seq: Sequence) -> None:
         """Drop the last token of ``seq`` (just preempted), which the client never got: it will

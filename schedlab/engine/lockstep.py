@@ -244,7 +244,6 @@ class DataParallelCluster(Deployment):
             # an abort during a step drops its output, as on one engine core (EngineCore.step), and
             # planning ahead it comes after the plan made at the step's start (engine.ahead)
             inst.aborts_drop_output = inst.aborts_drop_output
-            inst.loop_top_aborts = False
         self.ranks = self.members = list(ranks)
         self.router = router
         self._init_deployment(index)

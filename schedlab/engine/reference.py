@@ -484,7 +484,6 @@ class ReferenceEngine:
         self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
         if self.to_finish is not None:
             self.aborts_drop_output = False
-        self.loop_top_aborts = True  # (off on lockstep ranks: _loop_top_aborts)
         self.held_to_landing = 0  # blocks aborts heard at a pipeline's landing freed (Instance's)
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
@@ -662,8 +661,8 @@ class ReferenceEngine:
 
     def _loop_top_aborts(self) -> bool:
         """SGLang's overlap loop reads aborts when the batch in flight has just started (the
-        fast engine's ``_loop_top_aborts``). Off on lockstep ranks."""
-        return self.ahead is not None and self.to_finish is not None and self.loop_top_aborts
+        fast engine's ``_loop_top_aborts``)."""
+        return self.ahead is not None and self.to_finish is not None
 
     def settle(self, t: float) -> None:
         """Before requests arriving at ``t`` are routed: an instance between iterations aborts

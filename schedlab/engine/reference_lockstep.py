@@ -55,7 +55,6 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
             # an abort during a step drops its output, as on one engine core (EngineCore.step), and
             # planning ahead it comes after the plan made at the step's start (engine.ahead)
             e.aborts_drop_output = e.aborts_drop_output
-            e.loop_top_aborts = False
         self.members = self.instances
         self._init_deployment(index)
         self.views = views_of(self.instances, self.clock)  # read afresh at each routing
