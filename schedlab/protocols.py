@@ -329,16 +329,28 @@ class Plan(Protocol):
         (:meth:`RunningView.holding`) got its last token so."""
         ...
 
-    def overshoot(self, seq: SequenceState) -> bool:
+    def unseen_finish(self, seq: SequenceState) -> bool:
+        """True if this plan is made ahead and ``seq`` -- finished by the batch in progress, still
+        holding its slot -- is one an engine planning ahead does not know has finished: it
+        stopped at an EOS before its ``max_tokens``, or (speculative decoding) drafts that batch
+        accepted took it to its last token. vLLM's asynchronous scheduler skips only a request
+        whose first token in flight is its ``max_tokens``-th, and schedules these once more
+        (:meth:`overshoot`)."""
+        ...
+
+    def overshoot(self, seq: SequenceState, num_tokens: int | None = None) -> bool:
         """In a plan made ahead, decode ``seq`` once more although the batch in progress has
-        finished it -- at a stop the engine planning ahead cannot foresee (an EOS before its
-        ``max_tokens``), so SGLang's overlap scheduler keeps it in the next batch and throws
-        the token away, and vLLM's asynchronous scheduler schedules it again. It takes a
-        place in the batch (the cost model sees one more decode), a token of the budget and a
-        KV slot, released with its blocks once the plan is made; counted in
+        finished it -- at a stop the engine planning ahead cannot foresee (:meth:`unseen_finish`),
+        so SGLang's overlap scheduler keeps it in the next batch and throws the token away, and
+        vLLM's asynchronous scheduler schedules it again. It takes a place in the batch (the
+        cost model sees one more decode), ``num_tokens`` of the budget (default 1; with
+        speculative decoding up to ``1 + spec_tokens``: the drafts vLLM's placeholders stand
+        for, verified for nothing) and KV slots for them past the positions the engine thinks
+        computed (the batch in progress's drafts counted as accepted) plus the drafter's
+        lookahead, released with its blocks once the plan is made; counted in
         ``preemptions.discarded_tokens``. ``seq`` must be a finished sequence still holding its
         slot (:meth:`RunningView.holding`); preempting it withdraws the decode. False, with
-        nothing changed, if the slot does not fit."""
+        nothing changed, if the slots do not fit."""
         ...
 
     def decode_all(self) -> bool:

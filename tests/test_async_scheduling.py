@@ -286,10 +286,14 @@ BASE = """
 """
 
 
+#: an EAGLE head (its cost: a linear model) proposing 2 drafts, as vLLM plans ahead with
+EAGLE = "[speculative]\nmethod = 'eagle'\nnum_speculative_tokens = 2\ndraft = {kind = 'linear'}\n"
+
+
 @pytest.mark.parametrize("extra, what", [
     ("[cluster]\npipeline_parallel = 2\n", r"\[cluster\] pipeline_parallel"),
     ("[cluster]\nmode = 'disaggregated'\n", r"\[cluster\] disaggregated pools"),
-    ("[speculative]\nmethod = 'ngram'\n", r"\[speculative\]"),
+    ("[speculative]\nmethod = 'ngram'\n", r"\[speculative\] method = 'ngram'"),
 ])
 def test_layouts_it_is_refused_with_by_name(tmp_path, extra, what):
     path = tmp_path / "exp.toml"
@@ -315,16 +319,18 @@ def _schedulers(path) -> list:
     "[cluster]\npipeline_parallel = 2\n",
     "[cluster]\nmode = 'disaggregated'\n",
     "[speculative]\nmethod = 'ngram'\n",
+    EAGLE,
     "[cluster]\ndata_parallel = 2\nexpert_parallel = true\n",
+    EAGLE + "[cluster]\ndata_parallel = 2\nexpert_parallel = true\n",
 ])
 def test_auto_plans_ahead_unless_the_layout_is_not_modelled_with_it(tmp_path, setting, extra):
     """The preset's ``"auto"`` (left out or written) plans ahead on one instance and on data-parallel
-    ranks, and schedules synchronously -- instead of refusing the run -- with a pipeline, disaggregated
-    pools or speculation, as vLLM turns it off where unsupported."""
+    ranks, with an EAGLE drafter too, and schedules synchronously -- instead of refusing the run --
+    with a pipeline, disaggregated pools or the n-gram drafter, as vLLM turns it off where unsupported."""
     path = tmp_path / "exp.toml"
     path.write_text(textwrap.dedent(BASE).replace("async_scheduling = true\n", setting) + extra)
     schedulers = _schedulers(path)
-    modelled = "pipeline" not in extra and "disaggregated" not in extra and "speculative" not in extra
+    modelled = "pipeline" not in extra and "disaggregated" not in extra and "ngram" not in extra
     assert schedulers and all(s.plans_ahead == modelled for s in schedulers)
     run = run_experiment(load(path)).all_runs()[0]
     assert run.metrics["finished"] == 20 and run.meta["plans_ahead"] == modelled

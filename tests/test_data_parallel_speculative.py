@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import textwrap
 
+import attrs
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -128,14 +130,17 @@ def drafter_of(spec: SpeculativeConfig):
 @given(requests_lists(min_size=1, max_size=12, max_prompt=60, max_output=60, all_at_zero=False, priorities=True,
                       prefix_groups=2),
        schedulers(), speculative_configs(), st.integers(1, 3), st.sampled_from(sorted(ROUTERS)),
-       dyadic_linear_costs(), st.integers(0, 40), st.integers(1, 8), st.booleans(), st.integers(0, 3))
+       dyadic_linear_costs(), st.integers(0, 40), st.integers(1, 8), st.booleans(), st.integers(0, 3), st.booleans())
 def test_speculating_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, spec, ranks, router, cost,
-                                                                            spare, block_size, prefix, seed):
+                                                                            spare, block_size, prefix, seed, ahead):
     """Random arrivals, budgets that cut drafts short, swaps and recompute preemptions of
     sequences holding speculative slots, idle ranks running the dummy (and the drafter's dummy
-    run), k by batch size, per-request acceptance rates: both engines alike, every request served
-    once with its tokens, within the slots and each rank's cache."""
+    run), k by batch size, per-request acceptance rates, ranks planning ahead while their drafts
+    are unverified: both engines alike, every request served once with its tokens, within the
+    slots and each rank's cache."""
     assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
+    if ahead and cfg.preemption == "recompute":
+        cfg = attrs.evolve(cfg, async_scheduling=True)
     blocks = blocks_with_drafts(requests, spec, block_size) + spare
 
     def make():

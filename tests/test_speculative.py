@@ -417,3 +417,26 @@ class _KvSeq:
         self.num_computed_tokens = 0
         self.reserved_tokens = 0
         self.kv_state = None
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_an_abort_during_a_verify_step_frees_the_slots_its_drafts_took(engine, asynchronous):
+    """Blocks of one token, k = 2 (n-gram), every draft rejected, 1 ms a step. The prompt (4
+    tokens) runs at [0, 1]; the verify step at [j, j + 1] takes its position + 3 slots: 3 + j + 3
+    blocks synchronously, 11 at [5, 6]. Planning ahead, its plan (made at j - 1) counts the 2
+    drafts of the step in flight as computed: j + 8 blocks, 13 at [5, 6]. The client gives up at
+    5.5 ms: the token of [5, 6] never comes (5 tokens: at 1 to 5), and every block the request
+    took -- those of [5, 6]'s drafts too, and planning ahead the step after it, made before the
+    abort was read -- is free at the end."""
+    request = Request(id=0, arrival_ms=0.0, prompt_tokens=4, output_tokens=40, timeout_ms=5.5)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=2, acceptance_rate=0.0)
+    kv = PagedKVCache(64, 1)
+    cfg = ContinuousConfig(max_num_seqs=1, max_num_batched_tokens=64, allocation="grow", chunked_prefill=True,
+                           async_scheduling=asynchronous)
+    result = run_engine([request], ContinuousScheduler(cfg), LinearCostModel(LinearConfig(base_ms=1.0,
+                        decode_ms_per_step=0.0, prefill_ms_per_token=0.0)), kv, engine=engine, speculative=spec)
+    assert result.requests["aborted"].tolist() == [1]
+    assert result.requests["generated_tokens"].tolist() == [5]
+    assert result.counters["kv_peak_blocks"] == (13 if asynchronous else 11)
+    assert kv.num_used_blocks() == 0

@@ -3,8 +3,9 @@
 Every decode step draws how many drafts each sequence keeps, so these runs exercise the fast
 engine's re-anchoring of sequences that run ahead of its decode clock, the release of
 rejected drafts' KV slots, drafts cut short by the token budget, reservations that include
-the drafts' slots, preemption and swap of sequences holding speculative slots, and prefix
-caches. Costs are dyadic (see ``test_differential``), so the comparison is exact.
+the drafts' slots, preemption and swap of sequences holding speculative slots, prefix caches,
+and plans made ahead while the drafts in flight are unverified (asynchronous scheduling).
+Costs are dyadic (see ``test_differential``), so the comparison is exact.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def spec_setups(draw, starve: bool = True):
         max_seqs = draw(st.integers(2, 6))
         allocation = draw(st.sampled_from(["reserve", "grow", "grow"]))
         least = max_seqs if starve else (max_seqs - 1) * (1 + k) + 1
+        preemption = draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute"
         cfg = ContinuousConfig(
             max_num_seqs=max_seqs,
             # budgets below max_num_seqs x (1 + k) cut some decodes' drafts short; above the
@@ -71,10 +73,12 @@ def spec_setups(draw, starve: bool = True):
             chunked_prefill=True if allocation == "grow" or spec.draft_input_slots else draw(st.booleans()),
             long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5])),
             allocation=allocation,
-            preemption=draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute",
+            preemption=preemption,
             prefill_first=draw(st.booleans()),
             running_order=draw(st.sampled_from(["admission", "admission", "decodes_first"])),
             policy=draw(st.sampled_from(["fcfs", "priority"])),
+            # each batch planned while the one before it runs, its drafts unverified (engine.ahead)
+            async_scheduling=preemption == "recompute" and draw(st.booleans()),
         )
         make = lambda: ContinuousScheduler(cfg)  # noqa: E731
     cost = draw(dyadic_linear_costs())
@@ -125,10 +129,12 @@ def test_speculative_steps_keep_the_kit_rules(setup):
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=8, max_prompt=300, max_output=200, all_at_zero=False), st.integers(1, 6),
-       st.integers(1, 5), st.sampled_from([0.5, 0.9]), st.integers(6, 48), st.integers(40, 400))
-def test_speculative_roofline_runs_match_reference(requests, max_seqs, k, alpha, budget, blocks):
+       st.integers(1, 5), st.sampled_from([0.5, 0.9]), st.integers(6, 48), st.integers(40, 400), st.booleans())
+def test_speculative_roofline_runs_match_reference(requests, max_seqs, k, alpha, budget, blocks, ahead):
     """A roofline target and a roofline draft model: costs are not dyadic, so the engines agree
-    to rounding; budgets down to one decode cut drafts short."""
+    to rounding; budgets down to one decode cut drafts short; planning ahead, decodes of finished
+    requests the drafts in flight ended share steps with those still decoding (the attention
+    sees every context, theirs too)."""
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
@@ -140,8 +146,8 @@ def test_speculative_roofline_runs_match_reference(requests, max_seqs, k, alpha,
 
     spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=k, acceptance_rate=alpha,
                              draft={"kind": "roofline"})
-    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max(budget, max_seqs), allocation="grow",
-                           chunked_prefill=True)
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max(budget, max_seqs, k + 1),
+                           allocation="grow", chunked_prefill=True, async_scheduling=ahead)
     runs = [run_engine(requests, ContinuousScheduler(cfg), roofline("llama-3-8b"), PagedKVCache(blocks, 16),
                        engine=engine, speculative=spec, draft_cost=roofline("llama-3.2-1b"), seed=1)
             for engine in ("fast", "reference")]

@@ -180,6 +180,9 @@ class ContinuousScheduler:
         #: engines ask beside such a request only (not those at their max_tokens: reads_held)
         self.overshoots = self.plans_ahead
         self.reads_held = False
+        #: planning ahead with speculative decoding, vLLM counts the drafts in flight as computed
+        #: (placeholders): their KV slots are taken, and a request they finish is decoded once more
+        self.counts_drafts_ahead = self.plans_ahead
         if self.config.max_model_len:  # (the protocol's optional member; absent: nothing to cut)
             self.limit_request = self._limit_request
 
@@ -328,7 +331,7 @@ class ContinuousScheduler:
         if len(running) == plan.num_decoding + len(plan.prefilling):
             return None  # nobody holds a slot
         seqs = running.holding()
-        if not any(s.status == "finished" and s.request.stops_at_eos for s in seqs):
+        if not any(s.status == "finished" and plan.unseen_finish(s) for s in seqs):
             return None
         if self.config.running_order == "decodes_first":
             seqs = [s for s in seqs if s.status != "prefilling"] + [s for s in seqs if s.status == "prefilling"]
@@ -358,10 +361,12 @@ class ContinuousScheduler:
         for seq in seqs:
             status = seq.status
             if status == "finished":  # holding its slot in a plan made ahead: decoded once more
-                if seq.request.stops_at_eos and seq not in plan.preempted:  # if it stopped at an EOS
-                    if self._budget(plan) <= 0:
+                # if vLLM cannot know it finished (an EOS, or drafts took it to its max_tokens)
+                if plan.unseen_finish(seq) and seq not in plan.preempted:
+                    budget = self._budget(plan)
+                    if budget <= 0:
                         break
-                    if not self._overshoot(plan, seq):
+                    if not self._overshoot(plan, seq, verify if verify <= budget else budget):
                         return False
                 continue
             if status not in ("decoding", "prefilling") or plan.is_scheduled(seq):
@@ -388,11 +393,11 @@ class ContinuousScheduler:
                     break
         return True
 
-    def _overshoot(self, plan, seq) -> bool:
-        """Decode ``seq`` (finished at an EOS vLLM has not seen) once more, preempting for its
-        slot as for any decode; False if FCFS must stop the running phase (``seq`` itself was
-        the victim)."""
-        while not plan.overshoot(seq):
+    def _overshoot(self, plan, seq, tokens: int) -> bool:
+        """Decode ``seq`` (finished where vLLM has not seen it) once more, ``tokens`` with its
+        drafts, preempting for its slots as for any decode; False if FCFS must stop the running
+        phase (``seq`` itself was the victim)."""
+        while not (plan.overshoot(seq, tokens) if tokens > 1 else plan.overshoot(seq)):
             victim = self._victim(plan)
             self._preempt(plan, victim)
             if victim is seq:

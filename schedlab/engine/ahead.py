@@ -71,8 +71,27 @@ the ranks run a dummy step if work is left (a deferred arrival), and pause other
 abort reaches a rank as it reaches one engine core (each DP engine core runs its own loop): after
 the plan made at the batch's start, the batch's token dropped.
 
-Asynchronous scheduling is refused with pipeline parallelism, disaggregation, speculative
-decoding, swapping and a batching window.
+**Speculative decoding** (EAGLE and draft models; a scheduler with ``counts_drafts_ahead``, as
+the ``continuous`` family has). vLLM's ``AsyncScheduler`` counts every token batch ``k`` may
+yield as computed when it plans ``k + 1``: a decode's ``1 + d`` scheduled tokens become
+placeholders (``num_output_placeholders``) and its next drafts placeholders too
+(``_update_after_schedule``); the drafts ``k`` rejects roll back only when it is back. So in the
+plan made at ``k``'s start:
+
+* a decoder of ``k`` is scheduled for ``1 + k'`` tokens as synchronously, but its KV slots run
+  from the position it would have if every draft of ``k`` were accepted: the drafts ``k``
+  rejected (:attr:`Ahead.phantom`; a padded admission's placeholders, a dropped token's drafts)
+  take slots too, kept with its blocks as a decode's are;
+* a request ``k`` finished is skipped only if its first token in flight was its
+  ``max_tokens``-th; one whose accepted drafts took it to its last token is scheduled once more,
+  ``1 + k'`` tokens of the budget and their slots past that position, all thrown away
+  (:func:`unseen_finish`, ``Plan.overshoot(seq, num_tokens)``);
+* a request preempted there has the tokens of ``k`` cached as a placeholder's are, its
+  accepted drafts (:attr:`Ahead.kept`) no more known than its own token.
+
+Asynchronous scheduling is refused with pipeline parallelism, disaggregation, the n-gram drafter
+(vLLM's V1 model runner does not run it ahead), SGLang's overlap scheduler with speculation,
+swapping and a batching window.
 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
 made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a
@@ -86,7 +105,8 @@ decoder's block lags a plan (its input token was in flight).
 the plan made ahead (:func:`schedlab.engine.load.serving`): that plan is made at the same instant.
 
 Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py --vllm-set
-async_scheduling=true`` (the preset follows the vLLM side's setting).
+async_scheduling=true`` (the preset follows the vLLM side's setting; its ``spec`` group with
+EAGLE and draft models).
 """
 
 from __future__ import annotations
@@ -102,6 +122,13 @@ def plans_ahead(scheduler) -> bool:
     return bool(getattr(scheduler, "plans_ahead", False))
 
 
+def counts_drafts_ahead(scheduler, speculation) -> bool:
+    """True if, with ``speculation``, ``scheduler`` plans ahead as vLLM's ``AsyncScheduler``
+    does, counting the drafts of the batch in flight as computed (its ``counts_drafts_ahead``):
+    the engines then keep :attr:`Ahead.phantom` and :attr:`Ahead.kept`."""
+    return speculation is not None and plans_ahead(scheduler) and bool(getattr(scheduler, "counts_drafts_ahead", False))
+
+
 def refuse_planning_ahead(schedulers, what: str) -> None:
     """ConfigError if one of ``schedulers`` plans ahead where it is not modelled (``what``):
     a run's assembly turns ``"auto"`` off there; an engine built directly must be told."""
@@ -111,14 +138,16 @@ def refuse_planning_ahead(schedulers, what: str) -> None:
                               f"which is not modelled with {what}: set it to false")
 
 
-def overshoot_slot(kv, ahead, seq) -> bool:
-    """``Plan.overshoot``'s slot: check that ``seq`` is a finished sequence holding its slot in a
-    plan made ahead, and hold one KV slot more for it (released with its blocks after the plan);
-    False if it does not fit."""
+def overshoot_slot(kv, ahead, seq, tokens: int = 1, lookahead: int = 0) -> bool:
+    """``Plan.overshoot``'s slots: check that ``seq`` is a finished sequence holding its slot in
+    a plan made ahead, and hold KV slots for its ``tokens`` more (its own and the drafts it
+    verifies) and the drafter's ``lookahead``, past the positions vLLM thinks it has computed
+    (:attr:`Ahead.phantom` included); released with its blocks after the plan. False if they
+    do not fit."""
     if ahead is None or not ahead.planning or seq not in ahead.held:
         raise SimulationError(f"overshoot(): request {seq.request.id} is not a finished request holding its slot "
                               "in a plan made ahead")
-    slots = seq.num_computed_tokens + 1
+    slots = seq.num_computed_tokens + ahead.phantom.get(seq, 0) + tokens + lookahead
     if not kv.allocate(seq, 0, reserve_tokens=slots):
         return False
     if slots > seq.reserved_tokens:
@@ -126,13 +155,26 @@ def overshoot_slot(kv, ahead, seq) -> bool:
     return True
 
 
+def unseen_finish(ahead, seq) -> bool:
+    """``Plan.unseen_finish``: ``seq``, finished by the batch in progress and holding its slot,
+    is one vLLM schedules once more -- it skips only a request whose first token in flight is
+    its ``max_tokens``-th, so not one that stopped at an EOS or that accepted drafts took to its
+    last token (:attr:`Ahead.kept`)."""
+    return seq in ahead.held and (seq.request.stops_at_eos or seq in ahead.kept)
+
+
 def cached_tokens_at_preemption(computed: int, pending: int, scheduled_decode: bool, fresh: bool,
-                                lag: int) -> int:
+                                lag: int, kept: int = 0) -> int:
     """The tokens of a request preempted in a plan made ahead whose blocks vLLM has cached:
     its ``computed`` tokens and the ``pending`` slots this plan gave it, less the token a
     placeholder stood for at its last allocation -- this plan's, if it scheduled its decode
-    (its input token ``fresh`` from the batch in progress), else the one before (``lag``)."""
-    return computed + pending - ((1 if fresh else 0) if scheduled_decode else lag)
+    (its input token ``fresh`` from the batch in progress), else the one before (``lag``).
+    With speculative decoding a decode's slots hold drafts, never cached (vLLM caches the tokens
+    it knows), and the drafts the batch in progress accepted (``kept``, :attr:`Ahead.kept`) are
+    not known yet either."""
+    if scheduled_decode:
+        return computed + 1 - (1 + kept if fresh else 0)
+    return computed + pending - lag - kept
 
 
 class AheadRunning(RunningView):
@@ -176,7 +218,7 @@ class Ahead:
     their slots (in finishing order)."""
 
     __slots__ = ("start", "end", "deferred", "held", "doomed", "ghosts", "fresh", "settled", "planning",
-                 "leaving", "leaving_running")
+                 "leaving", "leaving_running", "phantom", "kept")
 
     def __init__(self):
         self.start = -1.0    # the last batch's start and end (-1: none yet)
@@ -194,6 +236,14 @@ class Ahead:
         # among them) whose abort has come: routers see them gone (see :meth:`note_leaving`)
         self.leaving = self.leaving_running = 0
         self.fresh: set = set()   # sequences the last batch gave a token (vLLM: a placeholder)
+        # speculative decoding: positions the plan made ahead counts as computed that the last
+        # batch did not compute -- its rejected drafts (and a padded admission's placeholders, a
+        # dropped token's drafts), which vLLM learns of only when that batch is back
+        self.phantom: dict = {}
+        # ... and the drafts it accepted (given beside its own token) for those that kept some: the
+        # blocks those complete are not cached yet (cached_tokens_at_preemption), and a finished one
+        # is one vLLM does not know is finished (unseen_finish)
+        self.kept: dict = {}
         # the last plan left no arrival for the next one, and no finished request held a slot a
         # waiting one could take: the plans after it stay alike until an event (bulk runs may start)
         self.settled = False

@@ -21,7 +21,7 @@ from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk
-from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, plans_ahead
+from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
 from .clock import check_iteration_end
 from .load import Release, load
 from .plan import FastPlan
@@ -177,6 +177,8 @@ class Instance:
         # Asynchronous scheduling (schedlab.engine.ahead): each plan is made while the batch
         # before it runs; bulk runs only from settled plans.
         self.ahead = Ahead() if plans_ahead(scheduler) else None
+        #: planning ahead, the drafts in flight count as computed (engine.ahead, Ahead.phantom)
+        self.drafts_ahead = counts_drafts_ahead(scheduler, speculation)
         self.marks = None  # which decoders' input tokens are in flight at a plan, kept lazily
         if self.ahead is not None:
             self.running_view = AheadRunning(self.running, self.ahead.held)
@@ -346,8 +348,12 @@ class Instance:
             pending = 0  # the slots the plan made ahead took for it
             if plan is not None and plan.is_scheduled(seq):
                 if status == DECODING:
+                    drafts, pending = plan.drafts_of(seq) if self.spec is not None else (0, 1)
+                    if plan.spec_override:
+                        plan.spec_override.pop(seq, None)
                     plan.overshoots = (*plan.overshoots, seq)
-                    pending = 1
+                    if drafts:
+                        plan.add_overshoot_drafts(seq, drafts)
                 else:
                     pending = next(n for s, n in plan.prefills if s is seq)
             if status == DECODING:
@@ -390,7 +396,8 @@ class Instance:
             computed = seq._computed
             held = computed + pending
             seq._computed = cached_tokens_at_preemption(computed, pending, decoding and pending > 0,
-                                                        self.marks.is_fresh(seq, decoding), seq.cache_lag)
+                                                        self.marks.is_fresh(seq, decoding), seq.cache_lag,
+                                                        self.ahead.kept.get(seq, 0))
             if held > seq.reserved_tokens:
                 seq.reserved_tokens = held
             self.kv.free(seq)
@@ -467,17 +474,19 @@ class Instance:
             del self.itl_groups[key]
         seq.last_token_ms = key
 
-    def spec_blocks_needed(self, slots: int) -> int:
+    def spec_blocks_needed(self, slots: int, phantom: dict | None = None) -> int:
         """New blocks for every decoder to take ``slots`` slots past its computed tokens
         (speculation), by the block-pool contract: a sequence holds ``max(ceil(reserved / B),
-        ceil(computed / B))`` blocks, its reservation covering the slots its last step took."""
+        ceil(computed / B))`` blocks, its reservation covering the slots its last step took.
+        ``phantom``: more slots for some (:attr:`schedlab.engine.ahead.Ahead.phantom`)."""
         bs = self.kv.block_size
         total = 0
         for seq in self.running:
             if seq.status == DECODING:
                 c, r = seq.num_computed_tokens, seq.reserved_tokens
-                if c + slots > r:
-                    total += -(-(c + slots) // bs) + ((c if c > r else r) // -bs)
+                n = slots + phantom.get(seq, 0) if phantom else slots
+                if c + n > r:
+                    total += -(-(c + n) // bs) + ((c if c > r else r) // -bs)
         return total
 
     def _compact_ranges(self) -> None:
@@ -562,7 +571,7 @@ class Instance:
             held = seq._computed + pending
             seq._computed = cached_tokens_at_preemption(seq._computed, pending, scheduled_decode,
                                                         self.marks.is_fresh(seq, status == DECODING),
-                                                        seq.cache_lag)
+                                                        seq.cache_lag, self.ahead.kept.get(seq, 0))
             if held > seq.reserved_tokens:
                 seq.reserved_tokens = held
         self.kv.free(seq, preempted=True)
@@ -634,6 +643,8 @@ class Instance:
             self._abort_due(upto=t)
         self.now = t
         ahead.planning = t < end
+        if not ahead.planning and (ahead.phantom or ahead.kept):  # (the batch's output is seen: nothing is in flight)
+            ahead.phantom, ahead.kept = {}, {}
         try:
             plan = self._plan()
         finally:
@@ -712,7 +723,8 @@ class Instance:
         (holding their slots): it may decode one once more."""
         if self.reads_held:
             return True
-        return self.asks_beside_held and any(seq.request.stops_at_eos for seq in held)
+        kept = self.ahead.kept
+        return self.asks_beside_held and any(seq.request.stops_at_eos or seq in kept for seq in held)
 
     def _plan(self) -> FastPlan:
         """Ask the scheduler for the next iteration's plan, at ``now``."""
@@ -899,8 +911,6 @@ class Instance:
                     drafts += d - plan.spec_k
         batch = Batch(n_dec, self.ctx_offset + n_dec * steps + drafts if n_dec else 0,
                       len(plan.prefills), prefill_tokens, prefill_context, spec_tokens=drafts)
-        if plan.overshoots:  # decodes whose token is discarded (Plan.overshoot)
-            return self._with_overshoots(batch, plan, n_dec, steps)
         if n_dec and self.track_range:
             if drafts:  # drafts differ between sequences (cut by the budget, swap-ins): look at each
                 contexts = [s.num_computed_tokens + 1 + plan.drafts_of(s)[0]
@@ -908,24 +918,29 @@ class Instance:
                 batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
             else:
                 batch.decode_context_max, batch.decode_context_min = self._context_range(steps)
+        if plan.overshoots:  # decodes whose token is discarded (Plan.overshoot)
+            self._add_overshoots(batch, plan, n_dec)
         return batch
 
-    def _with_overshoots(self, batch: Batch, plan: FastPlan, n_dec: int, steps: int) -> Batch:
-        """``batch`` with the decodes of ``plan``'s overshoots (no drafts: speculation does not
-        plan ahead)."""
-        extra = [s.num_computed_tokens + 1 for s in plan.overshoots]
+    def _add_overshoots(self, batch: Batch, plan: FastPlan, n_dec: int) -> None:
+        """Add the decodes of ``plan``'s overshoots, with the drafts they verify, to ``batch``."""
+        extra = [s.num_computed_tokens + plan.overshoot_tokens(s) for s in plan.overshoots]
+        if plan.overshoot_drafts:
+            batch.spec_tokens += sum(plan.overshoot_drafts.values())
         batch.num_decode += len(extra)
         batch.decode_context_tokens += sum(extra)
         if self.track_range:
-            high, low = self._context_range(steps) if n_dec else (max(extra), min(extra))
+            high, low = (batch.decode_context_max, batch.decode_context_min) if n_dec else (max(extra), min(extra))
             batch.decode_context_max, batch.decode_context_min = max(high, *extra), min(low, *extra)
-        return batch
 
     def _prepare(self, plan: FastPlan, until: float) -> "PreparedRun":
         """The plan's batch, cost and how many identical iterations to run from here (iterations
         starting before ``until``); nothing is applied yet but parking the decoders it leaves out."""
         steps = self.clock.steps
-        parked = self._park_idle_decoders(plan) if plan.partial_decode else ()
+        # (a plan with overshoots but no decode -- the budget went to their drafts -- advances the
+        # decode clock all the same: the decoders it leaves out are parked)
+        parked = self._park_idle_decoders(plan) if plan.partial_decode or (
+            plan.overshoots and not plan.decodes_all and self.n_decoding) else ()
         n_dec = self.n_decoding if plan.decodes_all or plan.decoded else 0
         batch = self.batch_of(plan, n_dec)
         if batch.num_decode or plan.prefills:
@@ -1045,8 +1060,8 @@ class Instance:
             dropped = plan.dropped
             per_decoder, per_token = token_shares(energy, batch, sum(n for _, n in dropped) if dropped else 0)
             meter.per_decoder += per_decoder
-            if plan.overshoots:  # (no drafts when planning ahead: a token's share each)
-                meter.discarded_j += per_token * len(plan.overshoots)
+            if plan.overshoots:  # (a decode's share each, as every decoder's)
+                meter.discarded_j += per_decoder * len(plan.overshoots)
             padded = plan.padded
             for seq, n in prefills:
                 if padded:  # (its placeholder drafts are its own work)
@@ -1118,10 +1133,19 @@ class Instance:
             elif self._loop_top_aborts():  # read when this iteration started: its result ends them
                 ghosts = self._in_step_aborts(plan, start, end, by_start=True)
         finishing = self._finishing(plan) if self.to_finish else ()  # (aborted: their last iteration)
+        # planning ahead with drafts: what the next plan counts as computed that this one was not
+        phantom = {} if self.drafts_ahead else None
+        kept = {} if phantom is not None else None
         ghost_decoders = 0
         for seq in (*ghosts, *finishing) if finishing else ghosts:  # (their KV is written: the cache frees it)
             if seq.status == DECODING:
+                if phantom is not None and seq in ghosts:  # (its drafts: rejected as the plan sees them)
+                    phantom[seq] = plan.drafts_of(seq)[0]
                 self._remove_decoder(seq, ABORTED)  # (before its token: it gets none)
+                if self.spec is not None:  # (the slots its drafts and lookahead took: freed with it)
+                    taken = seq._computed + plan.drafts_of(seq)[1]
+                    if taken > seq.reserved_tokens:
+                        seq.reserved_tokens = taken
                 seq._computed += 1
                 ghost_decoders += 1
             else:
@@ -1144,7 +1168,7 @@ class Instance:
             counters["decode_seq_steps"] += k * n_dec
             progress = True
             if self.spec is not None:
-                accepted, spec_done = self._verify(plan)
+                accepted, spec_done = self._verify(plan, phantom, kept)
         if plan.overshoots:  # decoded once more, their tokens thrown away
             if not n_dec:
                 self.clock.steps = steps + k
@@ -1200,6 +1224,10 @@ class Instance:
                 self._ghost_ahead(seq)
         if self.ahead is not None:  # the sequences decoding now got a token from it (engine.ahead)
             self.marks.batch_ended(n_dec > 0)
+            if phantom is not None:
+                if plan.padded:  # (their placeholder drafts, all rejected)
+                    phantom.update((seq, n) for seq, n in plan.padded.items() if seq.status != ABORTED)
+                self.ahead.phantom, self.ahead.kept = phantom, kept
         for seq in parked:
             self._add_decoder(seq)
             self.off_cycle[seq] = seq.last_token_ms
@@ -1228,13 +1256,16 @@ class Instance:
                 preempted_generated=tuple(s.num_generated for s in plan.preempted),
                 discarded_decodes=len(plan.overshoots)))
 
-    def _verify(self, plan: FastPlan) -> tuple[int, list]:
+    def _verify(self, plan: FastPlan, phantom: dict | None = None, kept: dict | None = None) -> tuple[int, list]:
         """Speculative decoding, after a decode step gave every decoder its one token: each
         decoder also keeps its accepted drafts (at most what it still has to generate). The
         slots the step took for the rest and for the lookahead stay with it, as vLLM keeps a
         request's blocks (its next step reuses them): its reservation grows to cover them.
         Returns the drafts accepted and the decoders that are done (their finish steps moved,
-        so the finish heap, which only bulk runs need, is not asked)."""
+        so the finish heap, which only bulk runs need, is not asked). ``phantom`` (planning
+        ahead): gets each decoder's drafts it did not keep, which the next plan, made before
+        this step's output is seen, counts as computed, and ``kept`` those it kept
+        (:mod:`schedlab.engine.ahead`)."""
         spec = self.spec
         steps = self.clock.steps
         counters = self.counters
@@ -1278,6 +1309,11 @@ class Instance:
                         heapq.heappush(self.anchor_low, (anchor + extra, seq.seq_no, seq))
                     extra_total += extra
                     generated += extra
+                if phantom is not None:
+                    if drafts > extra:
+                        phantom[seq] = drafts - extra
+                    if extra:
+                        kept[seq] = extra
             if generated >= seq.target:
                 done.append(seq)
         self.ctx_offset += extra_total

@@ -79,7 +79,8 @@ def rank_batch(inst: Instance, plan: FastPlan) -> Batch:
     if not plan.partial_decode:
         return inst.batch_of(plan, inst.n_decoding if plan.decodes_all else 0)
     batch = inst.batch_of(plan, 0)  # the prompts; then the decodes the plan names
-    contexts = [s.num_computed_tokens + 1 for s in plan.overshoots]  # (and those whose token is discarded)
+    # (and those whose token is discarded, with their drafts: batch_of counted those)
+    contexts = [s.num_computed_tokens + plan.overshoot_tokens(s) for s in plan.overshoots]
     for s in inst.running:
         if s.status == DECODING and s.plan_mark == plan.serial:
             drafts = plan.drafts_of(s)[0]

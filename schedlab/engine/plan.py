@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SimulationError
 from ..queues import RunningView
-from .ahead import overshoot_slot
+from .ahead import overshoot_slot, unseen_finish
 from .sequence import DECODING, PREFILLING, SWAPPED, WAITING
 from .stages import IN_FLIGHT
 
@@ -25,7 +25,7 @@ class FastPlan:
         "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
         "spec_k", "spec_slots", "spec_override", "dropped", "overshoots", "draft_input_slots",
-        "padded", "admission_padding",
+        "padded", "admission_padding", "overshoot_drafts",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -54,6 +54,7 @@ class FastPlan:
         self.padded = None         # {seq: placeholder drafts} of admissions padded (admit(padding=...))
         self.dropped = ()          # a pipeline's (seq, tokens) chunks of prompts preempted since the launch
         self.overshoots = ()       # finished sequences decoded once more, their token discarded (overshoot)
+        self.overshoot_drafts = None  # {seq: drafts} of overshoots verifying drafts (speculation)
 
     # -- reading the state -----------------------------------------------------------------
     @property
@@ -122,14 +123,45 @@ class FastPlan:
         return ahead is not None and ahead.planning and (
             seq in ahead.held or inst.marks.got_token(seq, seq.status == DECODING))
 
-    def overshoot(self, seq) -> bool:
+    def unseen_finish(self, seq) -> bool:
+        ahead = self._inst.ahead
+        return ahead is not None and ahead.planning and unseen_finish(ahead, seq)
+
+    def overshoot(self, seq, num_tokens: int | None = None) -> bool:
         if seq in self.overshoots:
             return True
-        if not overshoot_slot(self.kv, self._inst.ahead, seq):
+        k = self.spec_k
+        n = 1 if num_tokens is None else num_tokens
+        if not 1 <= n <= 1 + k:
+            raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens in this "
+                                  f"iteration, scheduler asked for {n}")
+        spec = self._inst.spec
+        if not overshoot_slot(self.kv, self._inst.ahead, seq, n, spec.lookahead if spec is not None else 0):
             return False
         self.overshoots = (*self.overshoots, seq)
-        self._tokens += 1
+        self._tokens += n
+        if n > 1:
+            self.add_overshoot_drafts(seq, n - 1)
         return True
+
+    def add_overshoot_drafts(self, seq, drafts: int) -> None:
+        """``seq``, an overshoot, verifies ``drafts`` drafts (computed for nothing too)."""
+        if self.overshoot_drafts is None:
+            self.overshoot_drafts = {}
+        self.overshoot_drafts[seq] = drafts
+
+    def overshoot_tokens(self, seq) -> int:
+        """The tokens overshoot ``seq`` computes: its own and its drafts."""
+        drafts = self.overshoot_drafts
+        return 1 + drafts.get(seq, 0) if drafts else 1
+
+    def phantom(self, seq) -> int:
+        """Positions of ``seq`` that this plan, made ahead, counts as computed and the batch in
+        progress did not compute (:attr:`schedlab.engine.ahead.Ahead.phantom`)."""
+        ahead = self._inst.ahead
+        if ahead is None or not ahead.planning or not ahead.phantom:
+            return 0
+        return ahead.phantom.get(seq, 0)
 
     def is_scheduled(self, seq) -> bool:
         return seq.plan_mark == self.serial or (self.decodes_all and seq.status == DECODING)
@@ -160,11 +192,14 @@ class FastPlan:
         inst = self._inst
         if inst.spec is not None and not self.decoded and inst.kv_grows:
             # Speculation: the engine works out every decoder's new blocks and takes them at once.
-            need = inst.spec_blocks_needed(self.spec_slots) if inst.n_decoding else 0
+            phantom = self._phantoms()
+            need = inst.spec_blocks_needed(self.spec_slots, phantom) if inst.n_decoding else 0
             if need:
                 if need > self.kv.num_free_blocks():
                     return False
                 self.kv.grow(need)
+            for seq, extra in phantom.items():
+                self._override(seq, self.spec_k, self.spec_slots + extra)
             self.decodes_all = True
             self._tokens += inst.n_decoding * (1 + self.spec_k)
             return True
@@ -173,11 +208,15 @@ class FastPlan:
             # all or nothing.
             rest = [s for s in inst.running if s.status == DECODING and s.plan_mark != self.serial]
             slots = self.spec_slots
-            if sum(self.kv.blocks_needed(s, slots) for s in rest) > self.kv.num_free_blocks():
+            phantom = self._phantoms()
+            if sum(self.kv.blocks_needed(s, slots + phantom.get(s, 0)) for s in rest) > self.kv.num_free_blocks():
                 return False
             for s in rest:
-                if not self.kv.allocate(s, slots):
+                extra = phantom.get(s, 0)
+                if not self.kv.allocate(s, slots + extra):
                     raise SimulationError("KV cache refused a decode slot it had reported free")
+                if extra:
+                    self._override(s, self.spec_k, slots + extra)
             self.decoded = []
             self.decodes_all = True
             self._tokens += len(rest) * (1 + self.spec_k)
@@ -208,15 +247,23 @@ class FastPlan:
         elif not 1 <= num_tokens <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens in this "
                                   f"iteration, scheduler asked for {num_tokens}")
-        slots = self.spec_slots - k - 1 + num_tokens
+        extra = self.phantom(seq)
+        slots = self.spec_slots - k - 1 + num_tokens + extra
         if not self.kv.allocate(seq, slots):
             return False
         seq.plan_mark = self.serial
         self.decoded.append(seq)
         self._tokens += num_tokens
-        if num_tokens != 1 + k:
+        if num_tokens != 1 + k or extra:
             self._override(seq, num_tokens - 1, slots)
         return True
+
+    def _phantoms(self) -> dict:
+        """:meth:`phantom` of every decoding sequence that has some (planning ahead)."""
+        ahead = self._inst.ahead
+        if ahead is None or not ahead.planning or not ahead.phantom:
+            return {}
+        return {s: n for s, n in ahead.phantom.items() if s.status == DECODING}
 
     def _override(self, seq, drafts: int, slots: int) -> None:
         if self.spec_override is None:
@@ -311,7 +358,7 @@ class FastPlan:
     def _pending(self, seq, what: str) -> int:
         """Token slots of ``seq`` whose KV this iteration has allocated but not computed yet."""
         if seq.plan_mark != self.serial:
-            return self.spec_slots if self.decodes_all and seq.status == DECODING else 0
+            return self.drafts_of(seq)[1] if self.decodes_all and seq.status == DECODING else 0
         if seq in self.admitted or seq in self.swapped_in:
             raise SimulationError(f"{what}(): request {seq.request.id} joined this iteration")
         if seq.status == DECODING:
@@ -346,8 +393,10 @@ class FastPlan:
             return
         if ahead is not None and seq in ahead.held:  # finished, its slot held (engine.ahead)
             if seq in self.overshoots:  # its decode once more goes with it
+                self._tokens -= self.overshoot_tokens(seq)
                 self.overshoots = tuple(s for s in self.overshoots if s is not seq)
-                self._tokens -= 1
+                if self.overshoot_drafts:
+                    self.overshoot_drafts.pop(seq, None)
             self._inst.preempt_held(seq)
             self._preempted.append(seq)
             return

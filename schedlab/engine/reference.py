@@ -18,7 +18,8 @@ from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from .admission import ConcurrencyLimit
-from .ahead import Ahead, AheadRunning, overshoot_slot, plans_ahead
+from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
+                    unseen_finish)
 from .clock import check_iteration_end
 from .load import Release, load
 from .recorder import Recorder
@@ -92,6 +93,7 @@ class RefPlan:
         self.padded: dict = {}  # admissions' placeholder drafts (admit(padding=...))
         self.dropped: list = []  # a pipeline's (sequence, tokens) chunks of prompts preempted since the launch
         self.overshoots: list = []  # finished sequences decoded once more, their token discarded (overshoot)
+        self.overshoot_drafts: dict = {}  # ... and the drafts those verify (speculation)
 
     @property
     def running(self):
@@ -138,14 +140,30 @@ class RefPlan:
         ahead = self._e.ahead
         return ahead is not None and ahead.planning and (seq in ahead.fresh or seq in ahead.held)
 
-    def overshoot(self, seq) -> bool:
+    def unseen_finish(self, seq) -> bool:
+        ahead = self._e.ahead
+        return ahead is not None and ahead.planning and unseen_finish(ahead, seq)
+
+    def overshoot(self, seq, num_tokens: int | None = None) -> bool:
         if seq in self.overshoots:
             return True
-        if not overshoot_slot(self.kv, self._e.ahead, seq):
+        k = self.spec_tokens
+        n = 1 if num_tokens is None else num_tokens
+        if not 1 <= n <= 1 + k:
+            raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
+        if not overshoot_slot(self.kv, self._e.ahead, seq, n, self.lookahead):
             return False
         self.overshoots.append(seq)
-        self.num_scheduled_tokens += 1
+        self.num_scheduled_tokens += n
+        if n > 1:
+            self.overshoot_drafts[seq] = n - 1
         return True
+
+    def phantom(self, seq) -> int:
+        """Positions of ``seq`` this plan, made ahead, counts as computed that the batch in
+        progress did not compute (:attr:`schedlab.engine.ahead.Ahead.phantom`)."""
+        ahead = self._e.ahead
+        return ahead.phantom.get(seq, 0) if ahead is not None and ahead.planning else 0
 
     def decode_all(self) -> bool:
         if self.decodes_all:
@@ -155,11 +173,11 @@ class RefPlan:
         decoding = [s for s in self._e.running if s.status == "decoding" and s not in self.decoded]
         k = self.spec_tokens
         slots = 1 + k + self.lookahead if self._e.spec is not None else 1
-        if sum(self.kv.blocks_needed(s, slots) for s in decoding) > self.kv.num_free_blocks():
+        if sum(self.kv.blocks_needed(s, slots + self.phantom(s)) for s in decoding) > self.kv.num_free_blocks():
             return False
         for s in decoding:
-            assert self.kv.allocate(s, slots)
-            self.drafts[s] = (k, slots)
+            assert self.kv.allocate(s, slots + self.phantom(s))
+            self.drafts[s] = (k, slots + self.phantom(s))
         self.decodes_all = True
         self.decoded = []
         self.num_scheduled_tokens += len(decoding) * (1 + k)
@@ -172,7 +190,7 @@ class RefPlan:
         n = 1 + k if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
-        slots = n + self.lookahead if self._e.spec is not None else 1
+        slots = n + self.lookahead + self.phantom(seq) if self._e.spec is not None else 1
         if not self.kv.allocate(seq, slots):
             return False
         seq.mark = self.serial
@@ -307,7 +325,7 @@ class RefPlan:
             # and its decode once more if this plan gave it one
             if seq in self.overshoots:
                 self.overshoots.remove(seq)
-                self.num_scheduled_tokens -= 1
+                self.num_scheduled_tokens -= 1 + self.overshoot_drafts.pop(seq, 0)
             del e.ahead.held[seq]
             del e.running[seq]
             self.kv.free(seq)
@@ -348,8 +366,9 @@ class RefPlan:
             # but vLLM has cached only the tokens it knew -- not one still being computed when
             # it last got a slot: this one, if the iteration gave it one, else the one before
             held = seq.num_computed_tokens + pending
-            lag = (1 if seq in e.ahead.fresh else 0) if seq.status == "decoding" and pending else seq.cache_lag
-            seq.num_computed_tokens = held - lag
+            seq.num_computed_tokens = cached_tokens_at_preemption(
+                seq.num_computed_tokens, pending, seq.status == "decoding" and pending > 0, seq in e.ahead.fresh,
+                seq.cache_lag, e.ahead.kept.get(seq, 0))
             seq.reserved_tokens = max(seq.reserved_tokens, held)
         self.kv.free(seq, preempted=True)
         seq.status = "waiting"
@@ -488,6 +507,8 @@ class ReferenceEngine:
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
         self.ahead = Ahead() if plans_ahead(scheduler) else None  # asynchronous scheduling (engine.ahead)
+        #: planning ahead, the drafts in flight count as computed (engine.ahead, Ahead.phantom)
+        self.drafts_ahead = counts_drafts_ahead(scheduler, speculation)
         host = getattr(kv, "host", None)
         if host is not None:
             host.attach(self.counters)
@@ -626,6 +647,8 @@ class ReferenceEngine:
             self.abort_due(upto=t)  # (rows now, as routers see them; SGLang's running requests only marked)
         self.now = t
         ahead.planning = t < end
+        if not ahead.planning and (ahead.phantom or ahead.kept):  # (the batch's output is seen: nothing is in flight)
+            ahead.phantom, ahead.kept = {}, {}
         plan = RefPlan(self, self.serial)
         self.scheduler.schedule(plan)
         self.now = end
@@ -716,7 +739,9 @@ class ReferenceEngine:
             if plan is not None and plan.is_scheduled(seq):
                 if seq.status == "decoding":
                     plan.overshoots.append(seq)
-                    pending = 1
+                    drafts, pending = plan.drafts.pop(seq) if seq in plan.drafts else (0, 1)
+                    if drafts:
+                        plan.overshoot_drafts[seq] = drafts
                 else:
                     pending = next(n for s, n in plan.prefills if s is seq)
             # (SGLang drops an aborted chunked prefill's blocks uncached: KVCache.discard)
@@ -770,8 +795,9 @@ class ReferenceEngine:
         else:  # as at a preemption (RefPlan._requeue): vLLM has cached only the tokens it knew
             computed = seq.num_computed_tokens
             decoding = seq.status == "decoding"
-            lag = (1 if seq in self.ahead.fresh else 0) if decoding and pending else seq.cache_lag
-            seq.num_computed_tokens = computed + pending - lag
+            seq.num_computed_tokens = cached_tokens_at_preemption(computed, pending, decoding and pending > 0,
+                                                                  seq in self.ahead.fresh, seq.cache_lag,
+                                                                  self.ahead.kept.get(seq, 0))
             seq.reserved_tokens = max(seq.reserved_tokens, computed + pending)
             self.kv.free(seq)
             seq.num_computed_tokens = computed  # (a plan made ahead may still compute it, for nothing)
@@ -794,14 +820,16 @@ class ReferenceEngine:
         decoders = plan.decoders()
         drafts = [plan.drafts[s][0] if self.spec is not None else 0 for s in decoders]
         contexts = [s.num_computed_tokens + 1 + d for s, d in zip(decoders, drafts)]
-        contexts += [s.num_computed_tokens + 1 for s in plan.overshoots]  # (decodes whose token is discarded)
+        overshoot_drafts = [plan.overshoot_drafts.get(s, 0) for s in plan.overshoots]
+        # (decodes whose token is discarded)
+        contexts += [s.num_computed_tokens + 1 + d for s, d in zip(plan.overshoots, overshoot_drafts)]
         batch = Batch(
             num_decode=len(contexts),
             decode_context_tokens=sum(contexts),
             num_prefill=len(plan.prefills),
             prefill_tokens=sum(n for _, n in plan.prefills) + sum(plan.padded.values()),  # (padding: Plan.admit)
             prefill_context_tokens=sum(s.num_computed_tokens for s, _ in plan.prefills),
-            spec_tokens=sum(drafts),
+            spec_tokens=sum(drafts) + sum(overshoot_drafts),
         )
         if contexts and getattr(self.cost, "needs_context_range", False):
             batch.decode_context_max, batch.decode_context_min = max(contexts), min(contexts)
@@ -858,7 +886,7 @@ class ReferenceEngine:
             for s in decoders:
                 s.energy_j += per_decoder
             if plan.overshoots:  # (their rows are written already: no request shares them)
-                self.meter.discarded_j += per_token * len(plan.overshoots)
+                self.meter.discarded_j += per_decoder * len(plan.overshoots)
             padded = plan.padded
             for i, (s, n) in enumerate(plan.prefills + plan.dropped):  # dropped: preempted since the launch
                 if padded and i < len(plan.prefills):  # (an admission's placeholder drafts are its own work)
@@ -879,8 +907,16 @@ class ReferenceEngine:
             finishing = [s for s in self.running if s in self.to_finish and s in computed]
             self.to_finish.difference_update(finishing)
             ghosts = ghosts + finishing
+        # planning ahead with drafts: what the next plan, made before this step's output is seen,
+        # counts as computed that this step did not compute (engine.ahead)
+        phantom = {} if self.drafts_ahead else None
+        kept = {} if phantom is not None else None
         for s, d in zip(decoders, drafts):
             if s in ghosts:  # aborted while this step runs: computed (its KV written), its output dropped
+                if phantom is not None and d:
+                    phantom[s] = d
+                if self.spec is not None:  # (the slots its drafts and lookahead took: freed with it)
+                    s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens + plan.drafts[s][1])
                 s.num_computed_tokens += 1
                 counters["decode_tokens"] += 1
                 counters["decode_seq_steps"] += 1
@@ -903,6 +939,11 @@ class ReferenceEngine:
             progress = True
             if self.spec is not None:  # the step's slots stay with the request (vLLM keeps its blocks)
                 s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens - tokens + plan.drafts[s][1])
+            if phantom is not None:
+                if d > tokens - 1:
+                    phantom[s] = d - (tokens - 1)
+                if tokens > 1:
+                    kept[s] = tokens - 1
             if s.num_generated >= s.request.target_tokens:
                 decoded_out.append(s)
         if decoders or plan.overshoots:
@@ -955,6 +996,9 @@ class ReferenceEngine:
                 self.ahead.doom(s)
             else:  # decoding, its token dropped; the plan made ahead schedules it all the same
                 self.ahead.ghosts.add(s)
+        if phantom is not None:
+            phantom.update((s, n) for s, n in plan.padded.items() if s.status != "aborted")  # (all rejected)
+            self.ahead.phantom, self.ahead.kept = phantom, kept
         self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step

@@ -292,7 +292,8 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
     tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
     tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
-    if _unmodelled_ahead(speculative, parallelism, disaggregated) is not None:
+    key = _ahead_key(_config_class(ctx, "scheduler", tables["scheduler"]))
+    if _unmodelled_ahead(speculative, parallelism, disaggregated, key) is not None:
         tables = {**tables, "scheduler": _synchronous_if_auto(ctx, tables["scheduler"])}
     parts = []
     for _ in range(count):
@@ -365,15 +366,20 @@ def _check_budget_for_drafts(scheduler, speculative: SpeculativeConfig, where: s
         raise ConfigError(f"{where}: {problem}")
 
 
-def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool) -> str | None:
-    """What in the run planning batches ahead (:mod:`schedlab.engine.ahead`) is not modelled
-    with, named as the run's table says it, or None."""
+def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool, key: str | None) -> str | None:
+    """What in the run planning batches ahead (:mod:`schedlab.engine.ahead`; ``key``, the
+    scheduler's setting that turns it on) is not modelled with, named as the run's table says
+    it, or None."""
     if disaggregated:
         return "[cluster] disaggregated pools"
     if parallelism.pipelined:
         return "[cluster] pipeline_parallel"
     if speculative is not None:
-        return "[speculative]"
+        if key != "async_scheduling":  # (SGLang's overlap scheduler drafts otherwise: not modelled)
+            return "[speculative]"
+        if speculative.method == "ngram":
+            # (vLLM's V1 model runner plans ahead with EAGLE and draft models, not its CPU n-gram drafter)
+            return "[speculative] method = 'ngram'"
     return None
 
 
@@ -462,13 +468,15 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
 
 def _check_async_scheduling(a: Assembled, where: str) -> None:
     """Asynchronous scheduling (:mod:`schedlab.engine.ahead`) is modelled for colocated
-    instances and data-parallel ranks, without speculation: refuse the rest by name."""
+    instances and data-parallel ranks, with EAGLE and draft-model speculation: refuse the rest
+    by name."""
     planning = [parts[0] for parts in a.instances if plans_ahead(parts[0])]
     if not planning:
         return
-    what = _unmodelled_ahead(a.speculative, a.parallelism, a.pools is not None)
+    key = _ahead_key(type(getattr(planning[0], "config", None)))
+    what = _unmodelled_ahead(a.speculative, a.parallelism, a.pools is not None, key)
     if what is not None:
-        key = _ahead_key(type(getattr(planning[0], "config", None))) or "async_scheduling"
+        key = key or "async_scheduling"
         raise ConfigError(f"{where} [scheduler]: {key}: not modelled with {what}; "
                           f"set {key} = false (or \"auto\", which turns it off there)")
 
