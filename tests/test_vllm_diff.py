@@ -25,7 +25,7 @@ from schedlab.diffcheck.tokens import block_hashes, output_token_id, prompt_toke
 from schedlab.vllm_diff.case import ENGINE, DiffSettings, Outcome, case_from_json
 from schedlab.diffcheck import cli
 from schedlab.vllm_diff.cli import HARNESS, main
-from schedlab.vllm_diff.schedlab_side import SchedlabRunner, requests as schedlab_requests
+from schedlab.vllm_diff.schedlab_side import SchedlabRunner, requests as schedlab_requests, tables
 from schedlab.vllm_diff.workloads import GROUPS, generate
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -98,7 +98,8 @@ def test_each_group_turns_on_its_feature_only():
         assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
         assert all(r.abort_at % 1 == 0.5 and r.arrival < r.abort_at <= r.arrival + 40.5
                    for r in aborts if r.abort_at is not None)
-    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") for c in cases(g) for r in c.requests)
+    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") and g != "spec"
+               for c in cases(g) for r in c.requests)
     pipeline_abort = cases("pipeline_abort")
     assert {c.settings.pipeline_parallel for c in pipeline_abort} == {2, 3}
     assert {c.settings.policy for c in pipeline_abort} == {"fcfs", "priority"}
@@ -111,6 +112,8 @@ def test_each_group_turns_on_its_feature_only():
     assert any(c.settings.prefix_caching for c in spec if c.settings.spec_method == "eagle")
     assert any(c.settings.prefix_caching for c in spec) and {c.settings.policy for c in spec} == {"fcfs", "priority"}
     assert any(r.max_tokens is not None for c in spec for r in c.requests)
+    aborting = [c for c in spec if any(r.abort_at is not None for r in c.requests)]
+    assert 0.15 < len(aborting) / len(spec) < 0.45, "about 30% of the spec cases have clients that give up"
     assert all(c.settings.long_prefill_token_threshold > c.settings.num_speculative_tokens
                for c in spec if c.settings.long_prefill_token_threshold)
     assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if g != "spec" for c in cases(g))
@@ -537,6 +540,63 @@ def test_vllm_speculates_as_computed_by_hand(differ, name):
     assert differ.theirs.run(case) == (expected, None)
 
 
+# Speculative decoding planned ahead (vLLM 0.33's AsyncScheduler with EAGLE), by hand from its
+# source: a plan made while a batch runs counts that batch's drafts as accepted
+# (_update_after_schedule's placeholders; rejections roll back only when the batch is back).
+ASYNC_SPEC_CASES = {
+    # Every draft accepted, k = 2, budget 3. t=0: A = r0's prompt; B (planned at 0) = r0's decode, 3
+    # tokens. r1 arrives at 1, when A is back (r0's token 1) and the plan of C is made: r0 had one
+    # token before B, so vLLM does not skip it (only a request whose first token in flight is its
+    # max_tokens-th), although B's accepted drafts finish it: C = r0 once more, 3 tokens, the whole
+    # budget; r1 waits. B is back at 2 (r0 done), D = r1's prompt, planned at 2 behind C: its token
+    # at 4. Synchronously r1 runs at 2 (the budget at 1 was r0's decode): its token at 3.
+    "drafts-in-flight-finish-a-request": (
+        _case(dict(_spec("eagle", 2, block_size=4, num_blocks=10, max_num_seqs=2, max_num_batched_tokens=3),
+                   acceptance_rate=1.0),
+              (0, 0, 1, 3, 0, None, 0), (1, 1, 1, 1, 0, None, 0)),
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(2, 4, 4, 0, 0)},
+        {0: Outcome(0, 1, 2, 0, 0), 1: Outcome(2, 3, 3, 0, 0)}),
+    # Every draft rejected, k = 1 (EAGLE: 1 lookahead slot), blocks of 2, 3 blocks. r0: prompt 2,
+    # 3 tokens. A = its prompt (2 + 1 slots: 2 blocks); B (planned at 0) = 1 + 1 tokens from
+    # position 2: 5 slots, 3 blocks. The plan of C (at 1) counts B's draft as computed: position 4,
+    # 4 + 2 + 1 = 7 slots, 4 blocks > 3: r0 preempts itself. B is back at 2 (token 2), D
+    # recomputes r0's 4 tokens: token 3 at 3. Synchronously position 3: 6 slots, 3 blocks.
+    "drafts-in-flight-take-kv-slots": (
+        _case(_spec("eagle", 1, block_size=2, num_blocks=3, max_num_seqs=1, max_num_batched_tokens=16),
+              (0, 0, 2, 3, 0, None, 0)),
+        {0: Outcome(0, 1, 3, 1, 0)},
+        {0: Outcome(0, 1, 3, 0, 0)}),
+}
+AHEAD = Sides({"async_scheduling": True}, {"async_scheduling": True})
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("name", sorted(ASYNC_SPEC_CASES))
+def test_schedlab_speculates_ahead_as_computed_by_hand(engine, name):
+    case, ahead, synchronous = ASYNC_SPEC_CASES[name]
+    assert case.problems() == []
+    assert SchedlabRunner(engine).run(case, AHEAD) == (ahead, None)
+    assert SchedlabRunner(engine).run(case) == (synchronous, None)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", sorted(ASYNC_SPEC_CASES))
+def test_vllm_speculates_ahead_as_computed_by_hand(differ, name):
+    case, ahead, synchronous = ASYNC_SPEC_CASES[name]
+    assert differ.theirs.run(case, AHEAD) == (ahead, None)
+    assert differ.theirs.run(case) == (synchronous, None)
+
+
+def test_the_n_gram_drafter_never_plans_ahead_in_the_harness():
+    """vLLM's V1 model runner does not run its CPU n-gram drafter planning ahead, and its default
+    turns asynchronous scheduling off then: both sides of the harness do the same."""
+    case, _, synchronous = ASYNC_SPEC_CASES["drafts-in-flight-take-kv-slots"]
+    ngram = attrs.evolve(case, settings=attrs.evolve(case.settings, spec_method="ngram"))
+    assert ngram.settings.cpu_drafts and not case.settings.cpu_drafts
+    assert tables(ngram, AHEAD)["scheduler"]["async_scheduling"] is False
+    assert tables(case, AHEAD)["scheduler"]["async_scheduling"] is True
+
+
 SEEDS = range(20)  # seeds every group must agree on
 
 #: vLLM processes an abort that arrives during a step after the step, before its output
@@ -608,7 +668,7 @@ def test_vllm_runs_the_async_cases_as_computed_by_hand(differ):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("group", [g for g in GROUPS if not g.startswith("pipeline") and g != "spec"])
+@pytest.mark.parametrize("group", [g for g in GROUPS if not g.startswith("pipeline")])
 def test_schedlab_agrees_with_vllm_with_async_scheduling(group):
     pytest.importorskip("vllm")
     from schedlab.vllm_diff.vllm_side import VllmRunner

@@ -50,7 +50,13 @@ would propose -- ``num_spec_tokens_to_schedule`` for each scheduled request
 schedlab's acceptance draws accept (:meth:`schedlab.speculative.Speculation.accepted`, seed 0),
 plus one token: both sides accept the same. A padded decode's placeholder drafts (-1) are
 all rejected. Requests hash their blocks with vLLM's lookahead for EAGLE
-(``num_hash_lookahead_tokens``).
+(``num_hash_lookahead_tokens``). With asynchronous scheduling (EAGLE and draft models) the
+scheduler itself puts placeholders (-1) for the drafts of the batch in flight
+(``AsyncScheduler._update_after_schedule``) and the workers fill them in, so the harness hands
+it no drafts; every placeholder of a decode stands for a real draft then, and only a padded
+admission's (a request scheduled from the waiting queue) are all rejected. The tokens a batch
+samples are decided when it is scheduled, from the request's output so far -- its batches in
+flight included, as the model runner has them.
 
 Requests arrive at the start of their iteration, in (arrival, id) order, with
 ``arrival_time = arrival + id * 1e-6`` so that the priority policy's ties (``Request.__lt__``
@@ -152,6 +158,8 @@ class VllmRunner:
                       async_scheduling=False)
         if sides is not None:
             kwargs.update(sides.engine)
+        if s.cpu_drafts:  # (vLLM's default turns it off with the n-gram drafter)
+            kwargs["async_scheduling"] = False
         return kwargs
 
     def validate(self, case: Case, sides: Sides | None = None) -> None:
@@ -171,8 +179,6 @@ class VllmRunner:
                                       cache_config=cache_config, parallel_config=v["ParallelConfig"](),
                                       speculative_config=self.speculative_config(case))
         asynchronous = bool(kwargs.get("async_scheduling"))
-        if asynchronous and s.num_speculative_tokens:
-            raise ValueError("async_scheduling with speculative decoding: not in this harness yet")
         if asynchronous and s.pipeline_parallel > 1:
             raise ValueError("async_scheduling with pipeline parallelism: vLLM 0.33's V1 model runner does not "
                              "run it (VllmConfig.max_concurrent_batches)")
@@ -313,7 +319,7 @@ class VllmRunner:
             trace.update(out, sampled)
             for rid, tokens in zip(out.num_scheduled_tokens, sampled):
                 if tokens and rid not in finished_before:  # (a partial prefill, or finished before it landed)
-                    trace.token(rid, int(now))
+                    trace.token(rid, int(now), len(tokens))
         return trace.outcomes(), error
 
 
@@ -354,6 +360,7 @@ class _Trace:
         self.k = case.settings.num_speculative_tokens
         self.drafted = {r.id: _Drafted(r) for r in self.pending} if self.spec is not None else {}
         self.hash_lookahead = getattr(sched, "num_hash_lookahead_tokens", 0)
+        self.asynchronous = isinstance(sched, runner._v["AsyncScheduler"])
 
     @property
     def all_arrived(self) -> bool:
@@ -403,7 +410,10 @@ class _Trace:
             k = self.sampled[rid_int]
             drafts = spec_tokens.get(rid, ())
             accepted = 0
-            if drafts and min(drafts) >= 0:  # (a padded decode's placeholders are all rejected)
+            # (a padded decode's placeholders are all rejected; planning ahead, every decode's
+            # drafts are placeholders the workers fill in, and a padded one is an admission)
+            real = rid not in waiting_before if self.asynchronous else drafts and min(drafts) >= 0
+            if drafts and real:
                 accepted = self.spec.accepted(self.drafted[rid_int], k, len(drafts))
             tokens = []
             for p in range(k, k + accepted + 1):
@@ -418,7 +428,9 @@ class _Trace:
         self.sched.update_from_output(out, self.runner._v["ModelRunnerOutput"](
             req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
-        if self.k and req_ids:  # the drafter proposes k for every request of the step (EngineCore.post_step)
+        # the drafter proposes k for every request of the step (EngineCore.post_step; planning
+        # ahead the scheduler has placeholders for them already)
+        if self.k and req_ids and not self.asynchronous:
             k = out.num_spec_tokens_to_schedule  # (k by the step's batch size, with drafts per batch size)
             drafts = [[output_token_id(self.ids[rid], 0)] * k for rid in req_ids]
             self.sched.update_draft_token_ids(self.runner._v["DraftTokenIds"](req_ids, drafts))

@@ -21,9 +21,11 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   when it schedules, and when a batch is back before its output;
 * ``spec``      -- speculative decoding: 1-4 drafts a decode by n-gram, a draft model or EAGLE,
   acceptance 0.2-0.95, tight or ample KV, FCFS or priority, sometimes a threshold, prefix
-  caching and EOS, sometimes drafts per batch size: drafts cut by the budget, a draft model's input slots, the lookahead's KV
-  slots (prompt chunks' too), one-token admissions padded to a decode's rows, EAGLE's block
-  hashes covering the token after the block, rejected drafts rolled back.
+  caching, EOS, drafts per batch size and ``abort``'s clients: drafts cut by the budget, a
+  draft model's input slots, the lookahead's KV slots (prompt chunks' too), one-token
+  admissions padded to a decode's rows, EAGLE's block hashes covering the token after the
+  block, rejected drafts rolled back; planning ahead (EAGLE and draft models), positions
+  counted as computed while the drafts in flight are unverified.
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
@@ -93,4 +95,7 @@ def generate(group: str, seed: int) -> Case:
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                             prefix_caching=prefixes, policy=policy,
                             pipeline_parallel=rng.choice([2, 3]) if pipelined else 1, **spec)
+    if speculative and rng.random() < 0.3:  # (drawn last: the cases before aborts came in stay as they were)
+        requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
+                    for r in requests]
     return Case(settings, requests, group=group, seed=seed)
