@@ -293,7 +293,6 @@ EAGLE = "[speculative]\nmethod = 'eagle'\nnum_speculative_tokens = 2\ndraft = {k
 @pytest.mark.parametrize("extra, what", [
     ("[cluster]\npipeline_parallel = 2\n", r"\[cluster\] pipeline_parallel"),
     ("[cluster]\nmode = 'disaggregated'\n", r"\[cluster\] disaggregated pools"),
-    ("[speculative]\nmethod = 'ngram'\n", r"\[speculative\] method = 'ngram'"),
 ])
 def test_layouts_it_is_refused_with_by_name(tmp_path, extra, what):
     path = tmp_path / "exp.toml"
@@ -325,12 +324,13 @@ def _schedulers(path) -> list:
 ])
 def test_auto_plans_ahead_unless_the_layout_is_not_modelled_with_it(tmp_path, setting, extra):
     """The preset's ``"auto"`` (left out or written) plans ahead on one instance and on data-parallel
-    ranks, with an EAGLE drafter too, and schedules synchronously -- instead of refusing the run --
-    with a pipeline, disaggregated pools or the n-gram drafter, as vLLM turns it off where unsupported."""
+    ranks, with speculation too (vLLM 0.33's V2 model runner plans ahead with every drafter), and
+    schedules synchronously -- instead of refusing the run -- with a pipeline or disaggregated
+    pools, where it is not modelled."""
     path = tmp_path / "exp.toml"
     path.write_text(textwrap.dedent(BASE).replace("async_scheduling = true\n", setting) + extra)
     schedulers = _schedulers(path)
-    modelled = "pipeline" not in extra and "disaggregated" not in extra and "ngram" not in extra
+    modelled = "pipeline" not in extra and "disaggregated" not in extra
     assert schedulers and all(s.plans_ahead == modelled for s in schedulers)
     run = run_experiment(load(path)).all_runs()[0]
     assert run.metrics["finished"] == 20 and run.meta["plans_ahead"] == modelled
@@ -404,3 +404,17 @@ def test_the_fast_engines_lazy_marks_agree_with_the_sets_they_replace(events):
             else:
                 assert not marks.is_fresh(s, False)
                 assert s.cache_lag == lag.get(s, 0)
+
+
+def test_sglangs_overlap_scheduler_with_speculation_is_refused_or_turned_off(tmp_path):
+    """SGLang's overlap scheduler drafts otherwise (not modelled): ``overlap_schedule = true`` with a
+    ``[speculative]`` table is refused by name, and its ``"auto"`` schedules synchronously there."""
+    sglang = textwrap.dedent(BASE).replace('kind = "vllm"\nasync_scheduling = true\n', 'kind = "sglang"\n')
+    path = tmp_path / "exp.toml"
+    path.write_text(sglang.replace('kind = "sglang"\n', 'kind = "sglang"\noverlap_schedule = true\n') + EAGLE)
+    with pytest.raises(ConfigError, match=r"\[scheduler\]: overlap_schedule: not modelled with \[speculative\]"):
+        load(path)
+    path.write_text(sglang + EAGLE)
+    assert not any(s.plans_ahead for s in _schedulers(path))
+    path.write_text(sglang)
+    assert all(s.plans_ahead for s in _schedulers(path))

@@ -25,7 +25,7 @@ from schedlab.diffcheck.tokens import block_hashes, output_token_id, prompt_toke
 from schedlab.vllm_diff.case import ENGINE, DiffSettings, Outcome, case_from_json
 from schedlab.diffcheck import cli
 from schedlab.vllm_diff.cli import HARNESS, main
-from schedlab.vllm_diff.schedlab_side import SchedlabRunner, requests as schedlab_requests, tables
+from schedlab.vllm_diff.schedlab_side import SchedlabRunner, requests as schedlab_requests
 from schedlab.vllm_diff.workloads import GROUPS, generate
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -585,16 +585,6 @@ def test_vllm_speculates_ahead_as_computed_by_hand(differ, name):
     case, ahead, synchronous = ASYNC_SPEC_CASES[name]
     assert differ.theirs.run(case, AHEAD) == (ahead, None)
     assert differ.theirs.run(case) == (synchronous, None)
-
-
-def test_the_n_gram_drafter_never_plans_ahead_in_the_harness():
-    """vLLM's V1 model runner does not run its CPU n-gram drafter planning ahead, and its default
-    turns asynchronous scheduling off then: both sides of the harness do the same."""
-    case, _, synchronous = ASYNC_SPEC_CASES["drafts-in-flight-take-kv-slots"]
-    ngram = attrs.evolve(case, settings=attrs.evolve(case.settings, spec_method="ngram"))
-    assert ngram.settings.cpu_drafts and not case.settings.cpu_drafts
-    assert tables(ngram, AHEAD)["scheduler"]["async_scheduling"] is False
-    assert tables(case, AHEAD)["scheduler"]["async_scheduling"] is True
 
 
 SEEDS = range(20)  # seeds every group must agree on

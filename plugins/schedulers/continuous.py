@@ -58,7 +58,7 @@ def async_scheduling_field(default):
         "vLLM's asynchronous scheduling (its default since 0.13): each batch is planned while the one before it "
         "runs, so arrivals wait a batch more and finished requests hold their slots one plan longer "
         "(schedlab.engine.ahead); \"auto\": on unless preemption = 'swap', a batching window, pipeline "
-        "parallelism, disaggregation or [speculative], as vLLM turns it off where unsupported")})
+        "parallelism or disaggregation, where it is not modelled")})
 
 
 def max_model_len_field():

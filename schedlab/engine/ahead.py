@@ -71,8 +71,8 @@ the ranks run a dummy step if work is left (a deferred arrival), and pause other
 abort reaches a rank as it reaches one engine core (each DP engine core runs its own loop): after
 the plan made at the batch's start, the batch's token dropped.
 
-**Speculative decoding** (EAGLE and draft models; a scheduler with ``counts_drafts_ahead``, as
-the ``continuous`` family has). vLLM's ``AsyncScheduler`` counts every token batch ``k`` may
+**Speculative decoding** (every drafter: vLLM 0.33's V2 model runner, its default on GPUs, plans
+ahead with each; a scheduler with ``counts_drafts_ahead``, as the ``continuous`` family has). vLLM's ``AsyncScheduler`` counts every token batch ``k`` may
 yield as computed when it plans ``k + 1``: a decode's ``1 + d`` scheduled tokens become
 placeholders (``num_output_placeholders``) and its next drafts placeholders too
 (``_update_after_schedule``); the drafts ``k`` rejects roll back only when it is back. So in the
@@ -89,9 +89,10 @@ plan made at ``k``'s start:
 * a request preempted there has the tokens of ``k`` cached as a placeholder's are, its
   accepted drafts (:attr:`Ahead.kept`) no more known than its own token.
 
-Asynchronous scheduling is refused with pipeline parallelism, disaggregation, the n-gram drafter
-(vLLM's V1 model runner does not run it ahead), SGLang's overlap scheduler with speculation,
-swapping and a batching window.
+Asynchronous scheduling is refused with pipeline parallelism (vLLM 0.33's V2 model runner, its
+default on GPUs, plans ahead there too, each request's decodes staggered by the stages:
+``AsyncScheduler.decode_stagger``; not modelled), disaggregation, SGLang's overlap scheduler with
+speculation, swapping and a batching window.
 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
 made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a
@@ -105,8 +106,7 @@ decoder's block lags a plan (its input token was in flight).
 the plan made ahead (:func:`schedlab.engine.load.serving`): that plan is made at the same instant.
 
 Checked against vLLM 0.33's own ``AsyncScheduler``: ``tools/vllm_diff.py --vllm-set
-async_scheduling=true`` (the preset follows the vLLM side's setting; its ``spec`` group with
-EAGLE and draft models).
+async_scheduling=true`` (the preset follows the vLLM side's setting; its ``spec`` group too).
 """
 
 from __future__ import annotations

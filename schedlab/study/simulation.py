@@ -374,12 +374,8 @@ def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool
         return "[cluster] disaggregated pools"
     if parallelism.pipelined:
         return "[cluster] pipeline_parallel"
-    if speculative is not None:
-        if key != "async_scheduling":  # (SGLang's overlap scheduler drafts otherwise: not modelled)
-            return "[speculative]"
-        if speculative.method == "ngram":
-            # (vLLM's V1 model runner plans ahead with EAGLE and draft models, not its CPU n-gram drafter)
-            return "[speculative] method = 'ngram'"
+    if speculative is not None and key != "async_scheduling":
+        return "[speculative]"  # (SGLang's overlap scheduler drafts otherwise: not modelled)
     return None
 
 
@@ -468,8 +464,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
 
 def _check_async_scheduling(a: Assembled, where: str) -> None:
     """Asynchronous scheduling (:mod:`schedlab.engine.ahead`) is modelled for colocated
-    instances and data-parallel ranks, with EAGLE and draft-model speculation: refuse the rest
-    by name."""
+    instances and data-parallel ranks, with vLLM's speculation too: refuse the rest by name."""
     planning = [parts[0] for parts in a.instances if plans_ahead(parts[0])]
     if not planning:
         return

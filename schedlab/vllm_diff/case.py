@@ -52,13 +52,6 @@ class DiffSettings:
                 (self.dynamic_from, self.dynamic_from, self.dynamic_k))
 
     @property
-    def cpu_drafts(self) -> bool:
-        """Speculation by vLLM's CPU n-gram drafter, which its V1 model runner never runs
-        planning ahead: asynchronous scheduling is off then on both sides, as vLLM's default
-        (``VllmConfig``) turns it off."""
-        return bool(self.num_speculative_tokens) and self.spec_method == "ngram"
-
-    @property
     def spec_slack(self) -> int:
         """KV slots a last step's drafts and the drafter's lookahead may take past the output
         (schedlab's ``Speculation.slack``)."""

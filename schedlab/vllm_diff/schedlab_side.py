@@ -12,8 +12,7 @@ from .case import Outcome
 def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
     """The scheduler, cost model and KV cache tables of ``case`` (``sides`` adds schedlab-only
     scheduler keys, which win over the shared settings). The preset plans ahead as the vLLM
-    side does: synchronously unless ``--vllm-set async_scheduling=true`` (and not then with the
-    n-gram drafter, ``DiffSettings.cpu_drafts``)."""
+    side does: synchronously unless ``--vllm-set async_scheduling=true``."""
     s = case.settings
     asynchronous = bool(sides is not None and dict(sides.engine).get("async_scheduling"))
     scheduler = {"kind": "vllm", "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
@@ -21,8 +20,6 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
                  "chunked_prefill": True, "async_scheduling": asynchronous, "max_model_len": MAX_MODEL_LEN}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
-    if s.cpu_drafts:  # (even when told: vLLM refuses it, its default turns it off)
-        scheduler["async_scheduling"] = False
     kv = {"kind": "paged", "num_blocks": s.num_blocks, "block_size": s.block_size, "prefix_caching": s.prefix_caching}
     return {"scheduler": scheduler, "cost_model": dict(schedlab_side.ONE_MS_PER_ITERATION), "kv_cache": kv}
 

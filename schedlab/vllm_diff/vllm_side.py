@@ -39,8 +39,9 @@ harness builds itself.
 A request with a ``max_tokens`` above its output (the ``eos`` group) stops at an EOS: its last
 sampled token is the model's EOS id, which its sampling parameters know as vLLM's input
 processor sets them (``update_from_generation_config``); the others ignore EOS and stop at
-their ``max_tokens``. vLLM 0.33's V1 model runner
-does not run it with pipeline parallelism, nor does the harness.
+their ``max_tokens``. The harness does not plan ahead with pipeline parallelism: vLLM 0.33's V2
+model runner (its default on GPUs) then staggers each request's decodes by the stages
+(``AsyncScheduler.decode_stagger``), which schedlab does not model.
 
 With speculative decoding (the ``spec`` group) the ``VllmConfig`` carries a
 ``SpeculativeConfig`` (n-gram, or a draft model / EAGLE head whose config is the tiny model's,
@@ -50,8 +51,7 @@ would propose -- ``num_spec_tokens_to_schedule`` for each scheduled request
 schedlab's acceptance draws accept (:meth:`schedlab.speculative.Speculation.accepted`, seed 0),
 plus one token: both sides accept the same. A padded decode's placeholder drafts (-1) are
 all rejected. Requests hash their blocks with vLLM's lookahead for EAGLE
-(``num_hash_lookahead_tokens``). With asynchronous scheduling (EAGLE and draft models) the
-scheduler itself puts placeholders (-1) for the drafts of the batch in flight
+(``num_hash_lookahead_tokens``). With asynchronous scheduling the scheduler itself puts placeholders (-1) for the drafts of the batch in flight
 (``AsyncScheduler._update_after_schedule``) and the workers fill them in, so the harness hands
 it no drafts; every placeholder of a decode stands for a real draft then, and only a padded
 admission's (a request scheduled from the waiting queue) are all rejected. The tokens a batch
@@ -88,8 +88,12 @@ TINY_MODEL_CONFIG = {
     "max_position_embeddings": MAX_MODEL_LEN, "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": 2,
     "rms_norm_eps": 1e-6,
 }
+#: ... and the model runner vLLM 0.33 picks on a GPU, V2 (``VllmConfig.use_v2_model_runner``; a CPU
+#: without Triton falls back to V1), whose rules the configs then follow: asynchronous scheduling
+#: with the n-gram drafter, for one (the scheduler's own rules are the same on both but for
+#: pipeline parallelism planned ahead, which the harness refuses, and the drafter's skipped passes)
 ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
+               "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false", "VLLM_USE_V2_MODEL_RUNNER": "1"}
 EOS_TOKEN_ID = TINY_MODEL_CONFIG["eos_token_id"]
 ARRIVAL_TIE_BREAK = 1e-6
 MAX_EMPTY_STEPS = 1000
@@ -158,8 +162,6 @@ class VllmRunner:
                       async_scheduling=False)
         if sides is not None:
             kwargs.update(sides.engine)
-        if s.cpu_drafts:  # (vLLM's default turns it off with the n-gram drafter)
-            kwargs["async_scheduling"] = False
         return kwargs
 
     def validate(self, case: Case, sides: Sides | None = None) -> None:
@@ -180,8 +182,9 @@ class VllmRunner:
                                       speculative_config=self.speculative_config(case))
         asynchronous = bool(kwargs.get("async_scheduling"))
         if asynchronous and s.pipeline_parallel > 1:
-            raise ValueError("async_scheduling with pipeline parallelism: vLLM 0.33's V1 model runner does not "
-                             "run it (VllmConfig.max_concurrent_batches)")
+            raise ValueError("async_scheduling with pipeline parallelism: vLLM 0.33's V2 model runner staggers each "
+                             "request's decodes by the stages then (AsyncScheduler.decode_stagger), which schedlab "
+                             "does not model; the harness does not run it")
         for key, value in kwargs.items():
             if key in ("max_model_len", "is_encoder_decoder", "async_scheduling"):
                 continue  # async_scheduling: vLLM turns it off on a CPU; the rules are the class's below

@@ -24,7 +24,7 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   caching, EOS, drafts per batch size and ``abort``'s clients: drafts cut by the budget, a
   draft model's input slots, the lookahead's KV slots (prompt chunks' too), one-token
   admissions padded to a decode's rows, EAGLE's block hashes covering the token after the
-  block, rejected drafts rolled back; planning ahead (EAGLE and draft models), positions
+  block, rejected drafts rolled back; planning ahead, positions
   counted as computed while the drafts in flight are unverified.
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
