@@ -566,6 +566,18 @@ ASYNC_SPEC_CASES = {
               (0, 0, 2, 3, 0, None, 0)),
         {0: Outcome(0, 1, 3, 1, 0)},
         {0: Outcome(0, 1, 3, 0, 0)}),
+    # EAGLE's block hashes cover the token after the block: k = 1, blocks of 4, 4 blocks, prefix
+    # caching. A (at 0) = r0's prompt (3 tokens + 1 lookahead slot: 1 block) and r1's (8 + 1: 3
+    # blocks). The plan of B, made at 0, gives r0's decode 3 + 2 + 1 slots: a 5th block, so FCFS
+    # preempts r1. vLLM has hashed r1's block 0 (tokens 0-3 and 4) but not block 1 (4-7), whose
+    # hash needs token 8, r1's first, still in flight: 4 cached tokens when r1 comes back (its
+    # first token came at 1 all the same; done at 4). Synchronously token 8 is known by then: 8.
+    "eagle-block-hash-waits-for-the-token-in-flight": (
+        _case(_spec("eagle", 1, block_size=4, num_blocks=4, max_num_seqs=2, max_num_batched_tokens=32,
+                    prefix_caching=True),
+              (0, 0, 3, 3, 0, None, 0), (1, 0, 8, 2, 0, None, 0)),
+        {0: Outcome(0, 1, 3, 0, 0), 1: Outcome(0, 1, 4, 1, 4)},
+        {0: Outcome(0, 1, 3, 0, 0), 1: Outcome(0, 1, 4, 1, 8)}),
 }
 AHEAD = Sides({"async_scheduling": True}, {"async_scheduling": True})
 

@@ -164,17 +164,26 @@ def unseen_finish(ahead, seq) -> bool:
 
 
 def cached_tokens_at_preemption(computed: int, pending: int, scheduled_decode: bool, fresh: bool,
-                                lag: int, kept: int = 0) -> int:
+                                lag: int, kept: int = 0, *, tokens: int = 0, hash_lookahead: int = 0) -> int:
     """The tokens of a request preempted in a plan made ahead whose blocks vLLM has cached:
     its ``computed`` tokens and the ``pending`` slots this plan gave it, less the token a
     placeholder stood for at its last allocation -- this plan's, if it scheduled its decode
     (its input token ``fresh`` from the batch in progress), else the one before (``lag``).
     With speculative decoding a decode's slots hold drafts, never cached (vLLM caches the tokens
     it knows), and the drafts the batch in progress accepted (``kept``, :attr:`Ahead.kept`) are
-    not known yet either."""
+    not known yet either. With ``hash_lookahead`` (EAGLE's block hashes cover the token after
+    the block) no more than the request's ``tokens`` -- those it has, the batch in progress's
+    for a ``fresh`` one not known yet -- less the lookahead. Synchronously: ``fresh`` and
+    ``lag`` 0."""
     if scheduled_decode:
-        return computed + 1 - (1 + kept if fresh else 0)
-    return computed + pending - lag - kept
+        cached = computed + 1 - (1 + kept if fresh else 0)
+    else:
+        cached = computed + pending - lag - kept
+    if hash_lookahead:
+        known = tokens - (1 + kept if fresh else 0)
+        if known - hash_lookahead < cached:
+            cached = known - hash_lookahead
+    return cached
 
 
 class AheadRunning(RunningView):

@@ -397,7 +397,8 @@ class Instance:
             held = computed + pending
             seq._computed = cached_tokens_at_preemption(computed, pending, decoding and pending > 0,
                                                         self.marks.is_fresh(seq, decoding), seq.cache_lag,
-                                                        self.ahead.kept.get(seq, 0))
+                                                        self.ahead.kept.get(seq, 0), tokens=seq.prompt + seq._generated,
+                                                        hash_lookahead=getattr(self.kv, "hash_lookahead", 0))
             if held > seq.reserved_tokens:
                 seq.reserved_tokens = held
             self.kv.free(seq)
@@ -565,15 +566,20 @@ class Instance:
             del self.prefilling[seq]
             seq.status = WAITING
         del self.running[seq]
+        # held: up to the slots allocated this iteration; cached: the tokens vLLM knew -- a decode's
+        # input token, not its drafts' slots, and planning ahead not a token in flight (engine.ahead)
+        held = seq._computed + pending
+        lookahead, tokens = getattr(self.kv, "hash_lookahead", 0), seq.prompt + seq._generated
         if self.ahead is None:
-            seq._computed += pending  # the cache releases what it holds, slots allocated this iteration too
-        else:  # held: up to the slots allocated this iteration; cached: the tokens vLLM knew (engine.ahead)
-            held = seq._computed + pending
+            seq._computed = cached_tokens_at_preemption(seq._computed, pending, scheduled_decode, False, 0,
+                                                        tokens=tokens, hash_lookahead=lookahead)
+        else:
             seq._computed = cached_tokens_at_preemption(seq._computed, pending, scheduled_decode,
                                                         self.marks.is_fresh(seq, status == DECODING),
-                                                        seq.cache_lag, self.ahead.kept.get(seq, 0))
-            if held > seq.reserved_tokens:
-                seq.reserved_tokens = held
+                                                        seq.cache_lag, self.ahead.kept.get(seq, 0),
+                                                        tokens=tokens, hash_lookahead=lookahead)
+        if held > seq.reserved_tokens:
+            seq.reserved_tokens = held
         self.kv.free(seq, preempted=True)
         seq._computed = 0
         seq.reserved_tokens = 0

@@ -359,17 +359,22 @@ class RefPlan:
         ``to_back``: a requeue (``Plan.requeue``), at the back and not counted as a preemption."""
         e = self._e
         del e.running[seq]
+        # it holds the slots allocated this iteration, but vLLM has cached only the tokens it knew:
+        # a decode's input token, not its drafts' slots; planning ahead (engine.ahead) not one
+        # still being computed when it last got a slot: this one, if the iteration gave it one,
+        # else the one before
+        held = seq.num_computed_tokens + pending
+        scheduled_decode = seq.status == "decoding" and pending > 0
+        lookahead = getattr(self.kv, "hash_lookahead", 0)
         if e.ahead is None:
-            seq.num_computed_tokens += pending  # release the slots allocated this iteration too
+            seq.num_computed_tokens = cached_tokens_at_preemption(seq.num_computed_tokens, pending, scheduled_decode,
+                                                                  False, 0, tokens=seq.num_tokens,
+                                                                  hash_lookahead=lookahead)
         else:
-            # asynchronous scheduling (engine.ahead): it holds the slots allocated this iteration,
-            # but vLLM has cached only the tokens it knew -- not one still being computed when
-            # it last got a slot: this one, if the iteration gave it one, else the one before
-            held = seq.num_computed_tokens + pending
             seq.num_computed_tokens = cached_tokens_at_preemption(
-                seq.num_computed_tokens, pending, seq.status == "decoding" and pending > 0, seq in e.ahead.fresh,
-                seq.cache_lag, e.ahead.kept.get(seq, 0))
-            seq.reserved_tokens = max(seq.reserved_tokens, held)
+                seq.num_computed_tokens, pending, scheduled_decode, seq in e.ahead.fresh, seq.cache_lag,
+                e.ahead.kept.get(seq, 0), tokens=seq.num_tokens, hash_lookahead=lookahead)
+        seq.reserved_tokens = max(seq.reserved_tokens, held)
         self.kv.free(seq, preempted=True)
         seq.status = "waiting"
         seq.num_computed_tokens = 0
@@ -797,7 +802,8 @@ class ReferenceEngine:
             decoding = seq.status == "decoding"
             seq.num_computed_tokens = cached_tokens_at_preemption(computed, pending, decoding and pending > 0,
                                                                   seq in self.ahead.fresh, seq.cache_lag,
-                                                                  self.ahead.kept.get(seq, 0))
+                                                                  self.ahead.kept.get(seq, 0), tokens=seq.num_tokens,
+                                                                  hash_lookahead=getattr(self.kv, "hash_lookahead", 0))
             seq.reserved_tokens = max(seq.reserved_tokens, computed + pending)
             self.kv.free(seq)
             seq.num_computed_tokens = computed  # (a plan made ahead may still compute it, for nothing)
