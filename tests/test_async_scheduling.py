@@ -286,7 +286,7 @@ BASE = """
 """
 
 
-#: an EAGLE head (its cost: a linear model) proposing 2 drafts, as vLLM plans ahead with
+#: an EAGLE head (its cost: a linear model) proposing 2 drafts
 EAGLE = "[speculative]\nmethod = 'eagle'\nnum_speculative_tokens = 2\ndraft = {kind = 'linear'}\n"
 
 

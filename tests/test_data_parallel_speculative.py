@@ -15,7 +15,6 @@ from __future__ import annotations
 import textwrap
 
 import attrs
-
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st

@@ -51,9 +51,9 @@ would propose -- ``num_spec_tokens_to_schedule`` for each scheduled request
 schedlab's acceptance draws accept (:meth:`schedlab.speculative.Speculation.accepted`, seed 0),
 plus one token: both sides accept the same. A padded decode's placeholder drafts (-1) are
 all rejected. Requests hash their blocks with vLLM's lookahead for EAGLE
-(``num_hash_lookahead_tokens``). With asynchronous scheduling the scheduler itself puts placeholders (-1) for the drafts of the batch in flight
-(``AsyncScheduler._update_after_schedule``) and the workers fill them in, so the harness hands
-it no drafts; every placeholder of a decode stands for a real draft then, and only a padded
+(``num_hash_lookahead_tokens``). With asynchronous scheduling the scheduler itself puts
+placeholders (-1) for the drafts of the batch in flight (``AsyncScheduler._update_after_schedule``)
+and the workers fill them in, so the harness hands it no drafts; every placeholder of a decode stands for a real draft then, and only a padded
 admission's (a request scheduled from the waiting queue) are all rejected. The tokens a batch
 samples are decided when it is scheduled, from the request's output so far -- its batches in
 flight included, as the model runner has them.
