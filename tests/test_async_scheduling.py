@@ -291,7 +291,7 @@ EAGLE = "[speculative]\nmethod = 'eagle'\nnum_speculative_tokens = 2\ndraft = {k
 
 
 @pytest.mark.parametrize("extra, what", [
-    ("[cluster]\npipeline_parallel = 2\n", r"\[cluster\] pipeline_parallel"),
+    ("[cluster]\npipeline_parallel = 2\n" + EAGLE, r"\[cluster\] pipeline_parallel with \[speculative\]"),
     ("[cluster]\nmode = 'disaggregated'\n", r"\[cluster\] disaggregated pools"),
 ])
 def test_layouts_it_is_refused_with_by_name(tmp_path, extra, what):
@@ -316,6 +316,7 @@ def _schedulers(path) -> list:
 @pytest.mark.parametrize("extra", [
     "",
     "[cluster]\npipeline_parallel = 2\n",
+    "[cluster]\npipeline_parallel = 2\n" + EAGLE,
     "[cluster]\nmode = 'disaggregated'\n",
     "[speculative]\nmethod = 'ngram'\n",
     EAGLE,
@@ -323,14 +324,14 @@ def _schedulers(path) -> list:
     EAGLE + "[cluster]\ndata_parallel = 2\nexpert_parallel = true\n",
 ])
 def test_auto_plans_ahead_unless_the_layout_is_not_modelled_with_it(tmp_path, setting, extra):
-    """The preset's ``"auto"`` (left out or written) plans ahead on one instance and on data-parallel
-    ranks, with speculation too (vLLM 0.33's V2 model runner plans ahead with every drafter), and
-    schedules synchronously -- instead of refusing the run -- with a pipeline or disaggregated
-    pools, where it is not modelled."""
+    """The preset's ``"auto"`` (left out or written) plans ahead on one instance, on data-parallel
+    ranks and on a pipeline, with speculation too (vLLM 0.33's V2 model runner plans ahead with
+    every drafter) but not on a pipeline, and schedules synchronously -- instead of refusing the
+    run -- there and with disaggregated pools, where it is not modelled."""
     path = tmp_path / "exp.toml"
     path.write_text(textwrap.dedent(BASE).replace("async_scheduling = true\n", setting) + extra)
     schedulers = _schedulers(path)
-    modelled = "pipeline" not in extra and "disaggregated" not in extra
+    modelled = not ("pipeline" in extra and "speculative" in extra) and "disaggregated" not in extra
     assert schedulers and all(s.plans_ahead == modelled for s in schedulers)
     run = run_experiment(load(path)).all_runs()[0]
     assert run.metrics["finished"] == 20 and run.meta["plans_ahead"] == modelled

@@ -284,6 +284,34 @@ def test_an_empty_batch_holds_a_slot_of_the_queue_as_in_vllm(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("ahead, tokens", [
+    (False, [4.75, 13.0625, 21.375]),
+    (True, [4.75, 10.3125, 14.3125]),
+])
+def test_planning_ahead_a_decode_follows_the_one_in_flight_a_stage_behind(engine, ahead, tokens):
+    """One request, 8 + 3 tokens, two stages (2 ms a stage for the prompt, 4 ms for a decode; sends
+    0.75 and 0.3125 ms). Its prompt lands at 4.75. Synchronously each decode waits for the token
+    before it: launched at 4.75, it crosses both stages (4 + 0.3125 + 4) by 13.0625, and the next
+    by 21.375. Planning ahead (vLLM's V2 model runner: a queue of 3, each decode due 2 plans after
+    the last) plan 2 is empty and plan 3, at 0, decodes on the first token's placeholder: stage 0
+    takes it once the prompt is through (2-6), stage 1 at 6.3125, landing at 10.3125; the queue is
+    full, so the prompt lands (4.75), plan 4 is empty (not due), the empty batch is popped at once
+    and plan 5 decodes its third token: stage 0 at 6-10, stage 1 at 10.3125-14.3125. Plans 6 and 7
+    pass over it: the token in flight is its last (``max_tokens``)."""
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=256, allocation="grow",
+                                                         chunked_prefill=True, async_scheduling=ahead))
+        cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)),
+                                  stages=2, moe=False)
+        return scheduler, cost, PagedKVCache(64, 16)
+
+    requests = [Request(0, 0.0, 8, 3)]
+    r = run_pipelined(requests, make, 2, engine=engine)
+    assert_requests(r, first_token_ms={0: tokens[0]}, finish_ms={0: tokens[-1]})
+    check_run(r, requests)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_victim_in_flight_is_passed_over_until_its_batch_lands_as_vllm_does(engine):
     """Three stages, two slots. r4's last decode is in flight when r0's decode needs its blocks:
     r4, the newest, is preempted in flight. vLLM 0.33 passes over a waiting request whose output
@@ -413,7 +441,8 @@ def test_a_pipeline_with_nothing_in_flight_hears_an_abort_when_it_comes(engine):
 
 
 @st.composite
-def schedulers(draw):
+def schedulers(draw, ahead: bool = True):
+    """Continuous-batching settings; ``ahead``: planning ahead too (not with speculation)."""
     max_seqs = draw(st.integers(1, 5))
     allocation = draw(st.sampled_from(["reserve", "grow"]))
     preemption = draw(st.sampled_from(["recompute", "swap"])) if allocation == "grow" else "recompute"
@@ -421,7 +450,9 @@ def schedulers(draw):
                             max_num_batched_tokens=draw(st.integers(max(max_seqs, 8), 64)),
                             chunked_prefill=draw(st.booleans()),
                             running_order=draw(st.sampled_from(["admission", "decodes_first"])),
-                            policy=draw(st.sampled_from(["fcfs", "priority"])))
+                            policy=draw(st.sampled_from(["fcfs", "priority"])),
+                            # planning ahead: one batch more in flight, decodes staggered (engine.stages)
+                            async_scheduling=ahead and preemption == "recompute" and draw(st.booleans()))
 
 
 ROUTERS = {"round_robin": RoundRobinRouter, "least_outstanding": LeastOutstandingRouter, "least_kv": LeastKVRouter}
@@ -515,16 +546,17 @@ def test_clients_that_give_up_on_pipelines_agree_between_engines_and_conserve(re
 @given(requests_lists(min_size=1, max_size=10, max_prompt=120, max_output=20, all_at_zero=None, prefix_groups=2),
        st.integers(2, 3), st.integers(8, 24), st.sampled_from(["recompute", "swap"]),
        st.sampled_from(["fcfs", "priority"]), dyadic_linear_costs(), st.integers(0, 12), st.booleans(),
-       st.sampled_from([None, 20.0, 80.0]))
+       st.sampled_from([None, 20.0, 80.0]), st.booleans())
 def test_long_prompts_chunked_into_the_pipeline_agree_between_engines_and_conserve(
-        requests, stages, budget, preemption, policy, cost, spare, prefix, timeout):
+        requests, stages, budget, preemption, policy, cost, spare, prefix, timeout, ahead):
     """Prompts of up to 120 tokens under budgets of 8-24, over 2 or 3 stages, in little KV: a
     prompt has several chunks in flight, is preempted or aborted with chunks in flight, and
-    decodes beside other prompts' chunks. Both engines alike; every request served, rejected or
-    aborted once; slots and KV within bounds; every block back."""
+    decodes beside other prompts' chunks (planning ahead too: decodes behind the last chunk).
+    Both engines alike; every request served, rejected or aborted once; slots and KV within
+    bounds; every block back."""
     blocks = blocks_for_largest(requests, 4) + spare
     cfg = ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=budget, allocation="grow", preemption=preemption,
-                           policy=policy, chunked_prefill=True)
+                           policy=policy, chunked_prefill=True, async_scheduling=ahead and preemption == "recompute")
 
     def make():
         kv = (PrefixKVCache if prefix else PagedKVCache)(blocks, 4, swap_blocks=16, bytes_per_block=2 ** 20,

@@ -187,7 +187,8 @@ def test_a_batch_of_swaps_only_lands_after_the_instance_has_scheduled_again():
 @settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(min_size=1, max_size=12, max_prompt=60, max_output=60, all_at_zero=False, priorities=True,
                       prefix_groups=2),
-       schedulers(), speculative_configs(), st.integers(2, 4), st.integers(1, 2), st.sampled_from(sorted(ROUTERS)),
+       schedulers(ahead=False), speculative_configs(), st.integers(2, 4), st.integers(1, 2),
+       st.sampled_from(sorted(ROUTERS)),
        dyadic_linear_costs(), st.integers(0, 30), st.integers(1, 8), st.booleans(),
        st.one_of(st.none(), st.integers(1, 160)), st.integers(0, 3))
 def test_speculating_pipelines_agree_between_engines_and_keep_the_rules(requests, cfg, spec, stages, instances, router,
@@ -243,7 +244,8 @@ def test_each_sequences_acceptance_is_drawn_as_a_colocated_instance_draws_it(req
 
 
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests_lists(min_size=1, max_size=10, max_prompt=400, max_output=120, all_at_zero=False), schedulers(),
+@given(requests_lists(min_size=1, max_size=10, max_prompt=400, max_output=120, all_at_zero=False),
+       schedulers(ahead=False),
        st.integers(2, 3), st.integers(1, 5), st.sampled_from([0.0, 0.5, 0.8, 1.0]),
        st.sampled_from(["ngram", "eagle", "draft_model"]), st.integers(0, 20), st.integers(0, 3))
 def test_speculating_roofline_pipelines_match_the_reference(requests, cfg, stages, k, alpha, method, spare, seed):

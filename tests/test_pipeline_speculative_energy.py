@@ -212,7 +212,8 @@ def at(clock):
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(min_size=1, max_size=12, max_prompt=60, max_output=60, all_at_zero=False, priorities=True),
-       schedulers(), speculative_configs(), st.integers(2, 4), st.integers(1, 2), st.sampled_from(sorted(ROUTERS)),
+       schedulers(ahead=False), speculative_configs(), st.integers(2, 4), st.integers(1, 2),
+       st.sampled_from(sorted(ROUTERS)),
        dyadic_linear_costs(), st.integers(0, 30), CLOCKS, st.sampled_from([0.0, 0.02]), st.integers(0, 3))
 @example(  # requests preempted in flight with drafts and chunks in it, finished by what their batches bring
     [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(4, 10), (1, 1), (1, 10), (1, 10), (20, 10), (1, 9), (1, 1),
@@ -240,7 +241,8 @@ def test_speculating_pipelines_agree_on_energy_at_a_clock_and_conserve_it(reques
 
 
 @settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests_lists(min_size=1, max_size=10, max_prompt=400, max_output=120, all_at_zero=False), schedulers(),
+@given(requests_lists(min_size=1, max_size=10, max_prompt=400, max_output=120, all_at_zero=False),
+       schedulers(ahead=False),
        st.integers(2, 3), st.integers(1, 4), st.sampled_from([0.0, 0.7, 1.0]), st.sampled_from(["eagle", "ngram"]),
        st.sampled_from([None, {"mhz": 900.0}, {"policy": "slo", "tpot_ms": 30.0}]), st.integers(0, 3))
 def test_speculating_roofline_pipelines_agree_on_energy_and_conserve_it(requests, cfg, stages, k, alpha, method,

@@ -57,8 +57,9 @@ def async_scheduling_field(default):
     return attrs.field(default=default, validator=check, metadata={"help": (
         "vLLM's asynchronous scheduling (its default since 0.13): each batch is planned while the one before it "
         "runs, so arrivals wait a batch more and finished requests hold their slots one plan longer "
-        "(schedlab.engine.ahead); \"auto\": on unless preemption = 'swap', a batching window, pipeline "
-        "parallelism or disaggregation, where it is not modelled")})
+        "(schedlab.engine.ahead; on a pipeline a request decodes every pipeline_parallel plans, as vLLM's V2 "
+        "model runner has it: schedlab.engine.stages); \"auto\": on unless preemption = 'swap', a batching "
+        "window, disaggregation or pipeline parallelism with [speculative], where it is not modelled")})
 
 
 def max_model_len_field():
@@ -183,6 +184,9 @@ class ContinuousScheduler:
         #: planning ahead with speculative decoding, vLLM counts the drafts in flight as computed
         #: (placeholders): their KV slots are taken, and a request they finish is decoded once more
         self.counts_drafts_ahead = self.plans_ahead
+        #: planning ahead on a pipeline, vLLM's V2 model runner staggers a request's decodes by
+        #: the stages (schedlab.engine.stages.Stagger)
+        self.staggers_decodes = self.plans_ahead
         if self.config.max_model_len:  # (the protocol's optional member; absent: nothing to cut)
             self.limit_request = self._limit_request
 

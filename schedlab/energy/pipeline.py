@@ -17,7 +17,9 @@ its energy -- its slices' -- is shared out to its tokens when it lands, as a col
 iteration's is (:func:`.meter.token_shares`): the tokens of requests aborted while it was in
 flight drop out, and a batch left with none (or of swaps only) gives its energy to nobody; the
 prompt chunks of requests preempted while it was in flight (their prompts start over,
-:mod:`schedlab.engine.stages`) keep their shares, as recomputed tokens do.
+:mod:`schedlab.engine.stages`) keep their shares, as recomputed tokens do. Planning ahead, a
+decode of a request a batch before it finished takes a decode's share, counted apart as
+``discarded_j`` (its token thrown away, as a colocated overshoot's, :mod:`.meter`).
 
 **The timeline.** The instance's rows are its landings, each over the time since the previous
 landing (or its launch, if later), so together they cover every moment a batch is in flight; with
@@ -84,6 +86,7 @@ class PipelineMeter:
         self.tails: list[list[float]] = []
         self.standby_left: list[list[float]] = []
         self.per_decoder = 0.0  # the energy shared out so far to each decoding sequence (fast engine)
+        self.discarded_j = 0.0  # planning ahead: the shares of decodes whose token was thrown away
         self._row = 0.0
         self._hole = None
         self.closed = False
@@ -244,6 +247,7 @@ class PipelineMeter:
             "tail_ms": self.tail_ms, "tails": self.tails, "standby_left": self.standby_left,
             "stages": [{"busy_j": b, "idle_j": i, "busy_ms": ms}
                        for b, i, ms in zip(self.busy_j, self.idle_j, self.busy_ms)],
+            **({"discarded_j": self.discarded_j} if self.discarded_j else {}),
             **off_record(self.offs, start, end),
             **host_record(self.model),
         }

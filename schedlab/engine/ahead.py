@@ -89,10 +89,11 @@ plan made at ``k``'s start:
 * a request preempted there has the tokens of ``k`` cached as a placeholder's are, its
   accepted drafts (:attr:`Ahead.kept`) no more known than its own token.
 
-Asynchronous scheduling is refused with pipeline parallelism (vLLM 0.33's V2 model runner, its
-default on GPUs, plans ahead there too, each request's decodes staggered by the stages:
-``AsyncScheduler.decode_stagger``; not modelled), disaggregation, SGLang's overlap scheduler with
-speculation, swapping and a batching window.
+On a pipeline, planning ahead follows vLLM's V2 model runner there (its default on GPUs): a
+batch queue one deeper and each request's decodes staggered by the stages
+(:mod:`schedlab.engine.stages`), not these rules. Asynchronous scheduling is refused with
+disaggregation, SGLang's overlap scheduler with speculation or on a pipeline, speculation on a
+pipeline, swapping and a batching window.
 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
 made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a

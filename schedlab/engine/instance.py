@@ -30,7 +30,7 @@ from .recorder import Recorder
 from .sequence import (
     ABORTED, DECODING, FINISHED, PARKED, PREFILLING, REJECTED, SWAPPED, WAITING, DecodeClock, Sequence,
 )
-from .stages import IN_FLIGHT, Holds
+from .stages import IN_FLIGHT, Holds, Stagger
 
 INF = math.inf
 
@@ -244,6 +244,7 @@ class Instance:
         # the tokens that batch computes for them (their KV slots are taken, not yet counted).
         self.in_flight: dict | None = None
         self.holds: Holds | None = None  # pipelined: requests batches in flight hold (engine.stages)
+        self.stagger = None  # pipelined and planning ahead: stages.Stagger
         self.pending: PreparedRun | None = None  # a decode run planned, not yet applied (see step)
 
     # -- arrivals ---------------------------------------------------------------------------
@@ -366,7 +367,12 @@ class Instance:
             del self.running[seq]
             # a decode's slots in the batch go too, as at a preemption (a prompt's chunks
             # count as computed from their launch, schedlab.engine.stages.launch_chunks)
-            seq._computed += self.in_flight.pop(seq, 0)
+            held = seq._computed + self.in_flight.pop(seq, 0)
+            if self.stagger is not None and seq in self.holds.flying:  # (vLLM cached the tokens it knew)
+                if held > seq.reserved_tokens:
+                    seq.reserved_tokens = held
+                held = Stagger.cached(seq, seq._computed)
+            seq._computed = held
             self.kv.free(seq)
         elif self.stage is not None and self.stage.abort(self, seq, now):
             seq.status = ABORTED  # its KV was on its way here: the scheduler never held it
@@ -561,7 +567,8 @@ class Instance:
         elif status == IN_FLIGHT:
             pending = self.in_flight.pop(seq, 0)
             seq.status = WAITING
-            self.counters["in_flight_preemptions"] += 1
+            if seq in self.holds.flying:  # (else planning ahead passed it over: its decode was not due)
+                self.counters["in_flight_preemptions"] += 1
         else:
             del self.prefilling[seq]
             seq.status = WAITING
@@ -570,7 +577,9 @@ class Instance:
         # input token, not its drafts' slots, and planning ahead not a token in flight (engine.ahead)
         held = seq._computed + pending
         lookahead, tokens = getattr(self.kv, "hash_lookahead", 0), seq.prompt + seq._generated
-        if self.ahead is None:
+        if self.stagger is not None and status == IN_FLIGHT and seq in self.holds.flying:
+            seq._computed = Stagger.cached(seq, seq._computed)  # (planning ahead on a pipeline, its token in flight)
+        elif self.ahead is None:
             seq._computed = cached_tokens_at_preemption(seq._computed, pending, scheduled_decode, False, 0,
                                                         tokens=tokens, hash_lookahead=lookahead)
         else:

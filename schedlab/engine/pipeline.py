@@ -26,6 +26,13 @@ model is a :class:`~schedlab.engine.rank_cost.RankCost`) and stands in for it wi
 Arrivals wait for the next landing (vLLM blocks on the oldest batch). The pipeline runs one
 batch at a time: no bulk decode runs.
 
+Planning ahead (:class:`~schedlab.engine.stages.Stagger`), one batch more is kept in flight; before
+each plan the requests whose decode is due join the decoders with their tokens still in flight
+(``in_flight`` counts those tokens, ``Plan.phantom`` gives their KV slots) and decoders whose
+decode is not due sit out (:meth:`PipelinedInstance._show`); a landing re-marks its decoders with
+its own plan (a later plan may have marked them) and takes those with tokens still in flight
+back out of sight.
+
 With ``[speculative]`` a batch's decodes verify their drafts (``plan.drafts_of``: the batch
 carries them, and their KV slots are taken at the launch) and the drafter's time is on the last
 stage; acceptance is drawn at the landing (``Instance._verify``), and the landing sets the next
@@ -54,14 +61,16 @@ import math
 from collections import deque
 
 from ..errors import StallError
+from .ahead import plans_ahead
 from .instance import Instance
 from .lockstep import rank_batch
 from .plan import FastPlan
 from .rank_cost import RankCost
-from .sequence import ABORTED, DECODING, PARKED, PREFILLING
+from .sequence import ABORTED, DECODING, FINISHED, PARKED, PREFILLING
 from .load import load
-from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
-                     hole_row, instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
+from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, Stagger, VisibleRunning, bumped_chunks, count_bumped,
+                     dropped_chunks, hole_row, instance_view, launch_chunks, refuse_ahead, restore, rewind, stage_times,
+                     stale, tokens_for)
 
 INF = math.inf
 
@@ -105,6 +114,12 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         inst.running_view = VisibleRunning(inst.running)
         inst.in_flight = {}
         inst.holds = Holds()
+        # planning ahead (schedlab.engine.stages): one batch more in flight, decodes staggered
+        inst.stagger = Stagger(stages) if plans_ahead(inst.scheduler) else None
+        if inst.stagger is not None:
+            refuse_ahead(inst)
+            inst.ahead = inst.marks = None  # (not the colocated rules of engine.ahead)
+        self.depth = stages + 1 if inst.stagger is not None else stages
         self._cost = inst.cost.inner
         # Every batch is timed at its launch, from its own decoders (below): the instance's
         # lazily pruned heaps of context anchors would only fill up as decoders leave and come back.
@@ -189,18 +204,26 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             if inst.aborts and inst.next_abort() <= self.now:  # vLLM reads aborts before it schedules
                 inst._abort_due()
             plan = None
-            while len(self.flights) < self.stages:
+            while len(self.flights) < self.depth:
+                shown = self._show() if inst.stagger is not None else None
                 plan = self._plan()
-                if plan.is_empty():
+                empty = plan.is_empty()
+                if not empty:
+                    self._launch(plan)
+                if shown is not None:
+                    self._unshow(shown)
+                if empty:
                     if not any(f.plan is not None for f in self.flights):
                         self.flights.clear()  # only empty batches left: each is back already
+                        if inst.stagger is not None and any(s.status == DECODING and Stagger.hidden(s, inst.serial)
+                                                            for s in inst.running):
+                            continue  # vLLM schedules again at once, until a decode is due
                         break
                     if not inst.has_work():
                         break
                     self._launch_empty()
                     plan = None
                     continue
-                self._launch(plan)
                 plan = None
             if self.flights:
                 self.to_plan = False
@@ -246,6 +269,34 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         inst.scheduler.schedule(plan)
         return plan
 
+    def _show(self) -> tuple[list, list]:
+        """Planning ahead: before the next plan, the requests in flight whose decode is due join
+        the decoders, and decoders whose decode is not due sit out (put back by :meth:`_unshow`
+        once the plan is launched)."""
+        inst = self.inst
+        serial = inst.serial + 1  # (the plan's)
+        shown, hidden = [], []
+        for seq in inst.running:
+            if seq.status == IN_FLIGHT and Stagger.shown(seq, serial):
+                inst._add_decoder(seq)
+                inst.off_cycle[seq] = seq.last_token_ms  # (its own ITL group, as a parked decoder's)
+                shown.append((seq, seq.max_computed))
+            elif seq.status == DECODING and Stagger.hidden(seq, serial):
+                inst._remove_decoder(seq, IN_FLIGHT)
+                hidden.append(seq)
+        return shown, hidden
+
+    def _unshow(self, shown: tuple) -> None:
+        inst = self.inst
+        for seq, most in shown[0]:
+            if seq.status == DECODING:  # not scheduled (nor preempted): its token is still in flight
+                inst._remove_decoder(seq, IN_FLIGHT)
+            seq.max_computed = most  # (a last chunk in flight counts as computed: not computed yet)
+        for seq in shown[1]:
+            if seq.status == IN_FLIGHT:
+                inst._add_decoder(seq)
+                inst.off_cycle[seq] = seq.last_token_ms
+
     def _launch_empty(self) -> None:
         """An empty plan while batches are in flight: vLLM 0.33 queues the empty batch too, and it
         holds its slot until it is back, with the batch before it (:mod:`schedlab.engine.stages`)."""
@@ -280,7 +331,17 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         inst.holds.launched(decoding)
         inst.holds.launched(seq for seq, _ in chunks)
         drafts = {s: plan.drafts_of(s) for s in decoding}  # (drafts verified, KV slots taken) of each decode
-        inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())
+        if inst.stagger is None:
+            inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())
+        else:  # its tokens in flight, their slots kept with its blocks
+            in_flight = inst.in_flight
+            for s in decoding:
+                in_flight[s] = tokens_ahead = in_flight.get(s, 0) + 1
+                computed = s._computed + tokens_ahead
+                if computed > s.reserved_tokens:
+                    s.reserved_tokens = computed
+                s.cache_lag = 0  # (Stagger.cached)
+            inst.stagger.launched(decoding + [s for s, chunk in chunks if chunk.last], serial)
         self.flights.append(Flight(plan, decoding, chunks, inst.now, completion, batch.num_batched_tokens,
                                    {s: 1 + d for s, (d, _) in drafts.items()}, batch.num_seqs,
                                    {s: s.num_preemptions for s in decoding}))
@@ -307,8 +368,10 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         others = [s for s in inst.running if s.status == DECODING]  # decoding, but not in this batch
         for seq in others:
             inst._remove_decoder(seq, PARKED)
+        serial = flight.plan.serial
         for seq in flight.decoders:
             inst._add_decoder(seq)
+            seq.plan_mark = serial  # (planning ahead, a later plan may have marked it too)
         start = flight.launched if flight.launched > self.last_landing else self.last_landing
         if inst.now < start:
             inst._hold_blocks(start)
@@ -337,6 +400,14 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         for seq in others:
             inst._add_decoder(seq)
             inst.off_cycle[seq] = seq.last_token_ms
+        if inst.stagger is not None:  # still in a batch in flight: back out of sight
+            in_flight = inst.in_flight
+            for seq in flight.decoders + [s for s, chunk in chunks if chunk.last]:
+                seq.cache_lag = 1  # (Stagger.cached)
+                if seq.status == DECODING and seq in in_flight:
+                    inst._remove_decoder(seq, IN_FLIGHT)
+            for seq in [s for s in in_flight if s.status == FINISHED]:
+                del in_flight[seq]
         self.to_plan = True
 
     def _give(self, bumped: list, t: float) -> None:
@@ -368,16 +439,22 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         bumped = []
         gone = set()
         stamps, members = flight.stamps, flight.members
+        overshoots = []
         for seq in flight.decoders:
             if seq.status == ABORTED:
                 lost += members[seq]
+                gone.add(seq)
+            elif seq.status == FINISHED:  # planning ahead: finished by a batch before, its token thrown away
+                overshoots.append(seq)
                 gone.add(seq)
             elif seq.num_preemptions != stamps[seq]:  # preempted in flight: its blocks are free
                 lost += members[seq]
                 gone.add(seq)
                 bumped.append(Bumped(seq, members[seq] - 1, True))
-            else:
+            elif self.inst.stagger is None or in_flight[seq] == 1:
                 del in_flight[seq]
+            else:
+                in_flight[seq] -= 1
         live = [(seq, chunk) for seq, chunk in flight.chunks if not stale(seq, chunk)]
         dropped = []
         if len(live) < len(flight.chunks):
@@ -386,6 +463,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             bumped += bumped_chunks(flight.chunks)
             flight.chunks = live
             flight.plan.prefills = [(s, chunk.tokens) for s, chunk in live]
+        if overshoots:
+            flight.plan.overshoots = tuple(overshoots)
         if gone:
             # a bumped decode's energy stays its request's, as a dropped chunk's does
             dropped += [(b.seq, members[b.seq]) for b in bumped if b.decode]

@@ -158,7 +158,10 @@ class FastPlan:
     def phantom(self, seq) -> int:
         """Positions of ``seq`` that this plan, made ahead, counts as computed and the batch in
         progress did not compute (:attr:`schedlab.engine.ahead.Ahead.phantom`)."""
-        ahead = self._inst.ahead
+        inst = self._inst
+        if inst.stagger is not None:  # planning ahead on a pipeline: its tokens in flight
+            return inst.in_flight.get(seq, 0)
+        ahead = inst.ahead
         if ahead is None or not ahead.planning or not ahead.phantom:
             return 0
         return ahead.phantom.get(seq, 0)
@@ -203,9 +206,9 @@ class FastPlan:
             self.decodes_all = True
             self._tokens += inst.n_decoding * (1 + self.spec_k)
             return True
-        if self.decoded or inst.spec is not None:
-            # Some already decode one by one (or a cache without grow): allocate for the rest,
-            # all or nothing.
+        if self.decoded or inst.spec is not None or inst.stagger is not None:
+            # Some already decode one by one (or a cache without grow, or tokens in flight):
+            # allocate for the rest, all or nothing.
             rest = [s for s in inst.running if s.status == DECODING and s.plan_mark != self.serial]
             slots = self.spec_slots
             phantom = self._phantoms()
@@ -260,7 +263,10 @@ class FastPlan:
 
     def _phantoms(self) -> dict:
         """:meth:`phantom` of every decoding sequence that has some (planning ahead)."""
-        ahead = self._inst.ahead
+        inst = self._inst
+        if inst.stagger is not None:  # planning ahead on a pipeline: tokens in flight
+            return {s: n for s, n in inst.in_flight.items() if s.status == DECODING}
+        ahead = inst.ahead
         if ahead is None or not ahead.planning or not ahead.phantom:
             return {}
         return {s: n for s, n in ahead.phantom.items() if s.status == DECODING}
@@ -400,6 +406,17 @@ class FastPlan:
             self._inst.preempt_held(seq)
             self._preempted.append(seq)
             return
+        inst = self._inst
+        if inst.stagger is not None and seq.status == DECODING and seq in inst.holds.flying:
+            # planning ahead on a pipeline: shown to this plan (stages.Stagger), its token still in
+            # flight; the slots this plan took for it go with the rest
+            pending = self._pending(seq, "preempt")
+            self._unschedule(seq, pending, True)
+            inst._remove_decoder(seq, IN_FLIGHT)
+            if seq._computed + pending > seq.reserved_tokens:
+                seq.reserved_tokens = seq._computed + pending
+            if pending:
+                seq.cache_lag = 0  # (vLLM cached its tokens when it scheduled it)
         if seq.status == IN_FLIGHT and seq in self._inst.running:  # a pipeline's batch holds it (engine.stages)
             self._inst.preempt_recompute(seq)
             self._preempted.append(seq)

@@ -23,6 +23,7 @@ from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_dra
 from .clock import check_iteration_end
 from .load import Release, load
 from .recorder import Recorder
+from .stages import Stagger
 
 
 class RefSequence:
@@ -51,6 +52,7 @@ class RefSequence:
         self.transfer = None  # disaggregated serving: its Transfer
         self.energy_j = 0.0  # its shares of the energy of the iterations it took part in ([power])
         self.cache_lag = 0  # asynchronous scheduling: its last KV slot's token was in flight (engine.ahead)
+        self.decode_due = 0  # planning ahead on a pipeline: the plan that may decode it next (stages.Stagger)
 
     @property
     def num_tokens(self) -> int:
@@ -190,7 +192,7 @@ class RefPlan:
         n = 1 + k if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
-        slots = n + self.lookahead + self.phantom(seq) if self._e.spec is not None else 1
+        slots = n + self.lookahead + self.phantom(seq) if self._e.spec is not None else 1 + self.phantom(seq)
         if not self.kv.allocate(seq, slots):
             return False
         seq.mark = self.serial
@@ -366,7 +368,9 @@ class RefPlan:
         held = seq.num_computed_tokens + pending
         scheduled_decode = seq.status == "decoding" and pending > 0
         lookahead = getattr(self.kv, "hash_lookahead", 0)
-        if e.ahead is None:
+        if e.stagger is not None and seq in e.holds.flying:  # planning ahead on a pipeline, its token in flight
+            seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens)
+        elif e.ahead is None:
             seq.num_computed_tokens = cached_tokens_at_preemption(seq.num_computed_tokens, pending, scheduled_decode,
                                                                   False, 0, tokens=seq.num_tokens,
                                                                   hash_lookahead=lookahead)
@@ -503,6 +507,7 @@ class ReferenceEngine:
         self.aborts: list = []    # [time the engine hears its client gave up, seq_no, sequence]
         self.hangup_ms = 0.0      # how long a client's disconnect takes to get here
         self.in_flight: dict | None = None  # pipelined: a decode in a batch in flight -> its KV slots there
+        self.stagger = None  # pipelined and planning ahead: stages.Stagger
         self.aborts_drop_output = True  # an abort during an iteration drops its output (Instance's)
         # a running request whose abort is read at a plan runs once more (Instance.to_finish)
         self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
@@ -755,7 +760,11 @@ class ReferenceEngine:
             return
         elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
             del self.running[seq]
-            seq.num_computed_tokens += self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
+            held = seq.num_computed_tokens + self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
+            if self.stagger is not None and seq in self.holds.flying:  # (vLLM cached the tokens it knew)
+                seq.reserved_tokens = max(seq.reserved_tokens, held)
+                held = Stagger.cached(seq, seq.num_computed_tokens)
+            seq.num_computed_tokens = held
             self.kv.free(seq)
         elif self.role is not None and self.role.abort(self, seq):
             seq.status = "aborted"  # its KV was on its way here; the scheduler never held it

@@ -17,7 +17,10 @@ without it. With ``[power]`` the engine's meter is a
 An autoscaler (:func:`~schedlab.engine.scaling.pipeline_scaling`) acts after the landings at its
 time, as in the fast engine. With ``[speculative]`` a batch carries each decode's drafts, the
 engine draws their acceptance when it lands, and ``k`` for the next drafts is that of the batch
-as launched.
+as launched. Planning ahead (:class:`~schedlab.engine.stages.Stagger`) the instance keeps one batch
+more in flight, and before each plan shows the scheduler the requests whose decode is due, their
+tokens in flight counted in ``in_flight``, and hides decoders whose decode is not
+(:meth:`ReferencePipeline._show`).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ import math
 from typing import Sequence
 
 from ..errors import StallError
+from .ahead import plans_ahead
 from .load import load
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
-from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, VisibleRunning, bumped_chunks, count_bumped, dropped_chunks,
-                     hole_row, instance_view, launch_chunks, restore, rewind, stage_times, stale, tokens_for)
+from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, Stagger, VisibleRunning, bumped_chunks, count_bumped,
+                     dropped_chunks, hole_row, instance_view, launch_chunks, refuse_ahead, restore, rewind, stage_times,
+                     stale, tokens_for)
 
 INF = math.inf
 
@@ -43,13 +48,28 @@ class PipelinePlan(RefPlan):
     def running(self):
         return VisibleRunning(self._e.running)
 
+    def phantom(self, seq) -> int:
+        """Planning ahead: the tokens of ``seq`` in flight, counted as computed (their KV slots
+        are taken), whose decodes have not landed."""
+        return self._e.in_flight.get(seq, 0) if self._e.stagger is not None else 0
+
     def preempt(self, seq) -> None:
         e = self._e
+        if e.stagger is not None and seq.status == "decoding" and seq in e.holds.flying:
+            # planning ahead: shown to this plan (Stagger), its token still in flight; the slots
+            # this plan took for it go with the rest
+            pending = self._withdraw(seq, "preempt")
+            seq.reserved_tokens = max(seq.reserved_tokens, seq.num_computed_tokens + pending)
+            if pending:
+                seq.cache_lag = 0  # (vLLM cached its tokens when it scheduled it)
+            seq.status = IN_FLIGHT
         if seq.status != IN_FLIGHT or seq not in e.running:
             super().preempt(seq)
             return
+        flying = seq in e.holds.flying  # (else planning ahead passed it over: its decode was not due)
         self._requeue(seq, e.in_flight.pop(seq, 0))  # a decode's slots in its batch go too
-        e.counters["in_flight_preemptions"] += 1
+        if flying:
+            e.counters["in_flight_preemptions"] += 1
 
 
 class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", "on_request_done"))):
@@ -63,6 +83,12 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         self.e = engine
         self.stages = stages
         self.clock = StageClock(stages)
+        # planning ahead (schedlab.engine.stages): one batch more in flight, decodes staggered
+        engine.stagger = Stagger(stages) if plans_ahead(engine.scheduler) else None
+        if engine.stagger is not None:
+            refuse_ahead(engine)
+            engine.ahead = None  # (not the colocated rules of engine.ahead)
+        self.depth = stages + 1 if engine.stagger is not None else stages
         self.flights: list = []   # [plan, decoders and their statuses, chunks, launch time, completion, tokens, batch]
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
@@ -124,13 +150,22 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         e = self.e
         e.abort_due()
         plan = None
-        while len(self.flights) < self.stages:
+        while len(self.flights) < self.depth:
             e.serial += 1
             plan = PipelinePlan(e, e.serial)
+            shown = self._show() if e.stagger is not None else None
             e.scheduler.schedule(plan)
-            if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
+            empty = not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0
+            if not empty:
+                self._launch(plan)
+            if shown is not None:
+                self._unshow(shown)
+            if empty:
                 if not any(f[0] is not None for f in self.flights):
                     self.flights = []  # only empty batches left: each is back already
+                    if e.stagger is not None and any(s.status == "decoding" and Stagger.hidden(s, e.serial)
+                                                     for s in e.running):
+                        continue  # vLLM schedules again at once, until a decode is due
                     break
                 if not e.has_work():
                     break
@@ -140,7 +175,6 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
                                      None])
                 plan = None
                 continue
-            self._launch(plan)
             plan = None
         if self.flights:
             self.launch_due = False
@@ -151,6 +185,31 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         wake = plan.wake if plan.wake is not None else INF
         if not plan.preempted and wake > e.now:
             self.sleep_until = wake
+
+    def _show(self) -> tuple[list, list]:
+        """Planning ahead: before plan ``e.serial``, the requests in flight whose decode is due
+        join the decoding ones, and those decoding whose decode is not due sit out (statuses
+        put back by :meth:`_unshow`)."""
+        e = self.e
+        serial = e.serial
+        shown, hidden = [], []
+        for s in e.running:
+            if s.status == IN_FLIGHT and Stagger.shown(s, serial):
+                s.status = "decoding"
+                shown.append(s)
+            elif s.status == "decoding" and Stagger.hidden(s, serial):
+                s.status = IN_FLIGHT
+                hidden.append(s)
+        return shown, hidden
+
+    def _unshow(self, shown: tuple) -> None:
+        """After the plan's launch: put back what :meth:`_show` changed and the plan left."""
+        for s in shown[0]:
+            if s.status == "decoding":  # not scheduled (nor preempted): its token is still in flight
+                s.status = IN_FLIGHT
+        for s in shown[1]:
+            if s.status == IN_FLIGHT:
+                s.status = "decoding"
 
     def _launch(self, plan: RefPlan) -> None:
         e = self.e
@@ -170,13 +229,21 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         e.holds.launched(s for s, _, _ in flown)
         for s, _, _ in flown:
             s.status = IN_FLIGHT
-        for s in decoders:  # the KV slots the batch took for each, freed with it if it is aborted
-            e.in_flight[s] = plan.drafts[s][1]
+        if e.stagger is None:
+            for s in decoders:  # the KV slots the batch took for each, freed with it if it is aborted
+                e.in_flight[s] = plan.drafts[s][1]
+        else:  # its tokens in flight, their slots kept with its blocks
+            for s in decoders:
+                e.in_flight[s] = tokens_ahead = e.in_flight.get(s, 0) + 1
+                s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens + tokens_ahead)
+                s.cache_lag = 0  # (Stagger.cached)
         chunks = launch_chunks(plan.prefills)  # computed at once: a prompt with tokens left stays in sight
         e.holds.launched(s for s, _ in chunks)
         for s, chunk in chunks:
             if chunk.last:
                 s.status = IN_FLIGHT
+        if e.stagger is not None:
+            e.stagger.launched(decoders + [s for s, chunk in chunks if chunk.last], plan.serial)
         self.flights.append([plan, flown, chunks, e.now, completion, tokens, batch])
 
     def land(self) -> None:
@@ -201,6 +268,8 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         e.holds.landed(s for s, _, _ in flown)
         e.holds.landed(s for s, _ in chunks)
         gone = {s for s, _, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
+        # planning ahead: finished by a batch before it, decoded once more, the token thrown away
+        plan.overshoots = [s for s, _, _ in flown if s.status == "finished"]
         # preempted meanwhile: its blocks are free, but what the batch computed for it is its own
         bumped = [Bumped(s, plan.drafts[s][0], True) for s, _, stamp in flown
                   if s not in gone and s.num_preemptions != stamp]
@@ -208,12 +277,16 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         live = [(s, chunk) for s, chunk in chunks if not stale(s, chunk)]  # not aborted or preempted since
         lost = (sum(1 + plan.drafts[s][0] for s in gone)                     # a decode's tokens
                 + sum(c.tokens for s, c in chunks if stale(s, c)))           # a prompt chunk's
+        gone.update(plan.overshoots)  # (computed: their tokens count in the batch's)
         plan.prefills = [(s, c.tokens) for s, c in live]
         plan.dropped = dropped_chunks(chunks) + [(b.seq, 1 + b.drafts) for b in bumped]
         bumped += bumped_chunks(chunks)
         flown = [(s, status) for s, status, _ in flown if s not in gone]
         for s, _ in flown:
-            del e.in_flight[s]
+            if e.stagger is None or e.in_flight[s] == 1:
+                del e.in_flight[s]
+            else:
+                e.in_flight[s] -= 1
         others = [s for s in e.running if s.status == "decoding"]  # not in this batch: sit it out
         for s in others:
             s.status = IN_FLIGHT
@@ -248,6 +321,17 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             e.holds.release(e.waiting)
         for s in others:
             s.status = "decoding"
+        if e.stagger is not None:  # still in a batch in flight: back out of sight
+            for s, _ in flown:
+                s.cache_lag = 1  # (Stagger.cached)
+            for s, chunk in live:
+                if chunk.last:
+                    s.cache_lag = 1
+            for s in e.running:
+                if s.status != IN_FLIGHT and s in e.holds.flying and (s in e.in_flight or s.status == "decoding"):
+                    s.status = IN_FLIGHT
+            for s in [s for s in e.in_flight if s.status == "finished"]:
+                del e.in_flight[s]
         self.launch_due = True
         self.sleep_until = None
 

@@ -85,6 +85,34 @@ colocated step draws it (:class:`~schedlab.speculative.Speculation`). The drafts
 decoders verify next number ``k`` for that batch as launched (the drafter proposed for the
 batch the scheduler sent, aborted requests included).
 
+**Planning ahead** (a scheduler that ``plans_ahead`` and ``staggers_decodes``: the ``vllm``
+preset's ``async_scheduling``, on by ``"auto"``). vLLM 0.33's V2 model runner, its default on a
+GPU, keeps ``P + 1`` batches in flight with asynchronous scheduling (``VllmConfig.
+max_concurrent_batches``) and its ``AsyncScheduler`` counts a batch's tokens as computed when it
+schedules it: a request given a token -- a decode, or its prompt's last chunk -- has a
+placeholder for it (``num_output_placeholders``) and may decode again ``P`` ``schedule()`` calls
+later (``next_decode_eligible_step = current_step + decode_stagger``, ``decode_stagger = P``),
+whether or not that batch is back; every call counts, an empty one too. So here
+(:class:`Stagger`):
+
+* the instance keeps ``P + 1`` batches in flight, and every plan counts (``serial``);
+* a plan sees a request whose token is in flight once its decode is due -- as a decoder, its KV
+  slots running on past the tokens in flight (``Plan.phantom``), kept with its blocks -- unless
+  that token is its ``max_tokens``-th (vLLM skips it when ``num_output_tokens + 1 >= max_tokens``;
+  one at an EOS is decoded once more: when the EOS lands the request finishes and the later
+  batch's decode is thrown away, an overshoot, its share of the energy ``discarded_j``), and
+  passes over a decoder whose decode is not due yet;
+* a request with several decodes in flight gets a token from each landing, in order; preempted
+  meanwhile, it is held until the last of them has landed, each giving it its token (vLLM's
+  stale output, delivered);
+* with nothing in flight vLLM would spin (each empty batch back at once) until a decode is due:
+  the instance plans again at once.
+
+Checked against vLLM 0.33's ``AsyncScheduler`` behind the batch queue (``tools/vllm_diff.py
+--groups pipeline,pipeline_abort --vllm-set async_scheduling=true``). Not modelled with
+speculative decoding (refused), nor for SGLang's overlap scheduler (refused: it has its own
+pipeline loop).
+
 **Clients that give up** (``[client] timeout_ms``, :mod:`schedlab.frontend`). vLLM 0.33's engine
 core reads aborts before it schedules a batch (``EngineCoreProc.run_busy_loop`` handles the
 input queue between calls of ``step_with_batch_queue``, which returns after each launch while
@@ -118,6 +146,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+from ..errors import ConfigError
 from .rank_cost import NOTHING
 
 IN_FLIGHT = "in_flight"  # engine-internal: a sequence whose batch is in the pipeline
@@ -176,6 +205,62 @@ def hole_row(meter, rec, index: int, running: int, waiting: int, kv_used: int) -
     if hole is not None:
         start, duration, energy = hole
         rec.sample(start, index, running, waiting, kv_used, duration, 0, NOTHING, energy)
+
+
+class Stagger:
+    """Planning ahead on a pipeline (the module docstring): a request scheduled for a token -- a
+    decode, or its prompt's last chunk -- may decode again ``stages`` plans later
+    (``AsyncScheduler.decode_stagger``), its batch still in flight or not; every plan counts, an
+    empty one too. Both engines keep the plan due on the sequence (``decode_due``)."""
+
+    __slots__ = ("stride",)
+
+    def __init__(self, stages: int):
+        self.stride = stages
+
+    def launched(self, seqs, serial: int) -> None:
+        """``seqs`` got a token to come in the batch of plan ``serial``."""
+        stride = self.stride
+        for seq in seqs:
+            seq.decode_due = serial + stride
+
+    @staticmethod
+    def shown(seq, serial: int) -> bool:
+        """Whether plan ``serial`` sees ``seq``, whose token is in flight: its decode is due and
+        that token is not its ``max_tokens``-th (vLLM skips only that one: a request at an EOS
+        decodes once more, the token thrown away when the EOS lands)."""
+        request = seq.request
+        return seq.decode_due <= serial and (request.stops_at_eos or seq.num_generated + 1 < request.target_tokens)
+
+    @staticmethod
+    def cached(seq, computed: int) -> int:
+        """The tokens vLLM has cached of ``seq``, preempted or aborted with a token in flight, whose
+        ``computed`` tokens count its prompt's chunks as computed: a prompt's, or ``num_tokens`` (those it
+        has) less ``cache_lag`` -- vLLM caches the tokens it knows when it schedules a decode
+        (``min(computed + new, num_tokens)``) and, when a batch lands, those the batches back
+        computed: so the last of its tokens only if a decode was scheduled since it landed."""
+        if not seq.num_generated:
+            return computed
+        return seq.num_tokens - seq.cache_lag
+
+    @staticmethod
+    def hidden(seq, serial: int) -> bool:
+        """Whether plan ``serial`` passes over ``seq``, decoding with no token in flight: its
+        decode is not due yet."""
+        return seq.decode_due > serial
+
+
+def refuse_ahead(engine) -> None:
+    """ConfigError if a pipelined ``engine`` plans ahead where that is not modelled: a scheduler
+    without vLLM's staggered decodes (``staggers_decodes``; SGLang's overlap scheduler), or
+    speculative decoding (vLLM's workers then hand the drafts of a batch in flight on)."""
+    scheduler = engine.scheduler
+    if not getattr(scheduler, "staggers_decodes", False):
+        raise ConfigError(f"{type(scheduler).__name__} plans batches ahead (overlap_schedule / async_scheduling), "
+                          "which on a pipeline is modelled by vLLM's rules only: set it to false")
+    if engine.spec is not None:
+        raise ConfigError("planning batches ahead (async_scheduling) on a pipeline with speculative decoding is "
+                          "not modelled: set async_scheduling = false")
 
 
 class StageClock:

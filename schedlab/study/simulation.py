@@ -372,8 +372,10 @@ def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool
     it, or None."""
     if disaggregated:
         return "[cluster] disaggregated pools"
-    if parallelism.pipelined:
-        return "[cluster] pipeline_parallel"
+    if parallelism.pipelined and key != "async_scheduling":
+        return "[cluster] pipeline_parallel"  # (vLLM's staggered decodes only: schedlab.engine.stages)
+    if parallelism.pipelined and speculative is not None:
+        return "[cluster] pipeline_parallel with [speculative]"
     if speculative is not None and key != "async_scheduling":
         return "[speculative]"  # (SGLang's overlap scheduler drafts otherwise: not modelled)
     return None
