@@ -39,9 +39,13 @@ harness builds itself.
 A request with a ``max_tokens`` above its output (the ``eos`` group) stops at an EOS: its last
 sampled token is the model's EOS id, which its sampling parameters know as vLLM's input
 processor sets them (``update_from_generation_config``); the others ignore EOS and stop at
-their ``max_tokens``. The harness does not plan ahead with pipeline parallelism: vLLM 0.33's V2
-model runner (its default on GPUs) then staggers each request's decodes by the stages
-(``AsyncScheduler.decode_stagger``), which schedlab does not model.
+their ``max_tokens``. Planning ahead with ``pipeline_parallel = P`` > 1 the queue holds ``P + 1``
+batches (the V2 model runner's ``max_concurrent_batches``) and is stepped exactly as
+``step_with_batch_queue`` reads -- schedule while the queue has room, an empty batch too -- since
+the ``AsyncScheduler`` lets a request decode again only ``P`` ``schedule()`` calls after its last
+token was scheduled (``decode_stagger``, counted in every call); with nothing in flight it spins,
+as vLLM's loop does, until a decode is due. The scheduler's ``ParallelConfig`` has the stages
+(``decode_stagger`` reads them; the rest of the scheduler only formats its output by them).
 
 With speculative decoding (the ``spec`` group) the ``VllmConfig`` carries a
 ``SpeculativeConfig`` (n-gram, or a draft model / EAGLE head whose config is the tiny model's,
@@ -90,8 +94,8 @@ TINY_MODEL_CONFIG = {
 }
 #: ... and the model runner vLLM 0.33 picks on a GPU, V2 (``VllmConfig.use_v2_model_runner``; a CPU
 #: without Triton falls back to V1), whose rules the configs then follow: asynchronous scheduling
-#: with the n-gram drafter, for one (the scheduler's own rules are the same on both but for
-#: pipeline parallelism planned ahead, which the harness refuses, and the drafter's skipped passes)
+#: with the n-gram drafter and on pipelines (the scheduler's own rules are the same on both but for
+#: pipelines planned ahead, staggered on V2, and the drafter's skipped passes)
 ENVIRONMENT = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false", "VLLM_USE_V2_MODEL_RUNNER": "1"}
 EOS_TOKEN_ID = TINY_MODEL_CONFIG["eos_token_id"]
@@ -178,13 +182,10 @@ class VllmRunner:
         cache_config = v["CacheConfig"](block_size=s.block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                                         enable_prefix_caching=s.prefix_caching)
         vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=self.model_config,
-                                      cache_config=cache_config, parallel_config=v["ParallelConfig"](),
+                                      cache_config=cache_config,
+                                      parallel_config=v["ParallelConfig"](pipeline_parallel_size=s.pipeline_parallel),
                                       speculative_config=self.speculative_config(case))
         asynchronous = bool(kwargs.get("async_scheduling"))
-        if asynchronous and s.pipeline_parallel > 1:
-            raise ValueError("async_scheduling with pipeline parallelism: vLLM 0.33's V2 model runner staggers each "
-                             "request's decodes by the stages then (AsyncScheduler.decode_stagger), which schedlab "
-                             "does not model; the harness does not run it")
         for key, value in kwargs.items():
             if key in ("max_model_len", "is_encoder_decoder", "async_scheduling"):
                 continue  # async_scheduling: vLLM turns it off on a CPU; the rules are the class's below
@@ -277,6 +278,8 @@ class VllmRunner:
 
         stages = case.settings.pipeline_parallel
         sched = self.scheduler(case, sides)
+        if stages > 1 and self.scheduler_config_kwargs(case, sides)["async_scheduling"]:
+            return self.run_pipelined_ahead(case, sched)
         queue_size = stages if stages > 1 else 2  # async scheduling: VllmConfig.max_concurrent_batches
         trace = _Trace(self, case, sched)
         clock = StageClock(stages)
@@ -322,6 +325,66 @@ class VllmRunner:
             trace.update(out, sampled)
             for rid, tokens in zip(out.num_scheduled_tokens, sampled):
                 if tokens and rid not in finished_before:  # (a partial prefill, or finished before it landed)
+                    trace.token(rid, int(now), len(tokens))
+        return trace.outcomes(), error
+
+
+    def run_pipelined_ahead(self, case: Case, sched) -> tuple[dict[int, Outcome], str | None]:
+        """:meth:`run_pipelined` planning ahead on ``P`` stages (the V2 model runner's rules):
+        a batch queue of ``P + 1`` (``VllmConfig.max_concurrent_batches``) stepped exactly as
+        ``step_with_batch_queue`` reads -- every ``schedule()`` call counts towards a request's
+        next decode (``AsyncScheduler.decode_stagger``), an empty one too."""
+        from collections import deque
+
+        from schedlab.engine.stages import StageClock
+
+        stages = case.settings.pipeline_parallel
+        queue_size = stages + 1
+        trace = _Trace(self, case, sched)
+        clock = StageClock(stages)
+        queue: deque = deque()  # newest at the left, as vLLM's batch_queue
+        now = 0.0
+        error = None
+        while True:
+            trace.arrive(now)
+            trace.abort(now)
+            if not sched.has_requests() and not queue:
+                if trace.all_arrived:
+                    break
+                now = float(trace.next_arrival)
+                continue
+            if sched.has_requests():
+                out, sampled = trace.schedule(now)
+                executed = out.total_num_scheduled_tokens > 0
+                # an empty batch runs no model, but the workers answer in order: it is back with
+                # the batch before it (StageClock with no stage time)
+                done_at = clock.launch(now, (1.0 if executed else 0.0,) * stages, 0.0)
+                queue.appendleft((out, sampled, done_at))
+                if not executed and not any(entry[0].total_num_scheduled_tokens for entry in queue):
+                    # nothing in flight: vLLM spins, each empty batch back at once, until a
+                    # request's decode is due or, if none is, until something arrives
+                    queue.clear()
+                    if not sched.has_unfinished_requests():
+                        continue  # that schedule only told the workers of finished requests
+                    due = [r.next_decode_eligible_step for r in sched.running
+                           if r.next_decode_eligible_step > sched.current_step]
+                    if due:
+                        continue
+                    if not trace.all_arrived:
+                        now = float(trace.next_arrival)
+                        continue
+                    error = f"vLLM stalled at {int(now)} ms: it schedules nothing and nothing is left to arrive"
+                    break
+                if len(queue) < queue_size:
+                    continue  # (model_executed or has_requests): schedule again before blocking
+            out, sampled, done_at = queue.pop()  # block until the oldest batch is back
+            if done_at > now:
+                now = done_at
+            trace.abort(now)
+            finished_before = {rid for rid in out.num_scheduled_tokens if trace.live[rid].is_finished()}
+            trace.update(out, sampled)
+            for rid, tokens in zip(out.num_scheduled_tokens, sampled):
+                if tokens and rid not in finished_before:
                     trace.token(rid, int(now), len(tokens))
         return trace.outcomes(), error
 

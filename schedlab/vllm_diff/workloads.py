@@ -8,9 +8,10 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
 * ``prefix``    -- prefix caching with shared prompt prefixes (1 to 3 groups), ample KV;
 * ``priority``  -- vLLM's ``priority`` policy with priorities 0-3, ample or tight KV;
 * ``all``       -- tight KV, a threshold and prefix caching at once, FCFS or priority;
-* ``pipeline``  -- vLLM's batch queue of 2 or 3 batches in flight (``--pipeline-parallel-size``),
-  tight or ample KV, FCFS or priority: chunks following each other into the pipeline,
-  decodes sitting out, and preemptions of requests whose batch is in flight;
+* ``pipeline``  -- vLLM's batch queue of 2 or 3 batches in flight (``--pipeline-parallel-size``;
+  one more planning ahead), tight or ample KV, FCFS or priority, in about 30% of the cases some
+  requests stopping at an EOS: chunks following each other into the pipeline, decodes sitting
+  out (planning ahead: staggered), and preemptions of requests whose batch is in flight;
 * ``eos``       -- about half the requests stop at an EOS before their ``max_tokens``, tight or
   ample KV, FCFS or priority, sometimes prefix caching and a threshold: asynchronous
   scheduling decodes such a request once more (synchronously they end as at ``max_tokens``);
@@ -19,6 +20,9 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   aborts a request between steps, or after the step in progress before its output;
 * ``pipeline_abort`` -- ``pipeline``'s settings with ``abort``'s clients: vLLM aborts a request
   when it schedules, and when a batch is back before its output;
+* ``pipeline_prefix`` -- ``pipeline``'s settings with ``prefix``'s shared prompts and prefix
+  caching: what vLLM has cached of a request preempted or aborted with its batch in flight
+  (planning ahead, tokens in flight are not known);
 * ``spec``      -- speculative decoding: 1-4 drafts a decode by n-gram, a draft model or EAGLE,
   acceptance 0.2-0.95, tight or ample KV, FCFS or priority, sometimes a threshold, prefix
   caching, EOS, drafts per batch size and ``abort``'s clients: drafts cut by the budget, a
@@ -43,7 +47,7 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import DiffSettings
 
 GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort", "pipeline_abort",
-          "spec")
+          "spec", "pipeline_prefix")
 
 
 def _ample(requests, block_size: int, slack: int = 0) -> int:
@@ -73,12 +77,13 @@ def generate(group: str, seed: int) -> Case:
         if rng.random() < 0.3 and max_num_seqs >= 2:  # drafts per batch size
             spec.update(dynamic_from=rng.randint(2, max_num_seqs), dynamic_k=rng.randint(0, spec["num_speculative_tokens"]))
     policy = "fcfs"
-    pipelined = group in ("pipeline", "pipeline_abort")
+    pipelined = group in ("pipeline", "pipeline_abort", "pipeline_prefix")
     aborting = group in ("abort", "pipeline_abort")
     if group == "priority" or ((group in ("all", "eos") or pipelined or aborting or speculative)
                                and rng.random() < 0.5):
         policy = "priority"
-    prefixes = group in ("prefix", "all") or (group in ("eos", "abort", "spec") and rng.random() < 0.5)
+    prefixes = (group in ("prefix", "all", "pipeline_prefix")
+                or (group in ("eos", "abort", "spec") and rng.random() < 0.5))
     requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size,
                                eos=group == "eos" or (speculative and rng.random() < 0.3))
     if aborting:
@@ -98,4 +103,12 @@ def generate(group: str, seed: int) -> Case:
     if speculative and rng.random() < 0.3:  # (drawn last: the cases before aborts came in stay as they were)
         requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
                     for r in requests]
+    if pipelined and rng.random() < 0.3:  # some stop at an EOS (drawn last, as above), each still fitting the cache
+        requests = [_at_eos(rng, r, block_size, num_blocks) if rng.random() < 0.5 else r for r in requests]
     return Case(settings, requests, group=group, seed=seed)
+
+
+def _at_eos(rng: random.Random, r, block_size: int, num_blocks: int):
+    """``r`` stopping at an EOS: a ``max_tokens`` above its output, if it still fits the cache."""
+    limit = r.output_tokens + rng.randint(1, 10)
+    return attrs.evolve(r, max_tokens=limit) if blocks_for(r.prompt_tokens + limit - 1, block_size) <= num_blocks else r
