@@ -446,7 +446,10 @@ class Instance:
         if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-seq.anchor % len(self.cross_at)] += 1
             self.n_growing += 1
-        heapq.heappush(self.finish_heap, (seq.finish_step, seq.seq_no, seq))
+        heap = self.finish_heap
+        heapq.heappush(heap, (seq.finish_step, seq.seq_no, seq))
+        if len(heap) > 2 * self.n_decoding + 64:
+            self._compact_finishes()
         if self.track_range:
             heapq.heappush(self.anchor_high, (-seq.anchor, seq.seq_no, seq))
             heapq.heappush(self.anchor_low, (seq.anchor, seq.seq_no, seq))
@@ -495,6 +498,14 @@ class Instance:
                 if c + n > r:
                     total += -(-(c + n) // bs) + ((c if c > r else r) // -bs)
         return total
+
+    def _compact_finishes(self) -> None:
+        """Keep one entry of the finish heap per decoding sequence. Deletion is lazy there too, and
+        a pipeline moves its requests in and out of the decode set at every batch (planning ahead
+        twice), each time with a new entry: without this the heap would fill with stale ones."""
+        live = {e[2]: e for e in self.finish_heap if e[2].status == DECODING and e[2].finish_step == e[0]}
+        self.finish_heap = list(live.values())
+        heapq.heapify(self.finish_heap)
 
     def _compact_ranges(self) -> None:
         """Drop the range heaps' stale entries. Deletion is lazy: a finished sequence's entry
