@@ -279,6 +279,8 @@ LAYOUTS = {"DP 2 + EP": ["cluster.data_parallel=2", "cluster.expert_parallel=tru
            "DP 2 + EP, async": ["cluster.data_parallel=2", "cluster.expert_parallel=true",
                                 "scheduler.async_scheduling=true"],
            "PP 2": ["cluster.pipeline_parallel=2"],
+           # planning ahead, as vLLM 0.33's V2 model runner does: a batch more in flight, decodes staggered
+           "PP 2, async": ["cluster.pipeline_parallel=2", "scheduler.async_scheduling=true"],
            # two deployments behind a load balancer, each stepping on its own, at twice the rate
            "2 x (DP 2 + EP)": ["cluster.data_parallel=2", "cluster.expert_parallel=true", "cluster.instances=2",
                                'cluster.router={kind = "least_outstanding"}', "workload.rate=20"]}

@@ -613,7 +613,8 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     results = run("multi_gpu.toml", ["workload.limit=120"])
     runs = {r.name: r for r in results.all_runs()}
     assert {name: metric(r, "gpus") for name, r in runs.items()} == {
-        "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, synchronous": 2, "DP 2 + EP, skewed": 2, "DP 2, experts sharded": 2, "PP 2": 2,
+        "1 GPU": 1, "2 instances": 2, "DP 2 + EP": 2, "DP 2 + EP, synchronous": 2, "DP 2 + EP, skewed": 2,
+        "DP 2, experts sharded": 2, "PP 2": 2, "PP 2, synchronous": 2,
         "DP 2 + EP (roofline)": 2, "DP 2 + EP (reference engine)": 2, "4 instances, twice the load": 4,
         "2 x (DP 2 + EP), twice the load": 4}
     compare_runs(runs["DP 2 + EP"], runs["DP 2 + EP (reference engine)"], rel=1e-9)
@@ -623,6 +624,9 @@ def test_a_data_parallel_moe_pair_decodes_faster_than_two_instances():
     assert metric(runs["DP 2 + EP, skewed"], "tpot_ms.mean") > metric(runs["DP 2 + EP"], "tpot_ms.mean")
     # the pipeline's stages each hold half the layers: faster decode steps than one GPU
     assert metric(runs["PP 2"], "tpot_ms.mean") < metric(runs["1 GPU"], "tpot_ms.mean")
+    # planning ahead (vLLM 0.33's V2 model runner), a decode need not wait for its token to come back
+    assert metric(runs["PP 2"], "tpot_ms.mean") < metric(runs["PP 2, synchronous"], "tpot_ms.mean")
+    assert runs["PP 2"].meta["plans_ahead"] and not runs["PP 2, synchronous"].meta["plans_ahead"]
     assert runs["DP 2 + EP"].meta["kv_cache"]["expert_gpus"] == 2
     # planning ahead (the preset's default), a request arriving while its rank computes is planned a step later
     assert metric(runs["DP 2 + EP"], "ttft_ms.p50") > metric(runs["DP 2 + EP, synchronous"], "ttft_ms.p50")

@@ -31,10 +31,11 @@ from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 ENGINES = ("fast", "reference")
 
 
-def instance(blocks: int = 64, *, stages: int = 2, max_num_seqs: int = 4, budget: int = 256):
+def instance(blocks: int = 64, *, stages: int = 2, max_num_seqs: int = 4, budget: int = 256, ahead: bool = False):
     def make():
         scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                                         allocation="grow", chunked_prefill=True))
+                                                         allocation="grow", chunked_prefill=True,
+                                                         async_scheduling=ahead))
         cost = LinearParallelCost(LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)),
                                   stages=stages, moe=False)
         return scheduler, cost, PagedKVCache(blocks, 16)
@@ -571,17 +572,19 @@ def test_long_prompts_chunked_into_the_pipeline_agree_between_engines_and_conser
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5), st.sampled_from([None, 15.0, 60.0]))
-@example(2, 12, 2, 5, 15.0)  # a request arrives as a batch lands and as a waiting request's abort is heard
-def test_closed_loops_over_pipelined_instances_agree_and_conserve(clients, num_requests, stages, seed, timeout):
+@given(st.integers(1, 4), st.integers(5, 24), st.integers(2, 3), st.integers(0, 5), st.sampled_from([None, 15.0, 60.0]),
+       st.booleans())
+@example(2, 12, 2, 5, 15.0, False)  # a request arrives as a batch lands and as a waiting request's abort is heard
+def test_closed_loops_over_pipelined_instances_agree_and_conserve(clients, num_requests, stages, seed, timeout, ahead):
     """Clients send their next request when the last is answered, or when they give up on it
-    (a client's next request and its abort reach the engine together, one network hop later)."""
+    (a client's next request and its abort reach the engine together, one network hop later);
+    the instances scheduling synchronously or planning ahead."""
     make_workload = small_closed_loop(clients, num_requests)
     side = client_side(timeout, 0.5) if timeout is not None else None
     runs = []
     for engine in ENGINES:
         workload = make_workload()
-        runs.append(run_pipelined(workload.requests(seed), instance(48, stages=stages), stages, 2,
+        runs.append(run_pipelined(workload.requests(seed), instance(48, stages=stages, ahead=ahead), stages, 2,
                                   RoundRobinRouter(), engine=engine, workload=workload, client_side=side))
     compare_runs(*runs, rel=1e-12)
     assert runs[0].requests["id"].size == num_requests and runs[0].requests["rejected"].sum() == 0

@@ -157,7 +157,8 @@ def scaled_pipelines(draw):
                            window_ms=draw(st.sampled_from([20.0, 100.0])))
     seqs = draw(st.integers(1, 4))
     config = ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=draw(st.sampled_from([16, 64])),
-                              allocation="grow", chunked_prefill=True)
+                              allocation="grow", chunked_prefill=True,
+                              async_scheduling=draw(st.booleans()))  # (planning ahead: engine.stages)
     return dict(requests=requests, instances=n, stages=draw(st.integers(2, 4)), policy=policy, limits=limits,
                 config=config, cost=draw(dyadic_linear_costs()),
                 blocks=blocks_for_largest(requests, 4) + draw(st.integers(0, 30)), router=draw(st.sampled_from(
