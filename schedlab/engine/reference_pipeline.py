@@ -328,7 +328,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
                 if chunk.last:
                     s.cache_lag = 1
             for s in e.running:
-                if s.status != IN_FLIGHT and s in e.holds.flying and (s in e.in_flight or s.status == "decoding"):
+                if s.status == "decoding" and s in e.in_flight:  # (a decode of it in a later batch)
                     s.status = IN_FLIGHT
             for s in [s for s in e.in_flight if s.status == "finished"]:
                 del e.in_flight[s]

@@ -296,12 +296,7 @@ class VllmRunner:
                 now = float(trace.next_arrival)
                 continue
             if sched.has_requests():
-                out, sampled = trace.schedule(now)
-                executed = out.total_num_scheduled_tokens > 0
-                # an empty batch runs no model, but the workers answer in order: it is back with
-                # the batch before it (StageClock with no stage time)
-                done_at = clock.launch(now, (1.0 if executed else 0.0,) * stages, 0.0)
-                queue.appendleft((out, sampled, done_at))
+                out, executed = _queue_batch(trace, clock, queue, now)
                 if executed or out.preempted_req_ids:
                     empty_steps = 0 if executed else empty_steps + 1
                     if len(queue) < queue_size and empty_steps < MAX_EMPTY_STEPS:
@@ -317,17 +312,8 @@ class VllmRunner:
                         continue
                     error = f"vLLM stalled at {int(now)} ms: it schedules nothing and nothing is left to arrive"
                     break
-            out, sampled, done_at = queue.pop()  # block until the oldest batch is back
-            if done_at > now:
-                now = done_at
-            trace.abort(now)  # (those that came meanwhile, before its output: step_with_batch_queue)
-            finished_before = {rid for rid in out.num_scheduled_tokens if trace.live[rid].is_finished()}
-            trace.update(out, sampled)
-            for rid, tokens in zip(out.num_scheduled_tokens, sampled):
-                if tokens and rid not in finished_before:  # (a partial prefill, or finished before it landed)
-                    trace.token(rid, int(now), len(tokens))
+            now = _land_oldest(trace, queue, now)
         return trace.outcomes(), error
-
 
     def run_pipelined_ahead(self, case: Case, sched) -> tuple[dict[int, Outcome], str | None]:
         """:meth:`run_pipelined` planning ahead on ``P`` stages (the V2 model runner's rules):
@@ -354,12 +340,7 @@ class VllmRunner:
                 now = float(trace.next_arrival)
                 continue
             if sched.has_requests():
-                out, sampled = trace.schedule(now)
-                executed = out.total_num_scheduled_tokens > 0
-                # an empty batch runs no model, but the workers answer in order: it is back with
-                # the batch before it (StageClock with no stage time)
-                done_at = clock.launch(now, (1.0 if executed else 0.0,) * stages, 0.0)
-                queue.appendleft((out, sampled, done_at))
+                _, executed = _queue_batch(trace, clock, queue, now)
                 if not executed and not any(entry[0].total_num_scheduled_tokens for entry in queue):
                     # nothing in flight: vLLM spins, each empty batch back at once, until a
                     # request's decode is due or, if none is, until something arrives
@@ -377,16 +358,34 @@ class VllmRunner:
                     break
                 if len(queue) < queue_size:
                     continue  # (model_executed or has_requests): schedule again before blocking
-            out, sampled, done_at = queue.pop()  # block until the oldest batch is back
-            if done_at > now:
-                now = done_at
-            trace.abort(now)
-            finished_before = {rid for rid in out.num_scheduled_tokens if trace.live[rid].is_finished()}
-            trace.update(out, sampled)
-            for rid, tokens in zip(out.num_scheduled_tokens, sampled):
-                if tokens and rid not in finished_before:
-                    trace.token(rid, int(now), len(tokens))
+            now = _land_oldest(trace, queue, now)
         return trace.outcomes(), error
+
+
+def _queue_batch(trace, clock, queue, now: float) -> tuple:
+    """``schedule()`` at ``now`` and the batch into vLLM's queue (newest at the left), timed by
+    the stages' ``clock``: 1 ms a stage, or none for an empty batch, which runs no model but is
+    back with the batch before it (the workers answer in order). Returns its output and whether
+    it computed anything."""
+    out, sampled = trace.schedule(now)
+    executed = out.total_num_scheduled_tokens > 0
+    queue.appendleft((out, sampled, clock.launch(now, (1.0 if executed else 0.0,) * len(clock.free), 0.0)))
+    return out, executed
+
+
+def _land_oldest(trace, queue, now: float) -> float:
+    """Block until the oldest batch is back, then ``update_from_output`` with what it sampled
+    (after the aborts that came meanwhile: ``step_with_batch_queue``). Returns the time then."""
+    out, sampled, done_at = queue.pop()
+    if done_at > now:
+        now = done_at
+    trace.abort(now)
+    finished_before = {rid for rid in out.num_scheduled_tokens if trace.live[rid].is_finished()}
+    trace.update(out, sampled)
+    for rid, tokens in zip(out.num_scheduled_tokens, sampled):
+        if tokens and rid not in finished_before:  # (a partial prefill, or finished before it landed)
+            trace.token(rid, int(now), len(tokens))
+    return now
 
 
 class _Drafted:
