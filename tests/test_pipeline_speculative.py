@@ -116,6 +116,33 @@ def test_an_eagle_drafters_passes_on_the_last_stage_by_hand(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_preempted_in_flight_is_cached_up_to_the_tokens_vllm_knew(engine):
+    """n-gram, k = 3, every draft accepted; blocks of 4, 5 blocks, prefix caching; budget 8.
+    A (t=0) = r0's prompt (3) and r1's first 5 tokens: 2 ms a stage, send 0.75, lands at 4.75; B
+    = r1's last prompt token, lands at 5. A lands: C = r0's decode, 1 + 3 tokens (4.75 ms a
+    stage, send 0.5), slots to 7: its second block, 1 left. B lands: D = r1's decode, slots to 10:
+    its third block, none left. C lands at 14.75 (r0: 5 tokens); r0's next decode needs a third
+    block: FCFS preempts r1, the newest, with D in flight. vLLM cached r1's blocks as far as the
+    tokens it knew when it scheduled D -- min(6 + 4, 7) = 7: one full block -- not D's draft
+    slots (10: two). D lands at 19.5 (r1 held: its 4 tokens, 5 in all); r1 fits again only once
+    r0 is done (24.75): it recomputes 11 - 4 = 7 tokens (1.75 ms a stage, send 0.6875), its last
+    token at 28.9375 (with the drafts' slots counted as cached: 3 tokens, 26.6875)."""
+    def make():
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=8, allocation="grow",
+                                                         chunked_prefill=True))
+        return scheduler, LinearParallelCost(LinearCostModel(TARGET), stages=2, moe=False), PrefixKVCache(5, 4)
+
+    ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_rate=1.0, proposer_ms=0.0)
+    requests = [Request(0, 0.0, 3, 6), Request(1, 0.0, 6, 6)]
+    r = run_pipelined(requests, make, 2, engine=engine, speculative=ngram)
+    assert by_id(r, "first_token_ms") == {0: 4.75, 1: 5.0}
+    assert by_id(r, "finish_ms") == {0: 24.75, 1: 28.9375}
+    assert by_id(r, "preemptions") == {0: 0, 1: 1} and by_id(r, "cached_tokens") == {0: 0, 1: 4}
+    assert r.counters["in_flight_preemptions"] == 1
+    check_run(r, requests, kv_blocks=5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_decode_aborted_in_flight_leaves_k_as_its_batch_was_launched(engine):
     # n-gram, every draft accepted, k = 2 after a batch of 1 and 1 after a batch of 2-4; no
     # proposer_ms. A budget of 16: batch A (r0's and r1's 8-token prompts, 8 ms: 4 a stage, send

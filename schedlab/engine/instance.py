@@ -367,12 +367,16 @@ class Instance:
             del self.running[seq]
             # a decode's slots in the batch go too, as at a preemption (a prompt's chunks
             # count as computed from their launch, schedlab.engine.stages.launch_chunks)
-            held = seq._computed + self.in_flight.pop(seq, 0)
-            if self.stagger is not None and seq in self.holds.flying:  # (vLLM cached the tokens it knew)
-                if held > seq.reserved_tokens:
-                    seq.reserved_tokens = held
-                held = Stagger.cached(seq, seq._computed)
-            seq._computed = held
+            pending = self.in_flight.pop(seq, 0)
+            if seq._computed + pending > seq.reserved_tokens:
+                seq.reserved_tokens = seq._computed + pending
+            # (vLLM cached the tokens it knew: a decode's input token, not its drafts' slots)
+            if self.stagger is not None and seq in self.holds.flying:
+                seq._computed = Stagger.cached(seq, seq._computed)
+            else:
+                seq._computed = cached_tokens_at_preemption(seq._computed, pending, pending > 0, False, 0,
+                                                            tokens=seq.prompt + seq._generated,
+                                                            hash_lookahead=getattr(self.kv, "hash_lookahead", 0))
             self.kv.free(seq)
         elif self.stage is not None and self.stage.abort(self, seq, now):
             seq.status = ABORTED  # its KV was on its way here: the scheduler never held it
@@ -572,11 +576,10 @@ class Instance:
         ``to_back``: not a preemption but a requeue (``Plan.requeue``): counted as one, and
         queued at the back."""
         status = seq.status
-        scheduled_decode = status == DECODING and pending > 0
         if status == DECODING:
             self._remove_decoder(seq, WAITING)
         elif status == IN_FLIGHT:
-            pending = self.in_flight.pop(seq, 0)
+            pending = self.in_flight.pop(seq, 0)  # (a decode's slots in its batch in flight)
             seq.status = WAITING
             if seq in self.holds.flying:  # (else planning ahead passed it over: its decode was not due)
                 self.counters["in_flight_preemptions"] += 1
@@ -584,6 +587,7 @@ class Instance:
             del self.prefilling[seq]
             seq.status = WAITING
         del self.running[seq]
+        scheduled_decode = status in (DECODING, IN_FLIGHT) and pending > 0
         # held: up to the slots allocated this iteration; cached: the tokens vLLM knew -- a decode's
         # input token, not its drafts' slots, and planning ahead not a token in flight (engine.ahead)
         held = seq._computed + pending

@@ -366,7 +366,7 @@ class RefPlan:
         # still being computed when it last got a slot: this one, if the iteration gave it one,
         # else the one before
         held = seq.num_computed_tokens + pending
-        scheduled_decode = seq.status == "decoding" and pending > 0
+        scheduled_decode = seq.status in ("decoding", "in_flight") and pending > 0  # (in flight: its decode's slots)
         lookahead = getattr(self.kv, "hash_lookahead", 0)
         if e.stagger is not None and seq in e.holds.flying:  # planning ahead on a pipeline, its token in flight
             seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens)
@@ -760,11 +760,15 @@ class ReferenceEngine:
             return
         elif seq.status == "in_flight":  # its batch is in the pipeline and will land without it
             del self.running[seq]
-            held = seq.num_computed_tokens + self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
-            if self.stagger is not None and seq in self.holds.flying:  # (vLLM cached the tokens it knew)
-                seq.reserved_tokens = max(seq.reserved_tokens, held)
-                held = Stagger.cached(seq, seq.num_computed_tokens)
-            seq.num_computed_tokens = held
+            pending = self.in_flight.pop(seq, 0)  # a decode's slots in that batch go too
+            seq.reserved_tokens = max(seq.reserved_tokens, seq.num_computed_tokens + pending)
+            # (vLLM cached the tokens it knew: a decode's input token, not its drafts' slots)
+            if self.stagger is not None and seq in self.holds.flying:
+                seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens)
+            else:
+                seq.num_computed_tokens = cached_tokens_at_preemption(
+                    seq.num_computed_tokens, pending, pending > 0, False, 0, tokens=seq.num_tokens,
+                    hash_lookahead=getattr(self.kv, "hash_lookahead", 0))
             self.kv.free(seq)
         elif self.role is not None and self.role.abort(self, seq):
             seq.status = "aborted"  # its KV was on its way here; the scheduler never held it
