@@ -464,6 +464,24 @@ class Instance:
         if self.meter is not None:
             seq.energy_anchor = self.meter.per_decoder
 
+    def _shift_decoder(self, seq: Sequence, status: str | None = None) -> None:
+        """Move ``seq`` into the decode set (``status`` None) or out of it for a plan only --
+        a pipeline planning ahead shows a plan the requests whose decode is due and hides those
+        whose decode is not (:mod:`schedlab.engine.stages`): what the plan and the batch's
+        timing read (the counters, ``n_decoding``, the context sum, the blocks' growth), not
+        the finish heap, ITL groups or energy shares, which no plan reads and the move undoes."""
+        if status is None:
+            seq.start_decoding()
+            sign = 1
+        else:
+            seq.stop_decoding(status)
+            sign = -1
+        self.n_decoding += sign
+        self.ctx_offset += sign * (seq.anchor + 1)
+        if not seq.reserved_tokens and self.track_growth:
+            self.cross_at[-seq.anchor % len(self.cross_at)] += sign
+            self.n_growing += sign
+
     def _remove_decoder(self, seq: Sequence, status: str) -> None:
         anchor = seq.anchor
         if self.marks is not None:

@@ -278,24 +278,21 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         shown, hidden = [], []
         for seq in inst.running:
             if seq.status == IN_FLIGHT and Stagger.shown(seq, serial):
-                inst._add_decoder(seq)
-                inst.off_cycle[seq] = seq.last_token_ms  # (its own ITL group, as a parked decoder's)
-                shown.append((seq, seq.max_computed))
+                inst._shift_decoder(seq)  # (for the plan only: Instance._shift_decoder)
+                shown.append(seq)
             elif seq.status == DECODING and Stagger.hidden(seq, serial):
-                inst._remove_decoder(seq, IN_FLIGHT)
+                inst._shift_decoder(seq, IN_FLIGHT)
                 hidden.append(seq)
         return shown, hidden
 
     def _unshow(self, shown: tuple) -> None:
         inst = self.inst
-        for seq, most in shown[0]:
+        for seq in shown[0]:
             if seq.status == DECODING:  # not scheduled (nor preempted): its token is still in flight
-                inst._remove_decoder(seq, IN_FLIGHT)
-            seq.max_computed = most  # (a last chunk in flight counts as computed: not computed yet)
+                inst._shift_decoder(seq, IN_FLIGHT)
         for seq in shown[1]:
             if seq.status == IN_FLIGHT:
-                inst._add_decoder(seq)
-                inst.off_cycle[seq] = seq.last_token_ms
+                inst._shift_decoder(seq)
 
     def _launch_empty(self) -> None:
         """An empty plan while batches are in flight: vLLM 0.33 queues the empty batch too, and it
@@ -321,8 +318,12 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             inst.meter.launch(self.clock.starts, stage_ms, batch, ratio)
         for seq in plan.swapped_in:  # joined the decode set in this plan: its ITL group is its own last token
             inst.off_cycle.setdefault(seq, seq.last_token_ms)
+        flying = inst.holds.flying
         for seq in decoding:
-            inst._remove_decoder(seq, IN_FLIGHT)
+            if inst.stagger is not None and seq in flying:  # shown to the plan, its token in flight (_show)
+                inst._shift_decoder(seq, IN_FLIGHT)
+            else:
+                inst._remove_decoder(seq, IN_FLIGHT)
         chunks = launch_chunks(plan.prefills)  # computed at once: a prompt with tokens left stays in sight
         for seq, chunk in chunks:
             if chunk.last:

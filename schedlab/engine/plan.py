@@ -412,7 +412,7 @@ class FastPlan:
             # flight; the slots this plan took for it go with the rest
             pending = self._pending(seq, "preempt")
             self._unschedule(seq, pending, True)
-            inst._remove_decoder(seq, IN_FLIGHT)
+            inst._shift_decoder(seq, IN_FLIGHT)
             if seq._computed + pending > seq.reserved_tokens:
                 seq.reserved_tokens = seq._computed + pending
             if pending:
