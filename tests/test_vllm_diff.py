@@ -104,7 +104,7 @@ def test_each_group_turns_on_its_feature_only():
         assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
         assert all(r.abort_at % 1 == 0.5 and r.arrival < r.abort_at <= r.arrival + 40.5
                    for r in aborts if r.abort_at is not None)
-    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") and g != "spec"
+    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") and not g.endswith("spec")
                for c in cases(g) for r in c.requests)
     pipeline_prefix = cases("pipeline_prefix")
     assert all(c.settings.prefix_caching for c in pipeline_prefix)
@@ -127,7 +127,12 @@ def test_each_group_turns_on_its_feature_only():
     assert 0.15 < len(aborting) / len(spec) < 0.45, "about 30% of the spec cases have clients that give up"
     assert all(c.settings.long_prefill_token_threshold > c.settings.num_speculative_tokens
                for c in spec if c.settings.long_prefill_token_threshold)
-    assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if g != "spec" for c in cases(g))
+    assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if not g.endswith("spec") for c in cases(g))
+    pipeline_spec = cases("pipeline_spec")
+    assert {c.settings.pipeline_parallel for c in pipeline_spec} == {2, 3}
+    assert {c.settings.spec_method for c in pipeline_spec} == {"ngram", "draft_model", "eagle"}
+    assert all(c.settings.num_speculative_tokens and not c.settings.dynamic_from for c in pipeline_spec)
+    assert any(r.abort_at is not None for c in pipeline_spec for r in c.requests)
     dynamic = [c.settings for c in spec if c.settings.dynamic_from]
     assert dynamic and all(2 <= d.dynamic_from <= d.max_num_seqs and d.dynamic_k <= d.num_speculative_tokens
                            for d in dynamic) and any(d.dynamic_k < d.num_speculative_tokens for d in dynamic)
@@ -640,6 +645,16 @@ ASYNC_PIPELINE_CASES = {
                    (0, 0, 4, 1, 0, None, 0), (1, 0, 4, 1, 0, None, 0)), 0, 5),
         {0: Outcome(0, 3, 3, 0, 0), 1: Outcome(0, 4, 4, 1, 0)},
         {0: Outcome(0, 3, 3, 0, 0), 1: Outcome(0, 4, 4, 0, 0)}),
+    # P = 2, n-gram, k = 2, every draft accepted; one request, 4 + 7 tokens. A (call 1) = its
+    # prompt, lands at 2; call 3 (t=0) = its decode on the first token's placeholder, 1 + 2
+    # tokens from position 4, lands at 3 (tokens 2-4); A lands, call 4 empty, call 5 (t=2) = its
+    # next decode from position 7 -- B's drafts counted as accepted --, lands at 4 (tokens 5-7).
+    # Synchronously each verify step waits for the one before: tokens at 2, 4 and 6.
+    "a-verify-step-each-stage-time": (
+        _case(dict(_spec("ngram", 2, block_size=2, num_blocks=7, max_num_seqs=2, max_num_batched_tokens=16,
+                         pipeline_parallel=2), acceptance_rate=1.0), (0, 0, 4, 7, 0, None, 0)),
+        {0: Outcome(0, 2, 4, 0, 0)},
+        {0: Outcome(0, 2, 6, 0, 0)}),
 }
 
 

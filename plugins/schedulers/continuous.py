@@ -59,7 +59,7 @@ def async_scheduling_field(default):
         "runs, so arrivals wait a batch more and finished requests hold their slots one plan longer "
         "(schedlab.engine.ahead; on a pipeline a request decodes every pipeline_parallel plans, as vLLM's V2 "
         "model runner has it: schedlab.engine.stages); \"auto\": on unless preemption = 'swap', a batching "
-        "window, disaggregation or pipeline parallelism with [speculative], where it is not modelled")})
+        "window, disaggregation or pipeline parallelism with drafts per batch size, where it is not modelled")})
 
 
 def max_model_len_field():

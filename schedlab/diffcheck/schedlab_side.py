@@ -86,11 +86,9 @@ def simulate_one(reqs: list[Request], scheduler, cost, kv, engine: str = "fast",
     hypothesis, which the harness does not); with ``stages`` > 1 a pipelined one, its batches
     timed by :class:`OneMsStages` (``cost`` unused), as :func:`schedlab.testing.run_pipelined`
     runs it; ``speculation``: speculative decoding's :class:`~schedlab.speculative.Speculation`
-    (colocated only: the drafts cost nothing, a step still lasts 1 ms)."""
+    (the drafts cost nothing: a step, or a stage, still lasts 1 ms)."""
     rec = Recorder()
-    if speculation is not None:
-        if stages > 1:
-            raise ValueError("the harness runs speculative decoding on one stage")
+    if speculation is not None and stages == 1:
         if engine == "reference":
             ReferenceEngine(scheduler, cost, kv, rec, speculation=speculation).run(reqs)
         else:
@@ -99,9 +97,10 @@ def simulate_one(reqs: list[Request], scheduler, cost, kv, engine: str = "fast",
     if stages > 1:
         view = stage_view(OneMsStages(stages))
         if engine == "reference":
-            ReferencePipelineCluster([ReferencePipeline(ReferenceEngine(scheduler, view, kv, rec), stages)]).run(reqs)
+            ReferencePipelineCluster([ReferencePipeline(ReferenceEngine(scheduler, view, kv, rec, speculation=speculation),
+                                                        stages)]).run(reqs)
         else:
-            simulate(reqs, [PipelinedInstance(Instance(0, scheduler, view, kv, rec), stages)])
+            simulate(reqs, [PipelinedInstance(Instance(0, scheduler, view, kv, rec, speculation=speculation), stages)])
     elif engine == "reference":
         ReferenceEngine(scheduler, cost, kv, rec).run(reqs)
     else:

@@ -92,8 +92,8 @@ plan made at ``k``'s start:
 On a pipeline, planning ahead follows vLLM's V2 model runner there (its default on GPUs): a
 batch queue one deeper and each request's decodes staggered by the stages
 (:mod:`schedlab.engine.stages`), not these rules. Asynchronous scheduling is refused with
-disaggregation, SGLang's overlap scheduler with speculation or on a pipeline, speculation on a
-pipeline, swapping and a batching window.
+disaggregation, SGLang's overlap scheduler with speculation or on a pipeline, drafts per batch
+size on a pipeline, swapping and a batching window.
 
 **Bulk runs** (the fast engine's runs of identical decode iterations). Between events, plans
 made ahead are the plans made synchronously: nothing arrives, nothing finishes, nobody holds a

@@ -372,7 +372,7 @@ class Instance:
                 seq.reserved_tokens = seq._computed + pending
             # (vLLM cached the tokens it knew: a decode's input token, not its drafts' slots)
             if self.stagger is not None and seq in self.holds.flying:
-                seq._computed = Stagger.cached(seq, seq._computed)
+                seq._computed = Stagger.cached(seq, seq._computed, getattr(self.kv, "hash_lookahead", 0))
             else:
                 seq._computed = cached_tokens_at_preemption(seq._computed, pending, pending > 0, False, 0,
                                                             tokens=seq.prompt + seq._generated,
@@ -611,7 +611,7 @@ class Instance:
         held = seq._computed + pending
         lookahead, tokens = getattr(self.kv, "hash_lookahead", 0), seq.prompt + seq._generated
         if self.stagger is not None and status == IN_FLIGHT and seq in self.holds.flying:
-            seq._computed = Stagger.cached(seq, seq._computed)  # (planning ahead on a pipeline, its token in flight)
+            seq._computed = Stagger.cached(seq, seq._computed, lookahead)  # (planning ahead on a pipeline, in flight)
         elif self.ahead is None:
             seq._computed = cached_tokens_at_preemption(seq._computed, pending, scheduled_decode, False, 0,
                                                         tokens=tokens, hash_lookahead=lookahead)

@@ -78,9 +78,10 @@ INF = math.inf
 class Flight:
     """A batch in the pipeline."""
 
-    __slots__ = ("plan", "decoders", "chunks", "launched", "completion", "tokens", "members", "seqs", "stamps")
+    __slots__ = ("plan", "decoders", "chunks", "launched", "completion", "tokens", "members", "seqs", "stamps",
+                 "bases")
 
-    def __init__(self, plan, decoders, chunks, launched, completion, tokens, members, seqs, stamps):
+    def __init__(self, plan, decoders, chunks, launched, completion, tokens, members, seqs, stamps, bases=None):
         self.plan = plan
         self.decoders = decoders    # sequences decoding in it (they come back decoding)
         self.chunks = chunks        # its prompt chunks, as plan.prefills: (seq, Chunk)
@@ -90,6 +91,7 @@ class Flight:
         self.members = members      # every decode in it -> the tokens it computes for it
         self.seqs = seqs            # sequences in it at its launch (speculation: k for the next drafts)
         self.stamps = stamps        # every decode in it -> its preemption count at the launch
+        self.bases = bases          # planning ahead: every decode in it -> its computed tokens at the launch
 
 
 class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hangup_ms", "track_finished"))):
@@ -119,6 +121,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         if inst.stagger is not None:
             refuse_ahead(inst)
             inst.ahead = inst.marks = None  # (not the colocated rules of engine.ahead)
+            inst.drafts_ahead = False
         self.depth = stages + 1 if inst.stagger is not None else stages
         self._cost = inst.cost.inner
         # Every batch is timed at its launch, from its own decoders (below): the instance's
@@ -334,18 +337,24 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         drafts = {s: plan.drafts_of(s) for s in decoding}  # (drafts verified, KV slots taken) of each decode
         if inst.stagger is None:
             inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())
-        else:  # its tokens in flight, their slots kept with its blocks
+        else:  # its tokens in flight (drafts counted as accepted), their slots kept with its blocks
             in_flight = inst.in_flight
-            for s in decoding:
-                in_flight[s] = tokens_ahead = in_flight.get(s, 0) + 1
-                computed = s._computed + tokens_ahead
-                if computed > s.reserved_tokens:
-                    s.reserved_tokens = computed
+            for s, (d, slots) in drafts.items():
+                in_flight[s] = in_flight.get(s, 0) + 1 + d
+                if s._computed + slots > s.reserved_tokens:
+                    s.reserved_tokens = s._computed + slots
                 s.cache_lag = 0  # (Stagger.cached)
-            inst.stagger.launched(decoding + [s for s, chunk in chunks if chunk.last], serial)
+            if plan.padded:  # an admission's placeholder drafts count too
+                for s, padding in plan.padded.items():
+                    in_flight[s] = in_flight.get(s, 0) + padding
+            last = [s for s, chunk in chunks if chunk.last]
+            for s in last:
+                s.cache_lag = -1  # (Stagger.cached: its prompt's tokens are all known)
+            inst.stagger.launched(decoding + last, serial)
+        bases = {s: s._computed for s in decoding} if inst.stagger is not None and inst.spec is not None else None
         self.flights.append(Flight(plan, decoding, chunks, inst.now, completion, batch.num_batched_tokens,
                                    {s: 1 + d for s, (d, _) in drafts.items()}, batch.num_seqs,
-                                   {s: s.num_preemptions for s in decoding}))
+                                   {s: s.num_preemptions for s in decoding}, bases))
 
     def _land(self) -> None:
         """The oldest batch's output is back: its sequences return and its plan executes."""
@@ -370,6 +379,13 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         for seq in others:
             inst._remove_decoder(seq, PARKED)
         serial = flight.plan.serial
+        if flight.bases is not None:  # its slots counted from its computed tokens now, as _verify reads them
+            plan = flight.plan
+            for seq in flight.decoders:
+                moved = seq._computed - flight.bases[seq]
+                if moved:
+                    drafts, slots = plan.drafts_of(seq)
+                    plan._override(seq, drafts, slots - moved)
         for seq in flight.decoders:
             inst._add_decoder(seq)
             seq.plan_mark = serial  # (planning ahead, a later plan may have marked it too)
@@ -403,6 +419,14 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             inst.off_cycle[seq] = seq.last_token_ms
         if inst.stagger is not None:  # still in a batch in flight: back out of sight
             in_flight = inst.in_flight
+            padded = flight.plan.padded
+            for seq, chunk in chunks:  # an admission's placeholder drafts, all rejected
+                padding = padded.get(seq, 0) if padded and chunk.last else 0
+                if padding:
+                    if in_flight[seq] == padding:
+                        del in_flight[seq]
+                    else:
+                        in_flight[seq] -= padding
             for seq in flight.decoders + [s for s, chunk in chunks if chunk.last]:
                 seq.cache_lag = 1  # (Stagger.cached)
                 if seq.status == DECODING and seq in in_flight:
@@ -448,14 +472,16 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             elif seq.status == FINISHED:  # planning ahead: finished by a batch before, its token thrown away
                 overshoots.append(seq)
                 gone.add(seq)
+                if members[seq] > 1:
+                    flight.plan.add_overshoot_drafts(seq, members[seq] - 1)
             elif seq.num_preemptions != stamps[seq]:  # preempted in flight: its blocks are free
                 lost += members[seq]
                 gone.add(seq)
                 bumped.append(Bumped(seq, members[seq] - 1, True))
-            elif self.inst.stagger is None or in_flight[seq] == 1:
+            elif self.inst.stagger is None or in_flight[seq] == members[seq]:
                 del in_flight[seq]
             else:
-                in_flight[seq] -= 1
+                in_flight[seq] -= members[seq]
         live = [(seq, chunk) for seq, chunk in flight.chunks if not stale(seq, chunk)]
         dropped = []
         if len(live) < len(flight.chunks):

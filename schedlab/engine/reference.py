@@ -368,8 +368,8 @@ class RefPlan:
         held = seq.num_computed_tokens + pending
         scheduled_decode = seq.status in ("decoding", "in_flight") and pending > 0  # (in flight: its decode's slots)
         lookahead = getattr(self.kv, "hash_lookahead", 0)
-        if e.stagger is not None and seq in e.holds.flying:  # planning ahead on a pipeline, its token in flight
-            seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens)
+        if e.stagger is not None and seq.status == "in_flight" and seq in e.holds.flying:  # (its token in flight)
+            seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens, lookahead)
         elif e.ahead is None:
             seq.num_computed_tokens = cached_tokens_at_preemption(seq.num_computed_tokens, pending, scheduled_decode,
                                                                   False, 0, tokens=seq.num_tokens,
@@ -764,7 +764,8 @@ class ReferenceEngine:
             seq.reserved_tokens = max(seq.reserved_tokens, seq.num_computed_tokens + pending)
             # (vLLM cached the tokens it knew: a decode's input token, not its drafts' slots)
             if self.stagger is not None and seq in self.holds.flying:
-                seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens)
+                seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens,
+                                                         getattr(self.kv, "hash_lookahead", 0))
             else:
                 seq.num_computed_tokens = cached_tokens_at_preemption(
                     seq.num_computed_tokens, pending, pending > 0, False, 0, tokens=seq.num_tokens,

@@ -44,6 +44,10 @@ class PipelinePlan(RefPlan):
     """A plan that sees only the running sequences not in flight (their slots still count); a
     preemption may pick one in flight (:mod:`schedlab.engine.stages`)."""
 
+    def __init__(self, engine: ReferenceEngine, serial: int):
+        super().__init__(engine, serial)
+        self.bases: dict = {}  # planning ahead: each decode's computed tokens at the launch
+
     @property
     def running(self):
         return VisibleRunning(self._e.running)
@@ -87,7 +91,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         engine.stagger = Stagger(stages) if plans_ahead(engine.scheduler) else None
         if engine.stagger is not None:
             refuse_ahead(engine)
-            engine.ahead = None  # (not the colocated rules of engine.ahead)
+            engine.ahead, engine.drafts_ahead = None, False  # (not the colocated rules of engine.ahead)
         self.depth = stages + 1 if engine.stagger is not None else stages
         self.flights: list = []   # [plan, decoders and their statuses, chunks, launch time, completion, tokens, batch]
         self.launch_due = True    # a launch is due at the engine's time
@@ -232,18 +236,25 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         if e.stagger is None:
             for s in decoders:  # the KV slots the batch took for each, freed with it if it is aborted
                 e.in_flight[s] = plan.drafts[s][1]
-        else:  # its tokens in flight, their slots kept with its blocks
+        else:  # its tokens in flight (drafts counted as accepted), their slots kept with its blocks
             for s in decoders:
-                e.in_flight[s] = tokens_ahead = e.in_flight.get(s, 0) + 1
-                s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens + tokens_ahead)
+                drafts, slots = plan.drafts[s]
+                plan.bases[s] = s.num_computed_tokens
+                e.in_flight[s] = e.in_flight.get(s, 0) + 1 + drafts
+                s.reserved_tokens = max(s.reserved_tokens, s.num_computed_tokens + slots)
                 s.cache_lag = 0  # (Stagger.cached)
+            for s, padding in plan.padded.items():  # an admission's placeholder drafts count too
+                e.in_flight[s] = e.in_flight.get(s, 0) + padding
         chunks = launch_chunks(plan.prefills)  # computed at once: a prompt with tokens left stays in sight
         e.holds.launched(s for s, _ in chunks)
         for s, chunk in chunks:
             if chunk.last:
                 s.status = IN_FLIGHT
         if e.stagger is not None:
-            e.stagger.launched(decoders + [s for s, chunk in chunks if chunk.last], plan.serial)
+            last = [s for s, chunk in chunks if chunk.last]
+            for s in last:
+                s.cache_lag = -1  # (Stagger.cached: its prompt's tokens are all known)
+            e.stagger.launched(decoders + last, plan.serial)
         self.flights.append([plan, flown, chunks, e.now, completion, tokens, batch])
 
     def land(self) -> None:
@@ -270,6 +281,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         gone = {s for s, _, _ in flown if s.status == "aborted"}  # aborted meanwhile: no token from this batch
         # planning ahead: finished by a batch before it, decoded once more, the token thrown away
         plan.overshoots = [s for s, _, _ in flown if s.status == "finished"]
+        plan.overshoot_drafts = {s: plan.drafts[s][0] for s in plan.overshoots if plan.drafts[s][0]}
         # preempted meanwhile: its blocks are free, but what the batch computed for it is its own
         bumped = [Bumped(s, plan.drafts[s][0], True) for s, _, stamp in flown
                   if s not in gone and s.num_preemptions != stamp]
@@ -283,10 +295,23 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         bumped += bumped_chunks(chunks)
         flown = [(s, status) for s, status, _ in flown if s not in gone]
         for s, _ in flown:
-            if e.stagger is None or e.in_flight[s] == 1:
+            landed = 1 + plan.drafts[s][0] if e.stagger is not None else e.in_flight[s]
+            if e.in_flight[s] == landed:
                 del e.in_flight[s]
             else:
-                e.in_flight[s] -= 1
+                e.in_flight[s] -= landed
+        if e.stagger is not None:
+            for s, _ in flown:  # its slots counted from its computed tokens now, as _execute reads them
+                drafts, slots = plan.drafts[s]
+                plan.drafts[s] = (drafts, slots - (s.num_computed_tokens - plan.bases[s]))
+            for s, chunk in live:  # an admission's placeholder drafts, all rejected
+                padding = plan.padded.get(s, 0) if chunk.last else 0
+                if padding:
+                    left = e.in_flight[s] - padding
+                    if left:
+                        e.in_flight[s] = left
+                    else:
+                        del e.in_flight[s]
         others = [s for s in e.running if s.status == "decoding"]  # not in this batch: sit it out
         for s in others:
             s.status = IN_FLIGHT

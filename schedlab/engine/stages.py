@@ -106,12 +106,18 @@ whether or not that batch is back; every call counts, an empty one too. So here
   meanwhile, it is held until the last of them has landed, each giving it its token (vLLM's
   stale output, delivered);
 * with nothing in flight vLLM would spin (each empty batch back at once) until a decode is due:
-  the instance plans again at once.
+  the instance plans again at once;
+* with speculative decoding a decode's drafts in flight count as accepted (``in_flight`` holds
+  ``1 + d`` for it, and an admission's placeholder drafts too), so the next decode's KV slots run
+  from that position; the landing draws acceptance as synchronously and takes the batch's
+  ``1 + d`` off, the rejected drafts' slots staying with the request's blocks. The slots a
+  landing's decoders took count from their computed tokens at the launch (``bases``).
 
 Checked against vLLM 0.33's ``AsyncScheduler`` behind the batch queue (``tools/vllm_diff.py
---groups pipeline,pipeline_abort --vllm-set async_scheduling=true``). Not modelled with
-speculative decoding (refused), nor for SGLang's overlap scheduler (refused: it has its own
-pipeline loop).
+--groups pipeline,pipeline_abort,pipeline_prefix,pipeline_spec --vllm-set
+async_scheduling=true``). Not modelled with drafts per batch size (refused: vLLM gives each
+request the ``k`` of the call that last scheduled it), nor for SGLang's overlap scheduler
+(refused: it has its own pipeline loop).
 
 **Clients that give up** (``[client] timeout_ms``, :mod:`schedlab.frontend`). vLLM 0.33's engine
 core reads aborts before it schedules a batch (``EngineCoreProc.run_busy_loop`` handles the
@@ -233,15 +239,19 @@ class Stagger:
         return seq.decode_due <= serial and (request.stops_at_eos or seq.num_generated + 1 < request.target_tokens)
 
     @staticmethod
-    def cached(seq, computed: int) -> int:
+    def cached(seq, computed: int, hash_lookahead: int = 0) -> int:
         """The tokens vLLM has cached of ``seq``, preempted or aborted with a token in flight, whose
         ``computed`` tokens count its prompt's chunks as computed: a prompt's, or ``num_tokens`` (those it
         has) less ``cache_lag`` -- vLLM caches the tokens it knows when it schedules a decode
         (``min(computed + new, num_tokens)``) and, when a batch lands, those the batches back
-        computed: so the last of its tokens only if a decode was scheduled since it landed."""
-        if not seq.num_generated:
+        computed: so the last of its tokens only if a decode was scheduled since it landed; with
+        EAGLE's block hashes (``hash_lookahead``) not the block whose next token is unknown. A
+        prompt whose last chunk is in flight (``cache_lag`` -1) has its ``computed`` tokens cached:
+        they are all known."""
+        if seq.cache_lag < 0 or not seq.num_generated:
             return computed
-        return seq.num_tokens - seq.cache_lag
+        lag = seq.cache_lag if seq.cache_lag > hash_lookahead else hash_lookahead
+        return seq.num_tokens - lag
 
     @staticmethod
     def hidden(seq, serial: int) -> bool:
@@ -252,15 +262,15 @@ class Stagger:
 
 def refuse_ahead(engine) -> None:
     """ConfigError if a pipelined ``engine`` plans ahead where that is not modelled: a scheduler
-    without vLLM's staggered decodes (``staggers_decodes``; SGLang's overlap scheduler), or
-    speculative decoding (vLLM's workers then hand the drafts of a batch in flight on)."""
+    without vLLM's staggered decodes (``staggers_decodes``; SGLang's overlap scheduler), or drafts
+    per batch size (vLLM then gives each request the ``k`` of the batch that last scheduled it)."""
     scheduler = engine.scheduler
     if not getattr(scheduler, "staggers_decodes", False):
         raise ConfigError(f"{type(scheduler).__name__} plans batches ahead (overlap_schedule / async_scheduling), "
                           "which on a pipeline is modelled by vLLM's rules only: set it to false")
-    if engine.spec is not None:
-        raise ConfigError("planning batches ahead (async_scheduling) on a pipeline with speculative decoding is "
-                          "not modelled: set async_scheduling = false")
+    if engine.spec is not None and engine.spec.config.k_by_batch_size:
+        raise ConfigError("planning batches ahead (async_scheduling) on a pipeline with drafts per batch size "
+                          "(k_by_batch_size) is not modelled: set async_scheduling = false")
 
 
 class StageClock:

@@ -374,8 +374,8 @@ def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool
         return "[cluster] disaggregated pools"
     if parallelism.pipelined and key != "async_scheduling":
         return "[cluster] pipeline_parallel"  # (vLLM's staggered decodes only: schedlab.engine.stages)
-    if parallelism.pipelined and speculative is not None:
-        return "[cluster] pipeline_parallel with [speculative]"
+    if parallelism.pipelined and speculative is not None and speculative.k_by_batch_size:
+        return "[cluster] pipeline_parallel with [speculative] k_by_batch_size"
     if speculative is not None and key != "async_scheduling":
         return "[speculative]"  # (SGLang's overlap scheduler drafts otherwise: not modelled)
     return None

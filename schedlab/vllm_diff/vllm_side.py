@@ -493,11 +493,12 @@ class _Trace:
         self.sched.update_from_output(out, self.runner._v["ModelRunnerOutput"](
             req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
-        # the drafter proposes k for every request of the step (EngineCore.post_step; planning
-        # ahead the scheduler has placeholders for them already)
+        # the drafter proposes k for every request of the step that sampled a token -- none from a
+        # prompt chunk, whose sampled token is discarded (EngineCore.post_step; planning ahead the
+        # scheduler has placeholders for them already)
         if self.k and req_ids and not self.asynchronous:
             k = out.num_spec_tokens_to_schedule  # (k by the step's batch size, with drafts per batch size)
-            drafts = [[output_token_id(self.ids[rid], 0)] * k for rid in req_ids]
+            drafts = [[output_token_id(self.ids[rid], 0)] * k if tokens else [] for rid, tokens in zip(req_ids, sampled)]
             self.sched.update_draft_token_ids(self.runner._v["DraftTokenIds"](req_ids, drafts))
 
     def token(self, rid: str, t: int, n: int = 1) -> None:
