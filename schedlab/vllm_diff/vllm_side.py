@@ -271,16 +271,19 @@ class VllmRunner:
 
     def run_pipelined(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
         """:meth:`run` through vLLM's batch queue of ``pipeline_parallel`` batches, or of 2 on one
-        stage with asynchronous scheduling (see the module docstring)."""
+        stage with asynchronous scheduling, or of ``P + 1`` on ``P`` stages planning ahead (the
+        V2 model runner's rules: every ``schedule()`` call counts towards a request's next decode,
+        ``AsyncScheduler.decode_stagger``, so the queue is stepped exactly as
+        ``step_with_batch_queue`` reads, empty batches too). See the module docstring."""
         from collections import deque
 
         from schedlab.engine.stages import StageClock
 
         stages = case.settings.pipeline_parallel
         sched = self.scheduler(case, sides)
-        if stages > 1 and self.scheduler_config_kwargs(case, sides)["async_scheduling"]:
-            return self.run_pipelined_ahead(case, sched)
-        queue_size = stages if stages > 1 else 2  # async scheduling: VllmConfig.max_concurrent_batches
+        ahead = stages > 1 and self.scheduler_config_kwargs(case, sides)["async_scheduling"]
+        # VllmConfig.max_concurrent_batches
+        queue_size = stages + 1 if ahead else stages if stages > 1 else 2
         trace = _Trace(self, case, sched)
         clock = StageClock(stages)
         queue: deque = deque()  # newest at the left, as vLLM's batch_queue
@@ -297,67 +300,29 @@ class VllmRunner:
                 continue
             if sched.has_requests():
                 out, executed = _queue_batch(trace, clock, queue, now)
-                if executed or out.preempted_req_ids:
+                idle = not executed and not any(entry[0].total_num_scheduled_tokens for entry in queue)
+                if ahead and not idle and len(queue) < queue_size:
+                    continue  # (model_executed or has_requests): schedule again before blocking
+                if not ahead and (executed or out.preempted_req_ids):
                     empty_steps = 0 if executed else empty_steps + 1
                     if len(queue) < queue_size and empty_steps < MAX_EMPTY_STEPS:
                         continue  # schedule again before blocking on the oldest batch
-                elif not any(entry[0].total_num_scheduled_tokens for entry in queue):
+                elif idle:
                     # Nothing in flight and nothing to schedule: vLLM queues empty batches, each
-                    # done at once, until a request arrives; none of them changes anything.
+                    # done at once, until a request arrives -- or planning ahead, until a request's
+                    # decode is due (each call counts); none of them changes anything else.
+                    if ahead:
+                        queue.clear()
                     if not sched.has_unfinished_requests():
                         queue.clear()  # that schedule only told the workers of finished requests
                         continue
-                    if not trace.all_arrived:
-                        now = float(trace.next_arrival)
-                        continue
-                    error = f"vLLM stalled at {int(now)} ms: it schedules nothing and nothing is left to arrive"
-                    break
-            now = _land_oldest(trace, queue, now)
-        return trace.outcomes(), error
-
-    def run_pipelined_ahead(self, case: Case, sched) -> tuple[dict[int, Outcome], str | None]:
-        """:meth:`run_pipelined` planning ahead on ``P`` stages (the V2 model runner's rules):
-        a batch queue of ``P + 1`` (``VllmConfig.max_concurrent_batches``) stepped exactly as
-        ``step_with_batch_queue`` reads -- every ``schedule()`` call counts towards a request's
-        next decode (``AsyncScheduler.decode_stagger``), an empty one too."""
-        from collections import deque
-
-        from schedlab.engine.stages import StageClock
-
-        stages = case.settings.pipeline_parallel
-        queue_size = stages + 1
-        trace = _Trace(self, case, sched)
-        clock = StageClock(stages)
-        queue: deque = deque()  # newest at the left, as vLLM's batch_queue
-        now = 0.0
-        error = None
-        while True:
-            trace.arrive(now)
-            trace.abort(now)
-            if not sched.has_requests() and not queue:
-                if trace.all_arrived:
-                    break
-                now = float(trace.next_arrival)
-                continue
-            if sched.has_requests():
-                _, executed = _queue_batch(trace, clock, queue, now)
-                if not executed and not any(entry[0].total_num_scheduled_tokens for entry in queue):
-                    # nothing in flight: vLLM spins, each empty batch back at once, until a
-                    # request's decode is due or, if none is, until something arrives
-                    queue.clear()
-                    if not sched.has_unfinished_requests():
-                        continue  # that schedule only told the workers of finished requests
-                    due = [r.next_decode_eligible_step for r in sched.running
-                           if r.next_decode_eligible_step > sched.current_step]
-                    if due:
+                    if ahead and any(r.next_decode_eligible_step > sched.current_step for r in sched.running):
                         continue
                     if not trace.all_arrived:
                         now = float(trace.next_arrival)
                         continue
                     error = f"vLLM stalled at {int(now)} ms: it schedules nothing and nothing is left to arrive"
                     break
-                if len(queue) < queue_size:
-                    continue  # (model_executed or has_requests): schedule again before blocking
             now = _land_oldest(trace, queue, now)
         return trace.outcomes(), error
 
