@@ -47,11 +47,13 @@ token was scheduled (``decode_stagger``, counted in every call); with nothing in
 as vLLM's loop does, until a decode is due. The scheduler's ``ParallelConfig`` has the stages
 (``decode_stagger`` reads them; the rest of the scheduler only formats its output by them).
 
-With speculative decoding (the ``spec`` group) the ``VllmConfig`` carries a
+With speculative decoding (the ``spec`` and ``pipeline_spec`` groups) the ``VllmConfig`` carries a
 ``SpeculativeConfig`` (n-gram, or a draft model / EAGLE head whose config is the tiny model's,
 never loaded). After every step the harness hands the scheduler the drafts the model runner
-would propose -- ``num_spec_tokens_to_schedule`` for each scheduled request
-(``update_draft_token_ids``, as ``EngineCore.post_step``) -- and a decode samples the drafts
+would propose -- ``num_spec_tokens_to_schedule`` for each scheduled request that sampled a
+token, none for a prompt chunk (``update_draft_token_ids``, as ``EngineCore.post_step``; on a
+pipeline as each batch lands, though when vLLM's engine core takes them there is a race of its
+threads) -- and a decode samples the drafts
 schedlab's acceptance draws accept (:meth:`schedlab.speculative.Speculation.accepted`, seed 0),
 plus one token: both sides accept the same. A padded decode's placeholder drafts (-1) are
 all rejected. Requests hash their blocks with vLLM's lookahead for EAGLE
