@@ -658,6 +658,36 @@ ASYNC_PIPELINE_CASES = {
 }
 
 
+#: EAGLE on 2 stages planning ahead, prefix caching: r6 is preempted with its prompt's last chunk
+#: in flight; vLLM caches its prompt's blocks but the last full one, whose hash needs the token
+#: after it (EAGLE's hash lookahead), still in flight: 92 tokens in all at its admissions, vLLM
+#: 0.33 (``tools/vllm_diff.py --replay`` of this case, fresh seed 43151 shrunk), 94 before.
+EAGLE_LAST_CHUNK_IN_FLIGHT = (
+    '{"group":"pipeline_spec","seed":43151,"settings":{"block_size":2,"num_blocks":131,"max_num_seqs":4,'
+    '"max_num_batched_tokens":15,"long_prefill_token_threshold":0,"prefix_caching":true,"policy":"fcfs",'
+    '"pipeline_parallel":2,"num_speculative_tokens":2,"spec_method":"eagle","acceptance_rate":0.55,'
+    '"dynamic_from":0,"dynamic_k":0},"requests":[{"id":2,"arrival":6,"prompt_tokens":91,"output_tokens":19,'
+    '"priority":0,"group":0,"prefix_len":45,"max_tokens":50},{"id":3,"arrival":9,"prompt_tokens":8,'
+    '"output_tokens":22,"priority":0,"group":0,"prefix_len":8,"max_tokens":22},{"id":4,"arrival":10,'
+    '"prompt_tokens":32,"output_tokens":16,"priority":0,"group":0,"prefix_len":13,"max_tokens":18},'
+    '{"id":5,"arrival":13,"prompt_tokens":109,"output_tokens":18,"priority":0,"group":0,"prefix_len":46,'
+    '"max_tokens":24},{"id":6,"arrival":17,"prompt_tokens":64,"output_tokens":15,"priority":0,"group":0,'
+    '"prefix_len":31,"max_tokens":15}]}')
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_eagle_blocks_of_a_prompt_whose_last_chunk_is_in_flight_are_cached_but_the_last(engine):
+    case = Case.from_json(EAGLE_LAST_CHUNK_IN_FLIGHT, DiffSettings)
+    outcomes, error = SchedlabRunner(engine).run(case, AHEAD)
+    assert error is None and outcomes[6] == Outcome(31, 37, 47, 1, 92)
+
+
+@pytest.mark.vllm
+def test_vllm_caches_a_prompt_in_flight_but_its_last_eagle_block(differ):
+    case = Case.from_json(EAGLE_LAST_CHUNK_IN_FLIGHT, DiffSettings)
+    assert differ.theirs.run(case, AHEAD)[0][6] == Outcome(31, 37, 47, 1, 92)
+
+
 @pytest.mark.parametrize("engine", ["fast", "reference"])
 @pytest.mark.parametrize("name", sorted(ASYNC_PIPELINE_CASES))
 def test_schedlab_plans_pipelines_ahead_as_computed_by_hand(engine, name):

@@ -248,8 +248,9 @@ class Stagger:
         EAGLE's block hashes (``hash_lookahead``) not the block whose next token is unknown. A
         prompt whose last chunk is in flight (``cache_lag`` -1) has its ``computed`` tokens cached:
         they are all known."""
+        known = seq.num_tokens - hash_lookahead
         if seq.cache_lag < 0 or not seq.num_generated:
-            return computed
+            return computed if computed < known else known
         lag = seq.cache_lag if seq.cache_lag > hash_lookahead else hash_lookahead
         return seq.num_tokens - lag
 
