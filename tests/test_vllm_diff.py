@@ -675,6 +675,35 @@ EAGLE_LAST_CHUNK_IN_FLIGHT = (
     '"prefix_len":31,"max_tokens":15}]}')
 
 
+#: 3 stages planning ahead, a threshold of 19 under a budget of 23: at 49 ms r3 is running alone,
+#: r4 (preempted at 48 with its chunks in flight) held until they land -- but in vLLM's waiting
+#: queue, so get_request_counts sees two requests and the threshold cuts r3's chunks to 19. With
+#: r4 not counted, r3 took 23 and finished at 84 (vLLM 0.33: 85; fresh seed 44173 shrunk).
+HELD_VICTIM_COUNTS_AS_WAITING = (
+    '{"group":"pipeline_spec","seed":44173,"settings":{"block_size":16,"num_blocks":10,"max_num_seqs":2,'
+    '"max_num_batched_tokens":23,"long_prefill_token_threshold":19,"prefix_caching":false,"policy":"fcfs",'
+    '"pipeline_parallel":3,"num_speculative_tokens":1,"spec_method":"ngram","acceptance_rate":0.34,'
+    '"dynamic_from":0,"dynamic_k":0},"requests":[{"id":1,"arrival":9,"prompt_tokens":77,"output_tokens":19,'
+    '"priority":0,"group":null,"prefix_len":0},{"id":2,"arrival":11,"prompt_tokens":44,"output_tokens":20,'
+    '"priority":0,"group":null,"prefix_len":0},{"id":3,"arrival":15,"prompt_tokens":111,"output_tokens":23,'
+    '"priority":0,"group":null,"prefix_len":0},{"id":4,"arrival":18,"prompt_tokens":93,"output_tokens":20,'
+    '"priority":0,"group":null,"prefix_len":0}]}')
+HELD_VICTIM_OUTCOMES = {1: Outcome(9, 15, 38, 0, 0), 2: Outcome(12, 18, 49, 1, 0), 3: Outcome(38, 57, 85, 1, 0),
+                        4: Outcome(45, 92, 116, 2, 0)}
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_victim_held_for_its_batch_in_flight_counts_as_waiting_for_the_threshold(engine):
+    case = Case.from_json(HELD_VICTIM_COUNTS_AS_WAITING, DiffSettings)
+    assert SchedlabRunner(engine).run(case, AHEAD) == (HELD_VICTIM_OUTCOMES, None)
+
+
+@pytest.mark.vllm
+def test_vllm_counts_a_held_victim_as_waiting(differ):
+    case = Case.from_json(HELD_VICTIM_COUNTS_AS_WAITING, DiffSettings)
+    assert differ.theirs.run(case, AHEAD) == (HELD_VICTIM_OUTCOMES, None)
+
+
 @pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_eagle_blocks_of_a_prompt_whose_last_chunk_is_in_flight_are_cached_but_the_last(engine):
     case = Case.from_json(EAGLE_LAST_CHUNK_IN_FLIGHT, DiffSettings)

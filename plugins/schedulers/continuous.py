@@ -255,8 +255,10 @@ class ContinuousScheduler:
     def schedule(self, plan) -> None:
         c = self.config
         # vLLM 0.33: the threshold exists so one long prompt cannot starve the others; with
-        # at most one request running or waiting there is nobody to starve.
-        self._threshold = c.long_prefill_token_threshold if len(plan.running) + len(plan.waiting) > 1 else 0
+        # at most one request running or waiting there is nobody to starve (a victim a pipeline's
+        # batch in flight holds is waiting too: Plan.num_held)
+        waiting = len(plan.waiting) + getattr(plan, "num_held", 0)
+        self._threshold = c.long_prefill_token_threshold if len(plan.running) + waiting > 1 else 0
         self._swapped_in = []  # swapped in by this plan: no victims for priority preemption
         if c.prefill_first and not plan.has_swapped and plan.waiting and self._window_open(plan):
             self._admit(plan)

@@ -82,6 +82,11 @@ class FastPlan:
         return self._inst.n_decoding
 
     @property
+    def num_held(self) -> int:
+        holds = self._inst.holds
+        return len(holds) if holds is not None else 0
+
+    @property
     def num_scheduled_tokens(self) -> int:
         return self._tokens
 

@@ -123,6 +123,11 @@ class RefPlan:
         return sum(1 for s in self._e.running if s.status == "decoding")
 
     @property
+    def num_held(self) -> int:
+        holds = self._e.holds
+        return len(holds) if holds is not None else 0
+
+    @property
     def decode_steps(self):
         return self._e.decode_steps
 
