@@ -53,8 +53,8 @@ and finishes it if that was its last (``stopped_preempted_reqs``). So here (:cla
 :class:`Bumped`): a scheduler's victims may be in flight (:meth:`VisibleRunning.preemptible`,
 which the built-in ``vllm`` / ``continuous`` scheduler asks); a victim any batch in flight holds
 -- its decode, its prompt's last chunk or an earlier one -- frees its KV at once and is held
-back, counted as outstanding but not in the waiting queue, until the last such batch has
-landed: that landing gives it its tokens (finishing it if they were its last) and puts it at
+back, counted as outstanding but not in the waiting queue (though as waiting where vLLM counts
+its queue: ``Plan.num_held``), until the last such batch has landed: that landing gives it its tokens (finishing it if they were its last) and puts it at
 the front of the queue. A step that preempts admits nothing (vLLM: ``if not preempted_reqs``),
 so with two stages nothing is admitted before the victim's batch lands; with more, later
 batches admit the requests behind it. Preemption in flight is always by recompute: its KV is
@@ -107,6 +107,9 @@ whether or not that batch is back; every call counts, an empty one too. So here
   stale output, delivered);
 * with nothing in flight vLLM would spin (each empty batch back at once) until a decode is due:
   the instance plans again at once;
+* a request preempted or aborted with a token in flight has cached what vLLM knew
+  (:meth:`Stagger.cached`): vLLM caches a decode's blocks up to the tokens it has when it
+  schedules it, and those the batches back computed when one lands;
 * with speculative decoding a decode's drafts in flight count as accepted (``in_flight`` holds
   ``1 + d`` for it, and an admission's placeholder drafts too), so the next decode's KV slots run
   from that position; the landing draws acceptance as synchronously and takes the batch's
