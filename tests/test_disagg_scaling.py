@@ -96,6 +96,23 @@ def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engin
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_the_decode_pools_ticks_go_on_while_a_prompt_is_still_being_computed(engine):
+    # One prefill instance (fixed), decode instances 1 and 2, ticks every 10 ms. R0 (30 tokens,
+    # a one-token answer) arrives at 0, the last arrival: its prefill runs 0-15 and it ends
+    # there. At the tick at 10 it is still upstream and its iteration still running, so a
+    # hand-off may yet come and the tick is taken; by 20 it has ended: the ticks stop. (Both
+    # engines apply an iteration when it starts; they once read the instance as idle at 10.)
+    requests = [Request(0, 0.0, 30, 1)]
+    limits = ScalingLimits(1, 2, 1, interval_ms=10.0, cold_start_ms=0.0, window_ms=1000.0)
+    r = run_disaggregated(requests, pool(16), pool(16), prefill_instances=1, decode_instances=2,
+                          decode_router=RoundRobinRouter(), bandwidth_gbps=LINK_GBPS, latency_ms=LATENCY_MS,
+                          engine=engine, autoscalers={"decode": Script(1, 1, 0.0)}, limits={"decode": limits})
+    assert by_id(r, "finish_ms") == {0: 15.0}
+    assert r.meta["scaling"]["pools"]["decode"]["history"] == [[0.0, 1, 0, 0, 1], [10.0, 1, 0, 0, 1]]
+    check_run(r, requests)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_draining_prefill_instance_stays_on_until_its_kv_is_pulled(engine):
     # Prefill instances 0 and 1 (round robin over the serving ones), one decode instance (2) of
     # 5 blocks. R0 (prompt 64: 4 blocks, 32 ms, 3 tokens) on 0, R1 (prompt 64, 2 tokens) at 1 ms

@@ -338,8 +338,9 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
             t = next_time()
             pos = events.due(t)
         if scaling is not None and t < INF and scaling.next_time(arrivals.next_time() < INF) <= t:
+            # (an instance whose last iteration ends after t, applied when it started, has that end to come)
             scaling.apply(t, arrivals.next_time() < INF, lambda: cluster.next_handoff() < INF or any(
-                inst.next_event()[0] < INF for inst in instances))
+                inst.next_event()[0] < INF or inst.now > t for inst in instances))
             continue
         if t == INF:
             for inst in instances:

@@ -496,7 +496,9 @@ class DisaggregatedReference(ReferenceCluster):
     def deliver_other(self, t: float) -> None:
         scaling = self.pool_scaling
         if scaling is not None and scaling.next_time(self._arrivals_left) <= t:
-            scaling.apply(t, self._arrivals_left, lambda: bool(self.handoffs) or self.plans.first()[0] < INF)
+            # (an instance whose last iteration ends after t, applied when it started, has that end to come)
+            scaling.apply(t, self._arrivals_left, lambda: bool(self.handoffs) or self.plans.first()[0] < INF
+                          or any(inst.now > t for inst in self.instances))
         for tr in sorted(self.handoffs, key=lambda tr: (tr.ready_ms, tr.seq_no)):
             if tr.ready_ms <= t:
                 self.handoffs.remove(tr)
