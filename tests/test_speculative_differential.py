@@ -67,8 +67,11 @@ def spec_setups(draw, starve: bool = True):
         cfg = ContinuousConfig(
             max_num_seqs=max_seqs,
             # budgets below max_num_seqs x (1 + k) cut some decodes' drafts short; above the
-            # drafter's lookahead, as vLLM (and schedlab's assembly) require
-            max_num_batched_tokens=draw(st.integers(max(least, spec.lookahead + 1), max_seqs * (1 + k) + 8)),
+            # drafter's lookahead, as vLLM (and schedlab's assembly) require, and with room for a
+            # one-token admission padded to 1 + k rows (and a draft model's input slot): vLLM
+            # schedules nothing in its place, so a lone such request would wait for ever
+            max_num_batched_tokens=draw(st.integers(max(least, spec.lookahead + 1, 1 + k + spec.draft_input_slots),
+                                                    max_seqs * (1 + k) + 8)),
             # (a draft model's input slot needs chunked prefill: schedlab's assembly refuses it without)
             chunked_prefill=True if allocation == "grow" or spec.draft_input_slots else draw(st.booleans()),
             long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5])),
