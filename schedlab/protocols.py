@@ -298,8 +298,17 @@ class Plan(Protocol):
         ...
     @property
     def spec_tokens(self) -> int:
-        """Draft tokens each decode verifies in this iteration (speculative decoding), so a
-        decode takes ``1 + spec_tokens`` tokens of the budget; 0 without speculation."""
+        """Draft tokens a decode verifies in this iteration, at most (speculative decoding), so a
+        decode takes up to ``1 + spec_tokens`` tokens of the budget; 0 without speculation.
+        Every decode verifies this many unless drafts per batch size give it its own
+        (:meth:`drafts_for`)."""
+        ...
+
+    def drafts_for(self, seq: SequenceState) -> int:
+        """Draft tokens ``seq`` verifies if it decodes in this iteration: with drafts per batch
+        size the ``k`` proposed after the batch that last scheduled it (vLLM sets a request's
+        drafts, or its placeholders planning ahead, from the batch it was in), else
+        ``spec_tokens``."""
         ...
     @property
     def draft_input_slots(self) -> int:
@@ -349,7 +358,7 @@ class Plan(Protocol):
         so SGLang's overlap scheduler keeps it in the next batch and throws the token away, and
         vLLM's asynchronous scheduler schedules it again. It takes a place in the batch (the
         cost model sees one more decode), ``num_tokens`` of the budget (default 1; with
-        speculative decoding up to ``1 + spec_tokens``: the drafts vLLM's placeholders stand
+        speculative decoding up to ``1 + drafts_for(seq)``: the drafts vLLM's placeholders stand
         for, verified for nothing) and KV slots for them past the positions the engine thinks
         computed (the batch in progress's drafts counted as accepted) plus the drafter's
         lookahead, released with its blocks once the plan is made; counted in
@@ -373,7 +382,7 @@ class Plan(Protocol):
         False, with nothing changed, if the cache lacks it. Decoding sequences that get no
         token this iteration simply wait (vLLM: the budget ran out before their turn).
         Costs a pass over the running sequences at execution; prefer :meth:`decode_all`
-        when everyone decodes. With speculation, ``num_tokens`` (1 to ``1 + spec_tokens``,
+        when everyone decodes. With speculation, ``num_tokens`` (1 to ``1 + drafts_for(seq)``,
         the default) is the verify pass's tokens: fewer cut the drafts short, as vLLM does
         when the token budget runs out."""
         ...

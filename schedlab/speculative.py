@@ -204,6 +204,9 @@ class Speculation:
         #: placeholder drafts a one-token admission beside decodes is padded with (vLLM pads it to
         #: a uniform decode batch of 1 + k rows, but not with drafts per batch size)
         self.admission_padding = 0 if config.k_by_batch_size else self.k_max
+        #: each decode verifies the drafts proposed after the batch that last scheduled it (with
+        #: drafts per batch size they differ between requests: the sequences keep their own ``draft_k``)
+        self.per_request = bool(config.k_by_batch_size)
         self.slack = self.k_max + self.lookahead  # KV slots a step may hold past the last token
         self._seed_key = _mix((seed * _GOLDEN + _SALT) & _MASK)
         self._seed = seed
@@ -221,6 +224,17 @@ class Speculation:
         if k is None:
             k = self._k_memo[batch_size] = self.config.k_for(batch_size)
         return k
+
+    def propose(self, seqs, batch_size: int) -> None:
+        """Drafts per batch size: the drafter proposes ``k_for(batch_size)`` drafts to each of
+        ``seqs``, the requests of a batch of ``batch_size`` that sample a token (its decodes and
+        last prompt chunks), which their next decodes verify (vLLM 0.33: the drafts of
+        ``update_draft_token_ids``, or planning ahead the placeholders
+        ``AsyncScheduler._update_after_schedule`` gives them when it schedules the batch)."""
+        if self.per_request and batch_size:
+            k = self.k_for(batch_size)
+            for seq in seqs:
+                seq.draft_k = k
 
     def rate(self, request) -> float:
         """The request's acceptance rate."""

@@ -291,8 +291,6 @@ EAGLE = "[speculative]\nmethod = 'eagle'\nnum_speculative_tokens = 2\ndraft = {k
 
 
 @pytest.mark.parametrize("extra, what", [
-    ("[cluster]\npipeline_parallel = 2\n" + EAGLE + "k_by_batch_size = [[1, 4, 2], [5, 256, 1]]\n",
-     r"\[cluster\] pipeline_parallel with \[speculative\] k_by_batch_size"),
     ("[cluster]\nmode = 'disaggregated'\n", r"\[cluster\] disaggregated pools"),
 ])
 def test_layouts_it_is_refused_with_by_name(tmp_path, extra, what):
@@ -328,12 +326,12 @@ def _schedulers(path) -> list:
 def test_auto_plans_ahead_unless_the_layout_is_not_modelled_with_it(tmp_path, setting, extra):
     """The preset's ``"auto"`` (left out or written) plans ahead on one instance, on data-parallel
     ranks and on a pipeline, with speculation too (vLLM 0.33's V2 model runner plans ahead with
-    every drafter) but drafts per batch size on a pipeline, and schedules synchronously --
-    instead of refusing the run -- there and with disaggregated pools, where it is not modelled."""
+    every drafter, drafts per batch size included), and schedules synchronously -- instead of
+    refusing the run -- with disaggregated pools, where it is not modelled."""
     path = tmp_path / "exp.toml"
     path.write_text(textwrap.dedent(BASE).replace("async_scheduling = true\n", setting) + extra)
     schedulers = _schedulers(path)
-    modelled = not ("pipeline" in extra and "k_by_batch_size" in extra) and "disaggregated" not in extra
+    modelled = "disaggregated" not in extra
     assert schedulers and all(s.plans_ahead == modelled for s in schedulers)
     run = run_experiment(load(path)).all_runs()[0]
     assert run.metrics["finished"] == 20 and run.meta["plans_ahead"] == modelled

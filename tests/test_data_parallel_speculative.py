@@ -290,6 +290,22 @@ def test_speculation_on_a_data_parallel_moe_deployment_in_toml_runs_in_both_engi
     assert fast.meta["data_parallel"]["steps"] < without.meta["data_parallel"]["steps"]
 
 
+@pytest.mark.parametrize("layout", ["[cluster]\ndata_parallel = 2\nexpert_parallel = true\n",
+                                    "[cluster]\ndata_parallel = 2\n"])
+def test_drafts_per_batch_size_with_data_parallelism_are_refused_as_vllm_turns_them_off(tmp_path, layout):
+    """vLLM 0.33 turns ``num_speculative_tokens_per_batch_size`` off with data parallelism (ranks
+    choosing different k would diverge); a run refuses it by name instead of drafting differently."""
+    path = write(tmp_path, layout)
+    path.write_text(path.read_text().replace("acceptance_rate = 0.7\n",
+                                             "acceptance_rate = 0.7\nk_by_batch_size = [[1, 4, 3], [5, 256, 1]]\n"))
+    with pytest.raises(ConfigError, match=r"\[speculative\]: k_by_batch_size: vLLM 0.33 turns drafts per batch size "
+                                          r"off with data parallelism"):
+        load(path)
+    path.write_text(path.read_text().replace("data_parallel = 2", "pipeline_parallel = 2")
+                    .replace("expert_parallel = true\n", ""))
+    assert load(path).studies  # (on one rank, or a pipeline, drafts per batch size are fine)
+
+
 def test_what_speculation_does_not_model_is_refused_by_table(tmp_path):
     """With or without data parallelism, a clock or the utilisation power model
     when the drafter's cost model does not say its passes' work (clocks and power with a drafter

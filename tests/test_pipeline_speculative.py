@@ -226,8 +226,6 @@ def test_speculating_pipelines_agree_between_engines_and_keep_the_rules(requests
     that give up while their batch is in flight: both engines alike, every request served,
     rejected or aborted once, slots and KV within bounds, every block back."""
     assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
-    # planning ahead on a pipeline: drafts per batch size are not modelled (engine.stages)
-    assume(not (cfg.async_scheduling and spec.k_by_batch_size))
     blocks = blocks_with_drafts(requests, spec, block_size) + spare
 
     def make():
@@ -292,8 +290,6 @@ def test_speculating_roofline_pipelines_match_the_reference(requests, cfg, stage
     spec = SpeculativeConfig(method=method, num_speculative_tokens=k, acceptance_rate=alpha, proposer_ms=0.125,
                              draft=None if method == "ngram" else {"kind": "roofline"})
     assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
-    # planning ahead on a pipeline: drafts per batch size are not modelled (engine.stages)
-    assume(not (cfg.async_scheduling and spec.k_by_batch_size))
     blocks = blocks_with_drafts(requests, spec, 16) + spare
     drafter = {"ngram": None, "eagle": LinearCostModel(LINEAR_HEAD), "draft_model": small_drafter()}[method]
 

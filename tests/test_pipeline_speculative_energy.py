@@ -229,8 +229,6 @@ def test_speculating_pipelines_agree_on_energy_at_a_clock_and_conserve_it(reques
     batches at the same clocks, draw the same energy per instance, stage and request, and
     conserve it."""
     assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
-    # planning ahead on a pipeline: drafts per batch size are not modelled (engine.stages)
-    assume(not (cfg.async_scheduling and spec.k_by_batch_size))
     blocks = blocks_with_drafts(requests, spec, 4) + spare
 
     def make():
@@ -256,8 +254,6 @@ def test_speculating_roofline_pipelines_agree_on_energy_and_conserve_it(requests
     spec = SpeculativeConfig(method=method, num_speculative_tokens=k, acceptance_rate=alpha, proposer_ms=0.125,
                              draft=None if method == "ngram" else {"kind": "roofline"})
     assume(budget_problem(cfg, spec) is None)  # (schedlab and vLLM refuse it)
-    # planning ahead on a pipeline: drafts per batch size are not modelled (engine.stages)
-    assume(not (cfg.async_scheduling and spec.k_by_batch_size))
     drafter = (RooflineCostModel(PRESETS.model("llama-3.2-1b"), gpu, RooflineConfig(model="llama-3.2-1b",
                                                                                      gpu="h100-80gb"))
                if method != "ngram" else None)

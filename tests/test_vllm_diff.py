@@ -104,7 +104,7 @@ def test_each_group_turns_on_its_feature_only():
         assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
         assert all(r.abort_at % 1 == 0.5 and r.arrival < r.abort_at <= r.arrival + 40.5
                    for r in aborts if r.abort_at is not None)
-    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") and not g.endswith("spec")
+    assert all(r.abort_at is None for g in GROUPS if not g.endswith(("abort", "spec", "dynamic_k"))
                for c in cases(g) for r in c.requests)
     pipeline_prefix = cases("pipeline_prefix")
     assert all(c.settings.prefix_caching for c in pipeline_prefix)
@@ -127,7 +127,8 @@ def test_each_group_turns_on_its_feature_only():
     assert 0.15 < len(aborting) / len(spec) < 0.45, "about 30% of the spec cases have clients that give up"
     assert all(c.settings.long_prefill_token_threshold > c.settings.num_speculative_tokens
                for c in spec if c.settings.long_prefill_token_threshold)
-    assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if not g.endswith("spec") for c in cases(g))
+    assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if not g.endswith(("spec", "dynamic_k"))
+               for c in cases(g))
     pipeline_spec = cases("pipeline_spec")
     assert {c.settings.pipeline_parallel for c in pipeline_spec} == {2, 3}
     assert {c.settings.spec_method for c in pipeline_spec} == {"ngram", "draft_model", "eagle"}
@@ -136,6 +137,11 @@ def test_each_group_turns_on_its_feature_only():
     dynamic = [c.settings for c in spec if c.settings.dynamic_from]
     assert dynamic and all(2 <= d.dynamic_from <= d.max_num_seqs and d.dynamic_k <= d.num_speculative_tokens
                            for d in dynamic) and any(d.dynamic_k < d.num_speculative_tokens for d in dynamic)
+    pipeline_dynamic = [c.settings for c in cases("pipeline_dynamic_k")]
+    assert {d.pipeline_parallel for d in pipeline_dynamic} == {2, 3}
+    assert {d.spec_method for d in pipeline_dynamic} == {"ngram", "draft_model", "eagle"}
+    assert all(2 <= d.dynamic_from <= d.max_num_seqs and d.dynamic_k < d.num_speculative_tokens
+               for d in pipeline_dynamic)
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -638,6 +644,20 @@ ASYNC_PIPELINE_CASES = {
                          pipeline_parallel=2), acceptance_rate=1.0), (0, 0, 4, 7, 0, None, 0)),
         {0: Outcome(0, 2, 4, 0, 0)},
         {0: Outcome(0, 2, 6, 0, 0)}),
+    # P = 2, n-gram, k = 2 but none for a batch of 2 or more (drafts per batch size), every draft
+    # accepted; r0 (4 + 3 tokens) and r1 (4 + 1) at 0. A (call 1) = both prompts: a batch of 2,
+    # so each gets 0 placeholders; lands at 2 (r0's first token, r1 done). Call 3 (t=0): r0's
+    # decode is due (r1's token in flight is its last: it sits out) with A's 0 drafts -- not the
+    # k = 2 of the batches before it, none of which has landed -- so B = r0, 1 token, lands at 3;
+    # B's batch of 1 gives r0 2 placeholders, and call 5 (t=2) decodes it with them: its last
+    # token at 4 (with 2 drafts at call 3 it was done at 3). Synchronously A's drafts (0) come
+    # at 2: B = r0's one token, lands at 4, and its 2 drafts finish r0 at 6.
+    "each-decode-verifies-the-drafts-of-its-own-last-batch": (
+        _case(dict(_spec("ngram", 2, block_size=4, num_blocks=20, max_num_seqs=2, max_num_batched_tokens=16,
+                         pipeline_parallel=2), acceptance_rate=1.0, dynamic_from=2, dynamic_k=0),
+              (0, 0, 4, 3, 0, None, 0), (1, 0, 4, 1, 0, None, 0)),
+        {0: Outcome(0, 2, 4, 0, 0), 1: Outcome(0, 2, 2, 0, 0)},
+        {0: Outcome(0, 2, 6, 0, 0), 1: Outcome(0, 2, 2, 0, 0)}),
 }
 
 
@@ -749,7 +769,7 @@ def test_vllm_drops_the_token_of_the_step_an_abort_comes_in(differ):
 
 #: synchronous speculation on a pipeline: when vLLM takes a batch's drafts is its engine core's
 #: race (take_draft_token_ids), which the harness settles one way; most cases agree (README)
-SYNC_RACY = ("pipeline_spec",)
+SYNC_RACY = ("pipeline_spec", "pipeline_dynamic_k")
 
 
 @pytest.mark.vllm
@@ -760,8 +780,9 @@ def test_schedlab_agrees_with_vllm(differ, group):
 
 
 @pytest.mark.vllm
-def test_synchronous_speculation_on_a_pipeline_mostly_agrees_with_vllm(differ):
-    differing = [c for c in (differ.compare(generate("pipeline_spec", seed)) for seed in SEEDS) if not c.agrees]
+@pytest.mark.parametrize("group", SYNC_RACY)
+def test_synchronous_speculation_on_a_pipeline_mostly_agrees_with_vllm(differ, group):
+    differing = [c for c in (differ.compare(generate(group, seed)) for seed in SEEDS) if not c.agrees]
     assert len(differing) <= 3, "\n\n".join(c.describe() for c in differing[:3])
 
 

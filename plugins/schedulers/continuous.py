@@ -304,9 +304,7 @@ class ContinuousScheduler:
             held = self._held_at_eos(plan)
             if held is not None:
                 return self._walk(plan, held)
-        k = plan.spec_tokens
-        # (the last decode still gets all its drafts; draft input slots: see _budget)
-        fits = not k or plan.num_decoding * (1 + k + plan.draft_input_slots) <= self._budget(plan) + plan.draft_input_slots
+        fits = self._decodes_fit(plan)
         if self.config.running_order == "admission" and (
                 not fits or plan.has_prefilling and not self._prefills_trail(plan)):
             return self._walk(plan, list(plan.running))
@@ -328,6 +326,19 @@ class ContinuousScheduler:
         if plan.has_prefilling:
             return self._walk(plan, plan.prefilling)
         return True
+
+    def _decodes_fit(self, plan) -> bool:
+        """Every decode's verify tokens fit the budget (the last decode still gets all its drafts;
+        draft input slots: see :meth:`_budget`). With drafts per batch size each decode has its
+        own drafts (``plan.drafts_for``): summed when the most for everyone would not fit."""
+        k = plan.spec_tokens
+        if not k:
+            return True
+        slots = plan.draft_input_slots
+        budget = self._budget(plan) + slots
+        if plan.num_decoding * (1 + k + slots) <= budget:
+            return True
+        return sum(1 + plan.drafts_for(s) + slots for s in plan.running if s.status == "decoding") <= budget
 
     def _held_at_eos(self, plan) -> list | None:
         """In a plan made ahead: if a finished request holding its slot stopped at an EOS,
@@ -363,8 +374,8 @@ class ContinuousScheduler:
         victim. Then FCFS stops the running phase; the priority policy goes on with the
         next sequence (vLLM 0.33)."""
         threshold = self._threshold
-        verify = 1 + plan.spec_tokens  # a decode's tokens: its own and the drafts it verifies
         for seq in seqs:
+            verify = 1 + plan.drafts_for(seq)  # a decode's tokens: its own and the drafts it verifies
             status = seq.status
             if status == "finished":  # holding its slot in a plan made ahead: decoded once more
                 # if vLLM cannot know it finished (an EOS, or drafts took it to its max_tokens)

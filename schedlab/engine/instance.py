@@ -1294,6 +1294,8 @@ class Instance:
                 raise StallError(self._stall_message(f"{self.since_progress} iterations without a new token"))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
+            if self.spec.per_request and self.in_flight is None:  # (a pipeline's at its launch)
+                self.spec.propose(self._sampled(plan), batch.num_seqs)
         if self.observer is not None:
             self.observer(self.index, IterationRecord(
                 start, total, batch, n_running, len(self.waiting), used0,
@@ -1371,6 +1373,13 @@ class Instance:
         counters["decode_tokens"] += extra_total
         counters["generated_tokens"] += extra_total
         return accepted_total, done
+
+    def _sampled(self, plan: FastPlan) -> list:
+        """After ``plan`` executed: the sequences it decoded or whose prompt it completed, still
+        decoding."""
+        if plan.decodes_all:  # (its completed prompts decode now too)
+            return [s for s in self.running if s.status == DECODING]
+        return [s for s in (*plan.decoded, *(s for s, _ in plan.prefills)) if s.status == DECODING]
 
     def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float, growth) -> int:
         """How many identical decode iterations to run from here (at least 1)."""

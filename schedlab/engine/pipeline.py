@@ -334,6 +334,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                 seq.status = IN_FLIGHT
         inst.holds.launched(decoding)
         inst.holds.launched(seq for seq, _ in chunks)
+        if inst.spec is not None:  # (drafts per batch size: their next decodes verify the k of this batch)
+            inst.spec.propose([*decoding, *(s for s, chunk in chunks if chunk.last)], batch.num_seqs)
         drafts = {s: plan.drafts_of(s) for s in decoding}  # (drafts verified, KV slots taken) of each decode
         if inst.stagger is None:
             inst.in_flight.update((s, slots) for s, (_, slots) in drafts.items())

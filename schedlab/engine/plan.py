@@ -106,7 +106,12 @@ class FastPlan:
 
     @property
     def spec_tokens(self) -> int:
-        return self.spec_k
+        spec = self._inst.spec
+        return spec.k_max if spec is not None and spec.per_request else self.spec_k
+
+    def drafts_for(self, seq) -> int:
+        k = seq.draft_k  # (set with drafts per batch size only)
+        return k if k >= 0 else self.spec_k
 
     def drafts_of(self, seq) -> tuple[int, int]:
         """(draft tokens, KV slots) of a decode in this iteration."""
@@ -135,7 +140,7 @@ class FastPlan:
     def overshoot(self, seq, num_tokens: int | None = None) -> bool:
         if seq in self.overshoots:
             return True
-        k = self.spec_k
+        k = self.drafts_for(seq)
         n = 1 if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens in this "
@@ -198,7 +203,7 @@ class FastPlan:
         if self.skipped_decode:
             raise SimulationError("scheduler called decode_all() after skip_decode() in the same iteration")
         inst = self._inst
-        if inst.spec is not None and not self.decoded and inst.kv_grows:
+        if inst.spec is not None and not self.decoded and inst.kv_grows and not inst.spec.per_request:
             # Speculation: the engine works out every decoder's new blocks and takes them at once.
             phantom = self._phantoms()
             need = inst.spec_blocks_needed(self.spec_slots, phantom) if inst.n_decoding else 0
@@ -215,19 +220,23 @@ class FastPlan:
             # Some already decode one by one (or a cache without grow, or tokens in flight):
             # allocate for the rest, all or nothing.
             rest = [s for s in inst.running if s.status == DECODING and s.plan_mark != self.serial]
-            slots = self.spec_slots
+            slots, k = self.spec_slots, self.spec_k
             phantom = self._phantoms()
-            if sum(self.kv.blocks_needed(s, slots + phantom.get(s, 0)) for s in rest) > self.kv.num_free_blocks():
+            # (drafts per batch size: a decode's own drafts take their slots, more or fewer than k)
+            own = {s: self.drafts_for(s) for s in rest} if inst.spec is not None and inst.spec.per_request else None
+            extras = {s: phantom.get(s, 0) + (own[s] - k if own else 0) for s in rest}
+            if sum(self.kv.blocks_needed(s, slots + extras[s]) for s in rest) > self.kv.num_free_blocks():
                 return False
             for s in rest:
-                extra = phantom.get(s, 0)
+                extra = extras[s]
                 if not self.kv.allocate(s, slots + extra):
                     raise SimulationError("KV cache refused a decode slot it had reported free")
-                if extra:
-                    self._override(s, self.spec_k, slots + extra)
+                drafts = own[s] if own else k
+                if extra or drafts != k:
+                    self._override(s, drafts, slots + extra)
             self.decoded = []
             self.decodes_all = True
-            self._tokens += len(rest) * (1 + self.spec_k)
+            self._tokens += sum(own.values()) + len(rest) if own else len(rest) * (1 + k)
             return True
         if inst.n_decoding:
             if inst.kv_grows:
@@ -249,20 +258,20 @@ class FastPlan:
             raise SimulationError("scheduler called decode() after skip_decode() in the same iteration")
         if self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} is already in this iteration")
-        k = self.spec_k
+        k = self.drafts_for(seq)
         if num_tokens is None:
             num_tokens = 1 + k
         elif not 1 <= num_tokens <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens in this "
                                   f"iteration, scheduler asked for {num_tokens}")
         extra = self.phantom(seq)
-        slots = self.spec_slots - k - 1 + num_tokens + extra
+        slots = self.spec_slots - self.spec_k - 1 + num_tokens + extra
         if not self.kv.allocate(seq, slots):
             return False
         seq.plan_mark = self.serial
         self.decoded.append(seq)
         self._tokens += num_tokens
-        if num_tokens != 1 + k or extra:
+        if num_tokens != 1 + self.spec_k or extra:
             self._override(seq, num_tokens - 1, slots)
         return True
 

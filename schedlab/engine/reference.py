@@ -53,6 +53,7 @@ class RefSequence:
         self.energy_j = 0.0  # its shares of the energy of the iterations it took part in ([power])
         self.cache_lag = 0  # asynchronous scheduling: its last KV slot's token was in flight (engine.ahead)
         self.decode_due = 0  # planning ahead on a pipeline: the plan that may decode it next (stages.Stagger)
+        self.draft_k = -1  # drafts per batch size: the drafts its next decode verifies (-1: the plan's k)
 
     @property
     def num_tokens(self) -> int:
@@ -87,7 +88,8 @@ class RefPlan:
         self.wake = None
         self.num_scheduled_tokens = 0
         spec = engine.spec
-        self.spec_tokens = engine.spec_k if spec is not None else 0
+        self.spec_k = engine.spec_k if spec is not None else 0  # drafts a decode verifies (but see drafts_for)
+        self.per_request = spec is not None and spec.per_request
         self.lookahead = spec.lookahead if spec is not None else 0
         self.draft_input_slots = spec.draft_input_slots if spec is not None else 0
         self.admission_padding = spec.admission_padding if spec is not None else 0
@@ -123,6 +125,14 @@ class RefPlan:
         return sum(1 for s in self._e.running if s.status == "decoding")
 
     @property
+    def spec_tokens(self) -> int:
+        return self._e.spec.k_max if self.per_request else self.spec_k
+
+    def drafts_for(self, seq) -> int:
+        """Drafts per batch size: the k proposed after the batch that last scheduled ``seq``."""
+        return seq.draft_k if self.per_request and seq.draft_k >= 0 else self.spec_k
+
+    @property
     def num_held(self) -> int:
         holds = self._e.holds
         return len(holds) if holds is not None else 0
@@ -154,7 +164,7 @@ class RefPlan:
     def overshoot(self, seq, num_tokens: int | None = None) -> bool:
         if seq in self.overshoots:
             return True
-        k = self.spec_tokens
+        k = self.drafts_for(seq)
         n = 1 if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
@@ -178,22 +188,22 @@ class RefPlan:
         if self.skipped_decode:
             raise SimulationError("decode_all() after skip_decode()")
         decoding = [s for s in self._e.running if s.status == "decoding" and s not in self.decoded]
-        k = self.spec_tokens
-        slots = 1 + k + self.lookahead if self._e.spec is not None else 1
-        if sum(self.kv.blocks_needed(s, slots + self.phantom(s)) for s in decoding) > self.kv.num_free_blocks():
+        spec = self._e.spec is not None
+        slots = {s: (1 + self.drafts_for(s) + self.lookahead if spec else 1) + self.phantom(s) for s in decoding}
+        if sum(self.kv.blocks_needed(s, slots[s]) for s in decoding) > self.kv.num_free_blocks():
             return False
         for s in decoding:
-            assert self.kv.allocate(s, slots + self.phantom(s))
-            self.drafts[s] = (k, slots + self.phantom(s))
+            assert self.kv.allocate(s, slots[s])
+            self.drafts[s] = (self.drafts_for(s), slots[s])
+            self.num_scheduled_tokens += 1 + self.drafts_for(s)
         self.decodes_all = True
         self.decoded = []
-        self.num_scheduled_tokens += len(decoding) * (1 + k)
         return True
 
     def decode(self, seq, num_tokens: int | None = None) -> bool:
         if seq.status != "decoding" or self.skipped_decode or self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} cannot decode now")
-        k = self.spec_tokens
+        k = self.drafts_for(seq)
         n = 1 + k if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
@@ -1027,6 +1037,9 @@ class ReferenceEngine:
         self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
+            if self.in_flight is None:  # (a pipeline's at its launch)
+                self.spec.propose([s for s in (*plan.decoders(), *(s for s, _ in plan.prefills))
+                                   if s.status == "decoding"], batch.num_seqs)
         if self.ahead is not None:
             self.ahead.start, self.ahead.end = self.now, end
             self.ahead.fresh = {s for s in decoders if s.status == "decoding"} | {

@@ -247,6 +247,8 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
                 e.in_flight[s] = e.in_flight.get(s, 0) + padding
         chunks = launch_chunks(plan.prefills)  # computed at once: a prompt with tokens left stays in sight
         e.holds.launched(s for s, _ in chunks)
+        if e.spec is not None:  # (drafts per batch size: their next decodes verify the k of this batch)
+            e.spec.propose([*decoders, *(s for s, chunk in chunks if chunk.last)], batch.num_seqs)
         for s, chunk in chunks:
             if chunk.last:
                 s.status = IN_FLIGHT

@@ -114,13 +114,15 @@ whether or not that batch is back; every call counts, an empty one too. So here
   ``1 + d`` for it, and an admission's placeholder drafts too), so the next decode's KV slots run
   from that position; the landing draws acceptance as synchronously and takes the batch's
   ``1 + d`` off, the rejected drafts' slots staying with the request's blocks. The slots a
-  landing's decoders took count from their computed tokens at the launch (``bases``).
+  landing's decoders took count from their computed tokens at the launch (``bases``). With
+  drafts per batch size each request verifies the ``k`` of the batch that last scheduled it, not
+  of the last batch to land: vLLM gives it that many placeholders when it schedules it, so a
+  launch sets ``draft_k`` on its decodes and last prompt chunks (``Speculation.propose``).
 
 Checked against vLLM 0.33's ``AsyncScheduler`` behind the batch queue (``tools/vllm_diff.py
---groups pipeline,pipeline_abort,pipeline_prefix,pipeline_spec --vllm-set
-async_scheduling=true``). Not modelled with drafts per batch size (refused: vLLM gives each
-request the ``k`` of the call that last scheduled it), nor for SGLang's overlap scheduler
-(refused: it has its own pipeline loop).
+--groups pipeline,pipeline_abort,pipeline_prefix,pipeline_spec,pipeline_dynamic_k --vllm-set
+async_scheduling=true``). Not modelled for SGLang's overlap scheduler (refused: it has its own
+pipeline loop).
 
 **Clients that give up** (``[client] timeout_ms``, :mod:`schedlab.frontend`). vLLM 0.33's engine
 core reads aborts before it schedules a batch (``EngineCoreProc.run_busy_loop`` handles the
@@ -266,15 +268,11 @@ class Stagger:
 
 def refuse_ahead(engine) -> None:
     """ConfigError if a pipelined ``engine`` plans ahead where that is not modelled: a scheduler
-    without vLLM's staggered decodes (``staggers_decodes``; SGLang's overlap scheduler), or drafts
-    per batch size (vLLM then gives each request the ``k`` of the batch that last scheduled it)."""
+    without vLLM's staggered decodes (``staggers_decodes``; SGLang's overlap scheduler)."""
     scheduler = engine.scheduler
     if not getattr(scheduler, "staggers_decodes", False):
         raise ConfigError(f"{type(scheduler).__name__} plans batches ahead (overlap_schedule / async_scheduling), "
                           "which on a pipeline is modelled by vLLM's rules only: set it to false")
-    if engine.spec is not None and engine.spec.config.k_by_batch_size:
-        raise ConfigError("planning batches ahead (async_scheduling) on a pipeline with drafts per batch size "
-                          "(k_by_batch_size) is not modelled: set async_scheduling = false")
 
 
 class StageClock:

@@ -374,8 +374,6 @@ def _unmodelled_ahead(speculative, parallelism: Parallelism, disaggregated: bool
         return "[cluster] disaggregated pools"
     if parallelism.pipelined and key != "async_scheduling":
         return "[cluster] pipeline_parallel"  # (vLLM's staggered decodes only: schedlab.engine.stages)
-    if parallelism.pipelined and speculative is not None and speculative.k_by_batch_size:
-        return "[cluster] pipeline_parallel with [speculative] k_by_batch_size"
     if speculative is not None and key != "async_scheduling":
         return "[speculative]"  # (SGLang's overlap scheduler drafts otherwise: not modelled)
     return None
@@ -538,6 +536,10 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
     """Data-parallel ranks (one instance each, stepping together for a MoE model) or pipelined
     instances; the plugins get the layout (:class:`~schedlab.parallelism.Parallelism`)."""
     parallelism = cluster.parallelism
+    if parallelism.data_parallel > 1 and speculative is not None and speculative.k_by_batch_size:
+        raise ConfigError(f"{where} [speculative]: k_by_batch_size: vLLM 0.33 turns drafts per batch size off with "
+                          "data parallelism (ranks picking different k would diverge): leave it out, and every "
+                          "rank drafts num_speculative_tokens, as vLLM's do")
     # data_parallel: [cluster] instances counts deployments of data_parallel ranks each
     deployments = cluster.instances if parallelism.lockstep else 1
     count = parallelism.data_parallel * deployments if parallelism.lockstep else cluster.instances

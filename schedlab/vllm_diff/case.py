@@ -77,8 +77,6 @@ class DiffSettings:
         if self.dynamic_from and not (self.num_speculative_tokens and self.dynamic_from >= 2
                                       and self.dynamic_k <= self.num_speculative_tokens):
             out.append("drafts per batch size need speculation, dynamic_from >= 2 and dynamic_k <= k")
-        if self.dynamic_from and self.pipeline_parallel > 1:
-            out.append("drafts per batch size with a pipeline (not modelled planning ahead)")
         for r in requests:
             # (with speculation: as schedlab's admission counts a last step's drafts and lookahead)
             need = blocks_for(r.prompt_tokens + r.limit - 1 + self.spec_slack, self.block_size)

@@ -47,7 +47,7 @@ token was scheduled (``decode_stagger``, counted in every call); with nothing in
 as vLLM's loop does, until a decode is due. The scheduler's ``ParallelConfig`` has the stages
 (``decode_stagger`` reads them; the rest of the scheduler only formats its output by them).
 
-With speculative decoding (the ``spec`` and ``pipeline_spec`` groups) the ``VllmConfig`` carries a
+With speculative decoding (the ``spec``, ``pipeline_spec`` and ``pipeline_dynamic_k`` groups) the ``VllmConfig`` carries a
 ``SpeculativeConfig`` (n-gram, or a draft model / EAGLE head whose config is the tiny model's,
 never loaded). After every step the harness hands the scheduler the drafts the model runner
 would propose -- ``num_spec_tokens_to_schedule`` for each scheduled request that sampled a

@@ -25,6 +25,9 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   (planning ahead, tokens in flight are not known);
 * ``pipeline_spec`` -- ``spec``'s settings (but drafts per batch size) on 2 or 3 stages: the
   drafter on the last stage, and planning ahead a request's drafts in flight counted as accepted;
+* ``pipeline_dynamic_k`` -- ``pipeline_spec``'s settings with drafts per batch size in every
+  case (fewer than ``k`` from a batch of 2 or more): each decode verifies the drafts of the batch
+  that last scheduled its request (planning ahead, not of the batch that landed last);
 * ``spec``      -- speculative decoding: 1-4 drafts a decode by n-gram, a draft model or EAGLE,
   acceptance 0.2-0.95, tight or ample KV, FCFS or priority, sometimes a threshold, prefix
   caching, EOS, drafts per batch size and ``abort``'s clients: drafts cut by the budget, a
@@ -49,7 +52,7 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import DiffSettings
 
 GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort", "pipeline_abort",
-          "spec", "pipeline_prefix", "pipeline_spec")
+          "spec", "pipeline_prefix", "pipeline_spec", "pipeline_dynamic_k")
 
 
 def _ample(requests, block_size: int, slack: int = 0) -> int:
@@ -70,22 +73,25 @@ def generate(group: str, seed: int) -> Case:
     block_size = rng.choice([2, 4, 8, 16])
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
-    speculative = group in ("spec", "pipeline_spec")
+    speculative = group in ("spec", "pipeline_spec", "pipeline_dynamic_k")
     spec = {}
     if speculative:
         spec = {"num_speculative_tokens": rng.randint(1, 4), "spec_method": rng.choice(["ngram", "draft_model", "eagle"]),
                 "acceptance_rate": round(rng.uniform(0.2, 0.95), 2)}
         budget = max(budget, spec["num_speculative_tokens"] + 1)  # (vLLM: above the drafter's lookahead)
-        if rng.random() < 0.3 and max_num_seqs >= 2 and group == "spec":  # drafts per batch size
+        if group == "pipeline_dynamic_k":  # drafts per batch size, always (vLLM: max_num_seqs >= 2)
+            max_num_seqs = max(max_num_seqs, 2)
+            spec.update(dynamic_from=rng.randint(2, max_num_seqs), dynamic_k=rng.randint(0, spec["num_speculative_tokens"] - 1))
+        elif rng.random() < 0.3 and max_num_seqs >= 2 and group == "spec":  # drafts per batch size
             spec.update(dynamic_from=rng.randint(2, max_num_seqs), dynamic_k=rng.randint(0, spec["num_speculative_tokens"]))
     policy = "fcfs"
-    pipelined = group in ("pipeline", "pipeline_abort", "pipeline_prefix", "pipeline_spec")
+    pipelined = group in ("pipeline", "pipeline_abort", "pipeline_prefix", "pipeline_spec", "pipeline_dynamic_k")
     aborting = group in ("abort", "pipeline_abort")
     if group == "priority" or ((group in ("all", "eos") or pipelined or aborting or speculative)
                                and rng.random() < 0.5):
         policy = "priority"
     prefixes = (group in ("prefix", "all", "pipeline_prefix")
-                or (group in ("eos", "abort", "spec", "pipeline_spec") and rng.random() < 0.5))
+                or (group in ("eos", "abort", "spec", "pipeline_spec", "pipeline_dynamic_k") and rng.random() < 0.5))
     requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size,
                                eos=group == "eos" or (speculative and rng.random() < 0.3))
     if aborting:
@@ -97,7 +103,7 @@ def generate(group: str, seed: int) -> Case:
     num_blocks = _tight(rng, requests, block_size, slack) if tight else _ample(requests, block_size, slack)
     least = spec["num_speculative_tokens"] + 1 if speculative else 1  # (see DiffSettings.problems)
     threshold = rng.randint(least, budget) if group in ("threshold", "all") or (
-        group in ("eos", "spec", "pipeline_spec") and rng.random() < 0.3) else 0
+        group in ("eos", "spec", "pipeline_spec", "pipeline_dynamic_k") and rng.random() < 0.3) else 0
     settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                             prefix_caching=prefixes, policy=policy,
