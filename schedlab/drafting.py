@@ -16,9 +16,17 @@ The drafter's passes are timed by its cost model's ``kernel_ms`` where it has on
 built-in ``roofline`` and ``profiled``: the GPU's kernels, without a step's host work, which the
 target's step already carries), else by its ``iteration_ms``;
 with no drafter cost for ``method = "ngram"`` (prompt lookup on the CPU: ``proposer_ms``
-only), and nothing at all when ``k`` is 0 (no drafts proposed). The one-token passes see the
-sequences' contexts after this step, growing by one a pass (as their mean: a drafter that asks
-for the longest and shortest context gets the mean for both).
+only). The one-token passes see the sequences' contexts after this step, growing by one a pass
+(as their mean: a drafter that asks for the longest and shortest context gets the mean for both).
+
+**Drafts per batch size** (``k_by_batch_size``) cut the passes less than ``k`` suggests, in vLLM
+0.33: a step whose ``k`` is 0 still runs the drafter's first pass over its tokens, which keeps the
+drafter's KV cache in step with the target's, and samples nothing (``llm_base_proposer.py``,
+"No draft tokens requested (e.g. Dynamic SD decided K=0)", and the V2 model runner's
+``TargetDependentARSpeculator.propose`` alike; no ``proposer_ms`` then); and a draft model under
+the V2 model runner, vLLM's default on GPUs, drafts ``num_speculative_tokens`` whatever the
+step's ``k`` (``StandaloneARSpeculator.propose`` runs every pass; the runner drops the drafts past
+``k``), so only EAGLE's passes follow ``k``. n-gram proposes nothing at ``k`` = 0.
 
 **What power models and the clock see.** The drafter's passes are GPU work inside the step:
 ``kernel_ms`` is the target's kernels plus the passes' (``proposer_ms`` is the host's), and
@@ -121,9 +129,11 @@ class DraftingCostModel:
         if batch is DUMMY:
             return [DUMMY] * self.config.num_speculative_tokens
         seqs = batch.num_decode + batch.num_prefill
-        k = self._k(seqs) if seqs else 0
-        if not k:
+        if not seqs or self.config.method == "ngram":
             return []
+        # a draft model drafts num_speculative_tokens whatever the step's k; EAGLE k (at 0 its
+        # first pass alone): see the module docstring
+        k = self.config.num_speculative_tokens if self.config.method == "draft_model" else max(self._k(seqs), 1)
         out = [batch]
         context = batch.decode_context_tokens + batch.prefill_context_tokens + batch.prefill_tokens
         for i in range(1, k):
@@ -136,9 +146,10 @@ class DraftingCostModel:
     def draft_ms(self, batch: Batch) -> float:
         """The drafter's time in a step of shape ``batch``: its passes and ``proposer_ms``."""
         seqs = batch.num_decode + batch.num_prefill
-        if not seqs or not self._k(seqs):
+        if not seqs:
             return 0.0
-        return self.config.proposer_ms + self._passes_ms(batch)
+        samples = self.config.method == "draft_model" or self._k(seqs)  # (drafts sampled: proposer_ms)
+        return (self.config.proposer_ms if samples else 0.0) + self._passes_ms(batch)
 
     def _passes_ms(self, batch: Batch) -> float:
         """The drafter's passes on the GPU: its kernels only, where its cost model can say (the

@@ -204,11 +204,11 @@ def test_engines_verify_the_drafts_proposed_for_the_previous_batch():
                    check=Spy())
     compare_runs(r, run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")),
                                speculative=spec, engine="reference"), rel=1e-12)
-    ks = {r.spec_k for r in records}
-    assert ks >= {4, 2}
+    assert {spec.k_for(r.batch.num_seqs) for r in records if r.batch.num_decode} >= {4, 2}
     for before, now in zip(records, records[1:]):
-        assert now.spec_k == spec.k_for(before.batch.num_seqs)
-        assert now.batch.spec_tokens == now.spec_k * now.batch.num_decode
+        # (each decode was in the step before: its last decode, or its prompt's last chunk)
+        assert now.batch.spec_tokens == spec.k_for(before.batch.num_seqs) * now.batch.num_decode
+        assert now.spec_k == 4  # (the most a decode may verify: drafts differ by request)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -257,6 +257,27 @@ def test_cost_models_see_the_verify_pass():
     big_plain = roof.iteration_ms(Batch(256, 256 * 2000))
     assert roof.iteration_ms(Batch(256, 256 * 2003, spec_tokens=768)) > 1.5 * big_plain
     assert roof.decode_step_increment(Batch(4, 4 * 1003, spec_tokens=12)) is None
+
+
+@pytest.mark.parametrize("method, lone, pair", [
+    ("eagle", 3 * 1.0 + 0.5, 1.0),        # k = 0: the first pass alone, nothing sampled
+    ("draft_model", 3 * 1.0 + 0.5, 3 * 1.0 + 0.5),  # the V2 runner drafts k_max whatever the step's k
+    ("ngram", 0.5, 0.0),                  # no passes; nothing proposed at k = 0
+])
+def test_drafts_per_batch_size_cut_eagles_passes_but_not_its_first_nor_a_draft_models(method, lone, pair):
+    """vLLM 0.33 (``schedlab.drafting``): with k = 3 for a lone request and 0 from two, EAGLE runs
+    its first pass at k = 0 too (it keeps the drafter's KV cache in step) and a draft model runs
+    all 3 passes whatever k. The drafter: 1 ms a pass (its decode step); proposer_ms 0.5."""
+    from schedlab.drafting import DraftingCostModel
+
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=3, k_by_batch_size=[[1, 1, 3], [2, 64, 0]],
+                             draft=None if method == "ngram" else {"kind": "linear"}, proposer_ms=0.5)
+    drafter = None if method == "ngram" else LinearCostModel(LinearConfig(prefill_ms_per_token=0.25,
+                                                                           decode_ms_per_step=1.0))
+    cost = DraftingCostModel(LinearCostModel(LinearConfig(decode_ms_per_step=8.0)), drafter, spec)
+    assert cost.draft_ms(Batch(1, 100)) == lone
+    assert cost.draft_ms(Batch(2, 200)) == pair
+    assert cost.iteration_ms(Batch(2, 200)) == 8.0 + pair
 
 
 EXPERIMENT = """

@@ -52,7 +52,7 @@ class IterationRecord:
     preempted: tuple = ()     # ids of the requests preempted while planning this iteration
     running_ids: tuple = ()   # ids of the running requests, in admission order
     decode_tokens: int = 0    # tokens the decodes produced (with speculation: 1 + accepted drafts each)
-    spec_k: int = 0           # speculation: drafts each decode could verify in this iteration
+    spec_k: int = 0           # speculation: the most drafts a decode could verify in this iteration
     accepted_tokens: int = 0  # speculation: drafts accepted (of batch.spec_tokens verified)
     kv_used_after: int = -1   # KV blocks in use after the iteration (finished requests' freed)
     kv_held_after: int = -1   # what the running sequences' counters say they hold, summed
@@ -1300,7 +1300,7 @@ class Instance:
             self.observer(self.index, IterationRecord(
                 start, total, batch, n_running, len(self.waiting), used0,
                 tuple(s.request.id for s in plan.preempted), running_ids,
-                decode_tokens=counters["decode_tokens"] - decoded_before, spec_k=plan.spec_k,
+                decode_tokens=counters["decode_tokens"] - decoded_before, spec_k=plan.spec_tokens,
                 accepted_tokens=accepted, kv_used_after=kv.num_used_blocks() - getattr(kv, "releasing_blocks", 0),
                 kv_held_after=held_blocks(self.running, kv.block_size), kv_shares_blocks=self.count_prefix,
                 preempted_generated=tuple(s.num_generated for s in plan.preempted),
