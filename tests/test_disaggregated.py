@@ -773,6 +773,20 @@ def test_a_landed_request_waiting_for_a_slot_is_freed_at_once(engine):
     assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 76.5 + 1 * 72.0 + 4 * 20.5)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_client_that_leaves_during_a_decode_step_gets_nothing_from_that_step(engine):
+    # Prefill 0-32 (first token), pulled at 32, lands and joins at 36.5; decode steps of 8 ms
+    # give tokens at 44.5 and 52.5. The client gives up at 50, during the second step: as any
+    # vLLM engine core, the decode instance aborts the request after that step, before its
+    # output -- 2 tokens, not 3 -- at 52.5, and frees its blocks then.
+    r = run([Request(0, 0.0, 64, 10, timeout_ms=50.0)], pool(16), pool(16), engine)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    assert (row["aborted"], row["instance"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 52.5, 2)
+    assert r.metrics["transfer"]["aborted"]["decoding"] == 1
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * (52.5 - 32.0) + 1 * (52.5 - 36.5))
+    assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
+
+
 @SETTINGS
 @given(clusters(), st.integers(1, 160), st.sampled_from([0.0, 0.5, 2.0]), st.sampled_from([0.0, 8.0, 64.0]),
        st.sampled_from(ENGINES))

@@ -39,6 +39,9 @@ class PrefillStage:
         self.held = 0             # prompts handed on (or abandoned) whose blocks are not freed yet
 
     outstanding = 0
+    #: an abort during a step does not drop its output here: a prompt completed by the step of an
+    #: abort is aborted at its hand-off (:meth:`hand_off`), its blocks kept for the lease
+    drops_output_in_step = False
 
     def has_work(self) -> bool:
         return bool(self.releases)
@@ -94,6 +97,9 @@ class DecodeStage:
     the running set once it has landed (see :mod:`schedlab.engine.transfer` for the rules)."""
 
     __slots__ = ("cluster", "slots", "pull_queue", "in_flight", "landed")
+    #: an abort during a step drops the step's output for the request, as on any vLLM engine core
+    #: (``Instance._in_step_aborts``)
+    drops_output_in_step = True
 
     def __init__(self, cluster: "DisaggregatedCluster", slots: int | None):
         self.cluster = cluster

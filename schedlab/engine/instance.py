@@ -228,8 +228,8 @@ class Instance:
         self.aborts: list = []
         self.hangup_ms = 0.0
         #: an abort that reaches the engine during an iteration takes effect at its end, before its
-        #: output (vLLM's EngineCore.step): the iteration computes the request for nothing. Off
-        #: where not modelled yet (pipelines, disaggregation)
+        #: output (vLLM's EngineCore.step): the iteration computes the request for nothing (not on
+        #: a pipeline, which has its own rule, nor on a prefill instance: _drops_output)
         self.aborts_drop_output = True
         #: a running request whose abort is read at a plan runs once more, its output dropped,
         #: then leaves (SGLang's ``to_finish``; the scheduler's ``aborts_run_once_more``): those
@@ -1022,7 +1022,8 @@ class Instance:
 
     def _drops_output(self) -> bool:
         """Whether an abort during an iteration drops the iteration's output for the request."""
-        return self.aborts_drop_output and self.stage is None and self.in_flight is None
+        return (self.aborts_drop_output and self.in_flight is None
+                and (self.stage is None or self.stage.drops_output_in_step))
 
     def _ending_before(self, abort_at: float, k: int, d0: float, inc: float) -> int:
         """At most ``k`` iterations from now, none of them but a lone first one still running at

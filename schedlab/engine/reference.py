@@ -797,9 +797,11 @@ class ReferenceEngine:
     def _in_step_aborts(self, decoders: list, plan: RefPlan, end: float) -> list:
         """The requests this iteration computes whose client's abort reaches the engine while it
         runs, strictly between ``now`` and ``end``: vLLM aborts them after the step, before its
-        output (the fast engine's ``_in_step_aborts``); not modelled pipelined or disaggregated. Planning ahead, only those it would give a token (the plan made
+        output (the fast engine's ``_in_step_aborts``); on a decode instance too, not pipelined (a
+        pipeline's rule: :mod:`schedlab.engine.stages`) nor on a prefill instance (a prompt's last
+        step: its hand-off). Planning ahead, only those it would give a token (the plan made
         ahead holds the rest as they are); their aborts stay for the plan (:meth:`_plan`)."""
-        if not (self.aborts and self.role is None and self.in_flight is None):
+        if not (self.aborts and (self.role is None or self.role.drops_output_in_step) and self.in_flight is None):
             return []
         loop_top = self._loop_top_aborts()  # (SGLang's overlap loop: those read when it started)
         if not (self.aborts_drop_output or loop_top):

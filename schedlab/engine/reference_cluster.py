@@ -258,6 +258,7 @@ class PrefillRole:
     """Hands finished prompts to the decode pool; frees their blocks once they have landed."""
 
     outstanding = 0
+    drops_output_in_step = False  # (an abort during a prompt's last step: at its hand-off, the fast PrefillStage's)
 
     def __init__(self, cluster: "DisaggregatedReference"):
         self.cluster = cluster
@@ -308,6 +309,8 @@ class PrefillRole:
 
 class DecodeRole:
     """Pulls handed-over requests' KV when there is room; they join the running set once landed."""
+
+    drops_output_in_step = True  # (an abort during a step drops its output, as on one instance)
 
     def __init__(self, cluster: "DisaggregatedReference", slots: int | None):
         self.cluster = cluster
