@@ -302,6 +302,18 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=43, max_running_requests=1, chunked_prefill_size=1, max_prefill_tokens=1),
               (1, 2, 2, 1, 0, 1, None, 2.5), (4, 10, 5, 1, 0, 5, None)),
         {1: _o(2, None, None, 0, 0, 1), 4: _o(10, 15, 15, 0, 0, 1, 1, 1, 1, 1)}),
+    # 19. A prefix computed twice in one pass, once by a chunk, is in the tree from the next plan.
+    # Chunks of 3 tokens; all share the group's first token. The pass at [0, 1] computes 0's prompt
+    # (2 tokens) and 1's first chunk (1 token: the shared one): 0's copy joins the tree when its
+    # result is processed, 1's chunk when the next plan stashes it (``stash_chunked_request``). That
+    # plan, made at 0 for [1, 2], computes 1's last token and admits 2, which finds the shared token
+    # there (1 cached) and computes its other 2: its tokens at 2 and 3. (schedlab saw only 0's copy,
+    # in flight: 2 computed all 3 tokens, in two chunks.)
+    "19-overlap-a-chunks-copy-of-a-shared-prefix-is-cached-first": (
+        _case(dict(max_total_tokens=64, max_running_requests=3, chunked_prefill_size=3, max_prefill_tokens=64,
+                   overlap_schedule=True),
+              (0, 0, 2, 1, 0, 2, None), (1, 0, 2, 1, 0, 2, None), (2, 0, 3, 2, 0, 1, None)),
+        {0: _o(0, 1, 1, 0, 0, 2), 1: _o(0, 2, 2, 0, 0, 1, 1), 2: _o(0, 2, 3, 0, 1, 2)}),
 }
 
 

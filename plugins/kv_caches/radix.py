@@ -30,8 +30,9 @@ SGLang's own tree under its own scheduler beside this one (README "Checked again
   ends. Lookups of waiting requests split and touch like SGLang's ``match_prefix``
   (:meth:`RadixKVCache.touch`). With SGLang's overlap scheduler a pass is planned while the
   last one's batch runs (``begin_pass(in_flight=True)``): that batch's prompts join the tree a
-  pass later (its chunks that do not end a prompt do not wait), and its duplicates are freed a
-  pass later too.
+  pass later (its chunks that do not end a prompt do not wait -- nor what such a chunk computed
+  beside another prompt of the pass, whose copy the chunk's stash puts in the tree first), and
+  its duplicates are freed a pass later too.
   Without passes (other schedulers) pages are matched as soon as they are allocated, as in vLLM.
 * Duplicates: when an insertion finds pages already in the tree (two requests computed the
   same prefix, or a request recomputed its last cached page because at least one token must
@@ -337,6 +338,12 @@ class RadixKVCache:
             # blocks, so that eviction cannot touch it
             keys = self._keys(seq, hold, limit)
             end, reached = self._descend(hold.node, hold.length, keys, limit)
+            chunk = max(seq.num_computed_tokens, cached_tokens) + num_new_tokens < seq.num_tokens
+            if chunk and self._pass:  # its copy of what another prefill of this pass computes
+                node = end            # joins the tree with its chunk (stash_chunked_request)
+                while node is not hold.node and node.born == self._pass:
+                    node.chunk = True
+                    node = node.parent
             self._lock_to(hold, end, reached)
             if step.loads:  # loaded into fresh blocks, which join the node inserted below
                 self.host.load(step.loads)
@@ -344,7 +351,6 @@ class RadixKVCache:
             if step.after_pass:
                 self._pending += step.shared_dups + step.free_dups
             if reached < step.full:  # the rest is new: one node, locked by this sequence
-                chunk = max(seq.num_computed_tokens, cached_tokens) + num_new_tokens < seq.num_tokens
                 node = self._new_node(end, keys[reached:step.full], reached, born=self._pass, chunk=chunk)
                 self._lock_to(hold, node, step.full)
             self._touch_path(hold.node)

@@ -83,8 +83,7 @@ is made), and SGLang plans before it has processed that batch's result:
 
 Not modelled with overlap: SGLang may retract a request finished at an EOS it cannot foresee
 (it then computes its last token again); here such a request is never a victim, and if the
-decode does not fit beside it the step is skipped. A prompt computed twice in one pass, once
-in a chunk, is visible from the chunk's next plan in SGLang and only once processed here.
+decode does not fit beside it the step is skipped.
 ``tools/sglang_diff.py --groups overlap`` compares it with SGLang's own loop.
 
 The ratio changes at every decode iteration, but it is only read when a prefill batch is
