@@ -720,6 +720,37 @@ def test_vllm_caches_a_prompt_in_flight_but_its_last_eagle_block(differ):
     assert differ.theirs.run(case, AHEAD)[0][6] == Outcome(31, 37, 47, 1, 92)
 
 
+#: planning ahead on one instance, n-gram drafts per batch size (3 below a batch of 4, none from
+#: 4): r4's accepted drafts finish it in the batch of 4 planned at 22, unseen by vLLM, which
+#: decodes it once more in the plan made at 23 with that batch's placeholders -- none, one token
+#: of the budget. schedlab had left r4 the 3 drafts of its batch before (a request finishing in
+#: its step kept its old k), and r6's prompt got its first token at 31, not 30 (fresh seed 50078).
+FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K = (
+    '{"group":"spec","seed":50078,"settings":{"block_size":4,"num_blocks":59,"max_num_seqs":4,"max_num_ba'
+    'tched_tokens":16,"long_prefill_token_threshold":0,"prefix_caching":false,"policy":"fcfs","pipeline_p'
+    'arallel":1,"num_speculative_tokens":3,"spec_method":"ngram","acceptance_rate":0.73,"dynamic_from":4,'
+    '"dynamic_k":0},"requests":[{"id":0,"arrival":0,"prompt_tokens":116,"output_tokens":23,"priority":0,"'
+    'group":null,"prefix_len":0},{"id":1,"arrival":0,"prompt_tokens":85,"output_tokens":12,"priority":2,"'
+    'group":null,"prefix_len":0,"max_tokens":19},{"id":4,"arrival":0,"prompt_tokens":8,"output_tokens":6,'
+    '"priority":1,"group":1,"prefix_len":8,"max_tokens":6},{"id":5,"arrival":0,"prompt_tokens":11,"output'
+    '_tokens":10,"priority":1,"group":1,"prefix_len":11},{"id":6,"arrival":0,"prompt_tokens":81,"output_t'
+    'okens":12,"priority":2,"group":1,"prefix_len":81,"max_tokens":12}]}')
+FINISHED_AHEAD_OUTCOMES = {0: Outcome(0, 8, 16, 0, 0), 1: Outcome(6, 15, 25, 1, 0), 4: Outcome(13, 15, 24, 1, 0),
+                           5: Outcome(21, 24, 29, 0, 0), 6: Outcome(22, 30, 34, 0, 0)}
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_request_finished_unseen_is_decoded_once_more_with_its_last_batchs_drafts(engine):
+    case = Case.from_json(FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K, DiffSettings)
+    assert SchedlabRunner(engine).run(case, AHEAD) == (FINISHED_AHEAD_OUTCOMES, None)
+
+
+@pytest.mark.vllm
+def test_vllm_decodes_a_request_finished_unseen_with_its_last_batchs_drafts(differ):
+    case = Case.from_json(FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K, DiffSettings)
+    assert differ.theirs.run(case, AHEAD) == (FINISHED_AHEAD_OUTCOMES, None)
+
+
 #: every case planned ahead by hand (speculation on one stage, pipelines): (case, planned ahead,
 #: synchronously), outcomes computed from vLLM 0.33's source and checked against it
 AHEAD_CASES = {**ASYNC_SPEC_CASES, **ASYNC_PIPELINE_CASES}

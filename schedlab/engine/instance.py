@@ -1096,6 +1096,10 @@ class Instance:
         plan, parked, n_dec, steps, batch = run.plan, run.parked, run.n_dec, run.steps, run.batch
         d0, inc, growth = run.d0, run.inc, run.growth
         prefills = plan.prefills
+        # drafts per batch size: the requests this step samples for, finishing ones too (a plan made
+        # ahead may decode one once more), get the drafts proposed after it (a pipeline's: at its launch)
+        sampled = self._sampled(plan) if self.spec is not None and self.spec.per_request and self.in_flight is None \
+            else None
         start = self.now
         total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
         check_iteration_end(start, total, batch)
@@ -1295,8 +1299,8 @@ class Instance:
                 raise StallError(self._stall_message(f"{self.since_progress} iterations without a new token"))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
-            if self.spec.per_request and self.in_flight is None:  # (a pipeline's at its launch)
-                self.spec.propose(self._sampled(plan), batch.num_seqs)
+            if sampled:
+                self.spec.propose(sampled, batch.num_seqs)
         if self.observer is not None:
             self.observer(self.index, IterationRecord(
                 start, total, batch, n_running, len(self.waiting), used0,
@@ -1376,11 +1380,10 @@ class Instance:
         return accepted_total, done
 
     def _sampled(self, plan: FastPlan) -> list:
-        """After ``plan`` executed: the sequences it decoded or whose prompt it completed, still
-        decoding."""
-        if plan.decodes_all:  # (its completed prompts decode now too)
-            return [s for s in self.running if s.status == DECODING]
-        return [s for s in (*plan.decoded, *(s for s, _ in plan.prefills)) if s.status == DECODING]
+        """Before ``plan`` executes (its idle decoders parked): the sequences it decodes, and those
+        whose prompt it completes."""
+        decoders = [s for s in self.running if s.status == DECODING] if plan.decodes_all else list(plan.decoded)
+        return decoders + [s for s, n in plan.prefills if s._computed + n == s.prompt + s._generated]
 
     def _run_length(self, plan: FastPlan, d0: float, inc: float, until: float, growth) -> int:
         """How many identical decode iterations to run from here (at least 1)."""

@@ -896,6 +896,10 @@ class ReferenceEngine:
         counters = self.counters
         high_water = self.rec.kv_high_water * self.kv.num_blocks
         batch, decoders, drafts = self.plan_batch(plan)
+        # drafts per batch size: the requests this step samples for, finishing ones too (a plan made
+        # ahead may decode one once more), get the drafts proposed after it (a pipeline's: at its launch)
+        sampled = ([*decoders, *(s for s, n in plan.prefills if s.num_computed_tokens + n == s.num_tokens)]
+                   if self.spec is not None and self.spec.per_request and self.in_flight is None else None)
         duration = self.cost.iteration_ms(batch) if batch.num_decode or plan.prefills else 0.0
         duration += plan.transfer_ms
         check_iteration_end(self.now, duration, batch)
@@ -1039,9 +1043,8 @@ class ReferenceEngine:
         self.release.record(end, before, load(self))
         if self.spec is not None and batch.num_seqs:
             self.spec_k = self.spec.k_for(batch.num_seqs)  # the drafts proposed after this step
-            if self.in_flight is None:  # (a pipeline's at its launch)
-                self.spec.propose([s for s in (*plan.decoders(), *(s for s, _ in plan.prefills))
-                                   if s.status == "decoding"], batch.num_seqs)
+            if sampled:
+                self.spec.propose(sampled, batch.num_seqs)
         if self.ahead is not None:
             self.ahead.start, self.ahead.end = self.now, end
             self.ahead.fresh = {s for s in decoders if s.status == "decoding"} | {
