@@ -751,6 +751,36 @@ def test_vllm_decodes_a_request_finished_unseen_with_its_last_batchs_drafts(diff
     assert differ.theirs.run(case, AHEAD) == (FINISHED_AHEAD_OUTCOMES, None)
 
 
+#: r1 (decoding, admitted at 1) and r2 (its prompt's last chunk, admitted at 2) finish in the
+#: step ending at 4: vLLM frees them in its output's order, the running list's -- r1 first, so
+#: r1's cached blocks come before r2's in the free queue and r3's long prompt evicts them first;
+#: r5, which shares r1's first block, finds nothing. Freeing prompts first (schedlab's order
+#: before), r1's first block outlived r3 and r5 hit 8 tokens (fresh seed 51163, shrunk).
+FINISHED_IN_RUNNING_ORDER = (
+    '{"group":"spec","seed":51163,"settings":{"block_size":8,"num_blocks":17,"max_num_seqs":2,"max_num_ba'
+    'tched_tokens":14,"long_prefill_token_threshold":0,"prefix_caching":true,"policy":"fcfs","pipeline_pa'
+    'rallel":1,"num_speculative_tokens":1,"spec_method":"ngram","acceptance_rate":0.92,"dynamic_from":0,"'
+    'dynamic_k":0},"requests":[{"id":1,"arrival":1,"prompt_tokens":16,"output_tokens":2,"priority":0,"gro'
+    'up":0,"prefix_len":8},{"id":2,"arrival":2,"prompt_tokens":24,"output_tokens":1,"priority":0,"group":'
+    '1,"prefix_len":24},{"id":3,"arrival":4,"prompt_tokens":119,"output_tokens":3,"priority":0,"group":nu'
+    'll,"prefix_len":0},{"id":5,"arrival":5,"prompt_tokens":89,"output_tokens":9,"priority":0,"group":0,"'
+    'prefix_len":89}]}')
+FINISHED_IN_RUNNING_ORDER_OUTCOMES = {1: Outcome(1, 3, 4, 0, 0), 2: Outcome(2, 4, 4, 0, 0), 3: Outcome(4, 13, 15, 0, 0),
+                                      5: Outcome(15, 22, 26, 0, 0)}
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_requests_finishing_together_free_their_blocks_in_running_order(engine):
+    case = Case.from_json(FINISHED_IN_RUNNING_ORDER, DiffSettings)
+    assert SchedlabRunner(engine).run(case) == (FINISHED_IN_RUNNING_ORDER_OUTCOMES, None)
+
+
+@pytest.mark.vllm
+def test_vllm_frees_requests_finishing_together_in_running_order(differ):
+    case = Case.from_json(FINISHED_IN_RUNNING_ORDER, DiffSettings)
+    assert differ.theirs.run(case) == (FINISHED_IN_RUNNING_ORDER_OUTCOMES, None)
+
+
 #: every case planned ahead by hand (speculation on one stage, pipelines): (case, planned ahead,
 #: synchronously), outcomes computed from vLLM 0.33's source and checked against it
 AHEAD_CASES = {**ASYNC_SPEC_CASES, **ASYNC_PIPELINE_CASES}

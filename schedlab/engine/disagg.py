@@ -165,7 +165,7 @@ class DecodeStage:
         while landed and (slots is None or len(inst.running) < slots):
             tr = landed.popleft()
             seq = tr.decode_seq
-            inst.running[seq] = None
+            inst.enter_running(seq)
             inst._add_decoder(seq)
             inst.off_cycle[seq] = seq.last_token_ms  # its ITL group: its first token, on the prefill side
             tr.joined_ms = now

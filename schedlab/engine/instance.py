@@ -35,8 +35,8 @@ from .stages import IN_FLIGHT, Holds, Stagger
 INF = math.inf
 
 
-def _seq_no(seq) -> int:
-    return seq.seq_no
+def _run_no(seq) -> int:
+    return seq.run_no
 
 
 @attrs.frozen
@@ -207,6 +207,7 @@ class Instance:
         self.reads_held = self.asks_beside_held and bool(getattr(scheduler, "reads_held", True))
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
+        self.run_count = 0  # sequences that entered the running list so far (Sequence.run_no)
         self.ask_at_step = None  # the decode step by which the scheduler asked to be asked again (Plan.wake_after)
         self.events = 0              # executed plans: one iteration, or one bulk run of them
         self.since_progress = 0
@@ -441,6 +442,12 @@ class Instance:
                 or (self.ahead is not None and bool(self.ahead.deferred or getattr(self.kv, "releasing_blocks", 0))))
 
     # -- decode-set bookkeeping ---------------------------------------------------------------
+    def enter_running(self, seq: Sequence) -> None:
+        """``seq`` joins the running list, at its end (admitted, resumed, swapped in, landed)."""
+        self.run_count += 1
+        seq.run_no = self.run_count
+        self.running[seq] = None
+
     def _add_decoder(self, seq: Sequence) -> None:
         seq.start_decoding()
         if self.marks is not None:
@@ -570,7 +577,7 @@ class Instance:
         seq._computed = hit
         seq.reserved_tokens = reserve_tokens
         seq.cached_tokens_total += hit
-        self.running[seq] = None
+        self.enter_running(seq)
         self.prefilling[seq] = None
         if self.count_prefix:
             self.counters["prefix_queries"] += seq.num_tokens
@@ -665,7 +672,7 @@ class Instance:
         if ms is None:
             return None
         self.swapped.remove(seq)
-        self.running[seq] = None
+        self.enter_running(seq)
         self._add_decoder(seq)
         self.off_cycle[seq] = seq.last_token_ms  # (its ITL group until it decodes: its own last token)
         c = self.counters
@@ -1228,6 +1235,7 @@ class Instance:
             counters["discarded_tokens"] += len(plan.overshoots)
 
         # prefill work; a completed prefill yields a token
+        ending = []  # prompts whose token was their last, then decoders (finished below, in running order)
         for seq, n in prefills:
             if seq.status == ABORTED:  # (a ghost: its chunk computed for nothing, no token)
                 seq._computed += n
@@ -1252,19 +1260,22 @@ class Instance:
                 progress = True
                 self.token_at(seq, end)
                 if seq._generated >= seq.target:
-                    self._finish(seq, end)
+                    ending.append(seq)
                 else:
                     self._add_decoder(seq)
 
         # decoders that produced their last token
-        for seq in sorted(spec_done, key=_seq_no) if len(spec_done) > 1 else spec_done:
-            self._finish(seq, end)
+        ending += spec_done
         heap = self.finish_heap
         now_steps = self.clock.steps
         while heap and heap[0][0] <= now_steps:
             step, _, seq = heapq.heappop(heap)
             if seq.status == DECODING and seq.finish_step == step:
-                self._finish(seq, end)
+                ending.append(seq)
+        if len(ending) > 1:  # in their order in the running list, as vLLM frees them (its output's order)
+            ending = sorted(dict.fromkeys(ending), key=_run_no)
+        for seq in ending:
+            self._finish(seq, end)
         for seq in ghosts:  # gone at the iteration's end, as if aborted at the next plan
             if self.ahead is None:
                 self._drop_aborted(seq, end)

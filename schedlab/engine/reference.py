@@ -939,8 +939,8 @@ class ReferenceEngine:
         self.rec.sample(self.now, self.index, len(self.running), len(self.waiting), used, duration, 1, batch, row_j)
 
         progress = False
-        decoded_out = []  # finishing order, shared with the fast engine: prefill completions
-        done = []         # first (in plan order), then decoders by arrival order
+        decoded_out = []  # finishing decoders and prompts: they finish in their order in the running
+        done = []         # list, as vLLM frees them in its output's order (the fast engine's too)
         ghosts = self._in_step_aborts(decoders, plan, end)
         finishing = []  # waiting to run once more after their abort (to_finish): this is it
         if self.to_finish:
@@ -1017,7 +1017,12 @@ class ReferenceEngine:
                 else:
                     s.status = "decoding"
         before = load(self)  # as routers see the instance until ``end``
-        for s in done + sorted(decoded_out, key=lambda s: s.seq_no):
+        if len(done) + len(decoded_out) > 1:
+            position = {s: i for i, s in enumerate(self.running)}
+            done = sorted(done + decoded_out, key=position.__getitem__)
+        else:
+            done = done + decoded_out
+        for s in done:
             s.status = "finished"
             if self.ahead is not None:  # its slot and blocks until the next plan is made (engine.ahead)
                 self.ahead.held[s] = None
