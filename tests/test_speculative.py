@@ -280,6 +280,25 @@ def test_drafts_per_batch_size_cut_eagles_passes_but_not_its_first_nor_a_draft_m
     assert cost.iteration_ms(Batch(2, 200)) == 8.0 + pair
 
 
+def test_a_request_that_can_never_be_padded_stalls_the_run_with_the_reason():
+    """A one-token admission with a cache hit is padded to a decode's 1 + k rows (vLLM's
+    pad_spec_decode) or not scheduled at all; beside a draft model's input slot a budget of 2
+    leaves it 1 row, so vLLM would wait for ever. The run stops with an error that says so."""
+    from schedlab.errors import StallError
+    from schedlab_plugins.kv_caches import PrefixKVCache
+
+    spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=1, acceptance_rate=0.0,
+                             draft={"kind": "linear"})
+    # 0 computes the shared first token (1 waits: the budget is 0's and the slots'); then 1 finds it
+    # cached and has one token left: padded
+    requests = [Request(0, 0.0, 1, 1, prefix_group=0, prefix_tokens=1), Request(1, 0.0, 2, 1, prefix_group=0,
+                                                                                prefix_tokens=1)]
+    with pytest.raises(StallError, match=r"request 1 waits to be padded to a decode's 2 rows .* the budget leaves "
+                                         r"it 1: vLLM schedules nothing in its place; raise max_num_batched_tokens"):
+        run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=2, max_num_batched_tokens=2)),
+                   kv=PrefixKVCache(8, 1), speculative=spec, draft_cost=LinearCostModel())
+
+
 EXPERIMENT = """
 [experiment]
 name = "spec"

@@ -173,6 +173,9 @@ class ContinuousScheduler:
         self._priority = self.config.policy == "priority"
         self._key = waiting_key(self.config.policy, self.config.prediction_sigma, self.config.prediction_seed)
         self._window = BatchingWindow.from_config(self.config)
+        #: why the last plan left a waiting request out that nothing else will let in (the engine's
+        #: stall error reads it), or None
+        self.stall_hint: str | None = None
         self._swapped_in: list = []
         #: engines plan each batch while the one before it runs (schedlab.engine.ahead)
         self.plans_ahead = self.config.plans_ahead
@@ -254,6 +257,7 @@ class ContinuousScheduler:
     # -- one iteration -----------------------------------------------------------------------
     def schedule(self, plan) -> None:
         c = self.config
+        self.stall_hint = None
         # vLLM 0.33: the threshold exists so one long prompt cannot starve the others; with
         # at most one request running or waiting there is nobody to starve (a victim a pipeline's
         # batch in flight holds is waiting too: Plan.num_held)
@@ -497,7 +501,11 @@ class ContinuousScheduler:
                 return
             padding = self._padding(plan, seq, hit)
             if padding and 1 + padding > budget:
-                return  # vLLM: "prefer to not schedule than schedule un-padded"
+                # vLLM: "prefer to not schedule than schedule un-padded" (should nothing else run, for ever)
+                self.stall_hint = (f"request {seq.request.id} waits to be padded to a decode's {1 + padding} rows "
+                                   f"(speculation) and the budget leaves it {budget}: vLLM schedules nothing in its "
+                                   "place; raise max_num_batched_tokens")
+                return
             while not (self._kv_allows(plan.kv, seq, n, hit)
                        and plan.admit(seq, n, reserve=self._reserve, padding=padding)):
                 if not self._make_room(plan, seq):

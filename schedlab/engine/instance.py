@@ -1469,6 +1469,7 @@ class Instance:
 
     def _stall_message(self, why: str) -> str:
         name = type(self.scheduler).__name__
+        hint = getattr(self.scheduler, "stall_hint", None)  # (the scheduler's own word on why, if it has one)
         return (f"instance {self.index} stalled at t={self.now:.3f} ms ({why}): scheduler {name}, "
                 f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped, "
-                f"{self.kv.num_free_blocks()}/{self.kv.num_blocks} KV blocks free")
+                f"{self.kv.num_free_blocks()}/{self.kv.num_blocks} KV blocks free" + (f"; {hint}" if hint else ""))
