@@ -505,8 +505,9 @@ class Scheduler(Protocol):
     keeps its slot and blocks until the next iteration that computes it, which gives it no
     token, as SGLang's ``to_finish`` does; by default an abort drops it at once, and one that
     comes while an iteration computes it drops that iteration's output, as vLLM's engine core
-    does). A request that joins a disaggregated decode instance enters its running set
-    decoding, without ``Plan.admit``.
+    does), and ``stall_hint`` (after a plan: why it left a waiting request out that nothing else
+    will let in, or None; a run that stalls says it). A request that joins a disaggregated
+    decode instance enters its running set decoding, without ``Plan.admit``.
     """
 
     def schedule(self, plan: Plan) -> None: ...
