@@ -696,18 +696,6 @@ HELD_VICTIM_OUTCOMES = {1: Outcome(9, 15, 38, 0, 0), 2: Outcome(12, 18, 49, 1, 0
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
-def test_a_victim_held_for_its_batch_in_flight_counts_as_waiting_for_the_threshold(engine):
-    case = Case.from_json(HELD_VICTIM_COUNTS_AS_WAITING, DiffSettings)
-    assert SchedlabRunner(engine).run(case, AHEAD) == (HELD_VICTIM_OUTCOMES, None)
-
-
-@pytest.mark.vllm
-def test_vllm_counts_a_held_victim_as_waiting(differ):
-    case = Case.from_json(HELD_VICTIM_COUNTS_AS_WAITING, DiffSettings)
-    assert differ.theirs.run(case, AHEAD) == (HELD_VICTIM_OUTCOMES, None)
-
-
-@pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_eagle_blocks_of_a_prompt_whose_last_chunk_is_in_flight_are_cached_but_the_last(engine):
     case = Case.from_json(EAGLE_LAST_CHUNK_IN_FLIGHT, DiffSettings)
     outcomes, error = SchedlabRunner(engine).run(case, AHEAD)
@@ -739,18 +727,6 @@ FINISHED_AHEAD_OUTCOMES = {0: Outcome(0, 8, 16, 0, 0), 1: Outcome(6, 15, 25, 1, 
                            5: Outcome(21, 24, 29, 0, 0), 6: Outcome(22, 30, 34, 0, 0)}
 
 
-@pytest.mark.parametrize("engine", ["fast", "reference"])
-def test_a_request_finished_unseen_is_decoded_once_more_with_its_last_batchs_drafts(engine):
-    case = Case.from_json(FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K, DiffSettings)
-    assert SchedlabRunner(engine).run(case, AHEAD) == (FINISHED_AHEAD_OUTCOMES, None)
-
-
-@pytest.mark.vllm
-def test_vllm_decodes_a_request_finished_unseen_with_its_last_batchs_drafts(differ):
-    case = Case.from_json(FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K, DiffSettings)
-    assert differ.theirs.run(case, AHEAD) == (FINISHED_AHEAD_OUTCOMES, None)
-
-
 #: r1 (decoding, admitted at 1) and r2 (its prompt's last chunk, admitted at 2) finish in the
 #: step ending at 4: vLLM frees them in its output's order, the running list's -- r1 first, so
 #: r1's cached blocks come before r2's in the free queue and r3's long prompt evicts them first;
@@ -769,16 +745,29 @@ FINISHED_IN_RUNNING_ORDER_OUTCOMES = {1: Outcome(1, 3, 4, 0, 0), 2: Outcome(2, 4
                                       5: Outcome(15, 22, 26, 0, 0)}
 
 
+#: fresh harness seeds shrunk and pinned, each a rule found there: name -> (case, sides, vLLM's outcomes)
+PINNED_CASES = {
+    "a-victim-held-for-its-batch-in-flight-counts-as-waiting": (
+        HELD_VICTIM_COUNTS_AS_WAITING, AHEAD, HELD_VICTIM_OUTCOMES),
+    "a-request-finished-unseen-is-decoded-once-more-with-its-last-batchs-drafts": (
+        FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K, AHEAD, FINISHED_AHEAD_OUTCOMES),
+    "requests-finishing-together-free-their-blocks-in-running-order": (
+        FINISHED_IN_RUNNING_ORDER, None, FINISHED_IN_RUNNING_ORDER_OUTCOMES),
+}
+
+
 @pytest.mark.parametrize("engine", ["fast", "reference"])
-def test_requests_finishing_together_free_their_blocks_in_running_order(engine):
-    case = Case.from_json(FINISHED_IN_RUNNING_ORDER, DiffSettings)
-    assert SchedlabRunner(engine).run(case) == (FINISHED_IN_RUNNING_ORDER_OUTCOMES, None)
+@pytest.mark.parametrize("name", sorted(PINNED_CASES))
+def test_schedlab_runs_each_pinned_case_as_vllm_does(engine, name):
+    text, sides, expected = PINNED_CASES[name]
+    assert SchedlabRunner(engine).run(Case.from_json(text, DiffSettings), sides) == (expected, None)
 
 
 @pytest.mark.vllm
-def test_vllm_frees_requests_finishing_together_in_running_order(differ):
-    case = Case.from_json(FINISHED_IN_RUNNING_ORDER, DiffSettings)
-    assert differ.theirs.run(case) == (FINISHED_IN_RUNNING_ORDER_OUTCOMES, None)
+@pytest.mark.parametrize("name", sorted(PINNED_CASES))
+def test_vllm_runs_each_pinned_case_as_pinned(differ, name):
+    text, sides, expected = PINNED_CASES[name]
+    assert differ.theirs.run(Case.from_json(text, DiffSettings), sides) == (expected, None)
 
 
 #: every case planned ahead by hand (speculation on one stage, pipelines): (case, planned ahead,
