@@ -745,6 +745,26 @@ FINISHED_IN_RUNNING_ORDER_OUTCOMES = {1: Outcome(1, 3, 4, 0, 0), 2: Outcome(2, 4
                                       5: Outcome(15, 22, 26, 0, 0)}
 
 
+#: EAGLE on 2 stages planning ahead, prefix caching: r2, preempted with its prompt's last chunk in
+#: flight, leaves 12 cached blocks at the free queue's tail. At 11 the decodes of r1 and r3 need
+#: blocks and r3's do not fit: vLLM has given r1 its blocks already -- evicting r2's first
+#: cached ones -- when it preempts r4, so r2 finds nothing when it comes back at 12. Preempting
+#: first and then allocating every decode, schedlab took r4's freed blocks and r2 hit 4 tokens
+#: (fresh seed 55060).
+DECODES_TAKE_BLOCKS_BEFORE_THE_VICTIM_FREES_ITS = (
+    '{"group":"pipeline_spec","seed":55060,"settings":{"block_size":2,"num_blocks":91,"max_num_seqs":4,"m'
+    'ax_num_batched_tokens":40,"long_prefill_token_threshold":24,"prefix_caching":true,"policy":"fcfs","p'
+    'ipeline_parallel":2,"num_speculative_tokens":2,"spec_method":"eagle","acceptance_rate":0.62,"dynamic'
+    '_from":0,"dynamic_k":0},"requests":[{"id":0,"arrival":1,"prompt_tokens":103,"output_tokens":1,"prior'
+    'ity":0,"group":null,"prefix_len":0},{"id":1,"arrival":2,"prompt_tokens":60,"output_tokens":18,"prior'
+    'ity":0,"group":null,"prefix_len":0},{"id":2,"arrival":3,"prompt_tokens":25,"output_tokens":11,"prior'
+    'ity":0,"group":null,"prefix_len":0},{"id":3,"arrival":4,"prompt_tokens":4,"output_tokens":16,"priori'
+    'ty":0,"group":0,"prefix_len":4},{"id":4,"arrival":5,"prompt_tokens":94,"output_tokens":4,"priority":'
+    '0,"group":0,"prefix_len":56},{"id":5,"arrival":5,"prompt_tokens":77,"output_tokens":10,"priority":0,'
+    '"group":null,"prefix_len":0}]}')
+DECODES_TAKE_BLOCKS_OUTCOMES = {0: Outcome(1, 5, 5, 0, 0), 1: Outcome(3, 8, 23, 0, 0), 2: Outcome(3, 10, 20, 2, 0),
+                                3: Outcome(5, 8, 21, 0, 0), 4: Outcome(5, 11, 13, 1, 2), 5: Outcome(20, 25, 30, 0, 0)}
+
 #: fresh harness seeds shrunk and pinned, each a rule found there: name -> (case, sides, vLLM's outcomes)
 PINNED_CASES = {
     "a-victim-held-for-its-batch-in-flight-counts-as-waiting": (
@@ -753,6 +773,8 @@ PINNED_CASES = {
         FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K, AHEAD, FINISHED_AHEAD_OUTCOMES),
     "requests-finishing-together-free-their-blocks-in-running-order": (
         FINISHED_IN_RUNNING_ORDER, None, FINISHED_IN_RUNNING_ORDER_OUTCOMES),
+    "decodes-take-their-blocks-before-the-victim-frees-its": (
+        DECODES_TAKE_BLOCKS_BEFORE_THE_VICTIM_FREES_ITS, AHEAD, DECODES_TAKE_BLOCKS_OUTCOMES),
 }
 
 

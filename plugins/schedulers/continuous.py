@@ -318,10 +318,12 @@ class ContinuousScheduler:
                     return False
             else:
                 while not plan.decode_all():
-                    if self._key is not None:
+                    if self._key is not None or self._reuses_blocks(plan):
                         # A victim chosen by priority may come before the decode that does not
-                        # fit, and vLLM has allocated its slot (caching its full blocks) by then:
-                        # walk the decodes one by one as vLLM does.
+                        # fit, and vLLM has allocated its slot (caching its full blocks) by then;
+                        # and with a prefix cache the decodes before the one that does not fit
+                        # have taken their blocks -- evicting cached ones -- before the victim's
+                        # come free: walk the decodes one by one as vLLM does.
                         if not self._walk(plan, [s for s in plan.running if s.status == "decoding"]):
                             return False
                         break
@@ -330,6 +332,11 @@ class ContinuousScheduler:
         if plan.has_prefilling:
             return self._walk(plan, plan.prefilling)
         return True
+
+    @staticmethod
+    def _reuses_blocks(plan) -> bool:
+        """The KV cache keeps freed blocks for prefix hits: which free block a decode takes matters."""
+        return bool(getattr(plan.kv, "prefix_caching", False))
 
     def _decodes_fit(self, plan) -> bool:
         """Every decode's verify tokens fit the budget (the last decode still gets all its drafts;
