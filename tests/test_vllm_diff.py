@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import attrs
 import pytest
@@ -678,23 +679,6 @@ EAGLE_LAST_CHUNK_IN_FLIGHT = (
     '"prefix_len":31,"max_tokens":15}]}')
 
 
-#: 3 stages planning ahead, a threshold of 19 under a budget of 23: at 49 ms r3 is running alone,
-#: r4 (preempted at 48 with its chunks in flight) held until they land -- but in vLLM's waiting
-#: queue, so get_request_counts sees two requests and the threshold cuts r3's chunks to 19. With
-#: r4 not counted, r3 took 23 and finished at 84 (vLLM 0.33: 85; fresh seed 44173 shrunk).
-HELD_VICTIM_COUNTS_AS_WAITING = (
-    '{"group":"pipeline_spec","seed":44173,"settings":{"block_size":16,"num_blocks":10,"max_num_seqs":2,'
-    '"max_num_batched_tokens":23,"long_prefill_token_threshold":19,"prefix_caching":false,"policy":"fcfs",'
-    '"pipeline_parallel":3,"num_speculative_tokens":1,"spec_method":"ngram","acceptance_rate":0.34,'
-    '"dynamic_from":0,"dynamic_k":0},"requests":[{"id":1,"arrival":9,"prompt_tokens":77,"output_tokens":19,'
-    '"priority":0,"group":null,"prefix_len":0},{"id":2,"arrival":11,"prompt_tokens":44,"output_tokens":20,'
-    '"priority":0,"group":null,"prefix_len":0},{"id":3,"arrival":15,"prompt_tokens":111,"output_tokens":23,'
-    '"priority":0,"group":null,"prefix_len":0},{"id":4,"arrival":18,"prompt_tokens":93,"output_tokens":20,'
-    '"priority":0,"group":null,"prefix_len":0}]}')
-HELD_VICTIM_OUTCOMES = {1: Outcome(9, 15, 38, 0, 0), 2: Outcome(12, 18, 49, 1, 0), 3: Outcome(38, 57, 85, 1, 0),
-                        4: Outcome(45, 92, 116, 2, 0)}
-
-
 @pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_eagle_blocks_of_a_prompt_whose_last_chunk_is_in_flight_are_cached_but_the_last(engine):
     case = Case.from_json(EAGLE_LAST_CHUNK_IN_FLIGHT, DiffSettings)
@@ -708,88 +692,30 @@ def test_vllm_caches_a_prompt_in_flight_but_its_last_eagle_block(differ):
     assert differ.theirs.run(case, AHEAD)[0][6] == Outcome(31, 37, 47, 1, 92)
 
 
-#: planning ahead on one instance, n-gram drafts per batch size (3 below a batch of 4, none from
-#: 4): r4's accepted drafts finish it in the batch of 4 planned at 22, unseen by vLLM, which
-#: decodes it once more in the plan made at 23 with that batch's placeholders -- none, one token
-#: of the budget. schedlab had left r4 the 3 drafts of its batch before (a request finishing in
-#: its step kept its old k), and r6's prompt got its first token at 31, not 30 (fresh seed 50078).
-FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K = (
-    '{"group":"spec","seed":50078,"settings":{"block_size":4,"num_blocks":59,"max_num_seqs":4,"max_num_ba'
-    'tched_tokens":16,"long_prefill_token_threshold":0,"prefix_caching":false,"policy":"fcfs","pipeline_p'
-    'arallel":1,"num_speculative_tokens":3,"spec_method":"ngram","acceptance_rate":0.73,"dynamic_from":4,'
-    '"dynamic_k":0},"requests":[{"id":0,"arrival":0,"prompt_tokens":116,"output_tokens":23,"priority":0,"'
-    'group":null,"prefix_len":0},{"id":1,"arrival":0,"prompt_tokens":85,"output_tokens":12,"priority":2,"'
-    'group":null,"prefix_len":0,"max_tokens":19},{"id":4,"arrival":0,"prompt_tokens":8,"output_tokens":6,'
-    '"priority":1,"group":1,"prefix_len":8,"max_tokens":6},{"id":5,"arrival":0,"prompt_tokens":11,"output'
-    '_tokens":10,"priority":1,"group":1,"prefix_len":11},{"id":6,"arrival":0,"prompt_tokens":81,"output_t'
-    'okens":12,"priority":2,"group":1,"prefix_len":81,"max_tokens":12}]}')
-FINISHED_AHEAD_OUTCOMES = {0: Outcome(0, 8, 16, 0, 0), 1: Outcome(6, 15, 25, 1, 0), 4: Outcome(13, 15, 24, 1, 0),
-                           5: Outcome(21, 24, 29, 0, 0), 6: Outcome(22, 30, 34, 0, 0)}
+#: fresh harness seeds shrunk and pinned, each a rule found there (``why``), with vLLM 0.33's
+#: outcomes: tests/data/vllm_pinned_cases.json
+PINNED_CASES = json.loads((Path(__file__).parent / "data" / "vllm_pinned_cases.json").read_text())
 
 
-#: r1 (decoding, admitted at 1) and r2 (its prompt's last chunk, admitted at 2) finish in the
-#: step ending at 4: vLLM frees them in its output's order, the running list's -- r1 first, so
-#: r1's cached blocks come before r2's in the free queue and r3's long prompt evicts them first;
-#: r5, which shares r1's first block, finds nothing. Freeing prompts first (schedlab's order
-#: before), r1's first block outlived r3 and r5 hit 8 tokens (fresh seed 51163, shrunk).
-FINISHED_IN_RUNNING_ORDER = (
-    '{"group":"spec","seed":51163,"settings":{"block_size":8,"num_blocks":17,"max_num_seqs":2,"max_num_ba'
-    'tched_tokens":14,"long_prefill_token_threshold":0,"prefix_caching":true,"policy":"fcfs","pipeline_pa'
-    'rallel":1,"num_speculative_tokens":1,"spec_method":"ngram","acceptance_rate":0.92,"dynamic_from":0,"'
-    'dynamic_k":0},"requests":[{"id":1,"arrival":1,"prompt_tokens":16,"output_tokens":2,"priority":0,"gro'
-    'up":0,"prefix_len":8},{"id":2,"arrival":2,"prompt_tokens":24,"output_tokens":1,"priority":0,"group":'
-    '1,"prefix_len":24},{"id":3,"arrival":4,"prompt_tokens":119,"output_tokens":3,"priority":0,"group":nu'
-    'll,"prefix_len":0},{"id":5,"arrival":5,"prompt_tokens":89,"output_tokens":9,"priority":0,"group":0,"'
-    'prefix_len":89}]}')
-FINISHED_IN_RUNNING_ORDER_OUTCOMES = {1: Outcome(1, 3, 4, 0, 0), 2: Outcome(2, 4, 4, 0, 0), 3: Outcome(4, 13, 15, 0, 0),
-                                      5: Outcome(15, 22, 26, 0, 0)}
-
-
-#: EAGLE on 2 stages planning ahead, prefix caching: r2, preempted with its prompt's last chunk in
-#: flight, leaves 12 cached blocks at the free queue's tail. At 11 the decodes of r1 and r3 need
-#: blocks and r3's do not fit: vLLM has given r1 its blocks already -- evicting r2's first
-#: cached ones -- when it preempts r4, so r2 finds nothing when it comes back at 12. Preempting
-#: first and then allocating every decode, schedlab took r4's freed blocks and r2 hit 4 tokens
-#: (fresh seed 55060).
-DECODES_TAKE_BLOCKS_BEFORE_THE_VICTIM_FREES_ITS = (
-    '{"group":"pipeline_spec","seed":55060,"settings":{"block_size":2,"num_blocks":91,"max_num_seqs":4,"m'
-    'ax_num_batched_tokens":40,"long_prefill_token_threshold":24,"prefix_caching":true,"policy":"fcfs","p'
-    'ipeline_parallel":2,"num_speculative_tokens":2,"spec_method":"eagle","acceptance_rate":0.62,"dynamic'
-    '_from":0,"dynamic_k":0},"requests":[{"id":0,"arrival":1,"prompt_tokens":103,"output_tokens":1,"prior'
-    'ity":0,"group":null,"prefix_len":0},{"id":1,"arrival":2,"prompt_tokens":60,"output_tokens":18,"prior'
-    'ity":0,"group":null,"prefix_len":0},{"id":2,"arrival":3,"prompt_tokens":25,"output_tokens":11,"prior'
-    'ity":0,"group":null,"prefix_len":0},{"id":3,"arrival":4,"prompt_tokens":4,"output_tokens":16,"priori'
-    'ty":0,"group":0,"prefix_len":4},{"id":4,"arrival":5,"prompt_tokens":94,"output_tokens":4,"priority":'
-    '0,"group":0,"prefix_len":56},{"id":5,"arrival":5,"prompt_tokens":77,"output_tokens":10,"priority":0,'
-    '"group":null,"prefix_len":0}]}')
-DECODES_TAKE_BLOCKS_OUTCOMES = {0: Outcome(1, 5, 5, 0, 0), 1: Outcome(3, 8, 23, 0, 0), 2: Outcome(3, 10, 20, 2, 0),
-                                3: Outcome(5, 8, 21, 0, 0), 4: Outcome(5, 11, 13, 1, 2), 5: Outcome(20, 25, 30, 0, 0)}
-
-#: fresh harness seeds shrunk and pinned, each a rule found there: name -> (case, sides, vLLM's outcomes)
-PINNED_CASES = {
-    "a-victim-held-for-its-batch-in-flight-counts-as-waiting": (
-        HELD_VICTIM_COUNTS_AS_WAITING, AHEAD, HELD_VICTIM_OUTCOMES),
-    "a-request-finished-unseen-is-decoded-once-more-with-its-last-batchs-drafts": (
-        FINISHED_AHEAD_KEEPS_ITS_LAST_BATCHS_K, AHEAD, FINISHED_AHEAD_OUTCOMES),
-    "requests-finishing-together-free-their-blocks-in-running-order": (
-        FINISHED_IN_RUNNING_ORDER, None, FINISHED_IN_RUNNING_ORDER_OUTCOMES),
-    "decodes-take-their-blocks-before-the-victim-frees-its": (
-        DECODES_TAKE_BLOCKS_BEFORE_THE_VICTIM_FREES_ITS, AHEAD, DECODES_TAKE_BLOCKS_OUTCOMES),
-}
+def _pinned(name: str) -> tuple:
+    """(case, sides, outcomes) of pinned case ``name``."""
+    pinned = PINNED_CASES[name]
+    outcomes = {int(rid): Outcome(*fields) for rid, fields in pinned["outcomes"].items()}
+    return Case.from_dict(pinned["case"], DiffSettings), AHEAD if pinned["planned_ahead"] else None, outcomes
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
 @pytest.mark.parametrize("name", sorted(PINNED_CASES))
 def test_schedlab_runs_each_pinned_case_as_vllm_does(engine, name):
-    text, sides, expected = PINNED_CASES[name]
-    assert SchedlabRunner(engine).run(Case.from_json(text, DiffSettings), sides) == (expected, None)
+    case, sides, expected = _pinned(name)
+    assert SchedlabRunner(engine).run(case, sides) == (expected, None)
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", sorted(PINNED_CASES))
 def test_vllm_runs_each_pinned_case_as_pinned(differ, name):
-    text, sides, expected = PINNED_CASES[name]
-    assert differ.theirs.run(Case.from_json(text, DiffSettings), sides) == (expected, None)
+    case, sides, expected = _pinned(name)
+    assert differ.theirs.run(case, sides) == (expected, None)
 
 
 #: every case planned ahead by hand (speculation on one stage, pipelines): (case, planned ahead,
