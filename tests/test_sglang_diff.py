@@ -314,6 +314,32 @@ REPRODUCERS = {
                    overlap_schedule=True),
               (0, 0, 2, 1, 0, 2, None), (1, 0, 2, 1, 0, 2, None), (2, 0, 3, 2, 0, 1, None)),
         {0: _o(0, 1, 1, 0, 0, 2), 1: _o(0, 2, 2, 0, 0, 1, 1), 2: _o(0, 2, 3, 0, 1, 2)}),
+    # 20. ``dfs-weight`` breaks a tie between siblings in the order SGLang put them in its tree. Two
+    # slots, chunks of 2 tokens. The pass at [0, 1] computes 0's prompt (group 0's first token) and
+    # 1's first chunk (group 1's first token). The plan made at 0 stashes 1's chunk in the tree and
+    # computes 1's last 2 tokens; only then does 0's result put 0's token in the tree. The plan
+    # made at 1 has one slot beside 1: 2 (group 1) and 3 (group 0) each weigh 1 on a child of the
+    # root, and the child inserted first, 1's, goes first: 2 runs at [2, 3], 3 at [3, 4], each
+    # with its first token cached. (schedlab ordered the children as it allocated them, 0's first:
+    # 3 ran before 2.)
+    "20-dfs-weight-ties-go-to-the-sibling-inserted-first": (
+        _case(dict(max_total_tokens=64, max_running_requests=2, chunked_prefill_size=2, max_prefill_tokens=2,
+                   schedule_policy="dfs-weight", overlap_schedule=True),
+              (0, 0, 1, 1, 0, 1, None), (1, 0, 3, 1, 1, 3, None), (2, 0, 2, 1, 1, 2, None), (3, 0, 2, 1, 0, 2, None)),
+        {0: _o(0, 1, 1, 0, 0, 1), 1: _o(0, 2, 2, 0, 0, 1, 2), 2: _o(1, 3, 3, 0, 1, 1), 3: _o(2, 4, 4, 0, 1, 1)}),
+    # 21. A chunk's copy of a block already in the tree is freed when the next plan stashes the
+    # chunk. A pool of 16, chunks of 2 tokens, all of 0's and 2's prompts shared. 0 runs [0, 1] and
+    # [1, 2] (its last token). The plan made at 1 admits 2 beside it: 0's last token is not in the
+    # tree yet, so 2 finds 2 cached tokens and computes the next 2 -- one of them 0's last -- in a
+    # chunk. 0's result then puts that token in the tree, and the plan made at 2 stashes 2's chunk:
+    # its copy is freed, 12 tokens free. 2's last chunk takes 1 + 1 page + 1 to generate: 9 left,
+    # and 1 (1 + 6 + 1 page = 8 < 9) is admitted beside it, its token at 4. (schedlab freed the
+    # copy a pass later: 8 < 8 failed and 1 waited a step.)
+    "21-overlap-a-chunks-copy-of-a-cached-block-is-freed-at-its-stash": (
+        _case(dict(max_total_tokens=16, max_running_requests=4, chunked_prefill_size=2, max_prefill_tokens=64,
+                   schedule_policy="fcfs", overlap_schedule=True),
+              (0, 0, 3, 1, 0, 3, None), (2, 1, 5, 1, 0, 5, None), (1, 2, 1, 6, None, 0, None)),
+        {0: _o(0, 2, 2, 0, 0, 2, 1), 2: _o(1, 4, 4, 0, 2, 2, 1), 1: _o(2, 4, 9, 0, 0, 1)}),
 }
 
 

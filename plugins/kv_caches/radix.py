@@ -32,7 +32,9 @@ SGLang's own tree under its own scheduler beside this one (README "Checked again
   last one's batch runs (``begin_pass(in_flight=True)``): that batch's prompts join the tree a
   pass later (its chunks that do not end a prompt do not wait -- nor what such a chunk computed
   beside another prompt of the pass, whose copy the chunk's stash puts in the tree first), and
-  its duplicates are freed a pass later too.
+  its duplicates are freed a pass later too (but for a chunk's copies of blocks an earlier pass
+  inserted: its stash frees them as the next pass is planned). Siblings keep the order in which
+  SGLang inserts them, which ``dfs-weight`` breaks ties by.
   Without passes (other schedulers) pages are matched as soon as they are allocated, as in vLLM.
 * Duplicates: when an insertion finds pages already in the tree (two requests computed the
   same prefix, or a request recomputed its last cached page because at least one token must
@@ -99,9 +101,11 @@ class _Node:
     ``born`` the scheduling pass whose prefill step inserted it (see :meth:`RadixKVCache.begin_pass`).
     """
 
-    __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive", "born", "chunk")
+    __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive", "born", "chunk",
+                 "stamp")
 
-    def __init__(self, keys: list, start: int, parent, tick: int, uid: int, born: int = 0, chunk: bool = False):
+    def __init__(self, keys: list, start: int, parent, tick: int, uid: int, born: int = 0, chunk: bool = False,
+                 stamp: tuple = (0, 0, 0)):
         self.keys = keys
         self.start = start
         self.parent = parent
@@ -113,6 +117,7 @@ class _Node:
         self.alive = True
         self.born = born  # the pass whose prefill inserted it (0: visible to every lookup)
         self.chunk = chunk  # ... a chunk that does not end the prompt (SGLang inserts it at the next pass)
+        self.stamp = stamp  # when SGLang puts it in the tree: its place among its siblings (``_stamp``)
 
     def __repr__(self) -> str:
         return f"_Node({self.keys!r}, start={self.start}, lock={self.lock}, tick={self.tick})"
@@ -134,10 +139,10 @@ class _Hold:
 class _Step:
     """What an allocation does, worked out before anything changes (see ``_plan``)."""
 
-    __slots__ = ("fresh", "revived", "shared_dups", "free_dups", "full", "loads", "after_pass")
+    __slots__ = ("fresh", "revived", "shared_dups", "free_dups", "full", "loads", "after_pass", "older_dups")
 
     def __init__(self, fresh: int, revived: int, shared_dups: int, free_dups: int, full: int, loads=(),
-                 after_pass: bool = False):
+                 after_pass: bool = False, older_dups: int = 0):
         self.fresh = fresh              # blocks beyond those held, matched hits aside
         self.revived = revived          # matched hit blocks in unlocked nodes
         self.shared_dups = shared_dups  # newly full blocks found in the tree, in locked nodes
@@ -145,6 +150,7 @@ class _Step:
         self.full = full                # the path length after the step (0: the step inserts nothing)
         self.loads = loads              # keys of the hit blocks loaded from the host tier (among ``fresh``)
         self.after_pass = after_pass    # duplicates are computed, then freed when the pass ends
+        self.older_dups = older_dups    # duplicates of blocks inserted by an earlier pass's prefill
 
     @property
     def need(self) -> int:
@@ -195,6 +201,7 @@ class RadixKVCache:
         self._pending = 0               # duplicate blocks computed this pass, freed when it ends ...
         self._overlapped = False        # ... or, planning ahead, once its batch's result is processed:
         self._queued = 0                # the last pass's duplicates
+        self._stashed = 0               # ... those of its chunks, of blocks in the tree before
         self._aging = 0                 # and those of the pass before, whose batch was in flight
         self._deferring = False         # between begin_pass and end_pass: evictions wait ...
         self._owed = 0                  # ... for this many blocks
@@ -211,7 +218,7 @@ class RadixKVCache:
     def releasing_blocks(self) -> int:
         """Blocks in use that no sequence holds: duplicates a planned-ahead pass computed, freed
         once its batch's result is processed (:meth:`begin_pass`)."""
-        return self._queued + self._aging
+        return self._queued + self._aging + self._stashed
 
     def held(self, seq) -> int:
         """Blocks ``seq`` holds between iterations (its locked path included)."""
@@ -262,7 +269,7 @@ class RadixKVCache:
             while m < n and j + m < limit and seg[m] == keys[j + m]:
                 m += 1
             if pieces is not None:
-                pieces.append((child.lock > 0, j, j + m))
+                pieces.append((child.lock > 0, j, j + m, child.born))
             if m < n:
                 return node, j + m, child
             node = child
@@ -297,7 +304,7 @@ class RadixKVCache:
         tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
         want = cached_tokens // bs if not held else 0
         full = tokens // bs if seq.status != "decoding" else 0
-        hits = revived = shared_dups = free_dups = 0
+        hits = revived = shared_dups = free_dups = older_dups = 0
         loads = ()
         limit = max(want, full)
         if limit > hold.length:
@@ -307,7 +314,7 @@ class RadixKVCache:
             hits = min(reached, want)
             if hits < want and self.host is not None:
                 loads = keys[hits:self._host_run(keys, hits, want)]
-            for locked, first, stop in pieces:
+            for locked, first, stop, born in pieces:
                 in_hits = max(0, min(stop, want) - first)
                 if not locked:
                     revived += in_hits
@@ -315,10 +322,12 @@ class RadixKVCache:
                     shared_dups += stop - first - in_hits
                 else:
                     free_dups += stop - first - in_hits
+                if born < self._pass:
+                    older_dups += stop - first - in_hits
         tokens = max(tokens, reserve_tokens, seq.reserved_tokens)
         fresh = blocks_for(tokens, bs) - held - hits
         return _Step(fresh, revived, shared_dups, free_dups, full if full > hold.length else 0, loads,
-                     after_pass=self._pass > 0)
+                     after_pass=self._pass > 0, older_dups=older_dups)
 
     def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
         return self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens).need
@@ -339,19 +348,27 @@ class RadixKVCache:
             keys = self._keys(seq, hold, limit)
             end, reached = self._descend(hold.node, hold.length, keys, limit)
             chunk = max(seq.num_computed_tokens, cached_tokens) + num_new_tokens < seq.num_tokens
-            if chunk and self._pass:  # its copy of what another prefill of this pass computes
-                node = end            # joins the tree with its chunk (stash_chunked_request)
+            stamp = self._stamp(chunk)
+            if self._pass:  # its copy of what another prefill of this pass computes joins the tree
+                node = end  # with its chunk (stash_chunked_request), or with its own insertion
                 while node is not hold.node and node.born == self._pass:
-                    node.chunk = True
+                    if chunk:
+                        node.chunk = True
+                    if stamp < node.stamp:
+                        node.stamp = stamp
                     node = node.parent
             self._lock_to(hold, end, reached)
             if step.loads:  # loaded into fresh blocks, which join the node inserted below
                 self.host.load(step.loads)
             self._take(step.taken)
             if step.after_pass:
-                self._pending += step.shared_dups + step.free_dups
+                dups = step.shared_dups + step.free_dups
+                if chunk and self._overlapped:  # its stash, when the next pass is planned, finds
+                    self._stashed += step.older_dups  # them in the tree and frees its copies
+                    dups -= step.older_dups
+                self._pending += dups
             if reached < step.full:  # the rest is new: one node, locked by this sequence
-                node = self._new_node(end, keys[reached:step.full], reached, born=self._pass, chunk=chunk)
+                node = self._new_node(end, keys[reached:step.full], reached, stamp, born=self._pass, chunk=chunk)
                 self._lock_to(hold, node, step.full)
             self._touch_path(hold.node)
         else:
@@ -373,12 +390,14 @@ class RadixKVCache:
         True if the pass is planned while the last pass's batch still runs, so that batch's
         prefills are not in the tree yet either -- but for chunks that do not end a prompt, which
         SGLang inserts when it plans the next pass (``stash_chunked_request``) --, and the
-        duplicates it computed are freed only after this pass (when its result is processed);
+        duplicates it computed are freed only after this pass (when its result is processed;
+        a chunk's copies of blocks an earlier pass put in the tree at once, by its stash);
         False if it has been processed."""
         self.end_pass()
         if in_flight is not None:
             self._overlapped = True
-            freed = self._aging + (0 if in_flight else self._queued)
+            freed = self._aging + (0 if in_flight else self._queued) + self._stashed
+            self._stashed = 0
             self._aging = self._queued if in_flight else 0
             self._queued = 0
             self.unused += freed
@@ -443,7 +462,7 @@ class RadixKVCache:
         """Indices of ``seqs`` in SGLang's ``dfs-weight`` order (``_dfs_weight_order``): each
         request weighs on the node its whole-prompt match ends at (the tree split there, as
         SGLang's lookups split it), a node weighs its requests and its subtree's; walk the tree depth
-        first, heavier children first (ties in insertion order), and list a node's requests
+        first, heavier children first (ties in the order SGLang inserted them, ``_stamp``), and list a node's requests
         after its subtree's, the unmatched ones (at the root) last."""
         ends: dict = {}   # (node, depth) -> indices, depth inside node or at its end
         for i, seq in enumerate(seqs):
@@ -477,7 +496,7 @@ class RadixKVCache:
         order: list[int] = []
 
         def visit_children(node) -> None:
-            kids = sorted(node.children.values(), key=lambda c: -weight[chain(c)[0]])  # stable
+            kids = sorted(node.children.values(), key=lambda c: (-weight[chain(c)[0]], c.stamp))
             for child in kids:
                 links = chain(child)
                 visit_children(child)   # the chain's bottom holds the real node's children
@@ -522,7 +541,7 @@ class RadixKVCache:
                 keys = self._keys(seq, hold, full)
                 end, reached = self._descend(hold.node, hold.length, keys, full)
                 if reached < full:
-                    end = self._new_node(end, keys[reached:full], reached)
+                    end = self._new_node(end, keys[reached:full], reached, self._stamp(None))
                     private -= full - reached
             self._touch_path(end)
         self.unused += private
@@ -565,7 +584,7 @@ class RadixKVCache:
         node at creation and the tail after the split)."""
         self._uid += 1
         self._tick += 1
-        head = _Node(node.keys[:m], node.start, node.parent, self._tick, self._uid, node.born, node.chunk)
+        head = _Node(node.keys[:m], node.start, node.parent, self._tick, self._uid, node.born, node.chunk, node.stamp)
         head.lock = node.lock
         self._count += 1
         node.parent.children[head.keys[0]] = head
@@ -579,10 +598,27 @@ class RadixKVCache:
             self._push(node)
         return head
 
-    def _new_node(self, parent: _Node, keys: list, start: int, born: int = 0, chunk: bool = False) -> _Node:
+    def _stamp(self, chunk: bool | None) -> tuple:
+        """When SGLang puts the blocks an insertion made now into its tree, as ``(pass, phase,
+        order)``: the order of siblings in its tree, which ``dfs-weight`` breaks ties by.
+        ``chunk``: a prefill that does (True) or does not (False) end its prompt, None a finished
+        request's sequence. A prefill of pass P joins the tree when its result is processed --
+        before pass P + 1 is scheduled, or after it when the scheduler plans ahead -- and a chunk
+        that does not end its prompt when pass P + 1 is scheduled (``stash_chunked_request``);
+        a finished request's sequence when the running batch's result is processed."""
+        if not self._pass:
+            return (0, 0, self._uid + 1)
+        if chunk is None:  # (planning ahead, that result comes in after this pass was planned)
+            when = (self._pass, 1) if self._overlapped else (self._pass + 1, 0)
+        else:
+            when = (self._pass + 1, (0 if chunk else 1) if self._overlapped else (1 if chunk else 0))
+        return when + (self._uid + 1,)
+
+    def _new_node(self, parent: _Node, keys: list, start: int, stamp: tuple, born: int = 0,
+                  chunk: bool = False) -> _Node:
         """A new unlocked node (its blocks count as evictable until a sequence locks it)."""
         self._uid += 1
-        node = _Node(list(keys), start, parent, self._tick, self._uid, born, chunk)
+        node = _Node(list(keys), start, parent, self._tick, self._uid, born, chunk, stamp)
         parent.children[keys[0]] = node
         self._count += 1
         self.evictable += len(keys)
@@ -700,7 +736,7 @@ class RadixKVCache:
         wait or run, then resets the tree and clears the KV pool). RuntimeError while a sequence
         holds a block (a locked node or a private block) or a pass owes evictions or duplicates.
         ``evictions`` goes on counting the run's evictions; ``epoch`` changes."""
-        if self.num_used_blocks() or self._owed or self._pending or self._queued or self._aging:
+        if self.num_used_blocks() or self._owed or self._pending or self.releasing_blocks:
             raise RuntimeError(f"cannot reset the prefix cache while {self.num_used_blocks()} blocks are in use")
         self._empty()
         self.epoch += 1
@@ -755,7 +791,7 @@ class RadixKVCache:
             self.host.check_invariants()
         assert self._pending >= 0 and (self._deferring or not self._pending), self._pending
         assert (self._owed == 0 and self._lent == 0) or self._deferring, (self._owed, self._lent)
-        waiting = self._pending + self._queued + self._aging
-        assert self._queued >= 0 and self._aging >= 0, (self._queued, self._aging)
+        waiting = self._pending + self.releasing_blocks
+        assert min(self._queued, self._aging, self._stashed) >= 0, (self._queued, self._aging, self._stashed)
         assert self.unused + evictable + protected + waiting <= self.num_blocks, (
             self.unused, evictable, protected, waiting)
