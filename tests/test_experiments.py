@@ -342,6 +342,27 @@ def test_sglang_overlap_trades_a_step_of_ttft_for_hidden_host_time():
     assert metric(runs["overlap_busy"], "throughput_tps") > metric(runs["sync_busy"], "throughput_tps")
 
 
+# -- SGLang's priority scheduling --------------------------------------------------------------------------
+
+
+def test_sglang_priority_preemption_meets_the_chat_slo_at_the_documents_cost():
+    # five of the ten minutes
+    results = run("sglang_priority.toml", ["workload.classes.interactive.num_requests=600",
+                                           "workload.classes.batch.num_requests=120"])
+    runs = {r.name: r for r in results.all_runs()}
+    assert all(r.metrics["finished"] == 720 for r in runs.values())
+    ttft = {name: metric(r, "per_class.interactive.ttft_ms.p99") for name, r in runs.items()}
+    attainment = {name: metric(r, "per_class.interactive.slo.attainment") for name, r in runs.items()}
+    # sorting the queue lets chats pass queued documents; preempting running ones frees their slots
+    assert ttft["fcfs"] > 4 * ttft["priority_order"] > 4 * ttft["priority_preempt"]
+    assert attainment["fcfs"] < attainment["priority_order"] < 0.5 < 0.9 < attainment["priority_preempt"]
+    assert metric(runs["priority_preempt"], "num_preemptions") > 100
+    assert metric(runs["fcfs"], "num_preemptions") == metric(runs["priority_order"], "num_preemptions") == 0
+    # the documents pay: preempted, they compute again what they had generated
+    e2e = {name: metric(r, "per_class.batch.e2e_ms.p50") for name, r in runs.items()}
+    assert e2e["priority_preempt"] > 1.3 * e2e["fcfs"]
+
+
 # -- interactive and background work ---------------------------------------------------------------------
 
 

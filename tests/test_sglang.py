@@ -352,11 +352,18 @@ def test_longest_output_first(engine):
 @st.composite
 def sglang_configs(draw):
     chunk = draw(st.sampled_from([0, 8, 16, 40]))
+    mixed = bool(chunk) and draw(st.booleans())
+    priorities = draw(st.booleans())
     return SglangConfig(
         max_running_requests=draw(st.integers(1, 6)),
         max_prefill_tokens=draw(st.sampled_from([16, 64, 1000])),
         chunked_prefill_size=chunk,
-        enable_mixed_chunk=bool(chunk) and draw(st.booleans()),
+        enable_mixed_chunk=mixed,
+        enable_priority_scheduling=priorities,
+        schedule_low_priority_values_first=draw(st.booleans()),
+        priority_scheduling_preemption_threshold=draw(st.sampled_from([0, 1, 10])),  # priorities are 0-2
+        disable_priority_preemption=mixed or draw(st.booleans()),
+        retraction_policy=draw(st.sampled_from(["length", "priority"])) if priorities else "length",
         schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof"])),
         init_new_token_ratio=draw(st.sampled_from([0.0, 0.05, 0.7])),          # low: retractions are common
         min_new_token_ratio_factor=draw(st.sampled_from([0.14, 1.0])),
@@ -371,10 +378,11 @@ KVS = {"radix": RadixKVCache, "paged-prefix": PrefixKVCache, "paged": PagedKVCac
 
 
 @SETTINGS
-@given(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), sglang_configs(),
-       st.integers(1, 6), st.integers(0, 6), dyadic_linear_costs(), st.sampled_from(sorted(KVS)))
+@given(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=30, prefix_groups=3, priorities=True),
+       sglang_configs(), st.integers(1, 6), st.integers(0, 6), dyadic_linear_costs(), st.sampled_from(sorted(KVS)))
 def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, cost, kind):
-    """Tight caches (retraction, eviction), chunks, mixed chunks, every order, every cache."""
+    """Tight caches (retraction, eviction), chunks, mixed chunks, every order, every cache,
+    priorities with preemption."""
     blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1 for r in requests) + spare
     runs = {}
     for engine in ENGINES:
@@ -386,8 +394,8 @@ def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, 
 
 
 @SETTINGS
-@given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), sglang_configs(),
-       st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
+@given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3, priorities=True),
+       sglang_configs(), st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
 def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
     blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,

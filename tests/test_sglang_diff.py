@@ -80,6 +80,16 @@ def test_each_group_turns_on_its_feature():
             for c in cases("overlap_abort")] == cases("abort")
     every = cases("all")
     assert {c.settings.schedule_policy for c in every} == {"fcfs", "lpm", "dfs-weight", "lof"}
+    ranked = cases("priority")
+    assert all(c.settings.enable_priority_scheduling for c in ranked)
+    assert not any(c.settings.enable_priority_scheduling for g in GROUPS if not g.endswith("priority")
+                   for c in cases(g))
+    assert {len({r.priority for r in c.requests}) > 1 for c in ranked} == {True, False}
+    assert {c.settings.schedule_low_priority_values_first for c in ranked} == {True, False}
+    assert {c.settings.disable_priority_preemption for c in ranked} == {True, False}
+    assert {c.settings.priority_scheduling_preemption_threshold for c in ranked} == {0, 1, 2, 10}
+    assert [attrs.evolve(c, settings=attrs.evolve(c.settings, overlap_schedule=False), group="priority")
+            for c in cases("overlap_priority")] == ranked
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -109,16 +119,30 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
                               "schedule_policy": s.schedule_policy,
                               "schedule_conservativeness": s.schedule_conservativeness,
                               "enable_mixed_chunk": s.enable_mixed_chunk, "context_length": 8192,  # SGLang's side
-                              "overlap_schedule": False, "ignore_eos": "none"}
-    assert t["kv_cache"] == {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
+                              "overlap_schedule": False, "ignore_eos": "none",
+                              "enable_priority_scheduling": False, "schedule_low_priority_values_first": False,
+                              "priority_scheduling_preemption_threshold": 10, "disable_priority_preemption": False,
+                              "retraction_policy": "length"}
+    case = generate("priority", 0)
+    s = case.settings
+    t = tables(case)["scheduler"]
+    assert s.enable_priority_scheduling and t["enable_priority_scheduling"]
+    assert [t[k] for k in ("schedule_low_priority_values_first", "priority_scheduling_preemption_threshold",
+                           "disable_priority_preemption", "retraction_policy")] == [
+        s.schedule_low_priority_values_first, s.priority_scheduling_preemption_threshold,
+        s.disable_priority_preemption, s.retraction_policy]
+    assert tables(case)["kv_cache"] == {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
 
 
 # -- the differences found, as minimal reproducers with SGLang's outcome worked out by hand ------
-def _case(settings: dict, *requests: tuple) -> Case:
-    """requests as (id, arrival, prompt, output, group, prefix_len, max_tokens[, abort_at])."""
+def _case(settings: dict, *requests: tuple, priorities: dict | None = None) -> Case:
+    """requests as (id, arrival, prompt, output, group, prefix_len, max_tokens[, abort_at]);
+    ``priorities``: id -> priority (else 0)."""
+    priorities = priorities or {}
     return Case(SglangSettings(**settings),
                 [DiffRequest(id=r[0], arrival=r[1], prompt_tokens=r[2], output_tokens=r[3], group=r[4], prefix_len=r[5],
-                             max_tokens=r[6], abort_at=r[7] if len(r) > 7 else None) for r in requests])
+                             max_tokens=r[6], abort_at=r[7] if len(r) > 7 else None, priority=priorities.get(r[0], 0))
+                 for r in requests])
 
 
 def _o(scheduled, first, finish, retractions, cached, *chunks):
@@ -340,6 +364,37 @@ REPRODUCERS = {
                    schedule_policy="fcfs", overlap_schedule=True),
               (0, 0, 3, 1, 0, 3, None), (2, 1, 5, 1, 0, 5, None), (1, 2, 1, 6, None, 0, None)),
         {0: _o(0, 2, 2, 0, 0, 2, 1), 2: _o(1, 4, 4, 0, 2, 2, 1), 1: _o(2, 4, 9, 0, 0, 1)}),
+    # 22. Priority scheduling: a more important arrival preempts. One slot, higher values first,
+    # threshold 0. 0 (4 + 10 tokens, priority 0) has its tokens at 1 and 2 when 1 (priority 3)
+    # arrives: no slot, 3 - 0 > 0, and 0's 8 tokens to come cover 1's admission, so 0 is
+    # preempted and 1 runs: tokens at 3-5. 0 comes back at 5 with its prompt cached (4), computes
+    # its 2 tokens again, and generates the other 8 at 6-13.
+    "22-priority-a-more-important-arrival-preempts": (
+        _case(dict(max_total_tokens=64, max_running_requests=1, enable_priority_scheduling=True,
+                   priority_scheduling_preemption_threshold=0),
+              (0, 0, 4, 10, None, 0, None), (1, 2, 3, 3, None, 0, None), priorities={1: 3}),
+        {0: _o(0, 1, 13, 1, 4, 4, 2), 1: _o(2, 3, 5, 0, 0, 3)}),
+    # 23. Priority scheduling sorts the queue: lower values first here, preemption off. One slot,
+    # three requests at 0 with priorities 1, 3, 2: 0 at [0, 2], 2 at [2, 4], 1 at [4, 6].
+    "23-priority-orders-the-queue": (
+        _case(dict(max_total_tokens=64, max_running_requests=1, enable_priority_scheduling=True,
+                   schedule_low_priority_values_first=True, disable_priority_preemption=True),
+              (0, 0, 2, 2, None, 0, None), (1, 0, 2, 2, None, 0, None), (2, 0, 2, 2, None, 0, None),
+              priorities={0: 1, 1: 3, 2: 2}),
+        {0: _o(0, 1, 2, 0, 0, 2), 1: _o(4, 5, 6, 0, 0, 2), 2: _o(2, 3, 4, 0, 0, 2)}),
+    # 24. A preemption can be for nothing. Two slots, a pool of 50, threshold 0. 1 (1 + 10, priority
+    # 0) and 0 (1 + 30, priority 3) run from 0. 2 (15 + 10, priority 3) arrives at 2: no slot.
+    # ``preempt_to_schedule`` counts 2's prompt as SGLang last saw it -- never, so 0 tokens -- and
+    # its 10 answer tokens against the 8 the budget has left: 2 short, which 1's 8 tokens to come
+    # cover. 1 is preempted, but 2 then needs 15 + 10 + 1 page = 26 of the 19 left: it does not
+    # fit, and waits at the head of the queue, 1 behind it, until 0 finishes at 30. Both run
+    # from 30: 2's tokens at 31-40, 1's two tokens again (its prompt cached) and eight more at 31-38.
+    "24-priority-a-preemption-for-an-arrival-that-does-not-fit": (
+        _case(dict(max_total_tokens=50, max_running_requests=2, enable_priority_scheduling=True,
+                   priority_scheduling_preemption_threshold=0),
+              (1, 0, 1, 10, None, 0, None), (0, 0, 1, 30, None, 0, None), (2, 2, 15, 10, None, 0, None),
+              priorities={0: 3, 2: 3}),
+        {0: _o(0, 1, 30, 0, 0, 1), 1: _o(0, 1, 38, 1, 1, 1, 2), 2: _o(30, 31, 40, 0, 0, 15)}),
 }
 
 

@@ -201,8 +201,8 @@ class RadixKVCache:
         self._pending = 0               # duplicate blocks computed this pass, freed when it ends ...
         self._overlapped = False        # ... or, planning ahead, once its batch's result is processed:
         self._queued = 0                # the last pass's duplicates
-        self._stashed = 0               # ... those of its chunks, of blocks in the tree before
         self._aging = 0                 # and those of the pass before, whose batch was in flight
+        self._stashed = 0               # chunks' copies of blocks in the tree, freed at the next pass
         self._deferring = False         # between begin_pass and end_pass: evictions wait ...
         self._owed = 0                  # ... for this many blocks
         self._lent = 0                  # cached blocks a prefill duplicates, locked early, counted free
@@ -431,7 +431,8 @@ class RadixKVCache:
 
     def make_room(self, blocks: int) -> None:
         """Evict unlocked leaves, least recently used first, until ``blocks`` blocks are unused
-        or nothing evictable is left (SGLang ``evict_from_tree_cache`` after each retraction)."""
+        or nothing evictable is left (SGLang ``evict_from_tree_cache`` after each retraction, and
+        after each priority preemption)."""
         self.end_pass()
         short = min(blocks - self.unused, self.evictable)
         if short > 0:
@@ -526,7 +527,8 @@ class RadixKVCache:
     def free(self, seq, *, preempted: bool = False) -> None:
         """Release ``seq``. A finished sequence's full blocks go into the tree first (SGLang
         ``cache_finished_req``), unlocked; a retracted one keeps only what the tree already has
-        (its prompt), its decode blocks are freed (``retract_decode``)."""
+        (its prompt), its decode blocks are freed (``retract_decode``) -- and, planning ahead, so
+        is the prompt its batch in flight computes, which SGLang never puts in the tree."""
         self.end_pass()
         held = self.held(seq)
         hold = seq.kv_state
@@ -534,6 +536,7 @@ class RadixKVCache:
             self.unused += held
             return
         private = held - hold.length
+        newest = hold.node
         if not preempted:
             full = seq.num_computed_tokens // self.block_size
             end, reached = hold.node, hold.length
@@ -548,6 +551,14 @@ class RadixKVCache:
         self._unlock(hold)
         if not preempted:
             seq.kv_state = None
+        elif self._in_flight >= 0:
+            node = newest
+            while (node is not self.root and node.born == self._in_flight and not node.chunk and not node.lock
+                   and not node.children):
+                parent = node.parent
+                self._remove_leaf(node)
+                self.epoch += 1
+                node = parent
 
     def discard(self, seq) -> None:
         """Release ``seq`` without putting its newest blocks in the tree (SGLang

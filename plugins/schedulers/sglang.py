@@ -112,8 +112,20 @@ Simplifications (each deliberate):
   is rejected, and one whose prompt + ``max_tokens`` exceeds the context; ``max_new_tokens`` is
   cut to ``min(context_length, pool) - 2 - prompt`` and to what an empty pool holds after the
   prompt's pages, a page and a token.
-* Policies ``random``, ``hrrn``, ``routing-key`` and priorities, LoRA batching, grammar
-  queues, speculative decoding and data parallelism are not modelled (overlap scheduling is
+* Priorities (``enable_priority_scheduling``): ``fcfs`` and ``lof`` sort the waiting queue by
+  priority first -- higher values first by default, as SGLang's, unlike vLLM's --, ``fcfs`` then
+  by the time each request (re-)entered the queue; and unless ``disable_priority_preemption``,
+  once the batch has no slot left (``max_running_requests``) an arrival preempts running
+  requests whose priority is more than ``priority_scheduling_preemption_threshold`` below its
+  own, least important and latest queued first, as many as free its admission's tokens
+  (``PrefillAdder.preempt_to_schedule``: their estimated future tokens count as freed). A
+  preempted request releases its KV (the tree keeps what it holds) and re-enters the queue at
+  the back. Once the batch was full in a pass, every later admission of the pass needs a
+  preemption too, as SGLang's flag stays set. ``retraction_policy = "priority"`` retracts the
+  least important first. Not with ``enable_mixed_chunk`` (refused).
+* Policies ``random``, ``hrrn``, ``routing-key``, the queue limit that aborts by priority
+  (``--max-queued-requests``), LoRA batching, grammar queues, speculative decoding and data
+  parallelism are not modelled (overlap scheduling is
   refused with speculation, pipeline parallelism and disaggregation: ``"auto"`` turns it off).
 """
 
@@ -166,6 +178,17 @@ class SglangConfig:
         "before it runs, with that batch's tokens not yet counted; arrivals wait a batch more and finished "
         "requests hold their KV one plan longer (schedlab.engine.ahead); \"auto\": on unless the run uses "
         "pipeline parallelism, disaggregation or [speculative], which it is not modelled with")})
+    enable_priority_scheduling: bool = bool_field(
+        False, help="sort the waiting queue by request priority (fcfs and lof) and let a more important arrival "
+                    "preempt running requests (--enable-priority-scheduling)")
+    schedule_low_priority_values_first: bool = bool_field(
+        False, help="lower priority values are more important (SGLang's default: higher ones; vLLM's: lower)")
+    priority_scheduling_preemption_threshold: int = int_field(
+        10, help="how much more important an arrival must be than a running request to preempt it")
+    disable_priority_preemption: bool = bool_field(False, help="priority scheduling without preemption")
+    retraction_policy: str = str_field("length", choices=("length", "priority"),
+                                       help="which running requests a decode out of memory retracts first: fewest "
+                                            "generated tokens (then longest prompt), or least important first")
     context_length: int = int_field(
         0, min=0, help="the model's context (--context-length; by default the run's model's): a prompt of "
                        "min(context, pool) - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds "
@@ -175,6 +198,22 @@ class SglangConfig:
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise FieldError("enable_mixed_chunk", "needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
+        if self.retraction_policy == "priority" and not self.enable_priority_scheduling:
+            raise FieldError("retraction_policy", "\"priority\" needs enable_priority_scheduling = true (SGLang's rule)")
+        if self.preempts_by_priority and self.enable_mixed_chunk:
+            raise FieldError("enable_priority_scheduling", "priority preemption with enable_mixed_chunk is not "
+                                                           "modelled (set disable_priority_preemption = true)")
+
+    @property
+    def preempts_by_priority(self) -> bool:
+        return self.enable_priority_scheduling and not self.disable_priority_preemption
+
+    @property
+    def priority_sign(self) -> int:
+        """SGLang's ``priority_sign``: 1 if lower values go first, -1 if higher ones do; 0 off."""
+        if not self.enable_priority_scheduling:
+            return 0
+        return 1 if self.schedule_low_priority_values_first else -1
 
     @property
     def plans_ahead(self) -> bool:
@@ -266,7 +305,16 @@ class SglangScheduler:
         self._chunked = None            # the request whose prefill continues in chunks
         self._batch_full = False
         self._last_finish_ms = 0.0
-        self.policy = Policy(c.schedule_policy)
+        self.policy = Policy(c.schedule_policy, c.priority_sign)
+        self._queue: SglangQueue | None = None
+        #: priority preemption: ``seq_no -> [tokens, prefix]``, what SGLang last knew of a request's
+        #: length (``full_untruncated_fill_ids``, set when it was last looked at for admission) and
+        #: of its cached prefix (``prefix_len``: that look, a cache-aware order's match, 0 after a
+        #: retraction), which ``preempt_to_schedule`` reads before looking again
+        self._looked: dict[int, list] | None = None
+        if c.preempts_by_priority:
+            self._looked = {}
+            self.policy.matched = {}
         self._fresh_batch = False       # the last pass's batch becomes the running batch
         #: overlap scheduling: engines plan each batch while the one before runs (engine.ahead) ...
         self.plans_ahead = c.plans_ahead
@@ -282,7 +330,8 @@ class SglangScheduler:
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
-        return SglangQueue()
+        self._queue = SglangQueue()
+        return self._queue
 
     def limit_request(self, request, kv):
         """``request`` with SGLang's ``max_new_tokens`` (``Scheduler.init_req_max_new_tokens``):
@@ -335,6 +384,10 @@ class SglangScheduler:
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:
+        if self._queue is not None:
+            self._queue.forget(seq)
+        if self._looked is not None:
+            self._looked.pop(seq.seq_no, None)
         if seq.status == "aborted" and not seq.num_computed_tokens:
             return  # aborted while queued: SGLang pops it from the waiting queue, the batch is as it was
         self._last_finish_ms = now_ms
@@ -382,6 +435,13 @@ class SglangScheduler:
 
     # -- one iteration ------------------------------------------------------------------------
     def schedule(self, plan) -> None:
+        self._schedule(plan)
+        if self.config.preempts_by_priority and plan.waiting:
+            # the "full" mark is cleared at every pass: with the ratio decaying, a request may
+            # fit a decode step later without anything else happening
+            plan.wake_after(1)
+
+    def _schedule(self, plan) -> None:
         kv = plan.kv
         begin_pass = getattr(kv, "begin_pass", None)
         if begin_pass is not None:  # the last pass's prefills are in the tree now ...
@@ -416,6 +476,10 @@ class SglangScheduler:
                 # requests' KV at its end)
             mixed_bs = plan.num_decoding + len(finishing)
         formed = self._prefill(plan, mixed_bs, len(finishing), joined)
+        if self._looked is not None and plan.preempted:  # (priority preemption took some of them)
+            gone = set(plan.preempted)
+            by_length = [s for s in by_length if s not in gone]
+            eos = [s for s in eos if s not in gone]
         if begin_pass is not None:  # the batch's KV is allocated now (``prepare_for_extend``)
             kv.end_pass()
         if by_length and (not formed or self.config.enable_mixed_chunk):
@@ -482,12 +546,20 @@ class SglangScheduler:
             # nothing ran, replaced the running batch and with it the flag
             self._batch_full = False
         self._fresh_batch = False
+        preempting = c.preempts_by_priority
+        if preempting:  # SGLang clears the mark at every pass, to try preemption
+            self._batch_full = False
         if (self._batch_full or not plan.waiting) and chunked is None:
             return False
-        if c.max_running_requests - running_bs <= 0 and chunked is None:
+        if c.max_running_requests - running_bs <= 0 and chunked is None and not preempting:
             self._batch_full = True
             return False
         self.policy.calc_priority(plan)
+        looked = self._looked
+        if looked is not None and self.policy.matched:
+            for n, m in self.policy.matched.items():
+                looked.setdefault(n, [0, 0])[1] = m
+            self.policy.matched.clear()
         rem_chunk = c.chunked_prefill_size - mixed_bs if c.chunked_prefill_size else None
         adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk, self._running_offset(plan))
         if chunked is not None and not self._add_chunked(plan, chunked, adder):
@@ -501,7 +573,10 @@ class SglangScheduler:
             if adder.count >= limit:
                 self._batch_full = True
             if self._batch_full:
-                break
+                freed = self._preempt_for(plan, seq, adder) if preempting else 0
+                if not freed:
+                    break
+                limit += freed
             if touch is not None:  # ``init_next_round_input`` looks its prefix up
                 touch(seq)
             result = self._add_one(plan, seq, adder)
@@ -515,27 +590,71 @@ class SglangScheduler:
         self._fresh_batch = adder.count > 0 and (not plan.num_decoding or joined)
         return adder.count > 0
 
-    def _running_offset(self, plan) -> float:
-        """The running requests' future tokens: ``min(max_new - generated, 4096)`` each, times
-        the ratio (1.0 for a request that ignores EOS), added up in running order."""
+    def _running_batch(self, plan) -> list:
+        """SGLang's running batch, in order: the decoding requests and, planning ahead, those
+        the batch in flight finishes (the chunked request and this pass's admissions are not in it)."""
+        if self.plans_ahead:
+            return [s for s in plan.running.holding() if s.status in ("decoding", "finished")]
+        return [s for s in plan.running if s.status == "decoding"]
+
+    def _future_tokens(self, plan, seq, ratio: float) -> float:
+        """``seq``'s future tokens in the budget: ``min(max_new - generated, 4096)`` times the
+        ratio (1.0 for a request that ignores EOS; ``_get_running_request_total_token_offset``)."""
         clip = self.config.clip_max_new_tokens
-        ratio = None
-        parts = []
-        ahead = self.plans_ahead
-        in_flight = plan.token_in_flight if ahead else None
-        for seq in plan.running.holding() if ahead else plan.running:
-            if seq.status == "decoding" or (ahead and seq.status == "finished"):
-                n = seq.request.max_output_tokens - seq.num_generated
-                if ahead and in_flight(seq):  # (SGLang has not counted that token yet)
-                    n += 1
-                n = n if n < clip else clip
-                if self.ignores_eos(seq.request):
-                    parts.append(n * 1.0)
-                else:
-                    if ratio is None:
-                        ratio = self.new_token_ratio(plan)
-                    parts.append(n * ratio)
-        return sum(parts)
+        n = seq.request.max_output_tokens - seq.num_generated
+        if self.plans_ahead and plan.token_in_flight(seq):  # (SGLang has not counted that token yet)
+            n += 1
+        n = n if n < clip else clip
+        return n * 1.0 if self.ignores_eos(seq.request) else n * ratio
+
+    def _running_offset(self, plan) -> float:
+        """The running requests' future tokens (:meth:`_future_tokens`), added up in running order."""
+        batch = self._running_batch(plan)
+        if not batch:
+            return 0
+        ratio = self.new_token_ratio(plan)
+        return sum([self._future_tokens(plan, seq, ratio) for seq in batch])
+
+    def _forget_prefix(self, seq) -> None:
+        """A retracted or preempted request's ``prefix_len`` is 0 (``reset_for_retract``)."""
+        if self._looked is not None and seq.seq_no in self._looked:
+            self._looked[seq.seq_no][1] = 0
+
+    def _preempt_for(self, plan, seq, adder: _Adder) -> int:
+        """Preempt running requests less important than ``seq`` by more than the threshold, least
+        important and latest queued first, until their future tokens cover its admission
+        (``PrefillAdder.preempt_to_schedule``); how many were preempted (0: none, as too few
+        qualify)."""
+        c = self.config
+        sign = c.priority_sign
+        kv = plan.kv
+        entered = self._queue.entered
+        batch = self._running_batch(plan)
+        ranked = sorted(batch, key=lambda s: (s.request.priority * -sign, -entered.get(s.seq_no, 0)))
+        ratio = self.new_token_ratio(plan)
+        tokens, prefix = self._looked.get(seq.seq_no, (0, 0))
+        short = tokens - prefix + min(seq.request.max_output_tokens, c.clip_max_new_tokens) - adder.remaining(kv)
+        chosen = {}
+        for running in ranked:
+            if (seq.request.priority - running.request.priority) * -sign <= c.priority_scheduling_preemption_threshold:
+                break
+            chosen[running] = offset = self._future_tokens(plan, running, ratio)
+            short -= offset
+            if short <= 0:
+                break
+        if not chosen or short > 0:
+            return 0
+        make_room = getattr(kv, "make_room", None)
+        left = len(batch)
+        for running in batch:  # released in running order, each followed by an eviction
+            if running in chosen:
+                adder.total -= chosen[running]
+                left -= 1
+                plan.preempt(running, discard_in_flight=self.plans_ahead)
+                self._forget_prefix(running)
+                if make_room is not None:
+                    make_room(-(-c.retract_decode_steps * left // kv.block_size))
+        return len(chosen)
 
     def _reserve(self, seq) -> int:
         """``min(max_new_tokens, 4096)``: what an admitted request adds to the budget's offset
@@ -563,6 +682,8 @@ class SglangScheduler:
         kv = plan.kv
         page = kv.block_size
         hit = plan.cached_tokens(seq)
+        if self._looked is not None:
+            self._looked[seq.seq_no] = [seq.num_tokens, hit]
         extend = seq.num_tokens - hit
         left = seq.request.max_output_tokens - seq.num_generated
         max_new = min(left if left > 0 else 0, self.config.clip_max_new_tokens)
@@ -606,8 +727,11 @@ class SglangScheduler:
             self._overshoot_what_fits(plan, eos)
             return
         generated = {s: self._generated(plan, s) for s in running}
-        # fewest generated tokens last, ties: longest prompt last (a stable sort, reversed)
-        order = sorted(running, key=lambda s: (generated[s], -s.request.prompt_tokens), reverse=True)
+        # fewest generated tokens last, ties: longest prompt last (a stable sort, reversed); with
+        # the priority policy, the least important last
+        sign = -c.priority_sign if c.retraction_policy == "priority" else 0
+        order = sorted(running, key=lambda s: (s.request.priority * sign, generated[s], -s.request.prompt_tokens),
+                       reverse=True)
         retracted = []
         while not retracted or kv.num_free_blocks() * kv.block_size < len(order) + len(eos):
             if len(order) <= 1:
@@ -615,6 +739,7 @@ class SglangScheduler:
             victim = order.pop()
             # with overlap scheduling its queued result is skipped: its token in flight is lost
             plan.preempt(victim, discard_in_flight=self.plans_ahead)
+            self._forget_prefix(victim)
             retracted.append(victim.request.id)
             if make_room is not None:  # the freed prefix is evictable now: SGLang evicts at once
                 make_room(-(-c.retract_decode_steps * len(order) // kv.block_size))
@@ -629,6 +754,7 @@ class SglangScheduler:
         chunked = self._chunked
         if chunked is not None and chunked.status == "prefilling" and not plan.is_scheduled(chunked):
             plan.preempt(chunked)
+            self._forget_prefix(chunked)
             self._chunked = None
             self.retraction_log.append((plan.now, (chunked.request.id,), ratio))
             if self._decode(plan, eos):

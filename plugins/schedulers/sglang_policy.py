@@ -7,8 +7,11 @@ re-sorts in place, with Python's stable sort, so ties keep the order of the prev
 arrivals and retracted requests are appended at the back (``waiting_queue.append``, unlike
 vLLM, which puts preempted requests in front).
 
-* ``fcfs`` -- no sorting: arrival order, retracted requests at the back.
-* ``lof`` -- longest output first: sorted by ``-max_new_tokens`` (here ``max_tokens``).
+* ``fcfs`` -- no sorting: arrival order, retracted requests at the back. With priority
+  scheduling, sorted by priority, then by the time each request entered the queue (a retracted
+  or preempted request's re-entry counts).
+* ``lof`` -- longest output first: sorted by ``-max_new_tokens`` (here ``max_tokens``); with
+  priority scheduling by priority first.
 * ``lpm`` -- longest prefix match first: sorted by the prefix-cache hit, longest first. With
   *in-batch prefix caching*: a request whose cache hit is at most 32 tokens is matched against
   the prompts of the waiting requests before it (a temporary radix tree of them); if at least
@@ -16,6 +19,7 @@ vLLM, which puts preempted requests in front).
   computes the shared prefix and the others can hit it later.
 * ``dfs-weight`` -- depth first through the radix tree, the subtree with the most waiting
   requests first (:meth:`~schedlab_plugins.kv_caches.radix.RadixKVCache.dfs_weight_order`).
+  The cache-aware orders ignore priorities.
 
 ``lpm`` and ``dfs-weight`` need a prefix cache (without one they are ``fcfs``); above 128
 waiting requests ``lpm`` does not sort (``_determine_active_policy``). They look every waiting
@@ -50,13 +54,28 @@ REFRESH_INTERVAL = 32
 
 
 class SglangQueue(FcfsQueue):
-    """SGLang's waiting list: append at the back, re-sorted stably by :meth:`reorder`."""
+    """SGLang's waiting list: append at the back, re-sorted stably by :meth:`reorder`. Each
+    request keeps the stamp of its latest entry (``wait_queue_entry_time``) while it runs."""
 
-    __slots__ = ()
+    __slots__ = ("entered", "_entries")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: dict[int, int] = {}  # seq_no -> its latest entry's number
+        self._entries = 0
+
+    def push(self, seq) -> None:
+        self._entries += 1
+        self.entered[seq.seq_no] = self._entries
+        self._items.append(seq)
 
     def push_front(self, seq) -> None:
-        """A retracted request: SGLang re-queues it at the back (``_add_request_to_queue``)."""
-        self._items.append(seq)
+        """A retracted or preempted request: SGLang re-queues it at the back (``_add_request_to_queue``)."""
+        self.push(seq)
+
+    def forget(self, seq) -> None:
+        """``seq`` has left the server."""
+        self.entered.pop(seq.seq_no, None)
 
     def reorder(self, key: Callable) -> None:
         """Sort by ``key``, ties in the current order (Python's ``list.sort`` is stable)."""
@@ -75,9 +94,15 @@ def _longest_output(seq) -> int:
 class Policy:
     """One scheduler's ``SchedulePolicy``: the order plus its pass counter."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, priority_sign: int = 0):
         self.name = name
         self.refreshes = 0
+        #: with ``--enable-priority-scheduling``: 1 if lower priority values go first, -1 if
+        #: higher ones do (SGLang's default); 0 without priorities
+        self.priority_sign = priority_sign
+        #: ``seq_no -> tokens`` the cache-aware orders matched for each waiting request, if set
+        #: to a dict (SGLang keeps the match as the request's ``prefix_len``)
+        self.matched: dict | None = None
 
     def calc_priority(self, plan) -> None:
         """Re-sort ``plan.waiting`` for one prefill pass (``SchedulePolicy.calc_priority``)."""
@@ -86,16 +111,23 @@ class Policy:
         caching = getattr(kv, "prefix_caching", False)
         active = self.name
         if active in CACHE_AWARE and not caching:
-            active = "fcfs"
+            active = "fcfs"  # (SGLang's configured policy, ``_validate_and_adjust_policy``)
+        configured = active
         if active == "lpm" and len(waiting) > LPM_MAX_QUEUE:
             active = "fcfs"
-        if active == "lof":
+        sign = self.priority_sign
+        if sign and configured == "fcfs":
+            entered = waiting.entered
+            waiting.reorder(lambda seq: (seq.request.priority * sign, entered[seq.seq_no]))
+        elif active == "lof" and sign:
+            waiting.reorder(lambda seq: (seq.request.priority * sign, -seq.request.max_output_tokens))
+        elif active == "lof":
             waiting.reorder(_longest_output)
         elif active == "lpm":
-            keys = _longest_prefix_keys(plan)
+            keys = _longest_prefix_keys(plan, self.matched)
             waiting.reorder(lambda seq: keys[seq.seq_no])
         elif active == "dfs-weight":
-            _touch_all(plan)
+            _touch_all(plan, self.matched)
             waiting.arrange(kv.dfs_weight_order(list(waiting)))
         if active not in CACHE_AWARE and caching and waiting:
             refresh = self.refreshes % REFRESH_INTERVAL == 0
@@ -106,14 +138,16 @@ class Policy:
                     touch(seq, whole=True)
 
 
-def _touch_all(plan) -> None:
+def _touch_all(plan, matched: dict | None) -> None:
     touch = getattr(plan.kv, "touch", None)
     if touch is not None:
         for seq in plan.waiting:
-            touch(seq, whole=True)
+            got = touch(seq, whole=True)
+            if matched is not None:
+                matched[seq.seq_no] = got
 
 
-def _longest_prefix_keys(plan) -> dict:
+def _longest_prefix_keys(plan, matched_out: dict | None = None) -> dict:
     """``seq_no -> sort key`` for ``lpm``: minus the cache hit, or +inf when deprioritized
     (``_compute_prefix_matches`` and ``_sort_by_longest_prefix``)."""
     bs = plan.kv.block_size
@@ -125,6 +159,8 @@ def _longest_prefix_keys(plan) -> dict:
         hit = plan.cached_tokens(seq)  # at most all tokens but the last (``num_matched_prefix_tokens``)
         # the check reads the whole prompt's match (``prefix_len`` of ``match_kv_cache``)
         matched = touch(seq, whole=True) if touch is not None else hit
+        if matched_out is not None:
+            matched_out[seq.seq_no] = matched
         keys[seq.seq_no] = -hit
         if matched > IN_BATCH_CHECK_TOKENS:
             continue

@@ -25,7 +25,9 @@ class SglangSettings:
     schedlab's ``sglang`` scheduler over a ``radix`` cache of ``max_total_tokens`` blocks of one
     token.
 
-    ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``); mixing needs chunking.
+    ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``); mixing needs chunking. The
+    priority settings are SGLang's (``--enable-priority-scheduling`` and the rest; the preset's
+    of the same names).
     """
 
     max_total_tokens: int = int_field(4096, min=16, max=10**6)
@@ -36,10 +38,19 @@ class SglangSettings:
     schedule_conservativeness: float = float_field(1.0, min=0.0, max=10.0)
     enable_mixed_chunk: bool = bool_field(False)
     overlap_schedule: bool = bool_field(False)
+    enable_priority_scheduling: bool = bool_field(False)
+    schedule_low_priority_values_first: bool = bool_field(False)
+    priority_scheduling_preemption_threshold: int = int_field(10, min=-10, max=10)
+    disable_priority_preemption: bool = bool_field(False)
+    retraction_policy: str = str_field("length", choices=("length", "priority"))
 
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise ValueError("enable_mixed_chunk needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
+        if self.retraction_policy == "priority" and not self.enable_priority_scheduling:
+            raise ValueError("retraction_policy \"priority\" needs enable_priority_scheduling (SGLang's rule)")
+        if self.enable_priority_scheduling and not self.disable_priority_preemption and self.enable_mixed_chunk:
+            raise ValueError("priority preemption with enable_mixed_chunk is not modelled")
 
     def problems(self, requests) -> list[str]:
         """SGLang must serve each request: it refuses a prompt of ``max_total_tokens - 6`` tokens
@@ -55,6 +66,12 @@ class SglangSettings:
         smaller prefill budget, a smaller pool and smaller chunks."""
         if self.overlap_schedule:
             yield {"overlap_schedule": False}
+        if self.enable_priority_scheduling:
+            yield {"enable_priority_scheduling": False, "retraction_policy": "length"}
+            if self.retraction_policy != "length":
+                yield {"retraction_policy": "length"}
+            if not self.disable_priority_preemption:
+                yield {"disable_priority_preemption": True}
         if self.schedule_policy != "fcfs":
             yield {"schedule_policy": "fcfs"}
         if self.schedule_conservativeness != 1.0:

@@ -17,7 +17,11 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
                  "max_prefill_tokens": s.max_prefill_tokens, "chunked_prefill_size": s.chunked_prefill_size,
                  "schedule_policy": s.schedule_policy, "schedule_conservativeness": s.schedule_conservativeness,
                  "enable_mixed_chunk": s.enable_mixed_chunk, "overlap_schedule": s.overlap_schedule,
-                 "context_length": MAX_MODEL_LEN}
+                 "context_length": MAX_MODEL_LEN, "enable_priority_scheduling": s.enable_priority_scheduling,
+                 "schedule_low_priority_values_first": s.schedule_low_priority_values_first,
+                 "priority_scheduling_preemption_threshold": s.priority_scheduling_preemption_threshold,
+                 "disable_priority_preemption": s.disable_priority_preemption,
+                 "retraction_policy": s.retraction_policy}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
     kv = {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}

@@ -179,7 +179,12 @@ class SglangRunner:
                       max_running_requests=s.max_running_requests,
                       chunked_prefill_size=s.chunked_prefill_size or -1, max_prefill_tokens=s.max_prefill_tokens,
                       schedule_policy=s.schedule_policy, schedule_conservativeness=s.schedule_conservativeness,
-                      enable_mixed_chunk=s.enable_mixed_chunk, context_length=MAX_MODEL_LEN)
+                      enable_mixed_chunk=s.enable_mixed_chunk, context_length=MAX_MODEL_LEN,
+                      enable_priority_scheduling=s.enable_priority_scheduling,
+                      schedule_low_priority_values_first=s.schedule_low_priority_values_first,
+                      priority_scheduling_preemption_threshold=s.priority_scheduling_preemption_threshold,
+                      disable_priority_preemption=s.disable_priority_preemption,
+                      retraction_policy=s.retraction_policy)
         if sides is not None:
             kwargs.update(sides.engine)
         return ServerArgs(**kwargs)
@@ -334,7 +339,7 @@ class SglangRunner:
         # (ids end with "." so that no id is a prefix of another: an abort names the requests
         # whose id starts with its own, AbortReq; "." sorts as the end of the number did)
         req = Req(f"{r.id}.", "", array("q", prompt_token_ids(r)), params,
-                  eos_token_ids=x.model_config.hf_eos_token_id, vocab_size=VOCAB_SIZE)
+                  eos_token_ids=x.model_config.hf_eos_token_id, vocab_size=VOCAB_SIZE, priority=r.priority)
         x.init_req_max_new_tokens(req)  # (its cuts, by the context and the pool, are schedlab's too)
         if req.finished():
             raise AssertionError(f"SGLang aborted request {r.id} on arrival")

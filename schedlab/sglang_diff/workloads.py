@@ -27,7 +27,12 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   0-40 after their arrival; any policy, sometimes shared prefixes, chunking or tight memory:
   SGLang drops a queued request at once, a chunked prefill at its next plan, and runs a
   running one once more before it ends it (``Scheduler.abort_request``);
-* ``overlap_abort`` -- the ``abort`` group's case with overlap scheduling on.
+* ``overlap_abort`` -- the ``abort`` group's case with overlap scheduling on;
+* ``priority``   -- ``--enable-priority-scheduling``: priorities 0-3, either direction, 1-4 slots,
+  a preemption threshold of 0-2 (10, SGLang's default, preempts nobody at these priorities) or
+  preemption off, any policy, sometimes shared prefixes, chunking, tight memory and the
+  ``priority`` retraction policy;
+* ``overlap_priority`` -- the ``priority`` group's case with overlap scheduling on.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -45,7 +50,7 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
-          "abort", "overlap_abort")
+          "abort", "overlap_abort", "priority", "overlap_priority")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -60,11 +65,13 @@ def generate(group: str, seed: int) -> Case:
     """The case ``seed`` of feature ``group`` (one of :data:`GROUPS`)."""
     if group not in GROUPS:
         raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
-    if group in ("overlap", "overlap_abort"):  # another group's case, planned ahead
+    if group in ("overlap", "overlap_abort", "overlap_priority"):  # another group's case, planned ahead
         rng = random.Random(f"sglang:{group}:{seed}")
-        case = generate(rng.choice(OVERLAPPED) if group == "overlap" else "abort", seed)
+        case = generate(rng.choice(OVERLAPPED) if group == "overlap" else group[len("overlap_"):], seed)
         return attrs.evolve(case, settings=attrs.evolve(case.settings, overlap_schedule=True), group=group)
     rng = random.Random(f"sglang:{group}:{seed}")
+    if group == "priority":
+        return _priority_case(rng, seed)
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")
         else POLICIES)
@@ -99,3 +106,25 @@ def generate(group: str, seed: int) -> Case:
                               chunked_prefill_size=chunk, max_prefill_tokens=prefill, schedule_policy=policy,
                               schedule_conservativeness=conservativeness, enable_mixed_chunk=group == "mixed")
     return Case(settings, requests, group=group, seed=seed)
+
+
+def _priority_case(rng: random.Random, seed: int) -> Case:
+    """A ``priority`` case (module docstring)."""
+    prefixes = rng.random() < 0.4
+    tight = rng.random() < 0.4
+    requests = random_requests(rng, priorities=True, prefixes=prefixes, eos=rng.random() < 0.3, limited=tight,
+                               longest_prompt=40 if tight else 120, longest_output=60 if tight else 30)
+    largest = max(max(_need(r) for r in requests), 16)
+    size = largest + rng.randint(0, largest) if tight else sum(_need(r) for r in requests) + rng.randint(0, 20)
+    chunk, prefill = 0, 16384
+    if rng.random() < 0.3:
+        chunk, prefill = rng.randint(1, 64), rng.randint(1, 200)
+    settings = SglangSettings(
+        max_total_tokens=max(size, 16), max_running_requests=rng.randint(1, 4), chunked_prefill_size=chunk,
+        max_prefill_tokens=prefill, schedule_policy=rng.choice(("fcfs", "fcfs", "lof") + (POLICIES if prefixes else ())),
+        schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0, enable_priority_scheduling=True,
+        schedule_low_priority_values_first=rng.random() < 0.5,
+        priority_scheduling_preemption_threshold=rng.choice((0, 0, 1, 2, 10)),
+        disable_priority_preemption=rng.random() < 0.2,
+        retraction_policy=rng.choice(("length", "priority")) if tight else "length")
+    return Case(settings, requests, group="priority", seed=seed)
