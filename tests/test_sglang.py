@@ -231,6 +231,37 @@ def test_mixed_chunks_need_chunked_prefill():
         from_table(SglangConfig, {"enable_mixed_chunk": True, "chunked_prefill_size": 0}, where="x.toml: [scheduler]")
 
 
+def test_priority_settings_follow_sglangs_rules():
+    with pytest.raises(ConfigError, match=r"x.toml: \[scheduler\]: retraction_policy: \"priority\" needs "
+                                          r"enable_priority_scheduling = true"):
+        from_table(SglangConfig, {"retraction_policy": "priority"}, where="x.toml: [scheduler]")
+    with pytest.raises(ConfigError, match="enable_priority_scheduling: priority preemption with enable_mixed_chunk"):
+        from_table(SglangConfig, {"enable_priority_scheduling": True, "enable_mixed_chunk": True,
+                                  "chunked_prefill_size": 64}, where="x.toml: [scheduler]")
+    # without preemption, mixing is fine; SGLang's direction by default: higher values first
+    cfg = SglangConfig(enable_priority_scheduling=True, enable_mixed_chunk=True, chunked_prefill_size=64,
+                       disable_priority_preemption=True)
+    assert not cfg.preempts_by_priority and cfg.priority_sign == -1
+    assert SglangConfig(enable_priority_scheduling=True, schedule_low_priority_values_first=True).priority_sign == 1
+    assert SglangConfig().priority_sign == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("policy, first_victim", [("length", 1), ("priority", 0)])
+def test_retraction_policy_priority_retracts_the_least_important_first(engine, policy, first_victim):
+    # a 24-token pool and a zero ratio: R0 runs from 0 (its prompt done at 0.5), and R1, arriving
+    # then, needs 6 + 10 + 1 page = 17 below 24 - 5 held: admitted, as R0's answer is estimated at
+    # nothing. 4 + 10 + 6 + 10 tokens do not fit in 24. When decode runs out, "length" retracts the
+    # one with the fewest generated tokens, R1 (admitted later); "priority" the least important,
+    # R0 (priority 0 against 5, higher values first)
+    requests = [Request(0, 0.0, 4, 10, priority=0), Request(1, 0.5, 6, 10, priority=5)]
+    scheduler = SglangScheduler(_sync(enable_priority_scheduling=True, retraction_policy=policy,
+                                      init_new_token_ratio=0.0, ignore_eos="none"))
+    r = run(requests, scheduler, RadixKVCache(24, 1), engine)
+    assert scheduler.retraction_log[0][1] == (first_victim,)
+    assert by_id(r, "preemptions")[first_victim] >= 1
+
+
 def test_sglang_cuts_what_the_pool_cannot_hold_and_rejects_a_prompt_that_nearly_fills_it():
     # 40 tokens of KV: max_new_tokens is cut to 40 - 10 - 2 = 28 (max_new_tokens_for_memory: the
     # pool less the prompt, a page and a token), and a prompt of 40 - 6 = 34 tokens is refused
