@@ -463,8 +463,8 @@ class RadixKVCache:
         """Indices of ``seqs`` in SGLang's ``dfs-weight`` order (``_dfs_weight_order``): each
         request weighs on the node its whole-prompt match ends at (the tree split there, as
         SGLang's lookups split it), a node weighs its requests and its subtree's; walk the tree depth
-        first, heavier children first (ties in the order SGLang inserted them, ``_stamp``), and list a node's requests
-        after its subtree's, the unmatched ones (at the root) last."""
+        first, heavier children first (ties in the order SGLang inserted them, ``_stamp``), and list
+        a node's requests after its subtree's, the unmatched ones (at the root) last."""
         ends: dict = {}   # (node, depth) -> indices, depth inside node or at its end
         for i, seq in enumerate(seqs):
             limit = self._limit(seq, whole=True)

@@ -199,7 +199,8 @@ class SglangConfig:
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
             raise FieldError("enable_mixed_chunk", "needs chunked_prefill_size > 0 (SGLang mixes only chunked prefills)")
         if self.retraction_policy == "priority" and not self.enable_priority_scheduling:
-            raise FieldError("retraction_policy", "\"priority\" needs enable_priority_scheduling = true (SGLang's rule)")
+            raise FieldError("retraction_policy",
+                             "\"priority\" needs enable_priority_scheduling = true (SGLang's rule)")
         if self.preempts_by_priority and self.enable_mixed_chunk:
             raise FieldError("enable_priority_scheduling", "priority preemption with enable_mixed_chunk is not "
                                                            "modelled (set disable_priority_preemption = true)")

@@ -121,7 +121,8 @@ def _priority_case(rng: random.Random, seed: int) -> Case:
         chunk, prefill = rng.randint(1, 64), rng.randint(1, 200)
     settings = SglangSettings(
         max_total_tokens=max(size, 16), max_running_requests=rng.randint(1, 4), chunked_prefill_size=chunk,
-        max_prefill_tokens=prefill, schedule_policy=rng.choice(("fcfs", "fcfs", "lof") + (POLICIES if prefixes else ())),
+        max_prefill_tokens=prefill,
+        schedule_policy=rng.choice(("fcfs", "fcfs", "lof") + (POLICIES if prefixes else ())),
         schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0, enable_priority_scheduling=True,
         schedule_low_priority_values_first=rng.random() < 0.5,
         priority_scheduling_preemption_threshold=rng.choice((0, 0, 1, 2, 10)),
