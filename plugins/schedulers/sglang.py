@@ -308,6 +308,11 @@ class SglangScheduler:
         self._last_finish_ms = 0.0
         self.policy = Policy(c.schedule_policy, c.priority_sign)
         self._queue: SglangQueue | None = None
+        #: finished requests whose queue entry is forgotten at the plan after next (planning
+        #: ahead, a request the batch in flight finishes is still SGLang's to preempt): the
+        #: latest, then those of the plan before
+        self._leaving: list[int] = []
+        self._left: list[int] = []
         #: priority preemption: ``seq_no -> [tokens, prefix]``, what SGLang last knew of a request's
         #: length (``full_untruncated_fill_ids``, set when it was last looked at for admission) and
         #: of its cached prefix (``prefix_len``: that look, a cache-aware order's match, 0 after a
@@ -386,7 +391,7 @@ class SglangScheduler:
 
     def on_finish(self, seq, now_ms: float) -> None:
         if self._queue is not None:
-            self._queue.forget(seq)
+            self._leaving.append(seq.seq_no)
         if self._looked is not None:
             self._looked.pop(seq.seq_no, None)
         if seq.status == "aborted" and not seq.num_computed_tokens:
@@ -436,6 +441,11 @@ class SglangScheduler:
 
     # -- one iteration ------------------------------------------------------------------------
     def schedule(self, plan) -> None:
+        if self._left or self._leaving:
+            entered = self._queue.entered
+            for n in self._left:
+                entered.pop(n, None)
+            self._left, self._leaving = self._leaving, []
         self._schedule(plan)
         if self.config.preempts_by_priority and plan.waiting:
             # the "full" mark is cleared at every pass: with the ratio decaying, a request may

@@ -73,10 +73,6 @@ class SglangQueue(FcfsQueue):
         """A retracted or preempted request: SGLang re-queues it at the back (``_add_request_to_queue``)."""
         self.push(seq)
 
-    def forget(self, seq) -> None:
-        """``seq`` has left the server."""
-        self.entered.pop(seq.seq_no, None)
-
     def reorder(self, key: Callable) -> None:
         """Sort by ``key``, ties in the current order (Python's ``list.sort`` is stable)."""
         self._items = deque(sorted(self._items, key=key))
