@@ -440,6 +440,28 @@ def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, ki
 
 
 @SETTINGS
+@given(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=30, prefix_groups=3, priorities=True),
+       st.integers(1, 4), st.sampled_from([0, 8, 40]), st.booleans(), st.sampled_from(["fcfs", "lof"]),
+       st.sampled_from(ENGINES))
+def test_priority_order_admits_no_request_past_a_more_important_waiting_one(requests, slots, chunk, low_first,
+                                                                           policy, engine):
+    """Without preemption, SGLang admits each pass a prefix of the queue sorted by priority: no
+    request is admitted while a more important one waits (planned synchronously)."""
+    cfg = _sync(max_running_requests=slots, chunked_prefill_size=chunk, schedule_policy=policy,
+                enable_priority_scheduling=True, schedule_low_priority_values_first=low_first,
+                disable_priority_preemption=True)
+    blocks = max(r.prompt_tokens + r.max_output_tokens + 8 for r in requests)
+    r = run(requests, SglangScheduler(cfg), RadixKVCache(blocks, 1), engine)
+    sign = 1 if low_first else -1
+    rows = list(zip(r.requests["arrival_ms"].tolist(), r.requests["first_scheduled_ms"].tolist(),
+                    r.requests["priority"].tolist()))
+    for arrival, admitted, priority in rows:
+        for other_arrival, other_admitted, other_priority in rows:
+            if other_priority * sign < priority * sign and other_arrival < admitted:
+                assert other_admitted <= admitted, (rows, cfg)
+
+
+@SETTINGS
 @given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), continuous_configs(),
        st.integers(1, 6), st.integers(0, 30), dyadic_linear_costs())
 def test_radix_cache_under_vllm_rules_matches_reference_and_keeps_the_rules(requests, cfg, block_size, spare, cost):
