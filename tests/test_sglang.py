@@ -395,7 +395,7 @@ def sglang_configs(draw):
         priority_scheduling_preemption_threshold=draw(st.sampled_from([0, 1, 10])),  # priorities are 0-2
         disable_priority_preemption=mixed or draw(st.booleans()),
         retraction_policy=draw(st.sampled_from(["length", "priority"])) if priorities else "length",
-        schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof"])),
+        schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof", "hrrn"])),
         init_new_token_ratio=draw(st.sampled_from([0.0, 0.05, 0.7])),          # low: retractions are common
         min_new_token_ratio_factor=draw(st.sampled_from([0.14, 1.0])),
         new_token_ratio_decay_steps=draw(st.sampled_from([1, 5, 600])),

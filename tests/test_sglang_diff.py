@@ -90,6 +90,9 @@ def test_each_group_turns_on_its_feature():
     assert {c.settings.priority_scheduling_preemption_threshold for c in ranked} == {0, 1, 2, 10}
     assert [attrs.evolve(c, settings=attrs.evolve(c.settings, overlap_schedule=False), group="priority")
             for c in cases("overlap_priority")] == ranked
+    assert {c.settings.schedule_policy for c in cases("hrrn")} == {"hrrn"}
+    assert not any(c.settings.schedule_policy == "hrrn" for g in GROUPS if g != "hrrn" for c in cases(g))
+    assert {c.settings.overlap_schedule for c in cases("hrrn")} == {True, False}
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -395,6 +398,16 @@ REPRODUCERS = {
               (1, 0, 1, 10, None, 0, None), (0, 0, 1, 30, None, 0, None), (2, 2, 15, 10, None, 0, None),
               priorities={0: 3, 2: 3}),
         {0: _o(0, 1, 30, 0, 0, 1), 1: _o(0, 1, 38, 1, 1, 1, 2), 2: _o(30, 31, 40, 0, 0, 15)}),
+    # 25. ``hrrn`` ages requests by the tokens of every batch launched, and a decode batch counts
+    # what its batch object last counted as a prefill. One slot. 0's prompt (1 token) runs at
+    # [0, 1]: the counter is 1. 1 (2 tokens) and 2 (1 token) arrive at 1 and enter the queue at 1.
+    # 0's decode at [1, 2] runs the batch formed as that 1-token prefill: the counter is 2. At 2, 1
+    # has waited 1 token for its 2 (0.5), 2 one for its 1 (1.0): 2 runs at [2, 3], 1 at [3, 4].
+    # (Counting prompt tokens only, both had waited 0 and the tie went to 1.)
+    "25-hrrn-ages-by-every-batch-launched": (
+        _case(dict(max_total_tokens=16, max_running_requests=1, max_prefill_tokens=1, schedule_policy="hrrn"),
+              (0, 0, 1, 2, None, 0, None), (1, 1, 2, 1, None, 0, None), (2, 1, 1, 1, None, 0, None)),
+        {0: _o(0, 1, 2, 0, 0, 1), 1: _o(3, 4, 4, 0, 0, 2), 2: _o(2, 3, 3, 0, 0, 1)}),
 }
 
 

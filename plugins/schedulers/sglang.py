@@ -123,7 +123,7 @@ Simplifications (each deliberate):
   the back. Once the batch was full in a pass, every later admission of the pass needs a
   preemption too, as SGLang's flag stays set. ``retraction_policy = "priority"`` retracts the
   least important first. Not with ``enable_mixed_chunk`` (refused).
-* Policies ``random``, ``hrrn``, ``routing-key``, the queue limit that aborts by priority
+* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, the queue limit that aborts by priority
   (``--max-queued-requests``), LoRA batching, grammar queues, speculative decoding and data
   parallelism are not modelled (overlap scheduling is
   refused with speculation, pipeline parallelism and disaggregation: ``"auto"`` turns it off).
@@ -157,7 +157,9 @@ class SglangConfig:
     enable_mixed_chunk: bool = bool_field(False, help="decodes run in the same iteration as a prefill batch")
     schedule_policy: str = str_field("fcfs", choices=POLICIES,
                                      help="waiting order: arrival, longest prefix match, depth-first by shared "
-                                          "prefix (both need a prefix cache), longest max_tokens")
+                                          "prefix, longest max_tokens, highest response ratio (prompt tokens "
+                                          "prefilled since it queued over its own; lpm, dfs-weight and hrrn need "
+                                          "a prefix cache)")
     ignore_eos: str = str_field("no_max_tokens", choices=IGNORE_EOS,
                                 help="which requests ignore EOS, so that admission counts their remaining tokens at "
                                      "ratio 1.0: those without max_tokens, all, or none (SGLang before 0.5)")
@@ -322,6 +324,14 @@ class SglangScheduler:
             self._looked = {}
             self.policy.matched = {}
         self._fresh_batch = False       # the last pass's batch becomes the running batch
+        #: SGLang's ``processed_tokens_counter`` (``hrrn``): each batch launched adds its
+        #: ``extend_num_tokens`` -- a prefill batch its prompt tokens, a decode batch what the
+        #: running batch's object last had, when it was formed as a prefill or mixed batch
+        self.processed_tokens = 0
+        self.in_pass = False
+        self._running_extend = 0
+        self._counted_steps = 0         # decode iterations counted into processed_tokens
+        self._mixed_uncounted = 0       # ... and mixed ones among them, counted when formed
         #: overlap scheduling: engines plan each batch while the one before runs (engine.ahead) ...
         self.plans_ahead = c.plans_ahead
         #: ... and a request finished at an EOS is decoded once more (Plan.overshoot)
@@ -336,7 +346,7 @@ class SglangScheduler:
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
-        self._queue = SglangQueue()
+        self._queue = SglangQueue(self)
         return self._queue
 
     def limit_request(self, request, kv):
@@ -441,12 +451,21 @@ class SglangScheduler:
 
     # -- one iteration ------------------------------------------------------------------------
     def schedule(self, plan) -> None:
+        steps = plan.decode_steps
+        if steps != self._counted_steps:
+            self.processed_tokens += (steps - self._counted_steps - self._mixed_uncounted) * self._running_extend
+            self._counted_steps = steps
+            self._mixed_uncounted = 0
+        if self._queue is not None:
+            self._queue.stamp_arrivals(self.processed_tokens)
+        self.in_pass = True
         if self._left or self._leaving:
             entered = self._queue.entered
             for n in self._left:
                 entered.pop(n, None)
             self._left, self._leaving = self._leaving, []
         self._schedule(plan)
+        self.in_pass = False
         if self.config.preempts_by_priority and plan.waiting:
             # the "full" mark is cleared at every pass: with the ratio decaying, a request may
             # fit a decode step later without anything else happening
@@ -599,6 +618,13 @@ class SglangScheduler:
         # (SGLang empties the running batch into it, ``mix_with_running``): its "full" mark is
         # the new batch's, unset
         self._fresh_batch = adder.count > 0 and (not plan.num_decoding or joined)
+        if adder.count:  # (``extend_num_tokens``: a mixed batch's decodes count a token each)
+            extend = adder.taken + (mixed_bs if joined else 0)
+            self.processed_tokens += extend
+            if self._fresh_batch:  # it becomes the running batch, its count with it
+                self._running_extend = extend
+            if joined:
+                self._mixed_uncounted += 1
         return adder.count > 0
 
     def _running_batch(self, plan) -> list:

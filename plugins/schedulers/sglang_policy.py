@@ -19,10 +19,15 @@ vLLM, which puts preempted requests in front).
   computes the shared prefix and the others can hit it later.
 * ``dfs-weight`` -- depth first through the radix tree, the subtree with the most waiting
   requests first (:meth:`~schedlab_plugins.kv_caches.radix.RadixKVCache.dfs_weight_order`).
-  The cache-aware orders ignore priorities.
+* ``hrrn`` -- highest response ratio next, with tokens for time: the prompt tokens the server
+  has prefilled since a request entered the queue, over the prompt tokens it still needs
+  (uncached), highest first; deprioritized as ``lpm``; ties by arrival (SGLang's: by request id,
+  a random uuid in a server).
 
-``lpm`` and ``dfs-weight`` need a prefix cache (without one they are ``fcfs``); above 128
-waiting requests ``lpm`` does not sort (``_determine_active_policy``). They look every waiting
+The cache-aware orders ignore priorities.
+
+``lpm``, ``dfs-weight`` and ``hrrn`` need a prefix cache (without one they are ``fcfs``); above 128
+waiting requests ``lpm`` and ``hrrn`` do not sort (``_determine_active_policy``). They look every waiting
 request up in the cache, and the other orders look the waiting requests up every 32nd pass
 (``_touch_waiting_prefixes``, at most 128, the head last): with the ``radix`` cache a lookup
 splits nodes and refreshes access times (``touch``), which decides what LRU eviction takes.
@@ -42,8 +47,8 @@ from typing import Callable
 from schedlab.queues import FcfsQueue
 from schedlab_plugins.kv_caches.prefix import block_key
 
-POLICIES = ("fcfs", "lpm", "dfs-weight", "lof")
-CACHE_AWARE = ("lpm", "dfs-weight")
+POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "hrrn")
+CACHE_AWARE = ("lpm", "dfs-weight", "hrrn")
 #: ``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD`` and ``..._DEPRIORITIZE_THRESHOLD`` (tokens).
 IN_BATCH_CHECK_TOKENS = 32
 IN_BATCH_DEPRIORITIZE_TOKENS = 32
@@ -55,19 +60,36 @@ REFRESH_INTERVAL = 32
 
 class SglangQueue(FcfsQueue):
     """SGLang's waiting list: append at the back, re-sorted stably by :meth:`reorder`. Each
-    request keeps the stamp of its latest entry (``wait_queue_entry_time``) while it runs."""
+    request keeps the stamp of its latest entry (``wait_queue_entry_time``) while it runs, and
+    the prompt tokens prefilled before it (``arrival_processed_tokens``; ``counter`` counts them)."""
 
-    __slots__ = ("entered", "_entries")
+    __slots__ = ("entered", "_entries", "counter", "processed_before", "_unstamped")
 
-    def __init__(self) -> None:
+    def __init__(self, counter=None) -> None:
         super().__init__()
         self.entered: dict[int, int] = {}  # seq_no -> its latest entry's number
         self._entries = 0
+        #: the scheduler: ``processed_tokens``, and ``in_pass`` while it plans
+        self.counter = counter
+        self.processed_before: dict[int, int] = {}  # seq_no -> the counter at its entry
+        self._unstamped: list = []                   # arrivals since the last pass
 
     def push(self, seq) -> None:
         self._entries += 1
         self.entered[seq.seq_no] = self._entries
+        counter = self.counter
+        if counter is not None:  # (an arrival is read at the next pass, with the counter then)
+            if counter.in_pass:
+                self.processed_before[seq.seq_no] = counter.processed_tokens
+            else:
+                self._unstamped.append(seq.seq_no)
         self._items.append(seq)
+
+    def stamp_arrivals(self, processed: int) -> None:
+        """The arrivals since the last pass enter the queue now, with the counter at ``processed``."""
+        for n in self._unstamped:
+            self.processed_before[n] = processed
+        self._unstamped.clear()
 
     def push_front(self, seq) -> None:
         """A retracted or preempted request: SGLang re-queues it at the back (``_add_request_to_queue``)."""
@@ -109,7 +131,7 @@ class Policy:
         if active in CACHE_AWARE and not caching:
             active = "fcfs"  # (SGLang's configured policy, ``_validate_and_adjust_policy``)
         configured = active
-        if active == "lpm" and len(waiting) > LPM_MAX_QUEUE:
+        if active in ("lpm", "hrrn") and len(waiting) > LPM_MAX_QUEUE:
             active = "fcfs"
         sign = self.priority_sign
         if sign and configured == "fcfs":
@@ -120,8 +142,12 @@ class Policy:
         elif active == "lof":
             waiting.reorder(_longest_output)
         elif active == "lpm":
-            keys = _longest_prefix_keys(plan, self.matched)
-            waiting.reorder(lambda seq: keys[seq.seq_no])
+            hits, deferred = _prefix_matches(plan, self.matched)
+            waiting.reorder(lambda seq: float("inf") if seq.seq_no in deferred else -hits[seq.seq_no])
+        elif active == "hrrn":
+            hits, deferred = _prefix_matches(plan, self.matched)
+            keys = _response_ratio_keys(waiting, hits, deferred)
+            waiting.reorder(lambda seq: (keys[seq.seq_no], seq.seq_no))
         elif active == "dfs-weight":
             _touch_all(plan, self.matched)
             waiting.arrange(kv.dfs_weight_order(list(waiting)))
@@ -143,21 +169,42 @@ def _touch_all(plan, matched: dict | None) -> None:
                 matched[seq.seq_no] = got
 
 
-def _longest_prefix_keys(plan, matched_out: dict | None = None) -> dict:
-    """``seq_no -> sort key`` for ``lpm``: minus the cache hit, or +inf when deprioritized
-    (``_compute_prefix_matches`` and ``_sort_by_longest_prefix``)."""
+def _response_ratio_keys(waiting: SglangQueue, hits: dict, deferred: set) -> dict:
+    """``seq_no -> sort key`` for ``hrrn`` (``_sort_by_hrrn``): minus the prompt tokens prefilled
+    since the request entered the queue per prompt token it still has to prefill -- classic HRRN's
+    waiting time over service time, with tokens for time; -inf with nothing to prefill, +inf when
+    deprioritized as ``lpm`` does."""
+    processed = waiting.counter.processed_tokens
+    before = waiting.processed_before
+    keys = {}
+    for seq in waiting:
+        n = seq.seq_no
+        uncached = seq.request.prompt_tokens - hits[n]
+        if n in deferred:
+            keys[n] = float("inf")
+        elif uncached <= 0:
+            keys[n] = -float("inf")
+        else:
+            keys[n] = -max(0, processed - before.get(n, 0)) / uncached
+    return keys
+
+
+def _prefix_matches(plan, matched_out: dict | None = None) -> tuple[dict, set]:
+    """The cache-aware orders' lookups (``_compute_prefix_matches``): ``seq_no -> cache hit`` and
+    the requests deprioritized by in-batch prefix caching."""
     bs = plan.kv.block_size
     depth = -(-IN_BATCH_DEPRIORITIZE_TOKENS // bs)  # blocks a match must reach to count
     touch = getattr(plan.kv, "touch", None)
     seen: set = set()                               # the first ``depth`` keys of waiting prompts
-    keys = {}
+    hits = {}
+    deferred = set()
     for seq in plan.waiting:
         hit = plan.cached_tokens(seq)  # at most all tokens but the last (``num_matched_prefix_tokens``)
         # the check reads the whole prompt's match (``prefix_len`` of ``match_kv_cache``)
         matched = touch(seq, whole=True) if touch is not None else hit
         if matched_out is not None:
             matched_out[seq.seq_no] = matched
-        keys[seq.seq_no] = -hit
+        hits[seq.seq_no] = hit
         if matched > IN_BATCH_CHECK_TOKENS:
             continue
         # SGLang matches the whole prompt (and generated tokens); only full blocks have keys here
@@ -165,7 +212,7 @@ def _longest_prefix_keys(plan, matched_out: dict | None = None) -> dict:
             continue  # too short to match ``depth`` blocks of anything
         head = tuple(block_key(seq.request, j, bs) for j in range(depth))
         if head in seen:
-            keys[seq.seq_no] = float("inf")
+            deferred.add(seq.seq_no)
         else:
             seen.add(head)
-    return keys
+    return hits, deferred

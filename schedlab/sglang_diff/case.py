@@ -10,7 +10,8 @@ from schedlab.configs import bool_field, float_field, int_field, str_field
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine
 from schedlab.diffcheck.shrink import smaller
 
-POLICIES = ("fcfs", "lpm", "dfs-weight", "lof")
+POLICIES = ("fcfs", "lpm", "dfs-weight", "lof")  # (the groups' orders; ``hrrn`` has a group of its own)
+ORDERS = POLICIES + ("hrrn",)
 #: tokens SGLang keeps back when it bounds a request by the pool (``init_req_max_new_tokens``:
 #: ``max_new_tokens <= capacity - prompt - page_size - 1``) -- page size 1 here.
 POOL_MARGIN = 2
@@ -34,7 +35,7 @@ class SglangSettings:
     max_running_requests: int = int_field(8, min=1, max=256)
     chunked_prefill_size: int = int_field(0, min=0, max=MAX_MODEL_LEN)
     max_prefill_tokens: int = int_field(16384, min=1, max=10**6)
-    schedule_policy: str = str_field("fcfs", choices=POLICIES)
+    schedule_policy: str = str_field("fcfs", choices=ORDERS)
     schedule_conservativeness: float = float_field(1.0, min=0.0, max=10.0)
     enable_mixed_chunk: bool = bool_field(False)
     overlap_schedule: bool = bool_field(False)

@@ -75,6 +75,11 @@ ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 MAX_STEPS = 100_000
 
 
+def _rid(request_id: int) -> str:
+    """SGLang's request id for the case's request ``request_id``."""
+    return f"{request_id:06d}."
+
+
 class SglangVersionError(VersionError):
     pass
 
@@ -337,8 +342,9 @@ class SglangRunner:
         params.normalize(None)
         params.verify(VOCAB_SIZE)
         # (ids end with "." so that no id is a prefix of another: an abort names the requests
-        # whose id starts with its own, AbortReq; "." sorts as the end of the number did)
-        req = Req(f"{r.id}.", "", array("q", prompt_token_ids(r)), params,
+        # whose id starts with its own, AbortReq; zero-padded, they sort as the numbers do --
+        # hrrn breaks ties by id)
+        req = Req(_rid(r.id), "", array("q", prompt_token_ids(r)), params,
                   eos_token_ids=x.model_config.hf_eos_token_id, vocab_size=VOCAB_SIZE, priority=r.priority)
         x.init_req_max_new_tokens(req)  # (its cuts, by the context and the pool, are schedlab's too)
         if req.finished():
@@ -471,7 +477,7 @@ class _Run:
             req = self.live.get(rid)
             if req is not None and not req.finished():
                 queued = any(q is req for q in self.x.waiting_queue)
-                self.x.abort_request(AbortReq(rid=f"{rid}."))
+                self.x.abort_request(AbortReq(rid=_rid(rid)))
                 if queued:  # popped from the queue: it never runs again
                     self.finish[rid] = None
                     self.gone.add(rid)

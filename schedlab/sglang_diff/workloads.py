@@ -32,7 +32,10 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   a preemption threshold of 0-2 (10, SGLang's default, preempts nobody at these priorities) or
   preemption off, any policy, sometimes shared prefixes, chunking, tight memory and the
   ``priority`` retraction policy;
-* ``overlap_priority`` -- the ``priority`` group's case with overlap scheduling on.
+* ``overlap_priority`` -- the ``priority`` group's case with overlap scheduling on;
+* ``hrrn``       -- ``--schedule-policy hrrn`` (highest response ratio next, on prompt tokens
+  prefilled), arrivals spread out, sometimes shared prefixes, chunking, tight memory or overlap
+  scheduling.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -50,7 +53,7 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
-          "abort", "overlap_abort", "priority", "overlap_priority")
+          "abort", "overlap_abort", "priority", "overlap_priority", "hrrn")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -72,6 +75,8 @@ def generate(group: str, seed: int) -> Case:
     rng = random.Random(f"sglang:{group}:{seed}")
     if group == "priority":
         return _priority_case(rng, seed)
+    if group == "hrrn":
+        return _hrrn_case(rng, seed)
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")
         else POLICIES)
@@ -129,3 +134,22 @@ def _priority_case(rng: random.Random, seed: int) -> Case:
         disable_priority_preemption=rng.random() < 0.2,
         retraction_policy=rng.choice(("length", "priority")) if tight else "length")
     return Case(settings, requests, group="priority", seed=seed)
+
+
+def _hrrn_case(rng: random.Random, seed: int) -> Case:
+    """An ``hrrn`` case (module docstring)."""
+    prefixes = rng.random() < 0.5
+    tight = rng.random() < 0.3
+    requests = random_requests(rng, prefixes=prefixes, eos=rng.random() < 0.3, limited=tight,
+                               longest_prompt=40 if tight else 120, longest_output=60 if tight else 30)
+    largest = max(max(_need(r) for r in requests), 16)
+    size = largest + rng.randint(0, largest) if tight else sum(_need(r) for r in requests) + rng.randint(0, 20)
+    chunk, prefill = 0, 16384
+    if rng.random() < 0.4:
+        chunk, prefill = rng.randint(1, 64), rng.randint(1, 200)
+    settings = SglangSettings(
+        max_total_tokens=max(size, 16), max_running_requests=rng.randint(1, 4), chunked_prefill_size=chunk,
+        max_prefill_tokens=prefill, schedule_policy="hrrn",
+        schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0,
+        overlap_schedule=rng.random() < 0.5)
+    return Case(settings, requests, group="hrrn", seed=seed)
