@@ -346,7 +346,7 @@ class SglangScheduler:
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
-        self._queue = SglangQueue(self)
+        self._queue = SglangQueue(self if self.config.schedule_policy == "hrrn" else None)
         return self._queue
 
     def limit_request(self, request, kv):
@@ -460,9 +460,10 @@ class SglangScheduler:
             self._queue.stamp_arrivals(self.processed_tokens)
         self.in_pass = True
         if self._left or self._leaving:
-            entered = self._queue.entered
+            entered, before = self._queue.entered, self._queue.processed_before
             for n in self._left:
                 entered.pop(n, None)
+                before.pop(n, None)
             self._left, self._leaving = self._leaving, []
         self._schedule(plan)
         self.in_pass = False
