@@ -157,9 +157,9 @@ class SglangConfig:
     enable_mixed_chunk: bool = bool_field(False, help="decodes run in the same iteration as a prefill batch")
     schedule_policy: str = str_field("fcfs", choices=POLICIES,
                                      help="waiting order: arrival, longest prefix match, depth-first by shared "
-                                          "prefix, longest max_tokens, highest response ratio (prompt tokens "
-                                          "prefilled since it queued over its own; lpm, dfs-weight and hrrn need "
-                                          "a prefix cache)")
+                                          "prefix, longest max_tokens, highest response ratio (tokens the server "
+                                          "ran since it queued over its uncached prompt; lpm, dfs-weight and hrrn "
+                                          "need a prefix cache)")
     ignore_eos: str = str_field("no_max_tokens", choices=IGNORE_EOS,
                                 help="which requests ignore EOS, so that admission counts their remaining tokens at "
                                      "ratio 1.0: those without max_tokens, all, or none (SGLang before 0.5)")

@@ -19,10 +19,11 @@ vLLM, which puts preempted requests in front).
   computes the shared prefix and the others can hit it later.
 * ``dfs-weight`` -- depth first through the radix tree, the subtree with the most waiting
   requests first (:meth:`~schedlab_plugins.kv_caches.radix.RadixKVCache.dfs_weight_order`).
-* ``hrrn`` -- highest response ratio next, with tokens for time: the prompt tokens the server
-  has prefilled since a request entered the queue, over the prompt tokens it still needs
-  (uncached), highest first; deprioritized as ``lpm``; ties by arrival (SGLang's: by request id,
-  a random uuid in a server).
+* ``hrrn`` -- highest response ratio next, with tokens for time: the tokens of the batches the
+  server has launched since a request entered the queue (``processed_tokens_counter``: a decode
+  batch counts what its batch object counted when formed as a prefill, as SGLang's does), over
+  the prompt tokens it still needs (uncached), highest first; deprioritized as ``lpm``; ties by
+  arrival (SGLang's: by request id, a random uuid in a server).
 
 The cache-aware orders ignore priorities.
 
