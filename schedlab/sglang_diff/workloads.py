@@ -113,21 +113,29 @@ def generate(group: str, seed: int) -> Case:
     return Case(settings, requests, group=group, seed=seed)
 
 
-def _priority_case(rng: random.Random, seed: int) -> Case:
-    """A ``priority`` case (module docstring)."""
-    prefixes = rng.random() < 0.4
-    tight = rng.random() < 0.4
-    requests = random_requests(rng, priorities=True, prefixes=prefixes, eos=rng.random() < 0.3, limited=tight,
-                               longest_prompt=40 if tight else 120, longest_output=60 if tight else 30)
+def _sized(rng: random.Random, *, prefixes_p: float, tight_p: float, chunk_p: float,
+           priorities: bool = False) -> tuple[list, bool, bool, dict]:
+    """The requests, whether they share prefixes and have a tight pool, and the pool, slot and
+    chunk settings of a ``priority`` or ``hrrn`` case."""
+    prefixes = rng.random() < prefixes_p
+    tight = rng.random() < tight_p
+    requests = random_requests(rng, priorities=priorities, prefixes=prefixes, eos=rng.random() < 0.3,
+                               limited=tight, longest_prompt=40 if tight else 120, longest_output=60 if tight else 30)
     largest = max(max(_need(r) for r in requests), 16)
     size = largest + rng.randint(0, largest) if tight else sum(_need(r) for r in requests) + rng.randint(0, 20)
     chunk, prefill = 0, 16384
-    if rng.random() < 0.3:
+    if rng.random() < chunk_p:
         chunk, prefill = rng.randint(1, 64), rng.randint(1, 200)
+    sizes = dict(max_total_tokens=max(size, 16), max_running_requests=rng.randint(1, 4), chunked_prefill_size=chunk,
+                 max_prefill_tokens=prefill)
+    return requests, prefixes, tight, sizes
+
+
+def _priority_case(rng: random.Random, seed: int) -> Case:
+    """A ``priority`` case (module docstring)."""
+    requests, prefixes, tight, sizes = _sized(rng, prefixes_p=0.4, tight_p=0.4, chunk_p=0.3, priorities=True)
     settings = SglangSettings(
-        max_total_tokens=max(size, 16), max_running_requests=rng.randint(1, 4), chunked_prefill_size=chunk,
-        max_prefill_tokens=prefill,
-        schedule_policy=rng.choice(("fcfs", "fcfs", "lof") + (POLICIES if prefixes else ())),
+        **sizes, schedule_policy=rng.choice(("fcfs", "fcfs", "lof") + (POLICIES if prefixes else ())),
         schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0, enable_priority_scheduling=True,
         schedule_low_priority_values_first=rng.random() < 0.5,
         priority_scheduling_preemption_threshold=rng.choice((0, 0, 1, 2, 10)),
@@ -138,18 +146,8 @@ def _priority_case(rng: random.Random, seed: int) -> Case:
 
 def _hrrn_case(rng: random.Random, seed: int) -> Case:
     """An ``hrrn`` case (module docstring)."""
-    prefixes = rng.random() < 0.5
-    tight = rng.random() < 0.3
-    requests = random_requests(rng, prefixes=prefixes, eos=rng.random() < 0.3, limited=tight,
-                               longest_prompt=40 if tight else 120, longest_output=60 if tight else 30)
-    largest = max(max(_need(r) for r in requests), 16)
-    size = largest + rng.randint(0, largest) if tight else sum(_need(r) for r in requests) + rng.randint(0, 20)
-    chunk, prefill = 0, 16384
-    if rng.random() < 0.4:
-        chunk, prefill = rng.randint(1, 64), rng.randint(1, 200)
-    settings = SglangSettings(
-        max_total_tokens=max(size, 16), max_running_requests=rng.randint(1, 4), chunked_prefill_size=chunk,
-        max_prefill_tokens=prefill, schedule_policy="hrrn",
-        schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0,
-        overlap_schedule=rng.random() < 0.5)
+    requests, _, tight, sizes = _sized(rng, prefixes_p=0.5, tight_p=0.3, chunk_p=0.4)
+    settings = SglangSettings(**sizes, schedule_policy="hrrn",
+                              schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0,
+                              overlap_schedule=rng.random() < 0.5)
     return Case(settings, requests, group="hrrn", seed=seed)
