@@ -408,6 +408,19 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=16, max_running_requests=1, max_prefill_tokens=1, schedule_policy="hrrn"),
               (0, 0, 1, 2, None, 0, None), (1, 1, 2, 1, None, 0, None), (2, 1, 1, 1, None, 0, None)),
         {0: _o(0, 1, 2, 0, 0, 1), 1: _o(3, 4, 4, 0, 0, 2), 2: _o(2, 3, 3, 0, 0, 1)}),
+    # 26. Overlap scheduling: the tree's copy of a block a prompt in flight computes again stays
+    # evictable until that prompt's result is processed. A pool of 115, two slots, a prompt budget
+    # of 1, answers ignoring EOS. 0 (65 + 10) runs from 0; 2 (the same 65-token prompt, 28 tokens)
+    # needs 65 + 28 + 1 page = 94 against 115 - 76 and waits. 0 finishes at 10, its 74 tokens in the
+    # tree. The plan at 10 admits 2: 64 cached, its 65th token computed again (the budget of 1 is
+    # spent: 3, arrived at 10, waits). The plan made while that prompt runs: 64 tokens locked by 2,
+    # 10 evictable -- the 65th among them: SGLang locks it when 2's result is processed --, 40 free;
+    # 40 + 10 - 28 (2's answer) = 22, and 3 (1 + 19 + 1 page = 21) is admitted: its token at 12.
+    # (schedlab had locked the 65th already: 21 < 21 failed, and 3 waited for 2 to finish.)
+    "26-overlap-a-recomputed-block-stays-evictable-while-its-prompt-is-in-flight": (
+        _case(dict(max_total_tokens=115, max_running_requests=2, max_prefill_tokens=1, overlap_schedule=True),
+              (0, 0, 65, 10, 0, 65, None), (2, 0, 65, 28, 0, 65, None), (3, 10, 1, 19, 0, 1, None)),
+        {0: _o(0, 1, 10, 0, 0, 65), 2: _o(10, 11, 39, 0, 64, 1), 3: _o(10, 12, 30, 0, 0, 1)}),
 }
 
 

@@ -206,10 +206,12 @@ class RadixKVCache:
         self._deferring = False         # between begin_pass and end_pass: evictions wait ...
         self._owed = 0                  # ... for this many blocks
         self._lent = 0                  # cached blocks a prefill duplicates, locked early, counted free
+        self._carried = 0               # ... planning ahead, those of the pass whose batch goes in flight,
+        self._flying = 0                # ... counted free through the next pass if planned while it runs
 
     # -- queries -------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
-        return self.unused + self.evictable - self._owed + self._lent
+        return self.unused + self.evictable - self._owed + self._lent + self._flying
 
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.unused - self.evictable
@@ -398,6 +400,8 @@ class RadixKVCache:
             self._overlapped = True
             freed = self._aging + (0 if in_flight else self._queued) + self._stashed
             self._stashed = 0
+            self._flying = self._carried if in_flight else 0
+            self._carried = 0
             self._aging = self._queued if in_flight else 0
             self._queued = 0
             self.unused += freed
@@ -424,6 +428,7 @@ class RadixKVCache:
             self.unused -= owed
         if self._overlapped:  # (freed once the batch's result is processed: begin_pass)
             self._queued += self._pending
+            self._carried += self._lent  # (and the tree's copies they duplicate locked only then)
         else:
             self.unused += self._pending  # the duplicates, once their KV is in the tree
         self._pending = 0
@@ -519,8 +524,9 @@ class RadixKVCache:
         a scheduling pass the shortfall is evicted when the pass ends, as for the same blocks
         taken one :meth:`allocate` at a time (the reference engine's way): SGLang allocates a
         mixed batch's decode slots with its prefill's, after the admissions' lookups."""
-        if num_blocks > self.num_free_blocks() - self._lent:
-            raise AssertionError(f"grow({num_blocks}) with only {self.num_free_blocks() - self._lent} free blocks")
+        usable = self.num_free_blocks() - self._lent - self._flying
+        if num_blocks > usable:
+            raise AssertionError(f"grow({num_blocks}) with only {usable} free blocks")
         if num_blocks:
             self._take(num_blocks)
 
