@@ -433,6 +433,15 @@ class Plan(Protocol):
         iteration. Not modelled with asynchronous scheduling or pipeline parallelism."""
         ...
 
+    def reject(self, seq: SequenceState, reason: str) -> None:
+        """Turn a waiting ``seq`` away now, as a server whose queue is full does (SGLang's
+        ``--max-queued-requests``): it leaves the queue and the run, counted as rejected with
+        ``reason``, its row finished at this plan's time. A request preempted earlier -- in this
+        plan too -- keeps the tokens it got (its client saw them, then the error). Its client
+        hears at once (a closed loop sends its next request). The scheduler calling it knows:
+        ``on_finish`` is not called."""
+        ...
+
     def swap_out(self, seq: SequenceState) -> bool:
         """Swap preemption: copy a running decoding sequence's blocks to CPU swap space (the
         copy lengthens this iteration); a decode already scheduled for it is withdrawn.

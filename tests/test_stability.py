@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from schedlab.cli import main
 from schedlab.results import ExperimentResults, RunResult, Study
-from schedlab.results.stability import queue_stability, run_stability, stability_text
+from schedlab.results.stability import admission_times, queue_stability, run_stability, stability_text
 from schedlab.results.storage import load as load_results
 from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.reports.plot_cdf import latency_cdf_figure
@@ -102,7 +102,16 @@ def test_rejected_requests_never_wait():
     assert run_stability(req)[0]["verdict"] == "unstable"
     req["rejected"] = np.ones(200, dtype=np.int64)
     req["first_scheduled_ms"] = np.full(200, -1.0)
+    req["finish_ms"] = np.full(200, -1.0)  # (the recorder's row of a request refused on arrival)
     assert run_stability(req)[0]["verdict"] == "stable"
+
+
+def test_requests_turned_away_from_the_queue_waited_until_then():
+    # three arrivals at 0, 1, 2: one scheduled at 5, one turned away from the queue at 4 (its
+    # finish), one refused on arrival (finish -1)
+    req = {"arrival_ms": np.array([0.0, 1.0, 2.0]), "first_scheduled_ms": np.array([5.0, -1.0, -1.0]),
+           "finish_ms": np.array([9.0, 4.0, -1.0]), "rejected": np.array([0, 1, 1])}
+    assert admission_times(req).tolist() == [5.0, 4.0, 2.0]
 
 
 # -- properties -----------------------------------------------------------------------------------------

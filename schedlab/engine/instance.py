@@ -387,6 +387,20 @@ class Instance:
             return
         self._record_aborted(seq, now)
 
+    def reject_waiting(self, seq: Sequence, reason: str) -> None:
+        """Turn the waiting ``seq`` away at this plan (``Plan.reject``): out of the queue, its row
+        written as rejected, its client told."""
+        now = self.now
+        self.waiting.remove(seq)
+        seq.waiting_ms += now - seq.waiting_since
+        seq.status = REJECTED
+        if seq.request.timeout_ms is not None:  # (its client's abort will find it gone)
+            self.aborts = [a for a in self.aborts if a[2] is not seq]
+            heapq.heapify(self.aborts)
+        self.rec.reject(seq, self.index, reason, at=now)
+        if self.track_finished:
+            self.finished.append((seq.request, now))
+
     def _drop_aborted(self, seq: Sequence, t: float, pending: int = 0, decoding: bool = False, *,
                       discard: bool = False) -> None:
         """``seq``, running (a decoder already out of the decode set; ``decoding``: it was one),

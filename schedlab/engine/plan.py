@@ -452,6 +452,11 @@ class FastPlan:
         self._inst.preempt_recompute(seq, pending, to_back=True)
         self._preempted.append(seq)
 
+    def reject(self, seq, reason: str) -> None:
+        if seq.status != WAITING or seq not in self.waiting:
+            raise SimulationError(f"reject(): request {seq.request.id} is {seq.status}, not in the waiting queue")
+        self._inst.reject_waiting(seq, reason)
+
     def swap_out(self, seq) -> bool:
         if seq.status != DECODING:
             raise SimulationError(f"swap_out(): request {seq.request.id} is {seq.status}; only decoding requests swap")

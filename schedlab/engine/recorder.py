@@ -240,9 +240,13 @@ class Recorder:
             self._chunks = [joined]
         return self._chunks[0]
 
-    def reject(self, seq, instance: int, reason: str) -> None:
+    def reject(self, seq, instance: int, reason: str, at: float = -1.0) -> None:
+        """A rejected request's row: refused on arrival, or turned away from the queue ``at`` then
+        (``Plan.reject``; it held a slot of ``max_concurrent_requests`` till then)."""
         self.rejections[seq.request.id] = reason
-        self.request_done(seq, instance, -1.0, rejected=True)
+        if at >= 0 and self.limits and instance in self.limits:
+            self.limits[instance].end(at)
+        self.request_done(seq, instance, at, rejected=True)
 
     # -- inter-token latency -----------------------------------------------------------------
     def itl(self, value: float, weight: int = 1) -> None:

@@ -361,6 +361,11 @@ class RefPlan:
             raise SimulationError(f"preempt(): request {seq.request.id} is {seq.status}")
         self._requeue(seq, self._withdraw(seq, "preempt"))
 
+    def reject(self, seq, reason: str) -> None:
+        if seq.status != "waiting" or seq not in self.waiting:
+            raise SimulationError(f"reject(): request {seq.request.id} is {seq.status}, not in the waiting queue")
+        self._e.reject_waiting(seq, reason)
+
     def requeue(self, seq) -> None:
         e = self._e
         if e.ahead is not None or e.holds is not None:
@@ -839,6 +844,20 @@ class ReferenceEngine:
             self.kv.free(seq)
             seq.num_computed_tokens = computed  # (a plan made ahead may still compute it, for nothing)
         self._record_aborted(seq, t)
+
+    def reject_waiting(self, seq, reason: str) -> None:
+        """Turn the waiting ``seq`` away now (``Plan.reject``): its row, with the gaps between the
+        tokens it got, and its client's callback."""
+        self.waiting.remove(seq)
+        seq.waiting_ms += self.now - seq.waiting_since
+        seq.status = "rejected"
+        if seq.request.timeout_ms is not None:  # (its client's abort will find it gone)
+            self.aborts = [a for a in self.aborts if a[2] is not seq]
+        for a, b in zip(seq.token_times, seq.token_times[1:]):
+            self.rec.itl(b - a)
+        self.rec.reject(seq, self.index, reason, at=self.now)
+        if self.on_request_done is not None:
+            self.on_request_done(seq.request, self.now)
 
     def _record_aborted(self, seq, t: float) -> None:
         """``seq`` aborted at ``t`` (out of the queues, its KV freed): its row and the callbacks."""

@@ -69,11 +69,12 @@ MS_PER_MIN = 60_000.0
 
 
 def admission_times(req: dict[str, np.ndarray]) -> np.ndarray:
-    """When each request left the waiting queue: first scheduled, its arrival if rejected, or
-    when it was aborted if its client gave up before it was scheduled."""
-    rejected = req["rejected"] != 0
+    """When each request left the waiting queue: first scheduled, its arrival if rejected on
+    arrival, or when it was aborted or turned away from the queue before it was scheduled."""
     scheduled = req["first_scheduled_ms"]
-    return np.where(rejected, req["arrival_ms"], np.where(scheduled >= 0, scheduled, req["finish_ms"]))
+    finish = req["finish_ms"]
+    left = np.where(finish >= 0, finish, req["arrival_ms"])  # (a rejection on arrival has none)
+    return np.where(scheduled >= 0, scheduled, left)
 
 
 def waiting_at(arrival_sorted: np.ndarray, admitted_sorted: np.ndarray, t: np.ndarray, *,

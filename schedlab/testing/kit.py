@@ -348,6 +348,11 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
         r = by_id[rid]
         if req["rejected"][i]:
             assert result.rejections.get(rid), f"request {rid} rejected without a reason"
+            if req["finish_ms"][i] >= 0:  # turned away from the queue (Plan.reject), not on arrival
+                assert req["finish_ms"][i] >= req["arrival_ms"][i], f"request {rid} turned away before it arrived"
+                assert req["generated_tokens"][i] < r.target_tokens, f"request {rid} turned away after its last token"
+            else:
+                assert req["generated_tokens"][i] == 0, f"request {rid} rejected on arrival with tokens"
             continue
         assert req["sent_ms"][i] == r.arrival_ms, f"request {rid} was sent at {req['sent_ms'][i]}, not {r.arrival_ms}"
         if req["aborted"][i]:
@@ -370,8 +375,8 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
         assert c["peak_running"] <= max_running, f"peak running {c['peak_running']} > {max_running}"
     if kv_blocks is not None:
         assert c["kv_peak_blocks"] <= kv_blocks, f"peak KV blocks {c['kv_peak_blocks']} > {kv_blocks}"
-    served = req["rejected"] == 0  # finished or aborted: the tokens they got were generated
-    assert c["generated_tokens"] == int(req["generated_tokens"][served].sum())
+    # finished, aborted or turned away from the queue: the tokens they got were generated
+    assert c["generated_tokens"] == int(req["generated_tokens"].sum())
     assert c["spec_accepted_tokens"] <= c["spec_draft_tokens"], "more drafts accepted than verified"
     assert c["decode_seq_steps"] <= c["decode_tokens"] <= c["decode_seq_steps"] + c["spec_accepted_tokens"], (
         f"{c['decode_tokens']} decode tokens from {c['decode_seq_steps']} sequence steps and "
