@@ -59,6 +59,17 @@ aborts when the batch in flight has just started, so the plan made then still ho
 request, and the next result that holds it ends it (:mod:`schedlab.engine.ahead`). Checked
 against SGLang: ``tools/sglang_diff.py --groups abort,overlap_abort``.
 
+**Queue limit** (``max_queued_requests``, ``--max-queued-requests``): SGLang checks it whenever
+a request enters the waiting queue (``_add_request_to_queue``, ``_abort_on_queued_limit``) --
+arrivals, read at the next pass in arrival order; a retracted request, right after the
+retraction; requests preempted by priority, once the pass is over, in the order they were
+chosen. One that finds the queue full is turned away (``Plan.reject``: counted as rejected,
+"The request queue is full.", its client answered at once); with priority scheduling, the
+least important queued request (ties: the latest queued) is instead if the newcomer is strictly
+more important. A retracted request turned away keeps the tokens it got. SGLang ignores the
+limit in disaggregation mode (refused there); not modelled with pipeline parallelism.
+``tools/sglang_diff.py --groups queue_limit``.
+
 **Overlap scheduling** (``overlap_schedule``; SGLang's default, ``event_loop_overlap``): each
 batch is planned while the one before it runs (:mod:`schedlab.engine.ahead`: arrivals after that
 batch's start wait for the next plan, and the requests it finishes keep their KV until the plan
@@ -123,8 +134,7 @@ Simplifications (each deliberate):
   the back. Once the batch was full in a pass, every later admission of the pass needs a
   preemption too, as SGLang's flag stays set. ``retraction_policy = "priority"`` retracts the
   least important first. Not with ``enable_mixed_chunk`` (refused).
-* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, the queue limit that aborts by priority
-  (``--max-queued-requests``), LoRA batching, grammar queues, speculative decoding and data
+* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, LoRA batching, grammar queues, speculative decoding and data
   parallelism are not modelled (overlap scheduling is
   refused with speculation, pipeline parallelism and disaggregation: ``"auto"`` turns it off).
 """
@@ -191,6 +201,10 @@ class SglangConfig:
     retraction_policy: str = str_field("length", choices=("length", "priority"),
                                        help="which running requests a decode out of memory retracts first: fewest "
                                             "generated tokens (then longest prompt), or least important first")
+    max_queued_requests: int = int_field(
+        0, min=0, help="most requests in the waiting queue (--max-queued-requests; 0 = no limit): a request that "
+                       "arrives, or re-enters after a retraction or preemption, beyond it is turned away (rejected), "
+                       "or with priority scheduling the least important queued one if the newcomer is more important")
     context_length: int = int_field(
         0, min=0, help="the model's context (--context-length; by default the run's model's): a prompt of "
                        "min(context, pool) - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds "
@@ -289,6 +303,9 @@ class _Adder:
 
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+#: why ``max_queued_requests`` turns a request away (SGLang's abort messages)
+QUEUE_FULL = "The request queue is full."
+OUTRANKED = "The request is aborted by a higher priority request."
 
 
 class SglangScheduler:
@@ -324,6 +341,7 @@ class SglangScheduler:
             self._looked = {}
             self.policy.matched = {}
         self._fresh_batch = False       # the last pass's batch becomes the running batch
+        self._preempted_now: list = []  # preempted by priority in this pass, in SGLang's order
         #: SGLang's ``processed_tokens_counter`` (``hrrn``): each batch launched adds its
         #: ``extend_num_tokens`` -- a prefill batch its prompt tokens, a decode batch what the
         #: running batch's object last had, when it was formed as a prefill or mixed batch
@@ -346,7 +364,10 @@ class SglangScheduler:
 
     # -- optional protocol members --------------------------------------------------------
     def new_waiting_queue(self):
-        self._queue = SglangQueue(self if self.config.schedule_policy == "hrrn" else None)
+        c = self.config
+        hrrn = c.schedule_policy == "hrrn"
+        limited = c.max_queued_requests > 0
+        self._queue = SglangQueue(self if hrrn or limited else None, hrrn=hrrn, arrivals=limited)
         return self._queue
 
     def limit_request(self, request, kv):
@@ -459,6 +480,10 @@ class SglangScheduler:
         if self._queue is not None:
             self._queue.stamp_arrivals(self.processed_tokens)
         self.in_pass = True
+        if self.config.max_queued_requests and self._queue.arrivals:
+            arrivals = [s for s in self._queue.arrivals if s.status == "waiting"]  # (not aborted meanwhile)
+            self._queue.arrivals.clear()
+            self._limit_queue(plan, arrivals)
         if self._left or self._leaving:
             entered, before = self._queue.entered, self._queue.processed_before
             for n in self._left:
@@ -471,6 +496,42 @@ class SglangScheduler:
             # the "full" mark is cleared at every pass: with the ratio decaying, a request may
             # fit a decode step later without anything else happening
             plan.wake_after(1)
+
+    def _limit_queue(self, plan, entering: list) -> None:
+        """``_abort_on_queued_limit`` for the requests of ``entering``, just pushed into the
+        waiting queue, in the order SGLang adds them (``_add_request_to_queue``): one that finds
+        ``max_queued_requests`` queued is turned away -- with priority scheduling, the least
+        important queued request (ties: the latest queued) if the newcomer is strictly more
+        important."""
+        if not entering or not self.config.max_queued_requests:
+            return
+        limit = self.config.max_queued_requests
+        sign = self.config.priority_sign
+        waiting = plan.waiting
+        unseen = set(entering)  # (SGLang has not added these yet)
+        queued = len(waiting) - len(unseen)
+        for seq in entering:
+            unseen.discard(seq)
+            if queued + 1 <= limit:
+                queued += 1
+                continue
+            victim, why = seq, QUEUE_FULL
+            if sign:
+                entered = waiting.entered
+                least = max((s for s in waiting if s is not seq and s not in unseen),
+                            key=lambda s: (s.request.priority * sign, entered[s.seq_no]), default=None)
+                if least is not None and seq.request.priority * sign < least.request.priority * sign:
+                    victim, why = least, OUTRANKED
+            plan.reject(victim, why)
+            self._forget(victim)
+
+    def _forget(self, seq) -> None:
+        """``seq`` was turned away: what this scheduler kept of it goes."""
+        n = seq.seq_no
+        self._queue.entered.pop(n, None)
+        self._queue.processed_before.pop(n, None)
+        if self._looked is not None:
+            self._looked.pop(n, None)
 
     def _schedule(self, plan) -> None:
         kv = plan.kv
@@ -615,6 +676,11 @@ class SglangScheduler:
                 if result == NO_TOKEN:
                     self._batch_full = adder.count > 0 or running_bs > 0
                 break
+        if self._preempted_now:  # SGLang re-queues them after the pass (``_add_request_to_queue``)
+            back = self._preempted_now
+            self._preempted_now = []
+            plan.waiting.move_to_back(back)
+            self._limit_queue(plan, back)
         # a batch formed while nothing ran becomes the running batch; so does a mixed batch
         # (SGLang empties the running batch into it, ``mix_with_running``): its "full" mark is
         # the new batch's, unset
@@ -692,6 +758,8 @@ class SglangScheduler:
                 self._forget_prefix(running)
                 if make_room is not None:
                     make_room(-(-c.retract_decode_steps * left // kv.block_size))
+        # they re-enter the queue after the pass, in the order they were chosen (``preempt_list``)
+        self._preempted_now.extend(s for s in chosen if s.status == "waiting")
         return len(chosen)
 
     def _reserve(self, seq) -> int:
@@ -770,7 +838,7 @@ class SglangScheduler:
         sign = -c.priority_sign if c.retraction_policy == "priority" else 0
         order = sorted(running, key=lambda s: (s.request.priority * sign, generated[s], -s.request.prompt_tokens),
                        reverse=True)
-        retracted = []
+        retracted, victims = [], []
         while not retracted or kv.num_free_blocks() * kv.block_size < len(order) + len(eos):
             if len(order) <= 1:
                 break
@@ -779,8 +847,10 @@ class SglangScheduler:
             plan.preempt(victim, discard_in_flight=self.plans_ahead)
             self._forget_prefix(victim)
             retracted.append(victim.request.id)
+            victims.append(victim)
             if make_room is not None:  # the freed prefix is evictable now: SGLang evicts at once
                 make_room(-(-c.retract_decode_steps * len(order) // kv.block_size))
+        self._limit_queue(plan, victims)  # (re-queued as SGLang retracted them)
         self._batch_full = False
         generated = sum(generated[s] for s in order)
         max_new = sum(s.request.max_output_tokens for s in order)
@@ -794,6 +864,7 @@ class SglangScheduler:
             plan.preempt(chunked)
             self._forget_prefix(chunked)
             self._chunked = None
+            self._limit_queue(plan, [chunked])
             self.retraction_log.append((plan.now, (chunked.request.id,), ratio))
             if self._decode(plan, eos):
                 return

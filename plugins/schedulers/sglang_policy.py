@@ -64,16 +64,19 @@ class SglangQueue(FcfsQueue):
     request keeps the stamp of its latest entry (``wait_queue_entry_time``) while it runs, and
     the prompt tokens prefilled before it (``arrival_processed_tokens``; ``counter`` counts them)."""
 
-    __slots__ = ("entered", "_entries", "counter", "processed_before", "_unstamped")
+    __slots__ = ("entered", "_entries", "counter", "hrrn", "processed_before", "_unstamped", "arrivals")
 
-    def __init__(self, counter=None) -> None:
+    def __init__(self, counter=None, *, hrrn: bool = False, arrivals: bool = False) -> None:
         super().__init__()
         self.entered: dict[int, int] = {}  # seq_no -> its latest entry's number
         self._entries = 0
         #: the scheduler: ``processed_tokens``, and ``in_pass`` while it plans
         self.counter = counter
+        self.hrrn = hrrn                             # stamp ``processed_before``
         self.processed_before: dict[int, int] = {}  # seq_no -> the counter at its entry
         self._unstamped: list = []                   # arrivals since the last pass
+        #: the requests that entered between passes (arrivals), in order, if kept
+        self.arrivals: list | None = [] if arrivals else None
 
     def push(self, seq) -> None:
         self._entries += 1
@@ -81,9 +84,13 @@ class SglangQueue(FcfsQueue):
         counter = self.counter
         if counter is not None:  # (an arrival is read at the next pass, with the counter then)
             if counter.in_pass:
-                self.processed_before[seq.seq_no] = counter.processed_tokens
+                if self.hrrn:
+                    self.processed_before[seq.seq_no] = counter.processed_tokens
             else:
-                self._unstamped.append(seq.seq_no)
+                if self.hrrn:
+                    self._unstamped.append(seq.seq_no)
+                if self.arrivals is not None:
+                    self.arrivals.append(seq)
         self._items.append(seq)
 
     def stamp_arrivals(self, processed: int) -> None:
@@ -95,6 +102,19 @@ class SglangQueue(FcfsQueue):
     def push_front(self, seq) -> None:
         """A retracted or preempted request: SGLang re-queues it at the back (``_add_request_to_queue``)."""
         self.push(seq)
+
+    def move_to_back(self, seqs: list) -> None:
+        """Re-queue ``seqs`` (queued already) at the back in this order, entering now -- as SGLang
+        adds the requests a pass preempted once the pass is over."""
+        gone = set(seqs)
+        self._items = deque(s for s in self._items if s not in gone)
+        counter = self.counter
+        for seq in seqs:
+            self._entries += 1
+            self.entered[seq.seq_no] = self._entries
+            if self.hrrn:
+                self.processed_before[seq.seq_no] = counter.processed_tokens
+            self._items.append(seq)
 
     def reorder(self, key: Callable) -> None:
         """Sort by ``key``, ties in the current order (Python's ``list.sort`` is stable)."""

@@ -452,6 +452,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     """
     assembled = _assemble_plugins(spec, ctx, where, check_only)
     _check_async_scheduling(assembled, where)
+    _check_queue_limit(assembled, where)
     if "target" not in spec.tables:
         return assembled
     config = from_table(TargetConfig, spec.tables["target"], where=f"{where} [target]", base_dir=ctx.base_dir)
@@ -474,6 +475,19 @@ def _check_async_scheduling(a: Assembled, where: str) -> None:
         key = key or "async_scheduling"
         raise ConfigError(f"{where} [scheduler]: {key}: not modelled with {what}; "
                           f"set {key} = false (or \"auto\", which turns it off there)")
+
+
+def _check_queue_limit(a: Assembled, where: str) -> None:
+    """A scheduler's queue limit (``max_queued_requests``, SGLang's) is modelled on colocated
+    instances and data-parallel ranks: refuse the rest by name."""
+    limited = any(getattr(getattr(parts[0], "config", None), "max_queued_requests", 0) for parts in a.instances)
+    if not limited:
+        return
+    if a.pools is not None:
+        raise ConfigError(f"{where} [scheduler]: max_queued_requests: SGLang ignores it in disaggregation mode; "
+                          "leave it out with [cluster] disaggregated pools")
+    if a.parallelism.pipelined:
+        raise ConfigError(f"{where} [scheduler]: max_queued_requests: not modelled with [cluster] pipeline_parallel")
 
 
 def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:
