@@ -82,8 +82,8 @@ def test_each_group_turns_on_its_feature():
     assert {c.settings.schedule_policy for c in every} == {"fcfs", "lpm", "dfs-weight", "lof"}
     ranked = cases("priority")
     assert all(c.settings.enable_priority_scheduling for c in ranked)
-    assert not any(c.settings.enable_priority_scheduling for g in GROUPS if not g.endswith("priority")
-                   for c in cases(g))
+    assert not any(c.settings.enable_priority_scheduling for g in GROUPS
+                   if not g.endswith("priority") and g != "queue_limit" for c in cases(g))
     assert {len({r.priority for r in c.requests}) > 1 for c in ranked} == {True, False}
     assert {c.settings.schedule_low_priority_values_first for c in ranked} == {True, False}
     assert {c.settings.disable_priority_preemption for c in ranked} == {True, False}
@@ -93,6 +93,11 @@ def test_each_group_turns_on_its_feature():
     assert {c.settings.schedule_policy for c in cases("hrrn")} == {"hrrn"}
     assert not any(c.settings.schedule_policy == "hrrn" for g in GROUPS if g != "hrrn" for c in cases(g))
     assert {c.settings.overlap_schedule for c in cases("hrrn")} == {True, False}
+    limited = cases("queue_limit")
+    assert {c.settings.max_queued_requests for c in limited} == {1, 2, 3}
+    assert not any(c.settings.max_queued_requests for g in GROUPS if g != "queue_limit" for c in cases(g))
+    assert {c.settings.enable_priority_scheduling for c in limited} == {True, False}
+    assert {c.settings.overlap_schedule for c in limited} == {True, False}
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -125,7 +130,9 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
                               "overlap_schedule": False, "ignore_eos": "none",
                               "enable_priority_scheduling": False, "schedule_low_priority_values_first": False,
                               "priority_scheduling_preemption_threshold": 10, "disable_priority_preemption": False,
-                              "retraction_policy": "length"}
+                              "retraction_policy": "length", "max_queued_requests": 0}
+    assert tables(generate("queue_limit", 0))["scheduler"]["max_queued_requests"] == \
+        generate("queue_limit", 0).settings.max_queued_requests > 0
     case = generate("priority", 0)
     s = case.settings
     t = tables(case)["scheduler"]
@@ -421,6 +428,27 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=115, max_running_requests=2, max_prefill_tokens=1, overlap_schedule=True),
               (0, 0, 65, 10, 0, 65, None), (2, 0, 65, 28, 0, 65, None), (3, 10, 1, 19, 0, 1, None)),
         {0: _o(0, 1, 10, 0, 0, 65), 2: _o(10, 11, 39, 0, 64, 1), 3: _o(10, 12, 30, 0, 0, 1)}),
+    # 27. --max-queued-requests 1, one slot, higher priorities first, no preemption. At 0 SGLang
+    # reads 0 (priority 0) and 1 (0) before it schedules: 0 is queued, 1 finds the queue full and is
+    # not more important than 0: turned away. 0 runs [0, 2]. At 1 it reads 2 (5), queued, then 3 (9):
+    # more important than 2, which is turned away instead. 3 runs [2, 4].
+    "27-queue-limit-turns-away-arrivals-or-the-least-important-queued": (
+        _case(dict(max_total_tokens=64, max_running_requests=1, enable_priority_scheduling=True,
+                   disable_priority_preemption=True, max_queued_requests=1),
+              (0, 0, 2, 2, None, 0, None), (1, 0, 2, 2, None, 0, None), (2, 1, 2, 2, None, 0, None),
+              (3, 1, 2, 2, None, 0, None), priorities={2: 5, 3: 9}),
+        {0: _o(0, 1, 2, 0, 0, 2), 1: _o(None, None, None, 0, 0), 2: _o(None, None, None, 0, 0),
+         3: _o(2, 3, 4, 0, 0, 2)}),
+    # 28. A retracted request re-enters the queue and meets the limit too. 30 tokens, conservativeness
+    # 0 (running requests' future tokens count 0), --max-queued-requests 1. 0 (5 + 12) runs from 0; 1
+    # (5 + 12) arrives at 1 and prefills [1, 2] (0 waits); 2 (5 + 20) arrives at 2 and needs 26 >= 20
+    # free: the batch is full. 0 and 1 decode from 2, two tokens a step: at 12 the pool is spent, each
+    # has 11 tokens, and the tie goes to the later: 1 is retracted and finds 2 queued -- turned away,
+    # with its 11 tokens. 0's last at 13; 2 runs from 13, its 20th token at 33.
+    "28-queue-limit-turns-away-a-retracted-request": (
+        _case(dict(max_total_tokens=30, max_running_requests=2, schedule_conservativeness=0.0, max_queued_requests=1),
+              (0, 0, 5, 12, None, 0, 12), (1, 1, 5, 12, None, 0, 12), (2, 2, 5, 20, None, 0, 20)),
+        {0: _o(0, 1, 13, 0, 0, 5), 1: _o(1, 2, None, 1, 0, 5), 2: _o(13, 14, 33, 0, 0, 5)}),
 }
 
 

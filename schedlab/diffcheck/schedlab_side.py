@@ -171,8 +171,8 @@ class SchedlabRunner:
         for i, rid in enumerate(ids):
             row = {name: q[name][i] for name in ("first_scheduled_ms", "first_token_ms", "finish_ms",
                                                   "preemptions", "cached_tokens")}
-            if q["aborted"][i]:  # (its client gave up: it never finished)
-                row["finish_ms"] = math.nan
+            if q["aborted"][i] or (q["rejected"][i] and q["finish_ms"][i] >= 0):
+                row["finish_ms"] = math.nan  # (its client gave up, or the queue turned it away: it never finished)
             out[rid] = self.outcome(row, tuple(log.chunks.get(rid, ())))
-        rejected = [rid for i, rid in enumerate(ids) if q["rejected"][i]]
+        rejected = [rid for i, rid in enumerate(ids) if q["rejected"][i] and q["finish_ms"][i] < 0]
         return out, (f"schedlab rejected {rejected}" if rejected else None)

@@ -283,7 +283,7 @@ class SglangRunner:
         x.max_total_num_tokens = size
         x.max_prefill_tokens = sched.max_prefill_tokens
         x.max_running_requests = slots
-        x.max_queued_requests = None
+        x.max_queued_requests = s.max_queued_requests or None
         x.max_req_len = min(x.model_config.context_len - 1, size - 1)
         x.max_req_input_len = x.max_req_len - 5
         x.device = "cpu"
@@ -364,6 +364,7 @@ class SglangRunner:
         x.model_worker = model
         x.tp_worker.forward_batch_generation = model.forward_batch_generation
         run = _Run(x, pending)
+        x.send_abort_output = run.turned_away  # (to the tokenizer process: the request ends there)
         if case.settings.overlap_schedule:
             error = self._step_overlapped(x, model, run)
         else:
@@ -481,6 +482,13 @@ class _Run:
                 if queued:  # popped from the queue: it never runs again
                     self.finish[rid] = None
                     self.gone.add(rid)
+
+    def turned_away(self, abort_req, req) -> None:
+        """SGLang aborted ``req`` and tells its client (``send_abort_output``): a request the queue
+        limit turns away, or one whose client gave up; it never finishes."""
+        rid = int(req.rid[:-1])
+        self.finish[rid] = None
+        self.gone.add(rid)
 
     def next_abort(self) -> float:
         return self.aborts[0][0] if self.aborts else float("inf")

@@ -35,7 +35,11 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
 * ``overlap_priority`` -- the ``priority`` group's case with overlap scheduling on;
 * ``hrrn``       -- ``--schedule-policy hrrn`` (highest response ratio next, on prompt tokens
   prefilled), arrivals spread out, sometimes shared prefixes, chunking, tight memory or overlap
-  scheduling.
+  scheduling;
+* ``queue_limit`` -- ``--max-queued-requests`` 1-3 and 1-3 slots: arrivals, and requests
+  re-entering after a retraction (tight memory) or a preemption, are turned away when the queue
+  is full -- with priorities (half the cases) the least important queued one may be instead;
+  sometimes shared prefixes, chunking or overlap scheduling.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -53,7 +57,7 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
-          "abort", "overlap_abort", "priority", "overlap_priority", "hrrn")
+          "abort", "overlap_abort", "priority", "overlap_priority", "hrrn", "queue_limit")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -77,6 +81,8 @@ def generate(group: str, seed: int) -> Case:
         return _priority_case(rng, seed)
     if group == "hrrn":
         return _hrrn_case(rng, seed)
+    if group == "queue_limit":
+        return _queue_limit_case(rng, seed)
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")
         else POLICIES)
@@ -151,3 +157,20 @@ def _hrrn_case(rng: random.Random, seed: int) -> Case:
                               schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0,
                               overlap_schedule=rng.random() < 0.5)
     return Case(settings, requests, group="hrrn", seed=seed)
+
+
+def _queue_limit_case(rng: random.Random, seed: int) -> Case:
+    """A ``queue_limit`` case (module docstring)."""
+    priorities = rng.random() < 0.5
+    requests, prefixes, tight, sizes = _sized(rng, prefixes_p=0.3, tight_p=0.4, chunk_p=0.3, priorities=priorities)
+    sizes["max_running_requests"] = rng.randint(1, 3)
+    settings = SglangSettings(
+        **sizes, max_queued_requests=rng.randint(1, 3),
+        schedule_policy=rng.choice(("fcfs", "fcfs", "lof") + (POLICIES if prefixes else ())),
+        schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0,
+        enable_priority_scheduling=priorities, schedule_low_priority_values_first=priorities and rng.random() < 0.5,
+        priority_scheduling_preemption_threshold=rng.choice((0, 1, 10)) if priorities else 10,
+        disable_priority_preemption=priorities and rng.random() < 0.3,
+        retraction_policy=rng.choice(("length", "priority")) if priorities and tight else "length",
+        overlap_schedule=rng.random() < 0.4)
+    return Case(settings, requests, group="queue_limit", seed=seed)
