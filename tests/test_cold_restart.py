@@ -28,7 +28,7 @@ from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.kv_caches.host_tier import HostTier
 from schedlab_plugins.routers import LeastOutstandingRouter
-from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig
 from schedlab_plugins.schedulers.sglang import SglangScheduler
 from test_disaggregated import LATENCY_MS, LINK_GBPS, pool
 from test_energy import Newest, Scripted
@@ -384,9 +384,27 @@ POOL_REBUILT_MID_ITERATION = {
     "cost": LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=4.0), "target": 1, "timeout": 40.0}
 
 
+#: SGLang's overlap scheduler on a drained instance: nothing outstanding, but the requests its last
+#: batch finished hold their KV until the next plan is made -- the instance went off (and its
+#: radix cache was reset, which refused: blocks in use) before it gave them back.
+HELD_AT_THE_DRAIN = {
+    "requests": [Request(i, 0.0, 1, 1) for i in range(9)] + [
+        Request(9, 117.625, 1, 9), Request(10, 117.625, 1, 1), Request(11, 181.625, 38, 7), Request(12, 181.75, 1, 1),
+        Request(13, 200.0, 1, 1)],
+    "instances": 2, "kind": "radix", "blocks": 12, "host": 0, "swap": 0,
+    "sglang": SglangConfig(max_running_requests=1, max_prefill_tokens=16, chunked_prefill_size=0,
+                           init_new_token_ratio=0.0, new_token_ratio_decay_steps=1, clip_max_new_tokens=8,
+                           retract_decode_steps=0, overlap_schedule=True, priority_scheduling_preemption_threshold=0),
+    "continuous": None,
+    "limits": ScalingLimits(min_instances=1, max_instances=2, initial=1, interval_ms=4.0, cold_start_ms=0.0,
+                            window_ms=8.0),
+    "cost": LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=8.0), "target": 1, "timeout": None}
+
+
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prefix_fleets())
 @example(POOL_REBUILT_MID_ITERATION)
+@example(HELD_AT_THE_DRAIN)
 def test_both_engines_restart_prefix_caches_alike(case):
     """Fast and reference engines on autoscaled prefix-caching fleets: the same per-request rows
     (hits included), decisions and paid intervals; every cache reset when its instance went off

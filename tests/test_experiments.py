@@ -363,6 +363,26 @@ def test_sglang_priority_preemption_meets_the_chat_slo_at_the_documents_cost():
     assert e2e["priority_preempt"] > 1.3 * e2e["fcfs"]
 
 
+def test_sglang_queue_limit_trades_requests_turned_away_for_the_served_ones_ttft():
+    results = run("sglang_queue_limit.toml", [])
+    runs = {r.name: r for r in results.all_runs()}
+    rejected = {name: r.metrics["rejected"] for name, r in runs.items()}
+    ttft = {name: metric(r, "ttft_ms.p99") for name, r in runs.items()}
+    # a shorter queue turns more away and keeps the served requests' first tokens sooner
+    assert rejected["no_limit"] == 0 < rejected["queue_64"] < rejected["queue_16"] < rejected["queue_4"]
+    assert ttft["no_limit"] > 1.5 * ttft["queue_64"] > 1.5 * ttft["queue_16"] > 1.5 * ttft["queue_4"]
+    assert ttft["queue_16"] < 2000 < ttft["queue_64"]
+    # the SLO counts a request turned away as missed: a short queue gains, the shortest gives some back
+    goodput = {name: metric(r, "slo.goodput_rps") for name, r in runs.items()}
+    assert goodput["no_limit"] < goodput["queue_64"] < goodput["queue_16"]
+    assert goodput["queue_4"] < goodput["queue_16"]
+    for name, r in runs.items():
+        q = r.requests
+        away = q["rejected"] != 0
+        assert (q["finish_ms"][away] >= q["arrival_ms"][away]).all()  # turned away from the queue, not on arrival
+        assert set(r.rejections.values()) <= {"The request queue is full."}, name
+
+
 # -- interactive and background work ---------------------------------------------------------------------
 
 

@@ -179,10 +179,14 @@ class ScalingController:
     def _retire_drained(self) -> None:
         """Draining instances that hold nothing any more (as seen now: an iteration in progress
         still holds its requests, and ``holding`` says what else it must keep: a prefill
-        instance's KV not yet pulled) are off since their last iteration ended."""
+        instance's KV not yet pulled) are off since their last iteration ended. KV blocks still
+        in use keep one on too: planning ahead, the requests the last batch finished give theirs
+        back when the next plan is made, and the cache is reset only once they have."""
         holding = self.holding
+        views = self.all_views
         for i, s in enumerate(self.state):
-            if s == DRAINING and not self.all_views[i].outstanding and not (holding is not None and holding(i)):
+            if (s == DRAINING and not views[i].outstanding and not views[i].kv.num_used_blocks()
+                    and not (holding is not None and holding(i))):
                 self._off(i, max(self.drain_from[i], self._quiet_since(i)))
                 self._forget(i)
 
