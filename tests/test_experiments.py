@@ -376,11 +376,18 @@ def test_sglang_queue_limit_trades_requests_turned_away_for_the_served_ones_ttft
     goodput = {name: metric(r, "slo.goodput_rps") for name, r in runs.items()}
     assert goodput["no_limit"] < goodput["queue_64"] < goodput["queue_16"]
     assert goodput["queue_4"] < goodput["queue_16"]
+    # a waiting timeout aborts only after the wait: it gains less than a queue limit turning as many away
+    assert rejected["queue_64"] < rejected["timeout_2s"] < rejected["queue_16"]
+    assert goodput["no_limit"] < goodput["timeout_2s"] < goodput["queue_16"]
     for name, r in runs.items():
         q = r.requests
         away = q["rejected"] != 0
         assert (q["finish_ms"][away] >= q["arrival_ms"][away]).all()  # turned away from the queue, not on arrival
-        assert set(r.rejections.values()) <= {"The request queue is full."}, name
+        expected = {"Request waiting timeout reached."} if name == "timeout_2s" else {"The request queue is full."}
+        assert set(r.rejections.values()) <= expected, name
+    timed_out = runs["timeout_2s"].requests
+    waited = timed_out["waiting_ms"][timed_out["rejected"] != 0]
+    assert waited.min() >= 2000  # each waited its 2 s (from its arrival; SGLang counts from the pass that reads it)
 
 
 # -- interactive and background work ---------------------------------------------------------------------

@@ -436,6 +436,38 @@ def test_queue_limit_turns_away_a_retracted_request_with_the_tokens_it_got(engin
     check_run(r, reqs)
 
 
+WAITED_TOO_LONG = "Request waiting timeout reached."
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_waiting_timeout_counts_from_the_pass_that_queued_the_request(engine):
+    # One slot, SGLANG_REQ_WAITING_TIMEOUT of 3 ms. R0 (prompt 8, 3 tokens): 0 -> 1.0 -> 5.0 -> 9.0.
+    # R1 arrives at 0.5, is read (queued) at 1.0; at the next pass, 5.0, it has waited 4 >= 3:
+    # aborted. R2 and R3 arrive at 6.0 and are read at 9.0: R2 runs 9.0 -> 10.0; R3 waits from 9.0
+    # and runs at 10.0 (1 ms queued, though 4 ms after its arrival) -> 11.0.
+    reqs = [Request(0, 0.0, 8, 3), Request(1, 0.5, 8, 1), Request(2, 6.0, 8, 1), Request(3, 6.0, 8, 1)]
+    sched = SglangScheduler(_sync(max_running_requests=1, waiting_timeout_ms=3.0))
+    r = run(reqs, sched, PagedKVCache(200, 1), engine)
+    assert r.rejections == {1: WAITED_TOO_LONG}
+    assert by_id(r, "finish_ms") == {0: 9.0, 1: 5.0, 2: 10.0, 3: 11.0}
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: -1.0, 2: 9.0, 3: 10.0}
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_waiting_timeout_wakes_the_scheduler_when_it_ends(engine):
+    # R0 (prompt 8, 10 tokens) decodes alone from 1.0 to 37.0, one token every 4 ms; nothing else
+    # happens meanwhile. R1, read at 1.0, waits for the one slot: with 6 ms its time is up at 7.0,
+    # and it is aborted at the boundary after, 9.0 (the scheduler asked to be woken); with 40 ms
+    # it outlasts R0 and runs at 37.0 -> 38.0.
+    for timeout, rejected, finish in ((6.0, {1: WAITED_TOO_LONG}, 9.0), (40.0, {}, 38.0)):
+        reqs = [Request(0, 0.0, 8, 10), Request(1, 0.5, 8, 1)]
+        r = run(reqs, SglangScheduler(_sync(max_running_requests=1, waiting_timeout_ms=timeout)),
+                PagedKVCache(200, 1), engine)
+        assert r.rejections == rejected
+        assert by_id(r, "finish_ms") == {0: 37.0, 1: finish}
+
+
 QUEUE_LIMITED = """
     [workload]
     kind = "synthetic"
@@ -459,7 +491,7 @@ QUEUE_LIMITED = """
 
 @pytest.mark.parametrize("extra, why", [
     ("[cluster]\npipeline_parallel = 2\n", r"not modelled with \[cluster\] pipeline_parallel"),
-    ("[cluster]\nmode = 'disaggregated'\n", r"SGLang ignores it in disaggregation mode"),
+    ("[cluster]\nmode = 'disaggregated'\n", r"not modelled with \[cluster\] disaggregated pools"),
 ])
 def test_queue_limit_is_refused_where_it_is_not_modelled(tmp_path, extra, why):
     path = tmp_path / "exp.toml"
@@ -496,13 +528,16 @@ def sglang_configs(draw):
         retract_decode_steps=draw(st.sampled_from([0, 1, 20])),
         overlap_schedule=draw(st.booleans()),
         max_queued_requests=draw(st.sampled_from([0, 0, 1, 3])),
+        waiting_timeout_ms=draw(st.sampled_from([0.0, 0.0, 5.0, 30.0])),
     )
 
 
 def assert_only_turned_away(result, cfg: SglangConfig) -> None:
     """Every request is served but those the queue limit turned away (none without one)."""
     reasons = set(result.rejections.values())
-    assert reasons <= ({QUEUE_FULL, OUTRANKED} if cfg.max_queued_requests else set()), reasons
+    allowed = ({QUEUE_FULL, OUTRANKED} if cfg.max_queued_requests else set()) | (
+        {WAITED_TOO_LONG} if cfg.waiting_timeout_ms else set())
+    assert reasons <= allowed, reasons
     if not cfg.enable_priority_scheduling:
         assert OUTRANKED not in reasons
 

@@ -83,7 +83,7 @@ def test_each_group_turns_on_its_feature():
     ranked = cases("priority")
     assert all(c.settings.enable_priority_scheduling for c in ranked)
     assert not any(c.settings.enable_priority_scheduling for g in GROUPS
-                   if not g.endswith("priority") and g != "queue_limit" for c in cases(g))
+                   if not g.endswith("priority") and g not in ("queue_limit", "waiting_timeout") for c in cases(g))
     assert {len({r.priority for r in c.requests}) > 1 for c in ranked} == {True, False}
     assert {c.settings.schedule_low_priority_values_first for c in ranked} == {True, False}
     assert {c.settings.disable_priority_preemption for c in ranked} == {True, False}
@@ -95,9 +95,14 @@ def test_each_group_turns_on_its_feature():
     assert {c.settings.overlap_schedule for c in cases("hrrn")} == {True, False}
     limited = cases("queue_limit")
     assert {c.settings.max_queued_requests for c in limited} == {1, 2, 3}
-    assert not any(c.settings.max_queued_requests for g in GROUPS if g != "queue_limit" for c in cases(g))
+    assert not any(c.settings.max_queued_requests for g in GROUPS if g not in ("queue_limit", "waiting_timeout")
+                   for c in cases(g))
     assert {c.settings.enable_priority_scheduling for c in limited} == {True, False}
     assert {c.settings.overlap_schedule for c in limited} == {True, False}
+    timed = cases("waiting_timeout")
+    assert all(1 <= c.settings.waiting_timeout_ms <= 15 for c in timed)
+    assert {bool(c.settings.max_queued_requests) for c in timed} == {True, False}
+    assert not any(c.settings.waiting_timeout_ms for g in GROUPS if g != "waiting_timeout" for c in cases(g))
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -130,7 +135,7 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
                               "overlap_schedule": False, "ignore_eos": "none",
                               "enable_priority_scheduling": False, "schedule_low_priority_values_first": False,
                               "priority_scheduling_preemption_threshold": 10, "disable_priority_preemption": False,
-                              "retraction_policy": "length", "max_queued_requests": 0}
+                              "retraction_policy": "length", "max_queued_requests": 0, "waiting_timeout_ms": 0.0}
     assert tables(generate("queue_limit", 0))["scheduler"]["max_queued_requests"] == \
         generate("queue_limit", 0).settings.max_queued_requests > 0
     case = generate("priority", 0)
@@ -449,6 +454,13 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=30, max_running_requests=2, schedule_conservativeness=0.0, max_queued_requests=1),
               (0, 0, 5, 12, None, 0, 12), (1, 1, 5, 12, None, 0, 12), (2, 2, 5, 20, None, 0, 20)),
         {0: _o(0, 1, 13, 0, 0, 5), 1: _o(1, 2, None, 1, 0, 5), 2: _o(13, 14, 33, 0, 0, 5)}),
+    # 29. SGLANG_REQ_WAITING_TIMEOUT of 2 ms, one slot. 0 (1 + 4 tokens) runs [0, 4]. 1, read at 0
+    # with it, waits: the poll at the top of the loop at 2 finds it queued 2 ms -- aborted. 2 arrives
+    # at 3, is queued then, and runs when 0 is done, at 4 (1 ms queued).
+    "29-waiting-timeout-aborts-a-request-queued-too-long": (
+        _case(dict(max_total_tokens=64, max_running_requests=1, waiting_timeout_ms=2),
+              (0, 0, 1, 4, None, 0, None), (1, 0, 1, 1, None, 0, None), (2, 3, 1, 1, None, 0, None)),
+        {0: _o(0, 1, 4, 0, 0, 1), 1: _o(None, None, None, 0, 0), 2: _o(4, 5, 5, 0, 0, 1)}),
 }
 
 

@@ -205,6 +205,10 @@ class SglangConfig:
         0, min=0, help="most requests in the waiting queue (--max-queued-requests; 0 = no limit): a request that "
                        "arrives, or re-enters after a retraction or preemption, beyond it is turned away (rejected), "
                        "or with priority scheduling the least important queued one if the newcomer is more important")
+    waiting_timeout_ms: float = float_field(
+        0.0, min=0.0, help="SGLANG_REQ_WAITING_TIMEOUT (in seconds there): a request queued this long since it "
+                           "entered the queue (arrived, or came back after a retraction or preemption) is aborted at "
+                           "the next pass, counted as rejected (0 = off, SGLang's default)")
     context_length: int = int_field(
         0, min=0, help="the model's context (--context-length; by default the run's model's): a prompt of "
                        "min(context, pool) - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds "
@@ -306,6 +310,7 @@ CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 #: why ``max_queued_requests`` turns a request away (SGLang's abort messages)
 QUEUE_FULL = "The request queue is full."
 OUTRANKED = "The request is aborted by a higher priority request."
+WAITED_TOO_LONG = "Request waiting timeout reached."
 
 
 class SglangScheduler:
@@ -347,6 +352,7 @@ class SglangScheduler:
         #: running batch's object last had, when it was formed as a prefill or mixed batch
         self.processed_tokens = 0
         self.in_pass = False
+        self.now = 0.0                  # the time of the pass under way
         self._running_extend = 0
         self._counted_steps = 0         # decode iterations counted into processed_tokens
         self._mixed_uncounted = 0       # ... and mixed ones among them, counted when formed
@@ -367,7 +373,9 @@ class SglangScheduler:
         c = self.config
         hrrn = c.schedule_policy == "hrrn"
         limited = c.max_queued_requests > 0
-        self._queue = SglangQueue(self if hrrn or limited else None, hrrn=hrrn, arrivals=limited)
+        timed = c.waiting_timeout_ms > 0
+        self._queue = SglangQueue(self if hrrn or limited or timed else None, hrrn=hrrn, arrivals=limited,
+                                  timed=timed)
         return self._queue
 
     def limit_request(self, request, kv):
@@ -480,10 +488,21 @@ class SglangScheduler:
         if self._queue is not None:
             self._queue.stamp_arrivals(self.processed_tokens)
         self.in_pass = True
-        if self.config.max_queued_requests and self._queue.arrivals:
-            arrivals = [s for s in self._queue.arrivals if s.status == "waiting"]  # (not aborted meanwhile)
-            self._queue.arrivals.clear()
+        self.now = plan.now
+        queue = self._queue
+        timeout = self.config.waiting_timeout_ms
+        # the loop top: the requests queued too long are found, the arrivals read (each meeting the
+        # queue limit), then the former aborted (SGLang's timeout aborts ride behind the arrivals)
+        expired = queue.expired(plan.now, timeout) if timeout and queue.entries else ()
+        if queue is not None and queue.arrivals:
+            arrivals = [s for s in queue.arrivals if s.status == "waiting"]  # (not aborted meanwhile)
+            queue.arrivals.clear()
+            queue.stamp_entries(arrivals, plan.now)
             self._limit_queue(plan, arrivals)
+        for seq in expired:
+            if seq.status == "waiting":  # (not turned away by the limit meanwhile)
+                plan.reject(seq, WAITED_TOO_LONG)
+                self._forget(seq)
         if self._left or self._leaving:
             entered, before = self._queue.entered, self._queue.processed_before
             for n in self._left:
@@ -492,6 +511,10 @@ class SglangScheduler:
             self._left, self._leaving = self._leaving, []
         self._schedule(plan)
         self.in_pass = False
+        if timeout:
+            first = queue.first_entry()
+            if first is not None:  # asked again when the longest-queued request times out
+                plan.wake_at(first + timeout)
         if self.config.preempts_by_priority and plan.waiting:
             # the "full" mark is cleared at every pass: with the ratio decaying, a request may
             # fit a decode step later without anything else happening

@@ -64,9 +64,9 @@ class SglangQueue(FcfsQueue):
     request keeps the stamp of its latest entry (``wait_queue_entry_time``) while it runs, and
     the prompt tokens prefilled before it (``arrival_processed_tokens``; ``counter`` counts them)."""
 
-    __slots__ = ("entered", "_entries", "counter", "hrrn", "processed_before", "_unstamped", "arrivals")
+    __slots__ = ("entered", "_entries", "counter", "hrrn", "processed_before", "_unstamped", "arrivals", "entries")
 
-    def __init__(self, counter=None, *, hrrn: bool = False, arrivals: bool = False) -> None:
+    def __init__(self, counter=None, *, hrrn: bool = False, arrivals: bool = False, timed: bool = False) -> None:
         super().__init__()
         self.entered: dict[int, int] = {}  # seq_no -> its latest entry's number
         self._entries = 0
@@ -76,7 +76,11 @@ class SglangQueue(FcfsQueue):
         self.processed_before: dict[int, int] = {}  # seq_no -> the counter at its entry
         self._unstamped: list = []                   # arrivals since the last pass
         #: the requests that entered between passes (arrivals), in order, if kept
-        self.arrivals: list | None = [] if arrivals else None
+        self.arrivals: list | None = [] if arrivals or timed else None
+        #: if kept: ``(time, seq, entry number)`` of every entry, in order -- an arrival's time is
+        #: the pass that reads it (:meth:`stamp_entries`), a re-entry's the pass it happens in
+        #: (``counter.now``); stale entries (left, or entered again) are skipped by :meth:`expired`
+        self.entries: deque | None = deque() if timed else None
 
     def push(self, seq) -> None:
         self._entries += 1
@@ -86,12 +90,43 @@ class SglangQueue(FcfsQueue):
             if counter.in_pass:
                 if self.hrrn:
                     self.processed_before[seq.seq_no] = counter.processed_tokens
+                if self.entries is not None:
+                    self.entries.append((counter.now, seq, self._entries))
             else:
                 if self.hrrn:
                     self._unstamped.append(seq.seq_no)
                 if self.arrivals is not None:
                     self.arrivals.append(seq)
         self._items.append(seq)
+
+    def stamp_entries(self, arrivals: list, now: float) -> None:
+        """``arrivals`` (read by the pass at ``now``) enter the queue then, in this order."""
+        if self.entries is not None:
+            entered = self.entered
+            self.entries.extend((now, seq, entered[seq.seq_no]) for seq in arrivals)
+
+    def expired(self, now: float, timeout: float) -> list:
+        """The queued requests that have waited ``timeout`` by ``now`` since they entered, in entry
+        order (SGLang's ``SGLANG_REQ_WAITING_TIMEOUT`` poll; ``at + timeout``, the time the
+        scheduler asks to be woken at, exactly)."""
+        out = []
+        entries, entered = self.entries, self.entered
+        for at, seq, number in entries:
+            if at + timeout > now:
+                break
+            if seq.status == "waiting" and entered.get(seq.seq_no) == number:
+                out.append(seq)
+        return out
+
+    def first_entry(self) -> float | None:
+        """When the longest-queued request entered (None: nobody queued)."""
+        entries, entered = self.entries, self.entered
+        while entries:
+            at, seq, number = entries[0]
+            if seq.status == "waiting" and entered.get(seq.seq_no) == number:
+                return at
+            entries.popleft()
+        return None
 
     def stamp_arrivals(self, processed: int) -> None:
         """The arrivals since the last pass enter the queue now, with the counter at ``processed``."""
@@ -114,6 +149,8 @@ class SglangQueue(FcfsQueue):
             self.entered[seq.seq_no] = self._entries
             if self.hrrn:
                 self.processed_before[seq.seq_no] = counter.processed_tokens
+            if self.entries is not None:
+                self.entries.append((counter.now, seq, self._entries))
             self._items.append(seq)
 
     def reorder(self, key: Callable) -> None:

@@ -21,7 +21,8 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
                  "schedule_low_priority_values_first": s.schedule_low_priority_values_first,
                  "priority_scheduling_preemption_threshold": s.priority_scheduling_preemption_threshold,
                  "disable_priority_preemption": s.disable_priority_preemption,
-                 "retraction_policy": s.retraction_policy, "max_queued_requests": s.max_queued_requests}
+                 "retraction_policy": s.retraction_policy, "max_queued_requests": s.max_queued_requests,
+                 "waiting_timeout_ms": float(s.waiting_timeout_ms)}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
     kv = {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}

@@ -42,6 +42,7 @@ token in flight, which SGLang reads from its future map.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -365,10 +366,11 @@ class SglangRunner:
         x.tp_worker.forward_batch_generation = model.forward_batch_generation
         run = _Run(x, pending)
         x.send_abort_output = run.turned_away  # (to the tokenizer process: the request ends there)
-        if case.settings.overlap_schedule:
-            error = self._step_overlapped(x, model, run)
-        else:
-            error = self._step(x, run)
+        with _waiting_timeout(case.settings.waiting_timeout_ms, run):
+            if case.settings.overlap_schedule:
+                error = self._step_overlapped(x, model, run)
+            else:
+                error = self._step(x, run)
         outcomes = {}
         for r in pending:
             req = run.live.get(r.id)
@@ -428,6 +430,47 @@ class SglangRunner:
                     return run.stalled()
         return f"SGLang ran {MAX_STEPS} steps without finishing"
 
+class _Clock:
+    """``time`` as SGLang's scheduler and request stats read it under a waiting timeout: its
+    ``perf_counter`` is the run's clock in seconds, a nanosecond later at every call -- SGLang's
+    queue-entry stamps and timeout deadlines follow the harness's steps, and, as on a real clock,
+    no two stamps are equal."""
+
+    def __init__(self, run):
+        self._run = run
+        self._calls = 0
+
+    def perf_counter(self) -> float:
+        self._calls += 1
+        return 1.0 + self._run.now / 1000 + self._calls * 1e-9
+
+    def __getattr__(self, name):
+        import time
+        return getattr(time, name)
+
+
+@contextlib.contextmanager
+def _waiting_timeout(timeout_ms: int, run):
+    """SGLang with ``SGLANG_REQ_WAITING_TIMEOUT`` (seconds) on the harness's clock, for a case
+    with a waiting timeout; nothing changed otherwise."""
+    if not timeout_ms:
+        yield
+        return
+    from sglang.srt.environ import envs
+    from sglang.srt.managers import scheduler
+    from sglang.srt.observability import req_time_stats
+
+    clock = _Clock(run)
+    saved = scheduler.time, req_time_stats.time
+    scheduler.time = req_time_stats.time = clock
+    run.timed = True
+    try:
+        with envs.SGLANG_REQ_WAITING_TIMEOUT.override(timeout_ms / 1000):
+            yield
+    finally:
+        scheduler.time, req_time_stats.time = saved
+
+
 class _Run:
     """One case's clock, its arrivals and what is recorded per request."""
 
@@ -443,13 +486,17 @@ class _Run:
         # (when the abort reaches the scheduler, request id) of the requests whose clients give up
         self.aborts = sorted((r.abort_at, r.id) for r in pending if r.abort_at is not None)
         self.gone: set = set()  # aborted while queued
+        self.timed = False      # SGLANG_REQ_WAITING_TIMEOUT is on (_waiting_timeout)
 
     def next_batch(self, runner):
         """Read the arrivals, then SGLang's ``get_next_batch_to_run`` (its admissions and chunks
         recorded as made now)."""
         x = self.x
+        timed_out = x._poll_timeout_aborts() if self.timed else ()  # (decided before the arrivals are read)
         self.ingest(runner)
         self.abort()
+        for abort in timed_out:  # (they ride behind the arrivals: RequestReceiver.recv_requests)
+            x.abort_request(abort)
         waiting = {id(req) for req in x.waiting_queue}
         plan = x.get_next_batch_to_run(running_batch=x.running_batch, last_batch=x.last_batch)
         x.running_batch = plan.running_batch

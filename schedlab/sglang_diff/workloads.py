@@ -39,7 +39,10 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
 * ``queue_limit`` -- ``--max-queued-requests`` 1-3 and 1-3 slots: arrivals, and requests
   re-entering after a retraction (tight memory) or a preemption, are turned away when the queue
   is full -- with priorities (half the cases) the least important queued one may be instead;
-  sometimes shared prefixes, chunking or overlap scheduling.
+  sometimes shared prefixes, chunking or overlap scheduling;
+* ``waiting_timeout`` -- ``SGLANG_REQ_WAITING_TIMEOUT`` of 1-15 ms (steps) and 1-3 slots: a request
+  queued that long since it entered the queue is aborted; sometimes a queue limit, priorities,
+  tight memory (retracted requests enter again), shared prefixes, chunking or overlap scheduling.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -57,7 +60,8 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
-          "abort", "overlap_abort", "priority", "overlap_priority", "hrrn", "queue_limit")
+          "abort", "overlap_abort", "priority", "overlap_priority", "hrrn", "queue_limit",
+          "waiting_timeout")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -83,6 +87,11 @@ def generate(group: str, seed: int) -> Case:
         return _hrrn_case(rng, seed)
     if group == "queue_limit":
         return _queue_limit_case(rng, seed)
+    if group == "waiting_timeout":
+        case = _queue_limit_case(rng, seed)
+        settings = attrs.evolve(case.settings, waiting_timeout_ms=rng.randint(1, 15),
+                                max_queued_requests=rng.choice((0, 0, case.settings.max_queued_requests)))
+        return attrs.evolve(case, settings=settings, group=group)
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")
         else POLICIES)

@@ -478,16 +478,17 @@ def _check_async_scheduling(a: Assembled, where: str) -> None:
 
 
 def _check_queue_limit(a: Assembled, where: str) -> None:
-    """A scheduler's queue limit (``max_queued_requests``, SGLang's) is modelled on colocated
-    instances and data-parallel ranks: refuse the rest by name."""
-    limited = any(getattr(getattr(parts[0], "config", None), "max_queued_requests", 0) for parts in a.instances)
-    if not limited:
-        return
-    if a.pools is not None:
-        raise ConfigError(f"{where} [scheduler]: max_queued_requests: SGLang ignores it in disaggregation mode; "
-                          "leave it out with [cluster] disaggregated pools")
-    if a.parallelism.pipelined:
-        raise ConfigError(f"{where} [scheduler]: max_queued_requests: not modelled with [cluster] pipeline_parallel")
+    """A scheduler's queue limit and waiting timeout (``max_queued_requests``,
+    ``waiting_timeout_ms``: SGLang's) are modelled on colocated instances and data-parallel
+    ranks: refuse the rest by name."""
+    for key in ("max_queued_requests", "waiting_timeout_ms"):
+        if not any(getattr(getattr(parts[0], "config", None), key, 0) for parts in a.instances):
+            continue
+        if a.pools is not None:
+            raise ConfigError(f"{where} [scheduler]: {key}: not modelled with [cluster] disaggregated pools (SGLang "
+                              "keeps other queues there)")
+        if a.parallelism.pipelined:
+            raise ConfigError(f"{where} [scheduler]: {key}: not modelled with [cluster] pipeline_parallel")
 
 
 def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:
