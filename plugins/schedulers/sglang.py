@@ -66,9 +66,13 @@ retraction; requests preempted by priority, once the pass is over, in the order 
 chosen. One that finds the queue full is turned away (``Plan.reject``: counted as rejected,
 "The request queue is full.", its client answered at once); with priority scheduling, the
 least important queued request (ties: the latest queued) is instead if the newcomer is strictly
-more important. A retracted request turned away keeps the tokens it got. SGLang ignores the
-limit in disaggregation mode (refused there); not modelled with pipeline parallelism.
-``tools/sglang_diff.py --groups queue_limit``.
+more important. A retracted request turned away keeps the tokens it got. **Waiting timeout**
+(``waiting_timeout_ms``, SGLang's ``SGLANG_REQ_WAITING_TIMEOUT`` in seconds): a request queued
+that long since it entered the queue is aborted, "Request waiting timeout reached." -- SGLang
+polls at the top of its loop, before it reads the arrivals, and aborts after them; the scheduler
+asks to be woken when the longest-queued request's time is up. Neither is modelled with
+disaggregation (SGLang ignores the limit there) or pipeline parallelism (refused).
+``tools/sglang_diff.py --groups queue_limit,waiting_timeout``.
 
 **Overlap scheduling** (``overlap_schedule``; SGLang's default, ``event_loop_overlap``): each
 batch is planned while the one before it runs (:mod:`schedlab.engine.ahead`: arrivals after that
