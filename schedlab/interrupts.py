@@ -19,6 +19,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from concurrent.futures import FIRST_COMPLETED, wait
 
 #: Seconds between raising an unseen stop again.
 RETRY_S = 0.5
@@ -119,6 +120,23 @@ def drop_signal_races() -> None:
 
     hook.drops_signal_races = True
     sys.unraisablehook = hook
+
+
+def wait_first(futures) -> set:
+    """The futures of ``futures`` done, once one is (``concurrent.futures.wait`` with
+    ``FIRST_COMPLETED``), waking every :data:`RETRY_S`: the kernel may hand a Ctrl-C to another
+    thread (a process pool's manager thread, in ``poll``), and Python runs the handler in the main
+    thread only once that thread runs again -- which a lock wait without a timeout never does."""
+    while True:
+        done, _ = wait(futures, timeout=RETRY_S, return_when=FIRST_COMPLETED)
+        if done:
+            return done
+
+
+def result_of(future):
+    """``future.result()``, waking every :data:`RETRY_S` (see :func:`wait_first`)."""
+    wait_first([future])
+    return future.result()
 
 
 def acknowledge() -> None:

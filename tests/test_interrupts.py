@@ -85,3 +85,35 @@ def test_after_a_stop_cpythons_signal_race_report_is_dropped_and_nothing_else(re
                                                  err_msg=None, object=None))
     assert [str(e) for e in seen] == ["Signal 2 ignored for another reason", "x"]
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@pytest.mark.parametrize("how", ["wait_first", "result_of"])
+def test_a_stop_another_thread_caught_reaches_a_main_thread_waiting_on_futures(restore_signals, how):
+    """The kernel may hand Ctrl-C to any thread; Python runs the handler in the main thread only
+    once that thread runs again. A run waiting on its process pool's futures (the pool's manager
+    thread in ``poll``) used to wait for the next result -- for ever, on a long run -- before it
+    stopped. Here a helper thread takes the signal itself; the future it would complete is set
+    only once the test is over, so the stop must come while it is still pending."""
+    import threading
+    from concurrent.futures import Future
+
+    from schedlab.interrupts import result_of, wait_first
+
+    future, over = Future(), threading.Event()
+
+    def helper():
+        time.sleep(0.3)  # (most likely the main thread is waiting by then: the case that hung)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        over.wait(60.0)
+        future.set_result(None)
+
+    thread = threading.Thread(target=helper)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with SignalGuard():
+                thread.start()
+                wait_first([future]) if how == "wait_first" else result_of(future)
+        assert not future.done()  # interrupted while waiting, not after the result came
+    finally:
+        over.set()
+        thread.join()

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from ..errors import SimulationError, WorkloadError
+from ..interrupts import result_of
 from ..results.records import RunResult
 from ..study.overrides import set_dotted
 from ..study.simulation import RunSpec
@@ -95,7 +96,7 @@ class Evaluator:
                    for c in candidates]
         out = []
         for candidate, mine in zip(candidates, futures):
-            results = [f.result() for f in mine]
+            results = [result_of(f) for f in mine]
             self.evaluations += 1
             out.append((self.score(candidate, results), dict(zip(self.runs, results)) if keep else None))
         return out

@@ -18,9 +18,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable
 
+from ..interrupts import wait_first
 from ..progress import progress
 from ..results.records import ExperimentResults, RunResult
 from .drivers import FixedDriver, StudySearchDriver
@@ -79,7 +79,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 in_flight[future] = (number, index, job)
             if not in_flight:
                 break
-            done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            done = wait_first(list(in_flight))
             for future in sorted(done, key=lambda f: in_flight[f][0]):
                 _, index, job = in_flight.pop(future)
                 outcome = future.result()
