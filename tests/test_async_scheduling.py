@@ -357,9 +357,9 @@ class _Plan:
                                            "bulk"]),
                           st.lists(st.integers(0, 5), max_size=4)), max_size=60))
 def test_the_fast_engines_lazy_marks_agree_with_the_sets_they_replace(events):
-    """``Marks`` (the fast engine) against what the reference engine keeps: the set of decoders at
-    the last batch end, those the last batch gave a token (a batch that decoded nobody: only the
-    prompts it completed, which started decoding since the batch before), and each scheduled
+    """``Marks`` (the fast engine) against what the reference engine keeps: the sequences the last
+    batch gave a token -- its decoders, or, if it decoded nobody, only the prompts it completed
+    (which started decoding since the batch before) --, and each scheduled
     sequence's lag written at every plan. Events follow the engine's order: a sequence that
     stopped decoding starts again only after a batch ended (a prefill's end, or a parked decoder
     put back after the batch), and a bulk run ends with its batch."""
@@ -380,8 +380,10 @@ def test_the_fast_engines_lazy_marks_agree_with_the_sets_they_replace(events):
                     marks.left(s)
                     s.decoding, s.left_since_batch = False, True
         elif kind in ("batch", "bulk", "prefill_batch"):
-            fresh = {s for s in seqs if s.decoding}
-            got = fresh if kind != "prefill_batch" else {s for s in fresh if s.entered_since_batch}
+            # the reference engine's ``fresh``: the batch's decoders and the prompts it completed --
+            # after a batch that decoded nobody (prefill first), only those
+            decoding = {s for s in seqs if s.decoding}
+            fresh = got = decoding if kind != "prefill_batch" else {s for s in decoding if s.entered_since_batch}
             marks.batch_ended(kind != "prefill_batch")
             for s in seqs:
                 s.left_since_batch = s.entered_since_batch = False

@@ -342,14 +342,16 @@ class Marks:
     last batch ended, and each sequence's ``cache_lag`` is set at every plan. Here one counter
     orders every event -- a sequence starting to decode (``dec_tick``), the end of a batch
     (:attr:`fresh_tick`), a plan, a sequence leaving the decoders -- and a sequence is fresh if
-    it is decoding and started before the last batch ended. A plan in which every decoder
+    it is decoding and started before the last batch ended (after the batch before it, if the
+    last batch decoded nobody -- a prefill-first step: only the prompts it completed got a
+    token). A plan in which every decoder
     decodes, and a bulk run's last iteration, record themselves once (:attr:`all_tick`: whoever
     was decoding then has the lag of that moment); plans that pick their decoders, and prefills,
     write the lag on the sequences they schedule (``lag_tick`` says when); a sequence leaving the
     decoders keeps the lag it had then. Both views agree: the engines' differential tests, and
     ``tests/test_async_scheduling.py`` drives both through random events in the engine's order."""
 
-    __slots__ = ("tick", "fresh_tick", "fresh_from", "all_tick", "all_fresh")
+    __slots__ = ("tick", "fresh_tick", "fresh_from", "all_tick", "all_fresh", "all_from")
 
     def __init__(self):
         self.tick = 1         # the next event's tick; sequences start at 0 (before everything)
@@ -357,6 +359,7 @@ class Marks:
         self.fresh_from = 0   # ... and, if it decoded nobody, the one before (its prompts' tokens only)
         self.all_tick = 0     # the last plan (or bulk run) in which every decoder decoded
         self.all_fresh = 0    # ... and the batch end before it
+        self.all_from = 0     # ... and its fresh_from
 
     def _next(self) -> int:
         t = self.tick
@@ -369,8 +372,9 @@ class Marks:
 
     def is_fresh(self, seq, decoding: bool) -> bool:
         """Whether ``seq`` (``decoding``: its status is, or was until it was just preempted) got
-        a token from the last batch: vLLM's placeholder stands for its input token."""
-        return decoding and seq.dec_tick < self.fresh_tick
+        a token from the last batch: vLLM's placeholder stands for its input token (not after a
+        batch that decoded nobody, unless that batch completed its prompt: :meth:`got_token`)."""
+        return self.got_token(seq, decoding)
 
     def got_token(self, seq, decoding: bool) -> bool:
         """Whether the last batch gave ``seq`` (``decoding``) a token: a decode's, or its prompt's
@@ -381,7 +385,7 @@ class Marks:
     def lag(self, seq, decoding: bool) -> int:
         """``seq``'s ``cache_lag``: 1 if its input token was in flight when it was last scheduled."""
         if decoding and seq.dec_tick < self.all_tick and seq.lag_tick < self.all_tick:
-            return 1 if seq.dec_tick < self.all_fresh else 0
+            return 1 if self.all_from < seq.dec_tick < self.all_fresh else 0
         return seq.cache_lag
 
     def left(self, seq) -> None:
@@ -400,11 +404,11 @@ class Marks:
         prefills' are not."""
         t = self._next()
         if plan.decodes_all:
-            self.all_tick, self.all_fresh = t, self.fresh_tick
+            self.all_tick, self.all_fresh, self.all_from = t, self.fresh_tick, self.fresh_from
         else:
-            fresh = self.fresh_tick
+            fresh, since = self.fresh_tick, self.fresh_from
             for seq in plan.decoded:
-                seq.cache_lag = 1 if seq.dec_tick < fresh else 0
+                seq.cache_lag = 1 if since < seq.dec_tick < fresh else 0
                 seq.lag_tick = t
         for seq, _ in plan.prefills:
             seq.cache_lag = 0
@@ -414,3 +418,4 @@ class Marks:
         """A bulk run ended (after :meth:`batch_ended`): every decoder of its last iteration
         was planned with its input token in flight."""
         self.all_tick = self.all_fresh = self.fresh_tick
+        self.all_from = self.fresh_from
