@@ -422,7 +422,10 @@ class Plan(Protocol):
         client never got it: if it was the first, the first token comes later; otherwise the
         gap before it is kept as an inter-token sample and the regenerated token's gap is
         counted from it (the gaps still add up to the request's decode time). Counted in
-        ``preemptions.discarded_tokens``."""
+        ``preemptions.discarded_tokens``. A finished sequence still holding its slot
+        (:meth:`RunningView.holding`) got its last token so: it is un-finished -- back in the
+        queue to compute that token again -- except in a closed loop, whose client the engines
+        have told of the finish (its next request is on its way): there it keeps its finish."""
         ...
 
     def requeue(self, seq: SequenceState) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import textwrap
 
+from attrs import evolve as attrs_evolve
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +31,9 @@ from schedlab.testing import (IterationChecker, check_run, compare_runs, dyadic_
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
+from schedlab.testing import run_cluster
+from schedlab_plugins.routers import RoundRobinRouter
+from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
 from test_async_scheduling import BASE as ASYNC_TOML
 from test_differential import continuous_configs
 
@@ -540,6 +545,46 @@ def assert_only_turned_away(result, cfg: SglangConfig) -> None:
     assert reasons <= allowed, reasons
     if not cfg.enable_priority_scheduling:
         assert OUTRANKED not in reasons
+
+
+@SETTINGS
+@given(st.integers(1, 4), st.integers(0, 5), st.sampled_from([0.0, 2.5]), st.integers(1, 2), st.integers(0, 12),
+       st.booleans(), dyadic_linear_costs())
+def test_closed_loops_on_sglangs_overlap_scheduler_agree_and_conserve(clients, seed, think, instances, spare,
+                                                                      priorities, cost):
+    """Clients send their next request when the last is answered; SGLang's overlap scheduler,
+    tight pools, answers stopping at an EOS (retractions may take one finished in flight) and,
+    drawn, priorities with preemption. A closed loop's client has heard of a finish, so there a
+    request finished in flight keeps its finish when it is preempted or retracted (``Plan.preempt``):
+    both engines alike, every request served once, each client's requests one after another."""
+    config = ClosedLoopConfig(clients=clients, num_requests=12, think_ms=think, max_tokens=30,
+                              prompt={"dist": "uniform", "low": 1, "high": 20},
+                              output={"dist": "uniform", "low": 1, "high": 30},
+                              priority=None)
+    blocks = 20 + 30 + 8 + spare
+    cfg = SglangConfig(max_running_requests=3, init_new_token_ratio=0.05, max_prefill_tokens=16,
+                       chunked_prefill_size=0, enable_priority_scheduling=priorities,
+                       priority_scheduling_preemption_threshold=0, overlap_schedule=True)
+
+    def make():
+        return SglangScheduler(cfg), LinearCostModel(cost), RadixKVCache(blocks, 1)
+
+    runs = []
+    for engine in ENGINES:
+        workload = make_closed_loop_workload(config)
+        requests = workload.requests(seed)
+        if priorities:  # (a client's requests alternate between two priorities)
+            requests = (attrs_evolve(r, priority=(r.id % 3)) for r in requests)
+        runs.append(run_cluster(requests, make, instances, RoundRobinRouter() if instances > 1 else None,
+                                engine=engine, workload=workload))
+    compare_runs(*runs, rel=1e-12)
+    req = runs[0].requests
+    assert req["id"].size == 12 and req["rejected"].sum() == 0
+    for client in set(req["client"].tolist()):
+        mine = sorted((a, f) for a, f, c in zip(req["arrival_ms"].tolist(), req["finish_ms"].tolist(),
+                                                req["client"].tolist()) if c == client)
+        for (_, done), (sent, _) in zip(mine, mine[1:]):
+            assert sent == done + think
 
 
 KVS = {"radix": RadixKVCache, "paged-prefix": PrefixKVCache, "paged": PagedKVCache}

@@ -461,6 +461,33 @@ REPRODUCERS = {
         _case(dict(max_total_tokens=64, max_running_requests=1, waiting_timeout_ms=2),
               (0, 0, 1, 4, None, 0, None), (1, 0, 1, 1, None, 0, None), (2, 3, 1, 1, None, 0, None)),
         {0: _o(0, 1, 4, 0, 0, 1), 1: _o(None, None, None, 0, 0), 2: _o(4, 5, 5, 0, 0, 1)}),
+    # 30. Overlap scheduling: priority preemption of a request whose last token is in flight. Two
+    # slots, one prompt per pass, higher priorities first, threshold 0. 3 (1 + 3 tokens) runs from
+    # 2 (tokens at 3, 4, 6); 4 (1 + 2) is admitted by the plan made at 3, its prompt at [4, 5]; the
+    # plan made at 4 decodes both at [5, 6], which gives each its last token. 7 (priority 2)
+    # arrives at 5: the plan made then finds both slots taken -- SGLang does not know yet that the
+    # batch in flight ends them -- and preempts the latest queued, 4: that batch's result is
+    # skipped for it, so 4 comes back with 1 token (its prompt cached), and computes its 2nd again
+    # at [7, 8]. 7 runs at [6, 7]. (schedlab kept 4's finish at 6.)
+    "30-overlap-priority-preemption-of-a-request-finishing-in-flight": (
+        _case(dict(max_total_tokens=26, max_running_requests=2, max_prefill_tokens=1, overlap_schedule=True,
+                   enable_priority_scheduling=True, priority_scheduling_preemption_threshold=0),
+              (3, 2, 1, 3, None, 0, None), (4, 3, 1, 2, None, 0, None), (7, 5, 1, 1, None, 0, None),
+              priorities={7: 2}),
+        {3: _o(2, 3, 6, 0, 0, 1), 4: _o(3, 5, 8, 1, 1, 1, 1), 7: _o(5, 7, 7, 0, 0, 1)}),
+    # 31. Overlap scheduling: a retraction may take a request finished at an EOS SGLang has not
+    # seen yet. 16 tokens, one prompt per pass, conservativeness 0 (no room kept for answers);
+    # both stop at an EOS at their 8th token (max_tokens 9). 0's prompt runs at [0, 1], 1's at
+    # [1, 2]; both decode from [2, 3], two slots a step, and [8, 9] gives both their 8th token,
+    # the EOS. The plan made at 8 finds no room for the next decode: 7 tokens each in SGLang's
+    # view, the tie goes to the later, 1, retracted -- its EOS dropped with the batch's result.
+    # 0 finishes at 9; 1 prefills its prompt and 7 tokens at [10, 11] and gets its EOS again at
+    # 11. (schedlab never retracted a request at an unseen EOS: 1 finished at 9.)
+    "31-overlap-retraction-of-a-request-at-an-eos-not-seen-yet": (
+        _case(dict(max_total_tokens=16, max_running_requests=2, max_prefill_tokens=1, schedule_conservativeness=0.0,
+                   overlap_schedule=True),
+              (0, 0, 1, 8, None, 0, 9), (1, 0, 1, 8, None, 0, 9)),
+        {0: _o(0, 1, 9, 0, 0, 1), 1: _o(0, 2, 11, 1, 0, 1, 8)}),
 }
 
 

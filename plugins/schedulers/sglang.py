@@ -96,9 +96,8 @@ is made), and SGLang plans before it has processed that batch's result:
   plan) -- and the blocks a pass computed twice are freed once its result is processed
   (``begin_pass(in_flight)``).
 
-Not modelled with overlap: SGLang may retract a request finished at an EOS it cannot foresee
-(it then computes its last token again); here such a request is never a victim, and if the
-decode does not fit beside it the step is skipped.
+A request finished at an EOS SGLang cannot foresee is in the batch a retraction picks from:
+retracted, it computes its last token again (un-finished, ``Plan.preempt(discard_in_flight=True)``).
 ``tools/sglang_diff.py --groups overlap`` compares it with SGLang's own loop.
 
 The ratio changes at every decode iteration, but it is only read when a prefill batch is
@@ -135,12 +134,15 @@ Simplifications (each deliberate):
   own, least important and latest queued first, as many as free its admission's tokens
   (``PrefillAdder.preempt_to_schedule``: their estimated future tokens count as freed). A
   preempted request releases its KV (the tree keeps what it holds) and re-enters the queue at
-  the back. Once the batch was full in a pass, every later admission of the pass needs a
-  preemption too, as SGLang's flag stays set. ``retraction_policy = "priority"`` retracts the
-  least important first. Not with ``enable_mixed_chunk`` (refused).
-* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, LoRA batching, grammar queues, speculative decoding and data
-  parallelism are not modelled (overlap scheduling is
-  refused with speculation, pipeline parallelism and disaggregation: ``"auto"`` turns it off).
+  the back once the pass is over. With overlap scheduling a request the batch in flight finishes
+  is still SGLang's to preempt: that batch's result is skipped for it, and it computes its last
+  token again (``Plan.preempt(discard_in_flight=True)`` un-finishes it). Once the batch was full
+  in a pass, every later admission of the pass needs a preemption too, as SGLang's flag stays set.
+  ``retraction_policy = "priority"`` retracts the least important first. Not with
+  ``enable_mixed_chunk`` (refused).
+* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, LoRA batching, grammar queues,
+  speculative decoding and data parallelism are not modelled (overlap scheduling is refused with
+  speculation, pipeline parallelism and disaggregation: ``"auto"`` turns it off).
 """
 
 from __future__ import annotations
@@ -433,9 +435,9 @@ class SglangScheduler:
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:
-        if self._queue is not None:
+        if self._queue is not None:  # (its queue entry and what SGLang last looked at: kept two plans)
             self._leaving.append(seq.seq_no)
-        if self._looked is not None:
+        elif self._looked is not None:
             self._looked.pop(seq.seq_no, None)
         if seq.status == "aborted" and not seq.num_computed_tokens:
             return  # aborted while queued: SGLang pops it from the waiting queue, the batch is as it was
@@ -508,10 +510,12 @@ class SglangScheduler:
                 plan.reject(seq, WAITED_TOO_LONG)
                 self._forget(seq)
         if self._left or self._leaving:
-            entered, before = self._queue.entered, self._queue.processed_before
+            entered, before, looked = self._queue.entered, self._queue.processed_before, self._looked
             for n in self._left:
                 entered.pop(n, None)
                 before.pop(n, None)
+                if looked is not None:
+                    looked.pop(n, None)
             self._left, self._leaving = self._leaving, []
         self._schedule(plan)
         self.in_pass = False
@@ -751,6 +755,12 @@ class SglangScheduler:
         if self._looked is not None and seq.seq_no in self._looked:
             self._looked[seq.seq_no][1] = 0
 
+    def _stays_queued(self, seq) -> None:
+        """``seq`` was preempted or retracted: if the batch in flight finishes it -- before SGLang
+        knew, so it is queued again to compute its last token -- its queue entry stays."""
+        if seq.status == "waiting" and seq.seq_no in self._left:
+            self._left.remove(seq.seq_no)
+
     def _preempt_for(self, plan, seq, adder: _Adder) -> int:
         """Preempt running requests less important than ``seq`` by more than the threshold, least
         important and latest queued first, until their future tokens cover its admission
@@ -783,6 +793,7 @@ class SglangScheduler:
                 left -= 1
                 plan.preempt(running, discard_in_flight=self.plans_ahead)
                 self._forget_prefix(running)
+                self._stays_queued(running)
                 if make_room is not None:
                     make_room(-(-c.retract_decode_steps * left // kv.block_size))
         # they re-enter the queue after the pass, in the order they were chosen (``preempt_list``)
@@ -850,13 +861,19 @@ class SglangScheduler:
 
     def _retract(self, plan, eos: list = ()) -> None:
         """Decode is out of memory (``retract_decode``): retract until the step fits, then decode
-        (and decode the ``eos`` ones once more, as many as fit: SGLang might retract one of them
-        instead, which is not modelled -- the engine has told its client it finished)."""
+        (and decode the ``eos`` ones once more). Planning ahead, the ``eos`` ones -- finished at
+        an EOS by the batch in flight, which SGLang does not know yet -- are in SGLang's batch
+        like the others: one retracted computes its last token again (``Plan.preempt`` with
+        ``discard_in_flight`` un-finishes it)."""
         c = self.config
         kv = plan.kv
         make_room = getattr(kv, "make_room", None)
-        running = [s for s in plan.running if s.status == "decoding"]
-        if not running:  # only requests at an EOS to decode once more
+        if eos:  # SGLang's running batch, in its order: those finishing by length left out
+            stopping = set(eos)
+            running = [s for s in plan.running.holding() if s.status == "decoding" or s in stopping]
+        else:
+            running = [s for s in plan.running if s.status == "decoding"]
+        if len(running) <= 1 and not plan.num_decoding:  # one request at an EOS, nothing to retract
             self._overshoot_what_fits(plan, eos)
             return
         generated = {s: self._generated(plan, s) for s in running}
@@ -866,18 +883,23 @@ class SglangScheduler:
         order = sorted(running, key=lambda s: (s.request.priority * sign, generated[s], -s.request.prompt_tokens),
                        reverse=True)
         retracted, victims = [], []
-        while not retracted or kv.num_free_blocks() * kv.block_size < len(order) + len(eos):
+        while not retracted or kv.num_free_blocks() * kv.block_size < len(order):
             if len(order) <= 1:
                 break
             victim = order.pop()
             # with overlap scheduling its queued result is skipped: its token in flight is lost
             plan.preempt(victim, discard_in_flight=self.plans_ahead)
             self._forget_prefix(victim)
+            self._stays_queued(victim)
             retracted.append(victim.request.id)
             victims.append(victim)
             if make_room is not None:  # the freed prefix is evictable now: SGLang evicts at once
                 make_room(-(-c.retract_decode_steps * len(order) // kv.block_size))
-        self._limit_queue(plan, victims)  # (re-queued as SGLang retracted them)
+        # (re-queued as SGLang retracted them)
+        self._limit_queue(plan, [s for s in victims if s.status == "waiting"])
+        if eos and victims:
+            gone = set(victims)
+            eos = [s for s in eos if s not in gone]
         self._batch_full = False
         generated = sum(generated[s] for s in order)
         max_new = sum(s.request.max_output_tokens for s in order)

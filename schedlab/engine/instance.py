@@ -617,6 +617,8 @@ class Instance:
         status = seq.status
         if status == DECODING:
             self._remove_decoder(seq, WAITING)
+        elif status == FINISHED:  # held: the batch in progress finished it (unfinish_held)
+            seq.status = WAITING
         elif status == IN_FLIGHT:
             pending = self.in_flight.pop(seq, 0)  # (a decode's slots in its batch in flight)
             seq.status = WAITING
@@ -786,6 +788,16 @@ class Instance:
             self._record_aborted(seq, ahead.end)
         else:
             self.rec.request_done(seq, self.index, ahead.end)
+
+    def unfinish_held(self, seq: Sequence) -> None:
+        """Preempt ``seq``, which the batch in progress finishes, in the plan made ahead, as
+        SGLang's overlap scheduler does not know yet (``Plan.preempt(discard_in_flight=True)``):
+        that batch's result is skipped for it, so its last token is dropped and it waits to
+        compute it again -- its blocks freed as a retracted request's. Not in a closed loop,
+        whose client has been told of the finish (:attr:`track_finished`): see :meth:`preempt_held`."""
+        del self.ahead.held[seq]
+        self.preempt_recompute(seq)
+        self.discard_token(seq)
 
     def _asks_beside(self, held) -> bool:
         """Whether the scheduler decides a plan made beside the finished requests ``held``

@@ -218,6 +218,7 @@ class Deployment:
     track_finished = _every_rank("track_finished")
     plan_finishes_alone = _every_rank("plan_finishes_alone")
     on_request_done = _every_rank("on_request_done")
+    closed_loop = _every_rank("closed_loop")
 
 
 class DataParallelCluster(Deployment):

@@ -406,11 +406,15 @@ class FastPlan:
 
     def preempt(self, seq, *, discard_in_flight: bool = False) -> None:
         ahead = self._inst.ahead
-        if (discard_in_flight and self.token_in_flight(seq) and seq not in ahead.held
-                and seq not in ahead.ghosts):
-            self.preempt(seq)
-            self._inst.discard_token(seq)
-            return
+        if discard_in_flight and self.token_in_flight(seq) and seq not in ahead.ghosts:
+            if seq not in ahead.held:
+                self.preempt(seq)
+                self._inst.discard_token(seq)
+                return
+            if seq not in ahead.doomed and seq not in self.overshoots and not self._inst.track_finished:
+                self._inst.unfinish_held(seq)  # (finished in flight: its last token computed again)
+                self._preempted.append(seq)
+                return
         if ahead is not None and seq in ahead.held:  # finished, its slot held (engine.ahead)
             if seq in self.overshoots:  # its decode once more goes with it
                 self._tokens -= self.overshoot_tokens(seq)

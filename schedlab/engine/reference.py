@@ -328,6 +328,19 @@ class RefPlan:
 
     def preempt(self, seq, *, discard_in_flight: bool = False) -> None:
         e = self._e
+        if (discard_in_flight and self.token_in_flight(seq) and seq in e.ahead.held and seq not in e.ahead.ghosts
+                and seq not in e.ahead.doomed and seq not in self.overshoots and not e.closed_loop):
+            # SGLang's overlap scheduler: finished in flight without its knowing, its last token
+            # is computed again (Instance.unfinish_held)
+            del e.ahead.held[seq]
+            seq.status = "decoding"
+            self._requeue(seq, 0)
+            seq.num_generated -= 1
+            if not seq.num_generated:
+                seq.token_times.clear()
+            e.counters["discarded_tokens"] += 1
+            e.counters["generated_tokens"] -= 1
+            return
         if discard_in_flight and self.token_in_flight(seq) and seq not in e.ahead.held and seq not in e.ahead.ghosts:
             self.preempt(seq)
             seq.num_generated -= 1  # (its gap stays a sample: Plan.preempt)
@@ -512,6 +525,7 @@ class ReferenceEngine:
         self.events = 0  # every iteration is an event here
         self.role = None
         self.on_request_done = None  # called with (request, time) when a request leaves the run
+        self.closed_loop = False  # ... which a closed loop's client hears of (it sends its next request)
         self.sleep_until: float | None = None  # asleep (empty plan): its wake-up time (inf: none)
         self.reason_of = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
         self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)

@@ -208,6 +208,7 @@ class ReferenceCluster:
 
         for inst in self.instances:
             inst.on_request_done = done
+            inst.closed_loop = closed
         for request in requests:
             send(request)
         seq_no = 0

@@ -76,7 +76,7 @@ class PipelinePlan(RefPlan):
             e.counters["in_flight_preemptions"] += 1
 
 
-class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", "on_request_done"))):
+class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", "on_request_done", "closed_loop"))):
     """A reference instance whose batches go through ``stages`` stages (the cluster reads it as
     it reads a :class:`ReferenceEngine`)."""
 
