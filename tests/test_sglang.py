@@ -473,25 +473,9 @@ def test_waiting_timeout_wakes_the_scheduler_when_it_ends(engine):
         assert by_id(r, "finish_ms") == {0: 37.0, 1: finish}
 
 
-QUEUE_LIMITED = """
-    [workload]
-    kind = "synthetic"
-    num_requests = 20
-    rate = 20
-    prompt = {dist = "fixed", value = 100}
-    output = {dist = "fixed", value = 20}
-    [scheduler]
-    kind = "sglang"
-    max_queued_requests = 4
-    [cost_model]
-    kind = "roofline"
-    model = "qwen3-32b"
-    gpu = "h100-80gb"
-    [kv_cache]
-    kind = "radix"
-    model = "qwen3-32b"
-    gpu = "h100-80gb"
-"""
+#: vLLM's asynchronous-scheduling experiment, on SGLang's scheduler with a queue limit
+QUEUE_LIMITED = textwrap.dedent(ASYNC_TOML).replace('kind = "vllm"\nasync_scheduling = true\n',
+                                                    'kind = "sglang"\nmax_queued_requests = 4\n')
 
 
 @pytest.mark.parametrize("extra, why", [
@@ -500,10 +484,11 @@ QUEUE_LIMITED = """
 ])
 def test_queue_limit_is_refused_where_it_is_not_modelled(tmp_path, extra, why):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(QUEUE_LIMITED) + extra)
+    assert "max_queued_requests = 4" in QUEUE_LIMITED
+    path.write_text(QUEUE_LIMITED + extra)
     with pytest.raises(ConfigError, match=r"exp.toml.*\[scheduler\]: max_queued_requests: " + why):
         load(path)
-    path.write_text(textwrap.dedent(QUEUE_LIMITED) + "[cluster]\ndata_parallel = 2\n")  # (ranks: each its own queue)
+    path.write_text(QUEUE_LIMITED + "[cluster]\ndata_parallel = 2\n")  # (ranks: each its own queue)
     assert load(path).studies[0].base.tables["scheduler"]["max_queued_requests"] == 4
 
 
