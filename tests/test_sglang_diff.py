@@ -488,6 +488,21 @@ REPRODUCERS = {
                    overlap_schedule=True),
               (0, 0, 1, 8, None, 0, 9), (1, 0, 1, 8, None, 0, 9)),
         {0: _o(0, 1, 9, 0, 0, 1), 1: _o(0, 2, 11, 1, 0, 1, 8)}),
+    # 32. Overlap scheduling: a request decoded once more after an EOS SGLang could not foresee
+    # goes into the tree with the KV that decode writes for its EOS position. 2 (40 + 57, EOS at
+    # 57) finishes at 67 and leaves 97 tokens in the tree, not 96: with 4 (40 + 56) and 3 (1 + 45)
+    # then decoding in a pool of 143, the evictions that follow take that one token more -- and so
+    # the 2-token node of 1's prompt (preempted at 12, by 4, with its last token in flight), which
+    # it prefills again at 114 (cached 0). (schedlab kept 96 tokens, then 1's prompt: cached 2.)
+    # Found on fresh seed 49182 (shrunk); the outcomes are SGLang's.
+    "32-overlap-an-overshoot-leaves-its-eos-position-in-the-tree": (
+        _case(dict(max_total_tokens=143, max_running_requests=2, max_prefill_tokens=1, schedule_conservativeness=0.3,
+                   overlap_schedule=True, enable_priority_scheduling=True, schedule_low_priority_values_first=True,
+                   priority_scheduling_preemption_threshold=0),
+              (0, 0, 1, 1, None, 0, None), (1, 7, 2, 5, None, 0, None), (2, 9, 40, 57, None, 0, 58),
+              (3, 10, 1, 45, None, 0, 45), (4, 12, 40, 56, None, 0, 64), priorities={1: 2, 3: 2, 4: 1}),
+        {0: _o(0, 1, 1, 0, 0, 1), 1: _o(7, 8, 116, 1, 0, 2, 6), 2: _o(9, 11, 67, 0, 0, 40),
+         3: _o(68, 70, 114, 0, 0, 1), 4: _o(67, 69, 126, 0, 0, 40)}),
 }
 
 

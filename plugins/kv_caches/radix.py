@@ -175,6 +175,11 @@ class RadixKVCache:
     """
 
     prefix_caching = True
+    #: planning ahead, a finished request decoded once more (``Plan.overshoot``) goes into the tree
+    #: with the KV that decode writes for its last token: SGLang releases it once the result that
+    #: finished it is processed, after that decode was launched (``cache_finished_req`` keys what
+    #: the request has committed); the engines count it as computed at the release
+    caches_overshoot = True
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, host=None, bytes_per_block: int = 0):
         self.num_blocks = num_blocks

@@ -730,8 +730,11 @@ class Instance:
         # (nor while the cache has blocks to release at the scheduler's next pass)
         ahead.settled = (not ahead.deferred and not (ahead.held and self.waiting) and not late
                          and not getattr(self.kv, "releasing_blocks", 0))
+        overshot = plan.overshoots if getattr(self.kv, "caches_overshoot", False) else ()
         for seq, doomed in ahead.take_held():
             del self.running[seq]
+            if seq in overshot:  # (its decode once more writes its last token's KV: the cache keeps it)
+                seq._computed += plan.overshoot_tokens(seq)
             self.kv.free(seq)
             if doomed:
                 seq._generated -= 1  # (the token in flight it was held with: never sent)

@@ -701,8 +701,11 @@ class ReferenceEngine:
             s.cache_lag = 1 if s in ahead.fresh else 0
         for s, _ in plan.prefills:
             s.cache_lag = 0
+        overshot = plan.overshoots if getattr(self.kv, "caches_overshoot", False) else ()
         for s, doomed in ahead.take_held():
             del self.running[s]
+            if s in overshot:  # (its decode once more writes its last token's KV: the cache keeps it)
+                s.num_computed_tokens += 1 + plan.overshoot_drafts.get(s, 0)
             self.kv.free(s)
             if doomed:
                 s.num_generated -= 1  # (the token in flight it was held with: never sent)
