@@ -503,6 +503,21 @@ REPRODUCERS = {
               (3, 10, 1, 45, None, 0, 45), (4, 12, 40, 56, None, 0, 64), priorities={1: 2, 3: 2, 4: 1}),
         {0: _o(0, 1, 1, 0, 0, 1), 1: _o(7, 8, 116, 1, 0, 2, 6), 2: _o(9, 11, 67, 0, 0, 40),
          3: _o(68, 70, 114, 0, 0, 1), 4: _o(67, 69, 126, 0, 0, 40)}),
+    # 35. hrrn under overlap scheduling: the running batch a prefill batch joins. 0 (7 tokens) forms
+    # the running batch at 9 (its count: 7); 2 joins it. The plan made at 34 admits 5 (43 tokens)
+    # while the batch in flight gives 0 its last token: at the next pass 0 is still in the running
+    # batch when 5's batch is merged into it (filtered out after), so the running batch -- and the
+    # count every decode step adds to the aging counter -- stays 0's: 7 a step, not 43. At 58 the
+    # counter is 373: 3 (112 tokens, queued at 99) has waited (373 - 99) / 112 = 2.4464, 6 (92,
+    # queued at 148) (373 - 148) / 92 = 2.4457 -- 3 goes first. Found on fresh seed 50038
+    # (shrunk); the outcomes are SGLang's. (schedlab took 5's batch for the running batch: 6 at 58.)
+    "35-overlap-hrrn-a-prefill-joins-a-running-batch-whose-last-request-is-finishing": (
+        _case(dict(max_total_tokens=119, max_running_requests=2, max_prefill_tokens=1, schedule_policy="hrrn",
+                   overlap_schedule=True),
+              (0, 9, 7, 25, None, 0, None), (2, 22, 1, 11, None, 0, None), (3, 23, 112, 11, None, 0, None),
+              (5, 26, 43, 23, None, 0, None), (6, 30, 92, 12, None, 0, None)),
+        {0: _o(9, 10, 35, 0, 0, 7), 2: _o(22, 24, 34, 0, 0, 1), 3: _o(58, 59, 63, 0, 0, 112),
+         5: _o(34, 36, 58, 0, 0, 43), 6: _o(63, 64, 75, 0, 0, 92)}),
 }
 
 

@@ -713,9 +713,11 @@ class SglangScheduler:
             plan.waiting.move_to_back(back)
             self._limit_queue(plan, back)
         # a batch formed while nothing ran becomes the running batch; so does a mixed batch
-        # (SGLang empties the running batch into it, ``mix_with_running``): its "full" mark is
-        # the new batch's, unset
-        self._fresh_batch = adder.count > 0 and (not plan.num_decoding or joined)
+        # (SGLang empties the running batch into it, ``mix_with_running``): its "full" mark and
+        # its token count are the new batch's. Planning ahead, a request the batch in flight
+        # finishes is still in the running batch when the next pass merges this one into it
+        # (it is filtered out after the merge), so the running batch stays.
+        self._fresh_batch = adder.count > 0 and (not running_bs or joined)
         if adder.count:  # (``extend_num_tokens``: a mixed batch's decodes count a token each)
             extend = adder.taken + (mixed_bs if joined else 0)
             self.processed_tokens += extend
