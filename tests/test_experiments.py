@@ -383,11 +383,20 @@ def test_sglang_queue_limit_trades_requests_turned_away_for_the_served_ones_ttft
         q = r.requests
         away = q["rejected"] != 0
         assert (q["finish_ms"][away] >= q["arrival_ms"][away]).all()  # turned away from the queue, not on arrival
-        expected = {"Request waiting timeout reached."} if name == "timeout_2s" else {"The request queue is full."}
-        assert set(r.rejections.values()) <= expected, name
+        expected = {"timeout_2s": "Request waiting timeout reached.",
+                    "run_timeout_30s": "Request running timeout reached."}.get(name, "The request queue is full.")
+        assert set(r.rejections.values()) <= {expected}, name
     timed_out = runs["timeout_2s"].requests
     waited = timed_out["waiting_ms"][timed_out["rejected"] != 0]
     assert waited.min() >= 2000  # each waited its 2 s (from its arrival; SGLang counts from the pass that reads it)
+    # a running timeout frees the burst's long answers' slots: the queue drains sooner, but the work
+    # they had done is lost and their clients get an error -- goodput falls below no limit at all
+    ran = runs["run_timeout_30s"].requests
+    cut = ran["rejected"] != 0
+    assert cut.sum() > rejected["queue_4"]
+    assert (ran["finish_ms"][cut] - ran["first_scheduled_ms"][cut] >= 30000).all()
+    assert (ran["generated_tokens"][cut] > 0).all()
+    assert ttft["run_timeout_30s"] < ttft["queue_16"] and goodput["run_timeout_30s"] < goodput["no_limit"]
 
 
 # -- interactive and background work ---------------------------------------------------------------------

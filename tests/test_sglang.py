@@ -32,6 +32,7 @@ from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
 from schedlab.testing import run_cluster
+from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
 from schedlab_plugins.routers import RoundRobinRouter
 from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
 from test_async_scheduling import BASE as ASYNC_TOML
@@ -473,6 +474,59 @@ def test_waiting_timeout_wakes_the_scheduler_when_it_ends(engine):
         assert by_id(r, "finish_ms") == {0: 37.0, 1: finish}
 
 
+RAN_TOO_LONG = "Request running timeout reached."
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_running_timeout_aborts_a_request_at_the_pass_after_its_time_and_runs_it_once_more(engine):
+    # One slot, SGLANG_REQ_RUNNING_TIMEOUT of 6 ms. R0 (prompt 8, 5 tokens) is first scheduled at
+    # 0: prefill -> 1.0 (token 1), decodes -> 5.0 (2), 9.0 (3). The pass at 9.0 is the first at or
+    # after 0 + 6: R0 is aborted as a client's abort is -- it runs once more, 9.0 -> 13.0, that
+    # token dropped, and leaves, turned away with 3 tokens. R1 (arrived at 0.5) gets the slot at
+    # 13.0 -> 14.0.
+    reqs = [Request(0, 0.0, 8, 5), Request(1, 0.5, 8, 1)]
+    r = run(reqs, SglangScheduler(_sync(max_running_requests=1, running_timeout_ms=6.0)), PagedKVCache(200, 1), engine)
+    assert r.rejections == {0: RAN_TOO_LONG}
+    assert by_id(r, "finish_ms") == {0: 13.0, 1: 14.0}
+    assert by_id(r, "generated_tokens") == {0: 3, 1: 1}
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 13.0}
+    assert r.metrics["rejected"] == 1 and r.metrics["finished"] == 1
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_running_timeout_of_a_retracted_request_comes_at_the_pass_after_its_readmission(engine):
+    # The retraction scenario at the top with a running timeout of 100 ms. R1 is retracted at
+    # 71.125 (18 tokens). R0, first scheduled at 0, decodes from 75.125 every 4 ms: the pass at
+    # 103.125 is the first at or after 100 -> aborted with 26 tokens, it runs once more -> 107.125.
+    # R1's time (1.25 + 100) comes while it is queued: it stays. At 107.125 R2 is admitted (R1 does
+    # not fit beside it at a ratio of 1.0): -> 107.625, decodes; the pass at 207.625 is the first
+    # at or after 107.125 + 100 -> R2 aborted with 26 tokens, once more -> 211.625. R1 is admitted
+    # then, recomputes its 33 tokens -> 215.75 (its 19th token), and is aborted at that very next
+    # pass: once more -> 219.75.
+    reqs = [Request(0, 0.0, 10, 30), Request(1, 0.5, 15, 30), Request(2, 1.0, 4, 30)]
+    sched = SglangScheduler(_sync(init_new_token_ratio=0.0, chunked_prefill_size=0, ignore_eos="none",
+                                  running_timeout_ms=100.0))
+    r = run(reqs, sched, PagedKVCache(60, 1), engine)
+    assert sched.retraction_log == [(71.125, (1,), 1.0)]
+    assert r.rejections == {0: RAN_TOO_LONG, 1: RAN_TOO_LONG, 2: RAN_TOO_LONG}
+    assert by_id(r, "finish_ms") == {0: 107.125, 1: 219.75, 2: 211.625}
+    assert by_id(r, "generated_tokens") == {0: 26, 1: 19, 2: 26}
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 1.25, 2: 107.125}
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_running_timeout_leaves_a_request_whose_client_gives_up_first_to_its_client(engine):
+    # R0 as in the first running-timeout case, but its client gives up 4 ms after sending: its
+    # abort is heard at the pass at 5.0, before the 6 ms limit -> aborted by its client (not
+    # turned away), once more -> 9.0.
+    reqs = [Request(0, 0.0, 8, 5, timeout_ms=4.0)]
+    r = run(reqs, SglangScheduler(_sync(max_running_requests=1, running_timeout_ms=6.0)), PagedKVCache(200, 1), engine)
+    assert r.rejections == {}
+    assert by_id(r, "aborted") == {0: 1} and by_id(r, "finish_ms") == {0: 9.0}
+
+
 #: vLLM's asynchronous-scheduling experiment, on SGLang's scheduler with a queue limit
 QUEUE_LIMITED = textwrap.dedent(ASYNC_TOML).replace('kind = "vllm"\nasync_scheduling = true\n',
                                                     'kind = "sglang"\nmax_queued_requests = 4\n')
@@ -490,6 +544,10 @@ def test_queue_limit_is_refused_where_it_is_not_modelled(tmp_path, extra, why):
         load(path)
     path.write_text(QUEUE_LIMITED + "[cluster]\ndata_parallel = 2\n")  # (ranks: each its own queue)
     assert load(path).studies[0].base.tables["scheduler"]["max_queued_requests"] == 4
+    timed = QUEUE_LIMITED.replace("max_queued_requests = 4", "running_timeout_ms = 50.0")
+    path.write_text(timed + extra)
+    with pytest.raises(ConfigError, match=r"exp.toml.*\[scheduler\]: running_timeout_ms: " + why):
+        load(path)
 
 
 # --- property tests ------------------------------------------------------------------------------
@@ -519,14 +577,15 @@ def sglang_configs(draw):
         overlap_schedule=draw(st.booleans()),
         max_queued_requests=draw(st.sampled_from([0, 0, 1, 3])),
         waiting_timeout_ms=draw(st.sampled_from([0.0, 0.0, 5.0, 30.0])),
+        running_timeout_ms=draw(st.sampled_from([0.0, 0.0, 3.0, 20.0, 60.0])),
     )
 
 
 def assert_only_turned_away(result, cfg: SglangConfig) -> None:
-    """Every request is served but those the queue limit turned away (none without one)."""
+    """Every request is served but those the queue limit or a timeout turned away (none without)."""
     reasons = set(result.rejections.values())
     allowed = ({QUEUE_FULL, OUTRANKED} if cfg.max_queued_requests else set()) | (
-        {WAITED_TOO_LONG} if cfg.waiting_timeout_ms else set())
+        {WAITED_TOO_LONG} if cfg.waiting_timeout_ms else set()) | ({RAN_TOO_LONG} if cfg.running_timeout_ms else set())
     assert reasons <= allowed, reasons
     if not cfg.enable_priority_scheduling:
         assert OUTRANKED not in reasons
@@ -534,14 +593,15 @@ def assert_only_turned_away(result, cfg: SglangConfig) -> None:
 
 @SETTINGS
 @given(st.integers(1, 4), st.integers(0, 5), st.sampled_from([0.0, 2.5]), st.integers(1, 2), st.integers(0, 12),
-       st.booleans(), dyadic_linear_costs())
+       st.booleans(), dyadic_linear_costs(), st.sampled_from([0.0, 0.0, 12.0]))
 def test_closed_loops_on_sglangs_overlap_scheduler_agree_and_conserve(clients, seed, think, instances, spare,
-                                                                      priorities, cost):
+                                                                      priorities, cost, running_timeout):
     """Clients send their next request when the last is answered; SGLang's overlap scheduler,
     tight pools, answers stopping at an EOS (retractions may take one finished in flight) and,
     drawn, priorities with preemption. A closed loop's client has heard of a finish, so there a
     request finished in flight keeps its finish when it is preempted or retracted (``Plan.preempt``):
-    both engines alike, every request served once, each client's requests one after another."""
+    both engines alike, every request served once, each client's requests one after another. With
+    a running timeout drawn, a request it aborts is turned away and its client answered then."""
     config = ClosedLoopConfig(clients=clients, num_requests=12, think_ms=think, max_tokens=30,
                               prompt={"dist": "uniform", "low": 1, "high": 20},
                               output={"dist": "uniform", "low": 1, "high": 30},
@@ -549,7 +609,8 @@ def test_closed_loops_on_sglangs_overlap_scheduler_agree_and_conserve(clients, s
     blocks = 20 + 30 + 8 + spare
     cfg = SglangConfig(max_running_requests=3, init_new_token_ratio=0.05, max_prefill_tokens=16,
                        chunked_prefill_size=0, enable_priority_scheduling=priorities,
-                       priority_scheduling_preemption_threshold=0, overlap_schedule=True)
+                       priority_scheduling_preemption_threshold=0, overlap_schedule=True,
+                       running_timeout_ms=running_timeout)
 
     def make():
         return SglangScheduler(cfg), LinearCostModel(cost), RadixKVCache(blocks, 1)
@@ -564,7 +625,8 @@ def test_closed_loops_on_sglangs_overlap_scheduler_agree_and_conserve(clients, s
                                 engine=engine, workload=workload))
     compare_runs(*runs, rel=1e-12)
     req = runs[0].requests
-    assert req["id"].size == 12 and req["rejected"].sum() == 0
+    assert req["id"].size == 12
+    assert set(runs[0].rejections.values()) <= ({RAN_TOO_LONG} if running_timeout else set())
     for client in set(req["client"].tolist()):
         mine = sorted((a, f) for a, f, c in zip(req["arrival_ms"].tolist(), req["finish_ms"].tolist(),
                                                 req["client"].tolist()) if c == client)
@@ -761,3 +823,50 @@ def test_overlap_set_true_is_refused_by_name_where_not_modelled(tmp_path, extra,
 def test_overlap_schedule_must_be_a_bool_or_auto():
     with pytest.raises(ConfigError, match="overlap_schedule.*must be true, false or \"auto\", got 'yes'"):
         from_table(SglangConfig, {"overlap_schedule": "yes"}, where="[scheduler]")
+
+
+@SETTINGS
+@given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3), st.integers(1, 3),
+       st.booleans(), dyadic_linear_costs(), st.integers(0, 12), st.sampled_from([3.0, 20.0, 60.0]))
+def test_running_timeout_on_data_parallel_ranks_agrees_between_engines(requests, ranks, overlap, cost, spare,
+                                                                       timeout):
+    """SGLang's DP attention (ranks stepping together, each its own scheduler and tree) with a
+    running timeout, tight pools (retracted requests come back overdue), both loops: both engines
+    alike, and nothing turned away but by the timeout."""
+    cfg = SglangConfig(max_running_requests=3, init_new_token_ratio=0.05, max_prefill_tokens=16,
+                       overlap_schedule=overlap, running_timeout_ms=timeout)
+    blocks = max(r.prompt_tokens + r.max_output_tokens + 8 for r in requests) + spare
+
+    def make():
+        return SglangScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), RadixKVCache(blocks, 1)
+
+    runs = [run_data_parallel(requests, make, ranks, RoundRobinRouter() if ranks > 1 else None, engine=engine)
+            for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    assert set(runs[0].rejections.values()) <= {RAN_TOO_LONG}
+    check_run(runs[0], requests)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_turned_away_last_ends_the_makespan(engine):
+    # R0 alone, as in the first running-timeout case: it leaves at 13.0, turned away. The run's
+    # makespan (throughput, busy and KV shares) runs to it, not to the last request served.
+    r = run([Request(0, 0.0, 8, 5)], SglangScheduler(_sync(running_timeout_ms=6.0)), PagedKVCache(200, 1), engine)
+    assert r.rejections == {0: RAN_TOO_LONG}
+    assert r.metrics["makespan_ms"] == 13.0
+    assert r.metrics["busy_share"] == 1.0
+
+
+def test_routers_count_a_queued_request_whose_running_time_is_up_as_staying():
+    from schedlab.engine.ahead import Ahead
+    from schedlab.engine.reference import RefSequence
+
+    queued, running = RefSequence(Request(0, 0.0, 8, 5), 0), RefSequence(Request(1, 0.0, 8, 5), 1)
+    queued.server_abort = running.server_abort = True  # (both: the scheduler's limit, due)
+    running.status = "prefilling"
+    ahead = Ahead()
+    ahead.note_leaving([(5.0, 0, queued), (5.0, 1, running)])
+    assert (ahead.leaving, ahead.leaving_running) == (1, 1)
+    queued.server_abort = False  # its client's abort: it leaves
+    ahead.note_leaving([(5.0, 0, queued), (5.0, 1, running)])
+    assert (ahead.leaving, ahead.leaving_running) == (2, 1)

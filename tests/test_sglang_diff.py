@@ -74,7 +74,13 @@ def test_each_group_turns_on_its_feature():
                                                              for r in limits)
     aborts = [r for c in cases("abort") for r in c.requests]
     assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
-    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") for c in cases(g) for r in c.requests)
+    assert all(r.abort_at is None for g in GROUPS if not g.endswith("abort") and g != "running_timeout"
+               for c in cases(g) for r in c.requests)
+    ranked_aborts = cases("priority_abort")
+    assert all(c.settings.enable_priority_scheduling for c in ranked_aborts)
+    assert {c.settings.overlap_schedule for c in ranked_aborts} == {True, False}
+    assert 0.3 < sum(r.abort_at is not None for c in ranked_aborts for r in c.requests) / sum(
+        len(c.requests) for c in ranked_aborts) < 0.5
     assert not any(c.settings.overlap_schedule for c in cases("abort"))
     assert [attrs.evolve(c, settings=attrs.evolve(c.settings, overlap_schedule=False), group="abort")
             for c in cases("overlap_abort")] == cases("abort")
@@ -83,7 +89,8 @@ def test_each_group_turns_on_its_feature():
     ranked = cases("priority")
     assert all(c.settings.enable_priority_scheduling for c in ranked)
     assert not any(c.settings.enable_priority_scheduling for g in GROUPS
-                   if not g.endswith("priority") and g not in ("queue_limit", "waiting_timeout") for c in cases(g))
+                   if not g.endswith("priority") and g not in ("priority_abort", "queue_limit", "waiting_timeout",
+                                                               "running_timeout") for c in cases(g))
     assert {len({r.priority for r in c.requests}) > 1 for c in ranked} == {True, False}
     assert {c.settings.schedule_low_priority_values_first for c in ranked} == {True, False}
     assert {c.settings.disable_priority_preemption for c in ranked} == {True, False}
@@ -95,14 +102,21 @@ def test_each_group_turns_on_its_feature():
     assert {c.settings.overlap_schedule for c in cases("hrrn")} == {True, False}
     limited = cases("queue_limit")
     assert {c.settings.max_queued_requests for c in limited} == {1, 2, 3}
-    assert not any(c.settings.max_queued_requests for g in GROUPS if g not in ("queue_limit", "waiting_timeout")
-                   for c in cases(g))
+    assert not any(c.settings.max_queued_requests for g in GROUPS
+                   if g not in ("queue_limit", "waiting_timeout", "running_timeout") for c in cases(g))
     assert {c.settings.enable_priority_scheduling for c in limited} == {True, False}
     assert {c.settings.overlap_schedule for c in limited} == {True, False}
     timed = cases("waiting_timeout")
     assert all(1 <= c.settings.waiting_timeout_ms <= 15 for c in timed)
     assert {bool(c.settings.max_queued_requests) for c in timed} == {True, False}
-    assert not any(c.settings.waiting_timeout_ms for g in GROUPS if g != "waiting_timeout" for c in cases(g))
+    assert not any(c.settings.waiting_timeout_ms for g in GROUPS if not g.endswith("_timeout") for c in cases(g))
+    running = cases("running_timeout")
+    assert all(1 <= c.settings.running_timeout_ms <= 40 for c in running)
+    assert {bool(c.settings.waiting_timeout_ms) for c in running} == {True, False}
+    assert {bool(c.settings.max_queued_requests) for c in running} == {True, False}
+    assert {any(r.abort_at is not None for r in c.requests) for c in running} == {True, False}
+    assert {c.settings.overlap_schedule for c in running} == {True, False}
+    assert not any(c.settings.running_timeout_ms for g in GROUPS if g != "running_timeout" for c in cases(g))
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -135,7 +149,8 @@ def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
                               "overlap_schedule": False, "ignore_eos": "none",
                               "enable_priority_scheduling": False, "schedule_low_priority_values_first": False,
                               "priority_scheduling_preemption_threshold": 10, "disable_priority_preemption": False,
-                              "retraction_policy": "length", "max_queued_requests": 0, "waiting_timeout_ms": 0.0}
+                              "retraction_policy": "length", "max_queued_requests": 0, "waiting_timeout_ms": 0.0,
+                              "running_timeout_ms": 0.0}
     assert tables(generate("queue_limit", 0))["scheduler"]["max_queued_requests"] == \
         generate("queue_limit", 0).settings.max_queued_requests > 0
     case = generate("priority", 0)
@@ -503,6 +518,24 @@ REPRODUCERS = {
               (3, 10, 1, 45, None, 0, 45), (4, 12, 40, 56, None, 0, 64), priorities={1: 2, 3: 2, 4: 1}),
         {0: _o(0, 1, 1, 0, 0, 1), 1: _o(7, 8, 116, 1, 0, 2, 6), 2: _o(9, 11, 67, 0, 0, 40),
          3: _o(68, 70, 114, 0, 0, 1), 4: _o(67, 69, 126, 0, 0, 40)}),
+    # 33. SGLANG_REQ_RUNNING_TIMEOUT of 3 ms, one slot. 0 (1 + 6 tokens) is first scheduled at 0:
+    # prompt [0, 1], decodes [1, 2], [2, 3]; the poll at the top of the loop at 3 finds it in the
+    # batch 3 ms after it entered: aborted as a client's abort is -- it runs once more, [3, 4], that
+    # token dropped, and never finishes. 1 (arrived at 1) gets the slot at 4.
+    "33-running-timeout-aborts-a-request-at-the-poll-after-its-time": (
+        _case(dict(max_total_tokens=64, max_running_requests=1, running_timeout_ms=3),
+              (0, 0, 1, 6, None, 0, None), (1, 1, 1, 1, None, 0, None)),
+        {0: _o(0, 1, None, 0, 0, 1), 1: _o(4, 5, 5, 0, 0, 1)}),
+    # 34. A running timeout of 13 ms and a retraction (28's pool and timeline): 1 (5 + 13 tokens,
+    # first scheduled at 1) is retracted at 12 with 11 tokens; 0 finishes at 13, its time not
+    # up at the poll. 2 is admitted at 13 (1 needs 16 + 1 more than is left) and aborted at the
+    # poll at 26 (13 ms after it entered), once more [26, 27]. 1's time came at 14 while it waited:
+    # SGLang polls only the batches in flight, so it stays -- readmitted at 27, it recomputes its
+    # 16 tokens [27, 28], and the poll at 28 aborts it (once more [28, 29]).
+    "34-running-timeout-of-a-retracted-request-comes-after-its-readmission": (
+        _case(dict(max_total_tokens=30, max_running_requests=2, schedule_conservativeness=0.0, running_timeout_ms=13),
+              (0, 0, 5, 12, None, 0, 12), (1, 1, 5, 13, None, 0, 13), (2, 2, 5, 20, None, 0, 20)),
+        {0: _o(0, 1, 13, 0, 0, 5), 1: _o(1, 2, None, 1, 0, 5, 16), 2: _o(13, 14, None, 0, 0, 5)}),
     # 35. hrrn under overlap scheduling: the running batch a prefill batch joins. 0 (7 tokens) forms
     # the running batch at 9 (its count: 7); 2 joins it. The plan made at 34 admits 5 (43 tokens)
     # while the batch in flight gives 0 its last token: at the next pass 0 is still in the running
@@ -518,6 +551,41 @@ REPRODUCERS = {
               (5, 26, 43, 23, None, 0, None), (6, 30, 92, 12, None, 0, None)),
         {0: _o(9, 10, 35, 0, 0, 7), 2: _o(22, 24, 34, 0, 0, 1), 3: _o(58, 59, 63, 0, 0, 112),
          5: _o(34, 36, 58, 0, 0, 43), 6: _o(63, 64, 75, 0, 0, 92)}),
+    # 36. Overlap scheduling, priorities (lower first, threshold 0), one slot: a preempted request
+    # keeps its client's abort. 0 (priority 1, 1 + 10 tokens) has tokens at 1-4; its client gives
+    # up at 3.5. The loop top at 4 reads the abort (0 marked to_finish) and 1 (priority 0), whose
+    # plan preempts 0 -- the token the batch in flight computes for it dropped. SGLang's to_finish
+    # survives the retraction: 0 waits, is admitted again at 7 (its 1 + 4 tokens, 1 cached) and
+    # ends, aborted, with that prefill's result. 1 runs [5, 8]. (schedlab dropped 0 at 4.)
+    "36-overlap-a-request-preempted-after-its-abort-runs-once-more-later": (
+        _case(dict(max_total_tokens=64, max_running_requests=1, overlap_schedule=True, enable_priority_scheduling=True,
+                   schedule_low_priority_values_first=True, priority_scheduling_preemption_threshold=0),
+              (0, 0, 1, 10, None, 0, None, 3.5), (1, 4, 1, 3, None, 0, None), priorities={0: 1, 1: 0}),
+        {0: _o(0, 1, None, 1, 1, 1, 4), 1: _o(4, 6, 8, 0, 0, 1)}),
+    # 37. 36 with 0 answering 5 tokens: the batch in flight at 4 gives it its last token, which
+    # SGLang has not seen when 1's plan preempts it -- the same: it waits with its abort, runs its
+    # prefill again at [8, 9] and ends then. (schedlab ended it at 4, its last token dropped.)
+    "37-overlap-a-request-preempted-after-its-abort-with-its-last-token-in-flight": (
+        _case(dict(max_total_tokens=64, max_running_requests=1, overlap_schedule=True, enable_priority_scheduling=True,
+                   schedule_low_priority_values_first=True, priority_scheduling_preemption_threshold=0),
+              (0, 0, 1, 5, None, 0, None, 3.5), (1, 4, 1, 3, None, 0, None), priorities={0: 1, 1: 0}),
+        {0: _o(0, 1, None, 1, 1, 1, 4), 1: _o(4, 6, 8, 0, 0, 1)}),
+    # 38. Overlap scheduling, a running timeout of 19 ms, three slots, priorities (lower first,
+    # threshold 0). 0 (priority 3, 1 + 7 tokens, first scheduled at 3: its time is up at 22) is
+    # preempted at 11 by 4 (priority 2) with its last token in flight -- un-finished, it computes
+    # that token again later. Its time comes while it waits; readmitted at 27 (1's time ended it at
+    # 26, once more to 27), its prefill [28, 29] would give it its last token, but the poll at 28
+    # aborts it. 1, 2 and 4 run out their time too. Found on seed 477 (shrunk); the outcomes are
+    # SGLang's. (The fast engine had dropped 0's deadline while it was finished in flight, so
+    # after the un-finish it ran to its end at 29; the reference engine kept it.)
+    "38-overlap-an-unfinished-request-keeps-its-deadline": (
+        _case(dict(max_total_tokens=103, max_running_requests=3, max_prefill_tokens=1, overlap_schedule=True,
+                   enable_priority_scheduling=True, schedule_low_priority_values_first=True,
+                   priority_scheduling_preemption_threshold=0, running_timeout_ms=19),
+              (0, 3, 1, 7, None, 0, None), (1, 7, 1, 26, None, 0, 26), (2, 9, 3, 28, None, 0, 28),
+              (4, 11, 5, 53, None, 0, 53), priorities={0: 3, 1: 0, 2: 1, 4: 2}),
+        {0: _o(3, 4, None, 1, 1, 1, 6), 1: _o(7, 9, None, 0, 0, 1), 2: _o(9, 11, None, 0, 0, 3),
+         4: _o(11, 13, None, 0, 0, 5)}),
 }
 
 

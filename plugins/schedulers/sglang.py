@@ -52,12 +52,15 @@ output length as a benchmark client asking for it would (``"no_max_tokens"``); `
 **Clients that give up** (``Scheduler.abort_request``, read with the arrivals before each plan):
 a queued request leaves at once, the chunked prefill in progress at that plan, and a running
 request keeps its slot and KV until the next iteration that computes it, whose token nobody
-sees (``to_finish``; the engines do this for ``aborts_run_once_more``); an aborted chunked
+sees (``to_finish``; the engines do this for ``aborts_run_once_more``) -- one preempted or
+retracted meanwhile keeps the mark, waits, and leaves after it is admitted again; an aborted chunked
 prefill's newest chunk is never cached (``KVCache.discard``). A queued request's abort is not
 a finish here: the running batch keeps its "full" mark. With overlap scheduling the loop reads
 aborts when the batch in flight has just started, so the plan made then still holds the
 request, and the next result that holds it ends it (:mod:`schedlab.engine.ahead`). Checked
-against SGLang: ``tools/sglang_diff.py --groups abort,overlap_abort``.
+against SGLang: ``tools/sglang_diff.py --groups abort,overlap_abort,priority_abort``. Within one
+pass the engines apply aborts before arrivals; SGLang reads both in the order they came, so an
+arrival that finds a full queue just before a queued request's abort is turned away there.
 
 **Queue limit** (``max_queued_requests``, ``--max-queued-requests``): SGLang checks it whenever
 a request enters the waiting queue (``_add_request_to_queue``, ``_abort_on_queued_limit``) --
@@ -70,9 +73,15 @@ more important. A retracted request turned away keeps the tokens it got. **Waiti
 (``waiting_timeout_ms``, SGLang's ``SGLANG_REQ_WAITING_TIMEOUT`` in seconds): a request queued
 that long since it entered the queue is aborted, "Request waiting timeout reached." -- SGLang
 polls at the top of its loop, before it reads the arrivals, and aborts after them; the scheduler
-asks to be woken when the longest-queued request's time is up. Neither is modelled with
-disaggregation (SGLang ignores the limit there) or pipeline parallelism (refused).
-``tools/sglang_diff.py --groups queue_limit,waiting_timeout``.
+asks to be woken when the longest-queued request's time is up. **Running timeout**
+(``running_timeout_ms``, ``SGLANG_REQ_RUNNING_TIMEOUT``): a request in a batch that long after
+it was first scheduled is aborted at the same poll, as a client's abort is (it runs once more, a
+chunked prefill is dropped), "Request running timeout reached." -- counted as rejected too; the
+engines carry it (:mod:`schedlab.engine.run_limit`). SGLang polls only the batches in flight: a
+retracted request whose time is up while it is queued is aborted at the pass after the one that
+admits it again. None of the three is modelled with disaggregation (SGLang ignores the limit
+there) or pipeline parallelism (refused).
+``tools/sglang_diff.py --groups queue_limit,waiting_timeout,running_timeout``.
 
 **Overlap scheduling** (``overlap_schedule``; SGLang's default, ``event_loop_overlap``): each
 batch is planned while the one before it runs (:mod:`schedlab.engine.ahead`: arrivals after that
@@ -215,6 +224,11 @@ class SglangConfig:
         0.0, min=0.0, help="SGLANG_REQ_WAITING_TIMEOUT (in seconds there): a request queued this long since it "
                            "entered the queue (arrived, or came back after a retraction or preemption) is aborted at "
                            "the next pass, counted as rejected (0 = off, SGLang's default)")
+    running_timeout_ms: float = float_field(
+        0.0, min=0.0, help="SGLANG_REQ_RUNNING_TIMEOUT (in seconds there): a request running this long since it was "
+                           "first scheduled (retractions do not reset it) is aborted at the next pass as if its "
+                           "client gave up, counted as rejected; one whose time comes while it is queued again "
+                           "at the pass after it is readmitted (0 = off, SGLang's default)")
     context_length: int = int_field(
         0, min=0, help="the model's context (--context-length; by default the run's model's): a prompt of "
                        "min(context, pool) - 6 tokens or more is rejected, and one whose prompt + max_tokens exceeds "
@@ -313,10 +327,11 @@ class _Adder:
 
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
-#: why ``max_queued_requests`` turns a request away (SGLang's abort messages)
+#: why ``max_queued_requests`` and the timeouts turn a request away (SGLang's abort messages)
 QUEUE_FULL = "The request queue is full."
 OUTRANKED = "The request is aborted by a higher priority request."
 WAITED_TOO_LONG = "Request waiting timeout reached."
+RAN_TOO_LONG = "Request running timeout reached."
 
 
 class SglangScheduler:
@@ -369,6 +384,10 @@ class SglangScheduler:
         #: a running request whose client gave up runs once more, its token dropped, before it
         #: leaves (Scheduler.abort_request sets its ``to_finish``)
         self.aborts_run_once_more = True
+        #: SGLANG_REQ_RUNNING_TIMEOUT: the engines abort a request this long after it was first
+        #: scheduled, as a client's abort (schedlab.engine.run_limit)
+        self.running_timeout_ms = c.running_timeout_ms
+        self.running_timeout_reason = RAN_TOO_LONG
         self._held_before = False       # the last plan saw finished requests holding their KV
         self._prefilled = -1            # ... and formed a prefill batch: the decode steps after it
         #: one entry per retraction: (time, ids of the retracted requests in order, new ratio)

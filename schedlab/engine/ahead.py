@@ -116,6 +116,7 @@ from typing import Iterator
 
 from ..errors import ConfigError, SimulationError
 from ..queues import RunningView
+from .run_limit import stays_queued
 
 
 def plans_ahead(scheduler) -> bool:
@@ -304,10 +305,10 @@ class Ahead:
         and the ghosts leave."""
         total = running = 0
         ghosts = self.ghosts
-        for _, _, seq in due:
+        for seq in dict.fromkeys(seq for _, _, seq in due):  # (a request may have two: engine.run_limit)
             status = seq.status
             if status != "finished" and status != "aborted" and not (
-                    loop_top and (status == "decoding" or seq in ghosts)):
+                    loop_top and (status == "decoding" or seq in ghosts)) and not stays_queued(seq, status):
                 total += 1
                 if status == "decoding" or status == "prefilling":
                     running += 1

@@ -38,6 +38,7 @@ from ..errors import SimulationError, StallError
 from .client import ClientArrivals
 from .instance import Instance
 from .load import RoutingClock, views_of
+from .run_limit import limits_running
 
 INF = math.inf
 
@@ -109,7 +110,8 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
             inst.hangup_ms = client_side.network_ms
     arrivals = arrival_queue(requests, workload, client_side)
     # clients may give up: the run's [client] says so, or (found on the way) a request's own timeout_ms
-    aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
+    aborting = (client_side is not None and client_side.client is not None and client_side.client.gives_up
+                or limits_running(instances))
     if closed and scaling is not None:
         raise ValueError("autoscaling needs an open-loop workload")
     if closed and not all(isinstance(inst, Instance) for inst in instances):

@@ -20,7 +20,7 @@ from ..energy.meter import token_shares
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
-from . import bulk
+from . import bulk, run_limit
 from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
 from .clock import check_iteration_end
 from .load import Release, load
@@ -238,6 +238,10 @@ class Instance:
         self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
         if self.to_finish is not None:
             self.aborts_drop_output = False
+        #: the scheduler's limit on a request's time since it was first scheduled: aborted then as
+        #: if its client gave up, counted as rejected (0: none; :mod:`schedlab.engine.run_limit`)
+        self.running_timeout_ms = getattr(scheduler, "running_timeout_ms", 0.0) or 0.0
+        self.running_timeout_reason = getattr(scheduler, "running_timeout_reason", run_limit.DEFAULT_REASON)
         #: blocks that aborts heard at a pipeline's landing, before its output, freed: held until
         #: then, they count in the landing's KV usage (:mod:`schedlab.engine.pipeline`)
         self.held_to_landing = 0
@@ -286,9 +290,12 @@ class Instance:
             self.counters["peak_waiting"] = len(self.waiting)
 
     def next_abort(self) -> float:
-        """When the engine next aborts a request whose client gave up (inf: none pending)."""
-        aborts = self.aborts
-        while aborts and aborts[0][2].status in (FINISHED, ABORTED):
+        """When the engine next aborts a request whose client gave up (inf: none pending). Entries
+        of requests that are done go; not those of a request finished by the batch in flight and
+        still held, which SGLang's plan may yet preempt and send back to the queue (:meth:`unfinish_held`)."""
+        aborts, ahead = self.aborts, self.ahead
+        while aborts and aborts[0][2].status in (FINISHED, ABORTED) and (
+                ahead is None or aborts[0][2] not in ahead.held):
             heapq.heappop(aborts)
         return aborts[0][0] if aborts else INF
 
@@ -334,6 +341,8 @@ class Instance:
         now = self.now
         status = seq.status
         if status == WAITING:
+            if self.running_timeout_ms and run_limit.waits_on(seq):
+                return  # (the scheduler's limit, not its client: aborted once it is admitted again)
             if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
                 self.ahead.deferred.remove(seq)
             elif self.holds is None or not self.holds.drop(seq):
@@ -394,7 +403,7 @@ class Instance:
         self.waiting.remove(seq)
         seq.waiting_ms += now - seq.waiting_since
         seq.status = REJECTED
-        if seq.request.timeout_ms is not None:  # (its client's abort will find it gone)
+        if seq.request.timeout_ms is not None or seq.server_abort:  # (its aborts will find it gone)
             self.aborts = [a for a in self.aborts if a[2] is not seq]
             heapq.heapify(self.aborts)
         self.rec.reject(seq, self.index, reason, at=now)
@@ -435,7 +444,12 @@ class Instance:
         seq.status = ABORTED
         if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
             seq.request = seq.transfer.request
-        self.rec.request_done(seq, self.index, t, aborted=True)
+        if seq.server_abort:  # the scheduler's running time limit: turned away, its client answered
+            self.rec.reject(seq, self.index, self.running_timeout_reason, at=t)
+            if self.track_finished:
+                self.finished.append((seq.request, t))
+        else:
+            self.rec.request_done(seq, self.index, t, aborted=True)
         if self._on_finish is not None:
             self._on_finish(seq, t)
 
@@ -583,6 +597,10 @@ class Instance:
     # -- plan callbacks -------------------------------------------------------------------------
     def on_admit(self, seq: Sequence, hit: int, reserve_tokens: int) -> None:
         now = self.now
+        if self.running_timeout_ms:
+            at = run_limit.deadline(seq, now, self.running_timeout_ms, self.hangup_ms)
+            if at is not None:
+                heapq.heappush(self.aborts, (at, seq.seq_no, seq))
         if seq.first_scheduled_ms < 0:
             seq.first_scheduled_ms = now
         seq.waiting_ms += now - seq.waiting_since
@@ -742,8 +760,11 @@ class Instance:
             else:
                 self.rec.request_done(seq, self.index, ahead.end)
         if loop_top:
-            for seq in list(ahead.ghosts):
-                self._abort_one(seq, plan)
+            for seq in sorted(ahead.ghosts, key=_run_no):  # (in the running list's order, both engines)
+                if seq.status == WAITING:  # preempted by the plan: SGLang keeps its to_finish for its next run
+                    self.to_finish.add(seq)
+                else:
+                    self._abort_one(seq, plan)
         elif late:
             self._abort_due(plan)
         ahead.ghosts.clear()
@@ -801,6 +822,21 @@ class Instance:
         del self.ahead.held[seq]
         self.preempt_recompute(seq)
         self.discard_token(seq)
+
+    def requeue_doomed(self, seq: Sequence) -> None:
+        """Preempt ``seq``, whose client's abort came while the batch in progress gives it its last
+        token (:meth:`Ahead.doom`), in the plan made ahead, as SGLang's overlap scheduler does
+        (``Plan.preempt(discard_in_flight=True)``): that batch's result is skipped for it, and its
+        abort (``to_finish``) survives the retraction -- it waits, is admitted again and leaves
+        after that run, its blocks freed meanwhile as a retracted request's."""
+        ahead = self.ahead
+        del ahead.held[seq]
+        ahead.doomed.discard(seq)
+        self.preempt_recompute(seq)
+        seq._generated -= 1  # (the token in flight it was held with: never sent, never counted)
+        if seq._generated == 0:
+            seq.first_token_ms = seq.last_token_ms = -1.0
+        self.to_finish.add(seq)
 
     def _asks_beside(self, held) -> bool:
         """Whether the scheduler decides a plan made beside the finished requests ``held``
@@ -1089,6 +1125,8 @@ class Instance:
             seq = entry[2]
             is_hit = (by_start or entry[0] > start) and ((seq.status == DECODING and plan.is_scheduled(seq)) or (
                 seq.status == PREFILLING and seq.plan_mark == serial and (completing is None or seq in completing)))
+            if is_hit and seq in hit:  # (its client's abort and the scheduler's time limit: engine.run_limit)
+                is_hit = False
             if is_hit:
                 hit.append(seq)
             if ahead is not None or not is_hit:

@@ -411,6 +411,10 @@ class FastPlan:
                 self.preempt(seq)
                 self._inst.discard_token(seq)
                 return
+            if seq in ahead.doomed and self._inst.to_finish is not None and seq not in self.overshoots:
+                self._inst.requeue_doomed(seq)  # (its abort waits for its next run, as SGLang's to_finish)
+                self._preempted.append(seq)
+                return
             if seq not in ahead.doomed and seq not in self.overshoots and not self._inst.track_finished:
                 self._inst.unfinish_held(seq)  # (finished in flight: its last token computed again)
                 self._preempted.append(seq)

@@ -22,6 +22,7 @@ from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_dra
                     unseen_finish)
 from .clock import check_iteration_end
 from .load import Release, load
+from . import run_limit
 from .recorder import Recorder
 from .stages import Stagger
 
@@ -54,6 +55,8 @@ class RefSequence:
         self.cache_lag = 0  # asynchronous scheduling: its last KV slot's token was in flight (engine.ahead)
         self.decode_due = 0  # planning ahead on a pipeline: the plan that may decode it next (stages.Stagger)
         self.draft_k = -1  # drafts per batch size: the drafts its next decode verifies (-1: the plan's k)
+        self.server_abort = False  # the scheduler's running time limit: its abort entry is next (engine.run_limit)
+        self.overdue = False  # ... which came while it waited
 
     @property
     def num_tokens(self) -> int:
@@ -271,6 +274,10 @@ class RefPlan:
         seq.mark = self.serial
         e = self._e
         self.waiting.remove(seq)
+        if e.running_timeout_ms:
+            at = run_limit.deadline(seq, e.now, e.running_timeout_ms, e.hangup_ms)
+            if at is not None:
+                e.aborts.append([at, seq.seq_no, seq])
         if seq.first_scheduled_ms < 0:
             seq.first_scheduled_ms = e.now
         seq.waiting_ms += e.now - seq.waiting_since
@@ -340,6 +347,19 @@ class RefPlan:
                 seq.token_times.clear()
             e.counters["discarded_tokens"] += 1
             e.counters["generated_tokens"] -= 1
+            return
+        if (discard_in_flight and self.token_in_flight(seq) and seq in e.ahead.doomed and e.to_finish is not None
+                and seq not in self.overshoots):
+            # SGLang's overlap scheduler: its abort came while the batch in flight gives it its last
+            # token; its to_finish survives the retraction (Instance.requeue_doomed)
+            del e.ahead.held[seq]
+            e.ahead.doomed.discard(seq)
+            seq.status = "decoding"
+            self._requeue(seq, 0)
+            seq.num_generated -= 1  # (the token in flight: never sent, never counted)
+            if not seq.num_generated:
+                seq.token_times.clear()
+            e.to_finish.add(seq)
             return
         if discard_in_flight and self.token_in_flight(seq) and seq not in e.ahead.held and seq not in e.ahead.ghosts:
             self.preempt(seq)
@@ -547,6 +567,9 @@ class ReferenceEngine:
         self.to_finish: set | None = set() if getattr(scheduler, "aborts_run_once_more", False) else None
         if self.to_finish is not None:
             self.aborts_drop_output = False
+        # the scheduler's limit on a request's time since it was first scheduled (engine.run_limit)
+        self.running_timeout_ms = getattr(scheduler, "running_timeout_ms", 0.0) or 0.0
+        self.running_timeout_reason = getattr(scheduler, "running_timeout_reason", run_limit.DEFAULT_REASON)
         self.held_to_landing = 0  # blocks aborts heard at a pipeline's landing freed (Instance's)
         self.holds = None  # pipelined: requests batches in flight hold (schedlab.engine.stages.Holds)
         self.pending = None  # never: runs are the fast engine's (see schedlab.engine.load)
@@ -713,7 +736,9 @@ class ReferenceEngine:
             else:
                 self.record_finished(s, ahead.end)
         if loop_top:  # those the last batch's result ended (SGLang): after the plan, which holds them
-            for s in list(ahead.ghosts):
+            # (one the plan preempted keeps its to_finish for its next run, as SGLang's request does)
+            self.to_finish.update(s for s in ahead.ghosts if s.status == "waiting")
+            for s in [s for s in self.running if s in ahead.ghosts]:  # (the running list's order)
                 self._abort_one(s, plan)
         elif at_plan_time:  # those that came while the last batch ran: after the plan, which holds them
             self.abort_due(plan)
@@ -766,6 +791,8 @@ class ReferenceEngine:
     def _abort_one(self, seq, plan: RefPlan | None = None) -> None:
         """Abort ``seq`` now, wherever it is (:meth:`abort_due`)."""
         if seq.status == "waiting":
+            if self.running_timeout_ms and run_limit.waits_on(seq):
+                return  # (the scheduler's limit, not its client: aborted once it is admitted again)
             if self.ahead is not None and seq in self.ahead.deferred:  # (not seen by a plan yet)
                 self.ahead.deferred.remove(seq)
             elif self.holds is None or not self.holds.drop(seq):
@@ -837,7 +864,8 @@ class ReferenceEngine:
         if self.ahead is None:
             for entry in hit:
                 self.aborts.remove(entry)
-        return [a[2] for a in hit]
+        # (once each: its client's abort and the scheduler's time limit may both have come, engine.run_limit)
+        return list(dict.fromkeys(a[2] for a in hit))
 
     def _drop_aborted(self, seq, t: float, pending: int = 0, *, discard: bool = False) -> None:
         """``seq``, running, aborted at ``t``: its slot and blocks freed -- with the ``pending``
@@ -868,7 +896,7 @@ class ReferenceEngine:
         self.waiting.remove(seq)
         seq.waiting_ms += self.now - seq.waiting_since
         seq.status = "rejected"
-        if seq.request.timeout_ms is not None:  # (its client's abort will find it gone)
+        if seq.request.timeout_ms is not None or seq.server_abort:  # (its aborts will find it gone)
             self.aborts = [a for a in self.aborts if a[2] is not seq]
         for a, b in zip(seq.token_times, seq.token_times[1:]):
             self.rec.itl(b - a)
@@ -883,10 +911,15 @@ class ReferenceEngine:
             seq.request = seq.transfer.request
         for a, b in zip(seq.token_times, seq.token_times[1:]):
             self.rec.itl(b - a)
-        self.rec.request_done(seq, self.index, t, aborted=True)
+        if seq.server_abort:  # the scheduler's running time limit: turned away, its client answered
+            self.rec.reject(seq, self.index, self.running_timeout_reason, at=t)
+        else:
+            self.rec.request_done(seq, self.index, t, aborted=True)
         on_finish = getattr(self.scheduler, "on_finish", None)
         if on_finish is not None:
             on_finish(seq, t)
+        if seq.server_abort and self.on_request_done is not None:
+            self.on_request_done(seq.request, t)
 
     def plan_batch(self, plan: RefPlan) -> tuple[Batch, list, list]:
         """The shape of the iteration ``plan`` describes, its decoders and their drafts."""

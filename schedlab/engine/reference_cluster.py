@@ -34,6 +34,7 @@ from .ahead import refuse_planning_ahead
 from .instance import default_rejection_reason
 from .load import RoutingClock, views_of
 from .reference import RefSequence, ReferenceEngine
+from .run_limit import limits_running
 from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
                        kv_reservation, prefill_request)
 
@@ -157,7 +158,8 @@ class ReferenceCluster:
             for inst in self.instances:
                 inst.hangup_ms = side.network_ms
         # clients may give up: the run's [client] says so, or a request sent has its own timeout_ms
-        aborting = [side is not None and side.client is not None and side.client.gives_up]
+        aborting = [side is not None and side.client is not None and side.client.gives_up
+                    or limits_running(self.instances)]
         events: list = []     # (time, kind, order, request); at one time: deadlines, receptions, arrivals
         api_queue: list = []  # requests the API server has received and not started, first received first
         handlers = [0]        # handlers at work

@@ -220,10 +220,9 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     n_ok = int(ok.sum())
     lat = request_latencies(req)
     generated = int(req["generated_tokens"][ok].sum())
-    served = req["rejected"] == 0
     start = float(req["arrival_ms"].min()) if n_all else 0.0
-    # from the first arrival to the last request the engine finished or dropped
-    makespan = float(req["finish_ms"][served].max()) - start if served.any() else 0.0
+    left = left_the_engine(req)
+    makespan = float(req["finish_ms"][left].max()) - start if left.any() else 0.0
     seconds = makespan / 1e3
     m = _run_metrics(request_counts(req), generated, makespan, float(req["waiting_ms"].sum()), counters, meta, start)
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
@@ -279,6 +278,12 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         m["per_client"] = client_service(req)
         _fairness(m)
     return m
+
+
+def left_the_engine(req: dict[str, np.ndarray]) -> np.ndarray:
+    """The requests the makespan runs to the last of: those the engine finished or dropped, and
+    those it turned away after they had queued or run (a rejection on arrival has no finish)."""
+    return (req["rejected"] == 0) | (req["finish_ms"] >= 0)
 
 
 def _run_metrics(counts: dict[str, int], generated: int, makespan: float, waiting_ms: float,

@@ -153,7 +153,7 @@ class StreamedRequests:
         self.clients: dict[str, list] = {}  # requests, finished, prompt, generated, first arrival, last finish
         self.first_arrival = np.inf
         self.last_finish = -np.inf   # of the completed requests
-        self.last_served = -np.inf   # of every request the engine finished or dropped (the makespan's end)
+        self.last_served = -np.inf   # of every request that left the engine (the makespan's end: left_the_engine)
         self.waiting_ms = 0.0
         self.chunks_sum = 0
         self.chunks_max = 0
@@ -173,8 +173,8 @@ class StreamedRequests:
 
     # -- adding a block of rows --------------------------------------------------------------
     def add(self, req: dict[str, np.ndarray], reasons: dict[int, str]) -> None:
-        from .metrics import (aborted_places, arrival_hours, client_latencies, completed, request_counts,
-                              request_latencies, slo_met)
+        from .metrics import (aborted_places, arrival_hours, client_latencies, completed, left_the_engine,
+                              request_counts, request_latencies, slo_met)
 
         n = int(req["id"].size)
         if not n:
@@ -200,9 +200,9 @@ class StreamedRequests:
         self._add_groups(self.classes, req["request_class"], req, ok, met)
         self._add_groups(self.instances, req["instance"], req, ok, met)
         self.first_arrival = min(self.first_arrival, float(req["arrival_ms"].min()))
-        served = req["rejected"] == 0
-        if served.any():
-            self.last_served = max(self.last_served, float(req["finish_ms"][served].max()))
+        left = left_the_engine(req)
+        if left.any():
+            self.last_served = max(self.last_served, float(req["finish_ms"][left].max()))
         if ok.any():
             self.last_finish = max(self.last_finish, float(req["finish_ms"][ok].max()))
             chunks = req["prefill_chunks"][ok]

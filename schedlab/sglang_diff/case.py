@@ -29,7 +29,8 @@ class SglangSettings:
     ``chunked_prefill_size = 0`` turns chunking off (SGLang's ``-1``); mixing needs chunking. The
     priority settings are SGLang's (``--enable-priority-scheduling`` and the rest; the preset's
     of the same names), and so is ``max_queued_requests`` (0: SGLang's default, no limit);
-    ``waiting_timeout_ms`` is SGLang's ``SGLANG_REQ_WAITING_TIMEOUT`` (in seconds there; 0: off).
+    ``waiting_timeout_ms`` and ``running_timeout_ms`` are SGLang's ``SGLANG_REQ_WAITING_TIMEOUT``
+    and ``SGLANG_REQ_RUNNING_TIMEOUT`` (in seconds there; 0: off).
     """
 
     max_total_tokens: int = int_field(4096, min=16, max=10**6)
@@ -47,6 +48,7 @@ class SglangSettings:
     retraction_policy: str = str_field("length", choices=("length", "priority"))
     max_queued_requests: int = int_field(0, min=0, max=256)  # (0: no limit, SGLang's None)
     waiting_timeout_ms: int = int_field(0, min=0, max=10**6)  # (SGLANG_REQ_WAITING_TIMEOUT; 0: off)
+    running_timeout_ms: int = int_field(0, min=0, max=10**6)  # (SGLANG_REQ_RUNNING_TIMEOUT; 0: off)
 
     def __attrs_post_init__(self):
         if self.enable_mixed_chunk and not self.chunked_prefill_size:
@@ -74,6 +76,8 @@ class SglangSettings:
             yield {"max_queued_requests": 0}
         if self.waiting_timeout_ms:
             yield {"waiting_timeout_ms": 0}
+        if self.running_timeout_ms:
+            yield {"running_timeout_ms": 0}
         if self.enable_priority_scheduling:
             yield {"enable_priority_scheduling": False, "retraction_policy": "length"}
             if self.retraction_policy != "length":

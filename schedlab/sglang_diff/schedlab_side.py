@@ -22,7 +22,7 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
                  "priority_scheduling_preemption_threshold": s.priority_scheduling_preemption_threshold,
                  "disable_priority_preemption": s.disable_priority_preemption,
                  "retraction_policy": s.retraction_policy, "max_queued_requests": s.max_queued_requests,
-                 "waiting_timeout_ms": float(s.waiting_timeout_ms)}
+                 "waiting_timeout_ms": float(s.waiting_timeout_ms), "running_timeout_ms": float(s.running_timeout_ms)}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
     kv = {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}

@@ -366,7 +366,7 @@ class SglangRunner:
         x.tp_worker.forward_batch_generation = model.forward_batch_generation
         run = _Run(x, pending)
         x.send_abort_output = run.turned_away  # (to the tokenizer process: the request ends there)
-        with _waiting_timeout(case.settings.waiting_timeout_ms, run):
+        with _timeouts(case.settings, run):
             if case.settings.overlap_schedule:
                 error = self._step_overlapped(x, model, run)
             else:
@@ -450,10 +450,11 @@ class _Clock:
 
 
 @contextlib.contextmanager
-def _waiting_timeout(timeout_ms: int, run):
-    """SGLang with ``SGLANG_REQ_WAITING_TIMEOUT`` (seconds) on the harness's clock, for a case
-    with a waiting timeout; nothing changed otherwise."""
-    if not timeout_ms:
+def _timeouts(settings, run):
+    """SGLang with ``SGLANG_REQ_WAITING_TIMEOUT`` and ``SGLANG_REQ_RUNNING_TIMEOUT`` (seconds) on
+    the harness's clock, for a case with either; nothing changed otherwise."""
+    waiting, running = settings.waiting_timeout_ms, settings.running_timeout_ms
+    if not (waiting or running):
         yield
         return
     from sglang.srt.environ import envs
@@ -465,7 +466,8 @@ def _waiting_timeout(timeout_ms: int, run):
     scheduler.time = req_time_stats.time = clock
     run.timed = True
     try:
-        with envs.SGLANG_REQ_WAITING_TIMEOUT.override(timeout_ms / 1000):
+        with (envs.SGLANG_REQ_WAITING_TIMEOUT.override(waiting / 1000 if waiting else -1),
+              envs.SGLANG_REQ_RUNNING_TIMEOUT.override(running / 1000 if running else -1)):
             yield
     finally:
         scheduler.time, req_time_stats.time = saved
@@ -486,15 +488,19 @@ class _Run:
         # (when the abort reaches the scheduler, request id) of the requests whose clients give up
         self.aborts = sorted((r.abort_at, r.id) for r in pending if r.abort_at is not None)
         self.gone: set = set()  # aborted while queued
-        self.timed = False      # SGLANG_REQ_WAITING_TIMEOUT is on (_waiting_timeout)
+        self.timed = False      # SGLANG_REQ_WAITING_TIMEOUT or _RUNNING_TIMEOUT is on (_timeouts)
 
     def next_batch(self, runner):
         """Read the arrivals, then SGLang's ``get_next_batch_to_run`` (its admissions and chunks
         recorded as made now)."""
         x = self.x
         timed_out = x._poll_timeout_aborts() if self.timed else ()  # (decided before the arrivals are read)
+        # the arrivals and aborts since the last pass, in the order they were sent
+        # (``process_input_requests``): an abort before an arrival frees its queue slot first
+        while self.aborts and self.aborts[0][0] <= self.now:
+            self.ingest(runner, until=self.aborts[0][0])
+            self.abort(until=self.aborts[0][0])
         self.ingest(runner)
-        self.abort()
         for abort in timed_out:  # (they ride behind the arrivals: RequestReceiver.recv_requests)
             x.abort_request(abort)
         waiting = {id(req) for req in x.waiting_queue}
@@ -505,22 +511,25 @@ class _Run:
             self.planned(batch, waiting, self.now)
         return batch
 
-    def ingest(self, runner) -> None:
-        """Queue the requests that have arrived by now."""
+    def ingest(self, runner, until: float | None = None) -> None:
+        """Queue the requests that have arrived by now (before ``until``)."""
         pending = self.pending
-        while self.nxt < len(pending) and pending[self.nxt].arrival <= self.now:
+        last = self.now if until is None else until
+        while self.nxt < len(pending) and (pending[self.nxt].arrival < last if until is not None
+                                           else pending[self.nxt].arrival <= last):
             req = runner._request(self.x, pending[self.nxt])
             self.live[pending[self.nxt].id] = req
             self.x._add_request_to_queue(req)
             self.nxt += 1
 
-    def abort(self) -> None:
-        """The aborts that have reached the scheduler by now, read with the arrivals (SGLang's
-        ``process_input_requests`` -> ``Scheduler.abort_request``): a queued request leaves at
-        once, a chunked prefill at the next plan, a running one after one more pass."""
+    def abort(self, until: float | None = None) -> None:
+        """The aborts that have reached the scheduler by now (by ``until``), read with the arrivals
+        (SGLang's ``process_input_requests`` -> ``Scheduler.abort_request``): a queued request
+        leaves at once, a chunked prefill at the next plan, a running one after one more pass."""
         from sglang.srt.managers.io_struct import AbortReq
 
-        while self.aborts and self.aborts[0][0] <= self.now:
+        last = self.now if until is None else until
+        while self.aborts and self.aborts[0][0] <= last:
             _, rid = self.aborts.pop(0)
             req = self.live.get(rid)
             if req is not None and not req.finished():

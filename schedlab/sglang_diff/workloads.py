@@ -33,6 +33,9 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   preemption off, any policy, sometimes shared prefixes, chunking, tight memory and the
   ``priority`` retraction policy;
 * ``overlap_priority`` -- the ``priority`` group's case with overlap scheduling on;
+* ``priority_abort`` -- the ``priority`` group's case with about 40% of the clients giving up as in
+  ``abort`` and overlap scheduling in half: a request preempted or retracted after its abort was
+  read keeps it (SGLang's ``to_finish``) and runs once more when it is admitted again;
 * ``hrrn``       -- ``--schedule-policy hrrn`` (highest response ratio next, on prompt tokens
   prefilled), arrivals spread out, sometimes shared prefixes, chunking, tight memory or overlap
   scheduling;
@@ -42,7 +45,12 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   sometimes shared prefixes, chunking or overlap scheduling;
 * ``waiting_timeout`` -- ``SGLANG_REQ_WAITING_TIMEOUT`` of 1-15 ms (steps) and 1-3 slots: a request
   queued that long since it entered the queue is aborted; sometimes a queue limit, priorities,
-  tight memory (retracted requests enter again), shared prefixes, chunking or overlap scheduling.
+  tight memory (retracted requests enter again), shared prefixes, chunking or overlap scheduling;
+* ``running_timeout`` -- ``SGLANG_REQ_RUNNING_TIMEOUT`` of 1-40 ms (steps) and 1-3 slots: a request in
+  a batch that long after it was first scheduled is aborted as a client's abort is, one retracted
+  meanwhile once it is readmitted; sometimes clients that give up too (before or after), a
+  waiting timeout, a queue limit, priorities, tight memory, shared prefixes, chunking or overlap
+  scheduling.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -60,8 +68,8 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
-          "abort", "overlap_abort", "priority", "overlap_priority", "hrrn", "queue_limit",
-          "waiting_timeout")
+          "abort", "overlap_abort", "priority", "overlap_priority", "priority_abort", "hrrn", "queue_limit",
+          "waiting_timeout", "running_timeout")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -83,6 +91,12 @@ def generate(group: str, seed: int) -> Case:
     rng = random.Random(f"sglang:{group}:{seed}")
     if group == "priority":
         return _priority_case(rng, seed)
+    if group == "priority_abort":
+        case = _priority_case(rng, seed)
+        requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
+                    for r in case.requests]
+        settings = attrs.evolve(case.settings, overlap_schedule=rng.random() < 0.5)
+        return attrs.evolve(case, settings=settings, requests=requests, group=group)
     if group == "hrrn":
         return _hrrn_case(rng, seed)
     if group == "queue_limit":
@@ -92,6 +106,16 @@ def generate(group: str, seed: int) -> Case:
         settings = attrs.evolve(case.settings, waiting_timeout_ms=rng.randint(1, 15),
                                 max_queued_requests=rng.choice((0, 0, case.settings.max_queued_requests)))
         return attrs.evolve(case, settings=settings, group=group)
+    if group == "running_timeout":
+        case = _queue_limit_case(rng, seed)
+        settings = attrs.evolve(case.settings, running_timeout_ms=rng.randint(1, 40),
+                                waiting_timeout_ms=rng.choice((0, 0, 0, rng.randint(1, 15))),
+                                max_queued_requests=rng.choice((0, 0, 0, case.settings.max_queued_requests)))
+        requests = case.requests
+        if rng.random() < 0.3:  # clients that give up, before or after the server's limit
+            requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
+                        for r in requests]
+        return attrs.evolve(case, settings=settings, requests=requests, group=group)
     policy = {"lpm": "lpm", "dfs_weight": "dfs-weight"}.get(group) or rng.choice(
         ("fcfs", "lof") if group == "fcfs" else ("fcfs",) if group in ("chunked", "retract", "reserve", "mixed")
         else POLICIES)

@@ -478,10 +478,10 @@ def _check_async_scheduling(a: Assembled, where: str) -> None:
 
 
 def _check_queue_limit(a: Assembled, where: str) -> None:
-    """A scheduler's queue limit and waiting timeout (``max_queued_requests``,
-    ``waiting_timeout_ms``: SGLang's) are modelled on colocated instances and data-parallel
+    """A scheduler's queue limit and timeouts (``max_queued_requests``, ``waiting_timeout_ms``,
+    ``running_timeout_ms``: SGLang's) are modelled on colocated instances and data-parallel
     ranks: refuse the rest by name."""
-    for key in ("max_queued_requests", "waiting_timeout_ms"):
+    for key in ("max_queued_requests", "waiting_timeout_ms", "running_timeout_ms"):
         if not any(getattr(getattr(parts[0], "config", None), key, 0) for parts in a.instances):
             continue
         if a.pools is not None:
