@@ -870,3 +870,24 @@ def test_routers_count_a_queued_request_whose_running_time_is_up_as_staying():
     queued.server_abort = False  # its client's abort: it leaves
     ahead.note_leaving([(5.0, 0, queued), (5.0, 1, running)])
     assert (ahead.leaving, ahead.leaving_running) == (2, 1)
+
+
+def test_a_request_aborted_by_its_deadline_and_its_client_in_one_window_leaves_once():
+    """Found by hypothesis (data-parallel ranks, one rank): under overlap scheduling the running
+    timeout marks 7 to run once more (``to_finish``) and its client's abort then comes by the
+    start of that very iteration -- it was counted twice, leaving with its last token and
+    turned away "after its last token", in both engines."""
+    reqs = [Request(6, 90.875, 18, 14), Request(7, 119.0, 3, 2), Request(8, 126.875, 25, 1, max_tokens=1)]
+    cfg = SglangConfig(max_running_requests=2, max_prefill_tokens=16, chunked_prefill_size=8,
+                       init_new_token_ratio=0.0, new_token_ratio_decay_steps=1, clip_max_new_tokens=8,
+                       retract_decode_steps=0, overlap_schedule=True, priority_scheduling_preemption_threshold=0,
+                       max_queued_requests=1, running_timeout_ms=20.0)
+    cost = LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0, per_context_token_ms=0.015625)
+    from test_data_parallel import client_side
+
+    runs = [run_engine(reqs, SglangScheduler(cfg), LinearParallelCost(LinearCostModel(cost)), RadixKVCache(10, 4),
+                       engine=engine, client_side=client_side(40.0)) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-12)
+    check_run(runs[0], reqs)
+    assert runs[0].rejections == {6: RAN_TOO_LONG, 7: RAN_TOO_LONG, 8: RAN_TOO_LONG}
+    assert by_id(runs[0], "generated_tokens") == {6: 2, 7: 1, 8: 0}

@@ -1125,8 +1125,8 @@ class Instance:
             seq = entry[2]
             is_hit = (by_start or entry[0] > start) and ((seq.status == DECODING and plan.is_scheduled(seq)) or (
                 seq.status == PREFILLING and seq.plan_mark == serial and (completing is None or seq in completing)))
-            if is_hit and seq in hit:  # (its client's abort and the scheduler's time limit: engine.run_limit)
-                is_hit = False
+            if is_hit and (seq in hit or (self.to_finish is not None and seq in self.to_finish)):
+                is_hit = False  # (aborted already: its client and the scheduler's time limit, engine.run_limit)
             if is_hit:
                 hit.append(seq)
             if ahead is not None or not is_hit:

@@ -859,6 +859,8 @@ class ReferenceEngine:
             computed = set(decoders) | {s for s, _ in plan.prefills}
         else:
             computed = set(decoders) | {s for s, n in plan.prefills if s.num_computed_tokens + n == s.num_tokens}
+        if self.to_finish:  # (aborted already: its client and the scheduler's time limit, engine.run_limit)
+            computed -= self.to_finish
         hit = sorted((a for a in self.aborts if (a[0] <= self.now if loop_top else self.now < a[0] < end)
                       and a[2] in computed), key=lambda a: (a[0], a[1]))
         if self.ahead is None:
