@@ -474,6 +474,34 @@ def test_waiting_timeout_wakes_the_scheduler_when_it_ends(engine):
         assert by_id(r, "finish_ms") == {0: 37.0, 1: finish}
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_shortest_prefill_first_takes_the_fewest_tokens_to_prefill_with_a_prefix_cache(engine):
+    # One slot, three one-token answers queued at 0: prompts of 30, 10 and 20 (P = 0.125 ms a token).
+    # With the radix cache: R1 (10) -> 1.25, R2 (20) -> 3.75, R0 (30) -> 7.5. Without a prefix
+    # cache SGLang runs it as fcfs: R0 -> 3.75, R1 -> 5.0, R2 -> 7.5.
+    reqs = [Request(0, 0.0, 30, 1), Request(1, 0.0, 10, 1), Request(2, 0.0, 20, 1)]
+    for kv, finish in ((RadixKVCache(200, 1), {0: 7.5, 1: 1.25, 2: 3.75}),
+                       (PagedKVCache(200, 1), {0: 3.75, 1: 5.0, 2: 7.5})):
+        sched = SglangScheduler(_sync(max_running_requests=1, schedule_policy="shortest-prefill-first"))
+        assert by_id(run(reqs, sched, kv, engine), "finish_ms") == finish
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_shortest_prefill_first_chunks_one_prompt_at_a_time(engine):
+    # Chunks of 32, pages of 4. X (100 tokens) runs its first chunk [0, 4.0]; A, A2 (5 each) and B
+    # (30) arrive meanwhile. At 4.0 X has 68 to go: A and A2 are shorter and fit beside a page
+    # (charges 8 + 8 <= 28), B does not (8 + 8 + 32 > 28) -- X's chunk is cut to 32 - 16 = 16, A
+    # and A2 join (26 tokens -> 7.25), and B, which would need a chunk of its own, waits: SGLang
+    # tracks one chunked prompt. 7.25: X takes 32 (B's 32 would not fit beside it) -> 11.25;
+    # 11.25: X's last 20 and B's first 12 -> 15.25; B's last 18 -> 17.5.
+    reqs = [Request(0, 0.0, 100, 1), Request(1, 0.5, 5, 1), Request(2, 0.5, 5, 1), Request(3, 0.5, 30, 1)]
+    sched = SglangScheduler(_sync(schedule_policy="shortest-prefill-first", chunked_prefill_size=32))
+    r = run(reqs, sched, RadixKVCache(400, 4), engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 4.0, 2: 4.0, 3: 11.25}
+    assert by_id(r, "finish_ms") == {0: 15.25, 1: 7.25, 2: 7.25, 3: 17.5}
+    assert by_id(r, "prefill_chunks") == {0: 4, 1: 1, 2: 1, 3: 2}
+
+
 RAN_TOO_LONG = "Request running timeout reached."
 
 
@@ -568,7 +596,7 @@ def sglang_configs(draw):
         priority_scheduling_preemption_threshold=draw(st.sampled_from([0, 1, 10])),  # priorities are 0-2
         disable_priority_preemption=mixed or draw(st.booleans()),
         retraction_policy=draw(st.sampled_from(["length", "priority"])) if priorities else "length",
-        schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof", "hrrn"])),
+        schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof", "hrrn", "shortest-prefill-first"])),
         init_new_token_ratio=draw(st.sampled_from([0.0, 0.05, 0.7])),          # low: retractions are common
         min_new_token_ratio_factor=draw(st.sampled_from([0.14, 1.0])),
         new_token_ratio_decay_steps=draw(st.sampled_from([1, 5, 600])),

@@ -183,7 +183,8 @@ class SglangConfig:
     schedule_policy: str = str_field("fcfs", choices=POLICIES,
                                      help="waiting order: arrival, longest prefix match, depth-first by shared "
                                           "prefix, longest max_tokens, highest response ratio (tokens the server "
-                                          "ran since it queued over its uncached prompt; lpm, dfs-weight and hrrn "
+                                          "ran since it queued over its uncached prompt), fewest tokens to prefill "
+                                          "(a chunked prompt leaves room for shorter ones; all but fcfs and lof "
                                           "need a prefix cache)")
     ignore_eos: str = str_field("no_max_tokens", choices=IGNORE_EOS,
                                 help="which requests ignore EOS, so that admission counts their remaining tokens at "
@@ -704,7 +705,9 @@ class SglangScheduler:
             self.policy.matched.clear()
         rem_chunk = c.chunked_prefill_size - mixed_bs if c.chunked_prefill_size else None
         adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk, self._running_offset(plan))
-        if chunked is not None and not self._add_chunked(plan, chunked, adder):
+        if chunked is not None and not self._add_chunked(plan, chunked, adder, self.policy.chunk_limit(
+                plan.waiting, chunked.num_tokens - chunked.num_computed_tokens, adder.rem_chunk or 0,
+                plan.kv.block_size)):
             return False  # its chunk does not fit: the decodes run and free memory first
         kv = plan.kv
         touch = getattr(kv, "touch", None)
@@ -826,13 +829,15 @@ class SglangScheduler:
         (its whole ``max_new_tokens``, also after a retraction)."""
         return min(seq.request.max_output_tokens, self.config.clip_max_new_tokens)
 
-    def _add_chunked(self, plan, seq, adder: _Adder) -> bool:
-        """The chunked request's next chunk (``add_chunked_req``)."""
+    def _add_chunked(self, plan, seq, adder: _Adder, limit: int | None = None) -> bool:
+        """The chunked request's next chunk (``add_chunked_req``), at most ``limit`` tokens."""
         kv = plan.kv
         left = seq.num_tokens - seq.num_computed_tokens
         rem = min(adder.rem_chunk, int(adder.remaining(kv)))
         if rem <= 0:
             rem = adder.rem_chunk  # it must make progress to release its KV
+        if limit is not None and limit < rem:
+            rem = limit
         n = min(left, rem)
         if n <= 0 or not plan.prefill(seq, n):
             return False
@@ -861,6 +866,8 @@ class SglangScheduler:
         if adder.rem_chunk is None and adder.count and paged >= adder.rem_input:
             return OTHER
         if adder.rem_chunk is not None and paged > adder.rem_chunk:
+            if self._chunked is not None and self.config.schedule_policy == "shortest-prefill-first":
+                return OTHER  # (the chunked prompt goes on after this pass: one at a time; its cap left room)
             n = adder.rem_chunk // page * page
             n = (hit + n) // page * page - hit
             if n <= 0:

@@ -1,5 +1,5 @@
 """SGLang's waiting queue and its orders (``--schedule-policy``): ``fcfs``, ``lpm``,
-``dfs-weight``, ``lof``.
+``dfs-weight``, ``lof``, ``hrrn``, ``shortest-prefill-first``.
 
 Follows SGLang 0.5.23, ``python/sglang/srt/managers/schedule_policy.py``
 (``SchedulePolicy.calc_priority``). The waiting queue is a plain list that each prefill pass
@@ -24,11 +24,15 @@ vLLM, which puts preempted requests in front).
   batch counts what its batch object counted when formed as a prefill, as SGLang's does), over
   the prompt tokens it still needs (uncached), highest first; deprioritized as ``lpm``; ties by
   arrival (SGLang's: by request id, a random uuid in a server).
+* ``shortest-prefill-first`` (SGLang's, "experimental") -- the fewest tokens still to prefill
+  first (prompt and generated tokens less the cache hit, at least 1), deprioritized ones last as
+  ``lpm``, ties by queue entry. A chunked prompt in progress leaves room in its pass for the
+  shorter waiting prefills that fit the chunk budget (:meth:`Policy.chunk_limit`).
 
 The cache-aware orders ignore priorities.
 
-``lpm``, ``dfs-weight`` and ``hrrn`` need a prefix cache (without one they are ``fcfs``); above 128
-waiting requests ``lpm`` and ``hrrn`` do not sort (``_determine_active_policy``). They look every waiting
+``lpm``, ``dfs-weight``, ``hrrn`` and ``shortest-prefill-first`` need a prefix cache (without one
+they are ``fcfs``); above 128 waiting requests ``lpm`` and ``hrrn`` do not sort (``_determine_active_policy``). They look every waiting
 request up in the cache, and the other orders look the waiting requests up every 32nd pass
 (``_touch_waiting_prefixes``, at most 128, the head last): with the ``radix`` cache a lookup
 splits nodes and refreshes access times (``touch``), which decides what LRU eviction takes.
@@ -48,8 +52,8 @@ from typing import Callable
 from schedlab.queues import FcfsQueue
 from schedlab_plugins.kv_caches.prefix import block_key
 
-POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "hrrn")
-CACHE_AWARE = ("lpm", "dfs-weight", "hrrn")
+POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "hrrn", "shortest-prefill-first")
+CACHE_AWARE = ("lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
 #: ``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD`` and ``..._DEPRIORITIZE_THRESHOLD`` (tokens).
 IN_BATCH_CHECK_TOKENS = 32
 IN_BATCH_DEPRIORITIZE_TOKENS = 32
@@ -179,7 +183,27 @@ class Policy:
         #: ``seq_no -> tokens`` the cache-aware orders matched for each waiting request, if set
         #: to a dict (SGLang keeps the match as the request's ``prefix_len``)
         self.matched: dict | None = None
+        #: ``shortest-prefill-first``: ``seq_no -> tokens to prefill`` of this pass's sort (None:
+        #: another order, or no prefix cache)
+        self.work: dict | None = None
 
+    def chunk_limit(self, waiting, remaining: int, budget: int, page: int) -> int | None:
+        """``shortest_prefill_chunk_limit``: with ``shortest-prefill-first``, the most a chunked
+        prompt with ``remaining`` tokens to go may take of the pass's chunk ``budget`` -- the
+        budget less the pages of the waiting prefills shorter than it, in queue order, that fit
+        beside a page of it -- or None (no cap: another order, a budget under two pages, or no
+        shorter prefill that fits)."""
+        work = self.work
+        if work is None or budget < 2 * page:
+            return None
+        reserved = 0
+        for seq in waiting:
+            n = work[seq.seq_no]
+            charge = -(-n // page) * page
+            if n >= remaining or reserved + charge > budget - page:
+                break
+            reserved += charge
+        return (budget - reserved) // page * page if reserved else None
     def calc_priority(self, plan) -> None:
         """Re-sort ``plan.waiting`` for one prefill pass (``SchedulePolicy.calc_priority``)."""
         waiting = plan.waiting
@@ -189,6 +213,7 @@ class Policy:
         if active in CACHE_AWARE and not caching:
             active = "fcfs"  # (SGLang's configured policy, ``_validate_and_adjust_policy``)
         configured = active
+        self.work = None
         if active in ("lpm", "hrrn") and len(waiting) > LPM_MAX_QUEUE:
             active = "fcfs"
         sign = self.priority_sign
@@ -206,6 +231,11 @@ class Policy:
             hits, deferred = _prefix_matches(plan, self.matched)
             keys = _response_ratio_keys(waiting, hits, deferred)
             waiting.reorder(lambda seq: (keys[seq.seq_no], seq.seq_no))
+        elif active == "shortest-prefill-first":
+            hits, deferred = _prefix_matches(plan, self.matched)
+            entered = waiting.entered
+            self.work = {seq.seq_no: _prefill_work(seq, hits[seq.seq_no]) for seq in waiting}
+            waiting.reorder(lambda seq: (seq.seq_no in deferred, self.work[seq.seq_no], entered[seq.seq_no]))
         elif active == "dfs-weight":
             _touch_all(plan, self.matched)
             waiting.arrange(kv.dfs_weight_order(list(waiting)))
@@ -245,6 +275,13 @@ def _response_ratio_keys(waiting: SglangQueue, hits: dict, deferred: set) -> dic
         else:
             keys[n] = -max(0, processed - before.get(n, 0)) / uncached
     return keys
+
+
+def _prefill_work(seq, hit: int) -> int:
+    """``_shortest_prefill_work``: the tokens ``seq`` still has to prefill (prompt and generated
+    tokens, less its cache hit), at least 1."""
+    n = seq.num_tokens - hit
+    return n if n > 1 else 1
 
 
 def _prefix_matches(plan, matched_out: dict | None = None) -> tuple[dict, set]:

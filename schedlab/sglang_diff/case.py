@@ -11,7 +11,7 @@ from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine
 from schedlab.diffcheck.shrink import smaller
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof")  # (the groups' orders; ``hrrn`` has a group of its own)
-ORDERS = POLICIES + ("hrrn",)
+ORDERS = POLICIES + ("hrrn", "shortest-prefill-first")
 #: tokens SGLang keeps back when it bounds a request by the pool (``init_req_max_new_tokens``:
 #: ``max_new_tokens <= capacity - prompt - page_size - 1``) -- page size 1 here.
 POOL_MARGIN = 2

@@ -36,6 +36,8 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
 * ``priority_abort`` -- the ``priority`` group's case with about 40% of the clients giving up as in
   ``abort`` and overlap scheduling in half: a request preempted or retracted after its abort was
   read keeps it (SGLang's ``to_finish``) and runs once more when it is admitted again;
+* ``spf``        -- ``--schedule-policy shortest-prefill-first``: sometimes shared prefixes, chunking
+  in 60% (a chunked prompt leaves room for shorter waiting ones), tight memory or overlap scheduling;
 * ``hrrn``       -- ``--schedule-policy hrrn`` (highest response ratio next, on prompt tokens
   prefilled), arrivals spread out, sometimes shared prefixes, chunking, tight memory or overlap
   scheduling;
@@ -68,7 +70,7 @@ from schedlab.diffcheck.workloads import random_requests
 from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
-          "abort", "overlap_abort", "priority", "overlap_priority", "priority_abort", "hrrn", "queue_limit",
+          "abort", "overlap_abort", "priority", "overlap_priority", "priority_abort", "hrrn", "spf", "queue_limit",
           "waiting_timeout", "running_timeout")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
@@ -99,6 +101,12 @@ def generate(group: str, seed: int) -> Case:
         return attrs.evolve(case, settings=settings, requests=requests, group=group)
     if group == "hrrn":
         return _hrrn_case(rng, seed)
+    if group == "spf":
+        requests, _, tight, sizes = _sized(rng, prefixes_p=0.5, tight_p=0.3, chunk_p=0.6)
+        settings = SglangSettings(**sizes, schedule_policy="shortest-prefill-first",
+                                  schedule_conservativeness=rng.choice([0.1, 0.3, 1.0]) if tight else 1.0,
+                                  overlap_schedule=rng.random() < 0.5)
+        return Case(settings, requests, group=group, seed=seed)
     if group == "queue_limit":
         return _queue_limit_case(rng, seed)
     if group == "waiting_timeout":
