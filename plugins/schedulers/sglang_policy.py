@@ -32,8 +32,9 @@ vLLM, which puts preempted requests in front).
 The cache-aware orders ignore priorities.
 
 ``lpm``, ``dfs-weight``, ``hrrn`` and ``shortest-prefill-first`` need a prefix cache (without one
-they are ``fcfs``); above 128 waiting requests ``lpm`` and ``hrrn`` do not sort (``_determine_active_policy``). They look every waiting
-request up in the cache, and the other orders look the waiting requests up every 32nd pass
+they are ``fcfs``); above 128 waiting requests ``lpm`` and ``hrrn`` do not sort
+(``_determine_active_policy``). They look every waiting request up in the cache, and the other
+orders look the waiting requests up every 32nd pass
 (``_touch_waiting_prefixes``, at most 128, the head last): with the ``radix`` cache a lookup
 splits nodes and refreshes access times (``touch``), which decides what LRU eviction takes.
 These lookups match the whole prompt, where an admission's stops a token short.
@@ -204,6 +205,7 @@ class Policy:
                 break
             reserved += charge
         return (budget - reserved) // page * page if reserved else None
+
     def calc_priority(self, plan) -> None:
         """Re-sort ``plan.waiting`` for one prefill pass (``SchedulePolicy.calc_priority``)."""
         waiting = plan.waiting

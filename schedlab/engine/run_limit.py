@@ -29,8 +29,8 @@ DEFAULT_REASON = "running timeout reached"
 def deadline(seq, now: float, limit_ms: float, hangup_ms: float) -> float | None:
     """At an admission of ``seq`` at ``now`` (before ``first_scheduled_ms`` is written): when its
     running time is up -- ``limit_ms`` after its first admission; ``now`` if its time came while
-    it waited, so that the next plan hears it -- or None (no entry: not its first admission nor overdue, or its client's
-    abort comes first, at that time or before)."""
+    it waited, so that the next plan hears it -- or None (no entry: neither its first admission
+    nor overdue, or its client's abort comes first, at that time or before)."""
     if seq.first_scheduled_ms < 0:
         at = now + limit_ms
     elif seq.overdue:  # (heard at the next loop top, even one at this very time: planning ahead)
