@@ -340,7 +340,8 @@ class Plan(Protocol):
         ``seq`` -- a decode's, or a prompt's last chunk's --, which ``seq`` already counts but
         an engine planning ahead has not seen yet: SGLang's overlap scheduler plans with every
         such request one output token short. A finished sequence still holding its slot
-        (:meth:`RunningView.holding`) got its last token so."""
+        (:meth:`RunningView.holding`) got its last token so; one whose abort was read as that
+        batch started does not count the token it computes there (it is dropped)."""
         ...
 
     def unseen_finish(self, seq: SequenceState) -> bool:

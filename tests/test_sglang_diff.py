@@ -603,6 +603,24 @@ REPRODUCERS = {
                    schedule_policy="shortest-prefill-first"),
               (5, 0, 20, 1, None, 0, None), (6, 9, 1, 1, None, 0, 48)),
         {5: _o(0, 11, 11, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1), 6: _o(11, 12, 12, 0, 0, 1)}),
+    # 40. Overlap scheduling: a request whose running time is up at the loop top that starts the
+    # batch computing its token does not count that token (it is dropped, SGLang never appends it
+    # to its output before the abort ends it). At 57 3's time is up (first scheduled at 25, 32 ms):
+    # SGLang counts its 30 tokens for admission's offset, not 31, and the 0.9 token of room that
+    # leaves lets 5 (retracted at 53, its 7 + 26 tokens to recompute) in at 57 -- aborted in turn at
+    # 58, its time (26 + 32) having come while it waited -- so 1 starts at 58. Found on fresh seed
+    # 53016 (shrunk); the outcomes are SGLang's. (schedlab counted the dropped token: 5 and 1 a
+    # pass later.)
+    "40-overlap-a-request-aborted-at-the-loop-top-does-not-count-its-token-in-flight": (
+        _case(dict(max_total_tokens=107, max_running_requests=3, chunked_prefill_size=9, max_prefill_tokens=1,
+                   schedule_policy="lof", schedule_conservativeness=0.1, overlap_schedule=True,
+                   enable_priority_scheduling=True, priority_scheduling_preemption_threshold=1,
+                   retraction_policy="priority", running_timeout_ms=32),
+              (0, 1, 28, 11, None, 0, 28), (1, 3, 28, 49, None, 0, 49), (2, 6, 35, 14, None, 0, 14),
+              (3, 7, 2, 41, None, 0, 41), (5, 10, 7, 57, None, 0, 57), (6, 19, 18, 60, None, 0, 60),
+              priorities={0: 2, 1: 0, 2: 2, 3: 2, 5: 0, 6: 3}),
+        {0: _o(1, 5, 19, 0, 0, 9, 9, 9, 1), 1: _o(58, 63, None, 0, 0, 9, 9, 9, 1), 2: _o(6, 11, 24, 0, 0, 9, 9, 9, 8),
+         3: _o(25, 27, None, 0, 0, 2), 5: _o(26, 28, None, 1, 0, 7, 9), 6: _o(24, 26, None, 0, 0, 9, 9)}),
 }
 
 

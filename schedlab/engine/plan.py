@@ -131,7 +131,7 @@ class FastPlan:
         inst = self._inst
         ahead = inst.ahead
         return ahead is not None and ahead.planning and (
-            seq in ahead.held or inst.marks.got_token(seq, seq.status == DECODING))
+            seq in ahead.held or (inst.marks.got_token(seq, seq.status == DECODING) and seq not in ahead.ghosts))
 
     def unseen_finish(self, seq) -> bool:
         ahead = self._inst.ahead

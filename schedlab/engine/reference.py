@@ -158,7 +158,9 @@ class RefPlan:
 
     def token_in_flight(self, seq) -> bool:
         ahead = self._e.ahead
-        return ahead is not None and ahead.planning and (seq in ahead.fresh or seq in ahead.held)
+        # (a ghost's token, its abort read as the batch in progress started, is not counted: engine.ahead)
+        return ahead is not None and ahead.planning and ((seq in ahead.fresh and seq not in ahead.ghosts)
+                                                         or seq in ahead.held)
 
     def unseen_finish(self, seq) -> bool:
         ahead = self._e.ahead
