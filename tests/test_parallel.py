@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 import schedlab
@@ -209,3 +214,40 @@ def test_an_interrupted_pool_stops_its_running_workers_at_once():
     workers = list(ex._pool._processes.values())
     ex.close(now=True)
     assert workers and all(not w.is_alive() for w in workers)
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_workers_end_when_the_main_process_is_killed_outright(tmp_path):
+    """SIGKILL gives the main process no chance to stop its pool: each worker watches for it and
+    ends itself, rather than finishing (here: sleeping through) its task as an orphan."""
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        from schedlab.study.executor import ProcessExecutor
+        if __name__ == "__main__":
+            executor = ProcessExecutor(1)
+            worker = executor._pool.submit(os.getpid).result()
+            executor._pool.submit(time.sleep, 120)
+            time.sleep(0.5)
+            print(worker, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    out = tmp_path / "out.txt"
+    with open(out, "w") as fh:  # (a file, not a pipe: the fork server keeps the main's stdout open)
+        main = subprocess.Popen([sys.executable, str(script)], stdout=fh, stderr=subprocess.DEVNULL)
+        assert main.wait(timeout=120) == -signal.SIGKILL
+    worker = int(out.read_text().split()[0])
+    for _ in range(200):  # the watcher polls every second; allow for a loaded machine
+        if _gone(worker):
+            break
+        time.sleep(0.1)
+    assert _gone(worker)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator, Protocol
@@ -111,16 +113,46 @@ def _start_forkserver() -> None:
             os.environ["PYTHONSAFEPATH"] = saved
 
 
+def _main_is_gone(main_pid: int, parent_pid: int) -> bool:
+    """True once the process that started the pool has died (or the fork server it used has:
+    this process was handed to another parent)."""
+    if os.getppid() != parent_pid:
+        return True
+    try:
+        os.kill(main_pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # (a pid taken over by another user's process)
+        return True
+    return False
+
+
+def watch_main(main_pid: int, poll_s: float = 1.0) -> None:
+    """A worker's initializer: end this worker once ``main_pid`` is gone. A main process killed
+    outright (SIGKILL, the out-of-memory killer, ``subprocess.run``'s timeout) cannot stop its
+    workers, and a worker busy with a long simulation would otherwise run on, orphaned."""
+    parent_pid = os.getppid()
+
+    def watch():
+        while not _main_is_gone(main_pid, parent_pid):
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="schedlab-watch-main", daemon=True).start()
+
+
 class ProcessExecutor:
     """``jobs`` worker processes on this machine; a task behaves in them exactly as it would
-    anywhere else (it rebuilds its catalog, its seed is its own)."""
+    anywhere else (it rebuilds its catalog, its seed is its own). Each worker ends itself if this
+    process dies without stopping it (:func:`watch_main`)."""
 
     def __init__(self, jobs: int):
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ConfigError(f"--jobs must be a whole number >= 1, got {jobs!r}")
         self.workers = jobs
         self.description = f"{jobs} local processes"
-        self._pool = ProcessPoolExecutor(jobs, mp_context=_process_context())
+        self._pool = ProcessPoolExecutor(jobs, mp_context=_process_context(), initializer=watch_main,
+                                         initargs=(os.getpid(),))
 
     def submit(self, task: RunTask) -> Future:
         return self._pool.submit(execute, task)
