@@ -811,3 +811,20 @@ def test_a_partitioned_run_is_compared_once_whole_and_keeps_every_row(tmp_path, 
     for name, value in a["simulated"].items():
         tolerance = 2.5 * RELATIVE_ACCURACY if name.startswith("itl_ms.") and name != "itl_ms.mean" else 1e-9
         assert b["simulated"][name] == pytest.approx(value, rel=tolerance), name
+
+
+def test_an_autoscaler_deciding_faster_than_every_tenth_of_a_second_is_refused_when_read(tmp_path):
+    """interval_s = 1e-9 asked for a decision every nanosecond: the run crawled for minutes. A
+    tenth of a second is well below any real controller's period (HPA 15 s) and is refused below."""
+    from schedlab.errors import ConfigError
+
+    table = '{kind = "queue_length", target_per_instance = 3, interval_s = %s}'
+    with pytest.raises(ConfigError, match=r"interval_s: must be >= 0\.1"):
+        load_fleet(tmp_path, "cluster.instances=2", "cluster.autoscaler=" + table % "0.05")
+    assert load_fleet(tmp_path, "cluster.instances=2", "cluster.autoscaler=" + table % "0.1")
+
+
+def load_fleet(tmp_path, *overrides):
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    return load(path, list(overrides))

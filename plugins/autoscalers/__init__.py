@@ -33,8 +33,9 @@ class ScalingConfig:
                                           help="never more (default: [cluster] instances, the instances built)")
     initial: int | None = int_field(None, min=1, max=MAX_INSTANCES, optional=True,
                                     help="instances serving at the start, warm (default: min_instances)")
-    interval_s: float = float_field(15.0, min=0.0, min_exclusive=True,
-                                    help="seconds between decisions (HPA's sync period: 15 s)")
+    interval_s: float = float_field(15.0, min=0.1,
+                                    help="seconds between decisions (HPA's sync period: 15 s; at least 0.1: a "
+                                         "decision per step would only cost simulation time)")
     cold_start_s: float = float_field(60.0, min=0.0,
                                       help="seconds from starting an instance to its serving (pod start and weight "
                                            "loading), paid for")
