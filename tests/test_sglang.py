@@ -919,3 +919,16 @@ def test_a_request_aborted_by_its_deadline_and_its_client_in_one_window_leaves_o
     check_run(runs[0], reqs)
     assert runs[0].rejections == {6: RAN_TOO_LONG, 7: RAN_TOO_LONG, 8: RAN_TOO_LONG}
     assert by_id(runs[0], "generated_tokens") == {6: 2, 7: 1, 8: 0}
+
+
+def test_a_chunk_smaller_than_a_page_is_refused_when_the_run_is_built(tmp_path):
+    """SGLang cuts chunks to whole pages: with 8-token chunks and 16-token pages no prompt longer
+    than 8 tokens could start, and the run stalled with requests waiting and memory free."""
+    path = tmp_path / "exp.toml"
+    chunked = QUEUE_LIMITED.replace("max_queued_requests = 4", "chunked_prefill_size = %d")
+    path.write_text(chunked % 8 + "block_size = 16\n")
+    with pytest.raises(ConfigError, match=r"exp.toml.*\[scheduler\]: chunked_prefill_size = 8 is less than a page "
+                                          r"\(16 tokens, the KV cache's block_size\)"):
+        load(path)
+    path.write_text(chunked % 16 + "block_size = 16\n")
+    assert load(path).studies[0].base.tables["scheduler"]["chunked_prefill_size"] == 16

@@ -404,6 +404,15 @@ class SglangScheduler:
                                   timed=timed)
         return self._queue
 
+    def kv_problem(self, kv) -> str | None:
+        """A chunk smaller than a page: SGLang cuts each chunk to whole pages
+        (``PrefillAdder.add_one_req``), so a prompt longer than the chunk would never start."""
+        chunk = self.config.chunked_prefill_size
+        if 0 < chunk < kv.block_size:
+            return (f"chunked_prefill_size = {chunk} is less than a page ({kv.block_size} tokens, the KV cache's "
+                    "block_size): chunks are whole pages, so a longer prompt could never start")
+        return None
+
     def limit_request(self, request, kv):
         """``request`` with SGLang's ``max_new_tokens`` (``Scheduler.init_req_max_new_tokens``):
         cut to ``max_req_len - prompt - 1``, ``max_req_len`` being ``min(context, pool) - 1``

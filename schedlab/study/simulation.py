@@ -299,6 +299,10 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     for _ in range(count):
         scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]", parallelism)
                                for kind in ("scheduler", "cost_model", "kv_cache"))
+        problem = getattr(scheduler, "kv_problem", None)
+        problem = problem and problem(kv)
+        if problem:
+            raise ConfigError(f"{where} [{label}scheduler]: {problem}")
         if speculative is not None:
             _check_budget_for_drafts(scheduler, speculative, f"{where} [{label}scheduler]")
             cost = _drafting(ctx, speculative, cost, where)
