@@ -21,7 +21,7 @@ from .configs import field_help, from_table, toml_text
 from .errors import SchedlabError
 from .interrupts import SignalGuard, Terminated, acknowledge
 from .results import index_page
-from .results.folder import StagedFolder
+from .results.folder import StagedFiles, StagedFolder, record_entries
 from .study.simulation import build_component
 
 
@@ -37,6 +37,7 @@ def _reports(exp, names, skip=()):
 
 
 def cmd_run(args) -> int:
+    from .hunt.output import input_files
     from .study.experiment import load, run_experiment
     from .study.executor import closing, make_executor
 
@@ -56,7 +57,7 @@ def cmd_run(args) -> int:
     if replicated > 1:
         what += f", up to {replicated} replicas each"
     out = Path(args.out) if args.out else Path("results") / exp.name
-    with StagedFolder(out) as stage:  # checks --out before anything runs
+    with StagedFolder(out, reads=input_files(exp)) as stage:  # checks --out before anything runs
         print(f"schedlab: {exp.name}: {what}", file=sys.stderr)
         with closing(make_executor(args.backend, args.jobs, args.address)) as executor:
             results = run_experiment(exp, executor=executor)
@@ -115,11 +116,19 @@ def cmd_plot(args) -> int:
     table = reports.get("plots", {})
     report = entry.factory(from_table(entry.config, table if isinstance(table, dict) else {},
                                       where=f"{where}: [reports.plots]"))
-    written = report.write(results, Path(args.dir))
     table = reports.get("table", {})
     text = _table_text(catalog, results, table if isinstance(table, dict) else {}, where)
-    index_page.write(args.dir, results, table_text=text, experiment_settings=None,
-                     run_settings=_saved_run_settings(Path(args.dir)))
+    out = Path(args.dir)
+    with StagedFiles(out) as stage:  # a full disk leaves the folder as it was
+        report.write(results, stage.path)
+        written = stage.commit()
+    try:
+        index = index_page.write(out, results, table_text=text, experiment_settings=None,
+                                 run_settings=_saved_run_settings(out))
+        record_entries(out, [p.relative_to(out).parts[0] for p in (*written, index)])
+    except OSError as exc:
+        raise SchedlabError(f"{exc.filename or out}: cannot write it: {exc.strerror or exc} (the plots are "
+                            "written; run schedlab plot again to rewrite index.html)") from None
     print(f"schedlab: {len(written)} plots and index.html written to {args.dir}", file=sys.stderr)
     return 0
 

@@ -723,3 +723,65 @@ def test_overlay_errors_name_the_overlay():
 def test_tick_text_by_hand(value, text):
     from schedlab_plugins.reports.plot_common import tick_text
     assert tick_text(value) == text
+
+
+# -- damaged results folders -------------------------------------------------------------------------------
+
+
+def _copy_without_plots(lab, tmp_path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(lab["out"], copy)
+    shutil.rmtree(copy / "plots")
+    return copy
+
+
+@pytest.mark.parametrize("meta, kind", [(None, "null"), (5, "a number"), ("x", "a string"), ([], "an array")])
+def test_plot_refuses_a_summary_whose_meta_is_not_an_object(lab, tmp_path, capsys, meta, kind):
+    """Before: ``"meta": null`` ended in an AttributeError in plot_timeline.py."""
+    copy = _copy_without_plots(lab, tmp_path)
+    summary = json.loads((copy / "summary.json").read_text())
+    summary["studies"][1]["runs"][0]["meta"] = meta
+    (copy / "summary.json").write_text(json.dumps(summary))
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {copy}/summary.json: not a schedlab summary.json: "
+                                       f"studies[1].runs[0].meta is {kind}, not an object\n")
+    assert not (copy / "plots").exists()
+
+
+def test_timeline_copes_with_meta_values_of_the_wrong_type():
+    """A results folder's meta may hold anything: a text block count draws blocks, a text instance
+    count counts as one instance, an energy that is not a table draws no power panel."""
+    timeline = {"time_ms": [0, 10], "instance": [0, 0], "running": [1, 1], "waiting": [0, 0],
+                "kv_used": [20, 40], "preemptions": [0, 0]}
+    run = make_run("r", arrival=[0], first=[5], finish=[10], generated=[2], timeline=timeline,
+                   meta={"num_blocks": "80", "instances": 1, "energy": 5})
+    fig = timeline_figure(run, DPI)
+    assert len(fig.axes) == 3 and fig.axes[2].get_ylabel() == "KV in use\n(blocks)"
+    assert _lines(fig, "timeline:")["timeline:kv_used:0"].get_ydata().tolist() == [20, 40]
+    run = make_run("r", arrival=[0], first=[5], finish=[10], generated=[2], timeline=timeline,
+                   meta={"num_blocks": 80, "instances": "two"})
+    np.testing.assert_allclose(_lines(timeline_figure(run, DPI), "timeline:")["timeline:kv_used:0"].get_ydata(),
+                               [0.25, 0.5])
+
+
+def test_plot_refuses_a_requests_csv_cut_short(lab, tmp_path, capsys):
+    """Before: plots of the first 4 rows, drawn without a word, while summary.json said 40 requests."""
+    copy = _copy_without_plots(lab, tmp_path)
+    lines = (copy / "requests.csv").read_text().splitlines(keepends=True)
+    assert lines[1].startswith("static,")
+    (copy / "requests.csv").write_text("".join(lines[:5]))
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {copy}/requests.csv: has 4 rows of run 'static', but "
+                                       "summary.json counts 40 requests; is the file cut short? (run the experiment "
+                                       "again to rewrite it)\n")
+    assert not (copy / "plots").exists()
+
+
+def test_a_streamed_run_keeps_only_a_sample_of_its_rows():
+    """Past exact_requests, requests.csv holds a sample (meta["requests_sampled"]): not a file cut short."""
+    from schedlab.results.storage import short_run
+
+    run = make_run("big", arrival=[0, 0], first=[1, 1], finish=[2, 2], generated=[1, 1], metrics={"requests": 9})
+    assert short_run(ExperimentResults("e", "", [Study("big", "run", [run])], {})) == ("big", 2, 9)
+    run.meta["requests_sampled"] = 2
+    assert short_run(ExperimentResults("e", "", [Study("big", "run", [run])], {})) is None

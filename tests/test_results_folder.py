@@ -4,6 +4,7 @@ and runs that end cleanly on Ctrl-C and SIGTERM."""
 from __future__ import annotations
 
 import base64
+import errno
 import html
 import json
 import os
@@ -85,12 +86,12 @@ def test_a_run_failing_while_writing_leaves_the_previous_folder_untouched(previo
 def test_a_new_run_replaces_the_whole_folder(previous, tmp_path):
     """Files of the previous run that the new one does not write (its plots) do not linger."""
     out = copy_of(previous, tmp_path)
-    (out / "notes-from-last-time.txt").write_text("stale")
     assert (out / "plots").is_dir()
     assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 0
-    assert not (out / "plots").exists() and not (out / "notes-from-last-time.txt").exists()
+    assert not (out / "plots").exists()
     assert {p.name for p in out.iterdir()} == {"summary.txt", "summary.json", "summary.csv", "requests.csv",
-                                               "timeline.csv", "config.json", "timings.json", "index.html"}
+                                               "timeline.csv", "config.json", "timings.json", "index.html",
+                                               ".schedlab-results"}
     assert leftovers(tmp_path) == []
 
 
@@ -237,3 +238,284 @@ def test_index_renders_in_headless_chromium_with_every_image_loaded(previous, tm
     assert attributes["images"] == str(len(list((previous / "plots").glob("*.png")))) == "3"
     assert attributes["broken"] == ""
     assert int(attributes["table"]) > 100
+
+
+# -- what --out may replace (the manifest) ----------------------------------------------------------------
+
+
+PREVIOUS_ENTRIES = ["config.json", "index.html", "plots", "requests.csv", "summary.csv", "summary.json", "summary.txt",
+                    "timeline.csv", "timings.json"]
+
+
+def test_a_results_folder_lists_what_schedlab_wrote(previous):
+    manifest = json.loads((previous / ".schedlab-results").read_text())
+    assert manifest["entries"] == PREVIOUS_ENTRIES
+
+
+def test_a_folder_with_a_stray_summary_json_is_not_emptied(tmp_path, capsys):
+    """Before: an empty summary.json was enough for --out to delete the project around it."""
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "summary.json").write_text("")
+    (proj / "src" / "main.py").write_text("print(1)\n")
+    (proj / "thesis.tex").write_text("thesis\n")
+    before = snapshot(proj)
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(proj)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"schedlab: error: --out {proj}: is a folder with other files in it (not one schedlab wrote: no "
+                   ".schedlab-results, nor an index.html or summary.json of schedlab's); a run replaces its results "
+                   "folder whole, so name a new or empty folder\n")
+    assert snapshot(proj) == before and leftovers(tmp_path) == []
+
+
+def test_a_hunt_does_not_empty_a_folder_with_a_stray_summary_json(tmp_path, capsys):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "summary.json").write_text("")
+    (proj / "thesis.tex").write_text("thesis\n")
+    assert main(["hunt", str(ROOT / "experiments" / "hunt" / "chunked_ttft.toml"), "--out", str(proj)]) == 2
+    assert "is a folder with other files in it" in capsys.readouterr().err
+    assert sorted(p.name for p in proj.iterdir()) == ["summary.json", "thesis.tex"]
+
+
+@pytest.mark.parametrize("added, shown", [
+    (["notes.txt", "src/"], "notes.txt, src"),
+    (["e.txt", "a.txt", "d/", "c.txt", "b.txt"], "a.txt, b.txt, c.txt and 2 more"),
+])
+def test_files_added_to_a_results_folder_are_not_deleted(previous, tmp_path, capsys, added, shown):
+    """Before: notes written into a results folder went with it at the next run."""
+    out = copy_of(previous, tmp_path)
+    for name in added:
+        if name.endswith("/"):
+            (out / name / "kept.py").parent.mkdir()
+            (out / name / "kept.py").write_text("x")
+        else:
+            (out / name).write_text("mine")
+    before = snapshot(out)
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: --out {out}: holds files schedlab did not write ({shown}); "
+                                       "a run replaces its results folder whole, so move them or name another "
+                                       "folder\n")
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("litter", [".DS_Store", ".summary.json.k3j_x9a2.tmp"])
+def test_browser_litter_and_an_interrupted_write_do_not_block_a_run(previous, tmp_path, litter):
+    out = copy_of(previous, tmp_path)
+    (out / litter).write_text("x")
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 0
+    assert not (out / litter).exists() and not (out / "plots").exists()
+
+
+def _older(previous: Path, tmp_path: Path, keep: str) -> Path:
+    """A results folder as a schedlab without manifests wrote it, reduced to ``keep``'s marker."""
+    out = copy_of(previous, tmp_path)
+    (out / ".schedlab-results").unlink()
+    if keep == "summary.json":
+        (out / "index.html").unlink()
+    elif keep == "index.html":
+        (out / "summary.json").unlink()
+    elif keep == "hunt.json":  # a hunt's folder: no index.html, no summary.json
+        (out / "index.html").unlink()
+        (out / "summary.json").unlink()
+        (out / "hunt.json").write_text(json.dumps({"goal": "maximise x", "objective": "x", "search": {}}))
+    return out
+
+
+@pytest.mark.parametrize("keep", ["summary.json", "index.html", "hunt.json"])
+def test_folders_written_before_manifests_are_still_replaced(previous, tmp_path, keep):
+    out = _older(previous, tmp_path, keep)
+    (out / "notes.txt").write_text("older folders had no manifest to tell")
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [".schedlab-results"] + [n for n in PREVIOUS_ENTRIES if n != "plots"])
+
+
+@pytest.mark.parametrize("summary", ["", "{}", '{"experiment": "x", "studies": [{"name": "a"}]}'])
+def test_an_older_folder_needs_a_summary_json_schedlab_wrote(previous, tmp_path, capsys, summary):
+    out = _older(previous, tmp_path, "summary.json")
+    (out / "summary.json").write_text(summary)
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 2
+    assert "is a folder with other files in it" in capsys.readouterr().err
+    assert (out / "requests.csv").read_bytes() == (previous / "requests.csv").read_bytes()
+
+
+# -- --out must not hold what the run reads ---------------------------------------------------------------
+
+
+def _results_holding_the_experiment(previous: Path, tmp_path: Path) -> Path:
+    """A results folder with the experiment and its requests in it, listed as if schedlab wrote
+    them (as a hunt writes counterexample.toml and counterexample.jsonl)."""
+    from schedlab.results.folder import record_entries
+
+    out = copy_of(previous, tmp_path)
+    shutil.copy(QUICKSTART, out / "exp.toml")
+    shutil.copy(ROOT / "experiments" / "data" / "requests.json", out / "requests.json")
+    record_entries(out, ["exp.toml", "requests.json"])
+    return out
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "results/exp.toml", "--set", 'workload.path="requests.json"'],
+    ["run", "exp.toml", "--set", 'workload.path="results/requests.json"'],
+    ["run", "sweep.toml"],  # one sweep point reads the request file in the folder
+])
+def test_a_run_does_not_replace_the_folder_holding_its_inputs(previous, tmp_path, capsys, monkeypatch, command):
+    """Before: replaying a hunt's counterexample into the hunt's folder deleted the counterexample."""
+    out = _results_holding_the_experiment(previous, tmp_path)
+    shutil.copy(QUICKSTART, tmp_path / "exp.toml")
+    shutil.copy(ROOT / "experiments" / "data" / "requests.json", tmp_path / "requests.json")
+    (tmp_path / "sweep.toml").write_text(QUICKSTART.read_text().replace(
+        "[workload]", '[sweep]\n"workload.path" = ["requests.json", "results/requests.json"]\n\n[workload]'))
+    before = snapshot(out)
+    monkeypatch.chdir(tmp_path)
+    assert main(command + ["--no-plots", "--out", "results"]) == 2
+    read = command[1] if command[1].startswith("results/") else "results/requests.json"
+    assert capsys.readouterr().err == (f"schedlab: error: --out results: holds {read}, which this run reads; a run "
+                                       "replaces its results folder whole, so name another folder\n")
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_the_same_run_into_another_folder_and_the_folder_itself_are_fine(previous, tmp_path, monkeypatch):
+    """The check above refuses only what the run reads: the inputs themselves are usable."""
+    _results_holding_the_experiment(previous, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "results/exp.toml", "--set", 'workload.path="requests.json"', "--no-plots",
+                 "--out", "again"]) == 0
+    assert json.loads(Path("again/summary.json").read_text())["experiment"] == "quickstart"
+
+
+def test_a_hunt_does_not_replace_the_folder_holding_its_file(previous, tmp_path, capsys, monkeypatch):
+    out = copy_of(previous, tmp_path)
+    shutil.copy(ROOT / "experiments" / "hunt" / "chunked_ttft.toml", out / "hunt.toml")
+    monkeypatch.chdir(tmp_path)
+    assert main(["hunt", "results/hunt.toml", "--out", "results"]) == 2
+    assert capsys.readouterr().err == ("schedlab: error: --out results: holds results/hunt.toml, which this run "
+                                       "reads; a run replaces its results folder whole, so name another folder\n")
+    assert (out / "hunt.toml").is_file()
+
+
+# -- a symbolic link as --out ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("existing", [True, False])
+def test_a_linked_out_is_written_through(previous, tmp_path, existing):
+    """Before: the link was replaced by a real folder, on the link's file system."""
+    big = tmp_path / "bigdisk"
+    big.mkdir()
+    if existing:
+        copy_of(previous, big)
+    (tmp_path / "link").symlink_to(Path("bigdisk") / "results")
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(tmp_path / "link")]) == 0
+    assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == "bigdisk/results"
+    assert sorted(p.name for p in (big / "results").iterdir()) == sorted(
+        [".schedlab-results"] + [n for n in PREVIOUS_ENTRIES if n != "plots"])
+    assert leftovers(tmp_path) == [] and leftovers(big) == []
+
+
+def test_a_linked_out_holding_foreign_files_is_refused(tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "thesis.tex").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(tmp_path / "link")]) == 2
+    assert "is a folder with other files in it" in capsys.readouterr().err
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "elsewhere" / "thesis.tex").read_text() == "x"
+
+
+# -- a full disk or a read-only file system while writing -----------------------------------------------------
+
+
+class FullDisk:
+    """What ``os.fdopen`` gives on a full disk: every write fails with ENOSPC (as ``write(2)`` does, naming no file)."""
+
+    def __init__(self, fh):
+        self.fh = fh
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+    def fileno(self):
+        return self.fh.fileno()
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def fill_the_disk(monkeypatch):
+    from schedlab.results import storage
+
+    real = os.fdopen
+    monkeypatch.setattr(storage.os, "fdopen", lambda fd, *args, **kw: FullDisk(real(fd, *args, **kw)))
+
+
+def test_a_full_disk_ends_a_run_with_one_line_and_keeps_the_previous_results(previous, tmp_path, capsys,
+                                                                              monkeypatch):
+    """Before: a traceback ending in storage.py ``fh.write(data)``."""
+    out = copy_of(previous, tmp_path)
+    before = snapshot(out)
+    fill_the_disk(monkeypatch)
+    assert main(["run", str(QUICKSTART), "--jobs", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    # the table report writes first: summary.txt is the first file to fail
+    assert err.splitlines()[-1] == (f"schedlab: error: --out {out}: cannot write {out}/summary.txt: No space left "
+                                    "on device; no results were written (a previous results folder is left as it "
+                                    "was)")
+    assert "Traceback" not in err
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_a_full_disk_while_plotting_leaves_no_half_written_plots(previous, tmp_path, capsys, monkeypatch):
+    """Before: a traceback, and an empty plots/ folder left behind."""
+    out = copy_of(previous, tmp_path)
+    shutil.rmtree(out / "plots")
+    before = snapshot(out)
+    fill_the_disk(monkeypatch)
+    assert main(["plot", str(out)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {out}: cannot write {out}/plots/latency_cdf.png: No space "
+                                       "left on device; nothing in the folder was changed\n")
+    assert snapshot(out) == before
+    assert sorted(p.name for p in out.iterdir()) == [".schedlab-results"] + [n for n in PREVIOUS_ENTRIES
+                                                                              if n != "plots"]
+
+
+def test_plotting_on_a_read_only_file_system_says_so(previous, tmp_path, capsys, monkeypatch):
+    """Before: ``OSError: [Errno 30] Read-only file system: 'rofs/res/plots'``."""
+    from schedlab.results import folder
+
+    out = copy_of(previous, tmp_path)
+    before = snapshot(out)
+
+    def read_only(prefix="", suffix="", dir=None):
+        raise OSError(errno.EROFS, "Read-only file system", os.path.join(dir, prefix + "x" + suffix))
+
+    monkeypatch.setattr(folder.tempfile, "mkdtemp", read_only)
+    assert main(["plot", str(out)]) == 2
+    assert capsys.readouterr().err == f"schedlab: error: {out}: cannot write there: Read-only file system\n"
+    assert snapshot(out) == before
+
+
+def test_plot_records_its_files_in_the_manifest(previous, tmp_path):
+    """A --no-plots folder plotted later: plots/ is schedlab's, so the next run may replace it."""
+    out = tmp_path / "res"
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 0
+    assert "plots" not in json.loads((out / ".schedlab-results").read_text())["entries"]
+    assert main(["plot", str(out)]) == 0
+    assert json.loads((out / ".schedlab-results").read_text())["entries"] == PREVIOUS_ENTRIES
+    assert main(["run", str(QUICKSTART), "--no-plots", "--out", str(out)]) == 0
+    assert not (out / "plots").exists()
+
+
+def test_a_hunt_file_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    """``write`` on a full disk names no file; the hunt's writer adds it, so the message can say which."""
+    from schedlab.hunt.output import write_text
+
+    def full(self, *args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError) as caught:
+        write_text(tmp_path, "hunt.json", "{}")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "hunt.json")

@@ -34,12 +34,17 @@ def has_timeline(run) -> bool:
     return run.timeline.get("time_ms", np.empty(0)).size > 0
 
 
-def _blocks_per_instance(run) -> float | None:
-    blocks = run.meta.get("num_blocks")
-    instances = run.meta.get("instances") or 1
-    if not isinstance(blocks, (int, float)) or not blocks or blocks != blocks:
+def _number(value) -> float | None:
+    """``value`` as a positive finite number, or None (a results folder's meta may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         return None
-    return float(blocks) / float(instances)
+    return float(value)
+
+
+def _blocks_per_instance(run) -> float | None:
+    blocks = _number(run.meta.get("num_blocks"))
+    instances = _number(run.meta.get("instances")) or 1.0
+    return None if blocks is None else blocks / instances
 
 
 def instance_series(run) -> list[tuple[int, dict[str, np.ndarray]]]:
@@ -123,8 +128,9 @@ def _trend_segment(fit: dict) -> tuple[list[float], list[float]]:
 def has_power(run) -> bool:
     """True when the run metered energy and its timeline rows carry it."""
     energy_j = run.timeline.get("energy_j")
-    return bool(run.meta.get("energy")) and energy_j is not None and energy_j.size > 0 \
-        and not np.isnan(energy_j).all()
+    energy = run.meta.get("energy")
+    return isinstance(energy, dict) and isinstance(energy.get("instances"), list) and bool(energy["instances"]) \
+        and energy_j is not None and energy_j.size > 0 and not np.isnan(energy_j).all()
 
 
 def _power_panel(ax, run, several: bool) -> None:

@@ -21,11 +21,12 @@ def add_arguments(p) -> None:
 def command(args) -> int:
     from ..results.folder import StagedFolder
     from .hunt import hunt_on, load_hunt, replay_value
+    from .output import input_files
     from .report import summary_lines, write_outcome
 
     hunt = load_hunt(args.file, args.set)
     out = Path(args.out) if args.out else Path("results") / hunt.name
-    with StagedFolder(out) as stage:
+    with StagedFolder(out, reads=input_files(hunt.experiment)) as stage:  # checks --out before anything runs
         print(f"schedlab: {hunt.name}: {hunt.goal.describe()}; {hunt.space.dimension} coordinates, "
               f"{len(hunt.runs)} runs per workload", file=sys.stderr)
         outcome = hunt_on(hunt, args.backend, args.jobs, args.address)

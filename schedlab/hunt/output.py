@@ -66,6 +66,32 @@ def path_keys(catalog) -> set[str]:
     return keys
 
 
+def input_files(experiment) -> list[Path]:
+    """The files ``experiment`` reads: its own file and the value of every path setting (see
+    :func:`path_keys`) in its tables, its runs' (``--set`` overrides included) and its sweep
+    points, relative ones resolved against the experiment file's folder as the runs resolve them."""
+    keys = path_keys(experiment.context.catalog)
+    base = experiment.context.base_dir
+    found = [Path(experiment.path)]
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if str(key).rsplit(".", 1)[-1] in keys and isinstance(item, str) and item.strip():
+                    found.append(Path(base, os.path.expanduser(item)))
+                else:
+                    walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(experiment.raw)
+    for study in experiment.studies:
+        walk(study.base.tables)
+        walk(list(study.sweep or ()))  # points are {dotted key: value}
+    return list(dict.fromkeys(found))
+
+
 def rebase_paths(value: Any, keys: set[str], source: str | os.PathLike, target: str | os.PathLike) -> Any:
     """``value`` with every relative path under one of ``keys`` (written relative to ``source``)
     made relative to ``target`` instead."""
@@ -120,9 +146,15 @@ def summary_json(payload: dict[str, Any]) -> str:
 
 
 def write_text(folder: Path, name: str, text: str | bytes) -> Path:
+    """Write ``folder/name``; a failed write (a full disk) names the file, as ``write`` itself does not."""
     path = folder / name
-    if isinstance(text, bytes):
-        path.write_bytes(text)
-    else:
-        path.write_text(text, encoding="utf-8")
+    try:
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
     return path

@@ -5,31 +5,54 @@ once all of them are written, renames it to ``DIR``; a previous ``DIR`` is renam
 first and deleted after. A run that fails, is interrupted (Ctrl-C, SIGTERM) or is killed
 leaves ``DIR`` as it was -- never new summary files next to the previous run's
 ``requests.csv`` -- and, only after SIGKILL or a power cut, a hidden ``.DIR.*.tmp`` folder.
-Signals wait while the two renames run, so an interrupt cannot fall between them.
+Signals wait while the two renames run, so an interrupt cannot fall between them. A full disk
+or a read-only file system while writing ends in one message naming the file (see
+:meth:`StagedFolder.__exit__`). A ``DIR`` that is a symbolic link is written through: the
+folder it points to is replaced (staged beside it, so the rename stays on its file system).
 
 Because ``DIR`` is replaced as a whole, an existing ``DIR`` must be empty or a results folder
-(it has an ``index.html`` written by schedlab, a ``summary.json`` or a ``summary.txt``): a
-mistyped ``--out ~`` is refused rather than emptied. Folders and files get the usual
-permissions (``0o777`` and ``0o666`` less the umask), as ``mkdir`` and ``open`` would give.
+that holds nothing schedlab did not write: every results folder gets a manifest
+(:data:`MANIFEST`, listing its top-level files and folders), and a folder with files the
+manifest does not list (notes, a source tree) is refused rather than emptied, as is a
+mistyped ``--out ~``. A folder written before manifests existed counts as a results folder
+when its ``index.html`` carries schedlab's generator tag or its ``summary.json`` (or a hunt's
+``hunt.json``) is one schedlab wrote. ``DIR`` must not hold a file the run reads either (the
+experiment file, a request file): replacing the folder would delete it. Folders and files get
+the usual permissions (``0o777`` and ``0o666`` less the umask), as ``mkdir`` and ``open`` would give.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import re
 import shutil
 import signal
 import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterable
 
 from .. import interrupts
 from ..errors import ConfigError
 
-#: What marks a folder as one schedlab may replace (besides being empty).
-RESULT_MARKERS = ("summary.json", "summary.txt")
 INDEX = "index.html"
 GENERATOR_TAG = '<meta name="generator" content="schedlab">'
+#: The hidden file listing what schedlab wrote in a results folder (top-level names).
+MANIFEST = ".schedlab-results"
+#: Files a desktop's file browser leaves in any folder it shows: replacing them loses nothing.
+BROWSER_LITTER = (".DS_Store", "Thumbs.db", "desktop.ini")
+#: A temporary file or folder of an interrupted write into ``<name>`` (``.<name>.<random>.tmp``).
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp")
+#: The ``<name>`` of :class:`StagedFiles`' temporary folder.
+STAGED_FILES = "schedlab-files"
+#: Errors that mean the disk cannot take the results (rather than a bug elsewhere).
+WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
+                         if hasattr(errno, name))
+#: How many files a refusal names.
+SHOWN = 3
 
 
 def current_umask() -> int:
@@ -44,53 +67,166 @@ def usual_mode(kind: str = "file") -> int:
     return (0o777 if kind == "folder" else 0o666) & ~current_umask()
 
 
-def is_results_folder(path: Path) -> bool:
-    """True for an empty folder or one a schedlab run wrote (see the module doc)."""
-    try:
-        names = set(os.listdir(path))
-    except OSError:
-        return False
-    if not names or names & set(RESULT_MARKERS):
-        return True
-    if INDEX in names:
-        try:
-            with open(path / INDEX, encoding="utf-8", errors="replace") as fh:
-                return GENERATOR_TAG in fh.read(4096)
-        except OSError:
-            return False
-    return False
-
-
 def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def check_destination(out: Path) -> None:
+def target_of(out: str | os.PathLike) -> Path:
+    """The folder ``--out out`` writes: ``out`` itself, or where it points when it is a symbolic link."""
+    out = Path(out)
+    try:
+        return Path(os.path.realpath(out)) if out.is_symlink() else out
+    except OSError:  # e.g. a name too long: no link there (check_destination says what is wrong)
+        return out
+
+
+# -- the manifest --------------------------------------------------------------------------------------
+
+
+def write_manifest(folder: Path) -> None:
+    """List ``folder``'s top-level entries in its :data:`MANIFEST` (a folder being staged: no one else writes it)."""
+    names = sorted(n for n in os.listdir(folder) if n != MANIFEST)
+    with open(folder / MANIFEST, "w", encoding="utf-8") as fh:
+        fh.write(_manifest_text(names))
+
+
+def _manifest_text(names: Iterable[str]) -> str:
+    return json.dumps({"written_by": "schedlab", "entries": sorted(names),
+                       "note": "what schedlab wrote here; schedlab replaces this folder only while it holds "
+                               "nothing else"}, indent=1) + "\n"
+
+
+def manifest_entries(folder: Path) -> set[str] | None:
+    """The names ``folder``'s manifest lists, or None when it has none (or one schedlab did not write)."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(n, str) for n in entries):
+        return None
+    return set(entries)
+
+
+def record_entries(folder: str | os.PathLike, names: Iterable[str]) -> None:
+    """Add ``names`` (written into results folder ``folder`` in place, e.g. by ``schedlab plot``)
+    to its manifest; a folder without one (written by an older schedlab) is left without."""
+    from .storage import atomic_write  # storage imports this module
+
+    folder = Path(folder)
+    listed = manifest_entries(folder)
+    if listed is not None and not set(names) <= listed:
+        atomic_write(folder / MANIFEST, _manifest_text(listed | set(names)))
+
+
+# -- what may be replaced ------------------------------------------------------------------------------------
+
+
+def foreign_entries(names: Iterable[str], listed: set[str]) -> list[str]:
+    """The entries among ``names`` (a folder's) that neither its manifest (``listed``) lists nor
+    schedlab leaves behind (an interrupted write's temporary file)."""
+    def ours(name: str) -> bool:
+        leftover = _LEFTOVER.fullmatch(name)
+        return (name in listed or name == MANIFEST or name in BROWSER_LITTER
+                or (leftover is not None and leftover.group("name") in (*listed, STAGED_FILES)))
+
+    return sorted(n for n in names if not ours(n))
+
+
+def _written_by_older_schedlab(folder: Path, names: set[str]) -> bool:
+    """A folder without a manifest: its index.html carries the generator tag, or its summary.json
+    (hunt.json) is one schedlab wrote -- a stray or empty ``summary.json`` does not count."""
+    from .storage import summary_problem  # storage imports this module
+
+    if INDEX in names:
+        try:
+            with open(folder / INDEX, encoding="utf-8", errors="replace") as fh:
+                if GENERATOR_TAG in fh.read(4096):
+                    return True
+        except OSError:
+            pass
+    summary = _json_file(folder / "summary.json") if "summary.json" in names else None
+    if summary is not None and summary_problem(summary) is None:
+        return True
+    hunt = _json_file(folder / "hunt.json") if "hunt.json" in names else None
+    return isinstance(hunt, dict) and isinstance(hunt.get("goal"), str) and isinstance(hunt.get("search"), dict)
+
+
+def _json_file(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def replace_problem(folder: Path) -> str | None:
+    """Why the existing folder ``folder`` may not be replaced by a results folder, or None (see the module doc)."""
+    try:
+        names = set(os.listdir(folder))
+    except OSError as exc:
+        return f"cannot list the folder's files: {_why(exc)}"
+    if not names:
+        return None
+    listed = manifest_entries(folder) if MANIFEST in names else None
+    if listed is not None:
+        foreign = foreign_entries(names, listed)
+        if not foreign:
+            return None
+        shown = ", ".join(foreign[:SHOWN]) + (f" and {len(foreign) - SHOWN} more" if len(foreign) > SHOWN else "")
+        return (f"holds files schedlab did not write ({shown}); a run replaces its results folder whole, "
+                "so move them or name another folder")
+    if _written_by_older_schedlab(folder, names):
+        return None
+    return (f"is a folder with other files in it (not one schedlab wrote: no {MANIFEST}, nor an index.html or "
+            "summary.json of schedlab's); a run replaces its results folder whole, so name a new or empty folder")
+
+
+def _inside(path: str | os.PathLike, folder: Path) -> bool:
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, root]) == root
+
+
+def check_destination(out: str | os.PathLike, reads: Iterable[str | os.PathLike] = ()) -> None:
     """Refuse an ``--out`` that cannot become a results folder, before anything runs.
 
+    :param reads: files the run reads (the experiment file, request files): ``out`` must not hold one.
     :raises ConfigError: ``out`` is a file (or a device such as ``/dev/null``) or lies under one,
-        is a folder that is not a results folder, or has a name too long for its file system.
+        is a folder that may not be replaced (see the module doc) or holds one of ``reads``, or
+        has a name too long for its file system.
     """
+    out = Path(out)
+    target = target_of(out)
     name_max = 255
-    existing = next((p for p in out.parents if _exists(p)), Path("."))
+    existing = next((p for p in target.parents if _exists(p)), Path("."))
     if not existing.is_dir():
         raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
     try:
         name_max = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):
         pass
-    too_long = [p.name for p in (out, *out.parents) if len(os.fsencode(p.name)) > name_max]
-    if len(os.fsencode(out.name)) > name_max - 16:  # room for the hidden sibling's prefix and suffix
-        too_long.insert(0, out.name)
+    too_long = [p.name for p in (target, *target.parents) if len(os.fsencode(p.name)) > name_max]
+    if len(os.fsencode(target.name)) > name_max - 16:  # room for the hidden sibling's prefix and suffix
+        too_long.insert(0, target.name)
     if too_long:
         raise ConfigError(f"--out {out}: the name {too_long[0][:40]}... is too long for the file system "
                           f"({len(os.fsencode(too_long[0]))} bytes; results folder names at most {name_max - 16})")
-    if _exists(out):
-        if not out.is_dir():
-            raise ConfigError(f"--out {out}: exists and is not a folder; results are a folder of files")
-        if not is_results_folder(out):
-            raise ConfigError(f"--out {out}: is a folder with other files in it (no summary.json or schedlab "
-                              "index.html); a run replaces its results folder whole, so name a new or empty folder")
+    if not _exists(target):
+        return
+    if not target.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder; results are a folder of files")
+    read = next((Path(p) for p in reads if _inside(p, target)), None)
+    if read is not None:
+        raise ConfigError(f"--out {out}: holds {_shown(read)}, which this run reads; a run replaces its results folder "
+                          "whole, so name another folder")
+    problem = replace_problem(target)
+    if problem:
+        raise ConfigError(f"--out {out}: {problem}")
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder when it lies under it (as a user would type it)."""
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith(os.pardir) else str(path)
 
 
 def _exists(path: Path) -> bool:
@@ -100,23 +236,53 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def _shown_path(exc: OSError, staged: Path, shown: Path) -> Path | None:
+    """Where ``exc`` happened as the user names it (``shown`` for the staging folder ``staged``),
+    or None when it names no file under ``staged``."""
+    name = exc.filename
+    if not isinstance(name, (str, bytes, os.PathLike)):
+        return None
+    name = os.fsdecode(name)
+    if not _inside(name, staged):
+        return None
+    rel = os.path.relpath(os.path.realpath(name), os.path.realpath(staged))
+    return shown if rel == "." else shown / rel
+
+
+def write_problem(exc: BaseException, staged: Path | None, shown: Path) -> str | None:
+    """``"cannot write <file>: <reason>"`` when ``exc`` is a failed write into ``staged`` (a full
+    disk, a read-only file system, ...), the file named as it would be under ``shown``; else None."""
+    if not isinstance(exc, OSError) or staged is None:
+        return None
+    where = _shown_path(exc, staged, shown)
+    if where is not None:
+        return f"cannot write {where}: {_why(exc)}"
+    if exc.errno in WRITE_ERRNOS and exc.filename is None:
+        return f"cannot write the results: {_why(exc)}"
+    return None
+
+
 class StagedFolder:
     """``with StagedFolder(out) as stage:`` write into ``stage.path``, then ``stage.commit()``.
 
     Leaving the block without ``commit`` (an error, an interrupt) deletes the staging folder.
+    ``reads``: the files the run reads (see :func:`check_destination`).
     """
 
-    def __init__(self, out: str | os.PathLike):
+    def __init__(self, out: str | os.PathLike, reads: Iterable[str | os.PathLike] = ()):
         self.out = Path(out)
+        self.reads = tuple(reads)
+        self.target = self.out
         self.path: Path | None = None
         self.committed = False
 
     def __enter__(self) -> "StagedFolder":
         out = self.out
-        check_destination(out)
+        check_destination(out, self.reads)
+        self.target = target = target_of(out)
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            self.path = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.path = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
             os.chmod(self.path, usual_mode("folder"))
         except OSError as exc:
             raise ConfigError(f"--out {out}: cannot create the results folder there: {_why(exc)}") from None
@@ -124,26 +290,78 @@ class StagedFolder:
 
     def commit(self) -> Path:
         """Put the staged folder in place of ``out`` (renaming any previous one aside first)."""
-        out, staged = self.out, self.path
+        out, target, staged = self.out, self.target, self.path
+        try:
+            write_manifest(staged)
+        except OSError as exc:
+            raise ConfigError(f"--out {out}: cannot write {out / MANIFEST}: {_why(exc)}; no results were written "
+                              "(a previous results folder is left as it was)") from None
         with _signals_deferred():
             try:
-                if out.is_dir() and os.listdir(out):
-                    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-                    os.rename(out, old / "previous")
-                    os.rename(staged, out)
+                if target.is_dir() and os.listdir(target):
+                    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+                    os.rename(target, old / "previous")
+                    os.rename(staged, target)
                     shutil.rmtree(old, ignore_errors=True)
                 else:
-                    os.replace(staged, out)  # replaces an empty folder too
+                    os.replace(staged, target)  # replaces an empty folder too
             except OSError as exc:
                 raise ConfigError(f"--out {out}: cannot put the results in place: {_why(exc)}") from None
             self.committed = True
         return out
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """Delete the staging folder unless committed; a failed write (a full disk) becomes one message."""
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             interrupts.acknowledge()  # seen: do not raise it again while cleaning up
+        problem = write_problem(exc, self.path, self.out) if not self.committed else None
         if not self.committed and self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
+        if problem:
+            raise ConfigError(f"--out {self.out}: {problem}; no results were written (a previous results folder "
+                              "is left as it was)") from None
+
+
+class StagedFiles:
+    """``with StagedFiles(folder) as stage:`` write files into ``stage.path`` (a hidden folder
+    inside ``folder``), then ``stage.commit()`` moves each to the same place under ``folder``.
+
+    Used to add files to an existing folder (``schedlab plot``): nothing in ``folder`` changes
+    until every file is written, so a full disk leaves no half-written plots folder behind.
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self.path: Path | None = None
+
+    def __enter__(self) -> "StagedFiles":
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=f".{STAGED_FILES}.", suffix=".tmp", dir=self.folder))
+        except OSError as exc:
+            raise ConfigError(f"{self.folder}: cannot write there: {_why(exc)}") from None
+        return self
+
+    def commit(self) -> list[Path]:
+        """Move the staged files in place (replacing files of the same name); returns their new paths."""
+        moved = []
+        try:
+            for source in sorted(p for p in self.path.rglob("*") if p.is_file()):
+                path = self.folder / source.relative_to(self.path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, path)
+                moved.append(path)
+        except OSError as exc:
+            raise ConfigError(f"{self.folder}: cannot put the new files in place: {_why(exc)}") from None
+        return moved
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            interrupts.acknowledge()
+        problem = write_problem(exc, self.path, self.folder)
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+        if problem:
+            raise ConfigError(f"{self.folder}: {problem}; nothing in the folder was changed") from None
 
 
 @contextmanager

@@ -59,18 +59,29 @@ def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
     """Write ``path`` completely or not at all (temporary file + rename), with the permissions
     ``open`` would give a new file (``0o666`` less the umask; ``mkstemp`` alone gives ``0o600``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode() if isinstance(text, str) else text
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
-        os.fchmod(fd, usual_mode())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), usual_mode())
             fh.write(data)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as exc:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and _names_no_or_a_temporary_file(exc, path):
+            exc.filename, exc.filename2 = str(path), None  # a full disk names no file: say which
         raise
+
+
+def _names_no_or_a_temporary_file(exc: OSError, path: Path) -> bool:
+    name = exc.filename
+    if name is None:
+        return True
+    name = os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else ""
+    return os.path.dirname(name) == str(path.parent) and os.path.basename(name).startswith(f".{path.name}.")
 
 
 def jsonable(value: Any) -> Any:
@@ -284,9 +295,19 @@ SUMMARY_LAYOUT = {
     "summary": {"experiment": str, "studies": list},
     "study": {"name": str, "kind": str, "runs": list},
     "run": {"name": str, "metrics": dict},
+    "replica": {"name": str, "metrics": dict},
     "search": {"status": str, "message": str, "probes": list},
     "probe": {"holds": bool},
 }
+
+
+#: Keys :func:`load` reads when present: key -> type, per level (a run's ``"meta": null`` is refused).
+SUMMARY_OPTIONAL = {
+    "run": {"point": dict, "meta": dict, "counters": dict, "intervals": dict, "replicas": list},
+    "replica": {"counters": dict},
+}
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "true or false", type(None): "null",
+               int: "a number", float: "a number"}
 
 
 def summary_problem(data: Any) -> str | None:
@@ -297,6 +318,15 @@ def summary_problem(data: Any) -> str | None:
         for key, kind in SUMMARY_LAYOUT[level].items():
             if not isinstance(node.get(key), kind):
                 return f"{where} has no {key!r} ({kind.__name__})"
+        for key, kind in SUMMARY_OPTIONAL.get(level, {}).items():
+            if key in node and not isinstance(node[key], kind):
+                return f"{where}.{key} is {_JSON_KINDS.get(type(node[key]), type(node[key]).__name__)}, " \
+                       f"not {_JSON_KINDS[kind]}"
+        if level == "run":
+            for k, replica in enumerate(node.get("replicas", ())):
+                found = problem(replica, "replica", f"{where}.replicas[{k}]")
+                if found:
+                    return found
         return None
 
     found = problem(data, "summary", "the file")
@@ -410,8 +440,28 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             plan = SavedPlan.from_json(s["plan"])
         studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", ""),
                              plan))
-    return ExperimentResults(summary["experiment"], summary.get("source", ""), studies,
-                             {"reports": summary.get("reports", {})})
+    results = ExperimentResults(summary["experiment"], summary.get("source", ""), studies,
+                                {"reports": summary.get("reports", {})})
+    short = short_run(results)
+    if short is not None:
+        name, rows, expected = short
+        raise SchedlabError(f"{out / 'requests.csv'}: has {rows} rows of run {name!r}, but summary.json counts "
+                            f"{expected} requests; is the file cut short? (run the experiment again to rewrite it)")
+    return results
+
+
+def short_run(results: ExperimentResults) -> tuple[str, int, int] | None:
+    """``(run, rows, requests)`` of the first run whose rows read back from requests.csv are not
+    the requests its summary counts (a file cut short), or None. A run past ``exact_requests``
+    keeps only a sample there (``meta["requests_sampled"]``), so it is not checked."""
+    for run in results.simulated_runs():
+        expected = run.metrics.get("requests")
+        if "requests_sampled" in run.meta or isinstance(expected, bool) or not isinstance(expected, int):
+            continue
+        rows = int(run.requests["id"].size)
+        if rows != expected:
+            return run.name, rows, expected
+    return None
 
 
 def _restore_nan(value):
