@@ -79,7 +79,11 @@ def test_the_report_divides_each_sweeps_goodput_by_its_gpus(tmp_path):
 def test_a_panel_naming_no_sweep_is_an_error_that_lists_the_sweeps(tmp_path):
     path = tmp_path / "g.toml"
     path.write_text(textwrap.dedent(TOML.replace("{panels}", 'panels = {both = ["one", "pdd"]}')))
+    with pytest.raises(ConfigError, match=r"\[reports.goodput\]: panels.both: 'pdd' is not a sweep over "
+                                          r"workload.rate; sweeps: one, pd"):
+        load(path)  # when the file is read, before anything runs
+    path.write_text(textwrap.dedent(TOML.replace("{panels}", 'panels = {both = ["one", "pd"]}')))
     results = run_experiment(load(path))
-    config = GoodputConfig(panels={"both": ["one", "pdd"]})
+    config = GoodputConfig(panels={"both": ["one", "pdd"]})  # (and when written, e.g. by schedlab plot)
     with pytest.raises(ConfigError, match=r"panels.both: 'pdd' is not a sweep over workload.rate; sweeps: one, pd"):
         GoodputReport(config, stream=open(tmp_path / "out.txt", "w")).write(results, tmp_path)

@@ -508,3 +508,84 @@ def test_rebase_paths_rewrites_relative_path_settings_only():
     assert rebased["cost_model"] == {"kind": "profiled", "profile": "../../data/p", "model": "m"}
     assert rebased["workload"] == {"kind": "file", "path": "/abs/requests.jsonl", "nested": {"path": "../../x.csv"}}
     assert rebased["scheduler"] == tables["scheduler"]  # not a path setting
+
+
+# -- every name checked when the file is read: settings, optional metrics, deep expressions ------------
+
+
+def _refused(tmp_path, text: str, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_hunt(write(tmp_path, text), list(overrides), plugin_objects=(PlantedBugs(),))
+    return str(info.value)
+
+
+def _with_objective(objective: str, more: str = "") -> str:
+    old = 'property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"'
+    return textwrap.dedent(STARVER).replace(old, f'objective = "{objective}"') + textwrap.dedent(more)
+
+
+@pytest.mark.parametrize("key, message", [
+    ("runs.nope.scheduler.max_num_seqs", "runs.nope.scheduler.max_num_seqs: no such run; runs: buggy, fcfs "
+                                         "(write runs.<run>.<table>.<key>)"),
+    ("workload.rate", "workload.rate: a hunt makes every candidate's workload from [hunt.workload]; "
+                      "give workload ranges there"),
+    ("runs.fcfs.nope.max_num_seqs", "runs.fcfs.nope.max_num_seqs: write <table>.<key> or runs.<run>.<table>.<key>"),
+    ("max_num_seqs", "max_num_seqs: write <table>.<key> or runs.<run>.<table>.<key>"),
+])
+def test_hunt_settings_name_a_run_and_a_table(tmp_path, key, message):
+    text = textwrap.dedent(STARVER) + f'[hunt.settings]\n"{key}" = [4, 64]\n'
+    assert _refused(tmp_path, text).startswith(f"{tmp_path / 'hunt.toml'}: [hunt.settings]: {message}")
+
+
+def test_metrics_a_run_cannot_have_are_refused_when_the_file_is_read(tmp_path):
+    where = f"{tmp_path / 'hunt.toml'}: [hunt] objective"
+    assert _refused(tmp_path, _with_objective("runs.buggy.slo.attainment")) == (
+        f"{where}: runs.buggy.slo.attainment: 'slo.attainment' needs [slo] targets (ttft_ms, tpot_ms), "
+        "and run 'buggy' has none")
+    assert _refused(tmp_path, _with_objective("runs.buggy.per_class.nope.ttft_ms.p99")) == (
+        f"{where}: runs.buggy.per_class.nope.ttft_ms.p99: no request class 'nope'; per_class needs several "
+        "classes in [hunt.workload.classes]")
+    classes = "[hunt.workload.classes.chat]\n[hunt.workload.classes.batch]\n"
+    assert _refused(tmp_path, _with_objective("runs.buggy.per_class.nope.ttft_ms.p99", classes)) == (
+        f"{where}: runs.buggy.per_class.nope.ttft_ms.p99: no request class 'nope'; classes: batch, chat")
+    hunt = load_hunt(write(tmp_path, _with_objective("runs.buggy.per_class.chat.slo.attainment",
+                                                     classes + "[slo]\nttft_ms = 100\n")),
+                     plugin_objects=(PlantedBugs(),))
+    assert hunt.goal.expression.names == ("runs.buggy.per_class.chat.slo.attainment",)
+
+
+def test_an_unknown_optimiser_is_refused_when_the_file_is_read(tmp_path):
+    text = textwrap.dedent(STARVER).replace("[hunt]\n", "[hunt]\noptimizer = 'NoSuchOpt'\n")
+    assert _refused(tmp_path, text).startswith(
+        f"{tmp_path / 'hunt.toml'}: [hunt]: optimizer: Nevergrad has no optimiser 'NoSuchOpt'; e.g. "
+        "PortfolioDiscreteOnePlusOne")
+
+
+def test_set_on_the_workload_says_to_set_the_hunts_bounds(tmp_path):
+    assert _refused(tmp_path, STARVER, ["workload.rate=3"]) == (
+        "--set workload.rate: a hunt makes every candidate's workload from [hunt.workload]; set its range with "
+        "--set hunt.workload.rate=[low, high]")
+    assert _refused(tmp_path, STARVER, ["runs.fcfs.workload.num_requests=3"]).endswith(
+        "set its range with --set hunt.workload.requests=[low, high]")
+    hunt = load_hunt(write(tmp_path, STARVER), ["hunt.workload.rate=[2.0, 3.0]"], plugin_objects=(PlantedBugs(),))
+    assert hunt.space.workload.rate == (2.0, 3.0)
+
+
+def test_deep_expressions_are_refused_and_long_sums_evaluate():
+    with pytest.raises(ConfigError, match=r"nested more than 50 levels deep \(parentheses, minus signs, function"):
+        parse_expression("(" * 250 + "runs.off.ttft_ms.p99" + ")" * 250)
+    with pytest.raises(ConfigError, match="nested more than 50 levels deep"):
+        parse_expression("-" * 3000 + "1")
+    assert parse_expression("(" * 50 + "2" + ")" * 50).value({}.get) == 2.0  # the deepest allowed
+    assert parse_expression("- - 3").value({}.get) == 3.0
+    total = parse_expression(" + ".join(["runs.a.x"] * 3000) + " - 1")
+    assert total.value({"runs.a.x": 0.5}.get) == 1499.0 and total.names == ("runs.a.x",)
+    assert parse_expression(" * ".join(["2"] * 1000) + " / 2" * 999).value({}.get) == 2.0
+
+
+def test_a_condition_may_compare_with_a_negative_number():
+    c = parse_condition("runs.off.ttft_ms.p99 - runs.chunked.ttft_ms.p99 > -5")
+    assert (c.op, c.threshold, c.text) == (">", -5.0, "runs.off.ttft_ms.p99 - runs.chunked.ttft_ms.p99 > -5")
+    assert c.holds(-4.0) and not c.holds(-5.0) and c.violation(-7.0) == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="expected EXPRESSION OP NUMBER"):
+        parse_condition("runs.a.x > -")

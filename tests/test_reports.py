@@ -242,3 +242,123 @@ def test_compare_png_is_planned_only_when_asked_and_for_single_runs_only():
     assert set(_bars(fig)) == {f"bar:{GOODPUT}:a", f"best:{GOODPUT}:b"}  # the sweep point (9.0) is not a bar
     only_sweep = ExperimentResults("exp", "", [sweep], {})
     assert "compare.png" not in [p.filename for p in plan(only_sweep, config)]
+
+
+# -- report settings naming runs, keys and metrics: checked when the file is read ----------------------
+
+SWEEPS = '''
+[experiment]
+name = "b"
+reports = ["table", "json", "plots", "goodput", "crossover"]
+[workload]
+kind = "synthetic"
+num_requests = 4
+prompt = {dist = "fixed", value = 10}
+output = {dist = "fixed", value = 2}
+arrival = "poisson"
+rate = 10
+[slo]
+ttft_ms = 100
+[[runs]]
+name = "a"
+sweep = {"workload.rate" = [1, 2]}
+[[runs]]
+name = "b"
+sweep = {"workload.rate" = [1, 2]}
+[[runs]]
+name = "c"
+sweep = {"scheduler.max_num_seqs" = [1, 2]}
+scheduler = {kind = "continuous"}
+[[runs]]
+name = "one"
+[reports.crossover]
+baseline = "a"
+load = "workload.rate"
+'''
+
+
+def _load_reports(tmp_path, extra: str, text: str = SWEEPS):
+    from schedlab.study.experiment import load
+
+    path = tmp_path / "exp.toml"
+    path.write_text(text + extra)
+    return path, load(path)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('[reports.plots]\noverlays = {x = ["a", "nope"]}\n',
+     "[reports.plots]: overlays.x: no study named 'nope'; the experiment has: a, b, c, one"),
+    ('[reports.plots]\noverlays = {x = ["a", "c"]}\n',
+     "[reports.plots]: overlays.x: sweep 'c' varies 'scheduler.max_num_seqs', not 'workload.rate' like 'a'"),
+    ('[reports.crossover]\nbaseline = "nope"\nload = "workload.rate"\n',
+     "[reports.crossover]: baseline 'nope' must be a sweep over 'workload.rate' (there is no run named 'nope'); "
+     "sweeps over it: a, b"),
+    ('[reports.crossover]\nbaseline = "one"\nload = "workload.rate"\n',
+     "[reports.crossover]: baseline 'one' must be a sweep over 'workload.rate' ('one' is a single run); "
+     "sweeps over it: a, b"),
+    ('[reports.crossover]\nbaseline = "a"\nload = "workload.nope"\n',
+     "[reports.crossover]: baseline 'a' must be a sweep over 'workload.nope' ('a' sweeps workload.rate); "
+     "sweeps over it: none"),
+    ('[reports.crossover]\nbaseline = "a"\nload = "workload.rate"\nstudies = ["nope"]\n',
+     "[reports.crossover]: studies: 'nope' is not a sweep over 'workload.rate' (there is no run named 'nope'); "
+     "sweeps over it: a, b"),
+    ('[reports.crossover]\nbaseline = "a"\nload = "workload.rate"\nstudies = ["a"]\n',
+     "[reports.crossover]: studies: 'a' is the baseline; list the sweeps compared with it"),
+    ('[reports.goodput]\npanels = {x = ["nope"]}\n',
+     "[reports.goodput]: panels.x: 'nope' is not a sweep over workload.rate; sweeps: a, b"),
+    ('[reports.goodput]\nrate_key = "workload.nope"\n',
+     "[reports.goodput]: rate_key: no sweep over 'workload.nope', so no goodput to find; swept keys: "
+     "scheduler.max_num_seqs, workload.rate"),
+    ('[reports.table]\nbaseline = "nope"\n',
+     "[reports.table]: baseline: no replicated single run named 'nope' (the paired differences compare [[runs]] "
+     "entries with replicas > 1 and no sweep, search or plan); they are: none"),
+])
+def test_report_settings_naming_no_such_run_or_key_fail_when_the_file_is_read(tmp_path, extra, message):
+    text = SWEEPS.split("[reports.crossover]")[0] if extra.startswith("[reports.crossover]") else SWEEPS
+    with pytest.raises(ConfigError) as info:
+        _load_reports(tmp_path, extra, text)
+    assert str(info.value) == f"{tmp_path / 'exp.toml'}: {message}"
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('metric = "nope"\n', "[reports.crossover]: metric: unknown metric 'nope': metrics are requests, finished,"),
+    ('ratios = ["ttft_ms.p999"]\n', "[reports.crossover]: ratios: unknown metric 'ttft_ms.p999': 'ttft_ms' has mean,"),
+    ('[reports.goodput]\nmetric = "nope"\n', "[reports.goodput]: metric: unknown metric 'nope': metrics are"),
+    ('[reports.goodput]\nmetrics = ["tpot_ms"]\n', "[reports.goodput]: metrics: 'tpot_ms' is a group of metrics"),
+])
+def test_unknown_metric_names_in_reports_fail_when_the_file_is_read(tmp_path, extra, message):
+    with pytest.raises(ConfigError) as info:
+        _load_reports(tmp_path, extra)
+    assert str(info.value).startswith(f"{tmp_path / 'exp.toml'}: {message}")
+
+
+def test_slo_metrics_in_reports_need_slo_targets(tmp_path):
+    no_slo = SWEEPS.replace("[slo]\nttft_ms = 100\n", "")
+    with pytest.raises(ConfigError) as info:
+        _load_reports(tmp_path, "[reports.goodput]\nattainment = 0.5\n", no_slo)
+    assert str(info.value) == (f"{tmp_path / 'exp.toml'}: [reports.goodput]: metric: 'slo.attainment' needs [slo] "
+                               "targets (ttft_ms, tpot_ms), and runs 'a', 'b' have none")
+    with pytest.raises(ConfigError, match=r"\[reports.crossover\]: ratios: 'slo.goodput_rps' needs \[slo\] targets"):
+        _load_reports(tmp_path, 'ratios = ["slo.goodput_rps"]\n', no_slo.replace('"goodput", ', ""))
+    _, exp = _load_reports(tmp_path, '[reports.goodput]\nmetrics = ["tpot_ms.p90"]\n')  # with [slo]: fine
+    assert [s.kind for s in exp.studies] == ["sweep", "sweep", "sweep", "run"]
+
+
+def test_validate_refuses_a_report_naming_no_such_run_before_anything_runs(tmp_path, capsys):
+    path = tmp_path / "exp.toml"
+    path.write_text(SWEEPS + '[reports.plots]\noverlays = {x = ["nope"]}\n')
+    assert main(["validate", str(path)]) == 2
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("[reports.plots]: overlays.x: no study named 'nope'") == 2
+    assert "simulations" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_run_name_no_font_can_draw_leaks_no_warning(recwarn):
+    from schedlab_plugins.reports.plot_common import new_figure
+    from schedlab_plugins.reports.plots import png_bytes
+
+    fig = new_figure(3, 2, DPI)
+    fig.subplots().set_title("a\0b")  # a NUL: no font has it
+    assert png_bytes(fig, DPI)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [str(w.message) for w in recwarn] == []

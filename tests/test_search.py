@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, example, given, settings, strategies as st
 
 from schedlab.errors import ConfigError
+from schedlab.study.experiment import load
 from schedlab.study.search import Constraint, Probe, max_search_probes, parse_constraint, search
 
 METRICS = {"ttft_ms": {"p50": 80.0, "p99": 200.0}, "throughput_tps": 950.0, "finished": 12}
@@ -390,3 +391,101 @@ def test_non_monotone_metric_still_ends_consistently(span, passing, maximize):
         assert out.failing == (0 if maximize else span) and out.failing not in passing
     else:
         assert out.value == (span if maximize else 0) and out.value in passing
+
+
+
+# --- [search] tables and their neighbours, checked when the experiment file is read ---------------
+
+PLAIN_FILE = """\
+[experiment]
+name = "s"
+reports = ["table"]
+[workload]
+kind = "synthetic"
+num_requests = 4
+prompt = {dist = "fixed", value = 10}
+output = {dist = "fixed", value = 2}
+arrival = "poisson"
+rate = 10
+"""
+SEARCH = """\
+[search]
+key = "workload.rate"
+constraint = "ttft_ms.p99 <= 200"
+"""
+
+
+def _write(tmp_path, text: str, name: str = "s.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("bounds, message", [
+    ("low = 1.0\nhigh = 8.0\ntolerance = 0\n", "[search]: tolerance: must be a positive number, got 0"),
+    ("low = 1.0\nhigh = 8.0\ntolerance = -0.5\n", "[search]: tolerance: must be a positive number, got -0.5"),
+    ("low = 1.0\nhigh = 8.0\n", "[search]: tolerance: a search over real values"),
+    ("low = 1.0\nhigh = inf\ntolerance = 0.5\n", "[search]: high: must be a finite number, got inf"),
+    # an integer range of N = 2**40 - 1 needs 2 * ceil(log2(N + 1)) = 80 probes (module docstring)
+    ("low = 1\nhigh = 1099511627776\n", "[search]: the search over workload.rate in [1, 1099511627776] "
+                                         "may need 80 runs, more than the limit of 64; narrow the range"),
+])
+def test_a_search_the_runs_would_refuse_is_refused_when_the_file_is_read(tmp_path, bounds, message):
+    path = _write(tmp_path, PLAIN_FILE + SEARCH + bounds)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path}: {message}")
+    assert "max_probes" not in str(info.value)  # not a setting of the file
+
+
+def test_a_tiny_tolerance_is_refused_with_what_to_change(tmp_path):
+    path = _write(tmp_path, PLAIN_FILE + SEARCH + "low = 1.0\nhigh = 1000.0\ntolerance = 1e-300\n")
+    with pytest.raises(ConfigError, match=r": \[search\]: the search over workload.rate in \[1, 1000\] may need "
+                                          r"\d+ runs, more than the limit of 64; narrow the range or raise the "
+                                          r"tolerance$"):
+        load(path)
+    path = _write(tmp_path, PLAIN_FILE + SEARCH + "low = 1.0\nhigh = 1000.0\ntolerance = 0.5\n")
+    assert load(path).studies[0].search.tolerance == 0.5
+
+
+def test_an_slo_constraint_needs_slo_targets_when_the_file_is_read(tmp_path):
+    text = PLAIN_FILE + SEARCH.replace('"ttft_ms.p99 <= 200"', '"slo.attainment >= 0.9"') + "low = 1\nhigh = 8\n"
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value) == (f"{path}: [search]: constraint: 'slo.attainment' needs [slo] targets "
+                               "(ttft_ms, tpot_ms), and run 's' has none")
+    path = _write(tmp_path, text + "[slo]\nttft_ms = 100\n")
+    assert load(path).studies[0].search.constraint == "slo.attainment >= 0.9"
+
+
+def test_a_constraint_may_have_a_negative_threshold():
+    c = parse_constraint("throughput_tps > -5")
+    assert (c.metric, c.op, c.threshold) == ("throughput_tps", ">", -5.0)
+    assert c.holds({"throughput_tps": -4.0}) and not c.holds({"throughput_tps": -6.0})
+
+
+def test_a_sweep_listing_one_number_twice_is_refused(tmp_path):
+    path = _write(tmp_path, PLAIN_FILE + '[sweep]\n"workload.rate" = [1, 2, 1.0]\n')
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value) == f"{path}: [sweep]: 'workload.rate' lists 1 and 1.0, the same number"
+    path = _write(tmp_path, PLAIN_FILE + '[sweep]\n"workload.rate" = [1, 2.5]\n')
+    assert load(path).studies[0].sweep == [{"workload.rate": 1}, {"workload.rate": 2.5}]
+
+
+def test_reports_listed_twice_are_refused(tmp_path):
+    path = _write(tmp_path, PLAIN_FILE.replace('reports = ["table"]', 'reports = ["table", "json", "table"]'))
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value) == f"{path}: [experiment]: reports: lists 'table' twice"
+
+
+def test_a_byte_order_mark_is_skipped_and_deep_nesting_is_a_toml_error(tmp_path):
+    path = _write(tmp_path, PLAIN_FILE, "bom.toml")
+    path.write_bytes(b"\xef\xbb\xbf" + PLAIN_FILE.encode())
+    assert load(path).raw == load(_write(tmp_path, PLAIN_FILE)).raw
+    path = _write(tmp_path, "a = " + "[" * 500 + "]" * 500 + "\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value) == f"{path}: not valid TOML: arrays or inline tables nested too deeply"

@@ -32,9 +32,10 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import int_field, list_field, str_field
+from schedlab.configs import int_field, list_field, metric_field, metric_list_field, str_field
 from schedlab.errors import ConfigError
 from schedlab.results.storage import atomic_write
+from schedlab.study.spec import check_slo
 from schedlab.study.sweep import point_label
 
 from .best import metric_number
@@ -44,13 +45,21 @@ from .best import metric_number
 class CrossoverConfig:
     baseline: str = str_field(help="the sweep (a [[runs]] name) every other sweep is compared with")
     load: str = str_field("workload.clients", help="the load key, swept by the baseline and every compared sweep")
-    metric: str = str_field("tpot_ms.mean", help="the metric compared at each load, as a dotted name")
+    metric: str = metric_field("tpot_ms.mean", help="the metric compared at each load, as a dotted name")
     better: str = str_field("lower", choices=("lower", "higher"), help="which values of the metric are better")
     studies: tuple = list_field((), item=str, help="sweeps to compare (empty: every other sweep over the load key)")
-    ratios: tuple = list_field(("throughput_tps",), item=str,
-                               help="more metrics whose ratio to the baseline the table shows at the lowest "
-                                    "and highest load")
+    ratios: tuple = metric_list_field(("throughput_tps",),
+                                      help="more metrics whose ratio to the baseline the table shows at the lowest "
+                                           "and highest load")
     dpi: int = int_field(110, min=50, max=400, help="resolution of plots/crossover.png")
+
+    def check_studies(self, studies) -> None:
+        """The baseline and ``studies`` against the experiment's runs, and that the metrics
+        needing ``[slo]`` targets have them (called when the experiment file is read)."""
+        base, chosen = compared_sweeps(studies, self)
+        for name in ("metric", "ratios"):
+            for metric in (self.metric,) if name == "metric" else self.ratios:
+                check_slo(metric, [base, *chosen], name)
 
 
 @attrs.frozen
@@ -89,26 +98,51 @@ def _by_load(study, load_key: str) -> dict:
     return {run.point.get(load_key): run for run in study.runs}
 
 
+def _not_a_sweep(study, name: str, load: str) -> str | None:
+    """Why ``study`` (named ``name``; None: no such run) is not a sweep over ``load``, or None."""
+    if study is None:
+        return f"there is no run named {name!r}"
+    if study.kind != "sweep":
+        return f"{name!r} is a {'single run' if study.kind == 'run' else study.kind}"
+    return None if load in study.keys else f"{name!r} sweeps {', '.join(study.keys)}"
+
+
+def compared_sweeps(studies, config: CrossoverConfig) -> tuple:
+    """The baseline and the sweeps compared with it, among ``studies`` -- the experiment's
+    (:class:`schedlab.study.spec.StudySpec`) or its results' (:class:`schedlab.results.Study`).
+
+    :raises ConfigError: (not naming the table) the baseline is not a sweep over the load key
+        alone, or an entry of ``studies`` is not a sweep over it or is the baseline.
+    """
+    names = {s.name: s for s in studies}
+    sweeps = ", ".join(s.name for s in studies if s.kind == "sweep" and config.load in s.keys) or "none"
+    base = names.get(config.baseline)
+    why = _not_a_sweep(base, config.baseline, config.load)
+    if why:
+        raise ConfigError(f"baseline {config.baseline!r} must be a sweep over {config.load!r} ({why}); "
+                          f"sweeps over it: {sweeps}")
+    if base.keys != (config.load,):
+        raise ConfigError(f"baseline {config.baseline!r} must sweep only {config.load!r}, "
+                          f"it sweeps {', '.join(base.keys)}")
+    for name in config.studies:
+        why = _not_a_sweep(names.get(name), name, config.load)
+        if why:
+            raise ConfigError(f"studies: {name!r} is not a sweep over {config.load!r} ({why}); sweeps over it: "
+                              f"{sweeps}")
+        if name == config.baseline:
+            raise ConfigError(f"studies: {name!r} is the baseline; list the sweeps compared with it")
+    if config.studies:
+        return base, [names[n] for n in config.studies]
+    return base, [s for s in studies if s.kind == "sweep" and s is not base and config.load in s.keys]
+
+
 def compare(results, config: CrossoverConfig) -> list[Line]:
     """Every compared line, in study and first-seen order."""
-    names = {s.name: s for s in results.studies}
-    base = names.get(config.baseline)
-    if base is None or base.kind != "sweep" or config.load not in base.keys:
-        raise ConfigError(f"[reports.crossover]: baseline {config.baseline!r} must be a sweep over {config.load!r} "
-                          f"(sweeps: {', '.join(s.name for s in results.studies if s.kind == 'sweep') or 'none'})")
-    if base.keys != (config.load,):
-        raise ConfigError(f"[reports.crossover]: baseline {config.baseline!r} must sweep only {config.load!r}, "
-                          f"it sweeps {', '.join(base.keys)}")
+    try:
+        base, chosen = compared_sweeps(results.studies, config)
+    except ConfigError as exc:
+        raise ConfigError(f"[reports.crossover]: {exc}") from None
     baseline = _by_load(base, config.load)
-    if config.studies:
-        for name in config.studies:
-            s = names.get(name)
-            if s is None or s.kind != "sweep" or config.load not in s.keys:
-                raise ConfigError(f"[reports.crossover]: {name!r} is not a sweep over {config.load!r}")
-        chosen = [names[n] for n in config.studies]
-    else:
-        chosen = [s for s in results.studies
-                  if s.kind == "sweep" and s is not base and config.load in s.keys]
     lines = []
     for study in chosen:
         others = [k for k in study.keys if k != config.load]

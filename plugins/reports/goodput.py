@@ -28,10 +28,11 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import FieldError, float_field, list_field, str_field, table_field
+from schedlab.configs import FieldError, float_field, metric_field, metric_list_field, str_field, table_field
 from schedlab.errors import ConfigError
 from schedlab.results.metrics import metric_at
 from schedlab.results.storage import atomic_write
+from schedlab.study.spec import check_slo
 from schedlab.study.sweep import point_label
 
 
@@ -40,8 +41,8 @@ class GoodputConfig:
     rate_key: str = str_field("workload.rate", help="the swept key that holds the request rate (requests/s)")
     attainment: float = float_field(0.9, min=0.0, max=1.0, min_exclusive=True,
                                     help="share of requests that must meet both SLOs (DistServe: 0.9)")
-    metric: str = str_field("slo.attainment", help="the attainment metric (needs [slo] targets)")
-    metrics: tuple = list_field((), item=str, help="more metrics drawn against the rate per GPU, e.g. tpot_ms.p90")
+    metric: str = metric_field("slo.attainment", help="the attainment metric (needs [slo] targets)")
+    metrics: tuple = metric_list_field((), help="more metrics drawn against the rate per GPU, e.g. tpot_ms.p90")
     panels: dict = table_field(attrs.Factory(dict),
                                help="row name -> sweep names drawn together (default: one row with every sweep)")
 
@@ -49,6 +50,19 @@ class GoodputConfig:
         for name, studies in self.panels.items():
             if not isinstance(studies, (list, tuple)) or not studies or not all(isinstance(n, str) for n in studies):
                 raise FieldError("panels", f"{name}: must be a non-empty list of sweep names, got {studies!r}")
+
+    def check_studies(self, studies) -> None:
+        """Called when the experiment file is read: some sweep varies ``rate_key``, ``panels``
+        name such sweeps, and the metrics needing ``[slo]`` targets have them."""
+        sweeps = [s for s in studies if s.kind == "sweep" and self.rate_key in s.keys]
+        if not sweeps:
+            swept = sorted({key for s in studies if s.kind == "sweep" for key in s.keys})
+            raise FieldError("rate_key", f"no sweep over {self.rate_key!r}, so no goodput to find; swept keys: "
+                                         f"{', '.join(swept) or 'none'}")
+        check_panels(self, [s.name for s in sweeps])
+        check_slo(self.metric, sweeps, "metric")
+        for metric in self.metrics:
+            check_slo(metric, sweeps, "metrics")
 
 
 @attrs.frozen
@@ -129,15 +143,21 @@ def panel_rows(found: list[System], config: GoodputConfig) -> list[tuple[str, li
     by_study: dict[str, list[System]] = {}
     for s in found:
         by_study.setdefault(s.study, []).append(s)
-    rows = []
+    try:
+        check_panels(config, list(by_study))
+    except ConfigError as exc:
+        raise ConfigError(f"[reports.goodput] {exc}") from None
+    return [(name, [s for n in studies for s in by_study[n]]) for name, studies in config.panels.items()]
+
+
+def check_panels(config: GoodputConfig, sweeps: list[str]) -> None:
+    """ConfigError (not naming the table) unless every name in ``panels`` is one of ``sweeps``
+    (the names of the sweeps over the rate key)."""
     for name, studies in config.panels.items():
-        missing = [n for n in studies if n not in by_study]
+        missing = [n for n in studies if n not in sweeps]
         if missing:
-            known = ", ".join(sorted(by_study)) or "(none)"
-            raise ConfigError(f"[reports.goodput] panels.{name}: {missing[0]!r} is not a sweep over "
-                              f"{config.rate_key}; sweeps: {known}")
-        rows.append((name, [s for n in studies for s in by_study[n]]))
-    return rows
+            known = ", ".join(sorted(sweeps)) or "(none)"
+            raise ConfigError(f"panels.{name}: {missing[0]!r} is not a sweep over {config.rate_key}; sweeps: {known}")
 
 
 def figure(found: list[System], config: GoodputConfig, dpi: int = 110):
@@ -201,11 +221,10 @@ class GoodputReport:
         written = [out / "goodput.txt"]
         atomic_write(written[0], text)
         if found:
-            import io
+            from .plots import png_bytes
 
-            buf = io.BytesIO()
-            figure(found, self.config).savefig(buf, format="png")
+            fig = figure(found, self.config)
             path = out / "plots" / "goodput.png"
-            atomic_write(path, buf.getvalue())
+            atomic_write(path, png_bytes(fig, fig.dpi))
             written.append(path)
         return written

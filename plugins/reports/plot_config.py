@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from schedlab.configs import FieldError, int_field, metric_field, metric_list_field, table_field
+from schedlab.errors import ConfigError
 
 from .best import best_field, best_is_field
 
@@ -48,3 +49,22 @@ class PlotsConfig:
 
     def __attrs_post_init__(self):
         _check_overlays(self.overlays)
+
+    def check_studies(self, studies) -> None:
+        """Called when the experiment file is read: every overlay names runs of the experiment,
+        none a search, and its sweeps share their first key (as :func:`.plot_sweep.overlay_figure`
+        needs)."""
+        by_name = {s.name: s for s in studies}
+        for name, names in self.overlays.items():
+            for study_name in names:
+                if study_name not in by_name:
+                    raise ConfigError(f"overlays.{name}: no study named {study_name!r}; the experiment has: "
+                                      f"{', '.join(by_name)}")
+                if by_name[study_name].kind == "search":
+                    raise ConfigError(f"overlays.{name}: {study_name!r} is a search; overlays draw sweeps and "
+                                      "single runs")
+            sweeps = [by_name[n] for n in names if by_name[n].kind == "sweep" and by_name[n].keys]
+            for s in sweeps[1:]:
+                if s.keys[0] != sweeps[0].keys[0]:
+                    raise ConfigError(f"overlays.{name}: sweep {s.name!r} varies {s.keys[0]!r}, "
+                                      f"not {sweeps[0].keys[0]!r} like {sweeps[0].name!r}")

@@ -30,6 +30,7 @@ Each PNG is rendered in memory and written atomically.
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -168,9 +169,14 @@ def _point_part(run_name: str, study_name: str) -> str:
 
 
 def png_bytes(fig: Figure, dpi: int) -> bytes:
-    """The figure as PNG bytes."""
+    """The figure as PNG bytes. A character no font has (a NUL in a run's name) draws as a box,
+    and a crowded figure keeps its plain layout: matplotlib's warnings about them would only
+    leak to stderr."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
+        warnings.filterwarnings("ignore", message="constrained_layout not applied", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return buf.getvalue()
 
 

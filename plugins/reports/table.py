@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import metric_list_field, str_field
+from schedlab.configs import FieldError, metric_list_field, str_field
 from schedlab.results.metrics import metric_at
 from schedlab.results.stability import stability_text
 from schedlab.results.storage import atomic_write
@@ -50,6 +50,16 @@ class TableConfig:
                                      help="run that replicated single runs are compared with (default: the first)")
     differences: tuple = metric_list_field((), help="metrics of the paired differences (default: best, "
                                                     "else ttft_ms.p99 and throughput_tps)")
+
+    def check_studies(self, studies) -> None:
+        """Called when the experiment file is read: ``baseline`` names a replicated single run."""
+        if self.baseline is None:
+            return
+        replicated = [s.name for s in studies if s.kind == "run" and s.replicas > 1]
+        if self.baseline not in replicated:
+            raise FieldError("baseline", f"no replicated single run named {self.baseline!r} (the paired differences "
+                                         "compare [[runs]] entries with replicas > 1 and no sweep, search or plan); "
+                                         f"they are: {', '.join(replicated) or 'none'}")
 
 
 def _fmt(value) -> str:

@@ -10,7 +10,7 @@
 Grammar (no Python is evaluated; the text is parsed into a tree of numbers, names and the
 four operations)::
 
-    condition := expr OP NUMBER                  OP: <=, <, >=, > (as a [search] constraint)
+    condition := expr OP ["-"] NUMBER            OP: <=, <, >=, > (as a [search] constraint)
     expr      := term (("+" | "-") term)*
     term      := unary (("*" | "/") unary)*
     unary     := "-" unary | atom
@@ -22,7 +22,8 @@ reports and searches check them (:func:`schedlab.results.metric_names.check_metr
 or ``workload.<statistic>`` of the candidate workload itself (:data:`WORKLOAD_STATS`). Names
 follow metric names, which may hold ``-``: write a subtraction with spaces (``a - b``).
 A metric a run lacks (``per_class`` of a workload with one class), a division by zero or a
-NaN makes the whole value NaN, which never counts as found.
+NaN makes the whole value NaN, which never counts as found. Parentheses, minus signs and
+function calls nest at most :data:`MAX_DEPTH` levels deep; sums and products may be of any length.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ WORKLOAD_STATS = ("requests", "duration_s", "rate_rps", "max_gap_s", "prompt_tok
                   "prompt_tokens.total", "output_tokens.mean", "output_tokens.max", "output_tokens.total",
                   "tokens_per_s")
 FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max, "abs": abs}
+#: the deepest nesting of parentheses, minus signs and function calls (the parser and evaluator recurse)
+MAX_DEPTH = 50
 
 _TOKEN = re.compile(r"""\s*(?:
     (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
@@ -50,13 +53,18 @@ _TOKEN = re.compile(r"""\s*(?:
 )""", re.VERBOSE)
 
 
+def _quoted(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a message, cut to ``limit`` characters (an expression may be long)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit - 3] + "...")
+
+
 def _tokens(text: str) -> list[tuple[str, str]]:
     out, pos = [], 0
     text = text.rstrip()
     while pos < len(text):
         match = _TOKEN.match(text, pos)
         if match is None or match.end() == pos:
-            raise ConfigError(f"expression {text!r}: cannot read {text[pos:].strip()[:20]!r} "
+            raise ConfigError(f"expression {_quoted(text)}: cannot read {text[pos:].strip()[:20]!r} "
                               f"(numbers, metric names, + - * /, min max abs, parentheses)")
         kind = match.lastgroup
         out.append((kind, match.group(kind)))
@@ -98,10 +106,16 @@ def _evaluate(node, lookup) -> float:
     if kind == "call":
         args = [_evaluate(arg, lookup) for arg in node[2]]
         return math.nan if any(math.isnan(a) for a in args) else float(FUNCTIONS[node[1]](*args))
-    left, right = _evaluate(node[1], lookup), _evaluate(node[2], lookup)
-    if kind == "/":
+    value = _evaluate(node[1], lookup)  # a chain: first (op operand)*, left to right
+    for op, operand in node[2]:
+        value = _apply(op, value, _evaluate(operand, lookup))
+    return value
+
+
+def _apply(op: str, left: float, right: float) -> float:
+    if op == "/":
         return math.nan if right == 0 else left / right
-    return {"+": left + right, "-": left - right, "*": left * right}[kind]
+    return {"+": left + right, "-": left - right, "*": left * right}[op]
 
 
 class _Parser:
@@ -110,6 +124,7 @@ class _Parser:
         self.tokens = _tokens(text)
         self.pos = 0
         self.names: list[str] = []
+        self.depth = 0
 
     def peek(self) -> tuple[str, str] | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -122,7 +137,13 @@ class _Parser:
         return token
 
     def error(self, what: str) -> ConfigError:
-        return ConfigError(f"expression {self.text!r}: {what}")
+        return ConfigError(f"expression {_quoted(self.text)}: {what}")
+
+    def enter(self) -> None:
+        """One level deeper (parentheses, a minus sign, a call); refused beyond :data:`MAX_DEPTH`."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(f"nested more than {MAX_DEPTH} levels deep (parentheses, minus signs, function calls)")
 
     def expect(self, op: str) -> None:
         token = self.take()
@@ -130,22 +151,26 @@ class _Parser:
             raise self.error(f"expected {op!r}, got {token[1]!r}")
 
     def expr(self):
-        node = self.term()
-        while self.peek() in (("op", "+"), ("op", "-")):
-            node = (self.take()[1], node, self.term())
-        return node
+        return self.chain(self.term, ("+", "-"))
 
     def term(self):
-        node = self.unary()
-        while self.peek() in (("op", "*"), ("op", "/")):
-            node = (self.take()[1], node, self.unary())
-        return node
+        return self.chain(self.unary, ("*", "/"))
+
+    def chain(self, operand, ops: tuple[str, ...]):
+        """``operand (op operand)*`` as one flat node, so a long sum is no deeper than one term."""
+        first, rest = operand(), []
+        while self.peek() in [("op", op) for op in ops]:
+            rest.append((self.take()[1], operand()))
+        return ("chain", first, tuple(rest)) if rest else first
 
     def unary(self):
-        if self.peek() == ("op", "-"):
-            self.take()
-            return ("neg", self.unary())
-        return self.atom()
+        if self.peek() != ("op", "-"):
+            return self.atom()
+        self.take()
+        self.enter()
+        node = ("neg", self.unary())
+        self.depth -= 1
+        return node
 
     def atom(self):
         kind, text = self.take()
@@ -156,19 +181,23 @@ class _Parser:
                 if text not in FUNCTIONS:
                     raise self.error(f"unknown function {text!r}; functions: {', '.join(FUNCTIONS)}")
                 self.take()
+                self.enter()
                 args = [self.expr()]
                 while self.peek() == ("op", ","):
                     self.take()
                     args.append(self.expr())
                 self.expect(")")
+                self.depth -= 1
                 if text == "abs" and len(args) != 1:
                     raise self.error("abs takes one argument")
                 return ("call", text, tuple(args))
             self.names.append(text)
             return ("name", text)
         if (kind, text) == ("op", "("):
+            self.enter()
             node = self.expr()
             self.expect(")")
+            self.depth -= 1
             return node
         raise self.error(f"unexpected {text!r}")
 
@@ -208,16 +237,20 @@ class Condition:
 
 
 def parse_condition(text: str) -> Condition:
-    """Parse ``EXPRESSION OP NUMBER`` (OP one of <=, <, >=, >)."""
+    """Parse ``EXPRESSION OP NUMBER`` (OP one of <=, <, >=, >; the number may have a minus sign)."""
     if not isinstance(text, str):
         raise ConfigError(f"a condition must be text such as 'runs.a.ttft_ms.p99 < 2000', got {text!r}")
     tokens = _tokens(text)
     at = [i for i, (kind, op) in enumerate(tokens) if kind == "op" and op in OPERATORS]
-    if len(at) != 1 or at[0] != len(tokens) - 2 or tokens[-1][0] != "number":
-        raise ConfigError(f"condition {text!r}: expected EXPRESSION OP NUMBER, e.g. "
+    right = tokens[at[0] + 1:] if len(at) == 1 else []
+    sign = 1.0
+    if right[:1] == [("op", "-")]:
+        sign, right = -1.0, right[1:]
+    if len(right) != 1 or right[0][0] != "number":
+        raise ConfigError(f"condition {_quoted(text)}: expected EXPRESSION OP NUMBER, e.g. "
                           f"'runs.mine.ttft_ms.p99 / runs.fcfs.ttft_ms.p99 < 2' (operators: {', '.join(OPERATORS)})")
     op = tokens[at[0]][1]
-    return Condition(parse_expression(text[:text.rindex(op)]), op, float(tokens[-1][1]))
+    return Condition(parse_expression(text[:text.rindex(op)]), op, sign * float(right[0][1]))
 
 
 def check_names(expression: Expression, runs: tuple[str, ...], where: str) -> None:

@@ -8,6 +8,7 @@ reproducer with ``schedlab run``'s machinery and evaluates the goal on it again.
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 
@@ -20,12 +21,13 @@ from ..study.experiment import Experiment, _read_toml, load, run_experiment
 from ..study.overrides import parse_assignment, set_dotted
 from ..study.runner import context_spec
 from ..study.simulation import assemble
+from ..study.spec import RUN_TABLES, check_slo
 from .config import Goal, HuntConfig, make_goal
-from .evaluate import Evaluator, Score, run_spec
-from .expression import namespace
-from .optimize import Trial, best_trial, evolve, random_search
+from .evaluate import Evaluator, Score, run_spec, settings_for
+from .expression import namespace, split_name
+from .optimize import KNOWN_GOOD, Trial, best_trial, evolve, random_search
 from .shrink import shrink_candidate
-from .space import Candidate, Space, make_space, workload_stats
+from .space import Candidate, Space, WorkloadSpace, make_space, workload_stats
 
 #: the placeholder workload a hunt file is loaded with (each candidate brings its own)
 PLACEHOLDER = ('workload.kind="inline"', 'workload.requests=[{prompt_tokens = 1, output_tokens = 1}]')
@@ -73,13 +75,17 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
         if key.startswith("hunt."):
             table = set_dotted({"hunt": table}, key, value)["hunt"]
         else:
+            _check_override(key)
             rest.append(text)
     experiment = load(path, list(rest) + list(PLACEHOLDER), plugin_objects=plugin_objects)
     where = f"{source}: [hunt]"
     config = from_table(HuntConfig, table, where=where)
     runs = tuple(s.name for s in experiment.studies)
     goal = make_goal(config, runs, where)
+    check_settings(config.settings, runs, f"{source}: [hunt.settings]")
     space = make_space(config.workload, config.settings, source)
+    check_goal_metrics(goal, experiment.studies, space, where)
+    check_optimizer(config.optimizer, where)
     for study in experiment.studies:
         if study.replicas != 1:
             raise ConfigError(f"{source}: [[runs]] {study.name!r}: replicas: a hunt compares one run per policy")
@@ -88,6 +94,79 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
             probe = Candidate(({"prompt_tokens": 1, "output_tokens": 1, "arrival_ms": 0.0},), settings)
             assemble(run_spec(study, probe), experiment.context, f"{source}: [hunt.settings]", check_only=True)
     return Hunt(experiment, config, goal, space)
+
+
+def _check_override(key: str) -> None:
+    """Refuse ``--set workload.*`` (or ``runs.<run>.workload.*``): each candidate brings its
+    workload, so the hunt's bounds in ``[hunt.workload]`` are what to change."""
+    parts = key.split(".")
+    inside = parts[1:] if parts[0] == "workload" else parts[3:] if parts[0] == "runs" and parts[2:3] == ["workload"] \
+        else None
+    if inside is None:
+        return
+    fields = [a.name for a in attrs.fields(WorkloadSpace)]
+    close = difflib.get_close_matches(inside[0], fields, n=1) if inside else []
+    if close and close[0] in ("classes", "prefix"):
+        hint = f"give [hunt.workload.{close[0]}] in the file"
+    elif close:
+        hint = f"set its range with --set hunt.workload.{close[0]}=[low, high]"
+    else:
+        hint = f"set its bounds with --set hunt.workload.<key>=[low, high], a key among {', '.join(fields)}"
+    raise ConfigError(f"--set {key}: a hunt makes every candidate's workload from [hunt.workload]; {hint}")
+
+
+def check_settings(settings: dict, runs: tuple[str, ...], where: str) -> None:
+    """Every ``[hunt.settings]`` key is ``table.key`` or ``runs.<a run>.table.key``, the table a
+    run's (not ``workload``: each candidate brings its own); ConfigError naming ``where`` and the key."""
+    tables = [t for t in RUN_TABLES if t != "workload"]
+    for key in settings:
+        rest = key
+        if key.startswith("runs."):
+            run = next((r for r in sorted(runs, key=len, reverse=True) if key.startswith(f"runs.{r}.")), None)
+            if run is None:
+                raise ConfigError(f"{where}: {key}: no such run; runs: {', '.join(runs)} "
+                                  "(write runs.<run>.<table>.<key>)")
+            rest = key[len(f"runs.{run}."):]
+        table = rest.split(".")[0]
+        if table == "workload":
+            raise ConfigError(f"{where}: {key}: a hunt makes every candidate's workload from [hunt.workload]; "
+                              "give workload ranges there")
+        if table not in tables or "." not in rest:
+            raise ConfigError(f"{where}: {key}: write <table>.<key> or runs.<run>.<table>.<key>, the table one of "
+                              f"{', '.join(tables)} (e.g. scheduler.max_num_seqs)")
+
+
+def check_goal_metrics(goal: Goal, studies, space: Space, where: str) -> None:
+    """The goal's metrics that only some runs have: ``slo.*`` needs the run's ``[slo]`` targets,
+    ``per_class.<class>`` a class of ``[hunt.workload.classes]`` (and several of them)."""
+    by_name = {s.name: s for s in studies}
+    parts = [("property" if goal.property is not None else "objective", goal.expression)]
+    parts += [("constraints", c.expression) for c in goal.constraints]
+    classes = [c.name for c in space.classes] if len(space.classes) > 1 else []
+    for what, expression in parts:
+        for name in expression.names:
+            run, metric = split_name(name, tuple(by_name))
+            if not run:
+                continue
+            if not any(key.split(".")[0] == "slo" for key, _ in settings_for(run, space.settings)):
+                check_slo(metric, [by_name[run]], f"{where} {what}: {name}")
+            group, _, rest = metric.partition(".")
+            if group == "per_class" and rest.split(".")[0] not in classes:
+                known = (f"classes: {', '.join(classes)}" if classes else
+                         "per_class needs several classes in [hunt.workload.classes]")
+                raise ConfigError(f"{where} {what}: {name}: no request class {rest.split('.')[0]!r}; {known}")
+
+
+def check_optimizer(name: str, where: str) -> None:
+    """Nevergrad has an optimiser ``name`` (checked now, not after the warm start's simulations;
+    without Nevergrad installed the search says how to install it)."""
+    try:
+        import nevergrad
+    except ImportError:
+        return
+    if name not in nevergrad.optimizers.registry:
+        raise ConfigError(f"{where}: optimizer: Nevergrad has no optimiser {name!r}; e.g. {', '.join(KNOWN_GOOD)} "
+                          "(nevergrad.optimizers.registry lists them all)")
 
 
 @attrs.define

@@ -32,7 +32,7 @@ import tomli
 
 from ..capacity import GpuSpec, ModelSpec, Presets
 from ..catalog import Catalog, load_catalog
-from ..configs import MAX_INT, bool_field, from_table, int_field, list_field, str_field
+from ..configs import MAX_INT, FieldError, bool_field, from_table, int_field, list_field, str_field
 from ..errors import ConfigError
 from ..hf_config import spec_table
 from ..results.records import ExperimentResults, RunResult
@@ -42,7 +42,8 @@ from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
 from .planner import PlanConfig, validate as validate_plan
 from .runner import run_studies
 from .simulation import ENGINES, Context, RunSpec, assemble, component_config
-from .spec import RUN_TABLES, SearchConfig, StudySpec, point_spec
+from .search import parse_constraint
+from .spec import RUN_TABLES, SearchConfig, StudySpec, check_slo, point_spec
 from .sweep import expand_grid
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative",
@@ -74,6 +75,11 @@ class ExperimentConfig:
     timeline_points: int = int_field(RecordSettings().timeline_points, min=2,
                                      help="most timeline rows a run keeps (beyond: every 2nd, 4th, ... row)")
 
+    def __attrs_post_init__(self):
+        twice = [name for i, name in enumerate(self.reports) if name in self.reports[:i]]
+        if twice:  # it would write its files twice
+            raise FieldError("reports", f"lists {twice[0]!r} twice")
+
     def record(self) -> RecordSettings:
         return RecordSettings(self.exact_requests, self.request_rows, self.timeline_points)
 
@@ -98,9 +104,12 @@ class Experiment:
 
 
 def _read_toml(path: Path) -> dict:
+    """The file's tables; a UTF-8 byte-order mark at its start (some Windows editors write one)
+    is skipped. Every failure is a ConfigError naming the file."""
     try:
         with open(path, "rb") as fh:
-            return tomli.load(fh)
+            text = fh.read().decode("utf-8")
+        return tomli.loads(text.removeprefix("\ufeff"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such experiment file") from None
     except IsADirectoryError:
@@ -109,6 +118,8 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: not a text file (TOML must be UTF-8; byte {exc.start} is not)") from None
     except tomli.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomli refuses arrays and inline tables nested too deeply this way
+        raise ConfigError(f"{path}: not valid TOML: arrays or inline tables nested too deeply") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
 
@@ -223,7 +234,8 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         plan_table = entry.get("plan", raw.get("plan"))
         if sum(t is not None for t in (sweep_table, search_table, plan_table)) > 1:
             raise ConfigError(f"{where.rstrip(':')}: a run can have one of sweep, search or plan, not several")
-        sweep = expand_grid(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
+        sweep = (expand_grid(sweep_table, f"{where} [sweep]", numbers_by_value=True)
+                 if sweep_table is not None else None)
         search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
                       if search_table is not None else None)
         plan_cfg = None
@@ -231,6 +243,9 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             plan_cfg = from_table(PlanConfig, plan_table, where=f"{where} [plan]")
         study = StudySpec(name, base, sweep, search_cfg, replicas, plan_cfg)
         _validate(study, ctx, where)
+        if search_cfg is not None:
+            check_slo(parse_constraint(search_cfg.constraint).metric, [study],
+                      f"{where} [search]: constraint")
         studies.append(study)
 
     report_tables = raw.get("reports", {})
@@ -241,8 +256,26 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         table = report_tables.get(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: [reports.{name}] must be a table of settings, got {_shape(table)}")
-        component_config(ctx, "report", {**table, "kind": name}, f"{source}: [reports.{name}]")
+        _, report_config = component_config(ctx, "report", {**table, "kind": name}, f"{source}: [reports.{name}]")
+        check_report_studies(report_config, studies, f"{source}: [reports.{name}]")
     return Experiment(path, config, studies, report_tables, ctx, raw, tuple(plugin_objects), custom, portable)
+
+
+def check_report_studies(config, studies: list[StudySpec], where: str) -> None:
+    """Check a report's settings that name runs or swept keys (a crossover's baseline, an
+    overlay's runs) against the file's studies, so that a misspelt one fails now, not after
+    every simulation. A report's config class opts in with a method ``check_studies(studies)``
+    that raises ConfigError or FieldError; each study has ``name``, ``kind`` ("run", "sweep",
+    "search" or "plan"), ``keys`` (swept or searched) and ``has_slo()`` (:class:`StudySpec`)."""
+    check = getattr(config, "check_studies", None)
+    if check is None:
+        return
+    try:
+        check(studies)
+    except FieldError as exc:
+        raise ConfigError(f"{where}: {exc.name}: {exc.message}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _shape(value) -> str:

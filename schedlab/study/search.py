@@ -34,6 +34,8 @@ import attrs
 from ..errors import ConfigError
 
 OPERATORS = ("<=", "<", ">=", ">")
+#: the most probes a search may need (:func:`max_search_probes`); a ``[search]`` needing more is refused
+MAX_PROBES = 64
 _COMPARE = {
     "<=": lambda a, b: a <= b,
     "<": lambda a, b: a < b,
@@ -235,7 +237,7 @@ def search(
     maximize: bool = True,
     integer: bool = True,
     tolerance=None,
-    max_probes: int = 64,
+    max_probes: int = MAX_PROBES,
     key: str = "value",
     constraint_text: str = "the constraint",
     progress: Callable[[Probe], None] | None = None,

@@ -7,6 +7,7 @@ imports neither, so reading experiments and running them do not depend on each o
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -15,7 +16,7 @@ from ..configs import FieldError, bool_field, str_field
 from ..errors import ConfigError
 from ..results.metric_names import check_metric_name
 from .overrides import set_dotted
-from .search import parse_constraint
+from .search import MAX_PROBES, max_search_probes, parse_constraint
 from .simulation import RunSpec
 from .sweep import point_label
 
@@ -38,12 +39,35 @@ class SearchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{name}: must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise FieldError(name, f"must be a finite number, got {value!r}")
         if self.low > self.high:
             raise ConfigError(f"low ({self.low}) must be <= high ({self.high})")
         try:
             check_metric_name(parse_constraint(self.constraint).metric)
         except ConfigError as exc:
             raise FieldError("constraint", str(exc)) from None
+        self._check_probes()
+
+    def _check_probes(self) -> None:
+        """The tolerance, and the runs the search may need, as the search will check them --
+        but now, when the file is read, not after the other runs."""
+        tolerance = self.tolerance
+        if self.integer:
+            needed = max_search_probes(low=self.low, high=self.high)
+        else:
+            if tolerance is None:
+                raise FieldError("tolerance", "a search over real values (low or high is not a whole number) "
+                                              "needs a tolerance: how close to the boundary to get")
+            if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
+                    or not math.isfinite(tolerance) or tolerance <= 0:
+                raise FieldError("tolerance", f"must be a positive number, got {tolerance!r}")
+            needed = max_search_probes(low=self.low, high=self.high, integer=False, tolerance=tolerance)
+        if needed > MAX_PROBES:
+            low, high = (f"{v}" if isinstance(v, int) else f"{v:g}" for v in (self.low, self.high))
+            raise ConfigError(f"the search over {self.key} in [{low}, {high}] may need {needed} runs, more than "
+                              f"the limit of {MAX_PROBES}; narrow the range"
+                              + ("" if self.integer else " or raise the tolerance"))
 
     @property
     def integer(self) -> bool:
@@ -60,6 +84,43 @@ class StudySpec:
     search: SearchConfig | None = None
     replicas: int = 1
     plan: Any = None  # schedlab.study.planner.PlanConfig
+
+    @property
+    def kind(self) -> str:
+        """What it will produce, as :class:`schedlab.results.records.Study` says: "run", "sweep",
+        "search" or "plan" (a report checks the runs its settings name against this)."""
+        if self.plan is not None:
+            return "plan"
+        if self.search is not None:
+            return "search"
+        return "sweep" if self.sweep is not None else "run"
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys a sweep varies (in order) or a search searches; () for a run (and for a
+        plan, whose keys are known once it runs)."""
+        if self.search is not None:
+            return (self.search.key,)
+        return tuple(self.sweep[0]) if self.sweep else ()
+
+    def has_slo(self) -> bool:
+        """Whether its runs have ``[slo]`` targets (so ``slo.*`` metrics), set or swept."""
+        return "slo" in self.base.tables or any(key.split(".")[0] == "slo" for key in self.keys)
+
+
+def needs_slo(metric: str) -> bool:
+    """Whether a metric exists only in runs with ``[slo]`` targets: ``slo.*`` and ``per_class.<class>.slo.*``."""
+    parts = metric.split(".")
+    return parts[0] == "slo" or (parts[0] == "per_class" and parts[2:3] == ["slo"])
+
+
+def check_slo(metric: str, studies, what: str) -> None:
+    """Raise ConfigError when ``metric`` needs ``[slo]`` targets and a study of ``studies`` has none
+    (the metric would be absent from all its runs: a silent ``-`` or NaN)."""
+    lacking = [s.name for s in studies if needs_slo(metric) and not s.has_slo()]
+    if lacking:
+        runs = f"run {lacking[0]!r} has" if len(lacking) == 1 else f"runs {', '.join(map(repr, lacking))} have"
+        raise ConfigError(f"{what}: {metric!r} needs [slo] targets (ttft_ms, tpot_ms), and {runs} none")
 
 
 def point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:

@@ -25,13 +25,16 @@ from .overrides import split_key
 DEFAULT_MAX_POINTS = 100_000
 
 
-def expand_grid(sweep_table: dict, where: str, *, max_points: int = DEFAULT_MAX_POINTS) -> list[dict[str, Any]]:
+def expand_grid(sweep_table: dict, where: str, *, max_points: int = DEFAULT_MAX_POINTS,
+                numbers_by_value: bool = False) -> list[dict[str, Any]]:
     """Every point of the grid, each a ``{dotted key: value}`` dict, last key fastest.
 
     An empty table gives one empty point (a single run with nothing changed).
 
     :param where: how to name the table in messages, e.g. ``"lab.toml: [sweep]"``.
     :param max_points: refuse grids larger than this (each point is a whole simulation).
+    :param numbers_by_value: compare numbers by value, so ``1`` and ``1.0`` are a value listed
+        twice (a run's settings read both alike); else equal values of different types differ.
     :raises ConfigError: naming ``where`` and the key, for a key that is not text or not a
         valid dotted key, a value that is not a non-empty list, a value listed twice, a key
         given twice, or a grid with more than ``max_points`` points.
@@ -40,6 +43,9 @@ def expand_grid(sweep_table: dict, where: str, *, max_points: int = DEFAULT_MAX_
         raise ConfigError(f"{where}: must be a table mapping dotted keys to lists, got {sweep_table!r}")
     axes: list[tuple[str, list]] = []
     _collect(sweep_table, (), where, axes)
+    if numbers_by_value:
+        for key, values in axes:
+            _check_numbers(key, values, where)
     keys = [key for key, _ in axes]
     size = math.prod(len(values) for _, values in axes)
     if size > max_points:
@@ -67,6 +73,16 @@ def _collect(table: dict, prefix: tuple[str, ...], where: str, axes: list[tuple[
         if any(key == seen for seen, _ in axes):
             raise ConfigError(f"{where}: {key!r} is given twice")
         axes.append((key, list(values)))
+
+
+def _check_numbers(key: str, values: list, where: str) -> None:
+    """Refuse two numbers of equal value (``1`` and ``1.0``): the same point would run twice."""
+    seen: dict = {}
+    for value in values:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value in seen:  # 1 and 1.0 are one dict key
+                raise ConfigError(f"{where}: {key!r} lists {seen[value]!r} and {value!r}, the same number")
+            seen[value] = value
 
 
 def _format_value(value: Any) -> str:
