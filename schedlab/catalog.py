@@ -66,6 +66,10 @@ def _import_plugin(pm: pluggy.PluginManager, module_name: str, *, provider: str)
     if pm.is_registered(module):
         return
     pm.register(module, name=provider)
+    if not pm.get_hookcallers(module):  # e.g. plugins = ["os"]: nothing would ever come of it
+        pm.unregister(module)
+        raise ConfigError(f"plugin module {module_name!r} implements no schedlab hook (functions marked "
+                          "@schedlab.hookimpl, such as schedlab_register_schedulers)")
 
 
 def make_plugin_manager(extra_modules: Iterable[str] = (), *, entry_points: bool = True,

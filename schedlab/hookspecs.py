@@ -112,7 +112,11 @@ def schedlab_register_reports(register: "Registry") -> None:
 
     :param register: call ``register(name, factory, config=ConfigClass, help="...")``;
         ``factory(config)`` must return an object whose ``write(results, out_dir)`` writes
-        files for a finished experiment. A duplicate name raises.
+        files for a finished experiment. A duplicate name raises. A config class with a method
+        ``check_studies(studies)`` has settings that name runs, swept keys or metrics checked
+        when the experiment file is read (it raises ConfigError or FieldError; each study has
+        ``name``, ``kind``, ``keys`` and ``has_slo()``:
+        :func:`schedlab.study.experiment.check_report_studies`).
     """
 
 

@@ -489,6 +489,7 @@ def test_bad_power_tables_name_the_file_table_and_key(tmp_path, table, message):
     with pytest.raises(ConfigError) as info:
         load(path)
     assert "bad.toml" in str(info.value) and message in str(info.value)
+    assert "[clock]: [clock]" not in str(info.value)  # (the table named once)
 
 
 def test_plan_reports_kwh_and_energy_cost(tmp_path):

@@ -84,6 +84,12 @@ def test_bad_assignments_raise_config_error_quoting_the_text(text):
     assert repr(text) in str(info.value)
 
 
+def test_a_value_nested_past_tomls_limit_is_a_clear_error():
+    with pytest.raises(ConfigError, match=r"^--set 'workload.rate=\[{186}\.\.\.': arrays or inline tables nested "
+                                          r"too deeply$"):
+        parse_assignment("workload.rate=" + "[" * 1000 + "]" * 1000)
+
+
 def test_where_names_the_source():
     with pytest.raises(ConfigError, match=r"^runs\[2\] 'oops': "):
         parse_assignment("oops", where="runs[2]")

@@ -160,6 +160,17 @@ def test_unimportable_plugin_module_is_a_clear_error(tmp_path):
         load(tmp_path / "exp.toml")
 
 
+def test_a_plugin_module_that_implements_no_hook_is_a_clear_error(tmp_path):
+    """plugins = ["os"] imported and registered a module that contributes nothing: a misnamed
+    module (or one whose hooks lack @schedlab.hookimpl) would otherwise fail later as 'unknown
+    scheduler'."""
+    (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["os"]\n'
+                                       '[workload]\nkind = "file"\npath = "x.json"\n')
+    with pytest.raises(ConfigError, match=r"plugin module 'os' implements no schedlab hook \(functions marked "
+                                          r"@schedlab.hookimpl"):
+        load(tmp_path / "exp.toml")
+
+
 def test_pluggy_is_not_on_the_engine_path():
     """The engine modules never import pluggy: plugins are called directly in the loop."""
     import schedlab.engine.driver as driver

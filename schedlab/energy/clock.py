@@ -152,10 +152,10 @@ class ClockedCostModel:
         if work is None:
             why = getattr(inner, "unsaid_work", None)  # speculative decoding's drafter says none
             name = type(getattr(inner, "target", inner)).__name__  # (the target's, through drafting)
-            raise ConfigError(f"[clock]: {why}" if why else f"[clock]: the cost model {name} does not say the bytes "
+            raise ConfigError(why if why else f"the cost model {name} does not say the bytes "
                               "and FLOPs of an iteration (work); use the roofline cost model")
         if gpu.max_clock_mhz is None or gpu.min_clock_mhz is None:
-            raise ConfigError(f"[clock]: GPU {gpu.name!r} has no max_clock_mhz/min_clock_mhz in its preset")
+            raise ConfigError(f"GPU {gpu.name!r} has no max_clock_mhz/min_clock_mhz in its preset")
         self.inner = inner
         self.config = config
         self.gpu = gpu
@@ -182,16 +182,16 @@ class ClockedCostModel:
         if config.policy == "fixed":
             mhz = config.mhz if config.mhz is not None else f_max
             if not f_min <= mhz <= f_max:
-                raise ConfigError(f"[clock]: mhz: {mhz:g} is outside {gpu.name}'s clocks ({f_min:g}-{f_max:g} MHz)")
+                raise ConfigError(f"mhz: {mhz:g} is outside {gpu.name}'s clocks ({f_min:g}-{f_max:g} MHz)")
             self.fixed = mhz / f_max
             self.levels = (self.fixed,)
             self.target = math.inf
         else:
             if config.mhz is not None:
-                raise ConfigError("[clock]: mhz: the 'slo' policy chooses the clock; leave mhz out")
+                raise ConfigError("mhz: the 'slo' policy chooses the clock; leave mhz out")
             target = config.tpot_ms if config.tpot_ms is not None else tpot_ms
             if target is None or not math.isfinite(target):
-                raise ConfigError("[clock]: the 'slo' policy needs a TPOT target: set tpot_ms in [clock] or [slo]")
+                raise ConfigError("the 'slo' policy needs a TPOT target: set tpot_ms in [clock] or [slo]")
             self.fixed = None
             self.target = config.headroom * target
             n = int((f_max - f_min) // config.step_mhz)

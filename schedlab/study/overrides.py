@@ -45,6 +45,8 @@ def _parse_value(raw: str, where: str) -> Any:
         raise ConfigError(f"{where}: the value must be on one line")
     try:
         return tomli.loads(f"v = {raw}")["v"]
+    except RecursionError:
+        raise ConfigError(f"{where}: arrays or inline tables nested too deeply") from None
     except tomli.TOMLDecodeError as exc:
         if raw.startswith(_STRUCTURED_START):
             raise ConfigError(f"{where}: {raw!r} is not a valid TOML value ({exc})") from None
@@ -70,7 +72,8 @@ def parse_assignment(text: str, *, where: str = "--set") -> tuple[str, Any]:
     :param where: how to name the source in messages.
     :raises ConfigError: the text has no ``=``, a bad key or a bad value; the message quotes it.
     """
-    context = f"{where} {text!r}"
+    shown = text if len(text) <= 200 else text[:200] + "..."  # (a whole file pasted in stays readable)
+    context = f"{where} {shown!r}"
     key_text, sep, value_text = text.partition("=")
     if not sep:
         raise ConfigError(f"{context}: expected dotted.key=value, e.g. workload.rate=10")
