@@ -20,8 +20,9 @@ against a cost per prompt token match TTFT's percentiles equally well, and the m
 TTFT that grows with the prompt is a regression. (Runs fitted together that carry a
 ``[target]`` are still judged by its statistics.)
 
-Each ``--fit KEY=LOW:HIGH`` names a setting of the run's tables (``cost_model.overhead_ms``,
-``cost_model.mfu``) and its bounds; ``--hold KEY=VALUE`` sets one and keeps it out of the fit.
+Each ``--fit KEY=LOW:HIGH`` names a real-number setting of the run's tables
+(``cost_model.overhead_ms``, ``cost_model.mfu``; a whole-number or true/false one is swept or
+held, not fitted) and its finite bounds; ``--hold KEY=VALUE`` sets one and keeps it out of the fit.
 The objective is the mean absolute error over the statistics, in percent. A fit that can be
 trusted:
 
@@ -31,7 +32,10 @@ trusted:
   bounds (a Halton sequence: deterministic; a third of the budget, at most 8 per parameter) --
   a start drawn blindly in the box often lands where the server is overloaded and the error
   is flat; each start runs scipy's bounded Nelder-Mead, restarted from its best point with a
-  fresh simplex while that improves and the budget lasts; the best result wins;
+  fresh simplex while that improves and the budget lasts; the best result wins. The budget
+  (``--max-evaluations``) caps every simulation of the fit: the start, the screen, the
+  diagnosis below (4 per parameter, set aside first when there is room) and the descents,
+  each start in turn taking an equal share of what is left;
 * a candidate the engine refuses (a cost of 0 ms at a bound of 0, a setting out of its range)
   scores as a failure instead of aborting the fit;
 * it prints the error before fitting and after, warns when a fitted value sits on its bound
@@ -69,6 +73,12 @@ ENTANGLED = 0.9
 #: A move of this share of a parameter's range that changes the error by less than
 #: :data:`FLAT_POINTS` percentage points: the data hardly constrains the parameter.
 PROFILE_STEP, FLAT_POINTS = 0.05, 0.05
+#: Candidates are rounded to this many decimals (the cache of simulations is keyed by them), so
+#: a range must be at least :data:`MIN_RANGE` wide: narrower, its candidates collapse into one.
+DECIMALS = 12
+MIN_RANGE = 1e-6
+#: The simulations that check how well the data pins the fit: this many per fitted setting.
+DIAGNOSIS_PER_PARAMETER = 4
 
 
 @attrs.frozen
@@ -99,6 +109,8 @@ class Fit:
     run_tables: tuple[str, ...] = ()
     #: what a measured run was judged by (:data:`OBJECTIVES`)
     objective: str = "statistics"
+    #: statistics of a target left out of the objective, and why (a measured 0)
+    left_out: tuple[str, ...] = ()
 
 
 def parse_parameter(text: str) -> Parameter:
@@ -112,6 +124,12 @@ def parse_parameter(text: str) -> Parameter:
     if not sep or not colon or not key.strip() or not (lo < hi):
         raise ConfigError(f"--fit {text!r}: expected KEY=LOW:HIGH with LOW < HIGH, e.g. cost_model.overhead_ms=0:5 "
                           f"(to hold a setting at a value: --hold KEY=VALUE)")
+    if not all(math.isfinite(v) for v in (2 * lo, 2 * hi, hi - lo)):  # scipy reflects points at a bound: 2 x it
+        raise ConfigError(f"--fit {text!r}: the bounds must be finite numbers, well inside a float's range (the fit "
+                          f"spreads its starts over the range and reflects its steps at the bounds)")
+    if hi - lo < MIN_RANGE:
+        raise ConfigError(f"--fit {text!r}: the bounds must be at least {MIN_RANGE:g} apart: the fit rounds its "
+                          f"candidates to {DECIMALS} decimals, so a narrower range collapses into one value")
     return Parameter(key.strip(), lo, hi)
 
 
@@ -185,9 +203,25 @@ OBJECTIVES = {"statistics": MeasuredRun, "requests": PairedRequests}
 
 
 class SummaryTarget:
-    """The statistics of a :class:`~schedlab.targets.Summary` (a report or a scrape)."""
+    """The statistics of a :class:`~schedlab.targets.Summary` (a report or a scrape) that can be
+    fitted to: a measured 0 (or a quantile a histogram cannot give) has no error in percent, and
+    is left out (``left_out``: name -> why, with what the file gave no number for).
+
+    :raises ConfigError: no statistic is left (the message lists what the file held and why
+        each is unusable).
+    """
 
     def __init__(self, summary):
+        self.left_out = {name: "measured 0: no error in percent" if value == 0 else f"measured {value}"
+                         for name, value in summary.values.items() if value == 0 or not math.isfinite(value)}
+        if len(self.left_out) == len(summary.values):
+            found = [f"{name} is {why}" for name, why in {**summary.dropped, **self.left_out}.items()]
+            raise ConfigError(f"{summary.source}: no statistic to fit to: "
+                              f"{'; '.join(found) if found else 'it holds none'} (null is read as a statistic the "
+                              f"tool had no value for)")
+        if self.left_out:
+            summary = attrs.evolve(summary, values={n: v for n, v in summary.values.items() if n not in self.left_out})
+        self.left_out.update({key: f"{why} in the file" for key, why in summary.dropped.items()})
         self.summary = summary
         self.timeline = any(name.startswith("iteration_tokens") for name in summary.values)
 
@@ -233,6 +267,8 @@ def _study(exp, run_name):
 def _studies(exp, run_names: list[str]) -> list:
     """The runs ``run_names`` name, in file order: exact names or shell patterns (``vllm-*``);
     every name must match a run."""
+    if not run_names:
+        raise ConfigError(f"--run names no run; the experiment has: {', '.join(s.name for s in exp.studies)}")
     chosen = []
     for name in run_names:
         matched = [s for s in exp.studies if fnmatch.fnmatchcase(s.name, name)]
@@ -270,6 +306,87 @@ def default_value(exp, tables: dict, key: str) -> float | None:
     return None
 
 
+def _core_config(section: str):
+    """The config class of a table the core reads itself (not a plugin's), or None."""
+    from .energy.clock import ClockConfig
+    from .frontend import ClientConfig, FrontendConfig
+    from .speculative import SpeculativeConfig
+    from .study.simulation import ClusterConfig, SloConfig
+
+    return {"frontend": FrontendConfig, "client": ClientConfig, "cluster": ClusterConfig, "slo": SloConfig,
+            "speculative": SpeculativeConfig, "clock": ClockConfig}.get(section)
+
+
+#: The tables that name a plugin, and its registry.
+PLUGIN_TABLES = {"scheduler": "scheduler", "cost_model": "cost_model", "kv_cache": "kv_cache", "workload": "workload",
+                 "power": "power_model"}
+
+
+def check_settings(exp, tables: dict, parameters: list[Parameter], hold: dict[str, Any]) -> None:
+    """Refuse what a fit cannot move: a key outside the run's tables (``experiment.seed`` is
+    never applied to a run), a setting fitted twice, and a whole-number or true/false setting
+    (a fit moves its settings continuously: ``max_num_seqs`` would be tried at 128.5). A key
+    whose declaration cannot be found (an unknown key, a nested table) is left to the run,
+    which names it.
+
+    :raises ConfigError: naming the option and key.
+    """
+    seen: set[str] = set()
+    for p in parameters:
+        if p.key in seen:
+            raise ConfigError(f"--fit {p.key}: given twice; fit each setting once, with one range")
+        seen.add(p.key)
+        _check_table(p.key, "--fit")
+        declared = _declared_type(exp, tables, p.key)
+        if declared is None or "float" in declared:
+            continue
+        if "bool" in declared:
+            raise ConfigError(f"--fit {p.key}: a true/false setting; a fit moves its settings continuously -- "
+                              f"compare both (a sweep) or hold it (--hold {p.key}=true)")
+        if "int" in declared:
+            raise ConfigError(f"--fit {p.key}: a whole-number setting; a fit moves its settings continuously -- "
+                              f"sweep it ([sweep] or --set) or hold it (--hold {p.key}=VALUE)")
+        if declared & {"str", "dict", "list", "tuple"}:
+            raise ConfigError(f"--fit {p.key}: not a number setting ({' | '.join(sorted(declared))})")
+    for key in hold:
+        _check_table(key, "--hold")
+
+
+def _check_table(key: str, option: str) -> None:
+    """``key`` names a setting of a table of the run (not ``experiment.seed``, ``runs.*``, ``[target]``)."""
+    from .study.spec import RUN_TABLES
+
+    section, _, name = key.partition(".")
+    if section not in RUN_TABLES or section == "target" or not name:
+        tables = ", ".join(t for t in RUN_TABLES if t != "target")
+        raise ConfigError(f"{option} {key}: not a setting of the run; give a key of one of its tables ({tables}), "
+                          f"e.g. cost_model.overhead_ms")
+
+
+def _declared_type(exp, tables: dict, key: str) -> set[str] | None:
+    """The types the setting ``key`` is declared with (``{"float"}``, ``{"int"}`` ...; None
+    stripped), or None when its declaration cannot be found."""
+    from .errors import UnknownPluginError
+
+    section, _, name = key.partition(".")
+    if "." in name:
+        return None
+    cls = _core_config(section)
+    if cls is None:
+        table = tables.get(section)
+        if section not in PLUGIN_TABLES or not isinstance(table, dict) or "kind" not in table:
+            return None
+        try:
+            cls = exp.context.catalog[PLUGIN_TABLES[section]].get(table["kind"]).config
+        except (UnknownPluginError, KeyError, TypeError):
+            return None
+    field = next((a for a in attrs.fields(cls) if a.name == name), None) if cls and attrs.has(cls) else None
+    if field is None or field.type is None:
+        return None
+    text = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    return {part.strip() for part in text.split("|")} - {"None"}
+
+
 def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | None = None, max_evaluations: int = 60,
               tolerance: float = 1e-3, rows=None, target=None, hold: dict[str, Any] | None = None,
               starts: int = 1, diagnose: bool = True, objective: str = "statistics") -> tuple[Fit, Any, Any]:
@@ -283,22 +400,30 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         simulated, so they still wait behind and share the GPU with the others).
     :param target: a :class:`~schedlab.targets.Summary` to fit to instead of the measured run.
     :param hold: settings held at a value (``{"cost_model.mfu": 0.6}``).
+    :param max_evaluations: the simulations of the whole fit, at most: the start, the screen
+        for the other starts (a third of the budget, at most 8 per parameter, at least one per
+        start), the descents (the rest: each start in turn gets an equal share of what is left,
+        so what one leaves unspent goes to the next), and the diagnosis (
+        :data:`DIAGNOSIS_PER_PARAMETER` per parameter, set aside first; left out, with a
+        warning, when the budget has no room for it).
     :param starts: Nelder-Mead runs: from the defaults, then from the best of a screen of points
-        spread over the bounds.
-    :param diagnose: compute the correlations and error profile at the fit (``2 x`` parameters
-        more simulations).
+        spread over the bounds; at most ``max_evaluations``.
+    :param diagnose: compute the correlations and error profile at the fit
+        (:data:`DIAGNOSIS_PER_PARAMETER` simulations per parameter).
     :param objective: how a measured run (not a ``[target]``) judges a candidate:
         ``"statistics"``, its 15 statistics; ``"requests"``, each request against its replay
         (:class:`PairedRequests`).
     :returns: ``(fit, spec at the fit, result at the fit)``; with a list of runs, a list of
         specs and a list of results, one per run.
-    :raises ConfigError: no such run, a key that is not a number, nothing to compare with, or a
-        start the engine refuses.
+    :raises ConfigError: no such run, a key that is not a number setting of the run or given
+        twice, a budget of no simulation or fewer than ``starts``, nothing to compare with, or a
+        start the engine refuses or that leaves nothing to compare.
     """
     from .study.simulation import RunSpec, _tables_with_defaults
 
     if not parameters:
         raise ConfigError("nothing to fit: give at least one --fit KEY=LOW:HIGH")
+    _check_budget(max_evaluations, starts)
     joint = isinstance(run_name, (list, tuple))
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
@@ -321,6 +446,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
             judge = OBJECTIVES[objective](rows)
         members.append((study.base, tables, judge))
     tables = members[0][1]  # the start: the first run's values
+    check_settings(exp, tables, parameters, hold or {})
     start = []
     for p in parameters:
         value = get_dotted(tables, p.key, None)
@@ -342,23 +468,37 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         return out
 
     judges = [judge for _, _, judge in members]
+    diagnosis = DIAGNOSIS_PER_PARAMETER * len(parameters)
+    room = diagnose and max_evaluations - diagnosis >= max(starts, len(parameters) + 2)
+    cap = [max_evaluations - diagnosis if room else max_evaluations]  # simulations allowed so far
 
     def evaluate(x, *, strict: bool = False):
-        key = tuple(round(float(v), 12) for v in x)
+        key = tuple(round(float(v), DECIMALS) for v in x)
         if key not in cache:
+            if len(cache) >= cap[0]:
+                raise BudgetSpent
             cache[key] = score_all(exp, specs_at(key), judges, strict=strict, prefix=joint)
         return cache[key]
 
-    start_error = evaluate(start, strict=True)[0]  # fail fast: bad key, nothing to compare with
+    start_error, _, start_errors = evaluate(start, strict=True)  # fail fast: bad key, nothing to compare with
+    nothing = _nothing_to_compare(start_errors, parameters, start) if start_error >= FAILED else None
+    if nothing:
+        raise ConfigError(nothing)
     lows, highs = np.array([p.low for p in parameters]), np.array([p.high for p in parameters])
     points = [np.array(start)]
     if starts > 1:
-        screen = _spread(lows, highs, max(starts - 1, min(8 * len(parameters), max_evaluations // 3)))
-        screened = sorted(screen, key=lambda x: evaluate(x)[0])  # stable: ties keep the sequence's order
+        size = min(max(starts - 1, min(8 * len(parameters), max_evaluations // 3)), cap[0] - 1)
+        screened = sorted(_spread(lows, highs, size), key=lambda x: evaluate(x)[0])  # stable: ties keep order
         points += screened[:starts - 1]
-    budget = max((max_evaluations - len(cache)) // len(points), 4 * len(parameters) + 4)
-    for point in points:
-        restarted_nelder_mead(lambda x: evaluate(x)[0], point, lows, highs, budget, tolerance)
+    fit_cap = cap[0]
+    for i, point in enumerate(points):  # each start an equal share of the simulations left
+        share = (fit_cap - len(cache)) // (len(points) - i)
+        cap[0] = len(cache) + share
+        # calls, not simulations: a descent also revisits points it has scored (its restarts' first vertex)
+        calls = 2 * share + 2 * (len(parameters) + 1)
+        if share > 0:
+            restarted_nelder_mead(lambda x: evaluate(x)[0], point, lows, highs, calls, tolerance)
+    cap[0] = fit_cap
     best = min(cache, key=lambda k: cache[k][0])
     error, results, errors = cache[best]
     specs = specs_at(best)
@@ -366,22 +506,48 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
     warnings = [_bound_warning(p, values[p.key]) for p in parameters]
     entangled: list[str] = []
     sensitivity: list[str] = []
-    if diagnose and error < FAILED:
+    if diagnose and not room:
+        warnings.append(f"no check of how well the data pins the fit: --max-evaluations {max_evaluations} leaves "
+                        f"no room for its {diagnosis} simulations (give at least "
+                        f"{diagnosis + max(starts, len(parameters) + 2)})")
+    elif diagnose and error < FAILED:
+        cap[0] = max_evaluations
         entangled, sensitivity = _identifiability(parameters, np.array(best), lows, highs, errors, evaluate)
     run_tables = tuple(judge.table(f"{spec.name} at the fit: simulated vs measured", result)
                        for spec, judge, result in zip(specs, judges, results)) if joint and results else ()
+    left_out = tuple(f"{judge.summary.source}: {name} ({why})" if joint else f"{name} ({why})"
+                     for judge in judges for name, why in getattr(judge, "left_out", {}).items())
     fit = Fit(values, error, len(cache), {p.key: v for p, v in zip(parameters, start)}, start_error,
               dict(hold or {}), len(points), errors, tuple(w for w in warnings if w), tuple(entangled),
-              tuple(sensitivity), run_tables, objective)
+              tuple(sensitivity), run_tables, objective, left_out)
     if joint:
         return fit, specs, results
     return fit, specs[0], results[0] if results else None
 
 
+class BudgetSpent(Exception):
+    """Raised by an objective whose simulations are spent: stops a descent where it is."""
+
+
+def _nothing_to_compare(errors: dict[str, float], parameters: list[Parameter], start: list[float]) -> str | None:
+    """Why the start scores no error: the statistics the simulation has no value for (None when
+    each has one: an error of a million percent or more is an error, not nothing)."""
+    at = ", ".join(f"{p.key} = {v:g}" for p, v in zip(parameters, start))
+    missing = [name for name, value in errors.items() if not math.isfinite(value)]
+    if not errors:
+        return f"at the start ({at}) there is no statistic to compare"
+    if not missing:
+        return None
+    return (f"at the start ({at}) the simulation has no value to compare for {', '.join(missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''} (NaN: e.g. no request with a second token): nothing to fit; "
+            f"leave them out (--statistics) or check that the workload is the benchmark's")
+
+
 def restarted_nelder_mead(f, point, lows: np.ndarray, highs: np.ndarray, budget: int, tolerance: float = 1e-3,
                           *, restarts: bool = True):
     """Minimise ``f`` from ``point`` in the box with scipy's bounded Nelder-Mead, in at most
-    ``budget`` calls; returns ``(x, f(x))`` of the last descent's best.
+    ``budget`` calls (or until ``f`` raises :class:`BudgetSpent`: the descent stops where it
+    is); returns ``(x, f(x))`` of the best point seen.
 
     The first simplex is a quarter of each range wide: the error surface is piecewise smooth
     (iterations are discrete), so small steps see only its plateaus. A simplex collapses on the
@@ -392,25 +558,31 @@ def restarted_nelder_mead(f, point, lows: np.ndarray, highs: np.ndarray, budget:
 
     span = 0.25 * (highs - lows)
     calls = 0
+    point = np.asarray(point, dtype=float)
+    value = f(point)  # the start's value: not counted against the budget (the caller has scored it)
+    best = [point, value]
 
     def counted(x):
         nonlocal calls
         calls += 1
-        return f(x)
+        y = f(x)
+        if y < best[1]:
+            best[:] = [np.clip(np.asarray(x, dtype=float), lows, highs), float(y)]
+        return y
 
-    point = np.asarray(point, dtype=float)
-    value = f(point)  # the start's value: not counted against the budget (the caller has scored it)
     while calls < budget:
         simplex = [point] + [point + np.where(np.arange(len(point)) == i, np.where(point + span <= highs, span, -span),
                                               0.0) for i in range(len(point))]
-        result = minimize(counted, point, method="Nelder-Mead", bounds=list(zip(lows, highs)),
-                          options={"initial_simplex": simplex, "maxfev": max(budget - calls, 1), "xatol": tolerance,
-                                   "fatol": 1e-3})
+        try:
+            result = minimize(counted, point, method="Nelder-Mead", bounds=list(zip(lows, highs)),
+                              options={"initial_simplex": simplex, "maxfev": max(budget - calls, 1),
+                                       "xatol": tolerance, "fatol": 1e-3})
+        except BudgetSpent:
+            break
         if not restarts or not result.fun < value - 1e-3:
-            point, value = (np.clip(result.x, lows, highs), float(result.fun)) if result.fun < value else (point, value)
             break
         point, value = np.clip(result.x, lows, highs), float(result.fun)
-    return point, value
+    return best[0], best[1]
 
 
 def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False) -> tuple[float, Any, dict]:
@@ -419,10 +591,10 @@ def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False)
     results, errors = [], {}
     for spec, judge in zip(specs, judges):
         error, result, errs = score(exp, spec, judge, strict=strict)
-        if error >= FAILED:
-            return FAILED, None, {}
-        results.append(result)
         errors.update({(f"{spec.name}: {k}" if prefix else k): v for k, v in errs.items()})
+        if error >= FAILED:
+            return FAILED, None, errors  # the errors so far: which statistic has no value
+        results.append(result)
     return mean_abs(errors), results, errors
 
 
@@ -552,7 +724,7 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
     if joint:
         what = f"{len(fit.errors)} {values} of {len(spec)} runs fitted together"
     elif target is not None:
-        what = f"{len(fit.errors)} statistics of {target.source}"
+        what = f"{len(fit.errors)} statistic{'s' if len(fit.errors) != 1 else ''} of {target.source}"
     else:
         what = f"the {len(fit.errors)} {values} of the measured run" + (" (the fitted requests)" if rows is not None
                                                                        else "")
@@ -560,13 +732,16 @@ def report(fit: Fit, spec, result, parameters: list[Parameter], rows=None, other
             what += ", each request against its replay"
     lines = [f"before the fit (the file's values and the plugins' defaults): mean |error| "
              f"{_pct(fit.start_error_pct)} over {what}", "", "fit (start -> fitted, bounds):"]
+    if fit.left_out:
+        lines[1:1] = [f"left out of the fit: {', '.join(fit.left_out)}"]
     for p in parameters:
         flag = "  (on its bound)" if any(w.startswith(p.key + " =") for w in fit.warnings) else ""
         lines.append(f"  {p.key:<32} {fit.start[p.key]:>10.4g} -> {fit.values[p.key]:<10.4g} "
                      f"[{p.low:g}, {p.high:g}]{flag}")
     for key, value in fit.held.items():
         lines.append(f"  {key:<32} held at {value!r}")
-    lines.append(f"  {fit.evaluations} simulations from {fit.starts} start{'s' if fit.starts > 1 else ''}; "
+    lines.append(f"  {fit.evaluations} simulation{'s' if fit.evaluations != 1 else ''} from {fit.starts} "
+                 f"start{'s' if fit.starts > 1 else ''}; "
                  f"mean |error| {_pct(fit.start_error_pct)} -> {_pct(fit.mean_abs_error_pct)}")
     if held_out is not None:
         lines.append(f"  {held_out_label}: mean |error| {_pct(held_out[0])} -> {_pct(held_out[1])}")
@@ -651,7 +826,7 @@ def add_arguments(parser) -> None:
                              "report, or a scrape of vLLM's /metrics")
     parser.add_argument("--target-baseline", metavar="FILE",
                         help="a /metrics scrape taken before the run: subtracted from --target's")
-    parser.add_argument("--target-index", type=int, default=0, metavar="N",
+    parser.add_argument("--target-index", type=int, default=None, metavar="N",
                         help="which benchmark of a guidellm report with several (default 0)")
     parser.add_argument("--statistics", metavar="NAMES",
                         help="comma-separated statistics of --target to fit (default: all it holds), e.g. "
@@ -670,8 +845,12 @@ def add_arguments(parser) -> None:
                              "request's TTFT, TPOT and latency against its own replay ('requests': pins what grows "
                              "with the prompt or the batch where statistics trade settings off)")
     parser.add_argument("--starts", type=int, default=3, help="Nelder-Mead starts: the defaults, then points "
-                                                              "spread over the bounds (default 3)")
-    parser.add_argument("--max-evaluations", type=int, default=60, help="simulations at most (default 60)")
+                                                              "spread over the bounds (default 3; at most "
+                                                              "--max-evaluations)")
+    parser.add_argument("--max-evaluations", type=int, default=60,
+                        help="simulations at most, all told (default 60): the start; a screen of points for the other "
+                             "starts (a third); 4 per fitted setting to check how well the data pins the fit (set "
+                             "aside when there is room); the rest shared equally by the starts' descents")
 
 
 def command(args) -> int:
@@ -684,19 +863,23 @@ def command(args) -> int:
     both = sorted(set(hold) & {p.key for p in parameters})
     if both:
         raise ConfigError(f"--hold {both[0]}: also given to --fit; a setting is fitted or held, not both")
-    if args.starts < 1:
-        raise ConfigError(f"--starts {args.starts}: must be at least 1")
+    _check_budget(args.max_evaluations, args.starts)
+    names = _statistic_names(args.statistics)
     target = None
     if args.target is not None:
         if args.part is not None:
             raise ConfigError("--part picks requests of a measured run's log; --target holds summary statistics only")
         target = read_summary(args.target, baseline=args.target_baseline, index=args.target_index)
-        target = target.select([s.strip() for s in args.statistics.split(",") if s.strip()] if args.statistics
-                               else None)
+        target = target.select(names)
+    else:
+        for option, value in (("--target-index", args.target_index), ("--target-baseline", args.target_baseline)):
+            if value is not None:
+                raise ConfigError(f"{option}: applies to the file --target names; give --target (a run's [target] "
+                                  f"table has its own index and baseline keys)")
     rows = others = None
-    run_name = _run_names(args.run)
+    run_name = _run_names(args.run, exp)
     if isinstance(run_name, list):
-        if args.predict or args.statistics:
+        if args.predict or names:
             raise ConfigError("--predict and --statistics take one run; runs fitted together use each one's "
                               "[target] as it is (run the experiment with the fitted values to predict)")
         fit, specs, results = calibrate(exp, parameters, run_name=run_name, max_evaluations=args.max_evaluations,
@@ -707,6 +890,10 @@ def command(args) -> int:
     study = _study(exp, args.run)
     if target is None and args.part is None and args.objective == "statistics" and "target" in study.base.tables:
         target = run_target(exp, study, args.statistics)
+    if target is None and names:
+        raise ConfigError(f"--statistics: picks statistics of a summary (--target, or the run's [target] table); run "
+                          f"{study.name!r} is judged against its measured run"
+                          + (" (--part picks its requests)" if args.part is None else ""))
     if args.part is not None:
         rows, others = parse_part(args.part, _measured_count(exp, study))
     fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations,
@@ -749,13 +936,35 @@ def command(args) -> int:
     return 0
 
 
-def _run_names(text: str | None) -> str | list[str] | None:
+def _run_names(text: str | None, exp) -> str | list[str] | None:
     """``--run``: one name, or several to fit together (comma-separated, or shell patterns)."""
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"--run {text!r}: names no run; the experiment has: {', '.join(s.name for s in exp.studies)}")
     if len(names) == 1 and not any(c in names[0] for c in "*?["):
         return names[0]
+    return names
+
+
+def _check_budget(max_evaluations: int, starts: int) -> None:
+    """``--max-evaluations`` of at least one simulation, and no more ``--starts`` than it."""
+    if max_evaluations < 1:
+        raise ConfigError(f"--max-evaluations {max_evaluations}: must be at least 1 (the simulations the fit may run)")
+    if not 1 <= starts <= max_evaluations:
+        raise ConfigError(f"--starts {starts}: must be from 1 to --max-evaluations ({max_evaluations}): each start "
+                          f"takes at least one of the fit's simulations")
+
+
+def _statistic_names(text: str | None) -> list[str] | None:
+    """``--statistics``: the names, checked against the names a summary can hold; None when not given."""
+    from .targets import check_statistic_names
+
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    check_statistic_names(names, f"--statistics {text!r}")
     return names
 
 
@@ -768,7 +977,7 @@ def run_target(exp, study, statistics: str | None):
     config = from_table(TargetConfig, study.base.tables["target"], where=where, base_dir=exp.context.base_dir)
     try:
         target = config.read()
-    except FieldError as exc:
+    except (ConfigError, FieldError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return target.select([s.strip() for s in statistics.split(",") if s.strip()]) if statistics else target
 

@@ -126,6 +126,9 @@ class Summary:
     values: dict[str, float]
     histograms: dict[str, Histogram] = attrs.field(factory=dict)
     requests: int | None = None
+    #: statistics of the file left out, and why (``{"mean_itl_ms": "nan"}``): null (how the tools
+    #: write a statistic they have no value for) or not finite
+    dropped: dict[str, str] = attrs.field(factory=dict)
 
     @property
     def view(self) -> str:
@@ -151,58 +154,135 @@ class Summary:
 # --- reading ----------------------------------------------------------------------------------------
 
 
-def read_summary(path, *, baseline=None, index: int = 0) -> Summary:
+#: What the messages of :func:`read_summary` call the file, its baseline and index: the options
+#: of ``schedlab calibrate``, or the keys of a run's ``[target]`` table.
+CLI_NAMES = {"path": "--target", "baseline": "--target-baseline", "index": "--target-index"}
+TABLE_NAMES = {"path": "path", "baseline": "baseline", "index": "index"}
+
+
+def read_summary(path, *, baseline=None, index: int | None = None, names: dict[str, str] = CLI_NAMES) -> Summary:
     """The summary statistics in ``path`` (format recognised by content; see the module docstring).
 
     :param baseline: a Prometheus scrape taken before the run, subtracted from ``path``'s.
-    :param index: which benchmark of a guidellm report with several.
-    :raises ConfigError: a missing or unreadable file, or one in none of the formats.
+    :param index: which benchmark of a guidellm report with several (None: the first; refused
+        for the other formats, which hold one).
+    :param names: what the messages call ``path``, ``baseline`` and ``index``
+        (:data:`CLI_NAMES`, or :data:`TABLE_NAMES` for a ``[target]`` table).
+    :raises ConfigError: a missing or unreadable file, one in none of the formats, a statistic
+        that is not a number, or a file without a usable statistic.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--target {path}: file not found")
-    text = path.read_text()
+    text = _read_text(path, names["path"])
+    where = f"{names['path']} {path}"
     if _looks_prometheus(text):
-        before = _parse_prometheus(Path(baseline).read_text(), str(baseline)) if baseline else {}
-        return _prometheus_summary(_parse_prometheus(text, str(path)), before, str(path))
+        if index is not None:
+            raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks; {path} is "
+                              f"a Prometheus scrape")
+        before = {}
+        if baseline:
+            before_text = _read_text(Path(baseline), names["baseline"])
+            if not _looks_prometheus(before_text):
+                raise ConfigError(f"{names['baseline']} {baseline}: not a Prometheus scrape (the baseline is a "
+                                  f"scrape of /metrics taken before the run)")
+            before = _parse_prometheus(before_text, str(baseline))
+        return _prometheus_summary(_parse_prometheus(text, str(path)), before, str(path), where,
+                                   f"{names['baseline']} {baseline}")
     if baseline:
-        raise ConfigError(f"--target-baseline: only a Prometheus scrape has a baseline; {path} is not one")
+        raise ConfigError(f"{names['baseline']}: only a Prometheus scrape has a baseline; {path} is not one")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"--target {path}: neither JSON ({exc.msg}) nor a Prometheus scrape") from None
+        raise ConfigError(f"{where}: neither JSON ({exc.msg}) nor a Prometheus scrape") from None
     if isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
-        return _bench_summary(data, str(path))
-    if isinstance(data, dict) and isinstance(data.get("successes"), dict):
-        return _inference_perf_summary(data, str(path))
-    if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
-        return _guidellm_summary(data, str(path), index)
-    raise ConfigError(f"--target {path}: not a vllm bench serve result, an inference-perf or guidellm report, "
-                      f"or a Prometheus scrape")
+        summary = _bench_summary(data, str(path), where)
+    elif isinstance(data, dict) and isinstance(data.get("successes"), dict):
+        summary = _inference_perf_summary(data, str(path), where)
+    elif isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
+        return _usable(_guidellm_summary(data, str(path), 0 if index is None else index, where, names), where)
+    else:
+        raise ConfigError(f"{where}: not a vllm bench serve result, an inference-perf or guidellm report, "
+                          f"or a Prometheus scrape")
+    if index is not None:
+        raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks; {path} is a "
+                          f"{summary.kind} file")
+    return _usable(summary, where)
+
+
+def _read_text(path: Path, name: str) -> str:
+    """The text of the file ``name`` (an option or a table's key) gives, or a ConfigError."""
+    if not path.is_file():
+        raise ConfigError(f"{name} {path}: file not found")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{name} {path}: cannot be read ({exc.__class__.__name__}: {exc})") from None
+
+
+def _usable(summary: Summary, where: str) -> Summary:
+    """``summary``, when it holds a statistic; else an error saying what the file held."""
+    if summary.values:
+        return summary
+    if summary.dropped:
+        found = "; ".join(f"{key} is {why}" for key, why in summary.dropped.items())
+        raise ConfigError(f"{where}: no usable statistics: {found} (null is read as a statistic the tool had no "
+                          f"value for; a statistic must be a finite number)")
+    raise ConfigError(f"{where}: no usable statistics: the {summary.kind} file holds none of the statistics "
+                      f"schedlab reads (see schedlab/targets.py)")
 
 
 def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    value = _float(value)
+    return value if math.isfinite(value) else None
 
 
-def _bench_summary(data: dict, source: str) -> Summary:
+def _float(value: int | float) -> float:
+    """``value`` as a float; a JSON integer beyond a float's range as infinity."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _statistic(raw, key: str, where: str, dropped: dict[str, str]) -> float | None:
+    """A statistic's value in a report: a finite number, or None -- noted in ``dropped`` -- for
+    null (how the tools write a statistic they have no value for) and for NaN or infinity.
+
+    :raises ConfigError: a value that is not a number (text, true/false, a list ...), naming ``key``.
+    """
+    if raw is None:
+        dropped[key] = "null"
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise ConfigError(f"{where}: {key}: must be a number, got {raw!r}")
+    value = _float(raw)
+    if not math.isfinite(value):
+        dropped[key] = str(value)
+        return None
+    return value
+
+
+def _bench_summary(data: dict, source: str, where: str) -> Summary:
     values: dict[str, float] = {}
+    dropped: dict[str, str] = {}
     pattern = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
     for key, raw in data.items():
         match = pattern.match(key)
-        value = _number(raw)
-        if match is None or value is None:
+        if match is None:
+            continue
+        value = _statistic(raw, key, where, dropped)
+        if value is None:
             continue
         stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else f"p{match.group(2)}"
         values[f"{BENCH[match.group(3)]}.{stat}"] = value
     for key, name in BENCH_RATES.items():
-        if _number(data.get(key)) is not None:
-            values[name] = float(data[key])
+        value = _statistic(data[key], key, where, dropped) if key in data else None
+        if value is not None:
+            values[name] = value
     completed = data.get("completed")
     return Summary(source, "vllm bench serve", _ordered(values),
-                   requests=int(completed) if _number(completed) is not None else None)
+                   requests=int(completed) if _number(completed) is not None else None, dropped=dropped)
 
 
 def _stat_name(key: str) -> str | None:
@@ -214,34 +294,40 @@ def _stat_name(key: str) -> str | None:
     return key if match else None
 
 
-def _inference_perf_summary(data: dict, source: str) -> Summary:
+def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
     successes = data["successes"]
     latency = successes.get("latency") or {}
     values: dict[str, float] = {}
+    dropped: dict[str, str] = {}
     for key, group in INFERENCE_PERF.items():
         block = latency.get(key)
         if not isinstance(block, dict):
             continue
         for stat_key, raw in block.items():
-            stat, value = _stat_name(stat_key), _number(raw)
-            if stat is not None and value is not None:
+            stat = _stat_name(stat_key)
+            value = _statistic(raw, f"successes.latency.{key}.{stat_key}", where, dropped) if stat else None
+            if value is not None:
                 values[f"{group}.{stat}"] = value * 1e3
+    throughput = successes.get("throughput") or {}
     for key, name in INFERENCE_PERF_RATES.items():
-        value = _number((successes.get("throughput") or {}).get(key))
+        value = _statistic(throughput[key], f"successes.throughput.{key}", where, dropped) if key in throughput \
+            else None
         if value is not None:
             values[name] = value
     count = _number(successes.get("count"))
-    return Summary(source, "inference-perf", _ordered(values), requests=int(count) if count is not None else None)
+    return Summary(source, "inference-perf", _ordered(values), requests=int(count) if count is not None else None,
+                   dropped=dropped)
 
 
-def _guidellm_summary(data: dict, source: str, index: int) -> Summary:
+def _guidellm_summary(data: dict, source: str, index: int, where: str, names: dict[str, str]) -> Summary:
     benchmarks = data["benchmarks"]
     if not benchmarks:
-        raise ConfigError(f"--target {source}: the report holds no benchmarks")
+        raise ConfigError(f"{where}: the report's 'benchmarks' list is empty: guidellm saved no benchmark")
     if not 0 <= index < len(benchmarks):
-        raise ConfigError(f"--target-index {index}: {source} holds benchmarks 0..{len(benchmarks) - 1}")
+        raise ConfigError(f"{names['index']} {index}: {source} holds benchmarks 0..{len(benchmarks) - 1}")
     metrics = (benchmarks[index] or {}).get("metrics") or {}
     values: dict[str, float] = {}
+    dropped: dict[str, str] = {}
 
     def successful(block):
         return (block or {}).get("successful") if isinstance(block, dict) else None
@@ -251,20 +337,26 @@ def _guidellm_summary(data: dict, source: str, index: int) -> Summary:
         if not isinstance(dist, dict):
             continue
         for stat_key in ("mean", "median"):
-            value = _number(dist.get(stat_key))
+            value = _statistic(dist[stat_key], f"metrics.{key}.successful.{stat_key}", where, dropped) \
+                if stat_key in dist else None
             if value is not None:
                 values[f"{group}.{_stat_name(stat_key)}"] = value * scale
         for stat_key, raw in (dist.get("percentiles") or {}).items():
-            stat, value = _guidellm_percentile(stat_key), _number(raw)
-            if stat is not None and value is not None:
+            stat = _guidellm_percentile(stat_key)
+            value = _statistic(raw, f"metrics.{key}.successful.percentiles.{stat_key}", where, dropped) if stat \
+                else None
+            if value is not None:
                 values[f"{group}.{stat}"] = value * scale
     for key, name in GUIDELLM_RATES.items():
-        value = _number((successful(metrics.get(key)) or {}).get("mean"))
+        dist = successful(metrics.get(key)) or {}
+        value = _statistic(dist["mean"], f"metrics.{key}.successful.mean", where, dropped) if "mean" in dist \
+            else None
         if value is not None:
             values[name] = value
     count = _number((successful(metrics.get("request_latency")) or {}).get("count"))
-    where = f"{source} (benchmark {index} of {len(benchmarks)})" if len(benchmarks) > 1 else source
-    return Summary(where, "guidellm", _ordered(values), requests=int(count) if count is not None else None)
+    label = f"{source} (benchmark {index} of {len(benchmarks)})" if len(benchmarks) > 1 else source
+    return Summary(label, "guidellm", _ordered(values), requests=int(count) if count is not None else None,
+                   dropped=dropped)
 
 
 def _guidellm_percentile(key: str) -> str | None:
@@ -278,19 +370,47 @@ def _guidellm_percentile(key: str) -> str | None:
     return f"p{digits}"
 
 
+#: The names a statistic of a summary can have (:func:`check_statistic_names`).
+_STATISTIC = re.compile(r"^(?:(?:%s)\.(?:mean|p(\d+(?:\.\d+)?))|%s)$"
+                        % ("|".join((*GROUPS, "iteration_tokens")), "|".join(THROUGHPUTS)))
+
+
+def check_statistic_names(names, option: str) -> None:
+    """Refuse a name no summary can hold (``ttft_ms.mean``, ``itl_ms.p99``, ``e2e_ms.p99.9``,
+    ``request_throughput_rps`` ... are the names), before any file is read.
+
+    :raises ConfigError: an empty list, or a name not of that form (``option`` is what the
+        message calls the list: ``--statistics``, a table's ``statistics``).
+    """
+    if not names:
+        raise ConfigError(f"{option}: names no statistic; leave it out to compare every statistic the file holds")
+    for name in names:
+        match = _STATISTIC.match(name)
+        if match is None or (match.group(1) is not None and not float(match.group(1)) <= 100):
+            raise ConfigError(f"{option}: {name!r} is not a statistic; statistics are named <group>.mean or "
+                              f"<group>.pNN with the group one of {', '.join((*GROUPS, 'iteration_tokens'))} "
+                              f"(e.g. ttft_ms.mean, itl_ms.p99), or one of {', '.join(THROUGHPUTS)}")
+
+
 def _looks_prometheus(text: str) -> bool:
     head = text.lstrip()[:4096]
     return head.startswith("#") or bool(re.search(r"^vllm:\w+(\{[^}]*\})?\s", head, re.M))
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
-_LE = re.compile(r'(?:^|,)\s*le\s*=\s*"([^"]*)"')
+_LABEL = re.compile(r'\s*([A-Za-z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_INF = ("+Inf", "Inf", "inf", "+inf")
 
 
 def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
     """Each histogram of :data:`PROMETHEUS`: ``{"buckets": {le: count}, "sum": s, "count": c}``,
-    summed over its label sets."""
-    found: dict[str, dict] = {}
+    summed over its label sets, each of which must be a histogram (:func:`_check_series`).
+
+    :raises ConfigError: naming the file and line: a line that is not a sample, a value that is
+        not a finite number or a negative count, a bucket without a numeric ``le``, buckets whose
+        cumulative counts fall, a ``_count`` that is not the ``+Inf`` bucket's.
+    """
+    series: dict[tuple[str, str], dict] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -299,29 +419,93 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
         if match is None:
             raise ConfigError(f"{source}: line {number}: not a Prometheus sample: {line[:80]!r}")
         name, labels, raw = match.group(1), match.group(3) or "", match.group(4)
-        for metric in PROMETHEUS:
-            if not name.startswith(metric):
-                continue
-            suffix = name[len(metric):]
-            if suffix not in ("_bucket", "_sum", "_count"):
-                continue
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ConfigError(f"{source}: line {number}: {name}: not a number: {raw!r}") from None
-            entry = found.setdefault(metric, {"buckets": {}, "sum": 0.0, "count": 0.0})
-            if suffix == "_bucket":
-                le = _LE.search(labels)
-                if le is None:
-                    raise ConfigError(f"{source}: line {number}: {name} without an le label")
-                bound = float("inf") if le.group(1) in ("+Inf", "Inf", "inf") else float(le.group(1))
-                entry["buckets"][bound] = entry["buckets"].get(bound, 0.0) + value
-            else:
-                entry[suffix[1:]] += value
+        metric, suffix = _histogram_part(name)
+        if metric is None:
+            continue
+        value = _sample_value(raw, name, suffix, f"{source}: line {number}")
+        pairs = dict(_LABEL.findall(labels))
+        le = pairs.pop("le", None)
+        entry = series.setdefault((metric, ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))),
+                                  {"buckets": {}, "lines": {}, "sum": 0.0, "count": None})
+        if suffix == "_bucket":
+            if le is None:
+                raise ConfigError(f"{source}: line {number}: {name} without an le label")
+            bound = _bucket_bound(le, name, f"{source}: line {number}")
+            entry["buckets"][bound] = entry["buckets"].get(bound, 0.0) + value
+            entry["lines"][bound] = number
+        elif suffix == "_count":
+            entry["count"] = (value + (entry["count"] or (0.0, 0))[0], number)
+        else:
+            entry["sum"] += value
+    found: dict[str, dict] = {}
+    for (metric, _), entry in series.items():
+        _check_series(metric, entry, source)
+        total = found.setdefault(metric, {"buckets": {}, "sum": 0.0, "count": 0.0})
+        for bound, count in entry["buckets"].items():
+            total["buckets"][bound] = total["buckets"].get(bound, 0.0) + count
+        total["sum"] += entry["sum"]
+        total["count"] += entry["count"][0] if entry["count"] is not None else entry["buckets"].get(math.inf, 0.0)
     return found
 
 
-def _prometheus_summary(after: dict, before: dict, source: str) -> Summary:
+def _histogram_part(name: str) -> tuple[str | None, str]:
+    """``(metric of PROMETHEUS, "_bucket" | "_sum" | "_count")`` a sample's name is part of, or (None, "")."""
+    for metric in PROMETHEUS:
+        if name.startswith(metric) and name[len(metric):] in ("_bucket", "_sum", "_count"):
+            return metric, name[len(metric):]
+    return None, ""
+
+
+def _sample_value(raw: str, name: str, suffix: str, where: str) -> float:
+    """A histogram sample's value: a finite number, and not negative (counts, and sums of times
+    and token counts)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{where}: {name}: not a number: {raw!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: {name}: must be a finite number, got {raw!r}")
+    if value < 0:
+        what = "a sum of times or token counts" if suffix == "_sum" else "a count"
+        raise ConfigError(f"{where}: {name}: {what} cannot be negative, got {raw}")
+    return value
+
+
+def _bucket_bound(le: str, name: str, where: str) -> float:
+    """A bucket's upper bound: a finite number, or +Inf for the last."""
+    if le in _INF:
+        return math.inf
+    try:
+        bound = float(le)
+    except ValueError:
+        raise ConfigError(f"{where}: {name}: le={le!r} is not a number (a bucket's upper bound, or +Inf)") from None
+    if not math.isfinite(bound):
+        raise ConfigError(f"{where}: {name}: le={le!r} is not a finite bound (only the last bucket's, +Inf, is "
+                          f"infinite)")
+    return bound
+
+
+def _check_series(metric: str, entry: dict, source: str) -> None:
+    """One label set of a histogram: cumulative bucket counts that never fall, and a ``_count``
+    equal to the ``+Inf`` bucket's (Prometheus writes both from the same observations)."""
+    previous, previous_bound = 0.0, None
+    for bound in sorted(entry["buckets"]):
+        count = entry["buckets"][bound]
+        if count < previous:
+            le = "+Inf" if math.isinf(bound) else f"{bound:g}"
+            raise ConfigError(f"{source}: line {entry['lines'][bound]}: {metric}_bucket le={le!r}: {count:g} "
+                              f"observations, fewer than the {previous:g} at or below {previous_bound:g} -- a "
+                              f"histogram's buckets count cumulatively, each at least the one before")
+        previous, previous_bound = count, bound
+    if entry["count"] is not None and math.inf in entry["buckets"]:
+        count, line = entry["count"]
+        inf = entry["buckets"][math.inf]
+        if not math.isclose(count, inf, rel_tol=1e-9, abs_tol=1e-9):
+            raise ConfigError(f"{source}: line {line}: {metric}_count is {count:g}, but its +Inf bucket (line "
+                              f"{entry['lines'][math.inf]}) counts {inf:g}: both count every observation")
+
+
+def _prometheus_summary(after: dict, before: dict, source: str, where: str = "", baseline: str = "") -> Summary:
     values: dict[str, float] = {}
     histograms: dict[str, Histogram] = {}
     taken: set[str] = set()
@@ -329,6 +513,7 @@ def _prometheus_summary(after: dict, before: dict, source: str) -> Summary:
         if metric not in after or group in taken:
             continue
         a, b = after[metric], before.get(metric, {"buckets": {}, "sum": 0.0, "count": 0.0})
+        _check_later(metric, a, b, source, baseline)
         bounds = sorted(a["buckets"])
         counts = [a["buckets"][le] - b["buckets"].get(le, 0.0) for le in bounds]
         count, total = a["count"] - b["count"], a["sum"] - b["sum"]
@@ -341,11 +526,34 @@ def _prometheus_summary(after: dict, before: dict, source: str) -> Summary:
         for q in HISTOGRAM_QUANTILES:
             values[f"{group}.p{q}"] = hist.quantile(q / 100.0)
     if not values:
-        raise ConfigError(f"--target {source}: none of vLLM's latency histograms "
-                          f"({', '.join(PROMETHEUS)}) has an observation")
+        raise ConfigError(f"{where or source}: none of vLLM's latency histograms "
+                          f"({', '.join(PROMETHEUS)}) has an observation"
+                          + (" since the baseline" if before else ""))
     e2e = histograms.get("e2e_ms")
     return Summary(source, PROMETHEUS_KIND, _ordered(values), histograms,
                    requests=int(e2e.count) if e2e is not None else None)
+
+
+def _check_later(metric: str, a: dict, b: dict, source: str, baseline: str) -> None:
+    """The scrape ``a`` is later than the baseline ``b``: a counter only grows, so every bucket
+    (each one's own observations, not the cumulative count), the count and the sum are at least
+    the baseline's."""
+    def own(buckets: dict) -> dict:
+        out, below = {}, 0.0
+        for bound in sorted(buckets):
+            out[bound], below = buckets[bound] - below, buckets[bound]
+        return out
+
+    bounds = sorted(set(a["buckets"]) | set(b["buckets"]))
+    mine, theirs = own(a["buckets"]), own(b["buckets"])
+    falls = [("_count", a["count"], b["count"]), ("_sum", a["sum"], b["sum"])]
+    falls += [(f"bucket le={'+Inf' if math.isinf(le) else f'{le:g}'} (its own observations)", mine.get(le, 0.0),
+               theirs.get(le, 0.0)) for le in bounds]
+    for what, later, earlier in falls:
+        if later < earlier - 1e-9 * max(abs(earlier), 1.0):
+            raise ConfigError(f"{baseline}: {metric}{what if what.startswith('_') else ' ' + what} is {earlier:g} "
+                              f"there but {later:g} in {source}, the scrape after the run: counters only grow, so the "
+                              f"baseline looks later than the target, or the server restarted between the two scrapes")
 
 
 def _ordered(values: dict[str, float]) -> dict[str, float]:
@@ -550,7 +758,7 @@ class TargetConfig:
         :raises ConfigError: the file cannot be read, or holds no such statistic (the message
             lists those it holds).
         """
-        summary = read_summary(self.path, baseline=self.baseline, index=self.index)
+        summary = read_summary(self.path, baseline=self.baseline, index=self.index or None, names=TABLE_NAMES)
         if self.statistics:
             unknown = [n for n in self.statistics if n not in summary.values]
             if unknown:

@@ -492,3 +492,285 @@ def test_simulated_statistics_of_a_tiny_run_by_hand(tmp_path):
     via = simulated(Summary("s", "vLLM /metrics", {"ttft_ms.p50": 1.0, "ttft_ms.mean": 1.0}, {"ttft_ms": hist}), run)
     assert via == pytest.approx({"ttft_ms.p50": 15.0, "ttft_ms.mean": 19.0})
     assert np.isfinite(list(via.values())).all()
+
+
+# --- the audit's bad inputs: clear errors, a budget that holds -------------------------------------
+
+
+def tiny_experiment(tmp_path, extra: str = "") -> object:
+    """The hand-computed tiny run (2 requests), with ``extra`` tables or runs after it."""
+    path = tmp_path / "tiny.toml"
+    path.write_text("[experiment]\nreports = []\n" + TINY_RUN + extra)
+    return path
+
+
+TINY_TARGET = {"mean_ttft_ms": 20.0, "mean_e2el_ms": 30.0}
+
+
+def counted_runs(monkeypatch) -> list:
+    """Every simulation calibrate starts, counted at the engine's door (not by calibrate's cache)."""
+    import schedlab.study.simulation as simulation
+
+    calls, real = [], simulation.run
+    monkeypatch.setattr(simulation, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("budget, starts, diagnose", [(1, 1, False), (2, 1, True), (2, 2, False), (5, 3, True),
+                                                      (19, 10, True), (12, 3, True)])
+def test_the_budget_caps_every_simulation_of_the_fit(tmp_path, monkeypatch, budget, starts, diagnose):
+    """--max-evaluations is the most simulations the fit runs, all told: the start, the screen,
+    the descents and the diagnosis (the audit saw 19, 110 and 1007 for a budget of 2)."""
+    target = read_summary(_write(tmp_path / "b.json", TINY_TARGET))
+    exp = load(tiny_experiment(tmp_path))
+    runs = counted_runs(monkeypatch)
+    fit, _, _ = calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], max_evaluations=budget,
+                          starts=starts, target=target, diagnose=diagnose)
+    assert len(runs) == fit.evaluations <= budget
+    assert fit.starts == starts
+    if budget == 1:  # the start alone: nothing moved
+        assert fit.values == fit.start == {"cost_model.decode_ms_per_step": 4.0}
+
+
+def test_no_room_for_the_diagnosis_is_a_warning(tmp_path):
+    """One setting: the diagnosis takes 4 simulations, and a fit of 3 starts at least 3 (each
+    start) and 1 + 2 (one simplex): 7 in all; a budget of 6 fits without it, and says so."""
+    target = read_summary(_write(tmp_path / "b.json", TINY_TARGET))
+    exp = load(tiny_experiment(tmp_path))
+    fit, _, _ = calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], max_evaluations=6,
+                          starts=3, target=target)
+    assert fit.evaluations <= 6 and not fit.sensitivity
+    assert ("no check of how well the data pins the fit: --max-evaluations 6 leaves no room for its 4 simulations "
+            "(give at least 7)") in fit.warnings
+    fit, _, _ = calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], max_evaluations=7,
+                          starts=3, target=target)
+    assert fit.evaluations <= 7 and len(fit.sensitivity) == 1 and not any("no check" in w for w in fit.warnings)
+
+
+def test_a_descent_stops_where_its_objective_runs_out_of_simulations():
+    """The fit's objective raises BudgetSpent when its simulations are spent, mid-simplex: the
+    descent stops there and returns the best point it has seen."""
+    from schedlab.calibrate import BudgetSpent, restarted_nelder_mead
+
+    calls = []
+
+    def f(x):
+        if len(calls) == 3:  # the start, then the first simplex's points 5 + 2.5 in x[0] and x[1]
+            raise BudgetSpent
+        calls.append(x.copy())
+        return float(np.sum((x - [7.0, 3.0]) ** 2))
+
+    x, value = restarted_nelder_mead(f, np.full(2, 5.0), np.zeros(2), np.full(2, 10.0), budget=100)
+    assert len(calls) == 3
+    # f(5, 5) = 4 + 4 = 8; f(7.5, 5) = 0.25 + 4; f(5, 7.5) = 4 + 20.25: the best is (7.5, 5)
+    assert list(x) == [7.5, 5.0] and value == pytest.approx(4.25)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-evaluations", "0"], "--max-evaluations 0: must be at least 1 (the simulations the fit may run)"),
+    (["--max-evaluations", "-3"], "--max-evaluations -3: must be at least 1 (the simulations the fit may run)"),
+    (["--starts", "1000000", "--max-evaluations", "2"],
+     "--starts 1000000: must be from 1 to --max-evaluations (2): each start takes at least one of the fit's "
+     "simulations"),
+    (["--starts", "0"], "--starts 0: must be from 1 to --max-evaluations (60)"),
+    (["--fit", "experiment.seed=0:10"], "--fit experiment.seed: not a setting of the run; give a key of one of its "
+                                        "tables (workload, scheduler, cost_model, kv_cache, cluster, slo, "
+                                        "speculative, power, clock, frontend, client), e.g. cost_model.overhead_ms"),
+    (["--fit", "runs.tiny.cost_model.decode_ms_per_step=0:1"], "--fit runs.tiny.cost_model.decode_ms_per_step: not "
+                                                               "a setting of the run"),
+    (["--fit", "target.index=0:1"], "--fit target.index: not a setting of the run"),
+    (["--hold", "experiment.seed=3"], "--hold experiment.seed: not a setting of the run"),
+    (["--fit", "cost_model.decode_ms_per_step=0:2"], "--fit cost_model.decode_ms_per_step: given twice; fit each "
+                                                     "setting once, with one range"),
+    (["--fit", "cost_model.prefill_ms_per_token=0:inf"], "--fit 'cost_model.prefill_ms_per_token=0:inf': the bounds "
+                                                         "must be finite numbers, well inside a float's range"),
+    (["--fit", "cost_model.prefill_ms_per_token=-inf:0"], "the bounds must be finite numbers"),
+    (["--fit", "cost_model.prefill_ms_per_token=-1e308:1e308"], "the bounds must be finite numbers"),
+    (["--fit", "cost_model.prefill_ms_per_token=0:1e308"], "the bounds must be finite numbers"),
+    (["--fit", "cost_model.prefill_ms_per_token=1e-300:1e-299"],
+     "--fit 'cost_model.prefill_ms_per_token=1e-300:1e-299': the bounds must be at least 1e-06 apart: the fit rounds "
+     "its candidates to 12 decimals, so a narrower range collapses into one value"),
+    (["--fit", "scheduler.max_num_seqs=1:256"],
+     "--fit scheduler.max_num_seqs: a whole-number setting; a fit moves its settings continuously -- sweep it "
+     "([sweep] or --set) or hold it (--hold scheduler.max_num_seqs=VALUE)"),
+    (["--fit", "scheduler.prefill_first=0:1", "--set", 'scheduler.kind="vllm"'],
+     "--fit scheduler.prefill_first: a true/false setting; a fit moves its settings continuously -- compare both "
+     "(a sweep) or hold it (--hold scheduler.prefill_first=true)"),
+    (["--fit", "cost_model.kind=0:1"], "--fit cost_model.kind: the run's value is not a number ('linear')"),
+    (["--statistics", "bogus"], "--statistics 'bogus': 'bogus' is not a statistic; statistics are named <group>.mean "
+                                "or <group>.pNN"),
+    (["--statistics", "ttft_ms.p101"], "'ttft_ms.p101' is not a statistic"),
+    (["--statistics", ""], "--statistics '': names no statistic; leave it out to compare every statistic the file "
+                           "holds"),
+    (["--statistics", ",,"], "--statistics ',,': names no statistic"),
+    (["--statistics", "ttft_ms.mean"], "--statistics: picks statistics of a summary (--target, or the run's [target] "
+                                       "table); run 'tiny' is judged against its measured run"),
+    (["--target-index", "1"], "--target-index: applies to the file --target names; give --target (a run's [target] "
+                              "table has its own index and baseline keys)"),
+    (["--target-baseline", "before.prom"], "--target-baseline: applies to the file --target names"),
+    (["--run", ","], "--run ',': names no run; the experiment has: tiny, other"),
+    (["--run", ""], "--run '': names no run; the experiment has: tiny, other"),
+])
+def test_calibrate_refuses_bad_options_by_name(tmp_path, capsys, args, message):
+    """Each refused before a simulation, with the option and what to give instead."""
+    path = tiny_experiment(tmp_path, '[[runs]]\nname = "tiny"\n[[runs]]\nname = "other"\n')
+    run = [] if "--run" in args else ["--run", "tiny"]
+    code = main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10", *run, *args])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert message in err, err
+
+
+def test_an_unknown_run_list_is_refused_by_the_api_too(tmp_path):
+    exp = load(tiny_experiment(tmp_path))
+    with pytest.raises(ConfigError, match="--run names no run; the experiment has: "):
+        calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], run_name=[])
+
+
+#: A scrape of one histogram (2 requests at or below 10 s, 8 at or below 30 s, 10 in all),
+#: with a line of it to spoil in each case below.
+GOOD_SCRAPE = """# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="10.0"} 2
+vllm:e2e_request_latency_seconds_bucket{le="30.0"} 8
+vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 10
+vllm:e2e_request_latency_seconds_sum 200
+vllm:e2e_request_latency_seconds_count 10
+"""
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('le="10.0"} 2', 'le="abc"} 2', "line 2: vllm:e2e_request_latency_seconds_bucket: le='abc' is not a number (a "
+                                    "bucket's upper bound, or +Inf)"),
+    ('le="30.0"', 'le="1e400"', "line 3: vllm:e2e_request_latency_seconds_bucket: le='1e400' is not a finite bound"),
+    ('le="30.0"} 8', 'le="30.0"} 1', "line 3: vllm:e2e_request_latency_seconds_bucket le='30': 1 observations, fewer "
+                                     "than the 2 at or below 10 -- a histogram's buckets count cumulatively"),
+    ('le="10.0"} 2', 'le="10.0"} -2', "line 2: vllm:e2e_request_latency_seconds_bucket: a count cannot be negative, "
+                                      "got -2"),
+    ("_count 10", "_count 11", "line 6: vllm:e2e_request_latency_seconds_count is 11, but its +Inf bucket (line 4) "
+                               "counts 10: both count every observation"),
+    ("_sum 200", "_sum NaN", "line 5: vllm:e2e_request_latency_seconds_sum: must be a finite number, got 'NaN'"),
+    ("_sum 200", "_sum -1", "line 5: vllm:e2e_request_latency_seconds_sum: a sum of times or token counts cannot be "
+                            "negative"),
+    ('le="30.0"} 8', 'le="30.0"} 1e400', "line 3: vllm:e2e_request_latency_seconds_bucket: must be a finite number, "
+                                         "got '1e400'"),
+])
+def test_a_scrape_that_is_no_histogram_is_refused_by_line(tmp_path, old, new, message):
+    assert read_summary(_write(tmp_path / "good.prom", GOOD_SCRAPE)).values["e2e_ms.mean"] == pytest.approx(20000.0)
+    with pytest.raises(ConfigError) as info:
+        read_summary(_write(tmp_path / "bad.prom", GOOD_SCRAPE.replace(old, new)))
+    assert str(info.value) == f"{tmp_path / 'bad.prom'}: {message}" or message in str(info.value)
+    assert str(info.value).startswith(f"{tmp_path / 'bad.prom'}: line ")
+
+
+def test_a_label_set_is_checked_on_its_own(tmp_path):
+    """Two engines: engine 1's buckets fall (3 then 1) although the sums over both (5, 9, 10)
+    rise; the line of engine 1's bucket is named."""
+    scrape = "\n".join([
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="10"} 2',
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="30"} 8',
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 8',
+        'vllm:e2e_request_latency_seconds_bucket{engine="1",le="10"} 3',
+        'vllm:e2e_request_latency_seconds_bucket{engine="1",le="30"} 1',
+        'vllm:e2e_request_latency_seconds_bucket{engine="1",le="+Inf"} 2', ""])
+    with pytest.raises(ConfigError, match=r": line 5: vllm:e2e_request_latency_seconds_bucket le='30': 1 "
+                                          r"observations, fewer than the 3 at or below 10"):
+        read_summary(_write(tmp_path / "m.prom", scrape))
+
+
+def test_a_baseline_later_than_the_target_is_named(tmp_path):
+    """The scrapes swapped: the 'after' file counts 4 requests, the baseline 10."""
+    early = GOOD_SCRAPE.replace("} 2\n", "} 1\n").replace("} 8\n", "} 3\n").replace("} 10\n", "} 4\n").replace(
+        "_sum 200", "_sum 50").replace("_count 10", "_count 4")
+    before, after = _write(tmp_path / "before.prom", early), _write(tmp_path / "after.prom", GOOD_SCRAPE)
+    assert read_summary(after, baseline=before).values["e2e_ms.mean"] == pytest.approx(150e3 / 6)
+    with pytest.raises(ConfigError) as info:
+        read_summary(before, baseline=after)
+    assert str(info.value) == (f"--target-baseline {after}: vllm:e2e_request_latency_seconds_count is 10 there but 4 "
+                               f"in {before}, the scrape after the run: counters only grow, so the baseline looks "
+                               f"later than the target, or the server restarted between the two scrapes")
+    with pytest.raises(ConfigError, match="--target-baseline .*nope.prom: file not found"):
+        read_summary(after, baseline=tmp_path / "nope.prom")
+    with pytest.raises(ConfigError, match="not a Prometheus scrape"):
+        read_summary(after, baseline=_write(tmp_path / "b.json", TINY_TARGET))
+    with pytest.raises(ConfigError, match="--target-index 1: only a guidellm report holds several benchmarks"):
+        read_summary(after, index=1)
+
+
+def test_a_summary_without_a_usable_statistic_is_an_error(tmp_path):
+    """Null is read as a statistic the tool had no value for, NaN as unusable; text is an error
+    naming the key; a file left with nothing says what it held."""
+    with pytest.raises(ConfigError) as info:
+        read_summary(_write(tmp_path / "n.json", '{"mean_ttft_ms": NaN, "p99_ttft_ms": null}'))
+    assert str(info.value) == (f"--target {tmp_path / 'n.json'}: no usable statistics: mean_ttft_ms is nan; "
+                               f"p99_ttft_ms is null (null is read as a statistic the tool had no value for; a "
+                               f"statistic must be a finite number)")
+    with pytest.raises(ConfigError, match=r"n.json: mean_ttft_ms: must be a number, got 'fast'"):
+        read_summary(_write(tmp_path / "n.json", {"mean_ttft_ms": "fast", "median_ttft_ms": 100.0}))
+    with pytest.raises(ConfigError, match=r"successes.latency.time_to_first_token.mean: must be a number, got 'x'"):
+        read_summary(_write(tmp_path / "ip.json", {"successes": {"latency": {"time_to_first_token": {"mean": "x"}}}}))
+    with pytest.raises(ConfigError, match=r"metrics.time_to_first_token_ms.successful.percentiles.p90: must be a "
+                                          r"number, got True"):
+        read_summary(_write(tmp_path / "g.json", {"benchmarks": [{"metrics": {"time_to_first_token_ms": {
+            "successful": {"mean": 1.0, "percentiles": {"p90": True}}}}}]}))
+    with pytest.raises(ConfigError, match=r"the report's 'benchmarks' list is empty"):
+        read_summary(_write(tmp_path / "g.json", {"benchmarks": []}))
+    s = read_summary(_write(tmp_path / "b.json", {"mean_ttft_ms": 0.0, "median_ttft_ms": 100.0,
+                                                  "p99_ttft_ms": None}))
+    assert s.values == {"ttft_ms.mean": 0.0, "ttft_ms.p50": 100.0} and s.dropped == {"p99_ttft_ms": "null"}
+    # a JSON number beyond a float's range (an integer, or 1e400) is not finite
+    s = read_summary(_write(tmp_path / "b.json", '{"mean_ttft_ms": 1%s, "p99_ttft_ms": 1e400, "median_ttft_ms": 5, '
+                                                 '"completed": 1%s}' % ("0" * 400, "0" * 400)))
+    assert s.values == {"ttft_ms.p50": 5.0} and s.dropped == {"mean_ttft_ms": "inf", "p99_ttft_ms": "inf"}
+    assert s.requests is None
+
+
+def test_a_target_of_zeros_is_no_target(tmp_path, capsys):
+    """A measured 0 has no error in percent: left out, and named; all of them left out is an
+    error -- not a fit that 'failed -> failed' and a snippet to paste anyway."""
+    from schedlab.calibrate import SummaryTarget
+
+    path = tiny_experiment(tmp_path)
+    zeros = _write(tmp_path / "z.json", {"mean_ttft_ms": 0, "median_ttft_ms": 0, "p99_ttft_ms": None})
+    code = main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10", "--target", str(zeros)])
+    out, err = capsys.readouterr()
+    assert code != 0 and "# paste" not in out
+    assert err.strip() == (f"schedlab: error: {zeros}: no statistic to fit to: p99_ttft_ms is null; ttft_ms.mean is "
+                           f"measured 0: no error in percent; ttft_ms.p50 is measured 0: no error in percent (null is "
+                           f"read as a statistic the tool had no value for)")
+    some = _write(tmp_path / "s.json", {"mean_ttft_ms": 0, "median_ttft_ms": 19.0, "p99_ttft_ms": None})
+    judge = SummaryTarget(read_summary(some))
+    assert judge.summary.values == {"ttft_ms.p50": 19.0}
+    assert judge.left_out == {"ttft_ms.mean": "measured 0: no error in percent", "p99_ttft_ms": "null in the file"}
+    assert main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10", "--target", str(some),
+                 "--max-evaluations", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "over 1 statistic of" in out
+    assert "left out of the fit: ttft_ms.mean (measured 0: no error in percent), p99_ttft_ms (null in the file)" in out
+
+
+def test_a_start_with_nothing_to_compare_is_an_error(tmp_path):
+    """TPOT of requests with one output token is NaN in the simulation: nothing to fit."""
+    one_token = TINY_RUN.replace("value = 3", "value = 1")
+    exp = load(_write(tmp_path / "one.toml", "[experiment]\nreports = []\n" + one_token))
+    target = read_summary(_write(tmp_path / "b.json", {"mean_tpot_ms": 4.0}))
+    with pytest.raises(ConfigError) as info:
+        calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], target=target)
+    assert str(info.value).startswith("at the start (cost_model.decode_ms_per_step = 4) the simulation has no value "
+                                      "to compare for tpot_ms.mean (NaN")
+
+
+def test_target_table_errors_name_the_table_not_the_option(tmp_path, capsys):
+    """A [target] that names an empty JSON file or a baseline for a JSON report: the messages
+    name the table's keys (path, baseline), not --target."""
+    _write(tmp_path / "e.json", "{}")
+    path = tiny_experiment(tmp_path, '[target]\npath = "e.json"\n')
+    code = main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--target" not in err
+    assert f"[target]: path {tmp_path / 'e.json'}: not a vllm bench serve result" in err
+    _write(tmp_path / "b.json", TINY_TARGET)
+    path = tiny_experiment(tmp_path, '[target]\npath = "b.json"\nbaseline = "b.json"\n')
+    code = main(["calibrate", str(path), "--fit", "cost_model.decode_ms_per_step=1:10"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--target" not in err
+    assert f"[target]: baseline: only a Prometheus scrape has a baseline; {tmp_path / 'b.json'} is not one" in err
