@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from .configs import FieldError, bool_field, float_field, int_field, str_field
+from .configs import (
+    MAX_BLOCK_SIZE, MAX_MEMORY_GIB, MAX_TENSOR_PARALLEL, FieldError, bool_field, bound_text, float_field, int_field,
+    str_field,
+)
 from .errors import ConfigError, UnknownPluginError
 from .hf_config import is_config_path, spec_from_path
 from .parallelism import SINGLE, Parallelism, stage_layers
@@ -43,6 +46,12 @@ GIB = 2**30
 #: large token budgets or wide models.
 DEFAULT_ACTIVATION_RESERVE_GIB = 1.5
 
+#: Most parameters a model may have: 10**15, 500 times the largest checkpoints (about 2 trillion),
+#: so that its weight bytes stay far inside a float.
+MAX_PARAMS = 10**15
+#: Most bytes per weight or KV element: 8 (float64); served models use 0.5-2 (fp4-bf16).
+MAX_DTYPE_BYTES = 8
+
 #: Tensor-parallel sizes tried when suggesting a fix for a model that does not fit.
 _SUGGESTED_TP = (2, 4, 8)
 
@@ -51,8 +60,10 @@ _SUGGESTED_TP = (2, 4, 8)
 
 
 def _check_tensor_parallel(tensor_parallel: Any) -> int:
-    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
-        raise ConfigError(f"tensor_parallel must be a whole number >= 1, got {tensor_parallel!r}")
+    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) \
+            or not 1 <= tensor_parallel <= MAX_TENSOR_PARALLEL:
+        raise ConfigError(f"tensor_parallel must be a whole number from 1 to {MAX_TENSOR_PARALLEL}, "
+                          f"got {tensor_parallel!r}")
     return tensor_parallel
 
 
@@ -70,8 +81,9 @@ class ModelSpec:
     num_kv_heads: int = int_field(
         min=1, help="key/value heads per layer (num_key_value_heads; equals the attention heads without GQA)")
     head_dim: int = int_field(min=1, help="size of one attention head (hidden_size / num_attention_heads)")
-    num_params: float = float_field(min=0.0, min_exclusive=True, help="total parameters, e.g. 8.03e9")
-    dtype_bytes: int = int_field(2, min=1, help="bytes per weight and per KV element (2 = bf16/fp16, 1 = fp8)")
+    num_params: float = float_field(min=0.0, max=MAX_PARAMS, min_exclusive=True, help="total parameters, e.g. 8.03e9")
+    dtype_bytes: int = int_field(2, min=1, max=MAX_DTYPE_BYTES,
+                                 help="bytes per weight and per KV element (2 = bf16/fp16, 1 = fp8)")
     num_attention_heads: int | None = int_field(
         None, min=1, optional=True,
         help="query heads; only used for prefill attention FLOPs in the roofline cost model "
@@ -89,17 +101,17 @@ class ModelSpec:
     num_experts: int = int_field(0, min=0, help="MoE: routed experts per layer (0 = a dense model)")
     experts_per_token: int = int_field(0, min=0, help="MoE: experts each token is routed to (top-k)")
     active_params: float | None = float_field(
-        None, min=0.0, min_exclusive=True, optional=True,
+        None, min=0.0, max=MAX_PARAMS, min_exclusive=True, optional=True,
         help="MoE: parameters one token passes through (attention, router, top-k experts, embeddings); "
              "unset = num_params")
     hf_id: str | None = str_field(
         None, optional=True,
         help="the Hugging Face model id (e.g. 'Qwen/Qwen3-32B'): a measured profile bundle must name it")
     weight_dtype_bytes: float | None = float_field(
-        None, min=0.0, min_exclusive=True, optional=True,
+        None, min=0.0, max=MAX_DTYPE_BYTES, min_exclusive=True, optional=True,
         help="bytes per weight when they differ from the KV's dtype_bytes (an FP8 checkpoint: 1); unset = dtype_bytes")
     expert_dtype_bytes: float | None = float_field(
-        None, min=0.0, min_exclusive=True, optional=True,
+        None, min=0.0, max=MAX_DTYPE_BYTES, min_exclusive=True, optional=True,
         help="MoE: bytes per routed-expert weight (MXFP4, 4 bits + a scale per 32: 0.53125); unset = the weights'")
     kv_latent_dim: int | None = int_field(
         None, min=1, optional=True,
@@ -120,6 +132,12 @@ class ModelSpec:
     shared_experts: int = int_field(0, min=0, help="MoE: shared experts every token also passes (n_shared_experts)")
 
     def __attrs_post_init__(self) -> None:
+        self._check_heads()
+        moe_only = [key for key in ("experts_per_token", "shared_experts", "active_params")
+                    if getattr(self, key) not in (None, 0)]
+        if moe_only and not self.num_experts:
+            raise ConfigError(f"{self.name}: {moe_only[0]} is set but num_experts is 0 (a dense model); "
+                              "give num_experts for a mixture-of-experts model")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ConfigError(f"{self.name}: experts_per_token must be between 1 and num_experts "
                               f"({self.num_experts}), got {self.experts_per_token}")
@@ -131,6 +149,17 @@ class ModelSpec:
                               f"num_layers ({self.num_layers})")
         if self.sliding_window_layers and self.sliding_window is None:
             raise ConfigError(f"{self.name}: sliding_window_layers is set but sliding_window is not")
+
+    def _check_heads(self) -> None:
+        """Grouped-query attention: each KV head serves a whole group of the query heads."""
+        heads, kv = self.num_attention_heads, self.num_kv_heads
+        if heads is None:
+            return
+        if kv > heads:
+            raise ConfigError(f"{self.name}: num_kv_heads ({kv}) exceeds num_attention_heads ({heads})")
+        if heads % kv:
+            raise ConfigError(f"{self.name}: num_attention_heads ({heads}) must be a multiple of num_kv_heads ({kv}): "
+                              "each KV head serves a whole group of query heads")
 
     @property
     def is_moe(self) -> bool:
@@ -231,7 +260,7 @@ class GpuSpec:
     """One accelerator: how much memory it has and how fast it moves and multiplies numbers."""
 
     name: str = str_field(help="GPU name, e.g. 'a100-80gb'")
-    memory_gib: float = float_field(min=0.0, min_exclusive=True, help="device memory in GiB")
+    memory_gib: float = float_field(min=0.0, max=MAX_MEMORY_GIB, min_exclusive=True, help="device memory in GiB")
     hbm_bandwidth_gbps: float = float_field(min=0.0, min_exclusive=True, help="memory bandwidth in GB/s (datasheet)")
     bf16_tflops: float = float_field(min=0.0, min_exclusive=True, help="dense bf16 tensor throughput in TFLOPS")
     host_link_gbps: float = float_field(
@@ -264,6 +293,15 @@ class GpuSpec:
         factory=dict, converter=lambda v: dict(v) if isinstance(v, Mapping) else v, validator=_check_efficiency,
         metadata={"help": "the roofline's efficiencies measured on this GPU, keyed by its settings (mfu, "
                           "gemm_half_tokens, bandwidth_efficiency, ...); a setting left out takes the pooled default"})
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_clock_mhz is not None and self.min_clock_mhz is not None \
+                and self.min_clock_mhz > self.max_clock_mhz:
+            raise ConfigError(f"{self.name}: min_clock_mhz ({self.min_clock_mhz:g}) exceeds max_clock_mhz "
+                              f"({self.max_clock_mhz:g})")
+        if self.board_w is not None and self.idle_w is not None and self.idle_w > self.board_w:
+            raise ConfigError(f"{self.name}: idle_w ({self.idle_w:g}) exceeds board_w ({self.board_w:g}), the most "
+                              "the GPU draws")
 
     @property
     def link_gbps(self) -> float:
@@ -435,11 +473,12 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
     util = gpu_memory_utilization
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ConfigError(f"block_size must be a whole number >= 1, got {block_size!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise ConfigError(f"block_size must be a whole number from 1 to {MAX_BLOCK_SIZE}, got {block_size!r}")
     reserve = activation_reserve_gib
-    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0.0 <= reserve < math.inf:
-        raise ConfigError(f"activation_reserve_gib must be a finite number >= 0, got {reserve!r}")
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0.0 <= reserve <= MAX_MEMORY_GIB:
+        raise ConfigError(f"activation_reserve_gib must be a finite number >= 0 and <= {bound_text(MAX_MEMORY_GIB)} "
+                          f"(GiB), got {reserve!r}")
     reserve_bytes = math.ceil(reserve * GIB)
 
     usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size, parallelism)
@@ -544,15 +583,18 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
                      f"-> {n} sequences" + (f" (longer than the model's context, {context}: vLLM cuts or "
                                             "rejects such requests)" if context and length > context else ""))
     if "average" in fits and "p99" in fits:
-        (_, n_avg), (p99_len, n_p99) = fits["average"], fits["p99"]
+        (avg_len, n_avg), (p99_len, n_p99) = fits["average"], fits["p99"]
         if n_p99 == 0:
             lines.append(f"  plan for the tail: not even one {p99_len}-token sequence fits; "
                          f"p99 requests will be rejected or cut off")
         elif n_p99 < n_avg:
             lines.append(f"  plan for the tail: only {n_p99} p99-length sequences fit, "
                          f"{n_avg / n_p99:.1f}x fewer than the {n_avg} the average suggests")
-        else:
+        elif n_p99 == n_avg:
             lines.append(f"  plan for the tail: p99-length sequences fit as many as average ones ({n_p99})")
+        else:  # a p99 below the mean: a few very long sequences raise the mean above nearly all of them
+            lines.append(f"  plan for the average: the p99 length ({p99_len}) is below the average ({avg_len}); "
+                         f"{n_p99} p99-length sequences fit, but only {n_avg} average ones")
     return "\n".join(lines)
 
 

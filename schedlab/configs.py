@@ -15,9 +15,12 @@ Example::
 
 from __future__ import annotations
 
+import decimal
 import difflib
 import math
 import os
+import stat
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -52,6 +55,16 @@ MAX_INSTANCES = 1024
 #: and iterations must end before it. Times are float64 ms; at 10**12 ms their resolution is
 #: still 0.1 microseconds, while near 10**16 ms a whole millisecond is lost in rounding.
 MAX_TIME_MS = 1e12
+#: A memory size in GiB (a GPU's memory, swap space, a host-memory tier, the activation reserve):
+#: 2**20 GiB (1 PiB), thousands of times the largest GPU (288 GB) or server (a few TiB), so that
+#: its bytes stay exact whole numbers (< 2**53) instead of overflowing to infinity.
+MAX_MEMORY_GIB = 2**20
+#: GPUs one model is split over by tensor parallelism: one NVL72 rack holds 72; 1,024 (the
+#: most instances and data-parallel ranks, too) is far beyond any deployment.
+MAX_TENSOR_PARALLEL = 1024
+#: The largest whole number a float holds (about 1.8e308); a longer integer (TOML and JSON allow
+#: any number of digits) makes ``float()`` raise OverflowError.
+MAX_FLOAT_INT = int(sys.float_info.max)
 
 
 class FieldError(ValueError):
@@ -67,6 +80,36 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+def is_finite_number(value: Any) -> bool:
+    """True for an int or a float (not a bool) that a float64 holds finitely: not NaN, not
+    infinite, and not an integer of more than 308 digits (Python's ints hold those; ``float()``
+    and ``math.isfinite()`` raise OverflowError on them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= MAX_FLOAT_INT
+    return math.isfinite(value)
+
+
+def not_regular_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as an input file -- ``"is a FIFO (named pipe), not a regular
+    file"`` -- or None for a regular file and for a path that is not there (the open that follows
+    says so). Input files are read whole, some more than once: a FIFO would block until a writer
+    comes, a device such as /dev/zero never ends, and a folder cannot be read."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, unreadable, or a name with a NUL: open() says which
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kind = next((text for test, text in kinds if test(mode)), "a special file")
+    return f"is {kind}, not a regular file"
+
+
 def _number_validator(kind: type, lo, hi, lo_exclusive: bool, optional: bool, allow_inf: bool = False):
     def check(_inst, attribute, value):
         if value is None and optional:
@@ -77,9 +120,9 @@ def _number_validator(kind: type, lo, hi, lo_exclusive: bool, optional: bool, al
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise FieldError(attribute.name, f"must be a number, got {_describe(value)}")
-            if math.isnan(value):
+            if isinstance(value, float) and math.isnan(value):
                 raise FieldError(attribute.name, "must be a number, got NaN")
-            if math.isinf(value) and not allow_inf:
+            if isinstance(value, float) and math.isinf(value) and not allow_inf:
                 raise FieldError(attribute.name, f"must be a finite number, got {value}")
         if lo is not None:
             if lo_exclusive and not value > lo:
@@ -88,23 +131,39 @@ def _number_validator(kind: type, lo, hi, lo_exclusive: bool, optional: bool, al
                 raise FieldError(attribute.name, f"must be >= {bound_text(lo)}, got {bound_text(value)}")
         if hi is not None and value > hi:
             raise FieldError(attribute.name, f"must be <= {bound_text(hi)}, got {bound_text(value)}")
+        if kind is float and isinstance(value, int):  # left an int by _to_float: too long for a float
+            raise FieldError(attribute.name, f"must be a finite number (at most {sys.float_info.max:.3g}), "
+                                             f"got {bound_text(value)}")
 
     return check
 
 
 def bound_text(value) -> str:
-    """Large whole numbers as powers of ten or two where exact (10**8, 2**53), others as written."""
+    """Large whole numbers as powers of ten or two where exact (10**8, 2**53), others as written
+    (beyond 10**15 in three digits: 1.23e+20, also for ints too long for a float)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**6:
         for base in (10, 2):
             power = round(math.log(abs(value), base))
             if base**power == abs(value):
                 return f"{'-' if value < 0 else ''}{base}**{power}"
-        return f"{value:.3g}" if abs(value) > 10**15 else str(value)
+        if abs(value) <= 10**15:
+            return str(value)
+        return f"{value:.3g}" if abs(value) <= MAX_FLOAT_INT else f"{decimal.Decimal(value):.3g}"
     return str(value)
 
 
+def value_text(value: Any) -> str:
+    """``repr(value)`` for a message; an int too long for a float as :func:`bound_text` writes it
+    (``10**400``, ``1.23e+400``) rather than in all its digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_FLOAT_INT:
+        return bound_text(value)
+    return repr(value)
+
+
 def _to_float(value):
-    if isinstance(value, int) and not isinstance(value, bool):
+    """TOML integers as floats; one too long for a float (309+ digits) stays an int, which the
+    validator refuses with the key named (``float()`` would raise OverflowError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_FLOAT_INT:
         return float(value)
     return value
 

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .configs import not_regular_file, value_text
 from .errors import ConfigError
 
 #: Families whose MLP is two matrices (up, down) rather than gated (gate, up, down).
@@ -42,17 +43,26 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 2, "float": 2, "half": 2}
 def read_config(path: str | os.PathLike, where: str) -> dict:
     """The JSON object in ``path``; errors name the file and the table that asked for it."""
     path = Path(path)
+    problem = not_regular_file(path)
+    if problem:
+        raise ConfigError(f"{where}: config: {path} {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{where}: config: no such file: {path}") from None
     except OSError as exc:
         raise ConfigError(f"{where}: config: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: config: {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{where}: config: {path} is not JSON: {exc.msg} (line {exc.lineno}, column "
                           f"{exc.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: config: {path} is not JSON: lists or objects nested too deeply to read") from None
+    except ValueError:  # a whole number of more than 4,300 digits
+        raise ConfigError(f"{where}: config: {path} is not JSON: a number too long to read") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: config: {path} must hold a JSON object (a Hugging Face config.json)")
     return data
@@ -70,7 +80,10 @@ class _Reader:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{self.where}: {key}: expected a whole number >= 0, got {value!r}")
+                raise ConfigError(f"{self.where}: {key}: expected a whole number >= 0, got {value_text(value)}")
+            if value >= 2**63:  # no config.json writer holds more; ModelSpec bounds the fields it keeps
+                raise ConfigError(f"{self.where}: {key}: expected a whole number below 2**63 (64 bits), "
+                                  f"got {value_text(value)}")
             return value
         if required:
             raise ConfigError(f"{self.where}: missing {' or '.join(repr(k) for k in keys)} (is this a decoder "
@@ -258,7 +271,7 @@ def spec_table(table: dict, base_dir: str | os.PathLike, where: str) -> dict:
 
 def is_config_path(value: str) -> bool:
     """Whether a ``--model`` value names a config.json file rather than a preset."""
-    return value.endswith(".json") or os.path.isdir(value) and os.path.isfile(os.path.join(value, "config.json"))
+    return value.endswith(".json") or os.path.isdir(value) and os.path.exists(os.path.join(value, "config.json"))
 
 
 def spec_from_path(value: str, where: str):

@@ -9,11 +9,14 @@ hang or the process's own output (warnings, exit) is what is tested.
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from schedlab.cli import main
@@ -422,3 +425,300 @@ def test_an_empty_path_is_refused_by_name(tmp_path, capsys, key):
     path.write_text(f'[experiment]\nname = "h"\n[workload]\nkind = "vllm_log"\npath = "log.jsonl"\n')
     code = main(["run", str(path), "--set", f'workload.{key}=""'])
     one_error(code, capsys.readouterr().err, f"[workload]: {key}: must be a path, got an empty string")
+
+
+# -- numbers too long for a float, and sizes that overflowed ---------------------------------------------------
+
+LONG = "1" + "0" * 400          # 10**400: TOML and JSON take it; float() raised OverflowError
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (BASE.replace("rate = 10", f"rate = {LONG}"), "[workload]: rate: must be a finite number (at most 1.8e+308), "
+                                                  "got 10**400"),
+    (BASE.replace("rate = 10", f"rate = {LONG}1"), "[workload]: rate: must be a finite number (at most 1.8e+308), "
+                                                   "got 1.00e+401"),
+    (BASE + f"[slo]\nttft_ms = {LONG}\n", "[slo]: ttft_ms: must be a finite number (at most 1.8e+308), got 10**400"),
+    (BASE + f'[scheduler]\nkind = "vllm"\nwatermark = {LONG}\n', "[scheduler]: watermark: must be <= 1.0, got 10**400"),
+    (BASE + f'[cost_model]\nkind = "linear"\ndecode_ms_per_step = {LONG}\n',
+     "[cost_model]: decode_ms_per_step: must be a finite number (at most 1.8e+308), got 10**400"),
+    (BASE.replace('{dist = "fixed", value = 20}', f'{{dist = "lognormal", median = {LONG}, sigma = 1}}'),
+     "[workload]: output: median must be a number > 0 and <= 1e+08, got 10**400"),
+    (BASE.replace("num_requests = 20\n", "").replace("rate = 10", "stages = [{rate = 1e300, duration_s = 1e300}]"),
+     "[workload]: stages: stage 1: rate x duration_s = inf requests, more than 10000000"),
+    (BASE.replace("value = 20}", "value = 20}\noutput_scale = 1e300"), "[workload]: output_scale: must be <= 10**8, "
+                                                                       "got 1e+300"),
+], ids=["rate", "rate 10**401", "slo", "watermark", "decode step", "lognormal median", "stages", "output_scale"])
+def test_a_setting_too_long_for_a_float_is_named(tmp_path, capsys, text, fragment):
+    """A 400-digit number for a real-valued setting ended in 'OverflowError: int too large to
+    convert to float'; output_scale = 1e300 in a numpy overflow warning and an int64 wrapped to
+    -2**63; stages of 1e300 x 1e300 in 'cannot convert float infinity to integer'."""
+    code, err = run_file(tmp_path, capsys, text, command="validate")
+    one_error(code, err, fragment)
+
+
+def test_a_set_override_too_long_for_a_float_is_named(tmp_path, capsys):
+    code, err = run_file(tmp_path, capsys, BASE, "--set", f"workload.rate={LONG}")
+    one_error(code, err, "[workload]: rate: must be a finite number (at most 1.8e+308), got 10**400")
+    assert not (tmp_path / "out").exists()
+
+
+def _huge_arrival_files(tmp_path: Path) -> dict:
+    row = {"prompt_tokens": 5, "output_tokens": 5}
+    (tmp_path / "r.json").write_text(f'[{{"prompt_tokens": 5, "output_tokens": 5, "arrival_ms": {LONG}}}]')
+    (tmp_path / "r.jsonl").write_text(json.dumps({**row, "arrival_ms": 0}) + "\n"
+                                      + f'{{"prompt_tokens": 5, "output_tokens": 5, "arrival_ms": {LONG}}}\n')
+    (tmp_path / "m.jsonl").write_text(f'{{"timestamp": {LONG}, "input_length": 5, "output_length": 5, '
+                                      '"hash_ids": [1]}\n')
+    (tmp_path / "log.jsonl").write_text(f'{{"input_toks": 5, "output_toks": 5, "queued_ts": {LONG}, '
+                                        '"first_token_ts": 1, "last_token_ts": 2}\n')
+    shown = LONG[:57] + "..."
+    return {
+        "json": ('kind = "file"\npath = "r.json"', f"r.json: record 1: arrival_ms: must be a number >= 0, got {shown}"),
+        "jsonl": ('kind = "file"\npath = "r.jsonl"',
+                  f"r.jsonl: line 2: arrival_ms: must be a number >= 0, got {shown}"),
+        "inline": (f"kind = \"inline\"\nrequests = [{{prompt_tokens = 5, output_tokens = 5, arrival_ms = {LONG}}}]",
+                   f"[workload] requests: record 1: arrival_ms: must be a number >= 0, got {shown}"),
+        "mooncake": ('kind = "mooncake"\npath = "m.jsonl"', f"m.jsonl: line 1: timestamp: must be a number >= 0, "
+                                                            f"got {shown}"),
+        "vllm_log": ('kind = "vllm_log"\npath = "log.jsonl"', f"log.jsonl: line 1: queued_ts: must be a number, "
+                                                              f"got {shown}"),
+    }
+
+
+@pytest.mark.parametrize("case", ["json", "jsonl", "inline", "mooncake", "vllm_log"])
+def test_a_time_too_long_for_a_float_in_a_request_file_names_its_row(tmp_path, capsys, case):
+    workload, fragment = _huge_arrival_files(tmp_path)[case]
+    code, err = run_file(tmp_path, capsys, f'[experiment]\nname = "h"\n[workload]\n{workload}\n', command="validate")
+    one_error(code, err, fragment)
+
+
+def _config_json(folder: Path, **changes) -> Path:
+    folder.mkdir()
+    config = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, **changes}
+    (folder / "config.json").write_text(json.dumps(config).replace('"HUGE"', LONG))
+    return folder
+
+
+def test_a_config_json_with_a_400_digit_width_is_named(tmp_path, capsys):
+    folder = _config_json(tmp_path / "huge", hidden_size="HUGE")
+    one_error(main(["capacity", "--model", str(folder), "--gpu", "a100-40gb"]), capsys.readouterr().err,
+              "config.json: hidden_size: expected a whole number below 2**63 (64 bits), got 10**400")
+    text = BASE + f'[models.mine]\nconfig = "{folder / "config.json"}"\n[kv_cache]\nkind = "paged"\nmodel = "mine"\n' \
+                  'gpu = "a100-40gb"\n'
+    one_error(*run_file(tmp_path, capsys, text, command="validate"),
+              "[models.mine]: ", "hidden_size: expected a whole number below 2**63 (64 bits), got 10**400")
+
+
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--activation-reserve-gib", "1e300", "activation_reserve_gib must be a finite number >= 0 and <= 2**20 (GiB), "
+                                          "got 1e+300"),
+    ("--tensor-parallel", "1000000000000", "tensor_parallel must be a whole number from 1 to 1024, got 1000000000000"),
+    ("--block-size", "100000", "block_size must be a whole number from 1 to 4096, got 100000"),
+])
+def test_capacity_refuses_sizes_beyond_the_experiment_files_bounds(capsys, option, value, fragment):
+    """1e300 GiB of reserve ended in an OverflowError; 10**12-way tensor parallelism printed
+    '14.96 -> 0.00 GiB of weights' and 100,000-token blocks a pool TOML refuses."""
+    code = main(["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", option, value])
+    one_error(code, capsys.readouterr().err, fragment)
+
+
+def test_capacity_with_a_p99_below_the_average_says_so(capsys):
+    """With --avg-tokens 8000 --p99-tokens 100 it said 'p99-length sequences fit as many as
+    average ones (1429)' though 20 average ones fit: 10,005 blocks // 500 = 20, // 7 = 1429."""
+    code = main(["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", "--avg-tokens", "8000",
+                 "--p99-tokens", "100"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.strip().split("\n")[-1] == ("  plan for the average: the p99 length (100) is below the average (8000); "
+                                           "1429 p99-length sequences fit, but only 20 average ones")
+
+
+KV = '[kv_cache]\nkind = "paged"\nmodel = "llama-3-8b"\ngpu = "a100-40gb"\n'
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (BASE + KV + "activation_reserve_gib = 1e300\n",
+     "[kv_cache]: activation_reserve_gib: must be <= 2**20, got 1e+300"),
+    (BASE + KV + "swap_space_gib = 1e300\n", "[kv_cache]: swap_space_gib: must be <= 2**20, got 1e+300"),
+    (BASE + KV + "tensor_parallel = 1048576\n", "[kv_cache]: tensor_parallel: must be <= 1024, got 2**20"),
+    (BASE + '[gpus.g]\nmemory_gib = 1e300\nhbm_bandwidth_gbps = 2000\nbf16_tflops = 300\nhost_link_gbps = 25\n'
+     + KV.replace('"a100-40gb"', '"g"'), "[gpus.g]: memory_gib: must be <= 2**20, got 1e+300"),
+    (BASE + '[models.m]\nnum_layers = 32\nnum_kv_heads = 8\nhead_dim = 128\nnum_params = 1.7e308\n',
+     "[models.m]: num_params: must be <= 10**15, got 1.7e+308"),
+], ids=["activation reserve", "swap space", "tensor parallel", "gpu memory", "parameters"])
+def test_memory_sizes_that_overflowed_are_bounded(tmp_path, capsys, text, fragment):
+    """Each ended in 'cannot convert float infinity to integer' or 'cannot convert float NaN to
+    integer' while the pool was sized."""
+    one_error(*run_file(tmp_path, capsys, text, command="validate"), fragment)
+
+
+MODEL = "[models.m]\nnum_layers = 32\nhead_dim = 128\nnum_params = 8e9\n"
+GPU = "[gpus.g]\nmemory_gib = 80\nhbm_bandwidth_gbps = 2000\nbf16_tflops = 300\nhost_link_gbps = 25\n"
+
+
+@pytest.mark.parametrize("table, fragment", [
+    (MODEL + "num_attention_heads = 32\nnum_kv_heads = 64\n", "[models.m]: m: num_kv_heads (64) exceeds "
+                                                               "num_attention_heads (32)"),
+    (MODEL + "num_attention_heads = 32\nnum_kv_heads = 12\n",
+     "[models.m]: m: num_attention_heads (32) must be a multiple of num_kv_heads (12): each KV head serves a whole "
+     "group of query heads"),
+    (MODEL + "num_kv_heads = 8\nexperts_per_token = 2\n",
+     "[models.m]: m: experts_per_token is set but num_experts is 0 (a dense model); give num_experts for a "
+     "mixture-of-experts model"),
+    (GPU + "min_clock_mhz = 2000\nmax_clock_mhz = 1000\n", "[gpus.g]: g: min_clock_mhz (2000) exceeds max_clock_mhz "
+                                                           "(1000)"),
+    (GPU + "board_w = 300\nidle_w = 400\n", "[gpus.g]: g: idle_w (400) exceeds board_w (300), the most the GPU draws"),
+], ids=["more KV heads than heads", "heads not in groups", "experts of a dense model", "clocks", "idle power"])
+def test_custom_models_and_gpus_that_cannot_exist_are_refused(tmp_path, capsys, table, fragment):
+    one_error(*run_file(tmp_path, capsys, BASE + table, command="validate"), fragment)
+
+
+def test_sjf_with_a_huge_prediction_error_runs_in_prediction_order(tmp_path, capsys):
+    """prediction_sigma = 1000 overflowed exp(sigma * z) inside a worker (math range error)."""
+    from schedlab.model import Request
+    from schedlab_plugins.schedulers import LengthPredictor
+
+    predict = LengthPredictor(1000.0, seed=3)
+    requests = [Request(i, 0.0, 1, 10) for i in range(50)]
+    logs = [predict.log_length(r) for r in requests]
+    assert all(math.isfinite(v) for v in logs)
+    lengths = [predict(r) for r in requests]
+    assert 0.0 in lengths and math.inf in lengths     # exp(1000 z) leaves the float range both ways
+    z = [np.random.default_rng((3, r.id)).standard_normal() for r in requests]
+    assert sorted(range(50), key=lambda i: logs[i]) == sorted(range(50), key=lambda i: z[i])
+    text = BASE + '[scheduler]\nkind = "vllm"\npolicy = "sjf"\nprediction_sigma = 1000\n'
+    code, err = run_file(tmp_path, capsys, text)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["studies"][0]["runs"][0]["metrics"]["finished"] == 20
+
+
+# -- request files that are not regular files, or JSON Python cannot read -----------------------------------------
+
+
+def test_a_fifo_as_the_request_file_is_refused_without_blocking(tmp_path):
+    """Reading a named pipe blocked until a writer came: for ever. The timeout is a guard that
+    turns a hang into a failure, not a speed requirement."""
+    os.mkfifo(tmp_path / "r.jsonl")
+    (tmp_path / "exp.toml").write_text('[experiment]\nname = "f"\n[workload]\nkind = "file"\npath = "r.jsonl"\n')
+    done = _cli("validate", str(tmp_path / "exp.toml"), timeout=120)
+    one_error(done.returncode, done.stderr, f"{tmp_path / 'r.jsonl'}: is a FIFO (named pipe), not a regular file")
+
+
+@pytest.mark.parametrize("workload", ['kind = "file"\npath = "/dev/null"\nformat = "jsonl"',
+                                      'kind = "vllm_bench"\npath = "/dev/null"'], ids=["file", "vllm_bench"])
+def test_a_device_as_the_request_file_is_refused(tmp_path, capsys, workload):
+    """/dev/zero as a JSONL file was read until the process was killed (24 GB); /dev/null stands
+    for it here (a character device too, but one that ends)."""
+    text = f'[experiment]\nname = "f"\n[workload]\n{workload}\n'
+    one_error(*run_file(tmp_path, capsys, text, command="validate"),
+              "/dev/null: is a character device, not a regular file")
+
+
+def test_a_fifo_as_a_models_config_json_is_refused(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    os.mkfifo(tmp_path / "m" / "config.json")
+    one_error(main(["capacity", "--model", str(tmp_path / "m"), "--gpu", "a100-40gb"]), capsys.readouterr().err,
+              f"--model: config: {tmp_path / 'm' / 'config.json'} is a FIFO (named pipe), not a regular file")
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("name, content, where", [
+    ("r.json", DEEP, "r.json: bad JSON: lists or objects nested too deeply to read"),
+    ("r.jsonl", '{"prompt_tokens": 5, "output_tokens": 5}\n' + DEEP + "\n",
+     "r.jsonl: line 2: bad JSON: lists or objects nested too deeply to read"),
+    # inside an object pyarrow's parser took the line, and recursed until the process crashed (a segfault)
+    ("r.jsonl", '{"prompt_tokens": 5, "output_tokens": 5, "x": ' + DEEP + "}\n",
+     "r.jsonl: line 1: bad JSON: lists or objects nested too deeply to read"),
+    ("r.jsonl", '{"prompt_tokens": 5, "output_tokens": 5, "arrival_ms": ' + "1" * 5000 + "}\n",
+     "r.jsonl: line 1: bad JSON: a number too long to read (more than 4300 digits)"),
+], ids=["deep json", "deep jsonl line", "deep value in a jsonl object", "a 5000-digit number"])
+def test_json_python_cannot_read_names_the_file(tmp_path, name, content, where):
+    """RecursionError and 'Exceeds the limit (4300 digits)' tracebacks; a subprocess, since the
+    deep line once crashed the process itself."""
+    (tmp_path / name).write_text(content)
+    (tmp_path / "exp.toml").write_text(f'[experiment]\nname = "f"\n[workload]\nkind = "file"\npath = "{name}"\n')
+    done = _cli("validate", str(tmp_path / "exp.toml"))
+    one_error(done.returncode, done.stderr, where)
+
+
+def test_a_deeply_nested_config_json_is_named(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(DEEP)
+    one_error(main(["capacity", "--model", str(tmp_path / "m"), "--gpu", "a100-40gb"]), capsys.readouterr().err,
+              "is not JSON: lists or objects nested too deeply to read")
+
+
+# -- Azure timestamps ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stamp", ["1", "1700000000", "0.5", "2023", "2023-11-16", "2023-11-16 18:15:46+00:00",
+                                   "2023-11-16T18:15:46Z", "now", "0999-01-01 00:00:00", "9999-01-01 00:00:00",
+                                   LONG], ids=lambda stamp: stamp if len(stamp) < 30 else "10**400")
+def test_an_azure_timestamp_that_is_not_a_date_and_time_is_refused(tmp_path, capsys, stamp):
+    """Numbers were read as years ('0' as 1753 after wrapping round, '1700000000' as 2252),
+    '+00:00' was applied with a numpy warning, 'now' read the clock: all with exit status 0."""
+    (tmp_path / "az.csv").write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,20\n"
+                                     f"{stamp},50,10\n")
+    text = '[experiment]\nname = "a"\n[workload]\nkind = "azure"\npath = "az.csv"\n'
+    shown = repr(stamp) if len(stamp) < 60 else repr(stamp)[:57] + "..."
+    one_error(*run_file(tmp_path, capsys, text, command="validate"),
+              "az.csv: line 3: timestamp (column 'TIMESTAMP'): not a date and time like '2023-11-16 18:17:03.9799600' "
+              f"(without a time zone, years 1678-2261), got {shown}")
+
+
+def test_azure_timestamps_in_their_own_forms_are_read_to_the_nanosecond(tmp_path):
+    from schedlab_plugins.workloads.traces import load_azure
+
+    (tmp_path / "az.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,20\n"
+                                     "2023-11-16T18:15:47,50,10\n2023-11-16 18:15:47.000000001,5,1\n")
+    arrival, _, _ = load_azure(tmp_path / "az.csv")
+    assert arrival.tolist() == [0.0, 319.41, 319.410001]
+
+
+def test_a_zipf_exponent_beyond_the_float_range_puts_every_request_in_group_0(tmp_path):
+    """zipf_s = 1e300 printed numpy's 'RuntimeWarning: overflow encountered in power'."""
+    import warnings
+
+    from schedlab_plugins.workloads.synthetic import group_weights
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert group_weights(3, "zipf", 1e300).tolist() == [1.0, 0.0, 0.0]   # 1 / 2**1e300 = 0
+    text = BASE.replace('kind = "synthetic"', 'kind = "shared_prefix"\nnum_groups = 3\nprefix_tokens = 10\n'
+                                              'popularity = "zipf"\nzipf_s = 1e300').replace("prompt =", "suffix =")
+    (tmp_path / "exp.toml").write_text(text)
+    done = _cli("run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out"), "--no-plots")
+    assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
+
+
+def test_vllm_log_timestamps_beyond_the_clock_are_refused_without_a_numpy_warning(tmp_path):
+    """queued_ts = 1.7e308 printed 'RuntimeWarning: overflow encountered in multiply' before its error."""
+    (tmp_path / "log.jsonl").write_text(
+        '{"input_toks": 5, "output_toks": 5, "queued_ts": 0, "first_token_ts": 1, "last_token_ts": 2}\n'
+        '{"input_toks": 5, "output_toks": 5, "queued_ts": 1.7e308, "first_token_ts": 1.7e308, '
+        '"last_token_ts": 1.7e308}\n')
+    (tmp_path / "exp.toml").write_text('[experiment]\nname = "v"\n[workload]\nkind = "vllm_log"\npath = "log.jsonl"\n')
+    done = _cli("validate", str(tmp_path / "exp.toml"))
+    one_error(done.returncode, done.stderr, "log.jsonl: the timestamps span 1.7e+308 s from the first queued_ts, more "
+                                            "than the simulated clock's 1e+12 ms (about 31.7 years)")
+
+
+@pytest.mark.parametrize("workload", [
+    'kind = "synthetic"\nnum_requests = 5\nprompt = {dist = "fixed", value = 5}\noutput = {dist = "fixed", value = 5}\n'
+    "rate = 5e-324",
+    'kind = "vidur"\npath = "v.csv"\ntime_scale = 1e300',
+    'kind = "file"\npath = "v.json"\ntime_scale = 1e300',
+], ids=["rate 5e-324", "vidur time_scale", "file time_scale"])
+def test_arrivals_beyond_the_float_range_are_past_the_clock_without_a_numpy_warning(tmp_path, workload):
+    """They printed 'RuntimeWarning: overflow encountered in multiply' (or divide), then 'arrival
+    times must be finite and >= 0' though nothing in the file was infinite."""
+    (tmp_path / "v.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1e10,5,5\n")
+    (tmp_path / "v.json").write_text('[{"prompt_tokens": 5, "output_tokens": 5, "arrival_ms": 1e300}]')
+    (tmp_path / "exp.toml").write_text(f'[experiment]\nname = "v"\n[workload]\n{workload}\n')
+    done = _cli("run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out"))
+    one_error(done.returncode, done.stderr, "arrival times must be at most 1e+12 ms (about 31.7 years), the end of "
+                                            "the simulated clock; the last is inf ms (check rate and time_scale)")

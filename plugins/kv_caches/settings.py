@@ -17,7 +17,9 @@ from __future__ import annotations
 import attrs
 
 from schedlab.capacity import DEFAULT_ACTIVATION_RESERVE_GIB, GIB, size_kv_cache
-from schedlab.configs import MAX_BLOCK_SIZE, FieldError, bool_field, float_field, int_field, str_field
+from schedlab.configs import (
+    MAX_BLOCK_SIZE, MAX_MEMORY_GIB, MAX_TENSOR_PARALLEL, FieldError, bool_field, float_field, int_field, str_field,
+)
 from schedlab.parallelism import SINGLE, Parallelism
 
 from .host_tier import HostTier
@@ -37,16 +39,18 @@ class PoolConfig:
     gpu: str | None = str_field(None, optional=True, help="GPU preset to size the pool from, e.g. a100-80gb")
     gpu_memory_utilization: float = float_field(0.9, min=0.0, max=1.0, min_exclusive=True,
                                                 help="share of GPU memory the engine may use (vLLM default 0.9)")
-    tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks (divide weights and KV heads)")
-    activation_reserve_gib: float = float_field(DEFAULT_ACTIVATION_RESERVE_GIB, min=0.0,
+    tensor_parallel: int = int_field(1, min=1, max=MAX_TENSOR_PARALLEL,
+                                     help="tensor-parallel ranks (divide weights and KV heads)")
+    activation_reserve_gib: float = float_field(DEFAULT_ACTIVATION_RESERVE_GIB, min=0.0, max=MAX_MEMORY_GIB,
                                                 help="memory kept back for activations, GiB")
     bytes_per_block: int | None = int_field(None, min=0, optional=True,
                                             help="bytes of one block (default: from the model)")
     host_link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
                                                help="host link bandwidth for swaps and host-tier reloads, GB/s "
                                                     "(default: from the GPU, else 25)")
-    host_memory_gib: float = float_field(0.0, min=0.0, help="host-memory KV tier under the prefix cache, GiB "
-                                                            "(vLLM CPU offloading, SGLang HiCache); 0 = none")
+    host_memory_gib: float = float_field(0.0, min=0.0, max=MAX_MEMORY_GIB,
+                                         help="host-memory KV tier under the prefix cache, GiB "
+                                              "(vLLM CPU offloading, SGLang HiCache); 0 = none")
     host_blocks: int | None = int_field(None, min=0, optional=True, help="host-memory KV tier in blocks "
                                                                          "(instead of GiB)")
     host_link_latency_us: float = float_field(10.0, min=0.0, help="fixed time of one host-tier reload, us "
@@ -109,7 +113,8 @@ def host_tier(config: PoolConfig, sizing) -> HostTier | None:
 
 @attrs.frozen
 class PagedConfig(PoolConfig):
-    swap_space_gib: float = float_field(0.0, min=0.0, help="CPU swap space per GPU, GiB (vLLM V0 used 4)")
+    swap_space_gib: float = float_field(0.0, min=0.0, max=MAX_MEMORY_GIB,
+                                        help="CPU swap space per GPU, GiB (vLLM V0 used 4)")
     swap_blocks: int | None = int_field(None, min=0, optional=True, help="swap space in blocks (instead of GiB)")
     prefix_caching: bool = bool_field(False, help="reuse cached full prompt blocks (vLLM enable_prefix_caching)")
 

@@ -29,7 +29,11 @@ import numpy as np
 
 
 class LengthPredictor:
-    """Predicted output length of each request: ``target_tokens * exp(sigma * Z)``."""
+    """Predicted output length of each request: ``target_tokens * exp(sigma * Z)``.
+
+    With a large sigma the factor leaves the float range (``exp(710)`` overflows): a prediction
+    beyond it is infinite or 0, and the queue is ordered by its logarithm (:meth:`log_length`),
+    which keeps the order of the exact predictions for any sigma."""
 
     def __init__(self, sigma: float = 0.0, seed: int = 0):
         self.sigma = sigma
@@ -39,10 +43,19 @@ class LengthPredictor:
     def __call__(self, request) -> float:
         if not self.sigma:
             return float(request.target_tokens)
+        try:
+            return math.exp(self.log_length(request))
+        except OverflowError:
+            return math.inf
+
+    def log_length(self, request) -> float:
+        """``log(target_tokens) + sigma * Z``: the prediction's logarithm, finite where it is not."""
+        if not self.sigma:
+            return math.log(request.target_tokens)
         value = self._memo.get(request.id)
         if value is None:
             z = np.random.default_rng((self.seed, request.id)).standard_normal()
-            value = self._memo[request.id] = request.target_tokens * math.exp(self.sigma * z)
+            value = self._memo[request.id] = math.log(request.target_tokens) + self.sigma * z
         return value
 
 
@@ -55,9 +68,14 @@ def longest_output_key(seq):
 
 
 def shortest_predicted_key(predict: LengthPredictor) -> Callable:
-    def key(seq):
-        return (predict(seq.request), seq.request.arrival_ms)
-    return key
+    if not predict.sigma:   # the exact lengths, compared as whole numbers
+        def key(seq):
+            return (predict(seq.request), seq.request.arrival_ms)
+        return key
+
+    def noisy_key(seq):
+        return (predict.log_length(seq.request), seq.request.arrival_ms)
+    return noisy_key
 
 
 def waiting_key(policy: str, sigma: float = 0.0, seed: int = 0) -> Callable | None:

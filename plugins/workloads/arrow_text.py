@@ -48,6 +48,12 @@ from .fast_text import BOM, FALSE, FLOAT, INT, NONE, OBJ, STR, TRUE, RawColumn, 
 
 SCAN_BYTES = 4 << 20           # the file is checked this many bytes at a time (bounds temporaries)
 ARROW_BLOCK_BYTES = 4 << 20    # pyarrow parses blocks of this size (a line must fit in one)
+#: JSONL lines with more ``[`` and ``{`` than this (so perhaps nested this deep) go to the other
+#: readers: pyarrow's parser recurses a level at a time in C++ and crashes the process (a
+#: segfault, near 10,000 levels), where Python's json stops with a RecursionError (near 1,000)
+#: that the readers report. Brackets inside strings count too, which only sends a line to the
+#: slower readers, never a deep line to pyarrow.
+MAX_NESTING = 512
 INT_TEXT = r"^-?[0-9]{1,18}$"                                           # exact in int64, as int()
 FLOAT_TEXT = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"     # as float(), no nan/inf/_
 
@@ -172,11 +178,23 @@ def _scan_chunk(found: _Lines, chunk: bytes, base: int, line_base: int, fmt: str
         return nl.size
     if fmt == "jsonl" and not (bool(np.all(buf[starts[rows]] == 123)) and bool(np.all(buf[ends[rows] - 1] == 125))):
         return None
+    if fmt == "jsonl" and int((ends[rows] - starts[rows]).max()) > MAX_NESTING and _maybe_too_deep(buf, nl):
+        return None
     found.numbers.append(rows + line_base + 1)
     found.starts.append(starts[rows] + base)
     found.rows += rows.size
     found.end = base + int(line_end[rows[-1]]) + 1
     return nl.size
+
+
+def _maybe_too_deep(buf: np.ndarray, nl: np.ndarray) -> bool:
+    """True when a line of ``buf`` (line ends at ``nl``) holds more than :data:`MAX_NESTING`
+    opening brackets: it may nest deeper than pyarrow parses safely."""
+    opens = np.flatnonzero((buf | 32) == 123)   # "[" (91) or "{" (123): they differ in bit 5 only
+    if opens.size <= MAX_NESTING:
+        return False
+    per_line = np.bincount(np.searchsorted(nl, opens))
+    return int(per_line.max()) > MAX_NESTING
 
 
 def _source(pa, path, lines: _Lines):
@@ -459,7 +477,7 @@ def _read_again(path, lines: _Lines, values, sources, reread) -> bool:
             fh.seek(int(lines.starts[row]))
             try:
                 obj = json.loads(fh.readline().decode("utf-8"))
-            except ValueError:
+            except (ValueError, RecursionError):
                 return False
             for field in fields_of[row]:
                 value = obj.get(sources[field]) if isinstance(obj, dict) else None

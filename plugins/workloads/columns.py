@@ -86,6 +86,13 @@ def per_row_or_none(values: list | None, field: str) -> list | None:
     return [default if v is None else v for v in values]
 
 
+def scaled(times: np.ndarray, factor: float) -> np.ndarray:
+    """``times * factor`` without numpy's overflow warning: a product beyond the float range is
+    inf, which :func:`iter_requests` refuses as past the simulated clock's end."""
+    with np.errstate(over="ignore"):
+        return times * factor
+
+
 def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns, *, first_id: int = 0) -> Iterator[Request]:
     """Requests in arrival order with ids ``first_id``, ``first_id + 1``, ...; created one at a time.
 
@@ -95,9 +102,9 @@ def iter_requests(arrival_ms: np.ndarray, columns: RequestColumns, *, first_id: 
     arrival = np.asarray(arrival_ms, dtype=np.float64)
     if arrival.shape != (len(columns),):
         raise ValueError(f"iter_requests: {arrival.shape[0]} arrival times for {len(columns)} requests")
-    if not np.all(np.isfinite(arrival)) or (arrival.size and arrival.min() < 0):
+    if np.isnan(arrival).any() or (arrival.size and arrival.min() < 0):
         raise WorkloadError("arrival times must be finite and >= 0")
-    if arrival.size and arrival.max() > MAX_TIME_MS:
+    if arrival.size and arrival.max() > MAX_TIME_MS:  # also inf: a rate or time_scale beyond the float range
         raise WorkloadError(f"arrival times must be at most {MAX_TIME_MS:g} ms (about 31.7 years), the end of the "
                             f"simulated clock; the last is {arrival.max():.3g} ms (check rate and time_scale)")
     if arrival.size > 1 and np.any(arrival[1:] < arrival[:-1]):

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
-from schedlab.configs import MAX_TOKENS, FieldError, bound_text
+from schedlab.configs import MAX_TOKENS, FieldError, bound_text, is_finite_number, value_text
 from schedlab.errors import WorkloadError
 
 from .records import read_records
@@ -154,12 +154,11 @@ def parse_distribution(table: Any, *, field: str) -> Distribution:
 
     def real(key: str, minimum: float, exclusive: bool, maximum: float = math.inf) -> float:
         value = table[key]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or (value <= minimum if exclusive else value < minimum) or value > maximum:
+        if not is_finite_number(value) or (value <= minimum if exclusive else value < minimum) or value > maximum:
             bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
             if maximum < math.inf:
                 bound += f" and <= {maximum:g}"
-            raise FieldError(field, f"{key} must be a number {bound}, got {value!r}")
+            raise FieldError(field, f"{key} must be a number {bound}, got {value_text(value)}")
         return float(value)
 
     def text(key: str) -> str:

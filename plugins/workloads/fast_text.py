@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -40,6 +41,15 @@ CHUNK_BYTES = 8 << 20          # lines are tokenised this many bytes at a time (
 MAX_TOKEN = 24                 # longer number tokens go to json.loads (big ints, long decimals)
 BOM = b"\xef\xbb\xbf"
 _STRIPPED = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32)   # bytes str.strip() removes (ASCII)
+
+
+def unreadable_json(exc: BaseException) -> str:
+    """What stopped ``json.loads`` other than a syntax error (a JSONDecodeError says that):
+    nesting deeper than Python's recursion limit lets it follow (about 1,000 levels), or a whole
+    number longer than Python converts from text (4,300 digits)."""
+    if isinstance(exc, RecursionError):
+        return "lists or objects nested too deeply to read"
+    return f"a number too long to read (more than {sys.get_int_max_str_digits()} digits)"
 
 
 class RawColumn(Sequence):
@@ -445,6 +455,8 @@ def read_jsonl_fast(data: bytes, name: str, wanted: Mapping[str, Sequence[str]],
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{name}: line {number}: bad JSON: {exc.msg} (column {exc.colno})") from None
+            except (ValueError, RecursionError) as exc:
+                raise WorkloadError(f"{name}: line {number}: bad JSON: {unreadable_json(exc)}") from None
             if not isinstance(obj, dict):
                 raise WorkloadError(f"{name}: line {number}: expected a JSON object, got {type(obj).__name__}")
             parsed[i] = obj

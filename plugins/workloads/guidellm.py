@@ -29,7 +29,7 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import bool_field, int_field, path_field
+from schedlab.configs import bool_field, int_field, is_finite_number, path_field
 from schedlab.errors import WorkloadError
 
 from .columns import OpenLoopWorkload
@@ -67,7 +67,7 @@ def _body(entry: dict) -> dict:
     if isinstance(args, str):
         try:
             args = ast.literal_eval(args)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # not a literal, {[1]: 2}, deep
             return {}
     if not isinstance(args, dict):
         return {}
@@ -105,7 +105,7 @@ def _total(benchmark: dict, status: str) -> int | None:
     """How many requests of ``status`` the benchmark ran (the report's counts), if it says."""
     value = _number(benchmark, ("metrics", "request_totals", status), ("run_stats", "completed" if status ==
                                                                           "successful" else status))
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return int(value) if is_finite_number(value) else None
 
 
 def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload:

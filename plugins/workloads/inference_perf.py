@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 
 import attrs
 import numpy as np
 
-from schedlab.configs import int_field, path_field, str_field
+from schedlab.configs import int_field, is_finite_number, path_field, str_field
 from schedlab.errors import WorkloadError
 
 from .columns import OpenLoopWorkload, RequestColumns
 from .measured import MeasuredRequests
-from .records import read_json_file
+from .records import read_json_file, show_value
 
 PREFIX_BLOCKS = ("text", "none")
 
@@ -86,15 +85,15 @@ def _first(record: dict, *paths):
 
 def whole_tokens(where: str, key: str, value) -> int:
     """A token count >= 1, or WorkloadError naming ``where`` and ``key``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
-        raise WorkloadError(f"{where}: {key}: must be a whole number >= 1, got {value!r}")
+    if not is_finite_number(value) or value != int(value) or value < 1:
+        raise WorkloadError(f"{where}: {key}: must be a whole number >= 1, got {show_value(value)}")
     return int(value)
 
 
 def seconds(where: str, key: str, value) -> float:
     """A time in seconds >= 0, or WorkloadError naming ``where`` and ``key``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise WorkloadError(f"{where}: {key}: must be a number of seconds >= 0, got {value!r}")
+    if not is_finite_number(value) or value < 0:
+        raise WorkloadError(f"{where}: {key}: must be a number of seconds >= 0, got {show_value(value)}")
     return float(value)
 
 
@@ -105,7 +104,7 @@ def _payload(record: dict) -> dict:
     if isinstance(raw, str):
         try:
             data = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):   # not JSON, nested too deeply or a 4,300-digit number
             return {}
         return data if isinstance(data, dict) else {}
     return {}

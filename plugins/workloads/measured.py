@@ -31,13 +31,13 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from schedlab.configs import int_field, path_field, str_field
+from schedlab.configs import MAX_TIME_MS, int_field, is_finite_number, path_field, str_field
 from schedlab.errors import WorkloadError
 
 from .arrivals import arrivals_ms
 from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
-from .records import jsonl_objects, read_json_file
+from .records import check_regular_file, jsonl_objects, read_json_file, show_value
 
 
 @attrs.frozen(eq=False)
@@ -95,6 +95,7 @@ def prefix_block_ids(token_lists, block_tokens: int = 16) -> list[tuple[int, ...
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    check_regular_file(path)
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
     with open(path) as fh:
@@ -108,8 +109,8 @@ def _number(path, line, row, key, *, whole=False, minimum=None):
     if key not in row:
         raise WorkloadError(f"{path}: line {line}: missing field {key!r}")
     value = row[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise WorkloadError(f"{path}: line {line}: {key}: must be a number, got {value!r}")
+    if not is_finite_number(value):
+        raise WorkloadError(f"{path}: line {line}: {key}: must be a number, got {show_value(value)}")
     if whole and value != int(value):
         raise WorkloadError(f"{path}: line {line}: {key}: must be a whole number, got {value!r}")
     if minimum is not None and value < minimum:
@@ -196,6 +197,7 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
         per_row["block_hashes"] = given_ids
     constant = {"hash_block_tokens": hash_block_tokens} if per_row else {}
     queued = stamps["queued_ts"]
+    _check_span(path, queued.min(), [*stamps.values(), scheduled[np.isfinite(scheduled)]])
     arrival = (queued - queued.min()) * 1e3
     first, last = stamps["first_token_ts"], stamps["last_token_ts"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -203,6 +205,16 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     measured = MeasuredRequests(str(path), arrival, (first - queued) * 1e3, tpot, (last - queued) * 1e3, output,
                                 (scheduled - queued.min()) * 1e3 if np.isfinite(scheduled).all() else None)
     return arrival, RequestColumns(prompt, output, per_row, constant), measured
+
+
+def _check_span(path, start: float, columns: list) -> None:
+    """WorkloadError when a timestamp lies further from the first queued_ts than the simulated
+    clock reaches (1e12 ms); in ms such a span could overflow (1e308 s) with a numpy warning."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        span = max(float(np.max(np.abs(column - start))) for column in columns if column.size)
+    if not span * 1e3 <= MAX_TIME_MS:
+        raise WorkloadError(f"{path}: the timestamps span {span:g} s from the first queued_ts, more than the simulated "
+                            f"clock's {MAX_TIME_MS:g} ms (about 31.7 years)")
 
 
 def make_vllm_log_workload(config: VllmLogConfig) -> OpenLoopWorkload:
@@ -261,8 +273,8 @@ def _bench_seconds(path, key, values, keep, *, allow_none=False) -> np.ndarray:
         value = values[i]
         if value is None and allow_none:
             out[j] = np.nan
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise WorkloadError(f"{path}: {key}[{i}]: must be a number of seconds >= 0, got {value!r}")
+        elif not is_finite_number(value) or value < 0:
+            raise WorkloadError(f"{path}: {key}[{i}]: must be a number of seconds >= 0, got {show_value(value)}")
         else:
             out[j] = float(value) * 1e3
     return out
@@ -291,11 +303,11 @@ def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
     rate = data.get("request_rate", "inf")
     try:
         rate = float(rate)
-    except (TypeError, ValueError):
-        raise WorkloadError(f"{path}: request_rate: must be a number or \"inf\", got {rate!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise WorkloadError(f"{path}: request_rate: must be a number or \"inf\", got {show_value(rate)}") from None
     burstiness = data.get("burstiness", 1.0)
-    if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or not burstiness > 0:
-        raise WorkloadError(f"{path}: burstiness: must be a number > 0, got {burstiness!r}")
+    if not is_finite_number(burstiness) or not burstiness > 0:
+        raise WorkloadError(f"{path}: burstiness: must be a number > 0, got {show_value(burstiness)}")
     cap = data.get("max_concurrency")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise WorkloadError(f"{path}: max_concurrency: must be a whole number >= 1 or null, got {cap!r}")

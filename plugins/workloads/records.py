@@ -33,10 +33,13 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
+from schedlab.configs import MAX_FLOAT_INT, not_regular_file
 from schedlab.errors import WorkloadError
 
 from .arrow_text import read_csv_arrow, read_jsonl_arrow
-from .fast_text import FLOAT, INT, NONE, STR, RawColumn, csv_columns, read_csv_fast, read_jsonl_fast
+from .fast_text import (
+    FLOAT, INT, NONE, STR, RawColumn, csv_columns, read_csv_fast, read_jsonl_fast, unreadable_json,
+)
 
 FORMATS = ("json", "jsonl", "csv")
 READERS = ("arrow", "numpy", "python")
@@ -144,11 +147,11 @@ class Records:
         number = _as_int(value)
         if number is None or number < min:
             raise WorkloadError(
-                f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, got {_show(value)}")
+                f"{self.where(row)}: {self.label(field)}: must be a whole number >= {min}, got {show_value(value)}")
         if number > INT64_MAX:  # 10**30, 1e30 or "1e30": beyond the int64 columns every reader keeps
             raise WorkloadError(
                 f"{self.where(row)}: {self.label(field)}: must be a whole number from {min} to {INT64_MAX:,}, "
-                f"got {_show(value)}")
+                f"got {show_value(value)}")
         return number
 
     def optional_ints(self, field: str, *, min: int = 1) -> list | None:
@@ -183,7 +186,7 @@ class Records:
             number = _as_float(value)
             if number is None or not number >= min:
                 raise WorkloadError(
-                    f"{self.where(row)}: {self.label(field)}: must be a number >= {min:g}, got {_show(value)}"
+                    f"{self.where(row)}: {self.label(field)}: must be a number >= {min:g}, got {show_value(value)}"
                 )
             out[row] = number
         return out
@@ -211,7 +214,7 @@ class Records:
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[row] = str(value)
             else:
-                raise WorkloadError(f"{self.where(row)}: {self.label(field)}: must be text, got {_show(value)}")
+                raise WorkloadError(f"{self.where(row)}: {self.label(field)}: must be text, got {show_value(value)}")
         return out
 
     def keys(self, field: str) -> list | None:
@@ -227,7 +230,7 @@ class Records:
                 out.append(value)
             else:
                 raise WorkloadError(
-                    f"{self.where(row)}: {self.label(field)}: must be text or a whole number, got {_show(value)}"
+                    f"{self.where(row)}: {self.label(field)}: must be text or a whole number, got {show_value(value)}"
                 )
         return out
 
@@ -305,7 +308,7 @@ class Records:
                 raise WorkloadError(f"{self.where(row)}: missing {self.label(field)}")
             value = column[row]
             raise WorkloadError(
-                f"{self.where(row)}: {self.label(field)}: must be a number >= {min:g}, got {_show(value)}")
+                f"{self.where(row)}: {self.label(field)}: must be a number >= {min:g}, got {show_value(value)}")
         return out
 
     def int_lists(self, field: str, *, required: bool = True) -> list[tuple] | None:
@@ -321,13 +324,14 @@ class Records:
         for row, value in enumerate(column):
             if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
                 raise WorkloadError(
-                    f"{self.where(row)}: {self.label(field)}: must be a list of whole numbers, got {_show(value)}"
+                    f"{self.where(row)}: {self.label(field)}: must be a list of whole numbers, got {show_value(value)}"
                 )
             out.append(tuple(value))
         return out
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """``repr(value)`` for a message, cut at 60 characters (a 400-digit number, a long text)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -361,6 +365,8 @@ def _as_float(value: Any) -> float | None:
             value = float(value.strip())
         except ValueError:
             return None
+    if isinstance(value, int) and abs(value) > MAX_FLOAT_INT:
+        return None   # 309 digits or more: float() would raise OverflowError
     if isinstance(value, (int, float)):
         number = float(value)
         return number if math.isfinite(number) else None
@@ -391,6 +397,7 @@ def read_records(
     :raises WorkloadError: missing or unreadable file, bad JSON (with its line), a missing
         column or key (with the row), a CSV row with the wrong number of cells.
     """
+    check_regular_file(path)
     kind = detect_format(path, format)
     name = str(path)
     if reader not in READERS:
@@ -459,14 +466,26 @@ def _read_csv(handle, name, wanted, required, limit) -> Records:
     return records
 
 
+def check_regular_file(path: str | os.PathLike) -> None:
+    """WorkloadError naming ``path`` when it is a FIFO, a device or a folder rather than a file
+    (see :func:`schedlab.configs.not_regular_file`): reading one would block or never end."""
+    problem = not_regular_file(path)
+    if problem:
+        raise WorkloadError(f"{path}: {problem}")
+
+
 def read_json_file(path: Path) -> Any:
-    """The JSON document in ``path``; WorkloadError naming the file when it is missing or not JSON."""
+    """The JSON document in ``path``; WorkloadError naming the file when it is missing, not a
+    regular file or not JSON."""
+    check_regular_file(path)
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{path}: not JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise WorkloadError(f"{path}: not JSON ({unreadable_json(exc)})") from None
 
 
 def jsonl_objects(handle, name: str, limit: int | None = None):
@@ -482,6 +501,8 @@ def jsonl_objects(handle, name: str, limit: int | None = None):
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{name}: line {number}: bad JSON: {exc.msg} (column {exc.colno})") from None
+        except (ValueError, RecursionError) as exc:
+            raise WorkloadError(f"{name}: line {number}: bad JSON: {unreadable_json(exc)}") from None
         if not isinstance(obj, dict):
             raise WorkloadError(f"{name}: line {number}: expected a JSON object, got {type(obj).__name__}")
         count += 1
@@ -502,6 +523,8 @@ def _read_json(handle, name, wanted, required, limit) -> Records:
         data = json.load(handle)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{name}: line {exc.lineno}: bad JSON: {exc.msg} (column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:
+        raise WorkloadError(f"{name}: bad JSON: {unreadable_json(exc)}") from None
     if isinstance(data, dict):
         if "requests" not in data:
             raise WorkloadError(f"{name}: expected a list of requests or an object with a \"requests\" list")

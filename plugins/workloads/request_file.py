@@ -28,7 +28,7 @@ from schedlab.configs import MAX_TOKENS, FieldError, float_field, int_field, pat
 from schedlab.errors import WorkloadError
 
 from .arrivals import RATED_KINDS, arrivals_ms, cv_field, rate_field
-from .columns import OpenLoopWorkload, RequestColumns, per_row_or_none
+from .columns import OpenLoopWorkload, RequestColumns, per_row_or_none, scaled
 from .records import FORMATS, Records, read_records, records_from_rows
 
 #: Fields a request file may have, with the names looked up when ``columns`` does not say.
@@ -145,7 +145,7 @@ def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
         else:
             arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
         if config.time_scale != 1.0:
-            arrival = arrival * config.time_scale
+            arrival = scaled(arrival, config.time_scale)
         return arrival, columns
 
     return OpenLoopWorkload(build, name="file", num_requests=n)

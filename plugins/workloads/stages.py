@@ -35,7 +35,9 @@ from typing import Callable, Iterator
 import attrs
 import numpy as np
 
-from schedlab.configs import MAX_REQUESTS, FieldError, float_field, str_field, table_field
+from schedlab.configs import (
+    MAX_REQUESTS, FieldError, float_field, is_finite_number, str_field, table_field, value_text,
+)
 from schedlab.errors import WorkloadError
 
 from .arrivals import unit_gaps
@@ -88,9 +90,12 @@ def parse_stages(value, field: str = "stages") -> tuple[Stage, ...]:
             number = table.get(key)
             if number is None:
                 raise FieldError(field, f"stage {k}: missing {key!r}")
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number < math.inf:
-                raise FieldError(field, f"stage {k}: {key} must be a number > 0, got {number!r}")
+            if not is_finite_number(number) or not number > 0:
+                raise FieldError(field, f"stage {k}: {key} must be a number > 0, got {value_text(number)}")
         stage = Stage(float(table["rate"]), float(table["duration_s"]))
+        if stage.rate * stage.duration_s > MAX_REQUESTS:  # before count: 1e300 x 1e300 is inf, no whole number
+            raise FieldError(field, f"stage {k}: rate x duration_s = {stage.rate * stage.duration_s:g} requests, "
+                                    f"more than {MAX_REQUESTS}")
         if stage.count < 1:
             raise FieldError(field, f"stage {k}: rate x duration_s = {stage.rate * stage.duration_s:g} sends no "
                                     "request; give at least one")
@@ -122,7 +127,8 @@ def stage_offsets_ms(kind: str, stages: tuple[Stage, ...], seed: int, cv: float 
     for stage in stages:
         times = np.zeros(stage.count)
         np.cumsum(unit_gaps(kind, stage.count - 1, rng, cv), out=times[1:])
-        out.append(times * 1000.0 / stage.rate)
+        with np.errstate(over="ignore"):  # inf beyond the float range: refused as past the clock's end
+            out.append(times * 1000.0 / stage.rate)
     return out
 
 

@@ -62,7 +62,9 @@ def distribution_field(what: str):
 
 
 def output_scale_field():
-    return float_field(1.0, min=0, min_exclusive=True,
+    # at most MAX_TOKENS: beyond, every output (>= 1 token) would be longer than a request may be,
+    # and lengths x 1e300 would overflow the int64 columns
+    return float_field(1.0, min=0, max=MAX_TOKENS, min_exclusive=True,
                        help="multiply every output length by this (rounded, at least 1); max_tokens is not scaled")
 
 
@@ -226,7 +228,8 @@ def group_weights(num_groups: int, popularity: str, zipf_s: float) -> np.ndarray
     if popularity == "uniform":
         weights = np.ones(num_groups)
     elif popularity == "zipf":
-        weights = 1.0 / np.arange(1, num_groups + 1, dtype=np.float64) ** zipf_s
+        with np.errstate(over="ignore"):  # a huge s: g ** s is inf, its weight 0, all on group 0 (the limit)
+            weights = 1.0 / np.arange(1, num_groups + 1, dtype=np.float64) ** zipf_s
     else:
         raise FieldError("popularity", f"unknown popularity {popularity!r}")
     return weights / weights.sum()

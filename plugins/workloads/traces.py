@@ -2,7 +2,8 @@
 
 * ``azure`` -- ``TIMESTAMP,ContextTokens,GeneratedTokens`` with absolute timestamps such as
   ``2023-11-16 18:17:03.9799600``; arrivals become ms after the earliest request
-  (Patel et al., "Splitwise", ISCA 2024; github.com/Azure/AzurePublicDataset).
+  (Patel et al., "Splitwise", ISCA 2024; github.com/Azure/AzurePublicDataset). A TIMESTAMP in
+  another form -- a number of seconds, a time zone, a date alone -- is an error naming its line.
 * ``vidur`` -- Vidur's ``splitwise_*.csv``: ``arrived_at`` (seconds), ``num_prefill_tokens``,
   ``num_decode_tokens`` (the same Azure data re-based; github.com/microsoft/vidur).
 * ``mooncake`` -- Mooncake FAST'25 JSONL: ``timestamp`` (ms), ``input_length``,
@@ -27,8 +28,8 @@ from schedlab.configs import MAX_TOKENS, float_field, int_field, path_field, str
 from schedlab.errors import WorkloadError
 
 from .arrivals import JITTER_STREAM, stream_rng
-from .columns import OpenLoopWorkload, RequestColumns
-from .records import Records, read_records
+from .columns import OpenLoopWorkload, RequestColumns, scaled
+from .records import Records, read_records, show_value
 
 ZERO_TOKEN_POLICIES = ("clamp", "drop", "error")
 
@@ -79,22 +80,60 @@ def token_counts(records: Records, policy: str) -> tuple[np.ndarray, np.ndarray,
     return prompt[keep], output[keep], keep, n_zero
 
 
+#: The Azure traces' TIMESTAMP: ``YYYY-MM-DD hh:mm:ss`` with up to 9 decimals, a space or a
+#: ``T`` between date and time, no time zone. numpy's own parser is wider and would take other
+#: text silently: ``"1"`` or ``"1700000000"`` as a year (wrapping around outside 1678-2261, the
+#: years int64 nanoseconds hold), ``"now"``, or an offset it applies with a warning.
+_STAMP_SHAPE = "dddd-dd-dd?dd:dd:dd"
+_STAMP_YEARS = (1678, 2261)
+
+
+def _timestamp_shape_ok(texts: list, chunk: int = 1 << 18) -> np.ndarray:
+    """Per text: True when it has the shape of :data:`_STAMP_SHAPE` with optional decimals and
+    a year numpy reads exactly; checked on the bytes of ``chunk`` rows at a time."""
+    if len(texts) > chunk:
+        return np.concatenate([_timestamp_shape_ok(texts[i:i + chunk], chunk) for i in range(0, len(texts), chunk)])
+    n = len(texts)
+    width = len(_STAMP_SHAPE) + 10
+    strings = [t if isinstance(t, str) and len(t) <= width and t.isascii() else "" for t in texts]
+    codes = np.array(strings, dtype=f"S{width}").view(np.uint8).reshape(n, width)
+    digit = (codes >= 48) & (codes <= 57)
+    # 19 characters, or "." and 1-9 decimal digits after them (then the zeros that pad the row)
+    ok = (codes[:, 19] == 0) | ((codes[:, 19] == 46) & digit[:, 20])
+    pad = (codes[:, 20:] == 0).astype(np.int8)
+    ok &= (digit[:, 20:] | (pad == 1)).all(axis=1) & (np.diff(pad, axis=1) >= 0).all(axis=1)
+    for i, c in enumerate(_STAMP_SHAPE):
+        if c == "d":
+            ok &= digit[:, i]
+        elif c == "?":
+            ok &= (codes[:, i] == 32) | (codes[:, i] == 84)                   # " " or "T"
+        else:
+            ok &= codes[:, i] == ord(c)
+    year = sum((codes[:, i].astype(np.int32) - 48) * 10 ** (3 - i) for i in range(4))
+    return ok & (year >= _STAMP_YEARS[0]) & (year <= _STAMP_YEARS[1])
+
+
 def parse_timestamps_ns(records: Records, field: str) -> np.ndarray:
-    """A column of ``YYYY-MM-DD hh:mm:ss[.fffffff]`` timestamps as int64 nanoseconds."""
+    """A column of ``YYYY-MM-DD hh:mm:ss[.fffffff]`` timestamps as int64 nanoseconds; anything
+    else (a number of seconds, a time zone, a date alone) is an error naming the row."""
     texts = records.texts(field)   # all rows' text at once (a CSV's cells are text)
-    try:
-        stamps = np.array(texts, dtype="datetime64[ns]")
-    except (ValueError, TypeError):
-        stamps = None
+    ok = _timestamp_shape_ok(texts)
+    stamps = None
+    if ok.all():
+        try:
+            stamps = np.array(texts, dtype="datetime64[ns]")
+        except (ValueError, TypeError):   # a month 13, a 25th hour...: found row by row below
+            pass
     if stamps is None or np.isnat(stamps).any():
         for row, text in enumerate(texts):
             try:
-                ok = not np.isnat(np.datetime64(text, "ns"))
+                good = bool(ok[row]) and not np.isnat(np.datetime64(text, "ns"))
             except (ValueError, TypeError):
-                ok = False
-            if not ok:
-                raise WorkloadError(f"{records.where(row)}: {records.label(field)}: not a timestamp "
-                                    f"like '2023-11-16 18:17:03.9799600', got {text!r}")
+                good = False
+            if not good:
+                raise WorkloadError(f"{records.where(row)}: {records.label(field)}: not a date and time like "
+                                    f"'2023-11-16 18:17:03.9799600' (without a time zone, years {_STAMP_YEARS[0]}-"
+                                    f"{_STAMP_YEARS[1]}), got {show_value(text)}")
     return stamps.astype(np.int64)
 
 
@@ -143,7 +182,7 @@ def load_azure(path, *, limit: int | None = None, zero_tokens: str = "clamp"):
 
 def make_azure_workload(config: AzureConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_azure(config.path, limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("azure", arrival * config.time_scale, columns.with_max_tokens_cap(config.max_tokens),
+    return _trace_workload("azure", scaled(arrival, config.time_scale), columns.with_max_tokens_cap(config.max_tokens),
                            n_zero=n_zero)
 
 
@@ -171,12 +210,12 @@ def load_vidur(path, *, limit: int | None = None, zero_tokens: str = "clamp"):
     prompt, output, keep, n_zero = token_counts(records, zero_tokens)
     if keep is not None:
         seconds = seconds[keep]
-    return seconds * 1000.0, RequestColumns(prompt, output), n_zero
+    return scaled(seconds, 1000.0), RequestColumns(prompt, output), n_zero
 
 
 def make_vidur_workload(config: VidurConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_vidur(config.path, limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("vidur", arrival * config.time_scale, columns.with_max_tokens_cap(config.max_tokens),
+    return _trace_workload("vidur", scaled(arrival, config.time_scale), columns.with_max_tokens_cap(config.max_tokens),
                            n_zero=n_zero)
 
 
@@ -228,6 +267,6 @@ def load_mooncake(path, *, hash_block_tokens: int = 512, limit: int | None = Non
 def make_mooncake_workload(config: MooncakeConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_mooncake(config.path, hash_block_tokens=config.hash_block_tokens,
                                              limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("mooncake", arrival * config.time_scale, columns.with_max_tokens_cap(config.max_tokens),
+    return _trace_workload("mooncake", scaled(arrival, config.time_scale), columns.with_max_tokens_cap(config.max_tokens),
                            n_zero=n_zero, jitter_ms=config.jitter_ms)
 
