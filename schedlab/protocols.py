@@ -494,9 +494,10 @@ class Scheduler(Protocol):
     ``new_waiting_queue()`` (the order of waiting requests; FCFS when absent),
     ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None),
     ``kv_problem(kv)`` (why the scheduler's settings can never work with this KV cache, or None:
-    the run is refused when built, e.g. chunks smaller than a block), ``limit_request(request, kv)`` (the request as served, e.g. its ``max_tokens`` cut to the
-    context or the memory left; the engines call it on arrival, before ``rejection_reason``), ``on_finish(seq, plan_now)`` (called when a sequence finishes; on a disaggregated prefill
-    instance, when the decode side has pulled its KV and its blocks are free; also when the
+    the run is refused when built, e.g. chunks smaller than a block), ``limit_request(request, kv)``
+    (the request as served, e.g. its ``max_tokens`` cut to the context or the memory left; the
+    engines call it on arrival, before ``rejection_reason``), ``on_finish(seq, plan_now)``
+    (called when a sequence finishes; on a disaggregated prefill instance, when the decode side has pulled its KV and its blocks are free; also when the
     engine aborts a sequence whose client gave up, its status then ``"aborted"``: a scheduler
     that keeps sequences of its own must forget it), ``slots`` (most
     running sequences; a disaggregated decode instance lets no more join),

@@ -485,3 +485,23 @@ def test_bad_client_side_tables_are_refused_by_name(tmp_path, text, message):
 
     with pytest.raises(ConfigError, match=message):
         load(write(tmp_path, text))
+
+
+def test_a_closed_loop_bounded_only_by_a_long_duration_stops_at_the_request_cap(monkeypatch):
+    """duration_ms = 1e11 with quick answers would send billions of requests (the run went on
+    for minutes): past a run's most requests the loop stops with an error saying what to set."""
+    from schedlab.errors import WorkloadError
+    from schedlab_plugins.workloads import closed_loop
+
+    monkeypatch.setattr(closed_loop, "MAX_REQUESTS", 5)  # (10**7 in earnest)
+    config = ClosedLoopConfig(clients=2, duration_ms=1e11, prompt={"dist": "fixed", "value": 10},
+                              output={"dist": "fixed", "value": 2})
+    workload = make_closed_loop_workload(config)
+    sent = list(workload.requests(0))
+    assert [r.id for r in sent] == [0, 1]
+    sent += workload.on_finish(sent[0], 10.0) + workload.on_finish(sent[1], 11.0)  # ids 2, 3
+    sent += workload.on_finish(sent[2], 20.0)                                     # id 4, the fifth
+    assert [r.id for r in sent] == [0, 1, 2, 3, 4]
+    with pytest.raises(WorkloadError, match=r"closed_loop: duration_ms = 1e\+11 would send more than 5 requests "
+                                            r"\(a run's most\); set num_requests or a shorter duration"):
+        workload.on_finish(sent[3], 21.0)

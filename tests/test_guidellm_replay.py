@@ -71,7 +71,7 @@ def test_a_sampled_benchmark_is_refused_unless_asked(tmp_path):
 
 
 @pytest.mark.parametrize("content, settings, message", [
-    ({"benchmarks": []}, {}, "not a guidellm report"),
+    ({"benchmarks": []}, {}, "the report's 'benchmarks' list is empty"),
     ({"nope": 1}, {}, "not a guidellm report"),
     ({"benchmarks": [benchmark([])]}, {"index": 3}, r"index 3: the report has 1 benchmarks \(0 to 0\)"),
     ({"benchmarks": [{"metrics": {}}]}, {}, r"keeps no per-request list \(requests.successful\)"),

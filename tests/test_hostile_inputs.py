@@ -112,6 +112,9 @@ FILE_CASES = {
     "unknown search constraint metric": (
         BASE + '[search]\nkey = "workload.rate"\nlow = 1\nhigh = 8\nconstraint = "ttft_ms.p999 <= 200"\n',
         ["[search]: constraint: unknown metric 'ttft_ms.p999'"]),
+    "a search bound no float holds": (
+        BASE + '[search]\nkey = "workload.rate"\nlow = 1\nhigh = 1%s\nconstraint = "ttft_ms.p99 <= 200"\n' % ("0" * 400),
+        ["[search]: high: must be a finite number, got 10**400"]),
     "a results folder outside results/": (BASE.replace('name = "hostile"', 'name = "../../escape"'),
                                           ["name '../../escape' must be one folder name"]),
     "a name with a slash": (BASE.replace('name = "hostile"', 'name = "a/b"'), ["name 'a/b' must be one folder name"]),
@@ -722,3 +725,25 @@ def test_arrivals_beyond_the_float_range_are_past_the_clock_without_a_numpy_warn
     done = _cli("run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out"))
     one_error(done.returncode, done.stderr, "arrival times must be at most 1e+12 ms (about 31.7 years), the end of "
                                             "the simulated clock; the last is inf ms (check rate and time_scale)")
+
+
+def test_an_experiment_file_that_is_a_fifo_or_a_device_is_refused_without_blocking(tmp_path, capsys):
+    """schedlab validate /dev/zero read until the out-of-memory killer came; a FIFO blocked."""
+    os.mkfifo(tmp_path / "exp.toml")
+    done = _cli("validate", str(tmp_path / "exp.toml"), timeout=120)
+    one_error(done.returncode, done.stderr, f"{tmp_path / 'exp.toml'}: is a FIFO (named pipe), not a regular file")
+    one_error(main(["validate", "/dev/null"]), capsys.readouterr().err,
+              "/dev/null: is a character device, not a regular file")
+
+
+@pytest.mark.parametrize("where", ["[experiment]\nname = 'r'\nreplicas = %d\n",
+                                   "[experiment]\nname = 'r'\n[[runs]]\nname = 'a'\nreplicas = %d\n"])
+def test_replicas_are_bounded(tmp_path, capsys, where):
+    """replicas = 100000000 was accepted and ran for ever (10**12 ran out of memory)."""
+    base = '[workload]\nkind = "synthetic"\nnum_requests = 2\nrate = 1\nprompt = {dist = "fixed", value = 8}\n' \
+           'output = {dist = "fixed", value = 2}\n'
+    text = where % 10_001
+    text = text.replace("[[runs]]", base + "[[runs]]") if "[[runs]]" in text else text + base
+    err = one_error(*run_file(tmp_path, capsys, text, command="validate"), "replicas")
+    assert "10,000" in err or "<= 10000" in err, err
+    assert run_file(tmp_path, capsys, text.replace("10001", "10000"), command="validate")[0] == 0

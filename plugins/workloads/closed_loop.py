@@ -136,6 +136,9 @@ class _Run:
             return None
         if cfg.duration_ms is not None and arrival_ms > cfg.duration_ms:
             return None
+        if self.created >= MAX_REQUESTS:  # only duration_ms bounds this run, and it sends too many
+            raise WorkloadError(f"closed_loop: duration_ms = {cfg.duration_ms:g} would send more than "
+                                f"{MAX_REQUESTS:,} requests (a run's most); set num_requests or a shorter duration")
         request = Request(id=self.created, arrival_ms=arrival_ms, client=f"client-{client}", **next(self.fields))
         self.client_of[request.id] = client
         self.created += 1

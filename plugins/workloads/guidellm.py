@@ -113,8 +113,10 @@ def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload:
     path = Path(config.path)
     data = read_json_file(path)
     benchmarks = data.get("benchmarks") if isinstance(data, dict) else None
-    if not isinstance(benchmarks, list) or not benchmarks:
+    if not isinstance(benchmarks, list):
         raise WorkloadError(f"{path}: not a guidellm report (no 'benchmarks' list)")
+    if not benchmarks:
+        raise WorkloadError(f"{path}: the report's 'benchmarks' list is empty (no load level was run)")
     if config.index >= len(benchmarks):
         raise WorkloadError(f"{path}: index {config.index}: the report has {len(benchmarks)} benchmarks "
                             f"(0 to {len(benchmarks) - 1})")

@@ -267,6 +267,6 @@ def load_mooncake(path, *, hash_block_tokens: int = 512, limit: int | None = Non
 def make_mooncake_workload(config: MooncakeConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_mooncake(config.path, hash_block_tokens=config.hash_block_tokens,
                                              limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("mooncake", scaled(arrival, config.time_scale), columns.with_max_tokens_cap(config.max_tokens),
-                           n_zero=n_zero, jitter_ms=config.jitter_ms)
+    return _trace_workload("mooncake", scaled(arrival, config.time_scale),
+                           columns.with_max_tokens_cap(config.max_tokens), n_zero=n_zero, jitter_ms=config.jitter_ms)
 

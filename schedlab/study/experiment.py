@@ -32,7 +32,7 @@ import tomli
 
 from ..capacity import GpuSpec, ModelSpec, Presets
 from ..catalog import Catalog, load_catalog
-from ..configs import MAX_INT, FieldError, bool_field, from_table, int_field, list_field, str_field
+from ..configs import MAX_INT, FieldError, bool_field, from_table, int_field, list_field, not_regular_file, str_field
 from ..errors import ConfigError
 from ..hf_config import spec_table
 from ..results.records import ExperimentResults, RunResult
@@ -52,6 +52,8 @@ TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "c
              "hunt")  # hunt: schedlab hunt
 RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "replicas")
 DEFAULT_REPORTS = ("table", "json", "plots")
+#: The most replicas a run may ask for: each is a whole simulation (95% intervals need a few dozen).
+MAX_REPLICAS = 10_000
 MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix
 
 
@@ -64,7 +66,8 @@ class ExperimentConfig:
     reports: tuple = list_field(DEFAULT_REPORTS, item=str, help="report plugins to run, in order")
     engine: str = str_field("fast", choices=ENGINES, help="'fast' (bulk decode runs) or 'reference' (step by step)")
     timeline: bool = bool_field(True, help="record running/waiting/KV over time for timeline plots")
-    replicas: int = int_field(1, min=1, help="repeat every run with this many derived seeds: means and 95% intervals")
+    replicas: int = int_field(1, min=1, max=MAX_REPLICAS,
+                              help="repeat every run with this many derived seeds: means and 95% intervals")
     exact_requests: int = int_field(RecordSettings().exact_requests, min=0,
                                     help="runs with up to this many requests keep every row and compute exact metrics; "
                                          "larger runs stream rows to a file and take percentiles from DDSketches "
@@ -106,6 +109,9 @@ class Experiment:
 def _read_toml(path: Path) -> dict:
     """The file's tables; a UTF-8 byte-order mark at its start (some Windows editors write one)
     is skipped. Every failure is a ConfigError naming the file."""
+    problem = not_regular_file(path)  # a FIFO would block, /dev/zero would fill the memory
+    if problem and not os.path.isdir(path):  # (a folder: said below, with what to give instead)
+        raise ConfigError(f"{path}: {problem}")
     try:
         with open(path, "rb") as fh:
             text = fh.read().decode("utf-8")
@@ -227,8 +233,9 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         engine = entry.get("engine", config.engine)
         base = RunSpec(name, tables, seed=seed, engine=engine)
         replicas = entry.get("replicas", config.replicas)
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise ConfigError(f"{where.rstrip(':')}: replicas must be a whole number >= 1, got {replicas!r}")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+            raise ConfigError(f"{where.rstrip(':')}: replicas must be a whole number from 1 to {MAX_REPLICAS:,}, "
+                              f"got {replicas!r}")
         sweep_table = entry.get("sweep", raw.get("sweep"))
         search_table = entry.get("search", raw.get("search"))
         plan_table = entry.get("plan", raw.get("plan"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ..configs import FieldError, bool_field, str_field
+from ..configs import FieldError, bool_field, is_finite_number, str_field, value_text
 from ..errors import ConfigError
 from ..results.metric_names import check_metric_name
 from .overrides import set_dotted
@@ -39,8 +39,8 @@ class SearchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{name}: must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise FieldError(name, f"must be a finite number, got {value!r}")
+            if not is_finite_number(value):  # (an integer of 309+ digits too: no float holds it)
+                raise FieldError(name, f"must be a finite number, got {value_text(value)}")
         if self.low > self.high:
             raise ConfigError(f"low ({self.low}) must be <= high ({self.high})")
         try:
