@@ -747,3 +747,20 @@ def test_replicas_are_bounded(tmp_path, capsys, where):
     err = one_error(*run_file(tmp_path, capsys, text, command="validate"), "replicas")
     assert "10,000" in err or "<= 10000" in err, err
     assert run_file(tmp_path, capsys, text.replace("10001", "10000"), command="validate")[0] == 0
+
+
+@pytest.mark.parametrize("module, cls", [("cost_models", "RooflineConfig"), ("cost_models", "ProfiledConfig"),
+                                         ("power", "UtilisationConfig"), ("power", "TableConfig"),
+                                         ("power", "FixedActiveConfig")])
+def test_tensor_parallel_is_bounded_wherever_it_is_set(module, cls):
+    """Each table that takes tensor_parallel holds it to [kv_cache]'s 1,024 (it went unbounded)."""
+    import importlib
+
+    import attrs
+
+    from schedlab.configs import FieldError
+
+    field = attrs.fields_dict(getattr(importlib.import_module(f"schedlab_plugins.{module}"), cls))["tensor_parallel"]
+    field.validator(None, field, 1024)
+    with pytest.raises(FieldError, match=r"must be <= 1024"):
+        field.validator(None, field, 1025)

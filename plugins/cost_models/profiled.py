@@ -70,7 +70,7 @@ from bisect import bisect_right
 import attrs
 
 from schedlab.capacity import ModelSpec, Presets
-from schedlab.configs import bool_field, float_field, int_field, path_field, str_field
+from schedlab.configs import MAX_TENSOR_PARALLEL, bool_field, float_field, int_field, path_field, str_field
 from schedlab.errors import ConfigError
 from schedlab.parallelism import SINGLE, Parallelism
 from schedlab.protocols import Batch
@@ -94,7 +94,8 @@ class ProfiledConfig:
                                 help="GPU preset: its usual machine's links time the tensor-parallel collectives "
                                      "(unless interconnect is set)")
     interconnect: str | dict | None = interconnect_field()
-    tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
+    tensor_parallel: int = int_field(1, min=1, max=MAX_TENSOR_PARALLEL,
+                                     help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the tensor-parallel ranks (vLLM "
                                                    "--enable-expert-parallel) instead of split by tensor parallelism")
     overhead_ms: float = float_field(0.0, min=0.0, help="time added to every step beyond the profiles and the "

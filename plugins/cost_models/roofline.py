@@ -80,7 +80,7 @@ import attrs
 import numpy as np
 
 from schedlab.capacity import GpuSpec, ModelSpec, Presets
-from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
+from schedlab.configs import MAX_TENSOR_PARALLEL, FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import ConfigError
 from schedlab.parallelism import SINGLE, Parallelism
 from schedlab.protocols import Batch
@@ -189,7 +189,8 @@ class RooflineConfig:
 
     model: str = str_field(help="model preset (e.g. 'llama-3-8b') or a model declared in the experiment")
     gpu: str = str_field(help="GPU preset (e.g. 'a100-80gb') or a GPU declared in the experiment")
-    tensor_parallel: int = int_field(1, min=1, help="tensor-parallel ranks the model is split over")
+    tensor_parallel: int = int_field(1, min=1, max=MAX_TENSOR_PARALLEL,
+                                     help="tensor-parallel ranks the model is split over")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the ranks (vLLM --enable-expert-parallel)")
     bandwidth_efficiency: float | None = _measured(
         "bandwidth_efficiency", "share of peak memory bandwidth reached when reading weights")

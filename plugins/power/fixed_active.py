@@ -15,7 +15,7 @@ import attrs
 
 from schedlab.engine.bulk import run_ms
 from schedlab.capacity import Presets
-from schedlab.configs import float_field, int_field, str_field
+from schedlab.configs import MAX_TENSOR_PARALLEL, float_field, int_field, str_field
 from schedlab.protocols import Batch
 
 from .common import PowerSettings, board_and_idle, host_fields, resolve_gpu, resolve_tp
@@ -26,7 +26,7 @@ class FixedActiveConfig(PowerSettings):
     """Settings of the ``fixed_active`` power model (per GPU; defaults from the GPU preset)."""
 
     gpu: str | None = str_field(None, optional=True, help="GPU preset (default: the cost model's)")
-    tensor_parallel: int | None = int_field(None, min=1, optional=True,
+    tensor_parallel: int | None = int_field(None, min=1, max=MAX_TENSOR_PARALLEL, optional=True,
                                             help="GPUs per instance (default: the cost model's)")
     active_w: float | None = float_field(None, min=0.0, optional=True,
                                          help="power while an iteration runs, W (default: the board limit)")

@@ -16,7 +16,7 @@ from bisect import bisect_right
 import attrs
 
 from schedlab.capacity import Presets
-from schedlab.configs import FieldError, float_field, int_field, str_field
+from schedlab.configs import MAX_TENSOR_PARALLEL, FieldError, float_field, int_field, str_field
 from schedlab.engine.bulk import run_ms
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
@@ -57,7 +57,7 @@ class TableConfig(PowerSettings):
                                help="what x counts: the iteration's sequences or its batched tokens "
                                     "(default: sequences, or the fit's)")
     gpu: str | None = str_field(None, optional=True, help="GPU preset, for idle power (default: the cost model's)")
-    tensor_parallel: int | None = int_field(None, min=1, optional=True,
+    tensor_parallel: int | None = int_field(None, min=1, max=MAX_TENSOR_PARALLEL, optional=True,
                                             help="GPUs per instance (default: the cost model's)")
     idle_w: float | None = float_field(None, min=0.0, optional=True,
                                        help="idle power per GPU, W (default: the preset's)")

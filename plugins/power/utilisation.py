@@ -51,7 +51,7 @@ import math
 import attrs
 
 from schedlab.capacity import Presets
-from schedlab.configs import float_field, int_field, str_field
+from schedlab.configs import MAX_TENSOR_PARALLEL, float_field, int_field, str_field
 from schedlab.energy.clock import clock_power_factor
 from schedlab.energy.meter import shifted
 from schedlab.errors import ConfigError
@@ -73,7 +73,7 @@ class UtilisationConfig(PowerSettings):
     """Settings of the ``utilisation`` power model (defaults: GPU presets and :data:`DERIVATION`)."""
 
     gpu: str | None = str_field(None, optional=True, help="GPU preset (default: the cost model's)")
-    tensor_parallel: int | None = int_field(None, min=1, optional=True,
+    tensor_parallel: int | None = int_field(None, min=1, max=MAX_TENSOR_PARALLEL, optional=True,
                                             help="GPUs per instance (default: the cost model's)")
     model: str | None = str_field(None, optional=True,
                                   help="model preset, for cost models that do not say an iteration's bytes and "
