@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -746,6 +747,20 @@ def test_plot_refuses_a_summary_whose_meta_is_not_an_object(lab, tmp_path, capsy
     assert capsys.readouterr().err == (f"schedlab: error: {copy}/summary.json: not a schedlab summary.json: "
                                        f"studies[1].runs[0].meta is {kind}, not an object\n")
     assert not (copy / "plots").exists()
+
+
+def test_plot_refuses_a_summary_that_is_a_fifo_or_nested_too_deeply(lab, tmp_path, capsys):
+    """A FIFO as summary.json blocked schedlab plot for ever; JSON nested 100,000 deep raised RecursionError."""
+    copy = _copy_without_plots(lab, tmp_path)
+    (copy / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {copy}/summary.json: not a schedlab summary.json: lists "
+                                       "or objects nested too deeply to read\n")
+    (copy / "summary.json").unlink()
+    os.mkfifo(copy / "summary.json")
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {copy}/summary.json: is a FIFO (named pipe), not a "
+                                       "regular file\n")
 
 
 def test_timeline_copes_with_meta_values_of_the_wrong_type():

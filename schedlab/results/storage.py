@@ -37,6 +37,7 @@ from typing import Any, Iterable
 import attrs
 import numpy as np
 
+from ..configs import not_regular_file
 from ..engine.recorder import TIMELINE
 from ..errors import SchedlabError
 from .folder import usual_mode
@@ -347,6 +348,9 @@ def summary_problem(data: Any) -> str | None:
 
 def _read_summary(out: Path) -> dict:
     path = out / "summary.json"
+    problem = not_regular_file(path)  # a FIFO would block, a device never end
+    if problem:
+        raise SchedlabError(f"{path}: {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -358,6 +362,8 @@ def _read_summary(out: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise SchedlabError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno}); is it cut short or "
                             "from another program?") from None
+    except RecursionError:
+        raise SchedlabError(f"{path}: not a schedlab summary.json: lists or objects nested too deeply to read") from None
     found = summary_problem(summary)
     if found:
         raise SchedlabError(f"{path}: not a schedlab summary.json: {found}")
