@@ -363,7 +363,8 @@ def _read_summary(out: Path) -> dict:
         raise SchedlabError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno}); is it cut short or "
                             "from another program?") from None
     except RecursionError:
-        raise SchedlabError(f"{path}: not a schedlab summary.json: lists or objects nested too deeply to read") from None
+        raise SchedlabError(f"{path}: not a schedlab summary.json: lists or objects nested too deeply "
+                            "to read") from None
     found = summary_problem(summary)
     if found:
         raise SchedlabError(f"{path}: not a schedlab summary.json: {found}")
