@@ -244,10 +244,16 @@ def test_workers_end_when_the_main_process_is_killed_outright(tmp_path):
     out = tmp_path / "out.txt"
     with open(out, "w") as fh:  # (a file, not a pipe: the fork server keeps the main's stdout open)
         main = subprocess.Popen([sys.executable, str(script)], stdout=fh, stderr=subprocess.DEVNULL)
+        for _ in range(1200):  # the main prints its worker's pid, then kills itself
+            if _gone(main.pid):
+                break
+            time.sleep(0.1)
+        worker = int(out.read_text().split()[0])
+        # the main is a zombie until collected (os.kill(pid, 0) still finds it): the worker must
+        # not wait for that, as a parent reading the main's output to its end never collects it
+        for _ in range(200):  # the watcher polls every second; allow for a loaded machine
+            if _gone(worker):
+                break
+            time.sleep(0.1)
+        assert _gone(worker)
         assert main.wait(timeout=120) == -signal.SIGKILL
-    worker = int(out.read_text().split()[0])
-    for _ in range(200):  # the watcher polls every second; allow for a loaded machine
-        if _gone(worker):
-            break
-        time.sleep(0.1)
-    assert _gone(worker)

@@ -124,7 +124,18 @@ def _main_is_gone(main_pid: int, parent_pid: int) -> bool:
         return True
     except PermissionError:  # (a pid taken over by another user's process)
         return True
-    return False
+    return _is_zombie(main_pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """True for a process that has died but is not yet collected by its parent (Linux's /proc;
+    elsewhere False). ``os.kill(pid, 0)`` still succeeds on one, and a parent that reads the dead
+    main's output to its end before collecting it waits on the pipes the workers hold open."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def watch_main(main_pid: int, poll_s: float = 1.0) -> None:
