@@ -249,7 +249,8 @@ def _statistic(raw, key: str, where: str, dropped: dict[str, str]) -> float | No
     """A statistic's value in a report: a finite number, or None -- noted in ``dropped`` -- for
     null (how the tools write a statistic they have no value for) and for NaN or infinity.
 
-    :raises ConfigError: a value that is not a number (text, true/false, a list ...), naming ``key``.
+    :raises ConfigError: a value that is not a number (text, true/false, a list ...) or is
+        negative, naming ``key``.
     """
     if raw is None:
         dropped[key] = "null"
@@ -260,6 +261,8 @@ def _statistic(raw, key: str, where: str, dropped: dict[str, str]) -> float | No
     if not math.isfinite(value):
         dropped[key] = str(value)
         return None
+    if value < 0:  # every statistic here is a latency or a rate
+        raise ConfigError(f"{where}: {key}: a latency or rate cannot be negative, got {raw!r}")
     return value
 
 

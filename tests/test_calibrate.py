@@ -706,6 +706,8 @@ def test_a_summary_without_a_usable_statistic_is_an_error(tmp_path):
                                f"statistic must be a finite number)")
     with pytest.raises(ConfigError, match=r"n.json: mean_ttft_ms: must be a number, got 'fast'"):
         read_summary(_write(tmp_path / "n.json", {"mean_ttft_ms": "fast", "median_ttft_ms": 100.0}))
+    with pytest.raises(ConfigError, match=r"n.json: mean_ttft_ms: a latency or rate cannot be negative, got -5"):
+        read_summary(_write(tmp_path / "n.json", {"mean_ttft_ms": -5, "median_ttft_ms": 100.0}))
     with pytest.raises(ConfigError, match=r"successes.latency.time_to_first_token.mean: must be a number, got 'x'"):
         read_summary(_write(tmp_path / "ip.json", {"successes": {"latency": {"time_to_first_token": {"mean": "x"}}}}))
     with pytest.raises(ConfigError, match=r"metrics.time_to_first_token_ms.successful.percentiles.p90: must be a "
