@@ -112,6 +112,8 @@ FILE_CASES = {
     "unknown search constraint metric": (
         BASE + '[search]\nkey = "workload.rate"\nlow = 1\nhigh = 8\nconstraint = "ttft_ms.p999 <= 200"\n',
         ["[search]: constraint: unknown metric 'ttft_ms.p999'"]),
+    "an integer past Python's 4,300 digits": (BASE.replace("rate = 10", "rate = 1%s" % ("0" * 5000)),
+                                               ["not valid TOML: Exceeds the limit (4300 digits)"]),
     "a search bound no float holds": (
         BASE + '[search]\nkey = "workload.rate"\nlow = 1\nhigh = 1%s\nconstraint = "ttft_ms.p99 <= 200"\n' % ("0" * 400),
         ["[search]: high: must be a finite number, got 10**400"]),

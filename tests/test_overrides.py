@@ -90,6 +90,11 @@ def test_a_value_nested_past_tomls_limit_is_a_clear_error():
         parse_assignment("workload.rate=" + "[" * 1000 + "]" * 1000)
 
 
+def test_an_integer_past_pythons_digit_limit_is_a_clear_error():
+    with pytest.raises(ConfigError, match=r"Exceeds the limit \(4300 digits\) for integer string conversion"):
+        parse_assignment("workload.rate=1" + "0" * 5000)
+
+
 def test_where_names_the_source():
     with pytest.raises(ConfigError, match=r"^runs\[2\] 'oops': "):
         parse_assignment("oops", where="runs[2]")

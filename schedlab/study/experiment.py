@@ -126,6 +126,8 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # tomli refuses arrays and inline tables nested too deeply this way
         raise ConfigError(f"{path}: not valid TOML: arrays or inline tables nested too deeply") from None
+    except ValueError as exc:  # Python refuses integers of more than 4,300 digits this way
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
 

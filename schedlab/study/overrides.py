@@ -50,6 +50,8 @@ def _parse_value(raw: str, where: str) -> Any:
     except tomli.TOMLDecodeError as exc:
         if raw.startswith(_STRUCTURED_START):
             raise ConfigError(f"{where}: {raw!r} is not a valid TOML value ({exc})") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's limit)
+        raise ConfigError(f"{where}: {exc}") from None
     try:
         float(raw)
     except ValueError:
