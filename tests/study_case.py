@@ -87,6 +87,16 @@ max_instances = {MAX_INSTANCES}
 "scheduler.max_num_seqs" = [8, 64]
 """
 
+#: Four short requests: the smallest workload a file needs, for tests that check how it is read.
+TINY_WORKLOAD = """\
+[workload]
+kind = "synthetic"
+num_requests = 4
+prompt = {dist = "fixed", value = 10}
+output = {dist = "fixed", value = 2}
+arrival = "poisson"
+rate = 10
+"""
 FILES = ("summary.json", "summary.csv", "requests.csv", "timeline.csv", "config.json")
 
 

@@ -16,6 +16,7 @@ from schedlab_plugins.reports.best import best_runs, best_text, metric_number
 from schedlab_plugins.reports.plot_compare import BEST_COLOR, PLAIN_COLOR, compare_figure
 from schedlab_plugins.reports.plots import PlotsConfig, plan
 from schedlab_plugins.reports.table import TableConfig, render
+from study_case import TINY_WORKLOAD
 
 DPI = 60
 GOODPUT = "per_class.interactive.slo.goodput_rps"
@@ -250,14 +251,7 @@ SWEEPS = '''
 [experiment]
 name = "b"
 reports = ["table", "json", "plots", "goodput", "crossover"]
-[workload]
-kind = "synthetic"
-num_requests = 4
-prompt = {dist = "fixed", value = 10}
-output = {dist = "fixed", value = 2}
-arrival = "poisson"
-rate = 10
-[slo]
+''' + TINY_WORKLOAD + '''[slo]
 ttft_ms = 100
 [[runs]]
 name = "a"

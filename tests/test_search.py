@@ -11,6 +11,7 @@ from hypothesis import assume, example, given, settings, strategies as st
 from schedlab.errors import ConfigError
 from schedlab.study.experiment import load
 from schedlab.study.search import Constraint, Probe, max_search_probes, parse_constraint, search
+from study_case import TINY_WORKLOAD
 
 METRICS = {"ttft_ms": {"p50": 80.0, "p99": 200.0}, "throughput_tps": 950.0, "finished": 12}
 
@@ -400,14 +401,7 @@ PLAIN_FILE = """\
 [experiment]
 name = "s"
 reports = ["table"]
-[workload]
-kind = "synthetic"
-num_requests = 4
-prompt = {dist = "fixed", value = 10}
-output = {dist = "fixed", value = 2}
-arrival = "poisson"
-rate = 10
-"""
+""" + TINY_WORKLOAD
 SEARCH = """\
 [search]
 key = "workload.rate"
