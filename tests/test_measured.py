@@ -4,6 +4,7 @@ Every file is written by the test."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -236,3 +237,21 @@ def test_the_shipped_real_runs_stay_within_the_readme_errors():
               "profiled-4090": 1.2, "roofline-4090": 7.0, "profiled-dp2-ep": 2.7, "roofline-dp2-ep": 5.2}
     assert set(errors) == set(bounds)
     assert all(errors[name] <= bound for name, bound in bounds.items()), errors
+
+
+def test_measured_plots_are_written_whole_and_leak_no_font_warning(tmp_path, recwarn):
+    """The compare report's measured-vs-simulated figures go through the plots report's PNG
+    writer: a run name no font can draw warns nothing, and no temporary file is left behind."""
+    exp_path = _replay_of_a_known_run(tmp_path, decode_ms=10.0)
+    text = exp_path.read_text().replace("reports = []", 'reports = ["compare"]')
+    exp_path.write_text(text + '\n[[runs]]\nname = "run\\u0001"\n')
+    out = tmp_path / "out"
+    results = run_experiment(load(exp_path))
+    from schedlab_plugins.reports.measured import CompareReport
+
+    written = CompareReport(stream=io.StringIO()).write(results, out)
+    pngs = sorted(p.name for p in written if p.suffix == ".png")
+    assert pngs == ["measured_cdf.png", "measured_timeline.png"]
+    assert all((out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in pngs)
+    assert sorted(p.name for p in (out / "plots").iterdir()) == pngs
+    assert [str(w.message) for w in recwarn if "Glyph" in str(w.message)] == []

@@ -86,11 +86,12 @@ class CompareReport:
         written = [path]
         if not runs:  # summaries only: nothing per request to draw
             return written
-        (out / "plots").mkdir(parents=True, exist_ok=True)
+        from .plots import png_bytes
+
         for figure, name in ((self._cdfs(runs), "measured_cdf.png"), (self._timeline(runs), "measured_timeline.png")):
             if figure is not None:
                 target = out / "plots" / name
-                figure.savefig(target)
+                atomic_write(target, png_bytes(figure, self.config.dpi))
                 written.append(target)
         return written
 

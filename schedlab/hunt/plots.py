@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import io
 import textwrap
 
 import numpy as np
@@ -24,9 +23,10 @@ DPI = 110
 
 
 def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
-    return buf.getvalue()
+    """PNG bytes through the plots report's writer, which keeps matplotlib's glyph and layout
+    warnings off stderr."""
+    from schedlab_plugins.reports.plots import png_bytes
+    return png_bytes(fig, DPI)
 
 
 def running_best(values: np.ndarray, direction: int) -> np.ndarray:
