@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from typing import Any
 
 import attrs
@@ -70,6 +71,8 @@ FAILED = 1e6
 ON_BOUND = 0.005
 #: |correlation| from which two fitted values count as not told apart.
 ENTANGLED = 0.9
+#: ``--part`` values that start with a minus sign (``-5:10``): read as a value, not an option.
+NEGATIVE_PART = r"^-\d*:-?\d*$"
 #: A move of this share of a parameter's range that changes the error by less than
 #: :data:`FLAT_POINTS` percentage points: the data hardly constrains the parameter.
 PROFILE_STEP, FLAT_POINTS = 0.05, 0.05
@@ -133,17 +136,28 @@ def parse_parameter(text: str) -> Parameter:
     return Parameter(key.strip(), lo, hi)
 
 
-def parse_part(text: str | None, n: int):
-    """``"0:150"`` -> the rows 0..149 of the measured run (and the others), or (None, None)."""
+def parse_part(text: str | None, n: int | None):
+    """``"0:150"`` -> the rows 0..149 of the measured run (and the others), or (None, None).
+
+    With ``n`` None (the log's length not yet known) only the form is checked: FIRST:END, whole
+    numbers, neither negative (they count from the log's start; none counts from its end)."""
     if text is None:
         return None, None
     a, colon, b = text.partition(":")
+    bounds = f"0 <= FIRST < END <= {n}" if n is not None else "0 <= FIRST < END"
     try:
-        lo, hi = int(a or 0), int(b or n)
+        lo, hi = int(a or 0), (int(b) if b else n)
     except ValueError:
-        lo = hi = -1
-    if not colon or not 0 <= lo < hi <= n:
-        raise ConfigError(f"--part {text!r}: expected FIRST:END with 0 <= FIRST < END <= {n} (requests of the log)")
+        colon = ""
+    else:
+        if colon and (lo < 0 or (hi is not None and hi < 0)):
+            raise ConfigError(f"--part {text!r}: {'FIRST' if lo < 0 else 'END'} must be >= 0: the log's requests "
+                              f"count from its start (0 is the first), not from its end (expected FIRST:END with "
+                              f"{bounds})")
+    if not colon or (n is not None and not 0 <= lo < hi <= n):
+        raise ConfigError(f"--part {text!r}: expected FIRST:END with {bounds} (requests of the log)")
+    if n is None:
+        return None, None
     rows = np.arange(lo, hi)
     return rows, np.setdiff1d(np.arange(n), rows)
 
@@ -840,6 +854,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--part", metavar="FIRST:END",
                         help="fit on the statistics of these requests of the log only (the whole run is simulated); "
                              "the table of the other requests then shows the prediction")
+    # argparse takes "-5:10" for an option, so "--part -5:10" failed with "expected one argument" before
+    # parse_part could say what is wrong with it: read "-N:M" as a value, as argparse reads "-5" (a private
+    # attribute of argparse's, hence the care: without it, the option's message is argparse's)
+    numbers = getattr(parser, "_negative_number_matcher", None)
+    if isinstance(numbers, re.Pattern):
+        parser._negative_number_matcher = re.compile(f"{NEGATIVE_PART}|{numbers.pattern}")
     parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="statistics",
                         help="what a measured run's log is fitted on: its 15 statistics (default), or each "
                              "request's TTFT, TPOT and latency against its own replay ('requests': pins what grows "
@@ -857,6 +877,7 @@ def command(args) -> int:
     from .study.experiment import load
     from .targets import read_summary
 
+    parse_part(args.part, None)   # its form, before the file is loaded
     exp = load(args.file, args.set)
     parameters = [parse_parameter(text) for text in args.fit]
     hold = dict(parse_assignment(text, where="--hold") for text in args.hold)

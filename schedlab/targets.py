@@ -411,9 +411,12 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
 
     :raises ConfigError: naming the file and line: a line that is not a sample, a value that is
         not a finite number or a negative count, a bucket without a numeric ``le``, buckets whose
-        cumulative counts fall, a ``_count`` that is not the ``+Inf`` bucket's.
+        cumulative counts fall, a ``_count`` that is not the ``+Inf`` bucket's, a sample whose
+        name and labels an earlier line has (a scrape holds one value per series: two scrapes
+        joined, whose counts would add up).
     """
     series: dict[tuple[str, str], dict] = {}
+    samples: dict[tuple, int] = {}   # (name, labels, bucket bound) -> the line that gave it
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -428,12 +431,19 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
         value = _sample_value(raw, name, suffix, f"{source}: line {number}")
         pairs = dict(_LABEL.findall(labels))
         le = pairs.pop("le", None)
-        entry = series.setdefault((metric, ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))),
-                                  {"buckets": {}, "lines": {}, "sum": 0.0, "count": None})
+        label_set = ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))
+        bound = None
         if suffix == "_bucket":
             if le is None:
                 raise ConfigError(f"{source}: line {number}: {name} without an le label")
             bound = _bucket_bound(le, name, f"{source}: line {number}")
+        first = samples.setdefault((name, tuple(sorted(pairs.items())), bound), number)   # le="Inf" is "+Inf"
+        if first != number:
+            raise ConfigError(f"{source}: line {number}: {name}{match.group(2) or ''} repeats the sample of line "
+                              f"{first} (same metric, same labels): a scrape holds one sample per series -- two "
+                              f"scrapes joined in one file?")
+        entry = series.setdefault((metric, label_set), {"buckets": {}, "lines": {}, "sum": 0.0, "count": None})
+        if suffix == "_bucket":
             entry["buckets"][bound] = entry["buckets"].get(bound, 0.0) + value
             entry["lines"][bound] = number
         elif suffix == "_count":

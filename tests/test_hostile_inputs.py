@@ -105,7 +105,8 @@ FILE_CASES = {
     "unknown table column": (BASE + '[reports.table]\ncolumns = ["finished", "bogus.p99"]\n',
                              ["[reports.table]: columns: unknown metric 'bogus.p99'", "ttft_ms", "throughput_tps"]),
     "unknown percentile": (BASE + '[reports.table]\ncolumns = ["ttft_ms.p999"]\n',
-                           ["unknown metric 'ttft_ms.p999': 'ttft_ms' has mean, p50, p90, p95, p99, max"]),
+                           ["unknown metric 'ttft_ms.p999' (did you mean 'ttft_ms.p99'?): 'ttft_ms' has mean, p50, "
+                            "p90, p95, p99, max"]),
     "a metric group as a column": (BASE + '[reports.table]\ncolumns = ["ttft_ms"]\n',
                                    ["'ttft_ms' is a group of metrics", "ttft_ms.p99"]),
     "unknown best metric": (BASE + '[reports.plots]\nbest = "goodput"\n', ["[reports.plots]: best: unknown metric"]),

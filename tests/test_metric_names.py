@@ -157,7 +157,7 @@ def test_vs_target_is_declared_as_targets_makes_it(everything):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("bogus", "unknown metric 'bogus': metrics are requests, finished"),
+    ("bogus", "unknown metric 'bogus' (did you mean 'gpus'?): there are "),
     ("ttft_ms.p999", "'ttft_ms' has mean, p50, p90, p95, p99, max"),
     ("ttft_ms", "'ttft_ms' is a group of metrics, not a number; name one of ttft_ms.mean"),
     ("throughput_tps.p99", "'throughput_tps' is a number, it has no 'p99'"),

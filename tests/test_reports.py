@@ -315,9 +315,10 @@ def test_report_settings_naming_no_such_run_or_key_fail_when_the_file_is_read(tm
 
 
 @pytest.mark.parametrize("extra, message", [
-    ('metric = "nope"\n', "[reports.crossover]: metric: unknown metric 'nope': metrics are requests, finished,"),
-    ('ratios = ["ttft_ms.p999"]\n', "[reports.crossover]: ratios: unknown metric 'ttft_ms.p999': 'ttft_ms' has mean,"),
-    ('[reports.goodput]\nmetric = "nope"\n', "[reports.goodput]: metric: unknown metric 'nope': metrics are"),
+    ('metric = "nope"\n', "[reports.crossover]: metric: unknown metric 'nope': there are "),
+    ('ratios = ["ttft_ms.p999"]\n', "[reports.crossover]: ratios: unknown metric 'ttft_ms.p999' (did you mean "
+                                    "'ttft_ms.p99'?): 'ttft_ms' has mean,"),
+    ('[reports.goodput]\nmetric = "nope"\n', "[reports.goodput]: metric: unknown metric 'nope': there are "),
     ('[reports.goodput]\nmetrics = ["tpot_ms"]\n', "[reports.goodput]: metrics: 'tpot_ms' is a group of metrics"),
 ])
 def test_unknown_metric_names_in_reports_fail_when_the_file_is_read(tmp_path, extra, message):

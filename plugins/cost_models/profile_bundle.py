@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from schedlab.errors import ConfigError
+from schedlab.results.storage import repeated_column
 
 #: Dense ops that run once per iteration, not once per decoder layer.
 ONCE_PER_ITERATION = ("embedding", "final_layernorm")
@@ -51,7 +52,8 @@ def read_csv(path: Path, columns: tuple[str, ...], *, text: tuple[str, ...] = ()
     """The named columns of a CSV file; numbers checked finite and >= 0 (times > 0; ``signed``
     columns may be negative).
 
-    :raises BundleError: missing file or column, or a bad value (naming file, line, column).
+    :raises BundleError: missing file or column, a column named twice in the header, or a bad
+        value (naming file, line, column).
     """
     if not path.is_file():
         raise BundleError(f"{path}: missing file")
@@ -64,6 +66,9 @@ def read_csv(path: Path, columns: tuple[str, ...], *, text: tuple[str, ...] = ()
         for column in columns:
             if column not in header:
                 raise BundleError(f"{path}: missing column {column!r} (has {', '.join(header)})")
+        problem = repeated_column(path, header, columns)
+        if problem:
+            raise BundleError(problem)
         index = [header.index(c) for c in columns]
         out: dict[str, list] = {c: [] for c in columns}
         for line, row in enumerate(reader, start=2):

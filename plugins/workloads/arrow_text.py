@@ -518,7 +518,7 @@ def read_csv_arrow(path, name: str, wanted: Mapping[str, Sequence[str]], require
     try:
         index, sources = csv_columns(name, header, wanted, required)
     except WorkloadError:
-        return None   # the other readers say which column is missing
+        return None   # the other readers say which column is missing (or named twice)
     names = [f"c{i}" for i in range(len(header))]
     used = sorted({names[i] for i in index.values()}) or names[:1]   # one column at least: the rows
     try:

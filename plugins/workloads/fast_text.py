@@ -33,6 +33,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from schedlab.errors import WorkloadError
+from schedlab.results.storage import repeated_column
 
 # kinds of a raw value
 NONE, INT, FLOAT, STR, TRUE, FALSE, OBJ = range(7)
@@ -569,7 +570,8 @@ def csv_columns(name: str, header: list[str], wanted: Mapping[str, Sequence[str]
                 required) -> tuple[dict[str, int], dict[str, str]]:
     """Where each wanted field is in a CSV ``header``: the first of its accepted names found
     (column index and name by field). A required field with none of its names is an error
-    naming the file, the names looked for and the header; every reader says it alike."""
+    naming the file, the names looked for and the header, and so is a column to read that the
+    header names twice (:func:`schedlab.results.storage.repeated_column`); every reader says it alike."""
     index: dict[str, int] = {}
     sources: dict[str, str] = {}
     for field, names in wanted.items():
@@ -584,6 +586,9 @@ def csv_columns(name: str, header: list[str], wanted: Mapping[str, Sequence[str]
                     f"{name}: no column {' or '.join(map(repr, names))} (for {field}); "
                     f"the header has {', '.join(map(repr, header))}"
                 )
+    problem = repeated_column(name, header, sources.values())
+    if problem:
+        raise WorkloadError(problem)
     return index, sources
 
 

@@ -395,7 +395,8 @@ def read_records(
         each gives way to the next on what it does not read exactly, and all give the same rows,
         values and errors.
     :raises WorkloadError: missing or unreadable file, bad JSON (with its line), a missing
-        column or key (with the row), a CSV row with the wrong number of cells.
+        column or key (with the row), a CSV column to read that the header names twice, a CSV
+        row with the wrong number of cells.
     """
     check_regular_file(path)
     kind = detect_format(path, format)

@@ -27,7 +27,9 @@ import attrs
 
 from ..configs import MAX_INT, FieldError, bool_field, float_field, int_field, list_field, str_field, table_field
 from ..errors import ConfigError
-from .expression import Condition, Expression, check_names, parse_condition, parse_expression
+from .expression import (
+    Condition, Expression, check_names, check_not_constant, check_runs_take_part, parse_condition, parse_expression,
+)
 
 DEFAULT_BUDGET = 400
 
@@ -102,7 +104,11 @@ class Goal:
 
 
 def make_goal(config: HuntConfig, runs: tuple[str, ...], where: str) -> Goal:
-    """The parsed goal, every name checked against the file's runs and the metric names."""
+    """The parsed goal, every name checked against the file's runs and the metric names.
+
+    The objective (or property) and every constraint must name something (a constant is the
+    same for every workload), and some run's metric must be among them (else no policy takes
+    part: ``workload.tokens_per_s`` is a goal only under a constraint on a run)."""
     try:
         if config.property is not None:
             prop = parse_condition(config.property)
@@ -113,9 +119,13 @@ def make_goal(config: HuntConfig, runs: tuple[str, ...], where: str) -> Goal:
         constraints = tuple(parse_condition(text) for text in config.constraints)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    check_names(expression, runs, f"{where} {'property' if prop else 'objective'}")
+    what = f"{where} {'property' if prop else 'objective'}"
+    check_names(expression, runs, what)
+    check_not_constant(expression, runs, what)
     for c in constraints:
         check_names(c.expression, runs, f"{where} constraints")
+        check_not_constant(c.expression, runs, f"{where} constraints")
+    check_runs_take_part(expression, constraints, runs, what)
     return Goal(expression, direction, prop, constraints)
 
 

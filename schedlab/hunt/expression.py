@@ -263,6 +263,31 @@ def check_names(expression: Expression, runs: tuple[str, ...], where: str) -> No
             raise ConfigError(f"{where}: {exc}") from None
 
 
+def run_metrics(expression: Expression) -> tuple[str, ...]:
+    """The names of ``expression`` that are a run's metric (``runs.<run>.<metric>``), not a
+    statistic of the workload."""
+    return tuple(name for name in expression.names if not name.startswith("workload."))
+
+
+def check_runs_take_part(goal: Expression, constraints, runs: tuple[str, ...], where: str) -> None:
+    """Raise ConfigError naming ``where`` when neither the ``goal`` expression nor any of the
+    ``constraints`` (Conditions) names a run's metric: no policy would take part in the hunt."""
+    if not run_metrics(goal) and not any(run_metrics(c.expression) for c in constraints):
+        raise ConfigError(f"{where}: {_quoted(goal.text)} names no run's metric, and no constraint does: the runs' "
+                          f"policies would play no part in the hunt; name runs.<run>.<metric> (runs: "
+                          f"{', '.join(runs)}) in it or in a constraint")
+
+
+def check_not_constant(expression: Expression, runs: tuple[str, ...], where: str) -> None:
+    """Raise ConfigError naming ``where`` when ``expression`` names nothing at all: a constant,
+    the same for every workload (``objective = "5"``)."""
+    if not expression.names:
+        example = f"runs.{runs[0]}.ttft_ms.p99" if runs else "runs.<run>.ttft_ms.p99"
+        raise ConfigError(f"{where}: {_quoted(expression.text)} names no metric: it is a constant, the same for every "
+                          f"workload; name runs.<run>.<metric> (runs: {', '.join(runs)}) or workload.<statistic>, "
+                          f"e.g. {example!r}")
+
+
 def split_name(name: str, runs: tuple[str, ...]) -> tuple[str, str]:
     """``("runs", run, metric)`` as ``(run, metric)``, or ``("", statistic)`` for ``workload.*``."""
     if name.startswith("workload."):

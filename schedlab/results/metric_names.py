@@ -14,6 +14,8 @@ absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`
 
 from __future__ import annotations
 
+import difflib
+
 from ..errors import ConfigError
 from .metrics import ABORT_PLACES, PERCENTILES
 
@@ -109,8 +111,7 @@ def check_metric_name(name: object) -> str:
         elif "*" in node and part:
             node = node["*"]
         else:
-            where = f"{'.'.join(parts[:i])!r} has" if i else "metrics are"
-            raise ConfigError(f"unknown metric {name!r}: {where} {', '.join(_names(node))}")
+            raise ConfigError(_unknown(name, parts, i, node))
     if isinstance(node, dict):
         raise ConfigError(f"{name!r} is a group of metrics, not a number; name one of "
                           f"{', '.join(f'{name}.{key}' for key in _names(node))}")
@@ -119,3 +120,26 @@ def check_metric_name(name: object) -> str:
 
 def _names(node: dict) -> list[str]:
     return [("<name>" if key == "*" else key) for key in node]
+
+
+#: a group's names are listed in full in a message up to this many; past it, the close match and the count
+LISTED = 12
+#: what a message shows of the top level when nothing there is close to the name given
+EXAMPLES = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "throughput_tps", "busy_share")
+
+
+def _unknown(name: str, parts: list[str], i: int, node: dict) -> str:
+    """The message for ``parts[i]``, which ``node`` (the group of ``parts[:i]``) lacks: the close
+    match first (``did you mean 'ttft_ms.p99'?``; a group when more parts follow), then the
+    group's names -- all of them when there are few, else how many and a few of them."""
+    fits = [key for key, value in node.items() if key != "*" and (i == len(parts) - 1 or isinstance(value, dict))]
+    close = difflib.get_close_matches(parts[i], fits, n=1)
+    hint = f" (did you mean {'.'.join(parts[:i] + close + parts[i + 1:])!r}?)" if close else ""
+    where = f"{'.'.join(parts[:i])!r} has" if i else "metrics are"
+    names = _names(node)
+    if len(names) <= LISTED:
+        return f"unknown metric {name!r}{hint}: {where} {', '.join(names)}"
+    examples = [key for key in EXAMPLES if key in node] if i == 0 else names[:len(EXAMPLES)]
+    count = f"{where} {len(names)} names" if i else f"there are {len(names)} metric names"
+    return (f"unknown metric {name!r}{hint}: {count}{'' if close else ', none close to it'}, such as "
+            f"{', '.join(examples)} (all of them: METRICS in schedlab/results/metric_names.py)")

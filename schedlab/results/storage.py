@@ -32,7 +32,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -278,10 +278,30 @@ def save_streamed_rows(runs: list[RunResult], out: Path) -> list[Path]:
 # -- reading back -------------------------------------------------------------------------------------
 
 
+def repeated_column(path, header: Sequence[str], names: Iterable[str] | None = None) -> str | None:
+    """The message for a column of ``header`` named twice, or None: the first name among
+    ``names`` (default: any) found a second time. Which of the two to read would be a guess, so
+    every CSV reader refuses such a file with this message (results folders, request files,
+    profile bundles)."""
+    wanted = None if names is None else set(names)
+    seen: dict[str, int] = {}
+    for i, column in enumerate(header):
+        if wanted is not None and column not in wanted:
+            continue
+        if column in seen:
+            return (f"{path}: the header names column {column!r} twice (columns {seen[column] + 1} and {i + 1}): "
+                    f"which one to read is ambiguous; rename or remove one")
+        seen[column] = i
+    return None
+
+
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     with open(path, newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader)
+        problem = repeated_column(path, header)
+        if problem:
+            raise SchedlabError(problem)
         return header, list(reader)
 
 
