@@ -90,7 +90,8 @@ def test_each_group_turns_on_its_feature():
     assert all(c.settings.enable_priority_scheduling for c in ranked)
     assert not any(c.settings.enable_priority_scheduling for g in GROUPS
                    if not g.endswith("priority") and g not in ("priority_abort", "queue_limit", "waiting_timeout",
-                                                               "running_timeout") for c in cases(g))
+                                                               "running_timeout", "queue_limit_abort")
+                   for c in cases(g))
     assert {len({r.priority for r in c.requests}) > 1 for c in ranked} == {True, False}
     assert {c.settings.schedule_low_priority_values_first for c in ranked} == {True, False}
     assert {c.settings.disable_priority_preemption for c in ranked} == {True, False}
@@ -109,9 +110,15 @@ def test_each_group_turns_on_its_feature():
     limited = cases("queue_limit")
     assert {c.settings.max_queued_requests for c in limited} == {1, 2, 3}
     assert not any(c.settings.max_queued_requests for g in GROUPS
-                   if g not in ("queue_limit", "waiting_timeout", "running_timeout") for c in cases(g))
+                   if g not in ("queue_limit", "waiting_timeout", "running_timeout", "queue_limit_abort")
+                   for c in cases(g))
     assert {c.settings.enable_priority_scheduling for c in limited} == {True, False}
     assert {c.settings.overlap_schedule for c in limited} == {True, False}
+    limited_aborts = cases("queue_limit_abort")
+    assert [attrs.evolve(c, requests=[attrs.evolve(r, abort_at=None) for r in c.requests], group="queue_limit")
+            for c in limited_aborts] == limited
+    assert 0.3 < sum(r.abort_at is not None for c in limited_aborts for r in c.requests) / sum(
+        len(c.requests) for c in limited_aborts) < 0.5
     timed = cases("waiting_timeout")
     assert all(1 <= c.settings.waiting_timeout_ms <= 15 for c in timed)
     assert {bool(c.settings.max_queued_requests) for c in timed} == {True, False}

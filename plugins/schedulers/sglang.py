@@ -60,7 +60,8 @@ aborts when the batch in flight has just started, so the plan made then still ho
 request, and the next result that holds it ends it (:mod:`schedlab.engine.ahead`). Checked
 against SGLang: ``tools/sglang_diff.py --groups abort,overlap_abort,priority_abort``. Within one
 pass the engines apply aborts before arrivals; SGLang reads both in the order they came, so an
-arrival that finds a full queue just before a queued request's abort is turned away there.
+arrival that finds a full queue just before a queued request's abort is turned away there
+(the harness's arrivals come on whole ms and its aborts half a ms in, so it never meets this).
 
 **Queue limit** (``max_queued_requests``, ``--max-queued-requests``): SGLang checks it whenever
 a request enters the waiting queue (``_add_request_to_queue``, ``_abort_on_queued_limit``) --

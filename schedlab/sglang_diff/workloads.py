@@ -52,7 +52,10 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   a batch that long after it was first scheduled is aborted as a client's abort is, one retracted
   meanwhile once it is readmitted; sometimes clients that give up too (before or after), a
   waiting timeout, a queue limit, priorities, tight memory, shared prefixes, chunking or overlap
-  scheduling.
+  scheduling;
+* ``queue_limit_abort`` -- the ``queue_limit`` group's case with about 40% of the clients giving up
+  as in ``abort``: a queued request's abort frees its place in the queue for the arrivals read
+  after it.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -71,7 +74,7 @@ from .case import POLICIES, POOL_MARGIN, SglangSettings
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
           "abort", "overlap_abort", "priority", "overlap_priority", "priority_abort", "hrrn", "spf", "queue_limit",
-          "waiting_timeout", "running_timeout")
+          "waiting_timeout", "running_timeout", "queue_limit_abort")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -109,6 +112,11 @@ def generate(group: str, seed: int) -> Case:
         return Case(settings, requests, group=group, seed=seed)
     if group == "queue_limit":
         return _queue_limit_case(rng, seed)
+    if group == "queue_limit_abort":  # the queue_limit case of this seed, with aborts
+        case = generate("queue_limit", seed)
+        requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
+                    for r in case.requests]
+        return attrs.evolve(case, requests=requests, group=group)
     if group == "waiting_timeout":
         case = _queue_limit_case(rng, seed)
         settings = attrs.evolve(case.settings, waiting_timeout_ms=rng.randint(1, 15),
