@@ -44,7 +44,7 @@ from .runner import run_studies
 from .simulation import ENGINES, Context, RunSpec, assemble, component_config
 from .search import parse_constraint
 from .spec import RUN_TABLES, SearchConfig, StudySpec, check_slo, point_spec
-from .sweep import expand_grid
+from .sweep import expand_sweep
 
 TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo", "speculative",
              "power", "clock", "frontend", "client", "target", "models", "gpus", "sweep", "search", "plan", "runs",
@@ -54,6 +54,8 @@ RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "r
 DEFAULT_REPORTS = ("table", "json", "plots")
 #: The most replicas a run may ask for: each is a whole simulation (95% intervals need a few dozen).
 MAX_REPLICAS = 10_000
+# A [sweep] grid's points and a [plan]'s candidates: at most sweep.MAX_SWEEP_POINTS (10,000) each, checked
+# when the file is read (the constant lives in .sweep, which the planner shares).
 MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix
 
 
@@ -243,8 +245,8 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         plan_table = entry.get("plan", raw.get("plan"))
         if sum(t is not None for t in (sweep_table, search_table, plan_table)) > 1:
             raise ConfigError(f"{where.rstrip(':')}: a run can have one of sweep, search or plan, not several")
-        sweep = (expand_grid(sweep_table, f"{where} [sweep]", numbers_by_value=True)
-                 if sweep_table is not None else None)
+        # at most MAX_SWEEP_POINTS points, counted before they are made
+        sweep = expand_sweep(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
         search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
                       if search_table is not None else None)
         plan_cfg = None

@@ -14,7 +14,11 @@ at this load -- answered by searching instead of enumerating::
     "scheduler.max_num_batched_tokens" = [2048, 8192]
 
 Each *candidate* (a GPU, a tensor-parallel degree and a point of the space) sets the GPU and
-the degree in the run's cost model and KV cache (``gpu_keys``, ``tensor_parallel_keys``). A
+the degree in the run's cost model and KV cache (``gpu_keys``, ``tensor_parallel_keys``), after
+the point's values, so a whole table in the space (``"cost_model" = [{...}]``) gets them too. The
+space may not name a key the plan sets or searches itself (``cluster.instances`` and those
+keys), nor list a value twice, nor may ``tensor_parallel`` or ``gpus`` repeat one: either would
+simulate a deployment twice. At most :data:`~schedlab.study.sweep.MAX_SWEEP_POINTS` candidates. A
 deployment is a candidate with a number of instances; it costs instances x tensor parallel x
 pipeline stages (``[cluster] pipeline_parallel``) x the GPU's price per hour. Adding instances
 never hurts an SLO, so for each candidate a 1-D search (:mod:`schedlab.study.search`) finds the
@@ -40,7 +44,7 @@ import math
 
 import attrs
 
-from ..configs import FieldError, float_field, int_field, list_field, str_field, table_field
+from ..configs import MAX_INSTANCES, FieldError, float_field, int_field, list_field, str_field, table_field
 from ..errors import ConfigError
 from ..results.metric_names import check_metric_name
 from ..results.metrics import metric_at
@@ -49,7 +53,7 @@ from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
 from .search import max_search_probes, parse_constraint
 from .simulation import RunSpec, assemble
-from .sweep import expand_grid, point_label
+from .sweep import expand_grid, grid_axes, grid_size, point_label
 
 INSTANCES_KEY = "cluster.instances"
 COST_METRIC = "cost_per_hour"  # added to the metrics of every deployment a plan simulates
@@ -84,7 +88,8 @@ class PlanConfig:
                                                                  "table": True})
     tensor_parallel: tuple = list_field((1,), item=int, help="tensor-parallel degrees (GPUs per instance) to try")
     min_instances: int = int_field(1, min=1, help="fewest instances to consider")
-    max_instances: int = int_field(8, min=1, help="most instances to consider")
+    max_instances: int = int_field(8, min=1, max=MAX_INSTANCES,  # a cluster's bound: searches start here
+                                   help="most instances to consider")
     space: dict = table_field(attrs.Factory(dict), help="other dimensions: dotted key -> list of values (a grid)")
     gpu_keys: tuple = list_field(("cost_model.gpu", "kv_cache.gpu"), item=str,
                                  help="where the GPU preset name goes in each run's tables")
@@ -111,10 +116,58 @@ class PlanConfig:
             raise FieldError("min_instances", f"{self.min_instances} is above max_instances = {self.max_instances}")
         for key in self.gpu_keys + self.tensor_parallel_keys:
             split_key(key, where="plan")
+        for name in ("tensor_parallel", "gpu_keys", "tensor_parallel_keys"):  # a degree twice: its deployments twice
+            values = getattr(self, name)
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:
+                raise FieldError(name, f"lists {twice!r} twice")
+        both = next((key for key in self.tensor_parallel_keys if key in self.gpu_keys), None)
+        if both is not None:
+            raise FieldError("tensor_parallel_keys", f"{both!r} is in gpu_keys too; a key holds the GPU or the degree")
+        space = grid_axes(self.space or {}, "space", numbers_by_value=True)  # 64 and 64.0: one value twice
+        for key, values in space:
+            _check_space_key(self, key, values)
+        grid_size([len(self.gpus), len(self.tensor_parallel), *(len(values) for _, values in space)], "",
+                  noun="candidates", labels=["gpus", "tensor_parallel"] + [""] * len(space),
+                  why="each candidate is a search over instances")
 
     @property
     def constraint_text(self) -> str:
         return " and ".join(self.constraints)
+
+
+def _plan_keys(cfg: PlanConfig):
+    """``(key, how the plan sets it, what to write instead)`` for every key the plan sets itself."""
+    yield (INSTANCES_KEY, "searched by the plan itself (the fewest instances that meet the constraints)",
+           "set min_instances and max_instances instead")
+    for key in cfg.gpu_keys:
+        yield (key, "set by the plan itself (gpu_keys), to each GPU of gpus",
+               "list the GPUs in gpus = {name = price per GPU-hour} instead")
+    for key in cfg.tensor_parallel_keys:
+        yield (key, "set by the plan itself (tensor_parallel_keys), to each degree of tensor_parallel",
+               "list the degrees in tensor_parallel = [...] instead")
+
+
+def _check_space_key(cfg: PlanConfig, key: str, values: list) -> None:
+    """Refuse a space key whose values the plan would overwrite: each point would run twice."""
+    for plan_key, how, instead in _plan_keys(cfg):
+        if key == plan_key or key.startswith(plan_key + "."):
+            inside = "" if key == plan_key else f"inside {plan_key!r}, "
+            raise ConfigError(f"space: {key!r} is {inside}{how}; {instead}")
+        if not plan_key.startswith(key + "."):
+            continue
+        rest = plan_key[len(key) + 1:].split(".")  # the space sets a table holding plan_key
+        for value in values:
+            node = value
+            for part in rest:
+                if not isinstance(node, dict):
+                    raise ConfigError(f"space: {key!r} lists {value!r}, not a table, but the plan sets {plan_key!r} "
+                                      f"in it; list tables")
+                if part not in node:
+                    break
+                node = node[part]
+            else:
+                raise ConfigError(f"space: {key!r} lists a table that sets {plan_key!r}, which is {how}; {instead}")
 
 
 @attrs.frozen
@@ -132,18 +185,18 @@ class Candidate:
 def candidates(study, where: str) -> list[Candidate]:
     """Every candidate of a plan study, in order: GPUs as written, then degrees, then space points."""
     cfg = study.plan
-    space = expand_grid(cfg.space, f"{where} [plan.space]") if cfg.space else [{}]
+    space = expand_grid(cfg.space, f"{where} [plan.space]", numbers_by_value=True) if cfg.space else [{}]
     out = []
     for gpu, price in cfg.gpus.items():
         for tp in cfg.tensor_parallel:
             for point in space:
                 tables = study.base.tables
+                for key, value in point.items():  # first: a whole table in the space gets the GPU and degree too
+                    tables = set_dotted(tables, key, value)
                 for key in cfg.gpu_keys:
                     tables = set_dotted(tables, key, gpu)
                 for key in cfg.tensor_parallel_keys:
                     tables = set_dotted(tables, key, tp)
-                for key, value in point.items():
-                    tables = set_dotted(tables, key, value)
                 stages = (tables.get("cluster") or {}).get("pipeline_parallel", 1)  # GPUs per instance: tp x stages
                 out.append(Candidate(len(out), {"gpu": gpu, "tensor_parallel": tp, **point}, gpu, tp,
                                      float(price) * tp * (stages if isinstance(stages, int) else 1), tables))
@@ -168,8 +221,25 @@ def feasibility(study, ctx, where: str) -> list[tuple[Candidate, str]]:
     return out
 
 
+def check_gpu_names(cfg: PlanConfig, presets, where: str) -> None:
+    """Refuse two names in ``gpus`` for one preset (``l4`` and ``L4``): each deployment would run twice."""
+    named: list[tuple[object, str]] = []
+    for name in cfg.gpus:
+        try:
+            spec = presets.gpu(name)
+        except ConfigError:
+            continue  # an unknown GPU: its candidates are infeasible, with the reason
+        first = next((other for known, other in named if known is spec), None)
+        if first is not None:
+            raise ConfigError(f"{where} [plan]: gpus: {first!r} and {name!r} name the same GPU preset; "
+                              f"list each GPU once")
+        named.append((spec, name))
+
+
 def validate(study, ctx, where: str) -> None:
-    """At load time: at least one candidate must assemble (else its error is the file's error)."""
+    """At load time: no GPU named twice, and at least one candidate must assemble (else its
+    error is the file's error)."""
+    check_gpu_names(study.plan, ctx.presets, where)
     checked = feasibility(study, ctx, where)
     if all(reason for _, reason in checked):
         raise ConfigError(checked[0][1])

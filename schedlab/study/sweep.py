@@ -22,10 +22,56 @@ from typing import Any
 from ..errors import ConfigError
 from .overrides import split_key
 
-DEFAULT_MAX_POINTS = 100_000
+#: The most points an experiment file's ``[sweep]`` grid (and a ``[plan]``'s candidates: GPUs x
+#: degrees x space points) may have. Each point is a whole simulation (each candidate a search of
+#: several); the studies shipped have under a hundred, and a table of 10,000 rows is more than
+#: anyone reads, so a list written too long (a 200 x 200 grid: 40,000 runs) is refused when the
+#: file is read instead of started.
+MAX_SWEEP_POINTS = 10_000
 
 
-def expand_grid(sweep_table: dict, where: str, *, max_points: int = DEFAULT_MAX_POINTS,
+def grid_size(lengths: list[int], where: str, *, limit: int = MAX_SWEEP_POINTS, noun: str = "points",
+              labels: list[str] | None = None, why: str = "each point is a whole simulation") -> int:
+    """The product of ``lengths``, computed before anything is made.
+
+    :param labels: a word after each factor in the message (``2 gpus x 3 tensor_parallel``).
+    :raises ConfigError: the product is above ``limit``, e.g. ``lab.toml: [sweep]: 200 x 200 =
+        40,000 points; at most 10,000 (each point is a whole simulation)``.
+    """
+    size = math.prod(lengths)
+    if size > limit:
+        labels = labels or [""] * len(lengths)
+        factors = [f"{n:,} {label}".rstrip() for n, label in zip(lengths, labels)]
+        shape = f"{' x '.join(factors)} = " if len(factors) > 1 else ""
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}{shape}{size:,} {noun}; at most {limit:,} ({why})")
+    return size
+
+
+def grid_axes(sweep_table: dict, where: str, *, numbers_by_value: bool = False) -> list[tuple[str, list]]:
+    """The grid's ``(dotted key, values)`` axes in order, checked as :func:`expand_grid` says,
+    without making a single point."""
+    if not isinstance(sweep_table, dict):
+        raise ConfigError(f"{where}: must be a table mapping dotted keys to lists, got {sweep_table!r}")
+    axes: list[tuple[str, list]] = []
+    _collect(sweep_table, (), where, axes)
+    if numbers_by_value:
+        for key, values in axes:
+            _check_numbers(key, values, where)
+    return axes
+
+
+def _points(axes: list[tuple[str, list]]) -> list[dict[str, Any]]:
+    keys = [key for key, _ in axes]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(values for _, values in axes))]
+
+
+def expand_sweep(sweep_table: dict, where: str) -> list[dict[str, Any]]:
+    """An experiment file's ``[sweep]``: :func:`expand_grid` with numbers compared by value."""
+    return expand_grid(sweep_table, where, numbers_by_value=True)
+
+
+def expand_grid(sweep_table: dict, where: str, *, max_points: int = MAX_SWEEP_POINTS,
                 numbers_by_value: bool = False) -> list[dict[str, Any]]:
     """Every point of the grid, each a ``{dotted key: value}`` dict, last key fastest.
 
@@ -39,19 +85,9 @@ def expand_grid(sweep_table: dict, where: str, *, max_points: int = DEFAULT_MAX_
         valid dotted key, a value that is not a non-empty list, a value listed twice, a key
         given twice, or a grid with more than ``max_points`` points.
     """
-    if not isinstance(sweep_table, dict):
-        raise ConfigError(f"{where}: must be a table mapping dotted keys to lists, got {sweep_table!r}")
-    axes: list[tuple[str, list]] = []
-    _collect(sweep_table, (), where, axes)
-    if numbers_by_value:
-        for key, values in axes:
-            _check_numbers(key, values, where)
-    keys = [key for key, _ in axes]
-    size = math.prod(len(values) for _, values in axes)
-    if size > max_points:
-        shape = " x ".join(str(len(values)) for _, values in axes)
-        raise ConfigError(f"{where}: the grid has {size} points ({shape}); the limit is {max_points}")
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(values for _, values in axes))]
+    axes = grid_axes(sweep_table, where, numbers_by_value=numbers_by_value)
+    grid_size([len(values) for _, values in axes], where, limit=max_points)  # before a point is made
+    return _points(axes)
 
 
 def _collect(table: dict, prefix: tuple[str, ...], where: str, axes: list[tuple[str, list]]) -> None:
