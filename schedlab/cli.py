@@ -2,24 +2,37 @@
 calibrate.
 
 Every user error (bad TOML, unknown plugin, impossible config, stalled run, unusable
-``--out``) ends as one message on stderr and exit status 2 -- never a traceback. Ctrl-C and
-SIGTERM end a run the same way, with one message (exit 130 and 143); further signals while it
-cleans up are ignored (:mod:`schedlab.interrupts`). ``run`` writes its results folder whole
+``--out``) ends as one message on stderr and exit status 2 -- never a traceback. So does an
+exception a plugin raises (a bug in it: a scheduler's ``schedule``, a report's ``write``, a
+hook), with any ``--jobs``: one line names the run, the plugin, the exception and the plugin's
+line (:class:`~schedlab.errors.PluginError`)::
+
+    schedlab: error: exp.toml: run 'fifo[rate=5]': scheduler 'boomer' (plugin myplugin) raised
+    ValueError: boom (myplugin.py:7 in Boom.schedule; SCHEDLAB_TRACEBACK=1 prints the traceback)
+
+and with ``SCHEDLAB_TRACEBACK=1`` in the environment the plugin's traceback (a worker's too)
+comes first. An exception raised in schedlab's own code alone is a bug in schedlab and keeps
+its traceback. Ctrl-C, SIGTERM and SIGHUP (the terminal closed) end a run the same way, with
+one message (exit 130, 143 and 129); further signals while it cleans up are ignored
+(:mod:`schedlab.interrupts`), and a message to a terminal or pipe that has gone is dropped
+rather than changing the exit status. ``run`` writes its results folder whole
 (:mod:`schedlab.results.folder`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
-from .errors import SchedlabError
-from .interrupts import SignalGuard, Terminated, acknowledge
+from .errors import TRACEBACK_ENV, PluginError, SchedlabError, plugin_error
+from .interrupts import SignalGuard, acknowledge, stop_status
 from .results import index_page
 from .results.folder import StagedFiles, StagedFolder, record_entries
 from .study.simulation import build_component
@@ -52,12 +65,15 @@ def cmd_run(args) -> int:
     runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies if s.search is None and s.plan is None)
     searches = sum(1 for s in exp.studies if s.search is not None)
     plans = sum(1 for s in exp.studies if s.plan is not None)
-    what = f"{runs} run(s)" + (f" and {searches} search(es)" if searches else "") + (f" and {plans} plan(s)" if plans else "")
+    what = (f"{runs} run(s)" + (f" and {searches} search(es)" if searches else "")
+            + (f" and {plans} plan(s)" if plans else ""))
     replicated = max(s.replicas for s in exp.studies)
     if replicated > 1:
         what += f", up to {replicated} replicas each"
     out = Path(args.out) if args.out else Path("results") / exp.name
-    with StagedFolder(out, reads=input_files(exp)) as stage:  # checks --out before anything runs
+    # (a report's or a hook's exception: one line; the staging folder says first if it was a full disk)
+    with _plugin_errors(exp.context.catalog, exp.context.source), \
+            StagedFolder(out, reads=input_files(exp)) as stage:  # checks --out before anything runs
         print(f"schedlab: {exp.name}: {what}", file=sys.stderr)
         with closing(make_executor(args.backend, args.jobs, args.address)) as executor:
             results = run_experiment(exp, executor=executor)
@@ -73,6 +89,19 @@ def cmd_run(args) -> int:
         stage.commit()
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
+
+
+@contextmanager
+def _plugin_errors(catalog, where: str):
+    """Turn an exception a plugin of ``catalog`` raises in the block (a report, a hook) into a
+    :class:`~schedlab.errors.PluginError`; anything else passes as it is."""
+    try:
+        yield
+    except Exception as exc:
+        error = plugin_error(exc, catalog, where)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _table_text(catalog, results, table: dict, source: str) -> str:
@@ -224,11 +253,66 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
           warnings.formatwarning(message, category, filename, lineno, line).rstrip(), file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit status (0, 2 for a user error, 130/143 when interrupted).
+def _say(text: str) -> None:
+    """Print ``text`` on stderr. When stderr has gone (the terminal closed: SIGHUP; a closed
+    pipe), drop it, and what stdout and stderr still buffer, so that flushing them at exit does
+    not fail and turn the exit status into Python's 120."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _drop_output()
 
-    In the main thread SIGINT and SIGTERM end the command cleanly (see
-    :mod:`schedlab.interrupts`); after an interrupt both stay ignored, as the process is ending.
+
+def _drop_output() -> None:
+    devnull = None
+    for name in ("stdout", "stderr"):
+        try:
+            getattr(sys, name).flush()
+        except (OSError, ValueError, AttributeError):
+            devnull = devnull or open(os.devnull, "w", encoding="utf-8")
+            setattr(sys, name, devnull)
+
+
+def _show_traceback() -> bool:
+    return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+
+
+def _error(exc: SchedlabError) -> int:
+    if isinstance(exc, PluginError) and exc.details and _show_traceback():
+        _say(exc.details.rstrip())
+    _say(f"schedlab: error: {exc}")
+    return 2
+
+
+def _plugin_error_of(exc: Exception, args) -> PluginError | None:
+    """``exc`` as a :class:`~schedlab.errors.PluginError` when a plugin raised it outside a run's
+    own plugins' reach (loading or checking a file, a hunt, ``plot``): judged with the plugins
+    the command's file lists (``[experiment] plugins``) and the installed ones."""
+    from .study.experiment import _read_toml
+
+    file = getattr(args, "file", None)
+    plugins: tuple = ()
+    try:
+        table = _read_toml(Path(file)).get("experiment", {}) if isinstance(file, str) else {}
+        listed = table.get("plugins", []) if isinstance(table, dict) else []
+        plugins = tuple(p for p in listed if isinstance(p, str)) if isinstance(listed, list) else ()
+    except Exception:  # (not a TOML file: the installed plugins only)
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (said once already, when the command loaded them)
+            catalog = load_catalog(plugins)
+    except Exception:
+        return None
+    return plugin_error(exc, catalog, file if isinstance(file, str) else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (0, 2 for a user error or a plugin's exception,
+    130/143/129 when interrupted, terminated or hung up).
+
+    In the main thread SIGINT, SIGTERM and SIGHUP end the command cleanly (see
+    :mod:`schedlab.interrupts`); after one of them all stay ignored, as the process is ending.
     """
     args = build_parser().parse_args(argv)
     with SignalGuard():
@@ -237,18 +321,21 @@ def main(argv: list[str] | None = None) -> int:
                 warnings.showwarning = _one_line_warning
                 return args.func(args)
         except SchedlabError as exc:
-            print(f"schedlab: error: {exc}", file=sys.stderr)
-            return 2
+            return _error(exc)
         except MemoryError:
-            print("schedlab: error: out of memory; make the experiment smaller (fewer requests, points or "
-                  "instances)", file=sys.stderr)
+            _say("schedlab: error: out of memory; make the experiment smaller (fewer requests, points or instances)")
             return 2
         except KeyboardInterrupt as exc:
             acknowledge()
-            what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-            print(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
-                  if args.func in (cmd_run, cmd_hunt) else f"schedlab: {what}", file=sys.stderr)
-            return 143 if isinstance(exc, Terminated) else 130
+            what, status = stop_status(exc)
+            _say(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
+                 if args.func in (cmd_run, cmd_hunt) else f"schedlab: {what}")
+            return status
+        except Exception as exc:
+            error = _plugin_error_of(exc, args)
+            if error is None:
+                raise  # a bug in schedlab itself: its traceback is wanted
+            return _error(error)
 
 
 if __name__ == "__main__":

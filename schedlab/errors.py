@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import traceback
+import types
+
 
 class SchedlabError(Exception):
     """Base class: something the user can fix (bad input, unknown name, impossible config)."""
@@ -29,3 +33,99 @@ class SimulationError(SchedlabError):
 
 class StallError(SimulationError):
     """Work is left but nothing can make progress (a scheduler that never admits, a storm)."""
+
+
+class PluginError(SchedlabError):
+    """A plugin raised an exception of its own -- a bug in the plugin, not a schedlab error.
+
+    The message names the plugin, the exception and the plugin's line (see
+    :func:`plugin_error`); :attr:`details` holds the whole traceback, which the command line
+    prints when ``SCHEDLAB_TRACEBACK=1`` (:data:`TRACEBACK_ENV`). It pickles with its details
+    (a worker process sends it back to the parent).
+    """
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
+#: The environment variable that makes the command line print a plugin's traceback too.
+TRACEBACK_ENV = "SCHEDLAB_TRACEBACK"
+
+
+def plugin_error(exc: BaseException, catalog, where: str | None = None) -> PluginError | None:
+    """``exc`` as a :class:`PluginError` when a plugin of ``catalog`` raised it, else None.
+
+    A plugin raised it when its traceback passes through a plugin's module: the module of a
+    registered factory or config (``schedlab_plugins.*``, a third-party package, a module of
+    ``plugins = [...]``) or of a registered plugin object, or another module of the same
+    top-level package -- never schedlab's own. The message names the registered name schedlab
+    called (the outermost plugin frame's object or function) and the line of the innermost
+    plugin frame, where the plugin raised or called what raised; ``where`` goes in front.
+    Schedlab's own errors, ``MemoryError`` and anything not an ``Exception`` give None, as does
+    an exception raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
+    """
+    if not isinstance(exc, Exception) or isinstance(exc, (SchedlabError, MemoryError)):
+        return None
+    try:
+        entries = [entry for registry in catalog.registries.values() for entry in registry]
+        packages = _plugin_packages(catalog, entries)
+    except Exception:  # (not a catalog: nothing to go by)
+        return None
+    frames = [(frame, line) for frame, line in traceback.walk_tb(exc.__traceback__)
+              if _package_of(frame.f_globals.get("__name__")) in packages]
+    if not frames:
+        return None
+    outer, (inner, line) = frames[0][0], frames[-1]
+    text = " ".join(str(exc).split())
+    what = f"{_who(outer, entries)} raised {type(exc).__name__}" + (f": {text}" if text else "")
+    code = inner.f_code
+    place = f"{_file_name(code.co_filename)}:{line} in {getattr(code, 'co_qualname', code.co_name)}"
+    message = f"{what} ({place}; {TRACEBACK_ENV}=1 prints the traceback)"
+    error = PluginError(f"{where}: {message}" if where else message, "".join(traceback.format_exception(exc)))
+    error.__cause__ = exc  # (in this process: the original, for a debugger or an API caller)
+    return error
+
+
+def _package_of(module: object) -> str | None:
+    return module.split(".")[0] if isinstance(module, str) and module else None
+
+
+def _plugin_packages(catalog, entries) -> set[str]:
+    """The top-level packages plugins come from (schedlab's own excluded)."""
+    modules = {getattr(obj, "__module__", None) for entry in entries for obj in (entry.factory, entry.config)}
+    for plugin in catalog.plugin_manager.get_plugins():
+        modules.add(plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__)
+    return {_package_of(m) for m in modules} - {None, "schedlab", "builtins", "functools"}
+
+
+def _who(frame, entries) -> str:
+    """The registered name (or plugin) that ``frame``, the outermost frame in a plugin, belongs to."""
+    module = frame.f_globals.get("__name__")
+    code = frame.f_code
+    if code.co_name.startswith("schedlab_"):  # a hook implementation
+        return f"plugin {module}'s hook {code.co_name}"
+    entry = None
+    this = frame.f_locals.get("self")
+    if this is not None:
+        for cls in type(this).__mro__:
+            entry = next((e for e in entries if e.factory is cls), None)
+            if entry is not None:
+                break
+    if entry is None:
+        entry = next((e for e in entries if getattr(e.factory, "__code__", None) is code), None)
+    if entry is None:
+        same = [e for e in entries if getattr(e.factory, "__module__", None) == module]
+        entry = same[0] if len(same) == 1 else None
+    if entry is None:
+        return f"plugin {module}"
+    provider = entry.provider
+    by = (f"built-in plugin {provider[:-len(' (built-in)')]}" if provider.endswith(" (built-in)")
+          else f"plugin {provider}")
+    return f"{entry.kind.replace('_', ' ')} {entry.name!r} ({by})"
+
+
+def _file_name(path: str) -> str:
+    """A source file as the message shows it: its name (with its folder's for ``__init__.py``)."""
+    head, name = os.path.split(path)
+    return f"{os.path.basename(head)}/{name}" if name == "__init__.py" and head else name

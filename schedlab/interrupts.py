@@ -1,9 +1,15 @@
-"""Ctrl-C and SIGTERM for the command line: one clean stop, however many signals arrive.
+"""Ctrl-C, SIGTERM and SIGHUP for the command line: one clean stop, however many signals arrive.
 
-The first SIGINT or SIGTERM raises :class:`KeyboardInterrupt` (:class:`Terminated` for
-SIGTERM) in the main thread. Python runs a signal handler wherever the main thread happens to
-be, and code that swallows exceptions can lose it: numpy's Cython modules, imported lazily on
-first use, discard an exception raised while they register themselves. So until the stop is
+The first SIGINT, SIGTERM or SIGHUP (the terminal closed) raises :class:`KeyboardInterrupt`
+(:class:`Terminated` for SIGTERM, :class:`HungUp` for SIGHUP) in the main thread;
+:func:`stop_status` gives the command line's word and exit status for each (130, 143, 129:
+128 + the signal's number). A signal ignored when the command starts (``nohup`` ignores
+SIGHUP, a background job SIGINT) stays ignored. Worker processes ignore SIGHUP (a closed
+terminal hangs up the whole process group): the main process stops them.
+
+Python runs a signal handler wherever the main thread happens to be, and code that swallows
+exceptions can lose it: numpy's Cython modules, imported lazily on first use, discard an
+exception raised while they register themselves. So until the stop is
 *seen* -- by the command's error handling or by a results folder cleaning up -- it is raised
 again every :data:`RETRY_S` seconds (SIGALRM). Once seen, further signals are ignored, so that
 the clean-up and the interpreter's exit run to the end (a second Ctrl-C there used to print a
@@ -20,19 +26,34 @@ import signal
 import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, wait
+from contextlib import contextmanager
 
 #: Seconds between raising an unseen stop again.
 RETRY_S = 0.5
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C would be so that it ends a run the same way."""
 
 
+class HungUp(Terminated):
+    """SIGHUP (the terminal closed), raised where Ctrl-C would be: it ends a run as SIGTERM does."""
+
+
+def stop_status(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """How a stop is named (``interrupted``, ``terminated (SIGTERM)``, ``hung up (SIGHUP)``) and
+    the exit status it gives (130, 143, 129: 128 + the signal's number, as a shell reports it)."""
+    if isinstance(exc, HungUp):
+        return "hung up (SIGHUP)", 129
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM)", 143
+    return "interrupted", 130
+
+
 class SignalGuard:
-    """``with SignalGuard() as guard:`` handle SIGINT and SIGTERM as the module doc says.
+    """``with SignalGuard() as guard:`` handle SIGINT, SIGTERM and SIGHUP as the module doc says.
 
     Outside the main thread (signals cannot be handled there) it does nothing. Signals a
     parent set to SIG_IGN (a background job's SIGINT) stay ignored.
@@ -42,6 +63,7 @@ class SignalGuard:
         self.first: int | None = None
         self.seen = False
         self.previous: dict = {}
+        self.deferring = 0  # inside deferred() blocks: a stop is noted, raised when they end
 
     def __enter__(self) -> "SignalGuard":
         global _current
@@ -56,13 +78,19 @@ class SignalGuard:
         return self
 
     def _stop(self):
-        return Terminated() if self.first == signal.SIGTERM else KeyboardInterrupt()
+        if self.first == signal.SIGTERM:
+            return Terminated()
+        if self.first == getattr(signal, "SIGHUP", None):
+            return HungUp()
+        return KeyboardInterrupt()
 
     def _on_signal(self, signum, _frame) -> None:
         if self.seen:
             return
         if self.first is None:
             self.first = signum
+        if self.deferring:
+            return
         if hasattr(signal, "setitimer"):
             signal.setitimer(signal.ITIMER_REAL, RETRY_S)
         raise self._stop()
@@ -71,7 +99,8 @@ class SignalGuard:
         if self.first is None or self.seen:
             return
         signal.setitimer(signal.ITIMER_REAL, RETRY_S)
-        raise self._stop()
+        if not self.deferring:
+            raise self._stop()
 
     def acknowledge(self) -> None:
         """The stop has been seen: stop raising it, ignore further signals."""
@@ -137,6 +166,40 @@ def result_of(future):
     """``future.result()``, waking every :data:`RETRY_S` (see :func:`wait_first`)."""
     wait_first([future])
     return future.result()
+
+
+@contextmanager
+def deferred():
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends: a stop comes before or after it,
+    never inside (main thread only; elsewhere a no-op).
+
+    Under a :class:`SignalGuard` its handler notes a stop that comes meanwhile and raises it as
+    the block ends. (Blocking the signals in the main thread is not enough: the kernel may hand
+    one to another thread -- a process pool's -- and Python then runs the handler in the main
+    thread all the same.) Without a guard the signals are blocked (``pthread_sigmask``)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    guard = _current
+    if guard is None or not guard.previous:
+        if not hasattr(signal, "pthread_sigmask"):
+            yield
+            return
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        return
+    guard.deferring += 1
+    try:
+        yield
+    finally:
+        guard.deferring -= 1
+    if not guard.deferring and guard.first is not None and not guard.seen:
+        if hasattr(signal, "setitimer"):
+            signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+        raise guard._stop()
 
 
 def acknowledge() -> None:

@@ -1,12 +1,29 @@
 """A results folder written whole: into a hidden sibling first, then swapped into place.
 
-``schedlab run --out DIR`` writes every report into ``.DIR.<random>.tmp`` beside ``DIR`` and,
-once all of them are written, renames it to ``DIR``; a previous ``DIR`` is renamed aside
-first and deleted after. A run that fails, is interrupted (Ctrl-C, SIGTERM) or is killed
-leaves ``DIR`` as it was -- never new summary files next to the previous run's
-``requests.csv`` -- and, only after SIGKILL or a power cut, a hidden ``.DIR.*.tmp`` folder.
-Signals wait while the two renames run, so an interrupt cannot fall between them. A full disk
-or a read-only file system while writing ends in one message naming the file (see
+``schedlab run --out DIR`` writes every report into ``.DIR.<pid>.<random>.tmp`` beside ``DIR``
+and, once all of them are written, renames it to ``DIR``; a previous ``DIR`` is renamed aside
+(into ``.DIR.<pid>.<random>.old``) first and deleted after. A run that fails, is interrupted
+(Ctrl-C, SIGTERM, SIGHUP) or is killed leaves ``DIR`` as it was -- never new summary files next
+to the previous run's ``requests.csv`` -- and, only after SIGKILL or a power cut, a hidden
+``.DIR.<pid>.*.tmp`` folder. Signals wait while the two renames run, so an interrupt cannot
+fall between them.
+
+Such leftovers are removed by the next run into the same ``DIR`` (:func:`remove_abandoned`):
+a staging folder for ``DIR`` (exactly ``.DIR.<pid>.<random>.tmp``) whose owner ``<pid>`` no
+longer exists goes when the run starts, an ``.old`` one once the run has put its results in
+place (it can hold the only copy of the previous results, after a power cut between the two
+renames, and that copy is what the run replaces). A folder whose ``<pid>`` is alive is kept,
+even when that process is not schedlab (a reused pid: it goes once that process has ended),
+as is anything not a folder or named otherwise. Names without a pid, from earlier schedlab
+versions, are left alone: nothing tells whether their run is still going (delete them by
+hand). The process id is only meaningful on one machine: two machines writing the same
+``DIR`` on a shared file system at the same time may remove each other's staging folder,
+which ends that run with "cannot write" -- one of the two results would have replaced the
+other anyway. :class:`StagedFiles` does the same with its ``.schedlab-files.<pid>.*.tmp``
+folders inside a results folder (``schedlab plot``). A single file's temporary copy left inside
+a results folder (``.index.html.<random>.tmp``) goes with the folder when a run replaces it.
+
+A full disk or a read-only file system while writing ends in one message naming the file (see
 :meth:`StagedFolder.__exit__`). A ``DIR`` that is a symbolic link is written through: the
 folder it points to is replaced (staged beside it, so the rename stays on its file system).
 
@@ -28,10 +45,8 @@ import json
 import os
 import re
 import shutil
-import signal
+import stat
 import tempfile
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
 
@@ -46,6 +61,11 @@ MANIFEST = ".schedlab-results"
 BROWSER_LITTER = (".DS_Store", "Thumbs.db", "desktop.ini")
 #: A temporary file or folder of an interrupted write into ``<name>`` (``.<name>.<random>.tmp``).
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp")
+#: The same with its owner's process id (``.<name>.<pid>.<random>.tmp``, as this module names them).
+_OWNED = re.compile(r"\.(?P<name>.+)\.(?P<pid>[1-9][0-9]{0,9})\.(?P<random>[a-z0-9_]{8})(?P<suffix>\.tmp|\.old)")
+#: Bytes a staging name adds to its target's: ``.``, ``.<pid>`` (a pid has at most 7 digits on
+#: Linux), ``.<random>`` (8 characters) and ``.tmp``, with room to spare.
+STAGING_EXTRA = 24
 #: The ``<name>`` of :class:`StagedFiles`' temporary folder.
 STAGED_FILES = "schedlab-files"
 #: Errors that mean the disk cannot take the results (rather than a bug elsewhere).
@@ -126,9 +146,10 @@ def foreign_entries(names: Iterable[str], listed: set[str]) -> list[str]:
     """The entries among ``names`` (a folder's) that neither its manifest (``listed``) lists nor
     schedlab leaves behind (an interrupted write's temporary file)."""
     def ours(name: str) -> bool:
-        leftover = _LEFTOVER.fullmatch(name)
+        leftovers = (_LEFTOVER.fullmatch(name), _OWNED.fullmatch(name))
         return (name in listed or name == MANIFEST or name in BROWSER_LITTER
-                or (leftover is not None and leftover.group("name") in (*listed, STAGED_FILES)))
+                or any(m is not None and m.group("name") in (*listed, STAGED_FILES) and not name.endswith(".old")
+                       for m in leftovers))
 
     return sorted(n for n in names if not ours(n))
 
@@ -205,11 +226,12 @@ def check_destination(out: str | os.PathLike, reads: Iterable[str | os.PathLike]
     except (OSError, ValueError):
         pass
     too_long = [p.name for p in (target, *target.parents) if len(os.fsencode(p.name)) > name_max]
-    if len(os.fsencode(target.name)) > name_max - 16:  # room for the hidden sibling's prefix and suffix
+    if len(os.fsencode(target.name)) > name_max - STAGING_EXTRA:  # room for the hidden sibling's prefix and suffix
         too_long.insert(0, target.name)
     if too_long:
         raise ConfigError(f"--out {out}: the name {too_long[0][:40]}... is too long for the file system "
-                          f"({len(os.fsencode(too_long[0]))} bytes; results folder names at most {name_max - 16})")
+                          f"({len(os.fsencode(too_long[0]))} bytes; results folder names at most "
+                          f"{name_max - STAGING_EXTRA})")
     if not _exists(target):
         return
     if not target.is_dir():
@@ -262,6 +284,58 @@ def write_problem(exc: BaseException, staged: Path | None, shown: Path) -> str |
     return None
 
 
+# -- staging folders, and those a killed run left ----------------------------------------------------------------
+
+
+def staging_prefix(name: str) -> str:
+    """The start of this process's staging names for ``name``: ``.<name>.<pid>.``."""
+    return f".{name}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    """False only when no process ``pid`` exists (a zombie, or another user's process, counts as alive)."""
+    try:
+        os.kill(pid, 0)  # (signal 0: only asks)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError, ValueError):  # someone else's process; or no pid we can ask about
+        return True
+    return True
+
+
+def remove_abandoned(parent: str | os.PathLike, names: Iterable[str], suffix: str = ".tmp") -> list[Path]:
+    """Delete the staging folders in ``parent`` for any of ``names`` (exactly
+    ``.<name>.<pid>.<random><suffix>``) whose owner ``<pid>`` no longer exists: what a killed run
+    left (see the module doc). Keeps every folder whose pid is alive, and anything that is not a
+    folder (a symbolic link included) or is named otherwise. Nothing it cannot do is an error.
+    Returns what it removed."""
+    if os.name != "posix":  # (elsewhere os.kill(pid, 0) would end the process, not ask about it)
+        return []
+    parent, names = Path(parent), set(names)
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        match = _OWNED.fullmatch(entry)
+        if match is None or match.group("name") not in names or match.group("suffix") != suffix:
+            continue
+        pid = int(match.group("pid"))
+        if pid == os.getpid() or _alive(pid):
+            continue
+        path = parent / entry
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not _exists(path):
+            removed.append(path)
+    return removed
+
+
 class StagedFolder:
     """``with StagedFolder(out) as stage:`` write into ``stage.path``, then ``stage.commit()``.
 
@@ -282,7 +356,8 @@ class StagedFolder:
         self.target = target = target_of(out)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.path = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+            remove_abandoned(target.parent, [target.name], ".tmp")
+            self.path = Path(tempfile.mkdtemp(prefix=staging_prefix(target.name), suffix=".tmp", dir=target.parent))
             os.chmod(self.path, usual_mode("folder"))
         except OSError as exc:
             raise ConfigError(f"--out {out}: cannot create the results folder there: {_why(exc)}") from None
@@ -299,7 +374,8 @@ class StagedFolder:
         with _signals_deferred():
             try:
                 if target.is_dir() and os.listdir(target):
-                    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+                    old = Path(tempfile.mkdtemp(prefix=staging_prefix(target.name), suffix=".old",
+                                                dir=target.parent))
                     os.rename(target, old / "previous")
                     os.rename(staged, target)
                     shutil.rmtree(old, ignore_errors=True)
@@ -308,6 +384,7 @@ class StagedFolder:
             except OSError as exc:
                 raise ConfigError(f"--out {out}: cannot put the results in place: {_why(exc)}") from None
             self.committed = True
+        remove_abandoned(target.parent, [target.name], ".old")  # previous results a killed run set aside
         return out
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -336,7 +413,8 @@ class StagedFiles:
 
     def __enter__(self) -> "StagedFiles":
         try:
-            self.path = Path(tempfile.mkdtemp(prefix=f".{STAGED_FILES}.", suffix=".tmp", dir=self.folder))
+            remove_abandoned(self.folder, [STAGED_FILES], ".tmp")
+            self.path = Path(tempfile.mkdtemp(prefix=staging_prefix(STAGED_FILES), suffix=".tmp", dir=self.folder))
         except OSError as exc:
             raise ConfigError(f"{self.folder}: cannot write there: {_why(exc)}") from None
         return self
@@ -364,15 +442,6 @@ class StagedFiles:
             raise ConfigError(f"{self.folder}: {problem}; nothing in the folder was changed") from None
 
 
-@contextmanager
 def _signals_deferred():
-    """Hold SIGINT and SIGTERM until the block ends (main thread only; elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    wanted = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (:func:`schedlab.interrupts.deferred`)."""
+    return interrupts.deferred()

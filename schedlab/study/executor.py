@@ -9,7 +9,14 @@ which one it drives::
     executor.close(now=True)  # ... and running ones stopped too (an interrupt: see closing)
 
 Results never depend on the executor: a task carries its seed and tables, and the runner
-assembles results in file order, not in completion order.
+assembles results in file order, not in completion order. Nor do errors: an exception a
+plugin raises in a task (a bug in it, not a schedlab error) comes back from every executor as
+the same one-line :class:`~schedlab.errors.PluginError` naming the run, the plugin and its
+line (:func:`run_task`), never as a worker's traceback.
+
+Local worker processes start as tasks arrive (never more than were submitted, nor more than
+``workers``), and ``--jobs`` asks for at most :data:`JOBS_PER_CPU` per CPU: more is clamped,
+with one line on stderr (``-j 100000: using 8 worker processes (4 per CPU)``).
 """
 
 from __future__ import annotations
@@ -17,18 +24,23 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
+import sys
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Protocol
 
 from .. import interrupts
-from ..errors import ConfigError
+from ..errors import ConfigError, plugin_error
 from .simulation import Context
-from .tasks import RunTask, execute
+from .tasks import RunTask, TaskFailure, execute
 
 BACKENDS = ("local", "ray")
+#: Local worker processes ``--jobs`` may start per CPU: more only wait for a CPU (and each
+#: holds its own memory), so a larger ``--jobs`` (a typo, ``-j 100000``) is clamped to this.
+JOBS_PER_CPU = 4
 
 
 class Executor(Protocol):
@@ -67,6 +79,24 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def run_task(task: RunTask, context: Context | None = None, observer: Callable | None = None):
+    """:func:`~schedlab.study.tasks.execute`, with an exception a plugin raised returned as a
+    :class:`~schedlab.study.tasks.TaskFailure` holding a :class:`~schedlab.errors.PluginError` (worked
+    out here, where the traceback is: a worker's does not travel). Any other exception (a bug
+    in schedlab itself) is raised as it is."""
+    try:
+        return execute(task, context, observer)
+    except Exception as exc:
+        try:
+            catalog = (context if context is not None else task.context.build()).catalog
+        except Exception:  # (it built a moment ago; if not now, there is nothing to go by)
+            raise exc from None
+        error = plugin_error(exc, catalog, f"{task.context.source}: run {task.spec.name!r}")
+        if error is None:
+            raise
+        return TaskFailure(error)
+
+
 class InProcessExecutor:
     """Runs each task when submitted, in this process, with the experiment's own catalog
     (so plugins registered in-process and the per-iteration observer hook work)."""
@@ -80,7 +110,7 @@ class InProcessExecutor:
 
     def submit(self, task: RunTask) -> Future:
         future: Future = Future()
-        future.set_result(execute(task, self.context, self.observer))
+        future.set_result(run_task(task, self.context, self.observer))
         return future
 
     def close(self, now: bool = False) -> None:
@@ -105,12 +135,29 @@ def _start_forkserver() -> None:
     saved = os.environ.get("PYTHONSAFEPATH")
     os.environ["PYTHONSAFEPATH"] = "1"
     try:
-        multiprocessing.forkserver.ensure_running()
+        with _sighup_ignored():
+            multiprocessing.forkserver.ensure_running()  # (and the resource tracker, which it starts first)
     finally:
         if saved is None:
             del os.environ["PYTHONSAFEPATH"]
         else:
             os.environ["PYTHONSAFEPATH"] = saved
+
+
+@contextmanager
+def _sighup_ignored():
+    """SIGHUP ignored while the block starts helper processes, which keep that (the fork server,
+    the resource tracker). A closed terminal hangs up the whole process group: a resource tracker
+    killed by it was relaunched and printed a traceback per semaphore as the run stopped. The
+    helpers end with the main process anyway. (A SIGHUP during these few milliseconds is lost.)"""
+    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
 
 
 def _main_is_gone(main_pid: int, parent_pid: int) -> bool:
@@ -138,6 +185,15 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
+def start_worker(main_pid: int) -> None:
+    """A worker's initializer: ignore SIGHUP -- a closed terminal hangs up the whole process
+    group, and the main process stops its workers itself (:func:`closing`), or they end on their
+    own once it is gone (:func:`watch_main`) -- then watch the main process."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    watch_main(main_pid)
+
+
 def watch_main(main_pid: int, poll_s: float = 1.0) -> None:
     """A worker's initializer: end this worker once ``main_pid`` is gone. A main process killed
     outright (SIGKILL, the out-of-memory killer, ``subprocess.run``'s timeout) cannot stop its
@@ -153,20 +209,38 @@ def watch_main(main_pid: int, poll_s: float = 1.0) -> None:
 
 
 class ProcessExecutor:
-    """``jobs`` worker processes on this machine; a task behaves in them exactly as it would
-    anywhere else (it rebuilds its catalog, its seed is its own). Each worker ends itself if this
-    process dies without stopping it (:func:`watch_main`)."""
+    """Up to ``jobs`` worker processes on this machine; a task behaves in them exactly as it
+    would anywhere else (it rebuilds its catalog, its seed is its own). Each worker ends itself
+    if this process dies without stopping it (:func:`watch_main`).
+
+    A worker starts when a task is submitted and none is idle (the pool's fork-server or spawn
+    start), so no more start than tasks are submitted: :attr:`started` counts them.
+    """
 
     def __init__(self, jobs: int):
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ConfigError(f"--jobs must be a whole number >= 1, got {jobs!r}")
         self.workers = jobs
-        self.description = f"{jobs} local processes"
-        self._pool = ProcessPoolExecutor(jobs, mp_context=_process_context(), initializer=watch_main,
-                                         initargs=(os.getpid(),))
+        self.started = 0
+        context = _process_context()
+        self._forked = context.get_start_method() == "forkserver"
+        self._pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker, initargs=(os.getpid(),))
+
+    @property
+    def description(self) -> str:
+        """``"N local processes"``: the workers started (``jobs`` before any task)."""
+        return f"{self.started or self.workers} local processes"
 
     def submit(self, task: RunTask) -> Future:
-        return self._pool.submit(execute, task)
+        """Submit ``task``, starting a worker if none is idle. A stop waits meanwhile
+        (:func:`~schedlab.interrupts.deferred`): one in the middle of a start left a worker the
+        pool did not know of, so not stopped, which printed a traceback once the pool had gone.
+        (Only with the fork server: without a :class:`~schedlab.interrupts.SignalGuard` the
+        signals are blocked, which a worker spawned from this process would inherit.)"""
+        with interrupts.deferred() if self._forked else nullcontext():
+            future = self._pool.submit(run_task, task)
+        self.started = max(self.started, len(getattr(self._pool, "_processes", None) or ()))  # (no public count)
+        return future
 
     def close(self, now: bool = False) -> None:
         """Cancel pending tasks and stop the workers: once their running tasks end, or (``now``)
@@ -188,8 +262,10 @@ class ProcessExecutor:
 def make_executor(backend: str = "local", jobs: int | None = None, address: str | None = None) -> Executor:
     """The executor for the CLI's ``--backend``, ``--jobs`` and ``--address``.
 
-    ``local`` with one job runs in this process; ``ray`` connects to ``address`` (or starts a
-    local Ray instance) and runs ``jobs`` tasks at once (default: the cluster's CPUs).
+    ``local`` with one job runs in this process, with more in up to ``jobs`` worker processes:
+    at most :data:`JOBS_PER_CPU` per CPU (a larger ``jobs`` is clamped, saying so on stderr);
+    ``ray`` connects to ``address`` (or starts a local Ray instance) and runs ``jobs`` tasks at
+    once (default: the cluster's CPUs; not clamped: the cluster may have more than this machine).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -201,5 +277,15 @@ def make_executor(backend: str = "local", jobs: int | None = None, address: str 
         return RayExecutor(address=address, jobs=jobs)
     if address is not None:
         raise ConfigError("--address is for --backend ray")
-    jobs = default_jobs() if jobs is None else jobs
+    jobs = default_jobs() if jobs is None else clamped_jobs(jobs)
     return InProcessExecutor() if jobs == 1 else ProcessExecutor(jobs)
+
+
+def clamped_jobs(jobs: int) -> int:
+    """``jobs``, or :data:`JOBS_PER_CPU` per CPU when it asks for more (said once on stderr)."""
+    cpus = default_jobs()
+    most = JOBS_PER_CPU * cpus
+    if jobs <= most:
+        return jobs
+    print(f"schedlab: -j {jobs}: using {most} worker processes ({JOBS_PER_CPU} per CPU)", file=sys.stderr)
+    return most

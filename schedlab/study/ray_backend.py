@@ -13,7 +13,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from ..errors import ConfigError
-from .tasks import RunTask, execute
+from .executor import run_task
+from .tasks import RunTask
 
 
 class RayExecutor:
@@ -37,7 +38,7 @@ class RayExecutor:
         self.workers = min(jobs, cpus) if jobs else cpus
         where = address or "a local Ray instance"
         self.description = f"Ray ({where}, {self.workers} workers)"
-        self._remote = ray.remote(num_cpus=1, max_retries=0)(execute)
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
 
     def submit(self, task: RunTask) -> Future:
         return self._remote.remote(task).future()
