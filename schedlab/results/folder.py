@@ -52,6 +52,7 @@ from typing import Iterable
 
 from .. import interrupts
 from ..errors import ConfigError
+from .owners import owner_gone
 
 INDEX = "index.html"
 GENERATOR_TAG = '<meta name="generator" content="schedlab">'
@@ -292,25 +293,12 @@ def staging_prefix(name: str) -> str:
     return f".{name}.{os.getpid()}."
 
 
-def _alive(pid: int) -> bool:
-    """False only when no process ``pid`` exists (a zombie, or another user's process, counts as alive)."""
-    try:
-        os.kill(pid, 0)  # (signal 0: only asks)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError, ValueError):  # someone else's process; or no pid we can ask about
-        return True
-    return True
-
-
 def remove_abandoned(parent: str | os.PathLike, names: Iterable[str], suffix: str = ".tmp") -> list[Path]:
     """Delete the staging folders in ``parent`` for any of ``names`` (exactly
     ``.<name>.<pid>.<random><suffix>``) whose owner ``<pid>`` no longer exists: what a killed run
     left (see the module doc). Keeps every folder whose pid is alive, and anything that is not a
     folder (a symbolic link included) or is named otherwise. Nothing it cannot do is an error.
     Returns what it removed."""
-    if os.name != "posix":  # (elsewhere os.kill(pid, 0) would end the process, not ask about it)
-        return []
     parent, names = Path(parent), set(names)
     try:
         entries = os.listdir(parent)
@@ -321,8 +309,7 @@ def remove_abandoned(parent: str | os.PathLike, names: Iterable[str], suffix: st
         match = _OWNED.fullmatch(entry)
         if match is None or match.group("name") not in names or match.group("suffix") != suffix:
             continue
-        pid = int(match.group("pid"))
-        if pid == os.getpid() or _alive(pid):
+        if not owner_gone(int(match.group("pid"))):
             continue
         path = parent / entry
         try:

@@ -21,9 +21,11 @@ the sample. Sketches and sums merge, so partitioned runs combine (:meth:`Streame
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ import attrs
 import numpy as np
 
 from ..configs import int_field, str_field
+from .owners import owner_gone
 from .sketch import Summary
 
 #: Rows kept as the run's sample of requests (reports' CDF plots, the saturation check).
@@ -54,14 +57,86 @@ class RecordSettings:
                                                           "4th, ... row, evenly over the run)")
 
 
-#: Streamed row files are named so in the spool until a results folder takes them.
+#: Streamed row files are named so in the spool until a results folder takes them
+#: (``schedlab-requests-<owner's pid>-<random>.parquet``: see :func:`spool_owner`).
 SPOOL_PREFIX = "schedlab-requests-"
+#: The environment variable naming the process that owns the spool files a process writes: a
+#: worker's are its main process's, which saves or drops them (:mod:`schedlab.study.executor`).
+SPOOL_OWNER_ENV = "SCHEDLAB_SPOOL_OWNER"
+_OWNED_SPOOL = re.compile(rf"{SPOOL_PREFIX}(?P<pid>[1-9][0-9]{{0,9}})-[a-z0-9_]{{8}}\.(?:parquet|csv)")
 
 
 def spool_dir() -> Path:
     """Where streamed row files are written until the results folder takes them
     (``$SCHEDLAB_SPOOL``, else the system's temporary folder)."""
     return Path(os.environ.get("SCHEDLAB_SPOOL") or tempfile.gettempdir())
+
+
+def spool_owner() -> int:
+    """The process that owns the spool files this one writes: ``$SCHEDLAB_SPOOL_OWNER`` (a
+    worker's main process), else this one."""
+    text = os.environ.get(SPOOL_OWNER_ENV, "")
+    return int(text) if text.isdigit() and int(text) > 0 else os.getpid()
+
+
+class SpoolFiles:
+    """The spool files a process owns, removed when it exits if still there.
+
+    A run's rows stay in the spool until a results folder takes them (moved: the path is gone
+    then). A run never saved -- the Python API, a run that failed or was interrupted -- would
+    leave them for ever (each can be gigabytes), so the owner drops what is left at exit; one
+    killed outright leaves them to the next process that streams (:meth:`remove_abandoned`)."""
+
+    def __init__(self):
+        self.paths: set[str] = set()
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def own(self, path: str | os.PathLike) -> None:
+        """Remove ``path`` at exit unless it has left the spool by then."""
+        with self._lock:
+            self.paths.add(os.fspath(path))
+            if not self._registered:
+                atexit.register(self.discard)
+                self._registered = True
+
+    def discard(self) -> list[str]:
+        """Remove the owned files still in place (at exit); returns them."""
+        with self._lock:
+            paths, self.paths = sorted(self.paths), set()
+        removed = []
+        for path in paths:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:  # moved into a results folder, or already gone
+                pass
+        return removed
+
+    @staticmethod
+    def remove_abandoned(directory: str | os.PathLike) -> list[Path]:
+        """Remove the spool files in ``directory`` whose owner no longer exists (a run killed
+        outright); returns them. Files of an owner alive, and other names, are kept."""
+        removed = []
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return removed
+        for name in names:
+            match = _OWNED_SPOOL.fullmatch(name)
+            if match is None or not owner_gone(int(match.group("pid"))):
+                continue
+            path = Path(directory) / name
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+        return removed
+
+
+#: This process's spool files (a process-wide resource: the files outlive any one run object).
+SPOOL = SpoolFiles()
 
 
 def _reason_kind(reason: str) -> str:
@@ -385,9 +460,13 @@ class RowSink:
         directory = self._directory or spool_dir()
         directory.mkdir(parents=True, exist_ok=True)
         suffix = "." + self.settings.request_rows
-        fd, name = tempfile.mkstemp(dir=directory, prefix=SPOOL_PREFIX, suffix=suffix)
+        owner = spool_owner()
+        SpoolFiles.remove_abandoned(directory)  # what runs killed outright left goes first
+        fd, name = tempfile.mkstemp(dir=directory, prefix=f"{SPOOL_PREFIX}{owner}-", suffix=suffix)
         os.close(fd)
         self.path = Path(name)
+        if owner == os.getpid():  # (a worker's: its main process owns them when they arrive)
+            SPOOL.own(self.path)
         if self.settings.request_rows == "parquet":
             import pyarrow.parquet as pq
 

@@ -34,6 +34,7 @@ from typing import Callable, Iterator, Protocol
 
 from .. import interrupts
 from ..errors import ConfigError, plugin_error
+from ..results.stream import SPOOL, SPOOL_OWNER_ENV, SPOOL_PREFIX
 from .simulation import Context
 from .tasks import RunTask, TaskFailure, execute
 
@@ -185,12 +186,24 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
+def own_spooled_rows(future: Future) -> None:
+    """A task's result arrived in this process: the row file it streamed to the spool (a large
+    run's) is this process's now, removed at exit unless a results folder takes it
+    (:class:`~schedlab.results.stream.SpoolFiles`)."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    rows_file = getattr(future.result(), "rows_file", None)
+    if rows_file and os.path.basename(rows_file).startswith(SPOOL_PREFIX):
+        SPOOL.own(rows_file)
+
+
 def start_worker(main_pid: int) -> None:
     """A worker's initializer: ignore SIGHUP -- a closed terminal hangs up the whole process
     group, and the main process stops its workers itself (:func:`closing`), or they end on their
     own once it is gone (:func:`watch_main`) -- then watch the main process."""
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    os.environ[SPOOL_OWNER_ENV] = str(main_pid)  # the rows a task streams are the main process's to keep or drop
     watch_main(main_pid)
 
 
@@ -239,6 +252,7 @@ class ProcessExecutor:
         signals are blocked, which a worker spawned from this process would inherit.)"""
         with interrupts.deferred() if self._forked else nullcontext():
             future = self._pool.submit(run_task, task)
+        future.add_done_callback(own_spooled_rows)
         self.started = max(self.started, len(getattr(self._pool, "_processes", None) or ()))  # (no public count)
         return future
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from ..errors import ConfigError
-from .executor import run_task
+from .executor import own_spooled_rows, run_task
 from .tasks import RunTask
 
 
@@ -41,7 +41,9 @@ class RayExecutor:
         self._remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
 
     def submit(self, task: RunTask) -> Future:
-        return self._remote.remote(task).future()
+        future = self._remote.remote(task).future()
+        future.add_done_callback(own_spooled_rows)  # (a large run's rows, if this machine's spool has them)
+        return future
 
     def close(self, now: bool = False) -> None:
         if self._started:  # (a Ray instance it started ends with its tasks, now or not)
