@@ -8,6 +8,8 @@ sums overflow to infinity and finished requests could no longer be told apart fr
 
 from __future__ import annotations
 
+import math
+
 from ..configs import MAX_TIME_MS
 from ..errors import SimulationError
 
@@ -19,3 +21,13 @@ def check_iteration_end(start: float, duration: float, what) -> None:
         raise SimulationError(
             f"the simulated clock would pass {MAX_TIME_MS:g} ms (about 31.7 years): an iteration of {what} "
             f"starting at t={start:.6g} ms takes {duration:.3g} ms; check the cost model's settings")
+
+
+def check_iteration_ms(duration: float, batch) -> float:
+    """``duration``, the cost model's time for ``batch``, if it is positive and finite; else
+    :class:`SimulationError` naming the batch (both engines: a plugin's zero, negative, NaN or
+    infinite time would stall the clock or break causality far from its cause)."""
+    if not 0.0 < duration < math.inf:
+        raise SimulationError(
+            f"cost model returned {duration!r} ms for {batch}; iterations must take a positive, finite time")
+    return duration

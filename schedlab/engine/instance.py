@@ -22,7 +22,7 @@ from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk, run_limit
 from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
-from .clock import check_iteration_end
+from .clock import check_iteration_end, check_iteration_ms
 from .load import Release, load
 from .plan import FastPlan
 from .admission import ConcurrencyLimit
@@ -221,6 +221,7 @@ class Instance:
         # for a colocated instance.
         self.stage = None
         self.asleep = False          # planned nothing; plans again at next_plan_time() or when woken
+        self.empty_plans = 0         # plans in a row that scheduled nothing (a stall past 1,000)
         self.sleep_wake = INF
         self.release = Release()     # what the last iteration gives back at its end (routers' view)
         self.meter = meter           # a schedlab.energy.EnergyMeter with [power]; None costs nothing
@@ -900,7 +901,6 @@ class Instance:
         if abort_at <= self.now and not self._aborts_at_plan_time():  # (else the plan does: _plan_ahead)
             self._abort_due()
             abort_at = self.next_abort()
-        empty_plans = 0
         while True:
             limit = abort_at  # an abort, like an arrival, ends a run of iterations
             if stage is not None:  # disaggregated: the flow's part at this boundary (engine.disagg)
@@ -919,6 +919,11 @@ class Instance:
                 continue  # planned ahead, nothing: plan again now, as the last batch is back
             if not self.has_work():
                 return
+            # (counted across sleeps, as the reference engine counts them: a scheduler that asks
+            # to be woken a ms later, again and again, plans nothing for ever)
+            self.empty_plans += 1
+            if self.empty_plans > 1000:
+                raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
             wake = plan.wake if plan.wake is not None else INF
             if abort_at < wake:  # an abort wakes it (as an arrival would)
                 wake = abort_at
@@ -926,9 +931,7 @@ class Instance:
                 self.asleep = True  # inf: only an arrival wakes it (a stall when none is left)
                 self.sleep_wake = wake
                 return
-            empty_plans += 1
-            if empty_plans > 1000:
-                raise StallError(self._stall_message("the scheduler keeps planning empty iterations"))
+        self.empty_plans = 0
         self.events += 1
         run = self._prepare(plan, limit)
         if run.k > 1 and self.plan_finishes_alone:
@@ -1064,10 +1067,7 @@ class Instance:
         n_dec = self.n_decoding if plan.decodes_all or plan.decoded else 0
         batch = self.batch_of(plan, n_dec)
         if batch.num_decode or plan.prefills:
-            d0 = self.cost.iteration_ms(batch)
-            if not d0 > 0.0 or d0 == INF:
-                raise SimulationError(
-                    f"cost model returned {d0!r} ms for {batch}; iterations must take a positive, finite time")
+            d0 = check_iteration_ms(self.cost.iteration_ms(batch), batch)
         else:  # only swap transfers this iteration
             d0 = 0.0
         k = 1

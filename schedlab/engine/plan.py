@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     from .instance import Instance
 
 
+def check_reason(seq, reason) -> str:
+    """``reason`` if it is text (``Plan.reject``'s reason goes in the results and to the client):
+    a plugin's ``None`` failed far away, in the results code."""
+    if not isinstance(reason, str) or not reason:
+        raise SimulationError(f"reject(): request {seq.request.id} needs a reason (text), got {reason!r}")
+    return reason
+
+
 class FastPlan:
     """One iteration under construction (see the Plan protocol for each method's contract)."""
 
@@ -463,7 +471,7 @@ class FastPlan:
     def reject(self, seq, reason: str) -> None:
         if seq.status != WAITING or seq not in self.waiting:
             raise SimulationError(f"reject(): request {seq.request.id} is {seq.status}, not in the waiting queue")
-        self._inst.reject_waiting(seq, reason)
+        self._inst.reject_waiting(seq, check_reason(seq, reason))
 
     def swap_out(self, seq) -> bool:
         if seq.status != DECODING:

@@ -20,7 +20,8 @@ from ..queues import FcfsQueue, RunningView
 from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
-from .clock import check_iteration_end
+from .clock import check_iteration_end, check_iteration_ms
+from .plan import check_reason
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -399,7 +400,7 @@ class RefPlan:
     def reject(self, seq, reason: str) -> None:
         if seq.status != "waiting" or seq not in self.waiting:
             raise SimulationError(f"reject(): request {seq.request.id} is {seq.status}, not in the waiting queue")
-        self._e.reject_waiting(seq, reason)
+        self._e.reject_waiting(seq, check_reason(seq, reason))
 
     def requeue(self, seq) -> None:
         e = self._e
@@ -973,7 +974,8 @@ class ReferenceEngine:
         # ahead may decode one once more), get the drafts proposed after it (a pipeline's: at its launch)
         sampled = ([*decoders, *(s for s, n in plan.prefills if s.num_computed_tokens + n == s.num_tokens)]
                    if self.spec is not None and self.spec.per_request and self.in_flight is None else None)
-        duration = self.cost.iteration_ms(batch) if batch.num_decode or plan.prefills else 0.0
+        computes = batch.num_decode or plan.prefills
+        duration = check_iteration_ms(self.cost.iteration_ms(batch), batch) if computes else 0.0
         duration += plan.transfer_ms
         check_iteration_end(self.now, duration, batch)
         end = self.now + duration

@@ -36,7 +36,10 @@ class IterationChecker:
     running when it was last preempted, no other request preempted since -- and it has
     generated nothing since. Preempting it again then cannot free anything new; it only burns
     the accelerator (a scheduler whose prefilling request can only ever preempt itself
-    readmits and preempts it until something else finishes). A request that produced a token
+    readmits and preempts it until something else finishes). Requests preempted in the same
+    iteration count as one victim: the same group preempted again so -- none of it further on,
+    nobody else preempted since -- is a loop too, as is a return to any earlier such state (a
+    loop that readmits its victims in a different order each time). A request that produced a token
     between its preemptions made progress; one preempted again after others were (the cache
     full both times, as under vLLM's rules when blocks are this scarce) saw a changed cache.
     ``loops=False`` turns that check off: it is a heuristic, and vLLM's own rules can trip it --
@@ -51,7 +54,7 @@ class IterationChecker:
         self.kv_blocks = kv_blocks
         self.loops = loops
         self.iterations = 0
-        self._preempted_at: dict = {}  # (instance, request id) -> cache state at its last preemption
+        self._preempted_at: dict = {}  # (instance, request id) -> cache states at its preemptions since it moved on
         self._preemptions: dict = {}   # instance -> preemptions so far; (instance, request id) -> its own
 
     def __call__(self, instance: int, record) -> None:
@@ -62,29 +65,47 @@ class IterationChecker:
             count[instance] = count.get(instance, 0) + len(record.preempted)
             for rid in record.preempted:
                 count[(instance, rid)] = count.get((instance, rid), 0) + 1
+            # requests preempted together count as one victim: a group preempted again, the cache
+            # as it was, none of it further on and nobody else preempted since, loops as one would
+            group = tuple(sorted(set(record.preempted)))
+            others = count[instance] - sum(count[(instance, rid)] for rid in group)
             for rid, tokens in zip(record.preempted, generated):
-                others = count[instance] - count[(instance, rid)]
-                state = (record.kv_used_blocks, record.running_ids, tokens, others)
-                if self._preempted_at.get((instance, rid)) == state:
+                state = (record.kv_used_blocks, record.running_ids, tokens, group, others)
+                # every state since the victim last moved on (a token, another victim): a loop may
+                # pass through several (victims readmitted in another order each time)
+                seen = self._preempted_at.get((instance, rid))
+                if seen is not None and state in seen:
+                    together = f" (with requests {[g for g in group if g != rid]})" if len(group) > 1 else ""
                     raise AssertionError(
-                        f"request {rid} preempted twice with the KV cache unchanged ({record.kv_used_blocks} blocks "
-                        f"in use, running {list(record.running_ids)}): a preemption loop at t={record.start_ms} ms")
-                self._preempted_at[(instance, rid)] = state
+                        f"request {rid} preempted twice{together} with the KV cache unchanged ({record.kv_used_blocks} "
+                        f"blocks in use, running {list(record.running_ids)}): a preemption loop at "
+                        f"t={record.start_ms} ms")
+                if seen is None or next(iter(seen))[2:] != state[2:]:
+                    seen = self._preempted_at[(instance, rid)] = set()
+                seen.add(state)
         b = record.batch
         if self.max_running is not None:
-            assert record.running <= self.max_running, f"{record.running} running > {self.max_running}"
+            assert record.running <= self.max_running, (
+                f"{record.running} running > max_running {self.max_running} at t={record.start_ms} ms")
         if self.token_budget is not None:
-            assert b.num_batched_tokens <= self.token_budget, f"{b.num_batched_tokens} tokens > budget {self.token_budget}"
+            assert b.num_batched_tokens <= self.token_budget, (
+                f"an iteration at t={record.start_ms} ms scheduled {b.num_batched_tokens} tokens > token budget "
+                f"{self.token_budget}")
         if self.kv_blocks is not None:
-            assert 0 <= record.kv_used_blocks <= self.kv_blocks, f"{record.kv_used_blocks} KV blocks > {self.kv_blocks}"
-        assert record.duration_ms > 0
+            assert 0 <= record.kv_used_blocks <= self.kv_blocks, (
+                f"{record.kv_used_blocks} KV blocks in use, the cache has {self.kv_blocks} (t={record.start_ms} ms)")
+        assert record.duration_ms > 0, (
+            f"an iteration at t={record.start_ms} ms took {record.duration_ms!r} ms: the cost model must return a "
+            "positive, finite time")
         if record.kv_used_after >= 0:
             if record.kv_shares_blocks:
                 assert record.kv_used_after <= record.kv_held_after, (
-                    f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold {record.kv_held_after}")
+                    f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold "
+                    f"{record.kv_held_after} (KV accounting, t={record.start_ms} ms)")
             else:
                 assert record.kv_used_after == record.kv_held_after, (
-                    f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold {record.kv_held_after}")
+                    f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold "
+                    f"{record.kv_held_after} (KV accounting, t={record.start_ms} ms)")
         assert b.spec_tokens <= record.spec_k * b.num_decode, (
             f"{b.spec_tokens} draft tokens verified by {b.num_decode} decodes, at most {record.spec_k} each")
         assert 0 <= record.accepted_tokens <= b.spec_tokens, f"{record.accepted_tokens} of {b.spec_tokens} drafts accepted"
@@ -127,6 +148,7 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     meta = {"slots": getattr(scheduler, "slots", None), "num_blocks": kv.num_blocks, "instances": 1,
             "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events,
             **_speculative_meta(speculative), **_energy_meta(meters, rec)}
+    _check_reasons(rec)
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(cost_model, "request_cost", None))
     result.meta["kv"] = kv
@@ -182,6 +204,7 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
     meta = {"slots": None if None in slots else sum(slots), "num_blocks": sum(e.kv.num_blocks for e in engines),
             "instances": instances, "events": sum(e.events for e in engines), **scaled,
             **_speculative_meta(speculative), **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
+    _check_reasons(rec)
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
@@ -262,10 +285,20 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
             "bytes_per_block": getattr(engines[0].kv, "bytes_per_block", 0), "events": sum(e.events for e in engines),
             "pools": pool_summary({"prefill": p, "decode": d}), **scaled,
             **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
+    _check_reasons(rec)
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
     result.meta["kvs"] = [e.kv for e in engines]
     return result
+
+
+def _check_reasons(rec: Recorder) -> None:
+    """Every rejection has a reason, as text (``Plan.reject(seq, reason)``, ``rejection_reason``):
+    checked before the results are built, whose metrics group rejections by their text."""
+    for rid, reason in rec.rejections.items():
+        assert isinstance(reason, str) and reason, (
+            f"request {rid} rejected with reason {reason!r}: a rejection needs its reason as text "
+            "(Plan.reject(seq, reason), Scheduler.rejection_reason)")
 
 
 def _meters(power: Callable | None, costs: list) -> list:
@@ -326,13 +359,18 @@ class RecordingRouter:
 
 
 def check_run(result: RunResult, requests: Sequence, *, max_running: int | None = None,
-              kv_blocks: int | None = None) -> None:
+              kv_blocks: int | None = None, token_budget: int | None = None) -> None:
     """Assert conservation, capacity and causality for a finished run.
 
     * every request appears exactly once: finished with exactly ``target_tokens`` tokens (or
       its ``max_tokens`` as served, if a scheduler's ``limit_request`` lowered it),
-      rejected with a reason, or aborted (its client gave up) with fewer;
-    * the running count and KV blocks never exceeded their limits (peaks);
+      rejected with a reason, or aborted (its client gave up) with fewer; served as it was
+      sent -- ``limit_request`` may lower ``max_tokens``, never change the prompt or the answer;
+    * the running count and KV blocks never exceeded their limits (peaks); no iteration
+      scheduled more than ``token_budget`` tokens (decodes and prompt tokens, from the timeline:
+      the reference engine's too, which takes no :class:`IterationChecker`; a speculative
+      decode's drafts are counted by the checker only);
+    * every iteration that computes anything took a positive, finite time (the cost model's);
     * arrival <= first scheduled <= first token <= finish, and the first token comes no
       earlier than the end of an iteration that started after arrival;
     * the KV cache is empty at the end and its own invariants hold; busy and KV shares of the
@@ -340,12 +378,23 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     * tokens add up: decode steps yield at least one token each and, with speculative
       decoding, at most one more per accepted draft (accepted <= verified drafts).
     """
+    _check_timeline(result, token_budget)
     req = result.requests
     ids = req["id"]
-    assert sorted(ids.tolist()) == sorted(r.id for r in requests), "requests lost or duplicated"
+    if sorted(ids.tolist()) != sorted(r.id for r in requests):
+        sent, got = [r.id for r in requests], ids.tolist()
+        lost = sorted(set(sent) - set(got))
+        extra = sorted({i for i in got if got.count(i) > 1} | (set(got) - set(sent)))
+        raise AssertionError(f"requests lost or duplicated (conservation): lost {lost[:10]}, duplicated or "
+                             f"unknown {extra[:10]}")
     by_id = {r.id: r for r in requests}
     for i, rid in enumerate(ids.tolist()):
         r = by_id[rid]
+        for field in ("prompt_tokens", "output_tokens"):
+            served = int(req[field][i])
+            assert served == getattr(r, field), (
+                f"request {rid} served with {field} {served}, sent with {getattr(r, field)}: a plugin "
+                "(limit_request) may lower max_tokens, never change the prompt or the answer (conservation)")
         if req["rejected"][i]:
             assert result.rejections.get(rid), f"request {rid} rejected without a reason"
             if req["finish_ms"][i] >= 0:  # turned away from the queue (Plan.reject), not on arrival
@@ -354,7 +403,8 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
             else:
                 assert req["generated_tokens"][i] == 0, f"request {rid} rejected on arrival with tokens"
             continue
-        assert req["sent_ms"][i] == r.arrival_ms, f"request {rid} was sent at {req['sent_ms'][i]}, not {r.arrival_ms}"
+        assert req["sent_ms"][i] == r.arrival_ms, (
+            f"request {rid} was sent at {req['sent_ms'][i]}, not {r.arrival_ms}: its arrival time changed (causality)")
         if req["aborted"][i]:
             assert req["timed_out"][i], f"request {rid} aborted although its client did not give up"
             assert req["generated_tokens"][i] < r.target_tokens, f"request {rid} aborted after its last token"
@@ -368,15 +418,16 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
             f"request {rid} generated {req['generated_tokens'][i]} tokens, expected {expected}")
         a, s, f, e = (req["arrival_ms"][i], req["first_scheduled_ms"][i], req["first_token_ms"][i],
                       req["finish_ms"][i])
-        assert a >= r.arrival_ms
+        assert a >= r.arrival_ms, f"request {rid} arrived at {a}, before it was sent at {r.arrival_ms} (causality)"
         assert a <= s < f <= e, f"request {rid}: causality broken (arrival {a}, scheduled {s}, first {f}, finish {e})"
     c = result.counters
     if max_running is not None:
-        assert c["peak_running"] <= max_running, f"peak running {c['peak_running']} > {max_running}"
+        assert c["peak_running"] <= max_running, f"peak running {c['peak_running']} > max_running {max_running}"
     if kv_blocks is not None:
         assert c["kv_peak_blocks"] <= kv_blocks, f"peak KV blocks {c['kv_peak_blocks']} > {kv_blocks}"
     # finished, aborted or turned away from the queue: the tokens they got were generated
-    assert c["generated_tokens"] == int(req["generated_tokens"].sum())
+    assert c["generated_tokens"] == int(req["generated_tokens"].sum()), (
+        f"{c['generated_tokens']} tokens generated, the requests got {int(req['generated_tokens'].sum())}")
     assert c["spec_accepted_tokens"] <= c["spec_draft_tokens"], "more drafts accepted than verified"
     assert c["decode_seq_steps"] <= c["decode_tokens"] <= c["decode_seq_steps"] + c["spec_accepted_tokens"], (
         f"{c['decode_tokens']} decode tokens from {c['decode_seq_steps']} sequence steps and "
@@ -393,8 +444,62 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
         assert m["kv_usage"]["peak"] <= 1 + 1e-9, f"KV peak {m['kv_usage']['peak']} > 1"
     for kv in result.meta.get("kvs") or [result.meta.get("kv")]:
         if kv is not None:
-            assert kv.num_used_blocks() == 0, f"{kv.num_used_blocks()} KV blocks still held after the run"
+            used = kv.num_used_blocks()
+            assert used == 0, f"{used} KV blocks still held after the run" + (
+                " (a negative count: blocks freed more often than taken)" if used < 0 else " (a leak)")
             kv.check_invariants()
+
+
+def _check_timeline(result: RunResult, token_budget: int | None) -> None:
+    """Every timeline row that computes something lasted a positive, finite time; with
+    ``token_budget``, none scheduled more tokens (decodes + prompt tokens) per iteration."""
+    t = result.timeline
+    if not t.get("time_ms", np.empty(0)).size:
+        return
+    computing = (t["decodes"] + t["prefills"] > 0) & (t["iterations"] > 0)
+    bad = computing & ~(np.isfinite(t["duration_ms"]) & (t["duration_ms"] > 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise AssertionError(
+            f"an iteration at t={t['time_ms'][i]} ms ({int(t['decodes'][i])} decodes, {int(t['prefill_tokens'][i])} "
+            f"prompt tokens) took {float(t['duration_ms'][i])!r} ms: the cost model must return a positive, "
+            "finite time")
+    if token_budget is not None:
+        tokens = t["decodes"] + t["prefill_tokens"]
+        over = computing & (tokens > token_budget)
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            raise AssertionError(
+                f"an iteration at t={t['time_ms'][i]} ms scheduled {int(tokens[i])} tokens ({int(t['decodes'][i])} "
+                f"decodes + {int(t['prefill_tokens'][i])} prompt tokens) > token budget {token_budget}")
+
+
+def check_deterministic(make_scheduler: Callable[[], Any], requests: Sequence, *, runs: int = 2,
+                        make_kv: Callable[[], Any] | None = None, make_cost_model: Callable[[], Any] | None = None,
+                        **kwargs) -> RunResult:
+    """Run ``requests`` ``runs`` times, each with fresh plugins (``make_scheduler()``, and
+    ``make_kv()`` / ``make_cost_model()`` when given, else :func:`run_engine`'s defaults), and
+    assert that every run equals the first exactly (:func:`compare_runs`, ``rel=0``): a plugin
+    that keeps state across instances -- a class attribute or module global it mutates, an
+    unseeded random generator, the order of a set of objects -- gives the same input different
+    results. ``kwargs`` go to :func:`run_engine` (``engine``, ``kv_blocks``, ``speculative``,
+    ``seed``...; not ``check``, an observer keeps state of its own). Returns the first run."""
+    if "check" in kwargs or "kv" in kwargs or "cost_model" in kwargs:
+        raise ValueError("check_deterministic makes fresh plugins: give make_kv / make_cost_model, no check")
+
+    def once() -> RunResult:
+        return run_engine(requests, make_scheduler(), make_cost_model() if make_cost_model is not None else None,
+                          make_kv() if make_kv is not None else None, **kwargs)
+
+    first = once()
+    for n in range(2, runs + 1):
+        again = once()
+        try:
+            compare_runs(first, again, rel=0.0)
+        except AssertionError as e:
+            raise AssertionError(f"not deterministic: run {n} of the same requests with fresh plugins differs from "
+                                 f"run 1 (a plugin keeps state across instances or draws unseeded): {e}") from None
+    return first
 
 
 def compare_runs(a: RunResult, b: RunResult, *, rel: float = 1e-9) -> None:
