@@ -328,8 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as exc:
             acknowledge()
             what, status = stop_status(exc)
-            _say(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
-                 if args.func in (cmd_run, cmd_hunt) else f"schedlab: {what}")
+            written = getattr(exc, "results_written", None)  # (the stop came just after the folder was in place)
+            if written is not None:
+                _say(f"schedlab: {what}, after the results were written to {written}")
+            else:
+                _say(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
+                     if args.func in (cmd_run, cmd_hunt) else f"schedlab: {what}")
             return status
         except Exception as exc:
             error = _plugin_error_of(exc, args)

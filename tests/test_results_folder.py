@@ -519,3 +519,23 @@ def test_a_hunt_file_that_cannot_be_written_is_named(tmp_path, monkeypatch):
     with pytest.raises(OSError) as caught:
         write_text(tmp_path, "hunt.json", "{}")
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "hunt.json")
+
+
+def test_a_stop_just_after_the_results_are_in_place_says_they_were_written(previous, tmp_path, capsys, monkeypatch):
+    """A Ctrl-C landing after the folder was swapped in (here: while the run tidies up) used to
+    say 'no results were written' although they were."""
+    import schedlab.results.folder as folder
+
+    real = folder.remove_abandoned
+
+    def interrupted_after_commit(parent, names, suffix=".tmp"):
+        if suffix == ".old":  # (called once the new folder is in place)
+            raise KeyboardInterrupt
+        return real(parent, names, suffix)
+
+    monkeypatch.setattr(folder, "remove_abandoned", interrupted_after_commit)
+    out = tmp_path / "results"
+    assert main(["run", str(QUICKSTART), "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"schedlab: interrupted, after the results were written to {out}"
+    assert (out / "summary.json").is_file() and leftovers(tmp_path) == []

@@ -378,6 +378,8 @@ class StagedFolder:
         """Delete the staging folder unless committed; a failed write (a full disk) becomes one message."""
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             interrupts.acknowledge()  # seen: do not raise it again while cleaning up
+            if self.committed:  # (it came after the results were in place: the command says so)
+                exc.results_written = self.out
         problem = write_problem(exc, self.path, self.out) if not self.committed else None
         if not self.committed and self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
