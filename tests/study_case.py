@@ -110,3 +110,19 @@ def saved_bytes(results, folder: Path) -> dict[str, bytes]:
     """The result files (all but timings.json, which holds wall-clock times) as bytes."""
     save(results, folder)
     return {name: (folder / name).read_bytes() for name in FILES}
+
+
+#: Three million requests: a run long enough to be stopped by a signal while it simulates.
+LONG_RUN = """
+[experiment]
+name = "long"
+reports = ["table", "json"]
+
+[workload]
+kind = "synthetic"
+num_requests = 3000000
+prompt = {dist = "fixed", value = 100}
+output = {dist = "fixed", value = 50}
+arrival = "poisson"
+rate = 60
+"""

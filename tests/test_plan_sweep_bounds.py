@@ -20,18 +20,10 @@ from schedlab.errors import ConfigError
 from schedlab.study.experiment import load
 from schedlab.study import sweep
 from schedlab.study.planner import PlanConfig, candidates
-from study_case import PLAN
+from study_case import PLAN, TINY_WORKLOAD
 
 SPACE = '"scheduler.max_num_seqs" = [8, 64]'
-WORKLOAD = """
-[workload]
-kind = "synthetic"
-num_requests = 4
-prompt = {dist = "fixed", value = 10}
-output = {dist = "fixed", value = 2}
-arrival = "poisson"
-rate = 10
-
+WORKLOAD = TINY_WORKLOAD + """
 [scheduler]
 kind = "continuous"
 """

@@ -21,6 +21,7 @@ import pytest
 
 from schedlab.cli import main
 from schedlab.results.folder import GENERATOR_TAG
+from study_case import LONG_RUN as LONG
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "experiments" / "quickstart.toml"
@@ -102,19 +103,6 @@ def test_an_empty_folder_is_used_and_a_new_one_made(tmp_path):
     assert (tmp_path / "empty" / "summary.json").is_file() and (tmp_path / "a" / "b" / "new" / "index.html").is_file()
 
 
-LONG = """
-[experiment]
-name = "long"
-reports = ["table", "json"]
-
-[workload]
-kind = "synthetic"
-num_requests = 3000000
-prompt = {dist = "fixed", value = 100}
-output = {dist = "fixed", value = 50}
-arrival = "poisson"
-rate = 60
-"""
 
 
 @pytest.mark.parametrize("signals, later, status, word", [

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from schedlab.cli import main
+from study_case import LONG_RUN as LONG
 
 SMALL = """
 [experiment]
@@ -29,19 +30,6 @@ prompt = {dist = "fixed", value = 10}
 output = {dist = "fixed", value = 4}
 """
 
-LONG = """
-[experiment]
-name = "long"
-reports = ["table", "json"]
-
-[workload]
-kind = "synthetic"
-num_requests = 3000000
-prompt = {dist = "fixed", value = 100}
-output = {dist = "fixed", value = 50}
-arrival = "poisson"
-rate = 60
-"""
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
