@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -273,6 +274,21 @@ def _drop_output() -> None:
             setattr(sys, name, devnull)
 
 
+def _stdout_gone(exc: BrokenPipeError) -> bool:
+    """True when ``exc`` is stdout's reader gone (a closed pipe), not a worker's pipe; stdout
+    then points at /dev/null, so that the interpreter's flush at exit does not fail again."""
+    innermost = traceback.extract_tb(exc.__traceback__)[-1].filename if exc.__traceback__ else ""
+    if any(part in innermost for part in ("multiprocessing", "concurrent", "socket")):
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return True
+
+
 def _show_traceback() -> bool:
     return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
@@ -325,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
         except MemoryError:
             _say("schedlab: error: out of memory; make the experiment smaller (fewer requests, points or instances)")
             return 2
+        except BrokenPipeError as exc:
+            if not _stdout_gone(exc):
+                raise  # (another pipe: a worker's)
+            return 141  # the reader went away (`schedlab plugins | head -1`): quietly, as SIGPIPE ends a command
         except KeyboardInterrupt as exc:
             acknowledge()
             what, status = stop_status(exc)

@@ -112,3 +112,13 @@ def test_set_for_one_run_explains_mistakes(capsys, assignment, message):
     assert main(["validate", str(QUICKSTART), "--set", assignment]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`schedlab plugins -v | head -1` printed a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "schedlab", "plugins", "-v"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away, as head does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
