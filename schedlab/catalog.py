@@ -6,14 +6,23 @@ hooks: the built-in modules of ``schedlab_plugins``, the ``schedlab`` entry-poin
 There is no module-level plugin manager: every :func:`load_catalog` call makes its own.
 
 A third-party package whose entry point cannot be loaded (it raises on import, or implements
-a hook that does not exist) is left out with a :class:`BrokenPluginWarning` naming the plugin
-and its package, so that one broken install does not stop every command.
+a hook that does not exist or with a misnamed parameter) or whose registration hook fails
+(a name a built-in has, a config that is not an attrs class) is left out -- none of its names
+stay -- with a :class:`BrokenPluginWarning` naming the plugin and its package, so that one
+broken install does not stop every command. Two packages may use the same entry-point name.
+The same failures of a module an experiment lists in ``plugins = [...]`` are errors; such a
+module is looked for first in the experiment file's folder.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
+import os
+import re
+import sys
+import types
 import warnings
 from typing import Iterable
 
@@ -52,33 +61,126 @@ KINDS = {
 
 
 class BrokenPluginWarning(UserWarning):
-    """An installed plugin (entry point) failed to load and was left out."""
+    """An installed plugin (entry point) failed to load or to register and was left out, or
+    misuses a hook."""
 
 
-def _import_plugin(pm: pluggy.PluginManager, module_name: str, *, provider: str) -> None:
+@attrs.define
+class _Installed:
+    """A plugin from the entry-point group: its package ("name version"), its entry point, and
+    whether the experiment also lists its module in ``plugins = [...]`` (then its failures are errors)."""
+
+    package: str
+    entry: str
+    value: str
+    listed: bool = False
+
+
+def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, source: str | None):
+    """Import a plugin module, looking first in ``plugin_dir`` (the experiment file's folder)."""
+    folder = os.fspath(plugin_dir) if plugin_dir is not None else None
+    if folder is not None:
+        sys.path.insert(0, folder)
+        importlib.invalidate_caches()  # (the folder's files may be newer than a cached listing of it)
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if folder is not None and (module_name == missing or module_name.startswith(missing + ".")):
+            where = f"{source}: [experiment] plugins: " if source else ""
+            raise ConfigError(f"{where}cannot import plugin module {module_name!r}: no module named {missing!r} "
+                              f"in {folder} (the experiment file's folder) or on Python's path (sys.path)") from None
+        raise ConfigError(f"cannot import plugin module {module_name!r}: {exc}") from None
     except ImportError as exc:
         raise ConfigError(f"cannot import plugin module {module_name!r}: {exc}") from None
     except Exception as exc:  # the module itself raised while being imported
         raise ConfigError(f"plugin module {module_name!r} failed while importing: "
                           f"{type(exc).__name__}: {exc}") from None
+    finally:
+        if folder is not None:
+            if sys.path and sys.path[0] == folder:
+                del sys.path[0]
+            elif folder in sys.path:
+                sys.path.remove(folder)
+
+
+def _import_plugin(pm: pluggy.PluginManager, module_name: str, *, provider: str,
+                   plugin_dir: str | os.PathLike | None = None, source: str | None = None) -> object:
+    module = _import_module(module_name, plugin_dir, source)
     if pm.is_registered(module):
-        return
-    pm.register(module, name=provider)
+        return module
+    if pm.has_plugin(provider):  # (an installed plugin's entry point has this name)
+        provider = f"{provider} ([experiment] plugins)"
+    try:
+        pm.register(module, name=provider)
+    except pluggy.PluginValidationError as exc:
+        _unregister(pm, module)
+        raise ConfigError(f"plugin module {module_name!r}: {_validation_text(exc)}") from None
     if not pm.get_hookcallers(module):  # e.g. plugins = ["os"]: nothing would ever come of it
         pm.unregister(module)
         raise ConfigError(f"plugin module {module_name!r} implements no schedlab hook (functions marked "
                           "@schedlab.hookimpl, such as schedlab_register_schedulers)")
+    return module
 
 
-def make_plugin_manager(extra_modules: Iterable[str] = (), *, entry_points: bool = True,
-                        builtins: bool = True) -> pluggy.PluginManager:
+def _unregister(pm: pluggy.PluginManager, plugin: object) -> None:
+    """Undo a registration, also one pluggy left half done when a hook failed validation."""
+    if pm.is_registered(plugin):
+        pm.unregister(plugin)
+
+
+def _required_args(function) -> list[str]:
+    """The arguments pluggy passes a hook implementation: those without a default."""
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds and p.default is p.empty]
+
+
+def _validation_text(exc: pluggy.PluginValidationError) -> str:
+    """What is wrong with a plugin pluggy refused, in one line: for a hook implementation with a
+    misnamed parameter, the hook, the wrong name and the names the hook has."""
+    plugin = exc.plugin
+    problems = []
+    for attr in dir(plugin):
+        function = getattr(plugin, attr, None)
+        opts = getattr(function, f"{hookspecs.NAME}_impl", None)  # (what @schedlab.hookimpl marks)
+        if not isinstance(opts, dict):
+            continue
+        hook_name = opts.get("specname") or attr
+        spec = getattr(hookspecs, hook_name, None) if hook_name.startswith(f"{hookspecs.NAME}_") else None
+        if not callable(spec):
+            continue
+        expected = list(inspect.signature(spec).parameters)
+        wrong = [name for name in _required_args(function) if name not in expected]
+        if wrong:
+            names = ", ".join(repr(name) for name in wrong)
+            problems.append(f"hook {spec.__name__} has a parameter named {names}, which the hook does not pass; "
+                            f"its parameter{'s are' if len(expected) > 1 else ' is'} named "
+                            f"{', '.join(repr(name) for name in expected)} "
+                            f"(def {spec.__name__}({', '.join(expected)}))")
+    return "; ".join(problems) or " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def make_plugin_manager(extra_modules: Iterable[str] = (), *, entry_points: bool = True, builtins: bool = True,
+                        plugin_dir: str | os.PathLike | None = None,
+                        source: str | None = None) -> pluggy.PluginManager:
     """A new plugin manager with the built-ins, installed plugins and ``extra_modules``.
 
+    :param plugin_dir: where ``extra_modules`` are looked for first (an experiment file's folder).
+    :param source: the experiment file that lists ``extra_modules``, for messages.
     :raises ConfigError: an extra module cannot be imported, or a plugin implements a hook
         that does not exist (a misspelt hook name fails here, not silently).
     """
+    return _assemble(extra_modules, entry_points=entry_points, builtins=builtins, plugin_dir=plugin_dir,
+                     source=source)[0]
+
+
+def _assemble(extra_modules: Iterable[str], *, entry_points: bool, builtins: bool,
+              plugin_dir: str | os.PathLike | None,
+              source: str | None) -> tuple[pluggy.PluginManager, dict[str, _Installed]]:
     pm = pluggy.PluginManager(hookspecs.NAME)
     pm.add_hookspecs(hookspecs)
     if builtins:
@@ -86,36 +188,70 @@ def make_plugin_manager(extra_modules: Iterable[str] = (), *, entry_points: bool
             _import_plugin(pm, name, provider=f"{name} (built-in)")
     installed = _load_entry_points(pm) if entry_points else {}
     for name in extra_modules:
-        _import_plugin(pm, name, provider=name)
+        module = _import_plugin(pm, name, provider=name, plugin_dir=plugin_dir, source=source)
+        if pm.get_name(module) in installed:  # installed, and asked for by name: its failures are errors
+            installed[pm.get_name(module)].listed = True
     _check_pending(pm, installed)
-    return pm
+    return pm, installed
 
 
-def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, str]:
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, _Installed]:
     """Register every plugin of the ``schedlab`` entry-point group that loads; warn about the
-    others. Returns entry-point name -> "package version" for the ones registered."""
-    installed = {}
+    others. Returns registered name -> its :class:`_Installed` for the ones registered.
+
+    Two packages may use the same entry-point name: the second is registered as
+    ``"<name> (<package>)"``. One package found twice on ``sys.path`` is loaded once."""
+    installed: dict[str, _Installed] = {}
+    seen: set[tuple[str, str]] = set()
     for dist in importlib.metadata.distributions():
+        dist_name = dist.metadata["Name"] or "?"
+        package = f"{dist_name} {dist.version}"
         for ep in dist.entry_points:
-            if ep.group != hookspecs.NAME or pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+            if ep.group != hookspecs.NAME or (_canonical(dist_name), ep.name) in seen:
                 continue
-            package = f"{dist.metadata['Name']} {dist.version}"
+            seen.add((_canonical(dist_name), ep.name))
+            if pm.is_blocked(ep.name):
+                continue
+            name = ep.name if not pm.has_plugin(ep.name) else f"{ep.name} ({package})"
             try:
-                pm.load_setuptools_entrypoints(hookspecs.NAME, name=ep.name)
+                plugin = ep.load()
             except Exception as exc:
                 _warn_broken(ep.name, package, ep.value, exc)
                 continue
-            installed[ep.name] = package
+            if pm.is_registered(plugin):  # another entry point names the same module
+                other = installed.get(pm.get_name(plugin))
+                if other is not None and _canonical(other.package.rsplit(" ", 1)[0]) != _canonical(dist_name):
+                    warnings.warn(f"plugin {ep.name!r} of package {package} ({ep.name} = {ep.value}) is the same "
+                                  f"module as plugin {other.entry!r} of package {other.package} ({other.entry} = "
+                                  f"{other.value}), loaded once, as {other.package}'s (one package's files may have "
+                                  "overwritten the other's)", BrokenPluginWarning, stacklevel=2)
+                continue
+            try:
+                pm.register(plugin, name=name)
+            except pluggy.PluginValidationError as exc:
+                _unregister(pm, plugin)
+                _warn_broken(ep.name, package, ep.value, _validation_text(exc))
+                continue
+            except ValueError as exc:  # (pluggy refused the name or the object)
+                _unregister(pm, plugin)
+                _warn_broken(ep.name, package, ep.value, exc)
+                continue
+            installed[name] = _Installed(package, ep.name, ep.value)
     return installed
 
 
-def _warn_broken(name: str, package: str, value: str, exc: BaseException) -> None:
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    warnings.warn(f"plugin {name!r} of package {package} ({name} = {value}) failed to load and is left out: "
-                  f"{text}", BrokenPluginWarning, stacklevel=2)
+def _warn_broken(name: str, package: str, value: str, exc: BaseException | str,
+                 what: str = "failed to load") -> None:
+    text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    warnings.warn(f"plugin {name!r} of package {package} ({name} = {value}) {what} and is left out: "
+                  f"{' '.join(text.split())}", BrokenPluginWarning, stacklevel=2)
 
 
-def _check_pending(pm: pluggy.PluginManager, installed: dict[str, str]) -> None:
+def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed]) -> None:
     """Fail on a hook implementation that matches no hookspec (a misspelt hook name); an
     installed plugin with one is left out with a warning instead."""
     while True:
@@ -124,17 +260,41 @@ def _check_pending(pm: pluggy.PluginManager, installed: dict[str, str]) -> None:
             return
         except pluggy.PluginValidationError as exc:
             name = pm.get_name(exc.plugin)
-            if name not in installed:
+            info = installed.get(name)
+            if info is None or info.listed:
                 raise ConfigError(f"plugin error: {exc}") from None
             pm.unregister(exc.plugin)
-            _warn_broken(name, installed.pop(name), getattr(exc.plugin, "__name__", repr(exc.plugin)), exc)
+            del installed[name]
+            _warn_broken(info.entry, info.package, info.value, exc)
 
 
-def _provider_names(pm: pluggy.PluginManager) -> dict[int, str]:
+def _provider_names(pm: pluggy.PluginManager, installed: dict[str, _Installed]) -> dict[int, str]:
     names = {id(plugin): pm.get_name(plugin) or repr(plugin) for plugin in pm.get_plugins()}
     for plugin, dist in pm.list_plugin_distinfo():
         names[id(plugin)] = f"{dist.project_name} {dist.version}"
+    for name, info in installed.items():
+        plugin = pm.get_plugin(name)
+        if plugin is not None:
+            names[id(plugin)] = info.package
     return names
+
+
+def _plugin_label(plugin: object, quoted: bool = False) -> str:
+    """A plugin as messages name it: its module, or its class (``quoted``: with "plugin module" before)."""
+    if isinstance(plugin, types.ModuleType):
+        return f"plugin module {plugin.__name__!r}" if quoted else plugin.__name__
+    label = f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+    return f"plugin {label}" if quoted else label
+
+
+RETURNED = ("hooks register by calling registry.register(name, factory, config=...); "
+            "the return value is ignored")
+
+
+def _returned_text(result: object) -> str:
+    """``a dict ({'x': <class ...>})``: what a hook returned, shortened."""
+    text = " ".join(repr(result).split())
+    return f"a {type(result).__name__} ({text if len(text) <= 60 else text[:57] + '...'})"
 
 
 @attrs.define
@@ -157,30 +317,81 @@ class Catalog:
 
 
 def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True,
-                 plugin_objects: Iterable[object] = ()) -> Catalog:
-    """Build a plugin manager, then call every registration hook once per plugin.
+                 plugin_objects: Iterable[object] = (), plugin_dir: str | os.PathLike | None = None,
+                 source: str | None = None) -> Catalog:
+    """Build a plugin manager, then call every plugin's registration hooks.
 
-    Each plugin's registrations are attributed to it, so a duplicate name error says which
-    two plugins collide. ``plugin_objects`` are registered in-process (tests, notebooks).
+    Plugins register one after the other, in the order they were loaded (built-ins first, so a
+    built-in keeps its names), each through every hook before the next. Each plugin's
+    registrations are attributed to it, so a duplicate name error says which two plugins
+    collide. An installed plugin whose registration fails is left out -- none of its names stay
+    -- with a :class:`BrokenPluginWarning`; any other plugin's failure is an error.
+    ``plugin_objects`` are registered in-process (tests, notebooks); ``plugin_dir`` and
+    ``source`` are those of :func:`make_plugin_manager`.
     """
-    pm = make_plugin_manager(extra_modules, entry_points=entry_points)
+    pm, installed = _assemble(extra_modules, entry_points=entry_points, builtins=True,
+                              plugin_dir=plugin_dir, source=source)
     for obj in plugin_objects:
-        pm.register(obj)
+        try:
+            pm.register(obj)
+        except pluggy.PluginValidationError as exc:
+            _unregister(pm, obj)
+            raise ConfigError(f"plugin {_plugin_label(obj)}: {_validation_text(exc)}") from None
     _check_pending(pm, {})
-    providers = _provider_names(pm)
+    providers = _provider_names(pm, installed)
     registries = {kind: Registry(kind) for kind in KINDS}
+    impls: dict[int, list] = {}
     for kind, hook_name in KINDS.items():
-        registry = registries[kind]
-        caller = getattr(pm.hook, hook_name)
-        # Call implementations one by one (assembly time only) so each registration is
-        # attributed to the plugin that made it.
-        for impl in reversed(caller.get_hookimpls()):
-            provider = providers.get(id(impl.plugin), impl.plugin_name)
-            registry.providing(provider)
-            try:
-                impl.function(**{name: registry for name in impl.argnames})
-            except SchedlabError:
-                raise
-            except Exception as exc:  # the plugin's own bug: name it rather than show its traceback
-                raise ConfigError(f"plugin {provider} failed in {hook_name}: {type(exc).__name__}: {exc}") from None
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            impls.setdefault(id(impl.plugin), []).append((kind, hook_name, impl))
+    for name, plugin in pm.list_name_plugin():  # in the order they were registered
+        if plugin is None or id(plugin) not in impls:
+            continue
+        info = installed.get(name)
+        left_out = info is not None and not info.listed
+        marks = {kind: registry.mark() for kind, registry in registries.items()}
+        try:
+            _register_plugin(plugin, impls[id(plugin)], registries, providers, info if left_out else None)
+        except _RegistrationFailed as failed:
+            if not left_out:
+                raise failed.error from None
+            for kind, registry in registries.items():
+                registry.undo_since(marks[kind])
+            pm.unregister(plugin)
+            _warn_broken(info.entry, info.package, info.value, failed.error, f"failed in {failed.hook_name}")
     return Catalog(registries, pm)
+
+
+class _RegistrationFailed(Exception):
+    def __init__(self, hook_name: str, error: BaseException):
+        super().__init__(hook_name, error)
+        self.hook_name = hook_name
+        self.error = error
+
+
+def _register_plugin(plugin: object, impls: list, registries: dict[str, Registry], providers: dict[int, str],
+                     installed: _Installed | None) -> None:
+    """Call one plugin's registration hooks (assembly time only, one by one, so that each
+    registration is attributed to the plugin that made it).
+
+    :param installed: the plugin's entry point when a failure leaves it out, else None.
+    :raises _RegistrationFailed: with the error to raise or to warn about.
+    """
+    for kind, hook_name, impl in impls:
+        provider = providers.get(id(plugin), impl.plugin_name)
+        registry = registries[kind].providing(provider)
+        try:
+            result = impl.function(**{arg: registry for arg in impl.argnames})
+        except SchedlabError as exc:
+            raise _RegistrationFailed(hook_name, exc) from None
+        except Exception as exc:  # the plugin's own bug: name it rather than show its traceback
+            error = ConfigError(f"plugin {provider} failed in {hook_name}: {type(exc).__name__}: {exc}")
+            raise _RegistrationFailed(hook_name, exc if installed is not None else error) from None
+        if result is None:
+            continue
+        if installed is None:
+            raise _RegistrationFailed(hook_name, ConfigError(
+                f"{_plugin_label(plugin, quoted=True)}: {hook_name} returned {_returned_text(result)}; {RETURNED}"))
+        warnings.warn(f"plugin {installed.entry!r} of package {installed.package} ({installed.entry} = "
+                      f"{installed.value}): {hook_name} of module {_plugin_label(plugin)!r} returned "
+                      f"{_returned_text(result)}; {RETURNED}", BrokenPluginWarning, stacklevel=2)

@@ -72,9 +72,30 @@ class Registry:
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "(none)"
-            hint = difflib.get_close_matches(str(name), list(self._entries), n=1)
-            also = f" (did you mean {hint[0]!r}?)" if hint else ""
+            hint = self._close_match(str(name))
+            also = f" (did you mean {hint!r}?)" if hint else ""
             raise UnknownPluginError(f"unknown {self.kind} {name!r}{also}; registered: {known}") from None
+
+    def _close_match(self, name: str) -> str | None:
+        """The registered name closest to ``name`` ignoring case (``EDF`` -> ``edf``), spelt as
+        registered; names themselves stay case-sensitive."""
+        spellings: dict[str, str] = {}
+        for known in self._entries:
+            spellings.setdefault(known.lower(), known)
+        hint = difflib.get_close_matches(name.lower(), list(spellings), n=1)
+        return spellings[hint[0]] if hint else None
+
+    def mark(self) -> int:
+        """A point to :meth:`undo_since`: how many names are registered now."""
+        return len(self._entries)
+
+    def undo_since(self, mark: int) -> list[str]:
+        """Forget the names registered after ``mark`` (a plugin left out after it registered
+        some); returns them."""
+        names = list(self._entries)[mark:]
+        for name in names:
+            del self._entries[name]
+        return names
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -190,7 +190,8 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     check_experiment_name(config.name or path.stem, f"{source}: [experiment]")
     portable = catalog is None
     if catalog is None:
-        catalog = load_catalog(config.plugins, plugin_objects=plugin_objects)
+        catalog = load_catalog(config.plugins, plugin_objects=plugin_objects, plugin_dir=path.parent.resolve(),
+                               source=source)
     custom = _custom_presets(raw, source, str(path.parent.resolve()))
     presets = Presets.from_catalog(catalog, custom)
     ctx = Context(catalog, presets, str(path.parent.resolve()), source)

@@ -12,12 +12,13 @@ run), which the parent raises again as itself: one message, no traceback from th
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import attrs
 
 from ..capacity import Presets
-from ..catalog import load_catalog
+from ..catalog import BrokenPluginWarning, load_catalog
 from ..errors import SchedlabError
 from ..results.records import RunResult
 from ..results.stream import RecordSettings
@@ -28,7 +29,8 @@ from .simulation import Context, RunSpec, run
 class ContextSpec:
     """What rebuilding a :class:`~schedlab.study.simulation.Context` in a worker needs.
 
-    :ivar plugins: modules named in ``[experiment] plugins`` (importable where tasks run).
+    :ivar plugins: modules named in ``[experiment] plugins``, looked for first in ``base_dir``
+        (the experiment file's folder), then on ``sys.path`` where tasks run.
     :ivar plugin_objects: plugin objects registered in-process (tests); must pickle.
     :ivar custom_presets: ``[models.*]`` / ``[gpus.*]`` of the experiment, by name.
     """
@@ -40,7 +42,10 @@ class ContextSpec:
     source: str
 
     def build(self) -> Context:
-        catalog = load_catalog(self.plugins, plugin_objects=self.plugin_objects)
+        with warnings.catch_warnings():  # (an installed plugin left out: said once, where the experiment loaded)
+            warnings.simplefilter("ignore", BrokenPluginWarning)
+            catalog = load_catalog(self.plugins, plugin_objects=self.plugin_objects, plugin_dir=self.base_dir,
+                                   source=self.source)
         presets = Presets.from_catalog(catalog, self.custom_presets)
         return Context(catalog, presets, self.base_dir, self.source)
 

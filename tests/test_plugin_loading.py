@@ -1,0 +1,362 @@
+"""Loading plugins: installed packages (entry points) whose registration fails, two packages
+with one entry-point name, hooks with a misnamed parameter or a return value, a ``plugins``
+module beside the experiment file, case in did-you-mean.
+
+Installed packages are faked as a ``*.dist-info`` folder (``METADATA`` and ``entry_points.txt``)
+in a folder put on ``sys.path``, where ``importlib.metadata`` finds them -- nothing is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from schedlab.catalog import BrokenPluginWarning, load_catalog
+from schedlab.cli import main
+from schedlab.errors import ConfigError, DuplicateNameError, UnknownPluginError
+from schedlab.registry import Registry
+from schedlab.study.experiment import load
+
+HEADER = """
+import attrs
+import schedlab
+from schedlab_plugins.schedulers import StaticScheduler, StaticConfig
+"""
+
+REQUESTS = '[{"prompt_tokens": 4, "output_tokens": 3}, {"prompt_tokens": 6, "output_tokens": 2}]'
+
+
+@pytest.fixture
+def modules():
+    """Names of the throwaway modules a test imports; forgotten afterwards."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def write_module(folder: Path, name: str, body: str, modules: list[str]) -> None:
+    (folder / f"{name}.py").write_text(HEADER + textwrap.dedent(body))
+    modules.append(name)
+
+
+def make_dist(root: Path, package: str, version: str, entry_points: dict[str, str]) -> None:
+    """A fake installed distribution: what ``pip install`` leaves in site-packages."""
+    dist = root / f"{package.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+    (dist / "entry_points.txt").write_text(f"[schedlab]\n{lines}")
+
+
+def catalog_and_warnings(*args, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        catalog = load_catalog(*args, **kwargs)
+    return catalog, [str(w.message) for w in caught if issubclass(w.category, BrokenPluginWarning)]
+
+
+# -- 1. an installed plugin whose registration fails is left out --------------------------------------
+
+
+CLASH = """
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("vllmclash-extra", StaticScheduler, config=StaticConfig)   # made before the clash: undone
+    register("vllm", StaticScheduler, config=StaticConfig)
+
+@schedlab.hookimpl
+def schedlab_run_started(run_name, settings):
+    raise AssertionError("a plugin left out is not called")
+"""
+
+NOT_ATTRS = """
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("notattrs-sched", StaticScheduler, config=StaticConfig)   # another kind's: undone too
+
+@schedlab.hookimpl
+def schedlab_register_reports(register):
+    register("notattrs-report", object, config=dict)   # not an attrs class: TypeError
+"""
+
+
+@pytest.fixture
+def failing_install(tmp_path, monkeypatch, modules):
+    """Two installed packages whose registration hooks raise: one registers the scheduler name
+    ``vllm`` a built-in has, one a config that is not an attrs class; a third is fine."""
+    site = tmp_path / "site"
+    site.mkdir()
+    write_module(site, "vllmclash_mod", CLASH, modules)
+    write_module(site, "notattrs_mod", NOT_ATTRS, modules)
+    write_module(site, "fine_mod", """
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("fine-sched", StaticScheduler, config=StaticConfig)
+        """, modules)
+    make_dist(site, "schedlab-vllmclash", "0.0.1", {"vllmclash": "vllmclash_mod"})
+    make_dist(site, "schedlab-notattrs", "0.2", {"notattrs": "notattrs_mod"})
+    make_dist(site, "schedlab-fine", "1.0", {"fine": "fine_mod"})
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def test_an_installed_plugin_whose_registration_fails_is_left_out_whole(failing_install, tmp_path):
+    catalog, said = catalog_and_warnings()
+    schedulers = catalog["scheduler"]
+    assert schedulers.get("vllm").provider == "schedlab_plugins.schedulers (built-in)"  # a built-in wins
+    assert "vllmclash-extra" not in schedulers and "notattrs-sched" not in schedulers
+    assert "notattrs-report" not in catalog["report"]
+    assert schedulers.get("fine-sched").provider == "schedlab-fine 1.0"
+    assert len(said) == 2, said
+    assert any(w.startswith("plugin 'vllmclash' of package schedlab-vllmclash 0.0.1 (vllmclash = vllmclash_mod) "
+                            "failed in schedlab_register_schedulers and is left out: DuplicateNameError: "
+                            "scheduler 'vllm' is registered twice: by schedlab_plugins.schedulers (built-in) "
+                            "and by schedlab-vllmclash 0.0.1") for w in said), said
+    assert any(w.startswith("plugin 'notattrs' of package schedlab-notattrs 0.2 (notattrs = notattrs_mod) "
+                            "failed in schedlab_register_reports and is left out: TypeError: report "
+                            "'notattrs-report': config must be an attrs class") for w in said), said
+    # left out of the plugin manager too: its other hooks are never called
+    assert not any(getattr(p, "__name__", "") == "vllmclash_mod" for p in catalog.plugin_manager.get_plugins())
+    catalog.hook.schedlab_run_started(run_name="x", settings={})
+    # and a run goes on
+    (tmp_path / "reqs.json").write_text(REQUESTS)
+    (tmp_path / "exp.toml").write_text('[workload]\nkind = "file"\npath = "reqs.json"\n'
+                                       '[scheduler]\nkind = "fine-sched"\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BrokenPluginWarning)
+        from schedlab.study.experiment import run_experiment
+
+        assert run_experiment(load(tmp_path / "exp.toml")).all_runs()[0].metrics["finished"] == 2
+
+
+def test_every_command_still_runs_beside_an_installed_plugin_that_fails_to_register(failing_install, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(failing_install) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    quickstart = Path(__file__).resolve().parent.parent / "experiments" / "quickstart.toml"
+    (tmp_path / "reqs.json").write_text(REQUESTS)
+    (tmp_path / "two.toml").write_text('[experiment]\nreports = ["json"]\n[workload]\nkind = "file"\n'
+                                       'path = "reqs.json"\n[[runs]]\nname = "a"\n[[runs]]\nname = "b"\n')
+    for args in (["plugins"], ["validate", str(quickstart)],
+                 ["run", str(tmp_path / "two.toml"), "--out", str(tmp_path / "out"), "--jobs", "2"]):
+        done = subprocess.run([sys.executable, "-m", "schedlab", *args], capture_output=True, text=True,
+                              env=env, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+        said = [line for line in done.stderr.splitlines() if line.startswith("schedlab: warning: ")]
+        assert len(said) == 2, done.stderr
+        assert any("plugin 'vllmclash' of package schedlab-vllmclash 0.0.1" in w and "registered twice" in w
+                   for w in said), said
+        assert "BrokenPluginWarning" not in done.stderr, done.stderr  # (workers do not say it again)
+        if args == ["plugins"]:
+            assert "fine-sched" in done.stdout and "vllmclash-extra" not in done.stdout
+
+
+def test_a_listed_plugin_module_that_clashes_is_still_an_error(tmp_path, modules):
+    write_module(tmp_path, "clash_listed", CLASH, modules)
+    (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["clash_listed"]\n'
+                                       '[workload]\nkind = "file"\npath = "x.json"\n')
+    with pytest.raises(DuplicateNameError, match="scheduler 'vllm' is registered twice: by "
+                                                 r"schedlab_plugins.schedulers \(built-in\) and by clash_listed"):
+        load(tmp_path / "exp.toml")
+
+
+def test_an_installed_plugin_also_listed_in_plugins_fails_as_an_error(failing_install, tmp_path):
+    (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["notattrs_mod"]\n'
+                                       '[workload]\nkind = "file"\npath = "x.json"\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BrokenPluginWarning)
+        with pytest.raises(ConfigError, match="plugin schedlab-notattrs 0.2 failed in schedlab_register_reports: "
+                                              "TypeError"):
+            load(tmp_path / "exp.toml")
+
+
+# -- 2. two packages, one entry-point name ------------------------------------------------------------
+
+
+def test_two_packages_with_the_same_entry_point_name_are_both_loaded(tmp_path, monkeypatch, modules):
+    for package in ("one", "two"):
+        write_module(tmp_path, f"edf_{package}", f"""
+            @schedlab.hookimpl
+            def schedlab_register_schedulers(register):
+                register("edf-{package}", StaticScheduler, config=StaticConfig)
+            """, modules)
+        make_dist(tmp_path, f"edf-{package}", "1.0", {"edf": f"edf_{package}"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    catalog, said = catalog_and_warnings()
+    assert said == []
+    assert catalog["scheduler"].get("edf-one").provider == "edf-one 1.0"
+    assert catalog["scheduler"].get("edf-two").provider == "edf-two 1.0"
+
+
+def test_one_package_found_twice_is_loaded_once_without_a_warning(tmp_path, monkeypatch, modules):
+    """The same distribution's metadata twice on sys.path (an old copy, a path listed twice)."""
+    write_module(tmp_path, "twice_mod", """
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("twice", StaticScheduler, config=StaticConfig)
+        """, modules)
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        make_dist(folder, "twice-pkg", "1.0", {"twice": "twice_mod"})
+        monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    catalog, said = catalog_and_warnings()
+    assert said == []
+    assert catalog["scheduler"].get("twice").provider == "twice-pkg 1.0"
+
+
+def test_two_packages_naming_one_module_are_named_in_a_warning(tmp_path, monkeypatch, modules):
+    write_module(tmp_path, "shared_mod", """
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("shared", StaticScheduler, config=StaticConfig)
+        """, modules)
+    make_dist(tmp_path, "shared-a", "1.0", {"edf": "shared_mod"})
+    make_dist(tmp_path, "shared-b", "2.0", {"edf": "shared_mod"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    catalog, said = catalog_and_warnings()
+    assert "shared" in catalog["scheduler"]
+    assert len(said) == 1 and "package shared-a 1.0" in said[0] and "package shared-b 2.0" in said[0], said
+
+
+# -- 3. a hook with a misnamed parameter --------------------------------------------------------------
+
+MISNAMED = """
+@schedlab.hookimpl
+def schedlab_register_schedulers(registry):
+    registry.register("misnamed", StaticScheduler, config=StaticConfig)
+"""
+MISNAMED_TEXT = ("hook schedlab_register_schedulers has a parameter named 'registry', which the hook does not pass; "
+                 "its parameter is named 'register' (def schedlab_register_schedulers(register))")
+
+
+def test_a_listed_module_whose_hook_has_a_misnamed_parameter_is_one_clear_error(tmp_path, modules):
+    write_module(tmp_path, "misnamed_param", MISNAMED, modules)
+    (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["misnamed_param"]\n'
+                                       '[workload]\nkind = "file"\npath = "x.json"\n')
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path / "exp.toml")
+    assert str(caught.value) == f"plugin module 'misnamed_param': {MISNAMED_TEXT}"
+
+
+def test_an_installed_plugin_whose_hook_has_a_misnamed_parameter_is_left_out_saying_so(tmp_path, monkeypatch,
+                                                                                        modules):
+    write_module(tmp_path, "misnamed_inst", MISNAMED, modules)
+    make_dist(tmp_path, "misnamed-pkg", "0.1", {"misnamed": "misnamed_inst"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    catalog, said = catalog_and_warnings()
+    assert "misnamed" not in catalog["scheduler"]
+    assert said == ["plugin 'misnamed' of package misnamed-pkg 0.1 (misnamed = misnamed_inst) failed to load and "
+                    f"is left out: {MISNAMED_TEXT}"]
+
+
+# -- 4. a plugins module beside the experiment file ---------------------------------------------------
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_plugin_module_beside_the_experiment_is_found_from_another_folder(tmp_path, monkeypatch, capsys,
+                                                                            modules, jobs):
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    write_module(folder, "edf_copy", """
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("edf-copy", StaticScheduler, config=StaticConfig)
+        """, modules)
+    (folder / "reqs.json").write_text(REQUESTS)
+    (folder / "exp.toml").write_text(textwrap.dedent("""
+        [experiment]
+        plugins = ["edf_copy"]
+        reports = ["json"]
+        [workload]
+        kind = "file"
+        path = "reqs.json"
+        [scheduler]
+        kind = "edf-copy"
+        [[runs]]
+        name = "a"
+        [[runs]]
+        name = "b"
+        scheduler = {batch_size = 1}
+        """))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code = main(["run", str(folder / "exp.toml"), "--out", str(tmp_path / "out"), "--jobs", jobs])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert (tmp_path / "out" / "summary.json").exists()
+    assert str(folder) not in sys.path
+
+
+def test_a_plugin_module_found_nowhere_names_the_file_and_where_it_looked(tmp_path, monkeypatch, capsys):
+    (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["nowhere_mod_xyz"]\n'
+                                       '[workload]\nkind = "file"\npath = "x.json"\n')
+    monkeypatch.chdir(tmp_path)
+    code = main(["validate", "exp.toml"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == ("schedlab: error: exp.toml: [experiment] plugins: cannot import plugin module "
+                           f"'nowhere_mod_xyz': no module named 'nowhere_mod_xyz' in {tmp_path} (the experiment "
+                           "file's folder) or on Python's path (sys.path)")
+
+
+def test_a_missing_dependency_of_a_plugin_module_is_not_blamed_on_the_folder(tmp_path, modules):
+    write_module(tmp_path, "needs_dep", "import no_such_dependency_xyz\n", modules)
+    (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["needs_dep"]\n'
+                                       '[workload]\nkind = "file"\npath = "x.json"\n')
+    with pytest.raises(ConfigError, match="^cannot import plugin module 'needs_dep': No module named "
+                                          "'no_such_dependency_xyz'$"):
+        load(tmp_path / "exp.toml")
+
+
+# -- 5. did-you-mean ignores case --------------------------------------------------------------------------
+
+
+def test_did_you_mean_ignores_case_but_names_do_not():
+    reg = Registry("scheduler")
+    reg.providing("p")("edf", object)
+    reg("Fifo", object)
+    with pytest.raises(UnknownPluginError, match=r"unknown scheduler 'EDF' \(did you mean 'edf'\?\)"):
+        reg.get("EDF")
+    with pytest.raises(UnknownPluginError, match=r"unknown scheduler 'fifo' \(did you mean 'Fifo'\?\)"):
+        reg.get("fifo")
+    with pytest.raises(UnknownPluginError, match=r"unknown scheduler 'VLLM' \(did you mean 'vllm'\?\)"):
+        load_catalog(entry_points=False)["scheduler"].get("VLLM")
+
+
+# -- 6. a hook that returns what it should have registered -------------------------------------------------
+
+RETURNS = """
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    return {"x": StaticScheduler}
+"""
+RETURNED = ("hooks register by calling registry.register(name, factory, config=...); the return value is ignored")
+
+
+def test_a_listed_module_whose_hook_returns_a_value_is_an_error(tmp_path, modules):
+    write_module(tmp_path, "returns_dict", RETURNS, modules)
+    (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["returns_dict"]\n'
+                                       '[workload]\nkind = "file"\npath = "x.json"\n')
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path / "exp.toml")
+    text = str(caught.value)
+    assert text.startswith("plugin module 'returns_dict': schedlab_register_schedulers returned a dict ({'x': ")
+    assert text.endswith(f"); {RETURNED}")
+
+
+def test_an_installed_plugin_whose_hook_returns_a_value_is_warned_about(tmp_path, monkeypatch, modules):
+    write_module(tmp_path, "returns_inst", RETURNS, modules)
+    make_dist(tmp_path, "returns-pkg", "0.1", {"returns": "returns_inst"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _, said = catalog_and_warnings()
+    assert len(said) == 1 and said[0].startswith("plugin 'returns' of package returns-pkg 0.1 (returns = "
+                                                 "returns_inst): schedlab_register_schedulers of module "
+                                                 "'returns_inst' returned a dict ("), said
+    assert said[0].endswith(RETURNED)
