@@ -119,9 +119,13 @@ def _who(frame, entries) -> str:
         entry = same[0] if len(same) == 1 else None
     if entry is None:
         return f"plugin {module}"
-    provider = entry.provider
-    by = (f"built-in plugin {provider[:-len(' (built-in)')]}" if provider.endswith(" (built-in)")
-          else f"plugin {provider}")
+    return entry_label(entry)
+
+
+def entry_label(entry) -> str:
+    """A registry entry as messages name it: ``scheduler 'x' (plugin m)``, ``... (built-in plugin m)``."""
+    provider, builtin = entry.provider, " (built-in)"
+    by = f"built-in plugin {provider[:-len(builtin)]}" if provider.endswith(builtin) else f"plugin {provider}"
     return f"{entry.kind.replace('_', ' ')} {entry.name!r} ({by})"
 
 

@@ -9,6 +9,7 @@ sums overflow to infinity and finished requests could no longer be told apart fr
 from __future__ import annotations
 
 import math
+import numbers
 
 from ..configs import MAX_TIME_MS
 from ..errors import SimulationError
@@ -24,10 +25,23 @@ def check_iteration_end(start: float, duration: float, what) -> None:
 
 
 def check_iteration_ms(duration: float, batch) -> float:
-    """``duration``, the cost model's time for ``batch``, if it is positive and finite; else
+    """``duration``, the cost model's time for ``batch``, if it is a positive and finite number; else
     :class:`SimulationError` naming the batch (both engines: a plugin's zero, negative, NaN or
-    infinite time would stall the clock or break causality far from its cause)."""
-    if not 0.0 < duration < math.inf:
+    infinite time would stall the clock or break causality far from its cause, and its text,
+    None or tuple fail in schedlab's arithmetic)."""
+    if isinstance(duration, (float, int)) and duration.__class__ is not bool:  # (numpy's float64 is a float)
+        if 0.0 < duration < math.inf:
+            return duration
+    elif not _real(duration):
         raise SimulationError(
-            f"cost model returned {duration!r} ms for {batch}; iterations must take a positive, finite time")
-    return duration
+            f"cost model returned {duration!r} ({type(duration).__name__}) ms for {batch}; iterations must take a "
+            "positive, finite time (a number)")
+    elif 0.0 < duration < math.inf:  # (another real number: numpy's float32, a Fraction)
+        return duration
+    raise SimulationError(
+        f"cost model returned {duration!r} ms for {batch}; iterations must take a positive, finite time")
+
+
+def _real(value) -> bool:
+    """A real number (an int, a float, a numpy float...), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -18,7 +18,7 @@ from typing import Sequence as Seq
 
 from .ahead import refuse_planning_ahead
 from .driver import route
-from .instance import Instance, default_rejection_reason
+from .instance import Instance
 from .load import RoutingClock, views_of
 from .sequence import ABORTED, Sequence
 from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
@@ -250,7 +250,7 @@ class DisaggregatedCluster:
                 self._links[(p.index, d.index)] = KVLink(bandwidth_gbps, latency_ms, sender_bytes_per_token=sender,
                                                          receiver_bytes_per_token=receiver, receiver_ranks=ranks)
         decode0 = self.decode[0]
-        self._decode_reason = getattr(decode0.scheduler, "rejection_reason", None) or default_rejection_reason
+        self._decode_reason = decode0._rejection_reason  # (the scheduler's, its answers checked, or the default)
 
     @property
     def instances(self) -> list[Instance]:

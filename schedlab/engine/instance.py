@@ -24,7 +24,7 @@ from . import bulk, run_limit
 from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
 from .clock import check_iteration_end, check_iteration_ms
 from .load import Release, load
-from .plan import FastPlan
+from .plan import FastPlan, rejection_hook, schedule_returned
 from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
@@ -197,7 +197,7 @@ class Instance:
         self.track_range = bool(getattr(cost_model, "needs_context_range", False))
         self.anchor_high: list = []
         self.anchor_low: list = []
-        self._rejection_reason = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
+        self._rejection_reason = rejection_hook(scheduler, default_rejection_reason)  # (its answers checked)
         self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
         self._on_finish = getattr(scheduler, "on_finish", None)
         #: the scheduler may decode a finished request holding its slot once more (Plan.overshoot):
@@ -864,7 +864,9 @@ class Instance:
             if due is not None:  # nothing to decide but decoding (see stable_between_events) until then
                 plan.wake_steps = due - steps
             return plan
-        self.scheduler.schedule(plan)
+        returned = self.scheduler.schedule(plan)
+        if returned is not None:
+            raise schedule_returned(returned)
         self.ask_at_step = None if plan.wake_steps is None else steps + plan.wake_steps
         return plan
 

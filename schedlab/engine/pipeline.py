@@ -64,7 +64,7 @@ from ..errors import StallError
 from .ahead import plans_ahead
 from .instance import Instance
 from .lockstep import rank_batch
-from .plan import FastPlan
+from .plan import FastPlan, schedule_returned
 from .rank_cost import RankCost
 from .sequence import ABORTED, DECODING, FINISHED, PARKED, PREFILLING
 from .load import load
@@ -269,7 +269,9 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         inst = self.inst
         inst.serial += 1
         plan = FastPlan(inst, inst.serial)
-        inst.scheduler.schedule(plan)
+        returned = inst.scheduler.schedule(plan)
+        if returned is not None:
+            raise schedule_returned(returned)
         return plan
 
     def _show(self) -> tuple[list, list]:

@@ -26,6 +26,42 @@ def check_reason(seq, reason) -> str:
     return reason
 
 
+def check_rejection(request, reason):
+    """``reason``, what a scheduler's ``rejection_reason`` said of ``request``: text rejects it, None
+    (or another empty answer) accepts it. Anything else -- a ``True`` -- failed far away, in the
+    results code, once the whole run was over."""
+    if reason and not isinstance(reason, str):
+        raise SimulationError(f"rejection_reason() returned {_short(reason)} for request {request.id}: "
+                              "a reason is text (or None to accept)")
+    return reason
+
+
+def rejection_hook(scheduler, default):
+    """The scheduler's optional ``rejection_reason(request, kv)``, its answers checked by
+    :func:`check_rejection` (both engines call it on arrival), or ``default`` when it has none."""
+    hook = getattr(scheduler, "rejection_reason", None)
+    if hook is None:
+        return default
+
+    def reason_of(request, kv):
+        return check_rejection(request, hook(request, kv))
+
+    return reason_of
+
+
+def schedule_returned(result) -> SimulationError:
+    """The error for a scheduler's ``schedule(plan)`` that returned ``result``, not None (the engines
+    test just that after each call): a scheduler fills in the plan it is given; what it returned
+    would be dropped, and the run stall with its plans empty."""
+    return SimulationError(f"schedule() returned {_short(result)} ({type(result).__name__}): a scheduler fills in "
+                           "the plan it is given (plan.admit, plan.decode_all, ...) and returns None")
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class FastPlan:
     """One iteration under construction (see the Plan protocol for each method's contract)."""
 

@@ -21,7 +21,7 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import check_reason
+from .plan import check_reason, rejection_hook, schedule_returned
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -550,7 +550,7 @@ class ReferenceEngine:
         self.on_request_done = None  # called with (request, time) when a request leaves the run
         self.closed_loop = False  # ... which a closed loop's client hears of (it sends its next request)
         self.sleep_until: float | None = None  # asleep (empty plan): its wake-up time (inf: none)
-        self.reason_of = getattr(scheduler, "rejection_reason", None) or default_rejection_reason
+        self.reason_of = rejection_hook(scheduler, default_rejection_reason)  # (its answers checked)
         self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
         self.serial = 0
         self.empty_plans = 0
@@ -704,7 +704,9 @@ class ReferenceEngine:
         ahead = self.ahead
         if ahead is None:
             plan = RefPlan(self, self.serial)
-            self.scheduler.schedule(plan)
+            returned = self.scheduler.schedule(plan)
+            if returned is not None:
+                raise schedule_returned(returned)
             return plan
         end = self.now
         t = ahead.start if end == ahead.end else end
@@ -720,7 +722,9 @@ class ReferenceEngine:
         if not ahead.planning and (ahead.phantom or ahead.kept):  # (the batch's output is seen: nothing is in flight)
             ahead.phantom, ahead.kept = {}, {}
         plan = RefPlan(self, self.serial)
-        self.scheduler.schedule(plan)
+        returned = self.scheduler.schedule(plan)
+        if returned is not None:
+            raise schedule_returned(returned)
         self.now = end
         ahead.planning = False
         for s in plan.decoders():  # its slot's token is in flight if the last iteration computes it

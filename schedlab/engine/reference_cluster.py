@@ -31,7 +31,6 @@ import attrs
 from ..errors import SimulationError, StallError
 from ..frontend import give_up_ms
 from .ahead import refuse_planning_ahead
-from .instance import default_rejection_reason
 from .load import RoutingClock, views_of
 from .reference import RefSequence, ReferenceEngine
 from .run_limit import limits_running
@@ -476,8 +475,7 @@ class DisaggregatedReference(ReferenceCluster):
         first = prefill_request(request)
         decode0 = self.decode[0]
         reason = (inst.reason_of(first, inst.kv)
-                  or (getattr(decode0.scheduler, "rejection_reason", None) or default_rejection_reason)(
-                      request, decode0.kv))
+                  or decode0.reason_of(request, decode0.kv))  # (the scheduler's, checked, or the default)
         if reason:
             seq = RefSequence(request, seq_no)
             seq.status = "rejected"

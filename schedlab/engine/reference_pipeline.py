@@ -31,6 +31,7 @@ from typing import Sequence
 from ..errors import StallError
 from .ahead import plans_ahead
 from .load import load
+from .plan import schedule_returned
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
 from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, Stagger, VisibleRunning, bumped_chunks, count_bumped,
@@ -158,7 +159,9 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             e.serial += 1
             plan = PipelinePlan(e, e.serial)
             shown = self._show() if e.stagger is not None else None
-            e.scheduler.schedule(plan)
+            returned = e.scheduler.schedule(plan)
+            if returned is not None:
+                raise schedule_returned(returned)
             empty = not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0
             if not empty:
                 self._launch(plan)

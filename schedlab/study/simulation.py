@@ -37,7 +37,7 @@ from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineClus
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
-from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError
+from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError, entry_label
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..targets import TargetConfig, compare_with_real_run
 from ..parallelism import SINGLE, Parallelism
@@ -195,16 +195,108 @@ class Context:
     source: str  # file name, for messages
 
 
-def _call_factory(factory: Callable, config, presets: Presets, **extra):
+def _call_factory(factory: Callable, config, presets: Presets, *, entry=None, **extra):
     """``factory(config)``, with the presets and any of ``extra`` its signature names (the run's
-    ``parallelism`` layout, a power model's ``cost_model`` and ``tensor_parallel``)."""
+    ``parallelism`` layout, a power model's ``cost_model`` and ``tensor_parallel``). A factory
+    whose signature cannot take that raises :class:`ConfigError` naming ``entry`` (its registry
+    entry) and the fix, before it is called."""
     try:
-        params = inspect.signature(factory).parameters
+        signature = inspect.signature(factory)
     except (TypeError, ValueError):
-        params = {}
+        signature = None
+    params = signature.parameters if signature is not None else {}
     args = [] if config is None else [config]
-    kwargs = {name: value for name, value in {"presets": presets, **extra}.items() if name in params}
+    offered = {"presets": presets, **extra}
+    kwargs = {name: value for name, value in offered.items() if name in params}
+    if signature is not None:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(_unbound(entry, factory, signature, config, kwargs, list(offered), exc)) from None
     return factory(*args, **kwargs)
+
+
+def _unbound(entry, factory: Callable, signature, config, kwargs: dict, offered: list, exc: TypeError) -> str:
+    """Why ``factory`` cannot take what schedlab passes it, and the fix (see :func:`_call_factory`)."""
+    name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", None) or repr(factory)
+    call = f"{name}({', '.join((['config'] if config is not None else []) + [f'{k}=...' for k in kwargs])})"
+    first = next(iter(signature.parameters), None)
+    if config is None:
+        given = "registered without config=, it gets no config"
+    else:
+        given = f"registered with config={entry.config.__name__ if entry is not None else '...'}, it gets an " \
+                "instance of it first"
+    if config is None and str(exc) == f"missing a required argument: {first!r}":
+        fix = ("a factory that takes settings is registered with their attrs class: "
+               "register(name, factory, config=YourConfig)")
+    elif config is not None and str(exc) == "too many positional arguments":
+        fix = "take the config as its first argument (def __init__(self, config)), or register it without config="
+    else:
+        fix = (f"schedlab passes the config (registered with config=) and, to parameters of those names only, "
+               f"{', '.join(offered)}: give any other parameter a default")
+    who = f"{entry_label(entry)}: " if entry is not None else ""
+    return f"{who}schedlab calls its factory as {call} ({given}), which fails: {exc}; {fix}"
+
+
+#: What the engines (and the rest of schedlab) always use of each kind of plugin -- the protocols
+#: of schedlab/protocols.py less their optional members: methods (with ``()``) and attributes.
+#: ``KVCache.check_invariants`` is only for tests (schedlab.testing), so not required here.
+REQUIRED = {
+    "scheduler": ("Scheduler", ("schedule()",)),
+    "cost_model": ("CostModel", ("iteration_ms()",)),
+    "kv_cache": ("KVCache", ("block_size", "num_blocks", "num_free_blocks()", "num_used_blocks()",
+                             "cached_tokens()", "blocks_needed()", "allocate()", "free()")),
+    "workload": ("Workload", ("requests()",)),
+    "router": ("Router", ("route()",)),
+    "power_model": ("PowerModel", ("idle_w", "standby_w", "standby_ms", "iteration_j()")),
+    "autoscaler": ("Autoscaler", ("decide()",)),
+    "report": ("Report", ("write()",)),
+}
+#: What the engines and schedulers use of a scheduler's ``new_waiting_queue()`` (the
+#: WaitingQueue protocol; ``bool(queue)`` falls back on ``__len__``).
+WAITING_QUEUE = ("push()", "push_front()", "peek()", "remove()", "__len__()", "__iter__()")
+
+
+def _lacks(obj, members) -> list[str]:
+    """The ``members`` (methods with ``()``, attributes without) ``obj`` does not have; special
+    methods are looked up on its class, as Python does."""
+    missing = []
+    for member in members:
+        if not member.endswith("()"):
+            if not hasattr(obj, member):
+                missing.append(member)
+            continue
+        name = member[:-2]
+        found = getattr(type(obj), name, None) if name.startswith("__") else getattr(obj, name, None)
+        if not callable(found):
+            missing.append(member)
+    return missing
+
+
+def check_protocol(entry, obj) -> None:
+    """Raise :class:`ConfigError` when ``obj``, what ``entry``'s factory made, lacks a member its
+    kind's protocol requires (:data:`REQUIRED`), or, for a scheduler, when the queue its
+    ``new_waiting_queue()`` makes lacks one (:data:`WAITING_QUEUE`): the run would otherwise end in
+    an AttributeError deep in the engine. Called once per object built, never while a run runs."""
+    protocol, members = REQUIRED.get(entry.kind, (None, ()))
+    missing = _lacks(obj, members)
+    if missing:
+        raise ConfigError(f"{entry_label(entry)}: the object its factory made has no {', '.join(missing)} "
+                          f"(the {protocol} protocol: schedlab/protocols.py)")
+    if entry.kind != "scheduler":
+        return
+    make_queue = getattr(obj, "new_waiting_queue", None)
+    if make_queue is None:
+        return
+    if not callable(make_queue):
+        raise ConfigError(f"{entry_label(entry)}: new_waiting_queue is a {type(make_queue).__name__}, not a method "
+                          "returning the waiting queue (the Scheduler protocol: schedlab/protocols.py)")
+    queue = make_queue()  # (a throwaway: each engine asks for its own)
+    missing = _lacks(queue, WAITING_QUEUE)
+    if missing:
+        raise ConfigError(f"{entry_label(entry)}: the queue its new_waiting_queue() made (a {type(queue).__name__}) has "
+                          f"no {', '.join(missing)} (the WaitingQueue protocol: schedlab/protocols.py; "
+                          "schedlab.queues has FcfsQueue and KeyedQueue)")
 
 
 def component_config(ctx: Context, kind: str, table: dict, where: str):
@@ -236,11 +328,13 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
     ``cost_model`` and ``tensor_parallel``)."""
     entry, config = component_config(ctx, kind, table, where)
     try:
-        return _call_factory(entry.factory, config, ctx.presets, parallelism=parallelism, **extra)
+        obj = _call_factory(entry.factory, config, ctx.presets, entry=entry, parallelism=parallelism, **extra)
+        check_protocol(entry, obj)
     except (ConfigError, UnknownPluginError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
     except FieldError as exc:  # a factory's check across settings (e.g. swap space needs a block size)
         raise ConfigError(f"{where}: {exc.name}: {exc.message}") from None
+    return obj
 
 
 def _tables_with_defaults(tables: dict) -> dict:
