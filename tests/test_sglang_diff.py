@@ -628,6 +628,38 @@ REPRODUCERS = {
               priorities={0: 2, 1: 0, 2: 2, 3: 2, 5: 0, 6: 3}),
         {0: _o(1, 5, 19, 0, 0, 9, 9, 9, 1), 1: _o(58, 63, None, 0, 0, 9, 9, 9, 1), 2: _o(6, 11, 24, 0, 0, 9, 9, 9, 8),
          3: _o(25, 27, None, 0, 0, 2), 5: _o(26, 28, None, 1, 0, 7, 9), 6: _o(24, 26, None, 0, 0, 9, 9)}),
+    # 41. A decode that does not fit evicts the tree's shortfall before it retracts. 46 tokens, two
+    # slots, one request a pass: 0 (1 token, group 1) ends at its prefill, its token cached; 1 (2 +
+    # 22) and 2 (3 + 22, ignoring EOS) fill the rest by 23 (their 5 prompt tokens and 40 decode
+    # tokens), each with 21 tokens. There both need one, none is free and 1 is evictable: SGLang's
+    # check_decode_mem evicts it (evict_to_free_tokens: the shortfall, as far as it is evictable)
+    # and still retracts 2 (ties: the longer prompt), whose 20 decode tokens freed leave 21 >= 20
+    # free -- no more eviction. 3 (4 tokens, group 1: 0's first) is admitted at 24 when 1 ends and
+    # finds nothing; 2 comes back at 25 (3 cached + 21). Found on fresh seed 72099 (all; and hrrn
+    # 72007); the outcomes are SGLang's. (schedlab evicted only after the retraction, which needed
+    # none: 3 found 0's token, 1 cached.)
+    "41-a-decode-that-does-not-fit-evicts-before-it-retracts": (
+        _case(dict(max_total_tokens=46, max_running_requests=2, max_prefill_tokens=1),
+              (0, 0, 1, 1, 1, 1, None), (1, 0, 2, 22, None, 0, 22), (2, 0, 3, 22, None, 0, None),
+              (3, 0, 4, 2, 1, 4, None)),
+        {0: _o(0, 1, 1, 0, 0, 1), 1: _o(1, 2, 24, 0, 0, 2), 2: _o(2, 3, 26, 1, 3, 3, 21),
+         3: _o(24, 25, 27, 0, 0, 4)}),
+    # 42. Overlap scheduling, priorities (lower first, threshold 0), dfs-weight, two slots, a prompt
+    # budget of 6: a request preempted while its prefill is in flight frees its copy of a prompt
+    # another prefill computes too. The plan at 0 admits 0 (priority 2, 3 tokens of group 2); the
+    # next plan, while 0's prefill runs, admits 4 (priority 1, 5 tokens, 0's 3 first: not in the
+    # tree yet, so computed again), and 7 (priority 0) preempts 0 -- whose pages SGLang frees at
+    # once (release_kv_cache, nothing of it in the tree) -- but 7's 4 tokens exceed the 1 left of
+    # the budget. At 1, 4's prompt is in flight, not in the tree: 7 runs, 0 finds nothing. 4's
+    # prompt reaches the tree at the end of 1; 0 comes back at 4 with 2 of it cached. Found on
+    # fresh seed 73088 (shrunk); the outcomes are SGLang's. (schedlab kept 0's blocks in the tree
+    # as 4's copy, visible from 1: 0 came back there, beside 7, and preempted 4 in turn.)
+    "42-overlap-a-prefill-preempted-in-flight-frees-its-copy-of-a-shared-prompt": (
+        _case(dict(max_total_tokens=40, max_running_requests=2, max_prefill_tokens=6, schedule_policy="dfs-weight",
+                   overlap_schedule=True, enable_priority_scheduling=True, schedule_low_priority_values_first=True,
+                   priority_scheduling_preemption_threshold=0),
+              (0, 0, 3, 8, 2, 3, 8), (4, 0, 5, 2, 2, 5, 2), (7, 0, 4, 6, None, 0, 6), priorities={0: 2, 4: 1, 7: 0}),
+        {0: _o(0, 6, 13, 1, 2, 3, 1), 4: _o(0, 2, 4, 0, 0, 5), 7: _o(1, 3, 9, 0, 0, 4)}),
 }
 
 

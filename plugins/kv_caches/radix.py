@@ -99,10 +99,13 @@ class _Node:
     the node; ``ends`` counts those whose path ends here (``lock = ends + sum(child locks)``).
     ``tick`` is the last access (a counter), ``uid`` the creation number (a heap tie-break),
     ``born`` the scheduling pass whose prefill step inserted it (see :meth:`RadixKVCache.begin_pass`).
+    Planning ahead, ``owner`` is the hold of the prefill that made it and ``copies`` lists the
+    other prefills that computed its blocks again before they reached SGLang's tree, as ``[hold,
+    pass, stamp]`` (see :meth:`RadixKVCache.free`).
     """
 
     __slots__ = ("keys", "start", "parent", "children", "lock", "ends", "tick", "uid", "alive", "born", "chunk",
-                 "stamp")
+                 "stamp", "owner", "copies")
 
     def __init__(self, keys: list, start: int, parent, tick: int, uid: int, born: int = 0, chunk: bool = False,
                  stamp: tuple = (0, 0, 0)):
@@ -118,6 +121,8 @@ class _Node:
         self.born = born  # the pass whose prefill inserted it (0: visible to every lookup)
         self.chunk = chunk  # ... a chunk that does not end the prompt (SGLang inserts it at the next pass)
         self.stamp = stamp  # when SGLang puts it in the tree: its place among its siblings (``_stamp``)
+        self.owner = None
+        self.copies = None
 
     def __repr__(self) -> str:
         return f"_Node({self.keys!r}, start={self.start}, lock={self.lock}, tick={self.tick})"
@@ -364,6 +369,8 @@ class RadixKVCache:
                     if stamp < node.stamp:
                         node.stamp = stamp
                     node = node.parent
+            if self._overlapped and not chunk:
+                self._note_copies(hold, end, stamp)
             self._lock_to(hold, end, reached)
             if step.loads:  # loaded into fresh blocks, which join the node inserted below
                 self.host.load(step.loads)
@@ -376,6 +383,7 @@ class RadixKVCache:
                 self._pending += dups
             if reached < step.full:  # the rest is new: one node, locked by this sequence
                 node = self._new_node(end, keys[reached:step.full], reached, stamp, born=self._pass, chunk=chunk)
+                node.owner = hold
                 self._lock_to(hold, node, step.full)
             self._touch_path(hold.node)
         else:
@@ -539,7 +547,8 @@ class RadixKVCache:
         """Release ``seq``. A finished sequence's full blocks go into the tree first (SGLang
         ``cache_finished_req``), unlocked; a retracted one keeps only what the tree already has
         (its prompt), its decode blocks are freed (``retract_decode``) -- and, planning ahead, so
-        is the prompt its batch in flight computes, which SGLang never puts in the tree."""
+        is the prompt its batch in flight computes, which SGLang never puts in the tree (nor its
+        copy of a prompt another running prefill computes too: :meth:`_drop_copy`)."""
         self.end_pass()
         held = self.held(seq)
         hold = seq.kv_state
@@ -570,6 +579,48 @@ class RadixKVCache:
                 self._remove_leaf(node)
                 self.epoch += 1
                 node = parent
+            while node is not self.root and node.born == self._in_flight and not node.chunk:
+                self._drop_copy(node, hold)
+                node = node.parent
+
+    def _note_copies(self, hold: _Hold, end: _Node, stamp: tuple) -> None:
+        """Planning ahead, a prefill about to lock the path down to ``end``: the nodes another
+        running prefill made, this pass or the one in flight, are not in SGLang's tree yet, so it
+        computes their blocks again (a duplicate, freed when its KV is inserted)."""
+        node = end
+        while node is not hold.node:
+            if node.lock and node.owner is not None and not node.chunk and (
+                    node.born == self._pass or node.born == self._in_flight):
+                if node.copies is None:
+                    node.copies = []
+                node.copies.append([hold, self._pass, stamp])
+            node = node.parent
+
+    def _drop_copy(self, node: _Node, hold: _Hold) -> None:
+        """Planning ahead, the prefill of ``hold`` is preempted while the node's blocks, computed
+        by the batch in flight, are not in SGLang's tree yet: its copy of them is freed at once
+        (``release_kv_cache(checkpoint=False)`` frees every page the request owns beyond its
+        tree-protected prefix, mem_cache/common.py:400-444; the result of the batch in flight is
+        skipped for it). If the node's blocks were its own, the first other prefill that
+        computed them takes its place: its copy is the one SGLang inserts, when its batch's result
+        is processed (so the node is that pass's, and its duplicate is freed now)."""
+        copies = node.copies
+        if not copies:
+            return
+        mine = next((c for c in copies if c[0] is hold), None)
+        if mine is None and node.owner is hold:
+            mine = copies[0]
+            node.owner, node.born, node.stamp = mine[0], mine[1], mine[2]
+        if mine is None:
+            return
+        copies.remove(mine)
+        n = len(node.keys)
+        if mine[1] == self._pass:  # (this pass's duplicates: free() ended the pass's admissions)
+            self._queued -= n
+        else:
+            self._aging -= n
+        self.unused += n
+        self.epoch += 1
 
     def discard(self, seq) -> None:
         """Release ``seq`` without putting its newest blocks in the tree (SGLang
@@ -608,6 +659,9 @@ class RadixKVCache:
         self._tick += 1
         head = _Node(node.keys[:m], node.start, node.parent, self._tick, self._uid, node.born, node.chunk, node.stamp)
         head.lock = node.lock
+        head.owner = node.owner
+        if node.copies:
+            head.copies = [list(c) for c in node.copies]
         self._count += 1
         node.parent.children[head.keys[0]] = head
         node.keys = node.keys[m:]

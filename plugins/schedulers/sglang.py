@@ -32,9 +32,10 @@ Each iteration:
    * after each admission the pass stops if the budget is spent (``budget_state``);
    * at most ``max_running_requests`` run.
 3. **Decode**, when no prefill batch formed. If the KV cache cannot take the next decode step
-   (``check_decode_mem``), requests are **retracted** (``retract_decode``): the one with the
-   fewest generated tokens (ties: the longest prompt) first, at least one, until the next decode
-   step fits, keeping at least one; after each retraction the radix cache evicts until
+   (``check_decode_mem``, which evicts the tree's shortfall all the same: least recently used
+   first, as much of it as is evictable), requests are **retracted** (``retract_decode``): the
+   one with the fewest generated tokens (ties: the longest prompt) first, at least one, until the
+   next decode step fits, keeping at least one; after each retraction the radix cache evicts until
    ``retract_decode_steps`` (20) tokens per remaining request are free (``release_req``). A
    retracted request's KV is freed (its cached prompt stays in the tree), it goes to the back of
    the waiting queue and is prefilled again later (prompt and generated tokens).
@@ -645,6 +646,7 @@ class SglangScheduler:
                 plan.skip_decode()
             return
         if (plan.num_decoding or eos) and not self._decode(plan, eos):
+            self._evict_for_decode(plan, eos)
             if by_length:
                 return  # SGLang: decode next step, once the queued result has freed their KV
             self._retract(plan, eos)
@@ -668,6 +670,20 @@ class SglangScheduler:
         for s in eos:
             plan.overshoot(s)
         return True
+
+    @staticmethod
+    def _evict_for_decode(plan, eos: list) -> None:
+        """The decode step does not fit, but SGLang's check evicts the tree's shortfall anyway,
+        before it retracts (or skips the step): ``check_decode_mem`` (schedule_batch.py:3432)
+        -> ``check_decode_capacity`` -> ``evict_to_free_tokens`` (mem_cache/allocator/base.py:155,
+        171), called by ``update_running_batch`` (scheduler.py:4469)."""
+        kv = plan.kv
+        make_room = getattr(kv, "make_room", None)
+        if make_room is None:
+            return
+        need = sum(kv.blocks_needed(s, 1) for s in plan.running if s.status == "decoding")
+        need += sum(kv.blocks_needed(s, 0, reserve_tokens=s.num_computed_tokens + 1) for s in eos)
+        make_room(need)
 
     def _finishing(self, plan) -> list:
         """Overlap scheduling: the requests the batch in flight finishes, still in SGLang's
