@@ -240,6 +240,25 @@ def test_a_forgotten_request_with_wake_ups_is_a_stall_on_the_fast_engine():
         kit(ONE_LONG_PROMPT, NoChunksButWakes(), engine="fast")
 
 
+class RetriesForEver(Fcfs):
+    """Admits the head of the queue until it gets in, ignoring admit's False (the KV cache is full
+    while the others run): an endless loop inside the plugin's own schedule()."""
+
+    def schedule(self, plan) -> None:
+        plan.decode_all()
+        while plan.waiting and self.room(plan):
+            seq = plan.waiting.peek()
+            plan.admit(seq, seq.num_tokens, reserve=True)  # bug: False ignored
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_retrying_a_refused_admission_for_ever_is_an_error_not_a_hang(engine):
+    """Two blocks of 16 tokens hold one request of 20 + 5 tokens: the second is refused."""
+    with no_hang(30.0), caught(r"admit\(\): request 1 refused 100,001 times in a row in one plan .*stops "
+                               r"admitting when admit\(\) returns False"):
+        run_engine(FOUR_AT_ONCE, RetriesForEver(), kv_blocks=2, block_size=16, engine=engine)
+
+
 # -- 5. the same request twice in one iteration ----------------------------------------------------
 
 class AdmitsTwice(Fcfs):

@@ -26,6 +26,33 @@ def check_reason(seq, reason) -> str:
     return reason
 
 
+class Refusals:
+    """Counts a plan's refused admissions of one request in a row: a scheduler that retries
+    ``admit`` on a request the KV cache cannot take, never stopping at ``False``
+    (``while plan.waiting: plan.admit(plan.waiting.peek(), ...)``), would hang the run inside its
+    own loop. Past :data:`LIMIT` refusals of the same request in one plan (preempting others
+    between tries takes at most one per running request) it is an error instead."""
+
+    LIMIT = 100_000
+    __slots__ = ("seq", "count")
+
+    def __init__(self):
+        self.seq = None
+        self.count = 0
+
+    def refuse(self, seq) -> bool:
+        """Note that ``seq``'s admission was refused; False (admit's answer), or the error."""
+        if seq is self.seq:
+            self.count += 1
+            if self.count > self.LIMIT:
+                raise SimulationError(
+                    f"admit(): request {seq.request.id} refused {self.count:,} times in a row in one plan (the KV "
+                    "cache cannot take it now): a scheduler stops admitting when admit() returns False")
+        else:
+            self.seq, self.count = seq, 1
+        return False
+
+
 def check_rejection(request, reason):
     """``reason``, what a scheduler's ``rejection_reason`` said of ``request``: text rejects it, None
     (or another empty answer) accepts it. Anything else -- a ``True`` -- failed far away, in the
@@ -69,7 +96,7 @@ class FastPlan:
         "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
         "spec_k", "spec_slots", "spec_override", "dropped", "overshoots", "draft_input_slots",
-        "padded", "admission_padding", "overshoot_drafts",
+        "padded", "admission_padding", "overshoot_drafts", "refusals",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -89,6 +116,7 @@ class FastPlan:
         self.wake_steps = None
         self._tokens = 0
         self.skipped_decode = False
+        self.refusals = Refusals()
         spec = inst.spec
         self.spec_k = inst.spec_k if spec is not None else 0          # drafts each decode verifies
         self.spec_slots = 1 + self.spec_k + spec.lookahead if spec is not None else 1  # KV slots a decode takes
@@ -380,7 +408,7 @@ class FastPlan:
         host = self._inst.host_tier
         loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
-            return False
+            return self.refusals.refuse(seq)
         self._claim(seq, "admitted")
         self._inst.on_admit(seq, hit, reserve_tokens)
         if host is not None and host.loaded != loaded:  # part of the hit comes back from host memory

@@ -21,7 +21,7 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import check_reason, rejection_hook, schedule_returned
+from .plan import Refusals, check_reason, rejection_hook, schedule_returned
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -89,6 +89,7 @@ class RefPlan:
         self.preempted: list = []
         self.swapped_in: list = []
         self.transfer_ms = 0.0
+        self.refusals = Refusals()
         self.wake = None
         self.num_scheduled_tokens = 0
         spec = engine.spec
@@ -264,7 +265,7 @@ class RefPlan:
         host = getattr(self.kv, "host", None)
         loaded = host.loaded if host is not None else 0
         if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
-            return False
+            return self.refusals.refuse(seq)
         if seq.mark == self.serial:
             raise SimulationError(f"request {seq.request.id} admitted twice in one iteration")
         if host is not None and host.loaded > loaded:  # blocks reloaded from host memory
