@@ -259,6 +259,29 @@ def test_retrying_a_refused_admission_for_ever_is_an_error_not_a_hang(engine):
         run_engine(FOUR_AT_ONCE, RetriesForEver(), kv_blocks=2, block_size=16, engine=engine)
 
 
+class NeverPreempts(Fcfs):
+    """Admits prompts without reserving their answers and, when the next decode step finds no
+    KV block, neither preempts nor waits for anything: the running requests can never go on."""
+
+    def schedule(self, plan) -> None:
+        if not plan.decode_all():
+            return  # bug: nothing frees a block
+        while plan.waiting and self.room(plan):
+            seq = plan.waiting.peek()
+            if not plan.admit(seq, seq.num_tokens):
+                break
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_stall_waiting_for_decode_blocks_says_a_preemption_is_missing(engine):
+    """Two blocks of 16 tokens: two prompts of 16 fill them, their first decode finds none free."""
+    requests = [r(0, 0.0, 16, 5), r(1, 0.0, 16, 5)]
+    with pytest.raises(StallError, match=r"instance 0 stalled at t=[\d.]+ ms \(.*\): scheduler NeverPreempts, 0 "
+                       r"waiting, 2 running, 0 swapped, 0/2 KV blocks free; the 2 decoding requests' next step needs 2 "
+                       r"new KV blocks, 0 free: .* must preempt \(plan.preempt\) when decode_all\(\) returns False"):
+        run_engine(requests, NeverPreempts(), kv_blocks=2, block_size=16, engine=engine)
+
+
 # -- 5. the same request twice in one iteration ----------------------------------------------------
 
 class AdmitsTwice(Fcfs):

@@ -23,6 +23,7 @@ from ..queues import FcfsQueue, RunningView
 from . import bulk, run_limit
 from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
 from .clock import check_iteration_end, check_iteration_ms
+from .stall import stall_message
 from .load import Release, load
 from .plan import FastPlan, rejection_hook, schedule_returned
 from .admission import ConcurrencyLimit
@@ -1537,8 +1538,4 @@ class Instance:
         return done
 
     def _stall_message(self, why: str) -> str:
-        name = type(self.scheduler).__name__
-        hint = getattr(self.scheduler, "stall_hint", None)  # (the scheduler's own word on why, if it has one)
-        return (f"instance {self.index} stalled at t={self.now:.3f} ms ({why}): scheduler {name}, "
-                f"{len(self.waiting)} waiting, {len(self.running)} running, {len(self.swapped)} swapped, "
-                f"{self.kv.num_free_blocks()}/{self.kv.num_blocks} KV blocks free" + (f"; {hint}" if hint else ""))
+        return stall_message(self, why)

@@ -25,6 +25,7 @@ from .plan import Refusals, check_reason, rejection_hook, schedule_returned
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
+from .stall import stall_message
 from .stages import Stagger
 
 
@@ -685,8 +686,8 @@ class ReferenceEngine:
         if not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0:
             self.empty_plans += 1
             if self.empty_plans > 1000:
-                raise StallError(f"reference engine: instance {self.index}: the scheduler keeps planning empty "
-                                 "iterations")
+                raise StallError("reference engine: " + stall_message(self, "the scheduler keeps planning empty "
+                                                                        "iterations"))
             wake = plan.wake if plan.wake is not None else math.inf
             target = min(wake, self.role.next_time()) if self.role is not None else wake
             if not plan.preempted and target > self.now:
@@ -1137,4 +1138,5 @@ class ReferenceEngine:
         self.now = end
         self.no_progress = 0 if progress else self.no_progress + 1
         if self.no_progress > self.stall_limit:
-            raise StallError(f"reference engine: {self.no_progress} iterations without a new token")
+            raise StallError("reference engine: " + stall_message(self, f"{self.no_progress} iterations without a "
+                                                                    "new token"))

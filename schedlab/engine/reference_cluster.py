@@ -34,6 +34,7 @@ from .ahead import refuse_planning_ahead
 from .load import RoutingClock, views_of
 from .reference import RefSequence, ReferenceEngine
 from .run_limit import limits_running
+from .stall import stall_message
 from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
                        kv_reservation, prefill_request)
 
@@ -242,8 +243,10 @@ class ReferenceCluster:
                         seq_no += 1
                 continue
             if t_plan == INF:
-                if any(inst.has_work() for inst in self.instances):
-                    raise StallError("reference engine: no arrivals are left and the scheduler plans nothing")
+                stuck = next((inst for inst in self.instances if inst.has_work()), None)
+                if stuck is not None:
+                    raise StallError("reference engine: " + stall_message(
+                        stuck, "no arrivals are left and the scheduler plans nothing"))
                 return
             inst.wake(t_plan)
             inst.step()
