@@ -7,11 +7,13 @@ There is no module-level plugin manager: every :func:`load_catalog` call makes i
 
 A third-party package whose entry point cannot be loaded (it raises on import, or implements
 a hook that does not exist or with a misnamed parameter) or whose registration hook fails
-(a name a built-in has, a config that is not an attrs class) is left out -- none of its names
-stay -- with a :class:`BrokenPluginWarning` naming the plugin and its package, so that one
-broken install does not stop every command. Two packages may use the same entry-point name.
-The same failures of a module an experiment lists in ``plugins = [...]`` are errors; such a
-module is looked for first in the experiment file's folder.
+(a name a built-in has, a config that is not an attrs class or has a field named ``kind``) is
+left out -- none of its names stay -- with a :class:`BrokenPluginWarning` naming the plugin and
+its package, so that one broken install does not stop every command. Two packages may use the
+same entry-point name. The same failures of a module an experiment lists in ``plugins = [...]``
+are errors; such a module is looked for first in the experiment file's folder. A config class
+that is not frozen or has fields nothing checks is said once, with a
+:class:`~schedlab.registry.PluginConfigWarning` (a BrokenPluginWarning), and its plugin loads.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import ConfigError, SchedlabError
-from .registry import Registry
+from .registry import BrokenPluginWarning, PluginConfigWarning, Registry  # (both warnings also imported from here)
 
 BUILTIN_PLUGINS = (
     "schedlab_plugins.schedulers",
@@ -58,11 +60,6 @@ KINDS = {
     "model": "schedlab_register_models",
     "gpu": "schedlab_register_gpus",
 }
-
-
-class BrokenPluginWarning(UserWarning):
-    """An installed plugin (entry point) failed to load or to register and was left out, or
-    misuses a hook."""
 
 
 @attrs.define
@@ -303,6 +300,9 @@ class Catalog:
 
     registries: dict[str, Registry]
     plugin_manager: pluggy.PluginManager
+    #: providers (as :class:`~schedlab.registry.Entry` names them) of the modules an experiment
+    #: lists in ``plugins = [...]``, installed plugins aside (``schedlab plugins FILE`` marks them)
+    listed: tuple[str, ...] = ()
 
     def __getitem__(self, kind: str) -> Registry:
         return self.registries[kind]
@@ -329,6 +329,7 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
     ``plugin_objects`` are registered in-process (tests, notebooks); ``plugin_dir`` and
     ``source`` are those of :func:`make_plugin_manager`.
     """
+    extra_modules = tuple(extra_modules)
     pm, installed = _assemble(extra_modules, entry_points=entry_points, builtins=True,
                               plugin_dir=plugin_dir, source=source)
     for obj in plugin_objects:
@@ -359,7 +360,10 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
                 registry.undo_since(marks[kind])
             pm.unregister(plugin)
             _warn_broken(info.entry, info.package, info.value, failed.error, f"failed in {failed.hook_name}")
-    return Catalog(registries, pm)
+    modules = (sys.modules.get(name) for name in extra_modules)
+    listed = tuple(dict.fromkeys(providers[id(m)] for m in modules if m is not None and pm.is_registered(m)
+                                 and pm.get_name(m) not in installed and m.__name__ not in BUILTIN_PLUGINS))
+    return Catalog(registries, pm, listed)
 
 
 class _RegistrationFailed(Exception):

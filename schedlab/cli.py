@@ -175,12 +175,29 @@ def _saved_run_settings(out: Path) -> dict:
 
 
 def cmd_plugins(args) -> int:
-    catalog = load_catalog()
+    """List every registered name; with an experiment file, also the plugin modules its
+    ``[experiment] plugins`` lists, loaded as the experiment loads them (its folder first)."""
+    listed: dict[str, str] = {}
+    if args.file is None:
+        catalog = load_catalog()
+    else:
+        from .errors import ConfigError
+        from .study.experiment import ExperimentConfig, _read_toml
+
+        path = Path(args.file)
+        table = _read_toml(path).get("experiment", {})
+        if not isinstance(table, dict):
+            shape = "an array ([[...]] or [...])" if isinstance(table, list) else repr(table)
+            raise ConfigError(f"{path}: experiment must be one table ([experiment]), got {shape}")
+        config = from_table(ExperimentConfig, table, where=f"{path}: [experiment]")
+        catalog = load_catalog(config.plugins, plugin_dir=path.parent.resolve(), source=str(path))
+        suffix = " ([experiment] plugins)"  # (the catalog's name for one an installed plugin's name shadows)
+        listed = {p: f"{p.removesuffix(suffix)} ({path}: [experiment] plugins)" for p in catalog.listed}
     for kind in KINDS:
         registry = catalog[kind]
         print(f"{kind}s:")
         for entry in registry:
-            print(f"  {entry.name:<22} {entry.help}  [{entry.provider}]")
+            print(f"  {entry.name:<22} {entry.help}  [{listed.get(entry.provider, entry.provider)}]")
             if args.verbose and entry.config is not None:
                 for name, default, text in field_help(entry.config):
                     shown = default if isinstance(default, str) and default.startswith("(") else toml_text(default)
@@ -236,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("plugins", help="list registered plugins and who provides them")
     p.add_argument("-v", "--verbose", action="store_true", help="also list each plugin's settings")
+    p.add_argument("file", nargs="?", help="an experiment file: also list the plugin modules its [experiment] "
+                                           "plugins names (looked for first in the file's folder)")
     p.set_defaults(func=cmd_plugins)
     p = sub.add_parser("capacity", help="how many sequences fit: KV cache sizing from model and GPU")
     add_capacity_arguments(p)

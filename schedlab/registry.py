@@ -7,17 +7,33 @@ Registration hooks receive a :class:`Registry` and call it::
         register("fifo", FifoScheduler, config=FifoConfig, help="first come, first served")
 
 A name can be registered once per kind; a second registration raises
-:class:`~schedlab.errors.DuplicateNameError` naming both providers.
+:class:`~schedlab.errors.DuplicateNameError` naming both providers. A config class must be an
+attrs class with no field named ``kind`` (the key that picks the plugin, so no table could set
+it); one that is not frozen, or has fields nothing checks, is registered with a
+:class:`PluginConfigWarning`.
 """
 
 from __future__ import annotations
 
 import difflib
+import warnings
 from typing import Any, Callable, Iterator
 
 import attrs
 
 from .errors import DuplicateNameError, UnknownPluginError
+
+
+class BrokenPluginWarning(UserWarning):
+    """An installed plugin (entry point) failed to load or to register and was left out, or
+    misuses a hook; or (:class:`PluginConfigWarning`) a plugin's config takes settings unchecked."""
+
+
+class PluginConfigWarning(BrokenPluginWarning):
+    """A plugin's config class takes settings unchecked: it is not frozen, or fields of it have
+    neither a field helper of :mod:`schedlab.configs` nor an attrs validator or converter. The
+    plugin is registered all the same. (A :class:`BrokenPluginWarning`, so that it is one line
+    and is said once, where the command loads its plugins, not again in every worker.)"""
 
 
 @attrs.frozen
@@ -43,16 +59,23 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Entry] = {}
         self._provider = "?"
+        self._warned: set[type] = set()  # config classes warned about (one class may serve several names)
 
     def __call__(self, name: str, factory: Callable[..., Any], *, config: type | None = None, help: str = "") -> None:
         self.register(name, factory, config=config, help=help)
 
     def register(self, name: str, factory: Callable[..., Any], *, config: type | None = None, help: str = "") -> None:
-        """Add ``name``; raises :class:`DuplicateNameError` if it is already taken."""
+        """Add ``name``; raises :class:`DuplicateNameError` if it is already taken, TypeError for a
+        ``config`` that is not an attrs class or has a field named ``kind``; warns
+        (:class:`PluginConfigWarning`) about a config that is not frozen or has fields nothing checks."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
         if config is not None and not attrs.has(config):
             raise TypeError(f"{self.kind} {name!r}: config must be an attrs class, got {config!r}")
+        if config is not None and any(a.name == "kind" for a in attrs.fields(config)):
+            raise TypeError(f"{self.kind} {name!r}: config {_class_name(config)} has a field named 'kind', which no "
+                            f"table can set: 'kind' is the key that picks the plugin (kind = \"{name}\"); give the "
+                            "setting another name")
         if name in self._entries:
             other = self._entries[name].provider
             raise DuplicateNameError(
@@ -60,6 +83,12 @@ class Registry:
             )
         doc = help or (factory.__doc__ or "").strip().split("\n")[0]
         self._entries[name] = Entry(self.kind, name, factory, config, doc, self._provider)
+        problem = _unchecked_config(config) if config is not None and config not in self._warned else None
+        if problem:
+            self._warned.add(config)
+            plugin = f" (plugin {self._provider})" if self._provider != "?" else ""
+            warnings.warn(f"{self.kind} {name!r}{plugin}: config class {_class_name(config)} {problem}",
+                          PluginConfigWarning, stacklevel=2)
 
     def providing(self, provider: str) -> "Registry":
         """Set who the next registrations come from (the plugin manager does this per plugin)."""
@@ -108,3 +137,41 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_frozen(cls: type) -> bool:
+    """True when instances of the attrs class ``cls`` refuse to be changed (``@attrs.frozen``)."""
+    try:
+        probe = object.__new__(cls)  # (no __init__: no field values needed)
+    except Exception:
+        return True  # (cannot tell: say nothing)
+    try:
+        setattr(probe, "_schedlab_frozen_probe", None)
+    except attrs.exceptions.FrozenInstanceError:
+        return True
+    except Exception:  # (a slotted class has no such attribute: settable all the same)
+        return False
+    return False
+
+
+def _unchecked_config(config: type) -> str | None:
+    """What makes ``config`` take settings unchecked, as the end of a sentence, or None: not
+    frozen, or fields a table sets with neither a validator nor a converter (a plain
+    ``max_num_seqs: int = 16`` takes ``"many"``, or ``-5``, from the TOML)."""
+    problems = []
+    if not _is_frozen(config):
+        problems.append("is not frozen; make it @attrs.frozen (a plugin that changes its config would carry the "
+                        "change from one run to the next)")
+    unchecked = [a.name for a in attrs.fields(config) if a.init and a.validator is None and a.converter is None]
+    if unchecked:
+        names = ", ".join(repr(n) for n in unchecked)
+        some = f"fields nothing checks, {names}: they take" if len(unchecked) > 1 else \
+            f"a field nothing checks, {names}: it takes"
+        problems.append(f"{'it also ' if problems else ''}has {some} any value the TOML gives (\"many\" for a "
+                        "number, -5 for a count); use schedlab.configs' field helpers (int_field(..., min=...), "
+                        "float_field(..., min=...), str_field(..., choices=...), bool_field, ...) or attrs validators")
+    return "; ".join(problems) or None

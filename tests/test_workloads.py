@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedlab.configs import from_table
+from schedlab.configs import from_table, int_field
 from schedlab.errors import ConfigError, WorkloadError
 from schedlab.model import Request
 from schedlab.registry import Registry
@@ -598,7 +598,7 @@ def test_mix_builds_plugin_workloads_through_the_registry():
 
     @attrs.frozen
     class TickConfig:
-        n: int = 2
+        n: int = int_field(2, min=1)
 
     class Tick:
         closed_loop = False
