@@ -17,13 +17,20 @@ File layout::
     [reports.<name>]        # settings of a report plugin
 
 A run's table replaces the default table when it names another ``kind``, and merges key by
-key otherwise. ``--set dotted.key=value`` then applies to every run. Relative paths resolve
-against the experiment file's folder. Every error names the file, the table and the key.
+key otherwise. ``--set dotted.key=value`` then applies to every run, and
+``--set runs.<run name>.<table>.<key>=value`` to the named ``[[runs]]`` entry only (after the
+others). Relative paths resolve against the experiment file's folder. Every error names the
+file, the table and the key; when the value came from ``--set``, the message quotes it, and for a
+``--set`` that sets a key for every run, names the runs whose table takes it, to set it there alone.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,10 +45,10 @@ from ..hf_config import spec_table
 from ..results.records import ExperimentResults, RunResult
 from ..results.stream import ROW_FORMATS, RecordSettings
 from .executor import InProcessExecutor
-from .overrides import get_dotted, merge_tables, parse_assignment, set_dotted
+from .overrides import BARE_PART, get_dotted, merge_tables, parse_assignment, set_dotted
 from .planner import PlanConfig, validate as validate_plan
 from .runner import run_studies
-from .simulation import ENGINES, Context, RunSpec, assemble, component_config
+from .simulation import DEFAULT_TABLES, ENGINES, Context, RunSpec, assemble, component_config
 from .search import parse_constraint
 from .spec import RUN_TABLES, SearchConfig, StudySpec, check_slo, point_spec
 from .sweep import expand_sweep
@@ -179,14 +186,17 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     source = str(path)
     raw = _read_toml(path)
     _check_keys(raw, TOP_LEVEL, source)
-    assignments = [parse_assignment(text) for text in overrides]
+    assignments = [_Override(text, *parse_assignment(text)) for text in overrides]
     exp_table = raw.get("experiment", {})
     if not isinstance(exp_table, dict):
         raise ConfigError(f"{source}: experiment must be one table ([experiment]), got {_shape(exp_table)}")
-    for key, value in assignments:
-        if key.startswith("experiment."):
-            exp_table = set_dotted({"experiment": exp_table}, key, value)["experiment"]
-    config = from_table(ExperimentConfig, exp_table, where=f"{source}: [experiment]")
+    exp_set = [o for o in assignments if o.key.startswith("experiment.")]
+    for o in exp_set:
+        exp_table = _apply({"experiment": exp_table}, o, f"{source}:")["experiment"]
+    try:
+        config = from_table(ExperimentConfig, exp_table, where=f"{source}: [experiment]")
+    except ConfigError as exc:
+        raise _blame_set(exc, f"{source}:", {"experiment": exp_table}, exp_set) from None
     check_experiment_name(config.name or path.stem, f"{source}: [experiment]")
     portable = catalog is None
     if catalog is None:
@@ -205,6 +215,11 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     studies = []
     names: set[str] = set()
     targeted = _run_assignments(assignments, entries, source)
+    every_run = [o for o in assignments if not o.key.startswith(("experiment.", "runs."))]
+    for o in every_run:
+        if o.key.split(".")[0] not in RUN_TABLES:
+            raise ConfigError(f"--set {o.key}: the first part must be one of {', '.join(RUN_TABLES)}, "
+                              "experiment or runs.<run name>")
     for i, entry in enumerate(entries):
         if "name" in entry and not (isinstance(entry["name"], str) and entry["name"]):
             raise ConfigError(f"{source}: [[runs]] number {i + 1}: name must be non-empty text, "
@@ -220,18 +235,11 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         if name in names:
             raise ConfigError(f"{where.rstrip(':')}: two runs are named {name!r}")
         names.add(name)
-        tables = dict(defaults)
-        for key in RUN_TABLES:
-            if key in entry:
-                tables[key] = merge_tables({key: tables.get(key, {})}, {key: entry[key]}, where=where)[key]
-        for key, value in assignments:
-            if not key.startswith(("experiment.", "runs.")):
-                if key.split(".")[0] not in RUN_TABLES:
-                    raise ConfigError(f"--set {key}: the first part must be one of {', '.join(RUN_TABLES)}, "
-                                      "experiment or runs.<run name>")
-                tables = set_dotted(tables, key, value)
-        for key, value in targeted.get(name, ()):  # --set runs.<name>.key=value: this run only
-            tables = set_dotted(tables, key, value)
+        file_tables = _entry_tables(defaults, entry, where)
+        applied = every_run + targeted.get(name, [])  # --set runs.<name>.key=value: this run only, last
+        tables = file_tables
+        for o in applied:
+            tables = _apply(tables, o, where)
         seed = entry.get("seed", config.seed)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_INT:
             raise ConfigError(f"{where.rstrip(':')}: seed must be a whole number from 0 to 2**53, got {seed!r}")
@@ -254,7 +262,12 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         if plan_table is not None:
             plan_cfg = from_table(PlanConfig, plan_table, where=f"{where} [plan]")
         study = StudySpec(name, base, sweep, search_cfg, replicas, plan_cfg)
-        _validate(study, ctx, where)
+        try:
+            _validate(study, ctx, where)
+        except ConfigError as exc:
+            others = functools.partial(_runs_taking, ctx, defaults, entries, name, every_run, targeted)
+            raise _blame_set(exc, where, tables, applied, file_tables=file_tables, varied=study.keys,
+                             several_runs=len(entries) > 1, others=others) from None
         if search_cfg is not None:
             check_slo(parse_constraint(search_cfg.constraint).metric, [study],
                       f"{where} [search]: constraint")
@@ -296,11 +309,12 @@ def _shape(value) -> str:
     return f"{value!r}"
 
 
-def _run_assignments(assignments, entries: list, source: str) -> dict[str, list]:
-    """``--set runs.<name>.<table>.key=value``: run name -> [(key inside the run, value)]."""
+def _run_assignments(assignments: list[_Override], entries: list, source: str) -> dict[str, list[_Override]]:
+    """``--set runs.<name>.<table>.key=value``: run name -> its overrides, keyed inside the run."""
     names = [e.get("name") for e in entries if isinstance(e.get("name"), str)]
     targeted: dict[str, list] = {}
-    for key, value in assignments:
+    for o in assignments:
+        key = o.key
         if not key.startswith("runs."):
             continue
         parts = key.split(".")
@@ -310,8 +324,168 @@ def _run_assignments(assignments, entries: list, source: str) -> dict[str, list]
         if parts[1] not in names:
             known = ", ".join(names) or "(no [[runs]] has a name)"
             raise ConfigError(f"--set {key}: no run named {parts[1]!r} in {source}; runs: {known}")
-        targeted.setdefault(parts[1], []).append((".".join(parts[2:]), value))
+        targeted.setdefault(parts[1], []).append(attrs.evolve(o, key=".".join(parts[2:]), run=parts[1]))
     return targeted
+
+
+@attrs.frozen
+class _Override:
+    """One ``--set``: its text as given, its dotted key (inside the run's tables once it names a
+    run), its value, and the run it names (None: every run)."""
+
+    text: str
+    key: str
+    value: Any
+    run: str | None = None
+
+    def shown(self, text: str | None = None) -> str:
+        """``--set TEXT`` as a shell takes it, a long text cut short."""
+        text = self.text if text is None else text
+        if len(text) > _SHOWN_CHARS:
+            text = text[:_SHOWN_CHARS] + "..."
+        return f"--set {shlex.quote(text)}"
+
+    def for_run(self, name: str) -> str:
+        """The ``--set`` that sets the same key to the same value in run ``name`` only."""
+        key_text, _, value_text = self.text.partition("=")
+        return self.shown(f"runs.{name}.{key_text.strip()}={value_text.strip()}")
+
+
+_SHOWN_CHARS = 80
+_NONE = object()
+#: The run tables that name a plugin (kind = "..."), and the registry their kind is in.
+_PLUGIN_TABLES = {"workload": "workload", "scheduler": "scheduler", "cost_model": "cost_model",
+                  "kv_cache": "kv_cache", "power": "power_model"}
+_AT_TABLE = re.compile(r"([A-Za-z0-9_.-]+)\]: ")
+_QUOTED = r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
+_DID_YOU_MEAN = r"(?: \(did you mean [^)]*\))?"
+_UNKNOWN_KEY = re.compile(rf"unknown key {_QUOTED}{_DID_YOU_MEAN}")
+_UNKNOWN_KIND = re.compile(rf"unknown ([a-z_]+) {_QUOTED}{_DID_YOU_MEAN}")
+_FIELD = re.compile(r"([A-Za-z0-9_-]+): ")
+_MISSING_KIND = "missing 'kind'"
+
+
+def _apply(tables: dict, override: _Override, where: str) -> dict:
+    try:
+        return set_dotted(tables, override.key, override.value)
+    except ConfigError as exc:  # through a value that is not a table
+        raise ConfigError(f"{where.rstrip(':')}: {override.shown()}: {exc}") from None
+
+
+def _entry_tables(defaults: dict, entry: dict, where: str) -> dict:
+    """A ``[[runs]]`` entry's tables merged over the defaults (before ``--set``)."""
+    tables = dict(defaults)
+    for key in RUN_TABLES:
+        if key in entry:
+            tables[key] = merge_tables({key: tables.get(key, {})}, {key: entry[key]}, where=where)[key]
+    return tables
+
+
+def _lookup(tables: dict, parts: list[str]) -> Any:
+    node: Any = tables
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return _NONE
+        node = node[part]
+    return node
+
+
+def _within(key: str, outer: str) -> bool:
+    """Whether dotted ``key`` is ``outer`` or inside it."""
+    return key == outer or key.startswith(outer + ".")
+
+
+def _runs_taking(ctx: Context, defaults: dict, entries: list, this: str, every_run: list[_Override],
+                 targeted: dict, table: str) -> list[str]:
+    """The other runs that ``--set runs.<name>...`` can name whose ``table``, ``--set`` included,
+    is a valid config of its kind (for advice: a run with another problem is left out)."""
+    registry = _PLUGIN_TABLES.get(table)
+    taking = []
+    for entry in entries if registry else ():
+        name = entry.get("name")
+        if not isinstance(name, str) or name == this or not BARE_PART.fullmatch(name):
+            continue
+        try:
+            tables = _entry_tables(defaults, entry, "")
+            for o in every_run + targeted.get(name, []):
+                tables = set_dotted(tables, o.key, o.value)
+            component_config(ctx, registry, {**DEFAULT_TABLES, **tables}.get(table, {}), "")
+        except Exception:  # noqa: BLE001 -- whatever that run's config says, it does not take it
+            continue
+        taking.append(name)
+    return taking
+
+
+def _blame_set(exc: ConfigError, where: str, tables: dict, applied: list[_Override], *,
+               file_tables: dict | None = None, varied: tuple = (), several_runs: bool = False,
+               others: Callable[[str], list[str]] | None = None) -> ConfigError:
+    """``exc`` -- ``{where} [table]: unknown key 'k'...``, ``... [table]: k: ...``, ``... unknown
+    <kind> 'name'`` or ``... missing 'kind'`` -- saying which of ``applied`` (the run's ``--set``
+    overrides, in the order applied) gave that key its value; unchanged when none did (the value
+    is the file's, or a swept one, or the message names no table and key).
+
+    :param tables: the run's tables, ``--set`` included; ``file_tables``: before ``--set``.
+    :param others: the other runs whose table (by name) takes the value, for advice to set it in
+        those alone when an override for every run fails in this one.
+    """
+    message = str(exc)
+    head = f"{where} ["
+    at = _AT_TABLE.match(message, len(head)) if applied and message.startswith(head) else None
+    if at is None:
+        return exc
+    path, body = at[1], message[at.end():]
+    file_tables = {} if file_tables is None else file_tables
+    if body.startswith(_MISSING_KIND):
+        made = next((o for o in reversed(applied) if _within(o.key, path)), None)
+        if made is None or _lookup(file_tables, path.split(".")) is not _NONE:
+            return exc
+        default = DEFAULT_TABLES.get(path, {}).get("kind")
+        example = f", e.g. --set {path}.kind={default}" if default else ""
+        note = f" (this run's [{path}] comes only from {made.shown()}, so it has no kind: name one{example})"
+        return type(exc)(message[: at.end()] + _MISSING_KIND + note + body[len(_MISSING_KIND):])
+    mode, end = "value", len(body)
+    if match := _UNKNOWN_KEY.match(body):
+        mode, end, key = "unknown", match.end(), ast.literal_eval(match[1])
+    elif (match := _UNKNOWN_KIND.match(body)) and match[1] == _PLUGIN_TABLES.get(path.split(".")[-1], path):
+        mode, end, key = "kind", match.end(), "kind"
+    elif match := _FIELD.match(body):
+        key = match[1]
+    else:
+        return exc
+    parts = path.split(".")
+    candidates = [[*parts, key]]
+    if parts[0] == "cluster" and len(parts) > 2 and parts[2] in RUN_TABLES and _lookup(tables, candidates[0]) is _NONE:
+        candidates.append([*parts[2:], key])  # a pool's table merges the run's: [cluster.prefill.scheduler]
+    for candidate in map(".".join, candidates):
+        if any(_within(candidate, k) or _within(k, candidate) for k in varied):
+            return exc  # a sweep or search sets it last
+        override = next((o for o in reversed(applied) if _within(candidate, o.key)), None)
+        inside = next((o for o in reversed(applied) if _within(o.key, candidate)), None)
+        if override is None and inside is not None and _lookup(file_tables, candidate.split(".")) is _NONE:
+            override = inside  # the --set made the key, through a table inside it
+        if override is not None or inside is not None:
+            break
+    else:
+        return exc
+    if override is None:  # the value is the file's, with part of it set by --set
+        return type(exc)(f"{message} (as changed by {inside.shown()})") if mode == "value" else exc
+    advice = ""
+    every = override.run is None and several_runs
+    taking = others(candidate.split(".")[0]) if every and others is not None and mode != "kind" else []
+    if len(taking) == 1:
+        advice = f"; to set it for run {taking[0]!r} only: {override.for_run(taking[0])}"
+    elif taking:
+        shown = ", ".join(map(repr, taking[:5])) + (", ..." if len(taking) > 5 else "")
+        advice = (f"; to set it only for the runs whose {candidate.split('.')[0]} takes it ({shown}): "
+                  f"{override.for_run('NAME')} for each")
+    note = f"from {override.shown()}"
+    if mode == "unknown" or taking:
+        kind = _lookup({**DEFAULT_TABLES, **tables}, [*parts, "kind"])
+        if kind is _NONE and len(candidates) > 1:
+            kind = _lookup({**DEFAULT_TABLES, **tables}, [*parts[2:], "kind"])
+        note += ", which sets it for every run" if every else ""
+        note += f"; this run's {path} is {kind!r}" if isinstance(kind, str) else ""
+    return type(exc)(f"{message[: at.end()]}{body[:end]} ({note}){body[end:]}{advice}")
 
 
 def _validate(study: StudySpec, ctx: Context, where: str) -> None:

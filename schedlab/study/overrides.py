@@ -15,7 +15,8 @@ import tomli
 
 from ..errors import ConfigError
 
-_BARE_PART = re.compile(r"[A-Za-z0-9_-]+")
+#: One part of a dotted key: a TOML bare key (a run that ``--set runs.<name>...`` can name too).
+BARE_PART = re.compile(r"[A-Za-z0-9_-]+")
 _STRUCTURED_START = ('"', "'", "[", "{")
 _MISSING = object()
 
@@ -30,7 +31,7 @@ def split_key(key: str, *, where: str = "") -> tuple[str, ...]:
         raise ConfigError(f"{prefix}keys must be text, got {key!r}")
     parts = tuple(key.split("."))
     for part in parts:
-        if not _BARE_PART.fullmatch(part):
+        if not BARE_PART.fullmatch(part):
             raise ConfigError(
                 f"{prefix}bad key {key!r}: each part of a dotted key must be letters, digits, "
                 f"'_' or '-' (e.g. scheduler.max_num_seqs)"
