@@ -23,36 +23,18 @@ from schedlab.errors import ConfigError, DuplicateNameError, UnknownPluginError
 from schedlab.registry import Registry
 from schedlab.study.experiment import load
 
+import plugin_packages
+from plugin_packages import REQUESTS, make_dist, modules  # noqa: F401 (modules: a fixture)
+
 HEADER = """
 import attrs
 import schedlab
 from schedlab_plugins.schedulers import StaticScheduler, StaticConfig
 """
 
-REQUESTS = '[{"prompt_tokens": 4, "output_tokens": 3}, {"prompt_tokens": 6, "output_tokens": 2}]'
-
-
-@pytest.fixture
-def modules():
-    """Names of the throwaway modules a test imports; forgotten afterwards."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        sys.modules.pop(name, None)
-
 
 def write_module(folder: Path, name: str, body: str, modules: list[str]) -> None:
-    (folder / f"{name}.py").write_text(HEADER + textwrap.dedent(body))
-    modules.append(name)
-
-
-def make_dist(root: Path, package: str, version: str, entry_points: dict[str, str]) -> None:
-    """A fake installed distribution: what ``pip install`` leaves in site-packages."""
-    dist = root / f"{package.replace('-', '_')}-{version}.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
-    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
-    (dist / "entry_points.txt").write_text(f"[schedlab]\n{lines}")
+    plugin_packages.write_module(folder, name, HEADER + textwrap.dedent(body), modules)
 
 
 def catalog_and_warnings(*args, **kwargs):
