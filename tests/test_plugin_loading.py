@@ -342,3 +342,23 @@ def test_an_installed_plugin_whose_hook_returns_a_value_is_warned_about(tmp_path
                                                  "returns_inst): schedlab_register_schedulers of module "
                                                  "'returns_inst' returned a dict ("), said
     assert said[0].endswith(RETURNED)
+
+
+def test_loading_plugins_reads_the_metadata_of_schedlab_plugins_only(monkeypatch):
+    """Every run and every worker task loads a catalog: parsing the METADATA of each of the
+    machine's packages (hundreds) made that 60 ms instead of 3. Only a package with an entry
+    point in the ``schedlab`` group has its name and version read."""
+    import importlib.metadata
+
+    class Untouchable:
+        entry_points = [importlib.metadata.EntryPoint("x", "x:y", "console_scripts")]
+
+        @property
+        def metadata(self):
+            raise AssertionError("the metadata of a package with no schedlab plugin was read")
+
+        version = metadata
+
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: iter([Untouchable()] * 50))
+    catalog = load_catalog(())
+    assert "vllm" in catalog.registries["scheduler"]
