@@ -6,10 +6,12 @@ import copy
 import datetime
 
 import pytest
+import tomli
 from hypothesis import given, strategies as st
 
 from schedlab.errors import ConfigError
-from schedlab.study.overrides import get_dotted, merge_tables, parse_assignment, set_dotted, split_key
+from schedlab.study.overrides import (get_dotted, merge_tables, parse_assignment, run_key_part, set_dotted, split_key,
+                                      split_run_key)
 
 # --- parse_assignment ------------------------------------------------------------------------
 
@@ -281,3 +283,14 @@ def test_table_replaced_by_value_is_an_error():
         merge_tables(BASE, {"scheduler": "vllm"}, where="lab.toml: runs[1]")
     with pytest.raises(ConfigError, match=r"'scheduler.max_num_seqs' is the value 64"):
         merge_tables(BASE, {"scheduler": {"max_num_seqs": {"a": 1}}})
+
+
+# --- run names in --set runs.NAME... -----------------------------------------------------------------------
+
+
+@given(st.text(min_size=1, max_size=30))
+def test_a_run_name_written_as_a_key_part_reads_back(name):
+    """Any name, written by run_key_part, is the run split_run_key finds (and TOML reads it back)."""
+    part = run_key_part(name)
+    assert tomli.loads(f"{part} = 1") == {name: 1}
+    assert split_run_key(f"runs.{part}.scheduler.max_num_seqs", [name, name + ".x"]) == (name, "scheduler.max_num_seqs")

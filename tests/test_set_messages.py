@@ -88,8 +88,10 @@ def test_several_runs_that_take_the_key_are_listed(tmp_path):
         scheduler = { kind = "edf" }
         """)
     message = error(path, "scheduler.deadline_ms=300")
-    assert message.endswith("; to set it only for the runs whose scheduler takes it ('edf', 'edf-2'): "
-                            "--set runs.NAME.scheduler.deadline_ms=300 for each")
+    assert message.endswith("; to set it only for the runs whose scheduler takes it "
+                            '(NAME: edf, edf-2, "not a bare key"): --set runs.NAME.scheduler.deadline_ms=300 for each')
+    exp = load(path, ['runs."not a bare key".scheduler.deadline_ms=300'], plugin_objects=[Edf()])  # as advised
+    assert exp.studies[3].base.tables["scheduler"]["deadline_ms"] == 300
 
 
 def test_no_advice_when_no_other_run_takes_the_key(tmp_path):
@@ -114,15 +116,26 @@ def test_a_file_with_one_run_does_not_say_every_run(tmp_path):
         f"scheduler is 'continuous'); valid keys: {CONTINUOUS_KEYS}")
 
 
-def test_a_set_into_a_table_the_file_lacks_is_told_to_name_its_kind(tmp_path):
-    """The table --set makes replaces the default one (continuous), kind and all."""
+def test_a_set_into_a_table_the_file_lacks_sets_it_in_the_default_table(tmp_path):
+    """The file has no [scheduler]: --set scheduler.KEY sets KEY in the default one (continuous)."""
     path = write(tmp_path, HEAD)
     assert error(path, "scheduler.deadline_ms=300").startswith(
-        f"{path}: [scheduler]: missing 'kind' (this run's [scheduler] comes only from --set scheduler.deadline_ms=300, "
-        "so it has no kind: name one, e.g. --set scheduler.kind=continuous); registered schedulers: ")
-    assert error(path, "scheduler.deadline_ms=300", "scheduler.kind=continuous").startswith(
         f"{path}: [scheduler]: unknown key 'deadline_ms' (from --set scheduler.deadline_ms=300; "
         "this run's scheduler is 'continuous'); valid keys: ")
+    tables = load(path, ["scheduler.max_num_seqs=3"]).studies[0].base.tables
+    assert tables["scheduler"] == {"kind": "continuous", "max_num_seqs": 3}
+    tables = load(path, ["scheduler.kind=edf", "scheduler.deadline_ms=300"],
+                  plugin_objects=[Edf()]).studies[0].base.tables
+    assert tables["scheduler"] == {"kind": "edf", "deadline_ms": 300}
+
+
+def test_a_whole_table_set_without_a_kind_is_told_to_name_it(tmp_path):
+    """A whole table from --set replaces the default one, kind and all."""
+    path = write(tmp_path, HEAD)
+    assert error(path, "scheduler={deadline_ms=300}").startswith(
+        f"{path}: [scheduler]: missing 'kind' (this run's [scheduler] comes only from --set "
+        "'scheduler={deadline_ms=300}', so it has no kind: name one, e.g. --set scheduler.kind=continuous); "
+        "registered schedulers: ")
 
 
 def test_a_did_you_mean_stays_next_to_the_key(tmp_path):
@@ -179,11 +192,10 @@ def test_an_unknown_kind_from_set_names_the_set(tmp_path):
            in error(path, 'scheduler={kind="edff"}', kind=UnknownPluginError)
 
 
-def test_a_table_made_by_set_alone_is_told_to_name_its_kind(tmp_path):
+def test_a_key_set_in_a_default_table_reaches_every_run(tmp_path):
     path = write(tmp_path, TWO_RUNS)
-    assert error(path, "kv_cache.block_size=32").startswith(
-        f"{path}: [[runs]] 'fcfs' [kv_cache]: missing 'kind' (this run's [kv_cache] comes only from --set "
-        "kv_cache.block_size=32, so it has no kind: name one, e.g. --set kv_cache.kind=paged); registered ")
+    studies = load(path, ["kv_cache.block_size=32"], plugin_objects=[Edf()]).studies
+    assert [s.base.tables["kv_cache"] for s in studies] == [{"kind": "paged", "block_size": 32}] * 2
 
 
 def test_a_set_through_a_value_names_the_run_and_the_set(tmp_path):
@@ -287,3 +299,55 @@ def test_a_swept_value_is_not_blamed_on_the_set(tmp_path):
                                             'sweep = { "scheduler.max_num_seqs" = [1, 0] }'))
     assert error(path, "scheduler.max_num_seqs=2") == (
         f"{path}: [[runs]] 'fcfs' [scheduler]: max_num_seqs: must be >= 1, got 0")
+
+
+# -- runs named with spaces or dots --------------------------------------------------------------------------
+
+DOTTED_RUNS = HEAD + """
+    [scheduler]
+    kind = "continuous"
+
+    [[runs]]
+    name = "v1.2"
+
+    [[runs]]
+    name = "v1"
+
+    [[runs]]
+    name = "long run"
+    """
+
+
+def _seqs(exp) -> dict:
+    return {s.name: s.base.tables["scheduler"].get("max_num_seqs") for s in exp.studies}
+
+
+@pytest.mark.parametrize("key, target", [
+    ('runs."long run".scheduler.max_num_seqs', "long run"),
+    ("runs.'long run'.scheduler.max_num_seqs", "long run"),
+    ("runs.long run.scheduler.max_num_seqs", "long run"),       # a known name, unquoted
+    ("runs.v1.2.scheduler.max_num_seqs", "v1.2"),               # the longest known name wins
+    ('runs."v1.2".scheduler.max_num_seqs', "v1.2"),
+    ("runs.v1.scheduler.max_num_seqs", "v1"),
+    ('runs."v1".scheduler.max_num_seqs', "v1"),
+])
+def test_a_run_named_with_spaces_or_dots_can_be_targeted(tmp_path, key, target):
+    exp = load(write(tmp_path, DOTTED_RUNS), [f"{key}=5"])
+    assert _seqs(exp) == {name: 5 if name == target else None for name in ("v1.2", "v1", "long run")}
+
+
+@pytest.mark.parametrize("key, expected", [
+    ('runs."long run.scheduler.max_num_seqs', 'write runs."run name".<table>.<key>'),
+    ('runs."long run"scheduler.max_num_seqs', 'write runs."run name".<table>.<key>'),
+    ('runs."nope".scheduler.max_num_seqs', "no run named 'nope'"),
+    ('runs."long run".scheduler', "write runs.<run name>.<table>.<key>"),
+    ('runs."long run".scheduler.max num', "each part of a dotted key must be"),
+])
+def test_a_bad_quoted_run_key_is_named(tmp_path, key, expected):
+    message = error(write(tmp_path, DOTTED_RUNS), f"{key}=5")
+    assert message.startswith(f"--set {key}") and expected in message
+
+
+def test_the_runs_listed_for_a_missing_name_are_written_as_keys(tmp_path):
+    message = error(write(tmp_path, DOTTED_RUNS), "runs.v2.scheduler.max_num_seqs=5")
+    assert message.endswith('no run named \'v2\' in ' + str(tmp_path / "edf.toml") + '; runs: "v1.2", v1, "long run"')

@@ -45,7 +45,8 @@ from ..hf_config import spec_table
 from ..results.records import ExperimentResults, RunResult
 from ..results.stream import ROW_FORMATS, RecordSettings
 from .executor import InProcessExecutor
-from .overrides import BARE_PART, get_dotted, merge_tables, parse_assignment, set_dotted
+from .overrides import (get_dotted, merge_tables, parse_assignment, run_key_part, set_dotted, split_key,
+                        split_run_key)
 from .planner import PlanConfig, validate as validate_plan
 from .runner import run_studies
 from .simulation import DEFAULT_TABLES, ENGINES, Context, RunSpec, assemble, component_config
@@ -317,14 +318,17 @@ def _run_assignments(assignments: list[_Override], entries: list, source: str) -
         key = o.key
         if not key.startswith("runs."):
             continue
-        parts = key.split(".")
-        if len(parts) < 4 or parts[2] not in RUN_TABLES:
+        name, rest = split_run_key(key, names)
+        parts = rest.split(".")
+        if len(parts) < 2 or parts[0] not in RUN_TABLES:
             raise ConfigError(f"--set {key}: write runs.<run name>.<table>.<key>, with the table one of "
-                              f"{', '.join(RUN_TABLES)} (e.g. runs.tune.scheduler.max_num_seqs=8)")
-        if parts[1] not in names:
-            known = ", ".join(names) or "(no [[runs]] has a name)"
-            raise ConfigError(f"--set {key}: no run named {parts[1]!r} in {source}; runs: {known}")
-        targeted.setdefault(parts[1], []).append(attrs.evolve(o, key=".".join(parts[2:]), run=parts[1]))
+                              f"{', '.join(RUN_TABLES)} (e.g. runs.tune.scheduler.max_num_seqs=8; a name with "
+                              'spaces or dots in quotes: runs."my run".scheduler.max_num_seqs=8)')
+        if name not in names:
+            known = ", ".join(map(run_key_part, names)) or "(no [[runs]] has a name)"
+            raise ConfigError(f"--set {key}: no run named {name!r} in {source}; runs: {known}")
+        split_key(rest, where=f"--set {key}")
+        targeted.setdefault(name, []).append(attrs.evolve(o, key=rest, run=name))
     return targeted
 
 
@@ -348,7 +352,7 @@ class _Override:
     def for_run(self, name: str) -> str:
         """The ``--set`` that sets the same key to the same value in run ``name`` only."""
         key_text, _, value_text = self.text.partition("=")
-        return self.shown(f"runs.{name}.{key_text.strip()}={value_text.strip()}")
+        return self.shown(f"runs.{run_key_part(name)}.{key_text.strip()}={value_text.strip()}")
 
 
 _SHOWN_CHARS = 80
@@ -366,6 +370,10 @@ _MISSING_KIND = "missing 'kind'"
 
 
 def _apply(tables: dict, override: _Override, where: str) -> dict:
+    table, dot, _ = override.key.partition(".")
+    if dot and table not in tables and table in DEFAULT_TABLES:
+        # a key of a table the file leaves to its default: set it in the default table, kind and all
+        tables = {**tables, table: dict(DEFAULT_TABLES[table])}
     try:
         return set_dotted(tables, override.key, override.value)
     except ConfigError as exc:  # through a value that is not a table
@@ -403,7 +411,7 @@ def _runs_taking(ctx: Context, defaults: dict, entries: list, this: str, every_r
     taking = []
     for entry in entries if registry else ():
         name = entry.get("name")
-        if not isinstance(name, str) or name == this or not BARE_PART.fullmatch(name):
+        if not isinstance(name, str) or name == this:
             continue
         try:
             tables = _entry_tables(defaults, entry, "")
@@ -475,8 +483,8 @@ def _blame_set(exc: ConfigError, where: str, tables: dict, applied: list[_Overri
     if len(taking) == 1:
         advice = f"; to set it for run {taking[0]!r} only: {override.for_run(taking[0])}"
     elif taking:
-        shown = ", ".join(map(repr, taking[:5])) + (", ..." if len(taking) > 5 else "")
-        advice = (f"; to set it only for the runs whose {candidate.split('.')[0]} takes it ({shown}): "
+        shown = ", ".join(map(run_key_part, taking[:5])) + (", ..." if len(taking) > 5 else "")
+        advice = (f"; to set it only for the runs whose {candidate.split('.')[0]} takes it (NAME: {shown}): "
                   f"{override.for_run('NAME')} for each")
     note = f"from {override.shown()}"
     if mode == "unknown" or taking:

@@ -39,6 +39,43 @@ def split_key(key: str, *, where: str = "") -> tuple[str, ...]:
     return parts
 
 
+def run_key_part(name: str) -> str:
+    """``name`` as the NAME of ``--set runs.NAME.table.key``: bare when it can be, else a TOML
+    basic string (``runs."long run".scheduler.max_num_seqs``)."""
+    if BARE_PART.fullmatch(name):
+        return name
+    escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else "\\" + c if c in '"\\' else c
+                      for c in name)
+    return f'"{escaped}"'
+
+
+_QUOTED_PART = re.compile(r"""("(?:[^"\\]|\\.)*"|'[^']*')(\.|$)""")
+
+
+def split_run_key(key: str, names) -> tuple[str, str]:
+    """``runs.NAME.rest`` -> ``(NAME, rest)``. NAME is a TOML quoted string (``runs."a b".x``),
+    else the longest of ``names`` (the runs' names) that the key continues with a dot, else its
+    next dot-separated part (which names no run: the caller says so).
+
+    :raises ConfigError: a quoted NAME that is not a valid TOML string, or no ``.rest`` after it.
+    """
+    after = key[len("runs."):]
+    if after[:1] in ("'", '"'):
+        match = _QUOTED_PART.match(after)
+        try:
+            name = tomli.loads(f"v = {match[1]}")["v"] if match else None
+        except tomli.TOMLDecodeError:
+            name = None
+        if name is None or not match[2]:
+            raise ConfigError(f"--set {key}: write runs.\"run name\".<table>.<key> (the name a TOML string)")
+        return name, after[match.end():]
+    for name in sorted(names, key=len, reverse=True):
+        if after.startswith(name + "."):
+            return name, after[len(name) + 1:]
+    name, _, rest = after.partition(".")
+    return name, rest
+
+
 def _parse_value(raw: str, where: str) -> Any:
     if raw == "":
         raise ConfigError(f'{where}: no value after "="; write "" for empty text')
@@ -81,7 +118,8 @@ def parse_assignment(text: str, *, where: str = "--set") -> tuple[str, Any]:
     if not sep:
         raise ConfigError(f"{context}: expected dotted.key=value, e.g. workload.rate=10")
     key = key_text.strip()
-    split_key(key, where=context)
+    if not key.startswith("runs.") or key == "runs.":  # a run's name is checked against the runs'
+        split_key(key, where=context)
     return key, _parse_value(value_text.strip(), context)
 
 
