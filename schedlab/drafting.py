@@ -68,6 +68,7 @@ time) -- so the power model charges the drafter to the last stage's GPUs
 
 from __future__ import annotations
 
+from .engine.clock import check_iteration_ms, check_pipeline_ms
 from .engine.rank_cost import DUMMY
 from .engine.stage_cost import stage_kernels
 from .protocols import Batch
@@ -166,7 +167,7 @@ class DraftingCostModel:
 
     # --- CostModel protocol, and what power models and the clock ask --------------------------------
     def iteration_ms(self, batch: Batch) -> float:
-        return self.target.iteration_ms(batch) + self.draft_ms(batch)
+        return check_iteration_ms(self.target.iteration_ms(batch), batch) + self.draft_ms(batch)
 
     def _kernel_ms(self, batch: Batch) -> float:
         """The GPU's kernels in the step: the target's and the drafter's passes (``proposer_ms``
@@ -200,8 +201,8 @@ class DraftingCostModel:
     def _rank_ms(self, batch: Batch) -> float:
         """A lockstep rank's own part of a step: the target's, and the rank's drafting."""
         if batch is DUMMY:
-            return self.target.rank_ms(DUMMY) + self.dummy_draft_ms()
-        return self.target.rank_ms(batch) + self.draft_ms(batch)
+            return check_iteration_ms(self.target.rank_ms(DUMMY), DUMMY, "rank_ms") + self.dummy_draft_ms()
+        return check_iteration_ms(self.target.rank_ms(batch), batch, "rank_ms") + self.draft_ms(batch)
 
     def _rank_kernel_ms(self, batch: Batch) -> float:
         return self.target.rank_kernel_ms(batch) + self._passes_ms(batch)
@@ -216,7 +217,7 @@ class DraftingCostModel:
     # --- a pipelined instance's stages (schedlab.engine.pipeline) ------------------------------------
     def _pipeline_ms(self, batch: Batch) -> tuple[tuple, float]:
         """``(stage_ms, send_ms)`` of a pipelined batch: the target's, the drafting on the last stage."""
-        stage_ms, send_ms = self.target.pipeline_ms(batch)
+        stage_ms, send_ms = check_pipeline_ms(self.target.pipeline_ms(batch), batch)
         return (*stage_ms[:-1], stage_ms[-1] + self.draft_ms(batch)), send_ms
 
     def _stage_work(self, batch: Batch) -> tuple[tuple[float, float], ...]:

@@ -250,6 +250,121 @@ def test_a_cost_model_may_return_ints_and_numpy_floats(plugin, capsys, engine):
     assert code == 0, capsys.readouterr().err
 
 
+# -- e. what the engine's wrappers and the parallel layouts ask a cost model ---------------------
+
+TEXT_TIME = """
+    class Cost:
+        def iteration_ms(self, batch):
+            return "8.0"
+
+    @schedlab.hookimpl
+    def schedlab_register_cost_models(register):
+        register("text-time", Cost)
+    """
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("table", [
+    '[speculative]\nmethod = "ngram"\nnum_speculative_tokens = 2\nacceptance_rate = 0.5\n',  # the drafting wrapper
+])
+def test_a_text_time_under_a_wrapper_is_named_not_a_type_error(plugin, capsys, engine, table):
+    """The wrapper adds to the plugin's time: that used to end in a TypeError traceback."""
+    code, path = plugin(TEXT_TIME, '[cost_model]\nkind = "text-time"\n' + table, "run", engine)
+    assert one_line(code, capsys.readouterr().err).startswith(
+        f"{path}: run 'mistake': cost model returned '8.0' (str) ms for Batch(")
+
+
+@pytest.mark.parametrize("value, shown", [('"x"', "'x'"), ('float("nan")', "nan"), ('float("inf")', "inf"),
+                                          ("(0.5, 0)", "(0.5, 0)"), ("(0.5, 2.5)", "(0.5, 2.5)"),
+                                          ("(0.5,)", "(0.5,)")])
+def test_a_decode_step_increment_of_the_wrong_form(plugin, capsys, value, shown):
+    """The fast engine reads the increment between events; text used to be a TypeError, NaN ignored."""
+    code, path = plugin(f"""
+        class Cost:
+            def iteration_ms(self, batch):
+                return 8.0
+
+            def decode_step_increment(self, batch):
+                return {value}
+
+        @schedlab.hookimpl
+        def schedlab_register_cost_models(register):
+            register("odd-increment", Cost)
+        """, '[cost_model]\nkind = "odd-increment"\n', "run")
+    message = one_line(code, capsys.readouterr().err)
+    assert message.startswith(f"{path}: run 'mistake': cost model's decode_step_increment returned {shown} for Batch(")
+    assert message.endswith("it must return None, a finite number (ms each further identical decode step adds) "
+                            "or (that number, steps >= 1 it holds for)")
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_negative_increment_is_no_promise(plugin, capsys, engine):
+    """A rounding below 0 is harmless: the engine asks about every step, as with None."""
+    code, _ = plugin("""
+        class Cost:
+            def iteration_ms(self, batch):
+                return 8.0
+
+            def decode_step_increment(self, batch):
+                return -1e-18
+
+        @schedlab.hookimpl
+        def schedlab_register_cost_models(register):
+            register("negative-increment", Cost)
+        """, '[cost_model]\nkind = "negative-increment"\n', "run", engine)
+    assert code == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("value, message", [
+    ('"x"', "cost model's pipeline_ms returned 'x' for Batch("),
+    ("((4.0, 4.0),)", "cost model's pipeline_ms returned ((4.0, 4.0),) for Batch("),
+    ('((4.0, "4"), 0.1)', "cost model's pipeline_ms (a stage's time) returned '4' (str) ms for Batch("),
+    ("((0.0, 0.0), 0.1)", "cost model's pipeline_ms returned stage times (0.0, 0.0) for Batch("),
+    ("((4.0, 4.0), -1.0)", "cost model's pipeline_ms (the send) returned -1.0 (float) ms for Batch("),
+])
+def test_a_pipeline_ms_of_the_wrong_form(plugin, capsys, engine, value, message):
+    code, path = plugin(f"""
+        class Cost:
+            def iteration_ms(self, batch):
+                return 8.0
+
+            def pipeline_ms(self, batch):
+                return {value}
+
+        @schedlab.hookimpl
+        def schedlab_register_cost_models(register):
+            register("odd-pipeline", Cost)
+        """, '[cost_model]\nkind = "odd-pipeline"\n[cluster]\npipeline_parallel = 2\n', "run", engine)
+    assert one_line(code, capsys.readouterr().err).startswith(f"{path}: run 'mistake': {message}")
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("rank, experts, message", [
+    ('"4"', "1.0", "cost model's rank_ms returned '4' (str) ms for Batch("),
+    ("0.0", "1.0", "cost model's rank_ms returned 0.0 ms for Batch("),
+    ("4.0", '"1"', "cost model's experts_ms returned '1' (str) ms for tokens ("),
+    ("4.0", "-1.0", "cost model's experts_ms returned -1.0 (float) ms for tokens ("),
+])
+def test_a_data_parallel_rank_time_of_the_wrong_form(plugin, capsys, engine, rank, experts, message):
+    code, path = plugin(f"""
+        class Cost:
+            def iteration_ms(self, batch):
+                return 8.0
+
+            def rank_ms(self, batch):
+                return {rank}
+
+            def experts_ms(self, tokens):
+                return {experts}
+
+        @schedlab.hookimpl
+        def schedlab_register_cost_models(register):
+            register("odd-ranks", Cost)
+        """, '[cost_model]\nkind = "odd-ranks"\n[cluster]\ndata_parallel = 2\n', "run", engine)
+    assert one_line(code, capsys.readouterr().err).startswith(f"{path}: run 'mistake': {message}")
+
+
 # -- f. a rejection reason that is not text ------------------------------------------------------
 
 REJECTS = """

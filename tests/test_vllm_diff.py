@@ -841,3 +841,20 @@ def test_json_output_shape_is_plain(tmp_path):
     assert Case.from_dict(data["budget"][0]["case"], DiffSettings) == case
     assert data["budget"][0]["vllm"]["0"] == {"first_scheduled_ms": 0, "first_token_ms": 1, "finish_ms": 2,
                                              "preemptions": 0, "cached_tokens": 0}
+
+
+def test_the_harness_chunk_log_passes_on_what_schedule_returned():
+    """The harness wraps the scheduler to log its chunks; a value schedule() returns must still
+    reach the engine's check (it used to be dropped, and the run stall instead)."""
+    from types import SimpleNamespace
+
+    from schedlab.diffcheck.schedlab_side import ChunkLog
+
+    class Returns:
+        def schedule(self, plan):
+            return plan
+
+    plan = SimpleNamespace(prefills=[(SimpleNamespace(request=SimpleNamespace(id=7)), 16)])
+    log = ChunkLog(Returns())
+    assert log.schedule(plan) is plan
+    assert log.chunks == {7: [16]}

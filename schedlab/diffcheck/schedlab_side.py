@@ -55,10 +55,11 @@ class ChunkLog:
     def __getattr__(self, name):
         return getattr(self._scheduler, name)
 
-    def schedule(self, plan) -> None:
-        self._scheduler.schedule(plan)
+    def schedule(self, plan):
+        returned = self._scheduler.schedule(plan)
         for seq, n in plan.prefills:
             self.chunks.setdefault(seq.request.id, []).append(n)
+        return returned  # (not None: the engine's error, as without the log)
 
 
 class OneMsStages:

@@ -91,6 +91,7 @@ import attrs
 
 from ..capacity import GpuSpec
 from ..configs import float_field, str_field
+from ..engine.clock import check_iteration_ms, check_pipeline_ms, check_step_increment
 from ..errors import ConfigError
 from ..protocols import Batch
 
@@ -232,7 +233,7 @@ class ClockedCostModel:
         return sum(stretch(c, m, r) for c, m in splits) if r < 1.0 else 0.0
 
     def ms_at(self, batch: Batch, r: float, base: float | None = None) -> float:
-        d = self.inner.iteration_ms(batch) if base is None else base
+        d = check_iteration_ms(self.inner.iteration_ms(batch), batch) if base is None else base
         if r >= 1.0 or not d:
             return d
         return d + self.stretch_all(self.splits(batch), r)
@@ -243,7 +244,7 @@ class ClockedCostModel:
             return self.fixed
         if batch.prefill_tokens or not batch.num_decode:
             return 1.0  # prompt tokens: the highest clock (TTFT)
-        d = self.inner.iteration_ms(batch)
+        d = check_iteration_ms(self.inner.iteration_ms(batch), batch)
         splits = self.splits(batch)
         for r in self.levels:
             if d + self.stretch_all(splits, r) <= self.target:
@@ -273,14 +274,14 @@ class ClockedCostModel:
         same: the sides of the ``max`` terms of the law, and -- with the governor -- the chosen
         level keeping the target and the level below it still missing it."""
         inner = getattr(self.inner, "decode_step_increment", None)
-        base = inner(batch) if inner is not None else None
+        base = check_step_increment(inner(batch), batch) if inner is not None else None
         if base is None:
             return None
         inc, steps = base if type(base) is tuple else (base, None)
         r = self.clock_ratio(batch)
         if r >= 1.0 and self.fixed is not None:
             return base
-        d0 = self.inner.iteration_ms(batch)
+        d0 = check_iteration_ms(self.inner.iteration_ms(batch), batch)
         c0, m0 = self.split(batch)
         c1, m1 = self.split(_next(batch))
 
@@ -370,7 +371,7 @@ class ClockedCostModel:
     def pipeline_at(self, batch: Batch) -> tuple[tuple[float, ...], float, float]:
         """``(stage_ms, send_ms, r)``: a pipelined batch's stages at its clock, the activations'
         send (on the links: not clocked) and the clock (see the module docstring)."""
-        stage_ms, send_ms = self.inner.pipeline_ms(batch)
+        stage_ms, send_ms = check_pipeline_ms(self.inner.pipeline_ms(batch), batch)
         if self.fixed is not None and self.fixed >= 1.0:
             return stage_ms, send_ms, 1.0
         splits = self.stage_splits(batch)

@@ -24,22 +24,72 @@ def check_iteration_end(start: float, duration: float, what) -> None:
             f"starting at t={start:.6g} ms takes {duration:.3g} ms; check the cost model's settings")
 
 
-def check_iteration_ms(duration: float, batch) -> float:
+def check_iteration_ms(duration: float, batch, method: str | None = None) -> float:
     """``duration``, the cost model's time for ``batch``, if it is a positive and finite number; else
     :class:`SimulationError` naming the batch (both engines: a plugin's zero, negative, NaN or
     infinite time would stall the clock or break causality far from its cause, and its text,
-    None or tuple fail in schedlab's arithmetic)."""
+    None or tuple fail in schedlab's arithmetic). ``method``: the cost model's method that gave
+    it when not ``iteration_ms`` (``rank_ms``: a data-parallel rank's part), for the message."""
     if isinstance(duration, (float, int)) and duration.__class__ is not bool:  # (numpy's float64 is a float)
         if 0.0 < duration < math.inf:
             return duration
     elif not _real(duration):
         raise SimulationError(
-            f"cost model returned {duration!r} ({type(duration).__name__}) ms for {batch}; iterations must take a "
-            "positive, finite time (a number)")
+            f"{_who(method)} returned {duration!r} ({type(duration).__name__}) ms for {batch}; iterations must take "
+            "a positive, finite time (a number)")
     elif 0.0 < duration < math.inf:  # (another real number: numpy's float32, a Fraction)
         return duration
     raise SimulationError(
-        f"cost model returned {duration!r} ms for {batch}; iterations must take a positive, finite time")
+        f"{_who(method)} returned {duration!r} ms for {batch}; iterations must take a positive, finite time")
+
+
+def check_part_ms(duration, batch, method: str) -> float:
+    """``duration`` if it is a finite number >= 0 (a part of a step that may take no time: the
+    activations' send, the routed experts' layers on no token); else :class:`SimulationError`."""
+    if _real(duration) and 0.0 <= duration < math.inf:
+        return duration
+    raise SimulationError(f"{_who(method)} returned {duration!r} ({type(duration).__name__}) ms for {batch}; "
+                          "it must be a finite number >= 0")
+
+
+def check_pipeline_ms(result, batch) -> tuple[tuple, float]:
+    """``pipeline_ms(batch)``'s ``(stage_ms, send_ms)`` if it has that shape: a sequence of
+    finite stage times >= 0, not all 0, and a finite send time >= 0; else
+    :class:`SimulationError` naming the batch."""
+    try:
+        stage_ms, send_ms = result
+        stages = tuple(stage_ms)
+    except (TypeError, ValueError):
+        raise SimulationError(f"cost model's pipeline_ms returned {result!r} for {batch}; it must return "
+                              "(stage_ms, send_ms): the stages' times and the activations' send, ms") from None
+    for ms in stages:
+        check_part_ms(ms, batch, "pipeline_ms (a stage's time)")
+    if not any(stages):
+        raise SimulationError(f"cost model's pipeline_ms returned stage times {stages!r} for {batch}; "
+                              "a batch that computes must take time on some stage")
+    return stages, check_part_ms(send_ms, batch, "pipeline_ms (the send)")
+
+
+def check_step_increment(inc, batch):
+    """``decode_step_increment(batch)``'s answer if it has a form the fast engine reads: None
+    (no promise), a number (< 0 is taken as no promise: a rounding below 0 is harmless), or
+    ``(increment, steps)`` with ``steps`` a whole number >= 1; else :class:`SimulationError`
+    (text, NaN or infinity would otherwise fail far from the plugin, or be ignored)."""
+    if inc is None:
+        return None
+    if type(inc) is tuple:
+        if len(inc) == 2 and _real(inc[0]) and math.isfinite(inc[0]) and isinstance(inc[1], numbers.Integral) \
+                and not isinstance(inc[1], bool) and inc[1] >= 1:
+            return inc
+    elif _real(inc) and math.isfinite(inc):
+        return inc
+    raise SimulationError(
+        f"cost model's decode_step_increment returned {inc!r} for {batch}; it must return None, a finite number "
+        "(ms each further identical decode step adds) or (that number, steps >= 1 it holds for)")
+
+
+def _who(method: str | None) -> str:
+    return "cost model" if method is None else f"cost model's {method}"
 
 
 def _real(value) -> bool:

@@ -22,7 +22,7 @@ from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk, run_limit
 from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
-from .clock import check_iteration_end, check_iteration_ms
+from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import stall_message
 from .load import Release, load
 from .plan import FastPlan, rejection_hook, schedule_returned
@@ -1077,7 +1077,7 @@ class Instance:
         inc = 0.0
         growth = None
         if self.bulk_ok and n_dec and plan.is_decode_only() and (self.ahead is None or self.ahead.settled):
-            inc = self.cost.decode_step_increment(batch)
+            inc = check_step_increment(self.cost.decode_step_increment(batch), batch)
             valid = None
             if type(inc) is tuple:  # piecewise linear: the increment holds for `valid` steps
                 inc, valid = inc

@@ -63,6 +63,7 @@ from typing import Iterable, Sequence
 from ..errors import SimulationError, StallError
 from ..protocols import Batch
 from . import bulk
+from .clock import check_iteration_ms, check_part_ms
 from .driver import arrival_queue, route
 from .instance import Instance
 from .load import Release, RoutingClock, serving, views_of
@@ -256,7 +257,7 @@ class DataParallelCluster(Deployment):
         self._clock = RoutingClock()
         self._views = views_of(self.ranks, self._clock)
         self.now = 0.0
-        self._dummy_ms = [c.rank_ms(DUMMY) for c in self.inner]
+        self._dummy_ms = [check_iteration_ms(c.rank_ms(DUMMY), DUMMY, "rank_ms") for c in self.inner]
         # [clock]: the step's clock, and a rank part's growth at it (schedlab.energy.clock)
         self._step_clock = getattr(self.inner[0], "lockstep_at", None)
         self._increments = [getattr(c, "rank_step_increment", None) or getattr(c, "decode_step_increment", None)
@@ -414,10 +415,11 @@ class DataParallelCluster(Deployment):
         working = [not p.is_empty() for p in plans]
         batches = [rank_batch(inst, p) if w else DUMMY for inst, p, w in zip(ranks, plans, working)]
         # a rank computing nothing (idle, or only swapping) runs the dummy batch (and its swaps)
-        parts = [(inner[r].rank_ms(b) if b.num_batched_tokens else self._dummy_ms[r]) + plans[r].transfer_ms
+        parts = [(check_iteration_ms(inner[r].rank_ms(b), b, "rank_ms") if b.num_batched_tokens else self._dummy_ms[r])
+                 + plans[r].transfer_ms
                  for r, b in enumerate(batches)]
         tokens = tuple(b.num_batched_tokens or 1 for b in batches)
-        experts = inner[0].experts_ms(tokens)
+        experts = check_part_ms(inner[0].experts_ms(tokens), f"tokens {tokens} (rank by rank)", "experts_ms")
         ratio = 1.0
         if self._step_clock is not None:  # one clock for the step, every rank's part and the experts at it
             own = [b if b.num_batched_tokens else DUMMY for b in batches]

@@ -23,6 +23,7 @@ import math
 from typing import Sequence
 
 from ..errors import StallError
+from .clock import check_iteration_ms, check_part_ms
 from .load import views_of
 from .lockstep import Deployment
 from .rank_cost import DUMMY, NOTHING
@@ -134,15 +135,15 @@ class ReferenceDataParallel(ReferenceCluster, Deployment):
         for e, plan in zip(self.instances, plans):
             batch = None if _is_empty(plan) else e.plan_batch(plan)[0]
             if batch is not None and batch.num_batched_tokens:
-                parts.append(e.cost.inner.rank_ms(batch) + plan.transfer_ms)
+                parts.append(check_iteration_ms(e.cost.inner.rank_ms(batch), batch, "rank_ms") + plan.transfer_ms)
                 tokens.append(batch.num_batched_tokens)
             else:  # nothing to compute (idle, or only swapping): a dummy batch, and the swaps
-                parts.append(e.cost.inner.rank_ms(DUMMY) + plan.transfer_ms)
+                parts.append(check_iteration_ms(e.cost.inner.rank_ms(DUMMY), DUMMY, "rank_ms") + plan.transfer_ms)
                 tokens.append(1)
             batches.append(batch)
         tokens = tuple(tokens)
         inner = self.instances[0].cost.inner
-        experts = inner.experts_ms(tokens)
+        experts = check_part_ms(inner.experts_ms(tokens), f"tokens {tokens} (rank by rank)", "experts_ms")
         ratio = 1.0
         clock = getattr(inner, "lockstep_at", None)
         if clock is not None:  # [clock]: one clock for the step (schedlab.energy.clock)

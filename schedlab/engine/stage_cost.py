@@ -21,6 +21,7 @@ that stage's slice of a batch, so the model reads that stage's share:
 from __future__ import annotations
 
 from ..protocols import Batch
+from .clock import check_iteration_ms, check_pipeline_ms
 from .rank_cost import ClockView, RankCost, clocked
 
 
@@ -31,11 +32,11 @@ def stage_kernels(cost, batch: Batch) -> tuple[float, ...]:
     own = getattr(cost, "stage_kernel_ms", None)
     if own is not None:
         return own(batch)
-    stage_ms, _ = cost.pipeline_ms(batch)
+    stage_ms, _ = check_pipeline_ms(cost.pipeline_ms(batch), batch)
     kernel = getattr(cost, "kernel_ms", None)
     if kernel is None:
         return tuple(stage_ms)
-    host = cost.iteration_ms(batch) - kernel(batch)
+    host = check_iteration_ms(cost.iteration_ms(batch), batch) - kernel(batch)
     return (stage_ms[0] - host if host > 0.0 else stage_ms[0], *stage_ms[1:])
 
 

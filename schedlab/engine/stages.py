@@ -158,6 +158,7 @@ import math
 from typing import Iterator
 
 from ..errors import ConfigError
+from .clock import check_pipeline_ms
 from .rank_cost import NOTHING
 
 IN_FLIGHT = "in_flight"  # engine-internal: a sequence whose batch is in the pipeline
@@ -202,7 +203,7 @@ def stage_times(cost, batch, stages: int) -> tuple[tuple, float, float]:
         at = getattr(cost, "pipeline_at", None)
         if at is not None:
             return at(batch)
-        stage_ms, send_ms = cost.pipeline_ms(batch)
+        stage_ms, send_ms = check_pipeline_ms(cost.pipeline_ms(batch), batch)
         return stage_ms, send_ms, 1.0
     ratio = getattr(cost, "clock_ratio", None)
     return (0.0,) * stages, 0.0, ratio(batch) if ratio is not None else 1.0
