@@ -116,6 +116,24 @@ def test_plot_removes_its_own_leftovers_and_a_run_still_replaces_the_folder(tmp_
     assert not (out / live_one).exists()
 
 
+def test_a_file_write_removes_the_half_files_killed_writers_left_and_nothing_else(tmp_path):
+    """``atomic_write`` (a calibration's or a plan's output written outside a results folder) names
+    its temporary file with its pid; the next write to the same path removes a dead writer's."""
+    from schedlab.results.storage import atomic_write
+
+    dead, target = dead_pid(), tmp_path / "fit.toml"
+    gone = [f".fit.toml.{dead}.abcd1234.tmp"]
+    kept = [f".fit.toml.{os.getpid()}.live1234.tmp",   # a live writer's (here: this process)
+            f".fit.toml.{dead}.dirdir12.tmp",          # a folder: not a half file
+            f".other.toml.{dead}.abcd1234.tmp",        # another file's
+            ".fit.toml.abcd1234.tmp"]                  # no pid (an older schedlab): left alone
+    for name in gone + kept:
+        (tmp_path / name).write_text("half") if "dirdir" not in name else (tmp_path / name).mkdir()
+    atomic_write(target, "whole")
+    assert target.read_text() == "whole"
+    assert hidden(tmp_path) == sorted(kept)
+
+
 # -- 2. SIGHUP ---------------------------------------------------------------------------------------------------
 
 

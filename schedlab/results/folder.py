@@ -293,12 +293,14 @@ def staging_prefix(name: str) -> str:
     return f".{name}.{os.getpid()}."
 
 
-def remove_abandoned(parent: str | os.PathLike, names: Iterable[str], suffix: str = ".tmp") -> list[Path]:
+def remove_abandoned(parent: str | os.PathLike, names: Iterable[str], suffix: str = ".tmp", *,
+                     files: bool = False) -> list[Path]:
     """Delete the staging folders in ``parent`` for any of ``names`` (exactly
     ``.<name>.<pid>.<random><suffix>``) whose owner ``<pid>`` no longer exists: what a killed run
     left (see the module doc). Keeps every folder whose pid is alive, and anything that is not a
-    folder (a symbolic link included) or is named otherwise. Nothing it cannot do is an error.
-    Returns what it removed."""
+    folder (a symbolic link included) or is named otherwise. ``files``: the staging *files* of
+    :func:`~schedlab.results.storage.atomic_write` instead (regular files only). Nothing it cannot
+    do is an error. Returns what it removed."""
     parent, names = Path(parent), set(names)
     try:
         entries = os.listdir(parent)
@@ -313,11 +315,18 @@ def remove_abandoned(parent: str | os.PathLike, names: Iterable[str], suffix: st
             continue
         path = parent / entry
         try:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                continue
+            mode = os.lstat(path).st_mode
         except OSError:
             continue
-        shutil.rmtree(path, ignore_errors=True)
+        if files and stat.S_ISREG(mode):
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+        elif files or not stat.S_ISDIR(mode):
+            continue
+        else:
+            shutil.rmtree(path, ignore_errors=True)
         if not _exists(path):
             removed.append(path)
     return removed

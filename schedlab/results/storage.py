@@ -40,7 +40,7 @@ import numpy as np
 from ..configs import not_regular_file
 from ..engine.recorder import TIMELINE
 from ..errors import SchedlabError
-from .folder import usual_mode
+from .folder import remove_abandoned, staging_prefix, usual_mode
 from .metrics import completed, request_latencies
 from .records import ExperimentResults, RunResult, Study
 from .stream import SPOOL_PREFIX
@@ -58,17 +58,20 @@ TIMELINE_COLUMNS = ("run",) + TIMELINE
 
 def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
     """Write ``path`` completely or not at all (temporary file + rename), with the permissions
-    ``open`` would give a new file (``0o666`` less the umask; ``mkstemp`` alone gives ``0o600``)."""
+    ``open`` would give a new file (``0o666`` less the umask; ``mkstemp`` alone gives ``0o600``).
+    The temporary file is ``.<name>.<pid>.<random>.tmp``: one that a process killed mid-write
+    left is removed by the next write to ``path``."""
     path = Path(path)
     data = text.encode() if isinstance(text, str) else text
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=staging_prefix(path.name), suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), usual_mode())
             fh.write(data)
         os.replace(tmp, path)
+        remove_abandoned(path.parent, [path.name], ".tmp", files=True)
     except BaseException as exc:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
