@@ -179,3 +179,24 @@ def test_max_instances_beyond_what_a_cluster_may_have_is_refused_when_the_file_i
     # validate said OK, and the run stopped at its first probe: [cluster]: instances: must be <= 1024
     path = plan_file(tmp_path, "max_instances = 4", "max_instances = 2000")
     assert load_error(path) == f"{path}: [plan]: max_instances: must be <= 1024, got 2000"
+
+
+def test_runs_that_add_up_to_too_many_simulations_are_refused_before_their_points_are_built(tmp_path, monkeypatch):
+    """Each run within its limits (10,000 points, 10,000 replicas), the file over 100,000 in all."""
+    from schedlab.study import experiment
+
+    assert experiment.MAX_SIMULATIONS == 100_000
+    built = []
+    real = experiment._validate
+    monkeypatch.setattr(experiment, "_validate", lambda study, *a: built.append(study.name) or real(study, *a))
+    sweep_100 = '[runs.sweep]\n"scheduler.max_num_seqs" = [' + ", ".join(map(str, range(1, 101))) + "]\n"
+    path = tmp_path / "many.toml"
+    path.write_text(WORKLOAD + "\n".join(
+        f'[[runs]]\nname = "r{i}"\nreplicas = {r}\n{sweep_100}' for i, r in enumerate((500, 500, 1))))
+    assert load_error(path) == (f"{path}: its runs add up to more than 100,000 simulations, the most one file runs "
+                                "(sweep points x replicas; the largest: 'r0' 50,000, 'r1' 50,000, 'r2' 100): fewer "
+                                "points or replicas, or split it into several files")
+    assert built == ["r0", "r1"]  # r2 (the one over) was not built
+    path.write_text(WORKLOAD + "\n".join(
+        f'[[runs]]\nname = "r{i}"\nreplicas = {r}\n{sweep_100}' for i, r in enumerate((500, 500))))
+    assert [s.name for s in load(path).studies] == ["r0", "r1"]  # exactly 100,000: allowed

@@ -62,6 +62,8 @@ RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "r
 DEFAULT_REPORTS = ("table", "json", "plots")
 #: The most replicas a run may ask for: each is a whole simulation (95% intervals need a few dozen).
 MAX_REPLICAS = 10_000
+#: The most simulations (sweep points x replicas, over every run) one experiment file runs.
+MAX_SIMULATIONS = 100_000
 # A [sweep] grid's points and a [plan]'s candidates: at most sweep.MAX_SWEEP_POINTS (10,000) each, checked
 # when the file is read (the constant lives in .sweep, which the planner shares).
 MAX_NAME_BYTES = 200  # file systems allow 255; the results folder's temporary sibling adds a suffix
@@ -215,6 +217,8 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         entries = [{}]
     studies = []
     names: set[str] = set()
+    counts: dict[str, int] = {}  # simulations per run, so far, and their total
+    total = 0
     targeted = _run_assignments(assignments, entries, source)
     every_run = [o for o in assignments if not o.key.startswith(("experiment.", "runs."))]
     for o in every_run:
@@ -263,6 +267,10 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         if plan_table is not None:
             plan_cfg = from_table(PlanConfig, plan_table, where=f"{where} [plan]")
         study = StudySpec(name, base, sweep, search_cfg, replicas, plan_cfg)
+        counts[name] = (len(sweep) if sweep else 1) * replicas
+        total += counts[name]
+        if total > MAX_SIMULATIONS:  # (before this run's points are built)
+            raise _too_many(counts, source)
         try:
             _validate(study, ctx, where)
         except ConfigError as exc:
@@ -285,6 +293,17 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         _, report_config = component_config(ctx, "report", {**table, "kind": name}, f"{source}: [reports.{name}]")
         check_report_studies(report_config, studies, f"{source}: [reports.{name}]")
     return Experiment(path, config, studies, report_tables, ctx, raw, tuple(plugin_objects), custom, portable)
+
+
+def _too_many(counts: dict[str, int], source: str) -> ConfigError:
+    """The error for runs (``counts``: each one's sweep points, or 1, times its replicas; a search or
+    plan counts one per replica, the least it runs) that add up to more than
+    :data:`MAX_SIMULATIONS`: each limit alone allows far more, and such a file would run for days."""
+    largest = sorted(counts.items(), key=lambda item: -item[1])[:3]
+    shown = ", ".join(f"{name!r} {n:,}" for name, n in largest)
+    return ConfigError(f"{source}: its runs add up to more than {MAX_SIMULATIONS:,} simulations, the most one "
+                       f"file runs (sweep points x replicas; the largest: {shown}): fewer points or replicas, "
+                       "or split it into several files")
 
 
 def check_report_studies(config, studies: list[StudySpec], where: str) -> None:
