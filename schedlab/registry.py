@@ -161,12 +161,15 @@ def _is_frozen(cls: type) -> bool:
 def _unchecked_config(config: type) -> str | None:
     """What makes ``config`` take settings unchecked, as the end of a sentence, or None: not
     frozen, or fields a table sets with neither a validator nor a converter (a plain
-    ``max_num_seqs: int = 16`` takes ``"many"``, or ``-5``, from the TOML)."""
+    ``max_num_seqs: int = 16`` takes ``"many"``, or ``-5``, from the TOML) in a class with no
+    ``__attrs_post_init__`` (where a config may check its fields together)."""
     problems = []
     if not _is_frozen(config):
         problems.append("is not frozen; make it @attrs.frozen (a plugin that changes its config would carry the "
                         "change from one run to the next)")
     unchecked = [a.name for a in attrs.fields(config) if a.init and a.validator is None and a.converter is None]
+    if unchecked and getattr(config, "__attrs_post_init__", None) is not None:
+        unchecked = []  # it checks its settings after they are set (and raises FieldError or ValueError)
     if unchecked:
         names = ", ".join(repr(n) for n in unchecked)
         some = f"fields nothing checks, {names}: they take" if len(unchecked) > 1 else \

@@ -205,6 +205,30 @@ def test_checked_frozen_configs_are_not_warned_about(recwarn):
     assert [str(w.message) for w in recwarn if issubclass(w.category, BrokenPluginWarning)] == []
 
 
+def test_a_config_that_checks_its_fields_after_init_is_not_warned_about(recwarn):
+    @attrs.frozen
+    class CheckedTogether:
+        low: int = 1
+        high: int = 2
+
+        def __attrs_post_init__(self):
+            if not 0 < self.low <= self.high:
+                raise ValueError("need 0 < low <= high")
+
+    @attrs.define
+    class LooseTogether:  # (not frozen: still said)
+        low: int = 1
+
+        def __attrs_post_init__(self):
+            pass
+
+    registry = Registry("scheduler")
+    registry.register("together", object, config=CheckedTogether)
+    registry.register("loose-together", object, config=LooseTogether)
+    assert [str(w.message) for w in recwarn if issubclass(w.category, BrokenPluginWarning)] == [
+        f"scheduler 'loose-together': config class {__name__}.{LooseTogether.__qualname__} {NOT_FROZEN}"]
+
+
 def test_no_built_in_plugin_is_warned_about():
     catalog, warned = said(entry_points=False)
     assert warned == []
