@@ -841,7 +841,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--target-baseline", metavar="FILE",
                         help="a /metrics scrape taken before the run: subtracted from --target's")
     parser.add_argument("--target-index", type=int, default=None, metavar="N",
-                        help="which benchmark of a guidellm report with several (default 0)")
+                        help="which benchmark of a guidellm report with several (default 0), or which JSON "
+                             "document of a file of several, as vllm bench serve --append-result writes (default "
+                             "the last)")
     parser.add_argument("--statistics", metavar="NAMES",
                         help="comma-separated statistics of --target to fit (default: all it holds), e.g. "
                              "ttft_ms.mean,itl_ms.p50,e2e_ms.p99")

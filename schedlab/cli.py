@@ -28,11 +28,12 @@ import traceback
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
-from .errors import TRACEBACK_ENV, PluginError, SchedlabError, plugin_error
+from .errors import TRACEBACK_ENV, InputWarning, PluginError, SchedlabError, plugin_error
 from .interrupts import SignalGuard, acknowledge, stop_status
 from .results import index_page
 from .results.folder import StagedFiles, StagedFolder, record_entries
@@ -267,10 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    text = " ".join(str(message).split())
-    print(f"schedlab: warning: {text}" if issubclass(category, BrokenPluginWarning) else
-          warnings.formatwarning(message, category, filename, lineno, line).rstrip(), file=sys.stderr)
+def _one_line_warnings() -> Callable:
+    """A ``warnings.showwarning`` for one command: schedlab's own warnings (a plugin left out, an
+    input's assumption) as one ``schedlab: warning:`` line, each said once; others as Python says them."""
+    said: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if not issubclass(category, (BrokenPluginWarning, InputWarning)):
+            print(warnings.formatwarning(message, category, filename, lineno, line).rstrip(), file=sys.stderr)
+            return
+        text = "schedlab: warning: " + " ".join(str(message).split())
+        if text not in said:
+            said.add(text)
+            print(text, file=sys.stderr)
+
+    return show
 
 
 def _say(text: str) -> None:
@@ -353,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     with SignalGuard():
         try:
             with warnings.catch_warnings():
-                warnings.showwarning = _one_line_warning
+                warnings.showwarning = _one_line_warnings()
                 return args.func(args)
         except SchedlabError as exc:
             return _error(exc)

@@ -27,6 +27,12 @@ class WorkloadError(SchedlabError):
     """A request file or trace cannot be read or has bad values."""
 
 
+class InputWarning(UserWarning):
+    """An input file read with something assumed or left out, and why (a target's statistics a
+    non-streaming run cannot have, a replay that cannot be the client's). Said on one line, once
+    per command, where the experiment is loaded (:mod:`schedlab.cli`); runs do not repeat it."""
+
+
 class SimulationError(SchedlabError):
     """The simulation cannot go on: a plugin broke a rule, or no progress is possible."""
 

@@ -5,14 +5,22 @@ per-request log exists. The file is recognised by its content:
 
 * ``vllm bench serve --save-result`` (with or without ``--save-detailed``): ``mean_ttft_ms``,
   ``median_ttft_ms``, ``p99_ttft_ms`` (every ``--metric-percentiles`` it was run with), the same
-  for ``tpot``, ``itl`` and ``e2el``, and ``request_throughput``, ``output_throughput``,
-  ``total_token_throughput``;
+  for ``tpot``, ``itl`` and ``e2el``, and ``request_throughput`` (v0.3's ``request_inthroughput``),
+  ``output_throughput``, ``total_token_throughput``. With ``--append-result`` the file holds one
+  JSON document per run: the last is read, or the one ``index`` names;
 * an inference-perf report (``summary_lifecycle_metrics.json``): ``successes.latency.
   {time_to_first_token, time_per_output_token, inter_token_latency, request_latency}`` in
   seconds (``mean``, ``median``, ``p90`` ...) and ``successes.throughput``;
+* inference-perf's ``summary_prometheus_metrics.json``: vLLM's own histograms as inference-perf
+  queried them from Prometheus over the run (``reportgen/base.py``): ``successes.
+  {time_to_first_token, time_per_output_token (vllm:request_time_per_output_token_seconds),
+  inter_token_latency, request_latency, request_queue_time, iteration_tokens}`` in seconds (or
+  tokens), ``mean`` (exact) and ``median``, ``p90``, ``p99`` (``histogram_quantile`` inside
+  buckets the file does not hold), and ``successes.rate``: the engine's view;
 * a guidellm report: ``benchmarks[i].metrics.{time_to_first_token_ms, time_per_output_token_ms,
   inter_token_latency_ms, request_latency (s), requests_per_second, output_tokens_per_second,
-  tokens_per_second}.successful`` (``mean``, ``median``, ``percentiles.p90`` ...);
+  tokens_per_second}.successful`` (``mean``, ``median``, ``percentiles.p90`` ...) -- the JSON
+  report; its YAML one is read only where PyYAML is installed;
 * a scrape of vLLM's Prometheus ``/metrics`` (text format): the histograms
   ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` (older vLLMs:
   ``vllm:time_per_output_token_seconds``, the same per-token gaps),
@@ -22,7 +30,14 @@ per-request log exists. The file is recognised by its content:
   before the run (``baseline``) the difference. A histogram gives an exact mean (``_sum /
   _count``) and quantiles only to its buckets' resolution, so the simulation's quantiles are
   read through the same buckets with the same interpolation as Prometheus' ``histogram_quantile``
-  -- like is compared with like.
+  -- like is compared with like. Label sets whose buckets differ (pods of two vLLM versions in a
+  federated scrape) are summed at the bounds where every set's count is known (see
+  :func:`_sum_series`).
+
+Files are UTF-8, with or without a byte-order mark. Statistics that cannot be compared are left
+out and noted (``Summary.dropped``): null or not finite; TTFT, TPOT and ITL of a non-streaming
+run (every TTFT 0; a :class:`TargetWarning` says so). A file of a run whose every request failed
+is refused.
 
 Statistics are named as the run's metrics are: ``ttft_ms.mean``, ``itl_ms.p99``, ``e2e_ms.p50``,
 ``queue_ms.mean``, ``iteration_tokens.mean``, ``request_throughput_rps``, ``output_throughput_tps``,
@@ -38,15 +53,17 @@ then gets ``metrics["vs_target"]``, each statistic measured, simulated and its e
 
 from __future__ import annotations
 
-import json
 import math
 import re
+import warnings
+from bisect import bisect_right
 from pathlib import Path
 import attrs
 import numpy as np
 
 from .configs import FieldError, int_field, path_field
-from .errors import ConfigError
+from .errors import ConfigError, InputWarning
+from .json_text import JsonTextError, json_documents
 
 #: Latency groups: the run's metric prefix, and how each source names it.
 GROUPS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
@@ -55,11 +72,19 @@ THROUGHPUTS = ("request_throughput_rps", "output_throughput_tps", "total_through
 BENCH = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
 BENCH_RATES = {"request_throughput": "request_throughput_rps", "output_throughput": "output_throughput_tps",
                "total_token_throughput": "total_throughput_tps"}
+#: older vllm bench serve's names of BENCH_RATES' keys (v0.3-era benchmark_serving.py's typo)
+BENCH_RATE_ALIASES = {"request_inthroughput": "request_throughput"}
 #: inference-perf: successes.latency.<name> (seconds)
 INFERENCE_PERF = {"time_to_first_token": "ttft_ms", "time_per_output_token": "tpot_ms",
                   "inter_token_latency": "itl_ms", "request_latency": "e2e_ms"}
 INFERENCE_PERF_RATES = {"requests_per_sec": "request_throughput_rps", "output_tokens_per_sec": "output_throughput_tps",
                         "total_tokens_per_sec": "total_throughput_tps"}
+#: inference-perf's summary_prometheus_metrics.json: successes.<name> -> (group, scale to ms or tokens). Its
+#: vLLM client queries time_per_output_token from vllm:request_time_per_output_token_seconds (a request's TPOT)
+INFERENCE_PERF_SERVER = {"time_to_first_token": ("ttft_ms", 1e3), "time_per_output_token": ("tpot_ms", 1e3),
+                         "inter_token_latency": ("itl_ms", 1e3), "request_latency": ("e2e_ms", 1e3),
+                         "request_queue_time": ("queue_ms", 1e3), "iteration_tokens": ("iteration_tokens", 1.0)}
+INFERENCE_PERF_SERVER_KIND = "inference-perf server metrics"
 #: guidellm: metrics.<name> and its unit in ms
 GUIDELLM = {"time_to_first_token_ms": ("ttft_ms", 1.0), "time_per_output_token_ms": ("tpot_ms", 1.0),
             "inter_token_latency_ms": ("itl_ms", 1.0), "request_latency": ("e2e_ms", 1e3)}
@@ -75,8 +100,17 @@ PROMETHEUS = {"vllm:time_to_first_token_seconds": ("ttft_ms", 1e3),
               "vllm:iteration_tokens_total": ("iteration_tokens", 1.0)}
 #: the kind of a Prometheus scrape's summary (the only one measured by the server, not a client)
 PROMETHEUS_KIND = "vLLM /metrics"
+#: the kinds of summary measured by the server (vLLM's own metrics), read in the engine's view
+ENGINE_KINDS = (PROMETHEUS_KIND, INFERENCE_PERF_SERVER_KIND)
+#: the groups a load generator measures only when the response is streamed
+STREAMED = ("ttft_ms", "tpot_ms", "itl_ms")
 #: quantiles read from each Prometheus histogram (beside its exact mean)
 HISTOGRAM_QUANTILES = (50, 90, 99)
+
+
+class TargetWarning(InputWarning):
+    """Statistics of a target file left out that the file does hold (a non-streaming run's TTFT,
+    TPOT and ITL)."""
 
 
 @attrs.frozen
@@ -135,7 +169,7 @@ class Summary:
         """Whose times these are: ``"engine"`` (vLLM's own metrics, from a request's arrival at
         the engine) or ``"client"`` (a load generator's, from sending it to the first and last
         byte); the simulation is read in the same view."""
-        return "engine" if self.kind == PROMETHEUS_KIND else "client"
+        return "engine" if self.kind in ENGINE_KINDS else "client"
 
     def select(self, names: list[str] | None) -> "Summary":
         """Only the statistics ``names`` (all when None).
@@ -164,8 +198,8 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     """The summary statistics in ``path`` (format recognised by content; see the module docstring).
 
     :param baseline: a Prometheus scrape taken before the run, subtracted from ``path``'s.
-    :param index: which benchmark of a guidellm report with several (None: the first; refused
-        for the other formats, which hold one).
+    :param index: which benchmark of a guidellm report with several (None: the first), or which
+        JSON document of a file holding several (None: the last); refused for the other files.
     :param names: what the messages call ``path``, ``baseline`` and ``index``
         (:data:`CLI_NAMES`, or :data:`TABLE_NAMES` for a ``[target]`` table).
     :raises ConfigError: a missing or unreadable file, one in none of the formats, a statistic
@@ -176,8 +210,8 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     where = f"{names['path']} {path}"
     if _looks_prometheus(text):
         if index is not None:
-            raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks; {path} is "
-                              f"a Prometheus scrape")
+            raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks, or a file "
+                              f"several JSON documents; {path} is a Prometheus scrape")
         before = {}
         if baseline:
             before_text = _read_text(Path(baseline), names["baseline"])
@@ -189,33 +223,101 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
                                    f"{names['baseline']} {baseline}")
     if baseline:
         raise ConfigError(f"{names['baseline']}: only a Prometheus scrape has a baseline; {path} is not one")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where}: neither JSON ({exc.msg}) nor a Prometheus scrape") from None
+    source = str(path)
+    documents = _json_documents(text, path, where)
+    if len(documents) > 1:   # vllm bench serve --append-result: one document per run
+        chosen = len(documents) - 1 if index is None else index
+        if not 0 <= chosen < len(documents):
+            raise ConfigError(f"{names['index']} {index}: {path} holds {len(documents)} JSON documents (runs "
+                              f"appended to one file, as by vllm bench serve --append-result): 0..{len(documents) - 1}")
+        label = f" (document {chosen} of {len(documents)})"
+        data, index, source, where = documents[chosen], None, source + label, where + label
+        benchmarks = data.get("benchmarks") if isinstance(data, dict) else None
+        if isinstance(benchmarks, list) and len(benchmarks) > 1:
+            raise ConfigError(f"{where}: a guidellm report of {len(benchmarks)} benchmarks in a file of several JSON "
+                              f"documents: {names['index']} picks the document; save each report to its own file")
+    else:
+        data = documents[0]
     if isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
-        summary = _bench_summary(data, str(path), where)
+        summary = _bench_summary(data, source, where)
+    elif isinstance(data, dict) and isinstance(data.get("successes"), dict) and _server_side(data["successes"]):
+        summary = _inference_perf_server_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict):
-        summary = _inference_perf_summary(data, str(path), where)
+        summary = _inference_perf_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
-        return _usable(_guidellm_summary(data, str(path), 0 if index is None else index, where, names), where)
+        return _usable(_guidellm_summary(data, source, 0 if index is None else index, where, names), where)
     else:
         raise ConfigError(f"{where}: not a vllm bench serve result, an inference-perf or guidellm report, "
                           f"or a Prometheus scrape")
     if index is not None:
-        raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks; {path} is a "
-                          f"{summary.kind} file")
+        raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks, or a file "
+                          f"several JSON documents; {path} is a {summary.kind} file")
     return _usable(summary, where)
 
 
+#: UTF-16's byte-order marks (what Windows PowerShell 5's ``>`` and ``Out-File`` write)
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def _read_text(path: Path, name: str) -> str:
-    """The text of the file ``name`` (an option or a table's key) gives, or a ConfigError."""
+    """The text of the file ``name`` (an option or a table's key) gives, or a ConfigError. UTF-8,
+    with or without a byte-order mark (Windows tools write one); UTF-16 is named as such."""
     if not path.is_file():
         raise ConfigError(f"{name} {path}: file not found")
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
         raise ConfigError(f"{name} {path}: cannot be read ({exc.__class__.__name__}: {exc})") from None
+    head = raw[:1024]
+    if raw.startswith(_UTF16_BOMS) or (len(head) > 1 and (not any(head[0::2]) or not any(head[1::2]))):
+        raise ConfigError(f"{name} {path}: not UTF-8 text (it looks like UTF-16, e.g. from PowerShell's >: save it "
+                          f"as UTF-8, e.g. with Out-File -Encoding utf8)")
+    if raw.startswith(b"\x1f\x8b"):
+        raise ConfigError(f"{name} {path}: gzip-compressed: decompress it first (gunzip)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{name} {path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                          f"save it as UTF-8") from None
+
+
+_SPACE = re.compile(r"\s*")
+#: a YAML mapping's first line: ``key:`` (guidellm's YAML report begins ``args:`` or ``benchmarks:``)
+_YAML_START = re.compile(r"(?:---|[A-Za-z_][\w-]*:)(?:\s|$)")
+
+
+def _json_documents(text: str, path: Path, where: str) -> list:
+    """The JSON documents of ``text``: one, or several one after the other (``vllm bench serve
+    --append-result`` appends each run's). A YAML file (guidellm writes one) is read with
+    PyYAML where it is installed, else refused saying how to write the JSON report.
+
+    :raises ConfigError: an empty file, text that is no JSON, or a later document that is not.
+    """
+    start = _SPACE.match(text).end()
+    if start == len(text):
+        raise ConfigError(f"{where}: the file is empty")
+    try:
+        return json_documents(text)
+    except JsonTextError as exc:
+        if exc.document > 1:
+            raise ConfigError(f"{where}: not JSON ({exc.detail})") from None
+        if exc.line is not None and (path.suffix.lower() in (".yaml", ".yml") or _YAML_START.match(text, start)):
+            return [_yaml_document(text, where)]
+        raise ConfigError(f"{where}: neither JSON ({exc.reason}) nor a Prometheus scrape") from None
+
+
+def _yaml_document(text: str, where: str):
+    """A YAML file's document (a guidellm report saved as ``.yaml``), with PyYAML -- not one of
+    schedlab's dependencies: without it, a ConfigError saying to save the JSON report."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(f"{where}: a YAML file; schedlab reads guidellm's JSON report (PyYAML is not installed): "
+                          f"write it with --output-path report.json") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: neither JSON nor YAML ({' '.join(str(exc).split())[:200]})") from None
 
 
 def _usable(summary: Summary, where: str) -> Summary:
@@ -267,7 +369,9 @@ def _statistic(raw, key: str, where: str, dropped: dict[str, str]) -> float | No
 
 
 def _bench_summary(data: dict, source: str, where: str) -> Summary:
+    _refuse_all_failed(data.get("completed"), "completed", data.get("failed"), "failed", where)
     values: dict[str, float] = {}
+    keys: dict[str, str] = {}
     dropped: dict[str, str] = {}
     pattern = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
     for key, raw in data.items():
@@ -279,13 +383,46 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
             continue
         stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else f"p{match.group(2)}"
         values[f"{BENCH[match.group(3)]}.{stat}"] = value
+        keys[f"{BENCH[match.group(3)]}.{stat}"] = key
+    for alias, key in BENCH_RATE_ALIASES.items():
+        if key not in data and alias in data:
+            data = {**data, key: data[alias]}
+            keys[BENCH_RATES[key]] = alias
     for key, name in BENCH_RATES.items():
-        value = _statistic(data[key], key, where, dropped) if key in data else None
+        value = _statistic(data[key], keys.get(name, key), where, dropped) if key in data else None
         if value is not None:
             values[name] = value
     completed = data.get("completed")
-    return Summary(source, "vllm bench serve", _ordered(values),
+    return Summary(source, "vllm bench serve", _ordered(_streamed_only(values, keys, dropped, where)),
                    requests=int(completed) if _number(completed) is not None else None, dropped=dropped)
+
+
+def _refuse_all_failed(succeeded, succeeded_key: str, failed, failed_key: str, where: str) -> None:
+    """Refuse the report of a run whose every request failed: its statistics are zeros or NaN of
+    no request, nothing a simulation can be compared with."""
+    if _number(succeeded) == 0:
+        failures = f", {failed_key} is {_number(failed):g}" if _number(failed) is not None else ""
+        raise ConfigError(f"{where}: every request of the run failed ({succeeded_key} is 0{failures}): it has no "
+                          f"statistic to compare with")
+
+
+def _streamed_only(values: dict[str, float], keys: dict[str, str], dropped: dict[str, str],
+                   where: str) -> dict[str, float]:
+    """``values`` without the TTFT, TPOT and ITL of a non-streaming run -- every TTFT statistic
+    exactly 0: the client saw only the whole response, so its TTFT is 0 and its TPOT the whole
+    latency over the tokens -- noted in ``dropped`` (file keys from ``keys``) and said in a
+    :class:`TargetWarning`. Kept when nothing else would be left (a file of zeros is refused
+    where it is used, naming them)."""
+    ttft = [name for name in values if name.partition(".")[0] == "ttft_ms"]
+    streamed = [name for name in values if name.partition(".")[0] in STREAMED]
+    if not ttft or any(values[name] != 0 for name in ttft) or len(streamed) == len(values):
+        return values
+    for name in streamed:
+        dropped[keys[name]] = "of a non-streaming run"
+    message = (f"{where}: every TTFT statistic is 0, as of a non-streaming run: its {len(streamed)} TTFT, TPOT and "
+               f"ITL statistics are left out, the other {len(values) - len(streamed)} compared")
+    warnings.warn(message, TargetWarning, stacklevel=4)
+    return {name: value for name, value in values.items() if name not in streamed}
 
 
 def _stat_name(key: str) -> str | None:
@@ -298,9 +435,12 @@ def _stat_name(key: str) -> str | None:
 
 
 def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
-    successes = data["successes"]
+    successes, failures = data["successes"], data.get("failures")
+    _refuse_all_failed(successes.get("count"), "successes.count",
+                       failures.get("count") if isinstance(failures, dict) else None, "failures.count", where)
     latency = successes.get("latency") or {}
     values: dict[str, float] = {}
+    keys: dict[str, str] = {}
     dropped: dict[str, str] = {}
     for key, group in INFERENCE_PERF.items():
         block = latency.get(key)
@@ -311,6 +451,7 @@ def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
             value = _statistic(raw, f"successes.latency.{key}.{stat_key}", where, dropped) if stat else None
             if value is not None:
                 values[f"{group}.{stat}"] = value * 1e3
+                keys[f"{group}.{stat}"] = f"successes.latency.{key}.{stat_key}"
     throughput = successes.get("throughput") or {}
     for key, name in INFERENCE_PERF_RATES.items():
         value = _statistic(throughput[key], f"successes.throughput.{key}", where, dropped) if key in throughput \
@@ -318,8 +459,56 @@ def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
         if value is not None:
             values[name] = value
     count = _number(successes.get("count"))
-    return Summary(source, "inference-perf", _ordered(values), requests=int(count) if count is not None else None,
-                   dropped=dropped)
+    return Summary(source, "inference-perf", _ordered(_streamed_only(values, keys, dropped, where)),
+                   requests=int(count) if count is not None else None, dropped=dropped)
+
+
+def _server_side(successes: dict) -> bool:
+    """Whether inference-perf's ``successes`` is its ``summary_prometheus_metrics.json``'s (the
+    server's histograms at the top level) rather than ``summary_lifecycle_metrics.json``'s (the
+    client's under ``latency``)."""
+    return not isinstance(successes.get("latency"), dict) and \
+        any(isinstance(successes.get(key), dict) for key in INFERENCE_PERF_SERVER)
+
+
+def _inference_perf_server_summary(data: dict, source: str, where: str) -> Summary:
+    """inference-perf's ``summary_prometheus_metrics.json``: vLLM's histograms as Prometheus
+    summed them over the run, in seconds; the engine's view. A statistic of exactly 0 is
+    inference-perf's value for a metric the server does not expose (or that saw no observation):
+    left out, noted in ``dropped``. The percentiles are ``histogram_quantile`` inside vLLM's
+    buckets, which the file does not give: read against the simulation's exact percentiles."""
+    successes = data["successes"]
+    if _number(successes.get("count")) == 0:
+        raise ConfigError(f"{where}: the server counted no finished request over the run (successes.count is 0): it "
+                          f"has no statistic to compare with")
+    values: dict[str, float] = {}
+    dropped: dict[str, str] = {}
+    for key, (group, scale) in INFERENCE_PERF_SERVER.items():
+        block = successes.get(key)
+        if not isinstance(block, dict):
+            continue
+        for stat_key, raw in block.items():
+            stat = _stat_name(stat_key)
+            name = f"successes.{key}.{stat_key}"
+            value = _statistic(raw, name, where, dropped) if stat else None
+            if value == 0:
+                dropped[name] = "0 (no such metric on the server, or no observation)"
+            elif value is not None:
+                values[f"{group}.{stat}"] = value * scale
+    def rate(key):
+        block = successes.get(key)
+        return (f"successes.{key}.rate", block.get("rate") if isinstance(block, dict) else None)
+
+    rates = {"request_throughput_rps": [("successes.rate", successes.get("rate"))],
+             "output_throughput_tps": [rate("output_len")],
+             "total_throughput_tps": [rate("prompt_len"), rate("output_len")]}
+    for name, parts in rates.items():
+        found = [_statistic(raw, key, where, dropped) if raw is not None else None for key, raw in parts]
+        if all(value is not None for value in found) and sum(found) > 0:
+            values[name] = sum(found)
+    count = _number(successes.get("count"))
+    return Summary(source, INFERENCE_PERF_SERVER_KIND, _ordered(values),
+                   requests=int(count) if count is not None else None, dropped=dropped)
 
 
 def _guidellm_summary(data: dict, source: str, index: int, where: str, names: dict[str, str]) -> Summary:
@@ -330,6 +519,7 @@ def _guidellm_summary(data: dict, source: str, index: int, where: str, names: di
         raise ConfigError(f"{names['index']} {index}: {source} holds benchmarks 0..{len(benchmarks) - 1}")
     metrics = (benchmarks[index] or {}).get("metrics") or {}
     values: dict[str, float] = {}
+    keys: dict[str, str] = {}
     dropped: dict[str, str] = {}
 
     def successful(block):
@@ -344,12 +534,14 @@ def _guidellm_summary(data: dict, source: str, index: int, where: str, names: di
                 if stat_key in dist else None
             if value is not None:
                 values[f"{group}.{_stat_name(stat_key)}"] = value * scale
+                keys[f"{group}.{_stat_name(stat_key)}"] = f"metrics.{key}.successful.{stat_key}"
         for stat_key, raw in (dist.get("percentiles") or {}).items():
             stat = _guidellm_percentile(stat_key)
             value = _statistic(raw, f"metrics.{key}.successful.percentiles.{stat_key}", where, dropped) if stat \
                 else None
             if value is not None:
                 values[f"{group}.{stat}"] = value * scale
+                keys[f"{group}.{stat}"] = f"metrics.{key}.successful.percentiles.{stat_key}"
     for key, name in GUIDELLM_RATES.items():
         dist = successful(metrics.get(key)) or {}
         value = _statistic(dist["mean"], f"metrics.{key}.successful.mean", where, dropped) if "mean" in dist \
@@ -358,8 +550,10 @@ def _guidellm_summary(data: dict, source: str, index: int, where: str, names: di
             values[name] = value
     count = _number((successful(metrics.get("request_latency")) or {}).get("count"))
     label = f"{source} (benchmark {index} of {len(benchmarks)})" if len(benchmarks) > 1 else source
-    return Summary(label, "guidellm", _ordered(values), requests=int(count) if count is not None else None,
-                   dropped=dropped)
+    _refuse_all_failed(count, "metrics.request_latency.successful.count", None, "",
+                       f"{where} (benchmark {index})" if len(benchmarks) > 1 else where)
+    return Summary(label, "guidellm", _ordered(_streamed_only(values, keys, dropped, where)),
+                   requests=int(count) if count is not None else None, dropped=dropped)
 
 
 def _guidellm_percentile(key: str) -> str | None:
@@ -397,17 +591,21 @@ def check_statistic_names(names, option: str) -> None:
 
 def _looks_prometheus(text: str) -> bool:
     head = text.lstrip()[:4096]
-    return head.startswith("#") or bool(re.search(r"^vllm:\w+(\{[^}]*\})?\s", head, re.M))
+    return head.startswith("#") or bool(re.search(r"^vllm:[\w:]*[{\s]", head, re.M))
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
+_NAME = re.compile(r"[A-Za-z_:][\w:]*")
+#: what follows a sample's name and labels: its value, a timestamp, and an OpenMetrics exemplar
+#: (`` # {trace_id="..."} 0.035 1.73e+09``), which is no part of the sample
+_VALUE = re.compile(r"\s+([^\s#]\S*)(?:\s+[^\s#]\S*)?(?:\s+#.*)?\s*$")
 _LABEL = re.compile(r'\s*([A-Za-z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _INF = ("+Inf", "Inf", "inf", "+inf")
 
 
 def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
     """Each histogram of :data:`PROMETHEUS`: ``{"buckets": {le: count}, "sum": s, "count": c}``,
-    summed over its label sets, each of which must be a histogram (:func:`_check_series`).
+    summed over its label sets (:func:`_sum_series`), each of which must be a histogram
+    (:func:`_check_series`). An OpenMetrics exemplar after a value is no part of the sample.
 
     :raises ConfigError: naming the file and line: a line that is not a sample, a value that is
         not a finite number or a negative count, a bucket without a numeric ``le``, buckets whose
@@ -421,10 +619,11 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        match = _SAMPLE.match(line)
-        if match is None:
+        sample = _split_sample(line)
+        if sample is None:
             raise ConfigError(f"{source}: line {number}: not a Prometheus sample: {line[:80]!r}")
-        name, labels, raw = match.group(1), match.group(3) or "", match.group(4)
+        name, braces, raw = sample
+        labels = braces[1:-1]
         metric, suffix = _histogram_part(name)
         if metric is None:
             continue
@@ -439,7 +638,7 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
             bound = _bucket_bound(le, name, f"{source}: line {number}")
         first = samples.setdefault((name, tuple(sorted(pairs.items())), bound), number)   # le="Inf" is "+Inf"
         if first != number:
-            raise ConfigError(f"{source}: line {number}: {name}{match.group(2) or ''} repeats the sample of line "
+            raise ConfigError(f"{source}: line {number}: {name}{braces} repeats the sample of line "
                               f"{first} (same metric, same labels): a scrape holds one sample per series -- two "
                               f"scrapes joined in one file?")
         entry = series.setdefault((metric, label_set), {"buckets": {}, "lines": {}, "sum": 0.0, "count": None})
@@ -453,12 +652,67 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for (metric, _), entry in series.items():
         _check_series(metric, entry, source)
-        total = found.setdefault(metric, {"buckets": {}, "sum": 0.0, "count": 0.0})
-        for bound, count in entry["buckets"].items():
-            total["buckets"][bound] = total["buckets"].get(bound, 0.0) + count
+        total = found.setdefault(metric, {"buckets": {}, "sum": 0.0, "count": 0.0, "series": []})
+        total["series"].append(entry["buckets"])
         total["sum"] += entry["sum"]
         total["count"] += entry["count"][0] if entry["count"] is not None else entry["buckets"].get(math.inf, 0.0)
+    for total in found.values():
+        total["buckets"] = _sum_series(total.pop("series"))
     return found
+
+
+def _sum_series(series: list[dict[float, float]]) -> dict[float, float]:
+    """The cumulative counts of several label sets' buckets (bound -> count) summed, at every
+    bound where each set's count is known: its own bucket's, or -- for a set without that bound
+    (federated pods of two vLLM versions, with different buckets) -- the count of its nearest
+    bound below when its nearest bound above counts the same (no observation between them; 0
+    below its first bound). A bound where some set's count lies between two of its buckets is
+    left out: its quantiles are read through the bounds kept, the simulation's alike."""
+    own = [(sorted(buckets), buckets) for buckets in series]
+    summed = {}
+    for bound in sorted(set().union(*series)):
+        total = 0.0
+        for bounds, buckets in own:
+            if bound in buckets:
+                total += buckets[bound]
+                continue
+            above = bisect_right(bounds, bound)
+            below = buckets[bounds[above - 1]] if above > 0 else 0.0
+            if above == len(bounds) or buckets[bounds[above]] != below:
+                break
+            total += below
+        else:
+            summed[bound] = total
+    return summed
+
+
+def _split_sample(line: str) -> tuple[str, str, str] | None:
+    """A sample line's name, its labels with their braces (or ""), and its value as written; None
+    for a line that is no sample. The labels end at the first ``}`` outside a quoted value (a
+    value may hold ``}``, ``#`` and escaped quotes); a timestamp and an exemplar are left out."""
+    match = _NAME.match(line)
+    if match is None:
+        return None
+    end = match.end()
+    if line.startswith("{", end):
+        quoted, escaped = False, False
+        for i in range(end + 1, len(line)):
+            char = line[i]
+            if escaped:
+                escaped = False
+            elif quoted and char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = not quoted
+            elif char == "}" and not quoted:
+                break
+        else:
+            return None
+        braces, end = line[end:i + 1], i + 1
+    else:
+        braces = ""
+    value = _VALUE.match(line, end)
+    return (match.group(), braces, value.group(1)) if value else None
 
 
 def _histogram_part(name: str) -> tuple[str | None, str]:
@@ -525,8 +779,13 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
     for metric, (group, scale) in PROMETHEUS.items():
         if metric not in after or group in taken:
             continue
-        a, b = after[metric], before.get(metric, {"buckets": {}, "sum": 0.0, "count": 0.0})
-        _check_later(metric, a, b, source, baseline)
+        a, b = after[metric], before.get(metric)
+        if b is None:
+            b = {"buckets": {}, "sum": 0.0, "count": 0.0}
+        else:   # the bounds both scrapes hold (the label sets summed may keep different ones: _sum_series)
+            common = set(a["buckets"]) & set(b["buckets"])
+            a, b = ({**x, "buckets": {le: c for le, c in x["buckets"].items() if le in common}} for x in (a, b))
+            _check_later(metric, a, b, source, baseline)
         bounds = sorted(a["buckets"])
         counts = [a["buckets"][le] - b["buckets"].get(le, 0.0) for le in bounds]
         count, total = a["count"] - b["count"], a["sum"] - b["sum"]
@@ -755,7 +1014,10 @@ class TargetConfig:
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
         metadata={"help": "compare only these statistics, e.g. ['ttft_ms.mean', 'e2e_ms.p99'] (default: every one "
                           "the file holds)"})
-    index: int = int_field(0, min=0, help="which benchmark of a guidellm report with several")
+    index: int | None = int_field(None, min=0, optional=True,
+                                  help="which benchmark of a guidellm report with several (default 0), or which JSON "
+                                       "document of a file of several (vllm bench serve --append-result; default the "
+                                       "last)")
     baseline: str | None = path_field(None, optional=True,
                                       help="a Prometheus scrape taken before the run, subtracted from path's")
 
@@ -771,7 +1033,7 @@ class TargetConfig:
         :raises ConfigError: the file cannot be read, or holds no such statistic (the message
             lists those it holds).
         """
-        summary = read_summary(self.path, baseline=self.baseline, index=self.index or None, names=TABLE_NAMES)
+        summary = read_summary(self.path, baseline=self.baseline, index=self.index, names=TABLE_NAMES)
         if self.statistics:
             unknown = [n for n in self.statistics if n not in summary.values]
             if unknown:

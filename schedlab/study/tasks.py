@@ -19,7 +19,7 @@ import attrs
 
 from ..capacity import Presets
 from ..catalog import BrokenPluginWarning, load_catalog
-from ..errors import SchedlabError
+from ..errors import InputWarning, SchedlabError
 from ..results.records import RunResult
 from ..results.stream import RecordSettings
 from .simulation import Context, RunSpec, run
@@ -71,7 +71,9 @@ def execute(task: RunTask, context: Context | None = None, observer: Callable | 
     """Simulate ``task``; ``context`` skips the rebuild (in-process runs, which may observe
     iterations through ``observer``)."""
     try:
-        ctx = context if context is not None else task.context.build()
-        return run(task.spec, ctx, observer=observer, timeline=task.timeline, record=task.record)
+        with warnings.catch_warnings():  # (an input's assumption: said once, where the experiment loaded)
+            warnings.simplefilter("ignore", InputWarning)
+            ctx = context if context is not None else task.context.build()
+            return run(task.spec, ctx, observer=observer, timeline=task.timeline, record=task.record)
     except SchedlabError as exc:
         return TaskFailure(exc)

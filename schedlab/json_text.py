@@ -1,0 +1,63 @@
+"""JSON text as users' files hold it: one document or several one after another (``vllm bench
+serve --append-result`` appends each run's to the same file), and the failures ``json`` raises
+besides a syntax error (nesting deeper than the recursion limit, a number of more than 4,300
+digits), so that every reader names them in one line instead of a traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+_BLANK = " \t\r\n"
+
+
+class JsonTextError(ValueError):
+    """Text that is not JSON.
+
+    :ivar reason: what is wrong, e.g. ``Expecting value``.
+    :ivar document: the document (1, 2, ...) it is in.
+    :ivar line: its line in the text (None: not a syntax error).
+    """
+
+    def __init__(self, reason: str, document: int, line: int | None):
+        super().__init__(reason)
+        self.reason, self.document, self.line = reason, document, line
+
+    @property
+    def detail(self) -> str:
+        """``reason``, preceded by where it is when the text held documents before it."""
+        if self.document == 1:
+            return self.reason
+        at = f", line {self.line}" if self.line is not None else ""
+        return f"document {self.document}{at}: {self.reason}"
+
+
+def unreadable_json(exc: BaseException) -> str:
+    """What stopped ``json.loads`` other than a syntax error (a JSONDecodeError says that):
+    nesting deeper than Python's recursion limit lets it follow (about 1,000 levels), or a whole
+    number longer than Python converts from text (4,300 digits)."""
+    if isinstance(exc, RecursionError):
+        return "lists or objects nested too deeply to read"
+    return f"a number too long to read (more than {sys.get_int_max_str_digits()} digits)"
+
+
+def json_documents(text: str) -> list:
+    """Every JSON document in ``text``, in order (separated by whitespace or by nothing).
+
+    :raises JsonTextError: text that is empty or not JSON, naming the document it failed in.
+    """
+    decoder = json.JSONDecoder()
+    documents: list = []
+    at = 0
+    while True:
+        while at < len(text) and text[at] in _BLANK:
+            at += 1
+        if at == len(text) and documents:
+            return documents
+        try:
+            document, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as exc:
+            raise JsonTextError(exc.msg, len(documents) + 1, exc.lineno) from None
+        except (ValueError, RecursionError) as exc:
+            raise JsonTextError(unreadable_json(exc), len(documents) + 1, None) from None
+        documents.append(document)
