@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from schedlab.errors import WorkloadError
+from schedlab.json_text import unreadable_json
 from schedlab.results.storage import repeated_column
 
 # kinds of a raw value
@@ -42,15 +42,6 @@ CHUNK_BYTES = 8 << 20          # lines are tokenised this many bytes at a time (
 MAX_TOKEN = 24                 # longer number tokens go to json.loads (big ints, long decimals)
 BOM = b"\xef\xbb\xbf"
 _STRIPPED = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32)   # bytes str.strip() removes (ASCII)
-
-
-def unreadable_json(exc: BaseException) -> str:
-    """What stopped ``json.loads`` other than a syntax error (a JSONDecodeError says that):
-    nesting deeper than Python's recursion limit lets it follow (about 1,000 levels), or a whole
-    number longer than Python converts from text (4,300 digits)."""
-    if isinstance(exc, RecursionError):
-        return "lists or objects nested too deeply to read"
-    return f"a number too long to read (more than {sys.get_int_max_str_digits()} digits)"
 
 
 class RawColumn(Sequence):

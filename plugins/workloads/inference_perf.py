@@ -8,10 +8,15 @@ request and when it had the whole answer), ``request`` (the JSON payload it sent
 tokens' arrival times, named differently across versions; the first found is used:
 
 * prompt tokens: ``info.input_tokens``, ``info.request_metrics.text.input_tokens``, the
-  server's ``usage.prompt_tokens``;
-* output tokens: the server's count ``info.response_metrics.server_usage.completion_tokens``,
-  ``info.response_metrics.output_tokens``, ``info.output_tokens`` (versions before mid-2026);
-* token times: ``info.response_metrics.output_token_times``, ``info.output_token_times``.
+  server's ``usage.prompt_tokens`` (in ``info.response_metrics.server_usage`` or
+  ``info.response_info.server_usage``);
+* output tokens: the server's count ``info.response_metrics.server_usage.completion_tokens``
+  (``info.response_info.server_usage.completion_tokens`` in v0.5),
+  ``info.response_metrics.output_tokens``, ``info.response_info.output_tokens`` (v0.5: ``info``
+  is ``{input_tokens, response_info: {output_tokens, output_token_times, chunk_times,
+  server_usage}}``), ``info.output_tokens`` (up to v0.4);
+* token times: ``info.response_metrics.output_token_times``,
+  ``info.response_info.output_token_times``, ``info.output_token_times``.
 
 Requests are sent at their recorded ``start_time`` (ms after the first), open loop: the recorded
 send times already hold the client's waits for a worker. Failed requests are left out and
@@ -179,14 +184,17 @@ def load_inference_perf(path, *, limit: int | None = None, prefix_blocks: str = 
             raise WorkloadError(f"{where}: end_time {end} is before start_time {start}")
         info = record["info"]
         prompt = _first(info, ("input_tokens",), ("request_metrics", "text", "input_tokens"),
-                        ("response_metrics", "server_usage", "prompt_tokens"))
+                        ("response_metrics", "server_usage", "prompt_tokens"),
+                        ("response_info", "server_usage", "prompt_tokens"))
         output = _first(info, ("response_metrics", "server_usage", "completion_tokens"),
-                        ("response_metrics", "output_tokens"), ("output_tokens",))
+                        ("response_info", "server_usage", "completion_tokens"),
+                        ("response_metrics", "output_tokens"), ("response_info", "output_tokens"), ("output_tokens",))
         if prompt is None or output is None:
             raise WorkloadError(f"{where}: info holds no {'input' if prompt is None else 'output'} token count "
                                 "(input_tokens / request_metrics.text.input_tokens; response_metrics.output_tokens "
-                                "/ output_tokens)")
-        times = _first(info, ("response_metrics", "output_token_times"), ("output_token_times",)) or []
+                                "/ response_info.output_tokens / output_tokens)")
+        times = _first(info, ("response_metrics", "output_token_times"), ("response_info", "output_token_times"),
+                       ("output_token_times",)) or []
         if not isinstance(times, list):
             raise WorkloadError(f"{where}: output_token_times: must be a list of seconds")
         times = [seconds(where, "output_token_times", t) for t in times]

@@ -13,31 +13,41 @@
   sent less its wait for a ``--max-concurrency`` slot, sent when a slot is free
   (:mod:`.capped`), or at the recorded send times when there was no cap. Files without
   ``start_times`` get arrivals drawn again as vLLM draws them (gamma gaps with shape
-  ``burstiness`` at the mean rate; all at t = 0 for an infinite rate) from the run's seed, sent
-  under the file's ``--max-concurrency`` cap when it has one. Its
-  latencies are the client's, and so is the comparison; the server's own per-request TTFT and
-  queue time, when it sent them, are compared with the simulated engine's.
+  ``burstiness`` at the mean rate; evenly spaced for ``--burstiness inf``; all at t = 0 for an
+  infinite rate; with ``--ramp-up-strategy`` each gap at the rate vLLM ramps to for that
+  request) from the run's seed, sent under the file's ``--max-concurrency`` cap when it has one.
+  A capped file without ``queue_times`` (older clients) does not say when each request became
+  due, as vLLM takes ``start_time`` after the wait for a slot: at an infinite rate all were due
+  at once, so all are due at 0 in file order and the cap paces them; at a finite rate the
+  arrivals are drawn again, with a warning. A file ``--append-result`` wrote several results
+  into gives its last (``index`` picks another). Its latencies are the client's, and so is the
+  comparison; the server's own per-request TTFT and queue time, when it sent them, are compared
+  with the simulated engine's.
 
-Both keep the measured latencies (:class:`MeasuredRequests`, ``workload.measured``) so a run
-can be compared with the real one (:mod:`schedlab.results.compare`).
+Both read UTF-8 files with or without a byte order mark, gzip-compressed or not, and keep the
+measured latencies (:class:`MeasuredRequests`, ``workload.measured``) so a run can be compared
+with the real one (:mod:`schedlab.results.compare`).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import math
+import warnings
+import zlib
 from pathlib import Path
 
 import attrs
 import numpy as np
 
 from schedlab.configs import MAX_TIME_MS, int_field, is_finite_number, path_field, str_field
-from schedlab.errors import WorkloadError
+from schedlab.errors import InputWarning, WorkloadError
 
-from .arrivals import arrivals_ms
+from .arrivals import arrivals_ms, unit_gaps
 from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
-from .records import check_regular_file, jsonl_objects, read_json_file, show_value
+from .records import check_regular_file, gzip_problem, jsonl_objects, open_text, read_json_documents, show_value
 
 
 @attrs.frozen(eq=False)
@@ -95,11 +105,17 @@ def prefix_block_ids(token_lists, block_tokens: int = 16) -> list[tuple[int, ...
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """The objects of a JSONL file (UTF-8, a byte order mark skipped, gzip decompressed)."""
     check_regular_file(path)
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
-    with open(path) as fh:
-        rows = list(jsonl_objects(fh, str(path)))
+    try:
+        with open_text(path) as fh:
+            rows = list(jsonl_objects(fh, str(path)))
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise gzip_problem(str(path), exc) from None
     if not rows:
         raise WorkloadError(f"{path}: no requests in the file")
     return rows
@@ -229,6 +245,11 @@ def make_vllm_log_workload(config: VllmLogConfig) -> OpenLoopWorkload:
 # --- vllm bench serve --save-result -----------------------------------------------------------
 
 REPLAYS = ("client", "send_times", "redraw")
+RAMP_UP_STRATEGIES = ("linear", "exponential")
+
+
+class BenchReplayWarning(InputWarning):
+    """A ``vllm bench serve`` file replayed otherwise than as the client ran, and why."""
 
 
 @attrs.frozen
@@ -239,7 +260,10 @@ class VllmBenchConfig:
                             help="'client': as the client ran (each request due at its recorded send time less "
                                  "its wait for a slot, at most max_concurrency in flight); 'send_times': at the "
                                  "recorded send times, open loop; 'redraw': arrivals drawn again from request_rate "
-                                 "and burstiness, under max_concurrency (files without start_times)")
+                                 "(or the ramp-up) and burstiness, under max_concurrency (files without start_times)")
+    index: int | None = int_field(None, min=0, optional=True,
+                                  help="which result of a file holding several (--append-result writes one after "
+                                       "another): 0 for the first; the last when not set")
 
 
 @attrs.frozen(eq=False)
@@ -247,12 +271,16 @@ class BenchRun:
     """What a ``vllm bench serve`` result file says about the requests that succeeded (file order)."""
 
     rate: float
-    burstiness: float
+    burstiness: float            # inf: evenly spaced arrivals (--burstiness inf)
     max_concurrency: int | None
     columns: RequestColumns
     measured: MeasuredRequests
     sent_ms: np.ndarray | None   # recorded send times (start_times), ms from the first request due
     due_ms: np.ndarray | None    # when each was due: sent less its wait for a slot (queue_times)
+    ramp: tuple[str, float, float] | None = None  # (--ramp-up-strategy, start rps, end rps)
+    rows: np.ndarray | None = None   # each kept request's index in the file's lists (the ramp's request_index)
+    total: int = 0                   # requests in the file, failed ones included (the ramp's total_requests)
+    due_known: bool = True       # False: capped at a finite rate and no queue_times (due times not recorded)
 
 
 def _bench_list(path, data, key, n=None, *, required=True):
@@ -280,15 +308,61 @@ def _bench_seconds(path, key, values, keep, *, allow_none=False) -> np.ndarray:
     return out
 
 
-def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
+def _bench_document(path: Path, index: int | None):
+    """The result ``index`` of the file (the last when None): ``--append-result`` writes each
+    run's result after the ones already in the file."""
+    documents = read_json_documents(path)
+    if index is None:
+        return documents[-1]
+    if index >= len(documents):
+        raise WorkloadError(f"{path}: index {index}: the file holds {len(documents)} result"
+                            f"{'s' if len(documents) > 1 else ''} (0 to {len(documents) - 1})")
+    return documents[index]
+
+
+def _bench_ramp(path, data) -> tuple[str, float, float] | None:
+    """``(strategy, start rps, end rps)`` of a ramp-up run (``--ramp-up-strategy``), else None."""
+    strategy = data.get("ramp_up_strategy")
+    if strategy is None:
+        return None
+    if strategy not in RAMP_UP_STRATEGIES:
+        raise WorkloadError(f"{path}: ramp_up_strategy: must be \"linear\", \"exponential\" or null, "
+                            f"got {show_value(strategy)}")
+    ends = []
+    for key in ("ramp_up_start_rps", "ramp_up_end_rps"):
+        value = data.get(key)
+        if not is_finite_number(value) or not value > 0:
+            raise WorkloadError(f"{path}: {key}: must be a number > 0 with ramp_up_strategy = {strategy!r}, "
+                                f"got {show_value(value)}")
+        ends.append(float(value))
+    return strategy, ends[0], ends[1]
+
+
+def ramp_rates(ramp: tuple[str, float, float], total: int) -> np.ndarray:
+    """Each request's rate in a ramp-up run of ``total`` requests, as vLLM's
+    ``_get_current_request_rate``: at progress ``p = i / max(total - 1, 1)``, ``start + (end -
+    start) * p`` (linear) or ``start * (end / start) ** p`` (exponential)."""
+    strategy, start, end = ramp
+    progress = np.arange(total) / max(total - 1, 1)
+    if strategy == "linear":
+        return start + (end - start) * progress
+    return start * (end / start) ** progress
+
+
+def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None) -> BenchRun:
     """The successful requests of a ``vllm bench serve --save-result --save-detailed`` file
     (vLLM's ``vllm/benchmarks/serve.py``; lists aligned with ``input_lens``, times in seconds):
     ``output_lens``, ``ttfts`` and ``itls`` measured at the client from sending the request,
     ``latencies`` (its end-to-end latency), ``start_times`` (``time.perf_counter()`` when it was
     sent), ``queue_times`` (its wait for a ``--max-concurrency`` slot), ``errors``, and when the
-    server reported them, ``server_ttfts`` and ``server_queue_times`` (None where it did not)."""
+    server reported them, ``server_ttfts`` and ``server_queue_times`` (None where it did not).
+
+    A file with several results (``--append-result``) gives the one at ``index`` (the last when
+    None). Without ``queue_times`` a capped run's due times are not recorded (vLLM takes
+    ``start_time`` after the wait for a slot): at an infinite rate every request was due at once,
+    so all are due at 0 in file order; at a finite rate ``due_known`` is False."""
     path = Path(path)
-    data = read_json_file(path)
+    data = _bench_document(path, index)
     if not isinstance(data, dict):
         raise WorkloadError(f"{path}: expected a JSON object")
     inputs = _bench_list(path, data, "input_lens")
@@ -305,9 +379,12 @@ def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
         rate = float(rate)
     except (TypeError, ValueError, OverflowError):
         raise WorkloadError(f"{path}: request_rate: must be a number or \"inf\", got {show_value(rate)}") from None
+    if not rate > 0:
+        raise WorkloadError(f"{path}: request_rate: must be > 0 or \"inf\", got {show_value(data['request_rate'])}")
     burstiness = data.get("burstiness", 1.0)
-    if not is_finite_number(burstiness) or not burstiness > 0:
-        raise WorkloadError(f"{path}: burstiness: must be a number > 0, got {show_value(burstiness)}")
+    if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or not burstiness > 0:
+        raise WorkloadError(f"{path}: burstiness: must be a number > 0 (or Infinity), got {show_value(burstiness)}")
+    ramp = _bench_ramp(path, data)
     cap = data.get("max_concurrency")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise WorkloadError(f"{path}: max_concurrency: must be a whole number >= 1 or null, got {cap!r}")
@@ -329,13 +406,18 @@ def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
     sent = due = None
+    due_known = True
     starts = _bench_list(path, data, "start_times", n, required=False)
     if starts is not None:
         sent = _bench_seconds(path, "start_times", starts, keep)  # perf_counter seconds: any origin >= 0
         queue_times = _bench_list(path, data, "queue_times", n, required=False)
-        waited = (_bench_seconds(path, "queue_times", queue_times, keep) if queue_times is not None
-                  else np.zeros(len(keep)))
-        due = sent - waited
+        if queue_times is not None:
+            due = sent - _bench_seconds(path, "queue_times", queue_times, keep)
+        elif cap is not None and math.isinf(rate) and ramp is None:
+            due = np.full(len(keep), sent.min())   # all due at once; the cap paced the sends
+        else:
+            due = sent.copy()   # right without a cap; with one, when each became due is not recorded
+            due_known = cap is None
         origin = due.min()
         sent, due = sent - origin, due - origin
     server = {}
@@ -345,23 +427,48 @@ def load_vllm_bench(path, *, limit: int | None = None) -> BenchRun:
     measured = MeasuredRequests(str(path), due if due is not None else np.full(len(keep), np.nan), ttft, tpot, e2e,
                                 output, view="client", server_ttft_ms=server["server_ttfts"],
                                 server_queue_ms=server["server_queue_times"])
-    return BenchRun(rate, float(burstiness), cap, RequestColumns(prompt, output), measured, sent, due)
+    return BenchRun(rate, float(burstiness), cap, RequestColumns(prompt, output), measured, sent, due, ramp,
+                    np.array(keep, dtype=np.int64), n, due_known)
+
+
+def redraw_arrivals_ms(bench: BenchRun, seed: int) -> np.ndarray:
+    """Arrivals of ``bench``'s requests drawn again as ``vllm bench serve`` draws them, in ms, the
+    first at 0: gamma gaps of shape ``burstiness`` at each request's rate (evenly spaced for
+    burstiness inf, all at 0 for an infinite rate). The rate is ``request_rate``, or in a
+    ramp-up run the rate vLLM gives the request at its index in the file (:func:`ramp_rates`);
+    failed requests keep their gaps there. The same seed gives the same arrivals."""
+    n = len(bench.columns)
+    cv = 1.0 / math.sqrt(bench.burstiness)   # 0 for burstiness inf: constant gaps
+    if bench.ramp is None:
+        if math.isinf(bench.rate):
+            return np.zeros(n)
+        return arrivals_ms("gamma", n, seed, rate=bench.rate, cv=cv)
+    rows = bench.rows
+    last = int(rows[-1])
+    rates = ramp_rates(bench.ramp, bench.total)
+    # gap before request i (i >= 1) at request i's rate; unit gaps / rate = gamma(shape, 1 / (rate * shape))
+    gaps = unit_gaps("gamma", last, np.random.default_rng(seed), cv) / rates[1:last + 1]
+    times = np.concatenate(([0.0], np.cumsum(gaps)))[rows]
+    return (times - times[0]) * 1000.0
 
 
 def make_vllm_bench_workload(config: VllmBenchConfig):
     """Replay the client of a ``vllm bench serve`` run (see :class:`VllmBenchConfig`); its
     measurements are the client's, so the comparison takes the simulated client's view."""
-    bench = load_vllm_bench(config.path, limit=config.limit)
+    bench = load_vllm_bench(config.path, limit=config.limit, index=config.index)
     columns, n = bench.columns, len(bench.columns)
     replay = config.replay if bench.sent_ms is not None else "redraw"
+    if replay == "client" and not bench.due_known:
+        warnings.warn(f"{config.path}: max_concurrency {bench.max_concurrency} at a finite request rate and no "
+                      f"queue_times: when each request became due is not recorded (start_times are taken after the "
+                      f"wait for a slot), so arrivals are drawn again from the "
+                      f"{'ramp-up' if bench.ramp else 'request_rate'} and burstiness with the seed, under the cap "
+                      f"(replay = \"send_times\" replays the recorded send times, open loop)",
+                      BenchReplayWarning, stacklevel=2)
+        replay = "redraw"
     if replay == "redraw":
-        def build(seed: int):
-            if math.isinf(bench.rate):
-                return np.zeros(n), columns
-            # vllm bench serve: gamma gaps, shape = burstiness, mean 1 / rate (cv = 1 / sqrt(shape)).
-            return arrivals_ms("gamma", n, seed, rate=bench.rate, cv=1.0 / math.sqrt(bench.burstiness)), columns
-
-        workload = OpenLoopWorkload(build, name="vllm_bench", num_requests=n)
+        workload = OpenLoopWorkload(lambda seed: (redraw_arrivals_ms(bench, seed), columns), name="vllm_bench",
+                                    num_requests=n)
         if bench.max_concurrency is not None:  # the client's cap holds whatever the arrivals
             workload = CappedWorkload(workload, bench.max_concurrency)
         measured = bench.measured
@@ -373,5 +480,5 @@ def make_vllm_bench_workload(config: VllmBenchConfig):
         measured = bench.measured
     workload.measured = measured
     workload.info.update(request_rate=bench.rate, burstiness=bench.burstiness, max_concurrency=bench.max_concurrency,
-                         replay=replay)
+                         replay=replay, ramp_up=list(bench.ramp) if bench.ramp else None)
     return workload

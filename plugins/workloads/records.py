@@ -24,9 +24,12 @@ messages) are the same for every reader.
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
 import math
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -35,25 +38,70 @@ import numpy as np
 
 from schedlab.configs import MAX_FLOAT_INT, not_regular_file
 from schedlab.errors import WorkloadError
+from schedlab.json_text import JsonTextError, json_documents, unreadable_json
 
 from .arrow_text import read_csv_arrow, read_jsonl_arrow
 from .fast_text import (
-    FLOAT, INT, NONE, STR, RawColumn, csv_columns, read_csv_fast, read_jsonl_fast, unreadable_json,
+    FLOAT, INT, NONE, STR, RawColumn, csv_columns, read_csv_fast, read_jsonl_fast,
 )
 
 FORMATS = ("json", "jsonl", "csv")
 READERS = ("arrow", "numpy", "python")
 _EXTENSIONS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+_COMPRESSED = (".gz", ".gzip")
 INT64_MAX = int(np.iinfo(np.int64).max)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: str | os.PathLike) -> bool:
+    """True when the file starts with gzip's magic bytes (1f 8b), whatever its name."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == GZIP_MAGIC
+    except OSError:   # missing, a folder...: the reader that opens it says so
+        return False
+
+
+def file_suffix(path: str | os.PathLike) -> str:
+    """The extension that tells the format, lower case: ``.csv`` for ``trace.csv.gz`` too."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in _COMPRESSED:
+        suffix = Path(path.stem).suffix.lower()
+    return suffix
+
+
+def read_file_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of ``path``, decompressed when it is gzip; OSError, EOFError (a cut-off gzip
+    stream) or zlib.error as the file system or the decompressor raise them (see
+    :func:`gzip_problem`)."""
+    with open(path, "rb") as raw:
+        data = raw.read()
+    return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
+
+
+def open_text(path: str | os.PathLike):
+    """``path`` open as UTF-8 text (a leading byte order mark skipped, newlines kept as written for
+    the csv module), decompressed on the fly when it is gzip."""
+    if is_gzip(path):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def gzip_problem(name: str, exc: BaseException) -> WorkloadError:
+    """The WorkloadError for a gzip file that does not decompress: cut off, or damaged."""
+    what = "cut off before its end" if isinstance(exc, EOFError) else f"damaged ({exc})"
+    return WorkloadError(f"{name}: gzip file {what}; check it with gunzip -t")
 
 
 def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
-    """The file format: ``format`` if given, else from the extension (.json, .jsonl/.ndjson, .csv)."""
+    """The file format: ``format`` if given, else from the extension (.json, .jsonl/.ndjson, .csv;
+    a further .gz is skipped)."""
     if format is not None:
         if format not in FORMATS:
             raise WorkloadError(f"{path}: unknown format {format!r}; use one of {', '.join(FORMATS)}")
         return format
-    suffix = Path(path).suffix.lower()
+    suffix = file_suffix(path)
     try:
         return _EXTENSIONS[suffix]
     except KeyError:
@@ -403,23 +451,23 @@ def read_records(
     name = str(path)
     if reader not in READERS:
         raise ValueError(f"read_records: reader must be one of {READERS}, got {reader!r}")
+    compressed = is_gzip(path)
     try:
-        if reader == "arrow" and kind in ("jsonl", "csv"):
+        if reader == "arrow" and kind in ("jsonl", "csv") and not compressed:  # (it reads the file on disk)
             read = (read_jsonl_arrow if kind == "jsonl" else read_csv_arrow)(path, name, wanted, required, limit)
             if read is not None:
                 records = Records(name, "line", *read, reader="arrow")
                 _check_required(records, required)
                 return records
         if reader in ("arrow", "numpy") and kind in ("jsonl", "csv"):
-            with open(path, "rb") as raw:
-                data = raw.read()
+            data = read_file_bytes(path)
             read = (read_jsonl_fast if kind == "jsonl" else read_csv_fast)(data, name, wanted, required, limit)
             if read is not None:
                 records = Records(name, "line", *read, reader="numpy")
                 _check_required(records, required)
                 return records
             del data
-        with open(path, encoding="utf-8-sig", newline="") as handle:
+        with open_text(path) as handle:
             if kind == "csv":
                 return _read_csv(handle, name, wanted, required, limit)
             if kind == "jsonl":
@@ -430,7 +478,10 @@ def read_records(
     except IsADirectoryError:
         raise WorkloadError(f"{name}: is a folder, not a file") from None
     except UnicodeDecodeError as exc:
-        raise WorkloadError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        inside = " (after gzip decompression)" if compressed else ""
+        raise WorkloadError(f"{name}: not UTF-8 text{inside} ({exc.reason} at byte {exc.start})") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise gzip_problem(name, exc) from None
     except OSError as exc:
         raise WorkloadError(f"{name}: cannot read: {exc.strerror or exc}") from None
 
@@ -475,18 +526,41 @@ def check_regular_file(path: str | os.PathLike) -> None:
         raise WorkloadError(f"{path}: {problem}")
 
 
-def read_json_file(path: Path) -> Any:
-    """The JSON document in ``path``; WorkloadError naming the file when it is missing, not a
-    regular file or not JSON."""
+def read_json_text(path: Path) -> str:
+    """The text of a JSON file: UTF-8, a leading byte order mark skipped, decompressed when it is
+    gzip; WorkloadError naming the file when it is missing, not a regular file or not UTF-8."""
     check_regular_file(path)
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
     try:
-        return json.loads(path.read_text())
+        return read_file_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise gzip_problem(str(path), exc) from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_json_file(path: Path) -> Any:
+    """The JSON document in ``path`` (see :func:`read_json_text`); WorkloadError naming the file
+    when it cannot be read or is not JSON."""
+    text = read_json_text(path)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{path}: not JSON ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:
         raise WorkloadError(f"{path}: not JSON ({unreadable_json(exc)})") from None
+
+
+def read_json_documents(path: Path) -> list:
+    """Every JSON document in ``path``, in order: one, or several one after another (separated by
+    whitespace or not at all) as ``vllm bench serve --append-result`` writes them."""
+    try:
+        return json_documents(read_json_text(path))
+    except JsonTextError as exc:
+        raise WorkloadError(f"{path}: not JSON ({exc.detail})") from None
 
 
 def jsonl_objects(handle, name: str, limit: int | None = None):

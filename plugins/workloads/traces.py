@@ -1,14 +1,20 @@
 """Published LLM-serving traces: Azure LLM inference 2023, Vidur's splitwise files, Mooncake.
 
 * ``azure`` -- ``TIMESTAMP,ContextTokens,GeneratedTokens`` with absolute timestamps such as
-  ``2023-11-16 18:17:03.9799600``; arrivals become ms after the earliest request
-  (Patel et al., "Splitwise", ISCA 2024; github.com/Azure/AzurePublicDataset). A TIMESTAMP in
-  another form -- a number of seconds, a time zone, a date alone -- is an error naming its line.
+  ``2023-11-16 18:17:03.9799600`` (2023) or ``2024-05-10 00:00:00.009930+00:00`` (2024: a time
+  zone, ``Z`` or ``+hh:mm`` / ``-hh:mm``, is converted to UTC); arrivals become ms after the
+  earliest request (Patel et al., "Splitwise", ISCA 2024; github.com/Azure/AzurePublicDataset).
+  A TIMESTAMP in another form -- a number of seconds, a date alone -- is an error naming its
+  line. Other columns are not read: the 2025 multimodal trace's ``NumImages`` is left out (a
+  request's images are not simulated; its ``ContextTokens`` count its prompt as served).
 * ``vidur`` -- Vidur's ``splitwise_*.csv``: ``arrived_at`` (seconds), ``num_prefill_tokens``,
   ``num_decode_tokens`` (the same Azure data re-based; github.com/microsoft/vidur).
 * ``mooncake`` -- Mooncake FAST'25 JSONL: ``timestamp`` (ms), ``input_length``,
   ``output_length``, ``hash_ids`` (one id per 512-token prefix block, each naming the whole
   prefix up to the end of its block; Qin et al., FAST 2025).
+
+The trace files may be gzip-compressed (``.csv.gz``, ``.jsonl.gz``: read as they are, see
+:mod:`.records`).
 
 Zero token counts. A request cannot have 0 prompt or 0 output tokens. The Azure 2023 traces
 and Vidur's copies have none (smallest counts: 2 context / 7 generated tokens in conv, 3 / 6
@@ -29,7 +35,7 @@ from schedlab.errors import WorkloadError
 
 from .arrivals import JITTER_STREAM, stream_rng
 from .columns import OpenLoopWorkload, RequestColumns, scaled
-from .records import Records, read_records, show_value
+from .records import Records, file_suffix, read_records, show_value
 
 ZERO_TOKEN_POLICIES = ("clamp", "drop", "error")
 
@@ -81,27 +87,57 @@ def token_counts(records: Records, policy: str) -> tuple[np.ndarray, np.ndarray,
 
 
 #: The Azure traces' TIMESTAMP: ``YYYY-MM-DD hh:mm:ss`` with up to 9 decimals, a space or a
-#: ``T`` between date and time, no time zone. numpy's own parser is wider and would take other
-#: text silently: ``"1"`` or ``"1700000000"`` as a year (wrapping around outside 1678-2261, the
-#: years int64 nanoseconds hold), ``"now"``, or an offset it applies with a warning.
+#: ``T`` between date and time, and an optional time zone: ``Z`` or ``+hh:mm`` / ``-hh:mm`` (the
+#: 2024 traces write ``2024-05-10 00:00:00.009930+00:00``). numpy's own parser is wider and would
+#: take other text silently: ``"1"`` or ``"1700000000"`` as a year (wrapping around outside
+#: 1678-2261, the years int64 nanoseconds hold), ``"now"``, or an offset it applies with a
+#: warning; so the offset is read here and the rest must have this shape.
 _STAMP_SHAPE = "dddd-dd-dd?dd:dd:dd"
 _STAMP_YEARS = (1678, 2261)
+_STAMP_WIDTH = len(_STAMP_SHAPE) + 10     # with "." and up to 9 decimals
+_ZONE_WIDTH = len("+hh:mm")
 
 
-def _timestamp_shape_ok(texts: list, chunk: int = 1 << 18) -> np.ndarray:
-    """Per text: True when it has the shape of :data:`_STAMP_SHAPE` with optional decimals and
-    a year numpy reads exactly; checked on the bytes of ``chunk`` rows at a time."""
-    if len(texts) > chunk:
-        return np.concatenate([_timestamp_shape_ok(texts[i:i + chunk], chunk) for i in range(0, len(texts), chunk)])
-    n = len(texts)
-    width = len(_STAMP_SHAPE) + 10
+def _timestamp_codes(texts: list) -> np.ndarray:
+    """The texts' bytes, one row each, zero-padded to the widest stamp with a time zone ("" for
+    anything longer, not ASCII or not text)."""
+    width = _STAMP_WIDTH + _ZONE_WIDTH
     strings = [t if isinstance(t, str) and len(t) <= width and t.isascii() else "" for t in texts]
-    codes = np.array(strings, dtype=f"S{width}").view(np.uint8).reshape(n, width)
+    return np.array(strings, dtype=f"S{width}").view(np.uint8).reshape(len(texts), width).copy()
+
+
+def _split_zones(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Take a trailing ``Z``, ``+hh:mm`` or ``-hh:mm`` off each row of ``codes`` (in place):
+    ``(rows that had one, their offset from UTC in minutes)``."""
+    n, width = codes.shape
+    filled = codes != 0
+    length = np.where(filled.any(axis=1), width - np.argmax(filled[:, ::-1], axis=1), 0)
+    rows = np.arange(n)
+
+    def at(back: int) -> np.ndarray:   # the byte ``back`` places before each row's end (0 before its start)
+        return np.where(length >= back, codes[rows, np.maximum(length - back, 0)], 0).astype(np.int32)
+
+    digits = {back: at(back) - 48 for back in (5, 4, 2, 1)}
+    hours, minutes = digits[5] * 10 + digits[4], digits[2] * 10 + digits[1]
+    zone = ((length >= len(_STAMP_SHAPE) + _ZONE_WIDTH) & ((at(6) == ord("+")) | (at(6) == ord("-")))
+            & (at(3) == ord(":")) & np.logical_and.reduce([(d >= 0) & (d <= 9) for d in digits.values()])
+            & (hours <= 23) & (minutes <= 59))
+    offset = np.where(zone, np.where(at(6) == ord("-"), -1, 1) * (hours * 60 + minutes), 0)
+    zulu = (length > len(_STAMP_SHAPE)) & (at(1) == ord("Z"))
+    cut = np.where(zone, _ZONE_WIDTH, np.where(zulu, 1, 0))
+    codes[np.arange(width)[None, :] >= (length - cut)[:, None]] = 0
+    return zone | zulu, offset
+
+
+def _timestamp_shape_ok(codes: np.ndarray) -> np.ndarray:
+    """Per row of ``codes`` (a stamp's bytes, time zone taken off): True when it has the shape of
+    :data:`_STAMP_SHAPE` with optional decimals and a year numpy reads exactly."""
     digit = (codes >= 48) & (codes <= 57)
     # 19 characters, or "." and 1-9 decimal digits after them (then the zeros that pad the row)
     ok = (codes[:, 19] == 0) | ((codes[:, 19] == 46) & digit[:, 20])
     pad = (codes[:, 20:] == 0).astype(np.int8)
     ok &= (digit[:, 20:] | (pad == 1)).all(axis=1) & (np.diff(pad, axis=1) >= 0).all(axis=1)
+    ok &= (codes[:, _STAMP_WIDTH:] == 0).all(axis=1)
     for i, c in enumerate(_STAMP_SHAPE):
         if c == "d":
             ok &= digit[:, i]
@@ -113,28 +149,43 @@ def _timestamp_shape_ok(texts: list, chunk: int = 1 << 18) -> np.ndarray:
     return ok & (year >= _STAMP_YEARS[0]) & (year <= _STAMP_YEARS[1])
 
 
+def _read_stamps(texts: list, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(ok, stamp bytes without their time zone, had a time zone, its offset in minutes)`` per
+    text, ``chunk`` rows at a time (bounds the temporaries)."""
+    if len(texts) > chunk:
+        parts = [_read_stamps(texts[i:i + chunk], chunk) for i in range(0, len(texts), chunk)]
+        return tuple(np.concatenate(p) for p in zip(*parts))
+    codes = _timestamp_codes(texts)
+    zoned, minutes = _split_zones(codes)
+    return _timestamp_shape_ok(codes), codes.view(f"S{codes.shape[1]}").ravel(), zoned, minutes
+
+
 def parse_timestamps_ns(records: Records, field: str) -> np.ndarray:
-    """A column of ``YYYY-MM-DD hh:mm:ss[.fffffff]`` timestamps as int64 nanoseconds; anything
-    else (a number of seconds, a time zone, a date alone) is an error naming the row."""
+    """A column of ``YYYY-MM-DD hh:mm:ss[.fffffffff][Z|+hh:mm|-hh:mm]`` timestamps as int64
+    nanoseconds, in UTC when they name a time zone (so stamps with different offsets order
+    right); anything else (a number of seconds, a date alone) is an error naming the row."""
     texts = records.texts(field)   # all rows' text at once (a CSV's cells are text)
-    ok = _timestamp_shape_ok(texts)
+    ok, bodies, zoned, minutes = _read_stamps(texts)
+    any_zone = bool(zoned.any())
     stamps = None
     if ok.all():
-        try:
-            stamps = np.array(texts, dtype="datetime64[ns]")
+        try:   # without time zones, the texts as they are (as before time zones were read)
+            stamps = np.array(bodies if any_zone else texts, dtype="datetime64[ns]")
         except (ValueError, TypeError):   # a month 13, a 25th hour...: found row by row below
             pass
     if stamps is None or np.isnat(stamps).any():
         for row, text in enumerate(texts):
             try:
-                good = bool(ok[row]) and not np.isnat(np.datetime64(text, "ns"))
+                good = bool(ok[row]) and not np.isnat(np.datetime64(bodies[row].decode(), "ns"))
             except (ValueError, TypeError):
                 good = False
             if not good:
                 raise WorkloadError(f"{records.where(row)}: {records.label(field)}: not a date and time like "
-                                    f"'2023-11-16 18:17:03.9799600' (without a time zone, years {_STAMP_YEARS[0]}-"
-                                    f"{_STAMP_YEARS[1]}), got {show_value(text)}")
-    return stamps.astype(np.int64)
+                                    f"'2023-11-16 18:17:03.9799600' or '2024-05-10 00:00:00.009930+00:00' (time "
+                                    f"zone Z, +hh:mm or -hh:mm if any; years {_STAMP_YEARS[0]}-{_STAMP_YEARS[1]}), "
+                                    f"got {show_value(text)}")
+    stamps = stamps.astype(np.int64)
+    return stamps - minutes.astype(np.int64) * 60_000_000_000 if any_zone else stamps
 
 
 def _trace_workload(name: str, arrival_ms: np.ndarray, columns: RequestColumns, *, n_zero: int,
@@ -240,7 +291,7 @@ class MooncakeConfig:
 
 def load_mooncake(path, *, hash_block_tokens: int = 512, limit: int | None = None, zero_tokens: str = "clamp"):
     """``(arrival_ms, columns, n_zero)`` of a Mooncake trace; hash ids go to ``block_hashes``."""
-    fmt = "json" if str(path).lower().endswith(".json") else "jsonl"
+    fmt = "json" if file_suffix(path) == ".json" else "jsonl"   # (trace.json.gz too)
     records = read_records(path, MOONCAKE_FIELDS, format=fmt, required=tuple(MOONCAKE_FIELDS), limit=limit)
     if len(records) == 0:
         raise WorkloadError(f"{path}: no requests in the trace")
