@@ -6,8 +6,9 @@ Two kinds of measurement (the *target*):
   ``--save-detailed``): the 15 statistics of :mod:`schedlab.results.compare` (TTFT, TPOT,
   latency x mean, median, p90, p95, p99), on some requests of it with ``--part``;
 * ``--target FILE``: summary statistics an operator has without a per-request log -- a
-  ``vllm bench serve`` result, an inference-perf or guidellm report, a scrape of vLLM's
-  Prometheus ``/metrics`` (:mod:`schedlab.targets`); the experiment's workload is simulated
+  ``vllm bench serve`` or SGLang ``bench_serving`` result, an inference-perf, guidellm,
+  genai-perf or AIPerf report, a scrape of vLLM's, SGLang's or TGI's Prometheus ``/metrics``
+  (:mod:`schedlab.targets`); the experiment's workload is simulated
   (it should be the benchmark's: same rate, lengths, request count) and every statistic the
   file holds is compared (``--statistics`` picks some); a run with a ``[target]`` table uses
   its summary when no ``--target`` is given.
@@ -836,8 +837,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--hold", action="append", default=[], metavar="KEY=VALUE",
                         help="hold a setting at a value, out of the fit (repeatable)")
     parser.add_argument("--target", metavar="FILE",
-                        help="fit to summary statistics: a vllm bench serve result, an inference-perf or guidellm "
-                             "report, or a scrape of vLLM's /metrics")
+                        help="fit to summary statistics: a vllm bench serve or SGLang bench_serving result, an "
+                             "inference-perf, guidellm, genai-perf or AIPerf report, or a scrape of vLLM's, SGLang's "
+                             "or TGI's /metrics")
     parser.add_argument("--target-baseline", metavar="FILE",
                         help="a /metrics scrape taken before the run: subtracted from --target's")
     parser.add_argument("--target-index", type=int, default=None, metavar="N",

@@ -32,7 +32,40 @@ per-request log exists. The file is recognised by its content:
   read through the same buckets with the same interpolation as Prometheus' ``histogram_quantile``
   -- like is compared with like. Label sets whose buckets differ (pods of two vLLM versions in a
   federated scrape) are summed at the bounds where every set's count is known (see
-  :func:`_sum_series`).
+  :func:`_sum_series`);
+* SGLang's ``python -m sglang.bench_serving --output-file`` (sgl-project/sglang,
+  ``python/sglang/bench_serving.py``; JSON Lines, one run appended per line: the last is read, or
+  the one ``index`` names): vLLM's ``{mean,median,p90,p95,p99}_{ttft,tpot,itl}_ms`` but
+  ``*_e2e_latency_ms``, and ``request_throughput``, ``output_throughput``, ``total_throughput``
+  (older versions: ``input_throughput`` + ``output_throughput``); the client's view
+  (:func:`_sglang_bench_summary`);
+* a scrape of SGLang's ``/metrics`` (``--enable-metrics``; ``python/sglang/srt/metrics/collector.py``),
+  read as vLLM's: ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
+  ``sglang:e2e_request_latency_seconds`` -- observed once per request (per token for the ITL) by
+  the tokenizer manager, from the request's arrival there: the engine's view -- and
+  ``sglang:queue_time_seconds`` (waiting queue to first forward, as vLLM's queue time). The last is
+  observed by the scheduler, which runs on every tensor- and pipeline-parallel rank: with TP 4 the
+  scrape holds four series (``tp_rank`` 0..3) of the same requests, and under DP attention (which
+  labels no ``dp_rank``) ranks of different requests. Summed over every label set, each request is
+  counted the same number of times (the ranks of its group), which changes neither the mean (sum
+  over count) nor a bucket quantile (the counts of every bucket scale alike); taking one rank
+  instead would keep only one DP-attention group's requests. So the series are summed, as vLLM's,
+  and the number of requests is the E2E histogram's (the tokenizer's, counted once). The ITL
+  histogram counts each of a chunk's tokens at the chunk's gap over its tokens and sums the gaps:
+  its mean is the mean gap between two tokens. Older SGLang's
+  ``sglang:time_per_output_token_seconds`` is not read: it observed, at every chunk, the request's
+  running mean gap since its first token (and a non-streamed request's latency over its tokens),
+  neither every gap (the ITL) nor one TPOT per request;
+* a scrape of text-generation-inference's router ``/metrics`` (``router/src/server.rs``): the
+  histograms ``tgi_request_duration`` (E2E from the request's arrival at the router) and
+  ``tgi_request_queue_duration`` (queued until its first batch), in seconds; the engine's view.
+  ``tgi_request_mean_time_per_token_duration`` is left out: it is the inference time (prefill
+  included) over every generated token, not a TPOT; TGI has no TTFT histogram;
+* NVIDIA genai-perf's ``profile_export_genai_perf.json`` or AIPerf's ``profile_export_aiperf.json``
+  (the same layout): ``time_to_first_token``, ``request_latency``, ``inter_token_latency`` (per
+  request, ``(latency - TTFT) / (tokens - 1)``: read as the TPOT) and AIPerf's
+  ``inter_chunk_latency`` (the ITL) -- ``avg``, ``p1`` ... ``p99`` in their ``unit`` --, and
+  ``request_throughput``, ``output_token_throughput``; the client's view (:func:`_genai_perf_summary`).
 
 Files are UTF-8, with or without a byte-order mark. Statistics that cannot be compared are left
 out and noted (``Summary.dropped``): null or not finite; TTFT, TPOT and ITL of a non-streaming
@@ -100,8 +133,41 @@ PROMETHEUS = {"vllm:time_to_first_token_seconds": ("ttft_ms", 1e3),
               "vllm:iteration_tokens_total": ("iteration_tokens", 1.0)}
 #: the kind of a Prometheus scrape's summary (the only one measured by the server, not a client)
 PROMETHEUS_KIND = "vLLM /metrics"
-#: the kinds of summary measured by the server (vLLM's own metrics), read in the engine's view
-ENGINE_KINDS = (PROMETHEUS_KIND, INFERENCE_PERF_SERVER_KIND)
+#: SGLang's Prometheus histograms (--enable-metrics; python/sglang/srt/metrics/collector.py): name -> (group,
+#: scale to ms). The module docstring says what they count, per TP rank too, and why the older
+#: ``sglang:time_per_output_token_seconds`` is not read
+SGLANG_PROMETHEUS = {"sglang:time_to_first_token_seconds": ("ttft_ms", 1e3),
+                     "sglang:inter_token_latency_seconds": ("itl_ms", 1e3),
+                     "sglang:e2e_request_latency_seconds": ("e2e_ms", 1e3),
+                     "sglang:queue_time_seconds": ("queue_ms", 1e3)}
+SGLANG_KIND = "SGLang /metrics"
+#: text-generation-inference's router histograms (router/src/server.rs), the two that are one of schedlab's
+#: statistics: a request's whole time in the router, and its time queued before its first batch. Not read:
+#: tgi_request_mean_time_per_token_duration (its inference time -- prefill included -- over every generated
+#: token: not TPOT's (latency - TTFT) / (tokens - 1)), tgi_request_inference_duration and the tgi_batch_*
+#: durations (no such statistic); TGI has no TTFT histogram
+TGI_PROMETHEUS = {"tgi_request_duration": ("e2e_ms", 1e3), "tgi_request_queue_duration": ("queue_ms", 1e3)}
+TGI_KIND = "TGI /metrics"
+#: each engine's histograms, by the kind of a scrape of its /metrics (and the engine's name, for messages)
+SCRAPES = {PROMETHEUS_KIND: ("vLLM", PROMETHEUS), SGLANG_KIND: ("SGLang", SGLANG_PROMETHEUS),
+           TGI_KIND: ("TGI", TGI_PROMETHEUS)}
+#: every histogram a scrape is read for, and its group and scale
+SCRAPE_HISTOGRAMS = {**PROMETHEUS, **SGLANG_PROMETHEUS, **TGI_PROMETHEUS}
+#: the kinds of summary measured by the server (the engine's own metrics), read in the engine's view
+ENGINE_KINDS = (PROMETHEUS_KIND, INFERENCE_PERF_SERVER_KIND, SGLANG_KIND, TGI_KIND)
+#: SGLang's bench_serving (python/sglang/bench_serving.py): field infix per group (vLLM's names but e2e_latency)
+SGLANG_BENCH = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e_latency": "e2e_ms"}
+SGLANG_BENCH_RATES = {"request_throughput": "request_throughput_rps", "output_throughput": "output_throughput_tps",
+                      "total_throughput": "total_throughput_tps"}
+SGLANG_BENCH_KIND = "sglang bench_serving"
+#: genai-perf's profile_export_genai_perf.json and AIPerf's profile_export_aiperf.json: <name>.{unit, avg, p1 ...
+#: p99} -> group. Their inter_token_latency is per request, (latency - TTFT) / (output tokens - 1): a TPOT;
+#: AIPerf's inter_chunk_latency is every gap between two chunks of a stream: the ITL
+GENAI_PERF = {"time_to_first_token": "ttft_ms", "inter_token_latency": "tpot_ms", "inter_chunk_latency": "itl_ms",
+              "request_latency": "e2e_ms"}
+GENAI_PERF_RATES = {"request_throughput": "request_throughput_rps", "output_token_throughput": "output_throughput_tps"}
+#: the time units they write (genai-perf: ms; AIPerf: its MetricTimeUnit tags), in ms
+GENAI_PERF_UNITS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "sec": 1e3, "s": 1e3}
 #: the groups a load generator measures only when the response is streamed
 STREAMED = ("ttft_ms", "tpot_ms", "itl_ms")
 #: quantiles read from each Prometheus histogram (beside its exact mean)
@@ -166,9 +232,9 @@ class Summary:
 
     @property
     def view(self) -> str:
-        """Whose times these are: ``"engine"`` (vLLM's own metrics, from a request's arrival at
-        the engine) or ``"client"`` (a load generator's, from sending it to the first and last
-        byte); the simulation is read in the same view."""
+        """Whose times these are: ``"engine"`` (the engine's own metrics -- vLLM's, SGLang's, TGI's
+        -- from a request's arrival at the server) or ``"client"`` (a load generator's, from sending
+        it to the first and last byte); the simulation is read in the same view."""
         return "engine" if self.kind in ENGINE_KINDS else "client"
 
     def select(self, names: list[str] | None) -> "Summary":
@@ -197,7 +263,8 @@ TABLE_NAMES = {"path": "path", "baseline": "baseline", "index": "index"}
 def read_summary(path, *, baseline=None, index: int | None = None, names: dict[str, str] = CLI_NAMES) -> Summary:
     """The summary statistics in ``path`` (format recognised by content; see the module docstring).
 
-    :param baseline: a Prometheus scrape taken before the run, subtracted from ``path``'s.
+    :param baseline: a Prometheus scrape taken before the run (of the same server), subtracted from
+        ``path``'s.
     :param index: which benchmark of a guidellm report with several (None: the first), or which
         JSON document of a file holding several (None: the last); refused for the other files.
     :param names: what the messages call ``path``, ``baseline`` and ``index``
@@ -212,6 +279,8 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
         if index is not None:
             raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks, or a file "
                               f"several JSON documents; {path} is a Prometheus scrape")
+        after = _parse_prometheus(text, str(path))
+        kind = _scrape_kind(after, where)
         before = {}
         if baseline:
             before_text = _read_text(Path(baseline), names["baseline"])
@@ -219,8 +288,11 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
                 raise ConfigError(f"{names['baseline']} {baseline}: not a Prometheus scrape (the baseline is a "
                                   f"scrape of /metrics taken before the run)")
             before = _parse_prometheus(before_text, str(baseline))
-        return _prometheus_summary(_parse_prometheus(text, str(path)), before, str(path), where,
-                                   f"{names['baseline']} {baseline}")
+            other = _scrape_kind(before, f"{names['baseline']} {baseline}") if before else kind
+            if other != kind:
+                raise ConfigError(f"{names['baseline']} {baseline}: a scrape of {SCRAPES[other][0]}'s /metrics, but "
+                                  f"{path} is {SCRAPES[kind][0]}'s: the baseline is the same server's, before the run")
+        return _prometheus_summary(after, before, str(path), where, f"{names['baseline']} {baseline}", kind)
     if baseline:
         raise ConfigError(f"{names['baseline']}: only a Prometheus scrape has a baseline; {path} is not one")
     source = str(path)
@@ -238,7 +310,9 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
                               f"documents: {names['index']} picks the document; save each report to its own file")
     else:
         data = documents[0]
-    if isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
+    if isinstance(data, dict) and any(f"{stat}_e2e_latency_ms" in data for stat in ("mean", "median")):
+        summary = _sglang_bench_summary(data, source, where)
+    elif isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
         summary = _bench_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict) and _server_side(data["successes"]):
         summary = _inference_perf_server_summary(data, source, where)
@@ -246,9 +320,13 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
         summary = _inference_perf_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
         return _usable(_guidellm_summary(data, source, 0 if index is None else index, where, names), where)
+    elif isinstance(data, dict) and any(isinstance(data.get(key), dict) and "avg" in data[key]
+                                        for key in (*GENAI_PERF, *GENAI_PERF_RATES)):
+        summary = _genai_perf_summary(data, source, where)
     else:
         raise ConfigError(f"{where}: not a vllm bench serve result, an inference-perf or guidellm report, "
-                          f"or a Prometheus scrape")
+                          f"or a Prometheus scrape (nor an SGLang bench_serving result or a genai-perf or AIPerf "
+                          f"report)")
     if index is not None:
         raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks, or a file "
                           f"several JSON documents; {path} is a {summary.kind} file")
@@ -425,6 +503,116 @@ def _streamed_only(values: dict[str, float], keys: dict[str, str], dropped: dict
     return {name: value for name, value in values.items() if name not in streamed}
 
 
+def _warn_non_streaming(where: str, reason: str, left_out: int, kept: int) -> None:
+    """Say that a non-streaming run's TTFT, TPOT and ITL statistics are left out (``reason``: how the
+    file shows the run was not streamed)."""
+    warnings.warn(f"{where}: {reason}, as of a non-streaming run: its {left_out} TTFT, TPOT and ITL statistics "
+                  f"are left out, the other {kept} compared", TargetWarning, stacklevel=4)
+
+
+def _sglang_bench_summary(data: dict, source: str, where: str) -> Summary:
+    """SGLang's ``python -m sglang.bench_serving --output-file FILE`` (sgl-project/sglang,
+    ``python/sglang/bench_serving.py``): one JSON object per run, appended to the file (the last is
+    read, or the one ``index`` names). vLLM's fields from the load generator's side -- ``mean_``,
+    ``median_``, ``p90_``, ``p95_``, ``p99_`` of ``ttft``, ``tpot`` (``(latency - TTFT) / (tokens -
+    1)``) and ``itl`` (every gap between two chunks), in ms -- but E2E is ``*_e2e_latency_ms`` and the
+    total throughput ``total_throughput``; versions without it write ``input_throughput`` and
+    ``output_throughput`` over the same duration, whose sum it is. ``std_*``, ``concurrency`` and
+    ``accept_length`` are no statistic here. A non-streaming run (``--disable-stream``) records no
+    gap between tokens -- every ITL statistic is 0 (numpy's mean of ``[] or 0``) -- and its TTFT is
+    the whole latency: its TTFT, TPOT and ITL are left out (noted in ``dropped``, with a
+    :class:`TargetWarning`)."""
+    _refuse_all_failed(data.get("completed"), "completed", None, "", where)
+    pattern = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2e_latency)_ms$")
+    matched = [(key, pattern.match(key)) for key in data]
+    matched = [(key, match) for key, match in matched if match is not None]
+    itl = [data[key] for key, match in matched if match.group(3) == "itl"]
+    streamed = not itl or any(_number(raw) != 0 for raw in itl)
+    values: dict[str, float] = {}
+    dropped: dict[str, str] = {}
+    for key, match in matched:
+        group = SGLANG_BENCH[match.group(3)]
+        if not streamed and group in STREAMED:
+            dropped[key] = "of a non-streaming run"
+            continue
+        value = _statistic(data[key], key, where, dropped)
+        if value is not None:
+            stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else f"p{match.group(2)}"
+            values[f"{group}.{stat}"] = value
+    for key, name in SGLANG_BENCH_RATES.items():
+        value = _statistic(data[key], key, where, dropped) if key in data else None
+        if value is not None:
+            values[name] = value
+    if "total_throughput" not in data and "input_throughput" in data and "output_throughput" in data:
+        parts = [_statistic(data[key], key, where, dropped) for key in ("input_throughput", "output_throughput")]
+        if None not in parts:
+            values["total_throughput_tps"] = parts[0] + parts[1]
+    if not streamed:
+        left_out = sum(why == "of a non-streaming run" for why in dropped.values())
+        _warn_non_streaming(where, "every ITL statistic is 0", left_out, len(values))
+    completed = _number(data.get("completed"))
+    return Summary(source, SGLANG_BENCH_KIND, _ordered(values), requests=int(completed) if completed is not None
+                   else None, dropped=dropped)
+
+
+def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:
+    """NVIDIA genai-perf's ``profile_export_genai_perf.json`` (triton-inference-server/perf_analyzer,
+    ``genai-perf/genai_perf/export_data/json_exporter.py``, ``metrics/statistics.py``) or AIPerf's
+    ``profile_export_aiperf.json``, which copies its layout (ai-dynamo/aiperf,
+    ``aiperf/common/models/export_models.py``): top-level blocks ``{"unit": "ms", "avg", "p1", "p5",
+    "p10", "p25", "p50", "p75", "p90", "p95", "p99", "min", "max", "std"}``, the load generator's
+    view. Times are in the block's ``unit`` (genai-perf scales its nanoseconds to ms before writing;
+    AIPerf writes its display unit, ms, and names others ``ns``, ``us``, ``sec``). Read:
+    ``time_to_first_token``, ``request_latency`` (E2E), ``inter_token_latency`` -- per request
+    ``(latency - TTFT) / (output tokens - 1)`` (``llm_profile_data_parser.py``; AIPerf's
+    ``inter_token_latency_metric.py``): schedlab's TPOT --, AIPerf's ``inter_chunk_latency`` (every
+    gap between two chunks: the ITL), and the ``avg`` of ``request_throughput`` and
+    ``output_token_throughput``. Neither writes a total token throughput. A genai-perf run that was
+    not streamed has one response per request: its TTFT is the request latency (equal in every
+    statistic) and it is left out, with a :class:`TargetWarning`; AIPerf then writes none."""
+    kind = "AIPerf" if "was_cancelled" in data or "error_summary" in data else "genai-perf"
+
+    def avg(key):
+        return data[key].get("avg") if isinstance(data.get(key), dict) else None
+
+    _refuse_all_failed(avg("request_count"), "request_count.avg", avg("error_request_count"),
+                       "error_request_count.avg", where)
+    values: dict[str, float] = {}
+    keys: dict[str, str] = {}
+    dropped: dict[str, str] = {}
+    for key, group in GENAI_PERF.items():
+        block = data.get(key)
+        if not isinstance(block, dict):
+            continue
+        unit = block.get("unit", "ms")
+        if unit not in GENAI_PERF_UNITS:
+            raise ConfigError(f"{where}: {key}.unit: {unit!r} is not a time unit ({', '.join(GENAI_PERF_UNITS)})")
+        for stat_key, raw in block.items():
+            stat = "mean" if stat_key == "avg" else stat_key if re.fullmatch(r"p\d+(?:\.\d+)?", stat_key) else None
+            value = _statistic(raw, f"{key}.{stat_key}", where, dropped) if stat else None
+            if value is not None:
+                values[f"{group}.{stat}"] = value * GENAI_PERF_UNITS[unit]
+                keys[f"{group}.{stat}"] = f"{key}.{stat_key}"
+    for key, name in GENAI_PERF_RATES.items():
+        block = data.get(key)
+        value = _statistic(block["avg"], f"{key}.avg", where, dropped) if isinstance(block, dict) and "avg" in block \
+            else None
+        if value is not None:
+            values[name] = value
+    shared = [name.partition(".")[2] for name in values if name.startswith("ttft_ms.")
+              and f"e2e_ms.{name.partition('.')[2]}" in values]
+    if shared and all(values[f"ttft_ms.{stat}"] == values[f"e2e_ms.{stat}"] for stat in shared) and \
+            not any(name.partition(".")[0] in ("tpot_ms", "itl_ms") for name in values):
+        ttft = [name for name in values if name.startswith("ttft_ms.")]
+        for name in ttft:
+            dropped[keys[name]] = "of a non-streaming run"
+            del values[name]
+        _warn_non_streaming(where, "its TTFT is its request latency in every statistic", len(ttft), len(values))
+    count = _number(avg("request_count"))
+    return Summary(source, kind, _ordered(values), requests=int(count) if count is not None else None,
+                   dropped=dropped)
+
+
 def _stat_name(key: str) -> str | None:
     if key == "mean":
         return "mean"
@@ -591,7 +779,7 @@ def check_statistic_names(names, option: str) -> None:
 
 def _looks_prometheus(text: str) -> bool:
     head = text.lstrip()[:4096]
-    return head.startswith("#") or bool(re.search(r"^vllm:[\w:]*[{\s]", head, re.M))
+    return head.startswith("#") or bool(re.search(r"^(?:(?:vllm|sglang):[\w:]*|tgi_\w*)[{\s]", head, re.M))
 
 
 _NAME = re.compile(r"[A-Za-z_:][\w:]*")
@@ -603,7 +791,8 @@ _INF = ("+Inf", "Inf", "inf", "+inf")
 
 
 def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
-    """Each histogram of :data:`PROMETHEUS`: ``{"buckets": {le: count}, "sum": s, "count": c}``,
+    """Each histogram of :data:`SCRAPE_HISTOGRAMS` (vLLM's, SGLang's and TGI's): ``{"buckets": {le:
+    count}, "sum": s, "count": c}``,
     summed over its label sets (:func:`_sum_series`), each of which must be a histogram
     (:func:`_check_series`). An OpenMetrics exemplar after a value is no part of the sample.
 
@@ -716,8 +905,9 @@ def _split_sample(line: str) -> tuple[str, str, str] | None:
 
 
 def _histogram_part(name: str) -> tuple[str | None, str]:
-    """``(metric of PROMETHEUS, "_bucket" | "_sum" | "_count")`` a sample's name is part of, or (None, "")."""
-    for metric in PROMETHEUS:
+    """``(metric of SCRAPE_HISTOGRAMS, "_bucket" | "_sum" | "_count")`` a sample's name is part of, or
+    (None, "")."""
+    for metric in SCRAPE_HISTOGRAMS:
         if name.startswith(metric) and name[len(metric):] in ("_bucket", "_sum", "_count"):
             return metric, name[len(metric):]
     return None, ""
@@ -772,11 +962,27 @@ def _check_series(metric: str, entry: dict, source: str) -> None:
                               f"{entry['lines'][math.inf]}) counts {inf:g}: both count every observation")
 
 
-def _prometheus_summary(after: dict, before: dict, source: str, where: str = "", baseline: str = "") -> Summary:
+def _scrape_kind(found: dict[str, dict], where: str) -> str:
+    """Whose /metrics a scrape is (:data:`SCRAPES`), by the histograms it holds: vLLM's when it holds
+    none (the message then names vLLM's).
+
+    :raises ConfigError: histograms of two engines (a federated scrape of several kinds of server).
+    """
+    kinds = [kind for kind, (_, table) in SCRAPES.items() if any(metric in found for metric in table)]
+    if len(kinds) > 1:
+        raise ConfigError(f"{where}: holds the histograms of {' and '.join(SCRAPES[k][0] for k in kinds)}: one "
+                          f"engine's scrape is compared with a run; scrape each server's /metrics on its own")
+    return kinds[0] if kinds else PROMETHEUS_KIND
+
+
+def _prometheus_summary(after: dict, before: dict, source: str, where: str = "", baseline: str = "",
+                        kind: str = PROMETHEUS_KIND) -> Summary:
+    """The statistics of an engine's histograms (``kind``: :data:`SCRAPES`), less the baseline's."""
+    engine, table = SCRAPES[kind]
     values: dict[str, float] = {}
     histograms: dict[str, Histogram] = {}
     taken: set[str] = set()
-    for metric, (group, scale) in PROMETHEUS.items():
+    for metric, (group, scale) in table.items():
         if metric not in after or group in taken:
             continue
         a, b = after[metric], before.get(metric)
@@ -798,11 +1004,11 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
         for q in HISTOGRAM_QUANTILES:
             values[f"{group}.p{q}"] = hist.quantile(q / 100.0)
     if not values:
-        raise ConfigError(f"{where or source}: none of vLLM's latency histograms "
-                          f"({', '.join(PROMETHEUS)}) has an observation"
+        raise ConfigError(f"{where or source}: none of {engine}'s latency histograms "
+                          f"({', '.join(table)}) has an observation"
                           + (" since the baseline" if before else ""))
     e2e = histograms.get("e2e_ms")
-    return Summary(source, PROMETHEUS_KIND, _ordered(values), histograms,
+    return Summary(source, kind, _ordered(values), histograms,
                    requests=int(e2e.count) if e2e is not None else None)
 
 
@@ -1008,8 +1214,9 @@ def errors_pct(summary: Summary, result) -> dict[str, float]:
 class TargetConfig:
     """A run's ``[target]`` table: the summary of the real run it stands for."""
 
-    path: str = path_field(help="a summary of the real run: a vllm bench serve result, an inference-perf or "
-                                "guidellm report, or a Prometheus scrape of vLLM's /metrics")
+    path: str = path_field(help="a summary of the real run: a vllm bench serve or SGLang bench_serving result, an "
+                                "inference-perf, guidellm, genai-perf or AIPerf report, or a Prometheus scrape of "
+                                "vLLM's, SGLang's or TGI's /metrics")
     statistics: tuple | None = attrs.field(
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
         metadata={"help": "compare only these statistics, e.g. ['ttft_ms.mean', 'e2e_ms.p99'] (default: every one "
