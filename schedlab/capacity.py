@@ -436,7 +436,8 @@ def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
     stages = parallelism.pipeline_parallel
     weights = math.ceil(weights / stages)
     layers = max(stage_layers(model.num_layers, stages))
-    bytes_per_block = model.kv_bytes_per_token(tp) // model.num_layers * layers * block_size
+    # a stage's share of the KV (rounded up: the whole model's when there is one stage)
+    bytes_per_block = -(-model.kv_bytes_per_token(tp) * layers // model.num_layers) * block_size
     return usable, weights, bytes_per_block, usable - weights - reserve_bytes
 
 

@@ -5,16 +5,28 @@ path/to/config.json``) reads the fields a :class:`~schedlab.capacity.ModelSpec` 
 the parameters from the shapes, as the checkpoint holds them: attention (grouped-query, with
 Qwen2's Q/K/V biases, or DeepSeek's multi-head latent attention), norms, a gated MLP (two
 matrices for GPT-style models) or routed experts with their router, shared experts and dense
-first layers, the embedding table and the LM head. On the presets' checkpoints the count is
-exact (Llama-3-8B 8,030,261,248; Qwen2.5-7B 7,615,616,512; DeepSeek-V3 671,026,419,200 without
-its MTP module: ``tests/test_hf_config.py``). Keys set beside ``config`` win over what is read.
+first layers (Llama 4's shared expert and interleaved dense layers), Qwen3-Next's gated attention
+and Gated DeltaNet layers, the embedding table and the LM head. On the presets' checkpoints the
+count is exact (Llama-3-8B 8,030,261,248; Qwen2.5-7B 7,615,616,512; DeepSeek-V3 671,026,419,200
+without its MTP module: ``tests/test_hf_config.py``; current models' real files:
+``tests/test_hf_configs_real.py``). Keys set beside ``config`` win over what is read.
 
 Read as well: the KV layout (MLA's latent, sliding-window layers from ``layer_types`` or the
 model family's pattern), the checkpoint's weight bytes (``quantization_config``: FP8, MXFP4
-experts, 4/8-bit AWQ/GPTQ with their scales), and ``_name_or_path`` as the Hugging Face id
+experts, 4/8-bit AWQ/GPTQ with their scales and zero points, compressed-tensors, ModelOpt
+FP8/NVFP4; the embedding and LM head are taken at the same bytes, though checkpoints keep them
+in 16 bits), and ``_name_or_path`` as the Hugging Face id
 when it is one. Multimodal configs are read from their ``text_config`` (the vision tower is not
-counted). Not counted: biases other than Q/K/V and DeepSeek's router bias, attention sinks,
-the MTP module.
+counted), with the outer file's dtype and ``quantization_config`` and the defaults transformers
+leaves out of a saved ``text_config`` (Gemma 3's vocabulary and head size). Not counted: biases
+other than Q/K/V and DeepSeek's router bias, attention sinks, the MTP module.
+
+Layers that do not keep every token's K and V are counted apart from the full-attention ones
+(:attr:`~schedlab.capacity.ModelSpec.kv_layers`): sliding-window layers, Llama 4's chunked
+layers (at most ``attention_chunk_size`` tokens), Mllama's cross-attention layers (the image's
+tokens) and linear-attention layers (Qwen3-Next's Gated DeltaNet: a fixed state per sequence,
+given as the tokens of full-attention KV it equals). They share ``sliding_window_layers``; the
+``sliding_window`` shown is the largest of their spans.
 """
 
 from __future__ import annotations
@@ -32,8 +44,30 @@ UNGATED = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "starcoder2", "falcon", 
 #: Families whose ``tie_word_embeddings`` defaults to true when the file leaves it out
 #: (transformers' per-model config defaults; PretrainedConfig's own default is also true).
 TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "qwen2", "starcoder2", "gpt2", "phi"})
-#: Families with per-head RMSNorms on Q and K.
-QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"})
+#: Families with per-head RMSNorms on Q and K (Llama 4's is an L2 norm without weights).
+QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "qwen3_next", "qwen3_5_text",
+                     "qwen3_5_moe_text"})
+#: Families whose attention output is gated by a second half of ``q_proj`` (Qwen3-Next always;
+#: Qwen3.5 by ``attn_output_gate``).
+GATED_ATTENTION = frozenset({"qwen3_next"})
+#: transformers' defaults for keys its multimodal configs leave out of the ``text_config`` they save
+#: (``Gemma3TextConfig``, ``Llama4TextConfig``, ``MllamaTextConfig``): the file is read as transformers reads it.
+TEXT_DEFAULTS = {
+    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131072, "sliding_window": 4096, "sliding_window_pattern": 6},
+    "llama4_text": {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+                    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+                    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+                    "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+                    "no_rope_layer_interval": 4, "attention_chunk_size": 8192},
+    "mllama_text_model": {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+                          "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "max_position_embeddings": 131072, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
+}
+#: Keys of a multimodal config's outer file that hold for its language model when its
+#: ``text_config`` does not set them.
+OUTER_KEYS = ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings", "_name_or_path")
 #: Families with four norms a layer (before and after attention and the MLP).
 FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
 #: Checkpoint dtypes served at 2 bytes a weight (vLLM serves a float32 checkpoint in 16 bits).
@@ -104,12 +138,23 @@ class _Reader:
         return default if value is None else value
 
 
+def _text_config(config: dict) -> dict:
+    """The language model's keys: a multimodal file's ``text_config`` over the outer keys that hold
+    for it (:data:`OUTER_KEYS`; the outer ``_name_or_path`` and ``vision_config`` are kept), then
+    transformers' defaults for the keys a saved config leaves out (:data:`TEXT_DEFAULTS`)."""
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        outer = {k: config[k] for k in OUTER_KEYS if config.get(k) is not None}
+        config = {**outer, **text, "_name_or_path": config.get("_name_or_path"),
+                  "vision_config": config.get("vision_config")}
+    defaults = TEXT_DEFAULTS.get(str(config.get("model_type", "")).lower())
+    return {**defaults, **config} if defaults else config
+
+
 def model_fields(config: dict, where: str) -> dict:
     """:class:`~schedlab.capacity.ModelSpec` keyword arguments (all but ``name``) from a
     ``config.json`` dict; ``where`` names the file in errors."""
-    if isinstance(config.get("text_config"), dict):  # multimodal: the language model's part
-        config = {**config["text_config"], "_name_or_path": config.get("_name_or_path")}
-    r = _Reader(config, where)
+    r = _Reader(_text_config(config), where)
     family = str(r.get("model_type", "")).lower()
     layers = r.int("num_hidden_layers", "n_layer", "num_layers", required=True)
     hidden = r.int("hidden_size", "n_embd", "d_model", required=True)
@@ -126,10 +171,13 @@ def model_fields(config: dict, where: str) -> dict:
         raise ConfigError(f"{where}: {experts} routed experts but no 'num_experts_per_tok'")
     ffn = r.int("intermediate_size", "n_inner", "ffn_dim", default=None) or 4 * hidden
     expert_ffn = r.int("moe_intermediate_size", default=None) or ffn
+    if family == "llama4_text":  # experts and the shared expert of intermediate_size, dense layers wider
+        ffn = r.int("intermediate_size_mlp", default=None) or ffn
     mla = r.int("kv_lora_rank", default=None)
+    kinds = _layer_kinds(r, family, layers)
 
     mlp_mats = 2 if family in UNGATED else 3
-    norms = (4 if family in FOUR_NORMS else 2) * hidden + (2 * head_dim if family in QK_NORM else 0)
+    norms = (4 if family in FOUR_NORMS else 2) * hidden
     if mla:
         rope, nope = r.int("qk_rope_head_dim", required=True), r.int("qk_nope_head_dim", required=True)
         v_dim = r.int("v_head_dim", default=head_dim)
@@ -139,30 +187,38 @@ def model_fields(config: dict, where: str) -> dict:
         head_dim, kv_heads = v_dim, heads
     else:
         attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-        if family == "qwen2" or r.get("attention_bias", False) or r.get("qkv_bias", False):
+        if family.startswith("qwen2") or r.get("attention_bias", False) or r.get("qkv_bias", False):
             attn += (heads + 2 * kv_heads) * head_dim
+        if family in GATED_ATTENTION or r.get("attn_output_gate", False) is True:
+            attn += hidden * heads * head_dim  # q_proj's second half: the output gate
+        attn += 2 * head_dim if family in QK_NORM else 0
+    linear = kinds.get("linear", 0)
+    attn_sum = (layers - linear) * attn + linear * _linear_attention_params(r, hidden)
     dense_mlp = mlp_mats * hidden * ffn
-    dense_layer = attn + norms + dense_mlp
-    total = active = 0
+    shared_count = 1 if family == "llama4_text" else r.int("n_shared_experts", default=0)
     if experts:
         first_dense = r.int("first_k_dense_replace", default=0)
-        step = r.int("moe_layer_freq", "decoder_sparse_step", default=1) or 1
+        step = r.int("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1) or 1
         only_dense = set(r.list("mlp_only_layers", int))
+        listed = set(r.list("moe_layers", int))  # Llama 4 writes its MoE layers out
         expert = mlp_mats * hidden * expert_ffn
-        shared = r.int("n_shared_experts", default=0) * expert
+        shared = shared_count * expert
         shared_ffn = r.int("shared_expert_intermediate_size", default=0)
         if shared_ffn:  # Qwen2-MoE: one shared expert and its sigmoid gate
             shared += mlp_mats * hidden * shared_ffn + hidden
         router = hidden * experts + (experts if r.get("topk_method") == "noaux_tc" else 0)
-        # layers i >= first_dense with (i + 1) a multiple of step, less the listed dense ones:
-        # counted in closed form (a junk layer count must not loop for ever)
-        moe_layers = max(0, layers // step - min(first_dense, layers) // step) - sum(
-            1 for i in only_dense if first_dense <= i < layers and (i + 1) % step == 0)
-        common = attn + norms + router + shared
-        total = (layers - moe_layers) * dense_layer + moe_layers * (common + experts * expert)
-        active = (layers - moe_layers) * dense_layer + moe_layers * (common + top_k * expert)
+        if listed:
+            moe_layers = sum(1 for i in listed if 0 <= i < layers)
+        else:
+            # layers i >= first_dense with (i + 1) a multiple of step, less the listed dense ones:
+            # counted in closed form (a junk layer count must not loop for ever)
+            moe_layers = max(0, layers // step - min(first_dense, layers) // step) - sum(
+                1 for i in only_dense if first_dense <= i < layers and (i + 1) % step == 0)
+        dense_part = attn_sum + layers * norms + (layers - moe_layers) * dense_mlp
+        total = dense_part + moe_layers * (router + shared + experts * expert)
+        active = dense_part + moe_layers * (router + shared + top_k * expert)
     else:
-        total = active = layers * dense_layer
+        total = active = attn_sum + layers * (norms + dense_mlp)
     tables = (1 if tied else 2) * vocab * hidden + hidden
     total, active = total + tables, active + tables
 
@@ -176,17 +232,91 @@ def model_fields(config: dict, where: str) -> dict:
     written = r.int("intermediate_size", default=None)
     if written:
         fields["intermediate_size"] = written
-    if experts and r.int("n_shared_experts", default=0):
-        fields["shared_experts"] = r.int("n_shared_experts")
+    if experts and shared_count:
+        fields["shared_experts"] = shared_count
     context = _context_length(r)
     if context:
         fields["max_position_embeddings"] = context
-    fields.update(_sliding_window(r, family, layers))
-    fields.update(_weight_bytes(r, where))
+    fields.update(_constant_layers(r, kinds, kv_heads, head_dim))
+    fields.update(_weight_bytes(r, where, bool(experts)))
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
     return fields
+
+
+def _linear_attention_params(r: _Reader, hidden: int) -> int:
+    """Parameters of one Gated DeltaNet layer (Qwen3-Next, Qwen3.5): the Q/K/V/Z projection,
+    the per-head beta and decay projections, the causal convolution over Q, K and V, the decay's
+    ``A_log`` and ``dt_bias``, the gated norm and the output projection."""
+    key = r.int("linear_num_key_heads", default=16) * r.int("linear_key_head_dim", default=128)
+    v_heads, v_dim = r.int("linear_num_value_heads", default=32), r.int("linear_value_head_dim", default=128)
+    value = v_heads * v_dim
+    conv = (2 * key + value) * r.int("linear_conv_kernel_dim", default=4)
+    return hidden * (2 * key + 2 * value) + hidden * 2 * v_heads + conv + 2 * v_heads + v_dim + value * hidden
+
+
+def _layer_kinds(r: _Reader, family: str, layers: int) -> dict:
+    """How many layers keep less than every token's K and V, by kind: ``sliding`` (a window),
+    ``chunked`` (Llama 4's local chunks), ``cross`` (Mllama's attention to the image) and
+    ``linear`` (a recurrent state). From ``layer_types`` when the file lists them, else the
+    family's pattern (Gemma 2 every other layer, Gemma 3 five of six, Llama 4 three of four,
+    Qwen3-Next three of four), else every layer when a window is set and not switched off
+    (``use_sliding_window = false``)."""
+    window_on = bool(r.int("sliding_window", default=None)) and r.get("use_sliding_window", True) is not False
+    types = r.list("layer_types", str)
+    if types:
+        kinds = {"sliding": sum(1 for t in types if "sliding" in t) if window_on else 0,
+                 "chunked": sum(1 for t in types if "chunked" in t),
+                 "linear": sum(1 for t in types if "linear" in t or "mamba" in t)}
+    elif family in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
+        interval = r.int("full_attention_interval", default=4) or 4
+        kinds = {"linear": layers - layers // interval}
+    elif family == "llama4_text":
+        rope = r.list("no_rope_layers", int)  # 1: a RoPE layer, chunked; 0: a NoPE layer, global
+        interval = r.int("no_rope_layer_interval", default=4) or 4
+        kinds = {"chunked": sum(1 for x in rope[:layers] if x) if rope else layers - layers // interval}
+    elif family == "mllama_text_model":
+        kinds = {"cross": sum(1 for i in set(r.list("cross_attention_layers", int)) if 0 <= i < layers)}
+    elif not window_on:
+        kinds = {}
+    elif family == "gemma2":
+        kinds = {"sliding": layers // 2}
+    elif family in ("gemma3", "gemma3_text"):
+        pattern = r.int("sliding_window_pattern", default=6) or 6
+        kinds = {"sliding": layers - layers // pattern}
+    else:
+        kinds = {"sliding": layers}
+    if not r.int("attention_chunk_size", default=None):
+        kinds.pop("chunked", None)
+    return {kind: n for kind, n in kinds.items() if n}
+
+
+def _constant_layers(r: _Reader, kinds: dict, kv_heads: int, head_dim: int) -> dict:
+    """``sliding_window_layers``: the layers of :func:`_layer_kinds`, and ``sliding_window``: the
+    most tokens one of them keeps a sequence -- its window or chunk, the image's tokens (Mllama:
+    tiles x (patches + 1)), or a linear layer's state (convolution and recurrent state, the latter
+    in float32 when ``mamba_ssm_dtype`` says so) over one full-attention layer's KV per token."""
+    if not kinds:
+        return {}
+    spans = []
+    if "sliding" in kinds:
+        spans.append(r.int("sliding_window"))
+    if "chunked" in kinds:
+        spans.append(r.int("attention_chunk_size"))
+    if "cross" in kinds:
+        vision = r.get("vision_config", {})
+        vision = _Reader(vision if isinstance(vision, dict) else {}, r.where + ": vision_config")
+        patches = (vision.int("image_size", default=448) // (vision.int("patch_size", default=14) or 14)) ** 2
+        spans.append(vision.int("max_num_tiles", default=4) * (patches + 1))
+    if "linear" in kinds:
+        key = r.int("linear_num_key_heads", default=16) * r.int("linear_key_head_dim", default=128)
+        v_heads, v_dim = r.int("linear_num_value_heads", default=32), r.int("linear_value_head_dim", default=128)
+        conv = (2 * key + v_heads * v_dim) * max(0, r.int("linear_conv_kernel_dim", default=4) - 1) * 2
+        state = v_heads * r.int("linear_key_head_dim", default=128) * v_dim
+        state *= 4 if str(r.get("mamba_ssm_dtype", "")) == "float32" else 2
+        spans.append(-(-(conv + state) // max(1, 2 * kv_heads * head_dim * 2)))
+    return {"sliding_window": max(1, *spans), "sliding_window_layers": sum(kinds.values())}
 
 
 #: keys holding a model's context length, as vLLM reads them (the smallest one given)
@@ -206,30 +336,12 @@ def _context_length(r: _Reader) -> int | None:
     return min(given) if given else None
 
 
-def _sliding_window(r: _Reader, family: str, layers: int) -> dict:
-    """``sliding_window`` and how many layers use it: ``layer_types`` when the file lists them,
-    else the family's pattern (Gemma 2 every other layer, Gemma 3 five of six), else every
-    layer when a window is set and not switched off (``use_sliding_window = false``)."""
-    window = r.int("sliding_window", default=None)
-    if not window or r.get("use_sliding_window", True) is False:
-        return {}
-    types = r.list("layer_types", str)
-    if types:
-        sliding = sum(1 for t in types if "sliding" in str(t))
-    elif family == "gemma2":
-        sliding = layers // 2
-    elif family in ("gemma3", "gemma3_text"):
-        pattern = r.int("sliding_window_pattern", default=6) or 6
-        sliding = layers - layers // pattern
-    else:
-        sliding = layers
-    return {"sliding_window": window, "sliding_window_layers": sliding} if sliding else {}
-
-
-def _weight_bytes(r: _Reader, where: str) -> dict:
+def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
     """The checkpoint's bytes per weight when they are not the 16-bit default: FP8 (1 byte), MXFP4
     experts (4 bits + an 8-bit scale per 32: 0.53125), AWQ / GPTQ at their bits plus a 16-bit
-    scale per group."""
+    scale and their zero point per group, compressed-tensors and ModelOpt schemes (NVFP4: 4 bits
+    + an FP8 scale per 16). A MoE checkpoint that leaves its attention unquantised
+    (``modules_to_not_convert`` / ``ignore``) has only its experts at those bytes."""
     q = r.get("quantization_config")
     if not isinstance(q, dict):
         dtype = str(r.get("torch_dtype", r.get("dtype", "bfloat16")))
@@ -237,22 +349,64 @@ def _weight_bytes(r: _Reader, where: str) -> dict:
             raise ConfigError(f"{where}: torch_dtype: {dtype!r} is not a 16- or 32-bit float; set weight_dtype_bytes")
         return {}
     method = str(q.get("quant_method", "")).lower()
-    if method == "fp8" or method == "compressed-tensors" and "fp8" in json.dumps(q).lower():
-        return {"weight_dtype_bytes": 1.0}
     if method == "mxfp4":
         return {"expert_dtype_bytes": 0.53125}
-    if method in ("awq", "gptq"):
+    if method in ("fp8", "fbgemm_fp8"):
+        per = 1.0
+    elif method in ("awq", "gptq"):
         bits = q.get("bits", q.get("w_bit", 4))
         group = q.get("group_size", q.get("q_group_size", 128))
-        if not isinstance(bits, int) or bits <= 0:
+        if isinstance(bits, bool) or not isinstance(bits, int) or bits <= 0:
             raise ConfigError(f"{where}: quantization_config.bits: expected a whole number, got {bits!r}")
         if isinstance(group, bool) or not isinstance(group, int):
             raise ConfigError(f"{where}: quantization_config.group_size: expected a whole number (-1: one group per "
                               f"row), got {group!r}")
-        scale = 2.0 / group if group > 0 else 0.0
-        return {"weight_dtype_bytes": bits / 8 + scale}
-    raise ConfigError(f"{where}: quantization_config: quant_method {method!r} is not read; set "
-                      "weight_dtype_bytes (and expert_dtype_bytes) beside config")
+        # GPTQ always stores a packed zero point per group; AWQ when zero_point is set
+        zero = bits / 8 if method == "gptq" or q.get("zero_point") is True else 0.0
+        per = bits / 8 + ((2.0 + zero) / group if group > 0 else 0.0)
+    elif method == "compressed-tensors":
+        per = _compressed_tensors_bytes(q, where)
+    elif method == "modelopt":
+        algo = str(q.get("quant_algo", "")).upper()
+        if algo not in ("FP8", "NVFP4"):
+            raise ConfigError(f"{where}: quantization_config.quant_algo: {algo!r} is not read (FP8, NVFP4); set "
+                              "weight_dtype_bytes beside config")
+        per = 1.0 if algo == "FP8" else 0.5 + 1 / 16
+    else:
+        raise ConfigError(f"{where}: quantization_config: quant_method {method!r} is not read; set "
+                          "weight_dtype_bytes (and expert_dtype_bytes) beside config")
+    kept = [str(m) for key in ("modules_to_not_convert", "ignore", "ignored_layers")
+            for m in (q.get(key) if isinstance(q.get(key), list) else [])]
+    return {"expert_dtype_bytes" if moe and any("attn" in m for m in kept) else "weight_dtype_bytes": per}
+
+
+def _compressed_tensors_bytes(q: dict, where: str) -> float:
+    """Bytes per weight of a compressed-tensors checkpoint (llm-compressor): its weights'
+    ``num_bits``, plus per group a scale (16-bit; FP8 for 4-bit floats, NVFP4) and, when
+    asymmetric, a packed zero point. Scales per channel, tensor or 128 x 128 block are left out."""
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        if "fp8" in json.dumps(q).lower():
+            return 1.0
+        raise ConfigError(f"{where}: quantization_config.config_groups: missing; set weight_dtype_bytes beside config")
+    sizes = set()
+    for name, group in groups.items():
+        w = group.get("weights") if isinstance(group, dict) else None
+        key = f"quantization_config.config_groups.{name}.weights"
+        if not isinstance(w, dict):
+            raise ConfigError(f"{where}: {key}: expected a table with num_bits, got {value_text(w)}")
+        bits, size = w.get("num_bits"), w.get("group_size")
+        if isinstance(bits, bool) or not isinstance(bits, int) or bits <= 0:
+            raise ConfigError(f"{where}: {key}.num_bits: expected a whole number > 0, got {value_text(bits)}")
+        per = bits / 8
+        if w.get("strategy") in ("group", "tensor_group") and isinstance(size, int) and size > 0:
+            scale = 1.0 if w.get("type") == "float" and bits == 4 else 2.0
+            per += (scale + (0.0 if w.get("symmetric", True) else bits / 8)) / size
+        sizes.add(per)
+    if len(sizes) > 1:
+        raise ConfigError(f"{where}: quantization_config.config_groups: groups of {sorted(sizes)} bytes a weight are "
+                          "not read; set weight_dtype_bytes (and expert_dtype_bytes) beside config")
+    return sizes.pop()
 
 
 def spec_table(table: dict, base_dir: str | os.PathLike, where: str) -> dict:

@@ -1,0 +1,272 @@
+"""Real config.json files of current models (``tests/data/hf_configs``: the hub's files, trimmed to the
+keys that matter) against ground truth worked out by hand: the checkpoints' published parameter
+counts, and KV bytes a token written out layer kind by layer kind (2 x KV heads x head_dim x 2 bytes
+a full-attention layer; MLA's 576-wide latent x 2 bytes; sliding-window, chunked, cross-attention and
+linear-attention layers keep a bounded number of tokens a sequence and are left out)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schedlab.capacity import ModelSpec, capacity_command
+from schedlab.catalog import load_catalog
+from schedlab.configs import from_table
+from schedlab.errors import ConfigError
+from schedlab.hf_config import model_fields
+
+DATA = Path(__file__).parent / "data" / "hf_configs"
+
+
+def config(name: str) -> dict:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+def spec(cfg: dict) -> ModelSpec:
+    return from_table(ModelSpec, {"name": "m", **model_fields(cfg, "config.json")}, where="config.json")
+
+
+def full_kv(layers: int, kv_heads: int, head_dim: int) -> int:
+    """K and V of ``layers`` full-attention layers, 2 bytes an element."""
+    return 2 * layers * kv_heads * head_dim * 2
+
+
+# name: (total params, active params or None, KV bytes a token), each by hand or from the model card
+EXACT = {
+    "llama-3.1-8b": (8_030_261_248, None, full_kv(32, 8, 128)),
+    "llama-3.3-70b": (70_553_706_496, None, full_kv(80, 8, 128)),
+    "mistral-7b-v0.3": (7_248_023_552, None, full_kv(32, 8, 128)),
+    "mixtral-8x7b": (46_702_792_704, 12_879_925_248, full_kv(32, 8, 128)),
+    "qwen2.5-7b": (7_615_616_512, None, full_kv(28, 4, 128)),
+    # the language model of Qwen2.5-VL-7B is Qwen2.5-7B's, Q/K/V biases included (its 8.29B adds the vision tower)
+    "qwen2.5-vl-7b": (7_615_616_512, None, full_kv(28, 4, 128)),
+    "qwen3-8b": (8_190_735_360, None, full_kv(36, 8, 128)),
+    "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704, full_kv(48, 4, 128)),
+    "phi-3.5-mini": (3_821_079_552, None, full_kv(32, 32, 96)),  # its 262,144-token window spans every context
+    "phi-4": (14_659_507_200, None, full_kv(40, 10, 128)),
+    "gemma-2-9b": (9_241_705_984, None, full_kv(21, 8, 256)),  # 21 of 42 layers slide over 4,096 tokens
+    "deepseek-v3": (671_026_419_200, None, 61 * (512 + 64) * 2),  # without the MTP module
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_checkpoint_counts_and_kv_per_token(name):
+    total, active, kv = EXACT[name]
+    s = spec(config(name))
+    assert s.num_params == total
+    if active is not None:
+        assert s.active_params == active
+    assert s.kv_bytes_per_token() == kv
+
+
+def test_llama_4_scout_shared_expert_and_chunked_layers():
+    """Scout: 48 MoE layers, each 16 routed experts + 1 shared one of 3 x 5120 x 8192 and a router
+    of 5120 x 16; its RoPE layers (three of four) attend to 8,192-token chunks, the 12 NoPE layers
+    to the whole sequence. Read through ``text_config``, without ``moe_layers`` (``interleave_moe_layer_step``)."""
+    s = spec(config("llama-4-scout-17b-16e"))
+    attn = 2 * 5120 * 40 * 128 + 2 * 5120 * 8 * 128
+    expert = 3 * 5120 * 8192
+    tables = 2 * 202048 * 5120 + 5120
+    assert s.num_params == 48 * (attn + 2 * 5120 + 5120 * 16 + 17 * expert) + tables
+    assert s.active_params == 48 * (attn + 2 * 5120 + 5120 * 16 + 2 * expert) + tables
+    assert abs(s.num_params / 109e9 - 1) < 0.03  # model card: 109B with the vision tower
+    assert abs(s.active_params / 17e9 - 1) < 0.03  # 17B active
+    assert s.kv_bytes_per_token() == full_kv(12, 8, 128)
+    assert (s.sliding_window, s.sliding_window_layers, s.shared_experts) == (8192, 36, 1)
+    assert s.max_position_embeddings == 10_485_760
+
+
+def test_llama_4_maverick_interleaved_dense_layers():
+    """Maverick's shape: every other layer MoE (128 experts), the others a dense MLP of 16,384."""
+    cfg = config("llama-4-scout-17b-16e")
+    cfg["text_config"] = {**cfg["text_config"], "num_local_experts": 128, "interleave_moe_layer_step": 2}
+    s = spec(cfg)
+    attn = 2 * 5120 * 40 * 128 + 2 * 5120 * 8 * 128
+    expert = 3 * 5120 * 8192
+    dense = 24 * (attn + 2 * 5120 + 3 * 5120 * 16384)
+    tables = 2 * 202048 * 5120 + 5120
+    assert s.num_params == dense + 24 * (attn + 2 * 5120 + 5120 * 128 + 129 * expert) + tables
+    assert abs(s.num_params / 400e9 - 1) < 0.03  # model card: 400B total
+
+
+def test_qwen3_next_gated_attention_and_linear_layers():
+    """Qwen3-Next-80B-A3B: 12 gated full-attention layers (q_proj twice as wide: the gate; Q/K norms),
+    36 Gated DeltaNet layers, 512 experts of 3 x 2048 x 512 (10 a token) + a shared one and its gate."""
+    s = spec(config("qwen3-next-80b-a3b"))
+    full = 2048 * 2 * 16 * 256 + 2 * 2048 * 2 * 256 + 16 * 256 * 2048 + 2 * 256
+    key, value = 16 * 128, 32 * 128
+    linear = (2048 * (2 * key + 2 * value) + 2048 * 2 * 32 + (2 * key + value) * 4 + 2 * 32 + 128
+              + value * 2048)
+    expert = 3 * 2048 * 512
+    common = 2 * 2048 + 2048 * 512 + expert + 2048  # norms, router, shared expert and its gate
+    tables = 2 * 151936 * 2048 + 2048
+    assert s.num_params == 12 * full + 36 * linear + 48 * (common + 512 * expert) + tables == 79_674_391_296
+    assert s.active_params == 12 * full + 36 * linear + 48 * (common + 10 * expert) + tables
+    assert abs(s.num_params / 80e9 - 1) < 0.03 and abs(s.active_params / 3.9e9 - 1) < 0.03
+    assert s.kv_bytes_per_token() == full_kv(12, 2, 256)
+    # a linear layer's state: conv (2 x 2048 + 4096) x 3 + recurrent 32 x 128 x 128, 2 bytes each, in
+    # tokens of a full layer's 2 x 2 x 256 x 2 bytes: 536
+    assert s.sliding_window_layers == 36
+    assert s.sliding_window == -(-((2 * key + value) * 3 * 2 + 32 * 128 * 128 * 2) // (2 * 2 * 256 * 2)) == 536
+
+
+def test_deepseek_v2_lite_mla_without_q_lora():
+    """27 layers, MLA with Q projected directly (no q_lora_rank), 64 routed experts + 2 shared, 6 a
+    token, the first layer dense; model card: 15.7B total, 2.4B active (without the embedding table)."""
+    s = spec(config("deepseek-v2-lite"))
+    attn = 2048 * 16 * 192 + 2048 * 576 + 512 + 512 * 16 * 256 + 16 * 128 * 2048
+    expert = 3 * 2048 * 1408
+    tables = 2 * 102400 * 2048 + 2048
+    moe = 2048 * 64 + 2 * expert
+    assert s.num_params == 27 * (attn + 2 * 2048) + 3 * 2048 * 10944 + 26 * (moe + 64 * expert) + tables
+    assert s.active_params == 27 * (attn + 2 * 2048) + 3 * 2048 * 10944 + 26 * (moe + 6 * expert) + tables
+    assert abs(s.num_params / 15.7e9 - 1) < 0.03
+    assert abs((s.active_params - 102400 * 2048) / 2.4e9 - 1) < 0.03
+    assert s.kv_bytes_per_token() == s.kv_bytes_per_token(8) == 27 * (512 + 64) * 2
+
+
+def test_kimi_k2_is_deepseek_v3_shaped():
+    """Kimi-K2: 61 layers, 64 MLA heads, 384 routed experts + 1 shared, 8 a token, one dense layer,
+    FP8 blocks; model card: 1T total, 32B active."""
+    s = spec(config("kimi-k2"))
+    attn = 7168 * 1536 + 1536 + 1536 * 64 * 192 + 7168 * 576 + 512 + 512 * 64 * 256 + 64 * 128 * 7168
+    expert = 3 * 7168 * 2048
+    router = 7168 * 384 + 384
+    tables = 2 * 163840 * 7168 + 7168
+    base = 61 * (attn + 2 * 7168) + 3 * 7168 * 18432 + tables
+    assert s.num_params == base + 60 * (router + 385 * expert) == 1_026_408_232_448
+    assert s.active_params == base + 60 * (router + 9 * expert)
+    assert abs(s.num_params / 1e12 - 1) < 0.03 and abs(s.active_params / 32e9 - 1) < 0.03
+    assert s.kv_bytes_per_token() == 61 * 576 * 2 and s.weight_dtype_bytes == 1.0
+
+
+def test_glm_4_5_air_biases_and_shared_expert():
+    """GLM-4.5-Air: 46 layers (the first dense), 96 heads of 128 / 8 KV heads with Q/K/V biases, 128
+    experts of 3 x 4096 x 1408 + 1 shared, 8 a token; model card: 106B total, 12B active (no tables)."""
+    s = spec(config("glm-4.5-air"))
+    attn = 2 * 4096 * 96 * 128 + 2 * 4096 * 8 * 128 + (96 + 16) * 128
+    expert = 3 * 4096 * 1408
+    tables = 2 * 151552 * 4096 + 4096
+    base = 46 * (attn + 2 * 4096) + 3 * 4096 * 10944 + tables
+    assert s.num_params == base + 45 * (4096 * 128 + 129 * expert)
+    assert s.active_params == base + 45 * (4096 * 128 + 9 * expert)
+    assert abs(s.num_params / 106e9 - 1) < 0.03
+    assert abs((s.active_params - 2 * 151552 * 4096) / 12e9 - 1) < 0.03
+    assert s.kv_bytes_per_token() == full_kv(46, 8, 128)
+
+
+@pytest.mark.parametrize("name, layers, experts, total, active", [
+    ("gpt-oss-20b", 24, 32, 20.91e9, 3.61e9), ("gpt-oss-120b", 36, 128, 116.83e9, 5.13e9)])
+def test_gpt_oss_against_the_model_card(name, layers, experts, total, active):
+    """The model card's active count leaves out the embedding table (201,088 x 2,880); biases and
+    sinks are not counted (0.03%). Half the layers slide over 128 tokens; experts in MXFP4."""
+    s = spec(config(name))
+    assert abs(s.num_params / total - 1) < 0.003
+    assert abs((s.active_params - 201088 * 2880) / active - 1) < 0.003
+    assert s.kv_bytes_per_token() == full_kv(layers // 2, 8, 64)
+    assert (s.sliding_window, s.sliding_window_layers, s.expert_dtype_bytes) == (128, layers // 2, 0.53125)
+
+
+@pytest.mark.parametrize("name, layers, hidden, heads, kv_heads, head_dim, ffn, full_layers, card", [
+    ("gemma-3-12b", 48, 3840, 16, 8, 256, 15360, 8, 12.2e9), ("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 10, 27.4e9)])
+def test_gemma_3_text_config_with_transformers_defaults(name, layers, hidden, heads, kv_heads, head_dim, ffn,
+                                                        full_layers, card):
+    """Gemma 3's saved ``text_config`` leaves out its vocabulary (262,208), the 12B's head_dim (256, not
+    3840 / 16) and the 5:1 pattern: transformers' defaults. Four norms a layer, Q/K norms, one tied table;
+    the card's count adds a 0.42B vision tower. One layer in six is global; the rest slide over 1,024."""
+    s = spec(config(name))
+    per_layer = (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 2 * head_dim + 4 * hidden
+                 + 3 * hidden * ffn)
+    assert s.head_dim == head_dim
+    assert s.num_params == layers * per_layer + 262208 * hidden + hidden
+    assert abs((s.num_params + 0.42e9) / card - 1) < 0.01
+    assert s.kv_bytes_per_token() == full_kv(full_layers, kv_heads, head_dim)
+    assert (s.sliding_window, s.sliding_window_layers) == (1024, layers - full_layers)
+    assert s.weight_bytes_per_param == 2 and s.max_position_embeddings == 131072
+
+
+def test_mllama_cross_attention_layers_hold_the_image_not_the_text():
+    """Llama-3.2-11B-Vision: 40 layers, 8 of them cross-attention to the image (4 tiles x (40 x 40 + 1)
+    patch tokens a sequence): a text token's KV is in the 32 self-attention layers."""
+    s = spec(config("llama-3.2-11b-vision"))
+    assert s.kv_bytes_per_token() == full_kv(32, 8, 128)
+    assert (s.sliding_window, s.sliding_window_layers) == (4 * (40 * 40 + 1), 8)
+    assert s.num_params == 40 * (2 * 4096 * 32 * 128 + 2 * 4096 * 8 * 128 + 2 * 4096 + 3 * 4096 * 14336) \
+        + 2 * 128256 * 4096 + 4096
+
+
+# --- quantised checkpoints -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, field, per_weight", [
+    # 4 bits, a 16-bit scale and a 4-bit zero point per 128 weights
+    ("qwen2.5-7b-instruct-awq", "weight_dtype_bytes", 0.5 + (2 + 0.5) / 128),
+    ("llama-3.1-8b-instruct-gptq-int4", "weight_dtype_bytes", 0.5 + (2 + 0.5) / 128),
+    ("qwen3-8b-fp8", "weight_dtype_bytes", 1.0),  # FP8 in 128 x 128 blocks
+    ("llama-3.1-8b-instruct-fp8-ct", "weight_dtype_bytes", 1.0),  # compressed-tensors, float, 8 bits
+    ("deepseek-v3", "weight_dtype_bytes", 1.0),
+    ("gpt-oss-120b", "expert_dtype_bytes", 0.53125),  # 4 bits + an 8-bit scale per 32
+])
+def test_quantised_weights(name, field, per_weight):
+    assert getattr(spec(config(name)), field) == per_weight
+
+
+def test_compressed_tensors_int4_experts_and_modelopt_nvfp4():
+    """Kimi-K2-Thinking's scheme: int4 in groups of 32 (a 16-bit scale each) on the routed experts
+    only (attention and shared experts ignored); NVFP4: 4 bits + an FP8 scale per 16."""
+    int4 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True}}},
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"]}
+    s = spec({**config("kimi-k2"), "quantization_config": int4})
+    assert (s.weight_dtype_bytes, s.expert_dtype_bytes) == (None, 0.5 + 2 / 32)
+    dense = spec({**config("llama-3.1-8b"), "quantization_config": {**int4, "ignore": ["lm_head"]}})
+    assert dense.weight_dtype_bytes == 0.5 + 2 / 32
+    nvfp4 = spec({**config("llama-3.1-8b"), "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}})
+    assert nvfp4.weight_dtype_bytes == 0.5 + 1 / 16
+
+
+def test_a_multimodal_files_outer_dtype_and_quantisation_hold_for_its_text_config():
+    cfg = {**config("gemma-3-27b"), "quantization_config": {"quant_method": "fp8"}}
+    assert spec(cfg).weight_dtype_bytes == 1.0
+    with pytest.raises(ConfigError, match="config.json: torch_dtype: 'int8'"):
+        spec({**config("gemma-3-27b"), "torch_dtype": "int8"})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"config_groups": {"g": {"weights": {"num_bits": "4"}}}},
+     "quantization_config.config_groups.g.weights.num_bits: expected a whole number > 0"),
+    ({"config_groups": {"a": {"weights": {"num_bits": 8}}, "b": {"weights": {"num_bits": 4}}}},
+     r"quantization_config.config_groups: groups of \[0.5, 1.0\] bytes a weight are not read"),
+    ({"config_groups": None}, "quantization_config.config_groups: missing"),
+])
+def test_compressed_tensors_errors_name_the_key(change, message):
+    with pytest.raises(ConfigError, match=message):
+        spec({**config("llama-3.1-8b"), "quantization_config": {"quant_method": "compressed-tensors", **change}})
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in DATA.glob("*.json")))
+def test_every_real_config_sizes_a_kv_pool(name, tmp_path):
+    """Each file gives a capacity report at TP 8 (Phi-4's 10 KV heads: TP 2, as vLLM requires)."""
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text((DATA / f"{name}.json").read_text())
+    tp = 2 if name == "phi-4" else 8
+    text = capacity_command({"model": str(tmp_path / name), "gpu": "h200-141gb", "tensor_parallel": tp},
+                            load_catalog(entry_points=False))
+    assert text.startswith(f"KV capacity of {name} on h200-141gb")
+
+
+@pytest.mark.parametrize("stages, per_block", [(1, 2 * 8 * 8 * 256 * 2 * 16),    # the whole model's: 1 MiB
+                                               (5, -(-2 * 8 * 8 * 256 * 2 * 10 // 48) * 16)])   # 10 of 48 layers
+def test_a_kv_block_holds_every_kv_byte_when_layers_do_not_divide_them(stages, per_block):
+    """Gemma-3-12B keeps 65,536 KV bytes a token over 8 of its 48 layers; spread over 48 they are
+    1,365.33 a layer: the block used to lose the fraction (63.984 KiB a token), and a pipeline stage
+    of 10 layers now takes its share rounded up."""
+    from schedlab.capacity import Presets, _pool_numbers
+    from schedlab.parallelism import Parallelism
+
+    gpu = Presets.from_catalog(load_catalog(entry_points=False), {}).gpu("h100-80gb")
+    s = spec(config("gemma-3-12b"))
+    _, _, bytes_per_block, _ = _pool_numbers(s, gpu, 0.9, 1, 0, 16, Parallelism(pipeline_parallel=stages))
+    assert bytes_per_block == per_block
