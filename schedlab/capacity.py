@@ -110,6 +110,10 @@ class ModelSpec:
     weight_dtype_bytes: float | None = float_field(
         None, min=0.0, max=MAX_DTYPE_BYTES, min_exclusive=True, optional=True,
         help="bytes per weight when they differ from the KV's dtype_bytes (an FP8 checkpoint: 1); unset = dtype_bytes")
+    table_dtype_bytes: float | None = float_field(
+        None, min=0.0, max=MAX_DTYPE_BYTES, min_exclusive=True, optional=True,
+        help="bytes per weight of the embedding table and the LM head when they differ from the other weights' "
+             "(AWQ, GPTQ and FP8 checkpoints keep them in 16 bits: 2); unset = the weights'")
     expert_dtype_bytes: float | None = float_field(
         None, min=0.0, max=MAX_DTYPE_BYTES, min_exclusive=True, optional=True,
         help="MoE: bytes per routed-expert weight (MXFP4, 4 bits + a scale per 32: 0.53125); unset = the weights'")
@@ -180,6 +184,18 @@ class ModelSpec:
         return float(self.vocab_size * self.hidden_size)
 
     @property
+    def lm_head_params(self) -> float:
+        """Parameters of the LM head (the tied table too): ``vocab_size x hidden_size``; 0 when
+        vocab or width is not declared."""
+        if self.vocab_size is None or self.hidden_size is None:
+            return 0.0
+        return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def table_bytes_per_param(self) -> float:
+        return self.table_dtype_bytes if self.table_dtype_bytes is not None else self.weight_bytes_per_param
+
+    @property
     def weight_bytes_per_param(self) -> float:
         return self.weight_dtype_bytes if self.weight_dtype_bytes is not None else float(self.dtype_bytes)
 
@@ -240,10 +256,11 @@ class ModelSpec:
 
     def weight_bytes(self, tensor_parallel: int = 1) -> float:
         """Weight bytes on each rank (weights are sharded evenly; replicated norms are ignored);
-        routed experts at their own bytes per weight."""
+        routed experts, and the embedding table and LM head, at their own bytes per weight."""
         tp = _check_tensor_parallel(tensor_parallel)
         experts = self.expert_params * self.num_experts
-        return ((self.num_params - experts) * self.weight_bytes_per_param
+        tables = (self.embedding_params + self.lm_head_params) * (self.table_bytes_per_param - self.weight_bytes_per_param)
+        return ((self.num_params - experts) * self.weight_bytes_per_param + tables
                 + experts * self.expert_bytes_per_param) / tp
 
 
@@ -429,10 +446,9 @@ def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
     ``1 / pipeline_parallel`` of the weights and the KV of its layers."""
     usable = math.floor(gpu.memory_bytes * utilization)
     weights = model.weight_bytes(tp)
-    if parallelism.lockstep and model.is_moe:
-        experts = model.expert_params * model.num_experts
-        weights = (model.num_params - experts) * model.dtype_bytes / tp \
-            + experts * model.dtype_bytes / (tp * parallelism.data_parallel)
+    if parallelism.lockstep and model.is_moe:  # the routed experts spread over every rank's GPUs
+        experts = model.expert_params * model.num_experts * model.expert_bytes_per_param
+        weights = weights - experts / tp + experts / (tp * parallelism.data_parallel)
     stages = parallelism.pipeline_parallel
     weights = math.ceil(weights / stages)
     layers = max(stage_layers(model.num_layers, stages))
@@ -544,12 +560,15 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         kv_text = f"{layers} x {m.kv_latent_dim} latent (K and V, on every rank) x {m.dtype_bytes} B"
     else:
         kv_text = f"2 x {layers} x {heads_text} x {m.head_dim} head_dim x {m.dtype_bytes} B"
-    if m.weight_bytes_per_param == m.dtype_bytes and m.expert_bytes_per_param == m.dtype_bytes:
+    if m.weight_bytes_per_param == m.expert_bytes_per_param == m.table_bytes_per_param == m.dtype_bytes:
         dtypes, weights_text = f"{m.dtype_bytes}-byte weights and KV", f"{m.num_params / 1e9:.2f}B params x {m.dtype_bytes} B"
     else:
         experts = m.expert_params * m.num_experts if m.expert_bytes_per_param != m.weight_bytes_per_param else 0.0
+        tables = m.embedding_params + m.lm_head_params if m.table_bytes_per_param != m.weight_bytes_per_param else 0.0
         dtypes = f"{m.weight_bytes_per_param:g}-byte weights, {m.dtype_bytes}-byte KV"
-        weights_text = (f"{(m.num_params - experts) / 1e9:.2f}B params x {m.weight_bytes_per_param:g} B"
+        weights_text = (f"{(m.num_params - experts - tables) / 1e9:.2f}B params x {m.weight_bytes_per_param:g} B"
+                        + (f" + {tables / 1e9:.2f}B embedding and LM head params x {m.table_bytes_per_param:g} B"
+                           if tables else "")
                         + (f" + {experts / 1e9:.2f}B expert params x {m.expert_bytes_per_param:g} B" if experts else ""))
     lines = [
         f"KV capacity of {m.name} on {s.gpu.name} "

@@ -14,8 +14,7 @@ without its MTP module: ``tests/test_hf_config.py``; current models' real files:
 Read as well: the KV layout (MLA's latent, sliding-window layers from ``layer_types`` or the
 model family's pattern), the checkpoint's weight bytes (``quantization_config``: FP8, MXFP4
 experts, 4/8-bit AWQ/GPTQ with their scales and zero points, compressed-tensors, ModelOpt
-FP8/NVFP4; the embedding and LM head are taken at the same bytes, though checkpoints keep them
-in 16 bits), and ``_name_or_path`` as the Hugging Face id
+FP8/NVFP4; the embedding table and LM head at 16 bits, as those checkpoints keep them), and ``_name_or_path`` as the Hugging Face id
 when it is one. Multimodal configs are read from their ``text_config`` (the vision tower is not
 counted), with the outer file's dtype and ``quantization_config`` and the defaults transformers
 leaves out of a saved ``text_config`` (Gemma 3's vocabulary and head size). Not counted: biases
@@ -377,7 +376,11 @@ def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
                           "weight_dtype_bytes (and expert_dtype_bytes) beside config")
     kept = [str(m) for key in ("modules_to_not_convert", "ignore", "ignored_layers")
             for m in (q.get(key) if isinstance(q.get(key), list) else [])]
-    return {"expert_dtype_bytes" if moe and any("attn" in m for m in kept) else "weight_dtype_bytes": per}
+    if moe and any("attn" in m for m in kept):
+        return {"expert_dtype_bytes": per}
+    # the embedding table and the LM head stay in the checkpoint's 16 bits (none of these methods
+    # quantises them by default)
+    return {"weight_dtype_bytes": per, "table_dtype_bytes": 2.0}
 
 
 def _compressed_tensors_bytes(q: dict, where: str) -> float:

@@ -270,3 +270,35 @@ def test_a_kv_block_holds_every_kv_byte_when_layers_do_not_divide_them(stages, p
     s = spec(config("gemma-3-12b"))
     _, _, bytes_per_block, _ = _pool_numbers(s, gpu, 0.9, 1, 0, 16, Parallelism(pipeline_parallel=stages))
     assert bytes_per_block == per_block
+
+
+@pytest.mark.parametrize("name, per_weight", [("qwen2.5-7b-instruct-awq", 0.5 + (2 + 0.5) / 128),
+                                              ("llama-3.1-8b-instruct-gptq-int4", 0.5 + (2 + 0.5) / 128),
+                                              ("qwen3-8b-fp8", 1.0)])
+def test_a_quantised_checkpoint_keeps_its_embedding_and_lm_head_in_16_bits(name, per_weight):
+    """The tables are vocab x hidden each (one when tied); the rest at the quantised bytes. Qwen2.5-7B-AWQ:
+    2 x 152,064 x 3,584 = 1.09B params at 2 B, not 0.52 B (its weights were 1.6 GB light)."""
+    s = spec(config(name))
+    tables = s.vocab_size * s.hidden_size * (1 if s.tied_embeddings else 2)
+    assert s.table_dtype_bytes == 2.0
+    assert s.weight_bytes() == pytest.approx((s.num_params - tables) * per_weight + tables * 2, rel=1e-12)
+    # the roofline reads the LM head at 2 bytes a weight: its work's bytes say so
+    from schedlab_plugins.cost_models.work import ModelWork
+    work = ModelWork(s)
+    assert work.lm_head_bytes == s.vocab_size * s.hidden_size * 2
+    # every weight but the looked-up input table (none when tied): the LM head at 2 bytes, the rest quantised
+    assert work.dense_bytes == pytest.approx((s.num_params - tables) * per_weight + s.vocab_size * s.hidden_size * 2,
+                                             rel=1e-12)
+
+
+def test_data_parallel_experts_are_spread_at_their_own_bytes():
+    """gpt-oss-120b with data_parallel = 2 and expert parallelism: each rank holds its dense weights
+    at 2 bytes and half the MXFP4 experts at 0.53125 bytes (they were taken at the KV's 2 bytes)."""
+    from schedlab.capacity import Presets, _pool_numbers
+    from schedlab.parallelism import Parallelism
+
+    gpu = Presets.from_catalog(load_catalog(entry_points=False), {}).gpu("h100-80gb")
+    s = spec(config("gpt-oss-120b"))
+    experts = s.expert_params * s.num_experts
+    _, weights, _, _ = _pool_numbers(s, gpu, 0.9, 1, 0, 16, Parallelism(data_parallel=2, expert_parallel=True))
+    assert weights == pytest.approx((s.num_params - experts) * 2 + experts * 0.53125 / 2, rel=1e-12)

@@ -290,17 +290,18 @@ class RooflineCostModel:
         expert_total = model.expert_params * model.num_experts
         embedding = model.embedding_params  # an untied table: looked up, one row per token
         # The LM head (vocab x hidden, the tied table too) multiplies the sampled rows only.
-        lm_head = float(model.vocab_size * model.hidden_size) if model.vocab_size and model.hidden_size else 0.0
+        lm_head = model.lm_head_params
         # Dense weights: everything but the routed experts, the looked-up table and the LM head.
         self._dense_read_ms = (model.num_params - expert_total - embedding - lm_head) * b / tp \
             / self._weight_bytes_per_ms
-        self._lm_read_ms = lm_head * b / tp / self._weight_bytes_per_ms
+        t = model.table_bytes_per_param  # (a quantised checkpoint keeps its tables in 16 bits)
+        self._lm_read_ms = lm_head * t / tp / self._weight_bytes_per_ms
         self._lm_flops_per_row = 2.0 * lm_head / tp
         self._expert_read_ms = model.expert_params * model.expert_bytes_per_param / tp \
             / (self._weight_bytes_per_ms * c.expert_read_share)  # one expert
         self._expert_fixed_ms = model.num_layers * c.expert_layer_us * 1e-3 if model.is_moe else 0.0
         # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
-        self._row_read_ms = (model.hidden_size or 0) * b / tp / self._weight_bytes_per_ms if embedding else 0.0
+        self._row_read_ms = (model.hidden_size or 0) * t / tp / self._weight_bytes_per_ms if embedding else 0.0
         self._dense_flops_per_token = w.dense_flops_per_token  # (the embedding and the LM head apart)
         self._expert_flops_per_token = w.expert_flops_per_token
         self._fixed_ms = model.num_layers * (c.layer_overhead_us + c.attention_layer_us) * 1e-3

@@ -50,13 +50,13 @@ class ModelWork:
     def __init__(self, model: ModelSpec, tensor_parallel: int = 1):
         m = self.model = model
         tp = self.tp = tensor_parallel
-        lm_head = float(m.vocab_size * m.hidden_size) if m.vocab_size and m.hidden_size else 0.0
+        lm_head = m.lm_head_params
         self.kv_bytes_per_token = m.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
         #: bytes of the LM head (the tied table too), read in full by the last pipeline stage
-        self.lm_head_bytes = lm_head * m.weight_bytes_per_param / tp
+        self.lm_head_bytes = lm_head * m.table_bytes_per_param / tp
         #: bytes of every weight but the routed experts and the looked-up embedding table
         self.dense_bytes = (m.num_params - m.expert_params * m.num_experts - m.embedding_params) \
-            * m.weight_bytes_per_param / tp
+            * m.weight_bytes_per_param / tp + lm_head * (m.table_bytes_per_param - m.weight_bytes_per_param) / tp
         self.dense_flops_per_token = 2.0 * (m.params_per_token - m.experts_per_token * m.expert_params
                                             - m.embedding_params - lm_head) / tp
         self.expert_flops_per_token = 2.0 * m.experts_per_token * m.expert_params / tp
