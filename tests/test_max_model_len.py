@@ -134,7 +134,7 @@ def test_the_vllm_preset_takes_the_models_context(tmp_path):
     ("llama-2-7b", "a100-80gb", "chunked_prefill = false", 4096),       # max(4,096, 2,048)
     ("llama-2-7b", "a100-80gb", "chunked_prefill = false\nmax_model_len = 3000", 3000),
     ("llama-3.1-8b", "h100-80gb", "", 8192),                            # chunked: the GPU's default
-    ("llama-3.1-8b", "h100-80gb", "chunked_prefill = false\nmax_num_batched_tokens = 4096", 4096),
+    ("llama-3.1-8b", "h100-80gb", "chunked_prefill = false\nmax_num_batched_tokens = 4096\nmax_model_len = 4096", 4096),
 ])
 def test_without_chunked_prefill_the_budget_holds_a_whole_context(tmp_path, model, gpu, scheduler, budget):
     assert _config(tmp_path, model=model, gpu=gpu, scheduler=scheduler).max_num_batched_tokens == budget
@@ -174,6 +174,20 @@ def test_vllm_v0_refuses_a_budget_below_max_model_len_without_chunking(tmp_path)
     assert (chunked.max_num_batched_tokens, chunked.max_model_len) == (16384, 131072)
     assert _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b",
                    scheduler="max_num_batched_tokens = 16384\nmax_model_len = 16384").max_model_len == 16384
+
+
+def test_vllm_v1_refuses_a_budget_below_max_model_len_without_chunking(tmp_path):
+    # vLLM 0.33's SchedulerConfig.verify_max_model_len: accepted, the run rejected every longer prompt and a
+    # search over it answered for the short ones only
+    with pytest.raises(ConfigError, match=r"exp\.toml: \[scheduler\]: max_num_batched_tokens \(4096\) is smaller "
+                                          r"than max_model_len \(131072\): vLLM V1 refuses"):
+        _config(tmp_path, model="llama-3.1-8b", gpu="h100-80gb",
+                scheduler="chunked_prefill = false\nmax_num_batched_tokens = 4096")
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens \(4096\) is smaller than max_model_len \(5000\)"):
+        _config(tmp_path, scheduler="chunked_prefill = false\nmax_num_batched_tokens = 4096\nmax_model_len = 5000")
+    auto = _config(tmp_path, model="llama-3.1-8b", gpu="h100-80gb",
+                   scheduler="chunked_prefill = false\nmax_num_batched_tokens = 4096\nmax_model_len = \"auto\"")
+    assert auto.max_num_batched_tokens == 4096  # ("auto" fits the cache when the run is built: not checked here)
 
 
 def test_a_run_on_a_short_context_model_rejects_what_vllm_would(tmp_path):

@@ -50,6 +50,10 @@ class VllmConfig(ContinuousConfig):
     #: the run's assembly applies it to a ``[kv_cache]`` table that leaves the key out
     kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
 
+    def __attrs_post_init__(self):
+        super().__attrs_post_init__()
+        _check_budget_holds_a_prompt(self, "V1")
+
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
         """The settings vLLM picks for those ``table`` leaves out, on the run's ``gpu`` and
@@ -98,6 +102,19 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_budget_holds_a_prompt(config: ContinuousConfig, version: str) -> None:
+    """vLLM refuses to start when, without chunked prefill, the token budget is below
+    ``max_model_len`` (V1: ``SchedulerConfig.verify_max_model_len``; V0: ``_verify_args``): a
+    longer prompt could never be scheduled. Accepted, such a run would reject those prompts and a
+    search over it answer for the shorter ones only."""
+    longest = config.max_model_len
+    if not config.chunked_prefill and longest != "auto" and longest > config.max_num_batched_tokens:
+        raise ConfigError(
+            f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than max_model_len ({longest}): "
+            f"vLLM {version} refuses this without chunked prefill (a longer prompt could never be scheduled); raise "
+            "max_num_batched_tokens, lower max_model_len or set chunked_prefill = true")
+
+
 @attrs.frozen
 class VllmV0Config(ContinuousConfig):
     allocation: str = str_field("grow", choices=("reserve", "grow"), help="V0 allocates as tokens are computed")
@@ -106,13 +123,7 @@ class VllmV0Config(ContinuousConfig):
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
-        longest = self.max_model_len
-        if not self.chunked_prefill and longest != "auto" and longest > self.max_num_batched_tokens:
-            # V0's SchedulerConfig._verify_args: a prompt must fit one step
-            raise ConfigError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len ({longest}): "
-                "vLLM V0 refuses this without chunked prefill (a longer prompt could never be scheduled); raise "
-                "max_num_batched_tokens, lower max_model_len or set chunked_prefill = true")
+        _check_budget_holds_a_prompt(self, "V0")
 
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
