@@ -129,13 +129,18 @@ def test_a_set_into_a_table_the_file_lacks_sets_it_in_the_default_table(tmp_path
     assert tables["scheduler"] == {"kind": "edf", "deadline_ms": 300}
 
 
-def test_a_whole_table_set_without_a_kind_is_told_to_name_it(tmp_path):
-    """A whole table from --set replaces the default one, kind and all."""
+def test_a_table_without_a_kind_takes_the_default_kind(tmp_path):
+    """A whole table from --set, a sweep's key or the file's own table with no kind: the default
+    kind's (continuous), as a [[runs]] table without a kind merges."""
     path = write(tmp_path, HEAD)
     assert error(path, "scheduler={deadline_ms=300}").startswith(
-        f"{path}: [scheduler]: missing 'kind' (this run's [scheduler] comes only from --set "
-        "'scheduler={deadline_ms=300}', so it has no kind: name one, e.g. --set scheduler.kind=continuous); "
-        "registered schedulers: ")
+        f"{path}: [scheduler]: unknown key 'deadline_ms' (from --set 'scheduler={{deadline_ms=300}}'); valid keys: "
+        + CONTINUOUS_KEYS)
+    swept = write(tmp_path, HEAD + '[sweep]\n"scheduler.max_num_seqs" = [4, 8]\n')
+    exp = load(swept, plugin_objects=[Edf()])
+    assert [s["scheduler.max_num_seqs"] for s in exp.studies[0].sweep] == [4, 8]   # (built: no missing kind)
+    own = write(tmp_path, HEAD + "[scheduler]\nmax_num_seqs = 4\n")
+    assert len(load(own, plugin_objects=[Edf()]).studies) == 1
 
 
 def test_a_did_you_mean_stays_next_to_the_key(tmp_path):

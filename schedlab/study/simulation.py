@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import warnings
 from typing import Any, Callable
 
 import attrs
@@ -37,7 +38,7 @@ from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineClus
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
-from ..errors import ConfigError, SchedlabError, SimulationError, UnknownPluginError, entry_label
+from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, entry_label
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..targets import TargetConfig, compare_with_real_run
 from ..parallelism import SINGLE, Parallelism
@@ -338,8 +339,13 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
 
 
 def _tables_with_defaults(tables: dict) -> dict:
+    """``tables`` with the default ones they leave out, and the default kind in a table that
+    names none (``[scheduler] max_num_seqs = 8`` alone, or made by a sweep, ``--set`` or a plan:
+    the default scheduler with that setting, as a ``[[runs]]`` table without a kind merges)."""
     out = {k: dict(v) for k, v in DEFAULT_TABLES.items()}
-    out.update(tables)
+    for key, table in tables.items():
+        default = DEFAULT_TABLES.get(key)
+        out[key] = {**default, **table} if default and isinstance(table, dict) and "kind" not in table else table
     return out
 
 
@@ -548,6 +554,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         has the same tables, so one set shows whether they are valid (loading a file then costs
         the same for 1 or 1,024 instances).
     """
+    _warn_two_gpus(spec.tables, ctx, where)
     assembled = _assemble_plugins(spec, ctx, where, check_only)
     _check_async_scheduling(assembled, where)
     _check_queue_limit(assembled, where)
@@ -559,6 +566,24 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     except (ConfigError, FieldError) as exc:
         raise ConfigError(f"{where} [target]: {exc}") from None
     return attrs.evolve(assembled, target=target)
+
+
+def _warn_two_gpus(tables: dict, ctx: Context, where: str) -> None:
+    """Say when ``[kv_cache]`` and ``[cost_model]`` name different GPUs or models: the cache is
+    then sized for one and the steps timed on another -- most often a sweep or ``--set`` that
+    changed one key and not the other. (Allowed: a what-if can want just that.)"""
+    for key, resolve in (("gpu", ctx.presets.gpu), ("model", ctx.presets.model)):
+        named = [tables.get(kind, {}).get(key) for kind in ("kv_cache", "cost_model")]
+        if not all(isinstance(name, str) for name in named):
+            continue
+        try:
+            cache, cost = (resolve(name).name for name in named)
+        except (ConfigError, KeyError):
+            continue  # an unknown name: the component says so
+        if cache != cost:
+            warnings.warn(f"{where} [kv_cache] {key} = {named[0]!r} but [cost_model] {key} = {named[1]!r}: the cache "
+                          f"is sized for one and the steps are timed on the other; name the same {key} in both (a "
+                          f"sweep or --set of one changes only that one)", InputWarning, stacklevel=3)
 
 
 def _check_async_scheduling(a: Assembled, where: str) -> None:

@@ -1,0 +1,52 @@
+"""A run whose [kv_cache] and [cost_model] name different GPUs or models is said (one line, once),
+not refused: a newcomer sweeping ``cost_model.gpu`` alone timed L40S steps on an H100-sized cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedlab.cli import main
+
+RUN = """
+[experiment]
+name = "two"
+reports = ["json"]
+[workload]
+kind = "synthetic"
+num_requests = 3
+rate = 5.0
+prompt = {{dist = "fixed", value = 10}}
+output = {{dist = "fixed", value = 4}}
+[cost_model]
+kind = "roofline"
+model = "llama-3.1-8b"
+gpu = "{cost_gpu}"
+[kv_cache]
+kind = "paged"
+model = "{cache_model}"
+gpu = "h100-80gb"
+{sweep}
+"""
+
+
+def warnings_of(tmp_path, capsys, *, cost_gpu="h100-80gb", cache_model="llama-3.1-8b", sweep="") -> list[str]:
+    path = tmp_path / "two.toml"
+    path.write_text(RUN.format(cost_gpu=cost_gpu, cache_model=cache_model, sweep=sweep))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "-j", "2"]) == 0
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("schedlab: warning")]
+
+
+def test_the_same_gpu_written_two_ways_is_no_warning(tmp_path, capsys):
+    assert warnings_of(tmp_path, capsys, cost_gpu="H100-80GB") == []
+
+
+@pytest.mark.parametrize("key, cost_gpu, cache_model, shown", [
+    ("gpu", "l40s", "llama-3.1-8b", "gpu = 'h100-80gb' but [cost_model] gpu = 'l40s'"),
+    ("model", "h100-80gb", "llama-2-7b", "model = 'llama-2-7b' but [cost_model] model = 'llama-3.1-8b'"),
+])
+def test_two_gpus_or_models_are_said_once(tmp_path, capsys, key, cost_gpu, cache_model, shown):
+    said = warnings_of(tmp_path, capsys, cost_gpu=cost_gpu, cache_model=cache_model,
+                       sweep='[sweep]\n"scheduler.max_num_seqs" = [4, 8]')   # two points, two workers: said once
+    assert said == [f"schedlab: warning: {tmp_path / 'two.toml'}: [kv_cache] {shown}: the cache is sized for one and "
+                    f"the steps are timed on the other; name the same {key} in both (a sweep or --set of one changes "
+                    "only that one)"]
