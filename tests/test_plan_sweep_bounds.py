@@ -200,3 +200,23 @@ def test_runs_that_add_up_to_too_many_simulations_are_refused_before_their_point
     path.write_text(WORKLOAD + "\n".join(
         f'[[runs]]\nname = "r{i}"\nreplicas = {r}\n{sweep_100}' for i, r in enumerate((500, 500))))
     assert [s.name for s in load(path).studies] == ["r0", "r1"]  # exactly 100,000: allowed
+
+
+def test_a_plan_whose_attainment_needs_slo_targets_the_run_lacks_is_said(tmp_path):
+    """Constraints on p99s and no [slo]: the frontier and its plot were NaN without a word."""
+    import warnings as w
+
+    from schedlab.errors import InputWarning
+    from study_case import BASE
+
+    text = BASE[:BASE.index("[slo]")]  # the same run without its [slo] targets
+    path = tmp_path / "p.toml"
+    path.write_text(text + '\n[plan]\nconstraints = ["ttft_ms.p99 <= 500"]\ngpus = {l4 = 0.8}\nmax_instances = 2\n')
+    with pytest.warns(InputWarning, match=r"\[plan\]: attainment 'slo\.attainment' needs \[slo\] targets, which the "
+                                          r"run has not"):
+        load(path)
+    path.write_text(text + '\n[plan]\nconstraints = ["ttft_ms.p99 <= 500"]\ngpus = {l4 = 0.8}\nmax_instances = 2\n'
+                    'attainment = "request_throughput_rps"\n')
+    with w.catch_warnings():
+        w.simplefilter("error", InputWarning)
+        load(path)  # a metric the run has: nothing to say

@@ -50,7 +50,8 @@ def plan_figure(study, dpi: int) -> Figure | None:
         target = ax.axhline(plan.target, linestyle="--", linewidth=1.2, color=COLORS[3])
         target.set_gid("target")
     if not points:
-        note(ax, "no attainment values (NaN)")
+        note(ax, f"no {plan.attainment} values (NaN)" + (": the runs have no [slo] targets"
+                                                          if plan.attainment.startswith("slo.") else ""))
     ax.set_xlabel("cost ($ per hour)")
     ax.set_ylabel(metric_label(plan.attainment))
     ax.grid(True, alpha=0.3)

@@ -41,17 +41,19 @@ Every deployment simulated is a point of the cost vs. attainment plot; the Paret
 from __future__ import annotations
 
 import math
+import warnings
 
 import attrs
 
 from ..configs import MAX_INSTANCES, FieldError, float_field, int_field, list_field, str_field, table_field
-from ..errors import ConfigError
+from ..errors import ConfigError, InputWarning
 from ..results.metric_names import check_metric_name
 from ..results.metrics import metric_at
 from ..results.records import RunResult, Study
 from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
 from .search import max_search_probes, parse_constraint
+from .spec import needs_slo
 from .simulation import RunSpec, assemble
 from .sweep import expand_grid, grid_axes, grid_size, point_label
 
@@ -236,10 +238,24 @@ def check_gpu_names(cfg: PlanConfig, presets, where: str) -> None:
         named.append((spec, name))
 
 
+def _warn_attainment_without_slo(study, where: str) -> None:
+    """Say when the frontier's metric (``slo.attainment`` unless set) needs ``[slo]`` targets that
+    the runs do not have: the plan still finds the cheapest deployment, but every point of its
+    cost-vs-attainment frontier and plot would be NaN."""
+    cfg = study.plan
+    if not needs_slo(cfg.attainment) or study.has_slo() or any(k.split(".")[0] == "slo" for k in cfg.space):
+        return
+    warnings.warn(f"{where} [plan]: attainment {cfg.attainment!r} needs [slo] targets, which the run has not: the "
+                  "plan finds the cheapest deployment, but its cost vs attainment frontier is empty; add [slo] "
+                  "(e.g. ttft_ms = 500, tpot_ms = 50) or set attainment to a metric the run has (higher is better)",
+                  InputWarning, stacklevel=3)
+
+
 def validate(study, ctx, where: str) -> None:
     """At load time: no GPU named twice, and at least one candidate must assemble (else its
     error is the file's error)."""
     check_gpu_names(study.plan, ctx.presets, where)
+    _warn_attainment_without_slo(study, where)
     checked = feasibility(study, ctx, where)
     if all(reason for _, reason in checked):
         raise ConfigError(checked[0][1])
