@@ -800,3 +800,22 @@ def test_a_streamed_run_keeps_only_a_sample_of_its_rows():
     assert short_run(ExperimentResults("e", "", [Study("big", "run", [run])], {})) == ("big", 2, 9)
     run.meta["requests_sampled"] = 2
     assert short_run(ExperimentResults("e", "", [Study("big", "run", [run])], {})) is None
+
+
+@pytest.mark.parametrize("low, high, ticks", [(10, 1000, [10, 20, 50, 100, 200, 500, 1000]),
+                                              (100, 100_000, [100, 300, 1000, 3000, 10_000, 30_000, 100_000]),
+                                              (1, 1e6, [1, 10, 100, 1000, 10_000, 100_000, 1e6])])
+def test_log_axis_ticks_thin_out_as_the_decades_grow(low, high, ticks):
+    """Three decades at 1, 2, 5 put ten labels on a narrow panel and they ran together."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from schedlab_plugins.reports.plot_common import use_log_scale
+
+    ax = Figure().add_subplot()
+    ax.plot([low, high], [0, 1])
+    use_log_scale(ax, "x", [low, high])
+    ax.set_xlim(low, high)
+    shown = [t for t in ax.xaxis.get_majorticklocs() if low * 0.999 <= t <= high * 1.001]
+    assert shown == pytest.approx(ticks)

@@ -156,14 +156,17 @@ def wide_positive_range(values, ratio: float = 10.0) -> bool:
 def use_log_scale(ax, which: str, values) -> None:
     """Put the ``which`` ("x" or "y") axis of ``ax`` on a log scale with plain-number ticks.
 
-    Ticks at 1, 2, 5 x 10^k for up to three decades of ``values``, at powers of ten beyond.
+    Ticks at 1, 2, 5 x 10^k for up to two decades of ``values``, 1 and 3 x 10^k up to three and
+    a half (at 1, 2, 5 over three decades a narrow panel's labels ran together: "5001000 2000"),
+    at powers of ten beyond.
     """
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr) & (arr > 0)]
     decades = math.log10(arr.max() / arr.min()) if arr.size else 0.0
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
     axis = ax.xaxis if which == "x" else ax.yaxis
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
+    subs = (1.0, 2.0, 5.0) if decades <= 2 else (1.0, 3.0) if decades <= 3.5 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(tick_text))
     axis.set_minor_formatter(NullFormatter())
 
