@@ -387,13 +387,44 @@ class Presets:
                         f"{kind} preset {candidate!r} from {entry.provider} is not a {spec_type.__name__} "
                         f"(got {type(entry.factory).__name__})")
                 return entry.factory
+        if kind == "model" and isinstance(name, str) and "/" in name:  # a Hugging Face id
+            found = _by_hf_id(name, [*custom.values(), *(registry.get(n).factory for n in registry.names())])
+            if found is not None:
+                return found
         known = sorted(set(registry.names()) | set(custom))
         hint = difflib.get_close_matches(str(name).lower(), known, n=1)
         also = f" (did you mean {hint[0]!r}?)" if hint else ""
+        if kind == "model" and isinstance(name, str) and "/" in name and not name.endswith(".json"):
+            also = (" (a Hugging Face id no preset carries: declare its config.json, [models.<name>] config = "
+                    "\"path/to/config.json\", then model = \"<name>\")")
         if kind == "model" and str(name).endswith(".json"):
             also = (" (a config.json is declared as a model of its own: [models.<name>] config = "
                     f"{str(name)!r}, then model = \"<name>\")")
         raise UnknownPluginError(f"unknown {kind} {name!r}{also}; known: {', '.join(known) or '(none)'}")
+
+
+#: what a fine-tuned checkpoint's Hugging Face id adds to its base model's (the shapes are the same)
+_TUNED_SUFFIXES = ("-instruct", "-chat", "-it", "-hf", "-base")
+
+
+def _base_id(hf_id: str) -> str:
+    """``hf_id`` in lower case without the suffixes of a tuned or converted checkpoint:
+    ``meta-llama/Llama-2-7b-chat-hf`` -> ``meta-llama/llama-2-7b``."""
+    text = hf_id.lower()
+    while text.endswith(_TUNED_SUFFIXES):
+        text = text[:text.rindex("-")]
+    return text
+
+
+def _by_hf_id(name: str, specs) -> "ModelSpec | None":
+    """The preset whose ``hf_id`` is ``name`` (in any case), else the one of the same base model
+    (``meta-llama/Llama-3.1-8B-Instruct`` -> ``llama-3.1-8b``, whose id is ``meta-llama/Llama-3.1-8B``)."""
+    models = [spec for spec in specs if isinstance(spec, ModelSpec) and spec.hf_id]
+    for match in (lambda spec: spec.hf_id.lower() == name.lower(), lambda spec: _base_id(spec.hf_id) == _base_id(name)):
+        found = [spec for spec in models if match(spec)]
+        if len(found) == 1:
+            return found[0]
+    return None
 
 
 # --- sizing -----------------------------------------------------------------------------------

@@ -172,3 +172,24 @@ def test_the_dense_presets_intermediate_sizes_reproduce_their_parameter_counts()
     assert checked == 18
     assert {s.name: (s.intermediate_size, s.shared_experts) for s, _ in MODELS if s.num_experts}["deepseek-v3"] == (
         18432, 1)
+
+
+@pytest.mark.parametrize("hf_id, preset", [
+    ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),             # a preset's own id
+    ("META-LLAMA/llama-3.1-8b", "llama-3.1-8b"),             # in any case
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),    # a tuned checkpoint of it: the same shapes
+    ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),          # preset id meta-llama/Llama-2-7b-hf
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+])
+def test_a_hugging_face_id_finds_its_base_models_preset(hf_id, preset):
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    assert presets.model(hf_id).name == preset
+
+
+def test_an_unknown_hugging_face_id_says_how_to_declare_it():
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    with pytest.raises(ConfigError, match=r"unknown model 'org/new-model' \(a Hugging Face id no preset carries: "
+                                          r"declare its config\.json"):
+        presets.model("org/new-model")
+    with pytest.raises(ConfigError, match="unknown model 'meta-llama/Llama-3.1-70B'"):  # no such preset: not the 8B
+        presets.model("meta-llama/Llama-3.1-70B")
