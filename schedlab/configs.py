@@ -214,7 +214,8 @@ def str_field(default=attrs.NOTHING, *, choices: Iterable[str] | None = None, op
         if allowed is not None and value not in allowed:
             raise FieldError(attribute.name, f"must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
-    return attrs.field(default=default, validator=check, metadata={"help": help})
+    metadata = {"help": help, "choices": allowed} if allowed is not None else {"help": help}
+    return attrs.field(default=default, validator=check, metadata=metadata)
 
 
 def _check_metric(attribute, value) -> None:
@@ -303,7 +304,8 @@ def _resolve_nested_paths(value, base_dir):
 def field_help(cls) -> list[tuple[str, Any, str]]:
     """``(name, default, help)`` for every field of a config class, for ``schedlab plugins``.
 
-    A default made by a factory (``attrs.Factory(dict)``) is shown as the value it makes."""
+    A default made by a factory (``attrs.Factory(dict)``) is shown as the value it makes; a text
+    setting's choices open its help (``one of "fcfs", "priority": ...``)."""
     rows = []
     for a in attrs.fields(cls):
         default = a.default
@@ -311,7 +313,12 @@ def field_help(cls) -> list[tuple[str, Any, str]]:
             default = "(required)"
         elif isinstance(default, attrs.Factory) and not default.takes_self:
             default = default.factory()
-        rows.append((a.name, default, a.metadata.get("help", "")))
+        text = a.metadata.get("help", "")
+        choices = a.metadata.get("choices")
+        if choices:
+            text = f"one of {', '.join(toml_text(c) for c in choices)}: {text}" if text else \
+                f"one of {', '.join(toml_text(c) for c in choices)}"
+        rows.append((a.name, default, text))
     return rows
 
 

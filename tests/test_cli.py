@@ -122,3 +122,12 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
     proc.stdout.close()  # the reader goes away, as head does
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_plugins_v_lists_a_text_settings_choices(capsys):
+    """A tuner looked for the values of policy and preemption; only the error messages had them."""
+    assert main(["plugins", "-v"]) == 0
+    out = capsys.readouterr().out
+    continuous = out[out.index("  continuous "):]
+    assert '      preemption = "recompute"  one of "recompute", "swap": what a preemption does' in continuous
+    assert '      policy = "fcfs"  one of "fcfs", "priority", "sjf", "lof": waiting order' in continuous
