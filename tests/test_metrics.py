@@ -93,3 +93,21 @@ def test_slo_attainment_goodput_and_per_class_sums():
     assert per["interactive"]["requests"] + per["batch"]["requests"] == m["requests"]
     assert per["interactive"]["generated_tokens"] + per["batch"]["generated_tokens"] == m["generated_tokens"]
     assert per["interactive"]["throughput_tps"] + per["batch"]["throughput_tps"] == pytest.approx(m["throughput_tps"])
+
+
+@pytest.mark.parametrize("classes, expected", [(("default", "default"), None),
+                                               (("chat", "chat"), ["chat"]),
+                                               (("chat", "batch"), ["batch", "chat"])])
+def test_per_class_metrics_for_several_classes_or_one_the_workload_named(tmp_path, classes, expected):
+    """A run of one named class (a baseline of interactive requests alone) had no per_class metrics,
+    so its column in a table beside the mixed runs was empty."""
+    from schedlab.study.experiment import load, run_experiment
+
+    requests = ", ".join(f'{{prompt_tokens = 10, output_tokens = 3, arrival_ms = {i}.0, request_class = "{c}"}}'
+                         for i, c in enumerate(classes))
+    path = tmp_path / "one.toml"
+    path.write_text(f'[experiment]\nname = "one"\n[workload]\nkind = "inline"\nrequests = [{requests}]\n')
+    metrics = run_experiment(load(path)).all_runs()[0].metrics
+    assert (sorted(metrics["per_class"]) if "per_class" in metrics else None) == expected
+    if expected:
+        assert sum(metrics["per_class"][c]["finished"] for c in expected) == metrics["finished"] == 2

@@ -5,7 +5,7 @@ values by dotted paths (``ttft_ms.p99``, ``per_class.interactive.slo.goodput_rps
 :data:`METRICS` is the shape of that dict: a leaf is ``None``, a group a dict, and ``"*"``
 stands for keys that depend on the run (request classes, instance numbers, clients, rejection
 reasons). Groups marked "optional" below exist only in some runs (``slo`` with an ``[slo]``
-table, ``per_class`` with several classes, ``per_instance`` with several instances,
+table, ``per_class`` with several classes or one a workload names, ``per_instance`` with several instances,
 ``per_client`` and ``fairness`` with several clients, ``speculative`` with a ``[speculative]``
 table, ``vs_measured`` when a measured run is replayed, ``pools`` and ``transfer`` in a
 disaggregated cluster); a name that fits the shape but is
@@ -58,7 +58,7 @@ METRICS: dict = {
                            "decode_share")),
     "rejection_reasons": {"*": None},
     "slo": _SLO,                                   # optional: with an [slo] table
-    "per_class": {"*": {**_SUBSET, "energy": _ENERGY_CLASS}},  # optional: with several request classes
+    "per_class": {"*": {**_SUBSET, "energy": _ENERGY_CLASS}},  # optional: several request classes, or a named one
     "energy": _ENERGY,                             # optional: with a [power] table (schedlab.energy)
     "energy_cost_per_hour": None,                  # optional: a capacity plan with an energy price
     "kwh_per_hour": None,

@@ -14,9 +14,11 @@ import math
 import re
 from typing import Any
 
+import attrs
 import numpy as np
 
 from ..energy.metrics import class_energy, energy_metrics, energy_shares, energy_totals
+from ..model import Request
 from .stability import run_stability
 
 PERCENTILES = (50, 90, 95, 99)
@@ -256,7 +258,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     if energy:  # a run with [power] (schedlab.energy)
         m["energy"] = energy_metrics(req, energy, summarize)
     classes = np.unique(req["request_class"]) if n_all else []
-    if len(classes) > 1:
+    if _named_classes([str(k) for k in classes]):
         m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
                           for k in classes}
         if energy:
@@ -455,7 +457,7 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
     if energy:  # a run with [power] (schedlab.energy)
         m["energy"] = energy_totals(energy, stats.energy.generated, stats.energy.served, stats.energy.shares.result(),
                                     stats.energy.j)
-    if len(stats.classes) > 1:
+    if _named_classes([str(k) for k in stats.classes]):
         m["per_class"] = {str(k): group_metrics(g, bool(slo)) for k, g in sorted(stats.classes.items())}
         if energy:
             for k, g in sorted(stats.classes.items()):
@@ -733,3 +735,13 @@ def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False) ->
     if slo:
         out["slo"] = _slo_metrics(sub, ok, slo, run_seconds)
     return out
+
+
+#: the class of a request whose workload names none
+DEFAULT_CLASS = attrs.fields(Request).request_class.default
+
+
+def _named_classes(classes: list[str]) -> bool:
+    """Whether a run gets ``per_class`` metrics: several request classes, or one a workload named
+    (a baseline run of one class then sits in the same table columns as the mixed runs)."""
+    return len(classes) > 1 or (len(classes) == 1 and classes[0] != DEFAULT_CLASS)
