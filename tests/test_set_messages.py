@@ -134,8 +134,8 @@ def test_a_table_without_a_kind_takes_the_default_kind(tmp_path):
     kind's (continuous), as a [[runs]] table without a kind merges."""
     path = write(tmp_path, HEAD)
     assert error(path, "scheduler={deadline_ms=300}").startswith(
-        f"{path}: [scheduler]: unknown key 'deadline_ms' (from --set 'scheduler={{deadline_ms=300}}'); valid keys: "
-        + CONTINUOUS_KEYS)
+        f"{path}: [scheduler]: unknown key 'deadline_ms' (from --set 'scheduler={{deadline_ms=300}}'; this run's "
+        f"scheduler is 'continuous'); valid keys: {CONTINUOUS_KEYS}")
     swept = write(tmp_path, HEAD + '[sweep]\n"scheduler.max_num_seqs" = [4, 8]\n')
     exp = load(swept, plugin_objects=[Edf()])
     assert [s["scheduler.max_num_seqs"] for s in exp.studies[0].sweep] == [4, 8]   # (built: no missing kind)

@@ -5,7 +5,8 @@
 * ``maxseqs.txt`` -- ``max_num_seqs=<n> peak_running=<n>``
 * ``queue.csv``   -- ``rps,avg_queue,p99_wait_ms``, one row per swept arrival rate
 * ``cost.txt``    -- ``total_prefill_ms=<x> total_decode_ms=<x> decode_share=<0..1>``
-* ``tune.txt``    -- ``target_ttft_ms=<x> max_concurrency=<n> throughput_at_target=<x>``
+* ``tune.txt``    -- ``target_ttft_ms=<x> max_concurrency=<n> throughput_at_target=<x>`` (a search
+  with several constraints: the target is its TTFT constraint's threshold, see :func:`tune_target`)
 
 Each artifact names the study it is read from (settings below); an artifact whose study is
 missing is skipped with a note, so the report also serves partial labs.
@@ -20,7 +21,7 @@ import attrs
 
 from schedlab.configs import str_field
 from schedlab.errors import ConfigError
-from schedlab.results.storage import atomic_write
+from schedlab.results.storage import atomic_write, constraint_list
 from schedlab.study.search import parse_constraint
 
 
@@ -39,6 +40,15 @@ def _num(x: float) -> str:
     if float(x).is_integer():
         return str(int(x))
     return f"{x:.4f}".rstrip("0").rstrip(".")
+
+
+def tune_target(constraint: str) -> float:
+    """``target_ttft_ms`` of tune.txt: the threshold of the tune search's constraint. Of several
+    (``constraints = [...]``), the first on a TTFT metric (``ttft_ms.*``, as the seed's target is),
+    else the first one."""
+    parsed = [parse_constraint(text) for text in constraint_list(constraint)]
+    ttft = [c for c in parsed if c.metric.split(".")[0] == "ttft_ms"]
+    return (ttft or parsed)[0].threshold
 
 
 def _run(results, name: str):
@@ -87,7 +97,7 @@ class LabReport:
         if c.tune in names:
             study = results.study(c.tune)
             if study.search is not None:
-                target = parse_constraint(study.constraint).threshold
+                target = tune_target(study.constraint)
                 found = study.search.value
                 if found is None:
                     out["tune.txt"] = f"target_ttft_ms={_num(target)} max_concurrency=0 throughput_at_target=0\n"

@@ -153,6 +153,22 @@ def _plan_json(plan) -> dict | None:
     return None if plan is None else jsonable(plan.to_json())
 
 
+#: How a search's several constraints join into its one ``constraint`` text (as a plan's do).
+CONSTRAINT_JOIN = " and "
+
+
+def constraint_list(text: str) -> list[str]:
+    """A study's ``constraint`` text as its conditions: ``"a <= 1 and b <= 2"`` -> ``["a <= 1", "b <= 2"]``
+    (a condition is METRIC OP NUMBER, so " and " joins, never appears inside one); ``""`` -> ``[]``."""
+    return [part.strip() for part in text.split(CONSTRAINT_JOIN)] if text.strip() else []
+
+
+def _several_constraints(study) -> bool:
+    """A search with several constraints: its summary lists them (``"constraints"``) beside the
+    joined text; one constraint's summary stays as it was."""
+    return study.kind == "search" and len(constraint_list(study.constraint)) > 1
+
+
 def summary_dict(results: ExperimentResults) -> dict:
     return {
         "experiment": results.name,
@@ -161,6 +177,7 @@ def summary_dict(results: ExperimentResults) -> dict:
         "studies": [
             {
                 "name": s.name, "kind": s.kind, "keys": list(s.keys), "constraint": s.constraint,
+                **({"constraints": constraint_list(s.constraint)} if _several_constraints(s) else {}),
                 "search": _search_json(s.search),
                 **({"plan": _plan_json(s.plan)} if s.plan is not None else {}),
                 "runs": [_run_json(r) for r in s.runs],
@@ -327,6 +344,7 @@ SUMMARY_LAYOUT = {
 
 #: Keys :func:`load` reads when present: key -> type, per level (a run's ``"meta": null`` is refused).
 SUMMARY_OPTIONAL = {
+    "study": {"constraints": list},
     "run": {"point": dict, "meta": dict, "counters": dict, "intervals": dict, "replicas": list},
     "replica": {"counters": dict},
 }
@@ -468,8 +486,8 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
             from ..study.planner import SavedPlan
 
             plan = SavedPlan.from_json(s["plan"])
-        studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, s.get("constraint", ""),
-                             plan))
+        constraint = s.get("constraint") or CONSTRAINT_JOIN.join(s.get("constraints", ()))
+        studies.append(Study(s["name"], s["kind"], runs, tuple(s.get("keys", ())), outcome, constraint, plan))
     results = ExperimentResults(summary["experiment"], summary.get("source", ""), studies,
                                 {"reports": summary.get("reports", {})})
     short = short_run(results)

@@ -8,6 +8,7 @@ schedules the jobs; :mod:`.planner`'s plan driver runs one :class:`SearchDriver`
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import attrs
@@ -15,7 +16,7 @@ import attrs
 from ..results.records import RunResult, Study
 from .partition import merge_parts
 from .replicas import combine, replica_name, replica_seed
-from .search import parse_constraint
+from .search import Constraint
 from .simulation import RunSpec
 from .spec import point_spec
 from .speculative import SpeculativeSearch
@@ -166,18 +167,53 @@ class SearchDriver:
 
 
 class StudySearchDriver(SearchDriver):
-    """A ``[search]`` study."""
+    """A ``[search]`` study: a probe passes when every one of its constraints holds."""
 
     def __init__(self, exp, spec, width: int):
         cfg = spec.search
-        constraint = parse_constraint(cfg.constraint)
+        self.constraints = cfg.parsed()
         self.spec = spec
-        super().__init__(spec.name, lambda value: point_spec(spec, {cfg.key: value}),
-                         lambda metrics: constraint.holds(metrics), spec.replicas, width,
+        super().__init__(spec.name, lambda value: point_spec(spec, {cfg.key: value}), self._holds,
+                         spec.replicas, width,
                          low=cfg.low, high=cfg.high, maximize=cfg.maximize, integer=cfg.integer,
-                         tolerance=cfg.tolerance, key=cfg.key, constraint_text=cfg.constraint)
+                         tolerance=cfg.tolerance, key=cfg.key, constraint_text=cfg.constraint_text)
+
+    def _holds(self, metrics: dict) -> bool:
+        # every one evaluated (not all()'s short cut): a metric a run lacks is an error whichever fails first
+        return all([c.holds(metrics) for c in self.constraints])
 
     def study(self) -> Study:
         cfg = self.spec.search
-        return Study(self.name, "search", self.runs(), keys=(cfg.key,), search=self.search.outcome,
-                     constraint=cfg.constraint)
+        outcome = self.search.outcome
+        if len(self.constraints) > 1:
+            outcome = attrs.evolve(outcome, message=failed_message(outcome, self.constraints))
+        return Study(self.name, "search", self.runs(), keys=(cfg.key,), search=outcome,
+                     constraint=cfg.constraint_text)
+
+
+def failing_constraints(constraints, metrics: dict) -> list[tuple[Constraint, float]]:
+    """The constraints that do not hold on ``metrics``, in order, each with the metric's value
+    (NaN when it has none)."""
+    return [(c, c.value(metrics)) for c in constraints if not c.holds(metrics)]
+
+
+def failed_text(failed: list[tuple[Constraint, float]]) -> str:
+    """``tpot_ms.p99 = 51.2`` (several joined by ``, ``; a metric without a value: ``has no value``)."""
+    return ", ".join(f"{c.metric} has no value" if math.isnan(value) else f"{c.metric} = {value:g}"
+                     for c, value in failed)
+
+
+def failed_message(outcome, constraints) -> str:
+    """The search's sentence, saying which constraints fail at its failing value: ``largest
+    workload.rate with A and B: 6.25 (6.5 fails: tpot_ms.p99 = 51.2)``, ``A and B fails even at
+    workload.rate = 1: ttft_ms.p99 = 812``; unchanged when nothing failed (holds everywhere)."""
+    message = outcome.message
+    probe = next((p for p in outcome.probes if p.value == outcome.failing), None)
+    if outcome.failing is None or probe is None or probe.payload is None:
+        return message
+    failed = failing_constraints(constraints, probe.payload.metrics)
+    if not failed:
+        return message
+    if outcome.status == "found" and message.endswith(" fails)"):
+        return f"{message[:-1]}: {failed_text(failed)})"
+    return f"{message}: {failed_text(failed)}"

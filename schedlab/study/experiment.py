@@ -10,7 +10,7 @@ File layout::
     [target]                # path = a summary of the real run: the run is compared with it
     [models.<name>] [gpus.<name>]   # your own presets
     [sweep]                 # "dotted.key" = [values]  -- a grid, applied to every run
-    [search]                # key, low, high, constraint, maximize -- applied to every run
+    [search]                # key, low, high, constraint (or constraints), maximize -- applied to every run
     [plan]                  # capacity planning: GPUs with prices, a space, constraints
     [[runs]]                # name = "...", then tables that override the defaults,
                             # and optionally its own sweep, search or plan, and replicas
@@ -19,14 +19,19 @@ File layout::
 A run's table replaces the default table when it names another ``kind``, and merges key by
 key otherwise. ``--set dotted.key=value`` then applies to every run, and
 ``--set runs.<run name>.<table>.<key>=value`` to the named ``[[runs]]`` entry only (after the
-others). Relative paths resolve against the experiment file's folder. Every error names the
-file, the table and the key; when the value came from ``--set``, the message quotes it, and for a
-``--set`` that sets a key for every run, names the runs whose table takes it, to set it there alone.
+others). ``--set search.high=64`` (``sweep``, ``plan`` alike; a whole table: ``--set 'sweep={...}'``)
+changes every such table of the file, the top-level one and the runs' own, and
+``--set runs.<run name>.search.high=64`` the one that run uses; a grid's key is one dotted key
+(``--set sweep.workload.rate=[5, 10]``). Relative paths resolve against the experiment file's
+folder. Every error names the file, the table and the key; when the value came from ``--set``,
+the message quotes it, and for a ``--set`` that sets a key for every run, names the runs whose
+table takes it, to set it there alone.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import os
 import re
@@ -45,12 +50,11 @@ from ..hf_config import spec_table
 from ..results.records import ExperimentResults, RunResult
 from ..results.stream import ROW_FORMATS, RecordSettings
 from .executor import InProcessExecutor
-from .overrides import (get_dotted, merge_tables, parse_assignment, run_key_part, set_dotted, split_key,
-                        split_run_key)
+from .overrides import (axis_of, check_key, get_dotted, merge_tables, parse_assignment, run_key_part, set_axis,
+                        set_dotted, split_run_key)
 from .planner import PlanConfig, validate as validate_plan
 from .runner import run_studies
 from .simulation import DEFAULT_TABLES, ENGINES, Context, RunSpec, assemble, component_config
-from .search import parse_constraint
 from .spec import RUN_TABLES, SearchConfig, StudySpec, check_slo, point_spec
 from .sweep import expand_sweep
 
@@ -58,7 +62,9 @@ TOP_LEVEL = ("experiment", "workload", "scheduler", "cost_model", "kv_cache", "c
              "power", "clock", "frontend", "client", "target", "models", "gpus", "sweep", "search", "plan", "runs",
              "reports",
              "hunt")  # hunt: schedlab hunt
-RUN_KEYS = RUN_TABLES + ("name", "sweep", "search", "plan", "seed", "engine", "replicas")
+#: What a run does with its tables: at most one of them, its own or the file's top-level one.
+STUDY_TABLES = ("sweep", "search", "plan")
+RUN_KEYS = RUN_TABLES + ("name", *STUDY_TABLES, "seed", "engine", "replicas")
 DEFAULT_REPORTS = ("table", "json", "plots")
 #: The most replicas a run may ask for: each is a whole simulation (95% intervals need a few dozen).
 MAX_REPLICAS = 10_000
@@ -154,6 +160,96 @@ def check_experiment_name(name: str, where: str) -> str:
     return name
 
 
+def _study_kind(o: "_Override") -> str | None:
+    """``sweep``, ``search`` or ``plan`` for a ``--set`` of that table (key inside a run's tables), else None."""
+    kind = o.key.split(".")[0]
+    return kind if kind in STUDY_TABLES else None
+
+
+def _set_study(table: Any, o: "_Override", whose: str) -> dict:
+    """A run's (or the file's) ``[sweep]``, ``[search]`` or ``[plan]`` with one ``--set`` applied: a
+    whole table (``--set 'sweep={...}'``) replaces it; a key sets it inside (a grid's axis,
+    ``sweep.workload.rate`` or ``plan.space.<key>``, as one quoted key). ``whose``: ``the file``
+    or ``run 'name'``, for a key set in a table that is not there."""
+    kind = _study_kind(o)
+    if o.key == kind:
+        if not isinstance(o.value, dict):
+            raise ConfigError(f"{o.shown()}: [{kind}] must be a table, e.g. --set '{kind}={{...}}'")
+        return copy.deepcopy(o.value)
+    if table is None:
+        whole = kind if o.run is None else f"runs.{run_key_part(o.run)}.{kind}"
+        raise ConfigError(f"{o.shown()}: {whose} has no [{kind}] table to set {o.key[len(kind) + 1:]!r} in; "
+                          f"give a whole one: --set '{whole}={{...}}'")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{o.shown()}: [{kind}] is {table!r}, not a table")
+    try:
+        axis = axis_of(o.key)
+        if axis is None:
+            key = o.key[len(kind) + 1:]
+            other = {"constraint": "constraints", "constraints": "constraint"}.get(key) if kind == "search" else None
+            if other is not None:  # the search's condition(s), whichever way the table gave them
+                table = {k: v for k, v in table.items() if k != other}
+            return set_dotted(table, key, o.value)
+        if axis[0] == "sweep":
+            return set_axis(table, axis[1], o.value)
+        return {**copy.deepcopy(table), "space": set_axis(table.get("space", {}), axis[1], o.value)}
+    except ConfigError as exc:
+        raise ConfigError(f"{o.shown()}: {exc}") from None
+
+
+def _study_tables(raw: dict, entries: list, sets: list["_Override"], source: str) -> tuple[dict, list[dict]]:
+    """The file's ``[sweep]``, ``[search]`` and ``[plan]`` tables after the ``--set`` that name them
+    for every run: ``(top level: kind -> table or None, [each [[runs]] entry's own: kind -> table or None])``.
+    A ``--set`` changes every table of its kind -- the top-level one and each run's own (which wins over the top
+    level, as in the file); when the file has none, a whole table becomes the top-level one."""
+    top = {kind: raw.get(kind) for kind in STUDY_TABLES}
+    own = [{kind: entry.get(kind) for kind in STUDY_TABLES} for entry in entries]
+    for o in sets:
+        kind = _study_kind(o)
+        holders = [tables for tables in (top, *own) if tables[kind] is not None] or [top]
+        for tables in holders:
+            try:
+                tables[kind] = _set_study(tables[kind], o, "the file (top level or any [[runs]] entry)")
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {exc}") from None
+    return top, own
+
+
+def _blame_study(exc: ConfigError, *, where: str, tables: dict, file_tables: dict, applied: list["_Override"],
+                 several_runs: bool) -> ConfigError:
+    """``exc`` about a run's ``[sweep]``, ``[search]`` or ``[plan]`` (``tables``: kind -> table, ``--set``
+    included; ``file_tables``: as the file has them) naming the ``--set`` of ``applied`` that gave the
+    key its value (:func:`_blame_set`); else, when one of them changed a table the message names (or
+    the run's choice of one), listing them; unchanged when none did."""
+    blamed = _blame_set(exc, where, tables, applied, file_tables=file_tables, several_runs=several_runs)
+    if blamed is not exc or not applied:
+        return blamed
+    message = str(exc)
+    kinds = {kind for kind in STUDY_TABLES if f"[{kind}" in message}
+    if "one of sweep, search or plan" in message:
+        kinds = set(STUDY_TABLES)
+    touching = [o for o in applied if _study_kind(o) in kinds]
+    if not message.startswith(where.rstrip(":")) or not touching:
+        return exc
+    return type(exc)(f"{message} (with {', '.join(o.shown() for o in touching)})")
+
+
+def _blame_varied(exc: ConfigError, where: str, study: StudySpec, applied: list["_Override"]) -> ConfigError:
+    """``exc`` about a run's table, for a key its sweep or search varies (:func:`_blame_set` leaves
+    those alone) when a ``--set`` gave the sweep or search: names those ``--set``."""
+    at = _AT_TABLE.match(str(exc), len(f"{where} [")) if str(exc).startswith(f"{where} [") else None
+    field = _FIELD.match(str(exc), at.end()) if at else None
+    if field is None:
+        return exc
+    key = f"{at[1]}.{field[1]}"
+    if not any(_within(key, k) or _within(k, key) for k in study.keys):
+        return exc
+    touching = [o for o in applied if _study_kind(o) in ("sweep", "search")]
+    if not touching:
+        return exc
+    return type(exc)(f"{exc} (the {study.kind}'s values, with {', '.join(o.shown() for o in touching)})")
+
+
 def _check_keys(table: dict, allowed: tuple, where: str) -> None:
     for key in table:
         if key not in allowed:
@@ -222,9 +318,15 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     targeted = _run_assignments(assignments, entries, source)
     every_run = [o for o in assignments if not o.key.startswith(("experiment.", "runs."))]
     for o in every_run:
-        if o.key.split(".")[0] not in RUN_TABLES:
-            raise ConfigError(f"--set {o.key}: the first part must be one of {', '.join(RUN_TABLES)}, "
+        if o.key.split(".")[0] not in RUN_TABLES + STUDY_TABLES:
+            raise ConfigError(f"--set {o.key}: the first part must be one of {', '.join(RUN_TABLES + STUDY_TABLES)}, "
                               "experiment or runs.<run name>")
+    # --set sweep/search/plan...: the file's tables of that name (top level and runs' own), before the runs read them
+    study_every = [o for o in every_run if _study_kind(o)]
+    every_run = [o for o in every_run if not _study_kind(o)]
+    study_targeted = {name: [o for o in sets if _study_kind(o)] for name, sets in targeted.items()}
+    targeted = {name: [o for o in sets if not _study_kind(o)] for name, sets in targeted.items()}
+    top_studies, own_studies = _study_tables(raw, entries, study_every, source)
     for i, entry in enumerate(entries):
         if "name" in entry and not (isinstance(entry["name"], str) and entry["name"]):
             raise ConfigError(f"{source}: [[runs]] number {i + 1}: name must be non-empty text, "
@@ -254,18 +356,31 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
             raise ConfigError(f"{where.rstrip(':')}: replicas must be a whole number from 1 to {MAX_REPLICAS:,}, "
                               f"got {replicas!r}")
-        sweep_table = entry.get("sweep", raw.get("sweep"))
-        search_table = entry.get("search", raw.get("search"))
-        plan_table = entry.get("plan", raw.get("plan"))
-        if sum(t is not None for t in (sweep_table, search_table, plan_table)) > 1:
-            raise ConfigError(f"{where.rstrip(':')}: a run can have one of sweep, search or plan, not several")
-        # at most MAX_SWEEP_POINTS points, counted before they are made
-        sweep = expand_sweep(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
-        search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
-                      if search_table is not None else None)
-        plan_cfg = None
-        if plan_table is not None:
-            plan_cfg = from_table(PlanConfig, plan_table, where=f"{where} [plan]")
+        file_studies = {kind: entry.get(kind, raw.get(kind)) for kind in STUDY_TABLES}
+        studies_of_run = {kind: own_studies[i][kind] if own_studies[i][kind] is not None else top_studies[kind]
+                          for kind in STUDY_TABLES}
+        study_applied = [o for o in study_every if studies_of_run[_study_kind(o)] is not None]
+        for o in study_targeted.get(name, []):  # --set runs.<name>.search...: this run's table, last
+            try:
+                studies_of_run[_study_kind(o)] = _set_study(studies_of_run[_study_kind(o)], o, "this run")
+            except ConfigError as exc:
+                raise ConfigError(f"{where.rstrip(':')}: {exc}") from None
+            study_applied.append(o)
+        blame_study = functools.partial(_blame_study, where=where, tables=studies_of_run, file_tables=file_studies,
+                                        applied=study_applied, several_runs=len(entries) > 1)
+        sweep_table, search_table, plan_table = (studies_of_run[kind] for kind in STUDY_TABLES)
+        try:
+            if sum(t is not None for t in (sweep_table, search_table, plan_table)) > 1:
+                raise ConfigError(f"{where.rstrip(':')}: a run can have one of sweep, search or plan, not several")
+            # at most MAX_SWEEP_POINTS points, counted before they are made
+            sweep = expand_sweep(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
+            search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
+                          if search_table is not None else None)
+            plan_cfg = None
+            if plan_table is not None:
+                plan_cfg = from_table(PlanConfig, plan_table, where=f"{where} [plan]")
+        except ConfigError as exc:
+            raise blame_study(exc) from None
         study = StudySpec(name, base, sweep, search_cfg, replicas, plan_cfg)
         counts[name] = (len(sweep) if sweep else 1) * replicas
         total += counts[name]
@@ -275,11 +390,15 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             _validate(study, ctx, where)
         except ConfigError as exc:
             others = functools.partial(_runs_taking, ctx, defaults, entries, name, every_run, targeted)
-            raise _blame_set(exc, where, tables, applied, file_tables=file_tables, varied=study.keys,
-                             several_runs=len(entries) > 1, others=others) from None
-        if search_cfg is not None:
-            check_slo(parse_constraint(search_cfg.constraint).metric, [study],
-                      f"{where} [search]: constraint")
+            blamed = _blame_set(exc, where, tables, applied, file_tables=file_tables, varied=study.keys,
+                                several_runs=len(entries) > 1, others=others)
+            raise (_blame_varied(exc, where, study, study_applied) if blamed is exc else blamed) from None
+        try:
+            if search_cfg is not None:
+                for constraint in search_cfg.parsed():
+                    check_slo(constraint.metric, [study], f"{where} [search]: {search_cfg.field}")
+        except ConfigError as exc:
+            raise blame_study(exc) from None
         studies.append(study)
 
     report_tables = raw.get("reports", {})
@@ -339,14 +458,15 @@ def _run_assignments(assignments: list[_Override], entries: list, source: str) -
             continue
         name, rest = split_run_key(key, names)
         parts = rest.split(".")
-        if len(parts) < 2 or parts[0] not in RUN_TABLES:
+        if not (len(parts) >= 2 and parts[0] in RUN_TABLES or parts[0] in STUDY_TABLES):
             raise ConfigError(f"--set {key}: write runs.<run name>.<table>.<key>, with the table one of "
                               f"{', '.join(RUN_TABLES)} (e.g. runs.tune.scheduler.max_num_seqs=8; a name with "
-                              'spaces or dots in quotes: runs."my run".scheduler.max_num_seqs=8)')
+                              'spaces or dots in quotes: runs."my run".scheduler.max_num_seqs=8), or '
+                              f"runs.<run name>.<{' or '.join(STUDY_TABLES)}>[.<key>]")
         if name not in names:
             known = ", ".join(map(run_key_part, names)) or "(no [[runs]] has a name)"
             raise ConfigError(f"--set {key}: no run named {name!r} in {source}; runs: {known}")
-        split_key(rest, where=f"--set {key}")
+        rest = check_key(rest, where=f"--set {key}")
         targeted.setdefault(name, []).append(attrs.evolve(o, key=rest, run=name))
     return targeted
 
@@ -510,6 +630,8 @@ def _blame_set(exc: ConfigError, where: str, tables: dict, applied: list[_Overri
         kind = _lookup({**DEFAULT_TABLES, **tables}, [*parts, "kind"])
         if kind is _NONE and len(candidates) > 1:
             kind = _lookup({**DEFAULT_TABLES, **tables}, [*parts[2:], "kind"])
+        if kind is _NONE and len(parts) == 1:  # a table that names no kind is of the default kind
+            kind = DEFAULT_TABLES.get(parts[0], {}).get("kind", _NONE)
         note += ", which sets it for every run" if every else ""
         note += f"; this run's {path} is {kind!r}" if isinstance(kind, str) else ""
     return type(exc)(f"{message[: at.end()]}{body[:end]} ({note}){body[end:]}{advice}")

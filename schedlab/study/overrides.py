@@ -76,6 +76,70 @@ def split_run_key(key: str, names) -> tuple[str, str]:
     return name, rest
 
 
+#: The tables whose keys are themselves dotted keys (a grid's axes): ``--set sweep.workload.rate=[5, 10]``
+#: (or ``sweep."workload.rate"=[5, 10]``) sets the axis ``"workload.rate"``, never a nested table.
+AXIS_TABLES = ("sweep", "plan.space")
+
+
+def axis_of(key: str) -> tuple[str, str] | None:
+    """``sweep.workload.rate`` -> ``("sweep", "workload.rate")``, ``plan.space.x.y`` ->
+    ``("plan.space", "x.y")``; None for a key that names no axis of a grid."""
+    for table in AXIS_TABLES:
+        if key.startswith(table + ".") and len(key) > len(table) + 1:
+            return table, key[len(table) + 1:]
+    return None
+
+
+def check_key(key: str, *, where: str = "") -> str:
+    """``key`` checked as :func:`split_key` does, with the axis of a grid (:func:`axis_of`)
+    allowed in quotes as TOML writes it (``sweep."workload.rate"``); returns the key with the
+    quotes taken off (``sweep.workload.rate``).
+
+    :raises ConfigError: as :func:`split_key`, or a quoted axis that is not one TOML string.
+    """
+    found = axis_of(key) if isinstance(key, str) else None
+    if found is None:
+        split_key(key, where=where)
+        return key
+    table, axis = found
+    if axis[:1] in ('"', "'"):
+        try:
+            unquoted = tomli.loads(f"v = {axis}")["v"]
+        except tomli.TOMLDecodeError:
+            unquoted = None
+        if not isinstance(unquoted, str):
+            prefix = f"{where}: " if where else ""
+            raise ConfigError(f"{prefix}bad key {key!r}: write {table}.\"dotted.key\" (one TOML string) or "
+                              f"{table}.dotted.key")
+        axis = unquoted
+    split_key(f"{table}.{axis}", where=where)
+    return f"{table}.{axis}"
+
+
+def set_axis(grid: Any, axis: str, value: Any) -> dict:
+    """A copy of a grid's table (``[sweep]``, ``[plan.space]``) with the values of ``axis`` set:
+    where the table has it (as a quoted key, or nested the way TOML reads an unquoted one), else
+    as a new quoted key at the end, so the axis is never given twice.
+
+    :raises ConfigError: the grid is not a table.
+    """
+    if not isinstance(grid, dict):
+        raise ConfigError(f"cannot set the values of {axis!r}: the grid is {grid!r}, not a table")
+    result = copy.deepcopy(grid)
+    if axis not in result:  # TOML reads an unquoted dotted key as nested tables: set it there if it is
+        node, parts = result, axis.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                break
+            node = node[part]
+        else:
+            if parts[-1] in node:
+                node[parts[-1]] = value
+                return result
+    result[axis] = value
+    return result
+
+
 def _parse_value(raw: str, where: str) -> Any:
     if raw == "":
         raise ConfigError(f'{where}: no value after "="; write "" for empty text')
@@ -119,7 +183,7 @@ def parse_assignment(text: str, *, where: str = "--set") -> tuple[str, Any]:
         raise ConfigError(f"{context}: expected dotted.key=value, e.g. workload.rate=10")
     key = key_text.strip()
     if not key.startswith("runs.") or key == "runs.":  # a run's name is checked against the runs'
-        split_key(key, where=context)
+        key = check_key(key, where=context)
     return key, _parse_value(value_text.strip(), context)
 
 

@@ -8,6 +8,7 @@ imports neither, so reading experiments and running them do not depend on each o
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import attrs
@@ -16,7 +17,7 @@ from ..configs import FieldError, bool_field, is_finite_number, str_field, value
 from ..errors import ConfigError
 from ..results.metric_names import check_metric_name
 from .overrides import set_dotted
-from .search import MAX_PROBES, max_search_probes, parse_constraint
+from .search import MAX_PROBES, Constraint, max_search_probes, parse_constraint
 from .simulation import RunSpec
 from .sweep import point_label
 
@@ -25,12 +26,26 @@ RUN_TABLES = ("workload", "scheduler", "cost_model", "kv_cache", "cluster", "slo
               "frontend", "client", "target")
 
 
+def _check_texts(attribute, value) -> None:
+    if not isinstance(value, tuple):
+        raise FieldError(attribute.name, f"must be a list of conditions, got {value_text(value)}")
+    for element in value:
+        if not isinstance(element, str):
+            raise FieldError(attribute.name, f"every element must be text (a condition such as "
+                                             f"'ttft_ms.p99 <= 200'), got {value_text(element)}")
+
+
 @attrs.frozen
 class SearchConfig:
     key: str = str_field(help="dotted key to search over, e.g. workload.clients")
     low: Any = attrs.field(metadata={"help": "lowest value of the range"})
     high: Any = attrs.field(metadata={"help": "highest value of the range"})
-    constraint: str = str_field(help="metric condition, e.g. 'ttft_ms.p99 <= 200'")
+    constraint: str | None = str_field(None, optional=True, help="metric condition, e.g. 'ttft_ms.p99 <= 200'")
+    constraints: tuple | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        validator=lambda inst, attribute, value: value is None or _check_texts(attribute, value),
+        metadata={"help": "several metric conditions, all of which must hold, e.g. "
+                          "['ttft_ms.p99 <= 500', 'tpot_ms.p99 <= 50'] (instead of constraint)"})
     maximize: bool = bool_field(True, help="find the largest value that meets the constraint (else the smallest)")
     tolerance: Any = attrs.field(default=None, metadata={"help": "stop width for real-valued keys"})
 
@@ -43,11 +58,51 @@ class SearchConfig:
                 raise FieldError(name, f"must be a finite number, got {value_text(value)}")
         if self.low > self.high:
             raise ConfigError(f"low ({self.low}) must be <= high ({self.high})")
-        try:
-            check_metric_name(parse_constraint(self.constraint).metric)
-        except ConfigError as exc:
-            raise FieldError("constraint", str(exc)) from None
+        self._check_constraints()
         self._check_probes()
+
+    def _check_constraints(self) -> None:
+        """``constraint`` or ``constraints`` (not both, a list of at least one), each parsed and its
+        metric name checked now, as ``[plan]`` checks its ``constraints``."""
+        if self.constraint is not None and self.constraints is not None:
+            raise FieldError("constraints", "give constraint = \"...\" (one) or constraints = [...] (all must hold), "
+                                            "not both")
+        if self.constraint is None and self.constraints is None:
+            raise FieldError("constraint", "name the condition to search for, e.g. constraint = \"ttft_ms.p99 <= 200\" "
+                                           "(or constraints = [...], all of which must hold)")
+        if self.constraints is not None and not self.constraints:
+            raise FieldError("constraints", "name at least one, e.g. ['ttft_ms.p99 <= 200']")
+        twice = next((t for i, t in enumerate(self.texts) if t in self.texts[:i]), None)
+        if twice is not None:
+            raise FieldError("constraints", f"lists {twice!r} twice")
+        for text in self.texts:
+            try:
+                check_metric_name(parse_constraint(text).metric)
+            except ConfigError as exc:
+                hint = ""
+                if self.constraint is not None and re.search(r"\s(and|&&?)\s", text):
+                    hint = ("; for several conditions that must all hold, list them: "
+                            "constraints = [\"ttft_ms.p99 <= 500\", \"tpot_ms.p99 <= 50\"]")
+                raise FieldError(self.field, str(exc) + hint) from None
+
+    @property
+    def field(self) -> str:
+        """The key the file named its condition with: ``constraint`` or ``constraints``."""
+        return "constraint" if self.constraint is not None else "constraints"
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """The conditions as written, one or several."""
+        return (self.constraint,) if self.constraint is not None else tuple(self.constraints or ())
+
+    @property
+    def constraint_text(self) -> str:
+        """The conditions as one text (``a and b``), as messages, ``Study.constraint`` and
+        summary.json's ``"constraint"`` say them (the one condition as written)."""
+        return " and ".join(self.texts)
+
+    def parsed(self) -> list[Constraint]:
+        return [parse_constraint(text) for text in self.texts]
 
     def _check_probes(self) -> None:
         """The tolerance, and the runs the search may need, as the search will check them --
