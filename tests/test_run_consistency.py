@@ -50,3 +50,20 @@ def test_two_gpus_or_models_are_said_once(tmp_path, capsys, key, cost_gpu, cache
     assert said == [f"schedlab: warning: {tmp_path / 'two.toml'}: [kv_cache] {shown}: the cache is sized for one and "
                     f"the steps are timed on the other; name the same {key} in both (a sweep or --set of one changes "
                     "only that one)"]
+
+
+def test_a_run_records_the_scheduler_settings_it_ran_with(tmp_path):
+    """[scheduler] kind = "vllm" alone runs with what vLLM picks on an H100 (8,192 tokens, 1,024
+    sequences, the model's context): summary.json's meta says so, where config.json keeps the
+    table as written."""
+    import json
+
+    path = tmp_path / "two.toml"
+    path.write_text(RUN.format(cost_gpu="h100-80gb", cache_model="llama-3.1-8b", sweep="")
+                    + '[scheduler]\nkind = "vllm"\n')
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    ran = summary["studies"][0]["runs"][0]["meta"]["scheduler"]
+    assert (ran["max_num_batched_tokens"], ran["max_num_seqs"], ran["max_model_len"], ran["chunked_prefill"]) == (
+        8192, 1024, 131072, True)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["two"]["scheduler"] == {"kind": "vllm"}

@@ -568,6 +568,15 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     return attrs.evolve(assembled, target=target)
 
 
+def _settings_of(plugin) -> dict:
+    """The settings ``plugin`` was built with (its frozen attrs ``config``), or {} when it keeps
+    none that way."""
+    config = getattr(plugin, "config", None)
+    if config is None or not attrs.has(type(config)):
+        return {}
+    return {f.name: getattr(config, f.name) for f in attrs.fields(type(config)) if f.init}
+
+
 def _warn_two_gpus(tables: dict, ctx: Context, where: str) -> None:
     """Say when ``[kv_cache]`` and ``[cost_model]`` name different GPUs or models: the cache is
     then sized for one and the steps timed on another -- most often a sweep or ``--set`` that
@@ -960,6 +969,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "plans_ahead": any(plans_ahead(parts[0]) for parts in a.instances),
         "slo": attrs.asdict(a.slo) if a.slo is not None else {},
         "kv_cache": _kv_summary(kv),
+        # the scheduler's settings as it ran, its kind's and the GPU's defaults included (a table
+        # naming only kind = "vllm" runs with the budget and limits vLLM picks on that GPU)
+        "scheduler": _settings_of(scheduler),
         # the longest sequence served (0: no limit); vLLM refuses to start when one does not fit
         "max_model_len": _max_model_len(scheduler, kv),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
