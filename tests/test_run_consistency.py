@@ -40,6 +40,12 @@ def test_the_same_gpu_written_two_ways_is_no_warning(tmp_path, capsys):
     assert warnings_of(tmp_path, capsys, cost_gpu="H100-80GB") == []
 
 
+def test_a_cache_of_a_measured_block_count_is_not_sized_from_its_gpu(tmp_path, capsys):
+    """vllm_validation.toml replays an RTX 4090 run with its measured 2,588 blocks under defaults
+    that name another GPU: nothing to say."""
+    assert warnings_of(tmp_path, capsys, cost_gpu="l40s", sweep="num_blocks = 500") == []  # (in [kv_cache])
+
+
 @pytest.mark.parametrize("key, cost_gpu, cache_model, shown", [
     ("gpu", "l40s", "llama-3.1-8b", "gpu = 'h100-80gb' but [cost_model] gpu = 'l40s'"),
     ("model", "h100-80gb", "llama-2-7b", "model = 'llama-2-7b' but [cost_model] model = 'llama-3.1-8b'"),

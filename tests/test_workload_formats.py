@@ -14,9 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
-from schedlab.configs import from_table
 from schedlab.errors import ConfigError, WorkloadError
-from schedlab.registry import Registry
 from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins import workloads
 from schedlab_plugins.workloads.inference_perf import load_inference_perf
@@ -26,20 +24,7 @@ from schedlab_plugins.workloads.measured import (
 from schedlab_plugins.workloads.records import read_records
 from schedlab_plugins.workloads.request_file import FileConfig, make_file_workload
 from schedlab_plugins.workloads.traces import load_azure, load_mooncake
-
-
-@pytest.fixture(scope="module")
-def registry() -> Registry:
-    reg = Registry("workload").providing("test")
-    workloads.schedlab_register_workloads(register=reg)
-    return reg
-
-
-def make(registry: Registry, table: dict, base_dir=None):
-    """Build a workload from a TOML-like table, as an experiment would."""
-    table = dict(table)
-    entry = registry.get(table.pop("kind"))
-    return entry.factory(from_table(entry.config, table, where="test.toml: [workload]", base_dir=base_dir))
+from test_workloads import make, registry  # noqa: F401 -- (registry: a fixture)
 
 
 def bench(n, *, prompts=None, starts=None, queue_times=None, errors=None, **settings):

@@ -580,11 +580,14 @@ def _settings_of(plugin) -> dict:
 def _warn_two_gpus(tables: dict, ctx: Context, where: str) -> None:
     """Say when ``[kv_cache]`` and ``[cost_model]`` name different GPUs or models: the cache is
     then sized for one and the steps timed on another -- most often a sweep or ``--set`` that
-    changed one key and not the other. (Allowed: a what-if can want just that.)"""
+    changed one key and not the other. (Allowed: a what-if can want just that.) A cache given its
+    ``num_blocks`` (a measured count) is not sized from its GPU: no word about the GPU then."""
     for key, resolve in (("gpu", ctx.presets.gpu), ("model", ctx.presets.model)):
         named = [tables.get(kind, {}).get(key) for kind in ("kv_cache", "cost_model")]
         if not all(isinstance(name, str) for name in named):
             continue
+        if key == "gpu" and tables.get("kv_cache", {}).get("num_blocks") is not None:
+            continue  # a measured block count: the cache is not sized from the GPU
         try:
             cache, cost = (resolve(name).name for name in named)
         except (ConfigError, KeyError):
