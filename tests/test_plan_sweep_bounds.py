@@ -220,3 +220,17 @@ def test_a_plan_whose_attainment_needs_slo_targets_the_run_lacks_is_said(tmp_pat
     with w.catch_warnings():
         w.simplefilter("error", InputWarning)
         load(path)  # a metric the run has: nothing to say
+
+
+def test_a_plan_constraint_on_slo_metrics_the_run_lacks_is_refused_when_read(tmp_path):
+    """Every deployment would fail it (the metric is absent), and the plan say nothing meets it."""
+    from study_case import BASE
+
+    path = tmp_path / "p.toml"
+    path.write_text(BASE[:BASE.index("[slo]")] + '\n[plan]\nconstraints = ["slo.attainment >= 0.99"]\n'
+                    'gpus = {l4 = 0.8}\nmax_instances = 2\n')
+    assert load_error(path) == (f"{path}: [plan]: constraints: 'slo.attainment' needs [slo] targets (ttft_ms, "
+                                "tpot_ms), and run 'tiny_plan' has none")
+    path.write_text(BASE[:BASE.index("[slo]")] + '\n[plan]\nconstraints = ["slo.attainment >= 0.99"]\n'
+                    'gpus = {l4 = 0.8}\nmax_instances = 2\n[plan.space]\n"slo.ttft_ms" = [500, 1000]\n')
+    assert len(load(path).studies) == 1  # the space sets the targets

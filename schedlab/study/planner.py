@@ -53,7 +53,7 @@ from ..results.records import RunResult, Study
 from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
 from .search import max_search_probes, parse_constraint
-from .spec import needs_slo
+from .spec import check_slo, needs_slo
 from .simulation import RunSpec, assemble
 from .sweep import expand_grid, grid_axes, grid_size, point_label
 
@@ -255,6 +255,9 @@ def validate(study, ctx, where: str) -> None:
     """At load time: no GPU named twice, and at least one candidate must assemble (else its
     error is the file's error)."""
     check_gpu_names(study.plan, ctx.presets, where)
+    if not any(k.split(".")[0] == "slo" for k in study.plan.space):  # (a space may set the targets)
+        for text in study.plan.constraints:  # a metric no run has would fail every deployment
+            check_slo(parse_constraint(text).metric, [study], f"{where} [plan]: constraints")
     _warn_attainment_without_slo(study, where)
     checked = feasibility(study, ctx, where)
     if all(reason for _, reason in checked):
