@@ -3,7 +3,8 @@
 Model numbers are the Hugging Face ``config.json`` values (``num_hidden_layers``,
 ``num_key_value_heads``, ``num_attention_heads``, ``hidden_size / num_attention_heads``) and
 the checkpoint's parameter count. GPU numbers are from NVIDIA datasheets: memory is the
-nominal capacity (taken as GiB), bandwidth is peak HBM/GDDR bandwidth in GB/s, compute is
+nominal capacity (taken as GiB) unless :data:`MEASURED_MEMORY_MIB` has the total the card
+reports (what vLLM sizes its pool from; "24 GB" of GDDR6 with ECC on is 23,034 MiB), bandwidth is peak HBM/GDDR bandwidth in GB/s, compute is
 dense bf16 tensor TFLOPS (half the "with sparsity" figure), and the host link is one
 direction of the GPU's PCIe or NVLink-C2C connection to the CPU. How GPUs talk to each other
 is the machine's, not the GPU's: ``plugins/cost_models/collectives.py`` has the machines
@@ -339,6 +340,36 @@ GPU_POWER: dict[str, tuple[dict, str]] = {
 }
 
 
+# --- memory: what the card reports ----------------------------------------------------------------
+# vLLM sizes its KV pool from the total CUDA reports (torch.cuda.mem_get_info), which nvidia-smi
+# shows as memory.total. It is not the datasheet's "GB": HBM cards report about the nominal GiB
+# (the H100 a little less), and datacenter GDDR6 cards run with ECC on, which takes 1/16 of it
+# (an L40S's "48 GB" is 46,068 MiB, 45 GiB). Kept apart from GPUS, as the power numbers are, so
+# a measured total reads apart from the datasheet; a GPU not listed takes its nominal GiB.
+
+#: GPU preset -> (nvidia-smi memory.total in MiB, where it was seen)
+MEASURED_MEMORY_MIB: dict[str, tuple[int, str]] = {
+    "a100-40gb": (40960, "modal-labs/modal-client#2797; bottlerocket-os/bottlerocket-core-kit#834"),
+    "a100-80gb": (81920, "modal-labs/modal-client#2797"),
+    "h100-80gb": (81559, "modal-labs/modal-client#2797; NVIDIA/nccl#1264"),
+    "l4": (23034, "modal-labs/modal-client#2797"),
+    "l40s": (46068, "modal-labs/modal-client#2797; akash-network/provider-configs#99"),
+    "a10g": (23028, "NVIDIA/DCGM#232 (an AWS G5 A10G); modal-labs/modal-client#2797"),
+    "rtx-4090": (24564, "RLinf/RLinf#255"),
+    "b200": (183359, "NVIDIA/TensorRT-LLM#10278"),
+}
+
+
+def with_memory(spec: GpuSpec) -> tuple[GpuSpec, str]:
+    """``spec`` with the memory total its card reports (:data:`MEASURED_MEMORY_MIB`), and a note
+    saying where that total was seen; unchanged, with no note, for a GPU without one."""
+    if spec.name not in MEASURED_MEMORY_MIB:
+        return spec, ""
+    mib, where = MEASURED_MEMORY_MIB[spec.name]
+    note = f"memory: {mib:,} MiB as nvidia-smi reports it ({where})"
+    return attrs.evolve(spec, memory_gib=mib / 1024), note
+
+
 # --- compute capability: which kernels the engine runs on the GPU ---------------------------------
 
 #: GPU preset -> its CUDA compute capability (NVIDIA, "CUDA GPUs - Compute Capability",
@@ -366,13 +397,15 @@ def schedlab_register_models(register):
 
 
 def as_registered(spec: GpuSpec, note: str) -> tuple[GpuSpec, str]:
-    """A built-in GPU as it is registered: its datasheet ``spec`` with the measured efficiencies,
-    the power numbers and the compute capability merged in, and its help text."""
+    """A built-in GPU as it is registered: its datasheet ``spec`` with the measured memory total
+    and efficiencies, the power numbers and the compute capability merged in, and its help text."""
+    spec, memory_note = with_memory(spec)
     spec, measured = with_efficiency(spec)
     spec, power_note = with_power(spec)
     capability = COMPUTE_CAPABILITY.get(spec.name)
     spec = attrs.evolve(spec, compute_capability=capability)
-    text = f"{note}; {measured}" + (f"; {power_note}" if power_note else "")
+    text = f"{note}; " + (f"{memory_note}; " if memory_note else "") + measured
+    text += f"; {power_note}" if power_note else ""
     if capability is not None:
         text += f"; compute capability {capability:.1f} (NVIDIA's CUDA GPUs list)"
     return spec, text

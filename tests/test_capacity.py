@@ -126,9 +126,10 @@ def test_num_blocks_with_tensor_parallel():
     sizing = size_kv_cache(MODEL["llama-3-70b"], GPU["h100-80gb"], tensor_parallel=4,
                            activation_reserve_gib=1.5)
     per_block = 16 * (2 * 80 * 2 * 128 * 2)  # 2 of 8 KV heads per rank
-    expected = (72 * GIB - LLAMA3_70B_PARAMS * 2 // 4 - 3 * GIB // 2) // per_block
+    usable = 81559 * 2**20 * 9 // 10  # the H100's 81,559 MiB x 0.9
+    expected = (usable - LLAMA3_70B_PARAMS * 2 // 4 - 3 * GIB // 2) // per_block
     assert per_block == 1280 * KIB
-    assert sizing.num_blocks == expected == 30839
+    assert sizing.num_blocks == expected == 30579
 
 
 def test_uneven_head_split_is_rejected():
@@ -194,11 +195,13 @@ def test_format_capacity_when_a_p99_sequence_does_not_fit():
 
 
 def test_the_models_context_against_the_pool():
-    """vLLM's start-up check: one max_model_len sequence must fit in the pool (2,632 blocks of 16
-    tokens for Llama-3.1-8B on an L4 = 42,112 tokens, against its 131,072-token context)."""
+    """vLLM's start-up check: one max_model_len sequence must fit in the pool. Llama-3.1-8B on an
+    L4 (23,034 MiB): floor(23,034 MiB x 0.9) = 21,737,609,625 B, minus 2 x 8,030,261,248 B of
+    weights and 1.5 GiB, is 4,066,474,393 B = 1,939 blocks of 2 MiB = 31,024 tokens, against its
+    131,072-token context."""
     l4 = format_capacity(size_kv_cache(MODEL["llama-3.1-8b"], GPU["l4"], activation_reserve_gib=1.5), p99_tokens=200_000)
     assert "131072 tokens (vLLM's default max_model_len) do not fit in the pool" in l4
-    assert "--max-model-len <= 42112 (or auto)" in l4
+    assert "--max-model-len <= 31024 (or auto)" in l4
     assert "longer than the model's context, 131072" in l4
     a100 = format_capacity(size_kv_cache(MODEL["llama-2-7b"], GPU["a100-80gb"], activation_reserve_gib=1.5),
                            avg_tokens=4096, p99_tokens=4097)

@@ -168,4 +168,19 @@ def test_new_datasheet_presets():
                                  "a40": (696, 149.7)}.items():
         spec = PRESETS.gpu(name)
         assert (spec.hbm_bandwidth_gbps, spec.bf16_tflops) == (gbps, tflops)
-    assert math.isclose(PRESETS.gpu("b200").memory_gib, 180)
+    assert PRESETS.gpu("a40").memory_gib == 48  # no measured total: the datasheet's 48 GB taken as GiB
+
+
+def test_measured_memory_totals_replace_the_datasheet_gb():
+    """What vLLM sizes its pool from is the total the card reports: an L40S's "48 GB" of GDDR6
+    with ECC is 46,068 MiB; an A100's 80 GB of HBM is 81,920 MiB, the nominal GiB."""
+    from schedlab_plugins.presets import MEASURED_MEMORY_MIB
+
+    assert PRESETS.gpu("l40s").memory_gib == 46068 / 1024
+    assert PRESETS.gpu("l4").memory_gib == 23034 / 1024
+    assert PRESETS.gpu("h100-80gb").memory_gib == 81559 / 1024
+    assert PRESETS.gpu("a100-80gb").memory_gib == 80
+    assert PRESETS.gpu("b200").memory_gib == 183359 / 1024
+    for name, (mib, where) in MEASURED_MEMORY_MIB.items():
+        assert PRESETS.gpu(name).memory_gib * 1024 == mib
+        assert f"memory: {mib:,} MiB as nvidia-smi reports it ({where})" in CATALOG["gpu"].get(name).help

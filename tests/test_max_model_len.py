@@ -238,19 +238,20 @@ def test_vllm_before_0_33_rejects_what_does_not_fit_its_own_max_tokens(engine):
 
 def test_a_run_says_when_vllm_would_not_start(tmp_path):
     """vLLM refuses to start when one max_model_len sequence does not fit in the KV pool: the
-    run's table says so beside the cache (Llama-3.1-8B on an L4: 42,112 tokens of 131,072)."""
+    run's table says so beside the cache (Llama-3.1-8B on an L4: 31,024 tokens of 131,072,
+    test_capacity.test_the_models_context_against_the_pool)."""
     from schedlab_plugins.reports.table import _start_up_note
 
     path = tmp_path / "exp.toml"
     path.write_text(run_text("l4", model="llama-3.1-8b"))
     run = run_experiment(load(path)).all_runs()[0]
-    assert (run.meta["max_model_len"], run.meta["kv_cache"]["tokens"]) == (131072, 42112)
-    assert _start_up_note(131072, 42112) == ("; max_model_len 131,072 does not fit: vLLM would refuse to start "
-                                             "([scheduler] max_model_len <= 42,112 or \"auto\" would)")
-    assert _start_up_note(4096, 42112) == _start_up_note(0, 42112) == ""
+    assert (run.meta["max_model_len"], run.meta["kv_cache"]["tokens"]) == (131072, 31024)
+    assert _start_up_note(131072, 31024) == ("; max_model_len 131,072 does not fit: vLLM would refuse to start "
+                                             "([scheduler] max_model_len <= 31,024 or \"auto\" would)")
+    assert _start_up_note(4096, 31024) == _start_up_note(0, 31024) == ""
     path.write_text(run_text("l4", 'max_model_len = "auto"', model="llama-3.1-8b"))
     run = run_experiment(load(path)).all_runs()[0]
-    assert run.meta["max_model_len"] == run.meta["kv_cache"]["tokens"] == 42112  # vLLM's auto-fit
+    assert run.meta["max_model_len"] == run.meta["kv_cache"]["tokens"] == 31024  # vLLM's auto-fit
 
 
 def _sglang(requests, context: int, engine: str):

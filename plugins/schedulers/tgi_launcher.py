@@ -12,8 +12,8 @@ Kept as the launcher computes them, oddities included: ``Config::flop`` counts a
 q, k, v, an extra q-sized term and o per layer and the MLP as ``6 x hidden x intermediate_size x
 (experts per token + shared experts)`` (a MoE model's *dense* ``intermediate_size``);
 ``model_vram`` counts the q/k/v weights as ``(heads + 2 x kv_heads) x head_dim`` without the
-hidden size. Simplifications: memory is the preset's GiB (``nvidia-smi`` reports a little less:
-81,559 MiB on an H100 80GB HBM3), and every MoE model's experts are counted where TGI reads only
+hidden size. Simplifications: memory is the preset's (the total ``nvidia-smi`` reports where one is known,
+81,559 MiB on an H100 80GB HBM3; else the datasheet's GB taken as GiB), and every MoE model's experts are counted where TGI reads only
 ``num_local_experts`` (Mixtral's and gpt-oss's key; others count 1) -- only the memory bound,
 which rarely binds, sees either.
 """
