@@ -18,6 +18,7 @@ that is not frozen or has fields nothing checks is said once, with a
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import inspect
@@ -261,11 +262,31 @@ def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed]) -
         except pluggy.PluginValidationError as exc:
             name = pm.get_name(exc.plugin)
             info = installed.get(name)
+            text = _unknown_hook_text(pm, exc)
             if info is None or info.listed:
-                raise ConfigError(f"plugin error: {exc}") from None
+                raise ConfigError(text or f"plugin error: {exc}") from None
             pm.unregister(exc.plugin)
             del installed[name]
-            _warn_broken(info.entry, info.package, info.value, exc)
+            _warn_broken(info.entry, info.package, info.value, text or exc)
+
+
+def _unknown_hook_text(pm: pluggy.PluginManager, exc: pluggy.PluginValidationError) -> str | None:
+    """pluggy's "unknown hook" in one line naming the plugin's module, with the closest hook
+    name (``schedlab_register_scheduler``: did you mean ``schedlab_register_schedulers``?), or
+    every hook name when none is close; None for another error."""
+    valid = sorted(name for name in vars(hookspecs) if hasattr(getattr(hookspecs, name), f"{hookspecs.NAME}_spec"))
+    unknown = [name for name, caller in vars(pm.hook).items()
+               if not name.startswith("_") and not caller.has_spec()
+               and any(impl.plugin is exc.plugin and not impl.optionalhook for impl in caller.get_hookimpls())]
+    if not unknown:
+        return None
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        parts.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    listed = "" if all("did you mean" in part for part in parts) else f"; hooks: {', '.join(valid)}"
+    return (f"{_plugin_label(exc.plugin, quoted=True)} implements unknown hook{'s' if len(parts) > 1 else ''} "
+            f"{', '.join(parts)}{listed}")
 
 
 def _provider_names(pm: pluggy.PluginManager, installed: dict[str, _Installed]) -> dict[int, str]:

@@ -6,8 +6,11 @@ from the ``schedlab`` entry-point group, from an experiment's ``plugins = [...]`
 one of the built-ins in ``schedlab_plugins`` (which register through these same hooks).
 
 Hooks are called with keyword arguments, so an implementation may accept fewer arguments
-than the spec. Registration hooks run once per plugin manager, while a run is assembled;
-only the opt-in observer hook ``schedlab_iteration`` is ever called from the engine's loop.
+than the spec. A function marked ``@schedlab.hookimpl`` whose name is no hook here (a misspelt
+``schedlab_register_scheduler``) is refused, naming its module and the closest hook name (an
+installed package's plugin is left out with a warning saying so).
+Registration hooks run once per plugin manager, while a run is assembled; only the opt-in
+observer hook ``schedlab_iteration`` is ever called from the engine's loop.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ def schedlab_register_kv_caches(register: "Registry") -> None:
         one with a ``parallelism`` parameter the run's data/pipeline layout (what one rank
         or stage holds).
         A duplicate name raises.
+
+    ``num_blocks`` is the usable capacity: the engines reject, stall and preempt against it, so
+    blocks held back (a reserve) are modelled by lowering it. ``check_invariants()`` is optional
+    for runs; the conformance kit's ``check_run`` calls it when the cache has one.
     """
 
 
@@ -130,7 +137,9 @@ def schedlab_register_power_models(register: "Registry") -> None:
         ``presets`` parameter also receives the model and GPU presets, one with a
         ``cost_model`` parameter the instance's cost model (whose ``work`` tells the bytes
         and FLOPs of an iteration), one with ``tensor_parallel`` the GPUs of the instance.
-        A duplicate name raises.
+        A duplicate name raises. ``[power]`` keys such as ``host_idle_w``, ``host_busy_w`` and
+        ``pue`` are the built-ins' (``schedlab_plugins.power.common.PowerSettings``): a config
+        takes them by declaring them (subclass it), and the model has them as attributes.
     """
 
 

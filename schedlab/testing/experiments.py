@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
+from ..errors import SchedlabError
 from ..results import RunResult
 from .kit import compare_runs
 
-#: The two runs :func:`fast_run_agreeing_with_reference` appends to an experiment file.
+#: The two runs :func:`fast_run_agreeing_with_reference` adds to a copy of an experiment file.
 BOTH_ENGINES = '\n[[runs]]\nname = "fast"\n[[runs]]\nname = "reference"\nengine = "reference"\n'
 
 
 def fast_run_agreeing_with_reference(path, *, rel: float = 1e-9) -> RunResult:
     """Run the experiment file at ``path`` (without runs of its own) on the fast and on the
-    reference engine -- two ``[[runs]]`` are appended to it -- require them to agree, and
-    return the fast run."""
+    reference engine, require them to agree, and return the fast run.
+
+    The file is left unchanged: the two ``[[runs]]`` go into a temporary copy beside it (so
+    relative paths and plugin modules resolve as from the file), removed when the runs are done
+    or fail; schedlab's errors name ``path``, not the copy."""
     from ..study.experiment import load, run_experiment
 
     path = Path(path)
-    path.write_text(path.read_text() + BOTH_ENGINES)
-    runs = {r.name: r for r in run_experiment(load(path)).all_runs()}
+    text = path.read_bytes()
+    fd, name = tempfile.mkstemp(prefix=".schedlab-kit-", suffix=".toml", dir=path.parent)
+    copy = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text + BOTH_ENGINES.encode())
+        exp = load(copy)
+        exp.path = path  # (the experiment's name and results: the file's)
+        runs = {r.name: r for r in run_experiment(exp).all_runs()}
+    except SchedlabError as exc:
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (exc.args[0].replace(str(copy), str(path)), *exc.args[1:])
+        raise
+    finally:
+        copy.unlink(missing_ok=True)
     compare_runs(runs["fast"], runs["reference"], rel=rel)
     return runs["fast"]
 

@@ -128,11 +128,7 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     (a :class:`~schedlab.frontend.ClientSide`): the requests' times are when clients send them.
     ``clock(cost_model)``: the instance's cost model at a clock, around the drafting (``[clock]``).
     """
-    from schedlab_plugins.cost_models import LinearCostModel
-    from schedlab_plugins.kv_caches import PagedKVCache
-
-    cost_model = cost_model if cost_model is not None else LinearCostModel()
-    kv = kv if kv is not None else PagedKVCache(kv_blocks, block_size)
+    scheduler, cost_model, kv = _with_defaults((scheduler, cost_model, kv), kv_blocks, block_size)
     parts, speculation = speculating([(scheduler, cost_model, kv)], speculative, draft_cost, seed, clock)
     cost_model = parts[0][1]
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
@@ -155,6 +151,21 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     return result
 
 
+def _with_defaults(part, kv_blocks: int = 4096, block_size: int = 16) -> tuple:
+    """One instance's ``(scheduler, cost model, KV cache)``, a None cost model or KV cache
+    replaced by the defaults: the linear cost model, a paged cache of ``kv_blocks`` blocks of
+    ``block_size`` tokens (a new one for each instance)."""
+    from schedlab_plugins.cost_models import LinearCostModel
+    from schedlab_plugins.kv_caches import PagedKVCache
+
+    try:
+        scheduler, cost_model, kv = part
+    except (TypeError, ValueError):
+        raise TypeError(f"make() must return (scheduler, cost model, KV cache), got {part!r}") from None
+    return (scheduler, cost_model if cost_model is not None else LinearCostModel(),
+            kv if kv is not None else PagedKVCache(kv_blocks, block_size))
+
+
 def speculating(parts: list, speculative: SpeculativeConfig | None, draft_cost=None, seed: int = 0,
                 clock: Callable | None = None) -> tuple:
     """``(parts, speculation)``: instances' ``(scheduler, cost model, KV cache)`` with the drafter's
@@ -172,10 +183,13 @@ def speculating(parts: list, speculative: SpeculativeConfig | None, draft_cost=N
 def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, router=None, *,
                 engine: str = "fast", workload=None, name: str = "test",
                 power: Callable | None = None, client_side=None, autoscaler=None, limits=None,
-                speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0) -> RunResult:
+                speculative: SpeculativeConfig | None = None, draft_cost=None, seed: int = 0,
+                kv_blocks: int = 4096, block_size: int = 16) -> RunResult:
     """Simulate ``requests`` on ``instances`` colocated instances behind ``router``.
 
     ``make`` makes one instance's ``(scheduler, cost model, KV cache)`` each time it is called;
+    a None cost model or KV cache gets :func:`run_engine`'s defaults (the linear model, a paged
+    cache of ``kv_blocks`` blocks of ``block_size`` tokens);
     ``router`` is a router object (required for more than one instance). The result's
     ``meta["kvs"]`` holds every instance's KV cache, for checks of the blocks left at the end.
     ``power(cost_model)`` makes an instance's power model (the run then meters energy).
@@ -188,7 +202,8 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
     from ..engine.scaling import ScalingController
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts, spec = speculating([make() for _ in range(instances)], speculative, draft_cost, seed)
+    parts, spec = speculating([_with_defaults(make(), kv_blocks, block_size) for _ in range(instances)],
+                              speculative, draft_cost, seed)
     meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
         engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m, speculation=spec)
@@ -239,8 +254,9 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
 
     ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
-    time they are called. The result's ``meta["kvs"]`` holds every instance's KV cache
-    (prefill pool first), for checks of the blocks left at the end. ``power(cost_model)``
+    time they are called (None: :func:`run_engine`'s default cost model or KV cache). The
+    result's ``meta["kvs"]`` holds every instance's KV cache (prefill pool first), for checks of
+    the blocks left at the end. ``power(cost_model)``
     makes an instance's power model (the run then meters energy). ``client_side`` (front end,
     timeouts) and ``kv_lease_ms`` (how long a prefill instance keeps an abandoned prompt's KV)
     as in :mod:`schedlab.frontend` and :mod:`schedlab.engine.transfer`. ``autoscalers`` (pool
@@ -255,7 +271,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     from ..study.simulation import pool_summary
 
     rec = Recorder(output_delay_ms=client_side.output_delay_ms if client_side is not None else 0.0)
-    parts = [prefill() for _ in range(prefill_instances)] + [decode() for _ in range(decode_instances)]
+    parts = [_with_defaults(make()) for make in [prefill] * prefill_instances + [decode] * decode_instances]
     meters = _meters(power, [c for _, c, _ in parts])
     if engine == "reference":
         engines = [ReferenceEngine(s, c, k, rec, index=i, meter=m)
@@ -373,8 +389,9 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     * every iteration that computes anything took a positive, finite time (the cost model's);
     * arrival <= first scheduled <= first token <= finish, and the first token comes no
       earlier than the end of an iteration that started after arrival;
-    * the KV cache is empty at the end and its own invariants hold; busy and KV shares of the
-      run are at most 1;
+    * the KV cache is empty at the end and its own invariants hold (its ``check_invariants()``,
+      called when the cache has one: runs do not need it, so a cache without it is checked
+      from the outside only); busy and KV shares of the run are at most 1;
     * tokens add up: decode steps yield at least one token each and, with speculative
       decoding, at most one more per accepted draft (accepted <= verified drafts).
     """
@@ -447,7 +464,9 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
             used = kv.num_used_blocks()
             assert used == 0, f"{used} KV blocks still held after the run" + (
                 " (a negative count: blocks freed more often than taken)" if used < 0 else " (a leak)")
-            kv.check_invariants()
+            check_invariants = getattr(kv, "check_invariants", None)
+            if check_invariants is not None:  # (optional: runs do not need it)
+                check_invariants()
 
 
 def _check_timeline(result: RunResult, token_budget: int | None) -> None:
