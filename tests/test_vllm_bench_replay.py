@@ -16,12 +16,13 @@ import socket
 import subprocess
 import sys
 import urllib.request
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from schedlab.errors import WorkloadError
+from schedlab.errors import InputWarning, WorkloadError
 from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.workloads.measured import VllmBenchConfig, load_vllm_bench, make_vllm_bench_workload
 
@@ -84,12 +85,39 @@ def test_files_without_start_times_redraw_arrivals_from_the_rate(tmp_path):
                           rate=4.0)
     del result["start_times"], result["queue_times"], result["latencies"]
     path = write(tmp_path, result)
-    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    with pytest.warns(InputWarning, match="no start_times"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     assert workload.info["replay"] == "redraw"
     first = [r.arrival_ms for r in workload.requests(7)]
     assert first == [r.arrival_ms for r in workload.requests(7)] and first[0] == 0.0 and first[2] > first[1]
     assert first != [r.arrival_ms for r in workload.requests(8)]
     assert load_vllm_bench(path).measured.e2e_ms == pytest.approx([140.0, 200.0, 350.0])  # ttft + sum(itls)
+
+
+def test_a_file_without_send_times_says_its_arrivals_are_drawn_again(tmp_path):
+    """Redrawn arrivals meet the server at other times than the measured ones: said once, naming
+    whose file it is (SGLang's bench_serving --output-details writes vLLM's per-request lists but
+    no start_times, and its E2E as *_e2e_latency_ms). At an infinite rate every request was sent
+    at once, as the redraw sends them: nothing to say."""
+    from schedlab_plugins.workloads.measured import BenchReplayWarning
+
+    result = bench_result([10, 20, 30], [3, 1, 2], [0.1, 0.2, 0.3], [[0.01, 0.03], [], [0.05]], [0.0] * 3,
+                          rate=4.0)
+    del result["start_times"], result["queue_times"]
+    path = write(tmp_path, result)
+    with pytest.warns(BenchReplayWarning, match=r"bench\.json: no start_times \(this vLLM records no send times\), "
+                                                r"so arrivals are drawn again from the request_rate"):
+        make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    sglang = {k: v for k, v in result.items() if not k.endswith("_ttft_ms")}
+    sglang.update(backend="sglang", mean_e2e_latency_ms=200.0, median_e2e_latency_ms=200.0)
+    path = write(tmp_path, sglang, "sglang.jsonl")
+    with pytest.warns(BenchReplayWarning, match=r"no start_times \(SGLang's bench_serving records no send times\)"):
+        make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    result["request_rate"] = "inf"
+    path = write(tmp_path, result, "all_at_once.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BenchReplayWarning)
+        make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
 
 
 def capped_file(tmp_path):

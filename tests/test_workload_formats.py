@@ -66,7 +66,8 @@ def test_a_linear_ramp_with_even_gaps_by_hand(tmp_path):
     path = write_json(tmp_path / "ramp.json", bench(5, prompts=[10, 11, 12, 13, 14], errors=["", "boom", "", "", ""],
                                                     burstiness=float("inf"), ramp_up_strategy="linear",
                                                     ramp_up_start_rps=1, ramp_up_end_rps=5))
-    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    with pytest.warns(BenchReplayWarning, match="no start_times"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     got = list(workload.requests(3))
     assert [r.prompt_tokens for r in got] == [10, 12, 13, 14]
     assert [r.arrival_ms for r in got] == pytest.approx([0.0, 500 + 1000 / 3, 500 + 1000 / 3 + 250,
@@ -79,7 +80,9 @@ def test_an_exponential_ramp_with_even_gaps_by_hand(tmp_path):
     1/2, 1/4, 1/8, 1/16 s: arrivals 0, 500, 750, 875, 937.5 ms (exact in binary)."""
     path = write_json(tmp_path / "ramp.json", bench(5, burstiness=float("inf"), ramp_up_strategy="exponential",
                                                     ramp_up_start_rps=1, ramp_up_end_rps=16))
-    assert arrivals(make_vllm_bench_workload(VllmBenchConfig(path=str(path)))) == [0.0, 500.0, 750.0, 875.0, 937.5]
+    with pytest.warns(BenchReplayWarning, match="no start_times"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    assert arrivals(workload) == [0.0, 500.0, 750.0, 875.0, 937.5]
 
 
 def test_a_poisson_ramp_draws_vllm_s_gamma_gaps_from_the_seed(tmp_path):
@@ -89,7 +92,8 @@ def test_a_poisson_ramp_draws_vllm_s_gamma_gaps_from_the_seed(tmp_path):
     arrivals, another seed others."""
     path = write_json(tmp_path / "ramp.json", bench(4, burstiness=0.5, ramp_up_strategy="linear",
                                                     ramp_up_start_rps=2, ramp_up_end_rps=8))
-    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    with pytest.warns(BenchReplayWarning, match="no start_times"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     rng = np.random.default_rng(11)
     gaps = [rng.gamma(0.5, 1.0 / (rate * 0.5)) for rate in (4.0, 6.0, 8.0)]
     expected = [0.0, 1000 * gaps[0], 1000 * (gaps[0] + gaps[1]), 1000 * sum(gaps)]
@@ -132,7 +136,8 @@ def test_burstiness_inf_with_start_times_replays_them(tmp_path):
 def test_burstiness_inf_without_start_times_spaces_arrivals_evenly(tmp_path):
     """--request-rate 4 --burstiness inf: one request every 250 ms, whatever the seed."""
     path = write_json(tmp_path / "b.json", bench(4, request_rate=4.0, burstiness=float("inf")))
-    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    with pytest.warns(BenchReplayWarning, match="no start_times"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     assert arrivals(workload, 1) == arrivals(workload, 2) == [0.0, 250.0, 500.0, 750.0]
 
 

@@ -10,7 +10,8 @@ file, when it has them, against the simulated engine --, and draws into ``plots/
 * ``measured_cdf.png`` -- CDFs of TTFT, TPOT and latency: the measured run and every
   simulated run over it;
 * ``measured_timeline.png`` -- running and waiting requests over time, measured (from the
-  log's queued / scheduled / last-token times) and simulated (the runs' timelines).
+  log's queued / scheduled / last-token times) and simulated (the runs' timelines); not drawn
+  for a client's file, which records no scheduled times.
 """
 
 from __future__ import annotations
@@ -122,17 +123,16 @@ class CompareReport:
         from .plot_common import line_style, new_figure
 
         measured = runs[0].measured
-        end = float(np.nanmax(measured.finish_ms))
-        times = np.linspace(0.0, end, 600)
+        finish = measured.finish_ms[np.isfinite(measured.finish_ms)]
+        if measured.scheduled_ms is None or not finish.size:
+            return None  # nothing measured to draw (a client's file): the runs' own timelines are in timeline.png
+        times = np.linspace(0.0, float(finish.max()), 600)
         occupancy = measured_occupancy(measured, times)
-        if occupancy is None and not any(r.timeline.get("time_ms", np.empty(0)).size for r in runs):
-            return None
         fig = new_figure(12.0, 4.4, self.config.dpi)
         axes = fig.subplots(1, 2, sharex=True)
         for ax, (column, title) in zip(axes, (("running", "running requests"), ("waiting", "waiting requests"))):
-            if occupancy is not None:
-                ax.plot(times / 1e3, occupancy[0 if column == "running" else 1], color="black", linewidth=2.0,
-                        label="measured")
+            ax.plot(times / 1e3, occupancy[0 if column == "running" else 1], color="black", linewidth=2.0,
+                    label="measured")
             for i, run in enumerate(runs):
                 t = run.timeline.get("time_ms")
                 if t is None or t.size == 0:

@@ -266,6 +266,15 @@ class SglangConfig:
         return self.overlap_schedule is True or self.overlap_schedule == "auto"
 
     @staticmethod
+    def cost_model_defaults(table: dict) -> dict:
+        """Without its overlap scheduler (``overlap_schedule = false`` in ``table``) SGLang does
+        the host's work between steps, so a cost model that can overlap it with the GPU's does not
+        (the run's assembly applies this to a ``[cost_model]`` table that leaves
+        ``async_scheduling`` out). ``"auto"``, turned off where planning ahead is not modelled,
+        keeps the overlap's time: SGLang overlaps there."""
+        return {"async_scheduling": False} if table.get("overlap_schedule") is False else {}
+
+    @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
         """What SGLang 0.5.23 picks where ``table`` is silent: ``context_length`` the run's model's
         (``ModelConfig.context_len``, from ``max_position_embeddings``), and

@@ -125,6 +125,14 @@ class TgiConfig:
     kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
 
     @staticmethod
+    def cost_model_defaults(table: dict) -> dict:
+        """TGI steps synchronously: its router sends a batch and waits for the shards' answer
+        before it schedules the next (``generate_token`` prepares, runs and samples in turn), so
+        a cost model that can overlap the host's work with the GPU's does not (the run's
+        assembly applies this to a ``[cost_model]`` table that leaves ``async_scheduling`` out)."""
+        return {"async_scheduling": False}
+
+    @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
         """What TGI v3.3.7 picks where ``table`` is silent, on ``tensor_parallel`` shards of the
         run's ``gpu`` for its ``model`` (either None: not named): the model's context as

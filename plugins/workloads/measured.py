@@ -431,6 +431,13 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
                     np.array(keep, dtype=np.int64), n, due_known)
 
 
+def _is_sglang_bench(path, index) -> bool:
+    """Whether a bench file is SGLang's ``bench_serving`` output (``--output-details``: vLLM's
+    per-request lists, but its E2E named ``*_e2e_latency_ms`` where vLLM writes ``*_e2el_ms``)."""
+    data = _bench_document(Path(path), index)
+    return isinstance(data, dict) and any(f"{stat}_e2e_latency_ms" in data for stat in ("mean", "median"))
+
+
 def redraw_arrivals_ms(bench: BenchRun, seed: int) -> np.ndarray:
     """Arrivals of ``bench``'s requests drawn again as ``vllm bench serve`` draws them, in ms, the
     first at 0: gamma gaps of shape ``burstiness`` at each request's rate (evenly spaced for
@@ -458,6 +465,12 @@ def make_vllm_bench_workload(config: VllmBenchConfig):
     bench = load_vllm_bench(config.path, limit=config.limit, index=config.index)
     columns, n = bench.columns, len(bench.columns)
     replay = config.replay if bench.sent_ms is not None else "redraw"
+    if bench.sent_ms is None and (bench.ramp is not None or not math.isinf(bench.rate)):
+        whose = "SGLang's bench_serving" if _is_sglang_bench(config.path, config.index) else "this vLLM"
+        warnings.warn(f"{config.path}: no start_times ({whose} records no send times), so arrivals are drawn "
+                      f"again from the {'ramp-up' if bench.ramp else 'request_rate'} and burstiness with the seed, "
+                      "not replayed: the measured and simulated requests meet the server at different times",
+                      BenchReplayWarning, stacklevel=2)
     if replay == "client" and not bench.due_known:
         warnings.warn(f"{config.path}: max_concurrency {bench.max_concurrency} at a finite request rate and no "
                       f"queue_times: when each request became due is not recorded (start_times are taken after the "

@@ -187,8 +187,44 @@ class StudySearchDriver(SearchDriver):
         outcome = self.search.outcome
         if len(self.constraints) > 1:
             outcome = attrs.evolve(outcome, message=failed_message(outcome, self.constraints))
+        caveats = answer_caveats(outcome, self.constraints)
+        if caveats:
+            outcome = attrs.evolve(outcome, message=f"{outcome.message}; {caveats}")
         return Study(self.name, "search", self.runs(), keys=(cfg.key,), search=outcome,
                      constraint=cfg.constraint_text)
+
+
+#: a run that held at least this share of its requests at once never settled (see answer_caveats)
+UNSETTLED_SHARE = 0.5
+
+
+def answer_caveats(outcome, constraints) -> str:
+    """What to know about the answer's run before trusting it, or '': requests it turned away
+    (percentiles count finished ones only, so a server that rejects more looks faster -- unless
+    a constraint counts them), and a run that held half or more of its requests at once (an
+    overload taken into the running batch does not queue, so its percentiles measure how long the
+    run was: SGLang admits up to 2,048 requests)."""
+    probe = next((p for p in outcome.probes if p.value == outcome.value), None)
+    metrics = getattr(getattr(probe, "payload", None), "metrics", None)
+    if outcome.value is None or not isinstance(metrics, dict):
+        return ""
+    notes = []
+    requests, rejected = metrics.get("requests"), metrics.get("rejected")
+    counted = any(c.metric in ("rejected", "finished") for c in constraints)
+    if _count(rejected) and _count(requests) and not counted:
+        notes.append(f"at the answer {rejected:,} of {requests:,} requests were rejected (percentiles count finished "
+                     "ones: add \"rejected <= 0\" to count them)")
+    peak = metrics.get("peak_running")
+    if _count(peak) and _count(requests) and peak >= UNSETTLED_SHARE * requests:
+        notes.append(f"at the answer up to {peak:,} of {requests:,} requests ran at once: the run may be too short "
+                     "to show an overload, which the running batch takes in (more requests, or a TPOT "
+                     "constraint, would)")
+    return "; ".join(notes)
+
+
+def _count(value) -> bool:
+    """A positive whole count (replicated runs' metrics are means and are left alone)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def failing_constraints(constraints, metrics: dict) -> list[tuple[Constraint, float]]:

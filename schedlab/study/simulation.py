@@ -392,6 +392,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
     tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
     tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
+    tables = {**tables, "cost_model": _with_engine_cost_defaults(ctx, tables)}
     key = _ahead_key(_config_class(ctx, "scheduler", tables["scheduler"]))
     if _unmodelled_ahead(speculative, parallelism, disaggregated, key) is not None:
         tables = {**tables, "scheduler": _synchronous_if_auto(ctx, tables["scheduler"])}
@@ -461,6 +462,20 @@ def _with_engine_kv_defaults(ctx: Context, tables: dict) -> dict:
         return table
     fields = attrs.fields_dict(cache)
     return {**{k: v for k, v in engine.items() if k in fields and k not in table}, **table}
+
+
+def _with_engine_cost_defaults(ctx: Context, tables: dict) -> dict:
+    """The run's ``[cost_model]`` table with what its scheduler's engine implies for the step's
+    timing (an optional ``cost_model_defaults(scheduler_table) -> dict`` on the scheduler's config
+    class: TGI and SGLang without overlap step synchronously), for the keys the table leaves out
+    and its kind has."""
+    table = tables["cost_model"]
+    pick = getattr(_config_class(ctx, "scheduler", tables["scheduler"]), "cost_model_defaults", None)
+    cost = _config_class(ctx, "cost_model", table)
+    if pick is None or cost is None or not attrs.has(cost):
+        return table
+    fields = attrs.fields_dict(cost)
+    return {**{k: v for k, v in pick(tables["scheduler"]).items() if k in fields and k not in table}, **table}
 
 
 def _check_budget_for_drafts(scheduler, speculative: SpeculativeConfig, where: str) -> None:
@@ -596,6 +611,24 @@ def _warn_two_gpus(tables: dict, ctx: Context, where: str) -> None:
             warnings.warn(f"{where} [kv_cache] {key} = {named[0]!r} but [cost_model] {key} = {named[1]!r}: the cache "
                           f"is sized for one and the steps are timed on the other; name the same {key} in both (a "
                           f"sweep or --set of one changes only that one)", InputWarning, stacklevel=3)
+    _warn_two_tensor_parallels(tables, where)
+
+
+def _warn_two_tensor_parallels(tables: dict, where: str) -> None:
+    """Say when a ``[kv_cache]`` sized from its model and GPU and a ``[cost_model]`` naming a
+    model split it over different ``tensor_parallel`` (1 where a table leaves it out): the pool
+    is then one rank's of one layout and the steps another's -- a TP-2 cost model over a TP-1
+    pool has half the KV it should."""
+    cache, cost = tables.get("kv_cache", {}), tables.get("cost_model", {})
+    if not (isinstance(cache.get("model"), str) and isinstance(cost.get("model"), str)):
+        return
+    if cache.get("num_blocks") is not None:
+        return  # a measured block count: the cache is not sized from its layout
+    ranks = [t.get("tensor_parallel", 1) for t in (cache, cost)]
+    if all(isinstance(r, int) for r in ranks) and ranks[0] != ranks[1]:
+        warnings.warn(f"{where} [kv_cache] tensor_parallel = {ranks[0]} but [cost_model] tensor_parallel = "
+                      f"{ranks[1]}: the pool is sized for one layout and the steps are timed on the other; set "
+                      "the same tensor_parallel in both", InputWarning, stacklevel=4)
 
 
 def _check_async_scheduling(a: Assembled, where: str) -> None:
@@ -1102,11 +1135,11 @@ def _with_where(exc: SchedlabError, where: str) -> SchedlabError:
 
 
 def tensor_parallel(cost, kv) -> int:
-    """GPUs one instance runs on: its KV cache's or cost model's ``tensor_parallel`` (1 if neither says)."""
+    """GPUs one instance runs on: the larger of its KV cache's and cost model's
+    ``tensor_parallel`` (1 if neither says; they differ only in a run warned about)."""
     sizing = getattr(kv, "sizing", None)
-    if sizing is not None:
-        return sizing.tensor_parallel
-    return getattr(getattr(cost, "config", None), "tensor_parallel", 1) or 1
+    cache = sizing.tensor_parallel if sizing is not None else 1
+    return max(cache, getattr(getattr(cost, "config", None), "tensor_parallel", 1) or 1)
 
 
 def pool_summary(pools: dict[str, list]) -> dict:

@@ -1,0 +1,162 @@
+"""What an SGLang / TGI operator's run gets without saying: the host-overlap timing each engine
+really has, warnings where two tables disagree on the layout, and a search answer's caveats."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from schedlab.errors import InputWarning
+from schedlab.study.experiment import load, run_experiment
+from schedlab.study.simulation import tensor_parallel
+
+BASE = """
+[experiment]
+name = "x"
+reports = []
+timeline = false
+
+[workload]
+kind = "synthetic"
+num_requests = 40
+rate = 20.0
+prompt = {{dist = "fixed", value = 200}}
+output = {{dist = "fixed", value = 30}}
+
+[cost_model]
+kind = "roofline"
+model = "llama-3.1-8b"
+gpu = "h100-80gb"
+{cost}
+
+[kv_cache]
+kind = "paged"
+model = "llama-3.1-8b"
+gpu = "h100-80gb"
+{kv}
+
+[scheduler]
+{scheduler}
+"""
+
+
+def _run(tmp_path, scheduler, cost="", kv="", extra=""):
+    path = tmp_path / "exp.toml"
+    path.write_text(BASE.format(scheduler=scheduler, cost=cost, kv=kv) + extra)
+    return run_experiment(load(path))
+
+
+def _built_cost(tmp_path, scheduler, cost=""):
+    """The run's cost model as built (its config) from the experiment's tables."""
+    from schedlab.study.simulation import assemble
+
+    path = tmp_path / "exp.toml"
+    path.write_text(BASE.format(scheduler=scheduler, cost=cost, kv=""))
+    exp = load(path)
+    return assemble(exp.studies[0].base, exp.context, "x").instances[0][1]
+
+
+@pytest.mark.parametrize("scheduler, cost, overlaps", [
+    ('kind = "tgi"', "", False),                              # TGI steps synchronously
+    ('kind = "tgi"', "async_scheduling = true", True),        # a given value wins
+    ('kind = "sglang"', "", True),                            # SGLang's overlap scheduler, on by default
+    ('kind = "sglang"\noverlap_schedule = false', "", False),  # without it, the host's work is between steps
+    ('kind = "sglang"\noverlap_schedule = false', "async_scheduling = true", True),
+    ('kind = "vllm"', "", True),                              # vLLM 0.33's default
+    ('kind = "continuous"', "", True),                        # the cost model's own default
+])
+def test_the_cost_models_host_overlap_follows_the_engine(tmp_path, scheduler, cost, overlaps):
+    assert _built_cost(tmp_path, scheduler, cost).config.async_scheduling is overlaps
+
+
+def test_tgi_steps_are_slower_without_the_overlap_it_never_had(tmp_path):
+    """The same TGI run with the host's work overlapped (the old default) decodes faster: the
+    default now charges it between steps, as TGI's router waits for each step's answer."""
+    sync = _run(tmp_path, 'kind = "tgi"').all_runs()[0].metrics["tpot_ms"]["p50"]
+    overlapped = _run(tmp_path, 'kind = "tgi"', cost="async_scheduling = true").all_runs()[0].metrics
+    assert overlapped["tpot_ms"]["p50"] < sync
+
+
+def test_a_cost_model_and_a_cache_split_over_different_ranks_are_warned_about(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(BASE.format(scheduler='kind = "vllm"', cost="tensor_parallel = 2", kv=""))
+    with pytest.warns(InputWarning, match=r"\[kv_cache\] tensor_parallel = 1 but \[cost_model\] tensor_parallel = 2: "
+                                          r"the pool is sized for one layout"):
+        load(path)
+    path.write_text(BASE.format(scheduler='kind = "vllm"', cost="tensor_parallel = 2", kv="tensor_parallel = 2"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)
+        load(path)
+    # a measured block count is not sized from the layout: nothing to say
+    path.write_text(BASE.format(scheduler='kind = "vllm"', cost="tensor_parallel = 2", kv="num_blocks = 500"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)
+        load(path)
+
+
+def test_an_instance_runs_on_the_larger_of_the_two_layouts():
+    class Config:
+        tensor_parallel = 2
+
+    class Cost:
+        config = Config()
+
+    class Sizing:
+        tensor_parallel = 1
+
+    class Cache:
+        sizing = Sizing()
+
+    assert tensor_parallel(Cost(), Cache()) == 2
+    Sizing.tensor_parallel = 4
+    assert tensor_parallel(Cost(), Cache()) == 4
+    assert tensor_parallel(None, object()) == 1
+
+
+SEARCH = """
+[search]
+key = "workload.rate"
+low = 1
+high = 4
+constraint = "ttft_ms.p99 <= 1e9"
+"""
+
+
+def test_a_search_answer_says_when_its_run_turned_requests_away(tmp_path):
+    """Prompts of 200-2,000 tokens against max_model_len 1,000: about half are rejected at every
+    rate, so the percentiles the constraint reads cover the others only."""
+    path = tmp_path / "exp.toml"
+    text = BASE.format(scheduler='kind = "continuous"\nmax_model_len = 1000', cost="", kv="")
+    text = text.replace('prompt = {dist = "fixed", value = 200}', 'prompt = {dist = "uniform", low = 200, high = 2000}')
+    path.write_text(text + SEARCH)
+    study = run_experiment(load(path)).studies[0]
+    answer = next(r for r in study.runs if r.name.endswith("=4]") or r.name.endswith("=4.0]"))
+    assert 5 < answer.metrics["rejected"] < 35
+    assert study.search.message == (
+        "ttft_ms.p99 <= 1e9 holds up to the top of the range (workload.rate = 4); raise high to search further; "
+        f"at the answer {answer.metrics['rejected']} of 40 requests were rejected (percentiles count finished "
+        'ones: add "rejected <= 0" to count them)')
+    # a constraint that counts them: nothing to add
+    path.write_text(text + SEARCH.replace('constraint = "ttft_ms.p99 <= 1e9"',
+                                          'constraints = ["ttft_ms.p99 <= 1e9", "rejected <= 40"]'))
+    assert "at the answer" not in run_experiment(load(path)).studies[0].search.message
+
+
+def test_a_search_answer_says_when_its_run_held_most_requests_at_once(tmp_path):
+    """40 requests of 2,000 output tokens at 4 a second: the first is still running when the
+    last arrives 10 s later, so (nearly) every request is in the batch at once."""
+    path = tmp_path / "exp.toml"
+    text = BASE.format(scheduler='kind = "vllm"', cost="", kv="")
+    text = text.replace('output = {dist = "fixed", value = 30}', 'output = {dist = "fixed", value = 2000}')
+    path.write_text(text + SEARCH)
+    study = run_experiment(load(path)).studies[0]
+    peak = study.runs[-1].metrics["peak_running"]
+    assert peak >= 20
+    assert study.search.message.endswith(
+        f"at the answer up to {peak} of 40 requests ran at once: the run may be too short to show an overload, "
+        "which the running batch takes in (more requests, or a TPOT constraint, would)")
+    # 30-token answers finish long before the next arrives: nothing to add
+    path.write_text(BASE.format(scheduler='kind = "vllm"', cost="", kv="") + SEARCH)
+    assert "at the answer" not in run_experiment(load(path)).studies[0].search.message
