@@ -340,6 +340,33 @@ def toml_text(value: Any) -> str:
     return repr(value)
 
 
+#: A serving engine's flag (as a TOML key) that schedlab keeps in another table, and where: named
+#: instead of a did-you-mean when the key is not the table's (``--mem-fraction-static`` is not a
+#: scheduler setting here, nor anything like ``retraction_policy``).
+ELSEWHERE = {
+    "mem_fraction_static": "[kv_cache] gpu_memory_utilization, the share of GPU memory for weights and KV, "
+                           "as SGLang's --mem-fraction-static",
+    "gpu_memory_utilization": "[kv_cache] gpu_memory_utilization",
+    "page_size": "[kv_cache] block_size, as SGLang's --page-size",
+    "block_size": "[kv_cache] block_size",
+    "enable_prefix_caching": "[kv_cache] prefix_caching = true (kind = \"paged\"), or SGLang's kind = \"radix\"",
+    "prefix_caching": "[kv_cache] prefix_caching = true (kind = \"paged\"), or SGLang's kind = \"radix\"",
+    "num_gpu_blocks_override": "[kv_cache] num_blocks",
+    "max_total_tokens": "[kv_cache] num_blocks x block_size, the pool in tokens as SGLang's --max-total-tokens",
+    "swap_space": "[kv_cache] swap_space_gib",
+    "tensor_parallel_size": "tensor_parallel, in [cost_model] and [kv_cache] alike",
+    "tp_size": "tensor_parallel, in [cost_model] and [kv_cache] alike",
+    "tensor_parallel": "tensor_parallel, in [cost_model] and [kv_cache] alike",
+    "data_parallel_size": "[cluster] data_parallel",
+    "dp_size": "[cluster] data_parallel",
+    "enable_dp_attention": "[cluster] data_parallel, whose ranks step together as SGLang's DP attention does",
+    "pipeline_parallel_size": "[cluster] pipeline_parallel",
+    "enable_expert_parallel": "[cluster] expert_parallel",
+    "speculative_config": "[speculative]",
+    "num_speculative_tokens": "[speculative]",
+}
+
+
 def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | None = None):
     """Build ``cls`` from a TOML table, with errors that name where the table came from.
 
@@ -354,6 +381,8 @@ def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | No
         if key not in fields:
             hint = difflib.get_close_matches(key, list(fields), n=1)
             also = f" (did you mean {hint[0]!r}?)" if hint else ""
+            if key in ELSEWHERE:
+                also = f" (set it as {ELSEWHERE[key]})"
             valid = ", ".join(sorted(fields)) or "none"
             raise ConfigError(f"{where}: unknown key {key!r}{also}; valid keys: {valid}")
     missing = [n for n, a in fields.items() if a.default is attrs.NOTHING and n not in table]

@@ -3,7 +3,7 @@ really has, warnings where two tables disagree on the layout, and a search answe
 
 from __future__ import annotations
 
-import json
+import re
 import warnings
 
 import pytest
@@ -160,3 +160,21 @@ def test_a_search_answer_says_when_its_run_held_most_requests_at_once(tmp_path):
     # 30-token answers finish long before the next arrives: nothing to add
     path.write_text(BASE.format(scheduler='kind = "vllm"', cost="", kv="") + SEARCH)
     assert "at the answer" not in run_experiment(load(path)).studies[0].search.message
+
+
+@pytest.mark.parametrize("key, where", [
+    ("mem_fraction_static", "[kv_cache] gpu_memory_utilization"),
+    ("page_size", "[kv_cache] block_size"),
+    ("tensor_parallel_size", "tensor_parallel, in [cost_model] and [kv_cache] alike"),
+    ("enable_dp_attention", "[cluster] data_parallel"),
+])
+def test_an_engines_flag_kept_in_another_table_is_named_there(key, where):
+    """SGLang's --mem-fraction-static is no scheduler setting, nor near one: the error names the
+    table schedlab keeps it in instead of a did-you-mean ('retraction_policy')."""
+    from schedlab.configs import from_table
+    from schedlab.errors import ConfigError
+    from schedlab_plugins.schedulers.sglang import SglangConfig
+
+    with pytest.raises(ConfigError, match=rf"unknown key '{key}' \(set it as {re.escape(where)}") as info:
+        from_table(SglangConfig, {key: 1}, where="x [scheduler]")
+    assert "did you mean" not in str(info.value)
