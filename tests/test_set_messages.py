@@ -341,6 +341,17 @@ def test_a_run_named_with_spaces_or_dots_can_be_targeted(tmp_path, key, target):
     assert _seqs(exp) == {name: 5 if name == target else None for name in ("v1.2", "v1", "long run")}
 
 
+def test_a_runs_whole_table_can_be_set(tmp_path):
+    """runs.<name>.<table>={...} replaces that run's table, as scheduler={...} replaces every
+    run's; a value that is not a table still needs a key."""
+    exp = load(write(tmp_path, DOTTED_RUNS), ['runs."long run".scheduler={kind = "sglang", max_running_requests = 64}'])
+    tables = {s.name: s.base.tables["scheduler"] for s in exp.studies}
+    assert tables["long run"] == {"kind": "sglang", "max_running_requests": 64}
+    assert tables["v1"] == tables["v1.2"] == {"kind": "continuous"}
+    message = error(write(tmp_path, DOTTED_RUNS), 'runs."long run".scheduler=5')
+    assert "write runs.<run name>.<table>.<key> (or runs.<run name>.<table>={...})" in message
+
+
 @pytest.mark.parametrize("key, expected", [
     ('runs."long run.scheduler.max_num_seqs', 'write runs."run name".<table>.<key>'),
     ('runs."long run"scheduler.max_num_seqs', 'write runs."run name".<table>.<key>'),

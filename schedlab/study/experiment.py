@@ -458,9 +458,11 @@ def _run_assignments(assignments: list[_Override], entries: list, source: str) -
             continue
         name, rest = split_run_key(key, names)
         parts = rest.split(".")
-        if not (len(parts) >= 2 and parts[0] in RUN_TABLES or parts[0] in STUDY_TABLES):
-            raise ConfigError(f"--set {key}: write runs.<run name>.<table>.<key>, with the table one of "
-                              f"{', '.join(RUN_TABLES)} (e.g. runs.tune.scheduler.max_num_seqs=8; a name with "
+        whole = len(parts) == 1 and isinstance(o.value, dict)  # runs.<name>.<table>={...}: the whole table
+        if not ((len(parts) >= 2 or whole) and parts[0] in RUN_TABLES or parts[0] in STUDY_TABLES):
+            raise ConfigError(f"--set {key}: write runs.<run name>.<table>.<key> (or runs.<run name>.<table>="
+                              f"{{...}}), with the table one of {', '.join(RUN_TABLES)} (e.g. "
+                              "runs.tune.scheduler.max_num_seqs=8; a name with "
                               'spaces or dots in quotes: runs."my run".scheduler.max_num_seqs=8), or '
                               f"runs.<run name>.<{' or '.join(STUDY_TABLES)}>[.<key>]")
         if name not in names:
