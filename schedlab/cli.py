@@ -83,14 +83,23 @@ def cmd_run(args) -> int:
         print(f"schedlab: {done['simulations']} simulations in {done['wall_s']:.1f} s, {done['executor']}",
               file=sys.stderr)
         written = []
-        for _name, report in reports:
-            written += report.write(results, stage.path)
+        for name, report in reports:
+            written += _written(name, report, report.write(results, stage.path))
         table = _table_text(exp.context.catalog, results, exp.report_tables.get("table", {}), f"{exp.path}")
         written.append(index_page.write(stage.path, results, table_text=table, experiment_settings=exp.raw,
                                         run_settings={r.name: r.settings for r in results.all_runs()}))
         stage.commit()
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
+
+
+def _written(name: str, report, answer) -> list:
+    """``answer``, what report ``name``'s ``write()`` returned, if it is the list (or tuple) of the
+    files it wrote, the Report protocol's answer; else :class:`SchedlabError` naming the report."""
+    if isinstance(answer, (list, tuple)):
+        return list(answer)
+    raise SchedlabError(f"report {name!r} ({type(report).__name__}): write() returned {answer!r} "
+                        f"({type(answer).__name__}); it must return the list of files it wrote ([] for none)")
 
 
 @contextmanager
@@ -262,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_capacity)
     from .calibrate import add_arguments as add_calibrate_arguments
 
-    p = sub.add_parser("calibrate", help="fit a cost model's settings to a measured run (vllm_log / vllm_bench)")
+    p = sub.add_parser("calibrate", help="fit a cost model's settings to a measured run or to summary statistics "
+                                         "([target]: vLLM, SGLang, TGI, guidellm, inference-perf, genai-perf)")
     add_calibrate_arguments(p)
     p.set_defaults(func=cmd_calibrate)
     return parser

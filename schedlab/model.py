@@ -8,7 +8,7 @@ progress is a pair of counters, never one object per token.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import attrs
 
@@ -107,3 +107,31 @@ class Request:
         """True if the request stops at an EOS before its ``max_tokens``: no server foresees
         that, so one planning ahead may decode it once more (``Plan.overshoot``)."""
         return self.max_tokens is not None and self.output_tokens < self.max_tokens
+
+
+def checked_requests(requests: Iterable, who: str) -> Iterator[Request]:
+    """``requests`` one at a time as they are consumed, each checked against the Workload protocol:
+    a :class:`Request`, ids 0, 1, 2, ... and arrival times that never go back; else
+    :class:`WorkloadError` naming ``who`` (``"workload 'x'"``). Both engines read a run's requests
+    through it: out-of-order arrivals make them disagree, repeated ids repeat rows of the results."""
+    previous = None
+    for expected, request in enumerate(requests):
+        if not isinstance(request, Request):
+            raise WorkloadError(f"{who} yielded {_shown(request)} (a {type(request).__name__}) as its request "
+                                f"{expected}; a workload yields schedlab.Request objects")
+        if request.id != expected:
+            after = f"after request {previous.id}" if previous is not None else "first"
+            raise WorkloadError(f"{who} yielded request {request.id!r} {after} (request {expected} was due): a "
+                                "workload yields requests with ids 0, 1, 2, ... in that order")
+        if previous is not None and request.arrival_ms < previous.arrival_ms:
+            raise WorkloadError(f"{who} yielded request {request.id} at {request.arrival_ms:g} ms after request "
+                                f"{previous.id} at {previous.arrival_ms:g} ms: a workload yields requests in arrival "
+                                "order")
+        previous = request
+        yield request
+
+
+def _shown(value, most: int = 80) -> str:
+    """``value``'s repr on one line, cut to ``most`` characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= most else text[:most - 3] + "..."

@@ -532,7 +532,8 @@ class Scheduler(Protocol):
 class Workload(Protocol):
     """Produces the requests of a run.
 
-    ``requests(seed)`` yields requests in arrival order (ids 0, 1, 2, ...). A closed-loop
+    ``requests(seed)`` yields :class:`schedlab.Request` objects in arrival order (ids 0, 1, 2, ...,
+    arrival times never going back); a run refuses anything else as it reads them. A closed-loop
     workload also has ``closed_loop = True`` and ``on_finish(request, now_ms)``, which returns
     the requests that this completion releases (a client's next request).
     """
@@ -581,7 +582,8 @@ class PowerModel(Protocol):
     ``iteration_j`` calls per run);
     ``host_idle_w`` (the host's CPU, DRAM and NIC, drawn all the time), ``host_busy_w`` (more
     while iterations run) and ``pue`` (facility energy = IT energy x pue); ``describe()``, a
-    dict of its settings for the results.
+    dict of its settings for the results. Every energy, power and time it gives is a finite
+    number >= 0 (``pue`` >= 1): the meters refuse anything else, naming the method.
     """
 
     idle_w: float
@@ -604,7 +606,8 @@ class Autoscaler(Protocol):
     """Decides how many instances of a colocated cluster should serve (``[cluster] autoscaler``).
 
     ``decide(signals)`` is called every ``interval_s`` with :class:`schedlab.engine.scaling.Signals`
-    and returns the number of instances that should serve or be warming; the engine clamps it to
+    and returns the number of instances that should serve or be warming, an int >= 0 (anything else
+    -- a float, text, None -- is refused); the engine clamps it to
     ``[min_instances, max_instances]``, warms the new ones for ``cold_start_s`` and drains the ones
     it removes (every request they hold finishes). Its config (``.config``) has the keys of
     ``schedlab_plugins.autoscalers.ScalingConfig``."""
@@ -614,6 +617,7 @@ class Autoscaler(Protocol):
 
 @runtime_checkable
 class Report(Protocol):
-    """Writes files from an experiment's results (``results`` is a :class:`schedlab.results.ExperimentResults`)."""
+    """Writes files from an experiment's results (``results`` is a :class:`schedlab.results.ExperimentResults`);
+    ``write`` returns the list of files it wrote (``[]`` for none; anything else is refused)."""
 
     def write(self, results: Any, out_dir: Any) -> list[Any]: ...

@@ -21,7 +21,11 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from .errors import DuplicateNameError, UnknownPluginError
+from .errors import ConfigError, DuplicateNameError, UnknownPluginError
+
+
+#: Kinds that register a spec (a :class:`schedlab.capacity.ModelSpec`, a ``GpuSpec``), not a factory.
+SPEC_KINDS = ("model", "gpu")
 
 
 class BrokenPluginWarning(UserWarning):
@@ -66,8 +70,10 @@ class Registry:
 
     def register(self, name: str, factory: Callable[..., Any], *, config: type | None = None, help: str = "") -> None:
         """Add ``name``; raises :class:`DuplicateNameError` if it is already taken, TypeError for a
-        ``config`` that is not an attrs class or has a field named ``kind``; warns
-        (:class:`PluginConfigWarning`) about a config that is not frozen or has fields nothing checks."""
+        ``config`` that is not an attrs class or has a field named ``kind``, :class:`ConfigError` for
+        a ``factory`` that cannot be called (an instance registered instead of its class; presets,
+        :data:`SPEC_KINDS`, register specs); warns (:class:`PluginConfigWarning`) about a config
+        that is not frozen or has fields nothing checks."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
         if config is not None and not attrs.has(config):
@@ -76,6 +82,11 @@ class Registry:
             raise TypeError(f"{self.kind} {name!r}: config {_class_name(config)} has a field named 'kind', which no "
                             f"table can set: 'kind' is the key that picks the plugin (kind = \"{name}\"); give the "
                             "setting another name")
+        if not callable(factory) and self.kind not in SPEC_KINDS:
+            plugin = f" (plugin {self._provider})" if self._provider != "?" else ""
+            raise ConfigError(f"{self.kind} {name!r}{plugin}: the factory registered is a {type(factory).__name__} "
+                              f"object, not callable; register the class or a function that makes one "
+                              f"(register({name!r}, {type(factory).__name__}, config=...))")
         if name in self._entries:
             other = self._entries[name].provider
             raise DuplicateNameError(

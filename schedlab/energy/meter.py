@@ -28,11 +28,44 @@ row is written), counted apart as ``discarded_j``.
 from __future__ import annotations
 
 import math
+import numbers
 
+from ..errors import SimulationError
 from ..protocols import Batch
 from .idle import idle_j
 
 INF = math.inf
+#: A power model's numbers that are not per iteration: (attribute, default when optional, least value).
+POWER_ATTRIBUTES = (("idle_w", None, 0.0), ("standby_w", None, 0.0), ("standby_ms", None, 0.0),
+                    ("tail_ms", 0.0, 0.0), ("host_idle_w", 0.0, 0.0), ("host_busy_w", 0.0, 0.0), ("pue", 1.0, 1.0))
+
+
+def check_power_model(model) -> None:
+    """Raise :class:`SimulationError` when one of ``model``'s settings the meters read
+    (:data:`POWER_ATTRIBUTES`) is not a finite number at least its least value: text would be
+    silently converted or fail far from the plugin, a negative power integrate to negative joules."""
+    for name, default, least in POWER_ATTRIBUTES:
+        value = getattr(model, name, default)
+        if not (_real(value) and least <= value < INF):
+            raise SimulationError(f"power model {type(model).__name__}'s {name} is {value!r} "
+                                  f"({type(value).__name__}); it must be a finite number >= {least:g}")
+
+
+def checked_j(energy, model, method: str, batch, unit: str = "J"):
+    """``energy``, what ``model``'s ``method`` said of ``batch``, if it is a finite number >= 0;
+    else :class:`SimulationError` naming both (as a cost model's times are checked): text or
+    None would fail far from the plugin, and a negative or NaN energy pass into the results."""
+    if energy.__class__ is float and 0.0 <= energy < INF:  # (the usual answer, checked quickly)
+        return energy
+    if _real(energy) and 0.0 <= energy < INF:
+        return energy
+    raise SimulationError(f"power model {type(model).__name__}'s {method} returned {energy!r} "
+                          f"({type(energy).__name__}) {unit} for {batch}; it must be a finite number >= 0")
+
+
+def _real(value) -> bool:
+    """A real number (an int, a float, a numpy float...), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def shifted(batch: Batch, j: int) -> Batch:
@@ -48,7 +81,8 @@ def shifted(batch: Batch, j: int) -> Batch:
 
 def run_j_by_iterations(model, batch: Batch, k: int, d0: float, inc: float) -> float:
     """A bulk run's energy summed iteration by iteration (for power models without ``run_j``)."""
-    return sum(model.iteration_j(shifted(batch, j), d0 + j * inc) for j in range(k))
+    return sum(checked_j(model.iteration_j(shifted(batch, j), d0 + j * inc), model, "iteration_j", batch)
+               for j in range(k))
 
 
 class EnergyMeter:
@@ -70,6 +104,7 @@ class EnergyMeter:
                  "closed", "latest", "switched_on", "initial_end", "offs")
 
     def __init__(self, model):
+        check_power_model(model)
         self.model = model
         self.idle_w = float(model.idle_w)
         self.standby_w = float(model.standby_w)
@@ -149,7 +184,8 @@ class EnergyMeter:
     def iteration(self, start: float, batch: Batch, duration: float) -> float:
         """Account for one iteration; its energy (J)."""
         self._gap(start)
-        energy = self.model.iteration_j(batch, duration) if duration > 0.0 else 0.0
+        model = self.model
+        energy = checked_j(model.iteration_j(batch, duration), model, "iteration_j", batch) if duration > 0.0 else 0.0
         if duration > 0.0:
             power = energy / duration * 1e3
             self.last_w = power
@@ -162,19 +198,21 @@ class EnergyMeter:
         """Account for a bulk run of ``k`` decode iterations (iteration ``j`` lasts ``d0 + j *
         inc``, ``total`` in all); its energy (J)."""
         self._gap(start)
+        model = self.model
         if self._run_j_peak is not None:
-            energy, peak = self._run_j_peak(batch, k, d0, inc)
+            energy, peak = checked_pair(self._run_j_peak(batch, k, d0, inc), model, batch)
         else:
             energy = self.energy_of_run(batch, k, d0, inc)
-            model = self.model
-            peak = max(model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in (0, k - 1))
+            peak = max(checked_j(model.iteration_j(shifted(batch, j), d0 + j * inc), model, "iteration_j", batch)
+                       / (d0 + j * inc) * 1e3 for j in (0, k - 1))
         if peak > self.peak_w:
             self.peak_w = peak
         last = d0 + (k - 1) * inc
         if self.tail_ms > 0.0 and k > 0 and last > 0.0:
             # the tail after the run starts from its last iteration's power, asked now: what the
             # model sees of the cost model may change by the next iteration (a lockstep rank's step)
-            self.last_w = self.model.iteration_j(shifted(batch, k - 1), last) / last * 1e3
+            energy_last = checked_j(model.iteration_j(shifted(batch, k - 1), last), model, "iteration_j", batch)
+            self.last_w = energy_last / last * 1e3
         self._busy(start, total, energy)
         return energy
 
@@ -197,7 +235,7 @@ class EnergyMeter:
         if k <= 0:
             return 0.0
         if self._run_j is not None:
-            return self._run_j(batch, k, d0, inc)
+            return checked_j(self._run_j(batch, k, d0, inc), self.model, "run_j", batch)
         return run_j_by_iterations(self.model, batch, k, d0, inc)
 
     def close(self, start: float, end: float) -> None:
@@ -229,6 +267,15 @@ class EnergyMeter:
             **off_record(self.offs, start, end),
             **host_record(self.model),
         }
+
+
+def checked_pair(answer, model, batch) -> tuple[float, float]:
+    """``run_j_peak``'s answer, ``(energy J, peak W)``, each checked as :func:`checked_j` does."""
+    if type(answer) is not tuple or len(answer) != 2:
+        raise SimulationError(f"power model {type(model).__name__}'s run_j_peak returned {answer!r} for {batch}; it "
+                              "must return (energy in J, peak power in W)")
+    return (checked_j(answer[0], model, "run_j_peak", batch),
+            checked_j(answer[1], model, "run_j_peak", batch, "W (peak)"))
 
 
 def is_off(offs: list) -> bool:

@@ -48,7 +48,7 @@ import math
 from collections import deque
 
 from .idle import idle_j
-from .meter import host_record, is_off, off_record
+from .meter import check_power_model, checked_j, host_record, is_off, off_record
 
 INF = math.inf
 
@@ -62,6 +62,7 @@ class PipelineMeter:
     """
 
     def __init__(self, model, view, stages: int):
+        check_power_model(model)
         self.model = model
         self.view = view
         self.stages = stages
@@ -103,7 +104,7 @@ class PipelineMeter:
         for s, (start, d) in enumerate(zip(starts, stage_ms)):
             if d > 0.0:
                 view.stage = s
-                e = model.iteration_j(batch, d)
+                e = checked_j(model.iteration_j(batch, d), model, "iteration_j", batch)
                 self.slices[s].append((start, start + d, e / d * 1e3))
                 self.busy_j[s] += e
                 self.busy_ms[s] += d

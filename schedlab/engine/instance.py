@@ -23,7 +23,7 @@ from ..queues import FcfsQueue, RunningView
 from . import bulk, run_limit
 from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, counts_drafts_ahead, plans_ahead
 from .clock import check_iteration_end, check_iteration_ms, check_step_increment
-from .stall import stall_message
+from .stall import check_kv_counts, stall_message
 from .load import Release, load
 from .plan import FastPlan, rejection_hook, schedule_returned
 from .admission import ConcurrencyLimit
@@ -864,10 +864,12 @@ class Instance:
                 and plan.decode_all()):
             if due is not None:  # nothing to decide but decoding (see stable_between_events) until then
                 plan.wake_steps = due - steps
+            check_kv_counts(self.kv)
             return plan
         returned = self.scheduler.schedule(plan)
         if returned is not None:
             raise schedule_returned(returned)
+        check_kv_counts(self.kv)
         self.ask_at_step = None if plan.wake_steps is None else steps + plan.wake_steps
         return plan
 

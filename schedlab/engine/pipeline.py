@@ -66,6 +66,7 @@ from .instance import Instance
 from .lockstep import rank_batch
 from .plan import FastPlan, schedule_returned
 from .rank_cost import RankCost
+from .stall import check_kv_counts
 from .sequence import ABORTED, DECODING, FINISHED, PARKED, PREFILLING
 from .load import load
 from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, Stagger, VisibleRunning, bumped_chunks, count_bumped,
@@ -272,6 +273,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         returned = inst.scheduler.schedule(plan)
         if returned is not None:
             raise schedule_returned(returned)
+        check_kv_counts(inst.kv)
         return plan
 
     def _show(self) -> tuple[list, list]:

@@ -25,7 +25,7 @@ from .plan import Refusals, check_reason, rejection_hook, schedule_returned
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
-from .stall import stall_message
+from .stall import check_kv_counts, stall_message
 from .stages import Stagger
 
 
@@ -709,6 +709,7 @@ class ReferenceEngine:
             returned = self.scheduler.schedule(plan)
             if returned is not None:
                 raise schedule_returned(returned)
+            check_kv_counts(self.kv)
             return plan
         end = self.now
         t = ahead.start if end == ahead.end else end
@@ -727,6 +728,7 @@ class ReferenceEngine:
         returned = self.scheduler.schedule(plan)
         if returned is not None:
             raise schedule_returned(returned)
+        check_kv_counts(self.kv)
         self.now = end
         ahead.planning = False
         for s in plan.decoders():  # its slot's token is in flight if the last iteration computes it

@@ -34,6 +34,7 @@ from .load import load
 from .plan import schedule_returned
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
+from .stall import check_kv_counts
 from .stages import (IN_FLIGHT, Bumped, Holds, StageClock, Stagger, VisibleRunning, bumped_chunks, count_bumped,
                      dropped_chunks, hole_row, instance_view, launch_chunks, refuse_ahead, restore, rewind, stage_times,
                      stale, tokens_for)
@@ -162,6 +163,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             returned = e.scheduler.schedule(plan)
             if returned is not None:
                 raise schedule_returned(returned)
+            check_kv_counts(e.kv)
             empty = not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0
             if not empty:
                 self._launch(plan)

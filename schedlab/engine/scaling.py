@@ -42,13 +42,30 @@ rank's cache is reset then (``DeploymentKV.reset_prefix_cache``).
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Sequence
 
 import attrs
 
+from ..errors import SimulationError
 from .load import views_of
 
 INF = math.inf
+
+
+def checked_decision(policy, answer, t: float) -> int:
+    """``answer``, what ``policy.decide`` returned at ``t``, if it is a whole number of instances
+    >= 0 (the engine then clamps it to ``[min_instances, max_instances]``); else
+    :class:`SimulationError` naming the policy: None, NaN or text would fail far from the plugin,
+    and a fraction or a text number silently rounded would hide its bug (as a router's answer)."""
+    try:
+        desired = operator.index(answer) if not isinstance(answer, bool) else -1
+    except TypeError:
+        desired = -1
+    if desired < 0:
+        raise SimulationError(f"autoscaler {type(policy).__name__} returned {answer!r} ({type(answer).__name__}) "
+                              f"from decide() at t={t:g} ms; expected a whole number of instances >= 0 (an int)")
+    return desired
 OFF, WARMING, SERVING, DRAINING = "off", "warming", "serving", "draining"
 
 
@@ -234,7 +251,7 @@ class ScalingController:
         self._retire_drained()
         lim = self.limits
         signals = self.signals(t)
-        desired = int(self.policy.decide(signals))
+        desired = checked_decision(self.policy, self.policy.decide(signals), t)
         desired = min(max(desired, lim.min_instances), lim.max_instances)
         have = signals.serving + signals.warming
         changed = False

@@ -5,9 +5,29 @@ or one whose running requests wait for KV blocks that only a preemption would fr
 names the instance, the time, the scheduler and the queues, and -- when the running requests'
 next decode step does not fit in the free blocks -- says so, since a scheduler that does not
 reserve a request's whole answer at admission must preempt when ``decode_all()`` returns False.
+
+A KV cache that hands out more blocks than it has (its ``allocate()`` says yes past its
+capacity) is caught where it happens, after each plan (:func:`check_kv_counts`), and a stall
+with fewer than no blocks free says the cache may be the cause rather than the scheduler.
 """
 
 from __future__ import annotations
+
+from ..errors import SimulationError
+
+
+def check_kv_counts(kv) -> None:
+    """Raise :class:`SimulationError` blaming ``kv`` when it reports fewer than no free blocks, or
+    more used than it has. Both engines call it once per plan, after the scheduler's allocations:
+    left alone, such a cache ends in a stall that seems the scheduler's (it did not preempt)."""
+    free = kv.num_free_blocks()
+    if free < 0:
+        raise SimulationError(f"KV cache {type(kv).__name__} reports {free} free blocks of {kv.num_blocks}: its "
+                              "allocate() took more than it has")
+    used = kv.num_used_blocks()
+    if used > kv.num_blocks:
+        raise SimulationError(f"KV cache {type(kv).__name__} reports {used} used blocks of {kv.num_blocks}: its "
+                              "allocate() took more than it has")
 
 
 def stall_message(engine, why: str) -> str:
@@ -20,7 +40,10 @@ def stall_message(engine, why: str) -> str:
             f"{free}/{kv.num_blocks} KV blocks free")
     decoding = [s for s in running if s.status == "decoding"]
     need = sum(kv.blocks_needed(s, 1) for s in decoding)
-    if decoding and need > free:
+    if free < 0:
+        text += (f"; KV cache {type(kv).__name__} reports fewer than no free blocks: its allocate() may have taken "
+                 "more than it has")
+    elif decoding and need > free:
         text += (f"; the {len(decoding)} decoding requests' next step needs {need} new KV blocks, {free} free: a "
                  "scheduler whose admissions do not reserve the whole answer must preempt (plan.preempt) when "
                  "decode_all() returns False")

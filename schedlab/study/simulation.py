@@ -40,6 +40,7 @@ from ..engine.scaling import ScalingController, ScalingLimits, deployment_scalin
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, entry_label
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
+from ..model import checked_requests
 from ..targets import TargetConfig, compare_with_real_run
 from ..parallelism import SINGLE, Parallelism
 from ..results.metrics import request_met
@@ -929,12 +930,13 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     speculation = Speculation(a.speculative, spec.seed) if a.speculative is not None else None
     # what each engine sees of its cost model (a RankCost for lockstep ranks, a StageCost for pipelined instances)
     seen = a.views if a.views is not None else [c for _, c, _ in a.instances]
-    meters = _meters(a, seen)
     started = time.perf_counter()
     started_cpu = time.process_time()
     router, indices = a.router, list(range(len(a.instances)))
     try:
-        requests = a.workload.requests(spec.seed)
+        meters = _meters(a, seen)
+        kind = spec.tables["workload"].get("kind")
+        requests = checked_requests(a.workload.requests(spec.seed), f"workload {kind!r}")
         if spec.part:
             router, indices, requests = _part_of_run(spec, a, requests, where)
         lockstep = scaling = None

@@ -1,0 +1,400 @@
+"""More of a plugin's contract checked where schedlab reads its answers, each broken one ending
+in one line that names the plugin, never a traceback or a silently wrong result.
+
+Each plugin is a small module of its own, loaded through ``[experiment] plugins = [...]`` and
+run through the command line (``schedlab.cli.main``), on both engines where the run reads it:
+a workload's requests (Request objects, ids 0, 1, 2, ..., arrivals in order; checked as they
+are streamed), an autoscaler's decision (an int >= 0), a power model's energies and settings
+(finite numbers >= 0; a pipelined instance's meter too), a report's ``write()`` answer (the
+list of files), a factory registered as an instance, and a KV cache that hands out more
+blocks than it has.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from schedlab.cli import main
+from schedlab.energy.meter import EnergyMeter
+from schedlab.engine.scaling import checked_decision
+from schedlab.engine.stall import stall_message
+from schedlab.errors import ConfigError, SimulationError, WorkloadError
+from schedlab.model import Request, checked_requests
+from schedlab.protocols import Batch
+from schedlab.registry import Registry
+from schedlab.testing.parallel import LinearParallelCost, run_pipelined
+from schedlab_plugins.cost_models import LinearCostModel
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+ENGINES = ("fast", "reference")
+
+HEADER = """
+import math
+import attrs
+import schedlab
+from schedlab import Request
+"""
+
+EXPERIMENT = """
+[experiment]
+name = "contract"
+plugins = ["{module}"]
+reports = [{reports}]
+engine = "{engine}"
+
+{workload}
+{tables}"""
+WORKLOAD_TABLE = """
+[workload]
+kind = "synthetic"
+num_requests = {n}
+prompt = {{dist = "fixed", value = {prompt}}}
+output = {{dist = "fixed", value = 5}}
+arrival = "poisson"
+rate = {rate}
+"""
+#: 8 requests over about 4 s (an autoscaler decides every second)
+SYNTHETIC = WORKLOAD_TABLE.format(n=8, prompt=100, rate=2)
+
+_numbers = itertools.count()
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """``plugin(code, tables, command="run", engine="fast", reports='"json"', workload=SYNTHETIC)``:
+    write ``code`` as a plugin module and an experiment using it with ``workload`` and ``tables``;
+    run ``command`` on it; returns (exit status, the experiment's path)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = []
+
+    def make(code: str, tables: str = "", command: str = "run", engine: str = "fast", reports: str = '"json"',
+             workload: str = SYNTHETIC):
+        module = f"contract_plugin_{next(_numbers)}"
+        modules.append(module)
+        (tmp_path / f"{module}.py").write_text(HEADER + textwrap.dedent(code))
+        path = tmp_path / f"{module}.toml"
+        path.write_text(EXPERIMENT.format(module=module, engine=engine, reports=reports, workload=workload,
+                                          tables=textwrap.dedent(tables)))
+        args = [command, str(path)] + (["--out", str(tmp_path / "out"), "--no-plots"] if command == "run" else [])
+        return main(args), path
+
+    yield make
+    for module in modules:
+        sys.modules.pop(module, None)
+
+
+def one_line(code: int, err: str) -> str:
+    """Exit 2, no traceback, one ``schedlab: error:`` line (returned without its prefix); before it
+    at most the command's progress lines."""
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    lines = err.strip().split("\n")
+    assert lines[-1].startswith("schedlab: error: "), err
+    assert all(line.startswith("schedlab: ") and ("run(s)" in line or " simulations in " in line)
+               for line in lines[:-1]), err
+    return lines[-1][len("schedlab: error: "):]
+
+
+# -- a workload's requests ------------------------------------------------------------------------------
+WORKLOAD = """
+class Bad:
+    def requests(self, seed):
+        yield from {requests}
+
+@schedlab.hookimpl
+def schedlab_register_workloads(register):
+    register("bad", Bad)
+"""
+
+
+def request(i: int, t: float) -> str:
+    return f"Request(id={i}, arrival_ms={t}, prompt_tokens=10, output_tokens=10)"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("requests, message", [
+    (f"[{request(0, 2000.0)}, {request(1, 100.0)}]",
+     "workload 'bad' yielded request 1 at 100 ms after request 0 at 2000 ms: a workload yields requests in arrival "
+     "order"),
+    (f"[{request(0, 0.0)}, {request(0, 100.0)}]",
+     "workload 'bad' yielded request 0 after request 0 (request 1 was due): a workload yields requests with ids 0, "
+     "1, 2, ... in that order"),
+    (f"[{request(5, 0.0)}]",
+     "workload 'bad' yielded request 5 first (request 0 was due): a workload yields requests with ids 0, 1, 2, ... "
+     "in that order"),
+    ("[dict(id=0, arrival_ms=0.0, prompt_tokens=10, output_tokens=10)]",
+     "workload 'bad' yielded {'id': 0, 'arrival_ms': 0.0, 'prompt_tokens': 10, 'output_tokens': 10} (a dict) as its "
+     "request 0; a workload yields schedlab.Request objects"),
+])
+def test_a_workload_breaking_its_protocol_is_refused_by_name(plugin, capsys, engine, requests, message):
+    code, path = plugin(WORKLOAD.format(requests=requests), engine=engine, workload='[workload]\nkind = "bad"\n')
+    assert one_line(code, capsys.readouterr().err) == f"{path}: run 'contract': {message}"
+
+
+def test_requests_are_checked_as_they_are_streamed():
+    """The check never materialises the stream: an endless workload is read one request at a time,
+    and a bad request is refused only when it is reached."""
+    def endless():
+        for i in itertools.count():
+            yield Request(id=i if i != 3 else 7, arrival_ms=float(i), prompt_tokens=1, output_tokens=1)
+
+    stream = checked_requests(endless(), "workload 'endless'")
+    assert [next(stream).id for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(WorkloadError, match=r"^workload 'endless' yielded request 7 after request 2 \(request 3"):
+        next(stream)
+
+
+def test_equal_arrival_times_are_in_order():
+    requests = [Request(id=i, arrival_ms=5.0, prompt_tokens=1, output_tokens=1) for i in range(3)]
+    assert list(checked_requests(iter(requests), "workload 'x'")) == requests
+
+
+# -- an autoscaler's decision -------------------------------------------------------------------------------
+AUTOSCALER = """
+from schedlab_plugins.autoscalers import ScalingConfig
+
+class Bad:
+    def __init__(self, config):
+        self.config = config
+
+    def decide(self, signals):
+        return {answer}
+
+@schedlab.hookimpl
+def schedlab_register_autoscalers(register):
+    register("bad", Bad, config=ScalingConfig)
+"""
+CLUSTER = ('[cluster]\ninstances = 3\nrouter = {kind = "least_outstanding"}\n'
+           'autoscaler = {kind = "bad", interval_s = 1, cold_start_s = 1}\n')
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("answer, shown", [('"2"', "'2' (str)"), ("1.5", "1.5 (float)"), ("None", "None (NoneType)"),
+                                           ("math.nan", "nan (float)"), ("True", "True (bool)"), ("-1", "-1 (int)")])
+def test_an_autoscaler_answer_that_is_not_a_count_is_refused(plugin, capsys, engine, answer, shown):
+    code, path = plugin(AUTOSCALER.format(answer=answer), CLUSTER, "run", engine)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': autoscaler Bad returned {shown} from decide() at t=1000 ms; expected a whole "
+        "number of instances >= 0 (an int)")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_autoscaler_count_beyond_the_limits_is_still_clamped(plugin, capsys, engine):
+    code, _ = plugin(AUTOSCALER.format(answer="100"), CLUSTER, "run", engine)
+    assert code == 0, capsys.readouterr().err
+
+
+def test_numpy_integers_are_counts():
+    assert checked_decision(object(), np.int64(2), 0.0) == 2
+    assert type(checked_decision(object(), np.int64(2), 0.0)) is int
+
+
+# -- a power model's answers ------------------------------------------------------------------------------
+POWER = """
+class Bad:
+    idle_w, standby_w, standby_ms = {settings}
+
+    def iteration_j(self, batch, duration_ms):
+        return {energy}
+
+@schedlab.hookimpl
+def schedlab_register_power_models(register):
+    register("bad", Bad)
+"""
+FIRST_BATCH = Batch(num_prefill=1, prefill_tokens=100)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("energy, shown", [('"3"', "'3' (str)"), ("-0.3 * duration_ms", None),
+                                           ("math.nan", "nan (float)"), ("None", "None (NoneType)")])
+def test_a_power_models_energy_that_is_not_a_number_at_least_0_is_refused(plugin, capsys, engine, energy, shown):
+    code, path = plugin(POWER.format(settings="50.0, 100.0, 1000.0", energy=energy), '[power]\nkind = "bad"\n',
+                        "run", engine)
+    err = one_line(code, capsys.readouterr().err)
+    assert err.startswith(f"{path}: run 'contract': power model Bad's iteration_j returned "), err
+    assert err.endswith(f" J for {FIRST_BATCH}; it must be a finite number >= 0"), err
+    if shown is not None:
+        assert f"returned {shown} J" in err
+
+
+@pytest.mark.parametrize("settings, message", [('"50", 100.0, 1000.0', "idle_w is '50' (str)"),
+                                               ("50.0, -1.0, 1000.0", "standby_w is -1.0 (float)"),
+                                               ("50.0, 100.0, math.inf", "standby_ms is inf (float)")])
+def test_a_power_models_settings_are_checked(plugin, capsys, settings, message):
+    code, path = plugin(POWER.format(settings=settings, energy="0.3 * duration_ms"), '[power]\nkind = "bad"\n')
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': power model Bad's {message}; it must be a finite number >= 0")
+
+
+class Power:
+    """A power model of 300 W whose closed forms answer ``run_j`` and ``run_j_peak``."""
+    idle_w, standby_w, standby_ms = 50.0, 100.0, 1000.0
+    pue = 1.0
+
+    def __init__(self, run_j=None, run_j_peak=None, iteration=None):
+        self._run_j, self._peak, self._iteration = run_j, run_j_peak, iteration
+        if run_j is not None:
+            self.run_j = lambda batch, k, d0, inc: self._run_j
+        if run_j_peak is not None:
+            self.run_j_peak = lambda batch, k, d0, inc: self._peak
+
+    def iteration_j(self, batch, duration_ms):
+        return 0.3 * duration_ms if self._iteration is None else self._iteration
+
+
+DECODE = Batch(num_decode=2, decode_context_tokens=40)
+
+
+@pytest.mark.parametrize("model, message", [
+    (Power(run_j=-1.0), "power model Power's run_j returned -1.0 (float) J"),
+    (Power(run_j="1"), "power model Power's run_j returned '1' (str) J"),
+    (Power(run_j_peak=3.0), "power model Power's run_j_peak returned 3.0 for"),
+    (Power(run_j_peak=(3.0, math.nan)), "power model Power's run_j_peak returned nan (float) W (peak)"),
+    (Power(iteration=-1.0), "power model Power's iteration_j returned -1.0 (float) J"),
+])
+def test_a_bulk_runs_energy_is_checked(model, message):
+    """The fast engine's bulk decode runs (and a data-parallel rank's dummy steps) ask the closed
+    forms, or ``iteration_j`` iteration by iteration."""
+    meter = EnergyMeter(model)
+    with pytest.raises(SimulationError, match=r"^" + re.escape(message)):
+        meter.run(0.0, DECODE, 4, 10.0, 0.5, 43.0)
+
+
+def test_a_good_bulk_run_passes():
+    assert EnergyMeter(Power()).run(0.0, DECODE, 4, 10.0, 1.0, 46.0) == pytest.approx(0.3 * 46.0)
+
+
+def pipeline_parts():
+    return (ContinuousScheduler(ContinuousConfig(max_num_seqs=8)), LinearParallelCost(LinearCostModel(), stages=2),
+            CountingKV(4096))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_pipelined_instances_meter_checks_each_stages_energy(engine):
+    requests = [Request(id=i, arrival_ms=10.0 * i, prompt_tokens=20, output_tokens=4) for i in range(3)]
+    with pytest.raises(SimulationError, match=r"^power model Power's iteration_j returned -1.0 \(float\) J for"):
+        run_pipelined(requests, pipeline_parts, 2, engine=engine, power=lambda view: Power(iteration=-1.0))
+
+
+# -- a report's write() ---------------------------------------------------------------------------------------
+def test_a_report_whose_write_returns_none_is_named(plugin, capsys):
+    code, _ = plugin("""
+        class Quiet:
+            def write(self, results, out_dir):
+                (out_dir / "quiet.txt").write_text("x")
+
+        @schedlab.hookimpl
+        def schedlab_register_reports(register):
+            register("quiet", Quiet)
+        """, reports='"json", "quiet"')
+    assert one_line(code, capsys.readouterr().err) == (
+        "report 'quiet' (Quiet): write() returned None (NoneType); it must return the list of files it wrote ([] for "
+        "none)")
+
+
+# -- a factory registered as an instance -----------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_registering_an_instance_instead_of_a_factory_is_named(plugin, capsys, command):
+    code, _ = plugin("""
+        from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("made", ContinuousScheduler(ContinuousConfig()))
+        """, '[scheduler]\nkind = "made"\n', command)
+    err = one_line(code, capsys.readouterr().err)
+    assert err.startswith("scheduler 'made' (plugin contract_plugin_"), err
+    assert err.endswith("): the factory registered is a ContinuousScheduler object, not callable; register the class "
+                        "or a function that makes one (register('made', ContinuousScheduler, config=...))"), err
+
+
+def test_presets_register_specs_not_factories():
+    registry = Registry("model")
+    registry("spec", SimpleNamespace(name="spec"))
+    assert "spec" in registry
+    with pytest.raises(ConfigError, match=r"^router 'r' \(plugin m\): the factory registered is a object object, not"):
+        Registry("router").providing("m")("r", object())
+
+
+# -- a KV cache that hands out more blocks than it has --------------------------------------------------------
+class CountingKV:
+    """A count-only KV cache; ``overcommit``: its allocate() says yes past its capacity."""
+
+    block_size = 16
+
+    def __init__(self, num_blocks: int, overcommit: bool = False):
+        self.num_blocks, self.used, self.overcommit = num_blocks, 0, overcommit
+
+    def num_free_blocks(self):
+        return self.num_blocks - self.used
+
+    def num_used_blocks(self):
+        return self.used
+
+    def cached_tokens(self, seq):
+        return 0
+
+    def blocks_needed(self, seq, n, *, cached_tokens=0, reserve_tokens=0):
+        want = max(-(-(seq.num_computed_tokens + cached_tokens + n) // 16), -(-reserve_tokens // 16))
+        return max(0, want - (seq.kv_state or 0))
+
+    def allocate(self, seq, n, *, cached_tokens=0, reserve_tokens=0):
+        need = self.blocks_needed(seq, n, cached_tokens=cached_tokens, reserve_tokens=reserve_tokens)
+        if need > self.num_free_blocks() and not self.overcommit:
+            return False
+        self.used += need
+        seq.kv_state = (seq.kv_state or 0) + need
+        return True
+
+    def free(self, seq, *, preempted=False):
+        self.used -= seq.kv_state or 0
+        seq.kv_state = 0
+
+
+KV_PLUGIN = """
+from test_plugin_contracts_more import CountingKV
+
+@schedlab.hookimpl
+def schedlab_register_kv_caches(register):
+    register("count", lambda: CountingKV(64, overcommit=True))
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_kv_cache_that_takes_more_than_it_has_is_blamed(plugin, capsys, engine):
+    code, path = plugin(KV_PLUGIN, '[kv_cache]\nkind = "count"\n', engine=engine,
+                        workload=WORKLOAD_TABLE.format(n=20, prompt=400, rate=10000))
+    err = one_line(code, capsys.readouterr().err)
+    assert err.startswith(f"{path}: run 'contract': KV cache CountingKV reports -"), err
+    assert err.endswith(" free blocks of 64: its allocate() took more than it has"), err
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_pipelined_instances_kv_cache_is_checked_too(engine):
+    requests = [Request(id=i, arrival_ms=0.0, prompt_tokens=400, output_tokens=4) for i in range(8)]
+
+    def parts():
+        scheduler, cost, _ = pipeline_parts()
+        return scheduler, cost, CountingKV(64, overcommit=True)
+
+    with pytest.raises(SimulationError, match=r"^KV cache CountingKV reports -\d+ free blocks of 64"):
+        run_pipelined(requests, parts, 2, engine=engine)
+
+
+def test_a_stall_with_fewer_than_no_free_blocks_names_the_cache():
+    kv = CountingKV(64)
+    kv.used = 156
+    decoding = SimpleNamespace(status="decoding", num_computed_tokens=100, kv_state=7)
+    engine = SimpleNamespace(kv=kv, scheduler=object(), running=[decoding], waiting=[], swapped=[], index=0, now=1.0)
+    text = stall_message(engine, "why")
+    assert "-92/64 KV blocks free; KV cache CountingKV reports fewer than no free blocks: its allocate() may " \
+           "have taken more than it has" in text
+    assert "must preempt" not in text
