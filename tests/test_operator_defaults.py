@@ -178,3 +178,58 @@ def test_an_engines_flag_kept_in_another_table_is_named_there(key, where):
     with pytest.raises(ConfigError, match=rf"unknown key '{key}' \(set it as {re.escape(where)}") as info:
         from_table(SglangConfig, {key: 1}, where="x [scheduler]")
     assert "did you mean" not in str(info.value)
+
+
+def _assembled(tmp_path, text):
+    from schedlab.study.simulation import assemble
+
+    path = tmp_path / "exp.toml"
+    path.write_text(text)
+    exp = load(path)
+    return assemble(exp.studies[0].base, exp.context, "x")
+
+
+def test_sglang_without_a_kv_cache_kind_gets_its_radix_tree(tmp_path):
+    """SGLang caches prefixes in its radix tree unless told not to: a run whose [kv_cache] names
+    no kind (or that has none) gets it, as the vllm preset gets prefix caching; a kind given wins."""
+    from schedlab_plugins.kv_caches.paged import PagedKVCache
+    from schedlab_plugins.kv_caches.radix import RadixKVCache
+
+    text = BASE.format(scheduler='kind = "sglang"', cost="", kv="")
+    no_kind = text.replace('[kv_cache]\nkind = "paged"\n', "[kv_cache]\n")
+    assert isinstance(_assembled(tmp_path, no_kind).instances[0][2], RadixKVCache)
+    start = no_kind.index("[kv_cache]")
+    no_table = no_kind[:start] + no_kind[no_kind.index("[scheduler]"):]
+    assert isinstance(_assembled(tmp_path, no_table).instances[0][2], RadixKVCache)
+    paged = _assembled(tmp_path, text).instances[0][2]
+    assert type(paged) is PagedKVCache and not paged.prefix_caching
+    vllm = _assembled(tmp_path, no_kind.replace('kind = "sglang"', 'kind = "vllm"')).instances[0][2]
+    assert not isinstance(vllm, RadixKVCache) and vllm.prefix_caching
+
+
+@pytest.mark.parametrize("scheduler, kv, said", [
+    ('kind = "sglang"\nschedule_policy = "lpm"', "", "schedule_policy = 'lpm' orders by cached prefixes, and the KV "
+                                                    "cache (PagedKVCache) caches none"),
+    ('kind = "sglang"\nschedule_policy = "lpm"', "prefix_caching = true", None),
+    ('kind = "sglang"\nschedule_policy = "fcfs"', "", None),
+    ('kind = "tgi"\nmax_waiting_tokens = 100', "", "max_waiting_tokens = 100 only gate prefill without chunking, "
+                                                  "and prefill_chunking is on"),
+    ('kind = "tgi"\nmax_waiting_tokens = 100\nprefill_chunking = false', "", None),
+    ('kind = "tgi"\nwaiting_served_ratio = 0', "", "waiting_served_ratio = 0 only gate prefill"),
+    ('kind = "vllm-v0"\npreemption = "swap"', "", "preemption = 'swap' and the KV cache (PagedKVCache) has no swap "
+                                                 "space: every preemption recomputes"),
+    ('kind = "vllm-v0"\npreemption = "swap"', "swap_space_gib = 4", None),
+])
+def test_a_setting_the_run_makes_moot_is_said(tmp_path, scheduler, kv, said):
+    """Valid, but changing nothing: SGLang's cache-aware order without a prefix cache is first
+    come first served; TGI's batching gate is dropped when it chunks (its default on a named GPU)."""
+    path = tmp_path / "exp.toml"
+    path.write_text(BASE.format(scheduler=scheduler, cost="", kv=kv))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(path)
+    texts = [str(w.message) for w in caught if issubclass(w.category, InputWarning)]
+    if said is None:
+        assert texts == []
+    else:
+        assert len(texts) == 1 and said in texts[0] and "[scheduler]" in texts[0]

@@ -194,6 +194,15 @@ class ContinuousScheduler:
             self.limit_request = self._limit_request
 
     # -- optional protocol members --------------------------------------------------------
+    def setting_notes(self, kv) -> list[str]:
+        """Settings the run's cache makes moot (said once, as a warning): swap preemption with no
+        swap space recomputes every victim (each refused swap counted in ``swap_failures``)."""
+        if self.config.preemption == "swap" and not (callable(getattr(kv, "swap_out", None))
+                                                     and getattr(kv, "swap_blocks", 0)):
+            return [f"preemption = 'swap' and the KV cache ({type(kv).__name__}) has no swap space: every "
+                    "preemption recomputes ([kv_cache] swap_space_gib or swap_blocks gives it some)"]
+        return []
+
     def new_waiting_queue(self):
         if self._key is not None:
             return KeyedQueue(self._key)

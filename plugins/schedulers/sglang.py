@@ -158,12 +158,14 @@ Simplifications (each deliberate):
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 
 from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import SimulationError
 
-from .sglang_policy import POLICIES, Policy, SglangQueue
+from .sglang_policy import CACHE_AWARE, POLICIES, Policy, SglangQueue
 
 IGNORE_EOS = ("no_max_tokens", "all", "none")
 
@@ -264,6 +266,10 @@ class SglangConfig:
         """Whether batches are planned ahead (``overlap_schedule``; ``"auto"`` is on here, and the
         run's assembly turns it off where it is not modelled)."""
         return self.overlap_schedule is True or self.overlap_schedule == "auto"
+
+    #: SGLang's cache is its radix tree (on unless ``--disable-radix-cache``): a run whose
+    #: ``[kv_cache]`` names no kind gets it, as the ``vllm`` preset gets prefix caching
+    kv_cache_kind: ClassVar[str] = "radix"
 
     @staticmethod
     def cost_model_defaults(table: dict) -> dict:
@@ -414,6 +420,17 @@ class SglangScheduler:
         self._queue = SglangQueue(self if hrrn or limited or timed else None, hrrn=hrrn, arrivals=limited,
                                   timed=timed)
         return self._queue
+
+    def setting_notes(self, kv) -> list[str]:
+        """Settings the run's cache makes moot (said once, as a warning): a cache-aware order
+        without a prefix cache runs first come first served, as SGLang's
+        ``_validate_and_adjust_policy`` turns it without its radix tree."""
+        policy = self.config.schedule_policy
+        if policy in CACHE_AWARE and not getattr(kv, "prefix_caching", False):
+            return [f"schedule_policy = {policy!r} orders by cached prefixes, and the KV cache ({type(kv).__name__}) "
+                    "caches none: the queue is first come first served (kind = \"radix\", or prefix_caching = "
+                    "true, for SGLang's tree)"]
+        return []
 
     def kv_problem(self, kv) -> str | None:
         """A chunk smaller than a page: SGLang cuts each chunk to whole pages

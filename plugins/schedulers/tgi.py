@@ -181,6 +181,20 @@ class TgiScheduler:
         self._next_chunk: dict = {}     # chunking: sequence still prefilling -> its chunk in the next pass
 
     # -- optional protocol members --------------------------------------------------------
+
+    def setting_notes(self, kv) -> list[str]:
+        """Settings that do nothing with prefill chunking on (said once, as a warning): TGI v3's
+        router drops the batching gate when it chunks (``backend.rs``: min_size None, 'chunking
+        allow us to consistently run at the compute bound, making min_size useless')."""
+        c = self.config
+        moot = [f"{key} = {getattr(c, key):g}" for key, default in (("waiting_served_ratio", 0.3),
+                                                                    ("max_waiting_tokens", 20))
+                if getattr(c, key) != default]
+        if c.prefill_chunking and moot:
+            return [f"{' and '.join(moot)} only gate prefill without chunking, and prefill_chunking is on (the "
+                    "default on a run naming its GPU): TGI ignores them (prefill_chunking = false to use them)"]
+        return []
+
     def limits(self, kv) -> tuple[int, int]:
         """(max_input_tokens, max_total_tokens) as TGI's warmup settles them where the config
         is silent (``FlashCausalLM.warmup``): with chunking the KV pool's tokens or the

@@ -339,14 +339,21 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
     return obj
 
 
-def _tables_with_defaults(tables: dict) -> dict:
+def _tables_with_defaults(tables: dict, ctx: Context | None = None) -> dict:
     """``tables`` with the default ones they leave out, and the default kind in a table that
     names none (``[scheduler] max_num_seqs = 8`` alone, or made by a sweep, ``--set`` or a plan:
-    the default scheduler with that setting, as a ``[[runs]]`` table without a kind merges)."""
+    the default scheduler with that setting, as a ``[[runs]]`` table without a kind merges).
+    With ``ctx``, a ``[kv_cache]`` that names no kind is of the kind the scheduler's engine uses
+    (an optional ``kv_cache_kind`` on its config class: SGLang's radix tree)."""
     out = {k: dict(v) for k, v in DEFAULT_TABLES.items()}
     for key, table in tables.items():
         default = DEFAULT_TABLES.get(key)
         out[key] = {**default, **table} if default and isinstance(table, dict) and "kind" not in table else table
+    cache = tables.get("kv_cache")
+    if ctx is not None and not (isinstance(cache, dict) and "kind" in cache):
+        kind = getattr(_config_class(ctx, "scheduler", out["scheduler"]), "kv_cache_kind", None)
+        if kind is not None:
+            out["kv_cache"] = {**out["kv_cache"], "kind": kind}
     return out
 
 
@@ -405,6 +412,8 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
         problem = problem and problem(kv)
         if problem:
             raise ConfigError(f"{where} [{label}scheduler]: {problem}")
+        if not parts:  # every instance has the same tables: one says it
+            _warn_setting_notes(scheduler, kv, f"{where} [{label}scheduler]")
         if speculative is not None:
             _check_budget_for_drafts(scheduler, speculative, f"{where} [{label}scheduler]")
             cost = _drafting(ctx, speculative, cost, where)
@@ -414,6 +423,15 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
             power.append(_power_model(ctx, tables, cost, kv, f"{where} [{label}power]"))
         parts.append((scheduler, cost, kv))
     return parts
+
+
+def _warn_setting_notes(scheduler, kv, where: str) -> None:
+    """Say what the scheduler's optional ``setting_notes(kv) -> list[str]`` finds moot in this
+    run (SGLang's cache-aware order without a prefix cache, TGI's batching gate with chunking):
+    the run is valid, but a setting the user chose changes nothing."""
+    notes = getattr(scheduler, "setting_notes", None)
+    for note in (notes(kv) if callable(notes) else ()):
+        warnings.warn(f"{where}: {note}", InputWarning, stacklevel=4)
 
 
 def _run_named(tables: dict, key: str) -> str | None:
@@ -661,7 +679,7 @@ def _check_queue_limit(a: Assembled, where: str) -> None:
 
 
 def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:
-    tables = _tables_with_defaults(spec.tables)
+    tables = _tables_with_defaults(spec.tables, ctx)
     if "workload" not in tables:
         raise ConfigError(f"{where.rstrip(':')}: no [workload] table; registered workloads: "
                           f"{', '.join(ctx.catalog['workload'].names())}")
@@ -1033,7 +1051,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     elif lockstep is not None:
         meta["data_parallel"] = {"ranks": len(engines), "steps": lockstep.steps,
                                  "dummy_rank_steps": lockstep.dummy_steps, "experts_ms": lockstep.experts_ms}
-    result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables), meta=meta,
+    result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables, ctx), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
     # A replayed real run, or a summary of one: compared with the whole run (a partitioned run's
     # parts once merged, schedlab.study.partition).
