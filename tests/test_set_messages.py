@@ -367,3 +367,12 @@ def test_a_bad_quoted_run_key_is_named(tmp_path, key, expected):
 def test_the_runs_listed_for_a_missing_name_are_written_as_keys(tmp_path):
     message = error(write(tmp_path, DOTTED_RUNS), "runs.v2.scheduler.max_num_seqs=5")
     assert message.endswith('no run named \'v2\' in ' + str(tmp_path / "edf.toml") + '; runs: "v1.2", v1, "long run"')
+
+
+def test_set_reaches_a_reports_settings(tmp_path):
+    """--set reports.<report>.<key> changes a report's table as the file would (a misspelt key is
+    refused as the file's would be)."""
+    exp = load(write(tmp_path, DOTTED_RUNS), ['reports.table.columns=["finished", "ttft_ms.p99"]'])
+    assert exp.report_tables["table"] == {"columns": ["finished", "ttft_ms.p99"]}
+    message = error(write(tmp_path, DOTTED_RUNS), 'reports.table.colums=["finished"]')
+    assert "[reports.table]: unknown key 'colums' (did you mean 'columns'?)" in message

@@ -316,11 +316,11 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     counts: dict[str, int] = {}  # simulations per run, so far, and their total
     total = 0
     targeted = _run_assignments(assignments, entries, source)
-    every_run = [o for o in assignments if not o.key.startswith(("experiment.", "runs."))]
+    every_run = [o for o in assignments if not o.key.startswith(("experiment.", "runs.", "reports."))]
     for o in every_run:
         if o.key.split(".")[0] not in RUN_TABLES + STUDY_TABLES:
             raise ConfigError(f"--set {o.key}: the first part must be one of {', '.join(RUN_TABLES + STUDY_TABLES)}, "
-                              "experiment or runs.<run name>")
+                              "experiment, reports.<report> or runs.<run name>")
     # --set sweep/search/plan...: the file's tables of that name (top level and runs' own), before the runs read them
     study_every = [o for o in every_run if _study_kind(o)]
     every_run = [o for o in every_run if not _study_kind(o)]
@@ -404,6 +404,8 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     report_tables = raw.get("reports", {})
     if not isinstance(report_tables, dict):
         raise ConfigError(f"{source}: [reports] must be a table of report settings")
+    for o in (o for o in assignments if o.key.startswith("reports.")):  # --set reports.table.columns=[...]
+        report_tables = _apply({"reports": report_tables}, o, f"{source}:")["reports"]
     for name in dict.fromkeys(list(config.reports) + list(report_tables)):
         # unknown report names and bad settings (a misspelt metric) fail now, not after the runs
         table = report_tables.get(name, {})
