@@ -155,3 +155,17 @@ def test_a_misspelt_hook_in_a_listed_module_names_the_module(tmp_path):
     assert "'schedlab_register_routerz' (did you mean 'schedlab_register_routers'?)" in message
     # a name close to none: every hook is listed
     assert "'schedlab_nothing_like_a_hook'" in message and "hooks: schedlab_iteration, " in message
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_the_kit_refuses_requests_out_of_arrival_order(engine):
+    """Out of order, the two engines disagreed (the fast one's TTFT max 1,901 ms, the reference
+    one's 0.5 ms) and check_run passed both: the kit now names the pair, as a workload's stream is."""
+    from schedlab.model import Request
+    from schedlab_plugins.schedulers.continuous import ContinuousScheduler
+
+    late, early = Request(0, 2000.0, 10, 5), Request(1, 100.0, 10, 5)
+    with pytest.raises(ValueError, match=r"request 1 arrives at 100 ms, after request 0 at 2000 ms: give the engines "
+                                         r"requests in arrival order"):
+        run_engine([late, early], ContinuousScheduler(), engine=engine)
+    assert run_engine([early, late], ContinuousScheduler(), engine=engine).metrics["finished"] == 2

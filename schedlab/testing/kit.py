@@ -114,6 +114,20 @@ class IterationChecker:
             f"{producing} decodes produced {record.decode_tokens} tokens with {record.accepted_tokens} drafts accepted")
 
 
+def in_arrival_order(requests) -> list:
+    """``requests`` as a list, if their arrival times never go back; else ValueError naming the
+    first two out of order. The engines take requests in arrival order (a workload's are checked
+    as they stream, :func:`schedlab.model.checked_requests`); a hand-made list out of order would
+    make the two engines disagree rather than fail."""
+    requests = list(requests)
+    for before, after in zip(requests, requests[1:]):
+        if after.arrival_ms < before.arrival_ms:
+            raise ValueError(f"request {after.id} arrives at {after.arrival_ms:g} ms, after request {before.id} at "
+                             f"{before.arrival_ms:g} ms: give the engines requests in arrival order "
+                             "(sorted(requests, key=lambda r: r.arrival_ms))")
+    return requests
+
+
 def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_blocks: int = 4096,
                block_size: int = 16, engine: str = "fast", check: IterationChecker | None = None,
                workload=None, name: str = "test", speculative: SpeculativeConfig | None = None,
@@ -137,10 +151,10 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
         if check is not None:
             raise ValueError("the reference engine takes no observer")
         sim = ReferenceEngine(scheduler, cost_model, kv, rec, speculation=speculation, meter=meters[0])
-        ReferenceCluster([sim], client_side=client_side).run(list(requests), workload=workload)
+        ReferenceCluster([sim], client_side=client_side).run(in_arrival_order(requests), workload=workload)
     else:
         sim = Instance(0, scheduler, cost_model, kv, rec, observer=check, speculation=speculation, meter=meters[0])
-        simulate(list(requests), [sim], workload=workload, client_side=client_side)
+        simulate(in_arrival_order(requests), [sim], workload=workload, client_side=client_side)
     meta = {"slots": getattr(scheduler, "slots", None), "num_blocks": kv.num_blocks, "instances": 1,
             "bytes_per_block": getattr(kv, "bytes_per_block", 0), "events": sim.events,
             **_speculative_meta(speculative), **_energy_meta(meters, rec)}
@@ -236,10 +250,10 @@ def serve(requests: Sequence, engines: list, router, rec: Recorder, reference_cl
     if scaling is not None:
         rec.listener = scaling.finished
     if engine == "reference":
-        reference_cluster(engines, router, client_side=client_side, scaling=scaling).run(list(requests),
+        reference_cluster(engines, router, client_side=client_side, scaling=scaling).run(in_arrival_order(requests),
                                                                                        workload=workload)
     else:
-        simulate(list(requests), engines, router=router, workload=workload, client_side=client_side,
+        simulate(in_arrival_order(requests), engines, router=router, workload=workload, client_side=client_side,
                  scaling=scaling)
     return {"scaling": scaling.finish()} if scaling is not None else {}
 
@@ -292,9 +306,10 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
         rec.listener = scaling.finished
         link["scaling"] = scaling
     if engine == "reference":
-        DisaggregatedReference(p, d, client_side=client_side, **link).run(list(requests), workload=workload)
+        DisaggregatedReference(p, d, client_side=client_side, **link).run(in_arrival_order(requests),
+                                                                           workload=workload)
     else:
-        simulate_disaggregated(list(requests), DisaggregatedCluster(p, d, **link), workload=workload,
+        simulate_disaggregated(in_arrival_order(requests), DisaggregatedCluster(p, d, **link), workload=workload,
                                client_side=client_side)
     scaled = {"scaling": scaling.finish()} if scaling is not None else {}
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": len(engines),

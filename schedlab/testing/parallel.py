@@ -20,7 +20,7 @@ from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..results.records import RunResult
 from ..speculative import SpeculativeConfig
-from .kit import _energy_meta, _meters, _speculative_meta, serve, speculating
+from .kit import _energy_meta, _meters, _speculative_meta, in_arrival_order, serve, speculating
 
 
 @attrs.frozen
@@ -140,12 +140,12 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
         engines = [ReferenceEngine(s, views[i], k, rec, index=i, meter=meters[i], speculation=spec)
                    for i, (s, _, k) in enumerate(parts)]
         cluster = ReferenceDataParallel(engines, router, client_side=client_side)
-        cluster.run(list(requests), workload=workload)
+        cluster.run(in_arrival_order(requests), workload=workload)
     else:
         engines = [Instance(i, s, views[i], k, rec, meter=meters[i], speculation=spec)
                    for i, (s, _, k) in enumerate(parts)]
         cluster = DataParallelCluster(engines, router)
-        simulate_data_parallel(list(requests), cluster, workload=workload, client_side=client_side)
+        simulate_data_parallel(in_arrival_order(requests), cluster, workload=workload, client_side=client_side)
     meta = {"slots": None, "num_blocks": sum(e.kv.num_blocks for e in engines), "instances": ranks,
             "events": sum(e.events for e in engines),
             "data_parallel": {"ranks": ranks, "steps": cluster.steps, "dummy_rank_steps": cluster.dummy_steps,
