@@ -14,6 +14,7 @@ from typing import Any, Callable
 import attrs
 
 from ..results.records import RunResult, Study
+from ..results.stability import MIN_REQUESTS
 from .partition import merge_parts
 from .replicas import combine, replica_name, replica_seed
 from .search import Constraint
@@ -201,7 +202,8 @@ UNSETTLED_SHARE = 0.5
 def answer_caveats(outcome, constraints) -> str:
     """What to know about the answer's run before trusting it, or '': requests it turned away
     (percentiles count finished ones only, so a server that rejects more looks faster -- unless
-    a constraint counts them), and a run that held half or more of its requests at once (an
+    a constraint counts them), and a run that held half or more of its requests at once (of 20 or
+    more: fewer cannot show a trend, as :mod:`schedlab.results.stability` takes them) (an
     overload taken into the running batch does not queue, so its percentiles measure how long the
     run was: SGLang admits up to 2,048 requests)."""
     probe = next((p for p in outcome.probes if p.value == outcome.value), None)
@@ -215,7 +217,7 @@ def answer_caveats(outcome, constraints) -> str:
         notes.append(f"at the answer {rejected:,} of {requests:,} requests were rejected (percentiles count finished "
                      "ones: add \"rejected <= 0\" to count them)")
     peak = metrics.get("peak_running")
-    if _count(peak) and _count(requests) and peak >= UNSETTLED_SHARE * requests:
+    if _count(peak) and _count(requests) and requests >= MIN_REQUESTS and peak >= UNSETTLED_SHARE * requests:
         notes.append(f"at the answer up to {peak:,} of {requests:,} requests ran at once: the run may be too short "
                      "to show an overload, which the running batch takes in (more requests, or a TPOT "
                      "constraint, would)")
