@@ -7,7 +7,9 @@
   (as ML.ENERGY reports them), ``facility_j_per_token`` the same from the facility's meter;
 * ``request_j`` -- the distribution of each finished request's own share: every token an
   iteration computes takes the same part of its energy (idle stretches belong to no request);
-* ``avg_power_w`` and ``peak_power_w`` -- GPU power of the whole run; per instance too;
+* ``avg_power_w`` and ``peak_power_w`` -- GPU power of the whole run (all instances): the
+  average over its window, and the sum of the instances' peaks -- what they could draw at once,
+  the figure to provision for (their peaks need not coincide); per instance too;
 * per request class (``per_class.<class>.energy``): its requests' shares, per request and per
   output token.
 """
@@ -71,7 +73,7 @@ def energy_totals(energy: dict[str, Any], generated: int, finished: int, request
         "request_j": request_j,
         "attributed_j": attributed_j,
         "avg_power_w": gpu / seconds if seconds > 0 else nan,
-        "peak_power_w": max((i["peak_w"] for i in energy["instances"]), default=nan),
+        "peak_power_w": sum(i["peak_w"] for i in energy["instances"]) if energy["instances"] else nan,
         "window_ms": window,
         "per_instance": per_instance,
     }
