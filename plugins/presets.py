@@ -334,6 +334,11 @@ GPU_POWER: dict[str, tuple[dict, str]] = {
                             "RTX PRO 6000 Blackwell Server Edition datasheet: up to 600 W (configurable 400-600 W)"),
     "rtx-4090": ({"board_w": 450, "max_clock_mhz": 2520, "min_clock_mhz": 210},
                  "GeForce RTX 4090 specifications: 450 W total graphics power, 2,520 MHz boost"),
+    "l40s": ({"board_w": 350}, "L40S datasheet: 350 W max power consumption"),
+    "a40": ({"board_w": 300}, "A40 datasheet: 300 W max power consumption"),
+    "a10g": ({"board_w": 300}, "A10G: 300 W power limit as nvidia-smi reports it on an AWS G5 (NVIDIA/DCGM#232)"),
+    "b200": ({"board_w": 1000}, "B200: 1,000 W power limit as nvidia-smi reports it on an HGX B200 "
+                                "(NVIDIA/TensorRT-LLM#10278)"),
     "rtx-a6000": ({"board_w": 300, "idle_w": 33.0, "max_clock_mhz": 1800, "min_clock_mhz": 210},
                   "RTX A6000 datasheet: 300 W max power consumption, 1,800 MHz boost; idle 33 W: nvidia-smi before "
                   "the first request in LLMServingSim 2.0's power traces (calibration/energy/llmservingsim-power)"),

@@ -184,3 +184,15 @@ def test_measured_memory_totals_replace_the_datasheet_gb():
     for name, (mib, where) in MEASURED_MEMORY_MIB.items():
         assert PRESETS.gpu(name).memory_gib * 1024 == mib
         assert f"memory: {mib:,} MiB as nvidia-smi reports it ({where})" in CATALOG["gpu"].get(name).help
+
+
+def test_every_gpu_a_plan_may_meter_has_its_board_power():
+    """A plan that meters energy ([power]) must not lose a GPU for want of its board power: every
+    preset has one (datasheets; nvidia-smi's power limit where no datasheet is published), but
+    the GH200, whose module power covers its CPU too."""
+    from schedlab_plugins.presets import GPU_POWER
+
+    assert {name: PRESETS.gpu(name).board_w for name in ("l40s", "a40", "a10g", "b200")} == {
+        "l40s": 350, "a40": 300, "a10g": 300, "b200": 1000}
+    assert [name for name in PRESETS.gpu_names() if PRESETS.gpu(name).board_w is None] == ["gh200-96gb"]
+    assert all(PRESETS.gpu(name).board_w == fields["board_w"] for name, (fields, _) in GPU_POWER.items())
