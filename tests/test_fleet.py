@@ -647,6 +647,21 @@ def test_a_diurnal_day_has_each_hours_rate():
     assert int(np.argmax(expected)) in (13, 14)
 
 
+def test_a_part_of_a_day_has_its_hours_rates_and_count():
+    """mean_rate is a whole day's mean: two hours around a peak at 1 am run at 1.59x it (the
+    cosine's weight there, 1 + 0.6 cos(pi / 24) over the day's mean of 1), and the workload's
+    expected count says so (the progress bar and the limits read it)."""
+    from schedlab_plugins.workloads.diurnal import DiurnalConfig, make_diurnal_workload
+
+    config = DiurnalConfig(mean_rate=5.0, hours=2, peak_hour=1.0, prompt={"dist": "fixed", "value": 4},
+                           output={"dist": "fixed", "value": 4})
+    weight = 1 + 0.6 * np.cos(np.pi / 24)
+    workload = make_diurnal_workload(config)
+    assert workload.num_requests == round(2 * 3600 * 5.0 * weight)
+    drawn = sum(1 for _ in workload.requests(3))
+    assert abs(drawn - workload.num_requests) <= 5 * np.sqrt(workload.num_requests)
+
+
 def test_a_diurnal_profile_is_followed_and_checked():
     from schedlab.configs import FieldError
     from schedlab_plugins.workloads.diurnal import DiurnalConfig, diurnal_arrivals_ms

@@ -12,7 +12,8 @@
     output = {dist = "lognormal", median = 128, sigma = 1.0, high = 2048}
 
 Arrivals are a non-homogeneous Poisson process: the rate is constant within each hour, at
-``mean_rate x weight`` of that hour, and arrivals are drawn by time-rescaling -- unit-rate Poisson
+``mean_rate x weight`` of that hour (the weights average 1 over a day, so a run of 2 hours from
+midnight sees the night's rates, and one of 2 hours with ``peak_hour = 1`` the peak's), and arrivals are drawn by time-rescaling -- unit-rate Poisson
 points mapped through the inverse of the cumulative rate, which is exact for a piecewise
 constant rate. Without ``profile`` the weights are a cosine over the day, ``1 + amplitude x
 cos(2 pi (h + 0.5 - peak_hour) / 24)``: with the default amplitude 0.6 the quietest hour gets a
@@ -47,7 +48,9 @@ HOUR_MS = 3.6e6
 
 @attrs.frozen
 class DiurnalConfig:
-    mean_rate: float = float_field(min=0.0, min_exclusive=True, help="requests per second, averaged over the run")
+    mean_rate: float = float_field(min=0.0, min_exclusive=True,
+                                   help="requests per second averaged over a whole day; a run of other than whole "
+                                        "days has its hours' rates, from midnight")
     prompt: dict = table_field(help="prompt length distribution (as in synthetic)")
     output: dict = table_field(help="output length distribution (as in synthetic)")
     hours: int = int_field(24, min=1, max=24 * 366, help="how long the run's arrivals last, in hours")
@@ -109,4 +112,5 @@ def make_diurnal_workload(config: DiurnalConfig) -> OpenLoopWorkload:
         return arrival, RequestColumns(*draw_lengths(prompt, output, config.output_scale, seed, arrival.size), {},
                                        constant)
 
-    return OpenLoopWorkload(build, name="diurnal", num_requests=round(config.mean_rate * config.hours * 3600))
+    expected = float(hourly_weights(config).sum()) * config.mean_rate * 3600  # the run's hours, not whole days
+    return OpenLoopWorkload(build, name="diurnal", num_requests=round(expected))
