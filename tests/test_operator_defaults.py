@@ -212,10 +212,10 @@ def test_sglang_without_a_kv_cache_kind_gets_its_radix_tree(tmp_path):
                                                     "cache (PagedKVCache) caches none"),
     ('kind = "sglang"\nschedule_policy = "lpm"', "prefix_caching = true", None),
     ('kind = "sglang"\nschedule_policy = "fcfs"', "", None),
-    ('kind = "tgi"\nmax_waiting_tokens = 100', "", "max_waiting_tokens = 100 only gate prefill without chunking, "
-                                                  "and prefill_chunking is on"),
+    ('kind = "tgi"\nmax_waiting_tokens = 100', "", "max_waiting_tokens only gates prefill without chunking, and "
+                                                  "prefill_chunking is on"),
     ('kind = "tgi"\nmax_waiting_tokens = 100\nprefill_chunking = false', "", None),
-    ('kind = "tgi"\nwaiting_served_ratio = 0', "", "waiting_served_ratio = 0 only gate prefill"),
+    ('kind = "tgi"\nwaiting_served_ratio = 0', "", "waiting_served_ratio only gates prefill"),
     ('kind = "vllm-v0"\npreemption = "swap"', "", "preemption = 'swap' and the KV cache (PagedKVCache) has no swap "
                                                  "space: every preemption recomputes"),
     ('kind = "vllm-v0"\npreemption = "swap"', "swap_space_gib = 4", None),

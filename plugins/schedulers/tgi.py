@@ -187,12 +187,12 @@ class TgiScheduler:
         router drops the batching gate when it chunks (``backend.rs``: min_size None, 'chunking
         allow us to consistently run at the compute bound, making min_size useless')."""
         c = self.config
-        moot = [f"{key} = {getattr(c, key):g}" for key, default in (("waiting_served_ratio", 0.3),
-                                                                    ("max_waiting_tokens", 20))
-                if getattr(c, key) != default]
+        moot = [key for key, default in (("waiting_served_ratio", 0.3), ("max_waiting_tokens", 20))
+                if getattr(c, key) != default]  # (no values: a sweep over them says it once)
         if c.prefill_chunking and moot:
-            return [f"{' and '.join(moot)} only gate prefill without chunking, and prefill_chunking is on (the "
-                    "default on a run naming its GPU): TGI ignores them (prefill_chunking = false to use them)"]
+            verb, them = ("gate", "them") if len(moot) > 1 else ("gates", "it")
+            return [f"{' and '.join(moot)} only {verb} prefill without chunking, and prefill_chunking is on (the "
+                    f"default on a run naming its GPU): TGI ignores {them} (prefill_chunking = false to use {them})"]
         return []
 
     def limits(self, kv) -> tuple[int, int]:
