@@ -494,7 +494,9 @@ class Scheduler(Protocol):
     ``new_waiting_queue()`` (the order of waiting requests; FCFS when absent),
     ``rejection_reason(request, kv)`` (a request this scheduler can never serve, or None),
     ``kv_problem(kv)`` (why the scheduler's settings can never work with this KV cache, or None:
-    the run is refused when built, e.g. chunks smaller than a block), ``limit_request(request, kv)``
+    the run is refused when built, e.g. chunks smaller than a block), ``start_up_problem(kv)`` (why
+    the real engine would refuse to start with this KV cache, or None: the run is simulated all the
+    same, but a capacity plan counts the deployment infeasible), ``limit_request(request, kv)``
     (the request as served, e.g. its ``max_tokens`` cut to the context or the memory left; the
     engines call it on arrival, before ``rejection_reason``), ``on_finish(seq, plan_now)``
     (called when a sequence finishes; on a disaggregated prefill instance, when the decode side has pulled its KV and its blocks are free; also when the

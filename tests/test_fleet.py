@@ -687,6 +687,22 @@ def test_the_fleet_report_writes_its_table_and_plot(tmp_path):
     assert f"{run.metrics['gpu_hours'] * 2.0:.0f}" in line.split()
 
 
+def test_the_fleet_report_says_why_it_writes_nothing_for_runs_under_two_hours(tmp_path):
+    import io
+
+    from schedlab_plugins.reports.fleet import FleetReport
+
+    results = run_experiment(load(_write(tmp_path, FLEET), ["workload.num_requests=60"]))
+    stream = io.StringIO()
+    assert FleetReport(stream=stream).write(results, tmp_path / "out") == []
+    makespan = results.all_runs()[0].metrics["makespan_ms"]
+    assert makespan < 60e3  # (said in seconds)
+    assert stream.getvalue() == (f"schedlab: fleet report: no run lasts 2 hours or more (the longest: "
+                                 f"{makespan / 1e3:.0f} s), the least that has per-hour figures; fleet.txt and "
+                                 "plots/fleet.png not written\n")
+    assert not (tmp_path / "out").exists()
+
+
 def _write(tmp_path, text):
     path = tmp_path / "fleet.toml"
     path.write_text(text)

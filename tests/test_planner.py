@@ -185,3 +185,117 @@ def test_a_pipelined_candidate_pays_for_every_stage(tmp_path):
     prices = {(c.gpu, c.tensor_parallel): c.unit_cost for c in candidates(study, "p.toml")}
     assert prices[("l4", 2)] == pytest.approx(0.8 * 2 * 2)
     assert prices[("a100-40gb", 1)] == pytest.approx(1.3 * 2)
+
+
+# -- the audit's findings: a misspelt GPU, a deployment vLLM would not start, the reasons and messages ------------
+
+def test_a_gpu_that_is_no_preset_is_refused_when_the_file_is_read(tmp_path):
+    (tmp_path / "p.toml").write_text(PLAN.replace("a100-40gb = 1.3", "a100-40g = 1.3"))
+    with pytest.raises(ConfigError, match=r"^\S*p\.toml: \[plan\]: gpus: unknown gpu 'a100-40g' \(did you mean "
+                                          r"'a100-40gb'\?\); known: a100-40gb, a100-80gb, .*\bl4\b") as caught:
+        load(tmp_path / "p.toml")
+    assert "\n" not in str(caught.value)
+    custom = "[gpus.card]\nmemory_gib = 80\nhbm_bandwidth_gbps = 2000\nbf16_tflops = 300\nhost_link_gbps = 25\n"
+    (tmp_path / "c.toml").write_text(custom + PLAN.replace("a100-40gb = 1.3", "card = 1.3"))
+    assert set(load(tmp_path / "c.toml").studies[0].plan.gpus) == {"l4", "card"}  # a [gpus.<name>] table is known
+    (tmp_path / "t.toml").write_text(custom + PLAN.replace("a100-40gb = 1.3", "crad = 1.3"))
+    with pytest.raises(ConfigError, match=r"unknown gpu 'crad' \(did you mean 'card'\?\); known: .*\bcard\b"):
+        load(tmp_path / "t.toml")
+
+
+VLLM_40K = PLAN.replace('kind = "continuous"', 'kind = "vllm"\nmax_model_len = 40000') \
+               .replace("num_requests = 300", "num_requests = 80").replace(f"max_instances = {MAX_INSTANCES}",
+                                                                          "max_instances = 2")
+L4_REFUSED = ("[scheduler]: vLLM would refuse to start: max_model_len 40,000 > the KV pool's 31,024 tokens; set "
+              "[scheduler] max_model_len <= 31,024 or \"auto\"")
+
+
+def test_a_deployment_vllm_would_refuse_to_start_is_infeasible_and_not_simulated(tmp_path):
+    """llama-3-8b on one L4 holds 31,024 tokens of KV: a max_model_len of 40,000 does not fit,
+    and vLLM refuses to start (the table's KV cache line says so of a run)."""
+    (tmp_path / "p.toml").write_text(VLLM_40K)
+    study = run_experiment(load(tmp_path / "p.toml")).studies[0]
+    for entry in study.plan.candidates:
+        p = entry["point"]
+        if (p["gpu"], p["tensor_parallel"]) == ("l4", 1):
+            assert entry["status"] == "infeasible"
+            assert entry["reason"].endswith(" 'tiny_plan' " + L4_REFUSED)
+        else:
+            assert "refuse" not in entry["reason"]
+    assert not any((r.point["gpu"], r.point["tensor_parallel"]) == ("l4", 1) for r in study.runs)  # none simulated
+    assert study.plan.cheapest is not None
+
+
+def test_only_a_scheduler_that_refuses_makes_a_deployment_infeasible(tmp_path):
+    from schedlab.study.planner import feasibility
+
+    (tmp_path / "c.toml").write_text(VLLM_40K.replace('kind = "vllm"', 'kind = "continuous"'))
+    exp = load(tmp_path / "c.toml")
+    assert all(reason == "" for _, reason in feasibility(exp.studies[0], exp.context, "c.toml"))
+    (tmp_path / "v0.toml").write_text(VLLM_40K.replace('kind = "vllm"', 'kind = "vllm-v0"'))
+    exp = load(tmp_path / "v0.toml")
+    refused = [c.point for c, reason in feasibility(exp.studies[0], exp.context, "v0.toml") if reason]
+    assert {(p["gpu"], p["tensor_parallel"]) for p in refused} == {("l4", 1)}
+
+
+def test_a_plan_whose_every_deployment_vllm_would_refuse_is_an_error_at_load(tmp_path):
+    (tmp_path / "p.toml").write_text(VLLM_40K.replace("gpus = {l4 = 0.8, a100-40gb = 1.3}", "gpus = {l4 = 0.8}")
+                                     .replace("tensor_parallel = [1, 2]", "tensor_parallel = [1]"))
+    with pytest.raises(ConfigError, match=r"^\S*p\.toml: " + re.escape(L4_REFUSED) + "$"):
+        load(tmp_path / "p.toml")
+
+
+def test_an_energy_price_without_power_is_said_when_the_file_is_read(tmp_path):
+    import warnings
+
+    from schedlab.errors import InputWarning
+
+    priced = PLAN.replace("[plan]\n", "[plan]\nenergy_price_per_kwh = 0.12\n")
+    (tmp_path / "p.toml").write_text(priced)
+    with pytest.warns(InputWarning) as caught:
+        load(tmp_path / "p.toml")
+    said = [str(w.message) for w in caught if "energy_price_per_kwh" in str(w.message)]
+    assert len(said) == 1 and said[0].endswith(
+        "p.toml: [plan]: energy_price_per_kwh is set but the runs have no [power] table: no energy is metered, so no "
+        "energy cost is reported; add [power] kind = \"utilisation\"")
+    (tmp_path / "w.toml").write_text(priced.replace("[plan]\n", '[power]\nkind = "utilisation"\n\n[plan]\n'))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(tmp_path / "w.toml")
+    assert not [w for w in caught if "energy_price_per_kwh" in str(w.message)]
+
+
+def test_a_too_expensive_reason_names_the_cap_that_applied(planned):
+    """The cap is the cheapest answer when the candidate's wave started (found by a cheaper
+    candidate per instance), not the final answer: the reason says which."""
+    expensive = [e for e in planned.plan.candidates if e["status"] == "too-expensive"]
+    assert expensive
+    found = [e for e in planned.plan.candidates if e["status"] == "found"]
+    for entry in expensive:
+        unit = entry["unit_cost"]
+        match = re.fullmatch(r"fails up to (\d+) instances?, the most that cost no more than \$([\d.,]+)/h, the "
+                             r"cheapest found then|1 instance cost \$[\d.,]+/h, more than \$([\d.,]+)/h, the "
+                             r"cheapest found then", entry["reason"])
+        assert match, entry["reason"]
+        cap = float((match[2] or match[3]).replace(",", ""))
+        assert any(f["unit_cost"] < unit and f["cost"] == pytest.approx(cap) for f in found)
+        if match[1] is not None:
+            assert int(match[1]) * unit <= cap + 1e-9 < (int(match[1]) + 1) * unit
+
+
+def test_when_nothing_meets_the_constraints_the_message_says_the_best_reached(tmp_path):
+    text = VLLM_40K.replace("max_model_len = 40000", "max_model_len = 8192") \
+                   .replace(f'constraints = ["slo.attainment >= {TARGET}"]',
+                            f'constraints = ["slo.attainment >= {TARGET}", "tpot_ms.p99 <= 2"]')
+    (tmp_path / "p.toml").write_text(text)
+    study = run_experiment(load(tmp_path / "p.toml")).studies[0]
+    assert study.plan.cheapest is None
+    best = min(study.runs, key=lambda r: r.metrics["tpot_ms"]["p99"])
+    p = best.point
+    n = p["cluster.instances"]
+    where = (f"{n} instance{'s' if n > 1 else ''} x {p['tensor_parallel']} {p['gpu']}, "
+             f"max_num_seqs={p['scheduler.max_num_seqs']}")
+    assert study.plan.message == (
+        f"no deployment meets slo.attainment >= {TARGET} and tpot_ms.p99 <= 2 within 2 instances of any candidate; "
+        f"best tpot_ms.p99 reached: {best.metrics['tpot_ms']['p99']:.4g} ({where}); "
+        "raise max_instances or widen the space")

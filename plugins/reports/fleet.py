@@ -1,20 +1,24 @@
 """The ``fleet`` report: a day of a fleet, hour by hour -- GPUs paid for, cost and SLO attainment.
 
 For every run that has per-hour figures (runs of two hours or more: ``hourly`` in the metrics)
-it writes ``fleet.txt`` (per run: requests, GPU-hours, cost at ``gpu_hour_usd``, SLO attainment,
-and for an autoscaled run its scale-ups and -downs) and ``plots/fleet.png``: the arrival rate,
-the GPUs paid for and the SLO attainment of each hour, one line per run, so a fixed fleet and an
-autoscaled one read side by side.
+it writes ``fleet.txt`` (one line per run, totals: requests, GPU-hours, cost at ``gpu_hour_usd``,
+SLO attainment, that of its worst hour, and for an autoscaled run its scale-ups and -downs) and
+``plots/fleet.png``: the arrival rate, the GPUs paid for and the SLO attainment of each hour, one
+line per run, so a fixed fleet and an autoscaled one read side by side (the hours' figures
+themselves: ``hourly`` in summary.json). Without such a run it writes nothing and says so on
+stderr.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import attrs
 
 from schedlab.configs import float_field, int_field
+from schedlab.results.metrics import HOURLY_FROM_MS
 from schedlab.results.storage import atomic_write
 
 
@@ -27,6 +31,22 @@ class FleetConfig:
 
 def fleet_runs(results) -> list:
     return [run for run in results.all_runs() if run.metrics.get("hourly")]
+
+
+def _duration(ms: float) -> str:
+    """``45 s``, ``1.0 min``, ``1.5 h``."""
+    if not ms < 60e3:
+        return f"{ms / 60e3:.1f} min" if ms < 3.6e6 else f"{ms / 3.6e6:.1f} h"
+    return f"{ms / 1e3:.0f} s"
+
+
+def nothing_written(results) -> str:
+    """Why no run has per-hour figures: one line for stderr."""
+    lengths = [run.metrics.get("makespan_ms") for run in results.all_runs()]
+    lengths = [ms for ms in lengths if isinstance(ms, (int, float)) and math.isfinite(ms)]
+    longest = f" (the longest: {_duration(max(lengths))})" if lengths else ""
+    return (f"schedlab: fleet report: no run lasts {HOURLY_FROM_MS / 3.6e6:g} hours or more{longest}, the least "
+            "that has per-hour figures; fleet.txt and plots/fleet.png not written")
 
 
 def fleet_table(runs: list, price: float) -> str:
@@ -82,14 +102,16 @@ def fleet_figure(runs: list, dpi: int):
 
 
 class FleetReport:
-    def __init__(self, config: FleetConfig | None = None):
+    def __init__(self, config: FleetConfig | None = None, stream=None):
         self.config = config or FleetConfig()
+        self.stream = stream  # where a note that nothing was written goes (default: stderr)
 
     def write(self, results, out_dir) -> list[Path]:
         from .plots import FOLDER, png_bytes
 
         runs = fleet_runs(results)
         if not runs:
+            print(nothing_written(results), file=self.stream or sys.stderr)
             return []
         out = Path(out_dir)
         table = out / "fleet.txt"

@@ -218,6 +218,20 @@ class ContinuousScheduler:
         fits = kv.num_blocks * kv.block_size
         return min(fits, c.model_context) if c.model_context else fits
 
+    def start_up_problem(self, kv) -> str | None:
+        """Why the engine would refuse to start with ``kv`` (None: it starts). vLLM (the ``vllm``
+        and ``vllm-v0`` presets: ``refuses_unfit_max_model_len`` on their config) checks that one
+        sequence of ``max_model_len`` fits the KV pool (V1 ``check_enough_kv_cache_memory``, V0
+        ``raise_if_cache_size_invalid``). A run is simulated all the same (the table notes it); a
+        plan counts such a deployment infeasible (:mod:`schedlab.study.planner`)."""
+        if not getattr(self.config, "refuses_unfit_max_model_len", False):
+            return None
+        longest, tokens = self.max_model_len_for(kv), kv.num_blocks * kv.block_size
+        if not longest or longest <= tokens:
+            return None
+        return (f"vLLM would refuse to start: max_model_len {longest:,} > the KV pool's {tokens:,} tokens; "
+                f"set [scheduler] max_model_len <= {tokens:,} or \"auto\"")
+
     def rejection_reason(self, request, kv) -> str | None:
         c = self.config
         longest = self.max_model_len_for(kv)

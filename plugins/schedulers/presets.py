@@ -49,6 +49,9 @@ class VllmConfig(ContinuousConfig):
     #: every model that supports it, ``EngineArgs._set_default_chunked_prefill_and_prefix_caching_args``);
     #: the run's assembly applies it to a ``[kv_cache]`` table that leaves the key out
     kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
+    #: vLLM refuses to start when one sequence of max_model_len does not fit the KV pool
+    #: (ContinuousScheduler.start_up_problem; a plan skips such a deployment)
+    refuses_unfit_max_model_len: ClassVar[bool] = True
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
@@ -120,6 +123,7 @@ class VllmV0Config(ContinuousConfig):
     allocation: str = str_field("grow", choices=("reserve", "grow"), help="V0 allocates as tokens are computed")
     watermark: float = float_field(0.01, min=0.0, max=1.0, help="share of blocks kept free at admission (V0: 0.01)")
     prefill_first: bool = bool_field(True, help="an iteration that admits prompts skips decodes")
+    refuses_unfit_max_model_len: ClassVar[bool] = True  # as V1 (VllmConfig)
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()

@@ -23,8 +23,10 @@ deployment is a candidate with a number of instances; it costs instances x tenso
 pipeline stages (``[cluster] pipeline_parallel``) x the GPU's price per hour. Adding instances
 never hurts an SLO, so for each candidate a 1-D search (:mod:`schedlab.study.search`) finds the
 fewest instances that meet the constraints, in log(max_instances) runs instead of max_instances.
-Candidates that cannot hold the model (``ConfigError`` when assembling) are skipped with the
-reason.
+Candidates that cannot hold the model (``ConfigError`` when assembling), or that the engine would
+refuse to start (the scheduler's ``start_up_problem``: vLLM's ``max_model_len`` beyond the KV pool),
+are skipped with the reason, without a run. A GPU of ``gpus`` that is no preset (nor a ``[gpus.<name>]``
+table) is refused when the file is read.
 
 Pruning by cost, in waves so that the runs made never depend on timing: candidates are
 searched in groups of equal price per instance, cheapest group first, all members of a group
@@ -54,7 +56,7 @@ from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
 from .search import max_search_probes, parse_constraint
 from .spec import check_slo, needs_slo
-from .simulation import RunSpec, assemble
+from .simulation import Assembled, RunSpec, assemble
 from .sweep import expand_grid, grid_axes, grid_size, point_label
 
 INSTANCES_KEY = "cluster.instances"
@@ -212,25 +214,46 @@ def deployment_spec(study, candidate: Candidate, instances: int) -> RunSpec:
 
 
 def feasibility(study, ctx, where: str) -> list[tuple[Candidate, str]]:
-    """Each candidate and why it cannot run ("" when it can): the plugins are built once."""
+    """Each candidate and why it cannot run ("" when it can): the plugins are built once. A
+    deployment the engine would refuse to start cannot run either (:func:`start_up_problem`)."""
     out = []
     for candidate in candidates(study, where):
         try:
-            assemble(deployment_spec(study, candidate, study.plan.min_instances), ctx, where)
-            out.append((candidate, ""))
+            built = assemble(deployment_spec(study, candidate, study.plan.min_instances), ctx, where)
+            problem = start_up_problem(built)
+            out.append((candidate, f"{where} {problem}" if problem else ""))
         except ConfigError as exc:
             out.append((candidate, str(exc)))
     return out
 
 
+def start_up_problem(built: Assembled) -> str | None:
+    """``[scheduler]: why...`` when a scheduler of the assembled run says its engine would refuse
+    to start with its KV cache (the optional ``start_up_problem(kv)``: vLLM's start-up check that
+    one ``max_model_len`` sequence fits the pool), else None. Known from the sizing alone: no run."""
+    groups = [(f"cluster.{pool.name}.", pool.instances) for pool in built.pools] if built.pools else \
+        [("", built.instances)]
+    for label, instances in groups:
+        if not instances:
+            continue
+        scheduler, _, kv = instances[0]  # every instance of a pool has the same tables
+        check = getattr(scheduler, "start_up_problem", None)
+        problem = check(kv) if callable(check) else None
+        if problem:
+            return f"[{label}scheduler]: {problem}"
+    return None
+
+
 def check_gpu_names(cfg: PlanConfig, presets, where: str) -> None:
-    """Refuse two names in ``gpus`` for one preset (``l4`` and ``L4``): each deployment would run twice."""
+    """Refuse a name in ``gpus`` that is no GPU preset (nor a ``[gpus.<name>]`` table): its
+    candidates could never run; and two names for one preset (``l4`` and ``L4``): each
+    deployment would run twice."""
     named: list[tuple[object, str]] = []
     for name in cfg.gpus:
         try:
             spec = presets.gpu(name)
-        except ConfigError:
-            continue  # an unknown GPU: its candidates are infeasible, with the reason
+        except ConfigError as exc:  # "unknown gpu 'h100' (did you mean 'h100-80gb'?); known: ..."
+            raise ConfigError(f"{where} [plan]: gpus: {exc}") from None
         first = next((other for known, other in named if known is spec), None)
         if first is not None:
             raise ConfigError(f"{where} [plan]: gpus: {first!r} and {name!r} name the same GPU preset; "
@@ -251,14 +274,27 @@ def _warn_attainment_without_slo(study, where: str) -> None:
                   InputWarning, stacklevel=3)
 
 
+def _warn_energy_price_without_power(study, where: str) -> None:
+    """Say when ``energy_price_per_kwh`` is set but no run meters energy (no ``[power]`` table, in
+    the run or the space): the price would be silently ignored."""
+    cfg = study.plan
+    if not cfg.energy_price_per_kwh or "power" in study.base.tables \
+            or any(k.split(".")[0] == "power" for k in cfg.space):
+        return
+    warnings.warn(f"{where} [plan]: energy_price_per_kwh is set but the runs have no [power] table: no energy is "
+                  "metered, so no energy cost is reported; add [power] kind = \"utilisation\"",
+                  InputWarning, stacklevel=3)
+
+
 def validate(study, ctx, where: str) -> None:
-    """At load time: no GPU named twice, and at least one candidate must assemble (else its
-    error is the file's error)."""
+    """At load time: every GPU a preset and none named twice, and at least one candidate must
+    assemble and start (else its error is the file's error)."""
     check_gpu_names(study.plan, ctx.presets, where)
     if not any(k.split(".")[0] == "slo" for k in study.plan.space):  # (a space may set the targets)
         for text in study.plan.constraints:  # a metric no run has would fail every deployment
             check_slo(parse_constraint(text).metric, [study], f"{where} [plan]: constraints")
     _warn_attainment_without_slo(study, where)
+    _warn_energy_price_without_power(study, where)
     checked = feasibility(study, ctx, where)
     if all(reason for _, reason in checked):
         raise ConfigError(checked[0][1])
@@ -341,6 +377,10 @@ def deployment_text(entry: dict) -> str:
     return f"{n} {plural} x {tp} {p['gpu']}" + (" (tensor parallel)" if tp > 1 else "")
 
 
+def _instances(n: int) -> str:
+    return f"{n} instance" if n == 1 else f"{n} instances"
+
+
 def _money(value: float) -> str:
     return f"${value:,.2f}/h"
 
@@ -361,6 +401,7 @@ class PlanDriver:
                       for unit in sorted({c.unit_cost for c in self.feasible})]
         self.searches: dict[int, SearchDriver] = {}
         self.cap: dict[int, int] = {}
+        self.budget: dict[int, float] = {}  # the cheapest answer when the candidate's wave started (its cap)
         self.wave = -1
         self.name = spec.name
 
@@ -383,6 +424,7 @@ class PlanDriver:
             if math.isfinite(budget):
                 high = min(high, int(math.floor(budget / candidate.unit_cost + 1e-9)))
             self.cap[candidate.index] = high
+            self.budget[candidate.index] = budget
             if high < self.cfg.min_instances:
                 continue  # even the fewest instances cost more than the cheapest answer so far
             search = self._search(candidate, high, width)
@@ -430,9 +472,31 @@ class PlanDriver:
     def completed(self) -> int:
         return sum(s.completed for s in self.searches.values())
 
+    def _best_reached(self, reached: list) -> str:
+        """``; best tpot_ms.p99 reached: 18.2 (2 instances x 8 a100-80gb)`` for each constraint no
+        simulated deployment met on its own (``reached``: metrics, candidate, instances of each;
+        ties to the first simulated)."""
+        parts = []
+        for constraint in self.constraints:
+            if any(constraint.holds(metrics) for metrics, _, _ in reached):
+                continue
+            sign = 1.0 if constraint.op in ("<=", "<") else -1.0  # lower is better, or higher
+            values = [(sign * constraint.value(metrics), order, candidate, instances)
+                      for order, (metrics, candidate, instances) in enumerate(reached)]
+            values = [v for v in values if math.isfinite(v[0])]
+            if not values:
+                continue
+            value, _, candidate, instances = min(values, key=lambda v: v[:2])
+            value *= sign
+            rest = point_label({k: v for k, v in candidate.point.items() if k not in ("gpu", "tensor_parallel")})
+            where = f"{_instances(instances)} x {candidate.tensor_parallel} {candidate.gpu}"
+            shown = f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+            parts.append(f"best {constraint.metric} reached: {shown} ({where}{', ' + rest if rest else ''})")
+        return "".join(f"; {part}" for part in parts)
+
     def study(self) -> Study:
         runs: list[RunResult] = []
-        deployments, entries = [], []
+        deployments, entries, reached = [], [], []
         for candidate in self.all:
             entry = {"point": candidate.point, "unit_cost": candidate.unit_cost, "instances": None, "cost": None,
                      "run": None, "reason": self.infeasible.get(candidate.index, "")}
@@ -441,8 +505,9 @@ class PlanDriver:
                 entry["status"] = "infeasible"
             elif search is None:
                 entry["status"] = "too-expensive"
-                entry["reason"] = (f"{self.cfg.min_instances} instance(s) cost "
-                                   f"{_money(self.cfg.min_instances * candidate.unit_cost)}, more than the cheapest found")
+                entry["reason"] = (f"{_instances(self.cfg.min_instances)} cost "
+                                   f"{_money(self.cfg.min_instances * candidate.unit_cost)}, more than "
+                                   f"{_money(self.budget[candidate.index])}, the cheapest found then")
             else:
                 outcome = search.search.outcome
                 for probe in outcome.probes:
@@ -455,6 +520,7 @@ class PlanDriver:
                     if hourly is not None:
                         run.metrics[KWH_METRIC], run.metrics[ENERGY_COST_METRIC] = hourly
                         entry_energy = {KWH_METRIC: hourly[0], ENERGY_COST_METRIC: hourly[1]}
+                    reached.append((run.metrics, candidate, probe.value))
                     deployments.append({"run": run.name, "gpu": candidate.gpu, "instances": probe.value, "cost": cost,
                                         "gpu_hours_per_hour": probe.value * candidate.tensor_parallel,
                                         "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)),
@@ -464,8 +530,9 @@ class PlanDriver:
                                  run=outcome.payload.name)
                 elif self.cap[candidate.index] < self.cfg.max_instances:
                     entry.update(status="too-expensive",
-                                 reason=f"fails up to {self.cap[candidate.index]} instances, the most that cost "
-                                        f"no more than the cheapest found")
+                                 reason=f"fails up to {_instances(self.cap[candidate.index])}, the most that cost "
+                                        f"no more than {_money(self.budget[candidate.index])}, the cheapest "
+                                        f"found then")
                 else:
                     entry.update(status="fails", reason=f"fails even at {self.cfg.max_instances} instances")
             entries.append(entry)
@@ -478,7 +545,7 @@ class PlanDriver:
         grid = len(self.all) * (self.cfg.max_instances - self.cfg.min_instances + 1)
         if cheapest is None:
             message = (f"no deployment meets {self.cfg.constraint_text} within {self.cfg.max_instances} instances "
-                       f"of any candidate; raise max_instances or widen the space")
+                       f"of any candidate{self._best_reached(reached)}; raise max_instances or widen the space")
         else:
             p = cheapest["point"]
             rest = point_label({k: v for k, v in p.items() if k not in ("gpu", "tensor_parallel")})
