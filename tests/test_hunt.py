@@ -19,7 +19,7 @@ from schedlab.configs import float_field, int_field
 from schedlab.errors import ConfigError
 from schedlab.hunt.expression import parse_condition, parse_expression
 from schedlab.hunt.hunt import load_hunt, replay_value, run_hunt
-from schedlab.hunt.report import write_outcome
+from schedlab.hunt.report import summary, summary_lines, write_outcome
 from schedlab.hunt.space import gamma_gaps_s, make_space, workload_stats
 from schedlab.shrinking import greedy_shrink, lower_values, removals
 from schedlab.study.executor import InProcessExecutor
@@ -448,6 +448,70 @@ def test_a_time_limit_stops_the_search_early(tmp_path):
     hunt, outcome = hunt_in_process(write(tmp_path, STARVER.replace("< 3", "< 1000")),
                                     ["hunt.time_limit_s=1e-9", "hunt.random=0"])
     assert len(outcome.search) < hunt.config.budget
+    assert f"search stopped at {len(outcome.search)} of 400 (time_limit_s = 1e-09)" in summary_lines(hunt, outcome)
+
+
+def test_the_summary_says_when_the_search_or_the_shrinker_stopped_short(tmp_path):
+    hunt, outcome = hunt_in_process(write(tmp_path, STARVER),
+                                    ["hunt.budget=80", "hunt.random=0", "hunt.shrink_budget=3"])
+    lines = summary_lines(hunt, outcome)
+    assert len(outcome.search) < 80 and outcome.shrink_evaluations == 3
+    assert f"search stopped at {len(outcome.search)} of 80: the property is falsified (stop_on_counterexample)" \
+        in lines
+    assert "shrink budget of 3 used up: a larger one may shrink it further" in lines
+
+
+def test_an_objective_undefined_everywhere_is_reported_with_why(tmp_path):
+    text = STARVER.replace('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"',
+                           'objective = "runs.buggy.ttft_ms.max / (runs.fcfs.ttft_ms.max - runs.fcfs.ttft_ms.max)"')
+    hunt, outcome = hunt_in_process(write(tmp_path, text), ["hunt.budget=8", "hunt.random=4"])
+    assert outcome.worst is None
+    info = summary(hunt, outcome)
+    assert info["search"]["undefined"] == 8 and info["random"]["undefined"] == 4
+    assert ("the objective was undefined on all 12 workloads (division by zero in "
+            "'runs.buggy.ttft_ms.max / (runs.fcfs.ttft_ms.max - runs.fcfs.ttft_ms.max)')") \
+        in summary_lines(hunt, outcome)
+    expression = parse_expression("runs.a.x / 2 + workload.requests")
+    assert expression.why_undefined({"runs.a.x": None, "workload.requests": 1}.get) == \
+        "no value for runs.a.x in 'runs.a.x / 2 + workload.requests'"
+
+
+def test_a_plugin_hunts_reproducer_replays_from_any_folder(tmp_path):
+    """The plugin module beside the hunt file is copied beside the reproducer, which a fresh
+    ``schedlab run`` in a third folder imports from there."""
+    import subprocess
+    import sys
+
+    from schedlab.cli import main
+    from schedlab.hunt.output import missing_plugins
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.mkdir()
+    c.mkdir()
+    (a / "hunt_tiny_plugin.py").write_text(textwrap.dedent("""
+        import schedlab
+        from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("tiny-continuous", ContinuousScheduler, config=ContinuousConfig)
+        """))
+    text = STARVER.replace('name = "starver"', 'name = "starver"\n    plugins = ["hunt_tiny_plugin"]')
+    text = text.replace('scheduler = {kind = "long-prompt-starver", long_prompt = 1000}',
+                        'scheduler = {kind = "tiny-continuous", max_num_seqs = 2}')
+    text = text.replace('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"',
+                        'objective = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max"')
+    path = write(a, text)
+    try:
+        assert main(["hunt", str(path), "--out", str(b), "--jobs", "1", "--set", "hunt.budget=8",
+                     "--set", "hunt.random=0", "--set", "hunt.shrink_budget=4"]) == 0
+    finally:
+        sys.modules.pop("hunt_tiny_plugin", None)
+    assert (b / "hunt_tiny_plugin.py").is_file()
+    done = subprocess.run([sys.executable, "-m", "schedlab", "run", str(b / "counterexample.toml"), "--out",
+                           str(c / "replay"), "--no-plots"], cwd=c, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert missing_plugins(b, ["hunt_tiny_plugin", "no_such_plugin_module"]) == ["no_such_plugin_module"]
 
 
 def test_a_reproducer_written_elsewhere_finds_the_files_the_hunt_file_names(tmp_path, monkeypatch):

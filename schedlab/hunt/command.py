@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 def command(args) -> int:
     from ..results.folder import StagedFolder
     from .hunt import hunt_on, load_hunt, replay_value
-    from .output import input_files
+    from .output import input_files, missing_plugins
     from .report import summary_lines, write_outcome
 
     hunt = load_hunt(args.file, args.set)
@@ -37,6 +37,9 @@ def command(args) -> int:
             if not replayed == outcome.shrunk_score.value:
                 print(f"schedlab: warning: the counterexample replays to {replayed:.6g}, not "
                       f"{outcome.shrunk_score.value:.6g}", file=sys.stderr)
+            for name in missing_plugins(stage.path, hunt.experiment.config.plugins):  # (imported here already)
+                print(f"schedlab: warning: plugin module {name!r} is neither beside {out / 'counterexample.toml'} "
+                      "nor on Python's path: it replays only where Python finds the module", file=sys.stderr)
         stage.commit()
     print("\n".join(summary_lines(hunt, outcome, str(out))))
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)

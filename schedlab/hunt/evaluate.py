@@ -38,6 +38,8 @@ class Score:
     :ivar violation: how far the constraints are from holding (0 when feasible).
     :ivar values: every name of the goal and constraints -> its number.
     :ivar error: a run's error message (a stalled run, an impossible request), or None.
+    :ivar undefined: why the goal's expression has no value though every run finished (a
+        division by zero, a missing metric), or None: the summary says so rather than "none feasible".
     """
 
     value: float
@@ -45,6 +47,7 @@ class Score:
     violation: float
     values: dict[str, float]
     error: str | None = None
+    undefined: str | None = None
 
     def fitness(self, direction: int) -> float:
         """The number the optimiser minimises: ``-direction * value`` when feasible."""
@@ -116,10 +119,13 @@ class Evaluator:
         value = value_of(self.goal.expression)
         violation = sum(c.violation(value_of(c.expression)) for c in self.goal.constraints)
         error = str(failed[0].error) if failed else None
+        undefined = None
         if error is not None:
             value, violation = math.nan, math.inf
+        elif math.isnan(value):
+            undefined = self.goal.expression.why_undefined(lambda name: values[name])
         feasible = violation == 0 and not math.isnan(value)
-        return Score(value, feasible, violation if not math.isnan(value) else math.inf, values, error)
+        return Score(value, feasible, violation if not math.isnan(value) else math.inf, values, error, undefined)
 
 
 def _as_float(value) -> float:

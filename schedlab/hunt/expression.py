@@ -88,6 +88,15 @@ class Expression:
             return math.nan
         return float(result)
 
+    def why_undefined(self, lookup: Callable[[str], Any]) -> str:
+        """Why :meth:`value` is NaN with ``lookup`` (the first cause met), for a summary to say so."""
+        why: list[str] = []
+        try:
+            _evaluate(self.tree, lookup, why)
+        except (OverflowError, ZeroDivisionError):
+            return f"overflow in {self.text!r}"
+        return f"{why[0] if why else 'no number'} in {self.text!r}"
+
 
 def _number(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -95,20 +104,28 @@ def _number(value) -> float:
     return float(value)
 
 
-def _evaluate(node, lookup) -> float:
+def _evaluate(node, lookup, why: list[str] | None = None) -> float:
+    """The value of ``node``; with ``why``, the first cause of a NaN is appended to it."""
     kind = node[0]
     if kind == "num":
         return node[1]
     if kind == "name":
-        return _number(lookup(node[1]))
+        value = _number(lookup(node[1]))
+        if why is not None and math.isnan(value) and not why:
+            why.append(f"no value for {node[1]}")
+        return value
     if kind == "neg":
-        return -_evaluate(node[1], lookup)
+        return -_evaluate(node[1], lookup, why)
     if kind == "call":
-        args = [_evaluate(arg, lookup) for arg in node[2]]
+        args = [_evaluate(arg, lookup, why) for arg in node[2]]
         return math.nan if any(math.isnan(a) for a in args) else float(FUNCTIONS[node[1]](*args))
-    value = _evaluate(node[1], lookup)  # a chain: first (op operand)*, left to right
+    value = _evaluate(node[1], lookup, why)  # a chain: first (op operand)*, left to right
     for op, operand in node[2]:
-        value = _apply(op, value, _evaluate(operand, lookup))
+        right = _evaluate(operand, lookup, why)
+        result = _apply(op, value, right)
+        if why is not None and math.isnan(result) and not why:  # NaN from numbers: x / 0, inf - inf
+            why.append("division by zero" if op == "/" and right == 0 else "an infinite value")
+        value = result
     return value
 
 

@@ -6,14 +6,20 @@ with its tables written out whole (defaults, its own and ``--set`` overrides mer
 settings the hunt chose, and ``[workload] kind = "file"`` naming the request file. Relative
 paths in those tables (a profile bundle, a request file: every path setting of a registered
 plugin) are rewritten relative to the output folder, so ``schedlab run <name>.toml`` replays the
-counterexample from there, and the table shows the metrics the objective is made of.
+counterexample from there, and the table shows the metrics the objective is made of. Plugin
+modules are named by module, not path, and looked up in the experiment file's folder first:
+those the hunt file's folder held are copied beside the reproducers.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +96,55 @@ def input_files(experiment) -> list[Path]:
         walk(study.base.tables)
         walk(list(study.sweep or ()))  # points are {dotted key: value}
     return list(dict.fromkeys(found))
+
+
+def local_plugins(experiment) -> list[Path]:
+    """The files (a module) or folders (a package) of ``[experiment] plugins`` in the experiment
+    file's folder, where they are imported from first: a reproducer elsewhere needs copies."""
+    found = []
+    for name in experiment.config.plugins:
+        spec = importlib.machinery.PathFinder.find_spec(name.split(".")[0], [experiment.context.base_dir])
+        if spec is not None and spec.submodule_search_locations:
+            found.append(Path(list(spec.submodule_search_locations)[0]))
+        elif spec is not None and spec.origin:
+            found.append(Path(spec.origin))
+    return list(dict.fromkeys(found))
+
+
+def copy_plugins(experiment, folder: Path) -> list[Path]:
+    """Copy :func:`local_plugins` into ``folder`` (beside the reproducers); the copies."""
+    copies = []
+    for source in local_plugins(experiment):
+        target = folder / source.name
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+        copies.append(target)
+    return copies
+
+
+_FIND = """import importlib.util, sys
+sys.path.insert(0, sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except Exception:
+        found = False
+    if not found:
+        print(name)
+"""
+
+
+def missing_plugins(folder: Path, modules) -> list[str]:
+    """The plugin ``modules`` a replay of a file in ``folder`` could not import, from any working
+    folder: checked in a fresh interpreter, as this one has them imported already."""
+    if not modules:
+        return []
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run([sys.executable, "-c", _FIND, str(folder), *modules], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return done.stdout.split() if done.returncode == 0 else []
 
 
 def rebase_paths(value: Any, keys: set[str], source: str | os.PathLike, target: str | os.PathLike) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from .config import Goal
 from .evaluate import Score
 from .expression import split_name
 from .hunt import Hunt, HuntOutcome
-from .output import replay_document, requests_jsonl, summary_json, toml_document, write_text
+from .output import copy_plugins, replay_document, requests_jsonl, summary_json, toml_document, write_text
 from .plots import counterexample_figure, search_figure, timeline_png
 
 
@@ -29,6 +30,30 @@ def _value(score: Score | None) -> float | None:
     return None if score is None or math.isnan(score.value) else score.value
 
 
+def stop_reason(hunt: Hunt, outcome: HuntOutcome) -> str | None:
+    """Why the search evaluated fewer workloads than its budget, or None when it did not."""
+    cfg, goal, search = hunt.config, outcome.goal, outcome.search
+    if len(search) >= cfg.budget:
+        return None
+    stopped = f"search stopped at {len(search)} of {cfg.budget}"
+    if cfg.stop_on_counterexample and any(t.score.feasible and goal.found(t.score.value) for t in search):
+        return f"{stopped}: the property is falsified (stop_on_counterexample)"
+    return f"{stopped} (time_limit_s = {cfg.time_limit_s:g})"
+
+
+def undefined_line(outcome: HuntOutcome) -> str | None:
+    """How many workloads (of both searches) left the goal's expression without a value, and the
+    commonest reason; None when every one had a value or a failed run."""
+    trials = outcome.search + outcome.random
+    reasons = Counter(t.score.undefined for t in trials if t.score.undefined)
+    if not reasons:
+        return None
+    count = sum(reasons.values())
+    share = f"all {count}" if count == len(trials) else f"{count} of {len(trials)}"
+    what = "objective" if outcome.goal.property is None else "property's expression"
+    return f"the {what} was undefined on {share} workloads ({reasons.most_common(1)[0][0]})"
+
+
 def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
     goal = outcome.goal
     worst, random_best = outcome.worst, outcome.random_best
@@ -41,10 +66,13 @@ def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
         "search": {"evaluations": len(outcome.search), "worst": _value(worst.score if worst else None),
                    "feasible": sum(t.score.feasible for t in outcome.search),
                    "errors": sum(t.score.error is not None for t in outcome.search),
+                   "undefined": sum(t.score.undefined is not None for t in outcome.search),
+                   "stopped": stop_reason(hunt, outcome),
                    "values": [t.score.value if t.score.feasible else None for t in outcome.search]},
         "random": {"evaluations": len(outcome.random),
                    "worst": _value(random_best.score if random_best else None),
                    "feasible": sum(t.score.feasible for t in outcome.random),
+                   "undefined": sum(t.score.undefined is not None for t in outcome.random),
                    "values": [t.score.value if t.score.feasible else None for t in outcome.random]},
         "found": bool(worst and goal.property is not None and goal.found(worst.score.value)),
         "worst": None if worst is None else {"requests": len(worst.candidate.rows),
@@ -80,6 +108,7 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
             doc = replay_document(hunt.experiment, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
                                   columns=_columns(goal, hunt.runs), folder=folder)
             written.append(write_text(folder, f"{label}.toml", toml_document(doc, header)))
+        written += copy_plugins(hunt.experiment, folder)  # the reproducers import them from their folder
         subtitle = f"{goal.expression.text} = {outcome.shrunk_score.value:.4g} ({len(outcome.shrunk.rows)} requests)"
         written.append(write_text(folder, "counterexample.png", counterexample_figure(outcome.shrunk_runs, subtitle)))
         for name, run in outcome.shrunk_runs.items():
@@ -101,14 +130,23 @@ def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> l
         return "none feasible" if trial is None else f"{trial.score.value:.4g} ({len(trial.candidate.rows)} requests)"
 
     lines.append(f"search: {len(outcome.search)} workloads, worst {shown(worst)}")
+    stopped = stop_reason(hunt, outcome)
+    if stopped:
+        lines.append(stopped)
     if outcome.random:
         lines.append(f"random sampling: {len(outcome.random)} workloads, worst {shown(random_best)}")
+    undefined = undefined_line(outcome)
+    if undefined:
+        lines.append(undefined)
     if goal.property is not None:
         lines.append("property falsified" if worst is not None and goal.found(worst.score.value)
                      else "property held on every workload evaluated")
     if outcome.shrunk is not None:
         lines.append(f"shrunk: {len(outcome.shrunk.rows)} requests, value {outcome.shrunk_score.value:.4g} "
                      f"({outcome.shrink_evaluations} evaluations)")
+        budget = hunt.config.shrink_budget
+        if 0 < budget <= outcome.shrink_evaluations:
+            lines.append(f"shrink budget of {budget} used up: a larger one may shrink it further")
         if out is not None:
             lines.append(f"replay: schedlab run {Path(out) / 'counterexample.toml'}")
     return lines

@@ -10,7 +10,7 @@ coordinates one by one::
     requests = [2, 40]             # how many requests (uniform over the whole numbers)
     rate = [0.5, 8.0]              # mean arrivals per second (log-uniform)
     cv = [0.0, 4.0]                # gaps' coefficient of variation: 0 even, 1 Poisson, > 1 bursty
-    prompt = [16, 4096]            # prompt tokens (log-uniform)
+    prompt = [16, 4096]            # prompt tokens after any shared prefix (log-uniform)
     output = [1, 512]              # output tokens (log-uniform)
     [hunt.workload.classes.batch]  # optional: classes, each with its own lengths and priority/client
     prompt = [1000, 8000]
