@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from schedlab.calibrate import Parameter, calibrate, parse_parameter, parse_part
-from schedlab.errors import ConfigError, WorkloadError
+from schedlab.errors import ConfigError, InputWarning, WorkloadError
 from schedlab.results.compare import STATISTIC_NAMES, errors_pct, mean_abs_error, statistics
 from schedlab.study.experiment import load, run_experiment
 from schedlab_plugins.workloads.measured import load_vllm_bench, load_vllm_log, prefix_block_ids
@@ -94,7 +94,8 @@ def test_vllm_bench_by_hand(tmp_path):
     assert measured.e2e_ms == pytest.approx([140.0, 200.0, 350.0])
     from schedlab_plugins.workloads.measured import VllmBenchConfig, make_vllm_bench_workload
 
-    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    with pytest.warns(InputWarning, match="no start_times"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     first = [r.arrival_ms for r in workload.requests(7)]
     assert first == [r.arrival_ms for r in workload.requests(7)] and first[0] == 0.0 and first[2] > first[1]
     assert first != [r.arrival_ms for r in workload.requests(8)]

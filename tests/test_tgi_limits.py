@@ -184,7 +184,8 @@ def test_a_tgi_run_takes_the_launchers_defaults(tmp_path):
     assert isinstance(kv, PrefixKVCache)  # TGI v3 caches prefixes on flashinfer attention
     # two shards: 2 x 900e12 // 15,032,385,536 = 119,741 tokens
     two = run_text("h100-80gb", kind="tgi", model="llama-3.1-8b").replace(
-        'kind = "roofline"', 'kind = "roofline"\ntensor_parallel = 2')
+        'kind = "roofline"', 'kind = "roofline"\ntensor_parallel = 2').replace(
+        'kind = "paged"', 'kind = "paged"\ntensor_parallel = 2')
     assert _assembled(tmp_path, two)[0].config.max_batch_prefill_tokens == 119741
     mine = run_text("h100-80gb", "max_batch_prefill_tokens = 4096\nprefill_chunking = false", kind="tgi",
                     model="llama-3.1-8b")
