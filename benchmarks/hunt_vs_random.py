@@ -47,7 +47,8 @@ def main(argv=None) -> int:
         value = outcome.shrunk_score.value
         beats = goal.direction * value > goal.direction * random_best and replayed == value
         ok &= beats
-        print(f"{Path(path).name:<32} {random_best:>12.4g} {outcome.worst.score.value:>10.4g} {value:>10.4g} "
+        searched = outcome.search_best.score.value if outcome.search_best is not None else float("nan")
+        print(f"{Path(path).name:<32} {random_best:>12.4g} {searched:>10.4g} {value:>10.4g} "
               f"{len(outcome.shrunk.rows):>8} {replayed:>10.4g} {'yes' if beats else 'NO':>6} "
               f"{time.perf_counter() - started:>7.0f}", flush=True)
     return 0 if ok else 1

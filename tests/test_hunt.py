@@ -18,9 +18,12 @@ import schedlab
 from schedlab.configs import float_field, int_field
 from schedlab.errors import ConfigError
 from schedlab.hunt.expression import parse_condition, parse_expression
-from schedlab.hunt.hunt import load_hunt, replay_value, run_hunt
+from schedlab.hunt.evaluate import Score
+from schedlab.hunt.hunt import load_hunt, replay_value, run_hunt, worst_of_both
+from schedlab.hunt.optimize import Trial
+from schedlab.hunt.output import requests_jsonl
 from schedlab.hunt.report import summary, summary_lines, write_outcome
-from schedlab.hunt.space import gamma_gaps_s, make_space, workload_stats
+from schedlab.hunt.space import Candidate, gamma_gaps_s, make_space, workload_stats
 from schedlab.shrinking import greedy_shrink, lower_values, removals
 from schedlab.study.executor import InProcessExecutor
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
@@ -653,3 +656,58 @@ def test_a_condition_may_compare_with_a_negative_number():
     assert c.holds(-4.0) and not c.holds(-5.0) and c.violation(-7.0) == pytest.approx(2.0)
     with pytest.raises(ConfigError, match="expected EXPRESSION OP NUMBER"):
         parse_condition("runs.a.x > -")
+
+
+def test_a_worse_workload_from_random_sampling_is_the_one_shrunk_and_written(tmp_path):
+    """A one-workload search against 30 random ones: random sampling finds the worse workload,
+    and it -- not the search's -- is shrunk, written as worst.* and counterexample.*, and named."""
+    text = STARVER.replace("long-prompt-starver", "continuous").replace(", long_prompt = 1000", ", max_num_seqs = 2")
+    text = text.replace('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"',
+                        'objective = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max"')
+    hunt, outcome = hunt_in_process(write(tmp_path, text),
+                                    ["hunt.budget=1", "hunt.random=30", "hunt.shrink_budget=20"])
+    searched, sampled = outcome.search_best, outcome.random_best
+    assert len(outcome.search) == 1 and searched is not None and sampled.score.value > searched.score.value
+    assert outcome.worst is sampled and outcome.worst_from == "random sampling"
+    assert outcome.shrunk is not None and outcome.shrunk_score.value >= (1 - hunt.config.tolerance) * \
+        sampled.score.value
+    written = {p.name for p in write_outcome(hunt, outcome, tmp_path)}
+    assert {"worst.toml", "counterexample.toml", "counterexample.png"} <= written
+    assert (tmp_path / "worst.jsonl").read_text() == requests_jsonl(sampled.candidate)
+    assert replay_value(tmp_path / "worst.toml", hunt.goal, plugin_objects=(PlantedBugs(),)) == sampled.score.value
+    assert replay_value(tmp_path / "counterexample.toml", hunt.goal, plugin_objects=(PlantedBugs(),)) == \
+        outcome.shrunk_score.value
+    info = json.loads((tmp_path / "hunt.json").read_text())
+    assert info["worst"]["from"] == "random sampling" and info["worst"]["value"] == sampled.score.value
+    assert info["search"]["worst"] == searched.score.value and info["random"]["worst"] == sampled.score.value
+    assert (f"the worst came from random sampling ({sampled.score.value:.4g} vs the search's "
+            f"{searched.score.value:.4g})") in (tmp_path / "summary.txt").read_text().splitlines()
+    again = run_hunt(hunt, InProcessExecutor())  # the same seed: the same choice and the same shrunk workload
+    assert again.worst_from == "random sampling" and again.shrunk == outcome.shrunk
+
+
+@pytest.mark.parametrize("minimize", [False, True])
+def test_the_worst_of_both_is_the_searchs_on_a_tie_and_random_samplings_when_the_search_has_none(tmp_path, minimize):
+    text = STARVER.replace('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"',
+                           f'objective = "runs.buggy.ttft_ms.max"\n    minimize = {str(minimize).lower()}')
+    goal = load_hunt(write(tmp_path, text), plugin_objects=(PlantedBugs(),)).goal
+    candidate = Candidate(({"prompt_tokens": 1, "output_tokens": 1, "arrival_ms": 0.0},), {})
+
+    def trial(value, feasible=True):
+        score = Score(value if feasible else math.nan, feasible, 0.0 if feasible else 1.0, {})
+        return Trial(0, (), candidate, score)
+
+    # goal.direction * 1.0 shows the policy worse than 0.0, minimised or maximised
+    search, tie, worse, infeasible = trial(0.0), trial(0.0), trial(goal.direction * 1.0), trial(0.0, feasible=False)
+
+    def check(found, sampled, trial, source):
+        chosen, came_from = worst_of_both(found, sampled, goal)
+        assert chosen is trial and came_from == source
+
+    check([search], [tie], search, "search")
+    check([search], [worse], worse, "random sampling")
+    check([worse], [search], worse, "search")
+    check([infeasible], [search], search, "random sampling")
+    check([search], [], search, "search")
+    check([infeasible], [infeasible], None, None)
+    check([], [], None, None)

@@ -1,5 +1,9 @@
 """A hunt from file to outcome: load it, search, compare with random sampling, shrink, replay.
 
+The workload shrunk and written is the worst over both the search and random sampling (the
+search's on a tie): random sampling is the baseline the search is compared with, but a worse
+workload it finds is still a counterexample, and the only one when the search found nothing feasible.
+
 :func:`load_hunt` reads a hunt file (an experiment with ``[hunt]``) and checks everything
 before anything runs; :func:`run_hunt` does the work on an executor and returns a
 :class:`HuntOutcome` (:mod:`.report` writes its files); :func:`replay_value` runs a written
@@ -25,7 +29,7 @@ from ..study.spec import RUN_TABLES, check_slo
 from .config import Goal, HuntConfig, make_goal
 from .evaluate import Evaluator, Score, run_spec, settings_for
 from .expression import namespace, split_name
-from .optimize import KNOWN_GOOD, Trial, best_trial, evolve, random_search
+from .optimize import KNOWN_GOOD, Trial, best_trial, better, evolve, random_search
 from .shrink import shrink_candidate
 from .space import Candidate, Space, WorkloadSpace, make_space, workload_stats
 
@@ -169,15 +173,20 @@ def check_optimizer(name: str, where: str) -> None:
                           "(nevergrad.optimizers.registry lists them all)")
 
 
+SEARCH, RANDOM = "search", "random sampling"  # where the worst workload came from
+
+
 @attrs.define
 class HuntOutcome:
-    """Everything a hunt found: both searches' trials, the worst workload, its shrunk form,
-    and the runs of both (with timelines) for the pictures."""
+    """Everything a hunt found: both searches' trials, the worst workload of both (``worst``,
+    found by ``worst_from``: :data:`SEARCH` or :data:`RANDOM`), its shrunk form, and the runs of
+    both (with timelines) for the pictures."""
 
     goal: Goal
     search: list[Trial]
     random: list[Trial]
     worst: Trial | None
+    worst_from: str | None = None
     shrunk: Candidate | None = None
     shrunk_score: Score | None = None
     shrink_evaluations: int = 0
@@ -185,13 +194,27 @@ class HuntOutcome:
     shrunk_runs: dict | None = None
 
     @property
+    def search_best(self) -> Trial | None:
+        """The search's worst-for-the-policy workload (None without a feasible one)."""
+        return best_trial(self.search, self.goal)
+
+    @property
     def random_best(self) -> Trial | None:
         """The worst-for-the-policy random workload (None without a feasible one)."""
         return best_trial(self.random, self.goal)
 
 
+def worst_of_both(search: list[Trial], sampled: list[Trial], goal: Goal) -> tuple[Trial | None, str | None]:
+    """The worst feasible workload of the search and of random sampling, and which found it:
+    random sampling's only when strictly worse (or the search has none feasible)."""
+    found, sampled_best = best_trial(search, goal), best_trial(sampled, goal)
+    if sampled_best is not None and better(sampled_best, found, goal):
+        return sampled_best, RANDOM
+    return found, None if found is None else SEARCH
+
+
 def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
-    """Search (``budget`` workloads), sample (``random``), shrink the worst, replay both with timelines."""
+    """Search (``budget`` workloads), sample (``random``), shrink the worst of both, replay both with timelines."""
     cfg, goal, space = hunt.config, hunt.goal, hunt.space
     evaluator = Evaluator(hunt.experiment.studies, context_spec(hunt.experiment), goal, executor)
     seed = hunt.experiment.config.seed
@@ -203,8 +226,8 @@ def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
     with progress(samples, f"{hunt.name}: random") as bar:
         sampled = random_search(space, evaluator, goal, budget=samples, seed=seed,
                                 width=cfg.batch, bar=bar) if samples else []
-    outcome = HuntOutcome(goal, search, sampled, best_trial(search, goal))
-    worst = outcome.worst
+    worst, worst_from = worst_of_both(search, sampled, goal)
+    outcome = HuntOutcome(goal, search, sampled, worst, worst_from)
     if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
         return outcome
     with progress(cfg.shrink_budget, f"{hunt.name}: shrink") as bar:

@@ -12,7 +12,7 @@ import numpy as np
 from .config import Goal
 from .evaluate import Score
 from .expression import split_name
-from .hunt import Hunt, HuntOutcome
+from .hunt import RANDOM, SEARCH, Hunt, HuntOutcome
 from .output import copy_plugins, replay_document, requests_jsonl, summary_json, toml_document, write_text
 from .plots import counterexample_figure, search_figure, timeline_png
 
@@ -54,16 +54,30 @@ def undefined_line(outcome: HuntOutcome) -> str | None:
     return f"the {what} was undefined on {share} workloads ({reasons.most_common(1)[0][0]})"
 
 
+def source_line(outcome: HuntOutcome) -> str | None:
+    """Which of the search and random sampling found the worst workload (the one shrunk), with
+    both values; None when neither found a feasible one or random sampling did not run."""
+    worst = outcome.worst
+    if worst is None or not outcome.random:
+        return None
+    other, rival = (outcome.search_best, "the search") if outcome.worst_from == RANDOM \
+        else (outcome.random_best, "random sampling")
+    against = f"; {rival} found none feasible" if other is None else f" vs {rival}'s {other.score.value:.4g}"
+    source = "the search" if outcome.worst_from == SEARCH else outcome.worst_from
+    return f"the worst came from {source} ({worst.score.value:.4g}{against})"
+
+
 def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
     goal = outcome.goal
-    worst, random_best = outcome.worst, outcome.random_best
+    worst, search_best, random_best = outcome.worst, outcome.search_best, outcome.random_best
     return {
         "goal": goal.describe(),
         "objective": goal.expression.text,
         "property": goal.property.text if goal.property else None,
         "constraints": [c.text for c in goal.constraints],
         "seed": hunt.experiment.config.seed,
-        "search": {"evaluations": len(outcome.search), "worst": _value(worst.score if worst else None),
+        "search": {"evaluations": len(outcome.search),
+                   "worst": _value(search_best.score if search_best else None),
                    "feasible": sum(t.score.feasible for t in outcome.search),
                    "errors": sum(t.score.error is not None for t in outcome.search),
                    "undefined": sum(t.score.undefined is not None for t in outcome.search),
@@ -75,7 +89,8 @@ def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
                    "undefined": sum(t.score.undefined is not None for t in outcome.random),
                    "values": [t.score.value if t.score.feasible else None for t in outcome.random]},
         "found": bool(worst and goal.property is not None and goal.found(worst.score.value)),
-        "worst": None if worst is None else {"requests": len(worst.candidate.rows),
+        "worst": None if worst is None else {"from": outcome.worst_from, "value": _value(worst.score),
+                                             "requests": len(worst.candidate.rows),
                                              "settings": worst.candidate.settings, "values": worst.score.values},
         "shrunk": None if outcome.shrunk is None else {
             "requests": len(outcome.shrunk.rows), "value": _value(outcome.shrunk_score),
@@ -102,8 +117,9 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
         for label, candidate, score in (("worst", outcome.worst.candidate, outcome.worst.score),
                                         ("counterexample", outcome.shrunk, outcome.shrunk_score)):
             written.append(write_text(folder, f"{label}.jsonl", requests_jsonl(candidate)))
+            found_by = "" if outcome.worst_from == SEARCH else f" (from {outcome.worst_from}, not the search)"
             header = (f"{label} of `schedlab hunt {hunt.experiment.path}` (seed {info['seed']}): {goal.describe()}\n"
-                      f"value {score.value:.6g} with {len(candidate.rows)} requests; replay it with\n"
+                      f"value {score.value:.6g} with {len(candidate.rows)} requests{found_by}; replay it with\n"
                       f"  schedlab run {label}.toml")
             doc = replay_document(hunt.experiment, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
                                   columns=_columns(goal, hunt.runs), folder=folder)
@@ -124,17 +140,20 @@ def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> l
     lines = [f"hunt {hunt.name}: {goal.describe()}"]
     if goal.constraints:
         lines.append("constraints: " + "; ".join(c.text for c in goal.constraints))
-    worst, random_best = outcome.worst, outcome.random_best
+    worst, search_best, random_best = outcome.worst, outcome.search_best, outcome.random_best
 
     def shown(trial):
         return "none feasible" if trial is None else f"{trial.score.value:.4g} ({len(trial.candidate.rows)} requests)"
 
-    lines.append(f"search: {len(outcome.search)} workloads, worst {shown(worst)}")
+    lines.append(f"search: {len(outcome.search)} workloads, worst {shown(search_best)}")
     stopped = stop_reason(hunt, outcome)
     if stopped:
         lines.append(stopped)
     if outcome.random:
         lines.append(f"random sampling: {len(outcome.random)} workloads, worst {shown(random_best)}")
+    source = source_line(outcome)
+    if source:
+        lines.append(source)
     undefined = undefined_line(outcome)
     if undefined:
         lines.append(undefined)
