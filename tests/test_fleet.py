@@ -703,6 +703,98 @@ def test_the_fleet_report_says_why_it_writes_nothing_for_runs_under_two_hours(tm
     assert not (tmp_path / "out").exists()
 
 
+def test_the_fleet_table_without_power_is_as_before():
+    """No run metered energy: fleet.txt byte for byte as before the energy columns, kwh_usd or not."""
+    from schedlab.results import RunResult
+    from schedlab_plugins.reports.fleet import fleet_table
+
+    hourly = {"0": {"requests": 10, "slo_attainment": 0.9, "gpu_hours": 2.0},
+              "1": {"requests": 0, "slo_attainment": math.nan, "gpu_hours": 0.5}}
+    fixed = {"requests": 1234, "gpu_hours": 2.5, "slo": {"attainment": 0.95}, "hourly": hourly}
+    scaled_run = dict(fixed, fleet={"scale_ups": 3, "scale_downs": 2})
+    runs = [RunResult(name, {}, {}, {}, {}, {}, {}, {}, m, {}) for name, m in (("fixed", fixed), ("auto", scaled_run))]
+    expected = ("run                         requests  GPU-hours    cost $  SLO attained  worst hour  ups/downs\n"
+                "fixed                          1,234        2.5         5        95.00%      90.00%          -\n"
+                "auto                           1,234        2.5         5        95.00%      90.00%        3/2\n")
+    assert fleet_table(runs, 2.0) == expected
+    assert fleet_table(runs, 2.0, 0.12) == expected
+
+
+POWER_AND_HOSTS = """
+[power]
+kind = "utilisation"
+gpu = "a100-40gb"
+model = "llama-3.1-8b"
+host_idle_w = %g
+host_busy_w = 80
+pue = 1.3
+"""
+HPA = ('cluster.autoscaler={kind = "target_utilization", metric = "outstanding", min_instances = 1, target = 1, '
+       'interval_s = 30, cold_start_s = 60, stabilization_s = 120}')
+
+
+def test_the_fleet_report_adds_the_energy_of_a_metered_run(tmp_path):
+    """With [power]: fleet.txt's kWh is the run's energy.kwh -- by hand, its meters' GPU and host
+    energy x PUE -- its energy $ that at kwh_usd; the hours' kWh add up to it, and the plot has them."""
+    from schedlab.energy.metrics import J_PER_KWH, instance_energy
+    from schedlab_plugins.reports.fleet import FleetConfig, FleetReport, hourly_kwh
+
+    results = run_experiment(load(_write(tmp_path, FLEET + POWER_AND_HOSTS % 150),
+                                  ["workload.num_requests=300", "workload.rate=0.03"]))
+    written = FleetReport(FleetConfig(gpu_hour_usd=2.0, kwh_usd=0.12)).write(results, tmp_path / "out")
+    assert [p.name for p in written] == ["fleet.txt", "fleet.png"]
+    run = results.all_runs()[0]
+    record = run.meta["energy"]
+    start, end = record["window_ms"]
+    by_hand = sum(sum(instance_energy(inst, end - start).values()) for inst in record["instances"]) * 1.3
+    kwh = run.metrics["energy"]["kwh"]
+    assert kwh == pytest.approx(by_hand / J_PER_KWH, rel=1e-12) and kwh > 0
+    lines = (tmp_path / "out" / "fleet.txt").read_text().splitlines()
+    assert lines[0].split()[-3:] == ["kWh", "energy", "$"]
+    assert lines[1].split()[-2:] == [f"{kwh:,.2f}", f"{kwh * 0.12:,.2f}"]
+    assert lines[3].startswith("kWh: facility energy over the run's energy window, GPUs and hosts x PUE 1.3")
+    assert lines[4] == "energy $: kWh at $0.12/kWh, not in cost $ (GPU-hours at their price)"
+    assert len(lines) == 5  # no note of a run without kWh per hour
+    hours = hourly_kwh(run)
+    assert len(hours) == len(run.metrics["hourly"]) >= 3
+    assert sum(hours) == pytest.approx(by_hand / J_PER_KWH, rel=1e-9)
+
+
+def test_an_autoscaled_fleets_hours_meter_its_hosts_only_while_paid_for(tmp_path):
+    """The hours of an autoscaled fleet against its paid GPU-hours: raising the hosts' idle power
+    by 150 W adds 150 W x PUE x each hour's GPU-hours (one GPU per instance) to that hour's kWh,
+    nothing while an instance is off; the saved and read-back run gives the same hours."""
+    from schedlab.results.storage import load as load_saved
+    from schedlab.results.storage import save
+    from schedlab_plugins.reports.fleet import hourly_kwh
+
+    base = [HPA, "workload.arrival=gamma", "workload.cv=3", "workload.rate=0.05", "workload.num_requests=500"]
+    results = [run_experiment(load(_write(tmp_path, FLEET + POWER_AND_HOSTS % w), base)) for w in (150, 0)]
+    hosts, bare = (r.all_runs()[0] for r in results)
+    assert hosts.metrics["fleet"]["scale_ups"] > 0
+    paid = [h["gpu_hours"] for h in hosts.metrics["hourly"].values()]
+    added = np.array(hourly_kwh(hosts)) - np.array(hourly_kwh(bare))
+    np.testing.assert_allclose(added, np.array(paid) * 150 * 1.3 / 1e3, rtol=1e-9)
+    save(results[0], tmp_path / "saved")
+    assert hourly_kwh(load_saved(tmp_path / "saved").all_runs()[0]) == hourly_kwh(hosts)
+
+
+@pytest.mark.parametrize("setting", ["experiment.timeline=false", "experiment.timeline_points=50"])
+def test_no_kwh_per_hour_without_the_whole_timeline(tmp_path, setting):
+    """A run without a timeline, or one thinned past timeline_points (rows lost): its kWh still in
+    fleet.txt, no kWh per hour, and a footnote says why."""
+    from schedlab_plugins.reports.fleet import fleet_table, hourly_kwh
+
+    results = run_experiment(load(_write(tmp_path, FLEET + POWER_AND_HOSTS % 150),
+                                  ["workload.num_requests=300", "workload.rate=0.03", setting]))
+    run = results.all_runs()[0]
+    assert hourly_kwh(run) is None
+    lines = fleet_table([run], 2.0).splitlines()
+    assert lines[0].split()[-1] == "kWh" and lines[1].split()[-1] == f"{run.metrics['energy']['kwh']:,.2f}"
+    assert lines[-1] == ("no kWh per hour in plots/fleet.png for fleet: it needs the run's whole timeline "
+                         "(timeline = true, timeline_points above its rows)")
+
+
 def _write(tmp_path, text):
     path = tmp_path / "fleet.toml"
     path.write_text(text)

@@ -7,6 +7,13 @@ SLO attainment, that of its worst hour, and for an autoscaled run its scale-ups 
 line per run, so a fixed fleet and an autoscaled one read side by side (the hours' figures
 themselves: ``hourly`` in summary.json). Without such a run it writes nothing and says so on
 stderr.
+
+A run that metered energy (``[power]``) adds its facility energy to ``fleet.txt`` (``kWh``: the
+run's ``energy.kwh``, GPUs and hosts x PUE over its energy window) and, with ``kwh_usd`` set, its
+cost (``energy $``); without one the file is as before. Each hour's kWh (by the clock, as the
+GPU-hours) is redrawn from the run's timeline (:func:`hourly_kwh`) and plotted in a panel of its
+own: that needs the whole timeline (``timeline = true`` and no more rows than ``timeline_points``),
+checked by the hours adding up to the run's energy; a footnote of fleet.txt names the runs without.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ import sys
 from pathlib import Path
 
 import attrs
+import numpy as np
 
 from schedlab.configs import float_field, int_field
-from schedlab.results.metrics import HOURLY_FROM_MS
+from schedlab.energy.metrics import J_PER_KWH
+from schedlab.results.metrics import HOUR_MS, HOURLY_FROM_MS
 from schedlab.results.storage import atomic_write
 
 
@@ -26,6 +35,9 @@ from schedlab.results.storage import atomic_write
 class FleetConfig:
     gpu_hour_usd: float = float_field(1.29, min=0.0, help="price of a GPU-hour (an illustrative on-demand A100 "
                                                           "price, as in experiments/capacity_plan.toml)")
+    kwh_usd: float | None = float_field(None, min=0.0, optional=True,
+                                       help="price of a kWh of facility energy: an energy cost column in fleet.txt "
+                                            "for runs with [power] (unset: none)")
     dpi: int = int_field(110, min=20, help="resolution of plots/fleet.png")
 
 
@@ -49,9 +61,56 @@ def nothing_written(results) -> str:
             "that has per-hour figures; fleet.txt and plots/fleet.png not written")
 
 
-def fleet_table(runs: list, price: float) -> str:
+def metered(run) -> bool:
+    """The run metered energy (``[power]``): its metrics have ``energy.kwh``."""
+    energy = run.metrics.get("energy")
+    return isinstance(energy, dict) and isinstance(energy.get("kwh"), (int, float))
+
+
+def hourly_kwh(run) -> list[float] | None:
+    """Facility kWh -- GPUs and hosts x PUE -- of each hour of ``hourly`` (by the clock, as its
+    GPU-hours; the last hour runs on to the energy window's end), redrawn from the timeline:
+    each instance's GPU power (:func:`schedlab.energy.timeline.power_steps`), its host's idle power
+    while on and busy power over the timeline's rows. None without ``[power]`` or a timeline, or
+    when the hours do not add up to the run's ``energy.facility_j`` (a timeline thinned past
+    ``timeline_points`` has lost rows)."""
+    from schedlab.energy.timeline import power_steps
+
+    energy, t = run.meta.get("energy"), run.timeline
+    if not metered(run) or not isinstance(energy, dict) or not energy.get("instances") or "energy_j" not in t \
+            or not t["energy_j"].size:
+        return None
+    start, end = energy["window_ms"]
+    bounds = np.arange(len(run.metrics["hourly"]) + 1) * HOUR_MS
+    bounds[-1] = max(bounds[-1], end)
+    gpu_j = np.zeros(bounds.size - 1)
+    host_j = np.zeros(bounds.size - 1)
+    for k, inst in enumerate(energy["instances"]):
+        edges, watts = power_steps(run, k)
+        drawn = np.concatenate(([0.0], np.cumsum(np.diff(edges) * watts) * 1e-3))  # J drawn by each edge
+        gpu_j += np.diff(np.interp(bounds, edges, drawn))
+        mine = t["instance"] == k
+        starts, durations = t["time_ms"][mine], t["duration_ms"][mine]
+        busy = np.array([np.clip(b - starts, 0.0, durations).sum() for b in bounds])  # ms busy before each bound
+        clipped = np.clip(bounds, start, end)
+        off = np.array([sum(max(0.0, min(b, off_end, end) - max(a, start)) for a, off_end in inst.get("off", []))
+                        for b in clipped])
+        on = clipped - start - off  # ms on before each bound
+        host_j += (inst.get("host_idle_w", 0.0) * np.diff(on) + inst.get("host_busy_w", 0.0) * np.diff(busy)) * 1e-3
+    facility = (gpu_j + host_j) * energy.get("pue", 1.0)
+    if not math.isclose(float(facility.sum()), run.metrics["energy"]["facility_j"], rel_tol=1e-6, abs_tol=1e-6):
+        return None
+    return (facility / J_PER_KWH).tolist()
+
+
+def fleet_table(runs: list, price: float, kwh_usd: float | None = None, per_hour: list | None = None) -> str:
+    """fleet.txt: a line per run; with a run that metered energy, its kWh (and cost at ``kwh_usd``)
+    and footnotes. ``per_hour``: each run's :func:`hourly_kwh` (default: computed here)."""
+    energy = any(metered(run) for run in runs)
+    priced = energy and kwh_usd is not None
     lines = [f"{'run':<24} {'requests':>11} {'GPU-hours':>10} {'cost $':>9} {'SLO attained':>13} "
-             f"{'worst hour':>11} {'ups/downs':>10}"]
+             f"{'worst hour':>11} {'ups/downs':>10}" + (f" {'kWh':>10}" if energy else "")
+             + (f" {'energy $':>9}" if priced else "")]
     for run in runs:
         m = run.metrics
         hours = [h["slo_attainment"] for h in m["hourly"].values() if h["requests"]]
@@ -59,20 +118,51 @@ def fleet_table(runs: list, price: float) -> str:
         fleet = m.get("fleet")
         moves = f"{fleet['scale_ups']}/{fleet['scale_downs']}" if fleet else "-"
         attained = m.get("slo", {}).get("attainment", math.nan)
-        lines.append(f"{run.name:<24} {m['requests']:>11,} {m['gpu_hours']:>10.1f} {m['gpu_hours'] * price:>9.0f} "
-                     f"{attained:>13.2%} {worst:>11.2%} {moves:>10}")
+        line = (f"{run.name:<24} {m['requests']:>11,} {m['gpu_hours']:>10.1f} {m['gpu_hours'] * price:>9.0f} "
+                f"{attained:>13.2%} {worst:>11.2%} {moves:>10}")
+        if energy:
+            kwh = m["energy"]["kwh"] if metered(run) else None
+            line += f" {kwh:>10,.2f}" if kwh is not None else f" {'-':>10}"
+            if priced:
+                line += f" {kwh * kwh_usd:>9,.2f}" if kwh is not None else f" {'-':>9}"
+        lines.append(line)
+    if energy:
+        lines += [""] + energy_notes(runs, kwh_usd if priced else None,
+                                     per_hour if per_hour is not None else [hourly_kwh(run) for run in runs])
     return "\n".join(lines) + "\n"
 
 
-def fleet_figure(runs: list, dpi: int):
+def energy_notes(runs: list, kwh_usd: float | None, per_hour: list) -> list[str]:
+    """The footnotes of the energy columns."""
+    pues = sorted({run.metrics["energy"].get("pue", 1.0) for run in runs if metered(run)})
+    pue = f"PUE {pues[0]:g}" if len(pues) == 1 else "PUE"
+    notes = [f"kWh: facility energy over the run's energy window, GPUs and hosts x {pue} (energy.kwh; GPUs alone: "
+             "energy.gpu_kwh)"]
+    if kwh_usd is not None:
+        notes.append(f"energy $: kWh at ${kwh_usd:g}/kWh, not in cost $ (GPU-hours at their price)")
+    without = [run.name for run, hours in zip(runs, per_hour) if metered(run) and hours is None]
+    if without:
+        notes.append(f"no kWh per hour in plots/fleet.png for {', '.join(without)}: it needs the run's whole timeline "
+                     "(timeline = true, timeline_points above its rows)")
+    return notes
+
+
+def fleet_figure(runs: list, dpi: int, per_hour: list | None = None):
+    """The figure of plots/fleet.png; ``per_hour``: each run's kWh per hour or None (no energy panel
+    unless a run has them)."""
     from matplotlib.ticker import PercentFormatter
 
     from .plot_common import line_style, new_figure  # matplotlib: only when drawing
 
-    fig = new_figure(8.0, 7.5, dpi)
-    rate_ax, gpu_ax, slo_ax = fig.subplots(3, 1, sharex=True)
+    per_hour = per_hour if per_hour is not None else [None] * len(runs)
+    energy = any(kwh is not None for kwh in per_hour)
+    fig = new_figure(8.0, 9.5 if energy else 7.5, dpi)
+    if energy:
+        rate_ax, gpu_ax, kwh_ax, slo_ax = fig.subplots(4, 1, sharex=True)
+    else:
+        rate_ax, gpu_ax, slo_ax = fig.subplots(3, 1, sharex=True)
     lowest = 1.0
-    for i, run in enumerate(runs):
+    for i, (run, kwh) in enumerate(zip(runs, per_hour)):
         hourly = run.metrics["hourly"]
         hours = sorted(int(h) for h in hourly)
         x = hours + [hours[-1] + 1]  # steps over each hour, the last one drawn to its end
@@ -83,6 +173,8 @@ def fleet_figure(runs: list, dpi: int):
         style = dict(line_style(i), drawstyle="steps-post")
         rate_ax.plot(x, steps([hourly[str(h)]["requests"] / 3600 for h in hours]), label=run.name, **style)
         gpu_ax.plot(x, steps([hourly[str(h)]["gpu_hours"] for h in hours]), label=run.name, **style)
+        if kwh is not None:
+            kwh_ax.plot(x, steps(list(kwh)), label=run.name, **style)
         attained = [hourly[str(h)]["slo_attainment"] for h in hours]
         slo_ax.plot(x, steps(attained), label=run.name, **style)
         lowest = min([lowest] + [a for a in attained if not math.isnan(a)])
@@ -95,9 +187,15 @@ def fleet_figure(runs: list, dpi: int):
     gpu_ax.set_ylim(bottom=0)
     rate_ax.set_ylim(bottom=0)
     rate_ax.legend(loc="upper left", fontsize=8)
-    for ax in (rate_ax, gpu_ax, slo_ax):
+    axes = (rate_ax, gpu_ax, slo_ax)
+    if energy:
+        kwh_ax.set_ylabel("energy (kWh per hour,\nGPUs and hosts x PUE)")
+        kwh_ax.set_ylim(bottom=0)
+        axes += (kwh_ax,)
+    for ax in axes:
         ax.grid(alpha=0.3)
-    rate_ax.set_title("A day of a fleet: load, GPUs paid for and SLO attainment per hour")
+    shown = "GPUs paid for, energy" if energy else "GPUs paid for"
+    rate_ax.set_title(f"A day of a fleet: load, {shown} and SLO attainment per hour")
     return fig
 
 
@@ -114,8 +212,9 @@ class FleetReport:
             print(nothing_written(results), file=self.stream or sys.stderr)
             return []
         out = Path(out_dir)
+        per_hour = [hourly_kwh(run) for run in runs]
         table = out / "fleet.txt"
-        atomic_write(table, fleet_table(runs, self.config.gpu_hour_usd))
+        atomic_write(table, fleet_table(runs, self.config.gpu_hour_usd, self.config.kwh_usd, per_hour))
         plot = out / FOLDER / "fleet.png"
-        atomic_write(plot, png_bytes(fleet_figure(runs, self.config.dpi), self.config.dpi))
+        atomic_write(plot, png_bytes(fleet_figure(runs, self.config.dpi, per_hour), self.config.dpi))
         return [table, plot]
