@@ -29,6 +29,7 @@ from .configs import (
 )
 from .errors import ConfigError, UnknownPluginError
 from .hf_config import is_config_path, spec_from_path
+from .kv_window import SlidingWindow, kv_groups, model_window, tokens_fitting
 from .parallelism import SINGLE, Parallelism, stage_layers
 
 if TYPE_CHECKING:
@@ -244,6 +245,28 @@ class ModelSpec:
                 f"cannot be replicated evenly; use a multiple of {heads}")
         return 1
 
+    def pool_layers(self, hybrid: bool = True, swa_ratio: float | None = None) -> float:
+        """Layers one block of the pool holds a page of. vLLM: a KV cache group's
+        (:func:`schedlab.kv_window.kv_groups`, usually the full-attention layers) when some
+        layers slide, else every layer; every layer without the hybrid manager (``hybrid``
+        false: vLLM ``--disable-hybrid-kv-cache-manager`` keeps every token in every layer).
+        SGLang's hybrid SWA memory (``swa_ratio``, its ``swa_full_tokens_ratio``): the
+        full-attention layers plus that share of the window layers, whose own pool holds
+        ``swa_ratio`` tokens for every full-attention one (``HybridSWAPoolConfigurator``)."""
+        window = self.sliding_window_layers if self.sliding_window is not None else 0
+        if not hybrid or not window or window >= self.num_layers:
+            return self.num_layers
+        if swa_ratio is not None:
+            return self.num_layers - window + swa_ratio * window
+        return kv_groups(self.num_layers, window)[0]
+
+    def pool_bytes_per_token(self, tensor_parallel: int = 1, hybrid: bool = True,
+                             swa_ratio: float | None = None) -> int:
+        """Bytes one token takes in a block of the pool on each rank: :meth:`kv_bytes_per_token`
+        per layer, over :meth:`pool_layers` (rounded up)."""
+        per_layer = self.kv_bytes_per_token(tensor_parallel) // self.kv_layers
+        return math.ceil(per_layer * self.pool_layers(hybrid, swa_ratio))
+
     def kv_bytes_per_token(self, tensor_parallel: int = 1) -> int:
         """KV bytes one token takes on each rank: ``2 (K and V) * layers * heads/tp * head_dim * dtype``
         over the layers that keep every token (:attr:`kv_layers`); with latent attention
@@ -457,6 +480,21 @@ class KVSizing:
     # the most layers sets the block count, as vLLM takes the smallest pool of its workers).
     expert_gpus: int = 1
     pipeline_parallel: int = 1
+    hybrid: bool = True  # vLLM's hybrid KV cache manager: window layers keep their window only
+    swa_ratio: float | None = None  # SGLang's hybrid SWA memory instead (ModelSpec.pool_layers)
+
+    @property
+    def window(self) -> SlidingWindow | None:
+        """The window layers' share of vLLM's pool (:mod:`schedlab.kv_window`), None without
+        (SGLang's window layers have a pool of their own)."""
+        return model_window(self.model, self.block_size) if self.hybrid and self.swa_ratio is None else None
+
+    def sequence_blocks(self, seq_tokens: int) -> int:
+        """Blocks one sequence of ``seq_tokens`` tokens holds at its longest, its window
+        layers' included (:meth:`~schedlab.kv_window.SlidingWindow.fewest`)."""
+        window = self.window
+        blocks = _ceil_div(seq_tokens, self.block_size)
+        return blocks + window.fewest(seq_tokens) if window is not None else blocks
 
     @property
     def tokens(self) -> int:
@@ -469,7 +507,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
-                  reserve_bytes: int, block_size: int, parallelism: Parallelism = SINGLE) -> tuple[int, int, int, int]:
+                  reserve_bytes: int, block_size: int, parallelism: Parallelism = SINGLE,
+                  hybrid: bool = True, swa_ratio: float | None = None) -> tuple[int, int, int, int]:
     """``(usable, weights, bytes_per_block, pool)`` for one rank, without any checks.
 
     Data parallelism keeps the dense weights on every rank (split by tensor parallelism) and
@@ -484,17 +523,19 @@ def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
     weights = math.ceil(weights / stages)
     layers = max(stage_layers(model.num_layers, stages))
     # a stage's share of the KV (rounded up: the whole model's when there is one stage)
-    bytes_per_block = -(-model.kv_bytes_per_token(tp) * layers // model.num_layers) * block_size
+    bytes_per_block = -(-model.pool_bytes_per_token(tp, hybrid, swa_ratio) * layers // model.num_layers) * block_size
     return usable, weights, bytes_per_block, usable - weights - reserve_bytes
 
 
 def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, current_tp: int,
-                         reserve_bytes: int, block_size: int) -> int | None:
+                         reserve_bytes: int, block_size: int, hybrid: bool = True,
+                         swa_ratio: float | None = None) -> int | None:
     for tp in _SUGGESTED_TP:
         if tp <= current_tp:
             continue
         try:
-            _, _, per_block, pool = _pool_numbers(model, gpu, utilization, tp, reserve_bytes, block_size)
+            _, _, per_block, pool = _pool_numbers(model, gpu, utilization, tp, reserve_bytes, block_size,
+                                                  hybrid=hybrid, swa_ratio=swa_ratio)
         except ConfigError:  # heads cannot be split this way
             continue
         if pool // per_block > 0:
@@ -505,7 +546,8 @@ def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, cur
 def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: float = 0.9,
                   tensor_parallel: int = 1,
                   activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB,
-                  block_size: int = 16, parallelism: Parallelism = SINGLE) -> KVSizing:
+                  block_size: int = 16, parallelism: Parallelism = SINGLE, hybrid: bool = True,
+                  swa_ratio: float | None = None) -> KVSizing:
     """Size the KV block pool of ``model`` on ``gpu`` the way vLLM does.
 
     ``num_blocks = (memory * gpu_memory_utilization - weights/tp - activation reserve) //
@@ -514,6 +556,10 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
     :param activation_reserve_gib: memory kept for activations and non-torch allocations,
         see :data:`DEFAULT_ACTIVATION_RESERVE_GIB`.
     :param parallelism: data-parallel experts and pipeline stages (see :func:`_pool_numbers`).
+    :param hybrid: vLLM's hybrid KV cache manager (its default): a model's sliding-window layers
+        keep only their window (:mod:`schedlab.kv_window`); false keeps every token in every layer.
+    :param swa_ratio: SGLang's hybrid SWA memory instead (:meth:`ModelSpec.pool_layers`): the pool
+        counts full-attention tokens, the window layers' own pool (not modelled) ``swa_ratio`` of them.
     :raises ConfigError: a bad argument, or the model does not fit (the message says by how
         much memory it falls short and suggests tensor parallelism or a bigger GPU).
     """
@@ -529,11 +575,12 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
                           f"(GiB), got {reserve!r}")
     reserve_bytes = math.ceil(reserve * GIB)
 
-    usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size, parallelism)
+    usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size, parallelism,
+                                                     hybrid, swa_ratio)
     num_blocks = pool // per_block
     if num_blocks <= 0:
         short = weights + reserve_bytes + per_block - usable
-        better_tp = _smallest_fitting_tp(model, gpu, util, tp, reserve_bytes, block_size)
+        better_tp = _smallest_fitting_tp(model, gpu, util, tp, reserve_bytes, block_size, hybrid, swa_ratio)
         fix = (f"use tensor_parallel = {better_tp} or a GPU with more memory" if better_tp
                else "use a GPU with more memory (tensor parallelism up to 8 is not enough)")
         raise ConfigError(
@@ -547,16 +594,17 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
         memory_bytes=gpu.memory_bytes, usable_bytes=usable, weight_bytes=weights,
         reserve_bytes=reserve_bytes, kv_pool_bytes=pool, num_blocks=num_blocks,
         expert_gpus=tp * parallelism.data_parallel if parallelism.lockstep and model.is_moe else tp,
-        pipeline_parallel=parallelism.pipeline_parallel,
+        pipeline_parallel=parallelism.pipeline_parallel, hybrid=hybrid, swa_ratio=swa_ratio,
     )
 
 
 def concurrency(sizing: KVSizing, seq_tokens: int) -> int:
     """How many sequences of ``seq_tokens`` total tokens (prompt + output) fit in the pool at
-    once; each needs ``ceil(seq_tokens / block_size)`` blocks of its own."""
+    once; each needs ``ceil(seq_tokens / block_size)`` blocks of its own, and its window
+    layers' (:meth:`KVSizing.sequence_blocks`)."""
     if isinstance(seq_tokens, bool) or not isinstance(seq_tokens, int) or seq_tokens < 1:
         raise ConfigError(f"sequence length must be a whole number of tokens >= 1, got {seq_tokens!r}")
-    return sizing.num_blocks // _ceil_div(seq_tokens, sizing.block_size)
+    return sizing.num_blocks // sizing.sequence_blocks(seq_tokens)
 
 
 # --- printing ---------------------------------------------------------------------------------
@@ -584,8 +632,16 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
     heads = m.kv_heads_per_rank(tp)
     heads_text = f"{m.num_kv_heads} KV heads" if tp == 1 else f"{heads} KV heads per rank ({m.num_kv_heads} over tp={tp})"
     per_rank = "" if tp == 1 else f" / {tp} ranks"
-    layers = f"{m.kv_layers} layers"
-    if m.kv_layers < m.num_layers:
+    pool_layers = m.pool_layers(s.hybrid, s.swa_ratio)
+    layers = f"{pool_layers:g} layers"
+    window = s.window
+    if window is not None:
+        layers += (f" (a block holds one page of each of {pool_layers} layers: the {m.kv_layers} full-attention "
+                   f"layers' group)" if pool_layers != m.kv_layers else " (the full-attention ones)")
+    elif s.swa_ratio is not None and pool_layers != m.num_layers:
+        layers += (f" ({m.kv_layers} full-attention + {s.swa_ratio:g} x {m.sliding_window_layers} window layers: "
+                   f"SGLang's window pool holds {s.swa_ratio:g} tokens per full-attention one)")
+    elif pool_layers < m.num_layers:
         layers += f" (the other {m.sliding_window_layers} keep {m.sliding_window} tokens)"
     if m.kv_latent_dim is not None:
         kv_text = f"{layers} x {m.kv_latent_dim} latent (K and V, on every rank) x {m.dtype_bytes} B"
@@ -617,20 +673,26 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         f"  blocks              {_gib(s.kv_pool_bytes)} // {_num(s.bytes_per_block / MIB)} MiB = {s.num_blocks}",
         f"  tokens              {s.num_blocks} blocks x {s.block_size} = {s.tokens} tokens",
     ]
+    if window is not None:
+        lines.append(f"  window layers       {m.sliding_window_layers} layers keep {window.tokens} tokens in "
+                     f"{window.groups} more group(s) of {pool_layers} layers: up to "
+                     f"{window.fewest(window.tokens + s.block_size)} blocks a sequence (vLLM's hybrid manager)")
     context = m.max_position_embeddings
     if context:  # vLLM checks at start-up that one sequence of max_model_len fits (kv_cache_planning.py)
-        if context <= s.tokens:
+        if s.sequence_blocks(context) <= s.num_blocks:
             lines.append(f"  context             {context} tokens (vLLM's default max_model_len) fit in the pool")
         else:
             lines.append(f"  context             {context} tokens (vLLM's default max_model_len) do not fit in the "
-                         f"pool: vLLM refuses to start unless --max-model-len <= {s.tokens} (or auto)")
+                         f"pool: vLLM refuses to start unless --max-model-len <= {tokens_fitting(s, s.num_blocks)} "
+                         "(or auto)")
     fits: dict[str, tuple[int, int]] = {}
     for label, length in (("average", avg_tokens), ("p99", p99_tokens)):
         if length is None:
             continue
         n = concurrency(s, length)
         fits[label] = (length, n)
-        lines.append(f"  fit at {label:<7}      {length} tokens = {_ceil_div(length, s.block_size)} blocks each "
+        blocks = s.sequence_blocks(length)
+        lines.append(f"  fit at {label:<7}      {length} tokens = {blocks} blocks each "
                      f"-> {n} sequences" + (f" (longer than the model's context, {context}: vLLM cuts or "
                                             "rejects such requests)" if context and length > context else ""))
     if "average" in fits and "p99" in fits:
@@ -665,6 +727,8 @@ def add_capacity_arguments(parser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     parser.add_argument("--avg-tokens", type=int, default=None, help="average sequence length (prompt + output)")
     parser.add_argument("--p99-tokens", type=int, default=None, help="p99 sequence length (prompt + output)")
+    parser.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                        help="as vLLM's flag: sliding-window layers keep every token too (default: their window)")
 
 
 def capacity_command(options: Any, catalog: "Catalog") -> str:
@@ -683,6 +747,6 @@ def capacity_command(options: Any, catalog: "Catalog") -> str:
         gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
         tensor_parallel=get("tensor_parallel", 1),
         activation_reserve_gib=get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB),
-        block_size=get("block_size", 16),
+        block_size=get("block_size", 16), hybrid=not get("disable_hybrid_kv_cache_manager", False),
     )
     return format_capacity(sizing, avg_tokens=get("avg_tokens"), p99_tokens=get("p99_tokens"))

@@ -291,6 +291,10 @@ def test_sizing_accounting(model, tp, memory_gib, block_size, seq_tokens):
     assert s.bytes_per_block == s.bytes_per_token * block_size
     n = concurrency(s, seq_tokens)
     blocks_each = -(-seq_tokens // block_size)
+    if model.sliding_window_layers:  # vLLM's hybrid manager: the window layers' blocks on top (kv_window)
+        window_most = -(-(model.sliding_window - 1) // block_size) + 1
+        blocks_each += min(blocks_each, window_most)
+    assert s.sequence_blocks(seq_tokens) == blocks_each
     assert n * blocks_each <= s.num_blocks < (n + 1) * blocks_each
 
 

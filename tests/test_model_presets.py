@@ -82,7 +82,13 @@ def test_capacity_text_shows_latent_and_quantised_weights():
     assert "61 layers x 576 latent (K and V, on every rank) x 2 B = 68.625 KiB" in text
     assert "1-byte weights, 2-byte KV" in text and "671.00B params x 1 B / 8 ranks" in text
     text = format_capacity(size_kv_cache(PRESETS.model("gpt-oss-20b"), PRESETS.gpu("l4")))
-    assert "12 layers (the other 12 keep 128 tokens)" in text
+    assert "12 layers (the full-attention ones)" in text
+    # vLLM's hybrid manager: the 12 window layers form one more group of 12; a sequence holds at most
+    # ceil(127 / 16) + 1 = 9 of its blocks once the window slides
+    assert "window layers       12 layers keep 128 tokens in 1 more group(s) of 12 layers" in text
+    assert "up to 9 blocks a sequence" in text
+    whole = format_capacity(size_kv_cache(PRESETS.model("gpt-oss-20b"), PRESETS.gpu("l4"), hybrid=False))
+    assert "24 layers" in whole and "window layers" not in whole
     assert "expert params x 0.53125 B" in text
 
 

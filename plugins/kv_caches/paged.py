@@ -5,6 +5,12 @@ pool is one number. A sequence holds ``max(ceil(reserved / B), ceil(computed / B
 (``B`` = block size); allocation takes the difference, release gives it back. Swap space
 (vLLM V0) holds whole sequences' blocks on the host; moving them costs
 ``blocks x bytes_per_block / host_link_bandwidth``.
+
+With a ``window`` (:class:`schedlab.kv_window.SlidingWindow`: a model whose sliding-window
+layers keep only their window, in KV cache groups of their own) a sequence also holds its
+window layers' blocks, :meth:`PagedKVCache.window_blocks`: each allocation frees those that
+fell out of the window and takes those up to the step's end, from the same pool. They slide,
+so such a cache has no ``grow`` and the engines allocate each decode.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ class PagedKVCache:
     prefix_caching = False
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, swap_blocks: int = 0,
-                 bytes_per_block: int = 0, host_link_gbps: float = 25.0):
+                 bytes_per_block: int = 0, host_link_gbps: float = 25.0, window=None):
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.used = 0
@@ -28,6 +34,12 @@ class PagedKVCache:
         self.swap_used = 0
         self.bytes_per_block = bytes_per_block
         self.host_link_gbps = host_link_gbps
+        self.window = window
+        self._window_held: dict = {}  # sequence -> blocks its window layers hold
+        if window is not None:
+            if window.block_size != block_size:
+                raise ValueError(f"window of {window.block_size}-token blocks for a cache of {block_size}-token ones")
+            self.grow = None  # window blocks slide: no bulk growth (the engines allocate each decode)
 
     # -- queries -------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -37,15 +49,39 @@ class PagedKVCache:
         return self.used
 
     def held(self, seq) -> int:
-        """Blocks ``seq`` holds between iterations."""
+        """Blocks ``seq`` holds between iterations (its window layers' apart: :meth:`window_blocks`)."""
         c = seq.num_computed_tokens
         r = seq.reserved_tokens
         return -(-(c if c > r else r) // self.block_size)
 
+    def window_blocks(self, seq) -> int:
+        """Blocks ``seq``'s window layers hold (0 without a window)."""
+        return self._window_held.get(seq, 0)
+
+    def _window_change(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> int:
+        """How many window blocks an allocation takes (negative: frees) -- those that fell out of
+        the window go, those up to the step's end come (:meth:`SlidingWindow.held`). A sequence
+        reserving room for ``R`` tokens (it is never to be preempted) keeps the most its window
+        can hold: while decoding (:meth:`SlidingWindow.fewest` of ``R``) or while the rest of its
+        tokens so far are computed in one step -- no later chunk or decode needs another block."""
+        window = self.window
+        start = seq.num_computed_tokens + cached_tokens
+        held = window.held(start, start + num_new_tokens)
+        reserved = reserve_tokens if reserve_tokens > seq.reserved_tokens else seq.reserved_tokens
+        if reserved:
+            most = max(window.fewest(reserved), window.held(start, seq.num_tokens))
+            if most > held:
+                held = most
+        return held - self._window_held.get(seq, 0)
+
+    def _window_release(self, seq) -> int:
+        """Forget ``seq``'s window blocks; how many it held."""
+        return self._window_held.pop(seq, 0)
+
     def cached_tokens(self, seq) -> int:
         return 0
 
-    def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
+    def _full_need(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> int:
         tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
         if reserve_tokens > tokens:
             tokens = reserve_tokens
@@ -53,13 +89,30 @@ class PagedKVCache:
             tokens = seq.reserved_tokens
         return -(-tokens // self.block_size) - self.held(seq)
 
+    def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
+        need = self._full_need(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        if self.window is None:
+            return need
+        need += self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        return need if need > 0 else 0
+
     # -- changes ---------------------------------------------------------------------------
     def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
-        need = self.blocks_needed(seq, num_new_tokens, cached_tokens=cached_tokens, reserve_tokens=reserve_tokens)
-        if need > self.num_blocks - self.used:
+        need = self._full_need(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        change = 0 if self.window is None else self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        if need + change > self.num_blocks - self.used:
             return False
-        self.used += need
+        self.used += need + change
+        if change:
+            self._window_settle(seq, change)
         return True
+
+    def _window_settle(self, seq, change: int) -> None:
+        held = self._window_held.get(seq, 0) + change
+        if held:
+            self._window_held[seq] = held
+        else:
+            del self._window_held[seq]
 
     def grow(self, num_blocks: int) -> None:
         """Take ``num_blocks`` decode blocks for many sequences at once (the engine attributes them)."""
@@ -68,7 +121,7 @@ class PagedKVCache:
         self.used += num_blocks
 
     def free(self, seq, *, preempted: bool = False) -> None:
-        self.used -= self.held(seq)
+        self.used -= self.held(seq) + self._window_release(seq)
 
     # -- swap space ------------------------------------------------------------------------
     def transfer_ms(self, blocks: int) -> float:
@@ -76,10 +129,12 @@ class PagedKVCache:
         return blocks * self.bytes_per_block / (self.host_link_gbps * 1e9) * 1e3
 
     def swap_out(self, seq) -> float | None:
-        """Move ``seq``'s blocks to swap space; None if it does not fit there."""
-        blocks = self.held(seq)
+        """Move ``seq``'s blocks (its window layers' too) to swap space; None if it does not fit there."""
+        held = self.held(seq)
+        blocks = held + self.window_blocks(seq)
         if self.swap_used + blocks > self.swap_blocks:
             return None
+        self._window_release(seq)
         self.used -= blocks
         self.swap_used += blocks
         seq.kv_state = blocks
@@ -90,16 +145,23 @@ class PagedKVCache:
         self.swap_used -= seq.kv_state
         seq.kv_state = None
 
-    def swap_in(self, seq) -> float | None:
-        """Bring ``seq`` back with room for its next token; None if the GPU lacks the blocks."""
-        blocks = seq.kv_state
+    def _swap_in_need(self, seq) -> tuple[int, int]:
+        """(blocks, window blocks) a swapped-out ``seq`` comes back into, with room for its next token."""
         tokens = seq.num_computed_tokens + 1
         if seq.reserved_tokens > tokens:
             tokens = seq.reserved_tokens
-        need = -(-tokens // self.block_size)
-        if need > self.num_blocks - self.used:
+        window = 0 if self.window is None else self.window.held(seq.num_computed_tokens, seq.num_computed_tokens + 1)
+        return -(-tokens // self.block_size), window
+
+    def swap_in(self, seq) -> float | None:
+        """Bring ``seq`` back with room for its next token; None if the GPU lacks the blocks."""
+        blocks = seq.kv_state
+        need, window = self._swap_in_need(seq)
+        if need + window > self.num_blocks - self.used:
             return None
-        self.used += need
+        self.used += need + window
+        if window:
+            self._window_held[seq] = window
         self.swap_used -= blocks
         seq.kv_state = None
         return self.transfer_ms(blocks)
@@ -118,4 +180,6 @@ class PagedKVCache:
 
     def check_invariants(self) -> None:
         assert 0 <= self.used <= self.num_blocks, (self.used, self.num_blocks)
+        window = sum(self._window_held.values())
+        assert all(n > 0 for n in self._window_held.values()) and window <= self.used, (window, self.used)
         assert 0 <= self.swap_used <= self.swap_blocks, (self.swap_used, self.swap_blocks)

@@ -150,9 +150,9 @@ class PrefixKVCache(PagedKVCache):
     prefix_caching = True
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, swap_blocks: int = 0,
-                 bytes_per_block: int = 0, host_link_gbps: float = 25.0, host=None):
+                 bytes_per_block: int = 0, host_link_gbps: float = 25.0, host=None, window=None):
         super().__init__(num_blocks, block_size, swap_blocks=swap_blocks,
-                         bytes_per_block=bytes_per_block, host_link_gbps=host_link_gbps)
+                         bytes_per_block=bytes_per_block, host_link_gbps=host_link_gbps, window=window)
         self.host = host  # a HostTier, or None
         self.evictions = 0
         self.epoch = 0
@@ -239,13 +239,20 @@ class PrefixKVCache(PagedKVCache):
         return hits, fresh, fresh + revived
 
     def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
-        return self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)[2]
+        need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)[2]
+        if self.window is None:
+            return need
+        need += self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        return need if need > 0 else 0
 
     # -- changes ---------------------------------------------------------------------------
     def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
         hits, fresh, need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        if need > self.num_blocks - self.used:
+        change = 0 if self.window is None else self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        if need + change > self.num_blocks - self.used:
             return False
+        if change < 0:  # the window's blocks that fell out of it go first (vLLM: before allocating)
+            self._window_give_back(seq, -change)
         chain = seq.kv_state
         if chain is None:
             chain = seq.kv_state = _Chain()
@@ -275,6 +282,10 @@ class PrefixKVCache(PagedKVCache):
         if hits:
             chain.blocks.extend(hits)
         self.used += need
+        if change > 0:  # anonymous blocks: a hit's window is taken afresh too (see the class doc)
+            self._take(change)
+            self.used += change
+            self._window_settle(seq, change)
         if not chain.sealed:
             full = (seq.num_computed_tokens + cached_tokens + num_new_tokens) // self.block_size
             if full > len(chain.blocks):
@@ -311,6 +322,13 @@ class PrefixKVCache(PagedKVCache):
         self._release(seq, preempted)
         seq.kv_state = None
 
+    def _window_give_back(self, seq, count: int) -> None:
+        """Return ``count`` of ``seq``'s window blocks to the tail of the free queue (vLLM frees
+        them there; they are anonymous here)."""
+        self._push_run(count)
+        self.used -= count
+        self._window_settle(seq, -count)
+
     def _release(self, seq, preempted: bool) -> None:
         held = self.held(seq)
         chain = seq.kv_state
@@ -334,7 +352,9 @@ class PrefixKVCache(PagedKVCache):
                 self.epoch += 1
         else:
             self._push_run(full - known)  # full private blocks: hashed in vLLM, never hit again
-        released = held - known
+        window = self._window_release(seq)
+        self._push_run(window)
+        released = held - known + window
         for block in reversed(blocks):
             block.ref -= 1
             if not block.ref:
@@ -431,7 +451,7 @@ class PrefixKVCache(PagedKVCache):
     def swap_out(self, seq) -> float | None:
         """Copy ``seq``'s blocks to swap space and release them as a finish would; None if
         swap space lacks room."""
-        blocks = self.held(seq)
+        blocks = self.held(seq) + self.window_blocks(seq)
         if self.swap_used + blocks > self.swap_blocks:
             return None
         self._release(seq, False)
@@ -448,14 +468,13 @@ class PrefixKVCache(PagedKVCache):
         """Bring ``seq`` back into fresh anonymous blocks with room for its next token; None
         if the GPU lacks the blocks."""
         blocks = seq.kv_state
-        tokens = seq.num_computed_tokens + 1
-        if seq.reserved_tokens > tokens:
-            tokens = seq.reserved_tokens
-        need = blocks_for(tokens, self.block_size)
-        if need > self.num_blocks - self.used:
+        need, window = self._swap_in_need(seq)
+        if need + window > self.num_blocks - self.used:
             return None
-        self._take(need)
-        self.used += need
+        self._take(need + window)
+        self.used += need + window
+        if window:
+            self._window_held[seq] = window
         self.swap_used -= blocks
         seq.kv_state = _Chain(sealed=True)
         return self.transfer_ms(blocks)

@@ -69,6 +69,23 @@ class PoolConfig:
         return bool(self.host_memory_gib or self.host_blocks)
 
 
+#: What SGLang 0.5.23 gives hybrid SWA memory (``model_config.is_hybrid_swa_model``: an allow-list
+#: of architectures; Gemma 2 and 3 have it switched off, ``model_overrides/gemma2_gemma3.py``), as a
+#: preset's name or Hugging Face id shows it: gpt-oss (``GptOssForCausalLM``) and Llama 4
+#: (``Llama4ForConditionalGeneration``).
+SGLANG_HYBRID_SWA = ("gpt-oss", "llama-4")
+
+
+def sglang_swa_ratio(config, model) -> float | None:
+    """SGLang's ``swa_full_tokens_ratio`` for ``model`` under ``config`` (a :class:`RadixConfig`),
+    or None when every layer keeps every token -- switched off, or a model SGLang gives no hybrid
+    SWA memory (:data:`SGLANG_HYBRID_SWA`)."""
+    names = f"{model.name} {model.hf_id or ''}".lower()
+    if config.disable_hybrid_swa_memory or not any(family in names for family in SGLANG_HYBRID_SWA):
+        return None
+    return config.swa_full_tokens_ratio
+
+
 def pool_size(config: PoolConfig, presets=None, parallelism: Parallelism = SINGLE):
     """``(num_blocks, sizing)``: the pool's blocks and, when sized from presets, the
     :class:`~schedlab.capacity.KVSizing` derivation (else None). A given ``num_blocks`` wins over
@@ -78,10 +95,15 @@ def pool_size(config: PoolConfig, presets=None, parallelism: Parallelism = SINGL
     if config.model is None:
         return (config.num_blocks if config.num_blocks is not None else 16384), None
     model, gpu = presets.model(config.model), presets.gpu(config.gpu)
+    if isinstance(config, RadixConfig):  # SGLang: a pool of its own for the window layers, or none
+        ratio = sglang_swa_ratio(config, model)
+        hybrid = ratio is not None
+    else:
+        hybrid, ratio = not getattr(config, "disable_hybrid_kv_cache_manager", False), None
     sizing = size_kv_cache(model, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
                            tensor_parallel=config.tensor_parallel,
                            activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size,
-                           parallelism=parallelism)
+                           parallelism=parallelism, hybrid=hybrid, swa_ratio=ratio)
     return (sizing.num_blocks if config.num_blocks is None else config.num_blocks), sizing
 
 
@@ -117,6 +139,9 @@ class PagedConfig(PoolConfig):
                                         help="CPU swap space per GPU, GiB (vLLM V0 used 4)")
     swap_blocks: int | None = int_field(None, min=0, optional=True, help="swap space in blocks (instead of GiB)")
     prefix_caching: bool = bool_field(False, help="reuse cached full prompt blocks (vLLM enable_prefix_caching)")
+    disable_hybrid_kv_cache_manager: bool = bool_field(
+        False, help="as vLLM's flag: a model's sliding-window layers keep every token too (default: only their "
+                    "window, in KV cache groups of their own; schedlab.kv_window)")
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
@@ -132,6 +157,7 @@ def build_paged(config: PagedConfig, presets=None, parallelism: Parallelism = SI
     num_blocks, sizing = pool_size(config, presets, parallelism)
     bytes_per_block, link = link_of(config, sizing)
     swap_blocks = config.swap_blocks or 0
+    window = sizing.window if sizing is not None else None
     if config.swap_space_gib:
         if not bytes_per_block:
             raise FieldError("swap_space_gib", "needs bytes_per_block, or model and gpu to derive it")
@@ -140,10 +166,10 @@ def build_paged(config: PagedConfig, presets=None, parallelism: Parallelism = SI
         from .prefix import PrefixKVCache
 
         kv = PrefixKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
-                           host_link_gbps=link, host=host_tier(config, sizing))
+                           host_link_gbps=link, host=host_tier(config, sizing), window=window)
     else:
         kv = PagedKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
-                          host_link_gbps=link)
+                          host_link_gbps=link, window=window)
     kv.sizing = sizing  # shown in the run summary
     return kv
 
@@ -155,6 +181,12 @@ class RadixConfig(PoolConfig):
     block_size: int = int_field(16, min=1, max=MAX_BLOCK_SIZE,
                                 help="tokens per KV page (SGLang page_size; its default 1 matches "
                                      "single tokens, exact but slow for long prompts)")
+    swa_full_tokens_ratio: float = float_field(
+        0.8, min=0.0, max=1.0, min_exclusive=True,
+        help="SGLang's hybrid SWA memory: window-layer tokens per full-attention token (its default 0.8)")
+    disable_hybrid_swa_memory: bool = bool_field(
+        False, help="as SGLang's flag: the window layers keep every token, as SGLang 0.5.23 has them for every "
+                    "model but gpt-oss and Llama 4 (the architectures it gives hybrid SWA memory)")
 
 
 def build_radix(config: RadixConfig, presets=None, parallelism: Parallelism = SINGLE):

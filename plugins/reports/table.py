@@ -186,7 +186,12 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
                          f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
                          + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
                             if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else "")
-                         + _start_up_note(run.meta.get("max_model_len") or 0, kv["tokens"]))
+                         + (f"; window layers keep {kv['window_tokens']:,} tokens in {kv['window_groups']} more "
+                            "group(s)" if kv.get("window_tokens") else "")
+                         + (f"; SGLang's window layers: a pool of {kv['swa_full_tokens_ratio']:g} tokens per "
+                            "full-attention one" if kv.get("swa_full_tokens_ratio") else "")
+                         + _start_up_note(run.meta.get("max_model_len") or 0,
+                                          run.meta.get("max_model_len_fits", kv["tokens"])))
     lines += energy_lines(runs)
     for study in results.studies:
         if study.search is not None:

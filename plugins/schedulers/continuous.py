@@ -38,6 +38,7 @@ import attrs
 
 from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import ConfigError, SimulationError
+from schedlab.kv_window import sequence_blocks, start_up_blocks, tokens_fitting
 from schedlab.queues import FcfsQueue, KeyedQueue
 
 from .orders import waiting_key
@@ -79,10 +80,6 @@ def max_model_len_field():
         "longest sequence served, prompt + output (vLLM --max-model-len): a longer prompt is rejected, max_tokens "
         "cut to what is left (0 = no limit; the vllm preset: the model's context length); \"auto\" (vLLM's -1): "
         "the longest the KV cache holds, at most model_context")})
-
-
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
 
 
 @attrs.frozen
@@ -215,8 +212,14 @@ class ContinuousScheduler:
         c = self.config
         if c.max_model_len != "auto":
             return c.max_model_len
-        fits = kv.num_blocks * kv.block_size
+        fits = tokens_fitting(kv, kv.num_blocks, self.in_flight_tokens())
         return min(fits, c.model_context) if c.model_context else fits
+
+    def in_flight_tokens(self) -> int:
+        """Tokens scheduled and not yet processed at most (vLLM ``max_in_flight_tokens``: a token
+        budget per concurrent batch, two planning ahead): what a model's window layers keep on
+        top of their window (:meth:`schedlab.kv_window.SlidingWindow.admission_cap`)."""
+        return self.config.max_num_batched_tokens * (2 if self.config.plans_ahead else 1)
 
     def start_up_problem(self, kv) -> str | None:
         """Why the engine would refuse to start with ``kv`` (None: it starts). vLLM (the ``vllm``
@@ -226,9 +229,10 @@ class ContinuousScheduler:
         plan counts such a deployment infeasible (:mod:`schedlab.study.planner`)."""
         if not getattr(self.config, "refuses_unfit_max_model_len", False):
             return None
-        longest, tokens = self.max_model_len_for(kv), kv.num_blocks * kv.block_size
-        if not longest or longest <= tokens:
+        longest = self.max_model_len_for(kv)
+        if not longest or start_up_blocks(kv, longest, self.in_flight_tokens()) <= kv.num_blocks:
             return None
+        tokens = tokens_fitting(kv, kv.num_blocks, self.in_flight_tokens())
         return (f"vLLM would refuse to start: max_model_len {longest:,} > the KV pool's {tokens:,} tokens; "
                 f"set [scheduler] max_model_len <= {tokens:,} or \"auto\"")
 
@@ -246,7 +250,10 @@ class ContinuousScheduler:
             return (f"prompt of {request.prompt_tokens} tokens exceeds max_num_batched_tokens "
                     f"({c.max_num_batched_tokens}) and chunked prefill is off")
         tokens = request.prompt_tokens + request.max_output_tokens - (0 if self._reserve else 1)
-        need = _blocks(tokens, kv.block_size)
+        # alone, a prompt is prefilled in chunks of the whole budget (or at once without chunking)
+        # (a reserving sequence keeps its window's blocks for the whole prompt, paged.py)
+        chunk = c.max_num_batched_tokens if c.chunked_prefill and not self._reserve else request.prompt_tokens
+        need = sequence_blocks(kv, tokens, request.prompt_tokens, chunk, reserve=self._reserve)
         usable = kv.num_blocks - self._watermark_blocks(kv)
         if need > usable:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
@@ -539,7 +546,27 @@ class ContinuousScheduler:
             while not (self._kv_allows(plan.kv, seq, n, hit)
                        and plan.admit(seq, n, reserve=self._reserve, padding=padding)):
                 if not self._make_room(plan, seq):
-                    return
+                    reason = self._never_fits(plan, seq, n, hit)
+                    if reason is None:
+                        return
+                    plan.reject(seq, reason)
+                    break
+
+    def _never_fits(self, plan, seq, n: int, hit: int) -> str | None:
+        """Why waiting ``seq`` can never be admitted with ``n`` tokens, or None. Only a model's
+        window layers make it so (:mod:`schedlab.kv_window`): they hold every token of a step, so
+        a preempted request recomputing more tokens than it prefilled may need more blocks at
+        once than the whole cache -- vLLM would wait for ever; schedlab turns it away. Arrival
+        checks the prompt's own prefill (:meth:`rejection_reason`)."""
+        kv = plan.kv
+        if getattr(kv, "window", None) is None or len(plan.running) or kv.num_used_blocks():
+            return None
+        need = kv.blocks_needed(seq, n, cached_tokens=hit)
+        usable = kv.num_blocks - self._watermark_blocks(kv)
+        if need <= usable:
+            return None
+        return (f"its recompute of {n} tokens in one step needs {need} KV blocks at once (the model's window layers "
+                f"keep every token of a step) but the cache has {usable}")
 
     def _padding(self, plan, seq, hit: int) -> int:
         """Placeholder drafts for admitting ``seq`` (``Plan.admit(padding=...)``): vLLM 0.33 pads

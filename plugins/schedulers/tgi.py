@@ -121,8 +121,10 @@ class TgiConfig:
                                              "to the end of the queue (DEFAULT_GENERATION_LENGTH, TGI v3.1.1 on; "
                                              "0 = whole answers, as v3.0)")
 
-    #: TGI turns prefix caching on with flashinfer attention (compute capability 8.0 and up)
-    kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True}
+    #: TGI turns prefix caching on with flashinfer attention (compute capability 8.0 and up), and
+    #: keeps every layer's KV for every token: its cache is one tensor per layer over the same
+    #: blocks, a sliding window only limits what attention reads (no hybrid manager, schedlab.kv_window)
+    kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True, "disable_hybrid_kv_cache_manager": True}
 
     @staticmethod
     def cost_model_defaults(table: dict) -> dict:

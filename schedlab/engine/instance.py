@@ -18,6 +18,7 @@ import attrs
 
 from ..energy.meter import token_shares
 from ..errors import SimulationError, StallError
+from ..kv_window import sequence_blocks
 from ..protocols import Batch
 from ..queues import FcfsQueue, RunningView
 from . import bulk, run_limit
@@ -98,7 +99,7 @@ class PreparedRun:
 def default_rejection_reason(request, kv) -> str | None:
     """A request that cannot fit in the whole cache even alone can never finish."""
     tokens = request.prompt_tokens + request.max_output_tokens - 1
-    need = -(-tokens // kv.block_size)
+    need = sequence_blocks(kv, tokens)
     if need > kv.num_blocks:
         return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
                 f"{request.max_output_tokens}) but the cache has {kv.num_blocks}")
@@ -114,12 +115,16 @@ def free_swapped(kv, seq) -> None:
     drop(seq)
 
 
-def held_blocks(seqs, block_size: int) -> int:
-    """Blocks the sequences hold by their counters: ``max(ceil(reserved / B), ceil(computed / B))`` each."""
+def held_blocks(seqs, kv) -> int:
+    """Blocks the sequences hold by their counters: ``max(ceil(reserved / B), ceil(computed / B))`` each,
+    plus what their window layers hold (a cache's ``window_blocks``, :mod:`schedlab.kv_window`)."""
     total = 0
+    block_size = kv.block_size
     for s in seqs:
         c, r = s.num_computed_tokens, s.reserved_tokens
         total += -(-(c if c > r else r) // block_size)
+    if getattr(kv, "window", None) is not None:
+        total += sum(kv.window_blocks(s) for s in seqs)
     return total
 
 
@@ -1390,7 +1395,7 @@ class Instance:
                 tuple(s.request.id for s in plan.preempted), running_ids,
                 decode_tokens=counters["decode_tokens"] - decoded_before, spec_k=plan.spec_tokens,
                 accepted_tokens=accepted, kv_used_after=kv.num_used_blocks() - getattr(kv, "releasing_blocks", 0),
-                kv_held_after=held_blocks(self.running, kv.block_size), kv_shares_blocks=self.count_prefix,
+                kv_held_after=held_blocks(self.running, kv), kv_shares_blocks=self.count_prefix,
                 preempted_generated=tuple(s.num_generated for s in plan.preempted),
                 discarded_decodes=len(plan.overshoots)))
 

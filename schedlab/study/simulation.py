@@ -38,6 +38,7 @@ from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineClus
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
+from ..kv_window import tokens_fitting
 from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, entry_label
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import checked_requests
@@ -1030,6 +1031,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "scheduler": _settings_of(scheduler),
         # the longest sequence served (0: no limit); vLLM refuses to start when one does not fit
         "max_model_len": _max_model_len(scheduler, kv),
+        # the longest such sequence vLLM's start-up check lets the pool hold (a window's budget included)
+        "max_model_len_fits": tokens_fitting(kv, kv.num_blocks, _in_flight_tokens(scheduler)),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
         "frontend": attrs.asdict(side.frontend) if side is not None and side.frontend is not None else {},
         "client": attrs.asdict(side.client) if side is not None and side.client is not None else {},
@@ -1185,11 +1188,21 @@ def _max_model_len(scheduler, kv) -> int:
     return getattr(getattr(scheduler, "config", None), "max_model_len", 0)
 
 
+def _in_flight_tokens(scheduler) -> int:
+    """Tokens a scheduler may have scheduled and not yet processed (its optional
+    ``in_flight_tokens()``, vLLM's budget per concurrent batch), else 0."""
+    count = getattr(scheduler, "in_flight_tokens", None)
+    return count() if callable(count) else 0
+
+
 def _kv_summary(kv) -> dict:
     """The KV pool's size and, when it was sized from presets, the derivation."""
     out = {"num_blocks": kv.num_blocks, "block_size": kv.block_size, "tokens": kv.num_blocks * kv.block_size,
            "bytes_per_block": getattr(kv, "bytes_per_block", 0), "swap_blocks": getattr(kv, "swap_blocks", 0),
            "prefix_caching": bool(getattr(kv, "prefix_caching", False))}
+    window = getattr(kv, "window", None)
+    if window is not None:
+        out.update(window_tokens=window.tokens, window_groups=window.groups)
     host = getattr(kv, "host", None)
     if host is not None:
         out.update(host_blocks=host.capacity, host_bytes=host.capacity * host.bytes_per_block,
@@ -1200,6 +1213,8 @@ def _kv_summary(kv) -> dict:
                    gpu_memory_utilization=sizing.gpu_memory_utilization, bytes_per_token=sizing.bytes_per_token,
                    weight_bytes=sizing.weight_bytes, reserve_bytes=sizing.reserve_bytes,
                    kv_pool_bytes=sizing.kv_pool_bytes, derived_blocks=sizing.num_blocks)
+        if sizing.swa_ratio is not None:  # SGLang's hybrid SWA memory: the window layers' pool beside
+            out.update(swa_full_tokens_ratio=sizing.swa_ratio)
         if sizing.expert_gpus != sizing.tensor_parallel or sizing.pipeline_parallel > 1:
             out.update(expert_gpus=sizing.expert_gpus, pipeline_parallel=sizing.pipeline_parallel)
     return out
