@@ -8,6 +8,8 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
                                               2 * params per token * T / (TFLOPS * eta(T)))
            + layers * attention_layer_us / 1000    (the attention kernels' launch, every step)
            + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
+             (the full-attention layers'; each decode also reads its window layers' window,
+              taken whole: a constant per decode, schedlab.kv_window)
              + num_decode * layers * decode_attention_us / 1000
              (with a prefill chunk, in FlashAttention 2's varlen kernel: at least
               mixed_decode_query_rows query rows of attention FLOPs per decode context token
@@ -286,6 +288,9 @@ class RooflineCostModel:
         self._work = w = ModelWork(model, tp)  # raises ConfigError on a bad split
         self._kv_bytes_per_token = w.kv_bytes_per_token
         self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
+        #: a decode's read of its window layers' KV: at most the window, taken as all of it
+        #: (schedlab.kv_window; 0 without window layers), whatever the cache keeps of them
+        self._window_ms = w.window_bytes_per_decode / (bw * c.kv_read_efficiency)
         b = model.weight_bytes_per_param
         expert_total = model.expert_params * model.num_experts
         embedding = model.embedding_params  # an untied table: looked up, one row per token
@@ -352,7 +357,7 @@ class RooflineCostModel:
 
     def gpu_ms(self, batch: Batch, tokens: int) -> float:
         """The GPU's time for the kernels of a batch of ``tokens`` tokens (no host work)."""
-        kv_read = batch.decode_context_tokens * self._kv_ms_per_token
+        kv_read = batch.decode_context_tokens * self._kv_ms_per_token + batch.num_decode * self._window_ms
         # The sampled rows' logits are gathered from the vocabulary shards (tensor parallel).
         logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill)
         # Context tokens short of every decode at the longest one (0 for even contexts).
@@ -535,7 +540,7 @@ class RooflineCostModel:
         # Step j (1..steps) has GPU time base + k (prompt + j); the step is max(that + shift,
         # floor) + add. The first `flat` steps sit on the floor; the others form an arithmetic series.
         k = self._kv_ms_per_token
-        base = self.tokens_ms(1) + self.logits_ms(1) + self._decode_ms
+        base = self.tokens_ms(1) + self.logits_ms(1) + self._decode_ms + self._window_ms
         shift, floor, add = self.step.shape(1, 1)
         if k > 0.0:
             flat = np.clip(np.floor((floor - shift - base) / k - prompt), 0.0, steps)

@@ -52,6 +52,11 @@ class ModelWork:
         tp = self.tp = tensor_parallel
         lm_head = m.lm_head_params
         self.kv_bytes_per_token = m.kv_bytes_per_token(tp)  # raises ConfigError on a bad split
+        #: KV bytes a decode reads from its window layers: their window's, a constant taken whole
+        #: (a context shorter than the window reads less); 0 without window layers
+        window = m.sliding_window_layers if m.kv_layers < m.num_layers else 0
+        self.window_bytes_per_decode = (self.kv_bytes_per_token // m.kv_layers * window * m.sliding_window
+                                        if window else 0)
         #: bytes of the LM head (the tied table too), read in full by the last pipeline stage
         self.lm_head_bytes = lm_head * m.table_bytes_per_param / tp
         #: bytes of every weight but the routed experts and the looked-up embedding table
@@ -117,7 +122,8 @@ class ModelWork:
         return tuple(stages)
 
     def _kv_bytes(self, batch: Batch) -> float:
-        return (batch.decode_context_tokens + batch.prefill_context_tokens) * self.kv_bytes_per_token
+        return ((batch.decode_context_tokens + batch.prefill_context_tokens) * self.kv_bytes_per_token
+                + batch.num_decode * self.window_bytes_per_decode)
 
     def _with_attention(self, flops: float, batch: Batch) -> float:
         """``flops`` and the batch's attention: a prefill chunk's causal pairs (chunks taken as
