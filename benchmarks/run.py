@@ -329,11 +329,32 @@ def bench_sglang(rows: list, azure: tuple[list[str], str]) -> None:
                  f"in {sync['events']:,} events), reference {ref['cpu_ms'] / 1e3:.2f} s; {source}"))
 
 
+#: benchmark 1 with gpt-oss-20b on an H100: its window layers' blocks slide (schedlab.kv_window), so
+#: the fast engine steps decodes one by one; without the hybrid manager it runs bulk decode runs
+GPT_OSS = ['kv_cache={kind = "paged", model = "gpt-oss-20b", gpu = "h100-80gb"}',
+           'cost_model={kind = "roofline", model = "gpt-oss-20b", gpu = "h100-80gb"}']
+
+
+def bench_window(rows: list, azure: tuple[list[str], str]) -> None:
+    overrides, source = azure
+    base = overrides + GPT_OSS
+    runs = interleaved({"window": base, "whole": base + ["kv_cache.disable_hybrid_kv_cache_manager=true"]})
+    window, whole = (min(rs, key=lambda r: r["cpu_ms"]) for rs in (runs["window"], runs["whole"]))
+    ref = measure("azure.toml", base + ["experiment.engine=reference"])
+    rows.append(("11. sliding-window layers (benchmark 1 on gpt-oss-20b, H100)",
+                 f"{window['cpu_ms'] / whole['cpu_ms']:.1f}x CPU, {ref['cpu_ms'] / window['cpu_ms']:.1f}x faster "
+                 "than reference",
+                 f"window {window['cpu_ms'] / 1e3:.2f} s CPU ({window['iterations']:,} iterations in "
+                 f"{window['events']:,} events), every layer whole {whole['cpu_ms'] / 1e3:.2f} s "
+                 f"({whole['iterations']:,} iterations in {whole['events']:,} events), reference "
+                 f"{ref['cpu_ms'] / 1e3:.2f} s; {source}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("which", nargs="*",
                         default=["azure", "scaling", "tokens", "reference", "profiled", "speculative", "energy",
-                                 "parallel", "async", "sglang"])
+                                 "parallel", "async", "sglang", "window"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (10k and 100k requests)")
     parser.add_argument("--traces", metavar="DIR", help="folder holding the Azure trace (default: "
                         "$SCHEDLAB_TRACES, else ../shared/traces next to the repository)")
@@ -365,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_async(rows, azure)
     if "sglang" in args.which:
         bench_sglang(rows, azure)
+    if "window" in args.which:
+        bench_window(rows, azure)
     print("| benchmark | result | details |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
