@@ -65,6 +65,12 @@ evicts is copied to host memory, and a lookup that misses on the GPU continues t
 block: :meth:`PrefixKVCache.cached_tokens` counts both tiers, and an admission loads the host
 blocks into fresh GPU blocks that take their keys (the engine charges the reload time).
 
+Window layers. With a ``window`` (:mod:`schedlab.kv_window`), a sequence's window blocks are
+anonymous blocks of the same pool (:class:`~.paged.PagedKVCache`): taken from the free queue's
+head, returned to its tail as they fall out of the window or the sequence ends. A hit reuses the
+full-attention blocks only; the hit's window blocks are taken afresh (vLLM would find them cached
+and also needs them cached for the hit: they are in use either way).
+
 Cost. Blocks without identity (decode blocks, unique prompt blocks, duplicates) are never
 objects: a sequence keeps only the identified blocks it references (a prefix of its block
 indices, ``kv_state``) and its anonymous blocks are ``held - len(identified)``, so ``grow``
@@ -282,7 +288,7 @@ class PrefixKVCache(PagedKVCache):
         if hits:
             chain.blocks.extend(hits)
         self.used += need
-        if change > 0:  # anonymous blocks: a hit's window is taken afresh too (see the class doc)
+        if change > 0:  # anonymous blocks: a hit's window is taken afresh too (see the module doc)
             self._take(change)
             self.used += change
             self._window_settle(seq, change)

@@ -254,6 +254,8 @@ class ContinuousScheduler:
         # (a reserving sequence keeps its window's blocks for the whole prompt, paged.py)
         chunk = c.max_num_batched_tokens if c.chunked_prefill and not self._reserve else request.prompt_tokens
         need = sequence_blocks(kv, tokens, request.prompt_tokens, chunk, reserve=self._reserve)
+        if c.reserve_full_prompt and not self._reserve:  # its admission asks for the whole prompt's blocks
+            need = max(need, self._full_prompt_blocks(kv, request.prompt_tokens))
         usable = kv.num_blocks - self._watermark_blocks(kv)
         if need > usable:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
@@ -616,11 +618,28 @@ class ContinuousScheduler:
             need = kv.blocks_needed(seq, n, cached_tokens=hit, reserve_tokens=reserve_tokens)
         elif self.config.reserve_full_prompt:
             need = kv.blocks_needed(seq, seq.num_tokens - hit, cached_tokens=hit)
+            window = getattr(kv, "window", None)
+            if window is not None:  # vLLM caps the window's share (apply_admission_cap)
+                whole = window.held(seq.num_computed_tokens + hit, seq.num_tokens)
+                need -= whole - min(whole, self._window_admission_cap(kv, seq.num_tokens))
         elif not watermark:
             return True
         else:
             need = kv.blocks_needed(seq, n, cached_tokens=hit)
         return kv.num_free_blocks() - need >= watermark
+
+    def _window_admission_cap(self, kv, tokens: int) -> int:
+        """The window blocks vLLM budgets for a request at admission (``max_admission_blocks_per_request``)."""
+        return kv.window.admission_cap(self.in_flight_tokens(), self.max_model_len_for(kv) or tokens)
+
+    def _full_prompt_blocks(self, kv, prompt: int) -> int:
+        """Blocks ``reserve_full_prompt`` asks free for a fresh prompt of ``prompt`` tokens: one per
+        block, and a window's capped at its admission budget."""
+        need = -(-prompt // kv.block_size)
+        window = getattr(kv, "window", None)
+        if window is not None:
+            need += min(window.held(0, prompt), self._window_admission_cap(kv, prompt))
+        return need
 
     def could_admit(self, plan, seq, budget: int) -> bool:
         """Whether waiting ``seq`` would pass the slot, budget and KV checks of :meth:`_admit`

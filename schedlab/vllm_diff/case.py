@@ -13,6 +13,7 @@ import attrs
 from schedlab.configs import bool_field, float_field, int_field, str_field
 from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Engine, blocks_for
 from schedlab.diffcheck.shrink import smaller
+from schedlab.kv_window import SlidingWindow
 
 
 @attrs.frozen
@@ -42,6 +43,40 @@ class DiffSettings:
     #: ``dynamic_k`` (vLLM ``num_speculative_tokens_per_batch_size``, schedlab ``k_by_batch_size``)
     dynamic_from: int = int_field(0, min=0)
     dynamic_k: int = int_field(0, min=0)
+    #: a model whose sliding-window layers keep only their last ``window_tokens`` tokens, in
+    #: ``window_groups`` KV cache groups of their own beside the full-attention one, all sharing the
+    #: pool (vLLM's hybrid KV cache manager, SlidingWindowSpec; schedlab's
+    #: :class:`~schedlab.kv_window.SlidingWindow`); 0 and 0: no window
+    window_tokens: int = int_field(0, min=0, max=MAX_MODEL_LEN)
+    window_groups: int = int_field(0, min=0, max=4)
+
+    @property
+    def window(self) -> SlidingWindow | None:
+        """The window layers' share of the pool (None: every layer keeps every token)."""
+        if not self.window_groups or not self.window_tokens:
+            return None
+        return SlidingWindow(self.window_groups, self.window_tokens, self.block_size)
+
+    @property
+    def in_flight_tokens(self) -> int:
+        """vLLM's ``max_in_flight_tokens``: a budget per concurrent batch (``max_concurrent_batches``
+        batches on a pipeline; the harness's asynchronous runs are not counted here)."""
+        return self.max_num_batched_tokens * self.pipeline_parallel
+
+    def request_blocks(self, r) -> int:
+        """The most blocks request ``r`` holds alone: one per ``block_size`` of its last computed
+        token (``prompt + max_tokens - 1``, with speculation plus the slots of a last step's drafts
+        and lookahead) and, with a window, what its window groups hold at most -- all their blocks,
+        or vLLM's per-request cap (``SlidingWindowSpec.max_admission_blocks_per_request``: the
+        window and the tokens in flight, plus a block; ``remove_skipped_blocks`` keeps a request's
+        window below it), whichever is fewer."""
+        tokens = r.prompt_tokens + r.limit - 1 + self.spec_slack
+        need = blocks_for(tokens, self.block_size)
+        window = self.window
+        if window is not None:
+            most = window.admission_cap(self.in_flight_tokens, MAX_MODEL_LEN) // window.groups
+            need += window.groups * min(blocks_for(tokens, self.block_size), most)
+        return need
 
     @property
     def k_by_batch_size(self) -> tuple:
@@ -77,16 +112,18 @@ class DiffSettings:
         if self.dynamic_from and not (self.num_speculative_tokens and self.dynamic_from >= 2
                                       and self.dynamic_k <= self.num_speculative_tokens):
             out.append("drafts per batch size need speculation, dynamic_from >= 2 and dynamic_k <= k")
+        if bool(self.window_tokens) != bool(self.window_groups):
+            out.append("a window needs both window_tokens and window_groups")
         for r in requests:
             # (with speculation: as schedlab's admission counts a last step's drafts and lookahead)
-            need = blocks_for(r.prompt_tokens + r.limit - 1 + self.spec_slack, self.block_size)
+            need = self.request_blocks(r)
             if need > self.num_blocks:
                 out.append(f"request {r.id} needs {need} blocks alone, the cache has {self.num_blocks}")
         return out
 
     def simpler(self):
-        """Simpler settings for the shrinker: no threshold, no prefix caching, FCFS, then fewer
-        sequences, a smaller budget and fewer blocks."""
+        """Simpler settings for the shrinker: no threshold, no prefix caching, FCFS, no window, then
+        fewer sequences, a smaller budget, fewer blocks, fewer window groups and a smaller window."""
         if self.long_prefill_token_threshold:
             yield {"long_prefill_token_threshold": 0}
         if self.prefix_caching:
@@ -97,9 +134,11 @@ class DiffSettings:
             yield {"dynamic_from": 0, "dynamic_k": 0}
         if self.num_speculative_tokens and self.spec_method != "ngram":
             yield {"spec_method": "ngram"}
+        if self.window_groups:
+            yield {"window_tokens": 0, "window_groups": 0}
         yield from smaller(self, (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("num_blocks", 1),
                                   ("long_prefill_token_threshold", 1), ("pipeline_parallel", 1),
-                                  ("num_speculative_tokens", 1)))
+                                  ("num_speculative_tokens", 1), ("window_groups", 1), ("window_tokens", 1)))
 
 
 @attrs.frozen

@@ -5,7 +5,8 @@ from __future__ import annotations
 from schedlab.diffcheck import cli
 
 from .case import ENGINE
-from .workloads import GROUPS, generate
+from .kv_steps import MODES as KV_STEP_MODES
+from .workloads import ALL_GROUPS, generate
 
 DESCRIPTION = """\
 Step vLLM's own V1 Scheduler (vLLM 0.33.0, CPU, no model) and schedlab's `vllm` scheduler
@@ -13,12 +14,20 @@ preset side by side on random workloads, one feature group at a time, with every
 lasting 1 ms on both. Per request, compare the first scheduled iteration, the first token,
 the finish, the preemptions and the prefix-cache hits; print the share of identical cases
 per group and a shrunk reproducer of each differing case shown. Needs vLLM:
-pip install -e '.[vllm]' (see the README section "Checked against vLLM")."""
+pip install -e '.[vllm]' (see the README section "Checked against vLLM").
+
+The window_* groups give the model sliding-window layers (vLLM's hybrid KV cache manager:
+a full-attention group and 1-2 sliding-window groups sharing the pool; schedlab's
+SlidingWindow); for them the block pools are also compared after every step (--kv-steps),
+a difference showing in the error column with the first step where the pools part."""
 
 def _add_arguments(p) -> None:
     p.add_argument("--reserve-full-prompt", choices=("on", "off"),
                    help="both sides at once: schedlab reserve_full_prompt and vLLM scheduler_reserve_full_isl")
     p.add_argument("--allow-other-vllm", action="store_true", help="run against a vLLM other than 0.33.0")
+    p.add_argument("--kv-steps", choices=KV_STEP_MODES, default="window",
+                   help="compare the KV block pools after every step (blocks in use, each request's window "
+                        "blocks): in the cases with a window (default), in all, or off; a difference is an error")
 
 
 def _sides(args, schedlab: dict, vllm: dict) -> None:
@@ -30,7 +39,7 @@ def _sides(args, schedlab: dict, vllm: dict) -> None:
 
 def _vllm(args):
     from .vllm_side import VllmRunner
-    return VllmRunner(allow_other_version=args.allow_other_vllm)
+    return VllmRunner(allow_other_version=args.allow_other_vllm, kv_steps=args.kv_steps, engine=args.engine)
 
 
 def _schedlab(engine: str):
@@ -38,7 +47,7 @@ def _schedlab(engine: str):
     return SchedlabRunner(engine)
 
 
-HARNESS = cli.Harness(engine=ENGINE, prog="vllm_diff", description=DESCRIPTION, groups=GROUPS, generate=generate,
+HARNESS = cli.Harness(engine=ENGINE, prog="vllm_diff", description=DESCRIPTION, groups=ALL_GROUPS, generate=generate,
                       theirs=_vllm, ours=_schedlab, install="install it with pip install -e '.[vllm]'",
                       refuser="vLLM's SchedulerConfig", add_arguments=_add_arguments, sides=_sides)
 

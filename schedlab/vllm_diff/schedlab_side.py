@@ -1,4 +1,12 @@
-"""schedlab's ``vllm`` preset on a vLLM differential case: ``vllm`` scheduler and ``paged`` cache."""
+"""schedlab's ``vllm`` preset on a vLLM differential case: ``vllm`` scheduler and ``paged`` cache.
+
+A case with a window (``window_tokens``, ``window_groups``) gets the ``paged`` cache schedlab builds
+for such a model, :class:`~schedlab_plugins.kv_caches.paged.PagedKVCache` (or its prefix-caching
+subclass) with a :class:`~schedlab.kv_window.SlidingWindow`: the ``[kv_cache]`` table sizes a window
+only from a model preset, so the harness builds the cache itself. With ``record_steps`` the runner
+also writes down the pool after each iteration's plan (:class:`KvSteps`), to compare with vLLM's
+block pool step for step (:mod:`.kv_steps`).
+"""
 
 from __future__ import annotations
 
@@ -51,9 +59,65 @@ def requests(case: Case):
     return schedlab_side.requests(case, hash_block_tokens(case))
 
 
+def kv_cache(case: Case):
+    """The windowed KV cache of ``case`` (its settings' ``window`` must be set)."""
+    from schedlab_plugins.kv_caches.paged import PagedKVCache
+    from schedlab_plugins.kv_caches.prefix import PrefixKVCache
+
+    s = case.settings
+    kind = PrefixKVCache if s.prefix_caching else PagedKVCache
+    kv = kind(s.num_blocks, s.block_size, window=s.window)
+    kv.sizing = None  # (as build_paged leaves a cache not sized from presets)
+    return kv
+
+
+class KvSteps:
+    """Wraps a scheduler and writes down, after each plan that schedules tokens, the plan's time,
+    the blocks in use and the window blocks each request holds (``{id: blocks}``, holders only):
+    what vLLM's pool holds after ``schedule()`` (:mod:`.kv_steps`). Everything else is the wrapped
+    scheduler's."""
+
+    def __init__(self, scheduler):
+        self._scheduler = scheduler
+        self.steps: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self._scheduler, name)
+
+    def schedule(self, plan):
+        returned = self._scheduler.schedule(plan)
+        if plan.num_scheduled_tokens:
+            kv = plan.kv
+            held = getattr(kv, "window_blocks", None)
+            seqs = list(plan.running) + [s for s in plan.admitted if s not in plan.running]
+            window = {s.request.id: held(s) for s in seqs} if held is not None else {}
+            self.steps.append((plan.now, kv.num_used_blocks(), {rid: n for rid, n in sorted(window.items()) if n}))
+        return returned
+
+
 class SchedlabRunner(schedlab_side.SchedlabRunner):
+    #: wrap the scheduler in :class:`KvSteps` (its steps in :attr:`steps` after a run)
+    record_steps = False
+
+    def __init__(self, engine: str = "fast"):
+        super().__init__(engine)
+        self._log: KvSteps | None = None
+
     def tables(self, case, sides=None):
         return tables(case, sides)
+
+    def build(self, case, sides=None):
+        scheduler, cost, kv = super().build(case, sides)
+        if case.settings.window is not None:
+            kv = kv_cache(case)
+        if self.record_steps:
+            scheduler = self._log = KvSteps(scheduler)
+        return scheduler, cost, kv
+
+    @property
+    def steps(self) -> list[tuple]:
+        """What :class:`KvSteps` wrote down in the last run (with ``record_steps``)."""
+        return self._log.steps if self._log is not None else []
 
     def hash_block_tokens(self, case):
         return hash_block_tokens(case)

@@ -64,6 +64,17 @@ admission's (a request scheduled from the waiting queue) are all rejected. The t
 samples are decided when it is scheduled, from the request's output so far -- its batches in
 flight included, as the model runner has them.
 
+A case with a window (``window_tokens`` and ``window_groups``) gets vLLM's hybrid KV cache manager
+as a model with full-attention and sliding-window layers would: one layer of each kind per group --
+``full.0`` with a ``FullAttentionSpec``, ``swa.0`` ... with a ``SlidingWindowSpec`` of
+``sliding_window = window_tokens``, all of one page size -- grouped by vLLM's own
+``kv_cache_planning._get_kv_cache_groups_uniform_page_size`` (one full-attention group and
+``window_groups`` sliding-window groups) and laid out over one pool of ``num_blocks + 1`` blocks by
+``get_kv_cache_config_from_groups`` (``kv_cache_tensors`` aliasing one allocation). Its scheduler then
+has a ``HybridKVCacheCoordinator`` (with prefix caching; ``KVCacheCoordinatorNoPrefixCache`` without)
+and a ``SlidingWindowManager`` per window group. With ``kv_steps`` the runner also compares its
+block pool with schedlab's after every step (:mod:`.kv_steps`).
+
 Requests arrive at the start of their iteration, in (arrival, id) order, with
 ``arrival_time = arrival + id * 1e-6`` so that the priority policy's ties (``Request.__lt__``
 and the victim choice ``max(running, key=(priority, arrival_time))``) follow arrival order as
@@ -83,6 +94,8 @@ from schedlab.diffcheck.tokens import output_token_id, prompt_token_ids
 from schedlab.model import Request
 
 from .case import Outcome
+from .kv_steps import MODES as KV_STEP_MODES
+from .kv_steps import applies, first_difference
 from .schedlab_side import speculation
 
 VLLM_VERSION = "0.33.0"
@@ -120,9 +133,18 @@ class VllmRunner:
 
     :param allow_other_version: run a vLLM other than 0.33.0 (the rules this harness and its
         notes cite may have moved).
+    :param kv_steps: compare the block pool with schedlab's after every step (:mod:`.kv_steps`):
+        ``window`` (the cases with a window), ``all`` or ``off``; a difference is the run's error.
+    :param engine: the schedlab engine those comparisons run on (``fast`` or ``reference``).
     """
 
-    def __init__(self, *, allow_other_version: bool = False):
+    def __init__(self, *, allow_other_version: bool = False, kv_steps: str = "off", engine: str = "fast"):
+        if kv_steps not in KV_STEP_MODES:
+            raise ValueError(f"kv_steps must be one of {', '.join(KV_STEP_MODES)}, not {kv_steps!r}")
+        self.kv_steps = kv_steps
+        self.engine = engine
+        self._ours = None  # the schedlab runner of the step comparisons, made when first needed
+        self.last_steps: list[tuple] = []  # the pool after each step of the last run (.kv_steps)
         set_environment()
         logging.getLogger("vllm").setLevel(logging.ERROR)  # its warnings about CPU kernels do not concern us
         import vllm
@@ -138,8 +160,10 @@ class VllmRunner:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.core.kv_cache_planning import (_get_kv_cache_groups_uniform_page_size,
+                                                    get_kv_cache_config_from_groups)
+        from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager, register_all_kvcache_specs
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
         from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
@@ -152,7 +176,10 @@ class VllmRunner:
                        KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
                        ModelRunnerOutput=ModelRunnerOutput, DraftTokenIds=DraftTokenIds,
                        SpeculativeConfig=SpeculativeConfig, Request=Request, RequestStatus=RequestStatus,
-                       StructuredOutputManager=StructuredOutputManager)
+                       StructuredOutputManager=StructuredOutputManager, SlidingWindowSpec=SlidingWindowSpec,
+                       SlidingWindowManager=SlidingWindowManager,
+                       groups_uniform_page_size=_get_kv_cache_groups_uniform_page_size,
+                       config_from_groups=get_kv_cache_config_from_groups)
         self._model_dir = tempfile.TemporaryDirectory(prefix="vllm_diff_model_")
         with open(os.path.join(self._model_dir.name, "config.json"), "w") as f:
             json.dump(TINY_MODEL_CONFIG, f)
@@ -196,14 +223,41 @@ class VllmRunner:
                                      f"{getattr(scheduler_config, key)!r}")
         if cache_config.block_size != s.block_size or cache_config.enable_prefix_caching != s.prefix_caching:
             raise AssertionError("vLLM changed the cache settings")
-        spec = v["FullAttentionSpec"](block_size=s.block_size, num_kv_heads=1, head_size=1, dtype=v["torch"].float32)
-        kv_cache_config = v["KVCacheConfig"](num_blocks=s.num_blocks + 1, kv_cache_tensors=[],
-                                             kv_cache_groups=[v["KVCacheGroupSpec"](["layer"], spec)])
+        if s.window is None:
+            spec = v["FullAttentionSpec"](block_size=s.block_size, num_kv_heads=1, head_size=1,
+                                          dtype=v["torch"].float32)
+            kv_cache_config = v["KVCacheConfig"](num_blocks=s.num_blocks + 1, kv_cache_tensors=[],
+                                                 kv_cache_groups=[v["KVCacheGroupSpec"](["layer"], spec)])
+        else:
+            kv_cache_config = self.hybrid_kv_cache_config(case, vllm_config)
         cache_config.num_gpu_blocks = s.num_blocks + 1
         v["register_all_kvcache_specs"](vllm_config)
         scheduler_class = v["AsyncScheduler"] if asynchronous else v["Scheduler"]
         return scheduler_class(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=s.block_size,
                               log_stats=True, structured_output_manager=v["StructuredOutputManager"](vllm_config))
+
+    def hybrid_kv_cache_config(self, case: Case, vllm_config):
+        """vLLM's ``KVCacheConfig`` of a model with one full-attention layer and ``window_groups``
+        sliding-window layers of ``window_tokens`` (all of one page size): grouped and laid out
+        by vLLM's own planning (see the module docstring), ``num_blocks + 1`` blocks shared."""
+        v = self._v
+        s = case.settings
+        page = dict(block_size=s.block_size, num_kv_heads=1, head_size=1, dtype=v["torch"].float32)
+        specs = {"full.0": v["FullAttentionSpec"](**page)}
+        for i in range(s.window_groups):
+            specs[f"swa.{i}"] = v["SlidingWindowSpec"](**page, sliding_window=s.window_tokens)
+        groups = v["groups_uniform_page_size"](specs)
+        kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+        if kinds != ["FullAttentionSpec"] + ["SlidingWindowSpec"] * s.window_groups:
+            raise AssertionError(f"vLLM grouped the layers otherwise: {kinds}")
+        cache_config = vllm_config.cache_config
+        if cache_config.kv_cache_layout is None:
+            cache_config.kv_cache_layout = "NHD"  # (the engine core resolves it from the workers' backends)
+        config = v["config_from_groups"](vllm_config, groups,
+                                         (s.num_blocks + 1) * specs["full.0"].page_size_bytes)
+        if config.num_blocks != s.num_blocks + 1:
+            raise AssertionError(f"vLLM laid out {config.num_blocks} blocks, not {s.num_blocks + 1}")
+        return config
 
     def speculative_config(self, case: Case):
         """vLLM's ``SpeculativeConfig`` for ``case`` (None without speculation): n-gram, or a
@@ -269,7 +323,24 @@ class VllmRunner:
                 continue
             error = f"vLLM stalled at {now} ms: it schedules nothing and nothing is left to arrive"
             break
-        return trace.outcomes(), error
+        return trace.outcomes(), self.check_steps(case, sides, trace, error)
+
+    def check_steps(self, case: Case, sides: Sides | None, trace, error: str | None) -> str | None:
+        """``error``, and with ``kv_steps`` the first step where schedlab's block pool differs
+        from vLLM's (:func:`.kv_steps.first_difference`)."""
+        self.last_steps = trace.steps
+        if not applies(self.kv_steps, case):
+            return error
+        if self._ours is None:
+            from .schedlab_side import SchedlabRunner
+
+            self._ours = SchedlabRunner(self.engine)
+            self._ours.record_steps = True
+        _, failed = self._ours.run(case, sides)
+        if failed is not None and failed.startswith("schedlab:"):
+            return error  # (the comparison of outcomes shows it)
+        difference = first_difference(trace.steps, self._ours.steps)
+        return "; ".join(e for e in (error, difference) if e) or None
 
     def run_pipelined(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
         """:meth:`run` through vLLM's batch queue of ``pipeline_parallel`` batches, or of 2 on one
@@ -326,7 +397,7 @@ class VllmRunner:
                     error = f"vLLM stalled at {int(now)} ms: it schedules nothing and nothing is left to arrive"
                     break
             now = _land_oldest(trace, queue, now)
-        return trace.outcomes(), error
+        return trace.outcomes(), self.check_steps(case, sides, trace, error)
 
 
 def _queue_batch(trace, clock, queue, now: float) -> tuple:
@@ -393,6 +464,12 @@ class _Trace:
         self.drafted = {r.id: _Drafted(r) for r in self.pending} if self.spec is not None else {}
         self.hash_lookahead = getattr(sched, "num_hash_lookahead_tokens", 0)
         self.asynchronous = isinstance(sched, runner._v["AsyncScheduler"])
+        # the pool after each schedule() that scheduled tokens: (time, blocks in use, {request:
+        # window blocks}) (.kv_steps)
+        self.num_blocks = case.settings.num_blocks
+        self.steps: list[tuple] = []
+        managers = sched.kv_cache_manager.coordinator.single_type_managers
+        self.window_managers = [m for m in managers if isinstance(m, runner._v["SlidingWindowManager"])]
 
     @property
     def all_arrived(self) -> bool:
@@ -427,6 +504,9 @@ class _Trace:
         live, sched = self.live, self.sched
         waiting_before = {rid for rid, req in live.items() if not req.is_finished() and req not in sched.running}
         out = sched.schedule()
+        if out.total_num_scheduled_tokens:
+            self.steps.append((now, self.num_blocks - sched.kv_cache_manager.block_pool.get_num_free_blocks(),
+                               self.window_blocks()))
         scheduled = out.num_scheduled_tokens
         spec_tokens = out.scheduled_spec_decode_tokens
         sampled = []
@@ -454,6 +534,17 @@ class _Trace:
             sampled.append(tokens)
             self.sampled[rid_int] += len(tokens)
         return out, sampled
+
+    def window_blocks(self) -> dict[int, int]:
+        """The blocks each request holds in the sliding-window groups (null ones apart: those
+        ``remove_skipped_blocks`` freed), holders only, by id."""
+        held: dict[int, int] = {}
+        for manager in self.window_managers:
+            for rid, blocks in manager.req_to_blocks.items():
+                n = sum(not b.is_null for b in blocks)
+                if n:
+                    held[self.ids[rid]] = held.get(self.ids[rid], 0) + n
+        return dict(sorted(held.items()))
 
     def update(self, out, sampled) -> None:
         req_ids = list(out.num_scheduled_tokens)

@@ -36,6 +36,21 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   block, rejected drafts rolled back; planning ahead, positions
   counted as computed while the drafts in flight are unverified.
 
+The ``window_*`` groups (:data:`WINDOW_GROUPS`) give the model sliding-window layers: a window
+of 1-64 tokens (``window_long``: 32-128, gpt-oss keeps 128) in one or two KV cache groups of their
+own beside the full-attention one, all sharing the pool (vLLM's hybrid KV cache manager; schedlab's
+:class:`~schedlab.kv_window.SlidingWindow`), and a pool mostly of 1x to 2x the largest request's
+blocks (:meth:`DiffSettings.request_blocks`: its full-attention blocks plus at most vLLM's
+per-request window cap), so that preemptions and the window's freed blocks both matter:
+
+* ``window``        -- FCFS, chunked prefill in small budgets, sometimes a threshold;
+* ``window_prefix`` -- ``prefix``'s shared prompts and prefix caching, tight or ample KV;
+* ``window_all``    -- a threshold, prefix caching and the priority policy, each in about half
+  the cases;
+* ``window_long``   -- prompts of up to 600 tokens in budgets of 16-128 on blocks of 8 or 16:
+  prompts longer than the window and the tokens in flight, whose admission vLLM caps
+  (``SlidingWindowSpec.max_admission_blocks_per_request``).
+
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
 """
@@ -53,6 +68,9 @@ from .case import DiffSettings
 
 GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort", "pipeline_abort",
           "spec", "pipeline_prefix", "pipeline_spec", "pipeline_dynamic_k")
+#: the groups whose model has sliding-window layers (see the module docstring)
+WINDOW_GROUPS = ("window", "window_prefix", "window_all", "window_long")
+ALL_GROUPS = GROUPS + WINDOW_GROUPS
 
 
 def _ample(requests, block_size: int, slack: int = 0) -> int:
@@ -66,10 +84,12 @@ def _tight(rng: random.Random, requests, block_size: int, slack: int = 0) -> int
 
 
 def generate(group: str, seed: int) -> Case:
-    """The case ``seed`` of feature ``group`` (one of :data:`GROUPS`)."""
-    if group not in GROUPS:
-        raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
+    """The case ``seed`` of feature ``group`` (one of :data:`ALL_GROUPS`)."""
+    if group not in ALL_GROUPS:
+        raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(ALL_GROUPS)}")
     rng = random.Random(f"{group}:{seed}")
+    if group in WINDOW_GROUPS:
+        return _windowed(group, seed, rng)
     block_size = rng.choice([2, 4, 8, 16])
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
@@ -122,3 +142,27 @@ def _at_eos(rng: random.Random, r, block_size: int, num_blocks: int, slack: int)
     limit = r.output_tokens + rng.randint(1, 10)
     fits = blocks_for(r.prompt_tokens + limit - 1 + slack, block_size) <= num_blocks
     return attrs.evolve(r, max_tokens=limit) if fits else r
+
+
+def _windowed(group: str, seed: int, rng: random.Random) -> Case:
+    """A case of one of the :data:`WINDOW_GROUPS` (see the module docstring)."""
+    long = group == "window_long"
+    block_size = rng.choice([8, 16]) if long else rng.choice([2, 4, 8, 16])
+    window_tokens = rng.choice([32, 64, 100, 128]) if long else rng.choice([1, 2, 3, 5, 8, 13, 16, 24, 32, 48, 64])
+    window_groups = 2 if rng.random() < 0.3 else 1
+    max_num_seqs = rng.randint(1, 6)
+    budget = rng.randint(16, 128) if long else rng.randint(max(max_num_seqs, 4), 64)
+    mixed = group == "window_all"
+    policy = "priority" if mixed and rng.random() < 0.5 else "fcfs"
+    prefixes = group == "window_prefix" or (mixed and rng.random() < 0.5)
+    requests = random_requests(rng, priorities=policy == "priority", prefixes=prefixes, block_size=block_size,
+                               longest_prompt=600 if long else 120, longest_output=60 if long else 30)
+    threshold = rng.randint(1, budget) if (mixed or group == "window") and rng.random() < 0.4 else 0
+    settings = DiffSettings(block_size=block_size, num_blocks=1, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
+                            prefix_caching=prefixes, policy=policy, window_tokens=window_tokens,
+                            window_groups=window_groups)
+    need = [settings.request_blocks(r) for r in requests]
+    tight = rng.random() < (0.5 if group == "window_prefix" else 0.8)
+    num_blocks = max(need) + rng.randint(0, max(need)) if tight else sum(need) + 4
+    return Case(attrs.evolve(settings, num_blocks=num_blocks), requests, group=group, seed=seed)
