@@ -37,7 +37,7 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   counted as computed while the drafts in flight are unverified.
 
 The ``window_*`` groups (:data:`WINDOW_GROUPS`) give the model sliding-window layers: a window
-of 1-64 tokens (``window_long``: 32-128, gpt-oss keeps 128) in one or two KV cache groups of their
+of 2-64 tokens (``window_long``: 32-128, gpt-oss keeps 128) in one or two KV cache groups of their
 own beside the full-attention one, all sharing the pool (vLLM's hybrid KV cache manager; schedlab's
 :class:`~schedlab.kv_window.SlidingWindow`), and a pool mostly of 1x to 2x the largest request's
 blocks (:meth:`DiffSettings.request_blocks`: its full-attention blocks plus at most vLLM's
@@ -50,6 +50,10 @@ per-request window cap), so that preemptions and the window's freed blocks both 
 * ``window_long``   -- prompts of up to 600 tokens in budgets of 16-128 on blocks of 8 or 16:
   prompts longer than the window and the tokens in flight, whose admission vLLM caps
   (``SlidingWindowSpec.max_admission_blocks_per_request``).
+
+No window is of one token: vLLM 0.33 never caches a block of such a window's group
+(``SlidingWindowManager.reachable_block_mask`` asks for ``cdiv(W - 1, B) = 0`` blocks before each
+hit boundary and so marks none), so with prefix caching it never finds a hit.
 
 Arrivals are whole iterations (ms). A case depends only on ``(group, seed)``: the generator
 is ``random.Random(f"{group}:{seed}")``.
@@ -148,7 +152,7 @@ def _windowed(group: str, seed: int, rng: random.Random) -> Case:
     """A case of one of the :data:`WINDOW_GROUPS` (see the module docstring)."""
     long = group == "window_long"
     block_size = rng.choice([8, 16]) if long else rng.choice([2, 4, 8, 16])
-    window_tokens = rng.choice([32, 64, 100, 128]) if long else rng.choice([1, 2, 3, 5, 8, 13, 16, 24, 32, 48, 64])
+    window_tokens = rng.choice([32, 64, 100, 128]) if long else rng.choice([2, 3, 5, 8, 13, 16, 24, 32, 48, 64])
     window_groups = 2 if rng.random() < 0.3 else 1
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(16, 128) if long else rng.randint(max(max_num_seqs, 4), 64)
