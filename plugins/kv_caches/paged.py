@@ -58,14 +58,15 @@ class PagedKVCache:
         """Blocks ``seq``'s window layers hold (0 without a window)."""
         return self._window_held.get(seq, 0)
 
-    def _window_change(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> int:
+    def _window_change(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int,
+                       computed: int | None = None) -> int:
         """How many window blocks an allocation takes (negative: frees) -- those that fell out of
         the window go, those up to the step's end come (:meth:`SlidingWindow.held`). A sequence
         reserving room for ``R`` tokens (it is never to be preempted) keeps the most its window
         can hold: while decoding (:meth:`SlidingWindow.fewest` of ``R``) or while the rest of its
         tokens so far are computed in one step -- no later chunk or decode needs another block."""
         window = self.window
-        start = seq.num_computed_tokens + cached_tokens
+        start = (seq.num_computed_tokens if computed is None else computed) + cached_tokens
         held = window.held(start, start + num_new_tokens)
         reserved = reserve_tokens if reserve_tokens > seq.reserved_tokens else seq.reserved_tokens
         if reserved:
@@ -81,30 +82,50 @@ class PagedKVCache:
     def cached_tokens(self, seq) -> int:
         return 0
 
-    def _full_need(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> int:
-        tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
+    def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> tuple:
+        """``(blocks leaving the free pool, what taking them needs)`` for :meth:`allocate`'s
+        arguments (negative: a window's blocks come back); :meth:`_take_slots` takes them."""
+        c = seq.num_computed_tokens
+        r = seq.reserved_tokens
+        tokens = c + cached_tokens + num_new_tokens
         if reserve_tokens > tokens:
             tokens = reserve_tokens
-        if seq.reserved_tokens > tokens:
-            tokens = seq.reserved_tokens
-        return -(-tokens // self.block_size) - self.held(seq)
+        if r > tokens:
+            tokens = r
+        need = -(-tokens // self.block_size) + (c if c > r else r) // -self.block_size
+        if self.window is None:
+            return need, need
+        change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens, c)
+        return need + change, change
+
+    def _take_slots(self, seq, num_new_tokens: int, cached_tokens: int, total: int, detail) -> None:
+        self.used += total
+        if self.window is not None and detail:
+            self._window_settle(seq, detail)
 
     def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
-        need = self._full_need(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        if self.window is None:
-            return need
-        need += self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        return need if need > 0 else 0
+        total = self._plan_slots(seq, num_new_tokens, cached_tokens, reserve_tokens)[0]
+        return total if total > 0 else 0
 
     # -- changes ---------------------------------------------------------------------------
     def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
-        need = self._full_need(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        change = 0 if self.window is None else self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        if need + change > self.num_blocks - self.used:
+        total, detail = self._plan_slots(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        if total > self.num_blocks - self.used:
             return False
-        self.used += need + change
-        if change:
-            self._window_settle(seq, change)
+        self._take_slots(seq, num_new_tokens, cached_tokens, total, detail)
+        return True
+
+    def allocate_decodes(self, seqs) -> bool:
+        """A slot for one more token of each sequence in ``seqs``, all or none: :meth:`allocate`
+        ``(seq, 1)`` for each, each planned once (the engines' decode step where the cache has
+        no ``grow``, as with a window)."""
+        plans = [self._plan_slots(seq, 1, 0, 0) for seq in seqs]
+        # (as the sum of blocks_needed: a window block one sequence frees is not counted for another)
+        if sum(total for total, _ in plans if total > 0) > self.num_blocks - self.used:
+            return False
+        take = self._take_slots
+        for seq, (total, detail) in zip(seqs, plans):
+            take(seq, 1, 0, total, detail)
         return True
 
     def _window_settle(self, seq, change: int) -> None:

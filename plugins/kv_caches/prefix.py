@@ -244,19 +244,13 @@ class PrefixKVCache(PagedKVCache):
                     revived += 1
         return hits, fresh, fresh + revived
 
-    def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
-        need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)[2]
-        if self.window is None:
-            return need
-        need += self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        return need if need > 0 else 0
-
-    # -- changes ---------------------------------------------------------------------------
-    def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
+    def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> tuple:
         hits, fresh, need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
         change = 0 if self.window is None else self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        if need + change > self.num_blocks - self.used:
-            return False
+        return need + change, (hits, fresh, need, change)
+
+    def _take_slots(self, seq, num_new_tokens: int, cached_tokens: int, total: int, detail) -> None:
+        hits, fresh, need, change = detail
         if change < 0:  # the window's blocks that fell out of it go first (vLLM: before allocating)
             self._window_give_back(seq, -change)
         chain = seq.kv_state
@@ -296,7 +290,6 @@ class PrefixKVCache(PagedKVCache):
             full = (seq.num_computed_tokens + cached_tokens + num_new_tokens) // self.block_size
             if full > len(chain.blocks):
                 self._register(seq.request, chain, full)
-        return True
 
     def _register(self, request, chain: _Chain, full: int) -> None:
         """Identify the sequence's newly full blocks up to index ``full`` (exclusive)."""

@@ -594,6 +594,9 @@ class Instance:
         """Decode slots one sequence at a time, for KV caches without bulk ``grow``."""
         kv = self.kv
         decoding = [s for s in self.running if s.status == DECODING]
+        together = getattr(kv, "allocate_decodes", None)  # (all or none, each planned once: the built-in caches)
+        if together is not None:
+            return together(decoding)
         if sum(kv.blocks_needed(s, 1) for s in decoding) > kv.num_free_blocks():
             return False
         for s in decoding:

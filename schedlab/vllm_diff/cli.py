@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from schedlab.diffcheck import cli
+from schedlab.errors import ConfigError
 
 from .case import ENGINE
 from .kv_steps import MODES as KV_STEP_MODES
@@ -25,6 +26,10 @@ def _add_arguments(p) -> None:
     p.add_argument("--reserve-full-prompt", choices=("on", "off"),
                    help="both sides at once: schedlab reserve_full_prompt and vLLM scheduler_reserve_full_isl")
     p.add_argument("--allow-other-vllm", action="store_true", help="run against a vLLM other than 0.33.0")
+    p.add_argument("--prefix-retention", default="default", metavar="default|dense|TOKENS",
+                   help="vLLM's prefix_cache_retention_interval: which blocks of a sliding-window group it caches "
+                        "(default: vLLM 0.33's 0, only what a hit at a prompt's replay boundary or a shared-prefix "
+                        "junction needs; dense: every full block, as schedlab has it)")
     p.add_argument("--kv-steps", choices=KV_STEP_MODES, default="window",
                    help="compare the KV block pools after every step (blocks in use, each request's window "
                         "blocks): in the cases with a window (default), in all, or off; a difference is an error")
@@ -39,7 +44,11 @@ def _sides(args, schedlab: dict, vllm: dict) -> None:
 
 def _vllm(args):
     from .vllm_side import VllmRunner
-    return VllmRunner(allow_other_version=args.allow_other_vllm, kv_steps=args.kv_steps, engine=args.engine)
+    if args.prefix_retention not in ("default", "dense") and not args.prefix_retention.isdigit():
+        raise ConfigError(f"--prefix-retention: expected default, dense or a number of tokens, "
+                          f"got {args.prefix_retention!r}")
+    return VllmRunner(allow_other_version=args.allow_other_vllm, kv_steps=args.kv_steps, engine=args.engine,
+                      prefix_retention=args.prefix_retention)
 
 
 def _schedlab(engine: str):

@@ -136,9 +136,15 @@ class VllmRunner:
     :param kv_steps: compare the block pool with schedlab's after every step (:mod:`.kv_steps`):
         ``window`` (the cases with a window), ``all`` or ``off``; a difference is the run's error.
     :param engine: the schedlab engine those comparisons run on (``fast`` or ``reference``).
+    :param prefix_retention: vLLM's ``CacheConfig.prefix_cache_retention_interval`` -- which blocks of
+        a sliding-window group it caches: ``"default"`` (0.33's ``0``: only those a hit at a prompt's
+        replay boundary or a shared-prefix junction needs), ``"dense"`` (``None``: every full
+        block, as schedlab has it) or a number of tokens.
     """
 
-    def __init__(self, *, allow_other_version: bool = False, kv_steps: str = "off", engine: str = "fast"):
+    def __init__(self, *, allow_other_version: bool = False, kv_steps: str = "off", engine: str = "fast",
+                 prefix_retention: str = "default"):
+        self.prefix_retention = prefix_retention
         if kv_steps not in KV_STEP_MODES:
             raise ValueError(f"kv_steps must be one of {', '.join(KV_STEP_MODES)}, not {kv_steps!r}")
         self.kv_steps = kv_steps
@@ -209,7 +215,7 @@ class VllmRunner:
         kwargs = self.scheduler_config_kwargs(case, sides)
         scheduler_config = v["SchedulerConfig"](**kwargs)
         cache_config = v["CacheConfig"](block_size=s.block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
-                                        enable_prefix_caching=s.prefix_caching)
+                                        enable_prefix_caching=s.prefix_caching, **self._retention())
         vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=self.model_config,
                                       cache_config=cache_config,
                                       parallel_config=v["ParallelConfig"](pipeline_parallel_size=s.pipeline_parallel),
@@ -235,6 +241,14 @@ class VllmRunner:
         scheduler_class = v["AsyncScheduler"] if asynchronous else v["Scheduler"]
         return scheduler_class(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=s.block_size,
                               log_stats=True, structured_output_manager=v["StructuredOutputManager"](vllm_config))
+
+    def _retention(self) -> dict:
+        """``CacheConfig`` keywords for :attr:`prefix_retention` (none for vLLM's default)."""
+        if self.prefix_retention == "default":
+            return {}
+        if self.prefix_retention == "dense":
+            return {"prefix_cache_retention_interval": None}
+        return {"prefix_cache_retention_interval": int(self.prefix_retention)}
 
     def hybrid_kv_cache_config(self, case: Case, vllm_config):
         """vLLM's ``KVCacheConfig`` of a model with one full-attention layer and ``window_groups``
