@@ -215,6 +215,16 @@ class KVCache(Protocol):
     engines call it there when the scheduler follows SGLang's rule for aborts
     (``aborts_run_once_more``). A cache without it frees as usual.
 
+    Optional: ``window`` (a :class:`schedlab.kv_window.SlidingWindow`, or None) and
+    ``window_blocks(seq)``, for a model whose sliding-window layers keep only their window in
+    KV cache groups of their own (vLLM's hybrid manager): a sequence then also holds
+    ``window_blocks(seq)`` blocks, which :meth:`allocate` takes and frees as the window slides.
+    The engines count them in what the sequences hold, in the fewest blocks a request needs
+    (:func:`schedlab.kv_window.sequence_blocks`), and such a cache has no ``grow``. And
+    ``allocate_decodes(seqs)``: one more token's slot for each of ``seqs``, all or none, as
+    ``allocate(seq, 1)`` for each after a check that the sum of their ``blocks_needed`` is
+    free; the fast engine calls it, when the cache has it, for a decode step without ``grow``.
+
     Optional: ``use_hash_lookahead(tokens)``, for a prefix cache that identifies blocks by their
     content: identify each block by the ``tokens`` after it too, as vLLM 0.33 hashes blocks for an
     EAGLE drafter (whose KV at a block's last position reads the next token); the engines call it
