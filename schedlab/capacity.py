@@ -674,7 +674,9 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         f"  tokens              {s.num_blocks} blocks x {s.block_size} = {s.tokens} tokens",
     ]
     if window is not None:
-        lines.append(f"  window layers       {m.sliding_window_layers} layers keep {window.tokens} tokens in "
+        kept = (f"{window.tokens} tokens" if window.tokens == m.sliding_window
+                else f"{m.sliding_window} tokens (as {window.tokens} of a {pool_layers}-layer group)")
+        lines.append(f"  window layers       {m.sliding_window_layers} layers keep {kept} in "
                      f"{window.groups} more group(s) of {pool_layers} layers: up to "
                      f"{window.fewest(window.tokens + s.block_size)} blocks a sequence (vLLM's hybrid manager)")
     context = m.max_position_embeddings

@@ -79,8 +79,9 @@ def kv_groups(num_layers: int, window_layers: int) -> tuple[int, int, int]:
 
     The group size is the smaller layer count, or the larger when the two are within 1.5x
     (padding the smaller kind). schedlab keeps one full-attention group: a model with more
-    full-attention layers than that (rare) gets one group of them and ``ceil(window / full)``
-    window groups of that size, which overstates the window's share a little."""
+    full-attention layers than that (Mllama's 8 cross-attention layers beside 32) gets one group
+    of them and one window group of that size (:func:`model_window` shrinks its window to keep
+    the window layers' bytes)."""
     full = num_layers - window_layers
     if not window_layers or not full:
         return num_layers, 1, 0
@@ -98,8 +99,12 @@ def model_window(model, block_size: int) -> SlidingWindow | None:
     layers = model.sliding_window_layers
     if not layers or layers >= model.num_layers or model.sliding_window is None:
         return None
-    _, _, groups = kv_groups(model.num_layers, layers)
-    return SlidingWindow(groups, model.sliding_window, block_size)
+    size, _, groups = kv_groups(model.num_layers, layers)
+    tokens = model.sliding_window
+    full = model.num_layers - layers
+    if layers < full and full >= 1.5 * layers:  # folded into one group of the full layers' size (kv_groups)
+        tokens = max(1, -(-tokens * layers // size))
+    return SlidingWindow(groups, tokens, block_size)
 
 
 def sequence_blocks(kv, tokens: int, prompt: int = 0, chunk: int = 0, *, reserve: bool = False) -> int:

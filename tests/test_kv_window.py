@@ -170,6 +170,16 @@ def test_model_window_and_pool_layers():
     every = attrs.evolve(gemma, sliding_window_layers=62)
     assert model_window(every, 16) is None and every.pool_layers() == 62
     assert model_window(PRESETS.model("llama-3-8b"), 16) is None
+    # Mllama-like: 8 window layers beside 32 full ones; vLLM would make groups of 8 (four of the full layers),
+    # schedlab one group of 32 and one window group of 32 layers keeping 6404 x 8 / 32 = 1601 tokens, so that
+    # the window layers' bytes stay those of 8 layers x 6404 tokens
+    vision = ModelSpec("mllama-like", num_layers=40, num_kv_heads=8, head_dim=128, num_params=11e9,
+                       sliding_window=6404, sliding_window_layers=8)
+    assert model_window(vision, 16) == SlidingWindow(1, 1601, 16)
+    assert vision.pool_layers() == 32
+    # 14 window layers beside 10 full ones (within 1.5x): groups of 14, the window kept whole
+    near = attrs.evolve(vision, num_layers=24, sliding_window_layers=14, sliding_window=512)
+    assert model_window(near, 16) == SlidingWindow(1, 512, 16) and near.pool_layers() == 14
 
 
 # --- 3. the caches, step by step ------------------------------------------------------------------------------
