@@ -296,17 +296,27 @@ def bench_parallel(rows: list) -> None:
                      f"({ref['events']:,} events)"))
 
 
+def two_ways(rows: list, title: str, source: str, named: dict[str, list[str]], reference: list[str]) -> None:
+    """Benchmark 1 two ways (``named``: the way measured first, then the way it is compared
+    with), interleaved three times each, best CPU time each, and the first way on the reference
+    engine (``reference``: its overrides); one row: the ratio of CPU times and each run's work."""
+    runs = interleaved(named)
+    (first, a), (second, b) = ((name, min(rs, key=lambda r: r["cpu_ms"])) for name, rs in runs.items())
+    ref = measure("azure.toml", reference + ["experiment.engine=reference"])
+
+    def work(r: dict) -> str:
+        return f"({r['iterations']:,} iterations in {r['events']:,} events)"
+
+    rows.append((title, f"{a['cpu_ms'] / b['cpu_ms']:.1f}x CPU, {ref['cpu_ms'] / a['cpu_ms']:.1f}x faster than "
+                 "reference",
+                 f"{first} {a['cpu_ms'] / 1e3:.2f} s CPU {work(a)}, {second} {b['cpu_ms'] / 1e3:.2f} s {work(b)}, "
+                 f"reference {ref['cpu_ms'] / 1e3:.2f} s; {source}"))
+
+
 def bench_async(rows: list, azure: tuple[list[str], str]) -> None:
     overrides, source = azure
-    runs = interleaved({"sync": overrides, "async": overrides + ["scheduler.async_scheduling=true"]})
-    sync, ahead = (min(rs, key=lambda r: r["cpu_ms"]) for rs in (runs["sync"], runs["async"]))
-    ref = measure("azure.toml", overrides + ["scheduler.async_scheduling=true", "experiment.engine=reference"])
-    rows.append(("9. asynchronous scheduling (benchmark 1)", f"{ahead['cpu_ms'] / sync['cpu_ms']:.1f}x CPU, "
-                 f"{ref['cpu_ms'] / ahead['cpu_ms']:.1f}x faster than reference",
-                 f"async {ahead['cpu_ms'] / 1e3:.2f} s CPU ({ahead['iterations']:,} iterations in {ahead['events']:,} "
-                 f"events), sync "
-                 f"{sync['cpu_ms'] / 1e3:.2f} s ({sync['iterations']:,} iterations in {sync['events']:,} events), "
-                 f"reference {ref['cpu_ms'] / 1e3:.2f} s; {source}"))
+    ahead = overrides + ["scheduler.async_scheduling=true"]
+    two_ways(rows, "9. asynchronous scheduling (benchmark 1)", source, {"async": ahead, "sync": overrides}, ahead)
 
 
 #: benchmark 1 under SGLang's scheduler and radix cache (16-token pages: SGLang's one-token
@@ -318,15 +328,8 @@ SGLANG = ['scheduler={kind = "sglang", max_running_requests = 256}',
 def bench_sglang(rows: list, azure: tuple[list[str], str]) -> None:
     overrides, source = azure
     base = overrides + SGLANG
-    runs = interleaved({"sync": base + ["scheduler.overlap_schedule=false"], "overlap": base})
-    sync, ahead = (min(rs, key=lambda r: r["cpu_ms"]) for rs in (runs["sync"], runs["overlap"]))
-    ref = measure("azure.toml", base + ["experiment.engine=reference"])
-    rows.append(("10. SGLang's scheduler with its overlap scheduler (benchmark 1)",
-                 f"{ahead['cpu_ms'] / sync['cpu_ms']:.1f}x CPU, {ref['cpu_ms'] / ahead['cpu_ms']:.1f}x faster than "
-                 "reference",
-                 f"overlap {ahead['cpu_ms'] / 1e3:.2f} s CPU ({ahead['iterations']:,} iterations in "
-                 f"{ahead['events']:,} events), sync {sync['cpu_ms'] / 1e3:.2f} s ({sync['iterations']:,} iterations "
-                 f"in {sync['events']:,} events), reference {ref['cpu_ms'] / 1e3:.2f} s; {source}"))
+    two_ways(rows, "10. SGLang's scheduler with its overlap scheduler (benchmark 1)", source,
+             {"overlap": base, "sync": base + ["scheduler.overlap_schedule=false"]}, base)
 
 
 #: benchmark 1 with gpt-oss-20b on an H100: its window layers' blocks slide (schedlab.kv_window), so
@@ -338,16 +341,8 @@ GPT_OSS = ['kv_cache={kind = "paged", model = "gpt-oss-20b", gpu = "h100-80gb"}'
 def bench_window(rows: list, azure: tuple[list[str], str]) -> None:
     overrides, source = azure
     base = overrides + GPT_OSS
-    runs = interleaved({"window": base, "whole": base + ["kv_cache.disable_hybrid_kv_cache_manager=true"]})
-    window, whole = (min(rs, key=lambda r: r["cpu_ms"]) for rs in (runs["window"], runs["whole"]))
-    ref = measure("azure.toml", base + ["experiment.engine=reference"])
-    rows.append(("11. sliding-window layers (benchmark 1 on gpt-oss-20b, H100)",
-                 f"{window['cpu_ms'] / whole['cpu_ms']:.1f}x CPU, {ref['cpu_ms'] / window['cpu_ms']:.1f}x faster "
-                 "than reference",
-                 f"window {window['cpu_ms'] / 1e3:.2f} s CPU ({window['iterations']:,} iterations in "
-                 f"{window['events']:,} events), every layer whole {whole['cpu_ms'] / 1e3:.2f} s "
-                 f"({whole['iterations']:,} iterations in {whole['events']:,} events), reference "
-                 f"{ref['cpu_ms'] / 1e3:.2f} s; {source}"))
+    two_ways(rows, "11. sliding-window layers (benchmark 1 on gpt-oss-20b, H100)", source,
+             {"window": base, "every layer whole": base + ["kv_cache.disable_hybrid_kv_cache_manager=true"]}, base)
 
 
 def main(argv: list[str] | None = None) -> int:
