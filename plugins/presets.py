@@ -346,11 +346,15 @@ GPU_POWER: dict[str, tuple[dict, str]] = {
 
 
 # --- memory: what the card reports ----------------------------------------------------------------
-# vLLM sizes its KV pool from the total CUDA reports (torch.cuda.mem_get_info), which nvidia-smi
-# shows as memory.total. It is not the datasheet's "GB": HBM cards report about the nominal GiB
-# (the H100 a little less), and datacenter GDDR6 cards run with ECC on, which takes 1/16 of it
-# (an L40S's "48 GB" is 46,068 MiB, 45 GiB). Kept apart from GPUS, as the power numbers are, so
-# a measured total reads apart from the datasheet; a GPU not listed takes its nominal GiB.
+# The total nvidia-smi shows as memory.total. It is not the datasheet's "GB": HBM cards report
+# about the nominal GiB (the H100 a little less), and datacenter GDDR6 cards run with ECC on, which
+# takes 1/16 of it (an L40S's "48 GB" is 46,068 MiB, 45 GiB; the A40 too; the RTX A6000, a
+# workstation card, runs with ECC off; GDDR7's RTX PRO 6000 reports 97,887 MiB with ECC on or off).
+# vLLM sizes its KV pool from the total CUDA reports (torch.cuda.mem_get_info), which public logs
+# show 0.4-0.65 GiB lower than nvidia-smi's (driver-reserved memory: an H100's 81,559 MiB is about
+# 81,085 in torch, an H200's 143,771 is 143,156) -- too few readings per card to correct for here.
+# Kept apart from GPUS, as the power numbers are, so a measured total reads apart from the
+# datasheet; a GPU not listed takes its nominal GiB.
 
 #: GPU preset -> (nvidia-smi memory.total in MiB, where it was seen)
 MEASURED_MEMORY_MIB: dict[str, tuple[int, str]] = {
@@ -362,6 +366,13 @@ MEASURED_MEMORY_MIB: dict[str, tuple[int, str]] = {
     "a10g": (23028, "NVIDIA/DCGM#232 (an AWS G5 A10G); modal-labs/modal-client#2797"),
     "rtx-4090": (24564, "RLinf/RLinf#255"),
     "b200": (183359, "NVIDIA/TensorRT-LLM#10278"),
+    "h100-pcie-80gb": (81559, "NVIDIA/DCGM#91"),
+    "h200-141gb": (143771, "sgl-project/sglang#3196"),
+    "gh200-96gb": (97871, "marin-community/marin#5446 (a GH200 480GB superchip)"),
+    "rtx-pro-6000": (97887, "vllm-project/vllm#27542"),
+    "rtx-pro-6000-server": (97887, "bigstack-oss/cubecos#312 (ECC on)"),
+    "a40": (46068, "NVIDIA/gpu-operator#559 (ECC on, the datacenter default; 49,140 with ECC off)"),
+    "rtx-a6000": (49140, "noonghunna/club-3090#1047 (ECC off, drivers from 515; 48,685 on 470)"),
 }
 
 

@@ -168,7 +168,11 @@ def test_new_datasheet_presets():
                                  "a40": (696, 149.7)}.items():
         spec = PRESETS.gpu(name)
         assert (spec.hbm_bandwidth_gbps, spec.bf16_tflops) == (gbps, tflops)
-    assert PRESETS.gpu("a40").memory_gib == 48  # no measured total: the datasheet's 48 GB taken as GiB
+    # the A40's 48 GB of GDDR6 runs with ECC on: 1/16 of 49,152 MiB kept for it, 46,080, less 12 reserved --
+    # nvidia-smi shows 46,068 MiB, as an L40S's
+    assert PRESETS.gpu("a40").memory_gib == 46068 / 1024
+    assert PRESETS.gpu("rtx-a6000").memory_gib == 49140 / 1024  # a workstation card: ECC off
+    assert PRESETS.gpu("gh200-96gb").memory_gib == 97871 / 1024
 
 
 def test_measured_memory_totals_replace_the_datasheet_gb():
