@@ -683,9 +683,9 @@ def test_a_run_keeps_the_window_for_vllm_and_not_for_tgi(tmp_path):
     # vLLM: a block is a page of 12 layers; its window layers keep 128 tokens in one more group
     assert (kv["vllm"]["bytes_per_token"], kv["vllm"]["num_blocks"]) == (24576, 156683)
     assert (kv["vllm"]["window_tokens"], kv["vllm"]["window_groups"]) == (128, 1)
-    # its auto-fit length: 8,192 tokens x 2 batches in flight -> a window cap of cdiv(127 + 16384, 16) + 1 = 1033
-    # blocks: (156,683 - 1,033) x 16 = 2,490,400 tokens
-    assert runs["vllm"].meta["max_model_len_fits"] == 2_490_400
+    # vLLM starts: 131,072 tokens (8,192 blocks) + a window budget of cdiv(127 + 2 x 8,192, 16) + 1 = 1,033 blocks
+    # (8,192 tokens per batch, two in flight) fit in 156,683
+    assert runs["vllm"].meta["max_model_len"] == 131072 and runs["vllm"].meta["start_up_problem"] == ""
     # TGI keeps every token in every layer (its kv_cache_defaults): 24 layers, half the blocks
     assert (kv["tgi"]["bytes_per_token"], kv["tgi"]["num_blocks"]) == (49152, 61_610_511_129 // (16 * 49152))
     assert "window_tokens" not in kv["tgi"]

@@ -240,18 +240,21 @@ def test_a_run_says_when_vllm_would_not_start(tmp_path):
     """vLLM refuses to start when one max_model_len sequence does not fit in the KV pool: the
     run's table says so beside the cache (Llama-3.1-8B on an L4: 31,024 tokens of 131,072,
     test_capacity.test_the_models_context_against_the_pool)."""
-    from schedlab_plugins.reports.table import _start_up_note
+    from schedlab_plugins.reports.table import render
 
     path = tmp_path / "exp.toml"
     path.write_text(run_text("l4", model="llama-3.1-8b"))
-    run = run_experiment(load(path)).all_runs()[0]
+    results = run_experiment(load(path))
+    run = results.all_runs()[0]
     assert (run.meta["max_model_len"], run.meta["kv_cache"]["tokens"]) == (131072, 31024)
-    assert _start_up_note(131072, 31024) == ("; max_model_len 131,072 does not fit: vLLM would refuse to start "
-                                             "([scheduler] max_model_len <= 31,024 or \"auto\" would)")
-    assert _start_up_note(4096, 31024) == _start_up_note(0, 31024) == ""
+    refused = ("vLLM would refuse to start: max_model_len 131,072 > the KV pool's 31,024 tokens; set [scheduler] "
+               "max_model_len <= 31,024 or \"auto\"")
+    assert run.meta["start_up_problem"] == refused
+    assert f"31,024 tokens; {refused}" in render(results, ["finished"])
     path.write_text(run_text("l4", 'max_model_len = "auto"', model="llama-3.1-8b"))
     run = run_experiment(load(path)).all_runs()[0]
     assert run.meta["max_model_len"] == run.meta["kv_cache"]["tokens"] == 31024  # vLLM's auto-fit
+    assert run.meta["start_up_problem"] == ""
 
 
 def _sglang(requests, context: int, engine: str):

@@ -190,8 +190,7 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
                             "group(s)" if kv.get("window_tokens") else "")
                          + (f"; SGLang's window layers: a pool of {kv['swa_full_tokens_ratio']:g} tokens per "
                             "full-attention one" if kv.get("swa_full_tokens_ratio") else "")
-                         + _start_up_note(run.meta.get("max_model_len") or 0,
-                                          run.meta.get("max_model_len_fits", kv["tokens"])))
+                         + _start_up_note(run.meta.get("start_up_problem", "")))
     lines += energy_lines(runs)
     for study in results.studies:
         if study.search is not None:
@@ -270,9 +269,7 @@ class TableReport:
         return [path]
 
 
-def _start_up_note(max_model_len: int, tokens: int) -> str:
-    """vLLM's start-up check: one sequence of ``max_model_len`` must fit in the pool."""
-    if not max_model_len or max_model_len <= tokens:
-        return ""
-    return (f"; max_model_len {max_model_len:,} does not fit: vLLM would refuse to start "
-            f"([scheduler] max_model_len <= {tokens:,} or \"auto\" would)")
+def _start_up_note(problem: str) -> str:
+    """Why the engine would refuse to start with this cache (the run's ``start_up_problem``, from
+    the scheduler: vLLM checks that one sequence of ``max_model_len`` fits in the pool)."""
+    return f"; {problem}" if problem else ""

@@ -38,7 +38,6 @@ from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineClus
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
-from ..kv_window import tokens_fitting
 from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, entry_label
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import checked_requests
@@ -1031,8 +1030,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "scheduler": _settings_of(scheduler),
         # the longest sequence served (0: no limit); vLLM refuses to start when one does not fit
         "max_model_len": _max_model_len(scheduler, kv),
-        # the longest such sequence vLLM's start-up check lets the pool hold (a window's budget included)
-        "max_model_len_fits": tokens_fitting(kv, kv.num_blocks, _in_flight_tokens(scheduler)),
+        # why the real engine would refuse to start with this cache ("": it starts; only schedulers
+        # that know, the vllm presets: a max_model_len over the pool, a window's budget included)
+        "start_up_problem": _start_up_problem(scheduler, kv),
         "speculative": attrs.asdict(a.speculative) if a.speculative is not None else {},
         "frontend": attrs.asdict(side.frontend) if side is not None and side.frontend is not None else {},
         "client": attrs.asdict(side.client) if side is not None and side.client is not None else {},
@@ -1188,11 +1188,10 @@ def _max_model_len(scheduler, kv) -> int:
     return getattr(getattr(scheduler, "config", None), "max_model_len", 0)
 
 
-def _in_flight_tokens(scheduler) -> int:
-    """Tokens a scheduler may have scheduled and not yet processed (its optional
-    ``in_flight_tokens()``, vLLM's budget per concurrent batch), else 0."""
-    count = getattr(scheduler, "in_flight_tokens", None)
-    return count() if callable(count) else 0
+def _start_up_problem(scheduler, kv) -> str:
+    """The scheduler's optional ``start_up_problem(kv)`` (the planner's too), else ""."""
+    problem = getattr(scheduler, "start_up_problem", None)
+    return (problem(kv) or "") if callable(problem) else ""
 
 
 def _kv_summary(kv) -> dict:
