@@ -4,6 +4,7 @@
     pip install -e '.[vllm]'            # vLLM 0.33.0 and torch (see the README for a CPU-only install)
     python tools/vllm_diff.py           # every feature group, 50 seeds each, shrunk reproducers
     python tools/vllm_diff.py --groups tight_kv --seeds 200 --reserve-full-prompt off
+    python tools/vllm_diff.py --groups window,window_prefix,window_all,window_long   # sliding windows
 
 The harness itself is the package schedlab.vllm_diff (importable and tested without vLLM).
 """

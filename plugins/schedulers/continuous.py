@@ -355,7 +355,8 @@ class ContinuousScheduler:
                         # fit, and vLLM has allocated its slot (caching its full blocks) by then;
                         # and with a prefix cache the decodes before the one that does not fit
                         # have taken their blocks -- evicting cached ones -- before the victim's
-                        # come free: walk the decodes one by one as vLLM does.
+                        # come free (and with a window each frees its blocks out of it for the
+                        # next): walk the decodes one by one as vLLM does.
                         if not self._walk(plan, [s for s in plan.running if s.status == "decoding"]):
                             return False
                         break
@@ -367,8 +368,11 @@ class ContinuousScheduler:
 
     @staticmethod
     def _reuses_blocks(plan) -> bool:
-        """The KV cache keeps freed blocks for prefix hits: which free block a decode takes matters."""
-        return bool(getattr(plan.kv, "prefix_caching", False))
+        """The KV cache keeps freed blocks for prefix hits (which free block a decode takes
+        matters), or frees a window's blocks as each decode allocates (a later decode takes what an
+        earlier one freed: vLLM's ``allocate_slots`` removes the skipped blocks first)."""
+        kv = plan.kv
+        return bool(getattr(kv, "prefix_caching", False)) or getattr(kv, "window", None) is not None
 
     def _decodes_fit(self, plan) -> bool:
         """Every decode's verify tokens fit the budget (the last decode still gets all its drafts;

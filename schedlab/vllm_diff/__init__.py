@@ -10,7 +10,9 @@ the SGLang harness in :mod:`schedlab.diffcheck`.
 
 * :mod:`.case` -- the settings both engines get and the per-request outcome compared;
 * :mod:`.workloads` -- random cases per feature group (budget, threshold, tight_kv, prefix,
-  priority, all);
+  priority, all, ...; and window, window_prefix, window_all, window_long: a model with
+  sliding-window layers, vLLM's hybrid KV cache manager against schedlab's ``SlidingWindow``);
 * :mod:`.schedlab_side` / :mod:`.vllm_side` -- run one case on each engine;
+* :mod:`.kv_steps` -- the block pools of both compared after every step (``--kv-steps``);
 * :mod:`.cli` -- ``python tools/vllm_diff.py``.
 """

@@ -59,17 +59,20 @@ class DiffSettings:
 
     @property
     def in_flight_tokens(self) -> int:
-        """vLLM's ``max_in_flight_tokens``: a budget per concurrent batch (``max_concurrent_batches``
-        batches on a pipeline; the harness's asynchronous runs are not counted here)."""
-        return self.max_num_batched_tokens * self.pipeline_parallel
+        """vLLM's ``max_in_flight_tokens`` at most: a budget per concurrent batch -- one per stage and
+        one planned ahead (``VllmConfig.max_concurrent_batches`` with asynchronous scheduling, which
+        a run may turn on on one side: ``--vllm-set async_scheduling=true``)."""
+        return self.max_num_batched_tokens * (self.pipeline_parallel + 1)
 
     def request_blocks(self, r) -> int:
         """The most blocks request ``r`` holds alone: one per ``block_size`` of its last computed
         token (``prompt + max_tokens - 1``, with speculation plus the slots of a last step's drafts
         and lookahead) and, with a window, what its window groups hold at most -- all their blocks,
         or vLLM's per-request cap (``SlidingWindowSpec.max_admission_blocks_per_request``: the
-        window and the tokens in flight, plus a block; ``remove_skipped_blocks`` keeps a request's
-        window below it), whichever is fewer."""
+        window and the tokens in flight, :attr:`in_flight_tokens`, plus a block;
+        ``remove_skipped_blocks`` keeps a request's window below it), whichever is fewer. (Planning
+        ahead, vLLM frees a window's blocks only once their tokens are processed: a request that
+        does not fit alone so is preempted by its own next chunk, for ever.)"""
         tokens = r.prompt_tokens + r.limit - 1 + self.spec_slack
         need = blocks_for(tokens, self.block_size)
         window = self.window

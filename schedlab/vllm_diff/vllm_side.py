@@ -135,7 +135,9 @@ class VllmRunner:
         notes cite may have moved).
     :param kv_steps: compare the block pool with schedlab's after every step (:mod:`.kv_steps`):
         ``window`` (the cases with a window), ``all`` or ``off``; a difference is the run's error.
-    :param engine: the schedlab engine those comparisons run on (``fast`` or ``reference``).
+    :param engine: the schedlab engine those comparisons run on in a case with a window (``fast`` or
+        ``reference``; without one always ``reference``: the fast engine plans no iteration of a bulk
+        run of decodes).
     :param prefix_retention: vLLM's ``CacheConfig.prefix_cache_retention_interval`` -- which blocks of
         a sliding-window group it caches: ``"default"`` (0.33's ``0``: only those a hit at a prompt's
         replay boundary or a shared-prefix junction needs), ``"dense"`` (``None``: every full
@@ -149,7 +151,7 @@ class VllmRunner:
             raise ValueError(f"kv_steps must be one of {', '.join(KV_STEP_MODES)}, not {kv_steps!r}")
         self.kv_steps = kv_steps
         self.engine = engine
-        self._ours = None  # the schedlab runner of the step comparisons, made when first needed
+        self._ours: dict = {}  # the schedlab runners of the step comparisons by engine, made when first needed
         self.last_steps: list[tuple] = []  # the pool after each step of the last run (.kv_steps)
         set_environment()
         logging.getLogger("vllm").setLevel(logging.ERROR)  # its warnings about CPU kernels do not concern us
@@ -313,6 +315,9 @@ class VllmRunner:
         while True:
             trace.arrive(now)
             trace.abort(now)
+            if trace.livelocked(now):
+                error = trace.livelock_error(now)
+                break
             if all(req.is_finished() for req in trace.live.values()):
                 if trace.all_arrived:
                     break
@@ -345,15 +350,19 @@ class VllmRunner:
         self.last_steps = trace.steps
         if not applies(self.kv_steps, case):
             return error
-        if self._ours is None:
+        # (without a window the fast engine runs decodes in bulk, planning no iteration: the
+        # reference engine plans each)
+        engine = self.engine if case.settings.window is not None else "reference"
+        ours = self._ours.get(engine)
+        if ours is None:
             from .schedlab_side import SchedlabRunner
 
-            self._ours = SchedlabRunner(self.engine)
-            self._ours.record_steps = True
-        _, failed = self._ours.run(case, sides)
-        if failed is not None and failed.startswith("schedlab:"):
-            return error  # (the comparison of outcomes shows it)
-        difference = first_difference(trace.steps, self._ours.steps)
+            ours = self._ours[engine] = SchedlabRunner(engine)
+            ours.record_steps = True
+        _, failed = ours.run(case, sides)
+        if failed is not None:
+            return error  # (schedlab failed or turned requests away: the comparison of outcomes shows it)
+        difference = first_difference(trace.steps, ours.steps)
         return "; ".join(e for e in (error, difference) if e) or None
 
     def run_pipelined(self, case: Case, sides: Sides | None = None) -> tuple[dict[int, Outcome], str | None]:
@@ -380,6 +389,9 @@ class VllmRunner:
         while True:
             trace.arrive(now)
             trace.abort(now)
+            if trace.livelocked(now):
+                error = trace.livelock_error(now)
+                break
             if not sched.has_requests() and not queue:
                 if trace.all_arrived:
                     break
@@ -476,6 +488,10 @@ class _Trace:
         self.spec = speculation(case)
         self.k = case.settings.num_speculative_tokens
         self.drafted = {r.id: _Drafted(r) for r in self.pending} if self.spec is not None else {}
+        # a run in which no request arrives and none gets a token for longer than it takes to
+        # compute every request ten times over has livelocked (livelocked)
+        self.patience = 10 * sum(r.prompt_tokens + r.limit for r in self.pending) + 1000
+        self.last_progress = 0.0
         self.hash_lookahead = getattr(sched, "num_hash_lookahead_tokens", 0)
         self.asynchronous = isinstance(sched, runner._v["AsyncScheduler"])
         # the pool after each schedule() that scheduled tokens: (time, blocks in use, {request:
@@ -493,8 +509,21 @@ class _Trace:
     def next_arrival(self) -> int:
         return self.pending[self.nxt].arrival
 
+    def livelocked(self, now) -> bool:
+        """No request has arrived or got a token for :attr:`patience` ms: vLLM goes round in
+        circles -- with a window and asynchronous scheduling, for instance, a prompt chunk that
+        cannot get its blocks while the chunk before it is in flight preempts its own request, which
+        starts over (``allocate_slots`` frees a window's blocks once their tokens are processed)."""
+        return now - self.last_progress > self.patience
+
+    def livelock_error(self, now) -> str:
+        return (f"vLLM livelocked: no request arrived or got a token from {self.last_progress:g} ms to {now:g} ms "
+                "(it schedules, and preempts, for ever)")
+
     def arrive(self, now) -> None:
         """Add the requests that have arrived by ``now``."""
+        if self.nxt < len(self.pending) and self.pending[self.nxt].arrival <= now:
+            self.last_progress = max(self.last_progress, float(now))
         while self.nxt < len(self.pending) and self.pending[self.nxt].arrival <= now:
             req = self.runner._request(self.pending[self.nxt], self.block_size, self.hash_lookahead)
             self.live[req.request_id] = req
@@ -577,6 +606,7 @@ class _Trace:
         """Request ``rid`` got ``n`` tokens at ``t`` (vLLM keeps none past its last): its first,
         or its last (it is finished)."""
         rid_int = self.ids[rid]
+        self.last_progress = max(self.last_progress, float(t))
         before = self.generated[rid_int]
         self.generated[rid_int] = min(before + n, self.outputs[rid_int])
         if before == 0:
