@@ -220,10 +220,15 @@ class KVCache(Protocol):
     KV cache groups of their own (vLLM's hybrid manager): a sequence then also holds
     ``window_blocks(seq)`` blocks, which :meth:`allocate` takes and frees as the window slides.
     The engines count them in what the sequences hold, in the fewest blocks a request needs
-    (:func:`schedlab.kv_window.sequence_blocks`), and such a cache has no ``grow``. And
+    (:func:`schedlab.kv_window.sequence_blocks`). Such a cache's ``grow``, if it has one, is
+    ``grow(taken, freed)``: a bulk run of decodes took ``taken`` blocks and gave back ``freed``
+    window blocks; a sequence whose last allocation was a decode then holds
+    ``window.held(c - 1, c)`` window blocks at ``c`` computed tokens (the cache follows its
+    computed tokens; the engine allocates each decoder's first decode of a run itself). And
     ``allocate_decodes(seqs)``: one more token's slot for each of ``seqs``, all or none, as
     ``allocate(seq, 1)`` for each after a check that the sum of their ``blocks_needed`` is
-    free; the fast engine calls it, when the cache has it, for a decode step without ``grow``.
+    free; the fast engine calls it, when the cache has it, for a decode step of a windowed cache
+    or one without ``grow``.
 
     Optional: ``use_hash_lookahead(tokens)``, for a prefix cache that identifies blocks by their
     content: identify each block by the ``tokens`` after it too, as vLLM 0.33 hashes blocks for an

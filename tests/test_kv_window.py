@@ -33,6 +33,7 @@ from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
 from schedlab.testing import IterationChecker, check_run, compare_runs, examples, requests_lists, run_engine
 from schedlab_plugins.cost_models import LinearCostModel
+from schedlab_plugins.cost_models.linear import LinearConfig
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixConfig, build_radix
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.presets import VllmConfig
@@ -513,20 +514,54 @@ def test_windowed_runs_agree_and_keep_every_limit(setup):
     compare_runs(runs["fast"], runs["reference"])
 
 
-def test_a_windowed_cache_has_no_bulk_decode_runs():
-    assert PagedKVCache(10, 8, window=W32).grow is None and PrefixKVCache(10, 8, window=W32).grow is None
-    assert callable(PagedKVCache(10, 8).grow) and callable(PrefixKVCache(10, 8).grow)
-    requests = [Request(id=i, arrival_ms=0.0, prompt_tokens=40, output_tokens=300) for i in range(3)]
-    for cls in CACHES:
-        # the three prompts in one iteration, then 299 decodes: 300 iterations; without a window the fast engine
-        # runs the decodes in bulk (2 events), with one it steps each of them
-        plain = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")), kv=cls(400, 8))
-        windowed = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")),
-                              kv=cls(400, 8, window=W32))
-        assert plain.metrics["iterations"] == windowed.metrics["iterations"] == 300
-        assert plain.meta["events"] < 10 and windowed.meta["events"] == 300
-        for column in ("first_token_ms", "finish_ms", "generated_tokens"):   # a pool this large never binds
-            assert plain.requests[column].tolist() == windowed.requests[column].tolist()
+@pytest.mark.parametrize("cls", CACHES)
+def test_windowed_decodes_run_in_bulk_with_every_block_counted(cls):
+    # one prompt of 40 tokens (blocks of 8, one window group of 32 tokens), then 299 decodes, 1 ms an iteration:
+    # the prompt holds 5 + 5 blocks; the decode at position s holds ceil((s + 1) / 8) full blocks and
+    # ceil((s + 1) / 8) - floor((s - 31) / 8) window ones (s >= 32), whose peak is at s = 336-338:
+    # 2 x 43 - 38 = 48; block x ms = 10 + the sum of those counts over s = 40..338
+    block_ms = 10 + sum(2 * math.ceil((s + 1) / 8) - (s - 31) // 8 for s in range(40, 339))
+    requests = [Request(id=0, arrival_ms=0.0, prompt_tokens=40, output_tokens=300)]
+    cost = LinearCostModel(LinearConfig(base_ms=1.0, prefill_ms_per_token=0.0, decode_ms_per_step=0.0))
+    runs = {engine: run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")), cost,
+                               cls(400, 8, window=SlidingWindow(1, 32, 8)), engine=engine) for engine in ENGINES}
+    for run in runs.values():
+        assert run.metrics["iterations"] == 300 and run.requests["finish_ms"].tolist() == [300.0]
+        assert run.counters["kv_peak_blocks"] == 48 and run.counters["kv_block_ms"] == block_ms
+    # the fast engine runs the decodes in bulk (a handful of events, not one per iteration)
+    assert runs["fast"].meta["events"] < 10 and runs["reference"].meta["events"] == 300
+
+
+@pytest.mark.parametrize("cls", CACHES)
+@pytest.mark.parametrize("num_blocks", [59, 61, 103, 115])
+def test_a_bulk_run_stops_before_decodes_must_wait_for_anothers_freed_window(cls, num_blocks):
+    # blocks of 4, a window of 6 tokens: a decoder crosses a block at positions 0 mod 4 and, from position 9 on, frees
+    # a window block at 1 mod 4; r0 (20-token prompt, first in the running list) crosses where r1 (21 tokens) frees.
+    # With one block free, r0's two (full + window) fit only after r1 gave its one back: vLLM walks the decodes in
+    # order, so r0 preempts r1 there. A run that counted the step's net need (+1) would go on through it.
+    requests = [Request(id=0, arrival_ms=0.0, prompt_tokens=20, output_tokens=200),
+                Request(id=1, arrival_ms=0.0, prompt_tokens=21, output_tokens=200)]
+    runs = {engine: run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=2, allocation="grow")),
+                               kv=cls(num_blocks, 4, window=SlidingWindow(1, 6, 4)), engine=engine)
+            for engine in ENGINES}
+    compare_runs(runs["fast"], runs["reference"])
+    assert runs["fast"].meta["events"] * 4 < runs["reference"].meta["events"]
+
+
+@pytest.mark.parametrize("cls", CACHES)
+def test_a_bulk_run_stops_where_the_window_frees_stop_keeping_a_full_pool_going(cls):
+    # 4 requests of 64-token prompts (blocks of 4, one window group of 9 tokens) in a pool of 100 blocks: at
+    # position s a decoder holds ceil((s + 1) / 4) full blocks and ceil((s + 1) / 4) - floor((s - 8) / 4) window
+    # ones -- 17 + 4 = 21 at s = 64 (crossing), 17 + 3 = 20 at s = 65-67, rising by one block per 4 tokens
+    # over the run; 4 x 21 = 84 blocks at first, so the pool runs out within 4 x 4 further blocks: both engines
+    # preempt at the same iteration, and the fast one reaches it in bulk
+    requests = [Request(id=i, arrival_ms=0.0, prompt_tokens=64, output_tokens=60) for i in range(4)]
+    runs = {engine: run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow", max_num_seqs=4)),
+                               LinearCostModel(), cls(100, 4, window=SlidingWindow(1, 9, 4)), engine=engine)
+            for engine in ENGINES}
+    compare_runs(runs["fast"], runs["reference"])
+    assert runs["fast"].requests["preemptions"].sum() >= 1
+    assert runs["fast"].meta["events"] < runs["reference"].meta["events"] / 2
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -164,22 +164,22 @@ def _ours(case, sides, engine: str) -> tuple:
     return outcomes, _steps([list(step) for step in runner.steps])
 
 
-def _marks(name: str):
-    if PINNED[name]["status"] == "open":
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="open: " + PINNED[name]["why"][:80]))
-    return name
-
-
 @pytest.mark.parametrize("engine", ["fast", "reference"])
-@pytest.mark.parametrize("name", [_marks(n) for n in sorted(PINNED)])
-def test_schedlab_runs_each_pinned_window_case(engine, name):
-    """As vLLM did (``agrees``; ``open``: not yet), or as schedlab's approximation has it."""
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_schedlab_runs_each_pinned_window_case(engine, name, request):
+    """As vLLM did (``agrees``; ``open``: not yet -- a strict xfail where every step is compared), or as
+    schedlab's approximation has it."""
+    if PINNED[name]["status"] == "open" and engine == "reference":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="open: " + PINNED[name]["why"][:80]))
     case, sides, entry = _pinned(name)
     assert case.problems() == []
     expected = entry["schedlab"] if entry["status"] == "approximation" else entry["vllm"]
     outcomes, steps = _ours(case, sides, engine)
     assert outcomes == _outcomes(expected["outcomes"])
-    assert steps == _steps(expected["steps"])
+    if engine == "reference":
+        assert steps == _steps(expected["steps"])
+    else:  # (the fast engine plans no iteration of a bulk run of decodes: those it plans are the same)
+        assert steps and all(step in _steps(expected["steps"]) for step in steps)
 
 
 def test_each_approximation_differs_from_vllm_where_it_says():

@@ -9,8 +9,11 @@ pool is one number. A sequence holds ``max(ceil(reserved / B), ceil(computed / B
 With a ``window`` (:class:`schedlab.kv_window.SlidingWindow`: a model whose sliding-window
 layers keep only their window, in KV cache groups of their own) a sequence also holds its
 window layers' blocks, :meth:`PagedKVCache.window_blocks`: each allocation frees those that
-fell out of the window and takes those up to the step's end, from the same pool. They slide,
-so such a cache has no ``grow`` and the engines allocate each decode.
+fell out of the window and takes those up to the step's end, from the same pool. A sequence
+whose last allocation was a decode keeps ``SlidingWindow.held(c - 1, c)`` at ``c`` computed
+tokens, so after the fast engine's bulk decode run (``grow(taken, freed)``: the blocks the run
+took and the window blocks it gave back) its count follows its computed tokens without being
+touched.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from __future__ import annotations
 
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+def _decode(seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> bool:
+    """An allocation of one token from ``seq``'s computed ones, with no reservation: a decode, after
+    which its window holds ``held(c, c + 1)`` -- what a bulk run of decodes keeps it at."""
+    return num_new_tokens == 1 and not cached_tokens and not reserve_tokens and not seq.reserved_tokens
 
 
 class PagedKVCache:
@@ -35,11 +44,12 @@ class PagedKVCache:
         self.bytes_per_block = bytes_per_block
         self.host_link_gbps = host_link_gbps
         self.window = window
-        self._window_held: dict = {}  # sequence -> blocks its window layers hold
-        if window is not None:
-            if window.block_size != block_size:
-                raise ValueError(f"window of {window.block_size}-token blocks for a cache of {block_size}-token ones")
-            self.grow = None  # window blocks slide: no bulk growth (the engines allocate each decode)
+        self._window_held: dict = {}  # sequence -> blocks its window layers hold (as of _window_end)
+        # sequence -> the token count its last allocation, a decode, reached: at more computed
+        # tokens it has run on in bulk and holds held(c - 1, c) (window_blocks)
+        self._window_end: dict = {}
+        if window is not None and window.block_size != block_size:
+            raise ValueError(f"window of {window.block_size}-token blocks for a cache of {block_size}-token ones")
 
     # -- queries -------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -55,7 +65,18 @@ class PagedKVCache:
         return -(-(c if c > r else r) // self.block_size)
 
     def window_blocks(self, seq) -> int:
-        """Blocks ``seq``'s window layers hold (0 without a window)."""
+        """Blocks ``seq``'s window layers hold (0 without a window): what its last allocation left,
+        or, if that was a decode and it has run on since (the fast engine's bulk runs), what a
+        decode at each token would have left -- up to its last slot: its computed tokens, or the
+        slot it holds for a token in flight (``reserved_tokens``, planning ahead)."""
+        end = self._window_end.get(seq)
+        if end is not None:
+            c = seq.num_computed_tokens
+            r = seq.reserved_tokens
+            if r > c:
+                c = r
+            if c > end:
+                return self.window.held(c - 1, c)
         return self._window_held.get(seq, 0)
 
     def _window_change(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int,
@@ -73,11 +94,14 @@ class PagedKVCache:
             most = max(window.fewest(reserved), window.held(start, seq.num_tokens))
             if most > held:
                 held = most
-        return held - self._window_held.get(seq, 0)
+        return held - self.window_blocks(seq)
 
     def _window_release(self, seq) -> int:
         """Forget ``seq``'s window blocks; how many it held."""
-        return self._window_held.pop(seq, 0)
+        held = self.window_blocks(seq)
+        self._window_held.pop(seq, None)
+        self._window_end.pop(seq, None)
+        return held
 
     def cached_tokens(self, seq) -> int:
         return 0
@@ -96,12 +120,12 @@ class PagedKVCache:
         if self.window is None:
             return need, need
         change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens, c)
-        return need + change, change
+        return need + change, (change, _decode(seq, num_new_tokens, cached_tokens, reserve_tokens))
 
     def _take_slots(self, seq, num_new_tokens: int, cached_tokens: int, total: int, detail) -> None:
         self.used += total
-        if self.window is not None and detail:
-            self._window_settle(seq, detail)
+        if self.window is not None:
+            self._window_settle(seq, *detail)
 
     def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
         total = self._plan_slots(seq, num_new_tokens, cached_tokens, reserve_tokens)[0]
@@ -128,18 +152,26 @@ class PagedKVCache:
             take(seq, 1, 0, total, detail)
         return True
 
-    def _window_settle(self, seq, change: int) -> None:
-        held = self._window_held.get(seq, 0) + change
+    def _window_settle(self, seq, change: int, decode: bool = False) -> None:
+        """``seq``'s window blocks change by ``change``; ``decode``: the allocation was a decode
+        (:func:`_decode`: its window count follows its computed tokens from there,
+        :meth:`window_blocks`)."""
+        held = self.window_blocks(seq) + change
         if held:
             self._window_held[seq] = held
         else:
-            del self._window_held[seq]
+            self._window_held.pop(seq, None)
+        if decode:
+            self._window_end[seq] = seq.num_computed_tokens + 1
+        else:
+            self._window_end.pop(seq, None)
 
-    def grow(self, num_blocks: int) -> None:
-        """Take ``num_blocks`` decode blocks for many sequences at once (the engine attributes them)."""
-        if num_blocks > self.num_blocks - self.used:
-            raise AssertionError(f"grow({num_blocks}) with only {self.num_blocks - self.used} free blocks")
-        self.used += num_blocks
+    def grow(self, num_blocks: int, freed: int = 0) -> None:
+        """Take ``num_blocks`` decode blocks for many sequences at once (the engine attributes them)
+        and, with a window, give back the ``freed`` window blocks their decodes let go."""
+        if num_blocks - freed > self.num_blocks - self.used:
+            raise AssertionError(f"grow({num_blocks}, {freed}) with only {self.num_blocks - self.used} free blocks")
+        self.used += num_blocks - freed
 
     def free(self, seq, *, preempted: bool = False) -> None:
         self.used -= self.held(seq) + self._window_release(seq)
@@ -182,7 +214,7 @@ class PagedKVCache:
             return None
         self.used += need + window
         if window:
-            self._window_held[seq] = window
+            self._window_settle(seq, window)
         self.swap_used -= blocks
         seq.kv_state = None
         return self.transfer_ms(blocks)
@@ -201,6 +233,6 @@ class PagedKVCache:
 
     def check_invariants(self) -> None:
         assert 0 <= self.used <= self.num_blocks, (self.used, self.num_blocks)
-        window = sum(self._window_held.values())
-        assert all(n > 0 for n in self._window_held.values()) and window <= self.used, (window, self.used)
+        held = [self.window_blocks(seq) for seq in self._window_held]
+        assert all(n > 0 for n in held) and sum(held) <= self.used, (held, self.used)
         assert 0 <= self.swap_used <= self.swap_blocks, (self.swap_used, self.swap_blocks)

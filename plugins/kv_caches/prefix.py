@@ -84,7 +84,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from .paged import PagedKVCache, blocks_for
+from .paged import PagedKVCache, _decode, blocks_for
 
 
 def block_key(request, j: int, block_size: int, lookahead: int = 0) -> tuple:
@@ -246,13 +246,16 @@ class PrefixKVCache(PagedKVCache):
 
     def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> tuple:
         hits, fresh, need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        change = 0 if self.window is None else self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        return need + change, (hits, fresh, need, change)
+        if self.window is None:
+            return need, (hits, fresh, need, 0, False)
+        change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
+        return need + change, (hits, fresh, need, change, _decode(seq, num_new_tokens, cached_tokens, reserve_tokens))
 
     def _take_slots(self, seq, num_new_tokens: int, cached_tokens: int, total: int, detail) -> None:
-        hits, fresh, need, change = detail
+        hits, fresh, need, change, decode = detail
         if change < 0:  # the window's blocks that fell out of it go first (vLLM: before allocating)
-            self._window_give_back(seq, -change)
+            self._push_run(-change)
+            self.used += change
         chain = seq.kv_state
         if chain is None:
             chain = seq.kv_state = _Chain()
@@ -285,7 +288,8 @@ class PrefixKVCache(PagedKVCache):
         if change > 0:  # anonymous blocks: a hit's window is taken afresh too (see the module doc)
             self._take(change)
             self.used += change
-            self._window_settle(seq, change)
+        if self.window is not None:
+            self._window_settle(seq, change, decode)
         if not chain.sealed:
             full = (seq.num_computed_tokens + cached_tokens + num_new_tokens) // self.block_size
             if full > len(chain.blocks):
@@ -309,24 +313,23 @@ class PrefixKVCache(PagedKVCache):
         if added:
             self.epoch += 1
 
-    def grow(self, num_blocks: int) -> None:
-        """Take ``num_blocks`` anonymous decode blocks at once (the engine attributes them)."""
-        if num_blocks > self.num_blocks - self.used:
-            raise AssertionError(f"grow({num_blocks}) with only {self.num_blocks - self.used} free blocks")
+    def grow(self, num_blocks: int, freed: int = 0) -> None:
+        """Take ``num_blocks`` anonymous decode blocks at once (the engine attributes them) and, with
+        a window, give back the ``freed`` window blocks their decodes let go. The run interleaved
+        them, but the freed ones went to the free queue's tail and the taken ones came from its
+        head: giving back first then taking leaves the queue as the run did (it never needed more
+        blocks than were free)."""
+        if num_blocks - freed > self.num_blocks - self.used:
+            raise AssertionError(f"grow({num_blocks}, {freed}) with only {self.num_blocks - self.used} free blocks")
+        if freed:
+            self._push_run(freed)
         if num_blocks:
             self._take(num_blocks)
-            self.used += num_blocks
+        self.used += num_blocks - freed
 
     def free(self, seq, *, preempted: bool = False) -> None:
         self._release(seq, preempted)
         seq.kv_state = None
-
-    def _window_give_back(self, seq, count: int) -> None:
-        """Return ``count`` of ``seq``'s window blocks to the tail of the free queue (vLLM frees
-        them there; they are anonymous here)."""
-        self._push_run(count)
-        self.used -= count
-        self._window_settle(seq, -count)
 
     def _release(self, seq, preempted: bool) -> None:
         held = self.held(seq)
@@ -473,7 +476,7 @@ class PrefixKVCache(PagedKVCache):
         self._take(need + window)
         self.used += need + window
         if window:
-            self._window_held[seq] = window
+            self._window_settle(seq, window)
         self.swap_used -= blocks
         seq.kv_state = _Chain(sealed=True)
         return self.transfer_ms(blocks)

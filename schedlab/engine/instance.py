@@ -172,7 +172,15 @@ class Instance:
         self.itl_groups: dict[float, int] = {}  # last-token time -> decoding sequences
         self.itl_merge = -INF        # end of the last decode iteration
         self.off_cycle: dict = {}    # decoders left out of the last decode iteration -> their ITL group
-        self.kv_grows = callable(getattr(kv, "grow", None))
+        window = getattr(kv, "window", None)
+        grows = callable(getattr(kv, "grow", None))
+        self.kv_grows = grows and window is None  # decodes' blocks taken by counting (cross_at)
+        # a cache with sliding-window layers that grows in bulk: decoders also free window blocks
+        # once a period after their window starts to slide (SlidingGrowth; free_at, sliding)
+        self.window = window if grows else None
+        self.free_at = [0] * kv.block_size  # sliding decoders freeing window blocks at counters = index mod B
+        self.sliding: dict = {}              # ... those decoders -> their index
+        self.slide_heap: list = []           # (decode counter of its window's first free, seq_no, decoder)
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0  # drafts per decode in the next step
         if speculation is not None:
@@ -190,7 +198,8 @@ class Instance:
             self.running_view = AheadRunning(self.running, self.ahead.held)
             self.marks = Marks()
         # Speculative steps draw each sequence's tokens: no two are alike, so no bulk runs.
-        self.bulk_ok = (self.kv_grows and bool(getattr(scheduler, "stable_between_events", False))
+        self.bulk_ok = ((self.kv_grows or self.window is not None)
+                        and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None
                         and speculation is None)
         self.count_prefix = bool(getattr(kv, "prefix_caching", False))
@@ -492,6 +501,8 @@ class Instance:
         if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-seq.anchor % len(self.cross_at)] += 1
             self.n_growing += 1
+            if self.window is not None:
+                self._will_slide(seq)
         heap = self.finish_heap
         heapq.heappush(heap, (seq.finish_step, seq.seq_no, seq))
         if len(heap) > 2 * self.n_decoding + 64:
@@ -523,6 +534,11 @@ class Instance:
         if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-seq.anchor % len(self.cross_at)] += sign
             self.n_growing += sign
+            if self.window is not None:
+                if sign > 0:
+                    self._will_slide(seq)
+                elif seq in self.sliding:
+                    self.free_at[self.sliding.pop(seq)] -= 1
 
     def _remove_decoder(self, seq: Sequence, status: str) -> None:
         anchor = seq.anchor
@@ -538,6 +554,8 @@ class Instance:
         if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-anchor % len(self.cross_at)] -= 1
             self.n_growing -= 1
+            if seq in self.sliding:
+                self.free_at[self.sliding.pop(seq)] -= 1
         key = self.off_cycle.pop(seq, None) if self.off_cycle else None
         if key is None:  # every decoder in the last decode iteration is in its group
             key = seq.last_token_ms if seq.last_token_ms > self.itl_merge else self.itl_merge
@@ -547,6 +565,53 @@ class Instance:
         else:
             del self.itl_groups[key]
         seq.last_token_ms = key
+
+    # -- sliding windows in bulk runs ------------------------------------------------------------
+    def _will_slide(self, seq: Sequence) -> None:
+        """Note when decoder ``seq``'s window first frees a block: at the decode counter where it
+        computes token ``W - 1 + B`` (:meth:`schedlab.kv_window.SlidingWindow.held`)."""
+        slide = self.window.tokens - 1 + self.kv.block_size - seq.anchor
+        heap = self.slide_heap
+        heapq.heappush(heap, (slide, seq.seq_no, seq))
+        if len(heap) > 2 * self.n_decoding + 64:
+            self.slide_heap = [e for e in heap if self._waits_to_slide(e)]
+            heapq.heapify(self.slide_heap)
+
+    def _waits_to_slide(self, entry) -> bool:
+        seq = entry[2]
+        return (seq.status == DECODING and seq not in self.sliding and not seq.reserved_tokens
+                and entry[0] == self.window.tokens - 1 + self.kv.block_size - seq.anchor)
+
+    def _next_slide(self) -> int | None:
+        """The decode counter at which the next decoder's window first frees a block (None: no
+        decoder's will), the decoders whose windows slide from the next iteration on counted
+        in ``free_at``."""
+        heap, steps = self.slide_heap, self.clock.steps
+        while heap:
+            entry = heap[0]
+            if not self._waits_to_slide(entry):
+                heapq.heappop(heap)
+            elif entry[0] <= steps + 1:
+                heapq.heappop(heap)
+                seq = entry[2]
+                index = (self.window.tokens - 1 - seq.anchor) % len(self.free_at)
+                self.sliding[seq] = index
+                self.free_at[index] += 1
+            else:
+                return entry[0]
+        return None
+
+    def decode_growth(self):
+        """The blocks a run of decode iterations from here needs (:class:`bulk.Growth`, or
+        :class:`bulk.SlidingGrowth` with a window), or None if no decoder grows."""
+        if not self.n_growing:
+            return None
+        if self.window is None:
+            return bulk.Growth(self.cross_at, self.n_growing, self.clock.steps)
+        self._next_slide()
+        window = self.window
+        return bulk.SlidingGrowth(self.cross_at, self.n_growing, self.free_at, len(self.sliding), window.groups,
+                                  self.clock.steps, (window.tokens - 1) % window.block_size == 0)
 
     def spec_blocks_needed(self, slots: int, phantom: dict | None = None) -> int:
         """New blocks for every decoder to take ``slots`` slots past its computed tokens
@@ -1094,8 +1159,7 @@ class Instance:
             if inc is None or not inc >= 0.0:
                 inc = 0.0
             else:
-                if self.n_growing:
-                    growth = bulk.Growth(self.cross_at, self.n_growing, steps)
+                growth = self.decode_growth()
                 k = self._run_length(plan, d0, inc, until, growth)
                 if valid is not None and valid < k:
                     k = max(valid, 1)
@@ -1243,15 +1307,20 @@ class Instance:
             peak = used0
         else:
             grown = growth.blocks(k - 1)
-            if grown:
-                kv.grow(grown)
-            peak = used0 + grown
+            if self.window is not None:  # (window blocks freed too: the run's peak may come before its end)
+                taken = growth.taken(k - 1)
+                if taken or grown:
+                    kv.grow(taken, taken - grown)
+                peak = used0 + growth.peak(k - 1)
+            else:
+                if grown:
+                    kv.grow(grown)
+                peak = used0 + grown
             block_ms = growth.block_time(k, d0, inc, used0)
             if peak >= self.kv_need_high:
-                first = 0 if used0 >= self.kv_need_high else growth.first_reaching(self.kv_need_high - used0)
-                counters["kv_above_ms"] += total - bulk.run_ms(first, d0, inc)
+                counters["kv_above_ms"] += growth.time_at_or_above(self.kv_need_high - used0, k, d0, inc)
             if timeline:
-                self.rec.sample(start + head, self.index, n_running, len(self.waiting), peak, total - head, 1,
+                self.rec.sample(start + head, self.index, n_running, len(self.waiting), used0 + grown, total - head, 1,
                                 batch, energy - head_j)
         counters["kv_block_ms"] += block_ms
         self.kv_block_ms += block_ms
@@ -1490,12 +1559,21 @@ class Instance:
         if limit < INF:
             k = min(k, bulk.steps_before(self.now, limit, d0, inc))
         if growth is not None:
-            room = self.kv.num_free_blocks()
+            k = min(k, growth.iterations_within(self.kv.num_free_blocks()) + 1)
             if self.waiting and self._room_before_eviction is not None:
                 # evicting a cached block may let a waiting request in (its hit no longer
                 # needs reviving): the scheduler must see the cache from there on
-                room = min(room, self._room_before_eviction())
-            k = min(k, growth.iterations_within(room) + 1)
+                k = min(k, growth.taken_within(self._room_before_eviction()) + 1)
+            if self.window is not None:
+                slide = self._next_slide()  # (a window that starts to slide changes the pattern)
+                if slide is not None:
+                    k = min(k, slide - self.clock.steps)
+                if self.waiting or self.swapped or self.prefilling:
+                    # freed window blocks may make room for what the scheduler could not take in:
+                    # it must see the pool once it holds fewer blocks than at this plan
+                    dip = growth.first_below(0)
+                    if dip is not None:
+                        k = min(k, dip)
         return max(k, 1)
 
     def token_at(self, seq: Sequence, t: float) -> None:

@@ -491,8 +491,7 @@ class DataParallelCluster(Deployment):
         for r, inst in enumerate(self.ranks):
             plan = plans[r]
             if working[r]:
-                growth = bulk.Growth(inst.cross_at, inst.n_growing, inst.clock.steps) if inst.n_growing else None
-                k = min(k, inst._run_length(plan, d0, inc, until, growth))
+                k = min(k, inst._run_length(plan, d0, inc, until, inst.decode_growth()))
             else:
                 if plan.wake_steps is not None:
                     k = min(k, plan.wake_steps)

@@ -32,8 +32,8 @@ def _add_arguments(p) -> None:
                         "junction needs; dense: every full block, as schedlab has it)")
     p.add_argument("--kv-steps", choices=KV_STEP_MODES, default="window",
                    help="compare the KV block pools after every step (blocks in use, each request's window "
-                        "blocks): in the cases with a window (default), in all (those without one on schedlab's "
-                        "reference engine), or off; a difference is an error")
+                        "blocks; schedlab's on its reference engine): in the cases with a window (default), in "
+                        "all, or off; a difference is an error")
 
 
 def _sides(args, schedlab: dict, vllm: dict) -> None:

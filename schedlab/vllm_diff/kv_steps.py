@@ -14,9 +14,9 @@ harness also writes down, after every ``schedule()`` that schedules tokens, on b
 
 vLLM's side is taken after ``schedule()`` and before ``update_from_output()`` (which frees the
 blocks of the requests that finish), schedlab's after the scheduler's plan, before the engine
-runs it. A case without a window is compared on schedlab's ``reference`` engine whatever
-``--engine`` says: the fast engine runs decodes in bulk where its cache can ``grow``, planning no
-iteration of such a run (with a window it plans each). The first step where they differ is the vLLM side's error text
+runs it. The pools are compared on schedlab's ``reference`` engine whatever ``--engine`` says: the
+fast engine runs decodes in bulk, a window's too, planning no iteration of such a run (its
+outcomes are still compared on the engine asked for). The first step where they differ is the vLLM side's error text
 (:func:`first_difference`), so it shows in the agreement table's ``error`` column and the
 shrinker keeps it.
 """

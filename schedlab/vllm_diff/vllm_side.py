@@ -135,9 +135,8 @@ class VllmRunner:
         notes cite may have moved).
     :param kv_steps: compare the block pool with schedlab's after every step (:mod:`.kv_steps`):
         ``window`` (the cases with a window), ``all`` or ``off``; a difference is the run's error.
-    :param engine: the schedlab engine those comparisons run on in a case with a window (``fast`` or
-        ``reference``; without one always ``reference``: the fast engine plans no iteration of a bulk
-        run of decodes).
+    :param engine: ignored by those comparisons, which run on the ``reference`` engine: the fast
+        engine plans no iteration of a bulk run of decodes (a window's too).
     :param prefix_retention: vLLM's ``CacheConfig.prefix_cache_retention_interval`` -- which blocks of
         a sliding-window group it caches: ``"default"`` (0.33's ``0``: only those a hit at a prompt's
         replay boundary or a shared-prefix junction needs), ``"dense"`` (``None``: every full
@@ -350,9 +349,8 @@ class VllmRunner:
         self.last_steps = trace.steps
         if not applies(self.kv_steps, case):
             return error
-        # (without a window the fast engine runs decodes in bulk, planning no iteration: the
-        # reference engine plans each)
-        engine = self.engine if case.settings.window is not None else "reference"
+        # (the fast engine runs decodes in bulk, planning no iteration: the reference engine plans each)
+        engine = "reference"
         ours = self._ours.get(engine)
         if ours is None:
             from .schedlab_side import SchedlabRunner
