@@ -73,7 +73,7 @@ def _brute(cross, frees, groups, start, k, coincide):
         r = (start + j) % bs
         takers = (1 + groups) * cross[r] - (groups * frees[r] if coincide else 0)
         high.append(used + takers)
-        taken.append(taken[-1] + (1 + groups) * cross[r])
+        taken.append(taken[-1] + takers)  # (a decoder freeing where it crosses takes one block net)
         used += (1 + groups) * cross[r] - groups * frees[r]
         out.append(used)
     return out, taken, high

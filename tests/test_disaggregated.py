@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.engine.transfer import KVLink, kv_bytes_per_token
+from schedlab.kv_window import SlidingWindow
 from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.study.experiment import load, run_experiment
@@ -121,6 +122,40 @@ def test_one_request_prefills_transfers_and_decodes_at_hand_computed_times(engin
     assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 36.5)
     assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 4.5 + 5 * 16)
     check_run(r, [Request(0, 0.0, 64, 3)])
+
+
+def window_pool(num_blocks: int, window_tokens: int = 20):
+    """:func:`pool` of a model whose window layers (one KV cache group) keep ``window_tokens`` tokens."""
+    def make():
+        scheduler, cost, _ = pool(num_blocks)()
+        return scheduler, cost, PagedKVCache(num_blocks, 16, bytes_per_block=16 * MIB,
+                                             window=SlidingWindow(1, window_tokens, 16))
+    return make
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_window_model_moves_and_keeps_only_the_window_of_its_next_token(engine):
+    # As above with window layers keeping 20 tokens (blocks of 16, 1 MiB a token in each group). The decode side
+    # receives the prompt computed (vLLM's allocate_external_computed_blocks): its window group keeps the blocks
+    # of the next token's window, ceil(64 / 16) - floor((64 - 19) / 16) = 4 - 2 = 2, and those move with the
+    # full-attention group's 64 tokens: 64 + 2 x 16 = 96 MiB, 6 ms on the link + 0.5 -> landed at 38.5; tokens 2
+    # and 3 at 46.5 and 54.5. Decode-side KV: 4 + 2 blocks while the KV lands (32 -> 38.5), then for the decodes at
+    # positions 64 and 65: 5 full blocks and 5 - 2 = 3 window ones, 8 blocks x 8 ms each.
+    r = run([Request(0, 0.0, 64, 3)], window_pool(16), window_pool(16), engine)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    assert row["kv_bytes"] == 96 * MIB and row["kv_landed_ms"] == pytest.approx(38.5)
+    assert row["finish_ms"] == pytest.approx(54.5)
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(6 * 6.5 + 8 * 16)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_pool_too_small_for_the_prompts_prefill_still_decodes_it(engine):
+    # Prompt 200, 3 tokens, window 20: prefilled in one step the prompt holds 13 full and 13 window blocks (26, the
+    # prefill pool has 32); decoding it holds 13 + 2 (the pull) then 13 + 2 -- the decode pool's 20 blocks are
+    # enough, as vLLM's decode instance never prefills it (before: rejected, "needs 26 KV blocks")
+    r = run([Request(0, 0.0, 200, 3)], window_pool(32), window_pool(20), engine)
+    assert r.requests["rejected"].tolist() == [False] and r.requests["generated_tokens"].tolist() == [3]
+    assert r.meta["pools"]["decode"]["kv_peak_share"] == 15 / 20
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -266,6 +301,11 @@ def clusters(draw):
         cost = draw(dyadic_linear_costs())
         blocks = need + 1 + draw(st.integers(0, 24))
         cache = draw(st.sampled_from(["paged", "prefix", "prefix+host", "radix"]))
+        # sliding-window layers in the paged caches: they need more blocks (a prompt's one-step prefill)
+        window = SlidingWindow(draw(st.integers(1, 2)), draw(st.integers(2, 40)), block_size) \
+            if cache in ("paged", "prefix") and draw(st.booleans()) else None
+        if window is not None:
+            blocks = 2 * blocks + 2 * window.groups
         if kind == "continuous":
             cfg = draw(configs())
             make_scheduler = lambda: ContinuousScheduler(cfg)  # noqa: E731
@@ -302,7 +342,7 @@ def clusters(draw):
             else:
                 cls = PrefixKVCache if cache == "prefix" else PagedKVCache
                 kv = cls(blocks, block_size, swap_blocks=16, bytes_per_block=block_size * MIB,
-                         host_link_gbps=2 ** 10 / 1e3)
+                         host_link_gbps=2 ** 10 / 1e3, window=window)
             return make_scheduler(), LinearCostModel(cost), kv
         return make
 
@@ -350,19 +390,22 @@ def test_requests_and_blocks_are_conserved_across_pools(case, engine):
     """Every request finishes exactly once with all its tokens, or is rejected; each transferred
     request went from a prefill instance to a decode instance, moving its prompt less what the
     decode side had cached, in causal order; every cache of both pools is empty at the end."""
-    requests, _, _, n_prefill, n_decode = case[:5]
+    requests, _, decode, n_prefill, n_decode = case[:5]
     result, _ = run_cluster(case, engine)
     check_run(result, requests)
     req = result.requests
     by_request = {r.id: r for r in requests}
     moved = (req["rejected"] == 0) & (req["kv_pulled_ms"] >= 0)
+    kv = decode()[2]
+    window = getattr(kv, "window", None)  # (its blocks move too: those of the next token's window, whole)
     for i in moved.nonzero()[0]:
         r = by_request[int(req["id"][i])]
+        most = r.prompt_tokens + (window.held(r.prompt_tokens, r.prompt_tokens) * kv.block_size if window else 0)
         assert 0 <= req["prefill_instance"][i] < n_prefill <= req["instance"][i] < n_prefill + n_decode
         assert r.target_tokens > 1
         assert req["first_token_ms"][i] <= req["kv_pulled_ms"][i] <= req["kv_landed_ms"][i] <= req["decode_joined_ms"][i]
         assert req["decode_joined_ms"][i] < req["finish_ms"][i]
-        assert 0 <= req["kv_bytes"][i] <= r.prompt_tokens * MIB and req["kv_bytes"][i] % MIB == 0
+        assert 0 <= req["kv_bytes"][i] <= most * MIB and req["kv_bytes"][i] % MIB == 0
     stayed = (req["rejected"] == 0) & ~moved
     for i in stayed.nonzero()[0]:  # answered by the first token alone
         assert by_request[int(req["id"][i])].target_tokens == 1

@@ -610,6 +610,24 @@ def test_a_prompt_whose_one_step_prefill_cannot_fit_is_rejected():
     assert reserve.rejection_reason(LONG, window_cache(127)) is None
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_static_and_tgi_count_the_window_when_they_reject(engine):
+    from schedlab_plugins.schedulers import StaticConfig, StaticScheduler, TgiConfig, TgiScheduler
+
+    # both reserve a request's tokens from admission and prefill its prompt in one step: 1010 tokens' blocks (64) +
+    # the prompt's 63 window blocks = 127 (a static batch); TGI reserves prompt + max_new_tokens - 1 (64 blocks too)
+    # and keeps block 0 for health checks: 128. One block short, the request is turned away instead of waiting for
+    # ever (a static batch stalled there before).
+    static = StaticScheduler(StaticConfig(batch_size=2))
+    assert "needs 127 KV blocks" in static.rejection_reason(LONG, window_cache(126))
+    assert static.rejection_reason(LONG, window_cache(127)) is None
+    tgi = TgiScheduler(TgiConfig(max_batch_prefill_tokens=2048, max_input_tokens=1024, max_total_tokens=2048))
+    assert "needs 127 KV blocks" in tgi.rejection_reason(LONG, window_cache(127))
+    assert tgi.rejection_reason(LONG, window_cache(128)) is None
+    result = run_engine([LONG], StaticScheduler(StaticConfig(batch_size=2)), kv=window_cache(126), engine=engine)
+    assert result.requests["rejected"].tolist() == [True]
+
+
 def test_chunked_prefill_with_a_small_budget_fits_the_prompt():
     chunked = ContinuousScheduler(ContinuousConfig(allocation="grow", chunked_prefill=True, max_num_batched_tokens=100,
                                                    max_num_seqs=8, reserve_full_prompt=False))

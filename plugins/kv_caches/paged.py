@@ -23,10 +23,11 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def _decode(seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> bool:
+def _decode(seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int, received: bool = False) -> bool:
     """An allocation of one token from ``seq``'s computed ones, with no reservation: a decode, after
     which its window holds ``held(c, c + 1)`` -- what a bulk run of decodes keeps it at."""
-    return num_new_tokens == 1 and not cached_tokens and not reserve_tokens and not seq.reserved_tokens
+    return (num_new_tokens == 1 and not cached_tokens and not reserve_tokens and not seq.reserved_tokens
+            and not received)
 
 
 class PagedKVCache:
@@ -80,7 +81,7 @@ class PagedKVCache:
         return self._window_held.get(seq, 0)
 
     def _window_change(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int,
-                       computed: int | None = None) -> int:
+                       computed: int | None = None, received: bool = False) -> int:
         """How many window blocks an allocation takes (negative: frees) -- those that fell out of
         the window go, those up to the step's end come (:meth:`SlidingWindow.held`). A sequence
         reserving room for ``R`` tokens (it is never to be preempted) keeps the most its window
@@ -88,7 +89,9 @@ class PagedKVCache:
         tokens so far are computed in one step -- no later chunk or decode needs another block."""
         window = self.window
         start = (seq.num_computed_tokens if computed is None else computed) + cached_tokens
-        held = window.held(start, start + num_new_tokens)
+        # (KV received computed -- a disaggregated decode instance's pull -- is processed already:
+        # only the next token's window is kept, as vLLM's allocate_external_computed_blocks does)
+        held = window.held(start + num_new_tokens if received else start, start + num_new_tokens)
         reserved = reserve_tokens if reserve_tokens > seq.reserved_tokens else seq.reserved_tokens
         if reserved:
             most = max(window.fewest(reserved), window.held(start, seq.num_tokens))
@@ -106,7 +109,8 @@ class PagedKVCache:
     def cached_tokens(self, seq) -> int:
         return 0
 
-    def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> tuple:
+    def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int,
+                    received: bool = False) -> tuple:
         """``(blocks leaving the free pool, what taking them needs)`` for :meth:`allocate`'s
         arguments (negative: a window's blocks come back); :meth:`_take_slots` takes them."""
         c = seq.num_computed_tokens
@@ -119,21 +123,25 @@ class PagedKVCache:
         need = -(-tokens // self.block_size) + (c if c > r else r) // -self.block_size
         if self.window is None:
             return need, need
-        change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens, c)
-        return need + change, (change, _decode(seq, num_new_tokens, cached_tokens, reserve_tokens))
+        change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens, c, received)
+        return need + change, (change, _decode(seq, num_new_tokens, cached_tokens, reserve_tokens, received))
 
     def _take_slots(self, seq, num_new_tokens: int, cached_tokens: int, total: int, detail) -> None:
         self.used += total
         if self.window is not None:
             self._window_settle(seq, *detail)
 
-    def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> int:
-        total = self._plan_slots(seq, num_new_tokens, cached_tokens, reserve_tokens)[0]
+    def blocks_needed(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0,
+                      received: bool = False) -> int:
+        total = self._plan_slots(seq, num_new_tokens, cached_tokens, reserve_tokens, received)[0]
         return total if total > 0 else 0
 
     # -- changes ---------------------------------------------------------------------------
-    def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0) -> bool:
-        total, detail = self._plan_slots(seq, num_new_tokens, cached_tokens, reserve_tokens)
+    def allocate(self, seq, num_new_tokens: int, *, cached_tokens: int = 0, reserve_tokens: int = 0,
+                 received: bool = False) -> bool:
+        """:meth:`KVCache.allocate`; ``received`` (a windowed cache's): the tokens' KV arrives
+        computed elsewhere (a disaggregated decode instance's pull), their window slid already."""
+        total, detail = self._plan_slots(seq, num_new_tokens, cached_tokens, reserve_tokens, received)
         if total > self.num_blocks - self.used:
             return False
         self._take_slots(seq, num_new_tokens, cached_tokens, total, detail)

@@ -244,12 +244,14 @@ class PrefixKVCache(PagedKVCache):
                     revived += 1
         return hits, fresh, fresh + revived
 
-    def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int) -> tuple:
+    def _plan_slots(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int,
+                    received: bool = False) -> tuple:
         hits, fresh, need = self._plan(seq, num_new_tokens, cached_tokens, reserve_tokens)
         if self.window is None:
             return need, (hits, fresh, need, 0, False)
-        change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens)
-        return need + change, (hits, fresh, need, change, _decode(seq, num_new_tokens, cached_tokens, reserve_tokens))
+        change = self._window_change(seq, num_new_tokens, cached_tokens, reserve_tokens, received=received)
+        return need + change, (hits, fresh, need, change,
+                               _decode(seq, num_new_tokens, cached_tokens, reserve_tokens, received))
 
     def _take_slots(self, seq, num_new_tokens: int, cached_tokens: int, total: int, detail) -> None:
         hits, fresh, need, change, decode = detail

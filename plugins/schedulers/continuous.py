@@ -236,7 +236,11 @@ class ContinuousScheduler:
         return (f"vLLM would refuse to start: max_model_len {longest:,} > the KV pool's {tokens:,} tokens; "
                 f"set [scheduler] max_model_len <= {tokens:,} or \"auto\"")
 
-    def rejection_reason(self, request, kv) -> str | None:
+    def rejection_reason(self, request, kv, *, received: bool = False) -> str | None:
+        """Why ``request`` can never be served on ``kv`` (None: it can). ``received``: its prompt's KV
+        arrives computed (a disaggregated decode instance), so its prefill's blocks do not count --
+        a preempted request that would have to recompute a prompt that cannot fit is turned away
+        then (:meth:`_never_fits`)."""
         c = self.config
         longest = self.max_model_len_for(kv)
         if longest and request.prompt_tokens >= longest:
@@ -253,8 +257,11 @@ class ContinuousScheduler:
         # alone, a prompt is prefilled in chunks of the whole budget (or at once without chunking)
         # (a reserving sequence keeps its window's blocks for the whole prompt, paged.py)
         chunk = c.max_num_batched_tokens if c.chunked_prefill and not self._reserve else request.prompt_tokens
-        need = sequence_blocks(kv, tokens, request.prompt_tokens, chunk, reserve=self._reserve)
-        if c.reserve_full_prompt and not self._reserve:  # its admission asks for the whole prompt's blocks
+        if received:
+            need = sequence_blocks(kv, tokens)
+        else:
+            need = sequence_blocks(kv, tokens, request.prompt_tokens, chunk, reserve=self._reserve)
+        if c.reserve_full_prompt and not self._reserve and not received:  # admission asks the whole prompt's blocks
             need = max(need, self._full_prompt_blocks(kv, request.prompt_tokens))
         usable = kv.num_blocks - self._watermark_blocks(kv)
         if need > usable:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 
 from schedlab.configs import int_field
+from schedlab.kv_window import sequence_blocks
 
 from .window import (BatchingWindow, check_window_settings, interactive_class_field, interactive_wait_ms_field,
                      max_wait_ms_field, min_batch_field)
@@ -43,7 +44,9 @@ class StaticScheduler:
         self._window = BatchingWindow.from_config(self.config)
 
     def rejection_reason(self, request, kv) -> str | None:
-        need = -(-(request.prompt_tokens + request.max_output_tokens) // kv.block_size)
+        # (with window layers, the prompt's blocks in them too: prefilled in one step, and reserved)
+        need = sequence_blocks(kv, request.prompt_tokens + request.max_output_tokens, request.prompt_tokens,
+                               request.prompt_tokens, reserve=True)
         if need > kv.num_blocks:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
                     f"{request.max_output_tokens}) but the cache has {kv.num_blocks}")

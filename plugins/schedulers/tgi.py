@@ -83,6 +83,7 @@ import attrs
 import numpy as np
 
 from schedlab.configs import FieldError, bool_field, float_field, int_field
+from schedlab.kv_window import sequence_blocks
 
 from .tgi_launcher import prefill_tokens
 
@@ -247,7 +248,9 @@ class TgiScheduler:
                     f"`inputs` tokens and {chunk} `max_new_tokens`")
         if request.prompt_tokens > longest_input:
             return (f"`inputs` must have less than {longest_input} tokens. Given: {request.prompt_tokens}")
-        need = -(-self.kv_reservation(request) // kv.block_size)
+        # (with window layers -- not TGI's, but a cache may have them -- the prompt's blocks there too)
+        need = sequence_blocks(kv, self.kv_reservation(request), request.prompt_tokens, request.prompt_tokens,
+                               reserve=True)
         usable = kv.num_blocks - HEALTH_CHECK_BLOCKS
         if need > usable:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "

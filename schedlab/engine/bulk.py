@@ -213,16 +213,21 @@ class SlidingGrowth(Growth):
         gain = 1 + groups
         super().__init__([gain * c - groups * f for c, f in zip(cross_at, free_at)],
                          gain * n_growing - groups * n_sliding, start)
-        self.gains = Growth([gain * c for c in cross_at], gain * n_growing, start)
+        # the blocks taken: where a decoder's window frees where it crosses, it takes one block net (a
+        # cache frees and takes per decode, vLLM's remove_skipped_blocks then allocate: nothing of the
+        # window's goes back to the free queue, nor comes from it)
+        self.gains = self if coincide else Growth([gain * c for c in cross_at], gain * n_growing, start)
         bs, P = self.bs, self.P
         # Y[r]: iteration qB + r's high point less q n (r < B), the frees of decoders taking nothing added
         self.Y = P[:bs] if coincide else [P[r] + groups * free_at[(start + r) % bs] for r in range(bs)]
 
     def taken(self, j: int) -> int:
-        return self.gains.blocks(j)
+        gains = self.gains
+        return gains.blocks(j) if gains is not self else self.blocks(j)
 
     def taken_within(self, budget: int) -> int:
-        return self.gains.iterations_within(budget)
+        gains = self.gains
+        return gains.iterations_within(budget) if gains is not self else self.iterations_within(budget)
 
     def _highest(self, j: int) -> int:
         """The most blocks any of iterations 1..j needs at once (see the class docstring)."""

@@ -18,11 +18,12 @@ from typing import Sequence as Seq
 
 from .ahead import refuse_planning_ahead
 from .driver import route
-from .instance import Instance
+from .instance import Instance, default_rejection_reason
 from .load import RoutingClock, views_of
+from .plan import received_rejection_hook
 from .sequence import ABORTED, Sequence
 from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
-                       kv_reservation, prefill_request)
+                       kv_reservation, prefill_request, pull_keywords, tokens_moved)
 
 INF = math.inf
 TRANSFERRING = "transferring"  # a decode-side sequence before it joins the running set
@@ -178,6 +179,7 @@ class DecodeStage:
         slots = self.slots
         now = inst.now
         headroom = getattr(inst.scheduler, "pull_headroom", None)
+        received = pull_keywords(kv)
         while queue and (slots is None or len(inst.running) < slots):
             tr = queue[0]
             seq = tr.decode_seq
@@ -186,21 +188,22 @@ class DecodeStage:
             reserve = kv_reservation(inst.scheduler, seq.request)
             if headroom is not None:
                 keep = headroom(inst.running_view, len(self.in_flight) + len(self.landed), kv.block_size)
-                if kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve) + keep \
+                if kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received) + keep \
                         > kv.num_free_blocks():
                     break
             host = inst.host_tier
             loaded = host.loaded if host is not None else 0
-            if not kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
+            if not kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received):
                 break
             queue.popleft()
             seq._computed = seq.max_computed = prompt
             seq.reserved_tokens = reserve
             link = self.cluster.link(tr.prefill_index, inst.index)
             tr.tokens = prompt - hit
-            tr.bytes = link.bytes_moved(tr.tokens)
+            moved = tokens_moved(kv, prompt, hit)
+            tr.bytes = link.bytes_moved(moved)
             tr.pulled_ms = now
-            tr.landed_ms = link.start(now, tr.tokens)
+            tr.landed_ms = link.start(now, moved)
             if host is not None and host.loaded != loaded:  # part of the local hit comes from host memory
                 ms = host.load_ms(host.loaded - loaded)
                 inst.counters["host_load_blocks"] += host.loaded - loaded
@@ -250,7 +253,8 @@ class DisaggregatedCluster:
                 self._links[(p.index, d.index)] = KVLink(bandwidth_gbps, latency_ms, sender_bytes_per_token=sender,
                                                          receiver_bytes_per_token=receiver, receiver_ranks=ranks)
         decode0 = self.decode[0]
-        self._decode_reason = decode0._rejection_reason  # (the scheduler's, its answers checked, or the default)
+        # (the scheduler's, its answers checked, or the default; the prompt's KV arrives computed)
+        self._decode_reason = received_rejection_hook(decode0.scheduler, default_rejection_reason)
 
     @property
     def instances(self) -> list[Instance]:

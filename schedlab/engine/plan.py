@@ -6,6 +6,8 @@ scheduler's later decisions in the same call see them. The instance then execute
 
 from __future__ import annotations
 
+import inspect
+
 from typing import TYPE_CHECKING
 
 from ..errors import SimulationError
@@ -72,6 +74,26 @@ def rejection_hook(scheduler, default):
 
     def reason_of(request, kv):
         return check_rejection(request, hook(request, kv))
+
+    return reason_of
+
+
+def received_rejection_hook(scheduler, default):
+    """:func:`rejection_hook` for a disaggregated decode instance, which receives the prompt's KV
+    computed: a scheduler whose ``rejection_reason`` takes ``received`` is told so (the prompt's
+    prefill does not count: with sliding-window layers it holds more blocks than decoding does)."""
+    hook = getattr(scheduler, "rejection_reason", None)
+    if hook is None:
+        return default
+    try:
+        takes = "received" in inspect.signature(hook).parameters
+    except (TypeError, ValueError):  # (a callable whose signature cannot be read)
+        takes = False
+    if not takes:
+        return rejection_hook(scheduler, default)
+
+    def reason_of(request, kv):
+        return check_rejection(request, hook(request, kv, received=True))
 
     return reason_of
 

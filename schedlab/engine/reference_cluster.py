@@ -31,12 +31,14 @@ import attrs
 from ..errors import SimulationError, StallError
 from ..frontend import give_up_ms
 from .ahead import refuse_planning_ahead
+from .instance import default_rejection_reason
 from .load import RoutingClock, views_of
+from .plan import received_rejection_hook
 from .reference import RefSequence, ReferenceEngine
 from .run_limit import limits_running
 from .stall import stall_message
 from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
-                       kv_reservation, prefill_request)
+                       kv_reservation, prefill_request, pull_keywords, tokens_moved)
 
 INF = math.inf
 
@@ -392,14 +394,15 @@ class DecodeRole:
             prompt = seq.request.prompt_tokens
             hit = inst.kv.cached_tokens(seq) if getattr(inst.kv, "prefix_caching", False) else 0
             reserve = kv_reservation(inst.scheduler, seq.request)
+            received = pull_keywords(inst.kv)
             if headroom is not None:
-                need = inst.kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve)
+                need = inst.kv.blocks_needed(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received)
                 if need + headroom(list(inst.running), len(self.in_flight) + len(self.landed),
                                    inst.kv.block_size) > inst.kv.num_free_blocks():
                     return
             host = getattr(inst.kv, "host", None)
             loaded = host.loaded if host is not None else 0
-            if not inst.kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve):
+            if not inst.kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received):
                 return
             self.waiting_for_kv.pop(0)
             seq.num_computed_tokens = prompt
@@ -407,9 +410,10 @@ class DecodeRole:
             seq.reserved_tokens = reserve
             link = self.cluster.links[(tr.prefill_index, inst.index)]
             tr.tokens = prompt - hit
-            tr.bytes = link.bytes_moved(tr.tokens)
+            moved = tokens_moved(inst.kv, prompt, hit)
+            tr.bytes = link.bytes_moved(moved)
             tr.pulled_ms = inst.now
-            tr.landed_ms = link.start(inst.now, tr.tokens)
+            tr.landed_ms = link.start(inst.now, moved)
             if host is not None and host.loaded > loaded:  # blocks of the local hit reloaded from host memory
                 blocks = host.loaded - loaded
                 ms = blocks * host.bytes_per_block / (host.link_gbps * 1e9) * 1e3 + host.latency_us / 1e3
@@ -459,6 +463,8 @@ class DisaggregatedReference(ReferenceCluster):
                 receiver, ranks = kv_bytes_per_token(d.kv)
                 self.links[(p.index, d.index)] = KVLink(bandwidth_gbps, latency_ms, sender_bytes_per_token=sender,
                                                         receiver_bytes_per_token=receiver, receiver_ranks=ranks)
+        # (the decode pool's scheduler, checked, or the default; the prompt's KV arrives computed)
+        self.decode_reason = received_rejection_hook(self.decode[0].scheduler, default_rejection_reason)
 
     def _pick(self, router, request, pool: list, views, controller, t: float) -> ReferenceEngine:
         """The instance of ``pool`` the router picks at ``t``; a scaled pool's among its serving ones."""
@@ -478,7 +484,7 @@ class DisaggregatedReference(ReferenceCluster):
         first = prefill_request(request)
         decode0 = self.decode[0]
         reason = (inst.reason_of(first, inst.kv)
-                  or decode0.reason_of(request, decode0.kv))  # (the scheduler's, checked, or the default)
+                  or self.decode_reason(request, decode0.kv))  # (the scheduler's, checked, or the default)
         if reason:
             seq = RefSequence(request, seq_no)
             seq.status = "rejected"

@@ -84,6 +84,23 @@ def kv_bytes_per_token(kv) -> tuple[float, int]:
     return per_block / kv.block_size, ranks
 
 
+def pull_keywords(kv) -> dict:
+    """What a decode instance's ``allocate``/``blocks_needed`` of a pulled prompt add: with sliding-window
+    layers, that the KV arrives computed (``received``: their window slid already -- vLLM's
+    ``allocate_external_computed_blocks`` leaves the blocks before the next token's window null)."""
+    return {"received": True} if getattr(kv, "window", None) is not None else {}
+
+
+def tokens_moved(kv, prompt: int, hit: int) -> int:
+    """The tokens' worth of KV a pull of a ``prompt``-token request moves to a decode instance whose
+    prefix cache holds ``hit`` of them: the rest and, with sliding-window layers, the window blocks
+    the decode side keeps for them (whole blocks, each ``block_size`` tokens of one group's layers)."""
+    window = getattr(kv, "window", None)
+    if window is None:
+        return prompt - hit
+    return prompt - hit + window.held(prompt, prompt) * kv.block_size
+
+
 class KVLink:
     """The link from one prefill instance to one decode instance.
 
