@@ -122,6 +122,10 @@ class ModelSpec:
         None, min=1, optional=True,
         help="multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank + qk_rope_head_dim): one latent per "
              "token and layer holds K and V, the same on every tensor-parallel rank")
+    model_type: str | None = str_field(
+        None, optional=True,
+        help="the architecture (config.json model_type, e.g. 'gpt_oss', 'llama4_text'): SGLang gives gpt-oss and "
+             "Llama 4 a memory pool of their own for their window layers by it")
     sliding_window: int | None = int_field(
         None, min=1, optional=True, help="tokens a sliding-window layer attends to (config.json sliding_window)")
     sliding_window_layers: int = int_field(

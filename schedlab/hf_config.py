@@ -241,6 +241,8 @@ def model_fields(config: dict, where: str) -> dict:
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
+    if family:
+        fields["model_type"] = family
     return fields
 
 

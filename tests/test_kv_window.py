@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from pathlib import Path
 
 import attrs
 import pytest
@@ -466,6 +467,22 @@ def test_sglang_keeps_every_layer_for_models_off_its_list():
     assert radix("llama-4-like").sizing.bytes_per_token == math.ceil(27.2 * 4096) == 111412
 
 
+def test_sglang_decides_by_the_architecture_a_config_file_names():
+    # SGLang picks hybrid SWA memory by architecture, not by what the user calls the model: gpt-oss-20b's config.json
+    # read under another name gets the 21.6 layers a token of the preset; a Gemma-like model_type does not, even
+    # named like gpt-oss (before: by name alone, 24 layers and 21.6 layers)
+    from schedlab.hf_config import spec_from_path
+
+    spec = attrs.evolve(spec_from_path(str(Path(__file__).parent / "data" / "hf_configs" / "gpt-oss-20b.json"), "t"),
+                        name="my-oss", hf_id=None)
+    assert spec.model_type == "gpt_oss"
+    assert build_radix(RadixConfig(model="my-oss", gpu="h100-80gb"),
+                       _Presets(spec)).sizing.bytes_per_token == math.ceil(21.6 * PER_LAYER)
+    named = attrs.evolve(GEMMA_LIKE, name="gpt-oss-like", model_type="gemma2")
+    assert build_radix(RadixConfig(model="gpt-oss-like", gpu="h100-80gb"),
+                       _Presets(named)).sizing.bytes_per_token == 32 * 4096
+
+
 # --- 5. the engines ---------------------------------------------------------------------------------------------
 
 
@@ -755,3 +772,26 @@ def test_a_run_keeps_the_window_for_vllm_and_not_for_tgi(tmp_path):
     assert "SGLang's window layers: a pool of 0.8 tokens per full-attention one" in by_blocks[87046][0]
     for run in runs.values():
         assert run.metrics["finished"] == 6
+
+
+def test_the_table_shows_each_distinct_cache_though_runs_share_num_blocks(tmp_path):
+    from schedlab_plugins.reports.table import render
+
+    # 9,000 blocks each: with the window a block is a page of 12 layers (24 KiB a token), with every layer whole 24
+    # (48 KiB); the table used to print the first one's line alone (it keyed them on model, GPU and num_blocks)
+    text = EXPERIMENT.split("[[runs]]")[0] + """
+    num_blocks = 9000
+    [[runs]]
+    name = "window"
+    scheduler = { kind = "vllm", max_model_len = 4096 }
+    [[runs]]
+    name = "whole"
+    scheduler = { kind = "vllm", max_model_len = 4096 }
+    kv_cache = { disable_hybrid_kv_cache_manager = true }
+"""
+    (tmp_path / "exp.toml").write_text(textwrap.dedent(text))
+    lines = [line for line in render(run_experiment(load(tmp_path / "exp.toml"))).splitlines()
+             if line.startswith("KV cache:")]
+    assert len(lines) == 2
+    assert "24 KiB/token" in lines[0] and "window layers keep 128 tokens" in lines[0]
+    assert "48 KiB/token" in lines[1] and "window layers keep" not in lines[1]

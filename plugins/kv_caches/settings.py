@@ -76,14 +76,24 @@ class PoolConfig:
 SGLANG_HYBRID_SWA = ("gpt-oss", "llama-4")
 
 
+#: ... and their config.json ``model_type`` (the text model's: a Llama 4 file's ``text_config`` says
+#: ``llama4_text``), which SGLang decides by (its ``GptOssForCausalLM``, ``Llama4ForConditionalGeneration``)
+SGLANG_HYBRID_SWA_TYPES = ("gpt_oss", "llama4", "llama4_text")
+
+
 def sglang_swa_ratio(config, model) -> float | None:
     """SGLang's ``swa_full_tokens_ratio`` for ``model`` under ``config`` (a :class:`RadixConfig`),
     or None when every layer keeps every token -- switched off, or a model SGLang gives no hybrid
-    SWA memory (:data:`SGLANG_HYBRID_SWA`)."""
-    names = f"{model.name} {model.hf_id or ''}".lower()
-    if config.disable_hybrid_swa_memory or not any(family in names for family in SGLANG_HYBRID_SWA):
+    SWA memory: by its architecture (``model_type``, read from a config.json), else by its preset
+    name or Hugging Face id (:data:`SGLANG_HYBRID_SWA`)."""
+    if config.disable_hybrid_swa_memory:
         return None
-    return config.swa_full_tokens_ratio
+    if model.model_type is not None:
+        hybrid = model.model_type.lower() in SGLANG_HYBRID_SWA_TYPES
+    else:
+        names = f"{model.name} {model.hf_id or ''}".lower()
+        hybrid = any(family in names for family in SGLANG_HYBRID_SWA)
+    return config.swa_full_tokens_ratio if hybrid else None
 
 
 def pool_size(config: PoolConfig, presets=None, parallelism: Parallelism = SINGLE):

@@ -179,18 +179,20 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     seen = set()
     for run in results.all_runs():
         kv = run.meta.get("kv_cache") or {}
-        if "model" in kv and (kv["model"], kv["gpu"], kv["num_blocks"]) not in seen:
-            seen.add((kv["model"], kv["gpu"], kv["num_blocks"]))
-            lines.append(f"KV cache: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
-                         f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
-                         f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
-                         + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
-                            if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else "")
-                         + (f"; window layers keep {kv['window_tokens']:,} tokens in {kv['window_groups']} more "
-                            "group(s)" if kv.get("window_tokens") else "")
-                         + (f"; SGLang's window layers: a pool of {kv['swa_full_tokens_ratio']:g} tokens per "
-                            "full-attention one" if kv.get("swa_full_tokens_ratio") else "")
-                         + _start_up_note(run.meta.get("start_up_problem", "")))
+        if "model" in kv:  # (one line per distinct cache: runs sharing num_blocks may size them otherwise)
+            line = (f"KV cache: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
+                    f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
+                    f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
+                    + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
+                       if kv.get("derived_blocks", kv["num_blocks"]) != kv["num_blocks"] else "")
+                    + (f"; window layers keep {kv['window_tokens']:,} tokens in {kv['window_groups']} more "
+                       "group(s)" if kv.get("window_tokens") else "")
+                    + (f"; SGLang's window layers: a pool of {kv['swa_full_tokens_ratio']:g} tokens per "
+                       "full-attention one" if kv.get("swa_full_tokens_ratio") else "")
+                    + _start_up_note(run.meta.get("start_up_problem", "")))
+            if line not in seen:
+                seen.add(line)
+                lines.append(line)
     lines += energy_lines(runs)
     for study in results.studies:
         if study.search is not None:
