@@ -28,7 +28,8 @@ step. It does so only when the plugins say it may:
   step (interpolated profiles: the slope changes where a context crosses a grid point)
   returns ``(increment, steps)``: the increment holds for the iterations ``0 .. steps - 1``
   of the run (``steps >= 1``), and the engine ends the run there and asks again;
-* ``KVCache.grow(n)`` exists, taking ``n`` decode blocks at once. A cache whose growth can
+* ``KVCache.grow(n)`` exists, taking ``n`` decode blocks at once (a cache with a ``window``:
+  ``grow(taken, freed)``, see :class:`KVCache`). A cache whose growth can
   evict cached blocks also has ``blocks_before_eviction()``: while requests wait, a run ends
   before growth evicts, because a smaller cached hit can change whom the scheduler admits.
 
