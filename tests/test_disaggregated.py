@@ -124,10 +124,12 @@ def test_one_request_prefills_transfers_and_decodes_at_hand_computed_times(engin
     check_run(r, [Request(0, 0.0, 64, 3)])
 
 
-def window_pool(num_blocks: int, window_tokens: int = 20):
+def window_pool(num_blocks: int, window_tokens: int = 20, allocation: str = "grow"):
     """:func:`pool` of a model whose window layers (one KV cache group) keep ``window_tokens`` tokens."""
     def make():
-        scheduler, cost, _ = pool(num_blocks)()
+        _, cost, _ = pool(num_blocks)()
+        scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=256,
+                                                         allocation=allocation))
         return scheduler, cost, PagedKVCache(num_blocks, 16, bytes_per_block=16 * MIB,
                                              window=SlidingWindow(1, window_tokens, 16))
     return make
@@ -156,6 +158,11 @@ def test_a_decode_pool_too_small_for_the_prompts_prefill_still_decodes_it(engine
     r = run([Request(0, 0.0, 200, 3)], window_pool(32), window_pool(20), engine)
     assert r.requests["rejected"].tolist() == [False] and r.requests["generated_tokens"].tolist() == [3]
     assert r.meta["pools"]["decode"]["kv_peak_share"] == 15 / 20
+    # a decode pool reserving every token from the pull: 203 tokens' full blocks (13) and the most its window
+    # holds decoding, min(13, ceil(19 / 16) + 1) = 3 -- not the prompt's 13 window blocks (the pull stalled there)
+    r = run([Request(0, 0.0, 200, 3)], window_pool(32), window_pool(20, allocation="reserve"), engine)
+    assert r.requests["generated_tokens"].tolist() == [3]
+    assert r.meta["pools"]["decode"]["kv_peak_share"] == 16 / 20
 
 
 @pytest.mark.parametrize("engine", ENGINES)

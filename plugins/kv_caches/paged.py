@@ -89,9 +89,10 @@ class PagedKVCache:
         tokens so far are computed in one step -- no later chunk or decode needs another block."""
         window = self.window
         start = (seq.num_computed_tokens if computed is None else computed) + cached_tokens
-        # (KV received computed -- a disaggregated decode instance's pull -- is processed already:
-        # only the next token's window is kept, as vLLM's allocate_external_computed_blocks does)
-        held = window.held(start + num_new_tokens if received else start, start + num_new_tokens)
+        end = start + num_new_tokens
+        if received:  # (KV received computed -- a disaggregated decode instance's pull -- is processed
+            start = end  # already: only the next token's window is kept, vLLM's allocate_external_computed_blocks)
+        held = window.held(start, end)
         reserved = reserve_tokens if reserve_tokens > seq.reserved_tokens else seq.reserved_tokens
         if reserved:
             most = max(window.fewest(reserved), window.held(start, seq.num_tokens))

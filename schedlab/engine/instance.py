@@ -181,6 +181,9 @@ class Instance:
         self.free_at = [0] * kv.block_size  # sliding decoders freeing window blocks at counters = index mod B
         self.sliding: dict = {}              # ... those decoders -> their index
         self.slide_heap: list = []           # (decode counter of its window's first free, seq_no, decoder)
+        # decoders whose window count the pattern does not follow yet (their last allocation was no
+        # decode: a prompt's last chunk, a swap-in, a pull); a decode step allocates them itself
+        self.window_fresh: dict = {}  # (in the order they came: deterministic)
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0  # drafts per decode in the next step
         if speculation is not None:
@@ -498,6 +501,8 @@ class Instance:
             self.marks.entered(seq)
         self.n_decoding += 1
         self.ctx_offset += seq.anchor + 1
+        if self.window is not None:
+            self.window_fresh[seq] = None
         if not seq.reserved_tokens and self.track_growth:
             self.cross_at[-seq.anchor % len(self.cross_at)] += 1
             self.n_growing += 1
@@ -539,6 +544,8 @@ class Instance:
                     self._will_slide(seq)
                 elif seq in self.sliding:
                     self.free_at[self.sliding.pop(seq)] -= 1
+        if self.window is not None and sign > 0:
+            self.window_fresh[seq] = None
 
     def _remove_decoder(self, seq: Sequence, status: str) -> None:
         anchor = seq.anchor
@@ -556,6 +563,8 @@ class Instance:
             self.n_growing -= 1
             if seq in self.sliding:
                 self.free_at[self.sliding.pop(seq)] -= 1
+        if self.window_fresh:
+            self.window_fresh.pop(seq, None)
         key = self.off_cycle.pop(seq, None) if self.off_cycle else None
         if key is None:  # every decoder in the last decode iteration is in its group
             key = seq.last_token_ms if seq.last_token_ms > self.itl_merge else self.itl_merge
@@ -582,16 +591,16 @@ class Instance:
         return (seq.status == DECODING and seq not in self.sliding and not seq.reserved_tokens
                 and entry[0] == self.window.tokens - 1 + self.kv.block_size - seq.anchor)
 
-    def _next_slide(self) -> int | None:
+    def _next_slide(self, ahead: int = 1) -> int | None:
         """The decode counter at which the next decoder's window first frees a block (None: no
-        decoder's will), the decoders whose windows slide from the next iteration on counted
-        in ``free_at``."""
-        heap, steps = self.slide_heap, self.clock.steps
+        decoder's will), the decoders whose windows slide from ``ahead`` iterations on (the next
+        one: a run's; 0: this one) counted in ``free_at``."""
+        heap, limit = self.slide_heap, self.clock.steps + ahead
         while heap:
             entry = heap[0]
             if not self._waits_to_slide(entry):
                 heapq.heappop(heap)
-            elif entry[0] <= steps + 1:
+            elif entry[0] <= limit:
                 heapq.heappop(heap)
                 seq = entry[2]
                 index = (self.window.tokens - 1 - seq.anchor) % len(self.free_at)
@@ -600,6 +609,41 @@ class Instance:
             else:
                 return entry[0]
         return None
+
+    def window_decode_step(self) -> bool:
+        """One decode step of every decoder on a windowed cache, all or none: the decoders that
+        follow the pattern by their counters (:class:`bulk.SlidingGrowth`: those crossing a block
+        take theirs before the windows freeing one give theirs back), those that do not yet
+        (:attr:`window_fresh`) one by one; the blocks they take must be free."""
+        self._next_slide(0)
+        window, kv = self.window, self.kv
+        bs = len(self.cross_at)
+        r = self.clock.steps % bs
+        cross, free = self.cross_at[r], self.free_at[r]
+        fresh = self.window_fresh
+        need = 0
+        if fresh:
+            sliding = self.sliding
+            for seq in fresh:  # (their own blocks, not the pattern's)
+                if not seq.reserved_tokens:
+                    cross -= -seq.anchor % bs == r
+                    free -= sliding.get(seq) == r
+                need += kv.blocks_needed(seq, 1)
+        g = window.groups
+        if (window.tokens - 1) % window.block_size == 0:  # (each frees where it crosses: one block net)
+            taken, freed = (1 + g) * cross - g * free, 0
+        else:
+            taken, freed = (1 + g) * cross, g * free
+        if taken + need > kv.num_free_blocks():
+            return False
+        if taken or freed:
+            kv.grow(taken, freed)
+        if fresh:
+            for seq in fresh:
+                if not kv.allocate(seq, 1):
+                    raise SimulationError("KV cache refused a decode slot it had reported free")
+            fresh.clear()
+        return True
 
     def decode_growth(self):
         """The blocks a run of decode iterations from here needs (:class:`bulk.Growth`, or
@@ -656,17 +700,24 @@ class Instance:
         return 1 + steps - high[0][0], 1 + steps + low[0][0]
 
     def allocate_each_decode(self) -> bool:
-        """Decode slots one sequence at a time, for KV caches without bulk ``grow``."""
+        """Decode slots one sequence at a time, for KV caches without bulk ``grow`` (or with a
+        window, while some decoder does not follow the pattern: :meth:`window_decode_step`)."""
         kv = self.kv
+        if self.window is not None and self.track_growth:
+            return self.window_decode_step()
         decoding = [s for s in self.running if s.status == DECODING]
         together = getattr(kv, "allocate_decodes", None)  # (all or none, each planned once: the built-in caches)
         if together is not None:
-            return together(decoding)
+            if together(decoding):
+                self.window_fresh.clear()
+                return True
+            return False
         if sum(kv.blocks_needed(s, 1) for s in decoding) > kv.num_free_blocks():
             return False
         for s in decoding:
             if not kv.allocate(s, 1):
                 raise SimulationError("KV cache refused a decode slot it had reported free")
+        self.window_fresh.clear()
         return True
 
     # -- plan callbacks -------------------------------------------------------------------------
