@@ -363,6 +363,37 @@ def test_a_prefix_hits_window_is_taken_afresh():
     kv.check_invariants()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_hit_ends_where_the_window_blocks_were_kept(engine):
+    # vLLM 0.33 (prefix_cache_retention_interval = 0) keeps a request's window blocks only before its prompt's
+    # replay boundary, (P - 1) // B, and before a junction its lookup found. Blocks of 2, a window of 2 (one block
+    # before a hit's end must be kept, ceil(1 / 2)); three requests one after another share a 4-token prefix:
+    # r0 (prompt 4) keeps the window of block 0 ((4 - 1) // 2 = 1); r1 (prompt 5) finds both full-attention blocks
+    # but the window of block 1 is gone: it hits 2 tokens, and keeps block 1's window (its junction, 4); r2 hits 4.
+    # Every window block kept (None, vLLM's dense retention, schedlab before): 0, 4, 4.
+    requests = [Request(id=i, arrival_ms=100.0 * i, prompt_tokens=4 if i == 0 else 5, output_tokens=3,
+                        prefix_group=0, prefix_tokens=4) for i in range(3)]
+    for retention, cached in ((0, [0, 2, 4]), (None, [0, 4, 4])):
+        kv = PrefixKVCache(40, 2, window=SlidingWindow(1, 2, 2), retention=retention)
+        result = run_engine(requests, ContinuousScheduler(ContinuousConfig(max_num_seqs=1)), kv=kv, engine=engine)
+        assert result.requests["cached_tokens"].tolist() == cached
+
+
+def test_window_retention_settings():
+    from schedlab.configs import FieldError
+    from schedlab_plugins.kv_caches import PagedConfig, build_paged
+
+    assert build_paged(PagedConfig(num_blocks=100, prefix_caching=True)).retention == 0
+    assert build_paged(PagedConfig(num_blocks=100, prefix_caching=True, dense_window_prefix_cache=True)).retention \
+        is None
+    assert build_paged(PagedConfig(num_blocks=100, prefix_caching=True,
+                                   prefix_cache_retention_interval=64)).retention == 64
+    with pytest.raises(FieldError, match="not a multiple of block_size"):
+        PagedConfig(num_blocks=100, prefix_caching=True, prefix_cache_retention_interval=20)
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        PrefixKVCache(10, 16, retention=8)
+
+
 def test_a_window_of_another_block_size_is_refused():
     with pytest.raises(ValueError, match="16-token blocks"):
         PagedKVCache(10, 8, window=SlidingWindow(1, 32, 16))

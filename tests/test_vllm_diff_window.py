@@ -156,9 +156,10 @@ def _steps(steps: list) -> list:
     return [(float(t), used, {int(rid): n for rid, n in window.items()}) for t, used, window in steps]
 
 
-def _ours(case, sides, engine: str) -> tuple:
+def _ours(case, sides, engine: str, retention: str = "default") -> tuple:
     runner = SchedlabRunner(engine)
     runner.record_steps = True
+    runner.retention = retention
     outcomes, error = runner.run(case, sides)
     assert error is None
     return outcomes, _steps([list(step) for step in runner.steps])
@@ -174,7 +175,7 @@ def test_schedlab_runs_each_pinned_window_case(engine, name, request):
     case, sides, entry = _pinned(name)
     assert case.problems() == []
     expected = entry["schedlab"] if entry["status"] == "approximation" else entry["vllm"]
-    outcomes, steps = _ours(case, sides, engine)
+    outcomes, steps = _ours(case, sides, engine, entry.get("prefix_retention", "default"))
     assert outcomes == _outcomes(expected["outcomes"])
     if engine == "reference":  # (the fast engine plans no iteration of a bulk run, and a plan's decode step
         # takes the decoders' window blocks by the pattern, each one's count following its tokens: its outcomes)
@@ -234,11 +235,11 @@ def test_vllm_runs_each_pinned_window_case_as_recorded(name):
 @pytest.mark.vllm
 def test_vllm_hits_a_whole_shared_prompt_with_dense_retention():
     """``--prefix-retention dense``: vLLM caches every full block of a window group, and hits as
-    far as schedlab does on the sparse-retention case."""
+    far as schedlab's dense retention does on the sparse-retention case."""
     case, sides, entry = _pinned("sparse-retention-hits-at-the-replay-boundary")
     outcomes, error = _vllm(prefix_retention="dense").run(case, sides)
     assert error is None and outcomes[1].cached_tokens == 16
-    assert outcomes == _ours(case, sides, "fast")[0]
+    assert outcomes == _ours(case, sides, "fast", "dense")[0]
 
 
 SEEDS = range(20)

@@ -119,13 +119,14 @@ class _Block:
     """An identified block: its key, its index in the sequences using it, its reference count,
     and the next block cached under the same key (duplicates, in insertion order)."""
 
-    __slots__ = ("key", "index", "ref", "dup")
+    __slots__ = ("key", "index", "ref", "dup", "win")
 
     def __init__(self, key: tuple, index: int, ref: int):
         self.key = key
         self.index = index
         self.ref = ref
         self.dup: _Block | None = None
+        self.win = False  # with window layers: theirs at this position are cached too (see the module doc)
 
     def __repr__(self) -> str:
         return f"_Block({self.key!r}, ref={self.ref})"
@@ -135,11 +136,12 @@ class _Chain:
     """A sequence's ``kv_state``: the identified blocks it references (its block indices
     ``0 .. len(blocks) - 1``) and whether further full blocks may still be registered."""
 
-    __slots__ = ("blocks", "sealed")
+    __slots__ = ("blocks", "sealed", "junction")
 
     def __init__(self, sealed: bool = False):
         self.blocks: list[_Block] = []
         self.sealed = sealed
+        self.junction = 0  # with window layers: the shared prefix its lookup found uncached there (tokens)
 
 
 class PrefixKVCache(PagedKVCache):
@@ -156,9 +158,18 @@ class PrefixKVCache(PagedKVCache):
     prefix_caching = True
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, swap_blocks: int = 0,
-                 bytes_per_block: int = 0, host_link_gbps: float = 25.0, host=None, window=None):
+                 bytes_per_block: int = 0, host_link_gbps: float = 25.0, host=None, window=None,
+                 retention: int | None = 0):
         super().__init__(num_blocks, block_size, swap_blocks=swap_blocks,
                          bytes_per_block=bytes_per_block, host_link_gbps=host_link_gbps, window=window)
+        if retention is not None and (retention < 0 or retention % block_size):
+            raise ValueError(f"retention {retention} is not a multiple of the block size {block_size} (or None)")
+        #: vLLM's prefix_cache_retention_interval: which window positions a request caches (0: its
+        #: replay boundary's and a junction's; N: also before every N tokens; None: all)
+        self.retention = retention
+        #: blocks a window hit needs cached before its end (vLLM _contiguous_blocks_for_hit: ceil((W - 1) / B))
+        self._need = -(-(window.tokens - 1) // block_size) if window is not None else 0
+        self._full_hit: tuple = (None, -1, 0)  # (sequence, epoch, full-attention hit in blocks) of the last lookup
         self.host = host  # a HostTier, or None
         self.evictions = 0
         self.epoch = 0
@@ -223,7 +234,52 @@ class PrefixKVCache(PagedKVCache):
         while n < limit and (self._find(request, n) is not None
                              or (host is not None and self._find_host(request, n) is not None)):
             n += 1
-        return n * self.block_size
+        if self.window is None:
+            return n * self.block_size
+        self._full_hit = (seq, self.epoch, n)
+        return self._window_hit(request, n) * self.block_size
+
+    def _window_hit(self, request, full: int) -> int:
+        """The hit in blocks where the window layers' blocks are cached too, below a full-attention
+        hit of ``full`` blocks (vLLM's ``SlidingWindowManager.find_longest_cache_hit``): the end of
+        the last run of ``need`` positions whose window blocks are cached, else a cached run from
+        block 0 shorter than that (its window starts at token 0). Host-tier blocks hold no window."""
+        need = self._need
+        if not need:
+            return 0
+        count = 0
+        for i in range(full - 1, -1, -1):
+            block = self._find(request, i)
+            if block is not None and block.win:
+                count += 1
+                if count == need:
+                    return i + need
+            else:
+                count = 0
+        return count
+
+    def _window_mask(self, j: int, prompt: int, junction: int) -> bool:
+        """Whether a request caches its window blocks at position ``j`` (vLLM's
+        ``SlidingWindowManager.reachable_block_mask``): the ``need`` before its replay boundary
+        (``(P - 1) // B``: where a resend of its prompt resumes) and before a junction, before every
+        ``retention`` tokens, or all of them (``retention`` None)."""
+        need = self._need
+        if not need:
+            return False
+        retention = self.retention
+        if retention is None:
+            return True
+        end = (prompt - 1) // self.block_size
+        if end - need <= j < end:
+            return True
+        if junction:
+            end = junction // self.block_size
+            if end - need <= j < end:
+                return True
+        if retention:
+            per = retention // self.block_size
+            return per <= need or j % per >= per - need
+        return False
 
     def _plan(self, seq, num_new_tokens: int, cached_tokens: int, reserve_tokens: int):
         """(hits: GPU blocks to reference and host keys to load, fresh blocks to take -- the
@@ -261,6 +317,12 @@ class PrefixKVCache(PagedKVCache):
         chain = seq.kv_state
         if chain is None:
             chain = seq.kv_state = _Chain()
+            if self.window is not None:  # (a lookup shorter than its full-attention hit: this
+                last, epoch, full = self._full_hit  # request caches its window at that junction)
+                if last is not seq or epoch != self.epoch:
+                    full = len(self._hits(seq.request, (seq.num_tokens - 1) // self.block_size))
+                if full * self.block_size > cached_tokens:
+                    chain.junction = full * self.block_size
         loads = None
         if hits:
             queue = self._queue
@@ -302,6 +364,7 @@ class PrefixKVCache(PagedKVCache):
         blocks = chain.blocks
         j = len(blocks)
         added = False
+        window = self.window is not None
         while j < full:
             key = block_key(request, j, self.block_size, self.hash_lookahead)
             if key[0] == "r":
@@ -309,6 +372,8 @@ class PrefixKVCache(PagedKVCache):
                 break
             block = _Block(key, j, 1)
             self._insert(block)
+            if window and self._window_mask(j, request.prompt_tokens, chain.junction):
+                block.win = self._table[key].win = True  # (a duplicate's: found under the key)
             blocks.append(block)
             added = True
             j += 1
@@ -347,9 +412,13 @@ class PrefixKVCache(PagedKVCache):
         if preempted:
             rid = seq.request.id
             added = False
+            window = self.window is not None
             for j in range(full - 1, known - 1, -1):
                 block = _Block(("r", rid, j), j, 0)
                 self._insert(block)
+                if window:
+                    block.win = self._window_mask(j, seq.request.prompt_tokens,
+                                                  chain.junction if chain is not None else 0)
                 queue[block] = None
                 added = True
             if added:

@@ -152,11 +152,22 @@ class PagedConfig(PoolConfig):
     disable_hybrid_kv_cache_manager: bool = bool_field(
         False, help="as vLLM's flag: a model's sliding-window layers keep every token too (default: only their "
                     "window, in KV cache groups of their own; schedlab.kv_window)")
+    prefix_cache_retention_interval: int = int_field(
+        0, min=0, help="vLLM's, with prefix caching and sliding-window layers: which positions' window blocks a "
+                       "request keeps for later hits -- those before its prompt's replay boundary and before a "
+                       "shared prefix's junction (0), and before every N tokens (N, a multiple of block_size)")
+    dense_window_prefix_cache: bool = bool_field(
+        False, help="vLLM's prefix_cache_retention_interval = None: every position's window blocks are kept, so a "
+                    "hit reaches as far as the full-attention layers' (the interval is then ignored)")
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
         if self.swap_space_gib and self.swap_blocks is not None:
             raise FieldError("swap_blocks", "give swap_space_gib or swap_blocks, not both")
+        if self.prefix_cache_retention_interval % self.block_size:
+            raise FieldError("prefix_cache_retention_interval",
+                             f"{self.prefix_cache_retention_interval} is not a multiple of block_size "
+                             f"({self.block_size}), as vLLM requires")
         if self.has_host_tier and not self.prefix_caching:
             raise FieldError("host_memory_gib" if self.host_memory_gib else "host_blocks",
                              "a host-memory tier keeps prefix-cache blocks: needs prefix_caching = true")
@@ -175,8 +186,9 @@ def build_paged(config: PagedConfig, presets=None, parallelism: Parallelism = SI
     if config.prefix_caching:
         from .prefix import PrefixKVCache
 
+        retention = None if config.dense_window_prefix_cache else config.prefix_cache_retention_interval
         kv = PrefixKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
-                           host_link_gbps=link, host=host_tier(config, sizing), window=window)
+                           host_link_gbps=link, host=host_tier(config, sizing), window=window, retention=retention)
     else:
         kv = PagedKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
                           host_link_gbps=link, window=window)

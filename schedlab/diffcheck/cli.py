@@ -62,7 +62,11 @@ def _runners(h: Harness, args):
         raise ConfigError(f"cannot import {h.engine.label} ({exc}); {h.install}") from None
     except VersionError as exc:
         raise ConfigError(str(exc)) from None
-    return theirs, h.ours(args.engine)
+    ours = h.ours(args.engine)
+    configure = getattr(theirs, "configure_ours", None)  # (settings of theirs schedlab's side follows)
+    if configure is not None:
+        configure(ours)
+    return theirs, ours
 
 
 def _check_sides(h: Harness, differ: Differ, case: Case) -> None:

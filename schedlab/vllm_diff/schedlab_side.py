@@ -59,14 +59,24 @@ def requests(case: Case):
     return schedlab_side.requests(case, hash_block_tokens(case))
 
 
-def kv_cache(case: Case):
+def retention_of(prefix_retention: str) -> int | None:
+    """The prefix cache's ``retention`` for the harness's ``--prefix-retention`` (vLLM's
+    ``prefix_cache_retention_interval``): ``default`` 0, ``dense`` None, or a number of tokens."""
+    if prefix_retention == "default":
+        return 0
+    return None if prefix_retention == "dense" else int(prefix_retention)
+
+
+def kv_cache(case: Case, prefix_retention: str = "default"):
     """The windowed KV cache of ``case`` (its settings' ``window`` must be set)."""
     from schedlab_plugins.kv_caches.paged import PagedKVCache
     from schedlab_plugins.kv_caches.prefix import PrefixKVCache
 
     s = case.settings
-    kind = PrefixKVCache if s.prefix_caching else PagedKVCache
-    kv = kind(s.num_blocks, s.block_size, window=s.window)
+    if s.prefix_caching:
+        kv = PrefixKVCache(s.num_blocks, s.block_size, window=s.window, retention=retention_of(prefix_retention))
+    else:
+        kv = PagedKVCache(s.num_blocks, s.block_size, window=s.window)
     kv.sizing = None  # (as build_paged leaves a cache not sized from presets)
     return kv
 
@@ -98,6 +108,8 @@ class KvSteps:
 class SchedlabRunner(schedlab_side.SchedlabRunner):
     #: wrap the scheduler in :class:`KvSteps` (its steps in :attr:`steps` after a run)
     record_steps = False
+    #: which window blocks the prefix cache keeps, as the vLLM side's ``--prefix-retention``
+    retention = "default"
 
     def __init__(self, engine: str = "fast"):
         super().__init__(engine)
@@ -109,7 +121,7 @@ class SchedlabRunner(schedlab_side.SchedlabRunner):
     def build(self, case, sides=None):
         scheduler, cost, kv = super().build(case, sides)
         if case.settings.window is not None:
-            kv = kv_cache(case)
+            kv = kv_cache(case, self.retention)
         if self.record_steps:
             scheduler = self._log = KvSteps(scheduler)
         return scheduler, cost, kv

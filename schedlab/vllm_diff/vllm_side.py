@@ -194,6 +194,10 @@ class VllmRunner:
                                         skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN)
         init_none_hash(sha256)  # vLLM's module-level seed of the hash chain; the same every time
 
+    def configure_ours(self, ours) -> None:
+        """Give schedlab's runner this side's ``prefix_retention`` (its prefix cache's ``retention``)."""
+        ours.retention = self.prefix_retention
+
     def scheduler_config_kwargs(self, case: Case, sides: Sides | None) -> dict:
         s = case.settings
         kwargs = dict(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
@@ -357,6 +361,7 @@ class VllmRunner:
 
             ours = self._ours[engine] = SchedlabRunner(engine)
             ours.record_steps = True
+            self.configure_ours(ours)
         _, failed = ours.run(case, sides)
         if failed is not None:
             return error  # (schedlab failed or turned requests away: the comparison of outcomes shows it)
