@@ -67,9 +67,15 @@ blocks into fresh GPU blocks that take their keys (the engine charges the reload
 
 Window layers. With a ``window`` (:mod:`schedlab.kv_window`), a sequence's window blocks are
 anonymous blocks of the same pool (:class:`~.paged.PagedKVCache`): taken from the free queue's
-head, returned to its tail as they fall out of the window or the sequence ends. A hit reuses the
-full-attention blocks only; the hit's window blocks are taken afresh (vLLM would find them cached
-and also needs them cached for the hit: they are in use either way).
+head, returned to its tail as they fall out of the window or the sequence ends. A hit needs the
+window blocks before its end kept too (vLLM 0.33's ``SlidingWindowManager.find_longest_cache_hit``:
+the last run of ``ceil((W - 1) / B)`` kept positions at or below the full-attention hit, else a kept
+run from block 0), and vLLM keeps them sparsely (``prefix_cache_retention_interval``, here
+``retention``: 0 keeps those before the prompt's replay boundary ``(P - 1) // B`` and before the
+junction its lookup found -- a full-attention hit longer than the window's --, N also before every
+N tokens, None all): an identified block's ``win`` says its window blocks are kept, for as long as
+it is cached (vLLM's slide out earlier; a tight pool evicts them sooner). The hit's window blocks
+are taken afresh (vLLM touches the kept ones: in use either way).
 
 Cost. Blocks without identity (decode blocks, unique prompt blocks, duplicates) are never
 objects: a sequence keeps only the identified blocks it references (a prefix of its block
