@@ -45,13 +45,14 @@ class SlidingWindow:
         blocks = -(-end // bs) - skipped
         return self.groups * blocks if blocks > 0 else 0
 
-    def prefill_peak(self, prompt: int, chunk: int) -> int:
+    def prefill_peak(self, prompt: int, chunk: int, start: int = 0) -> int:
         """The most blocks the window groups hold while a prompt of ``prompt`` tokens is computed
-        in chunks of at most ``chunk`` tokens (all of it in one step when ``chunk >= prompt``).
-        Once the window slides, a full chunk's count repeats with the chunk start's offset in its
-        block, so the first ``ceil(W / chunk) + B`` chunks and the last one are enough to look at."""
-        chunk = max(1, min(chunk, prompt))
-        starts = range(0, prompt, chunk)
+        from token ``start`` (a prefix-cache hit) in chunks of at most ``chunk`` tokens (all of it
+        in one step when ``chunk >= prompt``). Once the window slides, a full chunk's count repeats
+        with the chunk start's offset in its block, so the first ``ceil(W / chunk) + B`` chunks and
+        the last one are enough to look at."""
+        chunk = max(1, min(chunk, prompt - start))
+        starts = range(start, prompt, chunk)
         look = -(-self.tokens // chunk) + self.block_size + 1
         if len(starts) > look + 1:
             starts = list(starts[:look]) + [starts[-1]]

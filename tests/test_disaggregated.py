@@ -864,3 +864,20 @@ def test_a_scheduler_planning_ahead_is_refused_by_name(engine):
 
     with pytest.raises(ConfigError, match="SglangScheduler plans batches ahead .* disaggregated pools: set it to false"):
         run_disaggregated([Request(0, 0.0, 8, 2)], make, make, engine=engine)
+
+
+def test_a_decode_run_ends_where_freed_window_blocks_let_a_pull_in():
+    # (found by a stress run) a decode instance with window layers (37 tokens, blocks of 16): its decoders' windows
+    # free a block mid-run, which lets the queued pull of request 7 in one iteration before the run's end; the fast
+    # engine's run of decodes now ends there, as the reference engine pulls after every iteration
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in
+                enumerate([(1, 33), (1, 17), (1, 34), (1, 1), (18, 27), (109, 9), (1, 12), (116, 2)])]
+    cost = LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0, per_context_token_ms=2 ** -6)
+
+    def make():
+        return (ContinuousScheduler(ContinuousConfig(max_num_seqs=5, allocation="grow")), LinearCostModel(cost),
+                PagedKVCache(28, 16, bytes_per_block=16 * MIB, window=SlidingWindow(1, 37, 16)))
+
+    fast, ref = (run(requests, make, make, engine, bandwidth_gbps=LINK_GBPS, latency_ms=0.0) for engine in ENGINES)
+    compare_runs(fast, ref, rel=1e-12)
+    assert by_id(fast, "kv_pulled_ms")[7] == by_id(ref, "kv_pulled_ms")[7] == pytest.approx(244.546875)

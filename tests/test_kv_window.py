@@ -643,6 +643,43 @@ def window_cache(num_blocks: int, groups: int = 1) -> PagedKVCache:
 LONG = Request(0, 0.0, prompt_tokens=1000, output_tokens=10)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_recompute_the_whole_prompt_gate_can_never_pass_is_turned_away(engine):
+    # blocks of 1, a window of 2 in two groups, 20 blocks: two 1-token prompts decode side by side until the pool is
+    # full; r1 is preempted with 7 tokens. Its recompute in chunks of 5 would fit (7 full + 2 x 5 window blocks of
+    # its first chunk = 17), but reserve_full_prompt asks the whole sequence's blocks free: 7 + min(2 x 7, vLLM's
+    # admission cap 2 x (cdiv(2 - 1 + 5, 1) + 1) = 14) = 21 > 20 -- both engines stalled there before
+    requests = [Request(0, 0.0, 1, 7), Request(1, 0.0, 1, 7)]
+    config = ContinuousConfig(max_num_seqs=2, allocation="grow", max_num_batched_tokens=5, chunked_prefill=True)
+    result = run_engine(requests, ContinuousScheduler(config), LinearCostModel(),
+                        PagedKVCache(20, 1, window=SlidingWindow(2, 2, 1)), engine=engine)
+    assert result.requests["rejected"].tolist() == [0, 1] and result.requests["preemptions"].tolist() == [0, 1]
+    assert result.rejections[1].startswith("its recompute of 7 tokens needs 21 KV blocks at once")
+    # without the gate it fits and finishes
+    config = attrs.evolve(config, reserve_full_prompt=False)
+    result = run_engine(requests, ContinuousScheduler(config), LinearCostModel(),
+                        PagedKVCache(20, 1, window=SlidingWindow(2, 2, 1)), engine=engine)
+    assert result.requests["generated_tokens"].tolist() == [7, 7]
+
+
+def test_a_recompute_whose_chunks_never_fit_is_turned_away():
+    # blocks of 1, a window of 4: a preempted request with 12 tokens recomputes them in chunks of 8; its first chunk
+    # holds 8 window blocks beside the 12 full ones it ends with: 20 (counted together, as the arrival check counts
+    # a prompt's); from a 4-token hit the chunk [4, 12) holds 12 - floor((4 - 3) / 1) = 11 window blocks: 23
+    scheduler = ContinuousScheduler(ContinuousConfig(allocation="grow", max_num_batched_tokens=8, chunked_prefill=True,
+                                                     max_num_seqs=4, reserve_full_prompt=False))
+
+    class Preempted:
+        num_tokens = 12
+
+    window = SlidingWindow(1, 4, 1)
+    assert scheduler._recompute_never_fits(PagedKVCache(20, 1, window=window), Preempted, 0) is None
+    assert "needs 20 KV blocks" in scheduler._recompute_never_fits(PagedKVCache(19, 1, window=window), Preempted, 0)
+    assert "recompute of 8 tokens needs 23 KV blocks" in scheduler._recompute_never_fits(
+        PagedKVCache(22, 1, window=window), Preempted, 4)
+    assert scheduler._recompute_never_fits(PagedKVCache(19, 1), Preempted, 0) is None  # (no window: chunks fit)
+
+
 def test_a_prompt_whose_one_step_prefill_cannot_fit_is_rejected():
     whole = ContinuousScheduler(ContinuousConfig(allocation="grow", max_num_batched_tokens=2048, max_num_seqs=8))
     # grow: 1009 tokens hold slots; decoding, 64 + 9 = 73; the prompt in one step: 63 full + 63 window = 126

@@ -829,3 +829,23 @@ def test_a_pipelined_run_with_power_reports_its_energy_from_the_command_line(tmp
     assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "energy.j_per_token" in out and "energy p: GPUs" in out, out
+
+
+class _Idle:
+    """A scheduler that never plans anything."""
+
+    def schedule(self, plan) -> None:
+        return None
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_pipelined_instances_whose_scheduler_plans_nothing_stall_with_a_message(engine):
+    # two pipelined instances behind a router: the reference engine's stall message used to fail on its pipeline
+    # wrapper (no .scheduler) with an AttributeError
+    from schedlab.errors import StallError
+
+    def make():
+        return _Idle(), LinearParallelCost(LinearCostModel(), stages=2, moe=False), PagedKVCache(32, 16)
+
+    with pytest.raises(StallError, match="stalled at .*scheduler _Idle, 1 waiting"):
+        run_pipelined([Request(0, 0.0, 8, 2)], make, 2, instances=2, router=RoundRobinRouter(), engine=engine)

@@ -549,6 +549,11 @@ class ContinuousScheduler:
             n = self._admission_tokens(seq, hit, budget)
             if not n:
                 return
+            if seq.num_preemptions and not self._reserve:  # (its recompute may need more than its prompt did)
+                reason = self._recompute_never_fits(plan.kv, seq, hit)
+                if reason is not None:
+                    plan.reject(seq, reason)
+                    continue
             padding = self._padding(plan, seq, hit)
             if padding and 1 + padding > budget:
                 # vLLM: "prefer to not schedule than schedule un-padded" (should nothing else run, for ever)
@@ -579,6 +584,28 @@ class ContinuousScheduler:
         if need <= usable:
             return None
         return (f"its recompute of {n} tokens in one step needs {need} KV blocks at once (the model's window layers "
+                f"keep every token of a step) but the cache has {usable}")
+
+    def _recompute_never_fits(self, kv, seq, hit: int) -> str | None:
+        """Why preempted ``seq`` can never recompute its ``num_tokens`` tokens (from its prefix-cache
+        ``hit``) in an empty cache, or None: with a model's window layers a chunk holds its window
+        blocks for every token it computes, and with ``reserve_full_prompt`` admission asks the
+        whole sequence's blocks free -- a recompute longer than its prompt may need more than the
+        whole cache (vLLM would wait, or preempt it again, for ever; schedlab turns it away)."""
+        window = getattr(kv, "window", None)
+        if window is None:
+            return None
+        c = self.config
+        tokens = seq.num_tokens
+        chunk = c.max_num_batched_tokens if c.chunked_prefill else tokens
+        need = -(-tokens // kv.block_size) + window.prefill_peak(tokens, chunk, hit)
+        if c.reserve_full_prompt:  # (the gate of _kv_allows, in an empty cache)
+            whole = window.held(hit, tokens)
+            need = max(need, -(-tokens // kv.block_size) + min(whole, self._window_admission_cap(kv, tokens)))
+        usable = kv.num_blocks - self._watermark_blocks(kv)
+        if need <= usable:
+            return None
+        return (f"its recompute of {tokens - hit} tokens needs {need} KV blocks at once (the model's window layers "
                 f"keep every token of a step) but the cache has {usable}")
 
     def _padding(self, plan, seq, hit: int) -> int:

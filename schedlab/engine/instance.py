@@ -1619,9 +1619,9 @@ class Instance:
                 slide = self._next_slide()  # (a window that starts to slide changes the pattern)
                 if slide is not None:
                     k = min(k, slide - self.clock.steps)
-                if self.waiting or self.swapped or self.prefilling:
-                    # freed window blocks may make room for what the scheduler could not take in:
-                    # it must see the pool once it holds fewer blocks than at this plan
+                if self.waiting or self.swapped or self.prefilling or getattr(self.stage, "pull_queue", None):
+                    # freed window blocks may make room for what the scheduler (or a decode instance's
+                    # pull) could not take in: it must see the pool once it holds fewer blocks than at this plan
                     dip = growth.first_below(0)
                     if dip is not None:
                         k = min(k, dip)

@@ -32,6 +32,8 @@ def check_kv_counts(kv) -> None:
 
 def stall_message(engine, why: str) -> str:
     """The message for ``engine`` (an instance of either engine) stalled because of ``why``."""
+    if not hasattr(engine, "scheduler"):  # (the reference engine behind its pipeline: ReferencePipeline.e)
+        engine = engine.e
     kv, scheduler = engine.kv, engine.scheduler
     running = list(engine.running)
     free = kv.num_free_blocks()
