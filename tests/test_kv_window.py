@@ -654,7 +654,7 @@ def test_a_recompute_the_whole_prompt_gate_can_never_pass_is_turned_away(engine)
     result = run_engine(requests, ContinuousScheduler(config), LinearCostModel(),
                         PagedKVCache(20, 1, window=SlidingWindow(2, 2, 1)), engine=engine)
     assert result.requests["rejected"].tolist() == [0, 1] and result.requests["preemptions"].tolist() == [0, 1]
-    assert result.rejections[1].startswith("its recompute of 7 tokens needs 21 KV blocks at once")
+    assert result.rejections[1].startswith("its recompute of 7 tokens in chunks of 5 needs 21 KV blocks at once")
     # without the gate it fits and finishes
     config = attrs.evolve(config, reserve_full_prompt=False)
     result = run_engine(requests, ContinuousScheduler(config), LinearCostModel(),
@@ -675,7 +675,7 @@ def test_a_recompute_whose_chunks_never_fit_is_turned_away():
     window = SlidingWindow(1, 4, 1)
     assert scheduler._recompute_never_fits(PagedKVCache(20, 1, window=window), Preempted, 0) is None
     assert "needs 20 KV blocks" in scheduler._recompute_never_fits(PagedKVCache(19, 1, window=window), Preempted, 0)
-    assert "recompute of 8 tokens needs 23 KV blocks" in scheduler._recompute_never_fits(
+    assert "recompute of 8 tokens in one step needs 23 KV blocks" in scheduler._recompute_never_fits(
         PagedKVCache(22, 1, window=window), Preempted, 4)
     assert scheduler._recompute_never_fits(PagedKVCache(19, 1), Preempted, 0) is None  # (no window: chunks fit)
 

@@ -605,8 +605,9 @@ class ContinuousScheduler:
         usable = kv.num_blocks - self._watermark_blocks(kv)
         if need <= usable:
             return None
-        return (f"its recompute of {tokens - hit} tokens needs {need} KV blocks at once (the model's window layers "
-                f"keep every token of a step) but the cache has {usable}")
+        steps = " in one step" if chunk >= tokens - hit else f" in chunks of {chunk}"
+        return (f"its recompute of {tokens - hit} tokens{steps} needs {need} KV blocks at once (the model's window "
+                f"layers keep every token of a step) but the cache has {usable}")
 
     def _padding(self, plan, seq, hit: int) -> int:
         """Placeholder drafts for admitting ``seq`` (``Plan.admit(padding=...)``): vLLM 0.33 pads
