@@ -216,6 +216,18 @@ def test_lockstep_ranks_agree_between_engines_and_keep_the_rules(requests, cfg, 
                  retract_decode_steps=0, num_reserved_decode_tokens=512, overlap_schedule=True, context_length=0),
     2, "fresh", LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=4.0, per_seq_ms=0.25,
                              per_context_token_ms=0.015625), 2, 1, False)
+# Found by Hypothesis: SGLang's running time limit (3 ms) aborted request 4 on rank 0 at 58.875, as request 7
+# arrived; the fast engine's data-parallel driver settled the ranks' aborts before routing only for clients that
+# give up, so its router still counted request 4 running and sent request 7 to rank 1.
+@example([Request(i, t, p, o) for i, (t, p, o) in enumerate([
+    (0.0, 1, 1), (0.0, 1, 1), (2.125, 18, 3), (2.25, 35, 2), (2.25, 15, 2), (2.25, 1, 1), (47.375, 1, 1),
+    (58.875, 1, 1)])],
+    SglangConfig(max_running_requests=1, max_prefill_tokens=16, chunked_prefill_size=0, init_new_token_ratio=0.0,
+                 min_new_token_ratio_factor=0.14, new_token_ratio_decay_steps=1, clip_max_new_tokens=8,
+                 retract_decode_steps=0, num_reserved_decode_tokens=512, overlap_schedule=True,
+                 running_timeout_ms=3.0, context_length=0),
+    2, "fresh", LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0, per_seq_ms=0.25,
+                             per_context_token_ms=0.015625), 0, 1, False)
 @SETTINGS
 @given(requests_lists(min_size=1, max_size=14, max_prompt=40, max_output=30, all_at_zero=False, prefix_groups=2),
        sglang_configs(), st.integers(2, 3), st.sampled_from(sorted(ROUTERS)), dyadic_linear_costs(), st.integers(0, 12),

@@ -307,8 +307,10 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
             inst.hangup_ms = client_side.network_ms
     position = {inst.index: pos for pos, inst in enumerate(instances)}
     arrivals = arrival_queue(requests, workload, client_side)
-    # clients may give up: the run's [client] says so, or (found on the way) a request's own timeout_ms
-    aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
+    # clients may give up: the run's [client] says so, or (found on the way) a request's own timeout_ms;
+    # or a scheduler's running time limit aborts requests (engine.run_limit)
+    aborting = (client_side is not None and client_side.client is not None and client_side.client.gives_up
+                or limits_running(instances))
     events = EventHeap(instances)
     for pos in range(len(instances)):
         events.update(pos)

@@ -69,6 +69,7 @@ from .instance import Instance
 from .load import Release, RoutingClock, serving, views_of
 from .plan import FastPlan
 from .rank_cost import DUMMY, NOTHING, RankCost
+from .run_limit import limits_running
 from .sequence import DECODING
 
 INF = math.inf
@@ -543,7 +544,9 @@ def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, 
         if client_side is not None:
             inst.hangup_ms = client_side.network_ms
     arrivals = arrival_queue(requests, workload, client_side)
-    aborting = client_side is not None and client_side.client is not None and client_side.client.gives_up
+    # (or a scheduler's running time limit aborts requests: engine.run_limit)
+    aborting = (client_side is not None and client_side.client is not None and client_side.client.gives_up
+                or limits_running(cluster.ranks))
     delivered = 0
     while True:
         t = arrivals.next_time()
