@@ -311,7 +311,7 @@ def clusters(draw):
         # sliding-window layers in the paged caches: they need more blocks (a prompt's one-step prefill); not
         # under SGLang's scheduler, which counts tokens its own way (its window layers are its radix pools')
         window = SlidingWindow(draw(st.integers(1, 2)), draw(st.integers(2, 40)), block_size) \
-            if cache in ("paged", "prefix") and kind != "sglang" and draw(st.booleans()) else None
+            if cache in ("paged", "prefix") and draw(st.booleans()) else None
         if window is not None:
             blocks = 2 * blocks + 2 * window.groups
         if kind == "continuous":

@@ -713,6 +713,19 @@ def test_static_and_tgi_count_the_window_when_they_reject(engine):
     assert result.requests["rejected"].tolist() == [True]
 
 
+def test_sglangs_scheduler_over_a_windowed_cache_rejects_what_cannot_fit_alone():
+    from schedlab_plugins.schedulers import SglangConfig, SglangScheduler
+
+    # SGLang's own check counts tokens (1,010 + a page fit a 2,000-token pool); over vLLM's paged cache with window
+    # layers the prompt prefilled in one step holds 63 full and 63 window blocks: 126 (it stopped with "cannot decode
+    # even after retraction" in a tight pool before)
+    sglang = SglangScheduler(SglangConfig(chunked_prefill_size=0, overlap_schedule=False))
+    assert sglang.rejection_reason(LONG, window_cache(125)) == (
+        "needs 126 KV blocks (prompt 1000 + max_tokens 10, the model's window layers' blocks too) but the cache has 125")
+    assert sglang.rejection_reason(LONG, window_cache(126)) is None
+    assert sglang.rejection_reason(LONG, PagedKVCache(125, 16)) is None
+
+
 def test_chunked_prefill_with_a_small_budget_fits_the_prompt():
     chunked = ContinuousScheduler(ContinuousConfig(allocation="grow", chunked_prefill=True, max_num_batched_tokens=100,
                                                    max_num_seqs=8, reserve_full_prompt=False))

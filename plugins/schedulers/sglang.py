@@ -164,6 +164,7 @@ import attrs
 
 from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import SimulationError
+from schedlab.kv_window import sequence_blocks
 
 from .sglang_policy import CACHE_AWARE, POLICIES, Policy, SglangQueue
 
@@ -489,6 +490,14 @@ class SglangScheduler:
             return (f"prompt {request.prompt_tokens} + max_tokens {most} + a page of {kv.block_size} does not fit "
                     f"below the KV pool's {pool} tokens (SGLang's admission check; SGLang would cut max_new_tokens "
                     "to nothing)")
+        if getattr(kv, "window", None) is not None:  # (a cache whose window layers hold blocks of their own --
+            # vLLM's paged cache under SGLang's scheduler: the request alone must fit, prompt and answer)
+            blocks = sequence_blocks(kv, request.prompt_tokens + most, request.prompt_tokens,
+                                     self.config.chunked_prefill_size if self.config.chunked_prefill_size > 0
+                                     else request.prompt_tokens)
+            if blocks > kv.num_blocks:
+                return (f"needs {blocks} KV blocks (prompt {request.prompt_tokens} + max_tokens {most}, the model's "
+                        f"window layers' blocks too) but the cache has {kv.num_blocks}")
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:
