@@ -111,3 +111,29 @@ def test_per_class_metrics_for_several_classes_or_one_the_workload_named(tmp_pat
     assert (sorted(metrics["per_class"]) if "per_class" in metrics else None) == expected
     if expected:
         assert sum(metrics["per_class"][c]["finished"] for c in expected) == metrics["finished"] == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs, st.lists(st.one_of(st.floats(-10.0, 200.0, allow_nan=False),
+                                st.sampled_from([np.inf, -np.inf, 1e300, -1e300, 1e19])), min_size=1, max_size=6))
+def test_counts_at_most_equal_the_expanded_samples_at_any_bound(data, bounds):
+    """How many ITLs lie at or below each bound, as a /metrics histogram's buckets count them --
+    including its last bound, +Inf, which must count every sample (it once wrapped to 0 in int64)."""
+    from schedlab.results.metrics import counts_at_most
+
+    first, inc, count, weight = (np.array(x) for x in zip(*data))
+    samples = np.concatenate([np.repeat(f + d * np.arange(c), w) for f, d, c, w in data])
+    got = counts_at_most(first, inc, count, weight, np.array(bounds, float))
+    assert list(got) == [int((samples <= b).sum()) for b in bounds]
+
+
+def test_counts_at_most_by_hand_with_an_infinite_last_bucket():
+    # 100 ITLs rising from 10 ms by 0.5 (10 .. 59.5) and 50 of 12 ms: 150 in all
+    got = counts_at_most_of([10.0, 12.0], [0.5, 0.0], [100, 50], [1, 1], [20.0, 100.0, np.inf])
+    assert list(got) == [21 + 50, 150, 150]   # 10, 10.5, .., 20 (21 of them) and the 50 at 12
+
+
+def counts_at_most_of(first, inc, count, weight, bounds):
+    from schedlab.results.metrics import counts_at_most
+
+    return counts_at_most(*(np.array(x) for x in (first, inc, count, weight)), np.array(bounds, float))

@@ -56,8 +56,11 @@ def counts_at_most(first, inc, count, weight, values: np.ndarray) -> np.ndarray:
     v = values[None, :]
     f, d, c = first[:, None], inc[:, None], count[:, None]
     safe = np.where(d > 0, d, 1.0)
-    j = np.where(d > 0, np.floor((v - f) / safe) + 1, np.where(f <= v, c, 0)).astype(np.int64)
-    j = np.clip(j, 0, c)
+    # clipped while still floats: a bound of +inf (a histogram's last bucket), or one so far past a
+    # run that the quotient leaves int64, must count the whole run, not wrap round to nothing
+    with np.errstate(over="ignore", invalid="ignore"):
+        j = np.where(d > 0, np.floor((v - f) / safe) + 1, np.where(f <= v, c, 0))
+    j = np.clip(j, 0, c).astype(np.int64)
     # settle rounding at the edges on the exact values first + j*inc
     j = np.where((j > 0) & (f + (j - 1) * d > v), j - 1, j)
     j = np.where((j < c) & (f + j * d <= v) & (d > 0), j + 1, j)
