@@ -797,7 +797,8 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
     (:func:`_check_series`). An OpenMetrics exemplar after a value is no part of the sample.
 
     :raises ConfigError: naming the file and line: a line that is not a sample, a value that is
-        not a finite number or a negative count, a bucket without a numeric ``le``, buckets whose
+        not a finite number or a negative count, a bucket without a numeric ``le``, a label set
+        without its ``+Inf`` bucket or its ``_sum``, buckets whose
         cumulative counts fall, a ``_count`` that is not the ``+Inf`` bucket's, a sample whose
         name and labels an earlier line has (a scrape holds one value per series: two scrapes
         joined, whose counts would add up).
@@ -830,17 +831,18 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
             raise ConfigError(f"{source}: line {number}: {name}{braces} repeats the sample of line "
                               f"{first} (same metric, same labels): a scrape holds one sample per series -- two "
                               f"scrapes joined in one file?")
-        entry = series.setdefault((metric, label_set), {"buckets": {}, "lines": {}, "sum": 0.0, "count": None})
+        entry = series.setdefault((metric, label_set), {"buckets": {}, "lines": {}, "sum": None, "count": None,
+                                                        "line": number})
         if suffix == "_bucket":
             entry["buckets"][bound] = entry["buckets"].get(bound, 0.0) + value
             entry["lines"][bound] = number
         elif suffix == "_count":
             entry["count"] = (value + (entry["count"] or (0.0, 0))[0], number)
         else:
-            entry["sum"] += value
+            entry["sum"] = value + (entry["sum"] or 0.0)
     found: dict[str, dict] = {}
-    for (metric, _), entry in series.items():
-        _check_series(metric, entry, source)
+    for (metric, label_set), entry in series.items():
+        _check_series(metric, label_set, entry, source)
         total = found.setdefault(metric, {"buckets": {}, "sum": 0.0, "count": 0.0, "series": []})
         total["series"].append(entry["buckets"])
         total["sum"] += entry["sum"]
@@ -942,9 +944,11 @@ def _bucket_bound(le: str, name: str, where: str) -> float:
     return bound
 
 
-def _check_series(metric: str, entry: dict, source: str) -> None:
-    """One label set of a histogram: cumulative bucket counts that never fall, and a ``_count``
-    equal to the ``+Inf`` bucket's (Prometheus writes both from the same observations)."""
+def _check_series(metric: str, label_set: str, entry: dict, source: str) -> None:
+    """One label set of a histogram: cumulative bucket counts that never fall, a ``+Inf`` bucket and
+    a ``_sum`` (Prometheus writes both for every histogram: without them a scrape was cut or edited,
+    and its count or mean would be read wrong), and a ``_count`` equal to the ``+Inf`` bucket's
+    (Prometheus writes both from the same observations)."""
     previous, previous_bound = 0.0, None
     for bound in sorted(entry["buckets"]):
         count = entry["buckets"][bound]
@@ -954,7 +958,13 @@ def _check_series(metric: str, entry: dict, source: str) -> None:
                               f"observations, fewer than the {previous:g} at or below {previous_bound:g} -- a "
                               f"histogram's buckets count cumulatively, each at least the one before")
         previous, previous_bound = count, bound
-    if entry["count"] is not None and math.inf in entry["buckets"]:
+    named = metric + ("{" + label_set.replace("=", '="').replace(",", '",') + '"}' if label_set else "")
+    for part, missing in (("_bucket{le=\"+Inf\"}", math.inf not in entry["buckets"]), ("_sum", entry["sum"] is None)):
+        if missing:
+            raise ConfigError(f"{source}: line {entry['line']}: {named} has no {metric}{part} "
+                              f"sample: Prometheus writes one for every histogram (a scrape cut short or "
+                              f"edited?)")
+    if entry["count"] is not None:
         count, line = entry["count"]
         inf = entry["buckets"][math.inf]
         if not math.isclose(count, inf, rel_tol=1e-9, abs_tol=1e-9):

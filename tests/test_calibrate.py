@@ -653,6 +653,11 @@ vllm:e2e_request_latency_seconds_count 10
                             "negative"),
     ('le="30.0"} 8', 'le="30.0"} 1e400', "line 3: vllm:e2e_request_latency_seconds_bucket: must be a finite number, "
                                          "got '1e400'"),
+    # read without them, the mean came out 0 and the quantiles were dropped in silence
+    ("vllm:e2e_request_latency_seconds_sum 200\n", "", "line 2: vllm:e2e_request_latency_seconds has no "
+                                                   "vllm:e2e_request_latency_seconds_sum sample"),
+    ('vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 10\n', "", "line 2: vllm:e2e_request_latency_seconds has no "
+                                                                     'vllm:e2e_request_latency_seconds_bucket{le="+Inf"}'),
 ])
 def test_a_scrape_that_is_no_histogram_is_refused_by_line(tmp_path, old, new, message):
     assert read_summary(_write(tmp_path / "good.prom", GOOD_SCRAPE)).values["e2e_ms.mean"] == pytest.approx(20000.0)
@@ -664,17 +669,34 @@ def test_a_scrape_that_is_no_histogram_is_refused_by_line(tmp_path, old, new, me
 
 def test_a_label_set_is_checked_on_its_own(tmp_path):
     """Two engines: engine 1's buckets fall (3 then 1) although the sums over both (5, 9, 10)
-    rise; the line of engine 1's bucket is named."""
+    rise; the line of engine 1's bucket is named (before its missing _sum)."""
     scrape = "\n".join([
         'vllm:e2e_request_latency_seconds_bucket{engine="0",le="10"} 2',
         'vllm:e2e_request_latency_seconds_bucket{engine="0",le="30"} 8',
         'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 8',
+        'vllm:e2e_request_latency_seconds_sum{engine="0"} 100',
         'vllm:e2e_request_latency_seconds_bucket{engine="1",le="10"} 3',
         'vllm:e2e_request_latency_seconds_bucket{engine="1",le="30"} 1',
         'vllm:e2e_request_latency_seconds_bucket{engine="1",le="+Inf"} 2', ""])
-    with pytest.raises(ConfigError, match=r": line 5: vllm:e2e_request_latency_seconds_bucket le='30': 1 "
+    with pytest.raises(ConfigError, match=r": line 6: vllm:e2e_request_latency_seconds_bucket le='30': 1 "
                                           r"observations, fewer than the 3 at or below 10"):
         read_summary(_write(tmp_path / "m.prom", scrape))
+
+
+def test_a_label_set_without_its_sum_is_named_not_read_as_zero(tmp_path):
+    """Two engines, engine 1's _sum missing: summed as 0, the mean was half the truth."""
+    scrape = "\n".join([
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 2',
+        'vllm:e2e_request_latency_seconds_sum{engine="0"} 20',
+        'vllm:e2e_request_latency_seconds_bucket{engine="1",le="+Inf"} 2',
+        'vllm:e2e_request_latency_seconds_count{engine="1"} 2', ""])
+    with pytest.raises(ConfigError) as info:
+        read_summary(_write(tmp_path / "m.prom", scrape))
+    assert str(info.value) == (f"{tmp_path / 'm.prom'}: line 3: vllm:e2e_request_latency_seconds{{engine=\"1\"}} has "
+                               f"no vllm:e2e_request_latency_seconds_sum sample: Prometheus writes one for every "
+                               f"histogram (a scrape cut short or edited?)")
+    fixed = scrape + 'vllm:e2e_request_latency_seconds_sum{engine="1"} 60\n'
+    assert read_summary(_write(tmp_path / "m.prom", fixed)).values["e2e_ms.mean"] == pytest.approx(80e3 / 4)
 
 
 def test_a_baseline_later_than_the_target_is_named(tmp_path):

@@ -219,7 +219,8 @@ def test_a_baseline_or_a_scrape_of_another_engine_is_refused(tmp_path):
                                f"compared with a run; scrape each server's /metrics on its own")
     empty = _write(tmp_path / "empty.prom", 'sglang:num_running_reqs{model_name="m"} 0\n'
                                             'sglang:e2e_request_latency_seconds_bucket{le="+Inf"} 0\n'
-                                            'sglang:e2e_request_latency_seconds_count 0\n')
+                                            'sglang:e2e_request_latency_seconds_count 0\n'
+                                            'sglang:e2e_request_latency_seconds_sum 0\n')
     with pytest.raises(ConfigError, match=r"none of SGLang's latency histograms \(sglang:time_to_first_token_seconds"):
         read_summary(empty)
 
