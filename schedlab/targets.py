@@ -86,6 +86,7 @@ then gets ``metrics["vs_target"]``, each statistic measured, simulated and its e
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import warnings
@@ -585,7 +586,7 @@ def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:
         if not isinstance(block, dict):
             continue
         unit = block.get("unit", "ms")
-        if unit not in GENAI_PERF_UNITS:
+        if not isinstance(unit, str) or unit not in GENAI_PERF_UNITS:
             raise ConfigError(f"{where}: {key}.unit: {unit!r} is not a time unit ({', '.join(GENAI_PERF_UNITS)})")
         for stat_key, raw in block.items():
             stat = "mean" if stat_key == "avg" else stat_key if re.fullmatch(r"p\d+(?:\.\d+)?", stat_key) else None
@@ -622,25 +623,33 @@ def _stat_name(key: str) -> str | None:
     return key if match else None
 
 
+def _object(node, path: str, where: str) -> dict:
+    """A report's block that must be a JSON object (``{}`` when absent or null)."""
+    if node is None:
+        return {}
+    if not isinstance(node, dict):
+        shape = {list: "a list", str: "text", bool: "true or false"}.get(type(node), "a number")
+        raise ConfigError(f"{where}: {path}: expected an object ({{...}}), got {shape}: {json.dumps(node)[:60]}")
+    return node
+
+
 def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
     successes, failures = data["successes"], data.get("failures")
     _refuse_all_failed(successes.get("count"), "successes.count",
                        failures.get("count") if isinstance(failures, dict) else None, "failures.count", where)
-    latency = successes.get("latency") or {}
+    latency = _object(successes.get("latency"), "successes.latency", where)
     values: dict[str, float] = {}
     keys: dict[str, str] = {}
     dropped: dict[str, str] = {}
     for key, group in INFERENCE_PERF.items():
-        block = latency.get(key)
-        if not isinstance(block, dict):
-            continue
+        block = _object(latency.get(key), f"successes.latency.{key}", where)
         for stat_key, raw in block.items():
             stat = _stat_name(stat_key)
             value = _statistic(raw, f"successes.latency.{key}.{stat_key}", where, dropped) if stat else None
             if value is not None:
                 values[f"{group}.{stat}"] = value * 1e3
                 keys[f"{group}.{stat}"] = f"successes.latency.{key}.{stat_key}"
-    throughput = successes.get("throughput") or {}
+    throughput = _object(successes.get("throughput"), "successes.throughput", where)
     for key, name in INFERENCE_PERF_RATES.items():
         value = _statistic(throughput[key], f"successes.throughput.{key}", where, dropped) if key in throughput \
             else None
@@ -705,17 +714,19 @@ def _guidellm_summary(data: dict, source: str, index: int, where: str, names: di
         raise ConfigError(f"{where}: the report's 'benchmarks' list is empty: guidellm saved no benchmark")
     if not 0 <= index < len(benchmarks):
         raise ConfigError(f"{names['index']} {index}: {source} holds benchmarks 0..{len(benchmarks) - 1}")
-    metrics = (benchmarks[index] or {}).get("metrics") or {}
+    metrics = _object(_object(benchmarks[index], f"benchmarks[{index}]", where).get("metrics"),
+                      f"benchmarks[{index}].metrics", where)
     values: dict[str, float] = {}
     keys: dict[str, str] = {}
     dropped: dict[str, str] = {}
 
-    def successful(block):
-        return (block or {}).get("successful") if isinstance(block, dict) else None
+    def successful(key):
+        path = f"benchmarks[{index}].metrics.{key}"
+        return _object(_object(metrics.get(key), path, where).get("successful"), f"{path}.successful", where)
 
     for key, (group, scale) in GUIDELLM.items():
-        dist = successful(metrics.get(key))
-        if not isinstance(dist, dict):
+        dist = successful(key)
+        if not dist:
             continue
         for stat_key in ("mean", "median"):
             value = _statistic(dist[stat_key], f"metrics.{key}.successful.{stat_key}", where, dropped) \
@@ -723,7 +734,9 @@ def _guidellm_summary(data: dict, source: str, index: int, where: str, names: di
             if value is not None:
                 values[f"{group}.{_stat_name(stat_key)}"] = value * scale
                 keys[f"{group}.{_stat_name(stat_key)}"] = f"metrics.{key}.successful.{stat_key}"
-        for stat_key, raw in (dist.get("percentiles") or {}).items():
+        percentiles = _object(dist.get("percentiles"), f"benchmarks[{index}].metrics.{key}.successful.percentiles",
+                              where)
+        for stat_key, raw in percentiles.items():
             stat = _guidellm_percentile(stat_key)
             value = _statistic(raw, f"metrics.{key}.successful.percentiles.{stat_key}", where, dropped) if stat \
                 else None
@@ -731,12 +744,12 @@ def _guidellm_summary(data: dict, source: str, index: int, where: str, names: di
                 values[f"{group}.{stat}"] = value * scale
                 keys[f"{group}.{stat}"] = f"metrics.{key}.successful.percentiles.{stat_key}"
     for key, name in GUIDELLM_RATES.items():
-        dist = successful(metrics.get(key)) or {}
+        dist = successful(key)
         value = _statistic(dist["mean"], f"metrics.{key}.successful.mean", where, dropped) if "mean" in dist \
             else None
         if value is not None:
             values[name] = value
-    count = _number((successful(metrics.get("request_latency")) or {}).get("count"))
+    count = _number(successful("request_latency").get("count"))
     label = f"{source} (benchmark {index} of {len(benchmarks)})" if len(benchmarks) > 1 else source
     _refuse_all_failed(count, "metrics.request_latency.successful.count", None, "",
                        f"{where} (benchmark {index})" if len(benchmarks) > 1 else where)

@@ -352,6 +352,45 @@ def test_guidellm_report_by_hand(tmp_path):
         read_summary(path, index=2)
 
 
+def _reshaped(data: dict, path: tuple, value):
+    """``data`` with the value at ``path`` (keys and list indices) replaced."""
+    data = json.loads(json.dumps(data))
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("benchmarks", 0), [1, 2], "benchmarks[0]: expected an object ({...}), got a list: [1, 2]"),
+    (("benchmarks", 0, "metrics"), "x", 'benchmarks[0].metrics: expected an object ({...}), got text: "x"'),
+    (("benchmarks", 0, "metrics", "request_latency"), 5,
+     "benchmarks[0].metrics.request_latency: expected an object ({...}), got a number: 5"),
+    (("benchmarks", 0, "metrics", "time_to_first_token_ms", "successful"), [],
+     "benchmarks[0].metrics.time_to_first_token_ms.successful: expected an object ({...}), got a list: []"),
+    (("benchmarks", 0, "metrics", "time_to_first_token_ms", "successful", "percentiles"), [0.1],
+     "benchmarks[0].metrics.time_to_first_token_ms.successful.percentiles: expected an object"),
+    (("successes", "latency"), [1], "successes.latency: expected an object ({...}), got a list: [1]"),
+    (("successes", "latency", "request_latency"), True, "successes.latency.request_latency: expected an object "
+                                                        "({...}), got true or false: true"),
+    (("successes", "throughput"), [3.3], "successes.throughput: expected an object ({...}), got a list"),
+])
+def test_a_report_block_of_another_shape_is_named_not_a_traceback(tmp_path, path, value, message):
+    """guidellm and inference-perf blocks that must be objects: a list, text or a number there
+    raised AttributeError ('list' object has no attribute 'get') as a raw traceback."""
+    metric = {"successful": {"mean": 1.0, "count": 8, "percentiles": {"p50": 1.0}}}
+    good = {"benchmarks": [{"metrics": {"time_to_first_token_ms": metric, "request_latency": metric}}]} \
+        if path[0] == "benchmarks" else \
+        {"successes": {"count": 8, "latency": {"request_latency": {"mean": 2.5}},
+                       "throughput": {"requests_per_sec": 6.5}}, "failures": {}, "load_summary": {}}
+    assert read_summary(_write(tmp_path / "good.json", good)).values
+    bad = _write(tmp_path / "bad.json", _reshaped(good, path, value))
+    with pytest.raises(ConfigError) as info:
+        read_summary(bad)
+    assert str(info.value).startswith(f"--target {bad}: {message}")
+
+
 SCRAPE = """# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 2.0

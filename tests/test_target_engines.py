@@ -318,6 +318,9 @@ def test_an_aiperf_report_reads_its_units_and_inter_chunk_latency(tmp_path):
         read_summary(path)
     assert str(info.value) == f"--target {path}: time_to_first_token.unit: 'minutes' is not a time unit (ns, us, ms, " \
                               f"sec, s)"
+    path = _write(tmp_path / "odd.json", {"time_to_first_token": {"unit": ["ms"], "avg": 1.0}})
+    with pytest.raises(ConfigError, match=r"time_to_first_token.unit: \['ms'\] is not a time unit"):  # not a TypeError
+        read_summary(path)
 
 
 def test_a_non_streaming_genai_perf_run_keeps_its_latency_and_rates(tmp_path):
