@@ -48,6 +48,18 @@ def test_both_record_formats_and_a_failure_by_hand(tmp_path):
     assert measured.tpot_ms.tolist() == pytest.approx([(700.0 - 100.0) / 4, (450.0 - 50.0) / 2])
 
 
+def test_a_content_part_whose_text_is_not_text_is_skipped():
+    """Chat content parts: only string texts count (a null or an object there raised TypeError)."""
+    from schedlab_plugins.workloads.inference_perf import prompt_text
+
+    payload = {"messages": [{"role": "user", "content": [{"type": "text", "text": None},
+                                                          {"type": "text", "text": {"a": 1}},
+                                                          {"type": "text", "text": "hi"},
+                                                          {"type": "image_url", "image_url": {"url": "x"}}]},
+                            {"role": "user", "content": "there"}]}
+    assert prompt_text(payload) == "hi\nthere"
+
+
 def test_prefix_blocks_from_text_by_hand():
     """48 characters over 15 tokens (the prompts with text): 3.2 a token, blocks of 2 tokens =
     round(6.4) = 6 characters.
@@ -106,6 +118,8 @@ output = { dist = "uniform", low = 2, high = 120 }
     ([record(1.0, 2.0, {}, {"input_tokens": 5})], "request 0: info holds no output token count"),
     ([record(2.0, 1.0, {}, {"input_tokens": 5, "output_tokens": 2})], "end_time 1.0 is before start_time 2.0"),
     ([record(1.0, 2.0, {}, None, error={"error_type": "x"})], r"no successful requests \(1 failed\)"),
+    ([record(1.0, 2.0, {}, {"input_tokens": 10**20, "output_tokens": 2})],   # was an OverflowError
+     r"request 0: input tokens: must be a whole number from 1 to 10\*\*8, got 100000000000000000000"),
 ])
 def test_bad_reports_are_named(tmp_path, content, message):
     with pytest.raises(WorkloadError, match=message):

@@ -73,6 +73,10 @@ def test_vllm_log_token_ids_from_a_prompts_file(tmp_path):
      "line 1: input_toks: must be >= 1"),
     ({"input_toks": 5, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 0.5, "last_token_ts": 1.3},
      "line 1: timestamps out of order"),
+    ({"input_toks": 10**20, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.2, "last_token_ts": 1.3},
+     r"line 1: input_toks: must be at most 10\*\*8, got 100000000000000000000"),   # was an OverflowError
+    ({"input_toks": 5, "output_toks": 10**9, "queued_ts": 1.0, "first_token_ts": 1.2, "last_token_ts": 1.3},
+     r"line 1: output_toks: must be at most 10\*\*8"),
 ])
 def test_vllm_log_errors_name_the_line(tmp_path, row, message):
     with pytest.raises(WorkloadError, match=message):

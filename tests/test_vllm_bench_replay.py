@@ -209,12 +209,28 @@ def test_a_server_log_is_still_compared_with_the_simulated_engine(tmp_path):
     ({"queue_times": [0.0, -1.0]}, r"queue_times\[1\]: must be a number of seconds >= 0"),
     ({"server_ttfts": [0.1, "y"]}, r"server_ttfts\[1\]: must be a number of seconds >= 0"),
     ({"itls": [[0.01], 5]}, r"itls\[1\]: must be a list of seconds"),
+    # a successful request's bad length was read before its type was checked (a TypeError), or
+    # dropped it in silence (-3, null); a count past 10**8 overflowed int64
+    ({"output_lens": [2, "2"]}, r"output_lens\[1\]: must be a whole number from 0 to 10\*\*8, got '2'"),
+    ({"output_lens": [2, -3]}, r"output_lens\[1\]: must be a whole number from 0 to 10\*\*8, got -3"),
+    ({"output_lens": [None, 2]}, r"output_lens\[0\]: must be a whole number from 0 to 10\*\*8, got None"),
+    ({"input_lens": [10, 10**20]}, r"input_lens\[1\]: must be a whole number from 1 to 10\*\*8, got "),
+    ({"input_lens": [10, 10**9]}, r"input_lens\[1\]: must be a whole number from 1 to 10\*\*8, got 1000000000"),
 ])
 def test_bad_files_are_refused_naming_the_field(tmp_path, change, message):
     result = bench_result([10, 20], [2, 2], [0.1, 0.1], [[0.01], [0.01]], [1.0, 1.5])
     result.update(change)
     with pytest.raises(WorkloadError, match=message):
         load_vllm_bench(write(tmp_path, result))
+
+
+def test_a_failed_requests_lengths_are_not_read_and_an_empty_answer_is_left_out_with_a_warning(tmp_path):
+    result = bench_result([10, 20, 30], [2, 0, 2], [0.1, 0.1, 0.1], [[0.01], [], [0.01]], [1.0, 1.5, 2.0])
+    result["errors"] = ["", "", "timed out"]
+    result["output_lens"][2] = None   # whatever a failed request holds
+    with pytest.warns(InputWarning, match=r"1 of the 2 requests without an error have output_lens 0"):
+        bench = load_vllm_bench(write(tmp_path, result))
+    assert list(bench.columns.prompt_tokens) == [10]
 
 
 # -- the real client (needs vLLM) ---------------------------------------------------------------------

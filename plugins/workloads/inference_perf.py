@@ -42,7 +42,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from schedlab.configs import int_field, is_finite_number, path_field, str_field
+from schedlab.configs import MAX_TOKENS, bound_text, int_field, is_finite_number, path_field, str_field
 from schedlab.errors import WorkloadError
 
 from .columns import OpenLoopWorkload, RequestColumns
@@ -89,9 +89,10 @@ def _first(record: dict, *paths):
 
 
 def whole_tokens(where: str, key: str, value) -> int:
-    """A token count >= 1, or WorkloadError naming ``where`` and ``key``."""
-    if not is_finite_number(value) or value != int(value) or value < 1:
-        raise WorkloadError(f"{where}: {key}: must be a whole number >= 1, got {show_value(value)}")
+    """A token count from 1 to MAX_TOKENS, or WorkloadError naming ``where`` and ``key``."""
+    if not is_finite_number(value) or value != int(value) or not 1 <= value <= MAX_TOKENS:
+        raise WorkloadError(f"{where}: {key}: must be a whole number from 1 to {bound_text(MAX_TOKENS)}, got "
+                            f"{show_value(value)}")
     return int(value)
 
 
@@ -128,7 +129,7 @@ def prompt_text(payload: dict) -> str | None:
             if isinstance(content, str):
                 parts.append(content)
             elif isinstance(content, list):  # content parts: keep the text ones
-                parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+                parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
         return "\n".join(parts)
     return None
 

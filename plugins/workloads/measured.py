@@ -41,7 +41,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from schedlab.configs import MAX_TIME_MS, int_field, is_finite_number, path_field, str_field
+from schedlab.configs import MAX_TIME_MS, MAX_TOKENS, bound_text, int_field, is_finite_number, path_field, str_field
 from schedlab.errors import InputWarning, WorkloadError
 
 from .arrivals import arrivals_ms, unit_gaps
@@ -121,7 +121,7 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
-def _number(path, line, row, key, *, whole=False, minimum=None):
+def _number(path, line, row, key, *, whole=False, minimum=None, maximum=None):
     if key not in row:
         raise WorkloadError(f"{path}: line {line}: missing field {key!r}")
     value = row[key]
@@ -131,6 +131,8 @@ def _number(path, line, row, key, *, whole=False, minimum=None):
         raise WorkloadError(f"{path}: line {line}: {key}: must be a whole number, got {value!r}")
     if minimum is not None and value < minimum:
         raise WorkloadError(f"{path}: line {line}: {key}: must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise WorkloadError(f"{path}: line {line}: {key}: must be at most {bound_text(maximum)}, got {value!r}")
     return int(value) if whole else float(value)
 
 
@@ -175,8 +177,8 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     token_lists: list = []
     given_ids: list = []
     for i, (line, row) in enumerate(rows):
-        prompt[i] = _number(path, line, row, "input_toks", whole=True, minimum=1)
-        output[i] = _number(path, line, row, "output_toks", whole=True, minimum=1)
+        prompt[i] = _number(path, line, row, "input_toks", whole=True, minimum=1, maximum=MAX_TOKENS)
+        output[i] = _number(path, line, row, "output_toks", whole=True, minimum=1, maximum=MAX_TOKENS)
         for key in TIMESTAMPS:
             stamps[key][i] = _number(path, line, row, key)
         scheduled[i] = _number(path, line, row, "scheduled_ts") if "scheduled_ts" in row else np.nan
@@ -349,6 +351,13 @@ def ramp_rates(ramp: tuple[str, float, float], total: int) -> np.ndarray:
     return start * (end / start) ** progress
 
 
+def _bench_tokens(path, key: str, i: int, value, minimum: int = 1) -> None:
+    """A token count of a ``vllm bench serve`` file: a whole number from ``minimum`` to MAX_TOKENS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_TOKENS:
+        raise WorkloadError(f"{path}: {key}[{i}]: must be a whole number from {minimum} to {bound_text(MAX_TOKENS)}, "
+                            f"got {show_value(value)}")
+
+
 def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None) -> BenchRun:
     """The successful requests of a ``vllm bench serve --save-result --save-detailed`` file
     (vLLM's ``vllm/benchmarks/serve.py``; lists aligned with ``input_lens``, times in seconds):
@@ -371,7 +380,14 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     ttfts = _bench_list(path, data, "ttfts", n)
     itls = _bench_list(path, data, "itls", n)
     errors = _bench_list(path, data, "errors", n, required=False) or [""] * n
-    keep = [i for i in range(n) if not errors[i] and outputs[i] and outputs[i] >= 1][:limit]
+    succeeded = [i for i in range(n) if not errors[i]]
+    for i in succeeded:  # a failed request's lengths are 0 (vLLM's RequestFuncOutput), whatever it holds
+        _bench_tokens(path, "output_lens", i, outputs[i], minimum=0)
+    empty = sum(outputs[i] == 0 for i in succeeded)
+    if empty:
+        warnings.warn(f"{path}: {empty} of the {len(succeeded)} requests without an error have output_lens 0 (the "
+                      f"answer's text was empty): left out of the replay", BenchReplayWarning, stacklevel=3)
+    keep = [i for i in succeeded if outputs[i] >= 1][:limit]
     if not keep:
         raise WorkloadError(f"{path}: no successful requests")
     rate = data.get("request_rate", "inf")
@@ -388,10 +404,8 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     cap = data.get("max_concurrency")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise WorkloadError(f"{path}: max_concurrency: must be a whole number >= 1 or null, got {cap!r}")
-    for key, values in (("input_lens", inputs), ("output_lens", outputs)):
-        for i in keep:
-            if isinstance(values[i], bool) or not isinstance(values[i], int) or values[i] < 1:
-                raise WorkloadError(f"{path}: {key}[{i}]: must be a whole number >= 1, got {values[i]!r}")
+    for i in keep:
+        _bench_tokens(path, "input_lens", i, inputs[i])
     for i in keep:
         if not isinstance(itls[i], list):
             raise WorkloadError(f"{path}: itls[{i}]: must be a list of seconds, got {itls[i]!r}")
