@@ -81,7 +81,7 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
         sys.path.insert(0, folder)
         importlib.invalidate_caches()  # (the folder's files may be newer than a cached listing of it)
     try:
-        return importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if folder is not None and (module_name == missing or module_name.startswith(missing + ".")):
@@ -100,6 +100,37 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
                 del sys.path[0]
             elif folder in sys.path:
                 sys.path.remove(folder)
+    if folder is not None:
+        _refuse_shadowed(module_name, folder, source)
+    return module
+
+
+def _refuse_shadowed(module_name: str, folder: str, source: str | None) -> None:
+    """A module of the experiment's folder that Python did not import, because a module of the same
+    name was imported first (the standard library's ``json``, an installed package, another
+    experiment's file in this process): Python keeps the first, so the folder's file would be
+    silently ignored."""
+    top = module_name.partition(".")[0]
+    local = next((p for p in (os.path.join(folder, f"{top}.py"), os.path.join(folder, top, "__init__.py"))
+                  if os.path.isfile(p)), None)
+    if local is None:
+        return
+    origin = getattr(sys.modules.get(top), "__file__", None)
+    if origin is not None and (os.path.realpath(origin) == os.path.realpath(local) or _same_bytes(origin, local)):
+        return   # (the same file, or a copy of it: a hunt's reproducer folder carries one)
+    where = f"{source}: [experiment] plugins: " if source else ""
+    raise ConfigError(f"{where}plugin module {module_name!r}: {local} is not the module Python uses for that name: "
+                      f"{origin or 'a module built into Python'} was imported first (a standard-library or installed "
+                      f"module, or another folder's file of that name); rename {os.path.basename(local)} (and the "
+                      f"name in plugins = [...])")
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    try:
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            return fa.read() == fb.read()
+    except OSError:
+        return False
 
 
 def _import_plugin(pm: pluggy.PluginManager, module_name: str, *, provider: str,

@@ -362,3 +362,36 @@ def test_loading_plugins_reads_the_metadata_of_schedlab_plugins_only(monkeypatch
     monkeypatch.setattr(importlib.metadata, "distributions", lambda: iter([Untouchable()] * 50))
     catalog = load_catalog(())
     assert "vllm" in catalog.registries["scheduler"]
+
+
+TWIN = """
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("twin-{n}", StaticScheduler, config=StaticConfig)
+"""
+
+
+def test_a_folders_module_that_python_did_not_import_is_named_not_ignored(tmp_path, modules):
+    """Python keeps the first module of a name: a plugin file named like a standard-library module
+    (json.py), or like another folder's plugin already imported in this process, was silently
+    replaced by that module ('implements no schedlab hook', or the other file's plugins)."""
+    first, second, copy = tmp_path / "first", tmp_path / "second", tmp_path / "copy"
+    for folder in (first, second, copy):
+        folder.mkdir()
+        (folder / "exp.toml").write_text('[experiment]\nplugins = ["twin_mod"]\n'
+                                         '[workload]\nkind = "file"\npath = "x.json"\n')
+    write_module(first, "twin_mod", TWIN.format(n=1), modules)
+    write_module(second, "twin_mod", TWIN.format(n=2), modules)
+    write_module(copy, "twin_mod", TWIN.format(n=1), modules)
+    assert "twin-1" in load_catalog(["twin_mod"], plugin_dir=first)["scheduler"].names()
+    with pytest.raises(ConfigError) as info:
+        load_catalog(["twin_mod"], plugin_dir=second, source="second/exp.toml")
+    assert str(info.value) == (
+        f"second/exp.toml: [experiment] plugins: plugin module 'twin_mod': {second / 'twin_mod.py'} is not the module "
+        f"Python uses for that name: {first / 'twin_mod.py'} was imported first (a standard-library or installed "
+        f"module, or another folder's file of that name); rename twin_mod.py (and the name in plugins = [...])")
+    assert "twin-1" in load_catalog(["twin_mod"], plugin_dir=copy)["scheduler"].names()   # a copy is the same module
+    write_module(first, "json", TWIN.format(n=3), modules[:0])   # (json stays imported: it is the standard library's)
+    with pytest.raises(ConfigError, match=r"plugin module 'json': .*json\.py is not the module Python uses for that "
+                                          r"name: .*json[/\\]__init__\.py was imported first"):
+        load_catalog(["json"], plugin_dir=first)
