@@ -392,6 +392,8 @@ def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | No
     if base_dir is not None:
         for name, a in fields.items():
             value = values.get(name)
+            if a.metadata.get("path") and name not in values and isinstance(a.default, str):
+                value = a.default   # a plugin's default file, like one written in the table: beside the experiment
             if a.metadata.get("path") and isinstance(value, str) and value.strip():
                 values[name] = str(Path(base_dir, os.path.expanduser(value)))
             elif a.metadata.get("table") and isinstance(value, dict):

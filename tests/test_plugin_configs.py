@@ -342,3 +342,18 @@ def test_plugins_with_a_file_that_names_a_clashing_module_is_an_error(tmp_path, 
     assert main(["plugins", str(exp)]) == 2
     assert capsys.readouterr().err == ("schedlab: error: scheduler 'static' is registered twice: by "
                                        "schedlab_plugins.schedulers (built-in) and by clash_for_plugins\n")
+
+
+def test_a_path_fields_default_is_read_beside_the_experiment_as_a_written_one_is(tmp_path):
+    """A plugin's ``path_field("costs.json")`` default was left relative to the working folder, so
+    the run found the file only when started from the experiment's folder."""
+    from schedlab.configs import from_table, path_field
+
+    @attrs.frozen
+    class Costs:
+        path: str = path_field("costs.json", help="the costs")
+        other: str | None = path_field(None, optional=True)
+
+    assert from_table(Costs, {}, where="t", base_dir=tmp_path) == Costs(path=str(tmp_path / "costs.json"))
+    assert from_table(Costs, {"path": "b.json"}, where="t", base_dir=tmp_path).path == str(tmp_path / "b.json")
+    assert from_table(Costs, {}, where="t").path == "costs.json"   # (no experiment file: as given)
