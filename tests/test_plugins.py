@@ -205,6 +205,25 @@ def test_iteration_observer_is_opt_in_and_sees_every_iteration(tmp_path):
     assert plain.meta["events"] < run.meta["events"] == 30   # without an observer, decode runs are bulk
 
 
+def test_run_started_sees_the_runs_resolved_tables_as_config_json_holds_them(tmp_path):
+    """The hook's settings were the tables as written: no [scheduler] table when the file had
+    none, and a [[runs]] scheduler without its kind."""
+    started = {}
+
+    class Observer:
+        @schedlab.hookimpl
+        def schedlab_run_started(self, run_name, settings):
+            started[run_name] = settings
+
+    (tmp_path / "reqs.json").write_text('[{"prompt_tokens": 4, "output_tokens": 3}]')
+    (tmp_path / "exp.toml").write_text('[workload]\nkind = "file"\npath = "reqs.json"\n'
+                                       '[[runs]]\nname = "a"\n[[runs]]\nname = "b"\nscheduler = {max_num_seqs = 3}\n')
+    runs = {r.name: r for r in run_experiment(load(tmp_path / "exp.toml", plugin_objects=(Observer(),))).all_runs()}
+    assert started == {name: run.settings for name, run in runs.items()}
+    assert started["a"]["scheduler"]["kind"] == started["b"]["scheduler"]["kind"] == "continuous"
+    assert started["b"]["scheduler"]["max_num_seqs"] == 3 and "kind" in started["a"]["cost_model"]
+
+
 def test_third_party_plugin_is_discovered_from_the_entry_point_group(tmp_path, monkeypatch):
     """A package publishing `[project.entry-points.schedlab]` is found without being named."""
     (tmp_path / "fancy_sched.py").write_text(textwrap.dedent("""

@@ -26,6 +26,7 @@ from ..results.records import ExperimentResults, RunResult
 from .drivers import FixedDriver, StudySearchDriver
 from .executor import Executor
 from .planner import PlanDriver
+from .simulation import _tables_with_defaults
 from .spec import point_spec
 from .tasks import ContextSpec, RunTask, TaskFailure
 
@@ -74,7 +75,9 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                     continue
                 task_spec = job.task_spec(index)
                 job.started = True
-                hook.schedlab_run_started(run_name=task_spec.name, settings=task_spec.tables)
+                # the tables as the run resolves them (and as config.json and RunResult.settings hold them)
+                hook.schedlab_run_started(run_name=task_spec.name,
+                                          settings=_tables_with_defaults(task_spec.tables, exp.context))
                 future = executor.submit(RunTask(task_spec, ctx_spec, exp.config.timeline, exp.config.record()))
                 in_flight[future] = (number, index, job)
             if not in_flight:
