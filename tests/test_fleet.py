@@ -697,10 +697,37 @@ def test_the_fleet_report_says_why_it_writes_nothing_for_runs_under_two_hours(tm
     assert FleetReport(stream=stream).write(results, tmp_path / "out") == []
     makespan = results.all_runs()[0].metrics["makespan_ms"]
     assert makespan < 60e3  # (said in seconds)
-    assert stream.getvalue() == (f"schedlab: fleet report: no run lasts 2 hours or more (the longest: "
-                                 f"{makespan / 1e3:.0f} s), the least that has per-hour figures; fleet.txt and "
-                                 "plots/fleet.png not written\n")
+    assert stream.getvalue() == (f"schedlab: fleet report: no run lasts 2 hours or more (the longest makespan, "
+                                 f"first arrival to last finish: {makespan / 1e3:.0f} s), the least that has per-hour "
+                                 "figures; fleet.txt and plots/fleet.png not written\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("ms, shown", [(7_197_398.0, "1 h 59 min 57 s"), (7_199_999.9, "1 h 59 min 59 s"),
+                                       (3_600_000.0, "1 h 0 min 0 s"), (5_400_500.0, "1 h 30 min 0 s")])
+def test_a_run_just_short_of_two_hours_is_not_said_to_last_two(ms, shown):
+    """A 2-hour day whose last request ends 2.6 s before 2:00 read "(the longest: 2.0 h)" beside
+    "no run lasts 2 hours": past an hour the length is cut to the second, never rounded up."""
+    from schedlab_plugins.reports.fleet import nothing_written
+
+    results = SimpleNamespace(all_runs=lambda: [SimpleNamespace(metrics={"makespan_ms": ms})])
+    assert nothing_written(results) == (
+        f"schedlab: fleet report: no run lasts 2 hours or more (the longest makespan, first arrival to last finish: "
+        f"{shown}), the least that has per-hour figures; fleet.txt and plots/fleet.png not written")
+
+
+def test_the_fleet_table_of_runs_without_slo_shows_no_attainment():
+    """Without [slo] a run has no attainment (NaN hours, no slo metrics): '-' as ups/downs shows,
+    not 'nan%'."""
+    from schedlab.results import RunResult
+    from schedlab_plugins.reports.fleet import fleet_table
+
+    hourly = {"0": {"requests": 10, "slo_attainment": math.nan, "gpu_hours": 2.0}}
+    metrics = {"requests": 1234, "gpu_hours": 2.5, "hourly": hourly}
+    runs = [RunResult("fixed", {}, {}, {}, {}, {}, {}, {}, metrics, {})]
+    assert fleet_table(runs, 2.0) == (
+        "run                         requests  GPU-hours    cost $  SLO attained  worst hour  ups/downs\n"
+        "fixed                          1,234        2.5         5             -           -          -\n")
 
 
 def test_the_fleet_table_without_power_is_as_before():
@@ -951,3 +978,49 @@ def load_fleet(tmp_path, *overrides):
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET)
     return load(path, list(overrides))
+
+
+# -- an instant KV link ------------------------------------------------------------------------------------
+
+INSTANT_LINK = """
+[experiment]
+name = "instant"
+reports = []
+
+[workload]
+kind = "synthetic"
+num_requests = 40
+rate = 20
+prompt = {dist = "uniform", low = 20, high = 400}
+output = {dist = "uniform", low = 2, high = 30}
+
+[scheduler]
+kind = "continuous"
+
+[kv_cache]
+kind = "paged"
+num_blocks = 2000
+
+[cost_model]
+kind = "linear"
+
+[cluster]
+mode = "disaggregated"
+prefill = {instances = 1}
+decode = {instances = 2}
+link = {bandwidth_gbps = inf, latency_us = 0}
+router = {kind = "round_robin"}
+"""
+
+
+def test_an_infinite_link_bandwidth_moves_the_kv_at_once_in_both_engines(tmp_path):
+    """[cluster.link] bandwidth_gbps = inf is an instant link (its help says so; a cache without
+    bytes per block needs no more): every transfer takes 0 ms, the same in both engines."""
+    runs = [fleet_run(tmp_path, f"experiment.engine={engine}", text=INSTANT_LINK) for engine in ENGINES]
+    for run in runs:
+        q = run.requests
+        moved = q["kv_pulled_ms"] >= 0
+        assert moved.sum() == 40
+        np.testing.assert_array_equal(q["kv_landed_ms"][moved], q["kv_pulled_ms"][moved])
+        assert run.metrics["transfer"]["transfer_ms"]["max"] == 0.0
+    compare_runs(*runs, rel=1e-9)

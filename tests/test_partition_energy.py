@@ -279,3 +279,23 @@ def test_a_partitioned_clocked_run_is_the_single_process(tmp_path, engine, clock
         np.testing.assert_array_equal(split.requests[column], whole.requests[column])
     assert_same_energy(split, whole)
     check_energy(split)
+
+
+# -- more parts than instances ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("power", ["", f"power={POWERS['fixed']}"])
+def test_more_parts_than_instances_are_refused_when_the_file_is_read(tmp_path, power):
+    """A part would have no instance (with [power]: an IndexError from its empty meters): one line
+    naming [cluster] partitions and instances, before anything runs; as many parts as instances run."""
+    from schedlab.errors import ConfigError
+
+    base = ("cluster.instances=2", 'cluster.router={kind = "round_robin"}') + ((power,) if power else ())
+    (tmp_path / "run.toml").write_text(MIXED)
+    with pytest.raises(ConfigError, match=r"^\S*run\.toml: \[cluster\]: partitions: 3 is more than instances \(2\): "
+                                          r"part p simulates the instances i with i % partitions = p, so a part would "
+                                          r"have none; set partitions to at most instances "
+                                          r"\(from --set cluster\.partitions=3\)$"):
+        load(tmp_path / "run.toml", [*base, "cluster.partitions=3"])
+    split = experiment(tmp_path, *base, "cluster.partitions=2").all_runs()[0]
+    assert split.meta["partitions"] == 2

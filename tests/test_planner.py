@@ -299,3 +299,27 @@ def test_when_nothing_meets_the_constraints_the_message_says_the_best_reached(tm
         f"no deployment meets slo.attainment >= {TARGET} and tpot_ms.p99 <= 2 within 2 instances of any candidate; "
         f"best tpot_ms.p99 reached: {best.metrics['tpot_ms']['p99']:.4g} ({where}); "
         "raise max_instances or widen the space")
+
+
+def test_a_plan_over_an_autoscaled_cluster_names_its_min_instances(tmp_path):
+    """A plan tries from [plan] min_instances (1 unless set): autoscaling needs 2, and the message
+    names the plan's key, not [cluster] instances, which the plan does not read; 2 loads."""
+    router = 'router = {kind = "least_outstanding"}'
+    scaled = PLAN.replace(router, router + '\nautoscaler = {kind = "queue_length", min_instances = 1, interval_s = 5}')
+    (tmp_path / "p.toml").write_text(scaled)
+    with pytest.raises(ConfigError, match=r"\[plan\]: min_instances: 1: the run's \[cluster\] autoscaler needs at "
+                                          r"least 2 instances to scale between; set \[plan\] min_instances >= 2$"):
+        load(tmp_path / "p.toml")
+    (tmp_path / "two.toml").write_text(scaled.replace("[plan]\n", "[plan]\nmin_instances = 2\n"))
+    assert load(tmp_path / "two.toml").studies[0].plan.min_instances == 2
+
+
+def test_a_sweep_over_instances_of_an_autoscaled_cluster_names_its_point(tmp_path):
+    """A sweep's point set the instances, not [cluster] instances: the message says so."""
+    router = 'router = {kind = "least_outstanding"}'
+    scaled = BASE.replace(router, router + '\nautoscaler = {kind = "queue_length", min_instances = 1}') \
+                 .replace('model = "llama-3-8b"', 'model = "llama-3-8b"\ngpu = "l4"')
+    (tmp_path / "s.toml").write_text(scaled + '\n[sweep]\n"cluster.instances" = [1, 2]\n')
+    with pytest.raises(ConfigError, match=r"autoscaling needs at least 2 instances \(the most that can serve\), but "
+                                          r"this point's cluster.instances is 1: sweep or search it from 2$"):
+        load(tmp_path / "s.toml")

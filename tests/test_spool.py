@@ -102,3 +102,28 @@ def test_a_saved_run_takes_its_rows_and_the_owner_removes_nothing_else(tmp_path)
     os.replace(moved, tmp_path / "results.parquet")  # a results folder took it
     assert owned.discard() == [str(kept)]
     assert sorted(os.listdir(tmp_path)) == ["results.parquet"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_saved_rows_get_the_usual_permissions(tmp_path, monkeypatch, umask):
+    """A spool file is made 0600 (mkstemp): once in a results folder its rows are read like the
+    folder's other files, 0666 less the umask, whether moved out of the spool or copied."""
+    import stat
+
+    from schedlab.results.storage import save
+    from schedlab.study.experiment import load, run_experiment
+
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    (tmp_path / "exp.toml").write_text(EXPERIMENT)
+    old = os.umask(umask)
+    try:
+        results = run_experiment(load(tmp_path / "exp.toml"))
+        save(results, tmp_path / "out")  # moved from the spool
+        save(results, tmp_path / "copy")  # copied from the first folder
+    finally:
+        os.umask(old)
+    for folder in ("out", "copy"):
+        rows = sorted((tmp_path / folder / "requests").iterdir())
+        assert len(rows) == 2
+        for path in rows + [tmp_path / folder / "summary.json"]:
+            assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path

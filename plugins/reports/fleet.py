@@ -46,9 +46,13 @@ def fleet_runs(results) -> list:
 
 
 def _duration(ms: float) -> str:
-    """``45 s``, ``1.0 min``, ``1.5 h``."""
+    """``45 s``, ``1.0 min``; an hour or more ``1 h 59 min 57 s``, cut to the second (not rounded: a
+    run just short of the 2 hours that give per-hour figures must not read as 2.0 h)."""
     if not ms < 60e3:
-        return f"{ms / 60e3:.1f} min" if ms < 3.6e6 else f"{ms / 3.6e6:.1f} h"
+        if ms < 3.6e6:
+            return f"{ms / 60e3:.1f} min"
+        seconds = int(ms // 1e3)
+        return f"{seconds // 3600} h {seconds // 60 % 60} min {seconds % 60} s"
     return f"{ms / 1e3:.0f} s"
 
 
@@ -56,7 +60,7 @@ def nothing_written(results) -> str:
     """Why no run has per-hour figures: one line for stderr."""
     lengths = [run.metrics.get("makespan_ms") for run in results.all_runs()]
     lengths = [ms for ms in lengths if isinstance(ms, (int, float)) and math.isfinite(ms)]
-    longest = f" (the longest: {_duration(max(lengths))})" if lengths else ""
+    longest = f" (the longest makespan, first arrival to last finish: {_duration(max(lengths))})" if lengths else ""
     return (f"schedlab: fleet report: no run lasts {HOURLY_FROM_MS / 3.6e6:g} hours or more{longest}, the least "
             "that has per-hour figures; fleet.txt and plots/fleet.png not written")
 
@@ -119,7 +123,7 @@ def fleet_table(runs: list, price: float, kwh_usd: float | None = None, per_hour
         moves = f"{fleet['scale_ups']}/{fleet['scale_downs']}" if fleet else "-"
         attained = m.get("slo", {}).get("attainment", math.nan)
         line = (f"{run.name:<24} {m['requests']:>11,} {m['gpu_hours']:>10.1f} {m['gpu_hours'] * price:>9.0f} "
-                f"{attained:>13.2%} {worst:>11.2%} {moves:>10}")
+                f"{_share(attained):>13} {_share(worst):>11} {moves:>10}")
         if energy:
             kwh = m["energy"]["kwh"] if metered(run) else None
             line += f" {kwh:>10,.2f}" if kwh is not None else f" {'-':>10}"
@@ -130,6 +134,11 @@ def fleet_table(runs: list, price: float, kwh_usd: float | None = None, per_hour
         lines += [""] + energy_notes(runs, kwh_usd if priced else None,
                                      per_hour if per_hour is not None else [hourly_kwh(run) for run in runs])
     return "\n".join(lines) + "\n"
+
+
+def _share(value: float) -> str:
+    """``95.00%``, or ``-`` where there is none (a run without ``[slo]``: NaN)."""
+    return "-" if math.isnan(value) else f"{value:.2%}"
 
 
 def energy_notes(runs: list, kwh_usd: float | None, per_hour: list) -> list[str]:

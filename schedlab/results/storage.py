@@ -274,7 +274,7 @@ def save_streamed_rows(runs: list[RunResult], out: Path) -> list[Path]:
     """Put each streamed run's file of rows (see :mod:`schedlab.results.stream`) into
     ``requests/``; ``requests.csv`` holds only its sample. A file still in the spool (a run's
     rows can be gigabytes) is moved, not copied, and the run points at its new place; one
-    already in a results folder is copied."""
+    already in a results folder is copied. Either gets the usual permissions (0666 less the umask)."""
     written = []
     for run in runs:
         if run.rows_file and os.path.exists(run.rows_file):
@@ -290,6 +290,7 @@ def save_streamed_rows(runs: list[RunResult], out: Path) -> list[Path]:
                 run.rows_file = str(path)
             else:
                 shutil.copyfile(source, tmp)
+            os.chmod(tmp, usual_mode())  # as every result file (a spool file is made 0600)
             os.replace(tmp, path)
             written.append(path)
     return written

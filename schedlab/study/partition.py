@@ -128,21 +128,29 @@ def _concat(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def _add_cost_totals(metrics: dict, parts: list[RunResult]) -> None:
-    """The cost model's per-request totals are sums: add the parts' up."""
+    """The cost model's per-request totals are sums over the finished requests: add the parts' up.
+    A part that finished none has no totals (as a run that finished none) and adds nothing; the run
+    has them when a part that finished some has them."""
     totals = [p.metrics.get("cost", {}) for p in parts]
-    if all("total_prefill_ms" in t for t in totals):
-        pre = sum(t["total_prefill_ms"] for t in totals)
-        dec = sum(t["total_decode_ms"] for t in totals)
-        metrics["cost"].update(total_prefill_ms=pre, total_decode_ms=dec,
-                               decode_share=dec / (pre + dec) if pre + dec else float("nan"))
+    costed = [t for t in totals if "total_prefill_ms" in t]
+    if not costed or any("total_prefill_ms" not in t and p.metrics.get("finished") for t, p in zip(totals, parts)):
+        return
+    pre = sum(t["total_prefill_ms"] for t in costed)
+    dec = sum(t["total_decode_ms"] for t in costed)
+    metrics["cost"].update(total_prefill_ms=pre, total_decode_ms=dec,
+                           decode_share=dec / (pre + dec) if pre + dec else float("nan"))
 
 
 def _merge_streamed(name: str, parts: list[RunResult], counters: dict, timeline: dict, meta: dict) -> RunResult:
-    """Parts past ``exact_requests`` (any of them): their sketches and sums merge, their row files join."""
-    from ..results.stream import RecordSettings, RowSink
+    """Parts past ``exact_requests`` (any of them): their sketches and sums merge, their row files join.
+    The sink is a streamed part's twin -- its row format, SLO targets, client side and energy -- so
+    the rows of the parts that kept theirs count as that part's do (met SLOs, shares, sample)."""
+    from ..results.stream import RowSink
 
     first = parts[0]
-    sink = RowSink(first.stream.settings if first.stream is not None else RecordSettings())
+    like = next(p.stream for p in parts if p.stream is not None)
+    sink = RowSink(like.settings, slo=like.stats.slo or None, client_side=like.stats.client_side,
+                   energy=like.stats.metered)
     for p in parts:
         if p.stream is not None:
             sink.stats.merge(p.stream.stats)
@@ -152,9 +160,13 @@ def _merge_streamed(name: str, parts: list[RunResult], counters: dict, timeline:
             sink.itl.add_runs(p.itl["first"], p.itl["inc"], p.itl["count"], p.itl["weight"])
     sink.path = _join_row_files(parts, sink.settings.request_rows)
     meta["rejections"] = {}
+    meta["requests_sampled"] = int(sink.stats.sample["id"].size) if sink.stats.sample is not None else 0
     metrics = compute_streamed_metrics(sink.stats, counters, sink.itl, meta)
     _add_cost_totals(metrics, parts)
-    sink.stats.costed = True
+    cost = metrics["cost"]
+    sink.stats.costed = "total_prefill_ms" in cost  # the run's sums, as the metrics give them
+    if sink.stats.costed:
+        sink.stats.cost = [cost["total_prefill_ms"], cost["total_decode_ms"]]
     requests = sink.stats.sample_columns()
     empty = np.empty(0)
     itl = {"first": empty, "inc": empty, "count": empty.astype(np.int64), "weight": empty.astype(np.int64)}
@@ -168,28 +180,60 @@ def _join_row_files(parts: list[RunResult], kind: str) -> Any:
     files = [p for p in parts if p.rows_file]
     if not files:
         return None
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-    import pyarrow.parquet as pq
-
     target = files[0].rows_file + ".joined"
-    schema = (pq.read_schema(files[0].rows_file) if kind == "parquet"
-              else pcsv.open_csv(files[0].rows_file).schema)
-    writer = pq.ParquetWriter(target, schema) if kind == "parquet" else pcsv.CSVWriter(target, schema)
-    for p in parts:
-        if not p.rows_file:  # a part below the limit: its rows as one block, with its rejections' reasons
-            columns = dict(p.requests)
-            columns["reason"] = np.array([p.rejections.get(i, "") for i in columns["id"].tolist()], dtype=object)
-            writer.write_table(pa.table({name: pa.array(columns[name].tolist() if columns[name].dtype == object
-                                                        else columns[name]) for name in schema.names}).cast(schema))
-            continue
-        batches = pq.ParquetFile(p.rows_file).iter_batches() if kind == "parquet" else pcsv.open_csv(p.rows_file)
-        for batch in batches:
-            writer.write_batch(batch)
-    writer.close()
+    (_join_parquet if kind == "parquet" else _join_csv)(parts, target)
     for p in files:
         os.unlink(p.rows_file)
     final = files[0].rows_file
     os.replace(target, final)
     return final
 
+
+def _kept_rows(part: RunResult, names: list[str]):
+    """The rows a part below the limit kept in memory, with its rejections' reasons, as a table of
+    the columns ``names`` (a streamed file's, in its order)."""
+    import pyarrow as pa
+
+    columns = dict(part.requests)
+    columns["reason"] = np.array([part.rejections.get(i, "") for i in columns["id"].tolist()], dtype=object)
+    return pa.table({name: pa.array(columns[name].tolist() if columns[name].dtype == object else columns[name])
+                     for name in names})
+
+
+def _join_parquet(parts: list[RunResult], target: str) -> None:
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(next(p.rows_file for p in parts if p.rows_file))
+    writer = pq.ParquetWriter(target, schema)
+    for p in parts:
+        if p.rows_file:
+            for batch in pq.ParquetFile(p.rows_file).iter_batches():
+                writer.write_batch(batch)
+        else:
+            writer.write_table(_kept_rows(p, schema.names).cast(schema))
+    writer.close()
+
+
+def _join_csv(parts: list[RunResult], target: str) -> None:
+    """CSV files joined as text: one header, then each part's lines (a CSV reader's inferred types,
+    guessed from a file's first block, could not hold every part's values)."""
+    import csv
+    import io
+    import shutil
+
+    import pyarrow.csv as pcsv
+
+    with open(next(p.rows_file for p in parts if p.rows_file), newline="") as fh:
+        header = fh.readline()
+    names = next(csv.reader([header]))
+    with open(target, "wb") as out:
+        out.write(header.encode())
+        for p in parts:
+            if p.rows_file:
+                with open(p.rows_file, "rb") as fh:
+                    fh.readline()  # (its header: the same)
+                    shutil.copyfileobj(fh, out)
+            else:
+                buffer = io.BytesIO()
+                pcsv.write_csv(_kept_rows(p, names), buffer, pcsv.WriteOptions(include_header=False))
+                out.write(buffer.getvalue())

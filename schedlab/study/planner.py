@@ -290,6 +290,10 @@ def validate(study, ctx, where: str) -> None:
     """At load time: every GPU a preset and none named twice, and at least one candidate must
     assemble and start (else its error is the file's error)."""
     check_gpu_names(study.plan, ctx.presets, where)
+    cluster = study.base.tables.get("cluster")
+    if isinstance(cluster, dict) and cluster.get("autoscaler") is not None and study.plan.min_instances < 2:
+        raise ConfigError(f"{where} [plan]: min_instances: {study.plan.min_instances}: the run's [cluster] autoscaler "
+                          f"needs at least 2 instances to scale between; set [plan] min_instances >= 2")
     if not any(k.split(".")[0] == "slo" for k in study.plan.space):  # (a space may set the targets)
         for text in study.plan.constraints:  # a metric no run has would fail every deployment
             check_slo(parse_constraint(text).metric, [study], f"{where} [plan]: constraints")

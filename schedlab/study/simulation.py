@@ -116,6 +116,11 @@ class ClusterConfig:
         elif self.parallelism != SINGLE:
             raise FieldError("data_parallel" if self.data_parallel > 1 else "pipeline_parallel",
                              "a disaggregated cluster with data or pipeline parallelism is not modelled")
+        # (other layouts are refused with partitions when the run starts: _part_of_run)
+        if self.mode == "colocated" and self.parallelism == SINGLE and 1 < self.instances < self.partitions:
+            raise FieldError("partitions", f"{self.partitions} is more than instances ({self.instances}): part p "
+                                           "simulates the instances i with i % partitions = p, so a part would have "
+                                           "none; set partitions to at most instances")
 
     @property
     def parallelism(self) -> Parallelism:
@@ -144,7 +149,7 @@ class PoolConfig:
 class LinkConfig:
     """The link a prompt's KV crosses from a prefill instance to a decode instance."""
 
-    bandwidth_gbps: float = float_field(25.0, min=0.0, min_exclusive=True,
+    bandwidth_gbps: float = float_field(25.0, min=0.0, min_exclusive=True, allow_inf=True,
                                         help="GB/s per GPU, one direction (25: a 200 Gb/s RDMA NIC per GPU; "
                                              "inf: instant)")
     latency_us: float = float_field(10.0, min=0.0, help="fixed time of one transfer, us")
@@ -704,7 +709,7 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     parallelism = cluster.parallelism
     if parallelism != SINGLE:
         assembled = _assemble_parallel(ctx, tables, cluster, cluster_table, workload, slo, speculative, where,
-                                       check_only)
+                                       check_only, instances_from=_instances_from(spec))
         return attrs.evolve(assembled, client_side=client_side)
     power = [] if "power" in tables else None
     parts = _build_instances(ctx, tables, 1 if check_only else cluster.instances, where, "", speculative, power)
@@ -712,7 +717,14 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     if cluster.instances > 1:
         router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side,
-                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where))
+                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, _instances_from(spec)))
+
+
+def _instances_from(spec: RunSpec) -> str:
+    """What set the run's ``[cluster] instances`` when not its table, for messages: a sweep's or
+    search's point; "" for the table's own value. (A capacity plan refuses ``min_instances`` < 2
+    with an autoscaler when it is read: :func:`schedlab.study.planner.validate`.)"""
+    return "this point's cluster.instances" if "cluster.instances" in spec.point else ""
 
 
 def _client_side(tables: dict, where: str) -> ClientSide | None:
@@ -734,7 +746,7 @@ def _client_side(tables: dict, where: str) -> ClientSide | None:
 
 
 def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, cluster_table: dict, workload, slo,
-                       speculative, where: str, check_only: bool) -> Assembled:
+                       speculative, where: str, check_only: bool, instances_from: str = "") -> Assembled:
     """Data-parallel ranks (one instance each, stepping together for a MoE model) or pipelined
     instances; the plugins get the layout (:class:`~schedlab.parallelism.Parallelism`)."""
     parallelism = cluster.parallelism
@@ -802,7 +814,8 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
         table = cluster.router if "router" in cluster_table or not parallelism.lockstep else {"kind": "vllm_dp"}
         router = _build_router(ctx, table, count, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep,
-                     power=power, views=views, autoscaler=_cluster_autoscaler(ctx, cluster, workload, where),
+                     power=power, views=views,
+                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, instances_from),
                      deployments=deployments if lockstep else 1, rank_routers=rank_routers)
 
 
@@ -841,19 +854,22 @@ def _refuse_unsaid_work(cost, where: str, what: str) -> None:
                       "profiled cost models do")
 
 
-def _cluster_autoscaler(ctx: Context, cluster: ClusterConfig, workload, where: str):
-    """``[cluster] autoscaler``'s policy, checked against the instances built (None without one)."""
+def _cluster_autoscaler(ctx: Context, cluster: ClusterConfig, workload, where: str, instances_from: str = ""):
+    """``[cluster] autoscaler``'s policy, checked against the instances built (None without one;
+    ``instances_from``: what set them, when not the table, :func:`_instances_from`)."""
     if cluster.autoscaler is None:
         return None
     autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
     _check_autoscaler(autoscaler, cluster.instances, "[cluster] instances", workload, cluster.partitions,
-                      f"{where} [cluster.autoscaler]")
+                      f"{where} [cluster.autoscaler]", instances_from)
     return autoscaler
 
 
-def _check_autoscaler(policy, instances: int, key: str, workload, partitions: int, where: str) -> None:
+def _check_autoscaler(policy, instances: int, key: str, workload, partitions: int, where: str,
+                      instances_from: str = "") -> None:
     """An autoscaler's limits against the ``instances`` built (``key``: where they are set, for
-    the message), and what it cannot scale."""
+    the message; ``instances_from``: what set them instead, a plan or a sweep's point), and what it
+    cannot scale."""
     config = getattr(policy, "config", None)
     missing = [k for k in ("min_instances", "max_instances", "initial", "interval_s", "cold_start_s", "window_s")
                if not hasattr(config, k)]
@@ -861,6 +877,9 @@ def _check_autoscaler(policy, instances: int, key: str, workload, partitions: in
         raise ConfigError(f"{where}: the policy's config lacks {', '.join(missing)} (subclass "
                           "schedlab_plugins.autoscalers.ScalingConfig)")
     most = config.max_instances or instances
+    if instances < 2 and instances_from:
+        raise ConfigError(f"{where}: autoscaling needs at least 2 instances (the most that can serve), but "
+                          f"{instances_from} is {instances}: sweep or search it from 2")
     if instances < 2:
         raise ConfigError(f"{where}: autoscaling needs {key} >= 2 (the most that can serve)")
     if most != instances:
