@@ -792,6 +792,33 @@ def test_plot_refuses_a_requests_csv_cut_short(lab, tmp_path, capsys):
     assert not (copy / "plots").exists()
 
 
+def test_plot_reads_requests_csv_by_its_header_and_names_a_missing_column(lab, tmp_path, capsys):
+    """A spreadsheet that reordered the columns: every row was read as run '<its last column>', and
+    the message said 0 rows of each run. Columns are read by name; a dropped one is named."""
+    import csv
+    import io
+
+    from schedlab.results.storage import load as load_results
+
+    copy = _copy_without_plots(lab, tmp_path)
+    rows = list(csv.reader(io.StringIO((copy / "requests.csv").read_text())))
+    def write(table):
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n").writerows(table)
+        (copy / "requests.csv").write_text(text.getvalue())
+
+    write([r[::-1] for r in rows])
+    reread = {r.name: r for r in load_results(copy).all_runs()}
+    for run in load_results(lab["out"]).all_runs():
+        for column in ("id", "arrival_ms", "first_token_ms", "finish_ms", "generated_tokens"):
+            np.testing.assert_array_equal(reread[run.name].requests[column], run.requests[column])
+    keep = [i for i, name in enumerate(rows[0]) if name != "finish_ms"]
+    write([[r[i] for i in keep] for r in rows])
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {copy}/requests.csv: no column 'finish_ms' in its header; "
+                                       "was it edited? (run the experiment again to rewrite it)\n")
+
+
 def test_a_streamed_run_keeps_only_a_sample_of_its_rows():
     """Past exact_requests, requests.csv holds a sample (meta["requests_sampled"]): not a file cut short."""
     from schedlab.results.storage import short_run

@@ -326,6 +326,17 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
         return header, list(reader)
 
 
+def _columns(path: Path, header: list[str], needed: tuple[str, ...]) -> dict[str, int]:
+    """Each column's position by its name; a column :func:`load` needs that the header lacks is
+    named (an edited file), rather than read as the wrong one."""
+    index = {name: i for i, name in enumerate(header)}
+    missing = [name for name in needed if name not in index]
+    if missing:
+        raise SchedlabError(f"{path}: no column {', '.join(map(repr, missing))} in its header; was it edited? "
+                            "(run the experiment again to rewrite it)")
+    return index
+
+
 def _num(text: str, kind) -> Any:
     if text == "":
         return float("nan") if kind is float else 0
@@ -428,19 +439,19 @@ def load(out_dir: str | os.PathLike) -> ExperimentResults:
 
 
 def _load(out: Path, summary: dict) -> ExperimentResults:
-    header, rows = _read_csv(out / "requests.csv")
-    index = {name: i for i, name in enumerate(header)}
-    by_run: dict[str, list[list[str]]] = {}
-    for row in rows:
-        by_run.setdefault(row[0], []).append(row)
-    t_header, t_rows = _read_csv(out / "timeline.csv") if (out / "timeline.csv").exists() else ([], [])
-    t_index = {c: i for i, c in enumerate(t_header)}
-    t_by_run: dict[str, list[list[str]]] = {}
-    for row in t_rows:
-        t_by_run.setdefault(row[0], []).append(row)
     floats = ("arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms")
     ints = ("id", "instance", "priority", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
             "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected")
+    header, rows = _read_csv(out / "requests.csv")
+    index = _columns(out / "requests.csv", header, ("run", *floats, *ints, "request_class", "client", "reason"))
+    by_run: dict[str, list[list[str]]] = {}
+    for row in rows:   # (by the header's names: a spreadsheet may have reordered the columns)
+        by_run.setdefault(row[index["run"]], []).append(row)
+    t_header, t_rows = _read_csv(out / "timeline.csv") if (out / "timeline.csv").exists() else ([], [])
+    t_index = _columns(out / "timeline.csv", t_header, ("run",)) if t_header else {}
+    t_by_run: dict[str, list[list[str]]] = {}
+    for row in t_rows:
+        t_by_run.setdefault(row[t_index["run"]], []).append(row)
     transfer = {"prefill_instance": (int, -1), "kv_bytes": (int, 0), "kv_pulled_ms": (float, -1.0),
                 "kv_landed_ms": (float, -1.0), "decode_joined_ms": (float, -1.0),  # absent in older results
                 "energy_j": (float, 0.0), "aborted": (int, 0), "timed_out": (int, 0)}
