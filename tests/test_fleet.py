@@ -822,6 +822,20 @@ def test_no_kwh_per_hour_without_the_whole_timeline(tmp_path, setting):
                          "(timeline = true, timeline_points above its rows)")
 
 
+def test_a_run_of_replicas_is_not_told_to_set_the_timeline_it_has(tmp_path):
+    """Replicas: the kWh is their mean, the timeline the first one's, so no kWh per hour -- and the
+    footnote said to set timeline = true, which was set."""
+    from schedlab_plugins.reports.fleet import fleet_table, hourly_kwh
+
+    results = run_experiment(load(_write(tmp_path, FLEET + POWER_AND_HOSTS % 150),
+                                  ["workload.num_requests=300", "workload.rate=0.03", "experiment.replicas=2"]))
+    run = results.all_runs()[0]
+    assert len(run.replicas) == 2 and hourly_kwh(run) is None
+    assert fleet_table([run], 2.0).splitlines()[-1] == (
+        "no kWh per hour in plots/fleet.png for fleet: a run of replicas keeps one replica's timeline, and its kWh is "
+        "their mean")
+
+
 def _write(tmp_path, text):
     path = tmp_path / "fleet.toml"
     path.write_text(text)

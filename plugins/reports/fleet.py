@@ -149,10 +149,15 @@ def energy_notes(runs: list, kwh_usd: float | None, per_hour: list) -> list[str]
              "energy.gpu_kwh)"]
     if kwh_usd is not None:
         notes.append(f"energy $: kWh at ${kwh_usd:g}/kWh, not in cost $ (GPU-hours at their price)")
-    without = [run.name for run, hours in zip(runs, per_hour) if metered(run) and hours is None]
-    if without:
-        notes.append(f"no kWh per hour in plots/fleet.png for {', '.join(without)}: it needs the run's whole timeline "
+    without = [run for run, hours in zip(runs, per_hour) if metered(run) and hours is None]
+    thinned = [run.name for run in without if not run.replicas]
+    replicated = [run.name for run in without if run.replicas]
+    if thinned:
+        notes.append(f"no kWh per hour in plots/fleet.png for {', '.join(thinned)}: it needs the run's whole timeline "
                      "(timeline = true, timeline_points above its rows)")
+    if replicated:   # (its kWh is the replicas' mean; the timeline kept is the first replica's)
+        notes.append(f"no kWh per hour in plots/fleet.png for {', '.join(replicated)}: a run of replicas keeps one "
+                     "replica's timeline, and its kWh is their mean")
     return notes
 
 
