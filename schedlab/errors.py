@@ -65,9 +65,11 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
     A plugin raised it when its traceback passes through a plugin's module: the module of a
     registered factory or config (``schedlab_plugins.*``, a third-party package, a module of
     ``plugins = [...]``) or of a registered plugin object, or another module of the same
-    top-level package -- never schedlab's own. The message names the registered name schedlab
-    called (the outermost plugin frame's object or function) and the line of the innermost
-    plugin frame, where the plugin raised or called what raised; ``where`` goes in front.
+    top-level package -- never schedlab's own. The message names the plugin to blame -- the
+    innermost plugin frame that is a registered plugin's method, factory or hook (a KV cache a
+    built-in scheduler called), else the registered name the outermost plugin frame belongs to
+    -- and the line of the innermost plugin frame, where the plugin raised or called what raised;
+    ``where`` goes in front.
     Schedlab's own errors, ``MemoryError`` and anything not an ``Exception`` give None, as does
     an exception raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
     """
@@ -82,9 +84,10 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
               if _package_of(frame.f_globals.get("__name__")) in packages]
     if not frames:
         return None
-    outer, (inner, line) = frames[0][0], frames[-1]
+    inner, line = frames[-1]
     text = " ".join(str(exc).split())
-    what = f"{_who(outer, entries)} raised {type(exc).__name__}" + (f": {text}" if text else "")
+    what = f"{_culprit([frame for frame, _ in frames], entries)} raised {type(exc).__name__}" + \
+        (f": {text}" if text else "")
     code = inner.f_code
     place = f"{_file_name(code.co_filename)}:{line} in {getattr(code, 'co_qualname', code.co_name)}"
     message = f"{what} ({place}; {TRACEBACK_ENV}=1 prints the traceback)"
@@ -105,8 +108,20 @@ def _plugin_packages(catalog, entries) -> set[str]:
     return {_package_of(m) for m in modules} - {None, "schedlab", "builtins", "functools"}
 
 
-def _who(frame, entries) -> str:
-    """The registered name (or plugin) that ``frame``, the outermost frame in a plugin, belongs to."""
+def _culprit(frames, entries) -> str:
+    """Who raised, from the plugin ``frames`` outermost first: the innermost one that is a registered
+    plugin's own (a method of an object its factory made, its factory, a hook) -- a built-in
+    scheduler calling a third-party KV cache whose ``num_free_blocks()`` returned None is not to
+    blame -- else, as before, the registered name the outermost frame belongs to."""
+    for frame in reversed(frames):
+        who = _own(frame, entries)
+        if who is not None:
+            return who
+    return _module_owner(frames[0], entries)
+
+
+def _own(frame, entries) -> str | None:
+    """The registered name (or hook) ``frame`` is a method or the factory of, or None."""
     module = frame.f_globals.get("__name__")
     code = frame.f_code
     if code.co_name.startswith("schedlab_"):  # a hook implementation
@@ -120,12 +135,15 @@ def _who(frame, entries) -> str:
                 break
     if entry is None:
         entry = next((e for e in entries if getattr(e.factory, "__code__", None) is code), None)
-    if entry is None:
-        same = [e for e in entries if getattr(e.factory, "__module__", None) == module]
-        entry = same[0] if len(same) == 1 else None
-    if entry is None:
-        return f"plugin {module}"
-    return entry_label(entry)
+    return entry_label(entry) if entry is not None else None
+
+
+def _module_owner(frame, entries) -> str:
+    """The plugin ``frame``, the outermost plugin frame and no registered plugin's own, belongs to: the
+    registered name its module holds when it holds one, else the module."""
+    module = frame.f_globals.get("__name__")
+    same = [e for e in entries if getattr(e.factory, "__module__", None) == module]
+    return entry_label(same[0]) if len(same) == 1 else f"plugin {module}"
 
 
 def entry_label(entry) -> str:

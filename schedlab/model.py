@@ -114,6 +114,11 @@ def checked_requests(requests: Iterable, who: str) -> Iterator[Request]:
     a :class:`Request`, ids 0, 1, 2, ... and arrival times that never go back; else
     :class:`WorkloadError` naming ``who`` (``"workload 'x'"``). Both engines read a run's requests
     through it: out-of-order arrivals make them disagree, repeated ids repeat rows of the results."""
+    try:
+        requests = iter(requests)
+    except TypeError:  # (a forgotten return: enumerate(None) failed with a traceback)
+        raise WorkloadError(f"{who}: requests(seed) returned {_shown(requests)} (a {type(requests).__name__}); it "
+                            "returns or yields the run's schedlab.Request objects") from None
     previous = None
     for expected, request in enumerate(requests):
         if not isinstance(request, Request):
@@ -129,6 +134,62 @@ def checked_requests(requests: Iterable, who: str) -> Iterator[Request]:
                                 "order")
         previous = request
         yield request
+
+
+class FollowUps:
+    """A closed-loop workload's ``on_finish``, its answers checked as :func:`checked_requests` checks
+    a stream: an iterable of :class:`Request` (``[]`` for none), each arriving no earlier than the
+    finish that released it, with an id no other request of the run has; else :class:`WorkloadError`
+    naming the workload. Both engines release follow-ups through it (a ``None``, a lone Request or
+    a dict failed far from the plugin; a repeated id or an arrival in the past ran on, exit 0).
+
+    The ids are checked against every id seen so far: :meth:`stream` notes the workload's own
+    requests as the engine reads them (a closed loop only: O(1) a request)."""
+
+    __slots__ = ("_on_finish", "who", "_ids")
+
+    def __init__(self, workload, who: str | None = None):
+        self._on_finish = workload.on_finish
+        self.who = who or f"workload {type(workload).__name__}"
+        self._ids: set = set()
+
+    def stream(self, requests: Iterable) -> Iterator[Request]:
+        """``requests``, the workload's own, their ids noted (one a follow-up took first is refused)."""
+        ids = self._ids
+        for request in requests:
+            if request.id in ids:
+                raise self._repeated(request)
+            ids.add(request.id)
+            yield request
+
+    def __call__(self, request: Request, now_ms: float) -> list[Request]:
+        """The requests ``on_finish(request, now_ms)`` releases, checked."""
+        answer = self._on_finish(request, now_ms)
+        what = f"{self.who}'s on_finish(request {request.id}, {now_ms:g})"
+        try:
+            if isinstance(answer, (Request, dict, str)):  # (a lone request, or one as a dict: not a list of them)
+                raise TypeError
+            answer = iter(answer)
+        except TypeError:
+            raise WorkloadError(f"{what} returned {_shown(answer)} (a {type(answer).__name__}); it returns a list of "
+                                "the requests the finish releases ([] for none)") from None
+        released = list(answer)
+        ids = self._ids
+        for follow_up in released:
+            if not isinstance(follow_up, Request):
+                raise WorkloadError(f"{what} released {_shown(follow_up)} (a {type(follow_up).__name__}); it returns "
+                                    "a list of schedlab.Request objects")
+            if follow_up.arrival_ms < now_ms:
+                raise WorkloadError(f"{what} released request {follow_up.id} at {follow_up.arrival_ms:g} ms, before "
+                                    "the finish that released it: a follow-up arrives at now_ms or later")
+            if follow_up.id in ids:
+                raise self._repeated(follow_up)
+            ids.add(follow_up.id)
+        return released
+
+    def _repeated(self, request: Request) -> WorkloadError:
+        return WorkloadError(f"{self.who} gave two requests with id {request.id} (on_finish released one of them): "
+                             "each request of a run has an id of its own")
 
 
 def _shown(value, most: int = 80) -> str:

@@ -193,6 +193,15 @@ class KVCache(Protocol):
     block_size))`` blocks between iterations; some of them may be shared prefix blocks.
     ``free`` blocks include cached blocks that nobody references (they are evictable).
 
+    ``prefix_caching`` (optional, a bool; ``True`` on a cache that reuses prefixes) says whether
+    :meth:`cached_tokens` may answer more than 0. Both engines read it alike: ``True``, they ask
+    ``cached_tokens`` at each admission, reuse the hit, count it (``prefix_hits``) and let
+    sequences share blocks; ``False``, they never ask (the hit is 0: the built-in paged cache
+    without prefix caching); left out, they ask, and a hit above 0 stops the run, naming the
+    cache -- the built-in schedulers read the attribute too (which freed block a decode takes,
+    cache-aware queue orders), so a cache that reuses prefixes must declare it. Every answer is
+    checked: a whole number from 0 to ``num_tokens - 1``, else the run stops naming the cache.
+
     Optional member: ``host``, a host-memory tier under a prefix cache
     (:class:`schedlab_plugins.kv_caches.host_tier.HostTier` or an object with its ``loaded``
     counter, ``bytes_per_block``, ``link_gbps``, ``latency_us``, ``load_ms`` and ``attach``):
@@ -245,8 +254,9 @@ class KVCache(Protocol):
     def num_used_blocks(self) -> int: ...
 
     def cached_tokens(self, seq: SequenceState) -> int:
-        """Tokens at the start of ``seq`` whose KV is already cached (full blocks only, at most
-        ``num_tokens - 1``). 0 for caches without prefix caching."""
+        """Tokens at the start of ``seq`` whose KV is already cached (full blocks only, from 0 to
+        ``num_tokens - 1``). 0 for caches without prefix caching; above 0 only from a cache that
+        declares ``prefix_caching = True`` (see above)."""
         ...
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int, *, cached_tokens: int = 0,

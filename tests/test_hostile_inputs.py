@@ -169,13 +169,16 @@ def test_arrival_times_past_the_clock_in_a_request_file(tmp_path, capsys):
     one_error(*run_file(tmp_path, capsys, text), "arrival times must be at most 1e+12 ms", "the last is 1e+300 ms")
 
 
-def test_tiny_iteration_costs_still_run_to_the_end(tmp_path, capsys):
-    """1e-300 ms iterations once overflowed the decode-run arithmetic (a traceback)."""
+def test_tiny_iteration_costs_are_one_error_not_a_traceback(tmp_path, capsys):
+    """1e-300 ms iterations once overflowed the decode-run arithmetic (a traceback), then ran with a
+    clock that did not move (every later step at the same time); an iteration must advance it."""
     text = BASE + '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 1e-300\ndecode_ms_per_step = 1e-300\n'
     code, err = run_file(tmp_path, capsys, text)
+    one_error(code, err, "cost model returned 1e-298 ms for Batch(", "which does not advance the simulated clock")
+    small = BASE + '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 1e-9\ndecode_ms_per_step = 1e-9\n'
+    code, err = run_file(tmp_path, capsys, small)
     assert code == 0, err
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    metrics = summary["studies"][0]["runs"][0]["metrics"]
+    metrics = json.loads((tmp_path / "out" / "summary.json").read_text())["studies"][0]["runs"][0]["metrics"]
     assert metrics["finished"] == 20 and metrics["generated_tokens"] == 20 * 20
 
 
@@ -265,6 +268,11 @@ def test_plot_refuses_a_folder_without_its_request_rows(saved, tmp_path, capsys)
     folder.mkdir()
     (folder / "summary.json").write_bytes((saved / "summary.json").read_bytes())
     (folder / "requests.csv").write_text("run,id\nstatic,not-a-number\n")
+    one_error(main(["plot", str(folder)]), capsys.readouterr().err, "requests.csv: no column 'arrival_ms'")
+    from schedlab.results.storage import REQUEST_COLUMNS
+
+    row = ["not-a-number" if name == "id" else "static" if name == "run" else "" for name in REQUEST_COLUMNS]
+    (folder / "requests.csv").write_text(",".join(REQUEST_COLUMNS) + "\n" + ",".join(row) + "\n")
     one_error(main(["plot", str(folder)]), capsys.readouterr().err, "cannot read the saved results")
 
 

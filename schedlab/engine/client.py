@@ -26,6 +26,7 @@ from typing import Iterable
 import attrs
 
 from ..frontend import ClientSide, give_up_ms
+from ..model import FollowUps
 
 INF = math.inf
 
@@ -63,14 +64,14 @@ class ClientArrivals:
     """
 
     def __init__(self, stream: Iterable, side: ClientSide, *, workload=None):
-        self._stream = iter(stream)
+        closed = workload is not None and getattr(workload, "closed_loop", False)
+        self._follow_ups = FollowUps(workload) if closed else None  # on_finish, its answers checked
+        self._stream = iter(stream if self._follow_ups is None else self._follow_ups.stream(stream))
         self._head = next(self._stream, None)
         self._side = side
         self._api = ApiServer(side.frontend) if side.frontend is not None else None
         self._delay = side.output_delay_ms
-        closed = workload is not None and getattr(workload, "closed_loop", False)
         self._closed = closed
-        self._workload = workload if closed else None
         # Requests may be handled as soon as they are sent, unless a closed loop could still send
         # one that the API server would take first (a FIFO queue, workers > 0).
         self._eager = not closed or self._api is None or not side.frontend.workers
@@ -130,7 +131,7 @@ class ClientArrivals:
     # -- inside ---------------------------------------------------------------------------------
     def _notify(self, request, client_t: float) -> bool:
         released = False
-        for follow_up in self._workload.on_finish(request, client_t):
+        for follow_up in self._follow_ups(request, client_t):
             self.release(follow_up)
             released = True
         return released

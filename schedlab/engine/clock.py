@@ -17,11 +17,18 @@ from ..errors import SimulationError
 
 def check_iteration_end(start: float, duration: float, what) -> None:
     """Raise :class:`SimulationError` when an iteration (or run of them) of ``duration`` ms
-    starting at ``start`` would end past the clock; ``what`` (the batch) is named in the message."""
-    if not start + duration <= MAX_TIME_MS:
+    starting at ``start`` would end past the clock, or would take time yet end when it starts (a
+    positive ``1e-300`` ms is below the clock's resolution: its requests would finish the instant
+    they are scheduled); ``what`` (the batch) is named in the message."""
+    end = start + duration
+    if not end <= MAX_TIME_MS:
         raise SimulationError(
             f"the simulated clock would pass {MAX_TIME_MS:g} ms (about 31.7 years): an iteration of {what} "
             f"starting at t={start:.6g} ms takes {duration:.3g} ms; check the cost model's settings")
+    if end == start and duration > 0.0:
+        raise SimulationError(
+            f"cost model returned {duration:.3g} ms for {what}, which does not advance the simulated clock at "
+            f"t={start:.6g} ms (below its resolution there); iterations must take a time the clock can count")
 
 
 def check_iteration_ms(duration: float, batch, method: str | None = None) -> float:

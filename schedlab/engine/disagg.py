@@ -20,7 +20,7 @@ from .ahead import refuse_planning_ahead
 from .driver import route
 from .instance import Instance, default_rejection_reason
 from .load import RoutingClock, views_of
-from .plan import received_rejection_hook
+from .plan import received_rejection_hook, refusal
 from .sequence import ABORTED, Sequence
 from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
                        kv_reservation, prefill_request, pull_keywords, tokens_moved)
@@ -184,7 +184,7 @@ class DecodeStage:
             tr = queue[0]
             seq = tr.decode_seq
             prompt = seq.prompt
-            hit = kv.cached_tokens(seq) if inst.count_prefix else 0
+            hit = inst.prefix_hit(seq) if inst.prefix_hit is not None else 0
             reserve = kv_reservation(inst.scheduler, seq.request)
             if headroom is not None:
                 keep = headroom(inst.running_view, len(self.in_flight) + len(self.landed), kv.block_size)
@@ -193,7 +193,9 @@ class DecodeStage:
                     break
             host = inst.host_tier
             loaded = host.loaded if host is not None else 0
-            if not kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received):
+            allocated = kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received)
+            if not allocated:
+                refusal(kv, allocated)
                 break
             queue.popleft()
             seq._computed = seq.max_computed = prompt

@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 from typing import Iterable, Sequence
 
-from ..errors import SimulationError, StallError
+from ..errors import StallError
+from ..model import FollowUps
 from .client import ClientArrivals
 from .instance import Instance
-from .load import RoutingClock, views_of
+from .load import RoutingClock, route_index, views_of
 from .run_limit import limits_running
+from .stall import check_kv_released
 
 INF = math.inf
 
@@ -47,10 +48,11 @@ class ArrivalQueue:
     """The workload's ordered stream merged with requests released later (closed loop)."""
 
     def __init__(self, stream: Iterable, workload=None):
-        self._stream = iter(stream)
+        closed = workload is not None and getattr(workload, "closed_loop", False)
+        self._follow_ups = FollowUps(workload) if closed else None  # on_finish, its answers checked
+        self._stream = iter(stream if self._follow_ups is None else self._follow_ups.stream(stream))
         self._head = next(self._stream, None)
         self._released: list = []
-        self._workload = workload
 
     def next_time(self) -> float:
         t = self._head.arrival_ms if self._head is not None else INF
@@ -71,7 +73,7 @@ class ArrivalQueue:
     def finished(self, request, t: float) -> bool:
         """The engine finished (or rejected) ``request`` at ``t``: queue what the closed loop releases."""
         released = False
-        for follow_up in self._workload.on_finish(request, t):
+        for follow_up in self._follow_ups(request, t):
             self.release(follow_up)
             released = True
         return released
@@ -116,8 +118,9 @@ def simulate(requests: Iterable, instances: Sequence[Instance], *, router=None, 
         raise ValueError("autoscaling needs an open-loop workload")
     if closed and not all(isinstance(inst, Instance) for inst in instances):
         _simulate_lockstep(arrivals, instances, router, workload, aborting)  # pipelined instances
-        return
-    _simulate_events(arrivals, instances, router, scaling, aborting, closed)
+    else:
+        _simulate_events(arrivals, instances, router, scaling, aborting, closed)
+    check_kv_released(instances)
 
 
 def _simulate_lockstep(arrivals, instances: Sequence, router, workload, aborting: bool) -> None:
@@ -350,6 +353,7 @@ def simulate_disaggregated(requests: Iterable, cluster, *, workload=None, client
             for inst in instances:
                 if inst.has_work():
                     raise StallError(inst._stall_message("no arrivals are left and the scheduler plans nothing"))
+            check_kv_released(instances)
             return
         for target in cluster.deliver_handoffs(t):
             events.update(position[target.index])
@@ -404,12 +408,4 @@ def _advance_lockstep(instances: Sequence[Instance], t: float, arrivals: Arrival
 def route(router, request, instances: Sequence) -> int:
     """The router's choice among ``instances`` (:class:`~schedlab.engine.load.InstanceView` objects),
     checked: a bad index is the router's bug, not a silent wrap-around."""
-    answer = router.route(request, instances)
-    try:
-        index = operator.index(answer)
-    except TypeError:
-        index = -1
-    if not 0 <= index < len(instances):
-        raise SimulationError(f"router {type(router).__name__} returned {answer!r} for request {request.id}; "
-                              f"expected an instance index from 0 to {len(instances) - 1}")
-    return index
+    return route_index(router, request, router.route(request, instances), len(instances))

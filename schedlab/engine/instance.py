@@ -26,7 +26,7 @@ from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, coun
 from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import check_kv_counts, stall_message
 from .load import Release, load
-from .plan import FastPlan, rejection_hook, schedule_returned
+from .plan import FastPlan, limit_hook, prefix_hits, rejection_hook, schedule_returned
 from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
@@ -205,7 +205,8 @@ class Instance:
                         and bool(getattr(scheduler, "stable_between_events", False))
                         and callable(getattr(cost_model, "decode_step_increment", None)) and observer is None
                         and speculation is None)
-        self.count_prefix = bool(getattr(kv, "prefix_caching", False))
+        self.count_prefix = bool(getattr(kv, "prefix_caching", False))  # counted hits, shared blocks
+        self.prefix_hit = prefix_hits(kv)  # a sequence's hit, checked; None: never asked (always 0)
         self._room_before_eviction = getattr(kv, "blocks_before_eviction", None)
         self.host_tier = getattr(kv, "host", None)  # a host-memory tier under the prefix cache
         if self.host_tier is not None:
@@ -216,7 +217,7 @@ class Instance:
         self.anchor_high: list = []
         self.anchor_low: list = []
         self._rejection_reason = rejection_hook(scheduler, default_rejection_reason)  # (its answers checked)
-        self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
+        self.limit_request = limit_hook(scheduler)  # the request as served (max_model_len), checked
         self._on_finish = getattr(scheduler, "on_finish", None)
         #: the scheduler may decode a finished request holding its slot once more (Plan.overshoot):
         #: it is asked at every plan made beside one -- or, if it reads no other (not

@@ -23,8 +23,26 @@ least loaded of N instances costs O(log N).
 from __future__ import annotations
 
 import math
+import operator
+
+from ..errors import SimulationError
 
 INF = math.inf
+
+
+def route_index(router, request, answer, count: int) -> int:
+    """``answer``, what ``router.route`` returned for ``request`` among ``count`` instances, as an
+    index, if it is a whole number from 0 to ``count - 1`` -- an int or anything integer-like
+    (``operator.index``: numpy's ``np.argmin`` gives an ``np.int64``), never a bool; else
+    :class:`SimulationError`. Both engines read a router's answer through it, so they agree."""
+    try:
+        index = -1 if isinstance(answer, bool) else operator.index(answer)
+    except TypeError:
+        index = -1
+    if not 0 <= index < count:
+        raise SimulationError(f"router {type(router).__name__} returned {answer!r} for request {request.id}; "
+                              f"expected an instance index from 0 to {count - 1}")
+    return index
 
 
 class Release:

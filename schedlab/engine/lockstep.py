@@ -70,6 +70,7 @@ from .load import Release, RoutingClock, serving, views_of
 from .plan import FastPlan
 from .rank_cost import DUMMY, NOTHING, RankCost
 from .run_limit import limits_running
+from .stall import check_kv_released
 from .sequence import DECODING
 
 INF = math.inf
@@ -559,6 +560,7 @@ def simulate_data_parallel(requests: Iterable, cluster: DataParallelCluster, *, 
             busy = next(inst for inst in cluster.ranks if inst.has_work())
             raise StallError(busy._stall_message("no arrivals are left and the scheduler plans nothing"))
         if t == INF:
+            check_kv_released(cluster.ranks)
             return
         if aborting and cluster.now == t:
             for inst in cluster.ranks:

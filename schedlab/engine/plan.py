@@ -7,10 +7,12 @@ scheduler's later decisions in the same call see them. The instance then execute
 from __future__ import annotations
 
 import inspect
+import operator
 
 from typing import TYPE_CHECKING
 
 from ..errors import SimulationError
+from ..model import Request
 from ..queues import RunningView
 from .ahead import overshoot_slot, unseen_finish
 from .sequence import DECODING, PREFILLING, SWAPPED, WAITING
@@ -76,6 +78,103 @@ def rejection_hook(scheduler, default):
         return check_rejection(request, hook(request, kv))
 
     return reason_of
+
+
+def limit_hook(scheduler):
+    """The scheduler's optional ``limit_request(request, kv)`` with its answers checked by
+    :func:`check_limited` (both engines call it on arrival), or None when it has none."""
+    hook = getattr(scheduler, "limit_request", None)
+    if hook is None:
+        return None
+
+    def limited(request, kv):
+        return check_limited(scheduler, request, hook(request, kv))
+
+    return limited
+
+
+#: What ``limit_request`` may not change of a request (the conformance kit's ``check_run`` says the
+#: same of a run's results): its id, when it was sent and arrived, its prompt and its answer.
+KEPT_BY_LIMIT = ("id", "arrival_ms", "sent_ms", "prompt_tokens", "output_tokens")
+
+
+def check_limited(scheduler, request, served):
+    """``served``, what ``scheduler.limit_request`` returned for ``request``, if it is ``request`` as
+    served: a :class:`~schedlab.model.Request` differing at most in a ``max_tokens`` no higher
+    (``max_model_len``); else :class:`SimulationError` naming the scheduler. A ``None`` (a
+    forgotten ``return``) failed far away; a moved arrival or a new prompt ran to the end with
+    exit 0, though the kit calls them violations."""
+    if served is request:
+        return served
+    who = f"scheduler {type(scheduler).__name__}'s limit_request"
+    if not isinstance(served, Request):
+        raise SimulationError(f"{who} returned {_short(served)} ({type(served).__name__}) for request {request.id}; "
+                              "it returns the request as served: the Request it got, or a copy with a lower max_tokens")
+    for name in KEPT_BY_LIMIT:
+        if getattr(served, name) != getattr(request, name):
+            raise SimulationError(
+                f"{who} changed request {request.id}'s {name} from {getattr(request, name)!r} to "
+                f"{getattr(served, name)!r}; it may lower max_tokens, never change the id, arrival, prompt or answer")
+    if served.max_output_tokens > request.max_output_tokens:
+        raise SimulationError(
+            f"{who} raised request {request.id}'s max_tokens from {request.max_output_tokens} to "
+            f"{served.max_output_tokens}; it may lower max_tokens, never raise it")
+    return served
+
+
+def prefix_hits(kv):
+    """How the engines ask ``kv`` for a waiting sequence's prefix hit: None when the cache declares
+    ``prefix_caching = False`` (its hits are always 0: never asked), else a function of the
+    sequence giving its ``cached_tokens`` checked by :func:`check_hit` (``prefix_caching = True``,
+    or a cache that declares nothing, whose hits must then be 0). Both engines read hits so."""
+    declared = getattr(kv, "prefix_caching", None)
+    if declared is not None and not declared:
+        return None
+    declared = declared is not None
+
+    def hit_of(seq) -> int:
+        return check_hit(kv, seq, kv.cached_tokens(seq), declared)
+
+    return hit_of
+
+
+def check_hit(kv, seq, hit, declared: bool = True) -> int:
+    """``hit``, what ``kv.cached_tokens(seq)`` answered, if it is a whole number of tokens from 0 to
+    ``seq.num_tokens - 1`` (the last token is always computed) -- and 0 from a cache that does not
+    declare ``prefix_caching = True`` (``declared``); else :class:`SimulationError` naming the cache.
+    A negative hit ran on with the prompt computed twice over, one past the prompt was blamed on the
+    scheduler, text failed in a scheduler's arithmetic, and an undeclared cache's hits were used by
+    one engine and not the other."""
+    if hit.__class__ is int and 0 <= hit < seq.num_tokens and (declared or not hit):
+        return hit
+    who, rid, most = f"KV cache {type(kv).__name__}'s cached_tokens", seq.request.id, seq.num_tokens - 1
+    try:
+        whole = -1 if isinstance(hit, bool) else operator.index(hit)
+    except TypeError:
+        whole = None
+    if whole is None or isinstance(hit, bool):
+        raise SimulationError(f"{who} returned {_short(hit)} ({type(hit).__name__}) for request {rid}; it answers a "
+                              f"whole number of tokens, from 0 to {most} (the sequence's num_tokens - 1)")
+    if not 0 <= whole <= most:
+        raise SimulationError(f"{who} returned {whole} for request {rid}, which has {most + 1} tokens; a hit is from 0 "
+                              "to num_tokens - 1 (the last token is always computed)")
+    if whole and not declared:
+        raise SimulationError(
+            f"{who} returned {whole} for request {rid}, but the cache does not declare prefix_caching = True; a cache "
+            "that reuses prefixes sets that attribute (the KVCache protocol: schedlab/protocols.py), for the engines "
+            "and schedulers to use its hits")
+    return whole
+
+
+def refusal(kv, answer) -> bool:
+    """False, when ``answer`` -- what ``kv.allocate`` returned, falsy -- is a refusal; an
+    :class:`SimulationError` naming the cache for a ``None`` (a forgotten ``return True``: the
+    blocks are taken, yet the engines read a refusal and the run stalled blaming no one). Called
+    on the refused path only, so an admission that fits costs nothing more."""
+    if answer is None:
+        raise SimulationError(f"KV cache {type(kv).__name__}'s allocate returned None; it returns True when it made "
+                              "room, False (changing nothing) when the blocks are not free")
+    return False
 
 
 def received_rejection_hook(scheduler, default):
@@ -360,8 +459,9 @@ class FastPlan:
                                   f"iteration, scheduler asked for {num_tokens}")
         extra = self.phantom(seq)
         slots = self.spec_slots - self.spec_k - 1 + num_tokens + extra
-        if not self.kv.allocate(seq, slots):
-            return False
+        allocated = self.kv.allocate(seq, slots)
+        if not allocated:
+            return refusal(self.kv, allocated)
         seq.plan_mark = self.serial
         self.decoded.append(seq)
         self._tokens += num_tokens
@@ -390,12 +490,13 @@ class FastPlan:
         self.skipped_decode = True
 
     def cached_tokens(self, seq) -> int:
-        if not self._inst.count_prefix:
+        hit_of = self._inst.prefix_hit
+        if hit_of is None:
             return 0
         key = (self.serial, getattr(self.kv, "epoch", 0))  # the cache's contents may change within a plan
         memo_key, hit = seq.hit_memo
         if memo_key != key:
-            hit = self.kv.cached_tokens(seq)
+            hit = hit_of(seq)
             seq.hit_memo = (key, hit)
         return hit
 
@@ -429,8 +530,9 @@ class FastPlan:
                 reserve_tokens = slots  # (see prefill)
         host = self._inst.host_tier
         loaded = host.loaded if host is not None else 0
-        if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
-            return self.refusals.refuse(seq)
+        allocated = self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
+        if not allocated:
+            return refusal(self.kv, allocated) or self.refusals.refuse(seq)
         self._claim(seq, "admitted")
         self._inst.on_admit(seq, hit, reserve_tokens)
         if host is not None and host.loaded != loaded:  # part of the hit comes back from host memory
@@ -458,12 +560,15 @@ class FastPlan:
             # a drafter writing KV past the step's tokens takes its lookahead slots with a prompt
             # chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
             slots = seq.num_computed_tokens + num_tokens + spec.lookahead
-            if not self.kv.allocate(seq, num_tokens, reserve_tokens=slots):
-                return False
+            allocated = self.kv.allocate(seq, num_tokens, reserve_tokens=slots)
+            if not allocated:
+                return refusal(self.kv, allocated)
             if slots > seq.reserved_tokens:
                 seq.reserved_tokens = slots
-        elif not self.kv.allocate(seq, num_tokens):
-            return False
+        else:
+            allocated = self.kv.allocate(seq, num_tokens)
+            if not allocated:
+                return refusal(self.kv, allocated)
         seq.plan_mark = self.serial
         self.prefills.append((seq, num_tokens))
         self._tokens += num_tokens

@@ -21,7 +21,7 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import Refusals, check_reason, rejection_hook, schedule_returned
+from .plan import Refusals, check_reason, limit_hook, prefix_hits, refusal, rejection_hook, schedule_returned
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -201,7 +201,8 @@ class RefPlan:
         if sum(self.kv.blocks_needed(s, slots[s]) for s in decoding) > self.kv.num_free_blocks():
             return False
         for s in decoding:
-            assert self.kv.allocate(s, slots[s])
+            if not self.kv.allocate(s, slots[s]):
+                raise SimulationError("KV cache refused a decode slot it had reported free")
             self.drafts[s] = (self.drafts_for(s), slots[s])
             self.num_scheduled_tokens += 1 + self.drafts_for(s)
         self.decodes_all = True
@@ -216,8 +217,9 @@ class RefPlan:
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
         slots = n + self.lookahead + self.phantom(seq) if self._e.spec is not None else 1 + self.phantom(seq)
-        if not self.kv.allocate(seq, slots):
-            return False
+        allocated = self.kv.allocate(seq, slots)
+        if not allocated:
+            return refusal(self.kv, allocated)
         seq.mark = self.serial
         self.decoded.append(seq)
         self.drafts[seq] = (n - 1, slots)
@@ -236,13 +238,14 @@ class RefPlan:
         self.skipped_decode = True
 
     def cached_tokens(self, seq) -> int:
-        return self.kv.cached_tokens(seq)
+        hit_of = self._e.prefix_hit
+        return hit_of(seq) if hit_of is not None else 0
 
     def admit(self, seq, num_tokens: int, *, reserve: bool = False, reserve_tokens: int = 0,
               padding: int = 0) -> bool:
         if seq.status != "waiting":
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}")
-        hit = self.kv.cached_tokens(seq)
+        hit = self.cached_tokens(seq)
         if not 1 <= num_tokens <= seq.num_tokens - hit:
             raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
         if padding and not (0 < padding <= self.admission_padding and num_tokens == seq.num_tokens - hit):
@@ -265,8 +268,9 @@ class RefPlan:
                 reserve_tokens = max(reserve_tokens, hit + num_tokens + padding + spec.lookahead)
         host = getattr(self.kv, "host", None)
         loaded = host.loaded if host is not None else 0
-        if not self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens):
-            return self.refusals.refuse(seq)
+        allocated = self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
+        if not allocated:
+            return refusal(self.kv, allocated) or self.refusals.refuse(seq)
         if seq.mark == self.serial:
             raise SimulationError(f"request {seq.request.id} admitted twice in one iteration")
         if host is not None and host.loaded > loaded:  # blocks reloaded from host memory
@@ -308,8 +312,9 @@ class RefPlan:
             raise SimulationError(f"prefill(): bad token count {num_tokens} for request {seq.request.id}")
         lookahead = self.lookahead  # (see admit)
         slots = seq.num_computed_tokens + num_tokens + lookahead
-        if not self.kv.allocate(seq, num_tokens, reserve_tokens=slots if lookahead else 0):
-            return False
+        allocated = self.kv.allocate(seq, num_tokens, reserve_tokens=slots if lookahead else 0)
+        if not allocated:
+            return refusal(self.kv, allocated)
         if lookahead:
             seq.reserved_tokens = max(seq.reserved_tokens, slots)
         seq.mark = self.serial
@@ -553,7 +558,8 @@ class ReferenceEngine:
         self.closed_loop = False  # ... which a closed loop's client hears of (it sends its next request)
         self.sleep_until: float | None = None  # asleep (empty plan): its wake-up time (inf: none)
         self.reason_of = rejection_hook(scheduler, default_rejection_reason)  # (its answers checked)
-        self.limit_request = getattr(scheduler, "limit_request", None)  # the request as served (max_model_len)
+        self.limit_request = limit_hook(scheduler)  # the request as served (max_model_len), checked
+        self.prefix_hit = prefix_hits(kv)  # a sequence's hit, checked; None: never asked (always 0)
         self.serial = 0
         self.empty_plans = 0
         self.no_progress = 0

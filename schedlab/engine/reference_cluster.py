@@ -28,15 +28,16 @@ from typing import Sequence
 
 import attrs
 
-from ..errors import SimulationError, StallError
+from ..errors import StallError
 from ..frontend import give_up_ms
+from ..model import FollowUps
 from .ahead import refuse_planning_ahead
 from .instance import default_rejection_reason
-from .load import RoutingClock, views_of
-from .plan import received_rejection_hook
+from .load import RoutingClock, route_index, views_of
+from .plan import received_rejection_hook, refusal
 from .reference import RefSequence, ReferenceEngine
 from .run_limit import limits_running
-from .stall import stall_message
+from .stall import check_kv_released, stall_message
 from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
                        kv_reservation, prefill_request, pull_keywords, tokens_moved)
 
@@ -48,11 +49,7 @@ def _routed(router, request, pool: Sequence, views: Sequence, clock: RoutingCloc
     if router is None:
         return pool[0]
     clock.now = t
-    index = router.route(request, views)
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(pool):
-        raise SimulationError(f"router {type(router).__name__} returned {index!r} for request {request.id}; "
-                              f"expected an instance index from 0 to {len(pool) - 1}")
-    return pool[index]
+    return pool[route_index(router, request, router.route(request, views), len(pool))]
 
 
 class PlanOrder:
@@ -154,6 +151,7 @@ class ReferenceCluster:
         """Serve the workload's ``requests``; the workload's ``arrival_ms`` is when a client
         sends a request, which reaches the engine then, or through the client side's front end."""
         closed = workload is not None and getattr(workload, "closed_loop", False)
+        on_finish = FollowUps(workload) if closed else None  # the workload's on_finish, its answers checked
         side = self.client_side
         front = side.frontend if side is not None else None
         if side is not None:
@@ -200,20 +198,20 @@ class ReferenceCluster:
             if not closed:
                 return
             if side is None:
-                follow_ups = workload.on_finish(request, t)
+                follow_ups = on_finish(request, t)
             else:  # the client has the last byte output_delay_ms later, unless it gave up before
                 client_t = t + side.output_delay_ms
                 if request.id not in waiting_for or client_t > give_up_ms(request):
                     return
                 del waiting_for[request.id]
-                follow_ups = workload.on_finish(request, client_t)
+                follow_ups = on_finish(request, client_t)
             for follow_up in follow_ups:
                 send(follow_up)
 
         for inst in self.instances:
             inst.on_request_done = done
             inst.closed_loop = closed
-        for request in requests:
+        for request in requests if on_finish is None else on_finish.stream(requests):
             send(request)
         seq_no = 0
         while True:
@@ -232,7 +230,7 @@ class ReferenceCluster:
                     t, kind, _, request = heapq.heappop(events)
                     if kind == DEADLINE:
                         if waiting_for.pop(request.id, None) is not None:  # the client gives up
-                            for follow_up in workload.on_finish(request, t):
+                            for follow_up in on_finish(request, t):
                                 send(follow_up)
                     elif kind == RECEIVED:
                         api_queue.append((request, t))
@@ -249,6 +247,7 @@ class ReferenceCluster:
                 if stuck is not None:
                     raise StallError("reference engine: " + stall_message(
                         stuck, "no arrivals are left and the scheduler plans nothing"))
+                check_kv_released(self.instances)
                 return
             inst.wake(t_plan)
             inst.step()
@@ -392,7 +391,7 @@ class DecodeRole:
             tr = self.waiting_for_kv[0]
             seq = tr.decode_seq
             prompt = seq.request.prompt_tokens
-            hit = inst.kv.cached_tokens(seq) if getattr(inst.kv, "prefix_caching", False) else 0
+            hit = inst.prefix_hit(seq) if inst.prefix_hit is not None else 0
             reserve = kv_reservation(inst.scheduler, seq.request)
             received = pull_keywords(inst.kv)
             if headroom is not None:
@@ -402,7 +401,9 @@ class DecodeRole:
                     return
             host = getattr(inst.kv, "host", None)
             loaded = host.loaded if host is not None else 0
-            if not inst.kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received):
+            allocated = inst.kv.allocate(seq, prompt - hit, cached_tokens=hit, reserve_tokens=reserve, **received)
+            if not allocated:
+                refusal(inst.kv, allocated)
                 return
             self.waiting_for_kv.pop(0)
             seq.num_computed_tokens = prompt

@@ -30,6 +30,22 @@ def check_kv_counts(kv) -> None:
                               "allocate() took more than it has")
 
 
+def check_kv_released(instances) -> None:
+    """Raise :class:`SimulationError` blaming an instance's KV cache that still reports blocks in use
+    once every request has left the run (both engines call it once, at the end): its ``free()``
+    leaked blocks, or (fewer than none) freed some twice -- the run's numbers would be wrong with
+    exit 0. The conformance kit's ``check_run`` asks the same of a run (``num_used_blocks() ==
+    0``: a prefix cache's cached blocks are free, not used)."""
+    for inst in instances:
+        kv = getattr(inst, "kv", None)
+        used = kv.num_used_blocks() if kv is not None else 0
+        if used:
+            why = ("its free() released more than allocate() took (blocks freed twice?)" if used < 0
+                   else "its free() did not release every block allocate() took (a leak)")
+            raise SimulationError(f"KV cache {type(kv).__name__} reports {used} used blocks of {kv.num_blocks} once "
+                                  f"every request has left the run: {why}")
+
+
 def stall_message(engine, why: str) -> str:
     """The message for ``engine`` (an instance of either engine) stalled because of ``why``."""
     if not hasattr(engine, "scheduler"):  # (the reference engine behind its pipeline: ReferencePipeline.e)
@@ -45,6 +61,9 @@ def stall_message(engine, why: str) -> str:
     if free < 0:
         text += (f"; KV cache {type(kv).__name__} reports fewer than no free blocks: its allocate() may have taken "
                  "more than it has")
+    elif not running and not engine.swapped and kv.num_used_blocks() > 0:
+        text += (f"; KV cache {type(kv).__name__} reports {kv.num_used_blocks()} used blocks with no request running "
+                 "or swapped out: its free() may not release every block allocate() took (a leak)")
     elif decoding and need > free:
         text += (f"; the {len(decoding)} decoding requests' next step needs {need} new KV blocks, {free} free: a "
                  "scheduler whose admissions do not reserve the whole answer must preempt (plan.preempt) when "

@@ -396,7 +396,8 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
     * every request appears exactly once: finished with exactly ``target_tokens`` tokens (or
       its ``max_tokens`` as served, if a scheduler's ``limit_request`` lowered it),
       rejected with a reason, or aborted (its client gave up) with fewer; served as it was
-      sent -- ``limit_request`` may lower ``max_tokens``, never change the prompt or the answer;
+      sent -- ``limit_request`` may lower ``max_tokens``, never change the prompt or the answer
+      (both engines refuse such an answer on arrival too: :func:`schedlab.engine.plan.check_limited`);
     * the running count and KV blocks never exceeded their limits (peaks); no iteration
       scheduled more than ``token_budget`` tokens (decodes and prompt tokens, from the timeline:
       the reference engine's too, which takes no :class:`IterationChecker`; a speculative
