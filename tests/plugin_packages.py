@@ -1,4 +1,5 @@
-"""Throwaway plugin modules and fake installed packages, for the tests of plugin loading."""
+"""Throwaway plugin modules and fake installed packages, for the tests of plugin loading; the
+one-line CLI error those tests expect."""
 
 from __future__ import annotations
 
@@ -33,3 +34,14 @@ def make_dist(root: Path, package: str, version: str, entry_points: dict[str, st
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
     lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
     (dist / "entry_points.txt").write_text(f"[schedlab]\n{lines}")
+
+
+def one_line(code: int, err: str) -> str:
+    """Exit 2, no traceback, and one ``schedlab: error:`` line (the last, returned without its
+    prefix); besides it stderr holds at most the run's opening line."""
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    lines = err.strip().split("\n")
+    assert lines[-1].startswith("schedlab: error: "), err
+    assert all(line.startswith("schedlab: ") and "run(s)" in line for line in lines[:-1]), err
+    return lines[-1][len("schedlab: error: "):]

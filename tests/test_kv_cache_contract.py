@@ -26,6 +26,8 @@ from schedlab.testing import check_run, compare_runs, run_engine
 from schedlab_plugins.kv_caches import PrefixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
+from plugin_packages import one_line
+
 ENGINES = ("fast", "reference")
 
 # -- prefix_caching: both engines read it alike ----------------------------------------------------
@@ -180,16 +182,6 @@ def run_cache(tmp_path, monkeypatch):
     yield make
     for module in modules:
         sys.modules.pop(module, None)
-
-
-def one_line(code: int, err: str) -> str:
-    """Exit 2, no traceback, one ``schedlab: error:`` line (returned without its prefix)."""
-    assert code == 2, err
-    assert "Traceback" not in err, err
-    lines = err.strip().split("\n")
-    assert lines[-1].startswith("schedlab: error: "), err
-    assert all(line.startswith("schedlab: ") and "run(s)" in line for line in lines[:-1]), err
-    return lines[-1][len("schedlab: error: "):]
 
 
 RANGE = "; a hit is from 0 to num_tokens - 1 (the last token is always computed)"

@@ -20,6 +20,8 @@ import pytest
 from schedlab.cli import main
 from schedlab.protocols import Batch
 
+from plugin_packages import one_line
+
 HEADER = """
 import attrs
 import schedlab
@@ -66,17 +68,6 @@ def plugin(tmp_path, monkeypatch):
     yield make
     for module in modules:
         sys.modules.pop(module, None)
-
-
-def one_line(code: int, err: str) -> str:
-    """Exit 2, no traceback, and one ``schedlab: error:`` line (the last, returned without its
-    prefix); besides it stderr holds at most the run's opening line."""
-    assert code == 2, err
-    assert "Traceback" not in err, err
-    lines = err.strip().split("\n")
-    assert lines[-1].startswith("schedlab: error: "), err
-    assert all(line.startswith("schedlab: ") and "run(s)" in line for line in lines[:-1]), err
-    return lines[-1][len("schedlab: error: "):]
 
 
 # -- a. a factory registered without the config it takes ---------------------------------------
