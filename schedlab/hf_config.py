@@ -42,7 +42,9 @@ from .errors import ConfigError
 UNGATED = frozenset({"gpt2", "gpt_bigcode", "gpt_neox", "starcoder2", "falcon", "opt", "phi", "bloom"})
 #: Families whose ``tie_word_embeddings`` defaults to true when the file leaves it out
 #: (transformers' per-model config defaults; PretrainedConfig's own default is also true).
-TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "qwen2", "starcoder2", "gpt2", "phi"})
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "starcoder2", "gpt2", "gpt_bigcode", "falcon"})
+#: Falcon's model types (vLLM's ``falcon_model_types``): multi-query unless ``new_decoder_architecture``.
+FALCON = frozenset({"falcon", "refinedweb", "refinedwebmodel"})
 #: Families with per-head RMSNorms on Q and K (Llama 4's is an L2 norm without weights).
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "qwen3_next", "qwen3_5_text",
                      "qwen3_5_moe_text"})
@@ -68,7 +70,7 @@ TEXT_DEFAULTS = {
 #: ``text_config`` does not set them.
 OUTER_KEYS = ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings", "_name_or_path")
 #: Families with four norms a layer (before and after attention and the MLP).
-FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
+FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
 #: Checkpoint dtypes served at 2 bytes a weight (vLLM serves a float32 checkpoint in 16 bits).
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 2, "float": 2, "half": 2}
 
@@ -136,6 +138,15 @@ class _Reader:
         value = self.config.get(key)
         return default if value is None else value
 
+    def flag(self, key: str, default: bool = False) -> bool:
+        """A true/false key (``"false"`` as text is no false: ``bool()`` read it as true)."""
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.where}: {key}: expected true or false, got {value_text(value)}")
+        return value
+
 
 def _text_config(config: dict) -> dict:
     """The language model's keys: a multimodal file's ``text_config`` over the outer keys that hold
@@ -158,17 +169,17 @@ def model_fields(config: dict, where: str) -> dict:
     layers = r.int("num_hidden_layers", "n_layer", "num_layers", required=True)
     hidden = r.int("hidden_size", "n_embd", "d_model", required=True)
     heads = r.int("num_attention_heads", "n_head", required=True)
-    vocab = r.int("vocab_size", required=True)
+    vocab = r.int("padded_vocab_size", "vocab_size", required=True)  # (ChatGLM's embedding is the padded one)
     if not (layers and hidden and heads and vocab):
         raise ConfigError(f"{where}: num_hidden_layers, hidden_size, num_attention_heads and vocab_size must be > 0")
-    kv_heads = r.int("num_key_value_heads", "num_kv_heads", default=heads) or heads
-    head_dim = r.int("head_dim", default=None) or hidden // heads
-    tied = bool(r.get("tie_word_embeddings", family in TIED_BY_DEFAULT))
+    kv_heads = _kv_heads(r, family, heads)
+    head_dim = r.int("head_dim", "kv_channels", default=None) or hidden // heads
+    tied = r.flag("tie_word_embeddings", family in TIED_BY_DEFAULT)
     experts = r.int("num_local_experts", "num_experts", "n_routed_experts", default=0)
     top_k = r.int("num_experts_per_tok", "moe_topk", default=0) if experts else 0
     if experts and not top_k:
         raise ConfigError(f"{where}: {experts} routed experts but no 'num_experts_per_tok'")
-    ffn = r.int("intermediate_size", "n_inner", "ffn_dim", default=None) or 4 * hidden
+    ffn = r.int("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=None) or 4 * hidden
     expert_ffn = r.int("moe_intermediate_size", default=None) or ffn
     if family == "llama4_text":  # experts and the shared expert of intermediate_size, dense layers wider
         ffn = r.int("intermediate_size_mlp", default=None) or ffn
@@ -186,9 +197,9 @@ def model_fields(config: dict, where: str) -> dict:
         head_dim, kv_heads = v_dim, heads
     else:
         attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-        if family.startswith("qwen2") or r.get("attention_bias", False) or r.get("qkv_bias", False):
+        if family.startswith("qwen2") or r.flag("attention_bias") or r.flag("qkv_bias") or r.flag("add_qkv_bias"):
             attn += (heads + 2 * kv_heads) * head_dim
-        if family in GATED_ATTENTION or r.get("attn_output_gate", False) is True:
+        if family in GATED_ATTENTION or r.flag("attn_output_gate"):
             attn += hidden * heads * head_dim  # q_proj's second half: the output gate
         attn += 2 * head_dim if family in QK_NORM else 0
     linear = kinds.get("linear", 0)
@@ -246,6 +257,17 @@ def model_fields(config: dict, where: str) -> dict:
     return fields
 
 
+def _kv_heads(r: _Reader, family: str, heads: int) -> int:
+    """KV heads as vLLM counts them (``ModelConfig.get_total_num_kv_heads``): one for multi-query
+    attention (``multi_query``: GPT-BigCode / StarCoder, Falcon-7B's old architecture), else
+    ``n_head_kv`` (older Falcon), ``num_kv_heads``, ``num_key_value_heads`` or
+    ``multi_query_group_num`` (ChatGLM / GLM-4), else every head."""
+    new_falcon = family in FALCON and r.flag("new_decoder_architecture")
+    if not new_falcon and r.flag("multi_query"):
+        return 1
+    return r.int("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", default=heads) or heads
+
+
 def _linear_attention_params(r: _Reader, hidden: int) -> int:
     """Parameters of one Gated DeltaNet layer (Qwen3-Next, Qwen3.5): the Q/K/V/Z projection,
     the per-head beta and decay projections, the causal convolution over Q, K and V, the decay's
@@ -264,8 +286,11 @@ def _layer_kinds(r: _Reader, family: str, layers: int) -> dict:
     family's pattern (Gemma 2 every other layer, Gemma 3 five of six, Llama 4 three of four,
     Qwen3-Next three of four), else every layer when a window is set and not switched off
     (``use_sliding_window = false``)."""
-    window_on = bool(r.int("sliding_window", default=None)) and r.get("use_sliding_window", True) is not False
+    window_on = bool(r.int("sliding_window", default=None)) and r.flag("use_sliding_window", True)
     types = r.list("layer_types", str)
+    if types and len(types) != layers:
+        raise ConfigError(f"{r.where}: layer_types: {len(types)} entries for {layers} layers (num_hidden_layers); "
+                          "it names each layer's kind")
     if types:
         kinds = {"sliding": sum(1 for t in types if "sliding" in t) if window_on else 0,
                  "chunked": sum(1 for t in types if "chunked" in t),
@@ -325,16 +350,57 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
                 "max_sequence_length", "max_seq_length", "seq_len")
 
 
+#: RoPE types whose ``factor`` vLLM does not apply to the context (the file's length is already
+#: the scaled one, or per-frequency scaling keeps it)
+ROPE_KEEPS_LENGTH = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+
+
 def _context_length(r: _Reader) -> int | None:
-    """The context length vLLM derives its default ``max_model_len`` from: the smallest of
-    :data:`CONTEXT_KEYS` the file sets, or ``model_max_length`` when set (Cohere);
-    ``ModelArchConfigConvertor.derive_max_model_len_and_key``, vLLM 0.33."""
+    """vLLM's default ``max_model_len``: the smallest of :data:`CONTEXT_KEYS` the file sets, or
+    ``model_max_length`` when set (Cohere) (``derive_max_model_len_and_key``); times a RoPE
+    scaling ``factor`` (``linear``, ``dynamic``: not the types of :data:`ROPE_KEEPS_LENGTH`,
+    nor Gemma 3's); for LongRoPE ``original_max_position_embeddings``, which vLLM defaults to
+    (``_get_and_verify_max_len``, vLLM 0.33)."""
     override = r.int("model_max_length", default=None)
-    if override:
-        return override
-    given = [r.int(key) for key in CONTEXT_KEYS]
-    given = [n for n in given if n]
-    return min(given) if given else None
+    given = [n for n in (r.int(key) for key in CONTEXT_KEYS) if n]
+    context = override or (min(given) if given else None)
+    ropes = _rope_parameters(r)
+    if context and ropes and "gemma3" not in str(r.get("model_type", "")):
+        factor = 1.0
+        for rope in ropes:
+            if rope["type"] not in ROPE_KEEPS_LENGTH:
+                factor = rope.get("factor", factor)
+        context = int(context * factor)
+    if any(rope["type"] in ("longrope", "su") for rope in ropes):
+        context = r.int("original_max_position_embeddings", default=None) or context
+    return context
+
+
+def _rope_parameters(r: _Reader) -> list[dict]:
+    """The file's RoPE scaling (``rope_parameters``, or the older ``rope_scaling``), one dict per
+    layer type when nested, each with its ``type`` (``rope_type``, or the older ``type``) and a
+    ``factor`` when it has one."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = r.config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{r.where}: {key}: expected an object ({{...}}), got {value_text(value)}")
+        nested = value and all(isinstance(v, dict) for v in value.values())
+        found = []
+        for where, table in ([(f"{key}.{k}", v) for k, v in value.items()] if nested else [(key, value)]):
+            kind = table.get("rope_type", table.get("type", "default"))
+            if not isinstance(kind, str):
+                raise ConfigError(f"{r.where}: {where}: rope_type: expected text, got {value_text(kind)}")
+            rope = {"type": kind}
+            factor = table.get("factor")
+            if factor is not None:
+                if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 1e6:
+                    raise ConfigError(f"{r.where}: {where}: factor: expected a number > 0, got {value_text(factor)}")
+                rope["factor"] = float(factor)
+            found.append(rope)
+        return found
+    return []
 
 
 def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
@@ -434,14 +500,15 @@ def is_config_path(value: str) -> bool:
 
 
 def spec_from_path(value: str, where: str):
-    """A ModelSpec from a config.json (or a folder holding one), named after its folder."""
+    """A ModelSpec from a config.json (or a folder holding one), named after its folder -- or after
+    the file, when it has a name of its own (``falcon-7b.json``)."""
     from .capacity import ModelSpec
     from .configs import from_table
 
     path = Path(value)
     if path.is_dir():
         path = path / "config.json"
-    name = path.resolve().parent.name.lower() or "model"
+    name = (path.resolve().parent.name if path.name.lower() == "config.json" else path.stem).lower() or "model"
     fields = model_fields(read_config(path, where), f"{where}: {path}")
     return from_table(ModelSpec, {"name": name, **fields}, where=f"{where}: {path}")
 

@@ -173,10 +173,71 @@ def test_hf_id_only_from_a_hub_name():
     ({"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": 5}, "mlp_only_layers: expected a list of ints"),
     ({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": "128"}},
      "quantization_config.group_size: expected a whole number"),
+    # a true/false as text was read by bool(): "false" meant true
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings: expected true or false, got 'false'"),
+    ({"sliding_window": 4096, "use_sliding_window": "false"}, "use_sliding_window: expected true or false"),
+    # a list of the wrong length named fewer window layers in silence
+    ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128},
+     r"layer_types: 2 entries for 32 layers \(num_hidden_layers\)"),
+    ({"rope_scaling": "yarn"}, r"rope_scaling: expected an object \(\{...\}\), got 'yarn'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "4"}}, "rope_scaling: factor: expected a number > 0"),
 ])
 def test_errors_name_the_key(change, message):
     with pytest.raises(ConfigError, match=message):
         spec({**LLAMA_3_8B, **change})
+
+
+# Older multi-query and GLM configs (the keys vLLM's get_total_num_kv_heads reads), as on the hub.
+FALCON_7B = {"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71,
+             "vocab_size": 65024, "multi_query": True, "new_decoder_architecture": False, "parallel_attn": True,
+             "bias": False}
+FALCON_40B = {"model_type": "falcon", "num_hidden_layers": 60, "hidden_size": 8192, "num_attention_heads": 128,
+              "num_kv_heads": 8, "vocab_size": 65024, "new_decoder_architecture": True, "bias": False}
+STARCODER = {"model_type": "gpt_bigcode", "n_layer": 40, "n_embd": 6144, "n_head": 48, "n_inner": 24576,
+             "n_positions": 8192, "vocab_size": 49152, "multi_query": True}
+GLM_4_9B_CHAT = {"model_type": "chatglm", "num_layers": 40, "hidden_size": 4096, "num_attention_heads": 32,
+                 "multi_query_attention": True, "multi_query_group_num": 2, "kv_channels": 128,
+                 "ffn_hidden_size": 13696, "padded_vocab_size": 151552, "add_qkv_bias": True, "seq_length": 131072}
+
+
+def test_multi_query_and_glm_configs_have_their_few_kv_heads():
+    """Falcon-7B and StarCoder are multi-query (one KV head), GLM-4 two groups: read as every head,
+    their KV per token was 71x, 48x and 16x too large. Parameters by hand (biases, norms' biases and
+    StarCoder's position table are not counted): Falcon-7B a layer QKV 4544 x (71 + 2) x 64, the
+    output 4544^2, the MLP 2 x 4544 x 18176, its LayerNorm 2 x 4544 -- tied 65024 x 4544; GLM-4 a layer
+    2 x 4096 x 4096 + 2 x 4096 x 256 + the Q/K/V bias 36 x 128 + the SwiGLU 3 x 4096 x 13696 + two
+    norms -- untied 2 x 151552 x 4096 (published: 9,399,951,360 with its final norm)."""
+    falcon, falcon_40b, starcoder, glm = (spec(c) for c in (FALCON_7B, FALCON_40B, STARCODER, GLM_4_9B_CHAT))
+    assert (falcon.num_kv_heads, falcon.head_dim, falcon.kv_bytes_per_token()) == (1, 64, 2 * 32 * 64 * 2)
+    layer = 4544 * 73 * 64 + 4544**2 + 2 * 4544 * 18176 + 2 * 4544
+    assert falcon.num_params == 32 * layer + 65024 * 4544 + 4544 and falcon.tied_embeddings
+    assert (falcon_40b.num_kv_heads, falcon_40b.kv_bytes_per_token()) == (8, 2 * 60 * 8 * 64 * 2)
+    assert (starcoder.num_kv_heads, starcoder.kv_bytes_per_token()) == (1, 2 * 40 * 128 * 2)
+    assert starcoder.tied_embeddings and starcoder.max_position_embeddings == 8192
+    assert (glm.num_kv_heads, glm.head_dim, glm.kv_bytes_per_token()) == (2, 128, 2 * 40 * 2 * 128 * 2)
+    assert glm.num_params == 40 * (2 * 4096**2 + 2 * 4096 * 256 + 36 * 128 + 3 * 4096 * 13696 + 2 * 4096) \
+        + 2 * 151552 * 4096 + 4096 == 9_399_951_360
+    assert spec({**GLM_4_9B_CHAT, "vocab_size": 151329}).vocab_size == 151552   # the padded table is the one served
+
+
+@pytest.mark.parametrize("rope, context", [
+    (None, 4096),
+    ({"rope_type": "linear", "factor": 4.0}, 16384),                      # vLLM scales the length by factor
+    ({"type": "dynamic", "factor": 2.0}, 8192),                           # (the older key)
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}, 4096),   # already scaled
+    ({"rope_type": "llama3", "factor": 8.0}, 4096),
+    ({"rope_type": "default"}, 4096),
+    ({"full_attention": {"rope_type": "linear", "factor": 2.0}, "sliding_attention": {"rope_type": "default"}}, 8192),
+])
+def test_the_context_is_vllms_default_max_model_len_under_rope_scaling(rope, context):
+    """vLLM 0.33's _get_and_verify_max_len: a RoPE factor scales the file's length except for the
+    types that keep it (yarn, llama3, longrope, ...); LongRoPE defaults to the original length."""
+    config = {**LLAMA_3_8B, "max_position_embeddings": 4096}
+    assert spec({**config, "rope_scaling": rope}).max_position_embeddings == context
+    assert spec({**config, "rope_parameters": rope}).max_position_embeddings == context   # transformers v5's key
+    longrope = {**config, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+                "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}
+    assert spec(longrope).max_position_embeddings == 4096
 
 
 # --- TOML and CLI ----------------------------------------------------------------------------------
@@ -262,6 +323,10 @@ def test_capacity_reads_a_config_or_its_folder(tmp_path):
     by_folder = capacity_command({"model": str(tmp_path / "DeepSeek-V3"), "gpu": "h200-141gb", "tensor_parallel": 8},
                                  catalog)
     assert by_file == by_folder and by_file.startswith("KV capacity of deepseek-v3 on h200-141gb")
+    (tmp_path / "configs").mkdir()   # a file of its own name is named after it, not its folder ("configs")
+    (tmp_path / "configs" / "Falcon-7B.json").write_text(json.dumps(FALCON_7B))
+    assert capacity_command({"model": str(tmp_path / "configs" / "Falcon-7B.json"), "gpu": "h100-80gb"},
+                            catalog).startswith("KV capacity of falcon-7b on h100-80gb")
     # the file's model sizes the cache as the preset does (the preset's 671e9 is the same count, rounded)
     preset = capacity_command({"model": "deepseek-v3", "gpu": "h200-141gb", "tensor_parallel": 8}, catalog)
     assert by_file.splitlines()[1] == preset.splitlines()[1]  # KV per token: the 576-wide latent
