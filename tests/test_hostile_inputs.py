@@ -193,6 +193,20 @@ def test_binary_and_non_utf8_files(tmp_path, capsys, content, fragments, command
     one_error(main([command, str(path)]), capsys.readouterr().err, str(path), *fragments)
 
 
+@pytest.mark.parametrize("top, extra, fragment", [
+    ("slo = 5\n", (), "exp.toml: [slo]: must be a table, got 5"),
+    ("[[slo]]\nttft_ms = 100\n", (), "exp.toml: [slo]: must be a table, got an array"),
+    ("cluster = []\n", (), "exp.toml: [cluster]: must be a table, got an array"),   # (passed as no table)
+    ("", ("--set", "scheduler=abc"), "--set scheduler: "),
+    ("[[runs]]\nname = \"a\"\nsearch = 5\n", (), "exp.toml: [[runs]] 'a' [search]: must be a table, got 5"),
+])
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_value_where_a_table_goes_is_named(tmp_path, capsys, command, top, extra, fragment):
+    """slo = 5, [[slo]], --set scheduler=abc: a TypeError traceback from deep in the loader before."""
+    code, err = run_file(tmp_path, capsys, top + BASE, *extra, command=command)
+    one_error(code, err, fragment, "must be a table")
+
+
 @pytest.mark.parametrize("command", ["run", "validate"])
 def test_a_folder_given_as_the_experiment_file(tmp_path, capsys, command):
     one_error(main([command, str(tmp_path)]), capsys.readouterr().err, "is a folder; give the experiment's .toml file")

@@ -305,6 +305,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
     presets = Presets.from_catalog(catalog, custom)
     ctx = Context(catalog, presets, str(path.parent.resolve()), source)
 
+    _check_tables(raw, f"{source}:")
     defaults = {k: raw[k] for k in RUN_TABLES if k in raw}
     entries = raw.get("runs", [{}])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -339,6 +340,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
             name = f"run{i + 1}"
         where = f"{source}: [[runs]] {name!r}" if raw.get("runs") else f"{source}:"
         _check_keys(entry, RUN_KEYS, where)
+        _check_tables(entry, where)
         if name in names:
             raise ConfigError(f"{where.rstrip(':')}: two runs are named {name!r}")
         names.add(name)
@@ -347,6 +349,7 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         tables = file_tables
         for o in applied:
             tables = _apply(tables, o, where)
+            _check_tables(tables, f"--set {o.key}: {where}")
         seed = entry.get("seed", config.seed)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_INT:
             raise ConfigError(f"{where.rstrip(':')}: seed must be a whole number from 0 to 2**53, got {seed!r}")
@@ -442,6 +445,15 @@ def check_report_studies(config, studies: list[StudySpec], where: str) -> None:
         raise ConfigError(f"{where}: {exc.name}: {exc.message}") from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_tables(tables: dict, where: str) -> None:
+    """The run tables and study tables among ``tables`` (the file's top level, a ``[[runs]]`` entry,
+    or a run's after a ``--set``) are each one table: ``slo = 5``, ``[[slo]]`` or ``--set
+    scheduler=abc`` failed far away with a traceback, and ``slo = []`` passed as no table."""
+    for key in RUN_TABLES + STUDY_TABLES:
+        if key in tables and not isinstance(tables[key], dict):
+            raise ConfigError(f"{where} [{key}]: must be a table, got {_shape(tables[key])}")
 
 
 def _shape(value) -> str:
