@@ -163,7 +163,8 @@ def test_a_plan_of_too_many_candidates_is_refused_when_the_file_is_read(tmp_path
                                 "at most 10,000 (each candidate is a search over instances)")
     with pytest.raises(ConfigError, match=r"^1 gpus x 1 tensor_parallel x 10,001 = 10,001 candidates; at most 10,000"):
         plan_config(space={"scheduler.max_num_seqs": list(range(1, 10_002))})
-    assert len(plan_config(space={"a.b": list(range(100)), "a.c": list(range(100))}).space["a.b"]) == 100
+    assert len(plan_config(space={"scheduler.b": list(range(100)), "scheduler.c": list(range(100))}).space[
+        "scheduler.b"]) == 100
 
 
 def test_validate_reports_the_bound_on_one_line(tmp_path):

@@ -131,12 +131,16 @@ def test_candidates_that_cannot_hold_the_model_are_skipped_with_the_reason(tmp_p
 
 @pytest.mark.parametrize("old, new, message", [
     ("gpus = {l4 = 0.8, a100-40gb = 1.3}\n", "", "[plan]: missing required key 'gpus'"),
-    ("gpus = {l4 = 0.8, a100-40gb = 1.3}", "gpus = {l4 = -1}", "l4: the price per GPU-hour must be a number > 0"),
+    ("gpus = {l4 = 0.8, a100-40gb = 1.3}", "gpus = {l4 = -1}", "l4: the price per GPU-hour must be a finite number > 0"),
+    ("gpus = {l4 = 0.8, a100-40gb = 1.3}", "gpus = {l4 = inf}", "l4: the price per GPU-hour must be a finite number"),
     (f'constraints = ["slo.attainment >= {TARGET}"]', "constraints = []", "constraints: name at least one"),
     (f'constraints = ["slo.attainment >= {TARGET}"]', 'constraints = ["slo.attainment >>= 1"]', "bad constraint"),
     ("tensor_parallel = [1, 2]", "tensor_parallel = [0]", "tensor_parallel: must be whole numbers >= 1"),
     (f"max_instances = {MAX_INSTANCES}", "max_instances = 0", "max_instances"),
     (f"max_instances = {MAX_INSTANCES}", "max_instanses = 3", "unknown key 'max_instanses'"),
+    # a key no run table holds labelled every candidate and changed nothing
+    ('"scheduler.max_num_seqs" = [8, 64]', '"nope.x" = [1]',
+     "[plan]: space: cannot vary 'nope.x'; keys start with one of workload, scheduler"),
 ])
 def test_plan_table_errors_name_the_key(tmp_path, old, new, message):
     assert old in PLAN

@@ -55,7 +55,7 @@ from ..results.records import RunResult, Study
 from .drivers import SearchDriver
 from .overrides import set_dotted, split_key
 from .search import max_search_probes, parse_constraint
-from .spec import check_slo, needs_slo
+from .spec import RUN_TABLES, check_slo, needs_slo
 from .simulation import Assembled, RunSpec, assemble
 from .sweep import expand_grid, grid_axes, grid_size, point_label
 
@@ -80,8 +80,9 @@ def _check_prices(_inst, attribute, value):
         raise FieldError(attribute.name, "must be a table of GPU presets and prices per GPU-hour, "
                                          "e.g. {a100-40gb = 1.29}")
     for name, price in value.items():
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price > 0:
-            raise FieldError(attribute.name, f"{name}: the price per GPU-hour must be a number > 0, got {price!r}")
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 < price < math.inf:
+            raise FieldError(attribute.name, f"{name}: the price per GPU-hour must be a finite number > 0, got "
+                                             f"{price!r}")
 
 
 @attrs.frozen
@@ -153,7 +154,10 @@ def _plan_keys(cfg: PlanConfig):
 
 
 def _check_space_key(cfg: PlanConfig, key: str, values: list) -> None:
-    """Refuse a space key whose values the plan would overwrite: each point would run twice."""
+    """Refuse a space key outside the run's tables (it would label candidates and change nothing, as
+    a [sweep] refuses it), or whose values the plan would overwrite: each point would run twice."""
+    if key.split(".")[0] not in RUN_TABLES:
+        raise ConfigError(f"space: cannot vary {key!r}; keys start with one of {', '.join(RUN_TABLES)}")
     for plan_key, how, instead in _plan_keys(cfg):
         if key == plan_key or key.startswith(plan_key + "."):
             inside = "" if key == plan_key else f"inside {plan_key!r}, "

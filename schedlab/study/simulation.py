@@ -175,8 +175,8 @@ class SloConfig:
             for key, value in table.items():
                 if key not in ("ttft_ms", "tpot_ms"):
                     raise FieldError("classes", f"{name}: unknown key {key!r}; valid keys: ttft_ms, tpot_ms")
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                    raise FieldError("classes", f"{name}.{key} must be a number >= 0, got {value!r}")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # (NaN too)
+                    raise FieldError("classes", f"{name}.{key} must be a number >= 0 (inf: none), got {value!r}")
 
 
 @attrs.frozen
