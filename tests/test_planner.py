@@ -139,6 +139,8 @@ def test_candidates_that_cannot_hold_the_model_are_skipped_with_the_reason(tmp_p
     (f"max_instances = {MAX_INSTANCES}", "max_instances = 0", "max_instances"),
     (f"max_instances = {MAX_INSTANCES}", "max_instanses = 3", "unknown key 'max_instanses'"),
     # a key no run table holds labelled every candidate and changed nothing
+    # a plan's base run has one instance: its router was not checked until the plan ran two
+    ('router = {kind = "least_outstanding"}', 'router = {kind = "nope"}', "[cluster.router]: unknown router 'nope'"),
     ('"scheduler.max_num_seqs" = [8, 64]', '"nope.x" = [1]',
      "[plan]: space: cannot vary 'nope.x'; keys start with one of workload, scheduler"),
 ])

@@ -716,6 +716,8 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     router = None
     if cluster.instances > 1:
         router = _build_router(ctx, cluster.router, cluster.instances, f"{where} [cluster.router]")
+    else:  # no router runs, but its table is checked: a plan or sweep may give the run more instances
+        component_config(ctx, "router", cluster.router, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side,
                      autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, _instances_from(spec)))
 
