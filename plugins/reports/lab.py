@@ -9,7 +9,9 @@
   with several constraints: the target is its TTFT constraint's threshold, see :func:`tune_target`)
 
 Each artifact names the study it is read from (settings below); an artifact whose study is
-missing is skipped with a note, so the report also serves partial labs.
+missing is skipped with a note, so the report also serves partial labs. A name given other than
+its default must name a study, and every name that does must name the right kind of study:
+checked when the experiment file is read (:meth:`LabConfig.check_studies`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import attrs
 
-from schedlab.configs import str_field
+from schedlab.configs import FieldError, str_field
 from schedlab.errors import ConfigError
 from schedlab.results.storage import atomic_write, constraint_list
 from schedlab.study.search import parse_constraint
@@ -33,6 +35,30 @@ class LabConfig:
     cost: str = str_field("continuous", help="run whose requests the cost split uses (step 7)")
     tune: str = str_field("tune", help="search for the largest concurrency meeting the TTFT target (step 8)")
     rate_key: str = str_field("workload.rate", help="the swept key that holds requests per second")
+
+    def check_studies(self, studies) -> None:
+        """Called when the experiment file is read: each name given other than its default names a
+        study, and each name that names one names a study of the kind its artifact reads."""
+        single = ("a single run", "single runs ([[runs]] with no sweep, search or plan)", lambda s: s.kind == "run")
+        kinds = {
+            "static": single, "continuous": single, "cost": single,
+            "queue": (f"a sweep over {self.rate_key!r}", f"sweeps over {self.rate_key!r}",
+                      lambda s: s.kind == "sweep" and self.rate_key in s.keys),
+            "tune": ("a search", "searches", lambda s: s.kind == "search"),
+        }
+        by_name = {s.name: s for s in studies}
+        for field, (what, plural, fits) in kinds.items():
+            name = getattr(self, field)
+            if name not in by_name:
+                if name == attrs.fields_dict(LabConfig)[field].default:
+                    continue  # a default name: its artifact is skipped (a partial lab)
+                raise FieldError(field, f"no study named {name!r}; the studies are: {', '.join(by_name) or 'none'}")
+            if not fits(by_name[name]):
+                them = [s.name for s in studies if fits(s)]
+                study = by_name[name]
+                over = f" over {', '.join(map(repr, study.keys))}" if study.keys else ""
+                raise FieldError(field, f"study {name!r} is a {study.kind}{over}, not {what}; "
+                                        f"{plural}: {', '.join(them) or 'none'}")
 
 
 def _num(x: float) -> str:

@@ -136,7 +136,7 @@ def number_range(value: Any, name: str, *, integer: bool, low: float, high: floa
     kind = "whole numbers" if integer else "numbers"
     if len(pair) != 2 or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pair):
         raise FieldError(name, f"must be a number or [low, high] of {kind}, got {value!r}")
-    if integer and not all(float(v).is_integer() for v in pair):
+    if integer and not all(isinstance(v, int) for v in pair):  # 4.0 too, as int_field refuses it
         raise FieldError(name, f"must be whole numbers, got {value!r}")
     lo, hi = (int(v) for v in pair) if integer else (float(v) for v in pair)
     if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -162,6 +162,16 @@ def range_field(default=attrs.NOTHING, *, integer: bool, low: float, high: float
 
     def check(_instance, attribute, value):
         if value is not None:
-            number_range(value, attribute.name, integer=integer, low=low, high=high, low_exclusive=low_exclusive)
+            number_range(_as_written(value), attribute.name, integer=integer, low=low, high=high,
+                         low_exclusive=low_exclusive)
 
     return attrs.field(default=default, converter=convert, validator=check, metadata={"help": help})
+
+
+def _as_written(value):
+    """A converted range as the TOML had it (messages quote it): ``[lo, hi]``, or one number for both."""
+    if not isinstance(value, tuple):
+        return value
+    if len(value) == 2 and value[0] == value[1] and type(value[0]) is type(value[1]):
+        return value[0]
+    return list(value)

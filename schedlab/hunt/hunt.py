@@ -65,9 +65,12 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: no [hunt] table: a hunt file says what to look for in [hunt] "
                           "(objective or property, [hunt.workload] bounds)")
+    entries = raw.get("runs", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError(f"{source}: runs must be an array of tables ([[runs]])")  # as load() says
     for key in FORBIDDEN:
-        inside = [e.get("name", f"number {i + 1}") for i, e in enumerate(raw.get("runs", []))
-                  if isinstance(e, dict) and key in e]
+        inside = [e.get("name", f"number {i + 1}") for i, e in enumerate(entries)
+                  if key in e]
         if key in raw or inside:
             where = f"[{key}]" if key in raw else f"[[runs]] {inside[0]!r}: {key}"
             raise ConfigError(f"{source}: {where}: a hunt file has no {key}; "
