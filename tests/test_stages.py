@@ -91,6 +91,8 @@ def test_staged_shared_prefix_keeps_its_sharing():
     ({"stages": [{"rate": -1, "duration_s": 5}]}, "stages: stage 1: rate must be a number > 0"),
     ({"stages": [{"rate": 1, "duration_s": 5}], "stage_start": "later"}, "stage_start: must be one of"),
     ({}, "num_requests: required"),
+    # past the clock's end (10**12 ms): run refused it as 'arrival times must be at most ...', naming no key
+    ({"stages": [{"rate": 1, "duration_s": 5}], "stage_gap_s": 1e308}, r"stage_gap_s: must be <= 1000000000.0"),
 ])
 def test_bad_stage_settings_are_refused_by_name(settings, message):
     with pytest.raises(FieldError, match=message):

@@ -691,6 +691,12 @@ def loop(registry, **extra):
     return make(registry, table)
 
 
+def test_a_stagger_past_the_clocks_end_is_refused_by_name(registry):
+    """Read, then refused at run time as 'arrival times must be at most ...', naming no key."""
+    with pytest.raises(ConfigError, match=r"\[workload\]: stagger_ms: must be <= 1000000000000.0, got 1e\+308"):
+        loop(registry, stagger_ms=1e308)
+
+
 def test_closed_loop_initial_requests_one_per_client(registry):
     w = loop(registry, stagger_ms=30)
     assert w.closed_loop is True

@@ -32,7 +32,9 @@ from typing import Iterator
 
 import attrs
 
-from schedlab.configs import MAX_REQUESTS, MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field
+from schedlab.configs import (
+    MAX_REQUESTS, MAX_TIME_MS, MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field,
+)
 from schedlab.errors import WorkloadError
 from schedlab.model import Request
 
@@ -54,7 +56,8 @@ class ClosedLoopConfig:
     duration_ms: float | None = float_field(None, min=0, optional=True,
                                             help="no request arrives after this time (ms)")
     think_ms: float = float_field(0.0, min=0, help="a client's pause between a finish and its next request (ms)")
-    stagger_ms: float = float_field(0.0, min=0, help="client i starts at i * stagger_ms / clients (ms)")
+    stagger_ms: float = float_field(0.0, min=0, max=MAX_TIME_MS,
+                                    help="client i starts at i * stagger_ms / clients (ms)")
     path: str | None = path_field(None, optional=True,
                                   help="request file (like kind = 'file'), rows used in order, cycling; "
                                        "instead of prompt/output")

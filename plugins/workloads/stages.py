@@ -36,7 +36,7 @@ import attrs
 import numpy as np
 
 from schedlab.configs import (
-    MAX_REQUESTS, FieldError, float_field, is_finite_number, str_field, table_field, value_text,
+    MAX_REQUESTS, MAX_TIME_MS, FieldError, float_field, is_finite_number, str_field, table_field, value_text,
 )
 from schedlab.errors import WorkloadError
 
@@ -71,8 +71,8 @@ def stage_start_field():
 
 
 def stage_gap_field():
-    return float_field(0.0, min=0.0, help="with stages: seconds between one stage and the next (inference-perf's "
-                                          "interval)")
+    return float_field(0.0, min=0.0, max=MAX_TIME_MS / 1e3,  # (the clock's end: refused when the file is read)
+                       help="with stages: seconds between one stage and the next (inference-perf's interval)")
 
 
 def parse_stages(value, field: str = "stages") -> tuple[Stage, ...]:
