@@ -37,7 +37,8 @@ from .errors import TRACEBACK_ENV, InputWarning, PluginError, SchedlabError, plu
 from .interrupts import SignalGuard, acknowledge, stop_status
 from .results import index_page
 from .results.folder import StagedFiles, StagedFolder, record_entries
-from .study.simulation import build_component
+from .study.experiment import check_report_studies
+from .study.simulation import build_component, component_config
 
 
 def _reports(exp, names, skip=()):
@@ -47,7 +48,10 @@ def _reports(exp, names, skip=()):
         if name in skip:
             continue
         table = {"kind": name, **exp.report_tables.get(name, {})}
-        out.append((name, build_component(ctx, "report", table, f"{ctx.source}: [reports.{name}]")))
+        where = f"{ctx.source}: [reports.{name}]"
+        # (a report added with --report was not in the file's list that load() checked: its run names now)
+        check_report_studies(component_config(ctx, "report", table, where)[1], exp.studies, where)
+        out.append((name, build_component(ctx, "report", table, where)))
     return out
 
 

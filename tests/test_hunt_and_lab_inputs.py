@@ -147,3 +147,14 @@ def test_lab_report_default_names_may_be_missing_a_partial_lab(tmp_path, capsys)
     assert main(["run", path, "--out", str(out), "--no-plots", "-j", "1"]) == 0
     assert {"static.txt", "compare.txt", "maxseqs.txt", "cost.txt"} <= {p.name for p in out.iterdir()}
     assert "lab report: no study for queue.csv, tune.txt" in capsys.readouterr().err
+
+
+def test_a_report_added_with_the_report_option_is_checked_before_the_run(tmp_path, capsys):
+    """--report lab, not in the file's reports: its names were read only after every simulation."""
+    text = LAB.replace('reports = ["lab"]', 'reports = ["json"]')
+    path = write(tmp_path, text + '\n    [reports.lab]\n    static = "sw"\n', "lab.toml")
+    out = tmp_path / "out"
+    assert refused(capsys, ["run", path, "--out", str(out), "--no-plots", "-j", "1", "--report", "lab"]) == (
+        f"schedlab: error: {path}: [reports.lab]: static: study 'sw' is a sweep over 'scheduler.max_num_seqs', "
+        f"not a single run; single runs ([[runs]] with no sweep, search or plan): static, continuous")
+    assert not out.exists()
