@@ -207,6 +207,15 @@ def test_a_value_where_a_table_goes_is_named(tmp_path, capsys, command, top, ext
     one_error(code, err, fragment, "must be a table")
 
 
+@pytest.mark.parametrize("study, table", [('[sweep]\n"nope.key" = [1, 2]\n', "sweep"),
+                                          ('[search]\nkey = "abc"\nlow = 1\nhigh = 4\nconstraint = '
+                                           '"ttft_ms.p99 <= 100"\n', "search")])
+def test_a_study_key_outside_the_run_tables_names_the_file_and_table(tmp_path, capsys, study, table):
+    """The message named the run alone ('hostile: cannot vary ...'), not the file or the table."""
+    code, err = run_file(tmp_path, capsys, BASE + study, command="validate")
+    one_error(code, err, f"exp.toml: [{table}]: cannot vary ", "keys start with one of workload")
+
+
 @pytest.mark.parametrize("command", ["run", "validate"])
 def test_a_folder_given_as_the_experiment_file(tmp_path, capsys, command):
     one_error(main([command, str(tmp_path)]), capsys.readouterr().err, "is a folder; give the experiment's .toml file")

@@ -666,7 +666,12 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
     else:
         points = [{}]
     for point in points:
-        assemble(point_spec(study, point), ctx, where, check_only=True)
+        try:
+            spec = point_spec(study, point)
+        except ConfigError as exc:  # a key outside the run tables: name the file, the run and its table
+            raise ConfigError(f"{where} [{'sweep' if study.sweep is not None else 'search'}]: "
+                              f"{exc}") from None
+        assemble(spec, ctx, where, check_only=True)
 
 
 def run_experiment(exp: Experiment, *, observer: Callable | None = None,

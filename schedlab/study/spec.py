@@ -183,7 +183,7 @@ def point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
     tables = study.base.tables
     for key, value in point.items():
         if key.split(".")[0] not in RUN_TABLES:
-            raise ConfigError(f"{study.name}: cannot vary {key!r}; keys start with one of {', '.join(RUN_TABLES)}")
+            raise ConfigError(f"cannot vary {key!r}; keys start with one of {', '.join(RUN_TABLES)}")
         tables = set_dotted(tables, key, value)
     label = point_label(point)
     return RunSpec(f"{study.name}[{label}]" if label else study.name, tables, study.base.seed,
