@@ -189,6 +189,28 @@ def test_the_client_s_times_are_compared_with_the_simulated_client(tmp_path):
     assert run.metrics["ttft_ms"]["mean"] == pytest.approx(0.5)
 
 
+def test_the_server_s_ttft_runs_from_the_first_scheduling_as_vllm_s():
+    """vLLM 0.33's per-request ``time_to_first_token_ms`` (``server_ttfts``) is first_token_ts -
+    scheduled_ts: a request queued 100 ms and prefilled in 20 reports 20, not 120. Two simulated
+    requests by hand: queued 0 and 100 ms, prefilled in 10 and 20 ms; the server measured 10 and
+    20 ms of TTFT and 0 and 100 ms of queue: no error (the simulated TTFT from arrival, a mean of
+    65 ms, was compared before: +333%)."""
+    from types import SimpleNamespace
+
+    from schedlab.results.compare import server_comparison
+
+    requests = {"arrival_ms": np.array([0.0, 0.0]), "first_scheduled_ms": np.array([0.0, 100.0]),
+                "first_token_ms": np.array([10.0, 120.0]), "finish_ms": np.array([50.0, 160.0]),
+                "generated_tokens": np.array([5, 5]), "rejected": np.array([0, 0]),
+                "timed_out": np.array([0, 0]), "aborted": np.array([0, 0])}
+    measured = SimpleNamespace(server_ttft_ms=np.array([10.0, 20.0]), server_queue_ms=np.array([0.0, 100.0]))
+    server = server_comparison(requests, measured)
+    assert server["measured"]["ttft_ms.mean"] == pytest.approx(15.0)
+    assert server["measured"]["queue_ms.mean"] == pytest.approx(50.0)
+    for key in ("ttft_ms.mean", "ttft_ms.p50", "ttft_ms.p99", "queue_ms.mean", "queue_ms.p90"):
+        assert server["errors_pct"][key] == pytest.approx(0.0, abs=1e-9), key
+
+
 def test_a_server_log_is_still_compared_with_the_simulated_engine(tmp_path):
     from schedlab_plugins.workloads.measured import load_vllm_log
 

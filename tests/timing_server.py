@@ -143,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
         self._event({"id": "cmpl", "object": "text_completion", "choices": [],
                      "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": job.generated},
                      "metrics": {"queue_time_ms": (job.scheduled - job.queued) * 1e3,
-                                 "time_to_first_token_ms": (job.first_token - job.queued) * 1e3}})
+                                 "time_to_first_token_ms": (job.first_token - job.scheduled) * 1e3}})
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")  # the last chunk: the connection stays open for the client's next request
 

@@ -16,7 +16,9 @@ Like is compared with like: a server log's latencies (from the request's arrival
 with the simulated engine's, a load generator's (from sending the request to the first and
 last byte) with the simulated client's (:func:`simulated_latencies`). When a client's file also
 has the server's own per-request TTFT and queue time, they are compared with the simulated
-engine's under ``vs_measured["server"]`` (not part of the mean error).
+engine's under ``vs_measured["server"]`` (not part of the mean error), as vLLM defines them
+(``PerRequestMetrics``): its TTFT runs from the request's first scheduling to its first token
+(the simulated ``prefill_ms``), its queue time from arrival at the engine to that scheduling.
 
 Calibration may instead pair each measured request with its own replay (:func:`paired_errors`):
 a statistic of the whole run forgets which request had which latency, a pairing keeps it -- a
@@ -77,7 +79,10 @@ def simulated_latencies(requests: dict[str, np.ndarray], measured) -> dict[str, 
     return request_latencies(requests)
 
 
-SERVER_FIELDS = (("server_ttft_ms", "ttft_ms"), ("server_queue_ms", "queue_ms"))  # measured -> simulated engine
+#: the server's own per-request times (measured field, name, simulated engine's latency): vLLM 0.33's
+#: ``server_ttfts`` are first scheduled -> first token (``entrypoints/generate/base/serving.py``), not
+#: arrival -> first token as its ``/metrics`` TTFT histogram (the simulated ``ttft_ms``) is
+SERVER_FIELDS = (("server_ttft_ms", "ttft_ms", "prefill_ms"), ("server_queue_ms", "queue_ms", "queue_ms"))
 
 
 def server_comparison(requests: dict[str, np.ndarray], measured) -> dict[str, Any] | None:
@@ -85,13 +90,13 @@ def server_comparison(requests: dict[str, np.ndarray], measured) -> dict[str, An
     engine's: ``{"errors_pct": {"ttft_ms.mean": ...}, "measured": {...}}``, or None without them."""
     engine = request_latencies(requests)
     out: dict[str, dict[str, float]] = {"errors_pct": {}, "measured": {}}
-    for field, name in SERVER_FIELDS:
+    for field, name, simulated_name in SERVER_FIELDS:
         values = getattr(measured, field, None)
         if values is None or not np.isfinite(values).any():
             continue
         for stat, _ in STATISTICS:
             truth = _statistic(values[np.isfinite(values)], stat)
-            simulated = _statistic(engine[name], stat)
+            simulated = _statistic(engine[simulated_name], stat)
             key = f"{name}.{stat}"
             out["measured"][key] = truth
             out["errors_pct"][key] = 100.0 * (simulated - truth) / truth if truth else float("nan")
