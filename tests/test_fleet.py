@@ -1038,3 +1038,67 @@ def test_an_infinite_link_bandwidth_moves_the_kv_at_once_in_both_engines(tmp_pat
         np.testing.assert_array_equal(q["kv_landed_ms"][moved], q["kv_pulled_ms"][moved])
         assert run.metrics["transfer"]["transfer_ms"]["max"] == 0.0
     compare_runs(*runs, rel=1e-9)
+
+
+GIVE_UP = """
+[experiment]
+name = "give-up"
+reports = []
+[workload]
+kind = "inline"
+requests = [{arrival_ms = 0, prompt_tokens = 10, output_tokens = 200}, {arrival_ms = 1, prompt_tokens = 10, output_tokens = 200},
+            {arrival_ms = 2, prompt_tokens = 10, output_tokens = 200}]
+[scheduler]
+kind = "vllm"
+max_num_seqs = 1
+async_scheduling = false
+[cost_model]
+kind = "linear"
+[client]
+timeout_ms = 1.5 * {one}
+[cluster]
+instances = 2
+"""
+
+
+def test_gpus_are_paid_until_the_engine_drops_the_last_abandoned_request(tmp_path, monkeypatch):
+    """Two fixed instances, one request at a time each, 0.05 ms per prompt token and 8 ms per
+    decode step, synchronous: requests 0 and 1 (arrivals 0 and 1 ms) run alone and finish at
+    0.5 + 199 x 8 = 1,592.5 and 1,593.5 ms. Request 2 (arrival 2) waits behind request 0, gets its
+    first token at 1,593.0 and its client gives up 1.5 x 1,592.5 ms after sending it, at 2,390.75,
+    during the step that ends at 1,593 + 100 x 8 = 2,393.0, where the engine drops it. The two
+    GPUs are paid from 0 to 2,393 ms (audit s57: to the last *completed* request, 1,593.5),
+    streamed or not."""
+    monkeypatch.setenv("SCHEDLAB_SPOOL", str(tmp_path / "spool"))
+    text = GIVE_UP.replace("1.5 * {one}", repr(1.5 * 1592.5))
+    for run in (fleet_run(tmp_path, text=text), fleet_run(tmp_path, "experiment.exact_requests=1", text=text)):
+        assert run.metrics["finished"] == 2 and run.metrics["timed_out"] == 1
+        assert run.metrics["gpu_hours"] == pytest.approx(2 * 2393.0 / 3.6e6)
+    rows = fleet_run(tmp_path, text=text).requests
+    np.testing.assert_allclose(rows["finish_ms"], [1592.5, 1593.5, 2393.0])
+
+
+def test_every_arrival_has_its_hour_one_turned_away_after_the_last_finish_too(tmp_path):
+    """Requests at 0 and 2.2 h are served; one at 3.5 h is too long for the KV cache and turned
+    away on arrival, after the engine's last work. The hours run to the arrival's: 4 hours, 3
+    requests (before: 3 hours, and the late one in none)."""
+    hour = 3.6e6
+    path = tmp_path / "late.toml"
+    path.write_text(f"""
+[experiment]
+reports = []
+[workload]
+kind = "inline"
+requests = [{{arrival_ms = 0, prompt_tokens = 10, output_tokens = 5}},
+            {{arrival_ms = {2.2 * hour}, prompt_tokens = 10, output_tokens = 5}},
+            {{arrival_ms = {3.5 * hour}, prompt_tokens = 1000, output_tokens = 5}}]
+[kv_cache]
+num_blocks = 20
+block_size = 16
+[cost_model]
+kind = "linear"
+""")
+    m = run_experiment(load(path)).all_runs()[0].metrics
+    assert m["rejected"] == 1 and m["finished"] == 2
+    assert sorted(m["hourly"], key=int) == ["0", "1", "2", "3"]
+    assert [m["hourly"][h]["requests"] for h in "0123"] == [1, 0, 1, 1]

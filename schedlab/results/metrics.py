@@ -267,7 +267,7 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         if energy:
             for k in classes:
                 m["per_class"][str(k)]["energy"] = class_energy(req, req["request_class"] == k)
-    end = float(req["finish_ms"][ok].max()) if n_ok else 0.0
+    end = engine_end_ms(counters, float(req["finish_ms"][left].max()) if left.any() else 0.0)
     hours = arrival_hours(req["arrival_ms"])
     met = np.zeros(n_all, dtype=bool)
     if slo:
@@ -330,6 +330,13 @@ def _busy_window(c: dict[str, float], makespan: float, start: float) -> float:
     the last request did (SGLang's discarded decode of a request at an EOS, ``Plan.overshoot``)."""
     busy = c.get("busy_until_ms", 0.0) - start
     return busy if busy > makespan else makespan
+
+
+def engine_end_ms(c: dict[str, float], last_left_ms: float) -> float:
+    """When the engine's work ended (the time GPUs are paid to): the last request it finished or
+    dropped (``last_left_ms``: abandoned requests are worked on too), or a later iteration's end
+    or KV release (:func:`_busy_window`, :func:`kv_window`)."""
+    return max(last_left_ms, c.get("busy_until_ms", 0.0), c.get("kv_held_until_ms", 0.0))
 
 
 def kv_window(counters: dict[str, float], start: float, makespan: float) -> float:
@@ -466,7 +473,8 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
             for k, g in sorted(stats.classes.items()):
                 m["per_class"][str(k)]["energy"] = energy_shares(g.energy_j, g.served, g.served_generated)
     instances = meta.get("instances") or 1
-    _fleet_metrics(m, meta, stats.last_finish if n_ok else 0.0, stats.hour_requests, stats.hour_met, bool(slo))
+    _fleet_metrics(m, meta, engine_end_ms(counters, stats.last_served if stats.last_served > -math.inf else 0.0),
+                   stats.hour_requests, stats.hour_met, bool(slo))
     sample = stats.sample_columns()
     m["stability"], per_instance_stability = run_stability(sample, instances)
     m["stability"]["from_sample"] = int(sample["id"].size)
@@ -618,7 +626,7 @@ def arrival_hours(arrival_ms: np.ndarray) -> np.ndarray:
 def paid_intervals(meta: dict[str, Any], end_ms: float) -> list[tuple[float, float, int]]:
     """(on, off, GPUs) of every instance: an autoscaled cluster's intervals (a disaggregated
     cluster's per pool, whose instances may differ in GPUs), or the whole cluster from 0 to the
-    last finish."""
+    end of the engine's work (:func:`engine_end_ms`)."""
     scaling = meta.get("scaling")
     if scaling and "pools" in scaling:
         return [(on, off, _gpus_each(meta["pools"][name])) for name, pool in scaling["pools"].items()
@@ -659,12 +667,12 @@ def _fleet_metrics(m: dict[str, Any], meta: dict[str, Any], end_ms: float, hour_
             name: _fleet(pool, sum(off - on for _, on, off in pool["intervals"]) * _gpus_each(meta["pools"][name])
                          / HOUR_MS, end_ms)
             for name, pool in scaling["pools"].items()}
-    if end_ms < HOURLY_FROM_MS:
-        return
     hour_requests = np.asarray(hour_requests, dtype=np.float64)
     hour_met = np.asarray(hour_met, dtype=np.float64)
+    if end_ms < HOURLY_FROM_MS and (hour_requests.size - 1) * HOUR_MS < HOURLY_FROM_MS:
+        return
     hourly = {}
-    for h in range(int(math.ceil(end_ms / HOUR_MS))):
+    for h in range(max(int(math.ceil(end_ms / HOUR_MS)), hour_requests.size)):  # (a late arrival turned away too)
         lo, hi = h * HOUR_MS, (h + 1) * HOUR_MS
         paid = sum(max(0.0, min(off, hi) - max(on, lo)) * g for on, off, g in intervals) / HOUR_MS
         n = int(hour_requests[h]) if h < hour_requests.size else 0

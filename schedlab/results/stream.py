@@ -227,7 +227,6 @@ class StreamedRequests:
         self.instances: dict[int, Group] = {}
         self.clients: dict[str, list] = {}  # requests, finished, prompt, generated, first arrival, last finish
         self.first_arrival = np.inf
-        self.last_finish = -np.inf   # of the completed requests
         self.last_served = -np.inf   # of every request that left the engine (the makespan's end: left_the_engine)
         self.waiting_ms = 0.0
         self.chunks_sum = 0
@@ -279,7 +278,6 @@ class StreamedRequests:
         if left.any():
             self.last_served = max(self.last_served, float(req["finish_ms"][left].max()))
         if ok.any():
-            self.last_finish = max(self.last_finish, float(req["finish_ms"][ok].max()))
             chunks = req["prefill_chunks"][ok]
             self.chunks_sum += int(chunks.sum())
             self.chunks_max = max(self.chunks_max, int(chunks.max()))
@@ -396,7 +394,6 @@ class StreamedRequests:
                 entry[i] += e[i]
             entry[4], entry[5] = min(entry[4], e[4]), max(entry[5], e[5])
         self.first_arrival = min(self.first_arrival, other.first_arrival)
-        self.last_finish = max(self.last_finish, other.last_finish)
         self.last_served = max(self.last_served, other.last_served)
         self.waiting_ms += other.waiting_ms
         self.chunks_sum += other.chunks_sum
