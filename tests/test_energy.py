@@ -85,6 +85,33 @@ def test_tail_by_hand():
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_energy_per_request_and_token_counts_completed_requests_only(engine):
+    """The run above, each request 2.5 ms later at the engine (the network) and 5 ms later at its
+    client; request 1's client gives up 15 ms after sending it (at 45), before its last token
+    reaches it (47.5): the engine finished it, its client did not. Same energy -- 6 J busy, 1.2 J
+    between, 7.2 J over 2.5..42.5 ms -- for one completed request of 3 tokens: 7.2 J per
+    request, 2.4 J per token (audit s57: 3.6 and 1.2, as if both had completed). Each request's
+    own 3 J share counts for its class; a class with nothing completed has no J per request."""
+    from schedlab.frontend import ClientConfig, ClientSide, FrontendConfig
+
+    cost = LinearCostModel(LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0))
+    side = ClientSide(FrontendConfig(network_ms=2.5, request_ms=0.0, tokenize_ms_per_token=0.0, token_ms=2.5),
+                      ClientConfig(classes={"late": {"timeout_ms": 15.0}}))
+    requests = [Request(0, 0.0, 4, 3, request_class="chat"), Request(1, 30.0, 4, 3, request_class="late")]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, engine=engine, power=fixed_active(),
+                   client_side=side)
+    assert r.requests["finish_ms"].tolist() == [12.5, 42.5] and r.requests["timed_out"].tolist() == [0, 1]
+    e = r.metrics["energy"]
+    assert e["gpu_j"] == pytest.approx(7.2) and e["attributed_j"] == pytest.approx(6.0)
+    assert e["j_per_request"] == pytest.approx(7.2)
+    assert e["j_per_token"] == pytest.approx(2.4)
+    assert e["request_j"]["mean"] == pytest.approx(3.0) and e["request_j"]["max"] == pytest.approx(3.0)
+    chat, late = (r.metrics["per_class"][k]["energy"] for k in ("chat", "late"))
+    assert chat == pytest.approx({"j": 3.0, "j_per_request": 3.0, "j_per_token": 1.0})
+    assert late["j"] == pytest.approx(3.0) and math.isnan(late["j_per_request"]) and math.isnan(late["j_per_token"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_fixed_active_run_by_hand(engine):
     # Linear costs: 0.5 ms per prompt token, 4 ms per decode step. Each request: prompt 4,
     # output 3 -> prefill 2 ms (first token), then 2 decode steps of 4 ms: 10 ms busy.

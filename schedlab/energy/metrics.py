@@ -3,15 +3,19 @@
 * ``gpu_j`` -- what the GPUs drew over the run's window (first arrival to the end of the last
   iteration), iterations (``busy_j``) and idle stretches (``idle_j``) alike; ``host_j`` the
   hosts beside them; ``facility_j = (gpu_j + host_j) x pue``, also as ``kwh``;
-* ``j_per_token`` and ``j_per_request`` -- GPU energy per output token and per finished request
-  (as ML.ENERGY reports them), ``facility_j_per_token`` the same from the facility's meter;
-* ``request_j`` -- the distribution of each finished request's own share: every token an
+* ``j_per_token`` and ``j_per_request`` -- GPU energy per output token of the completed requests
+  and per completed request (as ML.ENERGY reports them, whose requests all complete),
+  ``facility_j_per_token`` the same from the facility's meter. Work for requests that did not
+  complete -- abandoned by their clients, turned away after they ran -- is energy spent for no
+  output: it counts in the numerator, not the denominator, as goodput counts it;
+* ``request_j`` -- the distribution of each completed request's own share: every token an
   iteration computes takes the same part of its energy (idle stretches belong to no request);
+  ``attributed_j`` every request's shares, the uncompleted ones' too;
 * ``avg_power_w`` and ``peak_power_w`` -- GPU power of the whole run (all instances): the
   average over its window, and the sum of the instances' peaks -- what they could draw at once,
   the figure to provision for (their peaks need not coincide); per instance too;
-* per request class (``per_class.<class>.energy``): its requests' shares, per request and per
-  output token.
+* per request class (``per_class.<class>.energy``): its requests' shares (``j``), per completed
+  request and per their output token.
 """
 
 from __future__ import annotations
@@ -31,20 +35,20 @@ def instance_energy(inst: dict, window_ms: float) -> dict[str, float]:
     return {"gpu_j": gpu, "host_j": host}
 
 
-def energy_metrics(req: dict[str, np.ndarray], energy: dict[str, Any], summarize) -> dict[str, Any]:
+def energy_metrics(req: dict[str, np.ndarray], energy: dict[str, Any], summarize, ok: np.ndarray) -> dict[str, Any]:
     """The ``energy`` metrics group (see the module docstring); ``summarize`` makes the
-    mean/percentile summary of the per-request shares."""
-    ok = req["rejected"] == 0
-    shares = req["energy_j"][ok] if "energy_j" in req else np.empty(0)
-    return energy_totals(energy, int(req["generated_tokens"][ok].sum()), int(ok.sum()), summarize(shares),
+    mean/percentile summary of the per-request shares, ``ok`` marks the completed requests
+    (:func:`schedlab.results.metrics.completed`)."""
+    shares = req["energy_j"] if "energy_j" in req else np.zeros(req["id"].size)
+    return energy_totals(energy, int(req["generated_tokens"][ok].sum()), int(ok.sum()), summarize(shares[ok]),
                          float(shares.sum()))
 
 
 def energy_totals(energy: dict[str, Any], generated: int, finished: int, request_j: dict[str, float],
                   attributed_j: float) -> dict[str, Any]:
-    """The ``energy`` group from the meters' record and the requests' figures: output tokens and
-    requests served (not rejected), the summary of their shares and the shares' sum (what a
-    streamed run keeps, :mod:`schedlab.results.stream`)."""
+    """The ``energy`` group from the meters' record and the requests' figures: the completed
+    requests' output tokens and count, the summary of their shares, and every request's shares
+    summed (what a streamed run keeps, :mod:`schedlab.results.stream`)."""
     start, end = energy["window_ms"]
     window = end - start
     seconds = window / 1e3
@@ -79,10 +83,10 @@ def energy_totals(energy: dict[str, Any], generated: int, finished: int, request
     }
 
 
-def class_energy(req: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, float]:
-    """The shares of one class's finished requests: in all, per request and per output token."""
-    ok = sel & (req["rejected"] == 0)
-    return energy_shares(float(req["energy_j"][ok].sum()), int(ok.sum()), int(req["generated_tokens"][ok].sum()))
+def class_energy(req: dict[str, np.ndarray], sel: np.ndarray, ok: np.ndarray) -> dict[str, float]:
+    """One class's (``sel``) shares: in all, per completed (``ok``) request and per their output token."""
+    ok = sel & ok
+    return energy_shares(float(req["energy_j"][sel].sum()), int(ok.sum()), int(req["generated_tokens"][ok].sum()))
 
 
 def energy_shares(total: float, n: int, tokens: int) -> dict[str, float]:

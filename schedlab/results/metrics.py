@@ -259,14 +259,14 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         m["slo"] = _slo_metrics(req, ok, slo, seconds)
     energy = meta.get("energy")
     if energy:  # a run with [power] (schedlab.energy)
-        m["energy"] = energy_metrics(req, energy, summarize)
+        m["energy"] = energy_metrics(req, energy, summarize, ok)
     classes = np.unique(req["request_class"]) if n_all else []
     if _named_classes([str(k) for k in classes]):
         m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
                           for k in classes}
         if energy:
             for k in classes:
-                m["per_class"][str(k)]["energy"] = class_energy(req, req["request_class"] == k)
+                m["per_class"][str(k)]["energy"] = class_energy(req, req["request_class"] == k, ok)
     end = engine_end_ms(counters, float(req["finish_ms"][left].max()) if left.any() else 0.0)
     hours = arrival_hours(req["arrival_ms"])
     met = np.zeros(n_all, dtype=bool)
@@ -465,13 +465,13 @@ def compute_streamed_metrics(stats, counters: dict[str, float], itl, meta: dict[
         m["slo"] = _attainment(run.met, n_all, seconds)
     energy = meta.get("energy")
     if energy:  # a run with [power] (schedlab.energy)
-        m["energy"] = energy_totals(energy, stats.energy.generated, stats.energy.served, stats.energy.shares.result(),
+        m["energy"] = energy_totals(energy, stats.energy.generated, stats.energy.finished, stats.energy.shares.result(),
                                     stats.energy.j)
     if _named_classes([str(k) for k in stats.classes]):
         m["per_class"] = {str(k): group_metrics(g, bool(slo)) for k, g in sorted(stats.classes.items())}
         if energy:
             for k, g in sorted(stats.classes.items()):
-                m["per_class"][str(k)]["energy"] = energy_shares(g.energy_j, g.served, g.served_generated)
+                m["per_class"][str(k)]["energy"] = energy_shares(g.energy_j, g.finished, g.generated)
     instances = meta.get("instances") or 1
     _fleet_metrics(m, meta, engine_end_ms(counters, stats.last_served if stats.last_served > -math.inf else 0.0),
                    stats.hour_requests, stats.hour_met, bool(slo))

@@ -146,15 +146,12 @@ def _reason_kind(reason: str) -> str:
 class Group:
     """The per-request figures of one group of requests (the run, a class, an instance)."""
 
-    __slots__ = ("requests", "finished", "generated", "met", "latency", "served", "served_generated", "energy_j")
+    __slots__ = ("requests", "finished", "generated", "met", "latency", "energy_j")
 
     def __init__(self) -> None:
         self.requests = self.finished = self.generated = self.met = 0
         self.latency = {name: Summary() for name in LATENCIES}
-        # requests not rejected (aborted ones too), their output tokens and energy shares
-        # (schedlab.energy.metrics counts these)
-        self.served = self.served_generated = 0
-        self.energy_j = 0.0
+        self.energy_j = 0.0  # every request's energy share (schedlab.energy.metrics)
 
     def add(self, req: dict, lat: dict, ok: np.ndarray, met: np.ndarray | None) -> None:
         """A block of rows: ``ok`` the completed ones (:func:`~schedlab.results.metrics.completed`)."""
@@ -165,10 +162,7 @@ class Group:
             self.met += int(met.sum())
         for name in LATENCIES:
             self.latency[name].add(lat[name])
-        served = req["rejected"] == 0
-        self.served += int(served.sum())
-        self.served_generated += int(req["generated_tokens"][served].sum())
-        self.energy_j += float(req["energy_j"][served].sum())
+        self.energy_j += float(req["energy_j"].sum())
 
     def merge(self, other: "Group") -> None:
         self.requests += other.requests
@@ -177,31 +171,29 @@ class Group:
         self.met += other.met
         for name in LATENCIES:
             self.latency[name].merge(other.latency[name])
-        self.served += other.served
-        self.served_generated += other.served_generated
         self.energy_j += other.energy_j
 
 
 class EnergyShares:
-    """The served requests' energy shares of a streamed run (:mod:`schedlab.energy.metrics`)."""
+    """A streamed run's energy shares (:mod:`schedlab.energy.metrics`): the completed requests'
+    count, output tokens and shares' summary, and every request's shares summed."""
 
-    __slots__ = ("served", "generated", "j", "shares")
+    __slots__ = ("finished", "generated", "j", "shares")
 
     def __init__(self) -> None:
-        self.served = self.generated = 0
+        self.finished = self.generated = 0
         self.j = 0.0
         self.shares = Summary()
 
-    def add(self, req: dict) -> None:
-        served = req["rejected"] == 0
-        shares = req["energy_j"][served]
-        self.served += int(served.sum())
-        self.generated += int(req["generated_tokens"][served].sum())
+    def add(self, req: dict, ok: np.ndarray) -> None:
+        shares = req["energy_j"]
+        self.finished += int(ok.sum())
+        self.generated += int(req["generated_tokens"][ok].sum())
         self.j += float(shares.sum())
-        self.shares.add(shares)
+        self.shares.add(shares[ok])
 
     def merge(self, other: "EnergyShares") -> None:
-        self.served += other.served
+        self.finished += other.finished
         self.generated += other.generated
         self.j += other.j
         self.shares.merge(other.shares)
@@ -268,7 +260,7 @@ class StreamedRequests:
             generated = req["generated_tokens"][ok]
             self.client["ntpot_ms"].add(lat["e2e_ms"] / generated)
         if self.metered:
-            self.energy.add(req)
+            self.energy.add(req, ok)
         hours = arrival_hours(req["arrival_ms"])
         self._add_hours(np.bincount(hours), np.bincount(hours[ok], weights=met) if met is not None else None)
         self._add_groups(self.classes, req["request_class"], req, ok, met)
