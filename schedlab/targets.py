@@ -1140,7 +1140,7 @@ def _sketch_statistic(sketch, stat: str, hist) -> float:
         return sketch.total / sketch.count
     q = float(stat[1:]) / 100.0
     if hist is None:
-        return min(float(sketch.sketch.get_quantile_value(q)), sketch.max)
+        return sketch.percentile(float(stat[1:]))
     counts = []
     for edge in hist.bounds:
         if edge >= sketch.max:
