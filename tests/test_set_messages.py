@@ -376,3 +376,15 @@ def test_set_reaches_a_reports_settings(tmp_path):
     assert exp.report_tables["table"] == {"columns": ["finished", "ttft_ms.p99"]}
     message = error(write(tmp_path, DOTTED_RUNS), 'reports.table.colums=["finished"]')
     assert "[reports.table]: unknown key 'colums' (did you mean 'columns'?)" in message
+
+
+def test_a_missing_data_file_names_the_experiment_and_the_table_that_points_at_it(tmp_path, capsys):
+    """The data file's own message, after the experiment file and its table (audit s56: the
+    message named only the data file, resolved beside the experiment, not where it came from)."""
+    path = tmp_path / "exp.toml"
+    path.write_text('[workload]\nkind = "vllm_log"\npath = "runs/log.jsonl"\n')
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"schedlab: error: {path}: [workload]: {tmp_path / 'runs' / 'log.jsonl'}: file not found"
+    assert main(["validate", str(path), "--set", "workload.path=other.jsonl"]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"[workload]: {tmp_path / 'other.jsonl'}: file not found")

@@ -38,7 +38,7 @@ from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineClus
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
-from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, entry_label
+from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError, entry_label
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import checked_requests
 from ..targets import TargetConfig, compare_with_real_run
@@ -337,7 +337,7 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
     try:
         obj = _call_factory(entry.factory, config, ctx.presets, entry=entry, parallelism=parallelism, **extra)
         check_protocol(entry, obj)
-    except (ConfigError, UnknownPluginError) as exc:
+    except (ConfigError, UnknownPluginError, WorkloadError) as exc:  # (a data file: its table and the experiment too)
         raise type(exc)(f"{where}: {exc}") from None
     except FieldError as exc:  # a factory's check across settings (e.g. swap space needs a block size)
         raise ConfigError(f"{where}: {exc.name}: {exc.message}") from None
