@@ -19,6 +19,7 @@ import decimal
 import difflib
 import math
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -381,7 +382,10 @@ def from_table(cls, table: dict, *, where: str, base_dir: str | os.PathLike | No
         if key not in fields:
             hint = difflib.get_close_matches(key, list(fields), n=1)
             also = f" (did you mean {hint[0]!r}?)" if hint else ""
-            if key in ELSEWHERE:
+            if key == "tensor_parallel" and re.search(r"(cost_model|kv_cache)\]", where):
+                also = (" (this kind has none: a cost model of GPUs -- roofline, profiled -- and a KV cache "
+                        "sized from a model and GPU take it)")
+            elif key in ELSEWHERE:
                 also = f" (set it as {ELSEWHERE[key]})"
             valid = ", ".join(sorted(fields)) or "none"
             raise ConfigError(f"{where}: unknown key {key!r}{also}; valid keys: {valid}")

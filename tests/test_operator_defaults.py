@@ -180,6 +180,20 @@ def test_an_engines_flag_kept_in_another_table_is_named_there(key, where):
     assert "did you mean" not in str(info.value)
 
 
+@pytest.mark.parametrize("where", ["x [cost_model]", "x [cluster.decode.cost_model]", "x [kv_cache]"])
+def test_tensor_parallel_in_a_table_whose_kind_has_none_says_which_kinds_take_it(where):
+    """Told to 'set it as tensor_parallel' in the very table it was set in, a user learned nothing
+    (audit s57): the linear cost model has no GPUs; the roofline and profiled ones do."""
+    from schedlab.configs import from_table
+    from schedlab.errors import ConfigError
+    from schedlab_plugins.cost_models import LinearConfig
+
+    with pytest.raises(ConfigError) as info:
+        from_table(LinearConfig, {"tensor_parallel": 2}, where=where)
+    assert "this kind has none: a cost model of GPUs -- roofline, profiled --" in str(info.value)
+    assert "set it as" not in str(info.value)
+
+
 def _assembled(tmp_path, text):
     from schedlab.study.simulation import assemble
 
