@@ -586,7 +586,10 @@ def main(argv: list[str]) -> int:
         return 0
     own, _, collectives_args = (argv[:argv.index("--")], None, argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, None, [])
-    parser = argparse.ArgumentParser(prog="derive_roofline.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="derive_roofline.py", description=__doc__.split("\n\n")[0],
+                                     epilog="derive_roofline.py power: the power models' fits instead (ML.ENERGY's "
+                                            "sweeps and the A6000 traces); arguments after -- go to "
+                                            "derive_collectives.py")
     parser.add_argument("--profiles", type=Path, default=SHARED / "profiler" / "perf",
                         help="LLMServingSim's profiler/perf folder")
     parser.add_argument("--configs", type=Path, default=SHARED / "configs" / "model", help="its model configs")
