@@ -604,3 +604,94 @@ def test_the_correct_plugins_pass_under_hypothesis(requests):
     kit(requests, Fcfs())
     kit(requests, Fcfs(), engine="reference")
     check_deterministic(lambda: Fcfs(1), requests)
+
+
+# -- cost models: check_cost_model on shapes from batches() ----------------------------------------------------
+
+class FastKernel(LinearCostModel):
+    """A 'fast kernel' above 16 prompt tokens halves their cost: 17 tokens cost less than 16."""
+
+    def iteration_ms(self, batch):
+        t = super().iteration_ms(batch)
+        if batch.prefill_tokens > 16:
+            t -= 0.5 * self.config.prefill_ms_per_token * batch.prefill_tokens
+        return t
+
+
+class Drifting(LinearCostModel):
+    """Each answer a little slower than the last (a warm-up counter kept on the object)."""
+
+    def __init__(self, config=None):
+        super().__init__(config or LinearConfig())
+        self.calls = 0
+
+    def iteration_ms(self, batch):
+        self.calls += 1
+        return super().iteration_ms(batch) + 1e-3 * self.calls
+
+
+class FreeDecodes(LinearCostModel):
+    """Forgets the decode step when the batch has no prompt tokens: a decode-only step is free."""
+
+    def iteration_ms(self, batch):
+        return super().iteration_ms(batch) if batch.prefill_tokens else 0.0
+
+
+def test_check_cost_model_by_hand():
+    """A hand-picked shape for each bug, and the linear model's own: 16 prompt tokens at 0.05 ms
+    and one 8 ms decode step cost 8.8 ms; 17 tokens under the fast kernel 8.425."""
+    from schedlab.protocols import Batch
+    from schedlab.testing import check_cost_model
+
+    shape = Batch(num_decode=1, decode_context_tokens=100, num_prefill=1, prefill_tokens=16)
+    check_cost_model(LinearCostModel(), shape)
+    with pytest.raises(AssertionError, match=r"FastKernel: .*\(1 more of prefill_tokens\) takes 8\.42\d* ms, less than "
+                                             r"8\.8 ms .*more work must never cost less"):
+        check_cost_model(FastKernel(LinearConfig()), shape)
+    with pytest.raises(AssertionError, match=r"Drifting: .* then .*: the same shape must cost the same"):
+        check_cost_model(Drifting(), shape)
+    with pytest.raises(AssertionError, match=r"FreeDecodes returned 0\.0 ms .*positive, finite time"):
+        check_cost_model(FreeDecodes(LinearConfig()), Batch(num_decode=2, decode_context_tokens=20))
+
+
+@pytest.mark.parametrize("model", [FastKernel(LinearConfig()), Drifting(), FreeDecodes(LinearConfig())],
+                         ids=lambda m: type(m).__name__)
+def test_check_cost_model_finds_each_bug_under_hypothesis(model):
+    from hypothesis import strategies as st
+
+    from schedlab.testing import batches, check_cost_model
+
+    @settings(SOME_EXAMPLE, max_examples=300)  # (no simulation: cheap)
+    @given(batches(), st.integers(1, 64))
+    def check(batch, more):
+        check_cost_model(model, batch, more=more)
+
+    with pytest.raises(AssertionError, match="cost model"):
+        check()
+
+
+def test_the_built_in_cost_models_keep_the_rules():
+    """The linear model with every term on, and the roofline on a dense, a MoE and a sliding-window
+    model, at one GPU and at four."""
+    from hypothesis import strategies as st
+
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab.testing import batches, check_cost_model
+    from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    models = [LinearCostModel(LinearConfig(per_seq_ms=0.25, per_context_token_ms=2.0 ** -8, base_ms=1.0))]
+    for name, gpu, tp in (("llama-3.1-8b", "a100-40gb", 1), ("llama-3-70b", "h100-80gb", 4),
+                          ("qwen3-30b-a3b", "h100-80gb", 1), ("gpt-oss-20b", "h100-80gb", 1)):
+        models.append(RooflineCostModel(presets.model(name), presets.gpu(gpu),
+                                        RooflineConfig(model=name, gpu=gpu, tensor_parallel=tp)))
+    for model in models:
+        ranged = getattr(model, "needs_context_range", False)
+
+        @settings(kit_settings, max_examples=100, database=None)
+        @given(batches(spec=True, context_range=ranged), st.integers(1, 512))
+        def check(batch, more):
+            check_cost_model(model, batch, more=more)
+
+        check()

@@ -16,7 +16,8 @@ tokens, capacity limits, causality); :class:`IterationChecker` asserts per-itera
 (token budget, running count, KV capacity) and is attached with ``run_engine(..., check=...)``.
 :func:`check_deterministic` runs the same requests twice with fresh plugins and asserts the runs
 are identical (a plugin that keeps state across instances, or draws unseeded, fails it).
-For power models: :func:`check_power_model` (the closed form over a decode run against its
+For cost models: :func:`check_cost_model` on shapes from :func:`batches` (a positive, finite
+time, the same when asked again, and more work never cheaper). For power models: :func:`check_power_model` (the closed form over a decode run against its
 iterations, never below idle power) and :func:`check_energy` (a metered run's energy is the
 integral of its power over the timeline, and all of it reaches the requests); run with
 ``run_engine(..., power=lambda cost: MyPowerModel(...))``.
@@ -27,6 +28,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from .cost import batches, check_cost_model
 from .energy import check_energy, check_power_model
 from .experiments import check_clients_gave_up, fast_run_agreeing_with_reference
 from .kit import (IterationChecker, RecordingRouter, blocks_for_largest, check_deterministic, check_run, compare_runs,
@@ -46,7 +48,8 @@ def examples(n: int) -> int:
     return max(1, int(n * float(os.environ.get("SCHEDLAB_EXAMPLES_SCALE", "1"))))
 
 
-__all__ = ["IterationChecker", "RecordingRouter", "blocks_for_largest", "check_clients_gave_up", "check_deterministic",
+__all__ = ["IterationChecker", "RecordingRouter", "batches", "blocks_for_largest", "check_clients_gave_up", "check_cost_model",
+           "check_deterministic",
            "check_energy", "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs", "examples",
            "fast_run_agreeing_with_reference", "kit_settings", "requests_lists", "run_cluster", "run_disaggregated",
            "run_engine", "small_closed_loop", "view_state"]
