@@ -197,7 +197,7 @@ def test_time_travel_is_caught(engine):
     """The engines refuse the answer on arrival (the kit's ``check_run`` used to find it in the results:
     "request 4 was sent at 5.0, not 30.0: its arrival time changed (causality)")."""
     with caught(r"scheduler EarlyBird's limit_request changed request 4's arrival_ms from 30.0 to 5.0; it may lower "
-                r"max_tokens, never change the id, arrival, prompt or answer"):
+                r"max_tokens and set a priority, nothing else"):
         kit(FOUR_AT_ONCE, EarlyBird(), engine=engine)
 
 
@@ -501,7 +501,7 @@ class RaisesMaxTokens(Fcfs):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("bug, requests, match", [
     (CutsTheAnswer, FOUR_AT_ONCE, r"scheduler CutsTheAnswer's limit_request changed request 0's output_tokens from 5 "
-     r"to 2; it may lower max_tokens, never change the id, arrival, prompt or answer"),
+     r"to 2; it may lower max_tokens and set a priority, nothing else"),
     (TruncatesPrompts, DECODE_BESIDE_LONG_PROMPT, r"scheduler TruncatesPrompts's limit_request changed request 1's "
      r"prompt_tokens from 64 to 32; "),
     (RaisesMaxTokens, [r(0, 0.0, 8, 9, max_tokens=4)], r"scheduler RaisesMaxTokens's limit_request raised request "
@@ -661,7 +661,7 @@ def test_check_cost_model_finds_each_bug_under_hypothesis(model):
 
     from schedlab.testing import batches, check_cost_model
 
-    @settings(SOME_EXAMPLE, max_examples=300)  # (no simulation: cheap)
+    @settings(SOME_EXAMPLE, max_examples=2000)  # (no simulation: cheap; the fast kernel hides in ~1 in 130)
     @given(batches(), st.integers(1, 64))
     def check(batch, more):
         check_cost_model(model, batch, more=more)

@@ -114,7 +114,7 @@ def test_limit_request_that_returns_no_request(plugin, capsys, answer, shown, la
         f"{path}: run 'returns': scheduler Limiter's limit_request returned {shown} for request 0" + NOT_A_REQUEST)
 
 
-KEPT = "; it may lower max_tokens, never change the id, arrival, prompt or answer"
+KEPT = "; it may lower max_tokens and set a priority, nothing else (attrs.evolve(request, max_tokens=...) keeps the rest)"
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -125,6 +125,8 @@ KEPT = "; it may lower max_tokens, never change the id, arrival, prompt or answe
     ("attrs.evolve(request, output_tokens=request.output_tokens + 10)",
      "changed request 0's output_tokens from 5 to 15" + KEPT),
     ("attrs.evolve(request, id=request.id + 1000)", "changed request 0's id from 0 to 1000" + KEPT),
+    ("Request(request.id, request.arrival_ms, request.prompt_tokens, request.output_tokens, max_tokens=3, "
+     "request_class='chat')", "changed request 0's request_class from 'default' to 'chat'" + KEPT),
     ("attrs.evolve(request, max_tokens=request.max_output_tokens + 100)",
      "raised request 0's max_tokens from 5 to 105; it may lower max_tokens, never raise it"),
 ])

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import inspect
 import operator
-
 from typing import TYPE_CHECKING
+
+import attrs
 
 from ..errors import SimulationError
 from ..model import Request
@@ -93,9 +94,12 @@ def limit_hook(scheduler):
     return limited
 
 
-#: What ``limit_request`` may not change of a request (the conformance kit's ``check_run`` says the
-#: same of a run's results): its id, when it was sent and arrived, its prompt and its answer.
-KEPT_BY_LIMIT = ("id", "arrival_ms", "sent_ms", "prompt_tokens", "output_tokens")
+#: What ``limit_request`` may not change of a request: everything but ``max_tokens`` (lowered) and
+#: ``priority`` (a policy may rank requests as they arrive) -- its id, when it was sent and arrived,
+#: its prompt and answer (the conformance kit's ``check_run`` checks these in a run's results), its
+#: client, class, shared prefix, block hashes and timeout (a copy rebuilt from the first few fields
+#: dropped the rest silently; audit s57).
+KEPT_BY_LIMIT = tuple(f.name for f in attrs.fields(Request) if f.name not in ("max_tokens", "priority"))
 
 
 def check_limited(scheduler, request, served):
@@ -114,7 +118,8 @@ def check_limited(scheduler, request, served):
         if getattr(served, name) != getattr(request, name):
             raise SimulationError(
                 f"{who} changed request {request.id}'s {name} from {getattr(request, name)!r} to "
-                f"{getattr(served, name)!r}; it may lower max_tokens, never change the id, arrival, prompt or answer")
+                f"{getattr(served, name)!r}; it may lower max_tokens and set a priority, nothing else "
+                "(attrs.evolve(request, max_tokens=...) keeps the rest)")
     if served.max_output_tokens > request.max_output_tokens:
         raise SimulationError(
             f"{who} raised request {request.id}'s max_tokens from {request.max_output_tokens} to "
