@@ -31,7 +31,8 @@ from hypothesis import HealthCheck, settings
 from .cost import batches, check_cost_model
 from .energy import check_energy, check_power_model
 from .experiments import check_clients_gave_up, fast_run_agreeing_with_reference
-from .kit import (IterationChecker, RecordingRouter, blocks_for_largest, check_deterministic, check_run, compare_runs,
+from .compare import compare_runs
+from .kit import (IterationChecker, RecordingRouter, blocks_for_largest, check_deterministic, check_run,
                   run_cluster, run_disaggregated, run_engine, small_closed_loop, view_state)
 from .strategies import dyadic_linear_costs, requests_lists
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import SchedlabError
 from ..results import RunResult
-from .kit import compare_runs
+from .compare import compare_runs
 
 #: The two runs :func:`fast_run_agreeing_with_reference` adds to a copy of an experiment file.
 BOTH_ENGINES = '\n[[runs]]\nname = "fast"\n[[runs]]\nname = "reference"\nengine = "reference"\n'
