@@ -103,6 +103,18 @@ class Request:
         return self.output_tokens if self.max_tokens is None else self.max_tokens
 
     @property
+    def shared_prefix_tokens(self) -> int:
+        """Tokens at the prompt's start that other requests may share (its ``block_hashes``,
+        its ``prefix_group``'s ``prefix_tokens``); 0 without declared sharing. A prefix cache
+        may share only blocks that end within them: every later token is the request's own."""
+        shared = 0
+        if self.block_hashes is not None:
+            shared = min(self.prompt_tokens, len(self.block_hashes) * self.hash_block_tokens)
+        if self.prefix_group is not None and self.prefix_tokens > shared:
+            shared = self.prefix_tokens
+        return shared
+
+    @property
     def stops_at_eos(self) -> bool:
         """True if the request stops at an EOS before its ``max_tokens``: no server foresees
         that, so one planning ahead may decode it once more (``Plan.overshoot``)."""

@@ -27,7 +27,7 @@ from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import LeastOutstandingRouter, RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
 from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
-from test_sglang import sglang_configs
+from test_sglang import rejections_for, sglang_configs
 
 ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -299,8 +299,8 @@ def test_both_engines_agree_on_sglang_whose_aborted_requests_run_once_more(reque
 
     fast, ref = run("fast"), run("reference")
     compare_runs(fast, ref, rel=1e-12)
-    check_run(fast, requests, kv_blocks=blocks)
-    check_run(ref, requests, kv_blocks=blocks)
+    check_run(fast, requests, kv_blocks=blocks, rejections=rejections_for(cfg))
+    check_run(ref, requests, kv_blocks=blocks, rejections=rejections_for(cfg))
     assert all(kv.num_used_blocks() == 0 for kv in kvs.values())
 
 

@@ -34,7 +34,7 @@ from test_disaggregated import LATENCY_MS, LINK_GBPS, pool
 from test_energy import Newest, Scripted
 from test_pipeline_parallel import client_side
 from test_prefix_cache import OPS, Driver, Seq, admit, make_request, req
-from test_sglang import sglang_configs
+from test_sglang import rejections_for, sglang_configs
 
 ENGINES = ("fast", "reference")
 
@@ -417,7 +417,7 @@ def test_both_engines_restart_prefix_caches_alike(case):
     assert fast.meta["scaling"]["intervals"] == ref.meta["scaling"]["intervals"]
     for run in (fast, ref):
         assert run.meta["scaling"]["caches_kept"] == 0
-        check_run(run, case["requests"])
+        check_run(run, case["requests"], rejections=rejections_for(case["sglang"]))
 
 
 # -- data-parallel deployments -----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConfig, LeastOutstandingRouter,
                                       RoundRobinRouter)
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
-from test_sglang import assert_only_turned_away, sglang_configs
+from test_sglang import assert_only_turned_away, rejections_for, sglang_configs
 
 ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -247,7 +247,8 @@ def test_sglang_ranks_agree_between_engines_with_and_without_overlap(requests, c
 
     runs = [run_data_parallel(requests, make, ranks, ROUTERS[router](), engine=engine) for engine in ENGINES]
     compare_runs(*runs, rel=1e-12)
-    check_run(runs[0], requests, max_running=cfg.max_running_requests * ranks, kv_blocks=blocks * ranks)
+    check_run(runs[0], requests, max_running=cfg.max_running_requests * ranks, kv_blocks=blocks * ranks,
+              rejections=rejections_for(cfg))
     assert_only_turned_away(runs[0], cfg)
 
 
@@ -272,7 +273,8 @@ def test_sglang_ranks_with_clients_giving_up_agree_and_a_lone_one_drops_them_as_
     runs = [run_data_parallel(requests, make, ranks, ROUTERS["round_robin"]() if ranks > 1 else None, engine=engine,
                               client_side=client_side(timeout)) for engine in ENGINES]
     compare_runs(*runs, rel=1e-12)
-    check_run(runs[0], requests, max_running=cfg.max_running_requests * ranks, kv_blocks=blocks * ranks)
+    check_run(runs[0], requests, max_running=cfg.max_running_requests * ranks, kv_blocks=blocks * ranks,
+              rejections=rejections_for(cfg))
     if ranks == 1 and not runs[0].meta["data_parallel"]["dummy_rank_steps"]:
         scheduler, parallel_cost, kv = make()
         one = run_engine(requests, scheduler, parallel_cost, kv, client_side=client_side(timeout))

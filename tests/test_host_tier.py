@@ -30,7 +30,7 @@ from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.sglang import SglangScheduler
 from test_differential import continuous_configs
 from test_prefix_cache import OPS, Driver, Seq, Shadow, SwappingMachine, admit, make_request, req, requests_specs, spec_key
-from test_sglang import sglang_configs
+from test_sglang import rejections_for, sglang_configs
 
 G = lambda e: ("g", "s", e)  # noqa: E731
 ENGINES = ("fast", "reference")
@@ -535,4 +535,4 @@ def test_sglang_fast_engine_matches_reference_with_a_host_tier(requests, cfg, bl
                                   KINDS[kind](blocks, block_size, host), engine=engine)
     compare_runs(runs["fast"], runs["reference"], rel=1e-12)
     assert hosts["fast"].lru_keys() == hosts["reference"].lru_keys()
-    check_run(runs["fast"], requests, kv_blocks=blocks)
+    check_run(runs["fast"], requests, kv_blocks=blocks, rejections=rejections_for(cfg))

@@ -110,15 +110,9 @@ def block_key(request, j: int, block_size: int, lookahead: int = 0) -> tuple:
 
 def first_own_block(request, block_size: int) -> int:
     """The first block index whose :func:`block_key` is the request's own ``("r", id, j)``;
-    every later one is too (keys are monotone: ``h``, then ``g``, then ``r`` blocks)."""
-    shared_end = 0  # tokens before it may carry a shared key
-    hashes = request.block_hashes
-    if hashes is not None:
-        shared_end = min(request.prompt_tokens, len(hashes) * request.hash_block_tokens)
-    if request.prefix_group is not None and request.prefix_tokens > shared_end:
-        shared_end = request.prefix_tokens
-    # block j is shared while its last token (j + 1) * B - 1 < shared_end
-    return max(0, -(-(shared_end + 1) // block_size) - 1)
+    every later one is too (keys are monotone: ``h``, then ``g``, then ``r`` blocks): block
+    ``j`` is shared while its last token ``(j + 1) * B - 1`` is within the shared prefix."""
+    return request.shared_prefix_tokens // block_size
 
 
 class _Block:

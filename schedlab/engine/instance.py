@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 
@@ -58,9 +58,11 @@ class IterationRecord:
     accepted_tokens: int = 0  # speculation: drafts accepted (of batch.spec_tokens verified)
     kv_used_after: int = -1   # KV blocks in use after the iteration (finished requests' freed)
     kv_held_after: int = -1   # what the running sequences' counters say they hold, summed
-    kv_shares_blocks: bool = False  # a prefix cache: sequences may share blocks, so used <= held
+    kv_shares_blocks: bool = False  # a prefix cache: sequences may share blocks, so least <= used <= held
+    kv_least_after: int = -1  # a prefix cache: the fewest blocks the running sequences can share (own_blocks)
     preempted_generated: tuple = ()  # tokens each preempted request had generated (same order as preempted)
     discarded_decodes: int = 0  # decodes in the batch whose token is thrown away (Plan.overshoot)
+    kv: Any = attrs.field(default=None, eq=False, repr=False)  # the KV cache itself, for its check_invariants()
 
 
 class PreparedRun:
@@ -126,6 +128,26 @@ def held_blocks(seqs, kv) -> int:
     if getattr(kv, "window", None) is not None:
         total += sum(kv.window_blocks(s) for s in seqs)
     return total
+
+
+def own_blocks(seqs, kv) -> int:
+    """The fewest distinct blocks the sequences can hold in a cache that shares prefix blocks:
+    a block may be shared only if it ends within its request's shared prefix
+    (:attr:`~schedlab.model.Request.shared_prefix_tokens`), so every later block is the
+    sequence's own; the shared ones are at least the most any one sequence holds (its blocks are
+    distinct). Window layers' blocks are their sequence's own (:func:`held_blocks`)."""
+    own = most_shared = 0
+    block_size = kv.block_size
+    for s in seqs:
+        c, r = s.num_computed_tokens, s.reserved_tokens
+        held = -(-(c if c > r else r) // block_size)
+        shared = min(held, s.request.shared_prefix_tokens // block_size)
+        own += held - shared
+        if shared > most_shared:
+            most_shared = shared
+    if getattr(kv, "window", None) is not None:
+        own += sum(kv.window_blocks(s) for s in seqs)
+    return own + most_shared
 
 
 class Instance:
@@ -1520,8 +1542,9 @@ class Instance:
                 decode_tokens=counters["decode_tokens"] - decoded_before, spec_k=plan.spec_tokens,
                 accepted_tokens=accepted, kv_used_after=kv.num_used_blocks() - getattr(kv, "releasing_blocks", 0),
                 kv_held_after=held_blocks(self.running, kv), kv_shares_blocks=self.count_prefix,
+                kv_least_after=own_blocks(self.running, kv) if self.count_prefix else -1,
                 preempted_generated=tuple(s.num_generated for s in plan.preempted),
-                discarded_decodes=len(plan.overshoots)))
+                discarded_decodes=len(plan.overshoots), kv=kv))
 
     def _verify(self, plan: FastPlan, phantom: dict | None = None, kept: dict | None = None) -> tuple[int, list]:
         """Speculative decoding, after a decode step gave every decoder its one token: each

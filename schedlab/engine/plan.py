@@ -149,8 +149,12 @@ def check_hit(kv, seq, hit, declared: bool = True) -> int:
     declare ``prefix_caching = True`` (``declared``); else :class:`SimulationError` naming the cache.
     A negative hit ran on with the prompt computed twice over, one past the prompt was blamed on the
     scheduler, text failed in a scheduler's arithmetic, and an undeclared cache's hits were used by
-    one engine and not the other."""
-    if hit.__class__ is int and 0 <= hit < seq.num_tokens and (declared or not hit):
+    one engine and not the other. A sequence never scheduled before can hit only whole blocks of
+    its request's shared prefix (:attr:`~schedlab.model.Request.shared_prefix_tokens`): schedlab's
+    requests have no tokens, so nothing else can be another request's (a cache that shared the
+    block past a system prompt's end ran on with hits no server would find)."""
+    if hit.__class__ is int and 0 <= hit < seq.num_tokens and (declared or not hit) and (
+            not hit or seq.first_scheduled_ms >= 0 or hit <= _shared_blocks(kv, seq)):
         return hit
     who, rid, most = f"KV cache {type(kv).__name__}'s cached_tokens", seq.request.id, seq.num_tokens - 1
     try:
@@ -168,7 +172,19 @@ def check_hit(kv, seq, hit, declared: bool = True) -> int:
             f"{who} returned {whole} for request {rid}, but the cache does not declare prefix_caching = True; a cache "
             "that reuses prefixes sets that attribute (the KVCache protocol: schedlab/protocols.py), for the engines "
             "and schedulers to use its hits")
+    if whole and seq.first_scheduled_ms < 0 and whole > _shared_blocks(kv, seq):
+        raise SimulationError(
+            f"{who} returned {whole} for request {rid}, never scheduled before, whose shared prefix is "
+            f"{seq.request.shared_prefix_tokens} tokens ({_shared_blocks(kv, seq)} in whole blocks of {kv.block_size}); "
+            "a request's first hit is within the prefix it declares (prefix_group and prefix_tokens, block_hashes): "
+            "any later block is its own")
     return whole
+
+
+def _shared_blocks(kv, seq) -> int:
+    """Tokens of ``seq``'s shared prefix in whole blocks of ``kv``: the most its first hit may be."""
+    block_size = kv.block_size
+    return seq.request.shared_prefix_tokens // block_size * block_size
 
 
 def refusal(kv, answer) -> bool:

@@ -29,7 +29,11 @@ class IterationChecker:
     token and at most ``1 +`` its accepted drafts (accepted <= verified), drafts count against
     the token budget, and after the step the KV cache holds exactly the blocks the running
     sequences' counters and reservations call for (a decode keeps the slots its step took, as
-    vLLM keeps a request's blocks; caches that share prefix blocks hold at most that).
+    vLLM keeps a request's blocks). A cache that shares prefix blocks holds at most that, and at
+    least the blocks no two sequences can share: those past each request's shared prefix
+    (:attr:`~schedlab.model.Request.shared_prefix_tokens`), plus the most shared blocks any one
+    sequence holds. After every iteration it calls the cache's ``check_invariants()``, when the
+    cache has one, on its live state (``invariants=False``: not).
 
     Besides the limits it always checks for preemption loops: a request must not be preempted
     twice while the KV cache is unchanged -- the same blocks in use and the same requests
@@ -48,8 +52,9 @@ class IterationChecker:
     """
 
     def __init__(self, *, max_running: int | None = None, token_budget: int | None = None,
-                 kv_blocks: int | None = None, loops: bool = True):
+                 kv_blocks: int | None = None, loops: bool = True, invariants: bool = True):
         self.max_running = max_running
+        self.invariants = invariants
         self.token_budget = token_budget
         self.kv_blocks = kv_blocks
         self.loops = loops
@@ -102,6 +107,11 @@ class IterationChecker:
                 assert record.kv_used_after <= record.kv_held_after, (
                     f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold "
                     f"{record.kv_held_after} (KV accounting, t={record.start_ms} ms)")
+                assert record.kv_used_after >= record.kv_least_after, (
+                    f"{record.kv_used_after} KV blocks in use after the iteration, but the sequences hold "
+                    f"{record.kv_held_after}, of which at least {record.kv_least_after} no two can share (blocks "
+                    "past a request's shared prefix, and the most shared blocks any one holds): the cache counts "
+                    f"too few (KV accounting, t={record.start_ms} ms)")
             else:
                 assert record.kv_used_after == record.kv_held_after, (
                     f"{record.kv_used_after} KV blocks in use after the iteration, the sequences hold "
@@ -112,6 +122,10 @@ class IterationChecker:
         producing = b.num_decode - record.discarded_decodes  # (an overshoot's token is thrown away)
         assert producing <= record.decode_tokens <= producing + record.accepted_tokens, (
             f"{producing} decodes produced {record.decode_tokens} tokens with {record.accepted_tokens} drafts accepted")
+        if self.invariants:
+            check_invariants = getattr(record.kv, "check_invariants", None)
+            if check_invariants is not None:  # the cache's own rules, on its live state
+                check_invariants()
 
 
 def in_arrival_order(requests) -> list:
@@ -390,12 +404,15 @@ class RecordingRouter:
 
 
 def check_run(result: RunResult, requests: Sequence, *, max_running: int | None = None,
-              kv_blocks: int | None = None, token_budget: int | None = None) -> None:
+              kv_blocks: int | None = None, token_budget: int | None = None, rejections: str = "unserved") -> None:
     """Assert conservation, capacity and causality for a finished run.
 
     * every request appears exactly once: finished with exactly ``target_tokens`` tokens (or
       its ``max_tokens`` as served, if a scheduler's ``limit_request`` lowered it),
-      rejected with a reason, or aborted (its client gave up) with fewer; served as it was
+      rejected with a reason, or aborted (its client gave up) with fewer; rejected only as
+      ``rejections`` allows: ``"unserved"`` (the default) before it was ever scheduled (on arrival,
+      or from the queue: a request that can never fit), ``"none"`` never, ``"any"`` even after
+      some service (a scheduler that drops a preempted request must say so); served as it was
       sent -- ``limit_request`` may lower ``max_tokens``, never change the prompt or the answer
       (both engines refuse such an answer on arrival too: :func:`schedlab.engine.plan.check_limited`);
     * the running count and KV blocks never exceeded their limits (peaks); no iteration
@@ -407,10 +424,13 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
       earlier than the end of an iteration that started after arrival;
     * the KV cache is empty at the end and its own invariants hold (its ``check_invariants()``,
       called when the cache has one: runs do not need it, so a cache without it is checked
-      from the outside only); busy and KV shares of the run are at most 1;
+      from the outside only; this end-of-run call sees an empty cache, :class:`IterationChecker`
+      calls it after every iteration); busy and KV shares of the run are at most 1;
     * tokens add up: decode steps yield at least one token each and, with speculative
       decoding, at most one more per accepted draft (accepted <= verified drafts).
     """
+    if rejections not in ("unserved", "none", "any"):
+        raise ValueError(f"rejections must be 'unserved', 'none' or 'any', not {rejections!r}")
     _check_timeline(result, token_budget)
     req = result.requests
     ids = req["id"]
@@ -430,6 +450,12 @@ def check_run(result: RunResult, requests: Sequence, *, max_running: int | None 
                 "(limit_request) may lower max_tokens, never change the prompt or the answer (conservation)")
         if req["rejected"][i]:
             assert result.rejections.get(rid), f"request {rid} rejected without a reason"
+            assert rejections != "none", f"request {rid} rejected ({result.rejections[rid]}): rejections='none'"
+            assert rejections == "any" or req["first_scheduled_ms"][i] < 0, (
+                f"request {rid} rejected ({result.rejections[rid]}) after it was scheduled at "
+                f"{req['first_scheduled_ms'][i]} ms, with {req['generated_tokens'][i]} of {r.target_tokens} tokens and "
+                f"{req['preemptions'][i]} preemptions: a scheduler turns away only requests it never served "
+                "(check_run(rejections='any') allows dropping one it served)")
             if req["finish_ms"][i] >= 0:  # turned away from the queue (Plan.reject), not on arrival
                 assert req["finish_ms"][i] >= req["arrival_ms"][i], f"request {rid} turned away before it arrived"
                 assert req["generated_tokens"][i] < r.target_tokens, f"request {rid} turned away after its last token"
