@@ -200,7 +200,10 @@ class KVCache(Protocol):
     without prefix caching); left out, they ask, and a hit above 0 stops the run, naming the
     cache -- the built-in schedulers read the attribute too (which freed block a decode takes,
     cache-aware queue orders), so a cache that reuses prefixes must declare it. Every answer is
-    checked: a whole number from 0 to ``num_tokens - 1``, else the run stops naming the cache.
+    checked: a whole number from 0 to ``num_tokens - 1`` and, for a sequence never scheduled
+    before, at most the whole blocks of its request's shared prefix
+    (:attr:`schedlab.model.Request.shared_prefix_tokens`: requests have no tokens, so nothing
+    else is another request's), else the run stops naming the cache.
 
     Optional member: ``host``, a host-memory tier under a prefix cache
     (:class:`schedlab_plugins.kv_caches.host_tier.HostTier` or an object with its ``loaded``
@@ -245,6 +248,13 @@ class KVCache(Protocol):
     EAGLE drafter (whose KV at a block's last position reads the next token); the engines call it
     once, before anything is cached, when ``[speculative] method = "eagle"``. A cache without it
     keeps its keys.
+
+    Optional, for a cache that settles a scheduling pass at its end (the built-in radix cache
+    under SGLang's scheduler): ``deferred_blocks`` (taken beyond the unused blocks, evicted at
+    ``end_pass``: neither used nor free until then) and ``lent_blocks`` (in use yet counted free
+    until the pass inserts its KV; an allocation cannot take them), both 0 when absent. The pool
+    adds up as ``used + deferred + free - lent == num_blocks`` after every call
+    (:class:`schedlab.testing.AccountedKV` checks it).
     """
 
     block_size: int

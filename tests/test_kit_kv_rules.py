@@ -10,7 +10,7 @@ import pytest
 from schedlab.errors import SimulationError
 from schedlab.model import Request
 from schedlab.testing import IterationChecker, check_run, run_engine
-from schedlab_plugins.kv_caches import PrefixKVCache
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
 ENGINES = ("fast", "reference")
@@ -108,8 +108,6 @@ GROW = ContinuousConfig(allocation="grow")
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_request_turned_away_after_it_was_served_fails_unless_allowed(engine):
-    from schedlab_plugins.kv_caches import PagedKVCache
-
     honest = run_engine(TIGHT, ContinuousScheduler(GROW), kv=PagedKVCache(3, 16), engine=engine)
     assert honest.requests["preemptions"].tolist() == [0, 1]
     check_run(honest, TIGHT, rejections="none")
@@ -122,8 +120,6 @@ def test_a_request_turned_away_after_it_was_served_fails_unless_allowed(engine):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_request_that_can_never_fit_may_be_turned_away_unless_none_are(engine):
-    from schedlab_plugins.kv_caches import PagedKVCache
-
     requests = [Request(0, 0.0, 10, 2), Request(1, 0.0, 200, 2)]  # 200 tokens: 13 blocks of 16, the pool has 4
     result = run_engine(requests, ContinuousScheduler(), kv=PagedKVCache(4, 16), engine=engine)
     assert list(result.rejections) == [1]
@@ -132,3 +128,26 @@ def test_a_request_that_can_never_fit_may_be_turned_away_unless_none_are(engine)
         check_run(result, requests, rejections="none")
     with pytest.raises(ValueError, match="rejections must be"):
         check_run(result, requests, rejections="some")
+
+
+class ForgetsPreemptedFrees(PagedKVCache):
+    """A free count the preemption path forgets to raise (audit k04): the blocks a preempted
+    sequence held are no longer used, yet never free again."""
+
+    def num_free_blocks(self) -> int:
+        return super().num_free_blocks() - self.lost
+
+    lost = 0
+
+    def free(self, seq, *, preempted: bool = False) -> None:
+        before = self.num_used_blocks()
+        super().free(seq, preempted=preempted)
+        if preempted:
+            self.lost += before - self.num_used_blocks()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_stall_with_a_free_count_out_of_step_says_so(engine):
+    with pytest.raises(SimulationError, match=r"reports 0 used blocks but 0 free of 3 with no request running or "
+                                              r"swapped out: its free count is not kept with its used count"):
+        run_engine(TIGHT, ContinuousScheduler(GROW), kv=ForgetsPreemptedFrees(3, 16), engine=engine)

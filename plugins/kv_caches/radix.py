@@ -232,6 +232,19 @@ class RadixKVCache:
         once its batch's result is processed (:meth:`begin_pass`)."""
         return self._queued + self._aging + self._stashed
 
+    @property
+    def deferred_blocks(self) -> int:
+        """Blocks the open pass took beyond the unused ones, evicted at :meth:`end_pass`: neither
+        used nor free until then (``used + deferred + free - lent == num_blocks``)."""
+        return self._owed
+
+    @property
+    def lent_blocks(self) -> int:
+        """Blocks in use that :meth:`num_free_blocks` counts free: cached blocks a prefill of this
+        pass (or, planning ahead, of the pass in flight) computes again, which SGLang locks only
+        when it inserts the batch's KV; an allocation cannot take them."""
+        return self._lent + self._flying
+
     def held(self, seq) -> int:
         """Blocks ``seq`` holds between iterations (its locked path included)."""
         c = seq.num_computed_tokens

@@ -61,6 +61,10 @@ def stall_message(engine, why: str) -> str:
     if free < 0:
         text += (f"; KV cache {type(kv).__name__} reports fewer than no free blocks: its allocate() may have taken "
                  "more than it has")
+    elif not running and not engine.swapped and not kv.num_used_blocks() and free < kv.num_blocks - _unsettled(kv):
+        text += (f"; KV cache {type(kv).__name__} reports 0 used blocks but {free} free of {kv.num_blocks} with no "
+                 "request running or swapped out: its free count is not kept with its used count (used + free "
+                 "should be num_blocks)")
     elif not running and not engine.swapped and kv.num_used_blocks() > 0:
         text += (f"; KV cache {type(kv).__name__} reports {kv.num_used_blocks()} used blocks with no request running "
                  "or swapped out: its free() may not release every block allocate() took (a leak)")
@@ -70,3 +74,9 @@ def stall_message(engine, why: str) -> str:
                  "decode_all() returns False")
     hint = getattr(scheduler, "stall_hint", None)  # (the scheduler's own word on why, if it has one)
     return text + (f"; {hint}" if hint else "")
+
+
+def _unsettled(kv) -> int:
+    """Blocks a cache that settles a pass at its end counts neither used nor free (its optional
+    ``deferred_blocks`` less ``lent_blocks``, 0 for other caches: the KVCache protocol)."""
+    return getattr(kv, "deferred_blocks", 0) - getattr(kv, "lent_blocks", 0)
