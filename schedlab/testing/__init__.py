@@ -16,6 +16,9 @@ tokens, capacity limits, causality); :class:`IterationChecker` asserts per-itera
 (token budget, running count, KV capacity and accounting, the cache's own invariants) and is
 attached with ``run_engine(..., check=...)``; :class:`AccountedKV` wraps a KV cache and checks
 every call the engines make (``blocks_needed`` is what ``allocate`` takes, the pool adds up).
+:class:`RecordingScheduler` keeps every plan of a scheduler it wraps, for
+:func:`check_victims_least_important` and :func:`check_admissions_follow_priority` (vLLM's
+priority rules, from the priorities the requests were sent with).
 :func:`check_deterministic` runs the same requests twice with fresh plugins and asserts the runs
 are identical (a plugin that keeps state across instances, or draws unseeded, fails it).
 For cost models: :func:`check_cost_model` on shapes from :func:`batches` (a positive, finite
@@ -30,13 +33,15 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from .compare import compare_runs
 from .cost import batches, check_cost_model
 from .energy import check_energy, check_power_model
 from .experiments import check_clients_gave_up, fast_run_agreeing_with_reference
-from .compare import compare_runs
-from .kv import AccountedKV
 from .kit import (IterationChecker, RecordingRouter, blocks_for_largest, check_deterministic, check_run,
                   run_cluster, run_disaggregated, run_engine, small_closed_loop, view_state)
+from .kv import AccountedKV
+from .priority import (PlanRecord, Queued, RecordingScheduler, check_admissions_follow_priority,
+                       check_victims_least_important)
 from .strategies import dyadic_linear_costs, requests_lists
 
 
@@ -52,8 +57,9 @@ def examples(n: int) -> int:
     return max(1, int(n * float(os.environ.get("SCHEDLAB_EXAMPLES_SCALE", "1"))))
 
 
-__all__ = ["AccountedKV", "IterationChecker", "RecordingRouter", "batches", "blocks_for_largest", "check_clients_gave_up", "check_cost_model",
-           "check_deterministic",
-           "check_energy", "check_power_model", "check_run", "compare_runs", "dyadic_linear_costs", "examples",
-           "fast_run_agreeing_with_reference", "kit_settings", "requests_lists", "run_cluster", "run_disaggregated",
-           "run_engine", "small_closed_loop", "view_state"]
+__all__ = ["AccountedKV", "batches", "blocks_for_largest", "check_admissions_follow_priority", "check_clients_gave_up",
+           "check_cost_model", "check_deterministic", "check_energy", "check_power_model", "check_run",
+           "check_victims_least_important", "compare_runs", "dyadic_linear_costs", "examples",
+           "fast_run_agreeing_with_reference", "IterationChecker", "kit_settings", "PlanRecord", "Queued",
+           "RecordingRouter", "RecordingScheduler", "requests_lists", "run_cluster", "run_disaggregated", "run_engine",
+           "small_closed_loop", "view_state"]
