@@ -375,6 +375,23 @@ def test_swapping_priority_preemption_needs_newcomers_false(engine):
     check_admissions_follow_priority(recorder, requests, strict=True)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_victim_swapped_out_for_priority_comes_back_before_anyone_newer(engine):
+    # continuous's rule 2 (swapped sequences come back before anything new is admitted), within
+    # the plan that swaps: 1-token blocks, 13 of them, 3 slots, budget 8. At 0.4 request 2
+    # (priority 2) is swapped out for the decodes; at 8.4 request 3 (priority 0) needs a slot and
+    # request 0 (priority 1) is swapped out for it. Request 2 waits -- it was admitted in that
+    # plan too, ahead of the victim, before the fix
+    requests = [Request(0, 0.0, 1, 3, priority=1), Request(1, 0.0, 4, 3, priority=0),
+                Request(2, 0.0, 7, 1, priority=2), Request(3, 0.125, 5, 6, priority=0)]
+    config = ContinuousConfig(max_num_seqs=3, max_num_batched_tokens=8, chunked_prefill=True, allocation="grow",
+                              preemption="swap", policy="priority", priority_preemption=True, reserve_full_prompt=False)
+    recorder = RecordingScheduler(ContinuousScheduler(config))
+    run_engine(requests, recorder, kv=PagedKVCache(13, 1, swap_blocks=13), engine=engine)
+    assert [(r.now, r.admitted, r.preempted) for r in acting(recorder)] == [
+        (0.0, (1, 0, 2), ()), (0.4, (), (2,)), (8.4, (3,), (0,)), (56.65, (2,), ())]
+
+
 def test_the_checks_on_hand_made_records():
     requests = [Request(i, 0.0, 4, 4, priority=p) for i, p in enumerate([0, 1, 2, 1])]
     q = {r.id: Queued(r.id, r.priority, r.arrival_ms) for r in requests}

@@ -537,6 +537,8 @@ class ContinuousScheduler:
         waiting = plan.waiting
         running = plan.running
         while True:
+            if plan.has_swapped:  # rule 2: a victim priority preemption swapped out comes back before anyone newer
+                return
             budget = self._budget(plan)
             if budget <= 0:
                 return
