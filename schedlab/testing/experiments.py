@@ -39,7 +39,7 @@ def fast_run_agreeing_with_reference(path, *, rel: float = 1e-9) -> RunResult:
         raise
     finally:
         copy.unlink(missing_ok=True)
-    compare_runs(runs["fast"], runs["reference"], rel=rel)
+    compare_runs(runs["fast"], runs["reference"], rel=rel, labels=("fast", "reference"))
     return runs["fast"]
 
 

@@ -16,7 +16,7 @@ from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import ReferenceCluster
 from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
-from .compare import compare_runs
+from .compare import same_requests_agree
 
 
 class IterationChecker:
@@ -556,7 +556,7 @@ def check_deterministic(make_scheduler: Callable[[], Any], requests: Sequence, *
     for n in range(2, runs + 1):
         again = once()
         try:
-            compare_runs(first, again, rel=0.0)
+            same_requests_agree(first, again, rel=0.0, labels=("run 1", f"run {n}"), hint="")
         except AssertionError as e:
             raise AssertionError(f"not deterministic: run {n} of the same requests with fresh plugins differs from "
                                  f"run 1 (a plugin keeps state across instances or draws unseeded): {e}") from None
