@@ -193,8 +193,8 @@ def check_victims_least_important(recorder, requests: Sequence, *, newcomers: bo
     before the plan and still are. Use it for a scheduler that swaps a request in or admits one
     after it preempted, when the plan cannot take the newcomer back. Examples are vLLM V0's
     priority preemption and the built-in ``continuous`` scheduler with
-    ``priority_preemption = true`` and ``preemption = "swap"``, whose swapped-out victim is not
-    in the waiting queue to hold back the less important requests behind it.
+    ``priority_preemption = true`` and ``preemption = "swap"``, which swaps a request in before it
+    preempts for a newcomer.
     """
     records = _records(recorder)
     sent, seen = _priorities(requests, records)
