@@ -170,6 +170,13 @@ def test_the_default_labels_are_a_and_b():
     assert "\n  request 0: a 6, b 7\n" in message(run, other)
 
 
+def test_runs_of_the_two_engines_are_labelled_by_engine_unless_told():
+    fast, ref = both_engines(SHORT_BESIDE_LONG, HoldsLongPrompts)
+    assert message(fast, ref).startswith("first_scheduled_ms differs for 1 of 2 requests (fast vs reference):\n")
+    assert message(ref, fast).startswith("first_scheduled_ms differs for 1 of 2 requests (reference vs fast):\n")
+    assert "(x vs y)" in message(fast, ref, labels=("x", "y"))
+
+
 def test_text_columns_name_the_request_too():
     run = run_engine(TWO_DECODING, PriorityChunked())
     classes = run.requests["request_class"].copy()

@@ -27,10 +27,14 @@ hint: between the fast and the reference engine, a difference usually means that
   keeps state across instances (a class attribute, a module global) or draws unseeded random numbers."""
 
 
-def compare_runs(a: RunResult, b: RunResult, *, rel: float = 1e-9, labels: tuple[str, str] = ("a", "b")) -> None:
+def compare_runs(a: RunResult, b: RunResult, *, rel: float = 1e-9, labels: tuple[str, str] | None = None) -> None:
     """Assert two runs agree: per-request timestamps and counts, counters and metrics (floats within
-    ``rel``). ``labels`` name the runs in the message (e.g. ``("fast", "reference")``), which lists the
-    first differing requests by id with both values."""
+    ``rel``). ``labels`` name the runs in the message, which lists the first differing requests by
+    id with both values; by default the engines the kit's runners ran them on, when those differ
+    (``meta["engine"]``: ``("fast", "reference")``), else ``("a", "b")``."""
+    if labels is None:
+        engines = (a.meta.get("engine"), b.meta.get("engine"))
+        labels = engines if None not in engines and engines[0] != engines[1] else ("a", "b")
     same_requests_agree(a, b, rel=rel, labels=labels, hint=HINT)
 
 

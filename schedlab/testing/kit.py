@@ -175,7 +175,7 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     _check_reasons(rec)
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(cost_model, "request_cost", None))
-    result.meta["kv"] = kv
+    result.meta["kv"], result.meta["engine"] = kv, engine
     return result
 
 
@@ -250,7 +250,7 @@ def run_cluster(requests: Sequence, make: Callable[[], tuple], instances: int, r
     _check_reasons(rec)
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
-    result.meta["kvs"] = [e.kv for e in engines]
+    result.meta["kvs"], result.meta["engine"] = [e.kv for e in engines], engine
     return result
 
 
@@ -333,7 +333,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     _check_reasons(rec)
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta,
                                      request_cost=getattr(parts[0][1], "request_cost", None))
-    result.meta["kvs"] = [e.kv for e in engines]
+    result.meta["kvs"], result.meta["engine"] = [e.kv for e in engines], engine
     return result
 
 

@@ -152,7 +152,7 @@ def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int,
                               "experts_ms": cluster.experts_ms},
             **_speculative_meta(speculative), **_energy_meta(meters, rec)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
-    result.meta["kvs"] = [e.kv for e in engines]
+    result.meta["kvs"], result.meta["engine"] = [e.kv for e in engines], engine
     return result
 
 
@@ -200,7 +200,7 @@ def run_deployments(requests: Sequence, make: Callable[[], tuple], deployments: 
             "gpus": len(engines), "events": sum(e.events for e in engines), "data_parallel": deployments_summary(deps),
             **scaled, **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
-    result.meta["kvs"] = [e.kv for e in engines]
+    result.meta["kvs"], result.meta["engine"] = [e.kv for e in engines], engine
     return result
 
 
@@ -251,5 +251,5 @@ def run_pipelined(requests: Sequence, make: Callable[[], tuple], stages: int, in
             "gpus": stages * instances, "events": sum(e.events for e in engines), **scaled,
             **_speculative_meta(speculative), **_energy_meta(meters, rec, 0.0 if scaling is not None else None)}
     result = RunResult.from_recorder(name, rec, settings={}, meta=meta)
-    result.meta["kvs"] = [e.kv for e in engines]
+    result.meta["kvs"], result.meta["engine"] = [e.kv for e in engines], engine
     return result
