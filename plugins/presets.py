@@ -163,7 +163,8 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
     # V), FP8 weights, 256 routed experts + 1 shared, 8 per token, the first 3 layers dense.
     (ModelSpec("deepseek-v3", num_layers=61, num_kv_heads=128, head_dim=128, num_params=671e9,
                num_attention_heads=128, hidden_size=7168, vocab_size=129280, num_experts=256, experts_per_token=8,
-               active_params=37e9, weight_dtype_bytes=1.0, kv_latent_dim=576, hf_id="deepseek-ai/DeepSeek-V3"),
+               active_params=37e9, weight_dtype_bytes=1.0, fp8_activations=True, kv_latent_dim=576,
+               hf_id="deepseek-ai/DeepSeek-V3"),
      "deepseek-ai/DeepSeek-V3 config.json: 61 layers, MLA (kv_lora_rank 512 + qk_rope_head_dim 64 = a 576-element "
      "KV latent per token and layer, bf16), 128 heads, hidden 7168, 256 routed experts of FFN 2048 + 1 shared, 8 "
      "per token, vocab 129,280, FP8 weights; 671B params, 37B active (model card; the MTP module's 14B not "
@@ -196,56 +197,62 @@ MODELS = tuple((attrs.evolve(spec, max_position_embeddings=CONFIG_VALUES[spec.na
 #: (spec, source note) for every built-in GPU.
 GPUS: tuple[tuple[GpuSpec, str], ...] = (
     (GpuSpec("a100-40gb", memory_gib=40, hbm_bandwidth_gbps=1555, bf16_tflops=312, host_link_gbps=32),
-     "A100 40GB SXM datasheet: 40 GB HBM2, 1,555 GB/s, 312 TFLOPS bf16 dense; PCIe Gen4 x16 (32 GB/s each way); "
-     "NVLink 3 600 GB/s (300 each way)"),
+     "A100 40GB SXM datasheet: 40 GB HBM2, 1,555 GB/s, 312 TFLOPS bf16 dense; PCIe Gen4 x16 (32 GB/s each way); NVLink "
+     "3 600 GB/s (300 each way)"),
     (GpuSpec("a100-80gb", memory_gib=80, hbm_bandwidth_gbps=2039, bf16_tflops=312, host_link_gbps=32),
      "A100 80GB SXM datasheet: 80 GB HBM2e, 2,039 GB/s, 312 TFLOPS bf16 dense; PCIe Gen4 x16 (32 GB/s each way); "
      "NVLink 3 600 GB/s (300 each way)"),
-    (GpuSpec("h100-80gb", memory_gib=80, hbm_bandwidth_gbps=3350, bf16_tflops=989, host_link_gbps=64),
-     "H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way); "
-     "NVLink 4 900 GB/s (450 each way)"),
-    (GpuSpec("h100-pcie-80gb", memory_gib=80, hbm_bandwidth_gbps=2000, bf16_tflops=756, host_link_gbps=64),
-     "H100 PCIe datasheet: 80 GB HBM2e, 2 TB/s, 756 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way); "
-     "NVLink bridge 600 GB/s (300 each way)"),
-    (GpuSpec("h200-141gb", memory_gib=141, hbm_bandwidth_gbps=4800, bf16_tflops=989, host_link_gbps=64),
-     "H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way); "
-     "NVLink 4 900 GB/s (450 each way)"),
-    (GpuSpec("gh200-96gb", memory_gib=96, hbm_bandwidth_gbps=4000, bf16_tflops=989, host_link_gbps=450),
-     "GH200 Grace Hopper datasheet: 96 GB HBM3, 4 TB/s, 989 TFLOPS bf16 dense; NVLink-C2C 900 GB/s (450 each way); "
-     "NVLink 4 to other GPUs"),
-    (GpuSpec("l4", memory_gib=24, hbm_bandwidth_gbps=300, bf16_tflops=121, host_link_gbps=32),
-     "L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS bf16 dense (242 sparse); PCIe Gen4 x16 (32 GB/s each way), "
-     "no NVLink"),
+    (GpuSpec("h100-80gb", memory_gib=80, hbm_bandwidth_gbps=3350, bf16_tflops=989, fp8_tflops=1979, host_link_gbps=64),
+     "H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense, 1,979 FP8 dense (3,958 sparse); PCIe Gen5 x16 "
+     "(64 GB/s each way); NVLink 4 900 GB/s (450 each way)"),
+    (GpuSpec("h100-pcie-80gb", memory_gib=80, hbm_bandwidth_gbps=2000, bf16_tflops=756, fp8_tflops=1513,
+             host_link_gbps=64),
+     "H100 PCIe datasheet: 80 GB HBM2e, 2 TB/s, 756 TFLOPS bf16 dense, 1,513 FP8 dense (3,026 sparse); PCIe Gen5 x16 "
+     "(64 GB/s each way); NVLink bridge 600 GB/s (300 each way)"),
+    (GpuSpec("h200-141gb", memory_gib=141, hbm_bandwidth_gbps=4800, bf16_tflops=989, fp8_tflops=1979,
+             host_link_gbps=64),
+     "H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense, 1,979 FP8 dense (3,958 sparse); PCIe Gen5 x16 "
+     "(64 GB/s each way); NVLink 4 900 GB/s (450 each way)"),
+    (GpuSpec("gh200-96gb", memory_gib=96, hbm_bandwidth_gbps=4000, bf16_tflops=989, fp8_tflops=1979,
+             host_link_gbps=450),
+     "GH200 Grace Hopper datasheet: 96 GB HBM3, 4 TB/s, 989 TFLOPS bf16 dense, 1,979 FP8 dense; NVLink-C2C 900 GB/s "
+     "(450 each way); NVLink 4 to other GPUs"),
+    (GpuSpec("l4", memory_gib=24, hbm_bandwidth_gbps=300, bf16_tflops=121, fp8_tflops=242.5, host_link_gbps=32),
+     "L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS bf16 dense (242 sparse), 242.5 FP8 dense (485 sparse); PCIe Gen4 "
+     "x16 (32 GB/s each way), no NVLink"),
     # The GPUs of the shared calibration profiles (no NVLink: collectives go over PCIe).
-    (GpuSpec("rtx-pro-6000", memory_gib=96, hbm_bandwidth_gbps=1792, bf16_tflops=503.8, host_link_gbps=64),
-     "RTX PRO 6000 Blackwell Workstation Edition datasheet: 96 GB GDDR7, 1,792 GB/s, 503.8 TFLOPS bf16 dense "
-     "(4 PFLOPS FP4 sparse / 8); PCIe Gen5 x16 (64 GB/s each way), no NVLink"),
-    (GpuSpec("rtx-pro-6000-server", memory_gib=96, hbm_bandwidth_gbps=1597, bf16_tflops=503.8, host_link_gbps=64),
-     "RTX PRO 6000 Blackwell Server Edition datasheet: 96 GB GDDR7 at 1,597 GB/s (the profiled card), "
-     "503.8 TFLOPS bf16 dense; PCIe Gen5 x16 (64 GB/s each way), no NVLink"),
-    (GpuSpec("rtx-4090", memory_gib=24, hbm_bandwidth_gbps=1008, bf16_tflops=165.2, host_link_gbps=32),
-     "GeForce RTX 4090 datasheet (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165.2 TFLOPS bf16 dense with FP32 accumulate; "
-     "PCIe Gen4 x16 (32 GB/s each way), no NVLink or P2P"),
+    (GpuSpec("rtx-pro-6000", memory_gib=96, hbm_bandwidth_gbps=1792, bf16_tflops=503.8, fp8_tflops=1007.6,
+             host_link_gbps=64),
+     "RTX PRO 6000 Blackwell Workstation Edition datasheet: 96 GB GDDR7, 1,792 GB/s, 503.8 TFLOPS bf16 dense (4 PFLOPS "
+     "FP4 sparse / 8), 1,007.6 FP8 dense (/ 4); PCIe Gen5 x16 (64 GB/s each way), no NVLink"),
+    (GpuSpec("rtx-pro-6000-server", memory_gib=96, hbm_bandwidth_gbps=1597, bf16_tflops=503.8, fp8_tflops=1007.6,
+             host_link_gbps=64),
+     "RTX PRO 6000 Blackwell Server Edition datasheet: 96 GB GDDR7 at 1,597 GB/s (the profiled card), 503.8 TFLOPS "
+     "bf16 dense, 1,007.6 FP8 dense (4 PFLOPS FP4 sparse / 4); PCIe Gen5 x16 (64 GB/s each way), no NVLink"),
+    (GpuSpec("rtx-4090", memory_gib=24, hbm_bandwidth_gbps=1008, bf16_tflops=165.2, fp8_tflops=330.3,
+             host_link_gbps=32),
+     "GeForce RTX 4090 datasheet (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165.2 TFLOPS bf16 and 330.3 FP8 dense "
+     "with FP32 accumulate; PCIe Gen4 x16 (32 GB/s each way), no NVLink or P2P"),
     # The GPU of the shared power traces (LLMServingSim 2.0's validation node).
     # No machine preset has its NVLink bridge: collectives use the GPU's own link (collectives.machine).
     (GpuSpec("rtx-a6000", memory_gib=48, hbm_bandwidth_gbps=768, bf16_tflops=154.8, host_link_gbps=32,
              interconnect_gbps=56.25, interconnect_latency_us=5.0),
-     "RTX A6000 datasheet: 48 GB GDDR6, 768 GB/s, 154.8 TFLOPS bf16 dense with FP32 accumulate (309.7 sparse); "
-     "PCIe Gen4 x16 (32 GB/s each way); NVLink bridge 112.5 GB/s (56.25 each way)"),
+     "RTX A6000 datasheet: 48 GB GDDR6, 768 GB/s, 154.8 TFLOPS bf16 dense with FP32 accumulate (309.7 sparse); PCIe "
+     "Gen4 x16 (32 GB/s each way); NVLink bridge 112.5 GB/s (56.25 each way)"),
     # The third GPU of Vidur's profiles, and cards without a public profile.
     (GpuSpec("a40", memory_gib=48, hbm_bandwidth_gbps=696, bf16_tflops=149.7, host_link_gbps=32),
-     "A40 datasheet: 48 GB GDDR6, 696 GB/s, 149.7 TFLOPS bf16 dense (299.4 sparse); PCIe Gen4 x16 (32 GB/s each "
-     "way); NVLink bridge 112.5 GB/s (56.25 each way)"),
-    (GpuSpec("l40s", memory_gib=48, hbm_bandwidth_gbps=864, bf16_tflops=362.05, host_link_gbps=32),
-     "L40S datasheet: 48 GB GDDR6, 864 GB/s, 362.05 TFLOPS bf16 dense (733 sparse); PCIe Gen4 x16 (32 GB/s each "
-     "way), no NVLink"),
+     "A40 datasheet: 48 GB GDDR6, 696 GB/s, 149.7 TFLOPS bf16 dense (299.4 sparse); PCIe Gen4 x16 (32 GB/s each way); "
+     "NVLink bridge 112.5 GB/s (56.25 each way)"),
+    (GpuSpec("l40s", memory_gib=48, hbm_bandwidth_gbps=864, bf16_tflops=362.05, fp8_tflops=733, host_link_gbps=32),
+     "L40S datasheet: 48 GB GDDR6, 864 GB/s, 362.05 TFLOPS bf16 dense (733 sparse), 733 FP8 dense (1,466 sparse); PCIe "
+     "Gen4 x16 (32 GB/s each way), no NVLink"),
     (GpuSpec("a10g", memory_gib=24, hbm_bandwidth_gbps=600, bf16_tflops=70, host_link_gbps=32),
-     "A10G (AWS G5; AWS publishes no datasheet): 24 GB GDDR6, 600 GB/s, 70 TFLOPS bf16 tensor dense (the A10's "
-     "125 is not the A10G's; Baseten, 'NVIDIA A10 vs A10G for ML model inference'); PCIe Gen4 x16, no NVLink"),
-    (GpuSpec("b200", memory_gib=180, hbm_bandwidth_gbps=8000, bf16_tflops=2250, host_link_gbps=64,
+     "A10G (AWS G5; AWS publishes no datasheet): 24 GB GDDR6, 600 GB/s, 70 TFLOPS bf16 tensor dense (the A10's 125 is "
+     "not the A10G's; Baseten, 'NVIDIA A10 vs A10G for ML model inference'); PCIe Gen4 x16, no NVLink"),
+    (GpuSpec("b200", memory_gib=180, hbm_bandwidth_gbps=8000, bf16_tflops=2250, fp8_tflops=4500, host_link_gbps=64,
              interconnect_gbps=900, interconnect_latency_us=5.0),
-     "B200 (HGX B200) datasheet: 180 GB HBM3e, 8 TB/s, 2.25 PFLOPS bf16 dense (4.5 sparse); PCIe Gen5 x16 (64 GB/s "
-     "each way); NVLink 5 1.8 TB/s (900 each way), NVSwitch"),
+     "B200 (HGX B200) datasheet: 180 GB HBM3e, 8 TB/s, 2.25 PFLOPS bf16 dense (4.5 sparse), 4.5 FP8 dense (9 sparse); "
+     "PCIe Gen5 x16 (64 GB/s each way); NVLink 5 1.8 TB/s (900 each way), NVSwitch"),
 )
 
 # --- measured efficiencies (the roofline cost model) ------------------------------------------

@@ -118,6 +118,11 @@ class ModelSpec:
     expert_dtype_bytes: float | None = float_field(
         None, min=0.0, max=MAX_DTYPE_BYTES, min_exclusive=True, optional=True,
         help="MoE: bytes per routed-expert weight (MXFP4, 4 bits + a scale per 32: 0.53125); unset = the weights'")
+    fp8_activations: bool = bool_field(
+        False, help="the FP8 weights multiply FP8 activations (W8A8: quant_method 'fp8', ModelOpt FP8, "
+                    "compressed-tensors with 8-bit float input_activations): their GEMMs run at the GPU's "
+                    "fp8_tflops where it has FP8 tensor cores (vLLM's Fp8LinearMethod); elsewhere, and for "
+                    "weight-only FP8, in 16 bits")
     kv_latent_dim: int | None = int_field(
         None, min=1, optional=True,
         help="multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank + qk_rope_head_dim): one latent per "
@@ -310,6 +315,11 @@ class GpuSpec:
     host_link_gbps: float = float_field(
         min=0.0, min_exclusive=True,
         help="one-direction GPU<->CPU bandwidth in GB/s (PCIe or NVLink-C2C); used for swap transfers")
+    fp8_tflops: float | None = float_field(
+        None, min=0.0, min_exclusive=True, optional=True,
+        help="dense FP8 tensor throughput in TFLOPS, FP32 accumulate (datasheet): the GEMMs of a model with "
+             "fp8_activations; unset = no FP8 tensor cores (Ampere and older: vLLM runs FP8 weights through a "
+             "weight-only kernel in 16 bits)")
     interconnect_gbps: float | None = float_field(
         None, min=0.0, min_exclusive=True, optional=True,
         help="one-direction GPU<->GPU bandwidth in GB/s (NVLink, or PCIe peer to peer) for "

@@ -408,7 +408,8 @@ def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
     experts (4 bits + an 8-bit scale per 32: 0.53125), AWQ / GPTQ at their bits plus a 16-bit
     scale and their zero point per group, compressed-tensors and ModelOpt schemes (NVFP4: 4 bits
     + an FP8 scale per 16). A MoE checkpoint that leaves its attention unquantised
-    (``modules_to_not_convert`` / ``ignore``) has only its experts at those bytes."""
+    (``modules_to_not_convert`` / ``ignore``) has only its experts at those bytes. FP8 weights
+    that meet FP8 activations (W8A8) say so, ``fp8_activations``: their GEMMs run at FP8 rate."""
     q = r.get("quantization_config")
     if not isinstance(q, dict):
         dtype = str(r.get("torch_dtype", r.get("dtype", "bfloat16")))
@@ -418,8 +419,9 @@ def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
     method = str(q.get("quant_method", "")).lower()
     if method == "mxfp4":
         return {"expert_dtype_bytes": 0.53125}
+    w8a8 = False  # FP8 weights times FP8 activations (vLLM quantises the activations on the fly)
     if method in ("fp8", "fbgemm_fp8"):
-        per = 1.0
+        per, w8a8 = 1.0, True
     elif method in ("awq", "gptq"):
         bits = q.get("bits", q.get("w_bit", 4))
         group = q.get("group_size", q.get("q_group_size", 128))
@@ -433,22 +435,37 @@ def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
         per = bits / 8 + ((2.0 + zero) / group if group > 0 else 0.0)
     elif method == "compressed-tensors":
         per = _compressed_tensors_bytes(q, where)
+        w8a8 = per == 1.0 and _fp8_activations(q)
     elif method == "modelopt":
         algo = str(q.get("quant_algo", "")).upper()
         if algo not in ("FP8", "NVFP4"):
             raise ConfigError(f"{where}: quantization_config.quant_algo: {algo!r} is not read (FP8, NVFP4); set "
                               "weight_dtype_bytes beside config")
-        per = 1.0 if algo == "FP8" else 0.5 + 1 / 16
+        per, w8a8 = (1.0, True) if algo == "FP8" else (0.5 + 1 / 16, False)
     else:
         raise ConfigError(f"{where}: quantization_config: quant_method {method!r} is not read; set "
                           "weight_dtype_bytes (and expert_dtype_bytes) beside config")
     kept = [str(m) for key in ("modules_to_not_convert", "ignore", "ignored_layers")
             for m in (q.get(key) if isinstance(q.get(key), list) else [])]
+    fp8 = {"fp8_activations": True} if w8a8 else {}
     if moe and any("attn" in m for m in kept):
-        return {"expert_dtype_bytes": per}
+        return {"expert_dtype_bytes": per, **fp8}
     # the embedding table and the LM head stay in the checkpoint's 16 bits (none of these methods
     # quantises them by default)
-    return {"weight_dtype_bytes": per, "table_dtype_bytes": 2.0}
+    return {"weight_dtype_bytes": per, "table_dtype_bytes": 2.0, **fp8}
+
+
+def _fp8_activations(q: dict) -> bool:
+    """Whether every compressed-tensors group quantises its input activations to 8-bit floats
+    (W8A8-FP8; a group without ``input_activations`` is weight-only)."""
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return "fp8" in json.dumps(q).lower()  # (an FP8 scheme named without its groups)
+    for group in groups.values():
+        a = group.get("input_activations") if isinstance(group, dict) else None
+        if not (isinstance(a, dict) and a.get("num_bits") == 8 and a.get("type") == "float"):
+            return False
+    return True
 
 
 def _compressed_tensors_bytes(q: dict, where: str) -> float:

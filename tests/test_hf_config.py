@@ -152,6 +152,35 @@ def test_quantised_checkpoints_and_dtypes():
         spec({**LLAMA_3_8B, "torch_dtype": "int8"})
 
 
+def _with_quant(config: dict, q: dict) -> ModelSpec:
+    return spec({**config, "quantization_config": q})
+
+
+def test_fp8_weights_meet_fp8_activations_only_in_w8a8_checkpoints():
+    """W8A8 FP8 (vLLM's Fp8LinearMethod, ModelOpt FP8, compressed-tensors with 8-bit float input
+    activations) multiplies at the FP8 rate; weight-only FP8, integer and 4-bit schemes do not."""
+    assert spec(DEEPSEEK_V3).fp8_activations and spec(DEEPSEEK_V3).weight_dtype_bytes == 1.0
+    assert _with_quant(LLAMA_3_8B, {"quant_method": "fbgemm_fp8"}).fp8_activations
+    assert _with_quant(LLAMA_3_8B, {"quant_method": "modelopt", "quant_algo": "FP8"}).fp8_activations
+    assert not _with_quant(LLAMA_3_8B, {"quant_method": "modelopt", "quant_algo": "NVFP4"}).fp8_activations
+    weights = {"num_bits": 8, "type": "float", "strategy": "channel"}
+    w8a8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": weights, "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+    w8a16 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": weights}}}
+    int8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {**weights, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}}}
+    assert _with_quant(LLAMA_3_8B, w8a8).fp8_activations
+    assert not _with_quant(LLAMA_3_8B, w8a16).fp8_activations
+    assert not _with_quant(LLAMA_3_8B, int8).fp8_activations
+    assert not _with_quant(LLAMA_3_8B, {"quant_method": "awq", "bits": 4, "group_size": 128}).fp8_activations
+    assert not spec(LLAMA_3_8B).fp8_activations and not spec(GPT_OSS_120B).fp8_activations
+    # a MoE checkpoint with its attention left in 16 bits: FP8 experts only
+    experts_only = _with_quant(QWEN3_30B_A3B, {"quant_method": "fp8", "modules_to_not_convert": ["self_attn"]})
+    assert experts_only.fp8_activations and experts_only.expert_dtype_bytes == 1.0
+    assert experts_only.weight_bytes_per_param == 2
+    assert PRESET["deepseek-v3"].fp8_activations
+
+
 def test_a_multimodal_config_is_read_from_its_text_config():
     wrapped = {"model_type": "llava", "vision_config": {"hidden_size": 1024}, "text_config": LLAMA_3_8B,
                "_name_or_path": "org/vision-model"}
