@@ -229,17 +229,20 @@ output = { dist = "fixed", value = 5 }
 
 
 def test_the_shipped_real_runs_stay_within_the_readme_errors():
-    """experiments/vllm_validation.toml replays the four shipped real runs (TP 1 on one RTX PRO
+    """experiments/vllm_validation.toml replays the six shipped real runs (TP 1 on one RTX PRO
     6000, TP 2 over PCIe without peer-to-peer, one RTX 4090, a MoE model at data parallel 2 with
-    expert parallelism); the mean |error| over the 15 TTFT / TPOT / latency statistics must stay
-    within what README "Fidelity" reports (rounded up)."""
+    expert parallelism; vLLM 0.28's TP 2 over peer-to-peer and DP 2 + EP); the mean |error| over
+    the 15 TTFT / TPOT / latency statistics must stay within what README "Fidelity" reports
+    (rounded up)."""
     from pathlib import Path
 
     experiment = Path(__file__).resolve().parents[1] / "experiments" / "vllm_validation.toml"
     results = run_experiment(load(experiment))
     errors = {r.name: r.metrics["vs_measured"]["mean_abs_error_pct"] for r in results.all_runs()}
     bounds = {"profiled": 1.5, "roofline": 10.0, "profiled-tp2": 8.0, "roofline-tp2": 15.0,
-              "profiled-4090": 1.2, "roofline-4090": 7.0, "profiled-dp2-ep": 2.7, "roofline-dp2-ep": 5.2}
+              "profiled-4090": 1.2, "roofline-4090": 7.0, "profiled-dp2-ep": 2.7, "roofline-dp2-ep": 5.2,
+              "profiled-tp2-v028": 0.4, "roofline-tp2-v028": 5.7, "profiled-dp2-ep-v028": 2.9,
+              "roofline-dp2-ep-v028": 4.3}
     assert set(errors) == set(bounds)
     assert all(errors[name] <= bound for name, bound in bounds.items()), errors
 

@@ -21,6 +21,13 @@ with expert parallelism):
   validation).
 
 and the bundles in :data:`BUNDLES` (no real run of them here), moe.csv included.
+
+Later runs of the same bench at vLLM 0.28 (:data:`LATER_RUNS`, from a checkout at
+:data:`LATER_COMMIT`, the second argument): the same 300 prompts and answer lengths, re-recorded
+on the same model of GPU, copied as ``vllm028-<hardware>-<model>.*`` (their prefix block ids
+from the same workload files), and replayed with the bundles above, profiled at vLLM 0.19.
+
+    python experiments/data/llmservingsim/make_data.py CHECKOUT LATER_CHECKOUT
 """
 
 import json
@@ -63,24 +70,55 @@ def copy_run(source: Path, run_name: str, bundle: str, tp: int, stem: str, workl
         sys.exit(f"make_data.py: {run}: no such run; give a checkout of LLMServingSim at the commit in COMMIT")
     shutil.copy(run / "vllm/meta.json", HERE / f"vllm-{stem}.meta.json")
     shutil.copy(run / "validation/summary.txt", HERE / f"vllm-{stem}.llmservingsim-summary.txt")
+    copy_log(source, run, HERE / f"vllm-{stem}.jsonl", workload)
+
+
+#: The commit of the vLLM 0.28 re-recordings (after COMMIT's). The TP 2 run's summary.txt there is
+#: LLMServingSim's validation of that very log. The shipped copies were read from GitHub's stored
+#: versions, where the MoE run's meta.json was found at 0acc21b only (the bench's fixed engine
+#: settings: DP 2 + EP, 128 sequences, 2,048 tokens, asynchronous scheduling) and no summary.txt
+#: of its log.
+LATER_COMMIT = "0d3de681adbd9c515fc378e94e3e625b6e250dad"
+#: (run folder under bench/examples, file stem, workload stem)
+LATER_RUNS = (
+    ("RTXPRO6000/Qwen3-32B", "rtxpro6000-qwen3-32b", "qwen3-32b"),
+    ("RTXPRO6000/Qwen3-30B-A3B-Instruct-2507", "rtxpro6000-qwen3-30b-a3b-dp2-ep", "qwen3-30b-a3b"),
+)
+
+
+def copy_log(source: Path, run: Path, out: Path, workload: str) -> None:
+    """The run's per-request log with each prompt's prefix block ids added."""
     log = [json.loads(line) for line in open(run / "vllm/requests.jsonl")]
     prompts = [json.loads(line) for line in open(source / f"workloads/sharegpt-{workload}-300-sps10.jsonl")]
     for i, row in enumerate(log):
         assert row["request_id"] == f"bench-{i}" and prompts[i]["input_toks"] == row["input_toks"]
     ids = prefix_block_ids([p["input_tok_ids"] for p in prompts[:len(log)]], 16)
-    with open(HERE / f"vllm-{stem}.jsonl", "w") as fh:
+    with open(out, "w") as fh:
         for row, hashes in zip(log, ids):
             fh.write(json.dumps({**row, "block_hashes": list(hashes)}, separators=(",", ":")) + "\n")
 
 
-def main(source: Path) -> None:
+def copy_later_run(source: Path, run_name: str, stem: str, workload: str) -> None:
+    run = source / "bench/examples" / run_name
+    if not run.is_dir():
+        sys.exit(f"make_data.py: {run}: no such run; give a checkout of LLMServingSim at {LATER_COMMIT}")
+    for name, suffix in (("vllm/meta.json", "meta.json"), ("validation/summary.txt", "llmservingsim-summary.txt")):
+        if (run / name).is_file():
+            shutil.copy(run / name, HERE / f"vllm028-{stem}.{suffix}")
+    copy_log(source, run, HERE / f"vllm028-{stem}.jsonl", workload)
+
+
+def main(source: Path, later: Path | None = None) -> None:
     shutil.copy(source / "LICENSE", HERE / "LICENSE")
     shutil.copy(source / "COMMIT", HERE / "COMMIT")
     for run in RUNS:
         copy_run(source, *run)
     for bundle in BUNDLES:
         copy_bundle(source, *bundle)
+    for run in LATER_RUNS if later is not None else ():
+        copy_later_run(later, *run)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO.parent.parent / "shared" / "calibration" / "llmservingsim")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO.parent.parent / "shared" / "calibration" / "llmservingsim",
+         Path(sys.argv[2]) if len(sys.argv) > 2 else None)
