@@ -7,8 +7,12 @@ folder per profiled tensor-parallel degree holding (times in microseconds):
   the tokens in the iteration (``embedding`` and ``final_layernorm`` run once per iteration);
 * ``per_sequence.csv`` -- ``layer,sequences,time_us``: ``lm_head``, ``sampler``;
 * ``attention.csv`` -- ``prefill_chunk,kv_prefill,n_decode,kv_decode,time_us``: one layer's
-  attention for a mixed batch;
-* ``moe.csv`` (MoE models, in ``tp1/`` only) -- ``tokens,activated_experts,time_us``;
+  attention for a mixed batch (the profiler of vLLM 0.19; that of vLLM 0.28 writes
+  ``layer,prefill_chunk,prefill_key,n_decode,kv_decode,decode_q_len,time_us``, its
+  ``prefill_key`` the chunk's cached context plus the chunk: both are read, see
+  :func:`read_attention`);
+* ``moe.csv`` (MoE models, in ``tp1/`` only) -- ``tokens,activated_experts,time_us`` (and an
+  ``ep`` column from vLLM 0.28's profiler: its rows at one expert-parallel rank are read);
 * ``skew_fit.csv`` (optional) -- fitted alphas for decodes of uneven context, keyed by the
   bucket axes in ``meta.yaml``.
 
@@ -92,6 +96,47 @@ def read_csv(path: Path, columns: tuple[str, ...], *, text: tuple[str, ...] = ()
     if not out[columns[0]]:
         raise BundleError(f"{path}: no rows")
     return out
+
+
+def csv_header(path: Path) -> list[str]:
+    """The column names of a CSV file (:raises BundleError: no such file)."""
+    if not path.is_file():
+        raise BundleError(f"{path}: missing file")
+    with open(path, newline="") as fh:
+        return [h.strip() for h in next(csv.reader(fh), [])]
+
+
+def keep_rows(data: dict[str, list], keep: list[bool]) -> dict[str, list]:
+    """The rows of ``data`` (columns of equal length) where ``keep`` is true."""
+    return {column: [v for v, k in zip(values, keep) if k] for column, values in data.items()}
+
+
+def read_attention(path: Path) -> tuple[dict[str, list], bool]:
+    """``attention.csv`` in either layout LLMServingSim's profiler writes: vLLM 0.19's
+    (``kv_prefill``: the chunk's cached context) or vLLM 0.28's (a ``layer`` column;
+    ``prefill_key``: the keys the chunk attends to, its cached context plus itself;
+    ``decode_q_len``: the query rows of each decode, 1 for a plain decode, more for a verify
+    pass). Returns the plain attention rows with one query row a decode, the prefill axis
+    under ``kv_prefill``, and whether that axis is the key length."""
+    header = csv_header(path)
+    by_key = "prefill_key" in header and "kv_prefill" not in header
+    columns = ("prefill_chunk", "prefill_key" if by_key else "kv_prefill", "n_decode", "kv_decode", "time_us")
+    extra = tuple(c for c in ("layer", "decode_q_len") if c in header)
+    data = read_csv(path, columns + extra, text=("layer",))
+    keep = [True] * len(data["time_us"])
+    if "layer" in data:
+        layers = sorted(set(data["layer"]))
+        if "attention" not in layers:
+            raise BundleError(f"{path}: column 'layer': no 'attention' rows (has {', '.join(layers)})")
+        keep = [k and layer == "attention" for k, layer in zip(keep, data["layer"])]
+    if "decode_q_len" in data:
+        keep = [k and q == 1.0 for k, q in zip(keep, data["decode_q_len"])]
+        if not any(keep):
+            raise BundleError(f"{path}: column 'decode_q_len': no rows of plain decodes (decode_q_len 1)")
+    data = keep_rows({c: data[c] for c in columns}, keep)
+    if by_key:
+        data["kv_prefill"] = data.pop("prefill_key")
+    return data, by_key
 
 
 # --- interpolation --------------------------------------------------------------------------
@@ -269,12 +314,19 @@ class AttentionTable:
 
     Within the grid, multilinear interpolation of a table that is non-decreasing along every
     axis is non-decreasing in every argument; below the grid it is clamped.
+
+    With ``by_key`` (vLLM 0.28's profiler) the prefill axis holds the keys a chunk attends to,
+    its cached context plus itself, and a lookup adds the chunk to the context. A chunk never
+    attends to fewer keys than its own tokens, so a slice has no shot below its chunk: those
+    cells, never asked for, take the slice's shortest measured key (step 2, first), which
+    keeps the grid non-decreasing.
     """
 
     COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
 
-    def __init__(self, data: dict, path: Path):
+    def __init__(self, data: dict, path: Path, *, by_key: bool = False):
         self.path = path
+        self.by_key = by_key
         pc, kp, nd, kd = (np.asarray(data[c], dtype=float) for c in self.COLUMNS)
         t = np.asarray(data["time_us"], dtype=float)
         self._check_shots(pc, kp, nd, kd)
@@ -301,6 +353,8 @@ class AttentionTable:
                 grid[i, j, np.searchsorted(kps, k), :] = curve
         if pcs[0] == 0 and nds[0] == 0:
             grid[0, 0] = t.min()
+        if by_key:  # keys below a slice's chunk: its shortest measured key
+            _fill_along(grid, kps, 2, below="clamp")
         _fill_along(grid, kds, 3, above="extrapolate")   # a row that stops short: its own line
         _fill_along(grid, kps, 2)                         # within a slice
         _fill_along(grid, pcs, 0)                         # between measured chunks
@@ -340,18 +394,20 @@ class AttentionTable:
 
     def _check_shots(self, pc, kp, nd, kd) -> None:
         path = self.path
+        prefill = "prefill_key" if self.by_key else "kv_prefill"
         for bad, what in (((pc == 0) & (nd == 0), "a shot with neither a prefill chunk nor decodes"),
-                          ((pc == 0) & (kp != 0), "kv_prefill without a prefill chunk"),
-                          ((nd == 0) & (kd != 0), "kv_decode without decodes")):
+                          ((pc == 0) & (kp != 0), f"{prefill} without a prefill chunk"),
+                          ((nd == 0) & (kd != 0), "kv_decode without decodes"),
+                          ((kp < pc) & self.by_key, "prefill_key below prefill_chunk (a chunk attends to itself)")):
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 raise BundleError(f"{path}: row {i + 1} of the data: {what} (prefill_chunk {pc[i]:g}, "
-                                  f"kv_prefill {kp[i]:g}, n_decode {nd[i]:g}, kv_decode {kd[i]:g})")
+                                  f"{prefill} {kp[i]:g}, n_decode {nd[i]:g}, kv_decode {kd[i]:g})")
         keys = np.stack([pc, kp, nd, kd], axis=1)
         unique, counts = np.unique(keys, axis=0, return_counts=True)
         if (counts > 1).any():
             dup = unique[np.flatnonzero(counts > 1)[0]]
-            raise BundleError(f"{path}: the shot prefill_chunk {dup[0]:g}, kv_prefill {dup[1]:g}, "
+            raise BundleError(f"{path}: the shot prefill_chunk {dup[0]:g}, {prefill} {dup[1]:g}, "
                               f"n_decode {dup[2]:g}, kv_decode {dup[3]:g} appears twice")
 
     @staticmethod
@@ -373,7 +429,7 @@ class AttentionTable:
         the mean and the longest, for the skew correction -- sharing the lookups."""
         i, ti = self._position(self._pc_positions, self.pcs, pc)
         j, tj = self._position(self._nd_positions, self.nds, nd)
-        p, tp = _axis_position(self.kps, kp)
+        p, tp = _axis_position(self.kps, kp + pc if self.by_key else kp)
         k, tk = _axis_position(self.kds, kd)
         o, to = (k, tk) if kd_other == kd else _axis_position(self.kds, kd_other)
         cells = self._cells
@@ -585,15 +641,21 @@ class ProfileBundle:
         self.per_sequence = sum_tables([(1e-3, t) for t in per_seq.values()])
 
         path = folder / "attention.csv"
-        cols = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
-        data = read_csv(path, cols)
+        data, by_key = read_attention(path)
         data["time_us"] = [t * 1e-3 for t in data["time_us"]]
-        self.attention = AttentionTable(data, path)
+        self.attention = AttentionTable(data, path, by_key=by_key)
 
         self.moe = None
         moe_path = self.root / "tp1" / "moe.csv"
         if moe_path.is_file():
-            data = read_csv(moe_path, ("tokens", "activated_experts", "time_us"))
+            columns = ("tokens", "activated_experts", "time_us")
+            if "ep" in csv_header(moe_path):  # vLLM 0.28's profiler: the rows at one expert-parallel rank
+                data = read_csv(moe_path, columns + ("ep",))
+                data = keep_rows({c: data[c] for c in columns}, [ep == 1.0 for ep in data["ep"]])
+                if not data["tokens"]:
+                    raise BundleError(f"{moe_path}: column 'ep': no rows at one expert-parallel rank (ep 1)")
+            else:
+                data = read_csv(moe_path, columns)
             data["time_us"] = [t * 1e-3 for t in data["time_us"]]
             self.moe = MoeTable(data, moe_path)
 
