@@ -86,6 +86,21 @@ LATER_RUNS = (
 )
 
 
+#: A later run replayed only as a diagnostic (experiments/deepseek_v32_diagnostic.toml): its log as
+#: it is (no prefix block ids), its meta.json and summary.txt, and the model's config.json.
+DIAGNOSTIC_RUN = ("RTXPRO6000/DeepSeek-V3.2-Exp-16L64E", "rtxpro6000-deepseek-v3.2-exp-16l64e",
+                  "configs/model/deepseek-ai/DeepSeek-V3.2-Exp-16L64E.json", "deepseek-v3.2-exp-16l64e.config.json")
+
+
+def copy_diagnostic_run(source: Path) -> None:
+    run_name, stem, config, config_copy = DIAGNOSTIC_RUN
+    run = source / "bench/examples" / run_name
+    for name, suffix in (("vllm/requests.jsonl", "jsonl"), ("vllm/meta.json", "meta.json"),
+                         ("validation/summary.txt", "llmservingsim-summary.txt")):
+        shutil.copy(run / name, HERE / f"vllm028-{stem}.{suffix}")
+    shutil.copy(source / config, HERE / config_copy)
+
+
 def copy_log(source: Path, run: Path, out: Path, workload: str) -> None:
     """The run's per-request log with each prompt's prefix block ids added."""
     log = [json.loads(line) for line in open(run / "vllm/requests.jsonl")]
@@ -115,8 +130,10 @@ def main(source: Path, later: Path | None = None) -> None:
         copy_run(source, *run)
     for bundle in BUNDLES:
         copy_bundle(source, *bundle)
-    for run in LATER_RUNS if later is not None else ():
-        copy_later_run(later, *run)
+    if later is not None:
+        for run in LATER_RUNS:
+            copy_later_run(later, *run)
+        copy_diagnostic_run(later)
 
 
 if __name__ == "__main__":
