@@ -74,8 +74,17 @@ class _Installed:
     listed: bool = False
 
 
+def _listed_in(source: str | None) -> str:
+    """Where a ``plugins`` module was listed, as a message prefix ('' for an installed plugin)."""
+    return f"{source}: [experiment] plugins: " if source else ""
+
+
 def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, source: str | None):
     """Import a plugin module, looking first in ``plugin_dir`` (the experiment file's folder)."""
+    where = _listed_in(source)
+    if not isinstance(module_name, str) or not all(part.isidentifier() for part in module_name.split(".")):
+        raise ConfigError(f"{where}{module_name!r} is not a module name: dotted Python names, such as "
+                          "'my_scheduler' for my_scheduler.py beside the experiment file")
     folder = os.fspath(plugin_dir) if plugin_dir is not None else None
     if folder is not None:
         sys.path.insert(0, folder)
@@ -85,15 +94,20 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if folder is not None and (module_name == missing or module_name.startswith(missing + ".")):
-            where = f"{source}: [experiment] plugins: " if source else ""
             raise ConfigError(f"{where}cannot import plugin module {module_name!r}: no module named {missing!r} "
                               f"in {folder} (the experiment file's folder) or on Python's path (sys.path)") from None
-        raise ConfigError(f"cannot import plugin module {module_name!r}: {exc}") from None
+        raise ConfigError(f"{where}cannot import plugin module {module_name!r}: {exc}") from None
     except ImportError as exc:
-        raise ConfigError(f"cannot import plugin module {module_name!r}: {exc}") from None
+        raise ConfigError(f"{where}cannot import plugin module {module_name!r}: {exc}") from None
     except Exception as exc:  # the module itself raised while being imported
-        raise ConfigError(f"plugin module {module_name!r} failed while importing: "
+        raise ConfigError(f"{where}plugin module {module_name!r} failed while importing: "
                           f"{type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:  # Ctrl-C while importing: an interrupt, as anywhere else
+        raise
+    except BaseException as exc:  # sys.exit() or a BaseException of its own, raised by the module
+        raise ConfigError(f"{where}plugin module {module_name!r} failed while importing: {type(exc).__name__}"
+                          f"{': ' + str(exc) if str(exc) else ''} (a plugin module must not exit or raise "
+                          "while imported)") from None
     finally:
         if folder is not None:
             if sys.path and sys.path[0] == folder:
@@ -118,8 +132,7 @@ def _refuse_shadowed(module_name: str, folder: str, source: str | None) -> None:
     origin = getattr(sys.modules.get(top), "__file__", None)
     if origin is not None and (os.path.realpath(origin) == os.path.realpath(local) or _same_bytes(origin, local)):
         return   # (the same file, or a copy of it: a hunt's reproducer folder carries one)
-    where = f"{source}: [experiment] plugins: " if source else ""
-    raise ConfigError(f"{where}plugin module {module_name!r}: {local} is not the module Python uses for that name: "
+    raise ConfigError(f"{_listed_in(source)}plugin module {module_name!r}: {local} is not the module Python uses for that name: "
                       f"{origin or 'a module built into Python'} was imported first (a standard-library or installed "
                       f"module, or another folder's file of that name); rename {os.path.basename(local)} (and the "
                       f"name in plugins = [...])")
@@ -144,11 +157,11 @@ def _import_plugin(pm: pluggy.PluginManager, module_name: str, *, provider: str,
         pm.register(module, name=provider)
     except pluggy.PluginValidationError as exc:
         _unregister(pm, module)
-        raise ConfigError(f"plugin module {module_name!r}: {_validation_text(exc)}") from None
+        raise ConfigError(f"{_listed_in(source)}plugin module {module_name!r}: {_validation_text(exc)}") from None
     if not pm.get_hookcallers(module):  # e.g. plugins = ["os"]: nothing would ever come of it
         pm.unregister(module)
-        raise ConfigError(f"plugin module {module_name!r} implements no schedlab hook (functions marked "
-                          "@schedlab.hookimpl, such as schedlab_register_schedulers)")
+        raise ConfigError(f"{_listed_in(source)}plugin module {module_name!r} implements no schedlab hook (functions "
+                          "marked @schedlab.hookimpl, such as schedlab_register_schedulers)")
     return module
 
 

@@ -236,8 +236,16 @@ def cmd_hunt(args) -> int:
     return command(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a misused option or argument ending in one ``schedlab: error:`` line (exit
+    status 2) like every other error, pointing at ``--help`` instead of printing the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"schedlab: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="schedlab", description="Simulate LLM serving schedulers.")
+    parser = _Parser(prog="schedlab", description="Simulate LLM serving schedulers.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run an experiment file and write results")
     p.add_argument("file")

@@ -108,6 +108,10 @@ class Registry:
 
     def get(self, name: str) -> Entry:
         """The entry for ``name``; an unknown name raises an error listing the known ones."""
+        if not isinstance(name, str):  # (a table or a list would not even hash)
+            known = ", ".join(sorted(self._entries)) or "(none)"
+            raise UnknownPluginError(f"a {self.kind} is named by text, got {type(name).__name__} {name!r}; "
+                                     f"registered: {known}")
         try:
             return self._entries[name]
         except KeyError:
@@ -138,7 +142,7 @@ class Registry:
         return names
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return isinstance(name, str) and name in self._entries
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(sorted(self._entries.values(), key=lambda e: e.name))

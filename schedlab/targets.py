@@ -95,7 +95,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from .configs import FieldError, int_field, path_field
+from .configs import FieldError, int_field, not_regular_file, path_field
 from .errors import ConfigError, InputWarning
 from .json_text import JsonTextError, json_documents
 
@@ -341,6 +341,9 @@ _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 def _read_text(path: Path, name: str) -> str:
     """The text of the file ``name`` (an option or a table's key) gives, or a ConfigError. UTF-8,
     with or without a byte-order mark (Windows tools write one); UTF-16 is named as such."""
+    problem = not_regular_file(path)
+    if problem:
+        raise ConfigError(f"{name} {path}: {problem}")
     if not path.is_file():
         raise ConfigError(f"{name} {path}: file not found")
     try:

@@ -122,6 +122,27 @@ FILE_CASES = {
                                           ["name '../../escape' must be one folder name"]),
     "a name with a slash": (BASE.replace('name = "hostile"', 'name = "a/b"'), ["name 'a/b' must be one folder name"]),
     "a name that is ..": (BASE.replace('name = "hostile"', 'name = ".."'), ["name '..' must be one folder name"]),
+    "a kind that is a table": (BASE + "[scheduler]\nkind = {a = 1}\n",
+                               ["[scheduler]: a scheduler is named by text, got dict {'a': 1}; registered: "]),
+    "a kind that is a list": (BASE.replace('kind = "synthetic"', "kind = []"),
+                              ["[workload]: a workload is named by text, got list []; registered: ", "synthetic"]),
+    "a class's SLO target too long for a float": (
+        BASE + "[slo]\nclasses.default = {ttft_ms = 1%s}\n" % ("0" * 400),
+        ["[slo]: classes: default.ttft_ms must be a finite number", "got 10**400"]),
+    "a plan's price too long for a float": (
+        BASE + '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-40gb"\n[kv_cache]\nkind = "paged"\n'
+        'model = "llama-3-8b"\ngpu = "a100-40gb"\n[plan]\nconstraints = ["ttft_ms.p99 <= 1000"]\n'
+        "gpus = {l4 = 1%s}\n" % ("0" * 400),
+        ["[plan]: gpus: l4: the price per GPU-hour must be a finite number > 0, got 10**400"]),
+    "a plan's tensor_parallel past the bound": (
+        BASE + '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-40gb"\n[kv_cache]\nkind = "paged"\n'
+        'model = "llama-3-8b"\ngpu = "a100-40gb"\n[plan]\nconstraints = ["ttft_ms.p99 <= 1000"]\n'
+        "gpus = {l4 = 1}\ntensor_parallel = [1, 2000]\n",
+        ["[plan]: tensor_parallel: must be <= 1024, got 1, 2000"]),
+    "a tolerance on a whole-number search": (
+        BASE + '[search]\nkey = "scheduler.max_num_seqs"\nlow = 1\nhigh = 8\ntolerance = 1\n'
+        'constraint = "ttft_ms.p99 <= 200"\n',
+        ["[search]: tolerance: scheduler.max_num_seqs takes whole numbers", "drop it"]),
     "settings that contradict each other": (BASE + "[scheduler]\nkind = \"vllm\"\nmax_num_seqs = 64\n"
                                             "max_num_batched_tokens = 32\n",
                                             ["[scheduler]: max_num_batched_tokens (32) must be >= max_num_seqs (64)"]),
@@ -276,6 +297,8 @@ def saved(tmp_path_factory):
     (lambda text: '{"experiment": "x", "studies": [{"name": "s", "kind": "run", "runs": [{"name": 3}]}]}',
      ["not a schedlab summary.json", "studies[0].runs[0] has no 'name'"]),
     (lambda text: text.replace('"metrics"', '"metricz"'), ["studies[0].runs[0] has no 'metrics'"]),
+    (lambda text: json.dumps({**json.loads(text), "studies": [{**json.loads(text)["studies"][0], "plan": True}]}),
+     ["not a schedlab summary.json", "studies[0].plan is true or false, not an object"]),
 ])
 def test_plot_refuses_a_truncated_or_foreign_summary(saved, tmp_path, capsys, damage, fragments):
     folder = tmp_path / "copy"
@@ -334,6 +357,77 @@ def test_a_plugin_module_that_raises_at_import_is_named(tmp_path, capsys, monkey
     finally:
         sys.modules.pop("exploding_plugin", None)
     one_error(code, err, "plugin module 'exploding_plugin' failed while importing: RuntimeError: boom while importing")
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("raise BaseException('base')\n", "failed while importing: BaseException: base (a plugin module must not exit"),
+    ("import sys\nsys.exit(3)\n", "failed while importing: SystemExit: 3"),
+])
+def test_a_plugin_module_that_exits_at_import_is_named(tmp_path, capsys, monkeypatch, body, fragment):
+    (tmp_path / "exiting_plugin.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = BASE.replace('name = "hostile"', 'name = "hostile"\nplugins = ["exiting_plugin"]')
+    try:
+        code, err = run_file(tmp_path, capsys, text, command="validate")
+    finally:
+        sys.modules.pop("exiting_plugin", None)
+    one_error(code, err, "exp.toml: [experiment] plugins: plugin module 'exiting_plugin' " + fragment)
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("", "'' is not a module name"),
+    ("../x", "'../x' is not a module name"),
+    ("json", "plugin module 'json' implements no schedlab hook"),
+])
+def test_plugin_module_names_that_cannot_be_plugins_name_the_file_and_key(tmp_path, capsys, name, fragment):
+    text = BASE.replace('name = "hostile"', f'name = "hostile"\nplugins = ["{name}"]')
+    code, err = run_file(tmp_path, capsys, text, command="validate")
+    one_error(code, err, "exp.toml: [experiment] plugins: " + fragment)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", "--tensor-parallel", "x"],
+     "schedlab capacity: argument --tensor-parallel: invalid int value: 'x' (see schedlab capacity --help)"),
+    (["bogus"], "schedlab: argument command: invalid choice: 'bogus'"),
+    (["run"], "schedlab run: the following arguments are required: file"),
+])
+def test_a_misused_option_is_one_line_too(capsys, args, fragment):
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    one_error(exit_.value.code, capsys.readouterr().err, fragment)
+
+
+@pytest.mark.parametrize("target, fragment", [("folder", "is a folder, not a file"),
+                                              ("/dev/zero", "is a character device, not a regular file")])
+def test_a_calibration_target_that_is_no_file_says_what_it_is(tmp_path, capsys, target, fragment):
+    path = tmp_path if target == "folder" else Path(target)
+    code = main(["calibrate", str(QUICKSTART), "--target", str(path), "--fit", "cost_model.mfu=0.1:0.9"])
+    one_error(code, capsys.readouterr().err, f"--target {path}: {fragment}")
+
+
+def test_a_hunt_range_no_float_holds_is_named(tmp_path, capsys):
+    text = textwrap.dedent("""
+        [experiment]
+        name = "h"
+        [[runs]]
+        name = "a"
+        [[runs]]
+        name = "b"
+        [hunt]
+        objective = "runs.a.ttft_ms.p99 / runs.b.ttft_ms.p99"
+        [hunt.workload]
+        requests = [2, 40]
+        rate = [0.5, 1%s]
+        prompt = [16, 1%s]
+        output = [1, 500]
+        """ % ("0" * 400, "0" * 400))
+    path = tmp_path / "hunt.toml"
+    path.write_text(text)
+    one_error(main(["validate", str(path)]), capsys.readouterr().err,
+              "[hunt.workload]: rate: must be finite numbers (at most 1.8e+308), got [0.5, 10**400]")
+    path.write_text(text.replace("rate = [0.5, 1%s]" % ("0" * 400), "rate = [0.5, 16]"))
+    one_error(main(["validate", str(path)]), capsys.readouterr().err,
+              "[hunt.workload]: prompt: must be >= 1 and <= 1e+08, got [16, 10**400]")
 
 
 def test_a_registration_hook_that_raises_is_named(tmp_path, capsys, monkeypatch):

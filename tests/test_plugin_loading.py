@@ -223,7 +223,8 @@ def test_a_listed_module_whose_hook_has_a_misnamed_parameter_is_one_clear_error(
                                        '[workload]\nkind = "file"\npath = "x.json"\n')
     with pytest.raises(ConfigError) as caught:
         load(tmp_path / "exp.toml")
-    assert str(caught.value) == f"plugin module 'misnamed_param': {MISNAMED_TEXT}"
+    assert str(caught.value) == f"{tmp_path / 'exp.toml'}: [experiment] plugins: plugin module 'misnamed_param': " \
+                                f"{MISNAMED_TEXT}"
 
 
 def test_an_installed_plugin_whose_hook_has_a_misnamed_parameter_is_left_out_saying_so(tmp_path, monkeypatch,
@@ -292,8 +293,8 @@ def test_a_missing_dependency_of_a_plugin_module_is_not_blamed_on_the_folder(tmp
     write_module(tmp_path, "needs_dep", "import no_such_dependency_xyz\n", modules)
     (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["needs_dep"]\n'
                                        '[workload]\nkind = "file"\npath = "x.json"\n')
-    with pytest.raises(ConfigError, match="^cannot import plugin module 'needs_dep': No module named "
-                                          "'no_such_dependency_xyz'$"):
+    with pytest.raises(ConfigError, match=r"exp.toml: \[experiment\] plugins: cannot import plugin module 'needs_dep': "
+                                          "No module named 'no_such_dependency_xyz'$"):
         load(tmp_path / "exp.toml")
 
 

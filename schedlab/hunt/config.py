@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any
 
 import attrs
 
-from ..configs import MAX_INT, FieldError, bool_field, float_field, int_field, list_field, str_field, table_field
+from ..configs import (MAX_INT, FieldError, bool_field, bound_text, float_field, int_field, list_field, str_field,
+                       table_field)
 from ..errors import ConfigError
 from .expression import (
     Condition, Expression, check_names, check_not_constant, check_runs_take_part, parse_condition, parse_expression,
@@ -138,14 +140,17 @@ def number_range(value: Any, name: str, *, integer: bool, low: float, high: floa
         raise FieldError(name, f"must be a number or [low, high] of {kind}, got {value!r}")
     if integer and not all(isinstance(v, int) for v in pair):  # 4.0 too, as int_field refuses it
         raise FieldError(name, f"must be whole numbers, got {value!r}")
+    shown = f"[{', '.join(bound_text(v) for v in pair)}]" if isinstance(value, (list, tuple)) else bound_text(value)
+    if not integer and not all(abs(v) <= sys.float_info.max for v in pair if isinstance(v, int)):
+        raise FieldError(name, f"must be finite numbers (at most {sys.float_info.max:.3g}), got {shown}")
     lo, hi = (int(v) for v in pair) if integer else (float(v) for v in pair)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise FieldError(name, f"must be finite, got {value!r}")
+    if not integer and not (math.isfinite(lo) and math.isfinite(hi)):
+        raise FieldError(name, f"must be finite, got {shown}")
     if lo > hi:
-        raise FieldError(name, f"low ({lo}) must be <= high ({hi})")
+        raise FieldError(name, f"low ({bound_text(lo)}) must be <= high ({bound_text(hi)})")
     if lo < low or (low_exclusive and lo == low) or hi > high:
         bound = f"> {low}" if low_exclusive else f">= {low}"
-        raise FieldError(name, f"must be {bound} and <= {high:g}, got {value!r}")
+        raise FieldError(name, f"must be {bound} and <= {high:g}, got {shown}")
     return lo, hi
 
 

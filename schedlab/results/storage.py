@@ -390,6 +390,9 @@ def summary_problem(data: Any) -> str | None:
             break
         for j, run in enumerate(study["runs"]):
             found = found or problem(run, "run", f"studies[{i}].runs[{j}]")
+        if study.get("plan") is not None and not isinstance(study["plan"], dict) and not found:
+            found = f"studies[{i}].plan is {_JSON_KINDS.get(type(study['plan']), type(study['plan']).__name__)}, " \
+                    "not an object"
         if study.get("search") is not None and not found:
             found = problem(study["search"], "search", f"studies[{i}].search")
             for k, probe in enumerate(study["search"]["probes"] if not found else ()):

@@ -661,8 +661,10 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
         return
     if study.sweep is not None:
         points = study.sweep
-    elif study.search is not None:
-        points = [{study.search.key: study.search.low}, {study.search.key: study.search.high}]
+    elif study.search is not None:  # as the search probes them: real numbers unless it is over whole ones
+        search = study.search
+        ends = (search.low, search.high) if search.integer else (float(search.low), float(search.high))
+        points = [{search.key: end} for end in ends]
     else:
         points = [{}]
     for point in points:
@@ -671,7 +673,15 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
         except ConfigError as exc:  # a key outside the run tables: name the file, the run and its table
             raise ConfigError(f"{where} [{'sweep' if study.sweep is not None else 'search'}]: "
                               f"{exc}") from None
-        assemble(spec, ctx, where, check_only=True)
+        try:
+            assemble(spec, ctx, where, check_only=True)
+        except ConfigError as exc:
+            search = study.search
+            if search is None or search.integer or not isinstance(search.low, int) or "whole number" not in str(exc):
+                raise
+            raise ConfigError(f"{where} [search]: tolerance: {search.key} takes whole numbers, and a tolerance "
+                              f"makes the search probe real ones ({float(search.low)}, ...); drop it: a search "
+                              "over whole numbers finds the exact boundary") from None
 
 
 def run_experiment(exp: Experiment, *, observer: Callable | None = None,

@@ -43,11 +43,13 @@ Every deployment simulated is a point of the cost vs. attainment plot; the Paret
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import attrs
 
-from ..configs import MAX_INSTANCES, FieldError, float_field, int_field, list_field, str_field, table_field
+from ..configs import (MAX_INSTANCES, MAX_TENSOR_PARALLEL, FieldError, bound_text, float_field, int_field, list_field,
+                       str_field, table_field)
 from ..errors import ConfigError, InputWarning
 from ..results.metric_names import check_metric_name
 from ..results.metrics import metric_at
@@ -80,9 +82,10 @@ def _check_prices(_inst, attribute, value):
         raise FieldError(attribute.name, "must be a table of GPU presets and prices per GPU-hour, "
                                          "e.g. {a100-40gb = 1.29}")
     for name, price in value.items():
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 < price < math.inf:
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 < price < math.inf \
+                or price > sys.float_info.max:  # (an integer too long for a float)
             raise FieldError(attribute.name, f"{name}: the price per GPU-hour must be a finite number > 0, got "
-                                             f"{price!r}")
+                                             f"{bound_text(price) if isinstance(price, int) else repr(price)}")
 
 
 @attrs.frozen
@@ -117,6 +120,9 @@ class PlanConfig:
                     raise FieldError(name, str(exc)) from None
         if any(tp < 1 for tp in self.tensor_parallel) or not self.tensor_parallel:
             raise FieldError("tensor_parallel", f"must be whole numbers >= 1, got {list(self.tensor_parallel)}")
+        if any(tp > MAX_TENSOR_PARALLEL for tp in self.tensor_parallel):
+            raise FieldError("tensor_parallel", f"must be <= {MAX_TENSOR_PARALLEL}, got "
+                                                f"{', '.join(bound_text(tp) for tp in self.tensor_parallel)}")
         if self.min_instances > self.max_instances:
             raise FieldError("min_instances", f"{self.min_instances} is above max_instances = {self.max_instances}")
         for key in self.gpu_keys + self.tensor_parallel_keys:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import time
 import warnings
 from typing import Any, Callable
@@ -16,7 +17,7 @@ import attrs
 
 from ..capacity import Presets
 from ..catalog import Catalog
-from ..configs import (MAX_INSTANCES, FieldError, bool_field, float_field, from_table, int_field, str_field,
+from ..configs import (MAX_INSTANCES, FieldError, bool_field, bound_text, float_field, from_table, int_field, str_field,
                        table_field)
 from ..drafting import DraftingCostModel
 from ..energy.meter import EnergyMeter, close_meters, close_part, run_start
@@ -177,6 +178,9 @@ class SloConfig:
                     raise FieldError("classes", f"{name}: unknown key {key!r}; valid keys: ttft_ms, tpot_ms")
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # (NaN too)
                     raise FieldError("classes", f"{name}.{key} must be a number >= 0 (inf: none), got {value!r}")
+                if isinstance(value, int) and value > sys.float_info.max:
+                    raise FieldError("classes", f"{name}.{key} must be a finite number (at most "
+                                                f"{sys.float_info.max:.3g}; inf: none), got {bound_text(value)}")
 
 
 @attrs.frozen
