@@ -525,8 +525,10 @@ def spec_from_path(value: str, where: str):
     path = Path(value)
     if path.is_dir():
         path = path / "config.json"
-    name = (path.resolve().parent.name if path.name.lower() == "config.json" else path.stem).lower() or "model"
-    fields = model_fields(read_config(path, where), f"{where}: {path}")
+    config = read_config(path, where)  # (first: a path that cannot be read, a symlink loop, is named)
+    name = (Path(os.path.abspath(path)).parent.name if path.name.lower() == "config.json" else path.stem).lower() \
+        or "model"
+    fields = model_fields(config, f"{where}: {path}")
     return from_table(ModelSpec, {"name": name, **fields}, where=f"{where}: {path}")
 
 

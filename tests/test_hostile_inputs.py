@@ -405,6 +405,30 @@ def test_a_calibration_target_that_is_no_file_says_what_it_is(tmp_path, capsys, 
     one_error(code, capsys.readouterr().err, f"--target {path}: {fragment}")
 
 
+@pytest.mark.parametrize("rows, fragment", [
+    ("prompt_tokens,output_tokens\n10,1000000000\n",
+     "requests.csv: line 2: output_tokens: must be <= 10**8, got 10**9"),
+    ("prompt_tokens,output_tokens,max_tokens\n10,5,100000000000\n",
+     "requests.csv: line 2: max_tokens: must be <= 10**8"),
+    ("x" * 200_000 + ",output_tokens\n10,5\n", "requests.csv: line 1: bad CSV header: field larger than field limit"),
+])
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_request_file_past_the_bounds_is_refused_where_it_is_read(tmp_path, capsys, rows, fragment, command):
+    (tmp_path / "requests.csv").write_text(rows)
+    text = BASE.replace('kind = "synthetic"', 'kind = "file"\npath = "requests.csv"').replace(
+        "num_requests = 20\n", "").replace('prompt = {dist = "fixed", value = 100}\n', "").replace(
+        'output = {dist = "fixed", value = 20}\n', "").replace('arrival = "poisson"\n', "").replace("rate = 10\n", "")
+    code, err = run_file(tmp_path, capsys, text, command=command)
+    one_error(code, err, fragment)
+
+
+def test_a_model_config_in_a_symlink_loop_is_named(tmp_path, capsys):
+    (tmp_path / "config.json").symlink_to(tmp_path / "other.json")
+    (tmp_path / "other.json").symlink_to(tmp_path / "config.json")
+    code = main(["capacity", "--model", str(tmp_path / "config.json"), "--gpu", "a100-40gb"])
+    one_error(code, capsys.readouterr().err, "config.json", "symbolic links")
+
+
 def test_a_hunt_range_no_float_holds_is_named(tmp_path, capsys):
     text = textwrap.dedent("""
         [experiment]

@@ -128,6 +128,29 @@ def test_bad_value_names_file_line_and_column(tmp_path, value, what):
         ProfileBundle(bundle, 1)
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("tp1/dense.csv", b"layer,tokens,time_us\nqkv_proj,1,1\xe9\n", r"tp1/dense.csv: not UTF-8 text"),
+    ("tp1/attention.csv", "\ufeffx".encode("utf-16"), r"tp1/attention.csv: not UTF-8 text"),
+    ("tp1/dense.csv", b"layer,tokens,time_us\n" + b"x" * 200_000 + b",1,1\n", r"tp1/dense.csv: not a CSV file"),
+    ("tp1/attention.csv", b"x" * 200_000 + b"\n", r"tp1/attention.csv: not a CSV file"),
+    ("meta.yaml", b"model: \xff\xfe\n", r"meta.yaml: not UTF-8 text"),
+    ("meta.yaml", b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", r"meta.yaml: (nested too deeply|not valid YAML)"),
+])
+def test_files_that_are_not_utf8_csv_or_yaml_are_named(tmp_path, name, content, message):
+    bundle = write_bundle(tmp_path)
+    (bundle / name).write_bytes(content)
+    with pytest.raises(BundleError, match=message):
+        ProfileBundle(bundle, 1)
+
+
+def test_a_skew_fit_the_meta_enables_must_be_there(tmp_path):
+    bundle = write_bundle(tmp_path, skew_alpha=0.5)
+    assert ProfileBundle(bundle, 1).skew is not None
+    (bundle / "tp1" / "skew_fit.csv").unlink()
+    with pytest.raises(BundleError, match=r"tp1/skew_fit.csv: missing file \(meta.yaml enables skew_fit"):
+        ProfileBundle(bundle, 1)
+
+
 def test_grid_point_out_of_range_is_named(tmp_path):
     bundle = write_bundle(tmp_path)
     path = bundle / "tp1" / "attention.csv"

@@ -28,6 +28,7 @@ file, and the column or row.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 from bisect import bisect_left, bisect_right
@@ -61,7 +62,7 @@ def read_csv(path: Path, columns: tuple[str, ...], *, text: tuple[str, ...] = ()
     """
     if not path.is_file():
         raise BundleError(f"{path}: missing file")
-    with open(path, newline="") as fh:
+    with _csv_problems(path), open(path, newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
@@ -102,8 +103,19 @@ def csv_header(path: Path) -> list[str]:
     """The column names of a CSV file (:raises BundleError: no such file)."""
     if not path.is_file():
         raise BundleError(f"{path}: missing file")
-    with open(path, newline="") as fh:
+    with _csv_problems(path), open(path, newline="", encoding="utf-8") as fh:
         return [h.strip() for h in next(csv.reader(fh), [])]
+
+
+@contextlib.contextmanager
+def _csv_problems(path: Path):
+    """A file that is not UTF-8 or not CSV (a field past csv's limit) as a BundleError naming it."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except csv.Error as exc:
+        raise BundleError(f"{path}: not a CSV file this reader can read: {exc}") from None
 
 
 def keep_rows(data: dict[str, list], keep: list[bool]) -> dict[str, list]:
@@ -568,9 +580,13 @@ def read_meta(path: Path) -> dict:
     if not path.is_file():
         raise BundleError(f"{path}: missing file")
     try:
-        meta = yaml.safe_load(path.read_text())
+        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise BundleError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise BundleError(f"{path}: nested too deeply for the YAML reader") from None
     if not isinstance(meta, dict):
         raise BundleError(f"{path}: expected a mapping at the top level")
     return meta
@@ -662,7 +678,10 @@ class ProfileBundle:
         self.skew = None
         fit_path = folder / "skew_fit.csv"
         # As LLMServingSim: a fit the meta file does not declare enabled is not applied.
-        if fit_path.is_file() and (self.meta.get("skew_fit") or {}).get("enabled"):
+        if (self.meta.get("skew_fit") or {}).get("enabled"):
+            if not fit_path.is_file():  # (a fit declared and not there would silently turn off)
+                raise BundleError(f"{fit_path}: missing file (meta.yaml enables skew_fit; set skew_fit.enabled "
+                                  "to false to run without the uneven-context correction)")
             self.skew = SkewAlpha(self.meta, tensor_parallel, fit_path, self.root / "meta.yaml")
 
     @property

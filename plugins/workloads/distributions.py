@@ -95,7 +95,7 @@ class Empirical:
 
     def sampler(self) -> Sampler:
         records = read_records(self.path, {self.column: (self.column,)}, required=(self.column,))
-        values = records.ints(self.column, min=1)
+        values = records.ints(self.column, min=1, max=MAX_TOKENS)
         if len(values) == 0:
             raise WorkloadError(f"{self.path}: no rows to sample {self.column!r} from")
         return _EmpiricalSampler(values)

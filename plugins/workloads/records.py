@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
-from schedlab.configs import MAX_FLOAT_INT, not_regular_file
+from schedlab.configs import MAX_FLOAT_INT, bound_text, not_regular_file
 from schedlab.errors import WorkloadError
 from schedlab.json_text import JsonTextError, json_documents, unreadable_json
 
@@ -111,6 +111,12 @@ def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
         ) from None
 
 
+def _number_text(value) -> str:
+    """A bound or a value in an error: whole numbers as :func:`bound_text` writes them, others in
+    six digits (1e+12, 9.22337e+18)."""
+    return bound_text(value) if isinstance(value, int) else f"{value:.6g}"
+
+
 @attrs.frozen(eq=False)
 class Records:
     """The rows of one file, column by column, with where each row came from.
@@ -172,8 +178,8 @@ class Records:
             return None
         return column
 
-    def ints(self, field: str, *, min: int = 1, required: bool = True) -> np.ndarray | None:
-        """``field`` as int64; every row must hold a whole number >= ``min``.
+    def ints(self, field: str, *, min: int = 1, max: int | None = None, required: bool = True) -> np.ndarray | None:
+        """``field`` as int64; every row must hold a whole number >= ``min`` (and <= ``max``).
 
         Integral floats (``12.0``, as pandas writes them) are accepted; ``1.5``, ``true``,
         text and missing values are not. Returns None for an absent optional field.
@@ -182,13 +188,30 @@ class Records:
         if column is None:
             return None
         if isinstance(column, RawColumn):
-            return self._raw_ints(field, column, min, allow_none=False)[0]
+            return self._at_most(field, self._raw_ints(field, column, min, allow_none=False)[0], max)
         out = np.empty(len(column), dtype=np.int64)
         for row, value in enumerate(column):
             if value is None:
                 raise WorkloadError(f"{self.where(row)}: missing {self.label(field)}")
             out[row] = self._whole(row, field, value, min)
-        return out
+        return self._at_most(field, out, max)
+
+    def _at_most(self, field: str, values, most):
+        """``values`` (an array, or a list with None for rows without one), or an error naming the
+        first row above ``most`` (None: no bound): bounds that keep a typo from running for ever
+        are refused where the file is read, naming its line."""
+        if most is None:
+            return values
+        array = np.asarray([-math.inf if v is None else v for v in values] if isinstance(values, list) else values,
+                           dtype=np.float64)
+        over = np.flatnonzero(array > most)
+        if over.size:
+            row = int(over[0])
+            value = values[row]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise WorkloadError(f"{self.where(row)}: {self.label(field)}: must be <= {_number_text(most)}, got "
+                                f"{_number_text(value)}")
+        return values
 
     def _whole(self, row: int, field: str, value, min: int) -> int:
         """``value`` as a whole number >= ``min``, or an error naming the row and field."""
@@ -202,8 +225,13 @@ class Records:
                 f"got {show_value(value)}")
         return number
 
-    def optional_ints(self, field: str, *, min: int = 1) -> list | None:
+    def optional_ints(self, field: str, *, min: int = 1, max: int | None = None) -> list | None:
         """``field`` as a list of ints with ``None`` where a row lacks it; None if no row has it."""
+        values = self._optional_ints(field, min)
+        return None if values is None else self._at_most(field, values, max)
+
+    def _optional_ints(self, field: str, min: int) -> list | None:
+        """:meth:`optional_ints` before its bound."""
         if not self.has(field):
             return None
         column = self.values[field]
@@ -220,8 +248,13 @@ class Records:
             out.append(None if value is None else self._whole(row, field, value, min))
         return out
 
-    def floats(self, field: str, *, min: float = 0.0, required: bool = True) -> np.ndarray | None:
-        """``field`` as float64; every row must hold a finite number >= ``min``."""
+    def floats(self, field: str, *, min: float = 0.0, max: float | None = None,
+               required: bool = True) -> np.ndarray | None:
+        """``field`` as float64; every row must hold a finite number >= ``min`` (and <= ``max``)."""
+        values = self._floats(field, min, required)
+        return None if values is None else self._at_most(field, values, max)
+
+    def _floats(self, field: str, min: float, required: bool) -> np.ndarray | None:
         column = self._column(field, required)
         if column is None:
             return None
@@ -488,9 +521,12 @@ def read_records(
 
 def _read_csv(handle, name, wanted, required, limit) -> Records:
     reader = csv.reader(handle)
-    header = next(reader, None)
-    while header is not None and not header:
+    try:
         header = next(reader, None)
+        while header is not None and not header:
+            header = next(reader, None)
+    except csv.Error as exc:
+        raise WorkloadError(f"{name}: line {reader.line_num}: bad CSV header: {exc}") from None
     if header is None:
         raise WorkloadError(f"{name}: empty CSV file (no header line)")
     header = [cell.strip() for cell in header]

@@ -74,16 +74,16 @@ def read_request_file(path, *, format: str | None = None, columns: Mapping[str, 
 
 def request_columns(records: Records) -> RequestColumns:
     """Checked columns of every Request field the file has (arrival times excluded)."""
-    prompt = records.ints("prompt_tokens", min=1)
-    output = records.ints("output_tokens", min=1)
+    prompt = records.ints("prompt_tokens", min=1, max=MAX_TOKENS)
+    output = records.ints("output_tokens", min=1, max=MAX_TOKENS)
     per_row: dict[str, list] = {}
     optional = {
-        "max_tokens": records.optional_ints("max_tokens", min=1),
+        "max_tokens": records.optional_ints("max_tokens", min=1, max=MAX_TOKENS),
         "priority": records.optional_ints("priority", min=-(2**62)),
         "client": records.texts("client"),
         "request_class": records.texts("request_class"),
         "prefix_group": records.keys("prefix_group"),
-        "prefix_tokens": records.optional_ints("prefix_tokens", min=0),
+        "prefix_tokens": records.optional_ints("prefix_tokens", min=0, max=MAX_TOKENS),
     }
     for field, values in optional.items():
         values = per_row_or_none(values, field)

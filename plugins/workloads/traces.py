@@ -67,8 +67,8 @@ def token_counts(records: Records, policy: str) -> tuple[np.ndarray, np.ndarray,
 
     ``keep`` is the mask of rows to keep (None: all); ``n_zero`` counts rows with a zero.
     """
-    prompt = records.ints("prompt_tokens", min=0)
-    output = records.ints("output_tokens", min=0)
+    prompt = records.ints("prompt_tokens", min=0, max=MAX_TOKENS)
+    output = records.ints("output_tokens", min=0, max=MAX_TOKENS)
     zero = (prompt == 0) | (output == 0)
     n_zero = int(zero.sum())
     if n_zero == 0:
@@ -297,7 +297,7 @@ def load_mooncake(path, *, hash_block_tokens: int = 512, limit: int | None = Non
         raise WorkloadError(f"{path}: no requests in the trace")
     arrival = records.floats("timestamp", min=0.0)
     hashes = records.int_lists("hash_ids")
-    raw_prompt = records.ints("prompt_tokens", min=0)
+    raw_prompt = records.ints("prompt_tokens", min=0, max=MAX_TOKENS)
     blocks = np.fromiter((len(h) for h in hashes), dtype=np.int64, count=len(hashes))
     too_many = np.flatnonzero(blocks > -(-raw_prompt // hash_block_tokens))
     if too_many.size:
