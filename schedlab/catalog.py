@@ -132,10 +132,10 @@ def _refuse_shadowed(module_name: str, folder: str, source: str | None) -> None:
     origin = getattr(sys.modules.get(top), "__file__", None)
     if origin is not None and (os.path.realpath(origin) == os.path.realpath(local) or _same_bytes(origin, local)):
         return   # (the same file, or a copy of it: a hunt's reproducer folder carries one)
-    raise ConfigError(f"{_listed_in(source)}plugin module {module_name!r}: {local} is not the module Python uses for that name: "
-                      f"{origin or 'a module built into Python'} was imported first (a standard-library or installed "
-                      f"module, or another folder's file of that name); rename {os.path.basename(local)} (and the "
-                      f"name in plugins = [...])")
+    raise ConfigError(f"{_listed_in(source)}plugin module {module_name!r}: {local} is not the module Python uses "
+                      f"for that name: {origin or 'a module built into Python'} was imported first (a "
+                      f"standard-library or installed module, or another folder's file of that name); rename "
+                      f"{os.path.basename(local)} (and the name in plugins = [...])")
 
 
 def _same_bytes(a: str, b: str) -> bool:
