@@ -246,14 +246,14 @@ class SummaryTarget:
         return errors_pct(self.summary, result)
 
     def table(self, title: str, result, rows=None) -> str:
-        from .targets import simulated
+        from .targets import percent_error, simulated
 
         sim = simulated(self.summary, result)
         lines = [f"{title} -- {self.summary.kind}: {self.summary.source}",
                  f"{'statistic':<28}{'measured':>12}{'simulated':>12}{'error':>9}", "-" * 61]
         errs = []
         for name, value in self.summary.values.items():
-            err = 100.0 * (sim[name] - value) / value if value else math.nan
+            err = percent_error(sim[name], value)
             errs.append(abs(err))
             lines.append(f"{name:<28}{value:>12.4g}{sim[name]:>12.4g}{err:>+8.1f}%")
         lines += ["-" * 61, f"{'mean |error|':<52}{float(np.mean(errs)):>8.2f}%"]

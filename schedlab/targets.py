@@ -1228,6 +1228,12 @@ def _throughput(name: str, req: dict, ok: np.ndarray, view: str = "engine") -> f
     return (output + float(req["prompt_tokens"][ok].sum())) / seconds
 
 
+def percent_error(simulated: float, measured: float) -> float:
+    """``(simulated - measured) / measured`` in percent (NaN for a measured 0), divided before it is
+    scaled so that a measured value near a float's limit gives -100%, not an overflow."""
+    return (simulated - measured) / measured * 100.0 if measured else float("nan")
+
+
 def errors_pct(summary: Summary, result) -> dict[str, float]:
     """``(simulated - measured) / measured`` in percent, per statistic of ``summary``."""
     return vs_target(summary, result)["errors_pct"]
@@ -1267,6 +1273,11 @@ class TargetConfig:
             lists those it holds).
         """
         summary = read_summary(self.path, baseline=self.baseline, index=self.index, names=TABLE_NAMES)
+        odd = {key: why for key, why in summary.dropped.items() if why != "null"}  # null: the tool had none
+        if odd and not self.statistics:
+            found = ", ".join(f"{key} ({why})" for key, why in odd.items())
+            warnings.warn(f"{summary.source}: left out, not a finite number: {found}; the other "
+                          f"{len(summary.values)} compared", TargetWarning, stacklevel=2)
         if self.statistics:
             unknown = [n for n in self.statistics if n not in summary.values]
             if unknown:
@@ -1296,8 +1307,7 @@ def vs_target(summary: Summary, result) -> dict:
     "simulated"}`` (statistic name -> value; errors ``(simulated - measured) / measured`` in
     percent; the mean over the statistics with an error)."""
     sim = simulated(summary, result)
-    errors = {name: 100.0 * (sim[name] - value) / value if value else float("nan")
-              for name, value in summary.values.items()}
+    errors = {name: percent_error(sim[name], value) for name, value in summary.values.items()}
     finite = [abs(e) for e in errors.values() if math.isfinite(e)]
     return {"mean_abs_error_pct": float(np.mean(finite)) if finite else float("nan"), "errors_pct": errors,
             "measured": dict(summary.values), "simulated": sim}

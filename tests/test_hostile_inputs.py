@@ -908,3 +908,47 @@ def test_tensor_parallel_is_bounded_wherever_it_is_set(module, cls):
     field.validator(None, field, 1024)
     with pytest.raises(FieldError, match=r"must be <= 1024"):
         field.validator(None, field, 1025)
+
+
+TARGET_RUN = BASE + """
+[cost_model]
+kind = "linear"
+[target]
+path = "bench.json"
+"""
+
+
+def test_a_measured_statistic_near_the_float_limit_is_an_error_of_minus_100_percent(tmp_path, capsys):
+    """A mean E2E of 1e308 ms: (simulated - 1e308) x 100 overflowed to -inf before the division, and
+    calibrate said the simulation had no value for it; run recorded the error as null."""
+    (tmp_path / "bench.json").write_text(
+        '{"completed": 20, "failed": 0, "request_throughput": 4.0, "mean_e2el_ms": 1e308}')
+    code, err = run_file(tmp_path, capsys, TARGET_RUN)
+    assert code == 0, err
+    (run,) = json.loads((tmp_path / "out" / "summary.json").read_text())["studies"][0]["runs"]
+    assert run["metrics"]["vs_target"]["errors_pct"]["e2e_ms.mean"] == pytest.approx(-100.0)
+
+
+def test_target_statistics_that_are_nan_or_infinite_are_named_when_left_out(tmp_path, capsys):
+    """NaN and -Infinity in a vllm bench serve file were dropped without a word; null (the tool's
+    'no value') still is."""
+    (tmp_path / "bench.json").write_text(
+        '{"completed": 20, "failed": 0, "request_throughput": NaN, "output_throughput": 128.0, '
+        '"median_ttft_ms": -Infinity, "mean_ttft_ms": 45, "mean_itl_ms": null}')
+    code, err = run_file(tmp_path, capsys, TARGET_RUN)
+    assert code == 0, err
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    assert "bench.json: left out, not a finite number: " in warning and "; the other 2 compared" in warning
+    assert "request_throughput (nan)" in warning and "median_ttft_ms (-inf)" in warning
+    assert "mean_itl_ms" not in warning
+
+
+def test_a_vllm_log_listing_a_request_twice_is_refused(tmp_path, capsys):
+    """A doubled log (the same request_id on two lines) ran as twice the requests."""
+    line = '{"request_id": "bench-0", "input_toks": 5, "output_toks": 5, "queued_ts": 0, "first_token_ts": 1, ' \
+           '"last_token_ts": 2}\n'
+    (tmp_path / "log.jsonl").write_text(line + line.replace("bench-0", "bench-1") + line)
+    code, err = run_file(tmp_path, capsys, '[experiment]\nname = "v"\n[workload]\nkind = "vllm_log"\n'
+                                           'path = "log.jsonl"\n', command="validate")
+    one_error(code, err, "log.jsonl: line 3: request_id 'bench-0' is already on line 1 (a log lists each request "
+                         "once: is the file doubled?)")

@@ -176,7 +176,14 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     scheduled = np.empty(n)
     token_lists: list = []
     given_ids: list = []
+    seen: dict = {}  # request_id -> line: vLLM logs each request once; twice is a doubled file
     for i, (line, row) in enumerate(rows):
+        rid = row.get("request_id")
+        if isinstance(rid, (str, int)) and not isinstance(rid, bool):
+            if rid in seen:
+                raise WorkloadError(f"{path}: line {line}: request_id {str(rid)[:80]!r} is already on line "
+                                    f"{seen[rid]} (a log lists each request once: is the file doubled?)")
+            seen[rid] = line
         prompt[i] = _number(path, line, row, "input_toks", whole=True, minimum=1, maximum=MAX_TOKENS)
         output[i] = _number(path, line, row, "output_toks", whole=True, minimum=1, maximum=MAX_TOKENS)
         for key in TIMESTAMPS:
