@@ -59,6 +59,13 @@ class PluginError(SchedlabError):
 TRACEBACK_ENV = "SCHEDLAB_TRACEBACK"
 
 
+def brief(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters with "..." -- for echoing a value from a file
+    or a plugin into a one-line error, however long the value is."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def plugin_error(exc: BaseException, catalog, where: str | None = None) -> PluginError | None:
     """``exc`` as a :class:`PluginError` when a plugin of ``catalog`` raised it, else None.
 

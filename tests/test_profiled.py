@@ -117,7 +117,12 @@ def test_missing_column_is_named(tmp_path):
         ProfileBundle(bundle, 1)
 
 
-@pytest.mark.parametrize("value, what", [("-3", "out of range"), ("abc", "not a number"), ("nan", "out of range")])
+@pytest.mark.parametrize("value, what", [
+    ("-3", "out of range"), ("abc", "not a number"), ("nan", "out of range"),
+    ("9223372036854775808", r"out of range \(must be finite and > 0 and at most 1e\+09 \(1,000 s\)\), got "
+                            r"'9223372036854775808'"),  # 2**63 us was accepted, and failed the run when hit
+    ("9" * 4999 + "x", r"not a number: '9{56}\.\.\.$"),  # echoed whole into the one error line
+], ids=["negative", "text", "nan", "2**63", "5000 characters"])
 def test_bad_value_names_file_line_and_column(tmp_path, value, what):
     bundle = write_bundle(tmp_path)
     path = bundle / "tp1" / "dense.csv"

@@ -36,13 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-from schedlab.errors import ConfigError
+from schedlab.errors import ConfigError, brief
 from schedlab.results.storage import repeated_column
 
 #: Dense ops that run once per iteration, not once per decoder layer.
 ONCE_PER_ITERATION = ("embedding", "final_layernorm")
 #: Dense ops that run more than once per decoder layer (input and post-attention RMSNorm).
 REPEATS_PER_LAYER = {"layernorm": 2}
+#: the longest kernel time a bundle row may give, us (1,000 s: a row beyond is a damaged file)
+MAX_KERNEL_US = 1e9
 
 
 class BundleError(ConfigError):
@@ -70,7 +72,7 @@ def read_csv(path: Path, columns: tuple[str, ...], *, text: tuple[str, ...] = ()
         header = [h.strip() for h in header]
         for column in columns:
             if column not in header:
-                raise BundleError(f"{path}: missing column {column!r} (has {', '.join(header)})")
+                raise BundleError(f"{path}: missing column {column!r} (has {brief(', '.join(header), 200)})")
         problem = repeated_column(path, header, columns)
         if problem:
             raise BundleError(problem)
@@ -87,12 +89,12 @@ def read_csv(path: Path, columns: tuple[str, ...], *, text: tuple[str, ...] = ()
                 try:
                     value = float(raw)
                 except ValueError:
-                    raise BundleError(f"{path}: line {line}: column {column!r}: not a number: {raw!r}") from None
+                    raise BundleError(f"{path}: line {line}: column {column!r}: not a number: {brief(raw)}") from None
                 if not math.isfinite(value) or (value < 0 and column not in signed) or (
-                        column == "time_us" and value <= 0):
-                    what = "> 0" if column == "time_us" else ">= 0"
+                        column == "time_us" and not 0 < value <= MAX_KERNEL_US):
+                    what = f"> 0 and at most {MAX_KERNEL_US:.0e} (1,000 s)" if column == "time_us" else ">= 0"
                     raise BundleError(f"{path}: line {line}: column {column!r}: out of range "
-                                      f"(must be finite and {what}), got {raw}")
+                                      f"(must be finite and {what}), got {brief(raw)}")
                 out[column].append(value)
     if not out[columns[0]]:
         raise BundleError(f"{path}: no rows")

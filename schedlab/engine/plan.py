@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..errors import SimulationError
+from ..errors import SimulationError, brief
 from ..model import Request
 from ..queues import RunningView
 from .ahead import overshoot_slot, unseen_finish
@@ -63,7 +63,7 @@ def check_rejection(request, reason):
     (or another empty answer) accepts it. Anything else -- a ``True`` -- failed far away, in the
     results code, once the whole run was over."""
     if reason and not isinstance(reason, str):
-        raise SimulationError(f"rejection_reason() returned {_short(reason)} for request {request.id}: "
+        raise SimulationError(f"rejection_reason() returned {brief(reason)} for request {request.id}: "
                               "a reason is text (or None to accept)")
     return reason
 
@@ -112,7 +112,7 @@ def check_limited(scheduler, request, served):
         return served
     who = f"scheduler {type(scheduler).__name__}'s limit_request"
     if not isinstance(served, Request):
-        raise SimulationError(f"{who} returned {_short(served)} ({type(served).__name__}) for request {request.id}; "
+        raise SimulationError(f"{who} returned {brief(served)} ({type(served).__name__}) for request {request.id}; "
                               "it returns the request as served: the Request it got, or a copy with a lower max_tokens")
     for name in KEPT_BY_LIMIT:
         if getattr(served, name) != getattr(request, name):
@@ -162,7 +162,7 @@ def check_hit(kv, seq, hit, declared: bool = True) -> int:
     except TypeError:
         whole = None
     if whole is None or isinstance(hit, bool):
-        raise SimulationError(f"{who} returned {_short(hit)} ({type(hit).__name__}) for request {rid}; it answers a "
+        raise SimulationError(f"{who} returned {brief(hit)} ({type(hit).__name__}) for request {rid}; it answers a "
                               f"whole number of tokens, from 0 to {most} (the sequence's num_tokens - 1)")
     if not 0 <= whole <= most:
         raise SimulationError(f"{who} returned {whole} for request {rid}, which has {most + 1} tokens; a hit is from 0 "
@@ -222,13 +222,8 @@ def schedule_returned(result) -> SimulationError:
     """The error for a scheduler's ``schedule(plan)`` that returned ``result``, not None (the engines
     test just that after each call): a scheduler fills in the plan it is given; what it returned
     would be dropped, and the run stall with its plans empty."""
-    return SimulationError(f"schedule() returned {_short(result)} ({type(result).__name__}): a scheduler fills in "
+    return SimulationError(f"schedule() returned {brief(result)} ({type(result).__name__}): a scheduler fills in "
                            "the plan it is given (plan.admit, plan.decode_all, ...) and returns None")
-
-
-def _short(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class FastPlan:
