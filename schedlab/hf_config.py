@@ -165,7 +165,10 @@ def model_fields(config: dict, where: str) -> dict:
     """:class:`~schedlab.capacity.ModelSpec` keyword arguments (all but ``name``) from a
     ``config.json`` dict; ``where`` names the file in errors."""
     r = _Reader(_text_config(config), where)
-    family = str(r.get("model_type", "")).lower()
+    family = r.get("model_type", "")
+    if not isinstance(family, str):  # a name: a number here is a damaged file
+        raise ConfigError(f"{where}: model_type: expected a name such as \"llama\", got {value_text(family)}")
+    family = family.lower()
     layers = r.int("num_hidden_layers", "n_layer", "num_layers", required=True)
     hidden = r.int("hidden_size", "n_embd", "d_model", required=True)
     heads = r.int("num_attention_heads", "n_head", required=True)

@@ -210,6 +210,9 @@ def test_hf_id_only_from_a_hub_name():
      r"layer_types: 2 entries for 32 layers \(num_hidden_layers\)"),
     ({"rope_scaling": "yarn"}, r"rope_scaling: expected an object \(\{...\}\), got 'yarn'"),
     ({"rope_scaling": {"rope_type": "linear", "factor": "4"}}, "rope_scaling: factor: expected a number > 0"),
+    # a number where the family's name goes was read as the family "-inf" or "1000000000.0"
+    ({"model_type": float("-inf")}, r'model_type: expected a name such as "llama", got -inf'),
+    ({"model_type": 1e9}, r'model_type: expected a name such as "llama", got 1000000000.0'),
 ])
 def test_errors_name_the_key(change, message):
     with pytest.raises(ConfigError, match=message):
