@@ -744,3 +744,20 @@ def test_profiled_speculative_runs_match_reference(tmp_path_factory, requests, m
                        PagedKVCache(200, 4), engine=engine, speculative=spec) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)
     assert runs[0].metrics["speculative"]["draft_tokens"] > 0 or not any(r.target_tokens > 1 for r in requests)
+
+
+def test_the_work_counts_fp8_gemms_at_the_rate_of_the_gpu_it_names(tmp_path):
+    """Power models read the profiled model's work as the roofline's: with ``gpu`` named, a W8A8
+    checkpoint's GEMM FLOPs count bf16 / FP8 of theirs (H100: 989 / 1979); without, whole."""
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+    from schedlab_plugins.cost_models.profiled import build_profiled
+
+    fp8 = attrs.evolve(TINY, name="tiny-fp8", weight_dtype_bytes=1.0, fp8_activations=True)
+    presets = Presets.from_catalog(load_catalog(entry_points=False), custom={fp8.name: fp8})
+    bundle = write_bundle(tmp_path)
+    named = build_profiled(ProfiledConfig(profile=str(bundle), model=fp8.name, gpu="h100-80gb"), presets)
+    plain = build_profiled(ProfiledConfig(profile=str(bundle), model=fp8.name), presets)
+    batch = Batch(num_prefill=1, prefill_tokens=64, num_decode=0, decode_context_tokens=0, prefill_context_tokens=0)
+    gemm = 64 * named._model_work().dense_flops_per_token
+    assert plain.rank_work(batch)[1] - named.rank_work(batch)[1] == pytest.approx(gemm * (1 - 989 / 1979), rel=1e-12)

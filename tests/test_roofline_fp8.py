@@ -92,3 +92,35 @@ def test_fp8_experts_and_a_16_bit_lm_head():
     assert fp8.logits_ms(256) == bf16.logits_ms(256)
     assert fp8.prefill_attention_ms(4096) == bf16.prefill_attention_ms(4096)
     assert fp8.tokens_ms(tokens) < bf16.tokens_ms(tokens)
+
+
+def _prefill(tokens: int):
+    from schedlab.protocols import Batch
+
+    return Batch(num_prefill=1, prefill_tokens=tokens, num_decode=0, decode_context_tokens=0,
+                 prefill_context_tokens=0)
+
+
+def test_power_models_count_fp8_gemm_flops_at_the_rate_they_run():
+    """The work a power model divides by the bf16 peak: a W8A8 GEMM's FLOPs count bf16 / FP8 of
+    theirs (half on an H100), so a prefill of an FP8 model is not twice as compute-bound as it
+    is; attention counts whole; on an A100 (no FP8 tensor cores) everything counts whole."""
+    presets = _presets()
+    model = presets.model("deepseek-v3")
+    plain = attrs.evolve(model, fp8_activations=False)
+    config = RooflineConfig(model=model.name, gpu="h100-80gb", tensor_parallel=8)
+    h100 = presets.gpu("h100-80gb")
+    fp8 = RooflineCostModel(model, h100, config)
+    bf16 = RooflineCostModel(plain, h100, config)
+    work = fp8._work
+    tokens = 4096
+    gemm = (work.dense_flops_per_token + work.expert_flops_per_token) * tokens
+    (b8, f8), (b16, f16) = fp8.work(_prefill(tokens)), bf16.work(_prefill(tokens))
+    assert b8 == b16
+    assert f16 - f8 == pytest.approx(gemm * (1 - 989 / 1979), rel=1e-12)
+    # the experts of a lockstep step, counted alike
+    assert work.experts_work((100, 300))[1] == pytest.approx(
+        bf16._work.experts_work((100, 300))[1] * 989 / 1979, rel=1e-12)
+    a100 = RooflineCostModel(model, presets.gpu("a100-80gb"), attrs.evolve(config, gpu="a100-80gb"))
+    assert a100.work(_prefill(tokens)) == RooflineCostModel(plain, presets.gpu("a100-80gb"),
+                                                              attrs.evolve(config, gpu="a100-80gb")).work(_prefill(tokens))

@@ -81,7 +81,7 @@ from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
-from .work import ModelWork, check_rank_tokens
+from .work import ModelWork, check_rank_tokens, gemm_factors
 
 
 @attrs.frozen
@@ -121,8 +121,9 @@ class ProfiledCostModel:
     needs_context_range = True  # the skew correction needs the longest and shortest decode context
 
     def __init__(self, bundle: ProfileBundle, model: ModelSpec, config: ProfiledConfig, *,
-                 topology: Topology | None = None, parallelism: Parallelism = SINGLE):
+                 topology: Topology | None = None, parallelism: Parallelism = SINGLE, gpu=None):
         self.bundle = bundle
+        self._gpu = gpu  # the config's GPU preset (or None), for the work counts' FP8 GEMMs
         self.parallelism = parallelism
         self.model = model
         self.config = config
@@ -345,7 +346,7 @@ class ProfiledCostModel:
     def _model_work(self) -> ModelWork:
         """The model's work counts, made when first asked (only power models ask)."""
         if self._work is None:
-            self._work = ModelWork(self.model, self.config.tensor_parallel)
+            self._work = ModelWork(self.model, self.config.tensor_parallel, gemm_factors(self.model, self._gpu))
         return self._work
 
     def experts_ms(self, tokens) -> float | None:
@@ -430,15 +431,15 @@ def build_profiled(config: ProfiledConfig, presets: Presets, parallelism: Parall
     """Factory: load the bundle at the configured tensor-parallel degree, resolve the presets."""
     model = presets.model(config.model)
     topology = None
+    gpu = presets.gpu(config.gpu) if config.gpu is not None else None
     if config.tensor_parallel > 1 or parallelism.lockstep or parallelism.pipelined:
         if config.tensor_parallel == 1 and config.gpu is None and config.interconnect is None:
             raise ConfigError("profiled cost model: data or pipeline parallelism needs the machine's links: set "
                               "gpu = <preset> (its usual machine) or interconnect = <machine>")
-        gpu = presets.gpu(config.gpu) if config.gpu is not None else None
         topology = machine(config.interconnect, gpu, link_gbps=config.link_gbps,
                            link_latency_us=config.link_latency_us, where="profiled cost model")
     bundle = ProfileBundle(config.profile, config.tensor_parallel)
-    return ProfiledCostModel(bundle, model, config, topology=topology, parallelism=parallelism)
+    return ProfiledCostModel(bundle, model, config, topology=topology, parallelism=parallelism, gpu=gpu)
 
 
 def _same_model(profiled: str, declared: str) -> bool:

@@ -96,7 +96,7 @@ from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
-from .work import ModelWork, check_rank_tokens
+from .work import ModelWork, check_rank_tokens, gemm_factors
 
 
 #: The pooled efficiencies, for a GPU measured by no profile (neither its own nor its
@@ -288,12 +288,12 @@ class RooflineCostModel:
         self._weight_bytes_per_ms = bw * c.bandwidth_efficiency
         self._peak_flops_per_ms = gpu.bf16_tflops * 1e9
         # FP8 weights times FP8 activations run at the FP8 rate where the GPU has it (W8A8)
-        fp8 = gpu.fp8_tflops * 1e9 if model.fp8_activations and gpu.fp8_tflops else None
-        self._dense_peak_per_ms = fp8 if fp8 and model.weight_bytes_per_param == 1.0 else self._peak_flops_per_ms
-        self._expert_peak_per_ms = fp8 if fp8 and model.expert_bytes_per_param == 1.0 else self._peak_flops_per_ms
+        factors = gemm_factors(model, gpu)
+        self._dense_peak_per_ms = self._peak_flops_per_ms / factors[0]
+        self._expert_peak_per_ms = self._peak_flops_per_ms / factors[1]
         self._host_bytes_per_ms = gpu.host_link_gbps * 1e6
         #: what an iteration reads and computes on each GPU (power models; :mod:`.work`)
-        self._work = w = ModelWork(model, tp)  # raises ConfigError on a bad split
+        self._work = w = ModelWork(model, tp, factors)  # raises ConfigError on a bad split
         self._kv_bytes_per_token = w.kv_bytes_per_token
         self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
         #: a decode's read of its window layers' KV: at most the window, taken as all of it

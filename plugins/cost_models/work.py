@@ -13,6 +13,9 @@ Per GPU of an instance of ``tp`` tensor-parallel ranks, in an iteration of ``T``
   attention reaches back over;
 * flops: ``2 x active params / tp`` per token (the routed experts' ``2 x k x expert params``
   among them) and attention's ``4 x layers x heads x head_dim / tp`` per (query, key) pair.
+  They are counted at the rate of the GPU's bf16 peak, which power models divide by: where the
+  GPU multiplies a W8A8 FP8 checkpoint's GEMMs at its FP8 rate (:func:`gemm_factors`), each of
+  their FLOPs counts ``bf16_tflops / fp8_tflops`` (about half), as the roofline times them.
 
 **Data-parallel ranks stepping together** (:mod:`.expert_parallel`) split this in two. A rank's
 own part (:meth:`ModelWork.rank_work`) is the iteration without the routed experts; the
@@ -43,11 +46,23 @@ from schedlab.capacity import ModelSpec
 from schedlab.protocols import Batch
 
 
+def gemm_factors(model: ModelSpec, gpu) -> tuple[float, float]:
+    """``(dense, experts)``: what a FLOP of the dense and of the routed experts' GEMMs counts at the
+    bf16 peak's rate on ``gpu`` (a :class:`~schedlab.capacity.GpuSpec`, or None: 1). FP8 weights
+    that meet FP8 activations (``model.fp8_activations``) multiply at ``fp8_tflops`` where the GPU
+    has FP8 tensor cores: ``bf16_tflops / fp8_tflops``; every other GEMM: 1."""
+    if gpu is None or not (model.fp8_activations and gpu.fp8_tflops):
+        return 1.0, 1.0
+    ratio = gpu.bf16_tflops / gpu.fp8_tflops
+    return (ratio if model.weight_bytes_per_param == 1.0 else 1.0,
+            ratio if model.expert_bytes_per_param == 1.0 else 1.0)
+
+
 class ModelWork:
     """The bytes and FLOPs of an iteration on one GPU of ``model`` split over ``tensor_parallel``
-    ranks (see the module docstring)."""
+    ranks (see the module docstring); ``factors``: :func:`gemm_factors` of the GPU."""
 
-    def __init__(self, model: ModelSpec, tensor_parallel: int = 1):
+    def __init__(self, model: ModelSpec, tensor_parallel: int = 1, factors: tuple[float, float] = (1.0, 1.0)):
         m = self.model = model
         tp = self.tp = tensor_parallel
         lm_head = m.lm_head_params
@@ -65,6 +80,10 @@ class ModelWork:
         self.dense_flops_per_token = 2.0 * (m.params_per_token - m.experts_per_token * m.expert_params
                                             - m.embedding_params - lm_head) / tp
         self.expert_flops_per_token = 2.0 * m.experts_per_token * m.expert_params / tp
+        #: the same, counted at the bf16 peak's rate (what :meth:`work` sums)
+        self.factors = factors
+        self._dense_counted = self.dense_flops_per_token * factors[0]
+        self._expert_counted = self.expert_flops_per_token * factors[1]
         self.attention_flops_per_pair = 4.0 * m.num_layers * (m.num_attention_heads or 0) * m.head_dim / tp
 
     def work(self, batch: Batch) -> tuple[float, float]:
@@ -78,7 +97,7 @@ class ModelWork:
         if m.is_moe:
             e, k = m.num_experts, m.experts_per_token
             weights += e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * m.expert_bytes_per_param / self.tp
-        flops = self._with_attention((self.dense_flops_per_token + self.expert_flops_per_token) * tokens, batch)
+        flops = self._with_attention((self._dense_counted + self._expert_counted) * tokens, batch)
         return weights + self._kv_bytes(batch), flops
 
     def rank_work(self, batch: Batch) -> tuple[float, float]:
@@ -86,7 +105,7 @@ class ModelWork:
         (attention, the dense layers and the LM head on its own batch)."""
         if batch.num_batched_tokens == 0:
             return 0.0, 0.0
-        flops = self._with_attention(self.dense_flops_per_token * batch.num_batched_tokens, batch)
+        flops = self._with_attention(self._dense_counted * batch.num_batched_tokens, batch)
         return self.dense_bytes + self._kv_bytes(batch), flops
 
     def experts_work(self, tokens: Sequence[int]) -> tuple[float, float]:
@@ -104,7 +123,7 @@ class ModelWork:
         e, k = m.num_experts, m.experts_per_token
         touched = e * (1.0 - (1.0 - k / e) ** total)
         return touched * m.expert_params * m.expert_bytes_per_param / gpus, \
-            2.0 * k * m.expert_params / gpus * total
+            2.0 * k * m.expert_params / gpus * total * self.factors[1]
 
     def stage_work(self, batch: Batch, layers: Sequence[int]) -> tuple[tuple[float, float], ...]:
         """``(bytes, flops)`` one GPU of each pipeline stage reads and computes in an iteration of

@@ -6,7 +6,9 @@ Per GPU, during an iteration that lasts ``d`` ms and (by the cost model's ``work
     u_mem     = bytes / (peak bandwidth x d)        u_compute = flops / (peak bf16 FLOPS x d)
     power     = idle + (board - idle) x min(1, awake + activity x max(u_mem, u_compute))
 
-``board`` is the datasheet's power limit (the GPU throttles to stay under it), ``idle`` its
+(A W8A8 FP8 checkpoint's GEMM FLOPs count at the bf16 peak's rate -- about half each where the
+GPU multiplies them at FP8, ``plugins/cost_models/work.py`` -- so they are not taken for twice
+the compute they are.) ``board`` is the datasheet's power limit (the GPU throttles to stay under it), ``idle`` its
 power with nothing to do; ``awake`` is the share an awake GPU draws with its clocks up and no
 kernel running, ``activity`` how fast power climbs with the utilisation of whichever of memory
 and compute bounds the iteration. Memory-bound decode at small batches draws well below the

@@ -6,6 +6,8 @@ The law. An iteration's work splits into what the SMs compute and what the memor
     c = flops / (peak bf16 FLOPS x compute_efficiency)      (ms at the highest clock)
     m = bytes / (peak bandwidth x bandwidth_efficiency)    (ms; the memory clock is not touched)
 
+(the cost model's work: FP8 GEMMs' FLOPs already counted at the bf16 rate, ``plugins/cost_models/work.py``).
+
 At the clock ``r = f / f_max`` the compute takes ``c / r`` and the memory still ``m``, so the
 iteration's time becomes (the roofline's ``max`` of the two moves, the rest does not)::
 
