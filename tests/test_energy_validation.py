@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import derive_roofline  # noqa: E402
 import energy_data  # noqa: E402
 import validate_energy  # noqa: E402
+import validate_mlenergy_v3  # noqa: E402
 
 from schedlab_plugins.power.common import TAIL_S  # noqa: E402
 from schedlab_plugins.power.fits import FITS  # noqa: E402
@@ -91,3 +92,28 @@ def test_the_fitting_awake_share_makes_the_model_match():
             config = UtilisationConfig(awake=p["fitting_awake"])
             power, _ = energy_data.predict_point(p, lambda cost: build_utilisation(config, presets, cost), presets)
             assert power == pytest.approx(p["power_w"], rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def v3_points():
+    return validate_mlenergy_v3.rows()
+
+
+def test_the_readme_shows_the_mlenergy_v3_check(v3_points):
+    readme = (ROOT / "README.md").read_text()
+    lines = validate_mlenergy_v3.markdown(v3_points).splitlines()
+    assert len(lines) == 2 + len(validate_mlenergy_v3.POINTS)
+    for line in lines:
+        assert line in readme, f"README is missing: {line}"
+
+
+def test_gpt_oss_up_to_64_on_h100_and_b200_is_within_the_issues_bars(v3_points):
+    """Issue 23's bars on unseen measurements (ML.ENERGY v3.0, vLLM 0.11.1): power within 10%
+    and energy per token within 15% -- met by GPT OSS 120B wherever the simulated batch is the
+    measured one (all slots decoding); the README lists where they are not."""
+    checked = [r for r in v3_points if r["model"] == "gpt-oss-120b" and r["batch"] <= validate_mlenergy_v3.FULL_BATCH
+               and r["sim"]["running"] > 0.95 * r["batch"]]
+    assert len(checked) == 9   # every GPU and size; H100 x 1 at 64 holds 34 of the assumed requests
+    for r in checked:
+        assert abs(r["given_error"]) <= 0.10, r
+        assert abs(r["jpt_error"]) <= 0.15, r
