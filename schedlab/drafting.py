@@ -30,16 +30,16 @@ step's ``k`` (``StandaloneARSpeculator.propose`` runs every pass; the runner dro
 
 **What power models and the clock see.** The drafter's passes are GPU work inside the step:
 ``kernel_ms`` is the target's kernels plus the passes' (``proposer_ms`` is the host's), and
-``work`` the target's ``(bytes, flops)`` plus each pass's, summed -- where the target's and the
+``work`` the target's ``(bytes, flops)`` and each pass's, joined phase by phase -- where the target's and the
 drafter's cost models say them (the roofline; a drafter that says no ``work`` leaves
 ``unsaid_work``, and the utilisation power model and ``[clock]`` refuse it by name; a target
 that says none, as ``profiled``, gets the utilisation model's roofline of its model, the
 drafter's passes added by ``work_with``). The passes
 run one after the other, each with its own bound resource, so ``work_parts`` says them apart:
-the clock stretches each on its own split (:mod:`schedlab.energy.clock`). Power models take the
-sum: the utilisation model's ``max(memory, compute)`` of the sum is within 0.3% of the sum of
-each pass's on Llama-3.1-8B with a Llama-3.2-1B drafter (``tools/drafter_energy.py``), while the
-clock's stretch is not (README: Energy). The drafter's work per GPU is its cost model's: give
+the clock stretches each on its own split (:mod:`schedlab.energy.clock`), and ``work`` keeps
+them as phases (:func:`schedlab.energy.work.joined`), so the utilisation power model takes each
+pass's bound apart too: a verifying step's GEMMs turn compute-bound while the passes and the
+attention stay memory-bound (``tools/drafter_energy.py``; README: Energy). The drafter's work per GPU is its cost model's: give
 it the tensor-parallel degree it runs at.
 
 **Data-parallel ranks stepping together** (:mod:`schedlab.engine.lockstep`). Each rank drafts
@@ -68,6 +68,7 @@ time) -- so the power model charges the drafter to the last stage's GPUs
 
 from __future__ import annotations
 
+from .energy.work import joined
 from .engine.clock import check_iteration_ms, check_pipeline_ms
 from .engine.rank_cost import DUMMY
 from .engine.stage_cost import stage_kernels
@@ -176,18 +177,14 @@ class DraftingCostModel:
 
     def work_with(self, target_work):
         """``work(batch)`` with ``target_work`` saying the target's part: ``(bytes, flops)`` one GPU
-        reads and computes in the step, the target's pass and the drafter's summed (see the
-        module docstring for why a sum)."""
+        reads and computes in the step, the target's pass and the drafter's joined phase by phase
+        (see the module docstring)."""
         return lambda batch: self._with_passes(target_work(batch), batch)
 
     def _with_passes(self, work: tuple[float, float], batch: Batch) -> tuple[float, float]:
-        """``work`` and the drafter's passes' in a step of shape ``batch``."""
-        byt, flops = work
-        for p in self.passes(batch):
-            b, f = self._drafter_work(p)
-            byt += b
-            flops += f
-        return byt, flops
+        """``work`` and the drafter's passes' in a step of shape ``batch`` (their phases after
+        the target's, :func:`schedlab.energy.work.joined`)."""
+        return joined(work, *(self._drafter_work(p) for p in self.passes(batch)))
 
     def _work_parts(self, batch: Batch) -> list[tuple[float, float]]:
         """The step's work pass by pass, in the order they run (the clock stretches each alone)."""
@@ -222,8 +219,8 @@ class DraftingCostModel:
 
     def _stage_work(self, batch: Batch) -> tuple[tuple[float, float], ...]:
         """``(bytes, flops)`` one GPU of each stage reads and computes in a pipelined batch: the
-        target's split, the drafter's passes summed into the last stage's (as :meth:`work_with`
-        sums them into a colocated step's)."""
+        target's split, the drafter's passes joined to the last stage's (as :meth:`work_with`
+        joins them to a colocated step's)."""
         work = self.target.stage_work(batch)
         return (*work[:-1], self._with_passes(work[-1], batch))
 

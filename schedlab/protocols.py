@@ -137,7 +137,9 @@ class CostModel(Protocol):
     Optional members: ``needs_context_range = True`` asks the engines to fill
     :attr:`Batch.decode_context_max` and :attr:`Batch.decode_context_min`;
     ``work(batch)`` gives ``(bytes, flops)``, what one GPU of the instance reads from its memory
-    and computes in the iteration (power models turn them into utilisations); and
+    and computes in the iteration (power models turn them into utilisations) -- a
+    :class:`schedlab.energy.work.Work` when it can say them kernel group by kernel group
+    (phases, each bound by its own resource), a plain pair otherwise; and
     ``clock_ratio(batch)``, the SM clock the iteration runs at as a share of the highest (1.0
     when absent; :mod:`schedlab.energy.clock`).
 

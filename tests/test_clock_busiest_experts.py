@@ -134,7 +134,10 @@ def test_a_half_clock_stretches_the_experts_on_the_busiest_gpus_work_by_hand(eng
     assert_two_steps(r, (20.5725, 9.31), (4.5725, 1.31))
     # Energy: every GPU at the mean share of the experts (8.5e8 bytes and 3.4e10 FLOPs in step 1,
     # 1e8 and 4e9 in step 2) over the stretched steps; rank 1 waits 8 ms for rank 0 in step 1.
-    rank0 = step_j(20.5725, 4.45e9, 8.34e11, 20.5725, 0.5) + step_j(9.31, 2.37e9, 5.4e10, 9.31, 0.5)
+    # Rank 0's prompt is compute-bound (c 8) and its experts memory-bound (m 0.85): 8.85 ms of
+    # work at peak, where the totals' max would say 8.34; the other steps are memory-bound throughout.
+    rank0 = step_j(20.5725, 4.45e9, 8.34e11, 20.5725, 0.5, phases=[(3.6e9, 8.0e11), (8.5e8, 3.4e10)]) \
+        + step_j(9.31, 2.37e9, 5.4e10, 9.31, 0.5)
     rank1 = step_j(20.5725, 2.96e9, 8.4e10, 8 + 4.5725, 0.5) + step_j(9.31, 2.21e9, 5.4e10, 9.31, 0.5)
     assert [i["busy_j"] for i in r.meta["energy"]["instances"]] == pytest.approx([rank0, rank1], rel=1e-12)
     check_energy(r)

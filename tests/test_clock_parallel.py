@@ -90,12 +90,14 @@ def factors(r: float) -> tuple[float, float]:
     return r * v * v, 0.2 + 0.8 * v * v
 
 
-def step_j(d: float, bytes_: float, flops: float, kernels: float, r: float) -> float:
+def step_j(d: float, bytes_: float, flops: float, kernels: float, r: float, phases=None) -> float:
     """A step's joules on :data:`GPU` at clock ``r``: ``(40 d + 360 min(g, k + a (d - k))) / 1000``
-    with the awake share ``a = 0.2 x awake(r)`` and ``g = a d + work(r) max(m, c)``."""
+    with the awake share ``a = 0.2 x awake(r)`` and ``g = a d + work(r) x``: ``x = max(m, c)`` of
+    the totals, or summed over ``phases`` (``(bytes, flops)`` pairs) where they are bound apart."""
     awake, work = factors(r)
     a = 0.2 * awake
-    g = a * d + work * max(bytes_ / 1e9, flops / 1e11)
+    x = sum(max(b / 1e9, f / 1e11) for b, f in phases) if phases else max(bytes_ / 1e9, flops / 1e11)
+    g = a * d + work * x
     return (40 * d + 360 * min(g, kernels + a * (d - kernels))) / 1000
 
 

@@ -18,6 +18,7 @@ from schedlab.energy.clock import ClockConfig, ClockedCostModel, clock_power_fac
 from schedlab.energy.idle import idle_j, idle_steps, tail_j
 from schedlab.energy.meter import run_j_by_iterations
 from schedlab.energy.timeline import integral_j, power_steps
+from schedlab.energy.work import Work, joined, peak_ms
 from schedlab.model import Request
 from schedlab.protocols import Batch
 from schedlab.testing import (check_energy, check_power_model, compare_runs, examples, requests_lists, run_cluster,
@@ -232,6 +233,41 @@ def test_the_hosts_part_of_a_step_by_hand():
     assert _model(memory, kernel=lambda b: 8.0).iteration_j(batch, 10.0) == pytest.approx(2.92)
     # kernels said to outlast the step are held to it
     assert _model(compute, kernel=lambda b: 50.0).iteration_j(batch, 10.0) == pytest.approx(4.0)
+
+
+def test_a_step_bound_by_compute_in_one_phase_and_memory_in_another_by_hand():
+    # A 10 ms mixed step: its prompt GEMMs 2e9 bytes and 4e11 FLOPs (c = 4 ms bounds), its decodes'
+    # attention 3e9 bytes and 1e9 FLOPs (m = 3 ms bounds): 7 ms of work at peak, u = 0.7 ->
+    # 40 + 360 x (0.2 + 0.7) = 364 W -> 3.64 J. The totals alone (5e9 bytes, 4.01e11 FLOPs) would
+    # say max(5, 4.01) = 5 ms -> 292 W.
+    batch = Batch(num_prefill=1, prefill_tokens=512, num_decode=8, decode_context_tokens=8000)
+    mixed = Work(((2e9, 4e11), (3e9, 1e9)))
+    assert tuple(mixed) == (5e9, 4.01e11)
+    assert _model(lambda b: mixed).iteration_j(batch, 10.0) == pytest.approx(3.64)
+    assert _model(lambda b: tuple(mixed)).iteration_j(batch, 10.0) == pytest.approx(2.92)
+    # joined work keeps each part's phases; a plain pair is one phase
+    both = joined(mixed, (1e9, 0.0))
+    assert tuple(both) == (6e9, 4.01e11) and both.phases == ((2e9, 4e11), (3e9, 1e9), (1e9, 0.0))
+    assert peak_ms(both, 1e9, 1e11) == pytest.approx(8.0)
+
+
+@SETTINGS
+@given(st.integers(1, 3_000), st.floats(0.5, 20.0), st.floats(-0.01, 0.05), st.floats(0.0, 4e11),
+       st.floats(1e7, 5e9), st.floats(1e4, 1e6), st.floats(0.0, 2.0), st.booleans())
+def test_phases_keep_the_closed_form(k, d0, inc, gemm_flops, kv_base, bytes_per_token, cross, kernels):
+    """Each phase's bound may change sides at its own step of a bulk run -- here attention's KV
+    read gives way to its FLOPs at step ``cross x k`` as the contexts grow, beside a constant GEMM
+    phase --: the closed form over the pieces still equals the sum, and says the highest power."""
+    inc = max(inc, -d0 / (2 * k))
+    at = 400 + 4 * cross * k  # the context where attention's two bounds meet
+    flops_per_token = (kv_base + bytes_per_token * at) / 1e9 * 1e11 / at
+
+    def work(b):
+        ctx = b.decode_context_tokens
+        return Work(((1e9, gemm_flops), (kv_base + bytes_per_token * ctx, flops_per_token * ctx)))
+
+    kernel = (lambda b: 0.6 * d0 + 0.001 * (b.decode_context_tokens - 400)) if kernels else None
+    check_power_model(_model(work, kernel=kernel), Batch(num_decode=4, decode_context_tokens=400), k, d0, inc)
 
 
 @SETTINGS

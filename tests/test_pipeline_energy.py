@@ -64,12 +64,14 @@ def utilisation(standby_s: float = 0.0, tail_s: float = 0.0):
                                               kernel=cost.kernel_ms, board_w=400.0, idle_w=40.0)
 
 
-def slice_j(d: float, bytes_: float, flops: float, r: float = 1.0) -> float:
+def slice_j(d: float, bytes_: float, flops: float, r: float = 1.0, phases=None) -> float:
     """A stage's slice of ``d`` ms on :data:`GPU` at clock ``r``, its kernels running all of it:
-    ``(40 d + 360 min(a d + work(r) max(m, c), d)) / 1000`` with ``a = 0.2 x awake(r)``
-    (``test_clock_parallel.factors``: the law's power factors)."""
+    ``(40 d + 360 min(a d + work(r) x, d)) / 1000`` with ``a = 0.2 x awake(r)``
+    (``test_clock_parallel.factors``: the law's power factors) and ``x = max(m, c)`` of the
+    totals, or summed over ``phases`` (``(bytes, flops)`` pairs) where they are bound apart."""
     awake, work = factors(r)
-    g = 0.2 * awake * d + work * max(bytes_ / 1e9, flops / 1e11)
+    x = sum(max(b / 1e9, f / 1e11) for b, f in phases) if phases else max(bytes_ / 1e9, flops / 1e11)
+    g = 0.2 * awake * d + work * x
     return (40 * d + 360 * min(g, d)) / 1000
 
 

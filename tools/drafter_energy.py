@@ -5,8 +5,9 @@
 For decode-only steps of ``n`` sequences (each verifying ``k`` drafts, 1,000 tokens of context)
 it prints, per step: the target's and the drafter's time; the step's energy by the
 ``utilisation`` power model with the target's work only (what was counted before) and with the
-drafter's passes added -- summed into one ``(bytes, FLOPs)`` (what the model is handed) and
-pass by pass (each pass's own ``max(memory, compute)``) -- and how much longer the step is at a
+drafter's passes added -- phase by phase, as the model is handed them (the target's dense
+GEMMs, experts and attention, then each pass's: each its own ``max(memory, compute)``), and
+summed into one ``(bytes, FLOPs)`` (the ``max`` of the totals) -- and how much longer the step is at a
 half clock when the clock's law stretches the passes together or one by one (what
 :class:`~schedlab.energy.clock.ClockedCostModel` does). README: Energy, "The drafter".
 
@@ -59,11 +60,11 @@ def rows(target: str, drafter: str, gpu: str, k: int) -> list[dict]:
         d = cost.iteration_ms(batch)
         parts = [clock.times(*w) for w in cost.work_parts(batch)]
         c, m = clock.times(*cost.work(batch))
-        # the utilisation model pass by pass: each pass's activity alone, summed (its own max)
-        apart = _apart_j(summed, cost, batch, d)
+        # the step's work summed into one pair: the max of its totals
+        pair = _one_pair_j(summed, cost, batch, d)
         out.append({
             "n": n, "target_ms": cost.target.iteration_ms(batch), "drafter_ms": cost.draft_ms(batch), "step_ms": d,
-            "target_only_j": plain.iteration_j(batch, d), "summed_j": summed.iteration_j(batch, d), "apart_j": apart,
+            "target_only_j": plain.iteration_j(batch, d), "model_j": summed.iteration_j(batch, d), "pair_j": pair,
             "stretch_together_ms": clock.stretch(c, m, 0.5),
             "stretch_apart_ms": sum(clock.stretch(ci, mi, 0.5) for ci, mi in parts)})
     return out
@@ -92,9 +93,10 @@ def pipeline_rows(target: str, drafter: str, gpu: str, k: int, stages: int) -> l
     return out
 
 
-def _apart_j(model, cost: DraftingCostModel, batch: Batch, d: float) -> float:
-    """The utilisation model's energy with each pass's ``max(memory, compute)`` taken alone."""
-    activity = sum(max(b / model._bytes_per_ms, f / model._flops_per_ms) for b, f in cost.work_parts(batch))
+def _one_pair_j(model, cost: DraftingCostModel, batch: Batch, d: float) -> float:
+    """The utilisation model's energy with the step's work summed into one ``(bytes, FLOPs)``."""
+    byt, flops = cost.work(batch)
+    activity = max(byt / model._bytes_per_ms, flops / model._flops_per_ms)
     awake = model.config.awake
     g = awake * d + model.config.activity * activity
     return model._joules(d, g, model._cap(batch, d, awake))
@@ -119,12 +121,12 @@ def main(argv=None) -> None:
                   f"{r['stretch_together_ms']:>32.3f} {r['stretch_apart_ms']:>7.3f}")
         return
     print(f"{a.target} + {a.drafter} drafter, k = {a.k}, on {a.gpu}; decode steps, {CONTEXT} tokens of context each")
-    print(f"{'seqs':>5} {'target':>8} {'drafter':>8} {'J target':>9} {'J summed':>9} {'J apart':>9} "
-          f"{'+drafter':>8} {'sum/apart':>9} {'half clock: +ms together':>25} {'apart':>7}")
+    print(f"{'seqs':>5} {'target':>8} {'drafter':>8} {'J target':>9} {'J model':>9} {'J 1 pair':>9} "
+          f"{'+drafter':>8} {'model/pair':>10} {'half clock: +ms together':>25} {'apart':>7}")
     for r in rows(a.target, a.drafter, a.gpu, a.k):
         print(f"{r['n']:>5} {r['target_ms']:>6.2f}ms {r['drafter_ms']:>6.2f}ms {r['target_only_j']:>9.3f} "
-              f"{r['summed_j']:>9.3f} {r['apart_j']:>9.3f} {r['summed_j'] / r['target_only_j'] - 1:>8.1%} "
-              f"{r['summed_j'] / r['apart_j'] - 1:>+9.2%} {r['stretch_together_ms']:>25.3f} "
+              f"{r['model_j']:>9.3f} {r['pair_j']:>9.3f} {r['model_j'] / r['target_only_j'] - 1:>8.1%} "
+              f"{r['model_j'] / r['pair_j'] - 1:>+10.2%} {r['stretch_together_ms']:>25.3f} "
               f"{r['stretch_apart_ms']:>7.3f}")
 
 

@@ -17,6 +17,10 @@ Per GPU of an instance of ``tp`` tensor-parallel ranks, in an iteration of ``T``
   GPU multiplies a W8A8 FP8 checkpoint's GEMMs at its FP8 rate (:func:`gemm_factors`), each of
   their FLOPs counts ``bf16_tflops / fp8_tflops`` (about half), as the roofline times them.
 
+Both are said in phases, as the kernels run one after another (a
+:class:`~schedlab.energy.work.Work`): the dense GEMMs with the LM head's read, the routed
+experts, and attention (the KV it reads, its FLOPs), each bound by its own resource.
+
 **Data-parallel ranks stepping together** (:mod:`.expert_parallel`) split this in two. A rank's
 own part (:meth:`ModelWork.rank_work`) is the iteration without the routed experts; the
 experts of a step (:meth:`ModelWork.experts_work`) are computed on the ``D x tp`` GPUs for the
@@ -43,6 +47,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from schedlab.capacity import ModelSpec
+from schedlab.energy.work import Work, phases_of
 from schedlab.protocols import Batch
 
 
@@ -88,25 +93,31 @@ class ModelWork:
 
     def work(self, batch: Batch) -> tuple[float, float]:
         """``(bytes, flops)`` one GPU reads and computes in an iteration of ``batch``, its routed
-        experts included."""
+        experts included: a :class:`~schedlab.energy.work.Work` whose phases are the dense
+        GEMMs (with the LM head's read), the routed experts and attention."""
         m = self.model
         tokens = batch.num_batched_tokens
         if tokens == 0:
             return 0.0, 0.0
-        weights = self.dense_bytes
+        experts = 0.0
         if m.is_moe:
             e, k = m.num_experts, m.experts_per_token
-            weights += e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * m.expert_bytes_per_param / self.tp
+            experts = e * (1.0 - (1.0 - k / e) ** tokens) * m.expert_params * m.expert_bytes_per_param / self.tp
+        kv, attention = self._kv_bytes(batch), self._with_attention(0.0, batch)
         flops = self._with_attention((self._dense_counted + self._expert_counted) * tokens, batch)
-        return weights + self._kv_bytes(batch), flops
+        return Work(((self.dense_bytes, self._dense_counted * tokens), (experts, self._expert_counted * tokens),
+                     (kv, attention)), (self.dense_bytes + experts + kv, flops))
 
     def rank_work(self, batch: Batch) -> tuple[float, float]:
         """:meth:`work` without the routed experts: one data-parallel rank's own part of a step
-        (attention, the dense layers and the LM head on its own batch)."""
-        if batch.num_batched_tokens == 0:
+        (attention, the dense layers and the LM head on its own batch), in those two phases."""
+        tokens = batch.num_batched_tokens
+        if tokens == 0:
             return 0.0, 0.0
-        flops = self._with_attention(self._dense_counted * batch.num_batched_tokens, batch)
-        return self.dense_bytes + self._kv_bytes(batch), flops
+        kv, attention = self._kv_bytes(batch), self._with_attention(0.0, batch)
+        flops = self._with_attention(self._dense_counted * tokens, batch)
+        return Work(((self.dense_bytes, self._dense_counted * tokens), (kv, attention)),
+                    (self.dense_bytes + kv, flops))
 
     def experts_work(self, tokens: Sequence[int]) -> tuple[float, float]:
         """``(bytes, flops)`` of a step's routed experts on each of the ``len(tokens) x tp`` GPUs
@@ -131,13 +142,22 @@ class ModelWork:
         :meth:`work` (the LM head's weights apart), and the LM head's weights on the last stage."""
         if not layers or any(count < 1 for count in layers):
             raise ValueError(f"every pipeline stage needs at least one layer, got {tuple(layers)}")
-        byt, flops = self.work(batch)
+        work = self.work(batch)
+        byt, flops = work
         if byt == 0.0 and flops == 0.0:
             return ((0.0, 0.0),) * len(layers)
         n = sum(layers)
         per_bytes, per_flops = (byt - self.lm_head_bytes) / n, flops / n
-        stages = [(count * per_bytes, count * per_flops) for count in layers]
-        stages[-1] = (stages[-1][0] + self.lm_head_bytes, stages[-1][1])
+        (dense_b, dense_f), *rest = phases_of(work)
+        per_phase = [((dense_b - self.lm_head_bytes) / n, dense_f / n)] + [(b / n, f / n) for b, f in rest]
+        stages = []
+        for i, count in enumerate(layers):
+            parts = [(count * b, count * f) for b, f in per_phase]
+            total = (count * per_bytes, count * per_flops)
+            if i == len(layers) - 1:  # the LM head's weights: the last stage's dense phase
+                parts[0] = (parts[0][0] + self.lm_head_bytes, parts[0][1])
+                total = (total[0] + self.lm_head_bytes, total[1])
+            stages.append(Work(parts, total))
         return tuple(stages)
 
     def _kv_bytes(self, batch: Batch) -> float:

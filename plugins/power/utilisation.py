@@ -1,29 +1,32 @@
 """The ``utilisation`` power model: a GPU draws more the busier its bound resource is.
 
-Per GPU, during an iteration that lasts ``d`` ms and (by the cost model's ``work``) reads
-``bytes`` and computes ``flops`` on each GPU::
+Per GPU, during an iteration that lasts ``d`` ms and (by the cost model's ``work``) reads and
+computes on each GPU, phase after phase -- the dense GEMMs, the routed experts, attention
+(:mod:`schedlab.energy.work`) -- ``bytes_i`` and ``flops_i``::
 
-    u_mem     = bytes / (peak bandwidth x d)        u_compute = flops / (peak bf16 FLOPS x d)
-    power     = idle + (board - idle) x min(1, awake + activity x max(u_mem, u_compute))
+    u      = sum over the phases of max(bytes_i / peak bandwidth, flops_i / peak bf16 FLOPS) / d
+    power  = idle + (board - idle) x min(1, awake + activity x u)
 
-(A W8A8 FP8 checkpoint's GEMM FLOPs count at the bf16 peak's rate -- about half each where the
-GPU multiplies them at FP8, ``plugins/cost_models/work.py`` -- so they are not taken for twice
-the compute they are.) ``board`` is the datasheet's power limit (the GPU throttles to stay under it), ``idle`` its
+Each phase is bound by its own resource: a mixed step's prompt GEMMs by compute while its
+decodes' attention reads the KV cache, so their times at peak add up (a cost model whose work
+has no phases is one phase: ``max`` of its totals). (A W8A8 FP8 checkpoint's GEMM FLOPs count
+at the bf16 peak's rate -- about half each where the GPU multiplies them at FP8,
+``plugins/cost_models/work.py`` -- so they are not taken for twice the compute they are.)
+``board`` is the datasheet's power limit (the GPU throttles to stay under it), ``idle`` its
 power with nothing to do; ``awake`` is the share an awake GPU draws with its clocks up and no
-kernel running, ``activity`` how fast power climbs with the utilisation of whichever of memory
-and compute bounds the iteration. Memory-bound decode at small batches draws well below the
-limit; large batches and prefill approach it -- unlike a fixed "active" power. The same
-``awake`` share is the standby power after the last iteration (for ``standby_s``), before
-the GPU drops to idle.
+kernel running, ``activity`` how fast power climbs with the time the work keeps the GPU's
+bound resources busy. Memory-bound decode at small batches draws well below the limit; large
+batches and prefill approach it -- unlike a fixed "active" power. The same ``awake`` share is
+the standby power after the last iteration (for ``standby_s``), before the GPU drops to idle.
 
 The host's part of a step. Where the cost model splits a step into the GPU's kernels and the
 host's work around them (``kernel_ms(batch)``: the roofline and the profiled model do, see
 ``plugins/cost_models/step_overhead.py``), only the kernels' time ``k`` can reach the board
 limit; the host's ``d - k`` draws the awake share. Per GPU, in energy::
 
-    E = idle x d + (board - idle) x min(awake x d + activity x max(m, c),  k + awake x (d - k))
+    E = idle x d + (board - idle) x min(awake x d + activity x x,  k + awake x (d - k))
 
-with ``m`` and ``c`` the iteration's bytes and FLOPs at the peak rates (ms). Below the limit
+with ``x`` the work's time at the peak rates (ms: ``u x d`` above). Below the limit
 this is the formula above -- the awake share is paid over the whole step, the work's energy
 does not depend on how long it took -- so the split matters only where the kernels alone
 would exceed the limit.
@@ -36,8 +39,8 @@ scales as ``r v(r)^2`` and the activity as ``1 - core_share + core_share v(r)^2`
 power on the core's rail falls with the voltage, the memory's does not).
 
 Energy is exact over a bulk decode run: the bytes, FLOPs and duration of its iterations are
-linear in the step, so ``max`` and ``min`` cut the sum into at most four linear pieces, each an
-arithmetic series (:meth:`UtilisationPowerModel.run_j`).
+linear in the step, phase by phase, so each ``max`` and ``min`` cuts the sum into linear pieces,
+each an arithmetic series (:meth:`UtilisationPowerModel.run_j`).
 
 The defaults of ``awake`` and ``activity`` are fitted by ``tools/derive_roofline.py`` (its
 power section) -- see :data:`DERIVATION`; board limits and clocks are datasheet numbers in the
@@ -56,6 +59,7 @@ from schedlab.capacity import Presets
 from schedlab.configs import MAX_TENSOR_PARALLEL, float_field, int_field, str_field
 from schedlab.energy.clock import clock_power_factor
 from schedlab.energy.meter import shifted
+from schedlab.energy.work import peak_ms, phases_of
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
@@ -65,9 +69,9 @@ from .common import (PowerSettings, board_and_idle, cost_setting, find_clock, fi
 #: What ``python tools/derive_roofline.py power`` printed: least squares in relative power error
 #: over the ML.ENERGY v2 Llama-3.1-8B sweeps (A100-SXM4-40GB and H100 SXM, vLLM 0.5.4, chat, max
 #: batch 32-1024: 14 points, their measured cycle times as the iterations' durations) and 17 decode
-#: seconds of LLMServingSim 2.0's A6000 TP-2 trace (vLLM 0.11.1); RMS relative error 5.3%. Every
+#: seconds of LLMServingSim 2.0's A6000 TP-2 trace (vLLM 0.11.1); RMS relative error 5.2%. Every
 #: other sweep and the TP-1 trace are held out (README: Energy).
-DERIVATION = {"awake": 0.195, "activity": 1.012}
+DERIVATION = {"awake": 0.185, "activity": 1.029}
 
 
 @attrs.frozen
@@ -128,10 +132,8 @@ class UtilisationPowerModel:
     # --- PowerModel protocol -----------------------------------------------------------------------
     def iteration_j(self, batch: Batch, duration_ms: float) -> float:
         awake, work = self._factors(batch)
-        byt, flops = self._work(batch)
-        m = byt / self._bytes_per_ms
-        c = flops / self._flops_per_ms
-        g = awake * duration_ms + work * self.config.activity * (m if m > c else c)
+        busy = peak_ms(self._work(batch), self._bytes_per_ms, self._flops_per_ms)
+        g = awake * duration_ms + work * self.config.activity * busy
         return self._joules(duration_ms, g, self._cap(batch, duration_ms, awake))
 
     def run_j(self, batch: Batch, k: int, d0: float, inc: float) -> float:
@@ -142,42 +144,65 @@ class UtilisationPowerModel:
     def run_j_peak(self, batch: Batch, k: int, d0: float, inc: float) -> tuple[float, float]:
         """:meth:`run_j` and the run's highest power (W). Within each linear piece power is a
         ratio of two linear terms, so monotone: the highest is at some piece's first or last
-        iteration."""
+        iteration.
+
+        The pieces: each phase's memory and compute times are linear in ``j`` and so is the
+        kernels' time, so the run first splits where a phase's bound or ``min(kernels, step)``
+        changes sides; within those pieces the work's time at peak is linear, and they split
+        again where the work's energy meets the cap."""
         awake, work = self._factors(batch)
-        b0, f0 = self._work(batch)
-        b1, f1 = self._work(shifted(batch, 1))
+        w0, w1 = self._work(batch), self._work(shifted(batch, 1))
+        p0, p1 = phases_of(w0), phases_of(w1)
+        if len(p0) != len(p1):  # (a work whose phases change with the step: its totals, one phase)
+            p0, p1 = phases_of(tuple(w0)), phases_of(tuple(w1))
+        bw, peak = self._bytes_per_ms, self._flops_per_ms
+        lines = [(b0 / bw, (b1 - b0) / bw, f0 / peak, (f1 - f0) / peak) for (b0, f0), (b1, f1) in zip(p0, p1)]
         a = work * self.config.activity
-        m0, dm = b0 / self._bytes_per_ms, (b1 - b0) / self._bytes_per_ms
-        c0, dc = f0 / self._flops_per_ms, (f1 - f0) / self._flops_per_ms
         if self._kernel is None:
             k0, dk = d0, inc
         else:
             k0 = self._kernel(batch)
             dk = self._kernel(shifted(batch, 1)) - k0
 
+        def busy(j: int) -> float:
+            total = 0.0
+            for m0, dm, c0, dc in lines:
+                m, c = m0 + j * dm, c0 + j * dc
+                total += m if m > c else c
+            return total
+
         def energy(j: int) -> float:
             d = d0 + j * inc
-            m, c, kern = m0 + j * dm, c0 + j * dc, k0 + j * dk
+            kern = k0 + j * dk
             kern = kern if kern < d else d
-            return self._joules(d, awake * d + a * (m if m > c else c), kern + awake * (d - kern))
+            return self._joules(d, awake * d + a * busy(j), kern + awake * (d - kern))
 
-        # where each comparison may change sides: m = c; k = d; the work's energy against the
-        # kernels' cap (a x, x either branch of the max, against (1 - awake) x either of k and d)
-        cuts = [_crossing(m0 - c0, dm - dc), _crossing(k0 - d0, dk - inc)]
-        for x0, dx in ((m0, dm), (c0, dc)):
-            for y0, dy in ((k0, dk), (d0, inc)):
-                cuts.append(_crossing((1.0 - awake) * y0 - a * x0, (1.0 - awake) * dy - a * dx))
-        bounds = sorted({0, k} | {min(k, max(0, math.ceil(x))) for x in cuts if x is not None})
-        total, peak = 0.0, 0.0
+        def at(x: float | None, start: int, end: int) -> int | None:
+            return None if x is None else min(end, max(start, start + math.ceil(x)))
+
+        cuts = [_crossing(m0 - c0, dm - dc) for m0, dm, c0, dc in lines] + [_crossing(k0 - d0, dk - inc)]
+        first = sorted({0, k} | {at(x, 0, k) for x in cuts if x is not None})
+        bounds = set(first)
+        for s, e in zip(first, first[1:]):
+            if e - s < 2:
+                continue
+            x0 = busy(s)
+            dx = busy(s + 1) - x0  # linear within the piece
+            for y0, dy in ((k0 + s * dk, dk), (d0 + s * inc, inc)):  # the cap: kernels or step, whichever is less
+                cut = at(_crossing((1.0 - awake) * y0 - a * x0, (1.0 - awake) * dy - a * dx), s, e)
+                if cut is not None:
+                    bounds.add(cut)
+        bounds = sorted(bounds)
+        total, top = 0.0, 0.0
         for s, e in zip(bounds, bounds[1:]):
             n = e - s
-            first = energy(s)
-            total += n * first + ((energy(s + 1) - first) * (n * (n - 1) // 2) if n > 1 else 0.0)
-            for j, ej in ((s, first), (e - 1, energy(e - 1))):
+            first_j = energy(s)
+            total += n * first_j + ((energy(s + 1) - first_j) * (n * (n - 1) // 2) if n > 1 else 0.0)
+            for j, ej in ((s, first_j), (e - 1, energy(e - 1))):
                 power = ej / (d0 + j * inc)
-                if power > peak:
-                    peak = power
-        return total, peak * 1e3
+                if power > top:
+                    top = power
+        return total, top * 1e3
 
     # --- parts ---------------------------------------------------------------------------------------
     def _factors(self, batch: Batch) -> tuple[float, float]:

@@ -29,6 +29,7 @@ did on one stage's GPUs.
 
 from __future__ import annotations
 
+from ..energy.work import joined
 from ..errors import SimulationError
 from ..protocols import Batch
 
@@ -91,9 +92,7 @@ class RankCost:
         own = self._own(batch)
         if own is None:
             return 0.0, 0.0
-        rank_bytes, rank_flops = self.inner.rank_work(own)
-        expert_bytes, expert_flops = self.inner.experts_work(self.step_tokens)
-        return rank_bytes + expert_bytes, rank_flops + expert_flops
+        return joined(self.inner.rank_work(own), self.inner.experts_work(self.step_tokens))
 
     def kernel_ms(self, batch: Batch) -> float:
         """The GPU's kernels in the step: the rank's own part without the host's share (the

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import attrs
 
+from ..energy.work import Work, joined, phases_of
 from ..engine.rank_cost import rank_view
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
@@ -103,13 +104,13 @@ class LinearParallelCost:
         own = self.rank_work(batch)
         if not (self.moe and batch.num_batched_tokens):
             return own
-        experts = self.experts_work((batch.num_batched_tokens,))
-        return own[0] + experts[0], own[1] + experts[1]
+        return joined(own, self.experts_work((batch.num_batched_tokens,)))
 
     def stage_work(self, batch) -> tuple[tuple[float, float], ...]:
-        """Each stage's equal share of :meth:`work` (as :meth:`pipeline_ms` splits the time)."""
-        byt, flops = self.work(batch)
-        return ((byt / self.stages, flops / self.stages),) * self.stages
+        """Each stage's equal share of :meth:`work`, phase by phase (as :meth:`pipeline_ms` splits the time)."""
+        work = self.work(batch)
+        n = self.stages
+        return (Work([(b / n, f / n) for b, f in phases_of(work)], (work[0] / n, work[1] / n)),) * n
 
 
 def run_data_parallel(requests: Sequence, make: Callable[[], tuple], ranks: int, router=None, *,
