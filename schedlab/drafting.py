@@ -39,8 +39,8 @@ run one after the other, each with its own bound resource, so ``work_parts`` say
 the clock stretches each on its own split (:mod:`schedlab.energy.clock`), and ``work`` keeps
 them as phases (:func:`schedlab.energy.work.joined`), so the utilisation power model takes each
 pass's bound apart too: a verifying step's GEMMs turn compute-bound while the passes and the
-attention stay memory-bound (``tools/drafter_energy.py``; README: Energy). The drafter's work per GPU is its cost model's: give
-it the tensor-parallel degree it runs at.
+attention stay memory-bound (``tools/drafter_energy.py``; README: Energy). The drafter's work
+per GPU is its cost model's: give it the tensor-parallel degree it runs at.
 
 **Data-parallel ranks stepping together** (:mod:`schedlab.engine.lockstep`). Each rank drafts
 for its own sequences on its own GPUs, so the drafter's passes and ``proposer_ms`` join the

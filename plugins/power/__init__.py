@@ -12,7 +12,8 @@ from .utilisation import UtilisationConfig, UtilisationPowerModel, build_utilisa
 @schedlab.hookimpl
 def schedlab_register_power_models(register):
     register("utilisation", build_utilisation, config=UtilisationConfig,
-             help="idle + (board - idle) x min(1, awake + activity x utilisation of the bound resource)")
+             help="idle + (board - idle) x min(1, awake + activity x utilisation of the bound resources, "
+                  "phase by phase)")
     register("table", build_table, config=TableConfig,
              help="power per GPU interpolated in a measured table against batch size")
     register("fixed_active", build_fixed_active, config=FixedActiveConfig,

@@ -1,4 +1,4 @@
-"""The ``utilisation`` power model: a GPU draws more the busier its bound resource is.
+"""The ``utilisation`` power model: a GPU draws more the busier its bound resources are.
 
 Per GPU, during an iteration that lasts ``d`` ms and (by the cost model's ``work``) reads and
 computes on each GPU, phase after phase -- the dense GEMMs, the routed experts, attention
@@ -91,7 +91,7 @@ class UtilisationConfig(PowerSettings):
     awake: float = float_field(DERIVATION["awake"], min=0.0, max=1.0,
                                help="share of (board - idle) an awake GPU draws with no kernel running")
     activity: float = float_field(DERIVATION["activity"], min=0.0,
-                                  help="share of (board - idle) per unit of utilisation of the bound resource")
+                                  help="share of (board - idle) per unit of utilisation of the bound resources")
 
 
 class UtilisationPowerModel:
