@@ -103,7 +103,9 @@ def test_the_readme_shows_the_mlenergy_v3_check(v3_points):
     readme = (ROOT / "README.md").read_text()
     lines = validate_mlenergy_v3.markdown(v3_points).splitlines()
     assert len(lines) == 2 + len(validate_mlenergy_v3.POINTS)
-    for line in lines:
+    power = validate_mlenergy_v3.power_markdown(validate_mlenergy_v3.power_rows()).splitlines()
+    assert len(power) == 2 + len(validate_mlenergy_v3.POWER_POINTS)
+    for line in lines + power:
         assert line in readme, f"README is missing: {line}"
 
 

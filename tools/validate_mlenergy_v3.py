@@ -23,6 +23,11 @@ measured over its steady state. Two checks per point:
   implies: energy per token x batch / ITL / GPUs (every slot decoding; so only where the batch
   fits the KV cache -- up to 64 here, where the figure's H100 x 1 series stops).
 
+A third figure of the post (``section2-1-batch-size-light.svg``) gives average power itself, as a
+share of each B200's 1,000 W, with energy per token as a share of each series' largest:
+DeepSeek R1 (GPQA, 8 B200s) and Qwen 3 Coder 30B A3B (fill-in-the-middle, one B200), checked
+out of the box (:func:`power_rows`).
+
 The requests are not published per point: prompts and answers are drawn lognormal (sigma 0.7)
 with GPQA's means in the post -- 634 prompt tokens, 6,988 output tokens (reasoning, over the
 post's models) -- so the long-batch points, where the KV cache binds, depend on that guess.
@@ -75,6 +80,24 @@ POINTS = (
 #: the largest batch whose every slot decodes in the measured run (the power check's premise)
 FULL_BATCH = 64
 
+#: The post's batch-size figure (``section2-1-batch-size-light.svg``, commit eff5bae): average power
+#: as a share of the GPUs' 1,000 W each, and energy per token as a share of the series' largest,
+#: against ``max_num_seqs`` -- DeepSeek R1 on GPQA on 8 B200s, Qwen 3 Coder 30B A3B on
+#: Sourcegraph's fill-in-the-middle requests on one: (model preset, GPUs, workload, batch, power
+#: % of TDP, energy per token % of the series' max)
+POWER_POINTS = (
+    ("deepseek-v3", 8, "gpqa", 16, 61.39138, 100.0), ("deepseek-v3", 8, "gpqa", 32, 67.47642, 74.77515),
+    ("deepseek-v3", 8, "gpqa", 64, 76.95177, 54.1788), ("deepseek-v3", 8, "gpqa", 128, 89.07701, 33.36437),
+    ("qwen3-30b-a3b", 1, "fim", 16, 77.30598, 100.0), ("qwen3-30b-a3b", 1, "fim", 32, 80.37394, 72.10504),
+    ("qwen3-30b-a3b", 1, "fim", 64, 85.4654, 47.36797), ("qwen3-30b-a3b", 1, "fim", 128, 84.05233, 33.51377),
+    ("qwen3-30b-a3b", 1, "fim", 256, 90.00864, 24.61469), ("qwen3-30b-a3b", 1, "fim", 512, 89.74704, 20.24596),
+    ("qwen3-30b-a3b", 1, "fim", 1024, 96.49798, 18.36888),
+)
+#: (prompt mean, answer mean, answer cap) of each workload: GPQA's means in the post; the
+#: fill-in-the-middle requests' are not published -- a guess (code context before and after the
+#: hole, a short completion; the benchmark caps answers at 1,024 tokens)
+WORKLOADS = {"gpqa": (PROMPT_MEAN, OUTPUT_MEAN, OUTPUT_CAP), "fim": (1500, 150, 1024)}
+
 
 def presets():
     """The built-in presets, with Qwen3-235B-A22B's FP8 checkpoint (block-wise FP8 weights and
@@ -91,8 +114,9 @@ def _lognormal(mean: float, high: int) -> str:
     return f'{{dist = "lognormal", median = {mean / math.exp(SIGMA ** 2 / 2):.1f}, sigma = {SIGMA}, high = {high}}}'
 
 
-def experiment(model: str, gpu: str, tp: int, batch: int) -> str:
+def experiment(model: str, gpu: str, tp: int, batch: int, workload: str = "gpqa") -> str:
     """The point as an experiment file: every request at once, max_num_seqs = the batch."""
+    prompt, output, cap = WORKLOADS[workload]
     custom = ""
     if model == FP8_235B:
         spec = presets().model(FP8_235B)
@@ -109,8 +133,8 @@ reports = []
 kind = "synthetic"
 num_requests = {max(600, 3 * batch)}
 rate = 1e6
-prompt = {_lognormal(PROMPT_MEAN, 16000)}
-output = {_lognormal(OUTPUT_MEAN, OUTPUT_CAP)}
+prompt = {_lognormal(prompt, 16000)}
+output = {_lognormal(output, cap)}
 
 [scheduler]
 kind = "continuous"
@@ -135,13 +159,13 @@ kind = "utilisation"
 """
 
 
-def simulate(model: str, gpu: str, tp: int, batch: int, folder: Path) -> dict:
+def simulate(model: str, gpu: str, tp: int, batch: int, folder: Path, workload: str = "gpqa") -> dict:
     """The simulated steady state: mean step (ms), energy per output token (J), power per GPU
     (W) and mean running requests, over the iterations while at least 0.9 of the most ran."""
     from schedlab.study.experiment import load, run_experiment
 
-    path = folder / f"{model}_{gpu}_tp{tp}_b{batch}.toml"
-    path.write_text(experiment(model, gpu, tp, batch))
+    path = folder / f"{model}_{gpu}_tp{tp}_b{batch}_{workload}.toml"
+    path.write_text(experiment(model, gpu, tp, batch, workload))
     t = run_experiment(load(path)).all_runs()[0].timeline
     k, running = t["iterations"], t["running"]
     full = (running >= 0.9 * running.max()) & (k > 0)
@@ -180,6 +204,33 @@ def rows() -> list[dict]:
     return out
 
 
+def power_rows() -> list[dict]:
+    """The batch-size figure's points out of the box: power per GPU against the measured, and
+    energy per token as a share of the series' largest (the figure gives no absolute one)."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, tp, workload, batch, power_pct, energy_pct in POWER_POINTS:
+            sim = simulate(model, "b200", tp, batch, Path(tmp), workload)
+            out.append({"model": model, "tp": tp, "workload": workload, "batch": batch, "power_w": power_pct * 10.0,
+                        "energy_pct": energy_pct, "sim": sim, "power_error": sim["power_w"] / (power_pct * 10.0) - 1})
+    for model in {r["model"] for r in out}:
+        series = [r for r in out if r["model"] == model]
+        top = max(r["sim"]["j_per_token"] for r in series)
+        for r in series:
+            r["sim_energy_pct"] = 100.0 * r["sim"]["j_per_token"] / top
+    return out
+
+
+def power_markdown(points: list[dict]) -> str:
+    lines = ["| model | B200s | requests | batch | power/GPU (sim) | J/token, % of the series' largest (sim) |",
+             "|---|---:|---|---:|---:|---:|"]
+    for r in points:
+        lines.append(f"| {r['model']} | {r['tp']} | {r['workload']} | {r['batch']} | {r['power_w']:.0f} W "
+                     f"({r['sim']['power_w']:.0f}, {pct(r['power_error'])}) | {r['energy_pct']:.1f} "
+                     f"({r['sim_energy_pct']:.1f}) |")
+    return "\n".join(lines)
+
+
 def pct(x: float) -> str:
     return f"{x * 100:+.0f}%"
 
@@ -204,6 +255,8 @@ def main(argv: list[str]) -> int:
     points = rows()
     if args.markdown:
         print(markdown(points))
+        print()
+        print(power_markdown(power_rows()))
         return 0
     for r in points:
         s = r["sim"]
@@ -212,6 +265,10 @@ def main(argv: list[str]) -> int:
         print(f"{r['model']:20} {r['gpu']:10} x{r['tp']} b={r['batch']:4}  step {s['step_ms']:6.1f} vs "
               f"{r['itl_ms']:6.1f} ms ({pct(r['step_error'])})  J/token {s['j_per_token']:.3f} vs "
               f"{r['j_per_token']:.3f} ({pct(r['jpt_error'])})  running {s['running']:5.0f}{given}")
+    for r in power_rows():
+        print(f"{r['model']:20} b200 x{r['tp']} {r['workload']:4} b={r['batch']:4}  power/GPU {r['sim']['power_w']:4.0f} "
+              f"vs {r['power_w']:4.0f} W ({pct(r['power_error'])})  J/token % of max {r['sim_energy_pct']:5.1f} vs "
+              f"{r['energy_pct']:5.1f}")
     return 0
 
 
