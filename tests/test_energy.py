@@ -5,7 +5,9 @@ shared out to the requests without loss."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -249,6 +251,9 @@ def test_a_step_bound_by_compute_in_one_phase_and_memory_in_another_by_hand():
     both = joined(mixed, (1e9, 0.0))
     assert tuple(both) == (6e9, 4.01e11) and both.phases == ((2e9, 4e11), (3e9, 1e9), (1e9, 0.0))
     assert peak_ms(both, 1e9, 1e11) == pytest.approx(8.0)
+    # it survives pickling and copying (work crosses processes with a plugin's objects)
+    for again in (pickle.loads(pickle.dumps(both)), copy.deepcopy(both)):
+        assert tuple(again) == tuple(both) and again.phases == both.phases
 
 
 @SETTINGS

@@ -33,6 +33,10 @@ class Work(tuple):
         self.phases = parts
         return self
 
+    def __getnewargs__(self) -> tuple:
+        """What pickle and copy rebuild it from: the phases and the pair."""
+        return self.phases, tuple(self)
+
     def __repr__(self) -> str:
         return f"Work({tuple(self)!r}, phases={self.phases!r})"
 
