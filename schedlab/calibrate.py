@@ -238,7 +238,7 @@ class SummaryTarget:
             summary = attrs.evolve(summary, values={n: v for n, v in summary.values.items() if n not in self.left_out})
         self.left_out.update({key: f"{why} in the file" for key, why in summary.dropped.items()})
         self.summary = summary
-        self.timeline = any(name.startswith("iteration_tokens") for name in summary.values)
+        self.timeline = any(name.startswith(("iteration_tokens", "energy.")) for name in summary.values)
 
     def errors(self, result) -> dict[str, float]:
         from .targets import errors_pct

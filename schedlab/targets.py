@@ -66,6 +66,10 @@ per-request log exists. The file is recognised by its content:
   request, ``(latency - TTFT) / (tokens - 1)``: read as the TPOT) and AIPerf's
   ``inter_chunk_latency`` (the ITL) -- ``avg``, ``p1`` ... ``p99`` in their ``unit`` --, and
   ``request_throughput``, ``output_token_throughput``; the client's view (:func:`_genai_perf_summary`).
+* an ML.ENERGY benchmark ``results.json`` (``mlenergy.llm.benchmark``): ``vllm bench serve``'s
+  statistics under the same names, and the steady state's energy, ``energy.steady_j_per_token``
+  and ``energy.steady_power_w`` (all GPUs), compared with the simulated run's steady state
+  measured the same way (:func:`steady_state_energy`); the client's view.
 
 Files are UTF-8, with or without a byte-order mark. Statistics that cannot be compared are left
 out and noted (``Summary.dropped``): null or not finite; TTFT, TPOT and ITL of a non-streaming
@@ -102,6 +106,9 @@ from .json_text import JsonTextError, json_documents
 #: Latency groups: the run's metric prefix, and how each source names it.
 GROUPS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
 THROUGHPUTS = ("request_throughput_rps", "output_throughput_tps", "total_throughput_tps")
+#: ML.ENERGY's steady-state energy statistics (all the GPUs of the run): J per output token, W
+STEADY_ENERGY = ("energy.steady_j_per_token", "energy.steady_power_w")
+MLENERGY_KIND = "ML.ENERGY benchmark"
 #: vllm bench serve: field infix per group
 BENCH = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
 BENCH_RATES = {"request_throughput": "request_throughput_rps", "output_throughput": "output_throughput_tps",
@@ -313,6 +320,8 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
         data = documents[0]
     if isinstance(data, dict) and any(f"{stat}_e2e_latency_ms" in data for stat in ("mean", "median")):
         summary = _sglang_bench_summary(data, source, where)
+    elif isinstance(data, dict) and "steady_state_energy_per_token" in data:
+        summary = _mlenergy_summary(data, source, where)
     elif isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
         summary = _bench_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict) and _server_side(data["successes"]):
@@ -477,6 +486,21 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
     completed = data.get("completed")
     return Summary(source, "vllm bench serve", _ordered(_streamed_only(values, keys, dropped, where)),
                    requests=int(completed) if _number(completed) is not None else None, dropped=dropped)
+
+
+def _mlenergy_summary(data: dict, source: str, where: str) -> Summary:
+    """An ML.ENERGY benchmark ``results.json``: ``vllm bench serve``'s statistics (it writes them
+    under the same names) and the steady state's energy per output token and power, all GPUs."""
+    bench = _bench_summary(data, source, where)
+    values, dropped = dict(bench.values), dict(bench.dropped)
+    per_token = _statistic(data.get("steady_state_energy_per_token"), "steady_state_energy_per_token", where, dropped)
+    if per_token is not None:
+        values["energy.steady_j_per_token"] = per_token
+    energy = _statistic(data.get("steady_state_energy"), "steady_state_energy", where, dropped)
+    seconds = _statistic(data.get("steady_state_duration"), "steady_state_duration", where, dropped)
+    if energy is not None and seconds:
+        values["energy.steady_power_w"] = energy / seconds
+    return attrs.evolve(bench, kind=MLENERGY_KIND, values=values, dropped=dropped)
 
 
 def _refuse_all_failed(succeeded, succeeded_key: str, failed, failed_key: str, where: str) -> None:
@@ -773,7 +797,7 @@ def _guidellm_percentile(key: str) -> str | None:
 
 #: The names a statistic of a summary can have (:func:`check_statistic_names`).
 _STATISTIC = re.compile(r"^(?:(?:%s)\.(?:mean|p(\d+(?:\.\d+)?))|%s)$"
-                        % ("|".join((*GROUPS, "iteration_tokens")), "|".join(THROUGHPUTS)))
+                        % ("|".join((*GROUPS, "iteration_tokens")), "|".join((*THROUGHPUTS, *map(re.escape, STEADY_ENERGY)))))
 
 
 def check_statistic_names(names, option: str) -> None:
@@ -790,7 +814,7 @@ def check_statistic_names(names, option: str) -> None:
         if match is None or (match.group(1) is not None and not float(match.group(1)) <= 100):
             raise ConfigError(f"{option}: {name!r} is not a statistic; statistics are named <group>.mean or "
                               f"<group>.pNN with the group one of {', '.join((*GROUPS, 'iteration_tokens'))} "
-                              f"(e.g. ttft_ms.mean, itl_ms.p99), or one of {', '.join(THROUGHPUTS)}")
+                              f"(e.g. ttft_ms.mean, itl_ms.p99), or one of {', '.join((*THROUGHPUTS, *STEADY_ENERGY))}")
 
 
 def _looks_prometheus(text: str) -> bool:
@@ -1097,6 +1121,11 @@ def simulated(summary: Summary, result) -> dict[str, float]:
         if group in THROUGHPUTS:
             out[group] = _throughput(group, req, ok, summary.view)
             continue
+        if group == "energy":
+            steady = steady_state_energy(result)
+            for stat in stats:
+                out[f"{group}.{stat}"] = steady[stat]
+            continue
         hist = summary.histograms.get(group)
         if group == "itl_ms" and sketch is not None:  # a streamed run: its ITLs are a sketch
             for stat in stats:
@@ -1124,6 +1153,47 @@ def simulated(summary: Summary, result) -> dict[str, float]:
             else:
                 out[f"{group}.{stat}"] = float(np.percentile(values, float(stat[1:])))
     return out
+
+
+def steady_state_energy(result) -> dict[str, float]:
+    """ML.ENERGY's steady state of a simulated run: from the moment ``B`` requests have their first
+    token to the moment all but ``B`` have (``B`` the scheduler's ``max_num_seqs``, else the most
+    that ran at once), the instances' GPU energy (from the timeline's iterations, each spread
+    evenly over its time) per output token made in it (each request's tokens spread evenly from
+    its first to its last) -- ``steady_j_per_token`` -- and per second, ``steady_power_w``. NaN
+    without a ``[power]`` table or the whole timeline (``timeline = false``, or thinned by
+    ``timeline_points``), or with no steady state (``N <= 2 B`` requests)."""
+    nan = {"steady_j_per_token": float("nan"), "steady_power_w": float("nan")}
+    t = result.timeline
+    energy_meta = result.meta.get("energy") or {}
+    if "energy_j" not in t or not len(t["energy_j"]) or not energy_meta:
+        return nan
+    busy = sum(inst.get("busy_j", 0.0) for inst in energy_meta.get("instances", ()))
+    if not math.isclose(float(np.sum(t["energy_j"])), busy, rel_tol=1e-6, abs_tol=1e-9):
+        return nan  # a thinned timeline (timeline_points): its rows no longer hold every iteration
+    req = result.all_requests()
+    ok = (req["rejected"] == 0) & np.isfinite(req["first_token_ms"])
+    first, finish = req["first_token_ms"][ok], req["finish_ms"][ok]
+    tokens = req["generated_tokens"][ok].astype(float)
+    order = np.sort(first)
+    slots = result.meta.get("slots")
+    b = int(slots) if slots and (result.meta.get("instances") or 1) == 1 else int(np.max(t["running"]))
+    n = order.size
+    if b < 1 or n - b <= b:
+        return nan
+    t0, t1 = float(order[b - 1]), float(order[n - b - 1])
+    if not t1 > t0:
+        return nan
+    start, length = t["time_ms"], t["duration_ms"]
+    covered = np.clip(np.minimum(start + length, t1) - np.maximum(start, t0), 0.0, None)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        energy = float(np.sum(np.where(length > 0, t["energy_j"] * covered / length, 0.0)))
+        span = finish - first
+        inside = np.clip(np.minimum(finish, t1) - np.maximum(first, t0), 0.0, None)
+        rest = np.where(span > 0, (tokens - 1) * inside / span, 0.0)
+    made = float(np.sum((first >= t0) & (first <= t1)) + np.sum(rest))
+    return {"steady_j_per_token": energy / made if made > 0 else float("nan"),
+            "steady_power_w": energy / (t1 - t0) * 1e3}
 
 
 def _itl_sketch(result):

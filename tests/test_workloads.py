@@ -22,7 +22,7 @@ from schedlab.registry import Registry
 from schedlab_plugins import workloads
 
 NAMES = ("file", "inline", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log",
-         "vllm_bench", "inference_perf", "guidellm", "diurnal")
+         "vllm_bench", "inference_perf", "guidellm", "diurnal", "mlenergy")
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ Registered names (``[workload] kind = ...``):
 * ``mix`` -- several classes merged by arrival time (:mod:`.mix`);
 * ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`);
 * ``vllm_log``, ``vllm_bench`` -- measured vLLM runs, kept for comparison (:mod:`.measured`);
-* ``inference_perf``, ``guidellm`` -- a load generator's per-request report, the same way
-  (:mod:`.inference_perf`, :mod:`.guidellm`).
+* ``inference_perf``, ``guidellm``, ``mlenergy`` -- a load generator's per-request report, the same
+  way (:mod:`.inference_perf`, :mod:`.guidellm`, :mod:`.mlenergy`).
 
 Shared pieces: :mod:`.records` reads request files, :mod:`.distributions` holds the length
 distributions, :mod:`.arrivals` the arrival processes and seeded streams, :mod:`.columns` turns
@@ -31,6 +31,7 @@ from .guidellm import GuidellmConfig, make_guidellm_workload
 from .inference_perf import InferencePerfConfig, make_inference_perf_workload
 from .measured import VllmBenchConfig, VllmLogConfig, make_vllm_bench_workload, make_vllm_log_workload
 from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
+from .mlenergy import MlenergyConfig, make_mlenergy_workload
 from .request_file import FileConfig, InlineConfig, make_file_workload, make_inline_workload
 from .synthetic import SharedPrefixConfig, SyntheticConfig, make_shared_prefix_workload, make_synthetic_workload
 from .traces import AzureConfig, MooncakeConfig, VidurConfig, make_azure_workload, make_mooncake_workload, make_vidur_workload
@@ -60,6 +61,9 @@ def schedlab_register_workloads(register) -> None:
     register("vllm_bench", make_vllm_bench_workload, config=VllmBenchConfig,
              help="a `vllm bench serve --save-result --save-detailed` file: its client replayed as it ran "
                   "(send times, --max-concurrency); measured latencies kept for comparison")
+    register("mlenergy", make_mlenergy_workload, config=MlenergyConfig,
+             help="an ML.ENERGY benchmark results.json: its requests all at once with their lengths (set "
+                  "max_num_seqs to the run's batch); measured latencies kept for comparison")
     register("inference_perf", make_inference_perf_workload, config=InferencePerfConfig,
              help="an inference-perf per_request_lifecycle_metrics.json: requests at their send times, prefix "
                   "sharing from the prompts' text; measured latencies kept for comparison")

@@ -1,0 +1,86 @@
+"""Replay an ML.ENERGY benchmark run (``results.json`` of ``mlenergy.llm.benchmark``, v3.0).
+
+The ML.ENERGY benchmark (github.com/ml-energy/benchmark) starts a vLLM server with
+``--max-num-seqs`` set to the configuration's batch size and sends every request at once (its
+``request_rate`` defaults to infinity), then measures the GPUs' energy over the steady state:
+from the moment ``max_num_seqs`` requests have their first token to the moment all but
+``max_num_seqs`` have (``steady_state_energy``, ``steady_state_energy_per_token``). Its
+``results.json`` lists every request in ``results`` -- ``input_len``, ``output_len`` (0 for a
+failed one), ``ttft`` and ``latency`` in seconds from sending, ``itl``, ``error`` -- beside the
+run's statistics (``mean_ttft_ms`` ... as ``vllm bench serve`` names them).
+
+The workload replays the successful requests, all due at 0 in file order, with their prompt and
+answer lengths; the measured TTFT, TPOT and latency are kept for comparison, from the client's
+side. Set the scheduler's ``max_num_seqs`` to the run's batch size (the run's folder names it,
+``...+max_num_seqs+<B>+...``). The same file is a ``[target]``: its latency statistics and its
+steady-state energy per token and power (``schedlab.targets``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from schedlab.configs import MAX_TOKENS, bound_text, int_field, path_field
+from schedlab.errors import WorkloadError
+
+from .columns import OpenLoopWorkload, RequestColumns
+from .measured import BenchReplayWarning, MeasuredRequests, _bench_document, _bench_seconds
+from .records import show_value
+
+
+@attrs.frozen
+class MlenergyConfig:
+    path: str = path_field(help="an ML.ENERGY benchmark results.json (mlenergy.llm.benchmark)")
+    limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
+
+
+def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, MeasuredRequests, int]:
+    """``(columns, measured, requests in the file)`` of the successful requests of ``path``."""
+    path = Path(path)
+    data = _bench_document(path, None)
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise WorkloadError(f"{path}: not an ML.ENERGY results.json (no 'results' list of requests)")
+    rows = data["results"]
+    keep, empty = [], 0
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise WorkloadError(f"{path}: results[{i}]: expected an object, got {show_value(row)}")
+        if row.get("error"):
+            continue
+        for key, low in (("input_len", 1), ("output_len", 0)):
+            value = row.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_TOKENS:
+                raise WorkloadError(f"{path}: results[{i}].{key}: must be a whole number from {low} to "
+                                    f"{bound_text(MAX_TOKENS)}, got {show_value(value)}")
+        if row["output_len"] == 0:
+            empty += 1
+            continue
+        keep.append(i)
+    if empty:
+        warnings.warn(f"{path}: {empty} requests without an error have output_len 0: left out of the replay",
+                      BenchReplayWarning, stacklevel=3)
+    keep = keep[:limit]
+    if not keep:
+        raise WorkloadError(f"{path}: no successful requests in 'results'")
+    prompt = np.array([rows[i]["input_len"] for i in keep], dtype=np.int64)
+    output = np.array([rows[i]["output_len"] for i in keep], dtype=np.int64)
+    ttft = _bench_seconds(path, "results[].ttft", [r.get("ttft") for r in rows], keep)
+    e2e = _bench_seconds(path, "results[].latency", [r.get("latency") for r in rows], keep)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+    measured = MeasuredRequests(str(path), np.zeros(len(keep)), ttft, tpot, e2e, output, view="client")
+    return RequestColumns(prompt, output), measured, len(rows)
+
+
+def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
+    """Every successful request of the run, due at 0 (see the module docstring)."""
+    columns, measured, total = load_mlenergy(config.path, limit=config.limit)
+    n = len(columns)
+    workload = OpenLoopWorkload(lambda seed: (np.zeros(n), columns), name="mlenergy", num_requests=n)
+    workload.measured = measured
+    workload.info.update(requests_in_file=total)
+    return workload

@@ -1,0 +1,164 @@
+"""An ML.ENERGY benchmark results.json (mlenergy.llm.benchmark, v3.0): replayed as a workload, and
+compared with as a target -- its latency statistics and its steady-state energy per token and power."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import pytest
+
+from schedlab.cli import main
+from schedlab.errors import WorkloadError
+from schedlab.targets import MLENERGY_KIND, read_summary, steady_state_energy
+from schedlab_plugins.workloads.measured import BenchReplayWarning
+from schedlab_plugins.workloads.mlenergy import MlenergyConfig, make_mlenergy_workload
+
+
+def request(input_len, output_len, ttft=0.1, latency=1.0, error=""):
+    return {"prompt": "p", "output_text": "o", "reasoning_output_text": "", "input_len": input_len,
+            "output_len": output_len, "latency": latency, "ttft": ttft, "itl": [0.01] * max(0, output_len - 1),
+            "error": error, "energy": 1.0}
+
+
+def results(rows, **extra) -> dict:
+    """A results.json as the benchmark writes it (its keys; the statistics made up)."""
+    return {"duration": 20.0, "completed": len(rows), "steady_state_duration": 8.0, "steady_state_energy": 4000.0,
+            "steady_state_energy_per_token": 0.25, "total_input_tokens": 1, "total_output_tokens": 1,
+            "request_throughput": 3.0, "output_throughput": 600.0, "total_token_throughput": 900.0,
+            "steady_state_measurement": {"time": 8.0, "gpu_energy": {"0": 4000.0}},
+            "timeline": {"benchmark_start_time": 0.0, "steady_state_start_time": 2.0, "steady_state_end_time": 10.0},
+            "mean_ttft_ms": 120.0, "median_ttft_ms": 110.0, "p99_ttft_ms": 300.0, "mean_itl_ms": 12.0,
+            "mean_e2el_ms": 2500.0, "results": rows, **extra}
+
+
+def test_the_successful_requests_are_replayed_all_at_once_with_their_lengths(tmp_path):
+    path = tmp_path / "results.json"
+    rows = [request(120, 40, ttft=0.2, latency=1.0), request(300, 0, error="timeout"), request(80, 1),
+            request(64, 0)]
+    path.write_text(json.dumps(results(rows)))
+    with pytest.warns(BenchReplayWarning, match="1 requests without an error have output_len 0"):
+        workload = make_mlenergy_workload(MlenergyConfig(path=str(path)))
+    replayed = list(workload.requests(0))
+    assert [(r.arrival_ms, r.prompt_tokens, r.output_tokens) for r in replayed] == [(0.0, 120, 40), (0.0, 80, 1)]
+    m = workload.measured
+    assert list(m.ttft_ms) == pytest.approx([200.0, 100.0]) and list(m.e2e_ms) == pytest.approx([1000.0, 1000.0])
+    assert m.tpot_ms[0] == pytest.approx(800.0 / 39) and np.isnan(m.tpot_ms[1]) and m.view == "client"
+    assert workload.info["requests_in_file"] == 4
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"input_len": 0, "output_len": 5}, r"results\[0\]\.input_len: must be a whole number from 1"),
+    ({"input_len": 5, "output_len": "7"}, r"results\[0\]\.output_len: must be a whole number from 0"),
+    ({"input_len": 5, "output_len": 5, "ttft": -1.0}, r"results\[\]\.ttft\[0\]: must be a number of seconds >= 0"),
+])
+def test_a_bad_request_row_is_named(tmp_path, row, message):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results([{**request(5, 5), **row}])))
+    with pytest.raises(WorkloadError, match=message):
+        make_mlenergy_workload(MlenergyConfig(path=str(path)))
+
+
+def test_a_file_without_requests_is_named(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"completed": 0}))
+    with pytest.raises(WorkloadError, match="not an ML.ENERGY results.json"):
+        make_mlenergy_workload(MlenergyConfig(path=str(path)))
+
+
+def test_as_a_target_it_gives_the_latencies_and_the_steady_states_energy(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results([request(10, 10)])))
+    summary = read_summary(path)
+    assert summary.kind == MLENERGY_KIND and summary.view == "client"
+    assert summary.values["energy.steady_j_per_token"] == 0.25
+    assert summary.values["energy.steady_power_w"] == 500.0   # 4,000 J over 8 s, all GPUs
+    assert summary.values["ttft_ms.mean"] == 120.0 and summary.values["ttft_ms.p50"] == 110.0
+
+
+def _run(requests, timeline, slots, busy_j):
+    """A stand-in for a run's result: its requests, timeline and energy record."""
+    req = {"rejected": np.zeros(len(requests)), "first_token_ms": np.array([r[0] for r in requests], dtype=float),
+           "finish_ms": np.array([r[1] for r in requests], dtype=float),
+           "generated_tokens": np.array([r[2] for r in requests])}
+    t = {k: np.array(v, dtype=float) for k, v in timeline.items()}
+    return types.SimpleNamespace(all_requests=lambda: req, timeline=t,
+                                 meta={"slots": slots, "instances": 1, "energy": {"instances": [{"busy_j": busy_j}]}})
+
+
+def test_the_steady_state_by_hand():
+    # B = 2, six requests: first tokens at 10, 20, 30, 40, 50, 60 ms -> the window runs from the
+    # 2nd (20) to the 4th (40). Tokens in it: the first tokens at 20, 30, 40 (3), and each
+    # request's later tokens spread evenly from its first to its last: r0 (10 -> 50, 5 tokens: 4
+    # over 40 ms, 20 of them inside: 2), r1 (20 -> 60: 2), r2 (30 -> 70, 3 tokens: 2 over 40 ms,
+    # 10 inside: 0.5), r3 (40 -> 80: none inside), r4 and r5 later: 7.5 tokens. Energy: the row
+    # 0-15 ms is before it, 15-35 ms (40 J) has 15 of its 20 ms inside (30 J), 35-55 ms (60 J)
+    # 5 of 20 (15 J): 45 J over 20 ms -> 2,250 W, 45 / 7.5 = 6 J a token.
+    requests = [(10, 50, 5), (20, 60, 5), (30, 70, 3), (40, 80, 2), (50, 90, 2), (60, 100, 2)]
+    timeline = {"time_ms": [0, 15, 35], "duration_ms": [15, 20, 20], "energy_j": [30, 40, 60],
+                "running": [2, 2, 2], "iterations": [1, 1, 1]}
+    steady = steady_state_energy(_run(requests, timeline, 2, 130.0))
+    assert steady["steady_power_w"] == pytest.approx(2250.0)
+    assert steady["steady_j_per_token"] == pytest.approx(6.0)
+    # no steady state with N <= 2 B; a thinned timeline (its rows miss energy the run had) says nothing
+    assert np.isnan(steady_state_energy(_run(requests[:4], timeline, 2, 130.0))["steady_power_w"])
+    assert np.isnan(steady_state_energy(_run(requests, timeline, 2, 260.0))["steady_j_per_token"])
+
+
+TOML = """
+[experiment]
+name = "mle"
+reports = ["json"]
+
+[workload]
+kind = "mlenergy"
+path = "results.json"
+
+[scheduler]
+kind = "continuous"
+max_num_seqs = 8
+
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 0.05
+decode_ms_per_step = 10.0
+
+[kv_cache]
+kind = "paged"
+num_blocks = 4096
+block_size = 16
+%s
+[target]
+path = "results.json"
+"""
+
+
+def test_a_replay_against_its_own_file_compares_the_steady_states_energy(tmp_path, capsys):
+    """With the fixed-active power model a busy GPU draws its active power throughout, so the
+    steady state's power is exactly that; without [power] the energy statistics are left out."""
+    rng = np.random.default_rng(3)
+    rows = [request(int(p), int(o)) for p, o in zip(rng.integers(50, 200, 64), rng.integers(20, 120, 64))]
+    (tmp_path / "results.json").write_text(json.dumps(results(rows)))
+    power = '[power]\nkind = "fixed_active"\nactive_w = 400.0\nstandby_w = 100.0\nidle_w = 50.0\ngpu = "h100-80gb"\n'
+    (tmp_path / "exp.toml").write_text(TOML % power)
+    assert main(["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    run = json.loads((tmp_path / "out" / "summary.json").read_text())["studies"][0]["runs"][0]
+    sim = run["metrics"]["vs_target"]["simulated"]
+    assert sim["energy.steady_power_w"] == pytest.approx(400.0, rel=1e-9)
+    assert 0 < sim["energy.steady_j_per_token"] < 400.0 * 10e-3   # 400 W x 10 ms steps over >= 1 token each
+    assert run["meta"]["target"]["kind"] == MLENERGY_KIND
+    (tmp_path / "exp.toml").write_text(TOML % "")
+    assert main(["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out2")]) == 0
+    assert "need a [power] table to compare: left out" in capsys.readouterr().err
+    run = json.loads((tmp_path / "out2" / "summary.json").read_text())["studies"][0]["runs"][0]
+    assert not any(k.startswith("energy") for k in run["metrics"]["vs_target"]["measured"])
+
+
+def test_the_energy_statistics_are_names_a_fit_may_choose():
+    from schedlab.errors import ConfigError
+    from schedlab.targets import check_statistic_names
+
+    check_statistic_names(["energy.steady_j_per_token", "energy.steady_power_w", "ttft_ms.mean"], "--statistics")
+    with pytest.raises(ConfigError, match="'energy.steady_joules' is not a statistic"):
+        check_statistic_names(["energy.steady_joules"], "--statistics")
