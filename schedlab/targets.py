@@ -797,7 +797,8 @@ def _guidellm_percentile(key: str) -> str | None:
 
 #: The names a statistic of a summary can have (:func:`check_statistic_names`).
 _STATISTIC = re.compile(r"^(?:(?:%s)\.(?:mean|p(\d+(?:\.\d+)?))|%s)$"
-                        % ("|".join((*GROUPS, "iteration_tokens")), "|".join((*THROUGHPUTS, *map(re.escape, STEADY_ENERGY)))))
+                        % ("|".join((*GROUPS, "iteration_tokens")),
+                           "|".join((*THROUGHPUTS, *map(re.escape, STEADY_ENERGY)))))
 
 
 def check_statistic_names(names, option: str) -> None:
