@@ -1161,10 +1161,12 @@ def steady_state_energy(result) -> dict[str, float]:
     token to the moment all but ``B`` have (``B`` the scheduler's ``max_num_seqs``, else the most
     that ran at once), the instances' GPU energy (from the timeline's iterations, each spread
     evenly over its time) per output token made in it (each request's tokens spread evenly from
-    its first to its last) -- ``steady_j_per_token`` -- and per second, ``steady_power_w``. NaN
+    its first to its last) -- ``steady_j_per_token`` -- and per second, ``steady_power_w``; and
+    ``steady_batch``, the requests running over it on average (ML.ENERGY calls a run whose mean
+    batch is below 0.85 of ``max_num_seqs`` unstable). NaN
     without a ``[power]`` table or the whole timeline (``timeline = false``, or thinned by
     ``timeline_points``), or with no steady state (``N <= 2 B`` requests)."""
-    nan = {"steady_j_per_token": float("nan"), "steady_power_w": float("nan")}
+    nan = {"steady_j_per_token": float("nan"), "steady_power_w": float("nan"), "steady_batch": float("nan")}
     t = result.timeline
     energy_meta = result.meta.get("energy") or {}
     if "energy_j" not in t or not len(t["energy_j"]) or not energy_meta:
@@ -1193,8 +1195,10 @@ def steady_state_energy(result) -> dict[str, float]:
         inside = np.clip(np.minimum(finish, t1) - np.maximum(first, t0), 0.0, None)
         rest = np.where(span > 0, (tokens - 1) * inside / span, 0.0)
     made = float(np.sum((first >= t0) & (first <= t1)) + np.sum(rest))
+    busy = float(np.sum(covered))
     return {"steady_j_per_token": energy / made if made > 0 else float("nan"),
-            "steady_power_w": energy / (t1 - t0) * 1e3}
+            "steady_power_w": energy / (t1 - t0) * 1e3,
+            "steady_batch": float(np.sum(t["running"] * covered)) / busy if busy > 0 else float("nan")}
 
 
 def _itl_sketch(result):

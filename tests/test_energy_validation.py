@@ -101,8 +101,8 @@ def v3_points():
 
 def test_the_readme_shows_the_mlenergy_v3_check(v3_points):
     readme = (ROOT / "README.md").read_text()
-    lines = validate_mlenergy_v3.markdown(v3_points).splitlines()
-    assert len(lines) == 2 + len(validate_mlenergy_v3.POINTS)
+    lines = [line for line in validate_mlenergy_v3.markdown(v3_points).splitlines() if line]
+    assert sum(line.startswith("|") for line in lines) == 2 + len(validate_mlenergy_v3.POINTS)
     power = validate_mlenergy_v3.power_markdown(validate_mlenergy_v3.power_rows()).splitlines()
     assert len(power) == 2 + len(validate_mlenergy_v3.POWER_POINTS)
     for line in lines + power:
@@ -111,11 +111,11 @@ def test_the_readme_shows_the_mlenergy_v3_check(v3_points):
 
 def test_gpt_oss_up_to_64_on_h100_and_b200_is_within_the_issues_bars(v3_points):
     """Issue 23's bars on unseen measurements (ML.ENERGY v3.0, vLLM 0.11.1): power within 10%
-    and energy per token within 15% -- met by GPT OSS 120B wherever the simulated batch is the
-    measured one (all slots decoding); the README lists where they are not."""
+    and energy per token within 15% -- met by GPT OSS 120B wherever the simulated batch holds
+    (ML.ENERGY's own stability bar); the README lists where they are not."""
     checked = [r for r in v3_points if r["model"] == "gpt-oss-120b" and r["batch"] <= validate_mlenergy_v3.FULL_BATCH
-               and r["sim"]["running"] > 0.95 * r["batch"]]
-    assert len(checked) == 9   # every GPU and size; H100 x 1 at 64 holds 34 of the assumed requests
+               and r["sim"]["steady_batch"] >= validate_mlenergy_v3.UNSTABLE * r["batch"]]
+    assert len(checked) == 8   # every GPU and size but H100 x 1 at 32 and 64: the assumed answers overfill it
     for r in checked:
         assert abs(r["given_error"]) <= 0.10, r
         assert abs(r["jpt_error"]) <= 0.15, r

@@ -97,10 +97,11 @@ def test_the_steady_state_by_hand():
     # 5 of 20 (15 J): 45 J over 20 ms -> 2,250 W, 45 / 7.5 = 6 J a token.
     requests = [(10, 50, 5), (20, 60, 5), (30, 70, 3), (40, 80, 2), (50, 90, 2), (60, 100, 2)]
     timeline = {"time_ms": [0, 15, 35], "duration_ms": [15, 20, 20], "energy_j": [30, 40, 60],
-                "running": [2, 2, 2], "iterations": [1, 1, 1]}
+                "running": [2, 2, 1], "iterations": [1, 1, 1]}
     steady = steady_state_energy(_run(requests, timeline, 2, 130.0))
     assert steady["steady_power_w"] == pytest.approx(2250.0)
     assert steady["steady_j_per_token"] == pytest.approx(6.0)
+    assert steady["steady_batch"] == pytest.approx((2 * 15 + 1 * 5) / 20)   # the running requests over it
     # no steady state with N <= 2 B; a thinned timeline (its rows miss energy the run had) says nothing
     assert np.isnan(steady_state_energy(_run(requests[:4], timeline, 2, 130.0))["steady_power_w"])
     assert np.isnan(steady_state_energy(_run(requests, timeline, 2, 260.0))["steady_j_per_token"])

@@ -15,9 +15,9 @@ Each point is a vLLM server with ``max_num_seqs`` = the batch, every request sen
 measured over its steady state. Two checks per point:
 
 * **out of the box** -- schedlab simulates it (roofline, vLLM V1's scheduler, the utilisation
-  power model, datasheet numbers): the steady state's mean step and energy per output token
-  (iterations while at least 0.9 of the most requests ran) against the median ITL and energy
-  per token measured;
+  power model, datasheet numbers): the mean step while at least 0.9 of the most requests ran,
+  against the median ITL, and the steady state's energy per output token measured as ML.ENERGY
+  measures it, against theirs;
 * **power given the measured time** -- the power model alone on a decode step of the batch
   lasting the measured median ITL (as the v2 sweeps are checked), against the power the point
   implies: energy per token x batch / ITL / GPUs (every slot decoding; so only where the batch
@@ -79,6 +79,8 @@ POINTS = (
 )
 #: the largest batch whose every slot decodes in the measured run (the power check's premise)
 FULL_BATCH = 64
+#: ML.ENERGY's stability rule: a run whose mean batch is below this share of max_num_seqs is unstable
+UNSTABLE = 0.85
 
 #: The post's batch-size figure (``section2-1-batch-size-light.svg``, commit eff5bae): average power
 #: as a share of the GPUs' 1,000 W each, and energy per token as a share of the series' largest,
@@ -160,19 +162,24 @@ kind = "utilisation"
 
 
 def simulate(model: str, gpu: str, tp: int, batch: int, folder: Path, workload: str = "gpqa") -> dict:
-    """The simulated steady state: mean step (ms), energy per output token (J), power per GPU
-    (W) and mean running requests, over the iterations while at least 0.9 of the most ran."""
+    """The simulated steady state, as ML.ENERGY measures it (:func:`schedlab.targets.steady_state_energy`:
+    from ``batch`` first tokens to all but ``batch``): energy per output token (J) and power per GPU
+    (W); and over the iterations while at least 0.9 of the most requests ran, the mean step (ms)
+    and the mean running requests."""
     from schedlab.study.experiment import load, run_experiment
+    from schedlab.targets import steady_state_energy
 
     path = folder / f"{model}_{gpu}_tp{tp}_b{batch}_{workload}.toml"
     path.write_text(experiment(model, gpu, tp, batch, workload))
-    t = run_experiment(load(path)).all_runs()[0].timeline
+    result = run_experiment(load(path)).all_runs()[0]
+    t = result.timeline
     k, running = t["iterations"], t["running"]
     full = (running >= 0.9 * running.max()) & (k > 0)
-    tokens = float((k * (t["decodes"] + t["prefills"]))[full].sum())
-    energy, ms = float(t["energy_j"][full].sum()), float(t["duration_ms"][full].sum())
-    return {"step_ms": ms / float(k[full].sum()), "j_per_token": energy / tokens, "power_w": energy / ms * 1e3 / tp,
-            "running": float(np.average(running[full], weights=t["duration_ms"][full]))}
+    steady = steady_state_energy(result)
+    return {"step_ms": float(t["duration_ms"][full].sum()) / float(k[full].sum()),
+            "j_per_token": steady["steady_j_per_token"], "power_w": steady["steady_power_w"] / tp,
+            "running": float(np.average(running[full], weights=t["duration_ms"][full])),
+            "steady_batch": steady["steady_batch"]}
 
 
 def power_given_time(model: str, gpu: str, tp: int, batch: int, itl_ms: float) -> float:
@@ -242,9 +249,13 @@ def markdown(points: list[dict]) -> str:
         s = r["sim"]
         power = (f"{r['power_w']:.0f} W | {r['given_w']:.0f} W ({pct(r['given_error'])})" if "power_w" in r
                  else "-- | --")
-        lines.append(f"| {r['model']} | {r['gpu']} x {r['tp']} | {r['batch']} | {r['itl_ms']:.1f} ms "
+        mark = "*" if not s["steady_batch"] >= UNSTABLE * r["batch"] else ""
+        lines.append(f"| {r['model']} | {r['gpu']} x {r['tp']} | {r['batch']}{mark} | {r['itl_ms']:.1f} ms "
                      f"({s['step_ms']:.1f}, {pct(r['step_error'])}) | {r['j_per_token']:.3f} ({s['j_per_token']:.3f}, "
                      f"{pct(r['jpt_error'])}) | {power} |")
+    lines.append("")
+    lines.append("\\* below ML.ENERGY's stability bar in the simulation (a mean batch under 0.85 of the "
+                 "configured one): the guessed answers overfill its KV cache there")
     return "\n".join(lines)
 
 
