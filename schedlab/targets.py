@@ -1171,8 +1171,8 @@ def steady_state_energy(result) -> dict[str, float]:
     energy_meta = result.meta.get("energy") or {}
     if "energy_j" not in t or not len(t["energy_j"]) or not energy_meta:
         return nan
-    busy = sum(inst.get("busy_j", 0.0) for inst in energy_meta.get("instances", ()))
-    if not math.isclose(float(np.sum(t["energy_j"])), busy, rel_tol=1e-6, abs_tol=1e-9):
+    busy_j = sum(inst.get("busy_j", 0.0) for inst in energy_meta.get("instances", ()))
+    if not math.isclose(float(np.sum(t["energy_j"])), busy_j, rel_tol=1e-6, abs_tol=1e-9):
         return nan  # a thinned timeline (timeline_points): its rows no longer hold every iteration
     req = result.all_requests()
     ok = (req["rejected"] == 0) & np.isfinite(req["first_token_ms"])
@@ -1195,10 +1195,10 @@ def steady_state_energy(result) -> dict[str, float]:
         inside = np.clip(np.minimum(finish, t1) - np.maximum(first, t0), 0.0, None)
         rest = np.where(span > 0, (tokens - 1) * inside / span, 0.0)
     made = float(np.sum((first >= t0) & (first <= t1)) + np.sum(rest))
-    busy = float(np.sum(covered))
+    covered_ms = float(np.sum(covered))
     return {"steady_j_per_token": energy / made if made > 0 else float("nan"),
             "steady_power_w": energy / (t1 - t0) * 1e3,
-            "steady_batch": float(np.sum(t["running"] * covered)) / busy if busy > 0 else float("nan")}
+            "steady_batch": float(np.sum(t["running"] * covered)) / covered_ms if covered_ms > 0 else float("nan")}
 
 
 def _itl_sketch(result):
