@@ -879,7 +879,7 @@ def add_arguments(parser) -> None:
 
 def command(args) -> int:
     from .study.experiment import load
-    from .targets import read_summary
+    from .targets import read_summary, unmetered_energy_left_out
 
     parse_part(args.part, None)   # its form, before the file is loaded
     exp = load(args.file, args.set)
@@ -913,6 +913,8 @@ def command(args) -> int:
         print(report(fit, specs, results, parameters))
         return 0
     study = _study(exp, args.run)
+    if target is not None:
+        target = unmetered_energy_left_out(target, "power" in study.base.tables, "--target")
     if target is None and args.part is None and args.objective == "statistics" and "target" in study.base.tables:
         target = run_target(exp, study, args.statistics)
     if target is None and names:

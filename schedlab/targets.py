@@ -1303,6 +1303,17 @@ def _throughput(name: str, req: dict, ok: np.ndarray, view: str = "engine") -> f
     return (output + float(req["prompt_tokens"][ok].sum())) / seconds
 
 
+def unmetered_energy_left_out(summary: Summary, metered: bool, where: str) -> Summary:
+    """``summary`` without its steady-state energy statistics when the run has no ``[power]``
+    table to compare them with (``metered`` False), saying so; else ``summary``."""
+    energy = [name for name in summary.values if name in STEADY_ENERGY]
+    if not energy or metered:
+        return summary
+    warnings.warn(f"{where}: {summary.source}'s {' and '.join(energy)} need a [power] table to compare: left out",
+                  TargetWarning, stacklevel=3)
+    return attrs.evolve(summary, values={k: v for k, v in summary.values.items() if k not in energy})
+
+
 def percent_error(simulated: float, measured: float) -> float:
     """``(simulated - measured) / measured`` in percent (NaN for a measured 0), divided before it is
     scaled so that a measured value near a float's limit gives -100%, not an overflow."""

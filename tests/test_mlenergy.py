@@ -163,3 +163,18 @@ def test_the_energy_statistics_are_names_a_fit_may_choose():
     check_statistic_names(["energy.steady_j_per_token", "energy.steady_power_w", "ttft_ms.mean"], "--statistics")
     with pytest.raises(ConfigError, match="'energy.steady_joules' is not a statistic"):
         check_statistic_names(["energy.steady_joules"], "--statistics")
+
+
+def test_calibrate_leaves_the_energy_out_of_a_run_without_power(tmp_path, capsys):
+    """--target results.json against a run without [power]: the energy statistics are left out with
+    a warning (the fit had stopped at 'the simulation has no value to compare')."""
+    rows = [request(100, 50) for _ in range(40)]
+    (tmp_path / "results.json").write_text(json.dumps(results(rows)))
+    (tmp_path / "exp.toml").write_text((TOML % "").replace('[target]\npath = "results.json"\n', ""))
+    code = main(["calibrate", str(tmp_path / "exp.toml"), "--target", str(tmp_path / "results.json"),
+                 "--fit", "cost_model.decode_ms_per_step=5:20", "--max-evaluations", "6", "--starts", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "--target: results.json's energy.steady_j_per_token and energy.steady_power_w need a [power] table" \
+           in captured.err.replace(str(tmp_path) + "/", "")
+    assert "energy.steady" not in captured.out

@@ -42,7 +42,7 @@ from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError, entry_label
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import checked_requests
-from ..targets import STEADY_ENERGY, TargetConfig, TargetWarning, compare_with_real_run
+from ..targets import TargetConfig, compare_with_real_run, unmetered_energy_left_out
 from ..parallelism import SINGLE, Parallelism
 from ..results.metrics import request_met
 from ..results.records import RunResult
@@ -608,11 +608,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         target = config.read()
     except (ConfigError, FieldError) as exc:
         raise ConfigError(f"{where} [target]: {exc}") from None
-    energy = [name for name in target.values if name in STEADY_ENERGY]
-    if energy and "power" not in spec.tables:
-        warnings.warn(f"{where} [target]: {target.source}'s {' and '.join(energy)} need a [power] table to compare: "
-                      f"left out", TargetWarning, stacklevel=2)
-        target = attrs.evolve(target, values={k: v for k, v in target.values.items() if k not in energy})
+    target = unmetered_energy_left_out(target, "power" in spec.tables, f"{where} [target]")
     return attrs.evolve(assembled, target=target)
 
 
