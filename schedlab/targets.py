@@ -67,9 +67,11 @@ per-request log exists. The file is recognised by its content:
   ``inter_chunk_latency`` (the ITL) -- ``avg``, ``p1`` ... ``p99`` in their ``unit`` --, and
   ``request_throughput``, ``output_token_throughput``; the client's view (:func:`_genai_perf_summary`).
 * an ML.ENERGY benchmark ``results.json`` (``mlenergy.llm.benchmark``): ``vllm bench serve``'s
-  statistics under the same names, and the steady state's energy, ``energy.steady_j_per_token``
-  and ``energy.steady_power_w`` (all GPUs), compared with the simulated run's steady state
-  measured the same way (:func:`steady_state_energy`); the client's view.
+  statistics under the same names (the ITL as the leaderboard computes it, :func:`_mlenergy_itl`),
+  and the steady state: ``energy.steady_j_per_token`` and ``energy.steady_power_w`` (all GPUs),
+  ``energy.steady_tokens_per_s``, and ``energy.steady_batch`` from the ``prometheus.json``
+  beside it, compared with the simulated run's steady state measured the same way
+  (:func:`steady_state_energy`); the client's view.
 
 Files are UTF-8, with or without a byte-order mark. Statistics that cannot be compared are left
 out and noted (``Summary.dropped``): null or not finite; TTFT, TPOT and ITL of a non-streaming
@@ -100,7 +102,7 @@ import attrs
 import numpy as np
 
 from .configs import FieldError, int_field, not_regular_file, path_field
-from .errors import ConfigError, InputWarning
+from .errors import ConfigError, InputWarning, brief
 from .json_text import JsonTextError, json_documents
 
 #: Latency groups: the run's metric prefix, and how each source names it.
@@ -108,6 +110,9 @@ GROUPS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
 THROUGHPUTS = ("request_throughput_rps", "output_throughput_tps", "total_throughput_tps")
 #: ML.ENERGY's steady-state energy statistics (all the GPUs of the run): J per output token, W
 STEADY_ENERGY = ("energy.steady_j_per_token", "energy.steady_power_w")
+#: ... and the rest of its steady state, which needs no power model: output tokens per second, and
+#: the requests running on average (``prometheus.json``'s ``vllm:num_requests_running``)
+STEADY_STATE = (*STEADY_ENERGY, "energy.steady_tokens_per_s", "energy.steady_batch")
 MLENERGY_KIND = "ML.ENERGY benchmark"
 #: vllm bench serve: field infix per group
 BENCH = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
@@ -237,6 +242,8 @@ class Summary:
     #: statistics of the file left out, and why (``{"mean_itl_ms": "nan"}``): null (how the tools
     #: write a statistic they have no value for) or not finite
     dropped: dict[str, str] = attrs.field(factory=dict)
+    #: the run's ``max_num_seqs`` where the file says it (ML.ENERGY's): ``B`` of its steady state
+    batch: int | None = None
 
     @property
     def view(self) -> str:
@@ -321,7 +328,7 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     if isinstance(data, dict) and any(f"{stat}_e2e_latency_ms" in data for stat in ("mean", "median")):
         summary = _sglang_bench_summary(data, source, where)
     elif isinstance(data, dict) and "steady_state_energy_per_token" in data:
-        summary = _mlenergy_summary(data, source, where)
+        summary = _mlenergy_summary(data, source, where, path)
     elif isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
         summary = _bench_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict) and _server_side(data["successes"]):
@@ -488,11 +495,15 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
                    requests=int(completed) if _number(completed) is not None else None, dropped=dropped)
 
 
-def _mlenergy_summary(data: dict, source: str, where: str) -> Summary:
+def _mlenergy_summary(data: dict, source: str, where: str, path: Path) -> Summary:
     """An ML.ENERGY benchmark ``results.json``: ``vllm bench serve``'s statistics (it writes them
-    under the same names) and the steady state's energy per output token and power, all GPUs."""
+    under the same names) with the inter-token latencies as ML.ENERGY reports them
+    (:func:`_mlenergy_itl`), and the steady state: energy per output token and power (all GPUs),
+    output tokens per second, and -- from the ``prometheus.json`` the benchmark writes beside it
+    -- the requests running on average. ``batch``: the run's ``max_num_seqs``."""
     bench = _bench_summary(data, source, where)
     values, dropped = dict(bench.values), dict(bench.dropped)
+    values.update(_mlenergy_itl(data, [name for name in values if name.startswith("itl_ms.")]))
     per_token = _statistic(data.get("steady_state_energy_per_token"), "steady_state_energy_per_token", where, dropped)
     if per_token is not None:
         values["energy.steady_j_per_token"] = per_token
@@ -500,7 +511,78 @@ def _mlenergy_summary(data: dict, source: str, where: str) -> Summary:
     seconds = _statistic(data.get("steady_state_duration"), "steady_state_duration", where, dropped)
     if energy is not None and seconds:
         values["energy.steady_power_w"] = energy / seconds
-    return attrs.evolve(bench, kind=MLENERGY_KIND, values=values, dropped=dropped)
+        if per_token:   # the benchmark divides the energy by the tokens counted over the window
+            values["energy.steady_tokens_per_s"] = energy / per_token / seconds
+    running = _mlenergy_running(path.with_name("prometheus.json"), where)
+    if running is not None:
+        values["energy.steady_batch"] = running
+    batch = data.get("max_num_seqs")
+    batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None
+    return attrs.evolve(bench, kind=MLENERGY_KIND, values=_ordered(values), dropped=dropped, batch=batch)
+
+
+def _mlenergy_itl(data: dict, names: list[str]) -> dict[str, float]:
+    """The inter-token latency statistics ``names`` (``itl_ms.mean``, ``itl_ms.p50`` ...) from the
+    successful requests' ``itl`` lists, as ML.ENERGY's leaderboard computes them
+    (``mlenergy_data``'s ``_client_itl_percentiles_ms``), or {} when the rows hold none. The
+    benchmark appends a 0 for the first token and for every token that came in the same streamed
+    chunk as the one before; the file's own ``mean_itl_ms`` ... count those zeros, which no step of
+    an engine has. Here the zeros before the first gap are left out, and a gap followed by ``k``
+    zeros counts as ``k + 1`` gaps of a ``k + 1``-th of it each."""
+    rows = data.get("results")
+    if not names or not isinstance(rows, list):
+        return {}
+    gaps = []
+    for row in rows:
+        if not isinstance(row, dict) or not mlenergy_succeeded(row) or not isinstance(row.get("itl"), list):
+            continue
+        try:
+            itl = np.asarray(row["itl"], dtype=float)
+        except (TypeError, ValueError):
+            continue
+        itl = itl[np.isfinite(itl)]
+        heads = np.flatnonzero(itl != 0)   # a gap, or (never seen) a negative one, which ends a run of zeros
+        if not heads.size:
+            continue
+        sizes = np.diff(np.append(heads, itl.size))   # each head and the zeros after it
+        keep = itl[heads] > 0
+        gaps.append(np.repeat(itl[heads][keep] / sizes[keep], sizes[keep]))
+    if not gaps:
+        return {}
+    seconds = np.concatenate(gaps)
+    if not seconds.size:
+        return {}
+    return {name: float((seconds.mean() if name == "itl_ms.mean"
+                         else np.percentile(seconds, float(name.partition(".")[2][1:]))) * 1e3) for name in names}
+
+
+def mlenergy_succeeded(row: dict) -> bool:
+    """A request of an ML.ENERGY ``results.json`` that succeeded: ``success`` true (rows without
+    that key: no ``error``)."""
+    success = row.get("success")
+    return success is True if "success" in row else not row.get("error")
+
+
+def _mlenergy_running(path: Path, where: str) -> float | None:
+    """The requests running on average over the steady state, from the ``prometheus.json`` the
+    ML.ENERGY benchmark writes beside its ``results.json`` (``steady_state_stats``'
+    ``vllm:num_requests_running``, summed over data-parallel engines), or None without one; an
+    unreadable one is said in a :class:`TargetWarning` and left out."""
+    if not path.is_file():
+        return None
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8-sig"))["steady_state_stats"]
+        value = stats["vllm:num_requests_running"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"{where}: {path} holds no steady_state_stats.vllm:num_requests_running "
+                      f"({type(exc).__name__}: {brief(str(exc))}): the steady state's batch is left out",
+                      TargetWarning, stacklevel=4)
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        warnings.warn(f"{where}: {path}: steady_state_stats.vllm:num_requests_running is {brief(value)}, not a "
+                      f"number of requests: the steady state's batch is left out", TargetWarning, stacklevel=4)
+        return None
+    return float(value)
 
 
 def _refuse_all_failed(succeeded, succeeded_key: str, failed, failed_key: str, where: str) -> None:
@@ -798,7 +880,7 @@ def _guidellm_percentile(key: str) -> str | None:
 #: The names a statistic of a summary can have (:func:`check_statistic_names`).
 _STATISTIC = re.compile(r"^(?:(?:%s)\.(?:mean|p(\d+(?:\.\d+)?))|%s)$"
                         % ("|".join((*GROUPS, "iteration_tokens")),
-                           "|".join((*THROUGHPUTS, *map(re.escape, STEADY_ENERGY)))))
+                           "|".join((*THROUGHPUTS, *map(re.escape, STEADY_STATE)))))
 
 
 def check_statistic_names(names, option: str) -> None:
@@ -815,7 +897,7 @@ def check_statistic_names(names, option: str) -> None:
         if match is None or (match.group(1) is not None and not float(match.group(1)) <= 100):
             raise ConfigError(f"{option}: {name!r} is not a statistic; statistics are named <group>.mean or "
                               f"<group>.pNN with the group one of {', '.join((*GROUPS, 'iteration_tokens'))} "
-                              f"(e.g. ttft_ms.mean, itl_ms.p99), or one of {', '.join((*THROUGHPUTS, *STEADY_ENERGY))}")
+                              f"(e.g. ttft_ms.mean, itl_ms.p99), or one of {', '.join((*THROUGHPUTS, *STEADY_STATE))}")
 
 
 def _looks_prometheus(text: str) -> bool:
@@ -1091,7 +1173,9 @@ def _ordered(values: dict[str, float]) -> dict[str, float]:
         group, _, stat = name.partition(".")
         rank = GROUPS.index(group) if group in GROUPS else len(GROUPS) + (THROUGHPUTS.index(group) + 1
                                                                              if group in THROUGHPUTS else 0)
-        return rank, group, -1.0 if stat in ("mean", "") else float(stat[1:])
+        order = (-1.0 if stat in ("mean", "") else float(stat[1:]) if re.fullmatch(r"p\d+(?:\.\d+)?", stat)
+                 else math.inf)   # ML.ENERGY's steady state: by name, after
+        return rank, group, order, stat
     return {name: values[name] for name in sorted(values, key=key)}
 
 
@@ -1123,7 +1207,7 @@ def simulated(summary: Summary, result) -> dict[str, float]:
             out[group] = _throughput(group, req, ok, summary.view)
             continue
         if group == "energy":
-            steady = steady_state_energy(result)
+            steady = steady_state_energy(result, summary.batch)
             for stat in stats:
                 out[f"{group}.{stat}"] = steady[stat]
             continue
@@ -1156,49 +1240,69 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     return out
 
 
-def steady_state_energy(result) -> dict[str, float]:
-    """ML.ENERGY's steady state of a simulated run: from the moment ``B`` requests have their first
-    token to the moment all but ``B`` have (``B`` the scheduler's ``max_num_seqs``, else the most
-    that ran at once), the instances' GPU energy (from the timeline's iterations, each spread
-    evenly over its time) per output token made in it (each request's tokens spread evenly from
-    its first to its last) -- ``steady_j_per_token`` -- and per second, ``steady_power_w``; and
-    ``steady_batch``, the requests running over it on average (ML.ENERGY calls a run whose mean
-    batch is below 0.85 of ``max_num_seqs`` unstable). NaN
-    without a ``[power]`` table or the whole timeline (``timeline = false``, or thinned by
-    ``timeline_points``), or with no steady state (``N <= 2 B`` requests)."""
-    nan = {"steady_j_per_token": float("nan"), "steady_power_w": float("nan"), "steady_batch": float("nan")}
+def steady_state_energy(result, batch: int | None = None) -> dict[str, float]:
+    """ML.ENERGY's steady state of a simulated run, as its benchmark (``RequestTracker``) takes it:
+    from the moment ``B`` requests have their first token to the moment ``N - B - 1`` have left
+    (``N`` requests in all; ``B``: ``batch``, the run's ``max_num_seqs`` -- else the scheduler's
+    slots on one instance, else the most that ran at once). Over it:
+
+    * ``steady_tokens_per_s``: the output tokens made in it (each request's first token at its
+      time, its later ones spread evenly from its first to its last) per second;
+    * ``steady_batch``: the requests running on average, summed over the instances (ML.ENERGY
+      calls a run whose mean batch is below 0.85 of ``max_num_seqs`` unstable); NaN without the
+      timeline (``timeline = false``);
+    * ``steady_j_per_token`` and ``steady_power_w``: the instances' GPU energy (from the
+      timeline's iterations, each spread evenly over its time) per token made and per second; NaN
+      without a ``[power]`` table or the whole timeline (thinned by ``timeline_points``).
+
+    All NaN with no steady state (``N - B - 1`` requests leave before ``B`` have begun)."""
+    nan = dict.fromkeys(("steady_j_per_token", "steady_power_w", "steady_tokens_per_s", "steady_batch"),
+                        float("nan"))
     t = result.timeline
-    energy_meta = result.meta.get("energy") or {}
-    if "energy_j" not in t or not len(t["energy_j"]) or not energy_meta:
-        return nan
-    busy_j = sum(inst.get("busy_j", 0.0) for inst in energy_meta.get("instances", ()))
-    if not math.isclose(float(np.sum(t["energy_j"])), busy_j, rel_tol=1e-6, abs_tol=1e-9):
-        return nan  # a thinned timeline (timeline_points): its rows no longer hold every iteration
     req = result.all_requests()
     ok = (req["rejected"] == 0) & np.isfinite(req["first_token_ms"])
     first, finish = req["first_token_ms"][ok], req["finish_ms"][ok]
     tokens = req["generated_tokens"][ok].astype(float)
-    order = np.sort(first)
+    began = np.sort(first)
+    left = np.sort(req["finish_ms"][np.isfinite(req["finish_ms"])])
     slots = result.meta.get("slots")
-    b = int(slots) if slots and (result.meta.get("instances") or 1) == 1 else int(np.max(t["running"]))
-    n = order.size
-    if b < 1 or n - b <= b:
+    if batch is None:
+        running = t.get("running")
+        batch = (int(slots) if slots and (result.meta.get("instances") or 1) == 1
+                 else int(np.max(running)) if running is not None and len(running) else 0)
+    n, b = int(req["rejected"].size), int(batch)
+    if b < 1 or began.size < b or n - b - 1 < 1 or left.size < n - b - 1:
         return nan
-    t0, t1 = float(order[b - 1]), float(order[n - b - 1])
+    t0, t1 = float(began[b - 1]), float(left[n - b - 2])
     if not t1 > t0:
         return nan
-    start, length = t["time_ms"], t["duration_ms"]
-    covered = np.clip(np.minimum(start + length, t1) - np.maximum(start, t0), 0.0, None)
     with np.errstate(invalid="ignore", divide="ignore"):
-        energy = float(np.sum(np.where(length > 0, t["energy_j"] * covered / length, 0.0)))
         span = finish - first
         inside = np.clip(np.minimum(finish, t1) - np.maximum(first, t0), 0.0, None)
         rest = np.where(span > 0, (tokens - 1) * inside / span, 0.0)
     made = float(np.sum((first >= t0) & (first <= t1)) + np.sum(rest))
-    covered_ms = float(np.sum(covered))
-    return {"steady_j_per_token": energy / made if made > 0 else float("nan"),
-            "steady_power_w": energy / (t1 - t0) * 1e3,
-            "steady_batch": float(np.sum(t["running"] * covered)) / covered_ms if covered_ms > 0 else float("nan")}
+    out = dict(nan, steady_tokens_per_s=made / (t1 - t0) * 1e3)
+    if "time_ms" not in t or not len(t["time_ms"]):
+        return out
+    start, length = np.asarray(t["time_ms"], float), np.asarray(t["duration_ms"], float)
+    covered = np.clip(np.minimum(start + length, t1) - np.maximum(start, t0), 0.0, None)
+    instance = np.asarray(t["instance"]) if "instance" in t else np.zeros(start.size, int)
+    mean_running = 0.0
+    for i in np.unique(instance):   # each instance's mean over the time it stepped, then their sum
+        mine = instance == i
+        if np.sum(covered[mine]) > 0:
+            mean_running += float(np.sum(np.asarray(t["running"], float)[mine] * covered[mine]) / np.sum(covered[mine]))
+    out["steady_batch"] = mean_running if np.sum(covered) > 0 else float("nan")
+    energy_meta = result.meta.get("energy") or {}
+    if "energy_j" not in t or not len(t["energy_j"]) or not energy_meta:
+        return out
+    busy_j = sum(inst.get("busy_j", 0.0) for inst in energy_meta.get("instances", ()))
+    if not math.isclose(float(np.sum(t["energy_j"])), busy_j, rel_tol=1e-6, abs_tol=1e-9):
+        return out  # a thinned timeline (timeline_points): its rows no longer hold every iteration
+    with np.errstate(invalid="ignore", divide="ignore"):
+        energy = float(np.sum(np.where(length > 0, np.asarray(t["energy_j"], float) * covered / length, 0.0)))
+    out.update(steady_j_per_token=energy / made if made > 0 else float("nan"), steady_power_w=energy / (t1 - t0) * 1e3)
+    return out
 
 
 def _itl_sketch(result):

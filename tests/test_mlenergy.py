@@ -11,7 +11,7 @@ import pytest
 
 from schedlab.cli import main
 from schedlab.errors import WorkloadError
-from schedlab.targets import MLENERGY_KIND, read_summary, steady_state_energy
+from schedlab.targets import MLENERGY_KIND, TargetWarning, read_summary, steady_state_energy
 from schedlab_plugins.workloads.measured import BenchReplayWarning
 from schedlab_plugins.workloads.mlenergy import MlenergyConfig, make_mlenergy_workload
 
@@ -88,23 +88,80 @@ def _run(requests, timeline, slots, busy_j):
 
 
 def test_the_steady_state_by_hand():
-    # B = 2, six requests: first tokens at 10, 20, 30, 40, 50, 60 ms -> the window runs from the
-    # 2nd (20) to the 4th (40). Tokens in it: the first tokens at 20, 30, 40 (3), and each
-    # request's later tokens spread evenly from its first to its last: r0 (10 -> 50, 5 tokens: 4
-    # over 40 ms, 20 of them inside: 2), r1 (20 -> 60: 2), r2 (30 -> 70, 3 tokens: 2 over 40 ms,
-    # 10 inside: 0.5), r3 (40 -> 80: none inside), r4 and r5 later: 7.5 tokens. Energy: the row
-    # 0-15 ms is before it, 15-35 ms (40 J) has 15 of its 20 ms inside (30 J), 35-55 ms (60 J)
-    # 5 of 20 (15 J): 45 J over 20 ms -> 2,250 W, 45 / 7.5 = 6 J a token.
+    # B = 2, N = 6 requests: first tokens at 10, 20, ... 60 ms, done at 50, 60, ... 100 -> the
+    # window runs from the 2nd first token (20) to the moment N - B - 1 = 3 have finished (70).
+    # Tokens in it: the first tokens at 20 ... 60 (5), and each request's later tokens spread
+    # evenly from its first to its last: r0 (10 -> 50, 4 over 40 ms, 30 of them inside: 3),
+    # r1 (20 -> 60: 4), r2 (30 -> 70, 2 over 40 ms: 2), r3 (40 -> 80, 1 over 40 ms, 30 inside:
+    # 0.75), r4 (20 inside: 0.5), r5 (10 inside: 0.25): 15.5 tokens in 50 ms, 310 a second.
+    # Energy: the row 0-15 ms is before it, 15-35 (40 J) has 15 of its 20 ms inside (30 J),
+    # 35-55 (60 J) all, 55-85 (90 J) 15 of 30 (45 J): 135 J over 50 ms -> 2,700 W, 135 / 15.5 J
+    # a token. Running: 2 over 15 ms, 1 over 20, 2 over 15 -> 1.6.
     requests = [(10, 50, 5), (20, 60, 5), (30, 70, 3), (40, 80, 2), (50, 90, 2), (60, 100, 2)]
-    timeline = {"time_ms": [0, 15, 35], "duration_ms": [15, 20, 20], "energy_j": [30, 40, 60],
-                "running": [2, 2, 1], "iterations": [1, 1, 1]}
-    steady = steady_state_energy(_run(requests, timeline, 2, 130.0))
-    assert steady["steady_power_w"] == pytest.approx(2250.0)
-    assert steady["steady_j_per_token"] == pytest.approx(6.0)
-    assert steady["steady_batch"] == pytest.approx((2 * 15 + 1 * 5) / 20)   # the running requests over it
-    # no steady state with N <= 2 B; a thinned timeline (its rows miss energy the run had) says nothing
-    assert np.isnan(steady_state_energy(_run(requests[:4], timeline, 2, 130.0))["steady_power_w"])
-    assert np.isnan(steady_state_energy(_run(requests, timeline, 2, 260.0))["steady_j_per_token"])
+    timeline = {"time_ms": [0, 15, 35, 55], "duration_ms": [15, 20, 20, 30], "energy_j": [30, 40, 60, 90],
+                "running": [2, 2, 1, 2], "iterations": [1, 1, 1, 1]}
+    steady = steady_state_energy(_run(requests, timeline, 2, 220.0))
+    assert steady["steady_power_w"] == pytest.approx(2700.0)
+    assert steady["steady_j_per_token"] == pytest.approx(135.0 / 15.5)
+    assert steady["steady_tokens_per_s"] == pytest.approx(310.0)
+    assert steady["steady_batch"] == pytest.approx(1.6)
+    # the file's B, not the scheduler's: B = 3 runs from the 3rd first token (30) to the 2nd
+    # request done (60): first tokens at 30 ... 60 (4) and 2 + 3 + 1.5 + 0.5 + 0.25 + 0 later
+    # ones: 11.25 in 30 ms
+    assert steady_state_energy(_run(requests, timeline, 2, 220.0), 3)["steady_tokens_per_s"] == pytest.approx(375.0)
+    # instances: each one's mean running over the time it stepped, summed (2, and (20 + 30) / 35)
+    two = steady_state_energy(_run(requests, {**timeline, "instance": [0, 0, 1, 1]}, 2, 220.0))
+    assert two["steady_batch"] == pytest.approx(2.0 + 50.0 / 35.0)
+    # no steady state when N - B - 1 < 1; a thinned timeline (its rows miss energy the run had)
+    # says nothing of energy, and a run without [power] nothing either -- its pace and batch hold
+    assert np.isnan(steady_state_energy(_run(requests[:3], timeline, 2, 220.0))["steady_tokens_per_s"])
+    thinned = steady_state_energy(_run(requests, timeline, 2, 440.0))
+    assert np.isnan(thinned["steady_j_per_token"]) and thinned["steady_tokens_per_s"] == pytest.approx(310.0)
+    unmetered = _run(requests, {k: v for k, v in timeline.items() if k != "energy_j"}, 2, 0.0)
+    unmetered.meta.pop("energy")
+    bare = steady_state_energy(unmetered)
+    assert np.isnan(bare["steady_power_w"]) and bare["steady_batch"] == pytest.approx(1.6)
+
+
+def test_the_inter_token_latencies_are_ml_energys_own(tmp_path):
+    """The benchmark appends a 0 for the first token and for each token that came in the chunk
+    before it; the leaderboard spreads a gap over the zeros after it, and so does the target."""
+    rows = [{**request(10, 5), "itl": [0, 0.02, 0.01, 0, 0.04]},    # gaps: 20; 10, 0 -> 5, 5; 40
+            {**request(10, 4), "itl": [0, 0, 0.03, 0, 0]},          # 30, 0, 0 -> 10 x 3
+            {**request(10, 4), "itl": [0, 9.0, 9.0, 9.0], "success": False, "error": "boom"}]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results(rows, median_itl_ms=0.0, p90_itl_ms=1.0)))
+    values = read_summary(path).values
+    gaps = [20.0, 5.0, 5.0, 40.0, 10.0, 10.0, 10.0]
+    assert values["itl_ms.mean"] == pytest.approx(np.mean(gaps))
+    assert values["itl_ms.p50"] == pytest.approx(10.0)
+    assert values["itl_ms.p90"] == pytest.approx(np.percentile(gaps, 90))
+
+
+def test_a_failed_request_is_told_by_its_success_flag(tmp_path):
+    path = tmp_path / "results.json"
+    rows = [request(120, 40), {**request(300, 20), "success": False}, {**request(80, 3), "success": True}]
+    path.write_text(json.dumps(results(rows)))
+    workload = make_mlenergy_workload(MlenergyConfig(path=str(path)))
+    assert [(r.prompt_tokens, r.output_tokens) for r in workload.requests(0)] == [(120, 40), (80, 3)]
+
+
+def test_the_steady_states_pace_and_batch_are_targets(tmp_path):
+    """Output tokens per second over the steady state (its energy over its energy per token, over
+    its time), and the batch the prometheus.json beside it measured; a bad one is said."""
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results([request(10, 10)], max_num_seqs=16)))
+    summary = read_summary(path)
+    assert summary.values["energy.steady_tokens_per_s"] == pytest.approx(4000.0 / 0.25 / 8.0)
+    assert "energy.steady_batch" not in summary.values and summary.batch == 16
+    (tmp_path / "prometheus.json").write_text(json.dumps({"steady_state_stats": {"vllm:num_requests_running": 14.5}}))
+    summary = read_summary(path)
+    assert summary.values["energy.steady_batch"] == 14.5
+    assert [name for name in summary.values if name.startswith("energy.")] == [
+        "energy.steady_batch", "energy.steady_j_per_token", "energy.steady_power_w", "energy.steady_tokens_per_s"]
+    (tmp_path / "prometheus.json").write_text('{"steady_state_stats": {}}')
+    with pytest.warns(TargetWarning, match="prometheus.json holds no steady_state_stats.vllm:num_requests_running"):
+        assert "energy.steady_batch" not in read_summary(path).values
 
 
 TOML = """
@@ -153,7 +210,9 @@ def test_a_replay_against_its_own_file_compares_the_steady_states_energy(tmp_pat
     assert main(["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out2")]) == 0
     assert "need a [power] table to compare: left out" in capsys.readouterr().err
     run = json.loads((tmp_path / "out2" / "summary.json").read_text())["studies"][0]["runs"][0]
-    assert not any(k.startswith("energy") for k in run["metrics"]["vs_target"]["measured"])
+    measured = run["metrics"]["vs_target"]["measured"]
+    assert "energy.steady_j_per_token" not in measured and "energy.steady_power_w" not in measured
+    assert measured["energy.steady_tokens_per_s"] == pytest.approx(2000.0)   # its pace needs no [power]
 
 
 def test_the_energy_statistics_are_names_a_fit_may_choose():
@@ -177,4 +236,40 @@ def test_calibrate_leaves_the_energy_out_of_a_run_without_power(tmp_path, capsys
     assert code == 0, captured.err
     assert "--target: results.json's energy.steady_j_per_token and energy.steady_power_w need a [power] table" \
            in captured.err.replace(str(tmp_path) + "/", "")
-    assert "energy.steady" not in captured.out
+    assert "energy.steady_j_per_token" not in captured.out and "energy.steady_power_w" not in captured.out
+
+
+@pytest.mark.parametrize("file_batch, cluster, said", [
+    (16, "", "the measured run ran max_num_seqs = 16, the simulated one 8: set [scheduler] max_num_seqs = 16 to "
+             "replay it"),
+    (8, "", None),
+    (16, "[cluster]\ninstances = 2\n", None),   # each instance its share, as vLLM's data-parallel engines
+    (32, "[cluster]\ninstances = 2\n", "the measured run ran max_num_seqs = 32, the simulated one 16 (2 x 8): set "
+                                       "[scheduler] max_num_seqs = 16 to replay it (32 over its 2 instances)"),
+    (15, "[cluster]\ninstances = 2\n", "the simulated one 16 (2 x 8): 15 does not split evenly over its 2 instances"),
+])
+def test_a_scheduler_cap_other_than_the_runs_is_said(tmp_path, capsys, file_batch, cluster, said):
+    rows = [request(100, 20) for _ in range(40)]
+    (tmp_path / "results.json").write_text(json.dumps(results(rows, max_num_seqs=file_batch)))
+    (tmp_path / "exp.toml").write_text(TOML % cluster)
+    assert main(["validate", str(tmp_path / "exp.toml")]) == 0
+    err = capsys.readouterr().err
+    if said is None:
+        assert "max_num_seqs" not in err, err
+    else:
+        assert said in err and err.count("the measured run ran") == 1 and "[workload]: the measured" in err, err
+
+
+def test_a_target_alone_says_its_cap_too(tmp_path, capsys):
+    """Another workload (the same requests from a file) compared with the ML.ENERGY run: the
+    [target] table says the cap, once."""
+    rows = [request(100, 20) for _ in range(40)]
+    (tmp_path / "results.json").write_text(json.dumps(results(rows, max_num_seqs=16)))
+    (tmp_path / "requests.json").write_text(json.dumps([{"prompt_tokens": 100, "output_tokens": 20}] * 40))
+    toml = (TOML % "").replace('kind = "mlenergy"\npath = "results.json"',
+                               'kind = "file"\npath = "requests.json"\narrival = "all-at-once"')
+    (tmp_path / "exp.toml").write_text(toml)
+    assert main(["validate", str(tmp_path / "exp.toml")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("the measured run ran max_num_seqs = 16, the simulated one 8") == 1
+    assert "[target]: the measured run ran" in err, err

@@ -163,7 +163,7 @@ kind = "utilisation"
 
 def simulate(model: str, gpu: str, tp: int, batch: int, folder: Path, workload: str = "gpqa") -> dict:
     """The simulated steady state, as ML.ENERGY measures it (:func:`schedlab.targets.steady_state_energy`:
-    from ``batch`` first tokens to all but ``batch``): energy per output token (J) and power per GPU
+    from ``batch`` first tokens to all but ``batch + 1`` requests done): energy per output token (J) and power per GPU
     (W); and over the iterations while at least 0.9 of the most requests ran, the mean step (ms)
     and the mean running requests."""
     from schedlab.study.experiment import load, run_experiment
@@ -175,7 +175,7 @@ def simulate(model: str, gpu: str, tp: int, batch: int, folder: Path, workload: 
     t = result.timeline
     k, running = t["iterations"], t["running"]
     full = (running >= 0.9 * running.max()) & (k > 0)
-    steady = steady_state_energy(result)
+    steady = steady_state_energy(result, batch)
     return {"step_ms": float(t["duration_ms"][full].sum()) / float(k[full].sum()),
             "j_per_token": steady["steady_j_per_token"], "power_w": steady["steady_power_w"] / tp,
             "running": float(np.average(running[full], weights=t["duration_ms"][full])),

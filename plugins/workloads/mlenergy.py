@@ -1,19 +1,21 @@
 """Replay an ML.ENERGY benchmark run (``results.json`` of ``mlenergy.llm.benchmark``, v3.0).
 
 The ML.ENERGY benchmark (github.com/ml-energy/benchmark) starts a vLLM server with
-``--max-num-seqs`` set to the configuration's batch size and sends every request at once (its
+``--max-num-seqs`` set to the configuration's batch size (split over vLLM's data-parallel
+engines where the model is served that way) and sends every request at once (its
 ``request_rate`` defaults to infinity), then measures the GPUs' energy over the steady state:
 from the moment ``max_num_seqs`` requests have their first token to the moment all but
-``max_num_seqs`` have (``steady_state_energy``, ``steady_state_energy_per_token``). Its
-``results.json`` lists every request in ``results`` -- ``input_len``, ``output_len`` (0 for a
-failed one), ``ttft`` and ``latency`` in seconds from sending, ``itl``, ``error`` -- beside the
-run's statistics (``mean_ttft_ms`` ... as ``vllm bench serve`` names them).
+``max_num_seqs + 1`` have finished (its ``RequestTracker``; ``steady_state_energy``,
+``steady_state_energy_per_token``). Its ``results.json`` lists every request in ``results`` --
+``input_len``, ``output_len`` (0 for a failed one), ``ttft`` and ``latency`` in seconds from
+sending, ``itl``, ``success``, ``error`` -- beside the run's statistics (``mean_ttft_ms`` ... as
+``vllm bench serve`` names them) and settings (``max_num_seqs``, ``num_gpus`` ...).
 
 The workload replays the successful requests, all due at 0 in file order, with their prompt and
 answer lengths; the measured TTFT, TPOT and latency are kept for comparison, from the client's
-side. Set the scheduler's ``max_num_seqs`` to the run's batch size (the run's folder names it,
-``...+max_num_seqs+<B>+...``). The same file is a ``[target]``: its latency statistics and its
-steady-state energy per token and power (``schedlab.targets``).
+side. Set the scheduler's ``max_num_seqs`` to the run's (the file's ``max_num_seqs``; a warning
+says when the simulated schedulers' add up to another). The same file is a ``[target]``: its
+latency statistics and its steady state (``schedlab.targets``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from schedlab.configs import MAX_TOKENS, bound_text, int_field, path_field
 from schedlab.errors import WorkloadError
+from schedlab.targets import mlenergy_succeeded
 
 from .columns import OpenLoopWorkload, RequestColumns
 from .measured import BenchReplayWarning, MeasuredRequests, _bench_document, _bench_seconds
@@ -38,8 +41,9 @@ class MlenergyConfig:
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
 
 
-def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, MeasuredRequests, int]:
-    """``(columns, measured, requests in the file)`` of the successful requests of ``path``."""
+def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, MeasuredRequests, int, int | None]:
+    """``(columns, measured, requests in the file, its max_num_seqs)`` of the successful requests
+    of ``path`` (the last None where the file does not say it)."""
     path = Path(path)
     data = _bench_document(path, None)
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
@@ -49,7 +53,7 @@ def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, Me
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise WorkloadError(f"{path}: results[{i}]: expected an object, got {show_value(row)}")
-        if row.get("error"):
+        if not mlenergy_succeeded(row):
             continue
         for key, low in (("input_len", 1), ("output_len", 0)):
             value = row.get(key)
@@ -73,14 +77,18 @@ def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, Me
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
     measured = MeasuredRequests(str(path), np.zeros(len(keep)), ttft, tpot, e2e, output, view="client")
-    return RequestColumns(prompt, output), measured, len(rows)
+    batch = data.get("max_num_seqs")
+    batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None
+    return RequestColumns(prompt, output), measured, len(rows), batch
 
 
 def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
     """Every successful request of the run, due at 0 (see the module docstring)."""
-    columns, measured, total = load_mlenergy(config.path, limit=config.limit)
+    columns, measured, total, batch = load_mlenergy(config.path, limit=config.limit)
     n = len(columns)
     workload = OpenLoopWorkload(lambda seed: (np.zeros(n), columns), name="mlenergy", num_requests=n)
     workload.measured = measured
     workload.info.update(requests_in_file=total)
+    if batch is not None:
+        workload.info.update(max_num_seqs=batch)
     return workload

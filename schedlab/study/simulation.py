@@ -601,6 +601,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     assembled = _assemble_plugins(spec, ctx, where, check_only)
     _check_async_scheduling(assembled, where)
     _check_queue_limit(assembled, where)
+    _warn_other_batch(assembled, getattr(assembled.workload, "info", {}).get("max_num_seqs"), "[workload]", where)
     if "target" not in spec.tables:
         return assembled
     config = from_table(TargetConfig, spec.tables["target"], where=f"{where} [target]", base_dir=ctx.base_dir)
@@ -609,7 +610,31 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     except (ConfigError, FieldError) as exc:
         raise ConfigError(f"{where} [target]: {exc}") from None
     target = unmetered_energy_left_out(target, "power" in spec.tables, f"{where} [target]")
+    if target.batch != getattr(assembled.workload, "info", {}).get("max_num_seqs"):
+        _warn_other_batch(assembled, target.batch, "[target]", where)
     return attrs.evolve(assembled, target=target)
+
+
+def _warn_other_batch(a: Assembled, batch: int | None, table: str, where: str) -> None:
+    """Say when the measured run ``table`` replays or compares with names its ``max_num_seqs``
+    (``batch``: an ML.ENERGY benchmark's, over all its engines) and the simulated schedulers'
+    add up to another: its steady state is ``batch`` requests running, and a different cap
+    measures another one. (Data-parallel ranks or instances each take their share, as the
+    benchmark splits it over vLLM's data-parallel engines.)"""
+    if batch is None or a.pools is not None or a.parallelism.pipelined:
+        return
+    cap = getattr(getattr(a.instances[0][0], "config", None), "max_num_seqs", None)
+    if not isinstance(cap, int) or isinstance(cap, bool):
+        return
+    # every instance is built alike (validate builds one): data-parallel ranks per deployment
+    count = a.cluster.instances * a.parallelism.data_parallel
+    if cap * count != batch:
+        each = f" ({count} x {cap})" if count > 1 else ""
+        fix = (f"set [scheduler] max_num_seqs = {batch} to replay it" if count == 1 else
+               f"set [scheduler] max_num_seqs = {batch // count} to replay it ({batch} over its {count} instances)"
+               if batch % count == 0 else f"{batch} does not split evenly over its {count} instances")
+        warnings.warn(f"{where} {table}: the measured run ran max_num_seqs = {batch}, the simulated one {cap * count}"
+                      f"{each}: {fix}", InputWarning, stacklevel=3)
 
 
 def _settings_of(plugin) -> dict:
