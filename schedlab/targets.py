@@ -1255,9 +1255,10 @@ def steady_state_energy(result, batch: int | None = None) -> dict[str, float]:
       timeline's iterations, each spread evenly over its time) per token made and per second; NaN
       without a ``[power]`` table or the whole timeline (thinned by ``timeline_points``).
 
-    All NaN with no steady state (``N - B - 1`` requests leave before ``B`` have begun)."""
-    nan = dict.fromkeys(("steady_j_per_token", "steady_power_w", "steady_tokens_per_s", "steady_batch"),
-                        float("nan"))
+    And the window itself, ``steady_start_ms`` and ``steady_end_ms``. All NaN with no steady state
+    (``N - B - 1`` requests leave before ``B`` have begun)."""
+    nan = dict.fromkeys(("steady_j_per_token", "steady_power_w", "steady_tokens_per_s", "steady_batch",
+                         "steady_start_ms", "steady_end_ms"), float("nan"))
     t = result.timeline
     req = result.all_requests()
     ok = (req["rejected"] == 0) & np.isfinite(req["first_token_ms"])
@@ -1281,7 +1282,7 @@ def steady_state_energy(result, batch: int | None = None) -> dict[str, float]:
         inside = np.clip(np.minimum(finish, t1) - np.maximum(first, t0), 0.0, None)
         rest = np.where(span > 0, (tokens - 1) * inside / span, 0.0)
     made = float(np.sum((first >= t0) & (first <= t1)) + np.sum(rest))
-    out = dict(nan, steady_tokens_per_s=made / (t1 - t0) * 1e3)
+    out = dict(nan, steady_tokens_per_s=made / (t1 - t0) * 1e3, steady_start_ms=t0, steady_end_ms=t1)
     if "time_ms" not in t or not len(t["time_ms"]):
         return out
     start, length = np.asarray(t["time_ms"], float), np.asarray(t["duration_ms"], float)
@@ -1490,6 +1491,8 @@ def compare_with_real_run(result) -> None:
         result.metrics["vs_target"] = vs_target(result.target, result)
         result.meta["target"] = {"path": result.target.source, "kind": result.target.kind,
                                  "view": result.target.view}
+        if result.target.batch is not None:   # the measured run's max_num_seqs (ML.ENERGY's)
+            result.meta["target"]["batch"] = result.target.batch
 
 
 def vs_target(summary: Summary, result) -> dict:

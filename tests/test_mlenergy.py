@@ -273,3 +273,45 @@ def test_a_target_alone_says_its_cap_too(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("the measured run ran max_num_seqs = 16, the simulated one 8") == 1
     assert "[target]: the measured run ran" in err, err
+
+
+def test_the_measured_power_is_summed_over_the_gpus_by_hand(tmp_path):
+    """Zeus's timeline: per power domain (instant preferred), each GPU's [unix s, W] samples;
+    summed on one grid, in ms from the benchmark's start, with its steady state."""
+    from schedlab_plugins.workloads.mlenergy import measured_power
+
+    power = {"device_instant": {"0": [[100.0, 200.0], [101.0, 300.0]], "1": [[100.5, 100.0], [101.0, 100.0]]},
+             "device_average": {"0": [[100.0, 999.0], [101.0, 999.0]]}}
+    timeline = {"benchmark_start_time": 100.0, "steady_state_start_time": 100.25, "steady_state_end_time": 100.75,
+                "power": power}
+    (times, watts), steady = measured_power({"timeline": timeline}, "f")
+    assert steady == pytest.approx((250.0, 750.0))
+    assert times.size == 21 and times[0] == 0.0 and times[-1] == pytest.approx(1000.0)
+    # GPU 1 holds its first reading before its first sample; GPU 0 rises linearly
+    assert watts[0] == pytest.approx(300.0) and watts[10] == pytest.approx(350.0) and watts[-1] == pytest.approx(400.0)
+    bare = measured_power({"timeline": {**timeline, "power": power["device_instant"]}}, "f")[0]
+    assert np.allclose(bare[1], watts)
+    with pytest.warns(BenchReplayWarning, match="timeline.power holds no GPU's power samples"):
+        assert measured_power({"timeline": {**timeline, "power": {"0": [[1.0, 2.0]]}}}, "f") == (None, (250.0, 750.0))
+    assert measured_power({"timeline": {"power": power}}, "f") == (None, None)   # no start: no clock to read it by
+
+
+def test_the_compare_report_draws_the_power_measured_and_simulated(tmp_path):
+    """A replay with [power] of a file with a power timeline: measured_power.png, and the
+    simulated power read off the run's steps -- the fixed-active model's 400 W while it steps."""
+    from schedlab.study.experiment import load, run_experiment
+    from schedlab_plugins.reports.measured import simulated_power
+
+    rng = np.random.default_rng(5)
+    rows = [request(int(p), int(o)) for p, o in zip(rng.integers(50, 200, 48), rng.integers(20, 120, 48))]
+    timeline = {"benchmark_start_time": 0.0, "steady_state_start_time": 1.0, "steady_state_end_time": 5.0,
+                "power": {"device_instant": {"0": [[t / 10, 300.0 + t] for t in range(80)]}}}
+    (tmp_path / "results.json").write_text(json.dumps(results(rows, timeline=timeline)))
+    power = '[power]\nkind = "fixed_active"\nactive_w = 400.0\nstandby_w = 100.0\nidle_w = 50.0\ngpu = "h100-80gb"\n'
+    (tmp_path / "exp.toml").write_text((TOML % power).replace('reports = ["json"]', 'reports = ["json", "compare"]'))
+    assert main(["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "plots" / "measured_power.png").stat().st_size > 0
+    run = run_experiment(load(tmp_path / "exp.toml")).all_runs()[0]
+    t = run.timeline
+    middle = t["time_ms"][len(t["time_ms"]) // 2] + t["duration_ms"][len(t["time_ms"]) // 2] / 2
+    assert simulated_power(run, np.array([middle, -1.0])) == pytest.approx([400.0, 0.0])

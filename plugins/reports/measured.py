@@ -11,7 +11,11 @@ file, when it has them, against the simulated engine --, and draws into ``plots/
   simulated run over it;
 * ``measured_timeline.png`` -- running and waiting requests over time, measured (from the
   log's queued / scheduled / last-token times) and simulated (the runs' timelines); not drawn
-  for a client's file, which records no scheduled times.
+  for a client's file, which records no scheduled times;
+* ``measured_power.png`` -- the GPUs' power over time (all of them), where the file records it
+  (an ML.ENERGY benchmark's ``timeline.power``) and the simulated runs have a ``[power]`` table:
+  measured, and each run's (:func:`schedlab.energy.timeline.power_steps`, summed over its
+  instances), with each one's steady state shaded (:func:`schedlab.targets.steady_state_energy`).
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ class CompareReport:
             return written
         from .plots import png_bytes
 
-        for figure, name in ((self._cdfs(runs), "measured_cdf.png"), (self._timeline(runs), "measured_timeline.png")):
+        for figure, name in ((self._cdfs(runs), "measured_cdf.png"), (self._timeline(runs), "measured_timeline.png"),
+                             (self._power(runs), "measured_power.png")):
             if figure is not None:
                 target = out / "plots" / name
                 atomic_write(target, png_bytes(figure, self.config.dpi))
@@ -145,3 +150,48 @@ class CompareReport:
         axes[0].legend(fontsize=8)
         fig.suptitle("simulated vs measured: running and waiting over time")
         return fig
+
+    def _power(self, runs):
+        measured = runs[0].measured
+        metered = [run for run in runs if run.meta.get("energy") and len(run.timeline.get("time_ms", ()))]
+        if getattr(measured, "power", None) is None or not metered:
+            return None
+        from schedlab.targets import steady_state_energy
+
+        from .plot_common import line_style, new_figure
+
+        times, watts = measured.power
+        fig = new_figure(12.0, 4.4, self.config.dpi)
+        ax = fig.subplots(1, 1)
+        ax.plot(times / 1e3, watts, color="black", linewidth=1.6, label="measured")
+        if measured.steady_ms is not None:
+            ax.axvspan(measured.steady_ms[0] / 1e3, measured.steady_ms[1] / 1e3, color="black", alpha=0.08,
+                       label="measured steady state")
+        for i, run in enumerate(metered):
+            style = line_style(i)
+            grid = np.linspace(*run.meta["energy"]["window_ms"], 2000)
+            ax.plot(grid / 1e3, simulated_power(run, grid), label=run.name, **style)
+            window = steady_state_energy(run, (run.meta.get("target") or {}).get("batch"))
+            if np.isfinite(window["steady_start_ms"]):
+                for edge in ("steady_start_ms", "steady_end_ms"):
+                    ax.axvline(window[edge] / 1e3, color=style.get("color"), linestyle=":", linewidth=1.0)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("GPU power, all GPUs (W)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.suptitle("simulated vs measured GPU power (dotted: each run's steady state)")
+        return fig
+
+
+def simulated_power(run, times: np.ndarray) -> np.ndarray:
+    """The GPUs' power of ``run`` (all its instances) at ``times`` (ms): its power steps
+    (:func:`schedlab.energy.timeline.power_steps`) read where each time falls; 0 outside them."""
+    from schedlab.energy.timeline import power_steps
+
+    total = np.zeros(times.size)
+    for k in range(len(run.meta["energy"]["instances"])):
+        edges, watts = power_steps(run, k)
+        at = np.searchsorted(edges, times, side="right") - 1
+        inside = (at >= 0) & (at < len(watts))
+        total[inside] += np.asarray(watts, dtype=float)[at[inside]]
+    return total

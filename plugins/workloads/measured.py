@@ -72,6 +72,10 @@ class MeasuredRequests:
     view: str = "engine"
     server_ttft_ms: np.ndarray | None = None   # a client's file: the server's own TTFT per request, if sent
     server_queue_ms: np.ndarray | None = None  # ... and its queue time (vLLM's per-request metrics)
+    #: the GPUs' power over the run where the file records it (an ML.ENERGY benchmark's): ms from
+    #: the requests' start, and W summed over the GPUs; and the run's steady state, (start, end) ms
+    power: tuple[np.ndarray, np.ndarray] | None = None
+    steady_ms: tuple[float, float] | None = None
 
     @property
     def first_token_ms(self) -> np.ndarray:

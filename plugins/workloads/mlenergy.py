@@ -26,7 +26,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from schedlab.configs import MAX_TOKENS, bound_text, int_field, path_field
+from schedlab.configs import MAX_TOKENS, bound_text, int_field, is_finite_number, path_field
 from schedlab.errors import WorkloadError
 from schedlab.targets import mlenergy_succeeded
 
@@ -76,10 +76,54 @@ def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, Me
     e2e = _bench_seconds(path, "results[].latency", [r.get("latency") for r in rows], keep)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
-    measured = MeasuredRequests(str(path), np.zeros(len(keep)), ttft, tpot, e2e, output, view="client")
+    power, steady = measured_power(data, path)
+    measured = MeasuredRequests(str(path), np.zeros(len(keep)), ttft, tpot, e2e, output, view="client",
+                                power=power, steady_ms=steady)
     batch = data.get("max_num_seqs")
     batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None
     return RequestColumns(prompt, output), measured, len(rows), batch
+
+
+#: Most points of the GPUs' summed power: their samples (every 0.1 s) resampled onto one grid.
+POWER_POINTS = 4000
+
+
+def measured_power(data: dict, path) -> tuple[tuple[np.ndarray, np.ndarray] | None, tuple[float, float] | None]:
+    """The GPUs' power over the run, from ``timeline.power`` (Zeus's ``PowerMonitor``: per power
+    domain -- ``device_instant`` preferred, else ``device_average`` -- each GPU's ``[unix s, W]``
+    samples; a bare ``{gpu: samples}`` too), as ``(ms from benchmark_start_time, W summed over
+    the GPUs)`` on one grid (each GPU interpolated); and the steady state's ``(start, end)`` in
+    ms from the same start. None for what the file lacks; a timeline that is there but not of
+    that form is said in a warning and left out (the requests still replay)."""
+    timeline = data.get("timeline")
+    if not isinstance(timeline, dict) or not is_finite_number(timeline.get("benchmark_start_time")):
+        return None, None
+    start = float(timeline["benchmark_start_time"])
+    ends = [timeline.get(k) for k in ("steady_state_start_time", "steady_state_end_time")]
+    steady = ((ends[0] - start) * 1e3, (ends[1] - start) * 1e3) if all(map(is_finite_number, ends)) else None
+    power = timeline.get("power")
+    if power is None:
+        return None, steady
+    series = power
+    if isinstance(power, dict):
+        for domain in ("device_instant", "device_average"):
+            if isinstance(power.get(domain), dict) and power[domain]:
+                series = power[domain]
+                break
+    try:
+        gpus = [np.asarray(samples, dtype=float).reshape(-1, 2) for samples in series.values()]
+    except (AttributeError, TypeError, ValueError):
+        gpus = []
+    gpus = [g[np.all(np.isfinite(g), axis=1)] for g in gpus]
+    if not gpus or any(g.shape[0] < 2 for g in gpus):
+        warnings.warn(f"{path}: timeline.power holds no GPU's power samples ([time, watts] pairs, two or more "
+                      f"per GPU): the measured power is left out", BenchReplayWarning, stacklevel=4)
+        return None, steady
+    gpus = [g[np.argsort(g[:, 0], kind="stable")] for g in gpus]
+    low, high = min(g[0, 0] for g in gpus), max(g[-1, 0] for g in gpus)
+    grid = np.linspace(low, high, int(min(POWER_POINTS, max(2, (high - low) / 0.05 + 1))))
+    watts = np.sum([np.interp(grid, g[:, 0], g[:, 1]) for g in gpus], axis=0)
+    return ((grid - start) * 1e3, watts), steady
 
 
 def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
