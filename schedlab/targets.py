@@ -17,10 +17,15 @@ per-request log exists. The file is recognised by its content:
   inter_token_latency, request_latency, request_queue_time, iteration_tokens}`` in seconds (or
   tokens), ``mean`` (exact) and ``median``, ``p90``, ``p99`` (``histogram_quantile`` inside
   buckets the file does not hold), and ``successes.rate``: the engine's view;
-* a guidellm report: ``benchmarks[i].metrics.{time_to_first_token_ms, time_per_output_token_ms,
-  inter_token_latency_ms, request_latency (s), requests_per_second, output_tokens_per_second,
+* a guidellm report: ``benchmarks[i].metrics.{time_to_first_token_ms, inter_token_latency_ms,
+  request_latency (s), requests_per_second, output_tokens_per_second,
   tokens_per_second}.successful`` (``mean``, ``median``, ``percentiles.p90`` ...) -- the JSON
-  report; its YAML one is read only where PyYAML is installed;
+  report; its YAML one is read only where PyYAML is installed. ``inter_token_latency_ms`` is
+  each request's ``(last token - first) / (tokens - 1)`` weighted by its ``tokens - 1``: its
+  mean is every gap's (``itl_ms.mean``), and the simulated percentiles are taken the same way
+  (:func:`_gap_weighted_tpot`). ``time_per_output_token_ms`` is left out: it is no TPOT (from
+  0.4 on it counts the wait for the first token, ``(last token - start) / tokens``; before, it
+  divided by every token), weighted by tokens;
 * a scrape of vLLM's Prometheus ``/metrics`` (text format): the histograms
   ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` (older vLLMs:
   ``vllm:time_per_output_token_seconds``, the same per-token gaps),
@@ -132,8 +137,8 @@ INFERENCE_PERF_SERVER = {"time_to_first_token": ("ttft_ms", 1e3), "time_per_outp
                          "request_queue_time": ("queue_ms", 1e3), "iteration_tokens": ("iteration_tokens", 1.0)}
 INFERENCE_PERF_SERVER_KIND = "inference-perf server metrics"
 #: guidellm: metrics.<name> and its unit in ms
-GUIDELLM = {"time_to_first_token_ms": ("ttft_ms", 1.0), "time_per_output_token_ms": ("tpot_ms", 1.0),
-            "inter_token_latency_ms": ("itl_ms", 1.0), "request_latency": ("e2e_ms", 1e3)}
+GUIDELLM = {"time_to_first_token_ms": ("ttft_ms", 1.0), "inter_token_latency_ms": ("itl_ms", 1.0),
+            "request_latency": ("e2e_ms", 1e3)}
 GUIDELLM_RATES = {"requests_per_second": "request_throughput_rps", "output_tokens_per_second": "output_throughput_tps",
                   "tokens_per_second": "total_throughput_tps"}
 #: vLLM's Prometheus histograms (vllm/v1/metrics/loggers.py): name -> (group, scale to ms or tokens)
@@ -1212,6 +1217,11 @@ def simulated(summary: Summary, result) -> dict[str, float]:
                 out[f"{group}.{stat}"] = steady[stat]
             continue
         hist = summary.histograms.get(group)
+        if group == "itl_ms" and summary.kind == "guidellm":   # per request, weighted by its gaps
+            values, weights = _gap_weighted_tpot(req)
+            for stat in stats:
+                out[f"{group}.{stat}"] = _weighted_statistic(values, weights, stat)
+            continue
         if group == "itl_ms" and sketch is not None:  # a streamed run: its ITLs are a sketch
             for stat in stats:
                 out[f"{group}.{stat}"] = _sketch_statistic(sketch, stat, hist)
@@ -1238,6 +1248,30 @@ def simulated(summary: Summary, result) -> dict[str, float]:
             else:
                 out[f"{group}.{stat}"] = float(np.percentile(values, float(stat[1:])))
     return out
+
+
+def _gap_weighted_tpot(req: dict) -> tuple[np.ndarray, np.ndarray]:
+    """guidellm's ``inter_token_latency_ms`` of a simulated run: each completed request's
+    ``(last token - first) / (tokens - 1)`` as its client sees it, weighted by ``tokens - 1``."""
+    from .results.metrics import client_latencies, completed
+
+    generated = req["generated_tokens"][completed(req)]
+    return client_latencies(req)["tpot_ms"], (generated[generated > 1] - 1).astype(float)
+
+
+def _weighted_statistic(values: np.ndarray, weights: np.ndarray, stat: str) -> float:
+    """The weighted ``mean`` or ``pNN`` as guidellm takes it (``Percentiles.from_pdf``: the first
+    value, in order, whose cumulative weight reaches the share); NaN with no weight."""
+    keep = np.isfinite(values) & (weights > 0)
+    values, weights = values[keep], weights[keep]
+    if not weights.size:
+        return float("nan")
+    if stat == "mean":
+        return float(np.sum(values * weights) / np.sum(weights))
+    order = np.argsort(values, kind="stable")
+    cdf = np.cumsum(weights[order]) / np.sum(weights)
+    at = min(int(np.searchsorted(cdf, float(stat[1:]) / 100.0, side="left")), values.size - 1)
+    return float(values[order][at])
 
 
 def steady_state_energy(result, batch: int | None = None) -> dict[str, float]:

@@ -352,6 +352,39 @@ def test_guidellm_report_by_hand(tmp_path):
         read_summary(path, index=2)
 
 
+def test_guidellms_itl_is_per_request_weighted_by_gaps_and_its_tpot_left_out(tmp_path):
+    """guidellm's inter_token_latency_ms: each request's (last - first) / (tokens - 1), weighted
+    by tokens - 1 (its mean: every gap's); its time_per_output_token_ms (from 0.4 on: the first
+    token's wait over every token) is not a TPOT and is not read. The simulated side by hand:
+    100 ms over 4 gaps and 20 ms over 3 -- mean 460 / 7, p50 the first value whose cumulative
+    weight reaches half (100), p40 20; a one-token and a rejected request weigh nothing."""
+    import numpy as np
+
+    from schedlab.targets import _gap_weighted_tpot, _weighted_statistic
+
+    def dist(mean):
+        return {"successful": {"mean": mean, "median": mean, "count": 9, "percentiles": {"p90": mean}}}
+    bench = {"metrics": {"time_per_output_token_ms": dist(30.0), "inter_token_latency_ms": dist(12.0),
+                         "request_latency": dist(3.0)}}
+    s = read_summary(_write(tmp_path / "g.json", {"benchmarks": [bench]}))
+    assert not any(name.startswith("tpot_ms") for name in s.values) and s.values["itl_ms.mean"] == 12.0
+    req = {"rejected": np.array([0, 0, 0, 1]), "first_token_ms": np.array([100.0, 0.0, 5.0, 0.0]),
+           "finish_ms": np.array([500.0, 60.0, 5.0, 9.0]), "generated_tokens": np.array([5, 4, 1, 3]),
+           "arrival_ms": np.zeros(4)}
+    values, weights = _gap_weighted_tpot(req)
+    assert values.tolist() == [100.0, 20.0] and weights.tolist() == [4.0, 3.0]
+    assert _weighted_statistic(values, weights, "mean") == pytest.approx(460.0 / 7)
+    assert _weighted_statistic(values, weights, "p50") == 100.0 and _weighted_statistic(values, weights, "p40") == 20.0
+    assert np.isnan(_weighted_statistic(values[:0], weights[:0], "p50"))
+    import types
+
+    from schedlab.targets import simulated
+
+    run = types.SimpleNamespace(all_requests=lambda: {**req, "first_scheduled_ms": np.zeros(4)}, itl=None,
+                                rows_file=None, stream=None)
+    assert simulated(s, run)["itl_ms.mean"] == pytest.approx(460.0 / 7)   # the run's own gaps: not read
+
+
 def _reshaped(data: dict, path: tuple, value):
     """``data`` with the value at ``path`` (keys and list indices) replaced."""
     data = json.loads(json.dumps(data))

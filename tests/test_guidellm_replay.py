@@ -28,6 +28,15 @@ def new_entry(start, first, last, end, prompt, output, body=None):
                                  "last_token_iteration": last, "request_end": end}}}
 
 
+def json_entry(start, first, last, end, prompt, output, body=None):
+    """guidellm 0.6+: the body as JSON text (``model_dump_json``: true and null, not True and None)."""
+    entry = new_entry(start, first, last, end, prompt, output, body)
+    args = {"method": "POST", "stream": True, "headers": None, "params": None,
+            "body": body or {"messages": [{"role": "user", "content": "p"}], "max_completion_tokens": 64,
+                             "stream": True, "ignore_eos": True}, "files": None, "content": None}
+    return {**entry, "request_args": json.dumps(args, separators=(",", ":"))}
+
+
 def report(tmp_path, benchmarks, name="guidellm.json"):
     path = tmp_path / name
     path.write_text(json.dumps({"benchmarks": benchmarks}))
@@ -42,7 +51,7 @@ def benchmark(successful, errored=(), total=None):
     return out
 
 
-@pytest.mark.parametrize("entry", [old_entry, new_entry])
+@pytest.mark.parametrize("entry", [old_entry, new_entry, json_entry])
 def test_both_layouts_by_hand(tmp_path, entry):
     """Sent at 10.0 and 10.5 s (out of order in the file): arrivals 0 and 500 ms; TTFT 100 and
     50 ms, latency 800 and 500 ms, TPOT (600 - 100) / 4 and (450 - 50) / 2; an errored request
@@ -58,8 +67,20 @@ def test_both_layouts_by_hand(tmp_path, entry):
     assert m.e2e_ms.tolist() == pytest.approx([800.0, 500.0])
     assert m.tpot_ms.tolist() == pytest.approx([500.0 / 4, 400.0 / 2])
     assert w.info["errored"] == 1 and w.info["strategy"] == "constant" and not w.info["sampled"]
-    if entry is new_entry:  # the body's max_tokens (64) is the client's limit
+    if entry is not old_entry:  # the body's max_tokens (64) is the client's limit
         assert [r.max_tokens for r in reqs] == [64, 64]
+
+
+def test_request_args_that_read_as_nothing_are_said_once(tmp_path):
+    from schedlab_plugins.workloads.measured import BenchReplayWarning
+
+    rows = [{**json_entry(10.0 + i, 10.1 + i, 10.2 + i, 10.3 + i, 8, 2), "request_args": "{oops"} for i in range(3)]
+    path = report(tmp_path, [benchmark(rows, total=3)])
+    with pytest.warns(BenchReplayWarning, match=r"successful\[0\]: request_args is neither JSON .* nor are those of "
+                                                r"2 other requests") as caught:
+        reqs = list(make_guidellm_workload(GuidellmConfig(path=path)).requests(0))
+    assert len([w for w in caught if issubclass(w.category, BenchReplayWarning)]) == 1
+    assert [r.max_tokens for r in reqs] == [None, None, None]
 
 
 def test_a_sampled_benchmark_is_refused_unless_asked(tmp_path):

@@ -8,8 +8,9 @@ profile (synchronous, throughput, constant rates of a sweep ...), each with ``re
   ``first_token_time``, ``last_token_time`` and the ``prompt`` text;
 * guidellm 0.4 and later: ``prompt_tokens``, ``output_tokens``, ``request_start_time``,
   ``request_end_time``, ``info.timings.first_token_iteration`` and ``last_token_iteration``,
-  and ``request_args`` (the request's body, as Python's repr of a dict: its ``prompt`` or
-  ``messages`` and ``max_tokens``).
+  and ``request_args`` (the request's body -- its ``prompt`` or ``messages`` and
+  ``max_tokens`` or ``max_completion_tokens`` -- as Python's repr of a dict up to 0.5, as JSON
+  text from 0.6).
 
 The benchmark's successful requests are sent at their recorded start times (ms after the
 first), open loop: the recorded times already hold guidellm's own pacing and concurrency.
@@ -25,6 +26,8 @@ text included).
 from __future__ import annotations
 
 import ast
+import json
+import warnings
 from pathlib import Path
 
 import attrs
@@ -33,6 +36,7 @@ from schedlab.configs import bool_field, int_field, is_finite_number, path_field
 from schedlab.errors import WorkloadError
 
 from .columns import OpenLoopWorkload
+from .measured import BenchReplayWarning
 from .inference_perf import (
     ClientRecord, hash_block_tokens_field, max_tokens_of, prefix_blocks_field, prompt_text, replay_columns, seconds,
     whole_tokens,
@@ -61,21 +65,27 @@ def _number(entry: dict, *paths):
     return None
 
 
-def _body(entry: dict) -> dict:
-    """The request body of a 0.4+ entry (``request_args``, a Python repr), or {}."""
+def _body(entry: dict) -> dict | None:
+    """The request body of a 0.4+ entry (``request_args``: JSON text from 0.6, Python's repr of a
+    dict before), {} for an entry without one, None for a string that is neither."""
     args = entry.get("request_args")
     if isinstance(args, str):
         try:
-            args = ast.literal_eval(args)
-        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # not a literal, {[1]: 2}, deep
-            return {}
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            try:
+                args = ast.literal_eval(args)
+            except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # not a literal, {[1]: 2}
+                return None
     if not isinstance(args, dict):
         return {}
     body = args.get("body", args)
     return body if isinstance(body, dict) else {}
 
 
-def _record(where: str, entry: dict) -> ClientRecord:
+def _record(where: str, entry: dict, unreadable: list) -> ClientRecord:
+    """One request of the report (``unreadable`` gets ``where`` when its ``request_args`` cannot
+    be read)."""
     if not isinstance(entry, dict):
         raise WorkloadError(f"{where}: expected an object, got {entry!r}")
     start = _number(entry, ("request_start_time",), ("start_time",), ("info", "timings", "request_start"))
@@ -93,6 +103,9 @@ def _record(where: str, entry: dict) -> ClientRecord:
     if prompt is None or output is None:
         raise WorkloadError(f"{where}: no {'prompt' if prompt is None else 'output'}_tokens")
     body = _body(entry)
+    if body is None:
+        unreadable.append(where)
+        body = {}
     text = entry.get("prompt") if isinstance(entry.get("prompt"), str) else prompt_text(body)
     return ClientRecord(start, end, whole_tokens(where, "prompt_tokens", prompt),
                         whole_tokens(where, "output_tokens", output),
@@ -126,7 +139,12 @@ def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload:
     if not isinstance(successful, list):
         raise WorkloadError(f"{path}: benchmark {config.index} keeps no per-request list (requests.successful)")
     where = f"{path}: benchmark {config.index}"
-    rows = [_record(f"{where}: requests.successful[{i}]", e) for i, e in enumerate(successful)]
+    unreadable: list[str] = []
+    rows = [_record(f"{where}: requests.successful[{i}]", e, unreadable) for i, e in enumerate(successful)]
+    if unreadable:
+        warnings.warn(f"{unreadable[0]}: request_args is neither JSON (guidellm 0.6 on) nor a Python dict's repr "
+                      f"(0.4-0.5), nor are those of {len(unreadable) - 1} other requests: their prompts and max_tokens "
+                      "are unknown", BenchReplayWarning, stacklevel=2)
     total = _total(benchmark, "successful")
     if total is not None and total > len(rows) and not config.allow_sample:
         raise WorkloadError(f"{where} keeps {len(rows)} of its {total} successful requests (guidellm "
