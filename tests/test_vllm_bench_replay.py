@@ -94,6 +94,22 @@ def test_files_without_start_times_redraw_arrivals_from_the_rate(tmp_path):
     assert load_vllm_bench(path).measured.e2e_ms == pytest.approx([140.0, 200.0, 350.0])  # ttft + sum(itls)
 
 
+def test_a_run_sent_at_its_traces_timestamps(tmp_path):
+    """SGLang's bench_serving --use-trace-timestamps writes request_rate "trace": without
+    start_times there is nothing to replay (said so, not "must be a number"); with them the
+    send times are replayed, and drawing arrivals from the rate is refused."""
+    result = bench_result([10, 20], [3, 2], [0.1, 0.2], [[0.01, 0.01], [0.02]], [5.0, 5.5], rate="trace")
+    path = write(tmp_path, result)
+    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    assert [r.arrival_ms for r in workload.requests(0)] == [0.0, 500.0] and workload.info["request_rate"] == "trace"
+    with pytest.raises(WorkloadError, match=r'replay = "redraw" draws arrivals from request_rate, but this run sent'):
+        make_vllm_bench_workload(VllmBenchConfig(path=str(path), replay="redraw"))
+    del result["start_times"], result["queue_times"]
+    with pytest.raises(WorkloadError, match=r"request_rate is \"trace\": the run sent its requests at its dataset's "
+                                            r"timestamps \(SGLang bench_serving --use-trace-timestamps\)"):
+        make_vllm_bench_workload(VllmBenchConfig(path=str(write(tmp_path, result, "b2.json"))))
+
+
 def test_a_file_without_send_times_says_its_arrivals_are_drawn_again(tmp_path):
     """Redrawn arrivals meet the server at other times than the measured ones: said once, naming
     whose file it is (SGLang's bench_serving --output-details writes vLLM's per-request lists but

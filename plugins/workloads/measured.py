@@ -402,11 +402,18 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     if not keep:
         raise WorkloadError(f"{path}: no successful requests")
     rate = data.get("request_rate", "inf")
+    if rate == "trace":   # SGLang's --use-trace-timestamps: sent at the dataset's own times
+        if data.get("start_times") is None:
+            raise WorkloadError(f"{path}: request_rate is \"trace\": the run sent its requests at its dataset's "
+                                "timestamps (SGLang bench_serving --use-trace-timestamps), which the file does not "
+                                "record; replay the trace itself as the workload, or compare with this run as a "
+                                "[target]")
+        rate = math.nan   # sent as start_times say; nothing to draw arrivals from
     try:
         rate = float(rate)
     except (TypeError, ValueError, OverflowError):
         raise WorkloadError(f"{path}: request_rate: must be a number or \"inf\", got {show_value(rate)}") from None
-    if not rate > 0:
+    if not (rate > 0 or math.isnan(rate) and data.get("request_rate") == "trace"):
         raise WorkloadError(f"{path}: request_rate: must be > 0 or \"inf\", got {show_value(data['request_rate'])}")
     burstiness = data.get("burstiness", 1.0)
     if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or not burstiness > 0:
@@ -490,6 +497,10 @@ def make_vllm_bench_workload(config: VllmBenchConfig):
     bench = load_vllm_bench(config.path, limit=config.limit, index=config.index)
     columns, n = bench.columns, len(bench.columns)
     replay = config.replay if bench.sent_ms is not None else "redraw"
+    if replay == "redraw" and math.isnan(bench.rate):
+        raise WorkloadError(f"{config.path}: replay = \"redraw\" draws arrivals from request_rate, but this run sent "
+                            "its requests at its trace's timestamps (request_rate \"trace\"): replay its start_times "
+                            "(replay = \"client\" or \"send_times\")")
     if bench.sent_ms is None and (bench.ramp is not None or not math.isinf(bench.rate)):
         whose = "SGLang's bench_serving" if _is_sglang_bench(config.path, config.index) else "this vLLM"
         warnings.warn(f"{config.path}: no start_times ({whose} records no send times), so arrivals are drawn "
@@ -517,6 +528,7 @@ def make_vllm_bench_workload(config: VllmBenchConfig):
         workload = CappedRequests(bench.due_ms, columns, bench.max_concurrency, name="vllm_bench")
         measured = bench.measured
     workload.measured = measured
-    workload.info.update(request_rate=bench.rate, burstiness=bench.burstiness, max_concurrency=bench.max_concurrency,
+    workload.info.update(request_rate="trace" if math.isnan(bench.rate) else bench.rate, burstiness=bench.burstiness,
+                         max_concurrency=bench.max_concurrency,
                          replay=replay, ramp_up=list(bench.ramp) if bench.ramp else None)
     return workload
