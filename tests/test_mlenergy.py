@@ -315,3 +315,34 @@ def test_the_compare_report_draws_the_power_measured_and_simulated(tmp_path):
     t = run.timeline
     middle = t["time_ms"][len(t["time_ms"]) // 2] + t["duration_ms"][len(t["time_ms"]) // 2] / 2
     assert simulated_power(run, np.array([middle, -1.0])) == pytest.approx([400.0, 0.0])
+
+
+SCRAPE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} {r0}
+vllm:num_requests_running{{engine="1",model_name="m"}} {r1}
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="m"}} {w}
+vllm:num_requests_waiting_by_reason{{engine="0",reason="capacity"}} 99.0
+"""
+
+
+def test_the_servers_running_and_waiting_are_read_from_its_scrapes(tmp_path):
+    """prometheus.json's timeline of /metrics scrapes: each one's gauges summed over the engines,
+    in ms from the benchmark's start; drawn in measured_timeline.png by the compare report."""
+    rows = [request(100, 20) for _ in range(40)]
+    timeline = {"benchmark_start_time": 50.0, "steady_state_start_time": 51.0, "steady_state_end_time": 52.0}
+    (tmp_path / "results.json").write_text(json.dumps(results(rows, timeline=timeline)))
+    scrapes = [{"timestamp": 52.0, "metrics": SCRAPE.format(r0=3.0, r1=4.0, w=1.0)},
+               {"timestamp": 51.0, "metrics": SCRAPE.format(r0=8.0, r1=8.0, w=24.0)}]
+    (tmp_path / "prometheus.json").write_text(json.dumps({"steady_state_stats": {"vllm:num_requests_running": 12.0},
+                                                          "timeline": scrapes}))
+    measured = make_mlenergy_workload(MlenergyConfig(path=str(tmp_path / "results.json"))).measured
+    times, running, waiting = measured.occupancy
+    assert times.tolist() == [1000.0, 2000.0] and running.tolist() == [16.0, 7.0] and waiting.tolist() == [24.0, 1.0]
+    (tmp_path / "exp.toml").write_text((TOML % "").replace('reports = ["json"]', 'reports = ["json", "compare"]'))
+    assert main(["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "plots" / "measured_timeline.png").stat().st_size > 0
+    (tmp_path / "prometheus.json").write_text('{"timeline": [{"timestamp": "soon"}]}')
+    with pytest.warns(BenchReplayWarning, match="its timeline holds no /metrics scrapes"):
+        assert make_mlenergy_workload(MlenergyConfig(path=str(tmp_path / "results.json"))).measured.occupancy is None

@@ -10,8 +10,9 @@ file, when it has them, against the simulated engine --, and draws into ``plots/
 * ``measured_cdf.png`` -- CDFs of TTFT, TPOT and latency: the measured run and every
   simulated run over it;
 * ``measured_timeline.png`` -- running and waiting requests over time, measured (from the
-  log's queued / scheduled / last-token times) and simulated (the runs' timelines); not drawn
-  for a client's file, which records no scheduled times;
+  log's queued / scheduled / last-token times, or the server's own gauges where they were
+  scraped: an ML.ENERGY run's ``prometheus.json``) and simulated (the runs' timelines); not
+  drawn for a client's file without them, which records no scheduled times;
 * ``measured_power.png`` -- the GPUs' power over time (all of them), where the file records it
   (an ML.ENERGY benchmark's ``timeline.power``) and the simulated runs have a ``[power]`` table:
   measured, and each run's (:func:`schedlab.energy.timeline.power_steps`, summed over its
@@ -130,10 +131,14 @@ class CompareReport:
 
         measured = runs[0].measured
         finish = measured.finish_ms[np.isfinite(measured.finish_ms)]
-        if measured.scheduled_ms is None or not finish.size:
+        scraped = getattr(measured, "occupancy", None)   # the server's own gauges, scraped
+        if scraped is not None:
+            times, occupancy = scraped[0], scraped[1:]
+        elif measured.scheduled_ms is None or not finish.size:
             return None  # nothing measured to draw (a client's file): the runs' own timelines are in timeline.png
-        times = np.linspace(0.0, float(finish.max()), 600)
-        occupancy = measured_occupancy(measured, times)
+        else:
+            times = np.linspace(0.0, float(finish.max()), 600)
+            occupancy = measured_occupancy(measured, times)
         fig = new_figure(12.0, 4.4, self.config.dpi)
         axes = fig.subplots(1, 2, sharex=True)
         for ax, (column, title) in zip(axes, (("running", "running requests"), ("waiting", "waiting requests"))):

@@ -76,6 +76,9 @@ class MeasuredRequests:
     #: the requests' start, and W summed over the GPUs; and the run's steady state, (start, end) ms
     power: tuple[np.ndarray, np.ndarray] | None = None
     steady_ms: tuple[float, float] | None = None
+    #: the server's own running and waiting requests over time, where the file (or one beside it)
+    #: records them -- an ML.ENERGY run's /metrics scrapes: ``(ms, running, waiting)``
+    occupancy: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def first_token_ms(self) -> np.ndarray:

@@ -20,6 +20,7 @@ latency statistics and its steady state (``schedlab.targets``).
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import attrs
 import numpy as np
 
 from schedlab.configs import MAX_TOKENS, bound_text, int_field, is_finite_number, path_field
-from schedlab.errors import WorkloadError
+from schedlab.errors import WorkloadError, brief
 from schedlab.targets import mlenergy_succeeded
 
 from .columns import OpenLoopWorkload, RequestColumns
@@ -77,8 +78,12 @@ def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, Me
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
     power, steady = measured_power(data, path)
+    timeline = data.get("timeline")
+    start = timeline.get("benchmark_start_time") if isinstance(timeline, dict) else None
+    occupancy = measured_occupancy(path.with_name("prometheus.json"), float(start)) if is_finite_number(start) \
+        else None
     measured = MeasuredRequests(str(path), np.zeros(len(keep)), ttft, tpot, e2e, output, view="client",
-                                power=power, steady_ms=steady)
+                                power=power, steady_ms=steady, occupancy=occupancy)
     batch = data.get("max_num_seqs")
     batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None
     return RequestColumns(prompt, output), measured, len(rows), batch
@@ -124,6 +129,40 @@ def measured_power(data: dict, path) -> tuple[tuple[np.ndarray, np.ndarray] | No
     grid = np.linspace(low, high, int(min(POWER_POINTS, max(2, (high - low) / 0.05 + 1))))
     watts = np.sum([np.interp(grid, g[:, 0], g[:, 1]) for g in gpus], axis=0)
     return ((grid - start) * 1e3, watts), steady
+
+
+#: the server's gauges of running and waiting requests in a /metrics scrape (summed over the
+#: label sets: one per data-parallel engine)
+_GAUGE = r"^{}(?:\{{[^}}]*\}})?[ \t]+([-+0-9.eE]+|NaN)[ \t]*(?:[-0-9]+)?[ \t]*$"
+
+
+def measured_occupancy(path: Path, start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The server's running and waiting requests over the run, from the ``prometheus.json`` the
+    ML.ENERGY benchmark writes beside its ``results.json``: its ``timeline`` of ``/metrics``
+    scrapes (``{"timestamp": unix s, "metrics": text}``, one a second), each read for
+    ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (summed over vLLM's
+    data-parallel engines), as ``(ms from start, running, waiting)``. None without the file; one
+    whose timeline is not of that form is said in a warning and left out."""
+    if not path.is_file():
+        return None
+    import re
+
+    try:
+        snapshots = json.loads(path.read_text(encoding="utf-8-sig"))["timeline"]
+        rows = []
+        for snap in snapshots:
+            text = snap["metrics"]
+            counts = [sum(float(v) for v in re.findall(_GAUGE.format(re.escape(name)), text, re.MULTILINE))
+                      for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+            rows.append(((float(snap["timestamp"]) - start) * 1e3, *counts))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"{path}: its timeline holds no /metrics scrapes ({type(exc).__name__}: {brief(str(exc))}): the "
+                      "server's running and waiting requests over time are left out", BenchReplayWarning, stacklevel=4)
+        return None
+    if not rows:
+        return None
+    times, running, waiting = (np.array(column) for column in zip(*sorted(rows)))
+    return times, running, waiting
 
 
 def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
