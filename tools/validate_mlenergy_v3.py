@@ -30,7 +30,8 @@ out of the box (:func:`power_rows`).
 
 The requests are not published per point: prompts and answers are drawn lognormal (sigma 0.7)
 with GPQA's means in the post -- 634 prompt tokens, 6,988 output tokens (reasoning, over the
-post's models) -- so the long-batch points, where the KV cache binds, depend on that guess.
+post's models) -- so the long-batch points, where the KV cache binds, depend on that guess; as
+many as the point sent (:func:`requests_sent`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,25 @@ POWER_POINTS = (
 #: fill-in-the-middle requests' are not published -- a guess (code context before and after the
 #: hole, a short completion; the benchmark caps answers at 1,024 tokens)
 WORKLOADS = {"gpqa": (PROMPT_MEAN, OUTPUT_MEAN, OUTPUT_CAP), "fim": (1500, 150, 1024)}
+#: How many requests each point sent: the task's unique requests (``configs/vllm/<task>/benchmark.yaml``
+#: of github.com/ml-energy/benchmark: GPQA Diamond's 198, 1,024 fill-in-the-middle ones) times the
+#: sweep's ``num_request_repeats`` at that ``max_num_seqs`` (``configs/vllm/<task>/<model>/<GPU>/sweeps.yaml``,
+#: last changed 2025-11-22..26, before the v3.0 runs; 1 where a batch is not listed). The steady
+#: state ends when all but ``max_num_seqs + 1`` of them are done, so the count shapes it.
+UNIQUE_REQUESTS = {"gpqa": 198, "fim": 1024}
+REPEATS = {
+    ("gpt-oss-120b", "h100-80gb"): {192: 2, 256: 2, 384: 3, 512: 4, 768: 5, 1024: 6, 1536: 9},
+    ("gpt-oss-120b", "b200"): {128: 2, 256: 3, 512: 4, 1024: 7, 2048: 12, 3072: 18, 4096: 24},
+    (FP8_235B, "b200"): {256: 2, 384: 3, 512: 4, 1024: 6},
+    (FP8_235B, "h100-80gb"): {192: 2, 256: 2},
+    ("deepseek-v3", "b200"): {256: 2},
+    ("qwen3-30b-a3b", "b200"): {64: 2, 128: 2, 256: 4, 512: 4, 1024: 6, 1536: 6},
+}
+
+
+def requests_sent(model: str, gpu: str, batch: int, workload: str = "gpqa") -> int:
+    """The requests ML.ENERGY sent at this point (:data:`REPEATS`)."""
+    return UNIQUE_REQUESTS[workload] * REPEATS.get((model, gpu), {}).get(batch, 1)
 
 
 def presets():
@@ -133,7 +153,7 @@ reports = []
 
 [workload]
 kind = "synthetic"
-num_requests = {max(600, 3 * batch)}
+num_requests = {requests_sent(model, gpu, batch, workload)}
 rate = 1e6
 prompt = {_lognormal(prompt, 16000)}
 output = {_lognormal(output, cap)}
@@ -250,12 +270,14 @@ def markdown(points: list[dict]) -> str:
         power = (f"{r['power_w']:.0f} W | {r['given_w']:.0f} W ({pct(r['given_error'])})" if "power_w" in r
                  else "-- | --")
         mark = "*" if not s["steady_batch"] >= UNSTABLE * r["batch"] else ""
+        energy = (f"{s['j_per_token']:.3f}, {pct(r['jpt_error'])}" if math.isfinite(s["j_per_token"])
+                  else "no steady state")
         lines.append(f"| {r['model']} | {r['gpu']} x {r['tp']} | {r['batch']}{mark} | {r['itl_ms']:.1f} ms "
-                     f"({s['step_ms']:.1f}, {pct(r['step_error'])}) | {r['j_per_token']:.3f} ({s['j_per_token']:.3f}, "
-                     f"{pct(r['jpt_error'])}) | {power} |")
+                     f"({s['step_ms']:.1f}, {pct(r['step_error'])}) | {r['j_per_token']:.3f} ({energy}) | {power} |")
     lines.append("")
     lines.append("\\* below ML.ENERGY's stability bar in the simulation (a mean batch under 0.85 of the "
-                 "configured one): the guessed answers overfill its KV cache there")
+                 "configured one): the guessed answers overfill its KV cache there -- or, with no steady state, "
+                 "all but max_num_seqs + 1 requests are done before max_num_seqs have begun")
     return "\n".join(lines)
 
 
