@@ -127,6 +127,9 @@ class ModelSpec:
         None, min=1, optional=True,
         help="multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank + qk_rope_head_dim): one latent per "
              "token and layer holds K and V, the same on every tensor-parallel rank")
+    kv_index_bytes: int = int_field(
+        0, min=0, help="bytes each token keeps per layer beside its KV for a sparse-attention indexer (DeepSeek-V3.2's "
+                       "DSA: 128 FP8 values and a 4-byte scale, 132), the same on every rank")
     model_type: str | None = str_field(
         None, optional=True,
         help="the architecture (config.json model_type, e.g. 'gpt_oss', 'llama4_text'): SGLang gives gpt-oss and "
@@ -280,11 +283,12 @@ class ModelSpec:
         """KV bytes one token takes on each rank: ``2 (K and V) * layers * heads/tp * head_dim * dtype``
         over the layers that keep every token (:attr:`kv_layers`); with latent attention
         ``layers * kv_latent_dim * dtype`` (one latent for K and V, on every rank)."""
+        index = self.kv_layers * self.kv_index_bytes   # (a sparse-attention indexer's keys: on every rank)
         if self.kv_latent_dim is not None:
             _check_tensor_parallel(tensor_parallel)
-            return self.kv_layers * self.kv_latent_dim * self.dtype_bytes
+            return self.kv_layers * self.kv_latent_dim * self.dtype_bytes + index
         heads = self.kv_heads_per_rank(tensor_parallel)
-        return 2 * self.kv_layers * heads * self.head_dim * self.dtype_bytes
+        return 2 * self.kv_layers * heads * self.head_dim * self.dtype_bytes + index
 
     def weight_bytes(self, tensor_parallel: int = 1) -> float:
         """Weight bytes on each rank (weights are sharded evenly; replicated norms are ignored);
@@ -661,6 +665,8 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         kv_text = f"{layers} x {m.kv_latent_dim} latent (K and V, on every rank) x {m.dtype_bytes} B"
     else:
         kv_text = f"2 x {layers} x {heads_text} x {m.head_dim} head_dim x {m.dtype_bytes} B"
+    if m.kv_index_bytes:
+        kv_text += f" + {m.kv_layers} x {m.kv_index_bytes} B of indexer keys"
     if m.weight_bytes_per_param == m.expert_bytes_per_param == m.table_bytes_per_param == m.dtype_bytes:
         dtypes, weights_text = f"{m.dtype_bytes}-byte weights and KV", f"{m.num_params / 1e9:.2f}B params x {m.dtype_bytes} B"
     else:

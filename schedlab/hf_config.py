@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,8 @@ def model_fields(config: dict, where: str) -> dict:
     if not isinstance(family, str):  # a name: a number here is a damaged file
         raise ConfigError(f"{where}: model_type: expected a name such as \"llama\", got {value_text(family)}")
     family = family.lower()
+    if isinstance(r.get("hybrid_override_pattern"), str):
+        return _hybrid_pattern_fields(r, family, where)
     layers = r.int("num_hidden_layers", "n_layer", "num_layers", required=True)
     hidden = r.int("hidden_size", "n_embd", "d_model", required=True)
     heads = r.int("num_attention_heads", "n_head", required=True)
@@ -242,6 +245,7 @@ def model_fields(config: dict, where: str) -> dict:
         fields["active_params"] = active
     if mla:
         fields["kv_latent_dim"] = mla + r.int("qk_rope_head_dim")
+        fields.update(_index_bytes(r))
     written = r.int("intermediate_size", default=None)
     if written:
         fields["intermediate_size"] = written
@@ -257,6 +261,90 @@ def model_fields(config: dict, where: str) -> dict:
         fields["hf_id"] = name
     if family:
         fields["model_type"] = family
+    return fields
+
+
+def _index_bytes(r: _Reader) -> dict:
+    """``kv_index_bytes``: DeepSeek-V3.2's sparse attention (DSA; GLM-5 too) keeps, beside each
+    token's latent, its key for the lightning indexer -- ``index_head_dim`` FP8 values and a 4-byte
+    scale per 128 (vLLM's ``DeepseekV32IndexerCache``: 132 bytes a token and layer)."""
+    dim = r.int("index_head_dim", default=None) if r.get("index_topk") is not None else None
+    return {"kv_index_bytes": dim + 4 * -(-dim // 128)} if dim else {}
+
+
+#: A hybrid pattern's letters (Nemotron-H's ``hybrid_override_pattern``): M a Mamba-2 layer, * an
+#: attention layer, - an MLP, E a MoE layer -- each layer one of them, not attention and an MLP
+HYBRID_LETTERS = frozenset("M*-E")
+
+
+def _hybrid_pattern_fields(r: _Reader, family: str, where: str) -> dict:
+    """:func:`model_fields` of a model whose layers are each one kind, as ``hybrid_override_pattern``
+    spells them (Nemotron-H, Nemotron Nano 2 and 3): Mamba-2 layers (``mamba_num_heads`` x
+    ``mamba_head_dim`` wide, ``n_groups`` B/C groups of ``ssm_state_size``, a causal convolution of
+    ``conv_kernel``), attention layers, ungated MLPs (relu²) and MoE layers (routed and shared
+    experts of two matrices, a router). Only attention layers keep K and V; a Mamba layer keeps a
+    fixed state, counted as a constant layer (``sliding_window_layers``) holding the state's bytes
+    as tokens of one attention layer's KV; MLP and MoE layers keep nothing, and ``num_layers`` is
+    the attention and Mamba layers."""
+    pattern = r.get("hybrid_override_pattern")
+    layers = r.int("num_hidden_layers", default=len(pattern))
+    if len(pattern) != layers or not set(pattern) <= HYBRID_LETTERS:
+        raise ConfigError(f"{where}: hybrid_override_pattern: expected one of M, *, - or E per layer "
+                          f"({layers} layers), got {value_text(pattern)}")
+    count = {letter: pattern.count(letter) for letter in HYBRID_LETTERS}
+    if not count["*"] + count["M"]:
+        raise ConfigError(f"{where}: hybrid_override_pattern: no attention (*) or Mamba (M) layer")
+    hidden = r.int("hidden_size", required=True)
+    heads = r.int("num_attention_heads", required=True)
+    vocab = r.int("vocab_size", required=True)
+    if not (hidden and heads and vocab):
+        raise ConfigError(f"{where}: hidden_size, num_attention_heads and vocab_size must be > 0")
+    kv_heads = _kv_heads(r, family, heads)
+    head_dim = r.int("head_dim", "attention_head_dim", default=None) or hidden // heads
+    tied = r.flag("tie_word_embeddings", False)
+    m_heads = r.int("mamba_num_heads", required=True)
+    m_dim = r.int("mamba_head_dim", default=None) or r.int("expand", default=2) * hidden // max(1, m_heads)
+    inner, groups, state = m_heads * m_dim, r.int("n_groups", default=1), r.int("ssm_state_size", required=True)
+    conv_dim, kernel = inner + 2 * groups * state, r.int("conv_kernel", default=4)
+    mamba = (hidden * (2 * inner + 2 * groups * state + m_heads) + conv_dim * (kernel + r.flag("use_conv_bias", True))
+             + 3 * m_heads + inner + inner * hidden + hidden)
+    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + hidden
+    ffn = r.int("intermediate_size", default=None) or 4 * hidden
+    mlp = 2 * hidden * ffn + hidden
+    experts = r.int("n_routed_experts", "num_experts", default=0)
+    top_k = r.int("num_experts_per_tok", default=0) if experts else 0
+    if count["E"] and not (experts and top_k):
+        raise ConfigError(f"{where}: hybrid_override_pattern has MoE layers (E) but no n_routed_experts and "
+                          "num_experts_per_tok")
+    expert = 2 * hidden * (r.int("moe_intermediate_size", default=None) or ffn)
+    shared_count = r.int("n_shared_experts", default=0)
+    shared = shared_count * 2 * hidden * (r.int("moe_shared_expert_intermediate_size", default=None) or ffn)
+    router = hidden * experts + experts + hidden
+    common = count["M"] * mamba + count["*"] * attn + count["-"] * mlp + count["E"] * (router + shared)
+    tables = (1 if tied else 2) * vocab * hidden + hidden
+    total = common + count["E"] * experts * expert + tables
+    fields: dict[str, Any] = dict(
+        num_layers=count["*"] + count["M"], num_kv_heads=kv_heads, head_dim=head_dim, num_params=total,
+        num_attention_heads=heads, hidden_size=hidden, vocab_size=vocab, tied_embeddings=tied,
+        num_experts=experts if count["E"] else 0, experts_per_token=top_k if count["E"] else 0,
+        intermediate_size=ffn, model_type=family)
+    if count["E"]:
+        fields["active_params"] = common + count["E"] * top_k * expert + tables
+        if shared_count:
+            fields["shared_experts"] = shared_count
+    if count["M"]:
+        conv_bytes = conv_dim * max(0, kernel - 1) * 2
+        ssm_dtype = str(r.get("mamba_ssm_cache_dtype", r.get("mamba_ssm_dtype", "")))
+        ssm_bytes = m_heads * m_dim * state * (4 if ssm_dtype == "float32" else 2)
+        fields["sliding_window"] = max(1, -(-(conv_bytes + ssm_bytes) // max(1, 2 * kv_heads * head_dim * 2)))
+        fields["sliding_window_layers"] = count["M"]
+    context = _context_length(r)
+    if context:
+        fields["max_position_embeddings"] = context
+    fields.update(_weight_bytes(r, where, bool(count["E"])))
+    name = r.get("_name_or_path")
+    if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        fields["hf_id"] = name
     return fields
 
 
@@ -439,23 +527,51 @@ def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
     elif method == "compressed-tensors":
         per = _compressed_tensors_bytes(q, where)
         w8a8 = per == 1.0 and _fp8_activations(q)
-    elif method == "modelopt":
+    elif method in ("modelopt", "modelopt_fp4"):
         algo = str(q.get("quant_algo", "")).upper()
-        if algo not in ("FP8", "NVFP4"):
-            raise ConfigError(f"{where}: quantization_config.quant_algo: {algo!r} is not read (FP8, NVFP4); set "
-                              "weight_dtype_bytes beside config")
-        per, w8a8 = (1.0, True) if algo == "FP8" else (0.5 + 1 / 16, False)
+        if algo not in MODELOPT:
+            raise ConfigError(f"{where}: quantization_config.quant_algo: {algo!r} is not read ({', '.join(MODELOPT)}); "
+                              "set weight_dtype_bytes beside config")
+        per, w8a8 = MODELOPT[algo]
     else:
         raise ConfigError(f"{where}: quantization_config: quant_method {method!r} is not read; set "
                           "weight_dtype_bytes (and expert_dtype_bytes) beside config")
-    kept = [str(m) for key in ("modules_to_not_convert", "ignore", "ignored_layers")
+    kept = [str(m) for key in ("modules_to_not_convert", "ignore", "ignored_layers", "exclude_modules")
             for m in (q.get(key) if isinstance(q.get(key), list) else [])]
     fp8 = {"fp8_activations": True} if w8a8 else {}
-    if moe and any("attn" in m for m in kept):
+    if moe and any(_attention_module(m) for m in kept):
         return {"expert_dtype_bytes": per, **fp8}
     # the embedding table and the LM head stay in the checkpoint's 16 bits (none of these methods
     # quantises them by default)
     return {"weight_dtype_bytes": per, "table_dtype_bytes": 2.0, **fp8}
+
+
+#: ModelOpt's quant_algo values vLLM reads: (bytes per weight, FP8 activations): FP8 per tensor or
+#: per channel (W8A8), FP8 in 128 x 128 blocks weight-only, MXFP8 (an 8-bit scale per 32), NVFP4
+#: (4 bits and an FP8 scale per 16)
+MODELOPT = {"FP8": (1.0, True), "FP8_PER_CHANNEL_PER_TOKEN": (1.0, True), "FP8_PB_WO": (1.0, False),
+            "MXFP8": (1.0 + 1 / 32, True), "NVFP4": (0.5 + 1 / 16, False)}
+
+
+def _attention_module(name: str) -> bool:
+    """Whether a module a checkpoint leaves unquantised is attention's own -- a projection, or the
+    whole attention block (``model.layers.0.self_attn``, ``re:.*self_attn.*``) -- rather than a
+    norm or a sparse-attention indexer inside it (GLM-5 keeps those, and quantises attention)."""
+    name = name.lower()
+    return ("attn" in name or "attention" in name) and not re.search(r"norm|indexer|bias", name)
+
+
+def with_quant_file(config: dict, folder: Path) -> dict:
+    """``config`` with the quantisation a ModelOpt checkpoint keeps beside it, in
+    ``hf_quant_config.json`` (``{"quantization": {"quant_algo": ..., "exclude_modules": [...]}}``,
+    which vLLM reads), when ``config`` has no ``quantization_config`` of its own."""
+    path = folder / "hf_quant_config.json"
+    if config.get("quantization_config") is not None or not path.is_file():
+        return config
+    quant = read_config(path, "hf_quant_config.json").get("quantization")
+    if not isinstance(quant, dict):
+        raise ConfigError(f"{path}: expected a 'quantization' table (ModelOpt's hf_quant_config.json)")
+    return {**config, "quantization_config": {"quant_method": "modelopt", **quant}}
 
 
 def _fp8_activations(q: dict) -> bool:
@@ -509,7 +625,7 @@ def spec_table(table: dict, base_dir: str | os.PathLike, where: str) -> dict:
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{where}: config: expected the path of a config.json, got {path!r}")
     resolved = Path(base_dir, os.path.expanduser(path))
-    fields = model_fields(read_config(resolved, where), f"{where}: {resolved}")
+    fields = model_fields(with_quant_file(read_config(resolved, where), resolved.parent), f"{where}: {resolved}")
     own = {k: v for k, v in table.items() if k != "config"}
     return {**fields, **own}
 
@@ -531,7 +647,7 @@ def spec_from_path(value: str, where: str):
     config = read_config(path, where)  # (first: a path that cannot be read, a symlink loop, is named)
     name = (Path(os.path.abspath(path)).parent.name if path.name.lower() == "config.json" else path.stem).lower() \
         or "model"
-    fields = model_fields(config, f"{where}: {path}")
+    fields = model_fields(with_quant_file(config, path.parent), f"{where}: {path}")
     return from_table(ModelSpec, {"name": name, **fields}, where=f"{where}: {path}")
 
 

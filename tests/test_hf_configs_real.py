@@ -302,3 +302,85 @@ def test_data_parallel_experts_are_spread_at_their_own_bytes():
     experts = s.expert_params * s.num_experts
     _, weights, _, _ = _pool_numbers(s, gpu, 0.9, 1, 0, 16, Parallelism(data_parallel=2, expert_parallel=True))
     assert weights == pytest.approx((s.num_params - experts) * 2 + experts * 0.53125 / 2, rel=1e-12)
+
+
+# -- layers of one kind each: Nemotron-H ------------------------------------------------------------------------
+
+
+def test_nemotron_h_mamba_attention_and_mlp_layers_by_hand():
+    """Nemotron-H-56B: 118 layers, each one kind (hybrid_override_pattern): 54 Mamba-2, 10
+    attention, 54 relu² MLPs. Only the 10 attention layers keep K and V; a Mamba layer keeps its
+    convolution and SSM state, as many bytes as 2,078 tokens of one attention layer."""
+    s = spec(config("nemotron-h-56b"))
+    inner, conv_dim = 256 * 64, 256 * 64 + 2 * 8 * 256   # mamba heads x head dim; + B and C of 8 groups
+    mamba = (8192 * (2 * inner + 2 * 8 * 256 + 256) + conv_dim * (4 + 1) + 3 * 256 + inner + inner * 8192 + 8192)
+    attention = 2 * 8192 * 64 * 128 + 2 * 8192 * 8 * 128 + 8192
+    mlp = 2 * 8192 * 32768 + 8192
+    assert s.num_params == 54 * mamba + 10 * attention + 54 * mlp + 2 * 131072 * 8192 + 8192
+    assert s.num_params == pytest.approx(56e9, rel=0.01)   # the name's 56B
+    assert s.kv_bytes_per_token() == full_kv(10, 8, 128)
+    state = conv_dim * 3 * 2 + 256 * 64 * 256 * 2   # conv_kernel - 1 columns; the SSM state, both in 16 bits
+    assert (s.num_layers, s.sliding_window_layers) == (64, 54)
+    assert s.sliding_window == -(-state // (2 * 8 * 128 * 2)) == 2078
+
+
+def test_nemotron_3_nano_moe_layers_and_a_float32_state():
+    """Nemotron 3 Nano 30B-A3B: 23 Mamba-2, 6 attention and 23 MoE layers (128 routed experts of
+    two matrices, top 6, one shared expert of 3,712); its SSM state in float32."""
+    s = spec(config("nemotron-3-nano-30b-a3b"))
+    assert s.num_params == pytest.approx(31.6e9, rel=0.01) and s.active_params == pytest.approx(3.58e9, rel=0.01)
+    expert = 2 * 2688 * 1856
+    assert s.num_params - s.active_params == 23 * (128 - 6) * expert
+    assert s.kv_bytes_per_token() == full_kv(6, 2, 128) == 6144
+    conv_dim = 64 * 64 + 2 * 8 * 128
+    assert s.sliding_window == -(-(conv_dim * 3 * 2 + 64 * 64 * 128 * 4) // 1024) == 2084
+
+
+def test_a_pattern_that_does_not_spell_the_layers_is_named():
+    with pytest.raises(ConfigError, match=r"hybrid_override_pattern: expected one of M, \*, - or E per layer "
+                                          r"\(52 layers\), got 'MEM'"):
+        spec({**config("nemotron-3-nano-30b-a3b"), "hybrid_override_pattern": "MEM"})
+
+
+# -- DeepSeek-V3.2's sparse attention, quantised checkpoints ------------------------------------------------------
+
+
+def test_deepseek_v3_2_keeps_its_indexer_keys_beside_the_latent():
+    """DSA's lightning indexer keeps 128 FP8 values and a 4-byte scale per token and layer
+    (vLLM's DeepseekV32IndexerCache), beside MLA's 576-wide latent."""
+    s = spec(config("deepseek-v3.2"))
+    assert s.kv_index_bytes == 132
+    assert s.kv_bytes_per_token() == s.kv_bytes_per_token(8) == 61 * (576 * 2 + 132)
+    assert spec(config("deepseek-v3")).kv_index_bytes == 0
+
+
+def test_norms_left_in_16_bits_are_not_attention_left_in_16_bits():
+    """GLM-5-FP8 leaves its attention's norms and indexer projection unquantised, not its
+    attention: every weight is FP8. A checkpoint that leaves the attention block itself has only
+    its experts at FP8."""
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    norms = ["model.layers.0.self_attn.kv_a_layernorm", "model.layers.0.self_attn.indexer.k_norm.bias",
+             "model.layers.0.self_attn.indexers_proj", "lm_head"]
+    s = spec({**config("deepseek-v3.2"), "quantization_config": {**fp8, "modules_to_not_convert": norms}})
+    assert (s.weight_dtype_bytes, s.expert_dtype_bytes) == (1.0, None)
+    kept = spec({**config("deepseek-v3.2"), "quantization_config": {**fp8, "ignore": ["re:.*self_attn.*"]}})
+    assert (kept.weight_dtype_bytes, kept.expert_dtype_bytes) == (None, 1.0)
+
+
+@pytest.mark.parametrize("algo, per_weight, w8a8", [
+    ("FP8", 1.0, True), ("FP8_PER_CHANNEL_PER_TOKEN", 1.0, True), ("FP8_PB_WO", 1.0, False),
+    ("MXFP8", 1 + 1 / 32, True), ("NVFP4", 0.5 + 1 / 16, False),
+])
+def test_a_modelopt_checkpoint_keeps_its_quantisation_beside_its_config(tmp_path, algo, per_weight, w8a8):
+    """NVIDIA's ModelOpt checkpoints write it to hf_quant_config.json, not config.json (vLLM reads
+    it there): without it their weights were taken for 16-bit ones, twice the bytes."""
+    from schedlab.hf_config import spec_from_path
+
+    (tmp_path / "config.json").write_text(json.dumps(config("llama-3.1-8b")))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": algo, "exclude_modules": ["lm_head"]}}))
+    s = spec_from_path(str(tmp_path), "--model")
+    assert (s.weight_dtype_bytes, s.fp8_activations) == (per_weight, w8a8)
+    (tmp_path / "hf_quant_config.json").write_text('{"producer": {"name": "modelopt"}}')
+    with pytest.raises(ConfigError, match="hf_quant_config.json: expected a 'quantization' table"):
+        spec_from_path(str(tmp_path), "--model")
