@@ -22,7 +22,7 @@ from schedlab.registry import Registry
 from schedlab_plugins import workloads
 
 NAMES = ("file", "inline", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log",
-         "vllm_bench", "inference_perf", "guidellm", "diurnal", "mlenergy")
+         "vllm_bench", "inference_perf", "guidellm", "diurnal", "mlenergy", "burstgpt")
 
 
 @pytest.fixture(scope="module")

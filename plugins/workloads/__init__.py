@@ -7,7 +7,7 @@ Registered names (``[workload] kind = ...``):
 * ``synthetic`` -- lengths from distributions, Poisson/gamma/all-at-once arrivals (:mod:`.synthetic`);
 * ``shared_prefix`` -- requests sharing system prompts (:mod:`.synthetic`);
 * ``diurnal`` -- a day of traffic whose rate follows the hour (:mod:`.diurnal`);
-* ``azure``, ``vidur``, ``mooncake`` -- published traces (:mod:`.traces`);
+* ``azure``, ``vidur``, ``mooncake``, ``burstgpt`` -- published traces (:mod:`.traces`);
 * ``mix`` -- several classes merged by arrival time (:mod:`.mix`);
 * ``closed_loop`` -- N clients, each waiting for its previous request (:mod:`.closed_loop`);
 * ``vllm_log``, ``vllm_bench`` -- measured vLLM runs, kept for comparison (:mod:`.measured`);
@@ -34,7 +34,10 @@ from .mix import MixConfig, builtin_lookup, make_mix_workload, registry_lookup
 from .mlenergy import MlenergyConfig, make_mlenergy_workload
 from .request_file import FileConfig, InlineConfig, make_file_workload, make_inline_workload
 from .synthetic import SharedPrefixConfig, SyntheticConfig, make_shared_prefix_workload, make_synthetic_workload
-from .traces import AzureConfig, MooncakeConfig, VidurConfig, make_azure_workload, make_mooncake_workload, make_vidur_workload
+from .traces import (
+    AzureConfig, BurstgptConfig, MooncakeConfig, VidurConfig, make_azure_workload, make_burstgpt_workload,
+    make_mooncake_workload, make_vidur_workload,
+)
 
 
 @schedlab.hookimpl
@@ -55,6 +58,8 @@ def schedlab_register_workloads(register) -> None:
              help="Vidur splitwise trace (arrived_at,num_prefill_tokens,num_decode_tokens)")
     register("mooncake", make_mooncake_workload, config=MooncakeConfig,
              help="Mooncake FAST'25 JSONL trace with prefix hash ids; optional arrival jitter")
+    register("burstgpt", make_burstgpt_workload, config=BurstgptConfig,
+             help="BurstGPT CSV trace (ChatGPT and GPT-4 requests over months); failed requests dropped")
     register("vllm_log", make_vllm_log_workload, config=VllmLogConfig,
              help="a measured vLLM run's per-request log: arrivals from queued_ts, prompt token ids as "
                   "prefix block ids; measured latencies kept for comparison")

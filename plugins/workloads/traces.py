@@ -1,4 +1,4 @@
-"""Published LLM-serving traces: Azure LLM inference 2023, Vidur's splitwise files, Mooncake.
+"""Published LLM-serving traces: Azure LLM inference 2023, Vidur's splitwise files, Mooncake, BurstGPT.
 
 * ``azure`` -- ``TIMESTAMP,ContextTokens,GeneratedTokens`` with absolute timestamps such as
   ``2023-11-16 18:17:03.9799600`` (2023) or ``2024-05-10 00:00:00.009930+00:00`` (2024: a time
@@ -12,6 +12,11 @@
 * ``mooncake`` -- Mooncake FAST'25 JSONL: ``timestamp`` (ms), ``input_length``,
   ``output_length``, ``hash_ids`` (one id per 512-token prefix block, each naming the whole
   prefix up to the end of its block; Qin et al., FAST 2025).
+* ``burstgpt`` -- BurstGPT's CSV: ``Timestamp`` (seconds), ``Model``, ``Request tokens``,
+  ``Response tokens``, ``Log Type`` (columns found by their names: later releases add
+  ``Session ID`` and ``Elapsed time``); failed requests, written with 0 response tokens, are
+  dropped by default; ``model`` and ``log_type`` keep one model's or one kind's requests (Wang et
+  al., KDD 2025).
 
 The trace files may be gzip-compressed (``.csv.gz``, ``.jsonl.gz``: read as they are, see
 :mod:`.records`).
@@ -62,20 +67,26 @@ def _zero_tokens():
                      help="rows with 0 prompt or output tokens: 'clamp' to 1, 'drop' them, or 'error'")
 
 
-def token_counts(records: Records, policy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """``(prompt, output, keep, n_zero)`` from a trace's token columns under a zero-token policy.
+def token_counts(records: Records, policy: str,
+                 rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """``(prompt, output, keep, n_zero)`` from a trace's token columns under a zero-token policy,
+    over the ``rows`` (indices) a filter kept, or all.
 
-    ``keep`` is the mask of rows to keep (None: all); ``n_zero`` counts rows with a zero.
+    ``keep`` is the mask of those rows to keep (None: all); ``n_zero`` counts rows with a zero.
     """
     prompt = records.ints("prompt_tokens", min=0, max=MAX_TOKENS)
     output = records.ints("output_tokens", min=0, max=MAX_TOKENS)
+    if rows is not None:
+        prompt, output = prompt[rows], output[rows]
     zero = (prompt == 0) | (output == 0)
     n_zero = int(zero.sum())
     if n_zero == 0:
         return prompt, output, None, 0
     if policy == "error":
         row = int(np.flatnonzero(zero)[0])
-        field = "prompt_tokens" if prompt[row] == 0 else "output_tokens"
+        prompt_zero = prompt[row] == 0
+        row = int(rows[row]) if rows is not None else row
+        field = "prompt_tokens" if prompt_zero else "output_tokens"
         raise WorkloadError(f"{records.where(row)}: {records.label(field)}: is 0 "
                             f"(set zero_tokens = \"clamp\" or \"drop\" to accept such rows)")
     if policy == "clamp":
@@ -321,3 +332,65 @@ def make_mooncake_workload(config: MooncakeConfig) -> OpenLoopWorkload:
     return _trace_workload("mooncake", scaled(arrival, config.time_scale),
                            columns.with_max_tokens_cap(config.max_tokens), n_zero=n_zero, jitter_ms=config.jitter_ms)
 
+
+# --- burstgpt ------------------------------------------------------------------------------
+
+BURSTGPT_COLUMNS = {"timestamp": ("Timestamp",), "model": ("Model",), "prompt_tokens": ("Request tokens",),
+                    "output_tokens": ("Response tokens",), "log_type": ("Log Type",)}
+
+
+@attrs.frozen
+class BurstgptConfig:
+    path: str = _path("BurstGPT trace CSV (Timestamp in s, Model, Request tokens, Response tokens, Total tokens, "
+                      "Log Type)")
+    model: str | None = str_field(None, optional=True, help="only the requests this Model served ('ChatGPT', 'GPT-4')")
+    log_type: str | None = str_field(None, optional=True,
+                                     help="only this Log Type's requests ('Conversation log' or 'API log')")
+    limit: int | None = _limit()
+    time_scale: float = _time_scale()
+    max_tokens: int | None = _max_tokens()
+    zero_tokens: str = str_field("drop", choices=ZERO_TOKEN_POLICIES,
+                                 help="rows with 0 tokens -- BurstGPT's failed requests (0 response tokens): 'drop' "
+                                      "them, 'clamp' to 1, or 'error'")
+
+
+def load_burstgpt(path, *, model: str | None = None, log_type: str | None = None, limit: int | None = None,
+                  zero_tokens: str = "drop"):
+    """``(arrival_ms, columns, n_zero)`` of a BurstGPT trace (Wang et al., KDD 2025;
+    github.com/HPMLL/BurstGPT): ``Timestamp`` in seconds from the trace's start, the requests a
+    ``model`` and ``log_type`` keep; arrivals in ms after the earliest kept. Each request's
+    ``Log Type`` becomes its ``request_class`` (per-class metrics: conversations and API calls)."""
+    records = read_records(path, BURSTGPT_COLUMNS, format="csv",
+                           required=("timestamp", "prompt_tokens", "output_tokens"), limit=limit)
+    if len(records) == 0:
+        raise WorkloadError(f"{path}: no requests in the trace")
+    seconds = records.floats("timestamp", min=0.0)
+    logs = records.texts("log_type")
+    wanted = np.ones(len(records), dtype=bool)
+    for value, field in ((model, "model"), (log_type, "log_type")):
+        if value is None:
+            continue
+        column = records.texts(field)
+        if column is None:
+            raise WorkloadError(f"{path}: {field} = {value!r}, but the trace has no {BURSTGPT_COLUMNS[field][0]!r} "
+                                "column")
+        match = np.fromiter((c == value for c in column), dtype=bool, count=len(column))
+        if not match.any():
+            seen = sorted({c for c in column if isinstance(c, str)})
+            raise WorkloadError(f"{path}: no row has {BURSTGPT_COLUMNS[field][0]} {value!r}; the trace has "
+                                f"{', '.join(map(repr, seen[:10]))}")
+        wanted &= match
+    rows = np.flatnonzero(wanted)
+    prompt, output, keep, n_zero = token_counts(records, zero_tokens, rows)
+    if keep is not None:
+        rows = rows[keep]
+    arrival = seconds[rows]
+    per_row = {"request_class": [str(logs[i]) for i in rows]} if logs is not None else {}
+    return (arrival - arrival.min()) * 1000.0, RequestColumns(prompt, output, per_row), n_zero
+
+
+def make_burstgpt_workload(config: BurstgptConfig) -> OpenLoopWorkload:
+    arrival, columns, n_zero = load_burstgpt(config.path, model=config.model, log_type=config.log_type,
+                                             limit=config.limit, zero_tokens=config.zero_tokens)
+    return _trace_workload("burstgpt", scaled(arrival, config.time_scale),
+                           columns.with_max_tokens_cap(config.max_tokens), n_zero=n_zero)
