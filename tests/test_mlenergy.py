@@ -346,3 +346,19 @@ def test_the_servers_running_and_waiting_are_read_from_its_scrapes(tmp_path):
     (tmp_path / "prometheus.json").write_text('{"timeline": [{"timestamp": "soon"}]}')
     with pytest.warns(BenchReplayWarning, match="its timeline holds no /metrics scrapes"):
         assert make_mlenergy_workload(MlenergyConfig(path=str(tmp_path / "results.json"))).measured.occupancy is None
+
+
+def test_a_repeated_question_shares_its_prefix_blocks(tmp_path):
+    """The benchmark sends its questions num_request_repeats times: the same prompt text gives the
+    same block ids (vLLM's prefix cache serves the repeat), another text others; 'none' gives none."""
+    question, other = "What is the boiling point of water at the top of Everest? " * 8, "Explain entropy. " * 28
+    rows = [{**request(120, 10), "prompt": question}, {**request(120, 10), "prompt": other},
+            {**request(120, 10), "prompt": question}, {**request(120, 10), "prompt": ["system", "user turn"]}]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results(rows)))
+    reqs = list(make_mlenergy_workload(MlenergyConfig(path=str(path))).requests(0))
+    blocks = [r.block_hashes for r in reqs]
+    assert blocks[0] == blocks[2] and len(blocks[0]) >= 4 and not set(blocks[0]) & set(blocks[1])
+    assert blocks[3] is not None and reqs[0].hash_block_tokens == 16
+    plain = list(make_mlenergy_workload(MlenergyConfig(path=str(path), prefix_blocks="none")).requests(0))
+    assert all(r.block_hashes is None for r in plain)

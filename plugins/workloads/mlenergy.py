@@ -32,6 +32,7 @@ from schedlab.errors import WorkloadError, brief
 from schedlab.targets import mlenergy_succeeded
 
 from .columns import OpenLoopWorkload, RequestColumns
+from .inference_perf import hash_block_tokens_field, prefix_blocks_field, text_block_ids
 from .measured import BenchReplayWarning, MeasuredRequests, _bench_document, _bench_seconds
 from .records import show_value
 
@@ -40,11 +41,17 @@ from .records import show_value
 class MlenergyConfig:
     path: str = path_field(help="an ML.ENERGY benchmark results.json (mlenergy.llm.benchmark)")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
+    prefix_blocks: str = prefix_blocks_field()
+    hash_block_tokens: int = hash_block_tokens_field()
 
 
-def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, MeasuredRequests, int, int | None]:
+def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text",
+                  hash_block_tokens: int = 16) -> tuple[RequestColumns, MeasuredRequests, int, int | None]:
     """``(columns, measured, requests in the file, its max_num_seqs)`` of the successful requests
-    of ``path`` (the last None where the file does not say it)."""
+    of ``path`` (the last None where the file does not say it). With ``prefix_blocks = "text"``
+    the prompts' text gives prefix block ids (:func:`.inference_perf.text_block_ids`): the
+    benchmark sends its questions ``num_request_repeats`` times, and vLLM's prefix cache serves
+    the repeats."""
     path = Path(path)
     data = _bench_document(path, None)
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
@@ -86,7 +93,21 @@ def load_mlenergy(path, *, limit: int | None = None) -> tuple[RequestColumns, Me
                                 power=power, steady_ms=steady, occupancy=occupancy)
     batch = data.get("max_num_seqs")
     batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None
-    return RequestColumns(prompt, output), measured, len(rows), batch
+    per_row, constant = {}, {}
+    if prefix_blocks == "text":
+        ids = text_block_ids([_prompt_text(rows[i].get("prompt")) for i in keep], prompt, hash_block_tokens)
+        if any(ids):
+            per_row["block_hashes"], constant["hash_block_tokens"] = ids, hash_block_tokens
+    return RequestColumns(prompt, output, per_row, constant), measured, len(rows), batch
+
+
+def _prompt_text(prompt) -> str | None:
+    """A request's prompt as text: the benchmark writes a string, or a list of them (chat turns)."""
+    if isinstance(prompt, str):
+        return prompt or None
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return "\n".join(prompt)
+    return None
 
 
 #: Most points of the GPUs' summed power: their samples (every 0.1 s) resampled onto one grid.
@@ -167,7 +188,8 @@ def measured_occupancy(path: Path, start: float) -> tuple[np.ndarray, np.ndarray
 
 def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
     """Every successful request of the run, due at 0 (see the module docstring)."""
-    columns, measured, total, batch = load_mlenergy(config.path, limit=config.limit)
+    columns, measured, total, batch = load_mlenergy(config.path, limit=config.limit, prefix_blocks=config.prefix_blocks,
+                                                    hash_block_tokens=config.hash_block_tokens)
     n = len(columns)
     workload = OpenLoopWorkload(lambda seed: (np.zeros(n), columns), name="mlenergy", num_requests=n)
     workload.measured = measured
