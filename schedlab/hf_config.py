@@ -255,7 +255,11 @@ def model_fields(config: dict, where: str) -> dict:
     if context:
         fields["max_position_embeddings"] = context
     fields.update(_constant_layers(r, kinds, kv_heads, head_dim))
-    fields.update(_weight_bytes(r, where, bool(experts)))
+    projections = {"q_proj": hidden * heads * head_dim, "k_proj": hidden * kv_heads * head_dim,
+                   "v_proj": hidden * kv_heads * head_dim, "o_proj": heads * head_dim * hidden,
+                   "gate_proj": hidden * ffn, "up_proj": hidden * ffn, "down_proj": ffn * hidden}
+    dense_shape = None if experts or mla or mlp_mats != 3 else (layers, projections, total - tables)
+    fields.update(_weight_bytes(r, where, bool(experts), dense_shape))
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
@@ -494,7 +498,7 @@ def _rope_parameters(r: _Reader) -> list[dict]:
     return []
 
 
-def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
+def _weight_bytes(r: _Reader, where: str, moe: bool, dense_shape: tuple | None = None) -> dict:
     """The checkpoint's bytes per weight when they are not the 16-bit default: FP8 (1 byte), MXFP4
     experts (4 bits + an 8-bit scale per 32: 0.53125), AWQ / GPTQ at their bits plus a 16-bit
     scale and their zero point per group, compressed-tensors and ModelOpt schemes (NVFP4: 4 bits
@@ -542,8 +546,44 @@ def _weight_bytes(r: _Reader, where: str, moe: bool) -> dict:
     if moe and any(_attention_module(m) for m in kept):
         return {"expert_dtype_bytes": per, **fp8}
     # the embedding table and the LM head stay in the checkpoint's 16 bits (none of these methods
-    # quantises them by default)
+    # quantises them by default); so do the dense layers' projections the checkpoint names
+    kept_params = _kept_params(kept, *dense_shape) if dense_shape and per < 2.0 else 0
+    if kept_params:
+        weights = dense_shape[2]
+        per = (kept_params * 2.0 + (weights - kept_params) * per) / weights   # their mean bytes a weight
     return {"weight_dtype_bytes": per, "table_dtype_bytes": 2.0, **fp8}
+
+
+#: A dense decoder layer's projections by block (Llama's names, which most dense models keep).
+LAYER_BLOCKS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+def _kept_params(kept: list[str], layers: int, projections: dict, weights: float) -> int:
+    """Parameters of a dense model's layer projections a quantised checkpoint leaves in 16 bits:
+    its ``modules_to_not_convert`` / ``ignore`` entries, module paths (``model.layers.0.mlp.down_proj``,
+    a whole ``model.layers.3.self_attn``: Llama-3.1-405B-FP8 keeps every attention and its first
+    and last layers' MLPs) or compressed-tensors' ``re:`` patterns, matched against each layer's
+    projections."""
+    chosen: set[tuple[int, str]] = set()
+    patterns = []
+    for entry in kept:
+        if entry.startswith("re:"):
+            try:
+                patterns.append(re.compile(entry[3:]))
+            except (re.error, RecursionError):
+                continue
+            continue
+        match = re.search(r"layers\.(\d+)\.(self_attn|mlp)(?:\.(\w+))?", entry)
+        if match is None or int(match.group(1)) >= layers:
+            continue
+        block, part = match.group(2), match.group(3)
+        for proj in ((part,) if part in LAYER_BLOCKS[block] else LAYER_BLOCKS[block] if part is None else ()):
+            chosen.add((int(match.group(1)), proj))
+    for pattern in patterns:
+        for block, projs in LAYER_BLOCKS.items():
+            for proj in projs:
+                chosen.update((i, proj) for i in range(layers) if pattern.match(f"model.layers.{i}.{block}.{proj}"))
+    return min(int(sum(projections[proj] for _, proj in chosen)), int(weights))
 
 
 #: ModelOpt's quant_algo values vLLM reads: (bytes per weight, FP8 activations): FP8 per tensor or

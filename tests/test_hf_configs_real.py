@@ -384,3 +384,28 @@ def test_a_modelopt_checkpoint_keeps_its_quantisation_beside_its_config(tmp_path
     (tmp_path / "hf_quant_config.json").write_text('{"producer": {"name": "modelopt"}}')
     with pytest.raises(ConfigError, match="hf_quant_config.json: expected a 'quantization' table"):
         spec_from_path(str(tmp_path), "--model")
+
+
+def test_a_dense_fp8_checkpoint_keeps_the_modules_it_names_in_16_bits():
+    """Llama-3.1-405B-FP8 (fbgemm_fp8) leaves every attention projection and its first and last
+    layers' MLPs unquantised, naming each module. On Llama-3.3-70B's shape, by hand: attention
+    64 x 128 query and output, 8 x 128 keys and values over 8,192 -- 150,994,944 a layer, 80
+    layers -- and two MLPs of 3 x 8,192 x 28,672, all at 2 bytes; the rest at 1, the tables at 2.
+    A compressed-tensors ``re:`` pattern is matched against every layer's projections."""
+    layers = 80
+    mods = ["lm_head"] + [f"model.layers.{i}.self_attn.{p}" for i in range(layers)
+                          for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    mods += [f"model.layers.{i}.mlp" for i in (0, layers - 1)]
+    quant = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": mods}
+    cfg = {**config("llama-3.3-70b"), "quantization_config": quant}
+    s = spec(cfg)
+    kept = 80 * (2 * 8192 * 64 * 128 + 2 * 8192 * 8 * 128) + 2 * 3 * 8192 * 28672
+    tables = 2 * 128256 * 8192
+    assert s.weight_bytes() == pytest.approx(2 * kept + (s.num_params - tables - kept) + 2 * tables, rel=1e-7)
+    assert s.fp8_activations
+    pattern = {"quant_method": "compressed-tensors", "ignore": ["lm_head", "re:.*self_attn.*"], "config_groups": {
+        "g": {"weights": {"num_bits": 8, "type": "float"}, "input_activations": {"num_bits": 8, "type": "float"}}}}
+    attention_only = spec({**config("llama-3.3-70b"), "quantization_config": pattern})
+    assert attention_only.weight_bytes() == pytest.approx(s.weight_bytes() - 2 * 3 * 8192 * 28672, rel=1e-7)
+    plain = spec({**config("llama-3.3-70b"), "quantization_config": {"quant_method": "fbgemm_fp8"}})
+    assert plain.weight_dtype_bytes == 1.0

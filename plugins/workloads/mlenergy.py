@@ -12,10 +12,13 @@ sending, ``itl``, ``success``, ``error`` -- beside the run's statistics (``mean_
 ``vllm bench serve`` names them) and settings (``max_num_seqs``, ``num_gpus`` ...).
 
 The workload replays the successful requests, all due at 0 in file order, with their prompt and
-answer lengths; the measured TTFT, TPOT and latency are kept for comparison, from the client's
-side. Set the scheduler's ``max_num_seqs`` to the run's (the file's ``max_num_seqs``; a warning
-says when the simulated schedulers' add up to another). The same file is a ``[target]``: its
-latency statistics and its steady state (``schedlab.targets``).
+answer lengths and prefix block ids from their prompts' text; the measured TTFT, TPOT and
+latency are kept for comparison, from the client's side, with the GPUs' power over the run
+(``timeline.power``) and the server's running and waiting requests (the ``prometheus.json``
+beside the file) for the ``compare`` report's figures. Set the scheduler's ``max_num_seqs`` to
+the run's (the file's ``max_num_seqs``; a warning says when the simulated schedulers' add up to
+another). The same file is a ``[target]``: its latency statistics and its steady state
+(``schedlab.targets``).
 """
 
 from __future__ import annotations
