@@ -142,3 +142,34 @@ def test_slot_utilisation_needs_the_schedulers_slots(tmp_path, monkeypatch):
     without = shortest_prompt.ShortestPromptFirst(shortest_prompt.ShortestPromptConfig(max_num_seqs=4))
     del without.slots
     assert _fmt(run_engine(requests, without).metrics["slot_utilisation"]) == "-"
+
+
+def test_the_ml_energy_replay_example_runs(tmp_path):
+    """The README's ML.ENERGY example against a small results.json with a power timeline and a
+    prometheus.json beside it: every energy statistic compared, both figures drawn."""
+    import json
+
+    from schedlab.cli import main
+
+    toml = next(b for b in blocks("toml") if 'kind = "mlenergy"' in b)
+    rows = [{"prompt": f"question {i % 5} " * 40, "input_len": 200, "output_len": 60 + 7 * (i % 9), "ttft": 0.2,
+             "latency": 2.0, "itl": [0.0] + [0.02] * 10, "success": True, "error": ""} for i in range(300)]
+    data = {"max_num_seqs": 64, "completed": 300, "steady_state_duration": 20.0, "steady_state_energy": 24000.0,
+            "steady_state_energy_per_token": 0.1, "mean_ttft_ms": 200.0, "mean_itl_ms": 20.0,
+            "timeline": {"benchmark_start_time": 0.0, "steady_state_start_time": 2.0, "steady_state_end_time": 22.0,
+                         "power": {"device_instant": {g: [[t / 10, 600.0] for t in range(300)] for g in "01"}}},
+            "results": rows}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    scrape = "vllm:num_requests_running 64\nvllm:num_requests_waiting 100\n"
+    (tmp_path / "prometheus.json").write_text(json.dumps({"steady_state_stats": {"vllm:num_requests_running": 63.0},
+                                                          "timeline": [{"timestamp": 5.0, "metrics": scrape}]}))
+    (tmp_path / "exp.toml").write_text(toml)
+    assert main(["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out")]) == 0
+    run = json.loads((tmp_path / "out" / "summary.json").read_text())["studies"][0]["runs"][0]
+    simulated = run["metrics"]["vs_target"]["simulated"]
+    for name in ("energy.steady_j_per_token", "energy.steady_power_w", "energy.steady_tokens_per_s",
+                 "energy.steady_batch"):
+        assert np.isfinite(simulated[name]) and simulated[name] > 0, name
+    assert simulated["energy.steady_batch"] <= 64
+    assert (tmp_path / "out" / "plots" / "measured_power.png").is_file()
+    assert (tmp_path / "out" / "plots" / "measured_timeline.png").is_file()
