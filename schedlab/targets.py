@@ -249,6 +249,8 @@ class Summary:
     dropped: dict[str, str] = attrs.field(factory=dict)
     #: the run's ``max_num_seqs`` where the file says it (ML.ENERGY's): ``B`` of its steady state
     batch: int | None = None
+    #: the GPUs the run served on, where the file says it (ML.ENERGY's ``num_gpus``)
+    gpus: int | None = None
 
     @property
     def view(self) -> str:
@@ -521,9 +523,13 @@ def _mlenergy_summary(data: dict, source: str, where: str, path: Path) -> Summar
     running = _mlenergy_running(path.with_name("prometheus.json"), where)
     if running is not None:
         values["energy.steady_batch"] = running
-    batch = data.get("max_num_seqs")
-    batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None
-    return attrs.evolve(bench, kind=MLENERGY_KIND, values=_ordered(values), dropped=dropped, batch=batch)
+    batch, gpus = (positive_int(data.get(key)) for key in ("max_num_seqs", "num_gpus"))
+    return attrs.evolve(bench, kind=MLENERGY_KIND, values=_ordered(values), dropped=dropped, batch=batch, gpus=gpus)
+
+
+def positive_int(value) -> int | None:
+    """``value`` when it is a whole number > 0 (not a bool), else None: a setting a file may hold."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _mlenergy_itl(data: dict, names: list[str]) -> dict[str, float]:

@@ -362,3 +362,18 @@ def test_a_repeated_question_shares_its_prefix_blocks(tmp_path):
     assert blocks[3] is not None and reqs[0].hash_block_tokens == 16
     plain = list(make_mlenergy_workload(MlenergyConfig(path=str(path), prefix_blocks="none")).requests(0))
     assert all(r.block_hashes is None for r in plain)
+
+
+def test_a_run_on_other_gpus_is_said(tmp_path, capsys):
+    """The file's num_gpus against the simulated layout (instances x ranks x tensor_parallel): its
+    energy is all its GPUs', so a TP-1 replay of a 2-GPU run compares half the GPUs."""
+    rows = [request(100, 20) for _ in range(40)]
+    (tmp_path / "results.json").write_text(json.dumps(results(rows, max_num_seqs=8, num_gpus=2)))
+    (tmp_path / "exp.toml").write_text(TOML % "")
+    assert main(["validate", str(tmp_path / "exp.toml")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("the measured run served on 2 GPUs, the simulated one on 1") == 1, err
+    (tmp_path / "exp.toml").write_text(TOML % "[cluster]\ninstances = 2\n")
+    (tmp_path / "results.json").write_text(json.dumps(results(rows, max_num_seqs=16, num_gpus=2)))
+    assert main(["validate", str(tmp_path / "exp.toml")]) == 0
+    assert "the measured run" not in capsys.readouterr().err

@@ -32,7 +32,7 @@ import numpy as np
 
 from schedlab.configs import MAX_TOKENS, bound_text, int_field, is_finite_number, path_field
 from schedlab.errors import WorkloadError, brief
-from schedlab.targets import mlenergy_succeeded
+from schedlab.targets import positive_int, mlenergy_succeeded
 
 from .columns import OpenLoopWorkload, RequestColumns
 from .inference_perf import hash_block_tokens_field, prefix_blocks_field, text_block_ids
@@ -49,9 +49,10 @@ class MlenergyConfig:
 
 
 def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text",
-                  hash_block_tokens: int = 16) -> tuple[RequestColumns, MeasuredRequests, int, int | None]:
-    """``(columns, measured, requests in the file, its max_num_seqs)`` of the successful requests
-    of ``path`` (the last None where the file does not say it). With ``prefix_blocks = "text"``
+                  hash_block_tokens: int = 16) -> tuple[RequestColumns, MeasuredRequests, int, dict]:
+    """``(columns, measured, requests in the file, its settings)`` of the successful requests of
+    ``path``; the settings are the run's ``max_num_seqs`` and ``num_gpus`` (None where the file
+    does not say them). With ``prefix_blocks = "text"``
     the prompts' text gives prefix block ids (:func:`.inference_perf.text_block_ids`): the
     benchmark sends its questions ``num_request_repeats`` times, and vLLM's prefix cache serves
     the repeats."""
@@ -94,14 +95,14 @@ def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text"
         else None
     measured = MeasuredRequests(str(path), np.zeros(len(keep)), ttft, tpot, e2e, output, view="client",
                                 power=power, steady_ms=steady, occupancy=occupancy)
-    batch = data.get("max_num_seqs")
-    batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None
+    batch, gpus = (positive_int(data.get(key)) for key in ("max_num_seqs", "num_gpus"))
     per_row, constant = {}, {}
     if prefix_blocks == "text":
         ids = text_block_ids([_prompt_text(rows[i].get("prompt")) for i in keep], prompt, hash_block_tokens)
         if any(ids):
             per_row["block_hashes"], constant["hash_block_tokens"] = ids, hash_block_tokens
-    return RequestColumns(prompt, output, per_row, constant), measured, len(rows), batch
+    return RequestColumns(prompt, output, per_row, constant), measured, len(rows), {"max_num_seqs": batch,
+                                                                                    "num_gpus": gpus}
 
 
 def _prompt_text(prompt) -> str | None:
@@ -191,12 +192,10 @@ def measured_occupancy(path: Path, start: float) -> tuple[np.ndarray, np.ndarray
 
 def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
     """Every successful request of the run, due at 0 (see the module docstring)."""
-    columns, measured, total, batch = load_mlenergy(config.path, limit=config.limit, prefix_blocks=config.prefix_blocks,
+    columns, measured, total, settings = load_mlenergy(config.path, limit=config.limit, prefix_blocks=config.prefix_blocks,
                                                     hash_block_tokens=config.hash_block_tokens)
     n = len(columns)
     workload = OpenLoopWorkload(lambda seed: (np.zeros(n), columns), name="mlenergy", num_requests=n)
     workload.measured = measured
-    workload.info.update(requests_in_file=total)
-    if batch is not None:
-        workload.info.update(max_num_seqs=batch)
+    workload.info.update(requests_in_file=total, **{k: v for k, v in settings.items() if v is not None})
     return workload

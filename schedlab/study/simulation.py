@@ -601,7 +601,9 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     assembled = _assemble_plugins(spec, ctx, where, check_only)
     _check_async_scheduling(assembled, where)
     _check_queue_limit(assembled, where)
-    _warn_other_batch(assembled, getattr(assembled.workload, "info", {}).get("max_num_seqs"), "[workload]", where)
+    info = getattr(assembled.workload, "info", {})
+    replayed = {"max_num_seqs": info.get("max_num_seqs"), "num_gpus": info.get("num_gpus")}
+    _warn_other_run(assembled, replayed, "[workload]", where)
     if "target" not in spec.tables:
         return assembled
     config = from_table(TargetConfig, spec.tables["target"], where=f"{where} [target]", base_dir=ctx.base_dir)
@@ -610,24 +612,31 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     except (ConfigError, FieldError) as exc:
         raise ConfigError(f"{where} [target]: {exc}") from None
     target = unmetered_energy_left_out(target, "power" in spec.tables, f"{where} [target]")
-    if target.batch != getattr(assembled.workload, "info", {}).get("max_num_seqs"):
-        _warn_other_batch(assembled, target.batch, "[target]", where)
+    compared = {"max_num_seqs": target.batch, "num_gpus": target.gpus}
+    _warn_other_run(assembled, {k: v for k, v in compared.items() if v != replayed[k]}, "[target]", where)
     return attrs.evolve(assembled, target=target)
 
 
-def _warn_other_batch(a: Assembled, batch: int | None, table: str, where: str) -> None:
+def _warn_other_run(a: Assembled, settings: dict, table: str, where: str) -> None:
     """Say when the measured run ``table`` replays or compares with names its ``max_num_seqs``
-    (``batch``: an ML.ENERGY benchmark's, over all its engines) and the simulated schedulers'
-    add up to another: its steady state is ``batch`` requests running, and a different cap
-    measures another one. (Data-parallel ranks or instances each take their share, as the
-    benchmark splits it over vLLM's data-parallel engines.)"""
-    if batch is None or a.pools is not None or a.parallelism.pipelined:
+    or ``num_gpus`` (an ML.ENERGY benchmark's ``settings``) and the simulated run has others:
+    its steady state is ``max_num_seqs`` requests running -- split over data-parallel ranks or
+    instances, as the benchmark splits it over vLLM's data-parallel engines -- and its energy is
+    all its GPUs'."""
+    if a.pools is not None:
         return
-    cap = getattr(getattr(a.instances[0][0], "config", None), "max_num_seqs", None)
-    if not isinstance(cap, int) or isinstance(cap, bool):
-        return
+    parts = a.instances[0]
     # every instance is built alike (validate builds one): data-parallel ranks per deployment
     count = a.cluster.instances * a.parallelism.data_parallel
+    gpus = count * a.parallelism.pipeline_parallel * tensor_parallel(parts[1], parts[2])
+    if settings.get("num_gpus") is not None and settings["num_gpus"] != gpus:
+        warnings.warn(f"{where} {table}: the measured run served on {settings['num_gpus']} GPUs, the simulated one on "
+                      f"{gpus}: set tensor_parallel (and [cluster] data_parallel) to its layout -- its energy and "
+                      "power are all its GPUs'", InputWarning, stacklevel=3)
+    batch = settings.get("max_num_seqs")
+    cap = getattr(getattr(parts[0], "config", None), "max_num_seqs", None)
+    if batch is None or a.parallelism.pipelined or not isinstance(cap, int) or isinstance(cap, bool):
+        return
     if cap * count != batch:
         each = f" ({count} x {cap})" if count > 1 else ""
         fix = (f"set [scheduler] max_num_seqs = {batch} to replay it" if count == 1 else
