@@ -192,8 +192,9 @@ def measured_occupancy(path: Path, start: float) -> tuple[np.ndarray, np.ndarray
 
 def make_mlenergy_workload(config: MlenergyConfig) -> OpenLoopWorkload:
     """Every successful request of the run, due at 0 (see the module docstring)."""
-    columns, measured, total, settings = load_mlenergy(config.path, limit=config.limit, prefix_blocks=config.prefix_blocks,
-                                                    hash_block_tokens=config.hash_block_tokens)
+    columns, measured, total, settings = load_mlenergy(config.path, limit=config.limit,
+                                                       prefix_blocks=config.prefix_blocks,
+                                                       hash_block_tokens=config.hash_block_tokens)
     n = len(columns)
     workload = OpenLoopWorkload(lambda seed: (np.zeros(n), columns), name="mlenergy", num_requests=n)
     workload.measured = measured
