@@ -30,6 +30,7 @@ given as the tokens of full-attention KV it equals). They share ``sliding_window
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -200,8 +201,14 @@ def model_fields(config: dict, where: str) -> dict:
         q_rank = r.int("q_lora_rank", default=None)
         q = hidden * q_rank + q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
         attn = q + hidden * (mla + rope) + mla + mla * heads * (nope + v_dim) + heads * v_dim * hidden
+        attention_modules = {"kv_a_proj_with_mqa": hidden * (mla + rope), "kv_b_proj": mla * heads * (nope + v_dim),
+                             "o_proj": heads * v_dim * hidden,
+                             **({"q_a_proj": hidden * q_rank, "q_b_proj": q_rank * heads * (nope + rope)} if q_rank
+                                else {"q_proj": hidden * heads * (nope + rope)})}
         head_dim, kv_heads = v_dim, heads
     else:
+        attention_modules = {"q_proj": hidden * heads * head_dim, "k_proj": hidden * kv_heads * head_dim,
+                             "v_proj": hidden * kv_heads * head_dim, "o_proj": heads * head_dim * hidden}
         attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
         if family.startswith("qwen2") or r.flag("attention_bias") or r.flag("qkv_bias") or r.flag("add_qkv_bias"):
             attn += (heads + 2 * kv_heads) * head_dim
@@ -233,8 +240,20 @@ def model_fields(config: dict, where: str) -> dict:
         dense_part = attn_sum + layers * norms + (layers - moe_layers) * dense_mlp
         total = dense_part + moe_layers * (router + shared + experts * expert)
         active = dense_part + moe_layers * (router + shared + top_k * expert)
+        routed = moe_layers * experts * expert
+
+        def is_moe(i: int) -> bool:
+            return i in listed if listed else i >= first_dense and (i + 1) % step == 0 and i not in only_dense
+        shared_modules = ({f"mlp.shared_experts.{p}": hidden * shared_count * expert_ffn for p in GATED_MLP}
+                          if shared_count and mlp_mats == 3 else {})
+        if shared_ffn and mlp_mats == 3:
+            shared_modules.update({f"mlp.shared_expert.{p}": hidden * shared_ffn for p in GATED_MLP})
     else:
         total = active = attn_sum + layers * (norms + dense_mlp)
+        routed, shared_modules = 0, {}
+
+        def is_moe(i: int) -> bool:
+            return False
     tables = (1 if tied else 2) * vocab * hidden + hidden
     total, active = total + tables, active + tables
 
@@ -255,11 +274,13 @@ def model_fields(config: dict, where: str) -> dict:
     if context:
         fields["max_position_embeddings"] = context
     fields.update(_constant_layers(r, kinds, kv_heads, head_dim))
-    projections = {"q_proj": hidden * heads * head_dim, "k_proj": hidden * kv_heads * head_dim,
-                   "v_proj": hidden * kv_heads * head_dim, "o_proj": heads * head_dim * hidden,
-                   "gate_proj": hidden * ffn, "up_proj": hidden * ffn, "down_proj": ffn * hidden}
-    dense_shape = None if experts or mla or mlp_mats != 3 else (layers, projections, total - tables)
-    fields.update(_weight_bytes(r, where, bool(experts), dense_shape))
+    modules = None   # every layer's projections a checkpoint may leave in 16 bits, by path
+    if layers <= MAX_NAMED_LAYERS and linear == 0:
+        dense_modules = {f"mlp.{p}": hidden * ffn for p in GATED_MLP} if mlp_mats == 3 else {}
+        modules = {f"layers.{i}.{path}": size for i in range(layers) for path, size in
+                   ({f"self_attn.{k}": v for k, v in attention_modules.items()} | (
+                       shared_modules if is_moe(i) else dense_modules)).items()}
+    fields.update(_weight_bytes(r, where, bool(experts), (modules, total - tables - routed) if modules else None))
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
@@ -498,13 +519,17 @@ def _rope_parameters(r: _Reader) -> list[dict]:
     return []
 
 
-def _weight_bytes(r: _Reader, where: str, moe: bool, dense_shape: tuple | None = None) -> dict:
+def _weight_bytes(r: _Reader, where: str, moe: bool, named: tuple | None = None) -> dict:
     """The checkpoint's bytes per weight when they are not the 16-bit default: FP8 (1 byte), MXFP4
     experts (4 bits + an 8-bit scale per 32: 0.53125), AWQ / GPTQ at their bits plus a 16-bit
     scale and their zero point per group, compressed-tensors and ModelOpt schemes (NVFP4: 4 bits
-    + an FP8 scale per 16). A MoE checkpoint that leaves its attention unquantised
-    (``modules_to_not_convert`` / ``ignore``) has only its experts at those bytes. FP8 weights
-    that meet FP8 activations (W8A8) say so, ``fp8_activations``: their GEMMs run at FP8 rate."""
+    + an FP8 scale per 16). The layers' projections a checkpoint names as unquantised
+    (``modules_to_not_convert`` / ``ignore`` / ``exclude_modules``; ``named``: the model's
+    projections by path, and its weights beside the routed experts and the tables) count at 2
+    bytes, the weights beside the routed experts then at their mean (:func:`_kept_params`); a MoE
+    checkpoint naming its attention in a way not matched has only its experts at those bytes.
+    FP8 weights that meet FP8 activations (W8A8) say so, ``fp8_activations``: their GEMMs run at
+    FP8 rate."""
     q = r.get("quantization_config")
     if not isinstance(q, dict):
         dtype = str(r.get("torch_dtype", r.get("dtype", "bfloat16")))
@@ -543,47 +568,53 @@ def _weight_bytes(r: _Reader, where: str, moe: bool, dense_shape: tuple | None =
     kept = [str(m) for key in ("modules_to_not_convert", "ignore", "ignored_layers", "exclude_modules")
             for m in (q.get(key) if isinstance(q.get(key), list) else [])]
     fp8 = {"fp8_activations": True} if w8a8 else {}
-    if moe and any(_attention_module(m) for m in kept):
-        return {"expert_dtype_bytes": per, **fp8}
     # the embedding table and the LM head stay in the checkpoint's 16 bits (none of these methods
-    # quantises them by default); so do the dense layers' projections the checkpoint names
-    kept_params = _kept_params(kept, *dense_shape) if dense_shape and per < 2.0 else 0
+    # quantises them by default); so do the layers' projections the checkpoint names: the weights
+    # beside the routed experts then hold their mean bytes
+    kept_params = _kept_params(kept, *named) if named and per < 2.0 else 0
     if kept_params:
-        weights = dense_shape[2]
-        per = (kept_params * 2.0 + (weights - kept_params) * per) / weights   # their mean bytes a weight
+        weights = named[1]
+        mean = (kept_params * 2.0 + (weights - kept_params) * per) / weights
+        return {"weight_dtype_bytes": mean, "table_dtype_bytes": 2.0,
+                **({"expert_dtype_bytes": per} if moe else {}), **fp8}
+    if moe and any(_attention_module(m) for m in kept):   # (modules named otherwise: all but the experts kept)
+        return {"expert_dtype_bytes": per, **fp8}
     return {"weight_dtype_bytes": per, "table_dtype_bytes": 2.0, **fp8}
 
 
-#: A dense decoder layer's projections by block (Llama's names, which most dense models keep).
-LAYER_BLOCKS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+#: A gated MLP's projections (Llama's and DeepSeek's names, which most models keep).
+GATED_MLP = ("gate_proj", "up_proj", "down_proj")
+#: Most layers whose projections are matched by name (a larger count is no checkpoint).
+MAX_NAMED_LAYERS = 1024
 
 
-def _kept_params(kept: list[str], layers: int, projections: dict, weights: float) -> int:
-    """Parameters of a dense model's layer projections a quantised checkpoint leaves in 16 bits:
-    its ``modules_to_not_convert`` / ``ignore`` entries, module paths (``model.layers.0.mlp.down_proj``,
-    a whole ``model.layers.3.self_attn``: Llama-3.1-405B-FP8 keeps every attention and its first
-    and last layers' MLPs) or compressed-tensors' ``re:`` patterns, matched against each layer's
-    projections."""
-    chosen: set[tuple[int, str]] = set()
-    patterns = []
+def _kept_params(kept: list[str], modules: dict, weights: float) -> int:
+    """Parameters of the layers' projections a quantised checkpoint leaves in 16 bits -- its
+    ``modules_to_not_convert`` / ``ignore`` / ``exclude_modules`` entries matched against
+    ``modules`` (``layers.<i>.self_attn.q_proj`` ... -> parameters): a module path, or a block of
+    them (``model.layers.3.self_attn``; Llama-3.1-405B-FP8 keeps every attention and its first
+    and last MLPs; DeepSeek-V3.1-NVFP4 its attention's input projections), a ``*`` glob, or a
+    compressed-tensors ``re:`` pattern (Kimi-K2: attention, shared experts and dense MLPs)."""
+    chosen: set[str] = set()
     for entry in kept:
         if entry.startswith("re:"):
             try:
-                patterns.append(re.compile(entry[3:]))
+                pattern = re.compile(entry[3:])
             except (re.error, RecursionError):
                 continue
+            chosen.update(m for m in modules if pattern.match(f"model.{m}"))
             continue
-        match = re.search(r"layers\.(\d+)\.(self_attn|mlp)(?:\.(\w+))?", entry)
-        if match is None or int(match.group(1)) >= layers:
+        at = entry.find("layers.")
+        if at < 0:
             continue
-        block, part = match.group(2), match.group(3)
-        for proj in ((part,) if part in LAYER_BLOCKS[block] else LAYER_BLOCKS[block] if part is None else ()):
-            chosen.add((int(match.group(1)), proj))
-    for pattern in patterns:
-        for block, projs in LAYER_BLOCKS.items():
-            for proj in projs:
-                chosen.update((i, proj) for i in range(layers) if pattern.match(f"model.layers.{i}.{block}.{proj}"))
-    return min(int(sum(projections[proj] for _, proj in chosen)), int(weights))
+        path = entry[at:]
+        if path.endswith("*"):
+            chosen.update(m for m in modules if fnmatch.fnmatchcase(m, path))
+        elif path in modules:
+            chosen.add(path)
+        else:
+            chosen.update(m for m in modules if m.startswith(path + "."))
+    return min(int(sum(modules[m] for m in chosen)), int(weights))
 
 
 #: ModelOpt's quant_algo values vLLM reads: (bytes per weight, FP8 activations): FP8 per tensor or

@@ -220,7 +220,15 @@ def test_compressed_tensors_int4_experts_and_modelopt_nvfp4():
                 "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True}}},
             "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"]}
     s = spec({**config("kimi-k2"), "quantization_config": int4})
-    assert (s.weight_dtype_bytes, s.expert_dtype_bytes) == (None, 0.5 + 2 / 32)
+    assert s.expert_dtype_bytes == 0.5 + 2 / 32
+    # kept in 16 bits, by hand: every layer's MLA projections (q_a, q_b, kv_a, kv_b, o) and the 60
+    # MoE layers' shared expert; the rest -- routed experts, the dense first layer's MLP, norms,
+    # routers -- at int4's bytes, the tables at 2
+    mla = 7168 * 1536 + 1536 * 64 * 192 + 7168 * 576 + 512 * 64 * 256 + 64 * 128 * 7168
+    kept = 61 * mla + 60 * 3 * 7168 * 2048
+    tables = 2 * 163840 * 7168
+    assert s.weight_bytes() == pytest.approx(2 * kept + (0.5 + 2 / 32) * (s.num_params - tables - kept) + 2 * tables,
+                                             rel=1e-7)   # (the final norm: at the mean bytes)
     dense = spec({**config("llama-3.1-8b"), "quantization_config": {**int4, "ignore": ["lm_head"]}})
     assert dense.weight_dtype_bytes == 0.5 + 2 / 32
     nvfp4 = spec({**config("llama-3.1-8b"), "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}})
@@ -364,7 +372,11 @@ def test_norms_left_in_16_bits_are_not_attention_left_in_16_bits():
     s = spec({**config("deepseek-v3.2"), "quantization_config": {**fp8, "modules_to_not_convert": norms}})
     assert (s.weight_dtype_bytes, s.expert_dtype_bytes) == (1.0, None)
     kept = spec({**config("deepseek-v3.2"), "quantization_config": {**fp8, "ignore": ["re:.*self_attn.*"]}})
-    assert (kept.weight_dtype_bytes, kept.expert_dtype_bytes) == (None, 1.0)
+    assert kept.expert_dtype_bytes == 1.0
+    attention = 61 * (7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168)
+    tables = 2 * 129280 * 7168
+    assert kept.weight_bytes() == pytest.approx(2 * attention + (kept.num_params - tables - attention) + 2 * tables,
+                                                rel=1e-7)
 
 
 @pytest.mark.parametrize("algo, per_weight, w8a8", [
@@ -409,3 +421,18 @@ def test_a_dense_fp8_checkpoint_keeps_the_modules_it_names_in_16_bits():
     assert attention_only.weight_bytes() == pytest.approx(s.weight_bytes() - 2 * 3 * 8192 * 28672, rel=1e-7)
     plain = spec({**config("llama-3.3-70b"), "quantization_config": {"quant_method": "fbgemm_fp8"}})
     assert plain.weight_dtype_bytes == 1.0
+
+
+def test_a_moe_checkpoint_keeps_only_the_modules_it_names():
+    """DeepSeek-V3.1-NVFP4 (ModelOpt) leaves each layer's attention input projections in 16 bits
+    (q_a, q_b, kv_a, kv_b) and quantises the rest -- o_proj, the shared experts, the dense first
+    layers' MLPs and the routed experts -- to NVFP4. By hand on DeepSeek-V3's shape."""
+    names = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+    exclude = ["lm_head"] + [f"model.layers.{i}.self_attn.{n}" for i in range(61) for n in names] + ["model.layers.61*"]
+    s = spec({**config("deepseek-v3"), "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                                               "exclude_modules": exclude}})
+    nvfp4 = 0.5 + 1 / 16
+    kept = 61 * (7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256)
+    tables = 2 * 129280 * 7168
+    assert s.expert_dtype_bytes == nvfp4
+    assert s.weight_bytes() == pytest.approx(2 * kept + nvfp4 * (s.num_params - tables - kept) + 2 * tables, rel=1e-7)
