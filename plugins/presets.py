@@ -164,11 +164,11 @@ MODELS: tuple[tuple[ModelSpec, str], ...] = (
     (ModelSpec("deepseek-v3", num_layers=61, num_kv_heads=128, head_dim=128, num_params=671e9,
                num_attention_heads=128, hidden_size=7168, vocab_size=129280, num_experts=256, experts_per_token=8,
                active_params=37e9, weight_dtype_bytes=1.0, fp8_activations=True, kv_latent_dim=576,
-               hf_id="deepseek-ai/DeepSeek-V3"),
+               kv_rope_dim=64, qk_head_dim=192, hf_id="deepseek-ai/DeepSeek-V3"),
      "deepseek-ai/DeepSeek-V3 config.json: 61 layers, MLA (kv_lora_rank 512 + qk_rope_head_dim 64 = a 576-element "
      "KV latent per token and layer, bf16), 128 heads, hidden 7168, 256 routed experts of FFN 2048 + 1 shared, 8 "
      "per token, vocab 129,280, FP8 weights; 671B params, 37B active (model card; the MTP module's 14B not "
-     "counted). Attention FLOPs taken at head_dim 128 (MLA's prefill: 192 for QK, 128 for V)"),
+     "counted). Prefill attention over heads of 192 for QK and 128 for V; decodes absorbed over the latent"),
 )
 
 #: config.json values of each preset's ``hf_id`` beyond its shapes: (``max_position_embeddings``,
@@ -284,6 +284,13 @@ MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
     "a40": ({"bandwidth_efficiency": 0.798, "layer_overhead_us": 24.2, "mfu": 0.69, "gemm_half_tokens": 23},
             "Vidur's profiles, 6 models at TP 1-8"),
 }
+#: ``latent_decode_efficiency`` measured on a GPU (``python tools/derive_latent_attention.py``:
+#: aiconfigurator's timings of vLLM 0.14's MLA decode kernel, 128 heads, where its FLOPs bind);
+#: a GPU of the same architecture (:data:`SAME_ARCHITECTURE`) takes its value, others their
+#: kernel family's (``default_latent_decode_efficiency``).
+MEASURED_LATENT_DECODE: dict[str, float] = {"h100-80gb": 0.624, "h200-141gb": 0.709, "a100-80gb": 0.1,
+                                            "l40s": 0.061}
+LATENT_DECODE_SOURCE = "aiconfigurator's vLLM 0.14 MLA decode timings"
 #: GPUs without a profile of their own that share a profiled GPU's chip family and its
 #: datasheet's way of counting (and so, as far as anything public says, its kernels'
 #: efficiency): they take its measured efficiencies with their own datasheet peaks. The L4 and
@@ -302,16 +309,22 @@ ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_
 def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
     """``spec`` with the efficiencies measured on it (or on its architecture's profiled GPU),
     and a note saying which numbers are measured and which come from the datasheet."""
+    latent_source = spec.name if spec.name in MEASURED_LATENT_DECODE else SAME_ARCHITECTURE.get(spec.name)
+    latent = {"latent_decode_efficiency": MEASURED_LATENT_DECODE[latent_source]} \
+        if latent_source in MEASURED_LATENT_DECODE else {}
+    latent_note = "" if not latent else "; measured: latent_decode_efficiency (" + (
+        "" if latent_source == spec.name else f"the {latent_source} (same architecture) in ") + LATENT_DECODE_SOURCE + ")"
     source = spec.name if spec.name in MEASURED_EFFICIENCY else SAME_ARCHITECTURE.get(spec.name)
     if source is None:
-        return spec, "efficiencies: pooled defaults (no profile of this GPU or its architecture)"
+        note = "efficiencies: pooled defaults (no profile of this GPU or its architecture)" + latent_note
+        return attrs.evolve(spec, efficiency={**latent, **spec.efficiency}), note
     measured, where = MEASURED_EFFICIENCY[source]
     pooled = [k for k in ATTENTION_KEYS if k not in measured]
     of = "" if source == spec.name else f"the {source} (same architecture) in "
     note = f"measured: {', '.join(measured)} ({of}{where})"
     if pooled:
         note += f"; pooled: {', '.join(pooled)}"
-    return attrs.evolve(spec, efficiency={**measured, **spec.efficiency}), note
+    return attrs.evolve(spec, efficiency={**measured, **latent, **spec.efficiency}), note + latent_note
 
 
 # --- power (schedlab.energy) ---------------------------------------------------------------------

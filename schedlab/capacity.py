@@ -87,8 +87,8 @@ class ModelSpec:
                                  help="bytes per weight and per KV element (2 = bf16/fp16, 1 = fp8)")
     num_attention_heads: int | None = int_field(
         None, min=1, optional=True,
-        help="query heads; only used for prefill attention FLOPs in the roofline cost model "
-             "(leave unset to ignore attention FLOPs)")
+        help="query heads; only used for attention FLOPs in the roofline cost model (prefill, and the decodes' "
+             "where compute outlasts the KV read, as latent attention's can) (leave unset to ignore them)")
     hidden_size: int | None = int_field(
         None, min=1, optional=True,
         help="model width (config.json hidden_size): the bytes of each tensor-parallel all-reduce")
@@ -130,6 +130,14 @@ class ModelSpec:
     kv_index_bytes: int = int_field(
         0, min=0, help="bytes each token keeps per layer beside its KV for a sparse-attention indexer (DeepSeek-V3.2's "
                        "DSA: 128 FP8 values and a 4-byte scale, 132), the same on every rank")
+    kv_rope_dim: int = int_field(
+        0, min=0, help="multi-head latent attention: the part of kv_latent_dim that is the keys' shared RoPE part "
+                       "(qk_rope_head_dim, 64 in DeepSeek-V3). vLLM decodes MLA absorbed: each query head is "
+                       "multiplied by the whole latent and the attention weights by the latent less this part")
+    qk_head_dim: int | None = int_field(
+        None, min=1, optional=True,
+        help="size of a query/key head where it differs from head_dim, the value head's (MLA: qk_nope_head_dim + "
+             "qk_rope_head_dim, 192 in DeepSeek-V3): prefill attention's QK^T runs over it; unset = head_dim")
     model_type: str | None = str_field(
         None, optional=True,
         help="the architecture (config.json model_type, e.g. 'gpt_oss', 'llama4_text'): SGLang gives gpt-oss and "
@@ -164,6 +172,9 @@ class ModelSpec:
         if self.sliding_window_layers > self.num_layers:
             raise ConfigError(f"{self.name}: sliding_window_layers ({self.sliding_window_layers}) exceeds "
                               f"num_layers ({self.num_layers})")
+        if self.kv_rope_dim and (self.kv_latent_dim is None or self.kv_rope_dim >= self.kv_latent_dim):
+            raise ConfigError(f"{self.name}: kv_rope_dim ({self.kv_rope_dim}) is part of the latent: it needs "
+                              f"kv_latent_dim set and larger (got {self.kv_latent_dim})")
         if self.sliding_window_layers and self.sliding_window is None:
             raise ConfigError(f"{self.name}: sliding_window_layers is set but sliding_window is not")
 

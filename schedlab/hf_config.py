@@ -263,7 +263,9 @@ def model_fields(config: dict, where: str) -> dict:
     if experts:
         fields["active_params"] = active
     if mla:
-        fields["kv_latent_dim"] = mla + r.int("qk_rope_head_dim")
+        fields.update(kv_latent_dim=mla + rope, kv_rope_dim=rope)
+        if nope + rope != head_dim:  # (head_dim is the value head's)
+            fields["qk_head_dim"] = nope + rope
         fields.update(_index_bytes(r))
     written = r.int("intermediate_size", default=None)
     if written:

@@ -16,7 +16,7 @@ from schedlab.capacity import GpuSpec, ModelSpec, Presets
 from schedlab.catalog import load_catalog
 from schedlab.errors import ConfigError
 from schedlab_plugins.cost_models.roofline import DERIVATION, RooflineConfig, RooflineCostModel
-from schedlab_plugins.presets import GPUS, MEASURED_EFFICIENCY, SAME_ARCHITECTURE
+from schedlab_plugins.presets import GPUS, MEASURED_EFFICIENCY, MEASURED_LATENT_DECODE, SAME_ARCHITECTURE
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -119,20 +119,29 @@ def test_every_gpu_preset_says_which_numbers_are_measured():
         registered = PRESETS.gpu(spec.name)
         text = CATALOG["gpu"].get(spec.name).help
         assert "datasheet" in text
+        efficiency = dict(registered.efficiency)
+        # latent attention's decode: measured on the GPU, or on its architecture's, from its own source
+        latent = spec.name if spec.name in MEASURED_LATENT_DECODE else SAME_ARCHITECTURE.get(spec.name)
+        if latent in MEASURED_LATENT_DECODE:
+            assert efficiency.pop("latent_decode_efficiency") == MEASURED_LATENT_DECODE[latent]
+            assert "measured: latent_decode_efficiency" in text
+        else:
+            assert "latent_decode_efficiency" not in efficiency and "latent_decode" not in text
         if spec.name in MEASURED_EFFICIENCY:
-            assert registered.efficiency == MEASURED_EFFICIENCY[spec.name][0]
+            assert efficiency == MEASURED_EFFICIENCY[spec.name][0]
             assert "measured:" in text
         elif spec.name in SAME_ARCHITECTURE:
             sibling = SAME_ARCHITECTURE[spec.name]
-            assert registered.efficiency == MEASURED_EFFICIENCY[sibling][0]
+            assert efficiency == MEASURED_EFFICIENCY[sibling][0]
             assert f"the {sibling} (same architecture)" in text
         else:
-            assert registered.efficiency == {}
+            assert efficiency == {}
             assert "pooled defaults" in text
-        assert set(registered.efficiency) <= set(DERIVATION)
+        assert set(efficiency) <= set(DERIVATION)
         # every setting is named once: measured, or pooled
-        named = text.split("measured: ")[-1]
-        if "measured:" in text:
+        named = text.split("measured: ")[-1] if latent not in MEASURED_LATENT_DECODE \
+            else text.split("measured: ")[-2]
+        if spec.name in MEASURED_EFFICIENCY or spec.name in SAME_ARCHITECTURE:
             assert all(key in named for key in DERIVATION if key != "bandwidth_efficiency"), text
 
 

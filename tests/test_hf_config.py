@@ -100,6 +100,10 @@ def test_deepseek_v3_latent_attention_shared_experts_and_dense_first_layers():
     assert d.active_params == 3 * 583_483_392 + 58 * (187_121_664 + 9 * 44_040_192 + 1_835_008 + 256) \
         + 2 * 129_280 * 7_168 + 7_168
     assert d.kv_latent_dim == 576 and d.weight_dtype_bytes == 1.0
+    # its RoPE part (the query's rotary half meets it; decodes absorbed), and the query/key heads of
+    # 128 + 64 against the value heads' 128 (prefill attention)
+    assert (d.kv_rope_dim, d.qk_head_dim, d.head_dim) == (64, 192, 128) == (
+        PRESET["deepseek-v3"].kv_rope_dim, PRESET["deepseek-v3"].qk_head_dim, PRESET["deepseek-v3"].head_dim)
     assert d.kv_bytes_per_token(8) == d.kv_bytes_per_token(1) == 61 * 576 * 2  # the latent on every rank
     # one routed expert summed over the 58 MoE layers, as the roofline reads it
     assert d.expert_params == 58 * 3 * 7168 * 2048
@@ -124,7 +128,7 @@ def test_the_file_reproduces_the_presets_it_was_built_from():
         for field in ("num_layers", "num_kv_heads", "head_dim", "num_params", "num_attention_heads",
                       "hidden_size", "vocab_size", "tied_embeddings", "num_experts", "experts_per_token",
                       "kv_latent_dim", "sliding_window", "weight_dtype_bytes", "expert_dtype_bytes",
-                      "intermediate_size", "shared_experts"):
+                      "intermediate_size", "shared_experts", "kv_rope_dim", "qk_head_dim"):
             assert getattr(got, field) == getattr(want, field), (name, field)
 
 

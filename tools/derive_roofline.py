@@ -55,7 +55,9 @@ nothing), and the parameter counts of the three LLMServingSim model presets. ``-
 per GPU, the fitted model against the measured dense part of a layer (the README table);
 ``--write-subset DIR`` writes the small subset of Vidur's CSVs the tests check the fit on. Then it
 runs ``tools/derive_collectives.py`` (the collectives' bus bandwidths from Vidur's NCCL timings,
-quoted in ``plugins/cost_models/collectives.py``) with the arguments after ``--``.
+quoted in ``plugins/cost_models/collectives.py``) with the arguments after ``--``, after
+``tools/derive_latent_attention.py`` (latent attention's decode rate, from vLLM's measured MLA
+kernels: ``MEASURED_LATENT_DECODE`` and ``LATENT_DECODE_POOLED``).
 """
 
 from __future__ import annotations
@@ -623,6 +625,11 @@ def main(argv: list[str]) -> int:
     if args.write_subset:
         write_subset(args.vidur, args.write_subset)
         print(f"\nwrote the Vidur subset under {args.write_subset}")
+    # Latent attention's decode rate comes from a sibling derivation over vLLM's MLA kernel timings.
+    import derive_latent_attention
+
+    print("\n--- latent attention's decode (tools/derive_latent_attention.py) ---")
+    derive_latent_attention.main(["--table"] if args.table else [])
     # The collectives' bus bandwidths come from a sibling derivation over Vidur's NCCL timings.
     import derive_collectives
 

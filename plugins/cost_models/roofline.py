@@ -7,9 +7,15 @@ bytes it moves and the FLOPs it does, at efficiencies measured on real GPUs::
            + linear(T)            hypot(weight bytes / (BW * bandwidth_efficiency),
                                               2 * params per token * T / (TFLOPS * eta(T)))
            + layers * attention_layer_us / 1000    (the attention kernels' launch, every step)
-           + decode_context_tokens * kv_bytes_per_token / (BW * kv_read_efficiency)
+           + decode_context_tokens * max(kv_bytes_per_token / (BW * kv_read_efficiency),
+                                         decode FLOPs per pair / (TFLOPS * latent_decode_efficiency))
              (the full-attention layers'; each decode also reads its window layers' window,
-              taken whole: a constant per decode, schedlab.kv_window)
+              taken whole: a constant per decode, schedlab.kv_window. The FLOPs bind only for
+              latent attention with many heads per GPU: vLLM decodes MLA absorbed, about 240
+              FLOPs per KV byte in DeepSeek-V3 at tensor parallel 1; measured in vLLM, Hopper's
+              kernel reaches 0.62-0.71 of the bf16 peak, Triton's on Ampere and Ada 0.06-0.10,
+              tools/derive_latent_attention.py. Grouped-query attention does 2 x group /
+              dtype_bytes FLOPs a byte, well under any ridge)
              + num_decode * layers * decode_attention_us / 1000
              (with a prefill chunk, in FlashAttention 2's varlen kernel: at least
               mixed_decode_query_rows query rows of attention FLOPs per decode context token
@@ -183,6 +189,20 @@ DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attent
               "decode_skew_alpha": 0.037, "mixed_skew_alpha": 0.103}
 
 
+#: ``latent_decode_efficiency`` of a GPU without a measurement of its own, by the MLA decode kernel
+#: vLLM runs on it (``python tools/derive_latent_attention.py``: aiconfigurator's vLLM 0.14 MLA
+#: decode timings, the median of each family): FlashMLA-class kernels on compute capability 9.x and
+#: 10.x (FlashAttention's MLA and FlashMLA on Hopper, CUTLASS MLA on datacenter Blackwell),
+#: Triton's MLA kernel elsewhere (Ampere, Ada, consumer Blackwell).
+LATENT_DECODE_POOLED = {"flash": 0.67, "triton": 0.08}
+
+
+def default_latent_decode_efficiency(gpu: GpuSpec) -> float:
+    """:data:`LATENT_DECODE_POOLED` of the MLA kernel family vLLM runs on ``gpu``."""
+    cc = gpu.compute_capability
+    return LATENT_DECODE_POOLED["flash" if cc is not None and 9.0 <= cc < 11.0 else "triton"]
+
+
 def _measured(name: str, help: str, *, share: bool = True):
     """An efficiency setting: unset takes the GPU's measured value, else :data:`DERIVATION`'s."""
     return float_field(None, min=0.0, min_exclusive=share, max=1.0 if share else None, optional=True,
@@ -215,6 +235,12 @@ class RooflineConfig:
         share=False)
     attention_efficiency: float | None = _measured(
         "attention_efficiency", "share of peak bf16 TFLOPS prefill attention reaches")
+    latent_decode_efficiency: float | None = float_field(
+        None, min=0.0, min_exclusive=True, max=1.0, optional=True,
+        help="share of peak bf16 TFLOPS a latent-attention (MLA) decode's absorbed FLOPs reach: where they "
+             "outlast its KV read (many heads on a GPU), they time it (unset: the GPU preset's measured value, "
+             f"else {LATENT_DECODE_POOLED['flash']:g} on compute capability 9.x-10.x, "
+             f"{LATENT_DECODE_POOLED['triton']:g} elsewhere: vLLM's MLA kernels there)")
     mixed_decode_query_rows: float | None = _measured(
         "mixed_decode_query_rows", "a decode in an iteration with prefill costs the attention FLOPs of this many query "
                                    "rows over its context (+ mixed_decode_context_offset)", share=False)
@@ -296,6 +322,11 @@ class RooflineCostModel:
         self._work = w = ModelWork(model, tp, factors)  # raises ConfigError on a bad split
         self._kv_bytes_per_token = w.kv_bytes_per_token
         self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
+        self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
+        #: a decode's attention per context token: its KV's read, or its FLOPs where they take
+        #: longer (latent attention decoded absorbed, many heads per GPU)
+        self._decode_ms_per_token = max(self._kv_ms_per_token, w.decode_attention_flops_per_pair
+                                        / (self._peak_flops_per_ms * c.latent_decode_efficiency))
         #: a decode's read of its window layers' KV: at most the window, taken as all of it
         #: (schedlab.kv_window; 0 without window layers), whatever the cache keeps of them
         self._window_ms = w.window_bytes_per_decode / (bw * c.kv_read_efficiency)
@@ -323,15 +354,15 @@ class RooflineCostModel:
         heads = model.num_attention_heads or 0
         # QK^T and attention-times-V: 2 * head_dim FLOPs each per (query, key) pair and head.
         self._attention_flops_per_pair = w.attention_flops_per_pair
-        self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         self._mixed_rows_ms_per_token = c.mixed_decode_query_rows * self._attention_flops_per_pair \
             / self._attention_flops_per_ms
         self._mixed_offset = c.mixed_decode_context_offset
         # per decode and empty query tile, all layers (see empty_tile_ns)
         self._empty_tile_ms = model.num_layers * heads / tp * c.empty_tile_ns * 1e-6
         # FlashAttention 3 packs a decode's query heads into its KV heads' tiles, FlashInfer runs
-        # the decodes apart: either way no padding (ATTENTION_KERNELS)
-        self._decodes_apart = c.attention_kernel != "flash-attention-2"
+        # the decodes apart: either way no padding (ATTENTION_KERNELS). vLLM's MLA backends run
+        # the decodes apart whatever the GPU (MLACommonImpl: a decode kernel, a prefill kernel).
+        self._decodes_apart = c.attention_kernel != "flash-attention-2" or model.kv_latent_dim is not None
         self._decode_skew = c.decode_skew_alpha
         self._mixed_skew = c.mixed_skew_alpha
         communicates = tp > 1 or parallelism.lockstep or parallelism.pipelined
@@ -365,7 +396,7 @@ class RooflineCostModel:
 
     def gpu_ms(self, batch: Batch, tokens: int) -> float:
         """The GPU's time for the kernels of a batch of ``tokens`` tokens (no host work)."""
-        kv_read = batch.decode_context_tokens * self._kv_ms_per_token + batch.num_decode * self._window_ms
+        kv_read = batch.decode_context_tokens * self._decode_ms_per_token + batch.num_decode * self._window_ms
         # The sampled rows' logits are gathered from the vocabulary shards (tensor parallel).
         logits = self.logits_ms(batch.num_decode + batch.spec_tokens + batch.num_prefill)
         # Context tokens short of every decode at the longest one (0 for even contexts).
@@ -373,11 +404,12 @@ class RooflineCostModel:
             if batch.decode_context_max else 0
         if not batch.prefill_tokens and not batch.spec_tokens:
             return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits \
-                + self._decode_skew * self._kv_ms_per_token * excess
+                + self._decode_skew * self._decode_ms_per_token * excess
         if self._decodes_apart:
             # FlashAttention 3 (the decodes' query heads share their KV heads' tiles) or
             # FlashInfer (a decode kernel of their own): as in a decode-only step, no empty tiles.
-            decodes = kv_read + batch.num_decode * self._decode_ms + self._decode_skew * self._kv_ms_per_token * excess
+            decodes = kv_read + batch.num_decode * self._decode_ms \
+                + self._decode_skew * self._decode_ms_per_token * excess
         else:
             # FlashAttention 2's varlen kernel pads each query head of a decode riding with a
             # prefill chunk (or verifying drafts) to a tile: query rows of compute, not a read.
@@ -386,7 +418,7 @@ class RooflineCostModel:
             if padded > kv_read:
                 decodes = padded + self._mixed_skew * self._mixed_rows_ms_per_token * excess
             else:
-                decodes = kv_read + self._mixed_skew * self._kv_ms_per_token * excess
+                decodes = kv_read + self._mixed_skew * self._decode_ms_per_token * excess
         ms = self.tokens_ms(tokens) + decodes + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
@@ -399,14 +431,15 @@ class RooflineCostModel:
 
     def decode_step_increment(self, batch: Batch) -> float | tuple[float, int] | None:
         """For a decode-only batch: each next step reads ``num_decode`` more KV tokens, so the
-        GPU takes ``num_decode * kv_bytes_per_token / (BW * kv_read_efficiency)`` longer --
+        GPU takes ``num_decode`` times a decode's attention per context token longer (its KV's
+        read, ``kv_bytes_per_token / (BW * kv_read_efficiency)``, or its FLOPs if longer) --
         unless the host's work or the launches are the longer, then the step stays as it is
         for as many steps as the GPU's time stays below them (``(0.0, steps)``). ``None`` when
         prefill runs or drafts are verified."""
         if batch.prefill_tokens or batch.spec_tokens:
             return None
         n = batch.num_decode
-        inc = n * self._kv_ms_per_token
+        inc = n * self._decode_ms_per_token
         inc, steps = self.step.decode_increment(self.gpu_ms(batch, n), inc, math.inf, n, n)
         return inc if steps == math.inf else (inc, steps)
 
@@ -549,7 +582,7 @@ class RooflineCostModel:
         prefill = np.vectorize(lambda g, t: self.step.step_ms(g, int(t), 1), otypes=[float])(gpu, chunk)
         # Step j (1..steps) has GPU time base + k (prompt + j); the step is max(that + shift,
         # floor) + add. The first `flat` steps sit on the floor; the others form an arithmetic series.
-        k = self._kv_ms_per_token
+        k = self._decode_ms_per_token
         base = self.tokens_ms(1) + self.logits_ms(1) + self._decode_ms + self._window_ms
         shift, floor, add = self.step.shape(1, 1)
         if k > 0.0:
@@ -616,11 +649,12 @@ def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig
 
     :raises ConfigError: the GPU's table names a setting the roofline does not have.
     """
-    unknown = sorted(set(gpu.efficiency) - set(DERIVATION))
+    known = {**DERIVATION, "latent_decode_efficiency": default_latent_decode_efficiency(gpu)}
+    unknown = sorted(set(gpu.efficiency) - set(known))
     if unknown:
         raise ConfigError(f"GPU {gpu.name!r}: efficiency has unknown key {unknown[0]!r}; "
-                          f"valid keys: {', '.join(sorted(DERIVATION))}")
-    filled = {name: float(gpu.efficiency.get(name, default)) for name, default in DERIVATION.items()
+                          f"valid keys: {', '.join(sorted(known))}")
+    filled = {name: float(gpu.efficiency.get(name, default)) for name, default in known.items()
               if getattr(config, name) is None}
     if config.attention_kernel is None:
         filled["attention_kernel"] = default_attention_kernel(gpu)

@@ -12,7 +12,10 @@ Per GPU of an instance of ``tp`` tensor-parallel ranks, in an iteration of ``T``
   routing, ``/ tp``; the KV the decodes attend over and the cached context a prefill chunk's
   attention reaches back over;
 * flops: ``2 x active params / tp`` per token (the routed experts' ``2 x k x expert params``
-  among them) and attention's ``4 x layers x heads x head_dim / tp`` per (query, key) pair.
+  among them) and attention's ``2 x layers x heads x (qk_head_dim + head_dim) / tp`` per (query,
+  key) pair -- ``4 x layers x heads x head_dim / tp`` with equal heads; a latent-attention decode,
+  absorbed as vLLM runs it, multiplies its query by the ``kv_latent_dim`` latent and its weights
+  by the latent less the RoPE part: ``2 x layers x heads x (2 latent - rope) / tp``.
   They are counted at the rate of the GPU's bf16 peak, which power models divide by: where the
   GPU multiplies a W8A8 FP8 checkpoint's GEMMs at its FP8 rate (:func:`gemm_factors`), each of
   their FLOPs counts ``bf16_tflops / fp8_tflops`` (about half), as the roofline times them.
@@ -89,7 +92,13 @@ class ModelWork:
         self.factors = factors
         self._dense_counted = self.dense_flops_per_token * factors[0]
         self._expert_counted = self.expert_flops_per_token * factors[1]
-        self.attention_flops_per_pair = 4.0 * m.num_layers * (m.num_attention_heads or 0) * m.head_dim / tp
+        heads = 2.0 * m.num_layers * (m.num_attention_heads or 0) / tp
+        #: a prefill's QK^T and attention-times-V per (query, key) pair
+        self.attention_flops_per_pair = heads * ((m.qk_head_dim or m.head_dim) + m.head_dim)
+        #: a decode's: latent attention absorbed (vLLM's MLA decode: ``q W_UK`` against the latent
+        #: and its RoPE key, the weights against the latent) -- about 3.4x a prefill's in DeepSeek-V3
+        self.decode_attention_flops_per_pair = heads * (2 * m.kv_latent_dim - m.kv_rope_dim) \
+            if m.kv_latent_dim is not None else self.attention_flops_per_pair
 
     def work(self, batch: Batch) -> tuple[float, float]:
         """``(bytes, flops)`` one GPU reads and computes in an iteration of ``batch``, its routed
@@ -171,7 +180,7 @@ class ModelWork:
             n = max(1, batch.num_prefill)
             pt = batch.prefill_tokens
             flops += self.attention_flops_per_pair * (pt * batch.prefill_context_tokens / n + pt * (pt / n + 1) / 2)
-        return flops + self.attention_flops_per_pair * batch.decode_context_tokens
+        return flops + self.decode_attention_flops_per_pair * batch.decode_context_tokens
 
 
 def check_rank_tokens(tokens: Sequence[int], ranks: int) -> None:
