@@ -260,6 +260,25 @@ def test_a_scheduler_cap_other_than_the_runs_is_said(tmp_path, capsys, file_batc
         assert said in err and err.count("the measured run ran") == 1 and "[workload]: the measured" in err, err
 
 
+@pytest.mark.parametrize("file_budget, said", [
+    (2048, "the measured run ran max_num_batched_tokens = 2048 (each engine), the simulated one 8192: set "
+           "[scheduler] max_num_batched_tokens = 2048 to replay it"),
+    (8192, None),
+    (None, None),   # the benchmark passed no --max-num-batched-tokens: nothing to compare
+])
+def test_a_token_budget_other_than_the_runs_is_said(tmp_path, capsys, file_budget, said):
+    rows = [request(100, 20) for _ in range(40)]
+    (tmp_path / "results.json").write_text(json.dumps(results(rows, max_num_seqs=8,
+                                                              max_num_batched_tokens=file_budget)))
+    (tmp_path / "exp.toml").write_text(TOML % "")   # the continuous scheduler's default budget: 8,192
+    assert main(["validate", str(tmp_path / "exp.toml")]) == 0
+    err = capsys.readouterr().err
+    if said is None:
+        assert "max_num_batched_tokens" not in err, err
+    else:
+        assert said in err and err.count("the measured run ran max_num_batched_tokens") == 1, err
+
+
 def test_a_target_alone_says_its_cap_too(tmp_path, capsys):
     """Another workload (the same requests from a file) compared with the ML.ENERGY run: the
     [target] table says the cap, once."""

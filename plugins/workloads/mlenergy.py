@@ -17,8 +17,9 @@ latency are kept for comparison, from the client's side, with the GPUs' power ov
 (``timeline.power``) and the server's running and waiting requests (the ``prometheus.json``
 beside the file) for the ``compare`` report's figures. Set the scheduler's ``max_num_seqs`` to
 the run's (the file's ``max_num_seqs``; a warning says when the simulated schedulers' add up to
-another). The same file is a ``[target]``: its latency statistics and its steady state
-(``schedlab.targets``).
+another), and its ``max_num_batched_tokens`` where the file says one (None when the benchmark's
+``--max-num-batched-tokens`` was not given: vLLM's default, or its config file's, then). The
+same file is a ``[target]``: its latency statistics and its steady state (``schedlab.targets``).
 """
 
 from __future__ import annotations
@@ -95,14 +96,15 @@ def load_mlenergy(path, *, limit: int | None = None, prefix_blocks: str = "text"
         else None
     measured = MeasuredRequests(str(path), np.zeros(len(keep)), ttft, tpot, e2e, output, view="client",
                                 power=power, steady_ms=steady, occupancy=occupancy)
-    batch, gpus = (positive_int(data.get(key)) for key in ("max_num_seqs", "num_gpus"))
+    batch, gpus, budget = (positive_int(data.get(key))
+                           for key in ("max_num_seqs", "num_gpus", "max_num_batched_tokens"))
     per_row, constant = {}, {}
     if prefix_blocks == "text":
         ids = text_block_ids([_prompt_text(rows[i].get("prompt")) for i in keep], prompt, hash_block_tokens)
         if any(ids):
             per_row["block_hashes"], constant["hash_block_tokens"] = ids, hash_block_tokens
-    return RequestColumns(prompt, output, per_row, constant), measured, len(rows), {"max_num_seqs": batch,
-                                                                                    "num_gpus": gpus}
+    settings = {"max_num_seqs": batch, "num_gpus": gpus, "max_num_batched_tokens": budget}
+    return RequestColumns(prompt, output, per_row, constant), measured, len(rows), settings
 
 
 def _prompt_text(prompt) -> str | None:

@@ -602,7 +602,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     _check_async_scheduling(assembled, where)
     _check_queue_limit(assembled, where)
     info = getattr(assembled.workload, "info", {})
-    replayed = {"max_num_seqs": info.get("max_num_seqs"), "num_gpus": info.get("num_gpus")}
+    replayed = {key: info.get(key) for key in ("max_num_seqs", "num_gpus", "max_num_batched_tokens")}
     _warn_other_run(assembled, replayed, "[workload]", where)
     if "target" not in spec.tables:
         return assembled
@@ -618,11 +618,12 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
 
 
 def _warn_other_run(a: Assembled, settings: dict, table: str, where: str) -> None:
-    """Say when the measured run ``table`` replays or compares with names its ``max_num_seqs``
-    or ``num_gpus`` (an ML.ENERGY benchmark's ``settings``) and the simulated run has others:
-    its steady state is ``max_num_seqs`` requests running -- split over data-parallel ranks or
-    instances, as the benchmark splits it over vLLM's data-parallel engines -- and its energy is
-    all its GPUs'."""
+    """Say when the measured run ``table`` replays or compares with names its ``max_num_seqs``,
+    ``num_gpus`` or ``max_num_batched_tokens`` (an ML.ENERGY benchmark's ``settings``) and the
+    simulated run has others: its steady state is ``max_num_seqs`` requests running -- split over
+    data-parallel ranks or instances, as the benchmark splits it over vLLM's data-parallel
+    engines -- its energy is all its GPUs', and each engine's steps hold at most
+    ``max_num_batched_tokens`` (vLLM's per-engine budget)."""
     if a.pools is not None:
         return
     parts = a.instances[0]
@@ -633,8 +634,14 @@ def _warn_other_run(a: Assembled, settings: dict, table: str, where: str) -> Non
         warnings.warn(f"{where} {table}: the measured run served on {settings['num_gpus']} GPUs, the simulated one on "
                       f"{gpus}: set tensor_parallel (and [cluster] data_parallel) to its layout -- its energy and "
                       "power are all its GPUs'", InputWarning, stacklevel=3)
+    config = getattr(parts[0], "config", None)
+    budget, have = settings.get("max_num_batched_tokens"), getattr(config, "max_num_batched_tokens", None)
+    if budget is not None and isinstance(have, int) and not isinstance(have, bool) and have != budget:
+        warnings.warn(f"{where} {table}: the measured run ran max_num_batched_tokens = {budget} (each engine), the "
+                      f"simulated one {have}: set [scheduler] max_num_batched_tokens = {budget} to replay it",
+                      InputWarning, stacklevel=3)
     batch = settings.get("max_num_seqs")
-    cap = getattr(getattr(parts[0], "config", None), "max_num_seqs", None)
+    cap = getattr(config, "max_num_seqs", None)
     if batch is None or a.parallelism.pipelined or not isinstance(cap, int) or isinstance(cap, bool):
         return
     if cap * count != batch:
