@@ -130,6 +130,14 @@ class ModelSpec:
     kv_index_bytes: int = int_field(
         0, min=0, help="bytes each token keeps per layer beside its KV for a sparse-attention indexer (DeepSeek-V3.2's "
                        "DSA: 128 FP8 values and a 4-byte scale, 132), the same on every rank")
+    sparse_attention_keys: int | None = int_field(
+        None, min=1, optional=True,
+        help="sparse attention (DSA: DeepSeek-V3.2, GLM-5; config.json index_topk, 2,048): each query attends to "
+             "this many keys its lightning indexer picks. vLLM's sparse MLA kernel runs over that many slots for "
+             "every query (those past a short context masked), so a decode's latent attention is a constant; "
+             "the indexer reads every context token's kv_index_bytes key and scores it")
+    index_heads: int = int_field(0, min=0, help="DSA: the lightning indexer's heads (config.json index_n_heads, 64)")
+    index_head_dim: int = int_field(0, min=0, help="DSA: the size of an indexer head (config.json index_head_dim, 128)")
     kv_rope_dim: int = int_field(
         0, min=0, help="multi-head latent attention: the part of kv_latent_dim that is the keys' shared RoPE part "
                        "(qk_rope_head_dim, 64 in DeepSeek-V3). vLLM decodes MLA absorbed: each query head is "
@@ -175,6 +183,12 @@ class ModelSpec:
         if self.kv_rope_dim and (self.kv_latent_dim is None or self.kv_rope_dim >= self.kv_latent_dim):
             raise ConfigError(f"{self.name}: kv_rope_dim ({self.kv_rope_dim}) is part of the latent: it needs "
                               f"kv_latent_dim set and larger (got {self.kv_latent_dim})")
+        if self.sparse_attention_keys is not None and (self.kv_latent_dim is None or not self.kv_index_bytes):
+            raise ConfigError(f"{self.name}: sparse_attention_keys is DeepSeek's sparse latent attention: it needs "
+                              "kv_latent_dim and kv_index_bytes (the indexer's keys) set")
+        if (self.index_heads or self.index_head_dim) and self.sparse_attention_keys is None:
+            raise ConfigError(f"{self.name}: index_heads and index_head_dim describe a sparse-attention indexer: "
+                              "set sparse_attention_keys too")
         if self.sliding_window_layers and self.sliding_window is None:
             raise ConfigError(f"{self.name}: sliding_window_layers is set but sliding_window is not")
 

@@ -294,9 +294,13 @@ def model_fields(config: dict, where: str) -> dict:
 def _index_bytes(r: _Reader) -> dict:
     """``kv_index_bytes``: DeepSeek-V3.2's sparse attention (DSA; GLM-5 too) keeps, beside each
     token's latent, its key for the lightning indexer -- ``index_head_dim`` FP8 values and a 4-byte
-    scale per 128 (vLLM's ``DeepseekV32IndexerCache``: 132 bytes a token and layer)."""
+    scale per 128 (vLLM's ``DeepseekV32IndexerCache``: 132 bytes a token and layer); and the
+    ``index_topk`` keys each query attends to, the indexer's heads and their size."""
     dim = r.int("index_head_dim", default=None) if r.get("index_topk") is not None else None
-    return {"kv_index_bytes": dim + 4 * -(-dim // 128)} if dim else {}
+    if not dim:
+        return {}
+    return {"kv_index_bytes": dim + 4 * -(-dim // 128), "sparse_attention_keys": r.int("index_topk"),
+            "index_heads": r.int("index_n_heads", default=0), "index_head_dim": dim}
 
 
 #: A hybrid pattern's letters (Nemotron-H's ``hybrid_override_pattern``): M a Mamba-2 layer, * an

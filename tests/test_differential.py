@@ -8,6 +8,8 @@ the same way -- the comparison is strict.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 
 import pytest
@@ -15,11 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlab.testing import check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine
+from schedlab.hf_config import spec_from_path
 from schedlab.model import Request
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler
 
+#: real config.json files (DeepSeek-V3.2: sparse latent attention)
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -145,7 +150,7 @@ def step_settings(draw):
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), continuous_configs(),
        st.integers(20, 400), st.sampled_from(["l4", "a100-80gb", "h100-80gb"]), st.sampled_from([1, 2, 4]),
-       step_settings(), st.sampled_from(["llama-3-8b", "deepseek-v3"]))
+       step_settings(), st.sampled_from(["llama-3-8b", "deepseek-v3", "deepseek-v3.2"]))
 def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, step, model_name):
     """The roofline model's decode steps grow with context (memory-bound KV reads): bulk runs
     sum that growth in closed form. Its costs are not dyadic, so the engines agree to rounding.
@@ -156,13 +161,15 @@ def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, 
     Uneven decode contexts add alpha of the gap to the longest: the fast engine reads the
     longest context from its heaps, the reference engine from every sequence, and along a bulk
     run the gap stays the same. DeepSeek-V3's latent attention decodes absorbed: with 32-128 heads
-    on a GPU its FLOPs, not its KV read, set each decode's growth with the context."""
+    on a GPU its FLOPs, not its KV read, set each decode's growth with the context; DeepSeek-V3.2's
+    sparse attention adds a constant per decode and grows by its indexer's keys alone."""
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
 
     presets = Presets.from_catalog(load_catalog(entry_points=False))
-    model = presets.model(model_name)
+    model = spec_from_path(str(CONFIGS / "deepseek-v3.2.json"), "test") if model_name == "deepseek-v3.2" \
+        else presets.model(model_name)
     if model.vocab_size is None:
         model = attrs.evolve(model, vocab_size=128256)  # so the logits are gathered at TP > 1
     cost = RooflineCostModel(model, presets.gpu(gpu), RooflineConfig(model=model_name, gpu=gpu, tensor_parallel=tp,

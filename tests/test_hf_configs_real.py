@@ -360,6 +360,9 @@ def test_deepseek_v3_2_keeps_its_indexer_keys_beside_the_latent():
     assert s.kv_index_bytes == 132
     assert s.kv_bytes_per_token() == s.kv_bytes_per_token(8) == 61 * (576 * 2 + 132)
     assert spec(config("deepseek-v3")).kv_index_bytes == 0
+    # each query attends to the 2,048 keys its indexer of 64 heads of 128 picks
+    assert (s.sparse_attention_keys, s.index_heads, s.index_head_dim) == (2048, 64, 128)
+    assert spec(config("deepseek-v3")).sparse_attention_keys is None
 
 
 def test_norms_left_in_16_bits_are_not_attention_left_in_16_bits():

@@ -14,6 +14,7 @@ import pytest
 from schedlab.capacity import ModelSpec, Presets
 from schedlab.catalog import load_catalog
 from schedlab.errors import ConfigError
+from schedlab.hf_config import spec_from_path
 from schedlab.protocols import Batch
 from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
 from schedlab_plugins.cost_models.roofline import LATENT_DECODE_POOLED, default_latent_decode_efficiency
@@ -119,6 +120,77 @@ def test_the_shipped_efficiencies_are_what_the_derivation_gives():
     assert default_latent_decode_efficiency(PRESETS.gpu("rtx-pro-6000")) == LATENT_DECODE_POOLED["triton"]
     assert _roofline("b200", 1).settings.latent_decode_efficiency == LATENT_DECODE_POOLED["flash"]
     assert _roofline("a100-40gb", 1).settings.latent_decode_efficiency == MEASURED_LATENT_DECODE["a100-80gb"]
+
+
+# --- DeepSeek-V3.2's sparse attention (DSA) --------------------------------------------------------
+
+
+def _deepseek_v32() -> ModelSpec:
+    return spec_from_path(str(Path(__file__).parent / "data" / "hf_configs" / "deepseek-v3.2.json"), "test")
+
+
+def test_capped_pairs_count_each_querys_keys_up_to_the_cap():
+    from schedlab_plugins.cost_models.work import capped_pairs
+
+    for tokens in range(0, 9):
+        for cached in range(0, 9):
+            for cap in range(1, 12):
+                assert capped_pairs(tokens, cached, cap) == sum(min(cached + j, cap) for j in range(1, tokens + 1))
+
+
+def test_a_sparse_decode_reads_its_indexer_keys_per_context_token_and_2048_latents_whatever_its_context():
+    """DeepSeek-V3.2, 61 layers: per context token a decode reads its 132-byte indexer key a layer
+    and scores it with 64 heads of 128 (FP8: half a bf16 FLOP on an H100); whatever its context
+    it attends to 2,048 latents of 1,152 bytes, absorbed, 128 heads of 1,088 a pair."""
+    v32 = _deepseek_v32()
+    h100 = PRESETS.gpu("h100-80gb")
+    half = h100.bf16_tflops / h100.fp8_tflops
+    w = ModelWork(v32, 1, fp8=half)
+    assert w.decode_bytes_per_token == 61 * 132
+    assert w.index_flops_per_key == 2 * 61 * 64 * 128 * half == w.decode_attention_flops_per_pair
+    assert w.sparse_bytes_per_decode == 2048 * 61 * 1152
+    assert w.sparse_flops_per_decode == 2048 * 2 * 61 * 128 * 1088
+    # a step of 8 decodes over 3,000 context tokens each reads and computes that much attention
+    decodes = Batch(num_decode=8, decode_context_tokens=24_000)
+    bytes_, flops = w.work(decodes)
+    bare = ModelWork(attrs.evolve(v32, sparse_attention_keys=None, index_heads=0, index_head_dim=0,
+                                  kv_index_bytes=0), 1, fp8=half).work(Batch(num_decode=8))
+    assert bytes_ - bare[0] == pytest.approx(24_000 * 61 * 132 + 8 * 2048 * 61 * 1152)
+    assert flops - bare[1] == pytest.approx(24_000 * 2 * 61 * 64 * 128 * half + 8 * 2048 * 2 * 61 * 128 * 1088)
+    # the roofline: per context token the indexer's read (its FLOPs are fewer a byte than the
+    # ridge), per decode the sparse attention's 2,048 latents at the latent-decode rate
+    cost = _roofline("h100-80gb", 1, v32)
+    kv_eff, latent_eff = cost.settings.kv_read_efficiency, cost.settings.latent_decode_efficiency
+    per_token = 61 * 132 / (3350e6 * kv_eff)
+    assert per_token > 2 * 61 * 64 * 128 * half / (989e9 * latent_eff)
+    assert cost.decode_step_increment(decodes) == pytest.approx(8 * per_token, rel=1e-12)
+    sparse = max(2048 * 61 * 1152 / (3350e6 * kv_eff), 2048 * 2 * 61 * 128 * 1088 / (989e9 * latent_eff))
+    one, two = (cost.kernel_ms(Batch(num_decode=1, decode_context_tokens=c)) for c in (100, 5_000))
+    assert two - one == pytest.approx(4_900 * per_token, rel=1e-9)
+    dense = _roofline("h100-80gb", 1, attrs.evolve(v32, sparse_attention_keys=None, index_heads=0,
+                                                        index_head_dim=0, kv_index_bytes=0))
+    assert one - dense.kernel_ms(Batch(num_decode=1, decode_context_tokens=0)) == pytest.approx(
+        100 * per_token + sparse, rel=1e-9)
+
+
+def test_a_sparse_prefill_caps_each_querys_latents_and_its_indexer_scores_every_pair():
+    """A 4,096-token prompt: query j attends to min(j, 2,048) latents -- 2,098,176 + 2,048 x 2,048
+    pairs -- and the indexer scores all 8,390,656 causal pairs."""
+    v32 = _deepseek_v32()
+    w = ModelWork(v32, 8, fp8=0.5)
+    capped = 2048 * 2049 / 2 + 2048 * 2048
+    assert w.prefill_attention_flops(4096) == pytest.approx(
+        capped * 2 * 61 * 16 * 1088 + 4096 * 4097 / 2 * 2 * 61 * 64 * 128 * 0.5)
+    # below the cap, every causal pair
+    assert w.prefill_attention_flops(1000, 500) == pytest.approx(
+        (1000 * 500 + 1000 * 1001 / 2) * (2 * 61 * 16 * 1088 + 2 * 61 * 64 * 128 * 0.5))
+
+
+def test_sparse_attention_needs_its_indexer():
+    with pytest.raises(ConfigError, match="sparse_attention_keys"):
+        attrs.evolve(DEEPSEEK, sparse_attention_keys=2048)
+    with pytest.raises(ConfigError, match="index_heads"):
+        attrs.evolve(DEEPSEEK, index_heads=64)
 
 
 def test_the_rope_part_belongs_to_a_latent():

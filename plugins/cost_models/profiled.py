@@ -81,7 +81,7 @@ from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
-from .work import ModelWork, check_rank_tokens, gemm_factors
+from .work import ModelWork, check_rank_tokens, fp8_factor, gemm_factors
 
 
 @attrs.frozen
@@ -346,7 +346,8 @@ class ProfiledCostModel:
     def _model_work(self) -> ModelWork:
         """The model's work counts, made when first asked (only power models ask)."""
         if self._work is None:
-            self._work = ModelWork(self.model, self.config.tensor_parallel, gemm_factors(self.model, self._gpu))
+            self._work = ModelWork(self.model, self.config.tensor_parallel, gemm_factors(self.model, self._gpu),
+                                   fp8_factor(self._gpu))
         return self._work
 
     def experts_ms(self, tokens) -> float | None:

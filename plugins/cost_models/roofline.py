@@ -102,7 +102,7 @@ from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
-from .work import ModelWork, check_rank_tokens, gemm_factors
+from .work import ModelWork, check_rank_tokens, fp8_factor, gemm_factors
 
 
 #: The pooled efficiencies, for a GPU measured by no profile (neither its own nor its
@@ -319,17 +319,22 @@ class RooflineCostModel:
         self._expert_peak_per_ms = self._peak_flops_per_ms / factors[1]
         self._host_bytes_per_ms = gpu.host_link_gbps * 1e6
         #: what an iteration reads and computes on each GPU (power models; :mod:`.work`)
-        self._work = w = ModelWork(model, tp, factors)  # raises ConfigError on a bad split
+        self._work = w = ModelWork(model, tp, factors, fp8_factor(gpu))  # raises ConfigError on a bad split
         self._kv_bytes_per_token = w.kv_bytes_per_token
-        self._kv_ms_per_token = self._kv_bytes_per_token / (bw * c.kv_read_efficiency)
+        # what a decode reads per context token: its KV (DSA: its indexer's keys)
+        self._kv_ms_per_token = w.decode_bytes_per_token / (bw * c.kv_read_efficiency)
         self._attention_flops_per_ms = self._peak_flops_per_ms * c.attention_efficiency
         #: a decode's attention per context token: its KV's read, or its FLOPs where they take
         #: longer (latent attention decoded absorbed, many heads per GPU)
-        self._decode_ms_per_token = max(self._kv_ms_per_token, w.decode_attention_flops_per_pair
-                                        / (self._peak_flops_per_ms * c.latent_decode_efficiency))
+        latent_flops_per_ms = self._peak_flops_per_ms * c.latent_decode_efficiency
+        self._decode_ms_per_token = max(self._kv_ms_per_token, w.decode_attention_flops_per_pair / latent_flops_per_ms)
         #: a decode's read of its window layers' KV: at most the window, taken as all of it
-        #: (schedlab.kv_window; 0 without window layers), whatever the cache keeps of them
-        self._window_ms = w.window_bytes_per_decode / (bw * c.kv_read_efficiency)
+        #: (schedlab.kv_window; 0 without window layers), whatever the cache keeps of them; and
+        #: DSA's sparse attention over its keys, every slot run (a context shorter than them
+        #: masks the rest)
+        self._window_ms = w.window_bytes_per_decode / (bw * c.kv_read_efficiency) \
+            + max(w.sparse_bytes_per_decode / (bw * c.kv_read_efficiency),
+                  w.sparse_flops_per_decode / latent_flops_per_ms)
         b = model.weight_bytes_per_param
         expert_total = model.expert_params * model.num_experts
         embedding = model.embedding_params  # an untied table: looked up, one row per token
@@ -551,15 +556,12 @@ class RooflineCostModel:
 
     def prefill_attention_ms(self, prefill_tokens: int, prefill_context_tokens: int = 0, num_prefill: int = 1) -> float:
         """Attention compute of the prefill part of an iteration (only when the model declares
-        ``num_attention_heads``): ``4 * layers * heads * head_dim`` FLOPs per (query, key)
-        pair; a chunk of ``c`` tokens after ``p`` cached ones has ``c * p + c * (c + 1) / 2``
-        causal pairs. A :class:`Batch` only carries sums, so the chunks are taken to be of
-        equal length (exact for one prefill; for several it undercounts the ``c**2`` part,
-        by Cauchy-Schwarz).
-        """
-        n = max(1, num_prefill)
-        pairs = prefill_tokens * prefill_context_tokens / n + prefill_tokens * (prefill_tokens / n + 1) / 2
-        return self._attention_flops_per_pair * pairs / self._attention_flops_per_ms
+        ``num_attention_heads``): ``2 * layers * heads * (qk_head_dim + head_dim)`` FLOPs per
+        (query, key) pair, each query's pairs capped at DSA's keys and its indexer's added
+        (:meth:`.work.ModelWork.prefill_attention_flops`: its pairs, chunks taken as equal), at
+        ``attention_efficiency`` of the bf16 peak."""
+        return self._work.prefill_attention_flops(prefill_tokens, prefill_context_tokens, num_prefill) \
+            / self._attention_flops_per_ms
 
     def swap_ms(self, num_tokens: int) -> float:
         """Time to copy ``num_tokens`` tokens of KV between GPU and CPU over the host link

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from schedlab.capacity import ModelSpec
 from schedlab.energy.work import Work, phases_of
 from schedlab.protocols import Batch
@@ -66,11 +68,28 @@ def gemm_factors(model: ModelSpec, gpu) -> tuple[float, float]:
             ratio if model.expert_bytes_per_param == 1.0 else 1.0)
 
 
+def fp8_factor(gpu) -> float:
+    """What an FP8 FLOP counts at the bf16 peak's rate on ``gpu`` (None: 1): ``bf16_tflops /
+    fp8_tflops`` where it has FP8 tensor cores (DSA's indexer scores in FP8), else 1."""
+    return gpu.bf16_tflops / gpu.fp8_tflops if gpu is not None and gpu.fp8_tflops else 1.0
+
+
+def capped_pairs(tokens: float, cached: float, cap: float) -> float:
+    """(query, key) pairs of a chunk of ``tokens`` queries after ``cached`` tokens when each query
+    attends to at most ``cap`` keys: ``sum over j = 1..tokens of min(cached + j, cap)`` -- the
+    causal pairs less the last ``t`` queries' excess over the cap (numbers or numpy arrays)."""
+    over = np.clip(cached + tokens - cap, 0.0, tokens)  # the queries past the cap: the last ones
+    excess = over * (cached - cap) + (tokens * (tokens + 1) - (tokens - over) * (tokens - over + 1)) / 2
+    return tokens * cached + tokens * (tokens + 1) / 2 - excess
+
+
 class ModelWork:
     """The bytes and FLOPs of an iteration on one GPU of ``model`` split over ``tensor_parallel``
-    ranks (see the module docstring); ``factors``: :func:`gemm_factors` of the GPU."""
+    ranks (see the module docstring); ``factors``: :func:`gemm_factors` of the GPU; ``fp8``:
+    :func:`fp8_factor` of it."""
 
-    def __init__(self, model: ModelSpec, tensor_parallel: int = 1, factors: tuple[float, float] = (1.0, 1.0)):
+    def __init__(self, model: ModelSpec, tensor_parallel: int = 1, factors: tuple[float, float] = (1.0, 1.0),
+                 fp8: float = 1.0):
         m = self.model = model
         tp = self.tp = tensor_parallel
         lm_head = m.lm_head_params
@@ -97,8 +116,43 @@ class ModelWork:
         self.attention_flops_per_pair = heads * ((m.qk_head_dim or m.head_dim) + m.head_dim)
         #: a decode's: latent attention absorbed (vLLM's MLA decode: ``q W_UK`` against the latent
         #: and its RoPE key, the weights against the latent) -- about 3.4x a prefill's in DeepSeek-V3
-        self.decode_attention_flops_per_pair = heads * (2 * m.kv_latent_dim - m.kv_rope_dim) \
+        self.latent_flops_per_pair = heads * (2 * m.kv_latent_dim - m.kv_rope_dim) \
             if m.kv_latent_dim is not None else self.attention_flops_per_pair
+        #: sparse latent attention (DSA): each query attends to ``sparse_keys`` latents (vLLM's sparse
+        #: MLA kernels run absorbed, prefill too, over every one of those slots), and its indexer
+        #: reads every context token's key and scores it with ``index_heads`` heads in FP8 (on
+        #: every rank: its weights are not split) -- so a decode's latent attention is a constant,
+        #: and what grows with its context is the indexer
+        self.sparse_keys = m.sparse_attention_keys or 0
+        if self.sparse_keys:
+            index_bytes = m.kv_layers * m.kv_index_bytes
+            self.index_flops_per_key = 2.0 * m.kv_layers * m.index_heads * m.index_head_dim * fp8
+            #: KV bytes a decode reads per context token
+            self.decode_bytes_per_token = index_bytes
+            #: and what it reads and computes whatever its context (sparse attention's keys)
+            self.sparse_bytes_per_decode = self.sparse_keys * (self.kv_bytes_per_token - index_bytes)
+            self.sparse_flops_per_decode = self.sparse_keys * self.latent_flops_per_pair
+            self.decode_attention_flops_per_pair = self.index_flops_per_key
+        else:
+            self.index_flops_per_key = 0.0
+            self.decode_bytes_per_token = self.kv_bytes_per_token
+            self.sparse_bytes_per_decode = self.sparse_flops_per_decode = 0.0
+            self.decode_attention_flops_per_pair = self.latent_flops_per_pair
+
+    def prefill_attention_flops(self, prefill_tokens: float, prefill_context_tokens: float = 0,
+                                num_prefill: int = 1) -> float:
+        """Attention FLOPs of the prefill part of an iteration: a chunk of ``c`` tokens after ``p``
+        cached ones has ``c * p + c * (c + 1) / 2`` causal pairs. A :class:`Batch` only carries
+        sums, so the chunks are taken to be of equal length (exact for one prefill; for several
+        it undercounts the ``c**2`` part, by Cauchy-Schwarz). Sparse attention: each query's
+        pairs capped at ``sparse_keys``, absorbed, and the indexer over every causal pair."""
+        n = max(1, num_prefill)
+        c, p = prefill_tokens / n, prefill_context_tokens / n
+        pairs = n * (c * p + c * (c + 1) / 2)
+        if not self.sparse_keys:
+            return self.attention_flops_per_pair * pairs
+        return self.latent_flops_per_pair * n * capped_pairs(c, p, self.sparse_keys) \
+            + self.index_flops_per_key * pairs
 
     def work(self, batch: Batch) -> tuple[float, float]:
         """``(bytes, flops)`` one GPU reads and computes in an iteration of ``batch``, its routed
@@ -170,17 +224,19 @@ class ModelWork:
         return tuple(stages)
 
     def _kv_bytes(self, batch: Batch) -> float:
-        return ((batch.decode_context_tokens + batch.prefill_context_tokens) * self.kv_bytes_per_token
-                + batch.num_decode * self.window_bytes_per_decode)
+        return (batch.decode_context_tokens * self.decode_bytes_per_token
+                + batch.prefill_context_tokens * self.kv_bytes_per_token
+                + batch.num_decode * (self.window_bytes_per_decode + self.sparse_bytes_per_decode))
 
     def _with_attention(self, flops: float, batch: Batch) -> float:
         """``flops`` and the batch's attention: a prefill chunk's causal pairs (chunks taken as
-        equal: a :class:`Batch` carries sums), each decode's one query over its context."""
+        equal: a :class:`Batch` carries sums), each decode's one query over its context (its
+        sparse attention's keys with DSA)."""
         if batch.prefill_tokens:
-            n = max(1, batch.num_prefill)
-            pt = batch.prefill_tokens
-            flops += self.attention_flops_per_pair * (pt * batch.prefill_context_tokens / n + pt * (pt / n + 1) / 2)
-        return flops + self.decode_attention_flops_per_pair * batch.decode_context_tokens
+            flops += self.prefill_attention_flops(batch.prefill_tokens, batch.prefill_context_tokens,
+                                                  batch.num_prefill)
+        return flops + self.decode_attention_flops_per_pair * batch.decode_context_tokens \
+            + batch.num_decode * self.sparse_flops_per_decode
 
 
 def check_rank_tokens(tokens: Sequence[int], ranks: int) -> None:
