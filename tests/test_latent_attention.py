@@ -49,6 +49,20 @@ def test_attention_flops_per_pair_by_hand():
         4_000 * one.decode_attention_flops_per_pair)
 
 
+def test_a_latent_prefill_expands_its_cached_context_first():
+    """A DeepSeek-V3 chunk of 512 tokens after 3,000 cached, at tensor parallel 8: its causal pairs
+    at 2 x 61 x 16 x 320, and kv_b_proj (512 -> 16 heads x (128 + 128)) over the 3,000 cached
+    latents, three quarters of the attention itself at this chunk size."""
+    w = ModelWork(DEEPSEEK, 8)
+    pairs = 512 * 3000 + 512 * 513 / 2
+    expand = 3000 * 2 * 61 * 512 * 16 * 256
+    assert w.prefill_attention_flops(512, 3000) == pytest.approx(pairs * 2 * 61 * 16 * 320 + expand)
+    assert w.prefill_attention_flops(512) == pytest.approx(512 * 513 / 2 * 2 * 61 * 16 * 320)
+    # grouped-query attention has nothing to expand
+    llama = ModelWork(PRESETS.model("llama-3-8b"))
+    assert llama.prefill_attention_flops(512, 3000) == pytest.approx(pairs * 4 * 32 * 32 * 128)
+
+
 def test_a_decode_is_timed_by_its_flops_with_all_heads_on_a_gpu_and_by_its_read_with_few():
     """H100 at tensor parallel 1: 16.99 MFLOP a context token at 0.624 x 989 TFLOPS (27.5 ns)
     outlast its 70,272 KV bytes at 0.91 x 3.35 TB/s (23.1 ns); at tensor parallel 8 the FLOPs

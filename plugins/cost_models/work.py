@@ -124,6 +124,12 @@ class ModelWork:
         #: every rank: its weights are not split) -- so a decode's latent attention is a constant,
         #: and what grows with its context is the indexer
         self.sparse_keys = m.sparse_attention_keys or 0
+        #: dense latent attention's prefill is not absorbed: vLLM first expands every cached
+        #: context token's latent into its keys and values (``kv_b_proj``, in each chunk that
+        #: reaches back over them: ``MLACommonImpl._compute_prefill_context``)
+        self.context_expand_flops_per_token = heads * (m.kv_latent_dim - m.kv_rope_dim) * (
+            (m.qk_head_dim or m.head_dim) - m.kv_rope_dim + m.head_dim) \
+            if m.kv_latent_dim is not None and not self.sparse_keys else 0.0
         if self.sparse_keys:
             index_bytes = m.kv_layers * m.kv_index_bytes
             self.index_flops_per_key = 2.0 * m.kv_layers * m.index_heads * m.index_head_dim * fp8
@@ -144,13 +150,14 @@ class ModelWork:
         """Attention FLOPs of the prefill part of an iteration: a chunk of ``c`` tokens after ``p``
         cached ones has ``c * p + c * (c + 1) / 2`` causal pairs. A :class:`Batch` only carries
         sums, so the chunks are taken to be of equal length (exact for one prefill; for several
-        it undercounts the ``c**2`` part, by Cauchy-Schwarz). Sparse attention: each query's
-        pairs capped at ``sparse_keys``, absorbed, and the indexer over every causal pair."""
+        it undercounts the ``c**2`` part, by Cauchy-Schwarz). Latent attention adds the cached
+        tokens' expansion into keys and values; sparse attention caps each query's pairs at
+        ``sparse_keys``, absorbed, and adds the indexer over every causal pair."""
         n = max(1, num_prefill)
         c, p = prefill_tokens / n, prefill_context_tokens / n
         pairs = n * (c * p + c * (c + 1) / 2)
         if not self.sparse_keys:
-            return self.attention_flops_per_pair * pairs
+            return self.attention_flops_per_pair * pairs + self.context_expand_flops_per_token * prefill_context_tokens
         return self.latent_flops_per_pair * n * capped_pairs(c, p, self.sparse_keys) \
             + self.index_flops_per_key * pairs
 
