@@ -3,7 +3,9 @@
     python tools/derive_collectives.py [NETWORK_DIR] [--table] [--write-subset DIR]
 
 Data: Vidur's NCCL timings (../shared/calibration/vidur/profiling/network, MIT; or the subset
-shipped in tests/data/nccl/): all-reduce and send/recv against message size (2 KB - 64 MB,
+shipped in tests/data/nccl/), and NVIDIA aiconfigurator's on a B200 node (:data:`AIC_NCCL`,
+Apache-2.0: CUDA-event times, whose small messages are NCCL's own latency, fitted as the
+``dgx-b200`` preset's ``base_us`` and ``hop_us`` before its bus bandwidths): all-reduce and send/recv against message size (2 KB - 64 MB,
 512 MB on one box), worker count and GPUs per node, on DGX H100 and DGX A100 (NVSwitch; 2 nodes
 over the network for the A100) and on 4-GPU boxes with NVLink-bridged pairs (``*_pairwise_nvlink``).
 Each row is the median, min and max over 3 repeats of rank 0's NCCL kernel time (kineto).
@@ -50,7 +52,13 @@ TOLERANCE = 0.15
 #: Vidur's folders and the preset that models each (the A40 box is left out: its "NVLink pair"
 #: measures 4 GB/s between its two GPUs, so which link it used is unknown).
 PRESET_OF = {"h100_dgx": "dgx-h100", "a100_dgx": "dgx-a100", "h100_pairwise_nvlink": "nvlink-pairs-h100",
-             "a100_pairwise_nvlink": "nvlink-pairs-a100"}
+             "a100_pairwise_nvlink": "nvlink-pairs-a100", "b200_dgx": "dgx-b200"}
+#: NVIDIA aiconfigurator's NCCL timings on a B200 node (github.com/ai-dynamo/aiconfigurator,
+#: Apache-2.0; ``systems/data/b200_sxm/comm/nccl/2.29.2/nccl_perf.parquet``, all-reduce of fp16
+#: buffers on 2, 4 and 8 GPUs, each a CUDA-event time without Vidur's launch skew): the subset
+#: shipped, and the folder name its series take here.
+AIC_NCCL = REPO / "tests" / "data" / "aiconfigurator" / "nccl_b200.csv"
+AIC_FOLDER = "b200_dgx"
 
 
 def read_series(root: Path) -> dict[tuple, np.ndarray]:
@@ -64,6 +72,43 @@ def read_series(root: Path) -> dict[tuple, np.ndarray]:
                 stats = [float(row[f"time_stats.{coll}.{s}"]) * 1e3 for s in ("min", "median", "max")]
                 series.setdefault(key, []).append((float(row["size"]), *stats))
     return {key: np.array(sorted(rows)) for key, rows in series.items()}
+
+
+def extract_aic_nccl(data: Path) -> None:
+    """Write :data:`AIC_NCCL` from an aiconfigurator checkout's ``systems/data`` folder (pyarrow):
+    its B200 all-reduces of fp16 buffers (``message_size`` counts elements: 2 bytes each)."""
+    import pyarrow.parquet as pq
+
+    rows = [r for r in pq.read_table(data / "b200_sxm" / "comm" / "nccl" / "2.29.2" / "nccl_perf.parquet").to_pylist()
+            if r["op_name"] == "all_reduce" and r["nccl_dtype"] == "half"]
+    AIC_NCCL.parent.mkdir(parents=True, exist_ok=True)
+    with open(AIC_NCCL, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["collective", "num_gpus", "bytes", "latency_us"])
+        for r in sorted(rows, key=lambda r: (r["num_gpus"], r["message_size"])):
+            w.writerow(["all_reduce", r["num_gpus"], 2 * r["message_size"], f"{r['latency'] * 1e3:.3f}"])
+
+
+def read_aic_series(path: Path = AIC_NCCL) -> dict[tuple, np.ndarray]:
+    """aiconfigurator's series as :func:`read_series` gives Vidur's: one timing per point (its
+    min, median and max alike), under :data:`AIC_FOLDER`."""
+    series: dict[tuple, list] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            n, us = int(row["num_gpus"]), float(row["latency_us"])
+            series.setdefault((AIC_FOLDER, row["collective"], n, n), []).append((float(row["bytes"]), us, us, us))
+    return {key: np.array(sorted(rows)) for key, rows in series.items()}
+
+
+def fit_latency(series: dict[tuple, np.ndarray], folder: str = AIC_FOLDER) -> dict:
+    """``base_us`` and ``hop_us`` of a machine whose small all-reduces are NCCL's own time (no
+    launch skew): the median time at 64 KB or less of each rank count ``n`` taken as ``base +
+    2 (n - 1) x hop`` (a ring's steps; least squares)."""
+    points = [(n, float(np.median(rows[rows[:, 0] <= SMALL_BYTES, 2])))
+              for (f, coll, n, _), rows in series.items() if f == folder and coll == "all_reduce"]
+    a = np.array([[1.0, 2.0 * (n - 1)] for n, _ in points])
+    (base, hop), *_ = np.linalg.lstsq(a, np.array([us for _, us in points]), rcond=None)
+    return {"base_us": round(float(base), 1), "hop_us": round(float(hop), 2)}
 
 
 def model_us(topology: Topology, collective: str, ranks: int, per_node: int, sizes) -> np.ndarray:
@@ -80,7 +125,8 @@ def series_topology(key: tuple, bus_gbps: float) -> Topology:
     if nodes > 1:
         return Topology("fit", link=preset.link, bus_gbps=1e6, gpus_per_node=per_node, network_gbps=bus_gbps)
     link = preset.cross_island_link if per_node > preset.island_size else preset.link
-    return Topology("fit", link=link, bus_gbps=bus_gbps, gpus_per_node=per_node)
+    return Topology("fit", link=link, bus_gbps=bus_gbps, gpus_per_node=per_node, base_us=preset.base_us,
+                    hop_us=preset.hop_us)
 
 
 def floor_us(rows: np.ndarray) -> float:
@@ -135,7 +181,7 @@ def write_subset(series: dict, out: Path, per_series: int = 48) -> None:
         w.writerow(["topology", "collective", "num_workers", "devices_per_node", "size", "min_us", "median_us",
                     "max_us"])
         for key, rows in sorted(series.items()):
-            if key[0] not in PRESET_OF:
+            if key[0] not in PRESET_OF or key[0] == AIC_FOLDER:
                 continue
             small = rows[rows[:, 0] <= SMALL_BYTES]
             large = rows[rows[:, 0] > SMALL_BYTES]
@@ -149,9 +195,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("network", nargs="?", type=Path, default=NETWORK, help="Vidur's profiling/network folder")
     parser.add_argument("--table", action="store_true", help="the presets against every measured series")
     parser.add_argument("--write-subset", type=Path, metavar="DIR", help="write the tests' CSV subset there")
+    parser.add_argument("--aiconfigurator", type=Path, metavar="DIR",
+                        help="aiconfigurator's systems/data folder: write its B200 subset again from it")
     args = parser.parse_args(argv)
-    series = read_series(args.network)
-    print("Bus bandwidth fitted per series (GB/s; NCCL's latency constants):")
+    if args.aiconfigurator:
+        extract_aic_nccl(args.aiconfigurator)
+        print(f"wrote {AIC_NCCL.relative_to(REPO)}")
+    series = {**read_series(args.network), **read_aic_series()}
+    print(f"B200 latency fitted to aiconfigurator's small all-reduces (B200_LATENCY): {fit_latency(series)}")
+    print("Bus bandwidth fitted per series (GB/s; NCCL's latency constants, the B200's fitted):")
     for key, rows in sorted(series.items()):
         if key[0] in PRESET_OF:
             print(f"  {key}: {fit_bus_gbps(key, rows)}")

@@ -159,7 +159,14 @@ DERIVATION = {
     # Between two of these boxes (the a100 and h100 files hold the same numbers): 3 GB/s, a
     # slow Ethernet rather than InfiniBand, with timings scattered by 2x at the same size.
     ("a100_pairwise_nvlink", "send_recv", 2, 1): 3.0, ("h100_pairwise_nvlink", "send_recv", 2, 1): 3.0,
+    # A B200 node, from NVIDIA aiconfigurator's NCCL 2.29.2 timings (B200_LATENCY's latency)
+    ("b200_dgx", "all_reduce", 2, 2): 440.0, ("b200_dgx", "all_reduce", 4, 4): 491.0,
+    ("b200_dgx", "all_reduce", 8, 8): 531.0,
 }
+#: A B200 node's NCCL latency, which NCCL's constants put too low there: ``base + 2 (n - 1) x hop``
+#: fitted to the median time of its 64 KB-or-smaller all-reduces on 2, 4 and 8 GPUs (10.4, 15.6
+#: and 26.0 us; aiconfigurator's CUDA-event times carry no launch skew, unlike Vidur's)
+B200_LATENCY = {"base_us": 7.8, "hop_us": 1.3}
 
 
 class Collectives:
@@ -345,6 +352,10 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
              source="DGX A100: NVSwitch, NVLink 3 (300 GB/s each way per GPU); bus bandwidths and the network "
                     "of Vidur's A100 cluster (8 GB/s per GPU pair, below the datasheet's 8x 200 Gb/s HDR) fitted "
                     "to Vidur's NCCL timings (tools/derive_collectives.py)"),
+    Topology("dgx-b200", link="nvlink", gpus_per_node=8, bus_gbps=_d("b200_dgx", "all_reduce", 8, 8),
+             bus_gbps_by_ranks={r: _d("b200_dgx", "all_reduce", r, r) for r in (2, 4, 8)}, **B200_LATENCY,
+             source="DGX/HGX B200: NVSwitch, NVLink 5 (900 GB/s each way per GPU); latency and bus bandwidths "
+                    "fitted to NVIDIA aiconfigurator's NCCL 2.29.2 timings (tools/derive_collectives.py)"),
     *(_nvlink_pairs(gpu, gen) for gpu, gen in (("h100", "gen5"), ("a100", "gen4"))),
     *(_pcie(gen, p2p) for p2p in (True, False) for gen in ("gen5", "gen4")),
 )}
@@ -352,7 +363,7 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
 #: The machine a GPU preset is usually found in, when a cost model names no ``interconnect``.
 GPU_DEFAULT_TOPOLOGY = {
     "a100-40gb": "dgx-a100", "a100-80gb": "dgx-a100", "h100-80gb": "dgx-h100", "h200-141gb": "dgx-h100",
-    "gh200-96gb": "dgx-h100", "h100-pcie-80gb": "nvlink-pairs-h100", "l4": "pcie-gen4-host",
+    "gh200-96gb": "dgx-h100", "b200": "dgx-b200", "h100-pcie-80gb": "nvlink-pairs-h100", "l4": "pcie-gen4-host",
     "rtx-pro-6000": "pcie-gen5-host", "rtx-pro-6000-server": "pcie-gen5-host", "rtx-4090": "pcie-gen4-host",
     "a40": "pcie-gen4-p2p", "l40s": "pcie-gen4-p2p", "a10g": "pcie-gen4-host",
 }
