@@ -352,7 +352,7 @@ def test_logits_are_gathered_from_the_vocabulary_shards(tmp_path):
 
 
 def test_tensor_parallel_needs_the_machine(tmp_path):
-    with pytest.raises(ConfigError, match=r"interconnect = <dgx-a100 \| dgx-h100"):
+    with pytest.raises(ConfigError, match=r"interconnect = <dgx-a100 \| dgx-b200 \| dgx-h100"):
         model(write_bundle(tmp_path, tp=2), tensor_parallel=2)
 
 

@@ -89,6 +89,41 @@ def extract_aic_nccl(data: Path) -> None:
             w.writerow(["all_reduce", r["num_gpus"], 2 * r["message_size"], f"{r['latency'] * 1e3:.3f}"])
 
 
+#: vLLM's own tensor-parallel all-reduce, timed by aiconfigurator inside vLLM's graph capture
+#: (``tensor_model_parallel_all_reduce``: custom all-reduce, symmetric memory or NCCL, as vLLM
+#: picks by size): aiconfigurator's system, vLLM version and the topology preset it ran on
+AIC_VLLM = REPO / "tests" / "data" / "aiconfigurator" / "vllm_all_reduce.csv"
+VLLM_MACHINES = (("h100_sxm", "0.24.0", "dgx-h100"), ("a100_sxm", "0.14.0", "dgx-a100"),
+                 ("b200_sxm", "0.24.0", "dgx-b200"))
+VLLM_SIZES = (4096, 2 ** 30)  # bytes: one token of a 2,048-wide model to 1 GB
+
+
+def extract_aic_vllm(data: Path) -> None:
+    """Write :data:`AIC_VLLM` from an aiconfigurator checkout: the graph-captured timings (bf16
+    buffers: ``message_size`` elements of 2 bytes) of :data:`VLLM_MACHINES`."""
+    import pyarrow.parquet as pq
+
+    with open(AIC_VLLM, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["machine", "vllm", "num_gpus", "bytes", "latency_us"])
+        for folder, version, preset in VLLM_MACHINES:
+            table = pq.read_table(data / folder / "comm" / "vllm" / version / "custom_allreduce_perf.parquet")
+            rows = [r for r in table.to_pylist() if r["backend"] == "vllm_graph"
+                    and VLLM_SIZES[0] <= 2 * r["message_size"] <= VLLM_SIZES[1]]
+            for r in sorted(rows, key=lambda r: (r["num_gpus"], r["message_size"])):
+                w.writerow([preset, version, r["num_gpus"], 2 * r["message_size"], f"{r['latency'] * 1e3:.2f}"])
+
+
+def read_aic_vllm(path: Path = AIC_VLLM) -> dict[str, dict[int, tuple]]:
+    """``machine -> ranks -> ((bytes, us), ...)``: :data:`AIC_VLLM` as ``MEASURED_US`` holds it."""
+    table: dict[str, dict[int, list]] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            table.setdefault(row["machine"], {}).setdefault(int(row["num_gpus"]), []).append(
+                (int(row["bytes"]), float(row["latency_us"])))
+    return {m: {n: tuple(sorted(points)) for n, points in by.items()} for m, by in table.items()}
+
+
 def read_aic_series(path: Path = AIC_NCCL) -> dict[tuple, np.ndarray]:
     """aiconfigurator's series as :func:`read_series` gives Vidur's: one timing per point (its
     min, median and max alike), under :data:`AIC_FOLDER`."""
@@ -200,7 +235,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.aiconfigurator:
         extract_aic_nccl(args.aiconfigurator)
-        print(f"wrote {AIC_NCCL.relative_to(REPO)}")
+        extract_aic_vllm(args.aiconfigurator)
+        print(f"wrote {AIC_NCCL.relative_to(REPO)} and {AIC_VLLM.relative_to(REPO)}")
     series = {**read_series(args.network), **read_aic_series()}
     print(f"B200 latency fitted to aiconfigurator's small all-reduces (B200_LATENCY): {fit_latency(series)}")
     print("Bus bandwidth fitted per series (GB/s; NCCL's latency constants, the B200's fitted):")

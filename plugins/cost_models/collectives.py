@@ -32,9 +32,10 @@ by ``tools/derive_collectives.py``, quoted in :data:`DERIVATION`; the pairs' rin
 give the PCIe peer-to-peer rates) and, for PCIe through host memory, a named measurement on
 RTX PRO 6000 servers (:data:`PCIE_HOST_GBPS`). Each preset's ``source`` says which.
 
-Not modelled: vLLM's own all-reduce kernels, which replace NCCL for small messages where GPUs
-reach each other directly (custom all-reduce over NVLink or PCIe peer-to-peer, symmetric
-memory on Hopper): without peer-to-peer, as on the shipped TP 2 run, vLLM uses NCCL.
+vLLM's own all-reduce kernels, which replace NCCL where GPUs reach each other directly (custom
+all-reduce over NVLink, symmetric memory on Hopper and Blackwell), are not NCCL's: a tensor-
+parallel layer's all-reduces take their measured times on the machines they were measured on
+(:mod:`.vllm_all_reduce`). Without peer-to-peer, as on the shipped TP 2 run, vLLM uses NCCL.
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
+from .vllm_all_reduce import ALL_REDUCE_KINDS
 from .work import ModelWork, check_rank_tokens, fp8_factor, gemm_factors
 
 
@@ -94,6 +95,12 @@ class ProfiledConfig:
                                 help="GPU preset: its usual machine's links time the tensor-parallel collectives "
                                      "(unless interconnect is set)")
     interconnect: str | dict | None = interconnect_field()
+    tp_all_reduce: str = str_field(
+        "vllm", choices=ALL_REDUCE_KINDS,
+        help="tensor parallelism's all-reduces: 'vllm' times them as vLLM's own all-reduce measured on "
+             "the machine (dgx-h100, dgx-a100, dgx-b200 at 2, 4 or 8 GPUs: custom all-reduce, symmetric "
+             "memory or NCCL, as vLLM picks by size), NCCL's model elsewhere; 'nccl' always NCCL's model "
+             "(vLLM with --disable-custom-all-reduce)")
     tensor_parallel: int = int_field(1, min=1, max=MAX_TENSOR_PARALLEL,
                                      help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the tensor-parallel ranks (vLLM "
@@ -136,7 +143,7 @@ class ProfiledCostModel:
             raise ConfigError(f"{bundle.root / 'tp1' / 'moe.csv'}: missing file (model {model.name!r} is MoE)")
         if tp > 1 and topology is None:
             raise ConfigError(f"{bundle.root}: tensor_parallel = {tp} needs the machine's links (a topology)")
-        self.comm = TensorParallelComm(model, Collectives(topology, tp)) if tp > 1 else None
+        self.comm = TensorParallelComm(model, Collectives(topology, tp), config.tp_all_reduce) if tp > 1 else None
         # Data and pipeline parallelism (schedlab.parallelism): the experts of a lockstep step
         # (whole experts from the TP-1 table), the activations sent between stages.
         if (parallelism.lockstep or parallelism.pipelined) and topology is None:
