@@ -124,6 +124,63 @@ def read_aic_vllm(path: Path = AIC_VLLM) -> dict[str, dict[int, tuple]]:
     return {m: {n: tuple(sorted(points)) for n, points in by.items()} for m, by in table.items()}
 
 
+#: aiconfigurator's nccl-tests timings on H100 and A100 nodes (nccl-tests' byte counts, fp16):
+#: a check of the presets fitted to Vidur's timings on measurements they were not fitted to
+AIC_HELD_OUT = REPO / "tests" / "data" / "aiconfigurator" / "nccl_held_out.csv"
+HELD_OUT_MACHINES = (("h100_sxm", "2.29.2", "dgx-h100"), ("a100_sxm", "2.27.3", "dgx-a100"))
+#: aiconfigurator's collective names -> :class:`Collectives`' methods
+HELD_OUT_COLLECTIVES = {"all_reduce": "all_reduce_ms", "all_gather": "all_gather_ms",
+                        "reduce_scatter": "reduce_scatter_ms", "alltoall": "all_to_all_ms"}
+
+
+def extract_aic_held_out(data: Path) -> None:
+    """Write :data:`AIC_HELD_OUT` from an aiconfigurator checkout (pyarrow)."""
+    import pyarrow.parquet as pq
+
+    with open(AIC_HELD_OUT, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["machine", "nccl", "collective", "num_gpus", "bytes", "latency_us"])
+        for folder, version, preset in HELD_OUT_MACHINES:
+            rows = [r for r in pq.read_table(data / folder / "comm" / "nccl" / version / "nccl_perf.parquet")
+                    .to_pylist() if r["nccl_dtype"] == "half"]
+            for r in sorted(rows, key=lambda r: (r["op_name"], r["num_gpus"], r["message_size"])):
+                w.writerow([preset, version, r["op_name"], r["num_gpus"], 2 * r["message_size"],
+                            f"{r['latency'] * 1e3:.3f}"])
+
+
+def held_out_check(path: Path = AIC_HELD_OUT) -> list[dict]:
+    """Per machine, collective and rank count: the preset against the held-out timings above
+    64 KB (points, within 15%, median and worst error) and the largest time at 64 KB or less,
+    model and measured (no launch skew here: NCCL's own latency)."""
+    series: dict[tuple, list] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            key = (row["machine"], row["collective"], int(row["num_gpus"]))
+            series.setdefault(key, []).append((float(row["bytes"]), float(row["latency_us"])))
+    out = []
+    for (preset, coll, ranks), points in sorted(series.items()):
+        rows = np.array(sorted(points))
+        time = getattr(Collectives(TOPOLOGIES[preset], ranks), HELD_OUT_COLLECTIVES[coll])
+        model = np.array([time(b) * 1e3 for b in rows[:, 0]])
+        err, big = model / rows[:, 1] - 1.0, rows[:, 0] > SMALL_BYTES
+        out.append({"machine": preset, "collective": coll, "ranks": ranks, "points": int(big.sum()),
+                    "within": int((np.abs(err[big]) <= TOLERANCE).sum()),
+                    "median_pct": float(100 * np.median(np.abs(err[big]))),
+                    "worst_pct": (float(100 * err[big].min()), float(100 * err[big].max())),
+                    "small_us": (float(model[~big].max()), float(rows[~big, 1].max()))})
+    return out
+
+
+def held_out_markdown(rows: list[dict]) -> str:
+    lines = ["| machine | collective | GPUs | points > 64 KB | within 15% | median / worst error "
+             "| <= 64 KB: model / measured |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| `{r['machine']}` | {r['collective']} | {r['ranks']} | {r['points']} | {r['within']} | "
+                     f"{r['median_pct']:.1f}% / {r['worst_pct'][0]:+.0f}..{r['worst_pct'][1]:+.0f}% | "
+                     f"{r['small_us'][0]:.0f} / {r['small_us'][1]:.0f} us |")
+    return "\n".join(lines)
+
+
 def read_aic_series(path: Path = AIC_NCCL) -> dict[tuple, np.ndarray]:
     """aiconfigurator's series as :func:`read_series` gives Vidur's: one timing per point (its
     min, median and max alike), under :data:`AIC_FOLDER`."""
@@ -236,7 +293,9 @@ def main(argv: list[str]) -> int:
     if args.aiconfigurator:
         extract_aic_nccl(args.aiconfigurator)
         extract_aic_vllm(args.aiconfigurator)
-        print(f"wrote {AIC_NCCL.relative_to(REPO)} and {AIC_VLLM.relative_to(REPO)}")
+        extract_aic_held_out(args.aiconfigurator)
+        print(f"wrote {AIC_NCCL.relative_to(REPO)}, {AIC_VLLM.relative_to(REPO)} and "
+              f"{AIC_HELD_OUT.relative_to(REPO)}")
     series = {**read_series(args.network), **read_aic_series()}
     print(f"B200 latency fitted to aiconfigurator's small all-reduces (B200_LATENCY): {fit_latency(series)}")
     print("Bus bandwidth fitted per series (GB/s; NCCL's latency constants, the B200's fitted):")
@@ -255,6 +314,8 @@ def main(argv: list[str]) -> int:
             spread = f"{e['median_abs_above_floor_pct']:.1f}% / {worst[0]:+.1f}..{worst[1]:+.1f}%" if worst else "-"
             print(f"| `{PRESET_OF[key[0]]}` ({key[0]}) | {key[1]} | {key[3]} x {key[2] // key[3]} | {e['points']} "
                   f"| {e['explained']} | {e['floor_us']:.0f} us | {e['model_small_us']:.0f} us | {spread} |")
+        print("\nHeld out: the presets against aiconfigurator's nccl-tests timings on H100 and A100 nodes:\n")
+        print(held_out_markdown(held_out_check()))
     if args.write_subset:
         write_subset(series, args.write_subset)
         print(f"\nwrote {args.write_subset / 'vidur_nccl_subset.csv'}")
