@@ -81,7 +81,7 @@ from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
-from .vllm_all_reduce import ALL_REDUCE_KINDS
+from .vllm_all_reduce import tp_all_reduce_field
 from .work import ModelWork, check_rank_tokens, fp8_factor, gemm_factors
 
 
@@ -95,12 +95,7 @@ class ProfiledConfig:
                                 help="GPU preset: its usual machine's links time the tensor-parallel collectives "
                                      "(unless interconnect is set)")
     interconnect: str | dict | None = interconnect_field()
-    tp_all_reduce: str = str_field(
-        "vllm", choices=ALL_REDUCE_KINDS,
-        help="tensor parallelism's all-reduces: 'vllm' times them as vLLM's own all-reduce measured on "
-             "the machine (dgx-h100, dgx-a100, dgx-b200 at 2, 4 or 8 GPUs: custom all-reduce, symmetric "
-             "memory or NCCL, as vLLM picks by size), NCCL's model elsewhere; 'nccl' always NCCL's model "
-             "(vLLM with --disable-custom-all-reduce)")
+    tp_all_reduce: str = tp_all_reduce_field()
     tensor_parallel: int = int_field(1, min=1, max=MAX_TENSOR_PARALLEL,
                                      help="tensor-parallel ranks; reads the bundle's tp<N>/ folder")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the tensor-parallel ranks (vLLM "

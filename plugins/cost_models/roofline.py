@@ -102,7 +102,7 @@ from .expert_parallel import ExpertLayers, busiest_experts_work
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
-from .vllm_all_reduce import ALL_REDUCE_KINDS
+from .vllm_all_reduce import tp_all_reduce_field
 from .work import ModelWork, check_rank_tokens, fp8_factor, gemm_factors
 
 
@@ -287,12 +287,7 @@ class RooflineConfig:
     eager_layer_us: float = step_field("eager_layer_us")
     async_gap_us: float = step_field("async_gap_us")
     interconnect: str | dict | None = interconnect_field()
-    tp_all_reduce: str = str_field(
-        "vllm", choices=ALL_REDUCE_KINDS,
-        help="tensor parallelism's all-reduces: 'vllm' times them as vLLM's own all-reduce measured on "
-             "the machine (dgx-h100, dgx-a100, dgx-b200 at 2, 4 or 8 GPUs: custom all-reduce, symmetric "
-             "memory or NCCL, as vLLM picks by size), NCCL's model elsewhere; 'nccl' always NCCL's model "
-             "(vLLM with --disable-custom-all-reduce)")
+    tp_all_reduce: str = tp_all_reduce_field()
     link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
                                           help="bus bandwidth between the GPUs in GB/s (overrides the interconnect's)")
     link_latency_us: float | None = float_field(None, min=0.0, optional=True,

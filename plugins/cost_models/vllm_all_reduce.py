@@ -25,6 +25,8 @@ import bisect
 import math
 from typing import Callable
 
+from schedlab.configs import str_field
+
 from .collectives import TOPOLOGIES, Topology
 
 #: machine preset -> ranks -> ((bytes, us), ...): vLLM's graph-captured all-reduce of bf16
@@ -76,6 +78,15 @@ MEASURED_US: dict[str, dict[int, tuple[tuple[int, float], ...]]] = {
 
 #: the settings a cost model's ``tp_all_reduce`` takes
 ALL_REDUCE_KINDS = ("vllm", "nccl")
+
+
+def tp_all_reduce_field():
+    """A cost model's ``tp_all_reduce`` setting (the ``roofline`` and ``profiled`` models)."""
+    return str_field("vllm", choices=ALL_REDUCE_KINDS,
+                     help="tensor parallelism's all-reduces: 'vllm' times them as vLLM's own all-reduce measured "
+                          "on the machine (dgx-h100, dgx-a100, dgx-b200 at 2, 4 or 8 GPUs: custom all-reduce, "
+                          "symmetric memory or NCCL, as vLLM picks by size), NCCL's model elsewhere; 'nccl' "
+                          "always NCCL's model (vLLM with --disable-custom-all-reduce)")
 
 
 class MeasuredAllReduce:
