@@ -269,7 +269,8 @@ MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
                              "gemm_half_tokens": 55, "kv_read_efficiency": 0.91, "attention_layer_us": 12.1,
                              "decode_attention_us": 0.1, "attention_efficiency": 0.48,
                              "mixed_decode_query_rows": 60, "mixed_decode_context_offset": 190, "empty_tile_ns": 3.0,
-                             "expert_layer_us": 29.9, "expert_read_share": 0.988, "expert_gemm_share": 0.81},
+                             "expert_layer_us": 29.9, "expert_us": 0.0, "expert_read_share": 0.988,
+                             "expert_gemm_share": 0.81},
                             "LLMServingSim's vLLM 0.19 profiles, 3 models at TP 1 and 2 (the MoE experts: "
                             "Qwen3-30B-A3B at TP 1)"),
     "rtx-4090": ({"bandwidth_efficiency": 0.963, "layer_overhead_us": 26.2, "mfu": 0.99, "gemm_half_tokens": 2,
@@ -291,6 +292,25 @@ MEASURED_EFFICIENCY: dict[str, tuple[dict, str]] = {
 MEASURED_LATENT_DECODE: dict[str, float] = {"h100-80gb": 0.624, "h200-141gb": 0.709, "a100-80gb": 0.1,
                                             "l40s": 0.061}
 LATENT_DECODE_SOURCE = "aiconfigurator's vLLM 0.14 MLA decode timings"
+#: The routed experts measured on a GPU (``python tools/derive_experts.py``: aiconfigurator's timings
+#: of vLLM 0.24's MoE layer alone, the kernel vLLM picks for each shape, 13-16 shapes at tensor
+#: parallel 1-8): the 16-bit experts' settings, and those of block-scaled FP8 experts (FP8 weights
+#: times FP8 activations) under ``fp8_`` keys.
+MEASURED_EXPERTS: dict[str, dict[str, float]] = {
+    "h100-80gb": {"expert_layer_us": 40.5, "expert_us": 0.336, "expert_read_share": 1.22, "expert_gemm_share": 0.712,
+                  "fp8_expert_layer_us": 40.4, "fp8_expert_us": 0.258, "fp8_expert_read_share": 1.172,
+                  "fp8_expert_gemm_share": 0.388},
+    "h200-141gb": {"expert_layer_us": 38.2, "expert_us": 0.326, "expert_read_share": 1.253,
+                   "expert_gemm_share": 0.806, "fp8_expert_layer_us": 40.2, "fp8_expert_us": 0.226,
+                   "fp8_expert_read_share": 1.196, "fp8_expert_gemm_share": 0.406},
+    "b200": {"expert_layer_us": 26.2, "expert_us": 0.102, "expert_read_share": 1.16, "expert_gemm_share": 0.528,
+             "fp8_expert_layer_us": 35.9, "fp8_expert_us": 0.085, "fp8_expert_read_share": 1.193,
+             "fp8_expert_gemm_share": 0.241},
+    "l40s": {"expert_layer_us": 17.9, "expert_us": 0.718, "expert_read_share": 1.023, "expert_gemm_share": 0.597,
+             "fp8_expert_layer_us": 25.6, "fp8_expert_us": 0.527, "fp8_expert_read_share": 0.979,
+             "fp8_expert_gemm_share": 0.459},
+}
+EXPERTS_SOURCE = "aiconfigurator's timings of vLLM 0.24's MoE kernels"
 #: GPUs without a profile of their own that share a profiled GPU's chip family and its
 #: datasheet's way of counting (and so, as far as anything public says, its kernels'
 #: efficiency): they take its measured efficiencies with their own datasheet peaks. The L4 and
@@ -302,29 +322,41 @@ SAME_ARCHITECTURE = {"a100-40gb": "a100-80gb", "h100-pcie-80gb": "h100-80gb", "h
 #: MoE experts on one of them); elsewhere pooled.
 ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_us", "attention_efficiency",
                   "mixed_decode_query_rows", "mixed_decode_context_offset", "empty_tile_ns",
-                  "decode_skew_alpha", "mixed_skew_alpha", "expert_layer_us", "expert_read_share",
+                  "decode_skew_alpha", "mixed_skew_alpha", "expert_layer_us", "expert_us", "expert_read_share",
                   "expert_gemm_share")
+
+
+def _measured_apart(spec: GpuSpec, table: dict, what: str, source_note: str) -> tuple[dict, str]:
+    """The entry of ``table`` (a measurement of one kind, kept apart from the profiles) for
+    ``spec`` or, failing that, its architecture's GPU, with the note's words for it."""
+    source = spec.name if spec.name in table else SAME_ARCHITECTURE.get(spec.name)
+    if source not in table:
+        return {}, ""
+    of = "" if source == spec.name else f"the {source} (same architecture) in "
+    return table[source], f"; measured: {what} ({of}{source_note})"
 
 
 def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
     """``spec`` with the efficiencies measured on it (or on its architecture's profiled GPU),
     and a note saying which numbers are measured and which come from the datasheet."""
-    latent_source = spec.name if spec.name in MEASURED_LATENT_DECODE else SAME_ARCHITECTURE.get(spec.name)
-    latent = {"latent_decode_efficiency": MEASURED_LATENT_DECODE[latent_source]} \
-        if latent_source in MEASURED_LATENT_DECODE else {}
-    latent_note = "" if not latent else "; measured: latent_decode_efficiency (" + (
-        "" if latent_source == spec.name else f"the {latent_source} (same architecture) in ") + LATENT_DECODE_SOURCE + ")"
+    latent, latent_note = _measured_apart(
+        spec, {gpu: {"latent_decode_efficiency": v} for gpu, v in MEASURED_LATENT_DECODE.items()},
+        "latent_decode_efficiency", LATENT_DECODE_SOURCE)
+    experts, experts_note = _measured_apart(spec, MEASURED_EXPERTS, "the routed experts' settings, bf16 and FP8",
+                                            EXPERTS_SOURCE)
+    apart, apart_note = {**latent, **experts}, latent_note + experts_note
     source = spec.name if spec.name in MEASURED_EFFICIENCY else SAME_ARCHITECTURE.get(spec.name)
     if source is None:
-        note = "efficiencies: pooled defaults (no profile of this GPU or its architecture)" + latent_note
-        return attrs.evolve(spec, efficiency={**latent, **spec.efficiency}), note
+        note = "efficiencies: pooled defaults (no profile of this GPU or its architecture)" + apart_note
+        return attrs.evolve(spec, efficiency={**apart, **spec.efficiency}), note
     measured, where = MEASURED_EFFICIENCY[source]
-    pooled = [k for k in ATTENTION_KEYS if k not in measured]
+    pooled = [k for k in ATTENTION_KEYS if k not in measured and k not in experts]
     of = "" if source == spec.name else f"the {source} (same architecture) in "
     note = f"measured: {', '.join(measured)} ({of}{where})"
     if pooled:
         note += f"; pooled: {', '.join(pooled)}"
-    return attrs.evolve(spec, efficiency={**measured, **latent, **spec.efficiency}), note + latent_note
+    # the routed experts measured on the GPU itself replace its architecture's profile's
+    return attrs.evolve(spec, efficiency={**measured, **apart, **spec.efficiency}), note + apart_note
 
 
 # --- power (schedlab.energy) ---------------------------------------------------------------------

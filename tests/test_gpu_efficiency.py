@@ -16,7 +16,8 @@ from schedlab.capacity import GpuSpec, ModelSpec, Presets
 from schedlab.catalog import load_catalog
 from schedlab.errors import ConfigError
 from schedlab_plugins.cost_models.roofline import DERIVATION, RooflineConfig, RooflineCostModel
-from schedlab_plugins.presets import GPUS, MEASURED_EFFICIENCY, MEASURED_LATENT_DECODE, SAME_ARCHITECTURE
+from schedlab_plugins.presets import (GPUS, MEASURED_EFFICIENCY, MEASURED_EXPERTS, MEASURED_LATENT_DECODE,
+                                      SAME_ARCHITECTURE)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -127,6 +128,15 @@ def test_every_gpu_preset_says_which_numbers_are_measured():
             assert "measured: latent_decode_efficiency" in text
         else:
             assert "latent_decode_efficiency" not in efficiency and "latent_decode" not in text
+        # the routed experts: measured on the GPU (or its architecture's) by their own source too,
+        # the 16-bit kernel's settings over the profile's, the FP8 kernel's under fp8_ keys
+        experts = spec.name if spec.name in MEASURED_EXPERTS else SAME_ARCHITECTURE.get(spec.name)
+        if experts in MEASURED_EXPERTS:
+            for key, value in MEASURED_EXPERTS[experts].items():
+                assert efficiency.pop(key) == value
+            assert "measured: the routed experts' settings, bf16 and FP8" in text
+        else:
+            assert "routed experts' settings" not in text
         if spec.name in MEASURED_EFFICIENCY:
             assert efficiency == MEASURED_EFFICIENCY[spec.name][0]
             assert "measured:" in text
@@ -139,10 +149,11 @@ def test_every_gpu_preset_says_which_numbers_are_measured():
             assert "pooled defaults" in text
         assert set(efficiency) <= set(DERIVATION)
         # every setting is named once: measured, or pooled
-        named = text.split("measured: ")[-1] if latent not in MEASURED_LATENT_DECODE \
-            else text.split("measured: ")[-2]
+        named = text.split("measured: ", 1)[-1].split("; measured: ")[0]
         if spec.name in MEASURED_EFFICIENCY or spec.name in SAME_ARCHITECTURE:
-            assert all(key in named for key in DERIVATION if key != "bandwidth_efficiency"), text
+            apart = experts in MEASURED_EXPERTS  # the experts' keys named by the note of their own
+            assert all(key in named for key in DERIVATION
+                       if key != "bandwidth_efficiency" and not (apart and key.startswith("expert"))), text
 
 
 def test_the_config_wins_over_the_measured_value_and_that_over_the_pooled_one():

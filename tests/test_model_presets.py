@@ -104,8 +104,8 @@ def test_bad_shapes_are_refused():
 
 
 #: the roofline's bytes and FLOPs alone: no fixed times, the experts read and computed as dense layers are
-BARE = {"layer_overhead_us": 0.0, "attention_layer_us": 0.0, "expert_layer_us": 0.0, "expert_read_share": 1.0,
-        "expert_gemm_share": 1.0}
+BARE = {"layer_overhead_us": 0.0, "attention_layer_us": 0.0, "expert_layer_us": 0.0, "expert_us": 0.0,
+        "expert_read_share": 1.0, "expert_gemm_share": 1.0}
 
 
 def _bare(spec: ModelSpec, gpu="a100-80gb", **config) -> RooflineCostModel:

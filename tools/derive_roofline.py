@@ -47,7 +47,8 @@ From the only MoE bundle (Qwen3-30B-A3B at TP 1, ``moe.csv``: 1-2,048 tokens ove
 experts), the routed experts relative to the same GPU's dense fit: ``expert_layer_us`` a MoE
 layer (routing, sorting the tokens by expert, launches), the experts' weights read at
 ``expert_read_share`` of the dense read and their GEMMs at ``expert_gemm_share`` of the dense
-curve at as many rows per expert (the fused MoE kernel against cuBLAS). Every GPU takes them.
+curve at as many rows per expert (the fused MoE kernel against cuBLAS). GPUs without a MoE
+measurement of their own take each setting's median over this fit and ``tools/derive_experts.py``'s.
 
 Output: the per-GPU fits quoted in ``plugins/presets.py`` (``MEASURED_EFFICIENCY``), the
 pooled values quoted in ``plugins/cost_models/roofline.py`` (``DERIVATION``, GPUs measured by
@@ -57,7 +58,9 @@ per GPU, the fitted model against the measured dense part of a layer (the README
 runs ``tools/derive_collectives.py`` (the collectives' bus bandwidths from Vidur's NCCL timings,
 quoted in ``plugins/cost_models/collectives.py``) with the arguments after ``--``, after
 ``tools/derive_latent_attention.py`` (latent attention's decode rate, from vLLM's measured MLA
-kernels: ``MEASURED_LATENT_DECODE`` and ``LATENT_DECODE_POOLED``).
+kernels: ``MEASURED_LATENT_DECODE`` and ``LATENT_DECODE_POOLED``) and ``tools/derive_experts.py``
+(the routed experts on four more GPUs, from vLLM's measured fused MoE kernel: ``MEASURED_EXPERTS``,
+``FP8_EXPERTS_POOLED``, and with the profile above the pooled expert settings).
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from plugins.cost_models.profile_bundle import ProfileBundle  # noqa: E402
 from plugins.cost_models.roofline import QUERY_TILE  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tools"))
+import derive_experts  # noqa: E402
 
 CALIBRATION = next((p / "shared" for p in (REPO.parent, REPO.parent.parent) if (p / "shared").is_dir()),
                    REPO.parent / "shared") / "calibration"
@@ -389,7 +395,9 @@ def fit_experts(moe_csv: Path, s: dict, gpu: str, dense: dict) -> dict:
 
     fit = least_squares(residuals, [20.0, 1.0, 0.7], bounds=([0.0, 0.1, 0.05], [200.0, 1.5, 1.5]))
     no_fixed = least_squares(lambda x: residuals([0.0, *x]), [1.0, 0.7], bounds=([0.1, 0.05], [1.5, 1.5]))
-    return {"gpu": gpu, "expert_layer_us": round(float(fit.x[0]), 1), "expert_read_share": round(float(fit.x[1]), 3),
+    # one expert size (Qwen3-30B-A3B's at TP 1): a time per expert is not told from the read
+    return {"gpu": gpu, "expert_layer_us": round(float(fit.x[0]), 1), "expert_us": 0.0,
+            "expert_read_share": round(float(fit.x[1]), 3),
             "expert_gemm_share": round(float(fit.x[2]), 2), "points": int(used.sum()),
             "rms_log_error": round(math.sqrt(float(np.mean(fit.fun ** 2))), 3),
             "rms_log_error_without_fixed_time": round(math.sqrt(float(np.mean(no_fixed.fun ** 2))), 3)}
@@ -468,9 +476,10 @@ def derive(profiles: Path, configs: Path, vidur: Path) -> dict:
     bundle_dir, config_file, gpu = next(b for b in BUNDLES if (profiles / b[0] / "tp1" / "moe.csv").is_file())
     experts = fit_experts(profiles / bundle_dir / "tp1" / "moe.csv",
                           shapes(json.loads((configs / config_file).read_text())), gpu, linear[gpu])
-    shares = {k: experts[k] for k in ("expert_layer_us", "expert_read_share", "expert_gemm_share")}
-    per_gpu[experts["gpu"]].update(shares)
-    pooled.update(shares)  # one MoE profile: every other GPU takes its numbers
+    per_gpu[experts["gpu"]].update({k: experts[k] for k in derive_experts.KEYS})
+    # GPUs without a MoE measurement: the median over this profile and vLLM's fused MoE kernel
+    # timed on four more GPUs (tools/derive_experts.py)
+    pooled.update(derive_experts.derive(derive_experts.read_subset(), profiled=experts)["pooled"]["bf16"])
     return {"series": series, "per_gpu": per_gpu, "attention": attention, "skew": skew, "pooled": pooled,
             "experts": experts,
             "table": model_vs_measured(series, linear, pooled)}
@@ -625,6 +634,8 @@ def main(argv: list[str]) -> int:
     if args.write_subset:
         write_subset(args.vidur, args.write_subset)
         print(f"\nwrote the Vidur subset under {args.write_subset}")
+    print("\n--- routed experts (tools/derive_experts.py) ---")
+    derive_experts.main(["--table"] if args.table else [])
     # Latent attention's decode rate comes from a sibling derivation over vLLM's MLA kernel timings.
     import derive_latent_attention
 

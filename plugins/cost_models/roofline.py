@@ -61,8 +61,12 @@ a prompt chunk's tokens do not pass through it. MoE models
 those some token picked are read -- ``E (1 - (1 - k/E)^T)`` of ``E`` under uniform routing --
 and the FLOPs are those of the ``params per token`` (active parameters); the expert GEMMs
 run at ``eta`` of the tokens each expert gets times ``expert_gemm_share`` (the fused MoE kernel),
-their weights are read at ``expert_read_share`` of the dense read, and every MoE layer adds
-``expert_layer_us`` (routing and sorting the tokens by expert). With ``expert_parallel`` the experts are
+their weights are read at ``expert_read_share`` of the dense read, each expert read costs
+``expert_us`` besides (the fused kernel's start and end of each expert's tiles: a narrow expert,
+as tensor parallelism makes them, does not reach the bandwidth), and every MoE layer adds
+``expert_layer_us`` (routing and sorting the tokens by expert). Experts whose weights are FP8 and
+multiply FP8 activations take the GPU's ``fp8_`` expert settings (another kernel: vLLM's
+block-scaled FP8 fused MoE). With ``expert_parallel`` the experts are
 spread over the ranks instead of split (the same bytes and FLOPs per rank in this model).
 
 Speculative decoding's verify pass (``spec_tokens`` draft tokens beside the decodes' own):
@@ -136,13 +140,17 @@ from .work import ModelWork, check_rank_tokens, fp8_factor, gemm_factors
 #: bundles, whose heads per rank range 16-64, 4.8 on the 4090; fitted over chunks 256-2048,
 #: 16-128 decodes, contexts 256-4k: 12-17% RMS error per bundle, against 17-19% without the
 #: empty tiles and 28-33% for 70 rows alone).
-#: MoE experts, from the only MoE profile (Qwen3-30B-A3B at TP 1 on the RTX PRO 6000 Server,
-#: its ``moe.csv``: 1-2,048 tokens over 8-128 experts): a MoE layer takes
-#: ``expert_layer_us + hypot(experts read / (BW x bandwidth_efficiency x expert_read_share),
-#: pair FLOPs / (peak x dense GEMM curve at the rows per expert x expert_gemm_share))`` -- 29.9 us
-#: of routing, sorting and launches a layer, the weights at 0.988 of the dense read, the fused
-#: MoE kernel's GEMMs at 0.81 of cuBLAS's at as many rows (3.2% RMS error on the 38 points whose
-#: experts do not fit in the L2 cache, against 8.3% with no fixed time; tools/derive_roofline.py).
+#: MoE experts: a MoE layer takes ``expert_layer_us + hypot(experts read x (one's weights / (BW x
+#: bandwidth_efficiency x expert_read_share) + expert_us), pair FLOPs / (peak x dense GEMM curve at
+#: the rows per expert x expert_gemm_share))``. On the RTX PRO 6000 Server (Qwen3-30B-A3B at TP 1,
+#: its ``moe.csv``: 1-2,048 tokens over 8-128 experts; tools/derive_roofline.py) 29.9 us of routing,
+#: sorting and launches a layer, the weights at 0.988 of the dense read, the fused MoE kernel's GEMMs
+#: at 0.81 of cuBLAS's at as many rows (3.2% RMS error on the 38 points whose experts do not fit in
+#: the L2 cache, against 8.3% with no fixed time). On H100, H200, B200 and L40S, vLLM 0.24's MoE
+#: layer timed alone by aiconfigurator (the kernel vLLM picks: Triton's fused MoE, FlashInfer's
+#: TRT-LLM kernels on B200) over 13-16 shapes at TP 1-8 (tools/derive_experts.py): 18-41 us a layer
+#: and 0.09-0.72 us an expert (a narrow expert does not reach the bandwidth), median error 6-12%;
+#: the pooled values are each setting's median over the five GPUs.
 #: Uneven decode contexts (LLMServingSim's skew shots, ``skew.csv``: 330 decode-only and ~12,700
 #: mixed batches per bundle, a few contexts ``skew`` times the others', timed as they are, at the
 #: mean and all at the longest): a batch takes alpha of the gap from the mean to the longest, the
@@ -186,9 +194,15 @@ DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attent
               "mixed_decode_query_rows": 60.0, "mixed_decode_context_offset": 180.0, "empty_tile_ns": 3.0,
               "layer_overhead_us": 26.2,
               "mfu": 0.69, "gemm_half_tokens": 18.0,
-              "expert_layer_us": 29.9, "expert_read_share": 0.988, "expert_gemm_share": 0.81,
+              "expert_layer_us": 29.9, "expert_us": 0.326, "expert_read_share": 1.16, "expert_gemm_share": 0.712,
               "decode_skew_alpha": 0.037, "mixed_skew_alpha": 0.103}
 
+
+#: The routed experts' settings where FP8 weights multiply FP8 activations, on a GPU without a
+#: measurement of its own (``fp8_expert_...`` in its efficiency table): the medians of vLLM's
+#: block-scaled FP8 MoE kernels (DeepSeek's and Qwen's FP8 checkpoints) on the four GPUs measured,
+#: ``python tools/derive_experts.py``.
+FP8_EXPERTS_POOLED = {"expert_layer_us": 38.0, "expert_us": 0.242, "expert_read_share": 1.183, "expert_gemm_share": 0.397}
 
 #: ``latent_decode_efficiency`` of a GPU without a measurement of its own, by the MLA decode kernel
 #: vLLM runs on it (``python tools/derive_latent_attention.py``: aiconfigurator's vLLM 0.14 MLA
@@ -265,6 +279,9 @@ class RooflineConfig:
     expert_layer_us: float | None = _measured(
         "expert_layer_us", "per MoE layer: the routed experts' fixed time (top-k routing, sorting the tokens by "
                            "expert, the kernels' launch), us", share=False)
+    expert_us: float | None = _measured(
+        "expert_us", "per MoE layer and expert read: the fused MoE kernel's fixed time for each expert (its "
+                     "tiles' start and end), us", share=False)
     expert_read_share: float | None = _measured(
         "expert_read_share", "the experts' weights are read at this share of bandwidth_efficiency", share=False)
     expert_gemm_share: float | None = _measured(
@@ -309,7 +326,7 @@ class RooflineCostModel:
         self.parallelism = parallelism
         self.config = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
         #: every efficiency in effect: the config's, else the GPU's measured one, else the pooled default
-        self.settings = c = resolve_efficiencies(self.config, gpu)
+        self.settings = c = resolve_efficiencies(self.config, gpu, model)
         tp = self.config.tensor_parallel
         # Rates per millisecond: GB/s * 1e9 / 1e3 and TFLOPS * 1e12 / 1e3.
         bw = gpu.hbm_bandwidth_gbps * 1e6
@@ -351,6 +368,7 @@ class RooflineCostModel:
         self._expert_read_ms = model.expert_params * model.expert_bytes_per_param / tp \
             / (self._weight_bytes_per_ms * c.expert_read_share)  # one expert
         self._expert_fixed_ms = model.num_layers * c.expert_layer_us * 1e-3 if model.is_moe else 0.0
+        self._expert_each_ms = model.num_layers * c.expert_us * 1e-3  # per expert read, all layers
         # a rank looks up the tokens of its vocabulary shard: 1/tp of the rows on average
         self._row_read_ms = (model.hidden_size or 0) * t / tp / self._weight_bytes_per_ms if embedding else 0.0
         self._dense_flops_per_token = w.dense_flops_per_token  # (the embedding and the LM head apart)
@@ -496,10 +514,15 @@ class RooflineCostModel:
             return 0.0
         e, k = m.num_experts, m.experts_per_token
         touched = e * (1.0 - (1.0 - k / e) ** tokens)  # distinct experts under uniform routing
-        per_expert = tokens * k / touched
-        compute = self._expert_flops_per_token * tokens / (self._expert_peak_per_ms
-                                                           * self._expert_gemm_efficiency(per_expert))
-        return self._expert_fixed_ms + math.hypot(touched * self._expert_read_ms, compute)
+        return self.expert_layers_ms(tokens, touched, self._expert_read_ms, self._expert_flops_per_token * tokens)
+
+    def expert_layers_ms(self, tokens: float, experts: float, read_ms: float, flops: float) -> float:
+        """Every MoE layer's routed experts on one GPU: ``experts`` experts read (``read_ms`` each,
+        all layers; ``expert_us`` each besides), ``flops`` computed at the GEMM efficiency of the
+        rows each expert gets from ``tokens`` tokens -- a smooth roofline, plus the fixed time."""
+        rows = tokens * self.model.experts_per_token / max(experts, 1.0)
+        compute = flops / (self._expert_peak_per_ms * self._expert_gemm_efficiency(rows))
+        return self._expert_fixed_ms + math.hypot(experts * (read_ms + self._expert_each_ms), compute)
 
     def _expert_gemm_efficiency(self, rows: float) -> float:
         """Share of peak the fused MoE kernel's GEMMs reach at ``rows`` rows per expert."""
@@ -538,11 +561,8 @@ class RooflineCostModel:
         if tokens <= 0.0:
             return 0.0
         m = self.model
-        read = experts * m.expert_params * m.expert_bytes_per_param / (self._weight_bytes_per_ms * self.settings.expert_read_share)
-        rows = tokens * m.experts_per_token / max(experts, 1.0)
-        flops = 2.0 * m.experts_per_token * m.expert_params * tokens
-        return self._expert_fixed_ms + math.hypot(read, flops / (self._expert_peak_per_ms
-                                                                 * self._expert_gemm_efficiency(rows)))
+        read = m.expert_params * m.expert_bytes_per_param / (self._weight_bytes_per_ms * self.settings.expert_read_share)
+        return self.expert_layers_ms(tokens, experts, read, 2.0 * m.experts_per_token * m.expert_params * tokens)
 
     def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
         """Pipeline parallelism (:mod:`.pipeline`): each stage's time for ``batch`` -- its
@@ -646,19 +666,38 @@ class RooflineCostModel:
         return self._work.stage_work(batch, stage_split(self.sends).layers)
 
 
-def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec) -> RooflineConfig:
+def expert_kernel(model: ModelSpec | None, gpu: GpuSpec) -> str:
+    """Which measured fused MoE kernel times ``model``'s routed experts on ``gpu``: ``"bf16"``
+    (16-bit weights: the unquantised kernel; a dense model too), ``"fp8"`` (FP8 weights times
+    FP8 activations: the block-scaled W8A8 kernel) or ``"other"`` (4-bit weights such as MXFP4,
+    or FP8 weights on a GPU without FP8 tensor cores: kernels not measured per GPU)."""
+    if model is None or not model.is_moe or model.expert_bytes_per_param >= 2.0:
+        return "bf16"
+    return "fp8" if gemm_factors(model, gpu)[1] != 1.0 else "other"
+
+
+def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec, model: ModelSpec | None = None) -> RooflineConfig:
     """``config`` with every unset efficiency filled: the GPU's measured value
     (``GpuSpec.efficiency``), else the pooled :data:`DERIVATION`; and the attention kernel
-    vLLM runs on the GPU when unset (:func:`default_attention_kernel`).
+    vLLM runs on the GPU when unset (:func:`default_attention_kernel`). The GPU table's expert
+    settings are its bf16 kernel's: experts that multiply FP8 weights by FP8 activations take
+    its ``fp8_`` ones, else :data:`FP8_EXPERTS_POOLED`; experts in other formats
+    (:func:`expert_kernel`) the pooled values.
 
     :raises ConfigError: the GPU's table names a setting the roofline does not have.
     """
-    known = {**DERIVATION, "latent_decode_efficiency": default_latent_decode_efficiency(gpu)}
+    fp8 = {f"fp8_{name}": value for name, value in FP8_EXPERTS_POOLED.items()}
+    known = {**DERIVATION, "latent_decode_efficiency": default_latent_decode_efficiency(gpu), **fp8}
     unknown = sorted(set(gpu.efficiency) - set(known))
     if unknown:
         raise ConfigError(f"GPU {gpu.name!r}: efficiency has unknown key {unknown[0]!r}; "
                           f"valid keys: {', '.join(sorted(known))}")
-    filled = {name: float(gpu.efficiency.get(name, default)) for name, default in known.items()
+    kernel = expert_kernel(model, gpu)
+    table = {name: value for name, value in gpu.efficiency.items()
+             if kernel == "bf16" or name not in FP8_EXPERTS_POOLED}
+    source = {name: f"fp8_{name}" if kernel == "fp8" and name in FP8_EXPERTS_POOLED else name
+              for name in known if name not in fp8}
+    filled = {name: float(table.get(key, known[key])) for name, key in source.items()
               if getattr(config, name) is None}
     if config.attention_kernel is None:
         filled["attention_kernel"] = default_attention_kernel(gpu)
