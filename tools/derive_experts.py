@@ -133,7 +133,8 @@ def layer_ms(x, rows: list[dict], kernel: str, r: dict) -> np.ndarray:
     read = run * (size / (r["read_per_ms"] * read_share) + each_us * 1e-3)
     per_expert = tokens * k / run
     efficiency = r["mfu"] * per_expert / (per_expert + r["half"]) * gemm_share
-    return fixed_us * 1e-3 + np.hypot(read, 2.0 * tokens * k * size / r["bytes_per_param"] / (r["peak_per_ms"] * efficiency))
+    flops = 2.0 * tokens * k * size / r["bytes_per_param"]
+    return fixed_us * 1e-3 + np.hypot(read, flops / (r["peak_per_ms"] * efficiency))
 
 
 def past_l2(rows: list[dict], kernel: str) -> list[dict]:

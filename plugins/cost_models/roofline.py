@@ -202,7 +202,8 @@ DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attent
 #: measurement of its own (``fp8_expert_...`` in its efficiency table): the medians of vLLM's
 #: block-scaled FP8 MoE kernels (DeepSeek's and Qwen's FP8 checkpoints) on the four GPUs measured,
 #: ``python tools/derive_experts.py``.
-FP8_EXPERTS_POOLED = {"expert_layer_us": 38.0, "expert_us": 0.242, "expert_read_share": 1.183, "expert_gemm_share": 0.397}
+FP8_EXPERTS_POOLED = {"expert_layer_us": 38.0, "expert_us": 0.242, "expert_read_share": 1.183,
+                      "expert_gemm_share": 0.397}
 
 #: ``latent_decode_efficiency`` of a GPU without a measurement of its own, by the MLA decode kernel
 #: vLLM runs on it (``python tools/derive_latent_attention.py``: aiconfigurator's vLLM 0.14 MLA
@@ -561,7 +562,8 @@ class RooflineCostModel:
         if tokens <= 0.0:
             return 0.0
         m = self.model
-        read = m.expert_params * m.expert_bytes_per_param / (self._weight_bytes_per_ms * self.settings.expert_read_share)
+        read = m.expert_params * m.expert_bytes_per_param \
+            / (self._weight_bytes_per_ms * self.settings.expert_read_share)
         return self.expert_layers_ms(tokens, experts, read, 2.0 * m.experts_per_token * m.expert_params * tokens)
 
     def pipeline_ms(self, batch: Batch) -> tuple[tuple[float, ...], float]:
