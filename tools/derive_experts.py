@@ -56,6 +56,8 @@ AIC_GPUS = {"h100_sxm": ("h100-80gb", "0.24.0", ("0.14.0", "0.19.0")),
             "l40s": ("l40s", "0.24.0", ("0.22.0",))}
 #: aiconfigurator's dtype -> the kernel family's name here
 KERNELS = {"bfloat16": "bf16", "fp8_block": "fp8"}
+#: weight bytes per parameter of each kernel's experts (MXFP4: 4 bits and an 8-bit scale per 32)
+BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "mxfp4": 0.53125}
 TENSOR_PARALLEL = (1, 2, 4, 8)
 TOKENS = tuple(2 ** i for i in range(15))
 L2_BYTES = 128e6
@@ -107,7 +109,8 @@ def rates(gpu: str, kernel: str) -> dict:
     from schedlab.catalog import load_catalog
     from plugins.cost_models.roofline import RooflineConfig, RooflineCostModel
 
-    fp8 = {"weight_dtype_bytes": 1.0, "fp8_activations": True} if kernel == "fp8" else {}
+    fp8 = {"weight_dtype_bytes": 1.0, "fp8_activations": True} if kernel == "fp8" else \
+        {"expert_dtype_bytes": BYTES_PER_PARAM["mxfp4"]} if kernel == "mxfp4" else {}
     model = ModelSpec("one-moe-layer", num_layers=1, num_kv_heads=1, head_dim=128, num_params=8 * 3 * 4096 ** 2,
                       active_params=2 * 3 * 4096 ** 2, num_experts=8, experts_per_token=2, hidden_size=4096, **fp8)
     presets = Presets.from_catalog(load_catalog(entry_points=False))
@@ -119,7 +122,7 @@ def rates(gpu: str, kernel: str) -> dict:
 
 def expert_bytes(rows: list[dict], kernel: str) -> np.ndarray:
     """Weight bytes of one expert's shard on a rank (gate, up and down projections)."""
-    return np.array([3 * r["hidden"] * r["intermediate"] / r["tp"] for r in rows]) * (1.0 if kernel == "fp8" else 2.0)
+    return np.array([3 * r["hidden"] * r["intermediate"] / r["tp"] for r in rows]) * BYTES_PER_PARAM[kernel]
 
 
 def layer_ms(x, rows: list[dict], kernel: str, r: dict) -> np.ndarray:
@@ -198,6 +201,23 @@ def measured_table(result: dict) -> dict[str, dict]:
     return table
 
 
+def mxfp4_rows(data: Path) -> list[dict]:
+    """gpt-oss's MXFP4 experts (bf16 activations) at vLLM 0.24 on the GPUs that run vLLM's
+    gpt-oss MoE path, rows as :func:`extract`'s: a format not fitted per GPU (held out)."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for folder, (gpu, version, _) in AIC_GPUS.items():
+        path = data / folder / "moe" / "vllm" / version / "moe_perf.parquet"
+        for r in pq.read_table(path).to_pylist():
+            if (r["moe_dtype"] == "w4a16_mxfp4" and "gptoss" in r["kernel_source"] and r["distribution"] == "balanced"
+                    and r["moe_ep_size"] == 1 and r["moe_tp_size"] in TENSOR_PARALLEL and r["num_tokens"] in TOKENS):
+                rows.append({"gpu": gpu, "kernel": "mxfp4", "hidden": r["hidden_size"], "intermediate": r["inter_size"],
+                             "experts": r["num_experts"], "top_k": r["topk"], "tp": r["moe_tp_size"],
+                             "tokens": r["num_tokens"], "latency_us": r["latency"] * 1e3})
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="derive_experts.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--aiconfigurator", type=Path, metavar="DIR",
@@ -244,6 +264,16 @@ def main(argv: list[str]) -> int:
                     points, median, p90 = errors(settings, held, gpu, kernel)
                     if points:
                         print(f"| `{gpu}` | {version} | {kernel} | {points} | {median:.1%} | {p90:.1%} |")
+        from plugins.cost_models.roofline import DERIVATION
+
+        mxfp4 = mxfp4_rows(args.aiconfigurator)
+        print("\nMXFP4 experts (gpt-oss, vLLM 0.24), not fitted per GPU: the pooled settings (DERIVATION):\n")
+        print("| GPU | points | median error | 90th percentile | up to 256 tokens: median |")
+        print("|---|---:|---:|---:|---:|")
+        for gpu in sorted({r["gpu"] for r in mxfp4}):
+            points, median, p90 = errors(DERIVATION, mxfp4, gpu, "mxfp4")
+            _, small, _ = errors(DERIVATION, [r for r in mxfp4 if r["tokens"] <= 256], gpu, "mxfp4")
+            print(f"| `{gpu}` | {points} | {median:.1%} | {p90:.1%} | {small:.1%} |")
     return 0
 
 
