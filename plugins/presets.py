@@ -294,21 +294,25 @@ MEASURED_LATENT_DECODE: dict[str, float] = {"h100-80gb": 0.624, "h200-141gb": 0.
 LATENT_DECODE_SOURCE = "aiconfigurator's vLLM 0.14 MLA decode timings"
 #: The routed experts measured on a GPU (``python tools/derive_experts.py``: aiconfigurator's timings
 #: of vLLM 0.24's MoE layer alone, the kernel vLLM picks for each shape, 13-16 shapes at tensor
-#: parallel 1-8): the 16-bit experts' settings, and those of block-scaled FP8 experts (FP8 weights
-#: times FP8 activations) under ``fp8_`` keys.
+#: parallel 1-8): the 16-bit experts' settings, those of block-scaled FP8 experts (FP8 weights times
+#: FP8 activations) under ``fp8_`` keys, and of 4-bit experts (gpt-oss's MXFP4) under ``w4a16_``.
 MEASURED_EXPERTS: dict[str, dict[str, float]] = {
     "h100-80gb": {"expert_layer_us": 40.5, "expert_us": 0.336, "expert_read_share": 1.22, "expert_gemm_share": 0.712,
                   "fp8_expert_layer_us": 40.4, "fp8_expert_us": 0.258, "fp8_expert_read_share": 1.172,
-                  "fp8_expert_gemm_share": 0.388},
-    "h200-141gb": {"expert_layer_us": 38.2, "expert_us": 0.326, "expert_read_share": 1.253,
-                   "expert_gemm_share": 0.806, "fp8_expert_layer_us": 40.2, "fp8_expert_us": 0.226,
-                   "fp8_expert_read_share": 1.196, "fp8_expert_gemm_share": 0.406},
+                  "fp8_expert_gemm_share": 0.388, "w4a16_expert_layer_us": 42.3, "w4a16_expert_us": 0.156,
+                  "w4a16_expert_read_share": 1.043, "w4a16_expert_gemm_share": 0.906},
+    "h200-141gb": {"expert_layer_us": 38.2, "expert_us": 0.326, "expert_read_share": 1.253, "expert_gemm_share": 0.806,
+                   "fp8_expert_layer_us": 40.2, "fp8_expert_us": 0.226, "fp8_expert_read_share": 1.196,
+                   "fp8_expert_gemm_share": 0.406, "w4a16_expert_layer_us": 33.5, "w4a16_expert_us": 0.089,
+                   "w4a16_expert_read_share": 0.743, "w4a16_expert_gemm_share": 0.905},
     "b200": {"expert_layer_us": 26.2, "expert_us": 0.102, "expert_read_share": 1.16, "expert_gemm_share": 0.528,
              "fp8_expert_layer_us": 35.9, "fp8_expert_us": 0.085, "fp8_expert_read_share": 1.193,
-             "fp8_expert_gemm_share": 0.241},
+             "fp8_expert_gemm_share": 0.241, "w4a16_expert_layer_us": 31.6, "w4a16_expert_us": 0.211,
+             "w4a16_expert_read_share": 1.191, "w4a16_expert_gemm_share": 0.344},
     "l40s": {"expert_layer_us": 17.9, "expert_us": 0.718, "expert_read_share": 1.023, "expert_gemm_share": 0.597,
              "fp8_expert_layer_us": 25.6, "fp8_expert_us": 0.527, "fp8_expert_read_share": 0.979,
-             "fp8_expert_gemm_share": 0.459},
+             "fp8_expert_gemm_share": 0.459, "w4a16_expert_layer_us": 51.2, "w4a16_expert_us": 0.2,
+             "w4a16_expert_read_share": 0.981, "w4a16_expert_gemm_share": 0.677},
 }
 EXPERTS_SOURCE = "aiconfigurator's timings of vLLM 0.24's MoE kernels"
 #: GPUs without a profile of their own that share a profiled GPU's chip family and its
@@ -342,7 +346,7 @@ def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
     latent, latent_note = _measured_apart(
         spec, {gpu: {"latent_decode_efficiency": v} for gpu, v in MEASURED_LATENT_DECODE.items()},
         "latent_decode_efficiency", LATENT_DECODE_SOURCE)
-    experts, experts_note = _measured_apart(spec, MEASURED_EXPERTS, "the routed experts' settings, bf16 and FP8",
+    experts, experts_note = _measured_apart(spec, MEASURED_EXPERTS, "the routed experts' settings, 16-bit, FP8 and 4-bit",
                                             EXPERTS_SOURCE)
     apart, apart_note = {**latent, **experts}, latent_note + experts_note
     source = spec.name if spec.name in MEASURED_EFFICIENCY else SAME_ARCHITECTURE.get(spec.name)

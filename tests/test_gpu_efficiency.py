@@ -134,7 +134,7 @@ def test_every_gpu_preset_says_which_numbers_are_measured():
         if experts in MEASURED_EXPERTS:
             for key, value in MEASURED_EXPERTS[experts].items():
                 assert efficiency.pop(key) == value
-            assert "measured: the routed experts' settings, bf16 and FP8" in text
+            assert "measured: the routed experts' settings, 16-bit, FP8 and 4-bit" in text
         else:
             assert "routed experts' settings" not in text
         if spec.name in MEASURED_EFFICIENCY:

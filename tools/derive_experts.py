@@ -9,18 +9,20 @@ The roofline times a MoE layer's routed experts on a GPU as
                             pair FLOPs / (peak x dense GEMM curve at the rows per expert x expert_gemm_share))
 
 (``plugins/cost_models/roofline.py``, ``expert_layers_ms``). ``expert_us`` is each expert's fixed
-time in the fused kernel: a narrow expert (tensor parallelism splits each one's intermediate width
-over the ranks) does not reach the bandwidth -- on an H100, experts of 8 MB or more stream at 2.9-3.0
-TB/s, of 1-2 MB at 2.1, below 1 MB at 1.5.
+time in the kernel: a narrow expert (tensor parallelism splits each one's intermediate width over
+the ranks) does not reach the bandwidth.
 
 The measurements: NVIDIA's aiconfigurator (github.com/ai-dynamo/aiconfigurator, Apache-2.0) times
 vLLM's MoE layer alone (``moe_perf``: tokens x hidden x intermediate x experts x top-k x tensor
 parallel) on H100, H200, B200 SXM and L40S, with the tokens spread evenly over the experts
 (``balanced``: ``min(E, tokens x k)`` experts run). The fit takes vLLM 0.24, whose timings name the
 kernel vLLM's own selection picks for each shape (``kernel_source``): Triton's fused MoE on H100,
-H200 and L40S, FlashInfer's TRT-LLM kernels on B200. It takes 16-bit experts (bf16) and
-block-scaled FP8 ones (``fp8_block``: W8A8, 128 x 128 weight blocks, as DeepSeek's and Qwen's FP8
-checkpoints) at tensor parallel 1, 2, 4 and 8, powers of two from 1 to 16,384 tokens, and leaves
+H200 and L40S, FlashInfer's TRT-LLM kernels on B200. It takes three kinds of experts
+(:data:`KERNELS`): 16-bit (bf16), block-scaled FP8 (``fp8_block``: W8A8, 128 x 128 weight blocks,
+as DeepSeek's and Qwen's FP8 checkpoints) and 4-bit weights with 16-bit activations (``w4a16``:
+gpt-oss's MXFP4 experts in vLLM's gpt-oss MoE path -- Triton's kernels on Hopper, FlashInfer's
+TRT-LLM on B200, Marlin on L40S -- the only 4-bit format timed on every GPU), at tensor parallel 1,
+2, 4 and 8, powers of two from 1 to 16,384 tokens, and leaves
 out the points whose experts' weights fit in 128 MB (the timing loop would read them from the L2
 cache: 50 MB on H100 and H200, 96 MB on L40S, 126 MB on B200). Least squares in log time, per GPU
 and kernel. The tests ship the points this derivation reads in
@@ -29,9 +31,8 @@ and kernel. The tests ship the points this derivation reads in
 ``--table``, checks the fits on the same GPUs' earlier vLLM versions (held out: Triton's fused MoE
 everywhere, B200 included).
 
-A GPU without a measurement takes each setting's median over the measured GPUs (and LLMServingSim's
-RTX PRO 6000 Server profile, ``tools/derive_roofline.py``); FP8 experts on such a GPU, the medians
-of the FP8 fits.
+A GPU without a measurement takes each setting's median over the measured GPUs (for 16-bit
+experts, with LLMServingSim's RTX PRO 6000 Server profile too: ``tools/derive_roofline.py``).
 """
 
 from __future__ import annotations
@@ -54,10 +55,12 @@ AIC_GPUS = {"h100_sxm": ("h100-80gb", "0.24.0", ("0.14.0", "0.19.0")),
             "h200_sxm": ("h200-141gb", "0.24.0", ("0.14.0", "0.19.0")),
             "b200_sxm": ("b200", "0.24.0", ("0.19.0", "0.22.0")),
             "l40s": ("l40s", "0.24.0", ("0.22.0",))}
-#: aiconfigurator's dtype -> the kernel family's name here
-KERNELS = {"bfloat16": "bf16", "fp8_block": "fp8"}
+#: aiconfigurator's dtype -> the kernel family's name here (``EXPERT_KERNELS`` in the roofline)
+KERNELS = {"bfloat16": "bf16", "fp8_block": "fp8", "w4a16_mxfp4": "w4a16"}
+#: the w4a16 timings kept: vLLM's gpt-oss MoE path (0.24's names it; earlier, ``vllm_mxfp4_moe``)
+W4A16_SOURCES = ("gptoss", "vllm_mxfp4_moe")
 #: weight bytes per parameter of each kernel's experts (MXFP4: 4 bits and an 8-bit scale per 32)
-BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "mxfp4": 0.53125}
+BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "w4a16": 0.53125}
 TENSOR_PARALLEL = (1, 2, 4, 8)
 TOKENS = tuple(2 ** i for i in range(15))
 L2_BYTES = 128e6
@@ -85,6 +88,7 @@ def extract(data: Path, versions: dict[str, str] | None = None) -> list[dict]:
         version = (versions or {}).get(folder, fitted)
         for r in pq.read_table(data / folder / "moe" / "vllm" / version / "moe_perf.parquet").to_pylist():
             if (r["moe_dtype"] in KERNELS and r["distribution"] == "balanced"
+                    and (KERNELS[r["moe_dtype"]] != "w4a16" or any(k in r["kernel_source"] for k in W4A16_SOURCES))
                     and r["moe_ep_size"] == 1 and r["moe_tp_size"] in TENSOR_PARALLEL
                     and r["inter_size"] % r["moe_tp_size"] == 0 and r["num_tokens"] in TOKENS):
                 rows.append({"gpu": gpu, "kernel": KERNELS[r["moe_dtype"]], "hidden": r["hidden_size"],
@@ -110,7 +114,7 @@ def rates(gpu: str, kernel: str) -> dict:
     from plugins.cost_models.roofline import RooflineConfig, RooflineCostModel
 
     fp8 = {"weight_dtype_bytes": 1.0, "fp8_activations": True} if kernel == "fp8" else \
-        {"expert_dtype_bytes": BYTES_PER_PARAM["mxfp4"]} if kernel == "mxfp4" else {}
+        {"expert_dtype_bytes": BYTES_PER_PARAM[kernel]} if kernel == "w4a16" else {}
     model = ModelSpec("one-moe-layer", num_layers=1, num_kv_heads=1, head_dim=128, num_params=8 * 3 * 4096 ** 2,
                       active_params=2 * 3 * 4096 ** 2, num_experts=8, experts_per_token=2, hidden_size=4096, **fp8)
     presets = Presets.from_catalog(load_catalog(entry_points=False))
@@ -150,7 +154,7 @@ def fit(rows: list[dict], gpu: str, kernel: str, *, per_expert: bool = True) -> 
     the median and 90th-percentile |error| of the fit and of the settings before it.
     ``per_expert=False``: ``expert_us`` held at 0 (the model before it, refitted)."""
     from scipy.optimize import least_squares
-    from plugins.cost_models.roofline import DERIVATION, FP8_EXPERTS_POOLED
+    from plugins.cost_models.roofline import DERIVATION, EXPERTS_POOLED
 
     used = past_l2([r for r in rows if r["gpu"] == gpu and r["kernel"] == kernel], kernel)
     r, measured = rates(gpu, kernel), np.array([row["latency_us"] for row in used]) * 1e-3
@@ -158,7 +162,7 @@ def fit(rows: list[dict], gpu: str, kernel: str, *, per_expert: bool = True) -> 
     start = START if per_expert else (START[0], 0.0, *START[2:])
     result = least_squares(lambda x: np.log(layer_ms(x, used, kernel, r) / measured), start, bounds=(LOWER, upper))
     after = np.abs(np.exp(result.fun) - 1)
-    pooled_settings = FP8_EXPERTS_POOLED if kernel == "fp8" else DERIVATION
+    pooled_settings = EXPERTS_POOLED.get(kernel, DERIVATION)
     pooled = np.abs(layer_ms([pooled_settings[k] for k in KEYS], used, kernel, r) / measured - 1)
     before = np.abs(layer_ms([PROFILED[k] for k in KEYS], used, kernel, r) / measured - 1)
     rounding = (1, 3, 3, 3)
@@ -187,35 +191,21 @@ def derive(rows: list[dict], profiled: dict | None = None) -> dict:
         series = list(fits[kernel].values()) + extra
         return {k: round(statistics.median(s[k] for s in series), 1 if k == "expert_layer_us" else 3) for k in KEYS}
 
-    return {"fits": fits, "pooled": {"bf16": pooled("bf16", [profiled] if profiled else []), "fp8": pooled("fp8", [])}}
+    return {"fits": fits, "pooled": {kernel: pooled(kernel, [profiled] if profiled and kernel == "bf16" else [])
+                                     for kernel in fits}}
 
 
 def measured_table(result: dict) -> dict[str, dict]:
-    """``MEASURED_EXPERTS`` for plugins/presets.py: per GPU its bf16 settings and the FP8 ones
-    under ``fp8_`` keys."""
+    """``MEASURED_EXPERTS`` for plugins/presets.py: per GPU each kind's settings under its prefix
+    (``EXPERT_KERNELS``)."""
+    from plugins.cost_models.roofline import EXPERT_KERNELS
+
     table: dict[str, dict] = {}
     for kernel, per_gpu in result["fits"].items():
-        prefix = "fp8_" if kernel == "fp8" else ""
+        prefix = EXPERT_KERNELS[kernel]
         for gpu, f in per_gpu.items():
             table.setdefault(gpu, {}).update({prefix + k: f[k] for k in KEYS})
     return table
-
-
-def mxfp4_rows(data: Path) -> list[dict]:
-    """gpt-oss's MXFP4 experts (bf16 activations) at vLLM 0.24 on the GPUs that run vLLM's
-    gpt-oss MoE path, rows as :func:`extract`'s: a format not fitted per GPU (held out)."""
-    import pyarrow.parquet as pq
-
-    rows = []
-    for folder, (gpu, version, _) in AIC_GPUS.items():
-        path = data / folder / "moe" / "vllm" / version / "moe_perf.parquet"
-        for r in pq.read_table(path).to_pylist():
-            if (r["moe_dtype"] == "w4a16_mxfp4" and "gptoss" in r["kernel_source"] and r["distribution"] == "balanced"
-                    and r["moe_ep_size"] == 1 and r["moe_tp_size"] in TENSOR_PARALLEL and r["num_tokens"] in TOKENS):
-                rows.append({"gpu": gpu, "kernel": "mxfp4", "hidden": r["hidden_size"], "intermediate": r["inter_size"],
-                             "experts": r["num_experts"], "top_k": r["topk"], "tp": r["moe_tp_size"],
-                             "tokens": r["num_tokens"], "latency_us": r["latency"] * 1e3})
-    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -237,7 +227,8 @@ def main(argv: list[str]) -> int:
     print("MEASURED_EXPERTS in plugins/presets.py:")
     for gpu, settings in measured_table(result).items():
         print(f"  {gpu!r}: {settings},")
-    print("FP8_EXPERTS_POOLED in plugins/cost_models/roofline.py:", result["pooled"]["fp8"])
+    print("EXPERTS_POOLED in plugins/cost_models/roofline.py:",
+          {kernel: settings for kernel, settings in result["pooled"].items() if kernel != "bf16"})
     print("bf16, the median over these GPUs (DERIVATION's pools the RTX PRO 6000 Server profile's fit in too: "
           "tools/derive_roofline.py):", result["pooled"]["bf16"])
     if args.table:
@@ -252,6 +243,8 @@ def main(argv: list[str]) -> int:
         print("\nHeld out (the fit above on another vLLM version of the same GPU):\n")
         print("| GPU | vLLM | kernel | points | median error | 90th percentile |")
         print("|---|---|---|---:|---:|---:|")
+        from plugins.cost_models.roofline import EXPERT_KERNELS
+
         table = measured_table(result)
         for folder, (gpu, _, others) in AIC_GPUS.items():
             for version in others:
@@ -260,20 +253,10 @@ def main(argv: list[str]) -> int:
                 except FileNotFoundError:
                     continue
                 for kernel in KERNELS.values():
-                    settings = {k: table[gpu][("fp8_" if kernel == "fp8" else "") + k] for k in KEYS}
+                    settings = {k: table[gpu][EXPERT_KERNELS[kernel] + k] for k in KEYS}
                     points, median, p90 = errors(settings, held, gpu, kernel)
                     if points:
                         print(f"| `{gpu}` | {version} | {kernel} | {points} | {median:.1%} | {p90:.1%} |")
-        from plugins.cost_models.roofline import DERIVATION
-
-        mxfp4 = mxfp4_rows(args.aiconfigurator)
-        print("\nMXFP4 experts (gpt-oss, vLLM 0.24), not fitted per GPU: the pooled settings (DERIVATION):\n")
-        print("| GPU | points | median error | 90th percentile | up to 256 tokens: median |")
-        print("|---|---:|---:|---:|---:|")
-        for gpu in sorted({r["gpu"] for r in mxfp4}):
-            points, median, p90 = errors(DERIVATION, mxfp4, gpu, "mxfp4")
-            _, small, _ = errors(DERIVATION, [r for r in mxfp4 if r["tokens"] <= 256], gpu, "mxfp4")
-            print(f"| `{gpu}` | {points} | {median:.1%} | {p90:.1%} | {small:.1%} |")
     return 0
 
 

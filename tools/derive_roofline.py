@@ -60,7 +60,7 @@ quoted in ``plugins/cost_models/collectives.py``) with the arguments after ``--`
 ``tools/derive_latent_attention.py`` (latent attention's decode rate, from vLLM's measured MLA
 kernels: ``MEASURED_LATENT_DECODE`` and ``LATENT_DECODE_POOLED``) and ``tools/derive_experts.py``
 (the routed experts on four more GPUs, from vLLM's measured fused MoE kernel: ``MEASURED_EXPERTS``,
-``FP8_EXPERTS_POOLED``, and with the profile above the pooled expert settings).
+``EXPERTS_POOLED``, and with the profile above the pooled expert settings).
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ their weights are read at ``expert_read_share`` of the dense read, each expert r
 ``expert_us`` besides (the fused kernel's start and end of each expert's tiles: a narrow expert,
 as tensor parallelism makes them, does not reach the bandwidth), and every MoE layer adds
 ``expert_layer_us`` (routing and sorting the tokens by expert). Experts whose weights are FP8 and
-multiply FP8 activations take the GPU's ``fp8_`` expert settings (another kernel: vLLM's
-block-scaled FP8 fused MoE). With ``expert_parallel`` the experts are
+multiply FP8 activations take the GPU's ``fp8_`` expert settings, 4-bit experts its ``w4a16_`` ones
+(other kernels: :data:`EXPERT_KERNELS`). With ``expert_parallel`` the experts are
 spread over the ranks instead of split (the same bytes and FLOPs per rank in this model).
 
 Speculative decoding's verify pass (``spec_tokens`` draft tokens beside the decodes' own):
@@ -148,9 +148,9 @@ from .work import ModelWork, check_rank_tokens, fp8_factor, gemm_factors
 #: at 0.81 of cuBLAS's at as many rows (3.2% RMS error on the 38 points whose experts do not fit in
 #: the L2 cache, against 8.3% with no fixed time). On H100, H200, B200 and L40S, vLLM 0.24's MoE
 #: layer timed alone by aiconfigurator (the kernel vLLM picks: Triton's fused MoE, FlashInfer's
-#: TRT-LLM kernels on B200) over 13-16 shapes at TP 1-8 (tools/derive_experts.py): 18-41 us a layer
-#: and 0.09-0.72 us an expert (a narrow expert does not reach the bandwidth), median error 6-12%;
-#: the pooled values are each setting's median over the five GPUs.
+#: TRT-LLM kernels on B200) over 13-16 shapes at TP 1-8, 16-bit, FP8 and 4-bit experts
+#: (tools/derive_experts.py): 18-51 us a layer and 0.09-0.72 us an expert (a narrow expert does not
+#: reach the bandwidth), median error 4-12%; the pooled values are each setting's median over the GPUs.
 #: Uneven decode contexts (LLMServingSim's skew shots, ``skew.csv``: 330 decode-only and ~12,700
 #: mixed batches per bundle, a few contexts ``skew`` times the others', timed as they are, at the
 #: mean and all at the longest): a batch takes alpha of the gap from the mean to the longest, the
@@ -198,12 +198,22 @@ DERIVATION = {"bandwidth_efficiency": 0.846, "kv_read_efficiency": 0.91, "attent
               "decode_skew_alpha": 0.037, "mixed_skew_alpha": 0.103}
 
 
-#: The routed experts' settings where FP8 weights multiply FP8 activations, on a GPU without a
-#: measurement of its own (``fp8_expert_...`` in its efficiency table): the medians of vLLM's
-#: block-scaled FP8 MoE kernels (DeepSeek's and Qwen's FP8 checkpoints) on the four GPUs measured,
-#: ``python tools/derive_experts.py``.
-FP8_EXPERTS_POOLED = {"expert_layer_us": 38.0, "expert_us": 0.242, "expert_read_share": 1.183,
-                      "expert_gemm_share": 0.397}
+#: The kinds of routed experts whose MoE kernels are measured per GPU (:func:`expert_kernel`) -> the
+#: prefix of their settings in a GPU's efficiency table: 16-bit experts' plain, block-scaled FP8
+#: ones' (FP8 weights times FP8 activations) ``fp8_``, 4-bit weights with 16-bit activations (gpt-oss's
+#: MXFP4) ``w4a16_``.
+EXPERT_KERNELS = {"bf16": "", "fp8": "fp8_", "w4a16": "w4a16_"}
+#: the settings each kind of expert has its own of
+EXPERT_SETTINGS = ("expert_layer_us", "expert_us", "expert_read_share", "expert_gemm_share")
+#: at most this many bytes a weight: 4-bit experts with their scales (MXFP4 4.25 bits, NVFP4 4.5)
+W4_BYTES_PER_PARAM = 0.5625
+#: The expert settings of a GPU without a measurement of its own, per kind other than 16-bit (whose
+#: are :data:`DERIVATION`'s): each setting's median over the GPUs measured
+#: (``python tools/derive_experts.py``).
+EXPERTS_POOLED = {
+    "fp8": {"expert_layer_us": 38.0, "expert_us": 0.242, "expert_read_share": 1.183, "expert_gemm_share": 0.397},
+    "w4a16": {"expert_layer_us": 37.9, "expert_us": 0.178, "expert_read_share": 1.012, "expert_gemm_share": 0.791},
+}
 
 #: ``latent_decode_efficiency`` of a GPU without a measurement of its own, by the MLA decode kernel
 #: vLLM runs on it (``python tools/derive_latent_attention.py``: aiconfigurator's vLLM 0.14 MLA
@@ -669,38 +679,46 @@ class RooflineCostModel:
 
 
 def expert_kernel(model: ModelSpec | None, gpu: GpuSpec) -> str:
-    """Which measured fused MoE kernel times ``model``'s routed experts on ``gpu``: ``"bf16"``
-    (16-bit weights: the unquantised kernel; a dense model too), ``"fp8"`` (FP8 weights times
-    FP8 activations: the block-scaled W8A8 kernel) or ``"other"`` (4-bit weights such as MXFP4,
-    or FP8 weights on a GPU without FP8 tensor cores: kernels not measured per GPU)."""
+    """Which measured MoE kernel times ``model``'s routed experts on ``gpu`` (:data:`EXPERT_KERNELS`):
+    ``"bf16"`` (16-bit weights; a dense model too), ``"fp8"`` (FP8 weights times FP8 activations),
+    ``"w4a16"`` (4-bit weights, 16-bit activations: MXFP4, INT4), else ``"other"`` (FP8 weights on
+    a GPU without FP8 tensor cores, and any other format: the 16-bit settings, pooled)."""
     if model is None or not model.is_moe or model.expert_bytes_per_param >= 2.0:
         return "bf16"
+    if model.expert_bytes_per_param <= W4_BYTES_PER_PARAM:
+        return "w4a16"
     return "fp8" if gemm_factors(model, gpu)[1] != 1.0 else "other"
 
 
 def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec, model: ModelSpec | None = None) -> RooflineConfig:
     """``config`` with every unset efficiency filled: the GPU's measured value
     (``GpuSpec.efficiency``), else the pooled :data:`DERIVATION`; and the attention kernel
-    vLLM runs on the GPU when unset (:func:`default_attention_kernel`). The GPU table's expert
-    settings are its bf16 kernel's: experts that multiply FP8 weights by FP8 activations take
-    its ``fp8_`` ones, else :data:`FP8_EXPERTS_POOLED`; experts in other formats
-    (:func:`expert_kernel`) the pooled values.
+    vLLM runs on the GPU when unset (:func:`default_attention_kernel`). The expert settings are
+    those of the kernel ``model``'s experts run in (:func:`expert_kernel`): the GPU table's keys of
+    that kind's prefix, else :data:`EXPERTS_POOLED`'s; experts of no measured kind take the
+    pooled 16-bit ones.
 
     :raises ConfigError: the GPU's table names a setting the roofline does not have.
     """
-    fp8 = {f"fp8_{name}": value for name, value in FP8_EXPERTS_POOLED.items()}
-    known = {**DERIVATION, "latent_decode_efficiency": default_latent_decode_efficiency(gpu), **fp8}
+    prefixed = {prefix + name: EXPERTS_POOLED[kind][name]
+                for kind, prefix in EXPERT_KERNELS.items() if prefix for name in EXPERT_SETTINGS}
+    known = {**DERIVATION, "latent_decode_efficiency": default_latent_decode_efficiency(gpu), **prefixed}
     unknown = sorted(set(gpu.efficiency) - set(known))
     if unknown:
         raise ConfigError(f"GPU {gpu.name!r}: efficiency has unknown key {unknown[0]!r}; "
                           f"valid keys: {', '.join(sorted(known))}")
     kernel = expert_kernel(model, gpu)
-    table = {name: value for name, value in gpu.efficiency.items()
-             if kernel == "bf16" or name not in FP8_EXPERTS_POOLED}
-    source = {name: f"fp8_{name}" if kernel == "fp8" and name in FP8_EXPERTS_POOLED else name
-              for name in known if name not in fp8}
-    filled = {name: float(table.get(key, known[key])) for name, key in source.items()
-              if getattr(config, name) is None}
+    prefix = EXPERT_KERNELS.get(kernel)
+    filled = {}
+    for name in DERIVATION.keys() | {"latent_decode_efficiency"}:
+        if getattr(config, name) is not None:
+            continue
+        if name not in EXPERT_SETTINGS:
+            filled[name] = float(gpu.efficiency.get(name, known[name]))
+        elif prefix is None:  # a kind not measured per GPU: the pooled 16-bit settings
+            filled[name] = float(DERIVATION[name])
+        else:
+            filled[name] = float(gpu.efficiency.get(prefix + name, known[prefix + name]))
     if config.attention_kernel is None:
         filled["attention_kernel"] = default_attention_kernel(gpu)
     try:
