@@ -346,8 +346,8 @@ def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
     latent, latent_note = _measured_apart(
         spec, {gpu: {"latent_decode_efficiency": v} for gpu, v in MEASURED_LATENT_DECODE.items()},
         "latent_decode_efficiency", LATENT_DECODE_SOURCE)
-    experts, experts_note = _measured_apart(spec, MEASURED_EXPERTS, "the routed experts' settings, 16-bit, FP8 and 4-bit",
-                                            EXPERTS_SOURCE)
+    experts, experts_note = _measured_apart(
+        spec, MEASURED_EXPERTS, "the routed experts' settings, 16-bit, FP8 and 4-bit", EXPERTS_SOURCE)
     apart, apart_note = {**latent, **experts}, latent_note + experts_note
     source = spec.name if spec.name in MEASURED_EFFICIENCY else SAME_ARCHITECTURE.get(spec.name)
     if source is None:
