@@ -62,8 +62,8 @@ those some token picked are read -- ``E (1 - (1 - k/E)^T)`` of ``E`` under unifo
 and the FLOPs are those of the ``params per token`` (active parameters); the expert GEMMs
 run at ``eta`` of the tokens each expert gets times ``expert_gemm_share`` (the fused MoE kernel),
 their weights are read at ``expert_read_share`` of the dense read, each expert read costs
-``expert_us`` besides (the fused kernel's start and end of each expert's tiles: a narrow expert,
-as tensor parallelism makes them, does not reach the bandwidth), and every MoE layer adds
+``expert_us`` besides (a narrow expert, as tensor parallelism makes them, does not reach the
+bandwidth), and every MoE layer adds
 ``expert_layer_us`` (routing and sorting the tokens by expert). Experts whose weights are FP8 and
 multiply FP8 activations take the GPU's ``fp8_`` expert settings, 4-bit experts its ``w4a16_`` ones
 (other kernels: :data:`EXPERT_KERNELS`). With ``expert_parallel`` the experts are
@@ -291,8 +291,9 @@ class RooflineConfig:
         "expert_layer_us", "per MoE layer: the routed experts' fixed time (top-k routing, sorting the tokens by "
                            "expert, the kernels' launch), us", share=False)
     expert_us: float | None = _measured(
-        "expert_us", "per MoE layer and expert read: the fused MoE kernel's fixed time for each expert (its "
-                     "tiles' start and end), us", share=False)
+        "expert_us", "per MoE layer and expert read: a fixed time besides its weights' read (a narrow expert "
+                     "does not reach the bandwidth), us; FP8 and 4-bit experts take the GPU's fp8_ and w4a16_ "
+                     "values of every expert setting", share=False)
     expert_read_share: float | None = _measured(
         "expert_read_share", "the experts' weights are read at this share of bandwidth_efficiency", share=False)
     expert_gemm_share: float | None = _measured(
