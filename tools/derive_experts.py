@@ -48,6 +48,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+import aiconfigurator  # noqa: E402
 
 SUBSET = REPO / "tests" / "data" / "aiconfigurator" / "moe.csv"
 #: aiconfigurator's system folder -> (schedlab's GPU preset, the vLLM version fitted, held-out versions)
@@ -99,11 +101,7 @@ def extract(data: Path, versions: dict[str, str] | None = None) -> list[dict]:
 
 
 def write_subset(rows: list[dict], path: Path = SUBSET) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    aiconfigurator.write_subset(rows, path, COLUMNS)
 
 
 def rates(gpu: str, kernel: str) -> dict:

@@ -37,6 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+import aiconfigurator  # noqa: E402
 from plugins.presets import GPUS  # noqa: E402
 
 SUBSET = REPO / "tests" / "data" / "aiconfigurator" / "generation_mla.csv"
@@ -81,11 +83,7 @@ def extract(data: Path) -> list[dict]:
 
 
 def write_subset(rows: list[dict], path: Path = SUBSET) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    aiconfigurator.write_subset(rows, path, COLUMNS)
 
 
 def efficiency(rows: list[dict], gpu: str) -> tuple[float, int]:
