@@ -12,6 +12,8 @@ from pathlib import Path
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedlab.capacity import ModelSpec, Presets
 from schedlab.catalog import load_catalog
@@ -171,3 +173,24 @@ def test_plugins_say_the_experts_are_measured():
     assert "routed experts' settings, 16-bit, FP8 and 4-bit (aiconfigurator" in note
     _, note = with_efficiency(PRESETS.gpu("a100-80gb"))
     assert "routed experts" not in note
+
+
+MOE_MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "mixtral-8x7b")
+GPU_NAMES = ("h100-80gb", "h200-141gb", "b200", "l40s", "a100-80gb", "rtx-pro-6000-server", "l4")
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.sampled_from(MOE_MODELS), gpu=st.sampled_from(GPU_NAMES), tp=st.sampled_from([1, 2, 4, 8]),
+       tokens=st.integers(1, 20_000), more=st.integers(1, 5_000))
+def test_more_tokens_never_take_the_experts_less_time(model, gpu, tp, tokens, more):
+    """Whatever the GPU, the kind of expert and its settings: a MoE step's experts take at least
+    as long for more tokens (more experts read, more pairs computed), and at least as long for
+    more experts read at the same tokens (data-parallel ranks' shares)."""
+    spec = PRESETS.model(model)
+    try:
+        cost = RooflineCostModel(spec, PRESETS.gpu(gpu), RooflineConfig(model=model, gpu=gpu, tensor_parallel=tp))
+    except ConfigError:
+        return  # a split the model does not allow
+    assert cost._experts_ms(tokens + more) >= cost._experts_ms(tokens) > 0.0
+    few = min(spec.num_experts, tokens)
+    assert cost._expert_gpu_ms(tokens, few + 1) >= cost._expert_gpu_ms(tokens, few)
