@@ -711,7 +711,7 @@ def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec, model: ModelSpec 
     kernel = expert_kernel(model, gpu)
     prefix = EXPERT_KERNELS.get(kernel)
     filled = {}
-    for name in DERIVATION.keys() | {"latent_decode_efficiency"}:
+    for name in (*DERIVATION, "latent_decode_efficiency"):
         if getattr(config, name) is not None:
             continue
         if name not in EXPERT_SETTINGS:
