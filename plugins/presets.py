@@ -26,6 +26,8 @@ import attrs
 import schedlab
 from schedlab.capacity import GpuSpec, ModelSpec
 
+from .cost_models.roofline import EXPERT_KERNELS, EXPERT_SETTINGS
+
 def shape_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int, *,
                  tied: bool = False, qk_norm: bool = False, experts: int = 0, top_k: int = 0,
                  expert_ffn: int = 0) -> tuple[int, int]:
@@ -294,25 +296,18 @@ MEASURED_LATENT_DECODE: dict[str, float] = {"h100-80gb": 0.624, "h200-141gb": 0.
 LATENT_DECODE_SOURCE = "aiconfigurator's vLLM 0.14 MLA decode timings"
 #: The routed experts measured on a GPU (``python tools/derive_experts.py``: aiconfigurator's timings
 #: of vLLM 0.24's MoE layer alone, the kernel vLLM picks for each shape, 13-16 shapes at tensor
-#: parallel 1-8): the 16-bit experts' settings, those of block-scaled FP8 experts (FP8 weights times
-#: FP8 activations) under ``fp8_`` keys, and of 4-bit experts (gpt-oss's MXFP4) under ``w4a16_``.
-MEASURED_EXPERTS: dict[str, dict[str, float]] = {
-    "h100-80gb": {"expert_layer_us": 40.5, "expert_us": 0.336, "expert_read_share": 1.22, "expert_gemm_share": 0.712,
-                  "fp8_expert_layer_us": 40.4, "fp8_expert_us": 0.258, "fp8_expert_read_share": 1.172,
-                  "fp8_expert_gemm_share": 0.388, "w4a16_expert_layer_us": 42.3, "w4a16_expert_us": 0.156,
-                  "w4a16_expert_read_share": 1.043, "w4a16_expert_gemm_share": 0.906},
-    "h200-141gb": {"expert_layer_us": 38.2, "expert_us": 0.326, "expert_read_share": 1.253, "expert_gemm_share": 0.806,
-                   "fp8_expert_layer_us": 40.2, "fp8_expert_us": 0.226, "fp8_expert_read_share": 1.196,
-                   "fp8_expert_gemm_share": 0.406, "w4a16_expert_layer_us": 33.5, "w4a16_expert_us": 0.089,
-                   "w4a16_expert_read_share": 0.743, "w4a16_expert_gemm_share": 0.905},
-    "b200": {"expert_layer_us": 26.2, "expert_us": 0.102, "expert_read_share": 1.16, "expert_gemm_share": 0.528,
-             "fp8_expert_layer_us": 35.9, "fp8_expert_us": 0.085, "fp8_expert_read_share": 1.193,
-             "fp8_expert_gemm_share": 0.241, "w4a16_expert_layer_us": 31.6, "w4a16_expert_us": 0.211,
-             "w4a16_expert_read_share": 1.191, "w4a16_expert_gemm_share": 0.344},
-    "l40s": {"expert_layer_us": 17.9, "expert_us": 0.718, "expert_read_share": 1.023, "expert_gemm_share": 0.597,
-             "fp8_expert_layer_us": 25.6, "fp8_expert_us": 0.527, "fp8_expert_read_share": 0.979,
-             "fp8_expert_gemm_share": 0.459, "w4a16_expert_layer_us": 51.2, "w4a16_expert_us": 0.2,
-             "w4a16_expert_read_share": 0.981, "w4a16_expert_gemm_share": 0.677},
+#: parallel 1-8): per kind of expert (``EXPERT_KERNELS``: 16-bit, block-scaled FP8 W8A8, and 4-bit
+#: weights with 16-bit activations such as gpt-oss's MXFP4) its ``EXPERT_SETTINGS``, in order:
+#: expert_layer_us, expert_us, expert_read_share, expert_gemm_share.
+MEASURED_EXPERTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
+    "h100-80gb": {"bf16": (40.5, 0.336, 1.22, 0.712), "fp8": (40.4, 0.258, 1.172, 0.388),
+                  "w4a16": (42.3, 0.156, 1.043, 0.906)},
+    "h200-141gb": {"bf16": (38.2, 0.326, 1.253, 0.806), "fp8": (40.2, 0.226, 1.196, 0.406),
+                   "w4a16": (33.5, 0.089, 0.743, 0.905)},
+    "b200": {"bf16": (26.2, 0.102, 1.16, 0.528), "fp8": (35.9, 0.085, 1.193, 0.241),
+             "w4a16": (31.6, 0.211, 1.191, 0.344)},
+    "l40s": {"bf16": (17.9, 0.718, 1.023, 0.597), "fp8": (25.6, 0.527, 0.979, 0.459),
+             "w4a16": (51.2, 0.2, 0.981, 0.677)},
 }
 EXPERTS_SOURCE = "aiconfigurator's timings of vLLM 0.24's MoE kernels"
 #: GPUs without a profile of their own that share a profiled GPU's chip family and its
@@ -328,6 +323,13 @@ ATTENTION_KEYS = ("kv_read_efficiency", "attention_layer_us", "decode_attention_
                   "mixed_decode_query_rows", "mixed_decode_context_offset", "empty_tile_ns",
                   "decode_skew_alpha", "mixed_skew_alpha", "expert_layer_us", "expert_us", "expert_read_share",
                   "expert_gemm_share")
+
+
+def expert_efficiency(kinds: dict[str, tuple[float, ...]]) -> dict[str, float]:
+    """A GPU's :data:`MEASURED_EXPERTS` entry as keys of its efficiency table: each kind's
+    settings under the kind's prefix (``fp8_expert_us`` ...)."""
+    return {EXPERT_KERNELS[kind] + name: value
+            for kind, values in kinds.items() for name, value in zip(EXPERT_SETTINGS, values, strict=True)}
 
 
 def _measured_apart(spec: GpuSpec, table: dict, what: str, source_note: str) -> tuple[dict, str]:
@@ -347,7 +349,7 @@ def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
         spec, {gpu: {"latent_decode_efficiency": v} for gpu, v in MEASURED_LATENT_DECODE.items()},
         "latent_decode_efficiency", LATENT_DECODE_SOURCE)
     experts, experts_note = _measured_apart(
-        spec, MEASURED_EXPERTS, "the routed experts' settings, 16-bit, FP8 and 4-bit", EXPERTS_SOURCE)
+        spec, {gpu: expert_efficiency(kinds) for gpu, kinds in MEASURED_EXPERTS.items()}, "the routed experts' settings, 16-bit, FP8 and 4-bit", EXPERTS_SOURCE)
     apart, apart_note = {**latent, **experts}, latent_note + experts_note
     source = spec.name if spec.name in MEASURED_EFFICIENCY else SAME_ARCHITECTURE.get(spec.name)
     if source is None:

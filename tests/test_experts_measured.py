@@ -31,7 +31,7 @@ KEYS = derive_experts.KEYS
 
 
 def _settings(gpu: str, kernel: str) -> dict:
-    return {k: MEASURED_EXPERTS[gpu][EXPERT_KERNELS[kernel] + k] for k in KEYS}
+    return dict(zip(KEYS, MEASURED_EXPERTS[gpu][kernel], strict=True))
 
 
 def _ratios(settings: dict, rows: list[dict], gpu: str, kernel: str) -> list[float]:

@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 import aiconfigurator  # noqa: E402
+from plugins.cost_models.roofline import EXPERT_SETTINGS  # noqa: E402
 
 SUBSET = REPO / "tests" / "data" / "aiconfigurator" / "moe.csv"
 #: aiconfigurator's system folder -> (schedlab's GPU preset, the vLLM version fitted, held-out versions)
@@ -69,8 +70,8 @@ L2_BYTES = 128e6
 COLUMNS = ("gpu", "kernel", "hidden", "intermediate", "experts", "top_k", "tp", "tokens", "latency_us")
 #: what every GPU took before: the fit on LLMServingSim's RTX PRO 6000 Server MoE profile
 PROFILED = {"expert_layer_us": 29.9, "expert_us": 0.0, "expert_read_share": 0.988, "expert_gemm_share": 0.81}
-#: the settings in the order the fit holds them, its start and bounds
-KEYS = ("expert_layer_us", "expert_us", "expert_read_share", "expert_gemm_share")
+#: the settings in the order the fit holds them (the roofline's EXPERT_SETTINGS), its start and bounds
+KEYS = EXPERT_SETTINGS
 START, LOWER, UPPER = (20.0, 0.2, 1.0, 0.7), (0.0, 0.0, 0.1, 0.05), (200.0, 5.0, 2.0, 2.0)
 
 
@@ -194,15 +195,12 @@ def derive(rows: list[dict], profiled: dict | None = None) -> dict:
 
 
 def measured_table(result: dict) -> dict[str, dict]:
-    """``MEASURED_EXPERTS`` for plugins/presets.py: per GPU each kind's settings under its prefix
-    (``EXPERT_KERNELS``)."""
-    from plugins.cost_models.roofline import EXPERT_KERNELS
-
+    """``MEASURED_EXPERTS`` for plugins/presets.py: per GPU and kind of expert its settings, in
+    :data:`KEYS`' order."""
     table: dict[str, dict] = {}
     for kernel, per_gpu in result["fits"].items():
-        prefix = EXPERT_KERNELS[kernel]
         for gpu, f in per_gpu.items():
-            table.setdefault(gpu, {}).update({prefix + k: f[k] for k in KEYS})
+            table.setdefault(gpu, {})[kernel] = tuple(f[k] for k in KEYS)
     return table
 
 
@@ -241,8 +239,6 @@ def main(argv: list[str]) -> int:
         print("\nHeld out (the fit above on another vLLM version of the same GPU):\n")
         print("| GPU | vLLM | kernel | points | median error | 90th percentile |")
         print("|---|---|---|---:|---:|---:|")
-        from plugins.cost_models.roofline import EXPERT_KERNELS
-
         table = measured_table(result)
         for folder, (gpu, _, others) in AIC_GPUS.items():
             for version in others:
@@ -251,7 +247,7 @@ def main(argv: list[str]) -> int:
                 except FileNotFoundError:
                     continue
                 for kernel in KERNELS.values():
-                    settings = {k: table[gpu][EXPERT_KERNELS[kernel] + k] for k in KEYS}
+                    settings = dict(zip(KEYS, table[gpu][kernel]))
                     points, median, p90 = errors(settings, held, gpu, kernel)
                     if points:
                         print(f"| `{gpu}` | {version} | {kernel} | {points} | {median:.1%} | {p90:.1%} |")
