@@ -53,6 +53,12 @@ MAX_PARAMS = 10**15
 #: Most bytes per weight or KV element: 8 (float64); served models use 0.5-2 (fp4-bf16).
 MAX_DTYPE_BYTES = 8
 
+#: vLLM's ``--kv-cache-dtype`` (``CacheConfig.cache_dtype``; SGLang's flag of the same name takes the
+#: FP8 ones): bytes of one stored KV element, ``auto`` the model's own (``dtype_bytes``). An FP8
+#: cache keeps one scale per layer for K and one for V (``k_scale``, ``v_scale``), nothing per
+#: token; latent attention's latent and RoPE part are stored alike.
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
 #: Tensor-parallel sizes tried when suggesting a fix for a model that does not fit.
 _SUGGESTED_TP = (2, 4, 8)
 
@@ -84,7 +90,7 @@ class ModelSpec:
     head_dim: int = int_field(min=1, help="size of one attention head (hidden_size / num_attention_heads)")
     num_params: float = float_field(min=0.0, max=MAX_PARAMS, min_exclusive=True, help="total parameters, e.g. 8.03e9")
     dtype_bytes: int = int_field(2, min=1, max=MAX_DTYPE_BYTES,
-                                 help="bytes per weight and per KV element (2 = bf16/fp16, 1 = fp8)")
+                                 help="bytes per weight, activation and KV element (2 = bf16/fp16, 1 = fp8)")
     num_attention_heads: int | None = int_field(
         None, min=1, optional=True,
         help="query heads; only used for attention FLOPs in the roofline cost model (prefill, and the decodes' "
@@ -123,6 +129,10 @@ class ModelSpec:
                     "compressed-tensors with 8-bit float input_activations): their GEMMs run at the GPU's "
                     "fp8_tflops where it has FP8 tensor cores (vLLM's Fp8LinearMethod); elsewhere, and for "
                     "weight-only FP8, in 16 bits")
+    kv_dtype_bytes: int | None = int_field(
+        None, min=1, max=MAX_DTYPE_BYTES, optional=True,
+        help="bytes per stored KV element when the cache keeps another dtype than the model's (vLLM "
+             "--kv-cache-dtype fp8: 1; set it per deployment with kv_cache_dtype); unset = dtype_bytes")
     kv_latent_dim: int | None = int_field(
         None, min=1, optional=True,
         help="multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank + qk_rope_head_dim): one latent per "
@@ -242,6 +252,11 @@ class ModelSpec:
         return self.expert_dtype_bytes if self.expert_dtype_bytes is not None else self.weight_bytes_per_param
 
     @property
+    def kv_element_bytes(self) -> int:
+        """Bytes of one stored KV element: :attr:`kv_dtype_bytes`, else the model's dtype."""
+        return self.kv_dtype_bytes if self.kv_dtype_bytes is not None else self.dtype_bytes
+
+    @property
     def kv_layers(self) -> int:
         """Layers whose KV grows with every token: the full-attention ones. A sliding-window
         layer holds at most ``sliding_window`` tokens of a sequence (vLLM frees the blocks that
@@ -307,13 +322,14 @@ class ModelSpec:
     def kv_bytes_per_token(self, tensor_parallel: int = 1) -> int:
         """KV bytes one token takes on each rank: ``2 (K and V) * layers * heads/tp * head_dim * dtype``
         over the layers that keep every token (:attr:`kv_layers`); with latent attention
-        ``layers * kv_latent_dim * dtype`` (one latent for K and V, on every rank)."""
+        ``layers * kv_latent_dim * dtype`` (one latent for K and V, on every rank). ``dtype`` is
+        the stored element's (:attr:`kv_element_bytes`)."""
         index = self.kv_layers * self.kv_index_bytes   # (a sparse-attention indexer's keys: on every rank)
         if self.kv_latent_dim is not None:
             _check_tensor_parallel(tensor_parallel)
-            return self.kv_layers * self.kv_latent_dim * self.dtype_bytes + index
+            return self.kv_layers * self.kv_latent_dim * self.kv_element_bytes + index
         heads = self.kv_heads_per_rank(tensor_parallel)
-        return 2 * self.kv_layers * heads * self.head_dim * self.dtype_bytes + index
+        return 2 * self.kv_layers * heads * self.head_dim * self.kv_element_bytes + index
 
     def weight_bytes(self, tensor_parallel: int = 1) -> float:
         """Weight bytes on each rank (weights are sharded evenly; replicated norms are ignored);
@@ -323,6 +339,25 @@ class ModelSpec:
         tables = (self.embedding_params + self.lm_head_params) * (self.table_bytes_per_param - self.weight_bytes_per_param)
         return ((self.num_params - experts) * self.weight_bytes_per_param + tables
                 + experts * self.expert_bytes_per_param) / tp
+
+
+def with_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
+    """``model`` with its KV cache stored as ``kv_cache_dtype`` (a :data:`KV_CACHE_DTYPES` name, as
+    vLLM's ``--kv-cache-dtype``); ``auto`` keeps the model's own. A deployment setting: the KV
+    cache and the cost model each take it, so that the pool and the attention reads agree."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    size = KV_CACHE_DTYPES[kv_cache_dtype]
+    return model if size is None else attrs.evolve(model, kv_dtype_bytes=size)
+
+
+def kv_cache_dtype_field():
+    """The ``kv_cache_dtype`` setting of a KV cache's and a cost model's config."""
+    return str_field("auto", choices=tuple(KV_CACHE_DTYPES),
+                     help="how the KV cache stores K and V, as vLLM's --kv-cache-dtype: auto (the model's dtype), "
+                          "bfloat16, float16, fp8 (fp8_e4m3, fp8_e5m2): one byte an element, twice the tokens "
+                          "in the same memory and half the bytes each decode reads; set the same in [kv_cache] "
+                          "and [cost_model]")
 
 
 def _check_efficiency(_inst, attribute, value) -> None:
@@ -687,17 +722,17 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
     elif pool_layers < m.num_layers:
         layers += f" (the other {m.sliding_window_layers} keep {m.sliding_window} tokens)"
     if m.kv_latent_dim is not None:
-        kv_text = f"{layers} x {m.kv_latent_dim} latent (K and V, on every rank) x {m.dtype_bytes} B"
+        kv_text = f"{layers} x {m.kv_latent_dim} latent (K and V, on every rank) x {m.kv_element_bytes} B"
     else:
-        kv_text = f"2 x {layers} x {heads_text} x {m.head_dim} head_dim x {m.dtype_bytes} B"
+        kv_text = f"2 x {layers} x {heads_text} x {m.head_dim} head_dim x {m.kv_element_bytes} B"
     if m.kv_index_bytes:
         kv_text += f" + {m.kv_layers} x {m.kv_index_bytes} B of indexer keys"
-    if m.weight_bytes_per_param == m.expert_bytes_per_param == m.table_bytes_per_param == m.dtype_bytes:
+    if m.weight_bytes_per_param == m.expert_bytes_per_param == m.table_bytes_per_param == m.kv_element_bytes:
         dtypes, weights_text = f"{m.dtype_bytes}-byte weights and KV", f"{m.num_params / 1e9:.2f}B params x {m.dtype_bytes} B"
     else:
         experts = m.expert_params * m.num_experts if m.expert_bytes_per_param != m.weight_bytes_per_param else 0.0
         tables = m.embedding_params + m.lm_head_params if m.table_bytes_per_param != m.weight_bytes_per_param else 0.0
-        dtypes = f"{m.weight_bytes_per_param:g}-byte weights, {m.dtype_bytes}-byte KV"
+        dtypes = f"{m.weight_bytes_per_param:g}-byte weights, {m.kv_element_bytes}-byte KV"
         weights_text = (f"{(m.num_params - experts - tables) / 1e9:.2f}B params x {m.weight_bytes_per_param:g} B"
                         + (f" + {tables / 1e9:.2f}B embedding and LM head params x {m.table_bytes_per_param:g} B"
                            if tables else "")
@@ -774,6 +809,8 @@ def add_capacity_arguments(parser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     parser.add_argument("--avg-tokens", type=int, default=None, help="average sequence length (prompt + output)")
     parser.add_argument("--p99-tokens", type=int, default=None, help="p99 sequence length (prompt + output)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_CACHE_DTYPES),
+                        help="how the cache stores K and V, as vLLM's flag (default auto: the model's dtype)")
     parser.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                         help="as vLLM's flag: sliding-window layers keep every token too (default: their window)")
 
@@ -789,6 +826,7 @@ def capacity_command(options: Any, catalog: "Catalog") -> str:
     presets = Presets.from_catalog(catalog)
     model = get("model")
     spec = spec_from_path(model, "--model") if is_config_path(model) else presets.model(model)
+    spec = with_kv_cache_dtype(spec, get("kv_cache_dtype", "auto"))
     sizing = size_kv_cache(
         spec, presets.gpu(get("gpu")),
         gpu_memory_utilization=get("gpu_memory_utilization", 0.9),

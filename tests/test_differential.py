@@ -150,8 +150,9 @@ def step_settings(draw):
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_lists(max_size=10, max_prompt=400, max_output=300, all_at_zero=False), continuous_configs(),
        st.integers(20, 400), st.sampled_from(["l4", "a100-80gb", "h100-80gb"]), st.sampled_from([1, 2, 4]),
-       step_settings(), st.sampled_from(["llama-3-8b", "deepseek-v3", "deepseek-v3.2"]))
-def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, step, model_name):
+       step_settings(), st.sampled_from(["llama-3-8b", "deepseek-v3", "deepseek-v3.2"]),
+       st.sampled_from(["auto", "fp8"]))
+def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, step, model_name, kv_cache_dtype):
     """The roofline model's decode steps grow with context (memory-bound KV reads): bulk runs
     sum that growth in closed form. Its costs are not dyadic, so the engines agree to rounding.
     At TP > 1 the collectives (the GPU's usual machine) add the all-reduces, nonlinear in the
@@ -162,7 +163,8 @@ def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, 
     longest context from its heaps, the reference engine from every sequence, and along a bulk
     run the gap stays the same. DeepSeek-V3's latent attention decodes absorbed: with 32-128 heads
     on a GPU its FLOPs, not its KV read, set each decode's growth with the context; DeepSeek-V3.2's
-    sparse attention adds a constant per decode and grows by its indexer's keys alone."""
+    sparse attention adds a constant per decode and grows by its indexer's keys alone. An FP8 KV
+    cache halves each decode's growth with its context."""
     from schedlab.capacity import Presets
     from schedlab.catalog import load_catalog
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
@@ -173,7 +175,7 @@ def test_roofline_cost_runs_match_reference(requests, cfg, num_blocks, gpu, tp, 
     if model.vocab_size is None:
         model = attrs.evolve(model, vocab_size=128256)  # so the logits are gathered at TP > 1
     cost = RooflineCostModel(model, presets.gpu(gpu), RooflineConfig(model=model_name, gpu=gpu, tensor_parallel=tp,
-                                                                     **step))
+                                                                     kv_cache_dtype=kv_cache_dtype, **step))
     runs = [run_engine(requests, ContinuousScheduler(cfg), cost, PagedKVCache(num_blocks, 16, swap_blocks=32),
                        engine=engine) for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)

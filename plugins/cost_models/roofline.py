@@ -77,6 +77,13 @@ a tile as it does decodes riding with a prefill chunk: ``mixed_decode_query_rows
 context token when that exceeds the KV read (an inference from the mixed-batch profiles; the
 profiles hold no verify passes).
 
+The KV cache's dtype (``kv_cache_dtype``, vLLM's ``--kv-cache-dtype``): an FP8 cache stores one
+byte an element (:data:`schedlab.capacity.KV_CACHE_DTYPES`), so a decode reads half the bytes of
+its context (and a preempted sequence swaps half). The attention kernels' fixed times and
+efficiencies stay the 16-bit cache's -- no FP8-cache kernel is measured here -- and prefill
+attention keeps the bf16 rate (vLLM's FlashAttention 3 path quantizes the queries to FP8 on
+Hopper: not modelled).
+
 Not modelled: decode-token FLOPs beyond the linear layers, the KV read of prefill attention.
 
 The efficiencies are measured: per GPU where a profile exists (the GPU preset's
@@ -95,7 +102,7 @@ import math
 import attrs
 import numpy as np
 
-from schedlab.capacity import GpuSpec, ModelSpec, Presets
+from schedlab.capacity import GpuSpec, ModelSpec, Presets, kv_cache_dtype_field, with_kv_cache_dtype
 from schedlab.configs import MAX_TENSOR_PARALLEL, FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import ConfigError
 from schedlab.parallelism import SINGLE, Parallelism
@@ -244,6 +251,7 @@ class RooflineConfig:
     tensor_parallel: int = int_field(1, min=1, max=MAX_TENSOR_PARALLEL,
                                      help="tensor-parallel ranks the model is split over")
     expert_parallel: bool = bool_field(False, help="MoE: experts spread over the ranks (vLLM --enable-expert-parallel)")
+    kv_cache_dtype: str = kv_cache_dtype_field()
     bandwidth_efficiency: float | None = _measured(
         "bandwidth_efficiency", "share of peak memory bandwidth reached when reading weights")
     kv_read_efficiency: float | None = _measured(
@@ -333,10 +341,11 @@ class RooflineCostModel:
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, config: RooflineConfig | None = None, *,
                  parallelism: Parallelism = SINGLE):
-        self.model = model
         self.gpu = gpu
         self.parallelism = parallelism
         self.config = config if config is not None else RooflineConfig(model=model.name, gpu=gpu.name)
+        # an FP8 cache: every KV read (decode attention, prefill over a cached context, swaps) halves
+        self.model = model = with_kv_cache_dtype(model, self.config.kv_cache_dtype)
         #: every efficiency in effect: the config's, else the GPU's measured one, else the pooled default
         self.settings = c = resolve_efficiencies(self.config, gpu, model)
         tp = self.config.tensor_parallel

@@ -1,8 +1,8 @@
 """Settings of the ``paged`` and ``radix`` KV caches and the factories that size them.
 
 Size the pool either directly (``num_blocks``) or as vLLM does from a model and a GPU
-(``model``, ``gpu``, ``gpu_memory_utilization``, ``tensor_parallel``,
-``activation_reserve_gib``; see :func:`schedlab.capacity.size_kv_cache`), or both: a given
+(``model``, ``gpu``, ``gpu_memory_utilization``, ``tensor_parallel``, ``activation_reserve_gib``,
+``kv_cache_dtype``; see :func:`schedlab.capacity.size_kv_cache`), or both: a given
 ``num_blocks`` overrides the derived count, as vLLM's ``--num-gpu-blocks-override`` does, and
 the model and GPU still give the bytes of a block and the host link; both caches share
 these settings (:class:`PoolConfig`). For ``paged``, swap space is ``swap_space_gib`` of host
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import attrs
 
-from schedlab.capacity import DEFAULT_ACTIVATION_RESERVE_GIB, GIB, size_kv_cache
+from schedlab.capacity import (DEFAULT_ACTIVATION_RESERVE_GIB, GIB, kv_cache_dtype_field, size_kv_cache,
+                               with_kv_cache_dtype)
 from schedlab.configs import (
     MAX_BLOCK_SIZE, MAX_MEMORY_GIB, MAX_TENSOR_PARALLEL, FieldError, bool_field, float_field, int_field, str_field,
 )
@@ -43,6 +44,7 @@ class PoolConfig:
                                      help="tensor-parallel ranks (divide weights and KV heads)")
     activation_reserve_gib: float = float_field(DEFAULT_ACTIVATION_RESERVE_GIB, min=0.0, max=MAX_MEMORY_GIB,
                                                 help="memory kept back for activations, GiB")
+    kv_cache_dtype: str = kv_cache_dtype_field()
     bytes_per_block: int | None = int_field(None, min=0, optional=True,
                                             help="bytes of one block (default: from the model)")
     host_link_gbps: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
@@ -61,6 +63,9 @@ class PoolConfig:
             raise FieldError("model" if self.model is None else "gpu", "set both model and gpu to size the cache from them")
         if self.host_memory_gib and self.host_blocks is not None:
             raise FieldError("host_blocks", "give host_memory_gib or host_blocks, not both")
+        if self.kv_cache_dtype != "auto" and self.model is None:
+            raise FieldError("kv_cache_dtype", "sizes the pool from model and gpu: set them too (or give "
+                                               "bytes_per_block, the block's bytes in that dtype)")
         if self.host_memory_gib and not self.bytes_per_block and self.model is None:
             raise FieldError("host_memory_gib", "needs bytes_per_block, or model and gpu to derive it")
 
@@ -104,7 +109,7 @@ def pool_size(config: PoolConfig, presets=None, parallelism: Parallelism = SINGL
     its share of the experts, a pipeline stage its layers' weights and KV."""
     if config.model is None:
         return (config.num_blocks if config.num_blocks is not None else 16384), None
-    model, gpu = presets.model(config.model), presets.gpu(config.gpu)
+    model, gpu = with_kv_cache_dtype(presets.model(config.model), config.kv_cache_dtype), presets.gpu(config.gpu)
     if isinstance(config, RadixConfig):  # SGLang: a pool of its own for the window layers, or none
         ratio = sglang_swa_ratio(config, model)
         hybrid = ratio is not None

@@ -682,6 +682,26 @@ def _warn_two_gpus(tables: dict, ctx: Context, where: str) -> None:
                           f"is sized for one and the steps are timed on the other; name the same {key} in both (a "
                           f"sweep or --set of one changes only that one)", InputWarning, stacklevel=3)
     _warn_two_tensor_parallels(tables, where)
+    _warn_two_kv_dtypes(tables, ctx, where)
+
+
+def _warn_two_kv_dtypes(tables: dict, ctx: Context, where: str) -> None:
+    """Say when ``[kv_cache]`` and ``[cost_model]`` store the KV in different dtypes (``auto``
+    where a table leaves it out): the pool then holds one number of tokens and the decodes read
+    another's bytes -- or the cost model has no such setting (its attention is measured)."""
+    cache, cost = tables.get("kv_cache", {}), tables.get("cost_model", {})
+    dtypes = [t.get("kv_cache_dtype", "auto") for t in (cache, cost)]
+    if dtypes[0] == dtypes[1] or not all(isinstance(d, str) for d in dtypes):
+        return
+    config = _config_class(ctx, "cost_model", cost)
+    if config is not None and attrs.has(config) and "kv_cache_dtype" not in attrs.fields_dict(config):
+        warnings.warn(f"{where} [kv_cache] kv_cache_dtype = {dtypes[0]!r}, but the {cost.get('kind')!r} cost model "
+                      "has no kv_cache_dtype: it times attention as it was measured, with the model's own dtype",
+                      InputWarning, stacklevel=4)
+        return
+    warnings.warn(f"{where} [kv_cache] kv_cache_dtype = {dtypes[0]!r} but [cost_model] kv_cache_dtype = "
+                  f"{dtypes[1]!r}: the pool holds one dtype's tokens and the decodes read the other's bytes; "
+                  "set the same kv_cache_dtype in both", InputWarning, stacklevel=4)
 
 
 def _warn_two_tensor_parallels(tables: dict, where: str) -> None:
