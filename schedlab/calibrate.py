@@ -180,7 +180,9 @@ class MeasuredRun:
         if result.measured is None:
             raise ConfigError("the run's workload keeps no measured run (use a vllm_log or vllm_bench workload, "
                               "or give summary statistics with --target FILE)")
-        return vs_measured(result.all_requests(), result.measured, self.rows)["errors_pct"]
+        vs = vs_measured(result.all_requests(), result.measured, self.rows)
+        # (a statistic the run did not measure -- a non-streaming run's TTFT -- is none to fit)
+        return {name: error for name, error in vs["errors_pct"].items() if math.isfinite(vs["measured"][name])}
 
     def table(self, title: str, result, rows=None) -> str:
         from .results.compare import select_requests

@@ -16,7 +16,9 @@ per-request log exists. The file is recognised by its content:
   {time_to_first_token, time_per_output_token (vllm:request_time_per_output_token_seconds),
   inter_token_latency, request_latency, request_queue_time, iteration_tokens}`` in seconds (or
   tokens), ``mean`` (exact) and ``median``, ``p90``, ``p99`` (``histogram_quantile`` inside
-  buckets the file does not hold), and ``successes.rate``: the engine's view;
+  buckets the file does not hold), and ``successes.rate``: the engine's view. A TGI or SGLang
+  server (``server: type:`` in the ``config.yaml`` beside the report or a folder up) has its
+  client's stand-ins for vLLM's TPOT and token rates left out (:data:`INFERENCE_PERF_NOT_READ`);
 * a guidellm report: ``benchmarks[i].metrics.{time_to_first_token_ms, inter_token_latency_ms,
   request_latency (s), requests_per_second, output_tokens_per_second,
   tokens_per_second}.successful`` (``mean``, ``median``, ``percentiles.p90`` ...) -- the JSON
@@ -31,7 +33,9 @@ per-request log exists. The file is recognised by its content:
   ``vllm:time_per_output_token_seconds``, the same per-token gaps),
   ``vllm:request_time_per_output_token_seconds``, ``vllm:e2e_request_latency_seconds``,
   ``vllm:request_queue_time_seconds`` and ``vllm:iteration_tokens_total``
-  (``vllm/v1/metrics/loggers.py``), summed over their label sets; with a second scrape taken
+  (``vllm/v1/metrics/loggers.py``), summed over their label sets (the per-request TPOT
+  histogram observes 0 for a request of one output token, ``vllm/v1/metrics/stats.py``, and so
+  does the simulation read against it, where a client's TPOT leaves such a request out); with a second scrape taken
   before the run (``baseline``) the difference. A histogram gives an exact mean (``_sum /
   _count``) and quantiles only to its buckets' resolution, so the simulation's quantiles are
   read through the same buckets with the same interpolation as Prometheus' ``histogram_quantile``
@@ -173,6 +177,8 @@ SCRAPES = {PROMETHEUS_KIND: ("vLLM", PROMETHEUS), SGLANG_KIND: ("SGLang", SGLANG
 SCRAPE_HISTOGRAMS = {**PROMETHEUS, **SGLANG_PROMETHEUS, **TGI_PROMETHEUS}
 #: the kinds of summary measured by the server (the engine's own metrics), read in the engine's view
 ENGINE_KINDS = (PROMETHEUS_KIND, INFERENCE_PERF_SERVER_KIND, SGLANG_KIND, TGI_KIND)
+#: the kinds whose TPOT is vLLM's per-request histogram, a request of one output token observed as 0
+ZERO_TPOT_KINDS = (PROMETHEUS_KIND, INFERENCE_PERF_SERVER_KIND)
 #: SGLang's bench_serving (python/sglang/bench_serving.py): field infix per group (vLLM's names but e2e_latency)
 SGLANG_BENCH = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e_latency": "e2e_ms"}
 SGLANG_BENCH_RATES = {"request_throughput": "request_throughput_rps", "output_throughput": "output_throughput_tps",
@@ -339,7 +345,7 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     elif isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
         summary = _bench_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict) and _server_side(data["successes"]):
-        summary = _inference_perf_server_summary(data, source, where)
+        summary = _inference_perf_server_summary(data, source, where, _inference_perf_server(path))
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict):
         summary = _inference_perf_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
@@ -788,13 +794,51 @@ def _server_side(successes: dict) -> bool:
         any(isinstance(successes.get(key), dict) for key in INFERENCE_PERF_SERVER)
 
 
-def _inference_perf_server_summary(data: dict, source: str, where: str) -> Summary:
-    """inference-perf's ``summary_prometheus_metrics.json``: vLLM's histograms as Prometheus
-    summed them over the run, in seconds; the engine's view. A statistic of exactly 0 is
-    inference-perf's value for a metric the server does not expose (or that saw no observation):
-    left out, noted in ``dropped``. The percentiles are ``histogram_quantile`` inside vLLM's
-    buckets, which the file does not give: read against the simulation's exact percentiles."""
+#: what inference-perf's clients of other servers put under a vLLM name that is not its statistic:
+#: its TGI client queries ``time_per_output_token`` from ``tgi_request_mean_time_per_token_duration``
+#: (the inference time, prefill included, over every token) and gives ``prompt_len`` and
+#: ``output_len`` rates of requests, not tokens (histograms' ``_count``); its SGLang client reads
+#: ``sglang:time_per_output_token_seconds``, a running mean observed at every chunk
+#: (``inference_perf/client/modelserver/tgi_client.py``, ``sglang_client.py``)
+INFERENCE_PERF_NOT_READ = {"tgi": ("time_per_output_token", "prompt_len", "output_len"),
+                           "sglang": ("time_per_output_token",)}
+
+
+def _inference_perf_server(path: Path) -> str:
+    """The ``server.type`` of the inference-perf ``config.yaml`` beside the report (or a folder
+    up, where a run keeps its stages' reports), lower case; ``vllm`` (inference-perf's default)
+    when there is none. Read line by line: the two keys need no YAML parser."""
+    for folder in (path.parent, path.parent.parent):
+        config = folder / "config.yaml"
+        try:
+            lines = config.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        inside = False
+        for line in lines:
+            if re.match(r"server\s*:\s*(#.*)?$", line):
+                inside = True
+            elif inside and line.strip() and not line[0].isspace():
+                break
+            elif inside:
+                match = re.match(r"\s+type\s*:\s*['\"]?([\w-]+)", line)
+                if match:
+                    return match.group(1).lower()
+        return "vllm"
+    return "vllm"
+
+
+def _inference_perf_server_summary(data: dict, source: str, where: str, server: str = "vllm") -> Summary:
+    """inference-perf's ``summary_prometheus_metrics.json``: the server's histograms as Prometheus
+    summed them over the run, in seconds (vLLM's, or the same statistics of the ``server`` its
+    ``config.yaml`` names); the engine's view. A statistic of exactly 0 is inference-perf's value
+    for a metric the server does not expose (or that saw no observation): left out, noted in
+    ``dropped``, as are those another server's client fills with no such statistic
+    (:data:`INFERENCE_PERF_NOT_READ`). The percentiles are ``histogram_quantile`` inside the
+    server's buckets, which the file does not give: read against the simulation's exact
+    percentiles."""
     successes = data["successes"]
+    not_read = INFERENCE_PERF_NOT_READ.get(server, ())
     if _number(successes.get("count")) == 0:
         raise ConfigError(f"{where}: the server counted no finished request over the run (successes.count is 0): it "
                           f"has no statistic to compare with")
@@ -803,6 +847,9 @@ def _inference_perf_server_summary(data: dict, source: str, where: str) -> Summa
     for key, (group, scale) in INFERENCE_PERF_SERVER.items():
         block = successes.get(key)
         if not isinstance(block, dict):
+            continue
+        if key in not_read:
+            dropped[f"successes.{key}"] = f"not this statistic on a {server} server (its client's metric)"
             continue
         for stat_key, raw in block.items():
             stat = _stat_name(stat_key)
@@ -814,6 +861,10 @@ def _inference_perf_server_summary(data: dict, source: str, where: str) -> Summa
                 values[f"{group}.{stat}"] = value * scale
     def rate(key):
         block = successes.get(key)
+        if key in not_read:
+            if isinstance(block, dict) and block.get("rate") is not None:
+                dropped[f"successes.{key}.rate"] = f"requests, not tokens, a second on a {server} server"
+            return (f"successes.{key}.rate", None)
         return (f"successes.{key}.rate", block.get("rate") if isinstance(block, dict) else None)
 
     rates = {"request_throughput_rps": [("successes.rate", successes.get("rate"))],
@@ -1205,6 +1256,8 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     if summary.view == "client":
         client = client_latencies(req)
         lat = {**lat, "ttft_ms": client["ttft_ms"], "tpot_ms": client["tpot_ms"], "e2e_ms": client["e2el_ms"]}
+    if summary.kind in ZERO_TPOT_KINDS and "tpot_ms" in lat:
+        lat = {**lat, "tpot_ms": _tpot_with_zeros(req, lat["tpot_ms"])}
     ok = req["rejected"] == 0
     itl = result.itl
     sketch = _itl_sketch(result)
@@ -1254,6 +1307,16 @@ def simulated(summary: Summary, result) -> dict[str, float]:
             else:
                 out[f"{group}.{stat}"] = float(np.percentile(values, float(stat[1:])))
     return out
+
+
+def _tpot_with_zeros(req: dict, tpot: np.ndarray) -> np.ndarray:
+    """The completed requests' TPOTs as vLLM's ``request_time_per_output_token`` histogram holds
+    them: ``tpot`` (requests of two tokens or more) and a 0 for each request of fewer
+    (``decode_time / (tokens - 1) if tokens > 1 else 0``, observed for every finished request)."""
+    from .results.metrics import completed
+
+    short = int((req["generated_tokens"][completed(req)] <= 1).sum())
+    return np.concatenate([np.asarray(tpot, dtype=float), np.zeros(short)])
 
 
 def _gap_weighted_tpot(req: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -67,6 +67,54 @@ def test_vllm_log_token_ids_from_a_prompts_file(tmp_path):
         load_vllm_log(log, prompts=short)
 
 
+def test_vllm_log_leaves_out_a_request_the_run_recorded_no_metrics_for(tmp_path):
+    """LLMServingSim's bench runner writes every timestamp null for a request that came back with
+    no metrics (a failed one): left out with a warning naming its line, the prompts file still
+    read line by line in the log's order, and start counting the requests kept."""
+    failed = {"request_id": "bench-1", "input_toks": 7, "output_toks": 0, "arrival_time": None, "queued_ts": None,
+              "scheduled_ts": None, "first_token_ts": None, "last_token_ts": None}
+    log = write_jsonl(tmp_path / "log.jsonl", [log_row(0, 16, 2, 1.0, 1.1, 1.2), failed,
+                                               log_row(2, 16, 3, 1.5, 1.75, 1.95)])
+    prompts = write_jsonl(tmp_path / "w.jsonl", [{"input_tok_ids": list(range(16))}, {"input_tok_ids": [1] * 7},
+                                                 {"input_tok_ids": list(range(16))}])
+    with pytest.warns(InputWarning, match=r"log.jsonl: 1 of the 3 requests have no timestamps .* left out: line 2$"):
+        arrival, columns, measured = load_vllm_log(log, prompts=prompts)
+    assert arrival == pytest.approx([0.0, 500.0]) and columns.prompt_tokens.tolist() == [16, 16]
+    assert measured.ttft_ms == pytest.approx([100.0, 250.0]) and measured.tpot_ms == pytest.approx([100.0, 100.0])
+    hashes = columns.per_row["block_hashes"]
+    assert hashes[0] == hashes[1] and len(hashes[0]) == 1
+    with pytest.warns(InputWarning):
+        arrival, columns, _ = load_vllm_log(log, start=1)
+    assert columns.output_tokens.tolist() == [3]
+    with pytest.warns(InputWarning), pytest.raises(WorkloadError, match="start = 2 skips all 2 requests with timestamps"):
+        load_vllm_log(log, start=2)
+    # a timestamp missing alone is still an error
+    partial = {**log_row(0, 16, 2, 1.0, 1.1, 1.2), "first_token_ts": None}
+    with pytest.raises(WorkloadError, match="line 1: first_token_ts: must be a number, got None"):
+        load_vllm_log(write_jsonl(tmp_path / "partial.jsonl", [partial]))
+
+
+def test_a_bench_run_that_did_not_stream_has_no_ttft_to_compare(tmp_path):
+    """SGLang's bench_serving --disable-stream writes each request's latency as its TTFT and no
+    inter-token latencies: the replay keeps the latency, leaves TTFT and TPOT out (NaN), and the
+    comparison's mean |error| is over the latency alone."""
+    from schedlab.results.compare import comparison_rows, format_comparison, measured_statistics
+
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"request_rate": 4.0, "input_lens": [10, 20], "output_lens": [3, 5],
+                                "ttfts": [0.4, 0.8], "itls": [[], []], "latencies": [0.4, 0.8], "errors": ["", ""]}))
+    with pytest.warns(InputWarning, match="no request of several tokens has an inter-token latency"):
+        bench = load_vllm_bench(path)
+    assert np.isnan(bench.measured.ttft_ms).all() and np.isnan(bench.measured.tpot_ms).all()
+    assert bench.measured.e2e_ms == pytest.approx([400.0, 800.0])
+    truth = measured_statistics(bench.measured)
+    simulated = {name: 1.1 * value if np.isfinite(value) else 5.0 for name, value in truth.items()}
+    text = format_comparison("x", comparison_rows(simulated, truth))
+    assert "TTFT" not in text.split("(not measured")[0] and "(not measured, left out: TTFT, TPOT)" in text
+    assert text.rstrip().endswith("10.00%")   # +10% on each of the 5 latency statistics
+    assert mean_abs_error({"a": 10.0, "b": float("nan"), "c": -20.0}) == pytest.approx(15.0)
+
+
 @pytest.mark.parametrize("row, message", [
     ({"input_toks": 5, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.2}, "line 1: missing field 'last_token_ts'"),
     ({"input_toks": 0, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.2, "last_token_ts": 1.3},

@@ -381,3 +381,51 @@ def test_each_format_is_compared_with_the_simulation_in_its_view(tmp_path):
     assert vs["measured"] == pytest.approx({"queue_ms.mean": 9.0, "queue_ms.p50": 1.0, "queue_ms.p90": 16.2,
                                             "queue_ms.p99": 19.62})
     assert vs["simulated"] == pytest.approx(vs["measured"])
+
+
+ONE_TOKEN_RUN = """
+[experiment]
+name = "tpot"
+reports = []
+timeline = false
+
+[workload]
+kind = "inline"
+requests = [{prompt_tokens = 100, output_tokens = 1}, {prompt_tokens = 100, output_tokens = 11}]
+
+[scheduler]
+kind = "continuous"
+max_num_seqs = 1
+
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 0.1
+decode_ms_per_step = 20.0
+
+[target]
+path = "metrics.prom"
+statistics = ["tpot_ms.mean", "tpot_ms.p50"]
+"""
+
+
+def test_vllms_tpot_histogram_counts_a_one_token_request_as_zero(tmp_path):
+    """vLLM observes ``decode_time / (tokens - 1) if tokens > 1 else 0`` for every finished request
+    (vllm/v1/metrics/stats.py): a 1-token request and an 11-token one decoding 20 ms a token
+    are a 0 and a 20 ms in its histogram, mean 10 -- and so in the simulation read against it. A
+    client's TPOT (vllm bench serve) leaves the 1-token request out: 20."""
+    bounds = ["0.01", "0.025", "+Inf"]
+    _write(tmp_path / "metrics.prom", "\n".join(
+        [f'vllm:request_time_per_output_token_seconds_bucket{{le="{le}"}} {c}' for le, c in zip(bounds, (1, 2, 2))]
+        + ["vllm:request_time_per_output_token_seconds_sum 0.02",
+           "vllm:request_time_per_output_token_seconds_count 2", ""]))
+    path = tmp_path / "run.toml"
+    path.write_text(ONE_TOKEN_RUN)
+    vs = run_experiment(load(path)).all_runs()[0].metrics["vs_target"]
+    assert vs["measured"]["tpot_ms.mean"] == pytest.approx(10.0)
+    assert vs["simulated"]["tpot_ms.mean"] == pytest.approx(10.0)
+    # p50: rank 1 of 2 falls in the first bucket (0, 10 ms], which holds the simulated 0 as the measured one
+    assert vs["simulated"]["tpot_ms.p50"] == pytest.approx(vs["measured"]["tpot_ms.p50"]) == pytest.approx(10.0)
+    _write(tmp_path / "bench.json", {"completed": 2, "mean_tpot_ms": 20.0, "median_tpot_ms": 20.0})
+    path.write_text(ONE_TOKEN_RUN.replace("metrics.prom", "bench.json"))
+    vs = run_experiment(load(path)).all_runs()[0].metrics["vs_target"]
+    assert vs["simulated"]["tpot_ms.mean"] == pytest.approx(20.0)

@@ -257,6 +257,39 @@ def test_inference_perf_server_metrics_are_the_engines_view(tmp_path):
         read_summary(_write(tmp_path / "none.json", {**SERVER, "successes": {**SERVER["successes"], "count": 0}}))
 
 
+@pytest.mark.parametrize("server, left_out", [
+    ("tgi", {"tpot_ms", "output_throughput_tps", "total_throughput_tps"}),
+    ("sglang", {"tpot_ms"}),
+    ("vllm", set()),
+])
+def test_inference_perf_server_metrics_of_another_server_keep_only_its_statistics(tmp_path, server, left_out):
+    """inference-perf's TGI client fills time_per_output_token with TGI's mean time per token
+    (prefill included) and prompt_len / output_len rates with requests a second; its SGLang
+    client time_per_output_token with a running mean: the config.yaml beside the run's stage
+    folders (``server: type:``) says which server it was, and those are left out, named."""
+    metrics = {**SERVER, "successes": {**SERVER["successes"],
+                                       "time_per_output_token": {"mean": 0.031, "median": 0.03, "p90": 0.05,
+                                                                 "p99": 0.06}}}
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    path = _write(stage / "summary_prometheus_metrics.json", metrics)
+    (tmp_path / "config.yaml").write_text(f"load:\n  type: constant\nserver:\n  base_url: http://x:8000\n"
+                                          f"  type: {server}  # the model server\ntokenizer:\n  type: x\n")
+    s = read_summary(path)
+    everything = {"ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "iteration_tokens", "tpot_ms", "request_throughput_rps",
+                  "output_throughput_tps", "total_throughput_tps"}
+    assert {name.partition(".")[0] for name in s.values} == everything - left_out
+    if "tpot_ms" in left_out:
+        assert "not this statistic on a" in s.dropped["successes.time_per_output_token"]
+    else:
+        assert s.values["tpot_ms.mean"] == pytest.approx(31.0)
+    if server == "tgi":
+        assert s.dropped["successes.output_len.rate"] == "requests, not tokens, a second on a tgi server"
+    # no config.yaml: inference-perf's default server, vLLM
+    (tmp_path / "config.yaml").unlink()
+    assert read_summary(path).values["tpot_ms.mean"] == pytest.approx(31.0)
+
+
 # --- runs that cannot be compared -----------------------------------------------------------------
 
 

@@ -7,7 +7,9 @@
   the first). Prompts' token ids -- an ``input_tok_ids`` field in the log or, line by line, in
   a ``prompts`` file (LLMServingSim's workload JSONL) -- become prefix block ids
   (:func:`prefix_block_ids`), so prefix caching sees the sharing the real run saw; a log may
-  also carry those ids already (``block_hashes``).
+  also carry those ids already (``block_hashes``). A line whose timestamps are all null (the
+  bench runner's record of a request that came back with no metrics: it failed) is left out,
+  with a warning that counts them.
 * ``vllm_bench`` -- the JSON ``vllm bench serve --save-result --save-detailed`` writes
   (:func:`load_vllm_bench`). Its client is replayed as it ran: each request due when it was
   sent less its wait for a ``--max-concurrency`` slot, sent when a slot is free
@@ -22,7 +24,8 @@
   arrivals are drawn again, with a warning. A file ``--append-result`` wrote several results
   into gives its last (``index`` picks another). Its latencies are the client's, and so is the
   comparison; the server's own per-request TTFT and queue time, when it sent them, are compared
-  with the simulated engine's.
+  with the simulated engine's. A run that did not stream (no request of several tokens has an
+  inter-token latency) has no TTFT of its own: its TTFT and TPOT are left out, with a warning.
 
 Both read UTF-8 files with or without a byte order mark, gzip-compressed or not, and keep the
 measured latencies (:class:`MeasuredRequests`, ``workload.measured``) so a run can be compared
@@ -173,10 +176,9 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     Prefix block ids are computed over the whole log, so a part shares ids with the rest."""
     path = Path(path)
     rows = _read_jsonl(path)
-    if start >= len(rows):
-        raise WorkloadError(f"{path}: start = {start} skips all {len(rows)} requests")
     keep = slice(start, None if limit is None else start + limit)
     n = len(rows)
+    failed = np.zeros(n, dtype=bool)  # no timestamps at all: the runner got no metrics back
     prompt = np.empty(n, dtype=np.int64)
     output = np.empty(n, dtype=np.int64)
     stamps = {key: np.empty(n) for key in TIMESTAMPS}
@@ -191,6 +193,12 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
                 raise WorkloadError(f"{path}: line {line}: request_id {str(rid)[:80]!r} is already on line "
                                     f"{seen[rid]} (a log lists each request once: is the file doubled?)")
             seen[rid] = line
+        if all(row.get(key, 0) is None for key in TIMESTAMPS):
+            failed[i] = True
+            prompt[i] = output[i] = 0
+            token_lists.append(None)
+            given_ids.append(None)
+            continue
         prompt[i] = _number(path, line, row, "input_toks", whole=True, minimum=1, maximum=MAX_TOKENS)
         output[i] = _number(path, line, row, "output_toks", whole=True, minimum=1, maximum=MAX_TOKENS)
         for key in TIMESTAMPS:
@@ -211,6 +219,9 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
             raise WorkloadError(f"{prompts}: {len(prompt_rows)} prompts for the {n} requests of {path}")
         token_lists = []
         for i, (line, row) in enumerate(prompt_rows[:n]):
+            if failed[i]:
+                token_lists.append(None)
+                continue
             ids = _token_ids(prompts, line, row)
             if ids is None:
                 raise WorkloadError(f"{prompts}: line {line}: missing field 'input_tok_ids'")
@@ -218,6 +229,19 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
                 raise WorkloadError(f"{prompts}: line {line}: {len(ids)} input_tok_ids but line {rows[i][0]} "
                                     f"of {path} has input_toks = {prompt[i]} (is it the same run, in order?)")
             token_lists.append(ids)
+    if failed.any():
+        lines = [rows[i][0] for i in np.flatnonzero(failed)]
+        warnings.warn(f"{path}: {len(lines)} of the {n} requests have no timestamps (null: the run recorded no "
+                      f"metrics for them), left out: line{'s' if len(lines) > 1 else ''} "
+                      f"{', '.join(map(str, lines[:5]))}{' ...' if len(lines) > 5 else ''}", InputWarning, stacklevel=2)
+        ok = ~failed
+        prompt, output, scheduled = prompt[ok], output[ok], scheduled[ok]
+        stamps = {key: value[ok] for key, value in stamps.items()}
+        token_lists = [t for t, bad in zip(token_lists, failed) if not bad]
+        given_ids = [h for h, bad in zip(given_ids, failed) if not bad]
+    if start >= len(prompt):
+        raise WorkloadError(f"{path}: start = {start} skips all {len(prompt)} requests"
+                            + (" with timestamps" if failed.any() else ""))
     per_row: dict = {}
     prompt, output, token_lists, given_ids = prompt[keep], output[keep], token_lists, given_ids[keep]
     scheduled = scheduled[keep]
@@ -440,6 +464,12 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
         e2e = ttft + np.array([sum(_bench_seconds(path, f"itls[{i}]", itls[i], range(len(itls[i])))) for i in keep])
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+    many = [i for i, n_out in zip(keep, output) if n_out > 1]
+    if many and not any(itls[i] for i in many):  # SGLang --disable-stream: its "TTFT" is the latency
+        warnings.warn(f"{path}: no request of several tokens has an inter-token latency, as in a run that did not "
+                      "stream (--disable-stream: its TTFT is each request's whole latency): its TTFT and TPOT are "
+                      "left out of the comparison, its latency compared", BenchReplayWarning, stacklevel=3)
+        ttft, tpot = np.full(len(keep), np.nan), np.full(len(keep), np.nan)
     sent = due = None
     due_known = True
     starts = _bench_list(path, data, "start_times", n, required=False)

@@ -27,6 +27,7 @@ TTFT that grows with the prompt is then a regression, not a match of two distrib
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,9 @@ def errors_pct(simulated: dict[str, float], measured: dict[str, float]) -> dict[
 
 
 def mean_abs_error(errors: dict[str, float]) -> float:
-    return float(np.mean([abs(e) for e in errors.values()]))
+    """The mean |error| over the statistics that have one (a run that did not stream has no TTFT)."""
+    finite = [abs(e) for e in errors.values() if math.isfinite(e)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def simulated_latencies(requests: dict[str, np.ndarray], measured) -> dict[str, np.ndarray]:
@@ -207,12 +210,17 @@ def comparison_rows(simulated: dict[str, float], measured: dict[str, float]) -> 
 def format_comparison(title: str, rows, *, mean_abs: float | None = None) -> str:
     """A fixed-width table: statistic, measured, simulated, error (ms; error in %)."""
     lines = [title, f"{'statistic':<16}{'measured':>12}{'simulated':>12}{'error':>9}", "-" * 49]
-    for i, (label, m, s, err) in enumerate(rows):
-        if i and i % len(STATISTICS) == 0:
+    shown = [row for row in rows if math.isfinite(row[1])]
+    groups = [label.split()[0] for label, *_ in shown]
+    for i, (label, m, s, err) in enumerate(shown):
+        if i and groups[i] != groups[i - 1]:
             lines.append("")
         lines.append(f"{label:<16}{m:>12.1f}{s:>12.1f}{err:>+8.1f}%")
+    missing = list(dict.fromkeys(label.split()[0] for label, m, *_ in rows if not math.isfinite(m)))
+    if missing:
+        lines.append(f"(not measured, left out: {', '.join(missing)})")
     if mean_abs is None:
-        mean_abs = float(np.mean([abs(r[3]) for r in rows]))
+        mean_abs = mean_abs_error({label: err for label, _, _, err in shown})
     lines.append("-" * 49)
     lines.append(f"{'mean |error|':<40}{mean_abs:>8.2f}%")
     return "\n".join(lines) + "\n"
