@@ -1450,17 +1450,32 @@ def _sample(group: str, lat: dict, result) -> np.ndarray:
 
 
 def _iteration_tokens(result) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens per iteration (decodes + prefill tokens) and how many iterations had them, from
-    the run's timeline (rows of ``iterations`` identical iterations). Rows that compute no token
-    are left out: vLLM observes the tokens of the steps its scheduler plans, and a metered
-    data-parallel rank's dummy steps (and steps that only copy blocks to or from swap space)
-    are none."""
+    """Tokens per iteration as vLLM's ``vllm:iteration_tokens_total`` observes them, and how many
+    iterations had them, from the run's timeline (rows of ``iterations`` identical iterations).
+
+    vLLM observes an iteration's outputs (``IterationStats.update_from_output``): every token
+    generated, and a request's whole prompt -- its cached tokens too -- in the iteration that
+    gives it its first token. A prompt's earlier chunks are in no observation, and an iteration
+    that outputs nothing (only a chunk of a prompt; a data-parallel rank's dummy step) is none
+    (``IterationStats()`` only ``if num_outputs``). So each row holds its decodes, and the
+    iteration that ends at a request's first token (``time_ms + duration_ms`` on its instance)
+    adds its prompt and that token. A first token whose iteration the timeline does not hold
+    (rows thinned out on a long run) is left out."""
     t = result.timeline
     if not t or "iterations" not in t or not len(t["iterations"]):
         raise ConfigError("iteration_tokens needs the run's timeline")
-    tokens = np.asarray(t["decodes"], dtype=float) + np.asarray(t["prefill_tokens"], dtype=float)
-    computed = tokens > 0
-    return tokens[computed], np.asarray(t["iterations"], dtype=float)[computed]
+    tokens = np.asarray(t["decodes"], dtype=float).copy()
+    iterations = np.asarray(t["iterations"], dtype=float)
+    ends = {(int(i), float(s) + float(d)): row for row, (i, s, d, k) in enumerate(
+        zip(t["instance"], t["time_ms"], t["duration_ms"], iterations)) if k == 1}
+    req = result.all_requests()
+    first = np.asarray(req["first_token_ms"], dtype=float)
+    for i in np.flatnonzero(np.isfinite(first) & (req["rejected"] == 0)):
+        row = ends.get((int(req["instance"][i]), float(first[i])))
+        if row is not None:
+            tokens[row] += float(req["prompt_tokens"][i]) + 1.0
+    observed = tokens > 0
+    return tokens[observed], iterations[observed]
 
 
 def _simulated_mean(group: str, lat: dict, itl: dict, result) -> float:

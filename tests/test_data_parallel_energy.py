@@ -167,12 +167,13 @@ def test_a_rank_running_the_dummy_batch_draws_its_work_and_its_share_of_the_expe
     assert e["peak_power_w"] == pytest.approx((4.537 + 2.4166) / 12.0625 * 1e3, rel=1e-12)
     assert e["peak_power_w"] >= e["avg_power_w"]
     # the idle rank's steps are rows of its timeline, as a busy rank's; compared with a real run's
-    # iteration_tokens, they are no iterations (vLLM's histogram counts planned steps)
+    # iteration_tokens, they are no iterations (vLLM's histogram observes steps with outputs: the
+    # prompt's 16 tokens and its first token, then the decode's 1)
     t = r.timeline
     assert t["duration_ms"][t["instance"] == 1].sum() == pytest.approx(21.3125)
     assert (t["decodes"][t["instance"] == 1] == 0).all()
     tokens, iterations = _iteration_tokens(r)
-    assert sorted(tokens.tolist()) == [1.0, 16.0] and iterations.tolist() == [1.0, 1.0]
+    assert sorted(tokens.tolist()) == [1.0, 17.0] and iterations.tolist() == [1.0, 1.0]
     check_energy(r)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from schedlab.errors import ConfigError
@@ -429,3 +430,58 @@ def test_vllms_tpot_histogram_counts_a_one_token_request_as_zero(tmp_path):
     path.write_text(ONE_TOKEN_RUN.replace("metrics.prom", "bench.json"))
     vs = run_experiment(load(path)).all_runs()[0].metrics["vs_target"]
     assert vs["simulated"]["tpot_ms.mean"] == pytest.approx(20.0)
+
+
+CHUNKED_RUN = """
+[experiment]
+name = "iter"
+reports = []
+
+[workload]
+kind = "inline"
+requests = [{prompt_tokens = 5000, output_tokens = 4, arrival_ms = 0.0},
+            {prompt_tokens = 100, output_tokens = 3, arrival_ms = 1.0}]
+
+[scheduler]
+kind = "vllm"
+max_num_seqs = 8
+max_num_batched_tokens = 2048
+chunked_prefill = true
+async_scheduling = false
+
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 0.1
+decode_ms_per_step = 20.0
+
+[target]
+path = "metrics.prom"
+statistics = ["iteration_tokens.mean"]
+
+[[runs]]
+name = "fast"
+
+[[runs]]
+name = "reference"
+engine = "reference"
+"""
+
+
+def test_iteration_tokens_are_what_vllm_observes_of_its_outputs(tmp_path):
+    """vLLM's ``iteration_tokens_total`` observes an iteration's outputs: each generated token,
+    and a request's whole prompt in the iteration of its first token; an iteration of prompt
+    chunks alone outputs nothing and is no observation. Here a 5,000-token prompt runs in chunks
+    of 2,048, 2,048 and 904 (the last beside the 100-token prompt, which arrives during the first
+    and waits for the budget): observations 5,000 + 1 + 100 + 1 in the third iteration, then 2
+    decodes (1 each) twice and the longer request's last decode alone: mean (5102 + 2 + 2 + 1) / 4."""
+    _write(tmp_path / "metrics.prom", "\n".join([
+        'vllm:iteration_tokens_total_bucket{le="+Inf"} 4', "vllm:iteration_tokens_total_sum 5107",
+        "vllm:iteration_tokens_total_count 4", ""]))
+    path = tmp_path / "run.toml"
+    path.write_text(CHUNKED_RUN)
+    from schedlab.targets import _iteration_tokens
+
+    for result in run_experiment(load(path)).all_runs():  # both engines
+        tokens, iterations = _iteration_tokens(result)
+        assert sorted(np.repeat(tokens, iterations.astype(int)).tolist()) == [1.0, 2.0, 2.0, 5102.0], result.name
+        assert result.metrics["vs_target"]["simulated"]["iteration_tokens.mean"] == pytest.approx(5107 / 4)
