@@ -35,8 +35,8 @@ per-request log exists. The file is recognised by its content:
   ``vllm:request_queue_time_seconds`` and ``vllm:iteration_tokens_total``
   (``vllm/v1/metrics/loggers.py``), summed over their label sets (the per-request TPOT
   histogram observes 0 for a request of one output token, ``vllm/v1/metrics/stats.py``, and so
-  does the simulation read against it, where a client's TPOT leaves such a request out); with a second scrape taken
-  before the run (``baseline``) the difference. A histogram gives an exact mean (``_sum /
+  does the simulation read against it, where a client's TPOT leaves such a request out); with a
+  second scrape taken before the run (``baseline``) the difference. A histogram gives an exact mean (``_sum /
   _count``) and quantiles only to its buckets' resolution, so the simulation's quantiles are
   read through the same buckets with the same interpolation as Prometheus' ``histogram_quantile``
   -- like is compared with like. Label sets whose buckets differ (pods of two vLLM versions in a
