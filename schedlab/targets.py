@@ -61,7 +61,10 @@ per-request log exists. The file is recognised by its content:
   instead would keep only one DP-attention group's requests. So the series are summed, as vLLM's,
   and the number of requests is the E2E histogram's (the tokenizer's, counted once). The ITL
   histogram counts each of a chunk's tokens at the chunk's gap over its tokens and sums the gaps:
-  its mean is the mean gap between two tokens. Older SGLang's
+  its mean is the mean gap between two tokens. ``sglang:request_time_per_output_token_seconds``
+  (0.5.23 on) is each request's TPOT, ``(finished - first token) / (tokens - 1)``, observed once
+  for a request of two tokens or more that finished (stop or length) -- as the simulation's
+  (``observability/req_time_stats.py``). Older SGLang's
   ``sglang:time_per_output_token_seconds`` is not read: it observed, at every chunk, the request's
   running mean gap since its first token (and a non-streamed request's latency over its tokens),
   neither every gap (the ITL) nor one TPOT per request;
@@ -161,7 +164,8 @@ PROMETHEUS_KIND = "vLLM /metrics"
 SGLANG_PROMETHEUS = {"sglang:time_to_first_token_seconds": ("ttft_ms", 1e3),
                      "sglang:inter_token_latency_seconds": ("itl_ms", 1e3),
                      "sglang:e2e_request_latency_seconds": ("e2e_ms", 1e3),
-                     "sglang:queue_time_seconds": ("queue_ms", 1e3)}
+                     "sglang:queue_time_seconds": ("queue_ms", 1e3),
+                     "sglang:request_time_per_output_token_seconds": ("tpot_ms", 1e3)}
 SGLANG_KIND = "SGLang /metrics"
 #: text-generation-inference's router histograms (router/src/server.rs), the two that are one of schedlab's
 #: statistics: a request's whole time in the router, and its time queued before its first batch. Not read:

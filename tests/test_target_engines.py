@@ -188,6 +188,22 @@ def test_an_sglang_scrape_is_read_as_vllms_in_the_engines_view(tmp_path):
     assert s.histograms["queue_ms"].counts == (4.0, 12.0, 18.0, 20.0, 20.0)
 
 
+def test_sglangs_per_request_tpot_histogram_is_read(tmp_path):
+    """SGLang 0.5.23's ``sglang:request_time_per_output_token_seconds``: one TPOT per finished
+    request of two tokens or more; 4 requests, 0.1 s in all: 25 ms; p50 rank 2 in (20, 40] ms
+    holding 3 (1 below): 20 + 20 x 1/3."""
+    scrape = SGLANG_SCRAPE + "\n".join([
+        'sglang:request_time_per_output_token_seconds_bucket{is_streaming="true",le="0.02",model_name="m"} 1.0',
+        'sglang:request_time_per_output_token_seconds_bucket{is_streaming="true",le="0.04",model_name="m"} 4.0',
+        'sglang:request_time_per_output_token_seconds_bucket{is_streaming="true",le="+Inf",model_name="m"} 4.0',
+        'sglang:request_time_per_output_token_seconds_count{is_streaming="true",model_name="m"} 4.0',
+        'sglang:request_time_per_output_token_seconds_sum{is_streaming="true",model_name="m"} 0.1', ""])
+    s = read_summary(_write(tmp_path / "sglang.prom", scrape))
+    assert s.values["tpot_ms.mean"] == pytest.approx(25.0)
+    assert s.values["tpot_ms.p50"] == pytest.approx(20.0 + 20.0 / 3)
+    assert s.values["e2e_ms.mean"] == pytest.approx(1800.0)  # the others as before
+
+
 def test_an_sglang_scrape_less_its_baseline(tmp_path):
     """Before the run: 1, 2, 2, 2 in E2E's buckets, 2 s. Since: 3, 6, 8, 8 and 16 s: 2000 ms a
     request; p50 rank 4 in (1, 2] s holding 3 (3 below): 1000 + 1000 x 1/3."""
