@@ -499,11 +499,28 @@ def test_a_broken_installed_plugin_is_named_and_left_out(broken_install, args):
 
 # -- hangs -------------------------------------------------------------------------------------------------------
 
+CLOSED_LOOP = """
+[experiment]
+name = "loop"
+[workload]
+kind = "closed_loop"
+clients = 2
+duration_ms = 1000
+prompt = {dist = "fixed", value = 50000}
+output = {dist = "fixed", value = 20}
+"""
+
 
 @pytest.mark.parametrize("case, text, fragment", [
     ("time_scale 1e30", None, "arrival times must be at most 1e+12 ms"),
     ("instances 10**30", BASE + "[cluster]\ninstances = 1" + "0" * 30 + "\n", "instances: must be <= 1024"),
     ("instances 100,000", BASE + "[cluster]\ninstances = 100000\n", "instances: must be <= 1024"),
+    # a closed loop bounded by time alone, every request turned away on arrival, no pause: each
+    # rejection sent the next request at the same instant, for ever
+    ("closed loop turned away", CLOSED_LOOP + '[kv_cache]\nkind = "paged"\nnum_blocks = 10\n',
+     "client 0's last 10,000 requests were each turned away the moment it arrived, at t = 0 ms"),
+    ("closed loop over TGI's limit", CLOSED_LOOP.replace("50000", "50").replace("clients = 2", "clients = 4")
+     + '[scheduler]\nkind = "tgi"\nmax_concurrent_requests = 1\n', "with think_ms = 0 it sent the next at once"),
 ])
 def test_what_used_to_hang_ends_with_an_error(tmp_path, case, text, fragment):
     """Once: spinning in the decode-run arithmetic, or building 10**30 instances. The timeout is

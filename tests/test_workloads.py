@@ -716,6 +716,28 @@ def test_closed_loop_on_finish_releases_the_same_clients_next_request(registry):
         w.on_finish(first[0], 130.0)
 
 
+def test_a_client_turned_away_at_once_without_a_pause_stops_the_run(registry):
+    """Requests ending the moment they arrive (rejected), with think_ms 0, would go round at one
+    instant for ever: the INSTANT_RESENDS-th in a row of one client stops the run. One that took
+    time, or a pause, starts the count again."""
+    from schedlab.errors import StallError
+    from schedlab_plugins.workloads.closed_loop import INSTANT_RESENDS
+
+    w = loop(registry, num_requests=None, duration_ms=1000, clients=1)
+    (request,) = w.requests(0)
+    for _ in range(INSTANT_RESENDS - 2):
+        (request,) = w.on_finish(request, request.arrival_ms)
+    (request,) = w.on_finish(request, request.arrival_ms + 1.0)  # served: the count starts again
+    for _ in range(INSTANT_RESENDS - 1):
+        (request,) = w.on_finish(request, request.arrival_ms)
+    with pytest.raises(StallError, match=r"client 0's last 10,000 requests were each turned away .* t = 1 ms"):
+        w.on_finish(request, request.arrival_ms)
+    paused = loop(registry, num_requests=None, duration_ms=1e9, clients=1, think_ms=0.5)
+    (request,) = paused.requests(0)
+    for _ in range(INSTANT_RESENDS + 5):  # each resend half a millisecond later: the clock moves
+        (request,) = paused.on_finish(request, request.arrival_ms)
+
+
 def test_closed_loop_num_requests_bound_is_exact(registry):
     w = loop(registry)  # 3 clients, 7 requests in total
     r0, r1, r2 = w.requests(0)

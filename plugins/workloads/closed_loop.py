@@ -23,7 +23,9 @@ per completion. Lengths come from the request file's rows in that order (a row's
 the distributions in that order (in blocks, from the run's seed). All per-run state lives in
 a run object that ``requests(seed)`` replaces, so the same workload object runs twice with
 identical results. The engine must call ``on_finish`` for every request it finishes (and for
-one it rejects, if that client is to go on).
+one it rejects, if that client is to go on). A client whose requests are turned away on arrival
+with ``think_ms = 0`` would resend without end at one instant: after :data:`INSTANT_RESENDS` in a
+row the run stops with a :class:`~schedlab.errors.StallError` saying so.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import attrs
 from schedlab.configs import (
     MAX_REQUESTS, MAX_TIME_MS, MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field,
 )
-from schedlab.errors import WorkloadError
+from schedlab.errors import StallError, WorkloadError
 from schedlab.model import Request
 
 from .arrivals import OUTPUT_STREAM, PROMPT_STREAM, stream_rng
@@ -46,6 +48,9 @@ from .request_file import check_columns, read_request_file, request_columns
 from .synthetic import output_scale_field
 
 _DRAW_BLOCK = 1024  # lengths drawn per block; fixed, as results depend on it
+#: requests in a row of one client that end the moment they arrive, each sending the next at once
+#: (think_ms 0), before the run stops: nothing else can move the clock on while they go round
+INSTANT_RESENDS = 10_000
 
 
 @attrs.frozen
@@ -132,6 +137,8 @@ class _Run:
         self.fields = fields
         self.created = 0
         self.client_of: dict[int, int] = {}
+        #: per client, its requests in a row that ended the moment they arrived, the next sent at once
+        self.instant: dict[int, int] = {}
 
     def new_request(self, client: int, arrival_ms: float) -> Request | None:
         cfg = self.config
@@ -179,6 +186,17 @@ class ClosedLoopWorkload:
         client = run.client_of.pop(request.id, None)
         if client is None:
             raise WorkloadError(f"closed_loop: request {request.id} is not an unfinished request of this run")
+        if self.config.think_ms == 0 and now_ms <= request.arrival_ms:
+            run.instant[client] = streak = run.instant.get(client, 0) + 1
+            if streak >= INSTANT_RESENDS:
+                raise StallError(
+                    f"closed_loop: client {client}'s last {streak:,} requests were each turned away the moment it "
+                    f"arrived, at t = {now_ms:g} ms, and with think_ms = 0 it sent the next at once: the clock cannot "
+                    "move on. Give the clients a pause (think_ms > 0), bound the run with num_requests, or let the "
+                    "requests in: a prompt longer than the KV cache or max_model_len, or a full queue "
+                    "(max_concurrent_requests, max_queued_requests), turns them away")
+        else:
+            run.instant[client] = 0
         following = run.new_request(client, now_ms + self.config.think_ms)
         return [] if following is None else [following]
 
