@@ -327,6 +327,48 @@ def _drop_output() -> None:
             setattr(sys, name, devnull)
 
 
+class _StdoutGuard:
+    """``sys.stdout`` while a command runs: a write that fails for want of room (a full disk,
+    ``> /dev/full``) is remembered and what follows dropped, not raised -- a run still commits its
+    results folder -- and :func:`main` says so at the end. A closed pipe still raises
+    (``BrokenPipeError``: the reader went away, handled as before)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                self._failed(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        self.error = exc
+        try:  # what the stream still buffers would fail again when it is flushed at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _stdout_gone(exc: BrokenPipeError) -> bool:
     """True when ``exc`` is stdout's reader gone (a closed pipe), not a worker's pipe; stdout
     then points at /dev/null, so that the interpreter's flush at exit does not fail again."""
@@ -384,6 +426,23 @@ def main(argv: list[str] | None = None) -> int:
     :mod:`schedlab.interrupts`); after one of them all stay ignored, as the process is ending.
     """
     args = build_parser().parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = guard = _StdoutGuard(stdout)
+    try:
+        status = _main(args)
+    finally:
+        sys.stdout = stdout
+    if guard.error is not None:
+        reason = guard.error.strerror or type(guard.error).__name__
+        _say(f"schedlab: error: could not write to the standard output ({reason}); what went to files is "
+             f"written" if args.func in (cmd_run, cmd_hunt) else
+             f"schedlab: error: could not write to the standard output ({reason})")
+        return status or 2
+    return status
+
+
+def _main(args) -> int:
+    """:func:`main` with its arguments parsed."""
     with SignalGuard():
         try:
             with warnings.catch_warnings():

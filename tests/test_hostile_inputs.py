@@ -969,3 +969,24 @@ def test_a_vllm_log_listing_a_request_twice_is_refused(tmp_path, capsys):
                                            'path = "log.jsonl"\n', command="validate")
     one_error(code, err, "log.jsonl: line 3: request_id 'bench-0' is already on line 1 (a log lists each request "
                          "once: is the file doubled?)")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["capacity", "--model", "llama-3-8b", "--gpu", "a100-80gb"], ["plugins", "-v"],
+                                  ["run"]])
+def test_a_full_standard_output_is_one_line_and_a_run_keeps_its_results(tmp_path, args):
+    """Found by fuzzing: printing to a full device (``> /dev/full``) ended in a traceback, and a
+    run whose table could not be printed threw its results away. Now one line, exit 2, and the
+    run's folder written."""
+    if args == ["run"]:
+        (tmp_path / "exp.toml").write_text(BASE)
+        args = ["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out")]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "schedlab", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    line = one_error(done.returncode, "\n".join(x for x in done.stderr.splitlines()
+                                               if "simulations in" not in x and "files written" not in x),
+                     "could not write to the standard output (No space left on device)")
+    if args[0] == "run":
+        assert "what went to files is written" in line
+        assert (tmp_path / "out" / "summary.json").is_file()
