@@ -214,6 +214,20 @@ def test_binary_and_non_utf8_files(tmp_path, capsys, content, fragments, command
     one_error(main([command, str(path)]), capsys.readouterr().err, str(path), *fragments)
 
 
+@pytest.mark.parametrize("name", ["requests.json", "requests.jsonl", "requests.csv"])
+def test_a_request_file_not_in_utf8_says_so(tmp_path, capsys, name):
+    """Found by fuzzing: a .json file with bytes that are not UTF-8 was called 'a number too
+    long to read' (json's UnicodeDecodeError is a ValueError too); .jsonl and .csv said it right."""
+    body = {"requests.json": b'[{"prompt_tokens": 10, "output_tokens": 5, "x": "\xff\xfe"}]',
+            "requests.jsonl": b'{"prompt_tokens": 10, "output_tokens": 5, "x": "\xff\xfe"}\n',
+            "requests.csv": b"prompt_tokens,output_tokens,x\n10,5,\xff\xfe\n"}[name]
+    (tmp_path / name).write_bytes(body)
+    (tmp_path / "exp.toml").write_text(f'[experiment]\nname = "x"\n[workload]\nkind = "file"\npath = "{name}"\n')
+    line = one_error(main(["run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out")]),
+                     capsys.readouterr().err, name, "not UTF-8 text")
+    assert "too long" not in line
+
+
 @pytest.mark.parametrize("top, extra, fragment", [
     ("slo = 5\n", (), "exp.toml: [slo]: must be a table, got 5"),
     ("[[slo]]\nttft_ms = 100\n", (), "exp.toml: [slo]: must be a table, got an array"),
@@ -319,7 +333,32 @@ def test_plot_refuses_a_folder_without_its_request_rows(saved, tmp_path, capsys)
 
     row = ["not-a-number" if name == "id" else "static" if name == "run" else "" for name in REQUEST_COLUMNS]
     (folder / "requests.csv").write_text(",".join(REQUEST_COLUMNS) + "\n" + ",".join(row) + "\n")
-    one_error(main(["plot", str(folder)]), capsys.readouterr().err, "cannot read the saved results")
+    one_error(main(["plot", str(folder)]), capsys.readouterr().err, "requests.csv: run 'static': a row that does not "
+              "read (invalid literal for int() with base 10: 'not-a-number')")
+
+
+def _no_number_in_the_timeline(folder):
+    header, first, *rest = (folder / "timeline.csv").read_text().splitlines()
+    cells = first.split(",")
+    cells[header.split(",").index("duration_ms")] = "abc"
+    (folder / "timeline.csv").write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
+
+
+@pytest.mark.parametrize("damage, fragments", [
+    (lambda folder: (folder / "timeline.csv").write_text(""), ["timeline.csv: empty, not even its header row"]),
+    (lambda folder: (folder / "requests.csv").unlink(),
+     ["requests.csv: cannot read the saved results (No such file or directory)"]),
+    (_no_number_in_the_timeline, ["timeline.csv: run ", "could not convert string to float: 'abc'"]),
+])
+def test_plot_names_the_file_it_cannot_read(saved, tmp_path, capsys, damage, fragments):
+    """Found by fuzzing: an empty timeline.csv said 'StopIteration', a missing requests.csv and a
+    cell that is no number named no file."""
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for name in ("summary.json", "requests.csv", "timeline.csv"):
+        (folder / name).write_bytes((saved / name).read_bytes())
+    damage(folder)
+    one_error(main(["plot", str(folder)]), capsys.readouterr().err, *fragments)
 
 
 # -- capacity ----------------------------------------------------------------------------------------------------

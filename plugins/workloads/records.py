@@ -634,6 +634,8 @@ def _read_json(handle, name, wanted, required, limit) -> Records:
         data = json.load(handle)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{name}: line {exc.lineno}: bad JSON: {exc.msg} (column {exc.colno})") from None
+    except UnicodeDecodeError as exc:  # (a ValueError too: not a number too long)
+        raise WorkloadError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (ValueError, RecursionError) as exc:
         raise WorkloadError(f"{name}: bad JSON: {unreadable_json(exc)}") from None
     if isinstance(data, dict):

@@ -319,7 +319,9 @@ def repeated_column(path, header: Sequence[str], names: Iterable[str] | None = N
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     with open(path, newline="") as fh:
         reader = csv.reader(fh)
-        header = next(reader)
+        header = next(reader, None)
+        if header is None:
+            raise SchedlabError(f"{path}: empty, not even its header row; is the folder complete?")
         problem = repeated_column(path, header)
         if problem:
             raise SchedlabError(problem)
@@ -436,9 +438,10 @@ def load(out_dir: str | os.PathLike) -> ExperimentResults:
     summary = _read_summary(out)
     try:
         return _load(out, summary)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError, StopIteration) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError) as exc:
         what = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
-        raise SchedlabError(f"{out}: cannot read the saved results ({what}); is the folder complete?") from None
+        where = getattr(exc, "filename", None) or out
+        raise SchedlabError(f"{where}: cannot read the saved results ({what}); is the folder complete?") from None
 
 
 def _load(out: Path, summary: dict) -> ExperimentResults:
@@ -461,6 +464,21 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
     client_view = {"sent_ms": "arrival_ms", "client_first_ms": "first_token_ms", "client_done_ms": "finish_ms"}
 
     def saved_run(name: str, metrics: dict, counters: dict, meta: dict, point: dict) -> RunResult:
+        try:
+            req, rejections = saved_requests(name)
+        except (ValueError, IndexError) as exc:
+            raise SchedlabError(f"{out / 'requests.csv'}: run {name!r}: a row that does not read ({exc}); is the "
+                                "file complete, and one schedlab wrote?") from None
+        trows = t_by_run.get(name, [])
+        try:
+            timeline = {c: np.array([_num(r[t_index[c]], float) for r in trows], dtype=float)
+                        for c in TIMELINE_COLUMNS[1:] if c in t_index}  # older folders lack the slice columns
+        except (ValueError, IndexError) as exc:
+            raise SchedlabError(f"{out / 'timeline.csv'}: run {name!r}: a row that does not read ({exc}); is the "
+                                "file complete, and one schedlab wrote?") from None
+        return RunResult(name, {}, req, counters, {}, timeline, rejections, meta, _restore_nan(metrics), point)
+
+    def saved_requests(name: str) -> tuple[dict, dict]:
         rrows = by_run.get(name, [])
         req = {c: np.array([_num(r[index[c]], float) for r in rrows], dtype=float) for c in floats}
         req.update({c: np.array([_num(r[index[c]], int) for r in rrows], dtype=np.int64) for c in ints})
@@ -473,10 +491,7 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
         for c in ("request_class", "client"):
             req[c] = np.array([r[index[c]] for r in rrows], dtype=object)
         rejections = {int(r[index["id"]]): r[index["reason"]] for r in rrows if r[index["reason"]]}
-        trows = t_by_run.get(name, [])
-        timeline = {c: np.array([_num(r[t_index[c]], float) for r in trows], dtype=float)
-                    for c in TIMELINE_COLUMNS[1:] if c in t_index}  # older folders lack the slice columns
-        return RunResult(name, {}, req, counters, {}, timeline, rejections, meta, _restore_nan(metrics), point)
+        return req, rejections
 
     studies = []
     for s in summary["studies"]:
