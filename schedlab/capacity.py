@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
@@ -825,6 +826,9 @@ def capacity_command(options: Any, catalog: "Catalog") -> str:
     get = options.get if isinstance(options, Mapping) else (lambda key, default=None: getattr(options, key, default))
     presets = Presets.from_catalog(catalog)
     model = get("model")
+    if not is_config_path(model) and os.path.isdir(model) and model not in presets.model_names():
+        raise ConfigError(f"--model {model}: a folder without a config.json (a model's Hugging Face folder holds "
+                          "one; or name a model preset)")
     spec = spec_from_path(model, "--model") if is_config_path(model) else presets.model(model)
     spec = with_kv_cache_dtype(spec, get("kv_cache_dtype", "auto"))
     sizing = size_kv_cache(

@@ -51,7 +51,7 @@ import math
 
 import attrs
 
-from .configs import FieldError, float_field, int_field, table_field
+from .configs import MAX_TIME_MS, FieldError, float_field, int_field, table_field
 
 INF = math.inf
 
@@ -60,9 +60,11 @@ INF = math.inf
 class FrontendConfig:
     """The API server between the client and the engine, and the network (see the module docstring)."""
 
-    network_ms: float = float_field(0.05, min=0.0, help="one-way network latency between client and server, ms")
-    request_ms: float = float_field(1.0, min=0.0, help="handling every request before the engine queue (HTTP, "
-                                                        "JSON, chat template, hand-over to the engine), ms")
+    network_ms: float = float_field(0.05, min=0.0, max=MAX_TIME_MS,
+                                    help="one-way network latency between client and server, ms")
+    request_ms: float = float_field(1.0, min=0.0, max=MAX_TIME_MS,
+                                    help="handling every request before the engine queue (HTTP, JSON, chat template, "
+                                         "hand-over to the engine), ms")
     tokenize_ms_per_token: float = float_field(0.002, min=0.0, help="tokenizing the prompt, ms per prompt token")
     token_ms: float = float_field(0.05, min=0.0, help="detokenizing and streaming each output token, ms")
     workers: int = int_field(1, min=0, max=1024, help="requests the API server handles at once (vLLM: one per API "

@@ -146,6 +146,15 @@ FILE_CASES = {
     "settings that contradict each other": (BASE + "[scheduler]\nkind = \"vllm\"\nmax_num_seqs = 64\n"
                                             "max_num_batched_tokens = 32\n",
                                             ["[scheduler]: max_num_batched_tokens (32) must be >= max_num_seqs (64)"]),
+    # found by fuzzing: each passed validate, then every request was rejected, or the run failed blaming arrival_ms
+    "a watermark that keeps the whole cache": (BASE + "[scheduler]\nkind = \"continuous\"\nwatermark = 1.0\n",
+                                               ["[scheduler]: watermark: must be < 1", "no request is ever admitted"]),
+    "a front end's handling past the clock": (BASE + "[frontend]\nrequest_ms = 1e13\n",
+                                              ["[frontend]: request_ms: must be <= 1000000000000.0"]),
+    "a closed loop's pause past the clock": (
+        BASE.replace('kind = "synthetic"\nnum_requests = 20', 'kind = "closed_loop"\nclients = 2\nnum_requests = 20')
+        .replace('arrival = "poisson"\nrate = 10\n', "think_ms = 1e13\n"),
+        ["[workload]: think_ms: must be <= 1000000000000.0"]),
 }
 
 
@@ -372,6 +381,12 @@ def test_plot_names_the_file_it_cannot_read(saved, tmp_path, capsys, damage, fra
 def test_capacity_refuses_non_finite_numbers(capsys, option, value, fragment):
     code = main(["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", option, value])
     one_error(code, capsys.readouterr().err, fragment)
+
+
+def test_capacity_says_a_folder_lacks_its_config_json(tmp_path, capsys):
+    """Found by fuzzing: a folder without config.json was looked up as a preset's name."""
+    one_error(main(["capacity", "--model", str(tmp_path), "--gpu", "a100-80gb"]), capsys.readouterr().err,
+              f"--model {tmp_path}: a folder without a config.json")
 
 
 # -- plugins that break ----------------------------------------------------------------------------------------

@@ -268,6 +268,9 @@ def test_a_misspelt_name_is_refused_when_the_file_is_read(tmp_path, objective, m
     ("[[runs]]\n", "[workload]\nkind = 'synthetic'\n[[runs]]\n", "[workload]: a hunt file has no workload"),
     ("[hunt]\n", "[hunt.settings]\n'scheduler.nope' = [1, 2]\n[hunt]\n", "unknown key 'nope'"),
     ("[hunt]\n", "[hunt]\nobjective = 'runs.buggy.ttft_ms.p99'\n", "give either objective"),
+    # neither: it used to say "not both" too
+    ('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"', "",
+     "give an objective (to maximise) or a property (to falsify): the hunt needs one"),
 ])
 def test_bad_hunt_tables_name_the_file_table_and_key(tmp_path, old, new, message):
     text = textwrap.dedent(STARVER).replace(old, new, 1)

@@ -127,6 +127,9 @@ class ContinuousConfig:
              "max_tokens of its own it is cut either way")
 
     def __attrs_post_init__(self):
+        if self.watermark >= 1.0:
+            raise FieldError("watermark", f"must be < 1 (the share of KV blocks kept free at admission: "
+                                          f"{self.watermark:g} keeps all of them, so no request is ever admitted)")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "

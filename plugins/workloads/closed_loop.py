@@ -58,9 +58,10 @@ class ClosedLoopConfig:
     clients: int = int_field(min=1, max=MAX_REQUESTS, help="how many clients send requests concurrently")
     num_requests: int | None = int_field(None, min=1, max=MAX_REQUESTS, optional=True,
                                          help="total number of requests, counting each client's first one")
-    duration_ms: float | None = float_field(None, min=0, optional=True,
+    duration_ms: float | None = float_field(None, min=0, max=MAX_TIME_MS, optional=True,
                                             help="no request arrives after this time (ms)")
-    think_ms: float = float_field(0.0, min=0, help="a client's pause between a finish and its next request (ms)")
+    think_ms: float = float_field(0.0, min=0, max=MAX_TIME_MS,
+                                  help="a client's pause between a finish and its next request (ms)")
     stagger_ms: float = float_field(0.0, min=0, max=MAX_TIME_MS,
                                     help="client i starts at i * stagger_ms / clients (ms)")
     path: str | None = path_field(None, optional=True,

@@ -72,8 +72,11 @@ class HuntConfig:
                                       "= [low, high]")
 
     def __attrs_post_init__(self):
-        if (self.objective is None) == (self.property is None):
+        if self.objective is not None and self.property is not None:
             raise FieldError("objective", "give either objective (to maximise) or property (to falsify), not both")
+        if self.objective is None and self.property is None:
+            raise FieldError("objective", "give an objective (to maximise) or a property (to falsify): the hunt needs "
+                                          "one to search by")
         if self.property is not None and self.minimize:
             raise FieldError("minimize", "a property says its own direction; minimize is for an objective")
 
