@@ -300,10 +300,16 @@ def test_a_file_key_with_a_set_inside_it_keeps_its_message(tmp_path):
 
 
 def test_a_swept_value_is_not_blamed_on_the_set(tmp_path):
+    """... but on the sweep's point that set it (found by fuzzing: the sweep went unnamed)."""
     path = write(tmp_path, TWO_RUNS.replace('name = "fcfs"', 'name = "fcfs"\n'
                                             'sweep = { "scheduler.max_num_seqs" = [1, 0] }'))
     assert error(path, "scheduler.max_num_seqs=2") == (
-        f"{path}: [[runs]] 'fcfs' [scheduler]: max_num_seqs: must be >= 1, got 0")
+        f"{path}: [[runs]] 'fcfs' [scheduler]: max_num_seqs: must be >= 1, got 0 "
+        "(at the sweep's point scheduler.max_num_seqs = 0)")
+    path = write(tmp_path, TWO_RUNS.replace('name = "fcfs"', 'name = "fcfs"\n'
+                                            'sweep = { "scheduler.max_num_seqz" = [1, 2] }'))
+    assert "unknown key 'max_num_seqz'" in error(path) and error(path).endswith(
+        "(at the sweep's point scheduler.max_num_seqz = 1)")
 
 
 # -- runs named with spaces or dots --------------------------------------------------------------------------

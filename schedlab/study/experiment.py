@@ -234,6 +234,10 @@ def _blame_study(exc: ConfigError, *, where: str, tables: dict, file_tables: dic
     return type(exc)(f"{message} (with {', '.join(o.shown() for o in touching)})")
 
 
+#: what :func:`_validate` adds to a run's error at a point of its sweep or search
+_POINT_SAID = re.compile(r" \(at the (?:sweep|search)'s point [^()]*\)$")
+
+
 def _blame_varied(exc: ConfigError, where: str, study: StudySpec, applied: list["_Override"]) -> ConfigError:
     """``exc`` about a run's table, for a key its sweep or search varies (:func:`_blame_set` leaves
     those alone) when a ``--set`` gave the sweep or search: names those ``--set``."""
@@ -247,7 +251,8 @@ def _blame_varied(exc: ConfigError, where: str, study: StudySpec, applied: list[
     touching = [o for o in applied if _study_kind(o) in ("sweep", "search")]
     if not touching:
         return exc
-    return type(exc)(f"{exc} (the {study.kind}'s values, with {', '.join(o.shown() for o in touching)})")
+    message = _POINT_SAID.sub("", str(exc))  # (the --set that gave the values says more than the point)
+    return type(exc)(f"{message} (the {study.kind}'s values, with {', '.join(o.shown() for o in touching)})")
 
 
 def _check_keys(table: dict, allowed: tuple, where: str) -> None:
@@ -678,6 +683,11 @@ def _validate(study: StudySpec, ctx: Context, where: str) -> None:
         except ConfigError as exc:
             search = study.search
             if search is None or search.integer or not isinstance(search.low, int) or "whole number" not in str(exc):
+                said = any(word in str(exc) for word in ("--set", "point", "sweep", "search's values"))
+                if point and not said:  # say which point of the sweep or search set the value
+                    setting = ", ".join(f"{key} = {value!r}" for key, value in point.items())
+                    raise ConfigError(f"{exc} (at the {'sweep' if study.sweep is not None else 'search'}'s "
+                                    f"point {setting})") from None
                 raise
             raise ConfigError(f"{where} [search]: tolerance: {search.key} takes whole numbers, and a tolerance "
                               f"makes the search probe real ones ({float(search.low)}, ...); drop it: a search "
