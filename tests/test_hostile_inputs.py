@@ -149,6 +149,8 @@ FILE_CASES = {
     # found by fuzzing: each passed validate, then every request was rejected, or the run failed blaming arrival_ms
     "a watermark that keeps the whole cache": (BASE + "[scheduler]\nkind = \"continuous\"\nwatermark = 1.0\n",
                                                ["[scheduler]: watermark: must be < 1", "no request is ever admitted"]),
+    "partitions of a single instance": (BASE + "[cluster]\npartitions = 5\n",
+                                        ["[cluster]: partitions: 5 parts of a single instance: it has nothing to split"]),
     "a front end's handling past the clock": (BASE + "[frontend]\nrequest_ms = 1e13\n",
                                               ["[frontend]: request_ms: must be <= 1000000000000.0"]),
     "a closed loop's pause past the clock": (

@@ -118,6 +118,9 @@ class ClusterConfig:
             raise FieldError("data_parallel" if self.data_parallel > 1 else "pipeline_parallel",
                              "a disaggregated cluster with data or pipeline parallelism is not modelled")
         # (other layouts are refused with partitions when the run starts: _part_of_run)
+        if self.mode == "colocated" and self.parallelism == SINGLE and self.instances == 1 < self.partitions:
+            raise FieldError("partitions", f"{self.partitions} parts of a single instance: it has nothing to split "
+                                           "(partitions splits a cluster's instances into runs of their own)")
         if self.mode == "colocated" and self.parallelism == SINGLE and 1 < self.instances < self.partitions:
             raise FieldError("partitions", f"{self.partitions} is more than instances ({self.instances}): part p "
                                            "simulates the instances i with i % partitions = p, so a part would have "
