@@ -55,12 +55,13 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
+import warnings
 from typing import Any
 
 import attrs
 import numpy as np
 
-from .errors import ConfigError, SchedlabError
+from .errors import ConfigError, InputWarning, SchedlabError
 from .results.compare import (
     comparison_rows, format_comparison, measured_statistics, simulated_latencies, statistics,
 )
@@ -484,6 +485,7 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
             out.append(RunSpec(base.name, t, base.seed, base.engine))
         return out
 
+    _warn_bounds_out_of_range(exp, parameters, start, specs_at)
     judges = [judge for _, _, judge in members]
     diagnosis = DIAGNOSIS_PER_PARAMETER * len(parameters)
     room = diagnose and max_evaluations - diagnosis >= max(starts, len(parameters) + 2)
@@ -544,6 +546,25 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
 
 class BudgetSpent(Exception):
     """Raised by an objective whose simulations are spent: stops a descent where it is."""
+
+
+def _warn_bounds_out_of_range(exp, parameters: list[Parameter], start: list[float], specs_at) -> None:
+    """Say when a bound of ``--fit`` is a value its setting refuses (``mfu=-1:1``, an ``mfu``
+    of -1): every candidate past the setting's own range scores as failed, which the fit cannot
+    tell from a bad fit. Checked by building the run at each bound, the others at the start."""
+    from .study.simulation import assemble
+
+    for i, p in enumerate(parameters):
+        for side, bound in (("lower", p.low), ("upper", p.high)):
+            x = list(start)
+            x[i] = bound
+            try:
+                assemble(specs_at(x)[0], exp.context, "", check_only=True)
+            except ConfigError as exc:
+                warnings.warn(f"--fit {p.key}={p.low:g}:{p.high:g}: its {side} bound is a value the setting refuses "
+                              f"({str(exc).strip()}): candidates there score as failed; keep the range within the "
+                              "setting's", InputWarning, stacklevel=3)
+                break
 
 
 def _nothing_to_compare(errors: dict[str, float], parameters: list[Parameter], start: list[float]) -> str | None:

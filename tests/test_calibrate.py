@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -275,6 +276,24 @@ def test_a_start_the_engine_refuses_is_an_error_but_a_candidate_is_not(tmp_path)
     assert score(exp, zero, SummaryTarget(target))[0] == FAILED
     good = RunSpec("good", {**base.tables, "cost_model": {"kind": "linear"}}, base.seed)
     assert score(exp, good, SummaryTarget(target))[0] < FAILED
+
+
+def test_a_bound_the_setting_refuses_is_warned_about(tmp_path):
+    """Found by fuzzing: --fit decode_ms_per_step=-5:10 ran, its candidates below 0 scored as
+    failed without a word. The bound is now checked against the setting; a range inside it is
+    not warned about."""
+    from schedlab.errors import InputWarning
+
+    exp = small_experiment(tmp_path, 'kind = "linear"\ndecode_ms_per_step = 2.0\nprefill_ms_per_token = 0.01')
+    target = read_summary(_write(tmp_path / "b.json", {"mean_ttft_ms": 10.0, "mean_e2el_ms": 200.0}))
+    with pytest.warns(InputWarning, match=r"--fit cost_model.decode_ms_per_step=-5:10: its lower bound is a value the "
+                                          r"setting refuses \(.*decode_ms_per_step: must be >= 0"):
+        calibrate(exp, [Parameter("cost_model.decode_ms_per_step", -5.0, 10.0)], target=target, max_evaluations=4,
+                  diagnose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)
+        calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 0.5, 10.0)], target=target, max_evaluations=4,
+                  diagnose=False)
 
 
 def test_cli_guards(tmp_path, capsys):
