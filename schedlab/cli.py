@@ -41,14 +41,16 @@ from .study.experiment import check_report_studies
 from .study.simulation import build_component, component_config
 
 
-def _reports(exp, names, skip=()):
+def _reports(exp, names, skip=(), added=()):
     ctx = exp.context
     out = []
     for name in names:
         if name in skip:
             continue
         table = {"kind": name, **exp.report_tables.get(name, {})}
-        where = f"{ctx.source}: [reports.{name}]"
+        # (a report only --report asked for has no table in the file to name)
+        where = f"--report {name}" if name in added and name not in exp.report_tables \
+            else f"{ctx.source}: [reports.{name}]"
         # (a report added with --report was not in the file's list that load() checked: its run names now)
         check_report_studies(component_config(ctx, "report", table, where)[1], exp.studies, where)
         out.append((name, build_component(ctx, "report", table, where)))
@@ -64,10 +66,9 @@ def cmd_run(args) -> int:
         raise SchedlabError(f"{args.file}: a hunt file ([hunt]): run it with schedlab hunt {args.file}")
     exp = load(args.file, args.set)
     names = list(exp.config.reports)
-    for extra in args.report or ():
-        if extra not in names:
-            names.append(extra)
-    reports = _reports(exp, names, skip=("plots",) if args.no_plots else ())
+    added = [extra for extra in dict.fromkeys(args.report or ()) if extra not in names]
+    names += added
+    reports = _reports(exp, names, skip=("plots",) if args.no_plots else (), added=added)
     runs = sum(len(s.sweep) if s.sweep is not None else 1 for s in exp.studies if s.search is None and s.plan is None)
     searches = sum(1 for s in exp.studies if s.search is not None)
     plans = sum(1 for s in exp.studies if s.plan is not None)

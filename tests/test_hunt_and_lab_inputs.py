@@ -158,3 +158,11 @@ def test_a_report_added_with_the_report_option_is_checked_before_the_run(tmp_pat
         f"schedlab: error: {path}: [reports.lab]: static: study 'sw' is a sweep over 'scheduler.max_num_seqs', "
         f"not a single run; single runs ([[runs]] with no sweep, search or plan): static, continuous")
     assert not out.exists()
+
+
+def test_an_unknown_report_added_with_the_report_option_names_the_option(tmp_path, capsys):
+    """Found by fuzzing: --report nope was blamed on a [reports.nope] table the file does not have."""
+    path = write(tmp_path, LAB.replace('reports = ["lab"]', 'reports = ["json"]'), "lab.toml")
+    message = refused(capsys, ["run", path, "--out", str(tmp_path / "out"), "--report", "nope"])
+    assert message.startswith("schedlab: error: --report nope: unknown report 'nope'; registered: ")
+    assert "[reports.nope]" not in message
