@@ -247,3 +247,67 @@ def test_a_setting_the_run_makes_moot_is_said(tmp_path, scheduler, kv, said):
         assert texts == []
     else:
         assert len(texts) == 1 and said in texts[0] and "[scheduler]" in texts[0]
+
+
+CLASSES = """
+[experiment]
+name = "classes"
+reports = []
+timeline = false
+
+[workload]
+kind = "mix"
+
+[workload.classes.interactive]
+kind = "synthetic"
+num_requests = 10
+rate = 5.0
+prompt = {dist = "fixed", value = 100}
+output = {dist = "fixed", value = 20}
+
+[workload.classes.bulk]
+kind = "synthetic"
+num_requests = 10
+rate = 5.0
+request_class = "batch"
+prompt = {dist = "fixed", value = 100}
+output = {dist = "fixed", value = 20}
+
+[cluster]
+instances = 2
+router = {kind = "class", classes = {%s = [0], batch = [1]}}
+
+[slo.classes.%s]
+ttft_ms = 100
+
+[client]
+classes = {%s = {timeout_ms = 1000}}
+"""
+
+
+def test_a_class_no_request_has_is_warned_about_where_it_is_named(tmp_path):
+    """Found by fuzzing: a misspelt class in [slo] classes, [client] classes or a class router
+    applied to nobody without a word (the router sends its requests to the default instances).
+    The mix's classes are its requests' (a sub-table's request_class, else its name)."""
+    path = tmp_path / "exp.toml"
+    path.write_text(CLASSES % ("interactiv", "interactiv", "interactiv"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(path)
+    texts = sorted({str(w.message) for w in caught if issubclass(w.category, InputWarning)})
+    assert len(texts) == 3, texts
+    for place in ("[slo] classes", "[client] classes", "[cluster] router classes"):
+        assert any(f"{place}: 'interactiv' is the class of no request of the workload (its classes: batch, "
+                   "interactive); did you mean 'interactive'?" in t for t in texts), (place, texts)
+    path.write_text(CLASSES % ("interactive", "interactive", "interactive"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)
+        load(path)
+    # a file's rows may carry classes of their own: nothing is known, nothing said
+    (tmp_path / "r.jsonl").write_text('{"prompt_tokens": 10, "output_tokens": 5, "arrival_ms": 0}\n')
+    text = CLASSES % ("nope", "nope", "nope")
+    start, end = text.index("[workload]"), text.index("[cluster]")
+    path.write_text(text[:start] + '[workload]\nkind = "file"\npath = "r.jsonl"\n\n' + text[end:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)
+        load(path)

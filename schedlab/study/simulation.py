@@ -6,6 +6,7 @@ the engine then calls those objects directly in its loop.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import sys
@@ -601,6 +602,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         the same for 1 or 1,024 instances).
     """
     _warn_two_gpus(spec.tables, ctx, where)
+    _warn_unknown_classes(spec.tables, ctx, where)
     assembled = _assemble_plugins(spec, ctx, where, check_only)
     _check_async_scheduling(assembled, where)
     _check_queue_limit(assembled, where)
@@ -705,6 +707,50 @@ def _warn_two_kv_dtypes(tables: dict, ctx: Context, where: str) -> None:
     warnings.warn(f"{where} [kv_cache] kv_cache_dtype = {dtypes[0]!r} but [cost_model] kv_cache_dtype = "
                   f"{dtypes[1]!r}: the pool holds one dtype's tokens and the decodes read the other's bytes; "
                   "set the same kv_cache_dtype in both", InputWarning, stacklevel=4)
+
+
+def _workload_classes(ctx: Context, table: dict) -> set[str] | None:
+    """The request classes ``table``'s workload gives its requests, where the table alone says:
+    a ``mix``'s classes (each its ``request_class``, else its name), or a workload whose every
+    request takes its config's ``request_class``; None where rows of a file may carry their own."""
+    if table.get("kind") == "mix":
+        subs = table.get("classes")
+        if not isinstance(subs, dict) or not all(isinstance(sub, dict) for sub in subs.values()):
+            return None
+        names = {sub.get("request_class", name) for name, sub in subs.items()}
+        return names if all(isinstance(name, str) for name in names) else None
+    config = _config_class(ctx, "workload", table)
+    if config is None or not attrs.has(config) or "request_class" not in attrs.fields_dict(config):
+        return None
+    if table.get("path") is not None:
+        return None  # a file's rows may name theirs
+    value = table.get("request_class", attrs.fields_dict(config)["request_class"].default)
+    return {value} if isinstance(value, str) else None
+
+
+def _warn_unknown_classes(tables: dict, ctx: Context, where: str) -> None:
+    """Say when ``[slo] classes``, ``[client] classes`` or a ``class`` router names a request
+    class no request of the workload has -- most often a misspelt name, whose targets,
+    timeouts or instances then apply to nobody (the router sends its requests to the default
+    instances). Only where the workload's classes are known from its table."""
+    workload = tables.get("workload")
+    known = _workload_classes(ctx, workload) if isinstance(workload, dict) else None
+    if not known:
+        return
+    router = (tables.get("cluster") or {}).get("router")
+    places = [("[slo] classes", (tables.get("slo") or {}).get("classes")),
+              ("[client] classes", (tables.get("client") or {}).get("classes")),
+              ("[cluster] router classes", router.get("classes") if isinstance(router, dict)
+               and router.get("kind") == "class" else None)]
+    for place, named in places:
+        if not isinstance(named, dict):
+            continue
+        for name in named:
+            if name not in known:
+                close = difflib.get_close_matches(str(name), sorted(known), n=1)
+                warnings.warn(f"{where} {place}: {name!r} is the class of no request of the workload (its classes: "
+                              f"{', '.join(sorted(known))})" + (f"; did you mean {close[0]!r}?" if close else ""),
+                              InputWarning, stacklevel=4)
 
 
 def _warn_two_tensor_parallels(tables: dict, where: str) -> None:
