@@ -729,7 +729,8 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
     if m.kv_index_bytes:
         kv_text += f" + {m.kv_layers} x {m.kv_index_bytes} B of indexer keys"
     if m.weight_bytes_per_param == m.expert_bytes_per_param == m.table_bytes_per_param == m.kv_element_bytes:
-        dtypes, weights_text = f"{m.dtype_bytes}-byte weights and KV", f"{m.num_params / 1e9:.2f}B params x {m.dtype_bytes} B"
+        b = m.kv_element_bytes  # (an FP8 checkpoint with an FP8 cache too: 1)
+        dtypes, weights_text = f"{b}-byte weights and KV", f"{m.num_params / 1e9:.2f}B params x {b} B"
     else:
         experts = m.expert_params * m.num_experts if m.expert_bytes_per_param != m.weight_bytes_per_param else 0.0
         tables = m.embedding_params + m.lm_head_params if m.table_bytes_per_param != m.weight_bytes_per_param else 0.0

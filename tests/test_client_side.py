@@ -475,7 +475,7 @@ def test_timeouts_come_from_the_client_table_per_class(tmp_path):
     ("[frontend]\nnetwork = 1\n", r"exp.toml: \[frontend\]: unknown key 'network' \(did you mean 'network_ms'\?\)"),
     ("[frontend]\nworkers = -1\n", r"\[frontend\]: workers: must be >= 0"),
     ("[client]\ntimeout_ms = 0\n", r"\[client\]: timeout_ms: must be > 0"),
-    ("[client]\nclasses = {chat = {timeout = 5}}\n", r"\[client\]: classes: chat: unknown key 'timeout'"),
+    ("[client]\nclasses = {default = {timeout = 5}}\n", r"\[client\]: classes: default: unknown key 'timeout'"),
     ("[frontend]\nnetwork_ms = 2\n[client]\ntimeout_ms = 1.5\n",
      r"\[client\]: timeout_ms: must be longer than the network hop \(\[frontend\] network_ms = 2\), got 1.5"),
 ])

@@ -106,6 +106,18 @@ def test_capacity_prints_the_one_byte_cache():
     assert "x 2 B = 128 KiB" in bf16 and "2-byte weights and KV" in bf16
 
 
+def test_capacity_of_an_fp8_checkpoint_with_an_fp8_cache():
+    """Weights and KV both one byte: said as such, the weights counted at 1 byte (not the model's
+    16-bit activations)."""
+    import attrs
+
+    from schedlab.capacity import format_capacity, size_kv_cache
+
+    model = attrs.evolve(PRESETS.model("llama-3.1-8b"), weight_dtype_bytes=1.0, table_dtype_bytes=1.0)
+    text = format_capacity(size_kv_cache(with_kv_cache_dtype(model, "fp8"), PRESETS.gpu("h100-80gb")))
+    assert "1-byte weights and KV" in text and "8.03B params x 1 B = 7.48 GiB" in text
+
+
 EXPERIMENT = """
 [experiment]
 name = "x"
