@@ -699,3 +699,17 @@ def test_autoscaled_clusters_agree_on_energy_and_conserve_it(requests, instances
     assert runs[0].meta["scaling"]["intervals"] == runs[1].meta["scaling"]["intervals"]
     for run in runs:
         check_energy(run)
+
+
+def test_fixed_active_below_idle_is_refused():
+    """Found by fuzzing: active_w below idle_w was taken as given (a busy GPU drawing less than an
+    idle one). The default active power, the board limit, is above any preset's idle power."""
+    from schedlab.errors import ConfigError
+    from schedlab_plugins.power.fixed_active import build_fixed_active
+
+    with pytest.raises(ConfigError, match=r"active_w \(20 W\) is below idle_w \(50 W\)"):
+        build_fixed_active(FixedActiveConfig(active_w=20.0, idle_w=50.0))
+    with pytest.raises(ConfigError, match=r"active_w \(20 W\) is below idle_w \(.* W\)"):
+        build_fixed_active(FixedActiveConfig(active_w=20.0, gpu="h100-80gb"), PRESETS)
+    model = build_fixed_active(FixedActiveConfig(gpu="h100-80gb"), PRESETS)
+    assert model.active_w > model.idle_w

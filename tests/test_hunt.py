@@ -276,7 +276,7 @@ def test_bad_hunt_tables_name_the_file_table_and_key(tmp_path, old, new, message
     text = textwrap.dedent(STARVER).replace(old, new, 1)
     with pytest.raises(ConfigError) as info:
         load_hunt(write(tmp_path, text), plugin_objects=(PlantedBugs(),))
-    assert message in str(info.value) and "hunt.toml" in str(info.value)
+    assert message in str(info.value) and "hunt.toml: [" in str(info.value)  # (the space's lacked the colon)
 
 
 def test_a_file_without_hunt_table_is_refused(tmp_path):

@@ -82,7 +82,7 @@ def refused(capsys, argv) -> str:
 def test_a_float_requests_bound_is_refused_by_validate_and_hunt_alike(tmp_path, capsys, old, new, overrides, shown):
     path = write(tmp_path, HUNT.replace(old, new), "hunt.toml")
     sets = [arg for o in overrides for arg in ("--set", o)]
-    message = f"schedlab: error: {path} [hunt.workload]: requests: must be whole numbers, got {shown}"
+    message = f"schedlab: error: {path}: [hunt.workload]: requests: must be whole numbers, got {shown}"
     assert refused(capsys, ["validate", path, *sets]) == message
     assert refused(capsys, ["hunt", path, *sets, "--out", str(tmp_path / "out"), "-j", "1"]) == message
     assert not (tmp_path / "out").exists()
@@ -93,7 +93,7 @@ def test_whole_float_token_bounds_are_refused(tmp_path, key):
     path = write(tmp_path, HUNT.replace(f"{key} = [", f"{key} = [1.0, 2.0]\n#"), "hunt.toml")
     with pytest.raises(ConfigError) as info:
         load_hunt(path)
-    assert str(info.value) == f"{path} [hunt.workload]: {key}: must be whole numbers, got [1.0, 2.0]"
+    assert str(info.value) == f"{path}: [hunt.workload]: {key}: must be whole numbers, got [1.0, 2.0]"
 
 
 def test_whole_number_bounds_still_load(tmp_path):

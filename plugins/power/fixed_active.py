@@ -16,6 +16,7 @@ import attrs
 from schedlab.engine.bulk import run_ms
 from schedlab.capacity import Presets
 from schedlab.configs import MAX_TENSOR_PARALLEL, float_field, int_field, str_field
+from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
 from .common import PowerSettings, board_and_idle, host_fields, resolve_gpu, resolve_tp
@@ -75,4 +76,7 @@ def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None
         board, idle, _ = board_and_idle(gpu, None, config.idle_w, "fixed_active")
         active, name = (config.active_w if config.active_w is not None else board), gpu.name
     standby = config.standby_w if config.standby_w is not None else idle
+    if active < idle:  # (found by fuzzing: taken as given, a busy GPU drew less than an idle one)
+        raise ConfigError(f"active_w ({active:g} W) is below idle_w ({idle:g} W): a GPU draws more running a kernel "
+                          "than idle; set active_w to at least idle_w")
     return FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle, gpu=name)

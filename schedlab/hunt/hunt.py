@@ -90,7 +90,7 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
     runs = tuple(s.name for s in experiment.studies)
     goal = make_goal(config, runs, where)
     check_settings(config.settings, runs, f"{source}: [hunt.settings]")
-    space = make_space(config.workload, config.settings, source)
+    space = make_space(config.workload, config.settings, f"{source}:")
     check_goal_metrics(goal, experiment.studies, space, where)
     check_optimizer(config.optimizer, where)
     for study in experiment.studies:
