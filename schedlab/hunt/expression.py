@@ -297,12 +297,48 @@ def check_runs_take_part(goal: Expression, constraints, runs: tuple[str, ...], w
 
 def check_not_constant(expression: Expression, runs: tuple[str, ...], where: str) -> None:
     """Raise ConfigError naming ``where`` when ``expression`` names nothing at all: a constant,
-    the same for every workload (``objective = "5"``)."""
+    the same for every workload (``objective = "5"``) -- or divides by a constant 0, undefined for
+    every workload (found by fuzzing: the whole budget ran before the hunt said so)."""
     if not expression.names:
         example = f"runs.{runs[0]}.ttft_ms.p99" if runs else "runs.<run>.ttft_ms.p99"
         raise ConfigError(f"{where}: {_quoted(expression.text)} names no metric: it is a constant, the same for every "
                           f"workload; name runs.<run>.<metric> (runs: {', '.join(runs)}) or workload.<statistic>, "
                           f"e.g. {example!r}")
+    if _divides_by_constant_zero(expression.tree):
+        raise ConfigError(f"{where}: {_quoted(expression.text)} divides by a constant 0: it has no value for any "
+                          "workload")
+
+
+def _divides_by_constant_zero(node) -> bool:
+    """Whether ``node`` holds ``x / c`` with ``c`` an expression of numbers alone equal to 0."""
+    kind = node[0]
+    if kind in ("num", "name"):
+        return False
+    if kind == "neg":
+        return _divides_by_constant_zero(node[1])
+    if kind == "call":
+        return any(_divides_by_constant_zero(arg) for arg in node[2])
+    if _divides_by_constant_zero(node[1]):
+        return True
+    for op, operand in node[2]:
+        if _divides_by_constant_zero(operand):
+            return True
+        if op == "/" and not _names_in(operand) and _evaluate(operand, lambda name: math.nan) == 0:
+            return True
+    return False
+
+
+def _names_in(node) -> bool:
+    kind = node[0]
+    if kind == "name":
+        return True
+    if kind == "num":
+        return False
+    if kind == "neg":
+        return _names_in(node[1])
+    if kind == "call":
+        return any(_names_in(arg) for arg in node[2])
+    return _names_in(node[1]) or any(_names_in(operand) for _, operand in node[2])
 
 
 def split_name(name: str, runs: tuple[str, ...]) -> tuple[str, str]:
