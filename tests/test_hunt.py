@@ -272,8 +272,8 @@ def test_a_misspelt_name_is_refused_when_the_file_is_read(tmp_path, objective, m
     ('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"', "",
      "give an objective (to maximise) or a property (to falsify): the hunt needs one"),
     # found by fuzzing: the whole budget ran before the hunt said the objective had no value
-    ('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"', 'objective = "runs.buggy.ttft_ms.p99 / (2 - 2)"',
-     "divides by a constant 0: it has no value for any workload"),
+    ('property = "runs.buggy.ttft_ms.max / runs.fcfs.ttft_ms.max < 3"',
+     'objective = "runs.buggy.ttft_ms.p99 / (2 - 2)"', "divides by a constant 0: it has no value for any workload"),
 ])
 def test_bad_hunt_tables_name_the_file_table_and_key(tmp_path, old, new, message):
     text = textwrap.dedent(STARVER).replace(old, new, 1)
