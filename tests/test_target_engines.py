@@ -400,6 +400,14 @@ def test_each_format_is_compared_with_the_simulation_in_its_view(tmp_path):
     assert vs["simulated"] == pytest.approx(vs["measured"])
 
 
+#: the two runs below: 0.1 ms a prompt token, 20 ms a decode step
+LINEAR_COSTS = """
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = 0.1
+decode_ms_per_step = 20.0
+"""
+
 ONE_TOKEN_RUN = """
 [experiment]
 name = "tpot"
@@ -414,11 +422,7 @@ requests = [{prompt_tokens = 100, output_tokens = 1}, {prompt_tokens = 100, outp
 kind = "continuous"
 max_num_seqs = 1
 
-[cost_model]
-kind = "linear"
-prefill_ms_per_token = 0.1
-decode_ms_per_step = 20.0
-
+""" + LINEAR_COSTS + """
 [target]
 path = "metrics.prom"
 statistics = ["tpot_ms.mean", "tpot_ms.p50"]
@@ -465,11 +469,7 @@ max_num_batched_tokens = 2048
 chunked_prefill = true
 async_scheduling = false
 
-[cost_model]
-kind = "linear"
-prefill_ms_per_token = 0.1
-decode_ms_per_step = 20.0
-
+""" + LINEAR_COSTS + """
 [target]
 path = "metrics.prom"
 statistics = ["iteration_tokens.mean"]
