@@ -14,8 +14,9 @@ without its MTP module: ``tests/test_hf_config.py``; current models' real files:
 Read as well: the KV layout (MLA's latent, sliding-window layers from ``layer_types`` or the
 model family's pattern), the checkpoint's weight bytes (``quantization_config``: FP8, MXFP4
 experts, 4/8-bit AWQ/GPTQ with their scales and zero points, compressed-tensors, ModelOpt
-FP8/NVFP4; the embedding table and LM head at 16 bits, as those checkpoints keep them), and ``_name_or_path`` as the Hugging Face id
-when it is one. Multimodal configs are read from their ``text_config`` (the vision tower is not
+FP8/NVFP4; the embedding table and LM head at 16 bits, as those checkpoints keep them), the FP8 KV
+cache a ModelOpt checkpoint asks for (``kv_cache_quant_algo``, which vLLM's ``--kv-cache-dtype
+auto`` follows), and ``_name_or_path`` as the Hugging Face id when it is one. Multimodal configs are read from their ``text_config`` (the vision tower is not
 counted), with the outer file's dtype and ``quantization_config`` and the defaults transformers
 leaves out of a saved ``text_config`` (Gemma 3's vocabulary and head size). Not counted: biases
 other than Q/K/V and DeepSeek's router bias, attention sinks, the MTP module.
@@ -283,6 +284,7 @@ def model_fields(config: dict, where: str) -> dict:
                    ({f"self_attn.{k}": v for k, v in attention_modules.items()} | (
                        shared_modules if is_moe(i) else dense_modules)).items()}
     fields.update(_weight_bytes(r, where, bool(experts), (modules, total - tables - routed) if modules else None))
+    fields.update(_kv_cache_bytes(r))
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
@@ -373,6 +375,7 @@ def _hybrid_pattern_fields(r: _Reader, family: str, where: str) -> dict:
     if context:
         fields["max_position_embeddings"] = context
     fields.update(_weight_bytes(r, where, bool(count["E"])))
+    fields.update(_kv_cache_bytes(r))
     name = r.get("_name_or_path")
     if isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         fields["hf_id"] = name
@@ -586,6 +589,27 @@ def _weight_bytes(r: _Reader, where: str, moe: bool, named: tuple | None = None)
     if moe and any(_attention_module(m) for m in kept):   # (modules named otherwise: all but the experts kept)
         return {"expert_dtype_bytes": per, **fp8}
     return {"weight_dtype_bytes": per, "table_dtype_bytes": 2.0, **fp8}
+
+
+def _kv_cache_bytes(r: _Reader) -> dict:
+    """``kv_dtype_bytes`` 1 when a ModelOpt checkpoint asks for an FP8 KV cache: vLLM's
+    ``--kv-cache-dtype auto`` then stores the cache in FP8 (``resolve_kv_cache_dtype_string`` and
+    ``get_kv_cache_quant_algo_string``, ``vllm/utils/torch_utils.py``, vLLM issue #34752): a
+    ``kv_cache_quant_algo`` of ``FP8``, or a ``kv_cache_scheme`` of static 8-bit floats, in the
+    config or its ``quantization`` table (``hf_quant_config.json``). Other quantisation methods'
+    cache schemes only bring scales: their cache follows ``auto`` to the model's dtype. An explicit
+    ``kv_cache_dtype`` overrides it, as ``--kv-cache-dtype bfloat16`` does."""
+    q = r.get("quantization_config")
+    if not isinstance(q, dict) or not str(q.get("quant_method", "")).lower().startswith("modelopt"):
+        return {}
+    inner = q.get("quantization") if isinstance(q.get("quantization"), dict) else q
+    algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme")
+            or inner.get("kv_cache_quant_algo") or q.get("kv_cache_quant_algo"))
+    if isinstance(algo, dict):
+        fp8 = algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float"
+    else:
+        fp8 = isinstance(algo, str) and algo.lower() == "fp8"
+    return {"kv_dtype_bytes": 1} if fp8 else {}
 
 
 #: A gated MLP's projections (Llama's and DeepSeek's names, which most models keep).

@@ -439,3 +439,36 @@ def test_a_moe_checkpoint_keeps_only_the_modules_it_names():
     tables = 2 * 129280 * 7168
     assert s.expert_dtype_bytes == nvfp4
     assert s.weight_bytes() == pytest.approx(2 * kept + nvfp4 * (s.num_params - tables - kept) + 2 * tables, rel=1e-7)
+
+
+@pytest.mark.parametrize("quant, kv_bytes", [
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, 1),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "fp8"}, 1),
+    ({"quant_method": "modelopt", "quant_algo": "FP8",
+      "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, 1),
+    ({"quant_method": "modelopt", "quant_algo": "FP8",   # a dynamic scheme: vLLM falls back to auto
+      "kv_cache_scheme": {"dynamic": True, "num_bits": 8, "type": "float"}}, None),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}, None),  # not mapped
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, None),
+    ({"quant_method": "fp8", "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, None),
+])
+def test_a_modelopt_checkpoint_that_asks_for_an_fp8_cache_gets_one_under_auto(quant, kv_bytes):
+    """vLLM resolves --kv-cache-dtype auto to fp8_e4m3 for a ModelOpt checkpoint whose
+    kv_cache_quant_algo (or static 8-bit float kv_cache_scheme) is FP8 (resolve_kv_cache_dtype_string);
+    other methods' schemes bring only scales. Llama-3.1-8B: 2 x 32 layers x 8 heads x 128 elements."""
+    s = spec({**config("llama-3.1-8b"), "quantization_config": quant})
+    assert s.kv_dtype_bytes == kv_bytes
+    assert s.kv_bytes_per_token() == (65_536 if kv_bytes == 1 else 131_072)
+
+
+def test_hf_quant_config_json_asks_for_the_fp8_cache_too_and_an_explicit_dtype_wins(tmp_path):
+    from schedlab.capacity import with_kv_cache_dtype
+    from schedlab.hf_config import spec_from_path
+
+    (tmp_path / "config.json").write_text(json.dumps(config("llama-3.1-8b")))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}))
+    s = spec_from_path(str(tmp_path), "--model")
+    assert s.kv_bytes_per_token() == 65_536
+    assert with_kv_cache_dtype(s, "auto").kv_bytes_per_token() == 65_536
+    assert with_kv_cache_dtype(s, "bfloat16").kv_bytes_per_token() == 131_072   # --kv-cache-dtype bfloat16
