@@ -58,7 +58,13 @@ MAX_DTYPE_BYTES = 8
 #: FP8 ones): bytes of one stored KV element, ``auto`` the model's own (``dtype_bytes``). An FP8
 #: cache keeps one scale per layer for K and one for V (``k_scale``, ``v_scale``), nothing per
 #: token; latent attention's latent and RoPE part are stored alike.
-KV_CACHE_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+                   "fp8_ds_mla": 1}
+#: DeepSeek's FP8 layout of a sparse-attention (DSA) model's latent (vLLM's ``fp8_ds_mla``, which
+#: ``DeepseekV32ForCausalLM.verify_and_update_config`` chooses for every FP8 cache there): the
+#: latent's non-RoPE part in FP8 with a float32 scale per this many values, the RoPE part in 16 bits
+#: (DeepSeek-V3.2: 512 + 4 x 4 + 2 x 64 = 656 bytes a token and layer; ``concat_and_cache_ds_mla``)
+DS_MLA_SCALE_GROUP = 128
 
 #: Tensor-parallel sizes tried when suggesting a fix for a model that does not fit.
 _SUGGESTED_TP = (2, 4, 8)
@@ -258,6 +264,23 @@ class ModelSpec:
         return self.kv_dtype_bytes if self.kv_dtype_bytes is not None else self.dtype_bytes
 
     @property
+    def fp8_ds_mla(self) -> bool:
+        """Whether the latent is kept in DeepSeek's ``fp8_ds_mla`` layout: a sparse-attention model's
+        FP8 cache (vLLM uses no other there)."""
+        return (self.kv_latent_dim is not None and self.sparse_attention_keys is not None
+                and self.kv_element_bytes == 1)
+
+    @property
+    def latent_bytes(self) -> int:
+        """Bytes of one token's latent in one layer (multi-head latent attention): ``kv_latent_dim``
+        elements, or in :attr:`fp8_ds_mla` layout the non-RoPE part in FP8 with its float32 scales
+        and the RoPE part in 16 bits."""
+        if not self.fp8_ds_mla:
+            return self.kv_latent_dim * self.kv_element_bytes
+        rest = self.kv_latent_dim - self.kv_rope_dim
+        return rest + 4 * math.ceil(rest / DS_MLA_SCALE_GROUP) + 2 * self.kv_rope_dim
+
+    @property
     def kv_layers(self) -> int:
         """Layers whose KV grows with every token: the full-attention ones. A sliding-window
         layer holds at most ``sliding_window`` tokens of a sequence (vLLM frees the blocks that
@@ -328,7 +351,7 @@ class ModelSpec:
         index = self.kv_layers * self.kv_index_bytes   # (a sparse-attention indexer's keys: on every rank)
         if self.kv_latent_dim is not None:
             _check_tensor_parallel(tensor_parallel)
-            return self.kv_layers * self.kv_latent_dim * self.kv_element_bytes + index
+            return self.kv_layers * self.latent_bytes + index
         heads = self.kv_heads_per_rank(tensor_parallel)
         return 2 * self.kv_layers * heads * self.head_dim * self.kv_element_bytes + index
 
@@ -349,6 +372,9 @@ def with_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     size = KV_CACHE_DTYPES[kv_cache_dtype]
+    if kv_cache_dtype == "fp8_ds_mla" and (model.kv_latent_dim is None or model.sparse_attention_keys is None):
+        raise ConfigError(f"kv_cache_dtype 'fp8_ds_mla' is DeepSeek's layout for sparse latent attention (DeepSeek-"
+                          f"V3.2), and {model.name} has none; use fp8")
     return model if size is None else attrs.evolve(model, kv_dtype_bytes=size)
 
 
@@ -357,7 +383,8 @@ def kv_cache_dtype_field():
     return str_field("auto", choices=tuple(KV_CACHE_DTYPES),
                      help="how the KV cache stores K and V, as vLLM's --kv-cache-dtype: auto (the model's dtype), "
                           "bfloat16, float16, fp8 (fp8_e4m3, fp8_e5m2): one byte an element, twice the tokens "
-                          "in the same memory and half the bytes each decode reads; set the same in [kv_cache] "
+                          "in the same memory and half the bytes each decode reads (a sparse-attention model's "
+                          "in DeepSeek's fp8_ds_mla layout, as vLLM keeps it); set the same in [kv_cache] "
                           "and [cost_model]")
 
 
@@ -722,7 +749,11 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
                    f"SGLang's window pool holds {s.swa_ratio:g} tokens per full-attention one)")
     elif pool_layers < m.num_layers:
         layers += f" (the other {m.sliding_window_layers} keep {m.sliding_window} tokens)"
-    if m.kv_latent_dim is not None:
+    if m.fp8_ds_mla:
+        rest = m.kv_latent_dim - m.kv_rope_dim
+        kv_text = (f"{layers} x ({rest} latent x 1 B + {math.ceil(rest / DS_MLA_SCALE_GROUP)} scales x 4 B + "
+                   f"{m.kv_rope_dim} RoPE x 2 B: fp8_ds_mla, on every rank)")
+    elif m.kv_latent_dim is not None:
         kv_text = f"{layers} x {m.kv_latent_dim} latent (K and V, on every rank) x {m.kv_element_bytes} B"
     else:
         kv_text = f"2 x {layers} x {heads_text} x {m.head_dim} head_dim x {m.kv_element_bytes} B"

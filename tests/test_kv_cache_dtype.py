@@ -20,7 +20,7 @@ from schedlab_plugins.kv_caches.settings import PoolConfig, pool_size
 
 CATALOG = load_catalog(entry_points=False)
 PRESETS = Presets.from_catalog(CATALOG)
-FP8 = [name for name, size in KV_CACHE_DTYPES.items() if size == 1]
+FP8 = [name for name, size in KV_CACHE_DTYPES.items() if size == 1 and name != "fp8_ds_mla"]  # (DSA models only)
 
 
 def test_an_fp8_cache_keeps_one_byte_an_element():
@@ -181,3 +181,20 @@ def test_a_cache_and_a_cost_model_in_two_dtypes_are_warned_about(tmp_path):
     with pytest.warns(InputWarning, match=r"the 'linear' cost model has no kv_cache_dtype: it times attention as it "
                                           r"was measured"):
         _load(tmp_path, 'kind = "linear"', 'kv_cache_dtype = "fp8"')
+
+
+def test_a_sparse_attention_models_fp8_cache_takes_deepseeks_fp8_ds_mla_layout():
+    """vLLM keeps DeepSeek-V3.2's FP8 cache as fp8_ds_mla (verify_and_update_config): per token and
+    layer 512 FP8 latent values + 4 float32 scales (one per 128) + 64 RoPE values in 16 bits = 656
+    bytes, beside the indexer's 132; 61 layers. DeepSeek-V3 (dense MLA) keeps 576 one-byte values."""
+    from schedlab.hf_config import spec_from_path
+
+    v32 = spec_from_path("tests/data/hf_configs/deepseek-v3.2.json", "--model")
+    assert v32.kv_bytes_per_token() == 61 * (576 * 2 + 132)
+    for name in ("fp8", "fp8_e4m3", "fp8_ds_mla"):
+        assert with_kv_cache_dtype(v32, name).kv_bytes_per_token(tensor_parallel=8) == 61 * (656 + 132)
+    assert with_kv_cache_dtype(PRESETS.model("deepseek-v3"), "fp8").kv_bytes_per_token() == 61 * 576
+    with pytest.raises(ConfigError, match="'fp8_ds_mla' is DeepSeek's layout for sparse latent attention"):
+        with_kv_cache_dtype(PRESETS.model("deepseek-v3"), "fp8_ds_mla")
+    with pytest.raises(ConfigError, match="fp8_ds_mla"):
+        with_kv_cache_dtype(PRESETS.model("llama-3.1-8b"), "fp8_ds_mla")
