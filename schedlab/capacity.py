@@ -521,7 +521,10 @@ class Presets:
             if found is not None:
                 return found
         known = sorted(set(registry.names()) | set(custom))
-        hint = difflib.get_close_matches(str(name).lower(), known, n=1)
+        lowered = str(name).lower()
+        # a name cut short ('h200' for 'h200-141gb') before a near spelling ('b200')
+        hint = sorted((k for k in known if lowered and k.startswith(lowered)), key=len)[:1] \
+            or difflib.get_close_matches(lowered, known, n=1)
         also = f" (did you mean {hint[0]!r}?)" if hint else ""
         if kind == "model" and isinstance(name, str) and "/" in name and not name.endswith(".json"):
             also = (" (a Hugging Face id no preset carries: declare its config.json, [models.<name>] config = "

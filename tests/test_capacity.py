@@ -220,6 +220,9 @@ def test_capacity_command_with_argparse(catalog):
                             catalog).count("\n") == 10
     with pytest.raises(UnknownPluginError, match="did you mean 'a100-80gb'"):
         capacity_command({"model": "llama-3-8b", "gpu": "a100-80g"}, catalog)
+    # a name cut short is completed before a near spelling of another ('h200' is not 'b200')
+    with pytest.raises(UnknownPluginError, match="did you mean 'h200-141gb'"):
+        capacity_command({"model": "llama-3-8b", "gpu": "h200"}, catalog)
 
 
 # --- presets lookup and TOML declarations -------------------------------------------------------
