@@ -290,3 +290,15 @@ def test_held_out_the_h100_preset_holds_aiconfigurators_all_reduces():
     readme = (REPO / "README.md").read_text()
     for line in derive_collectives.held_out_markdown(rows).splitlines():
         assert line in readme, line
+
+
+def test_a_two_gpu_ring_through_host_memory_runs_at_the_share_measured_on_hosts():
+    """NCCL's SHM transport: a 2-GPU ring reaches 17.28 / 20.02 of a 4-GPU ring's bus bandwidth on the
+    L40S host (the median of three hosts); peer-to-peer keeps one figure. 64 MiB between 2 GPUs of the
+    Gen5 host preset: 8.4 + 2 x 5.7 us + 64 MiB / (22.2 GB/s x 0.8631)."""
+    host, p2p = TOPOLOGIES["pcie-gen5-host"], TOPOLOGIES["pcie-gen5-p2p"]
+    assert host.island_bus_gbps(2) == pytest.approx(22.2 * 17.28 / 20.02, rel=1e-12)
+    assert host.island_bus_gbps(4) == host.island_bus_gbps(8) == 22.2
+    assert p2p.island_bus_gbps(2) == p2p.island_bus_gbps(8) == p2p.bus_gbps
+    expected_us = 8.4 + 2 * 5.7 + 64 * 2 ** 20 / (22.2e3 * 17.28 / 20.02)
+    assert Collectives(host, 2).all_reduce_ms(64 * 2 ** 20) == pytest.approx(expected_us * 1e-3, rel=1e-12)

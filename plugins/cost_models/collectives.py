@@ -41,6 +41,7 @@ parallel layer's all-reduces take their measured times on the machines they were
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Mapping
 
 import attrs
@@ -312,6 +313,20 @@ PCIE_P2P_GBPS = {"gen5": _d("h100_pairwise_nvlink", "all_reduce", 4, 4),
 #: about half the PCIe peer-to-peer rate ("9 or 6" GB/s against 12, NVIDIA/nccl#406). Gen4
 #: scales by the measured Gen4 / Gen5 peer-to-peer rings.
 PCIE_HOST_GBPS = {"gen5": 22.2, "gen4": 22.2 * PCIE_P2P_GBPS["gen4"] / PCIE_P2P_GBPS["gen5"]}
+#: Through host memory, a ring of 2 GPUs reaches less bus bandwidth than a ring of 4 or more on the
+#: same host (peer-to-peer does not: 21.1 GB/s at 2 GPUs and 21.0 at 4 on the L40S host below).
+#: Measured ratios of the all-reduce bus bandwidth at 2 ranks to that at 4, one host each, NCCL's
+#: SHM transport (its log says ``via SHM``), at the largest size measured:
+SHM_TWO_RANK_MEASURED = {
+    "4 x L40S (cloud VM), NCCL 2.31.2, nccl-tests medians of 10 at 256 MB: arms AL (NCCL_P2P_LEVEL=LOC) and Q "
+    "(github.com/Robert-N-Myhre/gpu-communication-boundaries-case-study, lab-05-nccl-analysis.txt)": 17.28 / 20.02,
+    "4 x L4 (AWS g6.12xlarge), NCCL 2.30.7, NCCL_P2P_DISABLE=1, 64 MiB (github.com/akamaslabs/vllm-benchmark, "
+    "studies/18-l4-pd-disaggregation-tps-per-gpu/results/diag-2026-09-24.log)": 3.76 / 5.39,
+    "4 x RTX 4090 (docker), nccl-tests at 2 GB (github.com/kalavai-net/kalavai-client, scripts/README.md)": 2.24 / 2.59,
+}
+#: Their median (0.863): a 2-GPU ring through host memory runs at this share of :data:`PCIE_HOST_GBPS`,
+#: measured on 8 GPUs (rings of 4 and 8 are taken alike).
+SHM_TWO_RANK_RATIO = statistics.median(SHM_TWO_RANK_MEASURED.values())
 
 def _nvlink_pairs(gpu: str, gen: str) -> Topology:
     """Vidur's 4-GPU boxes: NVLink bridges in pairs, PCIe between the pairs."""
@@ -336,9 +351,12 @@ def _pcie(gen: str, p2p: bool) -> Topology:
     (:data:`PCIE_HOST_GBPS`)."""
     how = ("with peer-to-peer", "the NCCL ring across PCIe in Vidur's NVLink-pair boxes (PCIE_P2P_GBPS)") if p2p \
         else ("without peer-to-peer", "NCCL's SHM transport through host memory (PCIE_HOST_GBPS)")
+    bus = (PCIE_P2P_GBPS if p2p else PCIE_HOST_GBPS)[gen]
+    by_ranks = {} if p2p else {2: bus * SHM_TWO_RANK_RATIO, 4: bus}
     return Topology(f"pcie-{gen}-{'p2p' if p2p else 'host'}", link="pcie" if p2p else "host", gpus_per_node=8,
-                    bus_gbps=(PCIE_P2P_GBPS if p2p else PCIE_HOST_GBPS)[gen],
-                    source=f"PCIe {gen.capitalize()} x16 {how[0]} ({PCIE_CARDS[gen, p2p]}): {how[1]}")
+                    bus_gbps=bus, bus_gbps_by_ranks=by_ranks,
+                    source=f"PCIe {gen.capitalize()} x16 {how[0]} ({PCIE_CARDS[gen, p2p]}): {how[1]}"
+                           + ("" if p2p else "; 2 GPUs at SHM_TWO_RANK_RATIO of it, measured on three hosts"))
 
 
 TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
