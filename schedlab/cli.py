@@ -87,13 +87,22 @@ def cmd_run(args) -> int:
         done = results.execution
         print(f"schedlab: {done['simulations']} simulations in {done['wall_s']:.1f} s, {done['executor']}",
               file=sys.stderr)
-        written = []
+        written, failed = [], None
         for name, report in reports:
-            written += _written(name, report, report.write(results, stage.path))
+            try:
+                written += _written(name, report, report.write(results, stage.path))
+            except Exception as exc:  # a report's own failure: the results and the other reports are kept
+                failed = plugin_error(exc, exp.context.catalog, exp.context.source) or exc
+                if not isinstance(failed, SchedlabError):
+                    raise
+                break
         table = _table_text(exp.context.catalog, results, exp.report_tables.get("table", {}), f"{exp.path}")
         written.append(index_page.write(stage.path, results, table_text=table, experiment_settings=exp.raw,
                                         run_settings={r.name: r.settings for r in results.all_runs()}))
         stage.commit()
+    if failed is not None:
+        raise type(failed)(f"{failed}; the {len(written)} files written before it are in {out}",
+                           *([failed.details] if isinstance(failed, PluginError) else []))
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
 

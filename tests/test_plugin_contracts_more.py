@@ -295,9 +295,30 @@ def test_a_report_whose_write_returns_none_is_named(plugin, capsys):
         def schedlab_register_reports(register):
             register("quiet", Quiet)
         """, reports='"json", "quiet"')
-    assert one_line(code, capsys.readouterr().err) == (
+    assert one_line(code, capsys.readouterr().err).startswith(
         "report 'quiet' (Quiet): write() returned None (NoneType); it must return the list of files it wrote ([] for "
-        "none)")
+        "none); the ")
+
+
+def test_a_failing_report_keeps_the_results_and_the_reports_written_before_it(plugin, capsys, tmp_path):
+    """The simulation's results are not thrown away with a report that raises: the folder is
+    committed with what the reports before it wrote (and the index), and the error says where."""
+    code, _ = plugin("""
+        class Broken:
+            def write(self, results, out_dir):
+                raise RuntimeError("report broke midway")
+
+        @schedlab.hookimpl
+        def schedlab_register_reports(register):
+            register("broken", Broken)
+        """, reports='"json", "broken"')
+    err = one_line(code, capsys.readouterr().err)
+    out = tmp_path / "out"
+    assert ": report 'broken' (plugin contract_plugin_" in err, err
+    assert "raised RuntimeError: report broke midway" in err, err
+    files = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # (not the folder's marker)
+    assert err.endswith(f"; the {len(files)} files written before it are in {out}"), (err, files)
+    assert {"summary.json", "requests.csv", "index.html"} <= set(files)
 
 
 # -- a factory registered as an instance -----------------------------------------------------------------------
