@@ -91,7 +91,7 @@ def cmd_run(args) -> int:
         for name, report in reports:
             try:
                 written += _written(name, report, report.write(results, stage.path))
-            except Exception as exc:  # a report's own failure: the results and the other reports are kept
+            except (Exception, SystemExit, GeneratorExit) as exc:  # a report's own: the results and the others kept
                 failed = plugin_error(exc, exp.context.catalog, exp.context.source) or exc
                 if not isinstance(failed, SchedlabError):
                     raise
@@ -122,7 +122,7 @@ def _plugin_errors(catalog, where: str):
     :class:`~schedlab.errors.PluginError`; anything else passes as it is."""
     try:
         yield
-    except Exception as exc:
+    except (Exception, SystemExit, GeneratorExit) as exc:
         error = plugin_error(exc, catalog, where)
         if error is None:
             raise
@@ -405,7 +405,7 @@ def _error(exc: SchedlabError) -> int:
     return 2
 
 
-def _plugin_error_of(exc: Exception, args) -> PluginError | None:
+def _plugin_error_of(exc: BaseException, args) -> PluginError | None:
     """``exc`` as a :class:`~schedlab.errors.PluginError` when a plugin raised it outside a run's
     own plugins' reach (loading or checking a file, a hunt, ``plot``): judged with the plugins
     the command's file lists (``[experiment] plugins``) and the installed ones."""
@@ -477,7 +477,7 @@ def _main(args) -> int:
                 _say(f"schedlab: {what}; no results were written (a previous results folder is left as it was)"
                      if args.func in (cmd_run, cmd_hunt) else f"schedlab: {what}")
             return status
-        except Exception as exc:
+        except (Exception, SystemExit, GeneratorExit) as exc:  # (a plugin's sys.exit(): its error, never exit 0)
             error = _plugin_error_of(exc, args)
             if error is None:
                 raise  # a bug in schedlab itself: its traceback is wanted

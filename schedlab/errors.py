@@ -77,22 +77,35 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
     built-in scheduler called), else the registered name the outermost plugin frame belongs to
     -- and the line of the innermost plugin frame, where the plugin raised or called what raised;
     ``where`` goes in front.
-    Schedlab's own errors, ``MemoryError`` and anything not an ``Exception`` give None, as does
-    an exception raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
+    A plugin's ``sys.exit()`` (``SystemExit``) and ``GeneratorExit`` count as its exceptions (an
+    exit status 0 with no results said nothing); a plugin frame found only in the exceptions that
+    led to ``exc`` (its ``__cause__`` or ``__context__``: a ``StopIteration`` a generator raised,
+    which Python turns into a ``RuntimeError`` in the frame that read it) counts too.
+    Schedlab's own errors, ``MemoryError``, interrupts and other ``BaseException`` give None, as
+    does an exception raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
     """
-    if not isinstance(exc, Exception) or isinstance(exc, (SchedlabError, MemoryError)):
+    if not isinstance(exc, (Exception, SystemExit, GeneratorExit)) or isinstance(exc, (SchedlabError, MemoryError)):
         return None
     try:
         entries = [entry for registry in catalog.registries.values() for entry in registry]
         packages = _plugin_packages(catalog, entries)
     except Exception:  # (not a catalog: nothing to go by)
         return None
-    frames = [(frame, line) for frame, line in traceback.walk_tb(exc.__traceback__)
-              if _package_of(frame.f_globals.get("__name__")) in packages]
+    frames = []
+    for link in _chain(exc):
+        frames = [(frame, line) for frame, line in traceback.walk_tb(link.__traceback__)
+                  if _package_of(frame.f_globals.get("__name__")) in packages]
+        if frames:
+            break
     if not frames:
         return None
     inner, line = frames[-1]
-    text = " ".join(str(exc).split())
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:  # (an exception whose __str__ raises)
+        text = "(its message could not be shown)"
+    if isinstance(exc, SystemExit):
+        text = f"sys.exit({text})" if text else "sys.exit()"
     what = f"{_culprit([frame for frame, _ in frames], entries)} raised {type(exc).__name__}" + \
         (f": {text}" if text else "")
     code = inner.f_code
@@ -101,6 +114,17 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
     error = PluginError(f"{where}: {message}" if where else message, "".join(traceback.format_exception(exc)))
     error.__cause__ = exc  # (in this process: the original, for a debugger or an API caller)
     return error
+
+
+def _chain(exc: BaseException, most: int = 16) -> list[BaseException]:
+    """``exc`` and the exceptions that led to it (``__cause__``, else ``__context__``), nearest first."""
+    chain = [exc]
+    while len(chain) < most:
+        link = chain[-1].__cause__ or chain[-1].__context__
+        if link is None or link in chain:
+            break
+        chain.append(link)
+    return chain
 
 
 def _package_of(module: object) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 
 import attrs
 
-from .configs import MAX_TIME_MS, MAX_TOKENS, bound_text
+from .configs import MAX_REQUESTS, MAX_TIME_MS, MAX_TOKENS, bound_text
 from .errors import WorkloadError
 
 
@@ -133,6 +133,8 @@ def checked_requests(requests: Iterable, who: str) -> Iterator[Request]:
                             "returns or yields the run's schedlab.Request objects") from None
     previous = None
     for expected, request in enumerate(requests):
+        if expected >= MAX_REQUESTS:
+            raise _too_many(who)
         if not isinstance(request, Request):
             raise WorkloadError(f"{who} yielded {_shown(request)} (a {type(request).__name__}) as its request "
                                 f"{expected}; a workload yields schedlab.Request objects")
@@ -197,11 +199,19 @@ class FollowUps:
             if follow_up.id in ids:
                 raise self._repeated(follow_up)
             ids.add(follow_up.id)
+        if len(ids) > MAX_REQUESTS:
+            raise _too_many(self.who)
         return released
 
     def _repeated(self, request: Request) -> WorkloadError:
         return WorkloadError(f"{self.who} gave two requests with id {request.id} (on_finish released one of them): "
                              "each request of a run has an id of its own")
+
+
+def _too_many(who: str) -> WorkloadError:
+    """A workload past a run's most requests (an endless generator, a closed loop that never stops)."""
+    return WorkloadError(f"{who} gave more than {MAX_REQUESTS:,} requests, a run's most: bound it (a number of "
+                         "requests or a duration)")
 
 
 def _shown(value, most: int = 80) -> str:

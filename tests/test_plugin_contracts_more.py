@@ -152,6 +152,82 @@ def test_requests_are_checked_as_they_are_streamed():
         next(stream)
 
 
+def test_an_endless_workload_stops_at_a_runs_most_requests(monkeypatch):
+    """An endless generator, or a closed loop whose finishes always release another request, is
+    refused at the run's most requests (10**7; 5 here) instead of running for ever."""
+    import schedlab.model as model
+
+    monkeypatch.setattr(model, "MAX_REQUESTS", 5)
+
+    def endless():
+        for i in itertools.count():
+            yield Request(id=i, arrival_ms=float(i), prompt_tokens=1, output_tokens=1)
+
+    stream = checked_requests(endless(), "workload 'endless'")
+    assert [next(stream).id for _ in range(5)] == [0, 1, 2, 3, 4]
+    with pytest.raises(WorkloadError, match=r"^workload 'endless' gave more than 5 requests, a run's most: bound it"):
+        next(stream)
+
+    class Loop:
+        def on_finish(self, request, now_ms):
+            return [Request(id=request.id + 1, arrival_ms=now_ms, prompt_tokens=1, output_tokens=1)]
+
+    follow_ups = model.FollowUps(Loop(), "workload 'loop'")
+    for i in range(5):
+        follow_ups(Request(id=i, arrival_ms=0.0, prompt_tokens=1, output_tokens=1), 1.0)
+    with pytest.raises(WorkloadError, match=r"^workload 'loop' gave more than 5 requests"):
+        follow_ups(Request(id=5, arrival_ms=0.0, prompt_tokens=1, output_tokens=1), 1.0)
+
+
+QUITTING = """
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+class Weird(Exception):
+    def __str__(self):
+        raise RuntimeError("no text")
+
+class Quits(ContinuousScheduler):
+    def schedule(self, plan):
+        {body}
+
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("quits", Quits, config=ContinuousConfig)
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("body, raised", [
+    ("import sys; sys.exit(0)", "SystemExit: sys.exit(0)"),   # used to end the command with status 0, no results
+    ("raise GeneratorExit", "GeneratorExit"),                  # used to print a traceback
+    ("raise Weird()", "Weird: (its message could not be shown)"),  # the error handler itself failed
+])
+def test_a_plugin_that_exits_or_cannot_say_why_is_named(plugin, capsys, engine, body, raised):
+    code, path = plugin(QUITTING.format(body=body), '[scheduler]\nkind = "quits"\n', engine=engine)
+    err = one_line(code, capsys.readouterr().err)
+    assert re.fullmatch(rf"{re.escape(str(path))}: run 'contract': scheduler 'quits' \(plugin contract_plugin_\d+\) "
+                        rf"raised {re.escape(raised)} \(contract_plugin_\d+\.py:\d+ in Quits\.schedule; .*\)", err), err
+
+
+def test_a_stopiteration_in_a_workloads_generator_names_the_workload(plugin, capsys):
+    """Python turns it into a RuntimeError raised where schedlab reads the generator; the plugin's
+    frame is in the exception that led to it."""
+    code, path = plugin("""
+        class Stops:
+            def requests(self, seed):
+                yield Request(id=0, arrival_ms=0.0, prompt_tokens=5, output_tokens=2)
+                raise StopIteration
+
+        @schedlab.hookimpl
+        def schedlab_register_workloads(register):
+            register("stops", Stops)
+        """, workload='[workload]\nkind = "stops"\n')
+    err = one_line(code, capsys.readouterr().err)
+    assert re.match(rf"{re.escape(str(path))}: run 'contract': workload 'stops' \(plugin contract_plugin_\d+\) raised "
+                    r"RuntimeError: generator raised StopIteration \(contract_plugin_\d+\.py:\d+ in Stops\.requests;",
+                    err), err
+
+
 def test_equal_arrival_times_are_in_order():
     requests = [Request(id=i, arrival_ms=5.0, prompt_tokens=1, output_tokens=1) for i in range(3)]
     assert list(checked_requests(iter(requests), "workload 'x'")) == requests

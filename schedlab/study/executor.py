@@ -87,7 +87,7 @@ def run_task(task: RunTask, context: Context | None = None, observer: Callable |
     in schedlab itself) is raised as it is."""
     try:
         return execute(task, context, observer)
-    except Exception as exc:
+    except (Exception, SystemExit, GeneratorExit) as exc:  # (a plugin's sys.exit() is its error, not ours)
         try:
             catalog = (context if context is not None else task.context.build()).catalog
         except Exception:  # (it built a moment ago; if not now, there is nothing to go by)
