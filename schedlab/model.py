@@ -8,6 +8,7 @@ progress is a pair of counters, never one object per token.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Iterable, Iterator
 
 import attrs
@@ -16,11 +17,34 @@ from .configs import MAX_REQUESTS, MAX_TIME_MS, MAX_TOKENS, bound_text
 from .errors import WorkloadError
 
 
+def _whole(value) -> bool:
+    """An int (numpy's too), not a bool or a float, however whole."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _check_request(req: "Request") -> None:
+    for name in ("prompt_tokens", "output_tokens", "max_tokens", "prefix_tokens", "hash_block_tokens", "priority"):
+        value = getattr(req, name)
+        if value is not None and not _whole(value):  # (50.5 tokens crashed one engine and ran on the other)
+            raise WorkloadError(f"request {req.id}: {name} must be a whole number (an int), got {_shown(value)} "
+                                f"(a {type(value).__name__})")
     for name in ("prompt_tokens", "output_tokens", "max_tokens"):
         value = getattr(req, name)
         if value is not None and not 1 <= value <= MAX_TOKENS:
             raise WorkloadError(f"request {req.id}: {name} must be from 1 to {bound_text(MAX_TOKENS)}, got {value}")
+    for name in ("client", "request_class"):
+        value = getattr(req, name)
+        if not isinstance(value, str):
+            raise WorkloadError(f"request {req.id}: {name} must be text, got {_shown(value)} (a {type(value).__name__})")
+    if req.block_hashes is not None and not isinstance(req.block_hashes, tuple):
+        raise WorkloadError(f"request {req.id}: block_hashes must be a tuple of hash ids, got "
+                            f"{_shown(req.block_hashes)} (a {type(req.block_hashes).__name__})")
+    for name in ("prefix_group", "block_hashes"):
+        try:
+            hash(getattr(req, name))
+        except TypeError:  # (a list: a prefix cache keys on it)
+            raise WorkloadError(f"request {req.id}: {name} must be hashable (a str, an int or a tuple of them), got "
+                                f"{_shown(getattr(req, name))}") from None
     if not 0.0 <= req.arrival_ms <= MAX_TIME_MS:  # also rejects NaN
         raise WorkloadError(f"request {req.id}: arrival_ms must be from 0 to {MAX_TIME_MS:g} (about 31.7 years), "
                             f"got {req.arrival_ms:g}")

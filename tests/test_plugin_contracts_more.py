@@ -228,6 +228,27 @@ def test_a_stopiteration_in_a_workloads_generator_names_the_workload(plugin, cap
                     err), err
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("prompt_tokens", 50.5, "prompt_tokens must be a whole number (an int), got 50.5 (a float)"),
+    ("prompt_tokens", 50.0, "prompt_tokens must be a whole number (an int), got 50.0 (a float)"),
+    ("max_tokens", 10.5, "max_tokens must be a whole number (an int), got 10.5 (a float)"),
+    ("output_tokens", True, "output_tokens must be a whole number (an int), got True (a bool)"),
+    ("priority", "high", "priority must be a whole number (an int), got 'high' (a str)"),
+    ("priority", math.nan, "priority must be a whole number (an int), got nan (a float)"),
+    ("client", None, "client must be text, got None (a NoneType)"),
+    ("request_class", 3, "request_class must be text, got 3 (a int)"),
+    ("prefix_group", [1], "prefix_group must be hashable (a str, an int or a tuple of them), got [1]"),
+    ("block_hashes", [1, 2], "block_hashes must be a tuple of hash ids, got [1, 2] (a list)"),
+    ("block_hashes", ([1], [2]), "block_hashes must be hashable (a str, an int or a tuple of them), got ([1], [2])"),
+])
+def test_a_requests_fields_are_checked_for_their_type_not_only_their_range(field, value, message):
+    """Float token counts crashed the fast engine and ran on the reference one; a text priority, a
+    None client or a list for a prefix group failed far from the workload that made them."""
+    with pytest.raises(WorkloadError, match=r"^request 0: " + re.escape(message) + "$"):
+        Request(**{"id": 0, "arrival_ms": 0.0, "prompt_tokens": 100, "output_tokens": 5, field: value})
+    assert Request(id=0, arrival_ms=0.0, prompt_tokens=np.int64(100), output_tokens=np.int32(5)).prompt_tokens == 100
+
+
 def test_equal_arrival_times_are_in_order():
     requests = [Request(id=i, arrival_ms=5.0, prompt_tokens=1, output_tokens=1) for i in range(3)]
     assert list(checked_requests(iter(requests), "workload 'x'")) == requests
