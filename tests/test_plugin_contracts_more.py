@@ -209,6 +209,40 @@ def test_a_plugin_that_exits_or_cannot_say_why_is_named(plugin, capsys, engine, 
                         rf"raised {re.escape(raised)} \(contract_plugin_\d+\.py:\d+ in Quits\.schedule; .*\)", err), err
 
 
+PLANNING = """
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+class Odd(ContinuousScheduler):
+    def schedule(self, plan):
+        plan.decode_all()
+        for seq in list(plan.waiting):
+            {call}
+
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("odd", Odd, config=ContinuousConfig)
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("call, message", [
+    ("plan.admit(seq, seq.num_tokens / 2)", "admit(): request 0: num_tokens must be a whole number (an int), the "
+                                            "scheduler gave 50.0 (a float)"),
+    ("plan.admit(seq, True)", "admit(): request 0: num_tokens must be a whole number (an int), the scheduler gave "
+                              "True (a bool)"),
+    ("plan.admit(seq, 100, reserve_tokens=104.5)", "admit(): request 0: reserve_tokens must be a whole number (an "
+                                                   "int), the scheduler gave 104.5 (a float)"),
+    ("plan.wake_at('3000')", "wake_at('3000'): give a time in ms (a number; inf for never)"),
+    ("plan.wake_at(math.nan)", "wake_at(nan): give a time in ms (a number; inf for never)"),
+])
+def test_a_plan_call_with_a_count_or_time_of_the_wrong_type_is_refused_on_both_engines(plugin, capsys, engine, call,
+                                                                                        message):
+    """50.0 tokens crashed the fast engine and ran on the reference one; wake_at('3000') failed in
+    the engine later, wake_at(nan) ended as a stall blamed on empty iterations."""
+    code, path = plugin(PLANNING.format(call=call), '[scheduler]\nkind = "odd"\n', engine=engine)
+    assert one_line(code, capsys.readouterr().err) == f"{path}: run 'contract': {message}"
+
+
 def test_a_stopiteration_in_a_workloads_generator_names_the_workload(plugin, capsys):
     """Python turns it into a RuntimeError raised where schedlab reads the generator; the plugin's
     frame is in the exception that led to it."""

@@ -7,6 +7,8 @@ scheduler's later decisions in the same call see them. The instance then execute
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import operator
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,21 @@ from .stages import IN_FLIGHT
 
 if TYPE_CHECKING:
     from .instance import Instance
+
+
+def check_counts(what: str, seq, **counts) -> None:
+    """Refuse a token count a scheduler gave a Plan call that is not a whole number (50.0 or 68.5
+    tokens crashed the fast engine, ran on the reference engine; ``True`` was one token)."""
+    for name, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise SimulationError(f"{what}(): request {seq.request.id}: {name} must be a whole number (an int), the "
+                                  f"scheduler gave {brief(value)} (a {type(value).__name__})")
+
+
+def check_wake(time_ms) -> None:
+    """Refuse a ``wake_at`` time that is not a number, or NaN (it compared false with every time)."""
+    if isinstance(time_ms, bool) or not isinstance(time_ms, numbers.Real) or math.isnan(time_ms):
+        raise SimulationError(f"wake_at({brief(time_ms)}): give a time in ms (a number; inf for never)")
 
 
 def check_reason(seq, reason) -> str:
@@ -468,6 +485,7 @@ class FastPlan:
         if self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} is already in this iteration")
         k = self.drafts_for(seq)
+        check_counts("decode", seq, num_tokens=num_tokens)
         if num_tokens is None:
             num_tokens = 1 + k
         elif not 1 <= num_tokens <= 1 + k:
@@ -520,6 +538,7 @@ class FastPlan:
               padding: int = 0) -> bool:
         if seq.status != WAITING:
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}, not waiting")
+        check_counts("admit", seq, num_tokens=num_tokens, reserve_tokens=reserve_tokens, padding=padding)
         hit = self.cached_tokens(seq)
         left = seq.num_tokens - hit
         if not 1 <= num_tokens <= left:
@@ -565,6 +584,7 @@ class FastPlan:
     def prefill(self, seq, num_tokens: int) -> bool:
         if seq.status != PREFILLING:
             raise SimulationError(f"prefill(): request {seq.request.id} is {seq.status}, not prefilling")
+        check_counts("prefill", seq, num_tokens=num_tokens)
         left = seq.num_tokens - seq.num_computed_tokens
         if not 1 <= num_tokens <= left:
             raise SimulationError(
@@ -709,6 +729,7 @@ class FastPlan:
         return True
 
     def wake_at(self, time_ms: float) -> None:
+        check_wake(time_ms)
         if self.wake is None or time_ms < self.wake:
             self.wake = time_ms
 

@@ -21,7 +21,8 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import Refusals, check_reason, limit_hook, prefix_hits, refusal, rejection_hook, schedule_returned
+from .plan import (Refusals, check_counts, check_reason, check_wake, limit_hook, prefix_hits, refusal, rejection_hook,
+                   schedule_returned)
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -213,6 +214,7 @@ class RefPlan:
         if seq.status != "decoding" or self.skipped_decode or self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} cannot decode now")
         k = self.drafts_for(seq)
+        check_counts("decode", seq, num_tokens=num_tokens)
         n = 1 + k if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
@@ -245,6 +247,7 @@ class RefPlan:
               padding: int = 0) -> bool:
         if seq.status != "waiting":
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}")
+        check_counts("admit", seq, num_tokens=num_tokens, reserve_tokens=reserve_tokens, padding=padding)
         hit = self.cached_tokens(seq)
         if not 1 <= num_tokens <= seq.num_tokens - hit:
             raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
@@ -308,6 +311,7 @@ class RefPlan:
     def prefill(self, seq, num_tokens: int) -> bool:
         if seq.status != "prefilling" or seq.mark == self.serial:
             raise SimulationError(f"prefill(): request {seq.request.id} cannot prefill now")
+        check_counts("prefill", seq, num_tokens=num_tokens)
         if not 1 <= num_tokens <= seq.num_tokens - seq.num_computed_tokens:
             raise SimulationError(f"prefill(): bad token count {num_tokens} for request {seq.request.id}")
         lookahead = self.lookahead  # (see admit)
@@ -508,6 +512,7 @@ class RefPlan:
         return True
 
     def wake_at(self, time_ms: float) -> None:
+        check_wake(time_ms)
         if self.wake is None or time_ms < self.wake:
             self.wake = time_ms
 
