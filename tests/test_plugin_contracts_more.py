@@ -243,6 +243,30 @@ def test_a_plan_call_with_a_count_or_time_of_the_wrong_type_is_refused_on_both_e
     assert one_line(code, capsys.readouterr().err) == f"{path}: run 'contract': {message}"
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_scheduler_that_loses_requests_from_its_waiting_queue_is_caught(plugin, capsys, engine):
+    """Removing requests from plan.waiting by hand (not through admit or reject) used to end with
+    exit 0 and results holding fewer requests than arrived -- both engines alike."""
+    code, path = plugin("""
+        from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+        class Loses(ContinuousScheduler):
+            def schedule(self, plan):
+                for seq in list(plan.waiting)[1:]:
+                    plan.waiting.remove(seq)
+                return super().schedule(plan)
+
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("loses", Loses, config=ContinuousConfig)
+        """, '[scheduler]\nkind = "loses"\n', engine=engine)
+    err = one_line(code, capsys.readouterr().err)
+    found = re.fullmatch(rf"{re.escape(str(path))}: run 'contract': 8 requests arrived but (\d) left the run "
+                         r"\(finished, rejected or aborted\): the scheduler \('loses'\) or its waiting queue lost (\d); "
+                         r"a scheduler takes requests out of plan.waiting only through the plan .*", err)
+    assert found and int(found[1]) + int(found[2]) == 8 and int(found[2]) > 0, err
+
+
 def test_a_stopiteration_in_a_workloads_generator_names_the_workload(plugin, capsys):
     """Python turns it into a RuntimeError raised where schedlab reads the generator; the plugin's
     frame is in the exception that led to it."""

@@ -1093,6 +1093,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         requests = checked_requests(a.workload.requests(spec.seed), f"workload {kind!r}")
         if spec.part:
             router, indices, requests = _part_of_run(spec, a, requests, where)
+        requests = delivered = _Counted(requests)
         lockstep = scaling = None
         if spec.engine == "reference":
             engines = [ReferenceEngine(s, seen[i], k, recorder, index=i, speculation=speculation, meter=meters[i])
@@ -1192,6 +1193,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                  "dummy_rank_steps": lockstep.dummy_steps, "experts_ms": lockstep.experts_ms}
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables, ctx), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
+    if not getattr(a.workload, "closed_loop", False):  # (a closed loop's follow-ups come from on_finish)
+        _check_conserved(delivered.count, result.metrics.get("requests"), spec, where)
     # A replayed real run, or a summary of one: compared with the whole run (a partitioned run's
     # parts once merged, schedlab.study.partition).
     result.measured = getattr(a.workload, "measured", None)
@@ -1199,6 +1202,36 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if not spec.part:
         compare_with_real_run(result)
     return result
+
+
+class _Counted:
+    """An iterator of a run's requests that counts those the engines took."""
+
+    __slots__ = ("_it", "count")
+
+    def __init__(self, requests):
+        self._it, self.count = iter(requests), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        request = next(self._it)
+        self.count += 1
+        return request
+
+
+def _check_conserved(delivered: int, rows, spec: RunSpec, where: str) -> None:
+    """Every request the engines took left the run once -- finished, rejected or aborted -- or the
+    results would silently hold fewer (a scheduler that removes requests from its waiting queue
+    itself, or a queue of its own that drops them, used to end with exit 0)."""
+    if isinstance(rows, int) and rows != delivered:
+        scheduler = spec.tables.get("scheduler", {}).get("kind")
+        raise SimulationError(f"{where}: {delivered} requests arrived but {rows} left the run (finished, rejected or "
+                              f"aborted): the scheduler ({scheduler!r}) or its waiting queue lost "
+                              f"{delivered - rows}; a scheduler takes requests out of plan.waiting only through the "
+                              "plan (admit, reject), and a waiting queue of its own keeps every request pushed until "
+                              "it is removed")
 
 
 def _serve(spec: RunSpec, a: Assembled, requests, units: list, router, reference_cluster, scaling) -> None:
