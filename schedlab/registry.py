@@ -76,7 +76,7 @@ class Registry:
         that is not frozen or has fields nothing checks."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
-        if config is not None and not attrs.has(config):
+        if config is not None and not (isinstance(config, type) and attrs.has(config)):  # (an instance: attrs.has too)
             raise TypeError(f"{self.kind} {name!r}: config must be an attrs class, got {config!r}")
         if config is not None and any(a.name == "kind" for a in attrs.fields(config)):
             raise TypeError(f"{self.kind} {name!r}: config {_class_name(config)} has a field named 'kind', which no "

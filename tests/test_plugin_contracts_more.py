@@ -267,6 +267,45 @@ def test_a_scheduler_that_loses_requests_from_its_waiting_queue_is_caught(plugin
     assert found and int(found[1]) + int(found[2]) == 8 and int(found[2]) > 0, err
 
 
+@pytest.mark.parametrize("kind, attribute, value, want", [
+    ("kv", "num_blocks", "'200'", "its num_blocks is '200' (a str); the KVCache protocol wants a whole number >= 0"),
+    ("kv", "block_size", "16.5", "its block_size is 16.5 (a float); the KVCache protocol wants a whole number >= 1"),
+    ("kv", "block_size", "-16", "its block_size is -16 (a int); the KVCache protocol wants a whole number >= 1"),
+    ("scheduler", "slots", "-4", "its slots is -4 (a int); the Scheduler protocol wants a whole number >= 1 or None"),
+    ("scheduler", "max_in_flight", "0", "its max_in_flight is 0 (a int); the Scheduler protocol wants a whole number "
+                                        ">= 1 or None"),
+    ("scheduler", "plans_ahead", "'no'", "its plans_ahead is 'no' (a str); the Scheduler protocol wants True or False"),
+])
+def test_a_plugins_numbers_and_flags_are_checked_when_it_is_built(plugin, capsys, kind, attribute, value, want):
+    """A text num_blocks or slots failed deep in the engine or in the metrics after the run; a
+    negative block size or slot count ran on with wrong numbers (-41% utilisation); truthy text
+    planned ahead."""
+    code, path = plugin(f"""
+        from schedlab_plugins.kv_caches import PagedKVCache
+        from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+        class Odd{'KV(PagedKVCache)' if kind == 'kv' else 'Scheduler(ContinuousScheduler)'}:
+            def __init__(self, *args, **kwargs):
+                super().__init__({'200' if kind == 'kv' else '*args, **kwargs'})
+                self.{attribute} = {value}
+
+        @schedlab.hookimpl
+        def schedlab_register_{'kv_caches' if kind == 'kv' else 'schedulers'}(register):
+            register("odd", Odd{'KV' if kind == 'kv' else 'Scheduler'},
+                     config={'None' if kind == 'kv' else 'ContinuousConfig'})
+        """, f'[{"kv_cache" if kind == "kv" else "scheduler"}]\nkind = "odd"\n')
+    err = one_line(code, capsys.readouterr().err)
+    table = "kv_cache" if kind == "kv" else "scheduler"
+    assert re.fullmatch(rf"{re.escape(str(path))}: \[{table}\]: {'kv cache' if kind == 'kv' else 'scheduler'} 'odd' "
+                        rf"\(plugin contract_plugin_\d+\): {re.escape(want)} \(schedlab/protocols.py\)", err), err
+
+
+def test_a_config_registered_as_an_instance_is_refused():
+    registry = Registry("scheduler")
+    with pytest.raises(TypeError, match=r"^scheduler 'x': config must be an attrs class, got ContinuousConfig\("):
+        registry.register("x", ContinuousScheduler, config=ContinuousConfig())
+
+
 def test_a_stopiteration_in_a_workloads_generator_names_the_workload(plugin, capsys):
     """Python turns it into a RuntimeError raised where schedlab reads the generator; the plugin's
     frame is in the exception that led to it."""

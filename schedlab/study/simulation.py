@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import numbers
 import sys
 import time
 import warnings
@@ -40,7 +41,8 @@ from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineClus
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
-from ..errors import ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError, entry_label
+from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError, brief,
+                      entry_label)
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import checked_requests
 from ..targets import TargetConfig, compare_with_real_run, unmetered_energy_left_out
@@ -288,6 +290,16 @@ def _lacks(obj, members) -> list[str]:
     return missing
 
 
+#: Attributes the engines read as numbers or flags, by kind: ``name: (least, optional)`` -- a whole
+#: number >= least (None: a bool), or None where optional. Unchecked, a text ``num_blocks`` or a
+#: negative ``block_size`` failed deep in the engine or ran on with wrong numbers.
+ATTRIBUTES = {
+    "kv_cache": {"block_size": (1, False), "num_blocks": (0, False)},
+    "scheduler": {"slots": (1, True), "max_in_flight": (1, True), "plans_ahead": (None, True),
+                  "stable_between_events": (None, True)},
+}
+
+
 def check_protocol(entry, obj) -> None:
     """Raise :class:`ConfigError` when ``obj``, what ``entry``'s factory made, lacks a member its
     kind's protocol requires (:data:`REQUIRED`), or, for a scheduler, when the queue its
@@ -298,6 +310,16 @@ def check_protocol(entry, obj) -> None:
     if missing:
         raise ConfigError(f"{entry_label(entry)}: the object its factory made has no {', '.join(missing)} "
                           f"(the {protocol} protocol: schedlab/protocols.py)")
+    for name, (least, optional) in ATTRIBUTES.get(entry.kind, {}).items():
+        value = getattr(obj, name, None)
+        if value is None and (optional or not hasattr(obj, name)):
+            continue
+        wrong = (not isinstance(value, bool)) if least is None else \
+            isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least
+        if wrong:
+            want = "True or False" if least is None else f"a whole number >= {least}" + (" or None" if optional else "")
+            raise ConfigError(f"{entry_label(entry)}: its {name} is {brief(value)} (a {type(value).__name__}); the "
+                              f"{protocol} protocol wants {want} (schedlab/protocols.py)")
     if entry.kind != "scheduler":
         return
     make_queue = getattr(obj, "new_waiting_queue", None)
