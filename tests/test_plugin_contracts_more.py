@@ -300,6 +300,31 @@ def test_a_plugins_numbers_and_flags_are_checked_when_it_is_built(plugin, capsys
                         rf"\(plugin contract_plugin_\d+\): {re.escape(want)} \(schedlab/protocols.py\)", err), err
 
 
+@pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.parametrize("method, shown", [
+    ("def schedule(self): pass", "its schedule() cannot be called as schedule(plan)"),
+    ("def on_finish(self, seq): pass", "its on_finish(seq) cannot be called as on_finish(seq, now_ms)"),
+    ("def new_waiting_queue(self, x): return None", "its new_waiting_queue(x) cannot be called as new_waiting_queue()"),
+])
+def test_a_method_that_cannot_take_the_engines_arguments_is_named(plugin, capsys, command, method, shown):
+    """The TypeError was raised at schedlab's call site, before any plugin frame: a raw traceback,
+    and validate said OK (or, for new_waiting_queue, crashed itself)."""
+    code, path = plugin(f"""
+        from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+        class Odd(ContinuousScheduler):
+            {method}
+
+        @schedlab.hookimpl
+        def schedlab_register_schedulers(register):
+            register("odd", Odd, config=ContinuousConfig)
+        """, '[scheduler]\nkind = "odd"\n', command)
+    err = one_line(code, capsys.readouterr().err)
+    assert re.fullmatch(rf"{re.escape(str(path))}: \[scheduler\]: scheduler 'odd' \(plugin contract_plugin_\d+\): "
+                        rf"{re.escape(shown)}, as schedlab calls it \(the Scheduler protocol: schedlab/protocols.py\)",
+                        err), err
+
+
 def test_a_config_registered_as_an_instance_is_refused():
     registry = Registry("scheduler")
     with pytest.raises(TypeError, match=r"^scheduler 'x': config must be an attrs class, got ContinuousConfig\("):

@@ -300,6 +300,45 @@ ATTRIBUTES = {
 }
 
 
+#: How the engines call each kind's methods: ``name: (positional arguments, keyword arguments)``;
+#: a plugin method that cannot take them (``def schedule(self)``) failed with a traceback raised
+#: at schedlab's call site, before any plugin frame, so no plugin was named.
+CALLS = {
+    "scheduler": {"schedule": ("plan",), "on_finish": ("seq", "now_ms"), "rejection_reason": ("request", "kv"),
+                  "kv_reservation": ("request",), "new_waiting_queue": ()},
+    "cost_model": {"iteration_ms": ("batch",)},
+    "kv_cache": {"num_free_blocks": (), "num_used_blocks": (), "cached_tokens": ("seq",),
+                 "blocks_needed": ("seq", "num_new_tokens", "cached_tokens=", "reserve_tokens="),
+                 "allocate": ("seq", "num_new_tokens", "cached_tokens=", "reserve_tokens="),
+                 "free": ("seq", "preempted=")},
+    "workload": {"requests": ("seed",), "on_finish": ("request", "now_ms")},
+    "router": {"route": ("request", "instances")},
+    "power_model": {"iteration_j": ("batch", "duration_ms")},
+    "autoscaler": {"decide": ("signals",)},
+    "report": {"write": ("results", "out_dir")},
+}
+
+
+def _check_calls(entry, obj, protocol: str) -> None:
+    """Refuse a method of ``obj`` that cannot take the arguments the engines give it (:data:`CALLS`)."""
+    for name, params in CALLS.get(entry.kind, {}).items():
+        method = getattr(obj, name, None)
+        if not callable(method):
+            continue
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):  # (a builtin or a C method: nothing to go by)
+            continue
+        positional = [p for p in params if not p.endswith("=")]
+        keywords = {p[:-1]: None for p in params if p.endswith("=")}
+        try:
+            signature.bind(*([None] * len(positional)), **keywords)
+        except TypeError:
+            shown = ", ".join(positional + [f"{k}=..." for k in keywords])
+            raise ConfigError(f"{entry_label(entry)}: its {name}{signature} cannot be called as {name}({shown}), as "
+                              f"schedlab calls it (the {protocol} protocol: schedlab/protocols.py)") from None
+
+
 def check_protocol(entry, obj) -> None:
     """Raise :class:`ConfigError` when ``obj``, what ``entry``'s factory made, lacks a member its
     kind's protocol requires (:data:`REQUIRED`), or, for a scheduler, when the queue its
@@ -310,6 +349,7 @@ def check_protocol(entry, obj) -> None:
     if missing:
         raise ConfigError(f"{entry_label(entry)}: the object its factory made has no {', '.join(missing)} "
                           f"(the {protocol} protocol: schedlab/protocols.py)")
+    _check_calls(entry, obj, protocol)
     for name, (least, optional) in ATTRIBUTES.get(entry.kind, {}).items():
         value = getattr(obj, name, None)
         if value is None and (optional or not hasattr(obj, name)):
