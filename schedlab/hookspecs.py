@@ -192,7 +192,8 @@ def schedlab_iteration(instance: int, record: Any) -> None:
     """Called after every engine iteration -- opt-in and slow.
 
     Implementing this hook makes the engine run one iteration at a time (no bulk decode
-    runs) so that every iteration can be observed. Leave it unimplemented for speed.
+    runs) so that every iteration can be observed. Leave it unimplemented for speed. The fast
+    engine calls it; a run on the reference engine with it is refused (it would go unobserved).
 
     :param instance: index of the instance that ran the iteration.
     :param record: a :class:`schedlab.engine.IterationRecord` (start, duration, batch shape).

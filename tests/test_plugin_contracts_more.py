@@ -325,6 +325,19 @@ def test_a_method_that_cannot_take_the_engines_arguments_is_named(plugin, capsys
                         err), err
 
 
+def test_an_iteration_observer_on_the_reference_engine_is_refused(plugin, capsys):
+    """The reference engine never called schedlab_iteration: an observer that counts, or checks,
+    passed there with exit 0 having seen nothing."""
+    code, path = plugin("""
+        @schedlab.hookimpl
+        def schedlab_iteration(instance, record):
+            raise AssertionError("an observed iteration")
+        """, engine="reference")
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': the reference engine does not call the per-iteration hook (schedlab_iteration) a "
+        'plugin implements, or an observer; observe the fast engine (engine = "fast")')
+
+
 def test_a_config_registered_as_an_instance_is_refused():
     registry = Registry("scheduler")
     with pytest.raises(TypeError, match=r"^scheduler 'x': config must be an attrs class, got ContinuousConfig\("):

@@ -1140,6 +1140,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         timeline: bool = True, record: RecordSettings | None = None) -> RunResult:
     """Simulate one run and compute its metrics (``record``: how its per-request results are kept)."""
     where = where or f"{ctx.source}: run {spec.name!r}"
+    if observer is not None and spec.engine == "reference":  # (it ran unobserved: an observer's checks passed)
+        raise ConfigError(f"{where}: the reference engine does not call the per-iteration hook (schedlab_iteration) "
+                          "a plugin implements, or an observer; observe the fast engine (engine = \"fast\")")
     a = assemble(spec, ctx, where)
     side = a.client_side
     recorder = make_recorder(record or RecordSettings(), a, timeline)
