@@ -25,6 +25,7 @@ import inspect
 import os
 import re
 import sys
+import traceback
 import types
 import warnings
 from typing import Iterable
@@ -96,12 +97,12 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
         if folder is not None and (module_name == missing or module_name.startswith(missing + ".")):
             raise ConfigError(f"{where}cannot import plugin module {module_name!r}: no module named {missing!r} "
                               f"in {folder} (the experiment file's folder) or on Python's path (sys.path)") from None
-        raise ConfigError(f"{where}cannot import plugin module {module_name!r}: {exc}") from None
+        raise ConfigError(f"{where}cannot import plugin module {module_name!r}: {exc}{_raised_at(exc)}") from None
     except ImportError as exc:
-        raise ConfigError(f"{where}cannot import plugin module {module_name!r}: {exc}") from None
+        raise ConfigError(f"{where}cannot import plugin module {module_name!r}: {exc}{_raised_at(exc)}") from None
     except Exception as exc:  # the module itself raised while being imported
         raise ConfigError(f"{where}plugin module {module_name!r} failed while importing: "
-                          f"{type(exc).__name__}: {exc}") from None
+                          f"{type(exc).__name__}: {exc}{_raised_at(exc)}") from None
     except KeyboardInterrupt:  # Ctrl-C while importing: an interrupt, as anywhere else
         raise
     except BaseException as exc:  # sys.exit() or a BaseException of its own, raised by the module
@@ -117,6 +118,17 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
     if folder is not None:
         _refuse_shadowed(module_name, folder, source)
     return module
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (file.py:line)``, where the import raised ``exc``: its innermost frame outside Python's
+    import machinery (a plugin's own line, or the helper module it imported); "" if none."""
+    frames = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)
+              if not frame.f_code.co_filename.startswith("<frozen ")]
+    if not frames:
+        return ""
+    path, line = frames[-1]
+    return f" ({os.path.basename(path)}:{line})"
 
 
 def _refuse_shadowed(module_name: str, folder: str, source: str | None) -> None:

@@ -405,7 +405,11 @@ def _cli(*args, env_path: Path | None = None, timeout: float = 120) -> subproces
 
 
 @pytest.mark.parametrize("body, fragment", [
-    ("raise RuntimeError('boom while importing')\n", "failed while importing: RuntimeError: boom while importing"),
+    ("raise RuntimeError('boom while importing')\n", "failed while importing: RuntimeError: boom while importing "
+                                                     "(exiting_plugin.py:1)"),
+    ("x = 1\nimport json\nd = {}\nd['k']\n", "failed while importing: KeyError: 'k' (exiting_plugin.py:4)"),
+    ("import not_a_module_xyz\n", "cannot import plugin module 'exiting_plugin': No module named "
+                                  "'not_a_module_xyz' (exiting_plugin.py:1)"),
     ("raise BaseException('base')\n", "failed while importing: BaseException: base (a plugin module must not exit"),
     ("import sys\nsys.exit(3)\n", "failed while importing: SystemExit: 3"),
 ])
@@ -417,7 +421,8 @@ def test_a_plugin_module_that_raises_or_exits_at_import_is_named(tmp_path, capsy
         code, err = run_file(tmp_path, capsys, text, command="validate")
     finally:
         sys.modules.pop("exiting_plugin", None)
-    one_error(code, err, "exp.toml: [experiment] plugins: plugin module 'exiting_plugin' " + fragment)
+    one_error(code, err, "exp.toml: [experiment] plugins: " + (fragment if fragment.startswith("cannot") else
+                                                                "plugin module 'exiting_plugin' " + fragment))
 
 
 @pytest.mark.parametrize("name, fragment", [
