@@ -338,6 +338,28 @@ def test_an_iteration_observer_on_the_reference_engine_is_refused(plugin, capsys
         'plugin implements, or an observer; observe the fast engine (engine = "fast")')
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_kv_caches_block_counts_of_the_wrong_type_are_named(plugin, capsys, engine):
+    """A text count failed on a comparison inside the engine with a traceback."""
+    code, path = plugin("""
+        from schedlab_plugins.kv_caches import PagedKVCache
+
+        class TextKV(PagedKVCache):
+            def __init__(self):
+                super().__init__(200)
+
+            def num_used_blocks(self):
+                return str(super().num_used_blocks())
+
+        @schedlab.hookimpl
+        def schedlab_register_kv_caches(register):
+            register("text", TextKV)
+        """, '[kv_cache]\nkind = "text"\n', engine=engine)
+    err = one_line(code, capsys.readouterr().err)
+    assert re.fullmatch(rf"{re.escape(str(path))}: run 'contract': KV cache TextKV's num_used_blocks\(\) returned "
+                        r"'\d+' \(a str\); it returns a whole number of blocks", err), err
+
+
 def test_a_config_registered_as_an_instance_is_refused():
     registry = Registry("scheduler")
     with pytest.raises(TypeError, match=r"^scheduler 'x': config must be an attrs class, got ContinuousConfig\("):

@@ -13,7 +13,9 @@ with fewer than no blocks free says the cache may be the cause rather than the s
 
 from __future__ import annotations
 
-from ..errors import SimulationError
+import numbers
+
+from ..errors import SimulationError, brief
 
 
 def check_kv_counts(kv) -> None:
@@ -21,10 +23,14 @@ def check_kv_counts(kv) -> None:
     more used than it has. Both engines call it once per plan, after the scheduler's allocations:
     left alone, such a cache ends in a stall that seems the scheduler's (it did not preempt)."""
     free = kv.num_free_blocks()
+    used = kv.num_used_blocks()
+    for name, value in (("num_free_blocks", free), ("num_used_blocks", used)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # (text failed on the comparison)
+            raise SimulationError(f"KV cache {type(kv).__name__}'s {name}() returned {brief(value)} (a "
+                                  f"{type(value).__name__}); it returns a whole number of blocks")
     if free < 0:
         raise SimulationError(f"KV cache {type(kv).__name__} reports {free} free blocks of {kv.num_blocks}: its "
                               "allocate() took more than it has")
-    used = kv.num_used_blocks()
     if used > kv.num_blocks:
         raise SimulationError(f"KV cache {type(kv).__name__} reports {used} used blocks of {kv.num_blocks}: its "
                               "allocate() took more than it has")
