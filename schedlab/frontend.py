@@ -28,9 +28,15 @@ public measurements, not fitted to any run:
 * ``request_ms`` 1.0: a 131-token chat request took 1.3-2.8 ms to template and encode in a
   C++ server (tt-inference-server issue #2173), about 1 ms more than its tokens at 2 us;
   Python's HTTP, pydantic and ZeroMQ hops cost no less;
-* ``token_ms`` 0.05: detokenizing one token incrementally and sending it as a server-sent
-  event; SGLang's whole per-token overhead at one user, scheduling included, was 0.31 ms
-  (tt-inference-server issue #3560), of which the output path is the smaller part;
+* ``token_ms`` 8.88: the way out, from the iteration that produced a token to its server-sent
+  event leaving the API server -- the engine core's output over ZeroMQ, the API server's output
+  loop, detokenizing, the event's JSON -- a latency, not a cost that queues. vLLM's own client
+  measures TTFT 8.4-12.2 ms (median 11.0) above vLLM's server-side histogram of it
+  (``vllm:time_to_first_token_seconds``) with 512-token prompts and 8 requests in flight
+  (vllm-project/vllm PR #54628: vLLM 0.28, ``vllm bench serve`` against ``vllm serve``, five
+  runs; :data:`VLLM_CLIENT_TTFT_GAP_MS`); the other defaults hold 2.12 ms of that gap, and the
+  rest is this (:data:`TOKEN_MS`). A Python OpenAI-compatible test server measured ~7 ms of the
+  client's HTTP and streaming time a request (schedlab issue 20). Between tokens it cancels out;
 * ``network_ms`` 0.05: one way between processes on one host (``vllm bench serve`` defaults
   to 127.0.0.1); set it to the client's real round trip / 2;
 * ``workers`` 1: one API server process (vLLM's ``--api-server-count`` default); 0 = no limit.
@@ -48,6 +54,7 @@ never sent (``EngineCore.step``; modelled where batches are planned synchronousl
 from __future__ import annotations
 
 import math
+import statistics
 
 import attrs
 
@@ -56,17 +63,31 @@ from .configs import MAX_TIME_MS, FieldError, float_field, int_field, table_fiel
 INF = math.inf
 
 
+#: ``vllm bench serve``'s mean TTFT minus vLLM's own TTFT histogram's mean, ms, five runs of 32
+#: requests (512-token prompts, 128 tokens out, 8 in flight; completions, chat and responses
+#: endpoints) against vLLM 0.28 on one GPU (vllm-project/vllm PR #54628, "Backend parity")
+VLLM_CLIENT_TTFT_GAP_MS = (10.5, 12.2, 8.4, 12.0, 11.0)
+#: ``request_ms``, ``tokenize_ms_per_token`` and ``network_ms`` defaults (see the module docstring)
+REQUEST_MS, TOKENIZE_MS_PER_TOKEN, NETWORK_MS = 1.0, 0.002, 0.05
+#: The gap's median less what the other defaults put in it at those 512-token prompts: the way out
+TOKEN_MS = statistics.median(VLLM_CLIENT_TTFT_GAP_MS) - (REQUEST_MS + 512 * TOKENIZE_MS_PER_TOKEN + 2 * NETWORK_MS)
+
+
 @attrs.frozen
 class FrontendConfig:
     """The API server between the client and the engine, and the network (see the module docstring)."""
 
-    network_ms: float = float_field(0.05, min=0.0, max=MAX_TIME_MS,
+    network_ms: float = float_field(NETWORK_MS, min=0.0, max=MAX_TIME_MS,
                                     help="one-way network latency between client and server, ms")
-    request_ms: float = float_field(1.0, min=0.0, max=MAX_TIME_MS,
+    request_ms: float = float_field(REQUEST_MS, min=0.0, max=MAX_TIME_MS,
                                     help="handling every request before the engine queue (HTTP, JSON, chat template, "
                                          "hand-over to the engine), ms")
-    tokenize_ms_per_token: float = float_field(0.002, min=0.0, help="tokenizing the prompt, ms per prompt token")
-    token_ms: float = float_field(0.05, min=0.0, help="detokenizing and streaming each output token, ms")
+    tokenize_ms_per_token: float = float_field(TOKENIZE_MS_PER_TOKEN, min=0.0,
+                                               help="tokenizing the prompt, ms per prompt token")
+    token_ms: float = float_field(TOKEN_MS, min=0.0, max=MAX_TIME_MS,
+                                  help="the way out: from the iteration that produced a token to its streamed event "
+                                       "leaving the API server (ZeroMQ from the engine core, the output loop, "
+                                       "detokenizing), ms; a latency, not a cost that queues")
     workers: int = int_field(1, min=0, max=1024, help="requests the API server handles at once (vLLM: one per API "
                                                       "server process); 0 = no limit")
 
