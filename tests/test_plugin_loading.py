@@ -294,7 +294,7 @@ def test_a_missing_dependency_of_a_plugin_module_is_not_blamed_on_the_folder(tmp
     (tmp_path / "exp.toml").write_text('[experiment]\nplugins = ["needs_dep"]\n'
                                        '[workload]\nkind = "file"\npath = "x.json"\n')
     with pytest.raises(ConfigError, match=r"exp.toml: \[experiment\] plugins: cannot import plugin module 'needs_dep': "
-                                          "No module named 'no_such_dependency_xyz'$"):
+                                          r"No module named 'no_such_dependency_xyz' \(needs_dep\.py:\d+\)$"):
         load(tmp_path / "exp.toml")
 
 
