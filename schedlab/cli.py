@@ -87,14 +87,23 @@ def cmd_run(args) -> int:
         done = results.execution
         print(f"schedlab: {done['simulations']} simulations in {done['wall_s']:.1f} s, {done['executor']}",
               file=sys.stderr)
+        # A report plugin's own failure (a bug of its, or an answer that is not its files) keeps the
+        # results and the other reports; schedlab's errors (a full disk) leave the previous folder as it was.
         written, failed = [], None
         for name, report in reports:
             try:
-                written += _written(name, report, report.write(results, stage.path))
-            except (Exception, SystemExit, GeneratorExit) as exc:  # a report's own: the results and the others kept
-                failed = plugin_error(exc, exp.context.catalog, exp.context.source) or exc
-                if not isinstance(failed, SchedlabError):
+                answer = report.write(results, stage.path)
+            except OSError:
+                raise  # (the staging folder says what a full or read-only disk did)
+            except (Exception, SystemExit, GeneratorExit) as exc:
+                failed = plugin_error(exc, exp.context.catalog, exp.context.source)
+                if failed is None:
                     raise
+                break
+            try:
+                written += _written(name, report, answer)
+            except SchedlabError as exc:
+                failed = exc
                 break
         table = _table_text(exp.context.catalog, results, exp.report_tables.get("table", {}), f"{exp.path}")
         written.append(index_page.write(stage.path, results, table_text=table, experiment_settings=exp.raw,
