@@ -16,9 +16,10 @@ model family's pattern), the checkpoint's weight bytes (``quantization_config``:
 experts, 4/8-bit AWQ/GPTQ with their scales and zero points, compressed-tensors, ModelOpt
 FP8/NVFP4; the embedding table and LM head at 16 bits, as those checkpoints keep them), the FP8 KV
 cache a ModelOpt checkpoint asks for (``kv_cache_quant_algo``, which vLLM's ``--kv-cache-dtype
-auto`` follows), and ``_name_or_path`` as the Hugging Face id when it is one. Multimodal configs are read from their ``text_config`` (the vision tower is not
-counted), with the outer file's dtype and ``quantization_config`` and the defaults transformers
-leaves out of a saved ``text_config`` (Gemma 3's vocabulary and head size). Not counted: biases
+auto`` follows), and ``_name_or_path`` as the Hugging Face id when it is one. Multimodal configs
+are read from their ``text_config`` (the vision tower is not counted), with the outer file's dtype
+and ``quantization_config`` and the defaults transformers leaves out of a saved ``text_config``
+(Gemma 3's vocabulary and head size). Not counted: biases
 other than Q/K/V and DeepSeek's router bias, attention sinks, the MTP module.
 
 Layers that do not keep every token's K and V are counted apart from the full-attention ones

@@ -35,7 +35,8 @@ def _check_request(req: "Request") -> None:
     for name in ("client", "request_class"):
         value = getattr(req, name)
         if not isinstance(value, str):
-            raise WorkloadError(f"request {req.id}: {name} must be text, got {_shown(value)} (a {type(value).__name__})")
+            raise WorkloadError(f"request {req.id}: {name} must be text, got {_shown(value)} "
+                                f"(a {type(value).__name__})")
     if req.block_hashes is not None and not isinstance(req.block_hashes, tuple):
         raise WorkloadError(f"request {req.id}: block_hashes must be a tuple of hash ids, got "
                             f"{_shown(req.block_hashes)} (a {type(req.block_hashes).__name__})")

@@ -179,20 +179,19 @@ def test_an_endless_workload_stops_at_a_runs_most_requests(monkeypatch):
         follow_ups(Request(id=5, arrival_ms=0.0, prompt_tokens=1, output_tokens=1), 1.0)
 
 
-QUITTING = """
-from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+def scheduler_plugin(name: str, cls: str, methods: str, preamble: str = "") -> str:
+    """A plugin module registering ``cls``, a ContinuousScheduler with the class body ``methods``,
+    as the scheduler ``name``."""
+    return (f"from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler\n{preamble}\n"
+            f"class {cls}(ContinuousScheduler):\n{textwrap.indent(textwrap.dedent(methods), '    ')}\n"
+            f"@schedlab.hookimpl\ndef schedlab_register_schedulers(register):\n"
+            f"    register({name!r}, {cls}, config=ContinuousConfig)\n")
 
+
+WEIRD = """
 class Weird(Exception):
     def __str__(self):
         raise RuntimeError("no text")
-
-class Quits(ContinuousScheduler):
-    def schedule(self, plan):
-        {body}
-
-@schedlab.hookimpl
-def schedlab_register_schedulers(register):
-    register("quits", Quits, config=ContinuousConfig)
 """
 
 
@@ -203,25 +202,11 @@ def schedlab_register_schedulers(register):
     ("raise Weird()", "Weird: (its message could not be shown)"),  # the error handler itself failed
 ])
 def test_a_plugin_that_exits_or_cannot_say_why_is_named(plugin, capsys, engine, body, raised):
-    code, path = plugin(QUITTING.format(body=body), '[scheduler]\nkind = "quits"\n', engine=engine)
+    code, path = plugin(scheduler_plugin("quits", "Quits", f"def schedule(self, plan):\n    {body}\n", WEIRD),
+                        '[scheduler]\nkind = "quits"\n', engine=engine)
     err = one_line(code, capsys.readouterr().err)
     assert re.fullmatch(rf"{re.escape(str(path))}: run 'contract': scheduler 'quits' \(plugin contract_plugin_\d+\) "
                         rf"raised {re.escape(raised)} \(contract_plugin_\d+\.py:\d+ in Quits\.schedule; .*\)", err), err
-
-
-PLANNING = """
-from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
-
-class Odd(ContinuousScheduler):
-    def schedule(self, plan):
-        plan.decode_all()
-        for seq in list(plan.waiting):
-            {call}
-
-@schedlab.hookimpl
-def schedlab_register_schedulers(register):
-    register("odd", Odd, config=ContinuousConfig)
-"""
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -239,7 +224,8 @@ def test_a_plan_call_with_a_count_or_time_of_the_wrong_type_is_refused_on_both_e
                                                                                         message):
     """50.0 tokens crashed the fast engine and ran on the reference one; wake_at('3000') failed in
     the engine later, wake_at(nan) ended as a stall blamed on empty iterations."""
-    code, path = plugin(PLANNING.format(call=call), '[scheduler]\nkind = "odd"\n', engine=engine)
+    planning = f"def schedule(self, plan):\n    plan.decode_all()\n    for seq in list(plan.waiting):\n        {call}\n"
+    code, path = plugin(scheduler_plugin("odd", "Odd", planning), '[scheduler]\nkind = "odd"\n', engine=engine)
     assert one_line(code, capsys.readouterr().err) == f"{path}: run 'contract': {message}"
 
 
@@ -247,19 +233,12 @@ def test_a_plan_call_with_a_count_or_time_of_the_wrong_type_is_refused_on_both_e
 def test_a_scheduler_that_loses_requests_from_its_waiting_queue_is_caught(plugin, capsys, engine):
     """Removing requests from plan.waiting by hand (not through admit or reject) used to end with
     exit 0 and results holding fewer requests than arrived -- both engines alike."""
-    code, path = plugin("""
-        from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
-
-        class Loses(ContinuousScheduler):
-            def schedule(self, plan):
-                for seq in list(plan.waiting)[1:]:
-                    plan.waiting.remove(seq)
-                return super().schedule(plan)
-
-        @schedlab.hookimpl
-        def schedlab_register_schedulers(register):
-            register("loses", Loses, config=ContinuousConfig)
-        """, '[scheduler]\nkind = "loses"\n', engine=engine)
+    code, path = plugin(scheduler_plugin("loses", "Loses", """
+        def schedule(self, plan):
+            for seq in list(plan.waiting)[1:]:
+                plan.waiting.remove(seq)
+            return super().schedule(plan)
+        """), '[scheduler]\nkind = "loses"\n', engine=engine)
     err = one_line(code, capsys.readouterr().err)
     found = re.fullmatch(rf"{re.escape(str(path))}: run 'contract': 8 requests arrived but (\d) left the run "
                          r"\(finished, rejected or aborted\): the scheduler \('loses'\) or its waiting queue lost (\d); "
@@ -309,16 +288,7 @@ def test_a_plugins_numbers_and_flags_are_checked_when_it_is_built(plugin, capsys
 def test_a_method_that_cannot_take_the_engines_arguments_is_named(plugin, capsys, command, method, shown):
     """The TypeError was raised at schedlab's call site, before any plugin frame: a raw traceback,
     and validate said OK (or, for new_waiting_queue, crashed itself)."""
-    code, path = plugin(f"""
-        from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
-
-        class Odd(ContinuousScheduler):
-            {method}
-
-        @schedlab.hookimpl
-        def schedlab_register_schedulers(register):
-            register("odd", Odd, config=ContinuousConfig)
-        """, '[scheduler]\nkind = "odd"\n', command)
+    code, path = plugin(scheduler_plugin("odd", "Odd", method), '[scheduler]\nkind = "odd"\n', command)
     err = one_line(code, capsys.readouterr().err)
     assert re.fullmatch(rf"{re.escape(str(path))}: \[scheduler\]: scheduler 'odd' \(plugin contract_plugin_\d+\): "
                         rf"{re.escape(shown)}, as schedlab calls it \(the Scheduler protocol: schedlab/protocols.py\)",

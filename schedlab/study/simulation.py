@@ -41,8 +41,8 @@ from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineClus
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
-from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError, brief,
-                      entry_label)
+from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError,
+                      brief, entry_label)
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import checked_requests
 from ..targets import TargetConfig, compare_with_real_run, unmetered_energy_left_out
