@@ -336,6 +336,26 @@ def test_a_config_registered_as_an_instance_is_refused():
         registry.register("x", ContinuousScheduler, config=ContinuousConfig())
 
 
+def test_a_worker_process_that_dies_under_a_plugin_is_one_line(tmp_path, capsys):
+    """os._exit() in a plugin, in a worker process: a BrokenProcessPool traceback before."""
+    (tmp_path / "dying_plugin_xyz.py").write_text(HEADER + scheduler_plugin("dies", "Dies", """
+        def schedule(self, plan):
+            import os
+            os._exit(0)
+        """))
+    path = tmp_path / "dying.toml"
+    path.write_text(EXPERIMENT.format(module="dying_plugin_xyz", engine="fast", reports='"json"', workload=SYNTHETIC,
+                                      tables='[scheduler]\nkind = "dies"\n'))
+    try:
+        code = main(["run", str(path), "--jobs", "2", "--out", str(tmp_path / "out"), "--no-plots"])
+    finally:
+        sys.modules.pop("dying_plugin_xyz", None)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': the worker process running it died (a plugin called os._exit() or crashed Python); "
+        "--jobs 1 runs it in this process")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_stopiteration_in_a_workloads_generator_names_the_workload(plugin, capsys):
     """Python turns it into a RuntimeError raised where schedlab reads the generator; the plugin's
     frame is in the exception that led to it."""

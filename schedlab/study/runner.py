@@ -18,8 +18,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
+from ..errors import SimulationError
 from ..interrupts import wait_first
 from ..progress import progress
 from ..results.records import ExperimentResults, RunResult
@@ -85,7 +87,12 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
             done = wait_first(list(in_flight))
             for future in sorted(done, key=lambda f: in_flight[f][0]):
                 _, index, job = in_flight.pop(future)
-                outcome = future.result()
+                try:
+                    outcome = future.result()
+                except BrokenProcessPool:  # (a plugin's os._exit(), or a crash of the interpreter)
+                    raise SimulationError(f"{exp.context.source}: run {job.task_spec(index).name!r}: the worker "
+                                          "process running it died (a plugin called os._exit() or crashed Python); "
+                                          "--jobs 1 runs it in this process") from None
                 if isinstance(outcome, TaskFailure):
                     raise outcome.error
                 simulations += 1
