@@ -157,7 +157,7 @@ def checked_requests(requests: Iterable, who: str) -> Iterator[Request]:
         raise WorkloadError(f"{who}: requests(seed) returned {_shown(requests)} (a {type(requests).__name__}); it "
                             "returns or yields the run's schedlab.Request objects") from None
     previous = None
-    for expected, request in enumerate(requests):
+    for expected, request in enumerate(_naming(requests, who)):
         if expected >= MAX_REQUESTS:
             raise _too_many(who)
         if not isinstance(request, Request):
@@ -172,6 +172,21 @@ def checked_requests(requests: Iterable, who: str) -> Iterator[Request]:
                                 f"{previous.id} at {previous.arrival_ms:g} ms: a workload yields requests in arrival "
                                 "order")
         previous = request
+        yield request
+
+
+def _naming(requests: Iterator, who: str) -> Iterator[Request]:
+    """``requests``, a request the workload could not make (``Request(...)`` refused a field)
+    named with ``who`` that made it."""
+    while True:
+        try:
+            request = next(requests)
+        except StopIteration:
+            return
+        except WorkloadError as exc:
+            if str(exc).startswith("request "):
+                raise WorkloadError(f"{who} made {exc}") from None
+            raise
         yield request
 
 

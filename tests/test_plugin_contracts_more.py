@@ -133,6 +133,8 @@ def request(i: int, t: float) -> str:
     ("[dict(id=0, arrival_ms=0.0, prompt_tokens=10, output_tokens=10)]",
      "workload 'bad' yielded {'id': 0, 'arrival_ms': 0.0, 'prompt_tokens': 10, 'output_tokens': 10} (a dict) as its "
      "request 0; a workload yields schedlab.Request objects"),
+    ("[Request(id=0, arrival_ms=0.0, prompt_tokens=50.5, output_tokens=10)]",   # (Request() refused it: who made it?)
+     "workload 'bad' made request 0: prompt_tokens must be a whole number (an int), got 50.5 (a float)"),
 ])
 def test_a_workload_breaking_its_protocol_is_refused_by_name(plugin, capsys, engine, requests, message):
     code, path = plugin(WORKLOAD.format(requests=requests), engine=engine, workload='[workload]\nkind = "bad"\n')
