@@ -485,7 +485,8 @@ class FastPlan:
         if self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} is already in this iteration")
         k = self.drafts_for(seq)
-        check_counts("decode", seq, num_tokens=num_tokens)
+        if num_tokens is not None and num_tokens.__class__ is not int:  # (an int passes at once: a hot path)
+            check_counts("decode", seq, num_tokens=num_tokens)
         if num_tokens is None:
             num_tokens = 1 + k
         elif not 1 <= num_tokens <= 1 + k:
@@ -538,7 +539,8 @@ class FastPlan:
               padding: int = 0) -> bool:
         if seq.status != WAITING:
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}, not waiting")
-        check_counts("admit", seq, num_tokens=num_tokens, reserve_tokens=reserve_tokens, padding=padding)
+        if not num_tokens.__class__ is reserve_tokens.__class__ is padding.__class__ is int:
+            check_counts("admit", seq, num_tokens=num_tokens, reserve_tokens=reserve_tokens, padding=padding)
         hit = self.cached_tokens(seq)
         left = seq.num_tokens - hit
         if not 1 <= num_tokens <= left:
@@ -584,7 +586,8 @@ class FastPlan:
     def prefill(self, seq, num_tokens: int) -> bool:
         if seq.status != PREFILLING:
             raise SimulationError(f"prefill(): request {seq.request.id} is {seq.status}, not prefilling")
-        check_counts("prefill", seq, num_tokens=num_tokens)
+        if num_tokens.__class__ is not int:
+            check_counts("prefill", seq, num_tokens=num_tokens)
         left = seq.num_tokens - seq.num_computed_tokens
         if not 1 <= num_tokens <= left:
             raise SimulationError(

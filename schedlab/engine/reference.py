@@ -214,7 +214,8 @@ class RefPlan:
         if seq.status != "decoding" or self.skipped_decode or self.is_scheduled(seq):
             raise SimulationError(f"decode(): request {seq.request.id} cannot decode now")
         k = self.drafts_for(seq)
-        check_counts("decode", seq, num_tokens=num_tokens)
+        if num_tokens is not None and num_tokens.__class__ is not int:  # (an int passes at once: a hot path)
+            check_counts("decode", seq, num_tokens=num_tokens)
         n = 1 + k if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
@@ -247,7 +248,8 @@ class RefPlan:
               padding: int = 0) -> bool:
         if seq.status != "waiting":
             raise SimulationError(f"admit(): request {seq.request.id} is {seq.status}")
-        check_counts("admit", seq, num_tokens=num_tokens, reserve_tokens=reserve_tokens, padding=padding)
+        if not num_tokens.__class__ is reserve_tokens.__class__ is padding.__class__ is int:
+            check_counts("admit", seq, num_tokens=num_tokens, reserve_tokens=reserve_tokens, padding=padding)
         hit = self.cached_tokens(seq)
         if not 1 <= num_tokens <= seq.num_tokens - hit:
             raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
@@ -311,7 +313,8 @@ class RefPlan:
     def prefill(self, seq, num_tokens: int) -> bool:
         if seq.status != "prefilling" or seq.mark == self.serial:
             raise SimulationError(f"prefill(): request {seq.request.id} cannot prefill now")
-        check_counts("prefill", seq, num_tokens=num_tokens)
+        if num_tokens.__class__ is not int:
+            check_counts("prefill", seq, num_tokens=num_tokens)
         if not 1 <= num_tokens <= seq.num_tokens - seq.num_computed_tokens:
             raise SimulationError(f"prefill(): bad token count {num_tokens} for request {seq.request.id}")
         lookahead = self.lookahead  # (see admit)
