@@ -206,7 +206,8 @@ def test_tiny_iteration_costs_are_one_error_not_a_traceback(tmp_path, capsys):
     clock that did not move (every later step at the same time); an iteration must advance it."""
     text = BASE + '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 1e-300\ndecode_ms_per_step = 1e-300\n'
     code, err = run_file(tmp_path, capsys, text)
-    one_error(code, err, "cost model returned 1e-298 ms for Batch(", "which does not advance the simulated clock")
+    one_error(code, err, "cost model 'linear' (built-in plugin schedlab_plugins.cost_models) returned 1e-298 ms for "
+              "Batch(", "which does not advance the simulated clock")
     small = BASE + '[cost_model]\nkind = "linear"\nprefill_ms_per_token = 1e-9\ndecode_ms_per_step = 1e-9\n'
     code, err = run_file(tmp_path, capsys, small)
     assert code == 0, err

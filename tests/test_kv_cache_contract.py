@@ -199,7 +199,7 @@ WHOLE = "; it answers a whole number of tokens, from 0 to 99 (the sequence's num
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_cached_tokens_answer_out_of_its_range(run_cache, capsys, mode, message, engine):
     code, path = run_cache(mode, engine)
-    assert one_line(code, capsys.readouterr().err) == f"{path}: run 'kv': KV cache CountingKV's cached_tokens {message}"
+    assert one_line(code, capsys.readouterr().err) == f"{path}: run 'kv': kv cache 'counting' (plugin {path.stem})'s cached_tokens {message}"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -208,7 +208,8 @@ def test_allocate_returning_none(run_cache, capsys, engine):
     stalled at t=0 naming the scheduler."""
     code, path = run_cache("alloc_none", engine)
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'kv': KV cache CountingKV's allocate returned None; it returns True when it made room, False "
+        f"{path}: run 'kv': kv cache 'counting' (plugin {path.stem})'s allocate returned None; it returns True when it "
+        "made room, False "
         "(changing nothing) when the blocks are not free")
 
 
@@ -234,7 +235,7 @@ def test_a_cache_raising_under_a_built_in_scheduler_is_blamed(run_cache, capsys,
 def test_blocks_left_or_freed_twice_at_the_end(run_cache, capsys, mode, message, engine):
     """Both ran to the end with exit 0 and wrong numbers (a double free makes the cache unbounded)."""
     code, path = run_cache(mode, engine)
-    assert one_line(code, capsys.readouterr().err) == f"{path}: run 'kv': KV cache CountingKV {message}"
+    assert one_line(code, capsys.readouterr().err) == f"{path}: run 'kv': kv cache 'counting' (plugin {path.stem}) {message}"
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -328,7 +328,8 @@ def test_a_kv_caches_block_counts_of_the_wrong_type_are_named(plugin, capsys, en
             register("text", TextKV)
         """, '[kv_cache]\nkind = "text"\n', engine=engine)
     err = one_line(code, capsys.readouterr().err)
-    assert re.fullmatch(rf"{re.escape(str(path))}: run 'contract': KV cache TextKV's num_used_blocks\(\) returned "
+    assert re.fullmatch(rf"{re.escape(str(path))}: run 'contract': kv cache 'text' \(plugin contract_plugin_\d+\)'s "
+                        r"num_used_blocks\(\) returned "
                         r"'\d+' \(a str\); it returns a whole number of blocks", err), err
 
 
@@ -640,7 +641,7 @@ def test_a_kv_cache_that_takes_more_than_it_has_is_blamed(plugin, capsys, engine
     code, path = plugin(KV_PLUGIN, '[kv_cache]\nkind = "count"\n', engine=engine,
                         workload=WORKLOAD_TABLE.format(n=20, prompt=400, rate=10000))
     err = one_line(code, capsys.readouterr().err)
-    assert err.startswith(f"{path}: run 'contract': KV cache CountingKV reports -"), err
+    assert err.startswith(f"{path}: run 'contract': kv cache 'count' (plugin {path.stem}) reports -"), err
     assert err.endswith(" free blocks of 64: its allocate() took more than it has"), err
 
 

@@ -221,7 +221,8 @@ def test_a_cost_model_time_that_is_not_a_number(plugin, capsys, value, shown, en
             register("wrong-type", Cost)
         """, '[cost_model]\nkind = "wrong-type"\n', "run", engine)
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'mistake': cost model returned {shown} ms for {FIRST_BATCH}; iterations must take a "
+        f"{path}: run 'mistake': cost model 'wrong-type' (plugin {path.stem}) returned {shown} ms for {FIRST_BATCH}; "
+        "iterations must take a "
         "positive, finite time (a number)")
 
 
@@ -262,7 +263,7 @@ def test_a_text_time_under_a_wrapper_is_named_not_a_type_error(plugin, capsys, e
     """The wrapper adds to the plugin's time: that used to end in a TypeError traceback."""
     code, path = plugin(TEXT_TIME, '[cost_model]\nkind = "text-time"\n' + table, "run", engine)
     assert one_line(code, capsys.readouterr().err).startswith(
-        f"{path}: run 'mistake': cost model returned '8.0' (str) ms for Batch(")
+        f"{path}: run 'mistake': cost model 'text-time' (plugin {path.stem}) returned '8.0' (str) ms for Batch(")
 
 
 @pytest.mark.parametrize("value, shown", [('"x"', "'x'"), ('float("nan")', "nan"), ('float("inf")', "inf"),
@@ -283,7 +284,8 @@ def test_a_decode_step_increment_of_the_wrong_form(plugin, capsys, value, shown)
             register("odd-increment", Cost)
         """, '[cost_model]\nkind = "odd-increment"\n', "run")
     message = one_line(code, capsys.readouterr().err)
-    assert message.startswith(f"{path}: run 'mistake': cost model's decode_step_increment returned {shown} for Batch(")
+    assert message.startswith(f"{path}: run 'mistake': cost model 'odd-increment' (plugin {path.stem})'s "
+                              f"decode_step_increment returned {shown} for Batch(")
     assert message.endswith("it must return None, a finite number (ms each further identical decode step adds) "
                             "or (that number, steps >= 1 it holds for)")
 
@@ -327,7 +329,8 @@ def test_a_pipeline_ms_of_the_wrong_form(plugin, capsys, engine, value, message)
         def schedlab_register_cost_models(register):
             register("odd-pipeline", Cost)
         """, '[cost_model]\nkind = "odd-pipeline"\n[cluster]\npipeline_parallel = 2\n', "run", engine)
-    assert one_line(code, capsys.readouterr().err).startswith(f"{path}: run 'mistake': {message}")
+    named = message.replace("cost model", f"cost model 'odd-pipeline' (plugin {path.stem})", 1)
+    assert one_line(code, capsys.readouterr().err).startswith(f"{path}: run 'mistake': {named}")
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
@@ -353,7 +356,8 @@ def test_a_data_parallel_rank_time_of_the_wrong_form(plugin, capsys, engine, ran
         def schedlab_register_cost_models(register):
             register("odd-ranks", Cost)
         """, '[cost_model]\nkind = "odd-ranks"\n[cluster]\ndata_parallel = 2\n', "run", engine)
-    assert one_line(code, capsys.readouterr().err).startswith(f"{path}: run 'mistake': {message}")
+    named = message.replace("cost model", f"cost model 'odd-ranks' (plugin {path.stem})", 1)
+    assert one_line(code, capsys.readouterr().err).startswith(f"{path}: run 'mistake': {named}")
 
 
 # -- f. a rejection reason that is not text ------------------------------------------------------

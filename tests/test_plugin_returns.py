@@ -307,6 +307,7 @@ def test_an_iteration_time_that_does_not_move_the_clock(plugin, capsys, engine):
     the instant they were scheduled (the kit's causality check caught it, ``schedlab run`` did not)."""
     code, path = plugin(TINY, '[cost_model]\nkind = "tiny"\n', engine)
     message = one_line(code, capsys.readouterr().err)
-    assert message.startswith(f"{path}: run 'returns': cost model returned 1e-300 ms for Batch("), message
+    assert message.startswith(f"{path}: run 'returns': cost model 'tiny' (plugin {path.stem}) returned 1e-300 ms "
+                              "for Batch("), message
     assert message.endswith("which does not advance the simulated clock at t=67.9932 ms (below its resolution "
                             "there); iterations must take a time the clock can count"), message

@@ -1205,7 +1205,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             scaling = _scaling(a, engines, [meters[i] for i in indices], recorder)
             _serve(spec, a, requests, engines, router, ReferenceCluster, scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
-        raise _with_where(exc, where) from None
+        raise _with_where(_plugin_named(exc, spec, ctx, a), where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
     cpu_ms = (time.process_time() - started_cpu) * 1e3
     scheduler, cost, kv = a.instances[0]
@@ -1381,6 +1381,24 @@ def make_recorder(record: RecordSettings, a: Assembled, timeline: bool) -> Recor
                    energy=a.power is not None)
     return Recorder(timeline=timeline, output_delay_ms=side.output_delay_ms if side is not None else 0.0, sink=sink,
                     exact_requests=record.exact_requests, timeline_points=record.timeline_points)
+
+
+def _plugin_named(exc: SchedlabError, spec: RunSpec, ctx: Context, a: Assembled) -> SchedlabError:
+    """``exc`` with the registered plugin named where the engines' checks of an answer name its
+    kind or class alone (``cost model returned nan ms``, ``KV cache MyKV's allocate returned
+    None``): ``cost model 'mine' (plugin my_module) returned nan ms``."""
+    text = str(exc)
+    for kind, obj in (("cost_model", a.instances[0][1]), ("kv_cache", a.instances[0][2])):
+        said = "cost model" if kind == "cost_model" else f"KV cache {type(obj).__name__}"
+        name = spec.tables.get(kind, {}).get("kind")
+        if not (text.startswith(said + " ") or text.startswith(said + "'s ")) or not isinstance(name, str):
+            continue
+        try:
+            label = entry_label(ctx.catalog[kind].get(name))
+            return type(exc)(label + text[len(said):])
+        except (SchedlabError, TypeError):  # (an unknown name; a plugin's error class with another constructor)
+            return exc
+    return exc
 
 
 def _with_where(exc: SchedlabError, where: str) -> SchedlabError:
