@@ -249,18 +249,24 @@ def test_a_scheduler_that_loses_requests_from_its_waiting_queue_is_caught(plugin
 
 
 @pytest.mark.parametrize("kind, attribute, value, want", [
-    ("kv", "num_blocks", "'200'", "its num_blocks is '200' (a str); the KVCache protocol wants a whole number >= 0"),
-    ("kv", "block_size", "16.5", "its block_size is 16.5 (a float); the KVCache protocol wants a whole number >= 1"),
-    ("kv", "block_size", "-16", "its block_size is -16 (a int); the KVCache protocol wants a whole number >= 1"),
-    ("scheduler", "slots", "-4", "its slots is -4 (a int); the Scheduler protocol wants a whole number >= 1 or None"),
+    ("kv", "num_blocks", "'200'", "its num_blocks is '200' (a str); the KVCache protocol wants a whole number from 0 "
+                                  "to 2**53"),
+    ("kv", "block_size", "16.5", "its block_size is 16.5 (a float); the KVCache protocol wants a whole number from 1 "
+                                 "to 2**53"),
+    ("kv", "block_size", "-16", "its block_size is -16 (a int); the KVCache protocol wants a whole number from 1 to "
+                                "2**53"),
+    ("scheduler", "slots", "-4", "its slots is -4 (a int); the Scheduler protocol wants a whole number from 1 to 2**53 "
+                                 "or None"),
+    ("scheduler", "slots", "10**400", f"its slots is 1{'0' * 56}... (a int); the Scheduler protocol wants a whole "
+                                      "number from 1 to 2**53 or None"),
     ("scheduler", "max_in_flight", "0", "its max_in_flight is 0 (a int); the Scheduler protocol wants a whole number "
-                                        ">= 1 or None"),
+                                        "from 1 to 2**53 or None"),
     ("scheduler", "plans_ahead", "'no'", "its plans_ahead is 'no' (a str); the Scheduler protocol wants True or False"),
 ])
 def test_a_plugins_numbers_and_flags_are_checked_when_it_is_built(plugin, capsys, kind, attribute, value, want):
-    """A text num_blocks or slots failed deep in the engine or in the metrics after the run; a
-    negative block size or slot count ran on with wrong numbers (-41% utilisation); truthy text
-    planned ahead."""
+    """A text num_blocks or slots failed deep in the engine or in the metrics after the run (and
+    slots = 10**400 overflowed a float there); a negative block size or slot count ran on with
+    wrong numbers (-41% utilisation); truthy text planned ahead."""
     code, path = plugin(f"""
         from schedlab_plugins.kv_caches import PagedKVCache
         from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler

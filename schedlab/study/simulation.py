@@ -292,12 +292,15 @@ def _lacks(obj, members) -> list[str]:
 
 #: Attributes the engines read as numbers or flags, by kind: ``name: (least, optional)`` -- a whole
 #: number >= least (None: a bool), or None where optional. Unchecked, a text ``num_blocks`` or a
-#: negative ``block_size`` failed deep in the engine or ran on with wrong numbers.
+#: negative ``block_size`` failed deep in the engine or ran on with wrong numbers. No number may pass
+#: :data:`MOST_COUNTED` (``slots = 10**400`` overflowed a float in the metrics after the whole run).
 ATTRIBUTES = {
     "kv_cache": {"block_size": (1, False), "num_blocks": (0, False)},
     "scheduler": {"slots": (1, True), "max_in_flight": (1, True), "plans_ahead": (None, True),
                   "stable_between_events": (None, True)},
 }
+#: The largest count a plugin attribute may hold: 2**53, the largest whole number a float holds exactly.
+MOST_COUNTED = 2 ** 53
 
 
 #: How the engines call each kind's methods: ``name: (positional arguments, keyword arguments)``;
@@ -355,9 +358,10 @@ def check_protocol(entry, obj) -> None:
         if value is None and (optional or not hasattr(obj, name)):
             continue
         wrong = (not isinstance(value, bool)) if least is None else \
-            isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least
+            isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= value <= MOST_COUNTED
         if wrong:
-            want = "True or False" if least is None else f"a whole number >= {least}" + (" or None" if optional else "")
+            want = "True or False" if least is None else \
+                f"a whole number from {least} to 2**53" + (" or None" if optional else "")
             raise ConfigError(f"{entry_label(entry)}: its {name} is {brief(value)} (a {type(value).__name__}); the "
                               f"{protocol} protocol wants {want} (schedlab/protocols.py)")
     if entry.kind != "scheduler":
