@@ -81,11 +81,26 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
     exit status 0 with no results said nothing); a plugin frame found only in the exceptions that
     led to ``exc`` (its ``__cause__`` or ``__context__``: a ``StopIteration`` a generator raised,
     which Python turns into a ``RuntimeError`` in the frame that read it) counts too.
-    Schedlab's own errors, ``MemoryError``, interrupts and other ``BaseException`` give None, as
-    does an exception raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
+    A ``MemoryError`` counts when a third-party plugin's frame is the innermost plugin frame (a
+    plugin's own ``raise MemoryError("...")``, or its own allocation), with the advice for a run
+    too large beside it; in schedlab's or the built-in plugins' frames alone it is the run's size
+    (None: the command line says so).
+    Schedlab's own errors, interrupts and other ``BaseException`` give None, as does an exception
+    raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
     """
-    if not isinstance(exc, (Exception, SystemExit, GeneratorExit)) or isinstance(exc, (SchedlabError, MemoryError)):
+    if not isinstance(exc, (Exception, SystemExit, GeneratorExit)) or isinstance(exc, SchedlabError):
         return None
+    try:
+        return _plugin_error(exc, catalog, where)
+    except MemoryError:  # (out of memory for real: the command line's advice is what is left)
+        return None
+
+
+#: What a :class:`PluginError` for a plugin's ``MemoryError`` adds.
+MEMORY_ADVICE = "if the experiment is large, make it smaller (fewer requests, points or instances)"
+
+
+def _plugin_error(exc: BaseException, catalog, where: str | None) -> PluginError | None:
     try:
         entries = [entry for registry in catalog.registries.values() for entry in registry]
         packages = _plugin_packages(catalog, entries)
@@ -100,6 +115,8 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
     if not frames:
         return None
     inner, line = frames[-1]
+    if isinstance(exc, MemoryError) and _package_of(inner.f_globals.get("__name__")) in _builtin_packages(entries):
+        return None
     try:
         text = " ".join(str(exc).split())
     except Exception:  # (an exception whose __str__ raises)
@@ -111,6 +128,8 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
     code = inner.f_code
     place = f"{_file_name(code.co_filename)}:{line} in {getattr(code, 'co_qualname', code.co_name)}"
     message = f"{what} ({place}; {TRACEBACK_ENV}=1 prints the traceback)"
+    if isinstance(exc, MemoryError):
+        message += f"; {MEMORY_ADVICE}"
     error = PluginError(f"{where}: {message}" if where else message, "".join(traceback.format_exception(exc)))
     error.__cause__ = exc  # (in this process: the original, for a debugger or an API caller)
     return error
@@ -137,6 +156,12 @@ def _plugin_packages(catalog, entries) -> set[str]:
     for plugin in catalog.plugin_manager.get_plugins():
         modules.add(plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__)
     return {_package_of(m) for m in modules} - {None, "schedlab", "builtins", "functools"}
+
+
+def _builtin_packages(entries) -> set[str]:
+    """The top-level packages of the built-in plugins (``schedlab_plugins``)."""
+    return {_package_of(getattr(entry.factory, "__module__", None)) for entry in entries
+            if entry.provider.endswith(" (built-in)")} - {None}
 
 
 def _culprit(frames, entries) -> str:

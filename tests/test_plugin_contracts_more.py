@@ -212,6 +212,32 @@ def test_a_plugin_that_exits_or_cannot_say_why_is_named(plugin, capsys, engine, 
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("body, raised", [("raise MemoryError('plugin says no')", "MemoryError: plugin says no"),
+                                          ("raise MemoryError", "MemoryError")])
+def test_a_plugins_own_memory_error_names_the_plugin(plugin, capsys, engine, body, raised):
+    """Used to read as the run's size alone ("out of memory; make the experiment smaller"), no plugin named."""
+    code, path = plugin(scheduler_plugin("greedy", "Greedy", f"def schedule(self, plan):\n    {body}\n"),
+                        '[scheduler]\nkind = "greedy"\n', engine=engine)
+    err = one_line(code, capsys.readouterr().err)
+    assert re.fullmatch(rf"{re.escape(str(path))}: run 'contract': scheduler 'greedy' \(plugin contract_plugin_\d+\) "
+                        rf"raised {raised} \(contract_plugin_\d+\.py:\d+ in Greedy\.schedule; .*\); if the "
+                        r"experiment is large, make it smaller \(fewer requests, points or instances\)", err), err
+
+
+def test_a_memory_error_in_the_built_in_plugins_is_the_runs_size(monkeypatch, capsys, tmp_path):
+    """Raised in a built-in plugin's frame (or schedlab's), it is not blamed on that plugin."""
+    built_in = {"__name__": ContinuousScheduler.__module__}  # (its frame is the built-in module's)
+    exec("def schedule(self, plan):\n    raise MemoryError\n", built_in)
+    monkeypatch.setattr(ContinuousScheduler, "schedule", built_in["schedule"])
+    path = tmp_path / "big.toml"
+    path.write_text('[experiment]\nname = "big"\n' + SYNTHETIC)
+    code = main(["run", str(path), "--out", str(tmp_path / "out"), "--no-plots", "--jobs", "1"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().split("\n")[-1] == (
+        "schedlab: error: out of memory; make the experiment smaller (fewer requests, points or instances)")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("call, message", [
     ("plan.admit(seq, seq.num_tokens / 2)", "admit(): request 0: num_tokens must be a whole number (an int), the "
                                             "scheduler gave 50.0 (a float)"),
