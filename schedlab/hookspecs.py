@@ -182,6 +182,9 @@ def schedlab_run_started(run_name: str, settings: dict[str, Any]) -> None:
 def schedlab_run_finished(run_name: str, result: Any) -> None:
     """Called after a run finished, with its :class:`schedlab.results.RunResult`.
 
+    The hook observes: a run whose result it changed (a metric, a request's row) ends in an error
+    naming the hook's plugin, as the reports and tables would otherwise show the changed values.
+
     :param run_name: the run's name.
     :param result: per-request arrays and run metrics.
     """

@@ -600,6 +600,34 @@ def test_a_failing_report_keeps_the_results_and_the_reports_written_before_it(pl
     assert {"summary.json", "requests.csv", "index.html"} <= set(files)
 
 
+# -- an observer of finished runs --------------------------------------------------------------------------------
+@pytest.mark.parametrize("change", ["result.metrics['throughput_tps'] = -1.0",  # (the table showed -1)
+                                    "result.requests['first_token_ms'][0] = 0.0",
+                                    "result.meta['note'] = 'mine'"])
+def test_a_run_finished_hook_that_changes_the_result_is_refused(plugin, capsys, change):
+    code, path = plugin(f"""
+        @schedlab.hookimpl
+        def schedlab_run_finished(run_name, result):
+            {change}
+        """)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': a schedlab_run_finished hook (plugin {path.stem}) changed the run's result; the hook "
+        "observes results -- it may copy what it wants to change")
+
+
+def test_a_run_finished_hook_that_reads_the_result_is_fine(plugin, capsys, tmp_path):
+    code, _ = plugin("""
+        SEEN = []
+
+        @schedlab.hookimpl
+        def schedlab_run_finished(run_name, result):
+            SEEN.append((run_name, len(result.requests["first_token_ms"]), dict(result.metrics)))
+            SEEN[-1][2]["throughput_tps"] = -1.0  # (its own copy)
+        """)
+    assert code == 0, capsys.readouterr().err
+    assert '"throughput_tps": -1' not in (tmp_path / "out" / "summary.json").read_text()
+
+
 # -- a factory registered as an instance -----------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["run", "validate"])
 def test_registering_an_instance_instead_of_a_factory_is_named(plugin, capsys, command):

@@ -15,13 +15,16 @@ One progress bar counts every simulation of the experiment.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
+import pickle
 import time
+import types
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
-from ..errors import SimulationError
+from ..errors import PluginError, SimulationError
 from ..interrupts import wait_first
 from ..progress import progress
 from ..results.records import ExperimentResults, RunResult
@@ -96,7 +99,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 if isinstance(outcome, TaskFailure):
                     raise outcome.error
                 simulations += 1
-                hook.schedlab_run_finished(run_name=outcome.name, result=outcome)
+                _announce_finished(hook, outcome, exp.context.source)
                 if job.record(index, outcome):
                     if on_run is not None:
                         on_run(job.result())
@@ -111,3 +114,22 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
     execution = {"executor": executor.description, "workers": executor.workers, "simulations": simulations,
                  "wall_s": time.perf_counter() - started_at}
     return ExperimentResults(exp.name, str(exp.path), studies, exp.raw, execution)
+
+
+def _announce_finished(hook, result: RunResult, source: str) -> None:
+    """Call the ``schedlab_run_finished`` hooks with ``result``, and refuse a hook that changed it:
+    they observe results (a hook that set a metric to -1 had the table show it)."""
+    observers = hook.schedlab_run_finished.get_hookimpls()
+    before = _fingerprint(result) if observers else None
+    hook.schedlab_run_finished(run_name=result.name, result=result)
+    if observers and _fingerprint(result) != before:
+        who = [f"plugin {getattr(impl.plugin, '__name__', impl.plugin_name)}" for impl in observers]
+        raise PluginError(f"{source}: run {result.name!r}: a schedlab_run_finished hook ({', '.join(who)}) changed the "
+                          "run's result; the hook observes results -- it may copy what it wants to change")
+
+
+def _fingerprint(result: RunResult) -> bytes:
+    """A digest of everything ``result`` holds, arrays and all (pickled into the hash, not into memory)."""
+    digest = hashlib.blake2b(digest_size=16)
+    pickle.Pickler(types.SimpleNamespace(write=digest.update), protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+    return digest.digest()
