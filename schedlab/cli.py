@@ -33,7 +33,7 @@ from typing import Callable
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
-from .errors import TRACEBACK_ENV, InputWarning, PluginError, SchedlabError, plugin_error
+from .errors import TRACEBACK_ENV, InputWarning, PluginError, SchedlabError, brief, plugin_error
 from .interrupts import SignalGuard, acknowledge, stop_status
 from .results import index_page
 from .results.folder import StagedFiles, StagedFolder, record_entries
@@ -101,28 +101,54 @@ def cmd_run(args) -> int:
                     raise
                 break
             try:
-                written += _written(name, report, answer)
+                written += _written(name, report, answer, stage.path, written)
             except SchedlabError as exc:
                 failed = exc
                 break
+        written = [path for path in written if (stage.path / path).exists()]  # (a failing report may have removed some)
         table = _table_text(exp.context.catalog, results, exp.report_tables.get("table", {}), f"{exp.path}")
         written.append(index_page.write(stage.path, results, table_text=table, experiment_settings=exp.raw,
                                         run_settings={r.name: r.settings for r in results.all_runs()}))
         stage.commit()
     if failed is not None:
-        raise type(failed)(f"{failed}; the {len(written)} files written before it are in {out}",
+        count = f"{len(written)} file" + ("s" if len(written) != 1 else "")
+        raise type(failed)(f"{failed}; the {count} written before it are in {out}",
                            *([failed.details] if isinstance(failed, PluginError) else []))
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
 
 
-def _written(name: str, report, answer) -> list:
+def _written(name: str, report, answer, folder: Path, before: list) -> list:
     """``answer``, what report ``name``'s ``write()`` returned, if it is the list (or tuple) of the
-    files it wrote, the Report protocol's answer; else :class:`SchedlabError` naming the report."""
-    if isinstance(answer, (list, tuple)):
-        return list(answer)
-    raise SchedlabError(f"report {name!r} ({type(report).__name__}): write() returned {answer!r} "
-                        f"({type(answer).__name__}); it must return the list of files it wrote ([] for none)")
+    files it wrote, the Report protocol's answer: paths in ``folder`` that are there (relative ones
+    within it), while the files the reports ``before`` it wrote still are. Else
+    :class:`SchedlabError` naming the report (the count of files written was a report's word)."""
+    who = f"report {name!r} ({type(report).__name__})"
+    if not isinstance(answer, (list, tuple)):
+        raise SchedlabError(f"{who}: write() returned {brief(answer)} ({type(answer).__name__}); it must return the "
+                            "list of files it wrote ([] for none)")
+    root = folder.resolve()
+    for item in answer:
+        if not isinstance(item, (str, os.PathLike)):
+            raise SchedlabError(f"{who}: write() returned {brief(item)} ({type(item).__name__}) among its files; it "
+                                "must return the list of files it wrote, as paths")
+        path = (folder / item).resolve()
+        if not path.is_relative_to(root):
+            raise SchedlabError(f"{who}: write() returned {item}, outside the results folder; a report writes into "
+                                "the out_dir it is given")
+        if not path.exists():
+            raise SchedlabError(f"{who}: write() returned {_shown(path, root)}, which is not there; it must return "
+                                "the files it wrote")
+    gone = [path for path in before if not (folder / path).exists()]
+    if gone:
+        raise SchedlabError(f"{who}: {len(gone)} of the files the reports before it wrote are gone after it ran "
+                            f"({_shown((folder / gone[0]).resolve(), root)}, ...); a report writes files of its own")
+    return list(answer)
+
+
+def _shown(path: Path, root: Path) -> str:
+    """A path in the staging folder as its name within the results folder."""
+    return str(path.relative_to(root))
 
 
 @contextmanager

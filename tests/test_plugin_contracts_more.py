@@ -600,6 +600,56 @@ def test_a_failing_report_keeps_the_results_and_the_reports_written_before_it(pl
     assert {"summary.json", "requests.csv", "index.html"} <= set(files)
 
 
+@pytest.mark.parametrize("body, message", [
+    ("return [1, 2]", "write() returned 1 (int) among its files; it must return the list of files it wrote, as paths"),
+    ("return [out_dir / 'never.txt']", "write() returned never.txt, which is not there; it must return the files it "
+                                       "wrote"),
+    ("(out_dir / 'own.txt').write_text('x')\nreturn ['own.txt', 'missing.txt']",
+     "write() returned missing.txt, which is not there; it must return the files it wrote"),
+    ("(out_dir.parent / 'escaped.txt').write_text('x')\nreturn [out_dir.parent / 'escaped.txt']",
+     "write() returned {parent}/escaped.txt, outside the results folder; a report writes into the out_dir it is given"),
+    ("for p in out_dir.iterdir():\n    p.unlink()\nreturn []",
+     "{gone} of the files the reports before it wrote are gone after it ran (summary.json, ...); a report writes "
+     "files of its own"),
+])
+def test_a_reports_files_are_checked_not_only_counted(plugin, capsys, tmp_path, body, message):
+    """'10 files written' counted a report's [1, 2], a file it never wrote, one outside the folder,
+    and the files of the reports before it that it deleted."""
+    code, _ = plugin(f"""
+        class Odd:
+            def write(self, results, out_dir):
+                {textwrap.indent(body, " " * 16).lstrip()}
+
+        @schedlab.hookimpl
+        def schedlab_register_reports(register):
+            register("odd", Odd)
+        """, reports='"json", "odd"')
+    err = one_line(code, capsys.readouterr().err)
+    out = tmp_path / "out"
+    left = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.name != "own.txt")
+    count = f"{len(left)} file" + ("s" if len(left) != 1 else "")
+    gone = re.match(r"report 'odd' \(Odd\): (\d+) of", err)
+    assert err == (f"report 'odd' (Odd): {message.format(parent=tmp_path, gone=gone and gone[1])}; the {count} "
+                   f"written before it are in {out}")
+    if gone:  # (the json report's files, every one of them; the index is written after)
+        assert int(gone[1]) >= 3 and left == ["index.html"]
+
+
+def test_a_report_may_name_its_files_relative_to_its_folder(plugin, capsys, tmp_path):
+    code, _ = plugin("""
+        class Relative:
+            def write(self, results, out_dir):
+                (out_dir / "mine.txt").write_text("x")
+                return ["mine.txt"]
+
+        @schedlab.hookimpl
+        def schedlab_register_reports(register):
+            register("relative", Relative)
+        """, reports='"json", "relative"')
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "mine.txt").read_text() == "x"
+
+
 # -- an observer of finished runs --------------------------------------------------------------------------------
 @pytest.mark.parametrize("change", ["result.metrics['throughput_tps'] = -1.0",  # (the table showed -1)
                                     "result.requests['first_token_ms'][0] = 0.0",
