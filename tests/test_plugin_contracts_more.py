@@ -141,6 +141,14 @@ def test_a_workload_breaking_its_protocol_is_refused_by_name(plugin, capsys, eng
     assert one_line(code, capsys.readouterr().err) == f"{path}: run 'contract': {message}"
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_workload_that_makes_no_requests_is_named(plugin, capsys, engine):
+    """Used to end with exit 0 and an empty table."""
+    code, path = plugin(WORKLOAD.format(requests="[]"), '[workload]\nkind = "bad"\n', engine=engine, workload="")
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': workload 'bad' made no requests; a run needs at least one")
+
+
 def test_requests_are_checked_as_they_are_streamed():
     """The check never materialises the stream: an endless workload is read one request at a time,
     and a bad request is refused only when it is reached."""

@@ -1262,6 +1262,9 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
                                  "dummy_rank_steps": lockstep.dummy_steps, "experts_ms": lockstep.experts_ms}
     result = RunResult.from_recorder(spec.name, recorder, settings=_tables_with_defaults(spec.tables, ctx), meta=meta,
                                      request_cost=getattr(cost, "request_cost", None), point=spec.point)
+    if delivered.count == 0 and not spec.part:  # (a partitioned run's part may get none; the merged run may not)
+        raise WorkloadError(f"{where}: workload {spec.tables['workload'].get('kind')!r} made no requests; a run needs "
+                            "at least one")
     if not getattr(a.workload, "closed_loop", False):  # (a closed loop's follow-ups come from on_finish)
         _check_conserved(delivered.count, result.metrics.get("requests"), spec, where)
     # A replayed real run, or a summary of one: compared with the whole run (a partitioned run's
