@@ -322,6 +322,16 @@ def test_a_plugins_numbers_and_flags_are_checked_when_it_is_built(plugin, capsys
 
 
 @pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_kv_problem_that_is_not_text_is_named(plugin, capsys, command):
+    """kv_problem() returning 7 used to end in 'exp.toml: [scheduler]: 7'."""
+    code, path = plugin(scheduler_plugin("odd", "Odd", "def kv_problem(self, kv):\n    return 7\n"),
+                        '[scheduler]\nkind = "odd"\n', command)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: [scheduler]: scheduler 'odd' (plugin {path.stem}): its kv_problem() returned 7 (int); it returns why "
+        "the settings cannot work, as text, or None")
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
 @pytest.mark.parametrize("method, shown", [
     ("def schedule(self): pass", "its schedule() cannot be called as schedule(plan)"),
     ("def on_finish(self, seq): pass", "its on_finish(seq) cannot be called as on_finish(seq, now_ms)"),
