@@ -479,7 +479,8 @@ CLUSTER = ('[cluster]\ninstances = 3\nrouter = {kind = "least_outstanding"}\n'
 def test_an_autoscaler_answer_that_is_not_a_count_is_refused(plugin, capsys, engine, answer, shown):
     code, path = plugin(AUTOSCALER.format(answer=answer), CLUSTER, "run", engine)
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'contract': autoscaler Bad returned {shown} from decide() at t=1000 ms; expected a whole "
+        f"{path}: run 'contract': autoscaler 'bad' (plugin {path.stem}) returned {shown} from decide() at t=1000 ms; "
+        "expected a whole "
         "number of instances >= 0 (an int)")
 
 
@@ -516,7 +517,7 @@ def test_a_power_models_energy_that_is_not_a_number_at_least_0_is_refused(plugin
     code, path = plugin(POWER.format(settings="50.0, 100.0, 1000.0", energy=energy), '[power]\nkind = "bad"\n',
                         "run", engine)
     err = one_line(code, capsys.readouterr().err)
-    assert err.startswith(f"{path}: run 'contract': power model Bad's iteration_j returned "), err
+    assert err.startswith(f"{path}: run 'contract': power model 'bad' (plugin {path.stem})'s iteration_j returned "), err
     assert err.endswith(f" J for {FIRST_BATCH}; it must be a finite number >= 0"), err
     if shown is not None:
         assert f"returned {shown} J" in err
@@ -528,7 +529,7 @@ def test_a_power_models_energy_that_is_not_a_number_at_least_0_is_refused(plugin
 def test_a_power_models_settings_are_checked(plugin, capsys, settings, message):
     code, path = plugin(POWER.format(settings=settings, energy="0.3 * duration_ms"), '[power]\nkind = "bad"\n')
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'contract': power model Bad's {message}; it must be a finite number >= 0")
+        f"{path}: run 'contract': power model 'bad' (plugin {path.stem})'s {message}; it must be a finite number >= 0")
 
 
 class Power:

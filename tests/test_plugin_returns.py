@@ -282,10 +282,12 @@ def test_a_router_may_return_numpy_integers(plugin, capsys, answer, engine):
 @pytest.mark.parametrize("answer, shown", [("True", "True"), ("np.bool_(False)", "np.False_"), ("1.0", "1.0")])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_router_returning_a_bool_or_float_is_refused(plugin, capsys, answer, shown, engine):
-    """The fast engine took ``True`` as instance 1, which the reference refused."""
+    """The fast engine took ``True`` as instance 1, which the reference refused; the router is named as
+    registered (it was its class alone)."""
     code, path = plugin(ROUTER.format(answer=answer), CLUSTER, engine)
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'returns': router Router returned {shown} for request 0; expected an instance index from 0 to 2")
+        f"{path}: run 'returns': router 'odd-router' (plugin {path.stem}) returned {shown} for request 0; expected an "
+        "instance index from 0 to 2")
 
 
 # -- a cost model's time too small for the clock -------------------------------------------------

@@ -10,6 +10,7 @@ import difflib
 import inspect
 import math
 import numbers
+import re
 import sys
 import time
 import warnings
@@ -1213,7 +1214,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             scaling = _scaling(a, engines, [meters[i] for i in indices], recorder)
             _serve(spec, a, requests, engines, router, ReferenceCluster, scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
-        raise _with_where(_plugin_named(exc, spec, ctx, a), where) from None
+        raise _with_where(_plugin_named(exc, spec, ctx), where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
     cpu_ms = (time.process_time() - started_cpu) * 1e3
     scheduler, cost, kv = a.instances[0]
@@ -1394,22 +1395,35 @@ def make_recorder(record: RecordSettings, a: Assembled, timeline: bool) -> Recor
                     exact_requests=record.exact_requests, timeline_points=record.timeline_points)
 
 
-def _plugin_named(exc: SchedlabError, spec: RunSpec, ctx: Context, a: Assembled) -> SchedlabError:
+def _plugin_named(exc: SchedlabError, spec: RunSpec, ctx: Context) -> SchedlabError:
     """``exc`` with the registered plugin named where the engines' checks of an answer name its
     kind or class alone (``cost model returned nan ms``, ``KV cache MyKV's allocate returned
-    None``): ``cost model 'mine' (plugin my_module) returned nan ms``."""
+    None``, ``router Mine returned -1``): ``cost model 'mine' (plugin my_module) returned nan ms``.
+    A class is found by its name among the kind's registered factories, else by the kind the
+    run's table names."""
     text = str(exc)
-    for kind, obj in (("cost_model", a.instances[0][1]), ("kv_cache", a.instances[0][2])):
-        said = "cost model" if kind == "cost_model" else f"KV cache {type(obj).__name__}"
-        name = spec.tables.get(kind, {}).get("kind")
-        if not (text.startswith(said + " ") or text.startswith(said + "'s ")) or not isinstance(name, str):
-            continue
-        try:
-            label = entry_label(ctx.catalog[kind].get(name))
-            return type(exc)(label + text[len(said):])
-        except (SchedlabError, TypeError):  # (an unknown name; a plugin's error class with another constructor)
-            return exc
-    return exc
+    found = re.match(r"(cost model)[ ']|(KV cache|router|autoscaler|power model) (\w+)[ ']", text)
+    if found is None:
+        return exc
+    said = found[1] or found[2]
+    kind = said.lower().replace(" ", "_")
+    registry = ctx.catalog[kind]
+    by_class = [entry for entry in registry if found[3] and getattr(entry.factory, "__name__", None) == found[3]]
+    name = by_class[0].name if len(by_class) == 1 else _table_kind(spec.tables, kind)
+    try:
+        label = entry_label(registry.get(name))
+        return type(exc)(label + text[len(said) + (len(found[3]) + 1 if found[3] else 0):])
+    except (SchedlabError, TypeError):  # (an unknown name; a plugin's error class with another constructor)
+        return exc
+
+
+def _table_kind(tables: dict, kind: str) -> str | None:
+    """The ``kind`` a run's table of plugin ``kind`` names (a router's and an autoscaler's are in
+    ``[cluster]``), or None."""
+    table = (tables.get("cluster") or {}).get(kind) if kind in ("router", "autoscaler") else \
+        tables.get("power" if kind == "power_model" else kind)
+    name = table.get("kind") if isinstance(table, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _with_where(exc: SchedlabError, where: str) -> SchedlabError:
