@@ -265,6 +265,28 @@ def test_a_plan_call_with_a_count_or_time_of_the_wrong_type_is_refused_on_both_e
     assert one_line(code, capsys.readouterr().err) == f"{path}: run 'contract': {message}"
 
 
+PIPELINED = ('[cluster]\npipeline_parallel = 2\n'
+             '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n')
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_plan_kept_for_a_later_iteration_is_refused(plugin, capsys, engine, pipelined):
+    """A scheduler that kept its first plan and decoded on it later was ignored, and the run ended
+    in a stall blamed on empty plans (both engines; a pipelined instance's plans too)."""
+    code, path = plugin(scheduler_plugin("keeper", "Keeper", """
+        def schedule(self, plan):
+            if getattr(self, "kept", None) is None:
+                self.kept = plan
+                return super().schedule(plan)
+            self.kept.decode_all()
+        """), '[scheduler]\nkind = "keeper"\n' + (PIPELINED if pipelined else ""),
+        engine=engine)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': the scheduler called decode_all() on the plan of an earlier iteration (plan 1): a "
+        "scheduler acts on the plan schedule() is given, within that call")
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_scheduler_that_loses_requests_from_its_waiting_queue_is_caught(plugin, capsys, engine):
     """Removing requests from plan.waiting by hand (not through admit or reject) used to end with

@@ -26,7 +26,7 @@ from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, coun
 from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import check_kv_counts, stall_message
 from .load import Release, load
-from .plan import FastPlan, limit_hook, prefix_hits, rejection_hook, schedule_returned
+from .plan import FastPlan, ask_scheduler, limit_hook, prefix_hits, rejection_hook
 from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
@@ -1013,9 +1013,7 @@ class Instance:
                 plan.wake_steps = due - steps
             check_kv_counts(self.kv)
             return plan
-        returned = self.scheduler.schedule(plan)
-        if returned is not None:
-            raise schedule_returned(returned)
+        ask_scheduler(self.scheduler, plan)
         check_kv_counts(self.kv)
         self.ask_at_step = None if plan.wake_steps is None else steps + plan.wake_steps
         return plan

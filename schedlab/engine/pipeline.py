@@ -64,7 +64,7 @@ from ..errors import StallError
 from .ahead import plans_ahead
 from .instance import Instance
 from .lockstep import rank_batch
-from .plan import FastPlan, schedule_returned
+from .plan import FastPlan, ask_scheduler
 from .rank_cost import RankCost
 from .stall import check_kv_counts
 from .sequence import ABORTED, DECODING, FINISHED, PARKED, PREFILLING
@@ -270,9 +270,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         inst = self.inst
         inst.serial += 1
         plan = FastPlan(inst, inst.serial)
-        returned = inst.scheduler.schedule(plan)
-        if returned is not None:
-            raise schedule_returned(returned)
+        ask_scheduler(inst.scheduler, plan)
         check_kv_counts(inst.kv)
         return plan
 

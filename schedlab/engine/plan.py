@@ -6,6 +6,7 @@ scheduler's later decisions in the same call see them. The instance then execute
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -233,6 +234,42 @@ def received_rejection_hook(scheduler, default):
         return check_rejection(request, hook(request, kv, received=True))
 
     return reason_of
+
+
+def ask_scheduler(scheduler, plan) -> None:
+    """``scheduler.schedule(plan)``, as every engine asks it: its answer must be None
+    (:func:`schedule_returned`), and then the plan is closed to it (:func:`close`)."""
+    returned = scheduler.schedule(plan)
+    if returned is not None:
+        raise schedule_returned(returned)
+    close(plan)
+
+
+#: The Plan protocol's actions: what a scheduler does to a plan, only within the schedule() call given it.
+ACTIONS = ("admit", "prefill", "decode", "decode_all", "skip_decode", "preempt", "requeue", "reject", "swap_out",
+           "swap_in", "wake_at", "wake_after", "overshoot")
+
+
+def close(plan) -> None:
+    """Refuse the Plan protocol's actions on ``plan`` from now on: a scheduler that kept the plan of
+    an earlier iteration and called ``old_plan.decode_all()`` in a later one was ignored by the
+    engine, and the run ended in a stall blamed on empty plans. The plan's class becomes a
+    subclass whose actions raise (no cost to the engines' own reading of it)."""
+    plan.__class__ = _closed(type(plan))
+
+
+@functools.cache
+def _closed(cls: type) -> type:
+    """``cls`` with the Plan protocol's actions refused (one class per plan class)."""
+    def refused(name):
+        def action(self, *args, **kwargs):
+            raise SimulationError(f"the scheduler called {name}() on the plan of an earlier iteration (plan "
+                                  f"{self.serial}): a scheduler acts on the plan schedule() is given, within that call")
+        return action
+
+    return type(f"Closed{cls.__name__}", (cls,), {
+        "__slots__": (), "__doc__": f"A {cls.__name__} whose iteration is planned (:func:`close`).",
+        **{name: refused(name) for name in ACTIONS if hasattr(cls, name)}})
 
 
 def schedule_returned(result) -> SimulationError:

@@ -21,8 +21,8 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import (Refusals, check_counts, check_reason, check_wake, limit_hook, prefix_hits, refusal, rejection_hook,
-                   schedule_returned)
+from .plan import (Refusals, ask_scheduler, check_counts, check_reason, check_wake, limit_hook, prefix_hits, refusal,
+                   rejection_hook)
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -720,9 +720,7 @@ class ReferenceEngine:
         ahead = self.ahead
         if ahead is None:
             plan = RefPlan(self, self.serial)
-            returned = self.scheduler.schedule(plan)
-            if returned is not None:
-                raise schedule_returned(returned)
+            ask_scheduler(self.scheduler, plan)
             check_kv_counts(self.kv)
             return plan
         end = self.now
@@ -739,9 +737,7 @@ class ReferenceEngine:
         if not ahead.planning and (ahead.phantom or ahead.kept):  # (the batch's output is seen: nothing is in flight)
             ahead.phantom, ahead.kept = {}, {}
         plan = RefPlan(self, self.serial)
-        returned = self.scheduler.schedule(plan)
-        if returned is not None:
-            raise schedule_returned(returned)
+        ask_scheduler(self.scheduler, plan)
         check_kv_counts(self.kv)
         self.now = end
         ahead.planning = False

@@ -31,7 +31,7 @@ from typing import Sequence
 from ..errors import StallError
 from .ahead import plans_ahead
 from .load import load
-from .plan import schedule_returned
+from .plan import ask_scheduler
 from .reference import RefPlan, ReferenceEngine
 from .reference_cluster import ReferenceCluster
 from .stall import check_kv_counts
@@ -160,9 +160,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             e.serial += 1
             plan = PipelinePlan(e, e.serial)
             shown = self._show() if e.stagger is not None else None
-            returned = e.scheduler.schedule(plan)
-            if returned is not None:
-                raise schedule_returned(returned)
+            ask_scheduler(e.scheduler, plan)
             check_kv_counts(e.kv)
             empty = not plan.num_scheduled_tokens and not plan.swapped_in and plan.transfer_ms == 0.0
             if not empty:
