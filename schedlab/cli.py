@@ -105,7 +105,7 @@ def cmd_run(args) -> int:
             except SchedlabError as exc:
                 failed = exc
                 break
-        written = [path for path in written if (stage.path / path).exists()]  # (a failing report may have removed some)
+        written = [path for path in written if path.exists()]  # (a failing report may have removed some)
         table = _table_text(exp.context.catalog, results, exp.report_tables.get("table", {}), f"{exp.path}")
         written.append(index_page.write(stage.path, results, table_text=table, experiment_settings=exp.raw,
                                         run_settings={r.name: r.settings for r in results.all_runs()}))
@@ -119,31 +119,35 @@ def cmd_run(args) -> int:
 
 
 def _written(name: str, report, answer, folder: Path, before: list) -> list:
-    """``answer``, what report ``name``'s ``write()`` returned, if it is the list (or tuple) of the
-    files it wrote, the Report protocol's answer: paths in ``folder`` that are there (relative ones
-    within it), while the files the reports ``before`` it wrote still are. Else
+    """``answer``, what report ``name``'s ``write()`` returned, as absolute paths, if it is the list
+    (or tuple) of the files it wrote, the Report protocol's answer: paths in ``folder`` that are
+    there, while the files the reports ``before`` it wrote (absolute) still are. Else
     :class:`SchedlabError` naming the report (the count of files written was a report's word)."""
     who = f"report {name!r} ({type(report).__name__})"
     if not isinstance(answer, (list, tuple)):
         raise SchedlabError(f"{who}: write() returned {brief(answer)} ({type(answer).__name__}); it must return the "
                             "list of files it wrote ([] for none)")
     root = folder.resolve()
+    paths = []
     for item in answer:
         if not isinstance(item, (str, os.PathLike)):
             raise SchedlabError(f"{who}: write() returned {brief(item)} ({type(item).__name__}) among its files; it "
                                 "must return the list of files it wrote, as paths")
-        path = (folder / item).resolve()
-        if not path.is_relative_to(root):
+        # (relative to the working directory, as Python reads it -- out_dir is relative with a relative --out --
+        # or else to out_dir)
+        path = next((p for p in (Path(item).resolve(), (folder / item).resolve()) if p.is_relative_to(root)), None)
+        if path is None:
             raise SchedlabError(f"{who}: write() returned {item}, outside the results folder; a report writes into "
                                 "the out_dir it is given")
         if not path.exists():
             raise SchedlabError(f"{who}: write() returned {_shown(path, root)}, which is not there; it must return "
                                 "the files it wrote")
-    gone = [path for path in before if not (folder / path).exists()]
+        paths.append(path)
+    gone = [path for path in before if not path.exists()]
     if gone:
         raise SchedlabError(f"{who}: {len(gone)} of the files the reports before it wrote are gone after it ran "
-                            f"({_shown((folder / gone[0]).resolve(), root)}, ...); a report writes files of its own")
-    return list(answer)
+                            f"({_shown(gone[0], root)}, ...); a report writes files of its own")
+    return paths
 
 
 def _shown(path: Path, root: Path) -> str:
