@@ -400,7 +400,10 @@ def test_requests_and_blocks_are_conserved_across_pools(case, engine):
     decode side had cached, in causal order; every cache of both pools is empty at the end."""
     requests, _, decode, n_prefill, n_decode = case[:5]
     result, _ = run_cluster(case, engine)
-    check_run(result, requests)
+    # (with a model's window layers a preempted request whose recompute needs more blocks at once than
+    # the whole cache is turned away after some service, as documented: ContinuousScheduler._never_fits)
+    recompute = any(reason.startswith("its recompute of ") for reason in result.rejections.values())
+    check_run(result, requests, rejections="any" if recompute else "unserved")
     req = result.requests
     by_request = {r.id: r for r in requests}
     moved = (req["rejected"] == 0) & (req["kv_pulled_ms"] >= 0)
