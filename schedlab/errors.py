@@ -125,14 +125,39 @@ def _plugin_error(exc: BaseException, catalog, where: str | None) -> PluginError
         text = f"sys.exit({text})" if text else "sys.exit()"
     what = f"{_culprit([frame for frame, _ in frames], entries)} raised {type(exc).__name__}" + \
         (f": {text}" if text else "")
-    code = inner.f_code
-    place = f"{_file_name(code.co_filename)}:{line} in {getattr(code, 'co_qualname', code.co_name)}"
-    message = f"{what} ({place}; {TRACEBACK_ENV}=1 prints the traceback)"
+    message = f"{what} ({_place(inner, line)}; {TRACEBACK_ENV}=1 prints the traceback)"
     if isinstance(exc, MemoryError):
         message += f"; {MEMORY_ADVICE}"
     error = PluginError(f"{where}: {message}" if where else message, "".join(traceback.format_exception(exc)))
     error.__cause__ = exc  # (in this process: the original, for a debugger or an API caller)
     return error
+
+
+def raised_by_plugin(exc: SchedlabError, catalog) -> SchedlabError:
+    """``exc``, a schedlab error, with the plugin that raised it in front when a third-party
+    plugin's own code raised it (its innermost frame is the plugin's: ``raise ConfigError("my state
+    is bad")`` at run time read as schedlab's, naming no plugin); else ``exc``. The message is the
+    plugin's, meant for its user, so no line is added. Errors schedlab raises where a plugin
+    called it (a Plan call it got wrong) say what they are."""
+    try:
+        entries = [entry for registry in catalog.registries.values() for entry in registry]
+        packages = _plugin_packages(catalog, entries) - _builtin_packages(entries)
+    except Exception:  # (not a catalog: nothing to go by)
+        return exc
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames or _package_of(frames[-1][0].f_globals.get("__name__")) not in packages:
+        return exc
+    who = _culprit([frame for frame, _ in frames if _package_of(frame.f_globals.get("__name__")) in packages], entries)
+    try:
+        return type(exc)(f"{who}: {exc}")
+    except TypeError:  # (a plugin's error class with another constructor)
+        return exc
+
+
+def _place(frame, line: int) -> str:
+    """Where a frame is, as messages show it: ``mine.py:12 in Mine.schedule``."""
+    code = frame.f_code
+    return f"{_file_name(code.co_filename)}:{line} in {getattr(code, 'co_qualname', code.co_name)}"
 
 
 def _chain(exc: BaseException, most: int = 16) -> list[BaseException]:

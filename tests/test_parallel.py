@@ -95,8 +95,8 @@ def test_a_user_error_in_a_worker_arrives_as_itself(tmp_path, monkeypatch):
         "scheduler.max_num_seqs" = [1, 2, 3]
     """))
     # which point's error comes first depends on timing; each names its run
-    with pytest.raises(WorkloadError, match=r"exp\.toml: run 'exp\[max_num_seqs=\d\]': row 3 of the trace is bad "
-                                            r"\(seed 5\)$"):
+    with pytest.raises(WorkloadError, match=r"exp\.toml: run 'exp\[max_num_seqs=\d\]': workload 'broken' \(plugin "
+                                            r"broken_workload_mod\): row 3 of the trace is bad \(seed 5\)$"):
         run_with(tmp_path / "exp.toml", ProcessExecutor(2))
 
 

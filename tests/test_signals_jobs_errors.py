@@ -415,7 +415,8 @@ def test_errors_schedlab_raises_on_purpose_keep_their_message(tmp_path, capsys, 
         assert main(["run", str(exp), "--no-plots", "--out", str(tmp_path / "out"), "-j", jobs]) == 2
     finally:
         sys.modules.pop("stalling_plugin_xyz", None)
-    assert capsys.readouterr().err.splitlines()[-1] == f"schedlab: error: {exp}: run 'fifo': refuses to schedule"
+    assert capsys.readouterr().err.splitlines()[-1] == (  # (the plugin named before its own message)
+        f"schedlab: error: {exp}: run 'fifo': scheduler 'refuses' (plugin stalling_plugin_xyz): refuses to schedule")
 
 
 def test_a_bug_in_schedlab_itself_keeps_its_traceback(tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
 from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError,
-                      brief, entry_label)
+                      brief, entry_label, raised_by_plugin)
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import checked_requests
 from ..targets import TargetConfig, compare_with_real_run, unmetered_energy_left_out
@@ -1214,7 +1214,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
             scaling = _scaling(a, engines, [meters[i] for i in indices], recorder)
             _serve(spec, a, requests, engines, router, ReferenceCluster, scaling)
     except SchedlabError as exc:  # bad requests, a stall, the clock's end: say which run
-        raise _with_where(_plugin_named(exc, spec, ctx), where) from None
+        raise _with_where(_plugin_named(raised_by_plugin(exc, ctx.catalog), spec, ctx), where) from None
     wall_ms = (time.perf_counter() - started) * 1e3
     cpu_ms = (time.process_time() - started_cpu) * 1e3
     scheduler, cost, kv = a.instances[0]
