@@ -220,6 +220,18 @@ def test_a_plugin_that_exits_or_cannot_say_why_is_named(plugin, capsys, engine, 
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_schedlab_error_a_plugin_raises_itself_names_the_plugin(plugin, capsys, engine):
+    """Used to read as schedlab's own: "run 'contract': my state is bad", no plugin named."""
+    code, path = plugin(scheduler_plugin("strict", "Strict", """
+        def schedule(self, plan):
+            from schedlab.errors import ConfigError
+            raise ConfigError("my state is bad")
+        """), '[scheduler]\nkind = "strict"\n', engine=engine)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': scheduler 'strict' (plugin {path.stem}): my state is bad")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("body, raised", [("raise MemoryError('plugin says no')", "MemoryError: plugin says no"),
                                           ("raise MemoryError", "MemoryError")])
 def test_a_plugins_own_memory_error_names_the_plugin(plugin, capsys, engine, body, raised):
@@ -794,6 +806,24 @@ def test_a_kv_cache_that_takes_more_than_it_has_is_blamed(plugin, capsys, engine
     err = one_line(code, capsys.readouterr().err)
     assert err.startswith(f"{path}: run 'contract': kv cache 'count' (plugin {path.stem}) reports -"), err
     assert err.endswith(" free blocks of 64: its allocate() took more than it has"), err
+
+
+class ForgetfulKV(CountingKV):
+    """Its used count stays at 0 while its free count falls (the timeline drew an empty cache)."""
+
+    def num_used_blocks(self):
+        return 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_kv_cache_whose_used_and_free_do_not_add_up_is_blamed(plugin, capsys, engine):
+    code, path = plugin(KV_PLUGIN.replace("CountingKV", "ForgetfulKV").replace(", overcommit=True", ""),
+                        '[kv_cache]\nkind = "count"\n', engine=engine)
+    err = one_line(code, capsys.readouterr().err)
+    used_free = re.fullmatch(rf"{re.escape(str(path))}: run 'contract': kv cache 'count' \(plugin {path.stem}\) reports "
+                             r"0 used \+ (\d+) free blocks, not the 64 it has: its used and free counts are not kept "
+                             r"together \(the KVCache protocol\)", err)
+    assert used_free and int(used_free[1]) < 64, err
 
 
 @pytest.mark.parametrize("engine", ENGINES)

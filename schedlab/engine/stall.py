@@ -19,9 +19,11 @@ from ..errors import SimulationError, brief
 
 
 def check_kv_counts(kv) -> None:
-    """Raise :class:`SimulationError` blaming ``kv`` when it reports fewer than no free blocks, or
-    more used than it has. Both engines call it once per plan, after the scheduler's allocations:
-    left alone, such a cache ends in a stall that seems the scheduler's (it did not preempt)."""
+    """Raise :class:`SimulationError` blaming ``kv`` when it reports fewer than no free blocks, more
+    used than it has, or used and free counts that do not add up to its blocks (``used + deferred +
+    free - lent == num_blocks``, the KVCache protocol). Both engines call it once per plan, after
+    the scheduler's allocations: left alone, such a cache ends in a stall that seems the
+    scheduler's (it did not preempt), or draws a timeline of its wrong counts."""
     free = kv.num_free_blocks()
     used = kv.num_used_blocks()
     for name, value in (("num_free_blocks", free), ("num_used_blocks", used)):
@@ -34,6 +36,12 @@ def check_kv_counts(kv) -> None:
     if used > kv.num_blocks:
         raise SimulationError(f"KV cache {type(kv).__name__} reports {used} used blocks of {kv.num_blocks}: its "
                               "allocate() took more than it has")
+    deferred, lent = getattr(kv, "deferred_blocks", 0), getattr(kv, "lent_blocks", 0)
+    if used + deferred + free - lent != kv.num_blocks:  # (a used count stuck at 0 drew an empty timeline)
+        parts = f"{used} used + {free} free" + (f" + {deferred} deferred" if deferred else "") + \
+            (f" - {lent} lent" if lent else "")
+        raise SimulationError(f"KV cache {type(kv).__name__} reports {parts} blocks, not the {kv.num_blocks} it has: "
+                              "its used and free counts are not kept together (the KVCache protocol)")
 
 
 def check_kv_released(instances) -> None:
@@ -67,10 +75,6 @@ def stall_message(engine, why: str) -> str:
     if free < 0:
         text += (f"; KV cache {type(kv).__name__} reports fewer than no free blocks: its allocate() may have taken "
                  "more than it has")
-    elif not running and not engine.swapped and not kv.num_used_blocks() and free < kv.num_blocks - _unsettled(kv):
-        text += (f"; KV cache {type(kv).__name__} reports 0 used blocks but {free} free of {kv.num_blocks} with no "
-                 "request running or swapped out: its free count is not kept with its used count (used + free "
-                 "should be num_blocks)")
     elif not running and not engine.swapped and kv.num_used_blocks() > 0:
         text += (f"; KV cache {type(kv).__name__} reports {kv.num_used_blocks()} used blocks with no request running "
                  "or swapped out: its free() may not release every block allocate() took (a leak)")
@@ -80,9 +84,3 @@ def stall_message(engine, why: str) -> str:
                  "decode_all() returns False")
     hint = getattr(scheduler, "stall_hint", None)  # (the scheduler's own word on why, if it has one)
     return text + (f"; {hint}" if hint else "")
-
-
-def _unsettled(kv) -> int:
-    """Blocks a cache that settles a pass at its end counts neither used nor free (its optional
-    ``deferred_blocks`` less ``lent_blocks``, 0 for other caches: the KVCache protocol)."""
-    return getattr(kv, "deferred_blocks", 0) - getattr(kv, "lent_blocks", 0)
