@@ -299,7 +299,9 @@ class Plan(Protocol):
     """The iteration being built; a scheduler reads the state and fills it in.
 
     Every action takes effect at once (blocks are allocated or freed when called), as in
-    vLLM's scheduler, so later decisions in the same call see the result.
+    vLLM's scheduler, so later decisions in the same call see the result. A plan is the
+    scheduler's only within the ``schedule()`` call that gives it: an action on a plan kept for
+    a later iteration is refused (:func:`schedlab.engine.plan.close`).
     """
 
     now: float
