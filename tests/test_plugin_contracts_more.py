@@ -299,6 +299,40 @@ def test_a_plan_kept_for_a_later_iteration_is_refused(plugin, capsys, engine, pi
         "scheduler acts on the plan schedule() is given, within that call")
 
 
+STICKY_QUEUE = """
+class Sticky(list):
+    push = list.append
+
+    def push_front(self, seq):
+        self.insert(0, seq)
+
+    def peek(self):
+        return self[0] if self else None
+
+    def remove(self, seq):  # (does nothing)
+        pass
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_waiting_queue_that_keeps_what_it_should_drop_is_named_in_the_stall(plugin, capsys, engine):
+    """Every request finished, yet the stall said "8 waiting, 0 running" and nothing more."""
+    code, path = plugin(scheduler_plugin("sticky", "StickyScheduler", """
+        def new_waiting_queue(self):
+            return Sticky()
+
+        def schedule(self, plan):
+            plan.decode_all()
+            for seq in list(plan.waiting):
+                if seq.status == "waiting":
+                    plan.admit(seq, seq.num_tokens)
+        """, STICKY_QUEUE), '[scheduler]\nkind = "sticky"\n', engine=engine)
+    assert re.fullmatch(r".* stalled at .*: scheduler StickyScheduler, 8 waiting, 0 running, 0 swapped, (\d+)/\1 KV "
+                        r"blocks free; 8 of the 8 in the waiting queue have left the run \(finished, rejected or "
+                        r"aborted\): the scheduler's waiting queue does not drop what its remove\(\) is given",
+                        one_line(code, capsys.readouterr().err))
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_scheduler_that_loses_requests_from_its_waiting_queue_is_caught(plugin, capsys, engine):
     """Removing requests from plan.waiting by hand (not through admit or reject) used to end with

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numbers
 
 from ..errors import SimulationError, brief
+from .sequence import ABORTED, FINISHED, REJECTED, WAITING
 
 
 def check_kv_counts(kv) -> None:
@@ -82,5 +83,9 @@ def stall_message(engine, why: str) -> str:
         text += (f"; the {len(decoding)} decoding requests' next step needs {need} new KV blocks, {free} free: a "
                  "scheduler whose admissions do not reserve the whole answer must preempt (plan.preempt) when "
                  "decode_all() returns False")
+    left = sum(1 for s in engine.waiting if getattr(s, "status", WAITING) in (FINISHED, REJECTED, ABORTED))
+    if left:  # (a queue whose remove() does nothing: the requests it shows are long done)
+        text += (f"; {left} of the {len(engine.waiting)} in the waiting queue have left the run (finished, rejected "
+                 "or aborted): the scheduler's waiting queue does not drop what its remove() is given")
     hint = getattr(scheduler, "stall_hint", None)  # (the scheduler's own word on why, if it has one)
     return text + (f"; {hint}" if hint else "")
