@@ -37,6 +37,8 @@ def check_kv_counts(kv) -> None:
     if used > kv.num_blocks:
         raise SimulationError(f"KV cache {type(kv).__name__} reports {used} used blocks of {kv.num_blocks}: its "
                               "allocate() took more than it has")
+    if used + free == kv.num_blocks:  # (most caches, at once: a missing attribute's getattr costs a raise)
+        return
     deferred, lent = getattr(kv, "deferred_blocks", 0), getattr(kv, "lent_blocks", 0)
     if used + deferred + free - lent != kv.num_blocks:  # (a used count stuck at 0 drew an empty timeline)
         parts = f"{used} used + {free} free" + (f" + {deferred} deferred" if deferred else "") + \
