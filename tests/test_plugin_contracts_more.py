@@ -390,12 +390,14 @@ def test_a_plugins_numbers_and_flags_are_checked_when_it_is_built(plugin, capsys
 
 
 @pytest.mark.parametrize("command", ["run", "validate"])
-def test_a_kv_problem_that_is_not_text_is_named(plugin, capsys, command):
-    """kv_problem() returning 7 used to end in 'exp.toml: [scheduler]: 7'."""
-    code, path = plugin(scheduler_plugin("odd", "Odd", "def kv_problem(self, kv):\n    return 7\n"),
+@pytest.mark.parametrize("method", ["kv_problem", "start_up_problem"])
+def test_a_kv_problem_that_is_not_text_is_named(plugin, capsys, command, method):
+    """kv_problem() returning 7 used to end in 'exp.toml: [scheduler]: 7'; start_up_problem()'s went
+    into the run's meta unchecked."""
+    code, path = plugin(scheduler_plugin("odd", "Odd", f"def {method}(self, kv):\n    return 7\n"),
                         '[scheduler]\nkind = "odd"\n', command)
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: [scheduler]: scheduler 'odd' (plugin {path.stem}): its kv_problem() returned 7 (int); it returns why "
+        f"{path}: [scheduler]: scheduler 'odd' (plugin {path.stem}): its {method}() returned 7 (int); it returns why "
         "the settings cannot work, as text, or None")
 
 

@@ -488,12 +488,16 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     for _ in range(count):
         scheduler, cost, kv = (build_component(ctx, kind, tables[kind], f"{where} [{label}{kind}]", parallelism)
                                for kind in ("scheduler", "cost_model", "kv_cache"))
+        for method in ("kv_problem", "start_up_problem"):  # (a 7 read as the problem "7")
+            ask = getattr(scheduler, method, None)
+            answer = ask(kv) if callable(ask) else None
+            if answer and not isinstance(answer, str):
+                who = entry_label(ctx.catalog["scheduler"].get(tables["scheduler"].get("kind")))
+                raise ConfigError(f"{where} [{label}scheduler]: {who}: its {method}() returned {brief(answer)} "
+                                  f"({type(answer).__name__}); it returns why the settings cannot work, as text, or "
+                                  "None")
         problem = getattr(scheduler, "kv_problem", None)
         problem = problem and problem(kv)
-        if problem and not isinstance(problem, str):  # (a 7 read as the problem "7")
-            who = entry_label(ctx.catalog["scheduler"].get(tables["scheduler"].get("kind")))
-            raise ConfigError(f"{where} [{label}scheduler]: {who}: its kv_problem() returned {brief(problem)} "
-                              f"({type(problem).__name__}); it returns why the settings cannot work, as text, or None")
         if problem:
             raise ConfigError(f"{where} [{label}scheduler]: {problem}")
         if not parts:  # every instance has the same tables: one says it
