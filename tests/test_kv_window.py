@@ -556,7 +556,11 @@ def test_windowed_runs_agree_and_keep_every_limit(setup):
             if engine == "fast" else None
         runs[engine] = run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(), kv, engine=engine,
                                   check=check)
-        check_run(runs[engine], requests, max_running=cfg.max_num_seqs, kv_blocks=num_blocks)
+        # (a preempted request whose recompute needs more blocks at once than the cache has is turned away
+        # after service, as test_a_preempted_request_whose_recompute_never_fits_is_rejected shows)
+        served = any(why.startswith("its recompute of ") for why in runs[engine].rejections.values())
+        check_run(runs[engine], requests, max_running=cfg.max_num_seqs, kv_blocks=num_blocks,
+                  rejections="any" if served else "unserved")
         if check is not None:
             assert check.iterations == runs[engine].metrics["iterations"]
     compare_runs(runs["fast"], runs["reference"])
