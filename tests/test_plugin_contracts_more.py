@@ -844,6 +844,26 @@ def test_a_kv_cache_that_takes_more_than_it_has_is_blamed(plugin, capsys, engine
     assert err.endswith(" free blocks of 64: its allocate() took more than it has"), err
 
 
+@pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.parametrize("answer, shown", [("None", "None (a NoneType)"), ("-5", "-5 (a int)"), ("2.0", "2.0 (a float)")])
+def test_a_kv_caches_blocks_needed_answer_is_checked_when_it_is_built(plugin, capsys, command, answer, shown):
+    """None used to fail inside the built-in scheduler that added it up, which was blamed."""
+    code, path = plugin(f"""
+        from test_plugin_contracts_more import CountingKV
+
+        class Odd(CountingKV):
+            def blocks_needed(self, seq, n, *, cached_tokens=0, reserve_tokens=0):
+                return {answer}
+
+        @schedlab.hookimpl
+        def schedlab_register_kv_caches(register):
+            register("count", lambda: Odd(64))
+        """, '[kv_cache]\nkind = "count"\n', command)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: [kv_cache]: kv cache 'count' (plugin {path.stem}): its blocks_needed() returned {shown} for a fresh "
+        "16-token request; the KVCache protocol wants a whole number of blocks >= 0 (schedlab/protocols.py)")
+
+
 class ForgetfulKV(CountingKV):
     """Its used count stays at 0 while its free count falls (the timeline drew an empty cache)."""
 

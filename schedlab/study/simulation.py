@@ -45,7 +45,7 @@ from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
 from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError,
                       brief, entry_label, raised_by_plugin)
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
-from ..model import checked_requests
+from ..model import Request, checked_requests
 from ..targets import TargetConfig, compare_with_real_run, unmetered_energy_left_out
 from ..parallelism import SINGLE, Parallelism
 from ..results.metrics import request_met
@@ -343,6 +343,20 @@ def _check_calls(entry, obj, protocol: str) -> None:
                               f"schedlab calls it (the {protocol} protocol: schedlab/protocols.py)") from None
 
 
+def _check_blocks_needed(entry, kv) -> None:
+    """Refuse a third-party KV cache whose ``blocks_needed`` does not answer a whole number of blocks
+    for a fresh 16-token request: its None failed inside the built-in scheduler that added it up,
+    which was blamed. (A pure question; built-in caches are not asked.)"""
+    from ..engine.sequence import DecodeClock, Sequence
+
+    probe = Sequence(Request(id=0, arrival_ms=0.0, prompt_tokens=16, output_tokens=1), 0, DecodeClock())
+    answer = kv.blocks_needed(probe, 16)
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Integral) or answer < 0:
+        raise ConfigError(f"{entry_label(entry)}: its blocks_needed() returned {brief(answer)} (a "
+                          f"{type(answer).__name__}) for a fresh 16-token request; the KVCache protocol wants a whole "
+                          "number of blocks >= 0 (schedlab/protocols.py)")
+
+
 def check_protocol(entry, obj) -> None:
     """Raise :class:`ConfigError` when ``obj``, what ``entry``'s factory made, lacks a member its
     kind's protocol requires (:data:`REQUIRED`), or, for a scheduler, when the queue its
@@ -365,6 +379,8 @@ def check_protocol(entry, obj) -> None:
                 f"a whole number from {least} to 2**53" + (" or None" if optional else "")
             raise ConfigError(f"{entry_label(entry)}: its {name} is {brief(value)} (a {type(value).__name__}); the "
                               f"{protocol} protocol wants {want} (schedlab/protocols.py)")
+    if entry.kind == "kv_cache" and not entry.provider.endswith(" (built-in)"):
+        _check_blocks_needed(entry, obj)
     if entry.kind != "scheduler":
         return
     make_queue = getattr(obj, "new_waiting_queue", None)
