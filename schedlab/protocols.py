@@ -302,6 +302,11 @@ class Plan(Protocol):
     vLLM's scheduler, so later decisions in the same call see the result. A plan is the
     scheduler's only within the ``schedule()`` call that gives it: an action on a plan kept for
     a later iteration is refused (:func:`schedlab.engine.plan.close`).
+
+    ``kv`` is the instance's cache to read (free blocks, ``blocks_needed``, ...). The engines
+    change it: a third-party scheduler that calls one of its changing methods (``free``,
+    ``allocate``, ``swap_out``, ...: :data:`schedlab.engine.plan.KV_CHANGES`) stops the run, naming
+    the Plan action to use instead (:func:`schedlab.engine.plan.kv_for`).
     """
 
     now: float

@@ -13,6 +13,7 @@ blocks than it has.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import sys
@@ -297,6 +298,50 @@ def test_a_plan_kept_for_a_later_iteration_is_refused(plugin, capsys, engine, pi
     assert one_line(code, capsys.readouterr().err) == (
         f"{path}: run 'contract': the scheduler called decode_all() on the plan of an earlier iteration (plan 1): a "
         "scheduler acts on the plan schedule() is given, within that call")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("pipelined", [False, True])
+@pytest.mark.parametrize("call, instead", [
+    ("plan.kv.free(seq)", "plan.preempt(seq) to take a running request's blocks back; the engine frees a request's "
+                          "blocks when it finishes"),
+    ("plan.kv.allocate(seq, 1)", "plan.admit / plan.prefill / plan.decode, which take the blocks they need"),
+])
+def test_a_scheduler_that_changes_the_kv_cache_itself_is_named(plugin, capsys, engine, pipelined, call, instead):
+    """A scheduler that freed a running request's blocks through plan.kv freed them twice (once more
+    when the request finished): the run stopped at its end blaming the built-in cache ('reports -357
+    used blocks ... its free() released more than allocate() took')."""
+    code, path = plugin(scheduler_plugin("freer", "Freer", f"""
+        def schedule(self, plan):
+            super().schedule(plan)
+            for seq in list(plan.running)[:1]:
+                {call}
+        """), '[scheduler]\nkind = "freer"\n' + (PIPELINED if pipelined else ""), engine=engine)
+    name = call.split("(")[0]
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': the scheduler called {name}(): a scheduler reads the KV cache and changes it only "
+        f"through the plan's actions -- {instead}")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_third_party_scheduler_reads_the_kv_cache_as_the_built_in_one_does(plugin, tmp_path, engine):
+    """The view a third-party scheduler gets passes every read through: a subclass of the built-in
+    scheduler that checks the cache's class and reads its counts ends with the built-in's results."""
+    reader = scheduler_plugin("reader", "Reader", """
+        def schedule(self, plan):
+            from schedlab_plugins.kv_caches import PagedKVCache
+            assert isinstance(plan.kv, PagedKVCache) and callable(plan.kv.free)
+            assert plan.kv.num_used_blocks() + plan.kv.num_free_blocks() == plan.kv.num_blocks
+            super().schedule(plan)
+        """)
+    results = []
+    for kind in ("continuous", "reader"):
+        code, _ = plugin(reader, f'[scheduler]\nkind = "{kind}"\n', engine=engine)
+        assert code == 0
+        found = json.loads((tmp_path / "out" / "summary.json").read_text())
+        results.append([run["metrics"] for study in found["studies"] for run in study["runs"]])
+    assert results[0] == results[1]
+    assert results[0][0]["finished"] == 8
 
 
 STICKY_QUEUE = """

@@ -26,7 +26,7 @@ from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, coun
 from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import check_kv_counts, stall_message
 from .load import Release, load
-from .plan import FastPlan, ask_scheduler, limit_hook, prefix_hits, rejection_hook
+from .plan import FastPlan, ask_scheduler, kv_for, limit_hook, prefix_hits, rejection_hook
 from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
@@ -166,6 +166,7 @@ class Instance:
         self.answer_segment = getattr(scheduler, "answer_segment", 0) or 0  # (Scheduler protocol)
         self.cost = cost_model
         self.kv = kv
+        self.plan_kv = kv_for(scheduler, kv)  # what its plans show the scheduler
         self.rec = recorder
         cap = getattr(scheduler, "max_in_flight", None)  # (Scheduler protocol: TGI's max_concurrent_requests)
         self.concurrency = ConcurrencyLimit(cap) if cap else None

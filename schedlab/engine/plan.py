@@ -272,6 +272,58 @@ def _closed(cls: type) -> type:
         **{name: refused(name) for name in ACTIONS if hasattr(cls, name)}})
 
 
+#: KVCache methods that change the cache. The engines call them (a Plan action, a request that
+#: finishes); a scheduler reads the cache and changes it only through the plan's actions.
+KV_CHANGES = ("allocate", "allocate_decodes", "free", "discard", "free_swapped", "swap_out", "swap_in", "grow",
+              "reset_prefix_cache")
+
+
+def kv_for(scheduler, kv):
+    """The KV cache as ``scheduler``'s plans show it (``plan.kv``): the cache itself to a built-in
+    scheduler, a :class:`SchedulerKV` to any other. A third-party scheduler that called
+    ``plan.kv.free(seq)`` on a running request freed its blocks twice (once more when it finished),
+    and the run stopped at its end blaming the built-in cache."""
+    if (type(scheduler).__module__ or "").partition(".")[0] in ("schedlab", "schedlab_plugins"):
+        return kv
+    return SchedulerKV(kv)
+
+
+class SchedulerKV:
+    """A KV cache as a third-party scheduler sees it: every read passes through, and
+    ``isinstance`` sees the cache's class; calling a method that changes the cache
+    (:data:`KV_CHANGES`) raises, naming the Plan action to use instead."""
+
+    __slots__ = ("_kv",)
+
+    def __init__(self, kv):
+        object.__setattr__(self, "_kv", kv)
+
+    @property
+    def __class__(self):  # (isinstance(plan.kv, PagedKVCache) answers as for the cache)
+        return type(self._kv)
+
+    def __getattr__(self, name):
+        found = getattr(self._kv, name)
+        if name in KV_CHANGES and callable(found):
+            return functools.partial(_kv_change_refused, name)
+        return found
+
+    def __setattr__(self, name, value):
+        setattr(self._kv, name, value)
+
+    def __repr__(self):
+        return repr(self._kv)
+
+
+def _kv_change_refused(name, *args, **kwargs):
+    instead = {"free": "plan.preempt(seq) to take a running request's blocks back; the engine frees a request's "
+                       "blocks when it finishes",
+               "swap_out": "plan.swap_out(seq)", "swap_in": "plan.swap_in(seq)"}.get(
+                   name, "plan.admit / plan.prefill / plan.decode, which take the blocks they need")
+    raise SimulationError(f"the scheduler called plan.kv.{name}(): a scheduler reads the KV cache and changes it "
+                          f"only through the plan's actions -- {instead}")
+
+
 def schedule_returned(result) -> SimulationError:
     """The error for a scheduler's ``schedule(plan)`` that returned ``result``, not None (the engines
     test just that after each call): a scheduler fills in the plan it is given; what it returned
@@ -284,7 +336,7 @@ class FastPlan:
     """One iteration under construction (see the Plan protocol for each method's contract)."""
 
     __slots__ = (
-        "_inst", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
+        "_inst", "_cache", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
         "spec_k", "spec_slots", "spec_override", "dropped", "overshoots", "draft_input_slots",
         "padded", "admission_padding", "overshoot_drafts", "refusals",
@@ -294,7 +346,8 @@ class FastPlan:
         self._inst = inst
         self.serial = serial
         self.now = inst.now
-        self.kv = inst.kv
+        self._cache = inst.kv
+        self.kv = inst.plan_kv     # (kv_for: the cache, or a view of it to a third-party scheduler)
         self.waiting = inst.waiting
         self.decodes_all = False        # every decoding sequence decodes (decode_all)
         self.decoded: list = []         # or only these (decode(seq)); the others are parked
@@ -409,7 +462,7 @@ class FastPlan:
             raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens in this "
                                   f"iteration, scheduler asked for {n}")
         spec = self._inst.spec
-        if not overshoot_slot(self.kv, self._inst.ahead, seq, n, spec.lookahead if spec is not None else 0):
+        if not overshoot_slot(self._cache, self._inst.ahead, seq, n, spec.lookahead if spec is not None else 0):
             return False
         self.overshoots = (*self.overshoots, seq)
         self._tokens += n
@@ -471,9 +524,9 @@ class FastPlan:
             phantom = self._phantoms()
             need = inst.spec_blocks_needed(self.spec_slots, phantom) if inst.n_decoding else 0
             if need:
-                if need > self.kv.num_free_blocks():
+                if need > self._cache.num_free_blocks():
                     return False
-                self.kv.grow(need)
+                self._cache.grow(need)
             for seq, extra in phantom.items():
                 self._override(seq, self.spec_k, self.spec_slots + extra)
             self.decodes_all = True
@@ -488,11 +541,11 @@ class FastPlan:
             # (drafts per batch size: a decode's own drafts take their slots, more or fewer than k)
             own = {s: self.drafts_for(s) for s in rest} if inst.spec is not None and inst.spec.per_request else None
             extras = {s: phantom.get(s, 0) + (own[s] - k if own else 0) for s in rest}
-            if sum(self.kv.blocks_needed(s, slots + extras[s]) for s in rest) > self.kv.num_free_blocks():
+            if sum(self._cache.blocks_needed(s, slots + extras[s]) for s in rest) > self._cache.num_free_blocks():
                 return False
             for s in rest:
                 extra = extras[s]
-                if not self.kv.allocate(s, slots + extra):
+                if not self._cache.allocate(s, slots + extra):
                     raise SimulationError("KV cache refused a decode slot it had reported free")
                 drafts = own[s] if own else k
                 if extra or drafts != k:
@@ -505,9 +558,9 @@ class FastPlan:
             if inst.kv_grows:
                 need = inst.cross_at[inst.clock.steps % len(inst.cross_at)]
                 if need:
-                    if need > self.kv.num_free_blocks():
+                    if need > self._cache.num_free_blocks():
                         return False
-                    self.kv.grow(need)
+                    self._cache.grow(need)
             elif not inst.allocate_each_decode():
                 return False
         self.decodes_all = True
@@ -531,9 +584,9 @@ class FastPlan:
                                   f"iteration, scheduler asked for {num_tokens}")
         extra = self.phantom(seq)
         slots = self.spec_slots - self.spec_k - 1 + num_tokens + extra
-        allocated = self.kv.allocate(seq, slots)
+        allocated = self._cache.allocate(seq, slots)
         if not allocated:
-            return refusal(self.kv, allocated)
+            return refusal(self._cache, allocated)
         seq.plan_mark = self.serial
         self.decoded.append(seq)
         self._tokens += num_tokens
@@ -565,7 +618,7 @@ class FastPlan:
         hit_of = self._inst.prefix_hit
         if hit_of is None:
             return 0
-        key = (self.serial, getattr(self.kv, "epoch", 0))  # the cache's contents may change within a plan
+        key = (self.serial, getattr(self._cache, "epoch", 0))  # the cache's contents may change within a plan
         memo_key, hit = seq.hit_memo
         if memo_key != key:
             hit = hit_of(seq)
@@ -604,9 +657,9 @@ class FastPlan:
                 reserve_tokens = slots  # (see prefill)
         host = self._inst.host_tier
         loaded = host.loaded if host is not None else 0
-        allocated = self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
+        allocated = self._cache.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
         if not allocated:
-            return refusal(self.kv, allocated) or self.refusals.refuse(seq)
+            return refusal(self._cache, allocated) or self.refusals.refuse(seq)
         self._claim(seq, "admitted")
         self._inst.on_admit(seq, hit, reserve_tokens)
         if host is not None and host.loaded != loaded:  # part of the hit comes back from host memory
@@ -636,15 +689,15 @@ class FastPlan:
             # a drafter writing KV past the step's tokens takes its lookahead slots with a prompt
             # chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
             slots = seq.num_computed_tokens + num_tokens + spec.lookahead
-            allocated = self.kv.allocate(seq, num_tokens, reserve_tokens=slots)
+            allocated = self._cache.allocate(seq, num_tokens, reserve_tokens=slots)
             if not allocated:
-                return refusal(self.kv, allocated)
+                return refusal(self._cache, allocated)
             if slots > seq.reserved_tokens:
                 seq.reserved_tokens = slots
         else:
-            allocated = self.kv.allocate(seq, num_tokens)
+            allocated = self._cache.allocate(seq, num_tokens)
             if not allocated:
-                return refusal(self.kv, allocated)
+                return refusal(self._cache, allocated)
         seq.plan_mark = self.serial
         self.prefills.append((seq, num_tokens))
         self._tokens += num_tokens

@@ -21,8 +21,8 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import (Refusals, ask_scheduler, check_counts, check_reason, check_wake, limit_hook, prefix_hits, refusal,
-                   rejection_hook)
+from .plan import (Refusals, ask_scheduler, check_counts, check_reason, check_wake, kv_for, limit_hook, prefix_hits,
+                   refusal, rejection_hook)
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -81,7 +81,8 @@ class RefPlan:
         self._e = engine
         self.serial = serial
         self.now = engine.now
-        self.kv = engine.kv
+        self._cache = engine.kv
+        self.kv = engine.plan_kv  # (kv_for: the cache, or a view of it to a third-party scheduler)
         self.waiting = engine.waiting
         self.decodes_all = False
         self.decoded: list = []
@@ -177,7 +178,7 @@ class RefPlan:
         n = 1 if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
-        if not overshoot_slot(self.kv, self._e.ahead, seq, n, self.lookahead):
+        if not overshoot_slot(self._cache, self._e.ahead, seq, n, self.lookahead):
             return False
         self.overshoots.append(seq)
         self.num_scheduled_tokens += n
@@ -199,10 +200,10 @@ class RefPlan:
         decoding = [s for s in self._e.running if s.status == "decoding" and s not in self.decoded]
         spec = self._e.spec is not None
         slots = {s: (1 + self.drafts_for(s) + self.lookahead if spec else 1) + self.phantom(s) for s in decoding}
-        if sum(self.kv.blocks_needed(s, slots[s]) for s in decoding) > self.kv.num_free_blocks():
+        if sum(self._cache.blocks_needed(s, slots[s]) for s in decoding) > self._cache.num_free_blocks():
             return False
         for s in decoding:
-            if not self.kv.allocate(s, slots[s]):
+            if not self._cache.allocate(s, slots[s]):
                 raise SimulationError("KV cache refused a decode slot it had reported free")
             self.drafts[s] = (self.drafts_for(s), slots[s])
             self.num_scheduled_tokens += 1 + self.drafts_for(s)
@@ -220,9 +221,9 @@ class RefPlan:
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
         slots = n + self.lookahead + self.phantom(seq) if self._e.spec is not None else 1 + self.phantom(seq)
-        allocated = self.kv.allocate(seq, slots)
+        allocated = self._cache.allocate(seq, slots)
         if not allocated:
-            return refusal(self.kv, allocated)
+            return refusal(self._cache, allocated)
         seq.mark = self.serial
         self.decoded.append(seq)
         self.drafts[seq] = (n - 1, slots)
@@ -271,17 +272,17 @@ class RefPlan:
             # prompt chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
             if padding or spec.lookahead:  # (placeholder drafts take slots as drafts do)
                 reserve_tokens = max(reserve_tokens, hit + num_tokens + padding + spec.lookahead)
-        host = getattr(self.kv, "host", None)
+        host = getattr(self._cache, "host", None)
         loaded = host.loaded if host is not None else 0
-        allocated = self.kv.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
+        allocated = self._cache.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
         if not allocated:
-            return refusal(self.kv, allocated) or self.refusals.refuse(seq)
+            return refusal(self._cache, allocated) or self.refusals.refuse(seq)
         if seq.mark == self.serial:
             raise SimulationError(f"request {seq.request.id} admitted twice in one iteration")
         if host is not None and host.loaded > loaded:  # blocks reloaded from host memory
             blocks = host.loaded - loaded
             ms = blocks * host.bytes_per_block / (host.link_gbps * 1e9) * 1e3 + host.latency_us / 1e3
-            self._e.counters["host_hits"] += blocks * self.kv.block_size
+            self._e.counters["host_hits"] += blocks * self._cache.block_size
             self._e.counters["host_load_blocks"] += blocks
             self._e.counters["host_load_ms"] += ms
             self.transfer_ms += ms
@@ -300,7 +301,7 @@ class RefPlan:
         seq.reserved_tokens = reserve_tokens
         seq.cached_tokens_total += hit
         e.running[seq] = None
-        if getattr(self.kv, "prefix_caching", False):
+        if getattr(self._cache, "prefix_caching", False):
             e.counters["prefix_queries"] += seq.num_tokens
             e.counters["prefix_hits"] += hit
         self.admitted.append(seq)
@@ -319,9 +320,9 @@ class RefPlan:
             raise SimulationError(f"prefill(): bad token count {num_tokens} for request {seq.request.id}")
         lookahead = self.lookahead  # (see admit)
         slots = seq.num_computed_tokens + num_tokens + lookahead
-        allocated = self.kv.allocate(seq, num_tokens, reserve_tokens=slots if lookahead else 0)
+        allocated = self._cache.allocate(seq, num_tokens, reserve_tokens=slots if lookahead else 0)
         if not allocated:
-            return refusal(self.kv, allocated)
+            return refusal(self._cache, allocated)
         if lookahead:
             seq.reserved_tokens = max(seq.reserved_tokens, slots)
         seq.mark = self.serial
@@ -395,7 +396,7 @@ class RefPlan:
                 self.num_scheduled_tokens -= 1 + self.overshoot_drafts.pop(seq, 0)
             del e.ahead.held[seq]
             del e.running[seq]
-            self.kv.free(seq)
+            self._cache.free(seq)
             seq.num_preemptions += 1
             e.counters["num_preemptions"] += 1
             e.counters["recompute_preemptions"] += 1
@@ -437,7 +438,7 @@ class RefPlan:
         # else the one before
         held = seq.num_computed_tokens + pending
         scheduled_decode = seq.status in ("decoding", "in_flight") and pending > 0  # (in flight: its decode's slots)
-        lookahead = getattr(self.kv, "hash_lookahead", 0)
+        lookahead = getattr(self._cache, "hash_lookahead", 0)
         if e.stagger is not None and seq.status == "in_flight" and seq in e.holds.flying:  # (its token in flight)
             seq.num_computed_tokens = Stagger.cached(seq, seq.num_computed_tokens, lookahead)
         elif e.ahead is None:
@@ -449,7 +450,7 @@ class RefPlan:
                 seq.num_computed_tokens, pending, scheduled_decode, seq in e.ahead.fresh, seq.cache_lag,
                 e.ahead.kept.get(seq, 0), tokens=seq.num_tokens, hash_lookahead=lookahead)
         seq.reserved_tokens = max(seq.reserved_tokens, held)
-        self.kv.free(seq, preempted=True)
+        self._cache.free(seq, preempted=True)
         seq.status = "waiting"
         seq.num_computed_tokens = 0
         seq.reserved_tokens = 0
@@ -471,7 +472,7 @@ class RefPlan:
         if seq in self.swapped_in:
             raise SimulationError(f"swap_out(): request {seq.request.id} joined this iteration")
         e = self._e
-        swap_out = getattr(self.kv, "swap_out", None)
+        swap_out = getattr(self._cache, "swap_out", None)
         pending = self.drafts[seq][1] if seq in self.drafts else 0
         seq.num_computed_tokens += pending  # its slots of this iteration go along (swap-in needs them again)
         ms = swap_out(seq) if swap_out is not None else None
@@ -487,7 +488,7 @@ class RefPlan:
         seq.num_swaps += 1
         e.counters["num_preemptions"] += 1
         e.counters["swap_preemptions"] += 1
-        e.counters["swap_out_blocks"] += math.ceil(seq.num_computed_tokens / self.kv.block_size)
+        e.counters["swap_out_blocks"] += math.ceil(seq.num_computed_tokens / self._cache.block_size)
         e.counters["swap_transfer_ms"] += ms
         self.transfer_ms += ms
         self.preempted.append(seq)
@@ -498,7 +499,7 @@ class RefPlan:
             raise SimulationError(f"swap_in(): request {seq.request.id} is {seq.status}")
         if not self.decodes_all and not self.decode_all():
             return False
-        ms = self.kv.swap_in(seq)
+        ms = self._cache.swap_in(seq)
         if ms is None:
             return False
         e = self._e
@@ -506,7 +507,7 @@ class RefPlan:
         e.running[seq] = None
         seq.status = "decoding"
         seq.mark = self.serial
-        e.counters["swap_in_blocks"] += math.ceil(seq.num_computed_tokens / self.kv.block_size)
+        e.counters["swap_in_blocks"] += math.ceil(seq.num_computed_tokens / self._cache.block_size)
         e.counters["swap_transfer_ms"] += ms
         self.transfer_ms += ms
         self.swapped_in.append(seq)
@@ -546,6 +547,7 @@ class ReferenceEngine:
         self.answer_segment = getattr(scheduler, "answer_segment", 0) or 0  # (Scheduler protocol)
         self.cost = cost_model
         self.kv = kv
+        self.plan_kv = kv_for(scheduler, kv)  # what its plans show the scheduler
         self.rec = recorder
         self.index = index
         cap = getattr(scheduler, "max_in_flight", None)  # (Scheduler protocol: TGI's max_concurrent_requests)
