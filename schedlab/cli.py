@@ -33,8 +33,8 @@ from typing import Callable
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
-from .errors import TRACEBACK_ENV, InputWarning, PluginError, SchedlabError, brief, plugin_error
-from .interrupts import SignalGuard, acknowledge, stop_status
+from .errors import PLUGIN_RAISES, TRACEBACK_ENV, InputWarning, PluginError, SchedlabError, brief, plugin_error
+from .interrupts import SignalGuard, acknowledge, by_signal, stop_status
 from .results import index_page
 from .results.folder import StagedFiles, StagedFolder, record_entries
 from .study.experiment import check_report_studies
@@ -95,7 +95,7 @@ def cmd_run(args) -> int:
                 answer = report.write(results, stage.path)
             except OSError:
                 raise  # (the staging folder says what a full or read-only disk did)
-            except (Exception, SystemExit, GeneratorExit) as exc:
+            except PLUGIN_RAISES as exc:
                 failed = plugin_error(exc, exp.context.catalog, exp.context.source)
                 if failed is None:
                     raise
@@ -161,7 +161,7 @@ def _plugin_errors(catalog, where: str):
     :class:`~schedlab.errors.PluginError`; anything else passes as it is."""
     try:
         yield
-    except (Exception, SystemExit, GeneratorExit) as exc:
+    except PLUGIN_RAISES as exc:
         error = plugin_error(exc, catalog, where)
         if error is None:
             raise
@@ -507,6 +507,9 @@ def _main(args) -> int:
                 raise  # (another pipe: a worker's)
             return 141  # the reader went away (`schedlab plugins | head -1`): quietly, as SIGPIPE ends a command
         except KeyboardInterrupt as exc:
+            error = None if by_signal() else _plugin_error_of(exc, args)  # (a plugin's own raise KeyboardInterrupt)
+            if error is not None:
+                return _error(error)
             acknowledge()
             what, status = stop_status(exc)
             written = getattr(exc, "results_written", None)  # (the stop came just after the folder was in place)

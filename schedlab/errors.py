@@ -6,6 +6,8 @@ import os
 import traceback
 import types
 
+from . import interrupts
+
 
 class SchedlabError(Exception):
     """Base class: something the user can fix (bad input, unknown name, impossible config)."""
@@ -66,6 +68,11 @@ def brief(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+#: What a plugin may raise that counts as its error (:func:`plugin_error`): a ``KeyboardInterrupt``
+#: counts only when no signal brought it (:func:`schedlab.interrupts.by_signal`).
+PLUGIN_RAISES = (Exception, SystemExit, GeneratorExit, KeyboardInterrupt)
+
+
 def plugin_error(exc: BaseException, catalog, where: str | None = None) -> PluginError | None:
     """``exc`` as a :class:`PluginError` when a plugin of ``catalog`` raised it, else None.
 
@@ -85,10 +92,14 @@ def plugin_error(exc: BaseException, catalog, where: str | None = None) -> Plugi
     plugin's own ``raise MemoryError("...")``, or its own allocation), with the advice for a run
     too large beside it; in schedlab's or the built-in plugins' frames alone it is the run's size
     (None: the command line says so).
-    Schedlab's own errors, interrupts and other ``BaseException`` give None, as does an exception
-    raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
+    So does a plugin's own ``raise KeyboardInterrupt``, when no signal came (it read as Ctrl-C).
+    Schedlab's own errors, interrupts by a signal and other ``BaseException`` give None, as does an
+    exception raised in schedlab's code alone (a bug in schedlab: its traceback is wanted).
     """
-    if not isinstance(exc, (Exception, SystemExit, GeneratorExit)) or isinstance(exc, SchedlabError):
+    if isinstance(exc, KeyboardInterrupt):
+        if interrupts.by_signal():
+            return None
+    elif not isinstance(exc, (Exception, SystemExit, GeneratorExit)) or isinstance(exc, SchedlabError):
         return None
     try:
         return _plugin_error(exc, catalog, where)

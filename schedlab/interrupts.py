@@ -128,6 +128,38 @@ class SignalGuard:
 
 _current: SignalGuard | None = None
 
+#: In a worker process (:func:`watch_worker_interrupts`): whether SIGINT has come; None elsewhere.
+_worker_signalled: bool | None = None
+
+
+def by_signal() -> bool:
+    """Whether a :class:`KeyboardInterrupt` raised now is a signal's (Ctrl-C, SIGTERM, SIGHUP) and
+    not a plugin's own ``raise KeyboardInterrupt``: what the :class:`SignalGuard` in place saw, or
+    in a worker process what :func:`watch_worker_interrupts` saw. True where neither watches (a
+    library caller's own process): an interrupt is then taken as one, as before."""
+    if _current is not None:
+        return _current.first is not None
+    if _worker_signalled is not None:
+        return _worker_signalled
+    return True
+
+
+def watch_worker_interrupts() -> None:
+    """A worker's initializer: note SIGINT when it comes (a Ctrl-C reaches the whole process group),
+    then raise :class:`KeyboardInterrupt` as Python's own handler does (:func:`by_signal`)."""
+    global _worker_signalled
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        _worker_signalled = False
+        return
+
+    def on_sigint(_signum, _frame):
+        global _worker_signalled
+        _worker_signalled = True
+        raise KeyboardInterrupt
+
+    _worker_signalled = False
+    signal.signal(signal.SIGINT, on_sigint)
+
 
 def is_signal_race(exc: BaseException | None) -> bool:
     """CPython's report of a signal that came while its handler was being set to SIG_IGN."""

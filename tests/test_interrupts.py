@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from schedlab.interrupts import SignalGuard, Terminated, acknowledge
+from schedlab import interrupts
+from schedlab.interrupts import SignalGuard, Terminated, acknowledge, by_signal, watch_worker_interrupts
 
 
 @pytest.fixture
@@ -117,3 +118,29 @@ def test_a_stop_another_thread_caught_reaches_a_main_thread_waiting_on_futures(r
     finally:
         over.set()
         thread.join()
+
+
+def test_a_keyboard_interrupt_is_told_from_a_signal(restore_signals):
+    """A plugin's own `raise KeyboardInterrupt` read as Ctrl-C: by_signal() says which it is."""
+    guard = SignalGuard()
+    with pytest.raises(KeyboardInterrupt):
+        with guard:
+            assert not by_signal()  # (a raise now is code's)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                wait_for_signals(5.0)
+            except KeyboardInterrupt:
+                assert by_signal()
+                acknowledge()
+                raise
+    assert by_signal()  # (no guard in place: an interrupt is taken as one)
+
+
+def test_a_worker_notes_the_sigint_it_gets(restore_signals, monkeypatch):
+    monkeypatch.setattr(interrupts, "_worker_signalled", None)
+    watch_worker_interrupts()
+    assert not by_signal()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_for_signals(5.0)
+    assert by_signal()

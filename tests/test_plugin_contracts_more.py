@@ -211,6 +211,7 @@ class Weird(Exception):
     ("import sys; sys.exit(0)", "SystemExit: sys.exit(0)"),   # used to end the command with status 0, no results
     ("raise GeneratorExit", "GeneratorExit"),                  # used to print a traceback
     ("raise Weird()", "Weird: (its message could not be shown)"),  # the error handler itself failed
+    ("raise KeyboardInterrupt", "KeyboardInterrupt"),  # used to read as Ctrl-C: "interrupted", exit 130
 ])
 def test_a_plugin_that_exits_or_cannot_say_why_is_named(plugin, capsys, engine, body, raised):
     code, path = plugin(scheduler_plugin("quits", "Quits", f"def schedule(self, plan):\n    {body}\n", WEIRD),
@@ -524,6 +525,26 @@ def test_a_worker_process_that_dies_under_a_plugin_is_one_line(tmp_path, capsys)
     assert not (tmp_path / "out").exists()
 
 
+def test_a_plugins_own_keyboard_interrupt_in_a_worker_process_is_its_error(tmp_path, capsys):
+    """No signal came, so it is the plugin's (a worker notes a SIGINT it gets: a real Ctrl-C stays
+    an interrupt, tests/test_interrupts.py)."""
+    (tmp_path / "stopping_plugin_xyz.py").write_text(HEADER + scheduler_plugin("stops", "Stops", """
+        def schedule(self, plan):
+            raise KeyboardInterrupt
+        """))
+    path = tmp_path / "stopping.toml"
+    path.write_text(EXPERIMENT.format(module="stopping_plugin_xyz", engine="fast", reports='"json"', workload=SYNTHETIC,
+                                      tables='[scheduler]\nkind = "stops"\n[[runs]]\nname = "a"\n[[runs]]\nname = "b"\n'))
+    try:
+        code = main(["run", str(path), "--jobs", "2", "--out", str(tmp_path / "out"), "--no-plots"])
+    finally:
+        sys.modules.pop("stopping_plugin_xyz", None)
+    err = one_line(code, capsys.readouterr().err)
+    assert re.fullmatch(rf"{re.escape(str(path))}: run '[ab]': scheduler 'stops' \(plugin stopping_plugin_xyz\) raised "
+                        r"KeyboardInterrupt \(stopping_plugin_xyz\.py:\d+ in Stops\.schedule; .*\)", err), err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_stopiteration_in_a_workloads_generator_names_the_workload(plugin, capsys):
     """Python turns it into a RuntimeError raised where schedlab reads the generator; the plugin's
     frame is in the exception that led to it."""
@@ -732,6 +753,22 @@ def test_a_failing_report_keeps_the_results_and_the_reports_written_before_it(pl
     files = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # (not the folder's marker)
     assert err.endswith(f"; the {len(files)} files written before it are in {out}"), (err, files)
     assert {"summary.json", "requests.csv", "index.html"} <= set(files)
+
+
+def test_a_reports_own_keyboard_interrupt_keeps_the_results(plugin, capsys, tmp_path):
+    """It read as Ctrl-C, and the results of the whole run were thrown away with it."""
+    code, _ = plugin("""
+        class Stops:
+            def write(self, results, out_dir):
+                raise KeyboardInterrupt
+
+        @schedlab.hookimpl
+        def schedlab_register_reports(register):
+            register("stops", Stops)
+        """, reports='"json", "stops"')
+    err = one_line(code, capsys.readouterr().err)
+    assert re.search(r": report 'stops' \(plugin contract_plugin_\d+\) raised KeyboardInterrupt \(", err), err
+    assert (tmp_path / "out" / "summary.json").exists()
 
 
 @pytest.mark.parametrize("body, message", [

@@ -33,7 +33,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Protocol
 
 from .. import interrupts
-from ..errors import ConfigError, plugin_error
+from ..errors import PLUGIN_RAISES, ConfigError, plugin_error
 from ..results.stream import SPOOL, SPOOL_OWNER_ENV, SPOOL_PREFIX
 from .simulation import Context
 from .tasks import RunTask, TaskFailure, execute
@@ -87,7 +87,7 @@ def run_task(task: RunTask, context: Context | None = None, observer: Callable |
     in schedlab itself) is raised as it is."""
     try:
         return execute(task, context, observer)
-    except (Exception, SystemExit, GeneratorExit) as exc:  # (a plugin's sys.exit() is its error, not ours)
+    except PLUGIN_RAISES as exc:  # (a plugin's sys.exit() is its error, not ours)
         try:
             catalog = (context if context is not None else task.context.build()).catalog
         except Exception:  # (it built a moment ago; if not now, there is nothing to go by)
@@ -203,6 +203,7 @@ def start_worker(main_pid: int) -> None:
     own once it is gone (:func:`watch_main`) -- then watch the main process."""
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    interrupts.watch_worker_interrupts()  # (a plugin's own KeyboardInterrupt is then its error)
     os.environ[SPOOL_OWNER_ENV] = str(main_pid)  # the rows a task streams are the main process's to keep or drop
     watch_main(main_pid)
 
