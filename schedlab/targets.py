@@ -262,6 +262,20 @@ class Summary:
     #: the GPUs the run served on, where the file says it (ML.ENERGY's ``num_gpus``)
     gpus: int | None = None
 
+    def __attrs_post_init__(self):
+        """Refuse percentiles that fall as the quantile rises (a p99 below the p50 was fitted to)."""
+        by_group: dict[str, list[tuple[float, float]]] = {}
+        for name, value in self.values.items():
+            group, _, stat = name.partition(".")
+            if stat.startswith("p") and math.isfinite(value):
+                by_group.setdefault(group, []).append((float(stat[1:]), value))
+        for group, points in by_group.items():
+            points.sort()
+            for (q_low, low), (q_high, high) in zip(points, points[1:]):
+                if high < low * (1 - 1e-9):
+                    raise ConfigError(f"{self.source}: {group}.p{q_high:g} ({high:g}) is below {group}.p{q_low:g} "
+                                      f"({low:g}): a percentile never falls as the quantile rises")
+
     @property
     def view(self) -> str:
         """Whose times these are: ``"engine"`` (the engine's own metrics -- vLLM's, SGLang's, TGI's
@@ -447,6 +461,28 @@ def _usable(summary: Summary, where: str) -> Summary:
                       f"schedlab reads (see schedlab/targets.py)")
 
 
+def _percentile(number: str, key: str, where: str) -> str:
+    """``p<number>``, the statistic a file's percentile key names (``p99_ttft_ms``, genai-perf's
+    ``p99``); one above 100 is refused (numpy's error on it was a traceback)."""
+    if not float(number) <= 100:
+        raise ConfigError(f"{where}: {key}: a percentile is from 0 to 100, got {number}")
+    return f"p{number}"
+
+
+def _request_count(raw, key: str, where: str) -> int | None:
+    """A file's count of requests (``completed``, ``successes.count``, ...): None where it gives none
+    (absent, null, not a number, beyond a float's range), else a whole number >= 0 (-3 and 1e300
+    were printed as counts, 20.7 cut to 20)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return None
+    value = _float(raw)
+    if math.isinf(value) and value > 0:  # (a JSON integer beyond a float's range: no number, as for a statistic)
+        return None
+    if not (math.isfinite(value) and value >= 0 and value == int(value) and value <= 2 ** 53):
+        raise ConfigError(f"{where}: {key}: a count of requests is a whole number >= 0, got {raw!r}")
+    return int(value)
+
+
 def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -496,7 +532,8 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
         value = _statistic(raw, key, where, dropped)
         if value is None:
             continue
-        stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else f"p{match.group(2)}"
+        stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else \
+            _percentile(match.group(2), key, where)
         values[f"{BENCH[match.group(3)]}.{stat}"] = value
         keys[f"{BENCH[match.group(3)]}.{stat}"] = key
     for alias, key in BENCH_RATE_ALIASES.items():
@@ -507,9 +544,8 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
         value = _statistic(data[key], keys.get(name, key), where, dropped) if key in data else None
         if value is not None:
             values[name] = value
-    completed = data.get("completed")
     return Summary(source, "vllm bench serve", _ordered(_streamed_only(values, keys, dropped, where)),
-                   requests=int(completed) if _number(completed) is not None else None, dropped=dropped)
+                   requests=_request_count(data.get("completed"), "completed", where), dropped=dropped)
 
 
 def _mlenergy_summary(data: dict, source: str, where: str, path: Path) -> Summary:
@@ -668,7 +704,8 @@ def _sglang_bench_summary(data: dict, source: str, where: str) -> Summary:
             continue
         value = _statistic(data[key], key, where, dropped)
         if value is not None:
-            stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else f"p{match.group(2)}"
+            stat = "mean" if match.group(1) == "mean" else "p50" if match.group(1) == "median" else \
+                _percentile(match.group(2), key, where)
             values[f"{group}.{stat}"] = value
     for key, name in SGLANG_BENCH_RATES.items():
         value = _statistic(data[key], key, where, dropped) if key in data else None
@@ -681,9 +718,8 @@ def _sglang_bench_summary(data: dict, source: str, where: str) -> Summary:
     if not streamed:
         left_out = sum(why == "of a non-streaming run" for why in dropped.values())
         _warn_non_streaming(where, "every ITL statistic is 0", left_out, len(values))
-    completed = _number(data.get("completed"))
-    return Summary(source, SGLANG_BENCH_KIND, _ordered(values), requests=int(completed) if completed is not None
-                   else None, dropped=dropped)
+    return Summary(source, SGLANG_BENCH_KIND, _ordered(values),
+                   requests=_request_count(data.get("completed"), "completed", where), dropped=dropped)
 
 
 def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:
@@ -719,7 +755,8 @@ def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:
         if not isinstance(unit, str) or unit not in GENAI_PERF_UNITS:
             raise ConfigError(f"{where}: {key}.unit: {unit!r} is not a time unit ({', '.join(GENAI_PERF_UNITS)})")
         for stat_key, raw in block.items():
-            stat = "mean" if stat_key == "avg" else stat_key if re.fullmatch(r"p\d+(?:\.\d+)?", stat_key) else None
+            stat = "mean" if stat_key == "avg" else _percentile(stat_key[1:], f"{key}.{stat_key}", where) \
+                if re.fullmatch(r"p\d+(?:\.\d+)?", stat_key) else None
             value = _statistic(raw, f"{key}.{stat_key}", where, dropped) if stat else None
             if value is not None:
                 values[f"{group}.{stat}"] = value * GENAI_PERF_UNITS[unit]
@@ -739,9 +776,8 @@ def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:
             dropped[keys[name]] = "of a non-streaming run"
             del values[name]
         _warn_non_streaming(where, "its TTFT is its request latency in every statistic", len(ttft), len(values))
-    count = _number(avg("request_count"))
-    return Summary(source, kind, _ordered(values), requests=int(count) if count is not None else None,
-                   dropped=dropped)
+    return Summary(source, kind, _ordered(values),
+                   requests=_request_count(avg("request_count"), "request_count.avg", where), dropped=dropped)
 
 
 def _stat_name(key: str) -> str | None:
@@ -785,9 +821,8 @@ def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
             else None
         if value is not None:
             values[name] = value
-    count = _number(successes.get("count"))
     return Summary(source, "inference-perf", _ordered(_streamed_only(values, keys, dropped, where)),
-                   requests=int(count) if count is not None else None, dropped=dropped)
+                   requests=_request_count(successes.get("count"), "successes.count", where), dropped=dropped)
 
 
 def _server_side(successes: dict) -> bool:
@@ -878,9 +913,8 @@ def _inference_perf_server_summary(data: dict, source: str, where: str, server: 
         found = [_statistic(raw, key, where, dropped) if raw is not None else None for key, raw in parts]
         if all(value is not None for value in found) and sum(found) > 0:
             values[name] = sum(found)
-    count = _number(successes.get("count"))
     return Summary(source, INFERENCE_PERF_SERVER_KIND, _ordered(values),
-                   requests=int(count) if count is not None else None, dropped=dropped)
+                   requests=_request_count(successes.get("count"), "successes.count", where), dropped=dropped)
 
 
 def _guidellm_summary(data: dict, source: str, index: int, where: str, names: dict[str, str]) -> Summary:
@@ -924,12 +958,13 @@ def _guidellm_summary(data: dict, source: str, index: int, where: str, names: di
             else None
         if value is not None:
             values[name] = value
-    count = _number(successful("request_latency").get("count"))
+    count = _request_count(successful("request_latency").get("count"), "metrics.request_latency.successful.count",
+                           f"{where} (benchmark {index})" if len(benchmarks) > 1 else where)
     label = f"{source} (benchmark {index} of {len(benchmarks)})" if len(benchmarks) > 1 else source
     _refuse_all_failed(count, "metrics.request_latency.successful.count", None, "",
                        f"{where} (benchmark {index})" if len(benchmarks) > 1 else where)
     return Summary(label, "guidellm", _ordered(_streamed_only(values, keys, dropped, where)),
-                   requests=int(count) if count is not None else None, dropped=dropped)
+                   requests=count, dropped=dropped)
 
 
 def _guidellm_percentile(key: str) -> str | None:
@@ -1036,8 +1071,11 @@ def _parse_prometheus(text: str, source: str) -> dict[str, dict]:
         total["series"].append(entry["buckets"])
         total["sum"] += entry["sum"]
         total["count"] += entry["count"][0] if entry["count"] is not None else entry["buckets"].get(math.inf, 0.0)
-    for total in found.values():
+    for metric, total in found.items():
         total["buckets"] = _sum_series(total.pop("series"))
+        if not all(map(math.isfinite, (total["sum"], total["count"], *total["buckets"].values()))):
+            raise ConfigError(f"{source}: {metric}: its label sets' counts or sums add up past a float's range "
+                              "(1.8e308): not a scrape of a server's observations")
     return found
 
 
@@ -1130,6 +1168,9 @@ def _bucket_bound(le: str, name: str, where: str) -> float:
     if not math.isfinite(bound):
         raise ConfigError(f"{where}: {name}: le={le!r} is not a finite bound (only the last bucket's, +Inf, is "
                           f"infinite)")
+    if bound < 0:
+        raise ConfigError(f"{where}: {name}: le={le!r}: a bucket's upper bound cannot be negative (its histogram "
+                          "counts times and token counts)")
     return bound
 
 
@@ -1189,6 +1230,10 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
             b = {"buckets": {}, "sum": 0.0, "count": 0.0}
         else:   # the bounds both scrapes hold (the label sets summed may keep different ones: _sum_series)
             common = set(a["buckets"]) & set(b["buckets"])
+            if not any(map(math.isfinite, common)) and any(map(math.isfinite, a["buckets"])):
+                raise ConfigError(f"{baseline or source}: {metric}: the baseline's buckets share no bound with the "
+                                  f"target's but +Inf ({_bounds_text(b)} against {_bounds_text(a)}): a histogram "
+                                  "is differenced bucket by bucket; scrape the same server before and after")
             a, b = ({**x, "buckets": {le: c for le, c in x["buckets"].items() if le in common}} for x in (a, b))
             _check_later(metric, a, b, source, baseline)
         bounds = sorted(a["buckets"])
@@ -1209,6 +1254,12 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
     e2e = histograms.get("e2e_ms")
     return Summary(source, kind, _ordered(values), histograms,
                    requests=int(e2e.count) if e2e is not None else None)
+
+
+def _bounds_text(series: dict) -> str:
+    """A histogram's finite bucket bounds, shortened: ``le=0.25, 0.5, 1``."""
+    bounds = [f"{le:g}" for le in sorted(series["buckets"]) if math.isfinite(le)]
+    return "le=" + ", ".join(bounds[:6]) + (", ..." if len(bounds) > 6 else "")
 
 
 def _check_later(metric: str, a: dict, b: dict, source: str, baseline: str) -> None:

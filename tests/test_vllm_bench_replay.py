@@ -254,6 +254,11 @@ def test_a_server_log_is_still_compared_with_the_simulated_engine(tmp_path):
     ({"output_lens": [None, 2]}, r"output_lens\[0\]: must be a whole number from 0 to 10\*\*8, got None"),
     ({"input_lens": [10, 10**20]}, r"input_lens\[1\]: must be a whole number from 1 to 10\*\*8, got "),
     ({"input_lens": [10, 10**9]}, r"input_lens\[1\]: must be a whole number from 1 to 10\*\*8, got 1000000000"),
+    # a latency shorter than the TTFT made the measured TPOT negative, and the fit ran against it
+    ({"latencies": [0.11, 0.05]}, r"latencies\[1\] \(0.05 s\) is shorter than ttfts\[1\] \(0.1 s\): a request's "
+                                  r"latency holds its time to first token"),
+    # present, of another type: it said the list was missing and to save with --save-detailed
+    ({"errors": 5}, r"errors: must be a list, got 5 \(int\)$"),
 ])
 def test_bad_files_are_refused_naming_the_field(tmp_path, change, message):
     result = bench_result([10, 20], [2, 2], [0.1, 0.1], [[0.01], [0.01]], [1.0, 1.5])

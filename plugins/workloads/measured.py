@@ -239,6 +239,8 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
         stamps = {key: value[ok] for key, value in stamps.items()}
         token_lists = [t for t, bad in zip(token_lists, failed) if not bad]
         given_ids = [h for h, bad in zip(given_ids, failed) if not bad]
+    if not len(prompt):
+        raise WorkloadError(f"{path}: no request of the log has timestamps (every one failed): nothing to replay")
     if start >= len(prompt):
         raise WorkloadError(f"{path}: start = {start} skips all {len(prompt)} requests"
                             + (" with timestamps" if failed.any() else ""))
@@ -327,8 +329,10 @@ def _bench_list(path, data, key, n=None, *, required=True):
     value = data.get(key)
     if value is None and not required:
         return None
-    if not isinstance(value, list):
+    if value is None:
         raise WorkloadError(f"{path}: missing list {key!r} (save the result with --save-detailed)")
+    if not isinstance(value, list):
+        raise WorkloadError(f"{path}: {key}: must be a list, got {show_value(value)} ({type(value).__name__})")
     if n is not None and len(value) != n:
         raise WorkloadError(f"{path}: {key} has {len(value)} entries but input_lens has {n}")
     return value
@@ -460,6 +464,11 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     latencies = _bench_list(path, data, "latencies", n, required=False)
     if latencies is not None:
         e2e = _bench_seconds(path, "latencies", latencies, keep)
+        short = np.flatnonzero(e2e < ttft - 1e-6)  # (a microsecond of rounding allowed)
+        if len(short):
+            i = keep[short[0]]
+            raise WorkloadError(f"{path}: latencies[{i}] ({show_value(latencies[i])} s) is shorter than ttfts[{i}] "
+                                f"({show_value(ttfts[i])} s): a request's latency holds its time to first token")
     else:
         e2e = ttft + np.array([sum(_bench_seconds(path, f"itls[{i}]", itls[i], range(len(itls[i])))) for i in keep])
     with np.errstate(invalid="ignore", divide="ignore"):

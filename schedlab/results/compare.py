@@ -62,9 +62,16 @@ def measured_statistics(measured) -> dict[str, float]:
     return statistics({"ttft_ms": measured.ttft_ms, "tpot_ms": measured.tpot_ms, "e2e_ms": measured.e2e_ms})
 
 
+def pct_error(simulated: float, measured: float) -> float:
+    """``(simulated - measured) / measured`` in percent; NaN where ``measured`` is 0, which has no
+    error in percent (a log's coarse timestamps can make every TTFT 0: it stopped the run with a
+    ZeroDivisionError)."""
+    return 100.0 * (simulated - measured) / measured if measured != 0 else math.nan
+
+
 def errors_pct(simulated: dict[str, float], measured: dict[str, float]) -> dict[str, float]:
-    """``(simulated - measured) / measured`` in percent, per statistic."""
-    return {name: 100.0 * (simulated[name] - measured[name]) / measured[name] for name in STATISTIC_NAMES}
+    """:func:`pct_error` per statistic."""
+    return {name: pct_error(simulated[name], measured[name]) for name in STATISTIC_NAMES}
 
 
 def mean_abs_error(errors: dict[str, float]) -> float:
@@ -203,7 +210,7 @@ def comparison_rows(simulated: dict[str, float], measured: dict[str, float]) -> 
         for stat, slabel in STATISTICS:
             name = f"{metric}.{stat}"
             m, s = measured[name], simulated[name]
-            rows.append((f"{mlabel} {slabel}", m, s, 100.0 * (s - m) / m))
+            rows.append((f"{mlabel} {slabel}", m, s, pct_error(s, m)))
     return rows
 
 
@@ -215,10 +222,12 @@ def format_comparison(title: str, rows, *, mean_abs: float | None = None) -> str
     for i, (label, m, s, err) in enumerate(shown):
         if i and groups[i] != groups[i - 1]:
             lines.append("")
-        lines.append(f"{label:<16}{m:>12.1f}{s:>12.1f}{err:>+8.1f}%")
+        lines.append(f"{label:<16}{m:>12.1f}{s:>12.1f}" + (f"{err:>+8.1f}%" if m != 0 else f"{'--':>9}"))
     missing = list(dict.fromkeys(label.split()[0] for label, m, *_ in rows if not math.isfinite(m)))
     if missing:
         lines.append(f"(not measured, left out: {', '.join(missing)})")
+    if any(m == 0 for _, m, *_ in shown):
+        lines.append("(--: measured 0, no error in percent; left out of the mean)")
     if mean_abs is None:
         mean_abs = mean_abs_error({label: err for label, _, _, err in shown})
     lines.append("-" * 49)
