@@ -866,11 +866,27 @@ def capacity_command(options: Any, catalog: "Catalog") -> str:
                           "one; or name a model preset)")
     spec = spec_from_path(model, "--model") if is_config_path(model) else presets.model(model)
     spec = with_kv_cache_dtype(spec, get("kv_cache_dtype", "auto"))
-    sizing = size_kv_cache(
-        spec, presets.gpu(get("gpu")),
-        gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
-        tensor_parallel=get("tensor_parallel", 1),
-        activation_reserve_gib=get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB),
-        block_size=get("block_size", 16), hybrid=not get("disable_hybrid_kv_cache_manager", False),
-    )
+    for key in ("avg_tokens", "p99_tokens"):
+        tokens = get(key)
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ConfigError(f"{_option(key)} {tokens!r}: a sequence length is a whole number of tokens >= 1")
+    try:
+        sizing = size_kv_cache(
+            spec, presets.gpu(get("gpu")),
+            gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
+            tensor_parallel=get("tensor_parallel", 1),
+            activation_reserve_gib=get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB),
+            block_size=get("block_size", 16), hybrid=not get("disable_hybrid_kv_cache_manager", False),
+        )
+    except ConfigError as exc:  # (its messages name the TOML keys; here the options are what to change)
+        text = str(exc)
+        for key in ("tensor_parallel", "gpu_memory_utilization", "activation_reserve_gib", "block_size"):
+            if text.startswith(key + " "):
+                raise ConfigError(f"{_option(key)}{text[len(key):]}") from None
+        raise
     return format_capacity(sizing, avg_tokens=get("avg_tokens"), p99_tokens=get("p99_tokens"))
+
+
+def _option(key: str) -> str:
+    """The ``schedlab capacity`` option of a setting (``block_size`` -> ``--block-size``)."""
+    return "--" + key.replace("_", "-")

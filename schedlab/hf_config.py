@@ -182,7 +182,15 @@ def model_fields(config: dict, where: str) -> dict:
     if not (layers and hidden and heads and vocab):
         raise ConfigError(f"{where}: num_hidden_layers, hidden_size, num_attention_heads and vocab_size must be > 0")
     kv_heads = _kv_heads(r, family, heads)
-    head_dim = r.int("head_dim", "kv_channels", default=None) or hidden // heads
+    head_dim = r.int("head_dim", "kv_channels", default=None)
+    if head_dim == 0:
+        raise ConfigError(f"{where}: head_dim: a head is at least 1 wide, got 0 (leave it out for hidden_size / "
+                          "num_attention_heads)")
+    if head_dim is None:
+        if hidden % heads:
+            raise ConfigError(f"{where}: hidden_size {hidden} does not split into {heads} heads "
+                              "(num_attention_heads) and no head_dim is given")
+        head_dim = hidden // heads
     tied = r.flag("tie_word_embeddings", family in TIED_BY_DEFAULT)
     experts = r.int("num_local_experts", "num_experts", "n_routed_experts", default=0)
     top_k = r.int("num_experts_per_tok", "moe_topk", default=0) if experts else 0
@@ -391,7 +399,12 @@ def _kv_heads(r: _Reader, family: str, heads: int) -> int:
     new_falcon = family in FALCON and r.flag("new_decoder_architecture")
     if not new_falcon and r.flag("multi_query"):
         return 1
-    return r.int("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", default=heads) or heads
+    keys = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+    kv_heads = r.int(*keys, default=heads)
+    if kv_heads == 0:  # (read as every head, it gave a quarter of the sequences a GQA model holds)
+        key = next(k for k in keys if r.get(k) is not None)
+        raise ConfigError(f"{r.where}: {key}: a model has at least one KV head, got 0")
+    return kv_heads
 
 
 def _linear_attention_params(r: _Reader, hidden: int) -> int:

@@ -631,3 +631,19 @@ def test_a_run_sets_a_measured_block_count_over_an_inherited_model_and_gpu(tmp_p
     assert runs["measured"]["num_blocks"] == 2588
     assert runs["measured"]["bytes_per_block"] == 2 * 2**20
     assert "2,588 blocks = 41,408 tokens (num_blocks set; model and gpu give 10,005)" in render(results)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--p99-tokens", "0"], "--p99-tokens 0: a sequence length is a whole number of tokens >= 1"),
+    (["--avg-tokens", "-5"], "--avg-tokens -5: a sequence length is a whole number of tokens >= 1"),
+    (["--tensor-parallel", "0"], "--tensor-parallel must be a whole number from 1 to "),
+    (["--gpu-memory-utilization", "2"], "--gpu-memory-utilization must be in (0, 1], got 2.0"),
+    (["--block-size", "0"], "--block-size must be a whole number from 1 to "),
+    (["--activation-reserve-gib", "-1"], "--activation-reserve-gib must be a finite number >= 0"),
+])
+def test_capacity_errors_name_the_option(capsys, args, message):
+    """They named the TOML key or nothing ('sequence length must be ...': which of the two?)."""
+    from schedlab.cli import main
+
+    assert main(["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", *args]) == 2
+    assert capsys.readouterr().err.startswith(f"schedlab: error: {message}")

@@ -217,6 +217,11 @@ def test_hf_id_only_from_a_hub_name():
     # a number where the family's name goes was read as the family "-inf" or "1000000000.0"
     ({"model_type": float("-inf")}, r'model_type: expected a name such as "llama", got -inf'),
     ({"model_type": 1e9}, r'model_type: expected a name such as "llama", got 1000000000.0'),
+    # 0 KV heads was read as every head (a quarter of the sequences a GQA model holds); a hidden size
+    # that no head count divides was floored to a head size
+    ({"num_key_value_heads": 0}, "num_key_value_heads: a model has at least one KV head, got 0"),
+    ({"head_dim": 0}, "head_dim: a head is at least 1 wide, got 0"),
+    ({"hidden_size": 4095}, r"hidden_size 4095 does not split into 32 heads \(num_attention_heads\) and no head_dim"),
 ])
 def test_errors_name_the_key(change, message):
     with pytest.raises(ConfigError, match=message):
