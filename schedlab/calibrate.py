@@ -63,7 +63,7 @@ import numpy as np
 
 from .errors import ConfigError, InputWarning, SchedlabError
 from .results.compare import (
-    comparison_rows, format_comparison, measured_statistics, simulated_latencies, statistics,
+    comparison_rows, format_comparison, mean_abs_error, measured_statistics, simulated_latencies, statistics,
 )
 from .study.overrides import get_dotted, parse_assignment, set_dotted
 
@@ -172,18 +172,24 @@ class MeasuredRun:
 
     timeline = False
 
-    def __init__(self, rows=None):
+    def __init__(self, rows=None, joint_run: str | None = None):
         self.rows = rows
+        self.joint_run = joint_run  # the run's name, when it is fitted together with others
 
     def errors(self, result) -> dict[str, float]:
         from .results.compare import vs_measured
 
+        if result.measured is None and self.joint_run is not None:
+            raise ConfigError(f"run {self.joint_run!r}: has no [target] table and its workload keeps no measured run "
+                              "(a vllm_log or vllm_bench workload): runs fitted together are each judged against "
+                              "their own")
         if result.measured is None:
             raise ConfigError("the run's workload keeps no measured run (use a vllm_log or vllm_bench workload, "
                               "or give summary statistics with --target FILE)")
         vs = vs_measured(result.all_requests(), result.measured, self.rows)
-        # (a statistic the run did not measure -- a non-streaming run's TTFT -- is none to fit)
-        return {name: error for name, error in vs["errors_pct"].items() if math.isfinite(vs["measured"][name])}
+        # (a statistic the run did not measure -- a non-streaming run's TTFT -- is none to fit; nor is a measured 0)
+        return {name: error for name, error in vs["errors_pct"].items()
+                if math.isfinite(vs["measured"][name]) and vs["measured"][name] != 0}
 
     def table(self, title: str, result, rows=None) -> str:
         from .results.compare import select_requests
@@ -459,7 +465,12 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         if target is not None:
             judge = SummaryTarget(target)
         elif joint and "target" in study.base.tables:
+            if objective == "requests":
+                raise ConfigError(f"--objective requests pairs the requests of a measured run's log; run "
+                                  f"{study.name!r} is judged by its [target] table's summary statistics")
             judge = SummaryTarget(run_target(exp, study, None))
+        elif joint:
+            judge = OBJECTIVES[objective](rows, joint_run=study.name)
         else:
             judge = OBJECTIVES[objective](rows)
         members.append((study.base, tables, judge))
@@ -485,8 +496,10 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
             out.append(RunSpec(base.name, t, base.seed, base.engine))
         return out
 
+    _check_start(exp, specs_at(start), hold or {})
     _warn_bounds_out_of_range(exp, parameters, start, specs_at)
     judges = [judge for _, _, judge in members]
+    failures: list[str] = []  # what the engine said of each candidate it refused
     diagnosis = DIAGNOSIS_PER_PARAMETER * len(parameters)
     room = diagnose and max_evaluations - diagnosis >= max(starts, len(parameters) + 2)
     cap = [max_evaluations - diagnosis if room else max_evaluations]  # simulations allowed so far
@@ -496,11 +509,12 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
         if key not in cache:
             if len(cache) >= cap[0]:
                 raise BudgetSpent
-            cache[key] = score_all(exp, specs_at(key), judges, strict=strict, prefix=joint)
+            cache[key] = score_all(exp, specs_at(key), judges, strict=strict, prefix=joint, failures=failures)
         return cache[key]
 
     start_error, _, start_errors = evaluate(start, strict=True)  # fail fast: bad key, nothing to compare with
-    nothing = _nothing_to_compare(start_errors, parameters, start) if start_error >= FAILED else None
+    nothing = _nothing_to_compare(start_errors, parameters, start,
+                                  any(isinstance(j, SummaryTarget) for j in judges)) if start_error >= FAILED else None
     if nothing:
         raise ConfigError(nothing)
     lows, highs = np.array([p.low for p in parameters]), np.array([p.high for p in parameters])
@@ -523,6 +537,9 @@ def calibrate(exp, parameters: list[Parameter], *, run_name: str | list[str] | N
     specs = specs_at(best)
     values = {p.key: v for p, v in zip(parameters, best)}
     warnings = [_bound_warning(p, values[p.key]) for p in parameters]
+    if failures:
+        warnings.append(f"{len(failures)} of the {len(cache)} candidates failed in the engine and scored as failed "
+                        f"(the first: {failures[0]}); keep the bounds where the run works")
     entangled: list[str] = []
     sensitivity: list[str] = []
     if diagnose and not room:
@@ -558,16 +575,34 @@ def _warn_bounds_out_of_range(exp, parameters: list[Parameter], start: list[floa
         for side, bound in (("lower", p.low), ("upper", p.high)):
             x = list(start)
             x[i] = bound
+            spec = specs_at(x)[0]
             try:
-                assemble(specs_at(x)[0], exp.context, "", check_only=True)
-            except ConfigError as exc:
+                assemble(spec, exp.context, f"{exp.context.source}: run {spec.name!r}", check_only=True)
+            except SchedlabError as exc:
                 warnings.warn(f"--fit {p.key}={p.low:g}:{p.high:g}: its {side} bound is a value the setting refuses "
                               f"({str(exc).strip()}): candidates there score as failed; keep the range within the "
                               "setting's", InputWarning, stacklevel=3)
                 break
 
 
-def _nothing_to_compare(errors: dict[str, float], parameters: list[Parameter], start: list[float]) -> str | None:
+def _check_start(exp, specs, hold: dict) -> None:
+    """Build each run at the start, before any bound is tried: a run the ``--hold`` values (or the
+    file) break is that error, named as the option's (it was blamed on a ``--fit`` bound, under
+    an empty file name)."""
+    from .study.simulation import assemble
+
+    for spec in specs:
+        try:
+            assemble(spec, exp.context, f"{exp.context.source}: run {spec.name!r}", check_only=True)
+        except SchedlabError as exc:
+            if not hold:
+                raise
+            held = " ".join(f"--hold {key}={value}" for key, value in hold.items())
+            raise ConfigError(f"{exc} (with {held})") from None
+
+
+def _nothing_to_compare(errors: dict[str, float], parameters: list[Parameter], start: list[float],
+                        summaries: bool = True) -> str | None:
     """Why the start scores no error: the statistics the simulation has no value for (None when
     each has one: an error of a million percent or more is an error, not nothing)."""
     at = ", ".join(f"{p.key} = {v:g}" for p, v in zip(parameters, start))
@@ -576,9 +611,12 @@ def _nothing_to_compare(errors: dict[str, float], parameters: list[Parameter], s
         return f"at the start ({at}) there is no statistic to compare"
     if not missing:
         return None
-    return (f"at the start ({at}) the simulation has no value to compare for {', '.join(missing[:8])}"
-            f"{' ...' if len(missing) > 8 else ''} (NaN: e.g. no request with a second token): nothing to fit; "
-            f"leave them out (--statistics) or check that the workload is the benchmark's")
+    return (f"at the start ({at}) {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''} "
+            f"{'has' if len(missing) == 1 else 'have'} no error to fit: the simulation has no value for "
+            f"{'it' if len(missing) == 1 else 'them'} (no request finished, or none with a second token: see the "
+            f"run's rejections and its KV cache) or the measured value is too close to 0 for an error in percent"
+            + ("; leave them out (--statistics) or check that the workload is the benchmark's" if summaries else
+               "; check that the workload is the measured run's"))
 
 
 def restarted_nelder_mead(f, point, lows: np.ndarray, highs: np.ndarray, budget: int, tolerance: float = 1e-3,
@@ -623,12 +661,13 @@ def restarted_nelder_mead(f, point, lows: np.ndarray, highs: np.ndarray, budget:
     return best[0], best[1]
 
 
-def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False) -> tuple[float, Any, dict]:
+def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False,
+              failures: list | None = None) -> tuple[float, Any, dict]:
     """:func:`score` over runs fitted together: ``(mean |error| over all their statistics,
-    results, errors)``; a run that fails fails the candidate."""
+    results, errors)``; a run that fails fails the candidate (its error goes to ``failures``)."""
     results, errors = [], {}
     for spec, judge in zip(specs, judges):
-        error, result, errs = score(exp, spec, judge, strict=strict)
+        error, result, errs = score(exp, spec, judge, strict=strict, failures=failures)
         errors.update({(f"{spec.name}: {k}" if prefix else k): v for k, v in errs.items()})
         if error >= FAILED:
             return FAILED, None, errors  # the errors so far: which statistic has no value
@@ -636,18 +675,21 @@ def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False)
     return mean_abs(errors), results, errors
 
 
-def score(exp, spec, judge, *, strict: bool = False) -> tuple[float, Any, dict[str, float]]:
+def score(exp, spec, judge, *, strict: bool = False, failures: list | None = None) -> tuple[float, Any, dict[str, float]]:
     """``(mean |error|, result, errors)`` of one candidate; a candidate the engine or a
     plugin refuses (an iteration of 0 ms at a bound of 0, a setting out of its range) scores
-    :data:`FAILED` -- unless ``strict``, then the error is raised."""
+    :data:`FAILED` -- unless ``strict``, then the error is raised; else its message goes to
+    ``failures``."""
     from .study.simulation import run
 
     try:
         result = run(spec, exp.context, timeline=judge.timeline)
         errors = judge.errors(result)
-    except SchedlabError:
+    except SchedlabError as exc:
         if strict:
             raise
+        if failures is not None:
+            failures.append(str(exc))
         return FAILED, None, {}
     return mean_abs(errors), result, errors
 
@@ -697,12 +739,20 @@ def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict,
         step = PROFILE_STEP * span[i]
         moved = [evaluate(np.where(np.arange(len(best)) == i, np.clip(best + s, lows, highs), best))[0]
                  for s in (-step, step)]
-        profile.append(max(moved) - evaluate(best)[0])
+        here = evaluate(best)[0]
+        # (a move the engine refuses is no rise in the error; a move that lowers it: the fit stopped short)
+        profile.append(math.inf if max(moved) >= FAILED else min(moved) - here if min(moved) < here
+                       else max(moved) - here)
     out = []
-    summary = [f"{p.key}: {profile[i]:+.3f} points of mean error for a move over {PROFILE_STEP:.0%} of its range"
+    summary = [f"{p.key}: a move over {PROFILE_STEP:.0%} of its range fails in the engine" if math.isinf(profile[i])
+               else f"{p.key}: {profile[i]:+.3f} points of mean error for a move over {PROFILE_STEP:.0%} of its range"
                for i, p in enumerate(parameters)]
     for i, p in enumerate(parameters):
-        if profile[i] < FLAT_POINTS:
+        if profile[i] < 0:
+            out.append(f"{p.key}: a move over {PROFILE_STEP:.0%} of its range lowers the mean error by "
+                       f"{-profile[i]:.3f} points -- the fit stopped short of the best value; raise "
+                       "--max-evaluations (or --starts)")
+        elif profile[i] < FLAT_POINTS:
             out.append(f"{p.key}: moving it over {PROFILE_STEP:.0%} of its range changes the mean error by "
                        f"{profile[i]:.3f} points -- the statistics hardly constrain it")
     jac = np.array(columns).T  # statistics x parameters
@@ -717,7 +767,8 @@ def _identifiability(parameters, best: np.ndarray, lows, highs, errors: dict,
         for i in range(len(parameters)):
             for j in range(i + 1, len(parameters)):
                 summary.append(f"{parameters[i].key} and {parameters[j].key}: correlation {corr[i, j]:+.2f}")
-                if abs(corr[i, j]) >= ENTANGLED and profile[i] >= FLAT_POINTS and profile[j] >= FLAT_POINTS:
+                if abs(corr[i, j]) >= ENTANGLED and FLAT_POINTS <= profile[i] < math.inf and \
+                        FLAT_POINTS <= profile[j] < math.inf:
                     out.append(f"{parameters[i].key} and {parameters[j].key}: correlation {corr[i, j]:+.2f} -- the "
                                f"statistics fix a combination of them, not each; hold one (--hold) or add a "
                                f"measurement that separates them")
@@ -819,13 +870,35 @@ def _pct(value: float) -> str:
 
 def predict(exp, spec, overrides: list[str]):
     """Run the fitted ``spec`` with ``overrides`` (``workload.start=150``) and return its result."""
-    from .study.simulation import RunSpec, run
+    from .study.simulation import run
+
+    return run(_predicted(spec, overrides), exp.context, timeline=False)
+
+
+def _predicted(spec, overrides: list[str]):
+    """``spec`` with the ``--predict`` overrides, renamed ``<name> (predict)``."""
+    from .study.simulation import RunSpec
 
     tables = spec.tables
     for text in overrides:
         key, value = parse_assignment(text, where="--predict")
         tables = set_dotted(tables, key, value)
-    return run(RunSpec(spec.name + " (predict)", tables, spec.seed, spec.engine), exp.context, timeline=False)
+    return RunSpec(spec.name + " (predict)", tables, spec.seed, spec.engine)
+
+
+def _check_predict(exp, study, hold: dict, overrides: list[str]) -> None:
+    """Build the run ``--predict`` asks for (at the file's values) before the fit: an override it
+    refuses stopped the command only after every simulation of the fit, named as the file's."""
+    from .study.simulation import RunSpec, _tables_with_defaults, assemble
+
+    tables = _tables_with_defaults(study.base.tables)
+    for key, value in hold.items():
+        tables = set_dotted(tables, key, value)
+    spec = _predicted(RunSpec(study.base.name, tables, study.base.seed, study.base.engine), overrides)
+    try:
+        assemble(spec, exp.context, f"{exp.context.source}: run {spec.name!r}", check_only=True)
+    except SchedlabError as exc:
+        raise ConfigError(f"{exc} (from --predict {' '.join(overrides)})") from None
 
 
 def _measured_count(exp, study) -> int:
@@ -927,9 +1000,10 @@ def command(args) -> int:
     rows = others = None
     run_name = _run_names(args.run, exp)
     if isinstance(run_name, list):
-        if args.predict or names:
-            raise ConfigError("--predict and --statistics take one run; runs fitted together use each one's "
-                              "[target] as it is (run the experiment with the fitted values to predict)")
+        if args.predict or names or args.part is not None:
+            raise ConfigError("--predict, --statistics and --part take one run; runs fitted together use each one's "
+                              "[target] or measured run as it is (run the experiment with the fitted values to "
+                              "predict)")
         fit, specs, results = calibrate(exp, parameters, run_name=run_name, max_evaluations=args.max_evaluations,
                                         rows=None, target=target, hold=hold, starts=args.starts,
                                         objective=args.objective)
@@ -946,6 +1020,8 @@ def command(args) -> int:
                           + (" (--part picks its requests)" if args.part is None else ""))
     if args.part is not None:
         rows, others = parse_part(args.part, _measured_count(exp, study))
+    if args.predict:
+        _check_predict(exp, study, hold, args.predict)
     fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations,
                                   rows=rows, target=target, hold=hold, starts=args.starts, objective=args.objective)
     if target is not None and target.requests is not None and result is not None:
@@ -976,10 +1052,9 @@ def command(args) -> int:
             rows_p = comparison_rows(statistics(simulated_latencies(other.all_requests(), other.measured)),
                                      measured_statistics(other.measured))
             print(format_comparison(f"{title}: simulated vs measured", rows_p))
-            pair = (float(np.mean([abs(r[3]) for r in comparison_rows(
-                        statistics(simulated_latencies(before.all_requests(), before.measured)),
-                        measured_statistics(before.measured))])),
-                    float(np.mean([abs(r[3]) for r in rows_p])))
+            rows_b = comparison_rows(statistics(simulated_latencies(before.all_requests(), before.measured)),
+                                     measured_statistics(before.measured))
+            pair = tuple(mean_abs_error({r[0]: r[3] for r in rows_}) for rows_ in (rows_b, rows_p))
         if pair[1] > pair[0]:
             print(f"warning: the prediction ({', '.join(args.predict)}): mean |error| {pair[0]:.2f}% before the "
                   f"fit, {pair[1]:.2f}% after -- the fit does not carry over")

@@ -870,8 +870,9 @@ def test_a_start_with_nothing_to_compare_is_an_error(tmp_path):
     target = read_summary(_write(tmp_path / "b.json", {"mean_tpot_ms": 4.0}))
     with pytest.raises(ConfigError) as info:
         calibrate(exp, [Parameter("cost_model.decode_ms_per_step", 1.0, 10.0)], target=target)
-    assert str(info.value).startswith("at the start (cost_model.decode_ms_per_step = 4) the simulation has no value "
-                                      "to compare for tpot_ms.mean (NaN")
+    assert str(info.value).startswith("at the start (cost_model.decode_ms_per_step = 4) tpot_ms.mean has no error "
+                                      "to fit: the simulation has no value for it (no request finished, or none with "
+                                      "a second token")
 
 
 def test_target_table_errors_name_the_table_not_the_option(tmp_path, capsys):
