@@ -22,6 +22,7 @@ rather than changing the exit status. ``run`` writes its results folder whole
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
@@ -60,8 +61,10 @@ def _reports(exp, names, skip=(), added=()):
 def cmd_run(args) -> int:
     from .hunt.output import input_files
     from .study.experiment import load, run_experiment
-    from .study.executor import closing, make_executor
+    from .study.executor import check_options, closing, make_executor
 
+    check_options(args.backend, args.jobs, args.address)
+    out_option(args.out)
     if _is_hunt_file(args.file):
         raise SchedlabError(f"{args.file}: a hunt file ([hunt]): run it with schedlab hunt {args.file}")
     exp = load(args.file, args.set)
@@ -77,7 +80,7 @@ def cmd_run(args) -> int:
     replicated = max(s.replicas for s in exp.studies)
     if replicated > 1:
         what += f", up to {replicated} replicas each"
-    out = Path(args.out) if args.out else Path("results") / exp.name
+    out = Path(args.out) if args.out is not None else Path("results") / exp.name
     # (a report's or a hook's exception: one line; the staging folder says first if it was a full disk)
     with _plugin_errors(exp.context.catalog, exp.context.source), \
             StagedFolder(out, reads=input_files(exp)) as stage:  # checks --out before anything runs
@@ -89,6 +92,8 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         # A report plugin's own failure (a bug of its, or an answer that is not its files) keeps the
         # results and the other reports; schedlab's errors (a full disk) leave the previous folder as it was.
+        # The reports after a failing one still run: json after a failing report was skipped, and
+        # a folder of index.html alone replaced complete results.
         written, failed = [], None
         for name, report in reports:
             try:
@@ -96,26 +101,33 @@ def cmd_run(args) -> int:
             except OSError:
                 raise  # (the staging folder says what a full or read-only disk did)
             except PLUGIN_RAISES as exc:
-                failed = plugin_error(exc, exp.context.catalog, exp.context.source)
-                if failed is None:
+                error = plugin_error(exc, exp.context.catalog, exp.context.source)
+                if error is None:
                     raise
-                break
+                failed = failed or error
+                continue
             try:
                 written += _written(name, report, answer, stage.path, written)
             except SchedlabError as exc:
-                failed = exc
-                break
-        written = [path for path in written if path.exists()]  # (a failing report may have removed some)
+                failed = failed or exc
+                written = [path for path in written if path.exists()]  # (what it removed is not asked of the next)
         table = _table_text(exp.context.catalog, results, exp.report_tables.get("table", {}), f"{exp.path}")
         written.append(index_page.write(stage.path, results, table_text=table, experiment_settings=exp.raw,
                                         run_settings={r.name: r.settings for r in results.all_runs()}))
         stage.commit()
     if failed is not None:
         count = f"{len(written)} file" + ("s" if len(written) != 1 else "")
-        raise type(failed)(f"{failed}; the {count} written before it are in {out}",
+        raise type(failed)(f"{failed}; the {count} the other reports wrote are in {out}",
                            *([failed.details] if isinstance(failed, PluginError) else []))
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
+
+
+def out_option(out: str | None) -> None:
+    """Refuse an empty ``--out`` (an unset shell variable: it wrote to, and replaced, the default
+    folder ``results/<name>``)."""
+    if out is not None and not out.strip():
+        raise SchedlabError("--out: names no folder (an empty path); leave --out out for results/<experiment name>")
 
 
 def _written(name: str, report, answer, folder: Path, before: list) -> list:
@@ -376,11 +388,32 @@ def _drop_output() -> None:
             setattr(sys, name, devnull)
 
 
+def _closed_streams() -> list[str]:
+    """``stdout`` and ``stderr`` that were closed when the command started (``>&-``: Python then
+    sets them to None): each becomes /dev/null, on its own file descriptor, so that writing to it
+    neither raises a traceback nor lands in a file the command opens later on that descriptor."""
+    closed = []
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        setattr(sys, name, open(fd, "w", encoding="utf-8", closefd=False))
+        closed.append(name)
+    return closed
+
+
 class _StdoutGuard:
     """``sys.stdout`` while a command runs: a write that fails for want of room (a full disk,
     ``> /dev/full``) is remembered and what follows dropped, not raised -- a run still commits its
-    results folder -- and :func:`main` says so at the end. A closed pipe still raises
-    (``BrokenPipeError``: the reader went away, handled as before)."""
+    results folder -- and :func:`main` says so at the end. So is a closed pipe (the reader went
+    away: ``schedlab run ... | head``), which ends the command quietly with status 141 once its
+    files are written (it used to throw the run's results away)."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -390,8 +423,6 @@ class _StdoutGuard:
         if self.error is None:
             try:
                 return self._stream.write(text)
-            except BrokenPipeError:
-                raise
             except OSError as exc:
                 self._failed(exc)
         return len(text)
@@ -400,8 +431,6 @@ class _StdoutGuard:
         if self.error is None:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
-                raise
             except OSError as exc:
                 self._failed(exc)
 
@@ -475,12 +504,17 @@ def main(argv: list[str] | None = None) -> int:
     :mod:`schedlab.interrupts`); after one of them all stay ignored, as the process is ending.
     """
     args = build_parser().parse_args(argv)
+    closed = _closed_streams()
     stdout = sys.stdout
     sys.stdout = guard = _StdoutGuard(stdout)
+    if "stdout" in closed:
+        guard.error = OSError(errno.EBADF, "it is closed")
     try:
         status = _main(args)
     finally:
         sys.stdout = stdout
+    if isinstance(guard.error, BrokenPipeError):
+        return status or 141  # the reader went away (`schedlab run ... | head`): quietly, as SIGPIPE ends a command
     if guard.error is not None:
         reason = guard.error.strerror or type(guard.error).__name__
         _say(f"schedlab: error: could not write to the standard output ({reason}); what went to files is "

@@ -131,3 +131,52 @@ def test_plugins_v_lists_a_text_settings_choices(capsys):
     continuous = out[out.index("  continuous "):]
     assert '      preemption = "recompute"  one of "recompute", "swap": what a preemption does' in continuous
     assert '      policy = "fcfs"  one of "fcfs", "priority", "sjf", "lof": waiting order' in continuous
+
+
+def test_a_run_whose_reader_stops_early_still_writes_its_results(tmp_path):
+    """`schedlab run ... | true` threw the whole run away, blaming the built-in table report for
+    a BrokenPipeError (exit 2)."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "schedlab", "run", str(QUICKSTART), "--no-plots", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes away before the table is printed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "error" not in err
+    assert (out / "summary.json").exists() and (out / "summary.txt").exists()
+
+
+@pytest.mark.parametrize("command", [["validate", str(QUICKSTART)], ["plugins"]])
+def test_a_closed_stdout_is_one_line_not_a_traceback(command):
+    """`schedlab validate exp.toml >&-` printed an AttributeError traceback (exit 1)."""
+    proc = subprocess.run(["sh", "-c", 'exec "$0" -m schedlab "$@" >&-', sys.executable, *command],
+                          stderr=subprocess.PIPE, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err == "schedlab: error: could not write to the standard output (it is closed)\n"
+
+
+def test_a_run_with_a_closed_stdout_writes_its_results(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(["sh", "-c", 'exec "$0" -m schedlab "$@" >&-', sys.executable, "run", str(QUICKSTART),
+                           "--no-plots", "--out", str(out)], stderr=subprocess.PIPE, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.endswith(
+        "schedlab: error: could not write to the standard output (it is closed); what went to files is written\n")
+    assert (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "hunt"])
+@pytest.mark.parametrize("options, message", [
+    (["--jobs", "0"], "--jobs must be a whole number >= 1, got 0"),
+    (["--address", "auto"], "--address is for --backend ray"),
+    (["--out", ""], "--out: names no folder (an empty path); leave --out out for results/<experiment name>"),
+])
+def test_options_no_executor_takes_are_refused_before_anything_is_read_or_made(tmp_path, capsys, command, options,
+                                                                                message):
+    """They were checked after the experiment loaded and its banner printed, with --out's parent
+    folders made; an empty --out wrote to (and replaced) results/<name>."""
+    file = str(ROOT / "experiments" / "hunt" / "chunked_ttft.toml") if command == "hunt" else str(QUICKSTART)
+    out = ["--out", str(tmp_path / "a" / "b")] if "--out" not in options else []
+    assert main([command, file, *out, *options]) == 2
+    assert capsys.readouterr().err == f"schedlab: error: {message}\n"
+    assert not (tmp_path / "a").exists()

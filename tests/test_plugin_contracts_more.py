@@ -734,9 +734,11 @@ def test_a_report_whose_write_returns_none_is_named(plugin, capsys):
         "none); the ")
 
 
-def test_a_failing_report_keeps_the_results_and_the_reports_written_before_it(plugin, capsys, tmp_path):
+@pytest.mark.parametrize("reports", ['"json", "broken"', '"broken", "json"'])
+def test_a_failing_report_keeps_the_results_and_the_other_reports(plugin, capsys, tmp_path, reports):
     """The simulation's results are not thrown away with a report that raises: the folder is
-    committed with what the reports before it wrote (and the index), and the error says where."""
+    committed with what the other reports wrote (and the index), and the error says where. Listed
+    before json, it used to skip json, and a folder of index.html alone replaced complete results."""
     code, _ = plugin("""
         class Broken:
             def write(self, results, out_dir):
@@ -745,13 +747,13 @@ def test_a_failing_report_keeps_the_results_and_the_reports_written_before_it(pl
         @schedlab.hookimpl
         def schedlab_register_reports(register):
             register("broken", Broken)
-        """, reports='"json", "broken"')
+        """, reports=reports)
     err = one_line(code, capsys.readouterr().err)
     out = tmp_path / "out"
     assert ": report 'broken' (plugin contract_plugin_" in err, err
     assert "raised RuntimeError: report broke midway" in err, err
     files = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # (not the folder's marker)
-    assert err.endswith(f"; the {len(files)} files written before it are in {out}"), (err, files)
+    assert err.endswith(f"; the {len(files)} files the other reports wrote are in {out}"), (err, files)
     assert {"summary.json", "requests.csv", "index.html"} <= set(files)
 
 
@@ -801,7 +803,7 @@ def test_a_reports_files_are_checked_not_only_counted(plugin, capsys, tmp_path, 
     count = f"{len(left)} file" + ("s" if len(left) != 1 else "")
     gone = re.match(r"report 'odd' \(Odd\): (\d+) of", err)
     assert err == (f"report 'odd' (Odd): {message.format(parent=tmp_path, gone=gone and gone[1])}; the {count} "
-                   f"written before it are in {out}")
+                   f"the other reports wrote are in {out}")
     if gone:  # (the json report's files, every one of them; the index is written after)
         assert int(gone[1]) >= 3 and left == ["index.html"]
 

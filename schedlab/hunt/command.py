@@ -24,8 +24,13 @@ def command(args) -> int:
     from .output import input_files, missing_plugins
     from .report import summary_lines, write_outcome
 
+    from ..cli import out_option
+    from ..study.executor import check_options
+
+    check_options(args.backend, args.jobs, args.address)
+    out_option(args.out)
     hunt = load_hunt(args.file, args.set)
-    out = Path(args.out) if args.out else Path("results") / hunt.name
+    out = Path(args.out) if args.out is not None else Path("results") / hunt.name
     with StagedFolder(out, reads=input_files(hunt.experiment)) as stage:  # checks --out before anything runs
         print(f"schedlab: {hunt.name}: {hunt.goal.describe()}; {hunt.space.dimension} coordinates, "
               f"{len(hunt.runs)} runs per workload", file=sys.stderr)

@@ -274,6 +274,17 @@ class ProcessExecutor:
                 process.join(1)
 
 
+def check_options(backend: str = "local", jobs: int | None = None, address: str | None = None) -> None:
+    """Refuse ``--backend``, ``--jobs`` and ``--address`` values no executor takes -- before the
+    command reads its files or makes its results folder (:func:`make_executor` asks again)."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"--jobs must be a whole number >= 1, got {jobs!r}")
+    if address is not None and backend != "ray":
+        raise ConfigError("--address is for --backend ray")
+
+
 def make_executor(backend: str = "local", jobs: int | None = None, address: str | None = None) -> Executor:
     """The executor for the CLI's ``--backend``, ``--jobs`` and ``--address``.
 
@@ -282,16 +293,11 @@ def make_executor(backend: str = "local", jobs: int | None = None, address: str 
     ``ray`` connects to ``address`` (or starts a local Ray instance) and runs ``jobs`` tasks at
     once (default: the cluster's CPUs; not clamped: the cluster may have more than this machine).
     """
-    if backend not in BACKENDS:
-        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ConfigError(f"--jobs must be a whole number >= 1, got {jobs!r}")
+    check_options(backend, jobs, address)
     if backend == "ray":
         from .ray_backend import RayExecutor
 
         return RayExecutor(address=address, jobs=jobs)
-    if address is not None:
-        raise ConfigError("--address is for --backend ray")
     jobs = default_jobs() if jobs is None else clamped_jobs(jobs)
     return InProcessExecutor() if jobs == 1 else ProcessExecutor(jobs)
 
