@@ -763,6 +763,25 @@ def test_plot_refuses_a_summary_that_is_a_fifo_or_nested_too_deeply(lab, tmp_pat
                                        "regular file\n")
 
 
+@pytest.mark.parametrize("name", ["requests.csv", "timeline.csv"])
+def test_plot_refuses_a_csv_that_is_a_fifo(lab, tmp_path, capsys, name):
+    """summary.json was checked; the CSVs were not: a FIFO blocked for ever, /dev/zero ate the memory."""
+    copy = _copy_without_plots(lab, tmp_path)
+    (copy / name).unlink()
+    os.mkfifo(copy / name)
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == f"schedlab: error: {copy}/{name}: is a FIFO (named pipe), not a regular file\n"
+
+
+def test_plot_on_a_hunts_folder_says_what_it_is(tmp_path, capsys):
+    """It said to run an experiment with --out into it, which would replace the hunt's results."""
+    (tmp_path / "hunt.json").write_text("{}")
+    assert main(["plot", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {tmp_path}: a hunt's results folder (hunt.json): schedlab "
+                                       "plot redraws an experiment's results; the hunt's figures are in it (run the "
+                                       "hunt again to redraw them)\n")
+
+
 def test_timeline_copes_with_meta_values_of_the_wrong_type():
     """A results folder's meta may hold anything: a text block count draws blocks, a text instance
     count counts as one instance, an energy that is not a table draws no power panel."""

@@ -134,6 +134,20 @@ def test_a_file_write_removes_the_half_files_killed_writers_left_and_nothing_els
     assert hidden(tmp_path) == sorted(kept)
 
 
+def test_a_failed_write_under_a_relative_path_names_the_file_not_its_temporary_one(tmp_path, monkeypatch):
+    """mkstemp names the temporary file absolutely, so under a relative folder the error named the
+    hidden temporary file that was gone already."""
+    from schedlab.results.storage import atomic_write
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "index.html").mkdir()  # (the rename onto a folder fails)
+    with pytest.raises(OSError) as info:
+        atomic_write(Path("res") / "index.html", "x")
+    assert info.value.filename == str(Path("res") / "index.html")
+    assert hidden(tmp_path / "res") == []
+
+
 # -- 2. SIGHUP ---------------------------------------------------------------------------------------------------
 
 

@@ -85,7 +85,9 @@ def _names_no_or_a_temporary_file(exc: OSError, path: Path) -> bool:
     if name is None:
         return True
     name = os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else ""
-    return os.path.dirname(name) == str(path.parent) and os.path.basename(name).startswith(f".{path.name}.")
+    # (mkstemp names the temporary file absolutely: a relative ``path`` named it, not the file)
+    return os.path.dirname(os.path.abspath(name)) == os.path.abspath(path.parent) and \
+        os.path.basename(name).startswith(f".{path.name}.")
 
 
 def jsonable(value: Any) -> Any:
@@ -317,6 +319,9 @@ def repeated_column(path, header: Sequence[str], names: Iterable[str] | None = N
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    problem = not_regular_file(path)  # a FIFO would block, a device never end (as summary.json's)
+    if problem:
+        raise SchedlabError(f"{path}: {problem}")
     with open(path, newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -412,6 +417,9 @@ def _read_summary(out: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if (out / "hunt.json").is_file():
+            raise SchedlabError(f"{out}: a hunt's results folder (hunt.json): schedlab plot redraws an experiment's "
+                                "results; the hunt's figures are in it (run the hunt again to redraw them)") from None
         raise SchedlabError(f"{out}: no summary.json here; run an experiment with --out {out} first") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SchedlabError(f"{path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
