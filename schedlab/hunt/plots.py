@@ -64,34 +64,54 @@ def search_figure(curves: dict[str, np.ndarray], goal: Goal) -> bytes:
     return _png(fig)
 
 
+#: Requests drawn per run in the counterexample figure: the slowest, when there are more (a
+#: 10,000-request counterexample took minutes to draw, its labels one unreadable block).
+ROWS = 40
+
+
+def rows_drawn(requests: dict) -> np.ndarray:
+    """Which requests (positions in the columns, in id order) the figure draws: every one, or the
+    :data:`ROWS` with the longest arrival-to-finish time (rejected ones first)."""
+    n = requests["id"].size
+    if n <= ROWS:
+        return np.arange(n)
+    span = np.where(requests["rejected"] == 0, requests["finish_ms"] - requests["arrival_ms"], np.inf)
+    return np.sort(np.argsort(-np.nan_to_num(span, nan=np.inf), kind="stable")[:ROWS])
+
+
 def counterexample_figure(runs: dict, subtitle: str) -> bytes:
-    """Per run, every request as waiting / prefill / decode bars on a shared time axis."""
+    """Per run, each request (up to :data:`ROWS`: :func:`rows_drawn`) as waiting / prefill /
+    decode bars on a shared time axis."""
     from schedlab_plugins.reports.plot_common import new_figure, titles
 
     names = list(runs)
     count = max(r.requests["id"].size for r in runs.values())
-    fig = new_figure(9.0, 1.2 + len(names) * (0.6 + 0.25 * min(count, 40)), DPI)
+    if count > ROWS:
+        subtitle += f" (the {ROWS} slowest of {count} requests each)"
+    fig = new_figure(9.0, 1.2 + len(names) * (0.6 + 0.25 * min(count, ROWS)), DPI)
     axes = np.atleast_1d(fig.subplots(len(names), 1, sharex=True))
     for ax, name in zip(axes, names):
         req = runs[name].requests
-        ids = req["id"]
-        ok = req["rejected"] == 0
-        arrival, scheduled = req["arrival_ms"] / 1e3, req["first_scheduled_ms"] / 1e3
-        first, finish = req["first_token_ms"] / 1e3, req["finish_ms"] / 1e3
+        rows = rows_drawn(req)
+        y = np.arange(rows.size)
+        ok = req["rejected"][rows] == 0
+        arrival, scheduled = req["arrival_ms"][rows] / 1e3, req["first_scheduled_ms"][rows] / 1e3
+        first, finish = req["first_token_ms"][rows] / 1e3, req["finish_ms"][rows] / 1e3
         spans = {"waiting": (arrival, scheduled), "prefill": (scheduled, first), "decode": (first, finish)}
         for phase, color in PHASES:
             start, end = spans[phase]
-            bars = ax.barh(ids[ok], (end - start)[ok], left=start[ok], color=color, height=0.7,
+            bars = ax.barh(y[ok], (end - start)[ok], left=start[ok], color=color, height=0.7,
                            label=phase if ax is axes[0] else None)
             for bar in bars:
                 bar.set_gid(f"counterexample:{name}:{phase}")
-        for i in ids[~ok]:
-            ax.text(arrival[i], i, " rejected", va="center", fontsize=8, color="#d62728")
-        ax.set_yticks(ids)
-        labels = [f"{i}: {p}+{o}" for i, p, o in zip(ids, req["prompt_tokens"], req["output_tokens"])]
+        for k in np.flatnonzero(~ok):
+            ax.text(arrival[k], y[k], " rejected", va="center", fontsize=8, color="#d62728")
+        ax.set_yticks(y)
+        labels = [f"{i}: {p}+{o}" for i, p, o in zip(req["id"][rows], req["prompt_tokens"][rows],
+                                                     req["output_tokens"][rows])]
         if (runs[name].meta.get("instances") or 1) > 1:  # which instance served it
-            labels = [f"{text} @{k}" for text, k in zip(labels, req["instance"])]
-        ax.set_yticklabels(labels, fontsize=7 if count > 12 else 8)
+            labels = [f"{text} @{k}" for text, k in zip(labels, req["instance"][rows])]
+        ax.set_yticklabels(labels, fontsize=7 if rows.size > 12 else 8)
         ax.invert_yaxis()
         ax.set_ylabel(name)
         ax.grid(True, axis="x", alpha=0.3)
