@@ -717,3 +717,15 @@ def test_the_worst_of_both_is_the_searchs_on_a_tie_and_random_samplings_when_the
     check([search], [], search, "search")
     check([infeasible], [infeasible], None, None)
     check([], [], None, None)
+
+
+def test_a_hunt_that_meets_no_constraint_says_which_failed(tmp_path):
+    """It said only "worst none feasible" after its whole budget."""
+    hunt, outcome = hunt_in_process(write(tmp_path, STARVER), ["hunt.budget=6", "hunt.random=2",
+                                                               'hunt.constraints=["workload.requests >= 1e9"]'])
+    assert outcome.worst is None
+    lines = summary_lines(hunt, outcome)
+    index = lines.index("no workload met the constraints:")
+    low = min(t.score.values["workload.requests"] for t in outcome.search + outcome.random)
+    high = max(t.score.values["workload.requests"] for t in outcome.search + outcome.random)
+    assert lines[index + 1] == f"  workload.requests >= 1e+09: failed on 8 of 8 workloads (values {low:.4g} to {high:.4g})"

@@ -54,6 +54,22 @@ def undefined_line(outcome: HuntOutcome) -> str | None:
     return f"the {what} was undefined on {share} workloads ({reasons.most_common(1)[0][0]})"
 
 
+def constraint_lines(outcome: HuntOutcome) -> list[str]:
+    """When no workload was feasible: per constraint, on how many workloads it failed and the
+    range of its values (a hunt that met none said only "none feasible", after its whole budget)."""
+    trials = [t for t in outcome.search + outcome.random if t.score.error is None]
+    if not outcome.goal.constraints or not trials or any(t.score.feasible for t in trials):
+        return []
+    lines = []
+    for constraint in outcome.goal.constraints:
+        values = [constraint.expression.value(lambda name, t=t: t.score.values[name]) for t in trials]
+        broken = sum(1 for v in values if constraint.violation(v) > 0)
+        finite = [v for v in values if math.isfinite(v)]
+        seen = f"values {min(finite):.4g} to {max(finite):.4g}" if finite else "no value"
+        lines.append(f"  {constraint.text}: failed on {broken} of {len(trials)} workloads ({seen})")
+    return ["no workload met the constraints:"] + lines
+
+
 def source_line(outcome: HuntOutcome) -> str | None:
     """Which of the search and random sampling found the worst workload (the one shrunk), with
     both values; None when neither found a feasible one or random sampling did not run."""
@@ -157,6 +173,7 @@ def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> l
     undefined = undefined_line(outcome)
     if undefined:
         lines.append(undefined)
+    lines += constraint_lines(outcome)
     if goal.property is not None:
         lines.append("property falsified" if worst is not None and goal.found(worst.score.value)
                      else "property held on every workload evaluated")
