@@ -67,6 +67,8 @@ def cmd_run(args) -> int:
     out_option(args.out)
     if _is_hunt_file(args.file):
         raise SchedlabError(f"{args.file}: a hunt file ([hunt]): run it with schedlab hunt {args.file}")
+    if args.no_plots and "plots" in (args.report or ()):
+        raise SchedlabError("--no-plots and --report plots: one skips the plots the other asks for; give one")
     exp = load(args.file, args.set)
     names = list(exp.config.reports)
     added = [extra for extra in dict.fromkeys(args.report or ()) if extra not in names]

@@ -180,3 +180,18 @@ def test_options_no_executor_takes_are_refused_before_anything_is_read_or_made(t
     assert main([command, file, *out, *options]) == 2
     assert capsys.readouterr().err == f"schedlab: error: {message}\n"
     assert not (tmp_path / "a").exists()
+
+
+def test_no_plots_and_report_plots_together_are_refused(tmp_path, capsys):
+    """--no-plots dropped the plots --report asked for, without a word."""
+    assert main(["run", str(QUICKSTART), "--no-plots", "--report", "plots", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("schedlab: error: --no-plots and --report plots: one skips the plots the other "
+                                       "asks for; give one\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_compare_report_with_nothing_to_compare_says_so(tmp_path, capsys):
+    assert main(["run", str(QUICKSTART), "--no-plots", "--report", "compare", "--out", str(tmp_path / "o")]) == 0
+    assert ("schedlab: compare report: no run replays a measured run (a vllm_log or vllm_bench workload) or has a "
+            "[target]; compare.txt not written\n") in capsys.readouterr().err
+    assert not (tmp_path / "o" / "compare.txt").exists()

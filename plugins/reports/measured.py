@@ -73,7 +73,9 @@ class CompareReport:
         all_runs = results.all_runs()
         runs = [r for r in all_runs if getattr(r, "measured", None) is not None]
         targeted = [r for r in all_runs if "vs_target" in r.metrics]
-        if not runs and not targeted:
+        if not runs and not targeted:  # (said, as the fleet report says it: asked for by name, it wrote nothing)
+            print("schedlab: compare report: no run replays a measured run (a vllm_log or vllm_bench workload) or has "
+                  "a [target]; compare.txt not written", file=sys.stderr)
             return []
         out = Path(out_dir)
         texts = [format_target(r.name, r.meta.get("target", {}), r.metrics["vs_target"]) for r in targeted]
