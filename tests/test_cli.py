@@ -195,3 +195,25 @@ def test_a_compare_report_with_nothing_to_compare_says_so(tmp_path, capsys):
     assert ("schedlab: compare report: no run replays a measured run (a vllm_log or vllm_bench workload) or has a "
             "[target]; compare.txt not written\n") in capsys.readouterr().err
     assert not (tmp_path / "o" / "compare.txt").exists()
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_at_once():
+    """ray.init retried 127.0.0.1:1 for minutes, printing Ray's warnings (the command hung)."""
+    import socket
+
+    from schedlab.errors import ConfigError
+    from schedlab.study.ray_backend import _check_reachable
+
+    with socket.socket() as bound:  # a port of ours that does not listen: the connection is refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+            with pytest.raises(ConfigError, match=rf"^--address {address}: cannot connect to a Ray cluster: nothing "
+                                                  r"answers there \("):
+                _check_reachable(address)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        _check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")  # answers: Ray is asked
+    _check_reachable("auto")
+    _check_reachable(None)

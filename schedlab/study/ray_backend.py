@@ -17,6 +17,29 @@ from .executor import own_spooled_rows, run_task
 from .tasks import RunTask
 
 
+#: Seconds to wait for a cluster's address to answer before Ray is asked to join it.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str | None) -> None:
+    """Refuse a ``host:port`` (or ``ray://host:port``) address where nothing answers: ``ray.init``
+    retries such an address for minutes, printing its own warnings, before it gives up."""
+    import socket
+
+    if not address or address == "auto" or address == "local":
+        return
+    where = address[len("ray://"):] if address.startswith("ray://") else address
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit():
+        return  # (an address of another form: Ray says what it makes of it)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ConfigError(f"--address {address}: cannot connect to a Ray cluster: nothing answers there ({reason}); "
+                          "start one with `ray start --head`, or leave --address out for a local one") from None
+
+
 class RayExecutor:
     """Submits tasks as Ray tasks; ``workers`` is the cluster's CPUs (or ``jobs``, if fewer)."""
 
@@ -28,6 +51,7 @@ class RayExecutor:
         self._ray = ray
         self._started = False
         if not ray.is_initialized():
+            _check_reachable(address)
             try:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
