@@ -34,7 +34,8 @@ from typing import Callable
 from .capacity import add_capacity_arguments, capacity_command
 from .catalog import KINDS, BrokenPluginWarning, load_catalog
 from .configs import field_help, from_table, toml_text
-from .errors import PLUGIN_RAISES, TRACEBACK_ENV, InputWarning, PluginError, SchedlabError, brief, plugin_error
+from .errors import (PLUGIN_RAISES, TRACEBACK_ENV, ConfigError, InputWarning, PluginError, SchedlabError, brief,
+                     plugin_error)
 from .interrupts import SignalGuard, acknowledge, by_signal, stop_status
 from .results import index_page
 from .results.folder import StagedFiles, StagedFolder, record_entries
@@ -221,8 +222,14 @@ def cmd_plot(args) -> int:
     reports = reports if isinstance(reports, dict) else {}
     where = f"{args.dir}/summary.json"
     table = reports.get("plots", {})
-    report = entry.factory(from_table(entry.config, table if isinstance(table, dict) else {},
-                                      where=f"{where}: [reports.plots]"))
+    config = from_table(entry.config, table if isinstance(table, dict) else {}, where=f"{where}: [reports.plots]")
+    check = getattr(config, "check_studies", None)
+    if check is not None:  # (its overlays name the saved studies; said of the file, as when it was read)
+        try:
+            check(results.studies)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: [reports.plots] {exc}") from None
+    report = entry.factory(config)
     table = reports.get("table", {})
     text = _table_text(catalog, results, table if isinstance(table, dict) else {}, where)
     out = Path(args.dir)

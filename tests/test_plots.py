@@ -865,3 +865,42 @@ def test_log_axis_ticks_thin_out_as_the_decades_grow(low, high, ticks):
     ax.set_xlim(low, high)
     shown = [t for t in ax.xaxis.get_majorticklocs() if low * 0.999 <= t <= high * 1.001]
     assert shown == pytest.approx(ticks)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda s: s["studies"][_study(s, "keys")].__setitem__("keys", [5]), "studies[{i}].keys is not a list of setting "
+                                                                         "names (text)"),
+    (lambda s: s["studies"][_study(s, "search")]["search"].__setitem__("value", "x"),
+     "studies[{i}].search.value is a string, not a number or null"),
+    (lambda s: s["studies"][_study(s, "search")]["search"].pop("value"),
+     "studies[{i}].search has no 'value' (a number or null)"),
+    (lambda s: s["studies"][_study(s, "search")]["search"]["probes"][0].__setitem__("run", 3),
+     "studies[{i}].search.probes[0].run is not a run's name (text)"),
+])
+def test_plot_names_the_damaged_key_of_a_summary(lab, tmp_path, capsys, damage, message):
+    """They failed inside the built-in plots report, blamed as a plugin's bug (AttributeError,
+    ValueError), or as a KeyError naming no file."""
+    copy = _copy_without_plots(lab, tmp_path)
+    summary = json.loads((copy / "summary.json").read_text())
+    key = "keys" if "keys" in message else "search"
+    i = _study(summary, key)
+    damage(summary)
+    (copy / "summary.json").write_text(json.dumps(summary))
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {copy}/summary.json: not a schedlab summary.json: "
+                                       f"{message.format(i=i)}\n")
+
+
+def _study(summary: dict, key: str) -> int:
+    """The first study of ``summary`` with a non-empty ``key``."""
+    return next(i for i, study in enumerate(summary["studies"]) if study.get(key))
+
+
+def test_plot_names_the_summary_for_an_overlay_of_no_saved_study(lab, tmp_path, capsys):
+    copy = _copy_without_plots(lab, tmp_path)
+    summary = json.loads((copy / "summary.json").read_text())
+    summary["reports"]["plots"] = {"overlays": {"a": ["nope"]}}
+    (copy / "summary.json").write_text(json.dumps(summary))
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err.startswith(f"schedlab: error: {copy}/summary.json: [reports.plots] overlays.a: no "
+                                              "study named 'nope'; the experiment has: ")

@@ -400,13 +400,31 @@ def summary_problem(data: Any) -> str | None:
         if study.get("plan") is not None and not isinstance(study["plan"], dict) and not found:
             found = f"studies[{i}].plan is {_JSON_KINDS.get(type(study['plan']), type(study['plan']).__name__)}, " \
                     "not an object"
+        keys = study.get("keys", [])
+        if not found and not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
+            found = f"studies[{i}].keys is not a list of setting names (text)"
         if study.get("search") is not None and not found:
-            found = problem(study["search"], "search", f"studies[{i}].search")
+            found = problem(study["search"], "search", f"studies[{i}].search") or \
+                _values_problem(study["search"], ("value", "failing"), f"studies[{i}].search")
             for k, probe in enumerate(study["search"]["probes"] if not found else ()):
-                found = found or problem(probe, "probe", f"studies[{i}].search.probes[{k}]")
+                found = found or problem(probe, "probe", f"studies[{i}].search.probes[{k}]") or \
+                    _values_problem(probe, ("value",), f"studies[{i}].search.probes[{k}]", run=True)
         if found:
             break
     return found
+
+
+def _values_problem(node: dict, keys: tuple, where: str, run: bool = False) -> str | None:
+    """A search's (or probe's) ``keys`` that are not a number or null, or (``run``) its ``run`` that
+    is no run's name: the plots drew them, and a text value failed there as a plugin's bug."""
+    for key in keys:
+        value = node.get(key, "absent")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{where}.{key} is {_JSON_KINDS.get(type(value), 'absent')}, not a number or null" \
+                if value != "absent" else f"{where} has no {key!r} (a number or null)"
+    if run and not isinstance(node.get("run"), str):
+        return f"{where}.run is not a run's name (text)"
+    return None
 
 
 def _read_summary(out: Path) -> dict:
