@@ -96,6 +96,13 @@ def test_whole_float_token_bounds_are_refused(tmp_path, key):
     assert str(info.value) == f"{path}: [hunt.workload]: {key}: must be whole numbers, got [1.0, 2.0]"
 
 
+def test_a_set_of_the_whole_hunt_table_says_to_give_one_of_its_keys(tmp_path):
+    """It listed the run tables and runs.<run name>, but not hunt.<key>, which a hunt file takes."""
+    with pytest.raises(ConfigError) as info:
+        load_hunt(write(tmp_path, HUNT, "hunt.toml"), ["hunt=1"])
+    assert str(info.value) == "--set hunt: give a key of the [hunt] table (hunt.budget=50, hunt.workload.requests=20)"
+
+
 def test_whole_number_bounds_still_load(tmp_path):
     hunt = load_hunt(write(tmp_path, HUNT, "hunt.toml"))
     assert hunt.space.max_requests == 4 and isinstance(hunt.space.dimension, int)

@@ -81,6 +81,8 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
         key, value = parse_assignment(text)
         if key.startswith("hunt."):
             table = set_dotted({"hunt": table}, key, value)["hunt"]
+        elif key == "hunt":
+            raise ConfigError(f"--set {key}: give a key of the [hunt] table (hunt.budget=50, hunt.workload.requests=20)")
         else:
             _check_override(key)
             rest.append(text)
