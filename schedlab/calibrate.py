@@ -675,7 +675,8 @@ def score_all(exp, specs, judges, *, strict: bool = False, prefix: bool = False,
     return mean_abs(errors), results, errors
 
 
-def score(exp, spec, judge, *, strict: bool = False, failures: list | None = None) -> tuple[float, Any, dict[str, float]]:
+def score(exp, spec, judge, *, strict: bool = False,
+          failures: list | None = None) -> tuple[float, Any, dict[str, float]]:
     """``(mean |error|, result, errors)`` of one candidate; a candidate the engine or a
     plugin refuses (an iteration of 0 ms at a bound of 0, a setting out of its range) scores
     :data:`FAILED` -- unless ``strict``, then the error is raised; else its message goes to

@@ -728,4 +728,5 @@ def test_a_hunt_that_meets_no_constraint_says_which_failed(tmp_path):
     index = lines.index("no workload met the constraints:")
     low = min(t.score.values["workload.requests"] for t in outcome.search + outcome.random)
     high = max(t.score.values["workload.requests"] for t in outcome.search + outcome.random)
-    assert lines[index + 1] == f"  workload.requests >= 1e+09: failed on 8 of 8 workloads (values {low:.4g} to {high:.4g})"
+    assert lines[index + 1] == \
+        f"  workload.requests >= 1e+09: failed on 8 of 8 workloads (values {low:.4g} to {high:.4g})"

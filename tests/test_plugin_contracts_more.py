@@ -533,8 +533,9 @@ def test_a_plugins_own_keyboard_interrupt_in_a_worker_process_is_its_error(tmp_p
             raise KeyboardInterrupt
         """))
     path = tmp_path / "stopping.toml"
+    tables = '[scheduler]\nkind = "stops"\n[[runs]]\nname = "a"\n[[runs]]\nname = "b"\n'
     path.write_text(EXPERIMENT.format(module="stopping_plugin_xyz", engine="fast", reports='"json"', workload=SYNTHETIC,
-                                      tables='[scheduler]\nkind = "stops"\n[[runs]]\nname = "a"\n[[runs]]\nname = "b"\n'))
+                                      tables=tables))
     try:
         code = main(["run", str(path), "--jobs", "2", "--out", str(tmp_path / "out"), "--no-plots"])
     finally:

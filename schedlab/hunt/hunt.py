@@ -82,7 +82,8 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
         if key.startswith("hunt."):
             table = set_dotted({"hunt": table}, key, value)["hunt"]
         elif key == "hunt":
-            raise ConfigError(f"--set {key}: give a key of the [hunt] table (hunt.budget=50, hunt.workload.requests=20)")
+            raise ConfigError(f"--set {key}: give a key of the [hunt] table (hunt.budget=50, "
+                              "hunt.workload.requests=20)")
         else:
             _check_override(key)
             rest.append(text)
