@@ -701,7 +701,7 @@ def _huge_arrival_files(tmp_path: Path) -> dict:
         "jsonl": ('kind = "file"\npath = "r.jsonl"',
                   f"r.jsonl: line 2: arrival_ms: must be a number >= 0, got {shown}"),
         "inline": (f"kind = \"inline\"\nrequests = [{{prompt_tokens = 5, output_tokens = 5, arrival_ms = {LONG}}}]",
-                   f"[workload] requests: record 1: arrival_ms: must be a number >= 0, got {shown}"),
+                   f"[workload]: requests: record 1: arrival_ms: must be a number >= 0, got {shown}"),
         "mooncake": ('kind = "mooncake"\npath = "m.jsonl"', f"m.jsonl: line 1: timestamp: must be a number >= 0, "
                                                             f"got {shown}"),
         "vllm_log": ('kind = "vllm_log"\npath = "log.jsonl"', f"log.jsonl: line 1: queued_ts: must be a number, "

@@ -988,3 +988,46 @@ def test_a_stall_with_fewer_than_no_free_blocks_names_the_cache():
     assert "-92/64 KV blocks free; KV cache CountingKV reports fewer than no free blocks: its allocate() may " \
            "have taken more than it has" in text
     assert "must preempt" not in text
+
+
+# -- a scheduler config's defaults for the run ----------------------------------------------------------------
+DEFAULTS_PLUGIN = """
+from typing import ClassVar
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+
+@attrs.frozen
+class Cfg(ContinuousConfig):
+{body}
+
+@schedlab.hookimpl
+def schedlab_register_schedulers(register):
+    register("mine", ContinuousScheduler, config=Cfg)
+"""
+
+
+@pytest.mark.parametrize("body, message", [
+    # a TypeError traceback in the merge
+    ("    @staticmethod\n    def run_defaults(gpu, model, table, tensor_parallel=1):\n        return [('max_num_seqs', 4)]",
+     "Cfg.run_defaults() returned [('max_num_seqs', 4)] (list); it returns a dict of [scheduler] keys for the run "
+     "({} or None for none)"),
+    # read as the file's own key: "[scheduler]: unknown key 'max_num_seq'", in a file without it
+    ("    @staticmethod\n    def run_defaults(gpu, model, table, tensor_parallel=1):\n        return {'max_num_seq': 4}",
+     "Cfg.run_defaults() returned the key 'max_num_seq', which its config has not; it has: "),
+    # an attrs field of that name: AttributeError: 'member_descriptor' object has no attribute 'items'
+    ("    kv_cache_defaults: dict = {'block_size': 32}",
+     "Cfg.kv_cache_defaults is member_descriptor, not a dict: declare it a class attribute (kv_cache_defaults: "
+     "ClassVar[dict] = {...}), not a field of the config"),
+])
+def test_a_scheduler_configs_defaults_for_the_run_are_checked(plugin, capsys, body, message):
+    code, path = plugin(DEFAULTS_PLUGIN.format(body=body), '[scheduler]\nkind = "mine"\n', command="validate")
+    err = one_line(code, capsys.readouterr().err)
+    assert err.startswith(f"{path}: [scheduler]: scheduler 'mine' (plugin {path.stem}): {message}"), err
+
+
+def test_run_defaults_may_answer_none_and_kv_cache_defaults_apply(plugin, capsys, tmp_path):
+    body = ("    kv_cache_defaults: ClassVar[dict] = {'block_size': 32}\n\n    @staticmethod\n"
+            "    def run_defaults(gpu, model, table, tensor_parallel=1):\n        return None")
+    code, _ = plugin(DEFAULTS_PLUGIN.format(body=body), '[scheduler]\nkind = "mine"\n')
+    assert code == 0, capsys.readouterr().err
+    found = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [run["meta"]["block_size"] for study in found["studies"] for run in study["runs"]] == [32]

@@ -27,7 +27,7 @@ def test_readme_opens_with_the_two_commands():
 
 def test_plugin_example_runs_from_toml(tmp_path, monkeypatch):
     code = next(b for b in blocks("python") if "shortest_prompt.py" in b)
-    assert len(code.strip().split("\n")) <= 32
+    assert len(code.strip().split("\n")) <= 36
     toml = next(b for b in blocks("toml") if 'plugins = ["shortest_prompt"]' in b)
     (tmp_path / "shortest_prompt.py").write_text(code)
     (tmp_path / "data").mkdir()
@@ -97,7 +97,8 @@ def test_plugin_example_admits_after_the_cached_prefix(tmp_path, monkeypatch):
 
 def test_a_reserving_plugin_without_rejection_reason_stalls_on_a_request_one_token_too_long(tmp_path, monkeypatch):
     """What the README says about rejection_reason: the engine's default check counts
-    prompt + max_tokens - 1 tokens; the example reserves prompt + max_tokens."""
+    prompt + max_tokens - 1 tokens; the example reserves prompt + max_tokens, so it turns away
+    what never fits itself -- without that method it would wait for ever."""
     import pytest
 
     from schedlab.errors import StallError
@@ -112,16 +113,14 @@ def test_a_reserving_plugin_without_rejection_reason_stalls_on_a_request_one_tok
         sys.modules.pop("shortest_prompt", None)
     too_long = [Request(id=0, arrival_ms=0.0, prompt_tokens=60, output_tokens=5)]  # 65 tokens; the cache holds 64
     config = shortest_prompt.ShortestPromptConfig(max_num_seqs=4)
+    result = run_engine(too_long, shortest_prompt.ShortestPromptFirst(config), kv_blocks=4, block_size=16)
+    assert result.metrics["rejected"] == 1 and result.rejections == {0: "needs 5 KV blocks"}
+
+    class Waiting(shortest_prompt.ShortestPromptFirst):
+        rejection_reason = None  # (the engine's own check: prompt + max_tokens - 1 tokens fit)
+
     with pytest.raises(StallError, match="stalled"):
-        run_engine(too_long, shortest_prompt.ShortestPromptFirst(config), kv_blocks=4, block_size=16)
-
-    class Rejecting(shortest_prompt.ShortestPromptFirst):
-        def rejection_reason(self, request, kv):
-            need = -(-(request.prompt_tokens + request.max_output_tokens) // kv.block_size)
-            return f"needs {need} blocks" if need > kv.num_blocks else None
-
-    result = run_engine(too_long, Rejecting(config), kv_blocks=4, block_size=16)
-    assert result.metrics["rejected"] == 1 and result.rejections == {0: "needs 5 blocks"}
+        run_engine(too_long, Waiting(config), kv_blocks=4, block_size=16)
 
 
 def test_slot_utilisation_needs_the_schedulers_slots(tmp_path, monkeypatch):

@@ -105,7 +105,13 @@ def file_arrivals_ms(records: Records) -> np.ndarray | None:
     others have it is an error)."""
     if not records.has("arrival_ms"):
         return None
-    return records.floats("arrival_ms", min=0.0)
+    try:
+        return records.floats("arrival_ms", min=0.0)
+    except WorkloadError as exc:
+        if str(exc).endswith("missing arrival_ms"):  # (some rows have one: all or none)
+            raise WorkloadError(f"{exc} (other requests have one: give every request arrival_ms, or none for all "
+                                "at t = 0)") from None
+        raise
 
 
 @attrs.frozen
@@ -162,7 +168,8 @@ class InlineConfig:
 
     requests: tuple = attrs.field(converter=lambda v: tuple(v) if isinstance(v, list) else v,
                                   metadata={"help": "the requests: [{prompt_tokens = 100, output_tokens = 20, "
-                                                    "arrival_ms = 0.0}, ...] with a request file's fields"})
+                                                    "arrival_ms = 0.0}, ...] with a request file's fields "
+                                                    "(arrival_ms in every one, or in none: all at t = 0)"})
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.requests, tuple) or not self.requests:
@@ -178,8 +185,8 @@ class InlineConfig:
 
 
 def make_inline_workload(config: InlineConfig) -> OpenLoopWorkload:
-    """The listed requests, at their ``arrival_ms`` (all at t = 0 without them)."""
-    records = records_from_rows("[workload] requests", config.requests, _wanted(None), REQUIRED_FIELDS)
+    """The listed requests, at their ``arrival_ms`` (every request has one, or none: all at t = 0)."""
+    records = records_from_rows("requests", config.requests, _wanted(None), REQUIRED_FIELDS)
     columns = request_columns(records)
     from_rows = file_arrivals_ms(records)
     n = len(columns)

@@ -494,8 +494,11 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
                      parallelism: Parallelism = SINGLE, disaggregated: bool = False) -> list[tuple]:
     """``count`` instances' plugins; with a ``[power]`` table each one's power model goes to
     ``power`` (and a ``[clock]`` table puts the instance's cost model at its clock)."""
-    tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
-    tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
+    try:
+        tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
+        tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
+    except ConfigError as exc:  # (a scheduler config's answers: named with the run they were for)
+        raise ConfigError(f"{where} [{label}scheduler]: {exc}") from None
     tables = {**tables, "cost_model": _with_engine_cost_defaults(ctx, tables)}
     key = _ahead_key(_config_class(ctx, "scheduler", tables["scheduler"]))
     if _unmodelled_ahead(speculative, parallelism, disaggregated, key) is not None:
@@ -563,7 +566,21 @@ def _with_run_defaults(ctx: Context, tables: dict) -> dict:
     model = ctx.presets.model(model) if model in ctx.presets.model_names() else None
     shards = next((t.get("tensor_parallel") for t in (tables.get("cost_model", {}), tables.get("kv_cache", {}))
                    if isinstance(t.get("tensor_parallel"), int) and t.get("tensor_parallel") > 0), 1)
-    return {**pick(gpu, model, table, tensor_parallel=shards), **table}
+    answer = pick(gpu, model, table, tensor_parallel=shards)
+    entry = ctx.catalog["scheduler"].get(table["kind"])
+    config = entry.config
+    who = f"{entry_label(entry)}: {config.__qualname__}.run_defaults()"
+    if answer is None:
+        return table
+    if not isinstance(answer, dict):  # (a TypeError traceback in the merge below)
+        raise ConfigError(f"{who} returned {brief(answer)} ({type(answer).__name__}); it returns a dict of "
+                          "[scheduler] keys for the run ({} or None for none)")
+    fields = attrs.fields_dict(config) if attrs.has(config) else None
+    unknown = [key for key in answer if fields is not None and key not in fields]
+    if unknown:  # (read as the file's own key: 'unknown key' named a table the file does not have it in)
+        raise ConfigError(f"{who} returned the key {unknown[0]!r}, which its config has not; it has: "
+                          f"{', '.join(fields)}")
+    return {**answer, **table}
 
 
 def _config_class(ctx: Context, component: str, table: dict):
@@ -579,7 +596,13 @@ def _with_engine_kv_defaults(ctx: Context, tables: dict) -> dict:
     default (an optional ``kv_cache_defaults`` dict on the scheduler's config class, as the
     ``vllm`` preset's prefix caching), for the keys the table leaves out and its kind has."""
     table = tables["kv_cache"]
-    engine = getattr(_config_class(ctx, "scheduler", tables["scheduler"]), "kv_cache_defaults", None)
+    config = _config_class(ctx, "scheduler", tables["scheduler"])
+    engine = getattr(config, "kv_cache_defaults", None)
+    if engine is not None and not isinstance(engine, dict):  # (an attrs field of that name: a traceback below)
+        entry = ctx.catalog["scheduler"].get(tables["scheduler"]["kind"])
+        raise ConfigError(f"{entry_label(entry)}: {config.__qualname__}."
+                          f"kv_cache_defaults is {type(engine).__name__}, not a dict: declare it a class attribute "
+                          "(kv_cache_defaults: ClassVar[dict] = {...}), not a field of the config")
     cache = _config_class(ctx, "kv_cache", table)
     if not engine or cache is None or not attrs.has(cache):
         return table
