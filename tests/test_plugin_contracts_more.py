@@ -1031,3 +1031,27 @@ def test_run_defaults_may_answer_none_and_kv_cache_defaults_apply(plugin, capsys
     assert code == 0, capsys.readouterr().err
     found = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [run["meta"]["block_size"] for study in found["studies"] for run in study["runs"]] == [32]
+
+
+def test_an_admit_past_the_cached_prefix_says_what_to_ask_for():
+    """'has 8 tokens to compute, scheduler asked for 40' left out the 32 cached and the fix."""
+    from schedlab.engine.plan import admit_count_error
+
+    seq = SimpleNamespace(num_tokens=40, request=SimpleNamespace(id=1))
+    assert str(admit_count_error(seq, 40, 32)) == (
+        "admit(): request 1 has 8 tokens to compute (40 tokens, 32 of them a cached prefix: admit seq.num_tokens - "
+        "plan.cached_tokens(seq) at most), scheduler asked for 40")
+    assert str(admit_count_error(seq, 0, 0)) == "admit(): request 1 has 40 tokens to compute, scheduler asked for 0"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_both_engines_say_the_same_of_an_admit_of_no_tokens(plugin, capsys, engine):
+    """The reference engine said 'bad token count 0', the fast one how many there were."""
+    code, path = plugin(scheduler_plugin("zero", "Zero", """
+        def schedule(self, plan):
+            plan.decode_all()
+            if plan.waiting:
+                plan.admit(plan.waiting.peek(), 0)
+        """), '[scheduler]\nkind = "zero"\n', engine=engine)
+    assert one_line(code, capsys.readouterr().err) == (
+        f"{path}: run 'contract': admit(): request 0 has 100 tokens to compute, scheduler asked for 0")

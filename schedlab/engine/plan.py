@@ -324,6 +324,16 @@ def _kv_change_refused(name, *args, **kwargs):
                           f"only through the plan's actions -- {instead}")
 
 
+def admit_count_error(seq, num_tokens: int, hit: int) -> SimulationError:
+    """The error for ``admit(seq, num_tokens)`` outside 1 .. the tokens left after the cached
+    prefix ``hit`` (both engines): with a hit, why there are fewer and what to ask for."""
+    left = seq.num_tokens - hit
+    why = (f" ({seq.num_tokens} tokens, {hit} of them a cached prefix: admit seq.num_tokens - "
+           "plan.cached_tokens(seq) at most)") if hit and num_tokens > left else ""
+    return SimulationError(f"admit(): request {seq.request.id} has {left} tokens to compute{why}, scheduler asked "
+                           f"for {num_tokens}")
+
+
 def schedule_returned(result) -> SimulationError:
     """The error for a scheduler's ``schedule(plan)`` that returned ``result``, not None (the engines
     test just that after each call): a scheduler fills in the plan it is given; what it returned
@@ -634,8 +644,7 @@ class FastPlan:
         hit = self.cached_tokens(seq)
         left = seq.num_tokens - hit
         if not 1 <= num_tokens <= left:
-            raise SimulationError(
-                f"admit(): request {seq.request.id} has {left} tokens to compute, scheduler asked for {num_tokens}")
+            raise admit_count_error(seq, num_tokens, hit)
         if padding and not (0 < padding <= self.admission_padding and num_tokens == left):
             raise SimulationError(f"admit(): request {seq.request.id}: padding {padding} needs speculation "
                                   f"(at most {self.admission_padding} placeholder drafts) and the whole prompt")

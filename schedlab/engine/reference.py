@@ -21,8 +21,8 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import (Refusals, ask_scheduler, check_counts, check_reason, check_wake, kv_for, limit_hook, prefix_hits,
-                   refusal, rejection_hook)
+from .plan import (Refusals, admit_count_error, ask_scheduler, check_counts, check_reason, check_wake, kv_for,
+                   limit_hook, prefix_hits, refusal, rejection_hook)
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -253,7 +253,7 @@ class RefPlan:
             check_counts("admit", seq, num_tokens=num_tokens, reserve_tokens=reserve_tokens, padding=padding)
         hit = self.cached_tokens(seq)
         if not 1 <= num_tokens <= seq.num_tokens - hit:
-            raise SimulationError(f"admit(): bad token count {num_tokens} for request {seq.request.id}")
+            raise admit_count_error(seq, num_tokens, hit)
         if padding and not (0 < padding <= self.admission_padding and num_tokens == seq.num_tokens - hit):
             raise SimulationError(f"admit(): request {seq.request.id}: bad padding {padding}")
         most = seq.request.prompt_tokens + seq.request.max_output_tokens
