@@ -34,7 +34,7 @@ import attrs
 import pluggy
 
 from . import hookspecs
-from .errors import ConfigError, SchedlabError
+from .errors import ConfigError, DuplicateNameError, SchedlabError
 from .registry import BrokenPluginWarning, PluginConfigWarning, Registry  # (both warnings also imported from here)
 
 BUILTIN_PLUGINS = (
@@ -245,7 +245,7 @@ def _assemble(extra_modules: Iterable[str], *, entry_points: bool, builtins: boo
         module = _import_plugin(pm, name, provider=name, plugin_dir=plugin_dir, source=source)
         if pm.get_name(module) in installed:  # installed, and asked for by name: its failures are errors
             installed[pm.get_name(module)].listed = True
-    _check_pending(pm, installed)
+    _check_pending(pm, installed, source)
     return pm, installed
 
 
@@ -308,9 +308,10 @@ def _warn_broken(name: str, package: str, value: str, exc: BaseException | str,
                   f"{' '.join(text.split())}", BrokenPluginWarning, stacklevel=2)
 
 
-def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed]) -> None:
-    """Fail on a hook implementation that matches no hookspec (a misspelt hook name); an
-    installed plugin with one is left out with a warning instead."""
+def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed], source: str | None = None) -> None:
+    """Fail on a hook implementation that matches no hookspec (a misspelt hook name), named with
+    the experiment file that lists the module (``source``); an installed plugin with one is left
+    out with a warning instead."""
     while True:
         try:
             pm.check_pending()
@@ -320,7 +321,7 @@ def _check_pending(pm: pluggy.PluginManager, installed: dict[str, _Installed]) -
             info = installed.get(name)
             text = _unknown_hook_text(pm, exc)
             if info is None or info.listed:
-                raise ConfigError(text or f"plugin error: {exc}") from None
+                raise ConfigError(_listed_in(source) + (text or f"plugin error: {exc}")) from None
             pm.unregister(exc.plugin)
             del installed[name]
             _warn_broken(info.entry, info.package, info.value, text or exc)
@@ -418,7 +419,7 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
         except pluggy.PluginValidationError as exc:
             _unregister(pm, obj)
             raise ConfigError(f"plugin {_plugin_label(obj)}: {_validation_text(exc)}") from None
-    _check_pending(pm, {})
+    _check_pending(pm, {}, source)
     providers = _provider_names(pm, installed)
     registries = {kind: Registry(kind) for kind in KINDS}
     impls: dict[int, list] = {}
@@ -435,7 +436,10 @@ def load_catalog(extra_modules: Iterable[str] = (), *, entry_points: bool = True
             _register_plugin(plugin, impls[id(plugin)], registries, providers, info if left_out else None)
         except _RegistrationFailed as failed:
             if not left_out:
-                raise failed.error from None
+                error = failed.error
+                if source and isinstance(error, (ConfigError, DuplicateNameError)):  # (named with the file listing it)
+                    error = type(error)(_listed_in(source) + str(error))
+                raise error from None
             for kind, registry in registries.items():
                 registry.undo_since(marks[kind])
             pm.unregister(plugin)

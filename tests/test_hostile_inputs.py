@@ -377,9 +377,9 @@ def test_plot_names_the_file_it_cannot_read(saved, tmp_path, capsys, damage, fra
 
 
 @pytest.mark.parametrize("option, value, fragment", [
-    ("--activation-reserve-gib", "inf", "activation_reserve_gib must be a finite number >= 0"),
-    ("--activation-reserve-gib", "nan", "activation_reserve_gib must be a finite number >= 0"),
-    ("--gpu-memory-utilization", "inf", "gpu_memory_utilization must be in (0, 1]"),
+    ("--activation-reserve-gib", "inf", "--activation-reserve-gib must be a finite number >= 0"),
+    ("--activation-reserve-gib", "nan", "--activation-reserve-gib must be a finite number >= 0"),
+    ("--gpu-memory-utilization", "inf", "--gpu-memory-utilization must be in (0, 1]"),
 ])
 def test_capacity_refuses_non_finite_numbers(capsys, option, value, fragment):
     code = main(["capacity", "--model", "llama-3-8b", "--gpu", "a100-40gb", option, value])
@@ -735,10 +735,11 @@ def test_a_config_json_with_a_400_digit_width_is_named(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("option, value, fragment", [
-    ("--activation-reserve-gib", "1e300", "activation_reserve_gib must be a finite number >= 0 and <= 2**20 (GiB), "
+    ("--activation-reserve-gib", "1e300", "--activation-reserve-gib must be a finite number >= 0 and <= 2**20 (GiB), "
                                           "got 1e+300"),
-    ("--tensor-parallel", "1000000000000", "tensor_parallel must be a whole number from 1 to 1024, got 1000000000000"),
-    ("--block-size", "100000", "block_size must be a whole number from 1 to 4096, got 100000"),
+    ("--tensor-parallel", "1000000000000",
+     "--tensor-parallel must be a whole number from 1 to 1024, got 1000000000000"),
+    ("--block-size", "100000", "--block-size must be a whole number from 1 to 4096, got 100000"),
 ])
 def test_capacity_refuses_sizes_beyond_the_experiment_files_bounds(capsys, option, value, fragment):
     """1e300 GiB of reserve ended in an OverflowError; 10**12-way tensor parallelism printed

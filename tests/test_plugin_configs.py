@@ -144,11 +144,12 @@ def test_a_listed_module_whose_config_has_a_kind_field_is_one_clear_error(tmp_pa
     exp = write_experiment(tmp_path, ["kindfield_listed"], scheduler="kindfield")
     with pytest.raises(ConfigError) as caught:
         load(exp)
-    assert str(caught.value) == ("plugin kindfield_listed failed in schedlab_register_schedulers: TypeError: "
-                                 + KIND_TEXT.format(module="kindfield_listed"))
+    assert str(caught.value) == (f"{exp}: [experiment] plugins: plugin kindfield_listed failed in "
+                                 "schedlab_register_schedulers: TypeError: " + KIND_TEXT.format(module="kindfield_listed"))
     assert main(["validate", str(exp)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("schedlab: error: plugin kindfield_listed failed"), err
+    assert err.count("\n") == 1 and err.startswith(f"schedlab: error: {exp}: [experiment] plugins: plugin "
+                                                   "kindfield_listed failed"), err
 
 
 def test_an_installed_plugin_whose_config_has_a_kind_field_is_left_out_with_a_warning(tmp_path, monkeypatch,
@@ -340,8 +341,9 @@ def test_plugins_with_a_file_that_names_a_clashing_module_is_an_error(tmp_path, 
         """, modules)
     exp = write_experiment(tmp_path, ["clash_for_plugins"])
     assert main(["plugins", str(exp)]) == 2
-    assert capsys.readouterr().err == ("schedlab: error: scheduler 'static' is registered twice: by "
-                                       "schedlab_plugins.schedulers (built-in) and by clash_for_plugins\n")
+    assert capsys.readouterr().err == (f"schedlab: error: {exp}: [experiment] plugins: scheduler 'static' is "
+                                       "registered twice: by schedlab_plugins.schedulers (built-in) and by "
+                                       "clash_for_plugins\n")
 
 
 def test_a_path_fields_default_is_read_beside_the_experiment_as_a_written_one_is(tmp_path):

@@ -855,7 +855,7 @@ def test_a_run_finished_hook_that_reads_the_result_is_fine(plugin, capsys, tmp_p
 # -- a factory registered as an instance -----------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["run", "validate"])
 def test_registering_an_instance_instead_of_a_factory_is_named(plugin, capsys, command):
-    code, _ = plugin("""
+    code, path = plugin("""
         from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
         @schedlab.hookimpl
@@ -863,7 +863,7 @@ def test_registering_an_instance_instead_of_a_factory_is_named(plugin, capsys, c
             register("made", ContinuousScheduler(ContinuousConfig()))
         """, '[scheduler]\nkind = "made"\n', command)
     err = one_line(code, capsys.readouterr().err)
-    assert err.startswith("scheduler 'made' (plugin contract_plugin_"), err
+    assert err.startswith(f"{path}: [experiment] plugins: scheduler 'made' (plugin contract_plugin_"), err
     assert err.endswith("): the factory registered is a ContinuousScheduler object, not callable; register the class "
                         "or a function that makes one (register('made', ContinuousScheduler, config=...))"), err
 

@@ -330,7 +330,8 @@ def test_a_listed_module_whose_hook_returns_a_value_is_an_error(tmp_path, module
     with pytest.raises(ConfigError) as caught:
         load(tmp_path / "exp.toml")
     text = str(caught.value)
-    assert text.startswith("plugin module 'returns_dict': schedlab_register_schedulers returned a dict ({'x': ")
+    assert text.startswith(f"{tmp_path / 'exp.toml'}: [experiment] plugins: plugin module 'returns_dict': "
+                           "schedlab_register_schedulers returned a dict ({'x': ")
     assert text.endswith(f"); {RETURNED}")
 
 
