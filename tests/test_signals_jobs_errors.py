@@ -404,8 +404,8 @@ def test_a_reports_exception_is_one_line(boom_plugin, capsys):
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
         f"schedlab: error: {exp}: report 'broken_report' (plugin boom_plugin_xyz) raised KeyError: 'missing' "
-        "(boom_plugin_xyz.py:13 in Report.write; SCHEDLAB_TRACEBACK=1 prints the traceback); the 7 files written "
-        f"before it are in {boom_plugin / 'out'}"), err   # (the json report's 6 and the index: the results are kept)
+        "(boom_plugin_xyz.py:13 in Report.write; SCHEDLAB_TRACEBACK=1 prints the traceback); the 7 files the other "
+        f"reports wrote are in {boom_plugin / 'out'}"), err   # (the json report's 6 and the index: the results are kept)
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
