@@ -446,6 +446,7 @@ SCHEDULING = {
 def test_schedule_returning_a_value(plugin, capsys, case, engine):
     """It used to be ignored, and the run stalled with its plans empty."""
     code, path = plugin(RETURNS, SCHEDULING[case], "run", engine)
+    cls = "AheadSched" if case == "planning ahead" else "Sched"  # (named: the message said only "schedule()")
     assert one_line(code, capsys.readouterr().err) == (
-        f"{path}: run 'mistake': schedule() returned [0] (list): "
+        f"{path}: run 'mistake': {cls}.schedule() returned [0] (list): "
         "a scheduler fills in the plan it is given (plan.admit, plan.decode_all, ...) and returns None")

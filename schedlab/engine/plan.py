@@ -241,7 +241,7 @@ def ask_scheduler(scheduler, plan) -> None:
     (:func:`schedule_returned`), and then the plan is closed to it (:func:`close`)."""
     returned = scheduler.schedule(plan)
     if returned is not None:
-        raise schedule_returned(returned)
+        raise schedule_returned(returned, scheduler)
     close(plan)
 
 
@@ -334,11 +334,12 @@ def admit_count_error(seq, num_tokens: int, hit: int) -> SimulationError:
                            f"for {num_tokens}")
 
 
-def schedule_returned(result) -> SimulationError:
+def schedule_returned(result, scheduler=None) -> SimulationError:
     """The error for a scheduler's ``schedule(plan)`` that returned ``result``, not None (the engines
     test just that after each call): a scheduler fills in the plan it is given; what it returned
     would be dropped, and the run stall with its plans empty."""
-    return SimulationError(f"schedule() returned {brief(result)} ({type(result).__name__}): a scheduler fills in "
+    who = f"{type(scheduler).__name__}." if scheduler is not None else ""
+    return SimulationError(f"{who}schedule() returned {brief(result)} ({type(result).__name__}): a scheduler fills in "
                            "the plan it is given (plan.admit, plan.decode_all, ...) and returns None")
 
 
