@@ -95,6 +95,11 @@ class Registry:
         doc = help or (factory.__doc__ or "").strip().split("\n")[0]
         self._entries[name] = Entry(self.kind, name, factory, config, doc, self._provider)
         problem = _unchecked_config(config) if config is not None and config not in self._warned else None
+        skipped = _allocate_past_grow(factory) if self.kind == "kv_cache" else None
+        if skipped:
+            plugin = f" (plugin {self._provider})" if self._provider != "?" else ""
+            warnings.warn(f"{self.kind.replace('_', ' ')} {name!r}{plugin}: {skipped}", PluginConfigWarning,
+                          stacklevel=2)
         if problem:
             self._warned.add(config)
             plugin = f" (plugin {self._provider})" if self._provider != "?" else ""
@@ -171,6 +176,29 @@ def _is_frozen(cls: type) -> bool:
     except Exception:  # (a slotted class has no such attribute: settable all the same)
         return False
     return False
+
+
+def _allocate_past_grow(factory) -> str | None:
+    """When ``factory``, a KV cache class, overrides ``allocate`` but inherits ``grow`` (or
+    ``allocate_decodes``) from a built-in cache: the fast engine takes decode steps' blocks
+    through those, so the override is bypassed there (the reference engine calls ``allocate``,
+    and the two engines may still agree). None otherwise."""
+    if not isinstance(factory, type) or "allocate" not in _own_members(factory):
+        return None
+    inherited = [name for name in ("grow", "allocate_decodes") if callable(getattr(factory, name, None))
+                 and name not in _own_members(factory)
+                 and getattr(factory, name).__module__.partition(".")[0] == "schedlab_plugins"]
+    if not inherited:
+        return None
+    return (f"{factory.__qualname__} overrides allocate() but inherits {' and '.join(f'{n}()' for n in inherited)} "
+            "from a built-in cache, through which the fast engine takes decode steps' blocks: your allocate() is "
+            "not called for them there; override those too, or set grow = allocate_decodes = None")
+
+
+def _own_members(cls: type) -> set[str]:
+    """Names ``cls`` or a class of the plugin's own (not a built-in cache) defines."""
+    return {name for klass in cls.__mro__ if klass.__module__.partition(".")[0] not in ("schedlab_plugins", "builtins")
+            for name in vars(klass)}
 
 
 def _unchecked_config(config: type) -> str | None:

@@ -1055,3 +1055,34 @@ def test_both_engines_say_the_same_of_an_admit_of_no_tokens(plugin, capsys, engi
         """), '[scheduler]\nkind = "zero"\n', engine=engine)
     assert one_line(code, capsys.readouterr().err) == (
         f"{path}: run 'contract': admit(): request 0 has 100 tokens to compute, scheduler asked for 0")
+
+
+def test_a_cache_that_overrides_allocate_but_inherits_grow_is_warned_about(plugin, capsys):
+    """The fast engine takes decode steps' blocks through grow(): a subclass of the built-in
+    paged cache whose allocate() counted or capped blocks saw 1 allocation where the reference
+    engine saw 14, and compare_runs still passed."""
+    code, path = plugin("""
+        from schedlab_plugins.kv_caches import PagedKVCache
+
+        class Counting(PagedKVCache):
+            def __init__(self):
+                super().__init__(200)
+
+            def allocate(self, seq, num_new_tokens, **kw):
+                return super().allocate(seq, num_new_tokens, **kw)
+
+        class Whole(Counting):
+            grow = allocate_decodes = None
+
+        @schedlab.hookimpl
+        def schedlab_register_kv_caches(register):
+            register("counting", Counting)
+            register("whole", Whole)
+        """, '[kv_cache]\nkind = "counting"\n', command="validate")
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "overrides allocate()" in line]
+    assert warned == [f"schedlab: warning: kv cache 'counting' (plugin {path.stem}): Counting overrides allocate() but "
+                      "inherits grow() and allocate_decodes() from a built-in cache, through which the fast engine "
+                      "takes decode steps' blocks: your allocate() is not called for them there; override those too, "
+                      "or set grow = allocate_decodes = None"], err
