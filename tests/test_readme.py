@@ -119,7 +119,9 @@ def test_a_reserving_plugin_without_rejection_reason_stalls_on_a_request_one_tok
     class Waiting(shortest_prompt.ShortestPromptFirst):
         rejection_reason = None  # (the engine's own check: prompt + max_tokens - 1 tokens fit)
 
-    with pytest.raises(StallError, match="stalled"):
+    with pytest.raises(StallError, match=r"stalled .*; request 0 needs 5 KV blocks for its prompt \+ max_tokens \(65 "
+                                         r"tokens\), the cache has 4: a scheduler that reserves the whole answer never "
+                                         r"admits it -- give it a rejection_reason"):
         run_engine(too_long, Waiting(config), kv_blocks=4, block_size=16)
 
 

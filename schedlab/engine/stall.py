@@ -63,6 +63,22 @@ def check_kv_released(instances) -> None:
                                   f"every request has left the run: {why}")
 
 
+def _whole_answer_hint(waiting, kv) -> str:
+    """Nothing runs and a request waits: the first waiting request whose prompt + max_tokens
+    exceeds the whole cache -- served a token at a time it fits (the engines' own rejection check
+    counts one token less), but a scheduler that reserves the whole answer never admits it."""
+    block_size = kv.block_size
+    for seq in waiting:
+        request = seq.request
+        tokens = request.prompt_tokens + request.max_output_tokens
+        need = -(-tokens // block_size)
+        if need > kv.num_blocks:
+            return (f"; request {request.id} needs {need} KV blocks for its prompt + max_tokens ({tokens} tokens), "
+                    f"the cache has {kv.num_blocks}: a scheduler that reserves the whole answer never admits it -- "
+                    "give it a rejection_reason(request, kv) that turns such a request away")
+    return ""
+
+
 def stall_message(engine, why: str) -> str:
     """The message for ``engine`` (an instance of either engine) stalled because of ``why``."""
     if not hasattr(engine, "scheduler"):  # (the reference engine behind its pipeline: ReferencePipeline.e)
@@ -85,6 +101,8 @@ def stall_message(engine, why: str) -> str:
         text += (f"; the {len(decoding)} decoding requests' next step needs {need} new KV blocks, {free} free: a "
                  "scheduler whose admissions do not reserve the whole answer must preempt (plan.preempt) when "
                  "decode_all() returns False")
+    elif not running and not engine.swapped and len(engine.waiting):
+        text += _whole_answer_hint(engine.waiting, kv)
     left = sum(1 for s in engine.waiting if getattr(s, "status", WAITING) in (FINISHED, REJECTED, ABORTED))
     if left:  # (a queue whose remove() does nothing: the requests it shows are long done)
         text += (f"; {left} of the {len(engine.waiting)} in the waiting queue have left the run (finished, rejected "
