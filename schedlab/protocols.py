@@ -55,6 +55,11 @@ class SequenceState(Protocol):
     Counters follow vLLM V1: ``num_tokens`` = prompt + generated tokens; the scheduler helps
     ``num_computed_tokens`` (tokens whose KV is in the cache) catch up with ``num_tokens``.
     After a recompute preemption ``num_computed_tokens`` drops to 0.
+
+    Read only, except ``kv_state`` (the KV cache's own): the engines change these fields through
+    the Plan's actions. They are not guarded (that would cost every iteration), so a scheduler
+    that writes one (``seq.reserved_tokens = ...``) gets runs the two engines disagree on --
+    ``compare_runs`` shows it.
     """
 
     request: "Request"
