@@ -110,6 +110,13 @@ def test_fails_everywhere_names_the_failing_constraint(tmp_path):
                                     "ttft_ms.p99 = 10")
 
 
+def test_a_single_constraint_that_fails_everywhere_says_by_how_much(tmp_path):
+    """It said only "fails even at ... = 0": an impossible target, or one in seconds, could not be told."""
+    study, probes = searched(search_file(tmp_path, 'constraint = "ttft_ms.p99 <= 5"'))
+    assert probes == [(0, False)]
+    assert study.search.message == "ttft_ms.p99 <= 5 fails even at cost_model.base_ms = 0: ttft_ms.p99 = 10"
+
+
 def test_holds_everywhere_says_what_it_said(tmp_path):
     path = search_file(tmp_path, 'constraints = ["ttft_ms.p99 <= 40", "tpot_ms.p99 <= 30"]', high=20)
     study, _ = searched(path)

@@ -186,7 +186,7 @@ class StudySearchDriver(SearchDriver):
     def study(self) -> Study:
         cfg = self.spec.search
         outcome = self.search.outcome
-        if len(self.constraints) > 1:
+        if len(self.constraints) > 1 or outcome.status == "fails-everywhere":  # (its value: by how much)
             outcome = attrs.evolve(outcome, message=failed_message(outcome, self.constraints))
         caveats = answer_caveats(outcome, self.constraints)
         if caveats:
