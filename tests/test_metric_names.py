@@ -213,3 +213,11 @@ def test_a_search_in_summary_json_has_the_documented_fields(tmp_path):
         assert f'"{key}"' in schema, key
     for key in search["probes"][0]:
         assert f'"{key}"' in schema, key
+
+
+@pytest.mark.parametrize("name, meant", [("ttft_ms.median", "ttft_ms.p50"), ("p99_ttft_ms", "ttft_ms.p99"),
+                                         ("median_e2el_ms", "e2e_ms.p50"), ("mean_tpot_ms", "tpot_ms.mean")])
+def test_a_median_or_vllm_bench_spelling_is_pointed_at_our_name(name, meant):
+    """'ttft_ms.median' got 'did you mean ttft_ms.mean?' (another statistic), 'p99_ttft_ms' a group."""
+    with pytest.raises(ConfigError, match=rf"^unknown metric '{name}' \(did you mean '{re.escape(meant)}'\?\)"):
+        check_metric_name(name)

@@ -15,6 +15,7 @@ absent from a run shows as ``-``. A test keeps this shape and ``compute_metrics`
 from __future__ import annotations
 
 import difflib
+import re
 
 from ..errors import ConfigError
 from .metrics import ABORT_PLACES, PERCENTILES
@@ -128,12 +129,23 @@ LISTED = 12
 EXAMPLES = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "throughput_tps", "busy_share")
 
 
+#: a statistic named as ``vllm bench serve`` names it (``p99_ttft_ms``, ``median_e2el_ms``)
+_BENCH_STYLE = re.compile(r"(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms")
+
+
 def _unknown(name: str, parts: list[str], i: int, node: dict) -> str:
     """The message for ``parts[i]``, which ``node`` (the group of ``parts[:i]``) lacks: the close
     match first (``did you mean 'ttft_ms.p99'?``; a group when more parts follow), then the
     group's names -- all of them when there are few, else how many and a few of them."""
     fits = [key for key, value in node.items() if key != "*" and (i == len(parts) - 1 or isinstance(value, dict))]
     close = difflib.get_close_matches(parts[i], fits, n=1)
+    alias = _BENCH_STYLE.fullmatch(name)  # vllm bench's spelling: p99_ttft_ms, median_e2el_ms
+    if parts[i] == "median" and "p50" in fits:  # (difflib's pick was 'mean': another statistic)
+        close = ["p50"]
+    elif alias and i == 0:
+        stat = "p50" if alias[1] == "median" else alias[1]
+        group = {"e2el": "e2e_ms"}.get(alias[2], f"{alias[2]}_ms")
+        return f"unknown metric {name!r} (did you mean '{group}.{stat}'?): metrics are <group>.<statistic>"
     hint = f" (did you mean {'.'.join(parts[:i] + close + parts[i + 1:])!r}?)" if close else ""
     where = f"{'.'.join(parts[:i])!r} has" if i else "metrics are"
     names = _names(node)
