@@ -58,6 +58,19 @@ def test_two_gpus_or_models_are_said_once(tmp_path, capsys, key, cost_gpu, cache
                     "only that one)"]
 
 
+def test_a_cache_left_unsized_beside_a_cost_models_model_and_gpu_is_said(tmp_path, capsys):
+    """No [kv_cache] model, gpu or num_blocks: the run had the default 16,384 blocks, with no word."""
+    path = tmp_path / "two.toml"
+    path.write_text(RUN.format(cost_gpu="h100-80gb", cache_model="llama-3.1-8b", sweep="").replace(
+        'model = "llama-3.1-8b"\ngpu = "h100-80gb"\n\n', "").replace('[kv_cache]\nkind = "paged"\n', ""))
+    assert "[kv_cache]" not in path.read_text()
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().err == (
+        f"schedlab: warning: {path}: [kv_cache] names no model and gpu (nor num_blocks): the cache has the default "
+        "16384 blocks, not a pool sized for [cost_model]'s llama-3.1-8b on h100-80gb; name them (and "
+        "tensor_parallel) in [kv_cache] too\n")
+
+
 def test_a_run_records_the_scheduler_settings_it_ran_with(tmp_path):
     """[scheduler] kind = "vllm" alone runs with what vLLM picks on an H100 (8,192 tokens, 1,024
     sequences, the model's context): summary.json's meta says so, where config.json keeps the

@@ -802,6 +802,25 @@ def _warn_two_gpus(tables: dict, ctx: Context, where: str) -> None:
                           f"sweep or --set of one changes only that one)", InputWarning, stacklevel=3)
     _warn_two_tensor_parallels(tables, where)
     _warn_two_kv_dtypes(tables, ctx, where)
+    _warn_unsized_cache(tables, ctx, where)
+
+
+def _warn_unsized_cache(tables: dict, ctx: Context, where: str) -> None:
+    """Say when ``[cost_model]`` names a model and a GPU while ``[kv_cache]`` names neither a model
+    nor a ``num_blocks`` (or is left out): the cache then has the default 16,384 blocks, nothing
+    to do with that model on that GPU."""
+    cache, cost = tables.get("kv_cache") or {}, tables.get("cost_model") or {}
+    if not (isinstance(cost.get("model"), str) and isinstance(cost.get("gpu"), str)):
+        return
+    if cache.get("model") is not None or cache.get("num_blocks") is not None:
+        return
+    config = _config_class(ctx, "kv_cache", {**DEFAULT_TABLES["kv_cache"], **cache})
+    fields = attrs.fields_dict(config) if config is not None and attrs.has(config) else {}
+    if "model" in fields and "num_blocks" in fields:
+        warnings.warn(f"{where} [kv_cache] names no model and gpu (nor num_blocks): the cache has the default "
+                      f"{fields['num_blocks'].default or 16384} blocks, not a pool sized for [cost_model]'s "
+                      f"{cost['model']} on {cost['gpu']}; name them (and tensor_parallel) in [kv_cache] too",
+                      InputWarning, stacklevel=3)
 
 
 def _warn_two_kv_dtypes(tables: dict, ctx: Context, where: str) -> None:
