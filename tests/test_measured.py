@@ -295,6 +295,24 @@ def test_the_shipped_real_runs_stay_within_the_readme_errors():
     assert all(errors[name] <= bound for name, bound in bounds.items()), errors
 
 
+def test_runs_replaying_different_logs_get_figures_of_their_own_log(tmp_path):
+    """Every run was drawn against the first run's measurements, whatever log it replayed."""
+    exp_path = _replay_of_a_known_run(tmp_path, decode_ms=10.0)
+    log = next(tmp_path.glob("*.jsonl"))
+    other = tmp_path / "other log.jsonl"
+    other.write_text(log.read_text())
+    exp_path.write_text(exp_path.read_text() + f'\n[[runs]]\nname = "a"\n[[runs]]\nname = "b"\n'
+                        f'workload = {{kind = "vllm_log", path = "{other}"}}\n')
+    results = run_experiment(load(exp_path))
+    from schedlab_plugins.reports.measured import CompareReport, _by_source
+
+    assert [(tag, [run.name for run in group]) for tag, group in _by_source(results.all_runs())] == [
+        ("", ["a"]), ("_other_log", ["b"])]
+    written = CompareReport(stream=io.StringIO()).write(results, tmp_path / "out")
+    assert sorted(p.name for p in written if p.suffix == ".png") == [
+        "measured_cdf.png", "measured_cdf_other_log.png", "measured_timeline.png", "measured_timeline_other_log.png"]
+
+
 def test_measured_plots_are_written_whole_and_leak_no_font_warning(tmp_path, recwarn):
     """The compare report's measured-vs-simulated figures go through the plots report's PNG
     writer: a run name no font can draw warns nothing, and no temporary file is left behind."""

@@ -21,6 +21,7 @@ file, when it has them, against the simulated engine --, and draws into ``plots/
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -97,12 +98,16 @@ class CompareReport:
             return written
         from .plots import png_bytes
 
-        for figure, name in ((self._cdfs(runs), "measured_cdf.png"), (self._timeline(runs), "measured_timeline.png"),
-                             (self._power(runs), "measured_power.png")):
-            if figure is not None:
-                target = out / "plots" / name
-                atomic_write(target, png_bytes(figure, self.config.dpi))
-                written.append(target)
+        # One set of figures per measured file, each run drawn against its own: the first file's
+        # as measured_cdf.png..., another's as measured_cdf_<file>.png (every run was drawn against
+        # the first file's measurements, and the timeline left out when that one had none).
+        for suffix, group in _by_source(runs):
+            for figure, name in ((self._cdfs(group), "measured_cdf"), (self._timeline(group), "measured_timeline"),
+                                 (self._power(group), "measured_power")):
+                if figure is not None:
+                    target = out / "plots" / f"{name}{suffix}.png"
+                    atomic_write(target, png_bytes(figure, self.config.dpi))
+                    written.append(target)
         return written
 
     def _cdfs(self, runs):
@@ -125,7 +130,7 @@ class CompareReport:
             use_log_scale(ax, "x", truth[metric])
         axes[0].set_ylabel("fraction of requests")
         axes[0].legend(loc="lower right", fontsize=8)
-        fig.suptitle("simulated vs measured latency CDFs")
+        fig.suptitle(f"simulated vs measured latency CDFs ({Path(measured.source).name})")
         return fig
 
     def _timeline(self, runs):
@@ -155,7 +160,7 @@ class CompareReport:
             ax.set_xlabel("time (s)")
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
-        fig.suptitle("simulated vs measured: running and waiting over time")
+        fig.suptitle(f"simulated vs measured: running and waiting over time ({Path(measured.source).name})")
         return fig
 
     def _power(self, runs):
@@ -188,6 +193,22 @@ class CompareReport:
         ax.legend(fontsize=8)
         fig.suptitle("simulated vs measured GPU power (dotted: each run's steady state)")
         return fig
+
+
+def _by_source(runs) -> list[tuple[str, list]]:
+    """``runs`` grouped by the measured file each replays, in order: ``("", runs of the first)``,
+    then ``("_<file name>", runs of another)`` (a number added where two files share a name)."""
+    groups: dict[str, list] = {}
+    for run in runs:
+        groups.setdefault(str(run.measured.source), []).append(run)
+    out, used = [], set()
+    for k, (source, group) in enumerate(groups.items()):
+        tag = "" if k == 0 else "_" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(source).stem)[:60] or "measured")
+        if tag in used:
+            tag += f"_{k}"
+        used.add(tag)
+        out.append((tag, group))
+    return out
 
 
 def simulated_power(run, times: np.ndarray) -> np.ndarray:
