@@ -904,3 +904,12 @@ def test_plot_names_the_summary_for_an_overlay_of_no_saved_study(lab, tmp_path, 
     assert main(["plot", str(copy)]) == 2
     assert capsys.readouterr().err.startswith(f"schedlab: error: {copy}/summary.json: [reports.plots] overlays.a: no "
                                               "study named 'nope'; the experiment has: ")
+
+
+def test_plot_on_a_folder_written_without_the_json_report_says_so(tmp_path, capsys):
+    """It said to run an experiment with --out into it, which the user had just done."""
+    (tmp_path / "summary.txt").write_text("table\n")
+    assert main(["plot", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {tmp_path}: no summary.json here: the experiment was run "
+                                       "without the json report, which writes it; add \"json\" to [experiment] "
+                                       "reports (or --report json) and run it again\n")

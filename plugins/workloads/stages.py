@@ -29,6 +29,7 @@ them, so staging changes when requests come, not what they are.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Callable, Iterator
 
@@ -85,7 +86,9 @@ def parse_stages(value, field: str = "stages") -> tuple[Stage, ...]:
             raise FieldError(field, f"stage {k} must be a table like {{rate = 5, duration_s = 60}}, got {table!r}")
         for key in table:
             if key not in ("rate", "duration_s"):
-                raise FieldError(field, f"stage {k}: unknown key {key!r}; valid keys: duration_s, rate")
+                close = difflib.get_close_matches(str(key), ["duration_s", "rate"], n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise FieldError(field, f"stage {k}: unknown key {key!r}{hint}; valid keys: duration_s, rate")
         for key in ("rate", "duration_s"):
             number = table.get(key)
             if number is None:

@@ -438,6 +438,10 @@ def _read_summary(out: Path) -> dict:
         if (out / "hunt.json").is_file():
             raise SchedlabError(f"{out}: a hunt's results folder (hunt.json): schedlab plot redraws an experiment's "
                                 "results; the hunt's figures are in it (run the hunt again to redraw them)") from None
+        if (out / "summary.txt").is_file() or (out / "index.html").is_file():  # (reports listed without json)
+            raise SchedlabError(f"{out}: no summary.json here: the experiment was run without the json report, "
+                                "which writes it; add \"json\" to [experiment] reports (or --report json) and run "
+                                "it again") from None
         raise SchedlabError(f"{out}: no summary.json here; run an experiment with --out {out} first") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SchedlabError(f"{path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
