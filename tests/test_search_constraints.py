@@ -12,6 +12,7 @@ holds up to b = 30, ``tpot_ms.p99 <= 30`` up to b = 22, and the probes of an int
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -20,6 +21,7 @@ from schedlab.cli import main
 from schedlab.errors import ConfigError
 from schedlab.results.storage import constraint_list, load as load_results, summary_dict, summary_problem
 from schedlab.study.experiment import load, run_experiment
+from schedlab.study.search import parse_constraint
 from schedlab_plugins.reports.lab import tune_target
 from schedlab_plugins.reports.plot_search import search_figure
 from study_case import PLAN
@@ -387,3 +389,15 @@ def test_set_plan(tmp_path):
         load(path, ["plan.tensor_parallel=[0]"])
     assert str(info.value) == (f"{path}: [plan]: tensor_parallel: must be whole numbers >= 1, got [0] "
                                "(from --set 'plan.tensor_parallel=[0]')")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("slo.attainment >= 99", "slo.attainment is a share from 0 to 1, so it never holds; did you mean 0.99?"),
+    ("per_class.chat.slo.attainment > 1.5", "per_class.chat.slo.attainment is a share from 0 to 1, so it never holds"),
+    ("prefix_cache.hit_rate <= -0.1", "prefix_cache.hit_rate is a share from 0 to 1, so it never holds"),
+])
+def test_a_share_past_its_range_is_refused(text, message):
+    """slo.attainment >= 99 (a percent) searched every candidate, then advised more instances."""
+    with pytest.raises(ConfigError, match=rf"^bad constraint '{re.escape(text)}': {re.escape(message)}$"):
+        parse_constraint(text)
+    assert str(parse_constraint("slo.attainment >= 0.99")) == "slo.attainment >= 0.99"

@@ -125,7 +125,17 @@ def parse_constraint(text: str) -> Constraint:
         threshold = math.nan
     if math.isnan(threshold):
         raise ConfigError(f"bad constraint {text!r}: the threshold {raw!r} is not a number")
-    return Constraint(match["metric"], match["op"], threshold)
+    metric, op = match["metric"], match["op"]
+    if metric.rsplit(".", 1)[-1] in SHARES and (op in (">=", ">") and threshold > 1 or op in ("<=", "<") and
+                                                threshold < 0):
+        meant = f"; did you mean {threshold / 100:g}?" if 10 <= threshold <= 100 else ""
+        raise ConfigError(f"bad constraint {text!r}: {metric} is a share from 0 to 1, so it never holds{meant}")
+    return Constraint(metric, op, threshold)
+
+
+#: Metrics that are shares from 0 to 1 (the last part of their names): a constraint past 1 never
+#: holds (``slo.attainment >= 99`` was searched to its end, then "raise max_instances").
+SHARES = frozenset({"attainment", "hit_rate", "gpu_hit_rate", "host_hit_rate"})
 
 
 class Probe(NamedTuple):
