@@ -329,3 +329,16 @@ def test_measured_plots_are_written_whole_and_leak_no_font_warning(tmp_path, rec
     assert all((out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in pngs)
     assert sorted(p.name for p in (out / "plots").iterdir()) == pngs
     assert [str(w.message) for w in recwarn if "Glyph" in str(w.message)] == []
+
+
+def test_a_log_in_milliseconds_is_warned_about(tmp_path):
+    """Timestamps in ms read as seconds: arrivals 250 s apart and 6.5 s a token, with no word."""
+    from schedlab.errors import InputWarning
+
+    rows = [{"input_toks": 10, "output_toks": 3, "queued_ts": t, "first_token_ts": t + 20.0,
+             "last_token_ts": t + 33.0} for t in (0.0, 250.0)]  # (ms: 6.5 ms a token)
+    path = tmp_path / "ms.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.warns(InputWarning, match=r"its median time per output token is 6.5 s: vllm_log timestamps are "
+                                          r"seconds -- are these milliseconds\?"):
+        load_vllm_log(path)

@@ -395,3 +395,17 @@ def test_calibrate_recovers_the_servers_constants_from_the_real_clients_files(tm
         assert fit.start_error_pct > 100.0 and fit.mean_abs_error_pct < 5.0, fit
         for key, value in truth.items():
             assert fit.values[key] == pytest.approx(value, rel=0.05), (objective, key, fit.values)
+
+
+def test_ttfts_written_in_milliseconds_are_warned_about(tmp_path):
+    """Replayed as seconds, every error read -99.9%, with no word though the file's own
+    mean_ttft_ms said otherwise."""
+    result = bench_result([10, 20], [2, 2], [0.1, 0.1], [[0.01], [0.01]], [1.0, 1.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_vllm_bench(write(tmp_path, result))  # seconds, as the client writes them: nothing to say
+    result.update(ttfts=[100.0, 100.0], itls=[[10.0], [10.0]], latencies=[110.0, 110.0])  # 100 "s" against 100 ms
+    with pytest.warns(InputWarning, match=r"its ttfts average 100 s, its mean_ttft_ms says 100 ms: ttfts, itls and "
+                                          r"latencies are seconds \(vllm bench serve's layout\) -- are these "
+                                          r"milliseconds\?"):
+        load_vllm_bench(write(tmp_path, result))

@@ -131,9 +131,14 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
+#: What a vllm_log line holds (said when one lacks a field): LLMServingSim's bench runner's layout.
+LOG_FIELDS = ("input_toks, output_toks and the timestamps queued_ts, first_token_ts, last_token_ts (seconds; "
+              "scheduled_ts optional)")
+
+
 def _number(path, line, row, key, *, whole=False, minimum=None, maximum=None):
     if key not in row:
-        raise WorkloadError(f"{path}: line {line}: missing field {key!r}")
+        raise WorkloadError(f"{path}: line {line}: missing field {key!r} (a vllm_log line has {LOG_FIELDS})")
     value = row[key]
     if not is_finite_number(value):
         raise WorkloadError(f"{path}: line {line}: {key}: must be a number, got {show_value(value)}")
@@ -260,6 +265,9 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     first, last = stamps["first_token_ts"], stamps["last_token_ts"]
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (last - first) * 1e3 / (output - 1), np.nan)
+    if np.isfinite(tpot).any() and np.nanmedian(tpot) > 1e3:  # (a second a token: no server is that slow)
+        warnings.warn(f"{path}: its median time per output token is {np.nanmedian(tpot) / 1e3:.4g} s: vllm_log "
+                      "timestamps are seconds -- are these milliseconds?", InputWarning, stacklevel=2)
     measured = MeasuredRequests(str(path), arrival, (first - queued) * 1e3, tpot, (last - queued) * 1e3, output,
                                 (scheduled - queued.min()) * 1e3 if np.isfinite(scheduled).all() else None)
     return arrival, RequestColumns(prompt, output, per_row, constant), measured
@@ -323,6 +331,20 @@ class BenchRun:
     rows: np.ndarray | None = None   # each kept request's index in the file's lists (the ramp's request_index)
     total: int = 0                   # requests in the file, failed ones included (the ramp's total_requests)
     due_known: bool = True       # False: capped at a finite rate and no queue_times (due times not recorded)
+
+
+def _check_seconds(path, data, ttft: np.ndarray) -> None:
+    """Warn when the per-request ``ttfts`` (``ttft``: read as seconds, in ms) and the file's own
+    ``mean_ttft_ms`` differ a hundredfold or more: ttfts written in milliseconds replayed with
+    every error -99.9%."""
+    mean = data.get("mean_ttft_ms")
+    if not (is_finite_number(mean) and mean > 0 and len(ttft)):
+        return
+    ratio = float(np.mean(ttft)) / mean  # (ttft: the ttfts read as seconds, in ms)
+    if not 0.01 < ratio < 100:
+        warnings.warn(f"{path}: its ttfts average {float(np.mean(ttft)) / 1e3:.4g} s, its mean_ttft_ms says {mean:.4g} ms: "
+                      "ttfts, itls and latencies are seconds (vllm bench serve's layout) -- are these milliseconds?",
+                      InputWarning, stacklevel=3)
 
 
 def _bench_list(path, data, key, n=None, *, required=True):
@@ -461,6 +483,7 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     prompt = np.array([inputs[i] for i in keep], dtype=np.int64)
     output = np.array([outputs[i] for i in keep], dtype=np.int64)
     ttft = _bench_seconds(path, "ttfts", ttfts, keep)
+    _check_seconds(path, data, ttft)
     latencies = _bench_list(path, data, "latencies", n, required=False)
     if latencies is not None:
         e2e = _bench_seconds(path, "latencies", latencies, keep)
