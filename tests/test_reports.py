@@ -357,3 +357,19 @@ def test_a_run_name_no_font_can_draw_leaks_no_warning(recwarn):
     fig.subplots().set_title("a\0b")  # a NUL: no font has it
     assert png_bytes(fig, DPI)[:8] == b"\x89PNG\r\n\x1a\n"
     assert [str(w.message) for w in recwarn] == []
+
+
+def test_a_table_column_of_slo_metrics_without_slo_targets_is_refused(tmp_path, capsys):
+    """validate said OK and every row showed '-'; a search on the metric was already refused."""
+    from schedlab.cli import main
+
+    path = tmp_path / "e.toml"
+    workload = ('[workload]\nkind = "synthetic"\nnum_requests = 4\nprompt = {dist = "fixed", value = 10}\n'
+                'output = {dist = "fixed", value = 5}\nrate = 1\n')
+    path.write_text(workload + '[reports.table]\ncolumns = ["finished", "slo.attainment"]\n')
+    assert main(["validate", str(path)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {path}: [reports.table]: columns: 'slo.attainment' needs "
+                                       "[slo] targets (ttft_ms, tpot_ms), and no run has them: every row would show "
+                                       "-\n")
+    path.write_text(workload + '[slo]\nttft_ms = 300\n[reports.table]\ncolumns = ["finished", "slo.attainment"]\n')
+    assert main(["validate", str(path)]) == 0
