@@ -409,3 +409,20 @@ def test_ttfts_written_in_milliseconds_are_warned_about(tmp_path):
                                           r"latencies are seconds \(vllm bench serve's layout\) -- are these "
                                           r"milliseconds\?"):
         load_vllm_bench(write(tmp_path, result))
+
+
+@pytest.mark.parametrize("frontend", [False, True])
+def test_a_clients_file_without_a_front_end_is_said_in_the_compare_table(tmp_path, frontend):
+    """It was compared 'as the client sees requests' while the simulated client was the engine."""
+    import io
+
+    from schedlab_plugins.reports.measured import CompareReport
+
+    path = write(tmp_path, bench_result([10], [3], [0.00525], [[0.008, 0.008]], [7.0]))
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[workload]\nkind = "vllm_bench"\npath = "{path}"\n' + ("[frontend]\n" if frontend else ""))
+    shown = io.StringIO()
+    CompareReport(stream=shown).write(run_experiment(load(exp_path)), tmp_path / "out")
+    note = ("(a client's file against a run without [frontend]: the simulated client is the engine, without the API "
+            "server's and the network's time -- add [frontend])")
+    assert (note in shown.getvalue().splitlines()) is not frontend

@@ -84,8 +84,11 @@ class CompareReport:
             view = getattr(run.measured, "view", "engine")
             rows = comparison_rows(statistics(simulated_latencies(run.requests, run.measured)),
                                    measured_statistics(run.measured))
-            texts.append(format_comparison(f"{run.name}: simulated vs measured ({Path(run.measured.source).name}, "
-                                           f"as the {view} sees requests)", rows))
+            title = f"{run.name}: simulated vs measured ({Path(run.measured.source).name}, as the {view} sees requests)"
+            if view == "client" and "frontend" not in (run.settings or {}):  # (the API server's time is left out)
+                title += ("\n(a client's file against a run without [frontend]: the simulated client is the engine, "
+                          "without the API server's and the network's time -- add [frontend])")
+            texts.append(format_comparison(title, rows))
             server = server_comparison(run.requests, run.measured)
             if server is not None:
                 texts.append(server_table(run.name, server))
