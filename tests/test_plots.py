@@ -773,13 +773,18 @@ def test_plot_refuses_a_csv_that_is_a_fifo(lab, tmp_path, capsys, name):
     assert capsys.readouterr().err == f"schedlab: error: {copy}/{name}: is a FIFO (named pipe), not a regular file\n"
 
 
-def test_plot_on_a_hunts_folder_says_what_it_is(tmp_path, capsys):
-    """It said to run an experiment with --out into it, which would replace the hunt's results."""
-    (tmp_path / "hunt.json").write_text("{}")
+@pytest.mark.parametrize("found, message", [
+    # it said to run an experiment with --out into it, which would replace the hunt's results
+    ("hunt.json", "a hunt's results folder (hunt.json): schedlab plot redraws an experiment's results; the hunt's "
+                  "figures are in it (run the hunt again to redraw them)"),
+    # ... which the user had just done, with a reports list that left json out
+    ("summary.txt", "no summary.json here: the experiment was run without the json report, which writes it; add "
+                    "\"json\" to [experiment] reports (or --report json) and run it again"),
+])
+def test_plot_on_a_folder_without_summary_json_says_what_it_is(tmp_path, capsys, found, message):
+    (tmp_path / found).write_text("{}")
     assert main(["plot", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"schedlab: error: {tmp_path}: a hunt's results folder (hunt.json): schedlab "
-                                       "plot redraws an experiment's results; the hunt's figures are in it (run the "
-                                       "hunt again to redraw them)\n")
+    assert capsys.readouterr().err == f"schedlab: error: {tmp_path}: {message}\n"
 
 
 def test_timeline_copes_with_meta_values_of_the_wrong_type():
@@ -904,12 +909,3 @@ def test_plot_names_the_summary_for_an_overlay_of_no_saved_study(lab, tmp_path, 
     assert main(["plot", str(copy)]) == 2
     assert capsys.readouterr().err.startswith(f"schedlab: error: {copy}/summary.json: [reports.plots] overlays.a: no "
                                               "study named 'nope'; the experiment has: ")
-
-
-def test_plot_on_a_folder_written_without_the_json_report_says_so(tmp_path, capsys):
-    """It said to run an experiment with --out into it, which the user had just done."""
-    (tmp_path / "summary.txt").write_text("table\n")
-    assert main(["plot", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"schedlab: error: {tmp_path}: no summary.json here: the experiment was run "
-                                       "without the json report, which writes it; add \"json\" to [experiment] "
-                                       "reports (or --report json) and run it again\n")
