@@ -280,7 +280,8 @@ def test_a_plan_call_with_a_count_or_time_of_the_wrong_type_is_refused_on_both_e
 
 
 PIPELINED = ('[cluster]\npipeline_parallel = 2\n'
-             '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n')
+             '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "a100-80gb"\n'
+             '[kv_cache]\nnum_blocks = 16384\n')  # (a pool of its own size: not one sized for the model and GPU)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

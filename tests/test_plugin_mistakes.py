@@ -431,6 +431,9 @@ pipeline_parallel = 2
 kind = "roofline"
 model = "llama-3-8b"
 gpu = "a100-80gb"
+
+[kv_cache]
+num_blocks = 16384
 """
 
 
