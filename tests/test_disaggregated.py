@@ -885,3 +885,24 @@ def test_a_decode_run_ends_where_freed_window_blocks_let_a_pull_in():
     fast, ref = (run(requests, make, make, engine, bandwidth_gbps=LINK_GBPS, latency_ms=0.0) for engine in ENGINES)
     compare_runs(fast, ref, rel=1e-12)
     assert by_id(fast, "kv_pulled_ms")[7] == by_id(ref, "kv_pulled_ms")[7] == pytest.approx(244.546875)
+
+
+def test_the_table_names_each_pools_kv_cache():
+    """Only the prefill pool's cache was listed: a TP-2 decode pool's own (64,208 blocks) went unsaid."""
+    from schedlab.results.records import ExperimentResults, Study
+    from schedlab_plugins.reports.table import render
+    from test_plots import make_run
+
+    def cache(tp, blocks):
+        return {"model": "llama-3-8b", "gpu": "h100-80gb", "tensor_parallel": tp, "bytes_per_token": 131072 // tp,
+                "bytes_per_block": 2 ** 21 // tp, "num_blocks": blocks, "tokens": blocks * 16}
+
+    run = make_run("d", arrival=[0], first=[5], finish=[10], generated=[2],
+                   meta={"kv_cache": cache(1, 28275), "pools": {"prefill": {"kv_cache": cache(1, 28275)},
+                                                                "decode": {"kv_cache": cache(2, 64208)}}})
+    results = ExperimentResults("x", "", [Study("d", "run", [run])], {})
+    lines = [line for line in render(results, ["finished"]).splitlines() if line.startswith("KV cache")]
+    assert lines == ["KV cache (prefill pool): llama-3-8b on h100-80gb (tp 1): 128 KiB/token, 2 MiB/block, 28,275 "
+                     "blocks = 452,400 tokens",
+                     "KV cache (decode pool): llama-3-8b on h100-80gb (tp 2): 64 KiB/token, 1 MiB/block, 64,208 "
+                     "blocks = 1,027,328 tokens"]

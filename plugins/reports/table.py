@@ -185,10 +185,9 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     lines += stability_lines(runs)
     lines += difference_lines(results, best, best_is, baseline, differences)
     seen = set()
-    for run in results.all_runs():
-        kv = run.meta.get("kv_cache") or {}
+    for run, kv, pool in _kv_caches(results):
         if "model" in kv:  # (one line per distinct cache: runs sharing num_blocks may size them otherwise)
-            line = (f"KV cache: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
+            line = (f"KV cache{pool}: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
                     f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
                     f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
                     + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
@@ -277,6 +276,20 @@ class TableReport:
         path = Path(out_dir) / "summary.txt"
         atomic_write(path, text)
         return [path]
+
+
+def _kv_caches(results):
+    """``(run, kv_cache meta, label)`` of every run's cache -- of each pool's in a disaggregated run,
+    labelled `` (decode pool)`` (the decode pool's own model, GPU and tensor parallelism were left
+    out of the lines)."""
+    for run in results.all_runs():
+        pools = run.meta.get("pools")
+        caches = [(pool.get("kv_cache"), f" ({name} pool)") for name, pool in pools.items()
+                  if isinstance(pool, dict)] if isinstance(pools, dict) else []
+        caches = [(kv, label) for kv, label in caches if isinstance(kv, dict)]
+        if len(caches) > 1 and all(kv == caches[0][0] for kv, _ in caches):
+            caches = [(caches[0][0], " (each pool)")]
+        yield from ((run, kv, label) for kv, label in caches or [(run.meta.get("kv_cache") or {}, "")])
 
 
 def _start_up_note(problem: str) -> str:
