@@ -373,3 +373,17 @@ def test_a_table_column_of_slo_metrics_without_slo_targets_is_refused(tmp_path, 
                                        "-\n")
     path.write_text(workload + '[slo]\nttft_ms = 300\n[reports.table]\ncolumns = ["finished", "slo.attainment"]\n')
     assert main(["validate", str(path)]) == 0
+
+
+def test_an_slo_table_with_no_target_is_refused(tmp_path, capsys):
+    """An empty [slo] counted every request as meeting it: attainment 1, and a search on it held
+    to the top of its range."""
+    from schedlab.cli import main
+
+    path = tmp_path / "e.toml"
+    path.write_text('[workload]\nkind = "synthetic"\nnum_requests = 4\nprompt = {dist = "fixed", value = 10}\n'
+                    'output = {dist = "fixed", value = 5}\nrate = 1\n[slo]\n')
+    assert main(["validate", str(path)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {path}: [slo]: ttft_ms: the table names no target (ttft_ms, "
+                                       "tpot_ms or classes), so every request would meet it and a search on its "
+                                       "attainment hold everywhere; give one\n")

@@ -177,6 +177,9 @@ class SloConfig:
                                 help="targets per request class: {interactive = {ttft_ms = 300, tpot_ms = 100}}")
 
     def __attrs_post_init__(self):
+        if math.isinf(self.ttft_ms) and math.isinf(self.tpot_ms) and not self.classes:  # (attainment 1 everywhere)
+            raise FieldError("ttft_ms", "the table names no target (ttft_ms, tpot_ms or classes), so every request "
+                                        "would meet it and a search on its attainment hold everywhere; give one")
         for name, table in self.classes.items():
             if not isinstance(table, dict):
                 raise FieldError("classes", f"{name} must be a table like {{ttft_ms = 300}}, got {table!r}")
