@@ -387,3 +387,23 @@ def test_an_slo_table_with_no_target_is_refused(tmp_path, capsys):
     assert capsys.readouterr().err == (f"schedlab: error: {path}: [slo]: ttft_ms: the table names no target (ttft_ms, "
                                        "tpot_ms or classes), so every request would meet it and a search on its "
                                        "attainment hold everywhere; give one\n")
+
+
+def test_an_slo_target_under_a_millisecond_is_warned_about(tmp_path, capsys):
+    """A target typed in seconds (0.5 for 500 ms) is met by no request: attainment 0 and a
+    search that fails everywhere, with nothing saying why. Targets of 1 ms and more pass quietly."""
+    from schedlab.cli import main
+
+    body = ('[workload]\nkind = "synthetic"\nnum_requests = 4\nprompt = {dist = "fixed", value = 10}\n'
+            'output = {dist = "fixed", value = 5}\nrate = 1\nrequest_class = "chat"\n[slo]\n')
+    path = tmp_path / "e.toml"
+    path.write_text(body + 'ttft_ms = 0.5\ntpot_ms = 1\nclasses = {chat = {tpot_ms = 0.04}}\n')
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert (f"{path}: [slo] ttft_ms = 0.5: targets are in milliseconds and no request meets one under 1 ms; "
+            "for 0.5 s write ttft_ms = 500\n") in err
+    assert "[slo] classes.chat.tpot_ms = 0.04: " in err and "write tpot_ms = 40\n" in err
+    assert "[slo] tpot_ms" not in err
+    path.write_text(body + 'ttft_ms = 1\ntpot_ms = 1\n')
+    assert main(["validate", str(path)]) == 0
+    assert "milliseconds" not in capsys.readouterr().err

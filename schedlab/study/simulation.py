@@ -934,6 +934,20 @@ def _check_queue_limit(a: Assembled, where: str) -> None:
             raise ConfigError(f"{where} [scheduler]: {key}: not modelled with [cluster] pipeline_parallel")
 
 
+def _warn_slo_in_seconds(slo: SloConfig | None, where: str) -> None:
+    """Say when an ``[slo]`` target is under 1 ms: no engine step is that short, so no request
+    meets it and attainment is 0 -- most often a target typed in seconds (0.5 for 500 ms)."""
+    if slo is None:
+        return
+    targets = [(key, getattr(slo, key)) for key in ("ttft_ms", "tpot_ms")]
+    targets += [(f"classes.{name}.{key}", value) for name, table in slo.classes.items() for key, value in table.items()]
+    for key, value in targets:
+        if value < 1:
+            warnings.warn(f"{where} [slo] {key} = {value!r}: targets are in milliseconds and no request meets one "
+                          f"under 1 ms; for {value!r} s write {key.rsplit('.', 1)[-1]} = {value * 1000:g}",
+                          InputWarning, stacklevel=4)
+
+
 def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool) -> Assembled:
     tables = _tables_with_defaults(spec.tables, ctx)
     if "workload" not in tables:
@@ -944,6 +958,7 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     cluster_table = tables.get("cluster", {})
     cluster = from_table(ClusterConfig, cluster_table, where=f"{where} [cluster]")
     slo = from_table(SloConfig, tables["slo"], where=f"{where} [slo]") if "slo" in tables else None
+    _warn_slo_in_seconds(slo, where)
     speculative = (from_table(SpeculativeConfig, tables["speculative"], where=f"{where} [speculative]",
                               base_dir=ctx.base_dir) if "speculative" in tables else None)
     workload = build_component(ctx, "workload", tables["workload"], f"{where} [workload]")
