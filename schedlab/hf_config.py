@@ -431,6 +431,7 @@ def _layer_kinds(r: _Reader, family: str, layers: int) -> dict:
         raise ConfigError(f"{r.where}: layer_types: {len(types)} entries for {layers} layers (num_hidden_layers); "
                           "it names each layer's kind")
     if types:
+        _check_layer_types(r, types)
         kinds = {"sliding": sum(1 for t in types if "sliding" in t) if window_on else 0,
                  "chunked": sum(1 for t in types if "chunked" in t),
                  "linear": sum(1 for t in types if "linear" in t or "mamba" in t)}
@@ -455,6 +456,25 @@ def _layer_kinds(r: _Reader, family: str, layers: int) -> dict:
     if not r.int("attention_chunk_size", default=None):
         kinds.pop("chunked", None)
     return {kind: n for kind, n in kinds.items() if n}
+
+
+#: the words of a ``layer_types`` entry :func:`_layer_kinds` reads (``full_attention``,
+#: ``sliding_attention``, ``chunked_attention``, ``linear_attention``, ``mamba``, ...)
+LAYER_TYPE_WORDS = ("sliding", "chunked", "linear", "mamba", "attention", "full")
+
+
+def _check_layer_types(r: _Reader, types: list) -> None:
+    """Refuse a ``layer_types`` entry that names none of :data:`LAYER_TYPE_WORDS` (LFM2's short
+    ``conv`` layers, say): read as full attention it would give those layers K and V per token
+    and count parameters they do not have."""
+    unknown = sorted({t for t in types if not any(word in t for word in LAYER_TYPE_WORDS)})
+    if unknown:
+        layers = [i for i, t in enumerate(types) if t == unknown[0]]
+        shown = ", ".join(map(str, layers[:6])) + (", ..." if len(layers) > 6 else "")
+        raise ConfigError(f"{r.where}: layer_types: {', '.join(map(repr, unknown))} (layers {shown}) is a kind of "
+                          "layer schedlab does not model (it reads full_attention, sliding_attention, "
+                          "chunked_attention, linear_attention and mamba); give the model by its keys in "
+                          "[models.<name>] instead of config")
 
 
 def _constant_layers(r: _Reader, kinds: dict, kv_heads: int, head_dim: int) -> dict:

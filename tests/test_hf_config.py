@@ -212,6 +212,9 @@ def test_hf_id_only_from_a_hub_name():
     # a list of the wrong length named fewer window layers in silence
     ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128},
      r"layer_types: 2 entries for 32 layers \(num_hidden_layers\)"),
+    # LFM2's short-convolution layers were read as full attention: K and V per token they do not keep
+    ({"layer_types": ["conv", "conv", "full_attention", "conv"] * 8},
+     r"layer_types: 'conv' \(layers 0, 1, 3, 4, 5, 7, \.\.\.\) is a kind of layer schedlab does not model"),
     ({"rope_scaling": "yarn"}, r"rope_scaling: expected an object \(\{...\}\), got 'yarn'"),
     ({"rope_scaling": {"rope_type": "linear", "factor": "4"}}, "rope_scaling: factor: expected a number > 0"),
     # a number where the family's name goes was read as the family "-inf" or "1000000000.0"
