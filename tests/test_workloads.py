@@ -168,6 +168,26 @@ def test_missing_column_names_file_and_column(registry, tmp_path):
              base_dir=tmp_path)
 
 
+@pytest.mark.parametrize("name, text, unit", [
+    ("t.csv", "In,Out\n1,2\n", None),
+    ("t.jsonl", '{"In": 1, "Out": 2}\n{"In": 3, "Out": 4}\n', "line"),
+    ("t.json", '[{"In": 1, "Out": 2}]', "record"),
+])
+def test_a_file_without_our_field_names_says_how_to_map_its_own(registry, tmp_path, name, text, unit):
+    """A file naming its fields otherwise said "line 1: missing prompt_tokens" (JSON) or listed its
+    header (CSV), with no word of the ``columns`` setting that reads it."""
+    write(tmp_path / name, text)
+    with pytest.raises(WorkloadError) as info:
+        make(registry, {"kind": "file", "path": name}, base_dir=tmp_path)
+    said = str(info.value)
+    assert said.endswith('; a file that names it otherwise takes columns = {prompt_tokens = "<its column>", '
+                         'output_tokens = "<its column>"} in [workload]')
+    assert (f"no {unit} has prompt_tokens;" if unit else "no column 'prompt_tokens' (for prompt_tokens)") in said
+    got = make(registry, {"kind": "file", "path": name, "columns": {"prompt_tokens": "In", "output_tokens": "Out"}},
+               base_dir=tmp_path)
+    assert [(r.prompt_tokens, r.output_tokens) for r in got.requests(0)][0] == (1, 2)
+
+
 @pytest.mark.parametrize("bad", ["1.5", "0", "-3", "many", ""])
 def test_bad_token_count_names_file_line_and_field(registry, tmp_path, bad):
     write(tmp_path / "t.csv", f"prompt_tokens,output_tokens\n5,5\n7,{bad}\n")

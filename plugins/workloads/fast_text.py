@@ -44,6 +44,11 @@ BOM = b"\xef\xbb\xbf"
 _STRIPPED = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32)   # bytes str.strip() removes (ASCII)
 
 
+class AbsentField(WorkloadError):
+    """A required field that no row of a file has under any name looked up (a CSV without the
+    column): the file names it otherwise, or is another kind of file."""
+
+
 class RawColumn(Sequence):
     """One field of every row: ``kind`` and a byte span ``[start, end)`` into the file.
 
@@ -573,7 +578,7 @@ def csv_columns(name: str, header: list[str], wanted: Mapping[str, Sequence[str]
                 break
         else:
             if field in required:
-                raise WorkloadError(
+                raise AbsentField(
                     f"{name}: no column {' or '.join(map(repr, names))} (for {field}); "
                     f"the header has {', '.join(map(repr, header))}"
                 )

@@ -42,7 +42,7 @@ from schedlab.json_text import JsonTextError, json_documents, unreadable_json
 
 from .arrow_text import read_csv_arrow, read_jsonl_arrow
 from .fast_text import (
-    FLOAT, INT, NONE, STR, RawColumn, csv_columns, read_csv_fast, read_jsonl_fast,
+    FLOAT, INT, NONE, STR, AbsentField, RawColumn, csv_columns, read_csv_fast, read_jsonl_fast,
 )
 
 FORMATS = ("json", "jsonl", "csv")
@@ -693,6 +693,8 @@ def _check_required(records: Records, required: Sequence[str]) -> None:
         column = records.values.get(field)
         if column is None:
             continue  # an empty file
+        if len(column) and not records.has(field):
+            raise AbsentField(f"{records.path}: no {records.unit} has {records.label(field)}")
         if isinstance(column, RawColumn):
             missing = np.flatnonzero(column.none_mask())
             if missing.size:

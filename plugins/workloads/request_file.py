@@ -29,6 +29,7 @@ from schedlab.errors import WorkloadError
 
 from .arrivals import RATED_KINDS, arrivals_ms, cv_field, rate_field
 from .columns import OpenLoopWorkload, RequestColumns, per_row_or_none, scaled
+from .fast_text import AbsentField
 from .records import FORMATS, Records, read_records, records_from_rows
 
 #: Fields a request file may have, with the names looked up when ``columns`` does not say.
@@ -65,8 +66,14 @@ def _wanted(columns: Mapping[str, str] | None) -> dict[str, tuple[str, ...]]:
 
 def read_request_file(path, *, format: str | None = None, columns: Mapping[str, str] | None = None,
                       limit: int | None = None) -> Records:
-    """The rows of a request file, with ``columns`` renaming our fields to the file's."""
-    records = read_records(path, _wanted(columns), format=format, required=REQUIRED_FIELDS, limit=limit)
+    """The rows of a request file, with ``columns`` renaming our fields to the file's. A required
+    field the file has under no name looked up says how to name the file's own (``columns``)."""
+    hint = ('; a file that names it otherwise takes columns = {prompt_tokens = "<its column>", '
+            'output_tokens = "<its column>"} in [workload]')
+    try:
+        records = read_records(path, _wanted(columns), format=format, required=REQUIRED_FIELDS, limit=limit)
+    except AbsentField as exc:
+        raise WorkloadError(f"{exc}{hint}") from None
     if len(records) == 0:
         raise WorkloadError(f"{path}: no requests in the file")
     return records
