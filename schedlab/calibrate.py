@@ -914,6 +914,40 @@ def _measured_count(exp, study) -> int:
     return len(measured.ttft_ms)
 
 
+#: how far the simulated workload's mean prompt or output may be from a benchmark's before it
+#: is noted: a sampled workload's mean wanders a few percent from run to run, another dataset's
+#: or another --random-input-len's by more
+TOKENS_NOTED = 0.1
+#: the same for the rate the requests were sent at: a Poisson or gamma stream of a few hundred
+#: requests over its own span wanders by more
+RATE_NOTED = 0.25
+
+
+def workload_mismatches(target, requests: dict) -> list[str]:
+    """Where the simulated run's workload is not the one the summary ``target`` measured: its
+    count of finished requests, mean prompt and output tokens (> :data:`TOKENS_NOTED` apart) and
+    the rate its requests arrived at (> :data:`RATE_NOTED`). A fit to another workload fits the
+    cost model to the wrong numbers, so each is said before the fit's report."""
+    notes = []
+    served = requests["rejected"] == 0
+    finished = int(served.sum())
+    if target.requests is not None and finished != target.requests:
+        notes.append(f"{target.source} counts {target.requests} requests, the simulated run finished {finished}")
+    if target.tokens is not None and finished:
+        for label, column, measured in zip(("prompt", "output"), ("prompt_tokens", "generated_tokens"), target.tokens):
+            simulated = float(requests[column][served].mean())
+            if abs(simulated - measured) > TOKENS_NOTED * measured:
+                notes.append(f"{target.source}'s requests average {measured:.4g} {label} tokens, the simulated "
+                             f"ones {simulated:.4g}")
+    arrivals = np.sort(requests["arrival_ms"])
+    if target.sent_rate is not None and len(arrivals) > 1 and arrivals[-1] > arrivals[0]:
+        simulated = (len(arrivals) - 1) / ((arrivals[-1] - arrivals[0]) / 1000.0)
+        if abs(simulated - target.sent_rate) > RATE_NOTED * target.sent_rate:
+            notes.append(f"{target.source} sent {target.sent_rate:.4g} requests/s, the simulated requests "
+                         f"arrived at {simulated:.4g}/s")
+    return notes
+
+
 def _held_out_error(exp, tables: dict, base, rows, objective: str = "statistics") -> float:
     """The mean |error| of the measured run's ``rows`` in a run with ``tables``, judged as the
     fit was."""
@@ -1025,11 +1059,9 @@ def command(args) -> int:
         _check_predict(exp, study, hold, args.predict)
     fit, spec, result = calibrate(exp, parameters, run_name=args.run, max_evaluations=args.max_evaluations,
                                   rows=rows, target=target, hold=hold, starts=args.starts, objective=args.objective)
-    if target is not None and target.requests is not None and result is not None:
-        simulated_requests = int((result.all_requests()["rejected"] == 0).sum())
-        if simulated_requests != target.requests:
-            print(f"note: {target.source} counts {target.requests} requests, the simulated run finished "
-                  f"{simulated_requests}: is the experiment's workload the benchmark's?\n")
+    if target is not None and result is not None:
+        for note in workload_mismatches(target, result.all_requests()):
+            print(f"note: {note}: is the experiment's workload the benchmark's?\n")
     held_out, label = None, ""
     if others is not None and len(others):
         from .study.simulation import _tables_with_defaults

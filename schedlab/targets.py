@@ -261,6 +261,11 @@ class Summary:
     batch: int | None = None
     #: the GPUs the run served on, where the file says it (ML.ENERGY's ``num_gpus``)
     gpus: int | None = None
+    #: mean prompt and output tokens of a completed request, where the file says them (a
+    #: benchmark's ``total_input_tokens`` and ``total_output_tokens`` over ``completed``)
+    tokens: tuple[float, float] | None = None
+    #: the rate the client sent at (requests/s), where the file says it and it is finite
+    sent_rate: float | None = None
 
     def __attrs_post_init__(self):
         """Refuse percentiles that fall as the quantile rises (a p99 below the p50 was fitted to)."""
@@ -519,6 +524,20 @@ def _statistic(raw, key: str, where: str, dropped: dict[str, str]) -> float | No
     return value
 
 
+def _workload_shape(data: dict) -> dict:
+    """``tokens`` and ``sent_rate`` of a benchmark file (vLLM's and SGLang's): the mean prompt and
+    output of a completed request and the client's finite ``request_rate``. Only a check of the
+    experiment's workload against the benchmark's, so a value missing or not a number is left out."""
+    def number(key):
+        raw = data.get(key)
+        value = _float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
+        return value if math.isfinite(value) and value > 0 else None
+
+    done, prompt, output, rate = (number(k) for k in ("completed", "total_input_tokens", "total_output_tokens",
+                                                       "request_rate"))
+    return {"tokens": (prompt / done, output / done) if done and prompt and output else None, "sent_rate": rate}
+
+
 def _bench_summary(data: dict, source: str, where: str) -> Summary:
     _refuse_all_failed(data.get("completed"), "completed", data.get("failed"), "failed", where)
     values: dict[str, float] = {}
@@ -545,7 +564,8 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
         if value is not None:
             values[name] = value
     return Summary(source, "vllm bench serve", _ordered(_streamed_only(values, keys, dropped, where)),
-                   requests=_request_count(data.get("completed"), "completed", where), dropped=dropped)
+                   requests=_request_count(data.get("completed"), "completed", where), dropped=dropped,
+                   **_workload_shape(data))
 
 
 def _mlenergy_summary(data: dict, source: str, where: str, path: Path) -> Summary:
@@ -719,7 +739,8 @@ def _sglang_bench_summary(data: dict, source: str, where: str) -> Summary:
         left_out = sum(why == "of a non-streaming run" for why in dropped.values())
         _warn_non_streaming(where, "every ITL statistic is 0", left_out, len(values))
     return Summary(source, SGLANG_BENCH_KIND, _ordered(values),
-                   requests=_request_count(data.get("completed"), "completed", where), dropped=dropped)
+                   requests=_request_count(data.get("completed"), "completed", where), dropped=dropped,
+                   **_workload_shape(data))
 
 
 def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:

@@ -199,3 +199,29 @@ def test_a_log_whose_every_request_failed_says_so(tmp_path, capsys):
     line = error_line(main(["run", str(path), "--out", str(tmp_path / "out"), "--no-plots", "--jobs", "1"]),
                       capsys.readouterr().err)
     assert line.endswith("log.jsonl: no request of the log has timestamps (every one failed): nothing to replay")
+
+
+SIMULATED = {"rejected": np.array([0, 0, 0, 1]), "prompt_tokens": np.array([100, 200, 300, 900]),
+             "generated_tokens": np.array([10, 20, 30, 0]), "arrival_ms": np.array([2000.0, 0.0, 1000.0, 3000.0])}
+
+
+@pytest.mark.parametrize("bench, notes", [
+    # 3 finished, averaging 200 prompt and 20 output tokens; 4 sent over 3 s: 1 request/s
+    ({"completed": 3, "total_input_tokens": 600, "total_output_tokens": 60, "request_rate": 1.0}, []),
+    # within 10% (216.7 tokens) and 25% (1.2/s); a rate of inf (all at once) is no rate to check
+    ({"completed": 3, "total_input_tokens": 650, "total_output_tokens": 60, "request_rate": 1.2}, []),
+    ({"completed": 3, "total_input_tokens": 600, "total_output_tokens": 60, "request_rate": "inf"}, []),
+    ({"completed": 4, "total_input_tokens": 1200, "total_output_tokens": 40, "request_rate": 2.0},
+     ["b.json counts 4 requests, the simulated run finished 3",
+      "b.json's requests average 300 prompt tokens, the simulated ones 200",
+      "b.json's requests average 10 output tokens, the simulated ones 20",
+      "b.json sent 2 requests/s, the simulated requests arrived at 1/s"]),
+])
+def test_a_benchmark_of_another_workload_is_noted(tmp_path, bench, notes):
+    """Only the count of requests was checked against a summary: a fit to a benchmark of 2,000-token
+    prompts from an experiment of 200-token ones, or at twice its rate, ran with no word."""
+    from schedlab.calibrate import workload_mismatches
+
+    data = {**TEMPLATE_BENCH, **bench}
+    target = read_summary(_write(tmp_path / "b.json", json.dumps(data).replace('"inf"', "Infinity")))
+    assert [n.replace(str(tmp_path) + "/", "") for n in workload_mismatches(target, SIMULATED)] == notes
