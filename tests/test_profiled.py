@@ -506,6 +506,42 @@ def test_beyond_the_grid_every_axis_goes_on_along_its_last_piece(tmp_path_factor
     assert b.attention(pc, kp, nd, kd) == pytest.approx(attention_us(pc, kp, nd, kd) * 1e-3, rel=1e-9)
 
 
+def test_a_flat_top_of_a_profile_is_not_carried_past_it():
+    """A GEMM grid sampled every 16 tokens near its top, pooled to non-decreasing, ends flat
+    (8.0, 8.0): carried on, every token past 2,048 cost nothing. Past the profile a table goes on
+    at its chord over the top half, from (1024, 4) to (2048, 8): 1/256 per token."""
+    from schedlab_plugins.cost_models.profile_bundle import Table1D, extended
+
+    table = Table1D(*extended([256, 512, 1024, 2032, 2048], [1.0, 2.0, 4.0, 8.0, 8.0]))
+    assert table(2040) == 8.0  # inside: the profile as it is
+    assert table(4096) == pytest.approx(16.0, rel=1e-12)
+    assert table(2048 * 3) == pytest.approx(24.0, rel=1e-12)
+
+
+def test_moe_rows_past_the_profile_grow_at_the_steepest_rows_rate(tmp_path):
+    """At many tokens every row of the MoE table is compute-bound, as the fewest-experts row
+    already is at the top of the profile: 2 experts go from 1 to 2 us over 64 tokens, all 8 only
+    from 3.0 to 3.2 (still reading the weights). Past 128 tokens both rise 1/64 us per token."""
+    from schedlab_plugins.cost_models.profile_bundle import MoeTable
+
+    table = MoeTable({"tokens": [64, 128, 64, 128], "activated_experts": [2, 2, 8, 8],
+                      "time_us": [1.0, 2.0, 3.0, 3.2]}, tmp_path / "moe.csv")
+    assert table(128, 8) == pytest.approx(3.2, rel=1e-12)
+    assert table(256, 2) == pytest.approx(4.0, rel=1e-12)
+    assert table(256, 8) == pytest.approx(5.2, rel=1e-12)  # its own chord gave 3.6
+
+
+def test_the_majorant_raises_a_cell_below_one_it_dominates():
+    """[[1, 5], [3, 4]]: 4 is raised to the 5 above it; ordered cells stay."""
+    import numpy as np
+
+    from schedlab_plugins.cost_models.profile_bundle import majorant
+
+    assert majorant(np.array([[1.0, 5.0], [3.0, 4.0]])).tolist() == [[1.0, 5.0], [3.0, 5.0]]
+    ordered = np.arange(24.0).reshape(2, 3, 4)
+    assert (majorant(ordered) == ordered).all()
+
+
 def test_isotonic_is_the_midpoint_of_the_monotone_envelopes():
     """[[1, 5], [3, 4]]: 5 above 4 breaks the order down the second column; the smallest
     non-decreasing majorant has 5 there, the largest minorant 4: both become 4.5, and the
@@ -622,6 +658,40 @@ def test_more_tokens_never_cost_less_on_the_shipped_bundles(bundle, n_dec, conte
     small, large = cost.iteration_ms(base), cost.iteration_ms(bigger)
     assert small > 0.0
     assert large >= small * (1 - 1e-12), (base, bigger, small, large)
+
+
+#: the GPU each shipped bundle was profiled on (its folder)
+SHIPPED_GPU = {"RTXPRO6000": "rtx-pro-6000-server", "RTX4090": "rtx-4090"}
+
+
+@pytest.mark.parametrize("bundle", shipped_bundles(), ids=lambda b: f"{b[0].parts[-4]}-{b[0].parts[-2]}-tp{b[1]}")
+def test_past_the_shipped_profiles_no_step_beats_the_gpu(bundle):
+    """Past the profiled 2,048 tokens, 16k contexts and 256 decodes the tables went on at their
+    last piece: nearly flat for the GEMMs (a 16,384-token prefill at 1,500 TFLOPS of a 500 TFLOPS
+    card) and halved for attention (a 131k context's KV read at 2.7 TB/s of 1.6 TB/s). Now a
+    prefill of 4k-64k tokens does at most 1.1x the datasheet's bf16 FLOPS (its dense work alone,
+    2 x active parameters x tokens; the 4090 profile runs 3% above its datasheet inside the
+    grid) and holds the rate it had at the top of the profile; 64 decodes read the KV past 16k of
+    context no faster than the memory delivers."""
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+
+    root, tp = bundle
+    cost = shipped_model(root, tp)
+    gpu = Presets.from_catalog(load_catalog(entry_points=False)).gpu(SHIPPED_GPU[root.parts[-4]])
+    model = cost.model
+    tflops = {t: 2 * (model.active_params or model.num_params) * t / tp
+              / (cost.iteration_ms(Batch(0, 0, 1, t, 0, 0, 0)) * 1e-3) / 1e12 for t in (2048, 4096, 16384, 65536)}
+    for tokens in (4096, 16384, 65536):
+        assert 0.8 * tflops[2048] <= tflops[tokens] <= 1.1 * gpu.bf16_tflops, (tokens, tflops)
+    kv_bytes = 2 * model.num_layers * max(1, model.num_kv_heads // tp) * model.head_dim * 2
+
+    def decodes(context):
+        return cost.iteration_ms(Batch(64, 64 * context, 0, 0, 0, context, context))
+
+    for context in (32768, 131072):
+        read = 64 * (context - 16384) * kv_bytes / ((decodes(context) - decodes(16384)) * 1e-3) / 1e9
+        assert read <= gpu.hbm_bandwidth_gbps, (context, read)
 
 
 @settings(max_examples=examples(200), deadline=None)
