@@ -100,6 +100,20 @@ def test_a_ring_leaving_its_nvlink_island_runs_at_the_pcie_rate():
     assert Collectives(pairs, 2).all_reduce_ms(size) == pytest.approx((8.4 + 2 * 3.4 + size / 196e3) * 1e-3)
 
 
+def test_h100_pcie_at_tensor_parallel_8_stays_in_one_server():
+    """The H100 PCIe's usual machine was Vidur's 4-GPU box: tensor parallel 8 spanned two over
+    its 3 GB/s network (a 70B prefill 10x slower than at TP 4). It is now a server of 8 such
+    cards, NVLink pairs with PCIe Gen5 between them: 8 ranks ring at the PCIe 48 GB/s with
+    PCIe's hops, 8.4 + 14 x 5.7 + 1.75 x 64 MB / 48 GB/s; 4 ranks as in Vidur's box."""
+    gpu = Presets.from_catalog(load_catalog(entry_points=False)).gpu("h100-pcie-80gb")
+    box = machine(None, gpu)
+    size = 64 * 2 ** 20
+    assert (box.gpus_per_node, Collectives(box, 8).nodes) == (8, 1)
+    assert Collectives(box, 8).all_reduce_ms(size) == pytest.approx((8.4 + 14 * 5.7 + 1.75 * size / 48e3) * 1e-3)
+    four = Collectives(TOPOLOGIES["nvlink-pairs-h100"], 4).all_reduce_ms(size)
+    assert Collectives(box, 4).all_reduce_ms(size) == four
+
+
 def test_measured_bandwidth_by_rank_count_is_interpolated():
     t = Topology("t", link="nvlink", bus_gbps=1.0, bus_gbps_by_ranks={2: 100.0, 8: 400.0})
     assert [t.island_bus_gbps(r) for r in (2, 4, 8, 16)] == [100.0, 200.0, 400.0, 400.0]

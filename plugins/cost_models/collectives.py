@@ -328,16 +328,20 @@ SHM_TWO_RANK_MEASURED = {
 #: measured on 8 GPUs (rings of 4 and 8 are taken alike).
 SHM_TWO_RANK_RATIO = statistics.median(SHM_TWO_RANK_MEASURED.values())
 
-def _nvlink_pairs(gpu: str, gen: str) -> Topology:
-    """Vidur's 4-GPU boxes: NVLink bridges in pairs, PCIe between the pairs."""
+def _nvlink_pairs(gpu: str, gen: str, gpus: int = 4) -> Topology:
+    """Vidur's 4-GPU boxes: NVLink bridges in pairs, PCIe between the pairs; or a server of
+    ``gpus`` such GPUs with the same links (8 H100 PCIe cards in one server is the common way to
+    serve at tensor parallel 8: in Vidur's 4-GPU boxes it spans two, over their 3 GB/s network)."""
     folder = f"{gpu}_pairwise_nvlink"
-    return Topology(f"nvlink-pairs-{gpu}", link="nvlink", gpus_per_node=4, island=2,
+    name = f"nvlink-pairs-{gpu}" + ("" if gpus == 4 else f"-{gpus}gpu")
+    box = (f"4 {gpu.upper()} with NVLink bridges in pairs, PCIe {gen.capitalize()} between pairs (Vidur's "
+           f"{folder})" if gpus == 4 else f"{gpus} {gpu.upper()} in one server with NVLink bridges in pairs, PCIe "
+           f"{gen.capitalize()} between pairs, the links of Vidur's 4-GPU {folder}")
+    return Topology(name, link="nvlink", gpus_per_node=gpus, island=2,
                     bus_gbps=_d(folder, "all_reduce", 2, 2), p2p_gbps=_d(folder, "send_recv", 2, 2),
                     network_gbps=_d(folder, "send_recv", 2, 1),
                     cross_island_link="pcie", cross_island_gbps=PCIE_P2P_GBPS[gen],
-                    source=f"4 {gpu.upper()} with NVLink bridges in pairs, PCIe {gen.capitalize()} between pairs "
-                           f"(Vidur's {folder}); bus bandwidths fitted to its NCCL timings "
-                           f"(tools/derive_collectives.py)")
+                    source=f"{box}; bus bandwidths fitted to its NCCL timings (tools/derive_collectives.py)")
 
 
 #: Cards found in PCIe-only servers, by generation and by whether they reach each other directly.
@@ -376,13 +380,14 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
              source="DGX/HGX B200: NVSwitch, NVLink 5 (900 GB/s each way per GPU); latency and bus bandwidths "
                     "fitted to NVIDIA aiconfigurator's NCCL 2.29.2 timings (tools/derive_collectives.py)"),
     *(_nvlink_pairs(gpu, gen) for gpu, gen in (("h100", "gen5"), ("a100", "gen4"))),
+    _nvlink_pairs("h100", "gen5", gpus=8),
     *(_pcie(gen, p2p) for p2p in (True, False) for gen in ("gen5", "gen4")),
 )}
 
 #: The machine a GPU preset is usually found in, when a cost model names no ``interconnect``.
 GPU_DEFAULT_TOPOLOGY = {
     "a100-40gb": "dgx-a100", "a100-80gb": "dgx-a100", "h100-80gb": "dgx-h100", "h200-141gb": "dgx-h100",
-    "gh200-96gb": "dgx-h100", "b200": "dgx-b200", "h100-pcie-80gb": "nvlink-pairs-h100", "l4": "pcie-gen4-host",
+    "gh200-96gb": "dgx-h100", "b200": "dgx-b200", "h100-pcie-80gb": "nvlink-pairs-h100-8gpu", "l4": "pcie-gen4-host",
     "rtx-pro-6000": "pcie-gen5-host", "rtx-pro-6000-server": "pcie-gen5-host", "rtx-4090": "pcie-gen4-host",
     "a40": "pcie-gen4-p2p", "l40s": "pcie-gen4-p2p", "a10g": "pcie-gen4-host",
 }
