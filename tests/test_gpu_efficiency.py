@@ -220,3 +220,21 @@ def test_every_gpu_a_plan_may_meter_has_its_board_power():
         "l40s": 350, "a40": 300, "a10g": 300, "b200": 1000}
     assert [name for name in PRESETS.gpu_names() if PRESETS.gpu(name).board_w is None] == ["gh200-96gb"]
     assert all(PRESETS.gpu(name).board_w == fields["board_w"] for name, (fields, _) in GPU_POWER.items())
+
+
+@pytest.mark.parametrize("model, gpu", [("llama-2-7b", "l40s"), ("llama-2-7b", "a40"), ("llama-2-7b", "a100-80gb"),
+                                        ("qwen3-0.6b", "rtx-pro-6000-server")])
+def test_a_token_added_to_a_decode_only_step_never_makes_it_cheaper(model, gpu):
+    """FlashAttention 2's varlen kernel, read-bound (a multi-head model, or few query heads per
+    KV head): the decodes riding with a prompt token lost their per-decode attention time, so
+    the step came out 0.2-0.9% cheaper than the decodes alone (the conformance kit's "more work
+    never costs less", found by hypothesis). Now they cost at least what they cost alone."""
+    from schedlab.protocols import Batch
+
+    cost = RooflineCostModel(PRESETS.model(model), PRESETS.gpu(gpu), RooflineConfig(model=model, gpu=gpu))
+    assert cost._decodes_apart is False  # FlashAttention 2 on these GPUs
+    for n, context in ((64, 2048), (256, 1024), (256, 4096)):
+        alone = cost.iteration_ms(Batch(n, n * context, 0, 0, 0, context, context))
+        with_prompt = cost.iteration_ms(Batch(n, n * context, 1, 1, 0, context, context))
+        with_draft = cost.iteration_ms(Batch(n, n * context, 0, 0, 0, context, context, spec_tokens=1))
+        assert with_prompt > alone and with_draft > alone, (n, context, alone, with_prompt, with_draft)

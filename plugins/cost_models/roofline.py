@@ -448,23 +448,22 @@ class RooflineCostModel:
         # Context tokens short of every decode at the longest one (0 for even contexts).
         excess = batch.num_decode * batch.decode_context_max - batch.decode_context_tokens \
             if batch.decode_context_max else 0
+        # the decodes' attention in a decode-only step
+        alone = kv_read + batch.num_decode * self._decode_ms + self._decode_skew * self._decode_ms_per_token * excess
         if not batch.prefill_tokens and not batch.spec_tokens:
-            return self.tokens_ms(tokens) + kv_read + batch.num_decode * self._decode_ms + logits \
-                + self._decode_skew * self._decode_ms_per_token * excess
+            return self.tokens_ms(tokens) + alone + logits
         if self._decodes_apart:
             # FlashAttention 3 (the decodes' query heads share their KV heads' tiles) or
             # FlashInfer (a decode kernel of their own): as in a decode-only step, no empty tiles.
-            decodes = kv_read + batch.num_decode * self._decode_ms \
-                + self._decode_skew * self._decode_ms_per_token * excess
+            decodes = alone
         else:
             # FlashAttention 2's varlen kernel pads each query head of a decode riding with a
-            # prefill chunk (or verifying drafts) to a tile: query rows of compute, not a read.
+            # prefill chunk (or verifying drafts) to a tile: query rows of compute, not a read --
+            # never less than the decodes alone (a read-bound kernel dropped their per-decode time:
+            # one prompt token added to a decode-only step made it cheaper).
             padded = self._mixed_rows_ms_per_token * (batch.decode_context_tokens
                                                       + batch.num_decode * self._mixed_offset)
-            if padded > kv_read:
-                decodes = padded + self._mixed_skew * self._mixed_rows_ms_per_token * excess
-            else:
-                decodes = kv_read + self._mixed_skew * self._decode_ms_per_token * excess
+            decodes = max(alone, padded + self._mixed_skew * self._mixed_rows_ms_per_token * excess)
         ms = self.tokens_ms(tokens) + decodes + logits
         if batch.prefill_tokens:
             ms += self.prefill_attention_ms(batch.prefill_tokens, batch.prefill_context_tokens, batch.num_prefill)
