@@ -100,6 +100,9 @@ def test_deepseek_v3_latent_attention_shared_experts_and_dense_first_layers():
     assert d.active_params == 3 * 583_483_392 + 58 * (187_121_664 + 9 * 44_040_192 + 1_835_008 + 256) \
         + 2 * 129_280 * 7_168 + 7_168
     assert d.kv_latent_dim == 576 and d.weight_dtype_bytes == 1.0
+    # the FP8 checkpoint keeps its embedding and LM head in bf16, as the preset now does (it read
+    # them at 1 byte: 232 MB a rank short at TP 8)
+    assert d.table_dtype_bytes == PRESET["deepseek-v3"].table_dtype_bytes == 2.0
     # its RoPE part (the query's rotary half meets it; decodes absorbed), and the query/key heads of
     # 128 + 64 against the value heads' 128 (prefill attention)
     assert (d.kv_rope_dim, d.qk_head_dim, d.head_dim) == (64, 192, 128) == (
