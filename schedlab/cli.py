@@ -241,6 +241,9 @@ def cmd_plot(args) -> int:
                                  run_settings=_saved_run_settings(out))
         record_entries(out, [p.relative_to(out).parts[0] for p in (*written, index)])
     except OSError as exc:
+        if (out / "index.html").is_dir():  # (plot again would fail alike)
+            raise SchedlabError(f"{out / 'index.html'}: is a folder, so the page cannot be written there (the plots "
+                                "are written; move that folder away and run schedlab plot again)") from None
         raise SchedlabError(f"{exc.filename or out}: cannot write it: {exc.strerror or exc} (the plots are "
                             "written; run schedlab plot again to rewrite index.html)") from None
     print(f"schedlab: {len(written)} plots and index.html written to {args.dir}", file=sys.stderr)

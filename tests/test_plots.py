@@ -909,3 +909,16 @@ def test_plot_names_the_summary_for_an_overlay_of_no_saved_study(lab, tmp_path, 
     assert main(["plot", str(copy)]) == 2
     assert capsys.readouterr().err.startswith(f"schedlab: error: {copy}/summary.json: [reports.plots] overlays.a: no "
                                               "study named 'nope'; the experiment has: ")
+
+
+def test_plot_where_index_html_is_a_folder_says_to_move_it(lab, tmp_path, capsys):
+    """The page could not be written over a folder, and the message advised running plot again,
+    which failed alike. The plots are written; the folder is named as what to move."""
+    copy = _copy_without_plots(lab, tmp_path)
+    (copy / "index.html").unlink(missing_ok=True)
+    (copy / "index.html").mkdir()
+    assert main(["plot", str(copy)]) == 2
+    assert capsys.readouterr().err == (f"schedlab: error: {copy}/index.html: is a folder, so the page cannot be "
+                                       "written there (the plots are written; move that folder away and run "
+                                       "schedlab plot again)\n")
+    assert any((copy / "plots").iterdir())
