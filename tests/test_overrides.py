@@ -254,6 +254,20 @@ def test_different_kind_in_a_nested_table_replaces_it():
     assert merged == {"router": {"kind": "round_robin", "instance": {"kind": "sarathi", "chunk": 512}}}
 
 
+def test_a_cluster_of_another_mode_replaces_the_table():
+    """A colocated run of a disaggregated default kept its [cluster.prefill] and [cluster.link]:
+    refused, with no way to write the run but to move the default's cluster into every other run.
+    ``mode`` replaces [cluster] as ``kind`` replaces a plugin's table; the same mode merges."""
+    base = {"cluster": {"mode": "disaggregated", "prefill": {"instances": 2}, "link": {"bandwidth_gbps": 25}}}
+    merged = merge_tables(base, {"cluster": {"mode": "colocated", "instances": 2}})
+    assert merged["cluster"] == {"mode": "colocated", "instances": 2}
+    same = merge_tables(base, {"cluster": {"mode": "disaggregated", "decode": {"instances": 3}}})
+    assert same["cluster"] == {**base["cluster"], "decode": {"instances": 3}}
+    # below the top a mode is a plugin's own setting and merges as any key
+    nested = merge_tables({"scheduler": {"x": {"mode": "a", "k": 1}}}, {"scheduler": {"x": {"mode": "b"}}})
+    assert nested == {"scheduler": {"x": {"mode": "b", "k": 1}}}
+
+
 def test_base_without_kind_merges_into_override_kind():
     base = {"scheduler": {"max_num_seqs": 64}}
     merged = merge_tables(base, {"scheduler": {"kind": "sarathi", "chunk": 512}})

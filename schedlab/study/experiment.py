@@ -16,8 +16,8 @@ File layout::
                             # and optionally its own sweep, search or plan, and replicas
     [reports.<name>]        # settings of a report plugin
 
-A run's table replaces the default table when it names another ``kind``, and merges key by
-key otherwise. ``--set dotted.key=value`` then applies to every run, and
+A run's table replaces the default table when it names another ``kind`` (a ``[cluster]``
+another ``mode``), and merges key by key otherwise. ``--set dotted.key=value`` then applies to every run, and
 ``--set runs.<run name>.<table>.<key>=value`` to the named ``[[runs]]`` entry only (after the
 others). ``--set search.high=64`` (``sweep``, ``plan`` alike; a whole table: ``--set 'sweep={...}'``)
 changes every such table of the file, the top-level one and the runs' own, and

@@ -237,7 +237,8 @@ def merge_tables(base: dict, override: dict, *, where: str = "") -> dict:
     Rule, for every table (top-level ones and nested ones alike):
 
     * if both sides name a ``kind`` and the kinds differ, the override table REPLACES the
-      base table entirely -- settings of one plugin kind mean nothing to another;
+      base table entirely -- settings of one plugin kind mean nothing to another; so does a
+      ``[cluster]`` that names another ``mode`` (a colocated run of a disaggregated default);
     * otherwise (same kind, or either side names none) the keys merge recursively and the
       override wins for each key. A table without ``kind`` keeps the base's kind; a base
       table without ``kind`` uses the default kind, which the override may name or change,
@@ -250,6 +251,12 @@ def merge_tables(base: dict, override: dict, *, where: str = "") -> dict:
     :raises ConfigError: a table would be replaced by a non-table value or the reverse.
     """
     return _merge(base, override, where, path=())
+
+
+#: keys whose new value makes a table a new one, replacing the default's rather than merging
+#: with it: a plugin's ``kind`` anywhere; at the top, ``[cluster]``'s ``mode`` too (a colocated
+#: run of a disaggregated default kept its [cluster.prefill] and [cluster.decode])
+_REPLACING = {True: ("kind",), False: ("kind", "mode")}
 
 
 def _merge(base: dict, override: dict, where: str, path: tuple[str, ...]) -> dict:
@@ -267,7 +274,7 @@ def _merge(base: dict, override: dict, where: str, path: tuple[str, ...]) -> dic
             raise ConfigError(f"{prefix}{dotted!r} is {what_old} in the defaults; it cannot be {what_new}")
         if not isinstance(new, dict):
             result[key] = copy.deepcopy(new)
-        elif "kind" in new and "kind" in old and new["kind"] != old["kind"]:
+        elif any(name in new and name in old and new[name] != old[name] for name in _REPLACING[bool(path)]):
             result[key] = copy.deepcopy(new)
         else:
             result[key] = _merge(old, new, where, (*path, str(key)))
