@@ -80,6 +80,34 @@ def _listed_in(source: str | None) -> str:
     return f"{source}: [experiment] plugins: " if source else ""
 
 
+#: The modules imported from an experiment's folder (its plugins and the helpers they import),
+#: by name -> that folder. Python keeps one module of a name for the whole process, so a second
+#: experiment in it -- the Python API, a notebook, a test suite, ``--jobs 1`` after another --
+#: whose own folder (or Python's path) holds another module of that name got the first one's,
+#: and with it the first experiment's results. Before a folder's import, the modules another
+#: folder gave are dropped from ``sys.modules`` (the catalogs built from them keep their own).
+#: A record of the process's one module cache, not of any run.
+_FROM_FOLDER: dict[str, str | None] = {}
+
+
+def _forget_other_folders(folder: str | None) -> None:
+    """Drop from ``sys.modules`` the modules :data:`_FROM_FOLDER` has of another folder than
+    ``folder`` (None: Python's path alone)."""
+    for name, origin in list(_FROM_FOLDER.items()):
+        if origin != folder:
+            del _FROM_FOLDER[name]
+            sys.modules.pop(name, None)
+
+
+def _note_folder_modules(before: set, folder: str) -> None:
+    """Record in :data:`_FROM_FOLDER` the modules imported since ``before`` from files in ``folder``."""
+    root = os.path.join(os.path.realpath(folder), "")
+    for name in set(sys.modules) - before:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(path, str) and os.path.realpath(path).startswith(root):
+            _FROM_FOLDER[name] = folder
+
+
 def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, source: str | None):
     """Import a plugin module, looking first in ``plugin_dir`` (the experiment file's folder)."""
     where = _listed_in(source)
@@ -87,6 +115,8 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
         raise ConfigError(f"{where}{module_name!r} is not a module name: dotted Python names, such as "
                           "'my_scheduler' for my_scheduler.py beside the experiment file")
     folder = os.fspath(plugin_dir) if plugin_dir is not None else None
+    _forget_other_folders(folder)
+    before = set(sys.modules)
     if folder is not None:
         sys.path.insert(0, folder)
         importlib.invalidate_caches()  # (the folder's files may be newer than a cached listing of it)
@@ -115,6 +145,7 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
                 del sys.path[0]
             elif folder in sys.path:
                 sys.path.remove(folder)
+            _note_folder_modules(before, folder)
     if folder is not None:
         _refuse_shadowed(module_name, folder, source)
     return module
@@ -133,9 +164,10 @@ def _raised_at(exc: BaseException) -> str:
 
 def _refuse_shadowed(module_name: str, folder: str, source: str | None) -> None:
     """A module of the experiment's folder that Python did not import, because a module of the same
-    name was imported first (the standard library's ``json``, an installed package, another
-    experiment's file in this process): Python keeps the first, so the folder's file would be
-    silently ignored."""
+    name was imported first (the standard library's ``json``, an installed package, a module the
+    user's own code imported): Python keeps the first, so the folder's file would be silently
+    ignored. (Another experiment folder's module of the name is dropped first:
+    :func:`_forget_other_folders`.)"""
     top = module_name.partition(".")[0]
     local = next((p for p in (os.path.join(folder, f"{top}.py"), os.path.join(folder, top, "__init__.py"))
                   if os.path.isfile(p)), None)

@@ -375,25 +375,45 @@ def schedlab_register_schedulers(register):
 
 def test_a_folders_module_that_python_did_not_import_is_named_not_ignored(tmp_path, modules):
     """Python keeps the first module of a name: a plugin file named like a standard-library module
-    (json.py), or like another folder's plugin already imported in this process, was silently
-    replaced by that module ('implements no schedlab hook', or the other file's plugins)."""
+    (json.py) was silently replaced by that module ('implements no schedlab hook'). Now it is
+    named; another experiment folder's module of the name is dropped first, so each folder gets
+    its own (it was refused, and before that silently the first one's)."""
     first, second, copy = tmp_path / "first", tmp_path / "second", tmp_path / "copy"
     for folder in (first, second, copy):
         folder.mkdir()
-        (folder / "exp.toml").write_text('[experiment]\nplugins = ["twin_mod"]\n'
-                                         '[workload]\nkind = "file"\npath = "x.json"\n')
     write_module(first, "twin_mod", TWIN.format(n=1), modules)
     write_module(second, "twin_mod", TWIN.format(n=2), modules)
     write_module(copy, "twin_mod", TWIN.format(n=1), modules)
-    assert "twin-1" in load_catalog(["twin_mod"], plugin_dir=first)["scheduler"].names()
-    with pytest.raises(ConfigError) as info:
-        load_catalog(["twin_mod"], plugin_dir=second, source="second/exp.toml")
-    assert str(info.value) == (
-        f"second/exp.toml: [experiment] plugins: plugin module 'twin_mod': {second / 'twin_mod.py'} is not the module "
-        f"Python uses for that name: {first / 'twin_mod.py'} was imported first (a standard-library or installed "
-        f"module, or another folder's file of that name); rename twin_mod.py (and the name in plugins = [...])")
-    assert "twin-1" in load_catalog(["twin_mod"], plugin_dir=copy)["scheduler"].names()   # a copy is the same module
+    for folder, name in ((first, "twin-1"), (second, "twin-2"), (first, "twin-1"), (copy, "twin-1")):
+        names = load_catalog(["twin_mod"], plugin_dir=folder)["scheduler"].names()
+        assert name in names and {"twin-1", "twin-2"} - {name} - set(names), (folder, names)
     write_module(first, "json", TWIN.format(n=3), modules[:0])   # (json stays imported: it is the standard library's)
     with pytest.raises(ConfigError, match=r"plugin module 'json': .*json\.py is not the module Python uses for that "
                                           r"name: .*json[/\\]__init__\.py was imported first"):
         load_catalog(["json"], plugin_dir=first)
+
+
+def test_each_experiment_folder_gets_its_own_packages_helpers_and_path_modules(tmp_path, modules, monkeypatch):
+    """Found running experiments one after another in one process (``--jobs 1``, the API, a
+    notebook): the second ran the first one's scheduler, when its folder held a package of the
+    same name with another submodule, when its plugin imported a helper of the same name as the
+    first's, or when it named a module on Python's path that the first's folder also held."""
+    a, b, site = tmp_path / "a", tmp_path / "b", tmp_path / "site"
+    for folder, n in ((a, 1), (b, 2), (site, 3)):
+        (folder / "pack").mkdir(parents=True)
+        (folder / "pack" / "__init__.py").write_text("")
+        (folder / "pack" / "sched.py").write_text(HEADER + textwrap.dedent(TWIN.format(n=n)))
+        (folder / "helper_value.py").write_text(f"N = {n}\n")
+        (folder / "uses_helper.py").write_text(HEADER + textwrap.dedent(
+            "from helper_value import N\n\n@schedlab.hookimpl\ndef schedlab_register_schedulers(register):\n"
+            "    register(f'helped-{N}', StaticScheduler, config=StaticConfig)\n"))
+    modules += ["pack", "pack.sched", "helper_value", "uses_helper"]
+    for folder, n in ((a, 1), (b, 2), (a, 1)):
+        assert f"twin-{n}" in load_catalog(["pack.sched"], plugin_dir=folder)["scheduler"].names()
+        assert f"helped-{n}" in load_catalog(["uses_helper"], plugin_dir=folder)["scheduler"].names()
+    (b / "pack" / "sched.py").unlink()
+    (b / "pack" / "__init__.py").unlink()
+    (b / "pack").rmdir()
+    monkeypatch.syspath_prepend(str(site))
+    load_catalog(["pack.sched"], plugin_dir=a)
+    assert "twin-3" in load_catalog(["pack.sched"], plugin_dir=b)["scheduler"].names()  # not a's
