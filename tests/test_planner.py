@@ -193,6 +193,24 @@ def test_a_pipelined_candidate_pays_for_every_stage(tmp_path):
     assert prices[("a100-40gb", 1)] == pytest.approx(1.3 * 2)
 
 
+def test_a_data_parallel_candidate_pays_for_every_rank(tmp_path):
+    """DP 2 was priced as one rank: a 2-GPU deployment at half the price of the same GPUs as two
+    instances, and picked as the cheapest. Now 2 x tensor parallel x the GPU's price, and the
+    answer names the instance's GPUs."""
+    from schedlab.study.planner import candidates, deployment_text
+
+    router = 'router = {kind = "least_outstanding"}'
+    for extra, ranks in (("data_parallel = 2", 2), ("data_parallel = 4", 4)):
+        (tmp_path / "p.toml").write_text(PLAN.replace(router, router + "\n" + extra))
+        study = load(tmp_path / "p.toml").studies[0]
+        found = {(c.gpu, c.tensor_parallel): c for c in candidates(study, "p.toml")}
+        assert found[("l4", 2)].unit_cost == pytest.approx(0.8 * 2 * ranks)
+        assert found[("a100-40gb", 1)].unit_cost == pytest.approx(1.3 * ranks)
+        assert found[("l4", 2)].gpus_per_instance == 2 * ranks
+    entry = {"instances": 3, "point": {"gpu": "l4", "tensor_parallel": 2}, "gpus_per_instance": 8}
+    assert deployment_text(entry) == "3 instances x 8 l4 (tensor parallel)"
+
+
 # -- the audit's findings: a misspelt GPU, a deployment vLLM would not start, the reasons and messages ------------
 
 def test_a_gpu_that_is_no_preset_is_refused_when_the_file_is_read(tmp_path):

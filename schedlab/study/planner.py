@@ -19,8 +19,9 @@ the point's values, so a whole table in the space (``"cost_model" = [{...}]``) g
 space may not name a key the plan sets or searches itself (``cluster.instances`` and those
 keys), nor list a value twice, nor may ``tensor_parallel`` or ``gpus`` repeat one: either would
 simulate a deployment twice. At most :data:`~schedlab.study.sweep.MAX_SWEEP_POINTS` candidates. A
-deployment is a candidate with a number of instances; it costs instances x tensor parallel x
-pipeline stages (``[cluster] pipeline_parallel``) x the GPU's price per hour. Adding instances
+deployment is a candidate with a number of instances; it costs instances x its GPUs (tensor
+parallel x pipeline stages x data-parallel ranks: ``[cluster] pipeline_parallel`` and
+``data_parallel``) x the GPU's price per hour. Adding instances
 never hurts an SLO, so for each candidate a 1-D search (:mod:`schedlab.study.search`) finds the
 fewest instances that meet the constraints, in log(max_instances) runs instead of max_instances.
 Candidates that cannot hold the model (``ConfigError`` when assembling), or that the engine would
@@ -192,8 +193,9 @@ class Candidate:
     point: dict
     gpu: str
     tensor_parallel: int
-    unit_cost: float       # price per hour of one instance (its tensor-parallel x pipeline GPUs)
+    unit_cost: float       # price per hour of one instance (its gpus_per_instance)
     tables: dict
+    gpus_per_instance: int = 1  # tensor parallel x pipeline stages x data-parallel ranks
 
 
 def candidates(study, where: str) -> list[Candidate]:
@@ -211,10 +213,17 @@ def candidates(study, where: str) -> list[Candidate]:
                     tables = set_dotted(tables, key, gpu)
                 for key in cfg.tensor_parallel_keys:
                     tables = set_dotted(tables, key, tp)
-                stages = (tables.get("cluster") or {}).get("pipeline_parallel", 1)  # GPUs per instance: tp x stages
+                gpus = tp * _cluster_factor(tables, "pipeline_parallel") * _cluster_factor(tables, "data_parallel")
                 out.append(Candidate(len(out), {"gpu": gpu, "tensor_parallel": tp, **point}, gpu, tp,
-                                     float(price) * tp * (stages if isinstance(stages, int) else 1), tables))
+                                     float(price) * gpus, tables, gpus))
     return out
+
+
+def _cluster_factor(tables: dict, key: str) -> int:
+    """``[cluster] key`` (pipeline stages, data-parallel ranks): the GPUs of an instance it
+    multiplies; 1 when unset (or not a whole number: the run's own check names it)."""
+    value = (tables.get("cluster") or {}).get(key, 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def deployment_spec(study, candidate: Candidate, instances: int) -> RunSpec:
@@ -384,11 +393,12 @@ def pareto(points: list[tuple[float, float, str]]) -> list[str]:
 
 
 def deployment_text(entry: dict) -> str:
-    """``2 instances x 1 a100-40gb`` or ``1 instance x 2 a100-40gb (tensor parallel)``."""
+    """``2 instances x 1 a100-40gb`` or ``1 instance x 2 a100-40gb (tensor parallel)``: the GPUs of
+    an instance (tensor parallel x pipeline stages x data-parallel ranks), and what splits them."""
     n, p = entry["instances"], entry["point"]
     plural = "instance" if n == 1 else "instances"
-    tp = p["tensor_parallel"]
-    return f"{n} {plural} x {tp} {p['gpu']}" + (" (tensor parallel)" if tp > 1 else "")
+    tp, gpus = p["tensor_parallel"], entry.get("gpus_per_instance", p["tensor_parallel"])
+    return f"{n} {plural} x {gpus} {p['gpu']}" + (" (tensor parallel)" if tp > 1 else "")
 
 
 def _instances(n: int) -> str:
@@ -503,7 +513,7 @@ class PlanDriver:
             value, _, candidate, instances = min(values, key=lambda v: v[:2])
             value *= sign
             rest = point_label({k: v for k, v in candidate.point.items() if k not in ("gpu", "tensor_parallel")})
-            where = f"{_instances(instances)} x {candidate.tensor_parallel} {candidate.gpu}"
+            where = f"{_instances(instances)} x {candidate.gpus_per_instance} {candidate.gpu}"
             shown = f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
             parts.append(f"best {constraint.metric} reached: {shown} ({where}{', ' + rest if rest else ''})")
         return "".join(f"; {part}" for part in parts)
@@ -513,7 +523,8 @@ class PlanDriver:
         deployments, entries, reached = [], [], []
         for candidate in self.all:
             entry = {"point": candidate.point, "unit_cost": candidate.unit_cost, "instances": None, "cost": None,
-                     "run": None, "reason": self.infeasible.get(candidate.index, "")}
+                     "run": None, "reason": self.infeasible.get(candidate.index, ""),
+                     "gpus_per_instance": candidate.gpus_per_instance}
             search = self.searches.get(candidate.index)
             if candidate.index in self.infeasible:
                 entry["status"] = "infeasible"
@@ -536,7 +547,7 @@ class PlanDriver:
                         entry_energy = {KWH_METRIC: hourly[0], ENERGY_COST_METRIC: hourly[1]}
                     reached.append((run.metrics, candidate, probe.value))
                     deployments.append({"run": run.name, "gpu": candidate.gpu, "instances": probe.value, "cost": cost,
-                                        "gpu_hours_per_hour": probe.value * candidate.tensor_parallel,
+                                        "gpu_hours_per_hour": probe.value * candidate.gpus_per_instance,
                                         "attainment": _finite(metric_at(run.metrics, self.cfg.attainment)),
                                         "meets": probe.holds, **entry_energy})
                 if outcome.value is not None:
