@@ -305,21 +305,25 @@ class ModelSpec:
         one (replicated) head, as vLLM does -- a rank cannot hold a fraction of a head, so
         beyond ``tensor_parallel == num_kv_heads`` the per-rank KV size stops shrinking.
 
-        :raises ConfigError: the heads cannot be spread evenly (vLLM rejects this too).
+        :raises ConfigError: the heads -- the KV heads, or the attention heads -- cannot be spread
+            evenly (vLLM rejects this too: ``ModelConfig.verify_with_parallel_config``).
         """
         tp = _check_tensor_parallel(tensor_parallel)
         heads = self.num_kv_heads
-        if heads >= tp:
-            if heads % tp:
-                raise ConfigError(
-                    f"{self.name}: {heads} KV heads cannot be split evenly over tensor_parallel={tp}; "
-                    f"use a tensor_parallel that divides {heads}")
-            return heads // tp
-        if tp % heads:
+        if heads >= tp and heads % tp:
+            raise ConfigError(
+                f"{self.name}: {heads} KV heads cannot be split evenly over tensor_parallel={tp}; "
+                f"use a tensor_parallel that divides {heads}")
+        if heads < tp and tp % heads:
             raise ConfigError(
                 f"{self.name}: tensor_parallel={tp} is not a multiple of its {heads} KV heads, so they "
                 f"cannot be replicated evenly; use a multiple of {heads}")
-        return 1
+        if self.num_attention_heads and self.num_attention_heads % tp:
+            raise ConfigError(
+                f"{self.name}: {self.num_attention_heads} attention heads cannot be split evenly over "
+                f"tensor_parallel={tp} (vLLM refuses it too); use a tensor_parallel that divides "
+                f"{self.num_attention_heads}")
+        return heads // tp if heads >= tp else 1
 
     def pool_layers(self, hybrid: bool = True, swa_ratio: float | None = None) -> float:
         """Layers one block of the pool holds a page of. vLLM: a KV cache group's

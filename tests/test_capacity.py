@@ -137,6 +137,14 @@ def test_uneven_head_split_is_rejected():
         MODEL["llama-3-8b"].kv_bytes_per_token(3)
     with pytest.raises(ConfigError, match="not a multiple"):
         MODEL["qwen2.5-7b"].kv_bytes_per_token(6)  # 4 KV heads
+    # the attention heads too (they ran: Qwen2.5-7B's 28 at TP 8, Llama-3-70B's 64 at TP 128)
+    with pytest.raises(ConfigError, match=r"^qwen2\.5-7b: 28 attention heads cannot be split evenly over "
+                                          r"tensor_parallel=8 \(vLLM refuses it too\); use a tensor_parallel "
+                                          r"that divides 28$"):
+        MODEL["qwen2.5-7b"].kv_bytes_per_token(8)
+    with pytest.raises(ConfigError, match="64 attention heads cannot be split evenly over tensor_parallel=128"):
+        MODEL["llama-3-70b"].kv_bytes_per_token(128)
+    assert MODEL["qwen2.5-7b"].kv_bytes_per_token(4) == 2 * 28 * 1 * 128 * 2  # K and V, 28 layers, 1 head a rank
 
 
 def test_model_that_does_not_fit_says_by_how_much():
@@ -266,15 +274,18 @@ def _blocks(model, memory_gib, utilization, reserve_gib, tp):
 
 
 models = st.sampled_from(sorted(MODEL.values(), key=lambda m: m.name))
-tps = st.sampled_from([1, 2, 4, 8])
+#: a model and a tensor-parallel degree that splits its attention heads (Qwen2.5-7B's 28 not 8)
+layouts = models.flatmap(lambda m: st.tuples(st.just(m), st.sampled_from(
+    [tp for tp in (1, 2, 4, 8) if not m.num_attention_heads or m.num_attention_heads % tp == 0])))
 memories = st.floats(1.0, 300.0)
 utilizations = st.floats(0.01, 1.0)
 reserves = st.floats(0.0, 20.0)
 
 
 @settings(max_examples=150, deadline=None)
-@given(models, tps, memories, memories, utilizations, utilizations, reserves, reserves)
-def test_num_blocks_is_monotone(model, tp, mem_a, mem_b, util_a, util_b, res_a, res_b):
+@given(layouts, memories, memories, utilizations, utilizations, reserves, reserves)
+def test_num_blocks_is_monotone(layout, mem_a, mem_b, util_a, util_b, res_a, res_b):
+    model, tp = layout
     mem_lo, mem_hi = sorted((mem_a, mem_b))
     util_lo, util_hi = sorted((util_a, util_b))
     res_lo, res_hi = sorted((res_a, res_b))
@@ -284,8 +295,9 @@ def test_num_blocks_is_monotone(model, tp, mem_a, mem_b, util_a, util_b, res_a, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(models, tps, st.floats(200.0, 1000.0), st.integers(1, 64), st.integers(1, 100_000))
-def test_sizing_accounting(model, tp, memory_gib, block_size, seq_tokens):
+@given(layouts, st.floats(200.0, 1000.0), st.integers(1, 64), st.integers(1, 100_000))
+def test_sizing_accounting(layout, memory_gib, block_size, seq_tokens):
+    model, tp = layout
     memory_gib += model.weight_bytes(tp) / 0.9 / 2**30  # room for the weights (DeepSeek-V3: 625 GiB)
     gpu = GpuSpec("g", memory_gib=memory_gib, hbm_bandwidth_gbps=1000, bf16_tflops=100, host_link_gbps=32)
     s = size_kv_cache(model, gpu, tensor_parallel=tp, block_size=block_size)

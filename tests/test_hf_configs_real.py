@@ -256,10 +256,11 @@ def test_compressed_tensors_errors_name_the_key(change, message):
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in DATA.glob("*.json")))
 def test_every_real_config_sizes_a_kv_pool(name, tmp_path):
-    """Each file gives a capacity report at TP 8 (Phi-4's 10 KV heads: TP 2, as vLLM requires)."""
+    """Each file gives a capacity report at TP 8 (Phi-4's 10 KV heads: TP 2; Qwen2.5-7B's 28
+    attention heads: TP 4, as vLLM requires)."""
     (tmp_path / name).mkdir()
     (tmp_path / name / "config.json").write_text((DATA / f"{name}.json").read_text())
-    tp = 2 if name == "phi-4" else 8
+    tp = 2 if name == "phi-4" else 4 if name.startswith("qwen2.5-") and "7b" in name else 8
     text = capacity_command({"model": str(tmp_path / name), "gpu": "h200-141gb", "tensor_parallel": tp},
                             load_catalog(entry_points=False))
     assert text.startswith(f"KV capacity of {name} on h200-141gb")

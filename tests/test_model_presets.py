@@ -80,7 +80,9 @@ def test_capacity_text_shows_latent_and_quantised_weights():
 
     text = format_capacity(size_kv_cache(PRESETS.model("deepseek-v3"), PRESETS.gpu("h200-141gb"), tensor_parallel=8))
     assert "61 layers x 576 latent (K and V, on every rank) x 2 B = 68.625 KiB" in text
-    assert "1-byte weights, 2-byte KV" in text and "671.00B params x 1 B / 8 ranks" in text
+    # the FP8 checkpoint's embedding and LM head stay bf16: 2 x 129,280 x 7,168 = 1.85B of the 671B
+    assert "1-byte weights, 2-byte KV" in text
+    assert "669.15B params x 1 B + 1.85B embedding and LM head params x 2 B / 8 ranks" in text
     text = format_capacity(size_kv_cache(PRESETS.model("gpt-oss-20b"), PRESETS.gpu("l4")))
     assert "12 layers (the full-attention ones)" in text
     # vLLM's hybrid manager: the 12 window layers form one more group of 12; a sequence holds at most
