@@ -87,12 +87,12 @@ def _listed_in(source: str | None) -> str:
 #: and with it the first experiment's results. Before a folder's import, the modules another
 #: folder gave are dropped from ``sys.modules`` (the catalogs built from them keep their own).
 #: A record of the process's one module cache, not of any run.
-_FROM_FOLDER: dict[str, str | None] = {}
+_FROM_FOLDER: dict[str, str] = {}
 
 
-def _forget_other_folders(folder: str | None) -> None:
+def _forget_other_folders(folder: str) -> None:
     """Drop from ``sys.modules`` the modules :data:`_FROM_FOLDER` has of another folder than
-    ``folder`` (None: Python's path alone)."""
+    ``folder``."""
     for name, origin in list(_FROM_FOLDER.items()):
         if origin != folder:
             del _FROM_FOLDER[name]
@@ -115,7 +115,8 @@ def _import_module(module_name: str, plugin_dir: str | os.PathLike | None, sourc
         raise ConfigError(f"{where}{module_name!r} is not a module name: dotted Python names, such as "
                           "'my_scheduler' for my_scheduler.py beside the experiment file")
     folder = os.fspath(plugin_dir) if plugin_dir is not None else None
-    _forget_other_folders(folder)
+    if folder is not None:  # (an installed plugin's module, or one asked for by name alone, evicts nothing)
+        _forget_other_folders(folder)
     before = set(sys.modules)
     if folder is not None:
         sys.path.insert(0, folder)
