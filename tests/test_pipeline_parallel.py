@@ -287,18 +287,19 @@ def test_an_empty_batch_holds_a_slot_of_the_queue_as_in_vllm(engine):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("ahead, tokens", [
     (False, [4.75, 13.0625, 21.375]),
-    (True, [4.75, 10.3125, 14.3125]),
+    (True, [4.75, 13.0625, 21.375]),
 ])
-def test_planning_ahead_a_decode_follows_the_one_in_flight_a_stage_behind(engine, ahead, tokens):
+def test_planning_ahead_a_decode_waits_for_its_token_to_come_back(engine, ahead, tokens):
     """One request, 8 + 3 tokens, two stages (2 ms a stage for the prompt, 4 ms for a decode; sends
     0.75 and 0.3125 ms). Its prompt lands at 4.75. Synchronously each decode waits for the token
     before it: launched at 4.75, it crosses both stages (4 + 0.3125 + 4) by 13.0625, and the next
     by 21.375. Planning ahead (vLLM's V2 model runner: a queue of 3, each decode due 2 plans after
-    the last) plan 2 is empty and plan 3, at 0, decodes on the first token's placeholder: stage 0
-    takes it once the prompt is through (2-6), stage 1 at 6.3125, landing at 10.3125; the queue is
-    full, so the prompt lands (4.75), plan 4 is empty (not due), the empty batch is popped at once
-    and plan 5 decodes its third token: stage 0 at 6-10, stage 1 at 10.3125-14.3125. Plans 6 and 7
-    pass over it: the token in flight is its last (``max_tokens``)."""
+    the last) plan 2 is empty and plan 3, at 0, decodes on the first token's placeholder -- but
+    the first stage embeds the token itself, broadcast from the last stage when it is sampled: it
+    starts at 4.75, when the prompt lands, and the decode lands at 13.0625; plan 5 decodes the third
+    token once the second is back, landing at 21.375. A lone request decodes once per trip through
+    the pipeline, as synchronously (it landed at 10.3125 and 14.3125: a token a stage behind the one
+    it needs, faster than one GPU could decode it)."""
     def make():
         scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=256, allocation="grow",
                                                          chunked_prefill=True, async_scheduling=ahead))

@@ -612,17 +612,21 @@ def _eos(case: Case, rid: int, max_tokens: int) -> Case:
 
 
 # Pipelines planned ahead (vLLM 0.33's V2 model runner): P + 1 batches in flight, a request's next
-# decode due P schedule() calls after its last token was scheduled, 1 ms per stage.
+# decode due P schedule() calls after its last token was scheduled, 1 ms per stage; a batch starts
+# its first stage once the tokens its decodes embed are back from the last stage (broadcast there
+# when sampled: ``_pp_broadcast_prev_sampled_token_ids``), so a lone request gains nothing.
 ASYNC_PIPELINE_CASES = {
     # P = 2, one request, 4 + 4 tokens. A (call 1, t=0) = its prompt, lands at 2; call 2: nothing
     # due -- an empty batch; call 3 (still t=0, the queue holds 3): its decode is due, its first
-    # token a placeholder: B, behind A on each stage, lands at 3. The queue is full: A lands (token
-    # 1 at 2); call 4 empty; the empty batch is popped at once; call 5 = C (t=2, lands at 4); ...
-    # tokens at 2, 3, 4, 5. Synchronously (a queue of 2) each decode waits for its token: 2, 4, 6, 8.
-    "a-decode-each-stage-time-not-each-trip": (
+    # token a placeholder: B, whose first stage waits for that token (back at 2), lands at 4. The
+    # queue is full: A lands (token 1 at 2); call 4 empty; the empty batch is popped at once; call
+    # 5 = C (t=2), waiting for B's token, lands at 6; ... tokens at 2, 4, 6, 8, as synchronously
+    # (a queue of 2), where each decode waits for its token too. (Without the wait: 2, 3, 4, 5 --
+    # a token a stage time, faster than one GPU would decode it.)
+    "a-decode-waits-for-its-token-each-trip": (
         _case(dict(block_size=4, num_blocks=4, max_num_seqs=1, max_num_batched_tokens=8, pipeline_parallel=2),
               (0, 0, 4, 4, 0, None, 0)),
-        {0: Outcome(0, 2, 5, 0, 0)},
+        {0: Outcome(0, 2, 8, 0, 0)},
         {0: Outcome(0, 2, 8, 0, 0)}),
     # P = 3, blocks of 4, 2 blocks; r0 (4 + 1 tokens, stopping at an EOS, max_tokens 5) and r1 (4 +
     # 1). Call 1 = r0's prompt (block 1), call 2 = r1's (block 2), call 3 empty; call 4 (t=0): r0's
@@ -637,27 +641,29 @@ ASYNC_PIPELINE_CASES = {
         {0: Outcome(0, 3, 3, 0, 0), 1: Outcome(0, 4, 4, 0, 0)}),
     # P = 2, n-gram, k = 2, every draft accepted; one request, 4 + 7 tokens. A (call 1) = its
     # prompt, lands at 2; call 3 (t=0) = its decode on the first token's placeholder, 1 + 2
-    # tokens from position 4, lands at 3 (tokens 2-4); A lands, call 4 empty, call 5 (t=2) = its
-    # next decode from position 7 -- B's drafts counted as accepted --, lands at 4 (tokens 5-7).
-    # Synchronously each verify step waits for the one before: tokens at 2, 4 and 6.
-    "a-verify-step-each-stage-time": (
+    # tokens from position 4, waiting for that token: lands at 4 (tokens 2-4); A lands, call 4
+    # empty, call 5 (t=2) = its next decode from position 7 -- B's drafts counted as accepted --,
+    # waiting for B's tokens: lands at 6 (tokens 5-7). Synchronously each verify step waits for the
+    # one before as well: tokens at 2, 4 and 6.
+    "a-verify-step-waits-for-the-one-before": (
         _case(dict(_spec("ngram", 2, block_size=2, num_blocks=7, max_num_seqs=2, max_num_batched_tokens=16,
                          pipeline_parallel=2), acceptance_rate=1.0), (0, 0, 4, 7, 0, None, 0)),
-        {0: Outcome(0, 2, 4, 0, 0)},
+        {0: Outcome(0, 2, 6, 0, 0)},
         {0: Outcome(0, 2, 6, 0, 0)}),
     # P = 2, n-gram, k = 2 but none for a batch of 2 or more (drafts per batch size), every draft
     # accepted; r0 (4 + 3 tokens) and r1 (4 + 1) at 0. A (call 1) = both prompts: a batch of 2,
     # so each gets 0 placeholders; lands at 2 (r0's first token, r1 done). Call 3 (t=0): r0's
     # decode is due (r1's token in flight is its last: it sits out) with A's 0 drafts -- not the
-    # k = 2 of the batches before it, none of which has landed -- so B = r0, 1 token, lands at 3;
-    # B's batch of 1 gives r0 2 placeholders, and call 5 (t=2) decodes it with them: its last
-    # token at 4 (with 2 drafts at call 3 it was done at 3). Synchronously A's drafts (0) come
-    # at 2: B = r0's one token, lands at 4, and its 2 drafts finish r0 at 6.
+    # k = 2 of the batches before it, none of which has landed -- so B = r0, 1 token, waiting for
+    # its first: lands at 4; B's batch of 1 gives r0 2 placeholders, and call 5 (t=2) decodes it
+    # with them, waiting for B's token: its last token at 6 (with 2 drafts at call 3 it was done
+    # at 4). Synchronously A's drafts (0) come at 2: B = r0's one token, lands at 4, and its 2
+    # drafts finish r0 at 6.
     "each-decode-verifies-the-drafts-of-its-own-last-batch": (
         _case(dict(_spec("ngram", 2, block_size=4, num_blocks=20, max_num_seqs=2, max_num_batched_tokens=16,
                          pipeline_parallel=2), acceptance_rate=1.0, dynamic_from=2, dynamic_k=0),
               (0, 0, 4, 3, 0, None, 0), (1, 0, 4, 1, 0, None, 0)),
-        {0: Outcome(0, 2, 4, 0, 0), 1: Outcome(0, 2, 2, 0, 0)},
+        {0: Outcome(0, 2, 6, 0, 0), 1: Outcome(0, 2, 2, 0, 0)},
         {0: Outcome(0, 2, 6, 0, 0), 1: Outcome(0, 2, 2, 0, 0)}),
 }
 
@@ -665,7 +671,8 @@ ASYNC_PIPELINE_CASES = {
 #: EAGLE on 2 stages planning ahead, prefix caching: r6 is preempted with its prompt's last chunk
 #: in flight; vLLM caches its prompt's blocks but the last full one, whose hash needs the token
 #: after it (EAGLE's hash lookahead), still in flight: 92 tokens in all at its admissions, vLLM
-#: 0.33 (``tools/vllm_diff.py --replay`` of this case, fresh seed 43151 shrunk), 94 before.
+#: 0.33 (``tools/vllm_diff.py --replay`` of this case, fresh seed 43151 shrunk), 94 before. (Its
+#: last token at 56 since a batch's first stage waits for the tokens its decodes embed; 47 before.)
 EAGLE_LAST_CHUNK_IN_FLIGHT = (
     '{"group":"pipeline_spec","seed":43151,"settings":{"block_size":2,"num_blocks":131,"max_num_seqs":4,'
     '"max_num_batched_tokens":15,"long_prefill_token_threshold":0,"prefix_caching":true,"policy":"fcfs",'
@@ -683,13 +690,13 @@ EAGLE_LAST_CHUNK_IN_FLIGHT = (
 def test_eagle_blocks_of_a_prompt_whose_last_chunk_is_in_flight_are_cached_but_the_last(engine):
     case = Case.from_json(EAGLE_LAST_CHUNK_IN_FLIGHT, DiffSettings)
     outcomes, error = SchedlabRunner(engine).run(case, AHEAD)
-    assert error is None and outcomes[6] == Outcome(31, 37, 47, 1, 92)
+    assert error is None and outcomes[6] == Outcome(31, 37, 56, 1, 92)
 
 
 @pytest.mark.vllm
 def test_vllm_caches_a_prompt_in_flight_but_its_last_eagle_block(differ):
     case = Case.from_json(EAGLE_LAST_CHUNK_IN_FLIGHT, DiffSettings)
-    assert differ.theirs.run(case, AHEAD)[0][6] == Outcome(31, 37, 47, 1, 92)
+    assert differ.theirs.run(case, AHEAD)[0][6] == Outcome(31, 37, 56, 1, 92)
 
 
 #: fresh harness seeds shrunk and pinned, each a rule found there (``why``), with vLLM 0.33's

@@ -318,7 +318,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         if plan.transfer_ms:  # swaps before the first stage; the batch's time then includes them
             stage_ms = (stage_ms[0] + plan.transfer_ms, *stage_ms[1:])
             plan.transfer_ms = 0.0
-        completion = self.clock.launch(inst.now, stage_ms, send_ms)
+        start = inst.now if inst.stagger is None else Stagger.ready(decoding, inst.now)
+        completion = self.clock.launch(start, stage_ms, send_ms)
         if inst.meter is not None:  # each stage's slice, metered now that its times are known
             inst.meter.launch(self.clock.starts, stage_ms, batch, ratio)
         for seq in plan.swapped_in:  # joined the decode set in this plan: its ITL group is its own last token
@@ -354,7 +355,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
             last = [s for s, chunk in chunks if chunk.last]
             for s in last:
                 s.cache_lag = -1  # (Stagger.cached: its prompt's tokens are all known)
-            inst.stagger.launched(decoding + last, serial)
+            inst.stagger.launched(decoding + last, serial, completion)
         bases = {s: s._computed for s in decoding} if inst.stagger is not None and inst.spec is not None else None
         self.flights.append(Flight(plan, decoding, chunks, inst.now, completion, batch.num_batched_tokens,
                                    {s: 1 + d for s, (d, _) in drafts.items()}, batch.num_seqs,

@@ -57,6 +57,7 @@ class RefSequence:
         self.energy_j = 0.0  # its shares of the energy of the iterations it took part in ([power])
         self.cache_lag = 0  # asynchronous scheduling: its last KV slot's token was in flight (engine.ahead)
         self.decode_due = 0  # planning ahead on a pipeline: the plan that may decode it next (stages.Stagger)
+        self.token_ready_ms = -math.inf  # ... and when its latest token is back from the last stage
         self.draft_k = -1  # drafts per batch size: the drafts its next decode verifies (-1: the plan's k)
         self.server_abort = False  # the scheduler's running time limit: its abort entry is next (engine.run_limit)
         self.overdue = False  # ... which came while it waited

@@ -227,10 +227,11 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         stage_ms = list(stage_ms)
         stage_ms[0] += plan.transfer_ms  # swaps before the first stage; the batch's time then includes them
         plan.transfer_ms = 0.0
-        completion = self.clock.launch(e.now, stage_ms, send_ms)
+        decoders = plan.decoders()
+        start = e.now if e.stagger is None else Stagger.ready(decoders, e.now)
+        completion = self.clock.launch(start, stage_ms, send_ms)
         if e.meter is not None:  # each stage's slice, metered now that its times are known
             e.meter.launch(self.clock.starts, stage_ms, batch, ratio)
-        decoders = plan.decoders()
         members = set(decoders)
         flown = [(s, s.status, s.num_preemptions) for s in e.running if s in members]
         e.holds.launched(s for s, _, _ in flown)
@@ -259,7 +260,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             last = [s for s, chunk in chunks if chunk.last]
             for s in last:
                 s.cache_lag = -1  # (Stagger.cached: its prompt's tokens are all known)
-            e.stagger.launched(decoders + last, plan.serial)
+            e.stagger.launched(decoders + last, plan.serial, completion)
         self.flights.append([plan, flown, chunks, e.now, completion, tokens, batch])
 
     def land(self) -> None:

@@ -8,6 +8,7 @@ k to one integer, which is what lets the fast engine's cost follow events, not t
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class Sequence:
         "last_token_ms", "waiting_since", "waiting_ms", "recomputed_tokens", "prefill_chunks",
         "cached_tokens_total", "plan_mark", "hit_memo", "num_swaps", "spec_state", "transfer",
         "energy_j", "energy_anchor", "cache_lag", "dec_tick", "lag_tick", "decode_due",
-        "draft_k", "run_no", "server_abort", "overdue",
+        "token_ready_ms", "draft_k", "run_no", "server_abort", "overdue",
     )
 
     def __init__(self, request: "Request", seq_no: int, clock: DecodeClock):
@@ -78,6 +79,7 @@ class Sequence:
         self.dec_tick = 0        # ... when it last started decoding, and when cache_lag was written (ahead.Marks)
         self.lag_tick = 0
         self.decode_due = 0      # planning ahead on a pipeline: the plan that may decode it next (stages.Stagger)
+        self.token_ready_ms = -math.inf  # ... and when its latest token is back from the last stage
         self.server_abort = False  # the scheduler's running time limit: its abort entry is next (engine.run_limit)
         self.overdue = False       # ... which came while it waited
         self.draft_k = -1        # drafts per batch size: the drafts its next decode verifies (-1: the plan's k)

@@ -107,6 +107,11 @@ whether or not that batch is back; every call counts, an empty one too. So here
   stale output, delivered);
 * with nothing in flight vLLM would spin (each empty batch back at once) until a decode is due:
   the instance plans again at once;
+* a batch starts its first stage once the tokens its decodes embed are back (:meth:`Stagger.ready`):
+  the last stage broadcasts each sampled token to the first, which waits for it before it builds
+  the batch's input (``_pp_broadcast_prev_sampled_token_ids``, vllm-project/vllm#32618), so a lone
+  request decodes once per trip through the pipeline, as synchronously -- planning ahead fills
+  the stages with other requests' batches meanwhile, it does not shorten a request's trip;
 * a request preempted or aborted with a token in flight has cached what vLLM knew
   (:meth:`Stagger.cached`): vLLM caches a decode's blocks up to the tokens it has when it
   schedules it, and those the batches back computed when one lands;
@@ -223,18 +228,34 @@ class Stagger:
     """Planning ahead on a pipeline (the module docstring): a request scheduled for a token -- a
     decode, or its prompt's last chunk -- may decode again ``stages`` plans later
     (``AsyncScheduler.decode_stagger``), its batch still in flight or not; every plan counts, an
-    empty one too. Both engines keep the plan due on the sequence (``decode_due``)."""
+    empty one too. Both engines keep the plan due on the sequence (``decode_due``), and when
+    the batch giving it that token is back (``token_ready_ms``): a batch that decodes it again
+    starts its first stage no earlier (:meth:`ready`)."""
 
     __slots__ = ("stride",)
 
     def __init__(self, stages: int):
         self.stride = stages
 
-    def launched(self, seqs, serial: int) -> None:
-        """``seqs`` got a token to come in the batch of plan ``serial``."""
+    def launched(self, seqs, serial: int, completion: float) -> None:
+        """``seqs`` got a token to come in the batch of plan ``serial``, back at ``completion``."""
         stride = self.stride
         for seq in seqs:
             seq.decode_due = serial + stride
+            seq.token_ready_ms = completion
+
+    @staticmethod
+    def ready(decoders, t: float) -> float:
+        """When a batch launched at ``t`` decoding ``decoders`` may start its first stage: once
+        the token each decodes from is back. The last stage samples it and broadcasts it to the
+        first, which waits for it before it embeds the batch's input (vLLM's
+        ``_pp_broadcast_prev_sampled_token_ids``, waited on in ``_prepare_input_ids``), so one
+        request decodes at most once per trip through the pipeline, however many plans its
+        stagger counts -- empty plans take no time."""
+        for seq in decoders:
+            if seq.token_ready_ms > t:
+                t = seq.token_ready_ms
+        return t
 
     @staticmethod
     def shown(seq, serial: int) -> bool:

@@ -20,7 +20,8 @@ queue a batch -- an empty one too, which occupies its slot and is back with the 
 computed something or the scheduler has requests; otherwise block on the oldest batch, then
 ``update_from_output`` with what it sampled. A batch that computes anything
 takes 1 ms on each of ``P`` stages in launch order (schedlab's :class:`~schedlab.engine.stages.StageClock`,
-no sends), as the schedlab side's :class:`~schedlab.diffcheck.schedlab_side.OneMsStages` times
+no sends; planning ahead, its first stage waits for the tokens its decodes embed, back with the
+batches that sampled them: :meth:`~schedlab.engine.stages.Stagger.ready`), as the schedlab side's :class:`~schedlab.diffcheck.schedlab_side.OneMsStages` times
 it; requests that arrive meanwhile are added once the engine is back from the oldest batch.
 What a batch samples is fixed when it is scheduled (the model runner's view): a token for every
 request whose prefill completes in it, kept by ``update_from_output`` unless the request has
@@ -436,7 +437,14 @@ def _queue_batch(trace, clock, queue, now: float) -> tuple:
     it computed anything."""
     out, sampled = trace.schedule(now)
     executed = out.total_num_scheduled_tokens > 0
-    queue.appendleft((out, sampled, clock.launch(now, (1.0 if executed else 0.0,) * len(clock.free), 0.0)))
+    start = now
+    if executed and queue:  # a decode of a token still in flight: the first stage waits for it
+        mine = {rid for rid, tokens in zip(out.num_scheduled_tokens, sampled) if tokens}
+        for prior, prior_sampled, done in queue:
+            if done > start and any(tokens and rid in mine
+                                    for rid, tokens in zip(prior.num_scheduled_tokens, prior_sampled)):
+                start = done
+    queue.appendleft((out, sampled, clock.launch(start, (1.0 if executed else 0.0,) * len(clock.free), 0.0)))
     return out, executed
 
 
