@@ -65,11 +65,17 @@ class Parallelism:
 SINGLE = Parallelism()
 
 
+class LayoutError(ConfigError):
+    """A ``[cluster]`` layout the model cannot take, found while a component is built from it:
+    said of ``[cluster]``, where the layout is written, not of the component's table."""
+
+
 def stage_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     """Decoder layers per pipeline stage, vLLM's split (``vllm.distributed.utils.get_pp_indices``):
     ``num_layers // stages`` each, the remainder one more on the stages just before the last."""
     if stages > num_layers:
-        raise ConfigError(f"pipeline_parallel = {stages} exceeds the model's {num_layers} layers")
+        raise LayoutError(f"pipeline_parallel = {stages} exceeds the model's {num_layers} layers (a stage holds "
+                          f"at least one)")
     parts = [num_layers // stages] * stages
     for i in range(2, num_layers % stages + 2):
         parts[-i] += 1

@@ -190,6 +190,7 @@ def test_custom_machine_from_a_table_and_from_a_preset():
     ({"link": "pcie"}, r"missing 1 required keyword-only argument|bus_gbps"),
     ({"link": "wire", "bus_gbps": 1.0}, r"link: must be one of 'nvlink', 'pcie', 'host'; got 'wire'"),
     ({"link": "pcie", "bus_gbps": 1.0, "speed": 3}, r"unknown key 'speed'; valid keys: like, base_us"),
+    ({"like": "dgx-h100", "network_gbs": 25}, r"unknown key 'network_gbs' \(did you mean 'network_gbps'\?\); valid"),
     ({"link": "pcie", "bus_gbps": -1.0}, r"bus_gbps: must be > 0"),
     ({"link": "pcie", "bus_gbps": 1.0, "gpus_per_node": 8, "island": 3}, r"island \(3\) must divide gpus_per_node"),
 ])
@@ -199,8 +200,13 @@ def test_bad_machines_are_named(spec, message):
 
 
 def test_ranks_beyond_a_node_need_a_network():
-    with pytest.raises(ConfigError, match=r"16 ranks span 2 nodes of 8 GPUs but it declares no network_gbps"):
+    with pytest.raises(ConfigError) as info:
         Collectives(TOPOLOGIES["pcie-gen5-host"], 16)
+    assert str(info.value) == ("topology 'pcie-gen5-host': 16 ranks span 2 nodes of 8 GPUs but it declares no "
+                               "network_gbps (the link between nodes): give one, interconnect = {like = "
+                               "\"pcie-gen5-host\", network_gbps = 25}, or keep the layout within a node")
+    # what it says to write works
+    assert Collectives(topology({"like": "pcie-gen5-host", "network_gbps": 25}), 16).all_reduce_ms(2 ** 20) > 0
 
 
 # --- against measured NCCL timings ---------------------------------------------------------------

@@ -40,6 +40,7 @@ parallel layer's all-reduces take their measured times on the machines they were
 
 from __future__ import annotations
 
+import difflib
 import math
 import statistics
 from typing import Any, Mapping
@@ -205,7 +206,9 @@ class Collectives:
         if self.nodes > 1:
             if t.network_gbps is None:
                 raise ConfigError(f"topology {t.name!r}: {ranks} ranks span {self.nodes} nodes of "
-                                  f"{t.gpus_per_node} GPUs but it declares no network_gbps")
+                                  f"{t.gpus_per_node} GPUs but it declares no network_gbps (the link between "
+                                  f"nodes): give one, interconnect = {{like = \"{t.name}\", network_gbps = 25}}, or "
+                                  f"keep the layout within a node")
             self._bus = min(self._bus, t.network_gbps)
             self._p2p = t.network_gbps
 
@@ -410,7 +413,9 @@ def topology(spec: str | Mapping[str, Any], *, where: str = "interconnect") -> T
     fields = {a.name for a in attrs.fields(Topology)}
     for key in table:
         if key not in fields:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: like, {', '.join(sorted(fields))}")
+            hint = difflib.get_close_matches(key, [*fields, "like"], n=1)
+            also = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"{where}: unknown key {key!r}{also}; valid keys: like, {', '.join(sorted(fields))}")
     try:
         if base is not None:
             return attrs.evolve(topology(base, where=where), **{"name": f"{base} (changed)", **table})

@@ -47,7 +47,7 @@ from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError,
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import Request, checked_requests
 from ..targets import TargetConfig, compare_with_real_run, unmetered_energy_left_out
-from ..parallelism import SINGLE, Parallelism
+from ..parallelism import SINGLE, LayoutError, Parallelism
 from ..results.metrics import request_met
 from ..results.records import RunResult
 from ..results.stream import RecordSettings, RowSink
@@ -431,6 +431,8 @@ def build_component(ctx: Context, kind: str, table: dict, where: str, parallelis
     try:
         obj = _call_factory(entry.factory, config, ctx.presets, entry=entry, parallelism=parallelism, **extra)
         check_protocol(entry, obj)
+    except LayoutError as exc:  # the [cluster] layout, found by the component
+        raise ConfigError(f"{re.sub(r' [[][^]]*[]]$', '', where)} [cluster]: {exc}") from None
     except (ConfigError, UnknownPluginError, WorkloadError) as exc:  # (a data file: its table and the experiment too)
         raise type(exc)(f"{where}: {exc}") from None
     except FieldError as exc:  # a factory's check across settings (e.g. swap space needs a block size)
