@@ -50,6 +50,9 @@ class Parallelism:
                                                 "expert_parallel)")
         if self.expert_balancedness != 1.0 and self.data_parallel == 1:
             raise FieldError("expert_balancedness", "applies to data-parallel ranks: set data_parallel > 1")
+        if self.expert_balancedness != 1.0 and not self.expert_parallel:
+            raise FieldError("expert_balancedness", "applies to experts spread over the ranks (expert_parallel = "
+                                                    "true); sharded, every GPU takes its share of every expert")
 
     @property
     def lockstep(self) -> bool:

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from schedlab.configs import FieldError
 from schedlab.energy.clock import ClockConfig, ClockedCostModel
 from schedlab.engine.rank_cost import DUMMY
 from schedlab.parallelism import Parallelism
@@ -93,10 +94,13 @@ def test_the_roofline_scales_the_mean_gpus_experts_to_the_busiest_gpus_by_hand()
     assert flops == pytest.approx(2 * mean_flops, rel=1e-12)
     assert byt == pytest.approx(mean_bytes * (1 - (63 / 64) ** 96) / (1 - (63 / 64) ** 48), rel=1e-12)
     assert byt > mean_bytes
-    # an even router, or every expert sharded over the GPUs: the busiest GPU is the mean one
+    # an even router, or every expert sharded over the GPUs: the busiest GPU is the mean one (a skew
+    # of sharded experts changes nothing, so it is refused rather than taken in silence)
     assert roofline(1.0).busiest_experts_work((6, 4)) == roofline(1.0).experts_work((6, 4))
-    assert roofline(0.5, expert_parallel=False).busiest_experts_work((6, 4)) == \
-        roofline(0.5, expert_parallel=False).experts_work((6, 4))
+    assert roofline(1.0, expert_parallel=False).busiest_experts_work((6, 4)) == \
+        roofline(1.0, expert_parallel=False).experts_work((6, 4))
+    with pytest.raises(FieldError, match="expert_balancedness: applies to experts spread over the ranks"):
+        roofline(0.5, expert_parallel=False)
 
 
 def test_the_profiled_model_scales_its_experts_to_the_busiest_gpu_as_the_roofline_does():

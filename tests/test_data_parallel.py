@@ -412,9 +412,15 @@ def test_the_experts_of_a_step_follow_vllms_dispatch_and_the_busiest_gpu():
     pairs, experts = even.busiest_gpu(200)
     assert pairs * 8 == pytest.approx(800) and experts == pytest.approx(64 * (1 - (63 / 64) ** 800))
     assert skewed.busiest_gpu(200)[0] * 8 == pytest.approx(1000)
-    # at most every token's pairs fit on one GPU: 8 each (it holds 64 experts)
-    assert _roofline(data_parallel=2, expert_parallel=True, expert_balancedness=0.01).expert_layers.busiest_gpu(10)[0] \
+    # at most every token's pairs fit on one GPU: 8 each (it holds 64 experts), at a balancedness of
+    # 1 / 2; below it no router goes (0.01 was taken and clamped in silence)
+    assert _roofline(data_parallel=2, expert_parallel=True, expert_balancedness=0.5).expert_layers.busiest_gpu(10)[0] \
         == pytest.approx(10)
+    from schedlab.parallelism import LayoutError
+
+    with pytest.raises(LayoutError, match=r"^expert_balancedness = 0.01 is below 1 / 2 \(0.5\), every token's "
+                                          r"experts on one of the 2 GPUs"):
+        _roofline(data_parallel=2, expert_parallel=True, expert_balancedness=0.01)
     c = Collectives(TOPOLOGIES["pcie-gen5-host"], 2)
     comm = 48 * (c.all_gather_ms(2 * 150 * 2176 * 2) + c.reduce_scatter_ms(2 * 150 * 2048 * 2))
     assert even.step_ms((150, 50)) == pytest.approx(comm + even._compute(*even.busiest_gpu(300)), rel=1e-12)
@@ -611,12 +617,29 @@ def test_power_is_refused_for_cost_models_that_do_not_split_a_ranks_work(tmp_pat
     ("expert_balancedness = 0.5", "expert_balancedness: applies to data-parallel ranks"),
     ("data_parallel = 2\nexpert_balancedness = 0", "expert_balancedness: must be > 0"),
     ("data_parallel = 2\npipeline_parallel = 2", "data_parallel and pipeline_parallel together"),
+    # a skew that changed nothing: sharded experts take every token on every GPU
+    ("data_parallel = 2\nexpert_balancedness = 0.5", "expert_balancedness: applies to experts spread over the ranks"),
     ("mode = 'disaggregated'\ndata_parallel = 2", "disaggregated cluster with data or pipeline parallelism"),
 ])
 def test_layout_mistakes_name_the_key(tmp_path, cluster, message):
     path = write(tmp_path, "[cluster]\n" + cluster + "\n[[runs]]\nname = 'x'\n")
     with pytest.raises(ConfigError, match=message):
         run_experiment(load(path))
+
+
+@pytest.mark.parametrize("kind", ["roofline", "profiled"])
+def test_a_cost_models_expert_parallel_on_a_dense_model_is_refused(kind):
+    """It changed nothing (the same numbers as without it), where [cluster] expert_parallel on the
+    same model is refused."""
+    from schedlab.configs import FieldError
+    from schedlab_plugins.cost_models.profiled import ProfiledConfig, build_profiled
+    from schedlab_plugins.cost_models.roofline import RooflineConfig, build_roofline
+
+    build, config = ((build_roofline, RooflineConfig(model="llama-3-8b", gpu="h100-80gb", expert_parallel=True))
+                     if kind == "roofline" else
+                     (build_profiled, ProfiledConfig(profile="nowhere", model="llama-3-8b", expert_parallel=True)))
+    with pytest.raises(FieldError, match=r"^expert_parallel: model 'llama-3-8b' has no routed experts to spread$"):
+        build(config, _presets())
 
 
 @pytest.mark.parametrize("speculative", ["", '[speculative]\nmethod = "ngram"\n'])
@@ -653,7 +676,8 @@ def test_profiled_lockstep_runs_match_the_reference(requests, ranks, expert_para
     root = Path(__file__).resolve().parents[1].joinpath("experiments", "data", "llmservingsim", "profiles", *MOE_BUNDLE)
     bundle = _BUNDLE.get(root) or _BUNDLE.setdefault(root, ProfileBundle(root, 1))
     model = _presets().model("qwen3-30b-a3b")
-    layout = Parallelism(data_parallel=ranks, expert_parallel=expert_parallel, expert_balancedness=balancedness)
+    layout = Parallelism(data_parallel=ranks, expert_parallel=expert_parallel,
+                         expert_balancedness=balancedness if expert_parallel else 1.0)
 
     def make():
         cost = ProfiledCostModel(bundle, model, ProfiledConfig(profile=str(root), model="qwen3-30b-a3b"),

@@ -48,8 +48,9 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from schedlab.capacity import ModelSpec
+from schedlab.configs import FieldError
 from schedlab.errors import ConfigError
-from schedlab.parallelism import Parallelism
+from schedlab.parallelism import LayoutError, Parallelism
 
 from .collectives import Collectives, Topology
 
@@ -83,6 +84,10 @@ class ExpertLayers:
         d = parallelism.data_parallel
         self.ranks = d
         self.gpus = d * tensor_parallel
+        if parallelism.expert_parallel and parallelism.expert_balancedness < 1.0 / self.gpus:
+            raise LayoutError(f"expert_balancedness = {parallelism.expert_balancedness:g} is below 1 / "
+                              f"{self.gpus} ({1.0 / self.gpus:.3g}), every token's experts on one of the "
+                              f"{self.gpus} GPUs: the mean over the most a GPU receives is never less")
         self.expert_parallel = parallelism.expert_parallel
         self.balancedness = parallelism.expert_balancedness
         # vLLM (determine_expert_map) gives the first E % gpus GPUs one expert more: the busiest holds
@@ -157,3 +162,10 @@ class ExpertLayers:
                 self._memo[key] = ms
         return ms
 
+
+
+def check_expert_parallel(config, model: ModelSpec) -> None:
+    """Refuse a cost model's ``expert_parallel`` for a model without routed experts: it would do
+    nothing, where ``[cluster] expert_parallel`` on that model is refused."""
+    if getattr(config, "expert_parallel", False) and not model.is_moe:
+        raise FieldError("expert_parallel", f"model {model.name!r} has no routed experts to spread")

@@ -77,7 +77,7 @@ from schedlab.protocols import Batch
 
 from .collectives import Collectives, Topology, interconnect_field, machine
 from .profile_bundle import BundleError, ProfileBundle
-from .expert_parallel import ExpertLayers, busiest_experts_work
+from .expert_parallel import ExpertLayers, busiest_experts_work, check_expert_parallel
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
@@ -433,6 +433,7 @@ class ProfiledCostModel:
 def build_profiled(config: ProfiledConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> ProfiledCostModel:
     """Factory: load the bundle at the configured tensor-parallel degree, resolve the presets."""
     model = presets.model(config.model)
+    check_expert_parallel(config, model)
     topology = None
     gpu = presets.gpu(config.gpu) if config.gpu is not None else None
     if config.tensor_parallel > 1 or parallelism.lockstep or parallelism.pipelined:

@@ -109,7 +109,7 @@ from schedlab.parallelism import SINGLE, Parallelism
 from schedlab.protocols import Batch
 
 from .collectives import Collectives, interconnect_field, machine
-from .expert_parallel import ExpertLayers, busiest_experts_work
+from .expert_parallel import ExpertLayers, busiest_experts_work, check_expert_parallel
 from .pipeline import PipelineSends, split_stages, stage_split
 from .step_overhead import StepTiming, step_field
 from .tensor_parallel import TensorParallelComm
@@ -738,4 +738,6 @@ def resolve_efficiencies(config: RooflineConfig, gpu: GpuSpec, model: ModelSpec 
 
 def build_roofline(config: RooflineConfig, presets: Presets, parallelism: Parallelism = SINGLE) -> RooflineCostModel:
     """Factory: resolve the config's model and GPU names through ``presets``."""
-    return RooflineCostModel(presets.model(config.model), presets.gpu(config.gpu), config, parallelism=parallelism)
+    model = presets.model(config.model)
+    check_expert_parallel(config, model)
+    return RooflineCostModel(model, presets.gpu(config.gpu), config, parallelism=parallelism)
