@@ -620,6 +620,36 @@ def test_bad_cluster_tables_name_the_file_table_and_key(tmp_path, text, message)
     assert "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
 
 
+def test_pools_of_two_models_are_refused_and_a_pools_own_mismatch_is_warned_about(tmp_path):
+    """A Llama prefill pool fed a Qwen decode pool, and a decode pool whose cache was sized for
+    another model than its cost model times: both ran without a word."""
+    import warnings
+
+    from schedlab.errors import InputWarning
+
+    base = textwrap.dedent(BASE).replace('[cost_model]\nkind = "linear"',
+                                         '[cost_model]\nkind = "roofline"\nmodel = "llama-3-8b"\ngpu = "h100-80gb"')
+    path = tmp_path / "exp.toml"
+
+    def write_pools(decode: str) -> None:
+        path.write_text(base + '[cluster]\nmode = "disaggregated"\n[cluster.link]\nbandwidth_gbps = inf\n'
+                        "[cluster.decode]\n" + decode + "\n")
+
+    write_pools('cost_model = {model = "qwen3-8b"}')
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value) == (f"{path}: [cluster.decode] cost_model: model = 'qwen3-8b', but [cluster.prefill] "
+                               "serves 'llama-3-8b': the decode pool continues the prefill pool's prompts with "
+                               "their KV, so both serve one model")
+    write_pools('kv_cache = {model = "qwen3-8b", gpu = "h100-80gb"}')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(path)
+    said = [str(w.message) for w in caught if issubclass(w.category, InputWarning)]
+    assert any("[cluster.decode] [kv_cache] model = 'qwen3-8b' but [cost_model] model = 'llama-3-8b'" in m
+               for m in said), said
+
+
 def test_a_pool_table_of_another_kind_replaces_the_runs_table(tmp_path):
     path = write(tmp_path, """
     [cluster]

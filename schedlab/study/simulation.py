@@ -1181,6 +1181,7 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
     (with ``check_only``, one instance of each)."""
     pools = []
     power = [] if "power" in tables else None
+    models: dict[str, str] = {}  # pool -> the model its cost model times
     for name in POOLS:
         pool_where = f"{where} [cluster.{name}]"
         pool = from_table(PoolConfig, getattr(cluster, name) or {}, where=pool_where)
@@ -1191,6 +1192,9 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
                 if kind == "power" and kind not in tables:  # every instance is metered, or none
                     raise ConfigError(f"{pool_where}: power: the run has no [power] table for the pool to override")
                 pool_tables[kind] = merge_tables({kind: tables.get(kind, {})}, {kind: own}, where=pool_where)[kind]
+        if pool.cost_model or pool.kv_cache:  # (the run's own tables were warned about already)
+            _warn_two_gpus(pool_tables, ctx, pool_where)
+        _check_one_model(ctx, models, name, pool_tables.get("cost_model") or {}, pool_where)
         parts = _build_instances(ctx, pool_tables, 1 if check_only else pool.instances, where, f"cluster.{name}.",
                                  speculative, power, disaggregated=True)
         router = None
@@ -1214,6 +1218,22 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
                     "(or give [cluster.link] bandwidth_gbps = inf)")
     return Assembled(workload, [p for pool in pools for p in pool.instances], None, cluster, slo, speculative,
                      pools, link, power)
+
+
+def _check_one_model(ctx: Context, models: dict, pool: str, cost: dict, where: str) -> None:
+    """Refuse pools whose cost models time different models: the decode pool continues the
+    prompts the prefill pool computed, with their KV (a Llama prefill fed a Qwen decode pool)."""
+    name = cost.get("model")
+    if not isinstance(name, str):
+        return
+    try:
+        models[pool] = ctx.presets.model(name).name
+    except (ConfigError, KeyError):
+        return  # an unknown name: the cost model says so
+    other = next((p for p in models if p != pool), None)
+    if other is not None and models[other] != models[pool]:
+        raise ConfigError(f"{where} cost_model: model = {name!r}, but [cluster.{other}] serves {models[other]!r}: the "
+                          f"decode pool continues the prefill pool's prompts with their KV, so both serve one model")
 
 
 def _meters(a: Assembled, seen: list) -> list:
