@@ -936,3 +936,26 @@ def test_the_table_names_each_pools_kv_cache():
                      "blocks = 452,400 tokens",
                      "KV cache (decode pool): llama-3-8b on h100-80gb (tp 2): 64 KiB/token, 1 MiB/block, 64,208 "
                      "blocks = 1,027,328 tokens"]
+
+
+@pytest.mark.parametrize("layout, said", [
+    ({"data_parallel": 2, "expert_parallel": True, "pipeline_parallel": 1}, "(tp 1, dp 2 + ep: a rank's)"),
+    ({"data_parallel": 2, "expert_parallel": False, "pipeline_parallel": 1}, "(tp 1, dp 2: a rank's)"),
+    ({"data_parallel": 1, "expert_parallel": False, "pipeline_parallel": 2}, "(tp 1, pp 2: a stage's)"),
+    ({"data_parallel": 1, "expert_parallel": False, "pipeline_parallel": 1}, "(tp 1)"),
+])
+def test_the_tables_kv_line_says_whose_pool_it_sizes(layout, said):
+    """A pipeline stage's line read 48 KiB a token, half the model's, and a DP rank's 27,519 blocks
+    against 9,087 for the GPU alone, with no word of the layout."""
+    from schedlab.results.records import ExperimentResults, Study
+    from schedlab_plugins.reports.table import render
+    from test_plots import make_run
+
+    kv = {"model": "qwen3-30b-a3b", "gpu": "h100-80gb", "tensor_parallel": 1, "bytes_per_token": 49152,
+          "bytes_per_block": 786432, "num_blocks": 56999, "tokens": 911984}
+    run = make_run("r", arrival=[0], first=[5], finish=[10], generated=[2],
+                   meta={"kv_cache": kv, "parallelism": layout})
+    lines = [line for line in render(ExperimentResults("x", "", [Study("r", "run", [run])], {}), ["finished"])
+             .splitlines() if line.startswith("KV cache")]
+    assert lines == [f"KV cache: qwen3-30b-a3b on h100-80gb {said}: 48 KiB/token, 0.75 MiB/block, 56,999 blocks = "
+                     "911,984 tokens"]

@@ -159,6 +159,18 @@ def _best_noise(runs, winners, best: str, best_is: str) -> str:
             f"[{_signed(d.low)}, {_signed(d.high)}])")
 
 
+def _layout_text(layout) -> str:
+    """``, pp 2: a stage's`` or ``, dp 2 + ep: a rank's``: whose pool a KV line sizes, beyond
+    tensor parallelism (a stage holds its layers' KV, a rank its own requests')."""
+    if not isinstance(layout, dict):
+        return ""
+    if layout.get("pipeline_parallel", 1) > 1:
+        return f", pp {layout['pipeline_parallel']}: a stage's"
+    if layout.get("data_parallel", 1) > 1:
+        return f", dp {layout['data_parallel']}{' + ep' if layout.get('expert_parallel') else ''}: a rank's"
+    return ""
+
+
 def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: str = "highest",
            baseline: str | None = None, differences=()) -> str:
     """The table, the best run by ``best`` if asked, and, for searches, what they found."""
@@ -187,7 +199,8 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     seen = set()
     for run, kv, pool in _kv_caches(results):
         if "model" in kv:  # (one line per distinct cache: runs sharing num_blocks may size them otherwise)
-            line = (f"KV cache{pool}: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}): "
+            line = (f"KV cache{pool}: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}"
+                    f"{_layout_text(run.meta.get('parallelism'))}): "
                     f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
                     f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"
                     + (f" (num_blocks set; model and gpu give {kv['derived_blocks']:,})"
