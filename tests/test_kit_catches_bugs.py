@@ -494,6 +494,27 @@ def test_a_preemption_loop_is_caught_by_the_checker(seqs, victims):
         run_engine(LONG_PROMPTS, MisjudgesRoom(seqs), kv_blocks=BLOCKS, check=IterationChecker())
 
 
+def test_a_victim_readmitted_by_its_own_plan_is_not_a_loop():
+    """TGI with generation segments of one token sends each request back after every token and
+    re-prefills it in the same plan: request 1 was requeued at 0.75 ms with 3 tokens and at 1.25
+    ms with 4. The record read its tokens after the iteration (4 both times, the first readmission's
+    token counted), and the checker called a correct run a preemption loop (found by fuzzing)."""
+    from schedlab_plugins.schedulers import TgiConfig, TgiScheduler
+
+    config = TgiConfig(max_batch_prefill_tokens=8, waiting_served_ratio=0.0, max_waiting_tokens=0,
+                       prefill_chunking=True, generation_segment=1)
+    requests = [Request(0, 0.0, 1, 5), Request(1, 0.0, 1, 5)]
+    seen = []
+    check = IterationChecker()
+    linear = LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=4.0)
+    result = run_engine(requests, TgiScheduler(config), LinearCostModel(linear), PagedKVCache(5, 3),
+                        check=lambda i, record: (seen.append((record.preempted, record.preempted_generated)),
+                                                 check(i, record)))
+    check_run(result, requests)
+    # what each had generated when its plan sent it back: 1 token after the prompt, then one more each time
+    assert [generated for preempted, generated in seen if preempted] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+
+
 def test_a_preemption_loop_is_found_by_hypothesis():
     some_example_fails(requests_lists(min_size=3, all_at_zero=True, max_output=4),
                        lambda reqs: run_engine(reqs, MisjudgesRoom(), kv_blocks=BLOCKS, check=IterationChecker()),

@@ -1325,6 +1325,9 @@ class Instance:
         sampled = self._sampled(plan) if self.spec is not None and self.spec.per_request and self.in_flight is None \
             else None
         start = self.now
+        # what each victim had generated when it was preempted (one readmitted by the same plan
+        # gains a token from this iteration: read after it, a loop check saw no progress)
+        preempted_generated = tuple(s.num_generated for s in plan.preempted) if self.observer is not None else ()
         total = d0 + plan.transfer_ms if k == 1 else bulk.run_ms(k, d0, inc)
         check_iteration_end(start, total, batch)
         end = start + total
@@ -1542,7 +1545,7 @@ class Instance:
                 accepted_tokens=accepted, kv_used_after=kv.num_used_blocks() - getattr(kv, "releasing_blocks", 0),
                 kv_held_after=held_blocks(self.running, kv), kv_shares_blocks=self.count_prefix,
                 kv_least_after=own_blocks(self.running, kv) if self.count_prefix else -1,
-                preempted_generated=tuple(s.num_generated for s in plan.preempted),
+                preempted_generated=preempted_generated,
                 discarded_decodes=len(plan.overshoots), kv=kv))
 
     def _verify(self, plan: FastPlan, phantom: dict | None = None, kept: dict | None = None) -> tuple[int, list]:
