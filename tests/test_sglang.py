@@ -940,3 +940,16 @@ def test_a_chunk_smaller_than_a_page_is_refused_when_the_run_is_built(tmp_path):
         load(path)
     path.write_text(chunked % 16 + "block_size = 16\n")
     assert load(path).studies[0].base.tables["scheduler"]["chunked_prefill_size"] == 16
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_kits_runs_refuse_a_chunk_smaller_than_a_page_too(engine):
+    """The conformance kit's run_engine did not ask kv_problem: a plugin author's run stalled
+    (a StallError, even for a 1-token prompt) where a run from TOML is refused."""
+    scheduler = SglangScheduler(SglangConfig(chunked_prefill_size=8))
+    with pytest.raises(ConfigError, match=r"^SglangScheduler: chunked_prefill_size = 8 is less than a page "
+                                          r"\(16 tokens, the KV cache's block_size\)"):
+        run_engine([Request(0, 0.0, 1, 2)], scheduler, kv=PagedKVCache(64, 16), engine=engine)
+    result = run_engine([Request(0, 0.0, 1, 2)], SglangScheduler(SglangConfig(chunked_prefill_size=16)),
+                        kv=PagedKVCache(64, 16), engine=engine)
+    assert result.metrics["finished"] == 1

@@ -14,6 +14,7 @@ from ..engine.instance import Instance
 from ..engine.recorder import Recorder
 from ..engine.reference import ReferenceEngine
 from ..engine.reference_cluster import ReferenceCluster
+from ..errors import ConfigError
 from ..results.records import RunResult
 from ..speculative import Speculation, SpeculativeConfig
 from .compare import same_requests_agree
@@ -179,6 +180,16 @@ def run_engine(requests: Sequence, scheduler, cost_model=None, kv=None, *, kv_bl
     return result
 
 
+def _refuse_kv_problem(scheduler, kv) -> None:
+    """ConfigError where the scheduler says its settings can never work with ``kv``
+    (``kv_problem``), as a run assembled from TOML says it: without it the kit's runs stalled
+    (SGLang's chunk smaller than a page)."""
+    ask = getattr(scheduler, "kv_problem", None)
+    problem = ask(kv) if callable(ask) else None
+    if problem:
+        raise ConfigError(f"{type(scheduler).__name__}: {problem}")
+
+
 def _with_defaults(part, kv_blocks: int = 4096, block_size: int = 16) -> tuple:
     """One instance's ``(scheduler, cost model, KV cache)``, a None cost model or KV cache
     replaced by the defaults: the linear cost model, a paged cache of ``kv_blocks`` blocks of
@@ -190,8 +201,9 @@ def _with_defaults(part, kv_blocks: int = 4096, block_size: int = 16) -> tuple:
         scheduler, cost_model, kv = part
     except (TypeError, ValueError):
         raise TypeError(f"make() must return (scheduler, cost model, KV cache), got {part!r}") from None
-    return (scheduler, cost_model if cost_model is not None else LinearCostModel(),
-            kv if kv is not None else PagedKVCache(kv_blocks, block_size))
+    kv = kv if kv is not None else PagedKVCache(kv_blocks, block_size)
+    _refuse_kv_problem(scheduler, kv)
+    return scheduler, cost_model if cost_model is not None else LinearCostModel(), kv
 
 
 def speculating(parts: list, speculative: SpeculativeConfig | None, draft_cost=None, seed: int = 0,
