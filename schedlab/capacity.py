@@ -777,10 +777,19 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
                         + (f" + {tables / 1e9:.2f}B embedding and LM head params x {m.table_bytes_per_param:g} B"
                            if tables else "")
                         + (f" + {experts / 1e9:.2f}B expert params x {m.expert_bytes_per_param:g} B" if experts else ""))
+    layout, whose = "", ", every number per rank" if tp > 1 else ""
+    if s.pipeline_parallel > 1:  # a stage holds its layers' KV and its share of the weights
+        most = max(stage_layers(m.num_layers, s.pipeline_parallel))
+        kv_text += f" x {most} / {m.num_layers} layers (the largest of {s.pipeline_parallel} stages)"
+        per_rank += f" / {s.pipeline_parallel} stages"
+        layout, whose = f", pipeline_parallel={s.pipeline_parallel}", ", every number a stage's"
+    if s.expert_gpus > tp:  # data-parallel ranks: the routed experts spread over all their GPUs
+        per_rank += f", the routed experts over {s.expert_gpus} GPUs"
+        layout = f", data_parallel={s.expert_gpus // tp}"
+        whose = ", every number a data-parallel rank's" + ("" if tp == 1 else " GPU's")
     lines = [
         f"KV capacity of {m.name} on {s.gpu.name} "
-        f"(tensor_parallel={tp}, block_size={s.block_size}, {dtypes}"
-        + (", every number per rank)" if tp > 1 else ")"),
+        f"(tensor_parallel={tp}{layout}, block_size={s.block_size}, {dtypes}{whose})",
         f"  KV per token        {kv_text} = {_num(s.bytes_per_token / KIB)} KiB",
         f"  KV per block        {s.block_size} tokens x {_num(s.bytes_per_token / KIB)} KiB "
         f"= {_num(s.bytes_per_block / MIB)} MiB",
@@ -853,6 +862,12 @@ def add_capacity_arguments(parser) -> None:
                         help="how the cache stores K and V, as vLLM's flag (default auto: the model's dtype)")
     parser.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                         help="as vLLM's flag: sliding-window layers keep every token too (default: their window)")
+    parser.add_argument("--pipeline-parallel", type=int, default=1,
+                        help="pipeline stages (default 1): the numbers are then a stage's")
+    parser.add_argument("--data-parallel", type=int, default=1,
+                        help="data-parallel ranks of a MoE model (default 1): the numbers are then a rank's")
+    parser.add_argument("--expert-parallel", action="store_true",
+                        help="with --data-parallel: whole experts spread over the ranks' GPUs (vLLM's flag)")
 
 
 def capacity_command(options: Any, catalog: "Catalog") -> str:
@@ -875,16 +890,29 @@ def capacity_command(options: Any, catalog: "Catalog") -> str:
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
             raise ConfigError(f"{_option(key)} {tokens!r}: a sequence length is a whole number of tokens >= 1")
     try:
+        layout = Parallelism(data_parallel=get("data_parallel", 1), expert_parallel=get("expert_parallel", False),
+                             pipeline_parallel=get("pipeline_parallel", 1))
+    except FieldError as exc:
+        if exc.name == "expert_parallel":
+            raise ConfigError("--expert-parallel: spreads experts over data-parallel ranks: give --data-parallel 2 "
+                              "or more (over tensor-parallel ranks each holds 1/tp of them either way)") from None
+        raise ConfigError(f"{_option(exc.name)}: {exc.message}") from None
+    if layout.lockstep and not spec.is_moe:
+        raise ConfigError(f"--data-parallel {layout.data_parallel}: ranks that share experts are a MoE model's; "
+                          f"{spec.name}'s ranks are instances of their own (size one with --data-parallel 1)")
+    try:
         sizing = size_kv_cache(
             spec, presets.gpu(get("gpu")),
             gpu_memory_utilization=get("gpu_memory_utilization", 0.9),
             tensor_parallel=get("tensor_parallel", 1),
             activation_reserve_gib=get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB),
             block_size=get("block_size", 16), hybrid=not get("disable_hybrid_kv_cache_manager", False),
+            parallelism=layout,
         )
     except ConfigError as exc:  # (its messages name the TOML keys; here the options are what to change)
         text = str(exc)
-        for key in ("tensor_parallel", "gpu_memory_utilization", "activation_reserve_gib", "block_size"):
+        for key in ("tensor_parallel", "pipeline_parallel", "gpu_memory_utilization", "activation_reserve_gib",
+                    "block_size"):
             if text.startswith(key + " "):
                 raise ConfigError(f"{_option(key)}{text[len(key):]}") from None
         raise

@@ -233,6 +233,38 @@ def test_capacity_command_with_argparse(catalog):
         capacity_command({"model": "llama-3-8b", "gpu": "h200"}, catalog)
 
 
+def test_capacity_sizes_a_pipeline_stage_and_a_data_parallel_rank(catalog):
+    """schedlab capacity had only --tensor-parallel, though a run sizes a stage's pool (its layers'
+    KV, its share of the weights) and a DP rank's (the routed experts spread over every rank)."""
+    import re
+
+    def numbers(text):
+        per_token = float(re.search(r"KV per token .* = ([0-9.]+) KiB", text).group(1))
+        weights = float(re.search(r"weights .* = ([0-9.]+) GiB", text).group(1))
+        return per_token, weights
+
+    base = {"model": "qwen3-30b-a3b", "gpu": "h100-80gb"}
+    one = capacity_command(base, catalog)
+    stage = capacity_command({**base, "pipeline_parallel": 2}, catalog)
+    rank = capacity_command({**base, "data_parallel": 2, "expert_parallel": True}, catalog)
+    assert "(tensor_parallel=1, pipeline_parallel=2, block_size=16, 2-byte weights and KV, every number a " \
+           "stage's)" in stage
+    assert "x 24 / 48 layers (the largest of 2 stages) = 48 KiB" in stage and "x 2 B / 2 stages = " in stage
+    assert "every number a data-parallel rank's" in rank and "the routed experts over 2 GPUs" in rank
+    (kv1, w1), (kv2, w2), (kv3, w3) = numbers(one), numbers(stage), numbers(rank)
+    model = MODEL["qwen3-30b-a3b"]
+    experts_gib = model.expert_params * model.num_experts * 2 / 2 ** 30
+    assert (kv2, kv3) == (kv1 / 2, kv1)
+    assert w2 == pytest.approx(w1 / 2, abs=0.01) and w3 == pytest.approx(w1 - experts_gib / 2, abs=0.01)
+    with pytest.raises(ConfigError, match=r"^--data-parallel 2: ranks that share experts are a MoE model's"):
+        capacity_command({"model": "llama-3-8b", "gpu": "h100-80gb", "data_parallel": 2}, catalog)
+    with pytest.raises(ConfigError, match=r"^--expert-parallel: spreads experts over data-parallel ranks: give "
+                                          r"--data-parallel 2 or more"):
+        capacity_command({**base, "expert_parallel": True}, catalog)
+    with pytest.raises(ConfigError, match=r"^--pipeline-parallel = 64 exceeds the model's 48 layers"):
+        capacity_command({**base, "pipeline_parallel": 64}, catalog)
+
+
 # --- presets lookup and TOML declarations -------------------------------------------------------
 
 
