@@ -9,3 +9,21 @@ from hypothesis import settings
 
 settings.register_profile("schedlab", deadline=None, print_blob=True)
 settings.load_profile("schedlab")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def validated(tmp_path, capsys):
+    """``validate(text)``: write ``text`` as an experiment file and run ``schedlab validate`` on it;
+    returns (exit code, what it wrote to stderr, the file's path)."""
+    from schedlab.cli import main
+
+    def validate(text: str, name: str = "e.toml"):
+        path = tmp_path / name
+        path.write_text(text)
+        code = main(["validate", str(path)])
+        return code, capsys.readouterr().err, path
+
+    return validate

@@ -197,16 +197,13 @@ def test_bad_host_settings_are_one_line_errors(table, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_host_tier_smaller_than_a_block_is_an_error_from_the_cli(tmp_path, capsys):
-    from schedlab.cli import main
-
-    path = tmp_path / "x.toml"
-    path.write_text('[workload]\nkind = "synthetic"\nnum_requests = 3\nrate = 1.0\n'
-                    'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 3}\n'
-                    '[kv_cache]\nkind = "paged"\nmodel = "llama-3-8b"\ngpu = "a100-40gb"\nprefix_caching = true\n'
-                    'host_memory_gib = 0.001\n')
-    assert main(["validate", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
+def test_a_host_tier_smaller_than_a_block_is_an_error_from_the_cli(validated):
+    code, err, _ = validated('[workload]\nkind = "synthetic"\nnum_requests = 3\nrate = 1.0\n'
+                             'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 3}\n'
+                             '[kv_cache]\nkind = "paged"\nmodel = "llama-3-8b"\ngpu = "a100-40gb"\n'
+                             'prefix_caching = true\nhost_memory_gib = 0.001\n')
+    assert code == 2
+    err = err.strip()
     assert err.endswith("[kv_cache]: host_memory_gib: 0.001 GiB holds no block of 2097152 bytes")
     assert "\n" not in err
 

@@ -610,18 +610,16 @@ def test_vllms_layer_split_gives_the_remainder_to_the_stages_before_the_last():
     assert stage_layers(5, 3) == (2, 2, 1)   # a remainder of stages - 1 reaches the first stage too
 
 
-def test_more_stages_than_layers_is_said_of_cluster(tmp_path, capsys):
+def test_more_stages_than_layers_is_said_of_cluster(validated):
     """The error named [cost_model], which found it, not [cluster], where pipeline_parallel is."""
-    from schedlab.cli import main
+    from test_reports import SMALL
 
-    path = tmp_path / "e.toml"
-    path.write_text('[workload]\nkind = "synthetic"\nnum_requests = 4\nprompt = {dist = "fixed", value = 10}\n'
-                    'output = {dist = "fixed", value = 5}\nrate = 1\n[cost_model]\nkind = "roofline"\n'
-                    'model = "llama-3-8b"\ngpu = "h100-80gb"\n[kv_cache]\nkind = "paged"\nmodel = "llama-3-8b"\n'
-                    'gpu = "h100-80gb"\n[cluster]\npipeline_parallel = 64\n')
-    assert main(["validate", str(path)]) == 2
-    assert capsys.readouterr().err.endswith(f"{path}: [cluster]: pipeline_parallel = 64 exceeds the model's 32 "
-                                            "layers (a stage holds at least one)\n")
+    model = 'model = "llama-3-8b"\ngpu = "h100-80gb"\n'
+    code, err, path = validated(SMALL + '[cost_model]\nkind = "roofline"\n' + model + '[kv_cache]\nkind = "paged"\n'
+                                + model + '[cluster]\npipeline_parallel = 64\n')
+    assert code == 2
+    assert err.endswith(f"{path}: [cluster]: pipeline_parallel = 64 exceeds the model's 32 layers (a stage holds at "
+                        "least one)\n")
 
 
 @pytest.mark.parametrize("stages", [2, 3])

@@ -375,35 +375,30 @@ def test_a_table_column_of_slo_metrics_without_slo_targets_is_refused(tmp_path, 
     assert main(["validate", str(path)]) == 0
 
 
-def test_an_slo_table_with_no_target_is_refused(tmp_path, capsys):
+#: a small workload for files checked by ``schedlab validate``
+SMALL = ('[workload]\nkind = "synthetic"\nnum_requests = 4\nprompt = {dist = "fixed", value = 10}\n'
+         'output = {dist = "fixed", value = 5}\nrate = 1\n')
+
+
+def test_an_slo_table_with_no_target_is_refused(validated):
     """An empty [slo] counted every request as meeting it: attainment 1, and a search on it held
     to the top of its range."""
-    from schedlab.cli import main
-
-    path = tmp_path / "e.toml"
-    path.write_text('[workload]\nkind = "synthetic"\nnum_requests = 4\nprompt = {dist = "fixed", value = 10}\n'
-                    'output = {dist = "fixed", value = 5}\nrate = 1\n[slo]\n')
-    assert main(["validate", str(path)]) == 2
-    assert capsys.readouterr().err == (f"schedlab: error: {path}: [slo]: ttft_ms: the table names no target (ttft_ms, "
-                                       "tpot_ms or classes), so every request would meet it and a search on its "
-                                       "attainment hold everywhere; give one\n")
+    code, err, path = validated(SMALL + '[slo]\n')
+    assert code == 2
+    assert err == (f"schedlab: error: {path}: [slo]: ttft_ms: the table names no target (ttft_ms, tpot_ms or "
+                   "classes), so every request would meet it and a search on its attainment hold everywhere; "
+                   "give one\n")
 
 
-def test_an_slo_target_under_a_millisecond_is_warned_about(tmp_path, capsys):
+def test_an_slo_target_under_a_millisecond_is_warned_about(validated):
     """A target typed in seconds (0.5 for 500 ms) is met by no request: attainment 0 and a
     search that fails everywhere, with nothing saying why. Targets of 1 ms and more pass quietly."""
-    from schedlab.cli import main
-
-    body = ('[workload]\nkind = "synthetic"\nnum_requests = 4\nprompt = {dist = "fixed", value = 10}\n'
-            'output = {dist = "fixed", value = 5}\nrate = 1\nrequest_class = "chat"\n[slo]\n')
-    path = tmp_path / "e.toml"
-    path.write_text(body + 'ttft_ms = 0.5\ntpot_ms = 1\nclasses = {chat = {tpot_ms = 0.04}}\n')
-    assert main(["validate", str(path)]) == 0
-    err = capsys.readouterr().err
+    body = SMALL + 'request_class = "chat"\n[slo]\n'
+    code, err, path = validated(body + 'ttft_ms = 0.5\ntpot_ms = 1\nclasses = {chat = {tpot_ms = 0.04}}\n')
+    assert code == 0
     assert (f"{path}: [slo] ttft_ms = 0.5: targets are in milliseconds and no request meets one under 1 ms; "
             "for 0.5 s write ttft_ms = 500\n") in err
     assert "[slo] classes.chat.tpot_ms = 0.04: " in err and "write tpot_ms = 40\n" in err
     assert "[slo] tpot_ms" not in err
-    path.write_text(body + 'ttft_ms = 1\ntpot_ms = 1\n')
-    assert main(["validate", str(path)]) == 0
-    assert "milliseconds" not in capsys.readouterr().err
+    code, err, _ = validated(body + 'ttft_ms = 1\ntpot_ms = 1\n')
+    assert code == 0 and "milliseconds" not in err

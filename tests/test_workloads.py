@@ -845,14 +845,10 @@ def test_closed_loop_config_errors(registry, tmp_path):
         loop(registry).on_finish(Request(id=0, arrival_ms=0, prompt_tokens=1, output_tokens=1), 1.0)
 
 
-def test_inline_requests_take_arrival_ms_in_every_one_or_none(tmp_path, capsys):
+def test_inline_requests_take_arrival_ms_in_every_one_or_none(validated):
     """One request with it and one without said only "missing arrival_ms", the table named twice."""
-    from schedlab.cli import main
-
-    path = tmp_path / "e.toml"
-    path.write_text('[workload]\nkind = "inline"\nrequests = [{prompt_tokens = 5, output_tokens = 5}, '
-                    '{prompt_tokens = 5, output_tokens = 5, arrival_ms = 3.0}]\n')
-    assert main(["validate", str(path)]) == 2
-    assert capsys.readouterr().err == (f"schedlab: error: {path}: [workload]: requests: record 1: missing arrival_ms "
-                                       "(other requests have one: give every request arrival_ms, or none for all at "
-                                       "t = 0)\n")
+    code, err, path = validated('[workload]\nkind = "inline"\nrequests = [{prompt_tokens = 5, output_tokens = 5}, '
+                                '{prompt_tokens = 5, output_tokens = 5, arrival_ms = 3.0}]\n')
+    assert code == 2
+    assert err == (f"schedlab: error: {path}: [workload]: requests: record 1: missing arrival_ms (other requests "
+                   "have one: give every request arrival_ms, or none for all at t = 0)\n")
