@@ -249,6 +249,7 @@ class Instance:
         self.reads_held = self.asks_beside_held and bool(getattr(scheduler, "reads_held", True))
         self.finished: list = []     # (request, time) since the driver last collected
         self.serial = 0
+        self.ended = 0  # requests finished or aborted here (a pipeline's next plan tells its workers)
         self.run_count = 0  # sequences that entered the running list so far (Sequence.run_no)
         self.ask_at_step = None  # the decode step by which the scheduler asked to be asked again (Plan.wake_after)
         self.events = 0              # executed plans: one iteration, or one bulk run of them
@@ -485,6 +486,7 @@ class Instance:
     def _record_aborted(self, seq: Sequence, t: float) -> None:
         """``seq`` aborted at ``t`` (out of the queues, its KV freed): its row and the callbacks."""
         seq.status = ABORTED
+        self.ended += 1
         if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
             seq.request = seq.transfer.request
         if seq.server_abort:  # the scheduler's running time limit: turned away, its client answered
@@ -1693,6 +1695,7 @@ class Instance:
 
     def _finished(self, seq: Sequence, t: float) -> None:
         """The scheduler's and the clients' callbacks of ``seq``'s finish at ``t``."""
+        self.ended += 1
         if self._on_finish is not None:
             self._on_finish(seq, t)
         if self.track_finished:

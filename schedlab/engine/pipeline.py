@@ -107,6 +107,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
         self.stages = stages
         self.clock = StageClock(stages)
         self.flights: deque[Flight] = deque()
+        self.told = 0             # the requests ended (Instance.ended) as of the last plan
+        self.telling = False      # the last plan is the first since some ended (the workers hear of them)
         self.now = 0.0            # when the instance acts next: plans, or lands its oldest batch
         self.to_plan = True       # a launch is due at ``now`` (else the oldest batch lands at ``now``)
         self.last_landing = -INF
@@ -224,6 +226,8 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
                             continue  # vLLM schedules again at once, until a decode is due
                         break
                     if not inst.has_work():
+                        if self.telling:  # (vLLM's has_finished_requests: that plan is queued too)
+                            self._launch_empty()
                         break
                     self._launch_empty()
                     plan = None
@@ -269,6 +273,7 @@ class PipelinedInstance(instance_view("inst", reads=("finished",), writes=("hang
     def _plan(self) -> FastPlan:
         inst = self.inst
         inst.serial += 1
+        self.telling, self.told = inst.ended > self.told, inst.ended
         plan = FastPlan(inst, inst.serial)
         ask_scheduler(inst.scheduler, plan)
         check_kv_counts(inst.kv)

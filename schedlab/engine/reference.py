@@ -572,6 +572,7 @@ class ReferenceEngine:
         self.limit_request = limit_hook(scheduler)  # the request as served (max_model_len), checked
         self.prefix_hit = prefix_hits(kv)  # a sequence's hit, checked; None: never asked (always 0)
         self.serial = 0
+        self.ended = 0  # requests finished or aborted here (a pipeline's next plan tells its workers)
         self.empty_plans = 0
         self.no_progress = 0
         self.busy_ms = 0.0
@@ -933,6 +934,7 @@ class ReferenceEngine:
     def _record_aborted(self, seq, t: float) -> None:
         """``seq`` aborted at ``t`` (out of the queues, its KV freed): its row and the callbacks."""
         seq.status = "aborted"
+        self.ended += 1
         if seq.transfer is not None:  # a prefill instance's: its row shows the client's request
             seq.request = seq.transfer.request
         for a, b in zip(seq.token_times, seq.token_times[1:]):
@@ -981,6 +983,7 @@ class ReferenceEngine:
 
     def finish_callbacks(self, s, t: float) -> None:
         """The scheduler's and the clients' callbacks of the finish of ``s`` at ``t``."""
+        self.ended += 1
         on_finish = getattr(self.scheduler, "on_finish", None)
         if on_finish is not None:
             on_finish(s, t)

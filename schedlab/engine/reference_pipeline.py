@@ -96,6 +96,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
             engine.ahead, engine.drafts_ahead = None, False  # (not the colocated rules of engine.ahead)
         self.depth = stages + 1 if engine.stagger is not None else stages
         self.flights: list = []   # [plan, decoders and their statuses, chunks, launch time, completion, tokens, batch]
+        self.told = 0             # the requests ended (ReferenceEngine.ended) as of the last plan
         self.launch_due = True    # a launch is due at the engine's time
         self.sleep_until = None
         self.last_landing = -INF
@@ -158,6 +159,7 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         plan = None
         while len(self.flights) < self.depth:
             e.serial += 1
+            telling, self.told = e.ended > self.told, e.ended
             plan = PipelinePlan(e, e.serial)
             shown = self._show() if e.stagger is not None else None
             ask_scheduler(e.scheduler, plan)
@@ -175,11 +177,10 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
                         continue  # vLLM schedules again at once, until a decode is due
                     break
                 if not e.has_work():
+                    if telling:  # (vLLM's has_finished_requests: that plan is queued too)
+                        self._queue_empty()
                     break
-                # vLLM 0.33 queues the empty batch too: it holds its slot until it is back, with
-                # the batch before it (schedlab.engine.stages)
-                self.flights.append([None, [], [], e.now, self.clock.launch(e.now, [0.0] * self.stages, 0.0), 0,
-                                     None])
+                self._queue_empty()
                 plan = None
                 continue
             plan = None
@@ -192,6 +193,12 @@ class ReferencePipeline(instance_view("e", reads=("now",), writes=("hangup_ms", 
         wake = plan.wake if plan.wake is not None else INF
         if not plan.preempted and wake > e.now:
             self.sleep_until = wake
+
+    def _queue_empty(self) -> None:
+        """vLLM 0.33 queues an empty batch too: it holds its slot until it is back, with the batch
+        before it (:mod:`schedlab.engine.stages`)."""
+        now = self.e.now
+        self.flights.append([None, [], [], now, self.clock.launch(now, [0.0] * self.stages, 0.0), 0, None])
 
     def _show(self) -> tuple[list, list]:
         """Planning ahead: before plan ``e.serial``, the requests in flight whose decode is due

@@ -69,7 +69,12 @@ holds its slot until it is popped in turn. The next batch may then wait for one 
 than the stages alone would ask. So here an empty plan with a batch in flight queues an empty
 batch (no stage time, :class:`StageClock`: it completes with the batch launched before it), and
 planning goes on while there is room; its landing executes nothing. Empty batches with no real
-batch ahead of them are back already and are dropped.
+batch ahead of them are back already and are dropped. vLLM also schedules once after the last
+request has finished or been aborted, to tell the workers of it (``has_requests`` counts
+``has_finished_requests``): that empty batch is queued too (``Instance.ended`` counts the
+requests that ended, and the first plan after one ends queues its batch even with nothing left
+to plan), so a request arriving while the aborted one's batches are in flight may find the queue
+full.
 
 **Speculative decoding** (``[speculative]``). vLLM 0.33 builds the drafter on the last stage
 only (``gpu_model_runner.py``: ``if self.speculative_config and get_pp_group().is_last_rank``),
