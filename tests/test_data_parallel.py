@@ -32,7 +32,7 @@ from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConfig, LeastOutstandingRouter,
                                       RoundRobinRouter)
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
-from test_sglang import assert_only_turned_away, rejections_for, sglang_configs
+from test_sglang import assert_only_turned_away, rejections_for, sglang_configs, whole_pages
 
 ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -237,6 +237,7 @@ def test_sglang_ranks_agree_between_engines_with_and_without_overlap(requests, c
     """SGLang's scheduler on lockstep ranks (its DP attention beside expert parallelism), its
     overlap scheduler drawn: tight caches (retractions, discarded tokens, decodes after an EOS),
     both engines give the same timestamps, counters and steps, within the rules."""
+    cfg = whole_pages(cfg, block_size)
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
     blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
                      -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare

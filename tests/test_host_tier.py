@@ -30,7 +30,7 @@ from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.sglang import SglangScheduler
 from test_differential import continuous_configs
 from test_prefix_cache import OPS, Driver, Seq, Shadow, SwappingMachine, admit, make_request, req, requests_specs, spec_key
-from test_sglang import rejections_for, sglang_configs
+from test_sglang import rejections_for, sglang_configs, whole_pages
 
 G = lambda e: ("g", "s", e)  # noqa: E731
 ENGINES = ("fast", "reference")
@@ -524,6 +524,7 @@ def test_fast_engine_matches_reference_with_a_host_tier(requests, cfg, block_siz
 def test_sglang_fast_engine_matches_reference_with_a_host_tier(requests, cfg, block_size, spare, host_blocks, kind,
                                                                cost):
     """SGLang's scheduler (retraction, lpm order, mixed chunks) on either cache with a host tier."""
+    cfg = whole_pages(cfg, block_size)
     blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) for r in requests) + spare
     runs, hosts = {}, {}
     for engine in ENGINES:

@@ -31,6 +31,7 @@ from schedlab.testing import (IterationChecker, check_run, compare_runs, dyadic_
 from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
+from schedlab_plugins.schedulers.sglang import max_running_requests
 from schedlab.testing import run_cluster
 from schedlab.testing.parallel import LinearParallelCost, run_data_parallel
 from schedlab_plugins.routers import RoundRobinRouter
@@ -295,6 +296,88 @@ def test_a_retracted_request_can_always_come_back(engine):
     assert by_id(r, "max_tokens") == {0: 7, 1: 9}
     assert by_id(r, "generated_tokens") == {0: 7, 1: 9}
     assert by_id(r, "preemptions") == {0: 0, 1: 1}
+
+
+# --- pages of more than one token ----------------------------------------------------------------
+
+ONE_MS = LinearConfig(prefill_ms_per_token=0.0, decode_ms_per_step=0.0, per_seq_ms=0.0, per_context_token_ms=0.0,
+                      base_ms=1.0)  # every iteration 1 ms, whatever it holds
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_prompt_and_chunk_budgets_are_charged_whole_pages(engine):
+    # 16-token pages, 17-token prompts: SGLang charges each prompt 32 tokens of its prompt and
+    # chunk budgets (``_update_prefill_budget``: ``ceil_paged_tokens``). With chunking off and 64
+    # prompt tokens a pass, R0 leaves 32 and R1's 32 reaches it: one prompt a pass, at 0, 1, 2, 3
+    # (charging 17 tokens, R0 left 47 and R1 went with it: two a pass). With 64-token chunks, R0
+    # and R1 spend the chunk budget and R2 comes whole at 1 (charging 17, R2 was cut to 16 + 1).
+    reqs = [Request(i, 0.0, 17, 1) for i in range(4)]
+    r = run_engine(reqs, SglangScheduler(_sync(chunked_prefill_size=0, max_prefill_tokens=64)),
+                   LinearCostModel(ONE_MS), RadixKVCache(64, 16), engine=engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}
+    r = run_engine(reqs[:3], SglangScheduler(_sync(chunked_prefill_size=64)), LinearCostModel(ONE_MS),
+                   RadixKVCache(64, 16), engine=engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 0.0, 2: 1.0}
+    assert by_id(r, "prefill_chunks") == {0: 1, 1: 1, 2: 1}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_retraction_goes_on_until_every_request_on_a_page_boundary_has_a_page(engine):
+    # 19 pages of 16 tokens. At 20 ms the six running requests' KV ends on a page boundary and no
+    # page is free: the next decode needs six pages. The first retracted (R5: fewest generated,
+    # longest prompt) frees four; the five left need five (``check_decode_mem`` counts a page per
+    # request on a boundary), so SGLang retracts R4 too. Counting a token per request, schedlab
+    # stopped at R5 and the decode that followed failed ("cannot decode even after retraction").
+    reqs = [Request(3, 0.0, 48, 64, max_tokens=64), Request(4, 0.0, 48, 100, max_tokens=100),
+            Request(6, 0.0, 16, 40, max_tokens=40), Request(1, 2.0, 16, 40, max_tokens=40),
+            Request(2, 2.0, 32, 64, max_tokens=64), Request(5, 3.0, 48, 64, max_tokens=64)]
+    sched = SglangScheduler(_sync(chunked_prefill_size=0, schedule_conservativeness=0.01))
+    r = run_engine(reqs, sched, LinearCostModel(ONE_MS), RadixKVCache(19, 16), engine=engine)
+    assert [(t, ids) for t, ids, _ in sched.retraction_log[:1]] == [(20.0, (5, 4))]
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_without_a_prefix_cache_a_request_ignoring_eos_is_admitted_by_its_known_length(engine):
+    # --disable-radix-cache: SGLang admits a request that ignores EOS by ``add_one_req_ignore_eos``.
+    # R0 (300 + 100) is prefilled at 0; at 1 it holds 300 tokens of 1,000 and has 99 to go (offset
+    # 99 at ratio 1). R1 (100 + 500): its 100 prompt tokens fit min(700, 601); with the requests
+    # finishing by tokens left, R0 (99 left, 301 held) then R1 (500, 100), the free tokens stay
+    # above one a request: 600 - 2 x 99 = 402 > 2, then 600 + 301 - 500 = 401 > 1. So R1 starts at 1.
+    # With the radix tree on, the usual rule wants 100 + 500 + 1 < 601: R1 waits for R0's finish.
+    reqs = [Request(0, 0.0, 300, 100), Request(1, 1.0, 100, 500)]
+    sched = _sync(chunked_prefill_size=0)
+    r = run_engine(reqs, SglangScheduler(sched), LinearCostModel(ONE_MS), PagedKVCache(1000, 1), engine=engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 1.0}
+    r = run_engine(reqs, SglangScheduler(sched), LinearCostModel(ONE_MS), RadixKVCache(1000, 1), engine=engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 100.0}
+
+
+def test_sglang_sizes_its_request_slots_from_the_pool():
+    # resolve_max_num_reqs: pool / context x 512, kept in [2048, 4096], at most half the pool.
+    # Llama-3-8B on an A100-80GB: 454,992 tokens, context 8,192 -> 28,437 -> 4,096.
+    slots = lambda pool, context=0, asked=0: max_running_requests(  # noqa: E731
+        SglangConfig(context_length=context, max_running_requests=asked), PagedKVCache(pool // 16, 16))
+    assert slots(454_992, 8192) == 4096
+    assert slots(1_048_576, 131_072) == 4096   # 1,048,576 / 131,072 x 512 = 4,096
+    assert slots(262_144, 131_072) == 2048     # 1,024 -> at least 2,048
+    assert slots(2_048) == 1024                # no context: 512 -> 2,048, but half the pool is 1,024
+    assert slots(454_992, 8192, asked=64) == 64
+    assert slots(96, 8192, asked=64) == 48     # asked for, still at most half the pool
+    scheduler = SglangScheduler(SglangConfig(context_length=8192))
+    assert scheduler.kv_problem(PagedKVCache(454_992 // 16, 16)) is None and scheduler.slots == 4096
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_large_pool_admits_more_than_2048_requests_in_one_pass(engine):
+    # 2,100 4-token prompts at once on a 1,048,576-token pool with a 131,072-token context: 4,096
+    # slots, so one pass admits them all (with a fixed 2,048, the last 52 waited a step). Each is
+    # charged a 16-token page of the 40,000-token prompt budget: 33,600 in all.
+    reqs = [Request(i, 0.0, 4, 1) for i in range(2100)]
+    sched = SglangScheduler(_sync(context_length=131_072, chunked_prefill_size=0, max_prefill_tokens=40_000))
+    r = run_engine(reqs, sched, LinearCostModel(ONE_MS), PagedKVCache(65_536, 16), engine=engine)
+    assert set(by_id(r, "first_scheduled_ms").values()) == {0.0}
+    assert sched.slots == 4096
 
 
 # --- waiting orders ---------------------------------------------------------------------------
@@ -609,6 +692,13 @@ def sglang_configs(draw):
     )
 
 
+def whole_pages(cfg: SglangConfig, page: int) -> SglangConfig:
+    """``cfg`` with its chunk a whole number of ``page``-token pages, rounded up (SGLang refuses
+    another: ``SglangScheduler.kv_problem``)."""
+    chunk = cfg.chunked_prefill_size
+    return attrs_evolve(cfg, chunked_prefill_size=-(-chunk // page) * page) if chunk % page else cfg
+
+
 def rejections_for(cfg: SglangConfig | None) -> str:
     """What ``check_run`` lets ``cfg`` turn away: a request it served too, with a queue limit
     (a retracted request finds the queue full) or a timeout (running or, after a retraction, waiting)."""
@@ -679,6 +769,7 @@ KVS = {"radix": RadixKVCache, "paged-prefix": PrefixKVCache, "paged": PagedKVCac
 def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, cost, kind):
     """Tight caches (retraction, eviction), chunks, mixed chunks, every order, every cache,
     priorities with preemption."""
+    cfg = whole_pages(cfg, block_size)
     blocks = max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1 for r in requests) + spare
     runs = {}
     for engine in ENGINES:
@@ -693,6 +784,7 @@ def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, 
 @given(requests_lists(min_size=1, max_size=10, max_prompt=40, max_output=30, prefix_groups=3, priorities=True),
        sglang_configs(), st.integers(1, 6), st.integers(0, 12), st.sampled_from(sorted(KVS)))
 def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
+    cfg = whole_pages(cfg, block_size)
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
     blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
                      -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare
@@ -929,25 +1021,27 @@ def test_a_request_aborted_by_its_deadline_and_its_client_in_one_window_leaves_o
     assert by_id(runs[0], "generated_tokens") == {6: 2, 7: 1, 8: 0}
 
 
-def test_a_chunk_smaller_than_a_page_is_refused_when_the_run_is_built(tmp_path):
-    """SGLang cuts chunks to whole pages: with 8-token chunks and 16-token pages no prompt longer
-    than 8 tokens could start, and the run stalled with requests waiting and memory free."""
+def test_a_chunk_of_part_pages_is_refused_when_the_run_is_built(tmp_path):
+    """SGLang cuts chunks to whole pages and refuses to start with a chunk that is not whole
+    pages: with 8-token chunks and 16-token pages no prompt longer than 8 tokens could start (the
+    run stalled with requests waiting and memory free); 24-token chunks left a part page."""
     path = tmp_path / "exp.toml"
     chunked = QUEUE_LIMITED.replace("max_queued_requests = 4", "chunked_prefill_size = %d")
-    path.write_text(chunked % 8 + "block_size = 16\n")
-    with pytest.raises(ConfigError, match=r"exp.toml.*\[scheduler\]: chunked_prefill_size = 8 is less than a page "
-                                          r"\(16 tokens, the KV cache's block_size\)"):
-        load(path)
-    path.write_text(chunked % 16 + "block_size = 16\n")
-    assert load(path).studies[0].base.tables["scheduler"]["chunked_prefill_size"] == 16
+    for chunk in (8, 24):
+        path.write_text(chunked % chunk + "block_size = 16\n")
+        with pytest.raises(ConfigError, match=rf"exp.toml.*\[scheduler\]: chunked_prefill_size = {chunk} is not a "
+                                              r"multiple of the page \(16 tokens, the KV cache's block_size\)"):
+            load(path)
+    path.write_text(chunked % 32 + "block_size = 16\n")
+    assert load(path).studies[0].base.tables["scheduler"]["chunked_prefill_size"] == 32
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_the_kits_runs_refuse_a_chunk_smaller_than_a_page_too(engine):
+def test_the_kits_runs_refuse_a_chunk_of_part_pages_too(engine):
     """The conformance kit's run_engine did not ask kv_problem: a plugin author's run stalled
     (a StallError, even for a 1-token prompt) where a run from TOML is refused."""
     scheduler = SglangScheduler(SglangConfig(chunked_prefill_size=8))
-    with pytest.raises(ConfigError, match=r"^SglangScheduler: chunked_prefill_size = 8 is less than a page "
+    with pytest.raises(ConfigError, match=r"^SglangScheduler: chunked_prefill_size = 8 is not a multiple of the page "
                                           r"\(16 tokens, the KV cache's block_size\)"):
         run_engine([Request(0, 0.0, 1, 2)], scheduler, kv=PagedKVCache(64, 16), engine=engine)
     result = run_engine([Request(0, 0.0, 1, 2)], SglangScheduler(SglangConfig(chunked_prefill_size=16)),

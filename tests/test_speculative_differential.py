@@ -52,11 +52,12 @@ def spec_setups(draw, starve: bool = True):
     spec = draw(speculative_configs())
     k = spec.num_speculative_tokens
     kind = draw(st.sampled_from(["static", "sglang", "continuous", "continuous", "continuous"]))
+    block_size = draw(st.integers(1, 6))
     if kind == "static":
         batch = draw(st.integers(1, 4))
         make = lambda: StaticScheduler(StaticConfig(batch_size=batch))  # noqa: E731
     elif kind == "sglang":
-        chunk = draw(st.sampled_from([0, 16]))
+        chunk = -(-draw(st.sampled_from([0, 16])) // block_size) * block_size  # (whole pages, as SGLang's)
         sg = SglangConfig(max_running_requests=draw(st.integers(1, 6)), chunked_prefill_size=chunk,
                           enable_mixed_chunk=bool(chunk) and draw(st.booleans()))
         make = lambda: SglangScheduler(sg)  # noqa: E731
@@ -87,7 +88,6 @@ def spec_setups(draw, starve: bool = True):
         make = lambda: ContinuousScheduler(cfg)  # noqa: E731
     cost = draw(dyadic_linear_costs())
     draft = LinearConfig(prefill_ms_per_token=0.0625, decode_ms_per_step=draw(st.sampled_from([0.5, 1.0])))
-    block_size = draw(st.integers(1, 6))
     # A cache just big enough for the largest request with its speculative slots, or a bit
     # more: preemptions and swaps are common, rejections rare.
     slack = k + spec.lookahead

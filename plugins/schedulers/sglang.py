@@ -30,12 +30,23 @@ Each iteration:
      batch may exceed it); with chunking on, a prompt longer than the chunk budget left is cut
      there and continued next iteration (one chunked request at a time);
    * after each admission the pass stops if the budget is spent (``budget_state``);
-   * at most ``max_running_requests`` run.
+   * the prompt and chunk budgets are charged whole pages (``ceil_paged_tokens``);
+   * without a prefix cache (``--disable-radix-cache``: the ``paged`` cache with
+     ``prefix_caching = false``) a request that ignores EOS is admitted by its known length
+     instead (``add_one_req_ignore_eos``): its prompt's pages must fit what is left, and with
+     every request finishing in order of its tokens left (``max_new_tokens`` times the ratio, 1.0
+     for those ignoring EOS, less its output), each freeing what it holds, more than a token per
+     request must stay free all the way; neither the offset budget nor the prompt budget is
+     checked for it;
+   * at most ``max_running_requests`` run: by default SGLang's own from the pool
+     (``resolve_max_num_reqs``: pool / context x 512, kept between 2,048 and 4,096), and either
+     way at most half the pool's tokens.
 3. **Decode**, when no prefill batch formed. If the KV cache cannot take the next decode step
    (``check_decode_mem``, which evicts the tree's shortfall all the same: least recently used
    first, as much of it as is evictable), requests are **retracted** (``retract_decode``): the
    one with the fewest generated tokens (ties: the longest prompt) first, at least one, until the
-   next decode step fits, keeping at least one; after each retraction the radix cache evicts until
+   next decode step fits (a page for each request whose KV ends on a page boundary), keeping at
+   least one; after each retraction the radix cache evicts until
    ``retract_decode_steps`` (20) tokens per remaining request are free (``release_req``). A
    retracted request's KV is freed (its cached prompt stays in the tree), it goes to the back of
    the waiting queue and is prefilled again later (prompt and generated tokens).
@@ -121,7 +132,10 @@ Simplifications (each deliberate):
 
 * Memory is counted in KV blocks and a page is a block: SGLang's default page size is 1 token,
   where the token arithmetic here is SGLang's exactly (the differential harness runs at page
-  size 1). A request's blocks are taken when it is admitted rather than after the pass, so the
+  size 1). With larger pages the budgets are charged and the decodes checked in whole pages, as
+  SGLang's, and a ``chunked_prefill_size`` that is not whole pages is refused, as SGLang refuses
+  it; a chunk that continues a prompt from part of a page is charged its tokens' pages here, not
+  ``ceil_paged_tokens`` of its length. A request's blocks are taken when it is admitted rather than after the pass, so the
   budget's offset counts what SGLang adds to it less the prompt tokens already taken.
 * With the ``radix`` cache, each pass is opened on the cache (``begin_pass``): prefix hits see
   only blocks inserted by earlier passes, as SGLang inserts a prefill's KV after the forward.
@@ -179,7 +193,8 @@ def _overlap_schedule(_inst, attribute, value):
 @attrs.frozen
 class SglangConfig:
     max_running_requests: int = int_field(
-        2048, min=1, help="most requests running at once (SGLang: at least 2048 request slots; memory binds first)")
+        0, min=0, help="most requests running at once (0: SGLang's own, from the KV pool: pool / context x 512, "
+                       "between 2,048 and 4,096; either way at most half the pool's tokens)")
     max_prefill_tokens: int = int_field(16384, min=1, help="prompt tokens of one prefill batch (the first may exceed it)")
     chunked_prefill_size: int = int_field(
         8192, min=0, help="prompt tokens per prefill iteration; longer prompts are chunked (0 = off; SGLang sizes it "
@@ -299,6 +314,18 @@ class SglangConfig:
         return out
 
 
+def max_running_requests(config: SglangConfig, kv) -> int:
+    """SGLang's request slots on ``kv``'s pool (``KVCacheConfigurator.resolve_max_num_reqs``):
+    ``max_running_requests`` if set, else ``pool / context x 512`` kept between 2,048 and 4,096
+    (the context: ``context_length``, or the pool without one); either way at most half the
+    pool's tokens."""
+    pool = kv.num_blocks * kv.block_size
+    slots = config.max_running_requests
+    if not slots:
+        slots = max(min(int(pool / (config.context_length or pool) * 512), 4096), 2048)
+    return max(1, min(slots, pool // 2))
+
+
 class _Adder:
     """One prefill pass's budgets (SGLang ``PrefillAdder`` with its ``PrefillBudget``), in tokens.
 
@@ -307,7 +334,7 @@ class _Adder:
     adds them back: ``remaining = free + taken - total`` (with the same float arithmetic).
     """
 
-    __slots__ = ("rem_input", "rem_chunk", "total", "current", "taken", "count")
+    __slots__ = ("rem_input", "rem_chunk", "total", "current", "taken", "count", "admitted", "eos_states")
 
     def __init__(self, rem_input: int, rem_chunk: int | None, running_offset: float):
         self.rem_input = rem_input
@@ -316,7 +343,11 @@ class _Adder:
         self.total += running_offset   # SGLang: total_offset += sum([... running requests])
         self.current = 0               # prompt tokens and pages of this pass (no decode estimate)
         self.taken = 0                 # prompt tokens already taken from the cache
-        self.count = 0                 # requests in this prefill batch (``can_run_list``)
+        self.count = 0                 # requests in this prefill batch ...
+        self.admitted: list = []       # ... which (``can_run_list``)
+        #: without a prefix cache, the requests' (tokens left, tokens held) by tokens left, made at
+        #: the pass's first request that ignores EOS (``PrefillAdder.req_states``)
+        self.eos_states: list | None = None
 
     def base(self, kv, locked: int = 0) -> int:
         """SGLang's ``available + evictable`` (less a prefix being looked at, ``locked`` blocks)."""
@@ -325,14 +356,21 @@ class _Adder:
     def remaining(self, kv, locked: int = 0) -> float:
         return self.base(kv, locked) - self.total
 
+    def remaining_current(self, kv) -> float:
+        """``remaining_current``: what is left after this pass's prompts and pages alone."""
+        return self.base(kv) - self.current
+
     def charge(self, tokens: int, max_new: int, page: int) -> None:
-        """``_update_prefill_budget``: ``tokens`` were just taken from the cache."""
+        """``_update_prefill_budget``: ``tokens`` were just taken from the cache. The prompt and
+        chunk budgets are charged whole pages, as SGLang's (``ceil_paged_tokens``; only AMD's
+        ``exact_chunk_fill`` charges the tokens)."""
         self.total += tokens + page + max_new
         self.current += tokens + page
         self.taken += tokens
-        self.rem_input -= tokens
+        paged = -(-tokens // page) * page
+        self.rem_input -= paged
         if self.rem_chunk is not None:
-            self.rem_chunk -= tokens
+            self.rem_chunk -= paged
         self.count += 1
 
     def state(self, kv) -> str:
@@ -346,6 +384,8 @@ class _Adder:
 
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+#: tokens per request kept free when admitting requests that ignore EOS without a prefix cache
+IGNORE_EOS_RESERVE_TOKENS = 1
 #: why ``max_queued_requests`` and the timeouts turn a request away (SGLang's abort messages)
 QUEUE_FULL = "The request queue is full."
 OUTRANKED = "The request is aborted by a higher priority request."
@@ -360,7 +400,10 @@ class SglangScheduler:
 
     def __init__(self, config: SglangConfig | None = None):
         self.config = c = config or SglangConfig()
-        self.slots = c.max_running_requests
+        #: the request slots (``max_running_requests``; None until the first plan sizes SGLang's own
+        #: from the pool, :func:`max_running_requests`)
+        self.slots = c.max_running_requests or None
+        self._slots_sized = False
         self.init_ratio = min(c.init_new_token_ratio * c.schedule_conservativeness, 1.0)
         self.min_ratio = min(self.init_ratio * c.min_new_token_ratio_factor, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / c.new_token_ratio_decay_steps
@@ -434,12 +477,15 @@ class SglangScheduler:
         return []
 
     def kv_problem(self, kv) -> str | None:
-        """A chunk smaller than a page: SGLang cuts each chunk to whole pages
-        (``PrefillAdder.add_one_req``), so a prompt longer than the chunk would never start."""
-        chunk = self.config.chunked_prefill_size
-        if 0 < chunk < kv.block_size:
-            return (f"chunked_prefill_size = {chunk} is less than a page ({kv.block_size} tokens, the KV cache's "
-                    "block_size): chunks are whole pages, so a longer prompt could never start")
+        """A chunk that is not whole pages: SGLang refuses to start with one
+        (``arg_groups/validation_hook.py``), as it cuts each chunk to whole pages
+        (``PrefillAdder.add_one_req``). At start-up SGLang also sizes its request slots from the
+        pool: so does this (:func:`max_running_requests`; else the first plan does)."""
+        self._size_slots(kv)
+        chunk, page = self.config.chunked_prefill_size, kv.block_size
+        if chunk % page:
+            return (f"chunked_prefill_size = {chunk} is not a multiple of the page ({page} tokens, the KV cache's "
+                    "block_size), which SGLang refuses: chunks are whole pages")
         return None
 
     def limit_request(self, request, kv):
@@ -551,7 +597,13 @@ class SglangScheduler:
         return mode == "all" or (mode == "no_max_tokens" and request.max_tokens is None)
 
     # -- one iteration ------------------------------------------------------------------------
+    def _size_slots(self, kv) -> None:
+        if not self._slots_sized:
+            self.slots = max_running_requests(self.config, kv)
+            self._slots_sized = True
+
     def schedule(self, plan) -> None:
+        self._size_slots(plan.kv)
         steps = plan.decode_steps
         if steps != self._counted_steps:
             self.processed_tokens += (steps - self._counted_steps - self._mixed_uncounted) * self._running_extend
@@ -707,6 +759,14 @@ class SglangScheduler:
         return True
 
     @staticmethod
+    def _decode_need(kv, seqs, eos) -> int:
+        """The blocks the next decode of ``seqs`` takes (``new_tokens_required_next_decode``: a
+        page for each whose KV ends on a page boundary), the ``eos`` ones decoded once more."""
+        stopping = set(eos)
+        return sum(kv.blocks_needed(s, 0, reserve_tokens=s.num_computed_tokens + 1) if s in stopping
+                   else kv.blocks_needed(s, 1) for s in seqs)
+
+    @staticmethod
     def _evict_for_decode(plan, eos: list) -> None:
         """The decode step does not fit, but SGLang's check evicts the tree's shortfall anyway,
         before it retracts (or skips the step): ``check_decode_mem`` (schedule_batch.py:3432)
@@ -755,7 +815,7 @@ class SglangScheduler:
             self._batch_full = False
         if (self._batch_full or not plan.waiting) and chunked is None:
             return False
-        if c.max_running_requests - running_bs <= 0 and chunked is None and not preempting:
+        if self.slots - running_bs <= 0 and chunked is None and not preempting:
             self._batch_full = True
             return False
         self.policy.calc_priority(plan)
@@ -772,7 +832,7 @@ class SglangScheduler:
             return False  # its chunk does not fit: the decodes run and free memory first
         kv = plan.kv
         touch = getattr(kv, "touch", None)
-        limit = c.max_running_requests - running_bs
+        limit = self.slots - running_bs
         for seq in list(plan.waiting):
             if adder.state(kv) == OTHER:
                 break
@@ -904,6 +964,7 @@ class SglangScheduler:
             return False
         last = n == left
         adder.charge(n, self._reserve(seq) if last else 0, kv.block_size)
+        adder.admitted.append(seq)
         if last:
             self._chunked = None
         return True
@@ -916,6 +977,8 @@ class SglangScheduler:
         if self._looked is not None:
             self._looked[seq.seq_no] = [seq.num_tokens, hit]
         extend = seq.num_tokens - hit
+        if not getattr(kv, "prefix_caching", False) and self.ignores_eos(seq.request):
+            return self._add_one_ignoring_eos(plan, seq, adder, extend)
         left = seq.request.max_output_tokens - seq.num_generated
         max_new = min(left if left > 0 else 0, self.config.clip_max_new_tokens)
         total = extend + max_new + page
@@ -941,7 +1004,73 @@ class SglangScheduler:
             if not plan.admit(seq, extend):
                 return NO_TOKEN
             adder.charge(extend, self._reserve(seq), page)
+        adder.admitted.append(seq)
         return adder.state(kv)
+
+    def _add_one_ignoring_eos(self, plan, seq, adder: _Adder, extend: int) -> str:
+        """``add_one_req_ignore_eos``: without a prefix cache (``--disable-radix-cache``) SGLang
+        admits a request that ignores EOS if its prompt's pages fit what is left and, with the
+        requests finishing in order of their tokens left (each freeing its tokens), every step of
+        the way keeps more than a token per request free. There is no ``rem_total`` check and no
+        prompt budget check: a request's own length is known, so the ratio's estimate is not
+        used for it."""
+        kv = plan.kv
+        page = kv.block_size
+        paged = -(-extend // page) * page
+        current = adder.remaining_current(kv)
+        if not paged <= min(current, adder.remaining(kv)):
+            return NO_TOKEN
+        states = adder.eos_states
+        ratio = self.new_token_ratio(plan)
+        if states is None:  # the pass's first: this request, the running batch, those admitted
+            states = adder.eos_states = []
+            for s in [seq, *self._running_batch(plan), *adder.admitted]:
+                state = self._eos_state(plan, s, ratio)
+                if state is not None:
+                    states.append(state)
+            states.sort(key=lambda x: x[0])
+        else:
+            state = self._eos_state(plan, seq, ratio)
+            if state is not None:  # SGLang's insertion: before the first entry with as many left or
+                i = 0              # more, or, if none has, before the last one
+                for i in range(len(states)):
+                    if state[0] <= states[i][0]:
+                        break
+                states.insert(i, state)
+        free, freed = current - paged, 0
+        for i, (left, held) in enumerate(states):
+            bs = len(states) - i
+            if free + freed - left * bs <= IGNORE_EOS_RESERVE_TOKENS * bs:
+                return NO_TOKEN
+            freed += held
+        if adder.rem_chunk is not None and extend > adder.rem_chunk:
+            if adder.rem_chunk <= 0 or self._chunked is not None:
+                # (a second prompt cut in one pass: SGLang's ``new_chunked_req`` would forget the
+                # first; only a mixed step's budget, less its decodes, leaves a part page for it)
+                return OTHER
+            n = adder.rem_chunk  # (not cut to whole pages on this path)
+            if not plan.admit(seq, n):
+                return NO_TOKEN
+            adder.charge(n, 0, page)
+            self._chunked = seq
+        else:
+            if not plan.admit(seq, extend):
+                return NO_TOKEN
+            adder.charge(extend, self._reserve(seq), page)
+        adder.admitted.append(seq)
+        return adder.state(kv)
+
+    def _eos_state(self, plan, seq, ratio: float) -> tuple | None:
+        """``add_req_state``: ``seq``'s (tokens left, tokens held) -- its ``max_new_tokens``
+        times the ratio (1.0 if it ignores EOS) less its output, and its prompt and output --
+        or None if it has none left. Planning ahead, SGLang has not counted the token in flight."""
+        generated = seq.num_generated
+        if self.plans_ahead and plan.token_in_flight(seq):
+            generated -= 1
+        left = seq.request.max_output_tokens * (1.0 if self.ignores_eos(seq.request) else ratio) - generated
+        if left <= 0:
+            return None
+        return left, seq.request.prompt_tokens + generated
 
     @staticmethod
     def _overshoot_what_fits(plan, eos: list) -> None:
@@ -972,7 +1101,7 @@ class SglangScheduler:
         order = sorted(running, key=lambda s: (s.request.priority * sign, generated[s], -s.request.prompt_tokens),
                        reverse=True)
         retracted, victims = [], []
-        while not retracted or kv.num_free_blocks() * kv.block_size < len(order):
+        while not retracted or kv.num_free_blocks() < self._decode_need(kv, order, eos):
             if len(order) <= 1:
                 break
             victim = order.pop()
