@@ -2,11 +2,13 @@
 
     python benchmarks/fleet.py                 # 1 vs 64 instances (200,000 requests), 100k vs 400k requests
     python benchmarks/fleet.py cpu memory      # either part
+    python benchmarks/fleet.py --repeat 3 cpu  # best of 3
     python benchmarks/fleet.py big             # 10 million requests over 256 instances (about an hour)
     python benchmarks/fleet.py closed          # a closed loop on 1, 2, 16 and 64 instances
+    python benchmarks/fleet.py disaggregated   # prefill and decode pools of 1, 4, 16 and 32 instances each
     python benchmarks/fleet.py --requests 50000 cpu   # a quicker look
 
-Every measurement runs ``benchmarks/fleet.toml`` (vLLM preset, Llama-3-8B on an A100-80GB,
+Every open-loop measurement runs ``benchmarks/fleet.toml`` (vLLM preset, Llama-3.1-8B on an A100-80GB,
 ``least_outstanding``, 4 requests/s per instance, one process: ``--jobs 1``) in a fresh Python
 process and reports its CPU time (``time.process_time``: on a machine shared with other jobs it
 is steadier than wall time), the simulation's share of it, events per request and peak RSS.

@@ -609,10 +609,15 @@ class Router(Protocol):
     KV use grows, e.g. :func:`~schedlab.engine.pool.outstanding_key`) in O(log N), from an index
     the engine keeps up to date. ``route`` should cost O(1) or O(log N). Optional:
     ``check_cluster(n)``, called when the run is assembled, to reject settings that do not fit a
-    cluster of ``n``. Optional: ``partition(request, order, n) -> int`` for a router whose choice
-    depends only on the request and its arrival order (``order``: 0, 1, ...), never on load: the
-    position it picks among ``n``, so that a run can be split into independent per-instance
-    simulations (see :mod:`schedlab.study.partition`)."""
+    cluster of ``n`` (a :class:`~schedlab.errors.ConfigError`; the caller puts the file and the
+    table in front of its message). Optional: ``names_instances = True`` for a router whose
+    settings name instances by number (``class``): under an autoscaler ``instances`` is the
+    serving instances, a list that changes and is renumbered as they come and go, so such a
+    router is refused there when the file is read (``vllm_dp`` keys its load snapshot by
+    ``index``, and reads it again when the list changes). Optional: ``partition(request, order,
+    n) -> int`` for a router whose choice depends only on the request and its arrival order
+    (``order``: 0, 1, ...), never on load: the position it picks among ``n``, so that a run can
+    be split into independent per-instance simulations (see :mod:`schedlab.study.partition`)."""
 
     def route(self, request: "Request", instances: list[Any]) -> int: ...
 

@@ -130,21 +130,43 @@ def test_a_decode_run_ends_where_another_ranks_step_overtakes():
 
 
 class View:
-    def __init__(self, waiting, running):
-        self.waiting, self.running = waiting, running
+    def __init__(self, waiting, running, index):
+        self.waiting, self.running, self.index = waiting, running, index
+
+
+def ranks(*counts) -> list:
+    """Views of ranks 0, 1, ... with these (waiting, running) counts."""
+    return [View(waiting, running, i) for i, (waiting, running) in enumerate(counts)]
 
 
 def test_the_dp_load_balancer_scores_waiting_four_times_running_and_counts_what_it_sent():
     router = DataParallelRouter()  # a 100 ms snapshot
-    views = [View(1, 0), View(0, 3)]  # scores 4 and 3
+    views = ranks((1, 0), (0, 3))  # scores 4 and 3
     assert router.route(Request(0, 0.0, 1, 1), views) == 1
     # before the next snapshot the front end counts the request it sent as waiting: 4 vs 7
-    assert router.route(Request(1, 50.0, 1, 1), [View(9, 9), View(9, 9)]) == 0
+    assert router.route(Request(1, 50.0, 1, 1), ranks((9, 9), (9, 9))) == 0
     assert router.route(Request(2, 60.0, 1, 1), views) == 1   # 8 vs 7: the snapshot is still the same
     # 100 ms after the snapshot a new one is read: 0 vs 1 -> rank 0 (ties would go to the lowest)
-    assert router.route(Request(3, 100.0, 1, 1), [View(0, 0), View(0, 1)]) == 0
-    assert router.route(Request(4, 100.0, 1, 1), [View(0, 0), View(0, 1)]) == 1   # 4 vs 1
-    assert router.route(Request(5, 100.0, 1, 1), [View(0, 0), View(0, 1)]) == 0   # 4 vs 5
+    assert router.route(Request(3, 100.0, 1, 1), ranks((0, 0), (0, 1))) == 0
+    assert router.route(Request(4, 100.0, 1, 1), ranks((0, 0), (0, 1))) == 1   # 4 vs 1
+    assert router.route(Request(5, 100.0, 1, 1), ranks((0, 0), (0, 1))) == 0   # 4 vs 5
+
+
+def test_the_dp_load_balancers_snapshot_follows_the_pool_an_autoscaler_changes():
+    """The snapshot is of the instances it was read from: a pool that loses an instance, gains
+    one or is renumbered within the 100 ms is read again at once (before: the old per-position
+    counts, and an answer naming a position the pool no longer has)."""
+    router = DataParallelRouter()
+    assert router.route(Request(0, 0.0, 1, 1), [View(0, 9, 0), View(0, 9, 1), View(0, 0, 2)]) == 2  # 9, 9, 0
+    # 10 ms later instance 2 has drained out: positions 0 and 1 only, read afresh (3 vs 2; the
+    # old snapshot, 9, 9, 4, answered 2)
+    assert router.route(Request(1, 10.0, 1, 1), [View(0, 3, 0), View(0, 2, 1)]) == 1
+    # the same size, but instance 3 took position 1: read again, its own counts (2 vs 0)
+    assert router.route(Request(2, 20.0, 1, 1), [View(0, 2, 0), View(0, 0, 3)]) == 1
+    # the same pool within the 100 ms: the snapshot stands, with what was sent (2 vs 4)
+    assert router.route(Request(3, 30.0, 1, 1), [View(9, 9, 0), View(9, 9, 3)]) == 0
+    # a new instance joins: seen at once (its 0 against 6 and 4)
+    assert router.route(Request(4, 40.0, 1, 1), [View(1, 2, 0), View(1, 0, 3), View(0, 0, 4)]) == 2
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -139,6 +139,25 @@ def test_a_draining_prefill_instance_stays_on_until_its_kv_is_pulled(engine):
     check_run(r, requests)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_turned_away_is_a_miss_in_the_prefill_pools_window(engine):
+    # Prefill instances 0 and 1 (only 0 serving), one decode instance (2); ticks every 10 ms.
+    # R0 (16 tokens, at 0) is prefilled in 8 ms and handed off: met on TTFT (8 <= 40). R1 (at 1)
+    # has a 1,600-token prompt, more than the 16 x 16-token cache: turned away on arrival, a miss
+    # as in the run's slo.attainment (before: left out, and the window read 1 of 1 met). R2 (at
+    # 25) keeps the ticks going, at 10 and 20; both see 2 arrivals, 2 finishes, 1 met.
+    requests = [Request(0, 0.0, 16, 2), Request(1, 1.0, 1600, 2), Request(2, 25.0, 16, 2)]
+    policy = Script(1, 1, 0.0)
+    limits = ScalingLimits(1, 2, 1, interval_ms=10.0, cold_start_ms=0.0, window_ms=1000.0)
+    r = run_disaggregated(requests, pool(16), pool(16), prefill_instances=2, decode_instances=1,
+                          prefill_router=RoundRobinRouter(), bandwidth_gbps=LINK_GBPS, latency_ms=LATENCY_MS,
+                          engine=engine, autoscalers={"prefill": policy}, limits={"prefill": limits},
+                          slo={"ttft_ms": 40.0, "tpot_ms": 40.0})
+    assert r.metrics["rejected"] == 1
+    assert [(s.now_ms, s.arrivals, s.finished, s.slo_met) for s in policy.seen] == [(10.0, 2, 2, 1), (20.0, 2, 2, 1)]
+    assert policy.seen[0].slo_attainment == 0.5
+
+
 def test_summed_history_adds_each_pools_latest_entry():
     a = [[0.0, 2, 0, 0, 2], [10.0, 2, 1, 0, 3]]
     b = [[0.0, 1, 0, 0, 1], [5.0, 1, 0, 0, 1], [10.0, 0, 0, 1, 0]]
@@ -366,6 +385,12 @@ BAD = [
     # the prefill pool's, checked likewise
     ("[cluster.prefill]\n    instances = 2", "[cluster.prefill]\n    instances = 2\n    autoscaler = "
      "{kind = \"queue_length\", min_instances = 3}", r"\[cluster.prefill.autoscaler\]: .*min_instances"),
+    # a router that names instances by number, the pool's own or the cluster's
+    ("[cluster.decode]\n    instances = 4", "[cluster.decode]\n    instances = 4\n    router = {kind = \"class\", "
+     "classes = {default = [0, 1]}}",
+     r"\[cluster.decode.autoscaler\]: not with \[cluster.decode.router\] kind = 'class'"),
+    ('router = {kind = "least_outstanding"}', 'router = {kind = "class", classes = {default = [0, 1]}}',
+     r"\[cluster.decode.autoscaler\]: not with \[cluster.router\] kind = 'class': its settings name instances"),
 ]
 
 

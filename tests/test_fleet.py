@@ -4,6 +4,7 @@ streamed results, partitioned runs and autoscaling -- each against an independen
 from __future__ import annotations
 
 import math
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -522,6 +523,49 @@ def test_combinations_not_modelled_are_refused_by_name(tmp_path, overrides, extr
                   text=FLEET + extra)
 
 
+CLASSES_SCALED = ('cluster.router={kind = "class", classes = {default = [0, 1]}}',
+                  f"cluster.autoscaler={HPA}")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # a load-aware router split into parts (before: refused only when the run started, its message
+    # prefixed twice: "fleet.toml: run 'fleet': fleet.toml: run 'fleet' [cluster] partitions: ...")
+    (["cluster.partitions=2"], "fleet.toml: [cluster] partitions: router LeastOutstandingRouter chooses by load"),
+    # the class router names instances by number; an autoscaler renumbers the serving ones (before:
+    # accepted, then the run failed at the first request after a scale-down: "the cluster has 1 instances")
+    (CLASSES_SCALED, "fleet.toml: [cluster.autoscaler]: not with [cluster.router] kind = 'class': its settings "
+                     "name instances by number, and an autoscaler changes which instances serve"),
+    # (a bad index: the table named once, not "[cluster.router]: [cluster.router] kind = 'class': ...")
+    (['cluster.router={kind = "class", classes = {default = [5]}}'],
+     "fleet.toml: [cluster.router]: classes.default lists instance 5, but the cluster has 4 instances "
+     "(indices 0 to 3)"),
+])
+def test_validate_refuses_what_run_refuses_naming_the_file_once(tmp_path, capsys, overrides, message):
+    from schedlab.cli import main
+
+    path = _write(tmp_path, FLEET)
+    sets = [word for setting in ["workload.num_requests=50", *overrides] for word in ("--set", setting)]
+    for command in (["validate", str(path)], ["run", str(path), "--out", str(tmp_path / "out"), "--jobs", "1"]):
+        assert main([*command, *sets]) == 2, command
+        err = capsys.readouterr().err
+        assert message in err and err.count("fleet.toml") == 1, (command, err)
+
+
+def test_an_slo_guard_without_slo_targets_is_warned_about(tmp_path):
+    """min_attainment judges the window's attainment, NaN without [slo]: the guard would never act."""
+    from schedlab.errors import InputWarning
+
+    no_slo = FLEET.split("[slo]")[0]
+    guard = '{kind = "queue_length", min_attainment = 0.99}'
+    with pytest.warns(InputWarning, match=r"fleet.toml: \[cluster.autoscaler\]: min_attainment = 0.99 needs \[slo\] "
+                                          r"targets, which the run has not"):
+        load(_write(tmp_path, no_slo), [f"cluster.autoscaler={guard}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(_write(tmp_path, FLEET), [f"cluster.autoscaler={guard}"])             # with [slo]: nothing said
+        load(_write(tmp_path, no_slo), ['cluster.autoscaler={kind = "queue_length"}'])  # no guard: nothing said
+
+
 def test_the_autoscalers_slo_check_is_the_clients_view():
     """The autoscaler's window judges a request as the run's SLO metrics do: TTFT from when the
     client sent it to its first byte, TPOT between its first and last byte; a request its client
@@ -594,6 +638,27 @@ def test_both_engines_scale_alike(tmp_path, policy):
     assert fast.metrics["fleet"]["scale_ups"] > 5 and fast.metrics["fleet"]["scale_downs"] > 5  # bursts come and go
 
 
+def test_the_vllm_dp_router_follows_an_autoscaled_pool_in_both_engines(tmp_path):
+    """vLLM's DP load balancer keeps a load snapshot for stats_interval_ms; an autoscaler that
+    drains an instance within it used to leave the snapshot longer than the pool, and the router
+    answered a position that was gone (the run failed, blaming the router). The snapshot is read
+    again when the pool changes: the run ends, every request served by an instance serving at
+    its arrival, and both engines agree."""
+    runs = [fleet_run(tmp_path, "workload.num_requests=400", "workload.rate=20", "workload.arrival=gamma",
+                      "workload.cv=3", "experiment.seed=2",
+                      'cluster.router={kind = "vllm_dp", stats_interval_ms = 3000}',
+                      'cluster.autoscaler={kind = "queue_length", target_per_instance = 2, interval_s = 0.5, '
+                      'cold_start_s = 0.5, stabilization_s = 0}', f"experiment.engine={engine}") for engine in ENGINES]
+    fast, ref = runs
+    assert fast.metrics["finished"] == 400 and fast.metrics["fleet"]["scale_downs"] > 5
+    assert fast.meta["scaling"]["history"] == ref.meta["scaling"]["history"]
+    for name in ("instance", "first_token_ms", "finish_ms"):
+        np.testing.assert_allclose(fast.requests[name], ref.requests[name], rtol=1e-12)
+    intervals = fast.meta["scaling"]["intervals"]
+    for inst, arrival in zip(fast.requests["instance"].tolist(), fast.requests["arrival_ms"].tolist()):
+        assert any(i == inst and on <= arrival <= off for i, on, off in intervals)
+
+
 def test_an_autoscaled_fleet_meters_only_the_instances_it_pays_for(tmp_path):
     """Energy of an autoscaled fleet: each instance draws nothing outside its paid intervals
     (the meters' off stretches are their complement), the power redrawn from the timeline
@@ -620,6 +685,47 @@ def test_an_autoscaled_fleet_meters_only_the_instances_it_pays_for(tmp_path):
     assert fast.metrics["energy"]["kwh"] < always_on.metrics["energy"]["kwh"]
 
 
+def turned_away_text() -> str:
+    """Twenty requests, one every 100 ms from 0; the odd ones' prompts (1,000 tokens) do not fit
+    the 20 x 16-token KV cache and are turned away on arrival, the even ones (10 tokens, 5 out)
+    finish within 40 ms, far inside the SLO. The queue signal never asks for an instance (target
+    1,000); only the SLO guard can."""
+    rows = ", ".join(f"{{arrival_ms = {100 * i}, prompt_tokens = {1000 if i % 2 else 10}, output_tokens = 5}}"
+                     for i in range(20))
+    return f"""
+[experiment]
+name = "turned-away"
+reports = []
+[workload]
+kind = "inline"
+requests = [{rows}]
+[kv_cache]
+num_blocks = 20
+block_size = 16
+[cost_model]
+kind = "linear"
+[cluster]
+instances = 2
+autoscaler = {{kind = "queue_length", target_per_instance = 1000, min_attainment = 0.9, interval_s = 1,
+              window_s = 10, cold_start_s = 0, stabilization_s = 0}}
+[slo]
+ttft_ms = 1000
+tpot_ms = 100
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_autoscalers_slo_window_counts_a_rejected_request_as_missed(tmp_path, engine):
+    """As the run's slo.attainment (every request: rejected ones meet nothing). The tick at 1 s
+    sees the arrivals at 0-900 ms: 5 finished within the SLO and 5 turned away, attainment 0.5
+    below 0.9, so it asks for serving + 1 = 2 (before: the rejected ones were left out, the window
+    read 5 of 5 met and the fleet stayed at 1). The ticks end with the last arrival, at 1.9 s."""
+    run = fleet_run(tmp_path, f"experiment.engine={engine}", text=turned_away_text())
+    assert run.metrics["rejected"] == 10 and run.metrics["slo"]["attainment"] == 0.5
+    assert run.meta["scaling"]["history"] == [[0.0, 1, 0, 0, 1], [1000.0, 2, 0, 0, 2]]
+    assert run.metrics["fleet"]["scale_ups"] == 1
+
+
 def test_queue_length_by_hand():
     """ceil(outstanding / target), one more while attainment is low, down only after the window."""
     from schedlab.engine.scaling import Signals
@@ -635,6 +741,48 @@ def test_queue_length_by_hand():
     assert policy.decide(signals(5, 1)) == 3           # down held: 3 was recommended 5 s ago
     assert policy.decide(signals(11, 1)) == 1          # the window has passed
     assert policy.decide(signals(12, 1, met=5)) == 3   # attainment 0.5: serving + 1
+
+
+def hpa_signals(serving, warming, outstanding, t_s=0.0):
+    from schedlab.engine.scaling import Signals
+
+    return Signals(t_s * 1e3, serving, warming, 0, 1, 64, 0, 0, outstanding, 0.0, 60e3, 0, 0, 0, math.nan)
+
+
+def test_target_utilization_counts_warming_instances_as_hpa_counts_unready_pods_by_hand():
+    """HPA's calcPlainMetricReplicas, outstanding requests per serving instance against 4 (10%
+    tolerance), no stabilisation."""
+    from schedlab_plugins.autoscalers import TargetUtilization, TargetUtilizationConfig
+
+    policy = TargetUtilization(TargetUtilizationConfig(metric="outstanding", target=4, stabilization_s=0))
+    # the review's tick: 1 serving at 20 (ratio 5) and 6 warming asked for ceil(1 x 5) = 5,
+    # cancelling 2 warming instances; counted as using nothing the 6 make the ratio
+    # 20 / 7 / 4 = 0.71, a reversal, so HPA keeps the 7
+    assert policy.decide(hpa_signals(1, 6, 20)) == 7
+    # ratio 1.3 over 10 serving, 2 warming: 13 / 12 = 1.08 over all, within the tolerance: 12
+    # (before: ceil(10 x 1.3) = 13)
+    assert policy.decide(hpa_signals(10, 2, 52)) == 12
+    # ratio 5 over 2 serving, 1 warming: 10 / 3 = 3.3 over all, still up: ceil(2 x 5) = 10
+    assert policy.decide(hpa_signals(2, 1, 40)) == 10
+    # ratio 0.5 (down): the warming ones are left out, as HPA leaves unready pods out: ceil(4 x 0.5)
+    assert policy.decide(hpa_signals(4, 2, 8)) == 2
+    # no warming instance: ceil(serving x ratio), nothing within the tolerance
+    assert policy.decide(hpa_signals(4, 0, 24)) == 6
+    assert policy.decide(hpa_signals(4, 0, 17)) == 4
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(serving=st.integers(1, 16), warming=st.integers(0, 16), outstanding=st.integers(0, 400),
+       target=st.sampled_from([0.5, 1.0, 3.0, 4.0, 12.0]), tolerance=st.sampled_from([0.0, 0.1, 0.5]))
+def test_target_utilization_never_scales_down_while_the_serving_instances_are_above_target(
+        serving, warming, outstanding, target, tolerance):
+    from schedlab_plugins.autoscalers import TargetUtilization, TargetUtilizationConfig
+
+    policy = TargetUtilization(TargetUtilizationConfig(metric="outstanding", target=target, tolerance=tolerance,
+                                                       stabilization_s=0))
+    desired = policy.decide(hpa_signals(serving, warming, outstanding))
+    if outstanding / serving > target:  # (a cancelled warming instance loses its paid cold start)
+        assert desired >= serving + warming
 
 
 def test_a_fleet_run_has_gpu_hours_and_hours(tmp_path):
@@ -854,6 +1002,53 @@ def test_a_run_of_replicas_is_not_told_to_set_the_timeline_it_has(tmp_path):
     assert fleet_table([run], 2.0).splitlines()[-1] == (
         "no kWh per hour in plots/fleet.png for fleet: a run of replicas keeps one replica's timeline, and its kWh is "
         "their mean")
+
+
+def test_the_fleet_report_of_replicas_whose_last_hours_differ_counts_a_missing_hour_as_empty(tmp_path):
+    """Three hours of experiments/fleet_day.toml, two replicas: only the second has a draining
+    hour (a request finishing after 3:00). The merged hour 3 has the mean of 0 and its requests
+    and GPU-hours (before: null, and the fleet report failed on it)."""
+    from pathlib import Path
+
+    from schedlab_plugins.reports.fleet import FleetReport
+
+    day = Path(__file__).resolve().parents[1] / "experiments" / "fleet_day.toml"
+    results = run_experiment(load(day, ["workload.hours=3", "workload.mean_rate=0.5", "cluster.instances=3",
+                                        "experiment.replicas=2"]))
+    for run in results.all_runs():
+        first, second = (r.metrics["hourly"] for r in run.replicas)
+        assert sorted(first) == ["0", "1", "2"] and sorted(second) == ["0", "1", "2", "3"]
+        hour = run.metrics["hourly"]["3"]
+        assert hour["requests"] == second["3"]["requests"] / 2
+        assert hour["gpu_hours"] == pytest.approx(second["3"]["gpu_hours"] / 2, rel=1e-12)
+        assert run.metrics["hourly"]["2"]["gpu_hours"] == pytest.approx(
+            (first["2"]["gpu_hours"] + second["2"]["gpu_hours"]) / 2, rel=1e-12)
+    written = FleetReport().write(results, tmp_path / "out")
+    assert [p.name for p in written] == ["fleet.txt", "fleet.png"]
+
+
+def test_the_fleet_benchmarks_header_shows_every_part_and_the_model_it_runs(monkeypatch, capsys):
+    """benchmarks/fleet.py's usage lists each part its command line takes (disaggregated was
+    missing) and names the model benchmarks/fleet.toml runs (it said Llama-3-8B)."""
+    import importlib.util
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fleet_benchmark", root / "benchmarks" / "fleet.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr("sys.argv", ["fleet.py", "nonsense"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    parts = re.search(r"choose from (.*)$", capsys.readouterr().err.strip()).group(1).split(", ")
+    assert parts == ["cpu", "memory", "big", "closed", "disaggregated"]
+    usage = [line.split("#")[0].split() for line in bench.__doc__.splitlines() if "python benchmarks/fleet.py" in line]
+    assert all(any(part in words for words in usage) for part in parts), usage
+    model = tomllib.loads((root / "benchmarks" / "fleet.toml").read_text())["cost_model"]["model"]
+    assert model == "llama-3.1-8b" and "Llama-3.1-8B on an A100-80GB" in bench.__doc__
+    assert "Llama-3-8B" not in bench.__doc__
 
 
 def _write(tmp_path, text):

@@ -338,6 +338,25 @@ def test_a_plan_over_an_autoscaled_cluster_names_its_min_instances(tmp_path):
     assert load(tmp_path / "two.toml").studies[0].plan.min_instances == 2
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("min_instances = 3", r"\[cluster.autoscaler\]: min_instances \(3\) is above \[plan\] min_instances \(2\), the "
+                          r"most instances the plan's smallest deployments may serve; set \[plan\] min_instances >= 3, "
+                          r"or a lower min_instances$"),
+    ("initial = 4", r"\[cluster.autoscaler\]: initial \(4\) is above \[plan\] min_instances \(2\)"),
+    ("max_instances = 3", r"\[cluster.autoscaler\]: max_instances \(3\): the plan sets the most instances that may "
+                          r"serve, each deployment's count from \[plan\] min_instances \(2\) to max_instances"),
+])
+def test_a_plans_autoscaler_limits_above_its_fewest_instances_name_plan_min_instances(tmp_path, setting, message):
+    """The plan's smallest deployments have [plan] min_instances instances: an autoscaler asking
+    for more is refused naming that key, the source of the count (before: "min_instances (3) is
+    above the 2 instances", with no word of where the 2 came from)."""
+    router = 'router = {kind = "least_outstanding"}'
+    scaled = PLAN.replace(router, router + f'\nautoscaler = {{kind = "queue_length", {setting}, interval_s = 5}}')
+    (tmp_path / "p.toml").write_text(scaled.replace("[plan]\n", "[plan]\nmin_instances = 2\n"))
+    with pytest.raises(ConfigError, match=message):
+        load(tmp_path / "p.toml")
+
+
 def test_a_sweep_over_instances_of_an_autoscaled_cluster_names_its_point(tmp_path):
     """A sweep's point set the instances, not [cluster] instances: the message says so."""
     router = 'router = {kind = "least_outstanding"}'

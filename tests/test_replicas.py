@@ -130,6 +130,43 @@ def test_metrics_are_means_with_t_intervals(results):
     assert "per_instance.0.requests" in run.intervals or "requests" in run.intervals
 
 
+def test_a_key_some_replicas_lack_is_an_entry_that_did_not_occur_there():
+    """Counts and totals of an absent entry (an hour, a rejection reason, a class) are 0 in that
+    replica, its statistics have no value there; a table a replica did not compute is left out.
+    Before: the hour a first replica lacked was null, and counters were averaged over the
+    replicas that had them (queue_full: 3.0, not 1.5)."""
+    from schedlab.study.replicas import _combine_metrics
+
+    nan = math.nan
+    one = {"requests": 10, "rejection_reasons": {},
+           "hourly": {"0": {"requests": 4, "slo_attainment": 0.5, "gpu_hours": 1.0}},
+           "per_class": {"chat": {"requests": 4, "throughput_tps": 2.0, "ttft_ms": {"p99": 30.0},
+                                  "slo": {"attainment": 0.5, "met": 2}}}}
+    two = {"requests": 10, "rejection_reasons": {"queue_full": 3},
+           "hourly": {"0": {"requests": 2, "slo_attainment": 1.0, "gpu_hours": 1.0},
+                      "1": {"requests": 2, "slo_attainment": 1.0, "gpu_hours": 0.5}},
+           "per_class": {"chat": {"requests": 2, "throughput_tps": 1.0, "ttft_ms": {"p99": 10.0},
+                                  "slo": {"attainment": 1.0, "met": 2}},
+                         "batch": {"requests": 6, "throughput_tps": 3.0, "ttft_ms": {"p99": 90.0},
+                                   "slo": {"attainment": nan, "met": 0}}},
+           "fleet": {"scale_ups": 4}}
+    intervals: dict = {}
+    combined = _combine_metrics([one, two], "", intervals)
+    assert combined["requests"] == 10
+    assert combined["rejection_reasons"] == {"queue_full": 1.5}
+    assert combined["hourly"]["0"] == {"requests": 3.0, "slo_attainment": 0.75, "gpu_hours": 1.0}
+    assert combined["hourly"]["1"] == {"requests": 1.0, "slo_attainment": 1.0, "gpu_hours": 0.25}
+    batch = combined["per_class"]["batch"]
+    assert (batch["requests"], batch["throughput_tps"], batch["ttft_ms"]["p99"]) == (3.0, 1.5, 90.0)
+    assert math.isnan(batch["slo"]["attainment"]) and batch["slo"]["met"] == 0.0
+    assert combined["fleet"] == {"scale_ups": 4}   # a table only one replica computed: its value
+    half = 12.706205 * math.sqrt(2 * 0.25 ** 2) / math.sqrt(2)   # t(0.975, 1) s / sqrt(2), values 0 and 0.5
+    assert intervals["hourly.1.gpu_hours"] == pytest.approx([0.25 - half, 0.25 + half])
+    # the first replica lacking an hour the others have (the draining hour) no longer makes it null
+    assert _combine_metrics([{"hourly": {}}, {"hourly": {"3": {"requests": 1, "gpu_hours": 0.1}}}], "", {}) == \
+        {"hourly": {"3": {"requests": 0.5, "gpu_hours": 0.05}}}
+
+
 def test_paired_differences_use_common_random_numbers(results):
     base, same, more = (results.study(n).runs[0] for n in ("base", "same_again", "more_slots"))
     same_d = paired_difference(base, same, "ttft_ms.p99")

@@ -141,6 +141,35 @@ def test_class_router_names_the_bad_index_and_the_cluster_size_on_first_use():
         router.route(req(0), fake_instances([0, 0]))
 
 
+def test_class_router_given_another_list_than_it_was_checked_against_says_it_needs_a_fixed_cluster():
+    """Its lists name instances by number: checked against 3, then given 1 (an autoscaled pool,
+    refused when a file is read) it said "the cluster has 1 instances", blaming the lists."""
+    router = ClassRouter(ClassRoutingConfig(classes={"interactive": [0], "batch": [1, 2]}))
+    router.check_cluster(3)
+    assert router.route(req(0, request_class="batch"), fake_instances([0, 1, 0])) == 2
+    with pytest.raises(ConfigError, match=r"^\[cluster.router\] kind = 'class': set up for a cluster of 3 instances, "
+                                          r"but given 1 to choose from: its lists name instances by number, which "
+                                          r"needs a fixed cluster \(not an autoscaled one\)$"):
+        router.route(req(1, request_class="batch"), fake_instances([0]))
+    with pytest.raises(ConfigError,
+                       match=r"^default lists instance 1, but the cluster has 1 instance \(indices 0 to 0\)$"):
+        ClassRouter(ClassRoutingConfig(default=(0, 1))).check_cluster(1)
+    assert ClassRouter.names_instances and not getattr(LeastOutstandingRouter(), "names_instances", False)
+
+
+def test_the_hash_router_is_modulo_hashing_so_a_scale_event_moves_most_groups_as_documented():
+    """Its docstring and the README say so (they used to call it Envoy's ring hash): from N to
+    N + 1 instances a group stays only when its hash is the same modulo both -- about 1/(N + 1)."""
+    router = HashRouter()
+    groups = [req(i, prefix_group=i) for i in range(1000)]
+    for n in (4, 8):
+        before = [router.route(r, fake_instances([0] * n)) for r in groups]
+        after = [router.route(r, fake_instances([0] * (n + 1))) for r in groups]
+        assert before == [zlib.crc32(repr(("group", i)).encode()) % n for i in range(1000)]
+        moved = sum(a != b for a, b in zip(before, after)) / 1000
+        assert moved == pytest.approx(n / (n + 1), abs=0.05)   # a ring: about 1 / (n + 1)
+
+
 # -- several instances through TOML ------------------------------------------------------------------------
 
 # Three requests at t=0, then four at t=20 ms. Linear costs (0.05 ms per prompt token, 8 ms per

@@ -2,9 +2,10 @@
 
 * ``target_utilization`` -- Kubernetes' Horizontal Pod Autoscaler rule: ``desired =
   ceil(serving * current / target)`` of a per-instance signal (KV-cache usage, as vLLM's
-  ``kv_cache_usage_perc``, or outstanding requests), left alone within a 10% tolerance, and
-  scaled down only to the highest recommendation of the last five minutes (HPA's
-  ``--horizontal-pod-autoscaler-downscale-stabilization``, default 300 s).
+  ``kv_cache_usage_perc``, or outstanding requests), left alone within a 10% tolerance, warming
+  instances counted as HPA counts unready pods (never a scale-down while the serving ones are
+  above target), and scaled down only to the highest recommendation of the last five minutes
+  (HPA's ``--horizontal-pod-autoscaler-downscale-stabilization``, default 300 s).
 * ``queue_length`` -- KEDA's queue scalers: ``desired = ceil(queue / target_per_instance)`` of the
   requests waiting (or outstanding) over the serving instances, one more instance while the
   window's SLO attainment is below ``min_attainment``, and the same down-scale stabilisation.
@@ -76,8 +77,23 @@ class TargetUtilizationConfig(ScalingConfig):
 
 
 class TargetUtilization:
-    """Kubernetes HPA (``pkg/controller/podautoscaler/replica_calculator.go``): ``ceil(serving *
-    current / target)``, nothing within the tolerance, down-scale stabilised."""
+    """Kubernetes HPA, ``ReplicaCalculator.calcPlainMetricReplicas``
+    (``pkg/controller/podautoscaler/replica_calculator.go``; the "Algorithm details" of
+    kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/): the usage ratio
+    ``current / target`` over the ready pods -- the serving instances; their mean KV usage, or
+    outstanding requests per instance -- and ``currentReplicas``, the pods ready or not -- serving
+    plus warming (a draining instance is a terminating pod, no longer counted):
+
+    * no unready pods, or a ratio of at most 1 (the unready ones are then left out): the current
+      count within the tolerance, else ``ceil(ratio * ready)``;
+    * unready pods and a ratio above 1 (a scale-up): they count as using nothing, and the ratio is
+      taken again over every pod, ``ratio * ready / (ready + unready)``; when that is within the
+      tolerance or would reverse the direction (at most 1), HPA keeps ``currentReplicas`` -- it
+      never scales down while the ready pods are above target, which would cancel instances
+      still warming, their paid cold start lost -- else ``ceil(new ratio * all)``, never below
+      ``currentReplicas``.
+
+    Down-scales are then stabilised (the highest recommendation of ``stabilization_s``)."""
 
     def __init__(self, config: TargetUtilizationConfig | None = None):
         self.config = config or TargetUtilizationConfig()
@@ -85,10 +101,20 @@ class TargetUtilization:
 
     def decide(self, s) -> int:
         cfg = self.config
-        serving = max(s.serving, 1)
-        current = s.kv_usage if cfg.metric == "kv_usage" else s.outstanding / serving
+        current_replicas = s.serving + s.warming
+        if s.serving == 0:  # no ready pod has metrics: HPA makes no change
+            return self.stable(s.now_ms, current_replicas)
+        current = s.kv_usage if cfg.metric == "kv_usage" else s.outstanding / s.serving
         ratio = current / cfg.target
-        desired = s.serving + s.warming if abs(ratio - 1.0) <= cfg.tolerance else math.ceil(serving * ratio)
+        if s.warming and ratio > 1.0:  # a scale-up with unready pods, counted as using nothing
+            if ratio * s.serving / current_replicas <= 1.0 + cfg.tolerance:  # within it, or reversed
+                desired = current_replicas
+            else:  # (the new ratio x every pod is ratio x the ready ones, computed so)
+                desired = max(math.ceil(ratio * s.serving), current_replicas)
+        elif abs(ratio - 1.0) <= cfg.tolerance:
+            desired = current_replicas
+        else:
+            desired = math.ceil(ratio * s.serving)
         return self.stable(s.now_ms, desired)
 
 

@@ -30,7 +30,7 @@ def schedlab_register_routers(register):
     register("prefix_affinity", PrefixAffinityRouter, config=PrefixAffinityConfig,
              help="same prefix group (or first block hash) -> same instance; others least outstanding")
     register("hash", HashRouter, config=HashConfig,
-             help="hash of the prefix (or id) -> instance, whatever the load (splits into partitions)")
+             help="hash of the prefix (or id) modulo the instances, whatever the load (splits into partitions)")
     register("class", ClassRouter, config=ClassRoutingConfig,
              help="request_class -> its own instances (e.g. interactive vs batch), least outstanding within")
     register("vllm_dp", DataParallelRouter, config=DataParallelRouterConfig,

@@ -13,7 +13,10 @@ pools behind one gateway (e.g. routing on a header or model name to separate dep
 
 Within its list a request goes to the least outstanding instance (ties: lowest index);
 classes not listed go to ``default`` (all instances when empty). Indices are checked
-against the cluster size when the router is first used, since only then is the size known.
+against the cluster size when the run is assembled (``check_cluster``), or else when the
+router is first used. The lists name instances by number, so the router needs a fixed cluster:
+with an autoscaler, whose serving instances change (a draining one leaves the router's list,
+which is renumbered), the run is refused when its file is read (``names_instances``).
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ class ClassRoutingConfig:
 class ClassRouter:
     """Route by ``request.request_class`` to that class's instances, least outstanding first."""
 
+    #: its settings name instances by number: not with an autoscaler (see the module docstring)
+    names_instances = True
+
     def __init__(self, config: ClassRoutingConfig | None = None):
         self.config = config or ClassRoutingConfig()
         self._targets = {k: tuple(sorted(v)) for k, v in self.config.classes.items()}
@@ -66,16 +72,16 @@ class ClassRouter:
         self._checked_size: int | None = None
 
     def check_cluster(self, size: int) -> None:
-        """Fail early when a listed instance index is not in a cluster of ``size``."""
+        """Fail early when a listed instance index is not in a cluster of ``size`` (the message
+        says neither the file nor the table: whoever calls this names them)."""
         lists = [(f"classes.{k}", v) for k, v in self._targets.items()]
         if self._default is not None:
             lists.append(("default", self._default))
         for label, indices in lists:
             bad = [i for i in indices if i >= size]
             if bad:
-                raise ConfigError(
-                    f"{WHERE}: {label} lists instance {bad[0]}, but the cluster has {size} instances "
-                    f"(indices 0 to {size - 1})")
+                raise ConfigError(f"{label} lists instance {bad[0]}, but the cluster has {_instances(size)} "
+                                  f"(indices 0 to {size - 1})")
         self._checked_size = size
 
     def partitionable(self) -> bool:
@@ -92,6 +98,17 @@ class ClassRouter:
 
     def route(self, request, instances: Sequence) -> int:
         if self._checked_size != len(instances):
-            self.check_cluster(len(instances))
+            if self._checked_size is not None:  # the list changed under it: an autoscaled pool
+                raise ConfigError(f"{WHERE}: set up for a cluster of {_instances(self._checked_size)}, but given "
+                                  f"{len(instances)} to choose from: its lists name instances by number, which "
+                                  "needs a fixed cluster (not an autoscaled one)")
+            try:
+                self.check_cluster(len(instances))
+            except ConfigError as exc:
+                raise ConfigError(f"{WHERE}: {exc}") from None
         candidates = self._targets.get(request.request_class, self._default)
         return least_outstanding(instances, candidates)
+
+
+def _instances(n: int) -> str:
+    return "1 instance" if n == 1 else f"{n} instances"

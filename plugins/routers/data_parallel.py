@@ -13,7 +13,12 @@ snapshot arrives.
 
 Here the snapshot is taken from the ranks as they are at the first arrival ``stats_interval_ms``
 or more after the last one (the coordinator's publication times are not simulated);
-``stats_interval_ms = 0`` reads the ranks at every arrival.
+``stats_interval_ms = 0`` reads the ranks at every arrival. The snapshot belongs to the
+instances it was read from (their ``index``), not to positions in the list: when the list
+changes -- an autoscaler adds an instance to the pool or drains one out of it, renumbering the
+positions -- a new snapshot is read at once, as vLLM's front end rebuilds its per-engine counts
+when its set of engines changes (elastic scaling), so a count never goes to the wrong instance,
+a new instance is seen from its first request and no answer names an instance that has left.
 """
 
 from __future__ import annotations
@@ -40,12 +45,15 @@ class DataParallelRouter:
     def __init__(self, config: DataParallelRouterConfig | None = None):
         self.config = config if config is not None else DataParallelRouterConfig()
         self._taken_at = -float("inf")
+        self._members: list[int] = []       # the instances (their index) the snapshot was read from, in order
         self._counts: list[list[int]] = []  # [waiting, running] per rank, as the front end knows them
 
     def route(self, request, instances: Sequence) -> int:
         now = request.arrival_ms
-        if not self._counts or now >= self._taken_at + self.config.stats_interval_ms:
+        members = [view.index for view in instances]
+        if members != self._members or now >= self._taken_at + self.config.stats_interval_ms:
             self._counts = [[view.waiting, view.running] for view in instances]
+            self._members = members
             self._taken_at = now
         best, best_score = 0, None
         for i, (waiting, running) in enumerate(self._counts):

@@ -8,7 +8,8 @@ serving instances -- and its own window:
 
 * the prefill pool's arrivals are the requests routed to it; its finishes are its hand-offs (a
   prompt done, its first token out), judged on TTFT alone, and the requests that end there (a
-  one-token answer, a client that left: the whole SLO check, as a colocated instance's);
+  one-token answer, a client that left: the whole SLO check, as a colocated instance's; a request
+  turned away on arrival misses, as in the run's SLO metrics);
 * the decode pool's arrivals are the hand-offs routed to it, when the decode router picks an
   instance; its finishes are the requests it ends, judged on TPOT alone (TTFT was the prefill
   side's; a request its client gave up on misses).

@@ -27,7 +27,9 @@ switch-offs (``caches_kept``, 0 when every cache was reset) rather than warning,
 results say so wherever the run went (a worker process, a Ray task). The instances still on when
 the run ends are not reset: their caches are left as the run left them. The router sees the
 serving instances as a list that changes when they do: a router that remembers positions (prefix
-affinity's homes) finds them renumbered.
+affinity's homes) finds them renumbered; ``vllm_dp`` keys its load snapshot by each view's
+``index`` and reads it again when the list changes, and a router whose settings name instances by
+number (``class``, ``names_instances``) is refused with an autoscaler when the file is read.
 
 Pipelined instances (:mod:`schedlab.engine.pipeline`, :mod:`schedlab.engine.reference_pipeline`)
 scale the same way (:func:`pipeline_scaling`): a draining one keeps landing its batches in flight
@@ -86,9 +88,10 @@ class Signals:
     """What a policy sees at a tick (``now_ms``): the serving instances (``serving``), those
     warming and draining, their load as a router sees it -- requests ``waiting`` for admission,
     ``running``, ``outstanding`` (both and swapped), mean KV ``kv_usage`` -- summed over the
-    serving instances, and over the last ``window_ms``: ``arrivals``, ``finished`` and
-    ``slo_met`` (finished within their TTFT and TPOT targets; ``slo_attainment`` = met /
-    finished, NaN without finishes or without an ``[slo]``)."""
+    serving instances, and over the last ``window_ms``: ``arrivals``, ``finished`` (requests
+    that left the run: completed, or rejected, aborted or timed out, which miss) and ``slo_met``
+    (finished within their TTFT and TPOT targets; ``slo_attainment`` = met / finished, as the
+    run's ``slo.attainment`` counts it, NaN without finishes or without an ``[slo]``)."""
 
     now_ms: float
     serving: int
@@ -167,8 +170,13 @@ class ScalingController:
 
     def finished(self, seq, t: float, rejected: bool, client: tuple) -> None:
         """A request left the run at ``t`` (a recorder listener; ``client``: its client's view,
-        see :func:`schedlab.frontend.client_times`). One aborted or timed out counts as missed."""
+        see :func:`schedlab.frontend.client_times`). One rejected, aborted or timed out counts as
+        missed, as the run's SLO metrics count it (:func:`schedlab.results.metrics.slo_met`: every
+        request, met or not); one rejected on arrival has no finish time (``t`` < 0) and leaves at
+        its arrival. An overloaded engine turning requests away (SGLang's ``max_queued_requests``)
+        then shows as low attainment, which is when a policy's SLO guard should add instances."""
         if rejected:
+            self.window.append((t if t >= 0 else seq.request.arrival_ms, 1))
             return
         self.window.append((t, 2 if self.slo_met is not None and self.slo_met(seq, client) else 1))
 

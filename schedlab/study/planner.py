@@ -305,14 +305,35 @@ def _warn_energy_price_without_power(study, where: str) -> None:
                   InputWarning, stacklevel=3)
 
 
+def _check_autoscaled_plan(cfg: PlanConfig, autoscaler: dict, where: str) -> None:
+    """A plan over an autoscaled cluster sets each deployment's instances -- the most the
+    autoscaler may run -- to a count from ``[plan] min_instances`` up, so the autoscaler's own
+    limits must fit the fewest; its messages name ``[plan] min_instances``, the source of the
+    count (the run's checks would name only the count)."""
+    fewest = cfg.min_instances
+    if fewest < 2:
+        raise ConfigError(f"{where} [plan]: min_instances: {fewest}: the run's [cluster] autoscaler "
+                          f"needs at least 2 instances to scale between; set [plan] min_instances >= 2")
+    for key in ("min_instances", "initial"):
+        value = autoscaler.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > fewest:
+            raise ConfigError(f"{where} [cluster.autoscaler]: {key} ({value}) is above [plan] min_instances "
+                              f"({fewest}), the most instances the plan's smallest deployments may serve; set [plan] "
+                              f"min_instances >= {value}, or a lower {key}")
+    most = autoscaler.get("max_instances")
+    if most is not None and not most == fewest == cfg.max_instances:
+        raise ConfigError(f"{where} [cluster.autoscaler]: max_instances ({most}): the plan sets the most instances "
+                          f"that may serve, each deployment's count from [plan] min_instances ({fewest}) to "
+                          f"max_instances ({cfg.max_instances}); leave max_instances out")
+
+
 def validate(study, ctx, where: str) -> None:
     """At load time: every GPU a preset and none named twice, and at least one candidate must
     assemble and start (else its error is the file's error)."""
     check_gpu_names(study.plan, ctx.presets, where)
     cluster = study.base.tables.get("cluster")
-    if isinstance(cluster, dict) and cluster.get("autoscaler") is not None and study.plan.min_instances < 2:
-        raise ConfigError(f"{where} [plan]: min_instances: {study.plan.min_instances}: the run's [cluster] autoscaler "
-                          f"needs at least 2 instances to scale between; set [plan] min_instances >= 2")
+    if isinstance(cluster, dict) and isinstance(cluster.get("autoscaler"), dict):
+        _check_autoscaled_plan(study.plan, cluster["autoscaler"], where)
     if not any(k.split(".")[0] == "slo" for k in study.plan.space):  # (a space may set the targets)
         for text in study.plan.constraints:  # a metric no run has would fail every deployment
             check_slo(parse_constraint(text).metric, [study], f"{where} [plan]: constraints")

@@ -93,21 +93,68 @@ def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _combine_metrics(samples: list, prefix: str, intervals: dict[str, list[float]]):
-    """Mean of every numeric leaf (kept as is when all replicas agree); intervals by dotted name."""
-    first = samples[0]
-    if isinstance(first, dict):
-        keys = list(first)
-        for other in samples[1:]:
-            keys += [k for k in other if k not in keys] if isinstance(other, dict) else []
-        return {k: _combine_metrics([s.get(k) if isinstance(s, dict) else None for s in samples],
-                                    f"{prefix}{k}.", intervals) for k in keys}
-    if not all(v is None or _is_number(v) for v in samples) or all(v is None for v in samples):
-        return first
+#: Tables whose keys are data, not names: an hour, a rejection reason, a request class, a
+#: client, an instance. A replica lacks a key there when nothing of that entry happened in it
+#: (no request arrived in the hour and no GPU was paid for, no request was turned away for the
+#: reason, the class or client sent none): the entry is *absent* in that replica.
+KEYED_TABLES = frozenset({"hourly", "rejection_reasons", "per_class", "per_client", "per_instance"})
+#: Tables whose every entry is a count (reason -> requests turned away for it).
+COUNT_TABLES = frozenset({"rejection_reasons"})
+#: Leaves that add up over an entry's requests or time -- counts, totals, and rates of them over
+#: the whole run -- and so are 0 in a replica where the entry is absent.
+ADDITIVE = frozenset({"requests", "finished", "rejected", "timed_out", "aborted", "generated_tokens", "prompt_tokens",
+                      "gpu_hours", "met", "goodput_rps", "throughput_tps", "service", "service_rate", "j"})
+
+
+class _Absent:
+    """An entry of a keyed table a replica lacks (see :data:`KEYED_TABLES`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
+def _combine_metrics(samples: list, prefix: str, intervals: dict[str, list[float]], *, keyed: bool = False,
+                     counts: bool = False):
+    """Mean of every numeric leaf over the replicas (kept as is when all agree); each leaf's 95%
+    interval in ``intervals``, by dotted name. The replicas' keys are merged, and a key some
+    replicas lack is read by what its absence means:
+
+    * an entry of a keyed table (:data:`KEYED_TABLES`: hours, rejection reasons, classes,
+      clients, instances) that a replica lacks did not occur in it: its counts and totals
+      (:data:`ADDITIVE` -- requests, GPU-hours, tokens, met, throughputs -- and every entry of a
+      table of counts, :data:`COUNT_TABLES`) are 0 there, so a draining hour only some replicas
+      have averages its requests and GPU-hours over every replica; its statistics (percentiles,
+      means, maxima, attainment) describe requests it had none of, so that replica has no value
+      and is left out of their mean and interval, as a NaN is;
+    * any other key a replica lacks (a table it did not compute: ``hourly`` of a run under two
+      hours) has no value there, and is left out likewise.
+
+    ``keyed``: ``samples`` are a keyed table's; ``counts``: a table of counts' (its entries, or
+    ``ABSENT``, or None)."""
+    present = [s for s in samples if s is not None and s is not ABSENT]
+    if any(isinstance(s, dict) for s in present):
+        keys = list(dict.fromkeys(k for s in present if isinstance(s, dict) for k in s))
+        missing = ABSENT if keyed else None
+        out = {}
+        for k in keys:
+            column = [s.get(k, missing) if isinstance(s, dict) else ABSENT if s is ABSENT else None for s in samples]
+            out[k] = _combine_metrics(column, f"{prefix}{k}.", intervals, keyed=k in KEYED_TABLES,
+                                      counts=counts or k in COUNT_TABLES)
+        return out
     name = prefix[:-1]
-    interval = mean_interval(samples)
+    zero = counts or name.rsplit(".", 1)[-1] in ADDITIVE
+    values = [(0 if zero else None) if v is ABSENT else v for v in samples]
+    first = next((v for v in values if v is not None), None)
+    if first is None or not all(v is None or _is_number(v) for v in values):
+        return first
+    interval = mean_interval(values)
     intervals[name] = [interval.low, interval.high]
-    if all(v == first for v in samples):
+    if all(v == first for v in values):
         return first
     return interval.mean
 

@@ -121,7 +121,7 @@ class ClusterConfig:
         elif self.parallelism != SINGLE:
             raise FieldError("data_parallel" if self.data_parallel > 1 else "pipeline_parallel",
                              "a disaggregated cluster with data or pipeline parallelism is not modelled")
-        # (other layouts are refused with partitions when the run starts: _part_of_run)
+        # (other layouts are refused with partitions when the run is assembled: _check_partitions)
         if self.mode == "colocated" and self.parallelism == SINGLE and self.instances == 1 < self.partitions:
             raise FieldError("partitions", f"{self.partitions} parts of a single instance: it has nothing to split "
                                            "(partitions splits a cluster's instances into runs of their own)")
@@ -723,6 +723,8 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
     _warn_two_gpus(spec.tables, ctx, where)
     _warn_unknown_classes(spec.tables, ctx, where)
     assembled = _assemble_plugins(spec, ctx, where, check_only)
+    if assembled.cluster.partitions > 1:
+        _check_partitions(assembled, where)
     _check_async_scheduling(assembled, where)
     _check_queue_limit(assembled, where)
     info = getattr(assembled.workload, "info", {})
@@ -987,7 +989,7 @@ def _assemble_plugins(spec: RunSpec, ctx: Context, where: str, check_only: bool)
     else:  # no router runs, but its table is checked: a plan or sweep may give the run more instances
         component_config(ctx, "router", cluster.router, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, power=power, client_side=client_side,
-                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, _instances_from(spec)))
+                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, _instances_from(spec), router, slo))
 
 
 def _instances_from(spec: RunSpec) -> str:
@@ -1085,7 +1087,7 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
         router = _build_router(ctx, table, count, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep,
                      power=power, views=views,
-                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, instances_from),
+                     autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, instances_from, router, slo),
                      deployments=deployments if lockstep else 1, rank_routers=rank_routers)
 
 
@@ -1124,15 +1126,47 @@ def _refuse_unsaid_work(cost, where: str, what: str) -> None:
                       "profiled cost models do")
 
 
-def _cluster_autoscaler(ctx: Context, cluster: ClusterConfig, workload, where: str, instances_from: str = ""):
-    """``[cluster] autoscaler``'s policy, checked against the instances built (None without one;
-    ``instances_from``: what set them, when not the table, :func:`_instances_from`)."""
+def _cluster_autoscaler(ctx: Context, cluster: ClusterConfig, workload, where: str, instances_from: str = "",
+                        router=None, slo=None):
+    """``[cluster] autoscaler``'s policy, checked against the instances built and the ``router``
+    in front of them (None without one; ``instances_from``: what set them, when not the table,
+    :func:`_instances_from`); ``slo``: the run's ``[slo]``, None without one."""
     if cluster.autoscaler is None:
         return None
     autoscaler = build_component(ctx, "autoscaler", cluster.autoscaler, f"{where} [cluster.autoscaler]")
     _check_autoscaler(autoscaler, cluster.instances, "[cluster] instances", workload, cluster.partitions,
                       f"{where} [cluster.autoscaler]", instances_from)
+    _check_router_scales(router, "[cluster.router]", cluster.router, f"{where} [cluster.autoscaler]")
+    _warn_attainment_without_slo(autoscaler, slo, f"{where} [cluster.autoscaler]")
     return autoscaler
+
+
+def _check_router_scales(router, key: str, table: dict | None, where: str) -> None:
+    """Refuse an autoscaler (``where``: its table) behind a router whose settings name instances
+    by number (its optional ``names_instances``: the ``class`` router's lists; ``key`` and
+    ``table``: the router's table): the router chooses among the serving instances, a list that
+    changes and is renumbered as instances come and go, so those numbers would name other
+    instances, or none (the run failed mid-way, at the first request after a scale-down)."""
+    if router is None or not getattr(router, "names_instances", False):
+        return
+    kind = table.get("kind") if isinstance(table, dict) else None
+    named = f"{key} kind = {kind!r}" if isinstance(kind, str) else f"{key} ({type(router).__name__})"
+    raise ConfigError(f"{where}: not with {named}: its settings name instances by number, and an autoscaler "
+                      "changes which instances serve (the router chooses among the serving ones, renumbered as "
+                      "they come and go); use a router that chooses by load or by request (least_outstanding, "
+                      "prefix_affinity, round_robin, ...), or a fixed cluster")
+
+
+def _warn_attainment_without_slo(policy, slo, where: str) -> None:
+    """Say when an autoscaler (``where``: its table) has an SLO guard (``min_attainment``) but the
+    run no ``[slo]``: the window's attainment is then NaN and the guard never acts (as the
+    planner says of an attainment frontier without targets)."""
+    attainment = getattr(getattr(policy, "config", None), "min_attainment", None)
+    if attainment is None or slo is not None:
+        return
+    warnings.warn(f"{where}: min_attainment = {attainment!r} needs [slo] targets, which the run has not: without "
+                  "them no request is judged and the guard never adds an instance; add [slo] (e.g. ttft_ms = 500, "
+                  "tpot_ms = 50) or leave out min_attainment", InputWarning, stacklevel=5)
 
 
 def _check_autoscaler(policy, instances: int, key: str, workload, partitions: int, where: str,
@@ -1152,12 +1186,14 @@ def _check_autoscaler(policy, instances: int, key: str, workload, partitions: in
                           f"{instances_from} is {instances}: sweep or search it from 2")
     if instances < 2:
         raise ConfigError(f"{where}: autoscaling needs {key} >= 2 (the most that can serve)")
+    source = instances_from or key  # what set the instances built, for the messages
     if most != instances:
-        raise ConfigError(f"{where}: max_instances ({most}) must equal {key} ({instances}), the instances built")
-    if config.min_instances > most:
-        raise ConfigError(f"{where}: min_instances ({config.min_instances}) is above the {most} instances")
-    if (config.initial or 0) > most:
-        raise ConfigError(f"{where}: initial ({config.initial}) is above the {most} instances")
+        raise ConfigError(f"{where}: max_instances ({most}) must equal {source} ({instances}), the instances built")
+    for name in ("min_instances", "initial"):
+        value = getattr(config, name) or 0
+        if value > most:
+            raise ConfigError(f"{where}: {name} ({value}) is above {source} ({most}), the most instances that can "
+                              "serve")
     if getattr(workload, "closed_loop", False) or partitions > 1:
         raise ConfigError(f"{where}: autoscaling needs an open-loop workload and partitions = 1")
 
@@ -1206,6 +1242,10 @@ def _assemble_disaggregated(ctx: Context, tables: dict, cluster: ClusterConfig, 
             autoscaler = build_component(ctx, "autoscaler", pool.autoscaler, f"{where} [cluster.{name}.autoscaler]")
             _check_autoscaler(autoscaler, pool.instances, f"[cluster.{name}] instances", workload, cluster.partitions,
                               f"{where} [cluster.{name}.autoscaler]")
+            own = pool.router is not None
+            _check_router_scales(router, f"[cluster.{name}.router]" if own else "[cluster.router]",
+                                 pool.router if own else cluster.router, f"{where} [cluster.{name}.autoscaler]")
+            _warn_attainment_without_slo(autoscaler, slo, f"{where} [cluster.{name}.autoscaler]")
         pools.append(Pool(name, parts, router, autoscaler))
     link = from_table(LinkConfig, cluster.link or {}, where=f"{where} [cluster.link]")
     if link.bandwidth_gbps != math.inf:
@@ -1465,10 +1505,21 @@ def _pool_scaling(a: Assembled, prefill: list, decode: list, meters: list):
 
 
 def _part_of_run(spec: RunSpec, a: Assembled, requests, where: str):
-    """A partitioned run's part: its router, its instances and the requests they serve."""
-    from .partition import PartRouter, check_partitionable, members
+    """A partitioned run's part: its router, its instances and the requests they serve (what
+    cannot be split was refused when the run was assembled, :func:`_check_partitions`)."""
+    from .partition import PartRouter, members
 
     part, parts = spec.part
+    indices = members(part, parts, len(a.instances))
+    router = PartRouter(a.router, len(a.instances), indices)
+    return router, indices, router.requests(requests)
+
+
+def _check_partitions(a: Assembled, where: str) -> None:
+    """``[cluster] partitions`` > 1: refuse, when the run is assembled (so ``schedlab validate``
+    does too), what cannot be split into independent parts (see :mod:`schedlab.study.partition`)."""
+    from .partition import check_partitionable
+
     if a.pools is not None or getattr(a.workload, "closed_loop", False):
         raise ConfigError(f"{where} [cluster] partitions: only an open-loop workload on a colocated cluster can be "
                           "split into independent parts")
@@ -1480,9 +1531,6 @@ def _part_of_run(spec: RunSpec, a: Assembled, requests, where: str):
         raise ConfigError(f"{where} [cluster] partitions: not with [frontend]: the API server's queue is shared "
                           "by every request, not split with the instances")
     check_partitionable(a.router, where)
-    indices = members(part, parts, len(a.instances))
-    router = PartRouter(a.router, len(a.instances), indices)
-    return router, indices, router.requests(requests)
 
 
 def make_recorder(record: RecordSettings, a: Assembled, timeline: bool) -> Recorder:
