@@ -114,11 +114,27 @@ def test_prefix_affinity_sticks_to_the_first_choice_and_spills_only_past_the_cap
     assert capped.route(req(2, prefix_group="a"), fake_instances([0, 3, 0])) == 0       # 3 above the least: spill
     assert capped.route(req(3, prefix_group="a"), fake_instances([0, 1, 0])) == 1       # the group kept its home
     assert capped.route(req(4), fake_instances([2, 1, 0])) == 2                         # no prefix: least loaded
-    # block hashes: same first hash, same instance, whatever follows
+
+
+def test_prefix_affinity_follows_the_longest_match_of_block_hashes_past_the_threshold():
+    # As SGLang's cache-aware router: a match over more than half the prompt's blocks goes where
+    # it is held; a shorter one (a system prompt every request shares) to the least loaded.
     router = PrefixAffinityRouter()
-    assert router.route(req(0, block_hashes=(5, 6)), fake_instances([1, 1, 0])) == 2
-    assert router.route(req(1, block_hashes=(5, 9, 10)), fake_instances([0, 0, 1])) == 2
-    assert router.route(req(2, block_hashes=(6,)), fake_instances([0, 0, 1])) == 0
+    assert router.route(req(0, block_hashes=(0, 1, 2, 3)), fake_instances([1, 1, 0])) == 2    # nothing held
+    assert router.route(req(1, block_hashes=(0, 5, 6, 7)), fake_instances([1, 0, 1])) == 1    # 1 of 4: least
+    assert router.route(req(2, block_hashes=(0, 1, 2, 3, 4, 9)), fake_instances([0, 0, 1])) == 2   # 4 of 6 on 2
+    assert router.route(req(3, block_hashes=(0, 5, 6)), fake_instances([0, 3, 0])) == 1        # 3 of 3 on 1
+    assert router.route(req(4, block_hashes=(0, 1, 8, 8)), fake_instances([2, 2, 0])) == 2    # 2 of 4: least
+    # (0, 1) is held by 2 now, twice over, and (0, 5) by 1: a 2-of-3 match goes to 2 ...
+    assert router.route(req(5, block_hashes=(0, 1, 7)), fake_instances([0, 9, 4])) == 2
+    # ... unless it is more than max_imbalance busier than the least loaded, and 0.9 asks for more
+    capped = PrefixAffinityRouter(PrefixAffinityConfig(max_imbalance=2))
+    strict = PrefixAffinityRouter(PrefixAffinityConfig(match_threshold=0.9))
+    for router in (capped, strict):
+        assert router.route(req(0, block_hashes=(0, 1, 2)), fake_instances([0, 1])) == 0
+    assert capped.route(req(1, block_hashes=(0, 1, 2, 4)), fake_instances([3, 0])) == 1       # 3 above: spill
+    assert strict.route(req(1, block_hashes=(0, 1, 2, 4)), fake_instances([0, 1])) == 0       # least anyway
+    assert strict.route(req(2, block_hashes=(0, 1, 2, 5)), fake_instances([1, 0])) == 1       # 3 of 4 < 0.9
 
 
 def test_class_router_uses_each_class_list_and_the_default():
@@ -240,10 +256,14 @@ def test_prefix_affinity_keeps_groups_together_as_computed_by_hand(tmp_path):
     assert placements(runs["spill"]) == [0, 1, 2, 0, 1, 2, 0, 1]
 
 
-def test_prefix_affinity_follows_the_first_block_hash_of_a_mooncake_trace(tmp_path):
+def test_prefix_affinity_keeps_a_mooncake_conversation_together_past_a_shared_system_prompt(tmp_path):
+    # every prompt starts with the same block (a system prompt, hash 0, as in Mooncake's
+    # conversation trace), then its conversation's history (h, 50 + h) and a new block: a later
+    # turn matches 3 of 4 blocks where its conversation went; the shared block alone (1 of 4) is no
+    # reason to follow anyone, so the conversations spread (before: all on one instance)
     first_hashes = [1, 2, 1, 3, 2, 1, 3, 4, 4, 1]
-    lines = [json.dumps({"timestamp": 5 * i, "input_length": 1024, "output_length": 8,
-                         "hash_ids": [h, 100 + i]}) for i, h in enumerate(first_hashes)]
+    lines = [json.dumps({"timestamp": 5 * i, "input_length": 2048, "output_length": 8,
+                         "hash_ids": [0, h, 50 + h, 100 + i]}) for i, h in enumerate(first_hashes)]
     (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
     path = tmp_path / "exp.toml"
     path.write_text(textwrap.dedent("""

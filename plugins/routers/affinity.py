@@ -1,8 +1,15 @@
 """The ``prefix_affinity`` router: requests sharing a prefix go to the instance that has it cached.
 
-A request's prefix key is its ``prefix_group`` or, for traces without groups (Mooncake), the
-first of its ``block_hashes`` -- the hash naming its first prompt block. The first request of
-a key goes to the least outstanding instance, and the key stays there ("sticky map").
+A request with a ``prefix_group`` goes where its group went: the first request of a group goes
+to the least outstanding instance, and the group stays there ("sticky map").
+
+A request naming its prompt's ``block_hashes`` instead (traces such as Mooncake's) is matched
+block by block against the prompts routed before it, as SGLang's router matches a prompt in its
+approximate radix tree (``cache_aware`` policy): if the longest match covers more than
+``match_threshold`` of its blocks (SGLang's ``cache_threshold``, 0.5) it goes to the least
+outstanding instance holding that match, else to the least outstanding instance; either way its
+blocks are then recorded as held there. So a system prompt every request shares does not pull
+the whole trace onto one instance, while a conversation's next turn follows its history.
 
 Why a sticky map rather than consistent hashing: it models cache-aware routers (SGLang's
 router sends a prompt to the worker whose radix tree holds its prefix, and a prefix nobody
@@ -20,7 +27,7 @@ from typing import Any, Sequence
 
 import attrs
 
-from schedlab.configs import int_field, str_field
+from schedlab.configs import float_field, int_field, str_field
 
 from .balancing import least_outstanding
 
@@ -31,6 +38,10 @@ class PrefixAffinityConfig:
         None, min=0, optional=True,
         help="spill a request to the least loaded instance when its group's instance has more than this "
              "many outstanding requests above it (default: never spill)")
+    match_threshold: float = float_field(
+        0.5, min=0.0, max=1.0,
+        help="requests naming block hashes: follow the longest cached match only if it covers more than this "
+             "share of the prompt's blocks, else go to the least loaded instance (SGLang router's cache_threshold)")
 
 
 def prefix_key(request) -> Any:
@@ -54,21 +65,48 @@ class PrefixAffinityRouter:
 
     def __init__(self, config: PrefixAffinityConfig | None = None):
         self.config = config or PrefixAffinityConfig()
-        self._home: dict[Any, int] = {}  # prefix key -> its instance
+        self._home: dict[Any, int] = {}  # prefix group -> its instance
+        self._tree: list = [{}, {}]       # block hash -> node; a node: [children, instances holding it]
 
     def route(self, request, instances: Sequence) -> int:
-        key = prefix_key(request)
         least = least_outstanding(instances)
-        if key is None:
-            return least
+        if request.prefix_group is None:
+            return self._by_blocks(request.block_hashes, instances, least) if request.block_hashes else least
+        key = ("group", request.prefix_group)
         home = self._home.get(key)
         if home is None or home >= len(instances):  # new, or its instance left an autoscaled pool
             self._home[key] = least
             return least
+        return self._spilled(home, least, instances)
+
+    def _spilled(self, home: int, least: int, instances: Sequence) -> int:
+        """``home``, or ``least`` if ``home`` is more than ``max_imbalance`` busier."""
         cap = self.config.max_imbalance
         if cap is not None and instances[home].outstanding - instances[least].outstanding > cap:
             return least
         return home
+
+    def _by_blocks(self, hashes, instances: Sequence, least: int) -> int:
+        """The instance for a prompt of ``hashes`` (the module docstring), its blocks then
+        recorded as held there."""
+        node, depth, holders, matched = self._tree, 0, (), 0
+        for h in hashes:
+            node = node[0].get(h)
+            if node is None:
+                break
+            depth += 1
+            here = [i for i in node[1] if i < len(instances)]  # (an autoscaled pool may have shrunk)
+            if here:
+                holders, matched = here, depth
+        if holders and matched / len(hashes) > self.config.match_threshold:
+            choice = self._spilled(least_outstanding(instances, sorted(holders)), least, instances)
+        else:
+            choice = least
+        node = self._tree
+        for h in hashes:
+            node = node[0].setdefault(h, [{}, {}])
+            node[1][choice] = None
+        return choice
 
 
 @attrs.frozen
