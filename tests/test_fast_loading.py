@@ -348,6 +348,42 @@ def test_csv_number_too_big_for_a_float_is_refused_by_every_reader(tmp_path):
         "error", "WorkloadError", f"{path}: line 3: arrival_ms: must be a number >= 0, got '1e400'")
 
 
+@pytest.mark.parametrize("column", ["client", "class", "prefix_group"])
+def test_an_unterminated_quote_is_refused_by_every_reader_naming_its_line(tmp_path, column):
+    """A stray opening quote in the last column (``"bob``, hand-edited) took every later line into
+    that one cell, silently: 1,000 rows gave 3 requests. Row 3 is line 4; the file ends on line 7."""
+    path = tmp_path / "r.csv"
+    path.write_text(f"prompt_tokens,output_tokens,{column}\n10,5,a\n11,5,b\n12,5,\"bob\n13,5,c\n14,5,d\n15,5,e\n")
+    out = assert_same(path)
+    assert out["python"] == (f"{path}: line 4: unterminated quoted field: a cell of this row opens a quote that "
+                             "nothing closes up to the end of the file (line 7)")
+    # a second stray quote further down closes the cell: only the rows between were lost, as one cell
+    path.write_text(f'prompt_tokens,output_tokens,{column}\n10,5,a\n11,5,"b\n12,5,c\n13,5,d"\n14,5,e\n')
+    assert assert_same(path)["python"] == (f"{path}: line 3: {column}: a quoted cell runs over lines 3 to 5; no "
+                                           "value read from a request file holds a line break (a stray quote opens "
+                                           "it and another closes it?)")
+    # and text after a closing quote (csv.reader would have glued it on: "b"x -> bx)
+    path.write_text(f'prompt_tokens,output_tokens,{column}\n10,5,a\n11,5,"b"x\n')
+    assert assert_same(path)["python"] == f"{path}: line 3: bad CSV: ',' expected after '\"'"
+
+
+def test_an_unterminated_quote_in_the_header_is_named_by_its_line(tmp_path):
+    """A blank line first: the header is line 2, the file's last line 4."""
+    path = tmp_path / "r.csv"
+    path.write_text('\nprompt_tokens,"output_tokens\n1,2\n3,4\n')
+    assert assert_same(path)["python"] == (f"{path}: line 2: unterminated quoted field: a cell of this row opens a "
+                                           "quote that nothing closes up to the end of the file (line 4)")
+
+
+@pytest.mark.parametrize("rows", ["10,\n", "10,\n11,\n"])
+def test_an_empty_required_cell_in_every_row_is_named_by_its_line(tmp_path, rows):
+    """The column is in the header, its cells all empty: "no line has output_tokens" (with a hint
+    to name the column otherwise) where one filled row elsewhere gave "line 2: missing"."""
+    path = tmp_path / "r.csv"
+    path.write_text("prompt_tokens,output_tokens\n" + rows)
+    assert assert_same(path)["python"] == f"{path}: line 2: missing output_tokens"
+
+
 @pytest.mark.parametrize("reader", ["arrow", "numpy"])
 def test_csv_typical_file_is_read_by_the_fast_readers(tmp_path, reader):
     path = tmp_path / "t.csv"

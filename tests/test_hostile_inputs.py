@@ -194,11 +194,16 @@ def test_absurd_sizes_found_while_running_end_in_one_line(tmp_path, capsys, case
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
 
 
-def test_arrival_times_past_the_clock_in_a_request_file(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_arrival_times_past_the_clock_in_a_request_file(tmp_path, capsys, command):
+    """Refused where the file is read, naming its record: validate passed it, and run said 'check
+    rate and time_scale', neither of them set."""
     (tmp_path / "far.json").write_text(json.dumps([{"prompt_tokens": 10, "output_tokens": 5, "arrival_ms": 0},
                                                    {"prompt_tokens": 10, "output_tokens": 5, "arrival_ms": 1e300}]))
     text = '[experiment]\nname = "far"\n[workload]\nkind = "file"\npath = "far.json"\n'
-    one_error(*run_file(tmp_path, capsys, text), "arrival times must be at most 1e+12 ms", "the last is 1e+300 ms")
+    one_error(*run_file(tmp_path, capsys, text, command=command),
+              "far.json: record 2: arrival_ms: must be <= 1e+12 (ms: the simulated clock's end, about 31.7 years), "
+              "got 1e+300")
 
 
 def test_tiny_iteration_costs_are_one_error_not_a_traceback(tmp_path, capsys):
@@ -574,7 +579,8 @@ output = {dist = "fixed", value = 20}
 
 
 @pytest.mark.parametrize("case, text, fragment", [
-    ("time_scale 1e30", None, "arrival times must be at most 1e+12 ms"),
+    ("time_scale 1e30", None, "with time_scale = 1e+30 the last request arrives at 4e+31 ms, past the simulated "
+                              "clock's end"),
     ("instances 10**30", BASE + "[cluster]\ninstances = 1" + "0" * 30 + "\n", "instances: must be <= 1024"),
     ("instances 100,000", BASE + "[cluster]\ninstances = 100000\n", "instances: must be <= 1024"),
     # a closed loop bounded by time alone, every request turned away on arrival, no pause: each
@@ -934,21 +940,25 @@ def test_vllm_log_timestamps_beyond_the_clock_are_refused_without_a_numpy_warnin
                                             "than the simulated clock's 1e+12 ms (about 31.7 years)")
 
 
-@pytest.mark.parametrize("workload", [
-    'kind = "synthetic"\nnum_requests = 5\nprompt = {dist = "fixed", value = 5}\noutput = {dist = "fixed", value = 5}\n'
-    "rate = 5e-324",
-    'kind = "vidur"\npath = "v.csv"\ntime_scale = 1e300',
-    'kind = "file"\npath = "v.json"\ntime_scale = 1e300',
+@pytest.mark.parametrize("workload, message", [
+    ('kind = "synthetic"\nnum_requests = 5\nprompt = {dist = "fixed", value = 5}\n'
+     'output = {dist = "fixed", value = 5}\nrate = 5e-324',
+     "arrival times must be at most 1e+12 ms (about 31.7 years), the end of the simulated clock; the last is inf ms "
+     "(check rate and time_scale)"),
+    # (refused when the file is read, since the arrivals in the file are checked there)
+    ('kind = "vidur"\npath = "v.csv"\ntime_scale = 1e300', "v.csv: with time_scale = 1e+300 the last request may "
+                                                           "arrive at inf ms, past the simulated clock's end"),
+    ('kind = "file"\npath = "v.json"\ntime_scale = 1e300', "v.json: with time_scale = 1e+300 the last request "
+                                                           "arrives at inf ms, past the simulated clock's end"),
 ], ids=["rate 5e-324", "vidur time_scale", "file time_scale"])
-def test_arrivals_beyond_the_float_range_are_past_the_clock_without_a_numpy_warning(tmp_path, workload):
+def test_arrivals_beyond_the_float_range_are_past_the_clock_without_a_numpy_warning(tmp_path, workload, message):
     """They printed 'RuntimeWarning: overflow encountered in multiply' (or divide), then 'arrival
     times must be finite and >= 0' though nothing in the file was infinite."""
-    (tmp_path / "v.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1e10,5,5\n")
-    (tmp_path / "v.json").write_text('[{"prompt_tokens": 5, "output_tokens": 5, "arrival_ms": 1e300}]')
+    (tmp_path / "v.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1e8,5,5\n")
+    (tmp_path / "v.json").write_text('[{"prompt_tokens": 5, "output_tokens": 5, "arrival_ms": 1e11}]')
     (tmp_path / "exp.toml").write_text(f'[experiment]\nname = "v"\n[workload]\n{workload}\n')
     done = _cli("run", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out"))
-    one_error(done.returncode, done.stderr, "arrival times must be at most 1e+12 ms (about 31.7 years), the end of "
-                                            "the simulated clock; the last is inf ms (check rate and time_scale)")
+    one_error(done.returncode, done.stderr, message)
 
 
 def test_an_experiment_file_that_is_a_fifo_or_a_device_is_refused_without_blocking(tmp_path, capsys):

@@ -125,10 +125,34 @@ def test_a_bench_run_that_did_not_stream_has_no_ttft_to_compare(tmp_path):
      r"line 1: input_toks: must be at most 10\*\*8, got 100000000000000000000"),   # was an OverflowError
     ({"input_toks": 5, "output_toks": 10**9, "queued_ts": 1.0, "first_token_ts": 1.2, "last_token_ts": 1.3},
      r"line 1: output_toks: must be at most 10\*\*8"),
+    # checks the prompts file and Mooncake traces had, on the log's own fields: they were accepted
+    ({"input_toks": 10, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.2, "last_token_ts": 1.3,
+      "input_tok_ids": [1, 2]}, r"line 1: 2 input_tok_ids for input_toks = 10 \(a prompt's token ids are its tokens"),
+    # 10 tokens in 16-token blocks: at most ceil(10 / 16) = 1 id
+    ({"input_toks": 10, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.2, "last_token_ts": 1.3,
+      "block_hashes": [0, 1]}, r"line 1: block_hashes: 2 ids for input_toks = 10, more than ceil\(10 / "
+                               r"hash_block_tokens = 16\) blocks"),
+    # a measured queue time of -500 ms went into the comparison
+    ({"input_toks": 10, "output_toks": 2, "queued_ts": 1.0, "scheduled_ts": 0.5, "first_token_ts": 1.2,
+      "last_token_ts": 1.3}, r"line 1: scheduled_ts out of order \(need queued_ts <= scheduled_ts <= first_token_ts"),
+    ({"input_toks": 10, "output_toks": 2, "queued_ts": 1.0, "scheduled_ts": 1.25, "first_token_ts": 1.2,
+      "last_token_ts": 1.3}, r"line 1: scheduled_ts out of order"),
 ])
 def test_vllm_log_errors_name_the_line(tmp_path, row, message):
     with pytest.raises(WorkloadError, match=message):
         load_vllm_log(write_jsonl(tmp_path / "bad.jsonl", [row]))
+
+
+def test_vllm_log_fields_that_agree_are_kept(tmp_path):
+    """The same checks let a consistent line through: 32 token ids for 32 tokens (2 full 16-token
+    blocks), 2 given ids for 20 tokens (ceil(20 / 16) = 2), scheduled 100 ms after queued."""
+    path = write_jsonl(tmp_path / "ok.jsonl", [log_row(0, 32, 2, 1.0, 1.2, 1.3, input_tok_ids=list(range(32))),
+                                               log_row(1, 32, 2, 1.5, 1.7, 1.8, input_tok_ids=list(range(32)))])
+    _, columns, measured = load_vllm_log(path)
+    assert [len(h) for h in columns.per_row["block_hashes"]] == [2, 2]
+    assert measured.scheduled_ms == pytest.approx([1.0, 501.0])
+    given = write_jsonl(tmp_path / "given.jsonl", [log_row(0, 20, 2, 1.0, 1.2, 1.3, block_hashes=[7, 8])])
+    assert load_vllm_log(given)[1].per_row["block_hashes"] == [(7, 8)]
 
 
 def test_vllm_bench_by_hand(tmp_path):

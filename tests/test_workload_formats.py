@@ -327,6 +327,24 @@ def test_a_malformed_time_zone_is_refused_naming_the_line(tmp_path, stamp):
         load_azure(path)
 
 
+def test_stamps_with_and_without_a_time_zone_in_one_file_are_refused(tmp_path):
+    """The second stamp, without a zone, was read as UTC: 2 hours after the first (00:00+02:00 is
+    22:00 UTC the day before), with no word. A file that mixes them is two traces joined."""
+    path = tmp_path / "az.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00+02:00,10,5\n"
+                    "2024-05-10 00:00:00,10,5\n")
+    with pytest.raises(WorkloadError) as info:
+        load_azure(path)
+    assert str(info.value) == (f"{path}: line 3: timestamp (column 'TIMESTAMP'): '2024-05-10 00:00:00' has no time "
+                               "zone, but line 2's '2024-05-10 00:00:00+02:00' has one: a file that mixes them is "
+                               "likely two traces joined (a stamp without one would be read as UTC); give every "
+                               "stamp its zone (+00:00 for UTC) or none")
+    # every stamp with its zone: the 2 hours are gone
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00+02:00,10,5\n"
+                    "2024-05-09 22:00:00Z,10,5\n")
+    assert load_azure(path)[0].tolist() == [0.0, 0.0]
+
+
 # -- 7. gzip-compressed traces ---------------------------------------------------------------------------------
 
 AZURE_2023 = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"

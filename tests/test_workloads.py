@@ -20,6 +20,7 @@ from schedlab.errors import ConfigError, WorkloadError
 from schedlab.model import Request
 from schedlab.registry import Registry
 from schedlab_plugins import workloads
+from schedlab_plugins.workloads.arrivals import JITTER_STREAM, stream_rng
 
 NAMES = ("file", "inline", "synthetic", "shared_prefix", "azure", "vidur", "mooncake", "mix", "closed_loop", "vllm_log",
          "vllm_bench", "inference_perf", "guidellm", "diurnal", "mlenergy", "burstgpt")
@@ -62,6 +63,18 @@ def test_every_workload_is_registered_with_a_documented_config(registry):
         assert entry.config is not None and attrs.has(entry.config)
         for field in attrs.fields(entry.config):
             assert field.metadata.get("help"), f"{entry.name}.{field.name} has no help text"
+
+
+def test_help_texts_name_every_arrival_kind(registry):
+    """``file`` said "file, Poisson or all-at-once arrivals", ``synthetic`` left out constant, and
+    rate's help named poisson and gamma only."""
+    for name in ("file", "synthetic"):
+        help = registry.get(name).help
+        assert all(kind in help for kind in ("Poisson", "gamma", "constant", "all-at-once")), (name, help)
+    assert "file's arrival times" in registry.get("file").help
+    fields = {f.name: f for f in attrs.fields(registry.get("synthetic").config)}
+    assert all(kind in fields["rate"].metadata["help"] for kind in ("'poisson'", "'gamma'", "'constant'"))
+    assert "'gamma' only" in fields["cv"].metadata["help"]
 
 
 def test_open_loop_workloads_declare_it(registry, tmp_path):
@@ -252,6 +265,96 @@ def test_file_config_errors(registry):
         make(registry, {"kind": "file", "path": "x.json", "columns": {"prompt": "In"}})
 
 
+SYNTHETIC = {"kind": "synthetic", "num_requests": 2, "prompt": {"dist": "fixed", "value": 1},
+             "output": {"dist": "fixed", "value": 1}}
+SHARED_PREFIX = {"kind": "shared_prefix", "num_requests": 2, "num_groups": 1, "prefix_tokens": 4,
+                 "suffix": {"dist": "fixed", "value": 1}, "output": {"dist": "fixed", "value": 1}}
+NOT_FROM_FILE = ("does not apply with arrival = 'file': the requests arrive at the file's arrival_ms (all at t = 0 "
+                 "without them); set arrival = 'poisson', 'gamma' or 'constant' to send the requests at this rate")
+NOT_AT_ONCE = ("does not apply with arrival = 'all-at-once': every request arrives at t = 0; set arrival = "
+               "'poisson', 'gamma' or 'constant' to send the requests at this rate")
+ONLY_WITH_STAGES = "only applies with stages (stages = [{rate = ..., duration_s = ...}, ...])"
+
+
+@pytest.mark.parametrize("table, key, message", [
+    ({"kind": "file", "rate": 10}, "rate", NOT_FROM_FILE),   # the default arrival = "file": a rate sweep was flat
+    ({"kind": "file", "arrival": "all-at-once", "rate": 10}, "rate", NOT_AT_ONCE),
+    ({"kind": "file", "arrival": "poisson", "rate": 10, "cv": 3}, "cv",
+     "only applies with arrival = 'gamma' (the variation of its gaps), not 'poisson'"),
+    ({"kind": "file", "cv": 0.5}, "cv", "only applies with arrival = 'gamma' (the variation of its gaps), not 'file'"),
+    ({**SYNTHETIC, "arrival": "all-at-once", "rate": 5}, "rate", NOT_AT_ONCE),
+    ({**SYNTHETIC, "arrival": "constant", "rate": 5, "cv": 2}, "cv",
+     "only applies with arrival = 'gamma' (the variation of its gaps), not 'constant'"),
+    ({**SYNTHETIC, "rate": 5, "stage_start": "after_drain"}, "stage_start", ONLY_WITH_STAGES),
+    ({**SYNTHETIC, "rate": 5, "stage_gap_s": 5}, "stage_gap_s", ONLY_WITH_STAGES),
+    ({**SHARED_PREFIX, "arrival": "all-at-once", "rate": 5}, "rate", NOT_AT_ONCE),
+    ({**SHARED_PREFIX, "rate": 5, "stage_gap_s": 0}, "stage_gap_s", ONLY_WITH_STAGES),
+    ({**{k: v for k, v in SYNTHETIC.items() if k != "num_requests"}, "stages": [{"rate": 1, "duration_s": 2}],
+      "cv": 2}, "cv", "only applies with arrival = 'gamma' (the variation of its gaps), not 'poisson'"),
+])
+def test_settings_that_cannot_take_effect_are_refused_by_name(registry, tmp_path, table, key, message):
+    """They were accepted and ignored: a sweep over them gave identical runs."""
+    write(tmp_path / "r.csv", "prompt_tokens,output_tokens,arrival_ms\n1,1,0\n")
+    table = {"path": "r.csv", **table} if table["kind"] == "file" else table
+    with pytest.raises(ConfigError) as info:
+        make(registry, table, base_dir=tmp_path)
+    assert str(info.value) == f"test.toml: [workload]: {key}: {message}"
+
+
+def test_the_settings_still_apply_where_they_take_effect(registry, tmp_path):
+    """cv unset is 1 (gamma gaps as variable as Poisson); stage settings with stages; a rate with
+    drawn arrivals over a file."""
+    write(tmp_path / "r.csv", "prompt_tokens,output_tokens,arrival_ms\n1,1,0\n2,1,5\n")
+    unset = arrivals(make(registry, {**SYNTHETIC, "arrival": "gamma", "rate": 5}), 3)
+    assert unset == arrivals(make(registry, {**SYNTHETIC, "arrival": "gamma", "rate": 5, "cv": 1.0}), 3)
+    staged = {**{k: v for k, v in SYNTHETIC.items() if k != "num_requests"}, "arrival": "constant",
+              "stages": [{"rate": 1, "duration_s": 2}, {"rate": 2, "duration_s": 1}]}
+    # stage 1 sends 2 (0, 1000 ms), stage 2 2 more, 500 ms apart, from 2 s + the 3 s gap
+    assert arrivals(make(registry, {**staged, "stage_start": "back_to_back", "stage_gap_s": 3})) == [
+        0.0, 1000.0, 5000.0, 5500.0]
+    assert arrivals(make(registry, {"kind": "file", "path": "r.csv", "arrival": "constant", "rate": 4},
+                         base_dir=tmp_path)) == [0.0, 250.0]
+
+
+@pytest.mark.parametrize("name, text, table, message", [
+    ("r.csv", "prompt_tokens,output_tokens,arrival_ms\n10,5,0\n10,5,1e30\n", {"kind": "file"},
+     "r.csv: line 3: arrival_ms: must be <= 1e+12 (ms: the simulated clock's end, about 31.7 years), got 1e+30"),
+    ("i.csv", "prompt_tokens,output_tokens,arrival_ms\n10,5,0\n10,5,1e12\n", {"kind": "file", "time_scale": 2},
+     "i.csv: with time_scale = 2 the last request arrives at 2e+12 ms, past the simulated clock's end (1e+12 ms, "
+     "about 31.7 years)"),
+    ("v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n1e10,10,5\n", {"kind": "vidur"},
+     "v.csv: line 3: arrived_at: must be <= 1e+09 (s: the simulated clock's end, about 31.7 years), got 1e+10"),
+    ("w.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n1e8,10,5\n", {"kind": "vidur",
+                                                                                      "time_scale": 20},
+     "w.csv: with time_scale = 20 the last request may arrive at 2e+12 ms, past the simulated clock's end (1e+12 "
+     "ms, about 31.7 years)"),
+    ("m.jsonl", '{"timestamp": 2e12, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n', {"kind": "mooncake"},
+     "m.jsonl: line 1: timestamp: must be <= 1e+12 (ms: the simulated clock's end, about 31.7 years), got 2e+12"),
+    # (2.4e11 + 3000) x 5 = 1.200000015e12 ms: the jitter counts, in trace time, before the scale
+    ("n.jsonl", '{"timestamp": 2.4e11, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n',
+     {"kind": "mooncake", "jitter_ms": 3000, "time_scale": 5},
+     "n.jsonl: with time_scale = 5 and jitter_ms = 3000 the last request may arrive at 1.2e+12 ms, past the "
+     "simulated clock's end (1e+12 ms, about 31.7 years)"),
+    # 1970-01-01 to 2004-01-01: 34 x 365 + 8 leap days (1972 ... 2000) = 12,418 days = 1.0729152e12 ms
+    ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1970-01-01 00:00:00,1,1\n2004-01-01 00:00:00,1,1\n",
+     {"kind": "azure"},
+     "az.csv: line 3: timestamp (column 'TIMESTAMP'): 1.073e+12 ms after the earliest request (line 2), past the "
+     "simulated clock's end (1e+12 ms, about 31.7 years)"),
+])
+def test_arrivals_past_the_clocks_end_are_refused_where_the_file_is_read(registry, tmp_path, name, text, table,
+                                                                          message):
+    """They passed validate and failed the run, naming neither the file nor the line ("check rate and
+    time_scale", neither of them set)."""
+    write(tmp_path / name, text)
+    with pytest.raises(WorkloadError) as info:
+        make(registry, {"path": name, **table}, base_dir=tmp_path)
+    assert str(info.value) == f"{tmp_path}/{message}"
+    # exactly at the clock's end is within it (an iteration there still passes it: the engine says so)
+    if table == {"kind": "file"}:
+        write(tmp_path / name, text.replace("1e30", "1e12"))
+        assert arrivals(make(registry, {"path": name, **table}, base_dir=tmp_path)) == [0.0, 1e12]
+
+
 def test_negative_seed_is_rejected(registry):
     w = make(registry, {"kind": "synthetic", "num_requests": 2, "prompt": fixed(1), "output": fixed(1),
                         "arrival": "all-at-once"})
@@ -379,6 +482,27 @@ def test_mooncake_jitter_stays_below_t_plus_jitter_despite_rounding(registry, tm
     assert all(t <= r.arrival_ms < t + jitter for r in w.requests(0))
 
 
+def test_mooncake_jitter_is_in_trace_time_before_time_scale(registry, tmp_path):
+    """The jitter spreads a request over its timestamp's quantum of *trace* time, then the trace is
+    stretched: at time_scale 4 a 3-s quantum is 12 s of the run and the jitter fills all of it.
+    (It was added after the scaling: every request in the first 3 s of each 12-s window, at 4
+    times the mean rate, the rest of the window empty.)"""
+    lines = [json.dumps({"timestamp": 3000 * (i // 10), "input_length": 600 + i, "output_length": 1,
+                         "hash_ids": [i, 1000 + i]}) for i in range(50)]
+    write(tmp_path / "m.jsonl", "\n".join(lines))
+    w = make(registry, {"kind": "mooncake", "path": "m.jsonl", "jitter_ms": 3000, "time_scale": 4},
+             base_dir=tmp_path)
+    stamps = np.array([3000.0 * (i // 10) for i in range(50)])
+    offsets = stream_rng(7, JITTER_STREAM).uniform(0.0, 3000.0, 50)   # the documented stream, in row order
+    expected = (stamps + offsets) * 4.0
+    got = list(w.requests(7))
+    assert [r.arrival_ms for r in got] == sorted(expected.tolist())
+    assert {r.prompt_tokens - 600: r.arrival_ms for r in got} == dict(enumerate(expected.tolist()))
+    phase = np.array([r.arrival_ms for r in got]) - 4.0 * stamps[[r.prompt_tokens - 600 for r in got]]
+    assert phase.min() >= 0 and phase.max() < 12000.0
+    assert (phase >= 3000.0).sum() == (offsets >= 750.0).sum() > 30   # past the old 3-s window: ~3/4 of them
+
+
 # --- arrivals: common random numbers -------------------------------------------------------
 
 
@@ -429,7 +553,8 @@ def test_same_seed_same_requests_different_seed_different(registry):
 @pytest.mark.parametrize("arrival,cv", [("poisson", 1.0), ("gamma", 1.0), ("gamma", 4.0), ("gamma", 0.0)])
 def test_mean_gap_and_cv(registry, arrival, cv):
     rate = 25.0
-    times = np.array(arrivals(synthetic(registry, n=20000, rate=rate, arrival=arrival, cv=cv), seed=1))
+    gamma = {"cv": cv} if arrival == "gamma" else {}   # (a cv with another arrival is refused: it does nothing)
+    times = np.array(arrivals(synthetic(registry, n=20000, rate=rate, arrival=arrival, **gamma), seed=1))
     gaps = np.diff(times)
     assert times[0] == 0.0
     assert gaps.mean() == pytest.approx(1000.0 / rate, rel=0.05 if cv <= 1 else 0.15)
@@ -437,7 +562,7 @@ def test_mean_gap_and_cv(registry, arrival, cv):
 
 
 def test_all_at_once(registry):
-    assert arrivals(synthetic(registry, n=5, arrival="all-at-once")) == [0.0] * 5
+    assert arrivals(synthetic(registry, n=5, arrival="all-at-once", rate=None)) == [0.0] * 5
 
 
 # --- synthetic and distributions -----------------------------------------------------------
@@ -600,6 +725,45 @@ def test_mix_keeps_prefix_groups_of_classes_apart(registry):
     assert {r.prefix_group for r in got} == {("x", 0), ("y", 0)}
 
 
+class _Seq:
+    """What a prefix cache reads of an engine's sequence."""
+
+    def __init__(self, request):
+        self.request = request
+        self.num_computed_tokens = self.num_generated = self.reserved_tokens = 0
+        self.kv_state = None
+        self.status = "waiting"
+
+    @property
+    def num_tokens(self):
+        return self.request.prompt_tokens
+
+
+def test_mix_keeps_block_hashes_of_classes_apart(registry, tmp_path):
+    """Two Mooncake traces both number their hash ids from 0: unrelated prompts. Mixed, the agent
+    class's request hit 1,536 tokens of the chat class's KV (3 full 512-token blocks of ids 0-3,
+    the 2,048th token always computed). Within a class, the ids share as they did alone."""
+    from schedlab_plugins.kv_caches.prefix import PrefixKVCache
+
+    row = '{"timestamp": %d, "input_length": 2048, "output_length": 4, "hash_ids": [0, 1, 2, 3]}\n'
+    write(tmp_path / "a.jsonl", row % 0 + row % 2000)
+    write(tmp_path / "b.jsonl", row % 1000)
+    mix = {"kind": "mix", "classes": {"chat": {"kind": "mooncake", "path": str(tmp_path / "a.jsonl")},
+                                      "agent": {"kind": "mooncake", "path": str(tmp_path / "b.jsonl")}}}
+    chat, agent, chat_again = list(make(registry, mix).requests(0))
+    assert (chat.request_class, agent.request_class, chat_again.request_class) == ("chat", "agent", "chat")
+    assert chat.block_hashes == chat_again.block_hashes == (("chat", 0), ("chat", 1), ("chat", 2), ("chat", 3))
+    assert agent.block_hashes == (("agent", 0), ("agent", 1), ("agent", 2), ("agent", 3))
+    assert list(make(registry, mix).requests(0)) == [chat, agent, chat_again]   # deterministic
+    cache = PrefixKVCache(16, 512)
+    hits = []
+    for request in (chat, agent, chat_again):
+        seq = _Seq(request)
+        hits.append(cache.cached_tokens(seq))
+        assert cache.allocate(seq, 2048 - hits[-1], cached_tokens=hits[-1])
+    assert hits == [0, 0, 1536]
+
+
 def test_mix_config_errors_name_the_class(registry):
     with pytest.raises(ConfigError, match=r"\[workload\]: classes: fast: unknown key 'rat'"):
         make(registry, {"kind": "mix", "classes": {"fast": {
@@ -662,7 +826,8 @@ ARRIVAL = st.sampled_from([{"arrival": "poisson"}, {"arrival": "all-at-once"}, {
 def open_loop_table(draw, folder):
     n = draw(st.integers(1, 40))
     rate = draw(st.floats(0.1, 1000))
-    arrival = dict(draw(ARRIVAL), rate=rate)
+    arrival = draw(ARRIVAL)
+    arrival = arrival if arrival["arrival"] == "all-at-once" else dict(arrival, rate=rate)   # (no rate to ignore)
     kind = draw(st.sampled_from(["synthetic", "shared_prefix", "file", "azure", "vidur", "mooncake", "mix"]))
     syn = {"kind": "synthetic", "num_requests": n, "prompt": {"dist": "uniform", "low": 1, "high": 50},
            "output": {"dist": "lognormal", "median": 20, "sigma": 1}, **arrival}

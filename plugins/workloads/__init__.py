@@ -4,7 +4,7 @@ Registered names (``[workload] kind = ...``):
 
 * ``file`` -- requests from a JSON, JSONL or CSV file (:mod:`.request_file`);
 * ``inline`` -- requests listed in the experiment itself (:mod:`.request_file`);
-* ``synthetic`` -- lengths from distributions, Poisson/gamma/all-at-once arrivals (:mod:`.synthetic`);
+* ``synthetic`` -- lengths from distributions, Poisson/gamma/constant/all-at-once arrivals (:mod:`.synthetic`);
 * ``shared_prefix`` -- requests sharing system prompts (:mod:`.synthetic`);
 * ``diurnal`` -- a day of traffic whose rate follows the hour (:mod:`.diurnal`);
 * ``azure``, ``vidur``, ``mooncake``, ``burstgpt`` -- published traces (:mod:`.traces`);
@@ -43,11 +43,13 @@ from .traces import (
 @schedlab.hookimpl
 def schedlab_register_workloads(register) -> None:
     register("file", make_file_workload, config=FileConfig,
-             help="requests from a JSON, JSONL or CSV file; file, Poisson or all-at-once arrivals")
+             help="requests from a JSON, JSONL or CSV file; the file's arrival times, or Poisson, gamma, constant-rate "
+                  "or all-at-once arrivals")
     register("inline", make_inline_workload, config=InlineConfig,
              help="requests listed in the experiment itself (requests = [{prompt_tokens = , output_tokens = }, ...])")
     register("synthetic", make_synthetic_workload, config=SyntheticConfig,
-             help="N requests with lengths from distributions and Poisson/gamma/all-at-once arrivals")
+             help="N requests (or stages) with lengths from distributions and Poisson, gamma, constant-rate or "
+                  "all-at-once arrivals")
     register("shared_prefix", make_shared_prefix_workload, config=SharedPrefixConfig,
              help="requests sharing system prompts: groups, shared fraction, uniform or Zipf popularity")
     register("diurnal", make_diurnal_workload, config=DiurnalConfig,

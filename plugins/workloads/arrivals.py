@@ -100,15 +100,36 @@ def arrival_field(default: str = "poisson"):
 
 def rate_field():
     return float_field(None, min=0, min_exclusive=True, optional=True,
-                       help="mean arrival rate in requests per second (for poisson and gamma)")
+                       help="mean arrival rate in requests per second (for arrival = 'poisson', 'gamma' and "
+                            "'constant', which need it; refused with any other arrival)")
 
 
 def cv_field():
-    return float_field(1.0, min=0, max=MAX_CV, help="coefficient of variation of the gaps for arrival = 'gamma' "
-                                        "(1 = as variable as Poisson, > 1 bursty, 0 = evenly spaced)")
+    return float_field(None, min=0, max=MAX_CV, optional=True,
+                       help="coefficient of variation of the gaps, for arrival = 'gamma' only (default 1: as "
+                            "variable as Poisson; > 1 bursty, 0 = evenly spaced)")
 
 
-def check_arrival_settings(arrival: str, rate: float | None) -> None:
-    """Raise FieldError when the arrival process needs a rate and none is set."""
+def gap_cv(cv: float | None) -> float:
+    """The gamma gaps' coefficient of variation of a ``cv`` setting: 1 when not set."""
+    return 1.0 if cv is None else cv
+
+
+def check_arrival_settings(arrival: str, rate: float | None, cv: float | None = None) -> None:
+    """Raise FieldError when the arrival process needs a rate and none is set, or when ``rate``
+    or ``cv`` is set where it cannot take effect (a rate with ``all-at-once`` or the file's own
+    arrivals, a cv with anything but ``gamma``): a sweep over it would give identical runs."""
     if arrival in RATED_KINDS and rate is None:
         raise FieldError("rate", f"required when arrival = {arrival!r}")
+    if rate is not None and arrival not in RATED_KINDS:
+        why = ("the requests arrive at the file's arrival_ms (all at t = 0 without them)" if arrival == "file"
+               else "every request arrives at t = 0")
+        raise FieldError("rate", f"does not apply with arrival = {arrival!r}: {why}; set arrival = 'poisson', "
+                                 "'gamma' or 'constant' to send the requests at this rate")
+    check_cv(arrival, cv)
+
+
+def check_cv(arrival: str, cv: float | None) -> None:
+    """Raise FieldError when ``cv`` is set for an arrival process other than ``gamma``."""
+    if cv is not None and arrival != "gamma":
+        raise FieldError("cv", f"only applies with arrival = 'gamma' (the variation of its gaps), not {arrival!r}")

@@ -86,6 +86,21 @@ def per_row_or_none(values: list | None, field: str) -> list | None:
     return [default if v is None else v for v in values]
 
 
+#: Why arrival times are bounded, for messages: "must be <= 1e+12 (ms, the simulated clock's end ...)".
+CLOCK_END = "the simulated clock's end, about 31.7 years"
+
+
+def check_replayed_arrivals(path, arrival_ms: np.ndarray | None, time_scale: float) -> None:
+    """WorkloadError naming ``path`` and ``time_scale`` when the file's arrivals (each already within
+    the clock, as checked where the file is read) times ``time_scale`` pass the clock's end."""
+    if arrival_ms is None or not len(arrival_ms):
+        return
+    last = float(arrival_ms.max()) * time_scale
+    if not last <= MAX_TIME_MS:
+        raise WorkloadError(f"{path}: with time_scale = {time_scale:g} the last request arrives at {last:.4g} ms, "
+                            f"past the simulated clock's end ({MAX_TIME_MS:g} ms, about 31.7 years)")
+
+
 def scaled(times: np.ndarray, factor: float) -> np.ndarray:
     """``times * factor`` without numpy's overflow warning: a product beyond the float range is
     inf, which :func:`iter_requests` refuses as past the simulated clock's end."""

@@ -9,7 +9,24 @@
 
 ``empirical`` samples uniformly from the values of one column of a CSV, JSON or JSONL file,
 such as the Vidur/etalon ``*_stats_*.csv`` files (columns ``num_prefill_tokens``,
-``num_decode_tokens``). A relative ``path`` is taken from the current folder.
+``num_decode_tokens``). A relative ``path`` is taken from the experiment file's folder, as every
+path of an experiment (``schedlab.configs.from_table`` resolves it).
+
+Each distribution is drawn on its own stream (:mod:`.arrivals`): with ``prompt`` and ``output``
+both ``empirical`` over one file, a request's prompt and its output come from *different* rows,
+drawn independently. The file's pairing is lost -- in Vidur's arXiv summarization statistics
+(``arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv``) a long prompt has a short
+answer (correlation -0.46) and every row has prompt + output <= 4,096 (the files were filtered
+to Llama-2's context), where 20,000 independent draws have correlation -0.01 and 5.7% of them
+pass 4,096 (up to 7,873). To keep each row's pair, read the file as requests instead, rows in
+file order at drawn arrival times::
+
+    [workload]
+    kind = "file"
+    path = "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"
+    columns = {prompt_tokens = "num_prefill_tokens", output_tokens = "num_decode_tokens"}
+    arrival = "poisson"
+    rate = 10
 
 :func:`parse_distribution` checks a table (a config calls it when it is built) and
 :meth:`Distribution.sampler` prepares sampling (reading the file of an empirical one).
@@ -88,7 +105,8 @@ class LogNormal:
 
 @attrs.frozen
 class Empirical:
-    """Uniform draws from the values of ``column`` in the file at ``path``."""
+    """Uniform draws from the values of ``column`` in the file at ``path``, independent of any
+    other distribution's draws (even one over another column of the same file: see the module doc)."""
 
     path: str
     column: str

@@ -212,11 +212,22 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
         if not stamps["queued_ts"][i] <= stamps["first_token_ts"][i] <= stamps["last_token_ts"][i]:
             raise WorkloadError(f"{path}: line {line}: timestamps out of order "
                                 f"(need queued_ts <= first_token_ts <= last_token_ts)")
-        token_lists.append(_token_ids(path, line, row))
+        if "scheduled_ts" in row and not stamps["queued_ts"][i] <= scheduled[i] <= stamps["first_token_ts"][i]:
+            raise WorkloadError(f"{path}: line {line}: scheduled_ts out of order (need queued_ts <= scheduled_ts <= "
+                                f"first_token_ts: a request is scheduled after it is queued, before its first token)")
+        ids = _token_ids(path, line, row)
+        if ids is not None and len(ids) != prompt[i]:
+            raise WorkloadError(f"{path}: line {line}: {len(ids)} input_tok_ids for input_toks = {prompt[i]} "
+                                "(a prompt's token ids are its tokens, one each)")
+        token_lists.append(ids)
         hashes = row.get("block_hashes")
         if hashes is not None and (not isinstance(hashes, list) or not all(
                 isinstance(h, int) and not isinstance(h, bool) for h in hashes)):
             raise WorkloadError(f"{path}: line {line}: block_hashes: must be a list of whole numbers")
+        if hashes is not None and len(hashes) > -(-prompt[i] // hash_block_tokens):
+            raise WorkloadError(f"{path}: line {line}: block_hashes: {len(hashes)} ids for input_toks = {prompt[i]}, "
+                                f"more than ceil({prompt[i]} / hash_block_tokens = {hash_block_tokens}) blocks (is "
+                                "hash_block_tokens right?)")
         given_ids.append(tuple(hashes) if hashes is not None else None)
     if prompts is not None:
         prompt_rows = _read_jsonl(Path(prompts))[:n]

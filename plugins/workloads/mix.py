@@ -32,8 +32,11 @@ Closed-loop workloads cannot be mixed (their requests depend on completions).
 Merging. Requests are ordered by arrival time, ties broken by class name and then by the
 id within the class; ids are then renumbered 0..N-1. Each class gets its own seed,
 ``seed + zlib.crc32(name)``, so adding a class does not change the others' draws. A
-``prefix_group`` becomes ``(class name, group)``: two classes that happen to use the same
-group number do not share a prefix.
+``prefix_group`` becomes ``(class name, group)``, and each of a request's ``block_hashes``
+``(class name, id)``: two classes that happen to use the same group number or hash id -- every
+Mooncake trace numbers its ids from 0, and so do the ids made from a measured run's prompts --
+do not share a prefix (nor a prefix-affinity router's key). Requests of one class share as they
+did alone.
 """
 
 from __future__ import annotations
@@ -194,9 +197,10 @@ def _keyed(part: _MixClass, requests) -> Iterator[tuple[float, str, int, Request
 
 def _renumber(merged, overrides: dict[str, dict]) -> Iterator[Request]:
     for new_id, (_, name, _, request) in enumerate(merged):
-        group = request.prefix_group
+        group, hashes = request.prefix_group, request.block_hashes
         yield attrs.evolve(request, id=new_id, **overrides[name],
-                           prefix_group=None if group is None else (name, group))
+                           prefix_group=None if group is None else (name, group),
+                           block_hashes=None if hashes is None else tuple((name, h) for h in hashes))
 
 
 BUILTIN_OPEN_LOOP: dict[str, tuple[Callable[..., Any], type | None]] = {

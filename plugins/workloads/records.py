@@ -196,10 +196,11 @@ class Records:
             out[row] = self._whole(row, field, value, min)
         return self._at_most(field, out, max)
 
-    def _at_most(self, field: str, values, most):
+    def _at_most(self, field: str, values, most, why: str = ""):
         """``values`` (an array, or a list with None for rows without one), or an error naming the
-        first row above ``most`` (None: no bound): bounds that keep a typo from running for ever
-        are refused where the file is read, naming its line."""
+        first row above ``most`` (None: no bound; ``why``: the bound's reason, added to the
+        message): bounds that keep a typo from running for ever are refused where the file is
+        read, naming its line."""
         if most is None:
             return values
         array = np.asarray([-math.inf if v is None else v for v in values] if isinstance(values, list) else values,
@@ -209,8 +210,8 @@ class Records:
             row = int(over[0])
             value = values[row]
             value = value.item() if isinstance(value, np.generic) else value
-            raise WorkloadError(f"{self.where(row)}: {self.label(field)}: must be <= {_number_text(most)}, got "
-                                f"{_number_text(value)}")
+            raise WorkloadError(f"{self.where(row)}: {self.label(field)}: must be <= {_number_text(most)}"
+                                f"{f' ({why})' if why else ''}, got {_number_text(value)}")
         return values
 
     def _whole(self, row: int, field: str, value, min: int) -> int:
@@ -248,11 +249,12 @@ class Records:
             out.append(None if value is None else self._whole(row, field, value, min))
         return out
 
-    def floats(self, field: str, *, min: float = 0.0, max: float | None = None,
-               required: bool = True) -> np.ndarray | None:
-        """``field`` as float64; every row must hold a finite number >= ``min`` (and <= ``max``)."""
+    def floats(self, field: str, *, min: float = 0.0, max: float | None = None, required: bool = True,
+               why: str = "") -> np.ndarray | None:
+        """``field`` as float64; every row must hold a finite number >= ``min`` (and <= ``max``,
+        ``why`` saying why in the message)."""
         values = self._floats(field, min, required)
-        return None if values is None else self._at_most(field, values, max)
+        return None if values is None else self._at_most(field, values, max, why)
 
     def _floats(self, field: str, min: float, required: bool) -> np.ndarray | None:
         column = self._column(field, required)
@@ -477,7 +479,8 @@ def read_records(
         values and errors.
     :raises WorkloadError: missing or unreadable file, bad JSON (with its line), a missing
         column or key (with the row), a CSV column to read that the header names twice, a CSV
-        row with the wrong number of cells.
+        row with the wrong number of cells, a CSV quote that no quote closes (strict CSV: the
+        line where its row starts) or text after a closing quote.
     """
     check_regular_file(path)
     kind = detect_format(path, format)
@@ -490,14 +493,14 @@ def read_records(
             read = (read_jsonl_arrow if kind == "jsonl" else read_csv_arrow)(path, name, wanted, required, limit)
             if read is not None:
                 records = Records(name, "line", *read, reader="arrow")
-                _check_required(records, required)
+                _check_required(records, required, in_header=kind == "csv")
                 return records
         if reader in ("arrow", "numpy") and kind in ("jsonl", "csv"):
             data = read_file_bytes(path)
             read = (read_jsonl_fast if kind == "jsonl" else read_csv_fast)(data, name, wanted, required, limit)
             if read is not None:
                 records = Records(name, "line", *read, reader="numpy")
-                _check_required(records, required)
+                _check_required(records, required, in_header=kind == "csv")
                 return records
             del data
         with open_text(path) as handle:
@@ -519,22 +522,37 @@ def read_records(
         raise WorkloadError(f"{name}: cannot read: {exc.strerror or exc}") from None
 
 
+def _csv_error(name: str, reader, start: int, exc: csv.Error, what: str = "bad CSV") -> WorkloadError:
+    """The WorkloadError for ``exc``, raised while ``reader`` read the row that starts on line
+    ``start``. A quote that opens a cell and is never closed takes every line after it into that
+    cell (``csv.reader`` accepts that unless strict): it is named by the line where its row starts."""
+    if str(exc) == "unexpected end of data":
+        return WorkloadError(f"{name}: line {start}: unterminated quoted field: a cell of this row opens a quote that "
+                             f"nothing closes up to the end of the file (line {reader.line_num})")
+    return WorkloadError(f"{name}: line {reader.line_num}: {what}: {exc}")
+
+
 def _read_csv(handle, name, wanted, required, limit) -> Records:
-    reader = csv.reader(handle)
+    # strict: an unterminated quote is an error, not a cell holding the rest of the file
+    reader = csv.reader(handle, strict=True)
+    start = 1   # the line the next row starts on
     try:
         header = next(reader, None)
         while header is not None and not header:
+            start = reader.line_num + 1
             header = next(reader, None)
     except csv.Error as exc:
-        raise WorkloadError(f"{name}: line {reader.line_num}: bad CSV header: {exc}") from None
+        raise _csv_error(name, reader, start, exc, "bad CSV header") from None
     if header is None:
         raise WorkloadError(f"{name}: empty CSV file (no header line)")
     header = [cell.strip() for cell in header]
     index, sources = csv_columns(name, header, wanted, required)
     values: dict[str, list] = {field: [] for field in index}
     positions: list[int] = []
+    start = reader.line_num + 1
     try:
         for cells in reader:
+            first, start = start, reader.line_num + 1   # the lines this row starts on, and the next one
             if limit is not None and len(positions) >= limit:
                 break
             if not cells or (len(cells) == 1 and not cells[0].strip()):
@@ -546,11 +564,15 @@ def _read_csv(handle, name, wanted, required, limit) -> Records:
             positions.append(reader.line_num)
             for field, col in index.items():
                 cell = cells[col].strip()
+                if "\n" in cell or "\r" in cell:   # two stray quotes: the rows between them read as one cell
+                    raise WorkloadError(f"{name}: line {first}: {header[col]}: a quoted cell runs over lines {first} "
+                                        f"to {reader.line_num}; no value read from a request file holds a line "
+                                        "break (a stray quote opens it and another closes it?)")
                 values[field].append(cell if cell != "" else None)
     except csv.Error as exc:
-        raise WorkloadError(f"{name}: line {reader.line_num}: bad CSV: {exc}") from None
+        raise _csv_error(name, reader, start, exc) from None
     records = Records(name, "line", positions, values, sources)
-    _check_required(records, required)
+    _check_required(records, required, in_header=True)
     return records
 
 
@@ -688,12 +710,16 @@ def _from_objects(name, unit, rows, positions, wanted, required) -> Records:
     return records
 
 
-def _check_required(records: Records, required: Sequence[str]) -> None:
+def _check_required(records: Records, required: Sequence[str], in_header: bool = False) -> None:
+    """WorkloadError naming the first row without a value of a ``required`` field; AbsentField
+    when no row has one and the file may name the field otherwise -- not a CSV, whose header has
+    the column (``in_header``: else the header check said so), so that an empty cell in every row
+    (a one-row file's only one) is named by its line like any other."""
     for field in required:
         column = records.values.get(field)
         if column is None:
             continue  # an empty file
-        if len(column) and not records.has(field):
+        if len(column) and not in_header and not records.has(field):
             raise AbsentField(f"{records.path}: no {records.unit} has {records.label(field)}")
         if isinstance(column, RawColumn):
             missing = np.flatnonzero(column.none_mask())

@@ -9,12 +9,15 @@ other names::
     kind = "file"
     path = "requests.json"              # or .jsonl / .csv; `format` overrides the extension
     columns = {prompt_tokens = "ContextTokens", output_tokens = "GeneratedTokens"}
-    arrival = "poisson"                 # "file" (default) | "all-at-once" | "poisson" | "gamma"
-    rate = 10
+    arrival = "poisson"                 # "file" (default) | "all-at-once" | "poisson" | "gamma" | "constant"
+    rate = 10                           # poisson, gamma and constant only (cv: gamma only)
 
 With ``arrival = "file"`` the file's ``arrival_ms`` are used as they are (times ``time_scale``);
 a file without ``arrival_ms`` sends everything at t = 0. Rows whose arrivals are out of order
-are sorted (stably) and numbered in arrival order.
+are sorted (stably) and numbered in arrival order. A ``rate`` with ``"file"`` or
+``"all-at-once"``, or a ``cv`` with another arrival than ``"gamma"``, cannot take effect and is
+refused (a sweep over it would give identical runs). Arrival times past the simulated clock's
+end (1e12 ms) are refused where the file is read, naming the line.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from typing import Mapping
 import attrs
 import numpy as np
 
-from schedlab.configs import MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field
+from schedlab.configs import (
+    MAX_TIME_MS, MAX_TOKENS, FieldError, float_field, int_field, path_field, str_field, table_field,
+)
 from schedlab.errors import WorkloadError
 
-from .arrivals import RATED_KINDS, arrivals_ms, cv_field, rate_field
-from .columns import OpenLoopWorkload, RequestColumns, per_row_or_none, scaled
+from .arrivals import arrivals_ms, check_arrival_settings, cv_field, gap_cv, rate_field
+from .columns import CLOCK_END, OpenLoopWorkload, RequestColumns, check_replayed_arrivals, per_row_or_none, scaled
 from .fast_text import AbsentField
 from .records import FORMATS, Records, read_records, records_from_rows
 
@@ -109,11 +114,11 @@ def request_columns(records: Records) -> RequestColumns:
 
 def file_arrivals_ms(records: Records) -> np.ndarray | None:
     """The file's ``arrival_ms`` column, or None when no row has one (a row lacking it when
-    others have it is an error)."""
+    others have it is an error); each from 0 to the simulated clock's end (1e12 ms)."""
     if not records.has("arrival_ms"):
         return None
     try:
-        return records.floats("arrival_ms", min=0.0)
+        return records.floats("arrival_ms", min=0.0, max=MAX_TIME_MS, why=f"ms: {CLOCK_END}")
     except WorkloadError as exc:
         if str(exc).endswith("missing arrival_ms"):  # (some rows have one: all or none)
             raise WorkloadError(f"{exc} (other requests have one: give every request arrival_ms, or none for all "
@@ -132,7 +137,7 @@ class FileConfig:
                              help="'file' (the file's arrival_ms, or all at t=0 without them), "
                                   "'all-at-once', 'poisson', 'gamma' or 'constant' (these three need rate)")
     rate: float | None = rate_field()
-    cv: float = cv_field()
+    cv: float | None = cv_field()
     max_tokens: int | None = int_field(None, min=1, max=MAX_TOKENS, optional=True,
                                        help="cap on every request's max_tokens (the client's length limit)")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N requests of the file")
@@ -141,8 +146,7 @@ class FileConfig:
 
     def __attrs_post_init__(self) -> None:
         check_columns(self.columns)
-        if self.arrival in RATED_KINDS and self.rate is None:
-            raise FieldError("rate", f"required when arrival = {self.arrival!r}")
+        check_arrival_settings(self.arrival, self.rate, self.cv)
 
 
 def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
@@ -150,13 +154,15 @@ def make_file_workload(config: FileConfig) -> OpenLoopWorkload:
     records = read_request_file(config.path, format=config.format, columns=config.columns, limit=config.limit)
     columns = request_columns(records).with_max_tokens_cap(config.max_tokens)
     from_file = file_arrivals_ms(records)
+    if config.arrival == "file":
+        check_replayed_arrivals(config.path, from_file, config.time_scale)
     n = len(columns)
 
     def build(seed: int):
         if config.arrival == "file":
             arrival = from_file if from_file is not None else np.zeros(n)
         else:
-            arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv)
+            arrival = arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=gap_cv(config.cv))
         if config.time_scale != 1.0:
             arrival = scaled(arrival, config.time_scale)
         return arrival, columns

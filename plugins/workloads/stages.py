@@ -66,14 +66,21 @@ def stages_field():
 
 
 def stage_start_field():
-    return str_field("back_to_back", choices=STAGE_STARTS,
-                     help="with stages: 'back_to_back' (each starts when the previous one's duration is over) or "
-                          "'after_drain' (each starts when the previous one's requests have all finished)")
+    return str_field(None, choices=STAGE_STARTS, optional=True,
+                     help="with stages only: 'back_to_back' (the default: each starts when the previous one's "
+                          "duration is over) or 'after_drain' (each starts when the previous one's requests have "
+                          "all finished)")
 
 
 def stage_gap_field():
-    return float_field(0.0, min=0.0, max=MAX_TIME_MS / 1e3,  # (the clock's end: refused when the file is read)
-                       help="with stages: seconds between one stage and the next (inference-perf's interval)")
+    return float_field(None, min=0.0, max=MAX_TIME_MS / 1e3, optional=True,  # (the clock's end: refused when read)
+                       help="with stages only: seconds between one stage and the next (inference-perf's interval; "
+                            "default 0)")
+
+
+def stage_gap_s(config) -> float:
+    """The config's ``stage_gap_s``: 0 when not set."""
+    return 0.0 if config.stage_gap_s is None else config.stage_gap_s
 
 
 def parse_stages(value, field: str = "stages") -> tuple[Stage, ...]:
@@ -113,6 +120,9 @@ def check_stage_settings(config) -> tuple[Stage, ...] | None:
     if config.stages is None:
         if config.num_requests is None:
             raise FieldError("num_requests", "required (or give stages)")
+        for key in ("stage_start", "stage_gap_s"):   # (silently ignored once: a sweep over them changed nothing)
+            if getattr(config, key) is not None:
+                raise FieldError(key, "only applies with stages (stages = [{rate = ..., duration_s = ...}, ...])")
         return None
     stages = parse_stages(config.stages)
     if config.num_requests is not None:

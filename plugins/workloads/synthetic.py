@@ -37,7 +37,9 @@ from .arrivals import (
     arrival_field,
     arrivals_ms,
     check_arrival_settings,
+    check_cv,
     cv_field,
+    gap_cv,
     rate_field,
     stream_rng,
 )
@@ -45,8 +47,8 @@ from .capped import CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
 from .distributions import parse_distribution, scale_lengths
 from .stages import (
-    DrainedStages, back_to_back_ms, check_stage_settings, stage_gap_field, stage_offsets_ms, stage_start_field,
-    stages_field,
+    DrainedStages, back_to_back_ms, check_stage_settings, stage_gap_field, stage_gap_s, stage_offsets_ms,
+    stage_start_field, stages_field,
 )
 
 
@@ -58,7 +60,8 @@ def distribution_field(what: str):
     return table_field(help=f"{what} length distribution: {{dist = \"fixed\", value = N}}, "
                             "{dist = \"uniform\", low = , high = }, "
                             "{dist = \"lognormal\", median = , sigma = , low = , high = } or "
-                            "{dist = \"empirical\", path = , column = }")
+                            "{dist = \"empirical\", path = , column = } (a file's column, drawn independently of "
+                            "the other length: kind = \"file\" keeps a file's prompt-output pairs)")
 
 
 def output_scale_field():
@@ -109,21 +112,23 @@ class SyntheticConfig:
     output_scale: float = output_scale_field()
     arrival: str = arrival_field()
     rate: float | None = rate_field()
-    cv: float = cv_field()
+    cv: float | None = cv_field()
     max_tokens: int | None = max_tokens_field()
     request_class: str = request_class_field()
     client: str = client_field()
     priority: int = priority_field()
     stages: tuple | None = stages_field()
-    stage_start: str = stage_start_field()
-    stage_gap_s: float = stage_gap_field()
+    stage_start: str | None = stage_start_field()
+    stage_gap_s: float | None = stage_gap_field()
     max_concurrency: int | None = max_concurrency_field()
 
     def __attrs_post_init__(self) -> None:
         parse_distribution(self.prompt, field="prompt")
         parse_distribution(self.output, field="output")
         if check_stage_settings(self) is None:
-            check_arrival_settings(self.arrival, self.rate)
+            check_arrival_settings(self.arrival, self.rate, self.cv)
+        else:
+            check_cv(self.arrival, self.cv)
 
 
 def staged(config, name: str, columns_of: Callable[[int, int], RequestColumns]):
@@ -140,20 +145,20 @@ def _uncapped(config, name: str, columns_of: Callable[[int, int], RequestColumns
         n = config.num_requests
 
         def build(seed: int):
-            return arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=config.cv), columns_of(seed, n)
+            return arrivals_ms(config.arrival, n, seed, rate=config.rate, cv=gap_cv(config.cv)), columns_of(seed, n)
 
         return OpenLoopWorkload(build, name=name, num_requests=n)
     n = sum(stage.count for stage in stages)
 
     def parts(seed: int):
-        return stage_offsets_ms(config.arrival, stages, seed, config.cv), columns_of(seed, n)
+        return stage_offsets_ms(config.arrival, stages, seed, gap_cv(config.cv)), columns_of(seed, n)
 
     if config.stage_start == "after_drain":
-        return DrainedStages(parts, gap_s=config.stage_gap_s, name=name, num_requests=n)
+        return DrainedStages(parts, gap_s=stage_gap_s(config), name=name, num_requests=n)
 
     def build_back_to_back(seed: int):
         offsets, columns = parts(seed)
-        return back_to_back_ms(offsets, stages, config.stage_gap_s), columns
+        return back_to_back_ms(offsets, stages, stage_gap_s(config)), columns
 
     return OpenLoopWorkload(build_back_to_back, name=name, num_requests=n)
 
@@ -201,21 +206,23 @@ class SharedPrefixConfig:
     output_scale: float = output_scale_field()
     arrival: str = arrival_field()
     rate: float | None = rate_field()
-    cv: float = cv_field()
+    cv: float | None = cv_field()
     max_tokens: int | None = max_tokens_field()
     request_class: str = request_class_field()
     client: str = client_field()
     priority: int = priority_field()
     stages: tuple | None = stages_field()
-    stage_start: str = stage_start_field()
-    stage_gap_s: float = stage_gap_field()
+    stage_start: str | None = stage_start_field()
+    stage_gap_s: float | None = stage_gap_field()
     max_concurrency: int | None = max_concurrency_field()
 
     def __attrs_post_init__(self) -> None:
         parse_distribution(self.suffix, field="suffix")
         parse_distribution(self.output, field="output")
         if check_stage_settings(self) is None:
-            check_arrival_settings(self.arrival, self.rate)
+            check_arrival_settings(self.arrival, self.rate, self.cv)
+        else:
+            check_cv(self.arrival, self.cv)
 
 
 def num_shared(num_requests: int, shared_fraction: float) -> int:

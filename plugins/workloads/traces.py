@@ -2,7 +2,8 @@
 
 * ``azure`` -- ``TIMESTAMP,ContextTokens,GeneratedTokens`` with absolute timestamps such as
   ``2023-11-16 18:17:03.9799600`` (2023) or ``2024-05-10 00:00:00.009930+00:00`` (2024: a time
-  zone, ``Z`` or ``+hh:mm`` / ``-hh:mm``, is converted to UTC); arrivals become ms after the
+  zone, ``Z`` or ``+hh:mm`` / ``-hh:mm``, is converted to UTC; a file mixing stamps with and
+  without one is refused, naming the first without); arrivals become ms after the
   earliest request (Patel et al., "Splitwise", ISCA 2024; github.com/Azure/AzurePublicDataset).
   A TIMESTAMP in another form -- a number of seconds, a date alone -- is an error naming its
   line. Other columns are not read: the 2025 multimodal trace's ``NumImages`` is left out (a
@@ -11,12 +12,20 @@
   ``num_decode_tokens`` (the same Azure data re-based; github.com/microsoft/vidur).
 * ``mooncake`` -- Mooncake FAST'25 JSONL: ``timestamp`` (ms), ``input_length``,
   ``output_length``, ``hash_ids`` (one id per 512-token prefix block, each naming the whole
-  prefix up to the end of its block; Qin et al., FAST 2025).
+  prefix up to the end of its block; Qin et al., FAST 2025). ``jitter_ms`` spreads each request
+  over ``[t, t + jitter_ms)`` of trace time before ``time_scale`` stretches the trace (the
+  conversation trace's timestamps are quantised to about 3 s: ``jitter_ms = 3000`` fills every
+  quantum at any scale).
 * ``burstgpt`` -- BurstGPT's CSV: ``Timestamp`` (seconds), ``Model``, ``Request tokens``,
   ``Response tokens``, ``Log Type`` (columns found by their names: later releases add
   ``Session ID`` and ``Elapsed time``); failed requests, written with 0 response tokens, are
   dropped by default; ``model`` and ``log_type`` keep one model's or one kind's requests (Wang et
   al., KDD 2025).
+
+Arrival times are bounded by the simulated clock's end (1e12 ms): a timestamp past it, or a
+trace spanning more from its earliest request, is refused where the file is read, naming its
+line, and a ``time_scale`` (and jitter) that would take the last arrival past it when the
+workload is made.
 
 The trace files may be gzip-compressed (``.csv.gz``, ``.jsonl.gz``: read as they are, see
 :mod:`.records`).
@@ -35,11 +44,11 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from schedlab.configs import MAX_TOKENS, float_field, int_field, path_field, str_field
+from schedlab.configs import MAX_TIME_MS, MAX_TOKENS, float_field, int_field, path_field, str_field
 from schedlab.errors import WorkloadError
 
 from .arrivals import JITTER_STREAM, stream_rng
-from .columns import OpenLoopWorkload, RequestColumns, scaled
+from .columns import CLOCK_END, OpenLoopWorkload, RequestColumns, scaled
 from .records import Records, file_suffix, read_records, show_value
 
 ZERO_TOKEN_POLICIES = ("clamp", "drop", "error")
@@ -171,13 +180,29 @@ def _read_stamps(texts: list, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndar
     return _timestamp_shape_ok(codes), codes.view(f"S{codes.shape[1]}").ravel(), zoned, minutes
 
 
+def _mixed_zones(records: Records, field: str, texts: list, ok: np.ndarray, zoned: np.ndarray) -> None:
+    """WorkloadError naming the first well-formed stamp without a time zone in a column whose
+    other stamps have one (a stamp without one would be taken as UTC: hours off, silently)."""
+    bare, bad = np.flatnonzero(ok & ~zoned), np.flatnonzero(~ok)
+    if not bare.size or (bad.size and bad[0] < bare[0]):
+        return   # a malformed stamp comes first: the caller names it
+    row, other = int(bare[0]), int(np.flatnonzero(zoned)[0])
+    raise WorkloadError(f"{records.where(row)}: {records.label(field)}: {show_value(texts[row])} has no time zone, but "
+                        f"{records.unit} {records.positions[other]}'s {show_value(texts[other])} has one: a file that "
+                        "mixes them is likely two traces joined (a stamp without one would be read as UTC); give "
+                        "every stamp its zone (+00:00 for UTC) or none")
+
+
 def parse_timestamps_ns(records: Records, field: str) -> np.ndarray:
     """A column of ``YYYY-MM-DD hh:mm:ss[.fffffffff][Z|+hh:mm|-hh:mm]`` timestamps as int64
     nanoseconds, in UTC when they name a time zone (so stamps with different offsets order
-    right); anything else (a number of seconds, a date alone) is an error naming the row."""
+    right); anything else (a number of seconds, a date alone) is an error naming the row, and so
+    is a stamp without a time zone in a column whose other stamps have one."""
     texts = records.texts(field)   # all rows' text at once (a CSV's cells are text)
     ok, bodies, zoned, minutes = _read_stamps(texts)
     any_zone = bool(zoned.any())
+    if any_zone and not zoned.all():
+        _mixed_zones(records, field, texts, ok, zoned)
     stamps = None
     if ok.all():
         try:   # without time zones, the texts as they are (as before time zones were read)
@@ -199,15 +224,44 @@ def parse_timestamps_ns(records: Records, field: str) -> np.ndarray:
     return stamps - minutes.astype(np.int64) * 60_000_000_000 if any_zone else stamps
 
 
-def _trace_workload(name: str, arrival_ms: np.ndarray, columns: RequestColumns, *, n_zero: int,
-                    jitter_ms: float = 0.0) -> OpenLoopWorkload:
+def _check_span(records: Records, field: str, times_ms: np.ndarray, rows: np.ndarray | None) -> None:
+    """WorkloadError naming the row whose ``field`` lies further after the earliest one than the
+    simulated clock reaches: a trace's arrivals count from its earliest request. ``times_ms`` are
+    the kept rows' (``rows``: their indices in ``records``; None: every row)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        span = times_ms - times_ms.min()
+    late, first = int(np.argmax(span)), int(np.argmin(times_ms))
+    if not span[late] <= MAX_TIME_MS:
+        row, first = (late, first) if rows is None else (int(rows[late]), int(rows[first]))
+        raise WorkloadError(f"{records.where(row)}: {records.label(field)}: {span[late]:.4g} ms after the earliest "
+                            f"request ({records.unit} {records.positions[first]}), past the simulated clock's end "
+                            f"({MAX_TIME_MS:g} ms, about 31.7 years)")
+
+
+def _trace_workload(name: str, path, arrival_ms: np.ndarray, columns: RequestColumns, *, n_zero: int,
+                    time_scale: float = 1.0, jitter_ms: float = 0.0) -> OpenLoopWorkload:
+    """The workload of a trace's requests, ``arrival_ms`` in the trace's own time.
+
+    Each arrival ``t`` is first spread uniformly over ``[t, t + jitter_ms)`` with the seed -- in
+    trace time, so that the jitter covers one quantum of the trace's timestamps whatever the
+    scale -- and then multiplied by ``time_scale``: a request lands in ``[t x s, (t + jitter_ms)
+    x s)`` of the run. The last possible arrival must be within the simulated clock (refused
+    here, when the trace is read, naming ``time_scale`` and ``jitter_ms``)."""
+    last = (float(arrival_ms.max()) + jitter_ms) * time_scale if len(arrival_ms) else 0.0
+    if not last <= MAX_TIME_MS:
+        settings = f"time_scale = {time_scale:g}" + (f" and jitter_ms = {jitter_ms:g}" if jitter_ms > 0 else "")
+        raise WorkloadError(f"{path}: with {settings} the last request may arrive at {last:.4g} ms, past the "
+                            f"simulated clock's end ({MAX_TIME_MS:g} ms, about 31.7 years)")
+    replayed = scaled(arrival_ms, time_scale) if time_scale != 1.0 else arrival_ms
+
     def build(seed: int):
         if jitter_ms <= 0:
-            return arrival_ms, columns
+            return replayed, columns
         offsets = stream_rng(seed, JITTER_STREAM).uniform(0.0, jitter_ms, len(arrival_ms))
         # t + u can round up to t + jitter for large t; keep every arrival below it.
         ceiling = np.nextafter(arrival_ms + jitter_ms, -np.inf)
-        return np.minimum(arrival_ms + offsets, np.maximum(ceiling, arrival_ms)), columns
+        jittered = np.minimum(arrival_ms + offsets, np.maximum(ceiling, arrival_ms))
+        return (scaled(jittered, time_scale) if time_scale != 1.0 else jittered), columns
 
     workload = OpenLoopWorkload(build, name=name, num_requests=len(columns))
     workload.info["zero_token_rows"] = n_zero
@@ -236,16 +290,19 @@ def load_azure(path, *, limit: int | None = None, zero_tokens: str = "clamp"):
         raise WorkloadError(f"{path}: no requests in the trace")
     stamps = parse_timestamps_ns(records, "timestamp")
     prompt, output, keep, n_zero = token_counts(records, zero_tokens)
-    if keep is not None:
-        stamps = stamps[keep]
+    rows = np.flatnonzero(keep) if keep is not None else None
+    if rows is not None:
+        stamps = stamps[rows]
+    # (in floats first: the int64 difference of stamps centuries apart wraps around)
+    _check_span(records, "timestamp", stamps.astype(np.float64) / 1e6, rows)
     arrival_ms = (stamps - stamps.min()).astype(np.float64) / 1e6
     return arrival_ms, RequestColumns(prompt, output), n_zero
 
 
 def make_azure_workload(config: AzureConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_azure(config.path, limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("azure", scaled(arrival, config.time_scale), columns.with_max_tokens_cap(config.max_tokens),
-                           n_zero=n_zero)
+    return _trace_workload("azure", config.path, arrival, columns.with_max_tokens_cap(config.max_tokens),
+                           n_zero=n_zero, time_scale=config.time_scale)
 
 
 # --- vidur ---------------------------------------------------------------------------------
@@ -268,7 +325,7 @@ def load_vidur(path, *, limit: int | None = None, zero_tokens: str = "clamp"):
     records = read_records(path, VIDUR_COLUMNS, format="csv", required=tuple(VIDUR_COLUMNS), limit=limit)
     if len(records) == 0:
         raise WorkloadError(f"{path}: no requests in the trace")
-    seconds = records.floats("arrived_at", min=0.0)
+    seconds = records.floats("arrived_at", min=0.0, max=MAX_TIME_MS / 1e3, why=f"s: {CLOCK_END}")
     prompt, output, keep, n_zero = token_counts(records, zero_tokens)
     if keep is not None:
         seconds = seconds[keep]
@@ -277,8 +334,8 @@ def load_vidur(path, *, limit: int | None = None, zero_tokens: str = "clamp"):
 
 def make_vidur_workload(config: VidurConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_vidur(config.path, limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("vidur", scaled(arrival, config.time_scale), columns.with_max_tokens_cap(config.max_tokens),
-                           n_zero=n_zero)
+    return _trace_workload("vidur", config.path, arrival, columns.with_max_tokens_cap(config.max_tokens),
+                           n_zero=n_zero, time_scale=config.time_scale)
 
 
 # --- mooncake ------------------------------------------------------------------------------
@@ -291,9 +348,10 @@ MOONCAKE_FIELDS = {"timestamp": ("timestamp",), "prompt_tokens": ("input_length"
 class MooncakeConfig:
     path: str = _path("Mooncake FAST'25 trace, JSONL: timestamp (ms), input_length, output_length, hash_ids")
     hash_block_tokens: int = int_field(512, min=1, max=MAX_TOKENS, help="tokens per prefix block named by one hash id")
-    jitter_ms: float = float_field(0.0, min=0,
-                                   help="spread each request uniformly over [t, t + jitter_ms) with the seed "
-                                        "(the conversation trace's timestamps are quantised to about 3 s)")
+    jitter_ms: float = float_field(0.0, min=0, max=MAX_TIME_MS,
+                                   help="spread each request uniformly over [t, t + jitter_ms) of trace time with the "
+                                        "seed, before time_scale (the conversation trace's timestamps are quantised "
+                                        "to about 3 s: jitter_ms = 3000 fills each quantum at any time_scale)")
     limit: int | None = _limit()
     time_scale: float = _time_scale()
     max_tokens: int | None = _max_tokens()
@@ -306,7 +364,7 @@ def load_mooncake(path, *, hash_block_tokens: int = 512, limit: int | None = Non
     records = read_records(path, MOONCAKE_FIELDS, format=fmt, required=tuple(MOONCAKE_FIELDS), limit=limit)
     if len(records) == 0:
         raise WorkloadError(f"{path}: no requests in the trace")
-    arrival = records.floats("timestamp", min=0.0)
+    arrival = records.floats("timestamp", min=0.0, max=MAX_TIME_MS, why=f"ms: {CLOCK_END}")
     hashes = records.int_lists("hash_ids")
     raw_prompt = records.ints("prompt_tokens", min=0, max=MAX_TOKENS)
     blocks = np.fromiter((len(h) for h in hashes), dtype=np.int64, count=len(hashes))
@@ -329,8 +387,8 @@ def load_mooncake(path, *, hash_block_tokens: int = 512, limit: int | None = Non
 def make_mooncake_workload(config: MooncakeConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_mooncake(config.path, hash_block_tokens=config.hash_block_tokens,
                                              limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("mooncake", scaled(arrival, config.time_scale),
-                           columns.with_max_tokens_cap(config.max_tokens), n_zero=n_zero, jitter_ms=config.jitter_ms)
+    return _trace_workload("mooncake", config.path, arrival, columns.with_max_tokens_cap(config.max_tokens),
+                           n_zero=n_zero, time_scale=config.time_scale, jitter_ms=config.jitter_ms)
 
 
 # --- burstgpt ------------------------------------------------------------------------------
@@ -385,6 +443,7 @@ def load_burstgpt(path, *, model: str | None = None, log_type: str | None = None
     if keep is not None:
         rows = rows[keep]
     arrival = seconds[rows]
+    _check_span(records, "timestamp", arrival * 1000.0, rows)
     per_row = {"request_class": [str(logs[i]) for i in rows]} if logs is not None else {}
     return (arrival - arrival.min()) * 1000.0, RequestColumns(prompt, output, per_row), n_zero
 
@@ -392,5 +451,5 @@ def load_burstgpt(path, *, model: str | None = None, log_type: str | None = None
 def make_burstgpt_workload(config: BurstgptConfig) -> OpenLoopWorkload:
     arrival, columns, n_zero = load_burstgpt(config.path, model=config.model, log_type=config.log_type,
                                              limit=config.limit, zero_tokens=config.zero_tokens)
-    return _trace_workload("burstgpt", scaled(arrival, config.time_scale),
-                           columns.with_max_tokens_cap(config.max_tokens), n_zero=n_zero)
+    return _trace_workload("burstgpt", config.path, arrival, columns.with_max_tokens_cap(config.max_tokens),
+                           n_zero=n_zero, time_scale=config.time_scale)
