@@ -357,3 +357,52 @@ def test_lockstep_ranks_with_power_in_toml_run_in_both_engines_and_report_energy
     dummy = sum(i.get("dummy_j", 0.0) for i in fast.meta["energy"]["instances"])
     assert (dummy > 0) == (fast.meta["data_parallel"]["dummy_rank_steps"] > 0)
     assert bool(fast.metrics.get("speculative", {}).get("drafts")) == bool(speculative)
+
+
+# -- the host of a deployment -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, layout, hosts", [
+    ("qwen3-30b-a3b", "data_parallel = 2\nexpert_parallel = true", 1),  # one deployment, its ranks stepping together
+    ("qwen3-30b-a3b", "data_parallel = 2\nexpert_parallel = true\ninstances = 2", 2),  # two of them
+    ("llama-3.1-8b", "data_parallel = 2", 1),                           # a dense model's ranks: one server
+    ("qwen3-30b-a3b", "instances = 2", 2),                              # two instances, two hosts
+])
+def test_a_data_parallel_deployment_has_one_host(tmp_path, model, layout, hosts):
+    """host_idle_w and host_busy_w are a deployment's -- one vLLM server on one host, as a
+    tensor-parallel or pipelined instance is -- not each data-parallel rank's: over the window
+    the hosts draw 100 W each, and 30 W more while their ranks run (ranks stepping together run
+    alike; a dense model's, independent, each add half). Each rank's record carries half."""
+    text = textwrap.dedent(BASE).replace("qwen3-30b-a3b", model)
+    path = tmp_path / "exp.toml"
+    path.write_text(text + "[power]\nkind = \"utilisation\"\nhost_idle_w = 100\nhost_busy_w = 30\n[cluster]\n"
+                    + layout + "\n")
+    fast = fast_run_agreeing_with_reference(path)
+    e, record = fast.metrics["energy"], fast.meta["energy"]
+    ranks = 2 if "data_parallel" in layout else 1
+    insts = record["instances"]
+    assert [(i["host_idle_w"], i["host_busy_w"]) for i in insts] == [(100.0 / ranks, 30.0 / ranks)] * len(insts)
+    if "expert_parallel" in layout:  # a deployment's ranks step together: busy alike
+        for d in range(hosts):
+            assert insts[2 * d]["busy_ms"] == insts[2 * d + 1]["busy_ms"]
+    busy_s = sum(i["busy_ms"] for i in insts) / ranks / 1e3  # (each deployment's, summed)
+    assert e["host_j"] == pytest.approx(100 * hosts * e["window_ms"] / 1e3 + 30 * busy_s)
+    assert record["model"].get("host_ranks", 1) == ranks
+
+
+def test_a_rank_whose_cost_model_keeps_no_layout_is_refused_a_host():
+    """A lockstep rank's power model must know how many ranks share its host; a cost model that
+    keeps no ``parallelism`` cannot say: refused when the host draws power, fine when it does not."""
+    from schedlab.engine.rank_cost import RankCost
+    from schedlab.errors import ConfigError
+    from schedlab_plugins.power.common import host_ranks
+
+    rank = RankCost(LinearCostModel(LinearConfig()))
+    assert host_ranks(rank, UtilisationConfig()) == 1
+    with pytest.raises(ConfigError, match=r"host_idle_w, host_busy_w: a data-parallel deployment's ranks share one "
+                                          r"host, but the cost model LinearCostModel does not say how many"):
+        host_ranks(rank, UtilisationConfig(host_idle_w=100.0))
+    roof = RooflineCostModel(PRESETS.model("qwen3-30b-a3b"), PRESETS.gpu("h100-80gb"),
+                             RooflineConfig(model="qwen3-30b-a3b", gpu="h100-80gb"),
+                             parallelism=Parallelism(data_parallel=4, expert_parallel=True))
+    assert host_ranks(RankCost(roof), UtilisationConfig(host_idle_w=100.0)) == 4

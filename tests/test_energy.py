@@ -29,6 +29,7 @@ from schedlab_plugins.cost_models import LinearConfig, LinearCostModel, Roofline
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.power import (FixedActiveConfig, FixedActivePowerModel, TableConfig, UtilisationConfig,
                                     UtilisationPowerModel)
+from schedlab_plugins.power.common import find_clock
 from schedlab_plugins.power.table import build_table
 from schedlab_plugins.power.utilisation import build_utilisation
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
@@ -295,15 +296,42 @@ def test_the_split_keeps_the_closed_form(k, d0, inc, k0, dk, bytes_per_token):
 def test_built_in_power_models_keep_the_contract(n, context, k, d0, inc, gpu, mhz):
     """Every built-in's closed form over a bulk run against iteration-by-iteration sums (the
     utilisation model's across the bounds changing sides and the board limit: big contexts on
-    small GPUs), never below idle power."""
-    cost = roofline(gpu=gpu)
+    small GPUs), never below idle power. The table model reads no clock: it is built against
+    the cost model without one."""
+    plain = cost = roofline(gpu=gpu)
     if mhz is not None:
         cost = ClockedCostModel(cost, PRESETS.gpu(gpu), ClockConfig(mhz=mhz))
     batch = Batch(num_decode=n, decode_context_tokens=context + n)
     for model in (build_utilisation(UtilisationConfig(), PRESETS, cost),
-                  build_table(TableConfig(fit="mlenergy-a100-40gb-llama-3.1-8b"), PRESETS, cost),
+                  build_table(TableConfig(fit="mlenergy-a100-40gb-llama-3.1-8b"), PRESETS, plain),
                   fixed_active(standby_s=18.0)(cost)):
         check_power_model(model, batch, k, d0, inc)
+
+
+def test_the_kit_checks_every_iteration_against_idle_power():
+    """check_power_model asserts that no iteration of the run draws less than idle power -- every
+    one, not only the first and the last (a model dipping below idle in the middle of a run passed)."""
+
+    class Dips:
+        idle_w, standby_w, standby_ms = 100.0, 150.0, 1000.0
+
+        def iteration_j(self, batch, duration_ms):  # 300 W, but 50 W at an odd context
+            return (50.0 if batch.decode_context_tokens % 2 else 300.0) * duration_ms * 1e-3
+
+    batch = Batch(num_decode=1, decode_context_tokens=100)  # contexts 100, 101, 102: 300, 50, 300 W
+    with pytest.raises(AssertionError, match=r"iteration 1 of the run: 0\.5 J over 10\.0 ms is below idle power"):
+        check_power_model(Dips(), batch, 3, 10.0, 0.0)
+    check_power_model(Dips(), batch, 1, 10.0, 0.0)  # (its first iteration alone keeps the contract)
+
+    class SinksAfter(Dips):
+        def iteration_j(self, batch, duration_ms):
+            return 300.0 * duration_ms * 1e-3
+
+        def standby_after(self, batch):  # below idle after an odd context
+            return 60.0 if batch.decode_context_tokens % 2 else 150.0
+
+    with pytest.raises(AssertionError, match=r"after iteration 1 of the run: standby 60\.0 W is below idle power"):
+        check_power_model(SinksAfter(), batch, 3, 10.0, 0.0)
 
 
 def test_table_model_interpolates_and_holds_at_the_ends():
@@ -401,6 +429,28 @@ def test_clock_law_by_hand():
     assert clock_power_factor(1.0, 0.1, 0.65, 0.7) == (1.0, 1.0)
 
 
+def test_the_clock_laws_efficiency_defaults_say_where_they_come_from():
+    """[clock]'s compute and bandwidth efficiencies are its own fixed defaults: the help says so
+    and quotes the roofline's own figures, which are not the clock's (it claimed 0.77 was the
+    roofline's mfu, 0.69 by default and 0.61 on the H100)."""
+    import attrs
+
+    from schedlab_plugins.cost_models.roofline import DERIVATION
+    from schedlab_plugins.presets import MEASURED_EFFICIENCY
+
+    fields = attrs.fields_dict(ClockConfig)
+    compute, memory = (fields[name] for name in ("compute_efficiency", "bandwidth_efficiency"))
+    assert (compute.default, memory.default) == (0.77, 0.91)
+    h100 = MEASURED_EFFICIENCY["h100-80gb"][0]
+    for help_text in (compute.metadata["help"], memory.metadata["help"]):
+        assert "a fixed default, not read from the cost model" in help_text
+    assert f"mfu: {DERIVATION['mfu']:g}, {h100['mfu']:g} on the H100 preset" in compute.metadata["help"]
+    assert DERIVATION["mfu"] != compute.default != h100["mfu"]
+    assert f"kv_read_efficiency is {DERIVATION['kv_read_efficiency']:g}" in memory.metadata["help"]
+    assert f"bandwidth_efficiency {DERIVATION['bandwidth_efficiency']:g} by default" in memory.metadata["help"]
+    assert h100["bandwidth_efficiency"] == DERIVATION["bandwidth_efficiency"]
+
+
 def _governed(gpu="a100-40gb", tpot_ms=12.0):
     return ClockedCostModel(roofline(gpu=gpu), PRESETS.gpu(gpu), ClockConfig(policy="slo", tpot_ms=tpot_ms))
 
@@ -444,6 +494,106 @@ def test_lower_clock_saves_energy_on_decode():
                                                            ClockConfig(mhz=810.0))))
     assert low.metrics["makespan_ms"] <= full.metrics["makespan_ms"] * 1.02
     assert low.metrics["energy"]["gpu_j"] < full.metrics["energy"]["gpu_j"] * 0.95
+
+
+class FiveMs:
+    """Every iteration 5 ms (a decode run's steps alike); a prompt's work compute-bound (1 ms of
+    compute, 1 of memory on :data:`GPU` at full efficiency), a decode's memory-bound (0.1 ms of
+    compute, 4 of memory): at the lowest clock, r = 0.1, a prompt would take 9 ms longer, a decode
+    no longer."""
+
+    def iteration_ms(self, batch):
+        return 5.0
+
+    def decode_step_increment(self, batch):
+        return 0.0
+
+    def work(self, batch):
+        return (1e9, 1e11) if batch.prefill_tokens else (4e9, 1e10)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_governed_standby_is_the_last_iterations_clocks_by_hand(engine):
+    """The SLO governor sets the clock per iteration and nothing sets it back: after an iteration
+    the GPU stands by at that iteration's clock, as at a locked one. Levels 200 MHz + 105 MHz
+    steps up to 2,000 (r_min = 0.1); target 0.9 x 10 ms: a prompt runs at the full clock, the
+    decodes (5 ms, memory-bound) at the lowest. Standby 100 ms, no tail; idle 40 W, board 400 W,
+    awake 0.2: standby is 40 + 360 x 0.2 = 112 W at the full clock and 40 + 360 x 0.2 x 0.1 x
+    0.65^2 = 43.042 W at the lowest (awake share r v^2, voltage 0.65 there).
+
+    r0 (4 + 3 tokens) at 0: its prompt 0-5, decodes 5-15; r1 likewise at 1,000-1,015; r2 and r3
+    (one token each) at 2,000-2,005 and 3,000-3,005, each a prompt alone. The idle stretches: after
+    r0's and r1's last decodes 985 ms each, 100 at 43.042 W and 885 at 40 W (39.7042 J each); after
+    r2's prompt 995 ms, 100 at 112 W and 895 at 40 W (47.0 J). (At the full clock's standby
+    throughout: 46.6 + 46.6 + 47.0 J.)"""
+    clock = ClockedCostModel(FiveMs(), GPU, ClockConfig(policy="slo", tpot_ms=10.0, step_mhz=105.0,
+                                                        compute_efficiency=1.0, bandwidth_efficiency=1.0))
+    requests = [Request(0, 0.0, 4, 3), Request(1, 1000.0, 4, 3), Request(2, 2000.0, 4, 1), Request(3, 3000.0, 4, 1)]
+    power = lambda cost: _model(cost.work, clock=find_clock(cost), standby_s=0.1, tail_s=0.0)  # noqa: E731
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), clock, PagedKVCache(64, 4), engine=engine,
+                   power=power)
+    assert r.requests["finish_ms"].tolist() == [15.0, 1015.0, 2005.0, 3005.0]
+    inst = r.meta["energy"]["instances"][0]
+    assert inst["standby_w"] == pytest.approx(112.0)  # (the full clock's: what a fresh GPU would keep)
+    low = 40.0 + 360.0 * 0.2 * 0.1 * 0.65 ** 2
+    assert low == pytest.approx(43.042)
+    assert inst["standby_at"] == [[15.0, pytest.approx(low)], [1015.0, pytest.approx(low)]]
+    assert inst["idle_j"] == pytest.approx(2 * (100 * low + 885 * 40.0) * 1e-3 + (100 * 112.0 + 895 * 40.0) * 1e-3)
+    assert inst["idle_j"] == pytest.approx(39.7042 * 2 + 47.0)
+    check_energy(r)
+    edges, watts = power_steps(r, 0)
+    assert watts[(edges[:-1] >= 15.0) & (edges[1:] <= 115.0)].tolist() == pytest.approx([low])
+    model = power(clock)  # (the kit checks the standby it says after each iteration of a run)
+    assert model.standby_after(Batch(num_decode=1, decode_context_tokens=4)) == pytest.approx(low)
+    check_power_model(model, Batch(num_decode=1, decode_context_tokens=4), 3, 5.0, 0.0)
+
+
+def test_governed_standby_engines_agree_with_bulk_runs_and_tails():
+    """The same with a tail and longer runs of decodes: the fast engine's bulk runs (one call for
+    the run, the standby after its last step) and the reference engine's steps draw alike."""
+    clock = ClockedCostModel(FiveMs(), GPU, ClockConfig(policy="slo", tpot_ms=10.0, compute_efficiency=1.0,
+                                                        bandwidth_efficiency=1.0))
+    requests = [Request(i, 700.0 * i, 4 + i, 40 - 3 * i) for i in range(6)]
+    power = lambda cost: _model(cost.work, clock=find_clock(cost), standby_s=0.2, tail_s=0.03)  # noqa: E731
+    runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig()), clock, PagedKVCache(64, 4), engine=engine,
+                       power=power) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    assert runs[0].meta["events"] < runs[1].meta["events"]  # (the fast engine ran the decodes in bulk)
+    for run in runs:
+        check_energy(run)
+        # after each request's decodes (the last one's at the window's end, as a tail's start is kept)
+        assert [t for t, _ in run.meta["energy"]["instances"][0]["standby_at"]] == run.requests["finish_ms"].tolist()
+
+
+@pytest.mark.parametrize("power, clock, said", [
+    ('kind = "table"\nfit = "mlenergy-a100-40gb-llama-3.1-8b"', "mhz = 1005", '[clock] mhz = 1005 with [power] kind = '
+     '"table": the table power model does not read the SM clock (its power follows the batch\'s size only)'),
+    ('kind = "fixed_active"', 'policy = "slo"\ntpot_ms = 50', '[clock] policy = "slo" with [power] kind = '
+     '"fixed_active": the fixed_active power model does not read the SM clock (it draws active_w in every '
+     'iteration)'),
+    ('kind = "utilisation"', "mhz = 1005", None),     # it applies the clock's power law
+    ('kind = "table"\nfit = "mlenergy-a100-40gb-llama-3.1-8b"', "mhz = 1410", None),  # the A100's highest clock
+])
+def test_a_clock_the_power_model_does_not_read_is_said(tmp_path, power, clock, said):
+    """[clock] below the highest with a power model that ignores the clock (table, fixed_active):
+    a lower clock only lengthens iterations and adds energy there, so the file is taken with a
+    warning naming [clock] and [power] kind (as a drafter the clock cannot split is named)."""
+    import warnings
+
+    from schedlab.errors import InputWarning
+    from schedlab.study.experiment import load
+
+    path = tmp_path / "clocked.toml"
+    path.write_text(EXPERIMENT.split("[power]")[0] + f"[power]\n{power}\n\n[clock]\n{clock}\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(path)
+    said_now = [str(w.message) for w in caught if issubclass(w.category, InputWarning) and "[clock]" in str(w.message)]
+    if said is None:
+        assert said_now == []
+    else:
+        assert said_now and all(m.startswith(said) for m in said_now)
+        assert 'use [power] kind = "utilisation"' in said_now[0]
 
 
 # --- experiments: tables, errors, reports, the planner ----------------------------------------------
@@ -618,6 +768,76 @@ decode = {instances = 1, clock = {mhz = 810}}
         check_energy(run)
         prefill, decode = run.meta["energy"]["instances"]
         assert decode["standby_w"] < prefill["standby_w"]   # the decode pool idles at its lower clock
+
+
+def test_each_instance_keeps_its_own_pue_by_hand():
+    """Facility energy is each instance's GPUs and host times its own PUE, summed (a disaggregated
+    cluster's pools may each set theirs). Over 10 s: instance 0 draws 3,000 + 1,000 J on its GPUs
+    and 100 W x 10 s = 1,000 J on its host, at PUE 1.2: 6,000 J; instance 1 5,000 + 500 J and
+    50 W x 10 s + 20 W x 8 s busy = 660 J, at PUE 2: 12,320 J. In all 18,320 J for 11,160 J of IT
+    energy: the run's PUE is 18,320 / 11,160."""
+    from schedlab.energy.metrics import energy_totals
+
+    def instance(busy_j, idle_j, busy_ms, host_idle_w, host_busy_w, pue):
+        return {"busy_j": busy_j, "idle_j": idle_j, "busy_ms": busy_ms, "peak_w": 300.0, "host_idle_w": host_idle_w,
+                "host_busy_w": host_busy_w, "pue": pue}
+
+    record = {"window_ms": [0.0, 10_000.0], "pue": 1.2,
+              "instances": [instance(3000.0, 1000.0, 5000.0, 100.0, 0.0, 1.2), instance(5000.0, 500.0, 8000.0, 50.0,
+                                                                                         20.0, 2.0)]}
+    e = energy_totals(record, 1000, 10, {}, 8000.0)
+    assert e["gpu_j"] == 9500.0 and e["host_j"] == pytest.approx(1660.0)
+    assert e["facility_j"] == pytest.approx(18_320.0)
+    assert e["pue"] == pytest.approx(18_320.0 / 11_160.0)
+    assert e["kwh"] == pytest.approx(18_320.0 / 3.6e6)
+    assert e["facility_j_per_token"] == pytest.approx(18.32)
+    for inst in record["instances"]:  # a record saved before instances kept their PUE: the run's, for all
+        del inst["pue"]
+    e = energy_totals(record, 1000, 10, {}, 8000.0)
+    assert e["facility_j"] == pytest.approx(11_160.0 * 1.2) and e["pue"] == 1.2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_pools_own_pue_and_host_count_for_its_instances_only(tmp_path, engine):
+    """[cluster.decode] power = {pue = 2, host_idle_w = 500} over the run's pue 1.25 and host
+    200 W: the prefill instance's facility energy is its GPUs' and host's x 1.25, the decode
+    instance's x 2 (the run's PUE was taken from the first instance for both); each host at its
+    own power. Each pool's power model is described (``models``), of another kind too."""
+    from schedlab.study.experiment import load, run_experiment
+
+    cluster = """[cluster]
+mode = "disaggregated"
+prefill = {instances = 1}
+decode = {instances = 1, power = {POWER}}
+
+[power]"""
+    text = EXPERIMENT.replace('[kv_cache]\nkind = "paged"', '[kv_cache]\nkind = "paged"\nbytes_per_block = 2097152')
+    text = text.replace('name = "energy"', f'name = "energy"\nengine = "{engine}"')
+    path = tmp_path / "pools.toml"
+    path.write_text(text.replace("[power]", cluster.replace("POWER", "pue = 2.0, host_idle_w = 500")))
+    run = run_experiment(load(path)).all_runs()[0]
+    check_energy(run)
+    record, e = run.meta["energy"], run.metrics["energy"]
+    window_s = e["window_ms"] / 1e3
+    prefill, decode = record["instances"]
+    assert (prefill["pue"], decode["pue"]) == (1.25, 2.0)
+    assert (prefill["host_idle_w"], decode["host_idle_w"]) == (200.0, 500.0)
+    gpu = [e["per_instance"][k]["gpu_j"] for k in ("0", "1")]
+    assert e["host_j"] == pytest.approx(700 * window_s)
+    facility = (gpu[0] + 200 * window_s) * 1.25 + (gpu[1] + 500 * window_s) * 2.0
+    assert e["facility_j"] == pytest.approx(facility)
+    assert e["kwh"] == pytest.approx(facility / 3.6e6)
+    assert e["pue"] == pytest.approx(facility / (e["gpu_j"] + e["host_j"]))
+    assert record["pue"] == pytest.approx(e["pue"])
+    # each pool's power model described, its instances named (the record's "model" is the first's)
+    assert [(m["instances"], m["model"]["pue"], m["model"]["host_idle_w"]) for m in record["models"]] == [
+        ([0], 1.25, 200.0), ([1], 2.0, 500.0)]
+    path.write_text(text.replace("[power]", cluster.replace("POWER", 'kind = "fixed_active"')))
+    run = run_experiment(load(path)).all_runs()[0]
+    record = run.meta["energy"]
+    assert [(m["instances"], m["model"]["kind"]) for m in record["models"]] == [([0], "utilisation"),
+                                                                                ([1], "fixed_active")]
+    assert record["model"]["kind"] == "utilisation"
 
 
 # --- an autoscaled cluster --------------------------------------------------------------------------------

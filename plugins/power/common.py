@@ -3,11 +3,13 @@ and tensor-parallel degree of the instance from the power table or the instance'
 
 from __future__ import annotations
 
+import warnings
+
 import attrs
 
 from schedlab.capacity import GpuSpec, Presets
 from schedlab.configs import float_field
-from schedlab.errors import ConfigError
+from schedlab.errors import ConfigError, InputWarning
 
 #: Share of the board limit an idle GPU draws when its preset gives no measured idle power: the
 #: A6000's measured 33 of 300 W (11%), rounded up -- an estimate, said so in the results.
@@ -24,10 +26,12 @@ TAIL_S = 0.61
 class PowerSettings:
     """Settings every built-in power model has (the host beside the GPUs, the facility)."""
 
-    host_idle_w: float = float_field(0.0, min=0.0, help="host power per instance drawn all the time (CPU, DRAM, "
-                                                          "NIC, storage at idle), W")
-    host_busy_w: float = float_field(0.0, min=0.0, help="more host power per instance while iterations run "
-                                                          "(CPU scheduling, DRAM traffic), W")
+    host_idle_w: float = float_field(0.0, min=0.0, help="host power per deployment drawn all the time (CPU, DRAM, "
+                                                          "NIC, storage at idle), W: an instance's, or a data-parallel "
+                                                          "deployment's ranks' together (one host)")
+    host_busy_w: float = float_field(0.0, min=0.0, help="more host power per deployment while iterations run "
+                                                          "(CPU scheduling, DRAM traffic), W; data-parallel ranks "
+                                                          "each add their share while they run")
     pue: float = float_field(1.0, min=1.0, help="power usage effectiveness: facility energy = IT energy x pue")
     standby_s: float = float_field(STANDBY_S, min=0.0, help="seconds the GPU keeps its clocks up (standby power) "
                                                               "after its last iteration before it idles")
@@ -35,10 +39,11 @@ class PowerSettings:
                                                       "iteration's to standby (0: at once)")
 
 
-def host_fields(config: PowerSettings) -> dict:
-    """The settings every built-in describes alike: host, facility, the tail."""
-    return {"host_idle_w": config.host_idle_w, "host_busy_w": config.host_busy_w, "pue": config.pue,
-            "tail_s": config.tail_s}
+def host_fields(config: PowerSettings, ranks: int = 1) -> dict:
+    """The settings every built-in describes alike: host (a deployment's; with ``ranks`` > 1 the
+    data-parallel ranks sharing it, :func:`host_ranks`), facility, the tail."""
+    return {"host_idle_w": config.host_idle_w, "host_busy_w": config.host_busy_w,
+            **({"host_ranks": ranks} if ranks > 1 else {}), "pue": config.pue, "tail_s": config.tail_s}
 
 
 def _layers(cost_model):
@@ -73,6 +78,51 @@ def find_clock(cost_model):
         if callable(getattr(layer, "clock_ratio", None)):
             return layer
     return None
+
+
+def host_ranks(cost_model, config: PowerSettings) -> int:
+    """How many instances share one host: a data-parallel deployment's ranks (``[cluster]
+    data_parallel = D``: one vLLM server, ``--data-parallel-size D``, on one host), each of whose
+    power models then carries ``1 / D`` of ``host_idle_w`` and ``host_busy_w`` -- so a deployment
+    draws one host's idle power, as a tensor-parallel or pipelined instance does, whether its ranks
+    step together (a MoE model's) or are independent instances (a dense model's); else 1. The
+    layout is the cost model's (``parallelism``: the roofline's and the profiled model's). A
+    lockstep rank whose cost model keeps no layout is refused when the host has power: its share
+    is unknown."""
+    for layer in _layers(cost_model):
+        layout = getattr(layer, "parallelism", None)
+        ranks = getattr(layout, "data_parallel", None)
+        if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1:
+            return ranks
+    from schedlab.engine.rank_cost import RankCost
+
+    if isinstance(cost_model, RankCost) and (config.host_idle_w or config.host_busy_w):
+        raise ConfigError(f"host_idle_w, host_busy_w: a data-parallel deployment's ranks share one host, but the cost "
+                          f"model {type(cost_model.inner).__name__} does not say how many ranks there are (its "
+                          "parallelism); the roofline and profiled cost models do")
+    return 1
+
+
+def warn_clock_unread(cost_model, kind: str, reads: str) -> None:
+    """Say (an :class:`InputWarning`) when the instance runs under a ``[clock]`` that can take it
+    below the highest clock and its power model, ``kind``, does not read the clock: the clock then
+    only stretches the compute-bound iterations, whose energy -- power by batch size or a fixed
+    active power, times their time -- rises where the clock law says it falls (only ``utilisation``
+    applies the law's power factors). As a drafter whose work the clock cannot split is named, the
+    setting that does nothing is named: ``[clock]``'s and ``[power] kind``'s. A ``[clock]`` at the
+    highest clock changes nothing: no word. ``reads``: what the model's power follows instead."""
+    clock = find_clock(cost_model)
+    if clock is None:
+        return
+    fixed = getattr(clock, "fixed", None)
+    if fixed is not None and fixed >= 1.0:
+        return
+    mhz = getattr(getattr(clock, "config", None), "mhz", None)
+    setting = 'policy = "slo"' if fixed is None else f"mhz = {mhz:g}" if mhz is not None else "a locked clock"
+    warnings.warn(f"[clock] {setting} with [power] kind = \"{kind}\": the {kind} power model does not read the SM "
+                  f"clock ({reads}), so a lower clock only makes the compute-bound iterations longer and their energy "
+                  "higher, where the clock law says it falls; use [power] kind = \"utilisation\", which applies the "
+                  "clock's power factors", InputWarning, stacklevel=3)
 
 
 def resolve_gpu(name: str | None, cost_model, presets: Presets | None, kind: str) -> GpuSpec:

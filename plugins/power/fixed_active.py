@@ -6,7 +6,8 @@ A GPU draws ``active_w`` while a kernel runs, whatever the batch; ``standby_w`` 
 node was fitted at 33, 89 and 300 W and 18 s -- ``calibration/energy/llmservingsim-power/config``).
 A fixed active power cannot follow the batch: memory-bound decode at a small batch draws well
 below the board limit on most GPUs, large batches near it. LLMServingSim drops from active to
-standby power at once, so ``tail_s`` is 0 here unless set.
+standby power at once, so ``tail_s`` is 0 here unless set. It does not read the SM clock: with
+a ``[clock]`` below the highest a warning says so (:func:`.common.warn_clock_unread`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from schedlab.configs import MAX_TENSOR_PARALLEL, float_field, int_field, str_fi
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
-from .common import PowerSettings, board_and_idle, host_fields, resolve_gpu, resolve_tp
+from .common import PowerSettings, board_and_idle, host_fields, host_ranks, resolve_gpu, resolve_tp, warn_clock_unread
 
 
 @attrs.frozen
@@ -42,7 +43,7 @@ class FixedActivePowerModel:
     """A fixed power while busy, standby for a while after, then idle (see the module docstring)."""
 
     def __init__(self, config: FixedActiveConfig, tensor_parallel: int, *, active_w: float, standby_w: float,
-                 idle_w: float, gpu: str = ""):
+                 idle_w: float, gpu: str = "", host_ranks: int = 1):
         self.config = config
         self.tp = tensor_parallel
         self.gpu = gpu
@@ -51,7 +52,9 @@ class FixedActivePowerModel:
         self.standby_w = tensor_parallel * standby_w
         self.standby_ms = config.standby_s * 1e3
         self.tail_ms = config.tail_s * 1e3
-        self.host_idle_w, self.host_busy_w, self.pue = config.host_idle_w, config.host_busy_w, config.pue
+        self.host_ranks = host_ranks  # data-parallel ranks sharing the host: each draws its share
+        self.host_idle_w, self.host_busy_w = config.host_idle_w / host_ranks, config.host_busy_w / host_ranks
+        self.pue = config.pue
         self._per_ms = tensor_parallel * active_w * 1e-3
 
     def iteration_j(self, batch: Batch, duration_ms: float) -> float:
@@ -63,7 +66,7 @@ class FixedActivePowerModel:
     def describe(self) -> dict:
         return {"kind": "fixed_active", "gpu": self.gpu, "tensor_parallel": self.tp, "active_w": self.active_w,
                 "standby_w": self.standby_w / self.tp, "idle_w": self.idle_w / self.tp,
-                "standby_s": self.config.standby_s, **host_fields(self.config)}
+                "standby_s": self.config.standby_s, **host_fields(self.config, self.host_ranks)}
 
 
 def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None, cost_model=None,
@@ -79,4 +82,6 @@ def build_fixed_active(config: FixedActiveConfig, presets: Presets | None = None
     if active < idle:  # (found by fuzzing: taken as given, a busy GPU drew less than an idle one)
         raise ConfigError(f"active_w ({active:g} W) is below idle_w ({idle:g} W): a GPU draws more running a kernel "
                           "than idle; set active_w to at least idle_w")
-    return FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle, gpu=name)
+    warn_clock_unread(cost_model, "fixed_active", "it draws active_w in every iteration")
+    return FixedActivePowerModel(config, tp, active_w=active, standby_w=standby, idle_w=idle, gpu=name,
+                                 host_ranks=host_ranks(cost_model, config))

@@ -6,7 +6,9 @@ ends; an iteration's energy is that power times its duration. Idle stretches: ``
 ``standby_s``, then ``idle_w``. A table holds what one engine, model and GPU drew -- measure
 your own (average GPU power over a steady batch), or use a shipped fit (``fit = "..."``,
 :data:`schedlab_plugins.power.fits.FITS`, derived from ML.ENERGY's measurements by
-``tools/derive_roofline.py``).
+``tools/derive_roofline.py``). A table holds power at the clock it was measured at: it does not
+read the SM clock, and with a ``[clock]`` below the highest a warning says so
+(:func:`.common.warn_clock_unread`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from schedlab.engine.bulk import run_ms
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
-from .common import PowerSettings, board_and_idle, host_fields, resolve_gpu, resolve_tp
+from .common import PowerSettings, board_and_idle, host_fields, host_ranks, resolve_gpu, resolve_tp, warn_clock_unread
 from .fits import FITS
 from .utilisation import DERIVATION
 
@@ -75,7 +77,7 @@ class TablePowerModel:
     """Power per GPU interpolated in a table of ``x`` (see the module docstring)."""
 
     def __init__(self, config: TableConfig, tensor_parallel: int, points, by: str, *, idle_w: float,
-                 standby_w: float, source: str = ""):
+                 standby_w: float, source: str = "", host_ranks: int = 1):
         self.config = config
         self.tp = tensor_parallel
         self.by = by
@@ -86,7 +88,9 @@ class TablePowerModel:
         self.standby_w = tensor_parallel * standby_w
         self.standby_ms = config.standby_s * 1e3
         self.tail_ms = config.tail_s * 1e3
-        self.host_idle_w, self.host_busy_w, self.pue = config.host_idle_w, config.host_busy_w, config.pue
+        self.host_ranks = host_ranks  # data-parallel ranks sharing the host: each draws its share
+        self.host_idle_w, self.host_busy_w = config.host_idle_w / host_ranks, config.host_busy_w / host_ranks
+        self.pue = config.pue
 
     def watts(self, x: float) -> float:
         """Power per GPU at ``x`` (linear between points, held beyond the ends)."""
@@ -111,7 +115,8 @@ class TablePowerModel:
     def describe(self) -> dict:
         return {"kind": "table", "by": self.by, "points": [list(p) for p in zip(self.xs, self.ws)],
                 "source": self.source, "tensor_parallel": self.tp, "idle_w": self.idle_w / self.tp,
-                "standby_w": self.standby_w / self.tp, "standby_s": self.config.standby_s, **host_fields(self.config)}
+                "standby_w": self.standby_w / self.tp, "standby_s": self.config.standby_s,
+                **host_fields(self.config, self.host_ranks)}
 
 
 def build_table(config: TableConfig, presets: Presets | None = None, cost_model=None,
@@ -132,4 +137,6 @@ def build_table(config: TableConfig, presets: Presets | None = None, cost_model=
         board, idle, _ = board_and_idle(gpu, None, config.idle_w, "table")
         standby = (config.standby_w if config.standby_w is not None
                    else idle + DERIVATION["awake"] * (board - idle))
-    return TablePowerModel(config, tp, points, by, idle_w=idle, standby_w=standby, source=source)
+    warn_clock_unread(cost_model, "table", "its power follows the batch's size only")
+    return TablePowerModel(config, tp, points, by, idle_w=idle, standby_w=standby, source=source,
+                           host_ranks=host_ranks(cost_model, config))

@@ -36,7 +36,10 @@ and the drafter's passes' together, summed (the module says why a sum serves her
 
 At an SM clock below the highest (``[clock]``, :mod:`schedlab.energy.clock`) the awake share
 scales as ``r v(r)^2`` and the activity as ``1 - core_share + core_share v(r)^2`` (the work's
-power on the core's rail falls with the voltage, the memory's does not).
+power on the core's rail falls with the voltage, the memory's does not). Standby is the awake
+share at the clock the GPU idles at: a locked clock's, and under the SLO governor the clock of
+the last iteration, which it set (as through NVML: the setting stays until the next iteration
+changes it) -- :meth:`UtilisationPowerModel.standby_after`, which the meters ask.
 
 Energy is exact over a bulk decode run: the bytes, FLOPs and duration of its iterations are
 linear in the step, phase by phase, so each ``max`` and ``min`` cuts the sum into linear pieces,
@@ -63,8 +66,8 @@ from schedlab.energy.work import peak_ms, phases_of
 from schedlab.errors import ConfigError
 from schedlab.protocols import Batch
 
-from .common import (PowerSettings, board_and_idle, cost_setting, find_clock, find_member, host_fields, resolve_gpu,
-                     resolve_tp)
+from .common import (PowerSettings, board_and_idle, cost_setting, find_clock, find_member, host_fields, host_ranks,
+                     resolve_gpu, resolve_tp)
 
 #: What ``python tools/derive_roofline.py power`` printed: least squares in relative power error
 #: over the ML.ENERGY v2 Llama-3.1-8B sweeps (A100-SXM4-40GB and H100 SXM, vLLM 0.5.4, chat, max
@@ -103,10 +106,12 @@ class UtilisationPowerModel:
     :param kernel: ``kernel(batch) -> ms`` of the GPU's kernels in the step (the rest is the
         host's), or None: the whole step is the kernels'. Over a bulk decode run it must grow
         linearly, as the step does.
+    :param host_ranks: the data-parallel ranks sharing the instance's host (each carries its
+        share, :func:`.common.host_ranks`).
     """
 
     def __init__(self, config: UtilisationConfig, gpu, tensor_parallel: int, work, *, clock=None,
-                 board_w: float, idle_w: float, idle_source: str = "", kernel=None):
+                 board_w: float, idle_w: float, idle_source: str = "", kernel=None, host_ranks: int = 1):
         self.config = c = config
         self.gpu = gpu
         self.tp = tensor_parallel
@@ -119,15 +124,20 @@ class UtilisationPowerModel:
         self._bytes_per_ms = gpu.hbm_bandwidth_gbps * 1e6
         self._flops_per_ms = gpu.bf16_tflops * 1e9
         awake_factor = 1.0
+        #: the governor's standby follows the last iteration's clock (None: standby_w always)
+        self.standby_after = None
         if clock is not None:
             self._law = (clock.r_min, clock.config.voltage_floor, clock.config.core_share)
             if clock.fixed is not None:  # standby at the locked clock
                 awake_factor = clock_power_factor(clock.fixed, *self._law)[0]
+            else:  # standby_w: the highest clock's (before any iteration the GPU is fully idle)
+                self.standby_after = self._standby_at_clock
         self.idle_w = tensor_parallel * idle_w
         self.standby_w = tensor_parallel * (idle_w + self._delta * min(1.0, c.awake * awake_factor))
         self.standby_ms = c.standby_s * 1e3
         self.tail_ms = c.tail_s * 1e3
-        self.host_idle_w, self.host_busy_w, self.pue = c.host_idle_w, c.host_busy_w, c.pue
+        self.host_ranks = host_ranks
+        self.host_idle_w, self.host_busy_w, self.pue = c.host_idle_w / host_ranks, c.host_busy_w / host_ranks, c.pue
 
     # --- PowerModel protocol -----------------------------------------------------------------------
     def iteration_j(self, batch: Batch, duration_ms: float) -> float:
@@ -204,6 +214,12 @@ class UtilisationPowerModel:
                     top = power
         return total, top * 1e3
 
+    def _standby_at_clock(self, batch: Batch) -> float:
+        """``standby_after(batch)``: the standby power (W, all the instance's GPUs) after an
+        iteration of ``batch`` under the SLO governor -- the awake share at the clock that
+        iteration ran at, where the GPU stays until the next one."""
+        return self.tp * (self._idle + self._delta * min(1.0, self._factors(batch)[0]))
+
     # --- parts ---------------------------------------------------------------------------------------
     def _factors(self, batch: Batch) -> tuple[float, float]:
         """``(awake share, activity factor)`` at the clock the iteration runs at."""
@@ -228,7 +244,7 @@ class UtilisationPowerModel:
         c = self.config
         return {"kind": "utilisation", "gpu": self.gpu.name, "tensor_parallel": self.tp, "board_w": self._board,
                 "idle_w": self._idle, "idle_source": self._idle_source, "awake": c.awake, "activity": c.activity,
-                "standby_s": c.standby_s, **host_fields(c)}
+                "standby_s": c.standby_s, **host_fields(c, self.host_ranks)}
 
 
 def _crossing(x0: float, dx: float) -> float | None:
@@ -263,4 +279,5 @@ def build_utilisation(config: UtilisationConfig, presets: Presets | None = None,
             work = drafting(work)
     board, idle, source = board_and_idle(gpu, config.board_w, config.idle_w, "utilisation")
     return UtilisationPowerModel(config, gpu, tp, work, clock=find_clock(cost_model), kernel=find_member(
-        cost_model, "kernel_ms"), board_w=board, idle_w=idle, idle_source=source)
+        cost_model, "kernel_ms"), board_w=board, idle_w=idle, idle_source=source,
+        host_ranks=host_ranks(cost_model, config))

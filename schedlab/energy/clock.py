@@ -7,6 +7,12 @@ The law. An iteration's work splits into what the SMs compute and what the memor
     m = bytes / (peak bandwidth x bandwidth_efficiency)    (ms; the memory clock is not touched)
 
 (the cost model's work: FP8 GEMMs' FLOPs already counted at the bf16 rate, ``plugins/cost_models/work.py``).
+The two efficiencies are ``[clock]``'s own settings, fixed defaults (0.77 and 0.91) that are not
+read from the cost model: the roofline's ``mfu`` is 0.69 by default and 0.61 on the H100 preset,
+it reads weights at ``bandwidth_efficiency`` 0.846 (its default and the H100 preset's) and the KV
+cache at ``kv_read_efficiency`` 0.91. Their ratio decides where an iteration turns compute-bound
+at a lower clock, their values how much longer a compute-bound one takes: set them to the cost
+model's to split and stretch the work as it times it.
 
 At the clock ``r = f / f_max`` the compute takes ``c / r`` and the memory still ``m``, so the
 iteration's time becomes (the roofline's ``max`` of the two moves, the rest does not)::
@@ -122,9 +128,14 @@ class ClockConfig:
                                     help="share of the work's power on the core rail (scales with V^2); the rest, "
                                          "memory and its interface, does not change with the SM clock")
     compute_efficiency: float = float_field(0.77, min=0.0, max=1.0, min_exclusive=True,
-                                            help="share of peak FLOPS the compute reaches (the roofline's mfu)")
+                                            help="share of peak FLOPS the compute reaches, for the clock law's "
+                                                 "compute/memory split; a fixed default, not read from the cost "
+                                                 "model (the roofline's mfu: 0.69, 0.61 on the H100 preset)")
     bandwidth_efficiency: float = float_field(0.91, min=0.0, max=1.0, min_exclusive=True,
-                                              help="share of peak bandwidth the memory traffic reaches")
+                                              help="share of peak bandwidth the memory traffic reaches, for the "
+                                                   "clock law's split; a fixed default, not read from the cost model "
+                                                   "(the roofline's kv_read_efficiency is 0.91, its weight reads' "
+                                                   "bandwidth_efficiency 0.846 by default and on the H100 preset)")
     gpu: str | None = str_field(None, optional=True, help="GPU preset (default: the cost model's)")
 
 

@@ -11,7 +11,9 @@ After its last kernel a GPU does not drop at once to what it draws idle. Measure
   kernels "consume energy after they have stopped executing";
 * **standby**: NVIDIA's driver keeps the clocks up for some seconds after the last kernel (the
   A6000 holds ~84-91 W for ~18 s before it drops to 33 W); a power model gives the level
-  ``standby_w``, how long, ``standby_ms``, and ``idle_w`` after.
+  ``standby_w`` (or, where it depends on the clock the last iteration left the GPU at, its
+  ``standby_after(batch)`` of that iteration: :mod:`.meter`), how long, ``standby_ms``, and
+  ``idle_w`` after.
 
 So ``s`` ms after the last iteration ended, with ``tail_w = max(0, last power - standby_w)``::
 
@@ -54,14 +56,16 @@ def idle_j(idle_w: float, standby_w: float, standby_ms: float, since_ms: float, 
 
 
 def idle_steps(idle_w: float, standby_w: float, standby_ms: float, duration_ms: float, tail_w: float = 0.0,
-               tail_ms: float = 0.0, standby_left=None) -> list[tuple[float, float]]:
+               tail_ms: float = 0.0, standby_left=None, standby_levels=None) -> list[tuple[float, float]]:
     """``[(length ms, mean W), ...]``: ``duration_ms`` of idleness right after an iteration as
     steps whose mean powers are exact (their energies add up to :func:`idle_j`'s): cut where
     standby ends and, through the tail, at :data:`TAIL_CUTS` time constants.
 
     ``standby_left``: the standby each of the instance's GPU groups has left at the stretch's
     start (a pipelined instance's stages, each idle since its own last slice; they share
-    ``standby_w - idle_w`` alike); default: one group, ``standby_ms``."""
+    ``standby_w - idle_w`` alike); default: one group, ``standby_ms``. ``standby_levels``: each
+    group's own standby power instead (W; its share of ``idle_w`` is ``idle_w / groups``), where
+    they differ (a governed clock left at each stage's last slice's level)."""
     if duration_ms <= 0.0:
         return []
     left = (standby_ms,) if standby_left is None else standby_left
@@ -73,8 +77,11 @@ def idle_steps(idle_w: float, standby_w: float, standby_ms: float, duration_ms: 
     steps, start = [], 0.0
     for end in sorted(cuts):
         length = end - start
-        standing = sum(1 for x in left if start < x)
-        base = standby_w if standing == groups else idle_w + (standby_w - idle_w) * standing / groups
+        if standby_levels is None:
+            standing = sum(1 for x in left if start < x)
+            base = standby_w if standing == groups else idle_w + (standby_w - idle_w) * standing / groups
+        else:
+            base = idle_w + sum(w - idle_w / groups for x, w in zip(left, standby_levels) if start < x)
         steps.append((length, base + tail_j(tail_w, tail_ms, start, length) / length * 1e3))
         start = end
     return steps

@@ -10,6 +10,12 @@ whether it worked or not. An autoscaled instance (:mod:`schedlab.engine.scaling`
 off and on: while off it draws nothing; switched on, it idles until its first iteration, as
 before a run's first.
 
+Standby follows the clock the GPU was left at: a power model whose standby depends on the last
+iteration (the ``utilisation`` model under the SLO governor, whose clock -- set per iteration,
+as through NVML -- stays where the last iteration put it) says so through its optional
+``standby_after(batch)``, asked at every iteration; the meter records each idle stretch's level
+where it is not the model's ``standby_w`` (``standby_at``, for :mod:`.timeline`'s redraw).
+
 A partitioned run's part (:mod:`schedlab.study.partition`) knows neither the run's first
 arrival nor its end: :func:`close_part` closes its meters over the part's own window and keeps
 what :func:`join_parts` needs to idle each instance on over the merged run's window.
@@ -33,6 +39,7 @@ import numbers
 from ..errors import SimulationError
 from ..protocols import Batch
 from .idle import idle_j
+from .metrics import run_pue
 
 INF = math.inf
 #: A power model's numbers that are not per iteration: (attribute, default when optional, least value).
@@ -95,13 +102,18 @@ class EnergyMeter:
         run, what the model's ``run_j_peak`` says, else the higher of its first and last);
     :ivar per_decoder: the energy shared out so far to each decoding sequence (fast engine);
     :ivar last_w: the power of the last iteration (where the tail after it starts from);
+    :ivar after_w: the standby power after the last iteration (the model's ``standby_w``, or what
+        its ``standby_after`` said of that iteration);
     :ivar tails: ``[end of an iteration, tail W]`` for each idle stretch with a tail (to redraw
-        the power over time, :mod:`.timeline`).
+        the power over time, :mod:`.timeline`);
+    :ivar standby_at: ``[end of an iteration, standby W]`` for each idle stretch whose standby is
+        not ``standby_w`` (likewise).
     """
 
     __slots__ = ("model", "idle_w", "standby_w", "standby_ms", "tail_ms", "first_start", "last_end", "busy_j",
-                 "idle_j", "dummy_j", "discarded_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_run_j", "_run_j_peak",
-                 "closed", "latest", "switched_on", "initial_end", "offs")
+                 "idle_j", "dummy_j", "discarded_j", "busy_ms", "peak_w", "per_decoder", "last_w", "tails", "_run_j",
+                 "_run_j_peak", "closed", "latest", "switched_on", "initial_end", "offs", "after_w", "standby_at",
+                 "_standby_after")
 
     def __init__(self, model):
         check_power_model(model)
@@ -111,7 +123,10 @@ class EnergyMeter:
         self.standby_ms = float(model.standby_ms)
         self.tail_ms = float(getattr(model, "tail_ms", 0.0))
         self.last_w = 0.0
+        self.after_w = self.standby_w
         self.tails: list[list[float]] = []
+        self.standby_at: list[list[float]] = []
+        self._standby_after = getattr(model, "standby_after", None)
         self.first_start = INF   # start of the first iteration (of the first time on)
         self.last_end = -INF     # end of the last one (since last switched on)
         self.latest = -INF       # the last iteration's end or switch-off: where the run's window may end
@@ -163,14 +178,20 @@ class EnergyMeter:
 
     def tail_w(self) -> float:
         """How far above standby the power starts after the last iteration (0 without a tail)."""
-        return max(0.0, self.last_w - self.standby_w) if self.tail_ms > 0.0 else 0.0
+        return max(0.0, self.last_w - self.after_w) if self.tail_ms > 0.0 else 0.0
 
     def _after_last(self, duration: float) -> None:
         """The idle stretch of ``duration`` ms right after the last iteration: its tail, standby, idle."""
         tail = self.tail_w()
         if tail > 0.0:
             self.tails.append([self.last_end, tail])
-        self.idle_j += idle_j(self.idle_w, self.standby_w, self.standby_ms, 0.0, duration, tail, self.tail_ms)
+        if self.after_w != self.standby_w:
+            self.standby_at.append([self.last_end, self.after_w])
+        self.idle_j += idle_j(self.idle_w, self.after_w, self.standby_ms, 0.0, duration, tail, self.tail_ms)
+
+    def _standby_after_last(self, batch: Batch) -> None:
+        """Ask the model (if it says it) the standby power after an iteration of ``batch`` just accounted."""
+        self.after_w = checked_j(self._standby_after(batch), self.model, "standby_after", batch, "W (standby)")
 
     def _busy(self, start: float, duration: float, energy: float) -> None:
         self.busy_j += energy
@@ -191,6 +212,8 @@ class EnergyMeter:
             self.last_w = power
             if power > self.peak_w:
                 self.peak_w = power
+            if self._standby_after is not None:
+                self._standby_after_last(batch)
         self._busy(start, duration, energy)
         return energy
 
@@ -213,6 +236,8 @@ class EnergyMeter:
             # model sees of the cost model may change by the next iteration (a lockstep rank's step)
             energy_last = checked_j(model.iteration_j(shifted(batch, k - 1), last), model, "iteration_j", batch)
             self.last_w = energy_last / last * 1e3
+        if self._standby_after is not None and k > 0 and last > 0.0:
+            self._standby_after_last(shifted(batch, k - 1))
         self._busy(start, total, energy)
         return energy
 
@@ -262,6 +287,7 @@ class EnergyMeter:
             "busy_j": self.busy_j, "idle_j": self.idle_j, "busy_ms": self.busy_ms, "peak_w": self.peak_w,
             "idle_w": self.idle_w, "standby_w": self.standby_w, "standby_ms": self.standby_ms,
             "tail_ms": self.tail_ms, "tails": self.tails,
+            **({"standby_at": self.standby_at} if self.standby_at else {}),
             **({"dummy_j": self.dummy_j} if self.dummy_j else {}),
             **({"discarded_j": self.discarded_j} if self.discarded_j else {}),
             **off_record(self.offs, start, end),
@@ -293,9 +319,12 @@ def off_record(offs: list, start: float, end: float) -> dict:
 
 
 def host_record(model) -> dict:
-    """The host beside an instance's GPUs, as its power model says (for the energy record)."""
+    """The host beside an instance's GPUs and the facility around them, as its power model says
+    (for the energy record): each instance keeps its own PUE, since a disaggregated cluster's pools
+    may each override it (``[cluster.decode] power = {pue = ...}``)."""
     return {"host_idle_w": float(getattr(model, "host_idle_w", 0.0)),
-            "host_busy_w": float(getattr(model, "host_busy_w", 0.0))}
+            "host_busy_w": float(getattr(model, "host_busy_w", 0.0)),
+            "pue": float(getattr(model, "pue", 1.0))}
 
 
 def token_shares(energy: float, batch: Batch, dropped: int = 0) -> tuple[float, float]:
@@ -315,18 +344,36 @@ def close_meters(meters: list, start: float) -> dict:
     """Close every instance's meter (an :class:`EnergyMeter`, or a pipelined instance's
     :class:`.pipeline.PipelineMeter`) over the run's window -- from ``start`` (the first arrival)
     to the end of the last iteration of any instance -- and return the run's energy record
-    (``meta["energy"]``): the window, the idle model and, per instance, its GPUs' energy."""
+    (``meta["energy"]``): the window, the power model (the first instance's; with pools of
+    other settings, each one and its instances under ``models``), the run's PUE
+    (:func:`.metrics.run_pue`) and, per instance, its GPUs' energy, its host and its own PUE."""
     end = max([m.latest for m in meters if m.latest > -INF] + [start])
     for m in meters:
         m.close(start, end)
-    first = meters[0].model
-    describe = getattr(first, "describe", None)
-    return {
+    described = [_described(m.model) for m in meters]
+    instances = [m.record(start, end) for m in meters]
+    record = {
         "window_ms": [start, end],
-        "model": describe() if describe is not None else {"kind": type(first).__name__},
-        "pue": float(getattr(first, "pue", 1.0)),
-        "instances": [m.record(start, end) for m in meters],
+        "model": described[0],
+        "pue": run_pue(instances, end - start),
+        "instances": instances,
     }
+    kinds = []  # [description, its instances] of each distinct power model (a pool may override [power])
+    for i, d in enumerate(described):
+        same = next((k for k in kinds if k[0] == d), None)
+        if same is None:
+            kinds.append([d, [i]])
+        else:
+            same[1].append(i)
+    if len(kinds) > 1:
+        record["models"] = [{"instances": ids, "model": d} for d, ids in kinds]
+    return record
+
+
+def _described(model) -> dict:
+    """A power model's settings for the results (its ``describe()``, else its class)."""
+    describe = getattr(model, "describe", None)
+    return describe() if describe is not None else {"kind": type(model).__name__}
 
 
 def close_part(meters: list, indices: list[int], first_arrival: float) -> dict:
@@ -342,6 +389,7 @@ def close_part(meters: list, indices: list[int], first_arrival: float) -> dict:
         "first_arrival_ms": first_arrival if first_arrival < INF else None,
         "last_end_ms": [m.last_end if m.last_end > -INF else None for m in meters],
         "tail_w": [m.tail_w() for m in meters],
+        "standby_w": [m.after_w for m in meters],
     }
     return record
 
@@ -363,9 +411,10 @@ def join_parts(records: list[dict]) -> dict:
     for record, w in zip(records, worked):
         part = record["part"]
         part_start, part_end = record["window_ms"] if w else (start, start)
-        for index, inst, last_end, tail_w in zip(part["instances"], record["instances"], part["last_end_ms"],
-                                                 part["tail_w"]):
-            idle = inst["idle_w"], inst["standby_w"], inst["standby_ms"]
+        standbys = part.get("standby_w") or [inst["standby_w"] for inst in record["instances"]]
+        for index, inst, last_end, tail_w, standby in zip(part["instances"], record["instances"],
+                                                          part["last_end_ms"], part["tail_w"], standbys):
+            idle = inst["idle_w"], standby, inst["standby_ms"]  # (standby: after its part's last iteration)
             since = INF if last_end is None else part_end - last_end
             before = idle_j(*idle, INF, part_start - start)
             after = idle_j(*idle, since, end - part_end, tail_w, inst["tail_ms"])
@@ -373,6 +422,7 @@ def join_parts(records: list[dict]) -> dict:
     joined = {key: value for key, value in records[0].items() if key != "part"}
     joined["window_ms"] = [start, end]
     joined["instances"] = [placed[i] for i in sorted(placed)]
+    joined["pue"] = run_pue(joined["instances"], end - start, joined.get("pue", 1.0))
     return joined
 
 

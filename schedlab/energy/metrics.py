@@ -2,7 +2,9 @@
 
 * ``gpu_j`` -- what the GPUs drew over the run's window (first arrival to the end of the last
   iteration), iterations (``busy_j``) and idle stretches (``idle_j``) alike; ``host_j`` the
-  hosts beside them; ``facility_j = (gpu_j + host_j) x pue``, also as ``kwh``;
+  hosts beside them; ``facility_j``, the sum over the instances of ``(GPUs + host) x`` their
+  ``pue`` (a disaggregated cluster's pools may each have their own), also as ``kwh``; ``pue`` the
+  instances' PUE when they share one, else the run's effective one, ``facility_j / (gpu_j + host_j)``;
 * ``j_per_token`` and ``j_per_request`` -- GPU energy per output token of the completed requests
   and per completed request (as ML.ENERGY reports them, whose requests all complete),
   ``facility_j_per_token`` the same from the facility's meter. Work for requests that did not
@@ -15,7 +17,11 @@
   average over its window, and the sum of the instances' peaks -- what they could draw at once,
   the figure to provision for (their peaks need not coincide); per instance too;
 * per request class (``per_class.<class>.energy``): its requests' shares (``j``), per completed
-  request and per their output token.
+  request and per their output token. These count the iterations' energy only (the requests'
+  shares): idle stretches, data-parallel dummy steps and discarded decodes belong to no request or
+  class. So the classes' ``j_per_token`` are not a breakdown of the run's ``j_per_token``, which
+  counts the GPUs' whole energy, idle included: their token-weighted mean is ``attributed_j /
+  generated tokens``, below ``gpu_j / generated tokens`` by the share of idle energy.
 """
 
 from __future__ import annotations
@@ -33,6 +39,28 @@ def instance_energy(inst: dict, window_ms: float) -> dict[str, float]:
     on_ms = inst.get("on_ms", window_ms)  # an autoscaled instance's host is off with it
     host = (inst["host_idle_w"] * on_ms + inst["host_busy_w"] * inst["busy_ms"]) * 1e-3
     return {"gpu_j": gpu, "host_j": host}
+
+
+def facility_j(inst: dict, window_ms: float, pue: float = 1.0) -> float:
+    """One instance's facility energy (J): its GPUs' and host's at its own PUE (``pue``: the
+    run's, for a record saved before each instance kept its own)."""
+    parts = instance_energy(inst, window_ms)
+    return (parts["gpu_j"] + parts["host_j"]) * inst.get("pue", pue)
+
+
+def run_pue(instances: list[dict], window_ms: float, pue: float = 1.0) -> float:
+    """The run's PUE: the instances' when they share one, else the facility's energy over the IT
+    energy (GPUs and hosts), each instance's at its own PUE (``pue``: the default for records
+    that keep none per instance, and the answer for a run that drew nothing)."""
+    pues = {inst.get("pue", pue) for inst in instances}
+    if len(pues) <= 1:
+        return float(pues.pop()) if pues else float(pue)
+    it = facility = 0.0
+    for inst in instances:
+        parts = instance_energy(inst, window_ms)
+        it += parts["gpu_j"] + parts["host_j"]
+        facility += facility_j(inst, window_ms, pue)
+    return facility / it if it > 0.0 else float(pue)
 
 
 def energy_metrics(req: dict[str, np.ndarray], energy: dict[str, Any], summarize, ok: np.ndarray) -> dict[str, Any]:
@@ -53,11 +81,13 @@ def energy_totals(energy: dict[str, Any], generated: int, finished: int, request
     window = end - start
     seconds = window / 1e3
     nan = float("nan")
-    per_instance, gpu, host, busy, idle = {}, 0.0, 0.0, 0.0, 0.0
+    per_instance, gpu, host, facility, busy, idle = {}, 0.0, 0.0, 0.0, 0.0, 0.0
+    default_pue = energy.get("pue", 1.0)  # (a record whose instances keep no PUE of their own)
     for k, inst in enumerate(energy["instances"]):
         parts = instance_energy(inst, window)
         gpu += parts["gpu_j"]
         host += parts["host_j"]
+        facility += (parts["gpu_j"] + parts["host_j"]) * inst.get("pue", default_pue)
         busy += inst["busy_j"]
         idle += inst["idle_j"]
         per_instance[str(k)] = {
@@ -66,8 +96,7 @@ def energy_totals(energy: dict[str, Any], generated: int, finished: int, request
             "peak_power_w": inst["peak_w"],
             "busy_share": inst["busy_ms"] / window if window > 0 else nan,
         }
-    pue = energy.get("pue", 1.0)
-    facility = (gpu + host) * pue
+    pue = run_pue(energy["instances"], window, default_pue)
     return {
         "gpu_j": gpu, "busy_j": busy, "idle_j": idle, "host_j": host, "facility_j": facility,
         "kwh": facility / J_PER_KWH, "gpu_kwh": gpu / J_PER_KWH, "pue": pue,

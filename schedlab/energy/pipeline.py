@@ -29,7 +29,9 @@ stages over it, busy and idle, so the power the timeline redraws over a row is t
 mean power over it, exactly. Between rows no batch is in flight and every stage idles, each from
 its own last slice: at the start of such a stretch the meter records each stage's standby left
 (``standby_left``) and the stages' tails summed into one (``tails``: exponentials of one time
-constant add up), and :func:`.timeline.power_steps` redraws the stretch exactly.
+constant add up) -- and, under the SLO governor, each stage's standby level, that of the clock
+its last slice ran at (``standby_at``, :mod:`.meter`) -- and :func:`.timeline.power_steps`
+redraws the stretch exactly.
 
 **Autoscaled** (:func:`schedlab.engine.scaling.pipeline_scaling`), an instance is switched off
 with nothing in flight -- its stages' idle stretches end there -- and draws nothing until
@@ -72,9 +74,11 @@ class PipelineMeter:
         self.tail_ms = float(getattr(model, "tail_ms", 0.0))
         self.idle_w = stages * self.stage_idle_w
         self.standby_w = stages * self.stage_standby_w
-        self.slices = [deque() for _ in range(stages)]  # per stage: [start, end, W] not yet passed
+        self.slices = [deque() for _ in range(stages)]  # per stage: [start, end, W, standby W after] not yet passed
         self.last_end = [-INF] * stages  # per stage: the end and power of its last slice passed
         self.last_w = [0.0] * stages
+        self.last_sb = [self.stage_standby_w] * stages  # ... and the standby after it
+        self._standby_after = getattr(model, "standby_after", None)
         self.busy_j = [0.0] * stages
         self.idle_j = [0.0] * stages
         self.busy_ms = [0.0] * stages
@@ -86,6 +90,7 @@ class PipelineMeter:
         self.peak_w = 0.0
         self.tails: list[list[float]] = []
         self.standby_left: list[list[float]] = []
+        self.standby_at: list[list[float]] = []
         self.per_decoder = 0.0  # the energy shared out so far to each decoding sequence (fast engine)
         self.discarded_j = 0.0  # planning ahead: the shares of decodes whose token was thrown away
         self._row = 0.0
@@ -98,14 +103,16 @@ class PipelineMeter:
     def launch(self, starts, stage_ms, batch, ratio: float) -> None:
         """A batch enters the pipeline: stage ``s`` computes its slice from ``starts[s]`` for
         ``stage_ms[s]`` ms, at clock ``ratio``."""
-        view, model = self.view, self.model
+        view, model, after = self.view, self.model, self._standby_after
         view.ratio = ratio
         energy = 0.0
         for s, (start, d) in enumerate(zip(starts, stage_ms)):
             if d > 0.0:
                 view.stage = s
                 e = checked_j(model.iteration_j(batch, d), model, "iteration_j", batch)
-                self.slices[s].append((start, start + d, e / d * 1e3))
+                sb = self.stage_standby_w if after is None else checked_j(after(batch), model, "standby_after",
+                                                                          batch, "W (standby)")
+                self.slices[s].append((start, start + d, e / d * 1e3, sb))
                 self.busy_j[s] += e
                 self.busy_ms[s] += d
                 energy += e
@@ -148,6 +155,7 @@ class PipelineMeter:
         self.offs.append([t, INF])
         self.last_end = [-INF] * self.stages
         self.last_w = [0.0] * self.stages
+        self.last_sb = [self.stage_standby_w] * self.stages
         if t > self.latest:
             self.latest = t
 
@@ -181,11 +189,13 @@ class PipelineMeter:
         for s in range(self.stages):
             since = t - self.last_end[s]
             left.append(self.standby_ms - since if since < self.standby_ms else 0.0)
-            w = self.last_w[s] - self.stage_standby_w
+            w = self.last_w[s] - self.last_sb[s]
             if self.tail_ms > 0.0 and w > 0.0 and since < INF:
                 tail += w * math.exp(-since / self.tail_ms)
         if any(left):
             self.standby_left.append([t, *left])
+            if any(x > 0.0 and sb != self.stage_standby_w for x, sb in zip(left, self.last_sb)):
+                self.standby_at.append([t, *self.last_sb])
         if tail > 0.0:
             self.tails.append([t, tail])
         self._integrate(end)
@@ -198,14 +208,14 @@ class PipelineMeter:
         for s in range(self.stages):
             queue, t = self.slices[s], a
             while queue and queue[0][0] < end:
-                start, stop, w = queue[0]
+                start, stop, w, sb = queue[0]
                 if start > t:
                     total += self._idle(s, t, start)
                     t = start
                 if stop <= end:
                     total += w * (stop - t) * 1e-3
                     queue.popleft()
-                    self.last_end[s], self.last_w[s] = stop, w
+                    self.last_end[s], self.last_w[s], self.last_sb[s] = stop, w, sb
                     t = stop
                 else:  # it goes on past ``end``
                     total += w * (end - t) * 1e-3
@@ -219,8 +229,8 @@ class PipelineMeter:
     def _idle(self, s: int, start: float, end: float) -> float:
         """Stage ``s`` idle from ``start`` to ``end`` (its last slice's tail, standby, idle)."""
         since = start - self.last_end[s]
-        tail = self.last_w[s] - self.stage_standby_w if self.tail_ms > 0.0 else 0.0
-        e = idle_j(self.stage_idle_w, self.stage_standby_w, self.standby_ms, since, end - start, tail, self.tail_ms)
+        tail = self.last_w[s] - self.last_sb[s] if self.tail_ms > 0.0 else 0.0
+        e = idle_j(self.stage_idle_w, self.last_sb[s], self.standby_ms, since, end - start, tail, self.tail_ms)
         self.idle_j[s] += e
         return e
 
@@ -246,6 +256,7 @@ class PipelineMeter:
             "busy_j": sum(self.busy_j), "idle_j": sum(self.idle_j), "busy_ms": self.in_flight_ms,
             "peak_w": self.peak_w, "idle_w": self.idle_w, "standby_w": self.standby_w, "standby_ms": self.standby_ms,
             "tail_ms": self.tail_ms, "tails": self.tails, "standby_left": self.standby_left,
+            **({"standby_at": self.standby_at} if self.standby_at else {}),
             "stages": [{"busy_j": b, "idle_j": i, "busy_ms": ms}
                        for b, i, ms in zip(self.busy_j, self.idle_j, self.busy_ms)],
             **({"discarded_j": self.discarded_j} if self.discarded_j else {}),

@@ -4,7 +4,9 @@ Each timeline row is a stretch of iterations with its duration and its GPUs' ene
 power is their quotient. Between rows, and from the window's start to the first row and from
 the last row to the window's end, the GPUs idle -- after an iteration its power's tail (the
 meter recorded where each starts, ``tails``), standby power for ``standby_ms``, idle power
-otherwise (:mod:`.idle`), as steps of exact mean power; an autoscaled instance draws nothing
+otherwise (:mod:`.idle`), as steps of exact mean power -- standby at the level the meter
+recorded for the stretch where it is not the record's ``standby_w`` (``standby_at``: a
+governed clock's, left where the last iteration set it); an autoscaled instance draws nothing
 while it is off (``off``) and idles from its switch-on. A pipelined instance's rows carry all
 its stages' energy over them, and each stage idles from its own last slice: an idle stretch
 starts with the standby each stage has left (``standby_left``, :mod:`.pipeline`). The integral of this step function is
@@ -34,6 +36,7 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
     idle_w, standby_w, standby_ms = inst["idle_w"], inst["standby_w"], inst["standby_ms"]
     tail_ms = inst.get("tail_ms", 0.0)
     tails = _Marks(inst.get("tails", []))
+    levels = _Marks(inst.get("standby_at", []))  # standby W (each stage's) where not the record's
     staged = "stages" in inst  # a pipelined instance: each stage's standby left at a stretch's start
     lefts, no_standby = _Marks(inst.get("standby_left", [])), (0.0,) * len(inst.get("stages", ()))
     start, end = energy["window_ms"]
@@ -61,9 +64,12 @@ def power_steps(run, instance: int, until: float | None = None) -> tuple[np.ndar
             return
         tail = tails.at(cursor)
         tail = tail[0] if tail else 0.0
+        level = levels.at(cursor)
         left = (lefts.at(cursor) or no_standby) if staged else None
+        standby = level[0] if level and not staged else standby_w
         at = cursor
-        for length, w in idle_steps(idle_w, standby_w, standby_ms, stop - cursor, tail, tail_ms, left):
+        for length, w in idle_steps(idle_w, standby, standby_ms, stop - cursor, tail, tail_ms, left,
+                                    level if staged else None):
             at += length
             edges.append(at)
             watts.append(w)

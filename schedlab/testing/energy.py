@@ -2,8 +2,9 @@
 
 * :func:`check_power_model` -- one model on one bulk decode run: its closed form (``run_j``,
   ``run_j_peak``) equals the sum of its iterations and the highest of their powers, no
-  iteration draws less than idle power, standby is no less than idle, a tail's time constant is
-  not negative;
+  iteration of the run draws less than idle power (each one is checked), standby is no less
+  than idle (after each iteration too, where the model's ``standby_after`` says it), a tail's
+  time constant is not negative;
 * :func:`check_energy` -- a finished run with ``[power]``: per instance, the energy the meters
   counted equals the integral of the power drawn from the timeline (conservation), and the
   iterations' energy is all shared out to the requests (but the dummy steps of data-parallel
@@ -25,12 +26,19 @@ def check_power_model(model, batch: Batch, k: int, d0: float, inc: float, *, rel
     assert model.standby_w >= model.idle_w >= 0.0, f"standby {model.standby_w} W below idle {model.idle_w} W"
     assert model.standby_ms >= 0.0
     assert getattr(model, "tail_ms", 0.0) >= 0.0
-    for j in (0, k - 1):
+    standby_after = getattr(model, "standby_after", None)
+    energies = []
+    for j in range(k):
         d = d0 + j * inc
         energy = model.iteration_j(shifted(batch, j), d)
         assert energy >= model.idle_w * d * 1e-3 * (1 - rel), (
             f"iteration {j} of the run: {energy} J over {d} ms is below idle power ({model.idle_w} W)")
-    summed = run_j_by_iterations(model, batch, k, d0, inc)
+        energies.append(energy)
+        if standby_after is not None:
+            standby = standby_after(shifted(batch, j))
+            assert standby >= model.idle_w * (1 - rel), (
+                f"after iteration {j} of the run: standby {standby} W is below idle power ({model.idle_w} W)")
+    summed = run_j_by_iterations(model, batch, k, d0, inc)  # (each answer checked: a number, finite, >= 0)
     run_j = getattr(model, "run_j", None)
     if run_j is not None:
         closed = run_j(batch, k, d0, inc)
@@ -39,7 +47,7 @@ def check_power_model(model, batch: Batch, k: int, d0: float, inc: float, *, rel
     run_j_peak = getattr(model, "run_j_peak", None)
     if run_j_peak is not None:
         energy, peak = run_j_peak(batch, k, d0, inc)
-        powers = [model.iteration_j(shifted(batch, j), d0 + j * inc) / (d0 + j * inc) * 1e3 for j in range(k)]
+        powers = [e / (d0 + j * inc) * 1e3 for j, e in enumerate(energies)]
         assert math.isclose(energy, summed, rel_tol=rel, abs_tol=1e-12)
         assert math.isclose(peak, max(powers), rel_tol=rel, abs_tol=1e-9), (
             f"run_j_peak says {peak} W, the run's iterations reach {max(powers)} W")
