@@ -638,7 +638,10 @@ class PowerModel(Protocol):
     ``run_j_peak`` (``run_j`` and the run's highest power in W at once, saving the meter two
     ``iteration_j`` calls per run);
     ``host_idle_w`` (the host's CPU, DRAM and NIC, drawn all the time), ``host_busy_w`` (more
-    while iterations run) and ``pue`` (facility energy = IT energy x pue); ``describe()``, a
+    while iterations run) and ``pue`` (facility energy = IT energy x pue); ``standby_after(batch)``,
+    the standby power after an iteration of ``batch``'s shape when it differs from ``standby_w``
+    (None: ``standby_w``; the SLO governor's GPU stands by at its last iteration's clock);
+    ``describe()``, a
     dict of its settings for the results. Every energy, power and time it gives is a finite
     number >= 0 (``pue`` >= 1): the meters refuse anything else, naming the method.
     """

@@ -667,7 +667,8 @@ def test_energy_in_the_table_and_the_timeline_plot(energy_run):
     from schedlab_plugins.reports.table import TableReport
 
     text = TableReport().text(energy_run)
-    assert "energy.j_per_token" in text and "J/token by class: batch" in text and "PUE 1.25" in text
+    assert "energy.j_per_token" in text and "PUE 1.25" in text
+    assert "J/token by class (their iterations' shares, idle left out): batch" in text
     run = energy_run.all_runs()[0]
     assert has_power(run)
     fig = timeline_figure(run, 60)

@@ -87,12 +87,11 @@ def hourly_kwh(run) -> list[float] | None:
     start, end = energy["window_ms"]
     bounds = np.arange(len(run.metrics["hourly"]) + 1) * HOUR_MS
     bounds[-1] = max(bounds[-1], end)
-    gpu_j = np.zeros(bounds.size - 1)
-    host_j = np.zeros(bounds.size - 1)
+    facility = np.zeros(bounds.size - 1)
     for k, inst in enumerate(energy["instances"]):
         edges, watts = power_steps(run, k)
         drawn = np.concatenate(([0.0], np.cumsum(np.diff(edges) * watts) * 1e-3))  # J drawn by each edge
-        gpu_j += np.diff(np.interp(bounds, edges, drawn))
+        gpu_j = np.diff(np.interp(bounds, edges, drawn))
         mine = t["instance"] == k
         starts, durations = t["time_ms"][mine], t["duration_ms"][mine]
         busy = np.array([np.clip(b - starts, 0.0, durations).sum() for b in bounds])  # ms busy before each bound
@@ -100,8 +99,8 @@ def hourly_kwh(run) -> list[float] | None:
         off = np.array([sum(max(0.0, min(b, off_end, end) - max(a, start)) for a, off_end in inst.get("off", []))
                         for b in clipped])
         on = clipped - start - off  # ms on before each bound
-        host_j += (inst.get("host_idle_w", 0.0) * np.diff(on) + inst.get("host_busy_w", 0.0) * np.diff(busy)) * 1e-3
-    facility = (gpu_j + host_j) * energy.get("pue", 1.0)
+        host_j = (inst.get("host_idle_w", 0.0) * np.diff(on) + inst.get("host_busy_w", 0.0) * np.diff(busy)) * 1e-3
+        facility += (gpu_j + host_j) * inst.get("pue", energy.get("pue", 1.0))  # (each pool's own PUE)
     if not math.isclose(float(facility.sum()), run.metrics["energy"]["facility_j"], rel_tol=1e-6, abs_tol=1e-6):
         return None
     return (facility / J_PER_KWH).tolist()

@@ -249,7 +249,7 @@ def energy_lines(runs) -> list[str]:
         shares = [f"{name} {_fmt(sub['energy']['j_per_token'])}" for name, sub in classes.items()
                   if isinstance(sub, dict) and isinstance(sub.get("energy"), dict)]
         if shares:
-            text += "; J/token by class: " + ", ".join(shares)
+            text += "; J/token by class (their iterations' shares, idle left out): " + ", ".join(shares)
         lines.append(text)
     return lines
 
