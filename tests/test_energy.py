@@ -592,7 +592,7 @@ def test_a_clock_the_power_model_does_not_read_is_said(tmp_path, power, clock, s
     if said is None:
         assert said_now == []
     else:
-        assert said_now and all(m.startswith(said) for m in said_now)
+        assert said_now and all(m.startswith(f"{path}: [power]: {said}") for m in said_now)
         assert 'use [power] kind = "utilisation"' in said_now[0]
 
 

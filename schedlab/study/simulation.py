@@ -676,9 +676,18 @@ def _ahead_key(config) -> str | None:
 def _power_model(ctx: Context, tables: dict, seen, kv, where: str):
     """An instance's power model from ``[power]``, built against ``seen``: the cost model as the
     instance's engine sees it (a lockstep rank's :class:`RankCost`, which says what its GPUs did
-    in a step)."""
-    return build_component(ctx, "power_model", tables["power"], where, cost_model=seen,
-                           tensor_parallel=tensor_parallel(seen, kv))
+    in a step). What its factory says of the settings (an :class:`InputWarning`: a clock it does
+    not read) is said again of the file and table."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model = build_component(ctx, "power_model", tables["power"], where, cost_model=seen,
+                                tensor_parallel=tensor_parallel(seen, kv))
+    for w in said:
+        if issubclass(w.category, InputWarning):
+            warnings.warn(f"{where}: {w.message}", w.category, stacklevel=2)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return model
 
 
 def _clocked(ctx: Context, tables: dict, cost, where: str):
