@@ -27,7 +27,7 @@ from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import LeastOutstandingRouter, RoundRobinRouter
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
 from schedlab_plugins.workloads.closed_loop import ClosedLoopConfig, make_closed_loop_workload
-from test_sglang import rejections_for, sglang_configs, whole_pages
+from test_sglang import rejections_for, sglang_configs, sglang_pool, whole_pages
 
 ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -289,8 +289,7 @@ def test_both_engines_agree_on_sglang_whose_aborted_requests_run_once_more(reque
     cfg = whole_pages(cfg, block_size)
     requests = with_classes(requests)
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
-    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
-                     -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare
+    blocks = sglang_pool(requests, block_size, spare, prefix_cache=radix)
     kvs = {}
 
     def run(engine):

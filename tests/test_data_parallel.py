@@ -32,7 +32,7 @@ from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache, RadixKVCache
 from schedlab_plugins.routers import (DataParallelRouter, DataParallelRouterConfig, LeastOutstandingRouter,
                                       RoundRobinRouter)
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler, SglangConfig, SglangScheduler
-from test_sglang import assert_only_turned_away, rejections_for, sglang_configs, whole_pages
+from test_sglang import assert_only_turned_away, rejections_for, sglang_configs, sglang_pool, whole_pages
 
 ENGINES = ("fast", "reference")
 SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -261,8 +261,7 @@ def test_sglang_ranks_agree_between_engines_with_and_without_overlap(requests, c
     both engines give the same timestamps, counters and steps, within the rules."""
     cfg = whole_pages(cfg, block_size)
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
-    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
-                     -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare
+    blocks = sglang_pool(requests, block_size, spare, prefix_cache=radix)
 
     def make():
         kv = (RadixKVCache if radix else PagedKVCache)(blocks, block_size)
@@ -286,8 +285,7 @@ def test_sglang_ranks_with_clients_giving_up_agree_and_a_lone_one_drops_them_as_
     loop top, when the batch in flight has just started (a running request then runs once more:
     ``to_finish``) -- so a lone rank gives the rows of one colocated instance with the same
     costs, wherever it ran no dummy step."""
-    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // 4) + 1, -(-(r.prompt_tokens + 7) // 4))
-                 for r in requests) + spare
+    blocks = sglang_pool(requests, 4, spare, prefix_cache=radix)
 
     def make():
         kv = (RadixKVCache if radix else PagedKVCache)(blocks, 4)

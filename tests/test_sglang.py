@@ -270,15 +270,33 @@ def test_retraction_policy_priority_retracts_the_least_important_first(engine, p
 
 
 def test_sglang_cuts_what_the_pool_cannot_hold_and_rejects_a_prompt_that_nearly_fills_it():
-    # 40 tokens of KV: max_new_tokens is cut to 40 - 10 - 2 = 28 (max_new_tokens_for_memory: the
-    # pool less the prompt, a page and a token), and a prompt of 40 - 6 = 34 tokens is refused
-    # (max_req_input_len = max_req_len - 5, max_req_len = pool - 1)
+    # 40 tokens of KV in SGLang's radix tree: max_new_tokens is cut to 40 - 10 - 2 = 28
+    # (max_new_tokens_for_memory: the pool less the prompt, a page and a token), and a prompt of
+    # 40 - 6 = 34 tokens is refused (max_req_input_len = max_req_len - 5, max_req_len = pool - 1)
     r = run_engine([Request(0, 0.0, 10, 29), Request(1, 0.0, 10, 28), Request(2, 0.0, 34, 1)], SglangScheduler(),
-                   kv=PagedKVCache(40, 1))
+                   kv=RadixKVCache(40, 1))
     assert by_id(r, "max_tokens") == {0: 28, 1: 28, 2: 1}
     assert by_id(r, "generated_tokens") == {0: 28, 1: 28, 2: 0}
     assert by_id(r, "rejected") == {0: 0, 1: 0, 2: 1}
     assert "maximum allowed length (34 tokens)" in r.rejections[2]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_without_a_prefix_cache_a_request_ignoring_eos_needs_a_token_more_than_the_pool_cut(engine):
+    # The same pool without a prefix cache (--disable-radix-cache): the requests ignoring EOS go
+    # through add_one_req_ignore_eos, which needs more than a token free after the prompt's pages
+    # and a page more (``paged_input``) and the whole answer: 40 - (10 + 1) - 28 = 1 is not. So
+    # 0 (29 asked, cut to 28: its ignore_eos stays) and 1 (28) never get in -- SGLang keeps
+    # them, and every request behind them, waiting for ever; schedlab turns them away -- while
+    # 3 (27: 40 - 11 - 27 = 2 > 1) runs; so does 4, whose EOS makes it go by the ratio.
+    reqs = [Request(0, 0.0, 10, 29), Request(1, 0.0, 10, 28), Request(3, 0.0, 10, 27),
+            Request(4, 30.0, 10, 28, max_tokens=28)]
+    r = run_engine(reqs, SglangScheduler(_sync()), LinearCostModel(ONE_MS), PagedKVCache(40, 1), engine=engine)
+    assert by_id(r, "max_tokens") == {0: 28, 1: 28, 3: 27, 4: 28}
+    assert by_id(r, "rejected") == {0: 1, 1: 1, 3: 0, 4: 0}
+    assert "add_one_req_ignore_eos" in r.rejections[0]
+    assert by_id(r, "generated_tokens") == {0: 0, 1: 0, 3: 27, 4: 28}
+    assert by_id(r, "first_scheduled_ms") == {0: -1.0, 1: -1.0, 3: 0.0, 4: 30.0}
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
@@ -291,7 +309,9 @@ def test_a_retracted_request_can_always_come_back(engine):
     cfg = _sync(max_running_requests=2, max_prefill_tokens=16, init_new_token_ratio=0.0,
                        new_token_ratio_decay_steps=1, clip_max_new_tokens=8, retract_decode_steps=0)
     reqs = [Request(0, 0.0, 1, 7, max_tokens=7), Request(1, 0.0, 1, 10)]
-    r = run(reqs, SglangScheduler(cfg), PagedKVCache(12, 1), engine)
+    # (SGLang's tree: without it, add_one_req_ignore_eos would never admit 1, cut to what an empty
+    # pool holds -- it needs a token more)
+    r = run(reqs, SglangScheduler(cfg), RadixKVCache(12, 1), engine)
     assert by_id(r, "rejected") == {0: 0, 1: 0}
     assert by_id(r, "max_tokens") == {0: 7, 1: 9}
     assert by_id(r, "generated_tokens") == {0: 7, 1: 9}
@@ -692,6 +712,19 @@ def sglang_configs(draw):
     )
 
 
+def sglang_pool(requests, block_size: int, spare: int, prefix_cache: bool = True) -> int:
+    """KV blocks for a run SGLang could serve every request of, ``spare`` more: a prompt of pool
+    - 6 tokens or more is refused, and without a prefix cache a request ignoring EOS needs more
+    than a token free after its prompt's pages, a page and its answer (add_one_req_ignore_eos:
+    SGLang never serves another)."""
+    least = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
+                    -(-(r.prompt_tokens + 7) // block_size)) for r in requests)
+    if not prefix_cache:
+        least = max(least, max(-(-(-(-r.prompt_tokens // block_size) * block_size + r.max_output_tokens + 2)
+                                  // block_size) + 1 for r in requests))
+    return least + spare
+
+
 def whole_pages(cfg: SglangConfig, page: int) -> SglangConfig:
     """``cfg`` with its chunk a whole number of ``page``-token pages, rounded up (SGLang refuses
     another: ``SglangScheduler.kv_problem``)."""
@@ -786,8 +819,7 @@ def test_sglang_fast_engine_matches_reference(requests, cfg, block_size, spare, 
 def test_sglang_keeps_the_conformance_rules(requests, cfg, block_size, spare, kind):
     cfg = whole_pages(cfg, block_size)
     # (a pool of 6 tokens more than the longest prompt: SGLang refuses a prompt of pool - 6 or more)
-    blocks = max(max(-(-(r.prompt_tokens + r.max_output_tokens + 1) // block_size) + 1,
-                     -(-(r.prompt_tokens + 7) // block_size)) for r in requests) + spare
+    blocks = sglang_pool(requests, block_size, spare, prefix_cache=kind != "paged")
     budget = max(cfg.chunked_prefill_size, cfg.max_running_requests) if cfg.chunked_prefill_size else None
     check = IterationChecker(max_running=cfg.max_running_requests, token_budget=budget, kv_blocks=blocks)
     result = run_engine(requests, SglangScheduler(cfg), kv=KVS[kind](blocks, block_size), check=check)

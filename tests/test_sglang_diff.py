@@ -130,6 +130,29 @@ def test_each_group_turns_on_its_feature():
     assert {any(r.abort_at is not None for r in c.requests) for c in running} == {True, False}
     assert {c.settings.overlap_schedule for c in running} == {True, False}
     assert not any(c.settings.running_timeout_ms for g in GROUPS if g != "running_timeout" for c in cases(g))
+    paged_groups = ("paged", "paged_retract", "paged_chunked", "no_radix", "overlap_paged")
+    assert not any(c.settings.page_size != 1 or c.settings.disable_radix_cache or not c.settings.max_running_requests
+                   for g in GROUPS if g not in paged_groups for c in cases(g))
+    for group in paged_groups:
+        got = cases(group)
+        assert all(c.settings.max_total_tokens % c.settings.page_size == 0
+                   and c.settings.chunked_prefill_size % c.settings.page_size == 0 for c in got)
+        assert {c.settings.overlap_schedule for c in got} == {group == "overlap_paged"}
+    assert {c.settings.page_size for c in cases("paged")} == {2, 4, 8, 16}
+    assert {c.settings.page_size for c in cases("no_radix")} == {1, 2, 4, 8, 16}
+    assert {c.settings.disable_radix_cache for c in cases("overlap_paged")} == {True, False}
+    assert all(c.settings.disable_radix_cache == (g == "no_radix") for g in paged_groups[:4] for c in cases(g))
+    assert sum(shares(c) for c in cases("paged")) >= 40
+    assert {c.settings.max_running_requests == 0 for g in ("paged", "no_radix") for c in cases(g)} == {True, False}
+    assert not any(c.settings.max_running_requests == 0 for g in ("paged_retract", "paged_chunked")
+                   for c in cases(g))
+    assert all(r.max_tokens == r.output_tokens or r.max_tokens and r.max_tokens > r.output_tokens
+               for c in cases("paged_retract") for r in c.requests)
+    assert {bool(c.settings.chunked_prefill_size) for c in cases("paged_chunked")} == {True, False}
+    assert {c.settings.enable_mixed_chunk for c in cases("paged_chunked")} == {True, False}
+    mixes = [r for c in cases("no_radix") for r in c.requests]  # (EOS-ignoring and EOS-stopping requests)
+    assert 0.3 < sum(r.ignore_eos for r in mixes) / len(mixes) < 0.7
+    assert any(r.max_tokens and r.max_tokens > r.output_tokens for r in mixes)
     with pytest.raises(ValueError, match="unknown feature group 'nope'"):
         generate("nope", 0)
 
@@ -146,6 +169,62 @@ def test_case_round_trips_through_json_and_names_unfair_requests():
     assert unfair.problems() == ["request 1: prompt of 34 reaches max_total_tokens - 6"]
     with pytest.raises(ValueError, match="max_tokens 3 < output_tokens 4"):
         DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=4, max_tokens=3)
+
+
+def test_paged_settings_round_trip_and_stay_whole_pages():
+    case = generate("no_radix", 5)
+    assert case_from_json(case.to_json()) == case
+    for group in ("paged", "paged_chunked", "no_radix", "overlap_paged"):
+        case = next(generate(group, seed) for seed in range(100) if generate(group, seed).settings.page_size > 1)
+        assert case_from_json(case.to_json()) == case
+    # a replay line written before the page size and the radix cache's switch: page size 1, the tree on
+    old = case_from_json('{"settings": {"max_total_tokens": 64, "max_running_requests": 2}, '
+                         '"requests": [{"id": 0, "arrival": 0, "prompt_tokens": 5, "output_tokens": 3}]}')
+    assert (old.settings.page_size, old.settings.disable_radix_cache) == (1, False)
+    with pytest.raises(ValueError, match="not a whole number of pages of 4"):
+        SglangSettings(max_total_tokens=66, page_size=4)
+    with pytest.raises(ValueError, match="chunked_prefill_size 6 is not a whole number of pages of 4"):
+        SglangSettings(max_total_tokens=64, chunked_prefill_size=6, page_size=4)
+    # 16-token pages, 48 tokens: a prompt of 20 takes 32, and a page and a token more leave 48 - 49 < 1
+    s = SglangSettings(max_total_tokens=48, page_size=16)
+    assert Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=20, output_tokens=1)]).problems() == [
+        "request 0: the pool leaves its answer no room after the prompt's pages"]
+    assert Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=16, output_tokens=1)]).problems() == []
+    # without the radix cache a request ignoring EOS must leave a token more: 64 - 16 - 16 - 1 = 31
+    s = SglangSettings(max_total_tokens=64, page_size=16, disable_radix_cache=True)
+    assert Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=10, output_tokens=31)]).problems() == [
+        "request 0: ignores EOS and asks for all the pool holds (31 tokens), which SGLang never admits without "
+        "its radix cache"]
+    assert Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=10, output_tokens=30)]).problems() == []
+    assert Case(s, [DiffRequest(id=0, arrival=0, prompt_tokens=10, output_tokens=31, max_tokens=31)]).problems() == []
+    # the shrinker offers only settings that stay whole pages
+    s = SglangSettings(max_total_tokens=208, chunked_prefill_size=48, page_size=16)
+    changes = list(s.simpler())
+    assert {"page_size": 8} in changes and {"page_size": 1} in changes and {"page_size": 2} in changes
+    for change in changes:
+        changed = attrs.evolve(s, **change)
+        assert changed.max_total_tokens % changed.page_size == 0
+        assert changed.chunked_prefill_size % changed.page_size == 0
+
+
+def test_schedlab_side_builds_sglangs_cache_for_the_page_size_and_the_radix_switch():
+    from schedlab.sglang_diff.schedlab_side import tables
+    base = dict(max_total_tokens=96, max_running_requests=0, page_size=16)
+    case = Case(SglangSettings(**base), [DiffRequest(id=0, arrival=0, prompt_tokens=5, output_tokens=3)])
+    t = tables(case)
+    assert t["kv_cache"] == {"kind": "radix", "num_blocks": 6, "block_size": 16}
+    assert t["scheduler"]["max_running_requests"] == 0  # (SGLang's own from the pool, on both sides)
+    scheduler, _, kv = SchedlabRunner().build(case)
+    assert type(kv).__name__ == "RadixKVCache" and (kv.num_blocks, kv.block_size) == (6, 16)
+    assert kv.prefix_caching and scheduler.config.max_running_requests == 0
+    case = attrs.evolve(case, settings=SglangSettings(**base, disable_radix_cache=True))
+    assert tables(case)["kv_cache"] == {"kind": "paged", "num_blocks": 6, "block_size": 16, "prefix_caching": False}
+    scheduler, _, kv = SchedlabRunner().build(case)
+    assert type(kv).__name__ == "PagedKVCache" and (kv.num_blocks, kv.block_size) == (6, 16)
+    assert not kv.prefix_caching
+    assert scheduler.config.ignore_eos == "no_max_tokens"  # (the harness's requests without max_tokens ignore EOS)
+    outcomes, error = SchedlabRunner().run(case)
+    assert error is None and outcomes[0] == _o(0, 1, 3, 0, 0, 5)
 
 
 def test_schedlab_tables_name_the_sglang_preset_on_one_token_blocks():
@@ -660,6 +739,78 @@ REPRODUCERS = {
                    priority_scheduling_preemption_threshold=0),
               (0, 0, 3, 8, 2, 3, 8), (4, 0, 5, 2, 2, 5, 2), (7, 0, 4, 6, None, 0, 6), priorities={0: 2, 4: 1, 7: 0}),
         {0: _o(0, 6, 13, 1, 2, 3, 1), 4: _o(0, 2, 4, 0, 0, 5), 7: _o(1, 3, 9, 0, 0, 4)}),
+    # 43. --disable-radix-cache (schedlab: the paged cache without prefix caching): a request ignoring
+    # EOS is admitted by its known length (add_one_req_ignore_eos), which charges its prompt's pages
+    # and a page more (``paged_input``). Pages of 2 tokens, 202 tokens; both ignore EOS. At 4, 0 (38 +
+    # 24) holds 41 tokens in 21 pages: 160 free. 1 (115 + 20): 116 + 2 = 118 fits; by tokens left, 1
+    # (20 left, holding 115) then 0 (20, holding 42): 160 - 118 - 2 x 20 = 2 is not above a token per
+    # request: refused, the batch full until 0 ends at 24. Found on no_radix seed 79 (shrunk); the
+    # outcomes are SGLang's. (schedlab charged no page: 4 > 2, and 1 ran from 4.)
+    "43-no-radix-a-request-ignoring-eos-is-charged-a-page-more": (
+        _case(dict(max_total_tokens=202, max_running_requests=0, max_prefill_tokens=1, page_size=2,
+                   disable_radix_cache=True),
+              (0, 0, 38, 24, None, 0, None), (1, 4, 115, 20, None, 0, None)),
+        {0: _o(0, 1, 24, 0, 0, 38), 1: _o(24, 25, 44, 0, 0, 115)}),
+    # 44. Pages of 4 tokens, 16 tokens of KV: a prefill batch evicts until its prompt tokens and a page
+    # per request are free (alloc_paged_token_slots_extend estimates its pages before it allocates).
+    # 0 (group 0's 8 tokens, 1 token) leaves its 2 pages in the tree at 1. 1 (8 tokens of its own) at
+    # 2 takes 2 pages, and 2 are free -- but SGLang evicts until 8 + 4 = 12 tokens are: 0's pages go,
+    # and 2 (group 0's 8) at 4 finds nothing. (Evicting what the prefill took, schedlab kept 0's
+    # pages: 2 found a page, 4 tokens -- a match stops a token short, at whole pages.)
+    "44-paged-a-prefill-evicts-a-page-per-request-more": (
+        _case(dict(max_total_tokens=16, max_running_requests=1, page_size=4),
+              (0, 0, 8, 1, 0, 8, None), (1, 2, 8, 1, None, 0, None), (2, 4, 8, 1, 0, 8, None)),
+        {0: _o(0, 1, 1, 0, 0, 8), 1: _o(2, 3, 3, 0, 0, 8), 2: _o(4, 5, 5, 0, 0, 8)}),
+    # 45. Pages of 4 tokens, 28 tokens of KV, two slots, one prompt a pass: a decode batch evicts until
+    # a page per request is free (alloc_paged_token_slots_decode). 0 (group 0's 8 tokens, 1 token)
+    # leaves its 2 pages in the tree at 1; 1 (4 + 8) takes a page at 1, 2 (6 + 5) two at 2: 2 free.
+    # The decode at 3 takes one (1's 5th KV slot starts a page, 2's 7th does not): 1 free. At 4
+    # neither starts a page, but 1 free page is fewer than the 2 requests: SGLang evicts 0's pages,
+    # and 3 (group 0's 8) at 12 finds nothing. (schedlab evicted only what a step took: 3 found 4.)
+    "45-paged-a-decode-evicts-until-a-page-per-request-is-free": (
+        _case(dict(max_total_tokens=28, max_running_requests=2, max_prefill_tokens=1, page_size=4),
+              (0, 0, 8, 1, 0, 8, None), (1, 1, 4, 8, None, 0, None), (2, 2, 6, 5, None, 0, None),
+              (3, 12, 8, 1, 0, 8, None)),
+        {0: _o(0, 1, 1, 0, 0, 8), 1: _o(1, 2, 10, 0, 0, 4), 2: _o(2, 3, 7, 0, 0, 6), 3: _o(12, 13, 13, 0, 0, 8)}),
+    # 46. 45's rule where it was found. Pages of 4 tokens, 204 tokens, two slots, one prompt a pass.
+    # 2 (65 tokens, group 0's first 35, + 20) leaves 84 tokens in the tree at 33; 3 (group 0's 18 +
+    # 22) finds 16 at 33 (the node splits at page 4) and 4 (77, group 0's first 16, + 14) 16 at 37.
+    # At 42 nothing is free and the decode needs a page: 2's answer (pages 16-20, least recently
+    # used) goes either way. At 50 one page is free, 3 and 4 decode and only one starts a page:
+    # SGLang evicts on to two free pages -- 2's prompt pages 4-15 -- so 5 (group 0's 38 + 20) finds
+    # 16 tokens at 51, not 32. Found on paged seed 148 (shrunk); the outcomes are SGLang's.
+    "46-paged-a-decode-evicts-a-shared-prompt-it-does-not-need": (
+        _case(dict(max_total_tokens=204, max_running_requests=2, max_prefill_tokens=1, page_size=4),
+              (1, 10, 16, 25, None, 0, None), (2, 13, 65, 20, 0, 35, None), (3, 15, 18, 22, 0, 18, None),
+              (4, 19, 77, 14, 0, 16, None), (5, 36, 38, 20, 0, 38, None)),
+        {1: _o(10, 11, 37, 0, 0, 16), 2: _o(13, 14, 33, 0, 0, 65), 3: _o(33, 34, 57, 0, 16, 2),
+         4: _o(37, 38, 51, 0, 16, 61), 5: _o(51, 52, 71, 0, 16, 22)}),
+    # 47. --enable-mixed-chunk under overlap scheduling, pages of 2 tokens, 120 tokens: a mixed step's
+    # budget charges each running request a token (``num_mixed_decode_tokens``), not the page its
+    # decode may take. Chunks of 4, a prompt budget of 2; both ignore EOS. 0 (48 tokens) runs 12
+    # chunks from 0; the plan at 11, made while its last one runs, has it in the running batch: its
+    # decode joins, the chunk budget is 3 and the offsets start at 1. 0 holds 24 pages: 72 tokens
+    # free, less 1, less its 12 tokens to go = 59 > 26 + 30 + 2: 1 is admitted, cut to 2 tokens (whole
+    # pages), and goes on in chunks of 3 (add_chunked_req does not cut to pages) beside 0's decodes.
+    # Found on paged_chunked seed 51 with overlap (shrunk); the outcomes are SGLang's. (schedlab
+    # counted 0's new page whole: 70 - 12 = 58, not above 58, and 1 waited until 0 ended at 23.)
+    "47-overlap-mixed-a-running-request-costs-a-token-not-its-new-page": (
+        _case(dict(max_total_tokens=120, max_running_requests=2, chunked_prefill_size=4, max_prefill_tokens=2,
+                   enable_mixed_chunk=True, overlap_schedule=True, page_size=2),
+              (0, 0, 48, 12, None, 0, None), (1, 0, 26, 30, None, 0, None)),
+        {0: _o(0, 12, 23, 0, 0, *[4] * 12), 1: _o(11, 21, 50, 0, 0, 2, 3, 3, 3, 3, 3, 3, 3, 3)}),
+    # 48. lpm ranks by the whole prompt's match less its last token (num_matched_prefix_tokens), not
+    # cut to pages. Pages of 2 tokens, 16 tokens, one prompt a pass. 0 (group 1's 2 tokens, 1) leaves
+    # its page in the tree at 1. At 3, 1 (1 token of its own) and 2 (group 1's 2) wait: 2's whole
+    # prompt matches that page, 2 - 1 = 1 token, 1 matches none: 2 goes first -- and finds nothing,
+    # as an admission's match stops a token short, at whole pages -- and 1 at 4. Found on paged seed
+    # 4043 (shrunk); the outcomes are SGLang's. (schedlab ranked both by the admission's hit, 0:
+    # 1 first, by arrival.)
+    "48-paged-lpm-ranks-by-the-whole-match-less-a-token": (
+        _case(dict(max_total_tokens=16, max_running_requests=0, max_prefill_tokens=1, schedule_policy="lpm",
+                   page_size=2),
+              (0, 0, 2, 1, 1, 2, None), (1, 3, 1, 1, None, 0, None), (2, 3, 2, 1, 1, 2, None)),
+        {0: _o(0, 1, 1, 0, 0, 2), 1: _o(4, 5, 5, 0, 0, 1), 2: _o(3, 4, 4, 0, 0, 2)}),
 }
 
 

@@ -33,11 +33,11 @@ Each iteration:
    * the prompt and chunk budgets are charged whole pages (``ceil_paged_tokens``);
    * without a prefix cache (``--disable-radix-cache``: the ``paged`` cache with
      ``prefix_caching = false``) a request that ignores EOS is admitted by its known length
-     instead (``add_one_req_ignore_eos``): its prompt's pages must fit what is left, and with
-     every request finishing in order of its tokens left (``max_new_tokens`` times the ratio, 1.0
-     for those ignoring EOS, less its output), each freeing what it holds, more than a token per
-     request must stay free all the way; neither the offset budget nor the prompt budget is
-     checked for it;
+     instead (``add_one_req_ignore_eos``): its prompt's pages and a page more must fit what is
+     left, and with every request finishing in order of its tokens left (``max_new_tokens`` times
+     the ratio, 1.0 for those ignoring EOS, less its output), each freeing what it holds, more
+     than a token per request must stay free all the way; neither the offset budget nor the
+     prompt budget is checked for it;
    * at most ``max_running_requests`` run: by default SGLang's own from the pool
      (``resolve_max_num_reqs``: pool / context x 512, kept between 2,048 and 4,096), and either
      way at most half the pool's tokens.
@@ -50,6 +50,13 @@ Each iteration:
    ``retract_decode_steps`` (20) tokens per remaining request are free (``release_req``). A
    retracted request's KV is freed (its cached prompt stays in the tree), it goes to the back of
    the waiting queue and is prefilled again later (prompt and generated tokens).
+   With pages of more than a token and the radix tree SGLang estimates a step's pages before it
+   allocates them and evicts to the estimate: a decode batch until a page per request is free
+   (``alloc_paged_token_slots_decode``), a prefill batch until its prompt tokens and a page per
+   request are (``alloc_paged_token_slots_extend``) -- least recently used first, as many whole
+   nodes as that takes, though fewer pages may do. The engines' runs of decode steps evict only
+   what they take, so the scheduler asks to be asked again before a step finds fewer free pages
+   than requests running.
 4. **new_token_ratio**: starts at ``init_new_token_ratio x schedule_conservativeness`` (0.7),
    falls by ``(init - min) / 600`` at every decode-only iteration down to ``min = init x 0.14``;
    after a retraction it becomes ``(generated + 20 x running) / (sum(max_new_tokens) + 1)`` of
@@ -130,19 +137,22 @@ events and the ratio is computed when needed from the engine's decode-step clock
 
 Simplifications (each deliberate):
 
-* Memory is counted in KV blocks and a page is a block: SGLang's default page size is 1 token,
-  where the token arithmetic here is SGLang's exactly (the differential harness runs at page
-  size 1). With larger pages the budgets are charged and the decodes checked in whole pages, as
-  SGLang's, and a ``chunked_prefill_size`` that is not whole pages is refused, as SGLang refuses
-  it; a chunk that continues a prompt from part of a page is charged its tokens' pages here, not
-  ``ceil_paged_tokens`` of its length. A request's blocks are taken when it is admitted rather than after the pass, so the
-  budget's offset counts what SGLang adds to it less the prompt tokens already taken.
+* Memory is counted in KV blocks and a page is a block (SGLang's default page size is 1 token;
+  the differential harness runs pages of 1-16 tokens too: ``--groups paged,paged_retract,
+  paged_chunked,no_radix,overlap_paged``). With larger pages the budgets are charged and the
+  decodes checked in whole pages, as SGLang's, and a ``chunked_prefill_size`` that is not whole
+  pages is refused, as SGLang refuses it; a chunk that continues a prompt from part of a page is
+  charged its tokens' pages here, not ``ceil_paged_tokens`` of its length. A request's blocks are
+  taken when it is admitted rather than after the pass, so the budget's offset counts what SGLang
+  adds to it less the prompt tokens already taken.
 * With the ``radix`` cache, each pass is opened on the cache (``begin_pass``): prefix hits see
   only blocks inserted by earlier passes, as SGLang inserts a prefill's KV after the forward.
 * Finished requests leave the running batch at once; SGLang filters decode-finished requests
   out at the next step, before it schedules, which is the same.
-* With ``enable_mixed_chunk`` the decodes' blocks are taken before admission and a failed
-  decode allocation retracts as in step 3 (SGLang skips the decodes for that iteration).
+* With ``enable_mixed_chunk`` the decodes' blocks are taken before admission (the budget adds
+  them back and charges a token per running request, as SGLang's ``num_mixed_decode_tokens``),
+  and a failed decode allocation retracts as in step 3 (SGLang skips the decodes for that
+  iteration).
 * If a chunk of the chunked request does not fit, it waits and the decodes run (SGLang would
   fail with "Prefill out of memory"); if the last running request cannot decode because the
   chunked request holds the memory, the chunked request is retracted too (SGLang aborts the
@@ -150,7 +160,9 @@ Simplifications (each deliberate):
 * Request lengths are SGLang's: a prompt of ``min(context_length, pool) - 6`` tokens or more
   is rejected, and one whose prompt + ``max_tokens`` exceeds the context; ``max_new_tokens`` is
   cut to ``min(context_length, pool) - 2 - prompt`` and to what an empty pool holds after the
-  prompt's pages, a page and a token.
+  prompt's pages, a page and a token (one that ignores EOS still does). Without a prefix cache a
+  request ignoring EOS that is left that much is rejected: ``add_one_req_ignore_eos`` would need
+  a token more, and SGLang keeps it, and every request queued behind it, waiting for ever.
 * Priorities (``enable_priority_scheduling``): ``fcfs`` and ``lof`` sort the waiting queue by
   priority first -- higher values first by default, as SGLang's, unlike vLLM's --, ``fcfs`` then
   by the time each request (re-)entered the queue; and unless ``disable_priority_preemption``,
@@ -331,27 +343,33 @@ class _Adder:
 
     SGLang's budget is ``available + evictable - total_offset`` with the pass's prompt tokens in
     ``total_offset``; here they are taken from the cache as they are admitted, so ``taken``
-    adds them back: ``remaining = free + taken - total`` (with the same float arithmetic).
+    adds them back: ``remaining = free + taken - total`` (with the same float arithmetic). A mixed
+    step's offsets start at a token per request of the running batch (``num_mixed_decode_tokens``),
+    whose decode pages are taken here before admission: ``decoded`` adds those back.
     """
 
-    __slots__ = ("rem_input", "rem_chunk", "total", "current", "taken", "count", "admitted", "eos_states")
+    __slots__ = ("rem_input", "rem_chunk", "total", "current", "taken", "count", "admitted", "eos_states", "pages",
+                 "decoded")
 
-    def __init__(self, rem_input: int, rem_chunk: int | None, running_offset: float):
+    def __init__(self, rem_input: int, rem_chunk: int | None, running_offset: float, mixed: int = 0,
+                 decoded: int = 0):
         self.rem_input = rem_input
         self.rem_chunk = rem_chunk
-        self.total = 0
+        self.total = mixed
         self.total += running_offset   # SGLang: total_offset += sum([... running requests])
-        self.current = 0               # prompt tokens and pages of this pass (no decode estimate)
+        self.current = mixed           # prompt tokens and pages of this pass (no decode estimate)
         self.taken = 0                 # prompt tokens already taken from the cache
+        self.decoded = decoded         # tokens of the pages a mixed step's decodes took before admission
         self.count = 0                 # requests in this prefill batch ...
         self.admitted: list = []       # ... which (``can_run_list``)
         #: without a prefix cache, the requests' (tokens left, tokens held) by tokens left, made at
         #: the pass's first request that ignores EOS (``PrefillAdder.req_states``)
         self.eos_states: list | None = None
+        self.pages = 0                 # the pages the pass's prefills take (with a tree: _paged_eviction)
 
     def base(self, kv, locked: int = 0) -> int:
         """SGLang's ``available + evictable`` (less a prefix being looked at, ``locked`` blocks)."""
-        return (kv.num_free_blocks() - locked) * kv.block_size + self.taken
+        return (kv.num_free_blocks() - locked) * kv.block_size + self.taken + self.decoded
 
     def remaining(self, kv, locked: int = 0) -> float:
         return self.base(kv, locked) - self.total
@@ -429,6 +447,10 @@ class SglangScheduler:
             self._looked = {}
             self.policy.matched = {}
         self._fresh_batch = False       # the last pass's batch becomes the running batch
+        self._last_adder: _Adder | None = None  # the last prefill pass's budgets
+        self._prefill_only = False      # the pass formed a prefill batch the decodes sit out
+        #: requests ignoring EOS whose max_tokens :meth:`limit_request` cut (they still ignore it)
+        self._cut_ignoring_eos: set = set()
         self._preempted_now: list = []  # preempted by priority in this pass, in SGLang's order
         #: SGLang's ``processed_tokens_counter`` (``hrrn``): each batch launched adds its
         #: ``extend_num_tokens`` -- a prefill batch its prompt tokens, a decode batch what the
@@ -494,7 +516,8 @@ class SglangScheduler:
         (``TpModelWorker.get_worker_info``), and to what an empty pool holds after the prompt's
         pages, a page and a token (``max_new_tokens_for_memory``). A request the tokenizer
         manager rejects (prompt + ``max_tokens`` beyond the context) is left for
-        :meth:`rejection_reason`."""
+        :meth:`rejection_reason`. One that ignores EOS still does once cut (SGLang cuts its
+        ``max_new_tokens``, not its ``ignore_eos``)."""
         context, page = self.config.context_length, kv.block_size
         pool = kv.num_blocks * page
         room = pool - -(-request.prompt_tokens // page) * page - page - 1
@@ -505,6 +528,8 @@ class SglangScheduler:
         room = min(room, pool - 2 - request.prompt_tokens)
         if room < 1 or request.max_output_tokens <= room:
             return request
+        if self.ignores_eos(request):
+            self._cut_ignoring_eos.add(request.id)
         return attrs.evolve(request, max_tokens=room)
 
     def _length_reason(self, request, kv) -> str | None:
@@ -544,9 +569,22 @@ class SglangScheduler:
             if blocks > kv.num_blocks:
                 return (f"needs {blocks} KV blocks (prompt {request.prompt_tokens} + max_tokens {most}, the model's "
                         f"window layers' blocks too) but the cache has {kv.num_blocks}")
+        if not getattr(kv, "prefix_caching", False) and self.ignores_eos(request):
+            # (add_one_req_ignore_eos: even alone it needs more than a token free after its prompt's
+            # pages, a page and its whole answer -- SGLang would keep it waiting, and every request
+            # behind it, for ever)
+            page = kv.block_size
+            room = pool - -(-request.prompt_tokens // page) * page - page - IGNORE_EOS_RESERVE_TOKENS
+            if most >= room:
+                self._cut_ignoring_eos.discard(request.id)
+                return (f"ignores EOS without a prefix cache and asks for {most} tokens: SGLang admits such a request "
+                        f"only if more than {IGNORE_EOS_RESERVE_TOKENS} token stays free after its prompt's pages, a "
+                        f"page and its whole answer (add_one_req_ignore_eos), at most {room - 1} tokens here; it "
+                        "would wait for ever, and the requests queued behind it too")
         return None
 
     def on_finish(self, seq, now_ms: float) -> None:
+        self._cut_ignoring_eos.discard(seq.request.id)
         if self._queue is not None:  # (its queue entry and what SGLang last looked at: kept two plans)
             self._leaving.append(seq.seq_no)
         elif self._looked is not None:
@@ -594,7 +632,8 @@ class SglangScheduler:
 
     def ignores_eos(self, request) -> bool:
         mode = self.config.ignore_eos
-        return mode == "all" or (mode == "no_max_tokens" and request.max_tokens is None)
+        return mode == "all" or (mode == "no_max_tokens" and (request.max_tokens is None
+                                                              or request.id in self._cut_ignoring_eos))
 
     # -- one iteration ------------------------------------------------------------------------
     def _size_slots(self, kv) -> None:
@@ -635,7 +674,9 @@ class SglangScheduler:
                 if looked is not None:
                     looked.pop(n, None)
             self._left, self._leaving = self._leaving, []
+        self._prefill_only = False
         self._schedule(plan)
+        self._wake_for_paged_decodes(plan)
         self.in_pass = False
         if timeout:
             first = queue.first_entry()
@@ -705,8 +746,13 @@ class SglangScheduler:
             self._held_before = bool(finishing)
         mixed_bs = 0      # the running batch's size, which a mixed step's chunk budget leaves out
         joined = False    # ... and whether its decodes run in this step
+        paged_tree = kv.block_size > 1 and getattr(kv, "make_room", None) is not None
+        decode_bs = decode_pages = 0  # a mixed step's decodes and the pages they take
         if self.config.enable_mixed_chunk and (plan.num_decoding or finishing):
             if plan.num_decoding or eos:
+                decode_bs = plan.num_decoding + len(eos)
+                decode_pages = self._decode_need(kv, [s for s in plan.running if s.status == "decoding"], ())
+                decode_pages += self._decode_need(kv, eos, eos)
                 joined = self._decode(plan, eos)
                 if not joined and not by_length:
                     if begin_pass is not None:
@@ -716,13 +762,15 @@ class SglangScheduler:
                 # (else the decodes sit this step out: the queued result frees the finishing
                 # requests' KV at its end)
             mixed_bs = plan.num_decoding + len(finishing)
-        formed = self._prefill(plan, mixed_bs, len(finishing), joined)
+        formed = self._prefill(plan, mixed_bs, len(finishing), joined, decode_pages * kv.block_size if joined else 0)
         if self._looked is not None and plan.preempted:  # (priority preemption took some of them)
             gone = set(plan.preempted)
             by_length = [s for s in by_length if s not in gone]
             eos = [s for s in eos if s not in gone]
         if begin_pass is not None:  # the batch's KV is allocated now (``prepare_for_extend``)
             kv.end_pass()
+        if paged_tree and (formed or joined):
+            self._paged_eviction(kv, formed, decode_bs if joined else 0, decode_pages if joined else 0)
         if by_length and (not formed or self.config.enable_mixed_chunk):
             self._batch_full = False  # update_running_batch (or the mixed step) leaves them out
         if formed:
@@ -731,12 +779,46 @@ class SglangScheduler:
                 self._mixed += 1
             else:
                 plan.skip_decode()
+                self._prefill_only = True
             return
+        if paged_tree and (plan.num_decoding or eos) and not joined:
+            # SGLang's paged decode evicts until a page per request is free (its check first evicts
+            # the pages the step needs, fewer: where it does not fit, both evict all they can)
+            kv.make_room(plan.num_decoding + len(eos))
         if (plan.num_decoding or eos) and not self._decode(plan, eos):
             self._evict_for_decode(plan, eos)
             if by_length:
                 return  # SGLang: decode next step, once the queued result has freed their KV
             self._retract(plan, eos)
+
+    def _paged_eviction(self, kv, formed: bool, decode_bs: int, decode_pages: int) -> None:
+        """With pages of more than a token SGLang evicts more than a step's allocation needs, as
+        it estimates its pages before it allocates them: a prefill batch evicts until its prompt
+        tokens and a page per request are free (``alloc_paged_token_slots_extend``), a decode
+        batch until a page per request is (``alloc_paged_token_slots_decode``). The pass's
+        blocks are taken (and their exact shortfall evicted) by now: evict on, least recently
+        used first, to where SGLang's estimates stop -- a mixed step's prefill first, then its
+        ``decode_bs`` decodes, which took ``decode_pages`` pages."""
+        page = kv.block_size
+        need = -decode_pages if decode_bs else -(10**18)
+        if formed:
+            adder = self._last_adder
+            need = max(need, -(-adder.taken // page) + adder.count - adder.pages - decode_pages)
+        if decode_bs:
+            need = max(need, decode_bs - decode_pages)
+        kv.make_room(need)
+
+    def _wake_for_paged_decodes(self, plan) -> None:
+        """With pages of more than a token, every decode step may evict (a page per request free
+        first, :meth:`_paged_eviction`), which the engines' runs of decode steps without asking
+        do not: ask again before a step finds fewer unused pages than requests running (whether or
+        not the tree holds anything evictable now: a request finishing puts its pages in it)."""
+        kv = plan.kv
+        if kv.block_size == 1 or getattr(kv, "make_room", None) is None:
+            return
+        running = sum(1 for s in plan.running if s.status in ("decoding", "prefilling"))
+        if running:  # (a prefill step is no decode step: the next one is the first after it)
+            plan.wake_after(kv.blocks_before_eviction() // running + (0 if self._prefill_only else 1))
 
     @staticmethod
     def _decode(plan, eos: list) -> bool:
@@ -794,7 +876,7 @@ class SglangScheduler:
         n = seq.num_generated
         return n - 1 if self.plans_ahead and plan.token_in_flight(seq) else n
 
-    def _prefill(self, plan, mixed_bs: int, finishing: int, joined: bool) -> bool:
+    def _prefill(self, plan, mixed_bs: int, finishing: int, joined: bool, decoded: int = 0) -> bool:
         """Form a prefill batch (``_get_new_batch_prefill_raw``); True if it is not empty.
         ``finishing``: requests the batch in flight finishes (overlap), in the running batch;
         ``joined``: the running decodes join the step (mixed)."""
@@ -825,7 +907,8 @@ class SglangScheduler:
                 looked.setdefault(n, [0, 0])[1] = m
             self.policy.matched.clear()
         rem_chunk = c.chunked_prefill_size - mixed_bs if c.chunked_prefill_size else None
-        adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk, self._running_offset(plan))
+        adder = self._last_adder = _Adder(c.max_prefill_tokens - mixed_bs, rem_chunk, self._running_offset(plan),
+                                          mixed_bs, decoded)
         if chunked is not None and not self._add_chunked(plan, chunked, adder, self.policy.chunk_limit(
                 plan.waiting, chunked.num_tokens - chunked.num_computed_tokens, adder.rem_chunk or 0,
                 plan.kv.block_size)):
@@ -960,8 +1043,10 @@ class SglangScheduler:
         if limit is not None and limit < rem:
             rem = limit
         n = min(left, rem)
+        start = seq.num_computed_tokens
         if n <= 0 or not plan.prefill(seq, n):
             return False
+        adder.pages += -(-(start + n) // kv.block_size) - start // kv.block_size
         last = n == left
         adder.charge(n, self._reserve(seq) if last else 0, kv.block_size)
         adder.admitted.append(seq)
@@ -999,24 +1084,27 @@ class SglangScheduler:
             if not plan.admit(seq, n):
                 return NO_TOKEN
             adder.charge(n, 0, page)
+            adder.pages += -(-(hit + n) // page) - hit // page
             self._chunked = seq
         else:
             if not plan.admit(seq, extend):
                 return NO_TOKEN
             adder.charge(extend, self._reserve(seq), page)
+            adder.pages += -(-seq.num_tokens // page) - hit // page
         adder.admitted.append(seq)
         return adder.state(kv)
 
     def _add_one_ignoring_eos(self, plan, seq, adder: _Adder, extend: int) -> str:
         """``add_one_req_ignore_eos``: without a prefix cache (``--disable-radix-cache``) SGLang
-        admits a request that ignores EOS if its prompt's pages fit what is left and, with the
+        admits a request that ignores EOS if its prompt's pages and a page more
+        (``per_req_token_overhead``, the paged allocator's alignment) fit what is left and, with the
         requests finishing in order of their tokens left (each freeing its tokens), every step of
-        the way keeps more than a token per request free. There is no ``rem_total`` check and no
-        prompt budget check: a request's own length is known, so the ratio's estimate is not
-        used for it."""
+        the way keeps more than a token per request free after them. There is no ``rem_total``
+        check and no prompt budget check: a request's own length is known, so the ratio's
+        estimate is not used for it."""
         kv = plan.kv
         page = kv.block_size
-        paged = -(-extend // page) * page
+        paged = -(-extend // page) * page + page  # (``paged_input``)
         current = adder.remaining_current(kv)
         if not paged <= min(current, adder.remaining(kv)):
             return NO_TOKEN
@@ -1124,6 +1212,8 @@ class SglangScheduler:
         ratio = min(1.0, (generated + c.retract_decode_steps * len(order)) / (max_new + 1))
         self._set_ratio(ratio, plan.decode_steps + 1)  # this iteration's decode does not decay it
         self.retraction_log.append((plan.now, tuple(retracted), ratio))
+        if kv.block_size > 1 and make_room is not None:  # (a page per request left: _paged_eviction)
+            make_room(len(order))
         if self._decode(plan, eos):
             return
         chunked = self._chunked

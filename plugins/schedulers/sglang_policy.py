@@ -37,7 +37,10 @@ they are ``fcfs``); above 128 waiting requests ``lpm`` and ``hrrn`` do not sort
 orders look the waiting requests up every 32nd pass
 (``_touch_waiting_prefixes``, at most 128, the head last): with the ``radix`` cache a lookup
 splits nodes and refreshes access times (``touch``), which decides what LRU eviction takes.
-These lookups match the whole prompt, where an admission's stops a token short.
+These lookups match the whole prompt, where an admission's stops a token short; the orders rank
+by that whole match less the prompt's last token (``num_matched_prefix_tokens``), which with
+pages of more than a token may be more than the admission will find (a 2-token prompt whose
+2-token page is cached ranks by 1 token, and finds none).
 
 The hit comes from the KV cache (``plan.cached_tokens``: the ``radix`` cache or the ``paged``
 cache with prefix caching), so it is counted in whole blocks; the in-queue match uses the
@@ -296,12 +299,14 @@ def _prefix_matches(plan, matched_out: dict | None = None) -> tuple[dict, set]:
     hits = {}
     deferred = set()
     for seq in plan.waiting:
-        hit = plan.cached_tokens(seq)  # at most all tokens but the last (``num_matched_prefix_tokens``)
-        # the check reads the whole prompt's match (``prefix_len`` of ``match_kv_cache``)
+        hit = plan.cached_tokens(seq)  # at most all tokens but the last, in whole pages
+        # the check reads the whole prompt's match (``prefix_len`` of ``match_kv_cache``) ...
         matched = touch(seq, whole=True) if touch is not None else hit
         if matched_out is not None:
             matched_out[seq.seq_no] = matched
-        hits[seq.seq_no] = hit
+        # ... and the order that match less the last token (``num_matched_prefix_tokens``: not cut to
+        # pages, so with pages of more than a token it may exceed the admission's hit)
+        hits[seq.seq_no] = min(max(matched, hit), seq.num_tokens - 1) if touch is not None else hit
         if matched > IN_BATCH_CHECK_TOKENS:
             continue
         # SGLang matches the whole prompt (and generated tokens); only full blocks have keys here

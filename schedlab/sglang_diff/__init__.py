@@ -11,7 +11,8 @@ line are shared with the vLLM harness (:mod:`schedlab.diffcheck`).
 
 * :mod:`.case` -- the settings both engines get and the per-request outcome compared;
 * :mod:`.workloads` -- random cases per feature group (lpm, dfs_weight, fcfs, eviction,
-  chunked, retract, reserve, all);
+  chunked, retract, reserve, all, ..., and at pages of 2-16 tokens or without the radix cache:
+  paged, paged_retract, paged_chunked, no_radix, overlap_paged);
 * :mod:`.schedlab_side` / :mod:`.sglang_side` -- run one case on each engine;
 * :mod:`.cli` -- ``python tools/sglang_diff.py``.
 """

@@ -9,12 +9,13 @@ from .workloads import GROUPS, generate
 
 DESCRIPTION = """\
 Step SGLang's own Scheduler (SGLang 0.5.23, CPU, no model; its overlap loop in the `overlap`
-group, synchronously elsewhere) and schedlab's `sglang` scheduler over a `radix` cache side by
-side on random workloads, one feature group at a time, with every iteration lasting 1 ms on
-both. Per request, compare the admission, the first token, the finish, the retractions, the
-prefix-cache hits and the prompt tokens of every prefill step; print the share of identical
-cases per group and a shrunk reproducer of each differing case shown. Needs SGLang: see the
-README section "Checked against SGLang" for a CPU install."""
+groups, synchronously elsewhere) and schedlab's `sglang` scheduler over a `radix` cache (a
+`paged` one without prefix caching for --disable-radix-cache) side by side on random
+workloads, one feature group at a time, with every iteration lasting 1 ms on both. Per
+request, compare the admission, the first token, the finish, the retractions, the prefix-cache
+hits and the prompt tokens of every prefill step; print the share of identical cases per group
+and a shrunk reproducer of each differing case shown. Needs SGLang: see the README section
+"Checked against SGLang" for a CPU install."""
 
 
 def _add_arguments(p) -> None:

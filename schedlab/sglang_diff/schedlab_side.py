@@ -1,5 +1,7 @@
 """schedlab's ``sglang`` preset on an SGLang differential case: the ``sglang`` scheduler over a
-``radix`` cache of one-token blocks (SGLang's default page size)."""
+``radix`` cache of blocks of the case's page size (SGLang's default: one token), or with
+``disable_radix_cache`` (``--disable-radix-cache``) a ``paged`` cache of as many blocks without
+prefix caching."""
 
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
                  "waiting_timeout_ms": float(s.waiting_timeout_ms), "running_timeout_ms": float(s.running_timeout_ms)}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
-    kv = {"kind": "radix", "num_blocks": s.max_total_tokens, "block_size": 1}
+    page = s.page_size
+    kv = {"kind": "radix", "num_blocks": s.max_total_tokens // page, "block_size": page}
+    if s.disable_radix_cache:
+        kv = {"kind": "paged", "num_blocks": s.max_total_tokens // page, "block_size": page, "prefix_caching": False}
     return {"scheduler": scheduler, "cost_model": dict(schedlab_side.ONE_MS_PER_ITERATION), "kv_cache": kv}
 
 

@@ -4,11 +4,15 @@ The way SGLang's own CPU unit tests drive its scheduling code
 (``test/registered/unit/managers/test_prefill_adder.py``, ``test_schedule_policy.py``, the
 ``sglang.test.kits.unified_radix_cache`` fixtures): a ``ServerArgs`` published for the
 scheduler role; a ``ModelConfig`` read from a weights-free Llama-shaped ``config.json``; the
-memory pools SGLang builds for a plain full-attention model -- ``ReqToTokenPool`` with
-``max_running_requests`` rows, ``MHATokenToKVPool`` and ``TokenToKVPoolAllocator`` of
-``max_total_tokens`` one-token pages (tiny tensors: one layer, one head of size 1) -- and the
-tree cache its registry builds by default (``create_unified_radix_cache``: a
-``UnifiedRadixCache`` with one FULL component, LRU eviction).
+memory pools SGLang builds for a plain full-attention model -- ``ReqToTokenPool`` with a row per
+request slot (``--max-running-requests``, or SGLang's own from the pool: its configurator's
+``resolve_max_num_reqs``), ``MHATokenToKVPool`` of ``max_total_tokens`` tokens in pages of
+``page_size`` (tiny tensors: one layer, one head of size 1) with the allocator its configurator
+picks for it (``TokenToKVPoolAllocator`` at page size 1, else ``PagedTokenToKVPoolAllocator``,
+whose CPU path is its torch one) -- and the tree cache its registry builds
+(``create_tree_cache``: a ``UnifiedRadixCache`` with one FULL component, LRU eviction; with
+``--disable-radix-cache`` the same tree built disabled, which caches nothing and makes the
+``PrefillAdder`` admit requests that ignore EOS by ``add_one_req_ignore_eos``).
 
 The ``Scheduler`` is made with ``Scheduler.__new__`` and completed with its own ``init_*``
 methods wherever they run on a CPU (``init_model_config``, ``init_running_status``,
@@ -19,7 +23,8 @@ methods wherever they run on a CPU (``init_model_config``, ``init_running_status
 nothing. The model worker is a stand-in whose ``forward_batch_generation`` returns one token
 per request in the batch, the same tokens as the vLLM harness's
 (:func:`~schedlab.diffcheck.tokens.output_token_id`), and an EOS token where a request with a
-``max_tokens`` stops early.
+``max_tokens`` stops early. A request without ``max_tokens`` is sent with ``ignore_eos`` (the
+preset's ``ignore_eos = "no_max_tokens"``).
 
 One step is what ``Scheduler.event_loop_normal`` does once (overlap scheduling off):
 ``get_next_batch_to_run``, then ``run_batch`` and ``process_batch_result`` -- SGLang's real
@@ -180,9 +185,10 @@ class SglangRunner:
         from sglang.srt.server_args import ServerArgs
 
         s = case.settings
-        kwargs = dict(model_path=self._model_dir.name, device="cpu", page_size=1, disable_overlap_schedule=True,
-                      skip_tokenizer_init=True, max_total_tokens=s.max_total_tokens,
-                      max_running_requests=s.max_running_requests,
+        kwargs = dict(model_path=self._model_dir.name, device="cpu", page_size=s.page_size,
+                      disable_overlap_schedule=True, skip_tokenizer_init=True, max_total_tokens=s.max_total_tokens,
+                      max_running_requests=s.max_running_requests or None,
+                      disable_radix_cache=s.disable_radix_cache,
                       chunked_prefill_size=s.chunked_prefill_size or -1, max_prefill_tokens=s.max_prefill_tokens,
                       schedule_policy=s.schedule_policy, schedule_conservativeness=s.schedule_conservativeness,
                       enable_mixed_chunk=s.enable_mixed_chunk, context_length=MAX_MODEL_LEN,
@@ -205,10 +211,11 @@ class SglangRunner:
         import torch
         from sglang.srt.disaggregation.utils import DisaggregationMode
         from sglang.srt.managers.scheduler import Scheduler
-        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-        from sglang.srt.mem_cache.registry import create_unified_radix_cache
+        from sglang.srt.mem_cache.registry import create_tree_cache
         from sglang.srt.runtime_context import get_context, get_memory, get_parallel, get_schedule, reset_context
         from sglang.srt.server_args import set_global_server_args_for_scheduler
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -222,11 +229,12 @@ class SglangRunner:
                      "max_prefill_tokens": sched.max_prefill_tokens, "schedule_policy": sched.schedule_policy,
                      "disable_overlap_schedule": sched.disable_overlap_schedule,
                      "schedule_conservativeness": sched.schedule_conservativeness,
-                     "enable_mixed_chunk": sched.enable_mixed_chunk}
-        wanted = {"chunked_prefill_size": s.chunked_prefill_size or None, "page_size": 1,
+                     "enable_mixed_chunk": sched.enable_mixed_chunk,
+                     "disable_radix_cache": get_memory().disable_radix_cache}
+        wanted = {"chunked_prefill_size": s.chunked_prefill_size or None, "page_size": s.page_size,
                   "max_prefill_tokens": s.max_prefill_tokens, "schedule_policy": s.schedule_policy,
                   "disable_overlap_schedule": True, "schedule_conservativeness": s.schedule_conservativeness,
-                  "enable_mixed_chunk": s.enable_mixed_chunk}
+                  "enable_mixed_chunk": s.enable_mixed_chunk, "disable_radix_cache": s.disable_radix_cache}
         if sides is None or not sides.engine:
             if published["chunked_prefill_size"] == -1:
                 published["chunked_prefill_size"] = None
@@ -234,7 +242,7 @@ class SglangRunner:
                 raise AssertionError(f"SGLang changed the settings: {wanted} -> {published}")
 
         size = s.max_total_tokens
-        slots = s.max_running_requests
+        page = sched.page_size
         x = Scheduler.__new__(Scheduler)
         x.server_args = server_args
         # the fields __init__ copies from the published configuration
@@ -252,7 +260,7 @@ class SglangRunner:
         x.skip_tokenizer_init = True
         x.stream_interval = 1
         x.spec_algorithm = SpeculativeAlgorithm.from_string(None)
-        x.page_size = 1
+        x.page_size = page
         x.enable_hierarchical_cache = x.enable_lmcache = x.enable_session_radix_cache = False
         x.enable_hicache_storage = x.enable_unified_cache_external_linker = x.enable_decode_hicache = False
         x.max_recv_per_poll = 1
@@ -263,21 +271,31 @@ class SglangRunner:
             x.init_model_config()
             self._model_config = x.model_config
         x.model_config = self._model_config
-        # memory pools and tree cache (kv_cache_builder.build_kv_cache for a plain model)
+        # the request slots: KVCacheConfigurator.resolve_max_num_reqs on the pool (--max-running-requests,
+        # else SGLang's own from the pool and the context; either way at most half the pool)
+        slots = KVCacheConfigurator.resolve_max_num_reqs(_SlotSizing(x.model_config), size)
+        # memory pools and tree cache (kv_cache_builder.build_kv_cache and the configurator's
+        # _build_token_to_kv_pool_allocator for a plain model: one-token pages, or SGLang's paged allocator)
         req_pool = ReqToTokenPool(size=slots, max_context_len=MAX_MODEL_LEN + 4, device="cpu",
                                   enable_memory_saver=False)
-        kv_pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float16, head_num=1, head_dim=1, layer_num=1,
-                                   device="cpu", enable_memory_saver=False)
-        allocator = TokenToKVPoolAllocator(size=size, dtype=torch.float16, device="cpu", kvcache=kv_pool,
-                                           need_sort=False)
-        params = CacheInitParams(req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=1,
-                                 disable=False, eviction_policy=get_memory().radix_eviction_policy,
+        kv_pool = MHATokenToKVPool(size=size, page_size=page, dtype=torch.float16, head_num=1, head_dim=1,
+                                   layer_num=1, device="cpu", enable_memory_saver=False)
+        if page == 1:
+            allocator = TokenToKVPoolAllocator(size=size, dtype=torch.float16, device="cpu", kvcache=kv_pool,
+                                               need_sort=False)
+        else:
+            allocator = PagedTokenToKVPoolAllocator(size=size, page_size=page, dtype=torch.float16, device="cpu",
+                                                    kvcache=kv_pool, need_sort=False)
+        disable = get_memory().disable_radix_cache
+        params = CacheInitParams(req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=page,
+                                 disable=disable, eviction_policy=get_memory().radix_eviction_policy,
                                  eviction_policy_config=get_memory().radix_eviction_policy_config,
                                  chunked_prefill_size=sched.chunked_prefill_size)
-        x.tree_cache = create_unified_radix_cache(_TreeContext(server_args, params))
+        # (the registry's route: the UnifiedRadixCache, disabled with --disable-radix-cache)
+        x.tree_cache = create_tree_cache(_TreeContext(server_args, params, disable))
         x.req_to_token_pool, x.token_to_kv_pool_allocator = req_pool, allocator
         x.kv_shard_widening = 1
-        x.disable_radix_cache = False
+        x.disable_radix_cache = disable
         x.is_hybrid_swa = x.is_hybrid_ssm = False
         x.sliding_window_size = x.full_tokens_per_layer = x.swa_tokens_per_layer = None
         # what tp_worker.get_worker_info reports
@@ -613,11 +631,25 @@ class _ModelRunner:
 
 
 class _TreeContext:
-    """The fields of ``TreeCacheBuildContext`` that ``create_unified_radix_cache`` reads."""
+    """The fields of ``TreeCacheBuildContext`` that ``create_tree_cache`` reads (for a plain
+    model: ``default_radix_cache_factory`` then ``create_unified_radix_cache``)."""
 
-    def __init__(self, server_args, params):
+    def __init__(self, server_args, params, disable_radix_cache: bool):
         self.server_args = server_args
         self.params = params
         self.is_hybrid_swa = False
         self.is_hybrid_ssm = False
+        self.full_tokens_per_layer = None
         self.enable_hierarchical_cache = False
+        self.disable_radix_cache = disable_radix_cache
+        self.is_dsa = False
+
+
+class _SlotSizing:
+    """What ``KVCacheConfigurator.resolve_max_num_reqs`` reads of its configurator: the model's
+    context, one data-parallel attention rank, no Mamba state."""
+
+    def __init__(self, model_config):
+        self.model_config = model_config
+        self.attn_dp_size = 1
+        self.mambaish_config = None

@@ -1,7 +1,7 @@
 """Random differential cases, one generator per feature group.
 
 Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast cases
-(1-8 requests, prompts up to 120 tokens, outputs up to 30; page size 1):
+(1-8 requests, prompts up to 120 tokens, outputs up to 30; page size 1 but in the last five):
 
 * ``lpm``        -- ``--schedule-policy lpm`` over shared prompt prefixes, ample memory;
 * ``dfs_weight`` -- ``dfs-weight`` over shared prefixes, ample memory;
@@ -55,7 +55,25 @@ Each group turns on one part of SGLang's scheduler (0.5.23) against small, fast 
   scheduling;
 * ``queue_limit_abort`` -- the ``queue_limit`` group's case with about 40% of the clients giving up
   as in ``abort``: a queued request's abort frees its place in the queue for the arrivals read
-  after it.
+  after it;
+* ``paged``      -- ``--page-size`` 2, 4, 8 or 16 (SGLang's paged allocator, a radix tree of
+  pages): shared prefixes (of whole pages in some requests), any order, ample memory or a pool of
+  1x to 2x the largest request (the tree evicts), chunking in 30% (whole pages), and in 30% no
+  ``--max-running-requests`` (SGLang's own, from the pool);
+* ``paged_retract`` -- the ``retract`` case at page size 2-16 with 2-8 slots, prompts up to 8
+  tokens in half the cases (up to 40 in the others) and, in 30%, about half the requests stopping
+  at an EOS: decode needs a page for each request on a page boundary, and retracts until it fits;
+* ``paged_chunked`` -- the ``chunked`` case at page size 2-16: chunks of whole pages (or chunking
+  off in a third), the prompt and chunk budgets charged whole pages; ``--enable-mixed-chunk`` in
+  30% of the chunked cases, a pool of 1x to 2x the largest request in 30%;
+* ``no_radix``   -- ``--disable-radix-cache`` (schedlab: the ``paged`` cache without prefix
+  caching) at page size 1 (40%) or 2-16: half the requests ignore EOS, which SGLang then admits
+  by their known lengths (``add_one_req_ignore_eos``), the others stop at an EOS before their
+  ``max_tokens``; a pool of 1x to 3x the largest request in 60%, chunking in 40%, no
+  ``--max-running-requests`` in 30%, sometimes shared prefixes (nothing is cached) or an ``lpm``
+  order (SGLang runs it first come first served);
+* ``overlap_paged`` -- a case of ``paged``, ``paged_retract``, ``paged_chunked`` or ``no_radix``
+  (drawn per seed) with overlap scheduling on.
 
 "Ample" memory holds every request's prompt + max_tokens + 1 at once. A case depends only on
 ``(group, seed)``: the generator is ``random.Random(f"sglang:{group}:{seed}")``.
@@ -70,11 +88,16 @@ import attrs
 from schedlab.diffcheck.case import Case
 from schedlab.diffcheck.workloads import random_requests
 
-from .case import POLICIES, POOL_MARGIN, SglangSettings
+from .case import POLICIES, POOL_MARGIN, SglangSettings, paged
 
 GROUPS = ("lpm", "dfs_weight", "fcfs", "eviction", "chunked", "retract", "reserve", "mixed", "all", "overlap",
           "abort", "overlap_abort", "priority", "overlap_priority", "priority_abort", "hrrn", "spf", "queue_limit",
-          "waiting_timeout", "running_timeout", "queue_limit_abort")
+          "waiting_timeout", "running_timeout", "queue_limit_abort", "paged", "paged_retract", "paged_chunked",
+          "no_radix", "overlap_paged")
+#: the page sizes above one token the paged groups draw
+PAGES = (2, 4, 8, 16)
+#: the groups whose cases the ``overlap_paged`` group runs with overlap scheduling on
+PAGED = ("paged", "paged_retract", "paged_chunked", "no_radix")
 #: the groups whose cases the ``overlap`` group runs with overlap scheduling on
 OVERLAPPED = GROUPS[:9]
 
@@ -85,13 +108,22 @@ def _need(r) -> int:
     return r.prompt_tokens + max(r.limit + POOL_MARGIN, 7)
 
 
+def _need_paged(r, page: int, no_radix: bool = False) -> int:
+    """:func:`_need` with pages of ``page`` tokens: the prompt's pages + max_tokens + a page + a
+    token (what SGLang keeps back before it cuts ``max_new_tokens``) -- a token more for a request
+    ignoring EOS without the radix cache (``add_one_req_ignore_eos``) --, and at least prompt + 7."""
+    return max(paged(r.prompt_tokens, page) + r.limit + page + 1 + (no_radix and r.ignore_eos),
+               r.prompt_tokens + 7)
+
+
 def generate(group: str, seed: int) -> Case:
     """The case ``seed`` of feature ``group`` (one of :data:`GROUPS`)."""
     if group not in GROUPS:
         raise ValueError(f"unknown feature group {group!r}; groups: {', '.join(GROUPS)}")
-    if group in ("overlap", "overlap_abort", "overlap_priority"):  # another group's case, planned ahead
+    if group in ("overlap", "overlap_abort", "overlap_priority", "overlap_paged"):  # another group's case, ahead
         rng = random.Random(f"sglang:{group}:{seed}")
-        case = generate(rng.choice(OVERLAPPED) if group == "overlap" else group[len("overlap_"):], seed)
+        case = generate(rng.choice(OVERLAPPED) if group == "overlap" else rng.choice(PAGED) if group == "overlap_paged"
+                        else group[len("overlap_"):], seed)
         return attrs.evolve(case, settings=attrs.evolve(case.settings, overlap_schedule=True), group=group)
     rng = random.Random(f"sglang:{group}:{seed}")
     if group == "priority":
@@ -117,6 +149,8 @@ def generate(group: str, seed: int) -> Case:
         requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
                     for r in case.requests]
         return attrs.evolve(case, requests=requests, group=group)
+    if group in ("paged", "paged_retract", "paged_chunked", "no_radix"):
+        return _paged_case(rng, group, seed)
     if group == "waiting_timeout":
         case = _queue_limit_case(rng, seed)
         settings = attrs.evolve(case.settings, waiting_timeout_ms=rng.randint(1, 15),
@@ -223,3 +257,54 @@ def _queue_limit_case(rng: random.Random, seed: int) -> Case:
         retraction_policy=rng.choice(("length", "priority")) if priorities and tight else "length",
         overlap_schedule=rng.random() < 0.4)
     return Case(settings, requests, group="queue_limit", seed=seed)
+
+
+def _paged_case(rng: random.Random, group: str, seed: int) -> Case:
+    """A ``paged``, ``paged_retract``, ``paged_chunked`` or ``no_radix`` case (module docstring)."""
+    no_radix = group == "no_radix"
+    page = rng.choice((1, 1) + PAGES) if no_radix else rng.choice(PAGES)
+    retract = group == "paged_retract"
+    chunked_group = group == "paged_chunked"
+    prefixes = group == "paged" and rng.random() < 0.8 or no_radix and rng.random() < 0.2
+    eos = no_radix or retract and rng.random() < 0.3
+    # (retracting: prompts of a page or so in half the cases, so that more run at once and one
+    # retraction may not be enough)
+    longest_prompt = rng.choice((8, 40)) if retract else 120
+    requests = random_requests(rng, prefixes=prefixes, block_size=page, eos=eos, limited=retract,
+                               longest_prompt=longest_prompt, longest_output=60 if retract else 30)
+    largest = max(max(_need_paged(r, page, no_radix) for r in requests), 16)
+    if retract or (group in ("paged", "paged_chunked") and rng.random() < (0.5 if group == "paged" else 0.3)):
+        size = largest + rng.randint(0, largest)
+        tight = True
+    elif no_radix and rng.random() < 0.6:
+        size = largest + rng.randint(0, 2 * largest)
+        tight = True
+    else:
+        size = sum(_need_paged(r, page, no_radix) for r in requests) + rng.randint(0, 20)
+        tight = False
+    size = paged(max(size, 16), page)
+    chunk, prefill, mixed = 0, 16384, False
+    if chunked_group or rng.random() < (0.4 if no_radix else 0.3 if group == "paged" else 0):
+        chunk = rng.choice([0, page * rng.randint(1, max(1, 64 // page)), page * rng.randint(1, max(1, 64 // page))]) \
+            if chunked_group else page * rng.randint(1, max(1, 64 // page))
+        prefill = rng.randint(1, 200)
+        mixed = chunked_group and bool(chunk) and rng.random() < 0.3
+    if retract:
+        conservativeness = rng.choice([0.0, 0.05, 0.1, 0.3])
+    elif tight:
+        conservativeness = rng.choice([0.1, 0.3, 1.0, 1.0])
+    else:
+        conservativeness = 1.0
+    if group == "paged":
+        policy = rng.choice(POLICIES)
+    elif no_radix:
+        policy = rng.choice(("fcfs", "fcfs", "lof", "lpm"))
+    else:
+        policy = "fcfs"
+    slots = 0 if group in ("paged", "no_radix") and rng.random() < 0.3 else rng.randint(2, 8) if retract \
+        else rng.randint(1, 6)
+    settings = SglangSettings(max_total_tokens=size, max_running_requests=slots, chunked_prefill_size=chunk,
+                              max_prefill_tokens=prefill, schedule_policy=policy,
+                              schedule_conservativeness=conservativeness, enable_mixed_chunk=mixed, page_size=page,
+                              disable_radix_cache=no_radix)
+    return Case(settings, requests, group=group, seed=seed)
