@@ -263,12 +263,24 @@ class Speculation:
         m = (~x & (x + 1)).bit_length() - 1  # trailing ones
         return m if m < drafts else drafts
 
-    def rejection_reason(self, reason_of, request, kv) -> str | None:
+    def rejection_reason(self, reason_of, request, kv, longest: int = 0) -> str | None:
         """Why ``request`` can never run with speculation, by the scheduler's own rule
         ``reason_of(request, kv)`` applied to it with ``max_tokens`` raised by the slots a last
-        step's drafts and lookahead take; None when it fits."""
-        padded = attrs.evolve(request, max_tokens=request.max_output_tokens + self.slack)
-        reason = reason_of(padded, kv)
+        step's drafts and lookahead take -- no further than ``longest`` tokens (``max_model_len``;
+        0: no limit), which vLLM's drafts and slots never pass; None when it fits."""
+        most = request.max_output_tokens
+        if longest and request.prompt_tokens + most + self.slack > longest:
+            # a decode's input stays below longest, its lookahead slots at it: at most longest - 1
+            # slots (longest with a lookahead), a "max_tokens" of longest - prompt (+ 1); asked as an
+            # output without max_tokens, which no context rule of the scheduler's counts
+            padded = min(most + self.slack, longest - request.prompt_tokens + (1 if self.lookahead else 0))
+            if padded <= most:
+                return None  # (the scheduler's own rule has said it fits)
+            asked = attrs.evolve(request, max_tokens=None, output_tokens=padded)
+        else:
+            padded = most + self.slack
+            asked = attrs.evolve(request, max_tokens=padded)
+        reason = reason_of(asked, kv)
         if reason:
-            return f"{reason} (max_tokens {request.max_output_tokens} + {self.slack} speculative slots)"
+            return f"{reason} (max_tokens {most} + {padded - most} speculative slots)"
         return None

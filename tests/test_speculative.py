@@ -215,7 +215,7 @@ def test_engines_verify_the_drafts_proposed_for_the_previous_batch():
 def test_requests_that_cannot_hold_their_drafts_are_rejected(engine):
     # 16 blocks of 4 = 64 tokens. Prompt 30 + max_tokens 30 fits without speculation (59 slots),
     # not with k = 3 n-gram drafts (62 + ... : 59 + 3 = 62 fits) -- so use an EAGLE drafter, whose
-    # 3 lookahead slots make 65.
+    # 3 lookahead slots make 65. (No max_model_len: nothing caps the slots, see the next test.)
     spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, draft={"kind": "linear"})
     requests = [Request(0, 0.0, 30, 30), Request(1, 0.0, 30, 26)]
     r = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow")), kv=PagedKVCache(16, 4),
@@ -223,6 +223,45 @@ def test_requests_that_cannot_hold_their_drafts_are_rejected(engine):
     assert r.requests["rejected"].tolist() == [1, 0]
     assert "speculative slots" in r.rejections[0]
     check_run(r, requests, kv_blocks=16)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("longest,peak", [(60, 15), (64, 16)])
+def test_drafts_and_their_slots_stay_within_max_model_len(engine, longest, peak):
+    """vLLM 0.33 cuts a decode's tokens to ``max_model_len - num_computed_tokens - 1`` and takes
+    no KV slot past ``max_model_len``. Prompt 30 + max_tokens 30 with 3 EAGLE drafts, none accepted:
+    29 decodes, the j-th at 30 + j computed tokens. At max_model_len 60 the decodes verify
+    min(4, 59 - 30 - j) tokens: 4 up to j = 25, then 3, 2, 1 -- 26 x 3 + 2 + 1 + 0 = 81 drafts,
+    and hold at most 60 slots, 15 blocks of 4. At 64 every decode verifies 4 (87 drafts) and the
+    last, at 58 computed, takes min(58 + 4 + 3, 64) = 64 slots, 16 blocks. Unlimited, the request
+    would need 65 slots: 17 blocks, more than the 16 the cache has (see the test above)."""
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, acceptance_rate=0.0, draft={"kind": "linear"})
+    requests = [Request(0, 0.0, 30, 30)]
+    r = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow", max_model_len=longest)),
+                   kv=PagedKVCache(16, 4), engine=engine, speculative=spec, draft_cost=LinearCostModel())
+    assert r.requests["rejected"].tolist() == [0]
+    assert r.metrics["speculative"]["draft_tokens"] == (81 if longest == 60 else 87)
+    assert r.counters["kv_peak_blocks"] == peak
+    assert r.metrics["num_preemptions"] == 0
+    check_run(r, requests, kv_blocks=16)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_whose_capped_slots_cannot_fit_is_rejected(engine):
+    """15 blocks of 4 = 60 tokens, max_model_len 64. Without speculation prompt 30 + max_tokens 30
+    needs 59 slots (15 blocks) and is served; with EAGLE's 3 drafts and 3 lookahead slots its last
+    decode takes up to max_model_len = 64 slots -- 16 blocks, not 65 -- so it is rejected, the
+    message naming 30 + 5 speculative slots (64 - 30 + 1 - 30 = 5)."""
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, draft={"kind": "linear"})
+    requests = [Request(0, 0.0, 30, 30)]
+    scheduler = ContinuousScheduler(ContinuousConfig(allocation="grow", max_model_len=64))
+    r = run_engine(requests, scheduler, kv=PagedKVCache(15, 4), engine=engine, speculative=spec,
+                   draft_cost=LinearCostModel())
+    assert r.requests["rejected"].tolist() == [1]
+    assert "needs 16 KV blocks" in r.rejections[0] and "(max_tokens 30 + 5 speculative slots)" in r.rejections[0]
+    plain = run_engine(requests, ContinuousScheduler(ContinuousConfig(allocation="grow", max_model_len=64)),
+                       kv=PagedKVCache(15, 4), engine=engine)
+    assert plain.requests["rejected"].tolist() == [0]
 
 
 def test_reservations_hold_the_drafts_slots():

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedlab.errors import ConfigError
-from schedlab.diffcheck.case import Case, DiffRequest, Sides, blocks_for, differing_fields
+from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, DiffRequest, Sides, blocks_for, differing_fields
 from schedlab.diffcheck.compare import Comparison, Differ, agreement_table
 from schedlab.diffcheck.shrink import shrink
 from schedlab.diffcheck.tokens import block_hashes, output_token_id, prompt_token_ids
@@ -93,7 +93,8 @@ def test_each_group_turns_on_its_feature_only():
     by_limit = [max(blocks_for(r.prompt_tokens + r.limit - 1, c.settings.block_size) for r in c.requests) for c in eos]
     assert all(most <= c.settings.num_blocks for most, c in zip(by_limit, eos))
     assert any(c.settings.num_blocks <= 2 * most for most, c in zip(by_limit, eos))
-    assert all(r.max_tokens is None for g in GROUPS if g not in ("eos", "spec") and not g.startswith("pipeline")
+    assert all(r.max_tokens is None for g in GROUPS
+               if g not in ("eos", "spec", "spec_limit") and not g.startswith("pipeline")
                for c in cases(g) for r in c.requests)
     for group in ("pipeline", "pipeline_abort", "pipeline_prefix"):  # about 30% of the cases have requests at an EOS
         stopping = [c for c in cases(group) if any(r.max_tokens is not None for r in c.requests)]
@@ -105,7 +106,7 @@ def test_each_group_turns_on_its_feature_only():
         assert 0.3 < sum(r.abort_at is not None for r in aborts) / len(aborts) < 0.5
         assert all(r.abort_at % 1 == 0.5 and r.arrival < r.abort_at <= r.arrival + 40.5
                    for r in aborts if r.abort_at is not None)
-    assert all(r.abort_at is None for g in GROUPS if not g.endswith(("abort", "spec", "dynamic_k"))
+    assert all(r.abort_at is None for g in GROUPS if not g.endswith(("abort", "spec", "dynamic_k", "spec_limit"))
                for c in cases(g) for r in c.requests)
     pipeline_prefix = cases("pipeline_prefix")
     assert all(c.settings.prefix_caching for c in pipeline_prefix)
@@ -128,8 +129,16 @@ def test_each_group_turns_on_its_feature_only():
     assert 0.15 < len(aborting) / len(spec) < 0.45, "about 30% of the spec cases have clients that give up"
     assert all(c.settings.long_prefill_token_threshold > c.settings.num_speculative_tokens
                for c in spec if c.settings.long_prefill_token_threshold)
-    assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if not g.endswith(("spec", "dynamic_k"))
+    assert all(c.settings.num_speculative_tokens == 0 for g in GROUPS if not g.endswith(("spec", "dynamic_k", "limit"))
                for c in cases(g))
+    assert all(c.settings.max_model_len == MAX_MODEL_LEN for g in GROUPS if g != "spec_limit" for c in cases(g))
+    limited = cases("spec_limit")  # spec's cases, max_model_len just above the longest request
+    assert all(c.settings.num_speculative_tokens and c.settings.max_model_len < MAX_MODEL_LEN
+               and max(r.prompt_tokens + r.limit for r in c.requests) <= c.settings.max_model_len
+               for c in limited)
+    near = [c for c in limited if any(r.prompt_tokens + r.limit + c.settings.num_speculative_tokens + 1
+                                      >= c.settings.max_model_len for r in c.requests)]
+    assert len(near) == len(limited), "every case has a request whose last drafts meet max_model_len"
     pipeline_spec = cases("pipeline_spec")
     assert {c.settings.pipeline_parallel for c in pipeline_spec} == {2, 3}
     assert {c.settings.spec_method for c in pipeline_spec} == {"ngram", "draft_model", "eagle"}

@@ -179,6 +179,7 @@ class ContinuousScheduler:
         self._swapped_in: list = []
         #: engines plan each batch while the one before it runs (schedlab.engine.ahead)
         self.plans_ahead = self.config.plans_ahead
+        self._longest = None  # max_model_len as served on the run's cache (_spec_limit; read at the first plan)
         #: planning ahead, vLLM schedules a request whose last token is in flight once more when
         #: that token is an EOS (it cannot know), the token thrown away (Plan.overshoot); the
         #: engines ask beside such a request only (not those at their max_tokens: reads_held)
@@ -391,11 +392,24 @@ class ContinuousScheduler:
         k = plan.spec_tokens
         if not k:
             return True
+        longest = self._spec_limit(plan)
+        if longest and any(s.status == "decoding" and s.num_computed_tokens + plan.phantom(s) + 1 + k >= longest
+                           for s in plan.running):
+            return False  # some decode's drafts are cut at max_model_len: the walk does it
         slots = plan.draft_input_slots
         budget = self._budget(plan) + slots
         if plan.num_decoding * (1 + k + slots) <= budget:
             return True
         return sum(1 + plan.drafts_for(s) + slots for s in plan.running if s.status == "decoding") <= budget
+
+    def _spec_limit(self, plan) -> int:
+        """With speculation, the longest sequence served (``max_model_len``, 0: none), which a
+        decode's drafts stay within (vLLM 0.33 ``Scheduler.schedule``); 0 without speculation."""
+        if not plan.spec_tokens:
+            return 0
+        if self._longest is None:
+            self._longest = self.max_model_len_for(plan.kv)
+        return self._longest
 
     def _held_at_eos(self, plan) -> list | None:
         """In a plan made ahead: if a finished request holding its slot stopped at an EOS,
@@ -431,6 +445,7 @@ class ContinuousScheduler:
         victim. Then FCFS stops the running phase; the priority policy goes on with the
         next sequence (vLLM 0.33)."""
         threshold = self._threshold
+        longest = self._spec_limit(plan)
         for seq in seqs:
             verify = 1 + plan.drafts_for(seq)  # a decode's tokens: its own and the drafts it verifies
             status = seq.status
@@ -440,7 +455,12 @@ class ContinuousScheduler:
                     budget = self._budget(plan)
                     if budget <= 0:
                         break
-                    if not self._overshoot(plan, seq, verify if verify <= budget else budget):
+                    n = verify if verify <= budget else budget
+                    if longest:
+                        n = min(n, longest - seq.num_computed_tokens - plan.phantom(seq) - 1)
+                        if n < 1:
+                            continue
+                    if not self._overshoot(plan, seq, n):
                         return False
                 continue
             if status not in ("decoding", "prefilling") or plan.is_scheduled(seq):
@@ -451,6 +471,10 @@ class ContinuousScheduler:
             decoding = status == "decoding"
             if decoding:
                 n = verify if verify <= budget else budget  # vLLM: min(num_new_tokens, token_budget)
+                if longest:  # ... and its input positions below max_model_len (the drafts in flight counted)
+                    n = min(n, longest - seq.num_computed_tokens - plan.phantom(seq) - 1)
+                    if n < 1:
+                        continue  # (vLLM skips it in this step)
             else:
                 n = seq.num_tokens - seq.num_computed_tokens
                 if threshold and n > threshold:
@@ -625,6 +649,9 @@ class ContinuousScheduler:
         k = plan.admission_padding
         if not k or seq.num_tokens - hit != 1:
             return 0
+        longest = self._spec_limit(plan)
+        if longest and seq.num_tokens + k + 1 > longest:
+            return 0  # (vLLM pads only with room for the sampled token within max_model_len)
         threshold = self._threshold
         if threshold and threshold < 1 + k:
             return 0

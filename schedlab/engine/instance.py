@@ -26,7 +26,7 @@ from .ahead import Ahead, AheadRunning, Marks, cached_tokens_at_preemption, coun
 from .clock import check_iteration_end, check_iteration_ms, check_step_increment
 from .stall import check_kv_counts, stall_message
 from .load import Release, load
-from .plan import FastPlan, ask_scheduler, kv_for, limit_hook, prefix_hits, rejection_hook
+from .plan import FastPlan, ask_scheduler, kv_for, limit_hook, model_len_limit, prefix_hits, rejection_hook
 from .admission import ConcurrencyLimit
 from .recorder import Recorder
 from .sequence import (
@@ -209,6 +209,9 @@ class Instance:
         self.window_fresh: dict = {}  # (in the order they came: deterministic)
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0  # drafts per decode in the next step
+        #: speculation: the longest sequence (max_model_len), which drafts and their KV slots stay
+        #: within (plan.capped_verify, capped_slots; 0: no limit)
+        self.longest = model_len_limit(scheduler, kv) if speculation is not None else 0
         if speculation is not None:
             speculation.configure_cache(kv)
         # Speculation: decoders keep the slots of their last step (see _verify), so block
@@ -306,7 +309,7 @@ class Instance:
         reason = self.concurrency.refusal(request.arrival_ms) if self.concurrency is not None else None
         reason = reason or self._rejection_reason(request, self.kv)
         if not reason and self.spec is not None:
-            reason = self.spec.rejection_reason(self._rejection_reason, request, self.kv)
+            reason = self.spec.rejection_reason(self._rejection_reason, request, self.kv, self.longest)
         if reason:
             seq.status = REJECTED
             self.rec.reject(seq, self.index, reason)
@@ -682,6 +685,15 @@ class Instance:
         window = self.window
         return bulk.SlidingGrowth(self.cross_at, self.n_growing, self.free_at, len(self.sliding), window.groups,
                                   self.clock.steps, (window.tokens - 1) % window.block_size == 0)
+
+    def spec_near_limit(self, slots: int, phantom: dict, longest: int) -> bool:
+        """Some decoder's ``slots`` slots (``phantom`` more) would reach ``longest`` tokens: its
+        drafts or slots may be capped (:func:`.plan.capped_verify`, a decode's input within
+        ``longest - 1``), so it takes its own."""
+        for seq in self.running:
+            if seq.status == DECODING and seq.num_computed_tokens + slots + phantom.get(seq, 0) >= longest:
+                return True
+        return False
 
     def spec_blocks_needed(self, slots: int, phantom: dict | None = None) -> int:
         """New blocks for every decoder to take ``slots`` slots past its computed tokens

@@ -343,6 +343,36 @@ def schedule_returned(result, scheduler=None) -> SimulationError:
                            "the plan it is given (plan.admit, plan.decode_all, ...) and returns None")
 
 
+def model_len_limit(scheduler, kv) -> int:
+    """The longest sequence ``scheduler`` serves with ``kv`` (0: no limit): its optional
+    ``max_model_len_for(kv)`` (``"auto"`` resolved), else its config's ``max_model_len``."""
+    resolve = getattr(scheduler, "max_model_len_for", None)
+    longest = resolve(kv) if resolve is not None else getattr(getattr(scheduler, "config", None), "max_model_len", 0)
+    return longest if isinstance(longest, int) and longest > 0 else 0
+
+
+def capped_slots(slots: int, seq, longest: int, least: int) -> int:
+    """A decode's or chunk's KV ``slots`` past ``seq``'s computed tokens, at most up to
+    ``longest`` (0: no limit) but never below ``least``: vLLM's ``allocate_slots`` takes no slot
+    past ``max_model_len``, its drafts' and lookahead's included."""
+    if longest and seq.num_computed_tokens + slots > longest:
+        room = longest - seq.num_computed_tokens
+        return room if room > least else least
+    return slots
+
+
+def capped_verify(n: int, seq, longest: int, phantom: int) -> int:
+    """The tokens a decode of ``seq`` may verify, ``n`` at most, that keep its input positions
+    within ``longest`` (0: no limit), ``phantom`` positions in flight counted as computed: vLLM
+    0.33's ``Scheduler.schedule`` (``max_model_len - num_computed_tokens - 1``; with speculation
+    only). 0 or less: none (vLLM skips the request in this step)."""
+    if longest:
+        room = longest - seq.num_computed_tokens - phantom - 1
+        if room < n:
+            return room
+    return n
+
+
 class FastPlan:
     """One iteration under construction (see the Plan protocol for each method's contract)."""
 
@@ -350,7 +380,7 @@ class FastPlan:
         "_inst", "_cache", "serial", "now", "kv", "waiting", "decodes_all", "decoded", "prefills", "admitted",
         "_preempted", "swapped_in", "transfer_ms", "wake", "wake_steps", "_tokens", "skipped_decode",
         "spec_k", "spec_slots", "spec_override", "dropped", "overshoots", "draft_input_slots",
-        "padded", "admission_padding", "overshoot_drafts", "refusals",
+        "padded", "admission_padding", "overshoot_drafts", "refusals", "longest",
     )
 
     def __init__(self, inst: "Instance", serial: int):
@@ -378,6 +408,7 @@ class FastPlan:
         self.spec_override = None  # {seq: (drafts, slots)} for decodes that differ from that
         self.draft_input_slots = spec.draft_input_slots if spec is not None else 0
         self.admission_padding = spec.admission_padding if spec is not None else 0
+        self.longest = inst.longest  # speculation's KV slots stay within max_model_len (0: no limit)
         self.padded = None         # {seq: placeholder drafts} of admissions padded (admit(padding=...))
         self.dropped = ()          # a pipeline's (seq, tokens) chunks of prompts preempted since the launch
         self.overshoots = ()       # finished sequences decoded once more, their token discarded (overshoot)
@@ -530,7 +561,8 @@ class FastPlan:
         if self.skipped_decode:
             raise SimulationError("scheduler called decode_all() after skip_decode() in the same iteration")
         inst = self._inst
-        if inst.spec is not None and not self.decoded and inst.kv_grows and not inst.spec.per_request:
+        if (inst.spec is not None and not self.decoded and inst.kv_grows and not inst.spec.per_request
+                and not (self.longest and inst.spec_near_limit(self.spec_slots, self._phantoms(), self.longest))):
             # Speculation: the engine works out every decoder's new blocks and takes them at once.
             phantom = self._phantoms()
             need = inst.spec_blocks_needed(self.spec_slots, phantom) if inst.n_decoding else 0
@@ -552,6 +584,17 @@ class FastPlan:
             # (drafts per batch size: a decode's own drafts take their slots, more or fewer than k)
             own = {s: self.drafts_for(s) for s in rest} if inst.spec is not None and inst.spec.per_request else None
             extras = {s: phantom.get(s, 0) + (own[s] - k if own else 0) for s in rest}
+            longest = self.longest
+            if longest:  # (drafts and slots near max_model_len: capped_verify, capped_slots)
+                lookahead = slots - 1 - k
+                for s in rest:
+                    drafts = own[s] if own else k
+                    n = max(1, capped_verify(1 + drafts, s, longest, phantom.get(s, 0)))
+                    took = capped_slots(n + lookahead + phantom.get(s, 0), s, longest, n + phantom.get(s, 0))
+                    extras[s] = took - slots
+                    if own is None:
+                        own = dict.fromkeys(rest, k)
+                    own[s] = n - 1
             if sum(self._cache.blocks_needed(s, slots + extras[s]) for s in rest) > self._cache.num_free_blocks():
                 return False
             for s in rest:
@@ -595,13 +638,15 @@ class FastPlan:
                                   f"iteration, scheduler asked for {num_tokens}")
         extra = self.phantom(seq)
         slots = self.spec_slots - self.spec_k - 1 + num_tokens + extra
+        if self.longest:
+            slots = capped_slots(slots, seq, self.longest, num_tokens + extra)
         allocated = self._cache.allocate(seq, slots)
         if not allocated:
             return refusal(self._cache, allocated)
         seq.plan_mark = self.serial
         self.decoded.append(seq)
         self._tokens += num_tokens
-        if num_tokens != 1 + self.spec_k or extra:
+        if num_tokens != 1 + self.spec_k or slots != self.spec_slots:
             self._override(seq, num_tokens - 1, slots)
         return True
 
@@ -665,6 +710,8 @@ class FastPlan:
             slots = hit + num_tokens + padding + spec.lookahead
             if reserve_tokens < slots and (padding or spec.lookahead):
                 reserve_tokens = slots  # (see prefill)
+            if self.longest and reserve_tokens > self.longest:  # (see capped_slots)
+                reserve_tokens = max(self.longest, hit + num_tokens + padding)
         host = self._inst.host_tier
         loaded = host.loaded if host is not None else 0
         allocated = self._cache.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
@@ -698,7 +745,7 @@ class FastPlan:
         if spec is not None and spec.lookahead:
             # a drafter writing KV past the step's tokens takes its lookahead slots with a prompt
             # chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
-            slots = seq.num_computed_tokens + num_tokens + spec.lookahead
+            slots = seq.num_computed_tokens + capped_slots(num_tokens + spec.lookahead, seq, self.longest, num_tokens)
             allocated = self._cache.allocate(seq, num_tokens, reserve_tokens=slots)
             if not allocated:
                 return refusal(self._cache, allocated)

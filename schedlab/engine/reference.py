@@ -21,8 +21,9 @@ from .admission import ConcurrencyLimit
 from .ahead import (Ahead, AheadRunning, cached_tokens_at_preemption, counts_drafts_ahead, overshoot_slot, plans_ahead,
                     unseen_finish)
 from .clock import check_iteration_end, check_iteration_ms
-from .plan import (Refusals, admit_count_error, ask_scheduler, check_counts, check_reason, check_wake, kv_for,
-                   limit_hook, prefix_hits, refusal, rejection_hook)
+from .plan import (Refusals, admit_count_error, ask_scheduler, capped_slots, capped_verify, check_counts,
+                   check_reason, check_wake, kv_for, limit_hook, model_len_limit, prefix_hits, refusal,
+                   rejection_hook)
 from .load import Release, load
 from . import run_limit
 from .recorder import Recorder
@@ -100,6 +101,7 @@ class RefPlan:
         self.spec_k = engine.spec_k if spec is not None else 0  # drafts a decode verifies (but see drafts_for)
         self.per_request = spec is not None and spec.per_request
         self.lookahead = spec.lookahead if spec is not None else 0
+        self.longest = engine.longest  # speculation's KV slots stay within max_model_len (0: no limit)
         self.draft_input_slots = spec.draft_input_slots if spec is not None else 0
         self.admission_padding = spec.admission_padding if spec is not None else 0
         self.drafts: dict = {}  # decode -> (drafts it verifies, KV slots it took)
@@ -200,14 +202,18 @@ class RefPlan:
             raise SimulationError("decode_all() after skip_decode()")
         decoding = [s for s in self._e.running if s.status == "decoding" and s not in self.decoded]
         spec = self._e.spec is not None
-        slots = {s: (1 + self.drafts_for(s) + self.lookahead if spec else 1) + self.phantom(s) for s in decoding}
+        # (speculation: each decode's tokens and slots within max_model_len, capped_verify, capped_slots)
+        verify = {s: max(1, capped_verify(1 + self.drafts_for(s), s, self.longest, self.phantom(s))) if spec else 1
+                  for s in decoding}
+        slots = {s: capped_slots(verify[s] + self.lookahead + self.phantom(s), s, self.longest,
+                                 verify[s] + self.phantom(s)) if spec else 1 + self.phantom(s) for s in decoding}
         if sum(self._cache.blocks_needed(s, slots[s]) for s in decoding) > self._cache.num_free_blocks():
             return False
         for s in decoding:
             if not self._cache.allocate(s, slots[s]):
                 raise SimulationError("KV cache refused a decode slot it had reported free")
-            self.drafts[s] = (self.drafts_for(s), slots[s])
-            self.num_scheduled_tokens += 1 + self.drafts_for(s)
+            self.drafts[s] = (verify[s] - 1, slots[s])
+            self.num_scheduled_tokens += verify[s]
         self.decodes_all = True
         self.decoded = []
         return True
@@ -221,7 +227,10 @@ class RefPlan:
         n = 1 + k if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"decode(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
-        slots = n + self.lookahead + self.phantom(seq) if self._e.spec is not None else 1 + self.phantom(seq)
+        if self._e.spec is not None:
+            slots = capped_slots(n + self.lookahead + self.phantom(seq), seq, self.longest, n + self.phantom(seq))
+        else:
+            slots = 1 + self.phantom(seq)
         allocated = self._cache.allocate(seq, slots)
         if not allocated:
             return refusal(self._cache, allocated)
@@ -273,6 +282,8 @@ class RefPlan:
             # prompt chunk too (vLLM allocate_slots(..., num_lookahead_tokens)); they stay reserved
             if padding or spec.lookahead:  # (placeholder drafts take slots as drafts do)
                 reserve_tokens = max(reserve_tokens, hit + num_tokens + padding + spec.lookahead)
+            if self.longest and reserve_tokens > self.longest:  # (no slot past max_model_len)
+                reserve_tokens = max(self.longest, hit + num_tokens + padding)
         host = getattr(self._cache, "host", None)
         loaded = host.loaded if host is not None else 0
         allocated = self._cache.allocate(seq, num_tokens, cached_tokens=hit, reserve_tokens=reserve_tokens)
@@ -320,7 +331,7 @@ class RefPlan:
         if not 1 <= num_tokens <= seq.num_tokens - seq.num_computed_tokens:
             raise SimulationError(f"prefill(): bad token count {num_tokens} for request {seq.request.id}")
         lookahead = self.lookahead  # (see admit)
-        slots = seq.num_computed_tokens + num_tokens + lookahead
+        slots = seq.num_computed_tokens + capped_slots(num_tokens + lookahead, seq, self.longest, num_tokens)
         allocated = self._cache.allocate(seq, num_tokens, reserve_tokens=slots if lookahead else 0)
         if not allocated:
             return refusal(self._cache, allocated)
@@ -542,6 +553,8 @@ class ReferenceEngine:
 
         self.spec = speculation
         self.spec_k = speculation.k_max if speculation is not None else 0
+        # speculation: the longest sequence (max_model_len) drafts and their slots stay within (0: none)
+        self.longest = model_len_limit(scheduler, kv) if speculation is not None else 0
         if speculation is not None:
             speculation.configure_cache(kv)
         self.scheduler = scheduler
@@ -659,7 +672,7 @@ class ReferenceEngine:
             reason = self.concurrency.refusal(request.arrival_ms)
         reason = reason or self.reason_of(request, self.kv)
         if not reason and self.spec is not None:
-            reason = self.spec.rejection_reason(self.reason_of, request, self.kv)
+            reason = self.spec.rejection_reason(self.reason_of, request, self.kv, self.longest)
         if reason:
             seq.status = "rejected"
             self.rec.reject(seq, self.index, reason)

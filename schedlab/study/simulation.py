@@ -30,6 +30,7 @@ from ..engine.disagg import DisaggregatedCluster
 from ..engine.driver import simulate, simulate_disaggregated
 from ..engine.instance import Instance
 from ..engine.load import RoutingClock
+from ..engine.plan import model_len_limit
 from ..engine.lockstep import DataParallelCluster, deployments_summary, simulate_data_parallel
 from ..engine.pipeline import PipelinedInstance
 from ..engine.pool_scaling import pool_scaling
@@ -1391,7 +1392,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         # naming only kind = "vllm" runs with the budget and limits vLLM picks on that GPU)
         "scheduler": _settings_of(scheduler),
         # the longest sequence served (0: no limit); vLLM refuses to start when one does not fit
-        "max_model_len": _max_model_len(scheduler, kv),
+        "max_model_len": model_len_limit(scheduler, kv),
         # why the real engine would refuse to start with this cache ("": it starts; only schedulers
         # that know, the vllm presets: a max_model_len over the pool, a window's budget included)
         "start_up_problem": _start_up_problem(scheduler, kv),
@@ -1614,14 +1615,6 @@ def pool_summary(pools: dict[str, list]) -> dict:
         "kv_peak_share": max(e.kv_peak / e.kv.num_blocks for e in mine),
         "kv_cache": _kv_summary(mine[0].kv),
     } for name, mine in pools.items()}
-
-
-def _max_model_len(scheduler, kv) -> int:
-    """The longest sequence ``scheduler`` serves with ``kv`` (0: no limit; ``"auto"`` resolved)."""
-    resolve = getattr(scheduler, "max_model_len_for", None)
-    if resolve is not None:
-        return resolve(kv)
-    return getattr(getattr(scheduler, "config", None), "max_model_len", 0)
 
 
 def _start_up_problem(scheduler, kv) -> str:

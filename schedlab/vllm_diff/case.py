@@ -49,6 +49,9 @@ class DiffSettings:
     #: :class:`~schedlab.kv_window.SlidingWindow`); 0 and 0: no window
     window_tokens: int = int_field(0, min=0, max=MAX_MODEL_LEN)
     window_groups: int = int_field(0, min=0, max=4)
+    #: the longest sequence served (vLLM ``max_model_len``): speculation's drafts and KV slots stay
+    #: within it (group ``spec_limit``; the others serve requests far below it)
+    max_model_len: int = int_field(MAX_MODEL_LEN, min=2, max=MAX_MODEL_LEN)
 
     @property
     def window(self) -> SlidingWindow | None:
@@ -73,7 +76,7 @@ class DiffSettings:
         ``remove_skipped_blocks`` keeps a request's window below it), whichever is fewer. (Planning
         ahead, vLLM frees a window's blocks only once their tokens are processed: a request that
         does not fit alone so is preempted by its own next chunk, for ever.)"""
-        tokens = r.prompt_tokens + r.limit - 1 + self.spec_slack
+        tokens = min(r.prompt_tokens + r.limit - 1 + self.spec_slack, self.max_model_len)
         need = blocks_for(tokens, self.block_size)
         window = self.window
         if window is not None:
@@ -118,6 +121,8 @@ class DiffSettings:
         if bool(self.window_tokens) != bool(self.window_groups):
             out.append("a window needs both window_tokens and window_groups")
         for r in requests:
+            if r.prompt_tokens + r.limit > self.max_model_len:
+                out.append(f"request {r.id}: prompt + max_tokens exceeds max_model_len {self.max_model_len}")
             # (with speculation: as schedlab's admission counts a last step's drafts and lookahead)
             need = self.request_blocks(r)
             if need > self.num_blocks:
@@ -136,6 +141,8 @@ class DiffSettings:
             yield {"policy": "fcfs"}
         if self.dynamic_from:
             yield {"dynamic_from": 0, "dynamic_k": 0}
+        if self.max_model_len != MAX_MODEL_LEN:
+            yield {"max_model_len": MAX_MODEL_LEN}
         if self.num_speculative_tokens and self.spec_method != "ngram":
             yield {"spec_method": "ngram"}
         if self.window_groups:

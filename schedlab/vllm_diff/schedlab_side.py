@@ -11,7 +11,7 @@ block pool step for step (:mod:`.kv_steps`).
 from __future__ import annotations
 
 from schedlab.diffcheck import schedlab_side
-from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, Sides
+from schedlab.diffcheck.case import Case, Sides
 from schedlab.speculative import Speculation, SpeculativeConfig
 
 from .case import Outcome
@@ -25,7 +25,7 @@ def tables(case: Case, sides: Sides | None = None) -> dict[str, dict]:
     asynchronous = bool(sides is not None and dict(sides.engine).get("async_scheduling"))
     scheduler = {"kind": "vllm", "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
                  "long_prefill_token_threshold": s.long_prefill_token_threshold, "policy": s.policy,
-                 "chunked_prefill": True, "async_scheduling": asynchronous, "max_model_len": MAX_MODEL_LEN}
+                 "chunked_prefill": True, "async_scheduling": asynchronous, "max_model_len": s.max_model_len}
     if sides is not None:
         scheduler.update(sides.schedlab_scheduler)
     kv = {"kind": "paged", "num_blocks": s.num_blocks, "block_size": s.block_size, "prefix_caching": s.prefix_caching}

@@ -84,6 +84,7 @@ with real, distinct clock readings, and schedlab's tie-break by arrival order.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -202,7 +203,7 @@ class VllmRunner:
     def scheduler_config_kwargs(self, case: Case, sides: Sides | None) -> dict:
         s = case.settings
         kwargs = dict(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                      max_model_len=MAX_MODEL_LEN, long_prefill_token_threshold=s.long_prefill_token_threshold,
+                      max_model_len=s.max_model_len, long_prefill_token_threshold=s.long_prefill_token_threshold,
                       enable_chunked_prefill=True, is_encoder_decoder=False, policy=s.policy, watermark=0.0,
                       async_scheduling=False)
         if sides is not None:
@@ -222,7 +223,7 @@ class VllmRunner:
         scheduler_config = v["SchedulerConfig"](**kwargs)
         cache_config = v["CacheConfig"](block_size=s.block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                                         enable_prefix_caching=s.prefix_caching, **self._retention())
-        vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=self.model_config,
+        vllm_config = v["VllmConfig"](scheduler_config=scheduler_config, model_config=self.model_config_for(case),
                                       cache_config=cache_config,
                                       parallel_config=v["ParallelConfig"](pipeline_parallel_size=s.pipeline_parallel),
                                       speculative_config=self.speculative_config(case))
@@ -279,6 +280,16 @@ class VllmRunner:
             raise AssertionError(f"vLLM laid out {config.num_blocks} blocks, not {s.num_blocks + 1}")
         return config
 
+    def model_config_for(self, case: Case):
+        """The tiny model's ``ModelConfig`` at ``case``'s ``max_model_len`` (a copy when it is not
+        the harness's default)."""
+        longest = case.settings.max_model_len
+        if longest == self.model_config.max_model_len:
+            return self.model_config
+        config = copy.copy(self.model_config)
+        config.max_model_len = longest
+        return config
+
     def speculative_config(self, case: Case):
         """vLLM's ``SpeculativeConfig`` for ``case`` (None without speculation): n-gram, or a
         draft model / EAGLE head read from the tiny model's config (never loaded)."""
@@ -286,7 +297,7 @@ class VllmRunner:
         if not s.num_speculative_tokens:
             return None
         kwargs = dict(method=s.spec_method, num_speculative_tokens=s.num_speculative_tokens,
-                      target_model_config=self.model_config, target_parallel_config=self._v["ParallelConfig"]())
+                      target_model_config=self.model_config_for(case), target_parallel_config=self._v["ParallelConfig"]())
         if s.k_by_batch_size:
             kwargs["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in s.k_by_batch_size]
         if s.spec_method == "ngram":

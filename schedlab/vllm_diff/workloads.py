@@ -34,7 +34,11 @@ Each group turns on one feature of vLLM's scheduler (0.33) against small, fast c
   draft model's input slots, the lookahead's KV slots (prompt chunks' too), one-token
   admissions padded to a decode's rows, EAGLE's block hashes covering the token after the
   block, rejected drafts rolled back; planning ahead, positions
-  counted as computed while the drafts in flight are unverified.
+  counted as computed while the drafts in flight are unverified;
+* ``spec_limit`` -- ``spec``'s cases with a ``max_model_len`` just above the longest request and
+  most requests ending within ``k + 1`` tokens of it: a decode's drafts cut so its input stays
+  below ``max_model_len``, its KV slots (lookahead included) never past it, no padding without
+  room for the sampled token.
 
 The ``window_*`` groups (:data:`WINDOW_GROUPS`) give the model sliding-window layers: a window
 of 2-64 tokens (``window_long``: 32-128, gpt-oss keeps 128) in one or two KV cache groups of their
@@ -65,26 +69,44 @@ import random
 
 import attrs
 
-from schedlab.diffcheck.case import Case, blocks_for
+from schedlab.diffcheck.case import MAX_MODEL_LEN, Case, blocks_for
 from schedlab.diffcheck.workloads import random_requests
 
 from .case import DiffSettings
 
 GROUPS = ("budget", "threshold", "tight_kv", "prefix", "priority", "all", "pipeline", "eos", "abort", "pipeline_abort",
-          "spec", "pipeline_prefix", "pipeline_spec", "pipeline_dynamic_k")
+          "spec", "pipeline_prefix", "pipeline_spec", "pipeline_dynamic_k", "spec_limit")
 #: the groups whose model has sliding-window layers (see the module docstring)
 WINDOW_GROUPS = ("window", "window_prefix", "window_all", "window_long")
 ALL_GROUPS = GROUPS + WINDOW_GROUPS
 
 
-def _ample(requests, block_size: int, slack: int = 0) -> int:
-    return sum(blocks_for(r.prompt_tokens + r.limit + slack, block_size) for r in requests) + 4
+def _ample(requests, block_size: int, slack: int = 0, longest: int = MAX_MODEL_LEN) -> int:
+    return sum(blocks_for(min(r.prompt_tokens + r.limit + slack, longest), block_size) for r in requests) + 4
 
 
-def _tight(rng: random.Random, requests, block_size: int, slack: int = 0) -> int:
-    # (by max_tokens: vLLM makes sure at start-up that its longest request fits the cache)
-    largest = max(blocks_for(r.prompt_tokens + r.limit - 1 + slack, block_size) for r in requests)
+def _tight(rng: random.Random, requests, block_size: int, slack: int = 0, longest: int = MAX_MODEL_LEN) -> int:
+    # (by max_tokens: vLLM makes sure at start-up that its longest request fits the cache; with
+    # speculation no slot passes max_model_len, ``longest``)
+    largest = max(blocks_for(min(r.prompt_tokens + r.limit - 1 + slack, longest), block_size) for r in requests)
     return largest + rng.randint(0, largest)
+
+
+def _near_limit(rng: random.Random, requests, k: int) -> tuple[list, int]:
+    """``spec_limit``: a ``max_model_len`` just above the longest request, and most requests'
+    lengths (their ``max_tokens``, or their output when they ignore EOS) moved within ``k + 1``
+    tokens of it, so their last decodes' drafts and slots meet it."""
+    longest = max(r.prompt_tokens + r.limit for r in requests) + rng.randint(0, k)
+    moved = []
+    for r in requests:
+        length = longest - r.prompt_tokens - rng.randint(0, k + 1)
+        if rng.random() < 0.7 and length >= 1:
+            if r.max_tokens is None:
+                r = attrs.evolve(r, output_tokens=length)
+            elif length >= r.output_tokens:
+                r = attrs.evolve(r, max_tokens=length)
+        moved.append(r)
+    return moved, longest
 
 
 def generate(group: str, seed: int) -> Case:
@@ -94,6 +116,7 @@ def generate(group: str, seed: int) -> Case:
     rng = random.Random(f"{group}:{seed}")
     if group in WINDOW_GROUPS:
         return _windowed(group, seed, rng)
+    limited, group = group == "spec_limit", "spec" if group == "spec_limit" else group  # (spec's cases, near the limit)
     block_size = rng.choice([2, 4, 8, 16])
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max(max_num_seqs, 4), 64)
@@ -124,20 +147,24 @@ def generate(group: str, seed: int) -> Case:
     tight = group in ("tight_kv", "all") or ((group in ("priority", "eos") or pipelined or aborting or speculative)
                                              and rng.random() < 0.5)
     slack = 2 * spec["num_speculative_tokens"] if speculative else 0  # (a last step's drafts and lookahead)
-    num_blocks = _tight(rng, requests, block_size, slack) if tight else _ample(requests, block_size, slack)
+    longest = MAX_MODEL_LEN
+    if limited:
+        requests, longest = _near_limit(rng, requests, spec["num_speculative_tokens"])
+    num_blocks = (_tight(rng, requests, block_size, slack, longest) if tight
+                  else _ample(requests, block_size, slack, longest))
     least = spec["num_speculative_tokens"] + 1 if speculative else 1  # (see DiffSettings.problems)
     threshold = rng.randint(least, budget) if group in ("threshold", "all") or (
         group in ("eos", "spec", "pipeline_spec", "pipeline_dynamic_k") and rng.random() < 0.3) else 0
     settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                             prefix_caching=prefixes, policy=policy,
-                            pipeline_parallel=rng.choice([2, 3]) if pipelined else 1, **spec)
+                            pipeline_parallel=rng.choice([2, 3]) if pipelined else 1, max_model_len=longest, **spec)
     if speculative and rng.random() < 0.3:  # (drawn last: the cases before aborts came in stay as they were)
         requests = [attrs.evolve(r, abort_at=r.arrival + rng.randint(0, 40) + 0.5) if rng.random() < 0.4 else r
                     for r in requests]
     if pipelined and rng.random() < 0.3:  # some stop at an EOS (drawn last, as above), each still fitting the cache
         requests = [_at_eos(rng, r, block_size, num_blocks, slack) if rng.random() < 0.5 else r for r in requests]
-    return Case(settings, requests, group=group, seed=seed)
+    return Case(settings, requests, group="spec_limit" if limited else group, seed=seed)
 
 
 def _at_eos(rng: random.Random, r, block_size: int, num_blocks: int, slack: int):
