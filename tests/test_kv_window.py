@@ -817,10 +817,12 @@ EXPERIMENT = """
     [[runs]]
     name = "tgi"
     scheduler = { kind = "tgi" }
+    kv_cache = { block_size = 16 }  # (TGI's own default is flashinfer's 1-token blocks)
     [[runs]]
     name = "tgi-hybrid"
     scheduler = { kind = "tgi" }
-    kv_cache = { kind = "paged", model = "gpt-oss-20b", gpu = "h100-80gb", disable_hybrid_kv_cache_manager = false }
+    kv_cache = { kind = "paged", model = "gpt-oss-20b", gpu = "h100-80gb", disable_hybrid_kv_cache_manager = false,
+                 block_size = 16 }
     [[runs]]
     name = "sglang"
     scheduler = { kind = "sglang" }

@@ -71,6 +71,60 @@ def test_a_cached_answer_is_not_computed_again(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("block_size", [1, 2])
+def test_a_continuation_finds_the_last_segments_input_not_its_answer(engine, block_size):
+    # TGI's radix allocator puts an allocation's input (prefill_tokens) in its trie when the
+    # allocation is freed (radix.rs free), never the tokens it generated. Prompt 4, 12 tokens,
+    # segments of 4, blocks of 1 (flashinfer) or 2. Segment 1: prefill 4 (2 ms) -> token 1 at 2;
+    # decodes -> 10, 18, 26 (token 4). Its input, the 4 prompt tokens, goes in the trie. Segment 2
+    # (input 8): 4 found, 4 prefilled (2 ms) -> token 5 at 28; decodes -> 52. Its input, 8 tokens,
+    # goes in. Segment 3 (input 12): 8 found, 4 prefilled -> 54; decodes -> 62, 70, 78. Cached 4 + 8.
+    # (Finding the answer too, each continuation prefilled a token or a block: 75 or 76 ms.)
+    reqs = [Request(0, 0.0, 4, 12)]
+    r = run(reqs, TgiConfig(generation_segment=4), engine, block_size=block_size, cache=PrefixKVCache)
+    assert by_id(r, "first_token_ms") == {0: 2.0}
+    assert by_id(r, "finish_ms") == {0: 78.0}
+    assert by_id(r, "cached_tokens") == {0: 12}
+    assert r.metrics["requeues"] == 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prompt_is_found_only_once_its_request_has_finished(engine):
+    # 1-token blocks; A, B and C have the same 8-token prompt. A (3 tokens) at 0: prefill 8 (4 ms)
+    # -> 4, a decode -> 12. B (2 tokens) arrives at 5, while A runs: TGI's trie gets A's prompt when
+    # A's allocation is freed, so B finds nothing and prefills 8 in a pass of its own, 12 -> 16;
+    # then a decode -> 24: both finish. C at 200 finds the whole prompt, less one token (TGI keeps
+    # at least one to compute): prefill 1 token (0.5 ms) -> 200.5. (Found at once, B prefilled one
+    # token and both finished at 20.5.)
+    reqs = [Request(0, 0.0, 8, 3, prefix_group="g", prefix_tokens=8),
+            Request(1, 5.0, 8, 2, prefix_group="g", prefix_tokens=8),
+            Request(2, 200.0, 8, 1, prefix_group="g", prefix_tokens=8)]
+    r = run(reqs, TgiConfig(), engine, block_size=1, cache=PrefixKVCache)
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 0, 2: 7}
+    assert by_id(r, "finish_ms") == {0: 24.0, 1: 24.0, 2: 200.5}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_new_batch_while_the_block_tables_fill_the_pool(engine):
+    # TGI's token_budget = max_batch_total_tokens - batch.max_tokens (backend.rs), the latter the
+    # running requests' block tables, a shared prefix counted in each; at 0 next_batch returns
+    # None. A pool of 42 1-token blocks, chunking. A (prompt 16, 1 token) at 0: 8 ms; its prompt
+    # goes in the trie. B and C (the same prompt, 10 tokens) at 20: 15 tokens found each, one
+    # prefilled each (1 ms) -> 21; their tables hold 16 + 10 - 1 = 25 blocks each, 50 > 42. D
+    # (prompt 4, 1 token) at 30 would fit the free blocks, but no batch is taken until B and C
+    # finish at 21 + 9 x 8 = 93: D runs 93 -> 95. (Without the check: D joins at 37, its prefill
+    # beside their decodes -> 47, and they finish at 95.)
+    reqs = [Request(0, 0.0, 16, 1, prefix_group="g", prefix_tokens=16),
+            Request(1, 20.0, 16, 10, prefix_group="g", prefix_tokens=16),
+            Request(2, 20.0, 16, 10, prefix_group="g", prefix_tokens=16),
+            Request(3, 30.0, 4, 1)]
+    r = run(reqs, TgiConfig(prefill_chunking=True), engine, num_blocks=42, block_size=1, cache=PrefixKVCache)
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 15, 2: 15, 3: 0}
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 20.0, 2: 20.0, 3: 93.0}
+    assert by_id(r, "finish_ms") == {0: 8.0, 1: 93.0, 2: 93.0, 3: 95.0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_request_sent_back_queues_behind_those_already_waiting(engine):
     # Budget 8 tokens, segments of 2. A (prompt 4, 3 tokens): prefill to 2, decode to 10. C
     # (prompt 4, 1 token) arrives at 5. At 10 A goes back to the end of the queue, behind C: the
@@ -134,6 +188,23 @@ def test_limits_tgi_refuses_to_start_with_are_config_errors():
     assert ok.generation_segment == 1024
 
 
+def test_a_prefill_budget_or_max_total_tokens_over_the_pool_stops_tgi_from_starting():
+    # backends/v3/src/main.rs: max_batch_prefill_tokens and max_total_tokens must be <=
+    # max_batch_total_tokens, the pool's 40 blocks x 1 token
+    kv = PagedKVCache(40, 1)
+    problem = TgiScheduler(TgiConfig(prefill_chunking=True)).start_up_problem(kv)
+    assert problem == ("TGI would refuse to start: `max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. "
+                       "Given: 4096 and 40 (the KV pool's tokens); set [scheduler] max_batch_prefill_tokens <= 40")
+    problem = TgiScheduler(TgiConfig(prefill_chunking=True, max_batch_prefill_tokens=32,
+                                     max_total_tokens=1000)).start_up_problem(kv)
+    assert problem == ("TGI would refuse to start: `max_total_tokens` must be <= `max_batch_total_tokens`. "
+                       "Given: 1000 and 40 (the KV pool's tokens); set [scheduler] max_total_tokens <= 40")
+    # the warmup's own max_total_tokens: with chunking the pool (40), without the budget (32)
+    assert TgiScheduler(TgiConfig(prefill_chunking=True, max_batch_prefill_tokens=32)).start_up_problem(kv) is None
+    assert TgiScheduler(TgiConfig(max_batch_prefill_tokens=32)).start_up_problem(kv) is None
+    assert TgiScheduler(TgiConfig(max_batch_prefill_tokens=40, max_total_tokens=40)).start_up_problem(kv) is None
+
+
 # -- what TGI's launcher picks on the run's GPU and model ------------------------------------------------
 
 
@@ -178,10 +249,14 @@ def _assembled(tmp_path, text: str):
 
 
 def test_a_tgi_run_takes_the_launchers_defaults(tmp_path):
-    scheduler, _, kv = _assembled(tmp_path, run_text("h100-80gb", kind="tgi", model="llama-3.1-8b"))
+    scheduler, cost, kv = _assembled(tmp_path, run_text("h100-80gb", kind="tgi", model="llama-3.1-8b"))
     c = scheduler.config
     assert (c.max_batch_prefill_tokens, c.prefill_chunking, c.context_length) == (59870, True, 131072)
-    assert isinstance(kv, PrefixKVCache)  # TGI v3 caches prefixes on flashinfer attention
+    assert isinstance(kv, PrefixKVCache)  # TGI v3 caches prefixes on flashinfer attention ...
+    assert kv.block_size == 1  # ... in blocks of one token (globals.py BLOCK_SIZE)
+    # CUDA graphs for decode batches of up to 32 (the launcher's cuda_graphs), synchronous steps
+    assert (cost.config.cuda_graph_max_tokens, cost.config.async_scheduling) == (32, False)
+    assert scheduler.start_up_problem(kv) is None
     # two shards: 2 x 900e12 // 15,032,385,536 = 119,741 tokens
     two = run_text("h100-80gb", kind="tgi", model="llama-3.1-8b").replace(
         'kind = "roofline"', 'kind = "roofline"\ntensor_parallel = 2').replace(
@@ -191,6 +266,10 @@ def test_a_tgi_run_takes_the_launchers_defaults(tmp_path):
                     model="llama-3.1-8b")
     assert (_assembled(tmp_path, mine)[0].config.max_batch_prefill_tokens,
             _assembled(tmp_path, mine)[0].config.prefill_chunking) == (4096, False)
+    # another attention backend's blocks (paged 16, flashdecoding 256) are the [kv_cache] table's
+    paged = run_text("h100-80gb", kind="tgi", model="llama-3.1-8b").replace('kind = "paged"',
+                                                                             'kind = "paged"\nblock_size = 16')
+    assert _assembled(tmp_path, paged)[2].block_size == 16
 
 
 @pytest.mark.parametrize("engine", ENGINES)

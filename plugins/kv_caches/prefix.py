@@ -32,6 +32,14 @@ tokens, so workload metadata stands in for them. Cache block ``j`` of a request 
 Keys are never chained: each one already names its whole prefix. The keys of a request are
 monotone in ``j`` (``h`` blocks, then ``g`` blocks, then ``r`` blocks).
 
+Cached when freed (TGI's radix allocator, :meth:`PrefixKVCache.cache_input_on_free`, which the
+``tgi`` scheduler calls): no block is identified at allocation; when an allocation is freed --
+a finish, or a requeue (``preempted``) -- the full blocks of the *input* it was admitted with
+(the prompt, plus the answer so far for a continuation) that it computed get their keys, its own
+``("r", id, j)`` ones only when it was requeued; the blocks of what it generated since stay
+anonymous and go to the head of the free queue with its partial and reserved blocks. TGI
+v3.3.7's ``RadixAllocator::free`` inserts only the allocation's ``prefill_tokens``, on free.
+
 Lookahead. With an EAGLE drafter vLLM 0.33 hashes each block together with the token after it
 (``num_hash_lookahead_tokens`` = 1: the drafter's KV at the block's last position depends on
 it; ``get_request_block_hasher``), so two prompts share a block only if they also agree on the
@@ -136,11 +144,12 @@ class _Chain:
     """A sequence's ``kv_state``: the identified blocks it references (its block indices
     ``0 .. len(blocks) - 1``) and whether further full blocks may still be registered."""
 
-    __slots__ = ("blocks", "sealed", "junction")
+    __slots__ = ("blocks", "sealed", "junction", "input")
 
     def __init__(self, sealed: bool = False):
         self.blocks: list[_Block] = []
         self.sealed = sealed
+        self.input = 0  # cached when freed: the tokens the sequence was admitted with
         self.junction = 0  # with window layers: the shared prefix its lookup found uncached there (tokens)
 
 
@@ -174,6 +183,7 @@ class PrefixKVCache(PagedKVCache):
         self.evictions = 0
         self.epoch = 0
         self.hash_lookahead = 0
+        self.on_free = False  # cache_input_on_free()
         self._empty()
 
     def use_hash_lookahead(self, tokens: int) -> None:
@@ -182,6 +192,16 @@ class PrefixKVCache(PagedKVCache):
         if self._table or self.used:
             raise AssertionError("use_hash_lookahead() on a cache in use")
         self.hash_lookahead = tokens
+
+    def cache_input_on_free(self) -> None:
+        """Identify blocks as TGI's radix allocator does: only when an allocation is freed, and
+        only those of the input it was admitted with (see the module doc); before anything is
+        cached. Called again, nothing changes."""
+        if self.on_free:
+            return
+        if self._table or self.used:
+            raise AssertionError("cache_input_on_free() on a cache in use")
+        self.on_free = True
 
     def _empty(self) -> None:
         """Nothing cached: every block free, in one anonymous run (a new pool, or one reset)."""
@@ -316,7 +336,8 @@ class PrefixKVCache(PagedKVCache):
             self.used += change
         chain = seq.kv_state
         if chain is None:
-            chain = seq.kv_state = _Chain()
+            chain = seq.kv_state = _Chain(sealed=self.on_free)
+            chain.input = seq.num_tokens
             if self.window is not None:  # (a lookup shorter than its full-attention hit: this
                 last, epoch, full = self._full_hit  # request caches its window at that junction)
                 if last is not seq or epoch != self.epoch:
@@ -405,9 +426,50 @@ class PrefixKVCache(PagedKVCache):
         known = len(blocks)
         queue = self._queue
         full = seq.num_computed_tokens // self.block_size
-        # Blocks that are not full (the partial last block, reserved room) have no hash:
-        # they go to the head of the free queue and are reused first, so cached blocks live
-        # longer (vLLM 0.33 BlockPool.free_blocks). Full blocks go to the tail, last block first.
+        if self.on_free:
+            released = self._release_input(seq, chain, held, known, full, preempted)
+        else:
+            released = self._release_blocks(seq, chain, held, known, full, preempted)
+        for block in reversed(blocks):
+            block.ref -= 1
+            if not block.ref:
+                queue[block] = None
+                released += 1
+        self.used -= released
+
+    def _release_input(self, seq, chain, held: int, known: int, full: int, preempted: bool) -> int:
+        """:meth:`_release` cached when freed: the computed full blocks of the input ``seq`` was
+        admitted with get their keys (its own only when ``preempted``: a requeue), last block
+        first; every other block it held goes to the head of the free queue."""
+        request = seq.request
+        top = min(full, (chain.input if chain is not None else 0) // self.block_size)
+        keys = []
+        for j in range(known, top):
+            key = block_key(request, j, self.block_size, self.hash_lookahead)
+            if key[0] == "r" and not preempted:
+                break
+            keys.append(key)
+        self._push_run(held - known - len(keys), front=True)
+        if keys:
+            queue = self._queue
+            window = self.window is not None
+            for j in range(known + len(keys) - 1, known - 1, -1):
+                block = _Block(keys[j - known], j, 0)
+                self._insert(block)
+                if window:
+                    block.win = self._window_mask(j, request.prompt_tokens, chain.junction)
+                queue[block] = None
+            self.epoch += 1
+        window = self._window_release(seq)
+        self._push_run(window)
+        return held - known + window
+
+    def _release_blocks(self, seq, chain, held: int, known: int, full: int, preempted: bool) -> int:
+        """:meth:`_release`'s own blocks (vLLM's rules); returns how many leave use. Blocks that are
+        not full (the partial last block, reserved room) have no hash: they go to the head of the
+        free queue and are reused first, so cached blocks live longer (vLLM 0.33
+        BlockPool.free_blocks). Full blocks go to the tail, last block first."""
+        queue = self._queue
         self._push_run(held - max(full, known), front=True)
         if preempted:
             rid = seq.request.id
@@ -427,13 +489,7 @@ class PrefixKVCache(PagedKVCache):
             self._push_run(full - known)  # full private blocks: hashed in vLLM, never hit again
         window = self._window_release(seq)
         self._push_run(window)
-        released = held - known + window
-        for block in reversed(blocks):
-            block.ref -= 1
-            if not block.ref:
-                queue[block] = None
-                released += 1
-        self.used -= released
+        return held - known + window
 
     # -- the table of cached blocks -------------------------------------------------------
     def _insert(self, block: _Block) -> None:

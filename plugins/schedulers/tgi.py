@@ -12,7 +12,10 @@ allocator's pool is the KV cache,
 minus block 0, which TGI keeps for health checks), while the prompt tokens not found in the
 prefix cache fit ``max_batch_prefill_tokens`` (rounded up to a whole number of blocks) and the
 batch is under ``max_batch_size``. The first request that does not fit ends the batch. Nothing
-is ever preempted: every request holds its maximum from admission to finish.
+is ever preempted: every request holds its maximum from admission to finish. While a batch runs,
+no new batch is taken when its requests' block tables -- a shared prefix's blocks counted once per
+request -- add up to the whole pool (``token_budget`` = ``max_batch_total_tokens`` minus the
+batch's ``max_tokens``, 0: ``next_batch`` returns nothing), which only prefix hits make possible.
 
 ``prefill_chunking = false`` (TGI's path for models or attention backends without chunked
 prefill -- ``ATTENTION=paged``, ``PREFILL_CHUNKING=0``, speculation; the default before v3.0):
@@ -40,14 +43,18 @@ Validation (``router/src/validation.rs``): a request whose prompt + ``max_new_to
 where the launcher is not told them, the warmup sets them (``FlashCausalLM.warmup``): with
 chunking ``max_total_tokens`` is the smaller of the KV pool and the model's context, without it
 the warmup batch, ``max_batch_prefill_tokens``; ``max_input_tokens`` one less. Limits TGI refuses to
-start with are config errors. A request over the allocator's blocks is refused too (TGI's launcher
-makes that impossible by bounding ``max_total_tokens``).
+start with are config errors, or, where they depend on the KV pool (``max_batch_prefill_tokens`` or
+``max_total_tokens`` over its tokens), :meth:`TgiScheduler.start_up_problem`'s (the run is simulated
+and notes it; a plan counts the deployment infeasible). A request over the allocator's blocks is
+refused too (TGI's launcher makes that impossible by bounding ``max_total_tokens``).
 
 Answer segments (since v3.1.1, ``router/src/infer/mod.rs``): the router asks the backend for at
 most ``DEFAULT_GENERATION_LENGTH`` = 1,024 new tokens at a time (``generation_segment``): the
 block allocator reserves ``input + min(max_new_tokens, 1024) - 1``, and a request that has them and
 is not done goes back to the *end* of the queue, its blocks freed, to be prefilled again with its
-answer (minus what the prefix cache holds; :meth:`Plan.requeue`, counted as ``requeues``). Each
+answer (:meth:`Plan.requeue`, counted as ``requeues``). The prefix cache then holds at most the
+segment's *input* -- TGI's radix allocator keeps an allocation's input tokens, never what it
+generated -- so every continuation computes at least the answer of the segment that just ended. Each
 continuation is validated like a new request -- prompt + answer so far within
 ``max_input_tokens``, and with 1,024 more within ``max_total_tokens`` -- and the answer ends where
 one is refused: ``limit_request`` cuts ``max_tokens`` to the segments that pass. Here a request
@@ -62,17 +69,27 @@ engines do it: ``max_in_flight``, :mod:`schedlab.engine.admission`).
 
 Launcher defaults (:mod:`.tgi_launcher`, applied to a run that names its GPU and model): the
 prefill budget from the GPUs' FLOPS and the model's FLOPs per token, chunked prefill and prefix
-caching on (flashinfer attention), the model's context.
+caching on (flashinfer attention), the model's context. On every TGI run the KV cache defaults to
+flashinfer's 1-token blocks (:attr:`TgiConfig.kv_cache_defaults`) and the cost model to CUDA graphs
+for batches of at most 32 (:meth:`TgiConfig.cost_model_defaults`).
 
-Simplifications: one instance, no sharding; no speculation; the KV cache plugin decides prefix
-hits (TGI's radix allocator makes a request's blocks findable when it finishes, schedlab's prefix
-caches as soon as they are computed); whether a new batch is large enough for
-``waiting_served_ratio`` is decided before any block is taken, counting each request's prefix hit
-in the cache as it stands (TGI allocates one by one and gives the blocks back: the same count
-unless admitting one request would evict cached blocks a later one reuses); the padded-model path
-(no block allocator) is not modelled. A request without ``max_tokens`` reserves its own output
-length (schedlab's convention), where TGI would default ``max_new_tokens`` to ``max_total_tokens -
-input``.
+Prefix cache (TGI's ``RadixAllocator``, with a ``paged`` cache with prefix caching: the scheduler
+calls its :meth:`~schedlab_plugins.kv_caches.PrefixKVCache.cache_input_on_free` before the first
+pass): a request's input becomes findable when its allocation is freed -- at its finish, or when it
+goes back for another segment --, not while it runs, and only the input's tokens; a hit is capped
+one token short of the whole prompt (TGI finds the whole prompt and computes its last token again:
+the same count with 1-token blocks, one block more held here; with larger blocks the hit stops a
+block short). Eviction follows that cache's LRU free queue, not TGI's free list then trie leaves.
+
+Simplifications: one instance, no sharding; no speculation; whether a new batch is large enough
+for ``waiting_served_ratio`` is decided before any block is taken, counting each request's prefix
+hit in the cache as it stands (TGI allocates one by one and gives the blocks back: the same count
+unless admitting one request would evict cached blocks a later one reuses -- and, not modelled,
+giving them back inserts the never-computed prompts in its trie, so they are found next time, as
+is a request pushed back for the prefill budget); the padded-model path (no block allocator) is
+not modelled. A request without ``max_tokens`` reserves its own output length (schedlab's
+convention), where TGI would default ``max_new_tokens`` to ``min(max_total_tokens - input,
+1024)``.
 """
 
 from __future__ import annotations
@@ -88,6 +105,8 @@ from schedlab.kv_window import sequence_blocks
 from .tgi_launcher import prefill_tokens
 
 HEALTH_CHECK_BLOCKS = 1  # block 0 of TGI's allocator is never handed out
+FLASHINFER_BLOCK_SIZE = 1  # server/.../models/globals.py BLOCK_SIZE with ATTENTION=flashinfer
+CUDA_GRAPH_MAX_BATCH = 32  # the launcher's default cuda_graphs: [1, 2, 4, 8, 16, 32]
 
 
 @attrs.frozen
@@ -122,18 +141,26 @@ class TgiConfig:
                                              "to the end of the queue (DEFAULT_GENERATION_LENGTH, TGI v3.1.1 on; "
                                              "0 = whole answers, as v3.0)")
 
-    #: TGI turns prefix caching on with flashinfer attention (compute capability 8.0 and up), and
-    #: keeps every layer's KV for every token: its cache is one tensor per layer over the same
-    #: blocks, a sliding window only limits what attention reads (no hybrid manager, schedlab.kv_window)
-    kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True, "disable_hybrid_kv_cache_manager": True}
+    #: TGI's default attention, flashinfer (compute capability 8.0 and up, head dims 64, 128, 256),
+    #: turns prefix caching on and pages the KV cache in blocks of one token (``globals.py``
+    #: ``BLOCK_SIZE``: 1 for flashinfer, 256 for flashdecoding, 16 for paged -- set ``[kv_cache]
+    #: block_size`` to model those); it keeps every layer's KV for every token: one tensor per layer
+    #: over the same blocks, a sliding window only limits what attention reads (no hybrid manager,
+    #: schedlab.kv_window)
+    kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True, "disable_hybrid_kv_cache_manager": True,
+                                         "block_size": FLASHINFER_BLOCK_SIZE}
 
     @staticmethod
     def cost_model_defaults(table: dict) -> dict:
         """TGI steps synchronously: its router sends a batch and waits for the shards' answer
         before it schedules the next (``generate_token`` prepares, runs and samples in turn), so
-        a cost model that can overlap the host's work with the GPU's does not (the run's
-        assembly applies this to a ``[cost_model]`` table that leaves ``async_scheduling`` out)."""
-        return {"async_scheduling": False}
+        a cost model that can overlap the host's work with the GPU's does not. It captures CUDA
+        graphs for batches of 1, 2, 4, 8, 16 and 32 requests (the launcher's ``cuda_graphs``
+        default) and replays one only for a decode pass of at most 32 (``FlashCausalLM.forward``):
+        ``cuda_graph_max_tokens = 32`` (a pass of up to 32 tokens that holds a prefill still counts
+        as replayed). The run's assembly applies these to a ``[cost_model]`` table that leaves
+        them out."""
+        return {"async_scheduling": False, "cuda_graph_max_tokens": CUDA_GRAPH_MAX_BATCH}
 
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
@@ -182,6 +209,8 @@ class TgiScheduler:
         self._decode_next = None        # decode clock after a pass that joined a new batch: the next pass decodes
         self._left: dict = {}           # chunking: sequence still prefilling -> tokens left after the planned pass
         self._next_chunk: dict = {}     # chunking: sequence still prefilling -> its chunk in the next pass
+        self._tables: dict = {}         # running sequence -> the blocks of its allocation (its block table)
+        self._bound = False             # the KV cache told to cache as TGI's radix allocator does
 
     # -- optional protocol members --------------------------------------------------------
 
@@ -197,6 +226,23 @@ class TgiScheduler:
             return [f"{' and '.join(moot)} only {verb} prefill without chunking, and prefill_chunking is on (the "
                     f"default on a run naming its GPU): TGI ignores {them} (prefill_chunking = false to use {them})"]
         return []
+
+    def start_up_problem(self, kv) -> str | None:
+        """Why TGI's router would refuse to start with ``kv`` (``backends/v3/src/main.rs``): a
+        prefill budget or a ``max_total_tokens`` (as the warmup settles it, :meth:`limits`) over
+        ``max_batch_total_tokens``, the KV pool's tokens (``num_blocks x block_size``)."""
+        pool = kv.num_blocks * kv.block_size
+        c = self.config
+        if c.max_batch_prefill_tokens > pool:
+            return (f"TGI would refuse to start: `max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. "
+                    f"Given: {c.max_batch_prefill_tokens} and {pool} (the KV pool's tokens); set [scheduler] "
+                    f"max_batch_prefill_tokens <= {pool:,}")
+        total = self.limits(kv)[1]
+        if total > pool:
+            return (f"TGI would refuse to start: `max_total_tokens` must be <= `max_batch_total_tokens`. "
+                    f"Given: {total} and {pool} (the KV pool's tokens); set [scheduler] max_total_tokens "
+                    f"<= {pool:,}")
+        return None
 
     def limits(self, kv) -> tuple[int, int]:
         """(max_input_tokens, max_total_tokens) as TGI's warmup settles them where the config
@@ -297,6 +343,11 @@ class TgiScheduler:
     # -- one forward pass ------------------------------------------------------------------
     def schedule(self, plan) -> None:
         c = self.config
+        if not self._bound:  # TGI's radix allocator caches an allocation's input when it is freed
+            self._bound = True
+            on_free = getattr(plan.kv, "cache_input_on_free", None)
+            if on_free is not None:
+                on_free()
         if c.generation_segment:
             self._requeue_segments(plan)
             self._pass(plan)
@@ -317,15 +368,18 @@ class TgiScheduler:
             self._continue(plan)
             plan.wake_after(1)  # the next pass tries again, whatever happens meanwhile
             return
+        full = self._tables_full(plan)  # token_budget 0: next_batch returns None
         if c.prefill_chunking:
             self._continue(plan)
             budget = c.max_batch_prefill_tokens - plan.num_scheduled_tokens  # TGI's current_tokens
-            if budget > 0:
+            if budget > 0 and not full:
                 self._next_batch(plan, None, None, budget, joining=True)
             return
         max_size = None if c.max_batch_size is None else c.max_batch_size - running
         waiting_tokens = 1 + plan.decode_steps - self._prefill_step
-        if waiting_tokens >= c.max_waiting_tokens:
+        if full:
+            admitted = False
+        elif waiting_tokens >= c.max_waiting_tokens:
             admitted = self._next_batch(plan, None, max_size, c.max_batch_prefill_tokens, joining=True)
         else:
             min_size = int(np.floor(np.float32(running) * self._ratio))  # f32, as TGI computes it
@@ -336,6 +390,20 @@ class TgiScheduler:
                 plan.wake_after(c.max_waiting_tokens - waiting_tokens)
         if not admitted:
             plan.decode_all()  # blocks are reserved: decodes always fit
+
+    def _tables_full(self, plan) -> bool:
+        """Whether TGI's ``token_budget`` is 0 (``backend.rs``): ``max_batch_total_tokens`` (the
+        pool) minus the running batch's ``max_tokens``, the blocks of every request's block table
+        -- a shared prefix's once per request -- times the block size. Only a prefix cache can
+        make them more than the pool."""
+        kv = plan.kv
+        if not getattr(kv, "prefix_caching", False):
+            return False
+        tables = self._tables
+        running = plan.running
+        if len(tables) > len(running):  # (forget those no longer running)
+            self._tables = tables = {seq: tables[seq] for seq in running if seq in tables}
+        return sum(tables.get(seq, 0) for seq in running) >= kv.num_blocks
 
     def _continue(self, plan) -> None:
         """The running batch's part of a pass: every decode, and each pending chunk."""
@@ -398,6 +466,7 @@ class TgiScheduler:
             if admit:
                 if not plan.admit(seq, n, reserve_tokens=reserve):
                     break
+                self._tables[seq] = -(-reserve // kv.block_size)  # prefix blocks + suffix blocks
                 if n < postfix:
                     self._left[seq] = postfix - n
                 free = kv.num_free_blocks() - HEALTH_CHECK_BLOCKS
