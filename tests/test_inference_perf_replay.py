@@ -1,18 +1,24 @@
 """Replaying an inference-perf run from its per-request report (``kind = "inference_perf"``):
-the record formats across its versions, failed requests, prefix blocks from prompt text, and a
-run schedlab wrote as such a report replayed to the same latencies. Every file is written by
-the test."""
+the record formats across its versions, failed requests, prefix blocks from prompt text, a
+run schedlab wrote as such a report replayed to the same latencies, the warning that a
+concurrency is not held open loop, and a concurrent run replayed as a closed loop. Every file is
+written by the test."""
 
 from __future__ import annotations
 
 import json
+import re
+import warnings
 
 import numpy as np
 import pytest
 
 from schedlab.errors import WorkloadError
 from schedlab.study.experiment import load, run_experiment
-from schedlab_plugins.workloads.inference_perf import load_inference_perf, text_block_ids
+from schedlab_plugins.workloads.inference_perf import (
+    InferencePerfConfig, load_inference_perf, make_inference_perf_workload, text_block_ids,
+)
+from schedlab_plugins.workloads.measured import BenchReplayWarning
 
 
 def record(start, end, payload, info, error=None):
@@ -106,7 +112,8 @@ output = { dist = "uniform", low = 2, high = 120 }
     replay_toml = tmp_path / "replay.toml"
     # the placeholder prompts ("p0", "p1", ...) share text, not prefixes: no prefix blocks from them
     replay_toml.write_text(base + '[workload]\nkind = "inference_perf"\npath = "report.json"\nprefix_blocks = "none"\n')
-    replay = run_experiment(load(replay_toml)).all_runs()[0]
+    with pytest.warns(BenchReplayWarning, match="replayed open loop"):
+        replay = run_experiment(load(replay_toml)).all_runs()[0]
     vs = replay.metrics["vs_measured"]
     assert len(vs["errors_pct"]) == 15
     assert vs["mean_abs_error_pct"] < 1e-6
@@ -124,3 +131,50 @@ output = { dist = "uniform", low = 2, high = 120 }
 def test_bad_reports_are_named(tmp_path, content, message):
     with pytest.raises(WorkloadError, match=message):
         load_inference_perf(write(tmp_path, content))
+
+
+def three_records(starts=(100.0, 100.01, 100.02)):
+    """Prompt 100, 200, 40 tokens and outputs 3, 2, 4, each capped at its output, sent at ``starts``."""
+    shapes = [(100, 3), (200, 2), (40, 4)]
+    return [record(s, s + 0.0095, {"prompt": f"q{i}", "max_tokens": o},
+                   {"request_metrics": {"text": {"input_tokens": p}},
+                    "response_metrics": {"output_tokens": o, "output_token_times": [s + 0.004, s + 0.009]}})
+            for i, (s, (p, o)) in enumerate(zip(starts, shapes))]
+
+
+def test_an_open_loop_replay_says_a_concurrency_is_not_held(tmp_path):
+    """The report keeps no load type and no scheduled_time: sent at the recorded times (0, 10,
+    20 ms), with a one-line warning naming the file. It was said nowhere (the docstring claimed
+    the send times held the client's waits for a worker, which hold only at the real server's
+    speed)."""
+    path = write(tmp_path, three_records())
+    with pytest.warns(BenchReplayWarning, match="^" + re.escape(str(path)) + r": replayed open loop at the recorded "
+                      r"send times: inference-perf's per-request report keeps neither the load type nor when each "
+                      r"request was due \(no scheduled_time\), so a concurrency its client held .* is not held; for a "
+                      r"concurrent run set concurrency = its concurrency_level$"):
+        w = make_inference_perf_workload(InferencePerfConfig(path=str(path), prefix_blocks="none"))
+    assert not getattr(w, "closed_loop", False) and w.info["concurrency"] is None
+    assert [r.arrival_ms for r in w.requests(0)] == pytest.approx([0.0, 10.0, 20.0])
+
+
+def test_a_concurrent_run_is_replayed_as_a_closed_loop_by_hand(tmp_path):
+    """load.type: concurrent at concurrency_level 1, told by ``concurrency = 1``: 3 requests on
+    the linear model's defaults (0.05 ms a prompt token, 8 ms a decode step) are sent at 0, 21
+    and 39 ms -- each when the one before ends (5 + 2 x 8 = 21; 10 + 8 = 18; 2 + 3 x 8 = 26 ->
+    65) -- not at the recorded 0, 10, 20 ms; no warning. At concurrency 2, by hand: the first two
+    at once, the third when a slot frees."""
+    write(tmp_path, three_records(), "report.json")
+    exp = tmp_path / "conc.toml"
+    exp.write_text('[experiment]\nreports = []\n[scheduler]\nkind = "vllm"\nmax_num_seqs = 8\n[cost_model]\n'
+                   'kind = "linear"\n[workload]\nkind = "inference_perf"\npath = "report.json"\n'
+                   'prefix_blocks = "none"\nconcurrency = 1\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BenchReplayWarning)
+        r = run_experiment(load(exp)).all_runs()[0].requests
+    assert r["sent_ms"].tolist() == [0.0, 21.0, 39.0]
+    assert r["client_done_ms"].tolist() == [21.0, 39.0, 65.0]
+    w = make_inference_perf_workload(InferencePerfConfig(path=str(tmp_path / "report.json"), concurrency=2))
+    first = list(w.requests(0))
+    assert w.closed_loop and w.info["concurrency"] == 2
+    assert [(q.id, q.arrival_ms, q.prompt_tokens) for q in first] == [(0, 0.0, 100), (1, 0.0, 200)]
+    assert [(q.id, q.arrival_ms, q.prompt_tokens) for q in w.on_finish(first[1], 18.0)] == [(2, 18.0, 40)]

@@ -11,6 +11,7 @@ skipped without vLLM.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -69,11 +70,13 @@ def test_the_recorded_send_times_are_replayed(tmp_path):
     path = write(tmp_path, bench_result([10, 20, 30, 40], [3, 2, 4, 1], [0.1, 0.2, 0.3, 0.05],
                                         [[0.01, 0.01], [0.02], [0.01] * 3, []], [100.0, 100.25, 100.5, 100.125],
                                         rate=4.0, burstiness=0.5, errors=["", "", "timeout", ""]))
-    bench = load_vllm_bench(path)
+    with pytest.warns(InputWarning, match="1 of the 4 requests failed"):
+        bench = load_vllm_bench(path)
     assert bench.sent_ms.tolist() == [0.0, 250.0, 125.0]
     assert bench.measured.view == "client"
     assert bench.measured.e2e_ms == pytest.approx([120.0, 220.0, 50.0])
-    workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    with pytest.warns(InputWarning, match="1 of the 4 requests failed"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     requests = list(workload.requests(0))
     assert [(r.arrival_ms, r.prompt_tokens) for r in requests] == [(0.0, 10), (125.0, 40), (250.0, 20)]
     assert [r.arrival_ms for r in workload.requests(5)] == [0.0, 125.0, 250.0]  # no redraw: no seed
@@ -271,9 +274,49 @@ def test_a_failed_requests_lengths_are_not_read_and_an_empty_answer_is_left_out_
     result = bench_result([10, 20, 30], [2, 0, 2], [0.1, 0.1, 0.1], [[0.01], [], [0.01]], [1.0, 1.5, 2.0])
     result["errors"] = ["", "", "timed out"]
     result["output_lens"][2] = None   # whatever a failed request holds
-    with pytest.warns(InputWarning, match=r"1 of the 2 requests without an error have output_lens 0"):
+    with pytest.warns(InputWarning, match=r"1 of the 2 requests without an error have output_lens 0"), \
+            pytest.warns(InputWarning, match=r"1 of the 3 requests failed"):
         bench = load_vllm_bench(write(tmp_path, result))
     assert list(bench.columns.prompt_tokens) == [10]
+
+
+def test_failed_requests_are_counted_in_one_warning_and_in_the_info(tmp_path):
+    """2 of 5 requests failed ("Bad Request": vLLM writes ttft 0, itls [], latency 0, output_lens 0
+    for them): the 3 others are replayed, and a one-line BenchReplayWarning naming the file says
+    how many were left out; ``workload.info["failed"]`` counts them. They were left out without a
+    word, and a file with none still says nothing."""
+    from schedlab_plugins.workloads.measured import BenchReplayWarning
+
+    result = bench_result([10, 20, 30, 40, 50], [2, 2, 2, 2, 2], [0.1, 0.0, 0.1, 0.0, 0.1],
+                          [[0.01], [], [0.01], [], [0.01]], [1.0, 1.25, 1.5, 1.75, 2.0], rate=4.0,
+                          errors=["", "Bad Request", "", "Bad Request", ""])
+    path = write(tmp_path, result)
+    with pytest.warns(BenchReplayWarning, match="^" + re.escape(str(path))
+                      + r": 2 of the 5 requests failed \(errors, e\.g\. 'Bad Request'\): left out of the replay, "
+                      r"though they loaded the server too$"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
+    assert [r.prompt_tokens for r in workload.requests(0)] == [10, 30, 50]
+    assert workload.info["failed"] == 2
+    clean = write(tmp_path, bench_result([10, 20], [2, 2], [0.1, 0.1], [[0.01], [0.01]], [1.0, 1.5], rate=4.0),
+                  "clean.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BenchReplayWarning)
+        assert make_vllm_bench_workload(VllmBenchConfig(path=str(clean))).info["failed"] == 0
+
+
+def test_the_failed_requests_warning_is_one_line_of_the_run_s_output(tmp_path, capsys):
+    """``schedlab run`` says it once, on one line naming the file."""
+    from schedlab.cli import main
+
+    write(tmp_path, bench_result([10, 20, 30], [2, 2, 2], [0.1, 0.0, 0.1], [[0.01], [], [0.01]], [1.0, 1.25, 1.5],
+                                 rate=4.0, errors=["", "Bad Request", ""]))
+    exp = tmp_path / "failed.toml"
+    exp.write_text('[experiment]\nname = "failed"\nreports = ["json"]\n[workload]\nkind = "vllm_bench"\n'
+                   'path = "bench.json"\n[[runs]]\nname = "a"\n')
+    assert main(["run", str(exp), "--out", str(tmp_path / "out")]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "failed" in line and "warning" in line]
+    assert said == [f"schedlab: warning: {tmp_path / 'bench.json'}: 1 of the 3 requests failed (errors, e.g. "
+                    "'Bad Request'): left out of the replay, though they loaded the server too"], said
 
 
 # -- the real client (needs vLLM) ---------------------------------------------------------------------

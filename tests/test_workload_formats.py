@@ -66,7 +66,8 @@ def test_a_linear_ramp_with_even_gaps_by_hand(tmp_path):
     path = write_json(tmp_path / "ramp.json", bench(5, prompts=[10, 11, 12, 13, 14], errors=["", "boom", "", "", ""],
                                                     burstiness=float("inf"), ramp_up_strategy="linear",
                                                     ramp_up_start_rps=1, ramp_up_end_rps=5))
-    with pytest.warns(BenchReplayWarning, match="no start_times"):
+    with pytest.warns(BenchReplayWarning, match="no start_times"), \
+            pytest.warns(BenchReplayWarning, match="1 of the 5 requests failed"):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     got = list(workload.requests(3))
     assert [r.prompt_tokens for r in got] == [10, 12, 13, 14]

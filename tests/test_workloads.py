@@ -201,6 +201,41 @@ def test_a_file_without_our_field_names_says_how_to_map_its_own(registry, tmp_pa
     assert [(r.prompt_tokens, r.output_tokens) for r in got.requests(0)][0] == (1, 2)
 
 
+SHAREGPT = [{"id": "QWJhYvA_0", "conversations": [{"from": "human", "value": "Summarize the main ideas of it"},
+                                                  {"from": "gpt", "value": "Here are the main ideas ..."}]},
+            {"id": "i6IyJda_0", "conversations": [{"from": "human", "value": "How to tell?"},
+                                                  {"from": "gpt", "value": "1. Homogeneity ..."}]}]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("sharegpt.json", json.dumps(SHAREGPT, indent=2)),                       # ShareGPT_V3_unfiltered_cleaned_split
+    ("sharegpt.jsonl", "".join(json.dumps(r) + "\n" for r in SHAREGPT)),     # one conversation a line
+], ids=["json", "jsonl"])
+def test_a_sharegpt_file_is_told_it_holds_text_and_where_its_lengths_are(registry, tmp_path, name, text):
+    """ShareGPT's records (``conversations`` of ``{from, value}`` turns, as vLLM's ShareGPTDataset
+    reads) hold text: the error said only to map columns, which no column of it can be."""
+    write(tmp_path / name, text)
+    with pytest.raises(WorkloadError) as info:
+        make(registry, {"kind": "file", "path": name}, base_dir=tmp_path)
+    said = str(info.value)
+    assert f"{name}: no {'record' if name.endswith('.json') else 'line'} has prompt_tokens; it looks like " \
+           "ShareGPT-style JSON (a conversations list of turns), which holds the conversations' text, not token " \
+           "counts, and schedlab does not tokenize" in said
+    assert "etalon_sharegpt_8k_filtered_stats_llama2_tokenizer.csv" in said and 'dist = "empirical"' in said
+    assert 'columns = {prompt_tokens = "num_prefill_tokens", output_tokens = "num_decode_tokens"}' in said
+    assert "a file that names it otherwise" not in said
+
+
+def test_the_sharegpt_length_statistics_read_as_requests(registry, tmp_path):
+    """The route the ShareGPT error points to: a stats CSV in etalon's layout, its pairs kept."""
+    write(tmp_path / "stats.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+                                  "74,918,992,0.08\n290,905,1195,0.32\n")
+    got = make(registry, {"kind": "file", "path": "stats.csv", "arrival": "all-at-once",
+                          "columns": {"prompt_tokens": "num_prefill_tokens", "output_tokens": "num_decode_tokens"}},
+               base_dir=tmp_path)
+    assert [(r.prompt_tokens, r.output_tokens) for r in got.requests(0)] == [(74, 918), (290, 905)]
+
+
 @pytest.mark.parametrize("bad", ["1.5", "0", "-3", "many", ""])
 def test_bad_token_count_names_file_line_and_field(registry, tmp_path, bad):
     write(tmp_path / "t.csv", f"prompt_tokens,output_tokens\n5,5\n7,{bad}\n")

@@ -12,15 +12,33 @@ profile (synchronous, throughput, constant rates of a sweep ...), each with ``re
   ``max_tokens`` or ``max_completion_tokens`` -- as Python's repr of a dict up to 0.5, as JSON
   text from 0.6).
 
-The benchmark's successful requests are sent at their recorded start times (ms after the
-first), open loop: the recorded times already hold guidellm's own pacing and concurrency.
-Errored and incomplete requests are left out and counted (``workload.info``). guidellm keeps
-only ``--sample-requests`` requests of each status in the file by default; a replay of a sample
-is not the run (the missing requests loaded the server too), so a benchmark whose list is
-shorter than its request count is refused unless ``allow_sample = true``. The measured
-latencies are the client's, kept for comparison as with :mod:`.inference_perf` (whose
-:func:`~.inference_perf.replay_columns` builds the replay, prefix blocks from the prompts'
-text included).
+How the benchmark's successful requests are sent depends on its strategy
+(``strategy.type_``, in ``args`` up to 0.3 and ``config`` from 0.4):
+
+* ``synchronous`` and ``concurrent``: a closed loop holding the recorded concurrency, 1 or the
+  strategy's ``streams``, as guidellm ran it. Its streams send their next request as soon as
+  the previous one ends (up to 0.3 every request's target time is "now", ``max(start,
+  time.time())``; from 0.4 a stream's last completion), so every request is due at the
+  benchmark's start and the slots alone pace them (:mod:`.capped`: a request is sent when it is
+  due and a slot is free, first due first served, in the order guidellm sent them) -- a slower
+  simulated server sends later, a faster one sooner, never more than ``streams`` in flight. With
+  ``rampup_duration`` (0.4 on) the first ``streams`` requests are due ``rampup_duration x k /
+  streams`` after the start, as guidellm staggers them, and the later ones no earlier than the
+  last of those (guidellm may send one sooner, when a stream's first request ends within the
+  ramp).
+* ``throughput``, ``constant`` and ``poisson``: open loop, each request at its recorded start
+  time (ms after the first): their send times do not wait for the server.
+
+Errored and incomplete requests are left out and counted (``workload.info``). guidellm can keep
+only a random sample of each status's requests in the file (``--sample-requests``,
+``--output-sampling`` before 0.4); a replay of a sample is not the run (the missing requests
+loaded the server too), so a benchmark whose list is shorter than its request count --
+``metrics.request_totals`` from 0.4, ``request_totals`` at the benchmark's top in 0.2-0.3 (or
+their ``run_stats.requests_made``, which counts warmup and cooldown requests too, when the
+benchmark had none) -- or, without a count, one whose ``request_samples`` (0.2-0.3) says it was
+sampled, is refused unless ``allow_sample = true``. The measured latencies are the client's,
+kept for comparison as with :mod:`.inference_perf` (whose :func:`~.inference_perf.replay_columns`
+builds the replay, prefix blocks from the prompts' text included).
 """
 
 from __future__ import annotations
@@ -31,10 +49,12 @@ import warnings
 from pathlib import Path
 
 import attrs
+import numpy as np
 
 from schedlab.configs import bool_field, int_field, is_finite_number, path_field
 from schedlab.errors import WorkloadError
 
+from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload
 from .measured import BenchReplayWarning
 from .inference_perf import (
@@ -49,7 +69,8 @@ class GuidellmConfig:
     path: str = path_field(help="a guidellm JSON report (guidellm benchmark --outputs json)")
     index: int = int_field(0, min=0, help="which benchmark of the report (one per load level of its profile)")
     allow_sample: bool = bool_field(False, help="replay a benchmark whose report keeps only a sample of its requests "
-                                                "(guidellm --sample-requests); the missing ones do not load the server")
+                                                "(guidellm --sample-requests, --output-sampling before 0.4); the "
+                                                "missing ones do not load the server")
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
     prefix_blocks: str = prefix_blocks_field()
     hash_block_tokens: int = hash_block_tokens_field()
@@ -115,14 +136,55 @@ def _record(where: str, entry: dict, unreadable: list) -> ClientRecord:
 
 
 def _total(benchmark: dict, status: str) -> int | None:
-    """How many requests of ``status`` the benchmark ran (the report's counts), if it says."""
-    value = _number(benchmark, ("metrics", "request_totals", status), ("run_stats", "completed" if status ==
-                                                                          "successful" else status))
+    """How many requests of ``status`` the benchmark ran (before guidellm sampled its lists), if
+    the report says: ``metrics.request_totals`` (0.4 on), ``request_totals`` at the benchmark's
+    top (0.2-0.3), else 0.2-0.3's ``run_stats.requests_made`` -- which counts the warmup and
+    cooldown requests too, so only when ``args`` had neither."""
+    value = _number(benchmark, ("metrics", "request_totals", status), ("request_totals", status))
+    if value is None:
+        args = benchmark.get("args") if isinstance(benchmark.get("args"), dict) else {}
+        transient = ("warmup_number", "warmup_duration", "cooldown_number", "cooldown_duration")
+        if not any(args.get(key) for key in transient):
+            value = _number(benchmark, ("run_stats", "requests_made", status))
     return int(value) if is_finite_number(value) else None
 
 
-def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload:
-    """Replay one benchmark of a guidellm report at its requests' start times (see the module docstring)."""
+#: guidellm's strategies that hold a number of requests in flight (replayed as a closed loop).
+CLOSED_LOOP_STRATEGIES = ("synchronous", "concurrent")
+
+
+def _strategy(benchmark: dict) -> dict:
+    """The benchmark's scheduling strategy (``config.strategy`` from 0.4, ``args.strategy`` before)."""
+    for where in ("config", "args"):
+        table = benchmark.get(where)
+        strategy = table.get("strategy") if isinstance(table, dict) else None
+        if isinstance(strategy, dict):
+            return strategy
+    return {}
+
+
+def _streams(where: str, strategy: dict) -> int:
+    """How many requests the strategy held in flight: 1 (synchronous), ``streams`` (concurrent)."""
+    if strategy.get("type_") == "synchronous":
+        return 1
+    streams = strategy.get("streams")
+    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        raise WorkloadError(f"{where}: strategy concurrent: streams must be a whole number >= 1, got "
+                            f"{streams!r} (the number of requests it held in flight)")
+    return streams
+
+
+def closed_loop_due_ms(n: int, streams: int, rampup_s: float = 0.0) -> np.ndarray:
+    """When each of ``n`` requests of a synchronous or concurrent benchmark is due, in the order
+    guidellm sent them (ms from its start): all at once, the ``streams`` slots pacing them; with a
+    ramp-up, request ``k < streams`` at ``rampup x k / streams`` and the later ones with the last."""
+    k = np.minimum(np.arange(n), streams - 1)
+    return rampup_s * 1e3 * k / streams
+
+
+def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload | CappedWorkload:
+    """Replay one benchmark of a guidellm report: a closed loop of its streams (synchronous,
+    concurrent), or at its requests' start times (see the module docstring)."""
     path = Path(config.path)
     data = read_json_file(path)
     benchmarks = data.get("benchmarks") if isinstance(data, dict) else None
@@ -146,19 +208,31 @@ def make_guidellm_workload(config: GuidellmConfig) -> OpenLoopWorkload:
                       f"(0.4-0.5), nor are those of {len(unreadable) - 1} other requests: their prompts and max_tokens "
                       "are unknown", BenchReplayWarning, stacklevel=2)
     total = _total(benchmark, "successful")
-    if total is not None and total > len(rows) and not config.allow_sample:
-        raise WorkloadError(f"{where} keeps {len(rows)} of its {total} successful requests (guidellm "
-                            "--sample-requests): a replay would leave out the others, which loaded the server "
-                            "too; rerun guidellm keeping every request, or set allow_sample = true")
+    sampled = total > len(rows) if total is not None else isinstance(benchmark.get("request_samples"), dict)
+    if sampled and not config.allow_sample:
+        kept = f"{len(rows)} of its {total} successful requests" if total is not None else \
+            f"a sample of its successful requests ({len(rows)}: request_samples is set, the count is not given)"
+        raise WorkloadError(f"{where} keeps {kept} (guidellm --sample-requests, --output-sampling before 0.4): a "
+                            "replay would leave out the others, which loaded the server too; rerun guidellm keeping "
+                            "every request, or set allow_sample = true")
     if not rows:
         raise WorkloadError(f"{where}: no successful requests")
     sent, columns, measured = replay_columns(rows, f"{path}[{config.index}]", limit=config.limit,
                                              prefix_blocks=config.prefix_blocks,
                                              hash_block_tokens=config.hash_block_tokens)
-    workload = OpenLoopWorkload(lambda seed: (sent, columns), name="guidellm", num_requests=len(columns))
+    strategy = _strategy(benchmark)
+    kind = strategy.get("type_")
+    streams = _streams(where, strategy) if kind in CLOSED_LOOP_STRATEGIES else None
+    workload: OpenLoopWorkload | CappedWorkload
+    if streams is None:
+        workload = OpenLoopWorkload(lambda seed: (sent, columns), name="guidellm", num_requests=len(columns))
+    else:
+        rampup = strategy.get("rampup_duration") if kind == "concurrent" else None
+        rampup = float(rampup) if is_finite_number(rampup) and rampup > 0 else 0.0
+        workload = CappedRequests(closed_loop_due_ms(len(columns), streams, rampup), columns, streams,
+                                  name="guidellm")
     workload.measured = measured
     others = {status: requests.get(status) for status in ("errored", "incomplete")}
     workload.info.update({status: len(v) if isinstance(v, list) else 0 for status, v in others.items()},
-                         strategy=_number(benchmark, ("config", "strategy", "type_"), ("args", "strategy", "type_")),
-                         sampled=total is not None and total > len(rows))
+                         strategy=kind if isinstance(kind, str) else None, concurrency=streams, sampled=sampled)
     return workload

@@ -18,12 +18,20 @@ tokens' arrival times, named differently across versions; the first found is use
 * token times: ``info.response_metrics.output_token_times``,
   ``info.response_info.output_token_times``, ``info.output_token_times``.
 
-Requests are sent at their recorded ``start_time`` (ms after the first), open loop: the recorded
-send times already hold the client's waits for a worker. Failed requests are left out and
-counted (``workload.info["failed"]``). The measured latencies are the client's (``view =
-"client"``, compared with the simulated client, :mod:`schedlab.results.compare`): TTFT from
-sending to the first token's arrival, latency to ``end_time``, TPOT ``(last token - first
-token) / (output - 1)`` (NaN without token times, e.g. a run that did not stream).
+Requests are sent at their recorded ``start_time`` (ms after the first), open loop, with a
+one-line warning: the report keeps neither the run's load type nor when each request was due
+(``RequestLifecycleMetric.scheduled_time`` is not written), so a concurrency the client held --
+``load.type: concurrent``, or every one of its ``num_workers x worker_max_concurrency`` slots
+busy -- cannot be replayed from it: a slower simulated server would get more requests in flight
+than the real one had, a faster one fewer. A run of ``load.type: concurrent`` (one stage) is
+replayed as it ran with ``concurrency`` set to its ``concurrency_level`` (its config.yaml): a
+closed loop of that many requests in flight, each sent when a slot frees, in the recorded order
+(:mod:`.capped`; inference-perf enqueues the stage's requests within its first second, here all
+are due at its start). Failed requests are left out and counted (``workload.info["failed"]``).
+The measured latencies are the client's (``view = "client"``, compared with the simulated
+client, :mod:`schedlab.results.compare`): TTFT from sending to the first token's arrival,
+latency to ``end_time``, TPOT ``(last token - first token) / (output - 1)`` (NaN without token
+times, e.g. a run that did not stream).
 
 The payload's ``max_tokens`` (or ``max_completion_tokens``) becomes the request's ``max_tokens``
 when it is at least the output. Prompt sharing: the report keeps the prompts as text, not token
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
 import attrs
@@ -45,8 +54,9 @@ import numpy as np
 from schedlab.configs import MAX_TOKENS, bound_text, int_field, is_finite_number, path_field, str_field
 from schedlab.errors import WorkloadError
 
+from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
-from .measured import MeasuredRequests
+from .measured import BenchReplayWarning, MeasuredRequests
 from .records import read_json_file, show_value
 
 PREFIX_BLOCKS = ("text", "none")
@@ -68,6 +78,10 @@ class InferencePerfConfig:
     limit: int | None = int_field(None, min=1, optional=True, help="use only the first N successful requests")
     prefix_blocks: str = prefix_blocks_field()
     hash_block_tokens: int = hash_block_tokens_field()
+    concurrency: int | None = int_field(None, min=1, optional=True,
+                                        help="a load.type: concurrent run's concurrency_level (its config.yaml; the "
+                                             "report does not say): replayed as a closed loop of that many requests "
+                                             "in flight; unset: at the recorded send times, open loop, with a warning")
 
 
 def _get(record: dict, *keys):
@@ -257,12 +271,22 @@ def replay_columns(rows: list[ClientRecord], source: str, *, limit: int | None =
     return sent, columns, MeasuredRequests(source, sent, ttft, tpot, e2e, output_tokens, view="client")
 
 
-def make_inference_perf_workload(config: InferencePerfConfig) -> OpenLoopWorkload:
-    """Replay an inference-perf run's clients at their send times (see the module docstring)."""
+def make_inference_perf_workload(config: InferencePerfConfig) -> OpenLoopWorkload | CappedWorkload:
+    """Replay an inference-perf run's clients at their send times, or as a closed loop of
+    ``concurrency`` (see the module docstring)."""
     sent, columns, measured, failed = load_inference_perf(config.path, limit=config.limit,
                                                           prefix_blocks=config.prefix_blocks,
                                                           hash_block_tokens=config.hash_block_tokens)
-    workload = OpenLoopWorkload(lambda seed: (sent, columns), name="inference_perf", num_requests=len(columns))
+    workload: OpenLoopWorkload | CappedWorkload
+    if config.concurrency is None:
+        warnings.warn(f"{config.path}: replayed open loop at the recorded send times: inference-perf's per-request "
+                      "report keeps neither the load type nor when each request was due (no scheduled_time), so a "
+                      "concurrency its client held (load.type concurrent, or all num_workers x "
+                      "worker_max_concurrency slots busy) is not held; for a concurrent run set concurrency = its "
+                      "concurrency_level", BenchReplayWarning, stacklevel=2)
+        workload = OpenLoopWorkload(lambda seed: (sent, columns), name="inference_perf", num_requests=len(columns))
+    else:
+        workload = CappedRequests(np.zeros(len(columns)), columns, config.concurrency, name="inference_perf")
     workload.measured = measured
-    workload.info.update(failed=failed)
+    workload.info.update(failed=failed, concurrency=config.concurrency)
     return workload

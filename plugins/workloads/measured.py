@@ -26,6 +26,8 @@
   comparison; the server's own per-request TTFT and queue time, when it sent them, are compared
   with the simulated engine's. A run that did not stream (no request of several tokens has an
   inter-token latency) has no TTFT of its own: its TTFT and TPOT are left out, with a warning.
+  Failed requests (a non-empty ``errors`` entry) are left out with a one-line warning that counts
+  them, and counted in ``workload.info["failed"]``.
 
 Both read UTF-8 files with or without a byte order mark, gzip-compressed or not, and keep the
 measured latencies (:class:`MeasuredRequests`, ``workload.measured``) so a run can be compared
@@ -342,6 +344,7 @@ class BenchRun:
     rows: np.ndarray | None = None   # each kept request's index in the file's lists (the ramp's request_index)
     total: int = 0                   # requests in the file, failed ones included (the ramp's total_requests)
     due_known: bool = True       # False: capped at a finite rate and no queue_times (due times not recorded)
+    failed: int = 0                  # requests with an error (non-empty ``errors``): left out of the replay
 
 
 def _check_seconds(path, data, ttft: np.ndarray) -> None:
@@ -456,6 +459,11 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     itls = _bench_list(path, data, "itls", n)
     errors = _bench_list(path, data, "errors", n, required=False) or [""] * n
     succeeded = [i for i in range(n) if not errors[i]]
+    failed = n - len(succeeded)
+    if failed:
+        first = next(errors[i] for i in range(n) if errors[i])
+        warnings.warn(f"{path}: {failed} of the {n} requests failed (errors, e.g. {show_value(first)}): left out of "
+                      "the replay, though they loaded the server too", BenchReplayWarning, stacklevel=3)
     for i in succeeded:  # a failed request's lengths are 0 (vLLM's RequestFuncOutput), whatever it holds
         _bench_tokens(path, "output_lens", i, outputs[i], minimum=0)
     empty = sum(outputs[i] == 0 for i in succeeded)
@@ -536,7 +544,7 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
                                 output, view="client", server_ttft_ms=server["server_ttfts"],
                                 server_queue_ms=server["server_queue_times"])
     return BenchRun(rate, float(burstiness), cap, RequestColumns(prompt, output), measured, sent, due, ramp,
-                    np.array(keep, dtype=np.int64), n, due_known)
+                    np.array(keep, dtype=np.int64), n, due_known, failed)
 
 
 def _is_sglang_bench(path, index) -> bool:
@@ -606,5 +614,5 @@ def make_vllm_bench_workload(config: VllmBenchConfig):
     workload.measured = measured
     workload.info.update(request_rate="trace" if math.isnan(bench.rate) else bench.rate, burstiness=bench.burstiness,
                          max_concurrency=bench.max_concurrency,
-                         replay=replay, ramp_up=list(bench.ramp) if bench.ramp else None)
+                         replay=replay, ramp_up=list(bench.ramp) if bench.ramp else None, failed=bench.failed)
     return workload

@@ -18,10 +18,21 @@ are sorted (stably) and numbered in arrival order. A ``rate`` with ``"file"`` or
 ``"all-at-once"``, or a ``cv`` with another arrival than ``"gamma"``, cannot take effect and is
 refused (a sweep over it would give identical runs). Arrival times past the simulated clock's
 end (1e12 ms) are refused where the file is read, naming the line.
+
+The rows hold token counts. A ShareGPT-style JSON file (records with a ``conversations`` list of
+``{"from", "value"}`` turns, as vLLM's ``ShareGPTDataset`` reads) holds the conversations' text,
+and schedlab does not tokenize: such a file is refused saying so (:data:`SHAREGPT_HINT`). Its
+lengths come tokenized in a length-statistics CSV such as Etalon's
+``etalon_sharegpt_8k_filtered_stats_llama2_tokenizer.csv`` (ShareGPT through Llama-2's tokenizer;
+in ``../shared/traces`` when that folder is beside the checkout): read as requests with ``columns = {prompt_tokens = "num_prefill_tokens",
+output_tokens = "num_decode_tokens"}`` (each row's pair kept), or drawn with ``dist =
+"empirical"`` (:mod:`.distributions`).
 """
 
 from __future__ import annotations
 
+import re
+import zlib
 from typing import Mapping
 
 import attrs
@@ -35,7 +46,7 @@ from schedlab.errors import WorkloadError
 from .arrivals import arrivals_ms, check_arrival_settings, cv_field, gap_cv, rate_field
 from .columns import CLOCK_END, OpenLoopWorkload, RequestColumns, check_replayed_arrivals, per_row_or_none, scaled
 from .fast_text import AbsentField
-from .records import FORMATS, Records, read_records, records_from_rows
+from .records import FORMATS, Records, open_text, read_records, records_from_rows
 
 #: Fields a request file may have, with the names looked up when ``columns`` does not say.
 FILE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -69,16 +80,36 @@ def _wanted(columns: Mapping[str, str] | None) -> dict[str, tuple[str, ...]]:
             for field, names in FILE_FIELDS.items()}
 
 
+#: What a ShareGPT-style file is told: it holds text, and where its token counts are.
+SHAREGPT_HINT = ("; it looks like ShareGPT-style JSON (a conversations list of turns), which holds the "
+                 "conversations' text, not token counts, and schedlab does not tokenize: tokenize it into "
+                 "prompt_tokens and output_tokens first, or use a length-statistics CSV of ShareGPT such as Etalon's "
+                 "etalon_sharegpt_8k_filtered_stats_llama2_tokenizer.csv (Llama-2 tokenizer; in ../shared/traces "
+                 'when that folder is beside the checkout), with columns = {prompt_tokens = "num_prefill_tokens", output_tokens = '
+                 '"num_decode_tokens"}, or as dist = "empirical" lengths of a synthetic workload')
+
+
+def _looks_like_sharegpt(path) -> bool:
+    """Whether a file's first record (in its first 64 KiB) has a ``conversations`` list: ShareGPT's layout."""
+    try:
+        with open_text(path) as handle:
+            head = handle.read(1 << 16)
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error):
+        return False
+    return re.search(r'"conversations"\s*:\s*\[', head) is not None
+
+
 def read_request_file(path, *, format: str | None = None, columns: Mapping[str, str] | None = None,
                       limit: int | None = None) -> Records:
     """The rows of a request file, with ``columns`` renaming our fields to the file's. A required
-    field the file has under no name looked up says how to name the file's own (``columns``)."""
+    field the file has under no name looked up says how to name the file's own (``columns``), or,
+    for a ShareGPT-style file, that it holds text (:data:`SHAREGPT_HINT`)."""
     hint = ('; a file that names it otherwise takes columns = {prompt_tokens = "<its column>", '
             'output_tokens = "<its column>"} in [workload]')
     try:
         records = read_records(path, _wanted(columns), format=format, required=REQUIRED_FIELDS, limit=limit)
     except AbsentField as exc:
-        raise WorkloadError(f"{exc}{hint}") from None
+        raise WorkloadError(f"{exc}{SHAREGPT_HINT if _looks_like_sharegpt(path) else hint}") from None
     if len(records) == 0:
         raise WorkloadError(f"{path}: no requests in the file")
     return records
