@@ -140,16 +140,18 @@ def refuse_planning_ahead(schedulers, what: str) -> None:
                               f"which is not modelled with {what}: set it to false")
 
 
-def overshoot_slot(kv, ahead, seq, tokens: int = 1, lookahead: int = 0) -> bool:
+def overshoot_slot(kv, ahead, seq, tokens: int = 1, lookahead: int = 0, longest: int = 0) -> bool:
     """``Plan.overshoot``'s slots: check that ``seq`` is a finished sequence holding its slot in
     a plan made ahead, and hold KV slots for its ``tokens`` more (its own and the drafts it
     verifies) and the drafter's ``lookahead``, past the positions vLLM thinks it has computed
-    (:attr:`Ahead.phantom` included); released with its blocks after the plan. False if they
-    do not fit."""
+    (:attr:`Ahead.phantom` included), none past ``longest`` (``max_model_len``, 0: no limit);
+    released with its blocks after the plan. False if they do not fit."""
     if ahead is None or not ahead.planning or seq not in ahead.held:
         raise SimulationError(f"overshoot(): request {seq.request.id} is not a finished request holding its slot "
                               "in a plan made ahead")
     slots = seq.num_computed_tokens + ahead.phantom.get(seq, 0) + tokens + lookahead
+    if longest and slots > longest:
+        slots = max(longest, seq.num_computed_tokens + ahead.phantom.get(seq, 0) + tokens)
     if not kv.allocate(seq, 0, reserve_tokens=slots):
         return False
     if slots > seq.reserved_tokens:

@@ -504,7 +504,8 @@ class FastPlan:
             raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens in this "
                                   f"iteration, scheduler asked for {n}")
         spec = self._inst.spec
-        if not overshoot_slot(self._cache, self._inst.ahead, seq, n, spec.lookahead if spec is not None else 0):
+        if not overshoot_slot(self._cache, self._inst.ahead, seq, n, spec.lookahead if spec is not None else 0,
+                              self.longest):
             return False
         self.overshoots = (*self.overshoots, seq)
         self._tokens += n

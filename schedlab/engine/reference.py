@@ -181,7 +181,7 @@ class RefPlan:
         n = 1 if num_tokens is None else num_tokens
         if not 1 <= n <= 1 + k:
             raise SimulationError(f"overshoot(): request {seq.request.id} may verify 1 to {1 + k} tokens, asked {n}")
-        if not overshoot_slot(self._cache, self._e.ahead, seq, n, self.lookahead):
+        if not overshoot_slot(self._cache, self._e.ahead, seq, n, self.lookahead, self.longest):
             return False
         self.overshoots.append(seq)
         self.num_scheduled_tokens += n
