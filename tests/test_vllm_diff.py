@@ -135,7 +135,10 @@ def test_each_group_turns_on_its_feature_only():
     limited = cases("spec_limit")  # spec's cases, max_model_len just above the longest request
     assert all(c.settings.num_speculative_tokens and c.settings.max_model_len < MAX_MODEL_LEN
                and max(r.prompt_tokens + r.limit for r in c.requests) <= c.settings.max_model_len
+               and c.settings.long_prefill_token_threshold <= c.settings.max_model_len  # (vLLM refuses more)
                for c in limited)
+    assert not any(generate("spec_limit", seed).settings.problems(generate("spec_limit", seed).requests)
+                   for seed in range(1000, 1300))
     near = [c for c in limited if any(r.prompt_tokens + r.limit + c.settings.num_speculative_tokens + 1
                                       >= c.settings.max_model_len for r in c.requests)]
     assert len(near) == len(limited), "every case has a request whose last drafts meet max_model_len"

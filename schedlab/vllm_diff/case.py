@@ -111,6 +111,8 @@ class DiffSettings:
         lookahead = self.spec_slack - self.num_speculative_tokens
         if self.num_speculative_tokens and self.max_num_batched_tokens <= lookahead:
             out.append("max_num_batched_tokens <= the drafter's lookahead slots (vLLM refuses)")
+        if self.long_prefill_token_threshold > self.max_model_len:
+            out.append("long_prefill_token_threshold > max_model_len (vLLM refuses)")
         if 0 < self.long_prefill_token_threshold <= self.num_speculative_tokens:
             # vLLM 0.33 pads a resumed request's decode to 1 + k tokens, then cuts it to the
             # threshold and fails its own assertion (Scheduler.schedule: pad_spec_decode)

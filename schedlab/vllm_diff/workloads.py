@@ -155,6 +155,7 @@ def generate(group: str, seed: int) -> Case:
     least = spec["num_speculative_tokens"] + 1 if speculative else 1  # (see DiffSettings.problems)
     threshold = rng.randint(least, budget) if group in ("threshold", "all") or (
         group in ("eos", "spec", "pipeline_spec", "pipeline_dynamic_k") and rng.random() < 0.3) else 0
+    threshold = min(threshold, longest)  # (vLLM refuses a threshold over max_model_len)
     settings = DiffSettings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
                             prefix_caching=prefixes, policy=policy,
