@@ -595,6 +595,10 @@ class KVSizing:
     pipeline_parallel: int = 1
     hybrid: bool = True  # vLLM's hybrid KV cache manager: window layers keep their window only
     swa_ratio: float | None = None  # SGLang's hybrid SWA memory instead (ModelSpec.pool_layers)
+    # A speculative drafter on the same GPUs (a draft model or EAGLE head, with vLLM's
+    # --speculative-config): its weights are in weight_bytes, its KV layers in bytes_per_token.
+    draft: ModelSpec | None = None
+    draft_shares_tables: bool = False  # ... an EAGLE head using the target's embedding and LM head
 
     @property
     def window(self) -> SlidingWindow | None:
@@ -619,14 +623,29 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def drafter_weight_bytes(draft: ModelSpec, tp: int, shares_tables: bool = False) -> int:
+    """Weight bytes of speculative decoding's drafter on each rank (split as the target is); with
+    ``shares_tables`` (an EAGLE head: vLLM's proposer shares the target's embedding and LM head,
+    ``_maybe_share_embeddings``, ``_maybe_share_lm_head``) without its declared tables."""
+    weights = draft.weight_bytes(tp)
+    if shares_tables:
+        weights -= (draft.embedding_params + draft.lm_head_params) * draft.table_bytes_per_param / tp
+    return max(0, math.ceil(weights))
+
+
 def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
                   reserve_bytes: int, block_size: int, parallelism: Parallelism = SINGLE,
-                  hybrid: bool = True, swa_ratio: float | None = None) -> tuple[int, int, int, int]:
+                  hybrid: bool = True, swa_ratio: float | None = None,
+                  draft: ModelSpec | None = None, draft_shares_tables: bool = False) -> tuple[int, int, int, int]:
     """``(usable, weights, bytes_per_block, pool)`` for one rank, without any checks.
 
     Data parallelism keeps the dense weights on every rank (split by tensor parallelism) and
     spreads the routed experts over all ``data_parallel x tp`` GPUs; a pipeline stage holds
-    ``1 / pipeline_parallel`` of the weights and the KV of its layers."""
+    ``1 / pipeline_parallel`` of the weights and the KV of its layers. A ``draft`` (speculative
+    decoding's drafter, split as the target is) adds its weights and its layers' KV to every
+    block, as vLLM loads it beside the target and pages its KV layers with the target's (on a
+    pipeline vLLM builds it on the last stage only: counted here on the largest, which sets the
+    block count -- at most a stage's worth too few blocks)."""
     usable = math.floor(gpu.memory_bytes * utilization)
     weights = model.weight_bytes(tp)
     if parallelism.lockstep and model.is_moe:  # the routed experts spread over every rank's GPUs
@@ -636,8 +655,11 @@ def _pool_numbers(model: ModelSpec, gpu: GpuSpec, utilization: float, tp: int,
     weights = math.ceil(weights / stages)
     layers = max(stage_layers(model.num_layers, stages))
     # a stage's share of the KV (rounded up: the whole model's when there is one stage)
-    bytes_per_block = -(-model.pool_bytes_per_token(tp, hybrid, swa_ratio) * layers // model.num_layers) * block_size
-    return usable, weights, bytes_per_block, usable - weights - reserve_bytes
+    per_token = -(-model.pool_bytes_per_token(tp, hybrid, swa_ratio) * layers // model.num_layers)
+    if draft is not None:
+        weights += drafter_weight_bytes(draft, tp, draft_shares_tables)
+        per_token += draft.pool_bytes_per_token(tp, hybrid, swa_ratio)
+    return usable, weights, per_token * block_size, usable - weights - reserve_bytes
 
 
 def _smallest_fitting_tp(model: ModelSpec, gpu: GpuSpec, utilization: float, current_tp: int,
@@ -660,7 +682,8 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
                   tensor_parallel: int = 1,
                   activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB,
                   block_size: int = 16, parallelism: Parallelism = SINGLE, hybrid: bool = True,
-                  swa_ratio: float | None = None) -> KVSizing:
+                  swa_ratio: float | None = None, draft: ModelSpec | None = None,
+                  draft_shares_tables: bool = False) -> KVSizing:
     """Size the KV block pool of ``model`` on ``gpu`` the way vLLM does.
 
     ``num_blocks = (memory * gpu_memory_utilization - weights/tp - activation reserve) //
@@ -673,6 +696,9 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
         keep only their window (:mod:`schedlab.kv_window`); false keeps every token in every layer.
     :param swa_ratio: SGLang's hybrid SWA memory instead (:meth:`ModelSpec.pool_layers`): the pool
         counts full-attention tokens, the window layers' own pool (not modelled) ``swa_ratio`` of them.
+    :param draft: speculative decoding's drafter on the same GPUs: its weights and KV layers come
+        out of the pool (see :func:`_pool_numbers`); ``draft_shares_tables``: an EAGLE head, its
+        embedding and LM head the target's (:func:`drafter_weight_bytes`).
     :raises ConfigError: a bad argument, or the model does not fit (the message says by how
         much memory it falls short and suggests tensor parallelism or a bigger GPU).
     """
@@ -689,7 +715,7 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
     reserve_bytes = math.ceil(reserve * GIB)
 
     usable, weights, per_block, pool = _pool_numbers(model, gpu, util, tp, reserve_bytes, block_size, parallelism,
-                                                     hybrid, swa_ratio)
+                                                     hybrid, swa_ratio, draft, draft_shares_tables)
     num_blocks = pool // per_block
     if num_blocks <= 0:
         short = weights + reserve_bytes + per_block - usable
@@ -707,7 +733,8 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, *, gpu_memory_utilization: flo
         memory_bytes=gpu.memory_bytes, usable_bytes=usable, weight_bytes=weights,
         reserve_bytes=reserve_bytes, kv_pool_bytes=pool, num_blocks=num_blocks,
         expert_gpus=tp * parallelism.data_parallel if parallelism.lockstep and model.is_moe else tp,
-        pipeline_parallel=parallelism.pipeline_parallel, hybrid=hybrid, swa_ratio=swa_ratio,
+        pipeline_parallel=parallelism.pipeline_parallel, hybrid=hybrid, swa_ratio=swa_ratio, draft=draft,
+        draft_shares_tables=draft_shares_tables,
     )
 
 
@@ -787,6 +814,10 @@ def format_capacity(sizing: KVSizing, *, avg_tokens: int | None = None, p99_toke
         per_rank += f", the routed experts over {s.expert_gpus} GPUs"
         layout = f", data_parallel={s.expert_gpus // tp}"
         whose = ", every number a data-parallel rank's" + ("" if tp == 1 else " GPU's")
+    if s.draft is not None:  # (the drafter's KV layers in every block, its weights beside the target's)
+        d = s.draft
+        kv_text += f" + drafter {d.name}'s {_num(d.pool_bytes_per_token(tp, s.hybrid, s.swa_ratio) / KIB)} KiB"
+        per_rank += f" + drafter {d.name}'s {_gib(drafter_weight_bytes(d, tp, s.draft_shares_tables))}"
     lines = [
         f"KV capacity of {m.name} on {s.gpu.name} "
         f"(tensor_parallel={tp}{layout}, block_size={s.block_size}, {dtypes}{whose})",

@@ -36,7 +36,7 @@ import math
 import attrs
 import numpy as np
 
-from .configs import FieldError, float_field, int_field, str_field, table_field
+from .configs import FieldError, bool_field, float_field, int_field, str_field, table_field
 
 METHODS = ("draft_model", "eagle", "ngram")
 _MASK = (1 << 64) - 1
@@ -121,6 +121,10 @@ class SpeculativeConfig:
     proposer_ms: float = float_field(
         0.0, min=0.0, help="time per step spent proposing drafts outside the drafter's passes (n-gram matching "
                            "on the CPU, draft sampling), ms")
+    draft_memory: bool = bool_field(
+        True, help="the drafter's weights and KV layers take their share of the KV pool, as vLLM loads them on the "
+                   "target's GPUs ([kv_cache] draft_model, from the draft cost model's model when the pool is sized "
+                   "from model and gpu); false: the pool as without speculation")
 
     def __attrs_post_init__(self):
         if self.method == "ngram" and self.draft is not None:

@@ -519,3 +519,45 @@ def test_an_abort_during_a_verify_step_frees_the_slots_its_drafts_took(engine, a
     assert result.requests["generated_tokens"].tolist() == [5]
     assert result.counters["kv_peak_blocks"] == (13 if asynchronous else 11)
     assert kv.num_used_blocks() == 0
+
+
+def test_the_drafters_weights_and_kv_layers_come_out_of_the_pool():
+    """vLLM loads the drafter beside the target and pages its KV layers with the target's, so a
+    block holds both. Llama-3-8B (32 layers, 8 KV heads of 128: 128 KiB a token) with Llama-3.2-1B
+    (16 layers, 8 KV heads of 64: 2 x 16 x 8 x 64 x 2 B = 32 KiB) on an A100-80GB: 160 KiB a token,
+    and the pool loses the drafter's weights (its parameters x 2 bytes) too."""
+    from schedlab.capacity import Presets, size_kv_cache
+    from schedlab.catalog import load_catalog
+
+    presets = Presets.from_catalog(load_catalog(entry_points=False))
+    target, gpu, draft = presets.model("llama-3-8b"), presets.gpu("a100-80gb"), presets.model("llama-3.2-1b")
+    plain = size_kv_cache(target, gpu)
+    both = size_kv_cache(target, gpu, draft=draft)
+    assert (plain.bytes_per_token, both.bytes_per_token) == (128 * 1024, 160 * 1024)
+    assert both.weight_bytes == plain.weight_bytes + math.ceil(draft.num_params * 2)
+    assert both.num_blocks == (plain.usable_bytes - both.weight_bytes - plain.reserve_bytes) // (16 * 160 * 1024)
+    assert 21_000 < both.num_blocks < 22_500 < 28_000 < plain.num_blocks  # about 23% fewer blocks
+    tp2 = size_kv_cache(target, gpu, tensor_parallel=2, draft=draft)  # the drafter split as the target is
+    assert tp2.bytes_per_token == (128 + 32) * 1024 // 2
+    # an EAGLE head uses the target's embedding and LM head: its tied 128,256 x 2,048 table is not loaded twice
+    head = size_kv_cache(target, gpu, draft=draft, draft_shares_tables=True)
+    assert head.weight_bytes == plain.weight_bytes + math.ceil((draft.num_params - 128_256 * 2_048) * 2)
+
+
+def test_a_runs_pool_holds_the_drafter_its_cost_model_names(tmp_path):
+    """[speculative]'s draft cost model names the drafter; a pool sized from model and gpu makes
+    room for it ([kv_cache] draft_model), unless draft_memory = false or the table names its own."""
+    text = EXPERIMENT.replace('num_blocks = 2000', 'model = "llama-3-8b"\ngpu = "a100-80gb"')
+    path = tmp_path / "spec.toml"
+    path.write_text(text.replace('engine = "reference"', 'speculative = {draft_memory = false}'))
+    results = run_experiment(load(path, ["workload.num_requests=3"]))
+    with_drafter, without = (s.runs[0].meta["kv_cache"] for s in results.studies)
+    assert with_drafter["draft_model"] == "llama-3.2-1b" and "draft_model" not in without
+    assert with_drafter["bytes_per_token"] == 160 * 1024 and without["bytes_per_token"] == 128 * 1024
+    assert with_drafter["num_blocks"] < 0.8 * without["num_blocks"]
+    named = run_experiment(load(path, ["workload.num_requests=3", "kv_cache.draft_model=llama-3-8b"]))
+    assert named.studies[0].runs[0].meta["kv_cache"]["bytes_per_token"] == 2 * 128 * 1024
+    path.write_text(text.replace('method = "draft_model"', 'method = "ngram"').replace(
+        'draft = {kind = "roofline", model = "llama-3.2-1b", gpu = "a100-80gb"}', ""))
+    ngram = run_experiment(load(path, ["workload.num_requests=3"]))  # (n-gram drafts on the CPU: no drafter)
+    assert "draft_model" not in ngram.studies[0].runs[0].meta["kv_cache"]

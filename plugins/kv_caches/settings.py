@@ -2,7 +2,8 @@
 
 Size the pool either directly (``num_blocks``) or as vLLM does from a model and a GPU
 (``model``, ``gpu``, ``gpu_memory_utilization``, ``tensor_parallel``, ``activation_reserve_gib``,
-``kv_cache_dtype``; see :func:`schedlab.capacity.size_kv_cache`), or both: a given
+``kv_cache_dtype``, and a speculative drafter's ``draft_model`` beside it; see
+:func:`schedlab.capacity.size_kv_cache`), or both: a given
 ``num_blocks`` overrides the derived count, as vLLM's ``--num-gpu-blocks-override`` does, and
 the model and GPU still give the bytes of a block and the host link; both caches share
 these settings (:class:`PoolConfig`). For ``paged``, swap space is ``swap_space_gib`` of host
@@ -57,10 +58,19 @@ class PoolConfig:
                                                                          "(instead of GiB)")
     host_link_latency_us: float = float_field(10.0, min=0.0, help="fixed time of one host-tier reload, us "
                                                                   "(copy launch and synchronisation)")
+    draft_model: str | None = str_field(
+        None, optional=True, help="model preset of a speculative drafter on the same GPUs (a draft model or EAGLE "
+                                  "head): its weights and KV layers come out of the pool, as in vLLM (default: "
+                                  "[speculative] draft's model, when the pool is sized from model and gpu)")
+    draft_shares_tables: bool = bool_field(
+        False, help="the drafter uses the target's embedding and LM head, not loaded twice (vLLM's EAGLE heads; "
+                    "default: true with [speculative] method = 'eagle')")
 
     def __attrs_post_init__(self):
         if (self.model is None) != (self.gpu is None):
             raise FieldError("model" if self.model is None else "gpu", "set both model and gpu to size the cache from them")
+        if self.draft_model is not None and self.model is None:
+            raise FieldError("draft_model", "sizes the pool from model and gpu: set them too")
         if self.host_memory_gib and self.host_blocks is not None:
             raise FieldError("host_blocks", "give host_memory_gib or host_blocks, not both")
         if self.kv_cache_dtype != "auto" and self.model is None:
@@ -115,10 +125,13 @@ def pool_size(config: PoolConfig, presets=None, parallelism: Parallelism = SINGL
         hybrid = ratio is not None
     else:
         hybrid, ratio = not getattr(config, "disable_hybrid_kv_cache_manager", False), None
+    draft = (with_kv_cache_dtype(presets.model(config.draft_model), config.kv_cache_dtype)
+             if config.draft_model is not None else None)  # (its KV pages beside the target's, in their dtype)
     sizing = size_kv_cache(model, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
                            tensor_parallel=config.tensor_parallel,
                            activation_reserve_gib=config.activation_reserve_gib, block_size=config.block_size,
-                           parallelism=parallelism, hybrid=hybrid, swa_ratio=ratio)
+                           parallelism=parallelism, hybrid=hybrid, swa_ratio=ratio, draft=draft,
+                           draft_shares_tables=config.draft_shares_tables)
     return (sizing.num_blocks if config.num_blocks is None else config.num_blocks), sizing
 
 

@@ -199,7 +199,9 @@ def render(results, columns=DEFAULT_COLUMNS, best: str | None = None, best_is: s
     seen = set()
     for run, kv, pool in _kv_caches(results):
         if "model" in kv:  # (one line per distinct cache: runs sharing num_blocks may size them otherwise)
-            line = (f"KV cache{pool}: {kv['model']} on {kv['gpu']} (tp {kv['tensor_parallel']}"
+            line = (f"KV cache{pool}: {kv['model']}"
+                    + (f" and drafter {kv['draft_model']}" if kv.get("draft_model") else "")
+                    + f" on {kv['gpu']} (tp {kv['tensor_parallel']}"
                     f"{_layout_text(run.meta.get('parallelism'))}): "
                     f"{kv['bytes_per_token'] / 1024:g} KiB/token, {kv['bytes_per_block'] / 2**20:g} MiB/block, "
                     f"{kv['num_blocks']:,} blocks = {kv['tokens']:,} tokens"

@@ -503,6 +503,7 @@ def _build_instances(ctx: Context, tables: dict, count: int, where: str, label: 
     try:
         tables = {**tables, "scheduler": _with_run_defaults(ctx, tables)}
         tables = {**tables, "kv_cache": _with_engine_kv_defaults(ctx, tables)}
+        tables = {**tables, "kv_cache": _with_drafter(ctx, tables["kv_cache"], speculative)}
     except ConfigError as exc:  # (a scheduler config's answers: named with the run they were for)
         raise ConfigError(f"{where} [{label}scheduler]: {exc}") from None
     tables = {**tables, "cost_model": _with_engine_cost_defaults(ctx, tables)}
@@ -614,6 +615,25 @@ def _with_engine_kv_defaults(ctx: Context, tables: dict) -> dict:
         return table
     fields = attrs.fields_dict(cache)
     return {**{k: v for k, v in engine.items() if k in fields and k not in table}, **table}
+
+
+def _with_drafter(ctx: Context, table: dict, speculative: SpeculativeConfig | None) -> dict:
+    """The run's ``[kv_cache]`` table with the speculative drafter beside the target: its
+    ``draft_model``, the model the drafter's cost model names, when the pool is sized from a model
+    and a GPU and the table leaves it out (vLLM loads the drafter on the target's GPUs and pages its
+    KV layers with the target's; an EAGLE head shares the target's tables, ``draft_shares_tables``;
+    ``[speculative] draft_memory = false`` leaves the pool alone)."""
+    if (speculative is None or not speculative.draft_memory or speculative.draft is None
+            or "draft_model" in table or table.get("model") is None):
+        return table
+    model = speculative.draft.get("model")
+    cache = _config_class(ctx, "kv_cache", table)
+    if (not isinstance(model, str) or cache is None or not attrs.has(cache)
+            or "draft_model" not in attrs.fields_dict(cache)):
+        return table
+    shares = {"draft_shares_tables": True} if speculative.method == "eagle" and "draft_shares_tables" not in table \
+        else {}  # (an EAGLE head uses the target's embedding and LM head: vLLM loads them once)
+    return {**table, "draft_model": model, **shares}
 
 
 def _with_engine_cost_defaults(ctx: Context, tables: dict) -> dict:
@@ -1645,4 +1665,6 @@ def _kv_summary(kv) -> dict:
             out.update(swa_full_tokens_ratio=sizing.swa_ratio)
         if sizing.expert_gpus != sizing.tensor_parallel or sizing.pipeline_parallel > 1:
             out.update(expert_gpus=sizing.expert_gpus, pipeline_parallel=sizing.pipeline_parallel)
+        if sizing.draft is not None:  # speculation's drafter: in weight_bytes and bytes_per_token
+            out.update(draft_model=sizing.draft.name)
     return out
