@@ -28,7 +28,8 @@ def schedlab_register_routers(register):
     register("least_kv", LeastKVRouter,
              help="lowest KV-cache usage (ties: fewest outstanding, then lowest index)")
     register("prefix_affinity", PrefixAffinityRouter, config=PrefixAffinityConfig,
-             help="same prefix group (or first block hash) -> same instance; others least outstanding")
+             help="same prefix group -> same instance; block hashes -> the instance holding their longest match "
+                  "(over match_threshold); others least outstanding")
     register("hash", HashRouter, config=HashConfig,
              help="hash of the prefix (or id) modulo the instances, whatever the load (splits into partitions)")
     register("class", ClassRouter, config=ClassRoutingConfig,
