@@ -316,21 +316,23 @@ def test_fcfs_inverts_priorities_where_the_priority_policy_does_not(engine):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_vtc_serves_the_least_served_client_by_hand(engine):
     # One slot. Client a sends 3 requests of 4 tokens, client b 3 requests of 1 token, all at 0,
-    # a's first; prompts 2. Service = 1 per prompt token + 2 per output token: an a request costs
-    # 2 + 8 = 10 and holds the slot 1 + 3 * 4 = 13 ms; a b request costs 2 + 2 = 4 and takes 1 ms.
-    # t=0: both counters 0, tie -> the older head, a0 (0..13): a = 10.
-    # t=13: b = 0 < 10 -> b3 (b = 4); t=14: 4 < 10 -> b4 (b = 8); t=15: 8 < 10 -> b5 (b = 12).
-    #   (Charging only prompts, b would be 2 at t=14, tying a's 2, and a1 would go first.)
+    # a's first; prompts 2. Counter = 1 per prompt token + 2 per output token but the first (VTC's
+    # code charges decode steps): an a request costs 2 + 2 * 3 = 8 and holds the slot
+    # 1 + 3 * 4 = 13 ms; a b request costs 2 + 0 = 2 and takes 1 ms.
+    # t=0: both counters 0, tie -> the client seen first, a: a0 (0..13): a = 8.
+    # t=13: b = 0 < 8 -> b3 (b = 2); t=14: 2 < 8 -> b4 (b = 4); t=15: 4 < 8 -> b5 (b = 6).
+    #   (Charging only prompts, a would be 2 at t=14, tying b's 2, and a1 would go first.)
     # t=16: only a waits: a1 16..29, a2 29..42. FCFS would start the b requests at 39, 40, 41.
     reqs = [Request(i, 0.0, 2, 4, client="a") for i in range(3)] + \
            [Request(i, 0.0, 2, 1, client="b") for i in range(3, 6)]
     sched = VtcScheduler(VtcConfig(max_num_seqs=1))
     r = run(reqs, sched, engine)
     assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 16.0, 2: 29.0, 3: 13.0, 4: 14.0, 5: 15.0}
-    assert sched.counters() == {"a": 30.0, "b": 12.0}
+    assert sched.counters() == {"a": 24.0, "b": 6.0}
     fcfs = run(reqs, ContinuousScheduler(ContinuousConfig(max_num_seqs=1)), engine)
     assert [by_id(fcfs, "first_scheduled_ms")[i] for i in (3, 4, 5)] == [39.0, 40.0, 41.0]
-    # per-client service in the run's metrics: a 3 x 10 = 30 over 0..42 ms, b 3 x 4 = 12 over 0..16 ms
+    # per-client service in the run's metrics is the paper's cost, every output token counted:
+    # a 3 x (2 + 2 * 4) = 30 over 0..42 ms, b 3 x (2 + 2) = 12 over 0..16 ms
     pc = r.metrics["per_client"]
     assert (pc["a"]["service"], pc["b"]["service"]) == (30.0, 12.0)
     assert pc["a"]["service_rate"] == pytest.approx(30 / 0.042) and pc["b"]["service_rate"] == pytest.approx(12 / 0.016)
@@ -345,10 +347,10 @@ def test_vtc_serves_the_least_served_client_by_hand(engine):
 def test_vtc_counters_move_within_a_decode_run(engine):
     # Budget 8 tokens, 3 slots, no chunking. At 0: a0 (prompt 1, 20 tokens), b1 (1, 1),
     # a2 (prompt 8, 1), b3 (1, 1). Counters a = b = 0: a0 (a = 1), then b1 (b = 1), then a tie
-    # between heads a2 and b3 -> the older, a2: 8 tokens > 6 left: admission stops.
-    # Prefill 2 tokens 0..1: a0 and b1 get a token each (a = b = 3); b1 is done.
-    # t=1: a0 decodes (budget 7 left), a2 (8) still does not fit; b3 is behind it (tie, older head).
-    #   1..5: a0's 2nd token, a = 5 > b = 3: the order turned inside the decode run.
+    # -> a, seen first: its head a2 needs 8 tokens > 6 left: admission stops.
+    # Prefill 2 tokens 0..1: a0 and b1 get their first token (free: a = b = 1); b1 is done.
+    # t=1: a0 decodes (budget 7 left), a2 (8) still does not fit; b3 is behind it (tie, a first).
+    #   1..5: a0's 2nd token, a = 3 > b = 1: the order turned inside the decode run.
     # t=5: b3 goes first (prefill 1 token + decode: 4.5 ms -> 9.5); a2 waits for a budget of 8,
     #   i.e. until a0 finishes: tokens 3..20 at 9.5 + 4 k -> 77.5; a2 prefills 8 tokens 77.5..81.5.
     # The fast engine asks the scheduler again after one step only because the ranking can turn.
@@ -358,27 +360,85 @@ def test_vtc_counters_move_within_a_decode_run(engine):
     r = run(reqs, sched, engine)
     assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 0.0, 2: 77.5, 3: 5.0}
     assert by_id(r, "finish_ms") == {0: 77.5, 1: 1.0, 2: 81.5, 3: 9.5}
-    # a: prompts 1 + 8, outputs 20 + 1 -> 9 + 42 = 51; b: prompts 2, outputs 2 -> 2 + 4 = 6
-    assert sched.counters() == {"a": 51.0, "b": 6.0}
+    # a: prompts 1 + 8, outputs but the first 19 + 0 -> 9 + 38 = 47; b: prompts 2, outputs 0 + 0 -> 2
+    assert sched.counters() == {"a": 47.0, "b": 2.0}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("lift, order", [("last_left", [1, 2, 4, 3]), ("none", [1, 2, 3, 4])])
 def test_vtc_lifts_a_returning_client(engine, lift, order):
-    # One slot. b0 (prompt 2, 4 tokens) runs alone 0..13, tokens at 1, 5, 9, 13: b = 2 + 8 = 10.
-    # a1, a2, a3 (2, 1 each: cost 4, 1 ms) arrive at 2, b4 (2, 1) at 3; all queue at the
-    # boundary t=5, when b = 2 + 2 * 2 = 6. Nobody is waiting when a1 comes, and b was the last
-    # client to leave the queue, so a is lifted to 6 (the paper; the artifact leaves a at 0).
-    # b4 is lifted to the smallest waiting counter: b stays at 6 (it is not below).
-    # last_left: t=13 a = 6 < b = 10 -> a1 (a = 10); t=14 tie, older head a2 (a = 14);
-    #   t=15 b = 10 < 14 -> b4; t=16 a3.
-    # none: a starts at 0 and gets a1, a2, a3 (a = 4, 8, 12 after each: 12 > 10 only after a3).
+    # One slot. b0 (prompt 2, 4 tokens) runs alone 0..13, tokens at 1, 5, 9, 13 (the first free):
+    # b = 2 + 2 * 3 = 8. a1, a2, a3 (2, 1 each: cost 2, 1 ms) arrive at 2, b4 (2, 1) at 3; all
+    # queue at the boundary t=5, when b = 2 + 2 * 1 = 4. Nobody is waiting when a1 comes, and b was
+    # the last client to leave the queue, so a is lifted to 4 (the paper; the code leaves a at 0).
+    # b4 is lifted to the smallest waiting counter: b stays at 4 (it is not below).
+    # last_left: t=13 a = 4 < b = 8 -> a1 (a = 6); t=14 6 < 8 -> a2 (a = 8); t=15 a tie, 8 = 8:
+    #   b, seen first (at 0), gets b4 (the older head would be a3); t=16 a3.
+    # none: a starts at 0 and gets a1, a2, a3 (a = 2, 4, 6 after each: all below b's 8).
     reqs = [Request(0, 0.0, 2, 4, client="b")] + [Request(i, 2.0, 2, 1, client="a") for i in (1, 2, 3)] + \
            [Request(4, 3.0, 2, 1, client="b")]
     r = run(reqs, VtcScheduler(VtcConfig(max_num_seqs=1, lift_when_queue_empty=lift)), engine)
     start = by_id(r, "first_scheduled_ms")
     assert sorted(start, key=start.get)[1:] == order
     assert sorted(start.values()) == [0.0, 13.0, 14.0, 15.0, 16.0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_vtc_never_charges_a_requests_first_token(engine):
+    # VTC's code charges output on decode steps only (update_counter in _decode_batch): the token
+    # a prefill makes is free. One slot, all at 0, every answer one token (no decode step at
+    # all), prompts: a0 5, b1 11, a2 5, a3 5, b4 1 (0.5 ms per prompt token). Counters = prompts.
+    # t=0: a = b = 0, a seen first -> a0 (a = 5) 0..2.5; t=2.5: b = 0 < 5 -> b1 (b = 11) 2.5..8;
+    # t=8: 5 < 11 -> a2 (a = 10) 8..10.5; t=10.5: 10 < 11 -> a3 (a = 15) 10.5..13; t=13: b4 (b = 12).
+    # Charging the first tokens too (2 each): a = 7 and b = 13 after a0 and b1, a2 makes a = 14 >
+    # 13, and b4 would go before a3.
+    reqs = [Request(0, 0.0, 5, 1, client="a"), Request(1, 0.0, 11, 1, client="b"), Request(2, 0.0, 5, 1, client="a"),
+            Request(3, 0.0, 5, 1, client="a"), Request(4, 0.0, 1, 1, client="b")]
+    sched = VtcScheduler(VtcConfig(max_num_seqs=1))
+    r = run(reqs, sched, engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 2.5, 2: 8.0, 3: 10.5, 4: 13.0}
+    assert sched.counters() == {"a": 15.0, "b": 12.0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_vtc_breaks_ties_for_the_client_seen_first(engine):
+    # VTC's code takes min(active_served, key=active_served.get): on equal counters the client
+    # whose first request came first (dict order), not the older waiting request. One slot,
+    # prompts 10 (5 ms), one token each (free). a0, b1, b2 at 0; a3 at 0.1, while a0 runs.
+    # t=0: tie at 0, a seen first -> a0 (a = 10). a3 comes while b waits: a = max(10, 0) = 10.
+    # t=5: b = 0 < 10 -> b1 (b = 10). t=10: a tie at 10 -> a (seen first) gets a3, though b2
+    # has waited longer; t=15: b2.
+    reqs = [Request(0, 0.0, 10, 1, client="a"), Request(1, 0.0, 10, 1, client="b"),
+            Request(2, 0.0, 10, 1, client="b"), Request(3, 0.1, 10, 1, client="a")]
+    sched = VtcScheduler(VtcConfig(max_num_seqs=1))
+    r = run(reqs, sched, engine)
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 5.0, 2: 15.0, 3: 10.0}
+    assert sched.counters() == {"a": 20.0, "b": 20.0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("lift, order, counters", [
+    (None, [0, 1, 2, 3, 4], {"a": 55.0, "b": 15.0}),
+    ("none", [0, 1, 2, 3, 4], {"a": 55.0, "b": 15.0}),
+    ("last_left", [0, 1, 4, 2, 3], {"a": 60.0, "b": 65.0}),
+])
+def test_vtc_by_default_does_not_lift_a_client_that_finds_the_queue_empty(engine, lift, order, counters):
+    # One slot, one token per request (free). a0 (prompt 50: 25 ms) runs alone 0..25: a = 50.
+    # At 100 the queue is empty and b sends b1, b2, b3 (prompt 5: 2.5 ms each); a4 (5) at 100.01.
+    # The code (the default, "none"): b starts at 0; b1 100..102.5 (b = 5); a4 finds b waiting:
+    #   a = max(50, 5) = 50; b2 (b = 10), b3 (b = 15), then a4 (a = 55): 0, 1, 2, 3, 4.
+    # The paper ("last_left"): b is lifted to a's 50, the counter of the last client to leave the
+    #   queue; b1 (b = 55); a4 is lifted to 55; t=102.5: a tie, a seen first -> a4 (a = 60) at
+    #   102.5, then b2 (b = 60) and b3 (b = 65): 0, 1, 4, 2, 3.
+    reqs = [Request(0, 0.0, 50, 1, client="a")] + [Request(i, 100.0, 5, 1, client="b") for i in (1, 2, 3)] + \
+           [Request(4, 100.01, 5, 1, client="a")]
+    cfg = VtcConfig(max_num_seqs=1) if lift is None else VtcConfig(max_num_seqs=1, lift_when_queue_empty=lift)
+    sched = VtcScheduler(cfg)
+    r = run(reqs, sched, engine)
+    start = by_id(r, "first_scheduled_ms")
+    assert sorted(start, key=start.get) == order
+    assert sorted(start.values()) == [0.0, 100.0, 102.5, 105.0, 107.5]
+    assert sched.counters() == counters
 
 
 def test_vtc_settings_are_checked():
@@ -419,10 +479,11 @@ def test_client_service_and_jain_index_by_hand():
 
 def backlogged_service_gaps(result, requests, ends, prices):
     """Largest |service_f - service_g| over the planning instants t at which both f and g still
-    had a request waiting, from per-request columns: a request's prompt counts once it was
-    admitted before t, its tokens once they were produced by t (the first at first_token_ms,
-    then one at the end of every iteration until it finished -- exact here, where nothing is
-    preempted and every iteration decodes every running sequence)."""
+    had a request waiting, from per-request columns, in VTC's cost (its code's): a request's
+    prompt counts once it was admitted before t, its output tokens but the first once they were
+    produced by t (the first at first_token_ms, free; then one at the end of every iteration
+    until it finished -- exact here, where nothing is preempted and every iteration decodes
+    every running sequence)."""
     w_in, w_out = prices
     cols = {c: by_id(result, c) for c in ("first_scheduled_ms", "first_token_ms", "finish_ms")}
     clients = sorted({r.client for r in requests})
@@ -438,8 +499,8 @@ def backlogged_service_gaps(result, requests, ends, prices):
             if cols["first_scheduled_ms"][r.id] < t:
                 service[r.client] += w_in * r.prompt_tokens
             first, last = cols["first_token_ms"][r.id], min(cols["finish_ms"][r.id], t)
-            if first <= last:
-                service[r.client] += w_out * (bisect.bisect_right(ends, last) - bisect.bisect_left(ends, first))
+            if first < last:  # the iteration ends after the first token's, up to t
+                service[r.client] += w_out * (bisect.bisect_right(ends, last) - bisect.bisect_right(ends, first))
         for f, g in itertools.combinations(waiting, 2):
             worst = max(worst, abs(service[f] - service[g]))
     return worst
@@ -507,7 +568,8 @@ def test_vtc_keeps_backlogged_clients_within_the_fairness_bound(requests, seqs, 
 
 def test_fcfs_breaks_the_fairness_bound_that_vtc_keeps():
     # Client a's six requests come first: FCFS serves all of them while b waits; VTC alternates.
-    # U = 1 * 4 + 2 * min(4096 * 16, 1 * 8) = 20; FCFS lets a get 5 requests (5 x 20 = 100) ahead.
+    # U = 1 * 4 + 2 * min(4096 * 16, 1 * 8) = 20; FCFS lets a get 5 requests ahead, each 4 + 2 * 7
+    # = 18 (the first token free): 90 when a5 is admitted.
     requests = [Request(i, 0.0, 4, 8, client="a" if i < 6 else "b") for i in range(12)]
     cfg = VtcConfig(max_num_seqs=1)
     gaps = {}
@@ -518,7 +580,7 @@ def test_fcfs_breaks_the_fairness_bound_that_vtc_keeps():
     bound = vtc_bound(requests, cfg, 4096 * 16)
     assert bound == 20.0
     assert gaps["vtc"] <= bound < gaps["fcfs"]
-    assert gaps["fcfs"] >= 100.0
+    assert gaps["fcfs"] == 90.0
 
 
 @SETTINGS

@@ -1,34 +1,73 @@
 """Token-fair scheduling: the Virtual Token Counter (VTC) of Sheng et al., "Fairness in
-Serving Large Language Models" (OSDI'24, Algorithm 2; artifact ``Ying1123/VTC-artifact``,
-``slora/server/router/vtc_req_queue.py``).
+Serving Large Language Models" (OSDI'24; arXiv 2401.00588, Algorithm 2) as its code runs it.
+Where the paper and the code differ, schedlab follows the code: ``VTCReqQueue`` in
+``slora/server/router/vtc_req_queue.py`` and the router loop ``slora/server/router/manager.py``
+of ``S-LoRA/S-LoRA`` at c1ddf488 (2024-01-04; the queue last changed in 18895fa8). The paper's
+artifact ``Ying1123/VTC-artifact`` at 15d4aa16 (2024-04-25, "Clean up for artifact eval") has the
+same queue file and the same loop. The differences, and what ``vtc`` does:
 
-Every client has a counter of the service it has received: ``input_price`` per prompt
-token, charged when a request is admitted, plus ``output_price`` per generated token
-(defaults 1 and 2, the paper's). Admission takes the oldest waiting request of the
-backlogged client (one with a request waiting) whose counter is smallest; if that request
-does not fit -- slots, token budget, KV cache -- nothing else is admitted in that iteration
-(the paper's ``break``: letting a smaller request of another client pass would void the
-fairness bound). A client that becomes backlogged has its counter lifted to the smallest
-counter of the other backlogged clients or, when none is backlogged, to the counter of the
-client that last left the queue (``lift_when_queue_empty = "last_left"``, the paper's
-Algorithm 2 as read here; the artifact's queue lifts only when another client is
-backlogged: ``"none"``), so idle time earns no credit. Then two continuously backlogged clients' counters stay within a bounded distance
-of each other, and so does the service they receive (see ``tests/test_policies.py``).
+* Counters. Every client has a counter of the service it has received: ``input_price`` per
+  prompt token, charged when a request is admitted (``generate_new_batch``), plus
+  ``output_price`` per *decode step* of each of its running requests (``update_counter``,
+  called by ``_decode_batch`` only; defaults 1 and 2, the paper's). The prefill that makes a
+  request's first output token charges nothing, so a request of P prompt and N output tokens
+  costs ``input_price * P + output_price * (N - 1)``. The paper's cost function counts every
+  output token (``w_p * n_p + w_q * n_q``); the run's ``per_client`` ``service`` metric is that
+  cost, the counters are the code's. A token made by the recompute of a preempted sequence is
+  charged (it is not the request's first; the code never preempts). The artifact's later
+  revision (192c2e20, 2024-06, for its length-prediction variants) also calls
+  ``update_counter`` from ``_handle_finish_req``, charging every request of a batch once more
+  whenever one of them finishes; that is not modelled.
+* Order. Admission takes the oldest waiting request of the backlogged client (one with a
+  request waiting) whose counter is smallest; on equal counters, of the client seen first
+  (the code's ``min(active_served, key=active_served.get)`` over a copy of ``served``, a dict
+  whose keys are inserted when a client's first request arrives, so ``min`` returns the
+  earliest-arrived client among the tied). If that request does not fit -- slots, token
+  budget, KV cache -- nothing else is admitted in that iteration (the code's ``break``:
+  letting a smaller request of another client pass would void the fairness bound).
+* Lift. A client whose queue goes from empty to non-empty has its counter lifted to the
+  smallest counter of the other backlogged clients, if that is higher (paper and code), so
+  idle time earns no credit against them. When no other client is backlogged, the paper's
+  Algorithm 2 lifts it to the counter of the client that last left the queue; the code's
+  ``append`` leaves it as it is (a new client starts at 0). ``lift_when_queue_empty`` chooses:
+  ``"none"`` (the default, the code) or ``"last_left"`` (the paper). With ``"none"`` a client
+  that returns to an empty queue keeps the credit of its idle time against clients that come
+  back after it. Two clients backlogged together keep counters within a bounded distance of
+  each other, and so the service they receive (see ``tests/test_policies.py``).
 
 Everything else -- budget, ``max_num_seqs``, KV allocation, preemption (the newest running
-sequence, as vLLM's FCFS), the batching window -- is the ``continuous`` scheduler's. A
-preempted request goes back to the front of its client's queue; it is not charged again
-when it is readmitted, and its client's counter is not lifted.
+sequence, as vLLM's FCFS), the batching window -- is the ``continuous`` scheduler's, which
+differs from the code in two ways that are not modelled:
+
+* KV admission. The code admits a request only if its estimate of the peak KV use of the
+  running requests and the new ones, each run to its ``max_output_len``, stays below
+  ``max_total_tokens`` less the LoRA adapters' memory (``_can_add_new_req``: entries (tokens
+  held, output tokens left), a new request's ``(prompt + 1, max_output_len - 1)``, sorted by
+  tokens left descending; the peak is ``max_k (left_k * k + held_1 + ... + held_k)``), and
+  while at most ``running_max_req_size`` requests run. Requests that end at different times
+  share memory there; ``allocation = "reserve"`` (the default) holds ``prompt + max_tokens``
+  for every request at once (their sum), ``"grow"`` allocates blocks as tokens are computed
+  and may preempt, which the code never does.
+* Batching. The code's router (``_step``) runs prefill-only batches: a new batch forms when
+  nothing runs, and otherwise is tried only after ``max_wait_tokens = 10`` decode steps since
+  the last one formed (then at every step until one forms; that step decodes nothing), its
+  prompts capped by ``batch_max_tokens``; the new requests then join the running batch.
+  schedlab admits in every iteration within one token budget shared with the decodes (vLLM's
+  rules; ``prefill_first`` skips the decodes of an iteration that admits).
+
+A preempted request goes back to the front of its client's queue; it is not charged again
+for its prompt when it is readmitted, and its client's counter is not lifted.
 
 Exact and fast. The fast engine runs many decode iterations without asking the scheduler,
 so output tokens are charged lazily: a counter is ``settled`` (lifts, input charges and the
 output of finished sequences, added by ``on_finish``) plus ``output_price`` times the
-tokens the client's unfinished sequences have generated so far, read from them whenever a
-counter is needed. Between events those counters move, so the smallest one can change: if
-the client first in line is blocked while another client's head would fit, the ranking may
-turn within a decode run and admit it. Only then does the scheduler ask to be called at the
-next iteration (``plan.wake_at(now)``); otherwise the decision cannot change before the next
-event (resources only shrink during a decode run), and the run is advanced in one step.
+tokens the client's unfinished sequences have generated beyond their first, read from them
+whenever a counter is needed. Between events those counters move, so the smallest one can
+change: if the client first in line is blocked while another client's head would fit, the
+ranking may turn within a decode run and admit it. Only then does the scheduler ask to be
+called at the next iteration (``plan.wake_at(now)``); otherwise the decision cannot change
+before the next event (resources only shrink during a decode run), and the run is advanced
+in one step.
 """
 
 from __future__ import annotations
@@ -44,6 +83,12 @@ from schedlab.errors import ConfigError
 from .continuous import ContinuousConfig, ContinuousScheduler
 
 
+def charged_outputs(seq) -> int:
+    """The output tokens of ``seq`` its client is charged for: every one but the first, which its
+    prefill made (VTC's code charges decode steps only)."""
+    return max(seq.num_generated - 1, 0)
+
+
 class ServiceLedger:
     """Each client's virtual token counter."""
 
@@ -54,9 +99,10 @@ class ServiceLedger:
         self._serving: dict[str, dict] = {}  # client -> its admitted, unfinished sequences (in admission order)
 
     def counter(self, client: str) -> float:
-        """The client's counter now: settled service plus its unfinished sequences' output so far."""
+        """The client's counter now: settled service plus its unfinished sequences' output so far
+        (each one's tokens beyond its first)."""
         serving = self._serving.get(client)
-        generated = sum(s.num_generated for s in serving) if serving else 0
+        generated = sum(charged_outputs(s) for s in serving) if serving else 0
         return self._settled.get(client, 0.0) + self.output_price * generated
 
     def decoding(self, client: str) -> int:
@@ -73,11 +119,12 @@ class ServiceLedger:
             self._settled[client] = self._settled.get(client, 0.0) + self.input_price * seq.request.prompt_tokens
 
     def finished(self, seq) -> None:
-        """Settle a finished sequence's output. A sequence that joined from a disaggregated
-        prefill pool was never admitted here; its output is charged all the same."""
+        """Settle a finished sequence's output (its tokens beyond the first). A sequence that
+        joined from a disaggregated prefill pool was never admitted here; its output is charged
+        all the same."""
         client = seq.request.client
         self._serving.get(client, {}).pop(seq, None)
-        self._settled[client] = self._settled.get(client, 0.0) + self.output_price * seq.num_generated
+        self._settled[client] = self._settled.get(client, 0.0) + self.output_price * charged_outputs(seq)
 
     def clients(self) -> list[str]:
         """Every client that has been charged or lifted."""
@@ -92,20 +139,28 @@ class ServiceLedger:
 
 class ClientQueues:
     """The waiting queue: FIFO per client; :meth:`peek` is the oldest request of the
-    backlogged client with the smallest counter (ties: the older head request).
+    backlogged client with the smallest counter (ties: the client seen first, as VTC's code).
 
     The engine calls ``push`` on arrival (lifting an idle client's counter), ``push_front``
     for a preempted sequence and ``remove`` on admission (charging the prompt)."""
 
-    def __init__(self, ledger: ServiceLedger, lift_last_left: bool = True):
+    def __init__(self, ledger: ServiceLedger, lift_last_left: bool = False):
         self._ledger = ledger
         self._lift_last_left = lift_last_left
         self._backlog: dict[str, deque] = {}  # only clients with waiting requests
+        self._seen: dict[str, int] = {}  # every client queued so far -> its rank, first arrival first
         self._size = 0
         self._last_left: str | None = None
 
+    def _rank(self, client: str) -> int:
+        rank = self._seen.get(client)
+        if rank is None:
+            rank = self._seen[client] = len(self._seen)
+        return rank
+
     def push(self, seq) -> None:
         client = seq.request.client
+        self._rank(client)
         queue = self._backlog.get(client)
         if queue is None:
             self._lift(client)
@@ -115,6 +170,7 @@ class ClientQueues:
 
     def push_front(self, seq) -> None:
         client = seq.request.client
+        self._rank(client)  # (a sequence from a disaggregated prefill pool was never pushed)
         queue = self._backlog.get(client)
         if queue is None:
             queue = self._backlog[client] = deque()
@@ -140,9 +196,10 @@ class ClientQueues:
 
     def peek(self):
         counter = self._ledger.counter
+        seen = self._seen
         best = best_key = None
         for client, queue in self._backlog.items():
-            key = (counter(client), queue[0].seq_no)
+            key = (counter(client), seen[client])
             if best_key is None or key < best_key:
                 best, best_key = queue[0], key
         return best
@@ -167,9 +224,10 @@ class ClientQueues:
         return bool(self._size)
 
     def __iter__(self) -> Iterator:
-        """Clients by their counter now, each client's requests oldest first."""
+        """Clients by their counter now (ties: the client seen first), each client's requests oldest first."""
         counter = self._ledger.counter
-        order = sorted(self._backlog.items(), key=lambda item: (counter(item[0]), item[1][0].seq_no))
+        seen = self._seen
+        order = sorted(self._backlog.items(), key=lambda item: (counter(item[0]), seen[item[0]]))
         return (seq for _, queue in order for seq in queue)
 
 
@@ -178,11 +236,12 @@ class VtcConfig(ContinuousConfig):
     policy: str = str_field("fcfs", choices=("fcfs",),
                             help="order within a client (VTC chooses the client by its counter)")
     input_price: float = float_field(1.0, min=0.0, help="counter charge per prompt token, at admission (VTC: 1)")
-    output_price: float = float_field(2.0, min=0.0, help="counter charge per generated token (VTC: 2)")
+    output_price: float = float_field(
+        2.0, min=0.0, help="counter charge per output token but a request's first, i.e. per decode step (VTC: 2)")
     lift_when_queue_empty: str = str_field(
-        "last_left", choices=("last_left", "none"),
-        help="a client arriving when no other waits is lifted to the counter of the last client to leave the "
-             "queue (the paper's Algorithm 2), or not at all (the artifact's vtc_req_queue.py)")
+        "none", choices=("none", "last_left"),
+        help="a client arriving when no other waits keeps its counter (VTC's code, vtc_req_queue.py) or is lifted "
+             "to the counter of the last client to leave the queue (the paper's Algorithm 2)")
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
