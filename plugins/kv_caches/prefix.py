@@ -337,7 +337,8 @@ class PrefixKVCache(PagedKVCache):
         chain = seq.kv_state
         if chain is None:
             chain = seq.kv_state = _Chain(sealed=self.on_free)
-            chain.input = seq.num_tokens
+            if self.on_free:  # (cached when freed: the input it was admitted with)
+                chain.input = seq.num_tokens
             if self.window is not None:  # (a lookup shorter than its full-attention hit: this
                 last, epoch, full = self._full_hit  # request caches its window at that junction)
                 if last is not seq or epoch != self.epoch:
