@@ -467,12 +467,14 @@ def test_a_prefill_instance_switched_off_and_on_has_forgotten_the_shared_prefix(
     0.5 ms a prompt token. r0's 20-token prompt runs on instance 1 from 2000 (first token 2010)
     and its KV is pulled at once, so instance 1 drains empty after the tick at 3000 and is off;
     switched on at 4000 (serving from 4500), it prefills r1's whole prompt at 5000: first token
-    5010. Kept on, r1 finds the 16-token system prompt: 4 tokens, first token 5002."""
+    5010. Kept on, r1 finds the 16-token system prompt: 4 tokens, first token 5002. (The first token
+    as DistServe makes it, on the prefill instance: first_token = "prefill".)"""
     def run(script):
         return run_disaggregated(SHARED, pool(64, block_size=4, kv=PrefixKVCache), pool(64, block_size=4),
                                  prefill_instances=2, decode_instances=1, prefill_router=Newest(),
                                  bandwidth_gbps=LINK_GBPS, latency_ms=LATENCY_MS, engine=engine,
-                                 autoscalers={"prefill": Scripted(script)}, limits={"prefill": LIMITS})
+                                 autoscalers={"prefill": Scripted(script)}, limits={"prefill": LIMITS},
+                                 first_token="prefill")
 
     cold, warm = run(RESTART), run(KEPT_ON)
     for r in (cold, warm):

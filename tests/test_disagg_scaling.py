@@ -47,11 +47,15 @@ class Script:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engine):
+@pytest.mark.parametrize("first_token", ["prefill", "decode"])
+def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engine, first_token):
     # One prefill instance (index 0, fixed); decode instances 1 and 2 behind least-outstanding,
     # only 1 serving at first. Ticks every 10 ms; a cold start of 20 ms; the policy asks for 2
     # until 40 ms, then 1. Prompts of 16 tokens take 8 ms to prefill; a pull moves 16 MiB in
-    # 1 ms + 0.5 ms.
+    # 1 ms + 0.5 ms. The times below have the first token on the prefill side (first_token =
+    # "prefill"); with it on the decode side (vLLM's proxy, the default) everything happens at the
+    # same times but that each request's first token comes one decode step after it joins and each
+    # finishes one step later: R0 at 89.5, R1 65.5, R2 55.5, R3 73.5 (instance 2 paid to 55.5).
     #   R0 arrives 0, first token 8 -> decode 1 (the only one serving), lands 9.5, joins 9.5,
     #      9 more tokens every 8 ms: finishes 9.5 + 72 = 81.5.
     #   tick 10: 2 wanted -> instance 2 warms, serves from 10 + 20 = 30.
@@ -72,21 +76,25 @@ def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engin
     limits = ScalingLimits(1, 2, 1, interval_ms=10.0, cold_start_ms=20.0, window_ms=1000.0)
     r = run_disaggregated(requests, pool(16), pool(16), prefill_instances=1, decode_instances=2,
                           decode_router=LeastOutstandingRouter(), bandwidth_gbps=LINK_GBPS, latency_ms=LATENCY_MS,
-                          engine=engine, autoscalers={"decode": policy}, limits={"decode": limits})
+                          engine=engine, autoscalers={"decode": policy}, limits={"decode": limits},
+                          first_token=first_token)
+    step = 8.0 if first_token == "decode" else 0.0  # (the decode side's one more step)
     assert by_id(r, "instance") == {0: 1, 1: 1, 2: 2, 3: 1}
-    assert by_id(r, "first_token_ms") == {0: 8.0, 1: 20.0, 2: 30.0, 3: 49.0}
+    assert by_id(r, "kv_ready_ms") == {0: 8.0, 1: 20.0, 2: 30.0, 3: 49.0}
+    assert by_id(r, "first_token_ms") == ({0: 8.0, 1: 20.0, 2: 30.0, 3: 49.0} if not step else
+                                          {0: 17.5, 1: 41.5, 2: 39.5, 3: 65.5})
     assert by_id(r, "kv_pulled_ms") == {0: 8.0, 1: 25.5, 2: 30.0, 3: 49.5}
     assert by_id(r, "decode_joined_ms") == {0: 9.5, 1: 33.5, 2: 31.5, 3: 57.5}
-    assert by_id(r, "finish_ms") == {0: 81.5, 1: 57.5, 2: 47.5, 3: 65.5}
+    assert by_id(r, "finish_ms") == {0: 81.5 + step, 1: 57.5 + step, 2: 47.5 + step, 3: 65.5 + step}
     scaling = r.meta["scaling"]
     decode = scaling["pools"]["decode"]
     assert decode["history"] == [[0.0, 1, 0, 0, 1], [10.0, 1, 1, 0, 2], [20.0, 1, 1, 0, 2], [30.0, 2, 0, 0, 2],
                                  [40.0, 1, 0, 1, 1]]
-    assert decode["intervals"] == [[1, 0.0, 81.5], [2, 10.0, 47.5]]
+    assert decode["intervals"] == [[1, 0.0, 81.5 + step], [2, 10.0, 47.5 + step]]
     assert (decode["scale_ups"], decode["scale_downs"]) == (1, 1)
-    assert scaling["pools"]["prefill"]["intervals"] == [[0, 0.0, 81.5]]
+    assert scaling["pools"]["prefill"]["intervals"] == [[0, 0.0, 81.5 + step]]
     assert not scaling["pools"]["prefill"]["autoscaled"]
-    assert scaling["gpu_hours"] == pytest.approx((81.5 + 81.5 + 37.5) / 3.6e6)
+    assert scaling["gpu_hours"] == pytest.approx((81.5 + 81.5 + 37.5 + 3 * step) / 3.6e6)
     # the decode pool's arrivals are its hand-offs, as placed by each tick (the one at 20 and 30
     # before the hand-off at that very time)
     assert [s.arrivals for s in policy.seen] == [1, 1, 2, 3]
@@ -99,14 +107,16 @@ def test_a_decode_scale_up_serves_hand_offs_from_the_end_of_its_cold_start(engin
 def test_the_decode_pools_ticks_go_on_while_a_prompt_is_still_being_computed(engine):
     # One prefill instance (fixed), decode instances 1 and 2, ticks every 10 ms. R0 (30 tokens,
     # a one-token answer) arrives at 0, the last arrival: its prefill runs 0-15 and it ends
-    # there. At the tick at 10 it is still upstream and its iteration still running, so a
-    # hand-off may yet come and the tick is taken; by 20 it has ended: the ticks stop. (Both
+    # there (the first token on the prefill side: a one-token answer goes no further). At the tick
+    # at 10 it is still upstream and its iteration still running, so a hand-off may yet come and
+    # the tick is taken; by 20 it has ended: the ticks stop. (Both
     # engines apply an iteration when it starts; they once read the instance as idle at 10.)
     requests = [Request(0, 0.0, 30, 1)]
     limits = ScalingLimits(1, 2, 1, interval_ms=10.0, cold_start_ms=0.0, window_ms=1000.0)
     r = run_disaggregated(requests, pool(16), pool(16), prefill_instances=1, decode_instances=2,
                           decode_router=RoundRobinRouter(), bandwidth_gbps=LINK_GBPS, latency_ms=LATENCY_MS,
-                          engine=engine, autoscalers={"decode": Script(1, 1, 0.0)}, limits={"decode": limits})
+                          engine=engine, autoscalers={"decode": Script(1, 1, 0.0)}, limits={"decode": limits},
+                          first_token="prefill")
     assert by_id(r, "finish_ms") == {0: 15.0}
     assert r.meta["scaling"]["pools"]["decode"]["history"] == [[0.0, 1, 0, 0, 1], [10.0, 1, 0, 0, 1]]
     check_run(r, requests)
@@ -122,12 +132,14 @@ def test_a_draining_prefill_instance_stays_on_until_its_kv_is_pulled(engine):
     # instance 1 drains with nothing left to run but R1's KV not yet pulled, so the tick at 50
     # finds it still draining and the one at 60 off since the landing freed it, at 57. R2 (at 61,
     # keeping the ticks going) goes to instance 0, the only one serving: first token 69, pulled
-    # 69, lands 70.5, finishes 78.5 -- the cluster's end.
+    # 69, lands 70.5, finishes 78.5 -- the cluster's end. (The first token on the prefill side: on
+    # the decode side each request takes one step more there, and R1's KV waits until 60.5.)
     requests = [Request(0, 0.0, 64, 3), Request(1, 1.0, 64, 2), Request(2, 61.0, 16, 2)]
     limits = ScalingLimits(1, 2, 2, interval_ms=10.0, cold_start_ms=0.0, window_ms=1000.0)
     r = run_disaggregated(requests, pool(16), pool(5), prefill_instances=2, decode_instances=1,
                           prefill_router=RoundRobinRouter(), bandwidth_gbps=LINK_GBPS, latency_ms=LATENCY_MS,
-                          engine=engine, autoscalers={"prefill": Script(2, 1, 40.0)}, limits={"prefill": limits})
+                          engine=engine, autoscalers={"prefill": Script(2, 1, 40.0)}, limits={"prefill": limits},
+                          first_token="prefill")
     assert by_id(r, "prefill_instance") == {0: 0, 1: 1, 2: 0}
     assert by_id(r, "kv_pulled_ms") == {0: 32.0, 1: 52.5, 2: 69.0}
     assert by_id(r, "kv_landed_ms") == {0: 36.5, 1: 57.0, 2: 70.5}
@@ -180,7 +192,8 @@ def instance_factory(cost, blocks: int, seqs: int, prefix: bool = False):
 def scaled_clusters(draw):
     """Pools of 1-3 instances, one or both autoscaled by a built-in policy (random targets,
     ticks, cold starts, windows, stabilisation), clients that may give up, prefix caching or not
-    (requests may share a system prompt; an instance that goes off is reset)."""
+    (requests may share a system prompt; an instance that goes off is reset), the first token
+    on either side."""
     requests = draw(requests_lists(min_size=4, max_size=24, max_prompt=48, max_output=30, max_arrival_ms=400.0,
                                    all_at_zero=False, prefix_groups=2))
     sizes = {name: draw(st.integers(1, 3)) for name in ("prefill", "decode")}
@@ -206,6 +219,7 @@ def scaled_clusters(draw):
     routers = [RoundRobinRouter, LeastOutstandingRouter, LeastKVRouter]
     prefix = draw(st.booleans())
     return dict(
+        first_token=draw(st.sampled_from(["decode", "prefill"])),
         requests=requests, sizes=sizes, policies=policies, limits=limits,
         prefill=instance_factory(draw(dyadic_linear_costs()), draw(st.integers(30, 60)), draw(st.integers(1, 4)),
                                  prefix),
@@ -226,7 +240,8 @@ def run_case(case, engine, policies=None):
         decode_router=routers["decode"]() if sizes["decode"] > 1 else None,
         bandwidth_gbps=LINK_GBPS, latency_ms=0.125, engine=engine, kv_lease_ms=16.0,
         client_side=gives_up(case["timeout"]) if case["timeout"] is not None else None,
-        autoscalers=copy.deepcopy(case["policies"]), limits=case["limits"], slo={"ttft_ms": 40.0, "tpot_ms": 8.0})
+        autoscalers=copy.deepcopy(case["policies"]), limits=case["limits"], slo={"ttft_ms": 40.0, "tpot_ms": 8.0},
+        first_token=case["first_token"])
 
 
 def on_at(intervals, instance: int, t: float):
@@ -264,12 +279,14 @@ def test_both_engines_scale_pools_alike_and_conserve_requests(case):
         home = on_at(scaling["pools"]["prefill"]["intervals"], prefill_at, arrival)
         assert home is not None, (i, prefill_at, arrival)  # routed to an instance that was on...
         assert home[0] == 0.0 or arrival >= home[0] + cold["prefill"]  # ...and warm
-        if req["first_token_ms"][i] >= 0:
+        if req["kv_ready_ms"][i] >= 0:  # its prompt done there (and handed off, or abandoned)
+            assert req["kv_ready_ms"][i] <= home[1]
+        elif req["first_token_ms"][i] >= 0 and req["instance"][i] < n_prefill:  # answered there
             assert req["first_token_ms"][i] <= home[1]
         if req["kv_landed_ms"][i] >= 0:  # the prefill instance held the KV until it landed
             assert req["kv_landed_ms"][i] <= home[1]
         if req["instance"][i] >= n_prefill:  # handed off: the decode instance was warm when placed
-            decode_at, handed = int(req["instance"][i]), float(req["first_token_ms"][i])
+            decode_at, handed = int(req["instance"][i]), float(req["kv_ready_ms"][i])
             there = on_at(scaling["pools"]["decode"]["intervals"], decode_at, handed)
             assert there is not None, (i, decode_at, handed)
             assert there[0] == 0.0 or handed >= there[0] + cold["decode"]

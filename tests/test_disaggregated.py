@@ -94,18 +94,58 @@ def test_bytes_per_token_come_from_the_model_per_tensor_parallel_rank():
 
 
 # -- hand-computed runs -----------------------------------------------------------------------------------
+#
+# The flow is vLLM's P/D proxy (``[cluster] first_token = "decode"``, the default): the prefill instance's
+# token is discarded, the decode instance recomputes the last prompt token in an ordinary one-token step that
+# samples the client's first token, and generates every token of the answer. ``first_token = "prefill"``
+# keeps DistServe's flow (the prefill instance's token is the first; the decode instance continues from the
+# second). Both engines must give the same hand-computed numbers.
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_one_request_prefills_transfers_and_decodes_at_hand_computed_times(engine):
-    # Prompt 64, answer 3 tokens. Prefill instance: 64 x 0.5 = 32 ms -> first token at 32 (TTFT).
-    # The decode instance (idle) allocates 4 blocks at 32 and pulls 64 MiB: 4 ms on the link +
-    # 0.5 ms latency -> landed at 36.5; it joins the running set then and decodes (8 ms per
-    # step): tokens 2 and 3 at 44.5 and 52.5. The prefill instance holds its 4 blocks until 36.5.
+    # Prompt 64, answer 3 tokens. Prefill instance: 64 x 0.5 = 32 ms -> the prompt is done (and its token
+    # discarded) at 32. The decode instance (idle) allocates 4 blocks at 32 and pulls 64 MiB: 4 ms on the
+    # link + 0.5 ms latency -> landed at 36.5; it joins the running set then with 63 tokens computed, and
+    # its 8 ms steps give token 1 (the recompute of prompt token 64: TTFT) at 44.5, tokens 2 and 3 at 52.5
+    # and 60.5. The prefill instance holds its 4 blocks until 36.5.
     r = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine)
     row = {c: by_id(r, c)[0] for c in r.requests}
+    assert row["first_token_ms"] == pytest.approx(44.5)
+    assert row["kv_ready_ms"] == 32.0 and row["kv_pulled_ms"] == 32.0
+    assert row["kv_landed_ms"] == pytest.approx(36.5)
+    assert row["decode_joined_ms"] == pytest.approx(36.5)
+    assert row["finish_ms"] == pytest.approx(60.5)
+    assert (row["prefill_instance"], row["instance"], row["kv_bytes"], row["generated_tokens"]) == (0, 1, 64 * MIB, 3)
+    m = r.metrics
+    assert m["ttft_ms"]["mean"] == pytest.approx(44.5)
+    assert m["tpot_ms"]["mean"] == pytest.approx((60.5 - 44.5) / 2)
+    assert m["itl_ms"]["max"] == m["itl_ms"]["p50"] == pytest.approx(8.0)  # two gaps, none across the transfer
+    assert m["transfer"]["transfers"] == 1 and m["transfer"]["bytes"] == 64 * MIB
+    assert m["transfer"]["kv_wait_ms"]["max"] == 0.0
+    assert m["transfer"]["transfer_ms"]["max"] == pytest.approx(4.5)
+    assert m["pools"]["decode"]["queue_ms"]["max"] == pytest.approx(4.5)  # handed over at 32, joined at 36.5
+    assert m["pools"]["prefill"]["busy_share"] == pytest.approx(32.0 / 60.5)
+    assert m["pools"]["decode"]["busy_share"] == pytest.approx(24.0 / 60.5)  # three steps, the recompute's too
+    assert r.meta["pools"]["decode"]["iterations"] == 3
+    # KV held over time: prefill 4 blocks x 36.5 ms; decode 4 blocks while the KV lands (4.5 ms) and in
+    # the recompute of token 64 (8 ms), then 5 (token 65 opens a block) for 16 ms
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 36.5)
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 12.5 + 5 * 16)
+    assert r.counters["generated_tokens"] == 3  # (the prefill instance's token is not the client's)
+    check_run(r, [Request(0, 0.0, 64, 3)])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_request_with_the_first_token_on_the_prefill_side_at_hand_computed_times(engine):
+    # first_token = "prefill" (DistServe): prompt 64, answer 3 tokens. Prefill instance: 64 x 0.5 = 32 ms ->
+    # first token at 32 (TTFT). The decode instance (idle) allocates 4 blocks at 32 and pulls 64 MiB: 4 ms
+    # on the link + 0.5 ms latency -> landed at 36.5; it joins the running set then and decodes (8 ms per
+    # step): tokens 2 and 3 at 44.5 and 52.5. The prefill instance holds its 4 blocks until 36.5.
+    r = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, first_token="prefill")
+    row = {c: by_id(r, c)[0] for c in r.requests}
     assert row["first_token_ms"] == 32.0
-    assert row["kv_pulled_ms"] == 32.0
+    assert row["kv_ready_ms"] == 32.0 and row["kv_pulled_ms"] == 32.0
     assert row["kv_landed_ms"] == pytest.approx(36.5)
     assert row["decode_joined_ms"] == pytest.approx(36.5)
     assert row["finish_ms"] == pytest.approx(52.5)
@@ -140,21 +180,23 @@ def test_a_window_model_moves_and_keeps_only_the_window_of_its_next_token(engine
     # As above with window layers keeping 20 tokens (blocks of 16, 1 MiB a token in each group). The decode side
     # receives the prompt computed (vLLM's allocate_external_computed_blocks): its window group keeps the blocks
     # of the next token's window, ceil(64 / 16) - floor((64 - 19) / 16) = 4 - 2 = 2, and those move with the
-    # full-attention group's 64 tokens: 64 + 2 x 16 = 96 MiB, 6 ms on the link + 0.5 -> landed at 38.5; tokens 2
-    # and 3 at 46.5 and 54.5. Decode-side KV: 4 + 2 blocks while the KV lands (32 -> 38.5), then for the decodes at
-    # positions 64 and 65: 5 full blocks and 5 - 2 = 3 window ones, 8 blocks x 8 ms each.
+    # full-attention group's 64 tokens: 64 + 2 x 16 = 96 MiB, 6 ms on the link + 0.5 -> landed at 38.5; tokens 1
+    # to 3 at 46.5, 54.5 and 62.5. Decode-side KV: 4 + 2 blocks while the KV lands (32 -> 38.5), 4 + 2 in the
+    # recompute of position 63 (its window: 4 - floor(44 / 16) = 2), then for the decodes at positions 64 and
+    # 65: 5 full blocks and 5 - 2 = 3 window ones, 8 blocks x 8 ms each.
     r = run([Request(0, 0.0, 64, 3)], window_pool(16), window_pool(16), engine)
     row = {c: by_id(r, c)[0] for c in r.requests}
     assert row["kv_bytes"] == 96 * MIB and row["kv_landed_ms"] == pytest.approx(38.5)
-    assert row["finish_ms"] == pytest.approx(54.5)
-    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(6 * 6.5 + 8 * 16)
+    assert row["first_token_ms"] == pytest.approx(46.5) and row["finish_ms"] == pytest.approx(62.5)
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(6 * 6.5 + 6 * 8 + 8 * 16)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_decode_pool_too_small_for_the_prompts_prefill_still_decodes_it(engine):
     # Prompt 200, 3 tokens, window 20: prefilled in one step the prompt holds 13 full and 13 window blocks (26, the
-    # prefill pool has 32); decoding it holds 13 + 2 (the pull) then 13 + 2 -- the decode pool's 20 blocks are
-    # enough, as vLLM's decode instance never prefills it (before: rejected, "needs 26 KV blocks")
+    # prefill pool has 32); decoding it holds 13 + 2 (the pull) then 13 + 2 (the recompute of position 199 and the
+    # decodes) -- the decode pool's 20 blocks are enough, as vLLM's decode instance never prefills it (before:
+    # rejected, "needs 26 KV blocks")
     r = run([Request(0, 0.0, 200, 3)], window_pool(32), window_pool(20), engine)
     assert r.requests["rejected"].tolist() == [False] and r.requests["generated_tokens"].tolist() == [3]
     assert r.meta["pools"]["decode"]["kv_peak_share"] == 15 / 20
@@ -167,16 +209,17 @@ def test_a_decode_pool_too_small_for_the_prompts_prefill_still_decodes_it(engine
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_transfers_over_one_link_queue_and_requests_join_at_iteration_boundaries(engine):
-    # Two prompts of 64 prefill together (128 x 0.5 = 64 ms): both first tokens at 64; the decode
+    # Two prompts of 64 prefill together (128 x 0.5 = 64 ms): both handed over at 64; the decode
     # instance pulls both at 64 over the same link. Request 0 is on it 64-68 (lands 68.5), request 1
-    # waits for it: 68-72, lands 72.5. Request 0 joins at 68.5 and decodes its last token 68.5-76.5;
-    # request 1 landed while that step ran, so it joins at 76.5 and finishes at 84.5.
+    # waits for it: 68-72, lands 72.5. Request 0 joins at 68.5 and decodes its 2 tokens 68.5-76.5-84.5;
+    # request 1 landed while its first step ran, so it joins at 76.5: tokens at 84.5 and 92.5.
     reqs = [Request(0, 0.0, 64, 2), Request(1, 0.0, 64, 2)]
     r = run(reqs, pool(16), pool(16), engine)
     assert by_id(r, "kv_pulled_ms") == {0: 64.0, 1: 64.0}
     assert by_id(r, "kv_landed_ms") == pytest.approx({0: 68.5, 1: 72.5})
     assert by_id(r, "decode_joined_ms") == pytest.approx({0: 68.5, 1: 76.5})
-    assert by_id(r, "finish_ms") == pytest.approx({0: 76.5, 1: 84.5})
+    assert by_id(r, "first_token_ms") == pytest.approx({0: 76.5, 1: 84.5})
+    assert by_id(r, "finish_ms") == pytest.approx({0: 84.5, 1: 92.5})
     assert r.metrics["transfer"]["join_wait_ms"]["max"] == pytest.approx(4.0)
 
 
@@ -185,23 +228,27 @@ def test_a_full_decode_pool_pushes_back_on_the_prefill_pool(engine):
     # Prefill: 4 blocks (one prompt of 64 at a time). Decode: 7 blocks, 4 ms per step. Three
     # requests at 0, prompts of 64; request 0 answers 30 tokens, requests 1 and 2 answer 3.
     # Request 0: prefill 0-32, pulled at 32, landed 36.5 (the prefill side frees its blocks then),
-    #   joins at 36.5 and decodes 29 steps, to 152.5, holding 5 blocks, later 6.
+    #   joins at 36.5 and decodes 30 steps (the first the recompute of its last prompt token: its
+    #   first token at 40.5), to 156.5, holding 4 blocks, then 5, later 6.
     # Request 1: admitted at 36.5 when the blocks come back, prefilled 36.5-68.5. The decode side
     #   has 2 free blocks, not the 4 its prompt needs: request 1 waits there with its KV held on the
     #   prefill side, so request 2 cannot even start. Request 1 is pulled when request 0 finishes
-    #   (152.5) and lands at 157, when the prefill side admits request 2: first token at 189.
-    # With room on the decode side request 1 is pulled at 68.5, lands at 73, and request 2's first
-    # token comes at 105.
+    #   (156.5) and lands at 161, when the prefill side admits request 2: handed over at 193, its
+    #   first token (on the decode side) at 193 + 4.5 + 4 = 201.5.
+    # With room on the decode side request 1 is pulled at 68.5, lands at 73, and request 2 is
+    # handed over at 105; the decode instance, stepping at 36.5 + 4k, pulls it at 108.5, lands it at
+    # 113 and runs it from 116.5: its first token at 120.5.
     reqs = [Request(0, 0.0, 64, 30), Request(1, 0.0, 64, 3), Request(2, 0.0, 64, 3)]
     r = run(reqs, pool(4), pool(7, decode_ms=4.0), engine)
-    assert by_id(r, "first_token_ms") == pytest.approx({0: 32.0, 1: 68.5, 2: 189.0})
-    assert by_id(r, "kv_pulled_ms") == pytest.approx({0: 32.0, 1: 152.5, 2: 189.0})
-    assert by_id(r, "first_scheduled_ms")[2] == pytest.approx(157.0)
-    assert by_id(r, "finish_ms")[0] == pytest.approx(152.5)
-    assert r.metrics["transfer"]["kv_wait_ms"]["max"] == pytest.approx(152.5 - 68.5)
+    assert by_id(r, "kv_ready_ms") == pytest.approx({0: 32.0, 1: 68.5, 2: 193.0})
+    assert by_id(r, "kv_pulled_ms") == pytest.approx({0: 32.0, 1: 156.5, 2: 193.0})
+    assert by_id(r, "first_token_ms") == pytest.approx({0: 40.5, 1: 165.0, 2: 201.5})
+    assert by_id(r, "first_scheduled_ms")[2] == pytest.approx(161.0)
+    assert by_id(r, "finish_ms")[0] == pytest.approx(156.5)
+    assert r.metrics["transfer"]["kv_wait_ms"]["max"] == pytest.approx(156.5 - 68.5)
     roomy = run(reqs, pool(4), pool(50, decode_ms=4.0), engine)
-    assert by_id(roomy, "kv_pulled_ms")[1] == pytest.approx(68.5)
-    assert by_id(roomy, "first_token_ms")[2] == pytest.approx(105.0)
+    assert by_id(roomy, "kv_pulled_ms") == pytest.approx({0: 32.0, 1: 68.5, 2: 108.5})
+    assert by_id(roomy, "first_token_ms") == pytest.approx({0: 40.5, 1: 80.5, 2: 120.5})
     check_run(r, reqs, kv_blocks=7)
     # the fullest instance's KV share: the prefill side's 4 of 4 blocks (its prompts), the decode
     # side's 6 of 7 -- not 6 blocks over the mean size, 5.5
@@ -214,24 +261,45 @@ def test_a_full_decode_pool_pushes_back_on_the_prefill_pool(engine):
 def test_a_hand_over_during_a_decode_run_is_pulled_at_the_next_iteration_boundary(engine):
     # A prefill instance of 4 one-token blocks: B (prompt 2) waits there for A's 3 blocks to
     # come back. A: prefilled 0-1.5, pulled and landed at 1.5 (an instant link), decodes 1.5-9.5
-    # and 9.5-17.5. Its pull frees the prefill instance at 1.5: B is prefilled 1.5-2.5 and
-    # handed over at 2.5, in the middle of A's first decode step. The decode instance pulls B
-    # at the end of that step (9.5), not after A's whole decode run (17.5); B joins at the next
-    # boundary (17.5) and decodes its second token by 25.5.
+    # (its first token), 9.5-17.5 and 17.5-25.5. Its pull frees the prefill instance at 1.5: B is
+    # prefilled 1.5-2.5 and handed over at 2.5, in the middle of A's first step. The decode instance
+    # pulls B at the end of that step (9.5), not after A's whole decode run (25.5); B joins at the
+    # next boundary (17.5) and decodes its two tokens by 25.5 and 33.5.
     reqs = [Request(0, 0.0, 3, 3), Request(1, 0.0, 2, 2)]
     r = run(reqs, pool(4, block_size=1), pool(8, block_size=1), engine,
             bandwidth_gbps=float("inf"), latency_ms=0.0)
-    assert by_id(r, "first_token_ms") == {0: 1.5, 1: 2.5}
+    assert by_id(r, "kv_ready_ms") == {0: 1.5, 1: 2.5}
     assert by_id(r, "kv_pulled_ms") == {0: 1.5, 1: 9.5}
     assert by_id(r, "decode_joined_ms") == {0: 1.5, 1: 17.5}
-    assert by_id(r, "finish_ms") == {0: 17.5, 1: 25.5}
+    assert by_id(r, "first_token_ms") == {0: 9.5, 1: 25.5}
+    assert by_id(r, "finish_ms") == {0: 25.5, 1: 33.5}
     check_run(r, reqs)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_one_token_answer_finishes_on_the_prefill_instance_and_moves_nothing(engine):
+def test_a_one_token_answer_goes_to_the_decode_instance_too(engine):
+    # vLLM's proxy sends every request to the decode instance, one-token answers too: it pulls the KV
+    # and runs one step. Both prompts (40 and 20 tokens) prefill together, 0-30. Pulled at 30: request 0's
+    # 3 blocks (48 MiB, whole blocks: 3 ms + 0.5) land at 33.5, request 1's 2 (32 MiB) wait for the link
+    # and land at 35.5. Request 0 joins at 33.5 and its one step ends at 41.5; request 1 joins then and
+    # finishes at 49.5.
     reqs = [Request(0, 0.0, 40, 1), Request(1, 0.0, 20, 5, max_tokens=1)]
     r = run(reqs, pool(16), pool(16), engine)
+    assert by_id(r, "instance") == {0: 1, 1: 1}
+    assert by_id(r, "prefill_instance") == {0: 0, 1: 0}
+    assert by_id(r, "kv_bytes") == {0: 48 * MIB, 1: 32 * MIB}
+    assert by_id(r, "kv_landed_ms") == pytest.approx({0: 33.5, 1: 35.5})
+    assert by_id(r, "first_token_ms") == by_id(r, "finish_ms") == pytest.approx({0: 41.5, 1: 49.5})
+    assert by_id(r, "max_tokens") == {0: 1, 1: 1} and by_id(r, "output_tokens") == {0: 1, 1: 5}
+    assert by_id(r, "generated_tokens") == {0: 1, 1: 1}
+    assert r.metrics["transfer"]["transfers"] == 2
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_one_token_answer_finishes_on_the_prefill_instance_with_the_first_token_there(engine):
+    reqs = [Request(0, 0.0, 40, 1), Request(1, 0.0, 20, 5, max_tokens=1)]
+    r = run(reqs, pool(16), pool(16), engine, first_token="prefill")
     assert by_id(r, "instance") == {0: 0, 1: 0}
     assert by_id(r, "prefill_instance") == {0: 0, 1: 0}
     assert by_id(r, "kv_bytes") == {0: 0, 1: 0}
@@ -253,6 +321,148 @@ def test_the_decode_side_pulls_only_what_its_prefix_cache_lacks(engine):
     assert by_id(r, "kv_bytes") == {0: 64 * MIB, 1: 32 * MIB}
     landed, pulled = by_id(r, "kv_landed_ms"), by_id(r, "kv_pulled_ms")
     assert landed[1] - pulled[1] == pytest.approx(2.0 + LATENCY_MS)
+    check_run(r, reqs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("first_token", ["decode", "prefill"])
+def test_a_transfer_moves_whole_blocks(engine, first_token):
+    # Prompt 65 in 16-token blocks of 16 MiB: NIXL reads 5 blocks, 80 MiB (not 65 MiB), 5 ms on the link:
+    # prefilled 0-32.5, landed at 32.5 + 5 + 0.5 = 38.0.
+    # Decode side, first_token = "decode": it holds the 5 blocks from the pull (the last prompt token's block
+    # as a reservation until its first step, the recompute of that token: 38-46); the 20 tokens' steps end
+    # at 38 + 8k, and the step computing position 80 (the 17th, from 166) opens a 6th block: 5 x (198 - 32.5)
+    # + 1 x (198 - 166) = 859.5 block-ms. With "prefill" the decode side continues from token 2: 19 steps,
+    # position 80 in the 16th (from 158): 5 x (190 - 32.5) + 1 x (190 - 158) = 819.5.
+    r = run([Request(0, 0.0, 65, 20)], pool(16), pool(16), engine, first_token=first_token)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    assert row["kv_bytes"] == 80 * MIB and r.metrics["transfer"]["bytes"] == 80 * MIB
+    assert row["kv_pulled_ms"] == 32.5 and row["kv_landed_ms"] == pytest.approx(38.0)
+    assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(5 * 38.0)
+    if first_token == "decode":
+        assert (row["first_token_ms"], row["finish_ms"]) == pytest.approx((46.0, 198.0))
+        assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(5 * (198 - 32.5) + 1 * (198 - 166))
+    else:
+        assert (row["first_token_ms"], row["finish_ms"]) == pytest.approx((32.5, 190.0))
+        assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(5 * (190 - 32.5) + 1 * (190 - 158))
+    check_run(r, [Request(0, 0.0, 65, 20)])
+
+
+SPEC = """
+    [experiment]
+    seed = 1
+    [workload]
+    kind = "inline"
+    requests = [{prompt_tokens = 64, output_tokens = 9, arrival_ms = 0.0}]
+    [scheduler]
+    kind = "continuous"
+    allocation = "grow"
+    max_num_seqs = 4
+    max_num_batched_tokens = 256
+    [cost_model]
+    kind = "linear"
+    prefill_ms_per_token = 0.5
+    decode_ms_per_step = 8.0
+    [kv_cache]
+    kind = "paged"
+    num_blocks = 64
+    block_size = 16
+    bytes_per_block = 16777216
+    [speculative]
+    method = "ngram"
+    num_speculative_tokens = 3
+    acceptance_rate = 1.0
+    [cluster]
+    mode = "disaggregated"
+    FIRST_TOKEN
+    [cluster.link]
+    bandwidth_gbps = 16.777216
+    latency_us = 500
+    """
+
+
+@pytest.mark.parametrize("first_token", [None, "decode", "prefill"])
+def test_speculation_on_the_decode_side_by_hand(tmp_path, first_token):
+    # n-gram drafts, k = 3, every draft accepted; 0.5 ms per prompt or draft token, 8 ms per decode step.
+    # Prompt 64, answer 9: prefilled 0-32, pulled 4 blocks (64 MiB) at 32, landed 36.5.
+    # first_token = "decode" (the default): the decode instance's first step recomputes prompt token 64 and
+    # verifies no drafts of the request (the prefill side's are not transferred), only the 3 placeholder rows
+    # vLLM pads it with: 8 + 3 x 0.5 = 9.5 ms, 36.5-46.0, token 1 (TTFT 46.0). Then 1 + 3 tokens a step:
+    # tokens 2-5 at 55.5, 6-9 at 65.0. Three decode-side steps.
+    # first_token = "prefill" (DistServe): token 1 at 32; the decode side verifies 3 drafts at once: tokens
+    # 2-5 at 46.0, 6-9 at 55.5. Two decode-side steps.
+    path = tmp_path / "spec.toml"
+    setting = f'first_token = "{first_token}"' if first_token else ""
+    path.write_text(textwrap.dedent(SPEC).replace("FIRST_TOKEN", setting))
+    r = fast_run_agreeing_with_reference(path)
+    row = {c: by_id(r, c)[0] for c in r.requests}
+    steps = r.meta["pools"]["decode"]["iterations"]
+    spec = r.metrics["speculative"]
+    if first_token == "prefill":
+        assert (row["first_token_ms"], row["finish_ms"], steps) == pytest.approx((32.0, 55.5, 2))
+        assert (spec["draft_tokens"], spec["accepted_tokens"]) == (6, 6)
+    else:
+        assert (row["first_token_ms"], row["finish_ms"], steps) == pytest.approx((46.0, 65.0, 3))
+        assert r.metrics["ttft_ms"]["mean"] == pytest.approx(46.0)
+        assert r.metrics["tpot_ms"]["mean"] == pytest.approx((65.0 - 46.0) / 8)
+        # the placeholders count as drafts, none accepted (vLLM's num_draft_tokens counts the padded rows)
+        assert (spec["draft_tokens"], spec["accepted_tokens"]) == (9, 6)
+    assert r.meta["first_token"] == (first_token or "decode")
+    assert row["kv_landed_ms"] == pytest.approx(36.5) and row["generated_tokens"] == 9
+
+
+def test_the_decode_pool_turns_away_what_speculation_cannot_fit_as_a_colocated_instance_does(tmp_path):
+    # 16 blocks of 4 tokens, EAGLE k = 3: prompt 30, answer 30. Whatever a colocated instance decides about
+    # the speculative slots (a last step's drafts and lookahead), the decode pool decides the same, and does
+    # not serve a request that then preempts itself (it did: num_preemptions 1, 58 tokens recomputed there).
+    base = textwrap.dedent("""
+        [workload]
+        kind = "inline"
+        requests = [{prompt_tokens = 30, output_tokens = 30, arrival_ms = 0.0}]
+        [scheduler]
+        kind = "continuous"
+        allocation = "grow"
+        max_num_seqs = 4
+        max_num_batched_tokens = 256
+        [cost_model]
+        kind = "linear"
+        [kv_cache]
+        kind = "paged"
+        num_blocks = 16
+        block_size = 4
+        bytes_per_block = 1048576
+        [speculative]
+        method = "eagle"
+        num_speculative_tokens = 3
+        acceptance_rate = 0.0
+        draft = {kind = "linear"}
+        """)
+    path = tmp_path / "r.toml"
+    path.write_text(base)
+    (colocated,) = run_experiment(load(path)).all_runs()
+    path.write_text(base + '[cluster]\nmode = "disaggregated"\n')
+    disaggregated = fast_run_agreeing_with_reference(path)
+    said = colocated.rejections.get(0)
+    assert disaggregated.rejections.get(0) == (f"decode pool: {said}" if said else None)
+    assert disaggregated.metrics["num_preemptions"] == colocated.metrics["num_preemptions"] == 0
+    assert disaggregated.requests["generated_tokens"].tolist() == colocated.requests["generated_tokens"].tolist()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_rejection_names_the_pool_whose_cache_the_request_can_never_fit(engine):
+    # 4-token blocks. A prefill pool of 64 blocks and a decode pool of 16: a request needing 20 blocks on the
+    # decode side is turned away there, and its row is the decode instance's (it never entered the prefill
+    # pool); the reverse, a prompt of 100 on a prefill pool of 16 blocks, is the prefill pool's.
+    reqs = [Request(0, 0.0, 30, 50), Request(1, 0.0, 30, 10)]
+    r = run(reqs, pool(64, block_size=4), pool(16, block_size=4), engine)
+    assert r.rejections == {0: "decode pool: needs 20 KV blocks (prompt 30 + max_tokens 50) but the cache has 16"}
+    assert by_id(r, "instance") == {0: 1, 1: 1} and by_id(r, "prefill_instance") == {0: -1, 1: 0}
+    assert by_id(r, "generated_tokens") == {0: 0, 1: 10}
+    check_run(r, reqs)
+    reqs = [Request(0, 0.0, 100, 1), Request(1, 0.0, 30, 10)]
+    r = run(reqs, pool(16, block_size=4), pool(64, block_size=4), engine)
+    assert r.rejections == {0: "prefill pool: needs 25 KV blocks (prompt 100 + max_tokens 1) but the cache has 16"}
+    assert by_id(r, "instance") == {0: 0, 1: 1} and by_id(r, "prefill_instance") == {0: 0, 1: 0}
     check_run(r, reqs)
 
 
@@ -298,7 +508,8 @@ def configs():
 def clusters(draw):
     """A random cluster: pools of 1-2 instances, small caches (the decode pool often full), any
     of the built-in scheduler kinds per pool, prefix caching (vLLM's, with or without a host
-    tier, or SGLang's radix tree) on either side, a dyadic link."""
+    tier, or SGLang's radix tree) on either side, a dyadic link, and either pool sampling the
+    first token (``first_token``, in the link's keywords)."""
     requests = draw(requests_lists(max_size=12, max_prompt=48, max_output=30, prefix_groups=2))
     block_size = draw(st.sampled_from([1, 4, 16]))
     need = blocks_for_largest(requests, block_size)
@@ -360,7 +571,8 @@ def clusters(draw):
     prefill_router = draw(st.sampled_from(routers[1:])) if n_prefill > 1 else None
     decode_router = draw(st.sampled_from(routers[1:])) if n_decode > 1 else None
     link = dict(bandwidth_gbps=draw(st.sampled_from([LINK_GBPS, 4 * MIB / 1e6, float("inf")])),
-                latency_ms=draw(st.sampled_from([0.0, 0.125, 4.0])))
+                latency_ms=draw(st.sampled_from([0.0, 0.125, 4.0])),
+                first_token=draw(st.sampled_from(["decode", "prefill"])))
     return requests, prefill, decode, n_prefill, n_decode, prefill_router, decode_router, link
 
 
@@ -396,9 +608,13 @@ def test_fast_and_reference_engines_agree_on_disaggregated_clusters(case):
 @given(clusters(), st.sampled_from(ENGINES))
 def test_requests_and_blocks_are_conserved_across_pools(case, engine):
     """Every request finishes exactly once with all its tokens, or is rejected; each transferred
-    request went from a prefill instance to a decode instance, moving its prompt less what the
-    decode side had cached, in causal order; every cache of both pools is empty at the end."""
+    request went from a prefill instance to a decode instance, moving its prompt's blocks less
+    those the decode side had cached, in causal order (with ``first_token = "decode"`` its first
+    token on the decode side, after it joined; with ``"prefill"`` before the pull); with the first
+    token on the decode side every request served goes there; every cache of both pools is empty
+    at the end."""
     requests, _, decode, n_prefill, n_decode = case[:5]
+    on_decode = case[-1]["first_token"] == "decode"
     result, _ = run_cluster(case, engine)
     # (with a model's window layers a preempted request whose recompute needs more blocks at once than
     # the whole cache is turned away after some service, as documented: ContinuousScheduler._never_fits)
@@ -409,15 +625,22 @@ def test_requests_and_blocks_are_conserved_across_pools(case, engine):
     moved = (req["rejected"] == 0) & (req["kv_pulled_ms"] >= 0)
     kv = decode()[2]
     window = getattr(kv, "window", None)  # (its blocks move too: those of the next token's window, whole)
+    bs = kv.block_size
     for i in moved.nonzero()[0]:
         r = by_request[int(req["id"][i])]
-        most = r.prompt_tokens + (window.held(r.prompt_tokens, r.prompt_tokens) * kv.block_size if window else 0)
+        most = -(-r.prompt_tokens // bs) + (window.held(r.prompt_tokens, r.prompt_tokens) if window else 0)
         assert 0 <= req["prefill_instance"][i] < n_prefill <= req["instance"][i] < n_prefill + n_decode
-        assert r.target_tokens > 1
-        assert req["first_token_ms"][i] <= req["kv_pulled_ms"][i] <= req["kv_landed_ms"][i] <= req["decode_joined_ms"][i]
-        assert req["decode_joined_ms"][i] < req["finish_ms"][i]
-        assert 0 <= req["kv_bytes"][i] <= most * MIB and req["kv_bytes"][i] % MIB == 0
-    stayed = (req["rejected"] == 0) & ~moved
+        assert on_decode or r.target_tokens > 1
+        ready, first = req["kv_ready_ms"][i], req["first_token_ms"][i]
+        assert req["first_scheduled_ms"][i] < ready <= req["kv_pulled_ms"][i] <= req["kv_landed_ms"][i] \
+            <= req["decode_joined_ms"][i] < req["finish_ms"][i]
+        if on_decode:  # the decode instance's first step: after it joined
+            assert req["decode_joined_ms"][i] < first <= req["finish_ms"][i]
+        else:
+            assert first == ready
+        assert 0 <= req["kv_bytes"][i] <= most * bs * MIB and req["kv_bytes"][i] % (bs * MIB) == 0  # (whole blocks)
+    stayed = (req["rejected"] == 0) & (req["aborted"] == 0) & ~moved
+    assert not (on_decode and stayed.any())
     for i in stayed.nonzero()[0]:  # answered by the first token alone
         assert by_request[int(req["id"][i])].target_tokens == 1
         assert req["instance"][i] == req["prefill_instance"][i] < n_prefill
@@ -436,9 +659,9 @@ def test_a_request_never_runs_on_a_decode_instance_before_its_kv_has_landed(case
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 4), st.integers(5, 24), st.integers(1, 2), st.integers(1, 2), st.integers(0, 5),
-       st.sampled_from([None, 9.0, 40.0]))
+       st.sampled_from([None, 9.0, 40.0]), st.sampled_from(["decode", "prefill"]))
 def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_requests, n_prefill, n_decode, seed,
-                                                                  timeout):
+                                                                  timeout, first_token):
     """Clients send their next request when the decode side answers the last one, or when
     they give up on it."""
     make_workload = small_closed_loop(clients, num_requests)
@@ -452,7 +675,7 @@ def test_closed_loops_over_disaggregated_pools_agree_and_conserve(clients, num_r
                                       prefill_router=RoundRobinRouter() if n_prefill > 1 else None,
                                       decode_router=LeastOutstandingRouter() if n_decode > 1 else None,
                                       bandwidth_gbps=LINK_GBPS, latency_ms=0.25, engine=engine, workload=workload,
-                                      client_side=side, kv_lease_ms=16.0))
+                                      client_side=side, kv_lease_ms=16.0, first_token=first_token))
     compare_runs(*runs, rel=1e-12)
     req = runs[0].requests
     assert req["id"].size == num_requests and req["rejected"].sum() == 0
@@ -510,11 +733,12 @@ def test_a_toml_cluster_runs_on_both_engines_with_pool_overrides(tmp_path):
     assert (pools["prefill"]["num_blocks"], pools["decode"]["num_blocks"]) == (200, 240)  # the decode override
     assert r.metrics["gpus"] == 3
     assert set(r.requests["instance"][r.requests["kv_pulled_ms"] >= 0].tolist()) == {1, 2}
-    # 2 MiB blocks of 16 tokens: 128 KiB per token moved; 12.5 GB/s and 20 us per transfer
+    # 2 MiB blocks of 16 tokens, moved whole: 128 KiB per token of the prompt's blocks; 12.5 GB/s and 20 us
+    # per transfer
     req = r.requests
     moved = req["kv_pulled_ms"] >= 0
     tokens = req["kv_bytes"][moved] / (128 * 1024)
-    assert (tokens == req["prompt_tokens"][moved]).all()
+    assert (tokens == -(-req["prompt_tokens"][moved] // 16) * 16).all()
     on_link = req["kv_landed_ms"][moved] - req["kv_pulled_ms"][moved]
     assert (on_link >= tokens * 128 * 1024 / 12.5e9 * 1e3 + 0.02 - 1e-9).all()
 
@@ -585,8 +809,10 @@ def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
     assert r.metrics["pools"]["decode"]["gpus"] == 2 and r.metrics["pools"]["prefill"]["gpus"] == 2
     moved = r.requests["kv_pulled_ms"] >= 0
     assert moved.sum() == 20
-    # two decode ranks receive 64 KiB per token each: the whole 128 KiB per token of Llama-3-8B
-    assert (r.requests["kv_bytes"][moved] == r.requests["prompt_tokens"][moved] * 128 * 1024).all()
+    # two decode ranks receive 64 KiB per token each: the whole 128 KiB per token of Llama-3-8B, in whole
+    # 16-token blocks
+    blocks = -(-r.requests["prompt_tokens"][moved] // 16)
+    assert (r.requests["kv_bytes"][moved] == blocks * 16 * 128 * 1024).all()
 
 
 @pytest.mark.parametrize("text, message", [
@@ -605,6 +831,13 @@ def test_the_gpu_count_includes_each_pools_tensor_parallel_ranks(tmp_path):
     ("[cluster]\nmode = \"disaggregated\"\n[cluster.link]\nkv_lease_ms = -1\n",
      r"\[cluster.link\]: kv_lease_ms: must be >= 0.0"),
     ("[cluster]\nmode = \"disagregated\"\n", r"\[cluster\]: mode: must be one of 'colocated', 'disaggregated'"),
+    ("[cluster]\nmode = \"disaggregated\"\nfirst_token = \"decoder\"\n",
+     r"\[cluster\]: first_token: must be one of 'decode', 'prefill'; got 'decoder'"),
+    ("[cluster]\nmode = \"disaggregated\"\nfirst_token = 1\n", r"\[cluster\]: first_token: must be text, got"),
+    ("[cluster]\ninstances = 2\nfirst_token = \"prefill\"\n",
+     r"\[cluster\]: first_token: only a cluster with mode = 'disaggregated' hands its requests"),
+    ("[cluster]\nmode = \"disaggregated\"\nfirst_tokens = \"decode\"\n",
+     r"\[cluster\]: unknown key 'first_tokens' \(did you mean 'first_token'\?\)"),
     ("[cluster]\ninstances = 2\n[cluster.link]\nlatency_us = 3\n",
      r"\[cluster\]: link: only a cluster with mode = 'disaggregated' has pools and links"),
     ("[cluster]\nmode = \"disaggregated\"\n[cluster.decode]\nkv_cache = {bytes_per_block = 0}\n",
@@ -682,7 +915,7 @@ def test_a_decode_side_hit_in_host_memory_is_reloaded_beside_the_pull(engine):
     # The decode instance's host tier holds the first 3 blocks (48 tokens) of the prompt: the pull
     # moves only the last 16 tokens (1 ms on the link + 0.5 ms), while the 3 blocks come back over
     # the host link, 16 MiB per ms, in 3 ms + 0.125 ms. The later of the two lands the KV: at 32 +
-    # 3.125; the last two tokens follow at 43.125 and 51.125.
+    # 3.125; its three tokens follow at 43.125 (the recompute of prompt token 64), 51.125 and 59.125.
     from schedlab_plugins.kv_caches.host_tier import HostTier
     from schedlab_plugins.kv_caches.prefix import block_key
 
@@ -701,15 +934,22 @@ def test_a_decode_side_hit_in_host_memory_is_reloaded_beside_the_pull(engine):
     assert by_id(r, "kv_bytes") == {0: 16 * MIB}
     assert by_id(r, "kv_pulled_ms") == {0: 32.0}
     assert by_id(r, "kv_landed_ms") == pytest.approx({0: 35.125})
-    assert by_id(r, "finish_ms") == pytest.approx({0: 51.125})
+    assert by_id(r, "finish_ms") == pytest.approx({0: 59.125})
     assert tiers[0].loaded == 3
     assert r.counters["host_load_blocks"] == 3 and r.counters["host_load_ms"] == pytest.approx(3.125)
     check_run(r, [request])
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, seed):
-    """Requests that join a decode instance verify drafts like any decoding request."""
+@pytest.mark.parametrize("seed, method, first_token, by_batch", [
+    (0, "ngram", "decode", False), (1, "ngram", "decode", True), (2, "eagle", "decode", False),
+    (0, "ngram", "prefill", False), (1, "eagle", "prefill", True), (2, "ngram", "prefill", False)])
+def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, seed, method, first_token, by_batch):
+    """Requests that join a decode instance verify drafts like any decoding request, but for the
+    decode instance's first step with ``first_token = "decode"`` (placeholders; with drafts per
+    batch size no rows but its own); an EAGLE drafter's lookahead slots too."""
+    draft = 'draft = {kind = "linear", prefill_ms_per_token = 0.01, decode_ms_per_step = 1.0}' \
+        if method == "eagle" else ""
+    schedule = "k_by_batch_size = [[1, 4, 3], [5, 8, 2], [9, 64, 1]]" if by_batch else ""
     path = tmp_path / "spec.toml"
     path.write_text(textwrap.dedent(f"""
         [experiment]
@@ -733,17 +973,20 @@ def test_speculative_decoding_on_a_decode_pool_agrees_between_engines(tmp_path, 
         model = "llama-3-8b"
         gpu = "a100-80gb"
         [speculative]
-        method = "ngram"
+        method = "{method}"
         num_speculative_tokens = 3
         acceptance_rate = 0.6
+        {draft}
+        {schedule}
         [cluster]
         mode = "disaggregated"
+        first_token = "{first_token}"
         decode = {{instances = 2, router = {{kind = "least_outstanding"}}}}
         """))
     fast = fast_run_agreeing_with_reference(path)
     spec = fast.metrics["speculative"]
-    assert spec["accepted_tokens"] > 0 and fast.metrics["transfer"]["transfers"] == 50 - (
-        fast.requests["generated_tokens"] == 1).sum()
+    one_token = (fast.requests["generated_tokens"] == 1).sum() if first_token == "prefill" else 0
+    assert spec["accepted_tokens"] > 0 and fast.metrics["transfer"]["transfers"] == 50 - one_token
 
 
 def test_events_per_request_do_not_grow_with_the_pools(tmp_path):
@@ -778,11 +1021,17 @@ def gives_up(timeout_ms: float, network_ms: float = 0.0):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_client_that_leaves_while_its_prompt_runs_is_not_passed_on_and_its_kv_waits_out_the_lease(engine):
     # Prompt 64 prefills 0-32; the client gives up at 20, mid-iteration. The prompt completes at
-    # 32 and is not handed over: aborted at 32 with its first token, its 4 blocks kept on the
+    # 32 and is not handed over: aborted at 32 with no token (the prefill instance's is not the
+    # client's: with the first token on the prefill side it counts, below), its 4 blocks kept on the
     # prefill instance until the lease (100 ms) runs out at 132. Nothing reaches the decode pool.
+    prefill_side = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, client_side=gives_up(20.0),
+                       kv_lease_ms=100.0, first_token="prefill")
+    assert by_id(prefill_side, "generated_tokens") == {0: 1} and by_id(prefill_side, "first_token_ms") == {0: 32.0}
+    assert prefill_side.metrics["transfer"]["aborted"]["prompt_done"] == 1
     r = run([Request(0, 0.0, 64, 3)], pool(16), pool(16), engine, client_side=gives_up(20.0), kv_lease_ms=100.0)
     row = {c: by_id(r, c)[0] for c in r.requests}
-    assert (row["aborted"], row["timed_out"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 32.0, 1)
+    assert (row["aborted"], row["timed_out"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 32.0, 0)
+    assert (row["first_token_ms"], row["kv_ready_ms"]) == (-1.0, 32.0)
     assert (row["instance"], row["output_tokens"], row["kv_pulled_ms"]) == (0, 3, -1.0)
     assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 1, "waiting_for_blocks": 0, "pulling": 0, "waiting_for_slot": 0, "decoding": 0}
     assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 132.0)
@@ -812,14 +1061,14 @@ def test_a_request_waiting_on_the_prefill_side_is_aborted_there_with_the_clients
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_request_dropped_while_waiting_for_decode_blocks_frees_the_prefill_kv_after_the_lease(engine):
     # Both prompts prefill together, 0-64. The decode instance (7 blocks) pulls request 0 (4
-    # blocks) at 64; request 1 needs 4 more and waits. Request 0 lands at 68.5 and decodes its 9
-    # further tokens 68.5-140.5. Request 1's client gives up at 100: the decode instance drops it
+    # blocks) at 64; request 1 needs 4 more and waits. Request 0 lands at 68.5 and decodes its 10
+    # tokens 68.5-148.5. Request 1's client gives up at 100: the decode instance drops it
     # at its next step boundary, 100.5, and the prefill side frees its 4 blocks when the lease
     # (50 ms) runs out, at 150.5, having held them since 0.
     reqs = [Request(0, 0.0, 64, 10), Request(1, 0.0, 64, 3, timeout_ms=100.0)]
     r = run(reqs, pool(16), pool(7), engine, kv_lease_ms=50.0)
     assert by_id(r, "aborted") == {0: 0, 1: 1}
-    assert by_id(r, "finish_ms") == pytest.approx({0: 140.5, 1: 100.5})
+    assert by_id(r, "finish_ms") == pytest.approx({0: 148.5, 1: 100.5})
     assert by_id(r, "instance")[1] == 1 and by_id(r, "kv_pulled_ms")[1] == -1.0
     assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 0, "waiting_for_blocks": 1, "pulling": 0, "waiting_for_slot": 0, "decoding": 0}
     assert r.meta["pools"]["prefill"]["kv_block_ms"] == pytest.approx(4 * 68.5 + 4 * 150.5)
@@ -830,10 +1079,11 @@ def test_a_request_dropped_while_waiting_for_decode_blocks_frees_the_prefill_kv_
 def test_a_request_abandoned_in_flight_keeps_its_decode_blocks_until_the_kv_lands(engine):
     # Prefill 0-32, pulled at 32, lands at 36.5. The client gives up at 34: the idle decode
     # instance aborts it then, but NIXL is still writing its 4 blocks: they are freed when the
-    # transfer lands, as the prefill side's are.
+    # transfer lands, as the prefill side's are. Its client got no token.
     r = run([Request(0, 0.0, 64, 3, timeout_ms=34.0)], pool(16), pool(16), engine)
     row = {c: by_id(r, c)[0] for c in r.requests}
-    assert (row["aborted"], row["instance"], row["finish_ms"]) == (1, 1, 34.0)
+    assert (row["aborted"], row["instance"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 34.0, 0)
+    assert row["first_token_ms"] == -1.0
     assert row["kv_landed_ms"] == pytest.approx(36.5) and row["decode_joined_ms"] == -1.0
     assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 0, "waiting_for_blocks": 0, "pulling": 1, "waiting_for_slot": 0, "decoding": 0}
     assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 4.5)
@@ -843,31 +1093,32 @@ def test_a_request_abandoned_in_flight_keeps_its_decode_blocks_until_the_kv_land
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_landed_request_waiting_for_a_slot_is_freed_at_once(engine):
-    # One decode slot. Both pulled at 64: request 0 lands at 68.5 and runs; request 1 lands at
-    # 72.5 and waits for the slot. Its client gives up at 80; the decode steps end at 68.5 + 8k,
-    # so it is dropped at 84.5 and its 4 blocks (held from 64) are freed then.
+    # One decode slot. Both pulled at 64: request 0 lands at 68.5 and runs its 10 steps; request 1
+    # lands at 72.5 and waits for the slot. Its client gives up at 80; the decode steps end at
+    # 68.5 + 8k, so it is dropped at 84.5 and its 4 blocks (held from 64) are freed then.
     reqs = [Request(0, 0.0, 64, 10), Request(1, 0.0, 64, 3, timeout_ms=80.0)]
     r = run(reqs, pool(16), pool(16, max_num_seqs=1), engine)
     assert by_id(r, "aborted") == {0: 0, 1: 1}
-    assert by_id(r, "finish_ms") == pytest.approx({0: 140.5, 1: 84.5})
+    assert by_id(r, "finish_ms") == pytest.approx({0: 148.5, 1: 84.5})
     assert by_id(r, "kv_landed_ms")[1] == pytest.approx(72.5)
     assert r.metrics["transfer"]["aborted"] == {"prefilling": 0, "prompt_done": 0, "waiting_for_blocks": 0, "pulling": 0, "waiting_for_slot": 1, "decoding": 0}
-    # decode side: request 0 holds 4 blocks 64-140.5 (a 5th from 68.5: token 65 opens it),
-    # request 1 holds 4 from 64 to 84.5
-    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 76.5 + 1 * 72.0 + 4 * 20.5)
+    # decode side: request 0 holds 4 blocks 64-148.5 (a 5th from 76.5, after the recompute of
+    # position 63: position 64 opens it), request 1 holds 4 from 64 to 84.5
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * 84.5 + 1 * 72.0 + 4 * 20.5)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_client_that_leaves_during_a_decode_step_gets_nothing_from_that_step(engine):
-    # Prefill 0-32 (first token), pulled at 32, lands and joins at 36.5; decode steps of 8 ms
-    # give tokens at 44.5 and 52.5. The client gives up at 50, during the second step: as any
-    # vLLM engine core, the decode instance aborts the request after that step, before its
-    # output -- 2 tokens, not 3 -- at 52.5, and frees its blocks then.
+    # Prefill 0-32, pulled at 32, lands and joins at 36.5; decode steps of 8 ms give tokens at
+    # 44.5 (the first) and 52.5. The client gives up at 50, during the second step: as any vLLM
+    # engine core, the decode instance aborts the request after that step, before its output --
+    # 1 token, not 2 -- at 52.5, and frees its blocks then.
     r = run([Request(0, 0.0, 64, 10, timeout_ms=50.0)], pool(16), pool(16), engine)
     row = {c: by_id(r, c)[0] for c in r.requests}
-    assert (row["aborted"], row["instance"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 52.5, 2)
+    assert (row["aborted"], row["instance"], row["finish_ms"], row["generated_tokens"]) == (1, 1, 52.5, 1)
+    assert row["first_token_ms"] == pytest.approx(44.5)
     assert r.metrics["transfer"]["aborted"]["decoding"] == 1
-    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * (52.5 - 32.0) + 1 * (52.5 - 36.5))
+    assert r.meta["pools"]["decode"]["kv_block_ms"] == pytest.approx(4 * (52.5 - 32.0) + 1 * (52.5 - 44.5))
     assert all(kv.num_used_blocks() == 0 for kv in r.meta["kvs"])
 
 
@@ -903,7 +1154,9 @@ def test_a_scheduler_planning_ahead_is_refused_by_name(engine):
 def test_a_decode_run_ends_where_freed_window_blocks_let_a_pull_in():
     # (found by a stress run) a decode instance with window layers (37 tokens, blocks of 16): its decoders' windows
     # free a block mid-run, which lets the queued pull of request 7 in one iteration before the run's end; the fast
-    # engine's run of decodes now ends there, as the reference engine pulls after every iteration
+    # engine's run of decodes now ends there, as the reference engine pulls after every iteration (with the first
+    # token on the prefill side, the flow it was found in; 244.546875 when transfers moved tokens, not whole blocks;
+    # without the fast engine's stop there it pulled at 251.84375)
     requests = [Request(i, 0.0, p, o) for i, (p, o) in
                 enumerate([(1, 33), (1, 17), (1, 34), (1, 1), (18, 27), (109, 9), (1, 12), (116, 2)])]
     cost = LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=4.0, per_context_token_ms=2 ** -6)
@@ -912,9 +1165,12 @@ def test_a_decode_run_ends_where_freed_window_blocks_let_a_pull_in():
         return (ContinuousScheduler(ContinuousConfig(max_num_seqs=5, allocation="grow")), LinearCostModel(cost),
                 PagedKVCache(28, 16, bytes_per_block=16 * MIB, window=SlidingWindow(1, 37, 16)))
 
+    fast, ref = (run(requests, make, make, engine, bandwidth_gbps=LINK_GBPS, latency_ms=0.0, first_token="prefill")
+                 for engine in ENGINES)  # (the flow it was found in)
+    compare_runs(fast, ref, rel=1e-12)
+    assert by_id(fast, "kv_pulled_ms")[7] == by_id(ref, "kv_pulled_ms")[7] == pytest.approx(245.484375)
     fast, ref = (run(requests, make, make, engine, bandwidth_gbps=LINK_GBPS, latency_ms=0.0) for engine in ENGINES)
     compare_runs(fast, ref, rel=1e-12)
-    assert by_id(fast, "kv_pulled_ms")[7] == by_id(ref, "kv_pulled_ms")[7] == pytest.approx(244.546875)
 
 
 def test_the_table_names_each_pools_kv_cache():

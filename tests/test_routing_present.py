@@ -116,10 +116,11 @@ def test_an_arrival_during_an_iteration_sees_the_request_still_in_service(engine
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_prefill_pool_places_arrivals_as_join_the_shortest_queue_by_hand(engine):
+    # (the prefill pool read as a queue: its TTFT is the prefill side's first token, first_token = "prefill")
     requests = [Request(i, t, 16, 2) for i, t in enumerate(HAND_ARRIVALS)]
     result = run_disaggregated(requests, one_at_a_time(), big_decoder, prefill_instances=2,
                                prefill_router=LeastOutstandingRouter(), engine=engine,
-                               bandwidth_gbps=float("inf"), latency_ms=0.0)
+                               bandwidth_gbps=float("inf"), latency_ms=0.0, first_token="prefill")
     assert column(result, "prefill_instance").tolist() == HAND_PLACES
     assert (column(result, "first_token_ms") - column(result, "arrival_ms")).tolist() == HAND_TTFT
 
@@ -162,7 +163,7 @@ def test_a_prefill_pool_follows_the_jsq_sample_path(engine):
     requests = [Request(i, t, 16, 3) for i, t in enumerate(arrivals)]
     result = run_disaggregated(requests, one_at_a_time(), big_decoder, prefill_instances=2,
                                prefill_router=LeastOutstandingRouter(), engine=engine,
-                               bandwidth_gbps=float("inf"), latency_ms=0.0)
+                               bandwidth_gbps=float("inf"), latency_ms=0.0, first_token="prefill")
     expected = jsq_sample_path(arrivals, 2, SERVICE_MS)
     assert column(result, "prefill_instance").tolist() == [i for i, _ in expected]
     ttft = column(result, "first_token_ms") - column(result, "arrival_ms")
@@ -189,7 +190,8 @@ def test_a_prefill_pool_at_70_percent_load_has_the_md2_mean_ttft():
     arrivals = poisson_arrivals(30_000, rate, seed=2026)
     requests = [Request(i, t, 16, 2) for i, t in enumerate(arrivals)]
     result = run_disaggregated(requests, one_at_a_time(), big_decoder, prefill_instances=2,
-                               prefill_router=LeastOutstandingRouter(), bandwidth_gbps=float("inf"), latency_ms=0.0)
+                               prefill_router=LeastOutstandingRouter(), bandwidth_gbps=float("inf"), latency_ms=0.0,
+                               first_token="prefill")
     theory = SERVICE_MS + md_c_mean_wait_ms(rate, SERVICE_MS, 2)
     assert theory == pytest.approx(29.87, abs=0.01)
     ttft = column(result, "first_token_ms") - column(result, "arrival_ms")

@@ -136,7 +136,7 @@ def _request_events(req: dict, rejections: dict, limit: int) -> list[dict]:
     get = {c: req[c][order].tolist() for c in ("id", "instance", "arrival_ms", "first_scheduled_ms", "first_token_ms",
                                                  "finish_ms", "rejected", "prompt_tokens", "generated_tokens",
                                                  "preemptions", "prefill_instance", "kv_landed_ms",
-                                                 "decode_joined_ms")}
+                                                 "decode_joined_ms", "kv_ready_ms")}
     for i in range(len(order)):
         rid, inst = int(get["id"][i]), int(get["instance"][i])
         arrival, finish = get["arrival_ms"][i], get["finish_ms"][i]
@@ -150,13 +150,16 @@ def _request_events(req: dict, rejections: dict, limit: int) -> list[dict]:
         prefill_inst = int(get["prefill_instance"][i])
         if prefill_inst >= 0 and prefill_inst != inst:  # disaggregated: two instances share the request
             ident = f"r{rid}p"
-            _span(out, f"request {rid}", prefill_inst + 1, ident, arrival, first, args)
-            _nested(out, prefill_inst + 1, ident, [("queued", arrival, scheduled), ("prefill", scheduled, first)])
+            ready = get["kv_ready_ms"][i]  # (handed over: the prompt done; the first token is the decode side's
+            if ready < 0:                  # with first_token = "decode")
+                ready = first
+            _span(out, f"request {rid}", prefill_inst + 1, ident, arrival, ready, args)
+            _nested(out, prefill_inst + 1, ident, [("queued", arrival, scheduled), ("prefill", scheduled, ready)])
             landed, joined = get["kv_landed_ms"][i], get["decode_joined_ms"][i]
             ident = f"r{rid}d"
-            _span(out, f"request {rid}", inst + 1, ident, first, finish, args)
-            _nested(out, inst + 1, ident, [("kv transfer", first, max(first, landed)),
-                                          ("decode", max(first, joined), finish)])
+            _span(out, f"request {rid}", inst + 1, ident, ready, finish, args)
+            _nested(out, inst + 1, ident, [("kv transfer", ready, max(ready, landed)),
+                                          ("decode", max(ready, joined), finish)])
         else:
             ident = f"r{rid}"
             _span(out, f"request {rid}", inst + 1, ident, arrival, finish, args)

@@ -21,9 +21,10 @@ from .driver import route
 from .instance import Instance, default_rejection_reason
 from .load import RoutingClock, views_of
 from .plan import received_rejection_hook, refusal
-from .sequence import ABORTED, Sequence
-from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
-                       kv_reservation, prefill_request, pull_keywords, tokens_moved)
+from .sequence import ABORTED, DECODING, PARKED, SWAPPED, Sequence
+from .transfer import (FIRST_TOKEN, KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, first_step_done,
+                       kv_bytes_per_token, kv_reservation, pool_reason, prefill_request, pull_keywords,
+                       pulled_counters, tokens_moved)
 
 INF = math.inf
 TRANSFERRING = "transferring"  # a decode-side sequence before it joins the running set
@@ -40,6 +41,8 @@ class PrefillStage:
         self.held = 0             # prompts handed on (or abandoned) whose blocks are not freed yet
 
     outstanding = 0
+    fresh = ()  # (a decode instance's requests before their first token: DecodeStage.fresh)
+    alone = 0
     #: an abort during a step does not drop its output here: a prompt completed by the step of an
     #: abort is aborted at its hand-off (:meth:`hand_off`), its blocks kept for the lease
     drops_output_in_step = False
@@ -65,15 +68,22 @@ class PrefillStage:
         pass
 
     def hand_off(self, inst: Instance, seq: Sequence, t: float) -> bool:
-        """The prompt is done and its first token out: pass the request to the decode pool
-        (True), or let it finish here when that token was all it asked for (False). A client
-        that left while the prompt ran is not served on: aborted, its blocks kept for their
-        lease (True)."""
+        """The prompt is done (and a token sampled): pass the request to the decode pool (True);
+        with ``first_token = "prefill"`` let it finish here when that token was all it asked for
+        (False). With ``"decode"`` the proxy discards that token: the decode instance samples the
+        client's first. A client that left while the prompt ran is not served on: aborted, its
+        blocks kept for their lease (True)."""
         tr = seq.transfer
         request = tr.request
-        if request.target_tokens <= 1:
+        on_prefill = self.cluster.first_token == "prefill"
+        if on_prefill and request.target_tokens <= 1:
             seq.request = request  # its row shows the client's request, not max_tokens = 1
             return False
+        tr.ready_ms = t
+        if not on_prefill:  # the proxy discards its token: the client's tokens are the decode instance's
+            inst.counters["generated_tokens"] -= 1
+            seq._generated = 0
+            seq.first_token_ms = seq.last_token_ms = -1.0
         if request.timeout_ms is not None and abort_heard_ms(request, inst.hangup_ms) < t:
             seq.request = request
             seq.status = ABORTED
@@ -81,7 +91,6 @@ class PrefillStage:
             self.held += 1
             self.release_at(t + self.cluster.kv_lease_ms, tr)
             return True
-        tr.ready_ms = t
         self.held += 1
         self.cluster.handed_off(tr)
         return True
@@ -97,7 +106,7 @@ class DecodeStage:
     """A decode instance's part: pull waiting requests' KV when there is room, let them join
     the running set once it has landed (see :mod:`schedlab.engine.transfer` for the rules)."""
 
-    __slots__ = ("cluster", "slots", "pull_queue", "in_flight", "landed")
+    __slots__ = ("cluster", "slots", "pull_queue", "in_flight", "landed", "fresh", "alone")
     #: an abort during a step drops the step's output for the request, as on any vLLM engine core
     #: (``Instance._in_step_aborts``)
     drops_output_in_step = True
@@ -108,6 +117,10 @@ class DecodeStage:
         self.pull_queue: deque = deque()   # handed over, waiting for blocks here
         self.in_flight: list = []          # (landing time, seq_no, transfer)
         self.landed: deque = deque()       # KV here, waiting for a running slot
+        #: first_token = "decode": running, their first token (the recompute of the last prompt
+        #: token) to come -> whether their first step is a run of its own (see first_tokens)
+        self.fresh: dict = {}
+        self.alone = 0  # of those, the ones that are: their runs of decode iterations are one long
 
     @property
     def outstanding(self) -> int:
@@ -124,9 +137,10 @@ class DecodeStage:
         p = tr.prefill_seq
         seq = Sequence(tr.request, tr.seq_no, inst.clock)
         seq.status = TRANSFERRING
-        seq._generated = 1
         carry_over(p, seq)
-        seq.first_token_ms = seq.last_token_ms = p.first_token_ms
+        if self.cluster.first_token == "prefill":  # (DistServe: the first token is the prefill side's)
+            seq._generated = 1
+            seq.first_token_ms = seq.last_token_ms = p.first_token_ms
         seq.transfer = tr
         tr.decode_index = inst.index
         tr.decode_seq = seq
@@ -163,13 +177,49 @@ class DecodeStage:
             else:
                 landed.append(tr)
         slots = self.slots
+        fresh = self.cluster.first_token == "decode"
+        per_request = inst.spec is not None and inst.spec.per_request
         while landed and (slots is None or len(inst.running) < slots):
             tr = landed.popleft()
             seq = tr.decode_seq
             inst.enter_running(seq)
+            if fresh:
+                # (one holding its last prompt token's block as a reservation, without speculation, is not
+                # counted in the decoders' block growth until its first step is done: that step alone)
+                alone = tr.lifted and inst.spec is None
+                self.fresh[seq] = alone
+                self.alone += alone
+                if per_request:  # (drafts per batch size: vLLM pads no admission, its first step has one row)
+                    seq.draft_k = 0
             inst._add_decoder(seq)
-            inst.off_cycle[seq] = seq.last_token_ms  # its ITL group: its first token, on the prefill side
+            # its ITL group: its first token, on the prefill side; with first_token = "decode" none
+            # (-1: Instance._apply takes no gap to its first token)
+            inst.off_cycle[seq] = seq.last_token_ms
             tr.joined_ms = now
+            # (a request joins as an arrival would: a scheduler trusted to plan alike between events
+            # -- stable_between_events -- is asked at this plan)
+            inst.ask_at_step = inst.clock.steps
+
+    def first_tokens(self, inst: Instance, t: float) -> None:
+        """After a decode iteration that ended at ``t`` (the first of a run): the fresh requests it
+        decoded got their first token then (those parked out of it or swapped out still wait; one
+        preempted to be recomputed, or aborted, leaves the list: a prefill makes its first token).
+        Without speculation, one whose reservation held the last prompt token's block
+        (``Transfer.lifted``) grows as any decoder from here: it leaves the decode set and comes
+        back with its scheduler's reservation, counted then."""
+        fresh = self.fresh
+        for seq in list(fresh):
+            status = seq.status
+            if status == PARKED or status == SWAPPED:
+                continue
+            self.alone -= fresh.pop(seq)
+            if status != DECODING or seq.first_token_ms >= 0:
+                continue  # (preempted, aborted, or recomputed here since: its first token came then)
+            seq.first_token_ms = t
+            if first_step_done(seq, inst.spec):
+                inst._shift_decoder(seq, PARKED)
+                seq.reserved_tokens = seq.transfer.reserve
+                inst._shift_decoder(seq)
 
     def after_plan(self, inst: Instance, plan) -> None:
         queue = self.pull_queue
@@ -198,8 +248,9 @@ class DecodeStage:
                 refusal(kv, allocated)
                 break
             queue.popleft()
-            seq._computed = seq.max_computed = prompt
-            seq.reserved_tokens = reserve
+            seq._computed, seq.reserved_tokens = pulled_counters(tr, prompt, reserve, kv.block_size,
+                                                                 self.cluster.first_token)
+            seq.max_computed = seq._computed
             link = self.cluster.link(tr.prefill_index, inst.index)
             tr.tokens = prompt - hit
             moved = tokens_moved(kv, prompt, hit)
@@ -214,6 +265,12 @@ class DecodeStage:
                     tr.landed_ms = now + ms
             heapq.heappush(self.in_flight, (tr.landed_ms, tr.seq_no, tr))
             self.cluster.schedule_release(tr, tr.landed_ms)  # the prefill instance plans again at the landing
+            # (the blocks it took were free when the scheduler planned, and may have set when it wants to
+            # be asked again -- SGLang's paged decodes: before the unused pages run out --: it is asked
+            # at the next plan, which a run of decode iterations does not pass)
+            inst.ask_at_step = inst.clock.steps + 1
+            if plan.wake_steps is None or plan.wake_steps > 1:
+                plan.wake_steps = 1
 
 
 class DisaggregatedCluster:
@@ -225,9 +282,13 @@ class DisaggregatedCluster:
     """
 
     def __init__(self, prefill: Seq[Instance], decode: Seq[Instance], *, prefill_router=None, decode_router=None,
-                 bandwidth_gbps: float, latency_ms: float, kv_lease_ms: float = KV_LEASE_MS, scaling=None):
+                 bandwidth_gbps: float, latency_ms: float, kv_lease_ms: float = KV_LEASE_MS, scaling=None,
+                 first_token: str = "decode"):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
+        if first_token not in FIRST_TOKEN:
+            raise ValueError(f"first_token must be one of {', '.join(map(repr, FIRST_TOKEN))}, got {first_token!r}")
+        self.first_token = first_token
         refuse_planning_ahead([inst.scheduler for inst in (*prefill, *decode)], "disaggregated pools")
         self.prefill = list(prefill)
         self.decode = list(decode)
@@ -286,13 +347,24 @@ class DisaggregatedCluster:
         if target.limit_request is not None:  # as the prefill instance serves it (max_model_len)
             request = target.limit_request(request, target.kv)
         first = prefill_request(request)
-        reason = (target._rejection_reason(first, target.kv)
-                  or self._decode_reason(request, self.decode[0].kv))  # the decode pool is uniform
+        reason = pool_reason("prefill", target._rejection_reason(first, target.kv))
+        if not reason and target.spec is not None:  # (as Instance.arrive asks)
+            reason = pool_reason("prefill", target.spec.rejection_reason(target._rejection_reason, first, target.kv,
+                                                                         target.longest))
+        at = target.index
+        if not reason:  # the decode pool is uniform: its first instance answers for it, and records it
+            decode0 = self.decode[0]
+            reason = pool_reason("decode", self._decode_reason(request, decode0.kv))
+            if not reason and decode0.spec is not None:
+                reason = pool_reason("decode", decode0.spec.rejection_reason(self._decode_reason, request, decode0.kv,
+                                                                             decode0.longest))
+            at = decode0.index
         if reason:
             seq = Sequence(request, seq_no, target.clock)
             seq.status = "rejected"
-            seq.transfer = Transfer(request, seq_no, target.index, None)
-            target.rec.reject(seq, target.index, reason)
+            if at == target.index:  # (turned away by the prefill pool, which it reached; not by the decode pool)
+                seq.transfer = Transfer(request, seq_no, target.index, None)
+            target.rec.reject(seq, at, reason)
             if target.track_finished:
                 target.finished.append((request, request.arrival_ms))
             return target
@@ -303,7 +375,8 @@ class DisaggregatedCluster:
             return target
         target.catch_up(request.arrival_ms)
         seq = target.arrive(first, seq_no)
-        seq.transfer = Transfer(request, seq_no, target.index, seq)
+        if seq is not None:  # (None: refused there, as by TGI's max_concurrent_requests)
+            seq.transfer = Transfer(request, seq_no, target.index, seq)
         return target
 
     # -- handoffs ------------------------------------------------------------------------------

@@ -1238,7 +1238,10 @@ class Instance:
         k = 1
         inc = 0.0
         growth = None
-        if self.bulk_ok and n_dec and plan.is_decode_only() and (self.ahead is None or self.ahead.settled):
+        # (a decode instance's request holding its last prompt token's block decodes its first token in a run of
+        # its own: engine.disagg)
+        if self.bulk_ok and n_dec and plan.is_decode_only() and (self.ahead is None or self.ahead.settled) and not (
+                self.stage is not None and self.stage.alone):
             inc = check_step_increment(self.cost.decode_step_increment(batch), batch)
             valid = None
             if type(inc) is tuple:  # piecewise linear: the increment holds for `valid` steps
@@ -1454,7 +1457,8 @@ class Instance:
             first_end = start + (d0 + plan.transfer_ms if k == 1 else d0)
             rec_itl = self.rec.itl
             for t, count in self.itl_groups.items():
-                rec_itl(first_end - t, count)
+                if t >= 0.0:  # (-1: a decode instance's requests before their first token, engine.disagg)
+                    rec_itl(first_end - t, count)
             if k > 1:
                 self.rec.itl_run(d0 + inc, inc, k - 1, n_dec)
             self.itl_groups = {end: n_dec - ghost_decoders} if n_dec > ghost_decoders else {}
@@ -1468,6 +1472,8 @@ class Instance:
             progress = True
             if self.spec is not None:
                 accepted, spec_done = self._verify(plan, phantom, kept)
+            if self.stage is not None and self.stage.fresh:  # (their first token: engine.disagg)
+                self.stage.first_tokens(self, first_end)
         if plan.overshoots:  # decoded once more, their tokens thrown away
             if not n_dec:
                 self.clock.steps = steps + k
@@ -1598,7 +1604,9 @@ class Instance:
                     bits = seq.spec_state = spec.predictable(seq.request)
                 x = bits >> (generated - 1)
                 m = (~x & (x + 1)).bit_length() - 1  # the accepted drafts: predictable positions in a row
-                if m > drafts:
+                if generated == 1:  # its first token: a decode instance's first step verifies placeholders
+                    m = 0
+                elif m > drafts:
                     m = drafts
                 drafted += 1
                 drafts_total += drafts

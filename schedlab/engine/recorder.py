@@ -23,7 +23,8 @@ from ..frontend import client_times
 
 REQUEST_FLOAT_COLUMNS = (
     "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
-    "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms",
+    "kv_ready_ms", "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms",
+    "client_done_ms",
 )
 REQUEST_INT_COLUMNS = (
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens",
@@ -34,9 +35,10 @@ REQUEST_INT_COLUMNS = (
 # byte and its last (or gave up: timed_out); -1 for rejected requests. finish_ms of an aborted
 # request is when the engine aborted it (its KV blocks freed).
 # Disaggregated serving (see schedlab.engine.transfer): the prefill instance, the KV bytes moved,
-# when the decode side allocated the blocks and started pulling, when they arrived, and when the
-# request joined the decode instance's running set. -1 (0 bytes) for requests served colocated.
-NO_TRANSFER = (-1, 0, -1.0, -1.0, -1.0)
+# when the prefill instance handed the prompt over, when the decode side allocated the blocks and
+# started pulling, when they arrived, and when the request joined the decode instance's running
+# set. -1 (0 bytes) for requests served colocated.
+NO_TRANSFER = (-1, 0, -1.0, -1.0, -1.0, -1.0)
 REQUEST_TEXT_COLUMNS = ("request_class", "client")
 
 # One row per engine event: an iteration, or (fast engine) a run of identical decode iterations
@@ -97,8 +99,8 @@ ROW_COLUMNS = (
     "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms", "waiting_ms",
     "id", "instance", "prompt_tokens", "output_tokens", "max_tokens", "generated_tokens", "priority",
     "preemptions", "recomputed_tokens", "prefill_chunks", "cached_tokens", "swaps", "rejected",
-    "request_class", "client", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms", "decode_joined_ms",
-    "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "aborted", "timed_out",
+    "request_class", "client", "prefill_instance", "kv_bytes", "kv_ready_ms", "kv_pulled_ms", "kv_landed_ms",
+    "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "aborted", "timed_out",
 )
 _FLUSH_ROWS = 1 << 15
 

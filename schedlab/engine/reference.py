@@ -1075,8 +1075,10 @@ class ReferenceEngine:
                 counters["decode_seq_steps"] += 1
                 continue
             # Speculation: the drafts accepted up to the first rejected one, plus the target's
-            # own token, but no more than the request still has to generate.
-            accepted = self.spec.accepted(s, s.num_generated, d) if d else 0
+            # own token, but no more than the request still has to generate. A decode that samples
+            # its request's first token (a decode instance's, engine.transfer) verifies placeholders.
+            first = not s.num_generated
+            accepted = self.spec.accepted(s, s.num_generated, d) if d and not first else 0
             tokens = min(1 + accepted, s.request.target_tokens - s.num_generated)
             if d:
                 counters["spec_drafts"] += 1
@@ -1097,6 +1099,8 @@ class ReferenceEngine:
                     phantom[s] = d - (tokens - 1)
                 if tokens > 1:
                     kept[s] = tokens - 1
+            if first and self.role is not None:  # (its last prompt token's reservation: DecodeRole.first_token)
+                self.role.first_token(self, s)
             if s.num_generated >= s.request.target_tokens:
                 decoded_out.append(s)
         if decoders or plan.overshoots:

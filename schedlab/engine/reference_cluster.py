@@ -38,8 +38,9 @@ from .plan import received_rejection_hook, refusal
 from .reference import RefSequence, ReferenceEngine
 from .run_limit import limits_running
 from .stall import check_kv_released, stall_message
-from .transfer import (KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, kv_bytes_per_token,
-                       kv_reservation, prefill_request, pull_keywords, tokens_moved)
+from .transfer import (FIRST_TOKEN, KV_LEASE_MS, KVLink, Transfer, abort_heard_ms, carry_over, first_step_done,
+                       kv_bytes_per_token, kv_reservation, pool_reason, prefill_request, pull_keywords,
+                       pulled_counters, tokens_moved)
 
 INF = math.inf
 
@@ -292,9 +293,15 @@ class PrefillRole:
 
     def hand_off(self, inst: ReferenceEngine, seq: RefSequence, t: float) -> bool:
         tr = seq.transfer
-        if tr.request.target_tokens <= 1:
+        on_prefill = self.cluster.first_token == "prefill"  # (else the decode instance samples the first token)
+        if on_prefill and tr.request.target_tokens <= 1:
             seq.request = tr.request  # finishes here, with the client's request in its row
             return False
+        tr.ready_ms = t
+        if not on_prefill:  # the proxy discards the prefill instance's token
+            inst.counters["generated_tokens"] -= 1
+            seq.num_generated = 0
+            seq.token_times = []
         if tr.request.timeout_ms is not None and abort_heard_ms(tr.request, inst.hangup_ms) < t:
             seq.request = tr.request  # its client left while the prompt ran: not passed on
             seq.status = "aborted"
@@ -302,7 +309,6 @@ class PrefillRole:
             self.releases.append((t + self.cluster.kv_lease_ms, tr.seq_no, tr))  # the KV waits out its lease
             self.held += 1
             return True
-        tr.ready_ms = t
         self.held += 1
         self.cluster.handoffs.append(tr)
         if self.cluster.pool_scaling is not None:
@@ -311,6 +317,9 @@ class PrefillRole:
 
     def abort(self, inst: ReferenceEngine, seq: RefSequence) -> bool:
         return False
+
+    def first_token(self, inst: ReferenceEngine, seq: RefSequence) -> None:
+        pass  # (its requests' first token is their prompt's: never a decode)
 
 
 class DecodeRole:
@@ -339,8 +348,9 @@ class DecodeRole:
         p = tr.prefill_seq
         seq = RefSequence(tr.request, tr.seq_no)
         seq.status = "transferring"
-        seq.num_generated = 1
-        seq.token_times = list(p.token_times)
+        if self.cluster.first_token == "prefill":  # DistServe: its first token is the prefill instance's
+            seq.num_generated = 1
+            seq.token_times = list(p.token_times)
         carry_over(p, seq)
         seq.transfer = tr
         tr.decode_index = inst.index
@@ -380,8 +390,16 @@ class DecodeRole:
         while self.landed and (self.slots is None or len(inst.running) < self.slots):
             tr = self.landed.pop(0)
             tr.decode_seq.status = "decoding"
+            if self.cluster.first_token == "decode" and inst.spec is not None and inst.spec.per_request:
+                tr.decode_seq.draft_k = 0  # its first step: no drafts, and vLLM pads none with drafts per batch size
             inst.running[tr.decode_seq] = None
             tr.joined_ms = inst.now
+
+    def first_token(self, inst: ReferenceEngine, seq: RefSequence) -> None:
+        """``seq`` decoded its first token here (``first_token = "decode"``): the reservation of its
+        last prompt token's block, if it had one, goes back to its scheduler's (without speculation)."""
+        if first_step_done(seq, inst.spec):
+            seq.reserved_tokens = seq.transfer.reserve
 
     def after_plan(self, inst: ReferenceEngine, plan) -> None:
         if plan.preempted or inst.waiting or inst.swapped:
@@ -406,9 +424,9 @@ class DecodeRole:
                 refusal(inst.kv, allocated)
                 return
             self.waiting_for_kv.pop(0)
-            seq.num_computed_tokens = prompt
-            seq.max_computed = prompt
-            seq.reserved_tokens = reserve
+            seq.num_computed_tokens, seq.reserved_tokens = pulled_counters(tr, prompt, reserve, inst.kv.block_size,
+                                                                           self.cluster.first_token)
+            seq.max_computed = seq.num_computed_tokens
             link = self.cluster.links[(tr.prefill_index, inst.index)]
             tr.tokens = prompt - hit
             moved = tokens_moved(inst.kv, prompt, hit)
@@ -433,9 +451,12 @@ class DisaggregatedReference(ReferenceCluster):
 
     def __init__(self, prefill: Sequence[ReferenceEngine], decode: Sequence[ReferenceEngine], *,
                  prefill_router=None, decode_router=None, bandwidth_gbps: float, latency_ms: float,
-                 kv_lease_ms: float = KV_LEASE_MS, client_side=None, scaling=None):
+                 kv_lease_ms: float = KV_LEASE_MS, client_side=None, scaling=None, first_token: str = "decode"):
         if (len(prefill) > 1 and prefill_router is None) or (len(decode) > 1 and decode_router is None):
             raise ValueError("a pool of several instances needs a router")
+        if first_token not in FIRST_TOKEN:
+            raise ValueError(f"first_token must be one of {', '.join(map(repr, FIRST_TOKEN))}, got {first_token!r}")
+        self.first_token = first_token
         refuse_planning_ahead([e.scheduler for e in (*prefill, *decode)], "disaggregated pools")
         self.instances = list(prefill) + list(decode)
         self.client_side = client_side
@@ -484,13 +505,23 @@ class DisaggregatedReference(ReferenceCluster):
             request = inst.limit_request(request, inst.kv)
         first = prefill_request(request)
         decode0 = self.decode[0]
-        reason = (inst.reason_of(first, inst.kv)
-                  or self.decode_reason(request, decode0.kv))  # (the scheduler's, checked, or the default)
+        # (the schedulers' rules, checked, or the default; with speculation its slack too, as ReferenceEngine.arrive)
+        reason = pool_reason("prefill", inst.reason_of(first, inst.kv))
+        if not reason and inst.spec is not None:
+            reason = pool_reason("prefill", inst.spec.rejection_reason(inst.reason_of, first, inst.kv, inst.longest))
+        at = inst.index
+        if not reason:  # (the decode pool is uniform: its first instance answers for it, and records it)
+            reason = pool_reason("decode", self.decode_reason(request, decode0.kv))
+            if not reason and decode0.spec is not None:
+                reason = pool_reason("decode", decode0.spec.rejection_reason(self.decode_reason, request, decode0.kv,
+                                                                             decode0.longest))
+            at = decode0.index
         if reason:
             seq = RefSequence(request, seq_no)
             seq.status = "rejected"
-            seq.transfer = Transfer(request, seq_no, inst.index, None)
-            inst.rec.reject(seq, inst.index, reason)
+            if at == inst.index:  # (the prefill pool turned it away; the decode pool's rejection never reached it)
+                seq.transfer = Transfer(request, seq_no, inst.index, None)
+            inst.rec.reject(seq, at, reason)
             inst.on_request_done(request, request.arrival_ms)
             return
         if request.timeout_ms is not None and abort_heard_ms(request, inst.hangup_ms) <= request.arrival_ms:
@@ -499,7 +530,8 @@ class DisaggregatedReference(ReferenceCluster):
             inst.rec.request_done(seq, inst.index, request.arrival_ms, aborted=True)
             return
         seq = inst.arrive(first, seq_no)
-        seq.transfer = Transfer(request, seq_no, inst.index, seq)
+        if seq is not None:  # (None: refused there, as by TGI's max_concurrent_requests)
+            seq.transfer = Transfer(request, seq_no, inst.index, seq)
 
     def next_other(self) -> float:
         t = min((tr.ready_ms for tr in self.handoffs), default=INF)

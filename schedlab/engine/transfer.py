@@ -4,13 +4,30 @@ Both engines use these records; each runs the flow itself (the fast engine in
 :mod:`schedlab.engine.disagg`, the reference engine in :mod:`schedlab.engine.reference_cluster`).
 
 The flow follows vLLM 0.33's P/D serving with the NIXL connector (pull mode:
-``vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py``) and DistServe (OSDI'24):
+``vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py``) behind its P/D proxy
+(``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``). Where the client's first token
+comes from is a setting (``[cluster] first_token``, :data:`FIRST_TOKEN`):
+
+* ``"decode"`` (the default, vLLM's proxy): the proxy sends the prefill instance a copy of the
+  request with ``max_tokens = 1`` and discards its token; the decode instance receives the
+  client's request, pulls the KV and sets ``num_computed_tokens = prompt - 1``
+  (``scheduler.py``, ``_update_waiting_for_remote_kv``): it recomputes the last prompt token in
+  an ordinary one-token step, which samples the client's first token, and then generates the
+  rest -- all ``max_tokens`` tokens. The client's TTFT is that step's end: the prefill queue and
+  prompt, the wait for decode capacity, the transfer, the wait for a running slot and the step.
+  With speculative decoding that step verifies no drafts of the request (the prefill side's are
+  not transferred): only the placeholder rows vLLM pads a one-token admission with
+  (``pad_spec_decode``: ``1 + k`` rows, none accepted; not with drafts per batch size). A
+  one-token answer goes to the decode pool too (a pull and one step).
+* ``"prefill"`` (DistServe, OSDI'24): the prefill instance's token is the client's first; the
+  decode instance continues from the second token, and a one-token answer finishes on the
+  prefill instance and moves nothing.
 
 1. A prefill instance serves the request as vLLM's P/D proxy sends it there: ``max_tokens = 1``.
-   Its iteration that completes the prompt yields the first token (TTFT is measured there, as
-   in DistServe). The request then leaves the prefill instance's running set, but its KV blocks
-   stay allocated until the decode side has read them (vLLM: ``request_finished`` returns
-   ``delay_free_blocks = True`` for a request with ``do_remote_decode``).
+   Its iteration that completes the prompt hands the request over (``ready_ms``). The request
+   then leaves the prefill instance's running set, but its KV blocks stay allocated until the
+   decode side has read them (vLLM: ``request_finished`` returns ``delay_free_blocks = True``
+   for a request with ``do_remote_decode``).
 2. The decode router picks a decode instance at that moment. The request waits there until
    the decode side has room: at an iteration boundary, after its scheduler has planned, with
    nothing preempted and nothing of its own waiting or swapped, and fewer running requests
@@ -23,13 +40,16 @@ The flow follows vLLM 0.33's P/D serving with the NIXL connector (pull mode:
    decode server pre-allocates only beyond reserved decode tokens). A full decode pool
    therefore pushes back: prefill instances keep finished prompts' blocks and, when those fill
    their caches, admit fewer new prompts.
-3. The transfer then runs over the link between the two instances (:class:`KVLink`); when it
-   has landed, the prefill instance frees its blocks (vLLM: the NIXL notification) and tells
-   its scheduler the request has finished (``on_finish``), and the
-   request joins the decode instance's running set at its next iteration boundary, as soon
-   as fewer than ``slots`` requests run (vLLM: ``WAITING_FOR_REMOTE_KVS`` -> ``WAITING`` ->
-   admitted), with the prompt's KV computed and its first token generated. It never decodes
-   before its KV has landed.
+3. The transfer then runs over the link between the two instances (:class:`KVLink`). It moves
+   whole blocks, as NIXL exchanges block ids (``update_state_after_alloc``, ``remote_block_ids``):
+   the prompt's blocks the decode side does not hold already (:func:`tokens_moved`). When it has
+   landed, the prefill instance frees its blocks (vLLM: the NIXL notification) and tells its
+   scheduler the request has finished (``on_finish``), and the request joins the decode
+   instance's running set at its next iteration boundary, as soon as fewer than ``slots``
+   requests run (vLLM: ``WAITING_FOR_REMOTE_KVS`` -> ``WAITING`` -> admitted): with
+   ``first_token = "decode"`` with the prompt but its last token computed and no token
+   generated, its first step the recompute of that token; with ``"prefill"`` with the prompt
+   computed and its first token generated. It never decodes before its KV has landed.
 
 4. A client that gives up (``[client] timeout_ms``, :mod:`schedlab.frontend`) is heard of
    ``network_ms`` after its deadline by the instance that holds its request, at that
@@ -48,7 +68,14 @@ The flow follows vLLM 0.33's P/D serving with the NIXL connector (pull mode:
    before the boundary's landings and pulls (vLLM reads its input queue before it schedules):
    a slot an abort frees is taken at the same boundary.
 
-A request whose answer is one token finishes on the prefill instance and moves nothing.
+A request that can never fit one pool's cache is turned away on arrival, its reason naming the
+pool (``"decode pool: ..."``) and its row the instance that would have served it there (the
+decode pool's first: its instances are alike).
+
+With ``first_token = "decode"`` the decode side holds the prompt's blocks from the pull, as
+vLLM's does, while the recompute of the last prompt token is still to come: a sequence whose
+last prompt token opens a block keeps that block's slot as a reservation until its first step
+(``Transfer.lifted``), then grows as any decode does.
 """
 
 from __future__ import annotations
@@ -62,6 +89,10 @@ INF = math.inf
 #: How long a prefill instance keeps the KV of a finished prompt nobody pulls: vLLM 0.33's
 #: NixlConnector ``kv_lease_duration`` default (``kv_connector_extra_config``), seconds -> ms.
 KV_LEASE_MS = 30_000.0
+
+#: ``[cluster] first_token``: which pool samples the client's first token (see the module doc):
+#: ``"decode"`` -- vLLM's P/D proxy, the default -- or ``"prefill"`` (DistServe).
+FIRST_TOKEN = ("decode", "prefill")
 
 
 def abort_heard_ms(request, hangup_ms: float) -> float:
@@ -93,12 +124,16 @@ def pull_keywords(kv) -> dict:
 
 def tokens_moved(kv, prompt: int, hit: int) -> int:
     """The tokens' worth of KV a pull of a ``prompt``-token request moves to a decode instance whose
-    prefix cache holds ``hit`` of them: the rest and, with sliding-window layers, the window blocks
-    the decode side keeps for them (whole blocks, each ``block_size`` tokens of one group's layers)."""
+    prefix cache holds ``hit`` of them, in whole blocks (NIXL reads blocks by id: a prompt's last,
+    partly filled block moves whole): the prompt's blocks past the ``hit // block_size`` the decode
+    side holds and, with sliding-window layers, the window blocks it keeps for them (each
+    ``block_size`` tokens of one group's layers)."""
+    bs = kv.block_size
+    blocks = -(-prompt // bs) - hit // bs
     window = getattr(kv, "window", None)
-    if window is None:
-        return prompt - hit
-    return prompt - hit + window.held(prompt, prompt) * kv.block_size
+    if window is not None:
+        blocks += window.held(prompt, prompt)
+    return blocks * bs
 
 
 class KVLink:
@@ -106,7 +141,7 @@ class KVLink:
 
     Each rank of the decode instance reads its KV heads from the prefill instance's ranks in
     parallel (NIXL: one transfer per rank pair), each GPU over its own ``bandwidth_gbps``
-    (GB/s, one direction), so a transfer of ``n`` tokens takes
+    (GB/s, one direction), so a transfer of ``n`` tokens (whole blocks': :func:`tokens_moved`) takes
     ``n x max(sender bytes per token per rank, receiver bytes per token per rank) / bandwidth``
     -- the more heavily loaded side of a tensor-parallel mismatch sets the pace -- and arrives
     ``latency_ms`` after its last byte left. Transfers over one link go one at a time, in the
@@ -149,7 +184,7 @@ class Transfer:
     """
 
     __slots__ = ("request", "seq_no", "prefill_index", "prefill_seq", "decode_index", "decode_seq", "ready_ms",
-                 "tokens", "bytes", "pulled_ms", "landed_ms", "joined_ms", "abandoned")
+                 "tokens", "bytes", "pulled_ms", "landed_ms", "joined_ms", "abandoned", "reserve", "lifted")
 
     def __init__(self, request, seq_no: int, prefill_index: int, prefill_seq):
         self.request = request          # the client's request (the prefill instance sees max_tokens = 1)
@@ -158,17 +193,21 @@ class Transfer:
         self.prefill_seq = prefill_seq
         self.decode_index = -1
         self.decode_seq = None
-        self.ready_ms = -1.0            # first token: the prompt's KV is complete on the prefill side
+        self.ready_ms = -1.0            # handed over: the prompt's KV is complete on the prefill side
         self.tokens = 0                 # tokens whose KV moves (the prompt less the decode side's prefix hit)
         self.bytes = 0
         self.pulled_ms = -1.0           # decode side allocated the blocks and started the transfer
         self.landed_ms = -1.0
         self.joined_ms = -1.0           # joined the decode instance's running set
         self.abandoned = False          # its client gave up while the KV was on its way
+        self.reserve = 0                # the decode side's reservation for it (its scheduler's kv_reservation)
+        # first_token = "decode": its last prompt token opens a block, whose slot it holds as a
+        # reservation from the pull to its first step (the recompute of that token), see the module doc
+        self.lifted = False
 
     def row(self) -> tuple:
         """The recorder's per-request columns (see ``NO_TRANSFER``)."""
-        return (self.prefill_index, self.bytes, self.pulled_ms, self.landed_ms, self.joined_ms)
+        return (self.prefill_index, self.bytes, self.ready_ms, self.pulled_ms, self.landed_ms, self.joined_ms)
 
 
 # What a request's decode-side sequence takes over from its prefill-side one (both engines'
@@ -181,6 +220,37 @@ def carry_over(prefill_seq, decode_seq) -> None:
     """Copy the prefill side's per-request history (``CARRIED_OVER``) onto the decode side."""
     for name in CARRIED_OVER:
         setattr(decode_seq, name, getattr(prefill_seq, name))
+
+
+def pulled_counters(tr: Transfer, prompt: int, reserve: int, block_size: int, first_token: str) -> tuple[int, int]:
+    """``(computed tokens, reserved tokens)`` of a decode-side sequence whose pull has just taken
+    the blocks of its ``prompt`` (and its scheduler's ``reserve``): with ``first_token =
+    "prefill"`` the prompt computed; with ``"decode"`` all but its last token, which its first step
+    recomputes (vLLM's ``_update_waiting_for_remote_kv``), the slot of that token kept as a
+    reservation when it opens a block (``tr.lifted``). Notes the reservation on ``tr``."""
+    tr.reserve = reserve
+    if first_token == "prefill":
+        return prompt, reserve
+    computed = prompt - 1
+    tr.lifted = reserve < prompt and computed % block_size == 0  # (the block its last token opens)
+    return computed, prompt if tr.lifted else reserve
+
+
+def pool_reason(pool: str, reason: str | None) -> str | None:
+    """A rejection ``reason`` of one pool's cache, naming the pool (``"decode pool: needs ..."``)."""
+    return f"{pool} pool: {reason}" if reason else None
+
+
+def first_step_done(seq, spec) -> bool:
+    """``first_token = "decode"``: after the decode step that sampled ``seq``'s first token on a
+    decode instance, whether its reservation of the last prompt token's slot (``Transfer.lifted``)
+    goes back to its scheduler's: without speculation, whose steps keep their slots as a
+    reservation of their own. Both engines call it."""
+    tr = seq.transfer
+    if tr is None or not tr.lifted:
+        return False
+    tr.lifted = False
+    return spec is None
 
 
 def prefill_request(request):

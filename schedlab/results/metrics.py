@@ -533,26 +533,28 @@ ABORT_PLACES = ("prefilling", "prompt_done", "waiting_for_blocks", "pulling", "w
 
 def aborted_places(req: dict[str, np.ndarray]) -> dict[str, int]:
     """How many aborted requests were in each of :data:`ABORT_PLACES`, read from their rows: on
-    the prefill side (the row's instance is its prefill instance) before or after the prompt's
-    first token; on the decode side not yet pulled, pulling (its KV landed after the abort),
-    landed without a running slot, or decoding."""
+    the prefill side (the row's instance is its prefill instance) before or after its prompt was
+    done (``kv_ready_ms``); on the decode side not yet pulled, pulling (its KV landed after the
+    abort), landed without a running slot, or decoding."""
     aborted = req["aborted"] == 1
     prefill_side = aborted & (req["instance"] == req["prefill_instance"])
     decode_side = aborted & ~prefill_side
     pulled, joined = req["kv_pulled_ms"] >= 0, req["decode_joined_ms"] >= 0
     pulling = decode_side & pulled & ~joined & (req["kv_landed_ms"] > req["finish_ms"])
-    places = (prefill_side & (req["generated_tokens"] == 0), prefill_side & (req["generated_tokens"] > 0),
+    done = req["kv_ready_ms"] >= 0
+    places = (prefill_side & ~done, prefill_side & done,
               decode_side & ~pulled, pulling, decode_side & pulled & ~joined & ~pulling, decode_side & joined)
     return {name: int(mask.sum()) for name, mask in zip(ABORT_PLACES, places)}
 
 
 def _transfer_metrics(req: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, Any]:
     """KV transfers of the finished requests that moved to a decode instance: how many, bytes,
-    the wait for decode capacity (first token to blocks allocated), the transfer itself (blocks
-    allocated to KV landed, link queueing included), the wait for a running slot (landed to
-    joined), and the decode stage's whole queueing (first token to joined)."""
+    the wait for decode capacity (handed over by the prefill instance -- its prompt done -- to
+    blocks allocated), the transfer itself (blocks allocated to KV landed, link queueing
+    included), the wait for a running slot (landed to joined), and the decode stage's whole
+    queueing (handed over to joined)."""
     moved = ok & (req["kv_pulled_ms"] >= 0)
-    first, pulled = req["first_token_ms"][moved], req["kv_pulled_ms"][moved]
+    first, pulled = req["kv_ready_ms"][moved], req["kv_pulled_ms"][moved]
     landed, joined = req["kv_landed_ms"][moved], req["decode_joined_ms"][moved]
     return {
         "transfers": int(moved.sum()),

@@ -49,8 +49,8 @@ REQUEST_COLUMNS = (
     "run", "id", "instance", "request_class", "client", "priority", "arrival_ms", "first_scheduled_ms",
     "first_token_ms", "finish_ms", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "waiting_ms", "prompt_tokens",
     "output_tokens", "max_tokens", "generated_tokens", "preemptions", "recomputed_tokens", "prefill_chunks",
-    "cached_tokens", "swaps", "rejected", "prefill_instance", "kv_bytes", "kv_pulled_ms", "kv_landed_ms",
-    "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "client_ttft_ms",
+    "cached_tokens", "swaps", "rejected", "prefill_instance", "kv_bytes", "kv_ready_ms", "kv_pulled_ms",
+    "kv_landed_ms", "decode_joined_ms", "energy_j", "sent_ms", "client_first_ms", "client_done_ms", "client_ttft_ms",
     "client_e2el_ms", "aborted", "timed_out", "reason",
 )
 TIMELINE_COLUMNS = ("run",) + TIMELINE
@@ -218,7 +218,8 @@ def request_rows(run: RunResult):
             r["first_scheduled_ms"], r["first_token_ms"], r["finish_ms"], ttft, tpot, e2e, queue, r["waiting_ms"],
             r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["generated_tokens"], r["preemptions"],
             r["recomputed_tokens"], r["prefill_chunks"], r["cached_tokens"], r["swaps"], r["rejected"],
-            r["prefill_instance"], r["kv_bytes"], r["kv_pulled_ms"], r["kv_landed_ms"], r["decode_joined_ms"],
+            r["prefill_instance"], r["kv_bytes"], r["kv_ready_ms"], r["kv_pulled_ms"], r["kv_landed_ms"],
+            r["decode_joined_ms"],
             r["energy_j"], r["sent_ms"], r["client_first_ms"], r["client_done_ms"], client_ttft, client_e2el,
             r["aborted"], r["timed_out"]]
     lists = [c.tolist() for c in cols]
@@ -515,6 +516,9 @@ def _load(out: Path, summary: dict) -> ExperimentResults:
         for c, (kind, missing) in transfer.items():
             values = [_num(r[index[c]], kind) if c in index else missing for r in rrows]
             req[c] = np.array(values, dtype=float if kind is float else np.int64)
+        if "kv_ready_ms" not in index:  # older results: handed over with the first token (DistServe's flow)
+            done = (req["kv_pulled_ms"] >= 0) | ((req["prefill_instance"] >= 0) & (req["generated_tokens"] > 0))
+            req["kv_ready_ms"] = np.where(done, req["first_token_ms"], -1.0)
         for c, engine_column in client_view.items():  # older results: the engine's times (no front end)
             req[c] = (np.array([_num(r[index[c]], float) for r in rrows], dtype=float) if c in index
                       else req[engine_column].copy())

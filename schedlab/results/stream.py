@@ -288,7 +288,7 @@ class StreamedRequests:
             for name, n in aborted_places(req).items():
                 self.aborted_places[name] += n
         if moved.any():
-            first, pulled = req["first_token_ms"][moved], req["kv_pulled_ms"][moved]
+            first, pulled = req["kv_ready_ms"][moved], req["kv_pulled_ms"][moved]
             landed, joined = req["kv_landed_ms"][moved], req["decode_joined_ms"][moved]
             self.transfers += int(moved.sum())
             self.transfer_bytes += int(req["kv_bytes"][moved].sum())

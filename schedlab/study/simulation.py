@@ -42,7 +42,7 @@ from ..engine.reference_lockstep import ReferenceDataParallel, ReferenceDeployme
 from ..engine.reference_pipeline import ReferencePipeline, ReferencePipelineCluster
 from ..engine.stage_cost import stage_view
 from ..engine.scaling import ScalingController, ScalingLimits, deployment_scaling, pipeline_scaling
-from ..engine.transfer import KV_LEASE_MS, kv_bytes_per_token
+from ..engine.transfer import FIRST_TOKEN, KV_LEASE_MS, kv_bytes_per_token
 from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError, UnknownPluginError, WorkloadError,
                       brief, entry_label, raised_by_plugin)
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
@@ -85,6 +85,12 @@ class ClusterConfig:
     decode: dict | None = table_field(None, help="disaggregated: the decode pool (same keys as prefill)")
     link: dict | None = table_field(None, help="disaggregated: the KV link from a prefill to a decode instance "
                                                "(bandwidth_gbps, latency_us)")
+    first_token: str | None = str_field(
+        None, choices=FIRST_TOKEN, optional=True,
+        help="disaggregated: the pool that samples the client's first token -- 'decode' (the default, vLLM's P/D "
+             "proxy: the prefill instance's token is discarded, the decode instance recomputes the last prompt token "
+             "and samples it; one-token answers go to the decode pool too) or 'prefill' (DistServe: the decode "
+             "instance continues from the second token; one-token answers finish on the prefill instance)")
     # Data, expert and pipeline parallelism (schedlab.parallelism): handed to the plugins'
     # factories, so the KV cache and the cost model follow the same layout.
     data_parallel: int = int_field(1, min=1, max=MAX_INSTANCES,
@@ -119,6 +125,9 @@ class ClusterConfig:
             for name in ("prefill", "decode", "link"):
                 if getattr(self, name) is not None:
                     raise FieldError(name, "only a cluster with mode = 'disaggregated' has pools and links")
+            if self.first_token is not None:
+                raise FieldError("first_token", "only a cluster with mode = 'disaggregated' hands its requests from a "
+                                                "prefill pool to a decode pool")
         elif self.parallelism != SINGLE:
             raise FieldError("data_parallel" if self.data_parallel > 1 else "pipeline_parallel",
                              "a disaggregated cluster with data or pipeline parallelism is not modelled")
@@ -1370,7 +1379,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         elif a.pools is not None:
             split = len(a.pools[0].instances)
             link = dict(bandwidth_gbps=a.link.bandwidth_gbps, latency_ms=a.link.latency_us / 1e3,
-                        kv_lease_ms=a.link.kv_lease_ms)
+                        kv_lease_ms=a.link.kv_lease_ms, first_token=a.cluster.first_token or FIRST_TOKEN[0])
             scaling = _pool_scaling(a, engines[:split], engines[split:], meters)
             if scaling is not None:
                 recorder.listener = scaling.finished
@@ -1423,6 +1432,7 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if a.pools is not None:
         split = len(a.pools[0].instances)
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
+        meta["first_token"] = a.cluster.first_token or FIRST_TOKEN[0]  # the pool that samples it
     if scaling is not None:  # (its paid intervals end first: the meters stop there)
         meta["scaling"] = scaling.finish()
     if spec.part and a.power is not None:  # up to the part's own end: merge_parts carries it to the run's

@@ -290,7 +290,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
                       engine: str = "fast", workload=None, name: str = "test",
                       power: Callable | None = None, client_side=None, kv_lease_ms: float | None = None,
                       autoscalers: dict | None = None, limits: dict | None = None,
-                      slo: dict | None = None) -> RunResult:
+                      slo: dict | None = None, first_token: str = "decode") -> RunResult:
     """Simulate ``requests`` on a disaggregated cluster built from plugin objects.
 
     ``prefill`` and ``decode`` make one instance's ``(scheduler, cost model, KV cache)`` each
@@ -301,7 +301,8 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
     timeouts) and ``kv_lease_ms`` (how long a prefill instance keeps an abandoned prompt's KV)
     as in :mod:`schedlab.frontend` and :mod:`schedlab.engine.transfer`. ``autoscalers`` (pool
     name -> policy object) with ``limits`` (pool name -> :class:`~schedlab.engine.scaling.ScalingLimits`)
-    scale those pools (``meta["scaling"]``, judged against ``slo``; energy from 0).
+    scale those pools (``meta["scaling"]``, judged against ``slo``; energy from 0). ``first_token``:
+    the pool that samples the client's first token (``[cluster] first_token``, :mod:`schedlab.engine.transfer`).
     """
     from ..engine.disagg import DisaggregatedCluster
     from ..engine.driver import simulate_disaggregated
@@ -320,7 +321,7 @@ def run_disaggregated(requests: Sequence, prefill: Callable[[], tuple], decode: 
         engines = [Instance(i, s, c, k, rec, meter=m) for i, ((s, c, k), m) in enumerate(zip(parts, meters))]
     p, d = engines[:prefill_instances], engines[prefill_instances:]
     link = dict(prefill_router=prefill_router, decode_router=decode_router, bandwidth_gbps=bandwidth_gbps,
-                latency_ms=latency_ms)
+                latency_ms=latency_ms, first_token=first_token)
     if kv_lease_ms is not None:
         link["kv_lease_ms"] = kv_lease_ms
     scaling = None
