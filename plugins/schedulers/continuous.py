@@ -125,17 +125,34 @@ class ContinuousConfig:
         help="a request whose prompt + its client's max_tokens exceeds max_model_len: 'cut' max_tokens to what is "
              "left (vLLM 0.33, PR #57035) or 'reject' it (vLLM 0.13-0.2x: 400 \"maximum context length\"); without a "
              "max_tokens of its own it is cut either way")
+    # -- TensorRT-LLM's rules (the trtllm preset); the defaults keep vLLM's --
+    chunk_unit: int = int_field(
+        1, min=0, help="with chunked_prefill, a prompt chunk that is not the prompt's last is cut down to a multiple "
+                       "of this many tokens (TensorRT-LLM: tokens_per_block); 0 = the KV cache's block size, 1 = no "
+                       "rounding (vLLM)")
+    default_max_tokens: str = str_field(
+        "output", choices=("output", "max_model_len"),
+        help="what allocation = 'reserve' holds for a request without max_tokens of its own: 'output', its true "
+             "output (an oracle no server has), or 'max_model_len', the rest of max_model_len (TensorRT-LLM deduces "
+             "max_tokens = max_seq_len - prompt); the request still stops at its own output")
+    decodes_wait_for_budget: bool = bool_field(
+        False, help="decodes beyond max_num_batched_tokens wait for a later iteration, so the budget may be below "
+                    "max_num_seqs (TensorRT-LLM's micro-batch scheduler stops at the token budget); off: such a "
+                    "budget is refused, as vLLM refuses it")
 
     def __attrs_post_init__(self):
         if self.watermark >= 1.0:
             raise FieldError("watermark", f"must be < 1 (the share of KV blocks kept free at admission: "
                                           f"{self.watermark:g} keeps all of them, so no request is ever admitted)")
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        if self.max_num_batched_tokens < self.max_num_seqs and not self.decodes_wait_for_budget:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}), or some running sequences could not decode (vLLM checks the same)")
         if self.preemption == "swap" and self.allocation == "reserve":
             raise ConfigError("preemption = 'swap' needs allocation = 'grow' (reserving sequences are never preempted)")
+        if self.default_max_tokens == "max_model_len" and not self.max_model_len:
+            raise ConfigError("default_max_tokens = 'max_model_len' needs a max_model_len (the rest of it is what a "
+                              "request without max_tokens reserves)")
         if self.prediction_sigma and self.policy != "sjf":
             raise ConfigError(f"prediction_sigma only affects policy = 'sjf' (policy is {self.policy!r})")
         check_window_settings(self)
@@ -193,6 +210,16 @@ class ContinuousScheduler:
         self.staggers_decodes = self.plans_ahead
         if self.config.max_model_len:  # (the protocol's optional member; absent: nothing to cut)
             self.limit_request = self._limit_request
+        c = self.config
+        #: chunk_unit as served: 0 is the KV cache's block size, read at the first plan (_chunk_unit)
+        self._unit = c.chunk_unit or None
+        #: a reservation for a request without max_tokens holds the rest of max_model_len (TensorRT-LLM),
+        #: max_model_len as served on the run's cache read at the first use (_deduced_tokens)
+        self._deduces = self._reserve and c.default_max_tokens == "max_model_len"
+        self._deduced = None
+        if c.decodes_wait_for_budget and c.max_num_batched_tokens < c.max_num_seqs:
+            # a decode-only plan may leave decodes waiting for the budget: never "every decode"
+            self.stable_between_events = False
 
     # -- optional protocol members --------------------------------------------------------
     def setting_notes(self, kv) -> list[str]:
@@ -257,10 +284,20 @@ class ContinuousScheduler:
         if not c.chunked_prefill and request.prompt_tokens > c.max_num_batched_tokens:
             return (f"prompt of {request.prompt_tokens} tokens exceeds max_num_batched_tokens "
                     f"({c.max_num_batched_tokens}) and chunked prefill is off")
-        tokens = request.prompt_tokens + request.max_output_tokens - (0 if self._reserve else 1)
+        unit = c.chunk_unit or kv.block_size
+        budget = c.max_num_batched_tokens
+        if unit > 1 and c.chunked_prefill and request.prompt_tokens > budget:
+            if unit > budget:
+                return (f"prompt of {request.prompt_tokens} tokens exceeds max_num_batched_tokens ({budget}) and "
+                        f"chunks are cut to multiples of {unit} tokens (chunk_unit), more than the budget")
+            budget -= budget % unit  # (alone, its chunks are the budget in whole units)
+        if self._deduces:
+            tokens = self._deduced_tokens(request, kv)
+        else:
+            tokens = request.prompt_tokens + request.max_output_tokens - (0 if self._reserve else 1)
         # alone, a prompt is prefilled in chunks of the whole budget (or at once without chunking)
         # (a reserving sequence keeps its window's blocks for the whole prompt, paged.py)
-        chunk = c.max_num_batched_tokens if c.chunked_prefill and not self._reserve else request.prompt_tokens
+        chunk = budget if c.chunked_prefill and not self._reserve else request.prompt_tokens
         if received:
             need = sequence_blocks(kv, tokens)
         else:
@@ -270,7 +307,8 @@ class ContinuousScheduler:
         usable = kv.num_blocks - self._watermark_blocks(kv)
         if need > usable:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
-                    f"{request.max_output_tokens}) but the cache has {usable}")
+                    f"{tokens - request.prompt_tokens if self._deduces else request.max_output_tokens}) but the "
+                    f"cache has {usable}")
         return None
 
     def _limit_request(self, request, kv=None):
@@ -290,9 +328,35 @@ class ContinuousScheduler:
 
     def kv_reservation(self, request) -> int:
         """KV tokens held from admission: ``prompt + max_tokens`` with ``allocation = "reserve"``
-        (what :meth:`Plan.admit` reserves), else none (a disaggregated decode pool reserves as much
-        when it pulls a request's KV)."""
+        (what :meth:`Plan.admit` reserves; with ``default_max_tokens = "max_model_len"`` a request
+        without max_tokens holds ``max_model_len``), else none (a disaggregated decode pool reserves
+        as much when it pulls a request's KV)."""
+        if self._deduces:
+            return self._deduced_tokens(request)
         return request.prompt_tokens + request.max_output_tokens if self._reserve else 0
+
+    def _deduced_tokens(self, request, kv=None) -> int:
+        """What a reserving ``request`` holds with ``default_max_tokens = "max_model_len"``: ``prompt +
+        max_tokens``, or without a max_tokens of its own all of ``max_model_len`` as served on ``kv``
+        (TensorRT-LLM: ``default_max_tokens = max_seq_len - prompt``, ``BaseWorker._deduce_max_tokens``;
+        GUARANTEED_NO_EVICT then reserves ``prompt + max_new_tokens``). Without ``kv``, the one last
+        read (or, before any, ``max_model_len`` itself, ``model_context`` with ``"auto"``)."""
+        tokens = request.prompt_tokens + request.max_output_tokens
+        if request.max_tokens is not None:
+            return tokens
+        if kv is not None and self._deduced is None:
+            self._deduced = self.max_model_len_for(kv)
+        longest = self._deduced
+        if longest is None:
+            c = self.config
+            longest = c.model_context if c.max_model_len == "auto" else c.max_model_len
+        return max(tokens, longest)
+
+    def _chunk_unit(self, kv) -> int:
+        """``chunk_unit`` as served with ``kv`` (0: its block size)."""
+        if self._unit is None:
+            self._unit = kv.block_size
+        return self._unit
 
     def _watermark_blocks(self, kv) -> int:
         return int(self.config.watermark * kv.num_blocks)
@@ -301,6 +365,8 @@ class ContinuousScheduler:
     def schedule(self, plan) -> None:
         c = self.config
         self.stall_hint = None
+        if self._unit is None:
+            self._chunk_unit(plan.kv)
         # vLLM 0.33: the threshold exists so one long prompt cannot starve the others; with
         # at most one request running or waiting there is nobody to starve (a victim a pipeline's
         # batch in flight holds is waiting too: Plan.num_held)
@@ -388,10 +454,11 @@ class ContinuousScheduler:
     def _decodes_fit(self, plan) -> bool:
         """Every decode's verify tokens fit the budget (the last decode still gets all its drafts;
         draft input slots: see :meth:`_budget`). With drafts per batch size each decode has its
-        own drafts (``plan.drafts_for``): summed when the most for everyone would not fit."""
+        own drafts (``plan.drafts_for``): summed when the most for everyone would not fit. With
+        ``decodes_wait_for_budget`` the budget may be smaller than the decodes (TensorRT-LLM)."""
         k = plan.spec_tokens
         if not k:
-            return True
+            return not (self.config.decodes_wait_for_budget and plan.num_decoding > self._budget(plan))
         longest = self._spec_limit(plan)
         if longest and any(s.status == "decoding" and s.num_computed_tokens + plan.phantom(s) + 1 + k >= longest
                            for s in plan.running):
@@ -476,11 +543,15 @@ class ContinuousScheduler:
                     if n < 1:
                         continue  # (vLLM skips it in this step)
             else:
-                n = seq.num_tokens - seq.num_computed_tokens
+                left = n = seq.num_tokens - seq.num_computed_tokens
                 if threshold and n > threshold:
                     n = threshold
                 if n > budget:
                     n = budget
+                if n < left and self._unit > 1:  # (TensorRT-LLM: a chunk not the last in whole units)
+                    n -= n % self._unit
+                    if not n:
+                        continue  # (and the next prompt's last chunk may fit what is left)
             while not ((plan.decode(seq, n) if verify > 1 else plan.decode(seq)) if decoding
                        else plan.prefill(seq, n)):
                 victim = self._victim(plan)
@@ -590,8 +661,9 @@ class ContinuousScheduler:
                                    f"(speculation) and the budget leaves it {budget}: vLLM schedules nothing in its "
                                    "place; raise max_num_batched_tokens")
                 return
+            reserve = self._deduced_tokens(seq.request, plan.kv) if self._deduces else 0
             while not (self._kv_allows(plan.kv, seq, n, hit)
-                       and plan.admit(seq, n, reserve=self._reserve, padding=padding)):
+                       and plan.admit(seq, n, reserve=self._reserve, reserve_tokens=reserve, padding=padding)):
                 if not self._make_room(plan, seq):
                     reason = self._never_fits(plan, seq, n, hit)
                     if reason is None:
@@ -627,6 +699,9 @@ class ContinuousScheduler:
         c = self.config
         tokens = seq.num_tokens
         chunk = c.max_num_batched_tokens if c.chunked_prefill else tokens
+        unit = c.chunk_unit or kv.block_size
+        if c.chunked_prefill and chunk < tokens - hit and chunk >= unit > 1:
+            chunk -= chunk % unit
         need = -(-tokens // kv.block_size) + window.prefill_peak(tokens, chunk, hit)
         if c.reserve_full_prompt:  # (the gate of _kv_allows, in an empty cache)
             whole = window.held(hit, tokens)
@@ -675,6 +750,8 @@ class ContinuousScheduler:
         threshold = self._threshold
         if c.chunked_prefill and threshold and n > threshold:
             n = threshold
+        if c.chunked_prefill and self._unit > 1 and n < seq.num_tokens - hit:
+            n -= n % self._unit  # (TensorRT-LLM: a chunk not the last in whole units; 0: it waits)
         return n
 
     def _kv_allows(self, kv, seq, n: int, hit: int) -> bool:
@@ -685,7 +762,10 @@ class ContinuousScheduler:
         if self._reserve:
             if not watermark:
                 return True
-            reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens
+            if self._deduces:
+                reserve_tokens = self._deduced_tokens(seq.request, kv)
+            else:
+                reserve_tokens = seq.request.prompt_tokens + seq.request.max_output_tokens
             need = kv.blocks_needed(seq, n, cached_tokens=hit, reserve_tokens=reserve_tokens)
         elif self.config.reserve_full_prompt:
             need = kv.blocks_needed(seq, seq.num_tokens - hit, cached_tokens=hit)
@@ -717,6 +797,8 @@ class ContinuousScheduler:
         now (without admitting it; priority preemption aside)."""
         if len(plan.running) >= self.config.max_num_seqs:
             return False
+        if self._unit is None:
+            self._chunk_unit(plan.kv)
         hit = plan.cached_tokens(seq)
         n = self._admission_tokens(seq, hit, budget)
         return bool(n) and self._kv_allows(plan.kv, seq, n, hit)

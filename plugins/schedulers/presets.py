@@ -1,4 +1,5 @@
-"""Engine presets: the ``continuous`` scheduler with each engine's defaults (engines.md §1, §2, §5, §6).
+"""Engine presets: the ``continuous`` scheduler with each engine's rules and defaults, as far as
+schedlab models them (engines.md §1, §2, §5, §6; what each leaves out is said below).
 
 * ``vllm``    -- vLLM V1: blocks allocated as tokens are computed, recompute preemption of the
   newest request, chunked prefill on, prefix caching on (a ``paged`` cache's default with it),
@@ -14,12 +15,34 @@
   (512 with chunked prefill), as V0's ``SchedulerConfig`` set them.
 * ``orca``    -- Orca (OSDI'22): iteration-level FCFS admission with KV reserved for each
   request's maximum length, so never a preemption.
-* ``trtllm``  -- TensorRT-LLM: ``capacity_policy = "GUARANTEED_NO_EVICT"`` reserves prompt +
-  max output (default); ``"MAX_UTILIZATION"`` packs and pauses started requests when full.
-  Chunked prefill off by default. (TensorRT-LLM uses 32 tokens per block: set
-  ``[kv_cache] block_size = 32``.)
+* ``trtllm``  -- TensorRT-LLM's PyTorch backend (``CapacityScheduler`` + ``MicroBatchScheduler``):
+  ``capacity_policy = "GUARANTEED_NO_EVICT"`` (default) reserves ``prompt + max_tokens`` blocks
+  at admission, head of line; ``"MAX_UTILIZATION"`` packs and pauses the newest started request
+  when full. A request without ``max_tokens`` reserves ``max_seq_len - prompt`` (the executor's
+  ``_deduce_max_tokens``) and still stops at its own output; a longer ``max_tokens`` is cut to
+  that, a prompt of ``max_seq_len`` or more is rejected. ``max_seq_len`` is the run's model's
+  context length unless given, reduced to what the KV cache holds (``KVCacheManager``: "reduced
+  to" ``blocks x tokens_per_block``); 0 (no model) reserves a request's own output, as no
+  TensorRT-LLM does. Each iteration gives every generation request its token first, then
+  context chunks in arrival order (FIRST_COME_FIRST_SERVED); a chunk that is not a prompt's last
+  is cut down to a multiple of the KV block size (``chunk_unit_size = tokens_per_block``), and a
+  started prompt whose chunk comes to 0 lets the next one's last chunk in; generation requests past
+  ``max_num_tokens`` wait, so the budget may be below ``max_batch_size``. Defaults as
+  TensorRT-LLM's ``LlmArgs``: ``max_batch_size`` 2,048, ``max_num_tokens`` 8,192, chunked
+  context off, block reuse on in blocks of 32 tokens (``kv_cache_defaults``: a ``[kv_cache]``
+  table's own values win), the overlap scheduler on (``overlap_schedule = "auto"``: vLLM's
+  asynchronous-scheduling rules, which TensorRT-LLM's overlap loop shares -- the next batch
+  planned at the start of the one running, a request at its ``max_tokens`` not scheduled again
+  (``GENERATION_TO_COMPLETE``), one at an EOS decoded once more -- off with disaggregation,
+  pipeline parallelism or ``[speculative]``, where TensorRT-LLM runs other loops). Not modelled:
+  the ``EQUAL_PROGRESS`` chunking policy; a waiting request whose chunk comes to 0 still holds
+  back those behind it (TensorRT-LLM lets a later prompt's last chunk in); partial block reuse
+  (``enable_partial_reuse``: schedlab reuses full blocks only); a max_tokens-less request's
+  extra decode at an EOS with the overlap scheduler (its ``max_tokens`` is not known to be
+  unreached); the attention-DP balancing and the C++ TRT engine backend.
 
-Every key of ``continuous`` stays settable; only the defaults differ.
+Every key of ``continuous`` stays settable in the ``vllm``, ``vllm-v0`` and ``orca`` presets; only
+the defaults differ. ``trtllm`` has TensorRT-LLM's own keys (:class:`TrtllmConfig`).
 """
 
 from __future__ import annotations
@@ -28,7 +51,7 @@ from typing import ClassVar
 
 import attrs
 
-from schedlab.configs import bool_field, float_field, int_field, str_field
+from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import ConfigError
 
 from .continuous import ContinuousConfig, ContinuousScheduler, async_scheduling_field
@@ -161,20 +184,71 @@ class OrcaConfig(ContinuousConfig):
     max_num_batched_tokens: int = int_field(65536, min=1, help="Orca has no token budget; a large one")
 
 
+def overlap_schedule_field():
+    """TensorRT-LLM's overlap scheduler: true, false or ``"auto"``."""
+
+    def check(_inst, attribute, value):
+        if not (isinstance(value, bool) or value == "auto"):
+            raise FieldError(attribute.name, f"must be true, false or \"auto\", got {value!r}")
+
+    return attrs.field(default="auto", validator=check, metadata={"help": (
+        "TensorRT-LLM's overlap scheduler (on unless disable_overlap_scheduler): each batch is planned while the one "
+        "before it runs, by the rules of vLLM's asynchronous scheduling, which TensorRT-LLM's PyExecutor shares "
+        "(schedlab.engine.ahead); \"auto\": on unless the run has disaggregation, pipeline parallelism or "
+        "[speculative], where TensorRT-LLM's own loop is not modelled")})
+
+
 @attrs.frozen
 class TrtllmConfig:
     capacity_policy: str = str_field("GUARANTEED_NO_EVICT", choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"),
-                                     help="reserve prompt + max output, or pack and pause started requests")
-    max_num_seqs: int = int_field(256, min=1, help="max_batch_size")
-    max_num_batched_tokens: int = int_field(8192, min=1, help="max_num_tokens per iteration")
-    chunked_prefill: bool = bool_field(False, help="enable_chunked_context (off by default)")
+                                     help="reserve prompt + max_tokens, or pack and pause started requests")
+    max_num_seqs: int = int_field(2048, min=1, help="max_batch_size (TensorRT-LLM's default: 2,048)")
+    max_num_batched_tokens: int = int_field(8192, min=1, help="max_num_tokens per iteration (default 8,192); "
+                                                              "may be below max_num_seqs: decodes past it wait")
+    chunked_prefill: bool = bool_field(False, help="enable_chunked_context (off by default); a chunk that is not "
+                                                   "the prompt's last is a multiple of the KV block size")
+    max_seq_len: int = int_field(
+        0, min=0, help="longest sequence, prompt + output, capped at what the KV cache holds, as TensorRT-LLM "
+                       "caps it (default: the run's model's context length): a request without max_tokens reserves "
+                       "the rest of it under GUARANTEED_NO_EVICT, a longer max_tokens is cut to it, a prompt that "
+                       "leaves no room is rejected (0 = none: a request without max_tokens reserves its own output, "
+                       "which no TensorRT-LLM does)")
+    overlap_schedule: bool | str = overlap_schedule_field()
+
+    #: what TensorRT-LLM's KvCacheConfig turns on unless told not to: block reuse
+    #: (``enable_block_reuse = True``) in blocks of 32 tokens (``tokens_per_block``); the run's
+    #: assembly applies them to a ``[kv_cache]`` table that leaves them out
+    kv_cache_defaults: ClassVar[dict] = {"prefix_caching": True, "block_size": 32}
+
+    @staticmethod
+    def cost_model_defaults(table: dict) -> dict:
+        """Without its overlap scheduler (``overlap_schedule = false``) TensorRT-LLM prepares each
+        batch after the one before it, so a cost model that can overlap the host's work with the
+        GPU's does not (applied to a ``[cost_model]`` table that leaves ``async_scheduling`` out)."""
+        return {"async_scheduling": False} if table.get("overlap_schedule") is False else {}
+
+    @staticmethod
+    def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
+        """``max_seq_len``: the run's model's context length (``max_position_embeddings``), as
+        TensorRT-LLM infers it from the model's config when not given (None: no model named)."""
+        if model is not None and model.max_position_embeddings and "max_seq_len" not in table:
+            return {"max_seq_len": model.max_position_embeddings}
+        return {}
 
 
 def trtllm(config: TrtllmConfig) -> ContinuousScheduler:
+    """The ``continuous`` scheduler with TensorRT-LLM's rules (see the module docstring)."""
     grow = config.capacity_policy == "MAX_UTILIZATION"
+    longest = config.max_seq_len
     return ContinuousScheduler(ContinuousConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        chunked_prefill=config.chunked_prefill, allocation="grow" if grow else "reserve"))
+        chunked_prefill=config.chunked_prefill, allocation="grow" if grow else "reserve",
+        # generation tokens first, then context chunks in whole KV blocks (MicroBatchScheduler)
+        running_order="decodes_first", chunk_unit=0, decodes_wait_for_budget=True,
+        # max_seq_len, reduced to what the KV cache holds (KVCacheManager); max_tokens deduced from it
+        max_model_len="auto" if longest else 0, model_context=longest,
+        default_max_tokens="max_model_len" if longest else "output",
+        async_scheduling=config.overlap_schedule))
 
 
 def register_presets(register) -> None:
