@@ -918,8 +918,9 @@ def _measured_count(exp, study) -> int:
 #: is noted: a sampled workload's mean wanders a few percent from run to run, another dataset's
 #: or another --random-input-len's by more
 TOKENS_NOTED = 0.1
-#: the same for the rate the requests were sent at: a Poisson or gamma stream of a few hundred
-#: requests over its own span wanders by more
+#: the same for the rate the requests were sent at: schedlab's own Poisson or gamma stream (a
+#: generated workload) of a few hundred requests wanders by more over its span (vLLM's client
+#: rescales its send times to n / rate, and so does a redrawn vllm_bench replay: they do not)
 RATE_NOTED = 0.25
 
 
@@ -928,8 +929,10 @@ def workload_mismatches(target, requests: dict) -> list[str]:
     count of finished requests, mean prompt and output tokens (> :data:`TOKENS_NOTED` apart) and
     the rate its requests arrived at (> :data:`RATE_NOTED`). A fit to another workload fits the
     cost model to the wrong numbers, so each is said before the fit's report."""
+    from .results.metrics import completed
+
     notes = []
-    served = requests["rejected"] == 0
+    served = completed(requests)   # as the benchmark counts them: neither turned away nor given up on
     finished = int(served.sum())
     if target.requests is not None and finished != target.requests:
         notes.append(f"{target.source} counts {target.requests} requests, the simulated run finished {finished}")

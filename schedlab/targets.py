@@ -95,7 +95,11 @@ Statistics are named as the run's metrics are: ``ttft_ms.mean``, ``itl_ms.p99``,
 ``total_throughput_tps``. :func:`simulated` computes the same names from a
 :class:`~schedlab.results.records.RunResult` (TTFT and latency as the file's source sees them:
 a load generator from sending a request, vLLM's metrics from its arrival at the engine; ITL:
-every gap between two tokens of a request; throughputs over the makespan).
+every gap between two tokens of a request, an abandoned request's too, where ``vllm bench serve``
+counts the successful requests' only -- the engines keep ITL per run, not per request; the
+latencies and throughputs over the requests completed for their clients, the throughputs over
+the span the source takes, :func:`_window_s`: ``vllm bench serve``'s duration starts one first
+gap before the first send).
 
 A run can carry its measured summary along (a ``[target]`` table, :class:`TargetConfig`): it
 then gets ``metrics["vs_target"]``, each statistic measured, simulated and its error
@@ -132,6 +136,8 @@ BENCH_RATES = {"request_throughput": "request_throughput_rps", "output_throughpu
                "total_token_throughput": "total_throughput_tps"}
 #: older vllm bench serve's names of BENCH_RATES' keys (v0.3-era benchmark_serving.py's typo)
 BENCH_RATE_ALIASES = {"request_inthroughput": "request_throughput"}
+#: the kind of a vllm bench serve result (whose throughputs divide by its duration: :func:`bench_first_gap_s`)
+BENCH_KIND = "vllm bench serve"
 #: inference-perf: successes.latency.<name> (seconds)
 INFERENCE_PERF = {"time_to_first_token": "ttft_ms", "time_per_output_token": "tpot_ms",
                   "inter_token_latency": "itl_ms", "request_latency": "e2e_ms"}
@@ -266,6 +272,11 @@ class Summary:
     tokens: tuple[float, float] | None = None
     #: the rate the client sent at (requests/s), where the file says it and it is finite
     sent_rate: float | None = None
+    #: a ``vllm bench serve`` file's wait from the start of its benchmark (where its duration starts)
+    #: to its first send, in ms (:func:`bench_first_gap_s`; an ML.ENERGY file's, which names no
+    #: rate, is 0): its throughputs are read over the simulated run's duration taken the same way;
+    #: None for the other tools, whose span starts at the first send
+    first_gap_ms: float | None = None
 
     def __attrs_post_init__(self):
         """Refuse percentiles that fall as the quantile rises (a p99 below the p50 was fitted to)."""
@@ -563,9 +574,64 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
         value = _statistic(data[key], keys.get(name, key), where, dropped) if key in data else None
         if value is not None:
             values[name] = value
-    return Summary(source, "vllm bench serve", _ordered(_streamed_only(values, keys, dropped, where)),
+    gap = bench_first_gap_s(data)
+    return Summary(source, BENCH_KIND, _ordered(_streamed_only(values, keys, dropped, where)),
                    requests=_request_count(data.get("completed"), "completed", where), dropped=dropped,
-                   **_workload_shape(data))
+                   first_gap_ms=None if gap is None else gap * 1e3, **_workload_shape(data))
+
+
+def _bench_rate(value) -> float | None:
+    """A rate a ``vllm bench serve`` file writes (``request_rate``: a number or ``"inf"``;
+    ``ramp_up_start_rps``): a float > 0, inf, or None when it is none of them."""
+    if value == "inf":
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return None
+    return float(value)
+
+
+def bench_first_gap_s(data: dict) -> float | None:
+    """How long ``vllm bench serve`` waited from the start of its benchmark to sending its first
+    request, in seconds; None when the file cannot say (a ``request_rate`` that is no number,
+    SGLang's ``"trace"``). A file without ``request_rate`` is read at vLLM's default, inf.
+
+    Its ``duration`` runs from ``benchmark_start_time``, taken before ``get_request`` yields the
+    first request, to the last response (failed ones too); ``get_request`` sleeps until each
+    request's cumulative delay, and draws a delay for every request, the first included
+    (``vllm/benchmarks/serve.py``). So the first send comes one gap after the start:
+
+    * ``--request-rate inf`` (no ramp-up): 0;
+    * ``--burstiness inf``: ``1 / rate``, or ``1 / ramp_up_start_rps`` with a ramp-up;
+    * otherwise a gamma draw (without a ramp-up rescaled with the others so that the last
+      request goes ``n / rate`` after the start). ``start_times`` are ``time.perf_counter()``
+      readings, whose origin is arbitrary, but the start is the end less ``duration``, and the
+      end is the last response: the gap is ``min(start_times) - (max(start_times + latencies) -
+      duration)``, read so where the file holds the lists (``--save-detailed``) and every
+      request succeeded (a failed request's end is not recorded); else the draw's mean, ``1 /
+      rate`` (a rescaled first gap averages ``n / rate`` times ``E[g_1 / sum g] = 1 / n``) or
+      ``1 / ramp_up_start_rps``."""
+    rate = _bench_rate(data.get("request_rate", "inf"))
+    if rate is None:
+        return None
+    ramp = data.get("ramp_up_strategy") is not None
+    if ramp:
+        rate = _bench_rate(data.get("ramp_up_start_rps"))
+        if rate is None or math.isinf(rate):
+            return None
+    elif math.isinf(rate):
+        return 0.0
+    burstiness = data.get("burstiness", 1.0)
+    if isinstance(burstiness, (int, float)) and not isinstance(burstiness, bool) and math.isinf(burstiness):
+        return 1.0 / rate
+    starts, latencies, errors = (data.get(k) for k in ("start_times", "latencies", "errors"))
+    duration = _number(data.get("duration"))
+    lists = [starts, latencies] + ([errors] if errors is not None else [])
+    if duration is not None and all(isinstance(v, list) and v and len(v) == len(starts) for v in lists) \
+            and not any(errors or []) and all(_number(v) is not None for v in (*starts, *latencies)):
+        gap = min(starts) - (max(s + lat for s, lat in zip(starts, latencies)) - duration)
+        if 0.0 <= gap <= duration:
+            return float(gap)
+    return 1.0 / rate
 
 
 def _mlenergy_summary(data: dict, source: str, where: str, path: Path) -> Summary:
@@ -1325,7 +1391,7 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     for the quantiles of a Prometheus histogram), in the summary's view: a load generator's
     TTFT and latency from the simulated client's side (:mod:`schedlab.frontend`; the engine's
     without a ``[frontend]``), vLLM's own from the engine's."""
-    from .results.metrics import client_latencies, request_latencies, run_quantiles
+    from .results.metrics import client_latencies, completed, request_latencies, run_quantiles
 
     req = result.all_requests()
     lat = request_latencies(req)
@@ -1334,7 +1400,7 @@ def simulated(summary: Summary, result) -> dict[str, float]:
         lat = {**lat, "ttft_ms": client["ttft_ms"], "tpot_ms": client["tpot_ms"], "e2e_ms": client["e2el_ms"]}
     if summary.kind in ZERO_TPOT_KINDS and "tpot_ms" in lat:
         lat = {**lat, "tpot_ms": _tpot_with_zeros(req, lat["tpot_ms"])}
-    ok = req["rejected"] == 0
+    ok = completed(req)   # as the tools count them: a request turned away or given up on adds nothing
     itl = result.itl
     sketch = _itl_sketch(result)
     out: dict[str, float] = {}
@@ -1344,7 +1410,7 @@ def simulated(summary: Summary, result) -> dict[str, float]:
         wanted.setdefault(group, []).append(stat)
     for group, stats in wanted.items():
         if group in THROUGHPUTS:
-            out[group] = _throughput(group, req, ok, summary.view)
+            out[group] = _throughput(group, req, ok, _window_s(summary, req, getattr(result, "measured", None)))
             continue
         if group == "energy":
             steady = steady_state_energy(result, summary.batch)
@@ -1584,15 +1650,41 @@ def _simulated_counts(group: str, bounds, lat: dict, itl: dict, result) -> list[
     return np.searchsorted(values, edges, side="right").astype(float).tolist()
 
 
-def _throughput(name: str, req: dict, ok: np.ndarray, view: str = "engine") -> float:
-    """Tokens or requests per second over the run: from the first arrival to the last finish,
-    or for a client, from the first send to the last byte."""
-    if not ok.any():
+def _window_s(summary: Summary, req: dict, measured=None) -> float:
+    """The span, in seconds, the throughputs of ``summary`` divide by, taken as its source takes it
+    (every request's times count, a failed one's too):
+
+    * the engine's view: the run's makespan, from the first arrival at the engine to the last
+      request that left it (finished, dropped, or turned away after it queued);
+    * a load generator's: from the first send to the last time a client heard back (a last byte,
+      a client giving up, a rejection);
+    * ``vllm bench serve``'s: its duration, which starts one first gap before the first send
+      (``summary.first_gap_ms``; in a replay of a ``vllm_bench`` file, the replay's own start,
+      ``measured.bench_start_ms``), to the same end."""
+    from .results.metrics import left_the_engine
+
+    if summary.view == "engine":
+        left = left_the_engine(req)
+        if not left.any():
+            return float("nan")
+        return (float(req["finish_ms"][left].max()) - float(req["arrival_ms"].min())) / 1e3
+    sent = req["sent_ms"] if "sent_ms" in req else req["arrival_ms"]
+    done = req["client_done_ms"] if "client_done_ms" in req else req["finish_ms"]
+    # a request turned away: its client hears of it when the engine refuses it (on arrival: at its arrival)
+    heard = np.where(req["rejected"] != 0, np.maximum(req["finish_ms"], req["arrival_ms"]), done)
+    if not heard.size:
         return float("nan")
-    first, last = ("sent_ms", "client_done_ms") if view == "client" and "client_done_ms" in req else \
-        ("arrival_ms", "finish_ms")
-    seconds = (float(req[last][ok].max()) - float(req[first].min())) / 1e3
-    if not seconds > 0:
+    start = float(sent.min())
+    if summary.first_gap_ms is not None:
+        own = getattr(measured, "bench_start_ms", None)
+        start = own if own is not None and math.isfinite(own) else start - summary.first_gap_ms
+    return (float(heard.max()) - start) / 1e3
+
+
+def _throughput(name: str, req: dict, ok: np.ndarray, seconds: float) -> float:
+    """The completed requests (``ok``), or their output or total tokens, per second of ``seconds``
+    (:func:`_window_s`)."""
+    if not ok.any() or not seconds > 0:
         return float("nan")
     if name == "request_throughput_rps":
         return float(ok.sum()) / seconds

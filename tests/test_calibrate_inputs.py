@@ -225,3 +225,15 @@ def test_a_benchmark_of_another_workload_is_noted(tmp_path, bench, notes):
     data = {**TEMPLATE_BENCH, **bench}
     target = read_summary(_write(tmp_path / "b.json", json.dumps(data).replace('"inf"', "Infinity")))
     assert [n.replace(str(tmp_path) + "/", "") for n in workload_mismatches(target, SIMULATED)] == notes
+
+
+def test_a_request_its_client_gave_up_on_is_no_finished_request(tmp_path):
+    """The benchmark counts the requests that succeeded: a simulated request whose client gave up
+    (``timed_out``, the third) is not finished, so 2 of them, averaging (100 + 200) / 2 = 150
+    prompt and 15 output tokens, match a benchmark of 2 completed requests of those lengths."""
+    from schedlab.calibrate import workload_mismatches
+
+    data = {**TEMPLATE_BENCH, "completed": 2, "total_input_tokens": 300, "total_output_tokens": 30,
+            "request_rate": 1.0}
+    target = read_summary(_write(tmp_path / "b.json", json.dumps(data)))
+    assert workload_mismatches(target, {**SIMULATED, "timed_out": np.array([0, 0, 1, 0])}) == []

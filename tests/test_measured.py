@@ -173,7 +173,9 @@ def test_vllm_bench_by_hand(tmp_path):
     with pytest.warns(InputWarning, match="no start_times"):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     first = [r.arrival_ms for r in workload.requests(7)]
-    assert first == [r.arrival_ms for r in workload.requests(7)] and first[0] == 0.0 and first[2] > first[1]
+    # vLLM's get_request: a gap before the first request too, the last sent 3 / 4 s after the start
+    assert first == [r.arrival_ms for r in workload.requests(7)] and 0.0 < first[0] < first[1] < first[2]
+    assert first[2] == pytest.approx(750.0, rel=1e-12)
     assert first != [r.arrival_ms for r in workload.requests(8)]
     path.write_text(json.dumps({"input_lens": [1], "output_lens": [1], "ttfts": [0.1]}))
     with pytest.raises(WorkloadError, match=r"missing list 'itls' \(save the result with --save-detailed\)"):

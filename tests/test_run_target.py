@@ -176,3 +176,104 @@ def test_each_request_against_its_replay_in_the_client_s_view(tmp_path):
     engine = paired_errors(requests, MeasuredRequests(**log, view="engine"))
     assert engine["ttft_ms[1]"] == pytest.approx(100 * (28 - 25) / 25)
     assert engine["e2e_ms[0]"] == pytest.approx(100 * (18 - 20.25) / 20.25)
+
+
+# --- vllm bench serve's own window: its duration and its successful requests ---------------------------------
+
+#: Two requests of 100 prompt and 3 output tokens on the linear cost model at its defaults (0.05 ms a prompt
+#: token: a 5 ms prefill; 8 ms a decode step) behind the default [frontend]: the way in is 0.05 + 1 + 100 x
+#: 0.002 = 1.25 ms, a token's way back 8.876 + 0.05 = 8.926 ms. Alone, a request's client TTFT is 1.25 + 5 +
+#: 8.926 = 15.176 ms and its E2EL 15.176 + 2 x 8 = 31.176 ms.
+CONSTANT_PAIR = """kind = "synthetic"
+num_requests = 2
+rate = 1
+arrival = "constant"
+prompt = {dist = "fixed", value = 100}
+output = {dist = "fixed", value = 3}
+"""
+LINEAR_PAIR = """[experiment]
+reports = []
+[cost_model]
+kind = "linear"
+[scheduler]
+kind = "continuous"
+[frontend]
+[target]
+path = "bench.json"
+"""
+
+
+THROUGHPUT_NAMES = ("request_throughput_rps", "output_throughput_tps", "total_throughput_tps")
+
+
+def linear_pair(tmp_path, bench: dict, extra: str = "", workload: str = CONSTANT_PAIR):
+    """The run above (its [workload] ``workload``, ``extra`` tables) against ``bench`` as its [target]."""
+    (tmp_path / "bench.json").write_text(json.dumps(bench).replace('"Infinity"', "Infinity"))
+    (tmp_path / "pair.toml").write_text(LINEAR_PAIR + extra + "[workload]\n" + workload)
+    return run_experiment(load(tmp_path / "pair.toml")).all_runs()[0]
+
+
+def test_vllm_bench_serve_s_duration_starts_one_gap_before_the_first_send(tmp_path):
+    """At --request-rate 1 --burstiness inf vLLM's get_request sleeps 1 s before each request, the
+    first included, and its duration starts before that sleep: with the sends at 0 and 1,000 ms
+    (the simulated clock) the benchmark started at -1,000 and ended with the last byte at 1,000 +
+    31.176: 2.031176 s -- 2 / 2.031176 = 0.98465 requests/s, 6 and 206 tokens over it (what vLLM
+    itself prints for these times; from the first send it would be 2 / 1.031176 = 1.9395). The
+    run's own throughput keeps the engine's makespan, 1.25 to 1,022.25 ms (2 / 1.021 s)."""
+    bench = {"completed": 2, "failed": 0, "request_rate": 1.0, "burstiness": "Infinity", "duration": 2.031176,
+             "mean_ttft_ms": 15.176, "mean_e2el_ms": 31.176, "request_throughput": 2 / 2.031176,
+             "output_throughput": 6 / 2.031176, "total_token_throughput": 206 / 2.031176}
+    run = linear_pair(tmp_path, bench)
+    assert run.requests["sent_ms"].tolist() == [0.0, 1000.0]
+    vs = run.metrics["vs_target"]
+    assert vs["simulated"] == pytest.approx({"ttft_ms.mean": 15.176, "e2e_ms.mean": 31.176,
+                                             "request_throughput_rps": 2 / 2.031176,
+                                             "output_throughput_tps": 6 / 2.031176,
+                                             "total_throughput_tps": 206 / 2.031176}, rel=1e-9)
+    assert vs["simulated"]["request_throughput_rps"] == pytest.approx(0.98465, abs=1e-5)
+    assert all(abs(e) < 1e-9 for e in vs["errors_pct"].values())
+    assert run.metrics["request_throughput_rps"] == pytest.approx(2 / 1.021, rel=1e-9)   # unchanged
+
+
+def test_requests_the_client_gave_up_on_are_not_counted_in_the_throughputs(tmp_path):
+    """Both requests sent at 0 (a vLLM run at --request-rate inf: no gap before the first), the
+    second of 50 tokens from a client that gives up after 100 ms. vLLM counts the successful
+    request alone (1 request, 3 tokens; 103 with its prompt) over its whole duration, which ends
+    when the second client gave up, at 100 ms: 10 requests/s, 30 and 1,030 tokens/s -- not the
+    abandoned request and the tokens made for it before its abort (20 requests/s)."""
+    bench = {"completed": 1, "failed": 1, "request_rate": "inf", "duration": 0.1, "mean_ttft_ms": 20.0,
+             "request_throughput": 10.0, "output_throughput": 30.0, "total_token_throughput": 1030.0}
+    workload = 'kind = "file"\npath = "two.json"\n'
+    (tmp_path / "two.json").write_text(json.dumps([
+        {"prompt_tokens": 100, "output_tokens": 3, "arrival_ms": 0},
+        {"prompt_tokens": 100, "output_tokens": 50, "arrival_ms": 0, "request_class": "impatient"}]))
+    run = linear_pair(tmp_path, bench, '[client]\nclasses = {impatient = {timeout_ms = 100}}\n', workload)
+    assert run.metrics["finished"] == 1 and run.metrics["timed_out"] == 1
+    assert run.requests["client_done_ms"].max() == pytest.approx(100.0)
+    sim = run.metrics["vs_target"]["simulated"]
+    assert {k: sim[k] for k in THROUGHPUT_NAMES} == pytest.approx({"request_throughput_rps": 10.0,
+                                                                   "output_throughput_tps": 30.0,
+                                                                   "total_throughput_tps": 1030.0}, rel=1e-9)
+
+
+@pytest.mark.parametrize("settings, gap", [
+    ({"request_rate": 4.0, "burstiness": float("inf")}, 0.25),        # evenly spaced: 1 / rate
+    ({"request_rate": "inf"}, 0.0),                                   # all at once
+    ({}, 0.0),                                                        # (vLLM's default rate: inf)
+    ({"request_rate": 4.0, "burstiness": 1.0}, 0.25),                 # no lists: the draw's mean, 1 / rate
+    # start_times 100.3 and 100.9 s, latencies 0.2 and 0.5: the end 101.4, less the duration 1.7, is the
+    # start, 99.7; the first send 0.6 s after it
+    ({"request_rate": 4.0, "burstiness": 1.0, "duration": 1.7, "start_times": [100.3, 100.9],
+      "latencies": [0.2, 0.5], "errors": ["", ""]}, 0.6),
+    # a failed request's end is not recorded: the mean
+    ({"request_rate": 4.0, "burstiness": 1.0, "duration": 1.7, "start_times": [100.3, 100.9],
+      "latencies": [0.2, 0.0], "errors": ["", "timeout"]}, 0.25),
+    ({"request_rate": "inf", "burstiness": float("inf"), "ramp_up_strategy": "linear", "ramp_up_start_rps": 2,
+      "ramp_up_end_rps": 8}, 0.5),                                   # a ramp starts at its first rate
+    ({"request_rate": "trace"}, None),                                # SGLang's trace timestamps
+])
+def test_the_first_gap_of_a_vllm_bench_file(settings, gap):
+    from schedlab.targets import bench_first_gap_s
+
+    got = bench_first_gap_s(settings)
+    assert got == (None if gap is None else pytest.approx(gap, rel=1e-12))

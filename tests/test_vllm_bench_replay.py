@@ -92,9 +92,70 @@ def test_files_without_start_times_redraw_arrivals_from_the_rate(tmp_path):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     assert workload.info["replay"] == "redraw"
     first = [r.arrival_ms for r in workload.requests(7)]
-    assert first == [r.arrival_ms for r in workload.requests(7)] and first[0] == 0.0 and first[2] > first[1]
+    assert first == [r.arrival_ms for r in workload.requests(7)] and 0.0 < first[0] < first[1] < first[2]
+    assert first[2] == pytest.approx(3 / 4.0 * 1000.0, rel=1e-12)   # vLLM's: the last n / rate after the start
     assert first != [r.arrival_ms for r in workload.requests(8)]
     assert load_vllm_bench(path).measured.e2e_ms == pytest.approx([140.0, 200.0, 350.0])  # ttft + sum(itls)
+
+
+def test_redrawn_arrivals_are_sent_as_vllm_s_get_request_sends_them(tmp_path):
+    """3 requests at --request-rate 1 (Poisson), no start_times: vLLM's get_request draws a gap
+    before every request, the first included, and rescales their sums so that the last request
+    goes exactly n / rate = 3 s after the benchmark's start. So whatever the seed the arrivals
+    (ms from that start) begin after 0 and end at 3,000: the first-to-last span never reaches
+    n / rate (independent gaps, as schedlab's own Poisson stream draws them, spanned up to 4.2 s
+    over 20 seeds)."""
+    result = bench_result([10, 10, 10], [3, 3, 3], [0.1] * 3, [[0.01, 0.01]] * 3, [0.0] * 3, rate=1.0)
+    del result["start_times"], result["queue_times"], result["latencies"]
+    with pytest.warns(InputWarning, match="no start_times"):
+        workload = make_vllm_bench_workload(VllmBenchConfig(path=str(write(tmp_path, result))))
+    for seed in range(20):
+        sent = [r.arrival_ms for r in workload.requests(seed)]
+        assert 0.0 < sent[0] <= sent[1] <= sent[2] and sent[2] == pytest.approx(3000.0, rel=1e-12)
+    assert workload.measured.bench_start_ms == 0.0   # (drawn from the benchmark's start)
+
+
+def test_a_target_reads_a_redrawn_replay_from_its_benchmark_s_start(tmp_path):
+    """The file above replayed (seed 0: sends at 1,186.4, 2,965.4 and 3,000 ms from the start) and
+    compared with itself: each 10-token request alone on the server takes 0.5 ms of prefill and two
+    8 ms decodes, so the last byte comes at 3,016.5 ms and vLLM's duration, from the start (not
+    from the first send, nor one mean gap, 1 s, before it), is 3.0165 s: 3 / 3.0165 requests/s."""
+    result = bench_result([10, 10, 10], [3, 3, 3], [0.1] * 3, [[0.01, 0.01]] * 3, [0.0] * 3, rate=1.0)
+    del result["start_times"], result["queue_times"], result["latencies"]
+    path = write(tmp_path, result)
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[workload]\nkind = "vllm_bench"\npath = "{path}"\n[target]\npath = "{path}"\n'
+                        '[scheduler]\nkind = "continuous"\n[cost_model]\nkind = "linear"\n')
+    with pytest.warns(InputWarning, match="no start_times"):
+        run = run_experiment(load(exp_path)).all_runs()[0]
+    assert run.requests["sent_ms"] == pytest.approx([1186.386, 2965.440, 3000.0], abs=1e-3)
+    assert run.requests["client_done_ms"].max() == pytest.approx(3016.5, rel=1e-12)
+    assert run.metrics["vs_target"]["simulated"]["request_throughput_rps"] == pytest.approx(3 / 3.0165, rel=1e-12)
+
+
+def test_a_replay_knows_when_its_benchmark_started(tmp_path):
+    """--request-rate 4 (Poisson): the first request went one drawn gap after the benchmark's
+    start, which the file gives: its last response ended at 100.9 + 0.5 = 101.4 s, less its
+    duration, 1.7 s, is 99.7 -- 0.6 s before the first send (100.3), so -600 ms on the replay's
+    clock (0: the first request due). With the first request failed its end is unknown and the
+    gap is the draw's mean, 1 / 4 s, before that request's send (it was sent too): 100.3 - 0.25
+    = 100.05 s, 850 ms before the one kept (100.9 s, now 0). Its 20-token prompt takes 1 ms
+    and two 8 ms decodes: done at 17 ms, so vLLM's duration is 867 ms (1 / 0.867 requests/s;
+    from the first kept send, 1 / 0.017)."""
+    result = bench_result([10, 20], [3, 3], [0.1, 0.2], [[0.05, 0.05], [0.15, 0.15]], [100.3, 100.9], rate=4.0)
+    result["duration"] = 1.7
+    assert load_vllm_bench(write(tmp_path, result)).measured.bench_start_ms == pytest.approx(-600.0, abs=1e-6)
+    result["errors"] = ["timeout", ""]
+    path = write(tmp_path, result)
+    with pytest.warns(InputWarning, match="1 of the 2 requests failed"):
+        assert load_vllm_bench(path).measured.bench_start_ms == pytest.approx(-850.0, abs=1e-6)
+    exp_path = tmp_path / "exp.toml"
+    exp_path.write_text(f'[workload]\nkind = "vllm_bench"\npath = "{path}"\n[target]\npath = "{path}"\n'
+                        '[scheduler]\nkind = "continuous"\n[cost_model]\nkind = "linear"\n')
+    with pytest.warns(InputWarning, match="1 of the 2 requests failed"):
+        run = run_experiment(load(exp_path)).all_runs()[0]
+    assert run.requests["client_done_ms"].tolist() == pytest.approx([17.0])
+    assert run.metrics["vs_target"]["simulated"]["request_throughput_rps"] == pytest.approx(1 / 0.867, rel=1e-9)
 
 
 def test_a_run_sent_at_its_traces_timestamps(tmp_path):

@@ -59,10 +59,11 @@ def arrivals(workload, seed=0):
 
 def test_a_linear_ramp_with_even_gaps_by_hand(tmp_path):
     """--ramp-up-strategy linear 1 -> 5 rps over 5 requests: progress i / 4, rates 1, 2, 3, 4, 5;
-    with --burstiness inf each gap is 1 / rate of the request it leads to: 500, 333.3, 250, 200
-    ms, so the requests arrive at 0, 500, 833.3, 1083.3, 1283.3 ms. Request 1 failed: it is left
-    out but keeps its gap, so the others arrive at 0, 833.3, 1083.3, 1283.3 (not all at 0, as
-    request_rate "inf" alone would say)."""
+    with --burstiness inf each gap is 1 / rate of the request it leads to, the first's too (vLLM's
+    get_request delays every request): 1000, 500, 333.3, 250, 200 ms, so the requests arrive at
+    1000, 1500, 1833.3, 2083.3, 2283.3 ms from the benchmark's start (a ramp is not rescaled).
+    Request 1 failed: it is left out but keeps its gap, so the others arrive at 1000, 1833.3,
+    2083.3, 2283.3 (not all at 0, as request_rate "inf" alone would say)."""
     path = write_json(tmp_path / "ramp.json", bench(5, prompts=[10, 11, 12, 13, 14], errors=["", "boom", "", "", ""],
                                                     burstiness=float("inf"), ramp_up_strategy="linear",
                                                     ramp_up_start_rps=1, ramp_up_end_rps=5))
@@ -71,33 +72,34 @@ def test_a_linear_ramp_with_even_gaps_by_hand(tmp_path):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     got = list(workload.requests(3))
     assert [r.prompt_tokens for r in got] == [10, 12, 13, 14]
-    assert [r.arrival_ms for r in got] == pytest.approx([0.0, 500 + 1000 / 3, 500 + 1000 / 3 + 250,
-                                                         500 + 1000 / 3 + 450], rel=1e-12)
+    assert [r.arrival_ms for r in got] == pytest.approx([1000.0, 1500 + 1000 / 3, 1500 + 1000 / 3 + 250,
+                                                         1500 + 1000 / 3 + 450], rel=1e-12)
     assert workload.info["replay"] == "redraw" and workload.info["ramp_up"] == ["linear", 1.0, 5.0]
 
 
 def test_an_exponential_ramp_with_even_gaps_by_hand(tmp_path):
     """exponential 1 -> 16 rps over 5 requests: 1 * 16 ** (i / 4) = 1, 2, 4, 8, 16 rps; gaps
-    1/2, 1/4, 1/8, 1/16 s: arrivals 0, 500, 750, 875, 937.5 ms (exact in binary)."""
+    1, 1/2, 1/4, 1/8, 1/16 s (the first request's too): arrivals 1000, 1500, 1750, 1875, 1937.5
+    ms (exact in binary)."""
     path = write_json(tmp_path / "ramp.json", bench(5, burstiness=float("inf"), ramp_up_strategy="exponential",
                                                     ramp_up_start_rps=1, ramp_up_end_rps=16))
     with pytest.warns(BenchReplayWarning, match="no start_times"):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
-    assert arrivals(workload) == [0.0, 500.0, 750.0, 875.0, 937.5]
+    assert arrivals(workload) == [1000.0, 1500.0, 1750.0, 1875.0, 1937.5]
 
 
 def test_a_poisson_ramp_draws_vllm_s_gamma_gaps_from_the_seed(tmp_path):
     """burstiness 0.5 and a linear ramp 2 -> 8 rps over 4 requests (rates 2, 4, 6, 8): vLLM
-    draws each gap as gamma(shape = 0.5, scale = 1 / (rate * 0.5)); written out here with the
-    seed's generator, the arrivals are their running sum. The same seed gives the same
-    arrivals, another seed others."""
+    draws each gap, the first request's too, as gamma(shape = 0.5, scale = 1 / (rate * 0.5));
+    written out here with the seed's generator, the arrivals are their running sum (a ramp is
+    not rescaled). The same seed gives the same arrivals, another seed others."""
     path = write_json(tmp_path / "ramp.json", bench(4, burstiness=0.5, ramp_up_strategy="linear",
                                                     ramp_up_start_rps=2, ramp_up_end_rps=8))
     with pytest.warns(BenchReplayWarning, match="no start_times"):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     rng = np.random.default_rng(11)
-    gaps = [rng.gamma(0.5, 1.0 / (rate * 0.5)) for rate in (4.0, 6.0, 8.0)]
-    expected = [0.0, 1000 * gaps[0], 1000 * (gaps[0] + gaps[1]), 1000 * sum(gaps)]
+    gaps = [rng.gamma(0.5, 1.0 / (rate * 0.5)) for rate in (2.0, 4.0, 6.0, 8.0)]
+    expected = [1000 * sum(gaps[:i + 1]) for i in range(4)]
     assert arrivals(workload, 11) == pytest.approx(expected, rel=1e-12)
     assert arrivals(workload, 11) == arrivals(workload, 11) and arrivals(workload, 12) != arrivals(workload, 11)
 
@@ -135,11 +137,12 @@ def test_burstiness_inf_with_start_times_replays_them(tmp_path):
 
 
 def test_burstiness_inf_without_start_times_spaces_arrivals_evenly(tmp_path):
-    """--request-rate 4 --burstiness inf: one request every 250 ms, whatever the seed."""
+    """--request-rate 4 --burstiness inf: one request every 250 ms, the first 250 ms after the
+    benchmark's start (vLLM delays it too), the last at n / rate = 1 s, whatever the seed."""
     path = write_json(tmp_path / "b.json", bench(4, request_rate=4.0, burstiness=float("inf")))
     with pytest.warns(BenchReplayWarning, match="no start_times"):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
-    assert arrivals(workload, 1) == arrivals(workload, 2) == [0.0, 250.0, 500.0, 750.0]
+    assert arrivals(workload, 1) == arrivals(workload, 2) == [250.0, 500.0, 750.0, 1000.0]
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), "inf", True])
@@ -185,15 +188,15 @@ def test_an_infinite_rate_under_a_cap_sends_in_file_order(tmp_path):
 
 def test_a_finite_rate_under_a_cap_without_queue_times_is_drawn_again_with_a_warning(tmp_path):
     """--request-rate 4 --burstiness inf --max-concurrency 2 and no queue_times: the due times
-    are drawn again (one every 250 ms) and the cap holds; a warning says so. The two first due
-    (at 0 and 250 ms) go out first."""
+    are drawn again (one every 250 ms, the first 250 ms after the start) and the cap holds; a
+    warning says so. The two first due (at 250 and 500 ms) go out first."""
     path = write_json(tmp_path / "cap.json", bench(4, starts=[3.0, 3.1, 3.9, 4.0], request_rate=4.0,
                                                    burstiness=float("inf"), max_concurrency=2))
     with pytest.warns(BenchReplayWarning, match=r"cap\.json: max_concurrency 2 at a finite request rate and no "
                                                 r"queue_times: .* drawn again from the request_rate"):
         workload = make_vllm_bench_workload(VllmBenchConfig(path=str(path)))
     assert workload.info["replay"] == "redraw"
-    assert arrivals(workload) == [0.0, 250.0]
+    assert arrivals(workload) == [250.0, 500.0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # asked for: no warning
         open_loop = make_vllm_bench_workload(VllmBenchConfig(path=str(path), replay="send_times"))

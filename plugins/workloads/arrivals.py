@@ -7,9 +7,14 @@ exactly). Comparing rates 5, 10, 20, 40 then compares load, not luck. The draws 
 (:func:`stream_rng`), so changing the arrival process never changes the lengths, and the other
 way round.
 
-As in ``vllm bench serve``, the first request arrives at t = 0 and each later one one gap
-after the previous one. ``constant`` spaces them evenly, one every ``1 / rate`` seconds
-(``vllm bench serve --burstiness inf``, guidellm's constant rate).
+The first request arrives at t = 0 and each later one one gap after the previous one, the
+gaps drawn independently (so a Poisson or gamma stream's span wanders from seed to seed).
+This is schedlab's own stream, not ``vllm bench serve``'s: its ``get_request`` delays the
+first request by a gap too (the benchmark's duration starts before it) and rescales the
+summed delays so that the last of n requests goes exactly ``n / rate`` after the start; a
+``vllm_bench`` replay redraws its arrivals that way (``measured.redraw_arrivals_ms``).
+``constant`` spaces them evenly, one every ``1 / rate`` seconds (the spacing of ``vllm bench
+serve --burstiness inf``, guidellm's constant rate).
 """
 
 from __future__ import annotations

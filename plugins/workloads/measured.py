@@ -14,10 +14,13 @@
   (:func:`load_vllm_bench`). Its client is replayed as it ran: each request due when it was
   sent less its wait for a ``--max-concurrency`` slot, sent when a slot is free
   (:mod:`.capped`), or at the recorded send times when there was no cap. Files without
-  ``start_times`` get arrivals drawn again as vLLM draws them (gamma gaps with shape
-  ``burstiness`` at the mean rate; evenly spaced for ``--burstiness inf``; all at t = 0 for an
-  infinite rate; with ``--ramp-up-strategy`` each gap at the rate vLLM ramps to for that
-  request) from the run's seed, sent under the file's ``--max-concurrency`` cap when it has one.
+  ``start_times`` get arrivals drawn again as vLLM's ``get_request`` draws them
+  (:func:`redraw_arrivals_ms`: a gap before every request, the first included, gamma with shape
+  ``burstiness`` at the mean rate, evenly spaced for ``--burstiness inf``, the sums rescaled so
+  that the last request goes ``n / request_rate`` after the benchmark's start; all at t = 0 for
+  an infinite rate; with ``--ramp-up-strategy`` each gap at the rate vLLM ramps to for that
+  request, not rescaled) from the run's seed, in ms from the benchmark's start, sent under the
+  file's ``--max-concurrency`` cap when it has one.
   A capped file without ``queue_times`` (older clients) does not say when each request became
   due, as vLLM takes ``start_time`` after the wait for a slot: at an infinite rate all were due
   at once, so all are due at 0 in file order and the cap paces them; at a finite rate the
@@ -48,8 +51,9 @@ import numpy as np
 
 from schedlab.configs import MAX_TIME_MS, MAX_TOKENS, bound_text, int_field, is_finite_number, path_field, str_field
 from schedlab.errors import InputWarning, WorkloadError
+from schedlab.targets import bench_first_gap_s
 
-from .arrivals import arrivals_ms, unit_gaps
+from .arrivals import unit_gaps
 from .capped import CappedRequests, CappedWorkload
 from .columns import OpenLoopWorkload, RequestColumns
 from .records import check_regular_file, gzip_problem, jsonl_objects, open_text, read_json_documents, show_value
@@ -84,6 +88,10 @@ class MeasuredRequests:
     #: the server's own running and waiting requests over time, where the file (or one beside it)
     #: records them -- an ML.ENERGY run's /metrics scrapes: ``(ms, running, waiting)``
     occupancy: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    #: a ``vllm bench serve`` replay: when the benchmark started on the replay's clock (ms; where its
+    #: duration starts, one first gap before its first send: :func:`schedlab.targets.bench_first_gap_s`),
+    #: so a ``[target]`` takes the simulated run's duration as vLLM takes it; None where not known
+    bench_start_ms: float | None = None
 
     @property
     def first_token_ms(self) -> np.ndarray:
@@ -521,7 +529,7 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
                       "stream (--disable-stream: its TTFT is each request's whole latency): its TTFT and TPOT are "
                       "left out of the comparison, its latency compared", BenchReplayWarning, stacklevel=3)
         ttft, tpot = np.full(len(keep), np.nan), np.full(len(keep), np.nan)
-    sent = due = None
+    sent = due = bench_start = None
     due_known = True
     starts = _bench_list(path, data, "start_times", n, required=False)
     if starts is not None:
@@ -536,13 +544,17 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
             due_known = cap is None
         origin = due.min()
         sent, due = sent - origin, due - origin
+        gap = bench_first_gap_s(data)
+        firsts = [float(s) for s in starts if is_finite_number(s)]   # (a failed request was sent too)
+        if gap is not None and firsts:
+            bench_start = min(firsts) * 1e3 - gap * 1e3 - origin
     server = {}
     for key in ("server_ttfts", "server_queue_times"):
         values = _bench_list(path, data, key, n, required=False)
         server[key] = _bench_seconds(path, key, values, keep, allow_none=True) if values is not None else None
     measured = MeasuredRequests(str(path), due if due is not None else np.full(len(keep), np.nan), ttft, tpot, e2e,
                                 output, view="client", server_ttft_ms=server["server_ttfts"],
-                                server_queue_ms=server["server_queue_times"])
+                                server_queue_ms=server["server_queue_times"], bench_start_ms=bench_start)
     return BenchRun(rate, float(burstiness), cap, RequestColumns(prompt, output), measured, sent, due, ramp,
                     np.array(keep, dtype=np.int64), n, due_known, failed)
 
@@ -555,24 +567,27 @@ def _is_sglang_bench(path, index) -> bool:
 
 
 def redraw_arrivals_ms(bench: BenchRun, seed: int) -> np.ndarray:
-    """Arrivals of ``bench``'s requests drawn again as ``vllm bench serve`` draws them, in ms, the
-    first at 0: gamma gaps of shape ``burstiness`` at each request's rate (evenly spaced for
-    burstiness inf, all at 0 for an infinite rate). The rate is ``request_rate``, or in a
-    ramp-up run the rate vLLM gives the request at its index in the file (:func:`ramp_rates`);
-    failed requests keep their gaps there. The same seed gives the same arrivals."""
-    n = len(bench.columns)
-    cv = 1.0 / math.sqrt(bench.burstiness)   # 0 for burstiness inf: constant gaps
+    """Arrivals of ``bench``'s requests drawn again as ``vllm bench serve``'s ``get_request`` draws
+    them, in ms from the benchmark's start (where its duration starts): a delay for every request of
+    the file, the first included and failed ones too (they keep their gaps) -- gamma of shape
+    ``burstiness`` at the request's rate, ``1 / rate`` for burstiness inf, 0 for an infinite rate
+    --, summed, and without a ramp-up rescaled so that the file's last request goes exactly
+    ``n / request_rate`` after the start, as vLLM rescales them. In a ramp-up run each delay is
+    drawn at the rate vLLM gives the request at its index in the file (:func:`ramp_rates`), and
+    nothing is rescaled. The same seed gives the same arrivals."""
+    total, rows = bench.total, bench.rows
     if bench.ramp is None:
         if math.isinf(bench.rate):
-            return np.zeros(n)
-        return arrivals_ms("gamma", n, seed, rate=bench.rate, cv=cv)
-    rows = bench.rows
-    last = int(rows[-1])
-    rates = ramp_rates(bench.ramp, bench.total)
-    # gap before request i (i >= 1) at request i's rate; unit gaps / rate = gamma(shape, 1 / (rate * shape))
-    gaps = unit_gaps("gamma", last, np.random.default_rng(seed), cv) / rates[1:last + 1]
-    times = np.concatenate(([0.0], np.cumsum(gaps)))[rows]
-    return (times - times[0]) * 1000.0
+            return np.zeros(len(bench.columns))
+        rates = np.full(total, bench.rate)
+    else:
+        rates = ramp_rates(bench.ramp, total)
+    cv = 1.0 / math.sqrt(bench.burstiness)   # 0 for burstiness inf: constant gaps
+    # unit gaps / rate = gamma(shape, 1 / (rate * shape)), vLLM's draw
+    delays = np.cumsum(unit_gaps("gamma", total, np.random.default_rng(seed), cv) / rates)
+    if bench.ramp is None and delays[-1] != 0:
+        delays = delays * ((total / bench.rate) / delays[-1])
+    return delays[rows] * 1000.0
 
 
 def make_vllm_bench_workload(config: VllmBenchConfig):
@@ -604,7 +619,7 @@ def make_vllm_bench_workload(config: VllmBenchConfig):
                                     num_requests=n)
         if bench.max_concurrency is not None:  # the client's cap holds whatever the arrivals
             workload = CappedWorkload(workload, bench.max_concurrency)
-        measured = bench.measured
+        measured = attrs.evolve(bench.measured, bench_start_ms=0.0)  # (drawn from the benchmark's start)
     elif replay == "send_times" or bench.max_concurrency is None:
         workload = OpenLoopWorkload(lambda seed: (bench.sent_ms, columns), name="vllm_bench", num_requests=n)
         measured = attrs.evolve(bench.measured, arrival_ms=bench.sent_ms)  # simulated ids follow it
