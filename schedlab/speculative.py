@@ -70,6 +70,28 @@ def predictable_positions(key: int, threshold: int, count: int) -> int:
     return int.from_bytes(np.packbits(hits, bitorder="little").tobytes(), "little")
 
 
+def _rates_field():
+    def convert(value):
+        if isinstance(value, list):
+            return tuple(value)
+        return value
+
+    def check(_inst, attribute, value):
+        if not isinstance(value, tuple) or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                                               for x in value):
+            raise FieldError(attribute.name, f"must be a list of numbers, got {value!r}")
+        if any(not 0.0 <= x <= 1.0 for x in value):
+            raise FieldError(attribute.name, f"every rate must be in [0, 1], got {list(value)}")
+        if any(b > a for a, b in zip(value, value[1:])):
+            raise FieldError(attribute.name, f"must not increase: draft j is accepted only if draft j - 1 is, so "
+                                             f"its share of the steps cannot be larger, got {list(value)}")
+
+    return attrs.field(default=(), converter=convert, validator=check, metadata={
+        "help": "[m1, m2, ...]: the share of steps whose draft 1, 2, ... is accepted, as vLLM reports per-position "
+                "acceptance (spec_decode num_accepted_tokens_per_pos / drafts); replaces acceptance_rate, one rate "
+                "for every draft; empty = acceptance_rate"})
+
+
 def _schedule_field():
     def convert(value):
         if isinstance(value, list):
@@ -114,6 +136,7 @@ class SpeculativeConfig:
     acceptance_sd: float = float_field(
         0.0, min=0.0, help="spread of the rate over requests: each request draws its own from a Beta distribution "
                            "with mean acceptance_rate and this standard deviation (0 = the same for all)")
+    acceptance_by_position: tuple = _rates_field()
     k_by_batch_size: tuple = _schedule_field()
     draft: dict | None = table_field(
         None, help="the drafter's cost model table (kind = ..., e.g. a roofline of a small model); each step it "
@@ -133,6 +156,14 @@ class SpeculativeConfig:
         if self.method != "ngram" and self.draft is None:
             raise FieldError("draft", f"method {self.method!r} needs the drafter's cost model: "
                                       "draft = {kind = \"roofline\", model = ..., gpu = ...}")
+        rates = self.acceptance_by_position
+        if rates and self.acceptance_sd:
+            raise FieldError("acceptance_sd", "spreads acceptance_rate over requests; with acceptance_by_position "
+                                              "leave it out")
+        most = max([self.num_speculative_tokens] + [k for _first, _last, k in self.k_by_batch_size])
+        if rates and len(rates) < most:
+            raise FieldError("acceptance_by_position", f"gives {len(rates)} rate(s), but a step may verify {most} "
+                                                       "drafts: give one for each position")
         sd, mean = self.acceptance_sd, self.acceptance_rate
         if sd and not (0.0 < mean < 1.0 and sd * sd < mean * (1.0 - mean)):
             raise FieldError("acceptance_sd", f"must be below sqrt(rate x (1 - rate)) = "
@@ -183,8 +214,11 @@ def budget_problem(scheduler_config, config: SpeculativeConfig) -> str | None:
     return None
 
 
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Mean tokens a step with ``k`` drafts yields under i.i.d. acceptance: ``sum alpha^j, j = 0..k``."""
+def expected_tokens_per_step(alpha: float, k: int, by_position: tuple = ()) -> float:
+    """Mean tokens a step with ``k`` drafts yields under i.i.d. acceptance: ``sum alpha^j, j = 0..k``;
+    with per-position shares of accepted steps ``by_position`` (m_1 >= m_2 ...), ``1 + m_1 + ... + m_k``."""
+    if by_position:
+        return 1.0 + float(sum(by_position[:k]))
     if alpha == 1.0:
         return k + 1.0
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
@@ -215,6 +249,15 @@ class Speculation:
         self._seed_key = _mix((seed * _GOLDEN + _SALT) & _MASK)
         self._seed = seed
         self._k_memo: dict[int, int] = {}
+        #: acceptance by position: draft j is accepted, given draft j - 1 was, with m_j / m_(j-1)
+        #: (as 64-bit thresholds; None: one i.i.d. rate, acceptance_rate)
+        rates = config.acceptance_by_position
+        self._given = None
+        self.by_position = bool(rates)  # (the fast engine's inlined draws ask accepted() then)
+        if rates:
+            shares = (1.0,) + tuple(rates)
+            self._given = tuple(int(min(1.0, b / a) * 2.0 ** 64) if a > 0 else 0
+                                for a, b in zip(shares, shares[1:]))
 
     def configure_cache(self, kv) -> None:
         """Tell a prefix cache that keys blocks by content what this drafter's KV depends on
@@ -259,7 +302,16 @@ class Speculation:
 
     def accepted(self, seq, position: int, drafts: int) -> int:
         """How many of ``drafts`` draft tokens, for output positions ``position, position + 1,
-        ...`` of ``seq``, the target accepts: the leading predictable ones."""
+        ...`` of ``seq``, the target accepts: the leading predictable ones; by position, the
+        leading drafts each accepted given the one before (a hash of the request, ``position``
+        and the draft's index against its threshold: the same in both engines, step by step)."""
+        given = self._given
+        if given is not None:
+            key = _mix((self._seed_key + seq.request.id * _GOLDEN) & _MASK)
+            m = 0
+            while m < drafts and _mix((key + (position * 64 + m + 1) * _GOLDEN) & _MASK) < given[m]:
+                m += 1
+            return m
         bits = seq.spec_state
         if bits is None:
             bits = seq.spec_state = self.predictable(seq.request)

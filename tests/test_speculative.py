@@ -4,6 +4,7 @@ the batch-size schedule, cost models, configuration errors."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,60 @@ def test_acceptance_draws_follow_the_closed_form(alpha, k):
     for j in range(k + 1):  # P(m >= j) = a^j
         p = alpha ** j
         assert abs(reached[j] / n - p) < 5 * math.sqrt(p * (1 - p) / n) + 1e-12
+
+
+def test_acceptance_by_position_follows_its_shares():
+    """With per-position shares m_j (vLLM's per-position acceptance), draft j is accepted in a
+    share m_j of the steps that verify it, and a step yields 1 + m_1 + ... + m_k tokens on average."""
+    shares = (0.9, 0.6, 0.3, 0.05)
+    spec = Speculation(SpeculativeConfig(method="ngram", num_speculative_tokens=4, acceptance_by_position=shares),
+                       seed=5)
+    reached, tokens = np.zeros(5), []
+    for rid in range(300):
+        seq, position = _Seq(rid), 0
+        for _ in range(100):
+            m = spec.accepted(seq, position, 4)
+            reached[: m + 1] += 1
+            tokens.append(1 + m)
+            position += 1 + m
+    n = len(tokens)
+    for j, p in enumerate((1.0,) + shares):  # P(draft j accepted) = m_j
+        assert abs(reached[j] / n - p) < 5 * math.sqrt(p * (1 - p) / n) + 1e-12, j
+    assert abs(np.mean(tokens) - expected_tokens_per_step(0.0, 4, shares)) < 0.02
+    assert expected_tokens_per_step(0.0, 4, shares) == pytest.approx(1 + 0.9 + 0.6 + 0.3 + 0.05)
+    # a position's draws depend on the step's position and the draft's index, whatever the order of asking
+    a = [spec.accepted(_Seq(7), p, 4) for p in range(200)]
+    assert a == [spec.accepted(_Seq(7), p, 4) for p in reversed(range(200))][::-1]
+    assert [spec.accepted(_Seq(7), p, 2) for p in range(200)] == [min(m, 2) for m in a]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_acceptance_by_position_by_hand(engine):
+    """Shares [1, 0]: every step accepts its first draft and rejects its second. Prompt 4, output 9,
+    n-gram k = 2, linear costs (0.5 ms a prompt or draft token, 8 ms a decode step): the prefill
+    gives token 1 at 2 ms; each decode step (8 + 2 x 0.5 = 9 ms) gives 2 tokens, so tokens 3, 5,
+    7, 9 at 11, 20, 29 and 38 ms: 4 decode steps, 8 drafts verified, 4 accepted."""
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=2, acceptance_by_position=[1.0, 0.0])
+    r = run_engine([Request(0, 0.0, 4, 9)], ContinuousScheduler(ContinuousConfig(allocation="grow")),
+                   LinearCostModel(LinearConfig(prefill_ms_per_token=0.5)), PagedKVCache(16, 4),
+                   engine=engine, speculative=spec)
+    assert r.requests["first_token_ms"].tolist() == [2.0]
+    assert r.requests["finish_ms"].tolist() == [38.0]
+    c = r.counters
+    assert (c["spec_draft_tokens"], c["spec_accepted_tokens"]) == (8, 4)
+
+
+@pytest.mark.parametrize("table,message", [
+    ({"acceptance_by_position": [0.5, 0.7]}, "must not increase"),
+    ({"acceptance_by_position": [0.5, 1.2, 0.1]}, "every rate must be in [0, 1]"),
+    ({"acceptance_by_position": [0.8, 0.5]}, "gives 2 rate(s), but a step may verify 3 drafts"),
+    ({"acceptance_by_position": [0.8, 0.5, 0.2], "acceptance_sd": 0.1}, "with acceptance_by_position leave it out"),
+])
+def test_bad_acceptance_by_position_is_refused(table, message):
+    from schedlab.configs import FieldError
+
+    with pytest.raises(FieldError, match=re.escape(message)):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=3, **table)
 
 
 def test_draws_depend_on_seed_request_and_position_only():

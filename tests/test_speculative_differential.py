@@ -26,16 +26,21 @@ SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_c
 
 
 @st.composite
-def speculative_configs(draw):
+def speculative_configs(draw, by_position: bool = False):
+    """``by_position``: sometimes acceptance by draft position (vLLM's per-position rates) instead
+    of one rate (other files' checks read ``acceptance_rate``: off there)."""
     method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
     k = draw(st.integers(1, 5))
     rate = draw(st.sampled_from([0.0, 0.5, 0.8, 1.0]))
+    shares = draw(st.sampled_from([(), (0.9, 0.7, 0.5, 0.3, 0.1), (1.0, 0.5, 0.5, 0.0, 0.0)]))[:k] \
+        if by_position else ()
     return SpeculativeConfig(
         method=method,
         num_speculative_tokens=k,
         acceptance_rate=rate,
+        acceptance_by_position=shares,
         # per-request rates from a Beta distribution (defined strictly inside (0, 1) only)
-        acceptance_sd=draw(st.sampled_from([0.0, 0.2])) if 0.0 < rate < 1.0 else 0.0,
+        acceptance_sd=draw(st.sampled_from([0.0, 0.2])) if 0.0 < rate < 1.0 and not shares else 0.0,
         k_by_batch_size=draw(st.sampled_from([(), ((1, 2, k), (3, 4, 1), (6, 9, 0))])),
         draft=None if method == "ngram" else {"kind": "linear"},
         proposer_ms=draw(st.sampled_from([0.0, 0.25])),
@@ -49,7 +54,7 @@ def spec_setups(draw, starve: bool = True):
     ever decodes, which the kit's loop check would flag."""
     requests = draw(requests_lists(min_size=2, max_size=10, max_prompt=40, max_output=60, priorities=True,
                                    prefix_groups=2))
-    spec = draw(speculative_configs())
+    spec = draw(speculative_configs(by_position=True))
     k = spec.num_speculative_tokens
     kind = draw(st.sampled_from(["static", "sglang", "continuous", "continuous", "continuous"]))
     block_size = draw(st.integers(1, 6))

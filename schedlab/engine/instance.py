@@ -1579,6 +1579,7 @@ class Instance:
         this step's output is seen, counts as computed, and ``kept`` those it kept
         (:mod:`schedlab.engine.ahead`)."""
         spec = self.spec
+        by_position = spec.by_position
         steps = self.clock.steps
         counters = self.counters
         k, default_slots, override = plan.spec_k, plan.spec_slots, plan.spec_override
@@ -1599,11 +1600,14 @@ class Instance:
                 seq.reserved_tokens = taken
             generated = seq.gen_anchor + steps  # this step's first token included
             if drafts:
-                bits = seq.spec_state
-                if bits is None:
-                    bits = seq.spec_state = spec.predictable(seq.request)
-                x = bits >> (generated - 1)
-                m = (~x & (x + 1)).bit_length() - 1  # the accepted drafts: predictable positions in a row
+                if by_position:  # (Speculation.accepted: drawn draft by draft)
+                    m = spec.accepted(seq, generated - 1, drafts)
+                else:
+                    bits = seq.spec_state
+                    if bits is None:
+                        bits = seq.spec_state = spec.predictable(seq.request)
+                    x = bits >> (generated - 1)
+                    m = (~x & (x + 1)).bit_length() - 1  # the accepted drafts: predictable positions in a row
                 if generated == 1:  # its first token: a decode instance's first step verifies placeholders
                     m = 0
                 elif m > drafts:
