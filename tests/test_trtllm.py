@@ -236,6 +236,11 @@ def test_the_overlap_scheduler_is_off_where_its_loop_is_not_modelled(tmp_path):
     cluster = "[cluster]\npipeline_parallel = 2\n"
     scheduler = assembled(tmp_path, cluster=cluster).instances[0][0]
     assert not scheduler.plans_ahead
+    # ... and asked for there by name, refused by its own name (vLLM's asynchronous rules, which
+    # model vLLM with pipelines and speculation, are not TensorRT-LLM's loop there)
+    for extra in (cluster, '[speculative]\nmethod = "ngram"\n'):
+        with pytest.raises(ConfigError, match=r"\[scheduler\]: overlap_schedule: not modelled with "):
+            assembled(tmp_path, "overlap_schedule = true", cluster=extra)
 
 
 def test_a_budget_below_max_batch_size_is_accepted():

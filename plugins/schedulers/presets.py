@@ -34,7 +34,8 @@ schedlab models them (engines.md §1, §2, §5, §6; what each leaves out is sai
   asynchronous-scheduling rules, which TensorRT-LLM's overlap loop shares -- the next batch
   planned at the start of the one running, a request at its ``max_tokens`` not scheduled again
   (``GENERATION_TO_COMPLETE``), one at an EOS decoded once more -- off with disaggregation,
-  pipeline parallelism or ``[speculative]``, where TensorRT-LLM runs other loops). Not modelled:
+  pipeline parallelism or ``[speculative]``, where TensorRT-LLM runs other loops: a run asking for
+  it there is refused). Not modelled:
   the ``EQUAL_PROGRESS`` chunking policy; a waiting request whose chunk comes to 0 still holds
   back those behind it (TensorRT-LLM lets a later prompt's last chunk in); partial block reuse
   (``enable_partial_reuse``: schedlab reuses full blocks only); a max_tokens-less request's
@@ -240,7 +241,7 @@ def trtllm(config: TrtllmConfig) -> ContinuousScheduler:
     """The ``continuous`` scheduler with TensorRT-LLM's rules (see the module docstring)."""
     grow = config.capacity_policy == "MAX_UTILIZATION"
     longest = config.max_seq_len
-    return ContinuousScheduler(ContinuousConfig(
+    scheduler = ContinuousScheduler(ContinuousConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         chunked_prefill=config.chunked_prefill, allocation="grow" if grow else "reserve",
         # generation tokens first, then context chunks in whole KV blocks (MicroBatchScheduler)
@@ -249,6 +250,10 @@ def trtllm(config: TrtllmConfig) -> ContinuousScheduler:
         max_model_len="auto" if longest else 0, model_context=longest,
         default_max_tokens="max_model_len" if longest else "output",
         async_scheduling=config.overlap_schedule))
+    #: TensorRT-LLM's overlap loop is modelled where vLLM's asynchronous rules are its own: not
+    #: with disaggregation, pipelines or speculation, where a run naming it is refused
+    scheduler.ahead_key = "overlap_schedule"
+    return scheduler
 
 
 def register_presets(register) -> None:

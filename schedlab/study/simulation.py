@@ -955,7 +955,8 @@ def _check_async_scheduling(a: Assembled, where: str) -> None:
     planning = [parts[0] for parts in a.instances if plans_ahead(parts[0])]
     if not planning:
         return
-    key = _ahead_key(type(getattr(planning[0], "config", None)))
+    # (a preset building another scheduler names its own setting: trtllm's overlap_schedule)
+    key = getattr(planning[0], "ahead_key", None) or _ahead_key(type(getattr(planning[0], "config", None)))
     what = _unmodelled_ahead(a.speculative, a.parallelism, a.pools is not None, key)
     if what is not None:
         key = key or "async_scheduling"
