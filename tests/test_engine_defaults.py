@@ -38,12 +38,14 @@ RUN = """
     kind = "paged"
     model = "{model}"
     gpu = "{gpu}"
+    {kv_cache}
 """
 
 
-def run_text(gpu: str, scheduler: str = "", kind: str = "vllm", model: str = "llama-3-8b") -> str:
-    """A six-request run of ``kind`` on ``model`` and ``gpu`` (``scheduler``: more scheduler keys)."""
-    return textwrap.dedent(RUN.format(kind=kind, model=model, gpu=gpu, scheduler=scheduler))
+def run_text(gpu: str, scheduler: str = "", kind: str = "vllm", model: str = "llama-3-8b", kv_cache: str = "") -> str:
+    """A six-request run of ``kind`` on ``model`` and ``gpu`` (``scheduler``, ``kv_cache``: more keys
+    of those tables, one per line)."""
+    return textwrap.dedent(RUN.format(kind=kind, model=model, gpu=gpu, scheduler=scheduler, kv_cache=kv_cache))
 
 
 def gpu(name: str, memory_gib: float) -> GpuSpec:
@@ -122,7 +124,7 @@ def test_an_sglang_run_on_an_a100_40gb_chunks_by_4096(tmp_path):
 
 def _kv(tmp_path, scheduler_kind: str, kv_extra: str = ""):
     path = tmp_path / "exp.toml"
-    path.write_text(run_text("a100-80gb", kind=scheduler_kind).replace('kind = "paged"', 'kind = "paged"\n' + kv_extra))
+    path.write_text(run_text("a100-80gb", kind=scheduler_kind, kv_cache=kv_extra))
     exp = load(path)
     return assemble(exp.studies[0].base, exp.context, "x").instances[0][2]
 

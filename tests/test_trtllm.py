@@ -16,7 +16,6 @@ The linear cost model throughout: 0.05 ms a prompt token, 8 ms an iteration that
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 
@@ -30,6 +29,7 @@ from schedlab_plugins.cost_models.linear import LinearConfig
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers.continuous import ContinuousConfig, ContinuousScheduler
 from schedlab_plugins.schedulers.presets import TrtllmConfig, trtllm
+from test_engine_defaults import run_text
 
 ENGINES = ("fast", "reference")
 
@@ -175,31 +175,9 @@ def test_other_schedulers_do_not_round_their_chunks():
 # -- finding 2: defaults ------------------------------------------------------------------------------------
 
 
-RUN = """
-    [workload]
-    kind = "synthetic"
-    num_requests = 6
-    rate = 5
-    prompt = {{dist = "fixed", value = 100}}
-    output = {{dist = "fixed", value = 10}}
-    [scheduler]
-    kind = "trtllm"
-    {scheduler}
-    [cost_model]
-    kind = "roofline"
-    model = "llama-3-8b"
-    gpu = "a100-80gb"
-    [kv_cache]
-    kind = "paged"
-    model = "llama-3-8b"
-    gpu = "a100-80gb"
-    {kv_cache}
-"""
-
-
 def assembled(tmp_path, scheduler: str = "", kv_cache: str = "", cluster: str = ""):
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(scheduler=scheduler, kv_cache=kv_cache)) + cluster)
+    path.write_text(run_text("a100-80gb", scheduler, kind="trtllm", kv_cache=kv_cache) + cluster)
     exp = load(path)
     return assemble(exp.studies[0].base, exp.context, "x")
 
