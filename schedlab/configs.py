@@ -359,8 +359,12 @@ ELSEWHERE = {
     "tp_size": "tensor_parallel, in [cost_model] and [kv_cache] alike",
     "tensor_parallel": "tensor_parallel, in [cost_model] and [kv_cache] alike",
     "data_parallel_size": "[cluster] data_parallel",
-    "dp_size": "[cluster] data_parallel",
-    "enable_dp_attention": "[cluster] data_parallel, whose ranks step together as SGLang's DP attention does",
+    "dp_size": "[cluster] data_parallel with SGLang's --enable-dp-attention; without it SGLang's --dp N is N "
+               "independent replicas: [cluster] instances = N with router = {kind = \"round_robin\"}",
+    "enable_dp_attention": "[cluster] data_parallel, whose ranks step together as SGLang's DP attention does; "
+                           "with the sglang scheduler each rank then runs with SGLang's changes (chunked_prefill_size "
+                           "and a max_running_requests set divided by data_parallel, schedule_conservativeness x 0.3) "
+                           "and the ranks are picked round robin, as SGLang's are",
     "pipeline_parallel_size": "[cluster] pipeline_parallel",
     "enable_expert_parallel": "[cluster] expert_parallel",
     "speculative_config": "[speculative]",

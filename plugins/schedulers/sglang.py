@@ -135,6 +135,16 @@ requests wait and the batch is full nothing is attempted. So the plan is stable 
 events and the ratio is computed when needed from the engine's decode-step clock
 (``plan.decode_steps``), in closed form.
 
+**Data-parallel attention** (``--enable-dp-attention --dp D``: ``[cluster] data_parallel = D``,
+each rank a scheduler of its own): SGLang changes three settings per rank, and so does the
+scheduler when the run hands it that layout (:func:`dp_attention`) -- ``chunked_prefill_size``
+is divided by ``D`` (the value written or the GPU's default alike) and ``schedule_conservativeness``
+scaled by 0.3 (``server_args._handle_data_parallelism``), and a ``max_running_requests`` set is
+divided by ``D``, at least 1 (``ModelRunner``: ``max_running_requests // dp_size``; unset, SGLang's
+own from the rank's pool is per rank already). The run's ``meta["scheduler"]`` shows the values
+a rank ran with. The ranks are picked round robin unless ``[cluster] rank_router`` or ``router``
+says otherwise (``rank_router_kind``: ``--load-balance-method auto``).
+
 Simplifications (each deliberate):
 
 * Memory is counted in KV blocks and a page is a block (SGLang's default page size is 1 token;
@@ -177,9 +187,11 @@ Simplifications (each deliberate):
   in a pass, every later admission of the pass needs a preemption too, as SGLang's flag stays set.
   ``retraction_policy = "priority"`` retracts the least important first. Not with
   ``enable_mixed_chunk`` (refused).
-* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, LoRA batching, grammar queues,
-  speculative decoding and data parallelism are not modelled (overlap scheduling is refused with
-  speculation, pipeline parallelism and disaggregation: ``"auto"`` turns it off).
+* Policies ``random``, ``routing-key``, ``shortest-prefill-first``, LoRA batching, grammar queues
+  and speculative decoding are not modelled (overlap scheduling is refused with speculation,
+  pipeline parallelism and disaggregation: ``"auto"`` turns it off). SGLang's ``--dp`` without
+  ``--enable-dp-attention`` is independent replicas: ``[cluster] instances`` with ``router =
+  {kind = "round_robin"}``, not ``data_parallel``.
 """
 
 from __future__ import annotations
@@ -191,6 +203,7 @@ import attrs
 from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.errors import SimulationError
 from schedlab.kv_window import sequence_blocks
+from schedlab.parallelism import SINGLE, Parallelism
 
 from .sglang_policy import CACHE_AWARE, POLICIES, Policy, SglangQueue
 
@@ -298,6 +311,10 @@ class SglangConfig:
     #: SGLang's cache is its radix tree (on unless ``--disable-radix-cache``): a run whose
     #: ``[kv_cache]`` names no kind gets it, as the ``vllm`` preset gets prefix caching
     kv_cache_kind: ClassVar[str] = "radix"
+    #: SGLang's controller picks a data-parallel rank round robin (``--load-balance-method auto``,
+    #: ``_handle_load_balance_method``: all but a disaggregated prefill server): a data-parallel run
+    #: that names no rank router gets it, where other schedulers get vLLM's balancer (``vllm_dp``)
+    rank_router_kind: ClassVar[str] = "round_robin"
 
     @staticmethod
     def cost_model_defaults(table: dict) -> dict:
@@ -324,6 +341,22 @@ class SglangConfig:
             out["chunked_prefill_size"] = 2048 if memory < 20 else 4096 if memory < 60 else 8192 if memory < 160 \
                 else 16384
         return out
+
+
+def dp_attention(config: SglangConfig, ranks: int) -> SglangConfig:
+    """The settings of one of ``ranks`` data-parallel-attention ranks (``--enable-dp-attention
+    --dp ranks``), as SGLang changes them: ``server_args._handle_data_parallelism`` divides
+    ``chunked_prefill_size`` by the ranks (whatever value it ends up with: written or the GPU's
+    default; chunking left on that way off, mixed chunks with it, as ``is_mixed_chunk`` needs a
+    chunk) and scales ``schedule_conservativeness`` by 0.3; ``ModelRunner`` gives each rank
+    ``max_running_requests // dp_size`` of one set (at least 1 here; unset, SGLang's own from the
+    rank's pool is per rank already). One rank: ``config`` as it is."""
+    if ranks <= 1:
+        return config
+    chunk = config.chunked_prefill_size // ranks
+    slots = max(1, config.max_running_requests // ranks) if config.max_running_requests else 0
+    return attrs.evolve(config, chunked_prefill_size=chunk, enable_mixed_chunk=config.enable_mixed_chunk and chunk > 0,
+                        schedule_conservativeness=config.schedule_conservativeness * 0.3, max_running_requests=slots)
 
 
 def max_running_requests(config: SglangConfig, kv) -> int:
@@ -416,8 +449,10 @@ class SglangScheduler:
 
     stable_between_events = True
 
-    def __init__(self, config: SglangConfig | None = None):
-        self.config = c = config or SglangConfig()
+    def __init__(self, config: SglangConfig | None = None, parallelism: Parallelism = SINGLE):
+        # a data-parallel-attention rank runs with SGLang's per-rank settings (dp_attention)
+        self.config = c = dp_attention(config or SglangConfig(), parallelism.data_parallel)
+        self.ranks = parallelism.data_parallel
         #: the request slots (``max_running_requests``; None until the first plan sizes SGLang's own
         #: from the pool, :func:`max_running_requests`)
         self.slots = c.max_running_requests or None
@@ -506,8 +541,9 @@ class SglangScheduler:
         self._size_slots(kv)
         chunk, page = self.config.chunked_prefill_size, kv.block_size
         if chunk % page:
-            return (f"chunked_prefill_size = {chunk} is not a multiple of the page ({page} tokens, the KV cache's "
-                    "block_size), which SGLang refuses: chunks are whole pages")
+            rank = f" (a rank's: the value divided by data_parallel = {self.ranks})" if self.ranks > 1 else ""
+            return (f"chunked_prefill_size = {chunk}{rank} is not a multiple of the page ({page} tokens, the KV "
+                    "cache's block_size), which SGLang refuses: chunks are whole pages")
         return None
 
     def limit_request(self, request, kv):

@@ -79,7 +79,8 @@ class ClusterConfig:
     router: dict = table_field(attrs.Factory(lambda: {"kind": "round_robin"}),
                                help="the router table (kind = ...), used when instances > 1; disaggregated: the "
                                     "default router of both pools; one data-parallel deployment: picks the rank "
-                                    "(default vllm_dp), several: the deployment")
+                                    "(default: the scheduler's engine's, vllm_dp or SGLang's round_robin), "
+                                    "several: the deployment")
     prefill: dict | None = table_field(None, help="disaggregated: the prefill pool (instances, router, and scheduler, "
                                                   "cost_model, kv_cache tables overriding the run's)")
     decode: dict | None = table_field(None, help="disaggregated: the decode pool (same keys as prefill)")
@@ -95,10 +96,12 @@ class ClusterConfig:
     # factories, so the KV cache and the cost model follow the same layout.
     data_parallel: int = int_field(1, min=1, max=MAX_INSTANCES,
                                    help="data-parallel ranks, each with its own scheduler and KV cache (vLLM "
-                                        "--data-parallel-size; router: vllm_dp); a MoE model's step together")
+                                        "--data-parallel-size, SGLang --dp with --enable-dp-attention); a MoE "
+                                        "model's step together")
     rank_router: dict | None = table_field(
-        None, help="data_parallel: the router that picks the rank within a deployment (default vllm_dp, vLLM's DP "
-                   "load balancer); each deployment has its own")
+        None, help="data_parallel: the router that picks the rank within a deployment (default: vllm_dp, vLLM's DP "
+                   "load balancer; the sglang scheduler's round_robin, SGLang's --load-balance-method auto); each "
+                   "deployment has its own")
     expert_parallel: bool = bool_field(False, help="data_parallel > 1: whole experts spread over the ranks' GPUs "
                                                    "(vLLM --enable-expert-parallel), else every expert sharded")
     expert_balancedness: float = float_field(
@@ -1110,9 +1113,10 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
         power = [_power_model(ctx, tables, views[i] if views is not None else c, kv, f"{where} [power]")
                  for i, (_, c, kv) in enumerate(parts)]
     router = rank_routers = None
+    by_engine = _rank_router(ctx, tables, where)  # the default rank router: the scheduler's engine's
     if lockstep and deployments > 1:
         router = _build_router(ctx, cluster.router, deployments, f"{where} [cluster.router]")
-        table = cluster.rank_router or {"kind": "vllm_dp"}
+        table = cluster.rank_router or by_engine
         rank_routers = [_build_router(ctx, table, parallelism.data_parallel, f"{where} [cluster.rank_router]")
                         for _ in range(1 if check_only else deployments)]
     elif lockstep:  # one deployment: router picks the rank, as rank_router would
@@ -1120,15 +1124,29 @@ def _assemble_parallel(ctx: Context, tables: dict, cluster: ClusterConfig, clust
             raise ConfigError(f"{where} [cluster]: rank_router: one deployment's router is the rank's: give router "
                               "or rank_router, not both (or instances > 1, whose router picks the deployment)")
         key = "router" if "router" in cluster_table or cluster.rank_router is None else "rank_router"
-        table = getattr(cluster, key) if key in cluster_table else {"kind": "vllm_dp"}
+        table = getattr(cluster, key) if key in cluster_table else by_engine
         router = _build_router(ctx, table, count, f"{where} [cluster.{key}]")
     elif count > 1:
-        table = cluster.router if "router" in cluster_table or not parallelism.lockstep else {"kind": "vllm_dp"}
+        table = cluster.router if "router" in cluster_table or not parallelism.lockstep else by_engine
         router = _build_router(ctx, table, count, f"{where} [cluster.router]")
     return Assembled(workload, parts, router, cluster, slo, speculative, parallelism=parallelism, lockstep=lockstep,
                      power=power, views=views,
                      autoscaler=_cluster_autoscaler(ctx, cluster, workload, where, instances_from, router, slo),
                      deployments=deployments if lockstep else 1, rank_routers=rank_routers)
+
+
+def _rank_router(ctx: Context, tables: dict, where: str) -> dict:
+    """The router table that picks a data-parallel rank where ``[cluster]`` names none: the one
+    the scheduler's engine dispatches with (an optional ``rank_router_kind`` on its config class:
+    SGLang's controller, round robin), else vLLM's DP load balancer (``vllm_dp``)."""
+    config = _config_class(ctx, "scheduler", tables["scheduler"])
+    kind = getattr(config, "rank_router_kind", None)
+    if kind is not None and not isinstance(kind, str):  # (an attrs field of that name: a member_descriptor)
+        entry = ctx.catalog["scheduler"].get(tables["scheduler"]["kind"])
+        raise ConfigError(f"{where} [scheduler]: {entry_label(entry)}: {config.__qualname__}.rank_router_kind is "
+                          f"{type(kind).__name__}, not a router's name: declare it a class attribute "
+                          "(rank_router_kind: ClassVar[str] = \"round_robin\"), not a field of the config")
+    return {"kind": kind or "vllm_dp"}
 
 
 def _cost_name(cost) -> str:
