@@ -24,31 +24,85 @@ exception: LLMServingSim interpolates it slice by slice, clamping a slice below 
 and taking the nearest slice for a missing corner, which lets a longer chunk cost less on
 the shipped bundle; :class:`AttentionTable` says what is done instead. Every error names the
 file, and the column or row.
+
+What the composition sums is :data:`ARCHITECTURES`' list of each decoder layer's ops (the
+``sequence`` of LLMServingSim's ``profiler/models/<architecture>.yaml``), and the same list is
+what a bundle must hold: an op missing would count as no time (LLMServingSim skips it with a
+warning), so :class:`ProfileBundle` refuses it, as it refuses a hybrid ``layer_mix``, an
+architecture it does not know, a one-point table and attention without prefill or decode shots.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import math
+import warnings
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 import numpy as np
 
-from schedlab.errors import ConfigError, brief
+from schedlab.errors import ConfigError, InputWarning, brief
 from schedlab.results.storage import repeated_column
 
 #: Dense ops that run once per iteration, not once per decoder layer.
 ONCE_PER_ITERATION = ("embedding", "final_layernorm")
 #: Dense ops that run more than once per decoder layer (input and post-attention RMSNorm).
 REPEATS_PER_LAYER = {"layernorm": 2}
+#: Per-sequence ops (``per_sequence.csv``), once per iteration at the sequences in it.
+PER_SEQUENCE_OPS = ("lm_head", "sampler")
 #: the longest kernel time a bundle row may give, us (1,000 s: a row beyond is a damaged file)
 MAX_KERNEL_US = 1e9
 
 
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """What one decoder layer of an architecture runs, as the ``sequence`` of LLMServingSim's
+    ``profiler/models/<architecture>.yaml`` lists it (``layer``: its dense ops in order, an op
+    listed twice runs twice; ``moe``: its MLP is the expert block of ``moe.csv``). The bundle's
+    composition sums exactly these ops (:attr:`layer_weights`) plus :data:`ONCE_PER_ITERATION`
+    and :data:`PER_SEQUENCE_OPS`, and a bundle that lacks one of them is refused."""
+
+    layer: tuple[str, ...]
+    moe: bool = False
+
+    @property
+    def layer_weights(self) -> dict[str, int]:
+        """op -> how many times one decoder layer runs it."""
+        return {op: self.layer.count(op) for op in self.layer}
+
+
+_ATTENTION_BLOCK = ("layernorm", "qkv_proj", "rotary_emb", "o_proj", "layernorm")
+_QK_NORM_BLOCK = ("layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj", "layernorm")
+_DENSE_MLP = ("gate_up_proj", "act_fn", "down_proj")
+#: The architectures whose layers the composition knows (``meta.yaml: architecture``; the
+#: ``sequence`` of LLMServingSim's profiler/models/*.yaml at the commit in
+#: ``experiments/data/llmservingsim/COMMIT``). Every layer runs every op of its architecture:
+#: a hybrid one (``layer_mix``) is not modelled.
+ARCHITECTURES = {
+    "llama": Architecture(_ATTENTION_BLOCK + _DENSE_MLP),
+    "qwen3": Architecture(_QK_NORM_BLOCK + _DENSE_MLP),
+    "qwen3_moe": Architecture(_QK_NORM_BLOCK, moe=True),
+    "mixtral": Architecture(_ATTENTION_BLOCK, moe=True),
+    "phimoe": Architecture(_ATTENTION_BLOCK, moe=True),
+}
+
+
 class BundleError(ConfigError):
     """A profile bundle is missing a file or a column, or has a bad value."""
+
+
+class BundleWarning(InputWarning):
+    """A profile bundle read with something unchecked or assumed (no model or architecture
+    named, hardware other than the run's GPU)."""
+
+
+class ProfileRangeWarning(UserWarning):
+    """A run asks a profile bundle for more tokens or sequences than it measured: the times
+    beyond are extrapolated. (Said while the run runs, so not an :class:`InputWarning`, which
+    runs leave to the experiment's loading.)"""
 
 
 # --- CSV reading ----------------------------------------------------------------------------
@@ -56,15 +110,15 @@ class BundleError(ConfigError):
 
 def read_csv(path: Path, columns: tuple[str, ...], *, text: tuple[str, ...] = (),
              signed: tuple[str, ...] = ()) -> dict[str, list]:
-    """The named columns of a CSV file; numbers checked finite and >= 0 (times > 0; ``signed``
-    columns may be negative).
+    """The named columns of a CSV file (UTF-8, a byte-order mark accepted); numbers checked
+    finite and >= 0 (times > 0; ``signed`` columns may be negative).
 
     :raises BundleError: missing file or column, a column named twice in the header, or a bad
         value (naming file, line, column).
     """
     if not path.is_file():
         raise BundleError(f"{path}: missing file")
-    with _csv_problems(path), open(path, newline="", encoding="utf-8") as fh:
+    with _csv_problems(path), open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
@@ -105,7 +159,7 @@ def csv_header(path: Path) -> list[str]:
     """The column names of a CSV file (:raises BundleError: no such file)."""
     if not path.is_file():
         raise BundleError(f"{path}: missing file")
-    with _csv_problems(path), open(path, newline="", encoding="utf-8") as fh:
+    with _csv_problems(path), open(path, newline="", encoding="utf-8-sig") as fh:
         return [h.strip() for h in next(csv.reader(fh), [])]
 
 
@@ -247,6 +301,11 @@ def _tables_by_layer(data: dict, key: str, path: Path) -> dict[str, Table1D]:
         if x in points:
             raise BundleError(f"{path}: layer {layer!r}: {key} = {x:g} appears twice")
         points[x] = y
+    for layer, points in rows.items():
+        if len(points) < 2:
+            raise BundleError(f"{path}: layer {layer!r}: one {key} value only ({next(iter(points)):g}): a single "
+                              f"point cannot be interpolated (its time would be the same at every {key} count); "
+                              f"the profile needs it at two {key} counts or more")
     return {layer: Table1D(*extended(sorted(p), non_decreasing([p[x] for x in sorted(p)])))
             for layer, p in rows.items()}
 
@@ -527,11 +586,17 @@ class MoeTable:
         rows: dict[float, dict[float, float]] = {}
         for tokens, experts, t in zip(data["tokens"], data["activated_experts"], data["time_us"]):
             rows.setdefault(experts, {})[tokens] = t
+        for experts, row in sorted(rows.items()):
+            if len(row) < 2:
+                raise BundleError(f"{path}: activated_experts {experts:g}: one tokens value only "
+                                  f"({next(iter(row)):g}): a single point cannot be interpolated; the profile "
+                                  f"needs each expert count at two token counts or more")
         self.experts = sorted(rows)
         points = [(sorted(r), non_decreasing([r[k] for k in sorted(r)])) for _, r in sorted(rows.items())]
         slope = max(chord_slope(xs, ys) for xs, ys in points)  # see the class docstring
         self.rows = [Table1D(*extended(xs, ys, slope)) for xs, ys in points]
         self.min_experts = self.experts[0]                    # below these the table is clamped
+        self.max_tokens = min(xs[-1] for xs, _ in points)      # beyond, a row is extrapolated
         self.min_tokens = min(row.xs[0] for row in self.rows)
 
     def __call__(self, tokens: float, experts: float) -> float:
@@ -628,7 +693,7 @@ def read_meta(path: Path) -> dict:
     if not path.is_file():
         raise BundleError(f"{path}: missing file")
     try:
-        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+        meta = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
     except yaml.YAMLError as exc:
         raise BundleError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     except UnicodeDecodeError as exc:
@@ -666,6 +731,63 @@ def _missing_tp_folder(root: Path, tp: int) -> str:
             f"{expected} (tensor_parallel = {tp}); it holds {', '.join(inside) or 'no folders'}")
 
 
+def _legacy_layout(root: Path) -> str | None:
+    """What to say of LLMServingSim's legacy v0 layout (``tp<N>/layers.csv``, no meta.yaml), at
+    ``root`` or one of its ``tp<N>/`` folders; None for anything else."""
+    if (root / "meta.yaml").is_file():
+        return None
+    if any((root / tp / "layers.csv").is_file() for tp in _tp_folders(root)) or (
+            root.name.startswith("tp") and (root / "layers.csv").is_file()):
+        return (f"{root}: this is LLMServingSim's legacy v0 layout (tp<N>/layers.csv, no meta.yaml), which is "
+                f"not supported (nor read by LLMServingSim's own simulator today): re-profile the model with "
+                f"LLMServingSim's current profiler (profiler/), which writes <hardware>/<model>/<variant>/ with "
+                f"meta.yaml and tp<N>/dense.csv, per_sequence.csv, attention.csv")
+    return None
+
+
+def architecture_of(meta: dict, meta_path: Path) -> Architecture | None:
+    """The :class:`Architecture` ``meta.yaml`` names (None when it names none).
+
+    :raises BundleError: a hybrid model (``layer_mix``: linear- and full-attention layers) or an
+        architecture whose layers the composition does not know.
+    """
+    mix = meta.get("layer_mix")
+    if mix is not None:
+        raise BundleError(f"{meta_path}: layer_mix {brief(mix, 120)}: a hybrid model (layers of different kinds, "
+                          f"e.g. linear and full attention) is not modelled: the profiled cost model runs every "
+                          f"operator of the bundle in every layer, which would time this model wrongly")
+    name = meta.get("architecture")
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in ARCHITECTURES:
+        raise BundleError(f"{meta_path}: architecture {brief(name)} is not modelled: which operators its layers "
+                          f"run is not known to the profiled cost model (it knows {', '.join(sorted(ARCHITECTURES))})")
+    return ARCHITECTURES[name]
+
+
+def _check_ops(path: Path, tables: dict, expected: tuple[str, ...], name: str, meta_path: Path) -> None:
+    """Refuse a table that lacks an op the architecture runs (it would count as no time) or
+    holds one it does not (where it runs is not known)."""
+    missing = [op for op in dict.fromkeys(expected) if op not in tables]
+    if missing:
+        raise BundleError(f"{path}: column 'layer': no rows of {', '.join(missing)}, which a {name!r} model runs "
+                          f"({meta_path.name}: architecture): a missing operator would count as no time; "
+                          f"profile {'them' if len(missing) > 1 else 'it'} (has {', '.join(tables)})")
+    extra = [op for op in tables if op not in expected]
+    if extra:
+        raise BundleError(f"{path}: column 'layer': {', '.join(extra)} is not an operator of a {name!r} model "
+                          f"({meta_path.name}: architecture; it runs {', '.join(dict.fromkeys(expected))}): "
+                          f"a bundle of another architecture?")
+
+
+def _largest(data: dict, key: str) -> float:
+    """The smallest, over a table's ops, of the largest ``key`` each op was profiled at."""
+    top: dict[str, float] = {}
+    for layer, x in zip(data["layer"], data[key]):
+        top[layer] = max(top.get(layer, x), x)
+    return min(top.values())
+
+
 class ProfileBundle:
     """The tables of one bundle at one tensor-parallel degree, times in **milliseconds**.
 
@@ -674,7 +796,17 @@ class ProfileBundle:
     :ivar per_sequence: ``lm_head`` + ``sampler`` against sequences in the iteration;
     :ivar attention: one layer's attention; :ivar moe: one MoE layer (or None);
     :ivar skew: the skew alpha (or None: no correction, when the bundle has no ``skew_fit.csv``
-        or ``meta.yaml`` does not mark ``skew_fit.enabled``).
+        or ``meta.yaml`` does not mark ``skew_fit.enabled``);
+    :ivar architecture: the :class:`Architecture` ``meta.yaml`` names, whose ops the tables must
+        hold exactly (None: it names none, and the ops are summed as listed);
+    :ivar profiled_tokens, profiled_sequences: ``(count, file)``: the most tokens (sequences)
+        every table was profiled at, and the file that stops first; beyond, times are
+        extrapolated (:meth:`beyond_profile`).
+
+    :raises BundleError: a missing or damaged file; LLMServingSim's legacy v0 layout; a hybrid
+        (``layer_mix``) or unknown architecture; an op the architecture runs missing from its
+        table (or one it does not run there); an op profiled at one token count only; an
+        attention table without prefill shots or without decode shots.
     """
 
     def __init__(self, root, tensor_parallel: int = 1):
@@ -682,35 +814,72 @@ class ProfileBundle:
         if not self.root.is_dir():
             raise BundleError(f"{self.root}: profile folder not found (expected <hardware>/<model>/<variant>/ "
                               f"with meta.yaml and tp<N>/)")
+        legacy = _legacy_layout(self.root)
+        if legacy:
+            raise BundleError(legacy)
         self.tp = tensor_parallel
         folder = self.root / f"tp{tensor_parallel}"
         if not folder.is_dir():
             raise BundleError(_missing_tp_folder(self.root, tensor_parallel))
-        self.meta = read_meta(self.root / "meta.yaml")
+        meta_path = self.root / "meta.yaml"
+        self.meta = read_meta(meta_path)
+        #: the architecture meta.yaml names (None: a bundle that names none, its ops unchecked)
+        self.architecture = architecture_of(self.meta, meta_path)
+        arch = self.architecture
+        name = self.meta.get("architecture")
 
         path = folder / "dense.csv"
-        dense = _tables_by_layer(read_csv(path, ("layer", "tokens", "time_us"), text=("layer",)), "tokens", path)
-        once = [(1e-3, t) for name, t in dense.items() if name in ONCE_PER_ITERATION]
-        per_layer = [(1e-3 * REPEATS_PER_LAYER.get(name, 1), t) for name, t in dense.items()
-                     if name not in ONCE_PER_ITERATION]
+        data = read_csv(path, ("layer", "tokens", "time_us"), text=("layer",))
+        dense = _tables_by_layer(data, "tokens", path)
+        weights = REPEATS_PER_LAYER
+        if arch is not None:
+            _check_ops(path, dense, arch.layer + ONCE_PER_ITERATION, name, meta_path)
+            weights = arch.layer_weights
+        else:
+            warnings.warn(f"{meta_path}: names no architecture (LLMServingSim's profiler writes one): the ops of "
+                          f"{path.parent.name}/dense.csv are summed as listed ({', '.join(dense)}), not checked "
+                          f"against a model's layer", BundleWarning, stacklevel=2)
+        once = [(1e-3, t) for name_, t in dense.items() if name_ in ONCE_PER_ITERATION]
+        per_layer = [(1e-3 * weights.get(name_, 1), t) for name_, t in dense.items()
+                     if name_ not in ONCE_PER_ITERATION]
         if not per_layer:
             raise BundleError(f"{path}: column 'layer': no per-layer dense ops (only {', '.join(dense)})")
         self.dense_layers = sorted(dense)
         self.dense_layer = sum_tables(per_layer)
         self.dense_once = sum_tables(once) if once else Table1D([1.0], [0.0])
+        #: the fewest tokens any dense op was profiled up to (beyond: extrapolated), and where
+        self.profiled_tokens = (_largest(data, "tokens"), path)
 
         path = folder / "per_sequence.csv"
-        per_seq = _tables_by_layer(read_csv(path, ("layer", "sequences", "time_us"), text=("layer",)),
-                                   "sequences", path)
+        data = read_csv(path, ("layer", "sequences", "time_us"), text=("layer",))
+        per_seq = _tables_by_layer(data, "sequences", path)
+        if arch is not None:
+            _check_ops(path, per_seq, PER_SEQUENCE_OPS, name, meta_path)
         self.per_sequence = sum_tables([(1e-3, t) for t in per_seq.values()])
+        #: the fewest sequences lm_head and the sampler were profiled up to, and where
+        self.profiled_sequences = (_largest(data, "sequences"), path)
 
         path = folder / "attention.csv"
         data, by_key = read_attention(path)
+        if not any(pc > 0 for pc in data["prefill_chunk"]):
+            raise BundleError(f"{path}: no shot with a prefill chunk (prefill_chunk > 0): a prefill's attention "
+                              f"cannot be looked up (it would cost what the cheapest decode shot does)")
+        if not any(nd > 0 for nd in data["n_decode"]):
+            raise BundleError(f"{path}: no shot with decodes (n_decode > 0): decodes' attention cannot be looked "
+                              f"up (it would cost what the cheapest prefill shot does)")
         data["time_us"] = [t * 1e-3 for t in data["time_us"]]
         self.attention = AttentionTable(data, path, by_key=by_key)
+        decodes = max(data["n_decode"])
+        if decodes < self.profiled_sequences[0]:
+            self.profiled_sequences = (decodes, path)
 
         self.moe = None
         moe_path = self.root / "tp1" / "moe.csv"
+        if arch is not None and arch.moe != moe_path.is_file():
+            raise BundleError(f"{moe_path}: missing file (meta.yaml: architecture {name!r} is a mixture of experts; "
+                              f"its experts are timed from this table)" if arch.moe else
+                              f"{moe_path}: an expert table in a bundle whose architecture {name!r} (meta.yaml) has "
+                              f"no experts")
         if moe_path.is_file():
             columns = ("tokens", "activated_experts", "time_us")
             if "ep" in csv_header(moe_path):  # vLLM 0.28's profiler: the rows at one expert-parallel rank
@@ -722,6 +891,8 @@ class ProfileBundle:
                 data = read_csv(moe_path, columns)
             data["time_us"] = [t * 1e-3 for t in data["time_us"]]
             self.moe = MoeTable(data, moe_path)
+            if self.moe.max_tokens < self.profiled_tokens[0]:
+                self.profiled_tokens = (self.moe.max_tokens, moe_path)
 
         self.skew = None
         fit_path = folder / "skew_fit.csv"
@@ -735,3 +906,16 @@ class ProfileBundle:
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    def beyond_profile(self, what: str) -> str:
+        """What to say of a run with more ``what`` ("tokens" or "sequences") in a batch than
+        the bundle profiled (:attr:`profiled_tokens`, :attr:`profiled_sequences`)."""
+        count, path = self.profiled_tokens if what == "tokens" else self.profiled_sequences
+        key = "max_num_batched_tokens" if what == "tokens" else "max_num_seqs"
+        engine = (self.meta.get("engine_effective") or {}) if isinstance(self.meta.get("engine_effective"), dict) \
+            else {}
+        ran = f"; the profiler's engine ran {key} = {engine[key]} (meta.yaml: engine_effective)" \
+            if key in engine else ""
+        return (f"{self.root}: this run has batches of more than {count:,.0f} {what}, the most "
+                f"{path.parent.name}/{path.name} profiled{ran}: their times are extrapolated past the "
+                f"profile (each table along the chord of its top half), not measured")

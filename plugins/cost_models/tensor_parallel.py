@@ -15,6 +15,11 @@ layers' all-reduces from vLLM's own all-reduce where it was measured on the mach
 (:mod:`.vllm_all_reduce`; the cost models' ``tp_all_reduce``). They are not linear in the
 tokens (a small message is latency, a large one bandwidth), so the cost models memoise them
 per token count.
+
+LLMServingSim's trace generator, which the ``profiled`` cost model otherwise follows, has one
+all-reduce after ``o_proj`` and one after ``down_proj`` only: one per layer for a MoE model
+(none after its expert block without expert parallelism) and none for the embedding or the
+logits. vLLM runs the ones above, and so does schedlab.
 """
 
 from __future__ import annotations
