@@ -150,12 +150,19 @@ def test_without_a_gpu_the_defaults_follow_the_model_alone():
 
 
 def test_the_vllm_v0_preset_takes_v0s_budget_from_the_context(tmp_path):
-    # vLLM V0's SchedulerConfig: max(max_model_len, 2048) tokens without chunked prefill, 512 with it
+    # vLLM V0's SchedulerConfig (v0.8.5): max(max_model_len, 2048) tokens without chunked prefill, 2048 with it
+    # (_DEFAULT_MAX_NUM_BATCHED_TOKENS; 512 up to v0.6.4); and EngineArgs._set_default_args_v0 turns chunked
+    # prefill on by default for max_model_len > 32768 (since v0.5.3), where V0 then schedules decodes first
+    # (_schedule_chunked_prefill): Llama-3.1-8B's 131,072 tokens are served in 2,048-token steps
     llama2, llama31 = (next(spec for spec, _ in MODELS if spec.name == name) for name in ("llama-2-7b", "llama-3.1-8b"))
+    chunked = {"prefill_first": False, "running_order": "decodes_first"}
     assert VllmV0Config.run_defaults(None, llama2, {}) == {"max_model_len": 4096, "max_num_batched_tokens": 4096}
-    assert VllmV0Config.run_defaults(None, llama31, {}) == {"max_model_len": 131072, "max_num_batched_tokens": 131072}
+    assert VllmV0Config.run_defaults(None, llama31, {}) == {
+        "max_model_len": 131072, "chunked_prefill": True, "max_num_batched_tokens": 2048, **chunked}
+    assert VllmV0Config.run_defaults(None, llama31, {"chunked_prefill": False}) == {
+        "max_model_len": 131072, "max_num_batched_tokens": 131072}
     assert VllmV0Config.run_defaults(None, llama2, {"chunked_prefill": True}) == {
-        "max_model_len": 4096, "max_num_batched_tokens": 512}
+        "max_model_len": 4096, "max_num_batched_tokens": 2048, **chunked}
     assert VllmV0Config.run_defaults(None, None, {"max_model_len": 1000}) == {"max_num_batched_tokens": 2048}
     assert VllmV0Config.run_defaults(None, llama2, {"max_num_batched_tokens": 100}) == {
         "max_model_len": 4096, "max_num_seqs": 100}
@@ -165,13 +172,16 @@ def test_the_vllm_v0_preset_takes_v0s_budget_from_the_context(tmp_path):
 
 
 def test_vllm_v0_refuses_a_budget_below_max_model_len_without_chunking(tmp_path):
-    # V0's SchedulerConfig._verify_args: a prompt of max_model_len tokens must fit one step
+    # V0's SchedulerConfig._verify_args: a prompt of max_model_len tokens must fit one step -- without
+    # chunked prefill, which V0 turns on by default over 32K (_set_default_args_v0): so Llama-3.1-8B with
+    # 16,384 tokens is accepted (chunked), and refused only with chunked_prefill = false
     with pytest.raises(ConfigError, match=r"exp\.toml: \[scheduler\]: max_num_batched_tokens \(16384\) is smaller "
                                           r"than max_model_len \(131072\): vLLM V0 refuses"):
-        _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b", scheduler="max_num_batched_tokens = 16384")
-    chunked = _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b",
-                      scheduler="max_num_batched_tokens = 16384\nchunked_prefill = true")
-    assert (chunked.max_num_batched_tokens, chunked.max_model_len) == (16384, 131072)
+        _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b",
+                scheduler="max_num_batched_tokens = 16384\nchunked_prefill = false")
+    for scheduler in ("max_num_batched_tokens = 16384", "max_num_batched_tokens = 16384\nchunked_prefill = true"):
+        chunked = _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b", scheduler=scheduler)
+        assert (chunked.max_num_batched_tokens, chunked.max_model_len, chunked.chunked_prefill) == (16384, 131072, True)
     assert _config(tmp_path, kind="vllm-v0", model="llama-3.1-8b",
                    scheduler="max_num_batched_tokens = 16384\nmax_model_len = 16384").max_model_len == 16384
 

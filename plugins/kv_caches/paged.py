@@ -215,6 +215,13 @@ class PagedKVCache:
         window = 0 if self.window is None else self.window.held(seq.num_computed_tokens, seq.num_computed_tokens + 1)
         return -(-tokens // self.block_size), window
 
+    def swap_in_blocks(self, seq) -> int:
+        """The blocks swapped-out ``seq`` would take back (window blocks included), with room for
+        its next token: what :meth:`swap_in` asks free, and what a scheduler holding a watermark
+        checks against it first (vLLM V0 ``_can_swap``: ``num_blocks_touched``)."""
+        need, window = self._swap_in_need(seq)
+        return need + window
+
     def swap_in(self, seq) -> float | None:
         """Bring ``seq`` back with room for its next token; None if the GPU lacks the blocks."""
         blocks = seq.kv_state

@@ -1,6 +1,6 @@
-"""Built-in schedulers: ``static``, ``continuous`` and its engine presets (``vllm``, ``vllm-v0``, ``orca``, ``trtllm``),
-``tgi`` (text-generation-inference's router), ``vtc`` (token-fair continuous batching) and ``sglang`` (SGLang's
-prefill-first scheduler with retraction). ``continuous`` also orders by priority, predicted length (``sjf``) or
+"""Built-in schedulers: ``static``, ``continuous`` and its engine presets (``vllm``, ``vllm-v0``, ``orca``,
+``sarathi``, ``trtllm``), ``tgi`` (text-generation-inference's router), ``vtc`` (token-fair continuous batching) and
+``sglang`` (SGLang's prefill-first scheduler with retraction). ``continuous`` also orders by priority, predicted length (``sjf``) or
 SGLang's ``lof``, and both ``static`` and ``continuous`` take a batching window (``max_wait_ms``)."""
 
 import schedlab

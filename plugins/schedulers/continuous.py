@@ -13,11 +13,18 @@ checked step by step against vLLM 0.33's own scheduler, see ``tools/vllm_diff.py
    itself is the victim. Preemption is by recompute, or with ``preemption = "swap"`` a copy
    to CPU swap space (vLLM V0, §2). ``running_order = "decodes_first"`` gives every decode
    its token before any prefill chunk (Sarathi-Serve);
-2. swapped sequences come back before anything new is admitted (vLLM V0);
+2. swapped sequences come back before anything new is admitted (vLLM V0; its ``vllm-v0``
+   preset without chunking admits nothing after them in the same step either, as
+   ``_schedule_default`` schedules prompts only at a step's start);
 3. waiting requests are admitted in queue order while ``max_num_seqs``, the per-iteration
    token budget ``max_num_batched_tokens`` and the KV cache allow -- but not in an iteration
    that preempted (vLLM). ``allocation = "reserve"`` holds KV for ``prompt + max_tokens`` at
-   admission (Orca, TensorRT-LLM ``GUARANTEED_NO_EVICT``): never preempts, wastes memory;
+   admission (the Orca paper, TensorRT-LLM ``GUARANTEED_NO_EVICT``): never preempts, wastes
+   memory. A request without ``max_tokens`` holds the rest of ``max_model_len`` with
+   ``default_max_tokens = "max_model_len"`` (TensorRT-LLM), or its own true output with
+   ``"output"`` (the default here: an oracle no server has); ``reserve_max_model_len`` holds
+   all of ``max_model_len`` for every request (Sarathi-Serve's Orca and FasterTransformer
+   baselines: ``ceil(max_model_len / block_size)`` blocks each);
    ``"grow"`` allocates blocks as tokens are computed (vLLM, TRT-LLM ``MAX_UTILIZATION``),
    and with ``reserve_full_prompt`` admits a request only when its whole prompt's blocks
    fit, not only its first chunk's (vLLM ``scheduler_reserve_full_isl``).
@@ -27,9 +34,11 @@ output first) or ``lof`` (SGLang's longest output first), see :mod:`.orders`; a 
 window (``max_wait_ms``, see :mod:`.window`) may hold new requests back so a batch forms.
 
 ``chunked_prefill`` splits a prompt that does not fit the remaining budget (Sarathi-Serve,
-vLLM V1); ``long_prefill_token_threshold`` caps one request's chunk. ``prefill_first``
+vLLM V1; the ``sarathi`` preset has Sarathi-Serve's settings); ``long_prefill_token_threshold``
+caps one request's chunk (vLLM's, not Sarathi-Serve's dynamic chunking schedule). ``prefill_first``
 makes an iteration that admits new prompts skip the decodes (vLLM V0 without chunking,
-SGLang's default), which stalls running streams behind long prompts.
+SGLang's default; V0 with chunking schedules decodes first: the ``vllm-v0`` preset then sets
+``running_order = "decodes_first"``), which stalls running streams behind long prompts.
 """
 
 from __future__ import annotations
@@ -82,6 +91,69 @@ def max_model_len_field():
         "the longest the KV cache holds, at most model_context")})
 
 
+#: ``default_max_tokens``' choices and help, shared with ``static``
+DEFAULT_MAX_TOKENS = ("output", "max_model_len", "auto")
+DEFAULT_MAX_TOKENS_HELP = (
+    "what a reservation (allocation = 'reserve') holds for a request without max_tokens of its own: 'output', its "
+    "true output (an oracle no server has), 'max_model_len', the rest of max_model_len (TensorRT-LLM deduces "
+    "max_tokens = max_seq_len - prompt), or 'auto', 'max_model_len' when there is a max_model_len, else 'output'; "
+    "the request still stops at its own output")
+RESERVE_MAX_MODEL_LEN_HELP = (
+    "a reservation holds all of max_model_len for every request, whatever its prompt and max_tokens (Sarathi-Serve's "
+    "Orca and FasterTransformer baselines: ceil(max_model_len / block_size) blocks each); needs a max_model_len")
+
+
+def check_reservation_settings(config) -> None:
+    """``default_max_tokens = "max_model_len"`` and ``reserve_max_model_len`` need a ``max_model_len``."""
+    if config.default_max_tokens == "max_model_len" and not config.max_model_len:
+        raise ConfigError("default_max_tokens = 'max_model_len' needs a max_model_len (the rest of it is what a "
+                          "request without max_tokens reserves)")
+    if config.reserve_max_model_len and not config.max_model_len:
+        raise ConfigError("reserve_max_model_len needs a max_model_len (all of it is what every request reserves)")
+
+
+def reserves_max_model_len(config) -> bool:
+    """Whether a reservation under ``config`` holds (the rest of) ``max_model_len`` rather than a
+    request's own output for a request without ``max_tokens`` (``default_max_tokens``; ``"auto"``:
+    when there is a ``max_model_len``), or for every request (``reserve_max_model_len``)."""
+    return bool(config.reserve_max_model_len or config.default_max_tokens == "max_model_len"
+                or (config.default_max_tokens == "auto" and config.max_model_len))
+
+
+def served_max_model_len(config, kv, in_flight_tokens: int | None = None) -> int:
+    """``config.max_model_len`` as served with ``kv`` (0: no limit); ``"auto"``: the most tokens
+    the cache's blocks hold (:func:`schedlab.kv_window.tokens_fitting`), at most ``model_context``."""
+    if config.max_model_len != "auto":
+        return config.max_model_len
+    fits = tokens_fitting(kv, kv.num_blocks, in_flight_tokens)
+    return min(fits, config.model_context) if config.model_context else fits
+
+
+def reserved_tokens(config, request, longest: int) -> int:
+    """The tokens a reservation holds for ``request`` when :func:`reserves_max_model_len`, with
+    ``longest`` the ``max_model_len`` served: ``prompt + max_tokens``, or without a max_tokens of its
+    own (or with ``reserve_max_model_len``) all of ``longest`` -- never less than the request may
+    compute (a longer one is cut to it on arrival, or rejected)."""
+    tokens = request.prompt_tokens + request.max_output_tokens
+    if request.max_tokens is not None and not config.reserve_max_model_len:
+        return tokens
+    return max(tokens, longest)
+
+
+def cut_to_max_model_len(request, longest, reject_overflow: bool = False):
+    """``request`` as served within ``longest`` (``max_model_len``; ``"auto"``: nothing to cut by
+    yet): ``max_tokens`` cut to ``longest - prompt`` when longer (vLLM's ``get_max_tokens``), unless
+    it is the client's own and ``reject_overflow`` (rejected instead)."""
+    if longest == "auto":
+        return request
+    room = longest - request.prompt_tokens
+    if room < 1 or request.max_output_tokens <= room:
+        return request
+    if request.max_tokens is not None and reject_overflow:
+        return request
+    return attrs.evolve(request, max_tokens=room)
+
+
 @attrs.frozen
 class ContinuousConfig:
     max_num_seqs: int = int_field(256, min=1, help="most sequences running at once (vLLM max_num_seqs)")
@@ -89,12 +161,13 @@ class ContinuousConfig:
     chunked_prefill: bool = bool_field(False, help="split prompts that do not fit the remaining budget")
     long_prefill_token_threshold: int = int_field(0, min=0, help="cap on one request's prefill chunk (0 = none)")
     allocation: str = str_field("reserve", choices=("reserve", "grow"),
-                                help="'reserve' prompt+max_tokens at admission (Orca), or 'grow' as tokens are computed (vLLM)")
+                                help="'reserve' prompt + max_tokens at admission (the Orca paper; a request without "
+                                     "max_tokens: see default_max_tokens), or 'grow' as tokens are computed (vLLM)")
     preemption: str = str_field("recompute", choices=("recompute", "swap"), help="what a preemption does with the victim's KV")
     swap_full: str = str_field("recompute", choices=("recompute", "fail"),
                                help="when swap space is full: recompute instead (counted), or fail the run")
     watermark: float = float_field(0.0, min=0.0, max=1.0,
-                                   help="share of KV blocks kept free at admission (vLLM V0 uses 0.01)")
+                                   help="share of KV blocks kept free at admission and swap-in (vLLM V0 uses 0.01)")
     prefill_first: bool = bool_field(False, help="an iteration that admits prompts skips decodes (vLLM V0, SGLang)")
     running_order: str = str_field(
         "admission", choices=("admission", "decodes_first"),
@@ -106,8 +179,9 @@ class ContinuousConfig:
     policy: str = str_field("fcfs", choices=("fcfs", "priority", "sjf", "lof"),
                             help="waiting order and victim choice: arrival, (priority, arrival) as vLLM's priority "
                                  "policy, shortest predicted output first, or SGLang's longest max_tokens first")
-    priority_preemption: bool = bool_field(False,
-                                           help="a waiting request may preempt lower-priority running ones (off in vLLM)")
+    priority_preemption: bool = bool_field(
+        False, help="a waiting request may preempt lower-priority running ones (off in vLLM V1; V0's priority policy "
+                    "always does without chunking: vllm-v0)")
     prediction_sigma: float = float_field(
         0.0, min=0.0, help="policy 'sjf': lognormal sigma of the output-length prediction error (0 = exact)")
     prediction_seed: int = int_field(0, min=0, help="policy 'sjf': seed of the prediction errors, drawn per request id")
@@ -131,10 +205,9 @@ class ContinuousConfig:
                        "of this many tokens (TensorRT-LLM: tokens_per_block); 0 = the KV cache's block size, 1 = no "
                        "rounding (vLLM)")
     default_max_tokens: str = str_field(
-        "output", choices=("output", "max_model_len"),
-        help="what allocation = 'reserve' holds for a request without max_tokens of its own: 'output', its true "
-             "output (an oracle no server has), or 'max_model_len', the rest of max_model_len (TensorRT-LLM deduces "
-             "max_tokens = max_seq_len - prompt); the request still stops at its own output")
+        "output", choices=DEFAULT_MAX_TOKENS,
+        help=DEFAULT_MAX_TOKENS_HELP + " (continuous: 'output'; the orca preset: 'auto')")
+    reserve_max_model_len: bool = bool_field(False, help=RESERVE_MAX_MODEL_LEN_HELP)
     decodes_wait_for_budget: bool = bool_field(
         False, help="decodes beyond max_num_batched_tokens wait for a later iteration, so the budget may be below "
                     "max_num_seqs (TensorRT-LLM's micro-batch scheduler stops at the token budget); off: such a "
@@ -150,9 +223,9 @@ class ContinuousConfig:
                 f"({self.max_num_seqs}), or some running sequences could not decode (vLLM checks the same)")
         if self.preemption == "swap" and self.allocation == "reserve":
             raise ConfigError("preemption = 'swap' needs allocation = 'grow' (reserving sequences are never preempted)")
-        if self.default_max_tokens == "max_model_len" and not self.max_model_len:
-            raise ConfigError("default_max_tokens = 'max_model_len' needs a max_model_len (the rest of it is what a "
-                              "request without max_tokens reserves)")
+        check_reservation_settings(self)
+        if self.reserve_max_model_len and self.allocation != "reserve":
+            raise ConfigError("reserve_max_model_len needs allocation = 'reserve' (it is what a reservation holds)")
         if self.prediction_sigma and self.policy != "sjf":
             raise ConfigError(f"prediction_sigma only affects policy = 'sjf' (policy is {self.policy!r})")
         check_window_settings(self)
@@ -215,8 +288,12 @@ class ContinuousScheduler:
         self._unit = c.chunk_unit or None
         #: a reservation for a request without max_tokens holds the rest of max_model_len (TensorRT-LLM),
         #: max_model_len as served on the run's cache read at the first use (_deduced_tokens)
-        self._deduces = self._reserve and c.default_max_tokens == "max_model_len"
+        self._deduces = self._reserve and reserves_max_model_len(c)
         self._deduced = None
+        #: vLLM V0's step rules (the vllm-v0 preset: ``v0_steps`` on its config); ``_v0_whole``:
+        #: V0 without chunked prefill (``Scheduler._schedule_default``, vllm/core/scheduler.py v0.8.5)
+        self._v0 = bool(getattr(c, "v0_steps", False))
+        self._v0_whole = self._v0 and c.prefill_first and not c.chunked_prefill
         if c.decodes_wait_for_budget and c.max_num_batched_tokens < c.max_num_seqs:
             # a decode-only plan may leave decodes waiting for the budget: never "every decode"
             self.stable_between_events = False
@@ -240,11 +317,7 @@ class ContinuousScheduler:
         """The longest sequence served with ``kv`` (0: no limit): ``max_model_len``, or with
         ``"auto"`` the most tokens the cache's blocks hold (vLLM's auto-fit,
         ``_auto_fit_max_model_len``: the largest length whose blocks fit), at most ``model_context``."""
-        c = self.config
-        if c.max_model_len != "auto":
-            return c.max_model_len
-        fits = tokens_fitting(kv, kv.num_blocks, self.in_flight_tokens())
-        return min(fits, c.model_context) if c.model_context else fits
+        return served_max_model_len(self.config, kv, self.in_flight_tokens())
 
     def in_flight_tokens(self) -> int:
         """Tokens scheduled and not yet processed at most (vLLM ``max_in_flight_tokens``: a token
@@ -305,6 +378,15 @@ class ContinuousScheduler:
         if c.reserve_full_prompt and not self._reserve and not received:  # admission asks the whole prompt's blocks
             need = max(need, self._full_prompt_blocks(kv, request.prompt_tokens))
         usable = kv.num_blocks - self._watermark_blocks(kv)
+        if self._v0 and not self._reserve and not received and usable < kv.num_blocks:
+            # V0 decides NEVER on the prompt alone against the watermark (``can_allocate``,
+            # vllm/core/block_manager.py v0.8.5), and its decodes may take every block
+            # (``can_append_slots``): the whole sequence is checked against all of them
+            prompt = self._full_prompt_blocks(kv, request.prompt_tokens)
+            if prompt > usable:
+                return (f"its prompt of {request.prompt_tokens} tokens needs {prompt} KV blocks but the cache has "
+                        f"{usable} above the watermark")
+            usable = kv.num_blocks
         if need > usable:
             return (f"needs {need} KV blocks (prompt {request.prompt_tokens} + max_tokens "
                     f"{tokens - request.prompt_tokens if self._deduces else request.max_output_tokens}) but the "
@@ -317,14 +399,8 @@ class ContinuousScheduler:
         set only with a ``max_model_len``: the engines call it on arrival, before
         :meth:`rejection_reason`."""
         longest = self.config.max_model_len if kv is None else self.max_model_len_for(kv)
-        if longest == "auto":
-            return request  # (no cache to fit: nothing to cut by)
-        room = longest - request.prompt_tokens
-        if room < 1 or request.max_output_tokens <= room:
-            return request
-        if request.max_tokens is not None and self.config.context_overflow == "reject":
-            return request  # (rejected: rejection_reason)
-        return attrs.evolve(request, max_tokens=room)
+        # ("auto" without a cache: nothing to cut by; a client's max_tokens under 'reject': rejection_reason)
+        return cut_to_max_model_len(request, longest, self.config.context_overflow == "reject")
 
     def kv_reservation(self, request) -> int:
         """KV tokens held from admission: ``prompt + max_tokens`` with ``allocation = "reserve"``
@@ -336,21 +412,20 @@ class ContinuousScheduler:
         return request.prompt_tokens + request.max_output_tokens if self._reserve else 0
 
     def _deduced_tokens(self, request, kv=None) -> int:
-        """What a reserving ``request`` holds with ``default_max_tokens = "max_model_len"``: ``prompt +
-        max_tokens``, or without a max_tokens of its own all of ``max_model_len`` as served on ``kv``
-        (TensorRT-LLM: ``default_max_tokens = max_seq_len - prompt``, ``BaseWorker._deduce_max_tokens``;
-        GUARANTEED_NO_EVICT then reserves ``prompt + max_new_tokens``). Without ``kv``, the one last
-        read (or, before any, ``max_model_len`` itself, ``model_context`` with ``"auto"``)."""
-        tokens = request.prompt_tokens + request.max_output_tokens
-        if request.max_tokens is not None:
-            return tokens
+        """What a reserving ``request`` holds with ``default_max_tokens = "max_model_len"`` (or
+        ``"auto"`` with a ``max_model_len``): ``prompt + max_tokens``, or without a max_tokens of its own
+        all of ``max_model_len`` as served on ``kv`` (TensorRT-LLM: ``default_max_tokens = max_seq_len -
+        prompt``, ``BaseWorker._deduce_max_tokens``; GUARANTEED_NO_EVICT then reserves ``prompt +
+        max_new_tokens``); with ``reserve_max_model_len`` all of it for every request
+        (:func:`reserved_tokens`). Without ``kv``, the one last read (or, before any,
+        ``max_model_len`` itself, ``model_context`` with ``"auto"``)."""
         if kv is not None and self._deduced is None:
             self._deduced = self.max_model_len_for(kv)
         longest = self._deduced
         if longest is None:
             c = self.config
             longest = c.model_context if c.max_model_len == "auto" else c.max_model_len
-        return max(tokens, longest)
+        return reserved_tokens(self.config, request, longest)
 
     def _chunk_unit(self, kv) -> int:
         """``chunk_unit`` as served with ``kv`` (0: its block size)."""
@@ -386,6 +461,10 @@ class ContinuousScheduler:
             self._swap_in(plan, self._budget(plan))
             if plan.has_swapped:
                 return
+        if self._v0_whole:
+            # V0 without chunking schedules prompts only at a step's start, when nothing is swapped
+            # (``_schedule_default``, v0.8.5): a step that swapped in (or decoded) admits none
+            return
         if plan.waiting and self._window_open(plan):
             self._admit(plan)
 
@@ -621,8 +700,18 @@ class ContinuousScheduler:
         plan.preempt(victim)
 
     def _swap_in(self, plan, budget: int) -> int:
+        """Swap sequences back in, head of line, while a slot, the budget and the KV cache allow;
+        with a ``watermark``, only while the blocks a sequence comes back into leave the
+        watermark free (vLLM V0 ``BlockSpaceManager._can_swap``, vllm/core/block_manager.py
+        v0.8.5: ``free - touched >= watermark_blocks``, else LATER; the same in every vLLM that
+        swapped, so for any ``continuous`` scheduler with a watermark)."""
+        kv = plan.kv
+        watermark = self._watermark_blocks(kv)
+        need = getattr(kv, "swap_in_blocks", None) if watermark else None
         for seq in plan.swapped:
             if budget < 1 or len(plan.running) >= self.config.max_num_seqs:
+                break
+            if need is not None and kv.num_free_blocks() - need(seq) < watermark:
                 break
             if not plan.swap_in(seq):
                 break
@@ -743,8 +832,12 @@ class ContinuousScheduler:
         n = seq.num_tokens - hit
         if n > budget:
             # A fresh prompt waits for a budget it fits in; a preempted request's recompute
-            # (prompt + generated) may exceed any budget, so it is always chunked.
-            if not c.chunked_prefill and seq.num_preemptions == 0:
+            # (prompt + generated) may exceed any budget, so it is always chunked -- but for V0
+            # without chunking, whose budget holds max_model_len: there a recompute is never split
+            # and waits for the budget like a prompt (``_schedule_prefills``: ``can_schedule`` fails,
+            # v0.8.5), unless it exceeds the whole budget (max_model_len 0 or "auto": else for ever).
+            if not c.chunked_prefill and (seq.num_preemptions == 0
+                                          or self._v0_whole and n <= c.max_num_batched_tokens):
                 return 0
             n = budget
         threshold = self._threshold
