@@ -16,7 +16,6 @@ The cost model is the kit's linear one: 0.05 ms per prompt token, 8 ms per itera
 
 from __future__ import annotations
 
-import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -32,6 +31,7 @@ from schedlab.testing import IterationChecker, check_run, kit_settings, requests
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousScheduler, StaticConfig, StaticScheduler
 from schedlab_plugins.schedulers.presets import OrcaConfig, SarathiConfig
+from test_engine_defaults import run_text
 
 MODEL_512 = SimpleNamespace(max_position_embeddings=512)
 
@@ -230,30 +230,9 @@ def test_the_presets_keep_every_limit(requests, block_size, num_blocks, longest,
     check_run(result, requests, max_running=4, kv_blocks=num_blocks)
 
 
-RUN = """
-    [workload]
-    kind = "synthetic"
-    num_requests = 6
-    rate = 5
-    prompt = {{dist = "fixed", value = 100}}
-    output = {{dist = "fixed", value = 10}}
-    [scheduler]
-    kind = "{kind}"
-    [cost_model]
-    kind = "roofline"
-    model = "llama-3-8b"
-    gpu = "h100-80gb"
-    [kv_cache]
-    kind = "paged"
-    model = "llama-3-8b"
-    gpu = "h100-80gb"
-    {kv_cache}
-"""
-
-
 def _assembled(tmp_path, kind: str, kv_cache: str = ""):
     """(scheduler, cost model, KV cache) of a six-request run of ``kind`` on llama-3-8b and an H100."""
     path = tmp_path / "exp.toml"
-    path.write_text(textwrap.dedent(RUN.format(kind=kind, kv_cache=kv_cache)))
+    path.write_text(run_text("h100-80gb", kind=kind, kv_cache=kv_cache))
     exp = load(path)
     return assemble(exp.studies[0].base, exp.context, "x").instances[0]
