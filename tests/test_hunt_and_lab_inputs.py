@@ -82,7 +82,8 @@ def refused(capsys, argv) -> str:
 def test_a_float_requests_bound_is_refused_by_validate_and_hunt_alike(tmp_path, capsys, old, new, overrides, shown):
     path = write(tmp_path, HUNT.replace(old, new), "hunt.toml")
     sets = [arg for o in overrides for arg in ("--set", o)]
-    message = f"schedlab: error: {path}: [hunt.workload]: requests: must be whole numbers, got {shown}"
+    where = "--set hunt.workload.requests" if overrides else path  # an override's error names the override
+    message = f"schedlab: error: {where}: [hunt.workload]: requests: must be whole numbers, got {shown}"
     assert refused(capsys, ["validate", path, *sets]) == message
     assert refused(capsys, ["hunt", path, *sets, "--out", str(tmp_path / "out"), "-j", "1"]) == message
     assert not (tmp_path / "out").exists()

@@ -25,6 +25,7 @@ def command(args) -> int:
     from .report import summary_lines, write_outcome
 
     from ..cli import out_option
+    from ..interrupts import by_signal
     from ..study.executor import check_options
 
     check_options(args.backend, args.jobs, args.address)
@@ -34,7 +35,13 @@ def command(args) -> int:
     with StagedFolder(out, reads=input_files(hunt.experiment)) as stage:  # checks --out before anything runs
         print(f"schedlab: {hunt.name}: {hunt.goal.describe()}; {hunt.space.dimension} coordinates, "
               f"{len(hunt.runs)} runs per workload", file=sys.stderr)
-        outcome = hunt_on(hunt, args.backend, args.jobs, args.address)
+        try:
+            outcome = hunt_on(hunt, args.backend, args.jobs, args.address)
+        except KeyboardInterrupt as exc:
+            partial = getattr(exc, "hunt_outcome", None)
+            if partial is None or not by_signal():  # (a plugin's own raise KeyboardInterrupt: its error)
+                raise
+            return interrupted(hunt, partial, exc, stage, out)
         written = write_outcome(hunt, outcome, stage.path)
         if outcome.shrunk is not None:  # the reproducer must show what the hunt saw
             replayed = replay_value(stage.path / "counterexample.toml", hunt.goal,
@@ -49,3 +56,20 @@ def command(args) -> int:
     print("\n".join(summary_lines(hunt, outcome, str(out))))
     print(f"schedlab: {len(written)} files written to {out}", file=sys.stderr)
     return 0
+
+
+def interrupted(hunt, outcome, exc: KeyboardInterrupt, stage, out: Path) -> int:
+    """Ctrl-C (or SIGTERM, SIGHUP) stopped the hunt: keep what it found -- ``hunt.json`` marked
+    interrupted, the worst workload so far and any shrunk so far (:func:`~.report.write_partial`),
+    staged and put in place as a finished hunt's files are -- say so, and give the stop's exit status."""
+    from ..interrupts import acknowledge, stop_status
+    from .report import interrupted_line, summary_lines, write_partial
+
+    acknowledge()  # (already, by the executor's clean-up) further signals are ignored while this is written
+    what, status = stop_status(exc)
+    written = write_partial(hunt, outcome, stage.path)
+    stage.commit()
+    print("\n".join(summary_lines(hunt, outcome)))
+    print(f"schedlab: {what}; what was found so far is written to {out} ({len(written)} files: "
+          f"{interrupted_line(hunt, outcome)})", file=sys.stderr)
+    return status

@@ -67,6 +67,9 @@ class HuntConfig:
     tolerance: float = float_field(0.05, min=0.0, max=1.0,
                                    help="shrinking keeps the objective within this share of the best found")
     shrink_budget: int = int_field(400, min=0, max=10**6, help="evaluations the shrinker may spend")
+    allow_rejected: bool = bool_field(False, help="count a workload some of whose requests a run rejected (a prompt "
+                                                  "longer than max_model_len, say) as feasible; by default it "
+                                                  "is not, as its metrics leave those requests out")
     settings: dict = table_field(attrs.Factory(dict),
                                  help="settings' ranges: \"table.key\" (every run) or \"runs.NAME.table.key\" "
                                       "= [low, high]")

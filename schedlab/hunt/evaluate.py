@@ -9,6 +9,7 @@ they were submitted: a batch's scores never depend on the executor.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import attrs
@@ -40,6 +41,10 @@ class Score:
     :ivar error: a run's error message (a stalled run, an impossible request), or None.
     :ivar undefined: why the goal's expression has no value though every run finished (a
         division by zero, a missing metric), or None: the summary says so rather than "none feasible".
+    :ivar rejected: run -> how many of the workload's requests it rejected (e.g. a prompt longer
+        than ``max_model_len``), runs that rejected none left out. Such a workload is infeasible
+        unless ``[hunt] allow_rejected``: its metrics leave those requests out.
+    :ivar rejection: the commonest reason the runs gave for rejecting (digits as ``#``), or None.
     """
 
     value: float
@@ -48,6 +53,8 @@ class Score:
     values: dict[str, float]
     error: str | None = None
     undefined: str | None = None
+    rejected: dict = attrs.field(factory=dict)
+    rejection: str | None = None
 
     def fitness(self, direction: int) -> float:
         """The number the optimiser minimises: ``-direction * value`` when feasible."""
@@ -84,12 +91,13 @@ def run_spec(study, candidate: Candidate) -> RunSpec:
 class Evaluator:
     """Runs candidates through every study of a hunt file and scores them against the goal."""
 
-    def __init__(self, studies, context: ContextSpec, goal: Goal, executor):
+    def __init__(self, studies, context: ContextSpec, goal: Goal, executor, *, allow_rejected: bool = False):
         self.studies = list(studies)
         self.runs = tuple(s.name for s in self.studies)
         self.context = context
         self.goal = goal
         self.executor = executor
+        self.allow_rejected = allow_rejected
         self.evaluations = 0
 
     def evaluate(self, candidates: list[Candidate], *, timeline: bool = False,
@@ -124,8 +132,19 @@ class Evaluator:
             value, violation = math.nan, math.inf
         elif math.isnan(value):
             undefined = self.goal.expression.why_undefined(lambda name: values[name])
+        rejected, reasons = {}, Counter()
+        for name, m in metrics.items():
+            count = m.get("rejected", 0)
+            if isinstance(count, (int, float)) and count > 0:
+                rejected[name] = int(count)
+                reasons.update(m.get("rejection_reasons") or {})
+        if rejected and not self.allow_rejected:  # infeasible, the more so the more were rejected
+            share = sum(rejected.values()) / (len(self.runs) * max(1, len(candidate.rows)))
+            violation += share
         feasible = violation == 0 and not math.isnan(value)
-        return Score(value, feasible, violation if not math.isnan(value) else math.inf, values, error, undefined)
+        rejection = reasons.most_common(1)[0][0] if reasons else None
+        return Score(value, feasible, violation if not math.isnan(value) else math.inf, values, error, undefined,
+                     rejected, rejection)
 
 
 def _as_float(value) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import attrs
 
+from .. import interrupts
 from ..configs import from_table
 from ..errors import ConfigError
 from ..progress import progress
@@ -30,7 +31,7 @@ from .config import Goal, HuntConfig, make_goal
 from .evaluate import Evaluator, Score, run_spec, settings_for
 from .expression import namespace, split_name
 from .optimize import KNOWN_GOOD, Trial, best_trial, better, evolve, random_search
-from .shrink import shrink_candidate
+from .shrink import ShrinkProgress, shrink_candidate
 from .space import Candidate, Space, WorkloadSpace, make_space, workload_stats
 
 #: the placeholder workload a hunt file is loaded with (each candidate brings its own)
@@ -76,11 +77,11 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
             raise ConfigError(f"{source}: {where}: a hunt file has no {key}; "
                               + ("its workloads come from [hunt.workload]" if key == "workload"
                                  else "each [[runs]] entry is one policy every candidate runs through"))
-    rest = []
+    rest, hunt_keys = [], []
     for text in overrides:
         key, value = parse_assignment(text)
         if key.startswith("hunt."):
-            table = set_dotted({"hunt": table}, key, value)["hunt"]
+            hunt_keys.append((key, value))
         elif key == "hunt":
             raise ConfigError(f"--set {key}: give a key of the [hunt] table (hunt.budget=50, "
                               "hunt.workload.requests=20)")
@@ -88,6 +89,26 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
             _check_override(key)
             rest.append(text)
     experiment = load(path, list(rest) + list(PLACEHOLDER), plugin_objects=plugin_objects)
+
+    def merged(keys) -> dict:
+        out = table
+        for key, value in keys:
+            out = set_dotted({"hunt": out}, key, value)["hunt"]
+        return out
+
+    try:
+        config, goal, space = check_hunt_table(merged(hunt_keys), experiment, source)
+    except ConfigError as exc:
+        key = _blamed_override(exc, hunt_keys, lambda keys: check_hunt_table(merged(keys), experiment, source))
+        if key is None:
+            raise
+        check_hunt_table(merged(hunt_keys), experiment, f"--set {key}")  # the same error, named after the override
+        raise
+    return Hunt(experiment, config, goal, space)
+
+
+def check_hunt_table(table: dict, experiment: Experiment, source: str) -> tuple[HuntConfig, Goal, Space]:
+    """The ``[hunt]`` table checked against the experiment's runs; errors name ``source``."""
     where = f"{source}: [hunt]"
     config = from_table(HuntConfig, table, where=where)
     runs = tuple(s.name for s in experiment.studies)
@@ -103,7 +124,21 @@ def load_hunt(path: str | os.PathLike, overrides: list[str] = (), *, plugin_obje
             settings = {key: bounds[end] for key, bounds in space.settings.items()}
             probe = Candidate(({"prompt_tokens": 1, "output_tokens": 1, "arrival_ms": 0.0},), settings)
             assemble(run_spec(study, probe), experiment.context, f"{source}: [hunt.settings]", check_only=True)
-    return Hunt(experiment, config, goal, space)
+    return config, goal, space
+
+
+def _blamed_override(error: ConfigError, keys: list, check) -> str | None:
+    """The first ``--set hunt.*`` override (of ``keys``, (key, value) pairs) without which the
+    ``[hunt]`` table passes ``check`` or fails differently: the one ``error`` is about; None
+    when the file's own table is at fault."""
+    for i, (key, _) in enumerate(keys):
+        try:
+            check(keys[:i] + keys[i + 1:])
+        except ConfigError as other:
+            if str(other) == str(error):
+                continue
+        return key
+    return None
 
 
 def _check_override(key: str) -> None:
@@ -180,6 +215,7 @@ def check_optimizer(name: str, where: str) -> None:
 
 
 SEARCH, RANDOM = "search", "random sampling"  # where the worst workload came from
+SHRINKING, REPLAYING = "shrinking", "replaying"  # with SEARCH and RANDOM: where an interrupt stopped a hunt
 
 
 @attrs.define
@@ -198,6 +234,7 @@ class HuntOutcome:
     shrink_evaluations: int = 0
     worst_runs: dict | None = None
     shrunk_runs: dict | None = None
+    interrupted: str | None = None   # where an interrupt stopped the hunt (SEARCH, RANDOM, SHRINKING, REPLAYING)
 
     @property
     def search_best(self) -> Trial | None:
@@ -220,27 +257,50 @@ def worst_of_both(search: list[Trial], sampled: list[Trial], goal: Goal) -> tupl
 
 
 def run_hunt(hunt: Hunt, executor) -> HuntOutcome:
-    """Search (``budget`` workloads), sample (``random``), shrink the worst of both, replay both with timelines."""
+    """Search (``budget`` workloads), sample (``random``), shrink the worst of both, replay both with timelines.
+
+    Interrupted (Ctrl-C, SIGTERM), it raises the interrupt with what was found so far as its
+    ``hunt_outcome``: the trials evaluated, the worst of them, and when shrinking had begun the
+    workload shrunk so far (``interrupted`` says where it stopped)."""
     cfg, goal, space = hunt.config, hunt.goal, hunt.space
-    evaluator = Evaluator(hunt.experiment.studies, context_spec(hunt.experiment), goal, executor)
+    evaluator = Evaluator(hunt.experiment.studies, context_spec(hunt.experiment), goal, executor,
+                          allow_rejected=cfg.allow_rejected)
     seed = hunt.experiment.config.seed
-    with progress(cfg.budget, f"{hunt.name}: search") as bar:
-        search = evolve(space, evaluator, goal, budget=cfg.budget, seed=seed, width=cfg.batch,
-                        bar=bar, optimizer=cfg.optimizer, warm_start=cfg.warm_start, time_limit_s=cfg.time_limit_s,
-                        stop_on_counterexample=cfg.stop_on_counterexample)
-    samples = cfg.budget if cfg.random is None else cfg.random
-    with progress(samples, f"{hunt.name}: random") as bar:
-        sampled = random_search(space, evaluator, goal, budget=samples, seed=seed,
-                                width=cfg.batch, bar=bar) if samples else []
-    worst, worst_from = worst_of_both(search, sampled, goal)
-    outcome = HuntOutcome(goal, search, sampled, worst, worst_from)
-    if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
-        return outcome
-    with progress(cfg.shrink_budget, f"{hunt.name}: shrink") as bar:
-        shrunk, used = shrink_candidate(worst.candidate, space, evaluator, goal, best=worst.score.value,
-                                        tolerance=cfg.tolerance, max_evaluations=cfg.shrink_budget, bar=bar)
-    (worst_score, worst_runs), (shrunk_score, shrunk_runs) = evaluator.evaluate([worst.candidate, shrunk],
-                                                                                timeline=True, keep=True)
+    outcome = HuntOutcome(goal, [], [], None)
+    phase, shrinking = SEARCH, None
+    try:
+        with progress(cfg.budget, f"{hunt.name}: search") as bar:
+            evolve(space, evaluator, goal, budget=cfg.budget, seed=seed, width=cfg.batch,
+                   bar=bar, optimizer=cfg.optimizer, warm_start=cfg.warm_start, time_limit_s=cfg.time_limit_s,
+                   stop_on_counterexample=cfg.stop_on_counterexample, trials=outcome.search)
+        phase = RANDOM
+        samples = cfg.budget if cfg.random is None else cfg.random
+        with progress(samples, f"{hunt.name}: random") as bar:
+            if samples:
+                random_search(space, evaluator, goal, budget=samples, seed=seed, width=cfg.batch, bar=bar,
+                              trials=outcome.random)
+        worst, worst_from = worst_of_both(outcome.search, outcome.random, goal)
+        outcome.worst, outcome.worst_from = worst, worst_from
+        if worst is None or (goal.property is not None and not goal.found(worst.score.value)):
+            return outcome
+        phase, shrinking = SHRINKING, ShrinkProgress(worst.candidate, worst.score)
+        with progress(cfg.shrink_budget, f"{hunt.name}: shrink") as bar:
+            shrunk, used = shrink_candidate(worst.candidate, space, evaluator, goal, best=worst.score.value,
+                                            tolerance=cfg.tolerance, max_evaluations=cfg.shrink_budget, bar=bar,
+                                            progress=shrinking)
+        phase, shrinking.candidate, shrinking.evaluations = REPLAYING, shrunk, used
+        (worst_score, worst_runs), (shrunk_score, shrunk_runs) = evaluator.evaluate([worst.candidate, shrunk],
+                                                                                    timeline=True, keep=True)
+    except KeyboardInterrupt as exc:
+        interrupts.acknowledge()  # seen (a no-op for a plugin's own raise): no second one while this is noted
+        outcome.interrupted = phase
+        if outcome.worst is None:
+            outcome.worst, outcome.worst_from = worst_of_both(outcome.search, outcome.random, goal)
+        if shrinking is not None and (shrinking.steps or phase == REPLAYING):
+            outcome.shrunk, outcome.shrunk_score = shrinking.candidate, shrinking.score
+            outcome.shrink_evaluations = shrinking.evaluations
+        exc.hunt_outcome = outcome
+        raise
     outcome.shrunk, outcome.shrunk_score, outcome.shrink_evaluations = shrunk, shrunk_score, used
     outcome.worst_runs, outcome.shrunk_runs = worst_runs, shrunk_runs
     return outcome

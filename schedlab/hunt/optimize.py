@@ -68,12 +68,13 @@ def best_trial(trials: list[Trial], goal: Goal) -> Trial | None:
 class _Run:
     """Book-keeping shared by both searches: budget, trials, progress."""
 
-    def __init__(self, space: Space, evaluator: Evaluator, goal: Goal, budget: int, bar, time_limit_s: float):
+    def __init__(self, space: Space, evaluator: Evaluator, goal: Goal, budget: int, bar, time_limit_s: float,
+                 trials: list[Trial] | None = None):
         self.space, self.evaluator, self.goal = space, evaluator, goal
         self.budget = budget
         self.bar = bar
         self.deadline = time.monotonic() + time_limit_s if time_limit_s > 0 else math.inf
-        self.trials: list[Trial] = []
+        self.trials: list[Trial] = [] if trials is None else trials  # (the caller's: it keeps them if interrupted)
         self.best: Trial | None = None
 
     @property
@@ -101,10 +102,11 @@ class _Run:
 
 
 def random_search(space: Space, evaluator: Evaluator, goal: Goal, *, budget: int, seed: int, width: int,
-                  bar, time_limit_s: float = 0.0) -> list[Trial]:
-    """``budget`` uniform candidates of the space, ``width`` at a time (the baseline a search must beat)."""
+                  bar, time_limit_s: float = 0.0, trials: list[Trial] | None = None) -> list[Trial]:
+    """``budget`` uniform candidates of the space, ``width`` at a time (the baseline a search must beat);
+    appended to ``trials`` if given, as each batch is scored (an interrupted caller keeps them)."""
     rng = np.random.default_rng([seed, 1])
-    run = _Run(space, evaluator, goal, budget, bar, time_limit_s)
+    run = _Run(space, evaluator, goal, budget, bar, time_limit_s, trials)
     while run.left > 0:
         run.evaluate([rng.random(space.dimension) for _ in range(min(width, run.left))])
     return run.trials
@@ -112,10 +114,11 @@ def random_search(space: Space, evaluator: Evaluator, goal: Goal, *, budget: int
 
 def evolve(space: Space, evaluator: Evaluator, goal: Goal, *, budget: int, seed: int, width: int, bar,
            optimizer: str = "PortfolioDiscreteOnePlusOne", warm_start: int | None = None, time_limit_s: float = 0.0,
-           stop_on_counterexample: bool = True) -> list[Trial]:
-    """The hunt's search (see the module docstring): uniform warm start, then the optimiser."""
+           stop_on_counterexample: bool = True, trials: list[Trial] | None = None) -> list[Trial]:
+    """The hunt's search (see the module docstring): uniform warm start, then the optimiser;
+    ``trials`` as :func:`random_search` has it."""
     ng = nevergrad()
-    run = _Run(space, evaluator, goal, budget, bar, time_limit_s)
+    run = _Run(space, evaluator, goal, budget, bar, time_limit_s, trials)
     rng = np.random.default_rng([seed, 2])
     warm = max(width, budget // 20) if warm_start is None else warm_start  # at least one full batch
     while run.left > 0 and len(run.trials) < warm:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import math
 import os
 import re
 import shutil
@@ -188,8 +189,10 @@ def replay_document(experiment, candidate: Candidate, requests_file: str, *, nam
 
 
 def summary_json(payload: dict[str, Any]) -> str:
+    """``payload`` as strict JSON: a NaN or an infinity (``workload.rate_rps`` of requests that
+    all arrive at once, say) is written as null, as JSON has no such numbers."""
     def clean(value):
-        if isinstance(value, float) and value != value:
+        if isinstance(value, float) and not math.isfinite(value):
             return None
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items()}
@@ -197,7 +200,7 @@ def summary_json(payload: dict[str, Any]) -> str:
             return [clean(v) for v in value]
         return value
 
-    return json.dumps(clean(payload), indent=1) + "\n"
+    return json.dumps(clean(payload), indent=1, allow_nan=False) + "\n"
 
 
 def write_text(folder: Path, name: str, text: str | bytes) -> Path:

@@ -12,7 +12,7 @@ import numpy as np
 from .config import Goal
 from .evaluate import Score
 from .expression import split_name
-from .hunt import RANDOM, SEARCH, Hunt, HuntOutcome
+from .hunt import RANDOM, SEARCH, SHRINKING, Hunt, HuntOutcome
 from .output import copy_plugins, replay_document, requests_jsonl, summary_json, toml_document, write_text
 from .plots import counterexample_figure, search_figure, timeline_png
 
@@ -36,6 +36,8 @@ def stop_reason(hunt: Hunt, outcome: HuntOutcome) -> str | None:
     if len(search) >= cfg.budget:
         return None
     stopped = f"search stopped at {len(search)} of {cfg.budget}"
+    if outcome.interrupted == SEARCH:
+        return f"{stopped}: interrupted"
     if cfg.stop_on_counterexample and any(t.score.feasible and goal.found(t.score.value) for t in search):
         return f"{stopped}: the property is falsified (stop_on_counterexample)"
     return f"{stopped} (time_limit_s = {cfg.time_limit_s:g})"
@@ -54,10 +56,69 @@ def undefined_line(outcome: HuntOutcome) -> str | None:
     return f"the {what} was undefined on {share} workloads ({reasons.most_common(1)[0][0]})"
 
 
-def constraint_lines(outcome: HuntOutcome) -> list[str]:
+def rejected_line(hunt: Hunt, outcome: HuntOutcome) -> str | None:
+    """On how many workloads (of both searches) a run rejected requests, the commonest reason, and
+    how they counted; None when no run rejected any."""
+    trials = outcome.search + outcome.random
+    hit = [t for t in trials if t.score.rejected]
+    if not hit:
+        return None
+    reasons = Counter(t.score.rejection for t in hit if t.score.rejection)
+    share = f"all {len(hit)}" if len(hit) == len(trials) else f"{len(hit)} of {len(trials)}"
+    why = f" ({reasons.most_common(1)[0][0]})" if reasons else ""
+    counted = ("counted as feasible (allow_rejected = true): their metrics leave the rejected requests out"
+               if hunt.config.allow_rejected else
+               "counted as infeasible ([hunt] allow_rejected = true counts them)")
+    return f"runs rejected requests on {share} workloads{why}; {counted}"
+
+
+def error_line(outcome: HuntOutcome) -> str | None:
+    """On how many workloads a run failed (stalled, an impossible request), and the commonest error."""
+    trials = outcome.search + outcome.random
+    errors = Counter(t.score.error for t in trials if t.score.error)
+    if not errors:
+        return None
+    count = sum(errors.values())
+    share = f"all {count}" if count == len(trials) else f"{count} of {len(trials)}"
+    return f"a run failed on {share} workloads ({errors.most_common(1)[0][0]})"
+
+
+def interrupted_line(hunt: Hunt, outcome: HuntOutcome) -> str | None:
+    """What an interrupted hunt left: where it stopped and what its files are."""
+    where = outcome.interrupted
+    if where is None:
+        return None
+    if where == RANDOM:
+        samples = hunt.config.budget if hunt.config.random is None else hunt.config.random
+        where = f"random sampling ({len(outcome.random)} of {samples} workloads)"
+    elif where == SEARCH:
+        where = f"the search ({len(outcome.search)} of {hunt.config.budget} workloads)"
+    elif where == SHRINKING:
+        where = f"shrinking ({outcome.shrink_evaluations} evaluations)"
+    else:
+        where = "the final replay"
+    if outcome.shrunk is not None:
+        kept = "counterexample.* is the workload shrunk so far, worst.* the worst before shrinking"
+    elif written_worst(outcome):
+        kept = "worst.* is the worst workload so far, unshrunk"
+    else:
+        kept = "no workload to write"
+    return f"interrupted during {where}: {kept}"
+
+
+def written_worst(outcome: HuntOutcome) -> bool:
+    """Whether the worst workload is one to write: feasible and, with a property, falsifying it."""
+    worst, goal = outcome.worst, outcome.goal
+    return worst is not None and (goal.property is None or goal.found(worst.score.value))
+
+
+def constraint_lines(outcome: HuntOutcome, allow_rejected: bool = False) -> list[str]:
     """When no workload was feasible: per constraint, on how many workloads it failed and the
-    range of its values (a hunt that met none said only "none feasible", after its whole budget)."""
-    trials = [t for t in outcome.search + outcome.random if t.score.error is None]
+    range of its values (a hunt that met none said only "none feasible", after its whole budget).
+    Workloads with rejected requests are left out unless ``allow_rejected`` (:func:`rejected_line`
+    counts them)."""
+    trials = [t for t in outcome.search + outcome.random
+              if t.score.error is None and (allow_rejected or not t.score.rejected)]
     if not outcome.goal.constraints or not trials or any(t.score.feasible for t in trials):
         return []
     lines = []
@@ -92,27 +153,73 @@ def summary(hunt: Hunt, outcome: HuntOutcome) -> dict[str, Any]:
         "property": goal.property.text if goal.property else None,
         "constraints": [c.text for c in goal.constraints],
         "seed": hunt.experiment.config.seed,
+        "interrupted": outcome.interrupted,
+        "allow_rejected": hunt.config.allow_rejected,
         "search": {"evaluations": len(outcome.search),
                    "worst": _value(search_best.score if search_best else None),
                    "feasible": sum(t.score.feasible for t in outcome.search),
                    "errors": sum(t.score.error is not None for t in outcome.search),
                    "undefined": sum(t.score.undefined is not None for t in outcome.search),
+                   "rejected": sum(bool(t.score.rejected) for t in outcome.search),
                    "stopped": stop_reason(hunt, outcome),
                    "values": [t.score.value if t.score.feasible else None for t in outcome.search]},
         "random": {"evaluations": len(outcome.random),
                    "worst": _value(random_best.score if random_best else None),
                    "feasible": sum(t.score.feasible for t in outcome.random),
                    "undefined": sum(t.score.undefined is not None for t in outcome.random),
+                   "rejected": sum(bool(t.score.rejected) for t in outcome.random),
                    "values": [t.score.value if t.score.feasible else None for t in outcome.random]},
         "found": bool(worst and goal.property is not None and goal.found(worst.score.value)),
         "worst": None if worst is None else {"from": outcome.worst_from, "value": _value(worst.score),
                                              "requests": len(worst.candidate.rows),
-                                             "settings": worst.candidate.settings, "values": worst.score.values},
+                                             "settings": worst.candidate.settings, "values": worst.score.values,
+                                             "rejected": _rejected(hunt, worst.score)},
         "shrunk": None if outcome.shrunk is None else {
             "requests": len(outcome.shrunk.rows), "value": _value(outcome.shrunk_score),
             "settings": outcome.shrunk.settings, "values": outcome.shrunk_score.values,
+            "rejected": _rejected(hunt, outcome.shrunk_score),
             "evaluations": outcome.shrink_evaluations},
     }
+
+
+def _rejected(hunt: Hunt, score: Score) -> dict[str, int]:
+    """Run -> how many requests it rejected, every run named (0: none)."""
+    return {run: score.rejected.get(run, 0) for run in hunt.runs}
+
+
+def write_reproducer(hunt: Hunt, outcome: HuntOutcome, folder: Path, label: str, candidate, score: Score,
+                     note: str = "") -> list[Path]:
+    """``<label>.jsonl`` and ``<label>.toml`` (the experiment replaying it), the header saying its
+    value, how many requests each run rejected, and ``note``."""
+    goal = outcome.goal
+    found_by = "" if outcome.worst_from == SEARCH else f" (from {outcome.worst_from}, not the search)"
+    rejected = ", ".join(f"{run} {n}" for run, n in _rejected(hunt, score).items())
+    header = (f"{label} of `schedlab hunt {hunt.experiment.path}` (seed {hunt.experiment.config.seed}): "
+              f"{goal.describe()}\n"
+              f"value {score.value:.6g} with {len(candidate.rows)} requests{found_by}\n"
+              f"requests rejected: {rejected}\n" + (f"{note}\n" if note else "") +
+              f"replay it with\n  schedlab run {label}.toml")
+    doc = replay_document(hunt.experiment, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
+                          columns=_columns(goal, hunt.runs), folder=folder)
+    return [write_text(folder, f"{label}.jsonl", requests_jsonl(candidate)),
+            write_text(folder, f"{label}.toml", toml_document(doc, header))]
+
+
+def write_partial(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
+    """The files of an interrupted hunt: ``hunt.json`` (``interrupted`` saying where, the
+    evaluations so far), ``summary.txt``, the worst workload so far (unshrunk) and, when
+    shrinking had taken a step, the workload shrunk so far as the counterexample; no pictures."""
+    written = [write_text(folder, "hunt.json", summary_json(summary(hunt, outcome)))]
+    if written_worst(outcome):
+        written += write_reproducer(hunt, outcome, folder, "worst", outcome.worst.candidate, outcome.worst.score,
+                                    "(the hunt was interrupted: the worst workload so far, not shrunk)")
+        if outcome.shrunk is not None:
+            written += write_reproducer(hunt, outcome, folder, "counterexample", outcome.shrunk,
+                                        outcome.shrunk_score,
+                                        "(the hunt was interrupted while shrinking: the workload shrunk so far)")
+        written += copy_plugins(hunt.experiment, folder)
+    written.append(write_text(folder, "summary.txt", "\n".join(summary_lines(hunt, outcome)) + "\n"))
+    return written
 
 
 def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
@@ -132,14 +239,7 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
     if outcome.shrunk is not None:
         for label, candidate, score in (("worst", outcome.worst.candidate, outcome.worst.score),
                                         ("counterexample", outcome.shrunk, outcome.shrunk_score)):
-            written.append(write_text(folder, f"{label}.jsonl", requests_jsonl(candidate)))
-            found_by = "" if outcome.worst_from == SEARCH else f" (from {outcome.worst_from}, not the search)"
-            header = (f"{label} of `schedlab hunt {hunt.experiment.path}` (seed {info['seed']}): {goal.describe()}\n"
-                      f"value {score.value:.6g} with {len(candidate.rows)} requests{found_by}; replay it with\n"
-                      f"  schedlab run {label}.toml")
-            doc = replay_document(hunt.experiment, candidate, f"{label}.jsonl", name=f"{hunt.name}_{label}",
-                                  columns=_columns(goal, hunt.runs), folder=folder)
-            written.append(write_text(folder, f"{label}.toml", toml_document(doc, header)))
+            written += write_reproducer(hunt, outcome, folder, label, candidate, score)
         written += copy_plugins(hunt.experiment, folder)  # the reproducers import them from their folder
         subtitle = f"{goal.expression.text} = {outcome.shrunk_score.value:.4g} ({len(outcome.shrunk.rows)} requests)"
         written.append(write_text(folder, "counterexample.png", counterexample_figure(outcome.shrunk_runs, subtitle)))
@@ -154,6 +254,9 @@ def write_outcome(hunt: Hunt, outcome: HuntOutcome, folder: Path) -> list[Path]:
 def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> list[str]:
     goal = outcome.goal
     lines = [f"hunt {hunt.name}: {goal.describe()}"]
+    interrupted = interrupted_line(hunt, outcome)
+    if interrupted:
+        lines.append(interrupted)
     if goal.constraints:
         lines.append("constraints: " + "; ".join(c.text for c in goal.constraints))
     worst, search_best, random_best = outcome.worst, outcome.search_best, outcome.random_best
@@ -170,10 +273,10 @@ def summary_lines(hunt: Hunt, outcome: HuntOutcome, out: str | None = None) -> l
     source = source_line(outcome)
     if source:
         lines.append(source)
-    undefined = undefined_line(outcome)
-    if undefined:
-        lines.append(undefined)
-    lines += constraint_lines(outcome)
+    for line in (undefined_line(outcome), rejected_line(hunt, outcome), error_line(outcome)):
+        if line:
+            lines.append(line)
+    lines += constraint_lines(outcome, hunt.config.allow_rejected)
     if goal.property is not None:
         lines.append("property falsified" if worst is not None and goal.found(worst.score.value)
                      else "property held on every workload evaluated")

@@ -7,18 +7,22 @@ starts again from the first):
 2. merge two requests that arrive one after the other into one (their lengths added up);
 3. drop a request's shared prefix, move it to the first class;
 4. round arrival times -- all of them, then one by one -- to whole seconds, tenths,
-   hundredths, milliseconds, and start the first at 0;
+   hundredths, milliseconds, and start the first at 0; evenly spaced ones to a rounder common gap;
 5. lower each prompt, output and arrival towards the least its class allows.
 
 A candidate is kept when every constraint still holds and the property still fails (or the
-objective stays within ``tolerance`` of the best found). Lengths stay within the space's
-ranges, so the reproducer is a workload of the same bounds.
+objective stays within ``tolerance`` of the best found). Only candidates the space could have
+drawn are tried (:meth:`~.space.Space.contains`, checked on every candidate of every pass: how
+many requests, their lengths and classes, prefixes and ``share``, arrivals a rate and cv of the
+ranges could give), so the reproducer is a workload of the same bounds.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Iterator
+
+import attrs
 
 from ..shrinking import greedy_shrink, lower_values, removals
 from .config import Goal
@@ -102,6 +106,24 @@ class WorkloadShrinker:
                 value = math.floor(row["arrival_ms"] / step) * step
                 if value != row["arrival_ms"]:
                     yield self._replace(candidate, i, arrival_ms=value)
+        yield from self._rounder_even_gaps(candidate)
+
+    def _rounder_even_gaps(self, candidate: Candidate) -> Iterator[Candidate]:
+        """Evenly spaced arrivals (as ``cv = 0`` draws them) kept even: their common gap rounded
+        down to whole seconds, tenths, ... milliseconds (rounding each arrival would make the
+        gaps uneven, outside such a space)."""
+        arrivals = sorted(r["arrival_ms"] for r in candidate.rows)
+        if len(arrivals) < 3:
+            return
+        start, gap = arrivals[0], (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+        if gap <= 0 or any(abs(b - a - gap) > 1e-9 * max(1.0, gap) for a, b in zip(arrivals, arrivals[1:])):
+            return
+        for step in ROUNDINGS_MS:
+            rounder = math.floor(gap / step) * step
+            if 0 < rounder < gap:
+                rows = [{**r, "arrival_ms": start + round((r["arrival_ms"] - start) / gap) * rounder}
+                        for r in candidate.rows]
+                yield self._with(candidate, rows)
 
     def smaller_numbers(self, candidate: Candidate) -> Iterator[Candidate]:
         for i, row in enumerate(candidate.rows):
@@ -116,18 +138,45 @@ class WorkloadShrinker:
                     yield self._replace(candidate, i, arrival_ms=float(value))
 
     def passes(self):
-        return (self.fewer_requests, self.merged_requests, self.simpler_requests, self.rounder_arrivals,
-                self.smaller_numbers)
+        """The passes, each yielding only candidates within the space (None in place of the others:
+        :func:`~schedlab.shrinking.greedy_shrink` skips them without evaluating them)."""
+        def within(make):
+            return lambda candidate: (c if self.space.contains(c) else None for c in make(candidate))
+
+        return tuple(within(make) for make in (self.fewer_requests, self.merged_requests, self.simpler_requests,
+                                                self.rounder_arrivals, self.smaller_numbers))
+
+
+@attrs.define
+class ShrinkProgress:
+    """The shrinker's current candidate as it goes (its score too), and the evaluations spent:
+    what an interrupted hunt writes. ``steps``: how many shrinking steps were taken."""
+
+    candidate: Candidate
+    score: Score
+    evaluations: int = 0
+    steps: int = 0
 
 
 def shrink_candidate(candidate: Candidate, space: Space, evaluator: Evaluator, goal: Goal, *, best: float,
-                     tolerance: float, max_evaluations: int, bar) -> tuple[Candidate, int]:
-    """The smallest candidate found that still shows the failure, and the evaluations spent."""
+                     tolerance: float, max_evaluations: int, bar,
+                     progress: ShrinkProgress | None = None) -> tuple[Candidate, int]:
+    """The smallest candidate found that still shows the failure, and the evaluations spent.
+    ``progress``, if given, follows the current candidate as shrinking goes (every evaluation
+    goes through ``many`` below, and :func:`~schedlab.shrinking.greedy_shrink` takes the first
+    interesting candidate of each batch it evaluates)."""
     check = keeps(goal, best, tolerance)
 
     def many(batch: list[Candidate]) -> list[bool]:
-        verdicts = [check(score) for score, _ in evaluator.evaluate(batch)]
+        scores = [score for score, _ in evaluator.evaluate(batch)]
+        verdicts = [check(score) for score in scores]
         bar.update(len(batch))
+        if progress is not None:
+            progress.evaluations += len(batch)
+            taken = next((i for i, verdict in enumerate(verdicts) if verdict), None)
+            if taken is not None:
+                progress.candidate, progress.score = batch[taken], scores[taken]
+                progress.steps += 1
         return verdicts
 
     shrinker = WorkloadShrinker(space)

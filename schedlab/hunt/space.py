@@ -40,6 +40,9 @@ from .config import number_range, range_field
 
 MAX_HUNT_REQUESTS = 10_000   # a candidate runs several times per evaluation: keep it a small workload
 MAX_CV = 100.0
+#: How far (ms) a workload's gaps may be from ones the space draws: float rounding only (arrival
+#: times are sums of gaps), so evenly spaced arrivals at 2 per second stay 500 ms apart, not 499
+ARRIVAL_SLACK_MS = 1e-6
 
 
 @attrs.frozen
@@ -57,7 +60,8 @@ class PrefixSpace:
     tokens: tuple = range_field(integer=True, low=1, high=MAX_TOKENS, help="a group's prefix length [low, high]")
     groups: int = int_field(1, min=1, max=1000, help="how many shared prefixes there are")
     share: tuple = range_field((0.0, 1.0), integer=False, low=0.0, high=1.0,
-                               help="share of requests using a group's prefix [low, high]")
+                               help="share of requests using a group's prefix [low, high]: the chance that each "
+                                    "one does (with share 1 every request does)")
 
 
 @attrs.frozen
@@ -130,6 +134,7 @@ class Space:
         self.per_request = 3 + (len(self.classes) > 1) + (self.prefix is not None)
         self.globals = 3 + (self.prefix.groups + 1 if self.prefix is not None else 0) + len(settings)
         self.dimension = self.globals + self.per_request * self.max_requests
+        self._quantiles: tuple[float, float] | None = None
 
     @staticmethod
     def _classes(workload: WorkloadSpace, where: str) -> list[RequestClass]:
@@ -181,7 +186,7 @@ class Space:
             self._label(row, klass)
             if self.prefix is not None:
                 u = genes[i, -1]
-                if share > 0 and u < share:
+                if share > 0 and (u < share or share >= 1.0):  # (share 1: every request, u = 1 too)
                     group = min(int(u / share * self.prefix.groups), self.prefix.groups - 1)
                     row["prefix_group"] = group
                     row["prefix_tokens"] = int(group_tokens[group])
@@ -201,6 +206,91 @@ class Space:
     def class_of(self, row: dict) -> RequestClass:
         name = row.get("request_class", "default")
         return next(c for c in self.classes if c.name == name)
+
+    def contains(self, candidate: Candidate) -> bool:
+        """Whether :meth:`decode` could have made ``candidate`` (see :meth:`outside`)."""
+        return self.outside(candidate) is None
+
+    def outside(self, candidate: Candidate) -> str | None:
+        """Why no point of the cube decodes to ``candidate``, or None when one does (gaps between
+        arrivals to within :data:`ARRIVAL_SLACK_MS`). The shrinker keeps to the space with it:
+
+        * requests: how many, each one's class, its lengths within the class's ranges (the
+          prompt counted after its shared prefix), its client and priority the class's;
+        * prefixes: a group of the space, its tokens within ``tokens`` and the same for every
+          request of the group; ``share`` is the chance that a request uses one, so any number of
+          requests may -- except all of them when its low end is 1, and none when its high end is 0;
+        * arrivals: some rate and cv of the ranges could have drawn the gaps -- every gap between
+          the gamma quantiles (at :func:`gamma_gaps_s`'s clipped ends) of one rate, so with ``cv =
+          [0, 0]`` the arrivals stay evenly spaced at a rate of ``rate``; gaps of any length when
+          the cv may reach 1 or more (then only the longest gap bounds the rate);
+        * settings: each within its range.
+        """
+        rows = candidate.rows
+        w = self.workload
+        if not w.requests[0] <= len(rows) <= w.requests[1]:
+            return f"{len(rows)} requests, not within [{w.requests[0]}, {w.requests[1]}]"
+        for key, value in candidate.settings.items():
+            bounds = self.settings.get(key)
+            if bounds is None or not bounds[0] <= value <= bounds[1]:
+                return f"setting {key} = {value!r} outside {bounds}"
+        names = {c.name: c for c in self.classes}
+        groups: dict[int, int] = {}
+        for i, row in enumerate(rows):
+            klass = names.get(row.get("request_class", "default"))
+            if klass is None:
+                return f"request {i}: no class {row.get('request_class')!r}"
+            labelled = dict(row)
+            self._label(labelled, klass)
+            if labelled != row:
+                return f"request {i}: client or priority not its class's"
+            group, extra = row.get("prefix_group"), row.get("prefix_tokens", 0)
+            if group is not None:
+                if self.prefix is None or not 0 <= group < self.prefix.groups:
+                    return f"request {i}: no prefix group {group!r}"
+                if not self.prefix.tokens[0] <= extra <= self.prefix.tokens[1] or groups.get(group, extra) != extra:
+                    return f"request {i}: prefix group {group} of {extra} tokens"
+                groups[group] = extra
+            elif extra:
+                return f"request {i}: {extra} prefix tokens without a prefix group"
+            if not klass.prompt[0] <= row["prompt_tokens"] - extra <= klass.prompt[1]:
+                return f"request {i}: prompt of {row['prompt_tokens'] - extra} tokens outside {klass.prompt}"
+            if not klass.output[0] <= row["output_tokens"] <= klass.output[1]:
+                return f"request {i}: output of {row['output_tokens']} tokens outside {klass.output}"
+        if self.prefix is not None:
+            shared = sum(r.get("prefix_group") is not None for r in rows)
+            if self.prefix.share[0] >= 1.0 and shared < len(rows):
+                return f"{len(rows) - shared} requests without a shared prefix (share = 1)"
+            if self.prefix.share[1] <= 0.0 and shared:
+                return f"{shared} requests with a shared prefix (share = 0)"
+        return self._arrivals_outside([r["arrival_ms"] for r in rows])
+
+    def _arrivals_outside(self, arrivals) -> str | None:
+        arrivals = np.sort(np.asarray(arrivals, dtype=float))
+        if not np.all(np.isfinite(arrivals)) or (arrivals.size and arrivals[0] < 0):
+            return "an arrival time that is negative or not a number"
+        if arrivals.size < 2:
+            return None
+        gaps = np.diff(arrivals)
+        shortest, longest = float(gaps.min()), float(gaps.max())
+        low, high = self._gap_quantiles_ms  # at rate 1, the cv range's widest
+        slack = ARRIVAL_SLACK_MS
+        fastest = low / (shortest + slack)                       # the least rate that gives the shortest gap
+        slowest = high / (longest - slack) if longest > slack else math.inf  # the most that gives the longest
+        rate = self.workload.rate
+        if max(fastest, rate[0]) <= min(slowest, rate[1]) * (1 + 1e-9):
+            return None
+        return (f"gaps of {shortest:.6g} to {longest:.6g} ms: no rate in [{rate[0]:g}, {rate[1]:g}] per second "
+                f"with cv in [{self.workload.cv[0]:g}, {self.workload.cv[1]:g}] draws both")
+
+    @property
+    def _gap_quantiles_ms(self) -> tuple[float, float]:
+        """The shortest and longest gap (ms) decoding draws at rate 1, over the cv range: the
+        gamma quantiles at the ends of the cube, widest at the largest cv."""
+        if self._quantiles is None:
+            low, high = gamma_gaps_s(np.array([0.0, 1.0]), 1.0, self.workload.cv[1]) * 1000.0
+            self._quantiles = (float(low), float(high))
+        return self._quantiles
 
 
 def workload_stats(rows) -> dict[str, float]:
