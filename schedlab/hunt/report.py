@@ -43,6 +43,11 @@ def stop_reason(hunt: Hunt, outcome: HuntOutcome) -> str | None:
     return f"{stopped} (time_limit_s = {cfg.time_limit_s:g})"
 
 
+def _of(count: int, total: int) -> str:
+    """``"all 8"`` or ``"3 of 8"``: how many of a hunt's workloads something happened on."""
+    return f"all {count}" if count == total else f"{count} of {total}"
+
+
 def undefined_line(outcome: HuntOutcome) -> str | None:
     """How many workloads (of both searches) left the goal's expression without a value, and the
     commonest reason; None when every one had a value or a failed run."""
@@ -50,8 +55,7 @@ def undefined_line(outcome: HuntOutcome) -> str | None:
     reasons = Counter(t.score.undefined for t in trials if t.score.undefined)
     if not reasons:
         return None
-    count = sum(reasons.values())
-    share = f"all {count}" if count == len(trials) else f"{count} of {len(trials)}"
+    share = _of(sum(reasons.values()), len(trials))
     what = "objective" if outcome.goal.property is None else "property's expression"
     return f"the {what} was undefined on {share} workloads ({reasons.most_common(1)[0][0]})"
 
@@ -64,7 +68,7 @@ def rejected_line(hunt: Hunt, outcome: HuntOutcome) -> str | None:
     if not hit:
         return None
     reasons = Counter(t.score.rejection for t in hit if t.score.rejection)
-    share = f"all {len(hit)}" if len(hit) == len(trials) else f"{len(hit)} of {len(trials)}"
+    share = _of(len(hit), len(trials))
     why = f" ({reasons.most_common(1)[0][0]})" if reasons else ""
     counted = ("counted as feasible (allow_rejected = true): their metrics leave the rejected requests out"
                if hunt.config.allow_rejected else
@@ -78,8 +82,7 @@ def error_line(outcome: HuntOutcome) -> str | None:
     errors = Counter(t.score.error for t in trials if t.score.error)
     if not errors:
         return None
-    count = sum(errors.values())
-    share = f"all {count}" if count == len(trials) else f"{count} of {len(trials)}"
+    share = _of(sum(errors.values()), len(trials))
     return f"a run failed on {share} workloads ({errors.most_common(1)[0][0]})"
 
 
