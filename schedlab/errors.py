@@ -35,6 +35,13 @@ class InputWarning(UserWarning):
     per command, where the experiment is loaded (:mod:`schedlab.cli`); runs do not repeat it."""
 
 
+class RunWarning(InputWarning):
+    """What a plugin or the engine warned of while a run ran -- in a worker process or in this
+    one alike: :func:`schedlab.study.tasks.execute` keeps it in the run's ``meta["warnings"]``
+    and the study runner says it again here, once per message (a worker's stderr is not the
+    command's, and results never depend on where runs ran)."""
+
+
 class SimulationError(SchedlabError):
     """The simulation cannot go on: a plugin broke a rule, or no progress is possible."""
 

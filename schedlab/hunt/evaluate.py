@@ -19,7 +19,7 @@ from ..interrupts import result_of
 from ..results.records import RunResult
 from ..study.overrides import set_dotted
 from ..study.simulation import RunSpec
-from ..study.tasks import ContextSpec, RunTask, TaskFailure
+from ..study.tasks import ContextSpec, RunTask, TaskFailure, say_run_warnings
 from .config import Goal
 from .expression import namespace
 from .space import Candidate, workload_stats
@@ -108,6 +108,8 @@ class Evaluator:
         out = []
         for candidate, mine in zip(candidates, futures):
             results = [result_of(f) for f in mine]
+            for result in results:
+                say_run_warnings(result)
             self.evaluations += 1
             out.append((self.score(candidate, results), dict(zip(self.runs, results)) if keep else None))
         return out

@@ -33,7 +33,7 @@ from .executor import Executor
 from .planner import PlanDriver
 from .simulation import _tables_with_defaults
 from .spec import point_spec
-from .tasks import ContextSpec, RunTask, TaskFailure
+from .tasks import ContextSpec, RunTask, TaskFailure, say_run_warnings
 
 
 def make_driver(exp, spec, width: int):
@@ -99,6 +99,7 @@ def run_studies(exp, executor: Executor, *, on_run: Callable[[RunResult], None] 
                 if isinstance(outcome, TaskFailure):
                     raise outcome.error
                 simulations += 1
+                say_run_warnings(outcome)  # (said here whichever process ran it)
                 _announce_finished(hook, outcome, exp.context.source)
                 if job.record(index, outcome):
                     if on_run is not None:

@@ -6,7 +6,8 @@ where the task runs (the catalog holds a pluggy manager and cannot travel). Rebu
 a few milliseconds and keeps workers free of state carried from one run to the next.
 
 A worker returns the run's :class:`~schedlab.results.RunResult` (per-request arrays and
-metrics, never an engine), or a :class:`TaskFailure` holding a user error (bad table, stalled
+metrics, never an engine; what its plugins warned of in ``meta["warnings"]``, which the parent
+says again), or a :class:`TaskFailure` holding a user error (bad table, stalled
 run), which the parent raises again as itself: one message, no traceback from the worker.
 """
 
@@ -19,7 +20,7 @@ import attrs
 
 from ..capacity import Presets
 from ..catalog import BrokenPluginWarning, load_catalog
-from ..errors import InputWarning, SchedlabError
+from ..errors import InputWarning, RunWarning, SchedlabError
 from ..results.records import RunResult
 from ..results.stream import RecordSettings
 from .simulation import Context, RunSpec, run
@@ -71,9 +72,31 @@ def execute(task: RunTask, context: Context | None = None, observer: Callable | 
     """Simulate ``task``; ``context`` skips the rebuild (in-process runs, which may observe
     iterations through ``observer``)."""
     try:
-        with warnings.catch_warnings():  # (an input's assumption: said once, where the experiment loaded)
-            warnings.simplefilter("ignore", InputWarning)
+        with warnings.catch_warnings(record=True) as said:
+            # every run's own, whatever ran before in this process (the rest as Python's filters say)
+            warnings.simplefilter("always", UserWarning)
+            warnings.simplefilter("always", RuntimeWarning)
+            warnings.simplefilter("ignore", InputWarning)  # (an input's assumption: said where the experiment loaded)
             ctx = context if context is not None else task.context.build()
-            return run(task.spec, ctx, observer=observer, timeline=task.timeline, record=task.record)
+            result = run(task.spec, ctx, observer=observer, timeline=task.timeline, record=task.record)
     except SchedlabError as exc:
         return TaskFailure(exc)
+    kept = run_warnings(said)
+    if kept:
+        result.meta["warnings"] = kept
+    return result
+
+
+def run_warnings(said: list) -> list[str]:
+    """What a run warned of (``warnings.catch_warnings(record=True)``'s list), each message once,
+    in order, as ``"Category: message"``: kept with the run and said again by the main process
+    (:class:`~schedlab.errors.RunWarning`)."""
+    return list(dict.fromkeys(f"{w.category.__name__}: {' '.join(str(w.message).split())}" for w in said))
+
+
+def say_run_warnings(outcome) -> None:
+    """Say again, in the process that submitted it, what a run warned of (a :class:`RunWarning`
+    each: one ``schedlab: warning:`` line per message in a command); nothing for a failure."""
+    if isinstance(outcome, RunResult):
+        for text in outcome.meta.get("warnings", ()):
+            warnings.warn(text, RunWarning, stacklevel=3)
