@@ -267,7 +267,7 @@ def test_mooncake_host_tier_reaches_the_unbounded_hit_rate_and_its_ttft_depends_
     # a tier that holds every block evicted: the hit rate of an infinite cache, mostly from the host
     assert rates[-1] == pytest.approx(ideal_hit_rate(rows), abs=1e-12)
     assert host[max(host)].metrics["prefix_cache"]["host_hit_rate"] > 0.4
-    radix = by_point(results.study("radix_host"), "kv_cache.host_memory_gib")
+    radix = by_point(results.study("radix_host"), "kv_cache.host_blocks")
     assert radix[max(radix)].metrics["prefix_cache"]["hit_rate"] == pytest.approx(ideal_hit_rate(rows), abs=1e-12)
     # the same hits behind slower links: every reload stalls its iteration, so TTFT falls with the
     # bandwidth, from worse than no tier at all (2 GB/s) to better than it (256 GB/s)

@@ -177,7 +177,7 @@ def test_host_memory_is_sized_from_the_models_bytes_per_block():
     # H100's host link is 64 GB/s: a block reloads in 67,108,864 / 64e9 s = 1.048576 ms
     assert kv.host.capacity == 1024
     assert kv.host.load_ms(1) == pytest.approx(1.048576 + 0.010, rel=1e-12)
-    radix = build_radix(RadixConfig(num_blocks=10, block_size=4, host_blocks=7, host_link_latency_us=0.0))
+    radix = build_radix(RadixConfig(num_blocks=6, block_size=4, host_blocks=7, host_link_latency_us=0.0))
     assert radix.host.capacity == 7 and radix.host.load_ms(3) == 0.0   # no bytes given: free reloads
     assert build_paged(PagedConfig(prefix_caching=True)).host is None
 

@@ -1,33 +1,42 @@
-"""A host-memory (CPU DRAM) tier under a GPU prefix cache: blocks the GPU evicts, kept by key.
+"""A host-memory (CPU DRAM) tier under a GPU prefix cache: copies of prefix-cache blocks, kept by key.
 
-Follows vLLM 0.33's ``SimpleCPUOffloadConnector`` with ``lazy_offload``
-(``vllm/v1/simple_kv_offload/manager.py``): the CPU pool is a second block pool of
-``cpu_bytes // bytes_per_block`` blocks with prefix-cache identities, and
+The CPU pool is a second block pool of ``host bytes per rank // bytes_per_block`` blocks with
+prefix-cache identities (vLLM 0.33 ``v1/kv_offload``, SGLang ``HostKVCache``), and
 
-* a GPU block that carries an identity is copied to it when the GPU pool evicts the block
-  (lazy mode copies blocks near the head of the GPU free queue, i.e. about to be evicted);
-  a block whose key is already there is not copied again and keeps its place;
+* ``write_policy = "write_through"`` (the caches' settings default, as in both systems: vLLM's
+  ``OffloadingConnector``, which ``--kv-offloading-size`` selects, stores every computed block,
+  ``offloading/scheduler.py`` ``_build_store_jobs``; SGLang's default ``--hicache-write-policy``
+  backs a node up when it is inserted): a block is copied when it gets its identity, so the
+  tier holds copies of GPU blocks and a GPU eviction copies nothing;
+  ``"write_back"`` (this class's own default; SGLang's ``write_back``, vLLM's
+  ``SimpleCPUOffloadConnector`` with ``lazy_offload`` roughly): a block is copied when the GPU
+  pool evicts it. A block whose key is already held is not copied again and keeps its place;
 * a copy takes a free host block, evicting the least recently used one when the tier is
   full (the CPU pool's free queue);
 * a prefix lookup that misses on the GPU continues in the host tier, block by block
   (``get_num_new_matched_tokens``: consecutive hits, at most ``num_tokens - 1`` tokens in
   all); the blocks found are loaded into fresh GPU blocks and their host copies become the
-  most recently used (touched while the load runs, then freed to the tail of the queue).
+  most recently used (touched while the load runs, then freed to the tail of the queue);
+* with window layers (vLLM's hybrid KV manager) a copy carries the window KV of the positions
+  the GPU keeps it for (``has_window``), as the ``OffloadingConnector`` offloads and looks up
+  the window groups too.
 
-The same component serves SGLang's radix cache as HiCache does (``hiradix_cache.py`` with
-``write_back``: device nodes evicted to host, loaded back on a match).
+The same component serves SGLang's radix cache as HiCache does (``hiradix_cache.py``).
 
 Timing. A reload of ``n`` blocks costs ``n x bytes_per_block / host_link`` plus a fixed
-``latency``, added to the iteration that admits the request (LMCache's default synchronous
-retrieval in ``start_load_kv``, before the forward pass; vLLM's native connectors load
-asynchronously instead, see the README). Copies to the host are not charged: every system
-named here runs them on a separate stream, off the forward pass.
+``latency``, added to the iteration that admits the request: a synchronous load (the legacy
+``LMCacheConnectorV1``'s; vLLM 0.33's native connectors and ``LMCacheMPConnector`` load
+asynchronously, the request waiting in ``WAITING_FOR_REMOTE_KVS``, and HiCache overlaps a load
+layer by layer; see the README). Copies to the host are not charged: vLLM stores asynchronously,
+and so does HiCache's ``write_through``; HiCache's ``write_back`` waits for its copies at eviction
+(``writing_check(write_back=True)``), which is not modelled.
 
-Simplifications: a copy to the host happens at the moment of the GPU eviction (vLLM copies a
-few steps ahead, HiCache at eviction); host blocks being loaded are not pinned, so a tier
-smaller than one admission's traffic can drop a block in the same allocation that loads it
-(after its copy); the host LRU is refreshed by copies and loads only, not by GPU hits
-(HiCache's nodes share one access time across tiers).
+Simplifications: a copy happens at the moment of the identification or GPU eviction; host
+blocks being loaded are not pinned, so a tier smaller than one admission's traffic can drop a
+block in the same allocation that loads it (after its copy); the host LRU is refreshed by copies
+and loads only, not by GPU hits (vLLM's connector re-offers a request's chunks, HiCache's nodes
+share one access time across tiers), and it may drop the copy of a block the GPU still holds
+(HiCache evicts only device-evicted nodes, whole).
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from collections import OrderedDict
 #: Counters a tier adds to the run's counters once an engine attaches it (see
 #: :data:`schedlab.engine.recorder.COUNTERS`).
 STORE_COUNTER = "host_store_blocks"
+#: When blocks are copied to the tier (``write_policy``; see the module doc)
+WRITE_POLICIES = ("write_through", "write_back")
 EVICT_COUNTER = "host_evictions"
 
 
@@ -50,10 +61,17 @@ class HostTier:
     """
 
     def __init__(self, capacity: int, *, bytes_per_block: int = 0, link_gbps: float = 25.0,
-                 latency_us: float = 0.0):
+                 latency_us: float = 0.0, write_policy: str = "write_back"):
         if capacity < 0:
             raise ValueError(f"host tier capacity must be >= 0 blocks, got {capacity}")
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
         self.capacity = capacity
+        #: "write_through": the caches copy every identified block as it is computed (the host then
+        #: holds duplicates of GPU blocks), "write_back": when the GPU evicts it (see the module doc)
+        self.write_policy = write_policy
+        self.write_through = write_policy == "write_through"
+        self._win: set = set()  # keys whose window-layer KV was copied too (models with window layers)
         self.bytes_per_block = bytes_per_block
         self.link_gbps = link_gbps
         self.latency_us = latency_us
@@ -83,17 +101,27 @@ class HostTier:
         return blocks * self.bytes_per_block / (self.link_gbps * 1e9) * 1e3 + self.latency_us / 1e3
 
     # -- changes ---------------------------------------------------------------------------
-    def store(self, key: tuple, index: int) -> None:
-        """Copy a block the GPU evicts; a key already held stays where it is."""
+    def has_window(self, key: tuple) -> bool:
+        """Whether the copy of ``key`` carries its window layers' KV too."""
+        return key in self._win
+
+    def store(self, key: tuple, index: int, window: bool = False) -> None:
+        """Copy a block (computed, under write-through; evicted by the GPU, under write-back); a key
+        already held stays where it is. ``window``: its window layers' KV is copied with it."""
         lru = self._lru
         if key in lru or not self.capacity:
+            if window and key in lru:
+                self._win.add(key)
             return
         if len(lru) >= self.capacity:
-            lru.popitem(last=False)
+            gone, _ = lru.popitem(last=False)
+            self._win.discard(gone)
             self.evicted += 1
             if self._counters is not None:
                 self._counters[EVICT_COUNTER] += 1
         lru[key] = index
+        if window:
+            self._win.add(key)
         self.stored += 1
         if self._counters is not None:
             self._counters[STORE_COUNTER] += 1
@@ -113,6 +141,7 @@ class HostTier:
         on: the copies count as ``dropped``, not evicted."""
         self.dropped += len(self._lru)
         self._lru.clear()
+        self._win.clear()
 
     # -- inspection (tests) ----------------------------------------------------------------
     def lru_keys(self) -> list:
@@ -121,5 +150,6 @@ class HostTier:
 
     def check_invariants(self) -> None:
         assert 0 <= len(self._lru) <= self.capacity, (len(self._lru), self.capacity)
+        assert self._win <= self._lru.keys(), "a window copy without its block"
         assert self.stored == len(self._lru) + self.evicted + self.dropped, (
             self.stored, len(self._lru), self.evicted, self.dropped)

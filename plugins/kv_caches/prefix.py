@@ -68,8 +68,9 @@ Simplifications (documented, deliberate):
   are allocated fresh and registered as computed; the pool stays consistent. ``epoch``
   changes whenever the set of cached keys changes, for callers that memoize hits.
 
-Host tier. With a :class:`~.host_tier.HostTier` (``host``), an identified block the free queue
-evicts is copied to host memory, and a lookup that misses on the GPU continues there block by
+Host tier. With a :class:`~.host_tier.HostTier` (``host``), an identified block is copied to
+host memory when it is identified (``write_through``) or when the free queue evicts it
+(``write_back``), with its window KV if it keeps one, and a lookup that misses on the GPU continues there block by
 block: :meth:`PrefixKVCache.cached_tokens` counts both tiers, and an admission loads the host
 blocks into fresh GPU blocks that take their keys (the engine charges the reload time).
 
@@ -263,14 +264,18 @@ class PrefixKVCache(PagedKVCache):
         """The hit in blocks where the window layers' blocks are cached too, below a full-attention
         hit of ``full`` blocks (vLLM's ``SlidingWindowManager.find_longest_cache_hit``): the end of
         the last run of ``need`` positions whose window blocks are cached, else a cached run from
-        block 0 shorter than that (its window starts at token 0). Host-tier blocks hold no window."""
+        block 0 shorter than that (its window starts at token 0). A host copy that carries its window
+        KV counts as cached (vLLM 0.33's ``OffloadingConnector`` stores the window groups' reachable
+        blocks too and looks them up from the end, ``_sliding_window_lookup``)."""
         need = self._need
         if not need:
             return 0
         count = 0
+        host = self.host
         for i in range(full - 1, -1, -1):
             block = self._find(request, i)
-            if block is not None and block.win:
+            if (block is not None and block.win) or (
+                    host is not None and (key := self._find_host(request, i)) is not None and host.has_window(key)):
                 count += 1
                 if count == need:
                     return i + need
@@ -366,6 +371,7 @@ class PrefixKVCache(PagedKVCache):
             for i, key in enumerate(hits):
                 if type(key) is not _Block:
                     hits[i] = block = _Block(key, j + i, 1)
+                    block.win = self.host.has_window(key)  # (its window KV loaded with it)
                     self._insert(block)
             self.epoch += 1
         if hits:
@@ -387,6 +393,8 @@ class PrefixKVCache(PagedKVCache):
         j = len(blocks)
         added = False
         window = self.window is not None
+        host = self.host
+        write_through = host is not None and host.write_through
         while j < full:
             key = block_key(request, j, self.block_size, self.hash_lookahead)
             if key[0] == "r":
@@ -396,6 +404,8 @@ class PrefixKVCache(PagedKVCache):
             self._insert(block)
             if window and self._window_mask(j, request.prompt_tokens, chain.junction):
                 block.win = self._table[key].win = True  # (a duplicate's: found under the key)
+            if write_through:  # copied to the host as it is computed (vLLM's OffloadingConnector)
+                host.store(key, j, block.win)
             blocks.append(block)
             added = True
             j += 1
@@ -459,6 +469,8 @@ class PrefixKVCache(PagedKVCache):
                 self._insert(block)
                 if window:
                     block.win = self._window_mask(j, request.prompt_tokens, chain.junction)
+                if self.host is not None and self.host.write_through:
+                    self.host.store(block.key, j, block.win)
                 queue[block] = None
             self.epoch += 1
         window = self._window_release(seq)
@@ -482,6 +494,8 @@ class PrefixKVCache(PagedKVCache):
                 if window:
                     block.win = self._window_mask(j, seq.request.prompt_tokens,
                                                   chain.junction if chain is not None else 0)
+                if self.host is not None and self.host.write_through:  # (vLLM hashed and stored them
+                    self.host.store(block.key, j, block.win)             # as computed; keyed only now)
                 queue[block] = None
                 added = True
             if added:
@@ -563,8 +577,8 @@ class PrefixKVCache(PagedKVCache):
             if run is None:
                 del queue[head]
                 self._unlink(head)
-                if self.host is not None:
-                    self.host.store(head.key, head.index)
+                if self.host is not None and not self.host.write_through:  # write-back: copied now
+                    self.host.store(head.key, head.index, head.win)
                 evicted += 1
                 count -= 1
             elif run > count:

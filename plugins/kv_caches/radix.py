@@ -67,9 +67,11 @@ Simplifications (deliberate, documented):
   ``continuous`` scheduler; SGLang retracts only before scheduling) keeps the chunk's pages in
   the tree, unlocked, as the ``paged`` prefix cache keeps them hashed.
 
-Host tier (SGLang HiCache with ``--hicache-write-policy write_back``, ``hiradix_cache.py``).
-With a :class:`~.host_tier.HostTier` (``host``), the blocks of every evicted node are copied to
-host memory (the node's last block first, so that a prefix's head outlives its tail there too),
+Host tier (SGLang HiCache, ``hiradix_cache.py``). With a :class:`~.host_tier.HostTier`
+(``host``), the blocks of every node are copied to host memory when it is inserted (the tier's
+``write_through``, SGLang's default policy) or when it is evicted (``write_back``); last block
+first, so that a prefix's head outlives its tail there (schedlab's choice: SGLang writes and
+frees a node whole),
 and a match that ends in the tree continues in the host tier: :meth:`RadixKVCache.cached_tokens`
 counts both, and an admission loads the host blocks into fresh blocks that join the new node it
 inserts (``init_load_back``), the engine charging the reload time. Unlike HiCache, the host tier
@@ -712,6 +714,10 @@ class RadixKVCache:
         self._count += 1
         self.evictable += len(keys)
         self.epoch += 1
+        host = self.host
+        if host is not None and host.write_through:  # HiCache write_through: backed up at insertion
+            for i in range(len(keys) - 1, -1, -1):     # (blocks loaded from the host are held already)
+                host.store(keys[i], start + i)
         return node
 
     def _lock_to(self, hold: _Hold, end: _Node, depth: int) -> None:
@@ -796,8 +802,8 @@ class RadixKVCache:
                 continue  # stale: evicted, locked, grown or touched since it was pushed
             node = entry[3]
             n = len(node.keys)
-            if self.host is not None:  # HiCache write_back: the node goes to host memory, tail first
-                keys, start = node.keys, node.start
+            if self.host is not None and not self.host.write_through:  # HiCache write_back: the node
+                keys, start = node.keys, node.start                          # goes to host memory now
                 for i in range(n - 1, -1, -1):
                     self.host.store(keys[i], start + i)
             self._remove_leaf(node)

@@ -24,7 +24,7 @@ from schedlab.configs import (
 )
 from schedlab.parallelism import SINGLE, Parallelism
 
-from .host_tier import HostTier
+from .host_tier import WRITE_POLICIES, HostTier
 from .paged import PagedKVCache
 
 
@@ -52,10 +52,16 @@ class PoolConfig:
                                                help="host link bandwidth for swaps and host-tier reloads, GB/s "
                                                     "(default: from the GPU, else 25)")
     host_memory_gib: float = float_field(0.0, min=0.0, max=MAX_MEMORY_GIB,
-                                         help="host-memory KV tier under the prefix cache, GiB "
-                                              "(vLLM CPU offloading, SGLang HiCache); 0 = none")
-    host_blocks: int | None = int_field(None, min=0, optional=True, help="host-memory KV tier in blocks "
-                                                                         "(instead of GiB)")
+                                         help="paged: host-memory KV tier under the prefix cache, GiB (2**30 "
+                                              "bytes) summed over the instance's tensor- and pipeline-parallel "
+                                              "ranks, each holding its share (vLLM --kv-offloading-size); 0 = none. "
+                                              "radix: use host_memory_gb")
+    host_blocks: int | None = int_field(None, min=0, optional=True, help="host-memory KV tier in blocks per rank "
+                                                                         "(instead of a size in bytes)")
+    write_policy: str = str_field("write_through", choices=WRITE_POLICIES,
+                                  help="when blocks are copied to the host tier: write_through, every full block "
+                                       "as it is computed (vLLM's OffloadingConnector, SGLang's default "
+                                       "--hicache-write-policy), or write_back, when the GPU evicts it")
     host_link_latency_us: float = float_field(10.0, min=0.0, help="fixed time of one host-tier reload, us "
                                                                   "(copy launch and synchronisation)")
     draft_model: str | None = str_field(
@@ -147,18 +153,43 @@ def link_of(config: PoolConfig, sizing) -> tuple[int, float]:
     return bytes_per_block or 0, link or 25.0
 
 
-def host_tier(config: PoolConfig, sizing) -> HostTier | None:
-    """The host-memory tier ``config`` asks for, or None."""
+def host_tier(config: PoolConfig, sizing, parallelism: Parallelism = SINGLE, num_blocks: int = 0) -> HostTier | None:
+    """The host-memory tier ``config`` asks for, or None; its capacity is per rank, in blocks of
+    ``bytes_per_block`` (a rank's bytes).
+
+    * ``paged``'s ``host_memory_gib`` is vLLM 0.33's ``--kv-offloading-size``: GiB summed over the
+      ranks (``config/cache.py``: "the total buffer size summed across all TP ranks"; the native
+      connectors split it over the world size, TP x PP), so a rank holds ``size / (TP x PP)``.
+    * ``radix``'s ``host_memory_gb`` is SGLang's ``--hicache-size``: GB (10**9 bytes) per rank
+      (``HostKVCache``: ``host_size * 1e9 // size_per_token``); without a size, ``hierarchical_cache``
+      gives ``hicache_ratio`` x the GPU pool (``num_blocks``), and a tier no larger than the GPU pool
+      is refused as SGLang refuses it at start-up."""
     if not config.has_host_tier:
         return None
     bytes_per_block, link = link_of(config, sizing)
     blocks = config.host_blocks
     if config.host_memory_gib:
-        blocks = int(config.host_memory_gib * GIB // bytes_per_block)
+        ranks = config.tensor_parallel * parallelism.pipeline_parallel
+        blocks = int(config.host_memory_gib * GIB // (bytes_per_block * ranks))
         if not blocks:
             raise FieldError("host_memory_gib",
+                             f"{config.host_memory_gib} GiB over {ranks} rank(s) holds no block of "
+                             f"{bytes_per_block} bytes" if ranks > 1 else
                              f"{config.host_memory_gib} GiB holds no block of {bytes_per_block} bytes")
-    return HostTier(blocks, bytes_per_block=bytes_per_block, link_gbps=link, latency_us=config.host_link_latency_us)
+    key = "host_blocks"
+    if isinstance(config, RadixConfig) and blocks is None:
+        if config.host_memory_gb:
+            key = "host_memory_gb"
+            blocks = int(config.host_memory_gb * 1e9 // bytes_per_block)
+        else:  # SGLang: host tokens = GPU pool tokens x ratio, rounded down to a whole page
+            key = "hicache_ratio"
+            blocks = int(num_blocks * config.block_size * config.hicache_ratio) // config.block_size
+    if isinstance(config, RadixConfig) and blocks <= num_blocks:
+        raise FieldError(key, f"a host tier of {blocks} blocks is not larger than the GPU pool's {num_blocks}: "
+                              "SGLang refuses to start (HostKVCache: 'The host memory should be larger than the "
+                              "device memory')")
+    return HostTier(blocks, bytes_per_block=bytes_per_block, link_gbps=link, latency_us=config.host_link_latency_us,
+                    write_policy=config.write_policy)
 
 
 @attrs.frozen
@@ -206,7 +237,8 @@ def build_paged(config: PagedConfig, presets=None, parallelism: Parallelism = SI
 
         retention = None if config.dense_window_prefix_cache else config.prefix_cache_retention_interval
         kv = PrefixKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
-                           host_link_gbps=link, host=host_tier(config, sizing), window=window, retention=retention)
+                           host_link_gbps=link, host=host_tier(config, sizing, parallelism), window=window,
+                           retention=retention)
     else:
         kv = PagedKVCache(num_blocks, config.block_size, swap_blocks=swap_blocks, bytes_per_block=bytes_per_block,
                           host_link_gbps=link, window=window)
@@ -227,6 +259,31 @@ class RadixConfig(PoolConfig):
     disable_hybrid_swa_memory: bool = bool_field(
         False, help="as SGLang's flag: the window layers keep every token, as SGLang 0.5.23 has them for every "
                     "model but gpt-oss and Llama 4 (the architectures it gives hybrid SWA memory)")
+    host_memory_gb: float = float_field(0.0, min=0.0, max=MAX_MEMORY_GIB,
+                                        help="HiCache host-memory KV tier per rank, GB (10**9 bytes; SGLang "
+                                             "--hicache-size); 0 = hicache_ratio x the GPU pool if "
+                                             "hierarchical_cache, else none")
+    hierarchical_cache: bool = bool_field(
+        False, help="SGLang --enable-hierarchical-cache: a HiCache host tier of host_memory_gb or host_blocks, "
+                    "else hicache_ratio x the GPU pool (set by any of those three)")
+    hicache_ratio: float = float_field(2.0, min=0.0, max=1e6, min_exclusive=True,
+                                       help="SGLang --hicache-ratio: host tier / GPU pool when no size is given "
+                                            "(its default 2.0; the tier must be larger than the pool)")
+
+    def __attrs_post_init__(self):
+        if self.host_memory_gib:  # (before the shared checks, which would ask for its bytes first)
+            raise FieldError("host_memory_gib", "SGLang sizes HiCache per rank in GB (10**9 bytes, --hicache-size): "
+                                                "give host_memory_gb, host_blocks, or hierarchical_cache = true "
+                                                "(hicache_ratio x the GPU pool)")
+        super().__attrs_post_init__()
+        if self.host_memory_gb and self.host_blocks is not None:
+            raise FieldError("host_blocks", "give host_memory_gb or host_blocks, not both")
+        if self.host_memory_gb and not self.bytes_per_block and self.model is None:
+            raise FieldError("host_memory_gb", "needs bytes_per_block, or model and gpu to derive it")
+
+    @property
+    def has_host_tier(self) -> bool:
+        return bool(self.host_memory_gb or self.host_blocks or self.hierarchical_cache)
 
 
 def build_radix(config: RadixConfig, presets=None, parallelism: Parallelism = SINGLE):
@@ -235,6 +292,7 @@ def build_radix(config: RadixConfig, presets=None, parallelism: Parallelism = SI
 
     num_blocks, sizing = pool_size(config, presets, parallelism)
     bytes_per_block, _ = link_of(config, sizing)
-    kv = RadixKVCache(num_blocks, config.block_size, host=host_tier(config, sizing), bytes_per_block=bytes_per_block)
+    kv = RadixKVCache(num_blocks, config.block_size, host=host_tier(config, sizing, parallelism, num_blocks),
+                      bytes_per_block=bytes_per_block)
     kv.sizing = sizing
     return kv

@@ -1,0 +1,216 @@
+"""The host-memory KV tier against the review of /tmp/review_hostkv (vLLM 0.33, SGLang HiCache).
+
+* Write policy: ``write_through`` (the default of both real systems: vLLM's OffloadingConnector
+  behind ``--kv-offloading-size``, SGLang's ``--hicache-write-policy``) copies every full block as
+  it is computed, so the host holds copies of GPU blocks and the tiers do not add up;
+  ``write_back`` copies at GPU eviction.
+* Sizing: vLLM's ``--kv-offloading-size`` is summed over the ranks; SGLang's ``--hicache-size`` is
+  GB per rank, ``--hicache-ratio`` 2 by default, and a tier no larger than the GPU pool is refused.
+* Window models: a host copy carries its window layers' KV, so a host hit works under vLLM's
+  hybrid KV manager (the OffloadingConnector offloads and looks up the window groups too).
+
+Scenarios are the reviewer's s1 and s3 (``/tmp/review_hostkv``): requests A, B, C, D, A a second
+apart, each a 64-token (s3: 320-token) shared prefix and one token of its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlab.model import Request
+from schedlab.testing import (
+    blocks_for_largest, check_run, compare_runs, dyadic_linear_costs, examples, requests_lists, run_engine,
+)
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.kv_caches.host_tier import HostTier
+from schedlab_plugins.kv_caches.prefix import PrefixKVCache
+from schedlab_plugins.kv_caches.radix import RadixKVCache
+from schedlab_plugins.kv_caches.settings import PagedConfig, RadixConfig, build_paged, build_radix
+from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
+from schedlab_plugins.schedulers.sglang import SglangConfig, SglangScheduler
+from test_differential import continuous_configs
+from test_prefix_cache import Seq, admit, req
+
+ENGINES = ("fast", "reference")
+G = lambda e: ("g", "s", e)  # noqa: E731
+COST = LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)
+
+
+def presets():
+    from schedlab.capacity import Presets
+    from schedlab.catalog import load_catalog
+
+    return Presets.from_catalog(load_catalog(entry_points=False))
+
+
+def abcda(prefix: int):
+    """The reviewer's s1/s3 workload: groups A, B, C, D, A, one token each beyond the prefix."""
+    return [Request(i, 1000.0 * i, prefix + 1, 1, prefix_group=g, prefix_tokens=prefix)
+            for i, g in enumerate("ABCDA")]
+
+
+def s1_run(kind, policy, engine):
+    """6 GPU blocks of 16 tokens, 12 host blocks (s1)."""
+    host = HostTier(12, bytes_per_block=2 ** 21, link_gbps=2.097152, latency_us=0.0, write_policy=policy)
+    if kind == "paged":
+        kv, scheduler = PrefixKVCache(6, 16, host=host), ContinuousScheduler(ContinuousConfig(max_num_seqs=4))
+    else:
+        kv, scheduler = RadixKVCache(6, 16, host=host), SglangScheduler(SglangConfig())
+    return run_engine(abcda(64), scheduler, LinearCostModel(COST), kv, engine=engine), host
+
+
+# --- finding 1: the write policy ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["paged", "radix"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_write_through_tiers_hold_copies_so_the_last_a_misses(kind, engine):
+    # write-through: each request's 4 prefix blocks go to the host as they are computed. A, B, C
+    # fill the 12 host blocks; D's 4 push A's out (its blocks left the GPU long ago: a 6-block
+    # pool holds one request's 5). The second A misses in both tiers and recomputes 65 tokens,
+    # copying its blocks again (B's go): 5 x 4 = 20 copies, 8 dropped, no reload.
+    result, host = s1_run(kind, "write_through", engine)
+    p, c = result.metrics["prefix_cache"], result.counters
+    assert (p["hits"], p["host_hits"]) == (0, 0)
+    assert (c["host_store_blocks"], c["host_evictions"], c["host_load_blocks"]) == (20, 8, 0)
+    ttft = (result.requests["first_token_ms"] - result.requests["arrival_ms"]).tolist()
+    assert ttft[4] == pytest.approx(65 * 0.5)
+
+
+@pytest.mark.parametrize("kind", ["paged", "radix"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_write_back_tiers_add_up_so_the_last_a_reloads(kind, engine):
+    # write-back (the old behaviour): only evicted blocks are copied, so A, B, C's 12 evicted
+    # prefix blocks fill the host and the second A finds its 4 there (64 tokens, 1 computed).
+    result, host = s1_run(kind, "write_back", engine)
+    p = result.metrics["prefix_cache"]
+    assert (p["hits"], p["host_hits"]) == (64, 64)
+    # 4 blocks x 2 MiB over 2.097152 GB/s: 4 ms of reload, then one token
+    ttft = (result.requests["first_token_ms"] - result.requests["arrival_ms"]).tolist()
+    assert ttft[4] == pytest.approx(4.0 + 0.5)
+
+
+def test_write_through_copies_at_computation_and_an_eviction_costs_no_copy():
+    # B=4, 4 GPU blocks, host 8. A's system-prompt blocks g3, g7 reach the host when they are
+    # computed; B's 4 unique blocks evict them from the GPU without a second copy; C reloads them.
+    host = HostTier(8, write_policy="write_through")
+    cache = PrefixKVCache(4, 4, host=host)
+    a = Seq(req(0, 9, 4, prefix_group="s", prefix_tokens=8))
+    admit(cache, a)
+    assert host.lru_keys() == [G(3), G(7)] and host.stored == 2     # before any eviction
+    cache.free(a)
+    b = Seq(req(1, 16))
+    admit(cache, b)
+    assert cache.cached_keys() == set() and host.stored == 2 and host.lru_keys() == [G(3), G(7)]
+    cache.free(b)
+    c = Seq(req(2, 10, 4, prefix_group="s", prefix_tokens=8))
+    assert admit(cache, c) == 8 and host.loaded == 2 and host.stored == 2
+    cache.check_invariants()
+
+
+def test_radix_write_through_backs_up_a_node_at_insertion():
+    host = HostTier(8, write_policy="write_through")
+    cache = RadixKVCache(4, 4, host=host)
+    a = Seq(req(0, 9, 4, prefix_group="s", prefix_tokens=8))
+    admit(cache, a)
+    assert set(host.lru_keys()) == {G(3), G(7)} and host.stored == 2
+    cache.free(a)
+    admit(cache, Seq(req(1, 16)))   # its 4 blocks join the tree, backed up; (g3, g7) is evicted: no new copy
+    assert cache.cached_keys() == {("r", 1, j) for j in range(4)}
+    assert host.stored == 2 + 4 and host.lru_keys()[:2] == [G(7), G(3)] and host.evicted == 0
+    cache.check_invariants()
+
+
+def test_the_settings_default_to_write_through():
+    assert build_paged(PagedConfig(prefix_caching=True, host_blocks=4)).host.write_policy == "write_through"
+    kv = build_radix(RadixConfig(num_blocks=10, block_size=4, host_blocks=11))
+    assert kv.host.write_policy == "write_through"
+    kv = build_paged(PagedConfig(prefix_caching=True, host_blocks=4, write_policy="write_back"))
+    assert kv.host.write_policy == "write_back"
+
+
+SETTINGS = settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+KINDS = {"paged": lambda n, bs, host: PrefixKVCache(n, bs, host=host),
+         "radix": lambda n, bs, host: RadixKVCache(n, bs, host=host)}
+
+
+@SETTINGS
+@given(requests_lists(min_size=2, max_size=12, max_prompt=40, max_output=20, prefix_groups=3), continuous_configs(),
+       st.integers(1, 6), st.integers(0, 12), st.integers(0, 24), st.sampled_from(sorted(KINDS)),
+       dyadic_linear_costs())
+def test_fast_engine_matches_reference_with_a_write_through_tier(requests, cfg, block_size, spare, host_blocks,
+                                                                 kind, cost):
+    need = blocks_for_largest(requests, block_size)
+    runs, hosts = {}, {}
+    for engine in ENGINES:
+        hosts[engine] = host = HostTier(host_blocks, bytes_per_block=2 ** 20, link_gbps=2 ** 22 / 1e6,
+                                        latency_us=125.0, write_policy="write_through")
+        kv = KINDS[kind](need + spare, block_size, host)
+        runs[engine] = run_engine(requests, ContinuousScheduler(cfg), LinearCostModel(cost), kv, engine=engine)
+    compare_runs(runs["fast"], runs["reference"], rel=1e-12)
+    assert hosts["fast"].lru_keys() == hosts["reference"].lru_keys()
+    check_run(runs["fast"], requests, kv_blocks=need + spare)
+    c = runs["fast"].counters
+    assert c["host_store_blocks"] == len(hosts["fast"]) + c["host_evictions"]
+
+
+# --- finding 3: sizing --------------------------------------------------------------------------
+
+
+def test_vllm_offloading_size_is_summed_over_the_tensor_parallel_ranks():
+    # Llama-3.1-8B, H100, 16-token blocks: 2 MiB a block on one rank, 1 MiB on each of two.
+    # 64 GiB is the whole instance's: 32,768 blocks either way (vLLM: size / world size a rank).
+    p = presets()
+    one = build_paged(PagedConfig(model="llama-3.1-8b", gpu="h100-80gb", prefix_caching=True, host_memory_gib=64), p)
+    two = build_paged(PagedConfig(model="llama-3.1-8b", gpu="h100-80gb", prefix_caching=True, host_memory_gib=64,
+                                  tensor_parallel=2), p)
+    assert one.host.capacity == 32768 and two.host.capacity == 32768
+    assert two.host.bytes_per_block * 2 == one.host.bytes_per_block
+
+
+def test_sglang_hicache_size_is_gb_per_rank_and_the_ratio_sizes_it_otherwise():
+    # 64 MiB blocks: 64 GB (10**9 bytes) hold 953 of them, not the 1,024 of 64 GiB
+    kv = build_radix(RadixConfig(num_blocks=100, block_size=512, bytes_per_block=2 ** 26, host_memory_gb=64))
+    assert kv.host.capacity == 953
+    # no size: hicache_ratio (2.0) x the GPU pool
+    assert build_radix(RadixConfig(num_blocks=10, block_size=4, hierarchical_cache=True)).host.capacity == 20
+    assert build_radix(RadixConfig(num_blocks=10, block_size=4, hierarchical_cache=True,
+                                   hicache_ratio=2.55)).host.capacity == 25
+    assert build_radix(RadixConfig(num_blocks=10, block_size=4)).host is None
+
+
+def _kv_text(table):
+    return ('[workload]\nkind = "synthetic"\nnum_requests = 3\nrate = 1.0\n'
+            'prompt = {dist = "fixed", value = 10}\noutput = {dist = "fixed", value = 3}\n'
+            f'[kv_cache]\nkind = "radix"\nnum_blocks = 10\nblock_size = 4\n{table}\n')
+
+
+@pytest.mark.parametrize("table, message", [
+    ("host_blocks = 10", "[kv_cache]: host_blocks: a host tier of 10 blocks is not larger than the GPU pool's 10"),
+    ("hierarchical_cache = true\nhicache_ratio = 1.0",
+     "[kv_cache]: hicache_ratio: a host tier of 10 blocks is not larger than the GPU pool's 10"),
+    ("host_memory_gib = 64", "[kv_cache]: host_memory_gib: SGLang sizes HiCache per rank in GB"),
+])
+def test_a_radix_host_tier_no_larger_than_the_gpu_pool_is_refused(validated, table, message):
+    code, err, _ = validated(_kv_text(table))
+    assert code == 2 and message in err and "\n" not in err.strip()
+
+
+# --- finding 2: window models -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_window_model_hits_its_prefix_in_the_host_tier(engine):
+    # s3: gpt-oss-20b (128-token window layers) on an H100 with vLLM's hybrid KV manager, 70 GPU
+    # blocks, 100 host blocks. Each request's 20 prefix blocks go to the host as computed, with the
+    # window KV of the 8 before its replay boundary (20 - ceil(127 / 16) .. 19); 4 x 20 = 80 fit, so
+    # the second A finds its whole 320-token prefix: 20 blocks on the host, window included.
+    kv = build_paged(PagedConfig(model="gpt-oss-20b", gpu="h100-80gb", num_blocks=70, block_size=16,
+                                 prefix_caching=True, host_blocks=100), presets())
+    scheduler = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=1024))
+    result = run_engine(abcda(320), scheduler, LinearCostModel(COST), kv, engine=engine)
+    p = result.metrics["prefix_cache"]
+    assert p["hits"] == 320 and p["hits"] == p["gpu_hits"] + p["host_hits"] and p["host_hits"] > 0
+    kv.check_invariants()
