@@ -41,11 +41,17 @@ KIB = 2**10
 MIB = 2**20
 GIB = 2**30
 
-#: Memory kept back for activations and non-torch allocations when sizing the KV pool.
-#: vLLM measures it by profiling a forward pass at ``max_num_batched_tokens``; for 7-8B
-#: models at 2048-8192 batched tokens its logs show roughly 1.2 GiB of activation peak plus
-#: 0.2-0.5 GiB of non-torch memory (NCCL, cuBLAS workspaces, CUDA graphs). Raise it for
-#: large token budgets or wide models.
+#: Memory kept back from the KV pool besides the weights, the same for every engine and batch.
+#: vLLM measures its part by profiling a forward pass at ``max_num_batched_tokens`` (with the
+#: sampler at ``max_num_seqs``); for 7-8B models at 2048-8192 batched tokens its logs show
+#: roughly 1.2 GiB of activation peak. vLLM 0.11's eager start-up logs of Llama-3.1-8B on an RTX
+#: A6000 (tests/test_capacity.py) put the pool 1.1% below this one's. Recent vLLM allocates NCCL
+#: and cuBLAS before its memory snapshot (not in the reserve) but also subtracts CUDA graphs'
+#: memory (0.5-0.8 GiB in public logs), and a sampler warm-up that grows with ``max_num_seqs`` x
+#: the vocabulary, so with graphs on it keeps a few percent fewer blocks than this reserve
+#: leaves. SGLang (``mem_fraction_static``), TensorRT-LLM and TGI size their pools their own
+#: ways: set ``num_blocks`` from the engine's log for them. Raise it for large token budgets or
+#: wide models.
 DEFAULT_ACTIVATION_RESERVE_GIB = 1.5
 
 #: Most parameters a model may have: 10**15, 500 times the largest checkpoints (about 2 trillion),

@@ -345,8 +345,10 @@ def toml_text(value: Any) -> str:
 #: instead of a did-you-mean when the key is not the table's (``--mem-fraction-static`` is not a
 #: scheduler setting here, nor anything like ``retraction_policy``).
 ELSEWHERE = {
-    "mem_fraction_static": "[kv_cache] gpu_memory_utilization, the share of GPU memory for weights and KV, "
-                           "as SGLang's --mem-fraction-static",
+    "mem_fraction_static": "[kv_cache] num_blocks, from the max_total_num_tokens SGLang logs at start-up (its "
+                           "--mem-fraction-static is a share of the memory free before loading, about 0.83 by "
+                           "default on an H100; [kv_cache] gpu_memory_utilization, the nearest setting, is "
+                           "vLLM's share of the whole memory with a fixed reserve)",
     "gpu_memory_utilization": "[kv_cache] gpu_memory_utilization",
     "page_size": "[kv_cache] block_size, as SGLang's --page-size",
     "block_size": "[kv_cache] block_size",

@@ -163,7 +163,7 @@ def test_a_search_answer_says_when_its_run_held_most_requests_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("key, where", [
-    ("mem_fraction_static", "[kv_cache] gpu_memory_utilization"),
+    ("mem_fraction_static", "[kv_cache] num_blocks, from the max_total_num_tokens SGLang logs"),
     ("page_size", "[kv_cache] block_size"),
     ("tensor_parallel_size", "tensor_parallel, in [cost_model] and [kv_cache] alike"),
     ("enable_dp_attention", "[cluster] data_parallel"),
