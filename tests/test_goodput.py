@@ -21,6 +21,24 @@ def test_the_goodput_is_where_attainment_first_crosses_the_target():
     assert crossing([1, 2], [0.9, 0.9], 0.9) == (2.0, ">=")  # exactly at the target still meets it
 
 
+def test_the_table_says_what_bounds_a_goodput_the_sweep_did_not_cross():
+    """A sweep failing from its lowest rate printed '<0.00', as if nothing were served; its
+    goodput is below that rate. The crossing's bracket is the goodput's resolution."""
+    from schedlab_plugins.reports.goodput import System
+
+    def system(attainment):
+        rates = (4.0, 8.0, 12.0)
+        goodput, bound = crossing(rates, attainment, 0.9)
+        return System("s", "s", 2, rates, attainment, goodput, bound)
+
+    none = system((0.5, 0.3, 0.1))
+    assert (none.shown(), none.shown(per_gpu=True), none.between()) == ("<4.00", "<2.00", "below 4")
+    crossed = system((1.0, 0.95, 0.7))  # 8 + 4 x 0.05 / 0.25 = 8.8 requests/s
+    assert (crossed.shown(), crossed.shown(per_gpu=True), crossed.between()) == ("8.80", "4.40", "8-12")
+    every = system((1.0, 0.95, 0.91))
+    assert (every.shown(), every.between()) == (">=12.00", "12 or more")
+
+
 TOML = """
     [experiment]
     reports = ["goodput"]
@@ -73,7 +91,7 @@ def test_the_report_divides_each_sweeps_goodput_by_its_gpus(tmp_path):
     assert [p.name for p in written] == ["goodput.txt", "goodput.png"]
     line = next(x for x in text.splitlines() if x.startswith("pd "))
     assert line.split()[1:] == ["2", f"{found['pd'].bound}{found['pd'].goodput:.2f}",
-                                f"{found['pd'].bound}{found['pd'].per_gpu:.2f}"]
+                                f"{found['pd'].bound}{found['pd'].per_gpu:.2f}", found["pd"].between()]
 
 
 def test_a_panel_naming_no_sweep_is_an_error_that_lists_the_sweeps(tmp_path):

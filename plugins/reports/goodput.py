@@ -77,10 +77,30 @@ class System:
     goodput: float        # requests/s
     bound: str            # "" exact crossing, ">=" every rate met the target, "<" none did
     runs: tuple = ()      # the runs, by rate
+    attainment_target: float = 0.9
 
     @property
     def per_gpu(self) -> float:
         return self.goodput / self.gpus if self.gpus else math.nan
+
+    def shown(self, per_gpu: bool = False) -> str:
+        """The goodput as the table prints it: ``">=40.00"`` when every swept rate met the target,
+        ``"<4.00"`` (below the lowest swept rate) when none did."""
+        scale = self.gpus if per_gpu and self.gpus else 1
+        if self.bound == "<":
+            return f"<{self.rates[0] / scale:.2f}" if self.rates else "<"
+        return f"{self.bound}{self.goodput / scale:.2f}"
+
+    def between(self) -> str:
+        """The two swept rates the target was crossed between (the interpolation's bracket; its
+        width is the goodput's resolution), or what bounds it when it was not crossed."""
+        rates = self.rates
+        if self.bound == "<":
+            return f"below {rates[0]:g}" if rates else ""
+        if self.bound == ">=":
+            return f"{rates[-1]:g} or more"
+        i = next((k for k in range(1, len(rates)) if not self.attainment[k] >= self.attainment_target), None)
+        return f"{rates[i - 1]:g}-{rates[i]:g}" if i is not None else ""
 
 
 def crossing(rates, values, target: float) -> tuple[float, str]:
@@ -113,7 +133,8 @@ def systems(results, config: GoodputConfig) -> list[System]:
             goodput, bound = crossing(rates, values, config.attainment)
             gpus = int(metric_at(runs[0].metrics, "gpus", 1) or 1)
             label = f"{study.name} [{rest}]" if rest else study.name
-            out.append(System(label, study.name, gpus, rates, values, goodput, bound, tuple(runs)))
+            out.append(System(label, study.name, gpus, rates, values, goodput, bound, tuple(runs),
+                              config.attainment))
     return out
 
 
@@ -122,11 +143,12 @@ def _number(value) -> float:
 
 
 def render(found: list[System], config: GoodputConfig) -> str:
-    header = ("system", "gpus", "goodput_rps", "per_gpu_rps")
-    rows = [(s.label, str(s.gpus), f"{s.bound}{s.goodput:.2f}", f"{s.bound}{s.per_gpu:.2f}") for s in found]
+    header = ("system", "gpus", "goodput_rps", "per_gpu_rps", "between_rps")
+    rows = [(s.label, str(s.gpus), s.shown(), s.shown(per_gpu=True), s.between()) for s in found]
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     lines = [f"goodput: highest rate with >= {config.attainment:.0%} of requests within both SLOs "
-             f"({config.metric} over {config.rate_key})"]
+             f"({config.metric} over {config.rate_key}), interpolated between the two swept rates around "
+             f"the crossing (between_rps)"]
     lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
@@ -190,7 +212,7 @@ def figure(found: list[System], config: GoodputConfig, dpi: int = 110):
         bars.barh(y, [s.per_gpu for s in systems_], color=[line_style(i)["color"] for i in range(len(systems_))])
         bars.set_yticks(y, [s.label for s in systems_], fontsize=7)
         for yi, s in zip(y, systems_):
-            bars.text(s.per_gpu, yi, f" {s.bound}{s.per_gpu:.2f}", va="center", fontsize=7)
+            bars.text(s.per_gpu, yi, f" {s.shown(per_gpu=True)}", va="center", fontsize=7)
         bars.set_xlabel("goodput per GPU (requests/s)")
         bars.set_title(f"{prefix}goodput per GPU", fontsize=10)
         bars.grid(axis="x", alpha=0.3)

@@ -182,7 +182,8 @@ class LinkConfig:
 @attrs.frozen
 class SloConfig:
     """Per-request targets: a request meets the SLO when its TTFT and its TPOT are both within
-    them (DistServe's goodput counts such requests per second)."""
+    them (``slo.goodput_rps`` counts such requests per second, as ``vllm bench serve --goodput``;
+    DistServe's goodput, the highest rate at which 90% meet them, is the ``goodput`` report's)."""
 
     ttft_ms: float = float_field(math.inf, min=0.0, allow_inf=True, help="TTFT target of every request, ms")
     tpot_ms: float = float_field(math.inf, min=0.0, allow_inf=True, help="TPOT target of every request, ms")
