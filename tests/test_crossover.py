@@ -37,6 +37,16 @@ def results() -> ExperimentResults:
     return ExperimentResults("exp", "", [plain, spec, worse], {})
 
 
+def test_a_tie_at_light_load_is_neither_side():
+    """Both lines meet every SLO at a light load (attainment 1 and 1): the tie used to read as
+    'never better' for a line that then wins and later loses."""
+    load, side = crossover_load((1.0, 2.0, 4.0, 8.0), (1.0, 1.0, 1.25, 0.8), "higher")
+    assert side == "inside" and 4.0 < load < 8.0
+    # 1.25 -> 0.8 crosses 1 at 5/9 of the way, in log(load): 4 x 2^(5/9)
+    assert load == pytest.approx(4.0 * 2 ** (5 / 9))
+    assert crossover_load((1.0, 2.0), (1.0, 1.0), "higher") == (None, "below")  # never better
+
+
 def test_crossover_load_by_hand():
     # ratios 0.5, 0.8, 1.4 at loads 1, 4, 16 (lower is better): between 4 and 16 the ratio
     # climbs 0.6 and reaches 1 a third of the way, in log(load): 4 * 4^(1/3) = 6.35

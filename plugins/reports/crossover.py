@@ -81,7 +81,11 @@ class Line:
 
 def crossover_load(loads, ratios, better: str) -> tuple[float | None, str]:
     """Where ``ratios`` (against ``loads``, increasing) leave the better side: ``(load, "inside")``
-    interpolated in log(load), or ``(None, "above")`` / ``(None, "below")``."""
+    interpolated in log(load), or ``(None, "above")`` / ``(None, "below")``. Loads where the two
+    tie before either wins are passed over (SLO attainment is 1 for both at a light load): a line
+    that ties, then wins, then loses crosses where it loses."""
+    first = next((i for i, r in enumerate(ratios) if r != 1.0), len(ratios))
+    loads, ratios = loads[first:], ratios[first:]
     wins = [(r < 1.0) if better == "lower" else (r > 1.0) for r in ratios]
     if not wins or not wins[0]:
         return None, "below"
