@@ -18,6 +18,9 @@ from schedlab.testing import examples
 from schedlab_plugins.cost_models.profile_bundle import BundleError, ProfileBundle
 from test_profiled import NDS, KDS, PCS, model, write_bundle
 
+#: the bundles built here are small, of no architecture: that they name none is said, and not the point
+pytestmark = pytest.mark.filterwarnings("ignore:.*names no architecture:schedlab.errors.InputWarning")
+
 KEYS = (0, 4, 32, 48, 288)
 SHIPPED = (Path(__file__).resolve().parents[1] / "experiments" / "data" / "llmservingsim" / "profiles"
            / "RTXPRO6000" / "meta-llama" / "Llama-3.1-8B" / "bf16")

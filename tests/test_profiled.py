@@ -28,6 +28,9 @@ from schedlab_plugins.cost_models.step_overhead import GPU_ONLY
 from schedlab_plugins.kv_caches import PagedKVCache
 from schedlab_plugins.schedulers import ContinuousConfig, ContinuousScheduler
 
+#: the bundles built here are small, of no architecture: that they name none is said, and not the point
+pytestmark = pytest.mark.filterwarnings("ignore:.*names no architecture:schedlab.errors.InputWarning")
+
 TINY = ModelSpec("tiny", num_layers=3, num_kv_heads=1, head_dim=16, num_params=1e6, hidden_size=64)
 
 DENSE = {  # layer -> {tokens: us}
