@@ -55,7 +55,7 @@ class Harness:
     default_seeds: str = "50"
 
 
-def _runners(h: Harness, args):
+def runners(h: Harness, args):
     try:
         theirs = h.theirs(args)
     except ImportError as exc:
@@ -168,7 +168,7 @@ def _main(h: Harness, args) -> int:
             replay = Case.from_json(args.replay, h.engine.settings)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--replay: not a case ({exc})") from None
-    theirs, ours = _runners(h, args)
+    theirs, ours = runners(h, args)
     differ = Differ(h.engine, theirs, ours, sides)
     print(f"{h.engine.label} {theirs.version} vs schedlab ({args.engine} engine), 1 ms per iteration"
           + (f"; {sides.describe(h.engine.label)}" if sides.schedlab_scheduler or sides.engine else ""))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 from schedlab.diffcheck import cli
-from schedlab.errors import ConfigError
+from schedlab.errors import ConfigError, SchedlabError
 
 from .case import ENGINE
 from .kv_steps import MODES as KV_STEP_MODES
@@ -30,6 +32,10 @@ def _add_arguments(p) -> None:
                    help="vLLM's prefix_cache_retention_interval: which blocks of a sliding-window group it caches "
                         "(default: vLLM 0.33's 0, only what a hit at a prompt's replay boundary or a shared-prefix "
                         "junction needs; dense: every full block, as schedlab has it)")
+    p.add_argument("--hunt", metavar="DIR",
+                   help="compare a `schedlab hunt --out DIR` counterexample instead: each run of it on the vllm "
+                        "scheduler, instance by instance, its arrivals put between the same steps as in the "
+                        "hunt's replay (schedlab.vllm_diff.from_hunt)")
     p.add_argument("--kv-steps", choices=KV_STEP_MODES, default="window",
                    help="compare the KV block pools after every step (blocks in use, each request's window "
                         "blocks; schedlab's on its reference engine): in the cases with a window (default), in "
@@ -63,4 +69,40 @@ HARNESS = cli.Harness(engine=ENGINE, prog="vllm_diff", description=DESCRIPTION, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main(HARNESS, argv)
+    args = cli.build_parser(HARNESS).parse_args(argv)
+    if args.hunt is None:
+        return cli.main(HARNESS, argv)
+    try:
+        return _hunt(args)
+    except SchedlabError as exc:
+        print(f"{HARNESS.prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _hunt(args) -> int:
+    """Each case of the counterexample in ``args.hunt`` on both schedulers; 0 when vLLM's agrees
+    with schedlab's on every one and the harness's schedlab side replays the hunt's steps."""
+    from schedlab.diffcheck.compare import Differ
+
+    from .from_hunt import counterexample_cases
+
+    cases, skipped = counterexample_cases(args.hunt)
+    if not cases:
+        raise ConfigError(f"--hunt {args.hunt}: no run to compare ({'; '.join(skipped) or 'none'})")
+    theirs, ours = cli.runners(HARNESS, args)
+    print(f"vLLM {theirs.version} vs schedlab ({args.engine} engine) on {args.hunt}: each run's steps at 1 ms")
+    good = True
+    for hc in cases:
+        comparison = Differ(ENGINE, theirs, ours, hc.sides).compare(hc.case)
+        mapped = {rid: (o.first_scheduled_ms, o.first_token_ms, o.finish_ms, o.preemptions)
+                  for rid, o in comparison.ours.items()}
+        off = sorted(rid for rid, steps in hc.replay.items() if mapped.get(rid) != steps)
+        verdict = "vLLM agrees" if comparison.agrees else "vLLM differs"
+        print(f"\n[{hc.label}: {len(hc.case.requests)} requests; {verdict}; "
+              + ("the replay's steps held" if not off else f"the replay's steps did not hold for requests {off}") + "]")
+        if not comparison.agrees:
+            print(comparison.describe(hc.sides))
+        good = good and comparison.agrees and not off
+    for line in skipped:
+        print(f"left out: {line}")
+    return 0 if good else 1
