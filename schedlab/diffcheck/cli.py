@@ -56,6 +56,7 @@ class Harness:
 
 
 def runners(h: Harness, args):
+    """The engine's runner and schedlab's for ``args`` (schedlab's set up as the engine's asks)."""
     try:
         theirs = h.theirs(args)
     except ImportError as exc:

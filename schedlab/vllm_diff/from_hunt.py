@@ -127,13 +127,11 @@ def _case(run, instance: int, rows: list[dict]) -> HuntCase:
 
 
 def _steps(starts: np.ndarray, req: dict, i: int) -> tuple:
-    """Request ``i``'s (first scheduled, first token, finish, preemptions) in steps of its instance:
-    the harness's 1-ms times (an iteration's start for the first, ends for the others)."""
-    def start_of(ms: float):
+    """Request ``i``'s (first scheduled, first token, finish, preemptions) in its instance's steps,
+    as the harness's 1-ms clock has them: the steps started before a time -- the first scheduled
+    step's index at its start, the step a token came out of plus one at its end."""
+    def steps_before(ms: float):
         return int(np.searchsorted(starts, ms - 1e-9)) if ms >= 0 else None
 
-    def end_of(ms: float):  # the iteration that ended there: the last one starting before it
-        return int(np.searchsorted(starts, ms - 1e-9)) if ms >= 0 else None
-
-    return (start_of(float(req["first_scheduled_ms"][i])), end_of(float(req["first_token_ms"][i])),
-            end_of(float(req["finish_ms"][i])), int(req["preemptions"][i]))
+    return (steps_before(float(req["first_scheduled_ms"][i])), steps_before(float(req["first_token_ms"][i])),
+            steps_before(float(req["finish_ms"][i])), int(req["preemptions"][i]))
