@@ -43,10 +43,17 @@ def copy(src: Path, tmp_path: Path) -> Path:
     return dest
 
 
+def keep_rows(path: Path, keep) -> None:
+    """Keep the header of the CSV ``path`` and the rows for which ``keep(fields, header)`` is true
+    (``fields``: the row split at commas, ``header``: the column names)."""
+    header, *rows = path.read_text().splitlines()
+    names = header.split(",")
+    path.write_text("\n".join([header] + [row for row in rows if row and keep(row.split(","), names)]) + "\n")
+
+
 def drop_rows(path: Path, first_column: str) -> None:
     """Delete the rows of ``path`` whose first column is ``first_column``."""
-    lines = path.read_text().splitlines()
-    path.write_text("\n".join(line for line in lines if line.split(",")[0] != first_column) + "\n")
+    keep_rows(path, lambda fields, _: fields[0] != first_column)
 
 
 def set_meta(bundle: Path, key: str, value: str | None) -> None:
@@ -128,15 +135,8 @@ def test_an_operator_at_one_point_is_refused(tmp_path, name, column):
     """One token count per op made every table a constant: a 1,024-token prefill -70%."""
     bundle = copy(LLAMA, tmp_path)
     path = bundle / "tp1" / name
-    lines = path.read_text().splitlines()
     seen: set[str] = set()
-    kept = [lines[0]]
-    for line in lines[1:]:
-        op = line.split(",")[0]
-        if op and op not in seen:
-            seen.add(op)
-            kept.append(line)
-    path.write_text("\n".join(kept) + "\n")
+    keep_rows(path, lambda fields, _: fields[0] not in seen and not seen.add(fields[0]))  # each op's first row
     with pytest.raises(BundleError, match=rf"tp1/{name}: layer '\w+': one {column} value only .*a single point "
                                           rf"cannot be interpolated"):
         ProfileBundle(bundle, 1)
@@ -145,9 +145,8 @@ def test_an_operator_at_one_point_is_refused(tmp_path, name, column):
 def test_a_moe_row_at_one_point_is_refused(tmp_path):
     bundle = copy(QWEN_MOE, tmp_path)
     path = bundle / "tp1" / "moe.csv"
-    lines = path.read_text().splitlines()
-    rows_128 = [line for line in lines[1:] if line.split(",")[1] == "128"]
-    path.write_text("\n".join([lines[0]] + [line for line in lines[1:] if line not in rows_128[1:]]) + "\n")
+    seen: list = []  # of 128 activated experts, only the first row
+    keep_rows(path, lambda fields, _: fields[1] != "128" or not seen and not seen.append(fields))
     with pytest.raises(BundleError, match=r"tp1/moe.csv: activated_experts 128: one tokens value only .*a single "
                                           r"point cannot be interpolated"):
         ProfileBundle(bundle, 1)
@@ -162,11 +161,8 @@ def test_attention_needs_prefill_and_decode_shots(tmp_path, keep, message):
     decodes' attention cost about nothing."""
     bundle = copy(LLAMA, tmp_path)
     path = bundle / "tp1" / "attention.csv"
-    lines = path.read_text().splitlines()
-    header = lines[0].split(",")
-    pc, nd = header.index("prefill_chunk"), header.index("n_decode")
-    rows = [line for line in lines[1:] if line and keep(float(line.split(",")[pc]), float(line.split(",")[nd]))]
-    path.write_text("\n".join([lines[0]] + rows) + "\n")
+    keep_rows(path, lambda fields, names: keep(float(fields[names.index("prefill_chunk")]),
+                                               float(fields[names.index("n_decode")])))
     with pytest.raises(BundleError, match=rf"tp1/attention.csv: {message}"):
         ProfileBundle(bundle, 1)
 
