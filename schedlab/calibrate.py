@@ -1013,7 +1013,7 @@ def add_arguments(parser) -> None:
 
 def command(args) -> int:
     from .study.experiment import load
-    from .targets import read_summary, unmetered_energy_left_out
+    from .targets import incomparable_left_out, read_summary
 
     parse_part(args.part, None)   # its form, before the file is loaded
     exp = load(args.file, args.set)
@@ -1049,7 +1049,7 @@ def command(args) -> int:
         return 0
     study = _study(exp, args.run)
     if target is not None:
-        target = unmetered_energy_left_out(target, "power" in study.base.tables, "--target")
+        target = incomparable_left_out(target, study.base.tables, "--target")
     if target is None and args.part is None and args.objective == "statistics" and "target" in study.base.tables:
         target = run_target(exp, study, args.statistics)
     if target is None and names:

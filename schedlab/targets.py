@@ -10,15 +10,18 @@ per-request log exists. The file is recognised by its content:
   JSON document per run: the last is read, or the one ``index`` names;
 * an inference-perf report (``summary_lifecycle_metrics.json``): ``successes.latency.
   {time_to_first_token, time_per_output_token, inter_token_latency, request_latency}`` in
-  seconds (``mean``, ``median``, ``p90`` ...) and ``successes.throughput``;
+  seconds (``mean``, ``median``, ``p90`` ...) and ``successes.throughput``; its ITL is per token
+  (:func:`_per_token_itl`);
 * inference-perf's ``summary_prometheus_metrics.json``: vLLM's own histograms as inference-perf
   queried them from Prometheus over the run (``reportgen/base.py``): ``successes.
   {time_to_first_token, time_per_output_token (vllm:request_time_per_output_token_seconds),
   inter_token_latency, request_latency, request_queue_time, iteration_tokens}`` in seconds (or
   tokens), ``mean`` (exact) and ``median``, ``p90``, ``p99`` (``histogram_quantile`` inside
-  buckets the file does not hold), and ``successes.rate``: the engine's view. A TGI or SGLang
-  server (``server: type:`` in the ``config.yaml`` beside the report or a folder up) has its
-  client's stand-ins for vLLM's TPOT and token rates left out (:data:`INFERENCE_PERF_NOT_READ`);
+  buckets the file does not hold), and ``successes.rate`` (over a Prometheus window that runs
+  ``scrape_interval`` + 2 s past the run, :func:`_inference_perf_window_pad_s`): the engine's
+  view. A TGI or SGLang server (``server: type:`` in the ``config.yaml`` beside the report or a
+  folder up) has its client's stand-ins for vLLM's TPOT and token rates left out
+  (:data:`INFERENCE_PERF_NOT_READ`);
 * a guidellm report: ``benchmarks[i].metrics.{time_to_first_token_ms, inter_token_latency_ms,
   request_latency (s), requests_per_second, output_tokens_per_second,
   tokens_per_second}.successful`` (``mean``, ``median``, ``percentiles.p90`` ...) -- the JSON
@@ -47,7 +50,7 @@ per-request log exists. The file is recognised by its content:
   the one ``index`` names): vLLM's ``{mean,median,p90,p95,p99}_{ttft,tpot,itl}_ms`` but
   ``*_e2e_latency_ms``, and ``request_throughput``, ``output_throughput``, ``total_throughput``
   (older versions: ``input_throughput`` + ``output_throughput``); the client's view
-  (:func:`_sglang_bench_summary`);
+  (:func:`_sglang_bench_summary`; its native backend's ITL is per token, :func:`_per_token_itl`);
 * a scrape of SGLang's ``/metrics`` (``--enable-metrics``; ``python/sglang/srt/metrics/collector.py``),
   read as vLLM's: ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
   ``sglang:e2e_request_latency_seconds`` -- observed once per request (per token for the ITL) by
@@ -92,11 +95,14 @@ is refused.
 
 Statistics are named as the run's metrics are: ``ttft_ms.mean``, ``itl_ms.p99``, ``e2e_ms.p50``,
 ``queue_ms.mean``, ``iteration_tokens.mean``, ``request_throughput_rps``, ``output_throughput_tps``,
-``total_throughput_tps``. :func:`simulated` computes the same names from a
+``total_throughput_tps``, ``slo.goodput_rps`` (``vllm bench serve --goodput``'s ``request_goodput``,
+against the run's ``[slo]``: :func:`_goodput`). :func:`simulated` computes the same names from a
 :class:`~schedlab.results.records.RunResult` (TTFT and latency as the file's source sees them:
 a load generator from sending a request, vLLM's metrics from its arrival at the engine; ITL:
 every gap between two tokens of a request, an abandoned request's too, where ``vllm bench serve``
-counts the successful requests' only -- the engines keep ITL per run, not per request; the
+counts the successful requests' only -- the engines keep ITL per run, not per request, and per
+step, as vLLM counts it, its mean per token against a source that counts each token of a step
+(:func:`_per_token_itl`); the engine's TTFT over every request that got a first token; the
 latencies and throughputs over the requests completed for their clients, the throughputs over
 the span the source takes, :func:`_window_s`: ``vllm bench serve``'s duration starts one first
 gap before the first send).
@@ -134,6 +140,9 @@ MLENERGY_KIND = "ML.ENERGY benchmark"
 BENCH = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
 BENCH_RATES = {"request_throughput": "request_throughput_rps", "output_throughput": "output_throughput_tps",
                "total_token_throughput": "total_throughput_tps"}
+#: vllm bench serve --goodput's request_goodput (requests a second that met every --goodput target), read as
+#: the run's slo.goodput_rps taken over the same duration (:func:`_goodput`)
+BENCH_GOODPUT = "slo.goodput_rps"
 #: older vllm bench serve's names of BENCH_RATES' keys (v0.3-era benchmark_serving.py's typo)
 BENCH_RATE_ALIASES = {"request_inthroughput": "request_throughput"}
 #: the kind of a vllm bench serve result (whose throughputs divide by its duration: :func:`bench_first_gap_s`)
@@ -194,6 +203,9 @@ SGLANG_BENCH = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e_late
 SGLANG_BENCH_RATES = {"request_throughput": "request_throughput_rps", "output_throughput": "output_throughput_tps",
                       "total_throughput": "total_throughput_tps"}
 SGLANG_BENCH_KIND = "sglang bench_serving"
+#: its --backend values that stream from SGLang's native /generate (the default, "sglang"), whose client counts an
+#: ITL per token (:func:`_per_token_itl`); its OpenAI backends ("sglang-oai", "vllm" ...) count one per chunk
+SGLANG_NATIVE_BACKENDS = ("sglang", "sglang-native")
 #: genai-perf's profile_export_genai_perf.json and AIPerf's profile_export_aiperf.json: <name>.{unit, avg, p1 ...
 #: p99} -> group. Their inter_token_latency is per request, (latency - TTFT) / (output tokens - 1): a TPOT;
 #: AIPerf's inter_chunk_latency is every gap between two chunks of a stream: the ITL
@@ -277,6 +289,13 @@ class Summary:
     #: rate, is 0): its throughputs are read over the simulated run's duration taken the same way;
     #: None for the other tools, whose span starts at the first send
     first_gap_ms: float | None = None
+    #: how far the window of an inference-perf server rate runs past the run, in s: its Prometheus
+    #: queries cover ``scrape_interval`` + 2 s more (:func:`_inference_perf_window_pad_s`); 0 otherwise
+    window_pad_s: float = 0.0
+    #: whether the file's ITL counts each token of a step that gave several (speculative decoding)
+    #: rather than the step: SGLang's native client and /metrics, inference-perf's lifecycle report
+    #: (:func:`_per_token_itl`)
+    itl_per_token: bool = False
 
     def __attrs_post_init__(self):
         """Refuse percentiles that fall as the quantile rises (a p99 below the p50 was fitted to)."""
@@ -379,7 +398,8 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     elif isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
         summary = _bench_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict) and _server_side(data["successes"]):
-        summary = _inference_perf_server_summary(data, source, where, _inference_perf_server(path))
+        summary = attrs.evolve(_inference_perf_server_summary(data, source, where, _inference_perf_server(path)),
+                               window_pad_s=_inference_perf_window_pad_s(path))
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict):
         summary = _inference_perf_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
@@ -574,6 +594,10 @@ def _bench_summary(data: dict, source: str, where: str) -> Summary:
         value = _statistic(data[key], keys.get(name, key), where, dropped) if key in data else None
         if value is not None:
             values[name] = value
+    goodput = _statistic(data["request_goodput"], "request_goodput", where, dropped) \
+        if "request_goodput" in data else None   # (null without --goodput)
+    if goodput is not None:
+        values[BENCH_GOODPUT] = goodput
     gap = bench_first_gap_s(data)
     return Summary(source, BENCH_KIND, _ordered(_streamed_only(values, keys, dropped, where)),
                    requests=_request_count(data.get("completed"), "completed", where), dropped=dropped,
@@ -768,7 +792,9 @@ def _sglang_bench_summary(data: dict, source: str, where: str) -> Summary:
     ``python/sglang/bench_serving.py``): one JSON object per run, appended to the file (the last is
     read, or the one ``index`` names). vLLM's fields from the load generator's side -- ``mean_``,
     ``median_``, ``p90_``, ``p95_``, ``p99_`` of ``ttft``, ``tpot`` (``(latency - TTFT) / (tokens -
-    1)``) and ``itl`` (every gap between two chunks), in ms -- but E2E is ``*_e2e_latency_ms`` and the
+    1)``) and ``itl`` (every gap between two chunks with the OpenAI backends; with ``backend``
+    ``sglang`` or ``sglang-native``, SGLang's ``/generate``, a chunk's gap over its tokens, once
+    per token: ``itl_per_token``), in ms -- but E2E is ``*_e2e_latency_ms`` and the
     total throughput ``total_throughput``; versions without it write ``input_throughput`` and
     ``output_throughput`` over the same duration, whose sum it is. ``std_*``, ``concurrency`` and
     ``accept_length`` are no statistic here. A non-streaming run (``--disable-stream``) records no
@@ -806,7 +832,7 @@ def _sglang_bench_summary(data: dict, source: str, where: str) -> Summary:
         _warn_non_streaming(where, "every ITL statistic is 0", left_out, len(values))
     return Summary(source, SGLANG_BENCH_KIND, _ordered(values),
                    requests=_request_count(data.get("completed"), "completed", where), dropped=dropped,
-                   **_workload_shape(data))
+                   itl_per_token=data.get("backend", "sglang") in SGLANG_NATIVE_BACKENDS, **_workload_shape(data))
 
 
 def _genai_perf_summary(data: dict, source: str, where: str) -> Summary:
@@ -909,7 +935,8 @@ def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
         if value is not None:
             values[name] = value
     return Summary(source, "inference-perf", _ordered(_streamed_only(values, keys, dropped, where)),
-                   requests=_request_count(successes.get("count"), "successes.count", where), dropped=dropped)
+                   requests=_request_count(successes.get("count"), "successes.count", where), dropped=dropped,
+                   itl_per_token=True)
 
 
 def _server_side(successes: dict) -> bool:
@@ -930,28 +957,72 @@ INFERENCE_PERF_NOT_READ = {"tgi": ("time_per_output_token", "prompt_len", "outpu
                            "sglang": ("time_per_output_token",)}
 
 
-def _inference_perf_server(path: Path) -> str:
-    """The ``server.type`` of the inference-perf ``config.yaml`` beside the report (or a folder
-    up, where a run keeps its stages' reports), lower case; ``vllm`` (inference-perf's default)
-    when there is none. Read line by line: the two keys need no YAML parser."""
+def _inference_perf_config(path: Path) -> tuple[Path, list[str]] | None:
+    """The inference-perf ``config.yaml`` beside the report (or a folder up, where a run keeps its
+    stages' reports) and its lines; None when there is none."""
     for folder in (path.parent, path.parent.parent):
         config = folder / "config.yaml"
         try:
-            lines = config.read_text(encoding="utf-8", errors="replace").splitlines()
+            return config, config.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             continue
-        inside = False
-        for line in lines:
-            if re.match(r"server\s*:\s*(#.*)?$", line):
-                inside = True
-            elif inside and line.strip() and not line[0].isspace():
-                break
-            elif inside:
-                match = re.match(r"\s+type\s*:\s*['\"]?([\w-]+)", line)
-                if match:
-                    return match.group(1).lower()
-        return "vllm"
-    return "vllm"
+    return None
+
+
+def _yaml_block_value(lines: list[str], block: str, key: str) -> str | None:
+    """The value written for ``key`` on an indented line of the top-level ``block:`` of a YAML
+    file, unquoted (None when it holds none). Read line by line: the keys read need no YAML parser."""
+    inside = False
+    for line in lines:
+        if re.match(block + r"\s*:\s*(#.*)?$", line):
+            inside = True
+        elif inside and line.strip() and not line[0].isspace():
+            break
+        elif inside:
+            match = re.match(r"\s+" + key + r"\s*:\s*['\"]?([^'\"#\s]*)", line)
+            if match:
+                return match.group(1)
+    return None
+
+
+def _inference_perf_server(path: Path) -> str:
+    """The ``server.type`` of the inference-perf ``config.yaml`` beside the report (or a folder
+    up), lower case; ``vllm`` (inference-perf's default) when there is none."""
+    config = _inference_perf_config(path)
+    server = _yaml_block_value(config[1], "server", "type") if config else None
+    return server.lower() if server else "vllm"
+
+
+#: inference-perf's wait past a run's end before it queries Prometheus, beyond the scrape interval
+#: (``PROMETHEUS_SCRAPE_BUFFER_SEC``), and its config's default scrape interval (``PrometheusClientConfig``)
+INFERENCE_PERF_SCRAPE_BUFFER_S = 2.0
+INFERENCE_PERF_SCRAPE_INTERVAL_S = 15.0
+
+
+def _inference_perf_window_pad_s(path: Path) -> float:
+    """How far the window of inference-perf's server rates runs past the run, in seconds:
+    ``metrics.prometheus.scrape_interval`` of the ``config.yaml`` beside the report or a folder
+    up (15, the config's default, without one; 0 is read as its client's fallback, 30) + 2. Its
+    rates are ``sum(rate(X[{duration}s]))`` (``client/modelserver/metrics/counter/base.py``) over
+    a window from the run's start to the query: the summary's queried after ``wait()`` of
+    ``scrape_interval + PROMETHEUS_SCRAPE_BUFFER_SEC``, a stage's at its end + the same
+    (``client/server_metrics/prometheus_client/base.py``), so a run's requests are divided by its
+    span and that pad.
+
+    :raises ConfigError: a ``scrape_interval`` that is not a number of seconds >= 0.
+    """
+    config = _inference_perf_config(path)
+    raw = _yaml_block_value(config[1], "metrics", "scrape_interval") if config else None
+    if raw is None or raw in ("", "null", "~"):
+        return INFERENCE_PERF_SCRAPE_INTERVAL_S + INFERENCE_PERF_SCRAPE_BUFFER_S
+    try:
+        interval = float(raw)
+    except ValueError:
+        interval = math.nan
+    if not (math.isfinite(interval) and interval >= 0):
+        raise ConfigError(f"{config[0]}: metrics.prometheus.scrape_interval: must be a number of seconds >= 0, got "
+                          f"{raw!r}")
+    return (interval or 30.0) + INFERENCE_PERF_SCRAPE_BUFFER_S
 
 
 def _inference_perf_server_summary(data: dict, source: str, where: str, server: str = "vllm") -> Summary:
@@ -1068,7 +1139,7 @@ def _guidellm_percentile(key: str) -> str | None:
 #: The names a statistic of a summary can have (:func:`check_statistic_names`).
 _STATISTIC = re.compile(r"^(?:(?:%s)\.(?:mean|p(\d+(?:\.\d+)?))|%s)$"
                         % ("|".join((*GROUPS, "iteration_tokens")),
-                           "|".join((*THROUGHPUTS, *map(re.escape, STEADY_STATE)))))
+                           "|".join((*THROUGHPUTS, *map(re.escape, (*STEADY_STATE, BENCH_GOODPUT))))))
 
 
 def check_statistic_names(names, option: str) -> None:
@@ -1085,7 +1156,8 @@ def check_statistic_names(names, option: str) -> None:
         if match is None or (match.group(1) is not None and not float(match.group(1)) <= 100):
             raise ConfigError(f"{option}: {name!r} is not a statistic; statistics are named <group>.mean or "
                               f"<group>.pNN with the group one of {', '.join((*GROUPS, 'iteration_tokens'))} "
-                              f"(e.g. ttft_ms.mean, itl_ms.p99), or one of {', '.join((*THROUGHPUTS, *STEADY_STATE))}")
+                              f"(e.g. ttft_ms.mean, itl_ms.p99), or one of "
+                              f"{', '.join((*THROUGHPUTS, *STEADY_STATE, BENCH_GOODPUT))}")
 
 
 def _looks_prometheus(text: str) -> bool:
@@ -1340,7 +1412,7 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
                           + (" since the baseline" if before else ""))
     e2e = histograms.get("e2e_ms")
     return Summary(source, kind, _ordered(values), histograms,
-                   requests=int(e2e.count) if e2e is not None else None)
+                   requests=int(e2e.count) if e2e is not None else None, itl_per_token=kind == SGLANG_KIND)
 
 
 def _bounds_text(series: dict) -> str:
@@ -1390,7 +1462,17 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     """The statistics of ``summary`` computed from a simulated run (through the same buckets
     for the quantiles of a Prometheus histogram), in the summary's view: a load generator's
     TTFT and latency from the simulated client's side (:mod:`schedlab.frontend`; the engine's
-    without a ``[frontend]``), vLLM's own from the engine's."""
+    without a ``[frontend]``), vLLM's own from the engine's. The engine's TTFT is every request's
+    that got a first token: vLLM observes it when that token's output is processed
+    (``IterationStats.update_from_output``, ``v1/metrics/stats.py``), and a request its client
+    abandons later is aborted with no other statistic (``OutputProcessor.abort_requests``); SGLang's
+    tokenizer manager observes it at the first chunk. Its E2E, queue time and TPOT are the
+    completed requests', which vLLM observes only when they finish. guidellm's percentiles are
+    nearest rank (:func:`_weighted_statistic`), the other tools' numpy's linear ones.
+
+    :raises ConfigError: ``slo.goodput_rps`` (``vllm bench serve --goodput``'s ``request_goodput``)
+        for a run without an ``[slo]`` table.
+    """
     from .results.metrics import client_latencies, completed, request_latencies, run_quantiles
 
     req = result.all_requests()
@@ -1398,6 +1480,9 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     if summary.view == "client":
         client = client_latencies(req)
         lat = {**lat, "ttft_ms": client["ttft_ms"], "tpot_ms": client["tpot_ms"], "e2e_ms": client["e2el_ms"]}
+    else:   # (a request turned away on arrival has no first token: -1)
+        first = req["first_token_ms"] >= 0
+        lat = {**lat, "ttft_ms": req["first_token_ms"][first] - req["arrival_ms"][first]}
     if summary.kind in ZERO_TPOT_KINDS and "tpot_ms" in lat:
         lat = {**lat, "tpot_ms": _tpot_with_zeros(req, lat["tpot_ms"])}
     ok = completed(req)   # as the tools count them: a request turned away or given up on adds nothing
@@ -1411,6 +1496,9 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     for group, stats in wanted.items():
         if group in THROUGHPUTS:
             out[group] = _throughput(group, req, ok, _window_s(summary, req, getattr(result, "measured", None)))
+            continue
+        if group == "slo":
+            out["slo.goodput_rps"] = _goodput(summary, req, ok, result)
             continue
         if group == "energy":
             steady = steady_state_energy(result, summary.batch)
@@ -1446,8 +1534,14 @@ def simulated(summary: Summary, result) -> dict[str, float]:
                 out[f"{group}.{stat}"] = float("nan")
             elif stat == "mean":
                 out[f"{group}.{stat}"] = float(values.mean())
+            elif summary.kind == "guidellm":   # nearest rank, as guidellm takes every percentile
+                out[f"{group}.{stat}"] = _weighted_statistic(values, np.ones(values.size), stat)
             else:
                 out[f"{group}.{stat}"] = float(np.percentile(values, float(stat[1:])))
+    if summary.itl_per_token and "itl_ms" in wanted:
+        _per_token_itl(summary, req, result, sketch, wanted["itl_ms"], out)
+    if "iteration_tokens" in wanted:
+        _warn_preempted_prompts(summary, req)
     return out
 
 
@@ -1471,18 +1565,89 @@ def _gap_weighted_tpot(req: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _weighted_statistic(values: np.ndarray, weights: np.ndarray, stat: str) -> float:
-    """The weighted ``mean`` or ``pNN`` as guidellm takes it (``Percentiles.from_pdf``: the first
-    value, in order, whose cumulative weight reaches the share); NaN with no weight."""
+    """The weighted ``mean`` or ``pNN`` as guidellm takes it (``DistributionSummary.from_values``
+    and ``Percentiles.from_pdf``, ``schemas/statistics.py``; v0.3.0's ``objects/statistics.py``
+    alike): equal values merged, their weights over the total as probabilities, summed in order,
+    and the first value whose cumulative probability reaches the share -- nearest rank, never
+    between two values. The sums are taken in guidellm's order (probabilities first, then their
+    ``cumsum``): a share they reach only to a rounding, as nine tenths summed to 0.8999999999999999
+    for p90 of ten values, picks the value guidellm picks. NaN with no weight."""
     keep = np.isfinite(values) & (weights > 0)
     values, weights = values[keep], weights[keep]
     if not weights.size:
         return float("nan")
     if stat == "mean":
         return float(np.sum(values * weights) / np.sum(weights))
-    order = np.argsort(values, kind="stable")
-    cdf = np.cumsum(weights[order]) / np.sum(weights)
-    at = min(int(np.searchsorted(cdf, float(stat[1:]) / 100.0, side="left")), values.size - 1)
-    return float(values[order][at])
+    unique, inverse = np.unique(values, return_inverse=True)
+    combined = np.zeros(unique.size)
+    np.add.at(combined, inverse, weights)
+    cdf = np.cumsum(combined / np.sum(combined))
+    share = round(float(stat[1:]) / 100.0, 6)   # (guidellm's literal 0.999, not 99.9 / 100)
+    at = min(int(np.searchsorted(cdf, share, side="left")), unique.size - 1)
+    return float(unique[at])
+
+
+def _goodput(summary: Summary, req: dict, ok: np.ndarray, result) -> float:
+    """``vllm bench serve --goodput``'s ``request_goodput`` of a simulated run: the completed
+    requests that met the run's ``[slo]`` TTFT and TPOT targets as their clients saw them
+    (:func:`~schedlab.results.metrics.slo_met`; a request of one token meets any TPOT, vLLM's 0)
+    over vLLM's duration (:func:`_window_s`): ``good_completed / dur_s`` (``vllm/benchmarks/serve.py``).
+    The file does not record its ``--goodput`` targets: the run's ``[slo]`` holds the same ones
+    (vLLM's ``e2el`` target has no counterpart).
+
+    :raises ConfigError: a run without an ``[slo]`` table.
+    """
+    from .results.metrics import slo_met
+
+    slo = (getattr(result, "meta", None) or {}).get("slo")
+    if not slo:
+        raise ConfigError(f"{summary.source}: slo.goodput_rps (vllm bench serve --goodput's request_goodput) needs "
+                          f"the run's [slo] table with the --goodput targets: add one, or leave the statistic out "
+                          f"(the [target] table's statistics, calibrate's --statistics)")
+    seconds = _window_s(summary, req, getattr(result, "measured", None))
+    return float(slo_met(req, ok, slo).sum()) / seconds if seconds > 0 else float("nan")
+
+
+def _per_token_itl(summary: Summary, req: dict, result, sketch, stats: list[str], out: dict[str, float]) -> None:
+    """``itl_ms`` against a source that counts each token of a step that gave several (speculative
+    decoding; ``summary.itl_per_token``): SGLang's native client gives each of a chunk's k tokens
+    the gap over k (``sglang/benchmark/backends/sglang_client.py``, ``adjust_itl``), its /metrics
+    histogram puts k observations in the bucket of the gap over k and the gap in its sum
+    (``collector.observe_inter_token_latency``), inference-perf's lifecycle report gives the
+    chunk's first token the gap and the other k - 1 a 0 (``reportgen/base.py``,
+    ``summarize_requests``). Either way the mean is the gaps' sum over the tokens after each
+    request's first: ``itl_ms.mean`` is set to that, every recorded gap (an abandoned request's
+    too, as the per-step ITL) over the tokens after the first of every request that got one --
+    the per-step mean exactly when each step gives one token. The engines do not record a step's
+    tokens, so the percentiles stay per step: with steps of several tokens a
+    :class:`TargetWarning` says so."""
+    if sketch is not None:
+        gaps, steps = float(sketch.total), float(sketch.count)
+    else:
+        itl = result.itl
+        count, weight = np.asarray(itl["count"], float), np.asarray(itl["weight"], float)
+        steps = float(np.sum(count * weight))
+        gaps = float(np.sum(weight * (count * np.asarray(itl["first"], float)
+                                      + np.asarray(itl["inc"], float) * count * (count - 1) / 2)))
+    tokens = float(np.maximum(req["generated_tokens"][req["first_token_ms"] >= 0] - 1, 0).sum())
+    if "mean" in stats:
+        out["itl_ms.mean"] = gaps / tokens if tokens > 0 else float("nan")
+    if tokens > steps and any(stat != "mean" for stat in stats):
+        warnings.warn(f"{summary.source}: {summary.kind} counts an ITL per token, and the simulated run's steps "
+                      f"gave {tokens / steps:.2f} tokens each (speculative decoding): itl_ms.mean is per token, its "
+                      f"percentiles per step (the engines do not record a step's tokens)", TargetWarning, stacklevel=3)
+
+
+def _warn_preempted_prompts(summary: Summary, req: dict) -> None:
+    """Say when ``iteration_tokens`` may be read low: a preempted request's ``cached_tokens`` adds
+    up the prefix hits of each of its admissions, where vLLM subtracts its first's from the prompt
+    (:func:`_iteration_tokens`)."""
+    many = int(np.sum((req["first_token_ms"] >= 0) & (req["rejected"] == 0) & (req["preemptions"] > 0)
+                      & (req["cached_tokens"] > 0)))
+    if many:
+        warnings.warn(f"{summary.source}: iteration_tokens: {many} preempted requests' cached_tokens add up the prefix "
+                      f"hits of every admission, vLLM subtracts the first's: their prompts' computed tokens may be "
+                      f"read low", TargetWarning, stacklevel=3)
 
 
 def steady_state_energy(result, batch: int | None = None) -> dict[str, float]:
@@ -1595,14 +1760,19 @@ def _iteration_tokens(result) -> tuple[np.ndarray, np.ndarray]:
     """Tokens per iteration as vLLM's ``vllm:iteration_tokens_total`` observes them, and how many
     iterations had them, from the run's timeline (rows of ``iterations`` identical iterations).
 
-    vLLM observes an iteration's outputs (``IterationStats.update_from_output``): every token
-    generated, and a request's whole prompt -- its cached tokens too -- in the iteration that
-    gives it its first token. A prompt's earlier chunks are in no observation, and an iteration
-    that outputs nothing (only a chunk of a prompt; a data-parallel rank's dummy step) is none
-    (``IterationStats()`` only ``if num_outputs``). So each row holds its decodes, and the
-    iteration that ends at a request's first token (``time_ms + duration_ms`` on its instance)
-    adds its prompt and that token. A first token whose iteration the timeline does not hold
-    (rows thinned out on a long run) is left out."""
+    vLLM 0.33 observes an iteration's outputs (``IterationStats.update_from_output``): every token
+    generated, and, in the iteration that gives a request its first token, the prompt tokens it
+    computed -- ``prompt_token_stats.computed``, its prompt less the prefix-cache hits of its
+    first scheduling (``v1/metrics/loggers.py``, ``PrefillStats`` in ``v1/metrics/stats.py``;
+    vLLMs before ``PromptTokenStats`` observed the whole prompt). A prompt's earlier chunks are in
+    no observation, and an iteration that outputs nothing (only a chunk of a prompt; a
+    data-parallel rank's dummy step) is none (``IterationStats()`` only ``if num_outputs``). So
+    each row holds its decodes, and the iteration that ends at a request's first token
+    (``time_ms + duration_ms`` on its instance) adds its prompt less its ``cached_tokens``, and
+    that token. A preempted request's ``cached_tokens`` sums the hits of every admission (vLLM
+    counts its first's; :func:`simulated` warns), so its computed prompt is read at least 0. A
+    first token whose iteration the timeline does not hold (rows thinned out on a long run) is
+    left out."""
     t = result.timeline
     if not t or "iterations" not in t or not len(t["iterations"]):
         raise ConfigError("iteration_tokens needs the run's timeline")
@@ -1615,7 +1785,7 @@ def _iteration_tokens(result) -> tuple[np.ndarray, np.ndarray]:
     for i in np.flatnonzero(np.isfinite(first) & (req["rejected"] == 0)):
         row = ends.get((int(req["instance"][i]), float(first[i])))
         if row is not None:
-            tokens[row] += float(req["prompt_tokens"][i]) + 1.0
+            tokens[row] += max(float(req["prompt_tokens"][i]) - float(req["cached_tokens"][i]), 0.0) + 1.0
     observed = tokens > 0
     return tokens[observed], iterations[observed]
 
@@ -1655,7 +1825,8 @@ def _window_s(summary: Summary, req: dict, measured=None) -> float:
     (every request's times count, a failed one's too):
 
     * the engine's view: the run's makespan, from the first arrival at the engine to the last
-      request that left it (finished, dropped, or turned away after it queued);
+      request that left it (finished, dropped, or turned away after it queued), and for
+      inference-perf's server rates the ``summary.window_pad_s`` its Prometheus window runs on;
     * a load generator's: from the first send to the last time a client heard back (a last byte,
       a client giving up, a rejection);
     * ``vllm bench serve``'s: its duration, which starts one first gap before the first send
@@ -1667,7 +1838,7 @@ def _window_s(summary: Summary, req: dict, measured=None) -> float:
         left = left_the_engine(req)
         if not left.any():
             return float("nan")
-        return (float(req["finish_ms"][left].max()) - float(req["arrival_ms"].min())) / 1e3
+        return (float(req["finish_ms"][left].max()) - float(req["arrival_ms"].min())) / 1e3 + summary.window_pad_s
     sent = req["sent_ms"] if "sent_ms" in req else req["arrival_ms"]
     done = req["client_done_ms"] if "client_done_ms" in req else req["finish_ms"]
     # a request turned away: its client hears of it when the engine refuses it (on arrival: at its arrival)
@@ -1694,15 +1865,21 @@ def _throughput(name: str, req: dict, ok: np.ndarray, seconds: float) -> float:
     return (output + float(req["prompt_tokens"][ok].sum())) / seconds
 
 
-def unmetered_energy_left_out(summary: Summary, metered: bool, where: str) -> Summary:
-    """``summary`` without its steady-state energy statistics when the run has no ``[power]``
-    table to compare them with (``metered`` False), saying so; else ``summary``."""
-    energy = [name for name in summary.values if name in STEADY_ENERGY]
-    if not energy or metered:
+def incomparable_left_out(summary: Summary, tables, where: str) -> Summary:
+    """``summary`` without the statistics its run cannot compute, saying so: the steady-state energy
+    statistics when the run has no ``[power]`` table, ``slo.goodput_rps`` (``vllm bench serve
+    --goodput``'s ``request_goodput``) when it has no ``[slo]`` with the file's targets; else
+    ``summary``. ``tables``: the run's table names."""
+    need = {name: "[power] table" for name in summary.values if name in STEADY_ENERGY and "power" not in tables}
+    if BENCH_GOODPUT in summary.values and "slo" not in tables:
+        need[BENCH_GOODPUT] = "[slo] table with its --goodput targets"
+    if not need:
         return summary
-    warnings.warn(f"{where}: {summary.source}'s {' and '.join(energy)} need a [power] table to compare: left out",
-                  TargetWarning, stacklevel=3)
-    return attrs.evolve(summary, values={k: v for k, v in summary.values.items() if k not in energy})
+    for table in dict.fromkeys(need.values()):
+        names = [name for name, t in need.items() if t == table]
+        warnings.warn(f"{where}: {summary.source}'s {' and '.join(names)} need a {table}"
+                      f" to compare: left out", TargetWarning, stacklevel=3)
+    return attrs.evolve(summary, values={k: v for k, v in summary.values.items() if k not in need})
 
 
 def percent_error(simulated: float, measured: float) -> float:

@@ -485,7 +485,8 @@ engine = "reference"
 
 def test_iteration_tokens_are_what_vllm_observes_of_its_outputs(tmp_path):
     """vLLM's ``iteration_tokens_total`` observes an iteration's outputs: each generated token,
-    and a request's whole prompt in the iteration of its first token; an iteration of prompt
+    and a request's computed prompt (less its prefix hits: none here, without prefix caching; see
+    tests/test_targets_review.py) in the iteration of its first token; an iteration of prompt
     chunks alone outputs nothing and is no observation. Here a 5,000-token prompt runs in chunks
     of 2,048, 2,048 and 904 (the last beside the 100-token prompt, which arrives during the first
     and waits for the budget): observations 5,000 + 1 + 100 + 1 in the third iteration, then 2

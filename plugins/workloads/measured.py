@@ -370,11 +370,15 @@ def _check_seconds(path, data, ttft: np.ndarray) -> None:
 
 
 def _bench_list(path, data, key, n=None, *, required=True):
-    value = data.get(key)
+    """The per-request list ``key`` of a bench file: at the top level, or in SGLang's ``details``
+    (:func:`_bench_details`)."""
+    details = _bench_details(data)
+    value = data.get(key) if data.get(key) is not None else details.get(key)
     if value is None and not required:
         return None
     if value is None:
-        raise WorkloadError(f"{path}: missing list {key!r} (save the result with --save-detailed)")
+        flag = "sglang.bench_serving --output-details" if _sglang_result(data) else "--save-detailed"
+        raise WorkloadError(f"{path}: missing list {key!r} (save the result with {flag})")
     if not isinstance(value, list):
         raise WorkloadError(f"{path}: {key}: must be a list, got {show_value(value)} ({type(value).__name__})")
     if n is not None and len(value) != n:
@@ -451,6 +455,8 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
     ``latencies`` (its end-to-end latency), ``start_times`` (``time.perf_counter()`` when it was
     sent), ``queue_times`` (its wait for a ``--max-concurrency`` slot), ``errors``, and when the
     server reported them, ``server_ttfts`` and ``server_queue_times`` (None where it did not).
+    SGLang's ``bench_serving --output-details`` writes the first four and ``errors`` at the top
+    level (older versions) or under ``details`` (:func:`_bench_details`).
 
     A file with several results (``--append-result``) gives the one at ``index`` (the last when
     None). Without ``queue_times`` a capped run's due times are not recorded (vLLM takes
@@ -560,10 +566,25 @@ def load_vllm_bench(path, *, limit: int | None = None, index: int | None = None)
 
 
 def _is_sglang_bench(path, index) -> bool:
-    """Whether a bench file is SGLang's ``bench_serving`` output (``--output-details``: vLLM's
-    per-request lists, but its E2E named ``*_e2e_latency_ms`` where vLLM writes ``*_e2el_ms``)."""
+    """Whether a bench file is SGLang's ``bench_serving`` output (:func:`_sglang_result`)."""
     data = _bench_document(Path(path), index)
-    return isinstance(data, dict) and any(f"{stat}_e2e_latency_ms" in data for stat in ("mean", "median"))
+    return isinstance(data, dict) and _sglang_result(data)
+
+
+def _sglang_result(data: dict) -> bool:
+    """Whether a bench result is SGLang's ``bench_serving`` (``--output-details``: vLLM's
+    per-request lists, :func:`_bench_details`, but its E2E named ``*_e2e_latency_ms`` where vLLM
+    writes ``*_e2el_ms``)."""
+    return any(f"{stat}_e2e_latency_ms" in data for stat in ("mean", "median"))
+
+
+def _bench_details(data: dict) -> dict:
+    """The per-request lists SGLang's ``bench_serving --output-details`` keeps under ``details``
+    (``python/sglang/benchmark/metrics.py``, ``save_results``: ``input_lens``, ``output_lens``,
+    ``ttfts``, ``itls``, ``errors``); older versions merged them into the result itself, as vLLM
+    writes them. ``{}`` for a file without that dict."""
+    details = data.get("details")
+    return details if isinstance(details, dict) else {}
 
 
 def redraw_arrivals_ms(bench: BenchRun, seed: int) -> np.ndarray:

@@ -704,9 +704,12 @@ def request_met(slo: dict, *, ttft: bool = True, tpot: bool = True):
 
 def _slo_metrics(req, ok, slo: dict, seconds: float) -> dict[str, float]:
     """SLO attainment and ``goodput_rps``, requests per second meeting both their TTFT and TPOT
-    targets as the client sees them (``vllm bench serve --goodput``'s ``request_goodput``; the
-    engine's own without a front end). DistServe's goodput is another number: the highest rate at
-    which 90% of requests meet both, the ``goodput`` report's (:mod:`schedlab_plugins.reports.goodput`).
+    targets as the client sees them (the engine's own without a front end), per second of the
+    run's makespan, as its other rates. ``vllm bench serve --goodput``'s ``request_goodput``
+    counts the same requests over its own duration, from one gap before the first send to the
+    last response: a ``[target]`` compares it so (:func:`schedlab.targets._goodput`). DistServe's
+    goodput is another number: the highest rate at which 90% of requests meet both, the
+    ``goodput`` report's (:mod:`schedlab_plugins.reports.goodput`).
     Requests rejected or abandoned meet nothing: attainment counts them among all requests."""
     return _attainment(int(slo_met(req, ok, slo).sum()), int(req["id"].size), seconds)
 

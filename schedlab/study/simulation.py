@@ -47,7 +47,7 @@ from ..errors import (ConfigError, InputWarning, SchedlabError, SimulationError,
                       brief, entry_label, raised_by_plugin)
 from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import Request, checked_requests
-from ..targets import TargetConfig, compare_with_real_run, unmetered_energy_left_out
+from ..targets import TargetConfig, compare_with_real_run, incomparable_left_out
 from ..parallelism import SINGLE, LayoutError, Parallelism
 from ..results.metrics import request_met
 from ..results.records import RunResult
@@ -780,7 +780,7 @@ def assemble(spec: RunSpec, ctx: Context, where: str, *, check_only: bool = Fals
         target = config.read()
     except (ConfigError, FieldError) as exc:
         raise ConfigError(f"{where} [target]: {exc}") from None
-    target = unmetered_energy_left_out(target, "power" in spec.tables, f"{where} [target]")
+    target = incomparable_left_out(target, spec.tables, f"{where} [target]")
     compared = {"max_num_seqs": target.batch, "num_gpus": target.gpus}
     _warn_other_run(assembled, {k: v for k, v in compared.items() if v != replayed[k]}, "[target]", where)
     return attrs.evolve(assembled, target=target)
