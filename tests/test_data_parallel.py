@@ -140,7 +140,7 @@ def ranks(*counts) -> list:
 
 
 def test_the_dp_load_balancer_scores_waiting_four_times_running_and_counts_what_it_sent():
-    router = DataParallelRouter()  # a 100 ms snapshot
+    router = DataParallelRouter(DataParallelRouterConfig(rule="v0.19"))  # a 100 ms snapshot
     views = ranks((1, 0), (0, 3))  # scores 4 and 3
     assert router.route(Request(0, 0.0, 1, 1), views) == 1
     # before the next snapshot the front end counts the request it sent as waiting: 4 vs 7
@@ -156,7 +156,7 @@ def test_the_dp_load_balancers_snapshot_follows_the_pool_an_autoscaler_changes()
     """The snapshot is of the instances it was read from: a pool that loses an instance, gains
     one or is renumbered within the 100 ms is read again at once (before: the old per-position
     counts, and an answer naming a position the pool no longer has)."""
-    router = DataParallelRouter()
+    router = DataParallelRouter(DataParallelRouterConfig(rule="v0.19"))
     assert router.route(Request(0, 0.0, 1, 1), [View(0, 9, 0), View(0, 9, 1), View(0, 0, 2)]) == 2  # 9, 9, 0
     # 10 ms later instance 2 has drained out: positions 0 and 1 only, read afresh (3 vs 2; the
     # old snapshot, 9, 9, 4, answered 2)

@@ -133,15 +133,18 @@ def _ranks_of(run) -> list:
 
 
 def test_sglang_ranks_are_picked_round_robin_by_default(tmp_path):
-    """Requests a second apart, each finished before the next: vLLM's balancer sees every rank
-    idle and sends each to rank 0 (ties to the lowest), SGLang's controller alternates."""
+    """Requests a second apart, each finished before the next: SGLang's controller alternates;
+    vLLM's balancer sees every rank idle, and vLLM 0.19's sends each to rank 0 (ties to the
+    lowest) while 0.33's (the default) rotates its ties."""
     assert _ranks_of(_run(tmp_path, 'kind = "sglang"', "data_parallel = 2")) == [0, 1, 0, 1, 0, 1]
-    assert _ranks_of(_run(tmp_path, 'kind = "vllm"', "data_parallel = 2")) == [0] * 6
+    assert _ranks_of(_run(tmp_path, 'kind = "vllm"', "data_parallel = 2")) == [0, 1, 0, 1, 0, 1]
+    old = 'data_parallel = 2\nrank_router = {kind = "vllm_dp", rule = "v0.19"}'
+    assert _ranks_of(_run(tmp_path, 'kind = "vllm"', old)) == [0] * 6
 
 
 @pytest.mark.parametrize("cluster", [
-    'data_parallel = 2\nrouter = {kind = "vllm_dp"}',
-    'data_parallel = 2\nrank_router = {kind = "vllm_dp"}',
+    'data_parallel = 2\nrouter = {kind = "vllm_dp", rule = "v0.19"}',       # (0.19: idle ties to rank 0)
+    'data_parallel = 2\nrank_router = {kind = "vllm_dp", rule = "v0.19"}',
 ])
 def test_a_router_named_wins_over_sglangs_default(tmp_path, cluster):
     assert _ranks_of(_run(tmp_path, 'kind = "sglang"', cluster)) == [0] * 6

@@ -78,10 +78,13 @@ class LeastKVRouter:
     """The instance with the lowest KV-cache usage fraction (ties: fewest outstanding, then
     lowest index).
 
-    Models routers that score replicas by the engine's KV-usage gauge, such as the endpoint
-    picker of the Kubernetes Gateway API Inference Extension (llm-d), which reads vLLM's
-    ``kv_cache_usage_perc``. Waiting requests hold no KV yet, so a burst arriving at once all
-    sees the same usage; the outstanding-count tie-break spreads such a burst.
+    A router scoring replicas by the engine's KV-usage gauge alone (vLLM's
+    ``kv_cache_usage_perc``). That is one of the scorers of the endpoint picker of the
+    Kubernetes Gateway API Inference Extension (llm-d's ``kv-cache-utilization-scorer``), not
+    its default: llm-d's default profile weighs it with a queue scorer and a prefix-cache scorer
+    (the ``weighted`` router), and no shipped llm-d profile is KV-only. Waiting requests hold no
+    KV yet, so a burst arriving at once all sees the same usage; the outstanding-count tie-break
+    spreads such a burst.
     """
 
     def route(self, request, instances: Sequence) -> int:
