@@ -7,12 +7,30 @@
   above target), and scaled down only to the highest recommendation of the last five minutes
   (HPA's ``--horizontal-pod-autoscaler-downscale-stabilization``, default 300 s).
 * ``queue_length`` -- KEDA's queue scalers: ``desired = ceil(queue / target_per_instance)`` of the
-  requests waiting (or outstanding) over the serving instances, one more instance while the
-  window's SLO attainment is below ``min_attainment``, and the same down-scale stabilisation.
+  requests waiting (or outstanding) over the serving instances, left alone within HPA's 10%
+  tolerance, one more instance while the window's SLO attainment is below ``min_attainment``,
+  and the same down-scale stabilisation.
+
+Both go through HPA's normalisation (:class:`HPANormalizer`, ``horizontal.go``): the down-scale
+stabilisation, then the scale-up rate limit of HPA's default ``behavior`` -- at most ``max(4
+pods, 100%)`` more than at the start of the last 15 s (``scale_up_limit``, ``scale_up_pods``,
+``scale_up_percent``, ``scale_up_period_s``; ``"legacy"``: HPA without a ``behavior`` field,
+``max(2 x current, 4)`` per decision; ``"none"``: no limit).
 
 Both read only :class:`schedlab.engine.scaling.Signals`; the engine keeps their answer within
 ``min_instances`` and ``max_instances``, warms new instances for ``cold_start_s`` and drains the
-ones it removes (see :mod:`schedlab.engine.scaling`).
+ones it removes (see :mod:`schedlab.engine.scaling`, which also states what it assumes of a
+drain against Kubernetes' and vLLM's defaults).
+
+Warming instances on a scale-down. ``target_utilization`` counts a warming instance as HPA counts
+a ``Pending`` pod (``groupPods``: "unready"): left out of a scale-down's ratio, so ``desired =
+ceil(ratio * serving)`` may cancel warming instances (``queue_length``'s External metric has no
+per-pod view: HPA only counts them in the current count its tolerance is relative to). A pod that is ``Running`` but not yet serving
+its metrics -- a vLLM pod loading its weights, usually the longer part of a cold start -- is a
+pod "missing metrics" to HPA instead, taken on a scale-down as being at target, which holds the
+count up: ``target_utilization``'s ``warming_as = "missing"`` models that. Under the default
+300 s stabilisation with a cold start shorter than it, the scale-up that started the warming
+instances is still in the window and nothing differs.
 """
 
 from __future__ import annotations
@@ -54,6 +72,36 @@ class ScalingConfig:
             raise FieldError("initial", "must be between min_instances and max_instances")
 
 
+SCALE_UP_LIMITS = ("behavior", "legacy", "none")
+
+
+@attrs.frozen
+class HPAScalingConfig(ScalingConfig):
+    """The keys of a policy that goes through Kubernetes' HPA controller (:class:`HPANormalizer`):
+    its tolerance and its scale-up rate limit. The defaults are HPA's (``autoscaling/v2``
+    ``defaults.go``: a Pods policy of 4 and a Percent policy of 100, each per 15 s, the larger
+    allowed, ``selectPolicy: Max``)."""
+
+    tolerance: float = float_field(0.1, min=0.0, help="no change while the usage ratio is within 1 +- this (HPA: 0.1)")
+    scale_up_limit: str = str_field("behavior", choices=SCALE_UP_LIMITS,
+                                    help="'behavior': HPA's scale-up policies (the default behavior: scale_up_pods "
+                                         "and scale_up_percent per scale_up_period_s); 'legacy': HPA without a "
+                                         "behavior field, max(2 x current, 4) per decision; 'none': no limit")
+    scale_up_pods: int = int_field(4, min=0, help="'behavior': at most this many instances more than at the start of "
+                                                  "the period (0: no such policy; HPA's default: 4)")
+    scale_up_percent: int = int_field(100, min=0, help="'behavior': or this many percent more, rounded up, whichever "
+                                                       "allows more (0: no such policy; HPA's default: 100)")
+    scale_up_period_s: float = float_field(15.0, min=0.0, min_exclusive=True,
+                                           help="'behavior': the period both policies count the changes over "
+                                                "(HPA's default: 15 s)")
+
+    def __attrs_post_init__(self):
+        ScalingConfig.__attrs_post_init__(self)
+        if self.scale_up_limit == "behavior" and self.scale_up_pods == 0 and self.scale_up_percent == 0:
+            raise FieldError("scale_up_pods", "0 with scale_up_percent = 0 would never allow a scale-up; set "
+                                              "scale_up_limit = 'none' for no limit")
+
+
 class Stabilized:
     """Down-scale stabilisation: the highest recommendation of the last ``seconds``."""
 
@@ -67,13 +115,76 @@ class Stabilized:
         return max(r for _, r in self.recent)
 
 
+class HPANormalizer:
+    """What Kubernetes' HPA controller does with a recommendation (``horizontal.go``) before it
+    sets the replica count, ``current`` being the pods ready or not -- serving plus warming:
+
+    * ``scale_up_limit = "behavior"`` (``normalizeDesiredReplicasWithBehaviors``, the
+      ``autoscaling/v2`` default behavior): the recommendation is stabilised
+      (``stabilizeRecommendationWithBehaviors``: a scale-up at once, a scale-down only to the
+      highest recommendation of ``stabilization_s``, never above ``current``), then a scale-up
+      is limited (``calculateScaleUpLimitWithScalingRules``, ``selectPolicy: Max``) to
+      ``max(start + scale_up_pods, ceil(start * (1 + scale_up_percent / 100)))``, where ``start``
+      is the count at the start of the last ``scale_up_period_s``: ``current`` less the instances
+      added, plus those removed, by the decisions within it (``getReplicasChangePerPeriod``: a
+      change exactly one period old no longer counts). A policy of 0 is left out. Both policies
+      share one period (HPA gives each its own); the scale-down policies are HPA's default
+      (100% per 15 s: none binds), so not modelled.
+    * ``"legacy"`` (``normalizeDesiredReplicas``, an HPA whose spec has no ``behavior`` --
+      ``defaults.go`` fills the default behavior only into a ``behavior`` that is there): the
+      highest recommendation of ``stabilization_s`` whichever way it goes, then at most
+      ``max(2 * current, 4)`` per decision, with no period.
+    * ``"none"``: the stabilised recommendation, unlimited (schedlab before the limit).
+
+    The answer is kept within ``[min_instances, max_instances]`` as the engine would keep it, so
+    that the change recorded is the one the engine makes (it adds or removes exactly that many:
+    draining instances taken back, then off ones warmed; warming ones cancelled, then serving
+    ones drained)."""
+
+    def __init__(self, config: HPAScalingConfig):
+        self.config = config
+        self.stable = Stabilized(config.stabilization_s)
+        self.period_ms = config.scale_up_period_s * 1e3
+        self.changes: list[tuple[float, int]] = []  # (time, instances added (+) or removed (-)), 'behavior' only
+
+    def __call__(self, s, recommendation: int) -> int:
+        """The count to ask the engine for, from the policy's ``recommendation`` at ``s``."""
+        cfg = self.config
+        current = s.serving + s.warming
+        highest = self.stable(s.now_ms, recommendation)
+        if cfg.scale_up_limit == "behavior":
+            desired = recommendation if recommendation >= current else min(current, highest)
+            if desired > current:
+                desired = min(desired, max(self.scale_up_limit(s.now_ms, current), current))
+        elif cfg.scale_up_limit == "legacy":
+            desired = min(highest, max(2 * current, 4)) if highest > current else highest
+        else:
+            desired = highest
+        desired = min(max(desired, s.min_instances), s.max_instances)
+        if cfg.scale_up_limit == "behavior":
+            cutoff = s.now_ms - self.period_ms
+            self.changes = [(t, c) for t, c in self.changes if t > cutoff]
+            if desired != current:
+                self.changes.append((s.now_ms, desired - current))
+        return desired
+
+    def scale_up_limit(self, now_ms: float, current: int) -> int:
+        """The most instances the scale-up policies allow at ``now_ms`` from ``current``."""
+        cfg = self.config
+        start = current - sum(c for t, c in self.changes if t > now_ms - self.period_ms)
+        return max(start + cfg.scale_up_pods, math.ceil(start * (1 + cfg.scale_up_percent / 100)))
+
+
 @attrs.frozen
-class TargetUtilizationConfig(ScalingConfig):
+class TargetUtilizationConfig(HPAScalingConfig):
     metric: str = str_field("kv_usage", choices=("kv_usage", "outstanding"),
                             help="'kv_usage': mean KV-cache usage of the serving instances (0-1); 'outstanding': "
                                  "requests queued or running per serving instance")
     target: float = float_field(0.6, min=0.0, min_exclusive=True, help="the value to hold the metric at")
-    tolerance: float = float_field(0.1, min=0.0, help="no change while current / target is within 1 +- this (HPA: 0.1)")
+    warming_as: str = str_field("pending", choices=("pending", "missing"),
+                                help="how HPA sees a warming instance: 'pending', an unready pod (left out of a "
+                                     "scale-down); 'missing', a Running pod not yet serving metrics (at target on a "
+                                     "scale-down, which holds the count up); the same on a scale-up")
 
 
 class TargetUtilization:
@@ -93,17 +204,24 @@ class TargetUtilization:
       still warming, their paid cold start lost -- else ``ceil(new ratio * all)``, never below
       ``currentReplicas``.
 
-    Down-scales are then stabilised (the highest recommendation of ``stabilization_s``)."""
+    * ``warming_as = "missing"``: warming instances are pods missing metrics instead
+      (``calcPlainMetricReplicas``' ``missingPods``: Running, not serving metrics yet). On a
+      scale-up they count as using nothing, as above; on a scale-down (a ratio below 1) as being
+      at target: the ratio over every pod is ``(ratio * ready + unready) / all``, the current
+      count within the tolerance, else ``ceil(new ratio * all)``.
+
+    Then HPA's normalisation (:class:`HPANormalizer`): down-scales stabilised (the highest
+    recommendation of ``stabilization_s``), scale-ups rate-limited."""
 
     def __init__(self, config: TargetUtilizationConfig | None = None):
         self.config = config or TargetUtilizationConfig()
-        self.stable = Stabilized(self.config.stabilization_s)
+        self.hpa = HPANormalizer(self.config)
 
     def decide(self, s) -> int:
         cfg = self.config
         current_replicas = s.serving + s.warming
         if s.serving == 0:  # no ready pod has metrics: HPA makes no change
-            return self.stable(s.now_ms, current_replicas)
+            return self.hpa(s, current_replicas)
         current = s.kv_usage if cfg.metric == "kv_usage" else s.outstanding / s.serving
         ratio = current / cfg.target
         if s.warming and ratio > 1.0:  # a scale-up with unready pods, counted as using nothing
@@ -111,15 +229,18 @@ class TargetUtilization:
                 desired = current_replicas
             else:  # (the new ratio x every pod is ratio x the ready ones, computed so)
                 desired = max(math.ceil(ratio * s.serving), current_replicas)
+        elif s.warming and ratio < 1.0 and cfg.warming_as == "missing":  # at target: (ratio x ready + unready) / all
+            held = ratio * s.serving + s.warming  # (the new ratio x every pod, computed so)
+            desired = current_replicas if abs(held / current_replicas - 1.0) <= cfg.tolerance else math.ceil(held)
         elif abs(ratio - 1.0) <= cfg.tolerance:
             desired = current_replicas
         else:
             desired = math.ceil(ratio * s.serving)
-        return self.stable(s.now_ms, desired)
+        return self.hpa(s, desired)
 
 
 @attrs.frozen
-class QueueLengthConfig(ScalingConfig):
+class QueueLengthConfig(HPAScalingConfig):
     signal: str = str_field("outstanding", choices=("waiting", "outstanding"),
                             help="'waiting': requests not yet admitted; 'outstanding': queued or running")
     target_per_instance: float = float_field(16.0, min=0.0, min_exclusive=True,
@@ -129,19 +250,28 @@ class QueueLengthConfig(ScalingConfig):
 
 
 class QueueLength:
-    """KEDA-style queue scaling (``desired = ceil(queue / target)``), with an SLO guard."""
+    """KEDA-style queue scaling, with an SLO guard. KEDA hands HPA the queue as an External metric
+    with an ``AverageValue`` target, which HPA's ``GetExternalPerPodMetricReplicas`` turns into
+    ``ceil(queue / target)`` -- unless the usage ratio ``queue / (target * current)``, ``current``
+    being the pods ready or not (serving plus warming: the status replicas), is within the
+    tolerance, when the count stays. One instance more than ``current`` while the window's SLO
+    attainment is below ``min_attainment`` (a schedlab extension); then HPA's normalisation
+    (:class:`HPANormalizer`: stabilised down, rate-limited up)."""
 
     def __init__(self, config: QueueLengthConfig | None = None):
         self.config = config or QueueLengthConfig()
-        self.stable = Stabilized(self.config.stabilization_s)
+        self.hpa = HPANormalizer(self.config)
 
     def decide(self, s) -> int:
         cfg = self.config
         queue = s.waiting if cfg.signal == "waiting" else s.outstanding
+        current = s.serving + s.warming
         desired = math.ceil(queue / cfg.target_per_instance)
+        if current and abs(1.0 - queue / (cfg.target_per_instance * current)) <= cfg.tolerance:
+            desired = current
         if cfg.min_attainment is not None and s.finished and s.slo_attainment < cfg.min_attainment:
-            desired = max(desired, s.serving + s.warming + 1)
-        return self.stable(s.now_ms, desired)
+            desired = max(desired, current + 1)
+        return self.hpa(s, desired)
 
 
 @schedlab.hookimpl
@@ -149,4 +279,5 @@ def schedlab_register_autoscalers(register):
     register("target_utilization", TargetUtilization, config=TargetUtilizationConfig,
              help="Kubernetes HPA: ceil(serving x current / target) of KV usage or outstanding requests")
     register("queue_length", QueueLength, config=QueueLengthConfig,
-             help="KEDA queue scaling: ceil(queue / target per instance), +1 while SLO attainment is low")
+             help="KEDA queue scaling (through HPA): ceil(queue / target per instance) outside a 10% "
+                  "tolerance, +1 while SLO attainment is low")

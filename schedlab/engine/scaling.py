@@ -6,13 +6,30 @@ own event times (before an arrival at the same time):
 * every ``interval_ms`` a *tick*: the controller reads the serving instances as a router does
   (their views at that time), counts what happened in the last window (arrivals, finishes,
   finishes within the SLO) and asks the policy (:class:`schedlab.protocols.Autoscaler`) how
-  many instances should serve; the answer is kept within ``[min_instances, max_instances]``;
+  many instances should serve; the answer is kept within ``[min_instances, max_instances]``
+  (how fast it may grow is the policy's: the built-ins apply HPA's scale-up rate limit
+  themselves, ``schedlab_plugins.autoscalers.HPANormalizer``);
 * more: instances that are off start *warming*, and serve -- join the router's pool -- only
   ``cold_start_ms`` later (Kubernetes' pod start, the engine loading its weights); an instance
   still draining is taken back first, at once (it never stopped);
 * fewer: warming instances are cancelled first (newest first), then serving ones *drain*
   (highest index first): they leave the router's pool at once but finish every request they
   hold, and are off -- no longer paid for -- when their last iteration ends. No request is lost.
+
+Two assumptions there are not Kubernetes' and vLLM's defaults (a run models a deployment set up
+for them):
+
+* a *graceful drain that finishes every request*, however long it takes. Kubernetes removes a pod
+  by sending SIGTERM and kills it ``terminationGracePeriodSeconds`` later (30 s by default), and
+  vLLM's ``--shutdown-timeout`` defaults to 0, "abort": on SIGTERM it aborts what it holds
+  (vLLM 0.33 ``EngineCore._handle_shutdown``; a timeout above 0 drains for that long, then
+  aborts). The run models vLLM with ``--shutdown-timeout`` and the pod's grace period at least
+  its longest request: with the defaults, the requests a scale-down catches would fail instead;
+* a *draining instance taken back at once*. A pod marked for deletion cannot be revived: a
+  scale-up during its drain creates a new pod, which pays a whole cold start. Here the instance
+  serves again at once, as if its deletion could be called off. Under a load that swings within
+  a drain this understates cold starts; a smooth day has none to take back (the first 8 hours of
+  ``experiments/fleet_day.toml``: 30 cold starts, no instance taken back).
 
 Instances are paid for (GPU-hours) from the moment they start warming until they are off; the
 controller keeps those intervals and the decisions (``history``) for the results, and switches
