@@ -308,7 +308,8 @@ def test_search_figure_marks_the_chosen_value_and_the_threshold(lab):
                                       [p.payload.metrics["ttft_ms"]["p99"] for p in passing])
         np.testing.assert_array_equal(lines["search:fails"].get_xdata(), [p.value for p in failing])
         assert all(p.payload.metrics["ttft_ms"]["p99"] <= 60 for p in passing)
-        assert study.search.message in fig._suptitle.get_text()
+        # (the title wraps a long message: a caveat on the 30-request probes' p99 makes it one)
+        assert " ".join(study.search.message.split()) in " ".join(fig._suptitle.get_text().split())
         assert fig.axes[0].get_xlabel() == "workload.clients"
         assert fig.axes[0].get_ylabel() == "TTFT p99 (ms)"
 

@@ -133,6 +133,26 @@ class LabReport:
                                        f"throughput_at_target={_num(tps)}\n")
         return out
 
+    def tune_bound(self, results) -> str:
+        """A line for stderr when tune.txt's ``max_concurrency`` is no found boundary (its format,
+        the seed's, has no place to say so), else '': the search held at the top of its range
+        (the value is a lower bound) or failed even at its bottom (0 means "none")."""
+        c = self.config
+        if c.tune not in {s.name for s in results.studies}:
+            return ""
+        study = results.study(c.tune)
+        outcome = study.search
+        if outcome is None or outcome.status == "found":
+            return ""
+        key = study.keys[0] if study.keys else "the searched key"
+        if outcome.status == "holds-everywhere":
+            return (f"schedlab: lab report: tune.txt's max_concurrency={_num(outcome.value)} is a lower bound: "
+                    f"{study.constraint} holds up to the top of the search's range ({key} = {_num(outcome.value)}); "
+                    f"raise high to find the boundary")
+        at = f" ({key} = {_num(outcome.failing)})" if outcome.failing is not None else ""
+        return (f"schedlab: lab report: tune.txt's max_concurrency=0 means none: {study.constraint} fails even at "
+                f"the bottom of the search's range{at}")
+
     def write(self, results, out_dir) -> list[Path]:
         written = []
         artifacts = self.artifacts(results)
@@ -140,6 +160,9 @@ class LabReport:
             path = Path(out_dir) / name
             atomic_write(path, text)
             written.append(path)
+        bound = self.tune_bound(results) if "tune.txt" in artifacts else ""
+        if bound:
+            print(bound, file=sys.stderr)
         missing = {"static.txt", "compare.txt", "maxseqs.txt", "queue.csv", "cost.txt", "tune.txt"} - set(artifacts)
         if missing:
             print(f"schedlab: lab report: no study for {', '.join(sorted(missing))}", file=sys.stderr)

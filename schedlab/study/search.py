@@ -323,7 +323,9 @@ def search(
                        f"lower low to search further")
         return outcome("holds-everywhere", end, None, message)
 
-    while abs(failing - passing) > unit and len(probes) < max_probes:
+    # a float bracket of 4.3 to 4.4 is 0.10000000000000053 wide: within a tolerance of 0.1
+    width = unit if integer else unit * (1 + 1e-9)
+    while abs(failing - passing) > width and len(probes) < max_probes:
         middle = (passing + failing) // 2 if integer else round((passing + failing) / 2, digits)
         if middle == passing or middle == failing:  # float resolution reached
             break
