@@ -11,7 +11,9 @@ per-request log exists. The file is recognised by its content:
 * an inference-perf report (``summary_lifecycle_metrics.json``): ``successes.latency.
   {time_to_first_token, time_per_output_token, inter_token_latency, request_latency}`` in
   seconds (``mean``, ``median``, ``p90`` ...) and ``successes.throughput``; its ITL is per token
-  (:func:`_per_token_itl`);
+  (:func:`_per_token_itl`). A report of a client that timed each server-sent-event line as a
+  token (before inference-perf #410/#452/#566) has its TPOT and ITL left out, with a warning
+  (:func:`_sse_line_tokens`);
 * inference-perf's ``summary_prometheus_metrics.json``: vLLM's own histograms as inference-perf
   queried them from Prometheus over the run (``reportgen/base.py``): ``successes.
   {time_to_first_token, time_per_output_token (vllm:request_time_per_output_token_seconds),
@@ -21,7 +23,11 @@ per-request log exists. The file is recognised by its content:
   ``scrape_interval`` + 2 s past the run, :func:`_inference_perf_window_pad_s`): the engine's
   view. A TGI or SGLang server (``server: type:`` in the ``config.yaml`` beside the report or a
   folder up) has its client's stand-ins for vLLM's TPOT and token rates left out
-  (:data:`INFERENCE_PERF_NOT_READ`);
+  (:data:`INFERENCE_PERF_NOT_READ`). A vLLM report without ``inter_token_latency`` (before
+  inference-perf #348) has ``vllm:time_per_output_token_seconds``, the per-token gaps, as its
+  ``time_per_output_token``: read as the ITL. Beside the client's lifecycle report of the same
+  stage, a server count far above the client's (:func:`_other_traffic_limit`) has the rates left
+  out: its Prometheus window held other traffic (:func:`_inference_perf_server_summary`);
 * a guidellm report: ``benchmarks[i].metrics.{time_to_first_token_ms, inter_token_latency_ms,
   request_latency (s), requests_per_second, output_tokens_per_second,
   tokens_per_second}.successful`` (``mean``, ``median``, ``percentiles.p90`` ...) -- the JSON
@@ -42,9 +48,12 @@ per-request log exists. The file is recognised by its content:
   second scrape taken before the run (``baseline``) the difference. A histogram gives an exact mean (``_sum /
   _count``) and quantiles only to its buckets' resolution, so the simulation's quantiles are
   read through the same buckets with the same interpolation as Prometheus' ``histogram_quantile``
-  -- like is compared with like. Label sets whose buckets differ (pods of two vLLM versions in a
+  -- like is compared with like. A quantile whose rank falls in the ``+Inf`` bucket has no
+  value (``histogram_quantile`` gives the last finite bound whatever the observations): left
+  out, with a warning. Label sets whose buckets differ (pods of two vLLM versions in a
   federated scrape) are summed at the bounds where every set's count is known (see
-  :func:`_sum_series`);
+  :func:`_sum_series`). Histograms renamed ``vllm_``/``sglang_`` (sgl-router's aggregated
+  ``/engine_metrics``, exporters) are refused, saying so (:func:`_refuse_renamed`);
 * SGLang's ``python -m sglang.bench_serving --output-file`` (sgl-project/sglang,
   ``python/sglang/bench_serving.py``; JSON Lines, one run appended per line: the last is read, or
   the one ``index`` names): vLLM's ``{mean,median,p90,p95,p99}_{ttft,tpot,itl}_ms`` but
@@ -154,6 +163,7 @@ INFERENCE_PERF_RATES = {"requests_per_sec": "request_throughput_rps", "output_to
                         "total_tokens_per_sec": "total_throughput_tps"}
 #: inference-perf's summary_prometheus_metrics.json: successes.<name> -> (group, scale to ms or tokens). Its
 #: vLLM client queries time_per_output_token from vllm:request_time_per_output_token_seconds (a request's TPOT)
+#: since #348; before, from vllm:time_per_output_token_seconds, read as itl_ms (:func:`_inference_perf_server_summary`)
 INFERENCE_PERF_SERVER = {"time_to_first_token": ("ttft_ms", 1e3), "time_per_output_token": ("tpot_ms", 1e3),
                          "inter_token_latency": ("itl_ms", 1e3), "request_latency": ("e2e_ms", 1e3),
                          "request_queue_time": ("queue_ms", 1e3), "iteration_tokens": ("iteration_tokens", 1.0)}
@@ -243,6 +253,11 @@ class Histogram:
         (from 0 for the first bucket); the last finite bound when the rank is in +Inf's."""
         return bucket_quantile(self.bounds, self.counts, q)
 
+    def beyond_last_bound(self, q: float) -> bool:
+        """Whether rank q * count falls in the +Inf bucket (above the last finite bound's count):
+        ``histogram_quantile`` then gives the last finite bound, whatever the observations -- no value."""
+        return len(self.counts) < 2 or q * self.count > self.counts[-2]
+
 
 def bucket_quantile(bounds, counts, q: float) -> float:
     """``histogram_quantile(q)`` of cumulative ``counts`` at upper ``bounds`` (last = +Inf)."""
@@ -296,6 +311,10 @@ class Summary:
     #: rather than the step: SGLang's native client and /metrics, inference-perf's lifecycle report
     #: (:func:`_per_token_itl`)
     itl_per_token: bool = False
+    #: what the reader has to say about the file, each ``(one-line message, the statistics it is about,
+    #: the keys of dropped it explains)``: said in a :class:`TargetWarning` by :func:`read_summary`,
+    #: unless its statistics are none of those compared
+    notes: tuple = ()
 
     def __attrs_post_init__(self):
         """Refuse percentiles that fall as the quantile rises (a p99 below the p50 was fitted to)."""
@@ -341,7 +360,8 @@ CLI_NAMES = {"path": "--target", "baseline": "--target-baseline", "index": "--ta
 TABLE_NAMES = {"path": "path", "baseline": "baseline", "index": "index"}
 
 
-def read_summary(path, *, baseline=None, index: int | None = None, names: dict[str, str] = CLI_NAMES) -> Summary:
+def read_summary(path, *, baseline=None, index: int | None = None, names: dict[str, str] = CLI_NAMES,
+                 statistics=None) -> Summary:
     """The summary statistics in ``path`` (format recognised by content; see the module docstring).
 
     :param baseline: a Prometheus scrape taken before the run (of the same server), subtracted from
@@ -350,6 +370,8 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
         JSON document of a file holding several (None: the last); refused for the other files.
     :param names: what the messages call ``path``, ``baseline`` and ``index``
         (:data:`CLI_NAMES`, or :data:`TABLE_NAMES` for a ``[target]`` table).
+    :param statistics: the statistics to be compared (None: all): the file's notes
+        (``Summary.notes``) about none of them are not said.
     :raises ConfigError: a missing or unreadable file, one in none of the formats, a statistic
         that is not a number, or a file without a usable statistic.
     """
@@ -373,7 +395,10 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
             if other != kind:
                 raise ConfigError(f"{names['baseline']} {baseline}: a scrape of {SCRAPES[other][0]}'s /metrics, but "
                                   f"{path} is {SCRAPES[kind][0]}'s: the baseline is the same server's, before the run")
-        return _prometheus_summary(after, before, str(path), where, f"{names['baseline']} {baseline}", kind)
+        if not after:
+            _refuse_renamed(text, where)
+        return _say_notes(_prometheus_summary(after, before, str(path), where, f"{names['baseline']} {baseline}",
+                                              kind), statistics)
     if baseline:
         raise ConfigError(f"{names['baseline']}: only a Prometheus scrape has a baseline; {path} is not one")
     source = str(path)
@@ -398,12 +423,14 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     elif isinstance(data, dict) and any(f"mean_{k}_ms" in data for k in BENCH):
         summary = _bench_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict) and _server_side(data["successes"]):
-        summary = attrs.evolve(_inference_perf_server_summary(data, source, where, _inference_perf_server(path)),
-                               window_pad_s=_inference_perf_window_pad_s(path))
+        pad = _inference_perf_window_pad_s(path)
+        summary = attrs.evolve(_inference_perf_server_summary(data, source, where, _inference_perf_server(path),
+                                                              _inference_perf_client(path), pad), window_pad_s=pad)
     elif isinstance(data, dict) and isinstance(data.get("successes"), dict):
         summary = _inference_perf_summary(data, source, where)
     elif isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
-        return _usable(_guidellm_summary(data, source, 0 if index is None else index, where, names), where)
+        return _say_notes(_usable(_guidellm_summary(data, source, 0 if index is None else index, where, names),
+                                  where), statistics)
     elif isinstance(data, dict) and any(isinstance(data.get(key), dict) and "avg" in data[key]
                                         for key in (*GENAI_PERF, *GENAI_PERF_RATES)):
         summary = _genai_perf_summary(data, source, where)
@@ -414,7 +441,16 @@ def read_summary(path, *, baseline=None, index: int | None = None, names: dict[s
     if index is not None:
         raise ConfigError(f"{names['index']} {index}: only a guidellm report holds several benchmarks, or a file "
                           f"several JSON documents; {path} is a {summary.kind} file")
-    return _usable(summary, where)
+    return _say_notes(_usable(summary, where), statistics)
+
+
+def _say_notes(summary: Summary, statistics=None) -> Summary:
+    """``summary``, its notes said in a :class:`TargetWarning` each -- but those about none of
+    ``statistics`` (the statistics compared; None: all)."""
+    for message, about, _ in summary.notes:
+        if statistics is None or any(name in statistics for name in about):
+            warnings.warn(message, TargetWarning, stacklevel=3)
+    return summary
 
 
 #: UTF-16's byte-order marks (what Windows PowerShell 5's ``>`` and ``Out-File`` write)
@@ -439,6 +475,8 @@ def _read_text(path: Path, name: str) -> str:
                           f"as UTF-8, e.g. with Out-File -Encoding utf8)")
     if raw.startswith(b"\x1f\x8b"):
         raise ConfigError(f"{name} {path}: gzip-compressed: decompress it first (gunzip)")
+    if raw.startswith(b"version https://git-lfs.github.com/spec/"):
+        raise ConfigError(f"{name} {path}: this is a Git LFS pointer, not the data: run git lfs pull in its clone")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -934,9 +972,65 @@ def _inference_perf_summary(data: dict, source: str, where: str) -> Summary:
             else None
         if value is not None:
             values[name] = value
+    notes = []
+    signs = _sse_line_tokens(successes, latency)
+    if signs:
+        gone = [name for name in values if name.partition(".")[0] in ("tpot_ms", "itl_ms")]
+        cause = "an inference-perf before PRs #410/#452/#566 (2026-04) timed each server-sent-event line, the blank " \
+                "one after each event too, as a token"
+        dropped.update({keys[name]: "of a client that counted SSE lines as tokens (inference-perf before #410)"
+                        for name in gone})
+        notes.append((f"{where}: {signs}: {cause}, so its time_per_output_token and inter_token_latency are not a "
+                      f"TPOT and ITL; the {len(gone)} TPOT and ITL statistics are left out, the other "
+                      f"{len(values) - len(gone)} compared", tuple(gone), tuple(keys[name] for name in gone)))
+        values = {name: value for name, value in values.items() if name not in gone}
     return Summary(source, "inference-perf", _ordered(_streamed_only(values, keys, dropped, where)),
                    requests=_request_count(successes.get("count"), "successes.count", where), dropped=dropped,
-                   itl_per_token=True)
+                   itl_per_token=True, notes=tuple(notes))
+
+
+#: the signs of an inference-perf lifecycle report that counted server-sent-event lines as tokens
+#: (:func:`_sse_line_tokens`): TPOT x (output tokens - 1) under this share of the time from the first
+#: token to the last, and an ITL median under this share of its mean
+SSE_TPOT_SHARE = 0.7
+SSE_ITL_MEDIAN_SHARE = 0.1
+
+
+def _sse_line_tokens(successes: dict, latency: dict) -> str | None:
+    """What shows, in an inference-perf lifecycle report, that its client counted server-sent-event
+    lines as tokens (None when nothing does). Before PRs #410, #452 and #566 (2026-04; the KubeCon
+    NA 2025 demo's reports, written by 7ff8150) the client took a timestamp for every line of the
+    stream, the blank line after each event too, and its report divides a request's first-to-last
+    time by those timestamps less one (``time_per_output_token``) and takes every gap between two
+    (``inter_token_latency``). Each token has two timestamps microseconds apart, so:
+
+    * ``time_per_output_token.mean x (output_len.mean - 1)`` is about half of
+      ``request_latency.mean - time_to_first_token.mean`` (the time from the first token to the
+      last, which ``output_len`` - 1 gaps span: ``output_len`` is counted from the text). A
+      report that counts tokens gives about all of it; under 0.7 of it is the sign.
+    * ``inter_token_latency``'s median is one of the microsecond gaps (there are as many as
+      tokens, one more than the real gaps), its mean half the real gap: a median under a tenth
+      of the mean, and above 0, is the sign. A later client gives the tokens of one chunk (several
+      under speculative decoding) the chunk's time: gaps of exactly 0, a median of 0 -- not the
+      sign.
+    """
+    def mean(block, stat="mean"):
+        return _number(block.get(stat)) if isinstance(block, dict) else None
+
+    signs = []
+    tpot, out = mean(latency.get("time_per_output_token")), mean(successes.get("output_len"))
+    e2e, ttft = mean(latency.get("request_latency")), mean(latency.get("time_to_first_token"))
+    if None not in (tpot, out, e2e, ttft) and out > 1 and e2e > ttft \
+            and tpot * (out - 1) < SSE_TPOT_SHARE * (e2e - ttft):
+        signs.append(f"time_per_output_token x (output_len - 1) = {tpot * 1e3:.4g} ms x {out - 1:.4g} is "
+                     f"{tpot * (out - 1) / (e2e - ttft):.2f} of request_latency - time_to_first_token "
+                     f"({(e2e - ttft) * 1e3:.4g} ms; means)")
+    itl = latency.get("inter_token_latency")
+    itl_mean, itl_median = mean(itl), mean(itl, "median")
+    if None not in (itl_mean, itl_median) and 0 < itl_median < SSE_ITL_MEDIAN_SHARE * itl_mean:
+        signs.append(f"inter_token_latency's median {itl_median * 1e3:.3g} ms is 1/{itl_mean / itl_median:.0f} of its "
+                     f"mean {itl_mean * 1e3:.4g} ms")
+    return "; ".join(signs) or None
 
 
 def _server_side(successes: dict) -> bool:
@@ -1025,7 +1119,72 @@ def _inference_perf_window_pad_s(path: Path) -> float:
     return (interval or 30.0) + INFERENCE_PERF_SCRAPE_BUFFER_S
 
 
-def _inference_perf_server_summary(data: dict, source: str, where: str, server: str = "vllm") -> Summary:
+#: how many times the requests its client sent the server may count over an inference-perf Prometheus
+#: window before the window is taken to hold other traffic (:func:`_other_traffic_limit`), beyond
+#: what Prometheus' extrapolation of ``increase()`` adds; and the limit when the run's length is unknown
+INFERENCE_PERF_OTHER_TRAFFIC = 1.2
+INFERENCE_PERF_OTHER_TRAFFIC_UNTIMED = 1.5
+#: inference-perf's Prometheus reports and the client's lifecycle report of the same run or stage
+_INFERENCE_PERF_SIBLING = re.compile(r"^(summary|stage_\d+)_prometheus_metrics\.json$")
+
+
+def _inference_perf_client(path: Path) -> tuple[str, int, float | None] | None:
+    """The client's side of the run of inference-perf's Prometheus report ``path``: the
+    ``stage_<k>_lifecycle_metrics.json`` beside a ``stage_<k>_prometheus_metrics.json`` (the
+    ``summary_lifecycle_metrics.json`` beside the summary): its file name, the requests it sent
+    (``successes.count`` + ``failures.count``: a request the client gave up on may have finished
+    on the server) and the run's length in seconds (``load_summary.send_duration``, else
+    ``benchmark_time_seconds``; None when it says neither). None without such a file, or when it
+    cannot be read or gives no count: a check of the report, not a file to refuse."""
+    match = _INFERENCE_PERF_SIBLING.match(path.name)
+    if match is None:
+        return None
+    sibling = path.with_name(f"{match.group(1)}_lifecycle_metrics.json")
+    if not sibling.is_file():   # (none, or a FIFO a read would wait on)
+        return None
+    try:
+        data = json.loads(sibling.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    successes = data.get("successes") if isinstance(data, dict) else None
+    if not isinstance(successes, dict):
+        return None
+    count = _number(successes.get("count"))
+    if count is None or count < 0:
+        return None
+    failures = data.get("failures")
+    failed = _number(failures.get("count")) if isinstance(failures, dict) else None
+    load = data.get("load_summary")
+    run_s = _number(load.get("send_duration")) if isinstance(load, dict) else None
+    if not run_s or run_s <= 0:
+        run_s = _number(data.get("benchmark_time_seconds"))
+    return sibling.name, int(count + (failed if failed and failed > 0 else 0)), run_s if run_s and run_s > 0 else None
+
+
+def _other_traffic_limit(run_s: float | None, pad_s: float) -> float:
+    """How many times its client's requests an inference-perf Prometheus report may count before its
+    window is taken to hold other traffic: ``1.2 x (run + pad) / run``; 1.5 when the run's length
+    is unknown.
+
+    Why: a report's count is ``sum(increase(..._count[D]))`` over a window ``D`` from the run's
+    start to ``pad`` (``scrape_interval`` + 2 s) past its end. Prometheus' ``increase()``
+    extrapolates the growth between the window's first and last scrape to the window's edges,
+    which -- the run's traffic all in its first ``run`` seconds -- counts up to ``(run + pad) /
+    run`` times the requests (1.28 for a 60 s stage scraped every 15 s). The 1.2 beyond it takes
+    in the rest of an honest difference: requests finished after the client gave up (counted
+    among the client's, with its failures) and scrapes that land unevenly. A window with other
+    traffic counts far more: the KubeCon NA 2025 reports of inference-perf count 2.0-2.2 times
+    their client's requests at every stage and in the summary (series counted twice), 10-15
+    times at stage 0 (warm-up). 1.5, without the run's length, is the limit of a 60 s stage
+    at the default 15 s scrape interval (1.2 x 77 / 60 = 1.54)."""
+    if run_s is None:
+        return INFERENCE_PERF_OTHER_TRAFFIC_UNTIMED
+    return INFERENCE_PERF_OTHER_TRAFFIC * (1.0 + pad_s / run_s)
+
+
+def _inference_perf_server_summary(data: dict, source: str, where: str, server: str = "vllm",
+                                   client: tuple[str, int, float | None] | None = None,
+                                   pad_s: float = 0.0) -> Summary:
     """inference-perf's ``summary_prometheus_metrics.json``: the server's histograms as Prometheus
     summed them over the run, in seconds (vLLM's, or the same statistics of the ``server`` its
     ``config.yaml`` names); the engine's view. A statistic of exactly 0 is inference-perf's value
@@ -1033,14 +1192,29 @@ def _inference_perf_server_summary(data: dict, source: str, where: str, server: 
     ``dropped``, as are those another server's client fills with no such statistic
     (:data:`INFERENCE_PERF_NOT_READ`). The percentiles are ``histogram_quantile`` inside the
     server's buckets, which the file does not give: read against the simulation's exact
-    percentiles."""
+    percentiles.
+
+    A vLLM server's report without an ``inter_token_latency`` block is of an inference-perf before
+    #348 (fccf5e4, 2026-02): its client queried ``time_per_output_token`` from
+    ``vllm:time_per_output_token_seconds``, which vLLM observes at every gap between two tokens (the
+    ITL; ``vllm:inter_token_latency_seconds`` since), not from the per-request
+    ``vllm:request_time_per_output_token_seconds`` it queries since, when it writes both blocks.
+    There it is read as ``itl_ms``, with a note.
+
+    ``client``: the client's report of the same run (:func:`_inference_perf_client`). When the
+    server counted more than :func:`_other_traffic_limit` times the requests it sent (``pad_s``:
+    the window's pad), the Prometheus window held other traffic: the request and token rates
+    and the count are left out (``dropped``), with a note naming both counts."""
     successes = data["successes"]
     not_read = INFERENCE_PERF_NOT_READ.get(server, ())
     if _number(successes.get("count")) == 0:
         raise ConfigError(f"{where}: the server counted no finished request over the run (successes.count is 0): it "
                           f"has no statistic to compare with")
+    per_token = server == "vllm" and isinstance(successes.get("time_per_output_token"), dict) \
+        and "inter_token_latency" not in successes   # (an inference-perf before #348)
     values: dict[str, float] = {}
     dropped: dict[str, str] = {}
+    notes = []
     for key, (group, scale) in INFERENCE_PERF_SERVER.items():
         block = successes.get(key)
         if not isinstance(block, dict):
@@ -1048,6 +1222,8 @@ def _inference_perf_server_summary(data: dict, source: str, where: str, server: 
         if key in not_read:
             dropped[f"successes.{key}"] = f"not this statistic on a {server} server (its client's metric)"
             continue
+        if key == "time_per_output_token" and per_token:
+            group = "itl_ms"
         for stat_key, raw in block.items():
             stat = _stat_name(stat_key)
             name = f"successes.{key}.{stat_key}"
@@ -1056,6 +1232,11 @@ def _inference_perf_server_summary(data: dict, source: str, where: str, server: 
                 dropped[name] = "0 (no such metric on the server, or no observation)"
             elif value is not None:
                 values[f"{group}.{stat}"] = value * scale
+    if per_token and any(name.startswith("itl_ms.") for name in values):
+        notes.append((f"{where}: no inter_token_latency block, as from an inference-perf before #348 (2026-02), whose "
+                      f"time_per_output_token is vLLM's per-token histogram vllm:time_per_output_token_seconds: read "
+                      f"as the ITL (itl_ms), not a request's TPOT",
+                      tuple(name for name in values if name.startswith("itl_ms.")), ()))
     def rate(key):
         block = successes.get(key)
         if key in not_read:
@@ -1067,12 +1248,31 @@ def _inference_perf_server_summary(data: dict, source: str, where: str, server: 
     rates = {"request_throughput_rps": [("successes.rate", successes.get("rate"))],
              "output_throughput_tps": [rate("output_len")],
              "total_throughput_tps": [rate("prompt_len"), rate("output_len")]}
+    read_rates: dict[str, list[str]] = {}
     for name, parts in rates.items():
         found = [_statistic(raw, key, where, dropped) if raw is not None else None for key, raw in parts]
         if all(value is not None for value in found) and sum(found) > 0:
             values[name] = sum(found)
-    return Summary(source, INFERENCE_PERF_SERVER_KIND, _ordered(values),
-                   requests=_request_count(successes.get("count"), "successes.count", where), dropped=dropped)
+            read_rates[name] = [key for key, _ in parts]
+    requests = _request_count(successes.get("count"), "successes.count", where)
+    if client is not None and requests is not None:
+        sibling, sent, run_s = client
+        limit = _other_traffic_limit(run_s, pad_s)
+        if requests > limit * sent:
+            why = f"the server's count over a Prometheus window with other traffic ({requests} against {sent} sent)"
+            keys = ["successes.count", *dict.fromkeys(key for parts in read_rates.values() for key in parts)]
+            dropped.update({key: why for key in keys})
+            left_out = [name for name in read_rates if name in values]
+            times = f"{requests / sent:.1f}x" if sent else "more than"
+            notes.append((f"{where}: the server counted {requests} finished requests, {times} the {sent} its client "
+                          f"sent ({sibling} beside it; the run's own traffic counts at most {limit:.2f}x): the "
+                          f"report's Prometheus window holds other traffic (an earlier stage, warm-up, series counted "
+                          f"twice); its request and token rates are left out, and its latency histograms hold that "
+                          f"traffic too", tuple(values), tuple(keys)))   # (about every statistic: the latencies too)
+            values = {name: value for name, value in values.items() if name not in left_out}
+            requests = None
+    return Summary(source, INFERENCE_PERF_SERVER_KIND, _ordered(values), requests=requests, dropped=dropped,
+                   notes=tuple(notes))
 
 
 def _guidellm_summary(data: dict, source: str, index: int, where: str, names: dict[str, str]) -> Summary:
@@ -1160,9 +1360,39 @@ def check_statistic_names(names, option: str) -> None:
                               f"{', '.join((*THROUGHPUTS, *STEADY_STATE, BENCH_GOODPUT))}")
 
 
+#: a line of a Prometheus scrape that no YAML file has: ``# TYPE``/``# HELP``, or a sample ``name{...} value`` or
+#: ``name value`` (a name not ending in ``:``, as YAML's ``key: value`` does)
+_PROMETHEUS_LINE = re.compile(r"^(?:#[ \t]*(?:TYPE|HELP)[ \t]|[A-Za-z_:][\w:]*(?<!:)(?:\{[^\n]*\})?[ \t]+"
+                              r"[-+]?(?:\d|\.\d|Inf|inf|NaN|nan))", re.M)
+#: an engine's sample name, as the engine writes it (``vllm:``, ``sglang:``, ``tgi_``) or renamed (``vllm_``,
+#: ``sglang_``)
+_ENGINE_SAMPLE = re.compile(r"^(?:(?:vllm|sglang):[\w:]*|(?:vllm|sglang)_[\w:]*(?<!:)|tgi_\w*)[{\s]", re.M)
+
+
 def _looks_prometheus(text: str) -> bool:
+    """Whether ``text`` is a Prometheus scrape: it names an engine's metric at the start of a line
+    (renamed ones too: :func:`_refuse_renamed` says so), or begins with ``#`` and has a ``# TYPE`` or
+    ``# HELP`` line or a sample line -- not a YAML report that begins with ``#`` comments."""
     head = text.lstrip()[:4096]
-    return head.startswith("#") or bool(re.search(r"^(?:(?:vllm|sglang):[\w:]*|tgi_\w*)[{\s]", head, re.M))
+    if _ENGINE_SAMPLE.search(head):
+        return True
+    return head.startswith("#") and bool(_PROMETHEUS_LINE.search(head))
+
+
+def _refuse_renamed(text: str, where: str) -> None:
+    """Refuse a scrape that holds no histogram schedlab reads under the engine's own name but holds
+    one renamed with ``_`` for ``:`` (``sglang_time_to_first_token_seconds``: sgl-router's aggregated
+    ``/engine_metrics``, an OpenTelemetry or other exporter), saying so."""
+    renamed = {}
+    for match in re.finditer(r"^((?:vllm|sglang)_[\w:]*?)(?:_bucket|_sum|_count)?[{\s]", text, re.M):
+        metric = match.group(1).replace("_", ":", 1)
+        if metric in SCRAPE_HISTOGRAMS:
+            renamed.setdefault(match.group(1), metric)
+    if renamed:
+        (name, metric), more = next(iter(renamed.items())), len(renamed) - 1
+        raise ConfigError(f"{where}: holds {name}{f' (and {more} more)' if more else ''}, not {metric}: the engine's "
+                          f"histograms renamed, ':' to '_' (sgl-router's aggregated /engine_metrics, an OpenTelemetry "
+                          f"or other exporter); schedlab reads the engine's own names: scrape its /metrics directly")
 
 
 _NAME = re.compile(r"[A-Za-z_:][\w:]*")
@@ -1381,6 +1611,7 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
     values: dict[str, float] = {}
     histograms: dict[str, Histogram] = {}
     taken: set[str] = set()
+    dropped: dict[str, str] = {}
     for metric, (group, scale) in table.items():
         if metric not in after or group in taken:
             continue
@@ -1405,14 +1636,24 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
         histograms[group] = hist
         values[f"{group}.mean"] = total * scale / count
         for q in HISTOGRAM_QUANTILES:
+            if hist.beyond_last_bound(q / 100.0):
+                unit = " ms" if group.endswith("_ms") else ""
+                last = f" (above its last bound, {hist.bounds[-2]:g}{unit})" if len(hist.bounds) > 1 else ""
+                dropped[f"{group}.p{q}"] = f"in {metric}'s +Inf bucket{last}: no value"
+                continue
             values[f"{group}.p{q}"] = hist.quantile(q / 100.0)
     if not values:
         raise ConfigError(f"{where or source}: none of {engine}'s latency histograms "
                           f"({', '.join(table)}) has an observation"
                           + (" since the baseline" if before else ""))
     e2e = histograms.get("e2e_ms")
-    return Summary(source, kind, _ordered(values), histograms,
-                   requests=int(e2e.count) if e2e is not None else None, itl_per_token=kind == SGLANG_KIND)
+    notes = ()
+    if dropped:
+        notes = ((f"{where or source}: {', '.join(dropped)} fall in their histogram's +Inf bucket, above its last "
+                  f"bound: a quantile there has no value (histogram_quantile gives the last bound, whatever the "
+                  f"observations): left out", tuple(dropped), tuple(dropped)),)
+    return Summary(source, kind, _ordered(values), histograms, requests=int(e2e.count) if e2e is not None else None,
+                   itl_per_token=kind == SGLANG_KIND, dropped=dropped, notes=notes)
 
 
 def _bounds_text(series: dict) -> str:
@@ -1926,8 +2167,11 @@ class TargetConfig:
         :raises ConfigError: the file cannot be read, or holds no such statistic (the message
             lists those it holds).
         """
-        summary = read_summary(self.path, baseline=self.baseline, index=self.index, names=TABLE_NAMES)
-        odd = {key: why for key, why in summary.dropped.items() if why != "null"}  # null: the tool had none
+        summary = read_summary(self.path, baseline=self.baseline, index=self.index, names=TABLE_NAMES,
+                               statistics=self.statistics)
+        noted = {key for _, _, keys in summary.notes for key in keys}   # (said in their own warning)
+        odd = {key: why for key, why in summary.dropped.items()
+               if why != "null" and key not in noted}  # null: the tool had none
         if odd and not self.statistics:
             found = ", ".join(f"{key} ({why})" for key, why in odd.items())
             warnings.warn(f"{summary.source}: left out, not a finite number: {found}; the other "

@@ -17,7 +17,7 @@ from schedlab.calibrate import Fit, Parameter, _bound_warning, calibrate, report
 from schedlab.cli import main
 from schedlab.errors import ConfigError
 from schedlab.study.experiment import load, run_experiment
-from schedlab.targets import Histogram, bucket_quantile, read_summary, simulated
+from schedlab.targets import Histogram, TargetWarning, bucket_quantile, read_summary, simulated
 
 #: The known costs of the "real" run (seed 001's linear model, with a per-sequence cost).
 TRUTH = {"decode_ms_per_step": 6.0, "per_seq_ms": 0.5, "prefill_ms_per_token": 0.04}
@@ -462,11 +462,13 @@ vllm:num_requests_running{engine="0",model_name="m"} 3.0
 def test_a_metrics_scrape_by_hand(tmp_path):
     """Two engines summed: buckets (le 0.1, 0.5, +Inf) = 4, 8, 10; mean = 2.5 s / 10;
     median: rank 5 in (0.1, 0.5] holding 4 -> 0.1 + 0.4 x (5 - 4) / 4 = 0.2 s; p90: rank 9 in
-    +Inf -> the last finite bound, 0.5 s."""
-    s = read_summary(_write(tmp_path / "metrics.txt", SCRAPE))
+    +Inf -> no value (histogram_quantile's last finite bound, 0.5 s, whatever the observations): left
+    out, as p99 (readers review, finding 3)."""
+    with pytest.warns(TargetWarning, match=r"ttft_ms.p90, ttft_ms.p99 fall in .*\+Inf bucket"):
+        s = read_summary(_write(tmp_path / "metrics.txt", SCRAPE))
     assert s.kind == "vLLM /metrics"
-    assert s.values == pytest.approx({"ttft_ms.mean": 250.0, "ttft_ms.p50": 200.0, "ttft_ms.p90": 500.0,
-                                      "ttft_ms.p99": 500.0})
+    assert s.values == pytest.approx({"ttft_ms.mean": 250.0, "ttft_ms.p50": 200.0})
+    assert set(s.dropped) == {"ttft_ms.p90", "ttft_ms.p99"}
     hist = s.histograms["ttft_ms"]
     assert hist.bounds == (100.0, 500.0, math.inf) and hist.counts == (4.0, 8.0, 10.0)
     # a scrape before the run is subtracted: here it held engine 1's two requests

@@ -381,14 +381,14 @@ def test_each_format_is_compared_with_the_simulation_in_its_view(tmp_path):
         'sglang:e2e_request_latency_seconds_bucket{le="0.03"} 1',
         'sglang:e2e_request_latency_seconds_bucket{le="+Inf"} 2',
         "sglang:e2e_request_latency_seconds_sum 0.054", "sglang:e2e_request_latency_seconds_count 2", ""])
-    vs = _run(tmp_path, "sglang.prom", scrape)
-    assert vs["measured"] == pytest.approx({"ttft_ms.mean": 20.0, "ttft_ms.p50": 15.0, "ttft_ms.p90": 15.0,
-                                            "ttft_ms.p99": 15.0, "e2e_ms.mean": 27.0, "e2e_ms.p50": 30.0,
-                                            "e2e_ms.p90": 30.0, "e2e_ms.p99": 30.0})
+    with pytest.warns(TargetWarning, match=r"ttft_ms.p90, ttft_ms.p99, e2e_ms.p90, e2e_ms.p99 fall in .*\+Inf bucket"):
+        vs = _run(tmp_path, "sglang.prom", scrape)
+    # p90 and p99 (ranks 1.8, 1.98 of 2) fall in the +Inf bucket: no value, left out (readers review, finding 3)
+    assert vs["measured"] == pytest.approx({"ttft_ms.mean": 20.0, "ttft_ms.p50": 15.0, "e2e_ms.mean": 27.0,
+                                            "e2e_ms.p50": 30.0})
     # engine: TTFT 10 and 28 -> 1 at or below 15 ms, p50 rank 1 -> 15; E2E 18 and 36 -> 1 at or below 30, p50 -> 30
-    assert vs["simulated"] == pytest.approx({"ttft_ms.mean": 19.0, "ttft_ms.p50": 15.0, "ttft_ms.p90": 15.0,
-                                             "ttft_ms.p99": 15.0, "e2e_ms.mean": 27.0, "e2e_ms.p50": 30.0,
-                                             "e2e_ms.p90": 30.0, "e2e_ms.p99": 30.0})
+    assert vs["simulated"] == pytest.approx({"ttft_ms.mean": 19.0, "ttft_ms.p50": 15.0, "e2e_ms.mean": 27.0,
+                                             "e2e_ms.p50": 30.0})
     tgi = "\n".join(['tgi_request_queue_duration_bucket{le="0.001"} 1',
                      'tgi_request_queue_duration_bucket{le="0.02"} 2', 'tgi_request_queue_duration_bucket{le="+Inf"} 2',
                      "tgi_request_queue_duration_sum 0.018", "tgi_request_queue_duration_count 2", ""])

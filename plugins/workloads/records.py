@@ -80,6 +80,23 @@ def read_file_bytes(path: str | os.PathLike) -> bytes:
     return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
 
 
+#: how a Git LFS pointer file begins (what a clone without ``git lfs`` holds in place of the data)
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def check_not_lfs_pointer(path: str | os.PathLike) -> None:
+    """WorkloadError naming ``path`` when it is a Git LFS pointer (a few lines naming the data's
+    hash) rather than the data: the clone's LFS files were never fetched."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(LFS_POINTER))
+    except OSError:   # missing, a folder...: the reader that opens it says so
+        return
+    if head == LFS_POINTER:
+        raise WorkloadError(f"{path}: this is a Git LFS pointer, not the data: run git lfs pull in its clone "
+                            f"(or download the file itself)")
+
+
 def open_text(path: str | os.PathLike):
     """``path`` open as UTF-8 text (a leading byte order mark skipped, newlines kept as written for
     the csv module), decompressed on the fly when it is gzip."""
@@ -483,6 +500,7 @@ def read_records(
         line where its row starts) or text after a closing quote.
     """
     check_regular_file(path)
+    check_not_lfs_pointer(path)
     kind = detect_format(path, format)
     name = str(path)
     if reader not in READERS:
@@ -590,6 +608,7 @@ def read_json_text(path: Path) -> str:
     check_regular_file(path)
     if not path.is_file():
         raise WorkloadError(f"{path}: file not found")
+    check_not_lfs_pointer(path)
     try:
         return read_file_bytes(path).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
