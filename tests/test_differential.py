@@ -141,7 +141,7 @@ def step_settings(draw):
     with or without CUDA graphs, and a host that is sometimes longer than the GPU's step, so
     decode runs start flat on it and turn to grow with the context part way."""
     return {"async_scheduling": draw(st.booleans()), "cuda_graphs": draw(st.booleans()),
-            "cuda_graph_max_tokens": draw(st.sampled_from([4, 512])),
+            "cuda_graph_max_tokens": draw(st.sampled_from([4, 512])), "cuda_graph_prefill": draw(st.booleans()),
             "host_step_us": draw(st.sampled_from([0.0, 400.0, 12_000.0, 40_000.0])),
             "host_per_seq_us": draw(st.sampled_from([0.0, 20.0, 900.0])),
             "eager_layer_us": draw(st.sampled_from([0.0, 262.0, 900.0]))}

@@ -26,6 +26,7 @@ class Settings:
     async_scheduling: bool = True
     cuda_graphs: bool = True
     cuda_graph_max_tokens: int = 512
+    cuda_graph_prefill: bool = True
     host_step_us: float = 400.0
     host_per_seq_us: float = 20.0
     tp_step_us: float = 150.0

@@ -300,6 +300,7 @@ def tgi_configs(draw):
         generation_segment=draw(st.sampled_from([0, 1024]) | st.integers(1, 12)),
         max_total_tokens=total,
         max_input_tokens=draw(st.none() | st.integers(1, min(total or 201, 201 if chunking else prefill + 1) - 1)),
+        default_max_tokens=draw(st.sampled_from(["output", "max_total_tokens"])),
     )
 
 
@@ -311,19 +312,27 @@ def tgi_limits(q, c: TgiConfig, block_size: int, num_blocks: int) -> tuple[bool,
         total = num_blocks * block_size if c.prefill_chunking else c.max_batch_prefill_tokens
     longest = c.max_input_tokens if c.max_input_tokens is not None else total - 1
     seg = c.generation_segment
-    first = min(q.max_output_tokens, seg) if seg else q.max_output_tokens
+    default = q.max_tokens is None and c.default_max_tokens == "max_total_tokens"
+
+    def max_new(tokens):  # validate_input: max_tokens, or by default what is left of max_total_tokens
+        return max(total - tokens, 0) if default else q.max_output_tokens
+
+    def chunk(tokens):
+        return min(max_new(tokens), seg) if seg else max_new(tokens)
 
     def fits(tokens):  # the allocator's blocks, block 0 kept
         return -(-tokens // block_size) <= num_blocks - 1
 
+    first = chunk(q.prompt_tokens)
     never = not fits(q.prompt_tokens + first - 1) or q.prompt_tokens + first > total or q.prompt_tokens > longest
+    most = min(q.output_tokens, max_new(q.prompt_tokens)) if default else q.max_output_tokens
     served = first
-    while served < q.max_output_tokens:  # each continuation is validated as a new request
+    while served < most:  # each continuation is validated as a new request
         tokens = q.prompt_tokens + served
-        if tokens > longest or tokens + seg > total or not fits(tokens + seg - 1):
+        if tokens > longest or tokens + chunk(tokens) > total or not fits(tokens + chunk(tokens) - 1):
             break
         served += seg
-    return never, min(served, q.max_output_tokens)
+    return never, min(served, most)
 
 
 class PassChecker:
@@ -404,7 +413,9 @@ def test_tgi_with_roofline_costs_matches_reference(requests, config, num_blocks)
     from schedlab_plugins.cost_models import RooflineConfig, RooflineCostModel
 
     presets = Presets.from_catalog(load_catalog(entry_points=False))
-    cost = RooflineCostModel(presets.model("llama-3-8b"), presets.gpu("l4"), RooflineConfig(model="llama-3-8b", gpu="l4"))
+    tgi_steps = TgiConfig.cost_model_defaults({})  # (synchronous; graphs for decode-only passes up to 32)
+    cost = RooflineCostModel(presets.model("llama-3-8b"), presets.gpu("l4"),
+                             RooflineConfig(model="llama-3-8b", gpu="l4", **tgi_steps))
     runs = [run_engine(requests, TgiScheduler(config), cost, PagedKVCache(num_blocks, 16), engine=engine)
             for engine in ("fast", "reference")]
     compare_runs(*runs, rel=1e-9)

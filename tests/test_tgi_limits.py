@@ -221,7 +221,8 @@ def test_the_prefill_budget_is_the_gpus_flops_over_the_models():
     assert model_flop(llama) == 15_032_385_536
     # H100 900 TFLOPS // that = 59,870; A100 312 -> 20,755; L4 121 -> 8,049 (f16, TGI's table)
     assert TgiConfig.run_defaults(gpus["h100-80gb"], llama, {}) == {
-        "context_length": 131072, "prefill_chunking": True, "max_batch_prefill_tokens": 59870}
+        "context_length": 131072, "prefill_chunking": True, "max_batch_prefill_tokens": 59870,
+        "default_max_tokens": "max_total_tokens"}
     assert prefill_tokens(gpus["a100-80gb"], llama) == 20755
     assert prefill_tokens(gpus["l4"], llama) == 8049
     # Llama-3-8B: the same FLOPs, its 8,192-token context bounds it
@@ -237,8 +238,10 @@ def test_the_prefill_budget_is_the_gpus_flops_over_the_models():
     assert vram_tokens(gpus["h100-80gb"], llama, 1) == 258_191
     # what the table says stays; a run without a GPU keeps the non-chunked default
     assert TgiConfig.run_defaults(gpus["h100-80gb"], llama, {"max_batch_prefill_tokens": 2048,
-                                                             "prefill_chunking": False}) == {"context_length": 131072}
-    assert TgiConfig.run_defaults(None, llama, {}) == {"context_length": 131072, "max_batch_prefill_tokens": 4096}
+                                                             "prefill_chunking": False,
+                                                             "default_max_tokens": "output"}) == {"context_length": 131072}
+    assert TgiConfig.run_defaults(None, llama, {}) == {"context_length": 131072, "max_batch_prefill_tokens": 4096,
+                                                       "default_max_tokens": "max_total_tokens"}
 
 
 def _assembled(tmp_path, text: str):

@@ -133,6 +133,7 @@ class ProfiledConfig:
     async_scheduling: bool = step_field("async_scheduling")
     cuda_graphs: bool = step_field("cuda_graphs")
     cuda_graph_max_tokens: int = step_field("cuda_graph_max_tokens")
+    cuda_graph_prefill: bool = step_field("cuda_graph_prefill")
     host_step_us: float = step_field("host_step_us")
     host_per_seq_us: float = step_field("host_per_seq_us")
     tp_step_us: float = step_field("tp_step_us")
@@ -327,7 +328,8 @@ class ProfiledCostModel:
                 return 0.0
             return self.step.step_ms(self._decode_gpu_ms(batch, n), n, n)
         tokens = n + batch.spec_tokens + batch.prefill_tokens
-        return self.step.step_ms(self._mixed_gpu_ms(batch, n, tokens), tokens, n + batch.num_prefill)
+        return self.step.step_ms(self._mixed_gpu_ms(batch, n, tokens), tokens, n + batch.num_prefill,
+                                 batch.num_prefill > 0)
 
     def kernel_ms(self, batch: Batch) -> float:
         """The GPU's time for the batch's kernels alone, without the host's share of a step (a
@@ -345,7 +347,8 @@ class ProfiledCostModel:
         tokens = batch.num_batched_tokens
         if tokens == 0:
             return 0.0
-        return self.step.step_ms(self.rank_kernel_ms(batch), tokens, batch.num_decode + batch.num_prefill)
+        return self.step.step_ms(self.rank_kernel_ms(batch), tokens, batch.num_decode + batch.num_prefill,
+                                 batch.num_prefill > 0)
 
     def rank_kernel_ms(self, batch: Batch) -> float:
         """The GPU's kernels of :meth:`rank_ms` alone, without the host's share (power models:

@@ -318,6 +318,7 @@ class RooflineConfig:
     async_scheduling: bool = step_field("async_scheduling")
     cuda_graphs: bool = step_field("cuda_graphs")
     cuda_graph_max_tokens: int = step_field("cuda_graph_max_tokens")
+    cuda_graph_prefill: bool = step_field("cuda_graph_prefill")
     host_step_us: float = step_field("host_step_us")
     host_per_seq_us: float = step_field("host_per_seq_us")
     tp_step_us: float = step_field("tp_step_us")
@@ -432,7 +433,8 @@ class RooflineCostModel:
         tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         if tokens == 0:
             return 0.0
-        return self.step.step_ms(self.gpu_ms(batch, tokens), tokens, batch.num_decode + batch.num_prefill)
+        return self.step.step_ms(self.gpu_ms(batch, tokens), tokens, batch.num_decode + batch.num_prefill,
+                                 batch.num_prefill > 0)
 
     def kernel_ms(self, batch: Batch) -> float:
         """The GPU's time for the batch's kernels alone, without the host's share of a step (a
@@ -557,7 +559,8 @@ class RooflineCostModel:
         tokens = batch.num_decode + batch.spec_tokens + batch.prefill_tokens
         if tokens == 0:
             return 0.0
-        return self.step.step_ms(self.rank_kernel_ms(batch), tokens, batch.num_decode + batch.num_prefill)
+        return self.step.step_ms(self.rank_kernel_ms(batch), tokens, batch.num_decode + batch.num_prefill,
+                                 batch.num_prefill > 0)
 
     def rank_kernel_ms(self, batch: Batch) -> float:
         """The GPU's kernels of :meth:`rank_ms` alone, without the host's share (power models:
@@ -624,7 +627,7 @@ class RooflineCostModel:
         chunk = np.maximum(prompt, 1).astype(np.int64)
         linear = np.vectorize(self.tokens_ms, otypes=[float])(chunk)
         gpu = linear + self.prefill_attention_ms(prompt) + self.logits_ms(1)
-        prefill = np.vectorize(lambda g, t: self.step.step_ms(g, int(t), 1), otypes=[float])(gpu, chunk)
+        prefill = np.vectorize(lambda g, t: self.step.step_ms(g, int(t), 1, True), otypes=[float])(gpu, chunk)
         # Step j (1..steps) has GPU time base + k (prompt + j); the step is max(that + shift,
         # floor) + add. The first `flat` steps sit on the floor; the others form an arithmetic series.
         k = self._decode_ms_per_token

@@ -9,7 +9,8 @@ processes through shared memory and reads the result back (``MultiprocExecutor``
 both the ``roofline`` and ``profiled`` cost models compose with their GPU time::
 
     launch = layers x eager_layer_us     if the kernels are launched one by one, else 0
-             (CUDA graphs replay batches of up to cuda_graph_max_tokens tokens in one launch)
+             (CUDA graphs replay batches of up to cuda_graph_max_tokens tokens in one launch;
+             with cuda_graph_prefill false only those without a prefill)
     host   = host_step_us + host_per_seq_us x sequences  [+ tp_step_us at tensor parallel > 1]
 
     async_scheduling:  step = max(max(gpu, launch) + async_gap_us, host + launch)
@@ -48,6 +49,10 @@ Defaults (:data:`DEFAULTS`), from public measurements:
   of its 32 layers takes 8.4 ms / 32.
 * ``cuda_graph_max_tokens = 512``: vLLM captures graphs up to ``min(2 x max_num_seqs, 512,
   max_num_batched_tokens)`` tokens (``VllmConfig._set_cudagraph_sizes``).
+* ``cuda_graph_prefill = true``: a step within ``cuda_graph_max_tokens`` replays a graph whether
+  or not it holds a prefill (vLLM's piecewise graphs); TGI replays one only for a decode-only
+  pass (``FlashCausalLM.forward``: ``if cu_seqlen_prefill is not None or cuda_graph is None``
+  runs eagerly), which the ``tgi`` scheduler sets with ``false``.
 
 The per-operator profiles of the ``profiled`` model were measured in eager mode (LLMServingSim's
 profiler, ``enforce_eager: true``) but hold GPU kernel times, so they stand for both modes; the
@@ -68,6 +73,8 @@ DEFAULTS: dict[str, tuple[object, str]] = {
                           "--enforce-eager, every kernel launched from Python)"),
     "cuda_graph_max_tokens": (512, "largest batch (tokens) with a captured CUDA graph: vLLM min(2 x max_num_seqs, "
                                    "512, max_num_batched_tokens)"),
+    "cuda_graph_prefill": (True, "a step that holds a prefill replays a graph too when within cuda_graph_max_tokens "
+                                 "(vLLM's piecewise graphs); false: decode-only steps only (TGI's FlashCausalLM.forward)"),
     "host_step_us": (400.0, "host work per step, us: scheduling, input preparation, output processing"),
     "host_per_seq_us": (20.0, "host work per sequence in the step, us"),
     "tp_step_us": (150.0, "tensor parallel > 1: the scheduler output broadcast to the workers and the result read "
@@ -102,14 +109,15 @@ class StepTiming:
     :param layers: decoder layers (what eager mode launches kernels for).
     """
 
-    __slots__ = ("settings", "_async", "_graphs", "_graph_max", "_eager_ms", "_host_ms", "_seq_ms", "_gap_ms",
-                 "_add_ms")
+    __slots__ = ("settings", "_async", "_graphs", "_graph_max", "_graph_prefill", "_eager_ms", "_host_ms", "_seq_ms",
+                 "_gap_ms", "_add_ms")
 
     def __init__(self, settings, layers: int, tensor_parallel: int = 1):
         self.settings = s = settings
         self._async = s.async_scheduling
         self._graphs = s.cuda_graphs
         self._graph_max = s.cuda_graph_max_tokens
+        self._graph_prefill = getattr(s, "cuda_graph_prefill", True)
         self._eager_ms = layers * s.eager_layer_us * 1e-3
         self._host_ms = (s.host_step_us + (s.tp_step_us if tensor_parallel > 1 else 0.0)) * 1e-3
         self._seq_ms = s.host_per_seq_us * 1e-3
@@ -118,17 +126,19 @@ class StepTiming:
 
     # --- parts -----------------------------------------------------------------------------
 
-    def launch_ms(self, tokens: int) -> float:
-        """CPU time to launch the step's kernels (0 when a CUDA graph replays it)."""
-        return 0.0 if self._graphs and tokens <= self._graph_max else self._eager_ms
+    def launch_ms(self, tokens: int, prefill: bool = False) -> float:
+        """CPU time to launch the step's kernels (0 when a CUDA graph replays it); ``prefill``: the
+        step holds a prefill (no graph without ``cuda_graph_prefill``)."""
+        graphed = self._graphs and tokens <= self._graph_max and (self._graph_prefill or not prefill)
+        return 0.0 if graphed else self._eager_ms
 
     def host_ms(self, sequences: int) -> float:
         """The host's work for a step of ``sequences`` sequences (with the tensor-parallel broadcast)."""
         return self._host_ms + self._seq_ms * sequences
 
-    def shape(self, tokens: int, sequences: int) -> tuple[float, float, float]:
+    def shape(self, tokens: int, sequences: int, prefill: bool = False) -> tuple[float, float, float]:
         """``(shift, floor, add)`` with ``step = max(gpu + shift, floor) + add`` for this batch."""
-        launch = self.launch_ms(tokens)
+        launch = self.launch_ms(tokens, prefill)
         host = self.host_ms(sequences)
         if self._async:
             gap = self._gap_ms
@@ -137,9 +147,11 @@ class StepTiming:
 
     # --- composition -----------------------------------------------------------------------
 
-    def step_ms(self, gpu_ms: float, tokens: int, sequences: int) -> float:
-        """The step's duration given the GPU's time for its kernels (hot path: inline)."""
-        launch = 0.0 if self._graphs and tokens <= self._graph_max else self._eager_ms
+    def step_ms(self, gpu_ms: float, tokens: int, sequences: int, prefill: bool = False) -> float:
+        """The step's duration given the GPU's time for its kernels (hot path: inline); ``prefill``:
+        the step holds a prefill."""
+        launch = 0.0 if self._graphs and tokens <= self._graph_max and (self._graph_prefill or not prefill) \
+            else self._eager_ms
         busy = gpu_ms if gpu_ms > launch else launch
         host = self._host_ms + self._seq_ms * sequences
         if self._async:

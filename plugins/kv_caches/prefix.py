@@ -38,7 +38,12 @@ a finish, or a requeue (``preempted``) -- the full blocks of the *input* it was 
 (the prompt, plus the answer so far for a continuation) that it computed get their keys, its own
 ``("r", id, j)`` ones only when it was requeued; the blocks of what it generated since stay
 anonymous and go to the head of the free queue with its partial and reserved blocks. TGI
-v3.3.7's ``RadixAllocator::free`` inserts only the allocation's ``prefill_tokens``, on free.
+v3.3.7's ``RadixAllocator::free`` inserts only the allocation's ``prefill_tokens``, on free. A
+lookup there finds whole blocks up to the whole input, and a request found whole computes its last
+token again while its allocation keeps every block found (``queue.rs`` ``State::next_batch``:
+``prefix_len -= 1``): :meth:`PrefixKVCache.cached_tokens` answers ``num_tokens - 1`` and the
+allocation references all the blocks, where vLLM's rule stops a hit a block short of a prompt of
+whole blocks.
 
 Lookahead. With an EAGLE drafter vLLM 0.33 hashes each block together with the token after it
 (``num_hash_lookahead_tokens`` = 1: the drafter's KV at the block's last position depends on
@@ -248,6 +253,8 @@ class PrefixKVCache(PagedKVCache):
         return found
 
     def cached_tokens(self, seq) -> int:
+        if self.on_free and self.window is None:
+            return self._whole_input_hit(seq)
         limit = (seq.num_tokens - 1) // self.block_size
         n = 0
         request = seq.request
@@ -259,6 +266,30 @@ class PrefixKVCache(PagedKVCache):
             return n * self.block_size
         self._full_hit = (seq, self.epoch, n)
         return self._window_hit(request, n) * self.block_size
+
+    def _whole_input_hit(self, seq) -> int:
+        """:meth:`cached_tokens` cached when freed, as TGI's queue caps a hit (``State::next_batch``):
+        the whole blocks found, up to the whole input; a hit of the whole input computes its last
+        token again ('for the transformer forward to work, we need to have at least one token of
+        postfix': ``prefix_len -= 1``) but keeps every block found (:meth:`_hit_blocks`)."""
+        tokens = seq.num_tokens
+        limit = tokens // self.block_size
+        n = 0
+        request = seq.request
+        host = self.host
+        while n < limit and (self._find(request, n) is not None
+                             or (host is not None and self._find_host(request, n) is not None)):
+            n += 1
+        hit = n * self.block_size
+        return tokens - 1 if hit == tokens else hit
+
+    def _hit_blocks(self, seq, cached_tokens: int) -> int:
+        """The blocks a hit of ``cached_tokens`` references: its whole blocks, or cached when freed
+        every block of an input found whole (its last token computed again in its block, TGI)."""
+        tokens = seq.num_tokens
+        if self.on_free and cached_tokens == tokens - 1 and not tokens % self.block_size and self.window is None:
+            return tokens // self.block_size
+        return cached_tokens // self.block_size
 
     def _window_hit(self, request, full: int) -> int:
         """The hit in blocks where the window layers' blocks are cached too, below a full-attention
@@ -310,7 +341,7 @@ class PrefixKVCache(PagedKVCache):
         """(hits: GPU blocks to reference and host keys to load, fresh blocks to take -- the
         loads' included --, blocks leaving the free pool)."""
         held = self.held(seq)
-        hits = self._hits(seq.request, cached_tokens // self.block_size) if cached_tokens and not held else []
+        hits = self._hits(seq.request, self._hit_blocks(seq, cached_tokens)) if cached_tokens and not held else []
         tokens = seq.num_computed_tokens + cached_tokens + num_new_tokens
         if reserve_tokens > tokens:
             tokens = reserve_tokens

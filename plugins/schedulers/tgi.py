@@ -69,27 +69,43 @@ engines do it: ``max_in_flight``, :mod:`schedlab.engine.admission`).
 
 Launcher defaults (:mod:`.tgi_launcher`, applied to a run that names its GPU and model): the
 prefill budget from the GPUs' FLOPS and the model's FLOPs per token, chunked prefill and prefix
-caching on (flashinfer attention), the model's context. On every TGI run the KV cache defaults to
+caching on (flashinfer attention), the model's context, and TGI's default ``max_new_tokens``
+(``default_max_tokens = "max_total_tokens"``, below). On every TGI run the KV cache defaults to
 flashinfer's 1-token blocks (:attr:`TgiConfig.kv_cache_defaults`) and the cost model to CUDA graphs
-for batches of at most 32 (:meth:`TgiConfig.cost_model_defaults`).
+for decode-only passes of at most 32 (:meth:`TgiConfig.cost_model_defaults`).
+
+Default ``max_new_tokens`` (``router/src/validation.rs`` ``validate_input``): a request without one
+gets ``max_total_tokens - input`` ('Use the maximum possible number of tokens as default'), its
+first segment ``min(that, 1024)``; each continuation is validated again and asks for what is left
+of ``max_total_tokens``. With ``default_max_tokens = "max_total_tokens"`` (the default on a run
+naming its GPU or model) a request without ``max_tokens`` reserves that, passes validation when its
+prompt fits, and its answer ends at ``max_total_tokens - prompt`` (``max_tokens`` cut to it where
+its own answer is longer); ``"output"`` (the class default, for hand-made cases) keeps schedlab's
+convention: it reserves its own answer's length, an oracle no server has.
 
 Prefix cache (TGI's ``RadixAllocator``, with a ``paged`` cache with prefix caching: the scheduler
 calls its :meth:`~schedlab_plugins.kv_caches.PrefixKVCache.cache_input_on_free` before the first
 pass): a request's input becomes findable when its allocation is freed -- at its finish, or when it
-goes back for another segment --, not while it runs, and only the input's tokens; a hit is capped
-one token short of the whole prompt (TGI finds the whole prompt and computes its last token again:
-the same count with 1-token blocks, one block more held here; with larger blocks the hit stops a
-block short). Eviction follows that cache's LRU free queue, not TGI's free list then trie leaves.
+goes back for another segment --, not while it runs, and only the input's tokens; a hit keeps at
+least one token to compute, as TGI does (``queue.rs`` ``State::next_batch``: ``prefix_len ==
+input_length`` -> ``prefix_len -= 1``). A prompt found whole
+is hit to its last token, which alone is computed again, and the allocation keeps every block found
+(:meth:`~schedlab_plugins.kv_caches.PrefixKVCache.cached_tokens` cached when freed); otherwise a hit
+is the whole blocks found. Eviction follows that cache's LRU free queue, not TGI's free list then
+trie leaves.
 
 Simplifications: one instance, no sharding; no speculation; whether a new batch is large enough
 for ``waiting_served_ratio`` is decided before any block is taken, counting each request's prefix
 hit in the cache as it stands (TGI allocates one by one and gives the blocks back: the same count
-unless admitting one request would evict cached blocks a later one reuses -- and, not modelled,
-giving them back inserts the never-computed prompts in its trie, so they are found next time, as
-is a request pushed back for the prefill budget); the padded-model path (no block allocator) is
-not modelled. A request without ``max_tokens`` reserves its own output length (schedlab's
-convention), where TGI would default ``max_new_tokens`` to ``min(max_total_tokens - input,
-1024)``.
+unless admitting one request would evict cached blocks a later one reuses); the padded-model path
+(no block allocator) is not modelled. Not modelled either: an allocation TGI gives back before its
+prefill ran -- a batch too small for the ratio, the request that ends a batch at the prefill budget
+(or, chunking, meets a budget already full) -- still goes through ``RadixAllocator::free``, which
+inserts its never-computed prompt in the trie, so that request (and any sharing its prefix) later
+finds its whole prompt and computes one token over KV never written; here it finds only what was
+computed. (The engines hold that a request never scheduled hits only its declared shared prefix,
+so its own blocks cannot be cached before it runs.) A failed allocation's eviction of trie leaves
+(``alloc_or_reclaim`` evicts before it finds too few) is not modelled.
 """
 
 from __future__ import annotations
@@ -99,7 +115,7 @@ from typing import ClassVar
 import attrs
 import numpy as np
 
-from schedlab.configs import FieldError, bool_field, float_field, int_field
+from schedlab.configs import FieldError, bool_field, float_field, int_field, str_field
 from schedlab.kv_window import sequence_blocks
 
 from .tgi_launcher import prefill_tokens
@@ -140,6 +156,11 @@ class TgiConfig:
                                         help="new tokens scheduled at a time; a request that reaches them goes back "
                                              "to the end of the queue (DEFAULT_GENERATION_LENGTH, TGI v3.1.1 on; "
                                              "0 = whole answers, as v3.0)")
+    default_max_tokens: str = str_field(
+        "output", choices=("output", "max_total_tokens"),
+        help="max_new_tokens of a request without max_tokens: 'max_total_tokens', TGI's validation default, "
+             "max_total_tokens - input (it reserves min(that, generation_segment) and its answer ends there; on a "
+             "run naming its GPU or model), or 'output', its true output (an oracle no server has)")
 
     #: TGI's default attention, flashinfer (compute capability 8.0 and up, head dims 64, 128, 256),
     #: turns prefix caching on and pages the KV cache in blocks of one token (``globals.py``
@@ -156,11 +177,12 @@ class TgiConfig:
         before it schedules the next (``generate_token`` prepares, runs and samples in turn), so
         a cost model that can overlap the host's work with the GPU's does not. It captures CUDA
         graphs for batches of 1, 2, 4, 8, 16 and 32 requests (the launcher's ``cuda_graphs``
-        default) and replays one only for a decode pass of at most 32 (``FlashCausalLM.forward``):
-        ``cuda_graph_max_tokens = 32`` (a pass of up to 32 tokens that holds a prefill still counts
-        as replayed). The run's assembly applies these to a ``[cost_model]`` table that leaves
-        them out."""
-        return {"async_scheduling": False, "cuda_graph_max_tokens": CUDA_GRAPH_MAX_BATCH}
+        default) and replays one only for a decode pass of at most 32 (``FlashCausalLM.forward``:
+        ``if cu_seqlen_prefill is not None or cuda_graph is None`` runs eagerly):
+        ``cuda_graph_max_tokens = 32`` and ``cuda_graph_prefill = false`` (a pass that holds a
+        prefill, however short, launches its kernels eagerly). The run's assembly applies these to
+        a ``[cost_model]`` table that leaves them out."""
+        return {"async_scheduling": False, "cuda_graph_max_tokens": CUDA_GRAPH_MAX_BATCH, "cuda_graph_prefill": False}
 
     @staticmethod
     def run_defaults(gpu, model, table: dict, tensor_parallel: int = 1) -> dict:
@@ -177,6 +199,8 @@ class TgiConfig:
             out["prefill_chunking"] = True
         if "max_batch_prefill_tokens" not in table and (gpu is not None or model is not None):
             out["max_batch_prefill_tokens"] = prefill_tokens(gpu, model, tensor_parallel)
+        if "default_max_tokens" not in table and (gpu is not None or model is not None):
+            out["default_max_tokens"] = "max_total_tokens"  # (router/src/validation.rs validate_input)
         return out
 
     def __attrs_post_init__(self):
@@ -211,6 +235,7 @@ class TgiScheduler:
         self._next_chunk: dict = {}     # chunking: sequence still prefilling -> its chunk in the next pass
         self._tables: dict = {}         # running sequence -> the blocks of its allocation (its block table)
         self._bound = False             # the KV cache told to cache as TGI's radix allocator does
+        self._total = None              # default_max_tokens = "max_total_tokens": max_total_tokens (limits(kv))
 
     # -- optional protocol members --------------------------------------------------------
 
@@ -265,6 +290,17 @@ class TgiScheduler:
         segment = self.config.generation_segment
         return min(max_new, segment) if segment else max_new
 
+    def _max_new(self, request, input_tokens: int) -> int:
+        """The ``max_new_tokens`` TGI's validation gives a segment whose input is ``input_tokens``:
+        the request's ``max_tokens``, or without one ``max_total_tokens - input`` (``validate_input``:
+        'Use the maximum possible number of tokens as default'; each continuation is validated
+        again, so it asks for what is left of ``max_total_tokens``)."""
+        total = self._total
+        if total is None or (request.max_tokens is not None  # (None: the 'output' convention)
+                             and request.max_tokens != total - request.prompt_tokens):  # (limit_request's cut)
+            return request.max_output_tokens
+        return max(total - input_tokens, 0)
+
     def limit_request(self, request, kv):
         """``request`` as TGI serves it: an answer longer than ``generation_segment`` is
         served a segment at a time, the router validating each continuation like a new request
@@ -273,14 +309,25 @@ class TgiScheduler:
         allocator's blocks; where one does not, the answer ends there -- ``max_tokens`` is cut
         to the segments that pass. The first segment's checks are :meth:`rejection_reason`'s."""
         segment = self.config.generation_segment
+        longest_input, total = self.limits(kv)
+        default = request.max_tokens is None and self.config.default_max_tokens == "max_total_tokens"
+        if default:
+            self._total = total
+        prompt = request.prompt_tokens
+        if default and 0 < total - prompt < request.output_tokens:
+            # TGI's default max_new_tokens, max_total_tokens - input: the answer ends there
+            request = attrs.evolve(request, max_tokens=total - prompt)
         if not segment or request.max_output_tokens <= segment:
             return request
-        longest_input, total = self.limits(kv)
         usable_tokens = (kv.num_blocks - HEALTH_CHECK_BLOCKS) * kv.block_size
-        total = min(total, usable_tokens + 1)  # a segment reserves input + segment - 1 tokens
-        prompt = request.prompt_tokens
-        # segment k (k >= 1) starts from prompt + k * segment tokens and asks for segment more
-        passing = min((total - segment - prompt) // segment, (longest_input - prompt) // segment)
+        if default:  # each continuation asks for what is left of max_total_tokens: its input is checked, and
+            passing = (longest_input - prompt) // segment  # a whole segment's blocks where they may not fit
+            if total > usable_tokens + 1:
+                passing = min(passing, (usable_tokens + 1 - segment - prompt) // segment)
+        else:
+            total = min(total, usable_tokens + 1)  # a segment reserves input + segment - 1 tokens
+            # segment k (k >= 1) starts from prompt + k * segment tokens and asks for segment more
+            passing = min((total - segment - prompt) // segment, (longest_input - prompt) // segment)
         served = (max(passing, 0) + 1) * segment
         if served >= request.max_output_tokens:
             return request
@@ -288,7 +335,9 @@ class TgiScheduler:
 
     def rejection_reason(self, request, kv) -> str | None:
         longest_input, total = self.limits(kv)  # (without chunking, within max_batch_prefill_tokens)
-        chunk = self._chunk(request.max_output_tokens)
+        if self.config.default_max_tokens == "max_total_tokens":
+            self._total = total
+        chunk = self._chunk(self._max_new(request, request.prompt_tokens))
         if request.prompt_tokens + chunk > total:  # (TGI's messages, router/src/validation.rs)
             return (f"`inputs` tokens + `max_new_tokens` must be <= {total}. Given: {request.prompt_tokens} "
                     f"`inputs` tokens and {chunk} `max_new_tokens`")
@@ -305,13 +354,14 @@ class TgiScheduler:
 
     def kv_reservation(self, request) -> int:
         """KV tokens held from admission (the block allocator's ``input + max_new_tokens - 1``,
-        ``max_new_tokens`` the first segment's)."""
-        return request.prompt_tokens + self._chunk(request.max_output_tokens) - 1
+        ``max_new_tokens`` the first segment's: without ``max_tokens``, TGI's default)."""
+        return request.prompt_tokens + self._chunk(self._max_new(request, request.prompt_tokens)) - 1
 
     def _reserve_tokens(self, seq) -> int:
         """What TGI's queue asks the block allocator for: ``input + max_new_tokens - 1``, the
-        input holding the answer so far when ``seq`` comes back for another segment."""
-        return seq.num_tokens + self._chunk(seq.request.max_output_tokens) - 1
+        input holding the answer so far when ``seq`` comes back for another segment (without
+        ``max_tokens``, TGI's default: what is left of ``max_total_tokens``)."""
+        return seq.num_tokens + self._chunk(self._max_new(seq.request, seq.num_tokens)) - 1
 
     def _requeue_segments(self, plan) -> None:
         """Send each decoding request that has just generated a whole segment back to the end

@@ -1,0 +1,194 @@
+"""Fidelity fixes to the TGI model (text-generation-inference v3.3.7, commit dfb3fbe), each against
+TGI's source: a prompt found whole in the radix trie computes one token (``queue.rs``
+``State::next_batch``), a request without ``max_new_tokens`` gets ``max_total_tokens - input``
+(``validation.rs`` ``validate_input``), and only decode-only passes replay a CUDA graph
+(``flash_causal_lm.py`` ``FlashCausalLM.forward``). Timelines worked out by hand with 0.5 ms per
+prompt token and 8 ms per decode pass.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from schedlab.model import Request
+from schedlab.protocols import Batch
+from schedlab.testing import check_run, run_engine
+from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.cost_models.step_overhead import StepTiming
+from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
+from schedlab_plugins.schedulers import TgiConfig, TgiScheduler
+from test_engine_defaults import run_text
+from test_tgi_limits import _assembled
+
+ENGINES = ("fast", "reference")
+COST = LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)
+
+
+def by_id(result, column):
+    return dict(zip(result.requests["id"].tolist(), result.requests[column].tolist()))
+
+
+def run(requests, config, engine, *, num_blocks=64, block_size=4, cache=PagedKVCache):
+    r = run_engine(requests, TgiScheduler(config), LinearCostModel(COST), cache(num_blocks, block_size), engine=engine)
+    check_run(r, requests, kv_blocks=num_blocks - 1)
+    return r
+
+
+# -- 1. a prompt found whole computes one token -----------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prompt_found_whole_computes_its_last_token_only(engine):
+    # 4-token blocks. A (prompt 8 = 2 blocks, 1 token) at 0: prefill 8 -> 4 ms; its allocation freed,
+    # the trie holds its 8 prompt tokens. B, the same prompt, at 100: TGI finds all 8 (prefix_len 8 ==
+    # input_length, so prefix_len -= 1): 1 token computed, 0.5 ms -> 100.5. (Capped a block short, as
+    # before: 4 found, 4 computed -> 102.) C, a 10-token prompt of the same 8-token prefix at 200:
+    # 2 whole blocks found, 2 tokens computed -> 201, either way.
+    reqs = [Request(0, 0.0, 8, 1, prefix_group="g", prefix_tokens=8),
+            Request(1, 100.0, 8, 1, prefix_group="g", prefix_tokens=8),
+            Request(2, 200.0, 10, 1, prefix_group="g", prefix_tokens=8)]
+    r = run(reqs, TgiConfig(), engine, block_size=4, cache=PrefixKVCache)
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 7, 2: 8}
+    assert by_id(r, "finish_ms") == {0: 4.0, 1: 100.5, 2: 201.0}
+
+
+def test_a_prompt_found_whole_keeps_every_block_it_found():
+    # 1-token blocks: the hit is 7 tokens of 8 either way, but TGI's allocation references all 8
+    # blocks found (the last token's KV is written again into its cached slot), so the request
+    # takes 8 + 3 - 1 - 8 = 2 fresh blocks, not 3, and no cached block is left free to evict.
+    reqs = [Request(0, 0.0, 8, 1, prefix_group="g", prefix_tokens=8),
+            Request(1, 100.0, 8, 3, prefix_group="g", prefix_tokens=8)]
+    kv = PrefixKVCache(32, 1)
+    records = []
+    run_engine(reqs, TgiScheduler(TgiConfig()), LinearCostModel(COST), kv,
+               check=lambda inst, record: records.append((record.start_ms, record.kv_used_blocks, kv.lru_keys())))
+    start, used, free_cached = next(rec for rec in records if rec[0] == 100.0)
+    assert used == 10  # 8 found + 2 fresh (reserve 8 + 3 - 1 = 10)
+    assert free_cached == []  # (before: block 7 stayed free, cached, a fresh block in its place)
+
+
+# -- 3. TGI's default max_new_tokens ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_without_max_tokens_gets_the_rest_of_max_total_tokens(engine):
+    # max_total_tokens 40, 4-token blocks, 15 usable. No request says max_tokens: TGI gives each
+    # max_new_tokens = 40 - input. A and B (prompt 8, 4 tokens) reserve 8 + 32 - 1 = 39 tokens, 10
+    # blocks: one at a time. A: prefill 8 -> 4, decodes -> 12, 20, 28. B: 28 -> 32, decodes -> 56.
+    # C (prompt 36, 10 tokens) passes validation with max_new_tokens 4 (36 + 4 <= 40) and its answer
+    # ends there: 56 -> 74, decodes -> 82, 90, 98.
+    reqs = [Request(0, 0.0, 8, 4), Request(1, 0.0, 8, 4), Request(2, 0.0, 36, 10)]
+    config = TgiConfig(max_batch_prefill_tokens=64, max_total_tokens=40, default_max_tokens="max_total_tokens")
+    r = run(reqs, config, engine, num_blocks=16)
+    assert by_id(r, "rejected") == {0: 0, 1: 0, 2: 0}
+    assert by_id(r, "finish_ms") == {0: 28.0, 1: 56.0, 2: 98.0}
+    assert by_id(r, "output_tokens")[2] == 10 and by_id(r, "max_tokens")[2] == 4
+    # schedlab's convention ('output'): 3 blocks each, A and B together (16 tokens -> 8, decodes
+    # -> 16, 24, 32); C's 36 + 10 > 40 is refused
+    old = run(reqs, attrs.evolve(config, default_max_tokens="output"), engine, num_blocks=16)
+    assert by_id(old, "rejected") == {0: 0, 1: 0, 2: 1}
+    assert by_id(old, "finish_ms")[0] == by_id(old, "finish_ms")[1] == 32.0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_segment_asks_for_what_is_left_of_max_total_tokens(engine):
+    # Segments of 4, max_total_tokens 14, chunking, 1-token blocks. A (prompt 4, 9 tokens, no
+    # max_tokens): max_new_tokens 10, first segment 4: reserves 4 + 4 - 1 = 7. Its continuation
+    # (input 8) asks for min(14 - 8, 4) = 4 -> 11 blocks; the next (input 12) for 2 -> 13; the answer
+    # could run to 10 and ends at its own 9. prefill 4 -> 2; decodes -> 10, 18, 26 (4 tokens); back:
+    # prefill 8 -> 30 (token 5), decodes -> 38, 46, 54; back: prefill 12 -> 60, its 9th token.
+    reqs = [Request(0, 0.0, 4, 9)]
+    config = TgiConfig(max_batch_prefill_tokens=16, prefill_chunking=True, max_total_tokens=14,
+                       generation_segment=4, default_max_tokens="max_total_tokens")
+    r = run(reqs, config, engine, num_blocks=15, block_size=1)
+    assert by_id(r, "finish_ms") == {0: 60.0}
+    assert r.metrics["requeues"] == 2
+    # 12 usable blocks (a pool TGI would not start with, max_total_tokens 14 > 13: start_up_problem):
+    # the last continuation's 12 + 2 - 1 = 13 tokens never fit, so the answer ends at 8
+    short = run(reqs, config, engine, num_blocks=13, block_size=1)
+    assert by_id(short, "max_tokens") == {0: 8}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_answer_cut_at_max_total_tokens_asks_for_what_is_left(engine):
+    # The same, the answer 20 tokens: cut to max_new_tokens = 14 - 4 = 10. The last continuation
+    # (input 12) asks for min(14 - 12, 4) = 2, 13 tokens of the 14 usable blocks (not 12 + 4 - 1 =
+    # 15, which would never fit). ... -> 54 (8 tokens); prefill 12 -> 60, a decode -> 68.
+    reqs = [Request(0, 0.0, 4, 20)]
+    config = TgiConfig(max_batch_prefill_tokens=16, prefill_chunking=True, max_total_tokens=14,
+                       generation_segment=4, default_max_tokens="max_total_tokens")
+    r = run(reqs, config, engine, num_blocks=15, block_size=1)
+    assert by_id(r, "max_tokens") == {0: 10}
+    assert by_id(r, "finish_ms") == {0: 68.0}
+
+
+def test_a_run_naming_its_gpu_takes_tgis_default():
+    scheduler, _, _ = _assembled_run(run_text("h100-80gb", kind="tgi", model="llama-3.1-8b"))
+    assert scheduler.config.default_max_tokens == "max_total_tokens"
+    mine = run_text("h100-80gb", 'default_max_tokens = "output"', kind="tgi", model="llama-3.1-8b")
+    assert _assembled_run(mine)[0].config.default_max_tokens == "output"
+    assert TgiConfig().default_max_tokens == "output"
+
+
+def _assembled_run(text):
+    import pathlib
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        return _assembled(pathlib.Path(tmp), text)
+
+
+# -- 4. CUDA graphs for decode-only passes --------------------------------------------------------------------
+
+def test_a_pass_that_holds_a_prefill_launches_eagerly_under_tgi():
+    scheduler, cost, _ = _assembled_run(run_text("h100-80gb", kind="tgi", model="llama-3.1-8b"))
+    assert (cost.config.cuda_graph_max_tokens, cost.config.cuda_graph_prefill) == (32, False)
+    vllm = _assembled_run(run_text("h100-80gb", kind="vllm", model="llama-3.1-8b"))[1]
+    assert vllm.config.cuda_graph_prefill is True
+    # 32 layers x 262 us = 8.384 ms to launch eagerly, more than the GPU's time for 8 tokens: the
+    # 8-token prefill pass costs the launch; 8 decodes replay a graph (TGI's FlashCausalLM.forward:
+    # cu_seqlen_prefill is not None -> no graph)
+    prefill = Batch(num_prefill=1, prefill_tokens=8)
+    decode = Batch(num_decode=8, decode_context_tokens=8 * 100)
+    step = cost.step
+    assert cost.kernel_ms(prefill) < 8.384
+    assert cost.iteration_ms(prefill) == pytest.approx(step.host_ms(1) + 32 * 0.262)
+    assert cost.iteration_ms(decode) == pytest.approx(step.host_ms(8) + cost.kernel_ms(decode))
+    # the same cost model as vLLM runs it replays the prefill pass too
+    graphed = type(cost)(cost.model, cost.gpu, attrs.evolve(cost.config, cuda_graph_prefill=True))
+    assert graphed.iteration_ms(prefill) == pytest.approx(step.host_ms(1) + cost.kernel_ms(prefill))
+
+
+def test_step_timing_replays_prefills_only_when_told():
+    @attrs.frozen
+    class S:
+        async_scheduling: bool = False
+        cuda_graphs: bool = True
+        cuda_graph_max_tokens: int = 32
+        cuda_graph_prefill: bool = False
+        host_step_us: float = 0.0
+        host_per_seq_us: float = 0.0
+        tp_step_us: float = 0.0
+        eager_layer_us: float = 100.0
+        async_gap_us: float = 0.0
+        overhead_ms: float = 0.0
+
+    tgi = StepTiming(S(), layers=10)  # eager: 10 x 100 us = 1 ms
+    assert tgi.step_ms(0.25, 8, 8) == 0.25  # decodes: a graph
+    assert tgi.step_ms(0.25, 8, 1, True) == 1.0  # a prefill: eager
+    assert tgi.step_ms(0.25, 33, 33) == 1.0  # past the graphs
+    assert tgi.launch_ms(8, True) == 1.0 and tgi.shape(8, 1, True) == (0.0, 1.0, 0.0)
+    vllm = StepTiming(S(cuda_graph_prefill=True), layers=10)
+    assert vllm.step_ms(0.25, 8, 1, True) == 0.25
+
+
+def test_tgi_segments_without_max_new_tokens_reserve_a_whole_segment_each():
+    # experiments/tgi_segments.toml, reduced: clients that send no max_new_tokens (TGI's default,
+    # every request reserving prompt + 1,024 - 1) hold more of the pool than clients sending their
+    # answer's length, and their continuations are evicted more often (more tokens prefilled again)
+    from test_experiments import metric, run as run_experiment_file
+
+    results = run_experiment_file("tgi_segments.toml", ["workload.classes.chat.num_requests=200",
+                                                        "workload.classes.reasoning.num_requests=40"])
+    seg, default = (results.study(n).runs[0] for n in ("segments", "segments_default"))
+    assert metric(default, "preemptions.recomputed_tokens") > metric(seg, "preemptions.recomputed_tokens")
+    assert metric(default, "kv_usage.mean") > metric(seg, "kv_usage.mean")
+    assert metric(default, "requeues") == metric(seg, "requeues")
