@@ -5,19 +5,28 @@ A request leaves the client at ``sent``. It crosses the network (``network_ms``)
 server, which handles it before the engine sees it: HTTP and JSON parsing, the chat template,
 tokenizing the prompt (``request_ms + tokenize_ms_per_token x prompt tokens``). vLLM's
 OpenAI-compatible server does that work one request at a time per API server process: the
-asyncio loop is one thread, and prompts are tokenized on a one-thread executor
-(``OpenAIServing._tokenizer_executor = ThreadPoolExecutor(max_workers=1)``,
-``vllm/entrypoints/openai/serving_engine.py``; more processes with ``--api-server-count``).
-So requests queue for one of ``workers`` handlers, first received first handled, and reach the
-engine's queue when their handling ends -- the engine's ``arrival_ms``. Every token the
+asyncio loop is one thread, and the chat template and the tokenizer run on the renderer's
+executor, one thread unless told (``BaseRenderer._executor``, ``ThreadPoolExecutor(max_workers=
+renderer_num_workers)``, ``vllm/renderers/base.py``, ``--renderer-num-workers`` default 1, vLLM
+0.28-0.33; before the renderers, ``OpenAIServing._tokenizer_executor``, one thread; more
+processes with ``--api-server-count``). So requests queue for one of ``workers`` handlers, first
+received first handled, and reach the engine's queue when their handling ends -- the engine's
+``arrival_ms``. Every token the
 engine produces is detokenized, framed as a server-sent event and sent back
 (``token_ms``), then crosses the network: the client sees it ``token_ms + network_ms`` after
 the iteration that produced it. Between tokens the delay cancels out, so the client's
 inter-token latencies are the engine's; its first byte and its last come that much later.
 
 Metrics are given both ways (:mod:`schedlab.results.metrics`): as the engine sees a request
-(queued -> first token: ``ttft_ms``, vLLM's ``time_to_first_token_seconds``) and as the client
-does (sent -> first byte: ``client.ttft_ms``, what ``vllm bench serve`` reports as TTFT).
+(queued -> first token: ``ttft_ms``) and as the client does (sent -> first byte:
+``client.ttft_ms``, what ``vllm bench serve`` reports as TTFT). vLLM's own histogram
+(``vllm:time_to_first_token_seconds``) lies between: since its renderers (0.28-0.33) it starts
+when rendering starts -- ``arrival_time = time.time()`` first in ``render_chat_async`` /
+``render_cmpl_async`` (``vllm/renderers/base.py``), before the wait for the renderer's thread,
+the chat template and the tokenizer -- and ends when the API server's output loop takes the
+step's outputs off ZeroMQ (``IterationStats()`` in ``AsyncLLM.output_handler``). So it is this
+``ttft_ms`` plus the API server's queue and tokenizing (and the ZeroMQ hops, not modelled);
+older vLLMs (0.11) stamped ``arrival_time`` in ``Processor.process_inputs``, after tokenizing.
 
 Defaults (``[frontend]`` with no keys; every key can be set per deployment), estimates from
 public measurements, not fitted to any run:
@@ -28,18 +37,31 @@ public measurements, not fitted to any run:
 * ``request_ms`` 1.0: a 131-token chat request took 1.3-2.8 ms to template and encode in a
   C++ server (tt-inference-server issue #2173), about 1 ms more than its tokens at 2 us;
   Python's HTTP, pydantic and ZeroMQ hops cost no less;
-* ``token_ms`` 8.88: the way out, from the iteration that produced a token to its server-sent
-  event leaving the API server -- the engine core's output over ZeroMQ, the API server's output
-  loop, detokenizing, the event's JSON -- a latency, not a cost that queues. vLLM's own client
-  measures TTFT 8.4-12.2 ms (median 11.0) above vLLM's server-side histogram of it
-  (``vllm:time_to_first_token_seconds``) with 512-token prompts and 8 requests in flight
-  (vllm-project/vllm PR #54628: vLLM 0.28, ``vllm bench serve`` against ``vllm serve``, five
-  runs; :data:`VLLM_CLIENT_TTFT_GAP_MS`); the other defaults hold 2.12 ms of that gap, and the
-  rest is this (:data:`TOKEN_MS`). A Python OpenAI-compatible test server measured ~7 ms of the
-  client's HTTP and streaming time a request (schedlab issue 20). Between tokens it cancels out;
+* ``token_ms`` 9.9: the way out, from the iteration that produced a token to its server-sent
+  event leaving the API server -- the API server's output loop, detokenizing, the event's JSON
+  -- a latency, not a cost that queues. vLLM's own client measures TTFT 8.4-12.2 ms (median
+  11.0) above vLLM's server-side histogram of it (``vllm:time_to_first_token_seconds``) with
+  512-token prompts and 8 requests in flight (vllm-project/vllm PR #54628: vLLM 0.28, ``vllm
+  bench serve`` against ``vllm serve``, five runs; :data:`VLLM_CLIENT_TTFT_GAP_MS`). That gap
+  holds what lies outside the histogram: the network both ways, the request's handling before
+  rendering (here in ``request_ms``) and the way out after the output loop has the step's
+  outputs. Tokenizing is inside the histogram in vLLM 0.28 (above), so not in the gap: the
+  network and ``request_ms`` hold 1.1 ms of it, and the rest is this (:data:`TOKEN_MS`). (Until
+  this was seen, the 1.02 ms of tokenizing 512 tokens was subtracted too: 8.88.) The ZeroMQ hops
+  to the engine core and back lie inside the histogram and in neither estimate. A Python
+  OpenAI-compatible test server measured ~7 ms of the client's HTTP and streaming time a request
+  (schedlab issue 20). Between tokens it cancels out;
 * ``network_ms`` 0.05: one way between processes on one host (``vllm bench serve`` defaults
   to 127.0.0.1); set it to the client's real round trip / 2;
-* ``workers`` 1: one API server process (vLLM's ``--api-server-count`` default); 0 = no limit.
+* ``workers`` 1: one API server process (vLLM's ``--api-server-count`` default) with one renderer
+  thread (``--renderer-num-workers`` default 1); 0 = no limit.
+
+Not modelled: ``--stream-interval`` (vLLM 0.33's ``SchedulerConfig.stream_interval``, default
+1; SGLang's ``--stream-interval``, default 1). Above 1 the API server sends a request's first
+token at once, then every N tokens, and its last at once (``RequestState.make_request_output``,
+``vllm/v1/engine/output_processor.py``): ``vllm bench serve`` then times one ITL per event, not
+per token, while its TTFT, end-to-end latency and TPOT stay as here. The client's ITL here is
+the engine's, per token (stream interval 1).
 
 The client's patience is ``[client]``: ``timeout_ms`` (``vllm bench serve`` uses aiohttp's
 ``ClientTimeout(total=6 h)``), per request class in ``classes``. A request whose last byte
@@ -69,8 +91,10 @@ INF = math.inf
 VLLM_CLIENT_TTFT_GAP_MS = (10.5, 12.2, 8.4, 12.0, 11.0)
 #: ``request_ms``, ``tokenize_ms_per_token`` and ``network_ms`` defaults (see the module docstring)
 REQUEST_MS, TOKENIZE_MS_PER_TOKEN, NETWORK_MS = 1.0, 0.002, 0.05
-#: The gap's median less what the other defaults put in it at those 512-token prompts: the way out
-TOKEN_MS = statistics.median(VLLM_CLIENT_TTFT_GAP_MS) - (REQUEST_MS + 512 * TOKENIZE_MS_PER_TOKEN + 2 * NETWORK_MS)
+#: The gap's median less what the other defaults put in it: the way out. Not tokenizing: vLLM 0.28's
+#: histogram starts before the prompt is tokenized (``arrival_time`` stamped first in
+#: ``render_chat_async``, ``vllm/renderers/base.py``), so tokenizing lies inside it, not in the gap
+TOKEN_MS = statistics.median(VLLM_CLIENT_TTFT_GAP_MS) - (REQUEST_MS + 2 * NETWORK_MS)
 
 
 @attrs.frozen
@@ -86,10 +110,10 @@ class FrontendConfig:
                                                help="tokenizing the prompt, ms per prompt token")
     token_ms: float = float_field(TOKEN_MS, min=0.0, max=MAX_TIME_MS,
                                   help="the way out: from the iteration that produced a token to its streamed event "
-                                       "leaving the API server (ZeroMQ from the engine core, the output loop, "
-                                       "detokenizing), ms; a latency, not a cost that queues")
-    workers: int = int_field(1, min=0, max=1024, help="requests the API server handles at once (vLLM: one per API "
-                                                      "server process); 0 = no limit")
+                                       "leaving the API server (the output loop, detokenizing, the event), ms; a "
+                                       "latency, not a cost that queues")
+    workers: int = int_field(1, min=0, max=1024, help="requests the API server handles at once (vLLM: API server "
+                                                      "processes x --renderer-num-workers); 0 = no limit")
 
     def handling_ms(self, prompt_tokens: int) -> float:
         """How long the API server works on a request before the engine sees it."""

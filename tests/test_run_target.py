@@ -182,8 +182,8 @@ def test_each_request_against_its_replay_in_the_client_s_view(tmp_path):
 
 #: Two requests of 100 prompt and 3 output tokens on the linear cost model at its defaults (0.05 ms a prompt
 #: token: a 5 ms prefill; 8 ms a decode step) behind the default [frontend]: the way in is 0.05 + 1 + 100 x
-#: 0.002 = 1.25 ms, a token's way back 8.876 + 0.05 = 8.926 ms. Alone, a request's client TTFT is 1.25 + 5 +
-#: 8.926 = 15.176 ms and its E2EL 15.176 + 2 x 8 = 31.176 ms.
+#: 0.002 = 1.25 ms, a token's way back 9.9 + 0.05 = 9.95 ms. Alone, a request's client TTFT is 1.25 + 5 +
+#: 9.95 = 16.2 ms and its E2EL 16.2 + 2 x 8 = 32.2 ms.
 CONSTANT_PAIR = """kind = "synthetic"
 num_requests = 2
 rate = 1
@@ -217,20 +217,20 @@ def test_vllm_bench_serve_s_duration_starts_one_gap_before_the_first_send(tmp_pa
     """At --request-rate 1 --burstiness inf vLLM's get_request sleeps 1 s before each request, the
     first included, and its duration starts before that sleep: with the sends at 0 and 1,000 ms
     (the simulated clock) the benchmark started at -1,000 and ended with the last byte at 1,000 +
-    31.176: 2.031176 s -- 2 / 2.031176 = 0.98465 requests/s, 6 and 206 tokens over it (what vLLM
-    itself prints for these times; from the first send it would be 2 / 1.031176 = 1.9395). The
+    32.2: 2.0322 s -- 2 / 2.0322 = 0.98415 requests/s, 6 and 206 tokens over it (what vLLM
+    itself prints for these times; from the first send it would be 2 / 1.0322 = 1.9376). The
     run's own throughput keeps the engine's makespan, 1.25 to 1,022.25 ms (2 / 1.021 s)."""
-    bench = {"completed": 2, "failed": 0, "request_rate": 1.0, "burstiness": "Infinity", "duration": 2.031176,
-             "mean_ttft_ms": 15.176, "mean_e2el_ms": 31.176, "request_throughput": 2 / 2.031176,
-             "output_throughput": 6 / 2.031176, "total_token_throughput": 206 / 2.031176}
+    bench = {"completed": 2, "failed": 0, "request_rate": 1.0, "burstiness": "Infinity", "duration": 2.0322,
+             "mean_ttft_ms": 16.2, "mean_e2el_ms": 32.2, "request_throughput": 2 / 2.0322,
+             "output_throughput": 6 / 2.0322, "total_token_throughput": 206 / 2.0322}
     run = linear_pair(tmp_path, bench)
     assert run.requests["sent_ms"].tolist() == [0.0, 1000.0]
     vs = run.metrics["vs_target"]
-    assert vs["simulated"] == pytest.approx({"ttft_ms.mean": 15.176, "e2e_ms.mean": 31.176,
-                                             "request_throughput_rps": 2 / 2.031176,
-                                             "output_throughput_tps": 6 / 2.031176,
-                                             "total_throughput_tps": 206 / 2.031176}, rel=1e-9)
-    assert vs["simulated"]["request_throughput_rps"] == pytest.approx(0.98465, abs=1e-5)
+    assert vs["simulated"] == pytest.approx({"ttft_ms.mean": 16.2, "e2e_ms.mean": 32.2,
+                                             "request_throughput_rps": 2 / 2.0322,
+                                             "output_throughput_tps": 6 / 2.0322,
+                                             "total_throughput_tps": 206 / 2.0322}, rel=1e-9)
+    assert vs["simulated"]["request_throughput_rps"] == pytest.approx(0.98415, abs=1e-5)
     assert all(abs(e) < 1e-9 for e in vs["errors_pct"].values())
     assert run.metrics["request_throughput_rps"] == pytest.approx(2 / 1.021, rel=1e-9)   # unchanged
 
