@@ -14,23 +14,18 @@ import pytest
 from schedlab.model import Request
 from schedlab.protocols import Batch
 from schedlab.testing import check_run, run_engine
-from schedlab_plugins.cost_models import LinearConfig, LinearCostModel
+from schedlab_plugins.cost_models import LinearCostModel
 from schedlab_plugins.cost_models.step_overhead import StepTiming
 from schedlab_plugins.kv_caches import PagedKVCache, PrefixKVCache
 from schedlab_plugins.schedulers import TgiConfig, TgiScheduler
 from test_engine_defaults import run_text
-from test_tgi_limits import _assembled
-
-ENGINES = ("fast", "reference")
-COST = LinearConfig(prefill_ms_per_token=0.5, decode_ms_per_step=8.0)
-
-
-def by_id(result, column):
-    return dict(zip(result.requests["id"].tolist(), result.requests[column].tolist()))
+from test_tgi_limits import COST, ENGINES, _assembled, by_id
+from test_tgi_limits import run as run_unchecked
 
 
 def run(requests, config, engine, *, num_blocks=64, block_size=4, cache=PagedKVCache):
-    r = run_engine(requests, TgiScheduler(config), LinearCostModel(COST), cache(num_blocks, block_size), engine=engine)
+    """:func:`test_tgi_limits.run`, its run checked (conservation, capacity, causality)."""
+    r = run_unchecked(requests, config, engine, num_blocks=num_blocks, block_size=block_size, cache=cache)
     check_run(r, requests, kv_blocks=num_blocks - 1)
     return r
 
