@@ -20,13 +20,14 @@ inter-token latencies are the engine's; its first byte and its last come that mu
 Metrics are given both ways (:mod:`schedlab.results.metrics`): as the engine sees a request
 (queued -> first token: ``ttft_ms``) and as the client does (sent -> first byte:
 ``client.ttft_ms``, what ``vllm bench serve`` reports as TTFT). vLLM's own histogram
-(``vllm:time_to_first_token_seconds``) lies between: since its renderers (0.28-0.33) it starts
+(``vllm:time_to_first_token_seconds``) lies between: from vLLM 0.17 (to 0.33 at least) it starts
 when rendering starts -- ``arrival_time = time.time()`` first in ``render_chat_async`` /
 ``render_cmpl_async`` (``vllm/renderers/base.py``), before the wait for the renderer's thread,
 the chat template and the tokenizer -- and ends when the API server's output loop takes the
 step's outputs off ZeroMQ (``IterationStats()`` in ``AsyncLLM.output_handler``). So it is this
 ``ttft_ms`` plus the API server's queue and tokenizing (and the ZeroMQ hops, not modelled);
-older vLLMs (0.11) stamped ``arrival_time`` in ``Processor.process_inputs``, after tokenizing.
+vLLM 0.11-0.16 stamped ``arrival_time`` in ``Processor.process_inputs`` (``InputProcessor`` from
+0.15), after tokenizing (a ``[target]``'s ``vllm_ttft_from``, :mod:`schedlab.targets`).
 
 Defaults (``[frontend]`` with no keys; every key can be set per deployment), estimates from
 public measurements, not fitted to any run:

@@ -42,7 +42,9 @@ per-request log exists. The file is recognised by its content:
   ``vllm:time_per_output_token_seconds``, the same per-token gaps),
   ``vllm:request_time_per_output_token_seconds``, ``vllm:e2e_request_latency_seconds``,
   ``vllm:request_queue_time_seconds`` and ``vllm:iteration_tokens_total``
-  (``vllm/v1/metrics/loggers.py``), summed over their label sets (the per-request TPOT
+  (``vllm/v1/metrics/loggers.py``; TTFT and E2E from ``arrival_time``, stamped before the API
+  server's queue and tokenizing from vLLM 0.17 on, after them before: :data:`VLLM_RENDERER_RELEASE`,
+  :func:`_clock_start`), summed over their label sets (the per-request TPOT
   histogram observes 0 for a request of one output token, ``vllm/v1/metrics/stats.py``, and so
   does the simulation read against it, where a client's TPOT leaves such a request out); with a
   second scrape taken before the run (``baseline``) the difference. A histogram gives an exact mean (``_sum /
@@ -63,7 +65,8 @@ per-request log exists. The file is recognised by its content:
 * a scrape of SGLang's ``/metrics`` (``--enable-metrics``; ``python/sglang/srt/metrics/collector.py``),
   read as vLLM's: ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
   ``sglang:e2e_request_latency_seconds`` -- observed once per request (per token for the ITL) by
-  the tokenizer manager, from the request's arrival there: the engine's view -- and
+  the tokenizer manager, from the request's arrival at the API server (``received_time``, before
+  the chat template and tokenizing: :data:`SERVER_TTFT_FROM`): the engine's view -- and
   ``sglang:queue_time_seconds`` (waiting queue to first forward, as vLLM's queue time). The last is
   observed by the scheduler, which runs on every tensor- and pipeline-parallel rank: with TP 4 the
   scrape holds four series (``tp_rank`` 0..3) of the same requests, and under DP attention (which
@@ -107,7 +110,10 @@ Statistics are named as the run's metrics are: ``ttft_ms.mean``, ``itl_ms.p99``,
 ``total_throughput_tps``, ``slo.goodput_rps`` (``vllm bench serve --goodput``'s ``request_goodput``,
 against the run's ``[slo]``: :func:`_goodput`). :func:`simulated` computes the same names from a
 :class:`~schedlab.results.records.RunResult` (TTFT and latency as the file's source sees them:
-a load generator from sending a request, vLLM's metrics from its arrival at the engine; ITL:
+a load generator from sending a request, a server's own metrics from its arrival there -- with a
+``[frontend]``, at the API server for vLLM from 0.17 and SGLang (their histograms hold its queue and
+tokenizing), at the engine's queue for older vLLMs (``[target] vllm_ttft_from``) and TGI:
+:func:`_clock_start`; ITL:
 every gap between two tokens of a request, an abandoned request's too, where ``vllm bench serve``
 counts the successful requests' only -- the engines keep ITL per run, not per request, and per
 step, as vLLM counts it, its mean per token against a source that counts each token of a step
@@ -132,7 +138,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from .configs import FieldError, int_field, not_regular_file, path_field
+from .configs import FieldError, int_field, not_regular_file, path_field, str_field
 from .errors import ConfigError, InputWarning, brief
 from .json_text import JsonTextError, json_documents
 
@@ -228,6 +234,30 @@ GENAI_PERF_UNITS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "sec": 1e3, "s": 1e3}
 STREAMED = ("ttft_ms", "tpot_ms", "itl_ms")
 #: quantiles read from each Prometheus histogram (beside its exact mean)
 HISTOGRAM_QUANTILES = (50, 90, 99)
+#: Where a server's own TTFT and E2E histograms start a request's clock (``Summary.ttft_from``), read in the
+#: engine's view by :func:`simulated`: ``"api_server"``, when the API server received it -- before its wait for a
+#: handler, the chat template and tokenizing; in a run with a ``[frontend]``, ``sent_ms + network_ms``
+#: (:mod:`schedlab.frontend`) -- or ``"engine"``, when the engine's queue got it (``arrival_ms``, after all that).
+#: Without a ``[frontend]`` the two are one.
+API_SERVER, ENGINE = "api_server", "engine"
+TTFT_STARTS = (API_SERVER, ENGINE)
+#: The first vLLM release whose renderer stamps ``arrival_time`` (the start of ``vllm:time_to_first_token_seconds``
+#: and ``vllm:e2e_request_latency_seconds``) first thing in ``render_chat_async`` / ``render_cmpl_async``
+#: (``vllm/renderers/base.py``, new in 0.17.0), before the wait for the renderer's executor, the chat template and
+#: the tokenizer. Up to 0.16 the OpenAI server rendered and tokenized first and ``InputProcessor.process_inputs``
+#: (0.11: ``Processor.process_inputs``) stamped ``arrival_time = time.time()`` after: the engine's arrival
+VLLM_RENDERER_RELEASE = "0.17.0"
+#: where vLLM's histograms start in the vLLM schedlab's presets model (0.33, >= VLLM_RENDERER_RELEASE); a
+#: ``[target]``'s ``vllm_ttft_from`` says it for another version
+VLLM_TTFT_FROM = API_SERVER
+#: ... and every server's, by ``Summary.server``: SGLang's tokenizer manager times from ``received_time``, stamped
+#: when its OpenAI handler took the request (``OpenAIServingBase.handle_request``), before the chat template and
+#: the tokenizer (``TokenizerManager._init_req_state`` runs before ``_tokenize_one_request``); TGI's router
+#: histograms are read from the engine's arrival, as before (though ``tgi_request_duration`` runs from
+#: ``start_time``, taken before validation and tokenizing, ``router/src/server.rs``: not changed yet)
+SERVER_TTFT_FROM = {"vllm": VLLM_TTFT_FROM, "sglang": API_SERVER, "tgi": ENGINE}
+#: the server whose histograms each kind of scrape holds
+SCRAPE_SERVER = {PROMETHEUS_KIND: "vllm", SGLANG_KIND: "sglang", TGI_KIND: "tgi"}
 
 
 class TargetWarning(InputWarning):
@@ -315,6 +345,12 @@ class Summary:
     #: the keys of dropped it explains)``: said in a :class:`TargetWarning` by :func:`read_summary`,
     #: unless its statistics are none of those compared
     notes: tuple = ()
+    #: whose own histograms these are (``"vllm"``, ``"sglang"``, ``"tgi"``: a scrape of its /metrics, an
+    #: inference-perf server report), None for a load generator's file
+    server: str | None = None
+    #: where the file's TTFT and E2E start a request's clock in the engine's view (:data:`TTFT_STARTS`): the
+    #: server's default (:data:`SERVER_TTFT_FROM`), or a ``[target]``'s ``vllm_ttft_from``
+    ttft_from: str = ENGINE
 
     def __attrs_post_init__(self):
         """Refuse percentiles that fall as the quantile rises (a p99 below the p50 was fitted to)."""
@@ -333,8 +369,9 @@ class Summary:
     @property
     def view(self) -> str:
         """Whose times these are: ``"engine"`` (the engine's own metrics -- vLLM's, SGLang's, TGI's
-        -- from a request's arrival at the server) or ``"client"`` (a load generator's, from sending
-        it to the first and last byte); the simulation is read in the same view."""
+        -- from a request's arrival at the server: the API server or the engine's queue, ``ttft_from``)
+        or ``"client"`` (a load generator's, from sending it to the first and last byte); the
+        simulation is read in the same view."""
         return "engine" if self.kind in ENGINE_KINDS else "client"
 
     def select(self, names: list[str] | None) -> "Summary":
@@ -1272,7 +1309,7 @@ def _inference_perf_server_summary(data: dict, source: str, where: str, server: 
             values = {name: value for name, value in values.items() if name not in left_out}
             requests = None
     return Summary(source, INFERENCE_PERF_SERVER_KIND, _ordered(values), requests=requests, dropped=dropped,
-                   notes=tuple(notes))
+                   notes=tuple(notes), server=server, ttft_from=SERVER_TTFT_FROM.get(server, ENGINE))
 
 
 def _guidellm_summary(data: dict, source: str, index: int, where: str, names: dict[str, str]) -> Summary:
@@ -1652,8 +1689,10 @@ def _prometheus_summary(after: dict, before: dict, source: str, where: str = "",
         notes = ((f"{where or source}: {', '.join(dropped)} fall in their histogram's +Inf bucket, above its last "
                   f"bound: a quantile there has no value (histogram_quantile gives the last bound, whatever the "
                   f"observations): left out", tuple(dropped), tuple(dropped)),)
+    server = SCRAPE_SERVER[kind]
     return Summary(source, kind, _ordered(values), histograms, requests=int(e2e.count) if e2e is not None else None,
-                   itl_per_token=kind == SGLANG_KIND, dropped=dropped, notes=notes)
+                   itl_per_token=kind == SGLANG_KIND, dropped=dropped, notes=notes, server=server,
+                   ttft_from=SERVER_TTFT_FROM[server])
 
 
 def _bounds_text(series: dict) -> str:
@@ -1703,7 +1742,9 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     """The statistics of ``summary`` computed from a simulated run (through the same buckets
     for the quantiles of a Prometheus histogram), in the summary's view: a load generator's
     TTFT and latency from the simulated client's side (:mod:`schedlab.frontend`; the engine's
-    without a ``[frontend]``), vLLM's own from the engine's. The engine's TTFT is every request's
+    without a ``[frontend]``), vLLM's own from the engine's -- from the request's arrival at the API
+    server for vLLM >= 0.17 and SGLang, at the engine's queue for older vLLMs and TGI
+    (:func:`_clock_start`). The engine's TTFT is every request's
     that got a first token: vLLM observes it when that token's output is processed
     (``IterationStats.update_from_output``, ``v1/metrics/stats.py``), and a request its client
     abandons later is aborted with no other statistic (``OutputProcessor.abort_requests``); SGLang's
@@ -1722,8 +1763,12 @@ def simulated(summary: Summary, result) -> dict[str, float]:
         client = client_latencies(req)
         lat = {**lat, "ttft_ms": client["ttft_ms"], "tpot_ms": client["tpot_ms"], "e2e_ms": client["e2el_ms"]}
     else:   # (a request turned away on arrival has no first token: -1)
+        start = _clock_start(summary, req, result)
         first = req["first_token_ms"] >= 0
-        lat = {**lat, "ttft_ms": req["first_token_ms"][first] - req["arrival_ms"][first]}
+        lat = {**lat, "ttft_ms": req["first_token_ms"][first] - start[first]}
+        if start is not req["arrival_ms"]:   # the server's E2E histogram starts at the same stamp
+            done = completed(req)
+            lat["e2e_ms"] = req["finish_ms"][done] - start[done]
     if summary.kind in ZERO_TPOT_KINDS and "tpot_ms" in lat:
         lat = {**lat, "tpot_ms": _tpot_with_zeros(req, lat["tpot_ms"])}
     ok = completed(req)   # as the tools count them: a request turned away or given up on adds nothing
@@ -1784,6 +1829,27 @@ def simulated(summary: Summary, result) -> dict[str, float]:
     if "iteration_tokens" in wanted:
         _warn_preempted_prompts(summary, req)
     return out
+
+
+def _clock_start(summary: Summary, req: dict, result) -> np.ndarray:
+    """When each request's TTFT and E2E clock starts in ``summary``'s server-side histograms: its
+    arrival at the engine's queue (``arrival_ms``), or -- ``summary.ttft_from`` ``"api_server"``
+    (vLLM from 0.17, SGLang) in a run with a ``[frontend]`` -- when the API server received it,
+    ``sent_ms + network_ms``: before its wait for a handler, the chat template and tokenizing, which
+    such a histogram holds (vLLM stamps ``arrival_time`` first in ``render_chat_async``; SGLang its
+    ``received_time`` first in its OpenAI handler). The run keeps its ``[frontend]`` settings in
+    ``result.meta["frontend"]`` (empty without one: then the API server hands a request over as it
+    arrives, and the two are one). ``arrival_ms`` itself when it is the engine's arrival."""
+    arrival = req["arrival_ms"]
+    if summary.ttft_from != API_SERVER or "sent_ms" not in req:
+        return arrival
+    front = (getattr(result, "meta", None) or {}).get("frontend") or {}
+    if not front:
+        return arrival
+    from .frontend import NETWORK_MS
+
+    received = np.asarray(req["sent_ms"], dtype=float) + float(front.get("network_ms", NETWORK_MS))
+    return np.minimum(received, arrival)   # (never after the engine's arrival: the handling is >= 0)
 
 
 def _tpot_with_zeros(req: dict, tpot: np.ndarray) -> np.ndarray:
@@ -2154,6 +2220,12 @@ class TargetConfig:
                                        "last)")
     baseline: str | None = path_field(None, optional=True,
                                       help="a Prometheus scrape taken before the run, subtracted from path's")
+    vllm_ttft_from: str | None = str_field(
+        None, choices=TTFT_STARTS, optional=True,
+        help="where vLLM's own TTFT and E2E histograms start, with a [frontend]: 'api_server' (vLLM >= 0.17: "
+             "arrival_time is stamped before the API server's queue, chat template and tokenizing; the default, as "
+             "the vllm presets model 0.33) or 'engine' (vLLM <= 0.16: stamped after tokenizing, at the engine's "
+             "arrival); only for a vLLM /metrics scrape or inference-perf's server metrics of a vLLM server")
 
     def __attrs_post_init__(self) -> None:
         if self.statistics is not None and (not isinstance(self.statistics, tuple) or not self.statistics
@@ -2169,6 +2241,12 @@ class TargetConfig:
         """
         summary = read_summary(self.path, baseline=self.baseline, index=self.index, names=TABLE_NAMES,
                                statistics=self.statistics)
+        if self.vllm_ttft_from is not None:
+            if summary.server != "vllm":
+                raise FieldError("vllm_ttft_from", f"applies to vLLM's own histograms (a scrape of its /metrics, or "
+                                                   f"inference-perf's server metrics of a vLLM server); {summary.source} "
+                                                   f"is not ({summary.kind}); leave it out")
+            summary = attrs.evolve(summary, ttft_from=self.vllm_ttft_from)
         noted = {key for _, _, keys in summary.notes for key in keys}   # (said in their own warning)
         odd = {key: why for key, why in summary.dropped.items()
                if why != "null" and key not in noted}  # null: the tool had none
@@ -2198,6 +2276,8 @@ def compare_with_real_run(result) -> None:
         result.metrics["vs_target"] = vs_target(result.target, result)
         result.meta["target"] = {"path": result.target.source, "kind": result.target.kind,
                                  "view": result.target.view}
+        if result.target.view == "engine":   # where its TTFT and E2E start (_clock_start)
+            result.meta["target"]["ttft_from"] = result.target.ttft_from
         if result.target.batch is not None:   # the measured run's max_num_seqs (ML.ENERGY's)
             result.meta["target"]["batch"] = result.target.batch
 
