@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from schedlab.cli import main
-from schedlab.study.drivers import answer_caveats
+from schedlab.study.caveats import answer_caveats
 from schedlab.study.experiment import load, run_experiment
 from schedlab.study.search import Probe, SearchOutcome, parse_constraint, search
 from schedlab_plugins.reports.lab import LabReport
