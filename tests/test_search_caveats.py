@@ -25,6 +25,30 @@ from schedlab_plugins.reports.lab import LabReport
 LAB = Path(__file__).resolve().parent.parent / "experiments" / "lab.toml"
 
 
+def linear_toml(name: str, reports: str = "[]", *, requests: int = 1, prompt: int = 10, output: int = 3,
+                prefill_ms: float = 1.0, rest: str = "") -> str:
+    """An experiment of ``requests`` synthetic requests sent at once to the continuous scheduler on
+    the linear cost model (``prefill_ms`` a prompt token, 8 ms a decode step), then ``rest`` (more
+    scheduler keys first, then further tables)."""
+    return f"""
+[experiment]
+name = "{name}"
+reports = {reports}
+[workload]
+kind = "synthetic"
+num_requests = {requests}
+prompt = {{dist = "fixed", value = {prompt}}}
+output = {{dist = "fixed", value = {output}}}
+arrival = "all-at-once"
+[cost_model]
+kind = "linear"
+prefill_ms_per_token = {prefill_ms}
+decode_ms_per_step = 8.0
+[scheduler]
+kind = "continuous"
+{rest}"""
+
+
 def _requests(ttft, *, sent=None, generated=10, timed_out=None):
     """Rows of requests that arrive at ``sent`` (default 0, 10, 20, ...) and have the TTFTs given."""
     ttft = np.asarray(ttft, dtype=float)
@@ -101,22 +125,7 @@ def test_a_real_run_with_a_client_timeout_says_how_many_timed_out(tmp_path):
     """40 requests at once, each needing 200 prompt tokens and 30 decode steps of >= 8 ms on the
     linear cost model, 4 at a time: the later ones wait past the client's 300 ms and give up."""
     path = tmp_path / "t.toml"
-    path.write_text(textwrap.dedent("""
-        [experiment]
-        name = "t"
-        reports = []
-        [workload]
-        kind = "synthetic"
-        num_requests = 40
-        prompt = {dist = "fixed", value = 200}
-        output = {dist = "fixed", value = 30}
-        arrival = "all-at-once"
-        [cost_model]
-        kind = "linear"
-        prefill_ms_per_token = 0.05
-        decode_ms_per_step = 8.0
-        [scheduler]
-        kind = "continuous"
+    path.write_text(linear_toml("t", requests=40, prompt=200, output=30, prefill_ms=0.05, rest=textwrap.dedent("""
         max_num_seqs = 4
         [client]
         timeout_ms = 300
@@ -125,7 +134,7 @@ def test_a_real_run_with_a_client_timeout_says_how_many_timed_out(tmp_path):
         low = 0
         high = 4
         constraint = "ttft_ms.p99 <= 1e9"
-        """))
+        """)))
     study = run_experiment(load(path)).studies[0]
     m = study.search.payload.metrics
     assert m["timed_out"] > 0 and m["rejected"] == 0
@@ -259,29 +268,14 @@ def test_a_front_end_run_constrained_on_the_engines_ttft_points_to_the_clients()
 
 def test_a_real_front_end_run_carries_its_table(tmp_path):
     path = tmp_path / "f.toml"
-    path.write_text(textwrap.dedent("""
-        [experiment]
-        name = "f"
-        reports = []
-        [workload]
-        kind = "synthetic"
-        num_requests = 1
-        prompt = {dist = "fixed", value = 10}
-        output = {dist = "fixed", value = 3}
-        arrival = "all-at-once"
-        [cost_model]
-        kind = "linear"
-        prefill_ms_per_token = 1.0
-        decode_ms_per_step = 8.0
-        [scheduler]
-        kind = "continuous"
+    path.write_text(linear_toml("f", rest=textwrap.dedent("""
         [frontend]
         [search]
         key = "cost_model.base_ms"
         low = 0
         high = 60
         constraint = "ttft_ms.p99 <= 40"
-        """))
+        """)))
     message = run_experiment(load(path)).studies[0].search.message
     assert "the run has a [frontend] and ttft_ms is the engine's" in message and "client.ttft_ms" in message
 
@@ -360,26 +354,10 @@ def test_one_draw_notes_leave_toy_runs_alone():
 
 # -- F6: tune.txt's bounds -------------------------------------------------------------------------
 
-TUNE = """
-[experiment]
-name = "tl"
-reports = ["lab"]
-[workload]
-kind = "synthetic"
-num_requests = 1
-prompt = {dist = "fixed", value = 10}
-output = {dist = "fixed", value = 3}
-arrival = "all-at-once"
-[cost_model]
-kind = "linear"
-prefill_ms_per_token = 1.0
-decode_ms_per_step = 8.0
-[scheduler]
-kind = "continuous"
-[[runs]]
+TUNE = linear_toml("tl", '["lab"]', rest="""[[runs]]
 name = "tune"
 search = { key = "cost_model.base_ms", low = 1, high = 8, constraint = "CONSTRAINT" }
-"""
+""")
 
 
 @pytest.mark.parametrize("constraint, tune, said", [

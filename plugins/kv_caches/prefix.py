@@ -255,17 +255,21 @@ class PrefixKVCache(PagedKVCache):
     def cached_tokens(self, seq) -> int:
         if self.on_free and self.window is None:
             return self._whole_input_hit(seq)
-        limit = (seq.num_tokens - 1) // self.block_size
+        n = self._blocks_found(seq.request, (seq.num_tokens - 1) // self.block_size)
+        if self.window is None:
+            return n * self.block_size
+        self._full_hit = (seq, self.epoch, n)
+        return self._window_hit(seq.request, n) * self.block_size
+
+    def _blocks_found(self, request, limit: int) -> int:
+        """How many of ``request``'s blocks ``0, 1, ...`` are cached, on the GPU or the host tier,
+        up to ``limit``."""
         n = 0
-        request = seq.request
         host = self.host
         while n < limit and (self._find(request, n) is not None
                              or (host is not None and self._find_host(request, n) is not None)):
             n += 1
-        if self.window is None:
-            return n * self.block_size
-        self._full_hit = (seq, self.epoch, n)
-        return self._window_hit(request, n) * self.block_size
+        return n
 
     def _whole_input_hit(self, seq) -> int:
         """:meth:`cached_tokens` cached when freed, as TGI's queue caps a hit (``State::next_batch``):
@@ -273,14 +277,7 @@ class PrefixKVCache(PagedKVCache):
         token again ('for the transformer forward to work, we need to have at least one token of
         postfix': ``prefix_len -= 1``) but keeps every block found (:meth:`_hit_blocks`)."""
         tokens = seq.num_tokens
-        limit = tokens // self.block_size
-        n = 0
-        request = seq.request
-        host = self.host
-        while n < limit and (self._find(request, n) is not None
-                             or (host is not None and self._find_host(request, n) is not None)):
-            n += 1
-        hit = n * self.block_size
+        hit = self._blocks_found(seq.request, tokens // self.block_size) * self.block_size
         return tokens - 1 if hit == tokens else hit
 
     def _hit_blocks(self, seq, cached_tokens: int) -> int:
