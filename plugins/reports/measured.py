@@ -84,7 +84,10 @@ class CompareReport:
             view = getattr(run.measured, "view", "engine")
             rows = comparison_rows(statistics(simulated_latencies(run.requests, run.measured)),
                                    measured_statistics(run.measured))
-            title = f"{run.name}: simulated vs measured ({Path(run.measured.source).name}, as the {view} sees requests)"
+            since = {"arrival_time": ", from its receipt of each", "queued_ts": ", from when its loop took each"}.get(
+                getattr(run.measured, "arrivals_from", None), "")
+            title = (f"{run.name}: simulated vs measured ({Path(run.measured.source).name}, as the {view} sees "
+                     f"requests{since})")
             if view == "client" and "frontend" not in (run.settings or {}):  # (the API server's time is left out)
                 title += ("\n(a client's file against a run without [frontend]: the simulated client is the engine, "
                           "without the API server's and the network's time -- add [frontend])")

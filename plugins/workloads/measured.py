@@ -3,8 +3,16 @@
 * ``vllm_log`` -- one JSON object per line with ``input_toks``, ``output_toks`` and vLLM's
   per-request timestamps ``queued_ts``, ``scheduled_ts``, ``first_token_ts``,
   ``last_token_ts`` (seconds on the engine's clock, as vLLM's ``RequestStateStats`` keeps
-  them; LLMServingSim's ``bench`` writes them so). Requests arrive at ``queued_ts`` (ms after
-  the first). Prompts' token ids -- an ``input_tok_ids`` field in the log or, line by line, in
+  them; LLMServingSim's ``bench`` writes them so). Requests arrive when the engine received
+  them, and the measured TTFT and latency count from there (:func:`engine_arrivals`): vLLM
+  stamps ``queued_ts`` when its engine loop takes the request from its input queue, between two
+  steps, so a request that reached the engine during a step waited for that step's end before
+  it -- a wait the simulated engine has of its own (an arrival during a step is planned at the
+  next one). Replayed at ``queued_ts``, a request would arrive up to a step late and wait that
+  step again. A log with vLLM's ``arrival_time`` (the client's stamp, wall clock) gives each
+  request's receipt as ``arrival_time`` + the log's smallest ``queued_ts - arrival_time`` (the
+  two clocks' offset and the fastest hand-off); ``arrivals = "queued_ts"`` keeps vLLM's own
+  queued-to-first-token view. Prompts' token ids -- an ``input_tok_ids`` field in the log or, line by line, in
   a ``prompts`` file (LLMServingSim's workload JSONL) -- become prefix block ids
   (:func:`prefix_block_ids`), so prefix caching sees the sharing the real run saw; a log may
   also carry those ids already (``block_hashes``). A line whose timestamps are all null (the
@@ -92,6 +100,9 @@ class MeasuredRequests:
     #: duration starts, one first gap before its first send: :func:`schedlab.targets.bench_first_gap_s`),
     #: so a ``[target]`` takes the simulated run's duration as vLLM takes it; None where not known
     bench_start_ms: float | None = None
+    #: a vllm_log: where its arrivals came from, ``"arrival_time"`` (the receipt at the engine) or
+    #: ``"queued_ts"`` (when the engine loop took each request) (:func:`engine_arrivals`)
+    arrivals_from: str | None = None
 
     @property
     def first_token_ms(self) -> np.ndarray:
@@ -171,6 +182,10 @@ def _token_ids(path, line, row, key="input_tok_ids"):
 
 
 TIMESTAMPS = ("queued_ts", "first_token_ts", "last_token_ts")
+#: Where a vllm_log's arrivals come from (:func:`engine_arrivals`).
+ARRIVALS = ("auto", "arrival_time", "queued_ts")
+#: A request taken more than this after its receipt is not a step's wait: said (the stamps may not match).
+RECEIPT_WAIT_WARN_S = 10.0
 
 
 @attrs.frozen
@@ -184,9 +199,44 @@ class VllmLogConfig:
     start: int = int_field(0, min=0, help="skip the first N requests of the log (arrivals then count from "
                                           "the first one kept): fit on one part, predict another")
     limit: int | None = int_field(None, min=1, optional=True, help="use only N requests (after start)")
+    arrivals: str = str_field("auto", choices=ARRIVALS,
+                              help="when requests reached the engine: 'arrival_time' (vLLM's arrival_time, on the "
+                                   "engine's clock by the log's smallest queued_ts - arrival_time), 'queued_ts' "
+                                   "(when the engine loop took them, between steps: up to a step late), 'auto' "
+                                   "(arrival_time when every line has it)")
 
 
-def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int = 0, limit: int | None = None):
+def engine_arrivals(path, queued: np.ndarray, sent: np.ndarray, mode: str, lines) -> tuple[np.ndarray, str]:
+    """Each request's receipt at the engine on the engine's clock (seconds), and what it came from.
+
+    vLLM records ``queued_ts`` in ``Scheduler.add_request``, which its engine loop calls from
+    ``EngineCore._process_input_queue`` between steps (vLLM 0.19-0.33); ``arrival_time`` is
+    stamped by the client side (``InputProcessor``, ``time.time()``) before the request is sent
+    to the engine process. Their difference is the clocks' offset plus the hand-off plus the wait
+    for the loop; its smallest value over the log is taken as offset plus the fastest hand-off, so
+    ``arrival_time`` + that minimum is the receipt, never after ``queued_ts``."""
+    have = np.isfinite(sent)
+    if mode == "queued_ts" or (mode == "auto" and not have.all()):
+        return queued, "queued_ts"
+    if not have.all():
+        line = lines[int(np.flatnonzero(~have)[0])]
+        raise WorkloadError(f"{path}: line {line}: arrival_time: missing or not a number (arrivals = "
+                            "'arrival_time' needs it on every line; 'queued_ts' replays from when the engine took "
+                            "each request)")
+    gap = queued - sent
+    receipt = sent + gap.min()
+    wait = queued - receipt
+    if wait.max() > RECEIPT_WAIT_WARN_S:
+        warnings.warn(f"{path}: a request's queued_ts is {wait.max():.3g} s after its arrival_time (the log's "
+                      f"smallest gap taken as the clocks' offset; {np.median(wait) * 1e3:.3g} ms the median): "
+                      "vLLM's engine loop takes a request at the end of a step -- are arrival_time and queued_ts "
+                      "the same requests' stamps? arrivals = 'queued_ts' replays from queued_ts instead",
+                      InputWarning, stacklevel=3)
+    return receipt, "arrival_time"
+
+
+def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int = 0, limit: int | None = None,
+                  arrivals: str = "auto"):
     """``(arrival_ms, columns, measured)`` of a vLLM per-request log (see the module docstring).
     Prefix block ids are computed over the whole log, so a part shares ids with the rest."""
     path = Path(path)
@@ -198,6 +248,7 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     output = np.empty(n, dtype=np.int64)
     stamps = {key: np.empty(n) for key in TIMESTAMPS}
     scheduled = np.empty(n)
+    sent = np.full(n, np.nan)  # vLLM's arrival_time, where the line has it
     token_lists: list = []
     given_ids: list = []
     seen: dict = {}  # request_id -> line: vLLM logs each request once; twice is a doubled file
@@ -219,6 +270,8 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
         for key in TIMESTAMPS:
             stamps[key][i] = _number(path, line, row, key)
         scheduled[i] = _number(path, line, row, "scheduled_ts") if "scheduled_ts" in row else np.nan
+        if row.get("arrival_time") is not None:
+            sent[i] = _number(path, line, row, "arrival_time")
         if not stamps["queued_ts"][i] <= stamps["first_token_ts"][i] <= stamps["last_token_ts"][i]:
             raise WorkloadError(f"{path}: line {line}: timestamps out of order "
                                 f"(need queued_ts <= first_token_ts <= last_token_ts)")
@@ -261,7 +314,7 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
                       f"metrics for them), left out: line{'s' if len(lines) > 1 else ''} "
                       f"{', '.join(map(str, lines[:5]))}{' ...' if len(lines) > 5 else ''}", InputWarning, stacklevel=2)
         ok = ~failed
-        prompt, output, scheduled = prompt[ok], output[ok], scheduled[ok]
+        prompt, output, scheduled, sent = prompt[ok], output[ok], scheduled[ok], sent[ok]
         stamps = {key: value[ok] for key, value in stamps.items()}
         token_lists = [t for t, bad in zip(token_lists, failed) if not bad]
         given_ids = [h for h, bad in zip(given_ids, failed) if not bad]
@@ -271,6 +324,9 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
         raise WorkloadError(f"{path}: start = {start} skips all {len(prompt)} requests"
                             + (" with timestamps" if failed.any() else ""))
     per_row: dict = {}
+    lines = [line for (line, _), bad in zip(rows, failed) if not bad]
+    receipt, arrivals_from = engine_arrivals(path, stamps["queued_ts"], sent, arrivals, lines)  # (the whole log's offset)
+    receipt = receipt[keep]
     prompt, output, token_lists, given_ids = prompt[keep], output[keep], token_lists, given_ids[keep]
     scheduled = scheduled[keep]
     stamps = {key: value[keep] for key, value in stamps.items()}
@@ -280,17 +336,17 @@ def load_vllm_log(path, *, prompts=None, hash_block_tokens: int = 16, start: int
     elif any(h is not None for h in given_ids):
         per_row["block_hashes"] = given_ids
     constant = {"hash_block_tokens": hash_block_tokens} if per_row else {}
-    queued = stamps["queued_ts"]
-    _check_span(path, queued.min(), [*stamps.values(), scheduled[np.isfinite(scheduled)]])
-    arrival = (queued - queued.min()) * 1e3
+    _check_span(path, receipt.min(), [receipt, *stamps.values(), scheduled[np.isfinite(scheduled)]])
+    arrival = (receipt - receipt.min()) * 1e3
     first, last = stamps["first_token_ts"], stamps["last_token_ts"]
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (last - first) * 1e3 / (output - 1), np.nan)
     if np.isfinite(tpot).any() and np.nanmedian(tpot) > 1e3:  # (a second a token: no server is that slow)
         warnings.warn(f"{path}: its median time per output token is {np.nanmedian(tpot) / 1e3:.4g} s: vllm_log "
                       "timestamps are seconds -- are these milliseconds?", InputWarning, stacklevel=2)
-    measured = MeasuredRequests(str(path), arrival, (first - queued) * 1e3, tpot, (last - queued) * 1e3, output,
-                                (scheduled - queued.min()) * 1e3 if np.isfinite(scheduled).all() else None)
+    measured = MeasuredRequests(str(path), arrival, (first - receipt) * 1e3, tpot, (last - receipt) * 1e3, output,
+                                (scheduled - receipt.min()) * 1e3 if np.isfinite(scheduled).all() else None,
+                                arrivals_from=arrivals_from)
     return arrival, RequestColumns(prompt, output, per_row, constant), measured
 
 
@@ -307,7 +363,7 @@ def _check_span(path, start: float, columns: list) -> None:
 def make_vllm_log_workload(config: VllmLogConfig) -> OpenLoopWorkload:
     arrival, columns, measured = load_vllm_log(config.path, prompts=config.prompts,
                                                hash_block_tokens=config.hash_block_tokens, start=config.start,
-                                               limit=config.limit)
+                                               limit=config.limit, arrivals=config.arrivals)
     workload = OpenLoopWorkload(lambda seed: (arrival, columns), name="vllm_log", num_requests=len(columns))
     workload.measured = measured
     return workload
