@@ -151,9 +151,9 @@ def test_a_bad_dp_rule_fails_naming_the_choices():
 # -- 4. weighted: llm-d's default profile -----------------------------------------------------------------
 
 
-def views(*states, block=16) -> list:
-    """Views of instances 0, 1, ... with these (waiting, KV usage)."""
-    return [SimpleNamespace(index=i, waiting=w, kv=SimpleNamespace(usage=u, block_size=block))
+def views(*states, block=16, blocks=1000) -> list:
+    """Views of instances 0, 1, ... with these (waiting, KV usage); ``blocks``: their KV block count."""
+    return [SimpleNamespace(index=i, waiting=w, kv=SimpleNamespace(usage=u, block_size=block, num_blocks=blocks))
             for i, (w, u) in enumerate(states)]
 
 
@@ -220,6 +220,11 @@ ROUTERS = {
     "affinity_guarded": lambda: PrefixAffinityRouter(PrefixAffinityConfig(balance_abs_threshold=1,
                                                                           balance_rel_threshold=1.0)),
     "weighted": weighted_router,
+    # their memories bounded so that they forget within a run: the tree cut back every 25 ms, the
+    # index holding 3 blocks (reviews/router_memory_FIXES.md)
+    "affinity_forgetting": lambda: PrefixAffinityRouter(PrefixAffinityConfig(max_tree_tokens=40,
+                                                                             eviction_interval_s=0.025)),
+    "weighted_forgetting": lambda: weighted_router(lru_blocks=3),
 }
 
 

@@ -30,11 +30,13 @@ def schedlab_register_routers(register):
     register("least_kv", LeastKVRouter,
              help="lowest KV-cache usage (ties: fewest outstanding, then lowest index); one of llm-d's scorers")
     register("weighted", WeightedRouter, config=WeightedConfig,
-             help="llm-d's default endpoint picker: highest 2 x queue + 2 x (1 - KV usage) + 3 x prefix-cache score")
+             help="llm-d's default endpoint picker: highest 2 x queue + 2 x (1 - KV usage) + 3 x prefix-cache score "
+                  "(its prefix index an LRU of each instance's KV block count, as llm-d's)")
     register("prefix_affinity", PrefixAffinityRouter, config=PrefixAffinityConfig,
              help="same prefix group -> same instance; block hashes -> the instance holding their longest match "
                   "(over match_threshold, 0.3); others, and all while SGLang's load guard sees imbalance (64 "
-                  "requests and 1.5x), least outstanding")
+                  "requests and 1.5x), least outstanding; instances known by index, up to 2**24 tokens each "
+                  "remembered (SGLang's tree eviction, every 60 s)")
     register("hash", HashRouter, config=HashConfig,
              help="hash of the prefix (or id) modulo the instances, whatever the load (splits into partitions)")
     register("class", ClassRouter, config=ClassRoutingConfig,

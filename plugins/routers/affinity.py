@@ -12,8 +12,7 @@ blocks are then recorded as held there. So a system prompt every request shares 
 the whole trace onto one instance, while a conversation's next turn follows its history.
 (SGLang sends a match to one of the deepest node's tenants, whichever its tree iterates first,
 whatever that worker's load; taking the least loaded holder is schedlab's refinement. SGLang
-matches characters, here blocks; its tree evicts least recently used entries and forgets a
-removed worker, this one never forgets.)
+matches characters, here blocks.)
 
 Before any of that, as SGLang's ``CacheAwarePolicy::select_worker`` does, the load of every
 instance is checked (``outstanding``, the router's own in-flight count per worker in SGLang,
@@ -27,21 +26,72 @@ those an SGLang user gets from the router's launcher (``sglang_router`` ``router
 ``CacheAwareConfig::default`` has 0.5 / 32 / 1.1). ``max_imbalance`` is schedlab's own
 extension, not SGLang's: a per-home gap (the request's instance against the least loaded).
 
+**What it forgets.** SGLang's tree is bounded: every ``eviction_interval_secs`` a background
+thread cuts each worker ("tenant") whose share of the tree holds more than ``max_tree_size``
+characters back to that size, least recently used first (``Tree::evict_tenant_by_size``,
+``sgl-model-gateway/src/policies/tree.rs``): it takes the tenant's leaves -- nodes no child of
+which the tenant holds -- oldest access first, removes the tenant from each (a node nobody holds
+any more is deleted), and a parent left without the tenant's children becomes a leaf in turn;
+it stops as soon as the tenant is within the size. Every prompt routed is inserted whole into
+the tree of the worker it went to, the path it walks stamped with the time (``Tree::insert``).
+Here the same rule runs on the router's records, in tokens and in simulated time:
+
+* an instance's share counts the tokens of the blocks it holds (a block's tokens: the trace's
+  ``hash_block_tokens``, fewer for a prompt's last block), of each group's ``prefix_tokens`` at
+  its home, and of every prompt's part that nobody shares -- a group request's suffix, a whole
+  prompt without a prefix, a request the load guard sent away from its group's home -- each such
+  part a leaf of its own that only takes room;
+* the bound is ``max_tree_tokens``, SGLang's ``max_tree_size`` of 2**26 characters (its launcher's
+  default, and its ``smg`` command line's 67108864) at 4 characters per token -- the ratio
+  llm-d's approximate prefix index assumes (``averageCharactersPerToken``) -- so 2**24 =
+  16,777,216 tokens per instance;
+* the eviction runs at every multiple of ``eviction_interval_s`` from the run's start (SGLang's
+  thread sleeps the interval, then evicts, and again), before a request arriving at the same
+  time is routed; the clock is the arrival time of the request being routed (never going back;
+  a decode pool's router, asked at the handoff, runs that much late), so evictions due in a quiet
+  spell all happen, as one, when the next request arrives -- the same result, as nothing changes
+  in between. The interval defaults to the launcher's 60 s (the newest
+  ``router_args.py``, ``sgl-model-gateway/bindings/python/src/sglang_router``, where the ``manual``
+  policy shares it; 120 s in the earlier launchers, ``sgl-router/py_src`` and
+  ``sgl-model-gateway/bindings/python/sglang_router``, and in the Rust command line, ``main.rs``);
+  0 never evicts, as SGLang's 0 starts no eviction thread;
+* "least recently used" is the order of the last request that recorded an entry on that
+  instance: every request routed stamps all it records -- the whole path of its blocks, as
+  ``sgl-router``'s ``Tree::insert`` stamps the path it walks, its group's entry when it goes
+  home, its own part -- with its place in the arrival order; ties do not arise. (``sgl-router``'s
+  ``prefix_match`` also stamps the matched path for the tenant it names, which here is the
+  instance the request goes to whenever the match is followed; the gateway's newer tree stamps
+  only the node an insertion ends at, with a global counter, and a match's node one time in eight.)
+
+A group forgotten at its home is placed again as a new group (SGLang's tree no longer matches
+it, so the request goes to the least loaded worker), and blocks forgotten no longer match.
+
+**Instances are known by their ``index``**, not by their position in the list the router is
+given: homes and holders are kept by index and mapped to positions when a request is routed. Under
+an autoscaler the serving instances come and go and are renumbered (:mod:`schedlab.engine.scaling`);
+an instance no longer in the list is forgotten at once -- its homes and every block it held, as
+SGLang's ``remove_tenant`` does when a worker is removed -- so a group whose home left is placed
+again, and an instance that comes back (its cache reset when it went off) holds nothing. The
+index-to-position map is rebuilt when the router is given a different list (the engines build a
+new one whenever the pool changes), so routing stays O(log N) between changes.
+
 Why a sticky map rather than consistent hashing: it models cache-aware routers (SGLang's
 router sends a prompt to a worker whose radix tree holds its prefix, and a prefix nobody holds
 to the least loaded worker; the vLLM production-stack ``prefixaware`` router picks at random
 among the endpoints holding the longest match -- every endpoint when nothing matches -- and
 never reads load), it places each new group by the load at that moment instead of by hash luck
 (with a handful of groups, hashing can easily put two hot groups on one instance), and it is
-deterministic without a stable hash function. Its cost is one map entry per distinct key. It
-remembers positions in the list of instances it is given: under an autoscaler a group whose
-instance has left the pool is placed again, and one whose position was renumbered follows the
-position (:mod:`schedlab.engine.scaling`).
+deterministic without a stable hash function. Its cost is one map entry per distinct key, up to
+``max_tree_tokens`` per instance.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 import zlib
+from collections import deque
 from typing import Any, Sequence
 
 import attrs
@@ -49,6 +99,9 @@ import attrs
 from schedlab.configs import float_field, int_field, str_field
 
 from .balancing import least_by, least_outstanding
+
+#: SGLang's ``max_tree_size`` (launcher and command line: 2**26 characters) at 4 characters per token.
+SGLANG_MAX_TREE_TOKENS = 2**26 // 4
 
 
 @attrs.frozen
@@ -70,6 +123,16 @@ class PrefixAffinityConfig:
     balance_rel_threshold: float = float_field(
         1.5, min=0.0,
         help="SGLang's load guard: ... and more than this many times as many (default 1.5, the SGLang router's)")
+    max_tree_tokens: int = int_field(
+        SGLANG_MAX_TREE_TOKENS, min=0,
+        help="tokens of prompts the router remembers per instance (its blocks, its groups' prefixes, the "
+             "prompts' own parts) before the periodic eviction forgets the least recently used: SGLang's "
+             "max_tree_size, counted in characters (2**26 in its launcher), at 4 characters per token: "
+             "2**24 = 16,777,216")
+    eviction_interval_s: float = float_field(
+        60.0, min=0.0,
+        help="seconds of simulated time between evictions, from the run's start (SGLang's eviction_interval_secs: "
+             "60 in the sglang_router launcher, 120 in older ones; 0: never evict)")
 
 
 def most_outstanding_key(view, position: int) -> tuple:
@@ -90,6 +153,20 @@ def prefix_key(request) -> Any:
     return None
 
 
+class _Node:
+    """A block of the approximate tree: its children by block hash, the instances holding it
+    (index -> the stamp of the last request that recorded it there) and its tokens."""
+
+    __slots__ = ("children", "held", "tokens", "parent", "key")
+
+    def __init__(self, parent, key, tokens: int):
+        self.children: dict = {}
+        self.held: dict = {}
+        self.tokens = tokens
+        self.parent = parent
+        self.key = key
+
+
 class PrefixAffinityRouter:
     """Same prefix, same instance; requests without a prefix go to the least outstanding one.
 
@@ -97,28 +174,57 @@ class PrefixAffinityRouter:
     request with a prefix to the least loaded instance while the instances are imbalanced; the
     group keeps its instance. With ``max_imbalance`` set (schedlab's extension), a request whose
     instance is more than that many outstanding requests busier than the least loaded instance
-    goes there instead; the group keeps its instance too.
+    goes there instead; the group keeps its instance too. What it remembers is bounded and kept by
+    instance index (see the module docstring).
     """
 
     def __init__(self, config: PrefixAffinityConfig | None = None):
         self.config = config or PrefixAffinityConfig()
-        self._home: dict[Any, int] = {}  # prefix group -> its instance
-        self._tree: list = [{}, {}]       # block hash -> node; a node: [children, instances holding it]
+        self._home: dict[Any, list] = {}  # prefix group -> [its instance (index), stamp, prefix tokens]
+        self._root = _Node(None, None, 0)  # the approximate tree of block hashes
+        self._tails: dict[int, deque] = {}  # instance index -> [stamp, tokens] of prompts' own parts, oldest first
+        self._size: dict[int, int] = {}    # instance index -> tokens it holds in all of the above
+        self._stamp = 0                    # requests routed: the order of use
+        self._now = -math.inf              # the clock: the latest arrival routed
+        interval = self.config.eviction_interval_s * 1000.0
+        self._interval = interval if interval > 0 else math.inf
+        self._next_eviction = self._interval
+        self._pool: Sequence | None = None  # the list the positions below were read from
+        self._positions: dict[int, int] = {}  # instance index -> its position in that list
 
     def route(self, request, instances: Sequence) -> int:
+        if request.arrival_ms > self._now:
+            self._now = request.arrival_ms
+        if self._now >= self._next_eviction:
+            self._evict()
+            self._next_eviction = (math.floor(self._now / self._interval) + 1) * self._interval
+        positions = self._members(instances)
+        self._stamp += 1
         least = least_outstanding(instances)
         if request.prefix_group is None:
             if not request.block_hashes:
+                self._tail(instances[least].index, request.prompt_tokens)
                 return least
-            return self._by_blocks(request.block_hashes, instances, least, self._imbalanced(instances, least))
+            return self._by_blocks(request, instances, positions, least, self._imbalanced(instances, least))
         key = ("group", request.prefix_group)
         home = self._home.get(key)
-        if home is None or home >= len(instances):  # new, or its instance left an autoscaled pool
-            self._home[key] = least
-            return least
-        if self._imbalanced(instances, least):
-            return least
-        return self._spilled(home, least, instances)
+        pos = None if home is None else positions.get(home[0])
+        if pos is None:  # a new group, or one forgotten
+            if home is not None and home[0] in self._size:  # (its home is gone from a list changed in place)
+                self._size[home[0]] -= home[2]
+            choice = pos = least
+            home = self._home[key] = [instances[least].index, 0, 0]
+        elif self._imbalanced(instances, least):
+            choice = least
+        else:
+            choice = self._spilled(pos, least, instances)
+        if choice == pos:  # its prefix used at its home; the rest of the prompt is its own
+            self._add(home[0], request.prefix_tokens - home[2])
+            home[1], home[2] = self._stamp, request.prefix_tokens
+            self._tail(home[0], request.prompt_tokens - request.prefix_tokens)
+        else:
+            self._tail(instances[choice].index, request.prompt_tokens)
+        return choice
 
     def _imbalanced(self, instances: Sequence, least: int) -> bool:
         """SGLang's guard: the most and least loaded instances differ by more than
@@ -137,28 +243,125 @@ class PrefixAffinityRouter:
             return least
         return home
 
-    def _by_blocks(self, hashes, instances: Sequence, least: int, imbalanced: bool) -> int:
-        """The instance for a prompt of ``hashes`` (the module docstring), its blocks then
+    def _by_blocks(self, request, instances: Sequence, positions: dict, least: int, imbalanced: bool) -> int:
+        """The instance for a prompt of ``block_hashes`` (the module docstring), its blocks then
         recorded as held there."""
-        node, depth, holders, matched = self._tree, 0, (), 0
+        hashes = request.block_hashes
+        node, depth, holders, matched = self._root, 0, (), 0
         if not imbalanced:
             for h in hashes:
-                node = node[0].get(h)
+                node = node.children.get(h)
                 if node is None:
                     break
                 depth += 1
-                here = [i for i in node[1] if i < len(instances)]  # (an autoscaled pool may have shrunk)
+                here = [positions[i] for i in node.held if i in positions]
                 if here:
                     holders, matched = here, depth
         if holders and matched / len(hashes) > self.config.match_threshold:
             choice = self._spilled(least_outstanding(instances, sorted(holders)), least, instances)
         else:
             choice = least
-        node = self._tree
+        index, stamp, size = instances[choice].index, self._stamp, self._size
+        block, left = request.hash_block_tokens, request.prompt_tokens
+        size.setdefault(index, 0)
+        node = self._root
         for h in hashes:
-            node = node[0].setdefault(h, [{}, {}])
-            node[1][choice] = None
+            child = node.children.get(h)
+            if child is None:
+                child = node.children[h] = _Node(node, h, max(1, min(block, left)))
+            node = child
+            if index not in node.held:
+                size[index] += node.tokens
+            node.held[index] = stamp
+            left -= block
+        self._tail(index, left)
         return choice
+
+    # -- what it remembers: sizes, eviction, instances that left ----------------------------------------
+
+    def _add(self, index: int, tokens: int) -> None:
+        self._size[index] = self._size.get(index, 0) + tokens
+
+    def _tail(self, index: int, tokens: int) -> None:
+        """A prompt's part nobody shares, recorded on ``index``: it only takes room."""
+        self._add(index, max(0, tokens))
+        if tokens > 0:
+            self._tails.setdefault(index, deque()).append((self._stamp, tokens))
+
+    def _members(self, instances: Sequence) -> dict:
+        """{instance index: position} of ``instances``; instances that left the list since the
+        last one are forgotten (SGLang's ``remove_tenant``)."""
+        if instances is not self._pool:
+            positions = {view.index: pos for pos, view in enumerate(instances)}
+            for index in [i for i in self._size if i not in positions]:
+                self._forget(index)
+            self._pool, self._positions = instances, positions
+        return self._positions
+
+    def _forget(self, index: int) -> None:
+        """Everything ``index`` held: its homes, its blocks (a block nobody holds any more is
+        deleted), its prompts' own parts."""
+        del self._size[index]
+        self._tails.pop(index, None)
+        for key in [k for k, home in self._home.items() if home[0] == index]:
+            del self._home[key]
+        stack = [self._root]
+        while stack:  # only where it holds: whoever holds a block holds the blocks before it
+            node = stack.pop()
+            for h, child in list(node.children.items()):
+                if child.held.pop(index, None) is not None:
+                    if child.held:
+                        stack.append(child)
+                    else:
+                        del node.children[h]
+
+    def _evict(self) -> None:
+        """SGLang's ``evict_tenant_by_size``: every instance holding more than ``max_tree_tokens``
+        forgets its least recently used leaves -- blocks none of whose children it holds, its
+        groups, its prompts' own parts -- until it holds no more than that."""
+        cap, size = self.config.max_tree_tokens, self._size
+        over = {i for i, held in size.items() if held > cap}
+        if not over:
+            return
+        order = itertools.count()  # (heap ties are impossible by stamp and kind; this keeps nodes uncompared)
+        heap = []
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                mine = over.intersection(child.held)
+                if mine:
+                    stack.append(child)
+                    for i in mine:
+                        if not any(i in grand.held for grand in child.children.values()):
+                            heap.append((child.held[i], 1, next(order), i, child))
+        for key, (i, stamp, _) in self._home.items():
+            if i in over:
+                heap.append((stamp, 1, next(order), i, key))
+        for i in over:
+            if self._tails.get(i):
+                heap.append((self._tails[i][0][0], 0, next(order), i, None))
+        heapq.heapify(heap)
+        while heap:
+            _, _, _, i, what = heapq.heappop(heap)
+            if size[i] <= cap:
+                continue
+            if what is None:  # its oldest prompt's own part (a request's part goes before its prefix)
+                tails = self._tails[i]
+                size[i] -= tails.popleft()[1]
+                if tails:
+                    heapq.heappush(heap, (tails[0][0], 0, next(order), i, None))
+            elif isinstance(what, _Node):
+                del what.held[i]
+                size[i] -= what.tokens
+                parent = what.parent
+                if not what.held and not what.children:
+                    del parent.children[what.key]
+                if parent is not self._root and i in parent.held and \
+                        not any(i in child.held for child in parent.children.values()):
+                    heapq.heappush(heap, (parent.held[i], 1, next(order), i, parent))
+            else:  # a group's prefix at its home
+                size[i] -= self._home.pop(what)[2]
 
 
 @attrs.frozen

@@ -13,25 +13,49 @@ their weights and picks the highest sum (``max-score-picker``):
 * ``prefix-cache-scorer`` (weight 3, ``scorer/prefix`` fed by ``dataproducer/approximateprefix``):
   the share of the prompt's blocks the endpoint holds, as the picker's own approximate index
   knows it -- the prompt cut into blocks of the engine's block size (``autoTune``) and at most
-  256 of them (``maxPrefixBlocksToMatch``), matched from the first block on for as long as some
-  endpoint holds it, each endpoint counting the blocks it holds; the blocks of each request are
-  recorded on the endpoint it went to.
+  256 of them (``maxPrefixBlocksToMatch``), a prompt shorter than one block not at all, matched
+  from the first block on for as long as some endpoint holds it, each endpoint counting the
+  blocks it holds; the blocks of each request are recorded on the endpoint it went to.
 
-Here a request's prompt is known by its ``prefix_group`` (an endpoint that served the group
-holds its ``prefix_tokens``, whole blocks of them) or its ``block_hashes`` (matched at the
-trace's block size, ``hash_block_tokens``); a request with neither scores 0 everywhere. The
-gauges are read at the arrival (llm-d scrapes them every 50 ms); the index never forgets (llm-d's
-is an LRU of the engine's block count per endpoint, and drops endpoints that left); ties go to
-the lowest position (llm-d shuffles them). Each decision scans the instances, O(N).
+Here a request's prompt is known by its ``prefix_group`` (its first ``prefix_tokens`` are the
+group's, whole blocks of them shared, the rest its own) or its ``block_hashes`` (matched at the
+trace's block size, ``hash_block_tokens``); a request with neither shares no block, and its
+blocks are recorded all the same. The gauges are read at the arrival (llm-d scrapes them every
+50 ms); ties go to the lowest position (llm-d shuffles them). Each decision scans the
+instances, O(N), plus O(blocks of the prompt).
+
+**What the index forgets** (``approximateprefix/indexer.go``): llm-d keeps, per endpoint, an LRU
+cache of the block hashes recorded there (``hashicorp/golang-lru``), with room for as many blocks
+as the engine has (``autoTune``: vLLM's ``num_gpu_blocks``, from its ``cache_config_info``
+metric; 31,250 -- ``defaultLRUCapacityPerServer`` -- when the metric is missing or ``autoTune``
+is off; the ``lruCapacityPerServer`` setting is not read at ``520af47``); recording a request
+adds its blocks in prompt order, each one becoming the most recent, and when the cache is full
+the least recent block is dropped and that endpoint no longer counts as holding it. A prompt's
+first block is thus the least recent of its blocks and the first to go: once it goes, the
+prompt's prefix matches nothing there, whatever else is still recorded. Here the same, in the
+engine's blocks: ``lru_blocks`` (default: each instance's ``kv.num_blocks``); a trace block of
+``hash_block_tokens`` counts as that many tokens of engine blocks (llm-d would hold one entry per
+engine block of it, the first dropped first: a trace block dropped in part no longer matches),
+and a prompt's own blocks -- all of a prompt without a prefix, those after a group's prefix --,
+which nothing will match, as one entry of that many blocks that only takes room (dropped block
+by block, as llm-d drops them one by one). As in llm-d, a request's blocks go into the LRU before
+the endpoint is marked as holding them, so a block dropped while its own request was recorded
+(only when a prompt has more blocks than the LRU has room) is still counted as held. An
+instance no longer among those the router is given is forgotten, as llm-d removes an endpoint
+that left (its check runs every 2 minutes; here at the next request).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Sequence
 
 import attrs
 
 from schedlab.configs import FieldError, float_field, int_field
+
+_GROUP = "group"   # keys of a prefix group's blocks: (_GROUP, group, block number)
+_OWN = "own"       # key of a prompt's own blocks: (_OWN, n), n counting the requests recorded
 
 
 @attrs.frozen
@@ -43,6 +67,11 @@ class WeightedConfig:
                                                   "held; llm-d's default 3)")
     max_prefix_blocks: int = int_field(256, min=1, help="engine blocks of the prompt's start the prefix scorer "
                                                         "matches (llm-d's maxPrefixBlocksToMatch, 256)")
+    lru_blocks: int | None = int_field(
+        None, min=1, optional=True,
+        help="engine blocks the prefix index remembers per instance, the least recently recorded forgotten first "
+             "(llm-d's per-endpoint LRU); default: the instance's KV block count, as llm-d's autoTune reads vLLM's "
+             "num_gpu_blocks (31,250 without it)")
 
     def __attrs_post_init__(self) -> None:
         if self.queue == self.kv == self.prefix == 0:
@@ -54,14 +83,24 @@ class WeightedRouter:
 
     def __init__(self, config: WeightedConfig | None = None):
         self.config = config or WeightedConfig()
-        self._served: dict = {}        # prefix group -> instances (their index) that served it
-        self._tree: list = [{}, set()]  # block hash -> node; a node: [children, instances (index) holding it]
+        self._holders: dict = {}  # block key -> {instance index: None} (llm-d's hashToPods)
+        self._lru: dict = {}      # instance index -> OrderedDict block key -> engine blocks, least recent first
+        self._held: dict = {}     # instance index -> engine blocks in its LRU
+        self._room: dict = {}     # instance index -> its LRU's room, fixed when it is made (as llm-d's)
+        self._members: list = []  # the instances (their index) of the last list routed over
+        self._own = 0             # prompts recorded: names each one's own blocks
 
     def route(self, request, instances: Sequence) -> int:
         c = self.config
+        members = [view.index for view in instances]
+        if members != self._members:
+            serving = set(members)
+            for index in [i for i in self._lru if i not in serving]:
+                self._forget(index)
+            self._members = members
         waiting = [view.waiting for view in instances]
         low, high = min(waiting), max(waiting)
-        held, hashes = self._prefix(request, instances)
+        held, blocks, own = self._prefix(request, instances)
         best, best_score = 0, None
         for pos, view in enumerate(instances):
             queue = 1.0 if high == low else (high - waiting[pos]) / (high - low)
@@ -69,35 +108,95 @@ class WeightedRouter:
             score = c.queue * queue + c.kv * kv + c.prefix * held.get(view.index, 0.0)
             if best_score is None or score > best_score:
                 best, best_score = pos, score
-        self._record(request, hashes, instances[best].index)
+        if blocks or own:
+            self._record(instances[best], blocks, own)
         return best
 
-    def _prefix(self, request, instances: Sequence) -> tuple[dict, tuple]:
-        """({instance index: prefix score}, the block hashes matched and to record)."""
-        if not instances or (request.prefix_group is None and not request.block_hashes):
-            return {}, ()
+    def _prefix(self, request, instances: Sequence) -> tuple[dict, list, int]:
+        """({instance index: prefix score}, [(block key, engine blocks)] to record, engine blocks of
+        the prompt's own to record)."""
+        if not instances:
+            return {}, [], 0
         block = instances[0].kv.block_size
         limit = self.config.max_prefix_blocks * block  # tokens of the prompt's start that are matched
+        if request.prompt_tokens < block:  # llm-d hashes no block of a prompt shorter than one
+            return {}, [], 0
+        total = min(-(-request.prompt_tokens // block), self.config.max_prefix_blocks)
         if request.prefix_group is not None:
-            total = min(-(-request.prompt_tokens // block), self.config.max_prefix_blocks)
-            share = min(min(request.prefix_tokens, limit) // block, total) / total if total else 0.0
-            return {i: share for i in self._served.get(request.prefix_group, ())}, ()
-        hashes = request.block_hashes[:-(-limit // request.hash_block_tokens)]
+            shared = min(request.prefix_tokens // block, total)
+            blocks = [((_GROUP, request.prefix_group, i), 1) for i in range(shared)]
+            own = total - shared
+        elif request.block_hashes:
+            size = request.hash_block_tokens
+            hashes = request.block_hashes[:-(-limit // size)]
+            left = min(request.prompt_tokens, limit)
+            blocks = []
+            for h in hashes:
+                blocks.append((h, -(-max(1, min(size, left)) // block)))
+                left -= size
+            total, own = len(hashes), 0
+        else:
+            return {}, [], total
         counts: dict = {}
-        node = self._tree
-        for h in hashes:
-            node = node[0].get(h)
-            if node is None or not node[1]:
+        for key, _ in blocks:
+            holders = self._holders.get(key)
+            if not holders:
                 break
-            for i in node[1]:
+            for i in holders:
                 counts[i] = counts.get(i, 0) + 1
-        return {i: n / len(hashes) for i, n in counts.items()}, hashes
+        return {i: n / total for i, n in counts.items()}, blocks, own
 
-    def _record(self, request, hashes: tuple, index: int) -> None:
-        if request.prefix_group is not None:
-            self._served.setdefault(request.prefix_group, set()).add(index)
-            return
-        node = self._tree
-        for h in hashes:
-            node = node[0].setdefault(h, [{}, set()])
-            node[1].add(index)
+    def _record(self, view, blocks: list, own: int) -> None:
+        """llm-d's ``indexer.Add``: the blocks go into the instance's LRU in prompt order (the least
+        recent dropped whenever it is over its room), then the instance holds every one of them."""
+        index = view.index
+        lru = self._lru.get(index)
+        if lru is None:
+            lru = self._lru[index] = OrderedDict()
+            self._held[index] = 0
+            self._room[index] = self.config.lru_blocks or view.kv.num_blocks
+        for key, size in blocks:
+            before = lru.get(key)
+            if before is None:
+                lru[key] = size
+                self._held[index] += size
+            else:  # the most recent again, whole again if part of it was dropped
+                lru.move_to_end(key)
+                lru[key] = size
+                self._held[index] += size - before
+            self._shrink(index, lru)
+        if own:
+            self._own += 1
+            lru[(_OWN, self._own)] = own
+            self._held[index] += own
+            self._shrink(index, lru)
+        for key, _ in blocks:
+            self._holders.setdefault(key, {})[index] = None
+
+    def _shrink(self, index: int, lru: OrderedDict) -> None:
+        """Drop the least recent blocks of ``index`` until it is within its room; a block partly
+        dropped is no longer held there (its first part is gone), the rest of it stays in line."""
+        over = self._held[index] - self._room[index]
+        while over > 0:
+            key, size = next(iter(lru.items()))
+            self._unhold(key, index)  # (a prompt's own blocks have no holders)
+            if size > over:
+                lru[key] = size - over
+                self._held[index] -= over
+                return
+            del lru[key]
+            self._held[index] -= size
+            over -= size
+
+    def _unhold(self, key, index: int) -> None:
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.pop(index, None)
+            if not holders:
+                del self._holders[key]
+
+    def _forget(self, index: int) -> None:
+        """llm-d's ``RemovePod``: the instance left; it holds nothing any more."""
+        for key in self._lru.pop(index):
+            self._unhold(key, index)
+        del self._held[index], self._room[index]
