@@ -210,7 +210,10 @@ class KVCache(Protocol):
     checked: a whole number from 0 to ``num_tokens - 1`` and, for a sequence never scheduled
     before, at most the whole blocks of its request's shared prefix
     (:attr:`schedlab.model.Request.shared_prefix_tokens`: requests have no tokens, so nothing
-    else is another request's), else the run stops naming the cache.
+    else is another request's), else the run stops naming the cache -- unless the cache says it
+    cached the request's own input before it ran (optional ``input_cached_before_run(seq)``, in
+    tokens: TGI's radix allocator caches an allocation dropped before its prefill ran,
+    :meth:`schedlab_plugins.kv_caches.PrefixKVCache.give_back`), when the hit may be up to that.
 
     Optional member: ``host``, a host-memory tier under a prefix cache
     (:class:`schedlab_plugins.kv_caches.host_tier.HostTier` or an object with its ``loaded``
@@ -669,7 +672,8 @@ class Autoscaler(Protocol):
     and returns the number of instances that should serve or be warming, an int >= 0 (anything else
     -- a float, text, None -- is refused); the engine clamps it to
     ``[min_instances, max_instances]``, warms the new ones for ``cold_start_s`` and drains the ones
-    it removes (every request they hold finishes). Its config (``.config``) has the keys of
+    it removes (every request they hold finishes, or is aborted ``drain_timeout_s`` after the drain
+    began if that is set). Its config (``.config``) has the keys of
     ``schedlab_plugins.autoscalers.ScalingConfig``."""
 
     def decide(self, signals: Any) -> int: ...

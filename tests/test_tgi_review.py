@@ -1,9 +1,10 @@
 """Fidelity fixes to the TGI model (text-generation-inference v3.3.7, commit dfb3fbe), each against
 TGI's source: a prompt found whole in the radix trie computes one token (``queue.rs``
-``State::next_batch``), a request without ``max_new_tokens`` gets ``max_total_tokens - input``
-(``validation.rs`` ``validate_input``), and only decode-only passes replay a CUDA graph
-(``flash_causal_lm.py`` ``FlashCausalLM.forward``). Timelines worked out by hand with 0.5 ms per
-prompt token and 8 ms per decode pass.
+``State::next_batch``), an allocation dropped before its prefill ran puts its never-computed input
+in the trie (``radix.rs`` ``RadixAllocator::free``), a request without ``max_new_tokens`` gets
+``max_total_tokens - input`` (``validation.rs`` ``validate_input``), and only decode-only passes
+replay a CUDA graph (``flash_causal_lm.py`` ``FlashCausalLM.forward``). Timelines worked out by
+hand with 0.5 ms per prompt token and 8 ms per decode pass.
 """
 
 from __future__ import annotations
@@ -60,6 +61,109 @@ def test_a_prompt_found_whole_keeps_every_block_it_found():
     start, used, free_cached = next(rec for rec in records if rec[0] == 100.0)
     assert used == 10  # 8 found + 2 fresh (reserve 8 + 3 - 1 = 10)
     assert free_cached == []  # (before: block 7 stayed free, cached, a fresh block in its place)
+
+
+# -- 2. an allocation dropped before its prefill ran is cached all the same ---------------------------------------
+# TGI's queue allocates a request's blocks before it checks the prefill budget; the request that does
+# not fit goes back to the queue and its BlockAllocation is dropped, and so are a whole batch's when it
+# is too small for min_size. Dropping frees it through RadixAllocator::free, which inserts the
+# allocation's prefill_tokens (the input's whole blocks) in the trie: nothing records that no prefill
+# ran. The request later finds its whole input and computes one token.
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_request_that_ends_a_batch_at_the_budget_later_finds_its_whole_prompt(engine):
+    # No chunking, max_batch_prefill_tokens 16, blocks of 4. A and B (prompt 12, 2 tokens, nothing
+    # shared) at 0: A's 12 fit; B is allocated (12 + 2 - 1 = 13 tokens, 4 blocks), then 12 + 12 > 16:
+    # pushed back, its allocation dropped -> its 12 prompt tokens (3 blocks) go in the trie. A
+    # prefills 12 (6 ms) -> 6. Next try (min_size floor(1 x 0.3) = 0): B finds all 12, prefix_len
+    # 12 == input -> 11: 1 token, 0.5 ms -> 6.5; the pass after decodes both -> 14.5. (Before:
+    # B found nothing, prefilled 12 -> 12, finished at 20.)
+    reqs = [Request(0, 0.0, 12, 2), Request(1, 0.0, 12, 2)]
+    r = run(reqs, TgiConfig(max_batch_prefill_tokens=16), engine, cache=PrefixKVCache)
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 11}
+    assert by_id(r, "first_token_ms") == {0: 6.0, 1: 6.5}
+    assert by_id(r, "finish_ms") == {0: 14.5, 1: 14.5}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_batch_too_small_for_the_ratio_leaves_its_prompts_cached(engine):
+    # No chunking, budget 16, waiting_served_ratio 1.0, blocks of 4. R0, R1 (prompt 4, 6 tokens) at 0
+    # prefill 8 (4 ms) -> 4. W1 (prompt 8) and W2 (prompt 12), 2 tokens each, arrive at 1. At 4:
+    # min_size floor(2 x 1.0) = 2; W1 fits (8), W2 is allocated and ends the batch (8 + 12 > 16),
+    # a batch of 1 < 2: W2's allocation is dropped, then W1's; both prompts go in the trie. Decode
+    # -> 12. At 12 W1 finds 8 (-> 7) and W2 12 (-> 11): 1 token each, a batch of 2: prefill 2
+    # tokens (1 ms) -> 13; the pass after decodes all -> 21 (W1, W2 done); R0, R1 decode on:
+    # 29, 37, 45. (Before: W1 and W2 waited for R0 and R1 to finish at 44 and ran then.) The fast
+    # engine asks the scheduler at 12 although its last plan was decode-only: what is cached changed.
+    reqs = [Request(0, 0.0, 4, 6), Request(1, 0.0, 4, 6), Request(2, 1.0, 8, 2), Request(3, 1.0, 12, 2)]
+    r = run(reqs, TgiConfig(max_batch_prefill_tokens=16, waiting_served_ratio=1.0), engine, cache=PrefixKVCache)
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 0, 2: 7, 3: 11}
+    assert by_id(r, "first_scheduled_ms") == {0: 0.0, 1: 0.0, 2: 12.0, 3: 12.0}
+    assert by_id(r, "first_token_ms") == {0: 4.0, 1: 4.0, 2: 13.0, 3: 13.0}
+    assert by_id(r, "finish_ms") == {0: 45.0, 1: 45.0, 2: 21.0, 3: 21.0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_request_that_meets_a_full_chunking_budget_later_finds_its_whole_prompt(engine):
+    # Chunking, budget 16, blocks of 4. A (prompt 16, 3 tokens) fills the budget exactly; B (prompt
+    # 8, 2 tokens) is allocated, chunk_len 16 - 16 = 0: pushed back, its allocation dropped -> its 8
+    # prompt tokens go in the trie. A prefills 16 (8 ms) -> 8. At 8 (budget 16 - 1, padded to 16) B
+    # finds all 8 -> 7: A's decode + 1 token (8.5 ms) -> 16.5; the pass after decodes -> 24.5.
+    # (Before: B prefilled 8 beside A's decode (12 ms) -> 20, finished at 28.)
+    reqs = [Request(0, 0.0, 16, 3), Request(1, 0.0, 8, 2)]
+    r = run(reqs, TgiConfig(max_batch_prefill_tokens=16, prefill_chunking=True), engine, cache=PrefixKVCache)
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 7}
+    assert by_id(r, "first_token_ms") == {0: 8.0, 1: 16.5}
+    assert by_id(r, "finish_ms") == {0: 24.5, 1: 24.5}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prompt_aborted_mid_prefill_is_cached_whole(engine):
+    # RadixAllocator::free inserts the whole input, whatever was computed (TGI hears of a client gone
+    # only when it sends a token, so it finishes the prefill first). Chunking, budget 16, blocks of
+    # 4: A (prompt 40 of a shared 40-token prefix) gives up 10 ms after it was sent; its chunks of 16
+    # run 0-8 and 8-16, and it is aborted at 16 with 32 tokens computed: all 10 of its prompt's blocks
+    # are cached. B, the same 40 tokens, at 30: finds all 40 -> 39, 0.5 ms -> 30.5. (Before: the 8
+    # computed blocks only: 32 found, 8 computed -> 34.)
+    reqs = [Request(0, 0.0, 40, 2, prefix_group="g", prefix_tokens=40, timeout_ms=10.0),
+            Request(1, 30.0, 40, 1, prefix_group="g", prefix_tokens=40)]
+    r = run(reqs, TgiConfig(max_batch_prefill_tokens=16, prefill_chunking=True), engine, cache=PrefixKVCache)
+    assert by_id(r, "finish_ms") == {0: 16.0, 1: 30.5}
+    assert by_id(r, "cached_tokens") == {0: 0, 1: 39}
+
+
+def test_an_allocation_given_back_keys_its_input_and_lets_its_request_hit_it():
+    # PrefixKVCache.give_back by hand: 10 blocks of 4. A (prompt 10, 3 tokens; an 8-token shared
+    # prefix) reserves 12 tokens = 3 blocks; B (prompt 8, 2 tokens, nothing shared) 9 = 3 blocks.
+    # Both are allocated (6 blocks taken from the anonymous run), then freed, B first: B's 2 whole
+    # blocks take its own keys (last block first, at the tail), its third block goes to the head;
+    # then A's 2 whole blocks their shared keys, its third to the head.
+    from schedlab.engine.plan import check_hit
+    from schedlab.engine.reference import RefSequence
+    from schedlab.errors import SimulationError
+
+    kv = PrefixKVCache(10, 4)
+    kv.cache_input_on_free()
+    a = RefSequence(Request(0, 0.0, 10, 3, prefix_group="g", prefix_tokens=8), 0)
+    b = RefSequence(Request(1, 0.0, 8, 2), 1)
+    c = RefSequence(Request(2, 0.0, 8, 2), 2)
+    assert kv.give_back([(a, 12), (b, 9)]) is True
+    assert kv.used == 0 and a.kv_state is None and b.kv_state is None
+    assert kv.free_queue_layout() == [6, ("r", 1, 1), ("r", 1, 0), ("g", "g", 7), ("g", "g", 3)]
+    kv.check_invariants()
+    # B, never scheduled, finds its whole prompt: the engines accept a hit past its (empty) shared
+    # prefix because the cache says it cached that input before B ran; C, never given back, may not
+    assert (kv.cached_tokens(a), kv.cached_tokens(b)) == (8, 7)
+    assert (kv.input_cached_before_run(b), kv.input_cached_before_run(c)) == (8, 0)
+    assert check_hit(kv, b, 7) == 7
+    with pytest.raises(SimulationError, match="never scheduled before"):
+        check_hit(kv, c, 4)
+    # given back again, nothing new is cached: the same layout, no change reported
+    assert kv.give_back([(a, 12), (b, 9)]) is False
+    assert kv.free_queue_layout() == [6, ("r", 1, 1), ("r", 1, 0), ("g", "g", 7), ("g", "g", 3)]
+    # admitted, B is no longer told apart
+    assert kv.allocate(b, 1, cached_tokens=7, reserve_tokens=9)
+    assert kv.input_cached_before_run(b) == 0
 
 
 # -- 3. TGI's default max_new_tokens ------------------------------------------------------------------------------

@@ -34,16 +34,23 @@ monotone in ``j`` (``h`` blocks, then ``g`` blocks, then ``r`` blocks).
 
 Cached when freed (TGI's radix allocator, :meth:`PrefixKVCache.cache_input_on_free`, which the
 ``tgi`` scheduler calls): no block is identified at allocation; when an allocation is freed --
-a finish, or a requeue (``preempted``) -- the full blocks of the *input* it was admitted with
-(the prompt, plus the answer so far for a continuation) that it computed get their keys, its own
-``("r", id, j)`` ones only when it was requeued; the blocks of what it generated since stay
-anonymous and go to the head of the free queue with its partial and reserved blocks. TGI
-v3.3.7's ``RadixAllocator::free`` inserts only the allocation's ``prefill_tokens``, on free. A
-lookup there finds whole blocks up to the whole input, and a request found whole computes its last
-token again while its allocation keeps every block found (``queue.rs`` ``State::next_batch``:
-``prefix_len -= 1``): :meth:`PrefixKVCache.cached_tokens` answers ``num_tokens - 1`` and the
-allocation references all the blocks, where vLLM's rule stops a hit a block short of a prompt of
-whole blocks.
+a finish, an abort, or a requeue (``preempted``) -- the full blocks of the *input* it was admitted
+with (the prompt, plus the answer so far for a continuation) get their keys, whether or not their
+KV was computed, its own ``("r", id, j)`` ones only when it was requeued; the blocks of what it
+generated since stay anonymous and go to the head of the free queue with its partial and reserved
+blocks. TGI v3.3.7's ``RadixAllocator::free`` (``backends/v3/src/radix.rs``) inserts the
+allocation's ``prefill_tokens`` cut to whole blocks, and nothing else, whenever they are longer
+than the prefix its lookup found -- it never knows what ran: a request aborted while its prompt is
+prefilled in chunks (TGI hears of it only when it sends its first token, so it prefills the whole
+prompt first) leaves its whole prompt cached, and an allocation dropped before its prefill ran --
+the request that ends a batch at the prefill budget, or a batch too small for ``min_size`` -- leaves
+its never-computed input there: :meth:`PrefixKVCache.give_back`, which keys the request's own
+blocks too, as it will look them up (the engines let it hit them before it ever ran:
+:meth:`PrefixKVCache.input_cached_before_run`). A lookup there finds whole blocks up to the whole
+input, and a request found whole computes its last token again while its allocation keeps every
+block found (``queue.rs`` ``State::next_batch``: ``prefix_len -= 1``):
+:meth:`PrefixKVCache.cached_tokens` answers ``num_tokens - 1`` and the allocation references all
+the blocks, where vLLM's rule stops a hit a block short of a prompt of whole blocks.
 
 Lookahead. With an EAGLE drafter vLLM 0.33 hashes each block together with the token after it
 (``num_hash_lookahead_tokens`` = 1: the drafter's KV at the block's last position depends on
@@ -217,6 +224,7 @@ class PrefixKVCache(PagedKVCache):
         self._queue: OrderedDict[Any, int | None] = OrderedDict()
         self._next_run = 0
         self._push_run(self.num_blocks)
+        self._unrun: set = set()  # ids of requests whose input give_back() cached before they ran
 
     # -- lookups ---------------------------------------------------------------------------
     def _find(self, request, j: int) -> _Block | None:
@@ -372,6 +380,8 @@ class PrefixKVCache(PagedKVCache):
             chain = seq.kv_state = _Chain(sealed=self.on_free)
             if self.on_free:  # (cached when freed: the input it was admitted with)
                 chain.input = seq.num_tokens
+                if self._unrun:  # (admitted: its own hit is no longer a first hit, give_back)
+                    self._unrun.discard(seq.request.id)
             if self.window is not None:  # (a lookup shorter than its full-attention hit: this
                 last, epoch, full = self._full_hit  # request caches its window at that junction)
                 if last is not seq or epoch != self.epoch:
@@ -440,6 +450,62 @@ class PrefixKVCache(PagedKVCache):
         if added:
             self.epoch += 1
 
+    def give_back(self, allocations) -> bool:
+        """TGI's allocations made and dropped before their prefill ran, cached when freed (see the
+        module doc): ``allocations``, ``(sequence, reserve_tokens)`` pairs of waiting sequences
+        holding nothing, in the order TGI's queue allocated them (``queue.rs`` ``State::next_batch``:
+        the request that ends a batch at the prefill budget, or finds it full when chunking; every
+        request of a batch too small for ``min_size``). Each is allocated as an admission would be
+        -- the blocks of its hit (:meth:`cached_tokens`) referenced, fresh blocks for the rest of
+        ``reserve_tokens`` taken from the head of the free queue, evicting -- while the earlier ones
+        still hold theirs; then all are freed, the last first (TGI drops the one that ended the
+        batch, then the batch's in reverse), as a requeue frees: the whole blocks of the input get
+        their keys, the request's own ones too, though nothing was computed
+        (``RadixAllocator::free`` inserts the allocation's ``prefill_tokens`` whatever ran), and
+        the rest goes to the head of the free queue. The request then finds its whole input, as any
+        request sharing its prefix finds that. One the free blocks cannot hold is not allocated, nor
+        are those after it. Nothing is cached with window layers or a host tier (TGI's radix
+        allocator has neither). Returns whether the set of cached keys changed (``epoch``): the
+        hits of the next pass may differ."""
+        if not self.on_free:
+            raise AssertionError("give_back() on a cache not caching when freed (cache_input_on_free)")
+        if self.window is not None or self.host is not None:
+            return False
+        epoch = self.epoch
+        queue = self._queue
+        taken = []
+        for seq, reserve_tokens in allocations:
+            if seq.kv_state is not None or self.held(seq):
+                raise AssertionError(f"give_back(): request {seq.request.id} holds blocks")
+            hits = self._hits(seq.request, self._hit_blocks(seq, self._whole_input_hit(seq)))
+            tokens = reserve_tokens if reserve_tokens > seq.num_tokens else seq.num_tokens
+            fresh = blocks_for(tokens, self.block_size) - len(hits)
+            revived = sum(1 for block in hits if not block.ref)
+            if fresh + revived > self.num_blocks - self.used:
+                break
+            for block in hits:
+                if not block.ref:
+                    del queue[block]
+                block.ref += 1
+            self._take(fresh)
+            self.used += fresh + revived
+            taken.append((seq, hits, fresh))
+        for seq, hits, fresh in reversed(taken):
+            chain = _Chain(sealed=True)
+            chain.blocks = hits
+            chain.input = seq.num_tokens
+            self._release_chain(seq, chain, len(hits) + fresh, True)
+            self._unrun.add(seq.request.id)
+        return self.epoch != epoch
+
+    def input_cached_before_run(self, seq) -> int:
+        """The whole blocks of ``seq``'s input, in tokens, if :meth:`give_back` cached them before it
+        was ever admitted, else 0: the most its first hit may be past its shared prefix
+        (:func:`schedlab.engine.plan.check_hit`)."""
+        if self._unrun and seq.request.id in self._unrun:
+            return seq.num_tokens // self.block_size * self.block_size
+        return 0
+
     def grow(self, num_blocks: int, freed: int = 0) -> None:
         """Take ``num_blocks`` anonymous decode blocks at once (the engine attributes them) and, with
         a window, give back the ``freed`` window blocks their decodes let go. The run interleaved
@@ -459,16 +525,18 @@ class PrefixKVCache(PagedKVCache):
         seq.kv_state = None
 
     def _release(self, seq, preempted: bool) -> None:
-        held = self.held(seq)
-        chain = seq.kv_state
+        self._release_chain(seq, seq.kv_state, self.held(seq), preempted)
+
+    def _release_chain(self, seq, chain, held: int, preempted: bool) -> None:
+        """Give back the ``held`` blocks of ``seq``, whose identified ones are ``chain``'s."""
         blocks = chain.blocks if chain is not None else ()
         known = len(blocks)
         queue = self._queue
-        full = seq.num_computed_tokens // self.block_size
         if self.on_free:
-            released = self._release_input(seq, chain, held, known, full, preempted)
+            released = self._release_input(seq, chain, held, known, preempted)
         else:
-            released = self._release_blocks(seq, chain, held, known, full, preempted)
+            released = self._release_blocks(seq, chain, held, known, seq.num_computed_tokens // self.block_size,
+                                            preempted)
         for block in reversed(blocks):
             block.ref -= 1
             if not block.ref:
@@ -476,12 +544,14 @@ class PrefixKVCache(PagedKVCache):
                 released += 1
         self.used -= released
 
-    def _release_input(self, seq, chain, held: int, known: int, full: int, preempted: bool) -> int:
-        """:meth:`_release` cached when freed: the computed full blocks of the input ``seq`` was
-        admitted with get their keys (its own only when ``preempted``: a requeue), last block
-        first; every other block it held goes to the head of the free queue."""
+    def _release_input(self, seq, chain, held: int, known: int, preempted: bool) -> int:
+        """:meth:`_release` cached when freed: the full blocks of the input ``seq`` was admitted
+        with get their keys (its own only when ``preempted``: a requeue), last block first, whether
+        or not their KV was computed (TGI's ``RadixAllocator::free`` inserts the allocation's
+        ``prefill_tokens`` and knows nothing of what ran); every other block it held goes to the
+        head of the free queue."""
         request = seq.request
-        top = min(full, (chain.input if chain is not None else 0) // self.block_size)
+        top = min(held, (chain.input if chain is not None else 0) // self.block_size)
         keys = []
         for j in range(known, top):
             key = block_key(request, j, self.block_size, self.hash_lookahead)

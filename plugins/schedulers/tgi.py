@@ -85,27 +85,33 @@ convention: it reserves its own answer's length, an oracle no server has.
 
 Prefix cache (TGI's ``RadixAllocator``, with a ``paged`` cache with prefix caching: the scheduler
 calls its :meth:`~schedlab_plugins.kv_caches.PrefixKVCache.cache_input_on_free` before the first
-pass): a request's input becomes findable when its allocation is freed -- at its finish, or when it
-goes back for another segment --, not while it runs, and only the input's tokens; a hit keeps at
-least one token to compute, as TGI does (``queue.rs`` ``State::next_batch``: ``prefix_len ==
-input_length`` -> ``prefix_len -= 1``). A prompt found whole
-is hit to its last token, which alone is computed again, and the allocation keeps every block found
-(:meth:`~schedlab_plugins.kv_caches.PrefixKVCache.cached_tokens` cached when freed); otherwise a hit
-is the whole blocks found. Eviction follows that cache's LRU free queue, not TGI's free list then
-trie leaves.
+pass): a request's input becomes findable when its allocation is freed -- at its finish, its abort,
+or when it goes back for another segment --, not while it runs, and only the input's tokens, its
+whole blocks, computed or not (``radix.rs`` ``RadixAllocator::free`` inserts the allocation's
+``prefill_tokens`` and knows nothing of what ran); a hit keeps at least one token to compute, as TGI
+does (``queue.rs`` ``State::next_batch``: ``prefix_len == input_length`` -> ``prefix_len -= 1``). A
+prompt found whole is hit to its last token, which alone is computed again, and the allocation keeps
+every block found (:meth:`~schedlab_plugins.kv_caches.PrefixKVCache.cached_tokens` cached when
+freed); otherwise a hit is the whole blocks found. TGI's queue allocates a request's blocks before
+it checks the prefill budget, and drops allocations it does not keep -- that of the request that
+ends a batch at the budget (without chunking, or with chunking when the budget is already full:
+``chunk_len == 0``), and every one of a batch too small for ``min_size`` -- so their inputs go in the
+trie never computed: the request (and any sharing its prefix) later finds its whole input and
+computes one token over KV never written
+(:meth:`~schedlab_plugins.kv_caches.PrefixKVCache.give_back`, in TGI's order: allocated in turn,
+freed the last first). Eviction follows that cache's LRU free queue, not TGI's free list then trie
+leaves; a block cached twice (two requests computed the same prefix) stays cached twice, where
+TGI's ``free`` gives back the later copy.
 
 Simplifications: one instance, no sharding; no speculation; whether a new batch is large enough
 for ``waiting_served_ratio`` is decided before any block is taken, counting each request's prefix
 hit in the cache as it stands (TGI allocates one by one and gives the blocks back: the same count
 unless admitting one request would evict cached blocks a later one reuses); the padded-model path
-(no block allocator) is not modelled. Not modelled either: an allocation TGI gives back before its
-prefill ran -- a batch too small for the ratio, the request that ends a batch at the prefill budget
-(or, chunking, meets a budget already full) -- still goes through ``RadixAllocator::free``, which
-inserts its never-computed prompt in the trie, so that request (and any sharing its prefix) later
-finds its whole prompt and computes one token over KV never written; here it finds only what was
-computed. (The engines hold that a request never scheduled hits only its declared shared prefix,
-so its own blocks cannot be cached before it runs.) A failed allocation's eviction of trie leaves
-(``alloc_or_reclaim`` evicts before it finds too few) is not modelled.
+(no block allocator) is not modelled. Not modelled either: a failed allocation's eviction of trie
+leaves (``alloc_or_reclaim`` evicts before it finds too few, so every unreferenced cached prefix),
+and a request whose client leaves while its prompt is prefilled in chunks goes on to its first token
+in TGI (only sending a token notices the client gone) but stops at the abort here -- its whole
+prompt is cached either way.
 """
 
 from __future__ import annotations
@@ -472,10 +478,15 @@ class TgiScheduler:
             return False
         block_size = plan.kv.block_size
         budget = -(-budget // block_size) * block_size  # padded to a multiple of the block size
-        if min_size is not None and min_size > 1 and self._fill(plan, budget, max_size, admit=False) < min_size:
-            return False  # TGI builds the batch, finds it too small and gives its blocks back
+        if min_size is not None and min_size > 1:
+            count, allocated = self._fill(plan, budget, max_size, admit=False)
+            if count < min_size:  # TGI builds the batch, finds it too small and gives its blocks back
+                self._give_back(plan, allocated)
+                return False
         steps = plan.decode_steps
-        if not self._fill(plan, budget, max_size, admit=True):
+        count, dropped = self._fill(plan, budget, max_size, admit=True)
+        self._give_back(plan, dropped)
+        if not count:
             return False
         if not self.config.prefill_chunking:
             plan.skip_decode()
@@ -486,11 +497,14 @@ class TgiScheduler:
             self._plan_chunks(len(plan.running))
         return True
 
-    def _fill(self, plan, budget: int, max_size, *, admit: bool) -> int:
+    def _fill(self, plan, budget: int, max_size, *, admit: bool) -> tuple[int, list]:
         """TGI's loop over the queue: the head's blocks (input + max_new_tokens - 1) must be free and
         its uncached prompt must fit ``budget`` (with chunking the last one is cut to fit); the first
-        that does not ends the batch. Returns the batch size; ``admit=False`` only counts it,
-        against the cache as it stands."""
+        that does not ends the batch. Returns the batch size and the allocations TGI drops unused --
+        ``(sequence, reserve_tokens)``, in the order it made them: with ``admit`` the request that
+        ended the batch at the budget, allocated before the budget was checked; with
+        ``admit=False``, which only counts the batch against the cache as it stands, every request
+        counted too (:meth:`_give_back` for when the batch is too small)."""
         kv = plan.kv
         waiting = plan.waiting
         chunking = self.config.prefill_chunking
@@ -498,6 +512,7 @@ class TgiScheduler:
         free = kv.num_free_blocks() - HEALTH_CHECK_BLOCKS
         count = 0
         prefill_tokens = 0
+        allocated = []
         while True:
             seq = waiting.peek() if admit else next(queue, None)  # admitting removes the head
             if seq is None:
@@ -511,6 +526,7 @@ class TgiScheduler:
             n = postfix
             if prefill_tokens + postfix > budget:
                 if not chunking or budget <= prefill_tokens:
+                    allocated.append((seq, reserve))  # (allocated, then pushed back: dropped)
                     break
                 n = budget - prefill_tokens
             if admit:
@@ -522,11 +538,26 @@ class TgiScheduler:
                 free = kv.num_free_blocks() - HEALTH_CHECK_BLOCKS
             else:
                 free -= need
+                allocated.append((seq, reserve))
             count += 1
             prefill_tokens += n
             if n < postfix or count == max_size:
                 break
-        return count
+        return count, allocated
+
+    @staticmethod
+    def _give_back(plan, allocations) -> None:
+        """TGI drops ``allocations`` unused (``queue.rs`` ``State::next_batch``: the entry goes back
+        to the queue with its ``BlockAllocation``, whose ``Drop`` frees it) and
+        ``RadixAllocator::free`` inserts each one's input in the trie, never computed: with a
+        prefix cache caching when freed, :meth:`~schedlab_plugins.kv_caches.PrefixKVCache.give_back`.
+        Where that changed what is cached, the next pass is asked (its hits, so its batch, may
+        differ: no decode run skips it)."""
+        if allocations:
+            kv = plan.kv
+            give_back = getattr(kv, "give_back", None)
+            if give_back is not None and getattr(kv, "on_free", False) and give_back(allocations):
+                plan.wake_after(0)
 
     def _plan_chunks(self, batch_size: int) -> None:
         """After a pass, the server gives each request still prefilling its next chunk, newest first,

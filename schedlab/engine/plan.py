@@ -170,9 +170,13 @@ def check_hit(kv, seq, hit, declared: bool = True) -> int:
     one engine and not the other. A sequence never scheduled before can hit only whole blocks of
     its request's shared prefix (:attr:`~schedlab.model.Request.shared_prefix_tokens`): schedlab's
     requests have no tokens, so nothing else can be another request's (a cache that shared the
-    block past a system prompt's end ran on with hits no server would find)."""
+    block past a system prompt's end ran on with hits no server would find) -- or of its own
+    input, where the cache put that there before the request ran and says so (its optional
+    ``input_cached_before_run(seq)``, tokens: TGI's radix allocator caches an allocation dropped
+    before its prefill ran, :meth:`~schedlab_plugins.kv_caches.PrefixKVCache.give_back`)."""
     if hit.__class__ is int and 0 <= hit < seq.num_tokens and (declared or not hit) and (
-            not hit or seq.first_scheduled_ms >= 0 or hit <= _shared_blocks(kv, seq)):
+            not hit or seq.first_scheduled_ms >= 0 or hit <= _shared_blocks(kv, seq)
+            or hit <= _input_cached_before_run(kv, seq)):
         return hit
     who, rid, most = f"KV cache {type(kv).__name__}'s cached_tokens", seq.request.id, seq.num_tokens - 1
     try:
@@ -190,19 +194,33 @@ def check_hit(kv, seq, hit, declared: bool = True) -> int:
             f"{who} returned {whole} for request {rid}, but the cache does not declare prefix_caching = True; a cache "
             "that reuses prefixes sets that attribute (the KVCache protocol: schedlab/protocols.py), for the engines "
             "and schedulers to use its hits")
-    if whole and seq.first_scheduled_ms < 0 and whole > _shared_blocks(kv, seq):
+    own = _input_cached_before_run(kv, seq) if whole and seq.first_scheduled_ms < 0 else 0
+    if whole and seq.first_scheduled_ms < 0 and whole > max(_shared_blocks(kv, seq), own):
+        also = f", and {own} tokens of its own input cached before it ran" if own else ""
         raise SimulationError(
             f"{who} returned {whole} for request {rid}, never scheduled before, whose shared prefix is "
-            f"{seq.request.shared_prefix_tokens} tokens ({_shared_blocks(kv, seq)} in whole blocks of {kv.block_size}); "
-            "a request's first hit is within the prefix it declares (prefix_group and prefix_tokens, block_hashes): "
-            "any later block is its own")
+            f"{seq.request.shared_prefix_tokens} tokens ({_shared_blocks(kv, seq)} in whole blocks of {kv.block_size})"
+            f"{also}; a request's first hit is within the prefix it declares (prefix_group and prefix_tokens, "
+            "block_hashes): any later block is its own")
     return whole
 
 
 def _shared_blocks(kv, seq) -> int:
-    """Tokens of ``seq``'s shared prefix in whole blocks of ``kv``: the most its first hit may be."""
+    """Tokens of ``seq``'s shared prefix in whole blocks of ``kv``: the most its first hit may be,
+    unless :func:`_input_cached_before_run` says more."""
     block_size = kv.block_size
     return seq.request.shared_prefix_tokens // block_size * block_size
+
+
+def _input_cached_before_run(kv, seq) -> int:
+    """Tokens of ``seq``'s own input ``kv`` says it cached before ``seq`` ever ran (its optional
+    ``input_cached_before_run(seq)``; 0 without one, or for an answer that is not a whole number):
+    the most its first hit may be past its shared prefix (:func:`check_hit`)."""
+    told = getattr(kv, "input_cached_before_run", None)
+    if told is None:
+        return 0
+    own = told(seq)
+    return own if own.__class__ is int and own > 0 else 0
 
 
 def refusal(kv, answer) -> bool:
