@@ -964,6 +964,8 @@ def _held_out_error(exp, tables: dict, base, rows, objective: str = "statistics"
 
 
 def add_arguments(parser) -> None:
+    from .targets import TTFT_STARTS
+
     parser.add_argument("file", help="experiment file whose run replays a measured run, or simulates the "
                                      "benchmark --target describes")
     parser.add_argument("--fit", action="append", required=True, metavar="KEY=LOW:HIGH",
@@ -980,6 +982,11 @@ def add_arguments(parser) -> None:
                         help="which benchmark of a guidellm report with several (default 0), or which JSON "
                              "document of a file of several, as vllm bench serve --append-result writes (default "
                              "the last)")
+    parser.add_argument("--target-vllm-ttft-from", choices=TTFT_STARTS, default=None,
+                        help="where the TTFT and E2E histograms of --target start, for vLLM's own (a scrape of its "
+                             "/metrics, inference-perf's server metrics of a vLLM server), with a [frontend]: "
+                             "'api_server' (vLLM >= 0.17, the default: as the vllm presets model 0.33) or 'engine' "
+                             "(vLLM <= 0.16: from the engine's arrival, after tokenizing); [target]'s vllm_ttft_from")
     parser.add_argument("--statistics", metavar="NAMES",
                         help="comma-separated statistics of --target to fit (default: all it holds), e.g. "
                              "ttft_ms.mean,itl_ms.p50,e2e_ms.p99")
@@ -1013,7 +1020,7 @@ def add_arguments(parser) -> None:
 
 def command(args) -> int:
     from .study.experiment import load
-    from .targets import incomparable_left_out, read_summary
+    from .targets import incomparable_left_out, read_summary, vllm_ttft_from_problem
 
     parse_part(args.part, None)   # its form, before the file is loaded
     exp = load(args.file, args.set)
@@ -1028,13 +1035,20 @@ def command(args) -> int:
     if args.target is not None:
         if args.part is not None:
             raise ConfigError("--part picks requests of a measured run's log; --target holds summary statistics only")
-        target = read_summary(args.target, baseline=args.target_baseline, index=args.target_index)
+        target = read_summary(args.target, baseline=args.target_baseline, index=args.target_index,
+                              statistics=names)
+        if args.target_vllm_ttft_from is not None:   # (as [target]'s vllm_ttft_from: TargetConfig.read)
+            problem = vllm_ttft_from_problem(target)
+            if problem is not None:
+                raise ConfigError(f"--target-vllm-ttft-from {args.target_vllm_ttft_from}: {problem}")
+            target = attrs.evolve(target, ttft_from=args.target_vllm_ttft_from)
         target = target.select(names)
     else:
-        for option, value in (("--target-index", args.target_index), ("--target-baseline", args.target_baseline)):
+        for option, value in (("--target-index", args.target_index), ("--target-baseline", args.target_baseline),
+                              ("--target-vllm-ttft-from", args.target_vllm_ttft_from)):
             if value is not None:
                 raise ConfigError(f"{option}: applies to the file --target names; give --target (a run's [target] "
-                                  f"table has its own index and baseline keys)")
+                                  f"table has its own index, baseline and vllm_ttft_from keys)")
     rows = others = None
     run_name = _run_names(args.run, exp)
     if isinstance(run_name, list):

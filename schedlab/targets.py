@@ -2242,10 +2242,9 @@ class TargetConfig:
         summary = read_summary(self.path, baseline=self.baseline, index=self.index, names=TABLE_NAMES,
                                statistics=self.statistics)
         if self.vllm_ttft_from is not None:
-            if summary.server != "vllm":
-                raise FieldError("vllm_ttft_from", f"applies to vLLM's own histograms (a scrape of its /metrics, or "
-                                                   f"inference-perf's server metrics of a vLLM server); {summary.source} "
-                                                   f"is not ({summary.kind}); leave it out")
+            problem = vllm_ttft_from_problem(summary)
+            if problem is not None:
+                raise FieldError("vllm_ttft_from", problem)
             summary = attrs.evolve(summary, ttft_from=self.vllm_ttft_from)
         noted = {key for _, _, keys in summary.notes for key in keys}   # (said in their own warning)
         odd = {key: why for key, why in summary.dropped.items()
@@ -2261,6 +2260,15 @@ class TargetConfig:
                                                f"{', '.join(summary.values)}")
             summary = summary.select(list(self.statistics))
         return summary
+
+
+def vllm_ttft_from_problem(summary: Summary) -> str | None:
+    """Why a ``vllm_ttft_from`` (a ``[target]``'s, ``calibrate --target-vllm-ttft-from``) cannot apply to
+    ``summary``: it is not vLLM's own histograms; None when it can."""
+    if summary.server == "vllm":
+        return None
+    return (f"applies to vLLM's own histograms (a scrape of its /metrics, or inference-perf's server metrics of a "
+            f"vLLM server); {summary.source} is not ({summary.kind}); leave it out")
 
 
 def compare_with_real_run(result) -> None:

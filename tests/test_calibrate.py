@@ -699,8 +699,9 @@ def test_a_descent_stops_where_its_objective_runs_out_of_simulations():
     (["--statistics", "ttft_ms.mean"], "--statistics: picks statistics of a summary (--target, or the run's [target] "
                                        "table); run 'tiny' is judged against its measured run"),
     (["--target-index", "1"], "--target-index: applies to the file --target names; give --target (a run's [target] "
-                              "table has its own index and baseline keys)"),
+                              "table has its own index, baseline and vllm_ttft_from keys)"),
     (["--target-baseline", "before.prom"], "--target-baseline: applies to the file --target names"),
+    (["--target-vllm-ttft-from", "engine"], "--target-vllm-ttft-from: applies to the file --target names"),
     (["--run", ","], "--run ',': names no run; the experiment has: tiny, other"),
     (["--run", ""], "--run '': names no run; the experiment has: tiny, other"),
 ])
@@ -892,3 +893,18 @@ def test_target_table_errors_name_the_table_not_the_option(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code != 0 and "--target" not in err
     assert f"[target]: baseline: only a Prometheus scrape has a baseline; {tmp_path / 'b.json'} is not one" in err
+
+
+def test_calibrate_target_says_only_the_notes_about_the_statistics_it_fits(tmp_path, capsys):
+    """As a [target] table's ``statistics`` (TargetConfig.read): the note on an inference-perf report whose
+    client timed each SSE line as a token is about its TPOT and ITL, so fitting TTFT alone says nothing."""
+    from test_readers_review import _lifecycle
+
+    report = _write(tmp_path / "stage_0_lifecycle_metrics.json", _lifecycle())
+    path = tiny_experiment(tmp_path)
+    fit = ["calibrate", str(path), "--target", str(report), "--fit", "cost_model.decode_ms_per_step=1:10",
+           "--max-evaluations", "1", "--starts", "1"]
+    assert main([*fit, "--statistics", "ttft_ms.mean"]) == 0
+    assert "#410" not in capsys.readouterr().err
+    assert main(fit) == 0
+    assert "#410" in capsys.readouterr().err

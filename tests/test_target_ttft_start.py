@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from schedlab.cli import main
 from schedlab.errors import ConfigError
 from schedlab.study.experiment import load, run_experiment
 
@@ -171,3 +172,66 @@ def test_inference_perfs_report_of_vllms_histograms_follows_the_same_rule(tmp_pa
 def test_vllm_ttft_from_is_refused_where_it_means_nothing(tmp_path, name, content, target, message):
     with pytest.raises(ConfigError, match=message):
         _runs(tmp_path, name, content, target)
+
+
+# --- schedlab calibrate --target FILE --target-vllm-ttft-from: the [target] key on the command line --------------
+
+def _calibrate(tmp_path, capsys, *options: str) -> tuple[int, str, str]:
+    """``schedlab calibrate`` of the run above (no [target] table) against VLLM_SCRAPE, fitting
+    ``prefill_ms_per_token`` (from 0.1) to the TTFT mean alone."""
+    (tmp_path / "metrics.prom").write_text(VLLM_SCRAPE, encoding="utf-8")
+    path = tmp_path / "fit.toml"
+    path.write_text(RUN.replace("[target]\nTARGET\n", ""))
+    code = main(["calibrate", str(path), "--run", "fast", "--target", str(tmp_path / "metrics.prom"), *options,
+                 "--statistics", "ttft_ms.mean", "--fit", "cost_model.prefill_ms_per_token=0.05:0.2",
+                 "--starts", "1", "--max-evaluations", "30"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _fitted(out: str) -> float:
+    line = next(line for line in out.splitlines() if line.startswith("prefill_ms_per_token = "))
+    return float(line.partition("=")[2])
+
+
+def test_calibrate_takes_the_target_tables_vllm_ttft_from(tmp_path, capsys):
+    """With ``p`` ms a prompt token (the decodes 20 ms), request 0's first token comes at 2.5 + 100p and
+    request 1's at 2.5 + 100p + 40 + 100p (it waits for request 0's two decodes). From the engine's
+    arrival (2.5 and 4.5: vLLM <= 0.16) the TTFT mean is (100p + 38 + 200p) / 2 = 19 + 150p: 34 at the
+    file's 0.1, -8.1% off the scrape's 37, which p = 0.12 meets. From the API server's receipt at 0.5 (the
+    default, vLLM >= 0.17) it is (2 + 100p + 42 + 200p) / 2 = 22 + 150p: 37 at 0.1 already."""
+    code, out, _ = _calibrate(tmp_path, capsys, "--target-vllm-ttft-from", "engine")
+    assert code == 0
+    assert "before the fit (the file's values and the plugins' defaults): mean |error| 8.11% over 1 statistic" in out
+    assert _fitted(out) == pytest.approx(0.12, abs=1e-4)
+    for default in ((), ("--target-vllm-ttft-from", "api_server")):
+        code, out, _ = _calibrate(tmp_path, capsys, *default)
+        assert code == 0
+        assert "mean |error| 0.00% over 1 statistic" in out
+        assert _fitted(out) == pytest.approx(0.1, abs=1e-4)
+
+
+def test_calibrate_refuses_a_vllm_ttft_from_that_means_nothing(tmp_path, capsys):
+    """The choices of [target]'s key, checked by argparse; a file that is not vLLM's own histograms and
+    a run without --target (its [target] table has the key) refused as the table's key is."""
+    with pytest.raises(SystemExit) as exit_:
+        _calibrate(tmp_path, capsys, "--target-vllm-ttft-from", "client")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert ("argument --target-vllm-ttft-from: invalid choice: 'client' (choose from 'api_server', 'engine')"
+            in " ".join(err.split()))
+    (tmp_path / "bench.json").write_text(json.dumps({"completed": 2, "mean_ttft_ms": 20.0}), encoding="utf-8")
+    path = tmp_path / "fit.toml"
+    path.write_text(RUN.replace("[target]\nTARGET\n", ""))
+    fit = ["--fit", "cost_model.prefill_ms_per_token=0.05:0.2"]
+    code = main(["calibrate", str(path), "--run", "fast", "--target", str(tmp_path / "bench.json"),
+                 "--target-vllm-ttft-from", "engine", *fit])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert (f"--target-vllm-ttft-from engine: applies to vLLM's own histograms (a scrape of its /metrics, or "
+            f"inference-perf's server metrics of a vLLM server); {tmp_path / 'bench.json'} is not (vllm bench serve); "
+            f"leave it out") in " ".join(err.split())
+    code = main(["calibrate", str(path), "--run", "fast", "--target-vllm-ttft-from", "engine", *fit])
+    assert code == 2 and ("--target-vllm-ttft-from: applies to the file --target names; give --target (a run's "
+                          "[target] table has its own index, baseline and vllm_ttft_from keys)"
+                          in " ".join(capsys.readouterr().err.split()))
