@@ -157,6 +157,20 @@ def test_continuations_are_validated_and_the_answer_ends_where_one_is_refused(en
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_default_answer_of_no_tokens_is_refused_not_stalled(engine):
+    # Chunking, 6 blocks of 1 token: the warmup gives max_total_tokens = 6, and max_input_tokens
+    # is set to 6 (TGI would not start: start_up_problem says so, the run goes on). A 6-token
+    # prompt without max_tokens gets TGI's default max_new_tokens, 6 - 6 = 0: refused with TGI's
+    # message (it stalled the engines, waiting for 8 blocks); a 2-token prompt gets 4 and is served.
+    reqs = [Request(0, 0.0, 6, 2), Request(1, 0.0, 2, 2)]
+    config = TgiConfig(prefill_chunking=True, max_batch_prefill_tokens=6, max_input_tokens=6,
+                       default_max_tokens="max_total_tokens")
+    r = run(reqs, config, engine, num_blocks=6, block_size=1)
+    assert by_id(r, "rejected") == {0: 1, 1: 0} and by_id(r, "generated_tokens") == {0: 0, 1: 2}
+    assert r.rejections[0] == "`max_new_tokens` must be strictly positive"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_max_total_tokens_counts_only_the_first_segment(engine):
     # max_total_tokens 10 (chunking): prompt 6 asking 30 tokens passes, as 6 + min(30, 4) = 10;
     # its continuation from 10 tokens does not (10 + 4 > 10, and 10 >= max_input 9): 4 tokens.
@@ -203,6 +217,16 @@ def test_a_prefill_budget_or_max_total_tokens_over_the_pool_stops_tgi_from_start
     assert TgiScheduler(TgiConfig(prefill_chunking=True, max_batch_prefill_tokens=32)).start_up_problem(kv) is None
     assert TgiScheduler(TgiConfig(max_batch_prefill_tokens=32)).start_up_problem(kv) is None
     assert TgiScheduler(TgiConfig(max_batch_prefill_tokens=40, max_total_tokens=40)).start_up_problem(kv) is None
+    # max_input_tokens given, max_total_tokens left to the warmup: 2 blocks of 1 token with chunking (a run with
+    # them stalled: TGI's default max_new_tokens, max_total_tokens - input, was 0 for a 2-token prompt)
+    small = PagedKVCache(2, 1)
+    problem = TgiScheduler(TgiConfig(prefill_chunking=True, max_batch_prefill_tokens=2,
+                                     max_input_tokens=2)).start_up_problem(small)
+    assert problem == ("TGI would refuse to start: `max_input_tokens` must be < `max_total_tokens`. Given: 2 and 2 "
+                       "(max_total_tokens as the warmup settles it on this KV pool); set [scheduler] max_input_tokens "
+                       "< 2, or max_total_tokens")
+    assert TgiScheduler(TgiConfig(prefill_chunking=True, max_batch_prefill_tokens=2,
+                                  max_input_tokens=1)).start_up_problem(small) is None
 
 
 # -- what TGI's launcher picks on the run's GPU and model ------------------------------------------------

@@ -260,15 +260,20 @@ class TgiScheduler:
 
     def start_up_problem(self, kv) -> str | None:
         """Why TGI's router would refuse to start with ``kv`` (``backends/v3/src/main.rs``): a
-        prefill budget or a ``max_total_tokens`` (as the warmup settles it, :meth:`limits`) over
-        ``max_batch_total_tokens``, the KV pool's tokens (``num_blocks x block_size``)."""
+        ``max_input_tokens`` not below ``max_total_tokens`` (as the warmup settles it, :meth:`limits`),
+        a prefill budget or a ``max_total_tokens`` over ``max_batch_total_tokens``, the KV pool's
+        tokens (``num_blocks x block_size``)."""
         pool = kv.num_blocks * kv.block_size
         c = self.config
         if c.max_batch_prefill_tokens > pool:
             return (f"TGI would refuse to start: `max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. "
                     f"Given: {c.max_batch_prefill_tokens} and {pool} (the KV pool's tokens); set [scheduler] "
                     f"max_batch_prefill_tokens <= {pool:,}")
-        total = self.limits(kv)[1]
+        longest, total = self.limits(kv)
+        if longest >= total:  # (max_input_tokens given, max_total_tokens settled by the warmup)
+            return (f"TGI would refuse to start: `max_input_tokens` must be < `max_total_tokens`. Given: {longest} and "
+                    f"{total} (max_total_tokens as the warmup settles it on this KV pool); set [scheduler] "
+                    f"max_input_tokens < {total:,}, or max_total_tokens")
         if total > pool:
             return (f"TGI would refuse to start: `max_total_tokens` must be <= `max_batch_total_tokens`. "
                     f"Given: {total} and {pool} (the KV pool's tokens); set [scheduler] max_total_tokens "
@@ -344,6 +349,8 @@ class TgiScheduler:
         if self.config.default_max_tokens == "max_total_tokens":
             self._total = total
         chunk = self._chunk(self._max_new(request, request.prompt_tokens))
+        if chunk <= 0:  # (the default, max_total_tokens - input, at 0: only where TGI would not start)
+            return "`max_new_tokens` must be strictly positive"
         if request.prompt_tokens + chunk > total:  # (TGI's messages, router/src/validation.rs)
             return (f"`inputs` tokens + `max_new_tokens` must be <= {total}. Given: {request.prompt_tokens} "
                     f"`inputs` tokens and {chunk} `max_new_tokens`")
