@@ -228,3 +228,51 @@ def pulse_requests(tp: int, data: Path = DATA) -> list[dict]:
         out += [{"arrival_ms": float(r["arrival_ms"]), "prompt_tokens": int(r["prompt_tokens"]),
                  "output_tokens": int(r["output_tokens"])} for r in mine]
     return out
+
+
+# --- ML.ENERGY v3 (dense models) -------------------------------------------------------------------
+#: model_id -> model preset (Llama 3.1 70B has Llama 3.3 70B's architecture)
+V3_MODELS = {"Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-14B": "qwen3-14b", "Qwen/Qwen3-32B": "qwen3-32b",
+             "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-3.1-70B-Instruct": "llama-3.3-70b",
+             "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b"}
+V3_GPUS = {"H100": "h100-80gb", "B200": "b200"}
+#: mean prompt tokens per task: GPQA's 634 from the v3 blog post (tools/validate_mlenergy_v3.py);
+#: LM Arena chat's are not published -- a guess
+V3_PROMPT = {"gpqa": 634, "lm-arena-chat": 200}
+#: a point is saturated -- every slot decoding -- when its mean batch is at least this share of max_num_seqs
+V3_SATURATED = 0.95
+#: The training set of the additive power model among the v3 points (tools/derive_roofline.py
+#: power); every other point is held out: the other models, every B200 point
+V3_TRAINING = {("qwen3-8b", "h100-80gb"), ("qwen3-14b", "h100-80gb")}
+
+
+def v3_points(data: Path = DATA) -> list[dict]:
+    """The saturated dense ML.ENERGY v3 points of a model we have (``mlenergy-v3/dense.csv``):
+    power per GPU, J per output token, batch per rank, median ITL, and whether trained on."""
+    out = []
+    for r in _rows(data / "mlenergy-v3" / "dense.csv"):
+        model, gpu = V3_MODELS.get(r["model_id"]), V3_GPUS.get(r["gpu_model"])
+        if model is None or gpu is None or float(r["avg_batch_size"]) < V3_SATURATED * int(r["max_num_seqs"]):
+            continue
+        dp = int(r["dp"])
+        out.append({"model": model, "gpu": gpu, "task": r["task"], "tp": int(r["tp"]), "dp": dp,
+                    "max_num_seqs": int(r["max_num_seqs"]), "batch": float(r["avg_batch_size"]) / dp,
+                    "itl_ms": float(r["median_itl_ms"]), "power_w": float(r["power_w_per_gpu"]),
+                    "j_per_token": float(r["energy_per_token_joules"]),
+                    "context": V3_PROMPT[r["task"]] + float(r["running_output_tokens"]),
+                    "training": (model, gpu) in V3_TRAINING,
+                    "label": f"{r['model_id'].split('/')[1]} {r['task']} {r['gpu_model']} tp{r['tp']}"})
+    return out
+
+
+def predict_v3(point: dict, make_power, presets_: Presets) -> tuple[float, float]:
+    """``(power per GPU W, J per output token)`` the power model gives a v3 point: a decode step
+    of its batch at its running context, lasting the measured median ITL."""
+    from schedlab_plugins.cost_models.roofline import RooflineConfig, RooflineCostModel
+
+    spec, gpu = presets_.model(point["model"]), presets_.gpu(point["gpu"])
+    cost = RooflineCostModel(spec, gpu, RooflineConfig(model=spec.name, gpu=gpu.name, tensor_parallel=point["tp"]))
+    n = max(1, round(point["batch"]))
+    batch = Batch(num_decode=n, decode_context_tokens=round(n * point["context"]))
+    joules = make_power(cost).iteration_j(batch, point["itl_ms"])
+    return joules / point["itl_ms"] * 1e3 / point["tp"], joules / n

@@ -140,7 +140,7 @@ def align(run, gpus: int, trace: dict) -> float:
 def windows(trace: dict) -> list[tuple[str, int, int]]:
     """``(label, first, last sample)``: each pulse (utilisation > 0) and the stretches around them."""
     busy = np.asarray(trace["util_pct"]) > 0
-    out, start = [], 0
+    out = []
     edges = np.flatnonzero(np.diff(busy.astype(int))) + 1
     bounds = [0, *edges.tolist(), busy.size]
     pulse = 0
@@ -174,21 +174,21 @@ LLMSERVINGSIM_A6000 = {"kind": "fixed_active", "active_w": 300.0, "standby_w": 8
                        "standby_s": 18.0}  # its power_config_tp*.json
 
 
-def pulses(tmp: Path | None = None) -> dict:
+def pulses(tmp: Path | None = None, kind: str = "utilisation") -> dict:
     out = {}
     for tp in (1, 2):
         trace = ed.trace(tp)
         overhead = step_overhead_ms(tp)
         out[tp] = {"overhead_ms": overhead,
-                   "default": pulse_report(tp, replay(tp, tmp=tmp), trace),
-                   "timed": pulse_report(tp, replay(tp, overhead, tmp=tmp), trace),
+                   "default": pulse_report(tp, replay(tp, power={"kind": kind}, tmp=tmp), trace),
+                   "timed": pulse_report(tp, replay(tp, overhead, {"kind": kind}, tmp=tmp), trace),
                    "llmservingsim": pulse_report(tp, replay(tp, overhead, LLMSERVINGSIM_A6000, tmp=tmp), trace)}
     return out
 
 
 # --- ML.ENERGY sweeps ---------------------------------------------------------------------------
 
-def sweeps() -> dict[str, list[dict]]:
+def sweeps(kind: str = "utilisation") -> dict[str, list[dict]]:
     """Per sweep, its points with the model's power and energy per token beside the measured.
 
     ``fitting_awake``: the awake share that would make the model match the point, its
@@ -202,6 +202,10 @@ def sweeps() -> dict[str, list[dict]]:
     presets = ed.presets()
     config = UtilisationConfig()
     utilisation = lambda cost: build_utilisation(config, presets, cost)  # noqa: E731
+    if kind == "additive":  # (its fitting_awake below is then only indicative: the shares differ)
+        from schedlab_plugins.power.additive import AdditiveConfig, build_additive
+
+        utilisation = lambda cost: build_additive(AdditiveConfig(), presets, cost)  # noqa: E731
     fixed = lambda cost: build_fixed_active(FixedActiveConfig(), presets, cost)  # noqa: E731
     out = defaultdict(list)
     for p in ed.sweep_points():
@@ -229,8 +233,8 @@ def pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
-def markdown(pulse: dict, sweep: dict) -> str:
-    lines = ["A6000 pulses, per GPU (W); model = utilisation, roofline timing with the step overhead the "
+def markdown(pulse: dict, sweep: dict, kind: str = "utilisation") -> str:
+    lines = [f"A6000 pulses, per GPU (W); model = {kind}, roofline timing with the step overhead the "
              "vLLM log shows (default roofline timing and LLMServingSim's fixed-active model beside):", "",
              "| TP | window | s | nvidia-smi | model | error | default timing | LLMServingSim |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -315,9 +319,11 @@ def figure(pulse: dict, sweep: dict, path: Path) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--figure", type=Path, default=None, help="write the figure here (PNG)")
+    parser.add_argument("--power", choices=("utilisation", "additive"), default="utilisation",
+                        help="the power model checked (the tables' 'model' column; default: utilisation)")
     args = parser.parse_args(argv)
-    pulse, sweep = pulses(), sweeps()
-    print(markdown(pulse, sweep))
+    pulse, sweep = pulses(kind=args.power), sweeps(args.power)
+    print(markdown(pulse, sweep, args.power))
     if args.figure:
         figure(pulse, sweep, args.figure)
         print(f"figure: {args.figure}")

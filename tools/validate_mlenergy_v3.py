@@ -202,16 +202,19 @@ def simulate(model: str, gpu: str, tp: int, batch: int, folder: Path, workload: 
             "steady_batch": steady["steady_batch"]}
 
 
-def power_given_time(model: str, gpu: str, tp: int, batch: int, itl_ms: float) -> float:
-    """The utilisation power model's power per GPU over a decode step of ``batch`` requests at
-    the mean context (prompt + half the answer) lasting the measured median ITL."""
+def power_given_time(model: str, gpu: str, tp: int, batch: int, itl_ms: float, kind: str = "utilisation") -> float:
+    """The power model's (``kind``: ``utilisation`` or ``additive``, defaults) power per GPU over a
+    decode step of ``batch`` requests at the mean context (prompt + half the answer) lasting the
+    measured median ITL."""
     from schedlab.protocols import Batch
     from schedlab_plugins.cost_models.roofline import RooflineConfig, RooflineCostModel
+    from schedlab_plugins.power.additive import AdditiveConfig, build_additive
     from schedlab_plugins.power.utilisation import UtilisationConfig, build_utilisation
 
     p = presets()
     cost = RooflineCostModel(p.model(model), p.gpu(gpu), RooflineConfig(model=model, gpu=gpu, tensor_parallel=tp))
-    power = build_utilisation(UtilisationConfig(), p, cost)
+    power = (build_additive(AdditiveConfig(), p, cost) if kind == "additive"
+             else build_utilisation(UtilisationConfig(), p, cost))
     step = Batch(num_decode=batch, decode_context_tokens=batch * (PROMPT_MEAN + OUTPUT_MEAN // 2))
     return power.iteration_j(step, itl_ms) / itl_ms * 1e3 / tp
 
@@ -281,10 +284,104 @@ def markdown(points: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- the dense-model points of the leaderboard's data (experiments/data/energy/mlenergy-v3) ----------
+
+#: the power models compared on the dense points: [power] settings by name
+DENSE_MODELS = {"utilisation": {}, "additive": {}}
+
+
+def dense_rows() -> list[dict]:
+    """Every saturated dense v3 point we can model (``energy_data.v3_points``: H100 and B200,
+    Qwen3 8/14/32B, Llama 3.1 8B, Llama 3.1/3.3 70B), with each power model's power per GPU and
+    J per output token given the point's measured median ITL (``energy_data.predict_v3``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import energy_data as ed
+    from schedlab_plugins.power.additive import AdditiveConfig, build_additive
+    from schedlab_plugins.power.utilisation import UtilisationConfig, build_utilisation
+
+    presets_ = ed.presets()
+    makers = {"utilisation": lambda cost: build_utilisation(UtilisationConfig(), presets_, cost),
+              "additive": lambda cost: build_additive(AdditiveConfig(), presets_, cost)}
+    out = []
+    for p in ed.v3_points():
+        row = dict(p)
+        for name, make in makers.items():
+            watts, jpt = ed.predict_v3(p, make, presets_)
+            row[name] = {"power_w": watts, "j_per_token": jpt, "power_error": watts / p["power_w"] - 1,
+                         "jpt_error": jpt / p["j_per_token"] - 1}
+        out.append(row)
+    return out
+
+
+def dense_summary(points: list[dict], model: str) -> dict:
+    """Mean and largest |error| of power and J/token over ``points``, and the batch sweeps (a
+    series: model, task, GPU, TP) whose power is non-decreasing in the batch where the measured is."""
+    pe = np.array([abs(p[model]["power_error"]) for p in points])
+    je = np.array([abs(p[model]["jpt_error"]) for p in points])
+    return {"points": len(points), "power_mean": float(pe.mean()), "power_max": float(pe.max()),
+            "jpt_mean": float(je.mean()), "jpt_max": float(je.max()),
+            "power_within_10": int((pe <= 0.10).sum()), "jpt_within_15": int((je <= 0.15).sum())}
+
+
+def dense_markdown(points: list[dict]) -> str:
+    lines = ["| series | training | points | measured W/GPU | utilisation: power mean / max |error| | J/token "
+             "| additive: power | J/token |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    series: dict[str, list[dict]] = {}
+    for p in points:
+        series.setdefault(p["label"], []).append(p)
+    for label, ps in sorted(series.items(), key=lambda kv: (not kv[1][0]["training"], kv[0])):
+        ps.sort(key=lambda p: p["batch"])
+        u, a = dense_summary(ps, "utilisation"), dense_summary(ps, "additive")
+        lines.append(f"| {label} (batch {ps[0]['batch']:.0f}-{ps[-1]['batch']:.0f}) | "
+                     f"{'yes' if ps[0]['training'] else 'held out'} | {len(ps)} | "
+                     f"{ps[0]['power_w']:.0f}-{ps[-1]['power_w']:.0f} | "
+                     f"{u['power_mean'] * 100:.1f}% / {u['power_max'] * 100:.1f}% | "
+                     f"{u['jpt_mean'] * 100:.1f}% / {u['jpt_max'] * 100:.1f}% | "
+                     f"{a['power_mean'] * 100:.1f}% / {a['power_max'] * 100:.1f}% | "
+                     f"{a['jpt_mean'] * 100:.1f}% / {a['jpt_max'] * 100:.1f}% |")
+    lines += ["", "| set | points | model | power: mean / max |error| | within 10% | J/token: mean / max | "
+              "within 15% |", "|---|---:|---|---:|---:|---:|---:|"]
+    sets = (("training (Qwen3-8B, Qwen3-14B on the H100)", [p for p in points if p["training"]]),
+            ("held out: H100", [p for p in points if not p["training"] and p["gpu"] == "h100-80gb"]),
+            ("held out: B200", [p for p in points if p["gpu"] == "b200"]),
+            ("held out: all", [p for p in points if not p["training"]]))
+    for name, ps in sets:
+        for model in DENSE_MODELS:
+            s = dense_summary(ps, model)
+            lines.append(f"| {name} | {s['points']} | {model} | {s['power_mean'] * 100:.1f}% / "
+                         f"{s['power_max'] * 100:.1f}% | {s['power_within_10']} | {s['jpt_mean'] * 100:.1f}% / "
+                         f"{s['jpt_max'] * 100:.1f}% | {s['jpt_within_15']} |")
+    return "\n".join(lines)
+
+
+def moe_markdown() -> str:
+    """The blog post's MoE points up to a batch of 64 (:data:`POINTS`), power given the measured
+    ITL under both power models: the additive model was not fitted on MoE or quantised weights."""
+    lines = ["| model | GPUs | batch | power/GPU implied | utilisation | additive |", "|---|---|---:|---:|---:|---:|"]
+    for model, gpu, tp, batch, itl, jpt in POINTS:
+        if batch > FULL_BATCH:
+            continue
+        measured = jpt * batch / (itl / 1e3) / tp
+        cells = []
+        for kind in DENSE_MODELS:
+            w = power_given_time(model, gpu, tp, batch, itl, kind)
+            cells.append(f"{w:.0f} W ({pct(w / measured - 1)})")
+        lines.append(f"| {model} | {gpu} x {tp} | {batch} | {measured:.0f} W | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", action="store_true", help="print the README's table")
+    parser.add_argument("--dense", action="store_true",
+                        help="only the dense points' power given their measured ITL (mlenergy-v3/dense.csv), as "
+                             "markdown")
     args = parser.parse_args(argv)
+    if args.dense:
+        print(dense_markdown(dense_rows()))
+        print()
+        print(moe_markdown())
+        return 0
     points = rows()
     if args.markdown:
         print(markdown(points))

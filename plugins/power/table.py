@@ -138,5 +138,31 @@ def build_table(config: TableConfig, presets: Presets | None = None, cost_model=
         standby = (config.standby_w if config.standby_w is not None
                    else idle + DERIVATION["awake"] * (board - idle))
     warn_clock_unread(cost_model, "table", "its power follows the batch's size only")
+    if config.fit is not None and "cycle_ms" in FITS[config.fit]:
+        _warn_slower_engine(config.fit, cost_model)
     return TablePowerModel(config, tp, points, by, idle_w=idle, standby_w=standby, source=source,
                            host_ranks=host_ranks(cost_model, config))
+
+
+def _warn_slower_engine(name: str, cost_model) -> None:
+    """Say (an :class:`InputWarning`) when a shipped fit measured on a CPU-bound engine (its
+    points' ``cycle_ms``, :mod:`.fits`) prices a cost model whose decode step at the fit's first
+    batch takes under half that cycle: the fit's power is a mostly waiting GPU's, the steps are
+    a busy one's, so energy per token comes out low."""
+    import warnings
+
+    from schedlab.errors import InputWarning
+
+    iteration_ms = getattr(cost_model, "iteration_ms", None)
+    if iteration_ms is None:
+        return
+    fit = FITS[name]
+    n = max(1, round(fit["points"][0][0]))
+    step = iteration_ms(Batch(num_decode=n, decode_context_tokens=n * 500))
+    cycle = fit["cycle_ms"][0]
+    if step < 0.5 * cycle:
+        warnings.warn(f"[power] fit = \"{name}\" was measured on vLLM 0.5.4, CPU-bound (a {cycle:g} ms cycle at a "
+                      f"batch of {n}), and this cost model's decode step there takes {step:.1f} ms: its power is a "
+                      "mostly waiting GPU's, so energy per token comes out low (the H100 fit's 305 W at a batch of 32 "
+                      "is 36% under ML.ENERGY v3's 478 W for Qwen3-8B); the mlenergy-v3-* fits were measured on "
+                      "vLLM 0.11", InputWarning, stacklevel=3)

@@ -47,9 +47,12 @@ each an arithmetic series (:meth:`UtilisationPowerModel.run_j`).
 
 The defaults of ``awake`` and ``activity`` are fitted by ``tools/derive_roofline.py`` (its
 power section) -- see :data:`DERIVATION`; board limits and clocks are datasheet numbers in the
-GPU presets. The energy roofline it generalises is Choi, Vuduc et al., "A roofline model of
-energy" (IPDPS 2013); power proportional to utilisation above idle is the classic server
-model of Fan, Weber and Barroso (ISCA 2007).
+GPU presets. This is a time-utilisation model, in the spirit of Fan, Weber and Barroso's server
+model (power proportional to utilisation above idle, ISCA 2007): each phase is charged the
+larger of its memory and compute times, so a phase that saturates both costs what one that
+saturates either does. It is not Choi, Bedard, Fowler and Vuduc's energy roofline ("A roofline
+model of energy", IPDPS 2013), where energies add even where times overlap: that is the
+``additive`` model (:mod:`.additive`).
 """
 
 from __future__ import annotations
@@ -123,6 +126,11 @@ class UtilisationPowerModel:
         self._delta = board_w - idle_w
         self._bytes_per_ms = gpu.hbm_bandwidth_gbps * 1e6
         self._flops_per_ms = gpu.bf16_tflops * 1e9
+        self._awake = c.awake
+        #: the rule: None -- each phase's max(memory, compute) time at peak, times ``activity``;
+        #: (memory, compute) -- the additive rule's activity-ms per ms of each at peak (:mod:`.additive`)
+        self._additive: tuple[float, float] | None = None
+        self._activity = getattr(c, "activity", 1.0)
         awake_factor = 1.0
         #: the governor's standby follows the last iteration's clock (None: standby_w always)
         self.standby_after = None
@@ -133,7 +141,7 @@ class UtilisationPowerModel:
             else:  # standby_w: the highest clock's (before any iteration the GPU is fully idle)
                 self.standby_after = self._standby_at_clock
         self.idle_w = tensor_parallel * idle_w
-        self.standby_w = tensor_parallel * (idle_w + self._delta * min(1.0, c.awake * awake_factor))
+        self.standby_w = tensor_parallel * (idle_w + self._delta * min(1.0, self._awake * awake_factor))
         self.standby_ms = c.standby_s * 1e3
         self.tail_ms = c.tail_s * 1e3
         self.host_ranks = host_ranks
@@ -142,8 +150,12 @@ class UtilisationPowerModel:
     # --- PowerModel protocol -----------------------------------------------------------------------
     def iteration_j(self, batch: Batch, duration_ms: float) -> float:
         awake, work = self._factors(batch)
-        busy = peak_ms(self._work(batch), self._bytes_per_ms, self._flops_per_ms)
-        g = awake * duration_ms + work * self.config.activity * busy
+        w = self._work(batch)
+        if self._additive is None:
+            busy = self._activity * peak_ms(w, self._bytes_per_ms, self._flops_per_ms)
+        else:
+            busy = self._additive[0] * w[0] / self._bytes_per_ms + self._additive[1] * w[1] / self._flops_per_ms
+        g = awake * duration_ms + work * busy
         return self._joules(duration_ms, g, self._cap(batch, duration_ms, awake))
 
     def run_j(self, batch: Batch, k: int, d0: float, inc: float) -> float:
@@ -167,7 +179,8 @@ class UtilisationPowerModel:
             p0, p1 = phases_of(tuple(w0)), phases_of(tuple(w1))
         bw, peak = self._bytes_per_ms, self._flops_per_ms
         lines = [(b0 / bw, (b1 - b0) / bw, f0 / peak, (f1 - f0) / peak) for (b0, f0), (b1, f1) in zip(p0, p1)]
-        a = work * self.config.activity
+        a = work * self._activity
+        additive = self._additive
         if self._kernel is None:
             k0, dk = d0, inc
         else:
@@ -178,7 +191,10 @@ class UtilisationPowerModel:
             total = 0.0
             for m0, dm, c0, dc in lines:
                 m, c = m0 + j * dm, c0 + j * dc
-                total += m if m > c else c
+                if additive is None:
+                    total += m if m > c else c
+                else:  # (linear in j: the max's cuts below only split the run more finely)
+                    total += additive[0] * m + additive[1] * c
             return total
 
         def energy(j: int) -> float:
@@ -224,9 +240,9 @@ class UtilisationPowerModel:
     def _factors(self, batch: Batch) -> tuple[float, float]:
         """``(awake share, activity factor)`` at the clock the iteration runs at."""
         if self._clock is None:
-            return self.config.awake, 1.0
+            return self._awake, 1.0
         awake, work = clock_power_factor(self._clock.clock_ratio(batch), *self._law)
-        return self.config.awake * awake, work
+        return self._awake * awake, work
 
     def _cap(self, batch: Batch, d: float, awake: float) -> float:
         """The most activity-ms a step of ``d`` ms can hold: the board limit over the kernels'

@@ -6,7 +6,9 @@
   ``pue`` (a disaggregated cluster's pools may each have their own), also as ``kwh``; ``pue`` the
   instances' PUE when they share one, else the run's effective one, ``facility_j / (gpu_j + host_j)``;
 * ``j_per_token`` and ``j_per_request`` -- GPU energy per output token of the completed requests
-  and per completed request (as ML.ENERGY reports them, whose requests all complete),
+  and per completed request over the whole run's window, ramp-up, drain and idle stretches
+  included (ML.ENERGY reports the steady state's instead: ``energy.steady_j_per_token`` in a
+  comparison with its run, :func:`schedlab.targets.steady_state_energy`),
   ``facility_j_per_token`` the same from the facility's meter. Work for requests that did not
   complete -- abandoned by their clients, turned away after they ran -- is energy spent for no
   output: it counts in the numerator, not the denominator, as goodput counts it;
