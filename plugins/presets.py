@@ -371,7 +371,8 @@ def with_efficiency(spec: GpuSpec) -> tuple[GpuSpec, str]:
 # are merged into each GpuSpec when it is registered. board_w and the clocks are datasheet
 # numbers. Datasheets give no idle power: it is set only where a measurement is at hand, else
 # the power models take 12% of board_w (the measured A6000's share, 33 of 300 W, rounded up).
-# The lowest lockable SM clock is 210 MHz on every one of these (nvidia-smi SUPPORTED_CLOCKS).
+# The lowest lockable SM clock is 210 MHz on every one of these (nvidia-smi SUPPORTED_CLOCKS; listings
+# seen for the A100 only), 180 MHz on the RTX PRO 6000 (Maliakel et al. locked it there).
 
 #: GPU preset -> (power fields, source note)
 GPU_POWER: dict[str, tuple[dict, str]] = {
@@ -387,8 +388,9 @@ GPU_POWER: dict[str, tuple[dict, str]] = {
                    "H200 SXM datasheet: up to 700 W (configurable), 1,980 MHz max boost"),
     "l4": ({"board_w": 72, "max_clock_mhz": 2040, "min_clock_mhz": 210},
            "L4 datasheet: 72 W max TDP, 2,040 MHz max boost"),
-    "rtx-pro-6000": ({"board_w": 600, "min_clock_mhz": 210},
-                     "RTX PRO 6000 Blackwell Workstation Edition datasheet: 600 W total board power"),
+    "rtx-pro-6000": ({"board_w": 600, "max_clock_mhz": 2842, "min_clock_mhz": 180},
+                     "RTX PRO 6000 Blackwell Workstation Edition datasheet: 600 W total board power; clocks 180-2,842 "
+                     "MHz: the range Maliakel et al. locked it to (arXiv 2501.08219v4, abstract)"),
     "rtx-pro-6000-server": ({"board_w": 600, "min_clock_mhz": 210},
                             "RTX PRO 6000 Blackwell Server Edition datasheet: up to 600 W (configurable 400-600 W)"),
     "rtx-4090": ({"board_w": 450, "max_clock_mhz": 2520, "min_clock_mhz": 210},

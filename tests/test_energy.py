@@ -21,6 +21,7 @@ from schedlab.energy.idle import idle_j, idle_steps, tail_j
 from schedlab.energy.meter import run_j_by_iterations
 from schedlab.energy.timeline import integral_j, power_steps
 from schedlab.energy.work import Work, joined, peak_ms
+from schedlab.errors import ConfigError
 from schedlab.model import Request
 from schedlab.protocols import Batch
 from schedlab.testing import (check_energy, check_power_model, compare_runs, examples, requests_lists, run_cluster,
@@ -416,7 +417,9 @@ def test_clock_law_by_hand():
         def work(self, batch):
             return (1e9, 1e11) if batch.prefill_tokens else (4e9, 1e10)
 
-    cfg = ClockConfig(mhz=1000.0, compute_efficiency=0.5, bandwidth_efficiency=0.5)
+    # (the law above its knee: the knee at the lowest clock, the floor the old default's)
+    cfg = ClockConfig(mhz=1000.0, compute_efficiency=0.5, bandwidth_efficiency=0.5, knee_mhz=200.0,
+                      voltage_floor=0.65)
     clocked = ClockedCostModel(Work(), GPU, cfg)
     # at half clock the compute takes 4 ms: max(4, 2) - max(2, 2) = 2 ms more
     assert clocked.iteration_ms(Batch(num_prefill=1, prefill_tokens=100)) == pytest.approx(7.0)
@@ -427,6 +430,120 @@ def test_clock_law_by_hand():
     v = 0.65 + 0.35 * 800 / 1800
     assert clock_power_factor(0.5, 0.1, 0.65, 0.7) == pytest.approx((0.5 * v * v, 0.3 + 0.7 * v * v))
     assert clock_power_factor(1.0, 0.1, 0.65, 0.7) == (1.0, 1.0)
+
+
+class KneeWork:
+    """An iteration as long as its work at the highest clock on :data:`GPU` at half the peak
+    rates: a decode memory-bound (4e9 bytes: 8 ms; 1e10 FLOPs: 0.2 ms), a prompt compute-bound
+    (1e11 FLOPs: 2 ms; 1e9 bytes: 2 ms)."""
+
+    def iteration_ms(self, batch):
+        return 2.0 if batch.prefill_tokens else 8.0
+
+    def work(self, batch):
+        return (1e9, 1e11) if batch.prefill_tokens else (4e9, 1e10)
+
+
+DECODE, PROMPT = Batch(num_decode=4, decode_context_tokens=40), Batch(num_prefill=1, prefill_tokens=100)
+
+
+def _kneed(mhz, **clock):
+    """:class:`KneeWork` locked at ``mhz`` on :data:`GPU` (200-2,000 MHz), the knee at 1,000 MHz."""
+    return ClockedCostModel(KneeWork(), GPU, ClockConfig(mhz=mhz, compute_efficiency=0.5, bandwidth_efficiency=0.5,
+                                                         knee_mhz=1000.0, voltage_floor=0.65, **clock))
+
+
+def test_memory_bound_work_slows_below_the_knee_by_hand():
+    """Above the knee (r = 0.5) memory traffic takes as long at any clock; below it ``knee / r``
+    of that (the L2 and crossbar run on the SM clock), so a memory-bound step stretches by
+    exactly ``r_knee / r``; compute as ``1 / r`` throughout."""
+    assert _kneed(2000.0).iteration_ms(DECODE) == 8.0
+    assert _kneed(1500.0).iteration_ms(DECODE) == pytest.approx(8.0)  # above the knee: no slower
+    assert _kneed(1000.0).iteration_ms(DECODE) == pytest.approx(8.0)  # at it
+    assert _kneed(800.0).iteration_ms(DECODE) == pytest.approx(8.0 * 0.5 / 0.4)  # 10 ms
+    assert _kneed(500.0).iteration_ms(DECODE) == pytest.approx(8.0 * 0.5 / 0.25)  # 16 ms
+    assert _kneed(200.0).iteration_ms(DECODE) == pytest.approx(8.0 * 0.5 / 0.1)  # 40 ms
+    # the prompt: compute 2 / r against memory 2 x 0.5 / r below the knee -- the compute bounds
+    assert _kneed(500.0).iteration_ms(PROMPT) == pytest.approx(2.0 + 8.0 - 2.0)
+    # at the knee the voltage is at its floor and stays there below it
+    assert _kneed(500.0).r_min == _kneed(2000.0).knee == 0.5
+    assert clock_power_factor(0.25, 0.5, 0.65, 0.7) == pytest.approx((0.25 * 0.65 ** 2, 0.3 + 0.7 * 0.65 ** 2))
+    v = 0.65 + 0.35 * 0.25 / 0.5  # at r = 0.75: linear from the knee
+    assert clock_power_factor(0.75, 0.5, 0.65, 0.7) == pytest.approx((0.75 * v * v, 0.3 + 0.7 * v * v))
+
+
+def test_a_memory_bound_steps_energy_is_lowest_at_the_knee_by_hand():
+    """Energy against the clock for a memory-bound decode is U-shaped, its bottom at the knee
+    (as Voltana measured on an A100): above it the voltage falls at no cost in time; below it the
+    step lasts ``knee / r`` longer while the awake share falls only as ``r`` and idle not at all.
+
+    Utilisation model on :data:`GPU` (idle 40 W, board 400, awake 0.2, activity 1): the decode's
+    4e9 bytes are x = 4 ms at the peak rate; E = (40 d + 360 (0.2 r v^2 d + (0.3 + 0.7 v^2) x)) / 1000.
+    Full clock: d 8, v 1 -> 2.336 J. r 0.75: v 0.825 -> (320 + 360 (0.81675 + 3.10575)) / 1000 =
+    1.7321 J. The knee, r 0.5: v 0.65 -> (320 + 360 (0.338 + 2.383)) / 1000 = 1.29956 J. r 0.25:
+    d 16 -> (640 + 360 (0.338 + 2.383)) / 1000 = 1.61956 J."""
+    by_hand = {2000.0: 2.336, 1500.0: 1.7321, 1000.0: 1.29956, 500.0: 1.61956}
+    got = {}
+    for mhz in (2000.0, 1500.0, 1000.0, 500.0, 800.0, 1200.0, 300.0):
+        clock = _kneed(mhz)
+        got[mhz] = _model(clock.work, clock=clock).iteration_j(DECODE, clock.iteration_ms(DECODE))
+    for mhz, joules in by_hand.items():
+        assert got[mhz] == pytest.approx(joules, rel=1e-12), mhz
+    assert min(got, key=got.get) == 1000.0  # the bottom of the U, with clocks on both sides costing more
+    assert got[300.0] > got[500.0] > got[800.0] > got[1000.0] < got[1200.0] < got[1500.0] < got[2000.0]
+
+
+def test_the_governor_never_goes_below_min_mhz():
+    """The governor's levels start at ``min_mhz`` (default: the knee, below which no iteration
+    takes less energy), however much room the target leaves."""
+    def governed(**clock):
+        return ClockedCostModel(KneeWork(), GPU, ClockConfig(policy="slo", tpot_ms=1000.0, compute_efficiency=0.5,
+                                                             bandwidth_efficiency=0.5, knee_mhz=1000.0, **clock))
+
+    knee, floor = governed(), governed(min_mhz=1300.0)
+    assert knee.levels[0] == 0.5 and knee.clock_ratio(DECODE) == 0.5  # (the lowest clock: 200 MHz)
+    assert knee.iteration_ms(DECODE) == pytest.approx(8.0)  # so no slower
+    assert floor.levels[0] == 0.65 and floor.clock_ratio(DECODE) == 0.65
+    assert min(floor.levels) * 2000.0 >= 1300.0
+    assert governed(min_mhz=200.0).clock_ratio(DECODE) == 0.1  # below the knee only when asked
+    with pytest.raises(ConfigError, match="min_mhz: 100 is outside"):
+        governed(min_mhz=100.0)
+
+
+def test_the_default_law_saves_what_ma_et_al_measured_on_an_h200_at_its_knee():
+    """The default voltage floor is fitted (``tools/derive_clock.py``) so that at the default
+    knee a Llama-3.1-8B decode step on the H200 preset takes 32% less energy than at the highest
+    clock -- the most Ma et al. measured clock locking to save on decode -- and at no loss of
+    speed; lower clocks take more (the U). Rerun the tool when the power model's defaults change."""
+    from schedlab.energy.clock import DEFAULT_KNEE, DEFAULT_VOLTAGE_FLOOR
+
+    gpu = PRESETS.gpu("h200-141gb")
+    batch = Batch(num_decode=32, decode_context_tokens=32_000)
+    inner = roofline(gpu="h200-141gb")
+    full = build_utilisation(UtilisationConfig(), PRESETS, inner)
+    e1 = full.iteration_j(batch, inner.iteration_ms(batch))
+    ratios = {}
+    for mhz in (DEFAULT_KNEE * gpu.max_clock_mhz, 1200.0, 1700.0):
+        clock = ClockedCostModel(inner, gpu, ClockConfig(mhz=mhz))
+        assert clock.config.voltage_floor == DEFAULT_VOLTAGE_FLOOR
+        ratios[mhz] = build_utilisation(UtilisationConfig(), PRESETS, clock).iteration_j(
+            batch, clock.iteration_ms(batch)) / e1
+        if mhz > 1400.0:
+            assert clock.iteration_ms(batch) == inner.iteration_ms(batch)
+    assert ratios[DEFAULT_KNEE * gpu.max_clock_mhz] == pytest.approx(0.68, abs=0.002)
+    assert ratios[1200.0] > ratios[DEFAULT_KNEE * gpu.max_clock_mhz] < ratios[1700.0]
+
+
+def test_maliakel_et_al_s_rtx_pro_6000_has_no_knee_above_its_lowest_clock():
+    """The RTX PRO 6000's clocks and law come from Maliakel et al.'s measurement of that card:
+    2,842 MHz highest, 180 lowest, decode no slower at 180 MHz (no knee above it)."""
+    gpu = PRESETS.gpu("rtx-pro-6000")
+    assert (gpu.max_clock_mhz, gpu.min_clock_mhz) == (2842, 180)
+    inner = roofline(gpu="rtx-pro-6000")
+    clock = ClockedCostModel(inner, gpu, ClockConfig(mhz=180.0))
+    batch = Batch(num_decode=8, decode_context_tokens=8_000)
+    assert clock.iteration_ms(batch) == inner.iteration_ms(batch)
+    assert clock.config.voltage_floor == 0.65
 
 
 def test_the_clock_laws_efficiency_defaults_say_where_they_come_from():
@@ -469,6 +586,25 @@ def test_clock_governor_engines_agree(requests, max_seqs, tpot_ms):
         check_energy(run)
 
 
+@SETTINGS
+@given(requests_lists(max_size=10, max_prompt=300, max_output=300, all_at_zero=False), st.integers(1, 16),
+       st.sampled_from([{"mhz": 420.0}, {"mhz": 810.0}, {"policy": "slo", "tpot_ms": 25.0, "min_mhz": 210.0},
+                        {"policy": "slo", "tpot_ms": 14.0, "min_mhz": 615.0}]))
+def test_clocks_below_the_knee_engines_agree(requests, max_seqs, clock):
+    """Below the knee (the A100's 1,005 MHz) memory-bound decodes stretch too: a bulk run's
+    steps stay linear while neither side of the law's ``max`` changes (the memory side ``m x
+    knee / r``), and a governor let below the knee (``min_mhz``) picks its levels alike: both
+    engines run every iteration alike, at a locked clock and under the governor."""
+    cfg = ContinuousConfig(max_num_seqs=max_seqs, allocation="grow")
+    cost = ClockedCostModel(roofline(), PRESETS.gpu("a100-40gb"), ClockConfig(**clock))
+    assert cost.knee == pytest.approx(1005.0 / 1410.0)
+    runs = [run_engine(requests, ContinuousScheduler(cfg), cost, PagedKVCache(600, 16), engine=engine,
+                       power=utilisation()) for engine in ENGINES]
+    compare_runs(*runs, rel=1e-9)
+    for run in runs:
+        check_energy(run)
+
+
 def test_clock_governor_keeps_decoding_iterations_within_the_target():
     from schedlab.engine.driver import simulate
     from schedlab.engine.instance import Instance
@@ -487,13 +623,21 @@ def test_clock_governor_keeps_decoding_iterations_within_the_target():
 
 
 def test_lower_clock_saves_energy_on_decode():
-    """A memory-bound decode at a lower clock: hardly slower, less energy."""
+    """A memory-bound decode at a lower clock down to the knee (the A100's 1,005 MHz): hardly
+    slower, less energy; below the knee (810 MHz) slower, and more energy than at the knee."""
     requests = [Request(i, 0.0, 100, 300) for i in range(4)]
-    full, low = (run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, power=utilisation())
-                 for cost in (roofline(), ClockedCostModel(roofline(), PRESETS.gpu("a100-40gb"),
-                                                           ClockConfig(mhz=810.0))))
-    assert low.metrics["makespan_ms"] <= full.metrics["makespan_ms"] * 1.02
-    assert low.metrics["energy"]["gpu_j"] < full.metrics["energy"]["gpu_j"] * 0.95
+    full, knee, low = (run_engine(requests, ContinuousScheduler(ContinuousConfig()), cost, power=utilisation())
+                       for cost in (roofline(), *(ClockedCostModel(roofline(), PRESETS.gpu("a100-40gb"),
+                                                                   ClockConfig(mhz=mhz)) for mhz in (1005.0, 810.0))))
+    assert knee.metrics["makespan_ms"] <= full.metrics["makespan_ms"] * 1.02
+    assert knee.metrics["energy"]["gpu_j"] < full.metrics["energy"]["gpu_j"] * 0.95
+    assert low.metrics["makespan_ms"] > knee.metrics["makespan_ms"] * 1.1
+    assert knee.metrics["energy"]["gpu_j"] < low.metrics["energy"]["gpu_j"]
+
+
+#: the clock law without a knee on :data:`GPU` (at its lowest clock) and the floor the law had
+#: before it had one: for tests of what the clock does to standby, runs and engines
+NO_KNEE = dict(knee_mhz=200.0, voltage_floor=0.65)
 
 
 class FiveMs:
@@ -527,7 +671,8 @@ def test_governed_standby_is_the_last_iterations_clocks_by_hand(engine):
     r2's prompt 995 ms, 100 at 112 W and 895 at 40 W (47.0 J). (At the full clock's standby
     throughout: 46.6 + 46.6 + 47.0 J.)"""
     clock = ClockedCostModel(FiveMs(), GPU, ClockConfig(policy="slo", tpot_ms=10.0, step_mhz=105.0,
-                                                        compute_efficiency=1.0, bandwidth_efficiency=1.0))
+                                                        compute_efficiency=1.0, bandwidth_efficiency=1.0,
+                                                        **NO_KNEE))
     requests = [Request(0, 0.0, 4, 3), Request(1, 1000.0, 4, 3), Request(2, 2000.0, 4, 1), Request(3, 3000.0, 4, 1)]
     power = lambda cost: _model(cost.work, clock=find_clock(cost), standby_s=0.1, tail_s=0.0)  # noqa: E731
     r = run_engine(requests, ContinuousScheduler(ContinuousConfig()), clock, PagedKVCache(64, 4), engine=engine,
@@ -552,7 +697,7 @@ def test_governed_standby_engines_agree_with_bulk_runs_and_tails():
     """The same with a tail and longer runs of decodes: the fast engine's bulk runs (one call for
     the run, the standby after its last step) and the reference engine's steps draw alike."""
     clock = ClockedCostModel(FiveMs(), GPU, ClockConfig(policy="slo", tpot_ms=10.0, compute_efficiency=1.0,
-                                                        bandwidth_efficiency=1.0))
+                                                        bandwidth_efficiency=1.0, **NO_KNEE))
     requests = [Request(i, 700.0 * i, 4 + i, 40 - 3 * i) for i in range(6)]
     power = lambda cost: _model(cost.work, clock=find_clock(cost), standby_s=0.2, tail_s=0.03)  # noqa: E731
     runs = [run_engine(requests, ContinuousScheduler(ContinuousConfig()), clock, PagedKVCache(64, 4), engine=engine,

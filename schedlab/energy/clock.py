@@ -14,41 +14,69 @@ cache at ``kv_read_efficiency`` 0.91. Their ratio decides where an iteration tur
 at a lower clock, their values how much longer a compute-bound one takes: set them to the cost
 model's to split and stretch the work as it times it.
 
-At the clock ``r = f / f_max`` the compute takes ``c / r`` and the memory still ``m``, so the
-iteration's time becomes (the roofline's ``max`` of the two moves, the rest does not)::
+At the clock ``r = f / f_max`` the compute takes ``c / r``. The memory traffic takes ``m`` down
+to a knee ``k`` and ``m k / r`` below it: HBM data reaches the SMs through the L2 and the
+crossbar, which run on the SM clock, so below some clock they, not the DRAM, set the bandwidth.
+The iteration's time becomes (the roofline's ``max`` of the two moves, the rest does not)::
 
-    time(r) = time(1) + max(c / r, m) - max(c, m)
+    time(r) = time(1) + max(c / r, m max(1, k / r)) - max(c, m)
 
-Prefill (compute-bound) slows as ``1 / r``; decode (memory-bound) does not slow at all until
-the clock is so low that its compute outlasts its memory traffic. That is what measurements
-show: DynamoLLM (Stojkovic et al., HPCA 2025, sec. III) and "Towards Greener LLMs" (Stojkovic
-et al., 2024) on H100 -- prefill latency rises as the clock drops, decode barely moves;
-Maliakel et al. ("Characterizing LLM Inference Energy-Performance Tradeoffs", 2025) on an RTX
-PRO 6000: the decode phase "is largely insensitive to GPU frequency" (1-6% slower from 2,842
-to 180 MHz, 42% less energy).
+Prefill (compute-bound) slows as ``1 / r``; decode (memory-bound) does not slow down to the knee
+-- unless its compute outlasts its memory traffic first -- and slows as ``k / r`` below it. What
+the sources measured (the constants below quote the numbers the law takes from them):
+
+* decode hardly slows as the clock comes down, prefill does: DynamoLLM (Stojkovic et al., HPCA
+  2025) and "Towards Greener LLMs" (Stojkovic et al., 2024) on H100s (their frequency sections
+  were not in the text available to check, only their front matter); Maliakel et al.
+  ("Characterizing LLM Inference Energy-Performance Tradeoffs", arXiv 2501.08219v4) on an RTX
+  PRO 6000: 1-6% slower end to end, 42% less energy, at 180 instead of 2,842 MHz;
+* but not at every clock: on an A100 (Voltana) LLM inference at 1,005 instead of 1,410 MHz
+  "does increase execution time", sub-linearly, and its energy against the clock is U-shaped
+  ("at low frequencies, execution time dominates energy, whereas at high frequencies, power
+  dominates; in the middle lies an energy sweet point"); throttLL'eM (A100, A10G) and GreenLLM
+  fit latency against the SM clock rather than take decode as unaffected by it;
+* Ma et al. ("The Illusion of Power Capping in LLM Decode", arXiv 2605.11999v1) on an H200:
+  locking the SM clock recovers "up to 32% of decode energy at minimal throughput loss".
+
+No text read gives the knee of an H100, H200 or A100 as a number; :data:`DEFAULT_KNEE` puts it at
+Voltana's 1,005 of 1,410 MHz, the lowest clock at which a measurement on a datacenter GPU saw
+energy still fall -- the highest the bottom of its U can be, so that every saving the law finds
+rests on clocks a measurement saw save. :data:`CLOCK_LAW_BY_GPU` holds the GPUs measured on
+their own (the RTX PRO 6000: no knee above 180 MHz).
 
 Power follows CMOS dynamic power, ``P ~ C V^2 f`` (the law GPU DVFS measurement studies fit,
 e.g. Mei, Wang and Chu, "A survey and measurement study of GPU DVFS on energy conservation",
-Digital Communications and Networks, 2017), with the core voltage falling linearly with the
-clock from 1 at ``f_max`` to ``voltage_floor`` at ``f_min``: ``v(r)``. The clock tree and idle
-SMs of an awake GPU draw ``r v(r)^2`` of their power at full clock; the power of the work
-itself -- SMs issuing loads or multiplying, caches, the memory's interface -- is split: the
+Digital Communications and Networks, 2017), with the core voltage at its floor (Vmin, a share
+``voltage_floor`` of the highest clock's) at and below the knee and rising linearly to 1 from
+there to ``f_max`` -- NVIDIA V-F curves are flat at Vmin below a knee: ``v(r)``. The clock tree
+and idle SMs of an awake GPU draw ``r v(r)^2`` of their power at full clock; the power of the
+work itself -- SMs issuing loads or multiplying, caches, the memory's interface -- is split: the
 ``core_share`` on the core's voltage rail costs ``v(r)^2`` per unit of work, the rest (DRAM and
-its interface, on their own clock) the same at any SM clock (:func:`clock_power_factor`).
-``core_share = 0.7`` is what it takes for Maliakel et al.'s measurement to come out of this law:
-memory-bound decode on an RTX PRO 6000 at 180 instead of 2,842 MHz took 42% less energy at
-about the same speed (with ``voltage_floor = 0.65`` at the lowest clock; typical NVIDIA V-F
-curves run from about 0.7 V to 1.05-1.1 V). The utilisation power model applies these factors.
+its interface, on their own clock) the same at any SM clock (:func:`clock_power_factor`). So a
+memory-bound step's energy falls with the clock down to the knee and rises below it (its time
+grows as ``k / r``, the awake share falls only as ``r``, idle power not at all): the U, its
+bottom at the knee. ``core_share = 0.7`` with a floor of 0.65 is what it takes for Maliakel et
+al.'s measurement to come out of this law (memory-bound decode on an RTX PRO 6000 at 180 instead
+of 2,842 MHz: 42% less energy at about the same speed; typical NVIDIA V-F curves run from about
+0.7 V to 1.05-1.1 V). Elsewhere the floor is :data:`DEFAULT_VOLTAGE_FLOOR`, 0.749: what makes the
+bottom of the U save the 32% Ma et al. measured at most on an H200 (``tools/derive_clock.py``;
+an effective figure, which also carries how much of a step's energy the power model lets the
+clock touch). The utilisation power model applies these factors.
 
 The governor (``policy = "slo"``, in the spirit of DynamoLLM's per-instance frequency
 control and of GreenLLM's separate prefill and decode clocks): a decode-only iteration runs
-at the lowest clock level whose time stays within ``headroom x tpot_ms`` -- the time between a
+at the lowest clock level, from ``min_mhz`` (default: the knee, below which no iteration takes
+less energy) up, whose time stays within ``headroom x tpot_ms`` -- the time between a
 decode's tokens -- and an iteration with prompt tokens at the highest clock (its prefill is
 compute-bound, and waits for it are TTFT). Under light load most iterations only decode and
 the clock comes down; as the load grows, prompts ride along more often and it goes back up.
 The choice depends on the iteration's shape alone, so both engines make it alike, and a bulk
 decode run ends where its growing context would need the next level up
-(:meth:`ClockedCostModel.decode_step_increment`).
+(:meth:`ClockedCostModel.decode_step_increment`). Setting the clock takes time
+(``nvmlDeviceSetGpuLockedClocks``; Velička, Vysocký and Říha, arXiv 2502.20075, measured the
+switching latency on a GH200, an A100 and an RTX Quadro 6000 and found it differs widely between
+them): the governor does not model it, nor hold a level for a minimum time -- no figure was read
+to set one.
 
 Speculative decoding (:class:`~schedlab.drafting.DraftingCostModel`, which the clock wraps). A
 step is the target's verify pass and then the drafter's passes, one after the other, each bound
@@ -105,6 +133,42 @@ from ..protocols import Batch
 
 POLICIES = ("fixed", "slo")
 
+#: The knee as a share of the highest clock where no measurement of the GPU places it: 1,005 of
+#: 1,410 MHz, the lowest clock at which a published sweep on a datacenter GPU still saw LLM
+#: inference take less energy -- Voltana (supercomputing-system-ai-lab.github.io/projects/voltana,
+#: A100): "reducing GPU frequency from 1410 MHz to 1005 MHz (by ~28.7%) does increase execution
+#: time, the increase is sub-linear. Consequently, the total energy follows a U-shaped curve".
+#: Where below 1,005 MHz the bottom of that U lies is not in the text read, so the law puts it
+#: there, the highest it can be: every saving then rests on clocks a measurement saw save.
+DEFAULT_KNEE = 1005.0 / 1410.0
+
+#: Core voltage at and below the knee (a share of the highest clock's) where no measurement of
+#: the GPU gives one: the floor at which the law, at that knee, saves what Ma et al. measured
+#: clock locking to save at most on an H200 -- "recovering up to 32% of decode energy at minimal
+#: throughput loss" (arXiv 2605.11999v1, abstract) -- on Llama-3.1-8B decode steps on the
+#: ``h200-141gb`` preset under the utilisation power model's defaults (``python
+#: tools/derive_clock.py``). An effective figure: it also carries the power model's share of a
+#: step's energy that the clock can touch.
+DEFAULT_VOLTAGE_FLOOR = 0.749
+
+#: GPU preset -> (knee MHz, voltage floor, source) where a measurement of that GPU says them.
+CLOCK_LAW_BY_GPU: dict[str, tuple[float, float, str]] = {
+    "rtx-pro-6000": (180.0, 0.65,
+                     "Maliakel et al., arXiv 2501.08219v4 (abstract): decode 'largely insensitive to GPU frequency', "
+                     "1-6% longer end to end and 42% less energy at 180 instead of 2,842 MHz -- no knee above the "
+                     "lowest clock measured; the floor, 0.65, with core_share 0.7 reproduces the 42%"),
+}
+
+
+def default_law(gpu: GpuSpec) -> tuple[float, float]:
+    """``(knee MHz, voltage floor)`` of ``gpu`` where ``[clock]`` does not say them:
+    :data:`CLOCK_LAW_BY_GPU`, else :data:`DEFAULT_KNEE` of its highest clock and
+    :data:`DEFAULT_VOLTAGE_FLOOR`."""
+    known = CLOCK_LAW_BY_GPU.get(gpu.name)
+    if known is not None:
+        return known[0], known[1]
+    return DEFAULT_KNEE * gpu.max_clock_mhz, DEFAULT_VOLTAGE_FLOOR
+
 
 @attrs.frozen
 class ClockConfig:
@@ -121,9 +185,18 @@ class ClockConfig:
                                   help="slo: aim at this share of tpot_ms (queueing and prefill chunks take the rest)")
     step_mhz: float = float_field(105.0, min=1.0,
                                   help="slo: clock levels from the lowest to the highest, this far apart")
-    voltage_floor: float = float_field(0.65, min=0.1, max=1.0,
-                                       help="core voltage at the lowest clock as a share of that at the highest "
-                                            "(NVIDIA V-F curves span about 0.7 to 1.05-1.1 V)")
+    voltage_floor: float | None = float_field(None, min=0.1, max=1.0, optional=True,
+                                              help="core voltage at and below the knee (Vmin) as a share of that at "
+                                                   "the highest clock (default: the GPU's in CLOCK_LAW_BY_GPU, else "
+                                                   "DEFAULT_VOLTAGE_FLOOR, fitted to a measured saving)")
+    knee_mhz: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                         help="the SM clock below which memory traffic slows with the clock (as "
+                                              "knee / f) and the core voltage stays at voltage_floor (default: the "
+                                              "GPU's in CLOCK_LAW_BY_GPU, else DEFAULT_KNEE x its highest clock; at "
+                                              "or below its lowest clock: no knee)")
+    min_mhz: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
+                                        help="slo: the lowest clock the governor picks (default: the knee, below "
+                                             "which no iteration takes less energy)")
     core_share: float = float_field(0.7, min=0.0, max=1.0,
                                     help="share of the work's power on the core rail (scales with V^2); the rest, "
                                          "memory and its interface, does not change with the SM clock")
@@ -140,8 +213,8 @@ class ClockConfig:
 
 
 def voltage_ratio(r: float, r_min: float, floor: float) -> float:
-    """Core voltage at clock ratio ``r`` as a share of that at the highest clock (linear between
-    ``floor`` at ``r_min`` and 1 at 1)."""
+    """Core voltage at clock ratio ``r`` as a share of that at the highest clock: ``floor`` at and
+    below ``r_min`` (the V-F curve's knee: Vmin), linear from there to 1 at 1."""
     if r >= 1.0 or r_min >= 1.0:
         return 1.0
     return floor + (1.0 - floor) * max(0.0, r - r_min) / (1.0 - r_min)
@@ -149,7 +222,8 @@ def voltage_ratio(r: float, r_min: float, floor: float) -> float:
 
 def clock_power_factor(r: float, r_min: float, floor: float, core_share: float) -> tuple[float, float]:
     """``(awake, work)``: how the power of an awake GPU (``r v^2``) and the energy per unit of
-    work (``1 - core_share + core_share v^2``) scale at clock ratio ``r``."""
+    work (``1 - core_share + core_share v^2``) scale at clock ratio ``r``, the voltage at its
+    ``floor`` from ``r_min`` (:attr:`ClockedCostModel.r_min`: the knee) down."""
     v2 = voltage_ratio(r, r_min, floor) ** 2
     return r * v2, 1.0 - core_share + core_share * v2
 
@@ -170,8 +244,12 @@ class ClockedCostModel:
                               "and FLOPs of an iteration (work); use the roofline cost model")
         if gpu.max_clock_mhz is None or gpu.min_clock_mhz is None:
             raise ConfigError(f"GPU {gpu.name!r} has no max_clock_mhz/min_clock_mhz in its preset")
+        knee, floor = default_law(gpu)
+        knee = config.knee_mhz if config.knee_mhz is not None else knee
+        #: the settings with the GPU's law filled in (the power models read voltage_floor here)
+        self.config = config = attrs.evolve(config, knee_mhz=knee, voltage_floor=(
+            config.voltage_floor if config.voltage_floor is not None else floor))
         self.inner = inner
-        self.config = config
         self.gpu = gpu
         self._work = work
         # an iteration's passes one after the other (a speculative step's target and drafter
@@ -190,7 +268,10 @@ class ClockedCostModel:
         self.needs_context_range = bool(getattr(inner, "needs_context_range", False))
         self.request_cost = getattr(inner, "request_cost", None)
         f_max, f_min = gpu.max_clock_mhz, gpu.min_clock_mhz
-        self.r_min = f_min / f_max
+        #: the knee as a share of the highest clock (no lower than the lowest clock's): memory
+        #: traffic slows below it, and the core voltage is at its floor from it down -- so it is
+        #: also the ``r_min`` the power models read (where the V-F line meets the floor)
+        self.knee = self.r_min = min(1.0, max(knee, f_min) / f_max)
         self._flops_per_ms = gpu.bf16_tflops * 1e9 * config.compute_efficiency
         self._bytes_per_ms = gpu.hbm_bandwidth_gbps * 1e6 * config.bandwidth_efficiency
         if config.policy == "fixed":
@@ -208,8 +289,11 @@ class ClockedCostModel:
                 raise ConfigError("the 'slo' policy needs a TPOT target: set tpot_ms in [clock] or [slo]")
             self.fixed = None
             self.target = config.headroom * target
-            n = int((f_max - f_min) // config.step_mhz)
-            self.levels = tuple(sorted({(f_min + i * config.step_mhz) / f_max for i in range(n + 1)} | {1.0}))
+            low = config.min_mhz if config.min_mhz is not None else self.knee * f_max
+            if not f_min <= low <= f_max:
+                raise ConfigError(f"min_mhz: {low:g} is outside {gpu.name}'s clocks ({f_min:g}-{f_max:g} MHz)")
+            n = int((f_max - low) // config.step_mhz)
+            self.levels = tuple(sorted({(low + i * config.step_mhz) / f_max for i in range(n + 1)} | {1.0}))
 
     # --- the law -----------------------------------------------------------------------------
     def split(self, batch: Batch) -> tuple[float, float]:
@@ -220,10 +304,10 @@ class ClockedCostModel:
         """``(c, m)``: the compute and memory time of ``flops`` and ``byt`` at the highest clock, ms."""
         return flops / self._flops_per_ms, byt / self._bytes_per_ms
 
-    @staticmethod
-    def stretch(c: float, m: float, r: float) -> float:
-        """How much longer the iteration is at clock ratio ``r``, ms."""
-        return (c / r if c / r > m else m) - (c if c > m else m)
+    def stretch(self, c: float, m: float, r: float) -> float:
+        """How much longer the iteration is at clock ratio ``r``, ms: its compute ``c / r``, its
+        memory traffic ``m`` down to the knee and ``m x knee / r`` below it."""
+        return _stretch(c, m, r, self.knee)
 
     def splits(self, batch: Batch) -> list[tuple[float, float]]:
         """``(c, m)`` of each pass of the iteration, in turn: the wrapped model's ``work_parts``
@@ -239,11 +323,10 @@ class ClockedCostModel:
             return [self.rank_split(batch)]
         return [self.times(*w) for w in self._rank_parts(batch)]
 
-    @classmethod
-    def stretch_all(cls, splits: list, r: float) -> float:
+    def stretch_all(self, splits: list, r: float) -> float:
         """How much longer passes of ``splits`` run one after the other take at ``r``, ms."""
-        stretch = cls.stretch
-        return sum(stretch(c, m, r) for c, m in splits) if r < 1.0 else 0.0
+        knee = self.knee
+        return sum(_stretch(c, m, r, knee) for c, m in splits) if r < 1.0 else 0.0
 
     def ms_at(self, batch: Batch, r: float, base: float | None = None) -> float:
         d = check_iteration_ms(self.inner.iteration_ms(batch), batch) if base is None else base
@@ -301,7 +384,7 @@ class ClockedCostModel:
         def level(r):  # (time at the run's first iteration, increment, iterations the piece holds)
             if r >= 1.0:
                 return d0, inc, None
-            s0, s_inc, hold = _stretched_run(c0, m0, c1, m1, r)
+            s0, s_inc, hold = _stretched_run(c0, m0, c1, m1, r, self.knee)
             return d0 + s0, inc + s_inc, hold
 
         t0, t_inc, hold = level(r)
@@ -375,7 +458,7 @@ class ClockedCostModel:
         inc, steps = base if type(base) is tuple else (base, None)
         c0, m0 = self.rank_split(batch)
         c1, m1 = self.rank_split(_next(batch))
-        _, s_inc, hold = _stretched_run(c0, m0, c1, m1, self.fixed)
+        _, s_inc, hold = _stretched_run(c0, m0, c1, m1, self.fixed, self.knee)
         holds = [h for h in (steps, hold) if h is not None]
         return (inc + s_inc, max(1, min(holds))) if holds else inc + s_inc
 
@@ -419,12 +502,22 @@ class ClockedCostModel:
         return stage_ms, send_ms
 
 
-def _stretched_run(c0: float, m0: float, c1: float, m1: float, r: float) -> tuple[float, float, int | None]:
+def _stretch(c: float, m: float, r: float, knee: float) -> float:
+    """The law: how much longer an iteration of compute ``c`` and memory ``m`` (ms at the highest
+    clock) is at clock ratio ``r``, its memory traffic slowing as ``knee / r`` below the knee."""
+    mr = m * knee / r if r < knee else m
+    return (c / r if c / r > mr else mr) - (c if c > m else m)
+
+
+def _stretched_run(c0: float, m0: float, c1: float, m1: float, r: float,
+                   knee: float) -> tuple[float, float, int | None]:
     """``(stretch at the run's first iteration, its increment, iterations it stays linear)`` over
     a decode run whose first two iterations split as ``(c0, m0)`` and ``(c1, m1)``, at clock
-    ``r < 1``: linear while neither ``max`` of the law changes sides (None: for ever)."""
-    s0, s1 = ClockedCostModel.stretch(c0, m0, r), ClockedCostModel.stretch(c1, m1, r)
-    sides = [_steps_while_same_side(c0 / r - m0, (c1 - c0) / r - (m1 - m0)),
+    ``r < 1``: linear while neither ``max`` of the law changes sides (None: for ever). Below the
+    knee the memory side is ``m x knee / r``, the same factor at every iteration of the run."""
+    s0, s1 = _stretch(c0, m0, r, knee), _stretch(c1, m1, r, knee)
+    slow = knee / r if r < knee else 1.0
+    sides = [_steps_while_same_side(c0 / r - m0 * slow, (c1 - c0) / r - (m1 - m0) * slow),
              _steps_while_same_side(c0 - m0, (c1 - c0) - (m1 - m0))]
     return s0, s1 - s0, min((h for h in sides if h is not None), default=None)
 
