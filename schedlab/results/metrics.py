@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from typing import Any
 
 import attrs
@@ -186,6 +187,92 @@ def request_counts(req: dict[str, np.ndarray]) -> dict[str, int]:
             "aborted": int(req["aborted"].sum()) if "aborted" in req else 0}
 
 
+def warmup_count(warmup, n: int) -> int:
+    """How many of a run's ``n`` requests a warm-up leaves out: ``warmup`` requests (a whole
+    number), or that share of ``n`` rounded down (a number below 1, as written: 0.29 of 100 is 29),
+    as guidellm takes ``int(percent * requests)``; at most ``n``."""
+    if isinstance(warmup, int):
+        return max(0, min(int(warmup), n))
+    return max(0, min(math.floor(Fraction(repr(float(warmup))) * n), n))
+
+
+def measured_requests(req: dict[str, np.ndarray], warmup) -> np.ndarray:
+    """Which rows a run's statistics count after a warm-up of ``warmup`` (:func:`warmup_count`):
+    all but the first requests its clients sent -- in order of sending (``sent_ms``; a rejected
+    request's arrival, as it has no send time), ties by request id -- so a closed loop's opening
+    wave, all sent at once, is the first to go."""
+    n = int(req["id"].size)
+    keep = np.ones(n, dtype=bool)
+    k = warmup_count(warmup, n)
+    if k:
+        arrival = np.asarray(req["arrival_ms"], dtype=float)
+        sent = np.asarray(req["sent_ms"], dtype=float) if "sent_ms" in req else arrival
+        sent = np.where(sent >= 0, sent, arrival)
+        keep[np.lexsort((req["id"], sent))[:k]] = False
+    return keep
+
+
+def _measured_window(req: dict[str, np.ndarray], measured: np.ndarray) -> tuple[float, float]:
+    """The measured window of a run with a warm-up: from the first measured request's arrival at
+    the engine to the last one leaving it (the makespan of those requests alone), ms."""
+    left = left_the_engine(req) & measured
+    if not left.any():
+        return 0.0, 0.0
+    return float(req["arrival_ms"][measured].min()), float(req["finish_ms"][left].max())
+
+
+def _in_window(req: dict[str, np.ndarray], window: tuple[float, float]) -> tuple[int, np.ndarray]:
+    """What the engine did for ``req``'s completed requests within ``window``: the output tokens
+    it generated then (every token of a request wholly inside; of one that straddles an end -- a
+    warm-up request still running when the window opens, or finishing after it closes -- those
+    that fall inside, its tokens taken as evenly spaced from its first to its finish, as the rows
+    keep no token's time), and which requests it completed then."""
+    start, end = window
+    ok = completed(req)
+    first, finish = req["first_token_ms"][ok], req["finish_ms"][ok]
+    generated = req["generated_tokens"][ok].astype(np.int64)
+    inside = (first >= start) & (finish <= end)
+    straddles = ~inside & (finish >= start) & (first <= end)
+    tokens = int(generated[inside].sum())
+    if straddles.any():
+        f, g = first[straddles], generated[straddles]
+        step = np.where(g > 1, (finish[straddles] - f) / np.maximum(g - 1, 1), 0.0)
+        safe = np.where(step > 0, step, 1.0)
+        lo = np.where(step > 0, np.ceil((start - f) / safe), np.where(f >= start, 0, g))
+        hi = np.where(step > 0, np.floor((end - f) / safe), np.where(f <= end, g - 1, -1))
+        tokens += int(np.maximum(np.minimum(hi, g - 1) - np.maximum(lo, 0) + 1, 0).sum())
+    done = np.zeros(req["id"].size, dtype=bool)
+    done[np.flatnonzero(ok)[(finish >= start) & (finish <= end)]] = True
+    return tokens, done
+
+
+def _window_rates(req: dict[str, np.ndarray], window: tuple[float, float]) -> tuple[float, float]:
+    """``throughput_tps`` and ``request_throughput_rps`` of a run with a warm-up: the output tokens
+    generated and the requests completed in the measured window, per second of it (the warm-up's
+    requests' part in it too: the server's rates while the measured requests ran)."""
+    seconds = (window[1] - window[0]) / 1e3
+    if seconds <= 0:
+        return float("nan"), float("nan")
+    tokens, done = _in_window(req, window)
+    return tokens / seconds, int(done.sum()) / seconds
+
+
+def _measured_slo(req: dict[str, np.ndarray], measured: np.ndarray, slo: dict,
+                  window: tuple[float, float]) -> dict[str, float]:
+    """``slo`` of a run with a warm-up: ``attainment`` and ``met`` over the measured requests;
+    ``goodput_rps``, as the other rates, the requests completed in the measured window that met
+    their targets, per second of it."""
+    ok = completed(req)
+    met = np.zeros(req["id"].size, dtype=bool)
+    met[ok] = slo_met(req, ok, slo)
+    n = int(measured.sum())
+    seconds = (window[1] - window[0]) / 1e3
+    good = int((met & _in_window(req, window)[1]).sum())
+    return {"attainment": float((met & measured).sum() / n) if n else float("nan"),
+            "goodput_rps": float(good / seconds) if seconds > 0 else float("nan"),
+            "met": int((met & measured).sum())}
+
+
 def client_latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per completed request, as its client sees it (:mod:`schedlab.frontend`), from sending it:
     ``ttft_ms`` (to the first byte), ``tpot_ms``, ``e2el_ms`` (to the last byte) -- ``vllm bench
@@ -219,22 +306,38 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         ``{"ttft_ms": x, "tpot_ms": y}`` and per-class tables).
     :param request_cost: the cost model's ``request_cost(prompt, output)``, for seed 001's
         per-request cost decomposition (optional).
+
+    ``meta["warmup"]`` (a search's ``warmup``, absent without one): the first requests sent
+    (:func:`measured_requests`) are left out of the latency summaries (the client's too, but not
+    ITL, which is kept per run) and of ``slo.attainment`` and ``slo.met``; the rates
+    (``throughput_tps``, ``request_throughput_rps``, ``slo.goodput_rps``) are over the measured
+    window, of what the engine did in it (:func:`_window_rates`) -- at the top level, per class and
+    per instance; ``warmup`` says how many were left out and measured, and the window. Counts
+    (``requests``, ``finished``, ``generated_tokens``, ...) and everything else stay the whole run's.
     """
     ok = completed(req)
     n_all = int(req["id"].size)
     n_ok = int(ok.sum())
-    lat = request_latencies(req)
+    measured = measured_requests(req, meta["warmup"]) if meta.get("warmup") else None
+    stats = req if measured is None else {k: v[measured] for k, v in req.items()}  # what the percentiles count
+    lat = request_latencies(stats)
     generated = int(req["generated_tokens"][ok].sum())
     start = float(req["arrival_ms"].min()) if n_all else 0.0
     left = left_the_engine(req)
     makespan = float(req["finish_ms"][left].max()) - start if left.any() else 0.0
     seconds = makespan / 1e3
     m = _run_metrics(request_counts(req), generated, makespan, float(req["waiting_ms"].sum()), counters, meta, start)
+    window = None
+    if measured is not None:  # rates over the measured window
+        window = _measured_window(req, measured)
+        m["throughput_tps"], m["request_throughput_rps"] = _window_rates(req, window)
+        m["warmup"] = {"requests": n_all - int(measured.sum()), "measured": int(measured.sum()),
+                       "measured_finished": int(completed(stats).sum()), "measured_window_ms": window[1] - window[0]}
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         m[name] = summarize(lat[name])
     m["itl_ms"] = run_quantiles(itl["first"], itl["inc"], itl["count"], itl["weight"])
     # the client's view: its inter-token latencies are the engine's (every token is delayed alike)
-    m["client"] = {name: summarize(values) for name, values in client_latencies(req).items()}
+    m["client"] = {name: summarize(values) for name, values in client_latencies(stats).items()}
     m["client"]["itl_ms"] = m["itl_ms"]
     _engine_metrics(m, counters, meta, makespan, kv_window(counters, start, makespan))
     chunks = req["prefill_chunks"][ok]
@@ -256,13 +359,15 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
         _pool_queues(m)
     slo = meta.get("slo") or {}
     if slo:
-        m["slo"] = _slo_metrics(req, ok, slo, seconds)
+        m["slo"] = _slo_metrics(req, ok, slo, seconds) if measured is None else _measured_slo(req, measured, slo,
+                                                                                               window)
     energy = meta.get("energy")
     if energy:  # a run with [power] (schedlab.energy)
         m["energy"] = energy_metrics(req, energy, summarize, ok)
     classes = np.unique(req["request_class"]) if n_all else []
     if _named_classes([str(k) for k in classes]):
-        m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True)
+        m["per_class"] = {str(k): _subset_metrics(req, req["request_class"] == k, slo, seconds, classes=True,
+                                                  measured=measured, window=window)
                           for k in classes}
         if energy:
             for k in classes:
@@ -275,7 +380,8 @@ def compute_metrics(req: dict[str, np.ndarray], counters: dict[str, float], itl:
     _fleet_metrics(m, meta, end, np.bincount(hours), np.bincount(hours, weights=met), bool(slo))
     m["stability"], per_instance_stability = run_stability(req, instances)
     if instances > 1:  # every instance, also one that served nothing
-        m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds)
+        m["per_instance"] = {str(k): _subset_metrics(req, req["instance"] == k, slo, seconds, measured=measured,
+                                                     window=window)
                              for k in range(instances)}
         for k, part in enumerate(per_instance_stability):
             m["per_instance"][str(k)]["stability"] = part
@@ -737,10 +843,14 @@ def slo_met(req, ok, slo: dict) -> np.ndarray:
     return met
 
 
-def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False) -> dict[str, Any]:
+def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False, *, measured=None,
+                    window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """A class's or an instance's requests (``sel``); with a warm-up (``measured``: the rows the
+    percentiles count), its latencies and ``slo.attainment`` over its measured requests, its
+    throughput and goodput over the run's measured ``window`` (:func:`_window_rates`), its counts
+    over all of them."""
     sub = {k: v[sel] for k, v in req.items()}
     ok = completed(sub)
-    lat = request_latencies(sub)
     generated = int(sub["generated_tokens"][ok].sum())
     out: dict[str, Any] = {
         "requests": int(sel.sum()),
@@ -748,10 +858,16 @@ def _subset_metrics(req, sel, slo, run_seconds: float, classes: bool = False) ->
         "generated_tokens": generated,
         "throughput_tps": generated / run_seconds if run_seconds > 0 else float("nan"),
     }
+    stats = sub
+    if measured is not None:
+        stats = {k: v[measured[sel]] for k, v in sub.items()}
+        out["throughput_tps"] = _window_rates(sub, window)[0]
+    lat = request_latencies(stats)
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms"):
         out[name] = summarize(lat[name])
     if slo:
-        out["slo"] = _slo_metrics(sub, ok, slo, run_seconds)
+        out["slo"] = _slo_metrics(sub, ok, slo, run_seconds) if measured is None else \
+            _measured_slo(sub, measured[sel], slo, window)
     return out
 
 

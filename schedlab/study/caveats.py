@@ -1,6 +1,6 @@
 """What a search's answer rests on, said with it: failed requests the constraints do not count, a
-quantile over too few samples, a closed loop's opening burst, the engine's view under a front end,
-and the noise between draws (:func:`answer_caveats`, which :class:`~.drivers.StudySearchDriver`
+warm-up left out, a quantile over too few samples, a closed loop's opening burst, the engine's view
+under a front end, and the noise between draws (:func:`answer_caveats`, which :class:`~.drivers.StudySearchDriver`
 appends to the search's message)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from ..results.metrics import client_latencies, completed, request_latencies
+from ..results.metrics import client_latencies, completed, measured_requests, request_latencies, warmup_count
 from ..results.stability import MIN_REQUESTS
 
 
@@ -48,8 +48,9 @@ def answer_caveats(outcome, constraints, key: str | None = None) -> str:
       2,048 requests);
     * a found boundary whose ``*.pNN`` rests on fewer than 100 / (100 - NN) values at the answer
       or the failing value (:func:`_few_samples_note`);
+    * a search with a ``warmup``: what the answer's statistics leave out (:func:`_warmup_note`);
     * a closed loop whose values above the constrained quantile are mostly its opening wave
-      (:func:`_burst_note`);
+      (:func:`_burst_note`), with the way out: ``search.warmup``, staggered starts, a longer run;
     * a run with a ``[frontend]`` constrained on the engine's ``ttft_ms``/``tpot_ms``/``e2e_ms``;
     * the noise: with replicas each constraint metric's mean and 95% interval at the answer and the
       failing value (``within noise`` when one holds the threshold); in one draw, a note when the
@@ -67,7 +68,7 @@ def answer_caveats(outcome, constraints, key: str | None = None) -> str:
             notes.append(f"at the answer up to {_n(peak)} of {_n(requests)} requests ran at once: the run may be too "
                          "short to show an overload, which the running batch takes in (more requests, or a TPOT "
                          "constraint, would)")
-    for note in (_few_samples_note(outcome, constraints, answer, failing, at_failing),
+    for note in (_warmup_note(answer), _few_samples_note(outcome, constraints, answer, failing, at_failing),
                  _burst_note(outcome, constraints, answer, failing, at_failing),
                  _frontend_note(outcome, constraints), _noise_note(outcome, constraints, answer, failing, at_failing)):
         if note:
@@ -152,9 +153,9 @@ def _values(run, metric: str):
     if getattr(run, "rows_file", None) is not None or not isinstance(req, dict) or "id" not in req or len(parts) < 2:
         return None
     scope, name = parts[:-2], parts[-2]
-    rows = np.arange(req["id"].size)
+    rows = np.flatnonzero(_measured(run))  # (a search's warm-up is left out, as the metric leaves it out)
     if len(scope) == 2 and scope[0] == "per_class" and "request_class" in req:
-        rows = np.flatnonzero(req["request_class"].astype(str) == scope[1])
+        rows = rows[req["request_class"][rows].astype(str) == scope[1]]
         scope = []
     sub = {k: v[rows] for k, v in req.items()}
     if scope == ["client"]:
@@ -169,6 +170,17 @@ def _values(run, metric: str):
     if name == "tpot_ms":
         done = done[sub["generated_tokens"][done] > 1]
     return latencies[name], rows[done]
+
+
+def _warmup(run):
+    """The run's warm-up (a search's ``warmup``: a count or a share), or 0."""
+    meta = getattr(run, "meta", None)
+    return meta.get("warmup") or 0 if isinstance(meta, dict) else 0
+
+
+def _measured(run) -> np.ndarray:
+    """Which of a run's rows its statistics count: all but its warm-up's."""
+    return measured_requests(run.requests, _warmup(run))
 
 
 def _set_by(n: int, q: float) -> int:
@@ -214,6 +226,18 @@ def _few_samples_note(outcome, constraints, answer, failing, at_failing: str) ->
     return "; ".join(notes)
 
 
+def _warmup_note(answer) -> str:
+    """A search with a warm-up: what its answer's statistics leave out (a mean over replicas)."""
+    metrics = getattr(answer, "metrics", None)
+    warmup = metrics.get("warmup") if isinstance(metrics, dict) else None
+    if not isinstance(warmup, dict) or not _count(warmup.get("requests")):
+        return ""
+    measured = warmup.get("measured", 0)
+    return (f"at the answer the percentiles and slo.attainment leave out the first {_n(warmup['requests'])} of "
+            f"{_n(warmup['requests'] + measured)} requests sent (search.warmup = {_warmup(answer)!r}), and the "
+            f"throughputs are over the window the other {_n(measured)} ran in (vllm bench serve counts every request)")
+
+
 def _fmt_value(value) -> str:
     """A searched value as a note names it (``18``, ``4.5``)."""
     return str(value) if isinstance(value, int) or value is None else f"{value:g}"
@@ -246,11 +270,16 @@ def _burst_note(outcome, constraints, answer, failing, at_failing: str) -> str:
             if in_wave * 2 > above:
                 noun = _NOUNS.get(c.metric.split(".")[-2], "values")
                 which = f"all {above}" if in_wave == above else f"{in_wave} of the {above}"
+                warmup = _warmup(run)
+                left_out = warmup_count(warmup, sent.size) if warmup else 0
+                leave = (f"raise search.warmup (= {warmup!r}: the first {left_out} requests sent) to {size} or more"
+                         if warmup else f"leave the warm-up out of the statistics (search.warmup = {size} or more: "
+                                        "each run's first requests sent, a count or a share such as 0.1)")
                 return (f"{where} {which} {noun} at or above the p{q:g} are the opening wave's ({size} clients "
                         f"sending at once at t = {_g(float(sent.min()))} ms): {whose.format(metric=c.metric)} is set "
                         "by the start-up burst (as vllm bench serve --max-concurrency measures it), not by steady "
-                        "serving; spread the clients' starts (workload.stagger_ms) or run longer to see the steady "
-                        "state")
+                        f"serving; {leave}, spread the clients' starts (workload.stagger_ms) or run longer to see "
+                        "the steady state")
     return ""
 
 

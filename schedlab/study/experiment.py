@@ -10,7 +10,7 @@ File layout::
     [target]                # path = a summary of the real run: the run is compared with it
     [models.<name>] [gpus.<name>]   # your own presets
     [sweep]                 # "dotted.key" = [values]  -- a grid, applied to every run
-    [search]                # key, low, high, constraint (or constraints), maximize -- applied to every run
+    [search]                # key, low, high, constraint (or constraints), maximize, warmup -- applied to every run
     [plan]                  # capacity planning: GPUs with prices, a space, constraints
     [[runs]]                # name = "...", then tables that override the defaults,
                             # and optionally its own sweep, search or plan, and replicas
@@ -382,6 +382,9 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
                 raise ConfigError(f"{where.rstrip(':')}: a run can have one of sweep, search or plan, not several")
             # at most MAX_SWEEP_POINTS points, counted before they are made
             sweep = expand_sweep(sweep_table, f"{where} [sweep]") if sweep_table is not None else None
+            if isinstance(search_table, dict) and "replicas" in search_table:
+                raise ConfigError(_search_replicas(f"{where} [search]", search_table["replicas"],
+                                                   bool(raw.get("runs"))))
             search_cfg = (from_table(SearchConfig, search_table, where=f"{where} [search]")
                           if search_table is not None else None)
             plan_cfg = None
@@ -422,6 +425,18 @@ def load(path: str | os.PathLike, overrides: list[str] = (), *, catalog: Catalog
         _, report_config = component_config(ctx, "report", {**table, "kind": name}, f"{source}: [reports.{name}]")
         check_report_studies(report_config, studies, f"{source}: [reports.{name}]")
     return Experiment(path, config, studies, report_tables, ctx, raw, tuple(plugin_objects), custom, portable)
+
+
+def _search_replicas(where: str, value: Any, runs: bool) -> str:
+    """The error for ``replicas`` in a ``[search]``: replicas are the run's (``[[runs]]`` entry) or
+    every run's (``[experiment]``), and a search's probes take them: each probe runs that many
+    seeds and the search tests their mean."""
+    n = value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPLICAS else "N"
+    place = (f"replicas = {n} in the [[runs]] entry, beside its search, or in [experiment] for every run"
+             if runs else f"replicas = {n} in [experiment]")
+    return (f"{where}: unknown key 'replicas'; replicas are the run's, not the search's: {place} (--set "
+            f"experiment.replicas={n}); each probe then runs {n} seeds and the search tests their mean; valid keys: "
+            f"{', '.join(sorted(f.name for f in attrs.fields(SearchConfig)))}")
 
 
 def _too_many(counts: dict[str, int], source: str) -> ConfigError:

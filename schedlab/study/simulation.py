@@ -49,7 +49,7 @@ from ..frontend import ClientConfig, ClientSide, FrontendConfig
 from ..model import Request, checked_requests
 from ..targets import TargetConfig, compare_with_real_run, incomparable_left_out
 from ..parallelism import SINGLE, LayoutError, Parallelism
-from ..results.metrics import request_met
+from ..results.metrics import request_met, warmup_count
 from ..results.records import RunResult
 from ..results.stream import RecordSettings, RowSink
 from ..speculative import Speculation, SpeculativeConfig, budget_problem
@@ -218,6 +218,9 @@ class RunSpec:
     point: dict[str, Any] = attrs.field(factory=dict)
     #: (part, parts) of a partitioned run (see :mod:`schedlab.study.partition`); () for the whole run
     part: tuple = ()
+    #: the requests its statistics leave out, the first sent: a count, or a share of its requests
+    #: below 1 (a search's ``warmup``, :func:`schedlab.results.metrics.measured_requests`); 0: none
+    warmup: Any = 0
 
 
 @attrs.define
@@ -1449,6 +1452,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
         "frontend": attrs.asdict(side.frontend) if side is not None and side.frontend is not None else {},
         "client": attrs.asdict(side.client) if side is not None and side.client is not None else {},
     }
+    if spec.warmup:  # (a search's: its statistics leave out the first requests sent)
+        meta["warmup"] = spec.warmup
     if a.pools is not None:
         split = len(a.pools[0].instances)
         meta["pools"] = pool_summary({"prefill": engines[:split], "decode": engines[split:]})
@@ -1472,6 +1477,8 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if delivered.count == 0 and not spec.part:  # (a partitioned run's part may get none; the merged run may not)
         raise WorkloadError(f"{where}: workload {spec.tables['workload'].get('kind')!r} made no requests; a run needs "
                             "at least one")
+    if spec.warmup:
+        _check_warmup(spec, result, where)
     if not getattr(a.workload, "closed_loop", False):  # (a closed loop's follow-ups come from on_finish)
         _check_conserved(delivered.count, result.metrics.get("requests"), spec, where)
     # A replayed real run, or a summary of one: compared with the whole run (a partitioned run's
@@ -1481,6 +1488,20 @@ def run(spec: RunSpec, ctx: Context, *, where: str | None = None, observer: Call
     if not spec.part:
         compare_with_real_run(result)
     return result
+
+
+def _check_warmup(spec: RunSpec, result: RunResult, where: str) -> None:
+    """A run with a warm-up (a search's ``warmup``) keeps every row, and has requests left to
+    measure once the warm-up's are left out (a part of a partitioned run may have fewer)."""
+    if result.rows_file is not None or result.stream is not None:
+        raise ConfigError(f"{where}: [search] warmup = {spec.warmup!r} needs every request's row, and this run of "
+                          f"{result.metrics['requests']:,} requests streamed them past [experiment] exact_requests: "
+                          f"raise exact_requests to {result.metrics['requests']:,} or more, or leave warmup out")
+    n = int(result.metrics["requests"])
+    left_out = warmup_count(spec.warmup, n)
+    if left_out >= n and not spec.part:
+        raise ConfigError(f"{where}: [search] warmup = {spec.warmup!r} leaves out all {n:,} of the run's requests, "
+                          "so none is measured: a smaller warmup (a share below 1, such as 0.1), or more requests")
 
 
 class _Counted:

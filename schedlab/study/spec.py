@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from ..configs import FieldError, bool_field, is_finite_number, str_field, value_text
+from ..configs import MAX_REQUESTS, FieldError, bool_field, is_finite_number, str_field, value_text
 from ..errors import ConfigError
 from ..results.metric_names import check_metric_name
 from .overrides import set_dotted
@@ -48,6 +48,9 @@ class SearchConfig:
                           "['ttft_ms.p99 <= 500', 'tpot_ms.p99 <= 50'] (instead of constraint)"})
     maximize: bool = bool_field(True, help="find the largest value that meets the constraint (else the smallest)")
     tolerance: Any = attrs.field(default=None, metadata={"help": "stop width for real-valued keys"})
+    warmup: Any = attrs.field(default=0, metadata={
+        "help": "requests each probe leaves out of its statistics, the first sent: a count (40) or a share of "
+                "the run's requests below 1 (0.1); 0: none (guidellm's warmup)"})
 
     def __attrs_post_init__(self):
         for name in ("low", "high"):
@@ -60,6 +63,7 @@ class SearchConfig:
             raise ConfigError(f"low ({self.low}) must be <= high ({self.high})")
         self._check_constraints()
         self._check_probes()
+        check_warmup(self.warmup)
 
     def _check_constraints(self) -> None:
         """``constraint`` or ``constraints`` (not both, a list of at least one), each parsed and its
@@ -129,6 +133,22 @@ class SearchConfig:
         return isinstance(self.low, int) and isinstance(self.high, int) and self.tolerance is None
 
 
+def check_warmup(warmup: Any) -> None:
+    """A ``[search] warmup``: a whole number of requests (0 to :data:`~schedlab.configs.MAX_REQUESTS`)
+    or a share of a run's requests, from 0 to below 1 (raises FieldError otherwise)."""
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not is_finite_number(warmup) \
+            or warmup < 0 or (isinstance(warmup, int) and warmup > MAX_REQUESTS) \
+            or (isinstance(warmup, float) and warmup >= 1):
+        if isinstance(warmup, float) and math.isfinite(warmup) and warmup >= 1 and warmup.is_integer() \
+                and warmup <= MAX_REQUESTS:
+            hint = f" (a count is a whole number: warmup = {int(warmup)})"
+        else:
+            hint = ""
+        raise FieldError("warmup", f"must be a whole number of requests from 0 to {MAX_REQUESTS:,} (warmup = 40) or "
+                                   f"a share of each run's requests below 1 (warmup = 0.1), got {value_text(warmup)}"
+                                   f"{hint}")
+
+
 @attrs.frozen
 class StudySpec:
     """One ``[[runs]]`` entry resolved: its tables and what to do with them."""
@@ -179,12 +199,15 @@ def check_slo(metric: str, studies, what: str) -> None:
 
 
 def point_spec(study: StudySpec, point: dict[str, Any]) -> RunSpec:
-    """The run of one point of a study: the base tables with the point's dotted keys set."""
+    """The run of one point of a study: the base tables with the point's dotted keys set (a
+    search's probe with its ``warmup``)."""
     tables = study.base.tables
     for key, value in point.items():
         if key.split(".")[0] not in RUN_TABLES:
             raise ConfigError(f"cannot vary {key!r}; keys start with one of {', '.join(RUN_TABLES)}")
         tables = set_dotted(tables, key, value)
     label = point_label(point)
+    # a search's probes leave its warm-up out of their statistics (RunSpec.warmup)
+    warmup = study.search.warmup if study.search is not None else 0
     return RunSpec(f"{study.name}[{label}]" if label else study.name, tables, study.base.seed,
-                   study.base.engine, point)
+                   study.base.engine, point, warmup=warmup)
