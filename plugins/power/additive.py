@@ -42,11 +42,11 @@ from __future__ import annotations
 import attrs
 
 from schedlab.capacity import Presets
-from schedlab.configs import MAX_TENSOR_PARALLEL, float_field, int_field, str_field
+from schedlab.configs import float_field
 from schedlab.errors import ConfigError
 
-from .common import PowerSettings, host_fields
-from .utilisation import UtilisationConfig, UtilisationPowerModel, build_utilisation
+from .common import host_fields
+from .utilisation import GpuPowerSettings, UtilisationConfig, UtilisationPowerModel, build_utilisation
 
 #: GPU preset -> memory technology (the datasheets: A100 SXM4 HBM2e; H100 SXM5 HBM3, H100 PCIe
 #: HBM2e; H200 and B200 HBM3e; GH200 96 GB HBM3; L4, L40S, A40, A10G and RTX A6000 GDDR6; RTX 4090
@@ -90,19 +90,9 @@ def memory_family(gpu_name: str) -> str | None:
 
 
 @attrs.frozen
-class AdditiveConfig(PowerSettings):
+class AdditiveConfig(GpuPowerSettings):
     """Settings of the ``additive`` power model (defaults: GPU presets and :data:`DERIVATION`)."""
 
-    gpu: str | None = str_field(None, optional=True, help="GPU preset (default: the cost model's)")
-    tensor_parallel: int | None = int_field(None, min=1, max=MAX_TENSOR_PARALLEL, optional=True,
-                                            help="GPUs per instance (default: the cost model's)")
-    model: str | None = str_field(None, optional=True,
-                                  help="model preset, for cost models that do not say an iteration's bytes and "
-                                       "FLOPs (default: the cost model's)")
-    board_w: float | None = float_field(None, min=0.0, min_exclusive=True, optional=True,
-                                        help="board power limit per GPU, W (default: the GPU preset's)")
-    idle_w: float | None = float_field(None, min=0.0, optional=True,
-                                       help="idle power per GPU, W (default: the GPU preset's)")
     awake: float | None = float_field(None, min=0.0, max=1.0, optional=True,
                                       help="share of (board - idle) an awake GPU draws with no kernel running, also "
                                            "its standby (default: measured per GPU where it was, else the fitted "

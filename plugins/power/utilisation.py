@@ -81,8 +81,8 @@ DERIVATION = {"awake": 0.185, "activity": 1.029}
 
 
 @attrs.frozen
-class UtilisationConfig(PowerSettings):
-    """Settings of the ``utilisation`` power model (defaults: GPU presets and :data:`DERIVATION`)."""
+class GpuPowerSettings(PowerSettings):
+    """The GPU, its count and its power limits, as the ``utilisation`` and ``additive`` models take them."""
 
     gpu: str | None = str_field(None, optional=True, help="GPU preset (default: the cost model's)")
     tensor_parallel: int | None = int_field(None, min=1, max=MAX_TENSOR_PARALLEL, optional=True,
@@ -94,6 +94,12 @@ class UtilisationConfig(PowerSettings):
                                         help="board power limit per GPU, W (default: the GPU preset's)")
     idle_w: float | None = float_field(None, min=0.0, optional=True,
                                        help="idle power per GPU, W (default: the GPU preset's)")
+
+
+@attrs.frozen
+class UtilisationConfig(GpuPowerSettings):
+    """Settings of the ``utilisation`` power model (defaults: GPU presets and :data:`DERIVATION`)."""
+
     awake: float = float_field(DERIVATION["awake"], min=0.0, max=1.0,
                                help="share of (board - idle) an awake GPU draws with no kernel running")
     activity: float = float_field(DERIVATION["activity"], min=0.0,
